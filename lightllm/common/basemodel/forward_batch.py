@@ -1,0 +1,80 @@
+"""The ragged batch a forward pass consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """New tokens of several requests, flattened.
+
+    Request ``i`` already has ``start_lens[i]`` tokens in the KV cache and contributes
+    ``new_lens[i]`` new tokens at positions ``start_lens[i] ..``.  Their K/V are written to
+    ``out_slots`` (which the caller has also recorded in the request manager's row, so attention
+    can read the whole context through ``req_rows``).
+
+    ``is_decode`` means every request contributes exactly one token, which lets attention use a
+    batched path.  ``all_logits`` asks for logits at every new position instead of only the last
+    one of each request (tests compare those against a reference).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_slots: torch.Tensor
+    req_rows: torch.Tensor
+    start_lens: List[int]
+    new_lens: List[int]
+    is_decode: bool = False
+    all_logits: bool = False
+
+    @property
+    def batch_size(self) -> int:
+        """Number of requests."""
+        return len(self.new_lens)
+
+    @property
+    def seq_lens(self) -> List[int]:
+        """Context length of each request after this forward."""
+        return [s + n for s, n in zip(self.start_lens, self.new_lens)]
+
+    @property
+    def max_position(self) -> int:
+        """Largest position index in the batch."""
+        return max(self.seq_lens) - 1
+
+    @property
+    def last_token_index(self) -> torch.Tensor:
+        """Index into the flattened tokens of each request's last new token."""
+        ends = torch.tensor(self.new_lens, dtype=torch.int64).cumsum(0)
+        return (ends - 1).to(self.input_ids.device)
+
+    @classmethod
+    def build(
+        cls,
+        token_ids: Sequence[Sequence[int]],
+        start_lens: Sequence[int],
+        req_rows: Sequence[int],
+        out_slots: torch.Tensor,
+        device: torch.device | str = "cpu",
+        all_logits: bool = False,
+    ) -> "ForwardBatch":
+        """Assemble a batch from each request's new token ids and cached length."""
+        new_lens = [len(t) for t in token_ids]
+        if any(n == 0 for n in new_lens):
+            raise ValueError("every request in a forward batch needs at least one new token")
+        flat: List[int] = [tok for seq in token_ids for tok in seq]
+        positions: List[int] = [p for s, n in zip(start_lens, new_lens) for p in range(s, s + n)]
+        return cls(
+            input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            out_slots=out_slots.to(device),
+            req_rows=torch.tensor(list(req_rows), dtype=torch.int64, device=device),
+            start_lens=list(start_lens),
+            new_lens=new_lens,
+            is_decode=all(n == 1 for n in new_lens),
+            all_logits=all_logits,
+        )

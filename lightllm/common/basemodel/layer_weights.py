@@ -1,0 +1,74 @@
+"""Loading one decoder layer's weights, sliced for this tensor-parallel rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
+from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
+
+
+@dataclass
+class DecoderLayerWeights:
+    """A Llama-style layer: fused q/k/v (column parallel), o (row parallel), fused gate/up
+    (column parallel), down (row parallel), and the two RMSNorm weights (replicated)."""
+
+    input_norm: torch.Tensor
+    qkv_weight: torch.Tensor
+    qkv_bias: Optional[torch.Tensor]
+    o_weight: torch.Tensor
+    post_attention_norm: torch.Tensor
+    gate_up_weight: torch.Tensor
+    down_weight: torch.Tensor
+
+    @classmethod
+    def load(
+        cls,
+        ckpt: SafetensorsCheckpoint,
+        prefix: str,
+        config: ModelConfig,
+        tp: TensorParallelGroup,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> "DecoderLayerWeights":
+        """Read ``{prefix}self_attn.*``, ``{prefix}mlp.*`` and the norms for this rank."""
+        d = config.head_dim
+        q_rows = shard_range(config.num_attention_heads, tp.rank, tp.world_size, "num_attention_heads")
+        kv_rows = shard_range(config.num_key_value_heads, tp.rank, tp.world_size, "num_key_value_heads")
+        q_slice = slice(q_rows.start * d, q_rows.stop * d)
+        kv_slice = slice(kv_rows.start * d, kv_rows.stop * d)
+        inter = shard_range(config.intermediate_size, tp.rank, tp.world_size, "intermediate_size")
+
+        def col(name: str, rows: slice) -> torch.Tensor:
+            return ckpt.get(prefix + name, dtype, shard_dim=0, shard=rows)
+
+        def row(name: str, cols: slice) -> torch.Tensor:
+            return ckpt.get(prefix + name, dtype, shard_dim=1, shard=cols)
+
+        attn = "self_attn."
+        qkv = torch.cat(
+            [col(attn + "q_proj.weight", q_slice), col(attn + "k_proj.weight", kv_slice), col(attn + "v_proj.weight", kv_slice)]
+        )
+        qkv_bias = None
+        if ckpt.has(prefix + attn + "q_proj.bias"):
+            qkv_bias = torch.cat(
+                [col(attn + "q_proj.bias", q_slice), col(attn + "k_proj.bias", kv_slice), col(attn + "v_proj.bias", kv_slice)]
+            )
+        gate_up = torch.cat([col("mlp.gate_proj.weight", inter), col("mlp.up_proj.weight", inter)])
+        weights = cls(
+            input_norm=ckpt.get(prefix + "input_layernorm.weight", dtype),
+            qkv_weight=qkv,
+            qkv_bias=qkv_bias,
+            o_weight=row(attn + "o_proj.weight", q_slice),
+            post_attention_norm=ckpt.get(prefix + "post_attention_layernorm.weight", dtype),
+            gate_up_weight=gate_up,
+            down_weight=row("mlp.down_proj.weight", inter),
+        )
+        for field_name, value in vars(weights).items():
+            if value is not None:
+                setattr(weights, field_name, value.to(device))
+        return weights

@@ -1,0 +1,169 @@
+"""Reading a Hugging Face ``config.json`` into one normalised description.
+
+Checkpoints are written by transformers 4.x (``torch_dtype``, top-level ``rope_theta`` and
+``rope_scaling``) and by 5.x (``dtype``, ``rope_parameters``), and by other tools that omit
+optional keys.  Everything downstream reads :class:`ModelConfig`, never the raw dict.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class ModelConfigError(ValueError):
+    """The checkpoint's config.json is missing something we need or holds a bad value."""
+
+
+def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
+    """Map a dtype name (``float32``, ``bf16``, ``torch.float16`` ...) to a torch dtype."""
+    if name is None:
+        return None
+    key = str(name).replace("torch.", "").lower()
+    if key not in _DTYPE_NAMES:
+        raise ModelConfigError(f"unsupported dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[key]
+
+
+@dataclass
+class RopeConfig:
+    """Rotary embedding parameters after merging the 4.x and 5.x spellings."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: Optional[int] = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    partial_rotary_factor: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    """Architecture facts every decoder-only model in the registry needs."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    attention_bias: bool
+    hidden_act: str
+    dtype: torch.dtype
+    bos_token_id: Optional[int]
+    eos_token_ids: List[int] = field(default_factory=list)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+        """Read ``config.json`` (and ``generation_config.json`` for extra EOS ids)."""
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ModelConfigError(f"no config.json in model directory {model_dir}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
+        # Multimodal / nested configs keep the language model under text_config.
+        if "text_config" in raw and "hidden_size" not in raw:
+            raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
+        cfg = cls.from_dict(raw)
+        gen_path = Path(model_dir) / "generation_config.json"
+        if gen_path.is_file():
+            try:
+                gen = json.loads(gen_path.read_text())
+            except json.JSONDecodeError:
+                gen = {}
+            for eos in _as_id_list(gen.get("eos_token_id")):
+                if eos not in cfg.eos_token_ids:
+                    cfg.eos_token_ids.append(eos)
+        return cfg
+
+    @classmethod
+    def from_dict(cls, raw: Dict[str, Any]) -> "ModelConfig":
+        """Normalise a config dict as transformers 4.x or 5.x writes it."""
+
+        def need(key: str) -> Any:
+            if key not in raw or raw[key] is None:
+                raise ModelConfigError(f"config.json lacks required key {key!r}")
+            return raw[key]
+
+        heads = int(need("num_attention_heads"))
+        hidden = int(need("hidden_size"))
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        if heads % kv_heads != 0:
+            raise ModelConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        model_type = str(need("model_type"))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_hidden_layers=int(need("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
+            rms_norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
+            rope=_read_rope(raw),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+            hidden_act=str(raw.get("hidden_act") or "silu"),
+            dtype=parse_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=_as_id_list(raw.get("eos_token_id")),
+            raw=raw,
+        )
+
+
+def _as_id_list(value: Any) -> List[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+def _read_rope(raw: Dict[str, Any]) -> RopeConfig:
+    # 5.x: rope_parameters holds theta and scaling together; 4.x: rope_theta + rope_scaling.
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    merged = {**scaling, **params}
+    theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = merged.get("rope_type") or merged.get("type") or "default"
+    if rope_type not in ("default", "linear", "dynamic", "llama3"):
+        raise ModelConfigError(
+            f"unsupported rope type {rope_type!r}; supported: default, linear, dynamic, llama3"
+        )
+    return RopeConfig(
+        theta=float(theta),
+        rope_type=rope_type,
+        factor=float(merged.get("factor", 1.0) or 1.0),
+        original_max_position_embeddings=merged.get("original_max_position_embeddings"),
+        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+        partial_rotary_factor=float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0),
+    )

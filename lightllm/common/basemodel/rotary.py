@@ -1,0 +1,87 @@
+"""Rotary position embeddings (RoPE) with the scaling variants Llama-family checkpoints use."""
+
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+
+from lightllm.common.basemodel.model_config import RopeConfig
+
+
+class RotaryEmbedding:
+    """Computes cos/sin tables and applies the half-rotation form used by Llama and Qwen2.
+
+    The table for positions below ``max_position_embeddings`` is built once.  Dynamic NTK
+    scaling changes the base with the sequence length, so for a batch that reaches beyond the
+    original context the table is rebuilt for that forward from the longest position in it.
+    """
+
+    def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int, device: torch.device):
+        self.rope = rope
+        self.rot_dim = int(head_dim * rope.partial_rotary_factor)
+        self.max_position_embeddings = max_position_embeddings
+        self.original_max = int(rope.original_max_position_embeddings or max_position_embeddings)
+        self.device = device
+        self._cos, self._sin = self._table(self._inv_freq(self.original_max), max_position_embeddings)
+
+    def _base_inv_freq(self, base: float) -> torch.Tensor:
+        exponents = torch.arange(0, self.rot_dim, 2, dtype=torch.int64).to(torch.float32) / self.rot_dim
+        return 1.0 / (base ** exponents)
+
+    def _inv_freq(self, seq_len: int) -> torch.Tensor:
+        rope = self.rope
+        if rope.rope_type == "dynamic" and seq_len > self.original_max:
+            base = rope.theta * (
+                (rope.factor * seq_len / self.original_max) - (rope.factor - 1)
+            ) ** (self.rot_dim / (self.rot_dim - 2))
+            return self._base_inv_freq(base)
+        inv_freq = self._base_inv_freq(rope.theta)
+        if rope.rope_type == "linear":
+            return inv_freq / rope.factor
+        if rope.rope_type == "llama3":
+            return self._llama3(inv_freq)
+        return inv_freq
+
+    def _llama3(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        rope = self.rope
+        old_ctx = self.original_max
+        low_wavelen = old_ctx / rope.low_freq_factor
+        high_wavelen = old_ctx / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+
+    def _table(self, inv_freq: torch.Tensor, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(length, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(self.device), emb.sin().to(self.device)
+
+    def cos_sin(self, positions: torch.Tensor, max_position: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows ``[T, rot_dim]`` (float32) for the given positions.
+
+        ``max_position`` is the largest position in the batch (passed in so that no device sync
+        is needed to find it).
+        """
+        if self.rope.rope_type == "dynamic" and max_position + 1 > self.original_max:
+            cos, sin = self._table(self._inv_freq(max_position + 1), max_position + 1)
+            return cos[positions], sin[positions]
+        if max_position >= self._cos.shape[0]:
+            self._cos, self._sin = self._table(self._inv_freq(self.original_max), max(max_position + 1, 2 * self._cos.shape[0]))
+        return self._cos[positions], self._sin[positions]
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` of shape ``[T, heads, head_dim]`` in place of a copy; returns the result."""
+        rot = self.rot_dim
+        x_rot = x[..., :rot].float()
+        half = rot // 2
+        rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+        out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
+        if rot == x.shape[-1]:
+            return out.to(x.dtype)
+        return torch.cat([out.to(x.dtype), x[..., rot:]], dim=-1)

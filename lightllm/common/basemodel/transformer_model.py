@@ -1,0 +1,121 @@
+"""The decoder-only transformer template that Llama-family models instantiate."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from lightllm.common.basemodel.attention.base import AttentionBackend
+from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
+from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
+from lightllm.common.basemodel.rotary import RotaryEmbedding
+from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
+from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+
+
+class DecoderOnlyTransformer:
+    """RMSNorm + RoPE + grouped-query attention + SwiGLU, the Llama/Qwen2 layout.
+
+    Subclasses name their checkpoint tensors through the ``*_name`` hooks.  The embedding is
+    replicated on every rank; the LM head is vocab-parallel and gathered into full logits.
+    """
+
+    embed_name = "model.embed_tokens.weight"
+    final_norm_name = "model.norm.weight"
+    lm_head_name = "lm_head.weight"
+
+    def layer_prefix(self, index: int) -> str:
+        """Checkpoint name prefix of decoder layer ``index``."""
+        return f"model.layers.{index}."
+
+    def __init__(
+        self,
+        model_dir: str,
+        config: ModelConfig,
+        dtype: Optional[torch.dtype] = None,
+        device: torch.device | str = "cpu",
+        tp: Optional[TensorParallelGroup] = None,
+        attention: Optional[AttentionBackend] = None,
+    ):
+        self.config = config
+        self.dtype = dtype or config.dtype
+        self.device = torch.device(device)
+        self.tp = tp or TensorParallelGroup()
+        self.attention = attention or TorchSdpaAttention()
+        heads = shard_range(config.num_attention_heads, self.tp.rank, self.tp.world_size, "num_attention_heads")
+        kv_heads = shard_range(config.num_key_value_heads, self.tp.rank, self.tp.world_size, "num_key_value_heads")
+        self.local_q_heads = heads.stop - heads.start
+        self.local_kv_heads = kv_heads.stop - kv_heads.start
+        self.head_dim = config.head_dim
+        ckpt = SafetensorsCheckpoint(model_dir)
+        self.embed_weight = ckpt.get(self.embed_name, self.dtype).to(self.device)
+        if config.vocab_size != self.embed_weight.shape[0]:
+            # Some checkpoints pad the embedding; the true vocabulary is the tensor's rows.
+            config.vocab_size = self.embed_weight.shape[0]
+        self.layers: List[DecoderLayerWeights] = [
+            DecoderLayerWeights.load(ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device)
+            for i in range(config.num_hidden_layers)
+        ]
+        self.final_norm = ckpt.get(self.final_norm_name, self.dtype).to(self.device)
+        self.lm_head_weight = self._load_lm_head(ckpt)
+        ckpt.close()
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, self.device)
+
+    def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
+        vocab = self.config.vocab_size
+        if self.config.tie_word_embeddings or not ckpt.has(self.lm_head_name):
+            full = self.embed_weight
+        else:
+            full = ckpt.get(self.lm_head_name, self.dtype).to(self.device)
+        world = self.tp.world_size
+        per_rank = -(-vocab // world)
+        if per_rank * world != vocab:
+            # Pad so that every rank gathers an equal share; padded logits are cut afterwards.
+            full = torch.cat([full, full.new_zeros(per_rank * world - vocab, full.shape[1])])
+        return full[self.tp.rank * per_rank : (self.tp.rank + 1) * per_rank].contiguous()
+
+    def new_kv_cache(self, size: int) -> KVCacheMemoryManager:
+        """A KV cache of ``size`` token slots shaped for this rank's layers."""
+        return KVCacheMemoryManager(
+            size, self.config.num_hidden_layers, self.local_kv_heads, self.head_dim, self.dtype, self.device
+        )
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps)
+        return weight * normed.to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: KVCacheMemoryManager, req_to_token: torch.Tensor) -> torch.Tensor:
+        """Run the batch, writing new K/V into ``kv_cache``; returns float32 logits.
+
+        Logits are ``[batch_size, vocab]`` for each request's last new token, or
+        ``[total_new_tokens, vocab]`` when ``batch.all_logits``.
+        """
+        num_tokens = batch.input_ids.shape[0]
+        q_size = self.local_q_heads * self.head_dim
+        kv_size = self.local_kv_heads * self.head_dim
+        hidden = F.embedding(batch.input_ids, self.embed_weight)
+        cos, sin = self.rotary.cos_sin(batch.positions, batch.max_position)
+        meta = self.attention.prepare(batch, req_to_token)
+        for index, layer in enumerate(self.layers):
+            x = self._rms_norm(hidden, layer.input_norm)
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = self.rotary.apply(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
+            k = self.rotary.apply(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
+            kv_cache.write(index, batch.out_slots, k, v.view(num_tokens, self.local_kv_heads, self.head_dim))
+            attn = self.attention.forward(q, kv_cache.k_buffer[index], kv_cache.v_buffer[index], meta)
+            hidden = hidden + self.tp.all_reduce(F.linear(attn.reshape(num_tokens, q_size), layer.o_weight))
+            x = self._rms_norm(hidden, layer.post_attention_norm)
+            gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
+            hidden = hidden + self.tp.all_reduce(F.linear(F.silu(gate) * up, layer.down_weight))
+        if not batch.all_logits:
+            hidden = hidden[batch.last_token_index]
+        hidden = self._rms_norm(hidden, self.final_norm)
+        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.lm_head_weight).float())
+        return logits[:, : self.config.vocab_size]

@@ -1,0 +1,8 @@
+"""Qwen2: Llama layout plus q/k/v projection biases, usually with tied embeddings."""
+
+from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
+
+
+class Qwen2Model(DecoderOnlyTransformer):
+    """Qwen2 checkpoints (``model_type: qwen2``); the biases are read when present, and the LM
+    head falls back to the embedding when ``tie_word_embeddings`` is set."""

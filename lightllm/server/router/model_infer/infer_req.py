@@ -1,0 +1,90 @@
+"""The inference-side view of one request.
+
+An ``InferReq`` lives in the model-rank process.  It is plain Python so that the scheduling
+core (classification, prefill-queue strategies, token accounting) and the scheduling simulator
+can build and drive requests without shared memory, a model or torch.distributed.
+
+Token bookkeeping
+-----------------
+``all_token_ids`` holds the prompt followed by every generated token.  ``cur_kv_len`` counts the
+leading tokens of ``all_token_ids`` whose K/V already sit in the KV cache (prefix-cache hits and
+earlier prefill chunks included).  The tokens still to be computed are
+``all_token_ids[cur_kv_len:]``; a decode step computes exactly one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class InferReq:
+    """One request as the model backend schedules it.
+
+    Attributes:
+        request_id: unique id assigned by the HTTP process; the deterministic tie-breaker of
+            every ordering decision (never wall clock), so all TP ranks agree.
+        prompt_ids: prompt token ids.
+        max_new_tokens: generation limit.
+        arrival_processed_prefill_tokens: snapshot of the backend's processed-prefill-token
+            counter when this request was created (HRRN aging measures from here).
+        infer_high_priority: internal inference priority; negative means high.  Set only by the
+            server itself (for example PD continuation segments), never from a public API field.
+        high_priority_request: the router's admission flag, copied from shared memory; it does
+            not influence prefill-queue ordering.
+        shm_index: slot of the shared-memory request record (``-1`` when there is none, e.g. in
+            the simulator).
+        req_row: row in the request manager's token table, ``-1`` until the request holds one.
+        strategy_state: metadata a prefill-queue strategy binds lazily to the request (the only
+            request state a strategy may write), e.g. HRRN's fixed service cost.
+    """
+
+    request_id: int
+    prompt_ids: List[int]
+    max_new_tokens: int = 16
+    arrival_processed_prefill_tokens: int = 0
+    infer_high_priority: int = 0
+    high_priority_request: bool = False
+    shm_index: int = -1
+    req_row: int = -1
+    output_ids: List[int] = field(default_factory=list)
+    cur_kv_len: int = 0
+    prompt_cache_len: int = 0
+    finished: bool = False
+    aborted: bool = False
+    paused: bool = False
+    strategy_state: Dict[str, Any] = field(default_factory=dict)
+    sampling: Optional[Any] = None
+
+    @property
+    def input_len(self) -> int:
+        """Number of prompt tokens."""
+        return len(self.prompt_ids)
+
+    @property
+    def total_len(self) -> int:
+        """Prompt plus generated tokens so far."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def pending_token_num(self) -> int:
+        """Tokens whose K/V are not yet in the cache (what a forward must still compute)."""
+        return self.total_len - self.cur_kv_len
+
+    @property
+    def uncached_prompt_token_num(self) -> int:
+        """Prompt tokens not yet in the KV cache."""
+        return max(0, self.input_len - self.cur_kv_len)
+
+    def token_at(self, position: int) -> int:
+        """Token id at ``position`` of prompt + output."""
+        if position < self.input_len:
+            return self.prompt_ids[position]
+        return self.output_ids[position - self.input_len]
+
+    def token_slice(self, start: int, end: int) -> List[int]:
+        """Token ids of prompt + output in ``[start, end)``."""
+        if end <= self.input_len:
+            return self.prompt_ids[start:end]
+        return (self.prompt_ids + self.output_ids)[start:end]
