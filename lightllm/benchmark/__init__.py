@@ -1,0 +1,1 @@
+"""Serving benchmark client: workloads, exact-length prompts, streaming backends, metrics."""

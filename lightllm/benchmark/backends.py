@@ -1,0 +1,307 @@
+"""Streaming request functions for the HTTP APIs the benchmark can drive.
+
+Each backend knows its endpoint, how to build the JSON body for a prompt, and how to
+read one decoded SSE ``data:`` payload. :func:`send_request` does the transport part
+shared by all of them: POST, read server-sent events, timestamp every token-bearing
+event on the benchmark clock and turn the outcome into a :class:`RequestRecord`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+
+from lightllm.benchmark.metrics import RequestRecord
+
+Clock = Callable[[], float]
+_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+@dataclasses.dataclass
+class RequestInput:
+    """A fully prepared request: prompt payload plus schedule and bookkeeping."""
+
+    index: int
+    request_class: str
+    prompt: str | list[int]
+    prompt_tokens: int
+    output_len: int
+    scheduled_time: float
+
+
+@dataclasses.dataclass
+class StreamState:
+    """What a backend learned from the events of one response so far."""
+
+    token_times: list[float] = dataclasses.field(default_factory=list)
+    finished: bool = False
+    usage_output_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    end_time: float | None = None
+    error: str | None = None
+
+
+class Backend(abc.ABC):
+    """Base class: endpoint path, request body and event parsing of one HTTP API."""
+
+    name: str = ""
+    path: str = ""
+    needs_model: bool = True
+    accepts_token_ids: bool = False
+    # True when the event that reports completion is the last one the client needs.
+    stops_on_finish: bool = False
+
+    def __init__(self, model: str | None, ignore_eos: bool = True, extra_body: dict[str, Any] | None = None) -> None:
+        if self.needs_model and not model:
+            raise ValueError(f"model must be set for backend {self.name!r}")
+        self.model = model
+        self.ignore_eos = ignore_eos
+        self.extra_body = dict(extra_body or {})
+
+    @abc.abstractmethod
+    def build_payload(self, request: RequestInput) -> dict[str, Any]:
+        """JSON body for ``request``."""
+
+    @abc.abstractmethod
+    def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
+        """Update ``state`` with one decoded ``data:`` payload received at ``now``."""
+
+    @abc.abstractmethod
+    def is_complete(self, state: StreamState, saw_done: bool) -> bool:
+        """Whether the stream ended the way a finished response should."""
+
+    def check_prompt(self, prompt: str | list[int]) -> None:
+        """Reject prompt kinds the API cannot take."""
+        if isinstance(prompt, list) and not self.accepts_token_ids:
+            raise ValueError(f"backend {self.name!r} needs text prompts; use prompt_format='text'")
+
+
+class LightLLMBackend(Backend):
+    """LightLLM's native ``/generate_stream``: one event per generated token."""
+
+    name = "lightllm"
+    path = "/generate_stream"
+    needs_model = False
+    stops_on_finish = True
+
+    def build_payload(self, request: RequestInput) -> dict[str, Any]:
+        self.check_prompt(request.prompt)
+        parameters = {"max_new_tokens": request.output_len, "ignore_eos": self.ignore_eos}
+        parameters.update(self.extra_body)
+        return {"inputs": request.prompt, "parameters": parameters}
+
+    def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
+        if data.get("token") is not None:
+            state.token_times.append(now)
+        if data.get("finished"):
+            state.finished = True
+            state.usage_output_tokens = len(state.token_times)
+
+    def is_complete(self, state: StreamState, saw_done: bool) -> bool:
+        return state.finished
+
+
+class OpenAIBackend(Backend):
+    """Shared parts of the OpenAI streaming APIs (usage chunk, ``[DONE]`` sentinel)."""
+
+    def build_payload(self, request: RequestInput) -> dict[str, Any]:
+        self.check_prompt(request.prompt)
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.output_len,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        # ignore_eos is an extension most OpenAI-compatible engines accept; the strict
+        # OpenAI API does not, so it is only sent when asked for.
+        if self.ignore_eos:
+            payload["ignore_eos"] = True
+        payload.update(self._prompt_fields(request.prompt))
+        payload.update(self.extra_body)
+        return payload
+
+    @abc.abstractmethod
+    def _prompt_fields(self, prompt: str | list[int]) -> dict[str, Any]:
+        """Body fields that carry the prompt."""
+
+    @abc.abstractmethod
+    def _chunk_text(self, choice: dict[str, Any]) -> str:
+        """Generated text carried by one streamed choice."""
+
+    def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
+        choices = data.get("choices") or []
+        if any(self._chunk_text(choice) for choice in choices):
+            state.token_times.append(now)
+        if any(choice.get("finish_reason") for choice in choices):
+            state.finished = True
+        usage = data.get("usage")
+        if usage:
+            if usage.get("completion_tokens") is not None:
+                state.usage_output_tokens = int(usage["completion_tokens"])
+            if usage.get("prompt_tokens") is not None:
+                state.usage_prompt_tokens = int(usage["prompt_tokens"])
+
+    def is_complete(self, state: StreamState, saw_done: bool) -> bool:
+        return saw_done
+
+
+class OpenAICompletionsBackend(OpenAIBackend):
+    """``/v1/completions``; the prompt may be text or a list of token ids."""
+
+    name = "openai-completions"
+    path = "/v1/completions"
+    accepts_token_ids = True
+
+    def _prompt_fields(self, prompt: str | list[int]) -> dict[str, Any]:
+        return {"prompt": prompt}
+
+    def _chunk_text(self, choice: dict[str, Any]) -> str:
+        return choice.get("text") or ""
+
+
+class OpenAIChatBackend(OpenAIBackend):
+    """``/v1/chat/completions`` with the prompt as a single user message.
+
+    The server wraps the message in its chat template, so the prompt length the server
+    sees is larger than the built length; the usage chunk reports the real count.
+    """
+
+    name = "openai-chat"
+    path = "/v1/chat/completions"
+
+    def _prompt_fields(self, prompt: str | list[int]) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": prompt}]}
+
+    def _chunk_text(self, choice: dict[str, Any]) -> str:
+        delta = choice.get("delta") or {}
+        # Reasoning models stream their thinking separately; it is generated output too.
+        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+
+
+BACKENDS: dict[str, type[Backend]] = {
+    cls.name: cls for cls in (LightLLMBackend, OpenAICompletionsBackend, OpenAIChatBackend)
+}
+
+
+def make_backend(
+    name: str, model: str | None, ignore_eos: bool = True, extra_body: dict[str, Any] | None = None
+) -> Backend:
+    """Instantiate the backend registered under ``name``."""
+    try:
+        cls = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}") from None
+    return cls(model, ignore_eos=ignore_eos, extra_body=extra_body)
+
+
+async def iter_sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """Yield the data of each server-sent event; multi-line data is joined by newlines."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if not line.strip():
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        if line.startswith("data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(" ") else value)
+        # Comments (":") and event/id/retry fields carry nothing the benchmark needs.
+    if lines:
+        yield "\n".join(lines)
+
+
+async def _read_stream(
+    backend: Backend, response: httpx.Response, clock: Clock, state: StreamState
+) -> bool:
+    """Feed every event of ``response`` to ``backend``; return whether ``[DONE]`` arrived.
+
+    ``state.end_time`` is the arrival of the terminating event, or of end-of-stream.
+    """
+    async for data in iter_sse_data(response):
+        now = clock()
+        state.end_time = now
+        if data.strip() == "[DONE]":
+            return True
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"stream event is not a JSON object: {data[:200]!r}")
+        if chunk.get("error"):
+            state.error = f"server error: {json.dumps(chunk['error'])[:500]}"
+            return False
+        backend.consume(chunk, now, state)
+        if backend.stops_on_finish and state.finished:
+            return False
+    state.end_time = clock()
+    return False
+
+
+def encode_body(backend: Backend, request: RequestInput) -> bytes:
+    """The serialized JSON body; done ahead of time so encoding does not delay sends."""
+    return json.dumps(backend.build_payload(request), ensure_ascii=False).encode("utf-8")
+
+
+async def send_request(
+    client: httpx.AsyncClient,
+    base_url: str,
+    backend: Backend,
+    request: RequestInput,
+    clock: Clock,
+    body: bytes | None = None,
+) -> RequestRecord:
+    """Send one streaming request and record what happened; never raises for server faults.
+
+    ``body`` is the pre-encoded payload from :func:`encode_body` (built here if omitted).
+    """
+    record = RequestRecord(
+        index=request.index,
+        request_class=request.request_class,
+        prompt_tokens=request.prompt_tokens,
+        scheduled_time=request.scheduled_time,
+        requested_output_tokens=request.output_len,
+    )
+    if body is None:
+        body = encode_body(backend, request)
+    state = StreamState()
+    saw_done = False
+    record.send_time = clock()
+    try:
+        url = base_url.rstrip("/") + backend.path
+        async with client.stream("POST", url, content=body, headers=_JSON_HEADERS) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode("utf-8", "replace")
+                state.error = f"HTTP {response.status_code}: {body[:500]}"
+            else:
+                saw_done = await _read_stream(backend, response, clock, state)
+    except (httpx.HTTPError, ValueError) as exc:
+        state.error = f"{type(exc).__name__}: {exc}"
+        state.end_time = None
+    record.end_time = state.end_time if state.end_time is not None else clock()
+    record.token_times = state.token_times
+    if state.token_times:
+        record.first_token_time = state.token_times[0]
+    record.output_tokens = (
+        state.usage_output_tokens if state.usage_output_tokens is not None else len(state.token_times)
+    )
+    if state.usage_prompt_tokens is not None:
+        record.prompt_tokens = state.usage_prompt_tokens
+    if state.error is None and not backend.is_complete(state, saw_done):
+        state.error = "stream ended before the response was complete"
+    if state.error is None and not state.token_times:
+        state.error = "no output token received"
+    record.error = state.error
+    return record
+
+
+async def fetch_default_model(client: httpx.AsyncClient, base_url: str) -> str:
+    """The first model id listed by ``GET /v1/models``."""
+    response = await client.get(base_url.rstrip("/") + "/v1/models")
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models or "id" not in models[0]:
+        raise ValueError(f"{base_url}/v1/models lists no model; pass --model explicitly")
+    return str(models[0]["id"])

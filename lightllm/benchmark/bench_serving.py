@@ -1,0 +1,323 @@
+"""Open-loop serving benchmark: send a scheduled workload over HTTP and measure it.
+
+Usage::
+
+    python -m lightllm.benchmark.bench_serving --base-url http://127.0.0.1:8000 \\
+        --backend openai-completions --tokenizer /path/to/model --workload long_first
+
+The same workload (schedule, prompt lengths and prompt texts are all seeded) can be
+sent to any OpenAI-compatible server, so engines and scheduling policies are compared
+on identical input. :func:`run_benchmark` is the reusable async core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import httpx
+from tqdm import tqdm
+
+from lightllm.benchmark.backends import (
+    BACKENDS,
+    RequestInput,
+    encode_body,
+    fetch_default_model,
+    make_backend,
+    send_request,
+)
+from lightllm.benchmark.metrics import RequestRecord, format_summary, parse_slo, summarize, write_records_jsonl
+from lightllm.benchmark.prompts import PromptBuilder
+from lightllm.benchmark.workloads import WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload
+
+PROMPT_FORMATS: tuple[str, ...] = ("text", "ids")
+
+
+@dataclasses.dataclass
+class BenchmarkConfig:
+    """One benchmark run against one server.
+
+    ``workload.seed`` seeds both the schedule and the prompt contents; ``prompt_namespace``
+    gives warm-up rounds prompts of their own so they do not warm the prefix cache for
+    the measured round. ``max_concurrency`` of ``None`` means unbounded.
+    """
+
+    base_url: str = "http://127.0.0.1:8000"
+    backend: str = "openai-completions"
+    model: str | None = None
+    tokenizer: str | None = None
+    workload: WorkloadConfig = dataclasses.field(default_factory=WorkloadConfig)
+    prompt_format: str = "text"
+    shared_prefix_len: int = 0
+    max_concurrency: int | None = None
+    slo: dict[str, float] = dataclasses.field(default_factory=dict)
+    ignore_eos: bool = True
+    extra_body: dict[str, Any] = dataclasses.field(default_factory=dict)
+    request_timeout_s: float = 3600.0
+    prompt_namespace: str = "measure"
+    output_jsonl: str | None = None
+    show_progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field."""
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {self.backend!r}")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {self.prompt_format!r}")
+        if self.prompt_format == "ids" and not BACKENDS[self.backend].accepts_token_ids:
+            raise ValueError(f"prompt_format 'ids' is not supported by backend {self.backend!r}")
+        if self.max_concurrency is not None and self.max_concurrency <= 0:
+            raise ValueError(f"max_concurrency must be > 0 or None, got {self.max_concurrency}")
+        if self.shared_prefix_len < 0:
+            raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        parse_slo(f"{k}:{v}" for k, v in self.slo.items())
+
+
+def load_tokenizer(path: str | None) -> Any:
+    """Load the served model's tokenizer from a local Hugging Face directory."""
+    if not path or not os.path.isdir(path):
+        raise ValueError(f"tokenizer must be a local tokenizer directory, got {path!r}")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def prepare_requests(
+    schedule: Sequence[ScheduledRequest],
+    builder: PromptBuilder,
+    *,
+    prompt_format: str = "text",
+    seed: int = 0,
+    namespace: str = "measure",
+    shared_prefix_len: int = 0,
+) -> list[RequestInput]:
+    """Attach an exact-length prompt to every scheduled request."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
+    requests = []
+    for index, item in enumerate(schedule):
+        prompt = builder.build(
+            index, item.prompt_len, seed=seed, namespace=namespace, shared_prefix_len=shared_prefix_len
+        )
+        requests.append(
+            RequestInput(
+                index=index,
+                request_class=item.request_class,
+                prompt=prompt.text if prompt_format == "text" else prompt.token_ids,
+                prompt_tokens=prompt.num_tokens,
+                output_len=item.output_len,
+                scheduled_time=item.scheduled_time_s,
+            )
+        )
+    return requests
+
+
+async def send_all(
+    client: httpx.AsyncClient,
+    base_url: str,
+    backend_name: str,
+    model: str | None,
+    requests: Sequence[RequestInput],
+    *,
+    ignore_eos: bool = True,
+    extra_body: dict[str, Any] | None = None,
+    max_concurrency: int | None = None,
+    show_progress: bool = False,
+) -> list[RequestRecord]:
+    """Send every request at its scheduled time (open loop) and return records in index order.
+
+    Bodies are encoded before the clock starts so serialization does not skew sends.
+    With ``max_concurrency`` a request past its time waits for a free slot; its record
+    then shows the wait as send lag.
+    """
+    backend = make_backend(backend_name, model, ignore_eos=ignore_eos, extra_body=extra_body)
+    bodies = [encode_body(backend, r) for r in requests]
+    limiter = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    progress = tqdm(total=len(requests), disable=not show_progress, desc="requests")
+    start = 0.0
+
+    def clock() -> float:
+        return time.perf_counter() - start
+
+    async def run_one(request: RequestInput, body: bytes) -> RequestRecord:
+        delay = request.scheduled_time - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if limiter is None:
+            record = await send_request(client, base_url, backend, request, clock, body)
+        else:
+            async with limiter:
+                record = await send_request(client, base_url, backend, request, clock, body)
+        progress.update(1)
+        return record
+
+    coroutines = [run_one(r, b) for r, b in zip(requests, bodies)]
+    start = time.perf_counter()
+    try:
+        return list(await asyncio.gather(*coroutines))
+    finally:
+        progress.close()
+
+
+def make_client(request_timeout_s: float) -> httpx.AsyncClient:
+    """HTTP client with no connection cap (an open-loop benchmark must not queue in the pool).
+
+    Proxy environment variables are ignored: a proxy would distort every timing.
+    """
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, 30.0))
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+
+
+async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None = None) -> dict[str, Any]:
+    """Run one benchmark and return its JSON-serialisable summary.
+
+    ``builder`` may be passed to reuse a tokenizer scan across runs; otherwise the
+    tokenizer is loaded from ``config.tokenizer``. Raw records go to
+    ``config.output_jsonl`` when set.
+    """
+    config.validate()
+    if builder is None:
+        builder = PromptBuilder(load_tokenizer(config.tokenizer))
+    schedule = build_workload(config.workload)
+    requests = prepare_requests(
+        schedule,
+        builder,
+        prompt_format=config.prompt_format,
+        seed=config.workload.seed,
+        namespace=config.prompt_namespace,
+        shared_prefix_len=config.shared_prefix_len,
+    )
+    async with make_client(config.request_timeout_s) as client:
+        model = config.model
+        if model is None and BACKENDS[config.backend].needs_model:
+            model = await fetch_default_model(client, config.base_url)
+        records = await send_all(
+            client,
+            config.base_url,
+            config.backend,
+            model,
+            requests,
+            ignore_eos=config.ignore_eos,
+            extra_body=config.extra_body,
+            max_concurrency=config.max_concurrency,
+            show_progress=config.show_progress,
+        )
+    if config.output_jsonl:
+        write_records_jsonl(config.output_jsonl, records)
+    summary = summarize(records, config.slo)
+    summary["model"] = model
+    summary["config"] = dataclasses.asdict(config)
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line interface of ``python -m lightllm.benchmark.bench_serving``."""
+    defaults = WorkloadConfig()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    server = p.add_argument_group("server")
+    server.add_argument("--base-url", default=BenchmarkConfig.base_url)
+    server.add_argument("--backend", choices=sorted(BACKENDS), default=BenchmarkConfig.backend)
+    server.add_argument("--model", default=None, help="default: first id from GET /v1/models")
+    server.add_argument("--tokenizer", required=True, help="local directory of the served model's tokenizer")
+    server.add_argument("--no-ignore-eos", action="store_true", help="do not ask the server to ignore EOS")
+    server.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
+    server.add_argument("--request-timeout", type=float, default=BenchmarkConfig.request_timeout_s)
+    load = p.add_argument_group("workload")
+    load.add_argument("--workload", choices=sorted(WORKLOADS), default=defaults.name)
+    load.add_argument("--seed", type=int, default=defaults.seed)
+    for flag, field in (
+        ("--long-len", "long_len"), ("--short-len", "short_len"), ("--output-len", "output_len"),
+        ("--long-count", "long_count"), ("--short-count", "short_count"),
+        ("--long-every", "long_every"), ("--num-requests", "num_requests"),
+        ("--initial-long-count", "initial_long_count"),
+    ):
+        load.add_argument(flag, dest=field, type=int, default=getattr(defaults, field))
+    load.add_argument("--long-output-len", type=int, default=None)
+    load.add_argument("--short-output-len", type=int, default=None)
+    for flag, field in (
+        ("--long-spread-ms", "long_spread_ms"), ("--short-start-ms", "short_start_ms"),
+        ("--short-spread-ms", "short_spread_ms"), ("--request-rate", "request_rate"),
+        ("--duration", "duration_s"), ("--long-fraction", "long_fraction"),
+        ("--burstiness", "burstiness"), ("--stream-start-ms", "stream_start_ms"),
+    ):
+        load.add_argument(flag, dest=field, type=float, default=getattr(defaults, field))
+    load.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
+    load.add_argument("--shared-prefix-len", type=int, default=0)
+    load.add_argument("--max-concurrency", type=int, default=None)
+    out = p.add_argument_group("measurement and output")
+    out.add_argument(
+        "--slo", nargs="*", default=[], metavar="KEY:MS", help="e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e)"
+    )
+    out.add_argument("--warmup-runs", type=int, default=0, help="full unmeasured runs with their own prompts first")
+    out.add_argument("--output-jsonl", default=None, help="raw per-request records")
+    out.add_argument("--output-json", default=None, help="summary")
+    out.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
+    """Translate parsed CLI arguments into a :class:`BenchmarkConfig`."""
+    try:
+        extra_body = json.loads(args.extra_body)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"extra_body must be a JSON object: {exc}") from None
+    if not isinstance(extra_body, dict):
+        raise ValueError(f"extra_body must be a JSON object, got {args.extra_body!r}")
+    workload_fields = {f.name for f in dataclasses.fields(WorkloadConfig)} - {"name"}
+    workload = WorkloadConfig(name=args.workload, **{k: getattr(args, k) for k in workload_fields})
+    return BenchmarkConfig(
+        base_url=args.base_url,
+        backend=args.backend,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        workload=workload,
+        prompt_format=args.prompt_format,
+        shared_prefix_len=args.shared_prefix_len,
+        max_concurrency=args.max_concurrency,
+        slo=parse_slo(args.slo),
+        ignore_eos=not args.no_ignore_eos,
+        extra_body=extra_body,
+        request_timeout_s=args.request_timeout,
+        output_jsonl=args.output_jsonl,
+        show_progress=not args.no_progress,
+    )
+
+
+async def _run_cli(config: BenchmarkConfig, warmup_runs: int) -> dict[str, Any]:
+    builder = PromptBuilder(load_tokenizer(config.tokenizer))
+    for k in range(warmup_runs):
+        warmup = dataclasses.replace(config, prompt_namespace=f"warmup-{k}", output_jsonl=None)
+        await run_benchmark(warmup, builder)
+    return await run_benchmark(config, builder)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the process exit status (1 if any request failed)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.warmup_runs < 0:
+            raise ValueError(f"warmup_runs must be >= 0, got {args.warmup_runs}")
+        config = config_from_args(args)
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    summary = asyncio.run(_run_cli(config, args.warmup_runs))
+    print(format_summary(summary))
+    if args.output_json:
+        with open(args.output_json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, ensure_ascii=False)
+    return 1 if summary["overall"]["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

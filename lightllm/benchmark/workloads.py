@@ -1,0 +1,199 @@
+"""Deterministic arrival schedules for the serving benchmark.
+
+A workload is a list of :class:`ScheduledRequest` tuples sorted by scheduled send
+time. Generators are pure functions of their arguments (including the seed), so two
+servers measured with the same arguments receive exactly the same schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+LONG = "long"
+SHORT = "short"
+REQUEST_CLASSES: tuple[str, ...] = (SHORT, LONG)
+
+
+class ScheduledRequest(NamedTuple):
+    """One request of a workload: when to send it, its class and its token lengths."""
+
+    scheduled_time_s: float
+    request_class: str
+    prompt_len: int
+    output_len: int
+
+
+@dataclasses.dataclass
+class WorkloadConfig:
+    """All knobs of the workload generators; each generator reads the ones it needs.
+
+    Times given in milliseconds mirror the CLI flags; ``*_output_len`` overrides of
+    ``None`` fall back to ``output_len``.
+    """
+
+    name: str = "long_first"
+    long_len: int = 16384
+    short_len: int = 128
+    output_len: int = 128
+    long_output_len: int | None = None
+    short_output_len: int | None = None
+    seed: int = 0
+    # long_first
+    long_count: int = 48
+    short_count: int = 48
+    long_spread_ms: float = 47.0
+    short_start_ms: float = 60.0
+    short_spread_ms: float = 47.0
+    # interleaved
+    request_rate: float = 500.0
+    long_every: int = 4
+    num_requests: int = 192
+    # sustained
+    duration_s: float = 8.0
+    long_fraction: float = 0.25
+    burstiness: float = 1.0
+    initial_long_count: int = 0
+    stream_start_ms: float = 0.0
+
+    def output_len_for(self, request_class: str) -> int:
+        """Return the output length of a request class, honouring per-class overrides."""
+        override = self.long_output_len if request_class == LONG else self.short_output_len
+        return self.output_len if override is None else override
+
+
+def _require_positive_int(name: str, value: int, allow_zero: bool = False) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def _require_non_negative(name: str, value: float) -> None:
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _require_positive(name: str, value: float) -> None:
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _spread(count: int, start_s: float, spread_s: float) -> list[float]:
+    """Place ``count`` points uniformly from ``start_s`` to ``start_s + spread_s`` inclusive."""
+    if count == 1:
+        return [start_s]
+    step = spread_s / (count - 1)
+    return [start_s + i * step for i in range(count)]
+
+
+def _check_lengths(cfg: WorkloadConfig) -> None:
+    _require_positive_int("long_len", cfg.long_len)
+    _require_positive_int("short_len", cfg.short_len)
+    for cls in REQUEST_CLASSES:
+        _require_positive_int(f"{cls}_output_len", cfg.output_len_for(cls))
+
+
+def _make(cfg: WorkloadConfig, time_s: float, request_class: str) -> ScheduledRequest:
+    prompt_len = cfg.long_len if request_class == LONG else cfg.short_len
+    return ScheduledRequest(time_s, request_class, prompt_len, cfg.output_len_for(request_class))
+
+
+def long_first(cfg: WorkloadConfig) -> list[ScheduledRequest]:
+    """A burst of long requests followed by a burst of short ones.
+
+    ``long_count`` long requests are spread uniformly over ``[0, long_spread_ms]``, then
+    ``short_count`` short requests over ``[short_start_ms, short_start_ms +
+    short_spread_ms]`` (defaults: 48 long at 0-47 ms, 48 short at 60-107 ms).
+    """
+    _check_lengths(cfg)
+    _require_positive_int("long_count", cfg.long_count, allow_zero=True)
+    _require_positive_int("short_count", cfg.short_count, allow_zero=True)
+    if cfg.long_count + cfg.short_count == 0:
+        raise ValueError("long_count + short_count must be > 0")
+    _require_non_negative("long_spread_ms", cfg.long_spread_ms)
+    _require_non_negative("short_start_ms", cfg.short_start_ms)
+    _require_non_negative("short_spread_ms", cfg.short_spread_ms)
+    longs = [_make(cfg, t, LONG) for t in _spread(cfg.long_count, 0.0, cfg.long_spread_ms / 1e3)]
+    shorts = [
+        _make(cfg, t, SHORT)
+        for t in _spread(cfg.short_count, cfg.short_start_ms / 1e3, cfg.short_spread_ms / 1e3)
+    ]
+    # A stable sort keeps long requests ahead of short ones scheduled at the same instant.
+    return sorted(longs + shorts, key=lambda r: r.scheduled_time_s)
+
+
+def interleaved(cfg: WorkloadConfig) -> list[ScheduledRequest]:
+    """``num_requests`` requests at a fixed ``request_rate``; the first of every ``long_every`` is long.
+
+    With the defaults (192 requests at 500 req/s, one long in four) the schedule spans
+    0-382 ms.
+    """
+    _check_lengths(cfg)
+    _require_positive_int("num_requests", cfg.num_requests)
+    _require_positive_int("long_every", cfg.long_every)
+    _require_positive("request_rate", cfg.request_rate)
+    return [
+        _make(cfg, i / cfg.request_rate, LONG if i % cfg.long_every == 0 else SHORT)
+        for i in range(cfg.num_requests)
+    ]
+
+
+def sustained(cfg: WorkloadConfig) -> list[ScheduledRequest]:
+    """Open-loop stream with gamma-distributed gaps for ``duration_s`` seconds.
+
+    Gaps have mean ``1 / request_rate`` and shape ``burstiness`` (1.0 gives a Poisson
+    process; below 1 is burstier, above 1 more regular). Each request is long with
+    probability ``long_fraction``. The stream starts at ``stream_start_ms``; optionally
+    ``initial_long_count`` long requests are sent first, spread over ``long_spread_ms``.
+    """
+    _check_lengths(cfg)
+    _require_positive("request_rate", cfg.request_rate)
+    _require_positive("duration_s", cfg.duration_s)
+    _require_positive("burstiness", cfg.burstiness)
+    _require_non_negative("stream_start_ms", cfg.stream_start_ms)
+    _require_non_negative("long_spread_ms", cfg.long_spread_ms)
+    _require_positive_int("initial_long_count", cfg.initial_long_count, allow_zero=True)
+    if not 0.0 <= cfg.long_fraction <= 1.0:
+        raise ValueError(f"long_fraction must be within [0, 1], got {cfg.long_fraction!r}")
+    rng = np.random.default_rng(cfg.seed)
+    scale = 1.0 / (cfg.request_rate * cfg.burstiness)
+    start_s = cfg.stream_start_ms / 1e3
+    requests: list[ScheduledRequest] = []
+    if cfg.initial_long_count:
+        spread_s = cfg.long_spread_ms / 1e3
+        requests = [_make(cfg, t, LONG) for t in _spread(cfg.initial_long_count, 0.0, spread_s)]
+    elapsed = 0.0
+    while True:
+        elapsed += float(rng.gamma(cfg.burstiness, scale))
+        if elapsed >= cfg.duration_s:
+            break
+        cls = LONG if rng.random() < cfg.long_fraction else SHORT
+        requests.append(_make(cfg, start_s + elapsed, cls))
+    if not requests:
+        raise ValueError(
+            "sustained workload is empty: increase request_rate or duration_s "
+            f"(request_rate={cfg.request_rate}, duration_s={cfg.duration_s})"
+        )
+    return sorted(requests, key=lambda r: r.scheduled_time_s)
+
+
+WORKLOADS: dict[str, Callable[[WorkloadConfig], list[ScheduledRequest]]] = {
+    "long_first": long_first,
+    "interleaved": interleaved,
+    "sustained": sustained,
+}
+
+
+def build_workload(cfg: WorkloadConfig) -> list[ScheduledRequest]:
+    """Generate the schedule named by ``cfg.name``."""
+    try:
+        generator = WORKLOADS[cfg.name]
+    except KeyError:
+        raise ValueError(
+            f"workload name must be one of {sorted(WORKLOADS)}, got {cfg.name!r}"
+        ) from None
+    return generator(cfg)

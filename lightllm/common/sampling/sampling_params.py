@@ -1,0 +1,206 @@
+"""Per-request sampling parameters and their validation.
+
+The meanings follow the OpenAI / vLLM conventions so that the HTTP layer can copy request
+fields across unchanged:
+
+* ``temperature`` 0 means greedy decoding; ``do_sample=False`` forces greedy as well.
+* ``top_p`` in (0, 1] is nucleus sampling; ``top_k`` of -1 or 0 disables top-k.
+* ``repetition_penalty`` uses Hugging Face semantics over prompt and generated tokens:
+  positive logits of seen tokens are divided by it, negative ones multiplied.
+* ``presence_penalty`` / ``frequency_penalty`` use OpenAI semantics over generated tokens
+  only: ``logit -= frequency * count + presence * (count > 0)``.
+* ``min_new_tokens`` keeps EOS and stop token ids masked until that many tokens exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 16
+MAX_SEED = 2**63 - 1
+PENALTY_LIMIT = 2.0
+
+
+class SamplingParamError(ValueError):
+    """A sampling parameter has the wrong type or an out-of-range value."""
+
+
+def _is_int(value: Any) -> bool:
+    # bool is a subclass of int, but ``top_k=True`` is almost certainly a client bug.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value: Any) -> float:
+    """Return ``value`` as a float, rejecting non-numbers, bools and NaN/inf."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SamplingParamError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise SamplingParamError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _check_int(name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise SamplingParamError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return value
+
+
+@dataclass
+class SamplingParams:
+    """How one request picks its next tokens.
+
+    Construction validates every field (without a vocabulary size); call
+    :meth:`validate` again with ``vocab_size`` once the model is known to also range-check
+    ``stop_token_ids``.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_new_tokens: int = 16
+    min_new_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    do_sample: bool | None = None
+    logprobs: int | None = None
+    stop_sequences: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Accept tuples from callers but store lists, so to_dict/from_dict round-trip exactly.
+        if isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.stop_sequences, tuple):
+            self.stop_sequences = list(self.stop_sequences)
+        self.validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the request always takes the arg-max token (temperature 0 or do_sample=False)."""
+        return self.do_sample is False or self.temperature == 0
+
+    @property
+    def top_k_enabled(self) -> bool:
+        """True when ``top_k`` restricts the candidate set."""
+        return self.top_k > 0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Check every field; raise :class:`SamplingParamError` naming the first bad one.
+
+        Args:
+            vocab_size: when given, ``stop_token_ids`` must lie in ``[0, vocab_size)``.
+        """
+        if vocab_size is not None and (not _is_int(vocab_size) or vocab_size <= 0):
+            raise SamplingParamError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+
+        temperature = _check_number("temperature", self.temperature)
+        if temperature < 0:
+            raise SamplingParamError(f"temperature must be >= 0, got {self.temperature}")
+
+        top_p = _check_number("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise SamplingParamError(f"top_p must be in (0, 1], got {self.top_p}")
+
+        top_k = _check_int("top_k", self.top_k)
+        if top_k < -1:
+            raise SamplingParamError(f"top_k must be -1 or 0 (disabled) or >= 1, got {top_k}")
+
+        repetition_penalty = _check_number("repetition_penalty", self.repetition_penalty)
+        if repetition_penalty <= 0:
+            raise SamplingParamError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_number(name, getattr(self, name))
+            if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+                raise SamplingParamError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+
+        if self.seed is not None:
+            seed = _check_int("seed", self.seed)
+            if not 0 <= seed <= MAX_SEED:
+                raise SamplingParamError(f"seed must be in [0, 2**63 - 1], got {seed}")
+
+        max_new_tokens = _check_int("max_new_tokens", self.max_new_tokens)
+        if max_new_tokens < 1:
+            raise SamplingParamError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+        min_new_tokens = _check_int("min_new_tokens", self.min_new_tokens)
+        if min_new_tokens < 0:
+            raise SamplingParamError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
+        if min_new_tokens > max_new_tokens:
+            raise SamplingParamError(
+                f"min_new_tokens must be <= max_new_tokens ({max_new_tokens}), got {min_new_tokens}"
+            )
+
+        self._validate_stop_token_ids(vocab_size)
+
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingParamError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        if self.do_sample is not None and not isinstance(self.do_sample, bool):
+            raise SamplingParamError(f"do_sample must be a bool or None, got {type(self.do_sample).__name__}")
+
+        if self.logprobs is not None:
+            logprobs = _check_int("logprobs", self.logprobs)
+            if not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+                raise SamplingParamError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
+
+        self._validate_stop_sequences()
+
+    def _validate_stop_token_ids(self, vocab_size: int | None) -> None:
+        if not isinstance(self.stop_token_ids, list):
+            raise SamplingParamError(
+                f"stop_token_ids must be a list of integers, got {type(self.stop_token_ids).__name__}"
+            )
+        for token_id in self.stop_token_ids:
+            if not _is_int(token_id):
+                raise SamplingParamError(f"stop_token_ids must contain integers, got {token_id!r}")
+            if token_id < 0:
+                raise SamplingParamError(f"stop_token_ids must be >= 0, got {token_id}")
+            if vocab_size is not None and token_id >= vocab_size:
+                raise SamplingParamError(
+                    f"stop_token_ids must be < vocab_size ({vocab_size}), got {token_id}"
+                )
+
+    def _validate_stop_sequences(self) -> None:
+        if not isinstance(self.stop_sequences, list):
+            raise SamplingParamError(
+                f"stop_sequences must be a list of strings, got {type(self.stop_sequences).__name__}"
+            )
+        if len(self.stop_sequences) > MAX_STOP_SEQUENCES:
+            raise SamplingParamError(
+                f"stop_sequences must hold at most {MAX_STOP_SEQUENCES} entries, "
+                f"got {len(self.stop_sequences)}"
+            )
+        for sequence in self.stop_sequences:
+            if not isinstance(sequence, str):
+                raise SamplingParamError(f"stop_sequences must contain strings, got {sequence!r}")
+            if not sequence:
+                raise SamplingParamError("stop_sequences must not contain empty strings")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data copy of every field (lists are copied, not shared)."""
+        data: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            data[item.name] = list(value) if isinstance(value, list) else value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SamplingParams":
+        """Build validated params from a mapping; unknown keys are rejected by name.
+
+        Missing keys take their defaults, so ``from_dict({})`` equals ``SamplingParams()``.
+        """
+        if not isinstance(data, Mapping):
+            raise SamplingParamError(f"sampling params must be a mapping, got {type(data).__name__}")
+        known = {item.name for item in fields(cls)}
+        unknown = sorted(str(key) for key in data if key not in known)
+        if unknown:
+            raise SamplingParamError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        copied = {key: list(value) if isinstance(value, (list, tuple)) else value for key, value in data.items()}
+        return cls(**copied)

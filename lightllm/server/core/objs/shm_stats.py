@@ -1,0 +1,62 @@
+"""A small shared-memory block of live counters for /metrics.
+
+Writers: the router writes the queue fields, model rank 0 the KV and step fields.  Each field
+has one writer, so plain stores suffice; readers (the HTTP process) may see values from
+different moments, which is fine for gauges.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import shared_memory
+from typing import Dict
+
+import numpy as np
+
+
+STAT_FIELDS = (
+    "waiting_requests",  # router
+    "running_requests",  # router
+    "kv_total_tokens",  # rank 0
+    "kv_free_tokens",  # rank 0: allocator free slots
+    "kv_cached_tokens",  # rank 0: slots held by the prefix cache
+    "kv_allocatable_tokens",  # rank 0: free + evictable prefix-cache slots
+    "paused_requests",  # rank 0
+    "backend_steps",  # rank 0
+    "processed_prefill_tokens",  # rank 0
+)
+
+
+class ShmStats:
+    """Named int64 counters in a shared-memory segment."""
+
+    def __init__(self, name: str, create: bool):
+        size = 8 * len(STAT_FIELDS)
+        self._shm = shared_memory.SharedMemory(name=name, create=create, size=size if create else 0)
+        self.values = np.ndarray((len(STAT_FIELDS),), dtype=np.int64, buffer=self._shm.buf)
+        if create:
+            self.values[:] = 0
+        self._index = {name: i for i, name in enumerate(STAT_FIELDS)}
+
+    def set(self, field: str, value: int) -> None:
+        """Store one counter."""
+        self.values[self._index[field]] = value
+
+    def get(self, field: str) -> int:
+        """Read one counter."""
+        return int(self.values[self._index[field]])
+
+    def snapshot(self) -> Dict[str, int]:
+        """All counters."""
+        return {name: int(self.values[i]) for name, i in self._index.items()}
+
+    def close(self) -> None:
+        """Unmap the block."""
+        self.values = None
+        self._shm.close()
+
+    def unlink(self) -> None:
+        """Remove the block (creator, at shutdown)."""
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,85 @@
+"""Turning a growing list of token ids into text pieces, with stop-string handling."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+PROMPT_CONTEXT_TOKENS = 4
+
+
+class IncrementalDecoder:
+    """Emits the new text each token adds, never a broken UTF-8 character.
+
+    Text is decoded over a window that starts a few tokens back (tokenizers that mark word
+    starts need the previous token to decide on a leading space); a piece whose decoding ends in
+    the replacement character is held back until the next token completes the character.
+
+    Stop strings: text that could be the start of a stop string is held back; when a stop
+    string appears, the text before it is released and the decoder reports the hit.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], stop_sequences: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.ids: List[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.stop_sequences = [s for s in stop_sequences if s]
+        self.text = ""  # all text decoded so far
+        self.emitted = 0  # chars of self.text already handed out
+        self.stopped = False
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, token_id: int) -> str:
+        """Append a token; returns the text that may be shown now (possibly empty)."""
+        if self.stopped:
+            return ""
+        self.ids.append(token_id)
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            self.text += full_text[len(prefix_text) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+        return self._release()
+
+    def _release(self) -> str:
+        if self.stop_sequences:
+            hit = self._find_stop()
+            if hit is not None:
+                self.stopped = True
+                piece = self.text[self.emitted : hit]
+                self.text = self.text[:hit]
+                self.emitted = hit
+                return piece
+            safe = len(self.text) - self._partial_stop_len()
+        else:
+            safe = len(self.text)
+        piece = self.text[self.emitted : safe]
+        self.emitted = max(self.emitted, safe)
+        return piece
+
+    def _find_stop(self) -> Optional[int]:
+        # Only text not yet released can contain a new stop string.
+        start = max(0, self.emitted - max(len(s) for s in self.stop_sequences))
+        positions = [p for p in (self.text.find(s, start) for s in self.stop_sequences) if p >= 0]
+        return min(positions) if positions else None
+
+    def _partial_stop_len(self) -> int:
+        longest = 0
+        for stop in self.stop_sequences:
+            for size in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(stop[:size]):
+                    longest = max(longest, size)
+                    break
+        return longest
+
+    def flush(self) -> str:
+        """Release held-back text at the end of the request (no stop string completed)."""
+        if self.stopped:
+            return ""
+        piece = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return piece
+

@@ -1,0 +1,122 @@
+"""The detokenization process: token ids in shared memory -> text pieces for the HTTP process."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Dict
+
+import zmq
+
+from lightllm.server.core.objs.io_messages import (
+    AbortRequest,
+    DetokenizedOutput,
+    SlotReleased,
+    StepOutput,
+    TokenEvent,
+)
+from lightllm.server.core.objs.shm_req_buffer import FINISH_REASON_NAMES, ShmReqBuffer
+from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
+from lightllm.utils.log_utils import init_logging
+from lightllm.utils.process_utils import run_child, zmq_socket
+from lightllm.utils.tokenizer_utils import load_tokenizer
+
+log = logging.getLogger("lightllm.detokenization")
+
+
+@dataclass
+class DetokenizationConfig:
+    """Everything the detokenization process needs (picklable for spawn)."""
+
+    model_dir: str
+    tokenizer_mode: str
+    detokenization_address: str
+    http_address: str
+    router_address: str
+    shm_req_name: str
+    slot_num: int
+    max_req_total_len: int
+    log_level: str
+
+
+@dataclass
+class _RequestText:
+    decoder: IncrementalDecoder
+    seen: int = 0
+    finished: bool = False
+
+
+class DetokenizationManager:
+    """Reads new tokens from shared memory, decodes them, applies stop strings."""
+
+    def __init__(self, config: DetokenizationConfig, tokenizer: Any = None):
+        self.config = config
+        self.tokenizer = tokenizer or load_tokenizer(config.model_dir, config.tokenizer_mode)
+        self.zmq_ctx = zmq.Context()
+        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, config.detokenization_address, bind=True)
+        self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, config.http_address, bind=False)
+        self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, config.router_address, bind=False)
+        self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
+        self.requests: Dict[int, _RequestText] = {}
+
+    def _state(self, request_id: int, slot: int) -> _RequestText:
+        state = self.requests.get(request_id)
+        if state is None:
+            decoder = IncrementalDecoder(self.tokenizer, self.shm.prompt_ids(slot), self.shm.stop_sequences(slot))
+            state = self.requests[request_id] = _RequestText(decoder)
+        return state
+
+    def handle(self, message: StepOutput) -> None:
+        """Turn one step's updates into text messages; forward releases."""
+        for request_id, slot in message.updates:
+            self._update(request_id, slot)
+        for request_id, slot in message.released:
+            state = self.requests.pop(request_id, None)
+            if state is None or not state.finished:
+                self.to_http.send_pyobj(DetokenizedOutput(request_id, [], "abort", 0))
+            self.to_http.send_pyobj(SlotReleased(request_id, slot))
+
+    def _update(self, request_id: int, slot: int) -> None:
+        state = self._state(request_id, slot)
+        if state.finished:
+            return
+        rec = self.shm.records[slot]
+        output_len = int(rec["output_len"])  # read the publish point before the data
+        status = int(rec["finish_status"])
+        ids = rec["output_ids"][state.seen : output_len].tolist()
+        logprobs = rec["output_logprobs"][state.seen : output_len].tolist()
+        state.seen = output_len
+        events = []
+        finish_reason = None
+        for token_id, logprob in zip(ids, logprobs):
+            events.append(TokenEvent(token_id, state.decoder.add(token_id), logprob))
+            if state.decoder.stopped:
+                finish_reason = "stop"
+                self.to_router.send_pyobj(AbortRequest(request_id))
+                break
+        if finish_reason is None and status:
+            finish_reason = FINISH_REASON_NAMES[status]
+            tail = state.decoder.flush()
+            if tail and events:
+                events[-1].text += tail
+        if finish_reason is not None:
+            state.finished = True
+        if events or finish_reason is not None:
+            self.to_http.send_pyobj(DetokenizedOutput(request_id, events, finish_reason, int(rec["prompt_cache_len"])))
+
+    def serve_forever(self) -> None:
+        """Process messages as they come."""
+        while True:
+            self.handle(self.inbox.recv_pyobj())
+
+
+def detokenization_process_main(config: DetokenizationConfig, ready_conn: Any) -> None:
+    """Entry point of the detokenization process."""
+    init_logging(config.log_level)
+
+    def body(mark_ready: Callable[[], None]) -> None:
+        manager = DetokenizationManager(config)
+        mark_ready()
+        manager.serve_forever()
+
+    run_child("detokenization", ready_conn, body)

@@ -1,0 +1,28 @@
+"""Prefill-queue strategies: how ready prefill requests are ordered before budgeting.
+
+Choose one by name with ``build_prefill_queue_strategy`` (CLI: ``--prefill_queue_strategy``).
+"""
+
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.default import DefaultStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HrrnStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.promote_shortest import (
+    PromoteShortestStrategy,
+)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.registry import (
+    DEFAULT_PREFILL_QUEUE_STRATEGY,
+    PREFILL_QUEUE_STRATEGIES,
+    available_strategy_names,
+    build_prefill_queue_strategy,
+)
+
+__all__ = [
+    "DEFAULT_PREFILL_QUEUE_STRATEGY",
+    "PREFILL_QUEUE_STRATEGIES",
+    "DefaultStrategy",
+    "HrrnStrategy",
+    "PrefillQueueStrategy",
+    "PromoteShortestStrategy",
+    "available_strategy_names",
+    "build_prefill_queue_strategy",
+]

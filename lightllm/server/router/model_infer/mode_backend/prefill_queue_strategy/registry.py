@@ -1,0 +1,37 @@
+"""Name -> class registry of prefill-queue strategies.
+
+The CLI builds its ``--prefill_queue_strategy`` choices from ``available_strategy_names()``.
+To add a strategy, subclass ``PrefillQueueStrategy`` and add an entry here.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Type
+
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.default import DefaultStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HrrnStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.promote_shortest import (
+    PromoteShortestStrategy,
+)
+
+DEFAULT_PREFILL_QUEUE_STRATEGY = DefaultStrategy.name
+
+PREFILL_QUEUE_STRATEGIES: Dict[str, Type[PrefillQueueStrategy]] = {
+    cls.name: cls for cls in (DefaultStrategy, PromoteShortestStrategy, HrrnStrategy)
+}
+
+
+def available_strategy_names() -> List[str]:
+    """Registered strategy names, ``default`` first."""
+    return list(PREFILL_QUEUE_STRATEGIES)
+
+
+def build_prefill_queue_strategy(name: str) -> PrefillQueueStrategy:
+    """Instantiate the strategy registered as ``name``; unknown names raise ``ValueError``."""
+    cls = PREFILL_QUEUE_STRATEGIES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(
+            f"unknown prefill_queue_strategy {name!r}; valid names: {', '.join(available_strategy_names())}"
+        )
+    return cls()

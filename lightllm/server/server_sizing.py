@@ -1,0 +1,100 @@
+"""Derived sizes of a server: KV capacity, per-request limits, budgets, dtype and threads."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
+from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.api_cli import ArgumentError
+
+
+@dataclass
+class ServerSizing:
+    """Numbers every process must agree on, computed once in the launcher."""
+
+    device: str
+    dtype_name: str
+    max_req_total_len: int
+    max_total_token_num: int
+    batch_max_tokens: int
+    slot_num: int
+    torch_threads: int | None
+
+
+def _available_memory_bytes(device: str) -> int:
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 4 << 30
+
+
+def _weights_bytes(model_dir: str) -> int:
+    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+
+
+def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> ServerSizing:
+    """Resolve defaults that depend on the model and the machine; reject impossible settings."""
+    if args.data_type == "auto":
+        dtype = config.dtype
+        if device == "cpu" and dtype == torch.float16:
+            dtype = torch.float32  # half-precision matmuls are slow or missing on CPU
+    else:
+        dtype = parse_dtype(args.data_type)
+    dtype_name = str(dtype).replace("torch.", "")
+    if config.num_key_value_heads % args.tp or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
+        raise ArgumentError(
+            f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}), "
+            f"num_key_value_heads ({config.num_key_value_heads}) and intermediate_size ({config.intermediate_size})"
+        )
+    max_req_total_len = args.max_req_total_len or config.max_position_embeddings
+    chunked = not args.disable_chunked_prefill
+    if args.batch_max_tokens is not None:
+        batch_max_tokens = args.batch_max_tokens
+    elif chunked:
+        batch_max_tokens = max(args.chunked_prefill_size, 2048)
+    else:
+        batch_max_tokens = max(max_req_total_len, 2048)
+    if not chunked and batch_max_tokens < max_req_total_len:
+        raise ArgumentError(
+            f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "
+            f"must be >= --max_req_total_len ({max_req_total_len})"
+        )
+    per_token = KVCacheMemoryManager.bytes_per_token(
+        config.num_hidden_layers, config.num_key_value_heads // args.tp, config.head_dim, dtype
+    )
+    if args.max_total_token_num is not None:
+        kv_tokens = args.max_total_token_num
+    else:
+        budget = _available_memory_bytes(device) - _weights_bytes(args.model_dir) // args.tp
+        kv_tokens = int(budget * args.mem_fraction) // per_token
+        if device == "cpu":
+            # CPU memory is shared by every rank and the rest of the machine; more KV than the
+            # running batch can ever hold (plus as much again for the prefix cache) is waste.
+            kv_tokens = min(kv_tokens // args.tp, 2 * args.running_max_req_size * max_req_total_len)
+    if kv_tokens < max_req_total_len:
+        raise ArgumentError(
+            f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
+            f"{max_req_total_len}); lower --max_req_total_len or give more memory"
+        )
+    threads = None
+    if device == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // args.tp)
+    return ServerSizing(
+        device=device,
+        dtype_name=dtype_name,
+        max_req_total_len=max_req_total_len,
+        max_total_token_num=kv_tokens,
+        batch_max_tokens=batch_max_tokens,
+        slot_num=max(64, 4 * args.running_max_req_size),
+        torch_threads=threads,
+    )

@@ -1,0 +1,72 @@
+"""Helpers shared by the server's child processes: readiness reports and zmq sockets."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import zmq
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def zmq_socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
+    """A zmq socket bound or connected to ``address`` that never blocks on close."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if bind:
+        sock.bind(address)
+    else:
+        sock.connect(address)
+    return sock
+
+
+def _exit_with_parent() -> None:
+    # A child must not outlive a parent that was killed without cleaning up.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def run_child(name: str, ready_conn: Any, body: Callable[[Callable[[], None]], None]) -> None:
+    """Run a child process body; report readiness or the start-up error to the parent.
+
+    ``body`` receives a ``mark_ready`` callable to invoke once it can serve.  Exceptions before
+    readiness travel to the parent as text; after readiness they are logged and the process
+    exits non-zero so the parent's supervisor notices.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
+    _exit_with_parent()
+    log = logging.getLogger(f"lightllm.{name}")
+    state = {"ready": False}
+
+    def mark_ready() -> None:
+        state["ready"] = True
+        ready_conn.send(("ready", name))
+
+    try:
+        body(mark_ready)
+    except Exception as exc:  # report any failure, the parent prints one line
+        if not state["ready"]:
+            ready_conn.send(("error", f"{name}: {type(exc).__name__}: {exc}"))
+            log.debug("start-up failure\n%s", traceback.format_exc())
+        else:
+            log.error("%s crashed: %s\n%s", name, exc, traceback.format_exc())
+        os._exit(1)

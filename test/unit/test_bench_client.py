@@ -1,0 +1,415 @@
+"""Benchmark client: exact-length prompts and SSE streaming against a small real HTTP server.
+
+The server here is a canned FastAPI app on loopback that speaks the three stream
+formats; it tests the client, not lightllm's own server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from lightllm.benchmark.backends import iter_sse_data
+from lightllm.benchmark.bench_serving import BenchmarkConfig, main, prepare_requests, run_benchmark
+from lightllm.benchmark.metrics import read_records_jsonl
+from lightllm.benchmark.prompts import PromptBuilder, PromptLengthError
+from lightllm.benchmark.workloads import WorkloadConfig, long_first
+
+# Requested output lengths that make the canned server misbehave in a specific way.
+FAIL_HTTP, TRUNCATE, ERROR_EVENT = 3, 5, 6
+CHAT_TEMPLATE_TOKENS = 5
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """A byte-level BPE tokenizer trained here, with a BOS post-processor like Llama's."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [f"the quick brown fox {i} jumps over the lazy dog; 你好世界 ünïcödé" for i in range(200)]
+    tok.train_from_iterator(corpus, trainer)
+    bos = [("<s>", tok.token_to_id("<s>"))]
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=bos)
+    path = tmp_path_factory.mktemp("tokenizer")
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def builder(tokenizer) -> PromptBuilder:
+    return PromptBuilder(tokenizer)
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
+    """Canned streams in the lightllm native, completions and chat formats."""
+    app = FastAPI()
+
+    def count(text: str) -> int:
+        return len(tokenizer(text)["input_ids"])
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+    @app.post("/generate_stream")
+    async def generate_stream(request: Request):
+        body = await request.json()
+        log.append({"path": "/generate_stream", **body})
+        n = body["parameters"]["max_new_tokens"]
+        if n == FAIL_HTTP:
+            return JSONResponse({"error": "canned failure"}, status_code=500)
+
+        async def events() -> Iterator[str]:
+            yield ": keep-alive comment\n\n"
+            for i in range(n):
+                if n == ERROR_EVENT and i == 1:
+                    yield _sse({"error": {"message": "canned stream error"}})
+                    return
+                if n == TRUNCATE and i == n - 1:
+                    return
+                done = i == n - 1
+                yield _sse({
+                    "token": {"id": i, "text": f" t{i}", "logprob": -0.5, "special": False},
+                    "generated_text": "all" if done else None, "finished": done,
+                    "finish_reason": "length" if done else None, "details": None,
+                })
+                await asyncio.sleep(0.001)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def openai_stream(n: int, prompt_tokens: int, chat: bool):
+        def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "finish_reason": finish}
+            choice.update({"delta": {} if text is None else {"content": text}} if chat else {"text": text or ""})
+            return {"id": "x", "choices": [choice]}
+
+        async def events() -> Iterator[str]:
+            if chat:
+                yield _sse({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            else:
+                yield _sse(chunk(""))  # an empty first chunk is not a token
+            # The first chunk carries two tokens, as detokenizers sometimes merge them.
+            pieces = ["t0t1"] + [f"t{i}" for i in range(2, n)]
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
+                yield _sse(chunk(piece, "length" if last and not chat else None))
+                await asyncio.sleep(0.001)
+            if chat:
+                yield _sse(chunk(None, "length"))
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+            yield _sse({"id": "x", "choices": [], "usage": usage})
+            yield _sse("[DONE]")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        log.append({"path": "/v1/completions", **body})
+        prompt = body["prompt"]
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else count(prompt)
+        return openai_stream(body["max_tokens"], prompt_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        log.append({"path": "/v1/chat/completions", **body})
+        prompt_tokens = count(body["messages"][0]["content"]) + CHAT_TEMPLATE_TOKENS
+        return openai_stream(body["max_tokens"], prompt_tokens, chat=True)
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Run the canned app with uvicorn on a free loopback port; yields (base_url, request log)."""
+    log: list[dict[str, Any]] = []
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(make_app(tokenizer, log), log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "canned server did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", log
+    uv.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+def _config(base_url: str, tokenizer_dir: Path, backend: str, **workload: Any) -> BenchmarkConfig:
+    params = {"long_count": 2, "short_count": 3, "long_len": 40, "short_len": 8, "output_len": 4,
+              "long_spread_ms": 2.0, "short_start_ms": 5.0, "short_spread_ms": 2.0, **workload}
+    return BenchmarkConfig(base_url=base_url, backend=backend, tokenizer=str(tokenizer_dir),
+                           workload=WorkloadConfig(**params), show_progress=False)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+@pytest.mark.parametrize("length", [2, 3, 17, 128, 1000])
+def test_prompts_have_exact_server_side_length(builder, tokenizer, length) -> None:
+    for index in range(4):
+        prompt = builder.build(index, length, seed=11)
+        assert tokenizer(prompt.text)["input_ids"] == prompt.token_ids
+        assert prompt.num_tokens == length
+        assert prompt.token_ids[0] == tokenizer.bos_token_id
+
+
+def test_prompts_are_seeded_and_unique_per_request(builder) -> None:
+    assert builder.build(3, 64, seed=1) == builder.build(3, 64, seed=1)
+    heads = {tuple(builder.build(i, 64, seed=1).token_ids[1:5]) for i in range(30)}
+    assert len(heads) == 30  # distinct beginnings: prefix caches cannot share them
+    assert builder.build(3, 64, seed=2) != builder.build(3, 64, seed=1)
+    assert builder.build(3, 64, seed=1, namespace="warmup-0") != builder.build(3, 64, seed=1)
+
+
+def test_shared_prefix_is_common_to_all_prompts(builder) -> None:
+    prompts = [builder.build(i, 100, seed=5, shared_prefix_len=40) for i in range(6)]
+    assert all(p.num_tokens == 100 for p in prompts)
+    # Merges can only touch the token at the seam; everything before it is shared.
+    assert len({tuple(p.token_ids[:40]) for p in prompts}) == 1
+    assert len({tuple(p.token_ids[42:]) for p in prompts}) == 6
+
+
+def test_prompt_length_errors(builder) -> None:
+    with pytest.raises(ValueError, match="length"):
+        builder.build(0, 1)  # only room for BOS
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        builder.build(0, 10, shared_prefix_len=9)
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        builder.build(0, 10, shared_prefix_len=-1)
+
+
+class ParityTokenizer:
+    """Encodes one id per character but pads every encoding to an even length.
+
+    Stands in for a tokenizer under which some lengths are unreachable.
+    """
+
+    all_special_ids = [0]
+    added_tokens_decoder: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return 27
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return 1
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids = [ord(c) - 96 for c in text]
+        if add_special_tokens:
+            ids = [0] + ids + ([0] if len(ids) % 2 == 0 else [])
+        return ids
+
+    def __call__(self, text, add_special_tokens: bool = True) -> dict[str, Any]:
+        if isinstance(text, list):
+            return {"input_ids": [self._ids(t, add_special_tokens) for t in text]}
+        return {"input_ids": self._ids(text, add_special_tokens)}
+
+    def decode(self, ids: list[int], clean_up_tokenization_spaces: bool = False) -> str:
+        return "".join(chr(i + 96) for i in ids if i)
+
+    def batch_decode(self, batch: list[list[int]], clean_up_tokenization_spaces: bool = False) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+
+def test_unreachable_length_gives_up_with_clear_error() -> None:
+    parity = PromptBuilder(ParityTokenizer(), max_attempts=5)
+    assert parity.build(0, 6).num_tokens == 6
+    with pytest.raises(PromptLengthError, match="exactly 7 tokens"):
+        parity.build(0, 7)
+
+
+def test_tiny_llama_tokenizer_if_available(request) -> None:
+    try:
+        model_dir = request.getfixturevalue("tiny_llama_dir")
+    except pytest.FixtureLookupError:
+        pytest.skip("no tiny_llama_dir fixture in this checkout")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    llama_builder = PromptBuilder(tok)
+    for length in (5, 64, 300):
+        assert len(tok(llama_builder.build(1, length).text)["input_ids"]) == length
+
+
+def test_prepare_requests_text_and_ids(builder) -> None:
+    schedule = long_first(WorkloadConfig(long_count=1, short_count=2, long_len=30, short_len=6, output_len=3))
+    texts = prepare_requests(schedule, builder, prompt_format="text", seed=9)
+    ids = prepare_requests(schedule, builder, prompt_format="ids", seed=9)
+    assert [r.prompt_tokens for r in texts] == [30, 6, 6]
+    assert [len(r.prompt) for r in ids] == [30, 6, 6]
+    assert ids[1].prompt == builder.build(1, 6, seed=9).token_ids
+    assert [r.scheduled_time for r in texts] == [s.scheduled_time_s for s in schedule]
+    with pytest.raises(ValueError, match="prompt_format"):
+        prepare_requests(schedule, builder, prompt_format="bytes")
+
+
+# ---------------------------------------------------------------- SSE parsing
+
+
+def test_iter_sse_data_handles_comments_fields_and_multiline() -> None:
+    raw = b": hello\n\nevent: message\ndata: {\"a\":\ndata: 1}\n\nid: 7\ndata:[DONE]"
+
+    async def collect() -> list[str]:
+        response = httpx.Response(200, stream=httpx.ByteStream(raw))
+        return [d async for d in iter_sse_data(response)]
+
+    assert asyncio.run(collect()) == ['{"a":\n1}', "[DONE]"]
+
+
+def test_lightllm_native_stream(server, tokenizer_dir, tokenizer) -> None:
+    base_url, log = server
+    log.clear()
+    summary = asyncio.run(run_benchmark(_config(base_url, tokenizer_dir, "lightllm")))
+    overall = summary["overall"]
+    assert (overall["completed"], overall["failed"], overall["output_tokens"]) == (5, 0, 20)
+    assert overall["itl_ms"]["count"] == 15 and overall["tpot_ms"]["count"] == 5
+    assert summary["model"] is None  # the native API needs no model name
+    assert summary["classes"]["long"]["input_tokens"] == 80
+    assert len(log) == 5
+    for body in log:
+        assert body["parameters"] == {"max_new_tokens": 4, "ignore_eos": True}
+        assert len(tokenizer(body["inputs"])["input_ids"]) in (40, 8)
+
+
+def test_openai_completions_text_stream(server, tokenizer_dir, tmp_path) -> None:
+    base_url, log = server
+    log.clear()
+    config = _config(base_url, tokenizer_dir, "openai-completions", output_len=6)
+    config.output_jsonl = str(tmp_path / "records.jsonl")
+    summary = asyncio.run(run_benchmark(config))
+    assert summary["model"] == "fake-model"  # from GET /v1/models
+    records = read_records_jsonl(config.output_jsonl)
+    assert len(records) == 5 and all(r.success for r in records)
+    for r in records:
+        assert r.output_tokens == 6  # usage wins over the 5 text chunks seen
+        assert len(r.token_times) == 5 and r.first_token_time == r.token_times[0]
+        assert r.prompt_tokens == (40 if r.request_class == "long" else 8)
+        assert r.send_time <= r.first_token_time <= r.end_time
+    body = log[0]
+    assert body["model"] == "fake-model" and body["stream"] is True and body["ignore_eos"] is True
+    assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 6
+
+
+def test_openai_completions_token_id_prompts(server, tokenizer_dir, builder) -> None:
+    base_url, log = server
+    log.clear()
+    config = dataclasses.replace(_config(base_url, tokenizer_dir, "openai-completions"), prompt_format="ids")
+    summary = asyncio.run(run_benchmark(config, builder))
+    assert summary["overall"]["completed"] == 5
+    prompts = sorted((body["prompt"] for body in log), key=len)
+    assert [len(p) for p in prompts] == [8, 8, 8, 40, 40]
+    assert all(isinstance(t, int) for p in prompts for t in p)
+
+
+def test_openai_chat_stream(server, tokenizer_dir) -> None:
+    base_url, log = server
+    log.clear()
+    config = _config(base_url, tokenizer_dir, "openai-chat", output_len=3)
+    config.extra_body = {"temperature": 0.0}
+    summary = asyncio.run(run_benchmark(config))
+    assert summary["overall"]["completed"] == 5 and summary["overall"]["output_tokens"] == 15
+    # The server reports the templated prompt length, and the record keeps it.
+    assert summary["classes"]["short"]["input_tokens"] == 3 * (8 + CHAT_TEMPLATE_TOKENS)
+    body = log[0]
+    assert body["messages"][0]["role"] == "user" and body["temperature"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("long_output_len", "error"),
+    [(FAIL_HTTP, "HTTP 500"), (TRUNCATE, "before the response was complete"), (ERROR_EVENT, "canned stream error")],
+)
+def test_failed_requests_are_counted_and_excluded(server, tokenizer_dir, long_output_len, error) -> None:
+    base_url, _ = server
+    config = _config(base_url, tokenizer_dir, "lightllm", long_output_len=long_output_len)
+    summary = asyncio.run(run_benchmark(config))
+    assert summary["classes"]["long"]["failed"] == 2 and summary["classes"]["long"]["completed"] == 0
+    assert summary["classes"]["long"]["ttft_ms"]["count"] == 0
+    assert summary["overall"]["completed"] == 3 and summary["overall"]["ttft_ms"]["count"] == 3
+    [(message, count)] = summary["errors"].items()
+    assert error in message and count == 2
+
+
+def test_max_concurrency_bounds_in_flight_requests(server, tokenizer_dir, tmp_path) -> None:
+    base_url, _ = server
+    config = _config(base_url, tokenizer_dir, "lightllm", long_count=0, short_count=8, short_start_ms=0.0)
+    config.max_concurrency = 2
+    config.output_jsonl = str(tmp_path / "records.jsonl")
+    asyncio.run(run_benchmark(config))
+    records = read_records_jsonl(config.output_jsonl)
+    assert all(r.success for r in records)
+    for r in records:
+        overlapping = sum(o.send_time <= r.send_time < o.end_time for o in records)
+        assert overlapping <= 2
+
+
+def test_config_validation(tokenizer_dir) -> None:
+    with pytest.raises(ValueError, match="prompt_format"):
+        BenchmarkConfig(backend="lightllm", prompt_format="ids").validate()
+    with pytest.raises(ValueError, match="backend"):
+        BenchmarkConfig(backend="tgi").validate()
+    with pytest.raises(ValueError, match="max_concurrency"):
+        BenchmarkConfig(max_concurrency=0).validate()
+    with pytest.raises(ValueError, match="tokenizer"):
+        asyncio.run(run_benchmark(BenchmarkConfig(tokenizer=str(tokenizer_dir / "missing"))))
+
+
+def test_cli_end_to_end_with_warmup(server, tokenizer_dir, tmp_path, capsys) -> None:
+    base_url, log = server
+    log.clear()
+    records_path, summary_path = tmp_path / "r.jsonl", tmp_path / "s.json"
+    status = main([
+        "--base-url", base_url, "--backend", "openai-completions", "--tokenizer", str(tokenizer_dir),
+        "--workload", "interleaved", "--num-requests", "8", "--request-rate", "1000", "--long-every", "4",
+        "--long-len", "24", "--short-len", "6", "--output-len", "3", "--seed", "4", "--slo", "ttft:60000",
+        "--warmup-runs", "1", "--output-jsonl", str(records_path), "--output-json", str(summary_path),
+        "--no-progress",
+    ])
+    assert status == 0
+    assert len(log) == 16  # one warm-up round plus the measured round
+    warmup_prompts = {body["prompt"] for body in log[:8]}
+    measured_prompts = {body["prompt"] for body in log[8:]}
+    assert not warmup_prompts & measured_prompts  # warm-up must not pre-fill the prefix cache
+    summary = json.loads(summary_path.read_text())
+    assert summary["overall"]["completed"] == 8 and summary["classes"]["long"]["requests"] == 2
+    assert summary["overall"]["slo_met"] == 8
+    assert summary["config"]["workload"]["name"] == "interleaved"
+    assert len(read_records_jsonl(records_path)) == 8
+    assert "ttft_ms p50" in capsys.readouterr().out
+
+
+def test_cli_rejects_bad_arguments(tokenizer_dir) -> None:
+    with pytest.raises(SystemExit):
+        main(["--tokenizer", str(tokenizer_dir), "--slo", "speed:3"])
+    with pytest.raises(SystemExit):
+        main(["--tokenizer", str(tokenizer_dir), "--backend", "lightllm", "--prompt-format", "ids"])

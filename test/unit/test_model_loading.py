@@ -1,0 +1,114 @@
+"""Config reading (transformers 4.x and 5.x spellings), sharded checkpoints, RoPE scaling and
+tensor-parallel slicing, each checked against transformers or against tp=1."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.parallel import TensorParallelGroup
+from lightllm.models.registry import load_model
+from lightllm.utils.process_utils import free_port
+
+BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, vocab_size=211, max_position_embeddings=64)
+
+
+def _save_hf(tmp_path, name, max_shard_size=None, **overrides):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**BASE, **overrides}))
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.1)
+    out = tmp_path / name
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, **kwargs)
+    return out, model.eval()
+
+
+def _last_logits(model_dir, prompt):
+    ours = load_model(str(model_dir), dtype=torch.float32)
+    gen = BatchGenerator(ours, 512, max_sequence_length=256)
+    return gen.forward([gen.start(prompt)], [len(prompt)], all_logits=True)
+
+
+def test_reads_legacy_and_new_config_spellings():
+    legacy = {**BASE, "model_type": "llama", "torch_dtype": "bfloat16", "rope_theta": 5000.0,
+              "rope_scaling": {"type": "linear", "factor": 2.0}}
+    new = {**BASE, "model_type": "llama", "dtype": "bfloat16",
+           "rope_parameters": {"rope_theta": 5000.0, "rope_type": "linear", "factor": 2.0}}
+    for raw in (legacy, new):
+        cfg = ModelConfig.from_dict(raw)
+        assert cfg.dtype == torch.bfloat16
+        assert cfg.rope.theta == 5000.0 and cfg.rope.rope_type == "linear" and cfg.rope.factor == 2.0
+        assert cfg.head_dim == 16 and cfg.num_key_value_heads == 2
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(ModelConfigError, match="hidden_size"):
+        ModelConfig.from_dict({"model_type": "llama", "num_attention_heads": 4})
+    with pytest.raises(ModelConfigError, match="unsupported rope type 'su'"):
+        ModelConfig.from_dict({**BASE, "model_type": "llama", "rope_scaling": {"type": "su", "factor": 2}})
+    with pytest.raises(ModelConfigError, match="no config.json"):
+        ModelConfig.from_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "model_type": "gpt2"}))
+    with pytest.raises(ModelConfigError, match="model_type 'gpt2' is not supported"):
+        load_model(str(tmp_path))
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    model_dir, ref = _save_hf(tmp_path, "sharded", max_shard_size="40KB")
+    assert (model_dir / "model.safetensors.index.json").is_file()
+    assert len(list(model_dir.glob("*.safetensors"))) > 1
+    prompt = list(range(3, 40))
+    with torch.no_grad():
+        expected = ref(torch.tensor([prompt])).logits[0]
+    assert (_last_logits(model_dir, prompt) - expected).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 32, "rope_theta": 500000.0},
+    ],
+)
+def test_rope_scaling_matches_transformers(tmp_path, rope):
+    model_dir, ref = _save_hf(tmp_path, rope["rope_type"], rope_parameters=rope)
+    prompt = [(i * 7) % 200 + 3 for i in range(60)]
+    with torch.no_grad():
+        expected = ref(torch.tensor([prompt])).logits[0]
+    assert (_last_logits(model_dir, prompt) - expected).abs().max().item() < 1e-4
+
+
+def _tp_worker(rank, world, port, model_dir, prompts, out_path):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tp = TensorParallelGroup(rank, world, torch.distributed.group.WORLD)
+    model = load_model(model_dir, dtype=torch.float32, tp=tp)
+    gen = BatchGenerator(model, 512)
+    seqs = [gen.start(p) for p in prompts]
+    logits = gen.forward(seqs, [len(p) for p in prompts], all_logits=True)
+    greedy = BatchGenerator(model, 512).greedy_generate(prompts, 8)
+    if rank == 0:
+        torch.save({"logits": logits, "greedy": greedy}, out_path)
+    torch.distributed.destroy_process_group()
+
+
+def test_tensor_parallel_two_ranks_equal_one(tiny_llama_dir, tmp_path):
+    prompts = [[5, 9, 200, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    out_path = str(tmp_path / "tp2.pt")
+    mp.spawn(_tp_worker, args=(2, free_port(), str(tiny_llama_dir), prompts, out_path), nprocs=2, join=True)
+    tp2 = torch.load(out_path)
+    single = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    gen = BatchGenerator(single, 512)
+    seqs = [gen.start(p) for p in prompts]
+    logits = gen.forward(seqs, [len(p) for p in prompts], all_logits=True)
+    assert (tp2["logits"] - logits).abs().max().item() < 1e-4
+    assert tp2["greedy"] == BatchGenerator(single, 512).greedy_generate(prompts, 8)

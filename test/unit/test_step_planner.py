@@ -1,0 +1,229 @@
+"""Tests of the select-under-budget step planner and the prefill-token accounting."""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import pytest
+
+from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend import step_planner as step_planner_module
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.router.model_infer.mode_backend.step_planner import (
+    StepPlan,
+    StepPlanner,
+    submit_prefill,
+)
+
+
+def make_req(request_id: int, prompt_len: int, *, cur_kv_len: int = 0, arrival: int = 0) -> InferReq:
+    return InferReq(
+        request_id=request_id,
+        prompt_ids=list(range(prompt_len)),
+        cur_kv_len=cur_kv_len,
+        arrival_processed_prefill_tokens=arrival,
+    )
+
+
+def decode_req(request_id: int) -> InferReq:
+    return InferReq(request_id=request_id, prompt_ids=[0] * 6, output_ids=[1], cur_kv_len=6)
+
+
+def ids(reqs: Sequence[InferReq]) -> List[int]:
+    return [r.request_id for r in reqs]
+
+
+def chunks(plan: StepPlan) -> List[tuple]:
+    return [(c.req.request_id, c.start, c.token_num) for c in plan.prefill_chunks]
+
+
+def test_empty_queue_gives_empty_plan() -> None:
+    plan = StepPlanner(batch_max_tokens=64).plan([], 100)
+    assert plan.decode_reqs == [] and plan.prefill_chunks == [] and plan.skipped == []
+    assert plan.prefill_token_num == 0 and not plan.has_prefill
+
+
+def test_budget_skips_a_request_and_later_smaller_ones_still_fit() -> None:
+    reqs = [make_req(1, 60), make_req(2, 50), make_req(3, 30), make_req(4, 10)]
+    plan = StepPlanner(batch_max_tokens=100).plan(reqs, 10_000)
+    assert chunks(plan) == [(1, 0, 60), (3, 0, 30), (4, 0, 10)]
+    assert ids(plan.skipped) == [2]
+    assert plan.prefill_token_num == 100 == sum(c.token_num for c in plan.prefill_chunks)
+
+
+def test_chunked_prefill_caps_each_request_and_starts_at_cur_kv_len() -> None:
+    reqs = [make_req(1, 300, cur_kv_len=128), make_req(2, 40), make_req(3, 200)]
+    plan = StepPlanner(batch_max_tokens=256, chunked_prefill_size=128).plan(reqs, 10_000)
+    assert chunks(plan) == [(1, 128, 128), (2, 0, 40)]
+    assert plan.prefill_chunks[0].end == 256
+    assert ids(plan.skipped) == [3]
+    assert plan.prefill_token_num == 168
+
+
+@pytest.mark.parametrize("disabled", [None, 0])
+def test_disabled_chunking_uses_whole_pending_length(disabled) -> None:
+    plan = StepPlanner(batch_max_tokens=500, chunked_prefill_size=disabled).plan([make_req(1, 420)], 1000)
+    assert chunks(plan) == [(1, 0, 420)]
+
+
+def test_kv_limit_skips_prefill_and_reserves_decode_tokens_first() -> None:
+    reqs = [decode_req(7), decode_req(8), make_req(1, 50), make_req(2, 20), make_req(3, 18)]
+    plan = StepPlanner(batch_max_tokens=1000).plan(reqs, 22)
+    assert ids(plan.decode_reqs) == [7, 8]
+    assert plan.kv_starved_decode == []
+    assert chunks(plan) == [(2, 0, 20)]
+    assert ids(plan.skipped) == [1, 3]
+    assert plan.kv_token_num == 22
+
+
+def test_decodes_short_of_kv_are_reported_starved_in_order() -> None:
+    reqs = [decode_req(7), make_req(1, 5), decode_req(8), decode_req(9)]
+    plan = StepPlanner(batch_max_tokens=100).plan(reqs, lambda: 2)
+    assert ids(plan.decode_reqs) == [7, 8]
+    assert ids(plan.kv_starved_decode) == [9]
+    assert ids(plan.skipped) == [1]
+    assert not plan.has_prefill
+
+
+def test_kv_callable_is_called_once() -> None:
+    calls: List[int] = []
+
+    def free() -> int:
+        calls.append(1)
+        return 100
+
+    StepPlanner(batch_max_tokens=64).plan([make_req(1, 10), make_req(2, 10), decode_req(3)], free)
+    assert len(calls) == 1
+
+
+def test_mixed_counts_decode_tokens_and_shrinks_prefill_budget() -> None:
+    reqs = [decode_req(7), decode_req(8), make_req(1, 99), make_req(2, 98)]
+    planner = StepPlanner(batch_max_tokens=100)
+    separate = planner.plan(reqs, 1000)
+    assert chunks(separate) == [(1, 0, 99)]
+    assert separate.prefill_token_num == 99
+    mixed = planner.plan(reqs, 1000, mixed=True)
+    assert ids(mixed.decode_reqs) == [7, 8]
+    assert chunks(mixed) == [(2, 0, 98)]
+    assert ids(mixed.skipped) == [1]
+    assert mixed.prefill_token_num == 98 + 2
+
+
+def test_mixed_budget_counts_only_decodes_that_got_kv() -> None:
+    reqs = [decode_req(7), decode_req(8), decode_req(9), make_req(1, 98)]
+    plan = StepPlanner(batch_max_tokens=100).plan(reqs, 2, mixed=True)
+    assert ids(plan.decode_reqs) == [7, 8]
+    assert ids(plan.kv_starved_decode) == [9]
+    assert ids(plan.skipped) == [1]
+    assert plan.prefill_token_num == 2
+
+
+def test_mixed_decodes_beyond_budget_leave_no_prefill_room() -> None:
+    reqs = [decode_req(i) for i in range(1, 6)] + [make_req(10, 2)]
+    plan = StepPlanner(batch_max_tokens=4).plan(reqs, 100, mixed=True)
+    assert len(plan.decode_reqs) == 5
+    assert ids(plan.skipped) == [10] and not plan.has_prefill
+    assert plan.prefill_token_num == 5
+
+
+def test_max_prefill_reqs_caps_chunks() -> None:
+    reqs = [make_req(i, 5) for i in range(1, 6)]
+    plan = StepPlanner(batch_max_tokens=100, max_prefill_reqs=2).plan(reqs, 100)
+    assert ids(plan.prefill_reqs) == [1, 2]
+    assert ids(plan.skipped) == [3, 4, 5]
+
+
+def test_no_decode_and_strict_prefill_route_single_token_requests_to_prefill() -> None:
+    prefix_hit = make_req(1, 30, cur_kv_len=29)
+    generated = decode_req(2)
+    planner = StepPlanner(batch_max_tokens=10)
+    assert ids(planner.plan([prefix_hit, generated], 100).decode_reqs) == [1, 2]
+    strict = planner.plan([prefix_hit, generated], 100, strict_prefill=True)
+    assert ids(strict.decode_reqs) == [2] and chunks(strict) == [(1, 29, 1)]
+    no_decode = planner.plan([prefix_hit, generated], 100, no_decode=True)
+    assert no_decode.decode_reqs == [] and chunks(no_decode) == [(1, 29, 1), (2, 6, 1)]
+
+
+def test_need_token_num_is_computed_once_per_request(monkeypatch) -> None:
+    seen: List[int] = []
+    original = step_planner_module.prefill_need_token_num
+
+    def counting(req: InferReq, chunked_prefill_size):
+        seen.append(req.request_id)
+        return original(req, chunked_prefill_size)
+
+    monkeypatch.setattr(step_planner_module, "prefill_need_token_num", counting)
+    reqs = [make_req(1, 80), decode_req(9), make_req(2, 80), make_req(3, 10)]
+    plan = StepPlanner(batch_max_tokens=100, max_prefill_reqs=2).plan(reqs, 1000)
+    assert sorted(seen) == [1, 2, 3]
+    assert plan.prefill_token_num == 90
+
+
+def test_request_without_pending_tokens_is_rejected() -> None:
+    done = make_req(1, 10, cur_kv_len=10)
+    with pytest.raises(ValueError, match="no pending tokens"):
+        StepPlanner(batch_max_tokens=64).plan([done], 100)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"batch_max_tokens": 0}, "batch_max_tokens"),
+        ({"batch_max_tokens": 64.0}, "batch_max_tokens"),
+        ({"batch_max_tokens": 64, "chunked_prefill_size": -1}, "chunked_prefill_size"),
+        ({"batch_max_tokens": 64, "chunked_prefill_size": 128}, "chunked_prefill_size"),
+        ({"batch_max_tokens": 64, "max_prefill_reqs": 0}, "max_prefill_reqs"),
+    ],
+)
+def test_bad_config_raises(kwargs, param: str) -> None:
+    with pytest.raises(ValueError, match=param):
+        StepPlanner(**kwargs)
+
+
+@pytest.mark.parametrize("bad", [-1, 3.5, lambda: -5])
+def test_bad_kv_budget_raises(bad) -> None:
+    with pytest.raises(ValueError, match="kv_free_tokens"):
+        StepPlanner(batch_max_tokens=64).plan([make_req(1, 4)], bad)
+
+
+def test_submit_prefill_advances_counter_only_for_prefill_plans() -> None:
+    counter = ProcessedPrefillTokenCounter()
+    planner = StepPlanner(batch_max_tokens=100, chunked_prefill_size=64)
+    decode_only = planner.plan([decode_req(7)], 100)
+    assert submit_prefill(decode_only, counter) == 0
+    assert counter.value == 0
+    mixed_decode_only = planner.plan([decode_req(7)], 100, mixed=True)
+    assert mixed_decode_only.prefill_token_num == 1
+    assert submit_prefill(mixed_decode_only, counter) == 0 and counter.value == 0
+    with_prefill = planner.plan([decode_req(7), make_req(1, 200)], 100, mixed=True)
+    assert submit_prefill(with_prefill, counter) == 65
+    assert counter.value == 65
+    assert chunks(with_prefill) == [(1, 0, 64)]
+
+
+def test_backend_loop_with_hrrn_accounts_every_submitted_token() -> None:
+    """Drive strategy + planner + counter like the backend does, over several chunked rounds."""
+    counter = ProcessedPrefillTokenCounter()
+    strategy = build_prefill_queue_strategy("hrrn")
+    planner = StepPlanner(batch_max_tokens=64, chunked_prefill_size=64)
+    queue = [make_req(1, 200, arrival=counter.snapshot())]
+    submitted = 0
+    served: List[int] = []
+    for step in range(12):
+        if step == 1:
+            queue.append(make_req(2, 30, arrival=counter.snapshot()))
+        ordered = strategy.reorder(queue, counter.value)
+        plan = planner.plan(ordered, 10_000)
+        submitted += sum(c.token_num for c in plan.prefill_chunks)
+        submit_prefill(plan, counter)
+        for chunk in plan.prefill_chunks:
+            chunk.req.cur_kv_len = chunk.end
+            served.append(chunk.req.request_id)
+        queue = [r for r in queue if r.pending_token_num > 0]
+        if not queue:
+            break
+    assert counter.value == submitted == 230
+    # Step 1: request 2 has waited 0 tokens (score 0) and 1 is ahead; its 30 tokens do not fit
+    # beside a 64-token chunk.  Step 2: 64/30 beats 128/200, so the short prompt runs.
+    assert served == [1, 1, 2, 1, 1]
