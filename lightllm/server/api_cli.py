@@ -29,9 +29,9 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--run_mode",
         type=str,
-        choices=["normal", "prefill", "decode", "pd_master"],
+        choices=["normal"],
         default="normal",
-        help="normal: one server does everything; prefill/decode/pd_master: PD-disaggregated roles.",
+        help="normal: one server runs prefill and decode (the PD-disaggregated roles are not in this build yet).",
     )
     group.add_argument("--host", type=str, default="127.0.0.1", help="HTTP listen address.")
     group.add_argument("--port", type=int, default=8000, help="HTTP listen port.")

@@ -13,6 +13,7 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -198,8 +199,6 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         import torch
 
         validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-        if args.run_mode != "normal":
-            raise StartupError(f"--run_mode {args.run_mode} is not available in this build; use --run_mode normal")
         model_config = ModelConfig.from_dir(args.model_dir)
         sizing = plan_sizing(args, model_config, resolve_device(args))
     except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
@@ -232,6 +231,13 @@ def run_server(argv: Optional[List[str]] = None) -> int:
             exit_code = 1
             server.should_exit = True
 
+        def on_signal(signum: int, frame: Any) -> None:
+            # uvicorn replays the signal that stopped it once it returns; landing here instead of
+            # the default action lets the cleanup below run.
+            server.should_exit = True
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, on_signal)
         watch_children(procs, on_death)
         log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
         server.run()

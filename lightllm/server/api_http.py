@@ -1,0 +1,203 @@
+"""The FastAPI application: LightLLM's native endpoints plus the OpenAI-compatible ones.
+
+Native endpoints
+----------------
+``POST /generate`` and ``POST /generate_stream`` take
+``{"inputs": str, "parameters": {...}, "high_priority_request": bool}`` (see
+:class:`~lightllm.server.api_models.NativeParameters` for ``parameters``; unknown keys,
+including the internal ``infer_high_priority``, are rejected with 400).
+
+``/generate`` answers::
+
+    {"generated_text": [text], "count_output_tokens": int, "finish_reason": "stop"|"length"|"abort",
+     "prompt_tokens": int, "prompt_cache_len": int,
+     "details": {"finish_reason", "prompt_tokens", "prompt_cache_len", "count_output_tokens",
+                 "tokens": [{"id", "text", "logprob", "special", "top_logprobs": {id: logprob} | null}]}}
+
+where ``details`` is present only with ``parameters.return_details``.
+
+``/generate_stream`` sends one server-sent event per generated token::
+
+    data: {"token": {"id", "text", "logprob", "special", "count_output_tokens", "prompt_tokens"},
+           "generated_text": null | full text (last event), "finished": bool,
+           "finish_reason": null | str, "details": null | {...}}
+
+``details`` on the last event carries the counts when ``return_details`` is set. The native
+stream has no ``[DONE]`` sentinel; ``finished`` marks the end.
+
+Service endpoints: ``GET /health`` (200 ``{"status": "ok"}`` or 503) and ``GET /metrics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from lightllm.server.api_errors import (
+    APIError,
+    JSONErrorRoute,
+    SERVICE_UNAVAILABLE,
+    install_error_handlers,
+    internal_error,
+    manager_error,
+    sse_error,
+)
+from lightllm.server.api_models import NativeGenerateRequest, build_sampling_params, check_context_length, parse_body
+from lightllm.server.api_openai import (
+    ChoiceJob,
+    GenerationFanout,
+    OpenAIEndpoints,
+    final_finish_reason,
+    json_logprob,
+    sse,
+    sse_response,
+)
+
+logger = logging.getLogger(__name__)
+
+_NATIVE_NAMES = {name: f"parameters.{name}" for name in (
+    "temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+    "max_new_tokens", "min_new_tokens", "stop_token_ids", "ignore_eos", "do_sample", "logprobs", "stop_sequences")}
+
+
+class NativeEndpoints:
+    """LightLLM's native generation endpoints and the service endpoints, bound to a manager."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        tokenizer_special = getattr(manager.tokenizer, "all_special_ids", None) or []
+        self._special_ids = frozenset(tokenizer_special) | frozenset(manager.eos_token_ids)
+
+    def router(self) -> APIRouter:
+        """An APIRouter with ``/generate``, ``/generate_stream``, ``/health`` and ``/metrics``."""
+        router = APIRouter(route_class=JSONErrorRoute)
+        router.add_api_route("/generate", self.generate, methods=["POST"])
+        router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"])
+        router.add_api_route("/health", self.health, methods=["GET"])
+        router.add_api_route("/health", self.health, methods=["HEAD"], include_in_schema=False)
+        router.add_api_route("/metrics", self.metrics, methods=["GET"])
+        return router
+
+    async def health(self) -> Response:
+        """200 while the server can take requests, 503 otherwise."""
+        try:
+            healthy = bool(self.manager.health())
+        except Exception:  # noqa: BLE001 - a failing probe means unhealthy, not a crash
+            logger.exception("health probe failed")
+            healthy = False
+        if healthy:
+            return JSONResponse({"status": "ok"})
+        return APIError(503, "The server is not healthy", SERVICE_UNAVAILABLE, None, "unhealthy").to_response()
+
+    async def metrics(self) -> Response:
+        """Prometheus metrics as produced by the manager."""
+        body, content_type = self.manager.metrics_text()
+        return Response(content=body, media_type=content_type)
+
+    async def _start(self, request: Request) -> tuple[NativeGenerateRequest, GenerationFanout]:
+        body = parse_body(await request.body(), NativeGenerateRequest)
+        try:
+            prompt_ids = list(self.manager.encode_prompt(body.inputs))
+        except ValueError as exc:
+            raise manager_error(exc, "inputs") from None
+        if not prompt_ids:
+            raise APIError(400, "inputs is empty after tokenization", param="inputs")
+        parameters = body.parameters
+        max_new = parameters.max_new_tokens
+        if max_new is None:
+            max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids)))
+        values = {**parameters.sampling_fields(), "max_new_tokens": max_new}
+        params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
+        check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
+                             prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
+        job = ChoiceJob(index=0, prompt_index=0, prompt_ids=prompt_ids, params=params)
+        fanout = GenerationFanout(self.manager, [job], high_priority=body.high_priority_request, request=request)
+        await fanout.start()
+        return body, fanout
+
+    def _token(self, event: Any) -> dict[str, Any]:
+        return {"id": event.token_id, "text": event.text, "logprob": json_logprob(event.logprob),
+                "special": event.token_id < 0 or event.token_id in self._special_ids,
+                "count_output_tokens": event.completion_tokens, "prompt_tokens": event.prompt_tokens}
+
+    @staticmethod
+    def _counts(event: Any) -> dict[str, Any]:
+        return {"finish_reason": event.finish_reason, "prompt_tokens": event.prompt_tokens,
+                "prompt_cache_len": event.cached_tokens, "count_output_tokens": event.completion_tokens}
+
+    async def generate(self, request: Request) -> Response:
+        """``POST /generate``: the whole generation in one JSON answer."""
+        body, fanout = await self._start(request)
+        events = (await fanout.collect())[0]
+        last = events[-1]
+        answer: dict[str, Any] = {
+            "generated_text": ["".join(event.text for event in events)],
+            "count_output_tokens": last.completion_tokens,
+            "finish_reason": final_finish_reason(events),
+            "prompt_tokens": last.prompt_tokens,
+            "prompt_cache_len": last.cached_tokens,
+        }
+        if body.parameters.return_details:
+            tokens = []
+            # A negative token id marks a finish event that carries no token.
+            for event in (event for event in events if event.token_id >= 0):
+                token = {key: value for key, value in self._token(event).items()
+                         if key in ("id", "text", "logprob", "special")}
+                top = event.top_logprobs
+                token["top_logprobs"] = None if top is None else {
+                    token_id: json_logprob(value) for token_id, value in top.items()}
+                tokens.append(token)
+            answer["details"] = {**self._counts(last), "finish_reason": answer["finish_reason"], "tokens": tokens}
+        return JSONResponse(answer)
+
+    async def generate_stream(self, request: Request) -> Response:
+        """``POST /generate_stream``: one server-sent event per generated token."""
+        body, fanout = await self._start(request)
+        return sse_response(self._stream(body, fanout), fanout)
+
+    async def _stream(self, body: NativeGenerateRequest, fanout: GenerationFanout) -> AsyncIterator[bytes]:
+        pieces: list[str] = []
+        try:
+            async for _, event in fanout.events():
+                pieces.append(event.text)
+                finished = event.finish_reason is not None
+                details = self._counts(event) if finished and body.parameters.return_details else None
+                yield sse({"token": self._token(event), "generated_text": "".join(pieces) if finished else None,
+                           "finished": finished, "finish_reason": event.finish_reason, "details": details})
+        except APIError as error:
+            yield sse_error(error)
+        except Exception:  # noqa: BLE001 - the status line is sent; report in-band instead
+            logger.exception("native stream failed")
+            yield sse_error(internal_error())
+
+
+def create_app(manager: Any) -> FastAPI:
+    """Build the HTTP application around a request manager.
+
+    ``manager`` is duck-typed (see ``lightllm.server.httpserver.manager.HttpServerManager``):
+    it needs ``model_name``, ``max_req_total_len``, ``vocab_size``, ``eos_token_ids``,
+    ``tokenizer``, ``encode_prompt``, ``encode_chat``, ``default_max_new_tokens``,
+    ``generate``, ``health`` and ``metrics_text``.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # The manager's sockets and receiver task belong to the server's event loop.
+        if hasattr(manager, "start"):
+            await manager.start()
+        try:
+            yield
+        finally:
+            if hasattr(manager, "stop"):
+                await manager.stop()
+
+    app = FastAPI(title="lightllm", summary="LLM serving with a configurable prefill-queue scheduler", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(NativeEndpoints(manager).router())
+    app.include_router(OpenAIEndpoints(manager).router())
+    return app

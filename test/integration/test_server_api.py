@@ -1,0 +1,179 @@
+"""The HTTP API of a real server process on the tiny demo model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.models.registry import load_model
+
+
+def _stream_token_ids(url: str, prompt: str, max_new_tokens: int) -> list[int]:
+    ids = []
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "do_sample": False, "ignore_eos": True}}
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data:"):
+                ids.append(json.loads(line[5:])["token"]["id"])
+    return ids
+
+
+def test_greedy_over_http_equals_runtime_and_transformers(tiny_server, tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    prompts = ["The quick brown fox", "import os\nimport sys", "a"]
+    runtime = BatchGenerator(load_model(str(tiny_llama_dir)), 2048)
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+    config = GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for prompt in prompts:
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        served = _stream_token_ids(tiny_server.url, prompt, 16)
+        ours = runtime.greedy_generate([prompt_ids], 16)[0]
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt_ids]), generation_config=config)[0, len(prompt_ids) :].tolist()
+        assert served == ours == ref
+
+
+def test_openai_client_completions_and_chat(tiny_server, tiny_llama_dir):
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    assert model == tiny_server.model_name
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    prompt = "Hello there, scheduler"
+    prompt_tokens = len(tokenizer(prompt)["input_ids"])
+
+    done = client.completions.create(model=model, prompt=prompt, max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+    assert done.usage.prompt_tokens == prompt_tokens
+    assert done.usage.completion_tokens == 7
+    assert done.usage.total_tokens == prompt_tokens + 7
+    assert done.choices[0].finish_reason == "length"
+
+    chunks = list(
+        client.completions.create(
+            model=model, prompt=prompt, max_tokens=7, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == done.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 7 and not chunks[-1].choices
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].choices[0].finish_reason == "length"
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi"}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected_prompt = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert chat.usage.prompt_tokens == expected_prompt
+    assert chat.usage.completion_tokens == 5
+    assert chat.choices[0].message.role == "assistant"
+    streamed = list(
+        client.chat.completions.create(
+            model=model, messages=messages, max_tokens=5, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert content == chat.choices[0].message.content
+    assert streamed[-1].usage.completion_tokens == 5
+
+
+def test_64_concurrent_streams_complete_and_free_the_kv_cache(tiny_server):
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {
+            "model": tiny_server.model_name, "prompt": "word " * (5 + (i * 37) % 200),
+            "max_tokens": 4 + i % 20, "temperature": 0.7, "seed": i, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+        usage = None
+        async with client.stream("POST", f"{tiny_server.url}/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    usage = json.loads(line[6:]).get("usage") or usage
+        return usage["completion_tokens"]
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    counts = asyncio.run(run())
+    assert counts == [4 + i % 20 for i in range(64)]
+    tiny_server.wait_idle()
+    total = tiny_server.metric("lightllm_kv_total_tokens")
+    assert tiny_server.metric("lightllm_kv_allocatable_tokens") == total
+
+
+def test_client_disconnect_frees_its_request(tiny_server):
+    body = {"model": tiny_server.model_name, "prompt": "long story", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, timeout=60) as resp:
+        lines = resp.iter_lines()
+        for _ in range(3):
+            next(lines)
+    tiny_server.wait_idle()
+    assert tiny_server.metric("lightllm_kv_allocatable_tokens") == tiny_server.metric("lightllm_kv_total_tokens")
+    ok = httpx.post(f"{tiny_server.url}/generate", json={"inputs": "still there?", "parameters": {"max_new_tokens": 2}}, timeout=60)
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": -3}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature"),
+        ("/v1/completions", {"prompt": "x", "top_p": 1.5}, "top_p"),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p"),
+        ("/v1/completions", {"prompt": [1, 2, 99999]}, "prompt"),
+        ("/v1/completions", {"prompt": "x " * 2000, "max_tokens": 16}, "prompt"),
+        ("/v1/completions", {"prompt": 17}, "prompt"),
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ],
+)
+def test_bad_input_gets_a_4xx_naming_the_field(tiny_server, path, body, param):
+    resp = httpx.post(f"{tiny_server.url}{path}", json={"model": tiny_server.model_name, **body}, timeout=30)
+    assert 400 <= resp.status_code < 500
+    error = resp.json()["error"]
+    assert error["param"] == param, error
+    assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
+
+
+def test_malformed_json_and_unknown_model(tiny_server):
+    resp = httpx.post(f"{tiny_server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
+    assert resp.status_code == 400 and "error" in resp.json()
+    resp = httpx.post(f"{tiny_server.url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=30)
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+
+
+def test_infer_high_priority_cannot_be_set_from_the_api(tiny_server):
+    resp = httpx.post(
+        f"{tiny_server.url}/generate",
+        json={"inputs": "x", "parameters": {"max_new_tokens": 2, "infer_high_priority": -5}},
+        timeout=30,
+    )
+    assert resp.status_code == 400 and "infer_high_priority" in resp.json()["error"]["message"]
+    resp = httpx.post(
+        f"{tiny_server.url}/v1/completions",
+        json={"model": tiny_server.model_name, "prompt": "x", "max_tokens": 2, "infer_high_priority": -5},
+        timeout=30,
+    )
+    assert resp.status_code == 400
+
+
+def test_prefix_cache_reuses_a_shared_prefix(tiny_server):
+    prefix = list(range(10, 410))
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    first = client.completions.create(model=tiny_server.model_name, prompt=prefix + [5, 6], max_tokens=2, temperature=0)
+    second = client.completions.create(model=tiny_server.model_name, prompt=prefix + [7, 8, 9], max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens == 402
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 400 and cached < second.usage.prompt_tokens
