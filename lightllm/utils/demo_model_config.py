@@ -1,0 +1,154 @@
+"""Size presets and ``config.json`` / ``generation_config.json`` contents for demo models.
+
+``config.json`` is written the way transformers 5.x writes it (``dtype``,
+``rope_parameters``) and additionally carries the 4.x spellings (``torch_dtype``,
+top-level ``rope_theta``) so that either major version, and our own loader, reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from lightllm.utils.demo_tokenizer import DemoSpecialTokens
+
+ROPE_THETA = 10000.0
+RMS_NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class DemoModelSize:
+    """Shape of one demo model preset."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+# tiny: loads and runs a forward pass in milliseconds, for unit tests.
+# small: ~5M parameters (llama) with a 4K context, for end-to-end runs and benchmarks.
+SIZES: Dict[str, DemoModelSize] = {
+    "tiny": DemoModelSize(
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=1024,
+    ),
+    "small": DemoModelSize(
+        vocab_size=4096,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=768,
+        max_position_embeddings=4096,
+    ),
+}
+
+ARCHITECTURES: Dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+
+
+@dataclass(frozen=True)
+class DemoArch:
+    """Architecture facts that change which tensors exist."""
+
+    name: str
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.name == "qwen2"
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return self.name == "qwen2"
+
+
+def check_arch(arch: str) -> DemoArch:
+    """Validate an architecture name.
+
+    Raises:
+        ValueError: if ``arch`` is not one of :data:`ARCHITECTURES`.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {arch!r}")
+    return DemoArch(arch)
+
+
+def check_size(size: str) -> DemoModelSize:
+    """Look up a size preset.
+
+    Raises:
+        ValueError: if ``size`` is not one of :data:`SIZES`.
+    """
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    return SIZES[size]
+
+
+def model_config(arch: DemoArch, size: DemoModelSize, special: DemoSpecialTokens) -> Dict[str, object]:
+    """Contents of ``config.json`` for ``arch`` at ``size``."""
+    config: Dict[str, object] = {
+        "architectures": [ARCHITECTURES[arch.name]],
+        "attention_dropout": 0.0,
+        "bos_token_id": special.bos_id,
+        "dtype": "float32",
+        "eos_token_id": special.eos_id,
+        "head_dim": size.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": size.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": size.intermediate_size,
+        "max_position_embeddings": size.max_position_embeddings,
+        "model_type": arch.name,
+        "num_attention_heads": size.num_attention_heads,
+        "num_hidden_layers": size.num_hidden_layers,
+        "num_key_value_heads": size.num_key_value_heads,
+        "pad_token_id": special.pad_id,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
+        # 4.x spellings of dtype and rope; 5.x prefers the keys above when both exist.
+        "rope_scaling": None,
+        "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": size.vocab_size,
+    }
+    if arch.name == "llama":
+        config.update({"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1})
+    else:
+        layers: List[str] = ["full_attention"] * size.num_hidden_layers
+        config.update(
+            {
+                "layer_types": layers,
+                "max_window_layers": size.num_hidden_layers,
+                "sliding_window": None,
+                "use_sliding_window": False,
+            }
+        )
+    return config
+
+
+def generation_config(special: DemoSpecialTokens) -> Dict[str, object]:
+    """Contents of ``generation_config.json``: greedy, stopping at ``</s>`` or ``<|im_end|>``."""
+    return {
+        "bos_token_id": special.bos_id,
+        "do_sample": False,
+        # A chat turn ends with <|im_end|>, plain completion with </s>; stop on either.
+        "eos_token_id": [special.eos_id, special.im_end_id],
+        "pad_token_id": special.pad_id,
+    }

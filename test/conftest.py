@@ -1,0 +1,32 @@
+"""Session-wide pytest fixtures shared by the whole suite.
+
+Demo checkpoints are generated once per test session (about half a second each for the
+tiny presets) into pytest's temporary directory, so every test that needs a model reads
+the same files and nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lightllm.utils.demo_model import generate_demo_model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random-weight Llama checkpoint (seed 0); treat it as read-only."""
+    return generate_demo_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random-weight Qwen2 checkpoint (seed 0, tied embeddings); treat it as read-only."""
+    return generate_demo_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def small_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small (~5M parameter, 4K context) random-weight Llama checkpoint (seed 0); read-only."""
+    return generate_demo_model(tmp_path_factory.mktemp("small_llama"), arch="llama", size="small", seed=0)
