@@ -1,0 +1,40 @@
+"""Incremental detokenization and stop strings."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
+
+
+def _pieces(tokenizer, ids, stops=()):
+    decoder = IncrementalDecoder(tokenizer, [1], stops)
+    pieces = [decoder.add(t) for t in ids]
+    return pieces, decoder
+
+
+def test_pieces_concatenate_to_the_full_decode(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    text = "Schedulers décident: café, naïve 😀 emoji and   spaces\nnew line"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    pieces, decoder = _pieces(tokenizer, ids)
+    joined = "".join(pieces) + decoder.flush()
+    assert joined == tokenizer.decode(ids, skip_special_tokens=True)
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stop_string_cuts_text_and_holds_back_partial_matches(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    ids = tokenizer("alpha beta STOP gamma", add_special_tokens=False)["input_ids"]
+    pieces, decoder = _pieces(tokenizer, ids, ["STOP"])
+    assert decoder.stopped
+    assert "".join(pieces) == "alpha beta "
+    assert decoder.add(ids[-1]) == "" and decoder.flush() == ""
+
+
+def test_partial_stop_is_released_when_it_does_not_complete(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    ids = tokenizer("one STO two", add_special_tokens=False)["input_ids"]
+    pieces, decoder = _pieces(tokenizer, ids, ["STOP"])
+    assert not decoder.stopped
+    assert "".join(pieces) + decoder.flush() == "one STO two"

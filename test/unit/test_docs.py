@@ -1,0 +1,37 @@
+"""Docs stay in step with the code: generated argument reference, same structure in CN and EN."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lightllm.utils.gen_server_args_doc import doc_path, render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_server_args_reference_is_generated_from_the_parser():
+    for lang in ("EN", "CN"):
+        assert doc_path(ROOT, lang).read_text() == render(lang), (
+            f"docs/{lang}/server_args.md is stale: run python -m lightllm.utils.gen_server_args_doc"
+        )
+
+
+def test_reference_lists_every_strategy():
+    text = render("EN")
+    assert "`--prefill_queue_strategy`" in text
+    for name in ("default", "promote_shortest", "hrrn"):
+        assert name in text
+
+
+def test_cn_and_en_have_the_same_pages_and_heading_structure():
+    en = sorted(p.name for p in (ROOT / "docs" / "EN").glob("*.md"))
+    cn = sorted(p.name for p in (ROOT / "docs" / "CN").glob("*.md"))
+    assert en == cn
+    for name in en:
+        levels = []
+        for lang in ("EN", "CN"):
+            text = (ROOT / "docs" / lang / name).read_text()
+            text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+            levels.append([len(m.group(1)) for m in re.finditer(r"^(#+) ", text, re.MULTILINE)])
+        assert levels[0] == levels[1], f"{name}: heading levels differ between EN and CN"

@@ -1,0 +1,103 @@
+"""The backend step with a real (tiny) model, in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.req_manager import ReqManager
+from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.models.registry import load_model
+from lightllm.server.core.objs.shm_req_buffer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.router.model_infer.infer_context import InferenceContext
+from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+def _prompts(n_list, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 1000, (n,), generator=gen).tolist() for n in n_list]
+
+
+def _backend(model, kv_tokens, strategy="default", prefix_cache=True, budget=64, chunk=32):
+    context = InferenceContext(model.new_kv_cache(kv_tokens), ReqManager(16, 600), use_prefix_cache=prefix_cache)
+    return ModeBackend(model, context, build_prefill_queue_strategy(strategy), StepPlanner(budget, chunk), Sampler(0), [2], 600)
+
+
+def _run(backend):
+    outputs, statuses, paused = {}, {}, 0
+    while backend.has_work:
+        report = backend.step()
+        paused += len(report.paused)
+        for req, status in report.finished:
+            outputs[req.request_id] = list(req.output_ids)
+            statuses[req.request_id] = status
+    return outputs, statuses, paused
+
+
+@pytest.mark.parametrize("strategy", ["default", "promote_shortest", "hrrn"])
+@pytest.mark.parametrize("kv_tokens", [4096, 300])
+def test_outputs_match_plain_greedy_even_under_kv_pressure(model, strategy, kv_tokens):
+    prompts = _prompts([5, 70, 33, 9, 120, 64])
+    expected = BatchGenerator(model, 4096).greedy_generate(prompts, 20)
+    backend = _backend(model, kv_tokens, strategy)
+    for i, prompt in enumerate(prompts):
+        backend.add_request(i, prompt, SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
+    outputs, statuses, paused = _run(backend)
+    assert [outputs[i] for i in range(len(prompts))] == expected
+    assert set(statuses.values()) == {FINISH_LENGTH}
+    if kv_tokens == 300:
+        assert paused > 0  # the small cache forced requests to pause and resume
+    context = backend.context
+    assert context.allocatable_token_num() == kv_tokens
+    assert context.clear_prefix_cache() >= 0 and context.kv_cache.available == kv_tokens
+
+
+def test_prefix_cache_hit_skips_cached_tokens_and_keeps_outputs(model):
+    prompt = _prompts([200])[0]
+    backend = _backend(model, 4096)
+    backend.add_request(1, prompt + [7], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    first, _, _ = _run(backend)
+    counter_before = backend.counter.value
+    req = backend.add_request(2, prompt + [9, 11], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    assert req.prompt_cache_len == 200
+    second, _, _ = _run(backend)
+    assert backend.counter.value - counter_before == 2  # only the uncached tokens were prefilled
+    fresh = _backend(model, 4096, prefix_cache=False)
+    fresh.add_request(2, prompt + [9, 11], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    assert _run(fresh)[0][2] == second[2]
+
+
+def test_stop_ids_eos_and_abort(model):
+    backend = _backend(model, 4096)
+    probe = _backend(model, 4096)
+    probe.add_request(0, [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    first_token = _run(probe)[0][0][0]
+    backend.add_request(1, [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[first_token]))
+    backend.add_request(2, [8, 9], SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True))
+    report = backend.step()
+    assert [(req.request_id, list(req.output_ids), status) for req, status in report.finished] == [
+        (1, [first_token], FINISH_STOP)
+    ]
+    backend.abort(2)
+    outputs, statuses, _ = _run(backend)
+    assert statuses[2] == FINISH_ABORT
+    assert backend.context.allocatable_token_num() == 4096
+
+
+def test_prefill_counter_advances_only_with_prefill(model):
+    backend = _backend(model, 4096, strategy="hrrn", budget=32, chunk=32)
+    backend.add_request(1, _prompts([50])[0], SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True))
+    seen = []
+    while backend.has_work:
+        report = backend.step()
+        seen.append((report.prefill_token_num, backend.counter.value))
+    assert [p for p, _ in seen if p] == [32, 18]
+    assert seen[-1][1] == 50  # decode-only steps added nothing
