@@ -106,6 +106,7 @@ class ModelRank:
         self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
         self.stats: Optional[ShmStats] = None
         self.steps = 0
+        self._last_step_did_work = False
         if self.is_leader:
             self.zmq_ctx = zmq.Context()
             self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, config.model_rank0_address, bind=True)
@@ -124,7 +125,9 @@ class ModelRank:
         """Rank 0 drains its inbox (waiting briefly when idle); every rank gets the same list."""
         commands: List[Any] = []
         if self.is_leader:
-            timeout = 0 if self.backend.has_work else IDLE_POLL_MS
+            # Wait for messages only when the last step could not do anything, so a batch that
+            # is stalled (all requests paused) does not spin a core.
+            timeout = 0 if self.backend.has_work and self._last_step_did_work else IDLE_POLL_MS
             if self.inbox.poll(timeout):
                 while True:
                     try:
@@ -192,6 +195,7 @@ class ModelRank:
             if not self.backend.has_work:
                 continue
             report = self.backend.step()
+            self._last_step_did_work = report.did_work
             self.steps += 1
             if self.is_leader:
                 self.publish(report)

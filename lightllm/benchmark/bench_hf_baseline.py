@@ -1,0 +1,97 @@
+"""Baseline without continuous batching: transformers ``generate`` serving requests one at a time.
+
+``python -m lightllm.benchmark.bench_hf_baseline --model_dir DIR --num-requests 128
+--prompt-len 128 --output-len 64`` treats every request as sent at time 0 (the same burst the
+server benchmark sends) and serves them in order, one ``generate`` call each.  Per-token times
+come from a streamer, so TTFT includes the wait behind earlier requests, exactly as a client of
+a one-at-a-time server would see it.  Metrics use the same code as the serving benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import List, Optional
+
+import torch
+
+from lightllm.benchmark.metrics import RequestRecord, format_summary, summarize
+
+
+class _TokenTimes:
+    """A transformers streamer that only records when each new token arrives."""
+
+    def __init__(self) -> None:
+        self.times: List[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate first hands the streamer the prompt
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def run(model_dir: str, num_requests: int, prompt_len: int, output_len: int, seed: int) -> List[RequestRecord]:
+    """Serve the burst sequentially; returns one record per request."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(5, vocab, (prompt_len,), generator=gen) for _ in range(num_requests)]
+    config = GenerationConfig(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():  # warm-up outside the measured burst
+        model.generate(prompts[0][None], generation_config=config)
+    records: List[RequestRecord] = []
+    burst_start = time.perf_counter()
+    with torch.inference_mode():
+        for index, prompt in enumerate(prompts):
+            streamer = _TokenTimes()
+            model.generate(prompt[None], attention_mask=torch.ones(1, prompt_len, dtype=torch.long), generation_config=config, streamer=streamer)
+            records.append(
+                RequestRecord(
+                    index=index,
+                    request_class="short",
+                    prompt_tokens=prompt_len,
+                    scheduled_time=0.0,
+                    send_time=0.0,
+                    first_token_time=streamer.times[0] - burst_start,
+                    token_times=[t - burst_start for t in streamer.times],
+                    end_time=streamer.times[-1] - burst_start,
+                    output_tokens=len(streamer.times),
+                    requested_output_tokens=output_len,
+                )
+            )
+    return records
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_hf_baseline", description=__doc__.splitlines()[0])
+    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args(argv)
+    if min(args.num_requests, args.prompt_len, args.output_len, args.threads) < 1:
+        parser.error("--num-requests, --prompt-len, --output-len and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    summary = summarize(run(args.model_dir, args.num_requests, args.prompt_len, args.output_len, args.seed))
+    print(format_summary(summary))
+    if args.output_json:
+        with open(args.output_json, "w") as handle:
+            json.dump(summary, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
