@@ -101,3 +101,16 @@ def test_prefill_counter_advances_only_with_prefill(model):
         seen.append((report.prefill_token_num, backend.counter.value))
     assert [p for p, _ in seen if p] == [32, 18]
     assert seen[-1][1] == 50  # decode-only steps added nothing
+
+
+def test_overcommitted_partial_prefills_do_not_deadlock(model):
+    # Three 200-token prompts in a 300-token cache: chunks fill the cache before any prompt
+    # completes; the backend must pause one holder so the rest can finish.
+    prompts = _prompts([200, 200, 200], seed=5)
+    expected = BatchGenerator(model, 4096).greedy_generate(prompts, 3)
+    backend = _backend(model, 300, prefix_cache=False, budget=96, chunk=32)
+    for i, prompt in enumerate(prompts):
+        backend.add_request(i, prompt, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    outputs, _, paused = _run(backend)
+    assert paused > 0
+    assert [outputs[i] for i in range(3)] == expected

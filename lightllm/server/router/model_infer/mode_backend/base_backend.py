@@ -168,6 +168,14 @@ class ModeBackend:
         for req in plan.kv_starved_decode:
             self.context.pause(req)
             report.paused.append(req)
+        if not plan.has_prefill and not plan.decode_reqs:
+            # Partly prefilled requests can hold the whole cache when admission overcommits
+            # (router_token_ratio > 1); free the newest one so the others can move.
+            holders = [r for r in self.context.requests.values() if not r.paused and r.cur_kv_len > 0]
+            if holders:
+                victim = holders[-1]
+                self.context.pause(victim)
+                report.paused.append(victim)
 
     def run_prefill(self, plan: StepPlan, report: StepReport) -> None:
         """Allocate KV for the chunks, run one prefill forward, sample where prompts complete."""
