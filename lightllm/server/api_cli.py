@@ -61,7 +61,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "--max_total_token_num",
         type=int,
         default=None,
-        help="KV-cache capacity in tokens; default: sized from free memory times --mem_fraction.",
+        help="KV-cache capacity in tokens; default: free memory times --mem_fraction (on CPU split across ranks and capped at 262144).",
     )
     group.add_argument("--mem_fraction", type=float, default=0.9, help="Share of free memory the KV cache may take when sizing it.")
     group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")

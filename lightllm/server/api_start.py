@@ -209,6 +209,12 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         args.model_dir, sizing.device, sizing.dtype_name, args.tp, args.prefill_queue_strategy,
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
+    def stop_during_startup(signum: int, frame: Any) -> None:
+        # Raising here unwinds start_processes, whose cleanup stops children and unlinks memory.
+        raise StartupError(f"interrupted by signal {signum} during start-up")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop_during_startup)
     try:
         procs, http_config = start_processes(args, sizing, model_config)
     except StartupError as exc:

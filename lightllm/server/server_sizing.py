@@ -12,6 +12,10 @@ import torch
 from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.api_cli import ArgumentError
+from lightllm.utils.envs_utils import torch_threads_override
+
+
+CPU_DEFAULT_KV_TOKEN_CAP = 1 << 18
 
 
 @dataclass
@@ -78,9 +82,9 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
         budget = _available_memory_bytes(device) - _weights_bytes(args.model_dir) // args.tp
         kv_tokens = int(budget * args.mem_fraction) // per_token
         if device == "cpu":
-            # CPU memory is shared by every rank and the rest of the machine; more KV than the
-            # running batch can ever hold (plus as much again for the prefix cache) is waste.
-            kv_tokens = min(kv_tokens // args.tp, 2 * args.running_max_req_size * max_req_total_len)
+            # CPU memory is shared by every rank and the rest of the machine: split it between
+            # the ranks and cap it, since a CPU forward never gets through millions of tokens.
+            kv_tokens = min(kv_tokens // args.tp, CPU_DEFAULT_KV_TOKEN_CAP)
     if kv_tokens < max_req_total_len:
         raise ArgumentError(
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
@@ -88,7 +92,7 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
         )
     threads = None
     if device == "cpu":
-        threads = max(1, (os.cpu_count() or 1) // args.tp)
+        threads = torch_threads_override() or max(1, (os.cpu_count() or 1) // args.tp)
     return ServerSizing(
         device=device,
         dtype_name=dtype_name,

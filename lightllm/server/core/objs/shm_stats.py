@@ -23,6 +23,10 @@ STAT_FIELDS = (
     "paused_requests",  # rank 0
     "backend_steps",  # rank 0
     "processed_prefill_tokens",  # rank 0
+    "step_schedule_us",  # rank 0, cumulative: filter/order/select
+    "step_forward_us",  # rank 0, cumulative: model forwards
+    "step_sample_us",  # rank 0, cumulative: sampling and finish checks
+    "step_publish_us",  # rank 0, cumulative: shared-memory writes and messages
 )
 
 

@@ -8,6 +8,7 @@ scheduling decisions.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
@@ -161,6 +162,7 @@ class ModelRank:
 
     def publish(self, report: StepReport) -> None:
         """Rank 0 writes tokens and finish states to shared memory and notifies the others."""
+        started = time.perf_counter()
         updates = {}
         for req, token, logprob in report.tokens:
             self.shm.publish_token(req.shm_index, token, logprob)
@@ -177,6 +179,13 @@ class ModelRank:
         if released:
             self.to_router.send_pyobj(RequestsReleased([r for r, _ in released]))
         self._publish_stats()
+        self._add_time("step_schedule_us", report.schedule_seconds)
+        self._add_time("step_forward_us", report.forward_seconds)
+        self._add_time("step_sample_us", report.post_seconds)
+        self._add_time("step_publish_us", time.perf_counter() - started)
+
+    def _add_time(self, field: str, seconds: float) -> None:
+        self.stats.set(field, self.stats.get(field) + int(seconds * 1e6))
 
     def _publish_stats(self) -> None:
         ctx = self.backend.context

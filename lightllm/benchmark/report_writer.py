@@ -1,0 +1,276 @@
+"""Write a strategy-comparison report as JSON, Markdown and PNG plots.
+
+The report is a plain dict (what ``compare_strategies`` builds)::
+
+    {"meta": {"model_dir", "strategies", "baseline", "repeats", "warmup", "seed",
+              "server_args", "command", "git", "machine", "bootstrap", ...},
+     "workloads": {NAME: {"workload": WorkloadConfig fields,
+                          "values":  {strategy: {metric_key: [per repeat]}},
+                          "medians": {strategy: {metric_key: median}},
+                          "changes": {strategy: {metric_key: PairedChange dict}},
+                          "failed":  {strategy: failed request count}, ...}}}
+
+Metric keys are those of :data:`lightllm.benchmark.comparison_metrics.COMPARISON_METRICS`.
+Plots are drawn on bare ``Figure`` objects (Agg canvas), never through pyplot, so no
+global backend or figure state is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from lightllm.benchmark.comparison_metrics import COMPARISON_METRICS
+
+CLASS_ORDER: tuple[str, ...] = ("short", "long")
+_DASH = "\u2014"
+
+
+def write_json(report: Mapping[str, Any], path: str | Path) -> Path:
+    """Write ``report`` as indented UTF-8 JSON and return the path."""
+    path = Path(path)
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def format_ms(value: float | None) -> str:
+    """Milliseconds: whole numbers from 100 ms up, one decimal below, a dash when missing."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def format_percent(value: float | None) -> str:
+    """Signed percent with one decimal (``+1.6%``, ``-93.3%``); a dash when missing."""
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def format_change(change: Mapping[str, Any] | None) -> str:
+    """``-9.1% [-13.9, -6.3]`` from a PairedChange dict; a dash when it has no pairs."""
+    if not change or change.get("percent") is None:
+        return "-"
+    return f"{change['percent']:+.1f}% [{change['ci_low_percent']:+.1f}, {change['ci_high_percent']:+.1f}]"
+
+
+def _output_lens(cfg: Mapping[str, Any]) -> str:
+    long_out = cfg.get("long_output_len") or cfg["output_len"]
+    short_out = cfg.get("short_output_len") or cfg["output_len"]
+    return f"output {long_out}" if long_out == short_out else f"output long {long_out} / short {short_out}"
+
+
+def describe_workload(cfg: Mapping[str, Any]) -> str:
+    """One-line description of a workload from its WorkloadConfig fields."""
+    name = cfg.get("name")
+    if name == "long_first":
+        short_end = cfg["short_start_ms"] + cfg["short_spread_ms"]
+        text = (
+            f"{cfg['long_count']} long x {cfg['long_len']} tokens sent at 0-{cfg['long_spread_ms']:g} ms, then "
+            f"{cfg['short_count']} short x {cfg['short_len']} tokens at {cfg['short_start_ms']:g}-{short_end:g} ms"
+        )
+    elif name == "interleaved":
+        text = (
+            f"{cfg['num_requests']} requests at {cfg['request_rate']:g} req/s, one long in {cfg['long_every']} "
+            f"(long {cfg['long_len']} / short {cfg['short_len']} tokens)"
+        )
+    elif name == "sustained":
+        text = (
+            f"{cfg['request_rate']:g} req/s for {cfg['duration_s']:g} s (gamma gaps, burstiness "
+            f"{cfg['burstiness']:g}), {100 * cfg['long_fraction']:g}% long (long {cfg['long_len']} / short "
+            f"{cfg['short_len']} tokens)"
+        )
+        if cfg.get("initial_long_count"):
+            text += f", after {cfg['initial_long_count']} initial long requests"
+    else:
+        raise ValueError(f"workload name must be long_first, interleaved or sustained, got {name!r}")
+    return f"{text}; {_output_lens(cfg)}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
+    git = meta.get("git") or {}
+    commit = git.get("commit") or "unknown"
+    if git.get("dirty"):
+        commit += " (uncommitted changes)"
+    machine = meta.get("machine") or {}
+    boot = meta.get("bootstrap") or {}
+    return [
+        f"- Model: `{meta.get('model_dir')}`; topology: {meta.get('topology', {}).get('name', 'normal')}",
+        f"- Strategies: {', '.join(meta['strategies'])} (baseline {meta['baseline']})",
+        f"- Server args (identical for every strategy): `{shlex.join(meta.get('server_args', []))}`",
+        f"- {meta['repeats']} measured repeat(s) in rotated order after {meta['warmup']} warm-up pass(es) "
+        f"per strategy; seed {meta.get('seed')}",
+        f"- Commit: {commit}; CPUs: {machine.get('cpu_count')}; torch {machine.get('torch')}; "
+        f"{machine.get('platform')}",
+        f"- Command: `{meta.get('command', '')}`",
+        "",
+        f"Absolute values are medians over repeats (a P95 is the median of the per-repeat P95s). "
+        f"\"Change vs {meta['baseline']}\" is the mean of per-repeat paired log ratios converted to percent; "
+        f"the interval is a {100 * boot.get('confidence', 0.95):g}% percentile bootstrap over repeats "
+        f"({boot.get('resamples', 2000)} resamples, seed {boot.get('seed', 0)}). "
+        "For latencies negative is better, for throughput positive is better.",
+    ]
+
+
+def render_workload_markdown(name: str, section: Mapping[str, Any], strategies: Sequence[str], baseline: str) -> str:
+    """Markdown for one workload: absolute table, change table and failure note."""
+    medians, changes = section["medians"], section.get("changes", {})
+    lines = [f"## {name}", "", f"Workload: {describe_workload(section['workload'])}.", ""]
+    header = [
+        "Strategy",
+        "Short TTFT median / P95 (ms)",
+        "Long TTFT P95 (ms)",
+        "Output tokens/s",
+        f"Throughput vs {baseline}",
+    ]
+    rows = []
+    for strategy in strategies:
+        m = medians[strategy]
+        throughput = m.get("output_throughput")
+        vs = _DASH if strategy == baseline else format_percent(
+            (changes.get(strategy, {}).get("output_throughput") or {}).get("percent")
+        )
+        rows.append([
+            strategy,
+            f"{format_ms(m.get('short_ttft_p50_ms'))} / {format_ms(m.get('short_ttft_p95_ms'))}",
+            format_ms(m.get("long_ttft_p95_ms")),
+            "-" if throughput is None else f"{throughput:.2f}",
+            vs,
+        ])
+    lines += _table(header, rows)
+    others = [s for s in strategies if s != baseline]
+    if others:
+        lines += ["", f"Change vs {baseline} [95% CI]", ""]
+        change_rows = [
+            [strategy] + [format_change(changes.get(strategy, {}).get(m.key)) for m in COMPARISON_METRICS]
+            for strategy in others
+        ]
+        lines += _table(["Strategy"] + [m.label for m in COMPARISON_METRICS], change_rows)
+    failed = section.get("failed", {})
+    if any(failed.get(s) for s in strategies):
+        note = ", ".join(f"{s}: {failed.get(s, 0)}" for s in strategies)
+        lines += ["", f"Failed measured requests: {note} (failed requests are excluded from latencies)."]
+    return "\n".join(lines)
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The whole report as Markdown: run facts, then one section per workload."""
+    meta = report["meta"]
+    parts = ["# Prefill-queue strategy comparison", "", *_meta_lines(meta)]
+    for name, section in report["workloads"].items():
+        parts += ["", render_workload_markdown(name, section, meta["strategies"], meta["baseline"])]
+    return "\n".join(parts) + "\n"
+
+
+def plot_ttft_cdf(ttft_ms: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path, title: str) -> Path:
+    """TTFT CDF, one panel per request class, one line per strategy.
+
+    ``ttft_ms[strategy][request_class]`` holds the TTFTs (ms) of every measured repeat
+    pooled together.
+    """
+    present = {c for per in ttft_ms.values() for c, v in per.items() if len(v)}
+    classes = [c for c in CLASS_ORDER if c in present] + sorted(present - set(CLASS_ORDER))
+    if not classes:
+        raise ValueError("ttft_ms must hold at least one TTFT value")
+    fig = Figure(figsize=(5.5 * len(classes), 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, cls in enumerate(classes):
+        ax = fig.add_subplot(1, len(classes), i + 1)
+        for strategy, per in ttft_ms.items():
+            values = sorted(per.get(cls, []))
+            if not values:
+                continue
+            fractions = [(k + 1) / len(values) for k in range(len(values))]
+            ax.step(values, fractions, where="post", label=f"{strategy} (n={len(values)})")
+        if all(v > 0 for per in ttft_ms.values() for v in per.get(cls, [])):
+            ax.set_xscale("log")
+            # Plain numbers on decade ticks only: labelled minor ticks overlap on a log axis.
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("TTFT (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"{cls} requests")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_throughput(
+    section: Mapping[str, Any], strategies: Sequence[str], baseline: str, path: str | Path, title: str
+) -> Path:
+    """Output throughput bars: medians with min-max whiskers, and paired changes with interval whiskers."""
+    values = [[v for v in section["values"][s]["output_throughput"] if v is not None] for s in strategies]
+    medians = [section["medians"][s]["output_throughput"] or 0.0 for s in strategies]
+    others = [s for s in strategies if s != baseline]
+    fig = Figure(figsize=(11 if others else 5.5, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 2 if others else 1, 1)
+    low = [m - min(v) if v else 0.0 for m, v in zip(medians, values)]
+    high = [max(v) - m if v else 0.0 for m, v in zip(medians, values)]
+    ax.bar(strategies, medians, yerr=[low, high], capsize=6, color="tab:blue", alpha=0.8)
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("median over repeats (whiskers: min-max)")
+    ax.grid(True, axis="y", alpha=0.3)
+    if others:
+        changes = [section["changes"][s]["output_throughput"] for s in others]
+        points = [c["percent"] if c["percent"] is not None else 0.0 for c in changes]
+        err_low = [p - c["ci_low_percent"] if c["percent"] is not None else 0.0 for p, c in zip(points, changes)]
+        err_high = [c["ci_high_percent"] - p if c["percent"] is not None else 0.0 for p, c in zip(points, changes)]
+        ax2 = fig.add_subplot(1, 2, 2)
+        colors = ["tab:green" if p >= 0 else "tab:red" for p in points]
+        ax2.bar(others, points, yerr=[err_low, err_high], capsize=6, color=colors, alpha=0.8)
+        ax2.axhline(0.0, color="black", linewidth=0.8)
+        ax2.set_ylabel(f"change vs {baseline} (%)")
+        ax2.set_title("paired change (whiskers: 95% bootstrap interval)")
+        ax2.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _file_label(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def write_report(
+    report: dict[str, Any],
+    out_dir: str | Path,
+    ttft_samples: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]],
+) -> dict[str, str]:
+    """Write ``report.json``, ``report.md`` and per-workload PNGs into ``out_dir``.
+
+    ``ttft_samples[workload][strategy][request_class]`` feeds the CDF plots. The paths
+    written are returned and also stored in ``report["files"]`` (relative to ``out_dir``).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = report["meta"]
+    files: dict[str, str] = {"json": "report.json", "markdown": "report.md"}
+    for name, section in report["workloads"].items():
+        label = _file_label(name)
+        cdf = plot_ttft_cdf(ttft_samples[name], out / f"ttft_cdf_{label}.png", f"TTFT CDF - {name}")
+        bars = plot_throughput(
+            section, meta["strategies"], meta["baseline"], out / f"throughput_{label}.png", f"Output throughput - {name}"
+        )
+        files[f"ttft_cdf_{name}"] = cdf.name
+        files[f"throughput_{name}"] = bars.name
+    report["files"] = files
+    (out / files["markdown"]).write_text(render_markdown(report), encoding="utf-8")
+    write_json(report, out / files["json"])
+    return {key: str(out / rel) for key, rel in files.items()}

@@ -1,0 +1,318 @@
+"""Start and stop real server processes for benchmarks.
+
+A :class:`ServerSpec` says what to serve (model, prefill-queue strategy, other flags);
+a :class:`Topology` turns a spec into a running :class:`Deployment` that answers HTTP
+at ``base_url``. :class:`NormalTopology` runs one ``normal``-mode server process; a
+PD-disaggregated topology (PD master + prefill node + decode node) can be added by
+implementing the same two methods and returning a deployment whose ``base_url`` is the
+master's, so the comparison runner does not change.
+
+Every deployment is a context manager: leaving the ``with`` block stops it, also when
+the benchmark raised.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Sequence
+
+import httpx
+
+from lightllm.utils.process_utils import free_port
+
+# Flags the launcher sets itself; giving them again in extra_args would be ambiguous.
+RESERVED_FLAGS: tuple[str, ...] = ("--model_dir", "--prefill_queue_strategy", "--port", "--host", "--run_mode")
+_LOG_TAIL_CHARS = 4000
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """What one server serves: ``model_dir``, ``strategy`` and every other flag.
+
+    ``extra_args`` are passed to ``python -m lightllm.server.api_server`` unchanged, so
+    two specs that differ only in ``strategy`` start servers with identical flags.
+    """
+
+    model_dir: str
+    strategy: str
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ValueError("model_dir must be a non-empty path")
+        if not self.strategy or not isinstance(self.strategy, str):
+            raise ValueError(f"strategy must be a non-empty name, got {self.strategy!r}")
+        object.__setattr__(self, "extra_args", tuple(str(a) for a in self.extra_args))
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in RESERVED_FLAGS:
+                raise ValueError(f"extra_args must not set {flag}: the launcher sets it (got {list(self.extra_args)})")
+
+    def server_args(self) -> list[str]:
+        """Server flags without host and port (the topology chooses those)."""
+        return ["--model_dir", str(self.model_dir), "--prefill_queue_strategy", self.strategy, *self.extra_args]
+
+    def has_flag(self, flag: str) -> bool:
+        """Whether ``extra_args`` sets ``flag`` (as ``--flag value`` or ``--flag=value``)."""
+        return any(a == flag or a.startswith(flag + "=") for a in self.extra_args)
+
+
+class Deployment(abc.ABC):
+    """Server process(es) answering HTTP at :attr:`base_url`; stop with :meth:`stop` or ``with``."""
+
+    @property
+    @abc.abstractmethod
+    def base_url(self) -> str:
+        """Root URL of the HTTP API clients talk to."""
+
+    @property
+    @abc.abstractmethod
+    def log_paths(self) -> list[Path]:
+        """Files holding the output of every process of the deployment."""
+
+    @abc.abstractmethod
+    def is_alive(self) -> bool:
+        """True while every process of the deployment runs."""
+
+    @abc.abstractmethod
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop every process; idempotent."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable facts for reports."""
+        return {"base_url": self.base_url, "logs": [str(p) for p in self.log_paths]}
+
+    def __enter__(self) -> "Deployment":
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return text[-_LOG_TAIL_CHARS:]
+
+
+def _is_healthy(url: str) -> bool:
+    try:
+        # trust_env=False: a proxy from the environment must not intercept loopback checks.
+        with httpx.Client(trust_env=False, timeout=2.0) as client:
+            return client.get(f"{url}/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class ServerProcess(Deployment):
+    """One ``python -m lightllm.server.api_server`` subprocess with its output in a log file.
+
+    The server runs in a session of its own so a Ctrl-C meant for the benchmark does not
+    reach it directly; the benchmark stops it with SIGTERM (clean shutdown) and, if it
+    does not exit in time, kills its process group.
+    """
+
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, command: list[str]) -> None:
+        self._proc = proc
+        self._url = url
+        self._log_path = log_path
+        self.command = command
+
+    @classmethod
+    def start(
+        cls,
+        args: Sequence[str],
+        log_path: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        start_timeout_s: float = 300.0,
+    ) -> "ServerProcess":
+        """Start a server with ``args`` (no host/port) and wait until ``/health`` answers 200.
+
+        Raises:
+            ValueError: ``start_timeout_s`` is not positive.
+            RuntimeError: the server exited or stayed unhealthy; the message has its log tail.
+        """
+        if start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
+        port = free_port(host) if port is None else port
+        command = [sys.executable, "-m", "lightllm.server.api_server", *args, "--host", host, "--port", str(port)]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        server = cls(proc, f"http://{host}:{port}", log_path, command)
+        try:
+            server._wait_healthy(start_timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with code {self._proc.returncode} during start-up "
+                    f"(log {self._log_path}):\n{_log_tail(self._log_path)}"
+                )
+            if _is_healthy(self._url):
+                return
+            time.sleep(0.3)
+        raise RuntimeError(
+            f"server did not become healthy within {timeout_s:.0f}s (log {self._log_path}):\n"
+            f"{_log_tail(self._log_path)}"
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self._url
+
+    @property
+    def log_paths(self) -> list[Path]:
+        return [self._log_path]
+
+    @property
+    def pid(self) -> int:
+        """Process id of the server's main process."""
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code once the process ended, else ``None``."""
+        return self._proc.poll()
+
+    def is_alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def log_text(self) -> str:
+        """Everything the server printed so far."""
+        return self._log_path.read_text(errors="replace")
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            # The session id equals the server's pid (start_new_session), so this reaches
+            # exactly the processes this server started.
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait(10)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "pid": self._proc.pid, "command": self.command}
+
+
+class Topology(abc.ABC):
+    """How a :class:`ServerSpec` becomes a running :class:`Deployment`."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def launch(self, spec: ServerSpec, log_dir: Path) -> Deployment:
+        """Start the deployment for ``spec``, logging under ``log_dir``; return once it serves."""
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description for reports."""
+        return {"name": self.name}
+
+
+def _safe_label(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "server"
+
+
+class NormalTopology(Topology):
+    """One ``normal``-mode server (prefill and decode in the same process group)."""
+
+    name = "normal"
+
+    def __init__(self, host: str = "127.0.0.1", start_timeout_s: float = 300.0) -> None:
+        if start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
+        self.host = host
+        self.start_timeout_s = start_timeout_s
+
+    def launch(self, spec: ServerSpec, log_dir: Path) -> ServerProcess:
+        log_path = Path(log_dir) / f"server_{_safe_label(spec.strategy)}.log"
+        return ServerProcess.start(
+            spec.server_args(), log_path, host=self.host, start_timeout_s=self.start_timeout_s
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "host": self.host, "start_timeout_s": self.start_timeout_s}
+
+
+def launch_all(
+    topology: Topology, specs: Sequence[ServerSpec], log_dir: Path, *, parallel: bool = True
+) -> list[Deployment]:
+    """Launch one deployment per spec, in spec order; all or none.
+
+    With ``parallel`` the start-ups overlap (most of a start-up is imports and loading,
+    which overlap well even on few cores). If any launch fails, the deployments that did
+    start are stopped and the first error is raised, so no server outlives a failed
+    start. Even when interrupted, every launch in flight is waited for and stopped.
+    """
+    if not specs:
+        raise ValueError("specs must name at least one server")
+    futures: list[Future] = []
+    if parallel and len(specs) > 1:
+        pool = ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="launch")
+        try:
+            futures = [pool.submit(topology.launch, spec, log_dir) for spec in specs]
+            wait(futures)
+        finally:
+            pool.shutdown(wait=True)
+    else:
+        for spec in specs:
+            future: Future = Future()
+            try:
+                future.set_result(topology.launch(spec, log_dir))
+            except Exception as exc:  # noqa: BLE001 - re-raised below after clean-up
+                future.set_exception(exc)
+            futures.append(future)
+            if future.exception() is not None:
+                break
+    started = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
+    errors = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception() is not None]
+    if errors or len(started) != len(specs):
+        for deployment in started:
+            deployment.stop()
+        if errors:
+            raise errors[0]
+        raise RuntimeError("server launch was interrupted")
+    return started
+
+
+TOPOLOGIES: dict[str, type[Topology]] = {NormalTopology.name: NormalTopology}
+
+
+def make_topology(name: str, **kwargs: Any) -> Topology:
+    """Build a registered topology by name."""
+    try:
+        cls = TOPOLOGIES[name]
+    except KeyError:
+        raise ValueError(f"topology must be one of {sorted(TOPOLOGIES)}, got {name!r}") from None
+    return cls(**kwargs)

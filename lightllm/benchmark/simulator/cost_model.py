@@ -1,0 +1,194 @@
+"""Virtual-time cost of the model forwards a scheduling step submits.
+
+The simulator replaces each model forward with a duration computed from the work the step
+planner selected:
+
+    prefill forward = prefill_fixed_s
+                      + prefill_per_token_s   * (tokens in all chunks)
+                      + prefill_attention_s   * sum(chunk_tokens * context_len_at_chunk_end)
+    decode forward  = decode_fixed_s
+                      + decode_per_req_s      * (decode batch size)
+                      + decode_per_kv_token_s * sum(context length of each decode request)
+
+A step that runs both pays both, in that order, exactly as the server submits a prefill forward
+and then a decode forward.  The attention term grows with the context a chunk attends to, so the
+late chunks of a long prompt cost more than its first chunk.
+
+Profiles are JSON files (``profiles/*.json``) that also record where their numbers came from:
+a least-squares fit of measured forwards (``fit``) or a hand derivation from published
+benchmark numbers (``derivation``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Tuple
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+COEFFICIENT_NAMES: Tuple[str, ...] = (
+    "prefill_fixed_s",
+    "prefill_per_token_s",
+    "prefill_attention_s",
+    "decode_fixed_s",
+    "decode_per_req_s",
+    "decode_per_kv_token_s",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostProfile:
+    """Step-cost coefficients of one model on one machine, plus its KV capacity.
+
+    Attributes:
+        name: profile name (the JSON file stem for bundled profiles).
+        prefill_fixed_s: cost of launching one prefill forward, whatever its size.
+        prefill_per_token_s: cost per prefill token (weights, MLP, projections).
+        prefill_attention_s: cost per (chunk token x context token at the chunk's end).
+        decode_fixed_s: cost of launching one decode forward.
+        decode_per_req_s: cost per request in the decode batch.
+        decode_per_kv_token_s: cost per context token read by a decode request.
+        max_total_token_num: KV cache capacity in tokens (router admission and allocation).
+        description: one line saying what the profile models.
+        provenance: the ``fit`` / ``derivation`` record kept verbatim from the JSON file.
+    """
+
+    name: str
+    prefill_fixed_s: float
+    prefill_per_token_s: float
+    prefill_attention_s: float
+    decode_fixed_s: float
+    decode_per_req_s: float
+    decode_per_kv_token_s: float
+    max_total_token_num: int
+    description: str = ""
+    provenance: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        for key in COEFFICIENT_NAMES:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.max_total_token_num, bool) or not isinstance(self.max_total_token_num, int):
+            raise ValueError(f"max_total_token_num must be an int, got {self.max_total_token_num!r}")
+        if self.max_total_token_num < 1:
+            raise ValueError(f"max_total_token_num must be >= 1, got {self.max_total_token_num}")
+
+    def prefill_seconds(self, chunks: Iterable[Tuple[int, int]]) -> float:
+        """Duration of one prefill forward over ``chunks`` of ``(token_num, context_end)``.
+
+        ``context_end`` is the request's KV length once the chunk is written (the chunk's end
+        position).  An empty chunk list means no prefill forward runs: 0 seconds.
+        """
+        token_sum = 0
+        attention_sum = 0
+        for token_num, context_end in chunks:
+            if token_num < 1 or context_end < token_num:
+                raise ValueError(
+                    f"chunks need token_num >= 1 and context_end >= token_num, got ({token_num}, {context_end})"
+                )
+            token_sum += token_num
+            attention_sum += token_num * context_end
+        if token_sum == 0:
+            return 0.0
+        return (
+            self.prefill_fixed_s
+            + self.prefill_per_token_s * token_sum
+            + self.prefill_attention_s * attention_sum
+        )
+
+    def decode_seconds(self, batch_size: int, kv_token_sum: int) -> float:
+        """Duration of one decode forward of ``batch_size`` requests reading ``kv_token_sum`` tokens.
+
+        ``kv_token_sum`` counts every decode request's context including the token it computes.
+        A batch of 0 means no decode forward runs: 0 seconds.
+        """
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+        if kv_token_sum < batch_size:
+            raise ValueError(f"kv_token_sum must be >= batch_size ({batch_size}), got {kv_token_sum}")
+        if batch_size == 0:
+            return 0.0
+        return self.decode_fixed_s + self.decode_per_req_s * batch_size + self.decode_per_kv_token_s * kv_token_sum
+
+    def prefill_tokens_per_second(self, chunk_tokens: int, context_end: int) -> float:
+        """Prefill throughput of back-to-back forwards of one ``chunk_tokens`` chunk (no decode)."""
+        return chunk_tokens / self.prefill_seconds([(chunk_tokens, context_end)])
+
+    def coefficients(self) -> Dict[str, float]:
+        """The six cost coefficients by name."""
+        return {key: float(getattr(self, key)) for key in COEFFICIENT_NAMES}
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON form, the inverse of :meth:`from_dict`."""
+        data: Dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "coefficients": self.coefficients(),
+            "max_total_token_num": self.max_total_token_num,
+        }
+        data.update(self.provenance)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "CostProfile":
+        """Build a profile from its JSON form; keys besides the known ones become provenance."""
+        if not isinstance(data, dict):
+            raise ValueError(f"profile must be a JSON object, got {type(data).__name__}")
+        missing = [key for key in ("name", "coefficients", "max_total_token_num") if key not in data]
+        if missing:
+            raise ValueError(f"profile is missing required keys: {missing}")
+        coefficients = data["coefficients"]
+        if not isinstance(coefficients, dict):
+            raise ValueError("profile coefficients must be a JSON object")
+        absent = [key for key in COEFFICIENT_NAMES if key not in coefficients]
+        if absent:
+            raise ValueError(f"profile coefficients are missing: {absent}")
+        unknown = sorted(set(coefficients) - set(COEFFICIENT_NAMES))
+        if unknown:
+            raise ValueError(f"profile coefficients has unknown keys: {unknown}")
+        provenance = {
+            key: value
+            for key, value in data.items()
+            if key not in ("name", "description", "coefficients", "max_total_token_num")
+        }
+        return cls(
+            name=data["name"],
+            description=data.get("description", ""),
+            max_total_token_num=data["max_total_token_num"],
+            provenance=provenance,
+            **{key: coefficients[key] for key in COEFFICIENT_NAMES},
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as indented JSON and return the path."""
+        out = Path(path)
+        out.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return out
+
+
+def available_profiles() -> List[str]:
+    """Names of the bundled profiles (``profiles/*.json``)."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path) -> CostProfile:
+    """Load a bundled profile by name, or any profile JSON file by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix != ".json":
+        candidate = PROFILE_DIR / f"{name_or_path}.json"
+    if not candidate.is_file():
+        raise ValueError(
+            f"profile {str(name_or_path)!r} is neither a JSON file nor a bundled profile; "
+            f"bundled: {', '.join(available_profiles()) or '(none)'}"
+        )
+    try:
+        data = json.loads(candidate.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {str(candidate)!r} is not valid JSON: {exc}") from None
+    return CostProfile.from_dict(data)

@@ -1,0 +1,205 @@
+"""Run scenarios through simulated servers: single node or a 1P1D prefill/decode pair."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from lightllm.benchmark.metrics import RequestRecord, summarize
+from lightllm.benchmark.simulator.cost_model import CostProfile
+from lightllm.benchmark.simulator.engine import SimArrival, SimServerConfig, Simulator
+from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
+from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+
+# The decode node of a 1P1D pair keeps its own settings while the prefill node's strategy varies,
+# as in the seed report's PD runs.
+DECODE_NODE_STRATEGY = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseKey:
+    """One cell of the comparison matrix."""
+
+    scenario: str
+    mode: str
+    budget: int
+    strategy: str
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """Metrics of one simulated case (latencies in ms, throughput in output tokens/s)."""
+
+    key: CaseKey
+    metrics: Dict[str, Optional[float]]
+    summary: Dict[str, Any]
+    steps: int
+    records: List[RequestRecord] = dataclasses.field(repr=False, default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON form without the per-request records."""
+        return {**dataclasses.asdict(self.key), "metrics": self.metrics, "steps": self.steps, "summary": self.summary}
+
+
+def check_choice(value: str, choices: Sequence[str], param: str) -> str:
+    """Return ``value`` if it is one of ``choices``; otherwise raise a ValueError naming ``param``."""
+    if value not in choices:
+        raise ValueError(f"{param} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def server_config(mode: str, budget: int, running_max_req_size: int, **extra: Any) -> SimServerConfig:
+    """Config of the node that runs the strategy: ``batch_max_tokens = chunked_prefill_size = budget``."""
+    check_choice(mode, MODES, "mode")
+    return SimServerConfig(
+        batch_max_tokens=budget,
+        chunked_prefill_size=budget,
+        running_max_req_size=running_max_req_size,
+        no_decode=mode == "1p1d",
+        **extra,
+    )
+
+
+def simulate_single_node(
+    profile: CostProfile,
+    workload: Sequence[ScheduledRequest],
+    strategy: str,
+    config: SimServerConfig,
+) -> tuple[List[RequestRecord], int]:
+    """Run ``workload`` through one simulated server; return its records and step count."""
+    sim = Simulator(profile, strategy, config)
+    sim.add_workload(workload)
+    result = sim.run()
+    return result.records, result.steps
+
+
+def simulate_1p1d(
+    profile: CostProfile,
+    workload: Sequence[ScheduledRequest],
+    strategy: str,
+    budget: int,
+    running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
+    record_token_times: bool = True,
+) -> tuple[List[RequestRecord], int]:
+    """A prefill node running ``strategy`` feeding a decode node; return merged records and steps.
+
+    The prefill node (``no_decode``) hands each request over the moment its first token is
+    published; the decode node receives it then, with the prompt's KV in place.  KV transfer
+    time is not modelled (assumed zero) and the decode node never pushes back on the prefill
+    node, so the two nodes are simulated one after the other.
+    """
+    prefill_cfg = server_config("1p1d", budget, running_max_req_size, record_token_times=record_token_times)
+    prefill_records, prefill_steps = simulate_single_node(profile, workload, strategy, prefill_cfg)
+    decode_cfg = SimServerConfig(
+        batch_max_tokens=budget,
+        chunked_prefill_size=budget,
+        running_max_req_size=running_max_req_size,
+        arrive_prefilled=True,
+        record_token_times=record_token_times,
+    )
+    decode = Simulator(profile, DECODE_NODE_STRATEGY, decode_cfg)
+    handed_over = [r for r in prefill_records if r.requested_output_tokens > 1]
+    for record in sorted(handed_over, key=lambda r: (r.first_token_time, r.index)):
+        decode.add_arrival(
+            SimArrival(
+                request_id=record.index,
+                arrival_s=record.first_token_time,
+                prompt_len=record.prompt_tokens,
+                output_len=record.requested_output_tokens,
+                request_class=record.request_class,
+            )
+        )
+    decode_result = decode.run()
+    by_id = {r.index: r for r in decode_result.records}
+    merged = [_merge_pd_record(p, by_id.get(p.index)) for p in prefill_records]
+    return merged, prefill_steps + decode_result.steps
+
+
+def _merge_pd_record(prefill: RequestRecord, decode: Optional[RequestRecord]) -> RequestRecord:
+    if decode is None:
+        return prefill
+    # The decode node's first stamp is the hand-over itself, i.e. the prefill node's first token.
+    return dataclasses.replace(
+        prefill,
+        token_times=prefill.token_times[:1] + decode.token_times[1:],
+        end_time=decode.end_time,
+        output_tokens=decode.output_tokens,
+    )
+
+
+def case_metrics(records: Sequence[RequestRecord]) -> tuple[Dict[str, Optional[float]], Dict[str, Any]]:
+    """The report's headline numbers, computed by the benchmark's own metrics code."""
+    summary = summarize(records)
+    classes = summary["classes"]
+
+    def stat(cls: str, metric: str, key: str) -> Optional[float]:
+        group = classes.get(cls)
+        return group[metric][key] if group else None
+
+    metrics = {
+        "short_ttft_p50_ms": stat(SHORT, "ttft_ms", "p50"),
+        "short_ttft_p95_ms": stat(SHORT, "ttft_ms", "p95"),
+        "long_ttft_p95_ms": stat(LONG, "ttft_ms", "p95"),
+        "long_e2e_p95_ms": stat(LONG, "e2e_ms", "p95"),
+        "output_tok_s": summary["overall"]["output_throughput"],
+        "duration_s": summary["duration_s"],
+    }
+    return metrics, summary
+
+
+def simulate_case(
+    profile: CostProfile,
+    scenario: ScenarioSpec,
+    mode: str,
+    budget: int,
+    strategy: str,
+    seed: int = 0,
+    running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
+    keep_records: bool = False,
+) -> CaseResult:
+    """Simulate one scenario on one node kind with one prefill budget and strategy."""
+    check_choice(strategy, available_strategy_names(), "strategy")
+    check_choice(mode, MODES, "mode")
+    workload = scenario.build(seed)
+    if mode == "1p1d":
+        records, steps = simulate_1p1d(profile, workload, strategy, budget, running_max_req_size)
+    else:
+        config = server_config(mode, budget, running_max_req_size)
+        records, steps = simulate_single_node(profile, workload, strategy, config)
+    metrics, summary = case_metrics(records)
+    return CaseResult(
+        key=CaseKey(scenario.name, mode, budget, strategy),
+        metrics=metrics,
+        summary=summary,
+        steps=steps,
+        records=list(records) if keep_records else [],
+    )
+
+
+def run_matrix(
+    profile: CostProfile,
+    scenarios: Sequence[ScenarioSpec],
+    modes: Sequence[str],
+    budgets: Sequence[int],
+    strategies: Sequence[str],
+    seed: int = 0,
+    running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
+    progress: Optional[Callable[[CaseKey], None]] = None,
+) -> List[CaseResult]:
+    """Every scenario x mode x budget x strategy, in that nesting order."""
+    for strategy in strategies:
+        check_choice(strategy, available_strategy_names(), "strategies")
+    for mode in modes:
+        check_choice(mode, MODES, "modes")
+    results: List[CaseResult] = []
+    for scenario in scenarios:
+        for mode in modes:
+            for budget in budgets:
+                for strategy in strategies:
+                    if progress is not None:
+                        progress(CaseKey(scenario.name, mode, budget, strategy))
+                    results.append(
+                        simulate_case(profile, scenario, mode, budget, strategy, seed, running_max_req_size)
+                    )
+    return results

@@ -1,0 +1,141 @@
+"""Soak runs: hours of simulated sustained traffic, to see how long any request can wait.
+
+The seed report's finite scenarios cannot show whether a strategy starves a request under
+never-ending load.  A soak run sends a Poisson stream for a simulated duration of hours at a
+rate below the server's estimated capacity, drains it, and reports per strategy the longest
+and the 99th-percentile wait from arrival to first token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional
+
+from lightllm.benchmark.metrics import percentile
+from lightllm.benchmark.simulator.cost_model import CostProfile
+from lightllm.benchmark.simulator.engine import SimServerConfig, Simulator
+from lightllm.benchmark.simulator.runner import check_choice, server_config, simulate_1p1d
+from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
+from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakConfig:
+    """Traffic and server settings of a soak run.
+
+    ``request_rate`` of ``None`` picks ``load`` times the estimated capacity (see
+    :func:`estimate_capacity_rate`).
+    """
+
+    hours: float
+    load: float = 0.7
+    request_rate: Optional[float] = None
+    long_len: int = 8192
+    short_len: int = 128
+    long_fraction: float = 0.25
+    output_len: int = 128
+    budget: int = 1024
+    mode: str = "normal"
+    seed: int = 0
+    running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE
+
+    def __post_init__(self) -> None:
+        if not self.hours > 0:
+            raise ValueError(f"hours must be > 0, got {self.hours!r}")
+        if not 0 < self.load < 1:
+            raise ValueError(f"load must be within (0, 1), got {self.load!r}")
+        check_choice(self.mode, MODES, "mode")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"request_rate must be None or > 0, got {self.request_rate!r}")
+
+    def mean_prompt_len(self) -> float:
+        """Expected prompt length of one request."""
+        return self.long_fraction * self.long_len + (1 - self.long_fraction) * self.short_len
+
+
+def estimate_capacity_rate(profile: CostProfile, cfg: SoakConfig) -> float:
+    """Requests per second at which prefill would be busy every step (a steady-state estimate).
+
+    At capacity every step prefills a full ``budget`` of tokens (priced at the middle of a long
+    prompt), so ``budget / mean_prompt`` requests start per step; each then decodes for
+    ``output_len`` steps, so ``budget * output_len / mean_prompt`` requests decode in every
+    step (Little's law).  A PD prefill node has no decode forward.
+    """
+    mean_prompt = cfg.mean_prompt_len()
+    step_s = profile.prefill_seconds([(cfg.budget, cfg.budget + cfg.long_len // 2)])
+    if cfg.mode != "1p1d":
+        decoding = max(1, round(cfg.budget * cfg.output_len / mean_prompt))
+        context = int(mean_prompt + cfg.output_len / 2)
+        step_s += profile.decode_seconds(decoding, decoding * context)
+    return cfg.budget / step_s / mean_prompt
+
+
+@dataclasses.dataclass
+class SoakResult:
+    """Wait statistics of one strategy's soak run (seconds)."""
+
+    strategy: str
+    requests: int
+    simulated_s: float
+    wall_s: float
+    request_rate: float
+    max_wait_s: float
+    p99_wait_s: float
+    p50_wait_s: float
+    max_long_wait_s: Optional[float]
+    max_short_wait_s: Optional[float]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON form."""
+        return dataclasses.asdict(self)
+
+
+def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult:
+    """Simulate ``cfg.hours`` of sustained traffic with ``strategy`` and report the waits."""
+    rate = cfg.request_rate or cfg.load * estimate_capacity_rate(profile, cfg)
+    workload = build_workload(
+        WorkloadConfig(
+            name="sustained",
+            long_len=cfg.long_len,
+            short_len=cfg.short_len,
+            output_len=cfg.output_len,
+            long_fraction=cfg.long_fraction,
+            request_rate=rate,
+            duration_s=cfg.hours * 3600.0,
+            seed=cfg.seed,
+        )
+    )
+    started = time.perf_counter()
+    if cfg.mode == "1p1d":
+        records, _ = simulate_1p1d(
+            profile, workload, strategy, cfg.budget, cfg.running_max_req_size, record_token_times=False
+        )
+    else:
+        config: SimServerConfig = server_config(
+            cfg.mode, cfg.budget, cfg.running_max_req_size, record_token_times=False
+        )
+        sim = Simulator(profile, strategy, config)
+        sim.add_workload(workload)
+        records = sim.run().records
+    wall = time.perf_counter() - started
+    waits = [r.first_token_time - r.send_time for r in records]
+    long_waits = [w for w, r in zip(waits, records) if r.request_class == LONG]
+    short_waits = [w for w, r in zip(waits, records) if r.request_class != LONG]
+    return SoakResult(
+        strategy=strategy,
+        requests=len(records),
+        simulated_s=max(r.end_time for r in records),
+        wall_s=wall,
+        request_rate=rate,
+        max_wait_s=max(waits),
+        p99_wait_s=percentile(waits, 99),
+        p50_wait_s=percentile(waits, 50),
+        max_long_wait_s=max(long_waits) if long_waits else None,
+        max_short_wait_s=max(short_waits) if short_waits else None,
+    )
+
+
+def run_soaks(profile: CostProfile, strategies: List[str], cfg: SoakConfig) -> List[SoakResult]:
+    """One soak run per strategy, all on the same arrival schedule."""
+    return [run_soak(profile, strategy, cfg) for strategy in strategies]
