@@ -48,15 +48,8 @@ from lightllm.server.api_errors import (
     sse_error,
 )
 from lightllm.server.api_models import NativeGenerateRequest, build_sampling_params, check_context_length, parse_body
-from lightllm.server.api_openai import (
-    ChoiceJob,
-    GenerationFanout,
-    OpenAIEndpoints,
-    final_finish_reason,
-    json_logprob,
-    sse,
-    sse_response,
-)
+from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.api_openai import OpenAIEndpoints, final_finish_reason, json_logprob
 
 logger = logging.getLogger(__name__)
 

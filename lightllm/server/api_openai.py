@@ -9,22 +9,18 @@ proper 400/503 status even when streaming.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import json
 import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
-from lightllm.common.sampling import SamplingParams
 from lightllm.server.api_errors import APIError, JSONErrorRoute, internal_error, manager_error, model_not_found, sse_error
+from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
 from lightllm.server.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,132 +46,6 @@ def json_logprob(value: float) -> float:
 def final_finish_reason(events: list[Any]) -> str:
     """The finish reason of a collected choice; a generation cut off without one was aborted."""
     return events[-1].finish_reason or "abort"
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    """Encode one server-sent event."""
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode("utf-8")
-
-
-@dataclass
-class ChoiceJob:
-    """One generation: a tokenized prompt, its sampling params and its choice index."""
-
-    index: int
-    prompt_index: int
-    prompt_ids: list[int]
-    params: SamplingParams
-
-
-class GenerationFanout:
-    """Runs one ``manager.generate`` per job concurrently and merges their events."""
-
-    def __init__(self, manager: Any, jobs: list[ChoiceJob], *, high_priority: bool = False,
-                 request: Request | None = None) -> None:
-        self._manager = manager
-        self._jobs = jobs
-        self._high_priority = high_priority
-        self._request = request
-        self._iterators: list[Any] = []
-        self._first: list[Any] = []
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def _open(self, job: ChoiceJob) -> Any:
-        result = self._manager.generate(job.prompt_ids, job.params, high_priority=self._high_priority,
-                                        request=self._request)
-        if inspect.isawaitable(result):
-            result = await result
-        return result.__aiter__()
-
-    async def start(self) -> None:
-        """Open every generation and wait for its first event; raise APIError if any fails."""
-        try:
-            for job in self._jobs:
-                self._iterators.append(await self._open(job))
-            firsts = await asyncio.gather(*(it.__anext__() for it in self._iterators), return_exceptions=True)
-        except Exception as exc:
-            await self.close()
-            raise manager_error(exc) from None
-        except BaseException:
-            await self.close()
-            raise
-        failure = next((item for item in firsts if isinstance(item, BaseException)), None)
-        if failure is None:
-            self._first = list(firsts)
-            return
-        await self.close()
-        if isinstance(failure, StopAsyncIteration):
-            logger.warning("the request manager ended a generation before its first event")
-            raise internal_error()
-        if not isinstance(failure, Exception):
-            raise failure
-        raise manager_error(failure) from None
-
-    async def _pump(self, slot: int, queue: asyncio.Queue[tuple[int, Any]]) -> None:
-        try:
-            event = self._first[slot]
-            while True:
-                await queue.put((slot, event))
-                if event.finish_reason is not None:
-                    break
-                event = await self._iterators[slot].__anext__()
-        except StopAsyncIteration:
-            # The manager stops without a finish event only when the client went away.
-            logger.info("generation for choice %d ended without a finish reason", self._jobs[slot].index)
-            await queue.put((slot, None))
-        except Exception as exc:  # noqa: BLE001 - forwarded to the consumer, which reports it
-            await queue.put((slot, exc))
-        else:
-            await queue.put((slot, None))
-
-    async def events(self) -> AsyncIterator[tuple[int, Any]]:
-        """Yield ``(choice_index, event)`` until every generation has finished.
-
-        Raises the APIError of the first generation that fails.
-        """
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self._tasks = [asyncio.create_task(self._pump(slot, queue)) for slot in range(len(self._jobs))]
-        remaining = len(self._jobs)
-        try:
-            while remaining:
-                slot, item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, Exception):
-                    raise manager_error(item)
-                else:
-                    yield self._jobs[slot].index, item
-        finally:
-            await self.close()
-
-    async def collect(self) -> dict[int, list[Any]]:
-        """All events of every choice, keyed by choice index."""
-        collected: dict[int, list[Any]] = {job.index: [] for job in self._jobs}
-        try:
-            async for index, event in self.events():
-                collected[index].append(event)
-        finally:
-            await self.close()
-        return collected
-
-    async def close(self) -> None:
-        """Stop pumping and close every generation (the manager aborts unfinished ones)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except BaseException:  # noqa: BLE001 - cancellation of our own tasks is expected
-                pass
-        self._tasks = []
-        for iterator in self._iterators:
-            closer = getattr(iterator, "aclose", None)
-            if closer is not None:
-                try:
-                    await closer()
-                except Exception:  # noqa: BLE001 - closing must not mask the real outcome
-                    logger.exception("closing a generation failed")
-        self._iterators = []
 
 
 class UsageTracker:
@@ -449,22 +319,3 @@ class ChatShaper:
         return {"index": index, "message": {"role": "assistant", "content": "".join(event.text for event in events)},
                 "logprobs": self._formatter.chat(events) if self._with_logprobs else None,
                 "finish_reason": final_finish_reason(events)}
-
-
-def sse_response(stream: AsyncIterator[bytes], fanout: GenerationFanout) -> StreamingResponse:
-    """Stream ``stream`` as server-sent events, closing ``fanout``'s generations however it ends.
-
-    A client disconnect closes the body iterator while it waits at a ``yield``; an
-    ``async for`` does not close the iterators below it, so the fanout is closed here
-    explicitly (and once more after the response, in case the body never started).
-    """
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in stream:
-                yield chunk
-        finally:
-            await fanout.close()
-
-    return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(fanout.close),
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

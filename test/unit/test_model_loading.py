@@ -4,7 +4,6 @@ tensor-parallel slicing, each checked against transformers or against tp=1."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
