@@ -177,3 +177,38 @@ def test_prefix_cache_reuses_a_shared_prefix(tiny_server):
     assert first.usage.prompt_tokens == 402
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= 400 and cached < second.usage.prompt_tokens
+
+
+def test_stop_string_truncates_and_frees_the_request(tiny_server):
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    kwargs = dict(model=tiny_server.model_name, prompt="The scheduler", temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(max_tokens=24, **kwargs).choices[0].text
+    stop = full.strip()[len(full.strip()) // 2 :][:3]
+    assert stop and stop in full
+    cut = client.completions.create(max_tokens=24, stop=[stop], **kwargs).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.index(stop)]
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(max_tokens=24, stop=[stop], stream=True, **kwargs) if c.choices
+    )
+    assert streamed == cut.text
+    tiny_server.wait_idle()
+    assert tiny_server.metric("lightllm_kv_allocatable_tokens") == tiny_server.metric("lightllm_kv_total_tokens")
+
+
+def test_n_choices_and_logprobs(tiny_server):
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    out = client.completions.create(
+        model=tiny_server.model_name, prompt=["one", "two"], n=2, max_tokens=3, temperature=0.8, seed=7,
+        logprobs=2, extra_body={"ignore_eos": True},
+    )
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    assert out.usage.completion_tokens == 12
+    for choice in out.choices:
+        assert len(choice.logprobs.token_logprobs) == 3
+        assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    again = client.completions.create(
+        model=tiny_server.model_name, prompt=["one", "two"], n=2, max_tokens=3, temperature=0.8, seed=7,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.text for c in sorted(again.choices, key=lambda c: c.index)] == [c.text for c in sorted(out.choices, key=lambda c: c.index)]
