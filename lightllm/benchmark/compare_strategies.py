@@ -9,8 +9,9 @@ Usage::
 
 How a run is laid out (and why):
 
-* One server per strategy is started once, with identical flags apart from
-  ``--prefill_queue_strategy``, and all stay up for the whole run. Only one is measured
+* One server per strategy is started once (the start-ups overlap; they are never
+  measured), with identical flags apart from ``--prefill_queue_strategy``, and all
+  stay up for the whole run. Only one is measured
   at a time; the others sit idle (their model ranks poll every few tens of ms), which
   costs far less than restarting every server for every visit and keeps a start-up
   (imports, allocation, first forward) out of every measurement. Running them
@@ -55,8 +56,15 @@ from lightllm.benchmark.metrics import read_records_jsonl
 from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.run_environment import git_info, machine_info
 from lightllm.benchmark.report_writer import render_markdown, write_json, write_report
-from lightllm.benchmark.server_launcher import TOPOLOGIES, Deployment, ServerSpec, Topology, make_topology
-from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
+from lightllm.benchmark.server_launcher import (
+    TOPOLOGIES,
+    Deployment,
+    ServerSpec,
+    Topology,
+    launch_all,
+    make_topology,
+)
+from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig, build_workload
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
 
 DEFAULT_STRATEGIES = "default,promote_shortest,hrrn"
@@ -87,6 +95,7 @@ class ComparisonOptions:
     bootstrap_resamples: int = 2000
     confidence: float = 0.95
     settle_s: float = 1.0
+    parallel_start: bool = True
     show_progress: bool = False
     command: str = ""
 
@@ -122,7 +131,7 @@ class ComparisonOptions:
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
         for workload in self.workloads:
-            WORKLOADS[workload.name](workload)  # raises ValueError naming the bad knob
+            build_workload(workload)  # raises ValueError naming the bad knob
         self.benchmark_config("http://127.0.0.1", self.workloads[0], "check").validate()
 
     def effective_server_args(self) -> list[str]:
@@ -237,7 +246,10 @@ def run_comparison(options: ComparisonOptions, topology: Topology) -> dict[str, 
         "kv_tokens_added_by_runner": server_args != list(options.server_args),
         "prompt_format": options.prompt_format,
         "max_concurrency": options.max_concurrency,
-        "order": "rotated: repeat r visits the strategies rotated left by r; all servers stay up, one is measured at a time",
+        "order": (
+            "rotated: repeat r visits the strategies rotated left by r; "
+            "all servers stay up, one is measured at a time"
+        ),
         "bootstrap": {"resamples": options.bootstrap_resamples, "confidence": options.confidence, "seed": options.seed},
         "topology": topology.describe(),
         "git": git_info(),
@@ -248,10 +260,11 @@ def run_comparison(options: ComparisonOptions, topology: Topology) -> dict[str, 
     report: dict[str, Any] = {"meta": meta, "workloads": {}}
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
     with ExitStack() as stack:
+        specs = [ServerSpec(options.model_dir, s, tuple(server_args)) for s in options.strategies]
+        launched = launch_all(topology, specs, out / "logs", parallel=options.parallel_start)
         deployments: dict[str, Deployment] = {}
-        for strategy in options.strategies:
-            spec = ServerSpec(options.model_dir, strategy, tuple(server_args))
-            deployments[strategy] = stack.enter_context(topology.launch(spec, out / "logs"))
+        for strategy, deployment in zip(options.strategies, launched):
+            deployments[strategy] = stack.enter_context(deployment)
         meta["servers"] = {s: d.describe() for s, d in deployments.items()}
         runner = ComparisonRunner(options, deployments, builder)
         for workload in options.workloads:
@@ -290,7 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="default", help="strategy the others are compared with")
     p.add_argument("--repeats", type=int, default=3, help="measured repeats (rotated order)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured full passes per strategy and workload")
-    p.add_argument("--server-args", default="", help="flags given to every server, as one shell-quoted string")
+    p.add_argument(
+        "--server-args", default="",
+        help="flags given to every server, as one shell-quoted string (use --server-args=--flag for a lone flag)",
+    )
     p.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS,
                    help="--max_total_token_num added to every server unless --server-args sets it")
     p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="normal")
@@ -303,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=3600.0)
     p.add_argument("--bootstrap-resamples", type=int, default=2000)
     p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--sequential-start", action="store_true",
+                   help="start the servers one after another instead of together (start-up is never measured)")
     p.add_argument("--settle", type=float, default=1.0, help="seconds to pause after each run")
     p.add_argument("--progress", action="store_true", help="show a progress bar per run")
     load = p.add_argument_group("workload (same flags as bench_serving)")
@@ -341,6 +359,7 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> Comparis
         bootstrap_resamples=args.bootstrap_resamples,
         confidence=args.confidence,
         settle_s=args.settle,
+        parallel_start=not args.sequential_start,
         show_progress=args.progress,
         command=shlex.join([sys.executable, "-m", "lightllm.benchmark.compare_strategies", *argv]),
     )

@@ -266,7 +266,11 @@ def write_report(
         label = _file_label(name)
         cdf = plot_ttft_cdf(ttft_samples[name], out / f"ttft_cdf_{label}.png", f"TTFT CDF - {name}")
         bars = plot_throughput(
-            section, meta["strategies"], meta["baseline"], out / f"throughput_{label}.png", f"Output throughput - {name}"
+            section,
+            meta["strategies"],
+            meta["baseline"],
+            out / f"throughput_{label}.png",
+            f"Output throughput - {name}",
         )
         files[f"ttft_cdf_{name}"] = cdf.name
         files[f"throughput_{name}"] = bars.name

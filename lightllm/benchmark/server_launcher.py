@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Sequence
@@ -265,45 +265,47 @@ class NormalTopology(Topology):
         return {"name": self.name, "host": self.host, "start_timeout_s": self.start_timeout_s}
 
 
+def _stop_launched(futures: Sequence[Future]) -> None:
+    for future in futures:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            future.result().stop()
+
+
 def launch_all(
     topology: Topology, specs: Sequence[ServerSpec], log_dir: Path, *, parallel: bool = True
 ) -> list[Deployment]:
-    """Launch one deployment per spec, in spec order; all or none.
+    """Launch one deployment per spec and return them in spec order; all or none.
 
-    With ``parallel`` the start-ups overlap (most of a start-up is imports and loading,
-    which overlap well even on few cores). If any launch fails, the deployments that did
-    start are stopped and the first error is raised, so no server outlives a failed
-    start. Even when interrupted, every launch in flight is waited for and stopped.
+    With ``parallel`` the start-ups overlap (a start-up is mostly imports and loading,
+    which overlap well even on few cores). If any launch fails or the caller is
+    interrupted, the deployments that did start are stopped before the error propagates,
+    so no server outlives a failed start.
     """
     if not specs:
         raise ValueError("specs must name at least one server")
-    futures: list[Future] = []
-    if parallel and len(specs) > 1:
-        pool = ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="launch")
+    if not parallel or len(specs) == 1:
+        started: list[Deployment] = []
         try:
+            for spec in specs:
+                started.append(topology.launch(spec, log_dir))
+        except BaseException:
+            for deployment in started:
+                deployment.stop()
+            raise
+        return started
+    futures: list[Future] = []
+    try:
+        # Leaving the pool waits for every launch in flight, so each one is known below.
+        with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="launch") as pool:
             futures = [pool.submit(topology.launch, spec, log_dir) for spec in specs]
-            wait(futures)
-        finally:
-            pool.shutdown(wait=True)
-    else:
-        for spec in specs:
-            future: Future = Future()
-            try:
-                future.set_result(topology.launch(spec, log_dir))
-            except Exception as exc:  # noqa: BLE001 - re-raised below after clean-up
-                future.set_exception(exc)
-            futures.append(future)
-            if future.exception() is not None:
-                break
-    started = [f.result() for f in futures if f.done() and not f.cancelled() and f.exception() is None]
-    errors = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception() is not None]
-    if errors or len(started) != len(specs):
-        for deployment in started:
-            deployment.stop()
-        if errors:
-            raise errors[0]
-        raise RuntimeError("server launch was interrupted")
-    return started
+    except BaseException:
+        _stop_launched(futures)
+        raise
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        _stop_launched(futures)
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 TOPOLOGIES: dict[str, type[Topology]] = {NormalTopology.name: NormalTopology}

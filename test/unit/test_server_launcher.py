@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
 
-from lightllm.benchmark.server_launcher import NormalTopology, ServerProcess, ServerSpec, make_topology
+from lightllm.benchmark.server_launcher import (
+    Deployment,
+    NormalTopology,
+    ServerProcess,
+    ServerSpec,
+    Topology,
+    launch_all,
+    make_topology,
+)
 
 
 def test_spec_builds_identical_flags_apart_from_the_strategy():
@@ -51,3 +62,66 @@ def test_a_server_that_cannot_start_raises_with_its_log(tmp_path):
         ServerProcess.start(["--model_dir", str(tmp_path / "missing")], log, start_timeout_s=60)
     assert str(log) in str(info.value)
     assert log.stat().st_size > 0
+
+
+class _FakeDeployment(Deployment):
+    """Stands in for a server so launch_all's all-or-none behaviour can be checked without processes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stopped = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.name}"
+
+    @property
+    def log_paths(self) -> list[Path]:
+        return []
+
+    def is_alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self.stopped = True
+
+
+class _FakeTopology(Topology):
+    name = "fake"
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing = failing
+        self.launched: list[_FakeDeployment] = []
+        self.lock = threading.Lock()
+
+    def launch(self, spec: ServerSpec, log_dir: Path) -> Deployment:
+        if spec.strategy in self.failing:
+            raise RuntimeError(f"{spec.strategy} failed")
+        deployment = _FakeDeployment(spec.strategy)
+        with self.lock:
+            self.launched.append(deployment)
+        return deployment
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_launch_all_returns_deployments_in_spec_order(parallel, tmp_path):
+    specs = [ServerSpec("/m", s) for s in ("default", "promote_shortest", "hrrn")]
+    deployments = launch_all(_FakeTopology(set()), specs, tmp_path, parallel=parallel)
+    assert [d.base_url for d in deployments] == ["http://default", "http://promote_shortest", "http://hrrn"]
+    assert all(d.is_alive() for d in deployments)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_launch_all_stops_the_started_ones_when_one_fails(parallel, tmp_path):
+    topology = _FakeTopology({"promote_shortest"})
+    specs = [ServerSpec("/m", s) for s in ("default", "promote_shortest", "hrrn")]
+    with pytest.raises(RuntimeError, match="promote_shortest failed"):
+        launch_all(topology, specs, tmp_path, parallel=parallel)
+    assert topology.launched and all(d.stopped for d in topology.launched)
+    if not parallel:
+        assert [d.name for d in topology.launched] == ["default"]  # nothing starts after a failure
+
+
+def test_launch_all_needs_specs(tmp_path):
+    with pytest.raises(ValueError, match="specs"):
+        launch_all(_FakeTopology(set()), [], tmp_path)

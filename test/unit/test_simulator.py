@@ -18,7 +18,6 @@ from lightllm.benchmark.simulator.runner import case_metrics, simulate_1p1d, sim
 from lightllm.benchmark.simulator.scenarios import SCENARIOS, ScenarioSpec, resolve_scenarios
 from lightllm.benchmark.simulator.soak import SoakConfig, estimate_capacity_rate, run_soak
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest, WorkloadConfig, build_workload
-from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
     HrrnStrategy,
     available_strategy_names,
@@ -140,7 +139,7 @@ def _busy_simulator(strategy, steps: int = 6) -> Simulator:
     sim = Simulator(make_profile(), strategy, SimServerConfig(batch_max_tokens=96, chunked_prefill_size=96))
     lengths = [300, 40, 500, 40, 90, 200, 10, 120]
     for i, n in enumerate(lengths):
-        sim.add_arrival(SimArrival(i, 0.0 if i < 4 else 0.004 * i, n, 5, LONG if n > 100 else SHORT))
+        sim.add_arrival(SimArrival(i, 0.0 if i < 4 else 0.004 * i, n, 40, LONG if n > 100 else SHORT))
     for _ in range(steps):
         sim.step()
     return sim
@@ -148,12 +147,11 @@ def _busy_simulator(strategy, steps: int = 6) -> Simulator:
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_simulator_orders_exactly_like_the_real_strategy(name: str) -> None:
-    sim = _busy_simulator(name)
-    # Let every arrival join first (as the next step would) so that the state is rich.
-    sim.clock = max(sim.clock, 0.05)
-    sim._deliver_arrivals()
-    sim._admit()
+    sim = _busy_simulator(name, steps=1)
+    while sim.unadmitted_count():  # until every request has arrived and been admitted
+        sim.step()
     live = sim.live_requests()
+    assert len(live) >= 6
     kinds = {(r.pending_token_num == 1, r.cur_kv_len > 0) for r in live}
     assert len(kinds) > 1, "the state should mix decode, partially and not yet prefilled requests"
     assert len({r.arrival_processed_prefill_tokens for r in live}) > 1

@@ -205,6 +205,10 @@ class Simulator:
         """Requests the backend holds, in admission order (what ``resume_paused`` iterates)."""
         return list(self._live.values())
 
+    def unadmitted_count(self) -> int:
+        """Requests still to arrive or waiting in the router queue."""
+        return len(self._future) + len(self.router)
+
     def has_work(self) -> bool:
         """Whether any request is still to arrive, waiting for admission or running."""
         return bool(self._future or len(self.router) or self._live)

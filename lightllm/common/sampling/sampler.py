@@ -14,11 +14,12 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
 3. greedy rows take the arg-max here;
 4. temperature scaling; the returned log-probabilities are ``log_softmax`` of this scaled
    distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
-5. top-k then top-p filtering (:func:`apply_top_k_top_p`), and an exponential race picks
-   the token: ``argmax(probs / E)`` with ``E ~ Exp(1)`` selects token ``i`` with
-   probability ``probs[i]``.
+5. top-k then top-p filtering (:func:`apply_top_k_top_p`), then inverse-CDF sampling picks
+   the token: with ``u ~ U(0, 1)`` per row, the first token whose cumulative probability
+   exceeds ``u`` (times the total) is chosen, which selects token ``i`` with probability
+   ``probs[i]``.
 
-Seeded rows draw ``E`` from their own generator, seeded from ``(seed, tokens generated so
+Seeded rows draw ``u`` from their own generator, seeded from ``(seed, tokens generated so
 far)``, so a request reproduces its output no matter which other requests share the batch.
 """
 
@@ -332,16 +333,25 @@ class Sampler:
             self._generators[device] = generator
         return generator
 
-    def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        noise = torch.empty_like(probs)
+    def _uniforms(self, batch: SamplingBatch, device: torch.device) -> torch.Tensor:
+        # One uniform draw per row is all inverse-CDF sampling needs, so a seeded row costs one
+        # tiny generator call instead of a vocabulary-wide noise tensor.
+        uniforms = torch.empty(batch.size, dtype=torch.float64, device=device)
         if len(batch.seeded_rows) < batch.size:
-            noise.exponential_(generator=self._shared_generator(probs.device))
+            uniforms.uniform_(generator=self._shared_generator(device))
         for row, step_seed in batch.seeded_rows:
-            row_generator = torch.Generator(device=probs.device)
+            row_generator = torch.Generator(device=device)
             row_generator.manual_seed(step_seed)
-            noise[row].exponential_(generator=row_generator)
-        # An exact zero draw would turn a filtered (zero-probability) token into 0/0 = NaN.
-        return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+            uniforms[row : row + 1].uniform_(generator=row_generator)
+        return uniforms
+
+    def _draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Inverse-CDF sampling: the first token whose cumulative probability exceeds u * total."""
+        cdf = probs.to(torch.float64).cumsum(dim=-1)
+        targets = self._uniforms(batch, probs.device) * cdf[:, -1]
+        ids = torch.searchsorted(cdf, targets[:, None], right=True).squeeze(1)
+        # u * total can round up to the total itself; the last token with mass is then the pick.
+        return ids.clamp_(max=probs.shape[1] - 1)
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32)."""
@@ -355,7 +365,7 @@ class Sampler:
             next_ids = greedy_ids
         else:
             probs = _top_k_top_p_filtered(scaled, batch).softmax(dim=-1)
-            sampled_ids = (probs / self._exponential_noise(probs, batch)).argmax(dim=-1)
+            sampled_ids = self._draw(probs, batch)
             next_ids = torch.where(batch.greedy_mask, greedy_ids, sampled_ids)
 
         chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
