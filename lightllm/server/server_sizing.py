@@ -92,7 +92,9 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
         )
     threads = None
     if device == "cpu":
-        threads = torch_threads_override() or max(1, (os.cpu_count() or 1) // args.tp)
+        # Leave a core to the HTTP, router and detokenization processes: a torch thread pool that
+        # competes with them for cores stalls at every parallel region.
+        threads = torch_threads_override() or max(1, ((os.cpu_count() or 1) - 1) // args.tp)
     return ServerSizing(
         device=device,
         dtype_name=dtype_name,

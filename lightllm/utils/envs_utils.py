@@ -10,7 +10,7 @@ import os
 from typing import Optional
 
 ENV_VARS = {
-    "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank; default: CPU cores divided by --tp.",
+    "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank; default: (CPU cores - 1) divided by --tp, at least 1.",
 }
 
 
