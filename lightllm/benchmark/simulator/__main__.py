@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--scenario",
         action="append",
-        help=f"scenario or group, repeatable: {', '.join(list(SCENARIOS) + list(SCENARIO_GROUPS))} (default seed_all)",
+        help="scenario or group, repeatable or comma-separated: "
+        f"{', '.join(list(SCENARIOS) + list(SCENARIO_GROUPS))} (default seed_all)",
     )
     parser.add_argument(
         "--strategies",
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
         )
         soaks = run_soaks(profile, strategies, cfg)
         return soak_markdown(profile, cfg, soaks), soak_json(profile, cfg, soaks)
-    scenarios = resolve_scenarios(args.scenario or ["seed_all"])
+    scenarios = resolve_scenarios([name for value in args.scenario or ["seed_all"] for name in _csv(value)])
 
     def progress(key: Any) -> None:
         print(f"simulating {key.scenario} / {key.mode} / {key.budget} / {key.strategy}", file=sys.stderr)

@@ -229,7 +229,9 @@ class Simulator:
         self._pause_starved(plan)
         trace = StepTrace(start_s=start, end_s=start, ordered=ordered, plan=plan)
         if trace.idle:
-            self._wait_for_next_arrival()
+            # Requests paused just now gave KV back, so the next step can make progress.
+            if not plan.kv_starved_decode:
+                self._wait_for_next_arrival()
             trace.end_s = self.clock
             return trace
         emitted: List[InferReq] = []
