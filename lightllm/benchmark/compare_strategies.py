@@ -158,6 +158,14 @@ class ComparisonOptions:
         )
 
 
+def _load_average() -> list[float] | None:
+    """1, 5 and 15 minute system load averages, ``None`` where the platform has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 class ComparisonRunner:
     """Runs the warm-up passes and rotated measured repeats against already started servers."""
 
@@ -202,7 +210,10 @@ class ComparisonRunner:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 jsonl = run_dir / f"repeat{r}.jsonl"
                 namespace = f"{workload.name}-repeat-{r}"
+                # Load averages around each run show when other work on the machine overlapped it.
+                load_before = _load_average()
                 summary = self._run(strategy, repeat_workload, namespace, str(jsonl))
+                load_after = _load_average()
                 summary_path = write_json(summary, run_dir / f"repeat{r}.json")
                 runs[strategy].append({
                     "repeat": r,
@@ -211,6 +222,8 @@ class ComparisonRunner:
                     "prompt_namespace": namespace,
                     "records_jsonl": str(jsonl.relative_to(self.out_dir)),
                     "summary_json": str(summary_path.relative_to(self.out_dir)),
+                    "load_average_before": load_before,
+                    "load_average_after": load_after,
                     "summary": summary,
                 })
         return runs, orders

@@ -118,7 +118,8 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
         f"Absolute values are medians over repeats (a P95 is the median of the per-repeat P95s). "
         f"\"Change vs {meta['baseline']}\" is the mean of per-repeat paired log ratios converted to percent; "
         f"the interval is a {100 * boot.get('confidence', 0.95):g}% percentile bootstrap over repeats "
-        f"({boot.get('resamples', 2000)} resamples, seed {boot.get('seed', 0)}). "
+        f"({boot.get('resamples', 2000)} resamples, seed {boot.get('seed', 0)}); the "
+        f"\"Throughput vs {meta['baseline']}\" column is that estimate for output tokens/s. "
         "For latencies negative is better, for throughput positive is better.",
     ]
 

@@ -1,0 +1,72 @@
+"""Command line and option checks of the strategy-comparison runner (no servers started)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightllm.benchmark.compare_strategies import DEFAULT_KV_TOKENS, build_parser, options_from_args
+
+
+def _options(tmp_path, *extra):
+    argv = ["--model_dir", str(tmp_path), "--out-dir", str(tmp_path / "out"), *extra]
+    return options_from_args(build_parser().parse_args(argv), argv)
+
+
+def test_workload_flags_reach_every_workload(tmp_path):
+    options = _options(
+        tmp_path, "--workload", "long_first,interleaved", "--long-count", "16", "--long-len", "2048",
+        "--request-rate", "0.8", "--duration", "3", "--short-output-len", "8", "--seed", "4",
+    )
+    assert [w.name for w in options.workloads] == ["long_first", "interleaved"]
+    for workload in options.workloads:
+        assert (workload.long_count, workload.long_len, workload.seed) == (16, 2048, 4)
+        assert (workload.request_rate, workload.duration_s) == (0.8, 3.0)
+        assert (workload.short_output_len, workload.long_output_len) == (8, None)
+    options.validate()
+
+
+def test_defaults_and_command(tmp_path):
+    options = _options(tmp_path, "--workload", "long_first", "--server-args", "--chunked_prefill_size 256")
+    assert options.strategies == ["default", "promote_shortest", "hrrn"]
+    assert (options.baseline, options.repeats, options.warmup) == ("default", 3, 1)
+    assert options.server_args == ["--chunked_prefill_size", "256"]
+    assert "compare_strategies" in options.command and "'--chunked_prefill_size 256'" in options.command
+
+
+def test_kv_capacity_is_fixed_only_when_not_given(tmp_path):
+    options = _options(tmp_path, "--workload", "long_first", "--server-args", "--batch_max_tokens 64")
+    expected = ["--batch_max_tokens", "64", "--max_total_token_num", str(DEFAULT_KV_TOKENS)]
+    assert options.effective_server_args() == expected
+    given = _options(tmp_path, "--workload", "long_first", "--server-args=--max_total_token_num=4096")
+    assert given.effective_server_args() == ["--max_total_token_num=4096"]
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--workload", "bogus"], "workload must be one of"),
+        (["--workload", "long_first", "--strategies", "default,fifo"], "unknown"),
+        (["--workload", "long_first", "--strategies", "hrrn,hrrn"], "must not repeat"),
+        (["--workload", "long_first", "--strategies", "hrrn"], "baseline must be one of"),
+        (["--workload", "long_first", "--repeats", "0"], "repeats"),
+        (["--workload", "long_first", "--warmup", "-1"], "warmup"),
+        (["--workload", "long_first", "--long-count", "-2"], "long_count"),
+        (["--workload", "interleaved", "--request-rate", "0"], "request_rate"),
+        (["--workload", "long_first", "--confidence", "1.5"], "confidence"),
+        (["--workload", "long_first", "--server-args", "--port 9"], "extra_args must not set --port"),
+        (["--workload", "long_first", "--server-args", "'unclosed"], "server_args"),
+    ],
+)
+def test_bad_options_are_rejected(tmp_path, extra, match):
+    with pytest.raises(ValueError, match=match):
+        options = _options(tmp_path, *extra)
+        options.validate()
+        options.effective_server_args()
+
+
+def test_model_dir_must_exist(tmp_path):
+    options = _options(tmp_path, "--workload", "long_first")
+    with pytest.raises(ValueError, match="model_dir"):
+        dataclasses.replace(options, model_dir=str(tmp_path / "missing")).validate()
