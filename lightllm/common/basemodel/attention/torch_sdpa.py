@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -13,26 +14,30 @@ from lightllm.common.basemodel.forward_batch import ForwardBatch
 
 
 @dataclass
-class _PrefillItem:
-    token_start: int
-    token_end: int
-    context_slots: torch.Tensor
-    mask: Optional[torch.Tensor]  # None: plain causal over a fresh prompt
+class _PrefillGroup:
+    """Requests whose chunks have the same cached length and new length: one SDPA call."""
+
+    token_index: torch.Tensor  # [G, new] positions in the flattened batch
+    context_slots: torch.Tensor  # [G * ctx] KV slots, request after request
+    context_len: int
+    mask: Optional[torch.Tensor]  # [new, ctx]; None: plain causal over a fresh prompt
 
 
 @dataclass
 class _SdpaMeta:
     is_decode: bool
-    prefill: List[_PrefillItem]
-    decode_slots: Optional[torch.Tensor] = None  # [B, L]
+    prefill: List[_PrefillGroup]
+    decode_slots: Optional[torch.Tensor] = None  # [B * L]
+    decode_shape: Tuple[int, int] = (0, 0)
     decode_mask: Optional[torch.Tensor] = None  # [B, 1, 1, L]
 
 
 class TorchSdpaAttention(AttentionBackend):
     """Gathers each request's K/V from the token-slot cache and calls SDPA.
 
-    Decode batches are padded to the longest context with a key mask and run as one call;
-    prefill runs one call per request, causal with an offset for tokens already cached.
+    Decode batches are padded to the longest context with a key mask and run as one call.
+    Prefill chunks are grouped by (cached length, new length) so that equal-shaped prompts run
+    as one batched call; a group with cached tokens is causal with an offset.
     """
 
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> _SdpaMeta:
@@ -40,47 +45,53 @@ class TorchSdpaAttention(AttentionBackend):
         seq_lens = batch.seq_lens
         if batch.is_decode:
             max_len = max(seq_lens)
-            slots = req_to_token[batch.req_rows, :max_len]
+            # index_select on flat slots is several times faster than 2-D advanced indexing.
+            slots = req_to_token[batch.req_rows, :max_len].reshape(-1)
             lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
             mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]
-            return _SdpaMeta(True, [], slots, mask[:, None, None, :])
-        items: List[_PrefillItem] = []
+            return _SdpaMeta(True, [], slots, (len(seq_lens), max_len), mask[:, None, None, :])
+        shapes: Dict[Tuple[int, int], List[Tuple[int, int]]] = defaultdict(list)
         token_start = 0
-        rows = batch.req_rows.tolist()
-        for row, start, new in zip(rows, batch.start_lens, batch.new_lens):
+        for row, start, new in zip(batch.req_rows.tolist(), batch.start_lens, batch.new_lens):
+            shapes[(start, new)].append((row, token_start))
+            token_start += new
+        groups: List[_PrefillGroup] = []
+        for (start, new), members in shapes.items():
             ctx = start + new
+            rows = torch.tensor([row for row, _ in members], dtype=torch.int64, device=device)
+            firsts = torch.tensor([first for _, first in members], dtype=torch.int64, device=device)
+            token_index = firsts[:, None] + torch.arange(new, device=device)[None, :]
             mask = None
             if start > 0:
                 q_pos = torch.arange(start, ctx, device=device)[:, None]
                 mask = torch.arange(ctx, device=device)[None, :] <= q_pos
-            items.append(_PrefillItem(token_start, token_start + new, req_to_token[row, :ctx], mask))
-            token_start += new
-        return _SdpaMeta(False, items)
+            groups.append(_PrefillGroup(token_index, req_to_token[rows, :ctx].reshape(-1), ctx, mask))
+        return _SdpaMeta(False, groups)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: _SdpaMeta) -> torch.Tensor:
         gqa = q.shape[1] != k_cache.shape[1]
+        kv_shape = k_cache.shape[1:]
         if meta.is_decode:
-            # index_select on flat slots is several times faster than 2-D advanced indexing.
-            batch, length = meta.decode_slots.shape
-            flat = meta.decode_slots.reshape(-1)
-            k = k_cache.index_select(0, flat).view(batch, length, *k_cache.shape[1:]).transpose(1, 2)
-            v = v_cache.index_select(0, flat).view(batch, length, *v_cache.shape[1:]).transpose(1, 2)
+            batch, length = meta.decode_shape
+            k = k_cache.index_select(0, meta.decode_slots).view(batch, length, *kv_shape).transpose(1, 2)
+            v = v_cache.index_select(0, meta.decode_slots).view(batch, length, *kv_shape).transpose(1, 2)
             out = F.scaled_dot_product_attention(
                 q[:, :, None, :].to(k.dtype), k, v, attn_mask=meta.decode_mask, enable_gqa=gqa
             )
             return out[:, :, 0, :].to(q.dtype)
-        out = torch.empty_like(q)
-        for item in meta.prefill:
-            q_i = q[item.token_start : item.token_end].transpose(0, 1)  # [H, n, D]
-            k_i = k_cache.index_select(0, item.context_slots).transpose(0, 1)  # [kv_heads, ctx, D]
-            v_i = v_cache.index_select(0, item.context_slots).transpose(0, 1)
-            o_i = F.scaled_dot_product_attention(
-                q_i.to(k_i.dtype),
-                k_i,
-                v_i,
-                attn_mask=item.mask,
-                is_causal=item.mask is None,
-                enable_gqa=gqa,
-            )
-            out[item.token_start : item.token_end] = o_i.transpose(0, 1).to(q.dtype)
+        if len(meta.prefill) == 1 and meta.prefill[0].token_index.shape[0] == 1:
+            out = None  # a single request covers every token: no scatter needed
+        else:
+            out = torch.empty_like(q)
+        for group in meta.prefill:
+            size = group.token_index.shape[0]
+            q_g = q[group.token_index].transpose(1, 2) if out is not None else q[None].transpose(1, 2)
+            k_g = k_cache.index_select(0, group.context_slots).view(size, group.context_len, *kv_shape).transpose(1, 2)
+            v_g = v_cache.index_select(0, group.context_slots).view(size, group.context_len, *kv_shape).transpose(1, 2)
+            o_g = F.scaled_dot_product_attention(
+                q_g.to(k_g.dtype), k_g, v_g, attn_mask=group.mask, is_causal=group.mask is None, enable_gqa=gqa
+            ).transpose(1, 2)
+            if out is None:
+                return o_g[0].to(q.dtype)
+            out[group.token_index] = o_g.to(q.dtype)
         return out
