@@ -1,0 +1,155 @@
+"""Test support for the HTTP-surface tests: a scripted request manager and response helpers.
+
+The app under test is always the real ``create_app``; only the request manager behind it is
+this test double, which yields scripted token events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi.testclient import TestClient
+
+from lightllm.common.sampling import SamplingParams
+
+MODEL = "tiny-test-model"
+BOS = 1
+EOS = 2
+
+
+@dataclass
+class FakeEvent:
+    request_id: int
+    token_id: int
+    text: str
+    logprob: float
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    top_logprobs: dict[int, float] | None
+
+
+class ServerBusyError(Exception):
+    """Same class name as the real manager's busy error."""
+
+
+class FakeTokenizer:
+    all_special_ids = [0, BOS, EOS]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"<{token_id}>" for token_id in ids)
+
+
+@dataclass
+class GenerateCall:
+    prompt_ids: list[int]
+    params: SamplingParams
+    high_priority: bool
+    request: Any
+
+
+class FakeManager:
+    """Test double for HttpServerManager: a word tokenizer and scripted generations.
+
+    Each generation yields ``min(max_new_tokens, reply_len)`` tokens with text ``" w<i>"``
+    (token 1 has empty text, like a partial UTF-8 character); it finishes with "length"
+    when max_new_tokens cut it short, else "stop".
+    """
+
+    def __init__(self) -> None:
+        self.model_name = MODEL
+        self.max_req_total_len = 64
+        self.vocab_size = 100
+        self.eos_token_ids = [EOS]
+        self.tokenizer = FakeTokenizer()
+        self.reply_len = 3
+        self.cached_tokens = 2
+        self.token_logprob = -0.5
+        self.failure: str | None = None
+        self.healthy = True
+        self.calls: list[GenerateCall] = []
+        self.chat_messages: list[list[dict[str, Any]]] = []
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return [BOS] + [10 + sum(map(ord, word)) % 80 for word in text.split()]
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        self.chat_messages.append(messages)
+        if any("BREAK_TEMPLATE" in message["content"] for message in messages):
+            raise ValueError("chat template failed: unsupported message sequence")
+        return self.encode_prompt(" ".join(f"{m['role']}: {m['content']}" for m in messages))
+
+    def health(self) -> bool:
+        return self.healthy
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        return b"lightllm_requests_total 3\n", "text/plain; version=0.0.4; charset=utf-8"
+
+    def default_max_new_tokens(self, prompt_len: int) -> int:
+        return min(8, self.max_req_total_len - prompt_len)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, high_priority: bool = False,
+                       request: Any = None) -> AsyncIterator[FakeEvent]:
+        self.calls.append(GenerateCall(list(prompt_ids), params, high_priority, request))
+        if self.failure == "busy":
+            raise ServerBusyError("no free request slot")
+        if self.failure == "reject":
+            raise ValueError("request refused by the manager")
+        if self.failure == "crash":
+            raise RuntimeError("secret internal detail")
+        count = min(params.max_new_tokens, self.reply_len)
+        for i in range(count):
+            await asyncio.sleep(0)
+            if self.failure == "mid_stream" and i == 1:
+                raise RuntimeError("lost the detokenizer")
+            last = i == count - 1
+            finish = None if not last else ("length" if params.max_new_tokens <= self.reply_len else "stop")
+            token_id = 20 + i
+            top = None
+            if params.logprobs:
+                top = {token_id + k: -0.5 - k for k in range(params.logprobs)}
+            if self.failure == "vanish" and last:
+                return
+            if self.failure == "finish_marker" and last:
+                finish = None
+            yield FakeEvent(len(self.calls), token_id, "" if i == 1 else f" w{i}", self.token_logprob, finish,
+                            len(prompt_ids), self.cached_tokens, i + 1, top)
+        if self.failure == "finish_marker":
+            yield FakeEvent(len(self.calls), -1, "", 0.0, "stop", len(prompt_ids), self.cached_tokens, count, None)
+
+
+def sse_events(response: Any) -> list[Any]:
+    """Decoded ``data:`` payloads of an SSE body; ``[DONE]`` stays a string."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = []
+    for block in response.text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def assert_error(response: Any, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def completion(client: TestClient, **fields: Any) -> Any:
+    return client.post("/v1/completions", json={"model": MODEL, "prompt": "hello there", **fields})
+
+
+def chat(client: TestClient, **fields: Any) -> Any:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return client.post("/v1/chat/completions", json=body)

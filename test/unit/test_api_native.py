@@ -1,0 +1,104 @@
+"""Service and LightLLM-native endpoints: validation, error bodies and response shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeManager, assert_error, sse_events
+
+
+# ---------------------------------------------------------------- service endpoints
+
+
+def test_models_lists_the_served_model(client: TestClient) -> None:
+    data = client.get("/v1/models").json()
+    assert data["object"] == "list"
+    assert data["data"] == [{"id": MODEL, "object": "model", "created": 0, "owned_by": "lightllm",
+                             "max_model_len": 64}]
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    assert_error(client.get("/v1/models/other"), 404, "model", "model_not_found")
+
+
+def test_health_and_metrics(client: TestClient, manager: FakeManager) -> None:
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.head("/health").status_code == 200
+    manager.healthy = False
+    assert_error(client.get("/health"), 503)
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.text == "lightllm_requests_total 3\n"
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+
+
+def test_unknown_route_and_method_are_json_errors(client: TestClient) -> None:
+    assert_error(client.get("/v1/nothing"), 404, code="not_found")
+    assert_error(client.get("/v1/completions"), 405, code="method_not_allowed")
+
+
+# ---------------------------------------------------------------- native endpoints
+
+
+def test_native_generate_shape(client: TestClient, manager: FakeManager) -> None:
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 5, "stop_sequences": "END", "do_sample": False,
+                                              "return_details": True, "logprobs": 1}}
+    data = client.post("/generate", json=body).json()
+    assert data["generated_text"] == [" w0 w2"]
+    assert data["count_output_tokens"] == 3 and data["finish_reason"] == "stop"
+    assert data["prompt_tokens"] == 2 and data["prompt_cache_len"] == 2
+    details = data["details"]
+    assert details["count_output_tokens"] == 3 and details["finish_reason"] == "stop"
+    assert details["tokens"][0] == {"id": 20, "text": " w0", "logprob": -0.5, "special": False,
+                                    "top_logprobs": {"20": -0.5}}
+    params = manager.calls[0].params
+    assert params.stop_sequences == ["END"] and params.do_sample is False and params.max_new_tokens == 5
+    assert "details" not in client.post("/generate", json={"inputs": "hello"}).json()
+
+
+def test_native_stream_shape(client: TestClient) -> None:
+    events = sse_events(client.post("/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}))
+    assert "[DONE]" not in events and len(events) == 3
+    assert events[0] == {"token": {"id": 20, "text": " w0", "logprob": -0.5, "special": False,
+                                   "count_output_tokens": 1, "prompt_tokens": 2},
+                         "generated_text": None, "finished": False, "finish_reason": None, "details": None}
+    last = events[-1]
+    assert last["finished"] is True and last["finish_reason"] == "length"
+    assert last["generated_text"] == " w0 w2" and last["token"]["count_output_tokens"] == 3
+
+
+def test_high_priority_request_reaches_manager(client: TestClient, manager: FakeManager) -> None:
+    client.post("/generate", json={"inputs": "hi", "high_priority_request": True})
+    client.post("/generate_stream", json={"inputs": "hi"})
+    assert [call.high_priority for call in manager.calls] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"inputs": "hi", "parameters": {"infer_high_priority": -1}}, "parameters.infer_high_priority"),
+        ({"inputs": "hi", "infer_high_priority": -1}, "infer_high_priority"),
+        ({"inputs": "hi", "parameters": {"best_of": 2}}, "parameters.best_of"),
+        ({"inputs": "hi", "high_priority_request": "yes"}, "high_priority_request"),
+        ({"inputs": ""}, "inputs"),
+        ({"inputs": 5}, "inputs"),
+        ({"parameters": {}}, "inputs"),
+        ({"inputs": "hi", "parameters": {"top_p": 2.0}}, "parameters.top_p"),
+        ({"inputs": "hi", "parameters": {"max_new_tokens": 0}}, "parameters.max_new_tokens"),
+        ({"inputs": "hi", "parameters": {"temperature": -1}}, "parameters.temperature"),
+        ({"inputs": "hi", "parameters": {"stop_token_ids": [100]}}, "parameters.stop_token_ids"),
+        ({"inputs": "hi", "multimodal_params": {"images": [{"type": "url"}]}}, "multimodal_params"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
+def test_native_invalid_requests(client: TestClient, manager: FakeManager, body: dict[str, Any], param: str,
+                                 path: str) -> None:
+    error = assert_error(client.post(path, json=body), 400, param)
+    assert param.split(".")[-1] in error["message"]
+    assert manager.calls == []
+
+
+def test_native_accepts_absent_multimodal_params(client: TestClient) -> None:
+    for extra in ({}, {"multimodal_params": None}, {"multimodal_params": {"images": []}}):
+        assert client.post("/generate", json={"inputs": "hi", **extra}).status_code == 200
