@@ -1,0 +1,1 @@
+"""lightllm: LLM serving with a configurable prefill-queue scheduler."""
