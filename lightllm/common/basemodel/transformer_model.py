@@ -14,7 +14,7 @@ from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.rotary import RotaryEmbedding
-from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
+from lightllm.common.basemodel.weight_loader import CheckpointError, SafetensorsCheckpoint
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 
 
@@ -25,6 +25,7 @@ class DecoderOnlyTransformer:
     replicated on every rank; the LM head is vocab-parallel and gathered into full logits.
     """
 
+    requires_qkv_bias = False
     embed_name = "model.embed_tokens.weight"
     final_norm_name = "model.norm.weight"
     lm_head_name = "lm_head.weight"
@@ -61,6 +62,8 @@ class DecoderOnlyTransformer:
             DecoderLayerWeights.load(ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device)
             for i in range(config.num_hidden_layers)
         ]
+        if self.requires_qkv_bias and self.layers and self.layers[0].qkv_bias is None:
+            raise CheckpointError(f"{config.model_type} checkpoint {model_dir} lacks the q/k/v projection biases")
         self.final_norm = ckpt.get(self.final_norm_name, self.dtype).to(self.device)
         self.lm_head_weight = self._load_lm_head(ckpt)
         ckpt.close()
