@@ -1,10 +1,9 @@
 """Request schemas of the HTTP API and the checks that need the served model.
 
-Every request model is strict (a string is never coerced into a number or a bool) and
-forbids unknown keys, so a misspelt or internal-only field such as
-``infer_high_priority`` is rejected with a 400 that names it instead of being ignored.
-Validation failures become :class:`~lightllm.server.api_errors.APIError` with ``param``
-set to the dotted field path (``messages.0.role``, ``parameters.top_p``).
+Every request model is strict (no coercion of strings into numbers or bools) and forbids
+unknown keys, so a misspelt or internal-only field such as ``infer_high_priority`` is rejected
+with a 400 that names it.  Validation failures become :class:`~lightllm.server.api_errors.APIError`
+with ``param`` set to the dotted field path (``messages.0.role``, ``parameters.top_p``).
 """
 
 from __future__ import annotations

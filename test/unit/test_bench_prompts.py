@@ -1,0 +1,114 @@
+"""Benchmark client: prompts of exact token lengths for the served tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from lightllm.benchmark.bench_serving import prepare_requests
+from lightllm.benchmark.prompts import PromptBuilder, PromptLengthError
+from lightllm.benchmark.workloads import WorkloadConfig, long_first
+
+
+# ---------------------------------------------------------------- prompts
+
+
+@pytest.mark.parametrize("length", [2, 3, 17, 128, 1000])
+def test_prompts_have_exact_server_side_length(builder, tokenizer, length) -> None:
+    for index in range(4):
+        prompt = builder.build(index, length, seed=11)
+        assert tokenizer(prompt.text)["input_ids"] == prompt.token_ids
+        assert prompt.num_tokens == length
+        assert prompt.token_ids[0] == tokenizer.bos_token_id
+
+
+def test_prompts_are_seeded_and_unique_per_request(builder) -> None:
+    assert builder.build(3, 64, seed=1) == builder.build(3, 64, seed=1)
+    heads = {tuple(builder.build(i, 64, seed=1).token_ids[1:5]) for i in range(30)}
+    assert len(heads) == 30  # distinct beginnings: prefix caches cannot share them
+    assert builder.build(3, 64, seed=2) != builder.build(3, 64, seed=1)
+    assert builder.build(3, 64, seed=1, namespace="warmup-0") != builder.build(3, 64, seed=1)
+
+
+def test_shared_prefix_is_common_to_all_prompts(builder) -> None:
+    prompts = [builder.build(i, 100, seed=5, shared_prefix_len=40) for i in range(6)]
+    assert all(p.num_tokens == 100 for p in prompts)
+    # Merges can only touch the token at the seam; everything before it is shared.
+    assert len({tuple(p.token_ids[:40]) for p in prompts}) == 1
+    assert len({tuple(p.token_ids[42:]) for p in prompts}) == 6
+
+
+def test_prompt_length_errors(builder) -> None:
+    with pytest.raises(ValueError, match="length"):
+        builder.build(0, 1)  # only room for BOS
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        builder.build(0, 10, shared_prefix_len=9)
+    with pytest.raises(ValueError, match="shared_prefix_len"):
+        builder.build(0, 10, shared_prefix_len=-1)
+
+
+class ParityTokenizer:
+    """Encodes one id per character but pads every encoding to an even length.
+
+    Stands in for a tokenizer under which some lengths are unreachable.
+    """
+
+    all_special_ids = [0]
+    added_tokens_decoder: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return 27
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return 1
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids = [ord(c) - 96 for c in text]
+        if add_special_tokens:
+            ids = [0] + ids + ([0] if len(ids) % 2 == 0 else [])
+        return ids
+
+    def __call__(self, text, add_special_tokens: bool = True) -> dict[str, Any]:
+        if isinstance(text, list):
+            return {"input_ids": [self._ids(t, add_special_tokens) for t in text]}
+        return {"input_ids": self._ids(text, add_special_tokens)}
+
+    def decode(self, ids: list[int], clean_up_tokenization_spaces: bool = False) -> str:
+        return "".join(chr(i + 96) for i in ids if i)
+
+    def batch_decode(self, batch: list[list[int]], clean_up_tokenization_spaces: bool = False) -> list[str]:
+        return [self.decode(ids) for ids in batch]
+
+
+def test_unreachable_length_gives_up_with_clear_error() -> None:
+    parity = PromptBuilder(ParityTokenizer(), max_attempts=5)
+    assert parity.build(0, 6).num_tokens == 6
+    with pytest.raises(PromptLengthError, match="exactly 7 tokens"):
+        parity.build(0, 7)
+
+
+def test_tiny_llama_tokenizer_if_available(request) -> None:
+    try:
+        model_dir = request.getfixturevalue("tiny_llama_dir")
+    except pytest.FixtureLookupError:
+        pytest.skip("no tiny_llama_dir fixture in this checkout")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    llama_builder = PromptBuilder(tok)
+    for length in (5, 64, 300):
+        assert len(tok(llama_builder.build(1, length).text)["input_ids"]) == length
+
+
+def test_prepare_requests_text_and_ids(builder) -> None:
+    schedule = long_first(WorkloadConfig(long_count=1, short_count=2, long_len=30, short_len=6, output_len=3))
+    texts = prepare_requests(schedule, builder, prompt_format="text", seed=9)
+    ids = prepare_requests(schedule, builder, prompt_format="ids", seed=9)
+    assert [r.prompt_tokens for r in texts] == [30, 6, 6]
+    assert [len(r.prompt) for r in ids] == [30, 6, 6]
+    assert ids[1].prompt == builder.build(1, 6, seed=9).token_ids
+    assert [r.scheduled_time for r in texts] == [s.scheduled_time_s for s in schedule]
+    with pytest.raises(ValueError, match="prompt_format"):
+        prepare_requests(schedule, builder, prompt_format="bytes")
+
+
