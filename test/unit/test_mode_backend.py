@@ -9,7 +9,7 @@ from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.models.registry import load_model
-from lightllm.server.core.objs.shm_req_buffer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy

@@ -15,7 +15,8 @@ from lightllm.server.core.objs.io_messages import (
     StepOutput,
     TokenEvent,
 )
-from lightllm.server.core.objs.shm_req_buffer import FINISH_REASON_NAMES, ShmReqBuffer
+from lightllm.server.core.objs.finish_status import FINISH_REASON_NAMES
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket

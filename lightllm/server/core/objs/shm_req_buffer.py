@@ -28,6 +28,7 @@ from typing import List, Optional
 import numpy as np
 
 from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.finish_status import FINISH_NONE
 
 MAX_STOP_TOKEN_IDS = 16
 STOP_SEQUENCES_BYTES = 1024
@@ -35,12 +36,6 @@ STOP_SEQUENCES_BYTES = 1024
 STATE_FREE = 0
 STATE_ACTIVE = 1
 
-FINISH_NONE = 0
-FINISH_STOP = 1
-FINISH_LENGTH = 2
-FINISH_ABORT = 3
-
-FINISH_REASON_NAMES = {FINISH_NONE: None, FINISH_STOP: "stop", FINISH_LENGTH: "length", FINISH_ABORT: "abort"}
 
 
 def record_dtype(max_req_total_len: int) -> np.dtype:

@@ -16,7 +16,7 @@ import torch
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.sampling import Sampler, SamplingBatch, SamplingParams
-from lightllm.server.core.objs.shm_req_buffer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import PrefillQueueStrategy

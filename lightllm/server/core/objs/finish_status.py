@@ -1,0 +1,8 @@
+"""How a request ended, as stored in its shared-memory record and reported to clients."""
+
+FINISH_NONE = 0
+FINISH_STOP = 1  # EOS or a stop token id (stop strings are decided by the detokenizer)
+FINISH_LENGTH = 2  # max_new_tokens or max_req_total_len reached
+FINISH_ABORT = 3  # client went away, stop string hit, or aborted before admission
+
+FINISH_REASON_NAMES = {FINISH_NONE: None, FINISH_STOP: "stop", FINISH_LENGTH: "length", FINISH_ABORT: "abort"}
