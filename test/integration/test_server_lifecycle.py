@@ -28,6 +28,17 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+def _wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
+    """Pids still alive after waiting up to ``timeout`` seconds (children exit asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
 def _shm_segments(pid: int) -> list[str]:
     return [p.name for p in Path("/dev/shm").glob(f"lightllm_{pid}_*")]
 
@@ -58,7 +69,7 @@ def test_tp2_equals_tp1_and_shutdown_cleans_up(tiny_llama_dir, tmp_path):
     finally:
         code = tp2.stop(signal.SIGINT)
     assert code == 0
-    assert not [c for c in children if _alive(c)]
+    assert not _wait_gone(children)
     assert not _shm_segments(tp2.proc.pid)
 
 
@@ -73,8 +84,7 @@ def test_dead_child_stops_the_server_with_a_clear_message(tiny_llama_dir, tmp_pa
         server.stop()
     assert server.proc.returncode != 0
     assert "exited unexpectedly" in server.log()
-    time.sleep(1)
-    assert not [c for c in children if _alive(c)]
+    assert not _wait_gone(children)
     assert not _shm_segments(server.proc.pid)
 
 
