@@ -41,6 +41,9 @@ class ServerMetrics:
         self.tpot = Histogram("lightllm_time_per_output_token_seconds", "Gap between consecutive tokens", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.e2e = Histogram("lightllm_request_latency_seconds", "End-to-end request latency", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_SharedStatsCollector(stats, strategy))
+        # Label lookups cost more than the observations; the per-token path uses bound children.
+        self._tpot = self.tpot.labels(strategy)
+        self._generated = self.generated_tokens.labels(strategy)
 
     def on_submit(self, prompt_tokens: int) -> None:
         """A request was handed to the router."""
@@ -54,8 +57,8 @@ class ServerMetrics:
 
     def on_next_token(self, seconds: float) -> None:
         """A later token arrived ``seconds`` after the previous one."""
-        self.tpot.labels(self.strategy).observe(seconds)
-        self.generated_tokens.labels(self.strategy).inc()
+        self._tpot.observe(seconds)
+        self._generated.inc()
 
     def on_finish(self, finish_reason: str, completion_tokens: int, seconds: float) -> None:
         """A request ended."""
