@@ -183,6 +183,9 @@ def create_app(manager: Any) -> FastAPI:
         # The manager's sockets and receiver task belong to the server's event loop.
         if hasattr(manager, "start"):
             await manager.start()
+        # anyio imports its asyncio backend lazily on the first streamed response; doing it
+        # here keeps that import (about half a second) out of the first client's latency.
+        import anyio._backends._asyncio  # noqa: F401
         try:
             yield
         finally:
