@@ -111,17 +111,21 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
             "detokenization",
             detokenization_process_main,
             DetokenizationConfig(
-                args.model_dir, args.tokenizer_mode, address["detok"], address["http"], address["router"],
-                procs.shm_req.name, slot_num, sizing.max_req_total_len, args.log_level,
+                model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, detokenization_address=address["detok"],
+                http_address=address["http"], router_address=address["router"], shm_req_name=procs.shm_req.name,
+                slot_num=slot_num, max_req_total_len=sizing.max_req_total_len, log_level=args.log_level,
             ),
         )
         spawn(
             "router",
             router_process_main,
             RouterConfig(
-                address["router"], address["rank0"], address["detok"], procs.shm_req.name, procs.shm_stats._shm.name,
-                slot_num, sizing.max_req_total_len, sizing.max_total_token_num, args.running_max_req_size,
-                args.router_token_ratio, args.router_max_wait_tokens, args.schedule_time_interval, args.log_level,
+                router_address=address["router"], model_rank0_address=address["rank0"],
+                detokenization_address=address["detok"], shm_req_name=procs.shm_req.name,
+                shm_stats_name=procs.shm_stats.name, slot_num=slot_num, max_req_total_len=sizing.max_req_total_len,
+                max_total_token_num=sizing.max_total_token_num, running_max_req_size=args.running_max_req_size,
+                router_token_ratio=args.router_token_ratio, router_max_wait_tokens=args.router_max_wait_tokens,
+                schedule_time_interval=args.schedule_time_interval, log_level=args.log_level,
             ),
         )
         nccl_port = args.nccl_port or free_port(args.nccl_host)
@@ -133,7 +137,7 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
                     rank=rank, tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
                     nccl_host=args.nccl_host, nccl_port=nccl_port, model_rank0_address=address["rank0"],
                     router_address=address["router"], detokenization_address=address["detok"],
-                    shm_req_name=procs.shm_req.name, shm_stats_name=procs.shm_stats._shm.name, slot_num=slot_num,
+                    shm_req_name=procs.shm_req.name, shm_stats_name=procs.shm_stats.name, slot_num=slot_num,
                     max_req_total_len=sizing.max_req_total_len, max_total_token_num=sizing.max_total_token_num,
                     running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
                     chunked_prefill_size=None if args.disable_chunked_prefill else args.chunked_prefill_size,
@@ -161,7 +165,7 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
         router_address=address["router"],
         http_address=address["http"],
         shm_req_name=procs.shm_req.name,
-        shm_stats_name=procs.shm_stats._shm.name,
+        shm_stats_name=procs.shm_stats.name,
         slot_num=slot_num,
         max_req_total_len=sizing.max_req_total_len,
         vocab_size=model_config.vocab_size,

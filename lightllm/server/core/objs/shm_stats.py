@@ -34,6 +34,7 @@ class ShmStats:
     """Named int64 counters in a shared-memory segment."""
 
     def __init__(self, name: str, create: bool):
+        self.name = name
         size = 8 * len(STAT_FIELDS)
         self._shm = shared_memory.SharedMemory(name=name, create=create, size=size if create else 0)
         self.values = np.ndarray((len(STAT_FIELDS),), dtype=np.int64, buffer=self._shm.buf)
