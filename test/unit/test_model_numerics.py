@@ -91,3 +91,12 @@ def test_bf16_runs_and_stays_close(tiny_llama_dir):
     l16 = gen16.forward([gen16.start(prompt[0])], [20])
     assert l16.dtype == torch.float32
     assert (l16 - l32).abs().max().item() < 0.1 * l32.abs().max().item() + 0.05
+
+
+def test_large_mixed_length_decode_batch_matches_single_requests(tiny_llama_dir):
+    # More requests than one decode attention chunk, with different context lengths.
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    prompts = _prompts(model.config.vocab_size, [3 + 7 * i for i in range(37)], seed=4)
+    batched = BatchGenerator(model, 8192, max_request_num=64).greedy_generate(prompts, 6)
+    single = BatchGenerator(model, 1024, max_request_num=2)
+    assert batched == [single.greedy_generate([p], 6)[0] for p in prompts]

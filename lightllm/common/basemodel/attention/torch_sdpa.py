@@ -24,18 +24,32 @@ class _PrefillGroup:
 
 
 @dataclass
+class _DecodeChunk:
+    """A slice of the decode batch whose gathered K/V stay small enough to be reused from cache."""
+
+    rows: slice
+    slots: torch.Tensor  # [n * L] KV slots, request after request
+    length: int
+    mask: Optional[torch.Tensor]  # [n, 1, 1, L]; None when every context has length L
+
+
+@dataclass
 class _SdpaMeta:
     is_decode: bool
     prefill: List[_PrefillGroup]
-    decode_slots: Optional[torch.Tensor] = None  # [B * L]
-    decode_shape: Tuple[int, int] = (0, 0)
-    decode_mask: Optional[torch.Tensor] = None  # [B, 1, 1, L]
+    decode: List[_DecodeChunk]
+
+
+# Requests per decode attention call: gathering a few requests' context and consuming it at once
+# keeps it in the CPU cache; gathering the whole batch first measured 3x slower.
+DECODE_CHUNK_REQUESTS = 16
 
 
 class TorchSdpaAttention(AttentionBackend):
     """Gathers each request's K/V from the token-slot cache and calls SDPA.
 
-    Decode batches are padded to the longest context with a key mask and run as one call.
+    Decode batches run in chunks of a few requests, each padded to its longest context with a key
+    mask (no mask when the lengths agree).
     Prefill chunks are grouped by (cached length, new length) so that equal-shaped prompts run
     as one batched call; a group with cached tokens is causal with an offset.
     """
@@ -44,12 +58,19 @@ class TorchSdpaAttention(AttentionBackend):
         device = batch.input_ids.device
         seq_lens = batch.seq_lens
         if batch.is_decode:
-            max_len = max(seq_lens)
-            # index_select on flat slots is several times faster than 2-D advanced indexing.
-            slots = req_to_token[batch.req_rows, :max_len].reshape(-1)
-            lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
-            mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]
-            return _SdpaMeta(True, [], slots, (len(seq_lens), max_len), mask[:, None, None, :])
+            chunks: List[_DecodeChunk] = []
+            for first in range(0, len(seq_lens), DECODE_CHUNK_REQUESTS):
+                rows = slice(first, first + DECODE_CHUNK_REQUESTS)
+                lens = seq_lens[rows]
+                length = max(lens)
+                # index_select on flat slots is several times faster than 2-D advanced indexing.
+                slots = req_to_token[batch.req_rows[rows], :length].reshape(-1)
+                mask = None
+                if min(lens) != length:
+                    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
+                    mask = (torch.arange(length, device=device)[None, :] < lens_t[:, None])[:, None, None, :]
+                chunks.append(_DecodeChunk(rows, slots, length, mask))
+            return _SdpaMeta(True, [], chunks)
         shapes: Dict[Tuple[int, int], List[Tuple[int, int]]] = defaultdict(list)
         token_start = 0
         for row, start, new in zip(batch.req_rows.tolist(), batch.start_lens, batch.new_lens):
@@ -66,19 +87,21 @@ class TorchSdpaAttention(AttentionBackend):
                 q_pos = torch.arange(start, ctx, device=device)[:, None]
                 mask = torch.arange(ctx, device=device)[None, :] <= q_pos
             groups.append(_PrefillGroup(token_index, req_to_token[rows, :ctx].reshape(-1), ctx, mask))
-        return _SdpaMeta(False, groups)
+        return _SdpaMeta(False, groups, [])
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: _SdpaMeta) -> torch.Tensor:
         gqa = q.shape[1] != k_cache.shape[1]
         kv_shape = k_cache.shape[1:]
         if meta.is_decode:
-            batch, length = meta.decode_shape
-            k = k_cache.index_select(0, meta.decode_slots).view(batch, length, *kv_shape).transpose(1, 2)
-            v = v_cache.index_select(0, meta.decode_slots).view(batch, length, *kv_shape).transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q[:, :, None, :].to(k.dtype), k, v, attn_mask=meta.decode_mask, enable_gqa=gqa
-            )
-            return out[:, :, 0, :].to(q.dtype)
+            out = torch.empty_like(q)
+            for chunk in meta.decode:
+                q_c = q[chunk.rows]
+                size = q_c.shape[0]
+                k = k_cache.index_select(0, chunk.slots).view(size, chunk.length, *kv_shape).transpose(1, 2)
+                v = v_cache.index_select(0, chunk.slots).view(size, chunk.length, *kv_shape).transpose(1, 2)
+                o_c = F.scaled_dot_product_attention(q_c[:, :, None, :].to(k.dtype), k, v, attn_mask=chunk.mask, enable_gqa=gqa)
+                out[chunk.rows] = o_c[:, :, 0, :].to(q.dtype)
+            return out
         if len(meta.prefill) == 1 and meta.prefill[0].token_index.shape[0] == 1:
             out = None  # a single request covers every token: no scatter needed
         else:
