@@ -212,3 +212,14 @@ def test_n_choices_and_logprobs(tiny_server):
         extra_body={"ignore_eos": True},
     )
     assert [c.text for c in sorted(again.choices, key=lambda c: c.index)] == [c.text for c in sorted(out.choices, key=lambda c: c.index)]
+
+
+def test_burst_benchmark_counts_every_token(tiny_server, tmp_path):
+    from lightllm.benchmark.bench_burst import main as burst_main
+
+    out = tmp_path / "burst.json"
+    code = burst_main(["--base-url", tiny_server.url, "--num-requests", "6", "--prompt-len", "20", "--output-len", "5",
+                       "--rounds", "2", "--output-json", str(out)])
+    assert code == 0
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["completion_tokens"] for r in rounds] == [30, 30]

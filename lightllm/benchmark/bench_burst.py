@@ -1,0 +1,76 @@
+"""Throughput of a burst of non-streaming requests, all sent at once.
+
+``python -m lightllm.benchmark.bench_burst --base-url http://127.0.0.1:8000 --num-requests 128
+--prompt-len 128 --output-len 64 --rounds 3`` sends ``num-requests`` ``/v1/completions`` calls
+concurrently (token-id prompts of exact length, ``ignore_eos``) and reports output tokens/s per
+round.  Without streaming the client costs almost nothing per token, so on a small machine this
+isolates the engine from the per-token cost of SSE on both ends; ``bench_serving`` measures the
+streaming case with full latency metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from typing import Dict, List, Optional
+
+import httpx
+
+
+async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int) -> Dict[str, float]:
+    """One burst; returns completion tokens, seconds and tokens/s."""
+    async with httpx.AsyncClient(timeout=3600, trust_env=False) as client:
+
+        async def one(prompt: List[int]) -> int:
+            body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "temperature": 0}
+            resp = await client.post(f"{base_url}/v1/completions", json=body)
+            resp.raise_for_status()
+            return int(resp.json()["usage"]["completion_tokens"])
+
+        started = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one(p) for p in prompts)))
+        seconds = time.perf_counter() - started
+    return {"completion_tokens": tokens, "seconds": seconds, "output_tokens_per_s": tokens / seconds}
+
+
+def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int) -> List[List[int]]:
+    """Random token-id prompts; each round gets fresh ones so the prefix cache cannot help."""
+    rng = random.Random(seed * 1_000_003 + round_index)
+    return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(num)]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="default: the first id from /v1/models")
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [5, vocab)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-json", default=None)
+    args = parser.parse_args(argv)
+    if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
+        parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
+    base_url = args.base_url.rstrip("/")
+    model = args.model or httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False).json()["data"][0]["id"]
+    rounds = []
+    for index in range(args.rounds):
+        prompts = make_prompts(args.num_requests, args.prompt_len, args.vocab, args.seed, index)
+        result = asyncio.run(run_round(base_url, model, prompts, args.output_len))
+        rounds.append(result)
+        print(f"round {index}: {result['completion_tokens']} tokens in {result['seconds']:.2f} s = {result['output_tokens_per_s']:.0f} tok/s")
+    if args.output_json:
+        with open(args.output_json, "w") as handle:
+            json.dump({"args": vars(args), "rounds": rounds}, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
