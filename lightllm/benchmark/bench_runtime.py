@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 import torch
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.registry import load_model
 
 
@@ -66,7 +67,7 @@ def measure_transformers(model_dir: str, prompts: List[List[int]], new_tokens: i
 
 def run(model_dir: str, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int) -> Dict[str, Dict[str, float]]:
     """Median of ``repeats`` runs for each engine (after one warm-up run each)."""
-    vocab = load_model(model_dir).config.vocab_size
+    vocab = ModelConfig.from_dir(model_dir).vocab_size
     prompts = _prompts(vocab, batch, prompt_len, seed)
     results: Dict[str, Dict[str, float]] = {}
     for name, fn in (("lightllm", measure_ours), ("transformers", measure_transformers)):

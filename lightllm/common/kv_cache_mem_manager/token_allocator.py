@@ -69,9 +69,3 @@ class TokenSlotAllocator:
         self._allocated[slots] = False
         self._free_stack[self._free_top : self._free_top + num] = slots
         self._free_top += num
-
-    def free_all(self) -> None:
-        """Forget every allocation (used when the whole cache is reset)."""
-        self._free_stack = torch.arange(self.size - 1, -1, -1, dtype=torch.int64)
-        self._free_top = self.size
-        self._allocated.zero_()

@@ -22,13 +22,13 @@ Who writes which field, and in what order
 from __future__ import annotations
 
 import json
-from multiprocessing import shared_memory
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_NONE
+from lightllm.server.core.objs.shared_segment import SharedArraySegment
 
 MAX_STOP_TOKEN_IDS = 16
 STOP_SEQUENCES_BYTES = 1024
@@ -76,22 +76,15 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
     )
 
 
-class ShmReqBuffer:
+class ShmReqBuffer(SharedArraySegment):
     """All request slots of one server, mapped from a named shared-memory segment."""
 
     def __init__(self, name: str, slot_num: int, max_req_total_len: int, create: bool):
-        self.name = name
         self.slot_num = slot_num
         self.max_req_total_len = max_req_total_len
         self.dtype = record_dtype(max_req_total_len)
-        size = self.dtype.itemsize * slot_num
-        if create:
-            self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        else:
-            # Attaching registers the segment with the resource tracker that spawned children
-            # share with the launcher; the launcher's unlink at shutdown unregisters it once.
-            self._shm = shared_memory.SharedMemory(name=name, create=False)
-        self.records = np.ndarray((slot_num,), dtype=self.dtype, buffer=self._shm.buf)
+        super().__init__(name, self.dtype, slot_num, create)
+        self.records = self.array
         if create:
             self.records["state"] = STATE_FREE
 
@@ -148,20 +141,10 @@ class ShmReqBuffer:
         self.records[slot]["state"] = STATE_FREE
 
     # --- readers ---------------------------------------------------------------------------
-    def request_id(self, slot: int) -> int:
-        """Request id stored in ``slot``."""
-        return int(self.records[slot]["request_id"])
-
     def prompt_ids(self, slot: int) -> List[int]:
         """Prompt token ids of ``slot``."""
         rec = self.records[slot]
         return rec["prompt_ids"][: int(rec["prompt_len"])].tolist()
-
-    def output_ids(self, slot: int, start: int = 0, end: Optional[int] = None) -> List[int]:
-        """Published output ids ``[start, end)`` (``end`` defaults to ``output_len``)."""
-        rec = self.records[slot]
-        stop = int(rec["output_len"]) if end is None else end
-        return rec["output_ids"][start:stop].tolist()
 
     def stop_sequences(self, slot: int) -> List[str]:
         """Stop strings of ``slot`` (applied by the detokenizer)."""
@@ -199,14 +182,6 @@ class ShmReqBuffer:
         rec["output_len"] = index + 1
 
     def close(self) -> None:
-        """Unmap the segment (does not remove it)."""
-        self.records = None  # drop the numpy view before closing the buffer
-        self._shm.close()
-
-    def unlink(self) -> None:
-        """Remove the segment from the system (the creating process, at shutdown)."""
-        try:
-            self._shm.unlink()
-        except FileNotFoundError:
-            pass
-
+        """Unmap the segment."""
+        self.records = None
+        super().close()

@@ -7,10 +7,11 @@ different moments, which is fine for gauges.
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
 from typing import Dict
 
 import numpy as np
+
+from lightllm.server.core.objs.shared_segment import SharedArraySegment
 
 
 STAT_FIELDS = (
@@ -30,14 +31,12 @@ STAT_FIELDS = (
 )
 
 
-class ShmStats:
+class ShmStats(SharedArraySegment):
     """Named int64 counters in a shared-memory segment."""
 
     def __init__(self, name: str, create: bool):
-        self.name = name
-        size = 8 * len(STAT_FIELDS)
-        self._shm = shared_memory.SharedMemory(name=name, create=create, size=size if create else 0)
-        self.values = np.ndarray((len(STAT_FIELDS),), dtype=np.int64, buffer=self._shm.buf)
+        super().__init__(name, np.dtype(np.int64), len(STAT_FIELDS), create)
+        self.values = self.array
         if create:
             self.values[:] = 0
         self._index = {name: i for i, name in enumerate(STAT_FIELDS)}
@@ -57,11 +56,4 @@ class ShmStats:
     def close(self) -> None:
         """Unmap the block."""
         self.values = None
-        self._shm.close()
-
-    def unlink(self) -> None:
-        """Remove the block (creator, at shutdown)."""
-        try:
-            self._shm.unlink()
-        except FileNotFoundError:
-            pass
+        super().close()

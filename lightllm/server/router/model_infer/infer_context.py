@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -97,14 +97,6 @@ class InferenceContext:
         """Note that positions ``[start, start + len(slots))`` of ``req`` now live at ``slots``."""
         self.req_manager.set_slots(req.req_row, start, slots)
 
-    def used_token_num(self) -> int:
-        """Slots held by requests or the prefix cache."""
-        return self.kv_cache.size - self.kv_cache.available
-
     def clear_prefix_cache(self) -> int:
         """Evict everything unreferenced from the prefix cache; returns slots freed."""
         return self.radix_cache.clear() if self.radix_cache is not None else 0
-
-    def running(self) -> List[InferReq]:
-        """Live requests in admission order."""
-        return list(self.requests.values())

@@ -72,11 +72,6 @@ class InferReq:
         """Tokens whose K/V are not yet in the cache (what a forward must still compute)."""
         return self.total_len - self.cur_kv_len
 
-    @property
-    def uncached_prompt_token_num(self) -> int:
-        """Prompt tokens not yet in the KV cache."""
-        return max(0, self.input_len - self.cur_kv_len)
-
     def token_at(self, position: int) -> int:
         """Token id at ``position`` of prompt + output."""
         if position < self.input_len:
