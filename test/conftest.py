@@ -7,9 +7,17 @@ the same files and nothing is downloaded.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton builds its own language functions (tl.sum, ...) for the interpreter only when
+# TRITON_INTERPRET is set before `import triton`; any test may import triton first (the
+# attention-backend selection does), so the variable is set here, before every test module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from lightllm.utils.demo_model import generate_demo_model
 

@@ -19,6 +19,14 @@ def _strategy_names() -> List[str]:
     return available_strategy_names()
 
 
+def _default_prefill_max_wait_tokens() -> int:
+    from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+        DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    )
+
+    return DEFAULT_PREFILL_MAX_WAIT_TOKENS
+
+
 def make_argument_parser() -> argparse.ArgumentParser:
     """Build the server's argument parser."""
     parser = argparse.ArgumentParser(
@@ -36,7 +44,14 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument("--host", type=str, default="127.0.0.1", help="HTTP listen address.")
     group.add_argument("--port", type=int, default=8000, help="HTTP listen port.")
     group.add_argument("--model_dir", type=str, default=None, help="Local Hugging Face checkpoint directory.")
-    group.add_argument("--model_name", type=str, default=None, help="Model id the API reports; default: the directory name.")
+    group.add_argument(
+        "--model_name",
+        type=str,
+        nargs="+",
+        default=None,
+        help="Model ids a request's model may name (vLLM's --served-model-name); the API reports the first. "
+        "Default: the directory name, and the --model_dir path as given.",
+    )
     group.add_argument(
         "--tokenizer_mode",
         type=str,
@@ -55,15 +70,44 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Weight and KV dtype; auto takes the checkpoint's dtype (float32 on CPU for float16 checkpoints).",
     )
     group.add_argument("--device", type=str, choices=["auto", "cpu", "cuda"], default="auto", help="Where the model runs.")
+    group.add_argument(
+        "--attention_backend",
+        type=str,
+        choices=["auto", "torch", "triton"],
+        default="auto",
+        help="Attention kernels: triton (Triton kernels reading the KV cache in place, plus fused RMSNorm and rotary; "
+        "CUDA, or CPU only under TRITON_INTERPRET=1 for tests), torch (gather + scaled_dot_product_attention, the reference and the CPU path), "
+        "auto (triton on CUDA when triton imports, else torch).",
+    )
+    group.add_argument(
+        "--graceful_shutdown_seconds",
+        type=float,
+        default=30.0,
+        help="On SIGTERM/SIGINT: new requests get 503 at once, requests in flight may finish for at most this many "
+        "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once.",
+    )
 
     group = parser.add_argument_group("memory and batching")
     group.add_argument(
         "--max_total_token_num",
         type=int,
         default=None,
-        help="KV-cache capacity in tokens; default: free memory times --mem_fraction (on CPU split across ranks and capped at 262144).",
+        help="KV-cache capacity in tokens; default: --mem_fraction of (available memory - weights - --reserved_memory_gb) "
+        "(on CPU split across ranks and capped at 262144); see docs memory.md.",
     )
-    group.add_argument("--mem_fraction", type=float, default=0.9, help="Share of free memory the KV cache may take when sizing it.")
+    group.add_argument(
+        "--mem_fraction",
+        type=float,
+        default=0.9,
+        help="Share of the memory left after the weights and --reserved_memory_gb that the KV cache takes when sizing it.",
+    )
+    group.add_argument(
+        "--reserved_memory_gb",
+        type=float,
+        default=None,
+        help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
+        "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md).",
+    )
     group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")
     group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context length.")
     group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048).")
@@ -83,22 +127,111 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache.")
     group.add_argument("--schedule_time_interval", type=float, default=0.03, help="Seconds between router admission rounds.")
-    group.add_argument("--graph_max_batch_size", type=int, default=256, help="Largest decode batch captured in CUDA graphs (CUDA only).")
     group.add_argument(
         "--prefill_queue_strategy",
         type=str,
         choices=_strategy_names(),
         default="default",
-        help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn.",
+        help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn, "
+        "lpm (most prefix-cached prompt tokens first); all run under --prefill_max_wait_tokens.",
+    )
+    group.add_argument(
+        "--prefill_max_wait_tokens",
+        type=int,
+        default=_default_prefill_max_wait_tokens(),
+        help="Waiting bound of every prefill-queue strategy, in processed prefill tokens: a request that has waited "
+        "longer is served before every request that has not, in arrival order; 0 disables it "
+        "(see docs prefill_queue_strategy.md for the formula and how to choose it).",
     )
 
     group = parser.add_argument_group("generation")
     group.add_argument("--eos_id", type=int, nargs="+", default=None, help="End-of-sequence token id(s); default: from the checkpoint.")
-    group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none; default: the remaining context.")
+    group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat.")
+
+    group = parser.add_argument_group("HTTP limits and authentication")
+    group.add_argument(
+        "--max_request_body_bytes",
+        type=int,
+        default=None,
+        help="Largest request body; a larger one is answered 413 while it is read (chunked bodies too). "
+        "Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len.",
+    )
+    group.add_argument(
+        "--prompt_chars_per_token",
+        type=float,
+        default=None,
+        help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
+        "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
+        "of the tokenizer's vocabulary; 0 turns the check off.",
+    )
+    group.add_argument(
+        "--http_header_timeout",
+        type=float,
+        default=10.0,
+        help="Seconds a client has to send a whole request head (request line and headers), counted from its "
+        "connection or from the first byte of a follow-up request; then 408 and the connection is closed.",
+    )
+    group.add_argument(
+        "--http_body_timeout",
+        type=float,
+        default=60.0,
+        help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed.",
+    )
+    group.add_argument(
+        "--http_keep_alive_timeout",
+        type=float,
+        default=5.0,
+        help="Seconds an idle keep-alive connection stays open between two requests.",
+    )
+    group.add_argument(
+        "--http_max_connections",
+        type=int,
+        default=2048,
+        help="Most open client connections; one more is answered 503 and closed.",
+    )
+    group.add_argument(
+        "--api_key",
+        type=str,
+        nargs="+",
+        default=None,
+        help="Keys clients must send as 'Authorization: Bearer KEY' on every endpoint but /health (401 otherwise). "
+        "Default: the comma-separated keys in LIGHTLLM_API_KEY, else no authentication.",
+    )
+    group.add_argument(
+        "--admin_api_key",
+        type=str,
+        nargs="+",
+        default=None,
+        help="Keys of trusted clients: accepted wherever --api_key is and the only ones allowed to set "
+        "high_priority_request. Default: the comma-separated keys in LIGHTLLM_ADMIN_API_KEY, else none.",
+    )
+    group.add_argument(
+        "--allow_public_priority",
+        action="store_true",
+        help="Let every client that may use the API set high_priority_request (by default only --admin_api_key may).",
+    )
 
     group = parser.add_argument_group("logging")
     group.add_argument("--log_level", type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")
     return parser
+
+
+def _validate_http_args(args: argparse.Namespace) -> None:
+    for name in ("max_request_body_bytes", "http_max_connections"):
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            raise ArgumentError(f"--{name} must be positive, got {value}")
+    for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            raise ArgumentError(f"--{name} must be a positive number of seconds, got {value}")
+    chars = getattr(args, "prompt_chars_per_token", None)
+    if chars is not None and not chars >= 0:
+        raise ArgumentError(f"--prompt_chars_per_token must be >= 0 (0 turns the check off), got {chars}")
+    for name in ("api_key", "admin_api_key"):
+        for key in getattr(args, name, None) or ():
+            if not key.strip() or key != key.strip():
+                raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
 
 
 class ArgumentError(ValueError):
@@ -118,16 +251,23 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
             raise ArgumentError(f"--{name} must be positive, got {value}")
     if not 0 < args.mem_fraction <= 1:
         raise ArgumentError(f"--mem_fraction must be in (0, 1], got {args.mem_fraction}")
+    if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb < float("inf"):
+        raise ArgumentError(f"--reserved_memory_gb must be a finite number >= 0, got {args.reserved_memory_gb}")
     if args.router_token_ratio <= 0:
         raise ArgumentError(f"--router_token_ratio must be positive, got {args.router_token_ratio}")
+    if args.prefill_max_wait_tokens < 0:
+        raise ArgumentError(f"--prefill_max_wait_tokens must be >= 0 (0 disables the bound), got {args.prefill_max_wait_tokens}")
     if args.router_max_wait_tokens < 0:
         raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
     if args.schedule_time_interval < 0:
         raise ArgumentError(f"--schedule_time_interval must be >= 0, got {args.schedule_time_interval}")
+    if not 0 <= args.graceful_shutdown_seconds < float("inf"):
+        raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
     if args.batch_max_tokens is not None and not args.disable_chunked_prefill and args.chunked_prefill_size > args.batch_max_tokens:
         raise ArgumentError(
             f"--chunked_prefill_size ({args.chunked_prefill_size}) cannot exceed --batch_max_tokens ({args.batch_max_tokens})"
         )
+    _validate_http_args(args)
     if not 0 < args.port < 65536:
         raise ArgumentError(f"--port must be in 1..65535, got {args.port}")
     if cuda_device_count is not None and args.device in ("auto", "cuda") and cuda_device_count > 0 and args.tp > cuda_device_count:

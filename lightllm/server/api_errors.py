@@ -69,11 +69,12 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return APIError(400, message, INVALID_REQUEST, param, code)
 
 
-def model_not_found(model: str) -> APIError:
+def model_not_found(model: str, served: "list[str] | None" = None) -> APIError:
     """A 404 error for a ``model`` field that names a model this server does not serve."""
+    names = ", ".join(f"'{name}'" for name in served) if served else "the model listed by /v1/models"
     return APIError(
         404,
-        f"The model '{model}' does not exist; this server serves only the model listed by /v1/models",
+        f"The model '{model}' does not exist; this server serves {names}",
         INVALID_REQUEST,
         "model",
         "model_not_found",
@@ -90,6 +91,21 @@ def internal_error() -> APIError:
     return APIError(500, "Internal server error; see the server log", SERVER_ERROR, None, "internal_error")
 
 
+def generation_failed() -> APIError:
+    """A 500 error for a request the model rank finished with an error (finish reason "error").
+
+    Only this request failed; the rank carries on with the others.  The cause is in the server
+    log, not in the body.
+    """
+    return APIError(
+        500,
+        "The server failed while generating this request (other requests are not affected); see the server log",
+        SERVER_ERROR,
+        None,
+        "generation_failed",
+    )
+
+
 def is_server_busy(exc: BaseException) -> bool:
     """True for the request manager's ``ServerBusyError`` (or a subclass of it).
 
@@ -102,13 +118,17 @@ def is_server_busy(exc: BaseException) -> bool:
 def manager_error(exc: Exception, param: str | None = None) -> APIError:
     """Translate an exception raised by the request manager into an :class:`APIError`.
 
-    ``ServerBusyError`` becomes 503, ``ValueError`` (a request the manager refuses) 400,
+    ``ServerBusyError`` and ``ServerUnavailableError`` (shutting down, a process died) become
+    503, ``ValueError`` (a request the manager refuses) 400,
     anything else is logged and becomes a 500 without details.
     """
     if isinstance(exc, APIError):
         return exc
     if is_server_busy(exc):
         return server_busy(str(exc))
+    if any(cls.__name__ == "ServerUnavailableError" for cls in type(exc).__mro__):
+        # The server is shutting down or lost a process: the request may succeed on another replica.
+        return APIError(503, str(exc), SERVICE_UNAVAILABLE, None, getattr(exc, "code", None) or "server_unavailable")
     if isinstance(exc, ValueError):
         return invalid_request(str(exc), param)
     logger.error("request failed inside the request manager", exc_info=exc)

@@ -9,6 +9,7 @@ refuses still gets a proper 400/503 status even when streaming.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -20,9 +21,16 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.api_errors import internal_error, manager_error
+from lightllm.server.api_errors import generation_failed, internal_error, manager_error
 
 logger = logging.getLogger(__name__)
+
+# The finish reason of a request the model rank could not process (FINISH_ERROR).
+ERROR_FINISH_REASON = "error"
+
+
+def _is_error(event: Any) -> bool:
+    return getattr(event, "finish_reason", None) == ERROR_FINISH_REASON
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -73,6 +81,8 @@ class GenerationFanout:
             await self.close()
             raise
         failure = next((item for item in firsts if isinstance(item, BaseException)), None)
+        if failure is None and any(_is_error(item) for item in firsts):
+            failure = generation_failed()
         if failure is None:
             self._first = list(firsts)
             return
@@ -88,6 +98,12 @@ class GenerationFanout:
         try:
             event = self._first[slot]
             while True:
+                if _is_error(event):
+                    # Tokens before the failure are delivered; then the client gets an error.
+                    if event.token_id >= 0:
+                        await queue.put((slot, dataclasses.replace(event, finish_reason=None)))
+                    await queue.put((slot, generation_failed()))
+                    return
                 await queue.put((slot, event))
                 if event.finish_reason is not None:
                     break

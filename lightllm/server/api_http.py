@@ -4,17 +4,21 @@ Native endpoints
 ----------------
 ``POST /generate`` and ``POST /generate_stream`` take
 ``{"inputs": str, "parameters": {...}, "high_priority_request": bool}`` (see
-:class:`~lightllm.server.api_models.NativeParameters` for ``parameters``; unknown keys,
-including the internal ``infer_high_priority``, are rejected with 400).
+:class:`~lightllm.server.api_native_models.NativeParameters` for ``parameters``; unknown keys,
+including the internal ``infer_high_priority``, are rejected with 400). ``high_priority_request``
+is honoured only from trusted clients and refused with 403 otherwise (:mod:`lightllm.server.http_auth`).
 
 ``/generate`` answers::
 
     {"generated_text": [text], "count_output_tokens": int, "finish_reason": "stop"|"length"|"abort",
      "prompt_tokens": int, "prompt_cache_len": int,
-     "details": {"finish_reason", "prompt_tokens", "prompt_cache_len", "count_output_tokens",
-                 "tokens": [{"id", "text", "logprob", "special", "top_logprobs": {id: logprob} | null}]}}
+     "tokens": [{"id", "text", "logprob", "special", "top_logprobs": {id: logprob} | null}],
+     "details": {"finish_reason", "prompt_tokens", "prompt_cache_len", "count_output_tokens", "tokens"}}
 
-where ``details`` is present only with ``parameters.return_details``.
+where ``tokens`` (top level, as LightLLM has it) and ``details`` are present only with
+``parameters.return_details``.  With ``parameters.n`` > 1 ``generated_text``,
+``count_output_tokens``, ``finish_reason``, ``tokens`` and ``details`` hold one entry per choice.
+``max_new_tokens`` defaults to 16, as in LightLLM.
 
 ``/generate_stream`` sends one server-sent event per generated token::
 
@@ -31,6 +35,7 @@ Service endpoints: ``GET /health`` (200 ``{"status": "ok"}`` or 503) and ``GET /
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import logging
 from typing import Any, AsyncIterator
@@ -47,11 +52,26 @@ from lightllm.server.api_errors import (
     manager_error,
     sse_error,
 )
-from lightllm.server.api_models import NativeGenerateRequest, build_sampling_params, check_context_length, parse_body
+from lightllm.server.api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    build_sampling_params,
+    check_context_length,
+)
+from lightllm.server.api_body import parse_body
+from lightllm.server.api_native_models import NativeGenerateRequest
 from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
-from lightllm.server.api_openai import OpenAIEndpoints, final_finish_reason, json_logprob
+from lightllm.server.api_openai import OpenAIEndpoints, best_choices, final_finish_reason, json_logprob
+from lightllm.server.api_openapi import install_request_schemas, request_body
+from lightllm.server.http_auth import ApiKeyMiddleware, check_priority_allowed
+from lightllm.server.http_request_guard import RequestGuardMiddleware
+from lightllm.server.http_server_options import HttpServerOptions
+from lightllm.server.prompt_encoding import PromptEncoder
 
 logger = logging.getLogger(__name__)
+
+# LightLLM's default for a /generate request without max_new_tokens.
+NATIVE_DEFAULT_MAX_NEW_TOKENS = 16
 
 _NATIVE_NAMES = {name: f"parameters.{name}" for name in (
     "temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
@@ -61,16 +81,18 @@ _NATIVE_NAMES = {name: f"parameters.{name}" for name in (
 class NativeEndpoints:
     """LightLLM's native generation endpoints and the service endpoints, bound to a manager."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, encoder: PromptEncoder | None = None) -> None:
         self.manager = manager
+        self.encoder = encoder or PromptEncoder(manager)
         tokenizer_special = getattr(manager.tokenizer, "all_special_ids", None) or []
         self._special_ids = frozenset(tokenizer_special) | frozenset(manager.eos_token_ids)
 
     def router(self) -> APIRouter:
         """An APIRouter with ``/generate``, ``/generate_stream``, ``/health`` and ``/metrics``."""
         router = APIRouter(route_class=JSONErrorRoute)
-        router.add_api_route("/generate", self.generate, methods=["POST"])
-        router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"])
+        body = request_body(NativeGenerateRequest)
+        router.add_api_route("/generate", self.generate, methods=["POST"], openapi_extra=body)
+        router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"], openapi_extra=body)
         router.add_api_route("/health", self.health, methods=["GET"])
         router.add_api_route("/health", self.health, methods=["HEAD"], include_in_schema=False)
         router.add_api_route("/metrics", self.metrics, methods=["GET"])
@@ -92,26 +114,38 @@ class NativeEndpoints:
         body, content_type = self.manager.metrics_text()
         return Response(content=body, media_type=content_type)
 
-    async def _start(self, request: Request) -> tuple[NativeGenerateRequest, GenerationFanout]:
+    async def _start(self, request: Request, stream: bool = False
+                     ) -> tuple[NativeGenerateRequest, GenerationFanout, list[ChoiceJob]]:
         body = parse_body(await request.body(), NativeGenerateRequest)
+        check_priority_allowed(request, body.high_priority_request)
+        parameters = body.parameters
+        if stream and parameters.candidates > 1:
+            param = "parameters.n" if parameters.n > 1 else "parameters.best_of"
+            raise APIError(400, "n > 1 and best_of > 1 are supported by /generate only, not /generate_stream",
+                           param=param)
+        options = {} if parameters.add_special_tokens else {"add_special_tokens": False}
         try:
-            prompt_ids = list(self.manager.encode_prompt(body.inputs))
+            prompt_ids = await self.encoder.encode_prompt(body.inputs, "inputs", **options)
         except ValueError as exc:
             raise manager_error(exc, "inputs") from None
         if not prompt_ids:
             raise APIError(400, "inputs is empty after tokenization", param="inputs")
-        parameters = body.parameters
         max_new = parameters.max_new_tokens
         if max_new is None:
-            max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids)))
+            max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
         values = {**parameters.sampling_fields(), "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
                              prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
-        job = ChoiceJob(index=0, prompt_index=0, prompt_ids=prompt_ids, params=params)
-        fanout = GenerationFanout(self.manager, [job], high_priority=body.high_priority_request, request=request)
+        jobs = []
+        for choice in range(parameters.candidates):
+            # Distinct seeds keep seeded choices reproducible yet different from one another.
+            choice_params = params if params.seed is None or choice == 0 else replace(
+                params, seed=(params.seed + choice) % 2**63)
+            jobs.append(ChoiceJob(index=choice, prompt_index=0, prompt_ids=prompt_ids, params=choice_params))
+        fanout = GenerationFanout(self.manager, jobs, high_priority=body.high_priority_request, request=request)
         await fanout.start()
-        return body, fanout
+        return body, fanout, jobs
 
     def _token(self, event: Any) -> dict[str, Any]:
         return {"id": event.token_id, "text": event.text, "logprob": json_logprob(event.logprob),
@@ -125,8 +159,30 @@ class NativeEndpoints:
 
     async def generate(self, request: Request) -> Response:
         """``POST /generate``: the whole generation in one JSON answer."""
-        body, fanout = await self._start(request)
-        events = (await fanout.collect())[0]
+        body, fanout, jobs = await self._start(request)
+        collected = await fanout.collect()
+        parameters = body.parameters
+        if parameters.candidates > parameters.n:
+            collected, jobs = best_choices(collected, jobs, parameters.n)
+        choices = [collected[index] for index in sorted(collected)]
+        answers = [self._answer(events, parameters.return_details) for events in choices]
+        if len(answers) == 1:
+            return JSONResponse(answers[0])
+        # n > 1: LightLLM's shape, one list entry per choice.
+        merged: dict[str, Any] = {
+            "generated_text": [answer["generated_text"][0] for answer in answers],
+            "count_output_tokens": [answer["count_output_tokens"] for answer in answers],
+            "finish_reason": [answer["finish_reason"] for answer in answers],
+            "prompt_tokens": answers[0]["prompt_tokens"],
+            "prompt_cache_len": answers[0]["prompt_cache_len"],
+        }
+        if parameters.return_details:
+            merged["tokens"] = [answer["tokens"] for answer in answers]
+            merged["details"] = [answer["details"] for answer in answers]
+        return JSONResponse(merged)
+
+    def _answer(self, events: list[Any], return_details: bool) -> dict[str, Any]:
+        """One choice's /generate answer; with details, ``tokens`` at the top level as LightLLM has it."""
         last = events[-1]
         answer: dict[str, Any] = {
             "generated_text": ["".join(event.text for event in events)],
@@ -135,7 +191,7 @@ class NativeEndpoints:
             "prompt_tokens": last.prompt_tokens,
             "prompt_cache_len": last.cached_tokens,
         }
-        if body.parameters.return_details:
+        if return_details:
             tokens = []
             # A negative token id marks a finish event that carries no token.
             for event in (event for event in events if event.token_id >= 0):
@@ -145,12 +201,13 @@ class NativeEndpoints:
                 token["top_logprobs"] = None if top is None else {
                     token_id: json_logprob(value) for token_id, value in top.items()}
                 tokens.append(token)
+            answer["tokens"] = tokens
             answer["details"] = {**self._counts(last), "finish_reason": answer["finish_reason"], "tokens": tokens}
-        return JSONResponse(answer)
+        return answer
 
     async def generate_stream(self, request: Request) -> Response:
         """``POST /generate_stream``: one server-sent event per generated token."""
-        body, fanout = await self._start(request)
+        body, fanout, _ = await self._start(request, stream=True)
         return sse_response(self._stream(body, fanout), fanout)
 
     async def _stream(self, body: NativeGenerateRequest, fanout: GenerationFanout) -> AsyncIterator[bytes]:
@@ -169,7 +226,7 @@ class NativeEndpoints:
             yield sse_error(internal_error())
 
 
-def create_app(manager: Any) -> FastAPI:
+def create_app(manager: Any, options: HttpServerOptions | None = None) -> FastAPI:
     """Build the HTTP application around a request manager.
 
     ``manager`` is duck-typed (see ``lightllm.server.httpserver.manager.HttpServerManager``):
@@ -194,6 +251,13 @@ def create_app(manager: Any) -> FastAPI:
 
     app = FastAPI(title="lightllm", summary="LLM serving with a configurable prefill-queue scheduler", lifespan=lifespan)
     install_error_handlers(app)
-    app.include_router(NativeEndpoints(manager).router())
-    app.include_router(OpenAIEndpoints(manager).router())
+    options = options or HttpServerOptions()
+    encoder = PromptEncoder(manager, options.limits.prompt_chars_per_token)
+    app.include_router(NativeEndpoints(manager, encoder).router())
+    app.include_router(OpenAIEndpoints(manager, encoder).router())
+    # Added last = runs first: keys are checked before any body byte is read.
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
+                       body_timeout=options.limits.body_timeout)
+    app.add_middleware(ApiKeyMiddleware, policy=options.auth)
+    install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest])
     return app

@@ -8,13 +8,14 @@ with ``param`` set to the dotted field path (``messages.0.role``, ``parameters.t
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import numpy as np
 
-from lightllm.common.sampling import MAX_STOP_SEQUENCES, SamplingParamError, SamplingParams
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lightllm.common.sampling import STORED_DTYPES, SamplingParamError, SamplingParams
 from lightllm.server.api_errors import APIError, invalid_request
 
 MAX_N = 16
@@ -23,8 +24,36 @@ MAX_OPENAI_STOP = 4
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
+# apply_chat_template's own arguments: a template variable must not override them.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
+
+def _stored(name: str) -> dict[str, Any]:
+    """Schema bounds of a number whose limit is the width it is stored in.
+
+    Documentation only: SamplingParams.validate enforces the limit (the one place every API
+    shares), so the OpenAPI document tells fuzzers and client generators the same thing.
+    """
+    dtype = STORED_DTYPES[name]
+    if np.issubdtype(dtype, np.floating):
+        return {"json_schema_extra": {"maximum": float(np.finfo(dtype).max)}}
+    return {"json_schema_extra": {"maximum": int(np.iinfo(dtype).max)}}
+
+
+# JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
+_STRING_OR_STRINGS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, _TOKEN_IDS,
+                            {"type": "array", "items": _TOKEN_IDS}]}
+_CONTENT_SCHEMA = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                                "required": ["type", "text"], "additionalProperties": False}},
+    {"type": "null"},
+]}
 
 
 class StrictModel(BaseModel):
@@ -53,6 +82,8 @@ class StreamOptions(StrictModel):
     """``stream_options`` of the OpenAI endpoints."""
 
     include_usage: bool = False
+    # vLLM extra (guidellm sends it): usage on every chunk, not only on the last one.
+    continuous_usage_stats: bool = False
 
 
 class OpenAISamplingRequest(StrictModel):
@@ -61,24 +92,41 @@ class OpenAISamplingRequest(StrictModel):
     After validation ``stop`` is always a list of strings.
     """
 
-    model: str
+    # The endpoint's completion length when the client sends none (None: the rest of the context).
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
+
+    model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    stop: Any = Field(default=None, validate_default=True)
-    max_tokens: int | None = Field(default=None, ge=1)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    stop: Any = Field(default=None, validate_default=True, json_schema_extra=_STRING_OR_STRINGS)
+    # 0 is allowed with completions' echo only (the prompt alone is returned).
+    max_tokens: int | None = Field(default=None, ge=0, **_stored("max_new_tokens"))
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=-1, **_stored("top_k"))
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = Field(default=None, ge=0, **_stored("seed"))
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(default=None, gt=0)
-    min_tokens: int = Field(default=0, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0, **_stored("repetition_penalty"))
+    min_tokens: int = Field(default=0, ge=0, **_stored("min_new_tokens"))
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM extras.
+    # logprobs name tokens ``token_id:<id>`` instead of their (possibly ambiguous) text.
+    return_tokens_as_token_ids: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Becomes the response id and appears in the server log.
+    request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    # Client bookkeeping (OpenAI stored-completion tags); the server does not use it.
+    metadata: dict[str, Any] | None = None
+    # Logprobs of every prompt token with this many alternatives (vLLM), from the prefill forward.
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -95,25 +143,55 @@ class OpenAISamplingRequest(StrictModel):
     def check_consistency(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.best_of is not None and self.best_of < self.n:
+            raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
+        if self.max_tokens == 0 and not getattr(self, "echo", False):
+            raise invalid_request("max_tokens must be >= 1 (0 is allowed only with echo=true)", "max_tokens")
+        if self.prompt_logprobs is not None and self.stream:
+            raise invalid_request("prompt_logprobs is not supported when streaming", "prompt_logprobs")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise invalid_request("best_of > n is not supported when streaming (the best choices are known "
+                                  "only at the end)", "best_of")
 
     @property
     def include_usage(self) -> bool:
         """True when a streaming client asked for the final usage chunk."""
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """True when every streamed chunk carries the usage so far (vLLM's continuous_usage_stats)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
+    def candidates(self) -> int:
+        """Generations per prompt: ``best_of`` when given (the ``n`` most likely are returned), else ``n``."""
+        return self.best_of if self.best_of is not None else self.n
+
     def requested_max_tokens(self) -> int | None:
         """The client's completion-length limit, or None to use the server default."""
         return self.max_tokens
+
+    def max_tokens_param(self) -> str:
+        """The request field that set the completion-length limit (named in errors)."""
+        return "max_tokens"
+
+    def public_names(self) -> dict[str, str]:
+        """SamplingParams field -> this request's field name, for error messages."""
+        return {"max_new_tokens": self.max_tokens_param(), "min_new_tokens": "min_tokens",
+                "stop_sequences": "stop"}
 
     def sampling_fields(self) -> dict[str, Any]:
         """The SamplingParams keyword arguments the client set (defaults left out)."""
         values: dict[str, Any] = {
             "min_new_tokens": self.min_tokens,
             "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
             "stop_sequences": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids or []),
         }
-        for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             value = getattr(self, name)
             if value is not None:
@@ -129,7 +207,9 @@ class CompletionRequest(OpenAISamplingRequest):
     a list of token ids.
     """
 
-    prompt: Any
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = 16  # as OpenAI and vLLM
+
+    prompt: Any = Field(json_schema_extra=_PROMPT_SCHEMA)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -138,13 +218,6 @@ class CompletionRequest(OpenAISamplingRequest):
     @classmethod
     def _check_prompt(cls, value: Any) -> list[str | list[int]]:
         return normalize_completion_prompt(value)
-
-    @field_validator("echo")
-    @classmethod
-    def _check_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo=true is not supported")
-        return value
 
     @field_validator("suffix")
     @classmethod
@@ -183,7 +256,7 @@ class ChatMessage(StrictModel):
     """One entry of ``messages``; content is text or a list of text parts."""
 
     role: str
-    content: Any = None
+    content: Any = Field(default=None, json_schema_extra=_CONTENT_SCHEMA)
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[Any] | None = None
@@ -239,23 +312,37 @@ class ChatCompletionRequest(OpenAISamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, **_stored("max_new_tokens"))
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    tool_choice: Any = None
+    tool_choice: Any = Field(default=None, json_schema_extra={"anyOf": [{"const": "none"}, {"type": "null"}]})
+    # Only meaningful with tools, which this server refuses: accepted as a no-op.
+    parallel_tool_calls: bool | None = None
+    # vLLM chat-template extras.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check_consistency(self) -> None:
         super().check_consistency()
+        if self.add_generation_prompt and self.continue_final_message:
+            raise invalid_request("continue_final_message requires add_generation_prompt to be false",
+                                  "continue_final_message")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise invalid_request("continue_final_message requires the last message to be from the assistant",
+                                  "continue_final_message")
+        reserved = sorted(set(self.chat_template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise invalid_request(f"chat_template_kwargs must not set {', '.join(reserved)}; use the request "
+                                  "fields instead", "chat_template_kwargs")
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid_request("top_logprobs requires logprobs to be true", "top_logprobs")
         for index, message in enumerate(self.messages):
             if message.content is None and message.role != "assistant":
                 raise invalid_request(f"messages[{index}].content is required for role {message.role!r}",
                                       f"messages.{index}.content")
-        if self.response_format is not None and self.response_format != {"type": "text"}:
-            raise invalid_request("only response_format {'type': 'text'} is supported", "response_format")
         if self.tools:
             raise invalid_request("tools are not supported", "tools")
         if self.tool_choice not in (None, "none"):
@@ -264,92 +351,23 @@ class ChatCompletionRequest(OpenAISamplingRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def template_options(self) -> dict[str, Any]:
+        """Chat-template options that differ from the defaults (for ``encode_chat``)."""
+        options: dict[str, Any] = {}
+        if not self.add_generation_prompt:
+            options["add_generation_prompt"] = False
+        if self.continue_final_message:
+            options["continue_final_message"] = True
+        if self.chat_template_kwargs:
+            options["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        return options
 
-class NativeParameters(StrictModel):
-    """``parameters`` of LightLLM's ``/generate`` and ``/generate_stream``.
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
-    Names follow SamplingParams; range checks happen there. ``logprobs`` is the number of
-    top alternatives per token reported in ``details`` (stream events carry the chosen
-    token's logprob regardless).
-    """
-
-    do_sample: bool | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    max_new_tokens: int | None = None
-    min_new_tokens: int = 0
-    stop_sequences: Any = Field(default=None, validate_default=True)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    return_details: bool = False
-    logprobs: int | None = None
-
-    @field_validator("stop_sequences")
-    @classmethod
-    def _check_stop(cls, value: Any) -> list[str]:
-        return _normalize_stop(value, MAX_STOP_SEQUENCES, "stop_sequences")
-
-    def sampling_fields(self) -> dict[str, Any]:
-        """SamplingParams keyword arguments (max_new_tokens is resolved by the caller)."""
-        return self.model_dump(exclude={"return_details", "max_new_tokens"})
-
-
-class NativeGenerateRequest(StrictModel):
-    """Body of ``/generate`` and ``/generate_stream``.
-
-    ``high_priority_request`` is the router admission flag; inference-side priority is
-    internal and cannot be set from here.
-    """
-
-    inputs: str = Field(min_length=1)
-    parameters: NativeParameters = Field(default_factory=NativeParameters)
-    high_priority_request: bool = False
-    multimodal_params: dict[str, Any] | None = None
-
-    @field_validator("multimodal_params")
-    @classmethod
-    def _check_multimodal(cls, value: dict[str, Any] | None) -> None:
-        if value and any(value.values()):
-            raise ValueError("multimodal inputs are not supported by this server")
-        return None
-
-
-def _describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
-    param = ".".join(str(part) for part in error.get("loc", ())) or None
-    kind = error.get("type")
-    if kind == "extra_forbidden":
-        return f"Unknown parameter '{param}'; it is not accepted by this endpoint", param
-    if kind == "missing":
-        return f"Missing required parameter '{param}'", param
-    message = str(error.get("msg", "invalid value"))
-    if kind == "value_error" and isinstance(error.get("ctx", {}).get("error"), ValueError):
-        message = str(error["ctx"]["error"])
-    if param is not None:
-        message = f"Invalid value for '{param}': {message}"
-    return message, param
-
-
-def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
-    """Decode a JSON body and validate it into ``model_cls``, raising 400 on any problem."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(f"Malformed JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise invalid_request(f"The request body must be a JSON object, got {type(data).__name__}")
-    try:
-        body = model_cls.model_validate(data)
-    except ValidationError as exc:
-        message, param = _describe_validation_error(exc.errors(include_url=False)[0])
-        raise invalid_request(message, param) from None
-    if isinstance(body, StrictModel):
-        body.check_consistency()
-    return body
+    def public_names(self) -> dict[str, str]:
+        # Chat asks for the number of alternatives with top_logprobs; logprobs is its switch.
+        return {**super().public_names(), "logprobs": "top_logprobs"}
 
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)

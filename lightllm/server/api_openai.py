@@ -10,17 +10,18 @@ proper 400/503 status even when streaming.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.api_errors import APIError, JSONErrorRoute, internal_error, manager_error, model_not_found, sse_error
 from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.api_openapi import request_body
+from lightllm.server.prompt_encoding import PromptEncoder
 from lightllm.server.api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,120 +29,56 @@ from lightllm.server.api_models import (
     build_sampling_params,
     check_context_length,
     check_token_ids,
-    parse_body,
+)
+from lightllm.server.api_body import parse_body
+from lightllm.server.api_response_format import response_format_grammar
+from lightllm.server.api_openai_shapes import (  # noqa: F401 - re-exported for the native endpoints and tests
+    ChatShaper,
+    CompletionShaper,
+    PromptToken,
+    TokenLogprobFormatter,
+    UsageTracker,
+    best_choices,
+    final_finish_reason,
+    json_logprob,
 )
 
 logger = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
-OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "stop_sequences": "stop"}
 _SEED_MODULUS = 2**63
-
-
-def json_logprob(value: float) -> float:
-    """A logprob that JSON can carry: -inf/NaN (a masked token) become OpenAI's -9999.0."""
-    return value if math.isfinite(value) else -9999.0
-
-
-def final_finish_reason(events: list[Any]) -> str:
-    """The finish reason of a collected choice; a generation cut off without one was aborted."""
-    return events[-1].finish_reason or "abort"
-
-
-class UsageTracker:
-    """Token counts of a request: each prompt counted once, every choice's completion."""
-
-    def __init__(self, jobs: list[ChoiceJob]) -> None:
-        owners: dict[int, int] = {}
-        for job in jobs:
-            owners.setdefault(job.prompt_index, job.index)
-        # The first choice of each prompt reports that prompt's token counts.
-        self._prompt_owner = set(owners.values())
-        self._prompt: dict[int, tuple[int, int]] = {}
-        self._completion: dict[int, int] = {}
-
-    def update(self, index: int, event: Any) -> None:
-        """Record the counts carried by ``event`` of choice ``index``."""
-        self._completion[index] = event.completion_tokens
-        if index in self._prompt_owner:
-            self._prompt[index] = (event.prompt_tokens, event.cached_tokens)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The OpenAI ``usage`` object."""
-        prompt_tokens = sum(tokens for tokens, _ in self._prompt.values())
-        completion_tokens = sum(self._completion.values())
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": sum(cached for _, cached in self._prompt.values())},
-        }
-
-
-class TokenLogprobFormatter:
-    """Turns per-token logprobs into the completions or chat ``logprobs`` shapes."""
-
-    def __init__(self, tokenizer: Any, top_count: int) -> None:
-        self._tokenizer = tokenizer
-        self._top_count = top_count
-
-    def token_text(self, token_id: int) -> str:
-        """The text of one token on its own.
-
-        Events with a negative ``token_id`` are finish markers that carry no token; they
-        are left out of every logprobs list.
-        """
-        return self._tokenizer.decode([token_id])
-
-    def _top(self, event: Any) -> list[tuple[int, float]]:
-        ranked = sorted((event.top_logprobs or {}).items(), key=lambda item: -item[1])
-        return [(token_id, json_logprob(value)) for token_id, value in ranked[: self._top_count]]
-
-    def completion(self, events: list[Any], start_offset: int) -> dict[str, Any]:
-        """Legacy completions logprobs; the sampled token is always among ``top_logprobs``."""
-        tokens, offsets, top = [], [], []
-        offset = start_offset
-        events = [event for event in events if event.token_id >= 0]
-        for event in events:
-            tokens.append(self.token_text(event.token_id))
-            offsets.append(offset)
-            offset += len(event.text)
-            alternatives = {self.token_text(token_id): value for token_id, value in self._top(event)}
-            alternatives.setdefault(tokens[-1], json_logprob(event.logprob))
-            top.append(alternatives)
-        return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
-                "top_logprobs": top, "text_offset": offsets}
-
-    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.token_text(token_id)
-        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
-
-    def chat(self, events: list[Any]) -> dict[str, Any]:
-        """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
-        content = []
-        for event in events:
-            if event.token_id < 0:
-                continue
-            entry = self._chat_entry(event.token_id, event.logprob)
-            entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in self._top(event)]
-            content.append(entry)
-        return {"content": content}
 
 
 class OpenAIEndpoints:
     """The OpenAI-compatible handlers bound to one request manager."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, encoder: PromptEncoder | None = None) -> None:
         self.manager = manager
+        self.encoder = encoder or PromptEncoder(manager)
 
     def router(self) -> APIRouter:
         """An APIRouter with every OpenAI route."""
         router = APIRouter(route_class=JSONErrorRoute)
         router.add_api_route("/v1/models", self.list_models, methods=["GET"])
         router.add_api_route("/v1/models/{model_id:path}", self.get_model, methods=["GET"])
-        router.add_api_route("/v1/completions", self.completions, methods=["POST"])
-        router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        router.add_api_route("/v1/completions", self.completions, methods=["POST"],
+                             openapi_extra=request_body(CompletionRequest))
+        router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
+                             openapi_extra=request_body(ChatCompletionRequest))
         return router
+
+    def served_names(self) -> list[str]:
+        """Every name a request's ``model`` may use (the first is the one /v1/models reports)."""
+        return list(getattr(self.manager, "served_model_names", None) or [self.manager.model_name])
+
+    def check_model(self, model: str | None) -> str:
+        """The model name to answer with: the requested one if served (a missing one means the
+        served model), else a 404 naming the served names."""
+        if model is None:
+            return self.manager.model_name
+        if model not in self.served_names():
+            raise model_not_found(model, self.served_names())
+        return model
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.manager.model_name, "object": "model", "created": 0, "owned_by": "lightllm",
@@ -153,32 +90,43 @@ class OpenAIEndpoints:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         """``GET /v1/models/{id}``: the model card, or 404 for any other id."""
-        if model_id != self.manager.model_name:
-            raise model_not_found(model_id)
-        return self._model_card()
+        if model_id not in self.served_names():
+            raise model_not_found(model_id, self.served_names())
+        return {**self._model_card(), "id": model_id}
 
     def _plan_jobs(self, body: OpenAISamplingRequest, prompts: list[list[int]], logprobs: int | None,
-                   prompt_param: str, prompt_noun: str) -> list[ChoiceJob]:
+                   prompt_param: str, prompt_noun: str, prompt_logprobs: int | None = None,
+                   grammar: str | None = None) -> list[ChoiceJob]:
         jobs = []
         for prompt_index, prompt_ids in enumerate(prompts):
             requested = body.requested_max_tokens()
-            max_new = requested if requested is not None else max(
-                1, self.manager.default_max_new_tokens(len(prompt_ids)))
-            values = {**body.sampling_fields(), "max_new_tokens": max_new, "logprobs": logprobs}
-            params = build_sampling_params(values, self.manager.vocab_size, OPENAI_NAMES)
+            if requested == 0:
+                # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
+                max_new = 1
+            elif requested is not None:
+                max_new = requested
+            elif body.DEFAULT_MAX_TOKENS is not None:
+                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
+            else:
+                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids)))
+            values = {**body.sampling_fields(), "max_new_tokens": max_new, "logprobs": logprobs,
+                      "prompt_logprobs": prompt_logprobs, "grammar": grammar}
+            params = build_sampling_params(values, self.manager.vocab_size, body.public_names())
             check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len,
-                                 prompt_param=prompt_param, prompt_noun=prompt_noun, tokens_param="max_tokens")
-            for choice in range(body.n):
+                                 prompt_param=prompt_param, prompt_noun=prompt_noun,
+                                 tokens_param=body.max_tokens_param())
+            candidates = body.candidates
+            for choice in range(candidates):
                 # Offsetting the seed keeps a seeded request reproducible while its n
                 # choices still differ from one another.
                 choice_params = params if params.seed is None or choice == 0 else replace(
                     params, seed=(params.seed + choice) % _SEED_MODULUS)
-                jobs.append(ChoiceJob(prompt_index * body.n + choice, prompt_index, prompt_ids, choice_params))
+                jobs.append(ChoiceJob(prompt_index * candidates + choice, prompt_index, prompt_ids, choice_params))
         return jobs
 
-    def _encode(self, encoder: Callable[[Any], list[int]], value: Any, param: str) -> list[int]:
+    async def _encode(self, encode: Callable[[Any, str], Awaitable[list[int]]], value: Any, param: str) -> list[int]:
         try:
-            ids = list(encoder(value))
+            ids = await encode(value, param)
         except ValueError as exc:
             raise manager_error(exc, param) from None
         if not ids:
@@ -188,65 +136,93 @@ class OpenAIEndpoints:
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
         body = parse_body(await request.body(), CompletionRequest)
-        if body.model != self.manager.model_name:
-            raise model_not_found(body.model)
+        self.check_model(body.model)
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):
-                prompts.append(self._encode(self.manager.encode_prompt, prompt, "prompt"))
+                prompts.append(await self._encode(self.encoder.encode_prompt, prompt, "prompt"))
             else:
                 check_token_ids(prompt, self.manager.vocab_size, "prompt")
                 prompts.append(list(prompt))
-        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", "prompt")
-        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0)
-        return await self._respond(request, body, jobs, CompletionShaper(formatter, body.logprobs is not None))
+        # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
+        prompt_logprobs = body.prompt_logprobs
+        if body.echo and body.logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", "prompt", prompt_logprobs)
+        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0, body.return_tokens_as_token_ids)
+        echo = None
+        if body.echo:
+            echo = [(prompt if isinstance(prompt, str) else self.manager.tokenizer.decode(prompt), ids)
+                    for prompt, ids in zip(body.prompt, prompts)]
+        shaper = CompletionShaper(formatter, body.logprobs is not None, echo=echo, n=body.n,
+                                  drop_output=body.max_tokens == 0, prompt_logprobs=body.prompt_logprobs,
+                                  prompts=prompts)
+        return await self._respond(request, body, jobs, shaper)
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
         body = parse_body(await request.body(), ChatCompletionRequest)
-        if body.model != self.manager.model_name:
-            raise model_not_found(body.model)
+        self.check_model(body.model)
         messages = [message.to_template_dict() for message in body.messages]
-        prompt_ids = self._encode(self.manager.encode_chat, messages, "messages")
+        options = body.template_options()
+
+        async def encode_chat(value: Any, param: str) -> list[int]:
+            return await self.encoder.encode_chat(value, param, **options)
+
+        prompt_ids = await self._encode(encode_chat, messages, "messages")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", "messages")
-        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0)
-        return await self._respond(request, body, jobs, ChatShaper(formatter, body.logprobs))
+        grammar = response_format_grammar(body.response_format)
+        jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", "messages", body.prompt_logprobs, grammar)
+        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0,
+                                          body.return_tokens_as_token_ids)
+        shaper = ChatShaper(formatter, body.logprobs, prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids)
+        return await self._respond(request, body, jobs, shaper)
 
     async def _respond(self, request: Request, body: OpenAISamplingRequest, jobs: list[ChoiceJob],
                        shaper: "CompletionShaper | ChatShaper") -> Response:
+        response_id = f"{shaper.id_prefix}-{body.request_id or uuid.uuid4().hex}"
+        if body.request_id is not None:
+            logger.info("request %s: %d generation(s)", response_id, len(jobs))
         fanout = GenerationFanout(self.manager, jobs, request=request)
         await fanout.start()
-        header = {"id": f"{shaper.id_prefix}-{uuid.uuid4().hex}", "object": shaper.object_name,
-                  "created": int(time.time()), "model": self.manager.model_name}
+        header = {"id": response_id, "object": shaper.object_name,
+                  "created": int(time.time()), "model": self.check_model(body.model)}
         if body.stream:
             chunk_header = {**header, "object": shaper.chunk_object_name}
             return sse_response(self._stream(body, jobs, fanout, shaper, chunk_header), fanout)
         collected = await fanout.collect()
-        usage = UsageTracker(jobs)
+        if body.candidates > body.n:
+            collected, jobs = best_choices(collected, jobs, body.n)
+        usage = UsageTracker(jobs, shaper.counts_completion)
         choices = []
         for index in sorted(collected):
             for event in collected[index]:
                 usage.update(index, event)
             choices.append(shaper.final_choice(index, collected[index]))
-        return JSONResponse({**header, "choices": choices, "usage": usage.to_dict()})
+        return JSONResponse({**header, "choices": choices, **shaper.response_extras(collected),
+                             "usage": usage.to_dict()})
 
     @staticmethod
     async def _stream(body: OpenAISamplingRequest, jobs: list[ChoiceJob], fanout: GenerationFanout,
                       shaper: "CompletionShaper | ChatShaper", header: dict[str, Any]) -> AsyncIterator[bytes]:
-        usage = UsageTracker(jobs)
-        # With include_usage every chunk carries "usage": null except the final usage chunk.
-        tail = {"usage": None} if body.include_usage else {}
+        usage = UsageTracker(jobs, shaper.counts_completion)
+        # With include_usage every chunk carries "usage": null except the final usage chunk;
+        # with continuous usage every chunk carries the counts so far.
+        def tail() -> dict[str, Any]:
+            if body.continuous_usage:
+                return {"usage": usage.to_dict()}
+            return {"usage": None} if body.include_usage else {}
+
         for job in jobs:
             opening = shaper.opening_choice(job.index)
             if opening is not None:
-                yield sse({**header, "choices": [opening], **tail})
+                yield sse({**header, "choices": [opening], **tail()})
         try:
             async for index, event in fanout.events():
                 usage.update(index, event)
                 choice = shaper.stream_choice(index, event)
                 if choice is not None:
-                    yield sse({**header, "choices": [choice], **tail})
+                    yield sse({**header, "choices": [choice], **tail()})
         except APIError as error:
             yield sse_error(error)
         except Exception:  # noqa: BLE001 - the status line is sent; report in-band instead
@@ -256,66 +232,3 @@ class OpenAIEndpoints:
             if body.include_usage:
                 yield sse({**header, "choices": [], "usage": usage.to_dict()})
         yield SSE_DONE
-
-
-class CompletionShaper:
-    """Choice objects of ``/v1/completions`` (``text_completion``) responses and chunks."""
-
-    id_prefix = "cmpl"
-    object_name = "text_completion"
-    chunk_object_name = "text_completion"
-
-    def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool) -> None:
-        self._formatter = formatter
-        self._with_logprobs = with_logprobs
-        self._offsets: dict[int, int] = {}
-
-    def opening_choice(self, index: int) -> None:
-        """Completion streams start directly with text."""
-        return None
-
-    def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
-        """The chunk choice for one token; None for a token that adds nothing to send."""
-        if not event.text and event.finish_reason is None and not self._with_logprobs:
-            return None
-        offset = self._offsets.get(index, 0)
-        self._offsets[index] = offset + len(event.text)
-        logprobs = self._formatter.completion([event], offset) if self._with_logprobs else None
-        return {"index": index, "text": event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}
-
-    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
-        """The whole choice of a non-streaming response."""
-        logprobs = self._formatter.completion(events, 0) if self._with_logprobs else None
-        return {"index": index, "text": "".join(event.text for event in events), "logprobs": logprobs,
-                "finish_reason": final_finish_reason(events)}
-
-
-class ChatShaper:
-    """Choice objects of ``/v1/chat/completions`` responses and ``chat.completion.chunk`` chunks."""
-
-    id_prefix = "chatcmpl"
-    object_name = "chat.completion"
-    chunk_object_name = "chat.completion.chunk"
-
-    def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool) -> None:
-        self._formatter = formatter
-        self._with_logprobs = with_logprobs
-
-    def opening_choice(self, index: int) -> dict[str, Any]:
-        """The first chunk of every choice announces the assistant role."""
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
-
-    def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
-        """The chunk choice for one token; None for a token that adds nothing to send."""
-        if not event.text and event.finish_reason is None and not self._with_logprobs:
-            return None
-        logprobs = self._formatter.chat([event]) if self._with_logprobs else None
-        return {"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
-                "finish_reason": event.finish_reason}
-
-    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
-        """The whole choice of a non-streaming response."""
-        return {"index": index, "message": {"role": "assistant", "content": "".join(event.text for event in events)},
-                "logprobs": self._formatter.chat(events) if self._with_logprobs else None,
-                "finish_reason": final_finish_reason(events)}

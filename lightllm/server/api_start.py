@@ -3,7 +3,8 @@
 The main process owns the shared-memory segments and runs the HTTP server; it spawns the
 detokenization process, the router and one model process per TP rank, waits until each reports
 ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
-the server logs which one and exits non-zero.
+every request fails with an error and the server exits non-zero; SIGTERM drains (see
+:mod:`lightllm.server.supervisor`).  Resources left by a killed server are removed at start.
 """
 
 from __future__ import annotations
@@ -11,17 +12,20 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
+from lightllm.common.basemodel.attention.selection import resolve_attention_backend
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
@@ -32,11 +36,15 @@ from lightllm.server.router.manager import RouterConfig, router_process_main
 from lightllm.server.router.model_infer.model_rank_process import ModelRankConfig, model_rank_process_main
 from lightllm.server.server_sizing import ServerSizing, plan_sizing
 from lightllm.utils.log_utils import init_logging
+from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import free_port
+from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
 
 log = logging.getLogger("lightllm.api_start")
 
 READY_TIMEOUT_SECONDS = 900.0
+# How long children get to exit after SIGTERM before they are killed.
+CHILD_STOP_SECONDS = 2.0
 
 
 class StartupError(RuntimeError):
@@ -51,14 +59,21 @@ class ServerProcesses:
     shm_req: Optional[ShmReqBuffer] = None
     shm_stats: Optional[ShmStats] = None
     ipc_dir: Optional[str] = None
+    # Set before children are stopped on purpose, so their exits are not reported as failures.
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def shutdown(self) -> None:
         """Stop every child and remove every shared resource (idempotent)."""
+        self.stopping.set()
+        if self.children:
+            log.info("stopping child processes")
         for _, proc in self.children:
             if proc.is_alive():
                 proc.terminate()
+        deadline = time.monotonic() + CHILD_STOP_SECONDS
         for _, proc in self.children:
-            proc.join(timeout=10)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for _, proc in self.children:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
@@ -71,6 +86,7 @@ class ServerProcesses:
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
             self.ipc_dir = None
+            log.info("children stopped; shared memory and IPC folder removed")
 
 
 def resolve_device(args: argparse.Namespace) -> str:
@@ -89,18 +105,19 @@ def resolve_device(args: argparse.Namespace) -> str:
 def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config: ModelConfig) -> Tuple[ServerProcesses, HttpServerConfig]:
     """Create shared memory, spawn and wait for every child; returns the HTTP side's config."""
     procs = ServerProcesses()
-    tag = f"lightllm_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    procs.ipc_dir = tempfile.mkdtemp(prefix="lightllm-")
+    remove_stale_resources()
+    # Both names carry this process's pid so a later server can tell when their owner is gone.
+    tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
+    procs.ipc_dir = tempfile.mkdtemp(prefix=ipc_dir_prefix())
     address = {name: f"ipc://{procs.ipc_dir}/{name}.sock" for name in ("router", "rank0", "detok", "http")}
     slot_num = sizing.slot_num
     procs.shm_req = ShmReqBuffer(f"{tag}_req", slot_num, sizing.max_req_total_len, create=True)
     procs.shm_stats = ShmStats(f"{tag}_stats", create=True)
     eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
-    # glibc would otherwise mmap and unmap every large activation tensor, paying page faults in
-    # every forward; keeping large blocks in the heap made CPU prefill about 15% faster.
-    # Children read these when they start, so they are set before spawning (user values win).
-    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
-        os.environ.setdefault(name, str(1 << 32))
+    # Large activations stay in the heap (no page faults per forward) but a rare peak is given
+    # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
+    # they are set before spawning (user values win).
+    apply_child_malloc_env(os.environ)
     ctx = mp.get_context("spawn")
     try:
         pending = []
@@ -131,6 +148,7 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
                 max_total_token_num=sizing.max_total_token_num, running_max_req_size=args.running_max_req_size,
                 router_token_ratio=args.router_token_ratio, router_max_wait_tokens=args.router_max_wait_tokens,
                 schedule_time_interval=args.schedule_time_interval, log_level=args.log_level,
+                prefill_max_wait_tokens=args.prefill_max_wait_tokens,
             ),
         )
         nccl_port = args.nccl_port or free_port(args.nccl_host)
@@ -147,6 +165,8 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
                     running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
                     chunked_prefill_size=None if args.disable_chunked_prefill else args.chunked_prefill_size,
                     prefill_queue_strategy=args.prefill_queue_strategy,
+                    attention_backend=args.attention_backend,
+                    prefill_max_wait_tokens=args.prefill_max_wait_tokens,
                     use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
                     log_level=args.log_level, torch_threads=sizing.torch_threads,
                 ),
@@ -160,12 +180,14 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
                 raise StartupError(f"{name} exited during start-up (exit code {proc.exitcode})") from None
             if kind != "ready":
                 raise StartupError(detail)
+        log.info("children ready: %s", ", ".join(f"{name} pid={proc.pid}" for name, proc in procs.children))
     except BaseException:
         procs.shutdown()
         raise
     http_config = HttpServerConfig(
         model_dir=args.model_dir,
-        model_name=args.model_name or Path(args.model_dir.rstrip("/")).name,
+        model_name=args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name,
+        served_model_names=list(args.model_name or []),
         tokenizer_mode=args.tokenizer_mode,
         router_address=address["router"],
         http_address=address["http"],
@@ -182,17 +204,20 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
 
 
 def watch_children(procs: ServerProcesses, on_death: Any) -> threading.Thread:
-    """A thread that calls ``on_death(name, exitcode)`` when any child exits."""
+    """A thread that calls ``on_death(name, exitcode)`` as soon as any child exits on its own."""
 
     def run() -> None:
-        import time
-
-        while procs.children:
-            for name, proc in list(procs.children):
+        children = list(procs.children)
+        while not procs.stopping.is_set():
+            # A process's sentinel becomes readable the moment it exits; the timeout only bounds
+            # how late a shutdown in progress is noticed.
+            multiprocessing.connection.wait([proc.sentinel for _, proc in children], timeout=0.2)
+            if procs.stopping.is_set():
+                return
+            for name, proc in children:
                 if not proc.is_alive():
                     on_death(name, proc.exitcode)
                     return
-            time.sleep(0.5)
 
     thread = threading.Thread(target=run, name="child-watch", daemon=True)
     thread.start()
@@ -210,12 +235,15 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
         model_config = ModelConfig.from_dir(args.model_dir)
         sizing = plan_sizing(args, model_config, resolve_device(args))
+        args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
     except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log.info(
-        "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s kv_tokens=%d max_req_total_len=%d",
+        "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s prefill_max_wait_tokens=%s "
+        "kv_tokens=%d max_req_total_len=%d",
         args.model_dir, sizing.device, sizing.dtype_name, args.tp, args.prefill_queue_strategy,
+        args.prefill_max_wait_tokens or "0 (waiting bound disabled)",
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
     def stop_during_startup(signum: int, frame: Any) -> None:
@@ -233,30 +261,36 @@ def run_server(argv: Optional[List[str]] = None) -> int:
 
     from lightllm.server.api_http import create_app
     from lightllm.server.httpserver.manager import HttpServerManager
+    from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
+    from lightllm.server.supervisor import Supervisor, SupervisedServer
 
     exit_code = 0
+    server: Optional[uvicorn.Server] = None
+    stop_requested = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        # Outside uvicorn's run: before it starts, and when uvicorn replays the signal that
+        # stopped it once it returns; landing here instead of the default action lets the
+        # cleanup below run.
+        nonlocal stop_requested
+        stop_requested = True
+        if server is not None:
+            server.should_exit = True
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
     try:
         manager = HttpServerManager(http_config)
-        app = create_app(manager)
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False))
-
-        def on_death(name: str, code: Optional[int]) -> None:
-            nonlocal exit_code
-            log.error("child process %s exited unexpectedly (exit code %s); shutting down", name, code)
-            exit_code = 1
-            server.should_exit = True
-
-        def on_signal(signum: int, frame: Any) -> None:
-            # uvicorn replays the signal that stopped it once it returns; landing here instead of
-            # the default action lets the cleanup below run.
-            server.should_exit = True
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, on_signal)
-        watch_children(procs, on_death)
-        log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
-        server.run()
-        if not server.started and exit_code == 0:
+        http_options = HttpServerOptions.from_args(args)
+        app = create_app(manager, http_options)
+        supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
+        server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor)
+        watch_children(procs, supervisor.child_died)
+        if not stop_requested:
+            log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
+            server.run()
+        exit_code = supervisor.exit_code
+        if not server.started and exit_code == 0 and not stop_requested:
             exit_code = 1
     finally:
         procs.shutdown()

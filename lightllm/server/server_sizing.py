@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.api_cli import ArgumentError
+from lightllm.server.kv_budget import plan_kv_budget
 from lightllm.utils.envs_utils import torch_threads_override
 
 
@@ -29,21 +29,6 @@ class ServerSizing:
     batch_max_tokens: int
     slot_num: int
     torch_threads: int | None
-
-
-def _available_memory_bytes(device: str) -> int:
-    if device == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        return int(free)
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 4 << 30
-
-
-def _weights_bytes(model_dir: str) -> int:
-    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
 
 
 def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> ServerSizing:
@@ -79,8 +64,14 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
     if args.max_total_token_num is not None:
         kv_tokens = args.max_total_token_num
     else:
-        budget = _available_memory_bytes(device) - _weights_bytes(args.model_dir) // args.tp
-        kv_tokens = int(budget * args.mem_fraction) // per_token
+        budget = plan_kv_budget(
+            device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
+            mem_fraction=args.mem_fraction, reserved_memory_gb=getattr(args, "reserved_memory_gb", None),
+            batch_max_tokens=batch_max_tokens,
+            chunk_tokens=max_req_total_len if args.disable_chunked_prefill else args.chunked_prefill_size,
+            max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
+        )
+        kv_tokens = budget.kv_bytes // per_token
         if device == "cpu":
             # CPU memory is shared by every rank and the rest of the machine: split it between
             # the ranks and cap it, since a CPU forward never gets through millions of tokens.
@@ -88,7 +79,7 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
     if kv_tokens < max_req_total_len:
         raise ArgumentError(
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
-            f"{max_req_total_len}); lower --max_req_total_len or give more memory"
+            f"{max_req_total_len}); lower --max_req_total_len or --reserved_memory_gb, or give more memory"
         )
     threads = None
     if device == "cpu":

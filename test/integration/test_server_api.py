@@ -223,3 +223,60 @@ def test_burst_benchmark_counts_every_token(tiny_server, tmp_path):
     assert code == 0
     rounds = json.loads(out.read_text())["rounds"]
     assert [r["completion_tokens"] for r in rounds] == [30, 30]
+
+
+def _scrape(url: str) -> tuple[str, list]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return text, [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def _total(samples: list, name: str, **labels: str) -> float:
+    return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_vllm_metrics_count_what_the_responses_report(tiny_server):
+    """vLLM-named series agree with the usage the responses reported, and the dashboard's queries resolve."""
+    from pathlib import Path
+
+    from lightllm.utils.check_dashboard import dashboard_problems
+
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    tiny_server.wait_idle()
+    _, before = _scrape(tiny_server.url)
+    kwargs = dict(model=tiny_server.model_name, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(prompt="The scheduler", max_tokens=12, **kwargs)
+    stop = full.choices[0].text.strip()[-3:]
+    reports = [(full.usage, full.choices[0].finish_reason)]
+    cut = client.completions.create(prompt="The scheduler", max_tokens=12, stop=[stop], **kwargs)
+    reports.append((cut.usage, cut.choices[0].finish_reason))
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "hello"}], max_tokens=3, **kwargs)
+    reports.append((chat.usage, chat.choices[0].finish_reason))
+    chunks = list(client.completions.create(prompt="word " * 30, max_tokens=5, stream=True, stream_options={"include_usage": True}, **kwargs))
+    reports.append((chunks[-1].usage, next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)))
+    assert {reason for _, reason in reports} == {"stop", "length"}
+
+    tiny_server.wait_idle()
+    text, after = _scrape(tiny_server.url)
+
+    def delta(name: str, **labels: str) -> float:
+        return _total(after, name, **labels) - _total(before, name, **labels)
+
+    model = {"model_name": tiny_server.model_name}
+    assert delta("vllm:prompt_tokens_total", **model) == sum(u.prompt_tokens for u, _ in reports)
+    assert delta("vllm:generation_tokens_total", **model) == sum(u.completion_tokens for u, _ in reports)
+    for reason in ("stop", "length", "abort"):
+        assert delta("vllm:request_success_total", finished_reason=reason, **model) == sum(r == reason for _, r in reports)
+    assert delta("vllm:time_to_first_token_seconds_count", **model) == len(reports)
+    assert delta("vllm:e2e_request_latency_seconds_count", **model) == len(reports)
+    assert delta("vllm:inter_token_latency_seconds_count", **model) == sum(u.completion_tokens - 1 for u, _ in reports)
+    assert delta("vllm:request_prompt_tokens_sum", **model) == sum(u.prompt_tokens for u, _ in reports)
+    assert delta("vllm:request_generation_tokens_count", **model) == len(reports)
+    assert 0 < delta("vllm:time_to_first_token_seconds_sum", **model) <= delta("vllm:e2e_request_latency_seconds_sum", **model)
+    assert _total(after, "vllm:num_requests_running", **model) == _total(after, "vllm:num_requests_waiting", **model) == 0
+    assert 0 <= _total(after, "vllm:kv_cache_usage_perc", **model) < 1
+    assert _total(after, "vllm:num_preemptions_total", **model) >= 0
+    assert _total(after, "lightllm_backend_steps_total", **model) > _total(before, "lightllm_backend_steps_total", **model)
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "dashboards" / "lightllm_grafana.json").read_text())
+    assert dashboard_problems(dashboard, text) == []

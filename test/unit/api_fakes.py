@@ -74,11 +74,12 @@ class FakeManager:
         self.calls: list[GenerateCall] = []
         self.chat_messages: list[list[dict[str, Any]]] = []
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return [BOS] + [10 + sum(map(ord, word)) % 80 for word in text.split()]
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [BOS] * add_special_tokens + [10 + sum(map(ord, word)) % 80 for word in text.split()]
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], **template_options: Any) -> list[int]:
         self.chat_messages.append(messages)
+        self.template_options = template_options
         if any("BREAK_TEMPLATE" in message["content"] for message in messages):
             raise ValueError("chat template failed: unsupported message sequence")
         return self.encode_prompt(" ".join(f"{m['role']}: {m['content']}" for m in messages))
@@ -89,8 +90,8 @@ class FakeManager:
     def metrics_text(self) -> tuple[bytes, str]:
         return b"lightllm_requests_total 3\n", "text/plain; version=0.0.4; charset=utf-8"
 
-    def default_max_new_tokens(self, prompt_len: int) -> int:
-        return min(8, self.max_req_total_len - prompt_len)
+    def default_max_new_tokens(self, prompt_len: int, fallback: int | None = None) -> int:
+        return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *, high_priority: bool = False,
                        request: Any = None) -> AsyncIterator[FakeEvent]:
@@ -116,6 +117,8 @@ class FakeManager:
                 return
             if self.failure == "finish_marker" and last:
                 finish = None
+            if self.failure == "rank_error" and last:
+                finish = "error"  # the model rank finished the request with FINISH_ERROR
             yield FakeEvent(len(self.calls), token_id, "" if i == 1 else f" w{i}", self.token_logprob, finish,
                             len(prompt_ids), self.cached_tokens, i + 1, top)
         if self.failure == "finish_marker":

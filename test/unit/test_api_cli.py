@@ -70,3 +70,9 @@ def test_sizing_defaults_and_limits(tiny_llama_dir):
     args.disable_chunked_prefill, args.batch_max_tokens = True, 512
     with pytest.raises(ArgumentError, match="must be >= --max_req_total_len"):
         plan_sizing(args, config, "cpu")
+
+
+def test_model_name_takes_a_list_of_served_names():
+    parser = make_argument_parser()
+    assert parser.parse_args(["--model_dir", "m", "--model_name", "a", "b"]).model_name == ["a", "b"]
+    assert parser.parse_args(["--model_dir", "m"]).model_name is None

@@ -8,6 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, sse_events
+from lightllm.server.api_http import create_app
+from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions
 
 
 # ---------------------------------------------------------------- service endpoints
@@ -68,8 +70,10 @@ def test_native_stream_shape(client: TestClient) -> None:
     assert last["generated_text"] == " w0 w2" and last["token"]["count_output_tokens"] == 3
 
 
-def test_high_priority_request_reaches_manager(client: TestClient, manager: FakeManager) -> None:
-    client.post("/generate", json={"inputs": "hi", "high_priority_request": True})
+def test_high_priority_request_reaches_manager(manager: FakeManager) -> None:
+    options = HttpServerOptions(auth=AuthPolicy(admin_keys=("admin-key",)))
+    client = TestClient(create_app(manager, options), headers={"authorization": "Bearer admin-key"})
+    assert client.post("/generate", json={"inputs": "hi", "high_priority_request": True}).status_code == 200
     client.post("/generate_stream", json={"inputs": "hi"})
     assert [call.high_priority for call in manager.calls] == [True, False]
 
@@ -79,7 +83,12 @@ def test_high_priority_request_reaches_manager(client: TestClient, manager: Fake
     [
         ({"inputs": "hi", "parameters": {"infer_high_priority": -1}}, "parameters.infer_high_priority"),
         ({"inputs": "hi", "infer_high_priority": -1}, "infer_high_priority"),
-        ({"inputs": "hi", "parameters": {"best_of": 2}}, "parameters.best_of"),
+        ({"inputs": "hi", "parameters": {"n": 3, "best_of": 2}}, "parameters.best_of"),
+        ({"inputs": "hi", "parameters": {"n": 17}}, "parameters.n"),
+        ({"inputs": "hi", "parameters": {"print_eos_token": True}}, "parameters.print_eos_token"),
+        ({"inputs": "hi", "parameters": {"exponential_decay_length_penalty": [4, 1.1]}},
+         "parameters.exponential_decay_length_penalty"),
+        ({"inputs": "hi", "parameters": {"skip_special_tokens": "no"}}, "parameters.skip_special_tokens"),
         ({"inputs": "hi", "high_priority_request": "yes"}, "high_priority_request"),
         ({"inputs": ""}, "inputs"),
         ({"inputs": 5}, "inputs"),
@@ -102,3 +111,22 @@ def test_native_invalid_requests(client: TestClient, manager: FakeManager, body:
 def test_native_accepts_absent_multimodal_params(client: TestClient) -> None:
     for extra in ({}, {"multimodal_params": None}, {"multimodal_params": {"images": []}}):
         assert client.post("/generate", json={"inputs": "hi", **extra}).status_code == 200
+
+
+def test_native_lightllm_parameters(client: TestClient, manager: FakeManager) -> None:
+    answer = client.post("/generate", json={"inputs": "hi there", "parameters": {
+        "n": 2, "return_details": True, "add_special_tokens": False, "skip_special_tokens": False,
+        "input_penalty": True, "presence_penalty": 0.5}}).json()
+    assert len(answer["generated_text"]) == 2 and len(answer["tokens"]) == 2
+    assert answer["finish_reason"] == ["stop", "stop"] and answer["count_output_tokens"] == [3, 3]
+    assert all(call.prompt_ids == manager.encode_prompt("hi there", add_special_tokens=False)
+               for call in manager.calls)
+    params = manager.calls[0].params
+    assert params.skip_special_tokens is False and params.input_penalty is True
+    # Defaults as LightLLM: 16 new tokens, tokens at the top level with return_details.
+    manager.calls.clear()
+    single = client.post("/generate", json={"inputs": "hi", "parameters": {"return_details": True}}).json()
+    assert manager.calls[0].params.max_new_tokens == 16
+    assert single["tokens"] == single["details"]["tokens"] and len(single["tokens"]) == 3
+    streamed = client.post("/generate_stream", json={"inputs": "hi", "parameters": {"n": 2}})
+    assert_error(streamed, 400, "parameters.n")

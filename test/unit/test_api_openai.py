@@ -35,7 +35,8 @@ def test_completion_response_shape(client: TestClient, manager: FakeManager) -> 
 def test_completion_default_max_tokens_and_length_finish(client: TestClient, manager: FakeManager) -> None:
     manager.reply_len = 20
     data = completion(client).json()
-    assert manager.calls[0].params.max_new_tokens == 8
+    # Completions default to 16 tokens, as OpenAI and vLLM do.
+    assert manager.calls[0].params.max_new_tokens == 16
     assert data["choices"][0]["finish_reason"] == "length"
 
 
@@ -118,7 +119,15 @@ def test_non_finite_logprobs_stay_valid_json(client: TestClient, manager: FakeMa
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop": 3}, "stop"),
-        ({"echo": True}, "echo"),
+        ({"echo": "yes"}, "echo"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"best_of": 17}, "best_of"),
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"stream": True, "n": 1, "best_of": 2}, "best_of"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"stream": True, "prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"request_id": "has space"}, "request_id"),
+        ({"priority": 1}, "priority"),
         ({"suffix": "tail"}, "suffix"),
         ({"logprobs": 6}, "logprobs"),
         ({"stream": "yes"}, "stream"),
@@ -128,7 +137,6 @@ def test_non_finite_logprobs_stay_valid_json(client: TestClient, manager: FakeMa
         ({"prompt": [[]]}, "prompt"),
         ({"prompt": ["ok", 5]}, "prompt"),
         ({"prompt": None}, "prompt"),
-        ({"model": None}, "model"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream": True, "stream_options": {"include_usage": True, "extra": 1}}, "stream_options.extra"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
@@ -143,8 +151,11 @@ def test_completion_invalid_fields(client: TestClient, manager: FakeManager, fie
 
 
 def test_missing_model_and_unknown_model(client: TestClient) -> None:
-    assert_error(client.post("/v1/completions", json={"prompt": "x"}), 400, "model")
-    assert_error(completion(client, model="gpt-4"), 404, "model", "model_not_found")
+    # As vLLM: a request without model (or with null) is served by the one model.
+    assert client.post("/v1/completions", json={"prompt": "x"}).json()["model"] == MODEL
+    assert completion(client, model=None).json()["model"] == MODEL
+    error = assert_error(completion(client, model="gpt-4"), 404, "model", "model_not_found")
+    assert MODEL in error["message"]
     assert_error(chat(client, model="gpt-4"), 404, "model", "model_not_found")
 
 
@@ -274,7 +285,11 @@ def test_chat_logprobs_shape(client: TestClient, manager: FakeManager) -> None:
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+         "response_format.json_schema.schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+         "response_format.json_schema.name"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"top_k": -2}, "top_k"),
     ],
@@ -305,3 +320,12 @@ def test_official_openai_client_parses_responses(client: TestClient) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=-1)
     assert caught.value.body["param"] == "temperature"
+
+
+def test_response_format_json_reaches_the_sampling_params(client: TestClient, manager: FakeManager) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    assert chat(client, response_format=fmt).status_code == 200
+    assert manager.calls[-1].params.grammar is not None and "boolean" in manager.calls[-1].params.grammar
+    assert chat(client, response_format={"type": "text"}).status_code == 200
+    assert manager.calls[-1].params.grammar is None

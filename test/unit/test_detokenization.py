@@ -38,3 +38,23 @@ def test_partial_stop_is_released_when_it_does_not_complete(tiny_llama_dir):
     pieces, decoder = _pieces(tokenizer, ids, ["STOP"])
     assert not decoder.stopped
     assert "".join(pieces) + decoder.flush() == "one STO two"
+
+
+def test_include_stop_str_keeps_the_stop_string(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    ids = tokenizer("alpha beta STOP gamma", add_special_tokens=False)["input_ids"]
+    decoder = IncrementalDecoder(tokenizer, [1], ["STOP"], include_stop_str=True)
+    pieces = [decoder.add(t) for t in ids]
+    assert decoder.stopped
+    assert "".join(pieces) == "alpha beta STOP"
+
+
+def test_special_tokens_are_kept_when_not_skipped(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    special = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer("hello", add_special_tokens=False)["input_ids"] + [special]
+    kept = IncrementalDecoder(tokenizer, [1], skip_special_tokens=False)
+    skipped = IncrementalDecoder(tokenizer, [1])
+    kept_text = "".join(kept.add(t) for t in ids) + kept.flush()
+    skipped_text = "".join(skipped.add(t) for t in ids) + skipped.flush()
+    assert kept_text == skipped_text + "<|im_end|>"

@@ -35,3 +35,11 @@ def test_cn_and_en_have_the_same_pages_and_heading_structure():
             text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
             levels.append([len(m.group(1)) for m in re.finditer(r"^(#+) ", text, re.MULTILINE)])
         assert levels[0] == levels[1], f"{name}: heading levels differ between EN and CN"
+
+
+def test_every_page_is_in_the_table_of_contents():
+    for lang in ("EN", "CN"):
+        index = (ROOT / "docs" / lang / "index.md").read_text()
+        listed = set(re.findall(r"^([a-z_]+)$", index.split("```{toctree}", 1)[1], re.MULTILINE))
+        pages = {p.stem for p in (ROOT / "docs" / lang).glob("*.md")} - {"index"}
+        assert pages == listed, f"docs/{lang}/index.md toctree differs from the pages: {sorted(pages ^ listed)}"

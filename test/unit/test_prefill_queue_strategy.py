@@ -23,7 +23,7 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.router.model_infer.mode_backend.request_classifier import is_decode_request
 
-ALL_NAMES = ["default", "promote_shortest", "hrrn"]
+ALL_NAMES = ["default", "promote_shortest", "hrrn", "lpm"]
 
 
 def make_req(
@@ -121,7 +121,7 @@ def test_no_decode_lets_strategy_order_every_request(name: str) -> None:
     reqs = [make_req(1, 400, arrival=0), decode_req(2, arrival=0)]
     assert order(name, reqs, processed=100)[:1] == [2]
     result = order(name, reqs, processed=100, no_decode=True)
-    assert result == {"default": [1, 2], "promote_shortest": [2, 1], "hrrn": [2, 1]}[name]
+    assert result == {"default": [1, 2], "promote_shortest": [2, 1], "hrrn": [2, 1], "lpm": [1, 2]}[name]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
@@ -375,3 +375,29 @@ def test_random_queues_keep_permutation_and_decode_first(name: str) -> None:
         priorities = [r.infer_high_priority < 0 for r in prefill]
         high_count = sum(priorities)
         assert priorities == [True] * high_count + [False] * (len(prefill) - high_count)
+
+
+# --- lpm ----------------------------------------------------------------------------------------
+
+
+def _cached(request_id: int, prompt_len: int, cached: int, **kwargs) -> InferReq:
+    req = make_req(request_id, prompt_len, cur_kv_len=cached, **kwargs)
+    req.prompt_cache_len = cached
+    return req
+
+
+def test_lpm_prefers_most_cached_tokens_and_keeps_arrival_order_on_ties() -> None:
+    reqs = [_cached(1, 100, 0), _cached(2, 900, 600), _cached(3, 50, 10), _cached(4, 700, 600), _cached(5, 30, 0)]
+    assert order("lpm", reqs, processed=10) == [2, 4, 3, 1, 5]
+
+
+def test_lpm_keeps_high_priority_first_in_arrival_order() -> None:
+    reqs = [_cached(1, 100, 90), _cached(2, 100, 0, infer_high_priority=-1), _cached(3, 100, 0, infer_high_priority=-2)]
+    assert order("lpm", reqs, processed=10) == [2, 3, 1]
+
+
+def test_lpm_runs_under_the_waiting_bound() -> None:
+    # Request 1 shares nothing with the cache and has waited past the bound.
+    reqs = [_cached(1, 100, 0, arrival=0), _cached(2, 900, 800, arrival=5000)]
+    assert order("lpm", reqs, processed=5000) == [2, 1]
+    assert ids(build_prefill_queue_strategy("lpm", 4096).reorder(reqs, 5000)) == [1, 2]

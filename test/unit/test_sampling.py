@@ -384,3 +384,38 @@ def test_no_top_logprobs_when_none_requested():
     out = Sampler(0).sample(torch.randn(2, 5), build([SamplingParams()] * 2, vocab=5))
     assert out.top_logprobs is None and out.top_logprob_ids is None
     assert math.isfinite(out.logprobs.sum().item())
+
+
+# ---------------------------------------------------------------- min_p
+
+def test_min_p_drops_tokens_below_its_share_of_the_best():
+    draws = 20_000
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.07, 0.03])
+    logits = probs.log().expand(draws, 5)
+    sampler = Sampler(7)
+    # 0.4 * 0.6 = 0.24: only the first two survive, renormalised.
+    out = sampler.sample(logits, build([SamplingParams(min_p=0.6)] * draws, vocab=5))
+    expected = torch.tensor([0.4, 0.3, 0.0, 0.0, 0.0]) / 0.7
+    assert (_frequencies(out.next_token_ids, 5) - expected).abs().max() < 0.03
+    # Rows without min_p in the same batch keep the full distribution.
+    mixed = [SamplingParams(min_p=1.0), SamplingParams()] * (draws // 2)
+    out = sampler.sample(logits, build(mixed, vocab=5))
+    assert (out.next_token_ids[0::2] == 0).all()
+    assert (_frequencies(out.next_token_ids[1::2], 5) - probs).abs().max() < 0.03
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, float("nan"), True])
+def test_min_p_out_of_range_is_refused(value):
+    with pytest.raises(SamplingParamError, match="min_p"):
+        SamplingParams(min_p=value)
+
+
+def test_input_penalty_counts_prompt_tokens_in_presence_and_frequency():
+    logits = torch.zeros(2, 6)
+    params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, input_penalty=True),
+              SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)]
+    batch = build(params, prompts=[[1, 1, 2], [1, 1, 2]], outputs=[[2], [2]], vocab=6)
+    out = apply_penalties(logits, batch)
+    # Row 0 counts the prompt: token 1 twice, token 2 twice (prompt + output).
+    assert out[0].tolist() == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
+    assert out[1].tolist() == [0.0, 0.0, -0.75, 0.0, 0.0, 0.0]

@@ -67,14 +67,36 @@ def test_disabled_chunking_uses_whole_pending_length(disabled) -> None:
     assert chunks(plan) == [(1, 0, 420)]
 
 
-def test_kv_limit_skips_prefill_and_reserves_decode_tokens_first() -> None:
+def test_kv_limit_skips_later_prefill_and_reserves_decode_tokens_first() -> None:
+    reqs = [decode_req(7), decode_req(8), make_req(1, 10), make_req(2, 50), make_req(3, 20), make_req(4, 18)]
+    plan = StepPlanner(batch_max_tokens=1000).plan(reqs, 32)
+    assert ids(plan.decode_reqs) == [7, 8]
+    assert plan.kv_starved_decode == []
+    assert chunks(plan) == [(1, 0, 10), (3, 0, 20)]
+    assert ids(plan.skipped) == [2, 4]
+    assert plan.kv_token_num == 32
+
+
+def test_unchunked_head_that_does_not_fit_kv_holds_the_room_for_itself() -> None:
+    # Without chunking the head cannot be truncated; letting smaller prompts take the KV it
+    # waits for could starve it, so no prefill runs until it fits.
     reqs = [decode_req(7), decode_req(8), make_req(1, 50), make_req(2, 20), make_req(3, 18)]
     plan = StepPlanner(batch_max_tokens=1000).plan(reqs, 22)
     assert ids(plan.decode_reqs) == [7, 8]
-    assert plan.kv_starved_decode == []
-    assert chunks(plan) == [(2, 0, 20)]
-    assert ids(plan.skipped) == [1, 3]
-    assert plan.kv_token_num == 22
+    assert chunks(plan) == []
+    assert ids(plan.skipped) == [1, 2, 3]
+    assert plan.prefill_token_num == 0
+
+
+def test_chunked_head_is_truncated_to_the_kv_and_budget_left() -> None:
+    reqs = [decode_req(7), make_req(1, 500), make_req(2, 8)]
+    planner = StepPlanner(batch_max_tokens=256, chunked_prefill_size=128)
+    by_kv = planner.plan(reqs, 41)
+    assert chunks(by_kv) == [(1, 0, 40)]
+    assert ids(by_kv.skipped) == [2]
+    mixed = StepPlanner(batch_max_tokens=100, chunked_prefill_size=100).plan(reqs, 1000, mixed=True)
+    assert chunks(mixed) == [(1, 0, 99)]
+    assert mixed.prefill_token_num == 100
 
 
 def test_decodes_short_of_kv_are_reported_starved_in_order() -> None:
@@ -105,9 +127,13 @@ def test_mixed_counts_decode_tokens_and_shrinks_prefill_budget() -> None:
     assert separate.prefill_token_num == 99
     mixed = planner.plan(reqs, 1000, mixed=True)
     assert ids(mixed.decode_reqs) == [7, 8]
-    assert chunks(mixed) == [(2, 0, 98)]
-    assert ids(mixed.skipped) == [1]
-    assert mixed.prefill_token_num == 98 + 2
+    # The unchunked head no longer fits next to the decodes, and nothing overtakes it.
+    assert chunks(mixed) == []
+    assert ids(mixed.skipped) == [1, 2]
+    assert mixed.prefill_token_num == 2
+    fits = planner.plan([decode_req(7), make_req(2, 98), make_req(1, 99)], 1000, mixed=True)
+    assert chunks(fits) == [(2, 0, 98)]
+    assert fits.prefill_token_num == 98 + 1
 
 
 def test_mixed_budget_counts_only_decodes_that_got_kv() -> None:

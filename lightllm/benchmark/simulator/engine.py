@@ -37,6 +37,10 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
     PrefillQueueStrategy,
     build_prefill_queue_strategy,
 )
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    check_max_wait_tokens,
+)
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan, StepPlanner, submit_prefill
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
@@ -60,6 +64,8 @@ class SimServerConfig:
         arrive_prefilled: a PD decode node: requests arrive with their prompt's KV and first
             token already in place (handed over by the prefill node) and only decode here.
         record_token_times: keep every token's time (long soak runs turn it off to save memory).
+        prefill_max_wait_tokens: the server's ``--prefill_max_wait_tokens`` (the waiting bound
+            every strategy runs under; 0 disables it).  Used when the strategy is given by name.
     """
 
     batch_max_tokens: int = 1024
@@ -70,8 +76,10 @@ class SimServerConfig:
     no_decode: bool = False
     arrive_prefilled: bool = False
     record_token_times: bool = True
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
 
     def __post_init__(self) -> None:
+        check_max_wait_tokens(self.prefill_max_wait_tokens)
         if isinstance(self.running_max_req_size, bool) or not isinstance(self.running_max_req_size, int):
             raise ValueError(f"running_max_req_size must be an int, got {self.running_max_req_size!r}")
         if self.running_max_req_size < 1:
@@ -137,7 +145,8 @@ class Simulator:
 
     Args:
         profile: step-cost model and default KV capacity.
-        strategy: a prefill-queue strategy instance, or its registry name.
+        strategy: a prefill-queue strategy instance (its own waiting bound applies), or its
+            registry name (built with ``config.prefill_max_wait_tokens``).
         config: server knobs (see :class:`SimServerConfig`).
     """
 
@@ -148,14 +157,20 @@ class Simulator:
         config: SimServerConfig = SimServerConfig(),
     ) -> None:
         self.profile = profile
-        self.strategy = build_prefill_queue_strategy(strategy) if isinstance(strategy, str) else strategy
+        if isinstance(strategy, str):
+            strategy = build_prefill_queue_strategy(strategy, config.prefill_max_wait_tokens)
+        self.strategy = strategy
         if not isinstance(self.strategy, PrefillQueueStrategy):
             raise ValueError(f"strategy must be a name or a PrefillQueueStrategy, got {strategy!r}")
         self.config = config
         capacity = config.max_total_token_num or profile.max_total_token_num
         self.planner = StepPlanner(config.batch_max_tokens, config.chunked_prefill_size)
         self.counter = ProcessedPrefillTokenCounter()
-        self.router = NormalReqQueue(int(capacity * config.router_token_ratio), config.running_max_req_size)
+        self.router = NormalReqQueue(
+            int(capacity * config.router_token_ratio),
+            config.running_max_req_size,
+            max_wait_tokens=config.prefill_max_wait_tokens,
+        )
         self.kv = KvTokenPool(capacity)
         self.clock = 0.0
         self.steps = 0

@@ -11,6 +11,9 @@ from lightllm.benchmark.simulator.engine import SimArrival, SimServerConfig, Sim
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+)
 
 # The decode node of a 1P1D pair keeps its own settings while the prefill node's strategy varies,
 # as in the seed report's PD runs.
@@ -81,6 +84,7 @@ def simulate_1p1d(
     budget: int,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     record_token_times: bool = True,
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
 ) -> tuple[List[RequestRecord], int]:
     """A prefill node running ``strategy`` feeding a decode node; return merged records and steps.
 
@@ -89,7 +93,13 @@ def simulate_1p1d(
     time is not modelled (assumed zero) and the decode node never pushes back on the prefill
     node, so the two nodes are simulated one after the other.
     """
-    prefill_cfg = server_config("1p1d", budget, running_max_req_size, record_token_times=record_token_times)
+    prefill_cfg = server_config(
+        "1p1d",
+        budget,
+        running_max_req_size,
+        record_token_times=record_token_times,
+        prefill_max_wait_tokens=prefill_max_wait_tokens,
+    )
     prefill_records, prefill_steps = simulate_single_node(profile, workload, strategy, prefill_cfg)
     decode_cfg = SimServerConfig(
         batch_max_tokens=budget,
@@ -157,15 +167,21 @@ def simulate_case(
     seed: int = 0,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     keep_records: bool = False,
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
 ) -> CaseResult:
-    """Simulate one scenario on one node kind with one prefill budget and strategy."""
+    """Simulate one scenario on one node kind with one prefill budget and strategy.
+
+    ``prefill_max_wait_tokens`` is the strategy node's waiting bound (0 disables it).
+    """
     check_choice(strategy, available_strategy_names(), "strategy")
     check_choice(mode, MODES, "mode")
     workload = scenario.build(seed)
     if mode == "1p1d":
-        records, steps = simulate_1p1d(profile, workload, strategy, budget, running_max_req_size)
+        records, steps = simulate_1p1d(
+            profile, workload, strategy, budget, running_max_req_size, prefill_max_wait_tokens=prefill_max_wait_tokens
+        )
     else:
-        config = server_config(mode, budget, running_max_req_size)
+        config = server_config(mode, budget, running_max_req_size, prefill_max_wait_tokens=prefill_max_wait_tokens)
         records, steps = simulate_single_node(profile, workload, strategy, config)
     metrics, summary = case_metrics(records)
     return CaseResult(
@@ -186,6 +202,7 @@ def run_matrix(
     seed: int = 0,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     progress: Optional[Callable[[CaseKey], None]] = None,
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
 ) -> List[CaseResult]:
     """Every scenario x mode x budget x strategy, in that nesting order."""
     for strategy in strategies:
@@ -200,6 +217,15 @@ def run_matrix(
                     if progress is not None:
                         progress(CaseKey(scenario.name, mode, budget, strategy))
                     results.append(
-                        simulate_case(profile, scenario, mode, budget, strategy, seed, running_max_req_size)
+                        simulate_case(
+                            profile,
+                            scenario,
+                            mode,
+                            budget,
+                            strategy,
+                            seed,
+                            running_max_req_size,
+                            prefill_max_wait_tokens=prefill_max_wait_tokens,
+                        )
                     )
     return results

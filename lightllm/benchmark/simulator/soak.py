@@ -16,6 +16,10 @@ from lightllm.benchmark.metrics import percentile
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import SimServerConfig, Simulator
 from lightllm.benchmark.simulator.runner import check_choice, server_config, simulate_1p1d
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    check_max_wait_tokens,
+)
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
 from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
 
@@ -39,8 +43,10 @@ class SoakConfig:
     mode: str = "normal"
     seed: int = 0
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
 
     def __post_init__(self) -> None:
+        check_max_wait_tokens(self.prefill_max_wait_tokens)
         if not self.hours > 0:
             raise ValueError(f"hours must be > 0, got {self.hours!r}")
         if not 0 < self.load < 1:
@@ -109,11 +115,21 @@ def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult
     started = time.perf_counter()
     if cfg.mode == "1p1d":
         records, _ = simulate_1p1d(
-            profile, workload, strategy, cfg.budget, cfg.running_max_req_size, record_token_times=False
+            profile,
+            workload,
+            strategy,
+            cfg.budget,
+            cfg.running_max_req_size,
+            record_token_times=False,
+            prefill_max_wait_tokens=cfg.prefill_max_wait_tokens,
         )
     else:
         config: SimServerConfig = server_config(
-            cfg.mode, cfg.budget, cfg.running_max_req_size, record_token_times=False
+            cfg.mode,
+            cfg.budget,
+            cfg.running_max_req_size,
+            record_token_times=False,
+            prefill_max_wait_tokens=cfg.prefill_max_wait_tokens,
         )
         sim = Simulator(profile, strategy, config)
         sim.add_workload(workload)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -30,6 +30,9 @@ class ForwardBatch:
     new_lens: List[int]
     is_decode: bool = False
     all_logits: bool = False
+    # Flattened token indexes whose logits the forward returns, in this order (overrides
+    # ``all_logits`` and the default of each request's last new token).
+    logit_index: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +68,13 @@ class DecoderOnlyTransformer:
         self.lm_head_weight = self._load_lm_head(ckpt)
         ckpt.close()
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, self.device)
+        self._triton_layer_kernels: Optional[Tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = None
+        if self.attention.uses_triton_layer_kernels:
+            # Imported only for the Triton backend, so CPU installs never import triton here.
+            from lightllm.common.basemodel.triton_kernel.rms_norm import add_rms_norm
+            from lightllm.common.basemodel.triton_kernel.rotary_embedding import apply_rotary_
+
+            self._triton_layer_kernels = (add_rms_norm, apply_rotary_)
 
     def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
         vocab = self.config.vocab_size
@@ -92,12 +99,31 @@ class DecoderOnlyTransformer:
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps)
         return weight * normed.to(x.dtype)
 
+    def _add_norm(
+        self, hidden: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``hidden + delta`` (when given) and its RMSNorm; the Triton kernel adds in place."""
+        if self._triton_layer_kernels is not None:
+            add_rms_norm, eps = self._triton_layer_kernels[0], self.config.rms_norm_eps
+            if delta is None:
+                return hidden, add_rms_norm(hidden, None, weight, eps)
+            return hidden, add_rms_norm(delta, hidden, weight, eps)
+        if delta is not None:
+            hidden = hidden + delta
+        return hidden, self._rms_norm(hidden, weight)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self._triton_layer_kernels is not None:
+            return self._triton_layer_kernels[1](x, cos, sin)
+        return self.rotary.apply(x, cos, sin)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache: KVCacheMemoryManager, req_to_token: torch.Tensor) -> torch.Tensor:
         """Run the batch, writing new K/V into ``kv_cache``; returns float32 logits.
 
         Logits are ``[batch_size, vocab]`` for each request's last new token, or
-        ``[total_new_tokens, vocab]`` when ``batch.all_logits``.
+        ``[total_new_tokens, vocab]`` when ``batch.all_logits``, or one row per entry of
+        ``batch.logit_index`` when that is set (prompt logprobs need a few more positions).
         """
         num_tokens = batch.input_ids.shape[0]
         q_size = self.local_q_heads * self.head_dim
@@ -105,19 +131,24 @@ class DecoderOnlyTransformer:
         hidden = F.embedding(batch.input_ids, self.embed_weight)
         cos, sin = self.rotary.cos_sin(batch.positions, batch.max_position)
         meta = self.attention.prepare(batch, req_to_token)
+        mlp_out: Optional[torch.Tensor] = None  # added to the residual by the next norm
         for index, layer in enumerate(self.layers):
-            x = self._rms_norm(hidden, layer.input_norm)
+            hidden, x = self._add_norm(hidden, mlp_out, layer.input_norm)
             qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = self.rotary.apply(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
-            k = self.rotary.apply(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
+            q = self._rotate(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
+            k = self._rotate(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
             kv_cache.write(index, batch.out_slots, k, v.view(num_tokens, self.local_kv_heads, self.head_dim))
             attn = self.attention.forward(q, kv_cache.k_buffer[index], kv_cache.v_buffer[index], meta)
-            hidden = hidden + self.tp.all_reduce(F.linear(attn.reshape(num_tokens, q_size), layer.o_weight))
-            x = self._rms_norm(hidden, layer.post_attention_norm)
+            attn_out = self.tp.all_reduce(F.linear(attn.reshape(num_tokens, q_size), layer.o_weight))
+            hidden, x = self._add_norm(hidden, attn_out, layer.post_attention_norm)
             gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
-            hidden = hidden + self.tp.all_reduce(F.linear(F.silu(gate) * up, layer.down_weight))
-        if not batch.all_logits:
+            mlp_out = self.tp.all_reduce(F.linear(F.silu(gate) * up, layer.down_weight))
+        if mlp_out is not None:
+            hidden = hidden + mlp_out
+        if batch.logit_index is not None:
+            hidden = hidden[batch.logit_index]
+        elif not batch.all_logits:
             hidden = hidden[batch.last_token_index]
         hidden = self._rms_norm(hidden, self.final_norm)
         logits = self.tp.all_gather_last_dim(F.linear(hidden, self.lm_head_weight).float())

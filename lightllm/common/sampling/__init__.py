@@ -15,15 +15,19 @@ from lightllm.common.sampling.sampling_params import (
     SamplingParamError,
     SamplingParams,
 )
+from lightllm.common.sampling.storage_width import MAX_STOP_TOKEN_IDS, STOP_SEQUENCES_BYTES, STORED_DTYPES
 
 __all__ = [
     "MAX_STOP_SEQUENCES",
+    "MAX_STOP_TOKEN_IDS",
     "MAX_TOP_LOGPROBS",
     "Sampler",
     "SamplerOutput",
     "SamplingBatch",
     "SamplingParamError",
     "SamplingParams",
+    "STOP_SEQUENCES_BYTES",
+    "STORED_DTYPES",
     "apply_min_tokens_mask",
     "apply_penalties",
     "apply_top_k_top_p",

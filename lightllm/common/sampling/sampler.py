@@ -14,7 +14,9 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
 3. greedy rows take the arg-max here;
 4. temperature scaling; the returned log-probabilities are ``log_softmax`` of this scaled
    distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
-5. top-k then top-p filtering (:func:`apply_top_k_top_p`), then inverse-CDF sampling picks
+5. top-k then top-p filtering (:func:`apply_top_k_top_p`), then min-p filtering (tokens less
+   likely than ``min_p`` times the most likely one are dropped; the ratio is the same before
+   and after top-k / top-p, which always keep the most likely token), then inverse-CDF sampling picks
    the token: with ``u ~ U(0, 1)`` per row, the first token whose cumulative probability
    exceeds ``u`` (times the total) is chosen, which selects token ``i`` with probability
    ``probs[i]``.
@@ -33,6 +35,20 @@ import torch
 from lightllm.common.sampling.sampling_params import SamplingParamError, SamplingParams
 
 _MASK64 = (1 << 64) - 1
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _within_float32(values: torch.Tensor, masked: torch.Tensor | None = None) -> torch.Tensor:
+    """Clamp values that overflowed to +-inf back to the largest float32; keep masked entries -inf.
+
+    A tiny temperature or repetition penalty can push a logit past the float32 range, and
+    ``inf - inf`` inside softmax would turn the whole row into NaN (a garbage token).  Clamped,
+    the row's largest logit simply dominates, which is the limit the tiny value asks for.
+    """
+    bounded = values.clamp(min=-_FLOAT32_MAX, max=_FLOAT32_MAX)
+    if masked is not None:
+        bounded = bounded.masked_fill(masked, float("-inf"))
+    return bounded
 
 
 def derive_step_seed(seed: int, step: int) -> int:
@@ -74,6 +90,7 @@ class SamplingBatch:
     greedy_mask: torch.Tensor  # bool[B]
     top_k: torch.Tensor  # long[B] in [1, V]; V where top-k is disabled
     top_p: torch.Tensor  # float32[B]
+    min_p: torch.Tensor  # float32[B]; 0 where min-p is disabled
     repetition_penalties: torch.Tensor  # float32[B]
     presence_penalties: torch.Tensor  # float32[B]
     frequency_penalties: torch.Tensor  # float32[B]
@@ -86,6 +103,7 @@ class SamplingBatch:
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
+    any_min_p: bool = False
 
     @classmethod
     def build(
@@ -151,7 +169,11 @@ class SamplingBatch:
                 seen_rows.append([])
             if param.presence_penalty != 0.0 or param.frequency_penalty != 0.0:
                 _check_ids_in_vocab("output_ids", row, generated, vocab_size)
-                output_rows.append(generated)
+                if param.input_penalty:
+                    _check_ids_in_vocab("prompt_ids", row, prompt_ids[row], vocab_size)
+                    output_rows.append([*prompt_ids[row], *generated])
+                else:
+                    output_rows.append(generated)
             else:
                 output_rows.append([])
             if len(generated) < param.min_new_tokens:
@@ -182,6 +204,7 @@ class SamplingBatch:
             greedy_mask=torch.tensor(greedy, dtype=torch.bool, device=device),
             top_k=longs(top_k),
             top_p=floats(top_p),
+            min_p=floats([float(p.min_p) for p in params]),
             repetition_penalties=floats([float(p.repetition_penalty) for p in params]),
             presence_penalties=floats([float(p.presence_penalty) for p in params]),
             frequency_penalties=floats([float(p.frequency_penalty) for p in params]),
@@ -194,6 +217,7 @@ class SamplingBatch:
             all_greedy=all(greedy),
             any_top_k=any(k < vocab_size for k in top_k),
             any_top_p=any(p < 1.0 for p in top_p),
+            any_min_p=any(p.min_p > 0.0 for p in params),
         )
 
 
@@ -218,7 +242,7 @@ def _penalised(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         seen = seen[:, : batch.vocab_size]
         penalty = batch.repetition_penalties[:, None]
         penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits = torch.where(seen, penalised, logits)
+        logits = _within_float32(torch.where(seen, penalised, logits))
     if batch.output_token_ids is not None:
         ids = batch.output_token_ids
         counts = torch.zeros(batch.size, padded_width, dtype=torch.float32, device=logits.device)
@@ -255,6 +279,15 @@ def _top_k_top_p_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.T
         remove_sorted |= nucleus_active & (mass_before >= batch.top_p[:, None])
     remove = torch.zeros_like(remove_sorted).scatter_(1, sorted_ids, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
+
+
+def _min_p_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Tokens with ``p < min_p * p_max`` at ``-inf``, compared as ``logit < max + log(min_p)``."""
+    if not batch.any_min_p:
+        return logits
+    # log(0) = -inf: rows without min-p keep every token.
+    threshold = logits.max(dim=-1, keepdim=True).values + torch.log(batch.min_p)[:, None]
+    return logits.masked_fill(logits < threshold, float("-inf"))
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -358,13 +391,13 @@ class Sampler:
         _check_logits(logits, batch)
         processed = _min_tokens_masked(_penalised(logits.to(torch.float32), batch), batch)
         greedy_ids = processed.argmax(dim=-1)
-        scaled = processed / batch.temperatures[:, None]
+        scaled = _within_float32(processed / batch.temperatures[:, None], torch.isneginf(processed))
         logprobs = torch.log_softmax(scaled, dim=-1)
 
         if batch.all_greedy:
             next_ids = greedy_ids
         else:
-            probs = _top_k_top_p_filtered(scaled, batch).softmax(dim=-1)
+            probs = _min_p_filtered(_top_k_top_p_filtered(scaled, batch), batch).softmax(dim=-1)
             sampled_ids = self._draw(probs, batch)
             next_ids = torch.where(batch.greedy_mask, greedy_ids, sampled_ids)
 

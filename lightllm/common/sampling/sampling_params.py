@@ -5,18 +5,35 @@ fields across unchanged:
 
 * ``temperature`` 0 means greedy decoding; ``do_sample=False`` forces greedy as well.
 * ``top_p`` in (0, 1] is nucleus sampling; ``top_k`` of -1 or 0 disables top-k.
+* ``min_p`` in [0, 1] drops tokens less likely than ``min_p`` times the most likely one
+  (vLLM semantics; 0 disables it).
+* ``skip_special_tokens`` / ``include_stop_str_in_output`` shape the text, not the tokens:
+  the detokenizer applies them.
 * ``repetition_penalty`` uses Hugging Face semantics over prompt and generated tokens:
   positive logits of seen tokens are divided by it, negative ones multiplied.
 * ``presence_penalty`` / ``frequency_penalty`` use OpenAI semantics over generated tokens
-  only: ``logit -= frequency * count + presence * (count > 0)``.
+  only: ``logit -= frequency * count + presence * (count > 0)``; with ``input_penalty``
+  (LightLLM) prompt tokens count too.
 * ``min_new_tokens`` keeps EOS and stop token ids masked until that many tokens exist.
+
+Besides its range, every number is checked in the width it is stored in (32-bit floats and
+integers in shared memory; see :mod:`lightllm.common.sampling.storage_width`), so a value
+accepted here reaches the model ranks unchanged in meaning.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
+
+from lightllm.common.sampling.storage_width import (
+    GRAMMAR_BYTES,
+    MAX_STOP_TOKEN_IDS,
+    STOP_SEQUENCES_BYTES,
+    check_stored_widths,
+)
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
@@ -60,6 +77,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -70,7 +88,16 @@ class SamplingParams:
     ignore_eos: bool = False
     do_sample: bool | None = None
     logprobs: int | None = None
+    # Logprobs of the prompt's own tokens (with this many alternatives each), computed in the
+    # prefill forward; None: not computed.
+    prompt_logprobs: int | None = None
     stop_sequences: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # LightLLM's input_penalty: frequency / presence penalties count prompt tokens too.
+    input_penalty: bool = False
+    # Structured output: an llguidance grammar the generated tokens must follow (None: free text).
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         # Accept tuples from callers but store lists, so to_dict/from_dict round-trip exactly.
@@ -107,6 +134,10 @@ class SamplingParams:
         if not 0.0 < top_p <= 1.0:
             raise SamplingParamError(f"top_p must be in (0, 1], got {self.top_p}")
 
+        min_p = _check_number("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise SamplingParamError(f"min_p must be in [0, 1], got {self.min_p}")
+
         top_k = _check_int("top_k", self.top_k)
         if top_k < -1:
             raise SamplingParamError(f"top_k must be -1 or 0 (disabled) or >= 1, got {top_k}")
@@ -141,6 +172,9 @@ class SamplingParams:
 
         if not isinstance(self.ignore_eos, bool):
             raise SamplingParamError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        for name in ("skip_special_tokens", "include_stop_str_in_output", "input_penalty"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.do_sample is not None and not isinstance(self.do_sample, bool):
             raise SamplingParamError(f"do_sample must be a bool or None, got {type(self.do_sample).__name__}")
 
@@ -149,12 +183,28 @@ class SamplingParams:
             if not 0 <= logprobs <= MAX_TOP_LOGPROBS:
                 raise SamplingParamError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
 
+        if self.prompt_logprobs is not None:
+            prompt_logprobs = _check_int("prompt_logprobs", self.prompt_logprobs)
+            if not 0 <= prompt_logprobs <= MAX_TOP_LOGPROBS:
+                raise SamplingParamError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {prompt_logprobs}")
+
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar:
+                raise SamplingParamError("grammar must be a non-empty string or None")
+            if len(self.grammar.encode()) > GRAMMAR_BYTES:
+                raise SamplingParamError(f"grammar must take at most {GRAMMAR_BYTES} bytes encoded")
+
         self._validate_stop_sequences()
+        check_stored_widths({item.name: getattr(self, item.name) for item in fields(self)}, SamplingParamError)
 
     def _validate_stop_token_ids(self, vocab_size: int | None) -> None:
         if not isinstance(self.stop_token_ids, list):
             raise SamplingParamError(
                 f"stop_token_ids must be a list of integers, got {type(self.stop_token_ids).__name__}"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingParamError(
+                f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} entries, got {len(self.stop_token_ids)}"
             )
         for token_id in self.stop_token_ids:
             if not _is_int(token_id):
@@ -181,6 +231,12 @@ class SamplingParams:
                 raise SamplingParamError(f"stop_sequences must contain strings, got {sequence!r}")
             if not sequence:
                 raise SamplingParamError("stop_sequences must not contain empty strings")
+        # Stored JSON-encoded in a fixed-size field of the shared-memory record.
+        encoded_size = len(json.dumps(self.stop_sequences).encode())
+        if encoded_size > STOP_SEQUENCES_BYTES:
+            raise SamplingParamError(
+                f"stop_sequences must take at most {STOP_SEQUENCES_BYTES} bytes JSON-encoded, got {encoded_size}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data copy of every field (lists are copied, not shared)."""

@@ -15,10 +15,20 @@ class IncrementalDecoder:
     the replacement character is held back until the next token completes the character.
 
     Stop strings: text that could be the start of a stop string is held back; when a stop
-    string appears, the text before it is released and the decoder reports the hit.
+    string appears, the text before it (and the stop string itself with
+    ``include_stop_str``) is released and the decoder reports the hit.
+
+    ``skip_special_tokens=False`` keeps the text of special tokens (EOS, chat markers).
     """
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int], stop_sequences: Sequence[str] = ()):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_ids: Sequence[int],
+        stop_sequences: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+        include_stop_str: bool = False,
+    ):
         self.tokenizer = tokenizer
         self.ids: List[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -27,9 +37,13 @@ class IncrementalDecoder:
         self.text = ""  # all text decoded so far
         self.emitted = 0  # chars of self.text already handed out
         self.stopped = False
+        self.skip_special_tokens = skip_special_tokens
+        self.include_stop_str = include_stop_str
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
     def add(self, token_id: int) -> str:
         """Append a token; returns the text that may be shown now (possibly empty)."""
@@ -49,6 +63,8 @@ class IncrementalDecoder:
             hit = self._find_stop()
             if hit is not None:
                 self.stopped = True
+                if self.include_stop_str:
+                    hit += min(len(s) for s in self.stop_sequences if self.text.startswith(s, hit))
                 piece = self.text[self.emitted : hit]
                 self.text = self.text[:hit]
                 self.emitted = hit

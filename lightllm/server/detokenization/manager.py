@@ -45,6 +45,7 @@ class _RequestText:
     decoder: IncrementalDecoder
     seen: int = 0
     finished: bool = False
+    prompt_logprobs_sent: bool = False
 
 
 class DetokenizationManager:
@@ -63,19 +64,43 @@ class DetokenizationManager:
     def _state(self, request_id: int, slot: int) -> _RequestText:
         state = self.requests.get(request_id)
         if state is None:
-            decoder = IncrementalDecoder(self.tokenizer, self.shm.prompt_ids(slot), self.shm.stop_sequences(slot))
+            rec = self.shm.records[slot]
+            decoder = IncrementalDecoder(
+                self.tokenizer,
+                self.shm.prompt_ids(slot),
+                self.shm.stop_sequences(slot),
+                skip_special_tokens=bool(rec["skip_special_tokens"]),
+                include_stop_str=bool(rec["include_stop_str_in_output"]),
+            )
             state = self.requests[request_id] = _RequestText(decoder)
         return state
 
     def handle(self, message: StepOutput) -> None:
         """Turn one step's updates into text messages; forward releases."""
         for request_id, slot in message.updates:
-            self._update(request_id, slot)
+            try:
+                self._update(request_id, slot)
+            except Exception:  # noqa: BLE001 - one unreadable record must not stop every stream
+                log.exception("decoding request %d failed; ending it with an error", request_id)
+                self._fail(request_id)
         for request_id, slot in message.released:
             state = self.requests.pop(request_id, None)
             if state is None or not state.finished:
                 self.to_http.send_pyobj(DetokenizedOutput(request_id, [], "abort", 0))
             self.to_http.send_pyobj(SlotReleased(request_id, slot))
+
+    def _fail(self, request_id: int) -> None:
+        state = self.requests.get(request_id)
+        if state is not None and state.finished:
+            return
+        if state is not None:
+            state.finished = True
+        else:
+            # Keep a finished marker so the release that follows does not report "abort".
+            self.requests[request_id] = _RequestText(decoder=None, finished=True)  # type: ignore[arg-type]
+        self.to_http.send_pyobj(DetokenizedOutput(request_id, [], "error", 0))
+        # The rank may still be generating for it (a no-op if it already finished).
+        self.to_router.send_pyobj(AbortRequest(request_id))
 
     def _update(self, request_id: int, slot: int) -> None:
         state = self._state(request_id, slot)
@@ -86,11 +111,13 @@ class DetokenizationManager:
         status = int(rec["finish_status"])
         ids = rec["output_ids"][state.seen : output_len].tolist()
         logprobs = rec["output_logprobs"][state.seen : output_len].tolist()
+        tops = self.shm.top_logprobs(slot, state.seen, output_len) if int(rec["logprobs"]) > 0 else None
         state.seen = output_len
         events = []
         finish_reason = None
-        for token_id, logprob in zip(ids, logprobs):
-            events.append(TokenEvent(token_id, state.decoder.add(token_id), logprob))
+        for index, (token_id, logprob) in enumerate(zip(ids, logprobs)):
+            top = tops[index] if tops is not None else None
+            events.append(TokenEvent(token_id, state.decoder.add(token_id), logprob, top))
             if state.decoder.stopped:
                 finish_reason = "stop"
                 self.to_router.send_pyobj(AbortRequest(request_id))
@@ -103,7 +130,14 @@ class DetokenizationManager:
         if finish_reason is not None:
             state.finished = True
         if events or finish_reason is not None:
-            self.to_http.send_pyobj(DetokenizedOutput(request_id, events, finish_reason, int(rec["prompt_cache_len"])))
+            prompt_logprobs = None
+            if not state.prompt_logprobs_sent:
+                # Complete once the first token is out: every prefill chunk ran before it.
+                prompt_logprobs = self.shm.prompt_logprobs(slot)
+                state.prompt_logprobs_sent = True
+            self.to_http.send_pyobj(
+                DetokenizedOutput(request_id, events, finish_reason, int(rec["prompt_cache_len"]), prompt_logprobs)
+            )
 
     def serve_forever(self) -> None:
         """Process messages as they come."""

@@ -1,70 +1,245 @@
-"""Prometheus metrics of one server (a private registry, no global state)."""
+"""Prometheus metrics of one server (a private registry, no global state).
+
+Every quantity is measured once, under a ``lightllm_*`` name, and exported at scrape time a
+second time under vLLM's name (``vllm:*``) where vLLM has an equivalent, so dashboards and
+alerts written for vLLM work unchanged.  Every series carries the served ``model_name``; the
+``lightllm_*`` series also carry the prefill queue ``strategy``.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Dict, Iterable, List, Optional, Tuple
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
+from lightllm.server.core.objs.finish_status import FINISH_REASON_NAMES
+from lightllm.server.core.objs.prefill_wait_histogram import PREFILL_WAIT_FIELDS, histogram_families
 from lightllm.server.core.objs.shm_stats import ShmStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
+# Our family -> the vLLM families that carry the same data.  vLLM still exports
+# ``time_per_output_token_seconds`` as the old name of ``inter_token_latency_seconds``, and its
+# prefix-cache counters count prompt tokens looked up and found.
+VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
+    "lightllm_running_requests": ("vllm:num_requests_running",),
+    "lightllm_waiting_requests": ("vllm:num_requests_waiting",),
+    "lightllm_kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc",),
+    "lightllm_preemptions": ("vllm:num_preemptions",),
+    "lightllm_prompt_tokens": ("vllm:prompt_tokens", "vllm:prefix_cache_queries"),
+    "lightllm_cached_prompt_tokens": ("vllm:prefix_cache_hits",),
+    "lightllm_generated_tokens": ("vllm:generation_tokens",),
+    "lightllm_requests": ("vllm:request_success",),
+    "lightllm_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    "lightllm_time_per_output_token_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "lightllm_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+    "lightllm_request_prompt_tokens": ("vllm:request_prompt_tokens",),
+    "lightllm_request_generation_tokens": ("vllm:request_generation_tokens",),
+    "lightllm_request_decode_seconds": ("vllm:request_decode_time_seconds",),
+    "lightllm_request_time_per_output_token_seconds": ("vllm:request_time_per_output_token_seconds",),
+}
+# vLLM spells the finish label ``finished_reason``; it has no strategy label.
+_VLLM_LABEL_NAMES = {"finish_reason": "finished_reason", "strategy": None}
+
+# Cumulative shared fields: exported as counters in base units, not as live gauges.
+_STEP_PHASE_FIELDS = {
+    "step_schedule_us": "schedule",
+    "step_forward_us": "forward",
+    "step_sample_us": "sample",
+    "step_publish_us": "publish",
+}
+_COUNTER_FIELDS = ("backend_steps", "processed_prefill_tokens", "preemptions")
+
+_COUNTER_DOCS = {
+    "backend_steps": "Backend steps run",
+    "processed_prefill_tokens": "Prompt tokens prefilled by the backend",
+    "preemptions": "Requests paused to free KV cache (vLLM's preemptions)",
+}
+
+
+def token_buckets(max_len: int) -> Tuple[int, ...]:
+    """1-2-5 bucket bounds up to ``max_len`` (as vLLM buckets per-request token counts)."""
+    bounds: List[int] = []
+    scale = 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > max_len:
+                return tuple(bounds) if bounds else (max(1, max_len),)
+            bounds.append(step * scale)
+        scale *= 10
+
 
 class _SharedStatsCollector:
-    """Exposes the router's and rank 0's shared counters as gauges at scrape time."""
+    """Exposes the router's and rank 0's shared values at scrape time."""
 
     def __init__(self, stats: ShmStats, strategy: str):
         self.stats = stats
         self.strategy = strategy
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        for name, value in self.stats.snapshot().items():
-            gauge = GaugeMetricFamily(f"lightllm_{name}", f"Live value of {name}", labels=["strategy"])
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self.stats.snapshot()
+        labels = ["strategy"]
+        yield from histogram_families(snapshot, self.strategy)
+        for name, value in snapshot.items():
+            if name in PREFILL_WAIT_FIELDS or name in _COUNTER_FIELDS or name in _STEP_PHASE_FIELDS:
+                continue  # exposed as histograms above or as counters below
+            gauge = GaugeMetricFamily(f"lightllm_{name}", f"Live value of {name}", labels=labels)
             gauge.add_metric([self.strategy], value)
             yield gauge
+        total = snapshot["kv_total_tokens"]
+        usage = GaugeMetricFamily(
+            "lightllm_kv_cache_usage_ratio", "Share of KV cache slots in use, 0-1 (prefix-cached slots that can be evicted count as free)", labels=labels
+        )
+        # The fields are read at different moments, so keep the ratio inside [0, 1].
+        used = 1.0 - snapshot["kv_allocatable_tokens"] / total if total > 0 else 0.0
+        usage.add_metric([self.strategy], min(1.0, max(0.0, used)))
+        yield usage
+        for name in _COUNTER_FIELDS:
+            counter = CounterMetricFamily(f"lightllm_{name}", _COUNTER_DOCS[name], labels=labels)
+            counter.add_metric([self.strategy], snapshot[name])
+            yield counter
+        phases = CounterMetricFamily(
+            "lightllm_step_seconds", "Backend step time by phase, cumulative seconds", labels=labels + ["phase"]
+        )
+        for field, phase in _STEP_PHASE_FIELDS.items():
+            phases.add_metric([self.strategy, phase], snapshot[field] / 1e6)
+        yield phases
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _Exporter:
+    """Writes the measured families with ``model_name`` added, plus their vLLM copies.
+
+    It writes the text format itself (without ``_created`` samples, which Prometheus does not
+    read from it): a scrape then costs a third of what copying every family and rendering it
+    with ``generate_latest`` costs, and /metrics is polled often by tools waiting for idle.
+    """
+
+    def __init__(self, source: CollectorRegistry, model_name: str):
+        self.source = source
+        self.model_name = model_name
+        # (vLLM copy?, label items) -> rendered label set; the label sets are few and fixed.
+        self._label_text: Dict[Tuple[bool, Tuple[Tuple[str, str], ...]], str] = {}
+
+    def _labels(self, vllm: bool, labels: Dict[str, str]) -> str:
+        key = (vllm, tuple(labels.items()))
+        text = self._label_text.get(key)
+        if text is None:
+            shown = {"model_name": self.model_name}
+            for name, value in labels.items():
+                name = _VLLM_LABEL_NAMES.get(name, name) if vllm else name
+                if name is not None:
+                    shown[name] = value
+            # Sorted by name, as prometheus_client writes them.
+            text = "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in sorted(shown.items())) + "}"
+            self._label_text[key] = text
+        return text
+
+    def render(self) -> str:
+        """The Prometheus text exposition (format 0.0.4)."""
+        lines: List[str] = []
+        for family in self.source.collect():
+            for name, vllm in [(family.name, False)] + [(alias, True) for alias in VLLM_NAMES.get(family.name, ())]:
+                shown = f"{name}_total" if family.type == "counter" else name
+                help_text = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+                lines.append(f"# HELP {shown} {help_text}")
+                lines.append(f"# TYPE {shown} {family.type}")
+                for sample in family.samples:
+                    if sample.name.endswith("_created"):
+                        continue
+                    suffix = sample.name[len(family.name):]
+                    lines.append(f"{name}{suffix}{self._labels(vllm, sample.labels)} {floatToGoString(sample.value)}")
+        return "\n".join(lines) + "\n"
 
 
 class ServerMetrics:
-    """Request counts, token counts, TTFT and per-token latency, labelled by strategy."""
+    """Request counts, token counts and latencies, under our names and vLLM's."""
 
-    def __init__(self, strategy: str, stats: ShmStats):
+    def __init__(self, strategy: str, stats: ShmStats, model_name: str = "", max_len: int = 1 << 20):
         self.strategy = strategy
-        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        # Measured once here; /metrics shows it with labels added and vLLM copies.
+        measured = self.measured = CollectorRegistry()
         labels = ["strategy"]
-        self.requests = Counter("lightllm_requests", "Finished requests", labels + ["finish_reason"], registry=self.registry)
-        self.prompt_tokens = Counter("lightllm_prompt_tokens", "Prompt tokens received", labels, registry=self.registry)
-        self.cached_tokens = Counter("lightllm_cached_prompt_tokens", "Prompt tokens served from the prefix cache", labels, registry=self.registry)
-        self.generated_tokens = Counter("lightllm_generated_tokens", "Tokens generated", labels, registry=self.registry)
-        self.ttft = Histogram("lightllm_time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.tpot = Histogram("lightllm_time_per_output_token_seconds", "Gap between consecutive tokens", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("lightllm_request_latency_seconds", "End-to-end request latency", labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(_SharedStatsCollector(stats, strategy))
-        # Label lookups cost more than the observations; the per-token path uses bound children.
+        self.requests = Counter("lightllm_requests", "Finished requests", labels + ["finish_reason"], registry=measured)
+        self.prompt_tokens = Counter("lightllm_prompt_tokens", "Prompt tokens received", labels, registry=measured)
+        self.cached_tokens = Counter("lightllm_cached_prompt_tokens", "Prompt tokens served from the prefix cache", labels, registry=measured)
+        self.generated_tokens = Counter("lightllm_generated_tokens", "Tokens generated", labels, registry=measured)
+        self.ttft = Histogram("lightllm_time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=measured)
+        self.tpot = Histogram("lightllm_time_per_output_token_seconds", "Gap between consecutive tokens", labels, buckets=_LATENCY_BUCKETS, registry=measured)
+        self.e2e = Histogram("lightllm_request_latency_seconds", "End-to-end request latency", labels, buckets=_LATENCY_BUCKETS, registry=measured)
+        lengths = token_buckets(max_len)
+        self.request_prompt = Histogram("lightllm_request_prompt_tokens", "Prompt tokens per request", labels, buckets=lengths, registry=measured)
+        self.request_generation = Histogram("lightllm_request_generation_tokens", "Generated tokens per request", labels, buckets=lengths, registry=measured)
+        self.request_decode = Histogram(
+            "lightllm_request_decode_seconds", "Time from a request's first token to its end", labels, buckets=_LATENCY_BUCKETS, registry=measured
+        )
+        self.request_tpot = Histogram(
+            "lightllm_request_time_per_output_token_seconds",
+            "Mean gap between a request's tokens after the first",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=measured,
+        )
+        measured.register(_SharedStatsCollector(stats, strategy))
+        self._exporter = _Exporter(measured, model_name)
+        # Every finish reason is exported from the start (as vLLM does), so rate() sees 0, not nothing.
+        for reason in FINISH_REASON_NAMES.values():
+            if reason is not None:
+                self.requests.labels(strategy, reason)
+        # Label lookups cost more than the observations: bind every child once.
+        self._ttft = self.ttft.labels(strategy)
         self._tpot = self.tpot.labels(strategy)
+        self._e2e = self.e2e.labels(strategy)
+        self._prompt = self.prompt_tokens.labels(strategy)
+        self._cached = self.cached_tokens.labels(strategy)
         self._generated = self.generated_tokens.labels(strategy)
+        self._request_prompt = self.request_prompt.labels(strategy)
+        self._request_generation = self.request_generation.labels(strategy)
+        self._request_decode = self.request_decode.labels(strategy)
+        self._request_tpot = self.request_tpot.labels(strategy)
 
     def on_submit(self, prompt_tokens: int) -> None:
         """A request was handed to the router."""
-        self.prompt_tokens.labels(self.strategy).inc(prompt_tokens)
+        self._prompt.inc(prompt_tokens)
 
     def on_first_token(self, seconds: float, cached_tokens: int) -> None:
         """The first token arrived."""
-        self.ttft.labels(self.strategy).observe(seconds)
-        self.cached_tokens.labels(self.strategy).inc(cached_tokens)
-        self.generated_tokens.labels(self.strategy).inc()
+        self._ttft.observe(seconds)
+        self._cached.inc(cached_tokens)
+        self._generated.inc()
 
     def on_next_token(self, seconds: float) -> None:
         """A later token arrived ``seconds`` after the previous one."""
         self._tpot.observe(seconds)
         self._generated.inc()
 
-    def on_finish(self, finish_reason: str, completion_tokens: int, seconds: float) -> None:
-        """A request ended."""
+    def on_finish(
+        self,
+        finish_reason: str,
+        completion_tokens: int,
+        seconds: float,
+        *,
+        prompt_tokens: int,
+        first_token_seconds: Optional[float],
+    ) -> None:
+        """A request ended ``seconds`` after submission; its first token came after ``first_token_seconds``."""
         self.requests.labels(self.strategy, finish_reason).inc()
-        self.e2e.labels(self.strategy).observe(seconds)
+        self._e2e.observe(seconds)
+        self._request_prompt.observe(prompt_tokens)
+        self._request_generation.observe(completion_tokens)
+        if first_token_seconds is not None:
+            decode = max(0.0, seconds - first_token_seconds)
+            self._request_decode.observe(decode)
+            if completion_tokens > 1:
+                self._request_tpot.observe(decode / (completion_tokens - 1))
 
     def render(self) -> tuple[bytes, str]:
         """Body and content type for /metrics."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return self._exporter.render().encode(), CONTENT_TYPE_LATEST

@@ -42,6 +42,8 @@ class RouterConfig:
     router_max_wait_tokens: int
     schedule_time_interval: float
     log_level: str
+    # --prefill_max_wait_tokens: admission ages waiting requests on the same bound (0: off).
+    prefill_max_wait_tokens: int = 0
 
 
 class RouterManager:
@@ -55,7 +57,11 @@ class RouterManager:
         self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, config.detokenization_address, bind=False)
         self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
         self.stats = ShmStats(config.shm_stats_name, create=False)
-        self.queue = NormalReqQueue(int(config.max_total_token_num * config.router_token_ratio), config.running_max_req_size)
+        self.queue = NormalReqQueue(
+            int(config.max_total_token_num * config.router_token_ratio),
+            config.running_max_req_size,
+            max_wait_tokens=config.prefill_max_wait_tokens,
+        )
         self._steps_at_last_admission = -(10**9)
 
     def handle(self, message: Any) -> None:

@@ -18,6 +18,10 @@ class AttentionBackend(ABC):
     kernels) implements the same two calls, so model code never changes.
     """
 
+    #: Whether the model should also run RMSNorm (fused with the residual add) and rotary
+    #: embedding through the Triton kernels; only the Triton backend sets it.
+    uses_triton_layer_kernels: bool = False
+
     @abstractmethod
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> Any:
         """Build per-forward metadata for ``batch``."""

@@ -4,5 +4,14 @@ FINISH_NONE = 0
 FINISH_STOP = 1  # EOS or a stop token id (stop strings are decided by the detokenizer)
 FINISH_LENGTH = 2  # max_new_tokens or max_req_total_len reached
 FINISH_ABORT = 3  # client went away, stop string hit, or aborted before admission
+# The model rank could not process this request (bad parameters read back, or its part of a
+# batch failed); the rank carries on with the others and the client receives an error.
+FINISH_ERROR = 4
 
-FINISH_REASON_NAMES = {FINISH_NONE: None, FINISH_STOP: "stop", FINISH_LENGTH: "length", FINISH_ABORT: "abort"}
+FINISH_REASON_NAMES = {
+    FINISH_NONE: None,
+    FINISH_STOP: "stop",
+    FINISH_LENGTH: "length",
+    FINISH_ABORT: "abort",
+    FINISH_ERROR: "error",
+}

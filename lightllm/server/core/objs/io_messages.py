@@ -65,6 +65,8 @@ class TokenEvent:
     token_id: int
     text: str
     logprob: float
+    # ``(token_id, logprob)`` alternatives, most likely first; None when none were requested.
+    top_logprobs: List[Tuple[int, float]] | None = None
 
 
 @dataclass
@@ -75,6 +77,9 @@ class DetokenizedOutput:
     tokens: List[TokenEvent]
     finish_reason: str | None
     prompt_cache_len: int
+    # ``(token_id, logprob, top)`` of prompt positions 1.. on the request's first message, for a
+    # request that asked for prompt logprobs.
+    prompt_logprobs: List[Tuple[int, float, List[Tuple[int, float]]]] | None = None
 
 
 @dataclass

@@ -10,11 +10,17 @@ Who writes which field, and in what order
   ``state = ACTIVE``, then sends the slot index to the router.  It sets ``abort_flag = 1`` when
   the client goes away.  It sets ``state = FREE`` only after it received the final message for
   the request (so no other process still reads the slot).
-* Model rank 0: writes ``output_ids[i]`` and ``output_logprobs[i]`` first and then bumps
-  ``output_len`` to ``i + 1`` (readers trust ``output_len`` as the publish point); writes
+* Model rank 0: writes ``output_ids[i]``, ``output_logprobs[i]`` and, for a request that asked
+  for alternatives (``logprobs`` > 0), the top row of the token's sequence position
+  ``prompt_len + i`` first and then bumps ``output_len`` to ``i + 1`` (readers trust
+  ``output_len`` as the publish point; unused entries of a top row hold id ``-1``).  For a
+  request with ``prompt_logprobs`` >= 0 it writes, during prefill, ``prompt_token_logprobs[p]``
+  and the top row of position ``p`` for prompt positions ``p`` and then raises
+  ``prompt_logprob_end`` past them (all before the first ``output_len`` bump); writes
   ``prompt_cache_len`` once after the prefix-cache lookup, ``cur_kv_len`` every step, and
   ``finish_status`` after the last ``output_len`` bump.
-* Detokenization: reads ``output_len`` first, then the ids below it.  Writes
+* Detokenization: reads ``output_len`` (or ``prompt_logprob_end``) first, then the ids,
+  logprobs and top alternatives below it.  Writes
   ``stop_string_hit`` when a stop sequence matched (before it asks the router to abort).
 * Router: reads input fields and ``output_len``; writes nothing here.
 """
@@ -22,16 +28,20 @@ Who writes which field, and in what order
 from __future__ import annotations
 
 import json
-from typing import List
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
+from lightllm.common.sampling import (
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    STOP_SEQUENCES_BYTES,
+    STORED_DTYPES,
+    SamplingParams,
+)
 from lightllm.server.core.objs.finish_status import FINISH_NONE
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
-
-MAX_STOP_TOKEN_IDS = 16
-STOP_SEQUENCES_BYTES = 1024
 
 STATE_FREE = 0
 STATE_ACTIVE = 1
@@ -52,25 +62,36 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("abort_flag", np.int32),
             ("stop_string_hit", np.int32),
             ("high_priority_request", np.int32),
-            ("max_new_tokens", np.int32),
-            ("min_new_tokens", np.int32),
-            ("top_k", np.int32),
+            ("max_new_tokens", STORED_DTYPES["max_new_tokens"]),
+            ("min_new_tokens", STORED_DTYPES["min_new_tokens"]),
+            ("top_k", STORED_DTYPES["top_k"]),
             ("ignore_eos", np.int32),
             ("do_sample", np.int32),  # -1 unset, 0 false, 1 true
-            ("logprobs", np.int32),  # -1 unset
+            ("logprobs", STORED_DTYPES["logprobs"]),  # -1 unset
+            ("prompt_logprobs", STORED_DTYPES["prompt_logprobs"]),  # -1 unset
+            ("prompt_logprob_end", np.int32),
             ("has_seed", np.int32),
             ("stop_token_num", np.int32),
-            ("seed", np.int64),
-            ("temperature", np.float32),
-            ("top_p", np.float32),
-            ("repetition_penalty", np.float32),
-            ("presence_penalty", np.float32),
-            ("frequency_penalty", np.float32),
-            ("stop_token_ids", np.int32, (MAX_STOP_TOKEN_IDS,)),
+            ("seed", STORED_DTYPES["seed"]),
+            ("temperature", STORED_DTYPES["temperature"]),
+            ("top_p", STORED_DTYPES["top_p"]),
+            ("min_p", STORED_DTYPES["min_p"]),
+            ("skip_special_tokens", np.int32),
+            ("include_stop_str_in_output", np.int32),
+            ("input_penalty", np.int32),
+            ("repetition_penalty", STORED_DTYPES["repetition_penalty"]),
+            ("presence_penalty", STORED_DTYPES["presence_penalty"]),
+            ("frequency_penalty", STORED_DTYPES["frequency_penalty"]),
+            ("stop_token_ids", STORED_DTYPES["stop_token_ids"], (MAX_STOP_TOKEN_IDS,)),
             ("stop_sequences_json", f"S{STOP_SEQUENCES_BYTES}"),
+            ("grammar", f"S{GRAMMAR_BYTES}"),  # empty: no structured output
             ("prompt_ids", np.int32, (max_req_total_len,)),
             ("output_ids", np.int32, (max_req_total_len,)),
             ("output_logprobs", np.float32, (max_req_total_len,)),
+            ("prompt_token_logprobs", np.float32, (max_req_total_len,)),  # by prompt position
+            # Most likely alternatives of the token at each position of prompt + output.
+            ("token_top_ids", np.int32, (max_req_total_len, MAX_TOP_LOGPROBS)),
+            ("token_top_logprobs", np.float32, (max_req_total_len, MAX_TOP_LOGPROBS)),
         ],
         align=True,
     )
@@ -121,10 +142,16 @@ class ShmReqBuffer(SharedArraySegment):
         rec["ignore_eos"] = int(params.ignore_eos)
         rec["do_sample"] = -1 if params.do_sample is None else int(params.do_sample)
         rec["logprobs"] = -1 if params.logprobs is None else params.logprobs
+        rec["prompt_logprobs"] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        rec["prompt_logprob_end"] = 0
         rec["has_seed"] = int(params.seed is not None)
         rec["seed"] = params.seed or 0
         rec["temperature"] = params.temperature
         rec["top_p"] = params.top_p
+        rec["min_p"] = params.min_p
+        rec["skip_special_tokens"] = int(params.skip_special_tokens)
+        rec["include_stop_str_in_output"] = int(params.include_stop_str_in_output)
+        rec["input_penalty"] = int(params.input_penalty)
         rec["repetition_penalty"] = params.repetition_penalty
         rec["presence_penalty"] = params.presence_penalty
         rec["frequency_penalty"] = params.frequency_penalty
@@ -134,6 +161,7 @@ class ShmReqBuffer(SharedArraySegment):
         if len(encoded) > STOP_SEQUENCES_BYTES:
             raise ValueError(f"stop sequences take {len(encoded)} bytes encoded; at most {STOP_SEQUENCES_BYTES} are supported")
         rec["stop_sequences_json"] = encoded
+        rec["grammar"] = (params.grammar or "").encode()
         rec["state"] = STATE_ACTIVE
 
     def release(self, slot: int) -> None:
@@ -156,9 +184,16 @@ class ShmReqBuffer(SharedArraySegment):
         rec = self.records[slot]
         do_sample = int(rec["do_sample"])
         logprobs = int(rec["logprobs"])
+        prompt_logprobs = int(rec["prompt_logprobs"])
         return SamplingParams(
+            prompt_logprobs=None if prompt_logprobs < 0 else prompt_logprobs,
             temperature=float(rec["temperature"]),
             top_p=float(rec["top_p"]),
+            min_p=float(rec["min_p"]),
+            skip_special_tokens=bool(rec["skip_special_tokens"]),
+            include_stop_str_in_output=bool(rec["include_stop_str_in_output"]),
+            input_penalty=bool(rec["input_penalty"]),
+            grammar=bytes(rec["grammar"]).decode() or None,
             top_k=int(rec["top_k"]),
             repetition_penalty=float(rec["repetition_penalty"]),
             presence_penalty=float(rec["presence_penalty"]),
@@ -173,13 +208,76 @@ class ShmReqBuffer(SharedArraySegment):
         )
 
     # --- model rank 0 ----------------------------------------------------------------------
-    def publish_token(self, slot: int, token_id: int, logprob: float) -> None:
-        """Append one output token: data first, then the ``output_len`` publish point."""
+    def publish_token(
+        self, slot: int, token_id: int, logprob: float, top: Sequence[Tuple[int, float]] | None = None
+    ) -> None:
+        """Append one output token: data first, then the ``output_len`` publish point.
+
+        ``top`` holds ``(token_id, logprob)`` alternatives, most likely first (at most
+        :data:`MAX_TOP_LOGPROBS`); the rest of the row is marked unused with id ``-1``.
+        """
         rec = self.records[slot]
         index = int(rec["output_len"])
         rec["output_ids"][index] = token_id
         rec["output_logprobs"][index] = logprob
+        if top:
+            self._write_top(rec, int(rec["prompt_len"]) + index, top)
         rec["output_len"] = index + 1
+
+    @staticmethod
+    def _write_top(rec: np.void, position: int, top: Sequence[Tuple[int, float]]) -> None:
+        count = min(len(top), MAX_TOP_LOGPROBS)
+        ids = rec["token_top_ids"][position]
+        ids[:count] = [pair[0] for pair in top[:count]]
+        ids[count:] = -1
+        rec["token_top_logprobs"][position][:count] = [pair[1] for pair in top[:count]]
+
+    def publish_prompt_logprobs(
+        self, slot: int, entries: Sequence[Tuple[int, float, Sequence[Tuple[int, float]]]]
+    ) -> None:
+        """Write ``(position, logprob, top)`` of prompt tokens, then raise ``prompt_logprob_end``.
+
+        Entries come in increasing position order, continuing where the last call stopped.
+        """
+        if not entries:
+            return
+        rec = self.records[slot]
+        for position, logprob, top in entries:
+            rec["prompt_token_logprobs"][position] = logprob
+            self._write_top(rec, position, top)
+        rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
+
+    def top_logprobs(self, slot: int, start: int, end: int) -> List[List[Tuple[int, float]]]:
+        """The published alternatives of output tokens ``start..end-1`` (empty where none)."""
+        rec = self.records[slot]
+        if int(rec["logprobs"]) <= 0:
+            return [[] for _ in range(start, end)]
+        offset = int(rec["prompt_len"])
+        return self._read_top(rec, offset + start, offset + end)
+
+    @staticmethod
+    def _read_top(rec: np.void, start: int, end: int) -> List[List[Tuple[int, float]]]:
+        ids = rec["token_top_ids"][start:end].tolist()
+        values = rec["token_top_logprobs"][start:end].tolist()
+        return [
+            [(token_id, value) for token_id, value in zip(row_ids, row_values) if token_id >= 0]
+            for row_ids, row_values in zip(ids, values)
+        ]
+
+    def prompt_logprobs(self, slot: int) -> List[Tuple[int, float, List[Tuple[int, float]]]] | None:
+        """``(token_id, logprob, top)`` of prompt positions ``1..`` published so far, or None
+        when the request did not ask for prompt logprobs."""
+        rec = self.records[slot]
+        count = int(rec["prompt_logprobs"])
+        if count < 0:
+            return None
+        end = int(rec["prompt_logprob_end"])  # the publish point, read before the data
+        if end <= 1:
+            return []
+        ids = rec["prompt_ids"][1:end].tolist()
+        values = rec["prompt_token_logprobs"][1:end].tolist()
+        tops = self._read_top(rec, 1, end) if count > 0 else [[] for _ in ids]
+        return list(zip(ids, values, tops))
 
     def close(self) -> None:
         """Unmap the segment."""

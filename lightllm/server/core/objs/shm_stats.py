@@ -11,6 +11,7 @@ from typing import Dict
 
 import numpy as np
 
+from lightllm.server.core.objs.prefill_wait_histogram import PREFILL_WAIT_FIELDS
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
 
 
@@ -28,7 +29,8 @@ STAT_FIELDS = (
     "step_forward_us",  # rank 0, cumulative: model forwards
     "step_sample_us",  # rank 0, cumulative: sampling and finish checks
     "step_publish_us",  # rank 0, cumulative: shared-memory writes and messages
-)
+    "preemptions",  # rank 0, cumulative: requests paused to free KV cache
+) + PREFILL_WAIT_FIELDS  # rank 0: prefill waits (see prefill_wait_histogram.py)
 
 
 class ShmStats(SharedArraySegment):

@@ -55,8 +55,8 @@ class InferenceContext:
     def _attach_prefix(self, req: InferReq) -> None:
         # At least one token is always computed, so the last token is never matched.
         node, matched = None, 0
-        if self.radix_cache is not None and req.total_len > 1:
-            tokens = req.token_slice(0, req.total_len - 1)
+        if self.radix_cache is not None and req.cacheable_prefix_len > 0:
+            tokens = req.token_slice(0, req.cacheable_prefix_len)
             node, matched, slots = self.radix_cache.match_prefix(tokens, update_refs=True)
             if matched:
                 self.req_manager.set_slots(req.req_row, 0, slots.to(self.req_manager.req_to_token.device))

@@ -56,6 +56,27 @@ class InferReq:
     paused: bool = False
     strategy_state: Dict[str, Any] = field(default_factory=dict)
     sampling: Optional[Any] = None
+    # Next prompt position whose logprob is still to be computed (requests with prompt_logprobs).
+    prompt_logprob_next: int = 1
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether prompt logprobs were requested and some are still to be computed."""
+        asked = self.sampling is not None and getattr(self.sampling, "prompt_logprobs", None) is not None
+        return asked and self.prompt_logprob_next < self.input_len
+
+    @property
+    def cacheable_prefix_len(self) -> int:
+        """Most leading tokens whose K/V may come from the prefix cache.
+
+        All but the last token (one is always computed); for a request that still needs prompt
+        logprobs none past the position whose logits predict its next missing one, since a
+        cached position yields no logits.
+        """
+        limit = self.total_len - 1
+        if self.wants_prompt_logprobs:
+            limit = min(limit, self.prompt_logprob_next - 1)
+        return limit
 
     @property
     def input_len(self) -> int:

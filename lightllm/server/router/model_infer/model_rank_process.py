@@ -3,24 +3,29 @@
 Rank 0 talks to the router and the detokenization process; every rank receives the same
 command list each iteration through a torch.distributed broadcast, so all ranks run identical
 scheduling decisions.
+
+Admission is screened on rank 0 before the broadcast: a request whose shared-memory record does
+not read back as a valid request becomes a :class:`RejectRequests` entry, so every rank finishes
+it with an error and none of them runs it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import zmq
 
+from lightllm.common.basemodel.attention.selection import build_attention_backend
 from lightllm.common.basemodel.model_config import parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler
+from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests, RequestsReleased, StepOutput
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
@@ -28,13 +33,28 @@ from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend, StepReport
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
 from lightllm.utils.log_utils import init_logging
+from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 from lightllm.utils.process_utils import run_child, zmq_socket
+from lightllm.utils.tokenizer_utils import load_tokenizer
 
 log = logging.getLogger("lightllm.model_rank")
 
 IDLE_POLL_MS = 20
+
+
+@dataclass
+class RejectRequests:
+    """Rank 0 -> every rank, inside the broadcast command list: finish these requests with an error.
+
+    ``requests`` holds ``(request_id, shm_index)`` pairs the router asked to admit but whose
+    records failed rank 0's admission check.
+    """
+
+    requests: List[Tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -60,11 +80,13 @@ class ModelRankConfig:
     batch_max_tokens: int
     chunked_prefill_size: Optional[int]
     prefill_queue_strategy: str
+    prefill_max_wait_tokens: int
     use_prefix_cache: bool
     eos_token_ids: List[int]
     log_level: str
     sampler_seed: int = 0
     torch_threads: Optional[int] = None
+    attention_backend: str = "torch"  # resolved by the launcher: "torch" or "triton"
 
 
 class ModelRank:
@@ -88,7 +110,10 @@ class ModelRank:
                 timeout=timedelta(hours=24),
             )
             self.tp.group = dist.group.WORLD
-        model = load_model(config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp)
+        model = load_model(
+            config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp,
+            attention=build_attention_backend(config.attention_backend),
+        )
         context = InferenceContext(
             model.new_kv_cache(config.max_total_token_num),
             ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device),
@@ -97,17 +122,22 @@ class ModelRank:
         self.backend = ModeBackend(
             model,
             context,
-            build_prefill_queue_strategy(config.prefill_queue_strategy),
+            build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_max_wait_tokens),
             StepPlanner(config.batch_max_tokens, config.chunked_prefill_size),
             Sampler(config.sampler_seed),
             config.eos_token_ids,
             config.max_req_total_len,
             token_sync=self._broadcast_tokens if config.tp > 1 else None,
+            grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
         )
         self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
         self.stats: Optional[ShmStats] = None
+        self.wait_tracker = PrefillWaitTracker()
         self.steps = 0
+        self.preemptions = 0  # requests paused for KV, cumulative (vLLM's preemptions)
         self._last_step_did_work = False
+        # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
+        self._screened: Dict[int, Tuple[List[int], SamplingParams]] = {}
         if self.is_leader:
             self.zmq_ctx = zmq.Context()
             self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, config.model_rank0_address, bind=True)
@@ -135,27 +165,74 @@ class ModelRank:
                         commands.append(self.inbox.recv_pyobj(zmq.NOBLOCK))
                     except zmq.Again:
                         break
+            commands = self.screen(commands)
         if self.config.tp > 1:
             box = [commands]
             dist.broadcast_object_list(box, src=0)
             commands = box[0]
         return commands
 
+    def screen(self, commands: List[Any]) -> List[Any]:
+        """Rank 0: split each AddRequests into requests that read back valid and RejectRequests.
+
+        Any failure reading or checking one record is that request's alone.
+        """
+        screened: List[Any] = []
+        for command in commands:
+            if not isinstance(command, AddRequests):
+                screened.append(command)
+                continue
+            accepted, rejected = [], []
+            for request_id, shm_index in command.requests:
+                try:
+                    prompt_ids = self.shm.prompt_ids(shm_index)
+                    params = self.shm.sampling_params(shm_index)
+                    self.backend.check_request(prompt_ids, params)
+                except Exception as exc:  # noqa: BLE001 - reported to the request's client instead
+                    log.warning("rejecting request %d at admission: %s", request_id, exc)
+                    rejected.append((request_id, shm_index))
+                    continue
+                self._screened[request_id] = (prompt_ids, params)
+                accepted.append((request_id, shm_index))
+            if accepted:
+                screened.append(AddRequests(accepted))
+            if rejected:
+                screened.append(RejectRequests(rejected))
+        return screened
+
+    def _read_request(self, request_id: int, shm_index: int) -> Tuple[List[int], SamplingParams]:
+        screened = self._screened.pop(request_id, None)
+        if screened is not None:
+            return screened
+        return self.shm.prompt_ids(shm_index), self.shm.sampling_params(shm_index)
+
     def apply(self, commands: List[Any]) -> None:
-        """Admit and abort requests as the router asked."""
+        """Admit, reject and abort requests as the (screened) commands say."""
         for command in commands:
             if isinstance(command, AddRequests):
                 for request_id, shm_index in command.requests:
                     rec = self.shm.records[shm_index]
-                    req = self.backend.add_request(
-                        request_id,
-                        self.shm.prompt_ids(shm_index),
-                        self.shm.sampling_params(shm_index),
-                        high_priority_request=bool(rec["high_priority_request"]),
-                        shm_index=shm_index,
-                    )
+                    try:
+                        prompt_ids, params = self._read_request(request_id, shm_index)
+                        req = self.backend.add_request(
+                            request_id,
+                            prompt_ids,
+                            params,
+                            high_priority_request=bool(rec["high_priority_request"]),
+                            shm_index=shm_index,
+                        )
+                    except Exception:  # noqa: BLE001 - one request must not stop the rank
+                        # Every rank reads the same record into the same state, so all of them
+                        # take this branch together and stay in step.
+                        log.exception("admitting request %d failed; finishing it with an error", request_id)
+                        self.backend.reject(request_id, shm_index)
+                        continue
                     if self.is_leader:
                         rec["prompt_cache_len"] = req.prompt_cache_len
+                        self.wait_tracker.on_arrival(req)
+            elif isinstance(command, RejectRequests):
+                for request_id, shm_index in command.requests:
+                    self.backend.reject(request_id, shm_index)
             elif isinstance(command, AbortRequests):
                 for request_id in command.request_ids:
                     self.backend.abort(request_id)
@@ -163,9 +240,13 @@ class ModelRank:
     def publish(self, report: StepReport) -> None:
         """Rank 0 writes tokens and finish states to shared memory and notifies the others."""
         started = time.perf_counter()
+        self.preemptions += len(report.paused)
         updates = {}
+        # Prompt logprobs come from the prefill that also samples the first token: written first.
+        for req, entries in report.prompt_logprobs:
+            self.shm.publish_prompt_logprobs(req.shm_index, entries)
         for req, token, logprob in report.tokens:
-            self.shm.publish_token(req.shm_index, token, logprob)
+            self.shm.publish_token(req.shm_index, token, logprob, report.top_logprobs.get(req.request_id))
             updates[req.request_id] = (req.request_id, req.shm_index)
         released = []
         for req, status in report.finished:
@@ -178,6 +259,12 @@ class ModelRank:
             self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released))
         if released:
             self.to_router.send_pyobj(RequestsReleased([r for r, _ in released]))
+        self.wait_tracker.on_step(
+            (req for req, _, _ in report.tokens),
+            (req for req, _ in report.finished),
+            self.backend.context.requests.values(),
+            self.backend.counter.value,
+        )
         self._publish_stats()
         self._add_time("step_schedule_us", report.schedule_seconds)
         self._add_time("step_forward_us", report.forward_seconds)
@@ -194,15 +281,21 @@ class ModelRank:
         stats.set("kv_cached_tokens", ctx.radix_cache.total_token_num if ctx.radix_cache else 0)
         stats.set("kv_allocatable_tokens", ctx.allocatable_token_num())
         stats.set("paused_requests", sum(1 for r in ctx.requests.values() if r.paused))
+        stats.set("preemptions", self.preemptions)
         stats.set("processed_prefill_tokens", self.backend.counter.value)
         stats.set("backend_steps", self.steps)
+        for name, value in self.wait_tracker.fields().items():
+            stats.set(name, value)
 
     def serve_forever(self) -> None:
         """The rank's main loop."""
+        trimmer = IdleMallocTrimmer()  # freed activation memory goes back to the kernel when idle
         while True:
             self.apply(self.receive_commands())
             if not self.backend.has_work:
+                trimmer.idle()
                 continue
+            trimmer.busy()
             report = self.backend.step()
             self._last_step_did_work = report.did_work
             self.steps += 1
@@ -217,9 +310,11 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
     def body(mark_ready: Callable[[], None]) -> None:
         rank = ModelRank(config)
         log.info(
-            "rank %d ready: prefill_queue_strategy=%s kv_tokens=%d",
+            "rank %d ready: attention_backend=%s prefill_queue_strategy=%s prefill_max_wait_tokens=%s kv_tokens=%d",
             config.rank,
+            config.attention_backend,
             config.prefill_queue_strategy,
+            config.prefill_max_wait_tokens or "0 (waiting bound disabled)",
             config.max_total_token_num,
         )
         mark_ready()

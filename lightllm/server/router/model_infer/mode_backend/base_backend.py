@@ -3,27 +3,48 @@
 ``ModeBackend`` knows nothing about processes, shared memory or zmq: the rank process feeds it
 requests and turns its :class:`StepReport` into shared-memory writes and messages.  That keeps
 the step testable in one process with a real model.
+
+One request never takes the rank down: a request whose parameters fail the admission check is
+rejected, and a request whose sampling fails is finished, both with ``FINISH_ERROR`` (its
+client gets an error) while the rest of the batch goes on.  Under tensor parallelism rank 0's
+sampled tokens are broadcast, and a failed row travels as token ``-1``, so every rank finishes
+the same requests.  A failing forward pass fails the requests of that batch on a single rank;
+with several ranks it cannot be recovered (their collectives would be out of step) and is
+raised.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.sampling import Sampler, SamplingBatch, SamplingParams
-from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.router.model_infer.mode_backend.prompt_logprobs import prefill_logit_rows, prompt_logprob_entries
+from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan, StepPlanner, submit_prefill
 
 TokenSync = Callable[[torch.Tensor], torch.Tensor]
+
+log = logging.getLogger("lightllm.model_rank")
+
+# A forward pass that fails step after step means the model or device is broken, not a request.
+MAX_CONSECUTIVE_FORWARD_FAILURES = 3
+FAILED_TOKEN = -1
+
+
+class RequestRejected(ValueError):
+    """A request cannot run on this rank (its parameters or prompt are invalid here)."""
 
 
 @dataclass
@@ -32,9 +53,16 @@ class StepReport:
 
     ``tokens`` holds ``(request, token_id, logprob)`` in generation order; ``finished`` the
     requests that ended this step with their finish status (they are already released).
+    ``top_logprobs`` maps the request id of a request that asked for alternatives to this
+    step's ``(token_id, logprob)`` pairs, most likely first.
     """
 
     tokens: List[Tuple[InferReq, int, float]] = field(default_factory=list)
+    top_logprobs: Dict[int, List[Tuple[int, float]]] = field(default_factory=dict)
+    # ``(request, [(position, logprob, top)])`` of prompt tokens whose logprobs this step computed.
+    prompt_logprobs: List[Tuple[InferReq, List[Tuple[int, float, List[Tuple[int, float]]]]]] = field(
+        default_factory=list
+    )
     finished: List[Tuple[InferReq, int]] = field(default_factory=list)
     paused: List[InferReq] = field(default_factory=list)
     prefill_token_num: int = 0
@@ -65,8 +93,11 @@ class ModeBackend:
         eos_token_ids: Sequence[int],
         max_req_total_len: int,
         token_sync: Optional[TokenSync] = None,
+        grammar: Optional[GrammarConstraints] = None,
     ):
         self.model = model
+        # Structured output; None refuses requests that carry a grammar.
+        self.grammar = grammar
         self.context = context
         self.strategy = strategy
         self.planner = planner
@@ -78,6 +109,8 @@ class ModeBackend:
         self.token_sync = token_sync
         self.vocab_size = model.config.vocab_size
         self._pending_aborts: set[int] = set()
+        self._rejected: List[InferReq] = []
+        self._forward_failures = 0
 
     # --- requests in and out -----------------------------------------------------------------
     def add_request(
@@ -89,7 +122,12 @@ class ModeBackend:
         shm_index: int = -1,
         infer_high_priority: int = 0,
     ) -> InferReq:
-        """Create the request's :class:`InferReq` (snapshotting the prefill counter) and attach it."""
+        """Create the request's :class:`InferReq` (snapshotting the prefill counter) and attach it.
+
+        Raises :class:`RequestRejected` (before touching any state) when :meth:`check_request`
+        refuses the request.
+        """
+        self.check_request(prompt_ids, params)
         req = InferReq(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
@@ -103,6 +141,35 @@ class ModeBackend:
         self.context.add(req)
         return req
 
+    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise :class:`RequestRejected` unless this rank can run the request.
+
+        The HTTP side checks the same things; checking again here means a request that reached
+        the rank some other way (or whose record was damaged) fails alone instead of failing the
+        batch it would join.
+        """
+        try:
+            if not isinstance(params, SamplingParams):
+                raise ValueError(f"sampling parameters must be SamplingParams, got {type(params).__name__}")
+            params.validate(self.vocab_size)
+        except ValueError as exc:
+            raise RequestRejected(f"invalid sampling parameters: {exc}") from None
+        if getattr(params, "grammar", None) is not None and self.grammar is None:
+            raise RequestRejected("structured output is not available on this rank")
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
+            raise RequestRejected(f"the prompt holds token ids outside [0, {self.vocab_size})")
+        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
+            raise RequestRejected(
+                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                f"max_req_total_len ({self.max_req_total_len})"
+            )
+
+    def reject(self, request_id: int, shm_index: int = -1) -> None:
+        """Finish a request that could not be admitted with ``FINISH_ERROR`` in the next step."""
+        self._rejected.append(InferReq(request_id=request_id, prompt_ids=[], shm_index=shm_index, finished=True))
+
     def abort(self, request_id: int) -> None:
         """Mark a request aborted; it is released at the start of the next step."""
         req = self.context.requests.get(request_id)
@@ -111,14 +178,16 @@ class ModeBackend:
 
     @property
     def has_work(self) -> bool:
-        """Whether any request is live."""
-        return bool(self.context.requests)
+        """Whether any request is live (or a rejected one still has to be reported)."""
+        return bool(self.context.requests) or bool(self._rejected)
 
     # --- the step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """One scheduling step over every live request."""
         report = StepReport()
         started = time.perf_counter()
+        report.finished.extend((req, FINISH_ERROR) for req in self._rejected)
+        self._rejected = []
         self.filter_finished(report)
         ready = self.resume_paused()
         ordered = self.order(ready)
@@ -190,17 +259,24 @@ class ModeBackend:
         batch = ForwardBatch.build(
             token_ids, [c.start for c in chunks], [c.req.req_row for c in chunks], slots, self.model.device
         )
+        last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         report.prefill_token_num = submit_prefill(plan, self.counter)
         started = time.perf_counter()
-        logits = self.model.forward(batch, self.context.kv_cache, self.context.req_manager.req_to_token)
+        logits = self._forward(batch, slots, [c.req for c in chunks], report)
         report.forward_seconds += time.perf_counter() - started
+        if logits is None:
+            return
+        for chunk, (first_row, positions) in zip(chunks, prompt_rows):
+            if positions:
+                entries = prompt_logprob_entries(chunk.req, logits[first_row : first_row + len(positions)], positions)
+                report.prompt_logprobs.append((chunk.req, entries))
         done_rows = []
         for row, chunk in enumerate(chunks):
             chunk.req.cur_kv_len = chunk.end
             if chunk.end == chunk.req.total_len:
-                done_rows.append(row)
+                done_rows.append(last_rows[row])
         if done_rows:
-            reqs = [chunks[r].req for r in done_rows]
+            reqs = [chunk.req for chunk in chunks if chunk.end == chunk.req.total_len]
             self.sample_and_finish(logits[done_rows], reqs, report)
 
     def run_decode(self, reqs: List[InferReq], report: StepReport) -> None:
@@ -217,16 +293,72 @@ class ModeBackend:
         )
         report.decode_batch_size = len(reqs)
         started = time.perf_counter()
-        logits = self.model.forward(batch, self.context.kv_cache, self.context.req_manager.req_to_token)
+        logits = self._forward(batch, slots, reqs, report)
         report.forward_seconds += time.perf_counter() - started
+        if logits is None:
+            return
         for req in reqs:
             req.cur_kv_len += 1
         self.sample_and_finish(logits, reqs, report)
 
-    def sample_and_finish(self, logits: torch.Tensor, reqs: List[InferReq], report: StepReport) -> None:
-        """Sample next tokens, append them, and release requests that hit a stop condition."""
-        started = time.perf_counter()
-        batch = SamplingBatch.build(
+    def _forward(
+        self, batch: ForwardBatch, slots: torch.Tensor, reqs: List[InferReq], report: StepReport
+    ) -> Optional[torch.Tensor]:
+        """Run the forward pass; on a single rank a failure fails this batch's requests only.
+
+        The step's freshly allocated KV slots go back to the allocator and the requests are
+        released with ``FINISH_ERROR`` (their earlier KV is handed back as on any finish), so
+        the KV accounting stays exact.  Returns None when the batch failed.
+        """
+        try:
+            logits = self.model.forward(batch, self.context.kv_cache, self.context.req_manager.req_to_token)
+        except Exception:
+            self._forward_failures += 1
+            if self.token_sync is not None or self._forward_failures >= MAX_CONSECUTIVE_FORWARD_FAILURES:
+                raise
+            log.exception("forward pass failed; finishing its %d request(s) with an error", len(reqs))
+            self.context.kv_cache.free(slots)
+            for req in reqs:
+                self._fail(req, report)
+            return None
+        self._forward_failures = 0
+        return logits
+
+    def _fail(self, req: InferReq, report: StepReport) -> None:
+        req.finished = True
+        self.context.release(req)
+        report.finished.append((req, FINISH_ERROR))
+
+    def _sample_rows(
+        self, logits: torch.Tensor, reqs: List[InferReq]
+    ) -> Tuple[torch.Tensor, List[float], List[List[Tuple[int, float]]]]:
+        """Sample the whole batch; if that fails, each row alone, with ``FAILED_TOKEN`` for rows that fail.
+
+        Also returns each row's requested top alternatives (empty for rows that asked for none).
+        """
+        try:
+            out = self.sampler.sample(logits, self._sampling_batch(logits, reqs))
+            return out.next_token_ids, out.logprobs.tolist(), [out.row_top_logprobs(r) for r in range(len(reqs))]
+        except Exception:
+            log.exception("sampling a batch of %d failed; retrying its requests one by one", len(reqs))
+        tokens: List[int] = []
+        logprobs: List[float] = []
+        tops: List[List[Tuple[int, float]]] = []
+        for row, req in enumerate(reqs):
+            try:
+                out = self.sampler.sample(logits[row : row + 1], self._sampling_batch(logits, [req]))
+                tokens.append(int(out.next_token_ids[0]))
+                logprobs.append(float(out.logprobs[0]))
+                tops.append(out.row_top_logprobs(0))
+            except Exception:
+                log.exception("sampling failed for request %d; finishing it with an error", req.request_id)
+                tokens.append(FAILED_TOKEN)
+                logprobs.append(float("nan"))
+                tops.append([])
+        return torch.tensor(tokens, dtype=torch.long, device=logits.device), logprobs, tops
+
+    def _sampling_batch(self, logits: torch.Tensor, reqs: List[InferReq]) -> SamplingBatch:
+        return SamplingBatch.build(
             [r.sampling for r in reqs],
             [r.prompt_ids for r in reqs],
             [r.output_ids for r in reqs],
@@ -234,18 +366,45 @@ class ModeBackend:
             logits.shape[1],
             logits.device,
         )
-        out = self.sampler.sample(logits, batch)
-        tokens = out.next_token_ids
+
+    def sample_and_finish(self, logits: torch.Tensor, reqs: List[InferReq], report: StepReport) -> None:
+        """Sample next tokens, append them, and release requests that hit a stop condition.
+
+        A request whose sampling failed (token ``FAILED_TOKEN`` after rank 0's tokens were
+        shared) is released with ``FINISH_ERROR``.
+        """
+        started = time.perf_counter()
+        grammar_failed: set[int] = set()
+        if self.grammar is not None:
+            try:
+                logits = self.grammar.mask(logits, reqs)
+            except Exception:  # noqa: BLE001 - a broken grammar fails its requests, not the batch
+                log.exception("structured-output mask failed; finishing the constrained requests with an error")
+                grammar_failed = {r.request_id for r in reqs if self.grammar.constrained(r)}
+        tokens, logprobs, tops = self._sample_rows(logits, reqs)
         if self.token_sync is not None:
             tokens = self.token_sync(tokens)
-        for req, token, logprob in zip(reqs, tokens.tolist(), out.logprobs.tolist()):
+        for req, token, logprob, top in zip(reqs, tokens.tolist(), logprobs, tops):
+            if token == FAILED_TOKEN or req.request_id in grammar_failed:
+                self._fail(req, report)
+                continue
             req.output_ids.append(token)
             report.tokens.append((req, token, logprob))
+            if top:
+                report.top_logprobs[req.request_id] = top
             status = self.finish_status(req, token)
+            if self.grammar is not None and self.grammar.constrained(req):
+                ended = self.grammar.accept(req, token)
+                if ended == "error":
+                    status = FINISH_ERROR
+                elif ended == "stop" and not status:
+                    status = FINISH_STOP
             if status:
                 req.finished = True
                 self.context.release(req)
                 report.finished.append((req, status))
+        if self.grammar is not None:
+            self.grammar.forget(self.context.requests)
         report.post_seconds += time.perf_counter() - started
 
     def finish_status(self, req: InferReq, token: int) -> int:

@@ -122,8 +122,11 @@ class StepPlanner:
 
         ``kv_free_tokens`` is the number of allocatable KV tokens, or a callable returning it
         (called once).  Decode requests are served first, one KV token each, in queue order.
-        Prefill requests are then taken in queue order; one whose chunk does not fit the
-        remaining token budget or KV is skipped, and later (smaller) ones may still fit.
+        Prefill requests are then taken in queue order.  The first one (the head) always gets a
+        chunk, truncated to the remaining token budget and KV if they are smaller than its
+        chunk (with chunked prefill disabled it is not truncated: if it does not fit, no prefill
+        runs this step).  A later request whose chunk does not fit is skipped, and later
+        (smaller) ones may still fit.
         """
         kv_left = kv_free_tokens() if callable(kv_free_tokens) else kv_free_tokens
         _require_int(kv_left, "kv_free_tokens", minimum=0)
@@ -141,13 +144,24 @@ class StepPlanner:
         if mixed:
             token_budget = max(0, token_budget - len(plan.decode_reqs))
         chunk_token_sum = 0
-        for req in prefill_reqs:
+        for position, req in enumerate(prefill_reqs):
             need = prefill_need_token_num(req, self.chunked_prefill_size)
             if need <= 0:
                 raise ValueError(
                     f"ordered_reqs holds request {req.request_id} with no pending tokens; "
                     "finished requests must be filtered out before planning"
                 )
+            if position == 0:
+                # The head of the order is never skipped for lack of budget: with chunked
+                # prefill it gets whatever is left, so it advances in every step that has any
+                # prefill budget.  Without chunking a prompt must go in one piece; if it does not
+                # fit, no later request may take the room it waits for.  This is half of the
+                # waiting bound (the other half puts aged requests at the head).
+                if self.chunked_prefill_size is not None:
+                    need = min(need, token_budget, kv_left)
+                if need <= 0 or need > token_budget or need > kv_left:
+                    plan.skipped.extend(prefill_reqs)
+                    break
             capped = self.max_prefill_reqs is not None and len(plan.prefill_chunks) >= self.max_prefill_reqs
             if capped or need > token_budget or need > kv_left:
                 plan.skipped.append(req)

@@ -6,6 +6,7 @@ Choose one by name with ``build_prefill_queue_strategy`` (CLI: ``--prefill_queue
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.default import DefaultStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HrrnStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.lpm import LongestPrefixMatchStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.promote_shortest import (
     PromoteShortestStrategy,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "PREFILL_QUEUE_STRATEGIES",
     "DefaultStrategy",
     "HrrnStrategy",
+    "LongestPrefixMatchStrategy",
     "PrefillQueueStrategy",
     "PromoteShortestStrategy",
     "available_strategy_names",

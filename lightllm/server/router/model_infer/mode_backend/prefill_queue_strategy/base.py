@@ -11,6 +11,10 @@ from abc import ABC, abstractmethod
 from typing import ClassVar, List, Sequence, Tuple
 
 from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    PrefillWaitBound,
+)
 from lightllm.server.router.model_infer.mode_backend.request_classifier import split_decode_and_prefill
 
 
@@ -19,7 +23,13 @@ class PrefillQueueStrategy(ABC):
 
     ``reorder`` keeps decode requests (recognised by ``is_decode_request``, the same predicate
     the classifier uses) at the front in their existing order and lets the subclass order only
-    the prefill requests through ``order_prefill``.
+    the prefill requests through ``order_prefill``; it then applies the waiting bound
+    (:class:`PrefillWaitBound`), so every strategy is bounded by the same code.
+
+    Args:
+        max_wait_tokens: ``--prefill_max_wait_tokens``: a request that has waited more
+            processed prefill tokens than this goes before every request that has not, in
+            arrival order; ``0`` disables the bound.
 
     Contract for subclasses:
       * ``order_prefill`` returns a permutation of its input;
@@ -31,6 +41,14 @@ class PrefillQueueStrategy(ABC):
 
     name: ClassVar[str] = ""
 
+    def __init__(self, max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS) -> None:
+        self.wait_bound = PrefillWaitBound(max_wait_tokens)
+
+    @property
+    def max_wait_tokens(self) -> int:
+        """The waiting bound in processed prefill tokens (0: disabled)."""
+        return self.wait_bound.max_wait_tokens
+
     def reorder(
         self,
         reqs: Sequence[InferReq],
@@ -40,6 +58,10 @@ class PrefillQueueStrategy(ABC):
         strict_prefill: bool = False,
     ) -> List[InferReq]:
         """Return ``reqs`` reordered: decode requests first (stable), then ordered prefill ones.
+
+        Prefill requests come in the strategy's order, except that aged ones (see
+        :class:`PrefillWaitBound`) lead, in arrival order.  ``reqs`` is expected in the order the
+        backend received the requests (arrival order).
 
         ``processed_prefill_tokens`` is the backend's ``ProcessedPrefillTokenCounter.value``;
         ``no_decode`` and ``strict_prefill`` select the classification variant.
@@ -56,7 +78,7 @@ class PrefillQueueStrategy(ABC):
         # Hand the subclass its own list so a careless in-place sort cannot reach the caller.
         ordered_prefill = list(self.order_prefill(list(prefill_reqs), processed_prefill_tokens))
         self._check_permutation(prefill_reqs, ordered_prefill)
-        return decode_reqs + ordered_prefill
+        return decode_reqs + self.wait_bound.apply(prefill_reqs, ordered_prefill, processed_prefill_tokens)
 
     @abstractmethod
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
@@ -72,7 +94,7 @@ class PrefillQueueStrategy(ABC):
             )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
+        return f"{type(self).__name__}(name={self.name!r}, max_wait_tokens={self.max_wait_tokens})"
 
 
 def split_by_infer_priority(reqs: Sequence[InferReq]) -> Tuple[List[InferReq], List[InferReq]]:

@@ -11,14 +11,24 @@ from typing import Dict, List, Type
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.default import DefaultStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HrrnStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.lpm import LongestPrefixMatchStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.promote_shortest import (
     PromoteShortestStrategy,
+)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
 )
 
 DEFAULT_PREFILL_QUEUE_STRATEGY = DefaultStrategy.name
 
 PREFILL_QUEUE_STRATEGIES: Dict[str, Type[PrefillQueueStrategy]] = {
-    cls.name: cls for cls in (DefaultStrategy, PromoteShortestStrategy, HrrnStrategy)
+    cls.name: cls
+    for cls in (
+        DefaultStrategy,
+        PromoteShortestStrategy,
+        HrrnStrategy,
+        LongestPrefixMatchStrategy,
+    )
 }
 
 
@@ -27,11 +37,16 @@ def available_strategy_names() -> List[str]:
     return list(PREFILL_QUEUE_STRATEGIES)
 
 
-def build_prefill_queue_strategy(name: str) -> PrefillQueueStrategy:
-    """Instantiate the strategy registered as ``name``; unknown names raise ``ValueError``."""
+def build_prefill_queue_strategy(
+    name: str, max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
+) -> PrefillQueueStrategy:
+    """Instantiate the strategy registered as ``name`` under the waiting bound ``max_wait_tokens``.
+
+    Unknown names and invalid bounds raise ``ValueError``.
+    """
     cls = PREFILL_QUEUE_STRATEGIES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(
             f"unknown prefill_queue_strategy {name!r}; valid names: {', '.join(available_strategy_names())}"
         )
-    return cls()
+    return cls(max_wait_tokens)

@@ -1,0 +1,351 @@
+"""Load and soak test of a running server: concurrent streams, abort storms, memory per round.
+
+``python -m lightllm.benchmark.soak_server --model_dir /tmp/dm --rounds 3`` starts a server (or
+``--base-url URL --server-pid PID`` targets one on loopback) and runs ``--rounds`` rounds.  Each
+round sends, one phase after the other:
+
+* ``--streams`` concurrent streaming completions, read to the end;
+* an abort storm: ``--aborts`` concurrent streams whose clients disconnect after
+  ``--abort-after-events`` events;
+* ``--requests`` non-streaming completions, ``--concurrency`` at a time.
+
+After each round it waits until the server is idle, lets it settle, and samples the RSS of every
+server process (``/proc``) and the use of ``/dev/shm``.  The leak criterion holds when every
+process's RSS after the last round is within ``--tolerance`` (default 5%) of its RSS after the
+first round (the first round is the warm-up: caches, allocator pools and the prefix cache fill
+there).  Results are printed and written as JSON and Markdown.  Not part of CI: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import resource
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+from urllib.parse import urlparse
+
+import httpx
+
+from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
+from lightllm.benchmark.soak_report import render_markdown
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+MAX_CLIENTS = 10_000  # per phase; beyond this the client, not the server, is what gets measured
+
+
+@dataclass
+class PhaseResult:
+    """Outcome of one phase: requests that completed, failed, and how long it took."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    error_samples: List[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        """Count an error, keeping the first few messages for the report."""
+        self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(message[:300])
+
+
+def _bounded(name: str, low: int, high: int):
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{name} must be in [{low}, {high}], got {value}")
+        return value
+
+    return convert
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The script's argument parser."""
+    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.soak_server", description=__doc__.splitlines()[0])
+    target = parser.add_argument_group("server")
+    target.add_argument("--model_dir", default=None, help="start a server on this checkpoint (loopback, free port)")
+    target.add_argument("--server-args", default="", help="extra flags for the started server, one shell-quoted string")
+    target.add_argument("--base-url", default=None, help="target a running server instead (loopback only)")
+    target.add_argument("--server-pid", type=int, default=None, help="main pid of the targeted server (for RSS)")
+    target.add_argument("--log-dir", default="soak_logs", help="where the started server's log goes")
+    load = parser.add_argument_group("load")
+    load.add_argument("--rounds", type=_bounded("--rounds", 2, 20), default=3)
+    load.add_argument("--streams", type=_bounded("--streams", 0, MAX_CLIENTS), default=1000)
+    load.add_argument("--aborts", type=_bounded("--aborts", 0, MAX_CLIENTS), default=200)
+    load.add_argument("--abort-after-events", type=_bounded("--abort-after-events", 1, 10_000), default=2)
+    load.add_argument("--requests", type=_bounded("--requests", 0, 100_000), default=1000)
+    load.add_argument("--concurrency", type=_bounded("--concurrency", 1, MAX_CLIENTS), default=256)
+    load.add_argument("--prompt-len", type=_bounded("--prompt-len", 1, 100_000), nargs=2, default=[8, 64],
+                      metavar=("MIN", "MAX"), help="prompt lengths in tokens are drawn from [MIN, MAX]")
+    load.add_argument("--output-len", type=_bounded("--output-len", 1, 100_000), default=8)
+    load.add_argument("--abort-output-len", type=_bounded("--abort-output-len", 1, 100_000), default=256,
+                      help="max_tokens of the abort storm's streams (long, so the disconnect lands mid-stream)")
+    load.add_argument("--vocab", type=_bounded("--vocab", 6, 10_000_000), default=4096, help="prompt ids from [5, vocab)")
+    load.add_argument("--seed", type=int, default=0)
+    bounds = parser.add_argument_group("bounds and output")
+    bounds.add_argument("--request-timeout-s", type=float, default=600.0)
+    bounds.add_argument("--idle-timeout-s", type=float, default=300.0, help="most seconds to wait for the server to go idle")
+    bounds.add_argument("--settle-s", type=float, default=3.0, help="idle seconds before each memory sample")
+    bounds.add_argument("--max-seconds", type=float, default=3600.0, help="stop starting new rounds after this long")
+    bounds.add_argument("--tolerance", type=float, default=0.05, help="allowed RSS growth, last round vs first")
+    bounds.add_argument("--output-json", default=None)
+    bounds.add_argument("--output-md", default=None)
+    return parser
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Parse and cross-check arguments (exits with a one-line error on bad input)."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if (args.model_dir is None) == (args.base_url is None):
+        parser.error("give exactly one of --model_dir (start a server) or --base-url (target one)")
+    if args.base_url is not None:
+        host = urlparse(args.base_url).hostname
+        if host not in LOOPBACK_HOSTS:
+            parser.error(f"--base-url must be a loopback address ({', '.join(LOOPBACK_HOSTS)}), got host {host!r}")
+        if args.server_pid is None:
+            parser.error("--base-url needs --server-pid: memory is read from /proc of the server's processes")
+    elif args.server_pid is not None:
+        parser.error("--server-pid only goes with --base-url")
+    low, high = args.prompt_len
+    if low > high:
+        parser.error(f"--prompt-len MIN ({low}) must not exceed MAX ({high})")
+    for name in ("request_timeout_s", "idle_timeout_s", "max_seconds"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.settle_s < 0 or args.tolerance < 0:
+        parser.error("--settle-s and --tolerance must be >= 0")
+    if args.streams + args.aborts + args.requests == 0:
+        parser.error("nothing to send: --streams, --aborts and --requests are all 0")
+    return args
+
+
+class SoakClient:
+    """Sends the phases of a round to one server."""
+
+    def __init__(self, base_url: str, model: str, args: argparse.Namespace):
+        self.base_url = base_url
+        self.model = model
+        self.args = args
+        # Idle connections are dropped before the server's keep-alive timeout (5 s by default)
+        # can close them under a request being sent, which would count as a spurious error.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
+        self.client = httpx.AsyncClient(timeout=args.request_timeout_s, limits=limits, trust_env=False)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def _body(self, prompt: List[int], max_tokens: int, stream: bool) -> Dict[str, Any]:
+        return {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                "temperature": 0, "stream": stream}
+
+    async def _stream(self, prompt: List[int], max_tokens: int, stop_after: Optional[int], result: PhaseResult) -> None:
+        events = 0
+        try:
+            async with self.client.stream("POST", f"{self.base_url}/v1/completions",
+                                          json=self._body(prompt, max_tokens, True)) as resp:
+                if resp.status_code != 200:
+                    result.fail(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+                    return
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    if line.strip() == "data: [DONE]":
+                        break
+                    try:
+                        payload = json.loads(line[5:])
+                    except ValueError:
+                        result.fail(f"not JSON: {line}")
+                        return
+                    if isinstance(payload, dict) and "error" in payload:
+                        result.fail(line)
+                        return
+                    events += 1
+                    if stop_after is not None and events >= stop_after:
+                        break  # leaving the block closes the connection mid-stream
+            if stop_after is None and events == 0:
+                result.fail("stream ended without a token")
+            else:
+                result.ok += 1
+        except httpx.HTTPError as exc:
+            result.fail(f"{type(exc).__name__}: {exc}")
+
+    async def _complete(self, prompt: List[int], result: PhaseResult, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            try:
+                resp = await self.client.post(f"{self.base_url}/v1/completions",
+                                              json=self._body(prompt, self.args.output_len, False))
+                if resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == self.args.output_len:
+                    result.ok += 1
+                else:
+                    result.fail(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                result.fail(f"{type(exc).__name__}: {exc}")
+
+    async def run_phase(self, kind: str, prompts: List[List[int]]) -> PhaseResult:
+        """``streams``, ``aborts`` or ``requests`` over ``prompts``."""
+        result = PhaseResult(sent=len(prompts))
+        started = time.perf_counter()
+        if kind == "streams":
+            jobs = [self._stream(p, self.args.output_len, None, result) for p in prompts]
+        elif kind == "aborts":
+            jobs = [self._stream(p, self.args.abort_output_len, self.args.abort_after_events, result) for p in prompts]
+        else:
+            gate = asyncio.Semaphore(self.args.concurrency)
+            jobs = [self._complete(p, result, gate) for p in prompts]
+        await asyncio.gather(*jobs)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    async def wait_idle(self) -> bool:
+        """Poll /metrics until nothing runs or waits; False when ``--idle-timeout-s`` passed."""
+        deadline = time.monotonic() + self.args.idle_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                text = (await self.client.get(f"{self.base_url}/metrics", timeout=10)).text
+                busy = sum(_metric(text, name) for name in ("lightllm_running_requests", "lightllm_waiting_requests"))
+                if busy == 0:
+                    return True
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+        return False
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def make_prompts(count: int, low: int, high: int, vocab: int, rng: random.Random) -> List[List[int]]:
+    """Random token-id prompts with lengths in [low, high] (fresh ids, so every round adds cache entries)."""
+    return [[rng.randrange(5, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def sample_memory(root_pid: int) -> Dict[str, Dict[str, int]]:
+    """Memory of every live server process, keyed by label."""
+    samples = {}
+    for label, pid in server_processes(root_pid):
+        try:
+            samples[label] = {"pid": pid, **read_memory(pid).to_dict()}
+        except ProcessLookupError:
+            continue
+    return samples
+
+
+async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[str, Any]:
+    """Run every round against a server; returns the report dictionary."""
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as probe:
+        model = (await probe.get(f"{base_url}/v1/models")).json()["data"][0]["id"]
+    client = SoakClient(base_url, model, args)
+    rng = random.Random(args.seed)
+    low, high = args.prompt_len
+    own_shm = f"lightllm_{root_pid}_"  # the launcher names its segments after its pid
+    report: Dict[str, Any] = {"start": {"memory": sample_memory(root_pid), "shm": shm_usage(prefix=own_shm)}, "rounds": []}
+    began = time.monotonic()
+    try:
+        for index in range(args.rounds):
+            if time.monotonic() - began > args.max_seconds:
+                report["stopped_early"] = f"--max-seconds {args.max_seconds} passed before round {index + 1}"
+                break
+            phases = {}
+            for kind, count in (("streams", args.streams), ("aborts", args.aborts), ("requests", args.requests)):
+                if count:
+                    phases[kind] = (await client.run_phase(kind, make_prompts(count, low, high, args.vocab, rng))).__dict__
+            idle = await client.wait_idle()
+            await asyncio.sleep(args.settle_s)
+            entry = {"round": index + 1, "phases": phases, "went_idle": idle,
+                     "memory": sample_memory(root_pid), "shm": shm_usage(prefix=own_shm), "shm_all": shm_usage()}
+            report["rounds"].append(entry)
+            print(_round_line(entry), flush=True)
+    finally:
+        await client.close()
+    rss_rounds = [{label: m["rss_kib"] for label, m in r["memory"].items()} for r in report["rounds"]]
+    if len(rss_rounds) >= 2:
+        verdicts = leak_verdicts(rss_rounds, args.tolerance)
+        report["verdicts"] = [v.__dict__ for v in verdicts]
+        report["criterion_holds"] = all(v.holds for v in verdicts)
+    else:
+        report["verdicts"], report["criterion_holds"] = [], False
+    report["errors"] = sum(p["errors"] for r in report["rounds"] for p in r["phases"].values())
+    return report
+
+
+def _round_line(entry: Dict[str, Any]) -> str:
+    phases = ", ".join(f"{k} {p['ok']}/{p['sent']} ok in {p['seconds']:.1f}s" for k, p in entry["phases"].items())
+    rss = ", ".join(f"{label} {m['rss_kib'] / 1024:.0f}" for label, m in entry["memory"].items())
+    return f"round {entry['round']}: {phases}; RSS MiB: {rss}"
+
+
+def _raise_fd_limit() -> None:
+    # Every concurrent stream holds a socket; the default soft limit (often 1024) is too low.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point; exit code 0 when the leak criterion holds and no request failed."""
+    args = parse_args(argv)
+    _raise_fd_limit()
+    from lightllm.benchmark.run_environment import git_info, machine_info
+
+    server = None
+    if args.model_dir is not None:
+        from lightllm.benchmark.server_launcher import ServerProcess
+
+        server_args = ["--model_dir", args.model_dir, *shlex.split(args.server_args)]
+        server = ServerProcess.start(server_args, Path(args.log_dir) / "soak_server.log")
+        base_url, root_pid = server.base_url, server.pid
+    else:
+        base_url, root_pid = args.base_url.rstrip("/"), args.server_pid
+    try:
+        report = asyncio.run(soak(base_url, root_pid, args))
+        report["server_alive_after"] = server.is_alive() if server else True
+    finally:
+        if server is not None:
+            server.stop()
+    if server is not None:
+        report["shm_left_after_stop"] = shm_usage(prefix=f"lightllm_{root_pid}_")
+    report["command"] = "python -m lightllm.benchmark.soak_server " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    report["args"] = vars(args)
+    report["machine"] = {**machine_info(), **_memory_info()}
+    report["git"] = git_info()
+    markdown = render_markdown(report)
+    print(markdown)
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(report, indent=2))
+    if args.output_md:
+        Path(args.output_md).write_text(markdown)
+    return 0 if report["criterion_holds"] and report["errors"] == 0 else 1
+
+
+def _memory_info() -> Dict[str, Any]:
+    info: Dict[str, Any] = {}
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name in ("MemTotal", "MemAvailable"):
+                    info[name] = value.strip()
+        with open("/proc/loadavg") as handle:
+            info["loadavg_at_end"] = handle.read().split()[:3]
+    except OSError:
+        pass
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints.
+
+Strict like the OpenAI schemas in :mod:`lightllm.server.api_models` (no coercion, unknown keys
+rejected with a 400 naming them), with LightLLM's own parameter names and defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from lightllm.common.sampling import MAX_STOP_SEQUENCES
+from lightllm.server.api_errors import invalid_request
+from lightllm.server.api_models import MAX_N, _STRING_OR_STRINGS, StrictModel, _normalize_stop, _stored
+
+
+class NativeParameters(StrictModel):
+    """``parameters`` of LightLLM's ``/generate`` and ``/generate_stream``.
+
+    Names follow SamplingParams; range checks happen there. ``logprobs`` is the number of
+    top alternatives per token reported in ``details`` (stream events carry the chosen
+    token's logprob regardless).
+    """
+
+    do_sample: bool | None = None
+    temperature: float = Field(default=1.0, **_stored("temperature"))
+    top_p: float = 1.0
+    top_k: int = Field(default=-1, **_stored("top_k"))
+    repetition_penalty: float = Field(default=1.0, **_stored("repetition_penalty"))
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = Field(default=None, **_stored("seed"))
+    max_new_tokens: int | None = Field(default=None, **_stored("max_new_tokens"))
+    min_new_tokens: int = Field(default=0, **_stored("min_new_tokens"))
+    stop_sequences: Any = Field(default=None, validate_default=True, json_schema_extra=_STRING_OR_STRINGS)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    return_details: bool = False
+    logprobs: int | None = None
+    # LightLLM's own parameters.
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    skip_special_tokens: bool = True
+    add_special_tokens: bool = True
+    input_penalty: bool = False
+    print_eos_token: bool = False
+    exponential_decay_length_penalty: Any = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _check_stop(cls, value: Any) -> list[str]:
+        return _normalize_stop(value, MAX_STOP_SEQUENCES, "stop_sequences")
+
+    @field_validator("print_eos_token")
+    @classmethod
+    def _check_print_eos(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("print_eos_token=true is not supported; skip_special_tokens=false shows the EOS text")
+        return value
+
+    @field_validator("exponential_decay_length_penalty")
+    @classmethod
+    def _check_decay(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("exponential_decay_length_penalty is not supported; send null")
+        return None
+
+    def check_consistency(self) -> None:
+        if self.best_of is not None and self.best_of < self.n:
+            raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "parameters.best_of")
+
+    @property
+    def candidates(self) -> int:
+        """Generations run: ``best_of`` when given (the ``n`` most likely are returned), else ``n``."""
+        return self.best_of if self.best_of is not None else self.n
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments (max_new_tokens is resolved by the caller)."""
+        return self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
+                                        "print_eos_token", "exponential_decay_length_penalty"})
+
+
+class NativeGenerateRequest(StrictModel):
+    """Body of ``/generate`` and ``/generate_stream``.
+
+    ``high_priority_request`` is the router admission flag; inference-side priority is
+    internal and cannot be set from here.
+    """
+
+    inputs: str = Field(min_length=1)
+    parameters: NativeParameters = Field(default_factory=NativeParameters)
+    high_priority_request: bool = False
+    multimodal_params: dict[str, Any] | None = None
+
+    def check_consistency(self) -> None:
+        self.parameters.check_consistency()
+
+    @field_validator("multimodal_params")
+    @classmethod
+    def _check_multimodal(cls, value: dict[str, Any] | None) -> None:
+        if value and any(value.values()):
+            raise ValueError("multimodal inputs are not supported by this server")
+        return None

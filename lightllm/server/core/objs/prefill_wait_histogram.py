@@ -1,0 +1,76 @@
+"""Layout of the prefill-wait statistics in the shared stats block, and their /metrics form.
+
+Model rank 0 measures how long each request waited for its prompt to be prefilled (from
+admission to the step that completed its prompt), on two clocks: processed prefill tokens (the
+clock of the waiting bound, ``--prefill_max_wait_tokens``) and wall seconds.  It writes
+cumulative histogram buckets, sums and counts, and the longest wait of any request still
+waiting, into :class:`~lightllm.server.core.objs.shm_stats.ShmStats`; the HTTP process turns them
+into Prometheus histograms and gauges at scrape time.  Each field has one writer (rank 0).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+# Upper bounds (inclusive) of the token buckets: powers of four around the usual bounds.
+WAIT_TOKEN_BUCKETS: Tuple[int, ...] = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+# Upper bounds of the seconds buckets, stored in microseconds so the block stays int64.
+WAIT_US_BUCKETS: Tuple[int, ...] = tuple(
+    int(s * 1_000_000) for s in (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+)
+
+HIST_PREFIX = "prefill_wait_hist_"
+LONGEST_TOKENS_FIELD = "prefill_wait_longest_tokens"
+LONGEST_US_FIELD = "prefill_wait_longest_us"
+
+
+def _bucket_fields(unit: str, bounds: Sequence[int]) -> List[str]:
+    return [f"{HIST_PREFIX}{unit}_le_{b}" for b in bounds] + [
+        f"{HIST_PREFIX}{unit}_le_inf",
+        f"{HIST_PREFIX}{unit}_sum",
+    ]
+
+
+TOKEN_FIELDS = _bucket_fields("tokens", WAIT_TOKEN_BUCKETS)
+US_FIELDS = _bucket_fields("us", WAIT_US_BUCKETS)
+
+# Appended to ShmStats.STAT_FIELDS.  The ``le_inf`` bucket doubles as the count.
+PREFILL_WAIT_FIELDS: Tuple[str, ...] = (LONGEST_TOKENS_FIELD, LONGEST_US_FIELD, *TOKEN_FIELDS, *US_FIELDS)
+
+
+def bucket_increments(value: int, bounds: Sequence[int]) -> List[int]:
+    """0/1 per cumulative bucket (``le_b`` for each bound, then ``le_inf``) for one observation."""
+    return [1 if value <= b else 0 for b in bounds] + [1]
+
+
+def histogram_families(snapshot: Dict[str, int], strategy: str) -> Iterable[object]:
+    """Prometheus families for the prefill-wait fields of a stats ``snapshot``."""
+    longest_tokens = GaugeMetricFamily(
+        "lightllm_prefill_wait_longest_tokens",
+        "Longest current prefill wait of a request still waiting for its first token, in processed prefill tokens",
+        labels=["strategy"],
+    )
+    longest_tokens.add_metric([strategy], snapshot.get(LONGEST_TOKENS_FIELD, 0))
+    yield longest_tokens
+    longest_seconds = GaugeMetricFamily(
+        "lightllm_prefill_wait_longest_seconds",
+        "Longest current prefill wait of a request still waiting for its first token, in seconds",
+        labels=["strategy"],
+    )
+    longest_seconds.add_metric([strategy], snapshot.get(LONGEST_US_FIELD, 0) / 1e6)
+    yield longest_seconds
+    for unit, bounds, scale, name, doc in (
+        ("tokens", WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_wait_tokens", "Prefill wait from admission to first token, in processed prefill tokens"),
+        ("us", WAIT_US_BUCKETS, 1e6, "lightllm_prefill_wait_seconds", "Prefill wait from admission to first token, in seconds"),
+    ):
+        family = HistogramMetricFamily(name, doc, labels=["strategy"])
+        buckets = [(_format_bound(b / scale), snapshot.get(f"{HIST_PREFIX}{unit}_le_{b}", 0)) for b in bounds]
+        buckets.append(("+Inf", snapshot.get(f"{HIST_PREFIX}{unit}_le_inf", 0)))
+        family.add_metric([strategy], buckets, sum_value=snapshot.get(f"{HIST_PREFIX}{unit}_sum", 0) / scale)
+        yield family
+
+
+def _format_bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)

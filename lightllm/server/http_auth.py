@@ -1,0 +1,121 @@
+"""API-key authentication and the admission-priority rule.
+
+* With API keys configured (``--api_key`` or ``LIGHTLLM_API_KEY``), every endpoint except
+  ``/health`` needs ``Authorization: Bearer <key>`` (what OpenAI clients send); ``/metrics``,
+  ``/v1/models`` and the OpenAPI pages included. A missing or unknown key gets 401 with
+  ``WWW-Authenticate: Bearer``. Admin keys are accepted wherever API keys are. Without API keys
+  the API is open, and a bearer token that is not an admin key is ignored (OpenAI clients always
+  send one).
+* ``high_priority_request`` puts a request ahead of every other one at admission, so it is
+  honoured only from trusted requests: those with an admin key (``--admin_api_key`` or
+  ``LIGHTLLM_ADMIN_API_KEY``), or from everyone allowed to use the API when the operator opens it
+  with ``--allow_public_priority``. Anyone else asking for it gets 403 naming the field.
+
+Keys are compared in constant time over their SHA-256 digests, so neither content nor length leaks
+through timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any, Iterable, Optional, Tuple
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from lightllm.server.api_errors import APIError, error_body
+from lightllm.server.http_request_guard import ASGIApp, Receive, Scope, Send, header
+from lightllm.server.http_server_options import AuthPolicy
+
+PUBLIC_PATHS = frozenset({"/health"})
+AUTHENTICATION_ERROR = "authentication_error"
+PERMISSION_ERROR = "permission_error"
+_PRIORITY_ALLOWED = "lightllm_priority_allowed"
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def bearer_token(scope: Scope) -> Optional[str]:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    value = header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class KeySet:
+    """A set of secret keys checked in constant time."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests: Tuple[bytes, ...] = tuple(_digest(key) for key in keys)
+
+    def __bool__(self) -> bool:
+        return bool(self._digests)
+
+    def contains(self, token: Optional[str]) -> bool:
+        """True when ``token`` is one of the keys; every key is compared, whatever matches."""
+        if token is None:
+            return False
+        candidate = _digest(token)
+        found = False
+        for digest in self._digests:
+            found |= hmac.compare_digest(candidate, digest)
+        return found
+
+
+def _unauthorized(message: str, code: str, challenge: str) -> JSONResponse:
+    return JSONResponse(error_body(message, AUTHENTICATION_ERROR, None, code), status_code=401,
+                        headers={"www-authenticate": challenge})
+
+
+class ApiKeyMiddleware:
+    """Answers 401 to requests without a valid key and records whether a request may ask for priority."""
+
+    def __init__(self, app: ASGIApp, *, policy: AuthPolicy) -> None:
+        self.app = app
+        self.policy = policy
+        self._user_keys = KeySet(policy.api_keys)
+        self._admin_keys = KeySet(policy.admin_keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = bearer_token(scope)
+        is_admin = self._admin_keys.contains(token)
+        if self.policy.requires_key and scope.get("path") not in PUBLIC_PATHS and not is_admin:
+            if token is None:
+                response = _unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'",
+                                         "missing_api_key", 'Bearer realm="lightllm"')
+                await response(scope, receive, send)
+                return
+            if not self._user_keys.contains(token):
+                response = _unauthorized("Invalid API key", "invalid_api_key",
+                                         'Bearer realm="lightllm", error="invalid_token"')
+                await response(scope, receive, send)
+                return
+        scope.setdefault("state", {})[_PRIORITY_ALLOWED] = is_admin or self.policy.allow_public_priority
+        await self.app(scope, receive, send)
+
+
+def check_priority_allowed(request: Request, requested: Any) -> None:
+    """Raise 403 naming ``high_priority_request`` when an untrusted request asks for priority."""
+    if not requested:
+        return
+    if request.scope.get("state", {}).get(_PRIORITY_ALLOWED, False):
+        return
+    raise APIError(
+        403,
+        "high_priority_request is reserved for trusted clients: send an admin key "
+        "('Authorization: Bearer <admin key>', see --admin_api_key), or ask the operator to start the "
+        "server with --allow_public_priority",
+        PERMISSION_ERROR,
+        "high_priority_request",
+        "priority_not_allowed",
+    )

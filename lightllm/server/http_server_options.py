@@ -1,0 +1,123 @@
+"""The HTTP front end's limits and keys, read from the parsed flags, and the uvicorn config built from them.
+
+Flags and their defaults live in :mod:`lightllm.server.api_cli`; this module only turns them into
+the objects the app (:func:`lightllm.server.api_http.create_app`) and uvicorn need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+from dataclasses import dataclass, field
+from typing import Any, Optional, Tuple
+
+from lightllm.utils.envs_utils import api_keys_from_env
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+# A body may carry a whole context as text (a few bytes per token, up to 6 for a JSON-escaped
+# character), or as token ids ("123456, " is 8 bytes), plus chat structure: 64 bytes per token is
+# several times what a legitimate request needs while still bounding memory per request.
+BODY_BYTES_PER_CONTEXT_TOKEN = 64
+MIN_DEFAULT_BODY_BYTES = 8 * MIB
+# File descriptors kept free for the server's own sockets, shared memory and logs.
+RESERVED_FILE_DESCRIPTORS = 256
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Per-connection and per-request limits of the HTTP front end."""
+
+    max_body_bytes: Optional[int] = None
+    prompt_chars_per_token: Optional[float] = None
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    keep_alive_timeout: float = 5.0
+    max_connections: int = 2048
+
+    def body_limit(self, max_req_total_len: int) -> int:
+        """The body-size limit in bytes, derived from the context length unless given."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return max(MIN_DEFAULT_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_req_total_len)
+
+
+@dataclass(frozen=True)
+class AuthPolicy:
+    """Who may use the API and who may ask for admission priority."""
+
+    api_keys: Tuple[str, ...] = ()
+    admin_keys: Tuple[str, ...] = ()
+    allow_public_priority: bool = False
+
+    @property
+    def requires_key(self) -> bool:
+        """True when every endpoint but /health needs a key."""
+        return bool(self.api_keys)
+
+
+@dataclass(frozen=True)
+class HttpServerOptions:
+    """Everything the HTTP front end takes from the command line."""
+
+    limits: HttpLimits = field(default_factory=HttpLimits)
+    auth: AuthPolicy = field(default_factory=AuthPolicy)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "HttpServerOptions":
+        """Options from parsed flags; keys missing from the flags come from LIGHTLLM_API_KEY / LIGHTLLM_ADMIN_API_KEY."""
+        limits = HttpLimits(
+            max_body_bytes=args.max_request_body_bytes,
+            prompt_chars_per_token=args.prompt_chars_per_token,
+            header_timeout=args.http_header_timeout,
+            body_timeout=args.http_body_timeout,
+            keep_alive_timeout=args.http_keep_alive_timeout,
+            max_connections=args.http_max_connections,
+        )
+        api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
+        admin_keys = tuple(args.admin_api_key) if args.admin_api_key else tuple(api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
+        auth = AuthPolicy(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority)
+        return cls(limits=limits, auth=auth)
+
+
+def ensure_file_descriptors(max_connections: int) -> None:
+    """Raise the soft open-file limit so ``max_connections`` sockets fit, or say plainly that they do not."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + RESERVED_FILE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the open-file limit (%d) is below --http_max_connections (%d) + %d; connections beyond it fail at "
+            "accept() instead of getting a 503: raise 'ulimit -n' or lower --http_max_connections",
+            soft, max_connections, RESERVED_FILE_DESCRIPTORS,
+        )
+
+
+def build_uvicorn_config(app: Any, args: argparse.Namespace, options: HttpServerOptions, **overrides: Any) -> Any:
+    """The uvicorn config serving ``app`` on ``--host:--port`` through the guarded HTTP/1.1 protocol.
+
+    ``overrides`` are passed to ``uvicorn.Config`` as they are (e.g. ``timeout_graceful_shutdown``).
+    """
+    import uvicorn
+
+    from lightllm.server.http_protocol import guarded_protocol_class
+
+    ensure_file_descriptors(options.limits.max_connections)
+    settings: dict[str, Any] = dict(
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        http=guarded_protocol_class(options.limits),
+        timeout_keep_alive=options.limits.keep_alive_timeout,
+    )
+    settings.update(overrides)
+    return uvicorn.Config(app, **settings)

@@ -1,0 +1,144 @@
+"""How much memory the KV cache may take, with headroom that a shared machine survives.
+
+The rule (docs/EN/memory.md explains it for operators)::
+
+    kv_bytes = mem_fraction * (available - weights - reserve)
+
+* ``available``: ``MemAvailable`` of ``/proc/meminfo`` on CPU (what the kernel can hand out
+  without swapping, page cache included), free memory of the device on CUDA, read at start.
+* ``weights``: the checkpoint's tensors at the serving dtype; on CPU every rank's shard lives in
+  the same memory, so all of it, on CUDA one rank's share.
+* ``reserve`` (``--reserved_memory_gb``, or the estimate below): activations of the largest
+  forward, and on CPU the server's child processes plus a tenth of the machine for everyone else.
+
+On CPU the result is then split between the ranks and capped (``CPU_DEFAULT_KV_TOKEN_CAP``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lightllm.common.basemodel.model_config import ModelConfig
+
+log = logging.getLogger("lightllm.kv_budget")
+
+GIB = 1 << 30
+# Router and detokenization start next to the ranks after memory is read (the HTTP process already
+# runs, so it is counted as used); measured RSS (without KV) of each server process with the small
+# demo model is 0.2-0.5 GiB, most of it torch and tokenizer code.
+SERVER_SIDE_CHILDREN = 2
+PROCESS_ALLOWANCE_BYTES = GIB // 2
+# Left to the rest of a shared CPU machine: the OS, page cache and other services keep working.
+CPU_MACHINE_SHARE = 0.10
+# CUDA context, library workspaces and captured graphs on each device.
+CUDA_CONTEXT_BYTES = GIB
+# Allocator slack on top of the live activation estimate (freed blocks not yet reused).
+ACTIVATION_SLACK = 2
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """The terms of the rule above, in bytes, for the start-up log and the docs."""
+
+    available: int
+    weights: int
+    reserve: int
+    mem_fraction: float
+
+    @property
+    def kv_bytes(self) -> int:
+        """Memory the KV cache may take (0 when the reserve and weights already exceed what is available)."""
+        return max(0, int(self.mem_fraction * (self.available - self.weights - self.reserve)))
+
+    def describe(self) -> str:
+        """One line: every term in GiB."""
+        return (
+            f"KV budget {self.kv_bytes / GIB:.2f} GiB = {self.mem_fraction} x (available {self.available / GIB:.2f} "
+            f"- weights {self.weights / GIB:.2f} - reserve {self.reserve / GIB:.2f}) GiB"
+        )
+
+
+def available_memory_bytes(device: str) -> int:
+    """Free device memory on CUDA; ``MemAvailable`` on CPU (4 GiB when it cannot be read)."""
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    return _meminfo_bytes("MemAvailable") or 4 * GIB
+
+
+def _meminfo_bytes(field: str) -> int:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def weights_bytes(model_dir: str, checkpoint_dtype: torch.dtype, serving_dtype: torch.dtype) -> int:
+    """Size of the checkpoint's tensors once loaded at ``serving_dtype``."""
+    stored = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+    ratio = torch.empty((), dtype=serving_dtype).element_size() / torch.empty((), dtype=checkpoint_dtype).element_size()
+    return int(stored * ratio)
+
+
+def activation_bytes(
+    config: ModelConfig, tp: int, batch_max_tokens: int, chunk_tokens: int, max_req_total_len: int, max_batch_rows: int
+) -> int:
+    """Generous estimate of one rank's transient memory in its largest forward (float32 throughout).
+
+    Per token of a prefill: the residual stream and its normed copies, q/k/v and the attention
+    output, the MLP's gate/up/activation.  Per sampled row: logits and the sampler's copies.
+    Attention of one masked chunk against the longest context materialises scores and their
+    softmax (the torch path on CPU).  Doubled for allocator slack.
+    """
+    floats_per_token = (
+        8 * config.hidden_size
+        + (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim // tp
+        + 3 * config.intermediate_size // tp
+    )
+    hidden = batch_max_tokens * floats_per_token * 4
+    logits = max_batch_rows * config.vocab_size * 4 * 4
+    scores = 2 * (config.num_attention_heads // tp) * min(chunk_tokens, batch_max_tokens) * max_req_total_len * 4
+    return ACTIVATION_SLACK * (hidden + logits + scores)
+
+
+def plan_kv_budget(
+    *,
+    device: str,
+    config: ModelConfig,
+    model_dir: str,
+    serving_dtype: torch.dtype,
+    tp: int,
+    mem_fraction: float,
+    reserved_memory_gb: float | None,
+    batch_max_tokens: int,
+    chunk_tokens: int,
+    max_req_total_len: int,
+    max_batch_rows: int,
+) -> KVBudget:
+    """Apply the rule of this module; the caller turns bytes into tokens."""
+    weights = weights_bytes(model_dir, config.dtype, serving_dtype)
+    if device == "cpu":
+        ranks_here = tp  # every rank shares the machine's memory
+    else:
+        weights //= tp  # one rank per device
+        ranks_here = 1
+    if reserved_memory_gb is not None:
+        reserve = int(reserved_memory_gb * GIB)
+    else:
+        reserve = ranks_here * activation_bytes(config, tp, batch_max_tokens, chunk_tokens, max_req_total_len, max_batch_rows)
+        if device == "cpu":
+            reserve += (SERVER_SIDE_CHILDREN + tp) * PROCESS_ALLOWANCE_BYTES
+            reserve += int(CPU_MACHINE_SHARE * _meminfo_bytes("MemTotal"))
+        else:
+            reserve += CUDA_CONTEXT_BYTES
+    budget = KVBudget(available_memory_bytes(device), weights, reserve, mem_fraction)
+    log.info("%s", budget.describe())
+    return budget

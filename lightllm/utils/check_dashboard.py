@@ -1,0 +1,102 @@
+"""Check that a Grafana dashboard only queries series a server exports.
+
+Every PromQL expression of the dashboard (panel targets and template variable queries) is
+read for its metric selectors (``name{...}``, and the metric of ``label_values(name, label)``)
+and its grouping labels (``by (...)``); each metric must be a sample name in the Prometheus
+exposition and each grouping label must be a label of one of the expression's metrics.
+
+Usage: ``python -m lightllm.utils.check_dashboard DASHBOARD.json URL_OR_FILE``
+(``URL_OR_FILE``: a ``/metrics`` URL or a saved exposition). Exit code 1 lists the problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Set
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
+_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)")
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def exported_labels(exposition: str) -> Dict[str, Set[str]]:
+    """Sample name -> label names seen on it, from a Prometheus text exposition."""
+    labels: Dict[str, Set[str]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    return labels
+
+
+def dashboard_expressions(dashboard: Dict[str, Any]) -> Iterator[str]:
+    """Every PromQL expression in a Grafana dashboard JSON model (rows' nested panels too)."""
+    def panels(items: List[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        for panel in items:
+            yield panel
+            yield from panels(panel.get("panels", []))
+
+    for panel in panels(dashboard.get("panels", [])):
+        for target in panel.get("targets", []):
+            if "expr" in target:
+                yield target["expr"]
+    for variable in dashboard.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            query = variable.get("query")
+            yield query.get("query", "") if isinstance(query, dict) else str(query)
+
+
+def dashboard_problems(dashboard: Dict[str, Any], exposition: str) -> List[str]:
+    """Problems of ``dashboard`` against ``exposition``; empty when every query can be answered."""
+    exported = exported_labels(exposition)
+    problems: List[str] = []
+    expressions = list(dashboard_expressions(dashboard))
+    if not expressions:
+        problems.append("the dashboard has no PromQL expressions")
+    for expr in expressions:
+        metrics = set(_SELECTOR.findall(expr))
+        for metric, label in _LABEL_VALUES.findall(expr):
+            metrics.add(metric)
+            if metric in exported and label not in exported[metric]:
+                problems.append(f"{expr!r}: {metric} has no label {label!r}")
+        if not metrics:
+            problems.append(f"{expr!r}: no metric selector (write name{{...}})")
+        missing = sorted(m for m in metrics if m not in exported)
+        problems.extend(f"{expr!r}: {m} is not exported" for m in missing)
+        known: Set[str] = set()
+        for metric in metrics:
+            known |= exported.get(metric, set())
+        for group in _GROUPING.findall(expr):
+            for label in filter(None, (part.strip() for part in group.split(","))):
+                if known and label not in known:
+                    problems.append(f"{expr!r}: grouping label {label!r} is on none of {sorted(metrics)}")
+    return problems
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m lightllm.utils.check_dashboard", description=__doc__.splitlines()[0])
+    parser.add_argument("dashboard", type=Path, help="Grafana dashboard JSON model")
+    parser.add_argument("metrics", help="a /metrics URL or a file with a Prometheus text exposition")
+    args = parser.parse_args(argv)
+    if args.metrics.startswith(("http://", "https://")):
+        import httpx
+
+        exposition = httpx.get(args.metrics, timeout=10).text
+    else:
+        exposition = Path(args.metrics).read_text()
+    problems = dashboard_problems(json.loads(args.dashboard.read_text()), exposition)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print(f"{args.dashboard}: every expression is answered by {args.metrics}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

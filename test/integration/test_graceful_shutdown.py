@@ -1,0 +1,85 @@
+"""SIGTERM drains for at most --graceful_shutdown_seconds, and resources of a server killed with
+SIGKILL are removed when the next server starts (issue 14)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from failure_clients import alive, child_pids, leftovers, payload, run_client, wait_all_ended
+from server_process import start_server
+
+GRACE_SECONDS = 3.0
+SHORT = 32  # tokens: done long before the deadline
+LONG = 3500  # tokens: far beyond the deadline on the small model
+
+
+def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir, small_llama_dir, tmp_path):
+    # A launcher killed with SIGKILL cannot clean up; its children follow it within a second or two.
+    killed = start_server(tiny_llama_dir, tmp_path, ["--max_total_token_num", "4096"])
+    killed_children = child_pids(killed.log())
+    killed.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in killed_children.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any("lightllm-" in path for path in leftovers(killed.proc.pid)), "expected the IPC folder to be left"
+    # The resource tracker may already have removed the segments; plant one to be sure.
+    stale_segment = Path(f"/dev/shm/lightllm_{killed.proc.pid}_0badc0de_req")
+    stale_segment.write_bytes(b"x")
+    # Resources of a live process (this test) must survive.
+    live_segment = Path(f"/dev/shm/lightllm_{os.getpid()}_0badc0de_req")
+    live_segment.write_bytes(b"x")
+    live_dir = Path(tempfile.mkdtemp(prefix=f"lightllm-{os.getpid()}-"))
+    try:
+        server = start_server(small_llama_dir, tmp_path, ["--max_total_token_num", "32768",
+                                                          "--graceful_shutdown_seconds", str(GRACE_SECONDS)])
+        assert not leftovers(killed.proc.pid)
+        assert live_segment.exists() and live_dir.exists()
+    finally:
+        live_segment.unlink(missing_ok=True)
+        live_dir.rmdir()
+        stale_segment.unlink(missing_ok=True)
+
+    try:
+        children = child_pids(server.log())
+        model = server.model_name
+        long_ones = [run_client(server.url, "/v1/completions", payload("/v1/completions", model, LONG), stream=True),
+                     run_client(server.url, "/generate", payload("/generate", model, LONG), stream=False)]
+        short_plain = [run_client(server.url, "/v1/completions", payload("/v1/completions", model, SHORT), stream=False)]
+        short_streams = [run_client(server.url, "/generate_stream", payload("/generate_stream", model, SHORT), stream=True)]
+        # The streams' first events prove their requests (sent last) are in flight.
+        for result in (long_ones[0], *short_streams):
+            assert result.first_event.wait(30) and result.status == 200, (result.body, result.transport_error)
+        signalled_at = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = httpx.post(f"{server.url}/generate", json=payload("/generate", model, 4), timeout=10)
+        health = httpx.get(f"{server.url}/health", timeout=10)
+        wait_all_ended(long_ones + short_plain + short_streams, GRACE_SECONDS + 5)
+        code = server.proc.wait(GRACE_SECONDS + 10)
+        exited_after = time.monotonic() - signalled_at
+    finally:
+        server.stop(signal.SIGKILL)
+
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down", refused.text
+    assert health.status_code == 503
+    for result in short_plain + short_streams:
+        assert result.status == 200 and result.error() is None, (result.body, result.events[-1:])
+        assert result.finish_reasons() == ["length"]
+    for result in long_ones:
+        ended_after = result.ended_at - signalled_at
+        assert GRACE_SECONDS - 0.5 <= ended_after <= GRACE_SECONDS + 2, ended_after
+        error = result.error()
+        assert error is not None and error["code"] == "server_shutting_down", (result.body, result.events[-1:])
+        assert "graceful shutdown period" in error["message"]
+    assert long_ones[0].status == 200 and long_ones[0].done_sentinel  # error event, then the stream ends
+    assert long_ones[1].status == 503
+    assert code == 0
+    assert exited_after <= GRACE_SECONDS + 5
+    assert not leftovers(server.proc.pid)
+    assert not [name for name, pid in children.items() if alive(pid)]

@@ -1,0 +1,103 @@
+"""End to end: the waiting bound on a real server, and the prefill-wait metrics.
+
+One long prompt is admitted first, then a burst of short prompts.  Under ``promote_shortest``
+without a bound each step promotes one short prompt and the long prompt's chunk no longer fits
+the budget, so it would wait for the whole burst.  With ``--prefill_max_wait_tokens 200`` it is
+aged after 200 processed tokens and then gets the whole budget every step, so at most
+``(W + B) / SHORT_LEN`` short prompts can get their first token before it (with the bound set to
+0 all 64 come first).  The assertion counts scheduling steps, not time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from server_process import start_server
+
+W, BUDGET, LONG_LEN, SHORT_NUM, SHORT_LEN, NEW_TOKENS = 200, 16, 960, 64, 12, 2
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return [10 + (seed * 131 + i * 17) % 900 for i in range(length)]
+
+
+async def _stream(client, server, prompt, order, tag):
+    """Stream one completion request; ``prompt`` may be a list of prompts (one request each)."""
+    body = {"model": server.model_name, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    async with client.stream("POST", f"{server.url}/v1/completions", json=body) as resp:
+        assert resp.status_code == 200, (await resp.aread()).decode()
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    key = f"{tag}{choice['index']}"
+                    if key not in order:
+                        order.append(key)
+
+
+async def _run(server):
+    order: list = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        long_task = asyncio.create_task(_stream(client, server, _prompt(0, LONG_LEN), order, "long"))
+        deadline = time.monotonic() + 60
+        # The long prompt needs 60 steps; start the burst once it is admitted.
+        while server.metric("lightllm_running_requests") < 1 and "long0" not in order:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        # One request with many prompts: they reach the router together, as one burst.
+        burst = [_prompt(100 + i, SHORT_LEN) for i in range(SHORT_NUM)]
+        await asyncio.gather(long_task, _stream(client, server, burst, order, "short"))
+    return order
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir, tmp_path_factory):
+    handle = start_server(
+        tiny_llama_dir,
+        tmp_path_factory.mktemp("bound"),
+        ["--prefill_queue_strategy", "promote_shortest", "--prefill_max_wait_tokens", str(W),
+         "--chunked_prefill_size", str(BUDGET), "--batch_max_tokens", str(BUDGET),
+         "--disable_dynamic_prompt_cache", "--max_total_token_num", "16384"],
+    )
+    yield handle
+    handle.stop()
+
+
+def test_long_prompt_is_served_within_the_bound_and_waits_are_exposed(server):
+    assert "prefill_queue_strategy=promote_shortest prefill_max_wait_tokens=200" in server.log()
+    order = asyncio.run(_run(server))
+    assert len(order) == SHORT_NUM + 1
+    shorts_before_long = order.index("long0")
+    # Aged after at most W + BUDGET processed tokens, then at the head until its prompt is done.
+    assert shorts_before_long <= (W + BUDGET) // SHORT_LEN + 1, order[: shorts_before_long + 1]
+    server.wait_idle()
+    body = httpx.get(f"{server.url}/metrics", timeout=10).text
+    count = re.search(r'^lightllm_prefill_wait_tokens_count\{model_name="[^"]*",strategy="promote_shortest"\} (\S+)$', body, re.M)
+    assert count is not None and float(count.group(1)) == SHORT_NUM + 1
+    total = re.search(r'^lightllm_prefill_wait_tokens_sum\{model_name="[^"]*",strategy="promote_shortest"\} (\S+)$', body, re.M)
+    # The long prompt alone waited at least its own prompt's tokens.
+    assert float(total.group(1)) >= LONG_LEN
+    assert f'lightllm_prefill_wait_seconds_bucket{{le="+Inf",model_name="{server.model_name}",strategy="promote_shortest"}}' in body
+    assert server.metric("lightllm_prefill_wait_longest_tokens") == 0  # nothing waits now
+    assert server.metric("lightllm_prefill_wait_longest_seconds") == 0
+
+
+def test_negative_bound_is_refused_with_one_line(tiny_llama_dir):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(tiny_llama_dir),
+         "--prefill_max_wait_tokens", "-1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --prefill_max_wait_tokens must be >= 0 (0 disables the bound), got -1"
+    )

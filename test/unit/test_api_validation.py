@@ -1,0 +1,222 @@
+"""Hostile request bodies get 400s naming the client's field; the OpenAPI document describes bodies.
+
+The app is the real ``create_app``; the request manager behind it is the scripted test double
+from ``api_fakes`` (tests on a real server live in test/integration/test_request_validation.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeManager, assert_error, chat, completion, sse_events
+
+INT32_OVER = 2**31
+
+POST_PATHS = ("/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions")
+
+
+def _raw_post(client: TestClient, path: str, raw: str) -> Any:
+    return client.post(path, content=raw.encode("utf-8"), headers={"content-type": "application/json"})
+
+
+# ---------------------------------------------------------------- stored-width numbers, both APIs
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"repetition_penalty": 1e39}, "repetition_penalty"),
+        ({"repetition_penalty": 1e-300}, "repetition_penalty"),
+        ({"top_p": 1e-300}, "top_p"),
+        ({"temperature": 1e-300}, "temperature"),
+        ({"presence_penalty": 1e-300}, "presence_penalty"),
+        ({"frequency_penalty": -1e-300}, "frequency_penalty"),
+        ({"top_k": 2**40}, "top_k"),
+        ({"top_k": INT32_OVER}, "top_k"),
+        ({"max_tokens": INT32_OVER}, "max_tokens"),
+        ({"seed": 2**64}, "seed"),
+        ({"stop_token_ids": [INT32_OVER]}, "stop_token_ids"),
+        ({"stop_token_ids": list(range(17))}, "stop_token_ids"),
+        ({"stop": ["x" * 400, "y" * 400, "z" * 400]}, "stop"),
+        ({"min_tokens": INT32_OVER}, "min_tokens"),
+    ],
+)
+def test_completion_numbers_are_checked_in_their_stored_width(client: TestClient, manager: FakeManager,
+                                                               fields: dict[str, Any], param: str) -> None:
+    error = assert_error(completion(client, **fields), 400, param)
+    assert error["message"].startswith(f"{param} must"), error
+    assert "stop_sequences" not in error["message"] and "max_new_tokens" not in error["message"]
+    assert manager.calls == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_completion_tokens": INT32_OVER}, "max_completion_tokens"),
+        ({"max_tokens": INT32_OVER}, "max_tokens"),
+        ({"top_k": INT32_OVER}, "top_k"),
+        ({"repetition_penalty": 1e300}, "repetition_penalty"),
+        ({"stop": ["é" * 200]}, "stop"),
+    ],
+)
+def test_chat_numbers_name_the_chat_fields(client: TestClient, manager: FakeManager, fields: dict[str, Any],
+                                           param: str) -> None:
+    error = assert_error(chat(client, **fields), 400, param)
+    assert error["message"].startswith(f"{param} must")
+    assert manager.calls == []
+
+
+@pytest.mark.parametrize(
+    ("parameters", "param"),
+    [
+        ({"temperature": 1e39}, "parameters.temperature"),
+        ({"temperature": 1e300}, "parameters.temperature"),
+        ({"repetition_penalty": 1e300}, "parameters.repetition_penalty"),
+        ({"repetition_penalty": 1e-300}, "parameters.repetition_penalty"),
+        ({"top_p": 1e-300}, "parameters.top_p"),
+        ({"top_k": INT32_OVER}, "parameters.top_k"),
+        ({"max_new_tokens": INT32_OVER}, "parameters.max_new_tokens"),
+        ({"min_new_tokens": INT32_OVER}, "parameters.min_new_tokens"),
+        ({"seed": 2**63}, "parameters.seed"),
+        ({"stop_token_ids": [INT32_OVER]}, "parameters.stop_token_ids"),
+        ({"stop_sequences": ["x" * 1100]}, "parameters.stop_sequences"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
+def test_native_numbers_are_checked_in_their_stored_width(client: TestClient, manager: FakeManager,
+                                                          parameters: dict[str, Any], param: str, path: str) -> None:
+    error = assert_error(client.post(path, json={"inputs": "hi", "parameters": parameters}), 400, param)
+    assert error["message"].startswith(f"{param} must")
+    assert manager.calls == []
+
+
+def test_values_at_the_storage_limits_are_accepted(client: TestClient, manager: FakeManager) -> None:
+    assert completion(client, top_k=2**31 - 1, repetition_penalty=3.0e38, seed=2**63 - 1).status_code == 200
+    body = {"inputs": "hi", "parameters": {"temperature": 1.2e-38, "top_p": 1.2e-38, "repetition_penalty": 1e-37}}
+    assert client.post("/generate", json=body).status_code == 200
+    assert [call.params.top_k for call in manager.calls] == [2**31 - 1, -1]
+
+
+# ---------------------------------------------------------------- strings and structure
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/completions", '{"model": "%s", "prompt": "a\\ud800b"}' % MODEL, "prompt"),
+        ("/v1/completions", '{"model": "%s", "prompt": ["ok", "\\udfff"]}' % MODEL, "prompt.1"),
+        ("/v1/completions", '{"model": "\\ud800", "prompt": "x"}', "model"),
+        ("/v1/completions", '{"model": "%s", "prompt": "x", "stop": "\\ud83d"}' % MODEL, "stop"),
+        ("/v1/chat/completions", '{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % MODEL,
+         "messages.0.content"),
+        ("/v1/chat/completions",
+         '{"model": "%s", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}' % MODEL,
+         "messages.0.content.0.text"),
+        ("/generate", '{"inputs": "\\ud800"}', "inputs"),
+        ("/generate_stream", '{"inputs": "ok", "parameters": {"stop_sequences": ["\\ud800"]}}',
+         "parameters.stop_sequences.0"),
+        ("/generate", '{"inputs": "ok", "parameters": {"\\ud800": 1}}', "parameters"),
+        ("/generate", '{"\\ud800": 1, "inputs": "ok"}', None),
+    ],
+)
+def test_lone_surrogates_are_refused_naming_the_field(client: TestClient, manager: FakeManager, path: str, raw: str,
+                                                      param: str | None) -> None:
+    error = assert_error(_raw_post(client, path, raw), 400, param)
+    assert "surrogate" in error["message"]
+    assert manager.calls == []
+
+
+def test_valid_unicode_passes(client: TestClient, manager: FakeManager) -> None:
+    # Emoji (a surrogate pair in JSON escapes), RTL text, NUL and combining marks are fine.
+    raw = '{"model": "%s", "prompt": "\\ud83d\\ude00 \\u05e9\\u05dc\\u05d5\\u05dd \\u0000 e\\u0301"}' % MODEL
+    assert _raw_post(client, "/v1/completions", raw).status_code == 200
+    assert len(manager.calls) == 1
+
+
+@pytest.mark.parametrize("depth", [33, 200, 1000, 100_000])
+@pytest.mark.parametrize("path", POST_PATHS)
+def test_deep_nesting_is_a_400(client: TestClient, path: str, depth: int) -> None:
+    raw = '{"x": ' + "[" * depth + "]" * depth + "}"
+    error = assert_error(_raw_post(client, path, raw), 400, "x" if depth < 900 else None)
+    assert "nested more than 32 levels" in error["message"]
+
+
+def test_nesting_within_the_limit_reaches_field_validation(client: TestClient) -> None:
+    raw = '{"inputs": "hi", "multimodal_params": {"a": ' + "[" * 30 + "]" * 30 + "}}"
+    assert _raw_post(client, "/generate", raw).status_code == 400  # multimodal_params: not supported
+    assert "multimodal" in _raw_post(client, "/generate", raw).json()["error"]["message"]
+
+
+def test_overlong_integer_literal_is_a_400(client: TestClient) -> None:
+    raw = '{"model": "%s", "prompt": "x", "top_k": %s}' % (MODEL, "9" * 5000)
+    error = assert_error(_raw_post(client, "/v1/completions", raw), 400)
+    assert "Malformed JSON body" in error["message"]
+
+
+# ---------------------------------------------------------------- a request the rank finished with an error
+
+
+def test_rank_error_is_a_500_for_non_streaming_clients(client: TestClient, manager: FakeManager) -> None:
+    manager.failure = "rank_error"
+    for response in (completion(client), chat(client), client.post("/generate", json={"inputs": "hi"})):
+        error = assert_error(response, 500, None, "generation_failed")
+        assert error["type"] == "server_error"
+
+
+def test_rank_error_ends_a_stream_with_an_error_event(client: TestClient, manager: FakeManager) -> None:
+    manager.failure = "rank_error"
+    events = sse_events(completion(client, stream=True))
+    assert [event["choices"][0]["text"] for event in events[:2]] == [" w0", " w2"]
+    assert events[-2]["error"]["code"] == "generation_failed" and events[-1] == "[DONE]"
+    assert not any(isinstance(event, dict) and event.get("choices", [{}])[0].get("finish_reason") for event in events)
+    native = sse_events(client.post("/generate_stream", json={"inputs": "hi"}))
+    assert native[-1]["error"]["code"] == "generation_failed"
+    # The last token arrived with the error: its text is still delivered before the error.
+    assert [event["token"]["id"] for event in native[:-1]] == [20, 21, 22]
+    assert all(event["finished"] is False for event in native[:-1])
+
+
+# ---------------------------------------------------------------- OpenAPI request bodies
+
+
+def test_openapi_describes_every_post_body(client: TestClient) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    document = client.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    expected = {"/generate": "NativeGenerateRequest", "/generate_stream": "NativeGenerateRequest",
+                "/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+    valid = {
+        "/generate": {"inputs": "hi", "parameters": {"max_new_tokens": 2, "stop_sequences": ["\n"]}},
+        "/generate_stream": {"inputs": "hi"},
+        "/v1/completions": {"model": MODEL, "prompt": [[1, 2, 3]], "max_tokens": 2, "stop": "x"},
+        "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text",
+                                                                                         "text": "hi"}]}]},
+    }
+    for path, model_name in expected.items():
+        body = document["paths"][path]["post"]["requestBody"]
+        assert body["required"] is True
+        ref = body["content"]["application/json"]["schema"]["$ref"]
+        assert ref == f"#/components/schemas/{model_name}"
+        # Resolve every $ref against the whole document, as fuzzers and generators do.
+        resolver_doc = {**document, **schemas[model_name]}
+        validator = jsonschema.Draft202012Validator(resolver_doc)
+        validator.validate(valid[path])
+        assert client.post(path, json=valid[path]).status_code == 200, path
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate({**valid[path], "no_such_field": 1})
+    messages = schemas["ChatCompletionRequest"]["properties"]["messages"]
+    assert messages["items"] == {"$ref": "#/components/schemas/ChatMessage"}
+    # Storage widths are stated in the document, so generators do not produce values we refuse.
+    assert schemas["CompletionRequest"]["properties"]["top_k"]["maximum"] == 2**31 - 1
+    assert schemas["NativeParameters"]["properties"]["max_new_tokens"]["maximum"] == 2**31 - 1
+    assert schemas["NativeParameters"]["properties"]["seed"]["maximum"] == 2**63 - 1
+    assert schemas["NativeParameters"]["properties"]["temperature"]["maximum"] == pytest.approx(3.4028234663852886e38)
+
+
+def test_openapi_document_is_json_serialisable_and_stable(client: TestClient) -> None:
+    first = client.get("/openapi.json").json()
+    assert json.dumps(first) == json.dumps(client.get("/openapi.json").json())

@@ -1,0 +1,112 @@
+"""API keys and the admission-priority rule on the real app (scripted request manager behind it)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeManager, assert_error
+from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.api_http import create_app
+from lightllm.server.http_auth import KeySet, bearer_token
+from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions
+
+USER, ADMIN = "user-key-1", "admin-key-1"
+
+
+def _client(manager: FakeManager, key: str | None = None, **policy) -> TestClient:
+    options = HttpServerOptions(auth=AuthPolicy(**policy))
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return TestClient(create_app(manager, options), headers=headers, raise_server_exceptions=False)
+
+
+def test_key_set_matches_only_its_keys() -> None:
+    keys = KeySet(["alpha", "beta"])
+    assert keys.contains("alpha") and keys.contains("beta")
+    assert not keys.contains("alph") and not keys.contains("alphaa") and not keys.contains(None)
+    assert not KeySet([]) and not KeySet([]).contains("alpha")
+
+
+@pytest.mark.parametrize(
+    ("value", "token"),
+    [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), ("abc", None)],
+)
+def test_bearer_token_parsing(value: str, token: str | None) -> None:
+    assert bearer_token({"headers": [(b"authorization", value.encode())]}) == token
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/metrics", "/openapi.json", f"/v1/models/{MODEL}"])
+def test_every_endpoint_but_health_needs_a_key(manager: FakeManager, path: str) -> None:
+    anonymous = _client(manager, api_keys=(USER,), admin_keys=(ADMIN,))
+    missing = anonymous.get(path)
+    assert_error(missing, 401, code="missing_api_key")
+    assert missing.headers["www-authenticate"] == 'Bearer realm="lightllm"'
+    wrong = _client(manager, "nope", api_keys=(USER,)).get(path)
+    assert_error(wrong, 401, code="invalid_api_key")
+    assert 'error="invalid_token"' in wrong.headers["www-authenticate"]
+    assert _client(manager, USER, api_keys=(USER,)).get(path).status_code == 200
+    assert _client(manager, ADMIN, api_keys=(USER,), admin_keys=(ADMIN,)).get(path).status_code == 200
+    assert anonymous.get("/health").status_code == 200
+    assert anonymous.head("/health").status_code == 200
+
+
+def test_refused_requests_never_reach_the_manager(manager: FakeManager) -> None:
+    response = _client(manager, api_keys=(USER,)).post("/generate", json={"inputs": "hi"})
+    assert_error(response, 401, code="missing_api_key")
+    assert manager.calls == []
+
+
+def test_without_api_keys_any_bearer_token_is_accepted(manager: FakeManager) -> None:
+    # OpenAI clients always send some key; an open server must not care which.
+    response = _client(manager, "whatever").post("/generate", json={"inputs": "hi"})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
+def test_priority_is_refused_to_untrusted_clients(manager: FakeManager, path: str) -> None:
+    body = {"inputs": "hi", "high_priority_request": True}
+    for client in (_client(manager), _client(manager, USER, api_keys=(USER,), admin_keys=(ADMIN,)),
+                   _client(manager, "not-the-admin-key", admin_keys=(ADMIN,))):
+        error = assert_error(client.post(path, json=body), 403, "high_priority_request", "priority_not_allowed")
+        assert error["type"] == "permission_error" and "--admin_api_key" in error["message"]
+    assert manager.calls == []
+    # Asking for no priority is always fine.
+    assert _client(manager).post(path, json={**body, "high_priority_request": False}).status_code == 200
+
+
+def test_priority_from_admin_key_or_public_flag(manager: FakeManager) -> None:
+    body = {"inputs": "hi", "high_priority_request": True}
+    assert _client(manager, ADMIN, api_keys=(USER,), admin_keys=(ADMIN,)).post("/generate", json=body).status_code == 200
+    assert _client(manager, ADMIN, admin_keys=(ADMIN,)).post("/generate", json=body).status_code == 200
+    assert _client(manager, USER, api_keys=(USER,), allow_public_priority=True).post("/generate", json=body).status_code == 200
+    assert _client(manager, allow_public_priority=True).post("/generate", json=body).status_code == 200
+    assert [call.high_priority for call in manager.calls] == [True] * 4
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    return make_argument_parser().parse_args(["--model_dir", "m", *argv])
+
+
+def test_keys_come_from_flags_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTLLM_API_KEY", " k1, k2 ,,")
+    monkeypatch.setenv("LIGHTLLM_ADMIN_API_KEY", "a1")
+    from_env = HttpServerOptions.from_args(_parse([]))
+    assert from_env.auth.api_keys == ("k1", "k2") and from_env.auth.admin_keys == ("a1",)
+    from_flags = HttpServerOptions.from_args(_parse(["--api_key", "x", "y", "--admin_api_key", "z"]))
+    assert from_flags.auth.api_keys == ("x", "y") and from_flags.auth.admin_keys == ("z",)
+    monkeypatch.delenv("LIGHTLLM_API_KEY")
+    monkeypatch.delenv("LIGHTLLM_ADMIN_API_KEY")
+    assert not HttpServerOptions.from_args(_parse([])).auth.requires_key
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--api_key", " padded "], ["--admin_api_key", ""], ["--http_header_timeout", "0"],
+     ["--http_body_timeout", "-1"], ["--max_request_body_bytes", "0"], ["--http_max_connections", "0"],
+     ["--prompt_chars_per_token", "-2"], ["--http_keep_alive_timeout", "0"]],
+)
+def test_bad_http_flags_are_refused(argv: list[str]) -> None:
+    with pytest.raises(ArgumentError, match=argv[0]):
+        validate_args(_parse(argv), cuda_device_count=0)

@@ -1,0 +1,158 @@
+"""The guarded HTTP/1.1 protocol on a real uvicorn server over loopback (the app's manager is scripted).
+
+Covers what only shows on real sockets: the request-head deadline against slowloris clients, the
+connection cap, the lingering close that lets a client still sending a refused body read its 413,
+and uvicorn's own 400 in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from api_fakes import FakeManager
+from lightllm.server.api_http import create_app
+from lightllm.server.http_protocol import guarded_protocol_class
+from lightllm.server.http_server_options import HttpLimits, HttpServerOptions
+from lightllm.utils.process_utils import free_port
+
+LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout=0.6, body_timeout=0.6, keep_alive_timeout=5,
+                    max_connections=12)
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    port = free_port()
+    app = create_app(FakeManager(), HttpServerOptions(limits=LIMITS))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=guarded_protocol_class(LIMITS),
+                            timeout_keep_alive=LIMITS.keep_alive_timeout)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    return host, int(port)
+
+
+def _read_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _json_error(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def test_slowloris_connections_get_408_and_are_closed(server_url: str) -> None:
+    socks = [socket.create_connection(_address(server_url)) for _ in range(6)]
+    start = time.monotonic()
+    for sock in socks:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")
+    closed: dict[int, bytes] = {}
+    # Keep dripping header lines: the deadline must not move.
+    while len(closed) < len(socks) and time.monotonic() - start < 10:
+        for index, sock in enumerate(socks):
+            if index in closed:
+                continue
+            if select.select([sock], [], [], 0)[0]:
+                closed[index] = _read_until_closed(sock, 5)
+            else:
+                try:
+                    sock.sendall(b"X-Drip: 1\r\n")
+                except OSError:
+                    closed[index] = b""
+        time.sleep(0.05)
+    elapsed = time.monotonic() - start
+    for sock in socks:
+        sock.close()
+    assert len(closed) == len(socks)
+    assert elapsed < 5, elapsed
+    for raw in closed.values():
+        status, error = _json_error(raw)
+        assert status == 408 and error["code"] == "request_timeout"
+
+
+def test_a_silent_connection_is_closed(server_url: str) -> None:
+    with socket.create_connection(_address(server_url)) as sock:
+        status, _ = _json_error(_read_until_closed(sock, 10))
+    assert status == 408
+
+
+def test_keep_alive_requests_are_not_cut_by_the_head_deadline(server_url: str) -> None:
+    with httpx.Client() as client:
+        for _ in range(3):
+            assert client.get(f"{server_url}/health").status_code == 200
+            time.sleep(LIMITS.header_timeout * 1.5)  # idle between requests is the keep-alive timeout's business
+
+
+def test_connections_beyond_the_cap_get_503(server_url: str) -> None:
+    holders = [socket.create_connection(_address(server_url)) for _ in range(LIMITS.max_connections + 3)]
+    try:
+        deadline = time.monotonic() + LIMITS.header_timeout * 0.75
+        while True:
+            ready = select.select(holders, [], [], max(0.0, deadline - time.monotonic()))[0]
+            if len(ready) >= 3 or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        answers = [_json_error(_read_until_closed(sock, 5)) for sock in ready]
+        # Connections of earlier tests may still be closing, so more than the extra three may be refused;
+        # an accepted connection whose head deadline passed meanwhile answers 408, not 503.
+        refused = [error for status, error in answers if status == 503]
+        assert len(refused) >= 3 and len(holders) - len(refused) <= LIMITS.max_connections
+        assert all(error["code"] == "too_many_connections" for error in refused)
+    finally:
+        for sock in holders:
+            sock.close()
+    time.sleep(0.2)
+    assert httpx.get(f"{server_url}/health", timeout=5).status_code == 200
+
+
+def test_a_client_sending_a_large_body_reads_its_413(server_url: str) -> None:
+    big = b"x" * (4 << 20)  # far beyond what the kernel buffers on loopback
+    response = httpx.post(f"{server_url}/generate", content=big, headers={"content-type": "application/json"}, timeout=10)
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(64):
+            yield b"x" * 65536
+
+    response = httpx.post(f"{server_url}/generate", content=chunks(), headers={"content-type": "application/json"}, timeout=10)
+    assert response.status_code == 413
+    assert httpx.get(f"{server_url}/health", timeout=5).status_code == 200
+
+
+def test_a_stalled_body_gets_408(server_url: str) -> None:
+    with socket.create_connection(_address(server_url)) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        status, error = _json_error(_read_until_closed(sock, 10))
+    assert status == 408 and "--http_body_timeout" in error["message"]
+
+
+def test_a_malformed_request_gets_a_json_400(server_url: str) -> None:
+    with socket.create_connection(_address(server_url)) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        status, error = _json_error(_read_until_closed(sock, 10))
+    assert status == 400 and error["code"] == "invalid_http_request"

@@ -1,0 +1,197 @@
+"""Request-shape guards (405 Allow, 415, 413, 408) and the prompt pre-check / off-loop tokenization."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeManager, assert_error
+from lightllm.server.api_http import create_app
+from lightllm.server.http_request_guard import RequestGuardMiddleware, is_json_content_type
+from lightllm.server.http_server_options import MIB, HttpLimits, HttpServerOptions
+from lightllm.server.prompt_encoding import PromptEncoder, longest_token_chars
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [(None, True), ("application/json", True), ("Application/JSON; charset=UTF-8", True),
+     ('application/json; charset="utf8"', True), ("application/merge-patch+json", True),
+     ("application/json; charset=latin-1", False), ("text/plain", False),
+     ("application/x-www-form-urlencoded", False), ("multipart/form-data; boundary=x", False), ("text/json", False)],
+)
+def test_json_content_types(value: str | None, accepted: bool) -> None:
+    assert is_json_content_type(value) is accepted
+
+
+class _Recorder:
+    """An inner ASGI app that records what reaches it, and a scripted client side."""
+
+    def __init__(self, chunks: list[bytes], stall: bool = False) -> None:
+        self.chunks = list(chunks)
+        self.stall = stall
+        self.receive_calls = 0
+        self.sent: list[dict[str, Any]] = []
+        self.app_messages: list[dict[str, Any]] | None = None
+
+    async def receive(self) -> dict[str, Any]:
+        self.receive_calls += 1
+        if not self.chunks:
+            if self.stall:
+                await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+        chunk = self.chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(self.chunks) or self.stall}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.app_messages = [await receive(), await receive()]
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def run(self, headers: list[tuple[bytes, bytes]] | None = None, limit: int = 100, timeout: float = 5.0) -> int:
+        guard = RequestGuardMiddleware(self.app, max_body_bytes=limit, body_timeout=timeout)
+        scope = {"type": "http", "method": "POST", "path": "/x", "headers": headers or []}
+        asyncio.run(guard(scope, self.receive, self.send))
+        return self.sent[0]["status"]
+
+    def error(self) -> dict[str, Any]:
+        return json.loads(b"".join(m.get("body", b"") for m in self.sent[1:]))["error"]
+
+
+def test_body_is_handed_on_in_one_piece() -> None:
+    recorder = _Recorder([b"ab", b"", b"cd"])
+    assert recorder.run() == 200
+    first, second = recorder.app_messages
+    assert first == {"type": "http.request", "body": b"abcd", "more_body": False}
+    assert second == {"type": "http.disconnect"}  # later receives reach the client side
+
+
+def test_a_body_growing_past_the_limit_is_refused_at_once() -> None:
+    recorder = _Recorder([b"x" * 60, b"x" * 60, b"x" * 60, b"x" * 60])
+    assert recorder.run(limit=100) == 413
+    assert recorder.app_messages is None and recorder.receive_calls == 2
+    assert recorder.error()["code"] == "request_too_large"
+    assert (b"connection", b"close") in recorder.sent[0]["headers"]
+
+
+def test_a_declared_length_over_the_limit_is_refused_unread() -> None:
+    recorder = _Recorder([b"x" * 10])
+    assert recorder.run(headers=[(b"content-length", b"101")], limit=100) == 413
+    assert recorder.receive_calls == 0 and recorder.app_messages is None
+
+
+def test_a_stalled_body_times_out() -> None:
+    recorder = _Recorder([b"{"], stall=True)
+    assert recorder.run(timeout=0.2) == 408
+    assert recorder.error()["code"] == "request_timeout" and recorder.app_messages is None
+
+
+def test_405_lists_the_allowed_methods(client: TestClient) -> None:
+    response = client.post("/health")
+    assert_error(response, 405, code="method_not_allowed")
+    assert response.headers["allow"] == "GET, HEAD"
+    assert client.get("/v1/chat/completions").headers["allow"] == "POST"
+    assert client.delete(f"/v1/models/{MODEL}").headers["allow"] == "GET"
+
+
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"])
+def test_non_json_bodies_get_415(client: TestClient, manager: FakeManager, path: str) -> None:
+    body = json.dumps({"model": MODEL, "inputs": "hi", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}]})
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/json; charset=latin-1"):
+        response = client.post(path, content=body, headers={"content-type": content_type})
+        error = assert_error(response, 415, code="unsupported_media_type")
+        assert content_type in error["message"]
+    assert manager.calls == []
+
+
+def test_json_with_charset_or_without_content_type_is_accepted(client: TestClient) -> None:
+    body = json.dumps({"inputs": "hi"}).encode()
+    assert client.post("/generate", content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+    assert client.post("/generate", content=body).status_code == 200
+
+
+def test_415_only_where_a_route_takes_the_post(client: TestClient) -> None:
+    assert client.post("/nowhere", content=b"x", headers={"content-type": "text/plain"}).status_code == 404
+    assert client.post("/health", content=b"x", headers={"content-type": "text/plain"}).status_code == 405
+
+
+def test_body_limit_default_follows_the_context_length() -> None:
+    assert HttpLimits().body_limit(2048) == 8 * MIB
+    assert HttpLimits().body_limit(1 << 20) == 64 << 20
+    assert HttpLimits(max_body_bytes=1000).body_limit(1 << 20) == 1000
+
+
+class _CountingManager(FakeManager):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[str] = []
+
+    def encode_prompt(self, text: str) -> list[int]:
+        self.encoded.append(text)
+        return super().encode_prompt(text)
+
+
+def test_obviously_long_prompts_are_refused_before_tokenizing() -> None:
+    manager = _CountingManager()  # max_req_total_len 64, at most 2 characters per token: 128 characters
+    client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=2))))
+    cases = [
+        ("/generate", {"inputs": "a" * 129}, "inputs"),
+        ("/v1/completions", {"model": MODEL, "prompt": ["ok", "a" * 129]}, "prompt"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "a" * 70},
+                                                               {"role": "user", "content": "a" * 60}]}, "messages"),
+    ]
+    for path, body, param in cases:
+        error = assert_error(client.post(path, json=body), 400, param, "context_length_exceeded")
+        assert "characters" in error["message"]
+    assert manager.encoded == ["ok"] and manager.chat_messages == [] and manager.calls == []
+    assert client.post("/generate", json={"inputs": "a" * 128}).status_code == 200
+
+
+def test_the_check_can_be_turned_off() -> None:
+    manager = _CountingManager()
+    client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=0))))
+    assert client.post("/generate", json={"inputs": "a" * 10_000}).status_code == 200
+
+
+def test_default_bound_never_refuses_a_prompt_that_fits(tokenizer) -> None:
+    longest = longest_token_chars(tokenizer)
+    assert longest == max(len(token) for token in tokenizer.get_vocab())
+    texts = ["the quick brown fox " * 50, "你好世界" * 100, "ünïcödé " * 80, " " * 500, "<s></s>" * 60, "x" * 700]
+    for text in texts:
+        tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert tokens * longest >= len(text), text[:20]
+
+
+def test_tokenization_runs_off_the_event_loop() -> None:
+    class BlockingManager(FakeManager):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered = threading.Event()
+            self.release = threading.Event()
+
+        def encode_prompt(self, text: str) -> list[int]:
+            self.entered.set()
+            # On the event loop this would wait forever: nothing could set release.
+            if not self.release.wait(10):
+                raise AssertionError("the tokenizer blocked the event loop")
+            return super().encode_prompt(text)
+
+    manager = BlockingManager()
+    encoder = PromptEncoder(manager, chars_per_token=4)
+
+    async def scenario() -> list[int]:
+        task = asyncio.create_task(encoder.encode_prompt("hello world", "inputs"))
+        while not manager.entered.is_set():
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        manager.release.set()
+        return await task
+
+    assert asyncio.run(scenario()) == FakeManager().encode_prompt("hello world")

@@ -1,0 +1,71 @@
+"""Grammar-constrained decoding in the model backend, in process with the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from lightllm.common.req_manager import ReqManager
+from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.models.registry import load_model
+from lightllm.server.api_response_format import response_format_grammar
+from lightllm.server.core.objs.finish_status import FINISH_STOP
+from lightllm.server.router.model_infer.infer_context import InferenceContext
+from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend, RequestRejected
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
+from lightllm.utils.tokenizer_utils import load_tokenizer
+
+SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}, "pick": {"enum": ["a", "b"]}},
+          "required": ["flag", "pick"], "additionalProperties": False}
+
+
+def _backend(model, grammar):
+    context = InferenceContext(model.new_kv_cache(4096), ReqManager(16, 600), use_prefix_cache=True)
+    return ModeBackend(model, context, build_prefill_queue_strategy("default"), StepPlanner(64, 32), Sampler(0), [2],
+                       600, grammar=grammar)
+
+
+def _run(backend):
+    outputs, statuses = {}, {}
+    while backend.has_work:
+        for req, status in backend.step().finished:
+            outputs[req.request_id], statuses[req.request_id] = list(req.output_ids), status
+    return outputs, statuses
+
+
+def test_constrained_rows_follow_the_schema_and_free_rows_do_not_change(tiny_llama_dir):
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    grammar = response_format_grammar({"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}})
+    free = SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True)
+    prompt = tokenizer("Give me JSON")["input_ids"]
+    alone, _ = _run_one(model, free, prompt)
+    backend = _backend(model, GrammarConstraints(lambda: tokenizer))
+    backend.add_request(1, prompt, free)
+    for request_id, seed in ((2, 1), (3, 2)):
+        backend.add_request(request_id, prompt, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=40,
+                                                               grammar=grammar))
+    outputs, statuses = _run(backend)
+    assert outputs[1] == alone
+    for request_id in (2, 3):
+        assert statuses[request_id] == FINISH_STOP
+        jsonschema.validate(json.loads(tokenizer.decode(outputs[request_id], skip_special_tokens=True)), SCHEMA)
+
+
+def _run_one(model, params, prompt):
+    backend = _backend(model, None)
+    backend.add_request(1, prompt, params)
+    outputs, statuses = _run(backend)
+    return outputs[1], statuses[1]
+
+
+def test_a_rank_without_grammar_support_rejects_constrained_requests(tiny_llama_dir):
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    grammar = response_format_grammar({"type": "json_object"})
+    with pytest.raises(RequestRejected, match="structured output"):
+        _backend(model, None).add_request(1, [1, 5, 6], SamplingParams(max_new_tokens=4, grammar=grammar))
