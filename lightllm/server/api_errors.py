@@ -106,13 +106,13 @@ def generation_failed() -> APIError:
     )
 
 
-def is_server_busy(exc: BaseException) -> bool:
-    """True for the request manager's ``ServerBusyError`` (or a subclass of it).
+def _is_a(exc: BaseException, class_name: str) -> bool:
+    """True when ``exc`` is an instance of a class named ``class_name`` (or of a subclass of it).
 
     Matched by class name so the HTTP layer does not import the manager module, which
     pulls in shared memory and zmq.
     """
-    return any(cls.__name__ == "ServerBusyError" for cls in type(exc).__mro__)
+    return any(cls.__name__ == class_name for cls in type(exc).__mro__)
 
 
 def manager_error(exc: Exception, param: str | None = None) -> APIError:
@@ -124,9 +124,9 @@ def manager_error(exc: Exception, param: str | None = None) -> APIError:
     """
     if isinstance(exc, APIError):
         return exc
-    if is_server_busy(exc):
+    if _is_a(exc, "ServerBusyError"):
         return server_busy(str(exc))
-    if any(cls.__name__ == "ServerUnavailableError" for cls in type(exc).__mro__):
+    if _is_a(exc, "ServerUnavailableError"):
         # The server is shutting down or lost a process: the request may succeed on another replica.
         return APIError(503, str(exc), SERVICE_UNAVAILABLE, None, getattr(exc, "code", None) or "server_unavailable")
     if isinstance(exc, ValueError):

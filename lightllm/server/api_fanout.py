@@ -22,11 +22,12 @@ from starlette.background import BackgroundTask
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.api_errors import generation_failed, internal_error, manager_error
+from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
 
 logger = logging.getLogger(__name__)
 
-# The finish reason of a request the model rank could not process (FINISH_ERROR).
-ERROR_FINISH_REASON = "error"
+# The finish reason of a request the model rank could not process.
+ERROR_FINISH_REASON = FINISH_REASON_NAMES[FINISH_ERROR]
 
 
 def _is_error(event: Any) -> bool:

@@ -35,34 +35,28 @@ Service endpoints: ``GET /health`` (200 ``{"status": "ok"}`` or 503) and ``GET /
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
-
 import logging
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from lightllm.server.api_body import parse_body
 from lightllm.server.api_errors import (
     APIError,
     JSONErrorRoute,
     SERVICE_UNAVAILABLE,
     install_error_handlers,
     internal_error,
-    manager_error,
     sse_error,
 )
-from lightllm.server.api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    build_sampling_params,
-    check_context_length,
-)
-from lightllm.server.api_body import parse_body
-from lightllm.server.api_native_models import NativeGenerateRequest
 from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
-from lightllm.server.api_openai import OpenAIEndpoints, best_choices, final_finish_reason, json_logprob
+from lightllm.server.api_native_models import NativeGenerateRequest
+from lightllm.server.api_openai import OpenAIEndpoints
+from lightllm.server.api_openai_models import ChatCompletionRequest, CompletionRequest
+from lightllm.server.api_openai_shapes import best_choices, final_finish_reason, json_logprob
 from lightllm.server.api_openapi import install_request_schemas, request_body
+from lightllm.server.api_planning import build_sampling_params, check_context_length, choice_jobs, encoded
 from lightllm.server.http_auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http_request_guard import RequestGuardMiddleware
 from lightllm.server.http_server_options import HttpServerOptions
@@ -124,12 +118,7 @@ class NativeEndpoints:
             raise APIError(400, "n > 1 and best_of > 1 are supported by /generate only, not /generate_stream",
                            param=param)
         options = {} if parameters.add_special_tokens else {"add_special_tokens": False}
-        try:
-            prompt_ids = await self.encoder.encode_prompt(body.inputs, "inputs", **options)
-        except ValueError as exc:
-            raise manager_error(exc, "inputs") from None
-        if not prompt_ids:
-            raise APIError(400, "inputs is empty after tokenization", param="inputs")
+        prompt_ids = await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs")
         max_new = parameters.max_new_tokens
         if max_new is None:
             max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
@@ -137,20 +126,15 @@ class NativeEndpoints:
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
                              prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
-        jobs = []
-        for choice in range(parameters.candidates):
-            # Distinct seeds keep seeded choices reproducible yet different from one another.
-            choice_params = params if params.seed is None or choice == 0 else replace(
-                params, seed=(params.seed + choice) % 2**63)
-            jobs.append(ChoiceJob(index=choice, prompt_index=0, prompt_ids=prompt_ids, params=choice_params))
+        jobs = choice_jobs(0, prompt_ids, params, parameters.candidates)
         fanout = GenerationFanout(self.manager, jobs, high_priority=body.high_priority_request, request=request)
         await fanout.start()
         return body, fanout, jobs
 
     def _token(self, event: Any) -> dict[str, Any]:
+        """The fields every native token record has (stream events and details add their own)."""
         return {"id": event.token_id, "text": event.text, "logprob": json_logprob(event.logprob),
-                "special": event.token_id < 0 or event.token_id in self._special_ids,
-                "count_output_tokens": event.completion_tokens, "prompt_tokens": event.prompt_tokens}
+                "special": event.token_id < 0 or event.token_id in self._special_ids}
 
     @staticmethod
     def _counts(event: Any) -> dict[str, Any]:
@@ -195,12 +179,9 @@ class NativeEndpoints:
             tokens = []
             # A negative token id marks a finish event that carries no token.
             for event in (event for event in events if event.token_id >= 0):
-                token = {key: value for key, value in self._token(event).items()
-                         if key in ("id", "text", "logprob", "special")}
                 top = event.top_logprobs
-                token["top_logprobs"] = None if top is None else {
-                    token_id: json_logprob(value) for token_id, value in top.items()}
-                tokens.append(token)
+                tokens.append({**self._token(event), "top_logprobs": None if top is None else {
+                    token_id: json_logprob(value) for token_id, value in top.items()}})
             answer["tokens"] = tokens
             answer["details"] = {**self._counts(last), "finish_reason": answer["finish_reason"], "tokens": tokens}
         return answer
@@ -217,7 +198,9 @@ class NativeEndpoints:
                 pieces.append(event.text)
                 finished = event.finish_reason is not None
                 details = self._counts(event) if finished and body.parameters.return_details else None
-                yield sse({"token": self._token(event), "generated_text": "".join(pieces) if finished else None,
+                token = {**self._token(event), "count_output_tokens": event.completion_tokens,
+                         "prompt_tokens": event.prompt_tokens}
+                yield sse({"token": token, "generated_text": "".join(pieces) if finished else None,
                            "finished": finished, "finish_reason": event.finish_reason, "details": details})
         except APIError as error:
             yield sse_error(error)

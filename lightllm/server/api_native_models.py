@@ -1,7 +1,7 @@
 """Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints.
 
-Strict like the OpenAI schemas in :mod:`lightllm.server.api_models` (no coercion, unknown keys
-rejected with a 400 naming them), with LightLLM's own parameter names and defaults.
+Strict like every request schema (:class:`~lightllm.server.api_models.StrictModel`: no coercion,
+unknown keys rejected with a 400 naming them), with LightLLM's own parameter names and defaults.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.server.api_errors import invalid_request
-from lightllm.server.api_models import MAX_N, _STRING_OR_STRINGS, StrictModel, _normalize_stop, _stored
+from lightllm.server.api_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
 
 
 class NativeParameters(StrictModel):
@@ -24,16 +24,16 @@ class NativeParameters(StrictModel):
     """
 
     do_sample: bool | None = None
-    temperature: float = Field(default=1.0, **_stored("temperature"))
+    temperature: float = Field(default=1.0, **stored_bounds("temperature"))
     top_p: float = 1.0
-    top_k: int = Field(default=-1, **_stored("top_k"))
-    repetition_penalty: float = Field(default=1.0, **_stored("repetition_penalty"))
+    top_k: int = Field(default=-1, **stored_bounds("top_k"))
+    repetition_penalty: float = Field(default=1.0, **stored_bounds("repetition_penalty"))
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = Field(default=None, **_stored("seed"))
-    max_new_tokens: int | None = Field(default=None, **_stored("max_new_tokens"))
-    min_new_tokens: int = Field(default=0, **_stored("min_new_tokens"))
-    stop_sequences: Any = Field(default=None, validate_default=True, json_schema_extra=_STRING_OR_STRINGS)
+    seed: int | None = Field(default=None, **stored_bounds("seed"))
+    max_new_tokens: int | None = Field(default=None, **stored_bounds("max_new_tokens"))
+    min_new_tokens: int = Field(default=0, **stored_bounds("min_new_tokens"))
+    stop_sequences: Any = Field(default=None, validate_default=True, json_schema_extra=STRING_OR_STRINGS_SCHEMA)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     return_details: bool = False
@@ -47,10 +47,7 @@ class NativeParameters(StrictModel):
     print_eos_token: bool = False
     exponential_decay_length_penalty: Any = None
 
-    @field_validator("stop_sequences")
-    @classmethod
-    def _check_stop(cls, value: Any) -> list[str]:
-        return _normalize_stop(value, MAX_STOP_SEQUENCES, "stop_sequences")
+    _check_stop = stop_validator("stop_sequences", MAX_STOP_SEQUENCES)
 
     @field_validator("print_eos_token")
     @classmethod

@@ -12,41 +12,36 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import replace
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from lightllm.server.api_errors import APIError, JSONErrorRoute, internal_error, manager_error, model_not_found, sse_error
-from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
-from lightllm.server.api_openapi import request_body
-from lightllm.server.prompt_encoding import PromptEncoder
-from lightllm.server.api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAISamplingRequest,
-    build_sampling_params,
-    check_context_length,
-    check_token_ids,
-)
 from lightllm.server.api_body import parse_body
-from lightllm.server.api_response_format import response_format_grammar
-from lightllm.server.api_openai_shapes import (  # noqa: F401 - re-exported for the native endpoints and tests
+from lightllm.server.api_errors import APIError, JSONErrorRoute, internal_error, model_not_found, sse_error
+from lightllm.server.api_fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.api_openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
+from lightllm.server.api_openai_shapes import (
     ChatShaper,
     CompletionShaper,
-    PromptToken,
     TokenLogprobFormatter,
     UsageTracker,
     best_choices,
-    final_finish_reason,
-    json_logprob,
 )
+from lightllm.server.api_openapi import request_body
+from lightllm.server.api_planning import (
+    build_sampling_params,
+    check_context_length,
+    check_token_ids,
+    choice_jobs,
+    encoded,
+)
+from lightllm.server.api_response_format import response_format_grammar
+from lightllm.server.prompt_encoding import PromptEncoder
 
 logger = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
-_SEED_MODULUS = 2**63
 
 
 class OpenAIEndpoints:
@@ -76,8 +71,9 @@ class OpenAIEndpoints:
         served model), else a 404 naming the served names."""
         if model is None:
             return self.manager.model_name
-        if model not in self.served_names():
-            raise model_not_found(model, self.served_names())
+        served = self.served_names()
+        if model not in served:
+            raise model_not_found(model, served)
         return model
 
     def _model_card(self) -> dict[str, Any]:
@@ -90,57 +86,45 @@ class OpenAIEndpoints:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         """``GET /v1/models/{id}``: the model card, or 404 for any other id."""
-        if model_id not in self.served_names():
-            raise model_not_found(model_id, self.served_names())
+        served = self.served_names()
+        if model_id not in served:
+            raise model_not_found(model_id, served)
         return {**self._model_card(), "id": model_id}
 
     def _plan_jobs(self, body: OpenAISamplingRequest, prompts: list[list[int]], logprobs: int | None,
-                   prompt_param: str, prompt_noun: str, prompt_logprobs: int | None = None,
+                   prompt_param: str, prompt_logprobs: int | None = None,
                    grammar: str | None = None) -> list[ChoiceJob]:
+        """Every choice of every prompt; ``prompt_param`` names the prompt field in context errors."""
+        # The same for every prompt; only the completion length may depend on the prompt's.
+        requested = body.requested_max_tokens()
+        fields = {**body.sampling_fields(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
+                  "grammar": grammar}
+        public_names = body.public_names()
+        tokens_param = body.max_tokens_param()
         jobs = []
         for prompt_index, prompt_ids in enumerate(prompts):
-            requested = body.requested_max_tokens()
             if requested == 0:
                 # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
                 max_new = 1
             elif requested is not None:
                 max_new = requested
-            elif body.DEFAULT_MAX_TOKENS is not None:
-                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
             else:
-                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids)))
-            values = {**body.sampling_fields(), "max_new_tokens": max_new, "logprobs": logprobs,
-                      "prompt_logprobs": prompt_logprobs, "grammar": grammar}
-            params = build_sampling_params(values, self.manager.vocab_size, body.public_names())
+                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
+            params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
+                                           public_names)
             check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len,
-                                 prompt_param=prompt_param, prompt_noun=prompt_noun,
-                                 tokens_param=body.max_tokens_param())
-            candidates = body.candidates
-            for choice in range(candidates):
-                # Offsetting the seed keeps a seeded request reproducible while its n
-                # choices still differ from one another.
-                choice_params = params if params.seed is None or choice == 0 else replace(
-                    params, seed=(params.seed + choice) % _SEED_MODULUS)
-                jobs.append(ChoiceJob(prompt_index * candidates + choice, prompt_index, prompt_ids, choice_params))
+                                 prompt_param=prompt_param, prompt_noun=prompt_param, tokens_param=tokens_param)
+            jobs.extend(choice_jobs(prompt_index, prompt_ids, params, body.candidates))
         return jobs
-
-    async def _encode(self, encode: Callable[[Any, str], Awaitable[list[int]]], value: Any, param: str) -> list[int]:
-        try:
-            ids = await encode(value, param)
-        except ValueError as exc:
-            raise manager_error(exc, param) from None
-        if not ids:
-            raise APIError(400, f"{param} is empty after tokenization", param=param)
-        return ids
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
         body = parse_body(await request.body(), CompletionRequest)
-        self.check_model(body.model)
+        model = self.check_model(body.model)
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):
-                prompts.append(await self._encode(self.encoder.encode_prompt, prompt, "prompt"))
+                prompts.append(await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt"))
             else:
                 check_token_ids(prompt, self.manager.vocab_size, "prompt")
                 prompts.append(list(prompt))
@@ -148,7 +132,7 @@ class OpenAIEndpoints:
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
-        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", "prompt", prompt_logprobs)
+        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs)
         formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
         if body.echo:
@@ -157,36 +141,33 @@ class OpenAIEndpoints:
         shaper = CompletionShaper(formatter, body.logprobs is not None, echo=echo, n=body.n,
                                   drop_output=body.max_tokens == 0, prompt_logprobs=body.prompt_logprobs,
                                   prompts=prompts)
-        return await self._respond(request, body, jobs, shaper)
+        return await self._respond(request, body, model, jobs, shaper)
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
         body = parse_body(await request.body(), ChatCompletionRequest)
-        self.check_model(body.model)
+        model = self.check_model(body.model)
         messages = [message.to_template_dict() for message in body.messages]
-        options = body.template_options()
-
-        async def encode_chat(value: Any, param: str) -> list[int]:
-            return await self.encoder.encode_chat(value, param, **options)
-
-        prompt_ids = await self._encode(encode_chat, messages, "messages")
+        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **body.template_options()),
+                                   "messages")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = response_format_grammar(body.response_format)
-        jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", "messages", body.prompt_logprobs, grammar)
+        jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
         shaper = ChatShaper(formatter, body.logprobs, prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids)
-        return await self._respond(request, body, jobs, shaper)
+        return await self._respond(request, body, model, jobs, shaper)
 
-    async def _respond(self, request: Request, body: OpenAISamplingRequest, jobs: list[ChoiceJob],
+    async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],
                        shaper: "CompletionShaper | ChatShaper") -> Response:
+        """Start every job, then answer with one JSON body or a stream; ``model`` is the name to report."""
         response_id = f"{shaper.id_prefix}-{body.request_id or uuid.uuid4().hex}"
         if body.request_id is not None:
             logger.info("request %s: %d generation(s)", response_id, len(jobs))
         fanout = GenerationFanout(self.manager, jobs, request=request)
         await fanout.start()
         header = {"id": response_id, "object": shaper.object_name,
-                  "created": int(time.time()), "model": self.check_model(body.model)}
+                  "created": int(time.time()), "model": model}
         if body.stream:
             chunk_header = {**header, "object": shaper.chunk_object_name}
             return sse_response(self._stream(body, jobs, fanout, shaper, chunk_header), fanout)

@@ -12,6 +12,7 @@ from typing import Any
 
 from lightllm.server.api_fanout import ChoiceJob
 
+
 def json_logprob(value: float | None) -> float | None:
     """A logprob that JSON can carry: -inf/NaN (a masked token) become OpenAI's -9999.0."""
     if value is None:

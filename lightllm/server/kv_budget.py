@@ -84,8 +84,7 @@ def _meminfo_bytes(field: str) -> int:
 def weights_bytes(model_dir: str, checkpoint_dtype: torch.dtype, serving_dtype: torch.dtype) -> int:
     """Size of the checkpoint's tensors once loaded at ``serving_dtype``."""
     stored = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
-    ratio = torch.empty((), dtype=serving_dtype).element_size() / torch.empty((), dtype=checkpoint_dtype).element_size()
-    return int(stored * ratio)
+    return int(stored * serving_dtype.itemsize / checkpoint_dtype.itemsize)
 
 
 def activation_bytes(

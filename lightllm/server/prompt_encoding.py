@@ -144,9 +144,7 @@ class PromptEncoder:
         ``options`` (``add_special_tokens``) go to the manager's ``encode_prompt`` as given.
         """
         self.check_chars(len(text), param, "prompt")
-        if options:
-            return await self._run(lambda value: self._manager.encode_prompt(value, **options), text)
-        return await self._run(self._manager.encode_prompt, text)
+        return await self._run(lambda: self._manager.encode_prompt(text, **options))
 
     async def encode_chat(self, messages: List[dict], param: str = "messages", **template_options: Any) -> List[int]:
         """Token ids of a chat rendered by its template, refused like :meth:`encode_prompt`.
@@ -155,10 +153,8 @@ class PromptEncoder:
         ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.
         """
         self.check_chars(text_chars(messages), param, "messages")
-        if template_options:
-            return await self._run(lambda value: self._manager.encode_chat(value, **template_options), messages)
-        return await self._run(self._manager.encode_chat, messages)
+        return await self._run(lambda: self._manager.encode_chat(messages, **template_options))
 
     @staticmethod
-    async def _run(encode: Callable[[Any], Any], value: Any) -> List[int]:
-        return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode(value))))
+    async def _run(encode: Callable[[], Any]) -> List[int]:
+        return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode())))

@@ -45,19 +45,16 @@ class Supervisor:
         self._signals = 0
         self._drain: Optional[asyncio.Task] = None
 
-    def _loop(self) -> Optional[asyncio.AbstractEventLoop]:
-        loop = getattr(self.manager, "loop", None)
-        return loop if loop is not None and not loop.is_closed() else None
-
     def _call_on_loop(self, callback: Any, *args: Any) -> None:
-        loop = self._loop()
-        try:
-            if loop is None:
-                raise RuntimeError("the event loop is not running")
-            loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:
-            # Not serving yet (or any more): no request can be pending, just stop.
-            self._exit_server()
+        loop: Optional[asyncio.AbstractEventLoop] = self.manager.loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+                return
+            except RuntimeError:  # the loop is closed
+                pass
+        # Not serving yet (or any more): no request can be pending, just stop.
+        self._exit_server()
 
     def _exit_server(self) -> None:
         if self.server is not None:

@@ -21,11 +21,8 @@ from lightllm.server.core.objs.io_messages import AbortRequest, AddRequests, Det
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.detokenization.manager import DetokenizationConfig, DetokenizationManager
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.base_backend import (
-    MAX_CONSECUTIVE_FORWARD_FAILURES,
-    ModeBackend,
-    RequestRejected,
-)
+from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
+from lightllm.server.router.model_infer.mode_backend.base_backend import MAX_CONSECUTIVE_FORWARD_FAILURES, ModeBackend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.model_rank_process import ModelRank, RejectRequests

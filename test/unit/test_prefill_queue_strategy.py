@@ -1,4 +1,8 @@
-"""Tests of the prefill-queue strategies and their registry."""
+"""Tests of the prefill-queue strategy registry and the contract every strategy shares.
+
+The ordering rules of each strategy are tested in ``test_prefill_queue_strategy_orders.py``
+(default, promote_shortest, lpm) and ``test_prefill_queue_strategy_hrrn.py``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import random
 from typing import Dict, List, Sequence
 
 import pytest
+from prefill_queue_test_support import decode_req, ids, make_req, order
 
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
@@ -19,46 +24,9 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
     available_strategy_names,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HRRN_COST_KEY
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.router.model_infer.mode_backend.request_classifier import is_decode_request
 
 ALL_NAMES = ["default", "promote_shortest", "hrrn", "lpm"]
-
-
-def make_req(
-    request_id: int,
-    prompt_len: int,
-    *,
-    output_len: int = 0,
-    cur_kv_len: int = 0,
-    arrival: int = 0,
-    infer_high_priority: int = 0,
-    high_priority_request: bool = False,
-) -> InferReq:
-    """Build a request; ``arrival`` is its processed-prefill-token snapshot."""
-    return InferReq(
-        request_id=request_id,
-        prompt_ids=list(range(prompt_len)),
-        output_ids=[1] * output_len,
-        cur_kv_len=cur_kv_len,
-        arrival_processed_prefill_tokens=arrival,
-        infer_high_priority=infer_high_priority,
-        high_priority_request=high_priority_request,
-    )
-
-
-def decode_req(request_id: int, arrival: int = 0) -> InferReq:
-    """A request with one generated token pending."""
-    return make_req(request_id, 8, output_len=1, cur_kv_len=8, arrival=arrival)
-
-
-def ids(reqs: Sequence[InferReq]) -> List[int]:
-    return [r.request_id for r in reqs]
-
-
-def order(name: str, reqs: Sequence[InferReq], processed: int = 0, **kwargs) -> List[int]:
-    return ids(build_prefill_queue_strategy(name).reorder(reqs, processed, **kwargs))
 
 
 # --- registry ---------------------------------------------------------------------------------
@@ -197,138 +165,6 @@ def test_faulty_strategy_is_caught() -> None:
         DropsOne().reorder([make_req(1, 5), make_req(2, 5)], 0)
 
 
-# --- default ----------------------------------------------------------------------------------
-
-
-def test_default_sorts_by_infer_priority_and_keeps_fcfs() -> None:
-    reqs = [
-        make_req(1, 50),
-        make_req(2, 10, infer_high_priority=-1),
-        make_req(3, 30),
-        make_req(4, 20, infer_high_priority=-2),
-        make_req(5, 5, infer_high_priority=-1),
-        make_req(6, 1000, infer_high_priority=1),
-    ]
-    assert order("default", reqs) == [4, 2, 5, 1, 3, 6]
-
-
-# --- promote_shortest -------------------------------------------------------------------------
-
-
-def test_promote_shortest_moves_only_one_request() -> None:
-    reqs = [
-        make_req(1, 800),
-        make_req(2, 300),
-        make_req(3, 40),
-        make_req(4, 90),
-        make_req(5, 20),
-    ]
-    assert order("promote_shortest", reqs) == [5, 1, 2, 3, 4]
-
-
-def test_promote_shortest_uses_uncached_tokens_and_first_on_ties() -> None:
-    reqs = [
-        make_req(1, 800, cur_kv_len=790),  # 10 pending thanks to the prefix cache / chunks
-        make_req(2, 10),
-        make_req(3, 12),
-    ]
-    assert order("promote_shortest", reqs) == [1, 2, 3]
-    ties = [make_req(1, 50), make_req(2, 20), make_req(3, 20)]
-    assert order("promote_shortest", ties) == [2, 1, 3]
-
-
-def test_promote_shortest_keeps_high_priority_first_in_arrival_order() -> None:
-    reqs = [
-        make_req(1, 500),
-        make_req(2, 300, infer_high_priority=-1),
-        make_req(3, 10),
-        make_req(4, 200, infer_high_priority=-3),
-        make_req(5, 400),
-    ]
-    assert order("promote_shortest", reqs) == [2, 4, 3, 1, 5]
-    only_high = [make_req(1, 50, infer_high_priority=-1), make_req(2, 5, infer_high_priority=-1)]
-    assert order("promote_shortest", only_high) == [1, 2]
-
-
-# --- hrrn -------------------------------------------------------------------------------------
-
-
-def test_hrrn_prefers_short_jobs_at_equal_wait() -> None:
-    reqs = [make_req(1, 1000, arrival=0), make_req(2, 100, arrival=0), make_req(3, 400, arrival=0)]
-    assert order("hrrn", reqs, processed=50) == [2, 3, 1]
-
-
-def test_hrrn_equal_scores_break_ties_by_request_id() -> None:
-    # 10/100 == 20/200 == 5/50; nothing waited at all also ties.
-    reqs = [make_req(9, 100, arrival=40), make_req(4, 200, arrival=30), make_req(6, 50, arrival=45)]
-    assert order("hrrn", reqs, processed=50) == [4, 6, 9]
-    fresh = [make_req(8, 10, arrival=50), make_req(2, 900, arrival=50)]
-    assert order("hrrn", fresh, processed=50) == [2, 8]
-
-
-def test_hrrn_token_aging_lets_long_waiting_request_overtake_new_short_ones() -> None:
-    counter = ProcessedPrefillTokenCounter()
-    long_req = make_req(1, 8000, arrival=counter.snapshot())
-    counter.advance(4000)
-    early_short = make_req(2, 100, arrival=counter.snapshot())
-    strategy = build_prefill_queue_strategy("hrrn")
-    # Right after the short one arrives it has waited nothing; the long one has 4000/8000.
-    assert ids(strategy.reorder([long_req, early_short], counter.value)) == [1, 2]
-    counter.advance(100)
-    # 100/100 beats 4100/8000: short work wins once it has waited a little.
-    assert ids(strategy.reorder([long_req, early_short], counter.value)) == [2, 1]
-    counter.advance(20000)
-    late_shorts = [make_req(10 + i, 100, arrival=counter.snapshot()) for i in range(3)]
-    counter.advance(200)
-    # 24300/8000 > 200/100: the long request has aged past freshly arrived short ones.
-    assert ids(strategy.reorder([*late_shorts, long_req], counter.value)) == [1, 10, 11, 12]
-
-
-def test_hrrn_binds_cost_lazily_and_keeps_it_across_chunks() -> None:
-    long_req = make_req(1, 4000, arrival=0)
-    assert HRRN_COST_KEY not in long_req.strategy_state
-    strategy = build_prefill_queue_strategy("hrrn")
-    strategy.reorder([long_req], 1000)
-    assert long_req.strategy_state[HRRN_COST_KEY] == 4000
-    long_req.cur_kv_len = 3000  # three chunks later only 1000 tokens are left
-    newcomer = make_req(2, 2000, arrival=0, cur_kv_len=0)
-    # Fixed cost: 1000/4000 < 1000/2000, so the newcomer goes first.  A shrinking cost
-    # (1000/1000) would have put the long request first.
-    assert ids(strategy.reorder([long_req, newcomer], 1000)) == [2, 1]
-    assert long_req.strategy_state[HRRN_COST_KEY] == 4000
-    assert newcomer.strategy_state[HRRN_COST_KEY] == 2000
-
-
-def test_hrrn_cost_uses_uncached_prompt_and_is_at_least_one() -> None:
-    cached = make_req(1, 1000, cur_kv_len=900)
-    fully = make_req(2, 10, output_len=3, cur_kv_len=12)
-    build_prefill_queue_strategy("hrrn").reorder([cached, fully], 0, no_decode=True)
-    assert cached.strategy_state[HRRN_COST_KEY] == 100
-    assert fully.strategy_state[HRRN_COST_KEY] == 1
-
-
-def test_hrrn_does_not_bind_cost_for_decode_or_high_priority() -> None:
-    decoding = decode_req(1)
-    high = make_req(2, 30, infer_high_priority=-1)
-    build_prefill_queue_strategy("hrrn").reorder([decoding, high], 0)
-    assert decoding.strategy_state == {} and high.strategy_state == {}
-
-
-def test_hrrn_is_deterministic_for_shuffled_inputs() -> None:
-    rng = random.Random(1234)
-    base = [make_req(i, rng.choice([50, 100, 200]), arrival=rng.choice([0, 100, 200])) for i in range(30)]
-    expected = order("hrrn", copy.deepcopy(base), processed=400)
-    for _ in range(20):
-        shuffled = copy.deepcopy(base)
-        rng.shuffle(shuffled)
-        assert order("hrrn", shuffled, processed=400) == expected
-
-
-def test_hrrn_rejects_counter_behind_arrival() -> None:
-    with pytest.raises(ValueError, match="processed_prefill_tokens"):
-        build_prefill_queue_strategy("hrrn").reorder([make_req(1, 10, arrival=50)], 40)
-
-
 # --- property-style invariants ----------------------------------------------------------------
 
 
@@ -375,29 +211,3 @@ def test_random_queues_keep_permutation_and_decode_first(name: str) -> None:
         priorities = [r.infer_high_priority < 0 for r in prefill]
         high_count = sum(priorities)
         assert priorities == [True] * high_count + [False] * (len(prefill) - high_count)
-
-
-# --- lpm ----------------------------------------------------------------------------------------
-
-
-def _cached(request_id: int, prompt_len: int, cached: int, **kwargs) -> InferReq:
-    req = make_req(request_id, prompt_len, cur_kv_len=cached, **kwargs)
-    req.prompt_cache_len = cached
-    return req
-
-
-def test_lpm_prefers_most_cached_tokens_and_keeps_arrival_order_on_ties() -> None:
-    reqs = [_cached(1, 100, 0), _cached(2, 900, 600), _cached(3, 50, 10), _cached(4, 700, 600), _cached(5, 30, 0)]
-    assert order("lpm", reqs, processed=10) == [2, 4, 3, 1, 5]
-
-
-def test_lpm_keeps_high_priority_first_in_arrival_order() -> None:
-    reqs = [_cached(1, 100, 90), _cached(2, 100, 0, infer_high_priority=-1), _cached(3, 100, 0, infer_high_priority=-2)]
-    assert order("lpm", reqs, processed=10) == [2, 3, 1]
-
-
-def test_lpm_runs_under_the_waiting_bound() -> None:
-    # Request 1 shares nothing with the cache and has waited past the bound.
-    reqs = [_cached(1, 100, 0, arrival=0), _cached(2, 900, 800, arrival=5000)]
-    assert order("lpm", reqs, processed=5000) == [2, 1]
-    assert ids(build_prefill_queue_strategy("lpm", 4096).reorder(reqs, 5000)) == [1, 2]

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightllm.benchmark.simulator.cost_model import CostProfile
-from lightllm.benchmark.simulator.engine import SimArrival, SimServerConfig, Simulator
+from lightllm.benchmark.simulator.engine import Simulator
+from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
     available_strategy_names,

@@ -13,9 +13,10 @@ import pytest
 from lightllm.benchmark.metrics import RequestRecord
 from lightllm.benchmark.simulator.__main__ import main as cli_main
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
-from lightllm.benchmark.simulator.engine import SimArrival, SimServerConfig, Simulator
+from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_1p1d, simulate_case, simulate_single_node
 from lightllm.benchmark.simulator.scenarios import SCENARIOS, ScenarioSpec, resolve_scenarios
+from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.benchmark.simulator.soak import SoakConfig, estimate_capacity_rate, run_soak
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest, WorkloadConfig, build_workload
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (

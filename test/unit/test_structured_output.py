@@ -14,7 +14,8 @@ from lightllm.models.registry import load_model
 from lightllm.server.api_response_format import response_format_grammar
 from lightllm.server.core.objs.finish_status import FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend, RequestRejected
+from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
+from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints

@@ -8,9 +8,10 @@ Run ``python -m lightllm.benchmark.simulator --help`` for the command line.
 """
 
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
-from lightllm.benchmark.simulator.engine import SimArrival, SimResult, SimServerConfig, Simulator, StepTrace
+from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.runner import CaseKey, CaseResult, run_matrix, simulate_1p1d, simulate_case
 from lightllm.benchmark.simulator.scenarios import SCENARIOS, ScenarioSpec, resolve_scenarios
+from lightllm.benchmark.simulator.sim_types import SimArrival, SimResult, SimServerConfig, StepTrace
 from lightllm.benchmark.simulator.soak import SoakConfig, SoakResult, run_soak, run_soaks
 
 __all__ = [

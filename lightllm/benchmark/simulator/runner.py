@@ -7,8 +7,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lightllm.benchmark.metrics import RequestRecord, summarize
 from lightllm.benchmark.simulator.cost_model import CostProfile
-from lightllm.benchmark.simulator.engine import SimArrival, SimServerConfig, Simulator
+from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
+from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
@@ -126,6 +127,40 @@ def simulate_1p1d(
     return merged, prefill_steps + decode_result.steps
 
 
+def simulate_workload(
+    profile: CostProfile,
+    workload: Sequence[ScheduledRequest],
+    strategy: str,
+    mode: str,
+    budget: int,
+    running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
+    record_token_times: bool = True,
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+) -> tuple[List[RequestRecord], int]:
+    """Run ``workload`` on the node kind ``mode`` (a 1P1D pair or one node); return records and steps.
+
+    ``prefill_max_wait_tokens`` is the strategy node's waiting bound (0 disables it).
+    """
+    if mode == "1p1d":
+        return simulate_1p1d(
+            profile,
+            workload,
+            strategy,
+            budget,
+            running_max_req_size,
+            record_token_times=record_token_times,
+            prefill_max_wait_tokens=prefill_max_wait_tokens,
+        )
+    config = server_config(
+        mode,
+        budget,
+        running_max_req_size,
+        record_token_times=record_token_times,
+        prefill_max_wait_tokens=prefill_max_wait_tokens,
+    )
+    return simulate_single_node(profile, workload, strategy, config)
+
+
 def _merge_pd_record(prefill: RequestRecord, decode: Optional[RequestRecord]) -> RequestRecord:
     if decode is None:
         return prefill
@@ -176,13 +211,15 @@ def simulate_case(
     check_choice(strategy, available_strategy_names(), "strategy")
     check_choice(mode, MODES, "mode")
     workload = scenario.build(seed)
-    if mode == "1p1d":
-        records, steps = simulate_1p1d(
-            profile, workload, strategy, budget, running_max_req_size, prefill_max_wait_tokens=prefill_max_wait_tokens
-        )
-    else:
-        config = server_config(mode, budget, running_max_req_size, prefill_max_wait_tokens=prefill_max_wait_tokens)
-        records, steps = simulate_single_node(profile, workload, strategy, config)
+    records, steps = simulate_workload(
+        profile,
+        workload,
+        strategy,
+        mode,
+        budget,
+        running_max_req_size,
+        prefill_max_wait_tokens=prefill_max_wait_tokens,
+    )
     metrics, summary = case_metrics(records)
     return CaseResult(
         key=CaseKey(scenario.name, mode, budget, strategy),

@@ -14,14 +14,13 @@ from typing import Any, Dict, List, Optional
 
 from lightllm.benchmark.metrics import percentile
 from lightllm.benchmark.simulator.cost_model import CostProfile
-from lightllm.benchmark.simulator.engine import SimServerConfig, Simulator
-from lightllm.benchmark.simulator.runner import check_choice, server_config, simulate_1p1d
+from lightllm.benchmark.simulator.runner import check_choice, simulate_workload
+from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
+from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
     DEFAULT_PREFILL_MAX_WAIT_TOKENS,
     check_max_wait_tokens,
 )
-from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
-from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,27 +112,16 @@ def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult
         )
     )
     started = time.perf_counter()
-    if cfg.mode == "1p1d":
-        records, _ = simulate_1p1d(
-            profile,
-            workload,
-            strategy,
-            cfg.budget,
-            cfg.running_max_req_size,
-            record_token_times=False,
-            prefill_max_wait_tokens=cfg.prefill_max_wait_tokens,
-        )
-    else:
-        config: SimServerConfig = server_config(
-            cfg.mode,
-            cfg.budget,
-            cfg.running_max_req_size,
-            record_token_times=False,
-            prefill_max_wait_tokens=cfg.prefill_max_wait_tokens,
-        )
-        sim = Simulator(profile, strategy, config)
-        sim.add_workload(workload)
-        records = sim.run().records
+    records, _ = simulate_workload(
+        profile,
+        workload,
+        strategy,
+        cfg.mode,
+        cfg.budget,
+        cfg.running_max_req_size,
+        record_token_times=False,
+        prefill_max_wait_tokens=cfg.prefill_max_wait_tokens,
+    )
     wall = time.perf_counter() - started
     waits = [r.first_token_time - r.send_time for r in records]
     long_waits = [w for w, r in zip(waits, records) if r.request_class == LONG]

@@ -1,14 +1,9 @@
 """Per-request sampling parameters and the batched, vectorised token sampler."""
 
-from lightllm.common.sampling.sampler import (
-    Sampler,
-    SamplerOutput,
-    SamplingBatch,
-    apply_min_tokens_mask,
-    apply_penalties,
-    apply_top_k_top_p,
-    derive_step_seed,
-)
+from lightllm.common.sampling.logit_processors import apply_min_tokens_mask, apply_penalties, apply_top_k_top_p
+from lightllm.common.sampling.sampler import Sampler
+from lightllm.common.sampling.sampler_output import SamplerOutput
+from lightllm.common.sampling.sampling_batch import SamplingBatch, derive_step_seed
 from lightllm.common.sampling.sampling_params import (
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,

@@ -170,23 +170,17 @@ class SamplingParams:
 
         self._validate_stop_token_ids(vocab_size)
 
-        if not isinstance(self.ignore_eos, bool):
-            raise SamplingParamError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
-        for name in ("skip_special_tokens", "include_stop_str_in_output", "input_penalty"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.do_sample is not None and not isinstance(self.do_sample, bool):
             raise SamplingParamError(f"do_sample must be a bool or None, got {type(self.do_sample).__name__}")
 
-        if self.logprobs is not None:
-            logprobs = _check_int("logprobs", self.logprobs)
-            if not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-                raise SamplingParamError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
-
-        if self.prompt_logprobs is not None:
-            prompt_logprobs = _check_int("prompt_logprobs", self.prompt_logprobs)
-            if not 0 <= prompt_logprobs <= MAX_TOP_LOGPROBS:
-                raise SamplingParamError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {prompt_logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                count = _check_int(name, getattr(self, name))
+                if not 0 <= count <= MAX_TOP_LOGPROBS:
+                    raise SamplingParamError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {count}")
 
         if self.grammar is not None:
             if not isinstance(self.grammar, str) or not self.grammar:
@@ -195,7 +189,7 @@ class SamplingParams:
                 raise SamplingParamError(f"grammar must take at most {GRAMMAR_BYTES} bytes encoded")
 
         self._validate_stop_sequences()
-        check_stored_widths({item.name: getattr(self, item.name) for item in fields(self)}, SamplingParamError)
+        check_stored_widths(vars(self), SamplingParamError)
 
     def _validate_stop_token_ids(self, vocab_size: int | None) -> None:
         if not isinstance(self.stop_token_ids, list):

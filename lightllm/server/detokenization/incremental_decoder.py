@@ -34,6 +34,8 @@ class IncrementalDecoder:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.stop_sequences = [s for s in stop_sequences if s]
+        # Fixed for the request; _find_stop needs it for every token.
+        self._longest_stop = max((len(s) for s in self.stop_sequences), default=0)
         self.text = ""  # all text decoded so far
         self.emitted = 0  # chars of self.text already handed out
         self.stopped = False
@@ -78,7 +80,7 @@ class IncrementalDecoder:
 
     def _find_stop(self) -> Optional[int]:
         # Only text not yet released can contain a new stop string.
-        start = max(0, self.emitted - max(len(s) for s in self.stop_sequences))
+        start = max(0, self.emitted - self._longest_stop)
         positions = [p for p in (self.text.find(s, start) for s in self.stop_sequences) if p >= 0]
         return min(positions) if positions else None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import zmq
 
@@ -15,7 +15,7 @@ from lightllm.server.core.objs.io_messages import (
     StepOutput,
     TokenEvent,
 )
-from lightllm.server.core.objs.finish_status import FINISH_REASON_NAMES
+from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
 from lightllm.utils.log_utils import init_logging
@@ -42,7 +42,7 @@ class DetokenizationConfig:
 
 @dataclass
 class _RequestText:
-    decoder: IncrementalDecoder
+    decoder: Optional[IncrementalDecoder]  # None: a request that failed before it was read
     seen: int = 0
     finished: bool = False
     prompt_logprobs_sent: bool = False
@@ -97,8 +97,8 @@ class DetokenizationManager:
             state.finished = True
         else:
             # Keep a finished marker so the release that follows does not report "abort".
-            self.requests[request_id] = _RequestText(decoder=None, finished=True)  # type: ignore[arg-type]
-        self.to_http.send_pyobj(DetokenizedOutput(request_id, [], "error", 0))
+            self.requests[request_id] = _RequestText(decoder=None, finished=True)
+        self.to_http.send_pyobj(DetokenizedOutput(request_id, [], FINISH_REASON_NAMES[FINISH_ERROR], 0))
         # The rank may still be generating for it (a no-op if it already finished).
         self.to_router.send_pyobj(AbortRequest(request_id))
 
@@ -111,12 +111,12 @@ class DetokenizationManager:
         status = int(rec["finish_status"])
         ids = rec["output_ids"][state.seen : output_len].tolist()
         logprobs = rec["output_logprobs"][state.seen : output_len].tolist()
-        tops = self.shm.top_logprobs(slot, state.seen, output_len) if int(rec["logprobs"]) > 0 else None
+        tops = self.shm.top_logprobs(slot, state.seen, output_len)
         state.seen = output_len
         events = []
         finish_reason = None
         for index, (token_id, logprob) in enumerate(zip(ids, logprobs)):
-            top = tops[index] if tops is not None else None
+            top = None if tops is None else tops[index]
             events.append(TokenEvent(token_id, state.decoder.add(token_id), logprob, top))
             if state.decoder.stopped:
                 finish_reason = "stop"

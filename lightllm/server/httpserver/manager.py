@@ -1,4 +1,8 @@
-"""HttpServerManager: tokenization, shared-memory slots, and per-request event streams."""
+"""HttpServerManager: tokenization, request submission, and ending requests on shutdown or failure.
+
+A request's own state and event stream live in :mod:`.pending_request`; the free slots in
+:mod:`.slot_pool`.
+"""
 
 from __future__ import annotations
 
@@ -15,58 +19,14 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.httpserver.errors import ServerUnavailableError
 from lightllm.server.httpserver.metrics import ServerMetrics
+from lightllm.server.httpserver.pending_request import GenerationEvent, PendingRequest
+from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.utils.process_utils import zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 log = logging.getLogger("lightllm.httpserver")
-
-# How often a running request asks whether its client is still connected, whether or not
-# tokens are flowing: a client that walked away is noticed within this time.
-DISCONNECT_CHECK_SECONDS = 0.5
-
-
-class ServerBusyError(RuntimeError):
-    """No request slot became free in time."""
-
-
-class ServerUnavailableError(RuntimeError):
-    """The server takes no more requests (it is shutting down or one of its processes died).
-
-    ``code`` is the machine-readable reason the HTTP layer puts in the 503 error body.
-    """
-
-    def __init__(self, message: str, code: str):
-        super().__init__(message)
-        self.code = code
-
-
-# Put in a request's queue to wake it when the server fails every pending request.
-_FAILED = object()
-
-
-@dataclass
-class GenerationEvent:
-    """One generated token as the API layer sees it."""
-
-    request_id: int
-    token_id: int
-    text: str
-    logprob: float
-    finish_reason: Optional[str]
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    top_logprobs: Optional[Dict[int, float]] = None
-    # On a request's first event only, when prompt logprobs were asked for: ``(token_id,
-    # logprob, {token_id: logprob})`` of prompt positions 1.. (position 0 has none).
-    prompt_logprobs: Optional[List[Any]] = None
-
-
-def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
-    if entries is None:
-        return None
-    return [(token_id, logprob, dict(top)) for token_id, logprob, top in entries]
 
 
 @dataclass
@@ -91,18 +51,6 @@ class HttpServerConfig:
     slot_wait_seconds: float = 600.0
 
 
-class _Pending:
-    """Per-request state in the HTTP process."""
-
-    def __init__(self, prompt_tokens: int):
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = 0
-        self.first_token_seconds: Optional[float] = None  # since submission, for /metrics
-        self.finished = False
-        self.failure: Optional[ServerUnavailableError] = None
-
-
 class HttpServerManager:
     """Accepts requests from the API layer and streams their tokens back."""
 
@@ -123,16 +71,13 @@ class HttpServerManager:
         self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
         self.stats = ShmStats(config.shm_stats_name, create=False)
         self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, config.max_req_total_len)
-        self._free_slots: List[int] = list(range(config.slot_num - 1, -1, -1))
-        self._slot_freed: Optional[asyncio.Condition] = None
-        self._pending: Dict[int, _Pending] = {}
+        self._slots = SlotPool(config.slot_num, config.slot_wait_seconds)
+        self._pending: Dict[int, PendingRequest] = {}
         self._next_request_id = 1
         self._receiver: Optional[asyncio.Task] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         # Set once the server stops taking requests; new requests get it as their error.
         self._refusal: Optional[ServerUnavailableError] = None
-        # Set once every pending request was failed; also fails requests still waiting for a slot.
-        self._failure: Optional[ServerUnavailableError] = None
         self._backend_alive = True
         self._active_generations = 0
 
@@ -143,7 +88,7 @@ class HttpServerManager:
         self.zmq_ctx = zmq.asyncio.Context()
         self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, self.config.router_address, bind=False)
         self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, self.config.http_address, bind=True)
-        self._slot_freed = asyncio.Condition()
+        self._slots.start()
         self._receiver = asyncio.create_task(self._receive_loop())
 
     async def stop(self) -> None:
@@ -157,62 +102,17 @@ class HttpServerManager:
             message = await self.inbox.recv_pyobj()
             try:
                 if isinstance(message, DetokenizedOutput):
-                    self._deliver(message)
+                    pending = self._pending.get(message.request_id)
+                    if pending is not None:
+                        pending.deliver(message)
                 elif isinstance(message, SlotReleased):
                     await self._release_slot(message.shm_index)
             except Exception:  # one bad message must not stop every stream
                 log.exception("failed to handle %s", type(message).__name__)
 
-    def _deliver(self, message: DetokenizedOutput) -> None:
-        pending = self._pending.get(message.request_id)
-        if pending is None or pending.finished:
-            return
-        tokens = message.tokens
-        if not tokens and message.finish_reason is not None:
-            pending.finished = True
-            pending.queue.put_nowait(
-                GenerationEvent(message.request_id, -1, "", 0.0, message.finish_reason, pending.prompt_tokens, message.prompt_cache_len, pending.completion_tokens)
-            )
-            return
-        for i, token in enumerate(tokens):
-            pending.completion_tokens += 1
-            last = i == len(tokens) - 1
-            finish = message.finish_reason if last else None
-            pending.queue.put_nowait(
-                GenerationEvent(
-                    message.request_id,
-                    token.token_id,
-                    token.text,
-                    token.logprob,
-                    finish,
-                    pending.prompt_tokens,
-                    message.prompt_cache_len,
-                    pending.completion_tokens,
-                    None if token.top_logprobs is None else dict(token.top_logprobs),
-                    _prompt_logprobs(message.prompt_logprobs) if i == 0 else None,
-                )
-            )
-        if message.finish_reason is not None:
-            pending.finished = True
-
     async def _release_slot(self, slot: int) -> None:
         self.shm.release(slot)
-        async with self._slot_freed:
-            self._free_slots.append(slot)
-            self._slot_freed.notify()
-
-    async def _take_slot(self) -> int:
-        async with self._slot_freed:
-            try:
-                await asyncio.wait_for(
-                    self._slot_freed.wait_for(lambda: bool(self._free_slots) or self._failure is not None),
-                    self.config.slot_wait_seconds,
-                )
-            except asyncio.TimeoutError as exc:
-                raise ServerBusyError("server is busy: no request slot became free in time") from exc
-            if self._failure is not None:
-                raise self._failure
-            return self._free_slots.pop()
+        await self._slots.put(slot)
 
     # --- shutdown and failure (called on the event loop by the supervisor) ----------------------
     def refuse_new_requests(self, message: str, code: str) -> None:
@@ -228,21 +128,10 @@ class HttpServerManager:
         """
         failure = ServerUnavailableError(message, code)
         self.refuse_new_requests(message, code)
-        self._failure = failure
         self._backend_alive = self._backend_alive and backend_alive
-        failed = 0
-        for pending in self._pending.values():
-            if not pending.finished and pending.failure is None:
-                pending.failure = failure
-                pending.queue.put_nowait(_FAILED)
-                failed += 1
-        if self._slot_freed is not None:
-            asyncio.ensure_future(self._wake_slot_waiters())
-        return failed
-
-    async def _wake_slot_waiters(self) -> None:
-        async with self._slot_freed:
-            self._slot_freed.notify_all()
+        # Requests still waiting for a slot fail too.
+        self._slots.fail(failure)
+        return sum(pending.fail(failure) for pending in list(self._pending.values()))
 
     async def wait_until_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every request to end; True if they all did."""
@@ -331,10 +220,10 @@ class HttpServerManager:
             raise self._refusal
         self._active_generations += 1
         try:
-            slot = await self._take_slot()
+            slot = await self._slots.take()
             request_id = self._next_request_id
             self._next_request_id += 1
-            pending = _Pending(len(prompt_ids))
+            pending = PendingRequest(len(prompt_ids))
             self._pending[request_id] = pending
             try:
                 self.shm.write_request(slot, request_id, prompt_ids, params, high_priority)
@@ -347,7 +236,7 @@ class HttpServerManager:
             finish_reason = None
             try:
                 await self.to_router.send_pyobj(NewRequest(request_id, slot))
-                events = self._events(pending, request, started)
+                events = pending.events(request, started, self.metrics)
                 try:
                     async for event in events:
                         finish_reason = event.finish_reason
@@ -375,40 +264,3 @@ class HttpServerManager:
                 )
         finally:
             self._active_generations -= 1
-
-    async def _events(self, pending: _Pending, request: Any, started: float) -> AsyncIterator[GenerationEvent]:
-        """A request's token events until it finishes, fails, or its client disconnects.
-
-        The client is asked every ``DISCONNECT_CHECK_SECONDS`` whether tokens are flowing or
-        not, so a walk-away client of a long generation is noticed within that time.
-        """
-        last_token_at: Optional[float] = None
-        next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
-        while True:
-            if not pending.queue.empty():
-                event = pending.queue.get_nowait()
-            else:
-                try:
-                    event = await asyncio.wait_for(pending.queue.get(), max(0.0, next_check - time.monotonic()))
-                except asyncio.TimeoutError:
-                    event = None
-            if event is _FAILED:
-                return
-            if request is not None and time.monotonic() >= next_check:
-                next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
-                if await request.is_disconnected():
-                    return
-            if event is None:
-                continue
-            now = time.perf_counter()
-            if event.token_id >= 0:
-                if last_token_at is None:
-                    pending.first_token_seconds = now - started
-                    self.metrics.on_first_token(pending.first_token_seconds, event.cached_tokens)
-                else:
-                    self.metrics.on_next_token(now - last_token_at)
-                last_token_at = now
-            if event.token_id >= 0 or event.finish_reason is not None:
-                yield event
-            if event.finish_reason is not None:
-                return

@@ -53,6 +53,9 @@ _STEP_PHASE_FIELDS = {
 }
 _COUNTER_FIELDS = ("backend_steps", "processed_prefill_tokens", "preemptions")
 
+# Snapshot fields that are not exported as live gauges (histograms and counters instead).
+_NOT_GAUGES = frozenset(PREFILL_WAIT_FIELDS) | frozenset(_COUNTER_FIELDS) | frozenset(_STEP_PHASE_FIELDS)
+
 _COUNTER_DOCS = {
     "backend_steps": "Backend steps run",
     "processed_prefill_tokens": "Prompt tokens prefilled by the backend",
@@ -84,7 +87,7 @@ class _SharedStatsCollector:
         labels = ["strategy"]
         yield from histogram_families(snapshot, self.strategy)
         for name, value in snapshot.items():
-            if name in PREFILL_WAIT_FIELDS or name in _COUNTER_FIELDS or name in _STEP_PHASE_FIELDS:
+            if name in _NOT_GAUGES:
                 continue  # exposed as histograms above or as counters below
             gauge = GaugeMetricFamily(f"lightllm_{name}", f"Live value of {name}", labels=labels)
             gauge.add_metric([self.strategy], value)
@@ -145,9 +148,9 @@ class _Exporter:
         """The Prometheus text exposition (format 0.0.4)."""
         lines: List[str] = []
         for family in self.source.collect():
+            help_text = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
             for name, vllm in [(family.name, False)] + [(alias, True) for alias in VLLM_NAMES.get(family.name, ())]:
                 shown = f"{name}_total" if family.type == "counter" else name
-                help_text = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
                 lines.append(f"# HELP {shown} {help_text}")
                 lines.append(f"# TYPE {shown} {family.type}")
                 for sample in family.samples:

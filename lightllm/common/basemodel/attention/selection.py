@@ -22,13 +22,6 @@ def triton_import_error() -> str | None:
     return None
 
 
-def triton_interpreting() -> bool:
-    """True when Triton would run kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    from lightllm.common.basemodel.triton_kernel.launch_utils import interpreting
-
-    return interpreting()
-
-
 def resolve_attention_backend(requested: str, device: str) -> str:
     """The concrete backend (``torch`` or ``triton``) for ``requested`` on ``device``.
 
@@ -45,7 +38,10 @@ def resolve_attention_backend(requested: str, device: str) -> str:
         return "triton" if device == "cuda" and problem is None else "torch"
     if problem is not None:
         raise AttentionBackendError(f"--attention_backend triton needs the triton package, which fails to import ({problem})")
-    if device != "cuda" and not triton_interpreting():
+    # Imported here: launch_utils imports triton, which is known to import by now.
+    from lightllm.common.basemodel.triton_kernel.launch_utils import interpreting
+
+    if device != "cuda" and not interpreting():
         raise AttentionBackendError(
             f"--attention_backend triton needs a CUDA device (the device is {device}); "
             "on CPU use --attention_backend torch (Triton runs on CPU only under TRITON_INTERPRET=1, for tests)"

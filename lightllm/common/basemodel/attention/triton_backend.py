@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Sequence
 
 import torch
@@ -47,9 +48,7 @@ class TritonAttention(AttentionBackend):
             empty = ints([])
             return _TritonMeta(True, req_to_token, batch.req_rows, ints(batch.seq_lens), empty, empty, empty, 1)
         new_lens = batch.new_lens
-        q_starts = [0] * len(new_lens)
-        for i in range(1, len(new_lens)):
-            q_starts[i] = q_starts[i - 1] + new_lens[i - 1]
+        q_starts = list(accumulate(new_lens[:-1], initial=0))  # a prefill batch is never empty
         return _TritonMeta(
             False, req_to_token, batch.req_rows, ints(batch.seq_lens), ints(batch.start_lens), ints(new_lens),
             ints(q_starts), max(new_lens),

@@ -12,7 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
-from lightllm.common.basemodel.triton_kernel.launch_utils import block_for, dot_in_fp32
+from lightllm.common.basemodel.triton_kernel.launch_utils import (
+    block_for,
+    check_attention_inputs,
+    dot_in_fp32,
+    gather_context_reference,
+)
 
 
 @triton.jit
@@ -112,11 +117,7 @@ def context_attention(
     """
     total, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    if q_heads % kv_heads:
-        raise ValueError(f"q_heads {q_heads} is not a multiple of kv_heads {kv_heads}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension")
+    check_attention_inputs(q, k_cache, v_cache)
     if not q.dtype == k_cache.dtype == v_cache.dtype:
         raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     out = torch.empty_like(q) if out is None else out
@@ -153,9 +154,7 @@ def context_attention_reference(
     group = q.shape[1] // k_cache.shape[1]
     for i in range(req_rows.shape[0]):
         start, new, first = int(start_lens[i]), int(new_lens[i]), int(q_starts[i])
-        slots = req_to_token[int(req_rows[i]), : start + new]
-        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [ctx, q_heads, D]
-        v = v_cache[slots].float().repeat_interleave(group, dim=1)
+        k, v = gather_context_reference(k_cache, v_cache, req_to_token, int(req_rows[i]), start + new, group)
         qi = q[first : first + new].float()  # [new, q_heads, D]
         scores = torch.einsum("thd,lhd->htl", qi, k) * q.shape[-1] ** -0.5
         visible = torch.arange(start + new)[None, :] <= torch.arange(start, start + new)[:, None]

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lightllm.common.basemodel.triton_kernel.launch_utils import block_for
+from lightllm.common.basemodel.triton_kernel.launch_utils import block_for, check_attention_inputs, gather_context_reference
 
 
 @triton.jit
@@ -70,11 +70,7 @@ def decode_attention(
     """
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    if q_heads % kv_heads:
-        raise ValueError(f"q_heads {q_heads} is not a multiple of kv_heads {kv_heads}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension")
+    check_attention_inputs(q, k_cache, v_cache)
     out = torch.empty_like(q) if out is None else out
     if batch == 0:
         return out
@@ -100,9 +96,7 @@ def decode_attention_reference(
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[1]
     for i in range(q.shape[0]):
-        slots = req_to_token[int(req_rows[i]), : int(seq_lens[i])]
-        k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [L, q_heads, D]
-        v = v_cache[slots].float().repeat_interleave(group, dim=1)
+        k, v = gather_context_reference(k_cache, v_cache, req_to_token, int(req_rows[i]), int(seq_lens[i]), group)
         scores = torch.einsum("hd,lhd->hl", q[i].float(), k) * q.shape[-1] ** -0.5
         out[i] = torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), v).to(q.dtype)
     return out

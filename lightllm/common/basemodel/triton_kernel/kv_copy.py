@@ -55,9 +55,9 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, src_index, dst_index, count: i
     block = min(block, triton.next_power_of_2(row_size))
     grid = (count, src.shape[0], triton.cdiv(row_size, block))
     s, d = _as_bits(src), _as_bits(dst)
-    dummy = src_index if src_index is not None else dst_index
+    # An unindexed side's pointer is never read, but the launch needs a tensor there: pass the other index.
     _copy_slot_rows_kernel[grid](
-        s, d, src_index if src_index is not None else dummy, dst_index if dst_index is not None else dummy,
+        s, d, src_index if src_index is not None else dst_index, dst_index if dst_index is not None else src_index,
         s.stride(0), s.stride(1), d.stride(0), d.stride(1), row_size,
         BLOCK=block, SRC_INDEXED=src_index is not None, DST_INDEXED=dst_index is not None,
     )

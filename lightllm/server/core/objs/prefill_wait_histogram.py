@@ -47,28 +47,25 @@ def bucket_increments(value: int, bounds: Sequence[int]) -> List[int]:
 
 def histogram_families(snapshot: Dict[str, int], strategy: str) -> Iterable[object]:
     """Prometheus families for the prefill-wait fields of a stats ``snapshot``."""
-    longest_tokens = GaugeMetricFamily(
-        "lightllm_prefill_wait_longest_tokens",
-        "Longest current prefill wait of a request still waiting for its first token, in processed prefill tokens",
-        labels=["strategy"],
-    )
-    longest_tokens.add_metric([strategy], snapshot.get(LONGEST_TOKENS_FIELD, 0))
-    yield longest_tokens
-    longest_seconds = GaugeMetricFamily(
-        "lightllm_prefill_wait_longest_seconds",
-        "Longest current prefill wait of a request still waiting for its first token, in seconds",
-        labels=["strategy"],
-    )
-    longest_seconds.add_metric([strategy], snapshot.get(LONGEST_US_FIELD, 0) / 1e6)
-    yield longest_seconds
-    for unit, bounds, scale, name, doc in (
-        ("tokens", WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_wait_tokens", "Prefill wait from admission to first token, in processed prefill tokens"),
-        ("us", WAIT_US_BUCKETS, 1e6, "lightllm_prefill_wait_seconds", "Prefill wait from admission to first token, in seconds"),
+    for field, scale, name, unit in (
+        (LONGEST_TOKENS_FIELD, 1, "lightllm_prefill_wait_longest_tokens", "processed prefill tokens"),
+        (LONGEST_US_FIELD, 1e6, "lightllm_prefill_wait_longest_seconds", "seconds"),
     ):
-        family = HistogramMetricFamily(name, doc, labels=["strategy"])
-        buckets = [(_format_bound(b / scale), snapshot.get(f"{HIST_PREFIX}{unit}_le_{b}", 0)) for b in bounds]
-        buckets.append(("+Inf", snapshot.get(f"{HIST_PREFIX}{unit}_le_inf", 0)))
-        family.add_metric([strategy], buckets, sum_value=snapshot.get(f"{HIST_PREFIX}{unit}_sum", 0) / scale)
+        doc = f"Longest current prefill wait of a request still waiting for its first token, in {unit}"
+        gauge = GaugeMetricFamily(name, doc, labels=["strategy"])
+        gauge.add_metric([strategy], snapshot.get(field, 0) / scale)
+        yield gauge
+    for fields, bounds, scale, name, unit in (
+        (TOKEN_FIELDS, WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_wait_tokens", "processed prefill tokens"),
+        (US_FIELDS, WAIT_US_BUCKETS, 1e6, "lightllm_prefill_wait_seconds", "seconds"),
+    ):
+        family = HistogramMetricFamily(
+            name, f"Prefill wait from admission to first token, in {unit}", labels=["strategy"]
+        )
+        *bound_fields, inf_field, sum_field = fields
+        buckets = [(_format_bound(b / scale), snapshot.get(f, 0)) for b, f in zip(bounds, bound_fields)]
+        buckets.append(("+Inf", snapshot.get(inf_field, 0)))
+        family.add_metric([strategy], buckets, sum_value=snapshot.get(sum_field, 0) / scale)
         yield family
 
 

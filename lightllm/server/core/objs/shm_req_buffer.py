@@ -46,6 +46,22 @@ from lightllm.server.core.objs.shared_segment import SharedArraySegment
 STATE_FREE = 0
 STATE_ACTIVE = 1
 
+# Sampling fields stored under their SamplingParams name, in their stored width, as they are.
+_COPIED_FIELDS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "top_k",
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+# Boolean sampling fields, stored as 0 or 1.
+_FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty")
+# Optional integer sampling fields, stored as -1 when unset.
+_OPTIONAL_FIELDS = ("logprobs", "prompt_logprobs")
 
 
 def record_dtype(max_req_total_len: int) -> np.dtype:
@@ -62,26 +78,14 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("abort_flag", np.int32),
             ("stop_string_hit", np.int32),
             ("high_priority_request", np.int32),
-            ("max_new_tokens", STORED_DTYPES["max_new_tokens"]),
-            ("min_new_tokens", STORED_DTYPES["min_new_tokens"]),
-            ("top_k", STORED_DTYPES["top_k"]),
-            ("ignore_eos", np.int32),
+            *[(name, STORED_DTYPES[name]) for name in _COPIED_FIELDS],
+            *[(name, np.int32) for name in _FLAG_FIELDS],
+            *[(name, STORED_DTYPES[name]) for name in _OPTIONAL_FIELDS],
             ("do_sample", np.int32),  # -1 unset, 0 false, 1 true
-            ("logprobs", STORED_DTYPES["logprobs"]),  # -1 unset
-            ("prompt_logprobs", STORED_DTYPES["prompt_logprobs"]),  # -1 unset
             ("prompt_logprob_end", np.int32),
             ("has_seed", np.int32),
             ("stop_token_num", np.int32),
             ("seed", STORED_DTYPES["seed"]),
-            ("temperature", STORED_DTYPES["temperature"]),
-            ("top_p", STORED_DTYPES["top_p"]),
-            ("min_p", STORED_DTYPES["min_p"]),
-            ("skip_special_tokens", np.int32),
-            ("include_stop_str_in_output", np.int32),
-            ("input_penalty", np.int32),
-            ("repetition_penalty", STORED_DTYPES["repetition_penalty"]),
-            ("presence_penalty", STORED_DTYPES["presence_penalty"]),
-            ("frequency_penalty", STORED_DTYPES["frequency_penalty"]),
             ("stop_token_ids", STORED_DTYPES["stop_token_ids"], (MAX_STOP_TOKEN_IDS,)),
             ("stop_sequences_json", f"S{STOP_SEQUENCES_BYTES}"),
             ("grammar", f"S{GRAMMAR_BYTES}"),  # empty: no structured output
@@ -136,25 +140,17 @@ class ShmReqBuffer(SharedArraySegment):
         rec["abort_flag"] = 0
         rec["stop_string_hit"] = 0
         rec["high_priority_request"] = int(high_priority_request)
-        rec["max_new_tokens"] = params.max_new_tokens
-        rec["min_new_tokens"] = params.min_new_tokens
-        rec["top_k"] = params.top_k
-        rec["ignore_eos"] = int(params.ignore_eos)
+        for name in _COPIED_FIELDS:
+            rec[name] = getattr(params, name)
+        for name in _FLAG_FIELDS:
+            rec[name] = int(getattr(params, name))
+        for name in _OPTIONAL_FIELDS:
+            value = getattr(params, name)
+            rec[name] = -1 if value is None else value
         rec["do_sample"] = -1 if params.do_sample is None else int(params.do_sample)
-        rec["logprobs"] = -1 if params.logprobs is None else params.logprobs
-        rec["prompt_logprobs"] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
         rec["prompt_logprob_end"] = 0
         rec["has_seed"] = int(params.seed is not None)
         rec["seed"] = params.seed or 0
-        rec["temperature"] = params.temperature
-        rec["top_p"] = params.top_p
-        rec["min_p"] = params.min_p
-        rec["skip_special_tokens"] = int(params.skip_special_tokens)
-        rec["include_stop_str_in_output"] = int(params.include_stop_str_in_output)
-        rec["input_penalty"] = int(params.input_penalty)
-        rec["repetition_penalty"] = params.repetition_penalty
-        rec["presence_penalty"] = params.presence_penalty
-        rec["frequency_penalty"] = params.frequency_penalty
         rec["stop_token_num"] = len(params.stop_token_ids)
         rec["stop_token_ids"][: len(params.stop_token_ids)] = params.stop_token_ids
         encoded = json.dumps(list(params.stop_sequences)).encode()
@@ -182,29 +178,18 @@ class ShmReqBuffer(SharedArraySegment):
     def sampling_params(self, slot: int) -> SamplingParams:
         """Rebuild the request's sampling parameters (validated when the HTTP side wrote them)."""
         rec = self.records[slot]
+        fields = {name: rec[name].item() for name in _COPIED_FIELDS}  # numpy scalar -> int/float
+        fields.update({name: bool(rec[name]) for name in _FLAG_FIELDS})
+        for name in _OPTIONAL_FIELDS:
+            value = int(rec[name])
+            fields[name] = None if value < 0 else value
         do_sample = int(rec["do_sample"])
-        logprobs = int(rec["logprobs"])
-        prompt_logprobs = int(rec["prompt_logprobs"])
         return SamplingParams(
-            prompt_logprobs=None if prompt_logprobs < 0 else prompt_logprobs,
-            temperature=float(rec["temperature"]),
-            top_p=float(rec["top_p"]),
-            min_p=float(rec["min_p"]),
-            skip_special_tokens=bool(rec["skip_special_tokens"]),
-            include_stop_str_in_output=bool(rec["include_stop_str_in_output"]),
-            input_penalty=bool(rec["input_penalty"]),
-            grammar=bytes(rec["grammar"]).decode() or None,
-            top_k=int(rec["top_k"]),
-            repetition_penalty=float(rec["repetition_penalty"]),
-            presence_penalty=float(rec["presence_penalty"]),
-            frequency_penalty=float(rec["frequency_penalty"]),
-            seed=int(rec["seed"]) if rec["has_seed"] else None,
-            max_new_tokens=int(rec["max_new_tokens"]),
-            min_new_tokens=int(rec["min_new_tokens"]),
-            stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
-            ignore_eos=bool(rec["ignore_eos"]),
+            **fields,
             do_sample=None if do_sample < 0 else bool(do_sample),
-            logprobs=None if logprobs < 0 else logprobs,
+            grammar=bytes(rec["grammar"]).decode() or None,
+            seed=int(rec["seed"]) if rec["has_seed"] else None,
+            stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
         )
 
     # --- model rank 0 ----------------------------------------------------------------------
@@ -247,11 +232,12 @@ class ShmReqBuffer(SharedArraySegment):
             self._write_top(rec, position, top)
         rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
 
-    def top_logprobs(self, slot: int, start: int, end: int) -> List[List[Tuple[int, float]]]:
-        """The published alternatives of output tokens ``start..end-1`` (empty where none)."""
+    def top_logprobs(self, slot: int, start: int, end: int) -> List[List[Tuple[int, float]]] | None:
+        """The published alternatives of output tokens ``start..end-1``, or None when the request
+        asked for none."""
         rec = self.records[slot]
         if int(rec["logprobs"]) <= 0:
-            return [[] for _ in range(start, end)]
+            return None
         offset = int(rec["prompt_len"])
         return self._read_top(rec, offset + start, offset + end)
 

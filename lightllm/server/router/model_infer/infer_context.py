@@ -53,10 +53,12 @@ class InferenceContext:
         req.prompt_cache_len = req.cur_kv_len
 
     def _attach_prefix(self, req: InferReq) -> None:
-        # At least one token is always computed, so the last token is never matched.
+        # The last token (and any position still owed a prompt logprob) is always computed, so
+        # only ``cacheable_prefix_len`` tokens may match.
         node, matched = None, 0
-        if self.radix_cache is not None and req.cacheable_prefix_len > 0:
-            tokens = req.token_slice(0, req.cacheable_prefix_len)
+        cacheable = req.cacheable_prefix_len
+        if self.radix_cache is not None and cacheable > 0:
+            tokens = req.token_slice(0, cacheable)
             node, matched, slots = self.radix_cache.match_prefix(tokens, update_refs=True)
             if matched:
                 self.req_manager.set_slots(req.req_row, 0, slots.to(self.req_manager.req_to_token.device))

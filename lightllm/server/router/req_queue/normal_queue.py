@@ -102,10 +102,14 @@ class NormalReqQueue:
         """The lane whose head is considered next (see the class docstring)."""
         if not self._high or not self._normal:
             return self._high or self._normal
-        high_aged, normal_aged = self.is_aged(self._high[0]), self.is_aged(self._normal[0])
-        if normal_aged and (not high_aged or self._arrival[self._normal[0].request_id] < self._arrival[self._high[0].request_id]):
+        high_head, normal_head = self._high[0], self._normal[0]
+        if not self.is_aged(normal_head):
+            return self._high
+        if not self.is_aged(high_head):
             return self._normal
-        return self._high
+        # Both heads aged: the earlier arrival goes first (the sequence number breaks ties).
+        normal_first = self._arrival[normal_head.request_id] < self._arrival[high_head.request_id]
+        return self._normal if normal_first else self._high
 
     def admit(self, extra_used_tokens: Callable[[], int] = lambda: 0) -> List[RouterReq]:
         """Move as many waiting requests into the running set as fit; returns them in order.

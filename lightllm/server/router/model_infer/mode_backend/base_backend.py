@@ -4,13 +4,13 @@
 requests and turns its :class:`StepReport` into shared-memory writes and messages.  That keeps
 the step testable in one process with a real model.
 
-One request never takes the rank down: a request whose parameters fail the admission check is
-rejected, and a request whose sampling fails is finished, both with ``FINISH_ERROR`` (its
-client gets an error) while the rest of the batch goes on.  Under tensor parallelism rank 0's
-sampled tokens are broadcast, and a failed row travels as token ``-1``, so every rank finishes
-the same requests.  A failing forward pass fails the requests of that batch on a single rank;
-with several ranks it cannot be recovered (their collectives would be out of step) and is
-raised.
+One request never takes the rank down: a request whose parameters fail the admission check
+(``admission.py``) is rejected, and a request whose sampling fails (``row_sampling.py``) is
+finished, both with ``FINISH_ERROR`` (its client gets an error) while the rest of the batch goes
+on.  Under tensor parallelism rank 0's sampled tokens are broadcast, and a failed row travels as
+token ``-1``, so every rank finishes the same requests.  A failing forward pass fails the
+requests of that batch on a single rank; with several ranks it cannot be recovered (their
+collectives would be out of step) and is raised.
 """
 
 from __future__ import annotations
@@ -24,15 +24,21 @@ import torch
 
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
-from lightllm.common.sampling import Sampler, SamplingBatch, SamplingParams
+from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend.admission import check_request
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.prompt_logprobs import prefill_logit_rows, prompt_logprob_entries
-from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
+from lightllm.server.router.model_infer.mode_backend.prompt_logprobs import (
+    PromptLogprobEntry,
+    collect_prompt_logprobs,
+    prefill_logit_rows,
+)
+from lightllm.server.router.model_infer.mode_backend.row_sampling import FAILED_TOKEN, sample_rows
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan, StepPlanner, submit_prefill
+from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
 
 TokenSync = Callable[[torch.Tensor], torch.Tensor]
 
@@ -40,11 +46,6 @@ log = logging.getLogger("lightllm.model_rank")
 
 # A forward pass that fails step after step means the model or device is broken, not a request.
 MAX_CONSECUTIVE_FORWARD_FAILURES = 3
-FAILED_TOKEN = -1
-
-
-class RequestRejected(ValueError):
-    """A request cannot run on this rank (its parameters or prompt are invalid here)."""
 
 
 @dataclass
@@ -60,9 +61,7 @@ class StepReport:
     tokens: List[Tuple[InferReq, int, float]] = field(default_factory=list)
     top_logprobs: Dict[int, List[Tuple[int, float]]] = field(default_factory=dict)
     # ``(request, [(position, logprob, top)])`` of prompt tokens whose logprobs this step computed.
-    prompt_logprobs: List[Tuple[InferReq, List[Tuple[int, float, List[Tuple[int, float]]]]]] = field(
-        default_factory=list
-    )
+    prompt_logprobs: List[Tuple[InferReq, List[PromptLogprobEntry]]] = field(default_factory=list)
     finished: List[Tuple[InferReq, int]] = field(default_factory=list)
     paused: List[InferReq] = field(default_factory=list)
     prefill_token_num: int = 0
@@ -124,8 +123,8 @@ class ModeBackend:
     ) -> InferReq:
         """Create the request's :class:`InferReq` (snapshotting the prefill counter) and attach it.
 
-        Raises :class:`RequestRejected` (before touching any state) when :meth:`check_request`
-        refuses the request.
+        Raises :class:`~.admission.RequestRejected` (before touching any state) when
+        :meth:`check_request` refuses the request.
         """
         self.check_request(prompt_ids, params)
         req = InferReq(
@@ -142,29 +141,14 @@ class ModeBackend:
         return req
 
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise :class:`RequestRejected` unless this rank can run the request.
-
-        The HTTP side checks the same things; checking again here means a request that reached
-        the rank some other way (or whose record was damaged) fails alone instead of failing the
-        batch it would join.
-        """
-        try:
-            if not isinstance(params, SamplingParams):
-                raise ValueError(f"sampling parameters must be SamplingParams, got {type(params).__name__}")
-            params.validate(self.vocab_size)
-        except ValueError as exc:
-            raise RequestRejected(f"invalid sampling parameters: {exc}") from None
-        if getattr(params, "grammar", None) is not None and self.grammar is None:
-            raise RequestRejected("structured output is not available on this rank")
-        if not prompt_ids:
-            raise RequestRejected("the prompt is empty")
-        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
-            raise RequestRejected(f"the prompt holds token ids outside [0, {self.vocab_size})")
-        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
-            raise RequestRejected(
-                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                f"max_req_total_len ({self.max_req_total_len})"
-            )
+        """Raise :class:`~.admission.RequestRejected` unless this rank can run the request."""
+        check_request(
+            prompt_ids,
+            params,
+            vocab_size=self.vocab_size,
+            max_req_total_len=self.max_req_total_len,
+            grammar_enabled=self.grammar is not None,
+        )
 
     def reject(self, request_id: int, shm_index: int = -1) -> None:
         """Finish a request that could not be admitted with ``FINISH_ERROR`` in the next step."""
@@ -266,18 +250,16 @@ class ModeBackend:
         report.forward_seconds += time.perf_counter() - started
         if logits is None:
             return
-        for chunk, (first_row, positions) in zip(chunks, prompt_rows):
-            if positions:
-                entries = prompt_logprob_entries(chunk.req, logits[first_row : first_row + len(positions)], positions)
-                report.prompt_logprobs.append((chunk.req, entries))
-        done_rows = []
-        for row, chunk in enumerate(chunks):
+        report.prompt_logprobs.extend(collect_prompt_logprobs(logits, prompt_rows))
+        done_rows: List[int] = []
+        done_reqs: List[InferReq] = []
+        for last_row, chunk in zip(last_rows, chunks):
             chunk.req.cur_kv_len = chunk.end
             if chunk.end == chunk.req.total_len:
-                done_rows.append(last_rows[row])
-        if done_rows:
-            reqs = [chunk.req for chunk in chunks if chunk.end == chunk.req.total_len]
-            self.sample_and_finish(logits[done_rows], reqs, report)
+                done_rows.append(last_row)
+                done_reqs.append(chunk.req)
+        if done_reqs:
+            self.sample_and_finish(logits[done_rows], done_reqs, report)
 
     def run_decode(self, reqs: List[InferReq], report: StepReport) -> None:
         """One token for each decode request."""
@@ -319,53 +301,15 @@ class ModeBackend:
             log.exception("forward pass failed; finishing its %d request(s) with an error", len(reqs))
             self.context.kv_cache.free(slots)
             for req in reqs:
-                self._fail(req, report)
+                self._finish(req, FINISH_ERROR, report)
             return None
         self._forward_failures = 0
         return logits
 
-    def _fail(self, req: InferReq, report: StepReport) -> None:
+    def _finish(self, req: InferReq, status: int, report: StepReport) -> None:
         req.finished = True
         self.context.release(req)
-        report.finished.append((req, FINISH_ERROR))
-
-    def _sample_rows(
-        self, logits: torch.Tensor, reqs: List[InferReq]
-    ) -> Tuple[torch.Tensor, List[float], List[List[Tuple[int, float]]]]:
-        """Sample the whole batch; if that fails, each row alone, with ``FAILED_TOKEN`` for rows that fail.
-
-        Also returns each row's requested top alternatives (empty for rows that asked for none).
-        """
-        try:
-            out = self.sampler.sample(logits, self._sampling_batch(logits, reqs))
-            return out.next_token_ids, out.logprobs.tolist(), [out.row_top_logprobs(r) for r in range(len(reqs))]
-        except Exception:
-            log.exception("sampling a batch of %d failed; retrying its requests one by one", len(reqs))
-        tokens: List[int] = []
-        logprobs: List[float] = []
-        tops: List[List[Tuple[int, float]]] = []
-        for row, req in enumerate(reqs):
-            try:
-                out = self.sampler.sample(logits[row : row + 1], self._sampling_batch(logits, [req]))
-                tokens.append(int(out.next_token_ids[0]))
-                logprobs.append(float(out.logprobs[0]))
-                tops.append(out.row_top_logprobs(0))
-            except Exception:
-                log.exception("sampling failed for request %d; finishing it with an error", req.request_id)
-                tokens.append(FAILED_TOKEN)
-                logprobs.append(float("nan"))
-                tops.append([])
-        return torch.tensor(tokens, dtype=torch.long, device=logits.device), logprobs, tops
-
-    def _sampling_batch(self, logits: torch.Tensor, reqs: List[InferReq]) -> SamplingBatch:
-        return SamplingBatch.build(
-            [r.sampling for r in reqs],
-            [r.prompt_ids for r in reqs],
-            [r.output_ids for r in reqs],
-            self.eos_token_ids,
-            logits.shape[1],
-            logits.device,
-        )
+        report.finished.append((req, status))
 
     def sample_and_finish(self, logits: torch.Tensor, reqs: List[InferReq], report: StepReport) -> None:
         """Sample next tokens, append them, and release requests that hit a stop condition.
@@ -381,28 +325,26 @@ class ModeBackend:
             except Exception:  # noqa: BLE001 - a broken grammar fails its requests, not the batch
                 log.exception("structured-output mask failed; finishing the constrained requests with an error")
                 grammar_failed = {r.request_id for r in reqs if self.grammar.constrained(r)}
-        tokens, logprobs, tops = self._sample_rows(logits, reqs)
+        tokens, logprobs, tops = sample_rows(self.sampler, logits, reqs, self.eos_token_ids)
         if self.token_sync is not None:
             tokens = self.token_sync(tokens)
         for req, token, logprob, top in zip(reqs, tokens.tolist(), logprobs, tops):
             if token == FAILED_TOKEN or req.request_id in grammar_failed:
-                self._fail(req, report)
+                self._finish(req, FINISH_ERROR, report)
                 continue
             req.output_ids.append(token)
             report.tokens.append((req, token, logprob))
             if top:
                 report.top_logprobs[req.request_id] = top
             status = self.finish_status(req, token)
-            if self.grammar is not None and self.grammar.constrained(req):
-                ended = self.grammar.accept(req, token)
+            if self.grammar is not None:
+                ended = self.grammar.accept(req, token)  # None for unconstrained requests
                 if ended == "error":
                     status = FINISH_ERROR
                 elif ended == "stop" and not status:
                     status = FINISH_STOP
             if status:
-                req.finished = True
-                self.context.release(req)
-                report.finished.append((req, status))
+                self._finish(req, status, report)
         if self.grammar is not None:
             self.grammar.forget(self.context.requests)
         report.post_seconds += time.perf_counter() - started

@@ -86,12 +86,10 @@ class PrefillWaitTracker:
 
     def _observe(self, tokens: int, seconds: float) -> None:
         us = int(seconds * 1e6)
-        for i, inc in enumerate(bucket_increments(tokens, WAIT_TOKEN_BUCKETS)):
-            self._tokens[i] += inc
-        self._tokens[-1] += tokens
-        for i, inc in enumerate(bucket_increments(us, WAIT_US_BUCKETS)):
-            self._us[i] += inc
-        self._us[-1] += us
+        for counts, value, bounds in ((self._tokens, tokens, WAIT_TOKEN_BUCKETS), (self._us, us, WAIT_US_BUCKETS)):
+            for i, inc in enumerate(bucket_increments(value, bounds)):
+                counts[i] += inc
+            counts[-1] += value  # the sum
 
     @property
     def completed_count(self) -> int:

@@ -17,33 +17,45 @@ from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.server.router.model_infer.infer_req import InferReq
 
 PromptLogprobEntry = Tuple[int, float, List[Tuple[int, float]]]
+# ``(request, first logits row, positions)`` of a chunk whose prompt logprobs this forward computes.
+PromptLogitRows = Tuple[InferReq, int, List[int]]
 
 
-def prefill_logit_rows(batch: ForwardBatch, chunks: Sequence) -> Tuple[List[int], List[Tuple[int, List[int]]]]:
+def prefill_logit_rows(batch: ForwardBatch, chunks: Sequence) -> Tuple[List[int], List[PromptLogitRows]]:
     """Set ``batch.logit_index`` when some chunk's request needs prompt logprobs.
 
-    Returns the logits row of each chunk's last position and, per chunk, the first row and the
-    positions of its prompt-logprob rows (empty for requests that asked for none).
+    Returns the logits row of each chunk's last position and, for each chunk that computes
+    prompt logprobs in this forward, its request, first row and positions.
     """
     if not any(chunk.req.wants_prompt_logprobs for chunk in chunks):
-        return list(range(len(chunks))), [(0, []) for _ in chunks]
+        return list(range(len(chunks))), []
     index: List[int] = []
     last_rows: List[int] = []
-    prompt_rows: List[Tuple[int, List[int]]] = []
+    prompt_rows: List[PromptLogitRows] = []
     offset = 0
     for chunk in chunks:
         req = chunk.req
-        # Logits at position p predict the prompt token at p + 1.
-        positions = []
         if req.wants_prompt_logprobs:
+            # Logits at position p predict the prompt token at p + 1.
             positions = [p for p in range(chunk.start, chunk.end) if req.prompt_logprob_next <= p + 1 < req.input_len]
-        prompt_rows.append((len(index), positions))
-        index.extend(offset + p - chunk.start for p in positions)
+            if positions:
+                prompt_rows.append((req, len(index), positions))
+                index.extend(offset + p - chunk.start for p in positions)
         last_rows.append(len(index))
         index.append(offset + chunk.end - chunk.start - 1)
         offset += chunk.end - chunk.start
     batch.logit_index = torch.tensor(index, dtype=torch.int64, device=batch.input_ids.device)
     return last_rows, prompt_rows
+
+
+def collect_prompt_logprobs(
+    logits: torch.Tensor, prompt_rows: List[PromptLogitRows]
+) -> List[Tuple[InferReq, List[PromptLogprobEntry]]]:
+    """``(request, entries)`` for each chunk of ``prompt_rows``, from the forward's ``logits``."""
+    return [
+        (req, prompt_logprob_entries(req, logits[first_row : first_row + len(positions)], positions))
+        for req, first_row, positions in prompt_rows
+    ]
 
 
 def prompt_logprob_entries(req: InferReq, logits: torch.Tensor, positions: List[int]) -> List[PromptLogprobEntry]:

@@ -21,6 +21,9 @@ import torch
 
 from lightllm.server.router.model_infer.infer_req import InferReq
 
+# Bit positions of one int32 word of llguidance's packed token bitmask.
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
 
 class GrammarConstraints:
     """The matchers of the constrained requests of one rank."""
@@ -65,8 +68,7 @@ class GrammarConstraints:
         bitmask = ll_torch.allocate_token_bitmask(len(rows), tokenizer.vocab_size)
         for index, row in enumerate(rows):
             ll_torch.fill_next_token_bitmask(self._matcher(reqs[row]), bitmask, index)
-        shifts = torch.arange(32, dtype=torch.int32)
-        allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(rows), -1)
+        allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).bool().reshape(len(rows), -1)
         width = logits.shape[1]
         allowed = allowed[:, :width]
         if allowed.shape[1] < width:  # model rows past the tokenizer's vocabulary are never allowed
@@ -93,10 +95,3 @@ class GrammarConstraints:
         if self._matchers:
             for request_id in [r for r in self._matchers if r not in live_request_ids]:
                 del self._matchers[request_id]
-
-
-def check_grammar(grammar: str, tokenizer: Any = None) -> str:
-    """An empty string when ``grammar`` is usable, else llguidance's error message."""
-    import llguidance
-
-    return llguidance.LLMatcher.validate_grammar(grammar, tokenizer)

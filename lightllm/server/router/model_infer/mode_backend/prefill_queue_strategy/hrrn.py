@@ -22,6 +22,7 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base
     PrefillQueueStrategy,
     split_by_infer_priority,
 )
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import prefill_waited_tokens
 
 HRRN_COST_KEY = "hrrn_cost"
 
@@ -66,7 +67,7 @@ class HrrnStrategy(PrefillQueueStrategy):
 
     @staticmethod
     def _waited(req: InferReq, processed_prefill_tokens: int) -> int:
-        waited = processed_prefill_tokens - req.arrival_processed_prefill_tokens
+        waited = prefill_waited_tokens(req, processed_prefill_tokens)
         if waited < 0:
             raise ValueError(
                 f"processed_prefill_tokens ({processed_prefill_tokens}) is below request "

@@ -74,7 +74,9 @@ class PrefillWaitBound:
         """
         if not self.enabled:
             return list(strategy_order)
-        aged = [r for r in arrival_order if self.is_aged(r, processed_prefill_tokens)]
+        # waited > max_wait_tokens  <=>  arrived before this snapshot (one subtraction per step).
+        aged_before = processed_prefill_tokens - self.max_wait_tokens
+        aged = [r for r in arrival_order if r.arrival_processed_prefill_tokens < aged_before]
         if not aged:
             return list(strategy_order)
         aged.sort(key=lambda r: r.arrival_processed_prefill_tokens)
@@ -83,4 +85,3 @@ class PrefillWaitBound:
 
     def __repr__(self) -> str:
         return f"PrefillWaitBound(max_wait_tokens={self.max_wait_tokens})"
-

@@ -1,0 +1,105 @@
+"""Knobs, inputs and outputs of the simulated server (see :mod:`.engine` for the server itself)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+from lightllm.benchmark.metrics import RequestRecord
+from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    check_max_wait_tokens,
+)
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class SimServerConfig:
+    """Server knobs the simulated scheduling depends on.
+
+    Attributes:
+        batch_max_tokens: most tokens one prefill forward computes (the prefill budget).
+        chunked_prefill_size: largest chunk of one request per step; ``None`` disables chunking.
+        running_max_req_size: most requests the router keeps running.
+        max_total_token_num: KV capacity in tokens; ``None`` takes the profile's.
+        router_token_ratio: router admission capacity as a share of the KV capacity, as the
+            server's ``--router_token_ratio`` (above 1 over-commits and decode may run out of KV).
+        no_decode: a PD prefill node: nothing decodes and requests leave after their first token.
+        arrive_prefilled: a PD decode node: requests arrive with their prompt's KV and first
+            token already in place (handed over by the prefill node) and only decode here.
+        record_token_times: keep every token's time (long soak runs turn it off to save memory).
+        prefill_max_wait_tokens: the server's ``--prefill_max_wait_tokens`` (the waiting bound
+            every strategy runs under; 0 disables it).  Used when the strategy is given by name.
+    """
+
+    batch_max_tokens: int = 1024
+    chunked_prefill_size: Optional[int] = 1024
+    running_max_req_size: int = 256
+    max_total_token_num: Optional[int] = None
+    router_token_ratio: float = 1.0
+    no_decode: bool = False
+    arrive_prefilled: bool = False
+    record_token_times: bool = True
+    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
+
+    def __post_init__(self) -> None:
+        check_max_wait_tokens(self.prefill_max_wait_tokens)
+        if isinstance(self.running_max_req_size, bool) or not isinstance(self.running_max_req_size, int):
+            raise ValueError(f"running_max_req_size must be an int, got {self.running_max_req_size!r}")
+        if self.running_max_req_size < 1:
+            raise ValueError(f"running_max_req_size must be >= 1, got {self.running_max_req_size}")
+        if self.max_total_token_num is not None and (
+            isinstance(self.max_total_token_num, bool)
+            or not isinstance(self.max_total_token_num, int)
+            or self.max_total_token_num < 1
+        ):
+            raise ValueError(f"max_total_token_num must be None or an int >= 1, got {self.max_total_token_num!r}")
+        if isinstance(self.router_token_ratio, bool) or not self.router_token_ratio > 0:
+            raise ValueError(f"router_token_ratio must be > 0, got {self.router_token_ratio!r}")
+        if self.no_decode and self.arrive_prefilled:
+            raise ValueError("no_decode and arrive_prefilled describe different PD nodes; set at most one")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimArrival:
+    """A request the simulated clients will send."""
+
+    request_id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    request_class: str
+
+
+@dataclasses.dataclass
+class StepTrace:
+    """What one simulated step did (the objects are the simulator's own, not copies).
+
+    ``ordered`` is the strategy's output and ``plan`` the planner's; both are ``None`` for an
+    idle step in which the clock only jumped to the next arrival.
+    """
+
+    start_s: float
+    end_s: float
+    ordered: Optional[List[InferReq]] = None
+    plan: Optional[StepPlan] = None
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finished_ids: List[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        """True when no forward ran."""
+        return self.plan is None or (not self.plan.has_prefill and not self.plan.decode_reqs)
+
+
+@dataclasses.dataclass
+class SimResult:
+    """Records of every request (virtual seconds) and run totals."""
+
+    records: List[RequestRecord]
+    steps: int
+    end_s: float
+    processed_prefill_tokens: int
+    paused_count: int

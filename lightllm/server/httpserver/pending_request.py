@@ -1,0 +1,132 @@
+"""One request's state in the HTTP process: detokenized output in, token events out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from lightllm.server.core.objs.io_messages import DetokenizedOutput
+from lightllm.server.httpserver.errors import ServerUnavailableError
+from lightllm.server.httpserver.metrics import ServerMetrics
+
+# How often a running request asks whether its client is still connected, whether or not
+# tokens are flowing: a client that walked away is noticed within this time.
+DISCONNECT_CHECK_SECONDS = 0.5
+
+# Put in a request's queue to wake it when the server fails every pending request.
+_FAILED = object()
+
+
+@dataclass
+class GenerationEvent:
+    """One generated token as the API layer sees it."""
+
+    request_id: int
+    token_id: int
+    text: str
+    logprob: float
+    finish_reason: Optional[str]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    top_logprobs: Optional[Dict[int, float]] = None
+    # On a request's first event only, when prompt logprobs were asked for: ``(token_id,
+    # logprob, {token_id: logprob})`` of prompt positions 1.. (position 0 has none).
+    prompt_logprobs: Optional[List[Any]] = None
+
+
+def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
+    if entries is None:
+        return None
+    return [(token_id, logprob, dict(top)) for token_id, logprob, top in entries]
+
+
+class PendingRequest:
+    """A submitted request's queue of events, filled by the receiver and drained by :meth:`events`."""
+
+    def __init__(self, prompt_tokens: int):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.first_token_seconds: Optional[float] = None  # since submission, for /metrics
+        self.finished = False
+        self.failure: Optional[ServerUnavailableError] = None
+
+    def deliver(self, message: DetokenizedOutput) -> None:
+        """Queue one event per token of ``message`` (or one token-less event that only finishes)."""
+        if self.finished:
+            return
+        tokens = message.tokens
+        if not tokens and message.finish_reason is not None:
+            self.finished = True
+            self.queue.put_nowait(
+                GenerationEvent(message.request_id, -1, "", 0.0, message.finish_reason, self.prompt_tokens, message.prompt_cache_len, self.completion_tokens)
+            )
+            return
+        for i, token in enumerate(tokens):
+            self.completion_tokens += 1
+            last = i == len(tokens) - 1
+            self.queue.put_nowait(
+                GenerationEvent(
+                    message.request_id,
+                    token.token_id,
+                    token.text,
+                    token.logprob,
+                    message.finish_reason if last else None,
+                    self.prompt_tokens,
+                    message.prompt_cache_len,
+                    self.completion_tokens,
+                    None if token.top_logprobs is None else dict(token.top_logprobs),
+                    _prompt_logprobs(message.prompt_logprobs) if i == 0 else None,
+                )
+            )
+        if message.finish_reason is not None:
+            self.finished = True
+
+    def fail(self, failure: ServerUnavailableError) -> bool:
+        """End the request with ``failure`` unless it already ended; True if it was ended now."""
+        if self.finished or self.failure is not None:
+            return False
+        self.failure = failure
+        self.queue.put_nowait(_FAILED)
+        return True
+
+    async def events(self, request: Any, started: float, metrics: ServerMetrics) -> AsyncIterator[GenerationEvent]:
+        """The request's token events until it finishes, fails, or its client disconnects.
+
+        The client (``request``, None: never asked) is asked every ``DISCONNECT_CHECK_SECONDS``
+        whether tokens are flowing or not, so a walk-away client of a long generation is
+        noticed within that time. ``started`` (``perf_counter``) times the first token.
+        """
+        last_token_at: Optional[float] = None
+        next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
+        while True:
+            if not self.queue.empty():
+                event = self.queue.get_nowait()
+            else:
+                try:
+                    event = await asyncio.wait_for(self.queue.get(), max(0.0, next_check - time.monotonic()))
+                except asyncio.TimeoutError:
+                    event = None
+            if event is _FAILED:
+                return
+            if request is not None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
+                if await request.is_disconnected():
+                    return
+            if event is None:
+                continue
+            now = time.perf_counter()
+            if event.token_id >= 0:
+                if last_token_at is None:
+                    self.first_token_seconds = now - started
+                    metrics.on_first_token(self.first_token_seconds, event.cached_tokens)
+                else:
+                    metrics.on_next_token(now - last_token_at)
+                last_token_at = now
+            if event.token_id >= 0 or event.finish_reason is not None:
+                yield event
+            if event.finish_reason is not None:
+                return

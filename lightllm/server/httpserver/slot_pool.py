@@ -1,0 +1,57 @@
+"""The HTTP process's pool of free shared-memory request slots."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import List, Optional
+
+from lightllm.server.httpserver.errors import ServerBusyError, ServerUnavailableError
+
+
+class SlotPool:
+    """Free slot indexes; a request waits here (bounded) until one is free or the server fails.
+
+    Only the HTTP process allocates and releases slots, all on its event loop.
+    """
+
+    def __init__(self, slot_num: int, wait_seconds: float):
+        # Popped from the end: slot 0 is handed out first.
+        self._free: List[int] = list(range(slot_num - 1, -1, -1))
+        self._wait_seconds = wait_seconds
+        self._changed: Optional[asyncio.Condition] = None
+        # Set by fail(): every waiting and later take() raises it.
+        self._failure: Optional[ServerUnavailableError] = None
+
+    def start(self) -> None:
+        """Create the wait condition; called on the event loop that will use the pool."""
+        self._changed = asyncio.Condition()
+
+    async def take(self) -> int:
+        """A free slot index; raises ``ServerBusyError`` after the wait bound, or the failure."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: bool(self._free) or self._failure is not None),
+                    self._wait_seconds,
+                )
+            except asyncio.TimeoutError as exc:
+                raise ServerBusyError("server is busy: no request slot became free in time") from exc
+            if self._failure is not None:
+                raise self._failure
+            return self._free.pop()
+
+    async def put(self, slot: int) -> None:
+        """Return ``slot`` to the pool and wake one waiter."""
+        async with self._changed:
+            self._free.append(slot)
+            self._changed.notify()
+
+    def fail(self, failure: ServerUnavailableError) -> None:
+        """Make every waiting and later :meth:`take` raise ``failure``."""
+        self._failure = failure
+        if self._changed is not None:
+            asyncio.ensure_future(self._wake_all())
+
+    async def _wake_all(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()

@@ -1,0 +1,171 @@
+"""Request extras (sampling, stop, chat template, ids) and the exact request shapes of vLLM-era clients.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from .support import sse_chunks
+
+
+def test_guidellm_continuous_usage_stream(tiny_server, tokenizer):
+    # The request guidellm 0.8 sends in its default streaming mode.
+    prompt = "hello world scheduler"
+    body = {"model": tiny_server.model_name, "prompt": prompt, "max_tokens": 6, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": True}
+    chunks = sse_chunks(f"{tiny_server.url}/v1/completions", body)
+    prompt_tokens = len(tokenizer(prompt)["input_ids"])
+    assert all(chunk["usage"] is not None for chunk in chunks)
+    assert all(chunk["usage"]["prompt_tokens"] == prompt_tokens for chunk in chunks)
+    counts = [chunk["usage"]["completion_tokens"] for chunk in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == prompt_tokens + 6
+    # Chat too, including the opening role chunk.
+    chat = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4,
+            "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = sse_chunks(f"{tiny_server.url}/v1/chat/completions", chat)
+    assert all(chunk["usage"]["prompt_tokens"] > 0 for chunk in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_completions_default_to_16_tokens_chat_to_the_context(client, tiny_server):
+    done = client.completions.create(model=tiny_server.model_name, prompt="count", extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 16 and done.choices[0].finish_reason == "length"
+
+
+def test_model_id_as_vllm_serves_it(tiny_server, tiny_llama_dir):
+    url = f"{tiny_server.url}/v1/completions"
+    base = {"prompt": "hi", "max_tokens": 2}
+    for model in (tiny_server.model_name, str(tiny_llama_dir)):
+        answer = httpx.post(url, json={**base, "model": model}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["model"] == model
+    answer = httpx.post(url, json=base, timeout=60)
+    assert answer.status_code == 200 and answer.json()["model"] == tiny_server.model_name
+    missing = httpx.post(url, json={**base, "model": "gpt-4"}, timeout=60)
+    assert missing.status_code == 404
+    assert tiny_server.model_name in missing.json()["error"]["message"]
+    assert httpx.get(f"{tiny_server.url}/v1/models/{tiny_llama_dir}", timeout=10).status_code == 200
+
+
+def test_min_p_one_is_greedy(client, tiny_server):
+    kwargs = dict(model=tiny_server.model_name, prompt="The quick brown fox", max_tokens=8)
+    greedy = client.completions.create(temperature=0, extra_body={"ignore_eos": True}, **kwargs).choices[0].text
+    for seed in (1, 2, 3):
+        sampled = client.completions.create(temperature=1.5, seed=seed, extra_body={"ignore_eos": True, "min_p": 1.0},
+                                            **kwargs).choices[0].text
+        assert sampled == greedy
+
+
+def test_include_stop_str_in_output(client, tiny_server):
+    kwargs = dict(model=tiny_server.model_name, prompt="import os\nimport sys", max_tokens=16, temperature=0)
+    full = client.completions.create(extra_body={"ignore_eos": True}, **kwargs).choices[0].text
+    stop = full[4:7]
+    cut = full.index(stop)
+    plain = client.completions.create(stop=[stop], extra_body={"ignore_eos": True}, **kwargs).choices[0].text
+    kept = client.completions.create(stop=[stop], extra_body={"ignore_eos": True, "include_stop_str_in_output": True},
+                                     **kwargs).choices[0].text
+    assert plain == full[:cut]
+    assert kept == full[: cut + len(stop)]
+
+
+def test_chat_template_extras(client, tiny_server, tokenizer):
+    model = tiny_server.model_name
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]
+
+    def prompt_tokens(**extra) -> int:
+        done = client.chat.completions.create(model=model, messages=messages, max_tokens=1, extra_body=extra)
+        return done.usage.prompt_tokens
+
+    def expected(**options) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **options)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    assert prompt_tokens() == expected(add_generation_prompt=True)
+    assert prompt_tokens(add_generation_prompt=False) == expected(add_generation_prompt=False)
+    assert prompt_tokens(add_generation_prompt=False, continue_final_message=True) == expected(
+        add_generation_prompt=False, continue_final_message=True)
+    assert expected(add_generation_prompt=False, continue_final_message=True) != expected(add_generation_prompt=False)
+    # Template variables reach the template (an unused one changes nothing).
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == expected(add_generation_prompt=True)
+    url = f"{tiny_server.url}/v1/chat/completions"
+    for extra, param in (({"continue_final_message": True}, "continue_final_message"),
+                         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs")):
+        answer = httpx.post(url, json={"model": model, "messages": messages, **extra}, timeout=60)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+
+
+def test_request_id_metadata_and_parallel_tool_calls(tiny_server):
+    body = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "request_id": "bench-42", "metadata": {"run": "a"}, "parallel_tool_calls": False}
+    answer = httpx.post(f"{tiny_server.url}/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 200 and answer.json()["id"] == "chatcmpl-bench-42"
+    assert "chatcmpl-bench-42" in tiny_server.log()
+
+
+def test_best_of_returns_the_most_likely_candidates(client, tiny_server):
+    kwargs = dict(model=tiny_server.model_name, prompt="Once upon", max_tokens=6, temperature=1.0, seed=11,
+                  logprobs=0)
+    every = client.completions.create(n=3, extra_body={"ignore_eos": True}, **kwargs).choices
+    scores = {choice.text: sum(choice.logprobs.token_logprobs) for choice in every}
+    best = client.completions.create(n=1, best_of=3, extra_body={"ignore_eos": True}, **kwargs).choices
+    assert len(best) == 1
+    assert best[0].text == max(scores, key=scores.get)
+    two = client.completions.create(n=2, best_of=3, extra_body={"ignore_eos": True}, **kwargs).choices
+    assert [choice.index for choice in two] == [0, 1]
+    assert [choice.text for choice in two] == sorted(scores, key=scores.get, reverse=True)[:2]
+    refused = httpx.post(f"{tiny_server.url}/v1/completions", timeout=60, json={
+        "model": tiny_server.model_name, "prompt": "x", "n": 2, "best_of": 1})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "best_of"
+
+
+def test_native_lightllm_shape_and_parameters(tiny_server, tokenizer):
+    url = f"{tiny_server.url}/generate"
+    answer = httpx.post(url, json={"inputs": "Native call", "parameters": {
+        "do_sample": False, "ignore_eos": True, "return_details": True}}, timeout=60).json()
+    assert answer["count_output_tokens"] == 16 and len(answer["tokens"]) == 16
+    assert answer["tokens"] == answer["details"]["tokens"]
+    assert "".join(token["text"] for token in answer["tokens"]) == answer["generated_text"][0]
+    plain = httpx.post(url, json={"inputs": "Native call", "parameters": {
+        "max_new_tokens": 2, "add_special_tokens": False}}, timeout=60).json()
+    assert plain["prompt_tokens"] == len(tokenizer("Native call", add_special_tokens=False)["input_ids"])
+    several = httpx.post(url, json={"inputs": "Native call", "parameters": {
+        "max_new_tokens": 4, "n": 2, "best_of": 3, "seed": 3, "ignore_eos": True, "input_penalty": True,
+        "presence_penalty": 1.0}}, timeout=60).json()
+    assert len(several["generated_text"]) == 2 and several["count_output_tokens"] == [4, 4]
+    refused = httpx.post(url, json={"inputs": "x", "parameters": {"print_eos_token": True}}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "parameters.print_eos_token"
+
+
+def test_vllm_bench_serve_request_shapes(tiny_server, tiny_llama_dir):
+    # What `vllm bench serve` sends with --backend openai / openai-chat and --model <path>.
+    model = str(tiny_llama_dir)
+    completions = {"model": model, "prompt": "benchmark prompt", "temperature": 0.0, "repetition_penalty": 1.0,
+                   "max_tokens": 5, "logprobs": None, "best_of": 1, "stream": True, "ignore_eos": True,
+                   "stream_options": {"include_usage": True}}
+    chunks = sse_chunks(f"{tiny_server.url}/v1/completions", completions)
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    chat = {"model": model, "messages": [{"role": "user", "content": [{"type": "text", "text": "benchmark"}]}],
+            "temperature": 0.0, "max_completion_tokens": 5, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    chunks = sse_chunks(f"{tiny_server.url}/v1/chat/completions", chat)
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert all(chunk["model"] == model for chunk in chunks)
+
+
+def test_model_name_list_is_served(tiny_llama_dir, tmp_path):
+    from server_process import start_server
+
+    server = start_server(tiny_llama_dir, tmp_path, ["--max_total_token_num", "4096", "--model_name", "first", "second"])
+    try:
+        url = f"{server.url}/v1/completions"
+        assert httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"] == "first"
+        for model in ("first", "second"):
+            answer = httpx.post(url, json={"model": model, "prompt": "hi", "max_tokens": 1}, timeout=60)
+            assert answer.status_code == 200 and answer.json()["model"] == model
+        # With --model_name the directory's own names are no longer served.
+        missing = httpx.post(url, json={"model": str(tiny_llama_dir), "prompt": "hi", "max_tokens": 1}, timeout=60)
+        assert missing.status_code == 404 and "'first', 'second'" in missing.json()["error"]["message"]
+    finally:
+        server.stop()

@@ -1,0 +1,74 @@
+"""Structured outputs (json_schema, json_object) through the OpenAI client and langchain-openai.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import jsonschema
+import openai
+
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+                   "size": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["ok", "color", "size"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_json_schema_validates(client, tiny_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
+    for seed in (1, 2, 3):
+        done = client.chat.completions.create(model=tiny_server.model_name, max_tokens=64, temperature=1.0, seed=seed,
+                                              messages=[{"role": "user", "content": "Describe it"}],
+                                              response_format=fmt)
+        assert done.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(done.choices[0].message.content), ANSWER_SCHEMA)
+    bad = httpx.post(f"{tiny_server.url}/v1/chat/completions", timeout=60, json={
+        "model": tiny_server.model_name, "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": 5}}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format.json_schema.schema"
+
+
+def test_structured_output_is_batched_with_free_requests(client, tiny_server):
+    messages = [{"role": "user", "content": "Say something"}]
+    kwargs = dict(model=tiny_server.model_name, messages=messages, max_tokens=12, temperature=0)
+    alone = client.chat.completions.create(extra_body={"ignore_eos": True}, **kwargs).choices[0].message.content
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+
+    async def both():
+        aclient = openai.AsyncOpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+        free, constrained, obj = await asyncio.gather(
+            aclient.chat.completions.create(extra_body={"ignore_eos": True}, **kwargs),
+            aclient.chat.completions.create(response_format=fmt, **{**kwargs, "max_tokens": 64}),
+            aclient.chat.completions.create(response_format={"type": "json_object"}, **{**kwargs, "max_tokens": 64}))
+        await aclient.close()
+        return free, constrained, obj
+
+    free, constrained, obj = asyncio.run(both())
+    assert free.choices[0].message.content == alone
+    assert json.loads(constrained.choices[0].message.content).keys() == ANSWER_SCHEMA["properties"].keys()
+    text = obj.choices[0].message.content
+    assert text.startswith("{")
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+
+
+def test_langchain_openai_streaming_and_structured_output(tiny_server):
+    import langchain_openai  # a test requirement; imported here to keep the module's start-up light
+    llm = langchain_openai.ChatOpenAI(model=tiny_server.model_name, base_url=f"{tiny_server.url}/v1", api_key="unused",
+                                      temperature=0, max_tokens=6, stream_usage=True)
+    pieces = list(llm.stream("Say hi"))
+    text = "".join(piece.content for piece in pieces)
+    assert text == llm.invoke("Say hi").content
+    assert any(piece.usage_metadata for piece in pieces)
+    schema = {"title": "Answer", "type": "object", "properties": {"ok": {"type": "boolean"}},
+              "required": ["ok"], "additionalProperties": False}
+    structured = langchain_openai.ChatOpenAI(model=tiny_server.model_name, base_url=f"{tiny_server.url}/v1",
+                                             api_key="unused", temperature=0, max_tokens=32)
+    answer = structured.with_structured_output(schema, method="json_schema", strict=True).invoke("Is it ok?")
+    assert isinstance(answer, dict) and isinstance(answer["ok"], bool)

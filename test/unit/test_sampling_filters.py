@@ -1,0 +1,130 @@
+"""Greedy, temperature, top-k / top-p / min-p and min_new_tokens: the kept sets and the sampled distributions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sampling_test_support import build
+
+from lightllm.common.sampling import Sampler, SamplingParams, apply_min_tokens_mask, apply_top_k_top_p
+
+# Draws per distribution test, and a skewed distribution whose filtered shares they check.
+DRAWS = 20_000
+SKEWED_PROBS = torch.tensor([0.4, 0.3, 0.2, 0.07, 0.03])
+SKEWED_LOGITS = SKEWED_PROBS.log().expand(DRAWS, 5)
+
+
+# ---------------------------------------------------------------- greedy, top-k, top-p
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_equals_argmax(dtype):
+    torch.manual_seed(0)
+    logits = (torch.randn(6, 50) * 3).to(dtype)
+    params = [SamplingParams(temperature=0.0)] * 3 + [SamplingParams(do_sample=False, temperature=0.9)] * 3
+    out = Sampler(1).sample(logits, build(params, vocab=50))
+    assert out.next_token_ids.dtype == torch.long
+    assert torch.equal(out.next_token_ids, logits.float().argmax(dim=-1))
+
+
+def test_mixed_batch_greedy_rows_still_take_argmax():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 30)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.5), SamplingParams(temperature=0),
+              SamplingParams(top_p=0.9)]
+    out = Sampler(2).sample(logits, build(params, vocab=30))
+    assert out.next_token_ids[0] == logits[0].argmax() and out.next_token_ids[2] == logits[2].argmax()
+
+
+@pytest.mark.parametrize("extra", [{"top_k": 1}, {"top_p": 1e-6}, {"top_k": 1, "top_p": 0.3}])
+def test_top_k_one_and_tiny_top_p_equal_greedy(extra):
+    torch.manual_seed(3)
+    logits = torch.randn(16, 40) * 2
+    params = [SamplingParams(temperature=1.3, seed=row, **extra) for row in range(8)]
+    params += [SamplingParams(temperature=0.8, **extra) for _ in range(8)]
+    sampler = Sampler(5)
+    for _ in range(5):
+        out = sampler.sample(logits, build(params, vocab=40))
+        assert torch.equal(out.next_token_ids, logits.argmax(dim=-1))
+
+
+def test_top_k_top_p_filter_keeps_expected_sets():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]] * 4))
+    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.75), SamplingParams(top_p=0.85),
+              SamplingParams(top_k=-1, top_p=1.0)]
+    filtered = apply_top_k_top_p(logits, build(params, vocab=5))
+    kept = torch.isfinite(filtered)
+    assert kept.tolist() == [
+        [True, True, False, False, False],
+        [True, True, False, False, False],
+        [True, True, True, False, False],
+        [True] * 5,
+    ]
+    assert torch.equal(filtered[kept], logits[kept])
+
+
+# ---------------------------------------------------------------- distributions
+
+
+def _frequencies(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(token_ids, minlength=vocab).float() / token_ids.numel()
+
+
+def test_temperature_sampling_matches_softmax():
+    temperature = 0.7
+    row = torch.tensor([1.0, 2.0, 0.0, 0.5, -1.0])
+    batch = build([SamplingParams(temperature=temperature)] * DRAWS, vocab=5)
+    out = Sampler(1234).sample(row.expand(DRAWS, 5), batch)
+    expected = torch.softmax(row / temperature, dim=-1)
+    assert (_frequencies(out.next_token_ids, 5) - expected).abs().max() < 0.03
+    # The untempered distribution differs by more than the tolerance, so temperature matters.
+    assert (torch.softmax(row, dim=-1) - expected).abs().max() > 0.05
+
+
+def test_top_k_and_top_p_sampling_renormalise():
+    sampler = Sampler(99)
+    out = sampler.sample(SKEWED_LOGITS, build([SamplingParams(top_k=2)] * DRAWS, vocab=5))
+    expected = torch.tensor([0.4, 0.3, 0.0, 0.0, 0.0]) / 0.7
+    assert (_frequencies(out.next_token_ids, 5) - expected).abs().max() < 0.03
+    out = sampler.sample(SKEWED_LOGITS, build([SamplingParams(top_p=0.85)] * DRAWS, vocab=5))
+    expected = torch.tensor([0.4, 0.3, 0.2, 0.0, 0.0]) / 0.9
+    assert (_frequencies(out.next_token_ids, 5) - expected).abs().max() < 0.03
+
+
+# ---------------------------------------------------------------- min_p
+
+
+def test_min_p_drops_tokens_below_its_share_of_the_best():
+    sampler = Sampler(7)
+    # 0.4 * 0.6 = 0.24: only the first two survive, renormalised.
+    out = sampler.sample(SKEWED_LOGITS, build([SamplingParams(min_p=0.6)] * DRAWS, vocab=5))
+    expected = torch.tensor([0.4, 0.3, 0.0, 0.0, 0.0]) / 0.7
+    assert (_frequencies(out.next_token_ids, 5) - expected).abs().max() < 0.03
+    # Rows without min_p in the same batch keep the full distribution.
+    mixed = [SamplingParams(min_p=1.0), SamplingParams()] * (DRAWS // 2)
+    out = sampler.sample(SKEWED_LOGITS, build(mixed, vocab=5))
+    assert (out.next_token_ids[0::2] == 0).all()
+    assert (_frequencies(out.next_token_ids[1::2], 5) - SKEWED_PROBS).abs().max() < 0.03
+
+
+# ---------------------------------------------------------------- min_new_tokens
+
+
+def test_min_new_tokens_masks_eos_and_stop_ids():
+    vocab, eos, stop = 6, 0, 4
+    logits = torch.tensor([[50.0, 1.0, 0.0, 0.0, 49.0, 0.0]] * 4)
+    params = [
+        SamplingParams(temperature=0, min_new_tokens=3, stop_token_ids=[stop]),
+        SamplingParams(temperature=0, min_new_tokens=3, stop_token_ids=[stop]),
+        SamplingParams(temperature=0, min_new_tokens=3, stop_token_ids=[stop], ignore_eos=True),
+        SamplingParams(temperature=1.0, min_new_tokens=3, stop_token_ids=[stop], seed=1),
+    ]
+    outputs = [[1, 1], [1, 1, 1], [1], []]
+    batch = build(params, outputs=outputs, eos=[eos], vocab=vocab)
+    masked = apply_min_tokens_mask(logits, batch)
+    assert torch.isinf(masked[0, [eos, stop]]).all() and torch.isfinite(masked[1]).all()
+    assert torch.isfinite(masked[2, eos]) and torch.isinf(masked[2, stop])
+
+    out = Sampler(0).sample(logits, batch)
+    assert out.next_token_ids.tolist()[:3] == [1, eos, eos]
+    assert out.next_token_ids[3].item() not in (eos, stop)
