@@ -147,6 +147,14 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("generation")
     group.add_argument("--eos_id", type=int, nargs="+", default=None, help="End-of-sequence token id(s); default: from the checkpoint.")
     group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat.")
+    group.add_argument(
+        "--sampling_seed",
+        type=int,
+        default=None,
+        help="Seed of the random generator that requests without their own seed sample from (the same on every "
+        "TP rank). Default: a fresh seed drawn at each start and logged, so unseeded sampling differs between "
+        "restarts; give the logged value to repeat it.",
+    )
 
     group = parser.add_argument_group("HTTP limits and authentication")
     group.add_argument(
@@ -206,6 +214,13 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "high_priority_request. Default: the comma-separated keys in LIGHTLLM_ADMIN_API_KEY, else none.",
     )
     group.add_argument(
+        "--slot_wait_seconds",
+        type=float,
+        default=600.0,
+        help="Seconds a request waits for a free request slot (every slot is taken by requests in flight) before "
+        "it is refused with 503 server_busy.",
+    )
+    group.add_argument(
         "--allow_public_priority",
         action="store_true",
         help="Let every client that may use the API set high_priority_request (by default only --admin_api_key may).",
@@ -225,6 +240,9 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             raise ArgumentError(f"--{name} must be a positive number of seconds, got {value}")
+    wait = getattr(args, "slot_wait_seconds", None)
+    if wait is not None and not 0 < wait < float("inf"):
+        raise ArgumentError(f"--slot_wait_seconds must be a positive, finite number of seconds, got {wait}")
     chars = getattr(args, "prompt_chars_per_token", None)
     if chars is not None and not chars >= 0:
         raise ArgumentError(f"--prompt_chars_per_token must be >= 0 (0 turns the check off), got {chars}")
@@ -253,6 +271,9 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         raise ArgumentError(f"--mem_fraction must be in (0, 1], got {args.mem_fraction}")
     if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb < float("inf"):
         raise ArgumentError(f"--reserved_memory_gb must be a finite number >= 0, got {args.reserved_memory_gb}")
+    seed = getattr(args, "sampling_seed", None)
+    if seed is not None and not 0 <= seed < 2**64:
+        raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")
     if args.router_token_ratio <= 0:
         raise ArgumentError(f"--router_token_ratio must be positive, got {args.router_token_ratio}")
     if args.prefill_max_wait_tokens < 0:

@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lightllm.server.manager_errors import DuplicateRequestIdError, ServerBusyError, ServerUnavailableError
+
 logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
@@ -106,29 +108,24 @@ def generation_failed() -> APIError:
     )
 
 
-def _is_a(exc: BaseException, class_name: str) -> bool:
-    """True when ``exc`` is an instance of a class named ``class_name`` (or of a subclass of it).
-
-    Matched by class name so the HTTP layer does not import the manager module, which
-    pulls in shared memory and zmq.
-    """
-    return any(cls.__name__ == class_name for cls in type(exc).__mro__)
-
-
 def manager_error(exc: Exception, param: str | None = None) -> APIError:
     """Translate an exception raised by the request manager into an :class:`APIError`.
 
-    ``ServerBusyError`` and ``ServerUnavailableError`` (shutting down, a process died) become
-    503, ``ValueError`` (a request the manager refuses) 400,
+    The types come from :mod:`lightllm.server.manager_errors`: ``ServerBusyError`` and
+    ``ServerUnavailableError`` (shutting down, a process died) become 503,
+    ``DuplicateRequestIdError`` 409, any other ``ValueError`` (a request the manager refuses) 400,
     anything else is logged and becomes a 500 without details.
     """
     if isinstance(exc, APIError):
         return exc
-    if _is_a(exc, "ServerBusyError"):
+    if isinstance(exc, ServerBusyError):
         return server_busy(str(exc))
-    if _is_a(exc, "ServerUnavailableError"):
+    if isinstance(exc, ServerUnavailableError):
         # The server is shutting down or lost a process: the request may succeed on another replica.
-        return APIError(503, str(exc), SERVICE_UNAVAILABLE, None, getattr(exc, "code", None) or "server_unavailable")
+        return APIError(503, str(exc), SERVICE_UNAVAILABLE, None, exc.code or "server_unavailable")
+    if isinstance(exc, DuplicateRequestIdError):
+        # Only server code assigns ids (a PD master); a clash is a conflict, not a bad body.
+        return APIError(409, str(exc), INVALID_REQUEST, None, "duplicate_request_id")
     if isinstance(exc, ValueError):
         return invalid_request(str(exc), param)
     logger.error("request failed inside the request manager", exc_info=exc)

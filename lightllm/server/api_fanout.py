@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.api_errors import generation_failed, internal_error, manager_error
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
+from lightllm.server.request_manager import RequestManager
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class ChoiceJob:
 class GenerationFanout:
     """Runs one ``manager.generate`` per job concurrently and merges their events."""
 
-    def __init__(self, manager: Any, jobs: list[ChoiceJob], *, high_priority: bool = False,
+    def __init__(self, manager: RequestManager, jobs: list[ChoiceJob], *, high_priority: bool = False,
                  request: Request | None = None) -> None:
         self._manager = manager
         self._jobs = jobs

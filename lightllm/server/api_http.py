@@ -61,6 +61,7 @@ from lightllm.server.http_auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http_request_guard import RequestGuardMiddleware
 from lightllm.server.http_server_options import HttpServerOptions
 from lightllm.server.prompt_encoding import PromptEncoder
+from lightllm.server.request_manager import RequestManager, missing_request_manager_members
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ _NATIVE_NAMES = {name: f"parameters.{name}" for name in (
 class NativeEndpoints:
     """LightLLM's native generation endpoints and the service endpoints, bound to a manager."""
 
-    def __init__(self, manager: Any, encoder: PromptEncoder | None = None) -> None:
+    def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None) -> None:
         self.manager = manager
         self.encoder = encoder or PromptEncoder(manager)
         tokenizer_special = getattr(manager.tokenizer, "all_special_ids", None) or []
@@ -209,28 +210,28 @@ class NativeEndpoints:
             yield sse_error(internal_error())
 
 
-def create_app(manager: Any, options: HttpServerOptions | None = None) -> FastAPI:
+def create_app(manager: RequestManager, options: HttpServerOptions | None = None) -> FastAPI:
     """Build the HTTP application around a request manager.
 
-    ``manager`` is duck-typed (see ``lightllm.server.httpserver.manager.HttpServerManager``):
-    it needs ``model_name``, ``max_req_total_len``, ``vocab_size``, ``eos_token_ids``,
-    ``tokenizer``, ``encode_prompt``, ``encode_chat``, ``default_max_new_tokens``,
-    ``generate``, ``health`` and ``metrics_text``.
+    ``manager`` implements :class:`~lightllm.server.request_manager.RequestManager` (the HTTP
+    process's ``HttpServerManager``, or any other manager serving the same API); one that does
+    not is refused with a ``TypeError`` naming what it lacks.
     """
+    missing = missing_request_manager_members(manager)
+    if missing:
+        raise TypeError(f"create_app needs a RequestManager; {type(manager).__name__} lacks {', '.join(missing)}")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # The manager's sockets and receiver task belong to the server's event loop.
-        if hasattr(manager, "start"):
-            await manager.start()
+        await manager.start()
         # anyio imports its asyncio backend lazily on the first streamed response; doing it
         # here keeps that import (about half a second) out of the first client's latency.
         import anyio._backends._asyncio  # noqa: F401
         try:
             yield
         finally:
-            if hasattr(manager, "stop"):
-                await manager.stop()
+            await manager.stop()
 
     app = FastAPI(title="lightllm", summary="LLM serving with a configurable prefill-queue scheduler", lifespan=lifespan)
     install_error_handlers(app)

@@ -38,6 +38,7 @@ from lightllm.server.api_planning import (
 )
 from lightllm.server.api_response_format import response_format_grammar
 from lightllm.server.prompt_encoding import PromptEncoder
+from lightllm.server.request_manager import RequestManager
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ SSE_DONE = b"data: [DONE]\n\n"
 class OpenAIEndpoints:
     """The OpenAI-compatible handlers bound to one request manager."""
 
-    def __init__(self, manager: Any, encoder: PromptEncoder | None = None) -> None:
+    def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None) -> None:
         self.manager = manager
         self.encoder = encoder or PromptEncoder(manager)
 

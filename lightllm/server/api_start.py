@@ -1,8 +1,9 @@
 """Launching and supervising the server's processes (normal mode).
 
-The main process owns the shared-memory segments and runs the HTTP server; it spawns the
-detokenization process, the router and one model process per TP rank, waits until each reports
-ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
+The main process owns the shared-memory segments and runs the HTTP server; it builds the one
+:class:`~lightllm.server.server_layout.ServerLayout` and every process config
+(:mod:`lightllm.server.launch_plan`), spawns the detokenization process, the router and one
+model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
 every request fails with an error and the server exits non-zero; SIGTERM drains (see
 :mod:`lightllm.server.supervisor`).  Resources left by a killed server are removed at start.
 """
@@ -22,7 +23,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.attention.selection import resolve_attention_backend
@@ -30,10 +30,11 @@ from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
-from lightllm.server.detokenization.manager import DetokenizationConfig, detokenization_process_main
+from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
-from lightllm.server.router.manager import RouterConfig, router_process_main
-from lightllm.server.router.model_infer.model_rank_process import ModelRankConfig, model_rank_process_main
+from lightllm.server.launch_plan import build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.router.manager import router_process_main
+from lightllm.server.router.model_infer.model_rank_process import model_rank_process_main
 from lightllm.server.server_sizing import ServerSizing, plan_sizing
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
@@ -109,11 +110,19 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
     # Both names carry this process's pid so a later server can tell when their owner is gone.
     tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
     procs.ipc_dir = tempfile.mkdtemp(prefix=ipc_dir_prefix())
-    address = {name: f"ipc://{procs.ipc_dir}/{name}.sock" for name in ("router", "rank0", "detok", "http")}
-    slot_num = sizing.slot_num
-    procs.shm_req = ShmReqBuffer(f"{tag}_req", slot_num, sizing.max_req_total_len, create=True)
-    procs.shm_stats = ShmStats(f"{tag}_stats", create=True)
-    eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
+    layout = plan_layout(sizing, tag, procs.ipc_dir)
+    procs.shm_req = layout.open_requests(create=True)
+    procs.shm_stats = layout.open_stats(create=True)
+    sampling_seed = resolve_sampling_seed(args)
+    if args.sampling_seed is None:
+        log.info("sampling seed %d drawn at start (pass --sampling_seed %d to repeat this start's sampling)",
+                 sampling_seed, sampling_seed)
+    else:
+        log.info("sampling seed %d (--sampling_seed)", sampling_seed)
+    configs = build_process_configs(
+        args, sizing, model_config, layout,
+        nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
+    )
     # Large activations stay in the heap (no page faults per forward) but a rare peak is given
     # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
     # they are set before spawning (user values win).
@@ -129,48 +138,10 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
             procs.children.append((name, proc))
             pending.append((name, proc, parent_conn))
 
-        spawn(
-            "detokenization",
-            detokenization_process_main,
-            DetokenizationConfig(
-                model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, detokenization_address=address["detok"],
-                http_address=address["http"], router_address=address["router"], shm_req_name=procs.shm_req.name,
-                slot_num=slot_num, max_req_total_len=sizing.max_req_total_len, log_level=args.log_level,
-            ),
-        )
-        spawn(
-            "router",
-            router_process_main,
-            RouterConfig(
-                router_address=address["router"], model_rank0_address=address["rank0"],
-                detokenization_address=address["detok"], shm_req_name=procs.shm_req.name,
-                shm_stats_name=procs.shm_stats.name, slot_num=slot_num, max_req_total_len=sizing.max_req_total_len,
-                max_total_token_num=sizing.max_total_token_num, running_max_req_size=args.running_max_req_size,
-                router_token_ratio=args.router_token_ratio, router_max_wait_tokens=args.router_max_wait_tokens,
-                schedule_time_interval=args.schedule_time_interval, log_level=args.log_level,
-                prefill_max_wait_tokens=args.prefill_max_wait_tokens,
-            ),
-        )
-        nccl_port = args.nccl_port or free_port(args.nccl_host)
-        for rank in range(args.tp):
-            spawn(
-                f"model_rank{rank}",
-                model_rank_process_main,
-                ModelRankConfig(
-                    rank=rank, tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
-                    nccl_host=args.nccl_host, nccl_port=nccl_port, model_rank0_address=address["rank0"],
-                    router_address=address["router"], detokenization_address=address["detok"],
-                    shm_req_name=procs.shm_req.name, shm_stats_name=procs.shm_stats.name, slot_num=slot_num,
-                    max_req_total_len=sizing.max_req_total_len, max_total_token_num=sizing.max_total_token_num,
-                    running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
-                    chunked_prefill_size=None if args.disable_chunked_prefill else args.chunked_prefill_size,
-                    prefill_queue_strategy=args.prefill_queue_strategy,
-                    attention_backend=args.attention_backend,
-                    prefill_max_wait_tokens=args.prefill_max_wait_tokens,
-                    use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
-                    log_level=args.log_level, torch_threads=sizing.torch_threads,
-                ),
-            )
+        spawn("detokenization", detokenization_process_main, configs.detokenization)
+        spawn("router", router_process_main, configs.router)
+        for rank_config in configs.ranks:
+            spawn(f"model_rank{rank_config.rank}", model_rank_process_main, rank_config)
         for name, proc, conn in pending:
             if not conn.poll(READY_TIMEOUT_SECONDS):
                 raise StartupError(f"{name} did not report ready within {READY_TIMEOUT_SECONDS:.0f}s")
@@ -184,23 +155,7 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
     except BaseException:
         procs.shutdown()
         raise
-    http_config = HttpServerConfig(
-        model_dir=args.model_dir,
-        model_name=args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name,
-        served_model_names=list(args.model_name or []),
-        tokenizer_mode=args.tokenizer_mode,
-        router_address=address["router"],
-        http_address=address["http"],
-        shm_req_name=procs.shm_req.name,
-        shm_stats_name=procs.shm_stats.name,
-        slot_num=slot_num,
-        max_req_total_len=sizing.max_req_total_len,
-        vocab_size=model_config.vocab_size,
-        eos_token_ids=eos,
-        prefill_queue_strategy=args.prefill_queue_strategy,
-        max_new_tokens_default=args.max_new_tokens_default,
-    )
-    return procs, http_config
+    return procs, configs.http
 
 
 def watch_children(procs: ServerProcesses, on_death: Any) -> threading.Thread:

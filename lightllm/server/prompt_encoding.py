@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, List, Optional
 
 from lightllm.server.api_errors import APIError, INVALID_REQUEST
+from lightllm.server.request_manager import RequestManager
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class PromptEncoder:
     ``chars_per_token`` None derives the bound from the manager's tokenizer; 0 turns the pre-check off.
     """
 
-    def __init__(self, manager: Any, chars_per_token: Optional[float] = None) -> None:
+    def __init__(self, manager: RequestManager, chars_per_token: Optional[float] = None) -> None:
         self._manager = manager
         if chars_per_token is None:
             longest = longest_token_chars(manager.tokenizer)

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 from fastapi.testclient import TestClient
 
 from lightllm.common.sampling import SamplingParams
+from lightllm.server.manager_errors import ServerBusyError
 
 MODEL = "tiny-test-model"
 BOS = 1
@@ -31,10 +32,6 @@ class FakeEvent:
     cached_tokens: int
     completion_tokens: int
     top_logprobs: dict[int, float] | None
-
-
-class ServerBusyError(Exception):
-    """Same class name as the real manager's busy error."""
 
 
 class FakeTokenizer:
@@ -62,6 +59,7 @@ class FakeManager:
 
     def __init__(self) -> None:
         self.model_name = MODEL
+        self.served_model_names = [MODEL]
         self.max_req_total_len = 64
         self.vocab_size = 100
         self.eos_token_ids = [EOS]
@@ -83,6 +81,12 @@ class FakeManager:
         if any("BREAK_TEMPLATE" in message["content"] for message in messages):
             raise ValueError("chat template failed: unsupported message sequence")
         return self.encode_prompt(" ".join(f"{m['role']}: {m['content']}" for m in messages))
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
 
     def health(self) -> bool:
         return self.healthy

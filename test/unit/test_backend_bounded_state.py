@@ -19,7 +19,8 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.models.registry import load_model
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
@@ -33,7 +34,7 @@ PER_ROUND = 48
 def backend(tiny_llama_dir):
     model = load_model(str(tiny_llama_dir), dtype=torch.float32)
     context = InferenceContext(model.new_kv_cache(KV_TOKENS), ReqManager(ROWS, 300), use_prefix_cache=True)
-    return ModeBackend(model, context, build_prefill_queue_strategy("default"), StepPlanner(256, 64), Sampler(0), [2], 300)
+    return build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"), StepPlanner(256, 64), Sampler(0), [2], 300)
 
 
 def _run_round(backend: ModeBackend, round_index: int, tracker: PrefillWaitTracker) -> None:
@@ -45,7 +46,7 @@ def _run_round(backend: ModeBackend, round_index: int, tracker: PrefillWaitTrack
     first_id = round_index * PER_ROUND
     pending = list(range(first_id, first_id + PER_ROUND))
     while pending or backend.has_work:
-        while pending and len(backend.context.requests) < ROWS:
+        while pending and len(backend.requests) < ROWS:
             rid = pending.pop()
             prompt = [rng.randrange(5, 1000) for _ in range(rng.randint(3, 40))]
             kind = rid % 4
@@ -59,22 +60,22 @@ def _run_round(backend: ModeBackend, round_index: int, tracker: PrefillWaitTrack
             tracker.on_arrival(backend.add_request(rid, prompt, params))
         report = backend.step()
         tracker.on_step((r for r, _, _ in report.tokens), (r for r, _ in report.finished),
-                        backend.context.requests.values(), backend.counter.value)
-        for rid, req in list(backend.context.requests.items()):
+                        backend.requests.values(), backend.counter.value)
+        for rid, req in list(backend.requests.items()):
             if rid % 4 == 3 and req.output_ids:  # walk away after the first token
                 backend.abort(rid)
 
 
 def _assert_idle_state(backend: ModeBackend) -> None:
-    context = backend.context
-    assert context.requests == {} and context._match == {}
+    context = backend.kv
+    assert backend.requests == {} and context._match == {}
     assert context.req_manager.available == ROWS
     cached = context.radix_cache.total_token_num
     assert cached <= KV_TOKENS
     # Every allocated slot belongs to the prefix cache: no request left any behind.
     assert context.kv_cache.allocator.used == cached
     assert context.allocatable_token_num() == KV_TOKENS
-    assert len(backend.sampler._generators) <= 1
+    assert len(backend.executor.sampler._generators) <= 1
 
 
 def test_rounds_of_requests_leave_every_structure_at_its_idle_size(backend):
@@ -87,13 +88,13 @@ def test_rounds_of_requests_leave_every_structure_at_its_idle_size(backend):
         gc.collect()
         object_counts.append(len(gc.get_objects()))
     # The cache is full after the first rounds; from then on entries are replaced, not added.
-    assert backend.context.radix_cache.total_token_num > KV_TOKENS // 2
+    assert backend.kv.radix_cache.total_token_num > KV_TOKENS // 2
     growth = object_counts[-1] - object_counts[1]
     assert growth < 500, f"live Python objects grew by {growth} over 3 rounds of {PER_ROUND} requests: {object_counts}"
 
 
 def test_clearing_the_prefix_cache_returns_every_slot(backend):
     _run_round(backend, 99, PrefillWaitTracker())
-    backend.context.clear_prefix_cache()
-    assert backend.context.kv_cache.available == KV_TOKENS
-    assert backend.context.radix_cache.total_token_num == 0
+    backend.kv.clear_prefix_cache()
+    assert backend.kv.kv_cache.available == KV_TOKENS
+    assert backend.kv.radix_cache.total_token_num == 0

@@ -11,7 +11,8 @@ from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 
@@ -28,7 +29,7 @@ def _prompts(n_list, seed=3):
 
 def _backend(model, kv_tokens, strategy="default", prefix_cache=True, budget=64, chunk=32):
     context = InferenceContext(model.new_kv_cache(kv_tokens), ReqManager(16, 600), use_prefix_cache=prefix_cache)
-    return ModeBackend(model, context, build_prefill_queue_strategy(strategy), StepPlanner(budget, chunk), Sampler(0), [2], 600)
+    return build_rank_backend("normal", model, context, build_prefill_queue_strategy(strategy), StepPlanner(budget, chunk), Sampler(0), [2], 600)
 
 
 def _run(backend):
@@ -55,7 +56,7 @@ def test_outputs_match_plain_greedy_even_under_kv_pressure(model, strategy, kv_t
     assert set(statuses.values()) == {FINISH_LENGTH}
     if kv_tokens == 300:
         assert paused > 0  # the small cache forced requests to pause and resume
-    context = backend.context
+    context = backend.kv
     assert context.allocatable_token_num() == kv_tokens
     assert context.clear_prefix_cache() >= 0 and context.kv_cache.available == kv_tokens
 
@@ -89,7 +90,7 @@ def test_stop_ids_eos_and_abort(model):
     backend.abort(2)
     outputs, statuses, _ = _run(backend)
     assert statuses[2] == FINISH_ABORT
-    assert backend.context.allocatable_token_num() == 4096
+    assert backend.kv.allocatable_token_num() == 4096
 
 
 def test_prefill_counter_advances_only_with_prefill(model):

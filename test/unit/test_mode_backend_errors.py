@@ -22,10 +22,13 @@ from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.detokenization.manager import DetokenizationConfig, DetokenizationManager
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
-from lightllm.server.router.model_infer.mode_backend.base_backend import MAX_CONSECUTIVE_FORWARD_FAILURES, ModeBackend
+from lightllm.server.router.model_infer.mode_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
+from lightllm.server.router.model_infer.mode_backend.torch_executor import MAX_CONSECUTIVE_FORWARD_FAILURES
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.model_rank_process import ModelRank, RejectRequests
+from lightllm.server.server_layout import ServerLayout
 
 KV_TOKENS = 2048
 MAX_LEN = 600
@@ -38,7 +41,7 @@ def model(tiny_llama_dir):
 
 def _backend(model, token_sync=None):
     context = InferenceContext(model.new_kv_cache(KV_TOKENS), ReqManager(16, MAX_LEN))
-    return ModeBackend(model, context, build_prefill_queue_strategy("default"), StepPlanner(256, 64), Sampler(0),
+    return build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"), StepPlanner(256, 64), Sampler(0),
                        [2], MAX_LEN, token_sync=token_sync)
 
 
@@ -65,11 +68,11 @@ def _run(backend, max_steps=200):
 
 
 def _assert_kv_all_back(backend):
-    context = backend.context
+    context = backend.kv
     assert context.allocatable_token_num() == KV_TOKENS
     context.clear_prefix_cache()
     assert context.kv_cache.available == KV_TOKENS
-    assert not context.requests
+    assert not backend.requests
 
 
 def test_error_finish_status_has_a_reason_name():
@@ -192,8 +195,8 @@ def test_rank_screens_records_that_do_not_read_back_valid(model):
     try:
         for slot in range(3):
             shm.write_request(slot, 100 + slot, [5, 6, 7, 8], _greedy(3), False)
-        shm.records[1]["repetition_penalty"] = 0.0  # damaged after the HTTP side validated it
-        shm.records[2]["top_k"] = -5
+        shm.array[1]["repetition_penalty"] = 0.0  # damaged after the HTTP side validated it
+        shm.array[2]["top_k"] = -5
         rank = ModelRank.__new__(ModelRank)  # the command plumbing only; no process, no sockets
         rank.shm, rank.backend, rank.is_leader, rank._screened = shm, _backend(model), False, {}
         commands = rank.screen([AddRequests([(100, 0), (101, 1), (102, 2)])])
@@ -216,16 +219,17 @@ def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir,
     http.bind(addresses["http"])
     router = ctx.socket(zmq.PULL)
     router.bind(addresses["router"])
-    config = DetokenizationConfig(str(tiny_llama_dir), "auto", addresses["detok"], addresses["http"],
-                                  addresses["router"], shm.name, 2, 64, "warning")
+    layout = ServerLayout(shm.name, "unused_stats", 2, 64, 64, addresses["router"], "unused_rank0", addresses["detok"],
+                          addresses["http"])
+    config = DetokenizationConfig(str(tiny_llama_dir), "auto", layout, "warning")
     manager = DetokenizationManager(config)
     try:
         shm.write_request(0, 1, [5, 6], _greedy(3), False)
-        shm.publish_token(0, 42, -0.5)
-        shm.records[0]["finish_status"] = FINISH_ERROR
+        shm.publish_token(0, 1, 42, -0.5)
+        shm.set_finish_status(0, 1, FINISH_ERROR)
         shm.write_request(1, 2, [5, 6], _greedy(3), False)
-        shm.records[1]["stop_sequences_json"] = b"[not json"
-        shm.publish_token(1, 43, -0.5)
+        shm.array[1]["stop_sequences_json"] = b"[not json"  # damaged after the HTTP side wrote it
+        shm.publish_token(1, 2, 43, -0.5)
         manager.handle(StepOutput([(1, 0), (2, 1)], [(1, 0)]))
         received = [http.recv_pyobj() for _ in range(3)]
         assert isinstance(received[0], DetokenizedOutput) and received[0].finish_reason == "error"

@@ -24,7 +24,11 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
     available_strategy_names,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.request_classifier import is_decode_request
+from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+    NO_DECODE_CLASSIFIER,
+    NORMAL_CLASSIFIER,
+    STRICT_PREFILL_CLASSIFIER,
+)
 
 ALL_NAMES = ["default", "promote_shortest", "hrrn", "lpm"]
 
@@ -88,7 +92,7 @@ def test_no_decode_lets_strategy_order_every_request(name: str) -> None:
     # to the front; promote_shortest and hrrn both put it before the longer request.
     reqs = [make_req(1, 400, arrival=0), decode_req(2, arrival=0)]
     assert order(name, reqs, processed=100)[:1] == [2]
-    result = order(name, reqs, processed=100, no_decode=True)
+    result = order(name, reqs, processed=100, classifier=NO_DECODE_CLASSIFIER)
     assert result == {"default": [1, 2], "promote_shortest": [2, 1], "hrrn": [2, 1], "lpm": [1, 2]}[name]
 
 
@@ -98,7 +102,7 @@ def test_strict_prefill_keeps_prefix_hit_prompt_in_prefill_group(name: str) -> N
     one_left = make_req(2, 50, cur_kv_len=49)  # prefix cache left one prompt token
     high = make_req(3, 90, infer_high_priority=-1)
     loose = order(name, [long_prompt, one_left, high], processed=0)
-    strict = order(name, [long_prompt, one_left, high], processed=0, strict_prefill=True)
+    strict = order(name, [long_prompt, one_left, high], processed=0, classifier=STRICT_PREFILL_CLASSIFIER)
     assert loose[0] == 2  # counted as decode
     assert strict[0] == 3  # prefill: the high-priority request goes ahead of it
     assert 2 in strict[1:]
@@ -196,17 +200,16 @@ def test_random_queues_keep_permutation_and_decode_first(name: str) -> None:
     for _ in range(300):
         processed = rng.randint(0, 5000)
         reqs = _random_queue(rng, processed)
-        no_decode = rng.random() < 0.2
-        strict_prefill = rng.random() < 0.3
-        flags = dict(no_decode=no_decode, strict_prefill=strict_prefill)
+        classifier = rng.choice([NORMAL_CLASSIFIER, NORMAL_CLASSIFIER, STRICT_PREFILL_CLASSIFIER, NO_DECODE_CLASSIFIER])
+        flags = dict(classifier=classifier)
         before = list(reqs)
         result = strategy.reorder(reqs, processed, **flags)
         assert reqs == before
         assert _is_permutation(result, reqs)
-        decode_flags = [is_decode_request(r, **flags) for r in result]
+        decode_flags = [classifier.is_decode(r) for r in result]
         decode_count = sum(decode_flags)
         assert decode_flags == [True] * decode_count + [False] * (len(result) - decode_count)
-        assert ids(result[:decode_count]) == ids([r for r in reqs if is_decode_request(r, **flags)])
+        assert ids(result[:decode_count]) == ids([r for r in reqs if classifier.is_decode(r)])
         prefill = result[decode_count:]
         priorities = [r.infer_high_priority < 0 for r in prefill]
         high_count = sum(priorities)

@@ -8,6 +8,11 @@ import random
 import pytest
 from prefill_queue_test_support import decode_req, ids, make_req, order
 
+from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+    NO_DECODE_CLASSIFIER,
+    NORMAL_CLASSIFIER,
+    STRICT_PREFILL_CLASSIFIER,
+)
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HRRN_COST_KEY
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
@@ -65,7 +70,7 @@ def test_hrrn_binds_cost_lazily_and_keeps_it_across_chunks() -> None:
 def test_hrrn_cost_uses_uncached_prompt_and_is_at_least_one() -> None:
     cached = make_req(1, 1000, cur_kv_len=900)
     fully = make_req(2, 10, output_len=3, cur_kv_len=12)
-    build_prefill_queue_strategy("hrrn").reorder([cached, fully], 0, no_decode=True)
+    build_prefill_queue_strategy("hrrn").reorder([cached, fully], 0, classifier=NO_DECODE_CLASSIFIER)
     assert cached.strategy_state[HRRN_COST_KEY] == 100
     assert fully.strategy_state[HRRN_COST_KEY] == 1
 

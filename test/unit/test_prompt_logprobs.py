@@ -10,7 +10,8 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.models.registry import load_model
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 
@@ -27,7 +28,7 @@ def hf_model(tiny_llama_dir):
 
 def _backend(model, kv_tokens: int, chunk: int) -> ModeBackend:
     context = InferenceContext(model.new_kv_cache(kv_tokens), ReqManager(16, 600), use_prefix_cache=True)
-    return ModeBackend(model, context, build_prefill_queue_strategy("default"), StepPlanner(2 * chunk, chunk),
+    return build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"), StepPlanner(2 * chunk, chunk),
                        Sampler(0), [2], 600)
 
 

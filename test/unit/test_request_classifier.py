@@ -9,9 +9,10 @@ import pytest
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.router.model_infer.mode_backend.request_classifier import (
-    is_decode_request,
+    NO_DECODE_CLASSIFIER,
+    NORMAL_CLASSIFIER,
+    STRICT_PREFILL_CLASSIFIER,
     prefill_need_token_num,
-    split_decode_and_prefill,
 )
 
 
@@ -28,22 +29,22 @@ def make_req(request_id: int, prompt_len: int, *, output_len: int = 0, cur_kv_le
 def test_single_pending_token_after_output_is_decode_in_every_variant_but_no_decode() -> None:
     req = make_req(1, 10, output_len=1, cur_kv_len=10)
     assert req.pending_token_num == 1
-    assert is_decode_request(req)
-    assert is_decode_request(req, strict_prefill=True)
-    assert not is_decode_request(req, no_decode=True)
+    assert NORMAL_CLASSIFIER.is_decode(req)
+    assert STRICT_PREFILL_CLASSIFIER.is_decode(req)
+    assert not NO_DECODE_CLASSIFIER.is_decode(req)
 
 
 def test_fresh_prompt_is_prefill() -> None:
     req = make_req(1, 10)
-    assert not is_decode_request(req)
-    assert not is_decode_request(req, strict_prefill=True)
+    assert not NORMAL_CLASSIFIER.is_decode(req)
+    assert not STRICT_PREFILL_CLASSIFIER.is_decode(req)
 
 
 def test_prefix_hit_leaving_one_prompt_token_differs_between_variants() -> None:
     req = make_req(1, 10, cur_kv_len=9)
     assert req.pending_token_num == 1
-    assert is_decode_request(req)
-    assert not is_decode_request(req, strict_prefill=True)
+    assert NORMAL_CLASSIFIER.is_decode(req)
+    assert not STRICT_PREFILL_CLASSIFIER.is_decode(req)
 
 
 def test_split_keeps_input_order_in_both_groups() -> None:
@@ -53,10 +54,10 @@ def test_split_keeps_input_order_in_both_groups() -> None:
         make_req(9, 6, cur_kv_len=2),
         make_req(1, 3, output_len=1, cur_kv_len=3),
     ]
-    decode, prefill = split_decode_and_prefill(reqs)
+    decode, prefill = NORMAL_CLASSIFIER.split(reqs)
     assert [r.request_id for r in decode] == [3, 1]
     assert [r.request_id for r in prefill] == [5, 9]
-    decode, prefill = split_decode_and_prefill(reqs, no_decode=True)
+    decode, prefill = NO_DECODE_CLASSIFIER.split(reqs)
     assert decode == []
     assert [r.request_id for r in prefill] == [5, 3, 9, 1]
 

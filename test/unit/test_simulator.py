@@ -10,6 +10,11 @@ from typing import List, Sequence
 import numpy as np
 import pytest
 
+from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+    NO_DECODE_CLASSIFIER,
+    NORMAL_CLASSIFIER,
+    STRICT_PREFILL_CLASSIFIER,
+)
 from lightllm.benchmark.metrics import RequestRecord
 from lightllm.benchmark.simulator.__main__ import main as cli_main
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
@@ -178,7 +183,7 @@ def test_simulator_calls_the_strategy_object_it_is_given() -> None:
     sim.run()
     assert len(seen) == sim.steps
     assert all(passed == current for passed, current, _ in seen)
-    assert all(kwargs == {"no_decode": False} for _, _, kwargs in seen)
+    assert all(kwargs == {"classifier": NORMAL_CLASSIFIER} for _, _, kwargs in seen)
     assert seen[-1][0] > 0
 
 
@@ -218,7 +223,7 @@ def test_kv_starved_decode_requests_pause_and_resume() -> None:
 
 def test_prefill_node_hands_over_after_the_first_token() -> None:
     workload = small_long_first()
-    cfg = SimServerConfig(batch_max_tokens=256, chunked_prefill_size=256, no_decode=True)
+    cfg = SimServerConfig(batch_max_tokens=256, chunked_prefill_size=256, run_mode="prefill")
     prefill_only, _ = simulate_single_node(make_profile(), workload, "hrrn", cfg)
     assert all(r.output_tokens == 1 and r.end_time == r.first_token_time for r in prefill_only)
     merged, _ = simulate_1p1d(make_profile(), workload, "hrrn", 256)
@@ -278,3 +283,16 @@ def test_cli_prints_seed_tables_and_writes_files(tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit) as exc:
         cli_main(["--strategies", "bogus"])
     assert exc.value.code == 2
+
+
+def test_partly_prefilled_holders_that_fill_the_cache_are_paused_as_on_the_server() -> None:
+    # Over-committed admission lets several long prompts each take chunks until the cache is full
+    # and no chunk fits: the server pauses the newest holder (its old simulator copy stalled).
+    sim = Simulator(make_profile(max_total_token_num=100), "default",
+                    SimServerConfig(batch_max_tokens=64, chunked_prefill_size=16, router_token_ratio=4.0))
+    for i in range(4):
+        sim.add_arrival(SimArrival(i, 0.0, 60, 4, LONG))
+    result = sim.run(max_steps=500)
+    assert result.paused_count > 0
+    assert all(r.success and r.output_tokens == 4 for r in result.records)
+    assert sim.kv.used == 0 and not sim.has_work()

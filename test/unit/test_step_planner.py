@@ -6,6 +6,11 @@ from typing import List, Sequence
 
 import pytest
 
+from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+    NO_DECODE_CLASSIFIER,
+    NORMAL_CLASSIFIER,
+    STRICT_PREFILL_CLASSIFIER,
+)
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend import step_planner as step_planner_module
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
@@ -165,9 +170,9 @@ def test_no_decode_and_strict_prefill_route_single_token_requests_to_prefill() -
     generated = decode_req(2)
     planner = StepPlanner(batch_max_tokens=10)
     assert ids(planner.plan([prefix_hit, generated], 100).decode_reqs) == [1, 2]
-    strict = planner.plan([prefix_hit, generated], 100, strict_prefill=True)
+    strict = planner.plan([prefix_hit, generated], 100, classifier=STRICT_PREFILL_CLASSIFIER)
     assert ids(strict.decode_reqs) == [2] and chunks(strict) == [(1, 29, 1)]
-    no_decode = planner.plan([prefix_hit, generated], 100, no_decode=True)
+    no_decode = planner.plan([prefix_hit, generated], 100, classifier=NO_DECODE_CLASSIFIER)
     assert no_decode.decode_reqs == [] and chunks(no_decode) == [(1, 29, 1), (2, 6, 1)]
 
 

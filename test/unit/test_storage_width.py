@@ -16,7 +16,8 @@ import pytest
 
 from lightllm.common.sampling import STORED_DTYPES, SamplingParamError, SamplingParams
 from lightllm.common.sampling.storage_width import check_stored_float, check_stored_int
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer, record_dtype
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.shm_req_layout import record_dtype
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -108,7 +109,8 @@ def test_extremes_that_are_accepted_read_back_valid(shm):
     for fields in accepted:
         params = SamplingParams(**fields)
         shm.write_request(0, 7, [1, 2], params, False)
-        read = shm.sampling_params(0)  # constructing validates again, as the rank does
+        read = shm.read_request(0, 7).params  # constructing validates again, as the rank does
+        assert shm.release(0, 7)
         for name, value in fields.items():
             stored = getattr(read, name)
             if isinstance(value, float):

@@ -15,7 +15,8 @@ from lightllm.server.api_response_format import response_format_grammar
 from lightllm.server.core.objs.finish_status import FINISH_STOP
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
-from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend import ModeBackend
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
@@ -27,7 +28,7 @@ SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}, "pick": 
 
 def _backend(model, grammar):
     context = InferenceContext(model.new_kv_cache(4096), ReqManager(16, 600), use_prefix_cache=True)
-    return ModeBackend(model, context, build_prefill_queue_strategy("default"), StepPlanner(64, 32), Sampler(0), [2],
+    return build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"), StepPlanner(64, 32), Sampler(0), [2],
                        600, grammar=grammar)
 
 

@@ -1,8 +1,9 @@
 """Scheduling simulator: the server's real scheduling code driven in virtual time.
 
-The router's admission queue, the request classifier, the prefill-queue strategies, the step
-planner and the processed-prefill-token counter are the server's own objects; only the model
-forwards are replaced by a step-cost model (:class:`CostProfile`).  See ``docs/EN/simulator.md``.
+The router's admission queue and the mode backend (the step engine with its classifier,
+prefill-queue strategy, step planner and processed-prefill-token counter) are the server's own
+objects; only the model forwards are replaced by a step-cost model (:class:`CostProfile`, run by
+:class:`CostModelExecutor`) and the KV cache by a token count.  See ``docs/EN/simulator.md``.
 
 Run ``python -m lightllm.benchmark.simulator --help`` for the command line.
 """

@@ -1,48 +1,45 @@
-"""The simulated server: real admission and scheduling code, forwards replaced by virtual time.
+"""The simulated server: the server's own router queue and mode backend, with forwards in virtual time.
 
-One :class:`Simulator` stands for one server (router + one model rank).  Its :meth:`step`
-follows the model backend's step (``ModeBackend.step`` in ``base_backend.py``) call for call:
+One :class:`Simulator` stands for one server (router + one model rank).  Its step is:
 
 1. router admission: requests whose arrival time has come join ``NormalReqQueue``; ``admit()``
-   moves those that fit into the running set and each gets an ``InferReq`` that snapshots the
-   ``ProcessedPrefillTokenCounter``;
-2. finished requests are already gone (released the moment they finish, as in the server);
-3. paused requests resume once the free KV could hold them;
-4. ``strategy.reorder(ready, counter.value)`` -- the real prefill-queue strategy;
-5. ``planner.plan(ordered, free_kv)`` -- the real ``StepPlanner``;
-6. decode requests left without KV are paused (their KV is given back);
-7. prefill forward: KV allocated, ``submit_prefill`` advances the counter, chunks advance
-   ``cur_kv_len`` and requests whose chunk completes the prompt sample their first token;
-8. decode forward: one token for each decode request;
-9. requests that reached ``max_new_tokens`` (or, with ``no_decode``, got their first token)
-   finish, release their KV and leave the router's running set.
+   moves those that fit into the running set and each gets an ``InferReq`` that joins the mode
+   backend (a decode node's request arrives with its prompt KV and first token in place);
+2. ``backend.step()``: the server's own :class:`~lightllm.server.router.model_infer.mode_backend.
+   step_engine.StepEngine` (filter, resume, order, select, pause, execute, finish) built by
+   ``build_backend(run_mode)``, over a :class:`TokenCountKvView` and a :class:`CostModelExecutor`;
+3. the clock advances by the step's virtual forward time; the step's tokens are stamped with
+   the time the step ends (the server publishes a step's tokens after the step); requests a
+   prefill node handed off are acknowledged at once (KV transfer time is not modelled); finished
+   requests leave the router's running set.
 
-Only steps 7 and 8 differ from the server: instead of running the model they advance the
-virtual clock by the :class:`CostProfile` duration.  Tokens a step produces are stamped with
-the time the step ends, because the server publishes a step's tokens after the step.
+Only the executor (a cost model instead of a forward pass) and the KV view (a token count
+instead of slots and a prefix cache) differ from a model rank.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from lightllm.benchmark.metrics import RequestRecord
+from lightllm.benchmark.simulator.cost_executor import SAMPLED_TOKEN_ID, CostModelExecutor
 from lightllm.benchmark.simulator.cost_model import CostProfile
-from lightllm.benchmark.simulator.kv_pool import KvTokenPool
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimResult, SimServerConfig, StepTrace
 from lightllm.benchmark.workloads import ScheduledRequest
 from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend import DecodeBackend, ModeBackend, PrefillBackend, build_backend
+from lightllm.server.router.model_infer.mode_backend.kv_view import TokenCountKvView
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
     PrefillQueueStrategy,
     build_prefill_queue_strategy,
 )
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan, StepPlanner, submit_prefill
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
 
-# The simulator never looks at token values; every sampled token is this id.
-SAMPLED_TOKEN_ID = 0
+# Simulated requests have no per-request length cap beyond their own max_new_tokens.
+_NO_TOTAL_LEN_LIMIT = 1 << 62
 
 
 class Simulator:
@@ -64,26 +61,35 @@ class Simulator:
         self.profile = profile
         if isinstance(strategy, str):
             strategy = build_prefill_queue_strategy(strategy, config.prefill_max_wait_tokens)
-        self.strategy = strategy
-        if not isinstance(self.strategy, PrefillQueueStrategy):
+        if not isinstance(strategy, PrefillQueueStrategy):
             raise ValueError(f"strategy must be a name or a PrefillQueueStrategy, got {strategy!r}")
+        self.strategy = strategy
         self.config = config
         capacity = config.max_total_token_num or profile.max_total_token_num
         self.planner = StepPlanner(config.batch_max_tokens, config.chunked_prefill_size)
-        self.counter = ProcessedPrefillTokenCounter()
         self.router = NormalReqQueue(
             int(capacity * config.router_token_ratio),
             config.running_max_req_size,
             max_wait_tokens=config.prefill_max_wait_tokens,
         )
-        self.kv = KvTokenPool(capacity)
+        self.kv = TokenCountKvView(capacity)
+        self.executor = CostModelExecutor(profile)
+        self.backend: ModeBackend = build_backend(config.run_mode)(
+            self.executor, self.kv, self.strategy, self.planner, [], _NO_TOTAL_LEN_LIMIT
+        )
         self.clock = 0.0
         self.steps = 0
         self.paused_count = 0
         self._future: List[Tuple[float, int]] = []
         self._arrivals: Dict[int, SimArrival] = {}
-        self._live: Dict[int, InferReq] = {}
         self._records: Dict[int, RequestRecord] = {}
+        # Requests whose record was closed when they left between steps (reported again later).
+        self._closed: Set[int] = set()
+
+    @property
+    def counter(self) -> ProcessedPrefillTokenCounter:
+        """The backend's processed-prefill-token counter."""
+        return self.backend.counter
 
     # --- input ---------------------------------------------------------------------------------
     def add_arrival(self, arrival: SimArrival) -> None:
@@ -123,7 +129,7 @@ class Simulator:
     # --- state ---------------------------------------------------------------------------------
     def live_requests(self) -> List[InferReq]:
         """Requests the backend holds, in admission order (what ``resume_paused`` iterates)."""
-        return list(self._live.values())
+        return list(self.backend.requests.values())
 
     def unadmitted_count(self) -> int:
         """Requests still to arrive or waiting in the router queue."""
@@ -131,7 +137,7 @@ class Simulator:
 
     def has_work(self) -> bool:
         """Whether any request is still to arrive, waiting for admission or running."""
-        return bool(self._future or len(self.router) or self._live)
+        return bool(self._future or len(self.router) or self.backend.has_work)
 
     # --- the step ------------------------------------------------------------------------------
     def step(self) -> StepTrace:
@@ -139,30 +145,33 @@ class Simulator:
         start = self.clock
         self._deliver_arrivals()
         self._admit()
-        ready = self._resume_paused()
-        if not ready:
+        if not self.backend.has_work:
             self._wait_for_next_arrival()
             return StepTrace(start_s=start, end_s=self.clock)
-        no_decode = self.config.no_decode
-        ordered = self.strategy.reorder(ready, self.counter.value, no_decode=no_decode)
-        plan = self.planner.plan(ordered, self.kv.free_tokens, no_decode=no_decode)
-        self._pause_starved(plan)
-        trace = StepTrace(start_s=start, end_s=start, ordered=ordered, plan=plan)
-        if trace.idle:
+        self.executor.last_prefill_seconds = self.executor.last_decode_seconds = 0.0
+        report = self.backend.step()
+        self.paused_count += len(report.paused)
+        trace = StepTrace(start_s=start, end_s=start, ordered=report.ordered or None, plan=report.plan)
+        if not report.did_work:
             # Requests paused just now gave KV back, so the next step can make progress.
-            if not plan.kv_starved_decode:
+            if not report.paused:
                 self._wait_for_next_arrival()
             trace.end_s = self.clock
             return trace
-        emitted: List[InferReq] = []
-        if plan.has_prefill:
-            trace.prefill_seconds = self._run_prefill(plan, emitted)
-        if plan.decode_reqs:
-            trace.decode_seconds = self._run_decode(plan.decode_reqs, emitted)
-        self.clock = start + trace.prefill_seconds + trace.decode_seconds
+        trace.prefill_seconds = self.executor.last_prefill_seconds
+        trace.decode_seconds = self.executor.last_decode_seconds
+        self.clock = start + report.forward_seconds
         self.steps += 1
         trace.end_s = self.clock
-        trace.finished_ids = self._publish(emitted)
+        for req, _, _ in report.tokens:
+            self._stamp_token(req)
+        finished = [req for req in report.handoffs]
+        for req in report.handoffs:
+            # The decode node's acknowledgement, at once: the transfer is not modelled.
+            assert isinstance(self.backend, PrefillBackend)
+            self.backend.transfer_done(req.request_id, ok=True)
+        finished.extend(req for req, _ in report.finished)
+        trace.finished_ids = [req.request_id for req in finished if self._close(req)]
         return trace
 
     def run(self, max_steps: Optional[int] = None) -> SimResult:
@@ -191,11 +200,8 @@ class Simulator:
         while future and future[0][0] <= self.clock:
             _, request_id = heapq.heappop(future)
             arrival = self._arrivals[request_id]
-            # A decode node is handed the prompt plus the first token; a prefill node produces one.
-            if self.config.no_decode:
-                max_new_tokens = 1
-            else:
-                max_new_tokens = arrival.output_len
+            # A prefill node's router holds a request for its prompt and first token only.
+            max_new_tokens = 1 if self.config.run_mode == "prefill" else arrival.output_len
             self.router.append(
                 RouterReq(
                     request_id=request_id,
@@ -213,70 +219,28 @@ class Simulator:
             req = InferReq(
                 request_id=arrival.request_id,
                 prompt_ids=[SAMPLED_TOKEN_ID] * arrival.prompt_len,
-                max_new_tokens=router_req.max_new_tokens,
+                max_new_tokens=arrival.output_len,
                 arrival_processed_prefill_tokens=self.counter.snapshot(),
             )
-            self._live[req.request_id] = req
-            if self.config.arrive_prefilled:
+            if isinstance(self.backend, DecodeBackend):
                 # The KV transfer lands the whole prompt; the handed-over token is pending.
-                self.kv.alloc(arrival.prompt_len)
-                req.cur_kv_len = arrival.prompt_len
-                self._stamp_token(req)
-                if len(req.output_ids) >= req.max_new_tokens:
-                    self._finish(req)
+                self.backend.reserve_for(req)
+                self._stamp_token_value(req)
+                if self.backend.admit_prefilled(req, SAMPLED_TOKEN_ID):
+                    self._close(req)
+            else:
+                self.backend.join(req)
 
-    def _resume_paused(self) -> List[InferReq]:
-        ready: List[InferReq] = []
-        for req in self._live.values():
-            if req.paused:
-                # Without a prefix cache a paused request recomputes everything it holds.
-                if self.kv.free_tokens() < req.total_len:
-                    continue
-                req.paused = False
-            ready.append(req)
-        return ready
-
-    def _pause_starved(self, plan: StepPlan) -> None:
-        for req in plan.kv_starved_decode:
-            self.kv.free(req.cur_kv_len)
-            req.cur_kv_len = 0
-            req.paused = True
-            self.paused_count += 1
-
-    def _run_prefill(self, plan: StepPlan, emitted: List[InferReq]) -> float:
-        chunks = plan.prefill_chunks
-        self.kv.alloc(sum(chunk.token_num for chunk in chunks))
-        submit_prefill(plan, self.counter)
-        seconds = self.profile.prefill_seconds([(chunk.token_num, chunk.end) for chunk in chunks])
-        for chunk in chunks:
-            req = chunk.req
-            req.cur_kv_len = chunk.end
-            if chunk.end == req.total_len:
-                emitted.append(req)
-        return seconds
-
-    def _run_decode(self, reqs: List[InferReq], emitted: List[InferReq]) -> float:
-        self.kv.alloc(len(reqs))
-        kv_sum = 0
-        for req in reqs:
-            req.cur_kv_len += 1
-            kv_sum += req.cur_kv_len
-            emitted.append(req)
-        return self.profile.decode_seconds(len(reqs), kv_sum)
-
-    def _publish(self, emitted: List[InferReq]) -> List[int]:
-        """Append the sampled tokens, stamp them with the step's end, finish whoever is done."""
-        finished: List[int] = []
-        for req in emitted:
-            self._stamp_token(req)
-            if self.config.no_decode or len(req.output_ids) >= req.max_new_tokens:
-                self._finish(req)
-                finished.append(req.request_id)
-        return finished
+    def _stamp_token_value(self, req: InferReq) -> None:
+        """Record a token ``req`` receives outside a step (a decode node's handed-over token)."""
+        record = self._records[req.request_id]
+        record.first_token_time = self.clock
+        if self.config.record_token_times:
+            record.token_times.append(self.clock)
+        record.output_tokens = 1
 
     def _stamp_token(self, req: InferReq) -> None:
-        """Give ``req`` one sampled token and record it at the current clock."""
-        req.output_ids.append(SAMPLED_TOKEN_ID)
+        """Record the token ``req`` received this step at the current clock."""
         record = self._records[req.request_id]
         if record.first_token_time is None:
             record.first_token_time = self.clock
@@ -284,21 +248,22 @@ class Simulator:
             record.token_times.append(self.clock)
         record.output_tokens = len(req.output_ids)
 
-    def _finish(self, req: InferReq) -> None:
-        req.finished = True
-        self.kv.free(req.cur_kv_len)
-        req.cur_kv_len = 0
-        del self._live[req.request_id]
+    def _close(self, req: InferReq) -> bool:
+        """Close the record of a request that left and free its router place (once)."""
+        if req.request_id in self._closed:
+            return False
+        self._closed.add(req.request_id)
         self.router.release(req.request_id)
         self._records[req.request_id].end_time = self.clock
+        return True
 
     def _wait_for_next_arrival(self) -> None:
         if self._future:
             self.clock = max(self.clock, self._future[0][0])
             return
-        if self._live or len(self.router):
+        if self.backend.requests or len(self.router):
             raise RuntimeError(
-                f"simulation stalled at t={self.clock:.6f}s: {len(self._live)} running and "
+                f"simulation stalled at t={self.clock:.6f}s: {len(self.backend.requests)} running and "
                 f"{len(self.router)} waiting requests but nothing fits the KV cache "
-                f"({self.kv.free_tokens()} of {self.kv.capacity} tokens free)"
+                f"({self.kv.allocatable_token_num()} of {self.kv.capacity} tokens free)"
             )

@@ -60,7 +60,7 @@ def server_config(mode: str, budget: int, running_max_req_size: int, **extra: An
         batch_max_tokens=budget,
         chunked_prefill_size=budget,
         running_max_req_size=running_max_req_size,
-        no_decode=mode == "1p1d",
+        run_mode="prefill" if mode == "1p1d" else "normal",
         **extra,
     )
 
@@ -89,7 +89,7 @@ def simulate_1p1d(
 ) -> tuple[List[RequestRecord], int]:
     """A prefill node running ``strategy`` feeding a decode node; return merged records and steps.
 
-    The prefill node (``no_decode``) hands each request over the moment its first token is
+    The prefill node (run mode ``prefill``) hands each request over the moment its first token is
     published; the decode node receives it then, with the prompt's KV in place.  KV transfer
     time is not modelled (assumed zero) and the decode node never pushes back on the prefill
     node, so the two nodes are simulated one after the other.
@@ -106,7 +106,7 @@ def simulate_1p1d(
         batch_max_tokens=budget,
         chunked_prefill_size=budget,
         running_max_req_size=running_max_req_size,
-        arrive_prefilled=True,
+        run_mode="decode",
         record_token_times=record_token_times,
     )
     decode = Simulator(profile, DECODE_NODE_STRATEGY, decode_cfg)

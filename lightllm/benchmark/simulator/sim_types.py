@@ -7,6 +7,7 @@ from typing import List, Optional
 
 from lightllm.benchmark.metrics import RequestRecord
 from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend import BACKENDS
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
     DEFAULT_PREFILL_MAX_WAIT_TOKENS,
     check_max_wait_tokens,
@@ -25,9 +26,11 @@ class SimServerConfig:
         max_total_token_num: KV capacity in tokens; ``None`` takes the profile's.
         router_token_ratio: router admission capacity as a share of the KV capacity, as the
             server's ``--router_token_ratio`` (above 1 over-commits and decode may run out of KV).
-        no_decode: a PD prefill node: nothing decodes and requests leave after their first token.
-        arrive_prefilled: a PD decode node: requests arrive with their prompt's KV and first
-            token already in place (handed over by the prefill node) and only decode here.
+        run_mode: the node's mode backend (``build_backend``): ``normal``; ``prefill`` (a PD
+            prefill node: nothing decodes and each request is handed off after its first token,
+            its KV released once the transfer is acknowledged, which the simulator does at once);
+            or ``decode`` (a PD decode node: requests arrive with their prompt's KV and first
+            token in place and only decode here).
         record_token_times: keep every token's time (long soak runs turn it off to save memory).
         prefill_max_wait_tokens: the server's ``--prefill_max_wait_tokens`` (the waiting bound
             every strategy runs under; 0 disables it).  Used when the strategy is given by name.
@@ -38,8 +41,7 @@ class SimServerConfig:
     running_max_req_size: int = 256
     max_total_token_num: Optional[int] = None
     router_token_ratio: float = 1.0
-    no_decode: bool = False
-    arrive_prefilled: bool = False
+    run_mode: str = "normal"
     record_token_times: bool = True
     prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
 
@@ -57,8 +59,8 @@ class SimServerConfig:
             raise ValueError(f"max_total_token_num must be None or an int >= 1, got {self.max_total_token_num!r}")
         if isinstance(self.router_token_ratio, bool) or not self.router_token_ratio > 0:
             raise ValueError(f"router_token_ratio must be > 0, got {self.router_token_ratio!r}")
-        if self.no_decode and self.arrive_prefilled:
-            raise ValueError("no_decode and arrive_prefilled describe different PD nodes; set at most one")
+        if self.run_mode not in BACKENDS:
+            raise ValueError(f"run_mode must be one of {', '.join(BACKENDS)}, got {self.run_mode!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,8 @@ from lightllm.server.core.objs.io_messages import (
     TokenEvent,
 )
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
+from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
@@ -31,12 +31,7 @@ class DetokenizationConfig:
 
     model_dir: str
     tokenizer_mode: str
-    detokenization_address: str
-    http_address: str
-    router_address: str
-    shm_req_name: str
-    slot_num: int
-    max_req_total_len: int
+    layout: ServerLayout
     log_level: str
 
 
@@ -55,22 +50,23 @@ class DetokenizationManager:
         self.config = config
         self.tokenizer = tokenizer or load_tokenizer(config.model_dir, config.tokenizer_mode)
         self.zmq_ctx = zmq.Context()
-        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, config.detokenization_address, bind=True)
-        self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, config.http_address, bind=False)
-        self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, config.router_address, bind=False)
-        self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
+        layout = config.layout
+        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, layout.detokenization_address, bind=True)
+        self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.http_address, bind=False)
+        self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
+        self.shm = layout.open_requests()
         self.requests: Dict[int, _RequestText] = {}
 
     def _state(self, request_id: int, slot: int) -> _RequestText:
         state = self.requests.get(request_id)
         if state is None:
-            rec = self.shm.records[slot]
+            options = self.shm.decode_options(slot, request_id)
             decoder = IncrementalDecoder(
                 self.tokenizer,
-                self.shm.prompt_ids(slot),
-                self.shm.stop_sequences(slot),
-                skip_special_tokens=bool(rec["skip_special_tokens"]),
-                include_stop_str=bool(rec["include_stop_str_in_output"]),
+                options.prompt_ids,
+                options.stop_sequences,
+                skip_special_tokens=options.skip_special_tokens,
+                include_stop_str=options.include_stop_str_in_output,
             )
             state = self.requests[request_id] = _RequestText(decoder)
         return state
@@ -106,16 +102,13 @@ class DetokenizationManager:
         state = self._state(request_id, slot)
         if state.finished:
             return
-        rec = self.shm.records[slot]
-        output_len = int(rec["output_len"])  # read the publish point before the data
-        status = int(rec["finish_status"])
-        ids = rec["output_ids"][state.seen : output_len].tolist()
-        logprobs = rec["output_logprobs"][state.seen : output_len].tolist()
-        tops = self.shm.top_logprobs(slot, state.seen, output_len)
-        state.seen = output_len
+        output = self.shm.read_output(slot, request_id, state.seen)
+        status = output.finish_status
+        tops = output.top_logprobs
+        state.seen = output.output_len
         events = []
         finish_reason = None
-        for index, (token_id, logprob) in enumerate(zip(ids, logprobs)):
+        for index, (token_id, logprob) in enumerate(zip(output.token_ids, output.logprobs)):
             top = None if tops is None else tops[index]
             events.append(TokenEvent(token_id, state.decoder.add(token_id), logprob, top))
             if state.decoder.stopped:
@@ -133,10 +126,10 @@ class DetokenizationManager:
             prompt_logprobs = None
             if not state.prompt_logprobs_sent:
                 # Complete once the first token is out: every prefill chunk ran before it.
-                prompt_logprobs = self.shm.prompt_logprobs(slot)
+                prompt_logprobs = self.shm.prompt_logprobs(slot, request_id)
                 state.prompt_logprobs_sent = True
             self.to_http.send_pyobj(
-                DetokenizedOutput(request_id, events, finish_reason, int(rec["prompt_cache_len"]), prompt_logprobs)
+                DetokenizedOutput(request_id, events, finish_reason, output.prompt_cache_len, prompt_logprobs)
             )
 
     def serve_forever(self) -> None:

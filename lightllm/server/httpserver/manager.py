@@ -17,12 +17,14 @@ import zmq.asyncio
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.core.objs.shm_stats import ShmStats
-from lightllm.server.httpserver.errors import ServerUnavailableError
+from lightllm.server.core.objs.shm_req_buffer import check_internal_priority, check_request_id
+from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
 from lightllm.server.httpserver.metrics import ServerMetrics
-from lightllm.server.httpserver.pending_request import GenerationEvent, PendingRequest
+from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.slot_pool import SlotPool
+from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
+from lightllm.server.request_manager import GenerationEvent
+from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.process_utils import zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
@@ -36,23 +38,22 @@ class HttpServerConfig:
     model_dir: str
     model_name: str
     tokenizer_mode: str
-    router_address: str
-    http_address: str
-    shm_req_name: str
-    shm_stats_name: str
-    slot_num: int
-    max_req_total_len: int
+    layout: ServerLayout
     vocab_size: int
     eos_token_ids: List[int]
     prefill_queue_strategy: str
+    # --slot_wait_seconds: how long a request waits for a free slot before it is refused busy.
+    slot_wait_seconds: float
     max_new_tokens_default: Optional[int] = None
     # --model_name values; empty: the directory name and the --model_dir path.
     served_model_names: List[str] = field(default_factory=list)
-    slot_wait_seconds: float = 600.0
 
 
 class HttpServerManager:
-    """Accepts requests from the API layer and streams their tokens back."""
+    """Accepts requests from the API layer and streams their tokens back.
+
+    Implements :class:`~lightllm.server.request_manager.SupervisedRequestManager`.
+    """
 
     def __init__(self, config: HttpServerConfig):
         self.config = config
@@ -64,15 +65,20 @@ class HttpServerManager:
             self.served_model_names = list(dict.fromkeys([config.model_name, *config.served_model_names]))
         else:
             self.served_model_names = list(dict.fromkeys([config.model_name, config.model_dir, model_path]))
-        self.max_req_total_len = config.max_req_total_len
+        layout = config.layout
+        self.max_req_total_len = layout.max_req_total_len
         self.vocab_size = config.vocab_size
         self.eos_token_ids = list(config.eos_token_ids)
         self.tokenizer = load_tokenizer(config.model_dir, config.tokenizer_mode)
-        self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
-        self.stats = ShmStats(config.shm_stats_name, create=False)
-        self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, config.max_req_total_len)
-        self._slots = SlotPool(config.slot_num, config.slot_wait_seconds)
+        self.shm = layout.open_requests()
+        self.stats = layout.open_stats()
+        self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)
+        self._slots = SlotPool(layout.slot_num, config.slot_wait_seconds)
         self._pending: Dict[int, PendingRequest] = {}
+        # Every request id in use, from the moment generate() claims it until its slot is
+        # released (the router, ranks and detokenizer key their state by it until then); the
+        # value is the slot, None while the request still waits for one.
+        self._live: Dict[int, Optional[int]] = {}
         self._next_request_id = 1
         self._receiver: Optional[asyncio.Task] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -86,8 +92,8 @@ class HttpServerManager:
         """Open sockets and start the receiver task."""
         self.loop = asyncio.get_running_loop()
         self.zmq_ctx = zmq.asyncio.Context()
-        self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, self.config.router_address, bind=False)
-        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, self.config.http_address, bind=True)
+        self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, self.config.layout.router_address, bind=False)
+        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, self.config.layout.http_address, bind=True)
         self._slots.start()
         self._receiver = asyncio.create_task(self._receive_loop())
 
@@ -106,13 +112,31 @@ class HttpServerManager:
                     if pending is not None:
                         pending.deliver(message)
                 elif isinstance(message, SlotReleased):
-                    await self._release_slot(message.shm_index)
+                    await self._release_slot(message.request_id, message.shm_index)
             except Exception:  # one bad message must not stop every stream
                 log.exception("failed to handle %s", type(message).__name__)
 
-    async def _release_slot(self, slot: int) -> None:
-        self.shm.release(slot)
-        await self._slots.put(slot)
+    async def _release_slot(self, request_id: int, slot: int) -> None:
+        if self._live.get(request_id) == slot:
+            del self._live[request_id]
+        # Only the request that holds the slot frees it: a duplicate or late release must never
+        # hand a slot in use to a new request.
+        if self.shm.release(slot, request_id):
+            await self._slots.put(slot)
+
+    def _claim_request_id(self, request_id: Optional[int]) -> int:
+        """Reserve ``request_id`` (or, when None, the next free id of this manager's own)."""
+        if request_id is None:
+            request_id = self._next_request_id
+            while request_id in self._live:
+                request_id += 1
+            self._next_request_id = request_id + 1
+        else:
+            check_request_id(request_id)
+            if request_id in self._live:
+                raise DuplicateRequestIdError(request_id)
+        self._live[request_id] = None
+        return request_id
 
     # --- shutdown and failure (called on the event loop by the supervisor) ----------------------
     def refuse_new_requests(self, message: str, code: str) -> None:
@@ -203,8 +227,18 @@ class HttpServerManager:
         *,
         high_priority: bool = False,
         request: Any = None,
+        request_id: Optional[int] = None,
+        infer_high_priority: int = 0,
+        segment_index: int = 0,
     ) -> AsyncIterator[GenerationEvent]:
-        """Submit a request and yield one event per generated token (the last has finish_reason)."""
+        """Submit a request and yield one event per generated token (the last has finish_reason).
+
+        ``request_id``, ``infer_high_priority`` and ``segment_index`` are internal: only server
+        code that owns the request passes them (a PD master assigns the id and marks continuation
+        segments); the HTTP handlers never do, so no public API field can reach them.  The id
+        (given, or this manager's next free one) is used unchanged by every process and in
+        every event; a given id that is still in use raises ``DuplicateRequestIdError``.
+        """
         params.validate(self.vocab_size)
         if not prompt_ids:
             raise ValueError("prompt must contain at least one token")
@@ -216,20 +250,31 @@ class HttpServerManager:
             )
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        check_internal_priority(infer_high_priority, segment_index)
         if self._refusal is not None:
             raise self._refusal
+        request_id = self._claim_request_id(request_id)
         self._active_generations += 1
         try:
-            slot = await self._slots.take()
-            request_id = self._next_request_id
-            self._next_request_id += 1
+            try:
+                slot = await self._slots.take()
+            except BaseException:
+                del self._live[request_id]
+                raise
+            self._live[request_id] = slot
             pending = PendingRequest(len(prompt_ids))
             self._pending[request_id] = pending
             try:
-                self.shm.write_request(slot, request_id, prompt_ids, params, high_priority)
+                self.shm.write_request(
+                    slot, request_id, prompt_ids, params, high_priority,
+                    infer_high_priority=infer_high_priority, segment_index=segment_index,
+                )
             except Exception:
                 del self._pending[request_id]
-                await self._release_slot(slot)
+                del self._live[request_id]
+                # The record is claimed last, so a refused write leaves the slot free.
+                if self.shm.holder(slot) == NO_REQUEST:
+                    await self._slots.put(slot)
                 raise
             started = time.perf_counter()
             self.metrics.on_submit(len(prompt_ids))
@@ -252,8 +297,7 @@ class HttpServerManager:
                 self._pending.pop(request_id, None)
                 if (finish_reason in (None, "abort") or pending.failure is not None) and self._backend_alive:
                     # Client went away, the stream was closed early or the server gives up on the
-                    # request: stop the work.
-                    self.shm.records[slot]["abort_flag"] = 1
+                    # request: stop the work (over zmq only; the slot may already be released).
                     await self.to_router.send_pyobj(AbortRequest(request_id))
                 self.metrics.on_finish(
                     finish_reason or "abort",

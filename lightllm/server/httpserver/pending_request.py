@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, List, Optional
 
 from lightllm.server.core.objs.io_messages import DetokenizedOutput
-from lightllm.server.httpserver.errors import ServerUnavailableError
 from lightllm.server.httpserver.metrics import ServerMetrics
+from lightllm.server.manager_errors import ServerUnavailableError
+from lightllm.server.request_manager import GenerationEvent
 
 # How often a running request asks whether its client is still connected, whether or not
 # tokens are flowing: a client that walked away is noticed within this time.
@@ -17,24 +17,6 @@ DISCONNECT_CHECK_SECONDS = 0.5
 
 # Put in a request's queue to wake it when the server fails every pending request.
 _FAILED = object()
-
-
-@dataclass
-class GenerationEvent:
-    """One generated token as the API layer sees it."""
-
-    request_id: int
-    token_id: int
-    text: str
-    logprob: float
-    finish_reason: Optional[str]
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    top_logprobs: Optional[Dict[int, float]] = None
-    # On a request's first event only, when prompt logprobs were asked for: ``(token_id,
-    # logprob, {token_id: logprob})`` of prompt positions 1.. (position 0 has none).
-    prompt_logprobs: Optional[List[Any]] = None
 
 
 def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import List, Optional
 
-from lightllm.server.httpserver.errors import ServerBusyError, ServerUnavailableError
+from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 
 
 class SlotPool:

@@ -16,9 +16,9 @@ from lightllm.server.core.objs.io_messages import (
     RequestsReleased,
     StepOutput,
 )
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
+from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
 
@@ -29,14 +29,7 @@ log = logging.getLogger("lightllm.router")
 class RouterConfig:
     """Everything the router process needs (picklable for spawn)."""
 
-    router_address: str
-    model_rank0_address: str
-    detokenization_address: str
-    shm_req_name: str
-    shm_stats_name: str
-    slot_num: int
-    max_req_total_len: int
-    max_total_token_num: int
+    layout: ServerLayout
     running_max_req_size: int
     router_token_ratio: float
     router_max_wait_tokens: int
@@ -52,13 +45,14 @@ class RouterManager:
     def __init__(self, config: RouterConfig):
         self.config = config
         self.zmq_ctx = zmq.Context()
-        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, config.router_address, bind=True)
-        self.to_model = zmq_socket(self.zmq_ctx, zmq.PUSH, config.model_rank0_address, bind=False)
-        self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, config.detokenization_address, bind=False)
-        self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
-        self.stats = ShmStats(config.shm_stats_name, create=False)
+        layout = config.layout
+        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, layout.router_address, bind=True)
+        self.to_model = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.model_rank0_address, bind=False)
+        self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
+        self.shm = layout.open_requests()
+        self.stats = layout.open_stats()
         self.queue = NormalReqQueue(
-            int(config.max_total_token_num * config.router_token_ratio),
+            int(layout.max_total_token_num * config.router_token_ratio),
             config.running_max_req_size,
             max_wait_tokens=config.prefill_max_wait_tokens,
         )
@@ -67,16 +61,7 @@ class RouterManager:
     def handle(self, message: Any) -> None:
         """Apply one inbound message."""
         if isinstance(message, NewRequest):
-            rec = self.shm.records[message.shm_index]
-            self.queue.append(
-                RouterReq(
-                    request_id=message.request_id,
-                    shm_index=message.shm_index,
-                    input_len=int(rec["prompt_len"]),
-                    max_new_tokens=int(rec["max_new_tokens"]),
-                    high_priority_request=bool(rec["high_priority_request"]),
-                )
-            )
+            self._queue_new(message)
         elif isinstance(message, AbortRequest):
             waiting = self.queue.remove_waiting(message.request_id)
             if waiting is not None:
@@ -89,6 +74,29 @@ class RouterManager:
                 self.queue.release(request_id)
         else:
             log.warning("router ignores unknown message %r", type(message).__name__)
+
+    def _queue_new(self, message: NewRequest) -> None:
+        try:
+            fields = self.shm.admission_fields(message.shm_index, message.request_id)
+        except StaleRecordError:
+            # The HTTP side writes the record before it sends the message and frees the slot only
+            # after this request is reported released, so this is a protocol bug.  The request is
+            # reported released (its client gets "abort"); the slot's real holder is untouched,
+            # since the HTTP side frees a slot only for the request that holds it.
+            log.exception("dropping new request %d", message.request_id)
+            self.to_detokenization.send_pyobj(StepOutput(released=[(message.request_id, message.shm_index)]))
+            return
+        self.queue.append(
+            RouterReq(
+                request_id=message.request_id,
+                shm_index=message.shm_index,
+                input_len=fields.prompt_len,
+                max_new_tokens=fields.max_new_tokens,
+                high_priority_request=fields.high_priority_request,
+                infer_high_priority=fields.infer_high_priority,
+                segment_index=fields.segment_index,
+            )
+        )
 
     def admission_due(self) -> bool:
         """Admit again once the backend ran ``router_max_wait_tokens`` steps (or sits idle)."""

@@ -7,6 +7,9 @@ FINISH_ABORT = 3  # client went away, stop string hit, or aborted before admissi
 # The model rank could not process this request (bad parameters read back, or its part of a
 # batch failed); the rank carries on with the others and the client receives an error.
 FINISH_ERROR = 4
+# A PD prefill node's request ends here once the decode node acknowledged its KV; the request
+# goes on there (never reported to a client of this node as a finish reason of its own).
+FINISH_HANDED_OFF = 5
 
 FINISH_REASON_NAMES = {
     FINISH_NONE: None,
@@ -14,4 +17,5 @@ FINISH_REASON_NAMES = {
     FINISH_LENGTH: "length",
     FINISH_ABORT: "abort",
     FINISH_ERROR: "error",
+    FINISH_HANDED_OFF: "handed_off",
 }

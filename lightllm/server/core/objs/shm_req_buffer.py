@@ -1,104 +1,105 @@
-"""Fixed-layout request records in shared memory.
+"""Fixed-layout request records in shared memory: the only code that reads or writes them.
 
 Every process maps the same segment: a numpy structured array with one record per request
-slot.  Only slot indexes and request ids travel over zmq; everything else is read here.
+slot (layout in :mod:`.shm_req_layout`).  Only slot indexes and request ids travel over zmq;
+everything else is read here, through typed methods.
+
+Every method takes the slot *and* the ``request_id`` its caller expects there, and checks it
+against the record first, so a process holding a stale ``(request_id, slot)`` pair (the request
+ended and the slot was reused) can never read or write someone else's request:
+
+* readers raise :class:`StaleRecordError` (a clear, per-request error the caller turns into that
+  request's failure);
+* writers do nothing, log a warning and return False;
+* :meth:`ShmReqBuffer.release` of a slot the request does not hold does nothing and returns
+  False, so a duplicate release can never put a slot in use back into the free pool.
 
 Who writes which field, and in what order
 ----------------------------------------
-* HTTP process (the only one that allocates and releases slots): fills every input field
-  (``request_id``, prompt, sampling fields, ``high_priority_request``), then sets
-  ``state = ACTIVE``, then sends the slot index to the router.  It sets ``abort_flag = 1`` when
-  the client goes away.  It sets ``state = FREE`` only after it received the final message for
-  the request (so no other process still reads the slot).
-* Model rank 0: writes ``output_ids[i]``, ``output_logprobs[i]`` and, for a request that asked
-  for alternatives (``logprobs`` > 0), the top row of the token's sequence position
+* HTTP process (the only one that allocates and releases slots), :meth:`~ShmReqBuffer.write_request`:
+  on a free slot (``request_id == NO_REQUEST``) fills every input field (prompt, sampling fields,
+  ``high_priority_request`` and the internal ``infer_high_priority`` and ``segment_index``, which
+  only the manager's internal generate arguments set, never a public API field), and writes
+  ``request_id`` last: from then on the slot belongs to that request.  Then it sends the slot
+  index to the router.  :meth:`~ShmReqBuffer.release` sets ``request_id = NO_REQUEST`` only
+  after the detokenization process reported that nobody reads the slot any more, and only if
+  the slot still holds that request.  Aborts travel over zmq, never through the record.
+* Router, :meth:`~ShmReqBuffer.admission_fields`: reads the input fields it admits by; writes
+  nothing here.
+* Model rank 0: :meth:`~ShmReqBuffer.read_request` at admission (every rank reads the same
+  record); :meth:`~ShmReqBuffer.set_prompt_cache_len` once after the prefix-cache lookup;
+  :meth:`~ShmReqBuffer.publish_token` writes ``output_ids[i]``, ``output_logprobs[i]`` and, for
+  a request that asked for alternatives (``logprobs`` > 0), the top row of sequence position
   ``prompt_len + i`` first and then bumps ``output_len`` to ``i + 1`` (readers trust
   ``output_len`` as the publish point; unused entries of a top row hold id ``-1``).  For a
-  request with ``prompt_logprobs`` >= 0 it writes, during prefill, ``prompt_token_logprobs[p]``
-  and the top row of position ``p`` for prompt positions ``p`` and then raises
-  ``prompt_logprob_end`` past them (all before the first ``output_len`` bump); writes
-  ``prompt_cache_len`` once after the prefix-cache lookup, ``cur_kv_len`` every step, and
-  ``finish_status`` after the last ``output_len`` bump.
-* Detokenization: reads ``output_len`` (or ``prompt_logprob_end``) first, then the ids,
-  logprobs and top alternatives below it.  Writes
-  ``stop_string_hit`` when a stop sequence matched (before it asks the router to abort).
-* Router: reads input fields and ``output_len``; writes nothing here.
+  request with ``prompt_logprobs`` >= 0, :meth:`~ShmReqBuffer.publish_prompt_logprobs` writes,
+  during prefill, ``prompt_token_logprobs[p]`` and the top row of position ``p`` and then raises
+  ``prompt_logprob_end`` past them (all before the first ``output_len`` bump).
+  :meth:`~ShmReqBuffer.set_finish_status` writes ``finish_status`` after the last ``output_len``
+  bump.
+* Detokenization: :meth:`~ShmReqBuffer.decode_options` once per request, then
+  :meth:`~ShmReqBuffer.read_output` per update, which reads ``finish_status`` first, then
+  ``output_len``, then the ids, logprobs and top alternatives below it (finish first: a set
+  status then guarantees the ``output_len`` read after it is final), and
+  :meth:`~ShmReqBuffer.prompt_logprobs` (``prompt_logprob_end`` before the data).  It writes
+  nothing here; a stop string ends the request through an abort to the router.
+
+A slot is never released while an owner still reads or writes it (the release follows the
+detokenizer's last read, which follows rank 0's last write), so one check before each access
+is enough; the check turns a protocol bug or a late message into a clear error instead of a
+silent mix-up.
 """
 
 from __future__ import annotations
 
 import json
-from typing import List, Sequence, Tuple
+import logging
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
-from lightllm.common.sampling import (
-    MAX_STOP_TOKEN_IDS,
-    MAX_TOP_LOGPROBS,
-    STOP_SEQUENCES_BYTES,
-    STORED_DTYPES,
-    SamplingParams,
-)
+from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_NONE
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
-
-STATE_FREE = 0
-STATE_ACTIVE = 1
-
-# Sampling fields stored under their SamplingParams name, in their stored width, as they are.
-_COPIED_FIELDS = (
-    "max_new_tokens",
-    "min_new_tokens",
-    "top_k",
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
+from lightllm.server.core.objs.shm_req_layout import (
+    COPIED_FIELDS,
+    FLAG_FIELDS,
+    MAX_REQUEST_ID,
+    NO_REQUEST,
+    OPTIONAL_FIELDS,
+    record_dtype,
 )
-# Boolean sampling fields, stored as 0 or 1.
-_FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty")
-# Optional integer sampling fields, stored as -1 when unset.
-_OPTIONAL_FIELDS = ("logprobs", "prompt_logprobs")
+from lightllm.server.core.objs.shm_req_views import (
+    AdmissionFields,
+    DecodeOptions,
+    OutputSnapshot,
+    RequestInput,
+    SlotOccupiedError,
+    StaleRecordError,
+    TopRow,
+)
+
+log = logging.getLogger("lightllm.shm_req_buffer")
+
+_INT32 = np.iinfo(np.int32)
 
 
-def record_dtype(max_req_total_len: int) -> np.dtype:
-    """Layout of one request record for a given per-request token limit."""
-    return np.dtype(
-        [
-            ("request_id", np.int64),
-            ("state", np.int32),
-            ("prompt_len", np.int32),
-            ("output_len", np.int32),
-            ("cur_kv_len", np.int32),
-            ("prompt_cache_len", np.int32),
-            ("finish_status", np.int32),
-            ("abort_flag", np.int32),
-            ("stop_string_hit", np.int32),
-            ("high_priority_request", np.int32),
-            *[(name, STORED_DTYPES[name]) for name in _COPIED_FIELDS],
-            *[(name, np.int32) for name in _FLAG_FIELDS],
-            *[(name, STORED_DTYPES[name]) for name in _OPTIONAL_FIELDS],
-            ("do_sample", np.int32),  # -1 unset, 0 false, 1 true
-            ("prompt_logprob_end", np.int32),
-            ("has_seed", np.int32),
-            ("stop_token_num", np.int32),
-            ("seed", STORED_DTYPES["seed"]),
-            ("stop_token_ids", STORED_DTYPES["stop_token_ids"], (MAX_STOP_TOKEN_IDS,)),
-            ("stop_sequences_json", f"S{STOP_SEQUENCES_BYTES}"),
-            ("grammar", f"S{GRAMMAR_BYTES}"),  # empty: no structured output
-            ("prompt_ids", np.int32, (max_req_total_len,)),
-            ("output_ids", np.int32, (max_req_total_len,)),
-            ("output_logprobs", np.float32, (max_req_total_len,)),
-            ("prompt_token_logprobs", np.float32, (max_req_total_len,)),  # by prompt position
-            # Most likely alternatives of the token at each position of prompt + output.
-            ("token_top_ids", np.int32, (max_req_total_len, MAX_TOP_LOGPROBS)),
-            ("token_top_logprobs", np.float32, (max_req_total_len, MAX_TOP_LOGPROBS)),
-        ],
-        align=True,
-    )
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_request_id(request_id: object) -> None:
+    """Raise ``ValueError`` unless ``request_id`` is an id a record can hold."""
+    if not _is_int(request_id) or not 0 <= request_id <= MAX_REQUEST_ID:
+        raise ValueError(f"request_id must be an int in [0, {MAX_REQUEST_ID}], got {request_id!r}")
+
+
+def check_internal_priority(infer_high_priority: object, segment_index: object) -> None:
+    """Raise ``ValueError`` unless both internal fields fit their record fields."""
+    if not _is_int(infer_high_priority) or not _INT32.min <= infer_high_priority <= _INT32.max:
+        raise ValueError(f"infer_high_priority must be a 32-bit int, got {infer_high_priority!r}")
+    if not _is_int(segment_index) or not 0 <= segment_index <= _INT32.max:
+        raise ValueError(f"segment_index must be an int in [0, {_INT32.max}], got {segment_index!r}")
 
 
 class ShmReqBuffer(SharedArraySegment):
@@ -109,42 +110,69 @@ class ShmReqBuffer(SharedArraySegment):
         self.max_req_total_len = max_req_total_len
         self.dtype = record_dtype(max_req_total_len)
         super().__init__(name, self.dtype, slot_num, create)
-        self.records = self.array
         if create:
-            self.records["state"] = STATE_FREE
+            self.array["request_id"] = NO_REQUEST
+
+    # --- ownership checks ------------------------------------------------------------------
+    def holder(self, slot: int) -> int:
+        """The request id ``slot`` holds, or :data:`NO_REQUEST` when it is free."""
+        return int(self.array[slot]["request_id"])
+
+    def _read(self, slot: int, request_id: int) -> np.void:
+        rec = self.array[slot]
+        found = int(rec["request_id"])
+        if found != request_id or request_id == NO_REQUEST:
+            raise StaleRecordError(slot, request_id, found)
+        return rec
+
+    def _write(self, slot: int, request_id: int, what: str) -> Optional[np.void]:
+        rec = self.array[slot]
+        found = int(rec["request_id"])
+        if found != request_id or request_id == NO_REQUEST:
+            log.warning("ignored a stale write of %s to slot %d for request %d (the slot holds %d)",
+                        what, slot, request_id, found)
+            return None
+        return rec
 
     # --- HTTP side -------------------------------------------------------------------------
     def write_request(
         self,
         slot: int,
         request_id: int,
-        prompt_ids: List[int],
+        prompt_ids: Sequence[int],
         params: SamplingParams,
-        high_priority_request: bool,
+        high_priority_request: bool = False,
+        *,
+        infer_high_priority: int = 0,
+        segment_index: int = 0,
     ) -> None:
-        """Fill a free slot with a new request and publish it (``state`` last)."""
-        rec = self.records[slot]
-        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
+        """Claim the free ``slot`` for a new request: every field first, ``request_id`` last.
+
+        Raises ``ValueError`` (nothing written) for values the record cannot hold and
+        :class:`SlotOccupiedError` when the slot still holds a request.
+        """
+        self._check_new_request(request_id, prompt_ids, params, infer_high_priority, segment_index)
+        encoded_stops = json.dumps(list(params.stop_sequences)).encode()
+        if len(encoded_stops) > STOP_SEQUENCES_BYTES:
             raise ValueError(
-                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_req_total_len ({self.max_req_total_len})"
+                f"stop sequences take {len(encoded_stops)} bytes encoded; at most {STOP_SEQUENCES_BYTES} are supported"
             )
-        if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are supported")
-        rec["request_id"] = request_id
+        rec = self.array[slot]
+        if int(rec["request_id"]) != NO_REQUEST:
+            raise SlotOccupiedError(f"slot {slot} still holds request {int(rec['request_id'])}")
         rec["prompt_len"] = len(prompt_ids)
         rec["prompt_ids"][: len(prompt_ids)] = prompt_ids
         rec["output_len"] = 0
-        rec["cur_kv_len"] = 0
         rec["prompt_cache_len"] = 0
         rec["finish_status"] = FINISH_NONE
-        rec["abort_flag"] = 0
-        rec["stop_string_hit"] = 0
         rec["high_priority_request"] = int(high_priority_request)
-        for name in _COPIED_FIELDS:
+        rec["infer_high_priority"] = infer_high_priority
+        rec["segment_index"] = segment_index
+        for name in COPIED_FIELDS:
             rec[name] = getattr(params, name)
-        for name in _FLAG_FIELDS:
+        for name in FLAG_FIELDS:
             rec[name] = int(getattr(params, name))
-        for name in _OPTIONAL_FIELDS:
+        for name in OPTIONAL_FIELDS:
             value = getattr(params, name)
             rec[name] = -1 if value is None else value
         rec["do_sample"] = -1 if params.do_sample is None else int(params.do_sample)
@@ -153,61 +181,121 @@ class ShmReqBuffer(SharedArraySegment):
         rec["seed"] = params.seed or 0
         rec["stop_token_num"] = len(params.stop_token_ids)
         rec["stop_token_ids"][: len(params.stop_token_ids)] = params.stop_token_ids
-        encoded = json.dumps(list(params.stop_sequences)).encode()
-        if len(encoded) > STOP_SEQUENCES_BYTES:
-            raise ValueError(f"stop sequences take {len(encoded)} bytes encoded; at most {STOP_SEQUENCES_BYTES} are supported")
-        rec["stop_sequences_json"] = encoded
+        rec["stop_sequences_json"] = encoded_stops
         rec["grammar"] = (params.grammar or "").encode()
-        rec["state"] = STATE_ACTIVE
+        rec["request_id"] = request_id
 
-    def release(self, slot: int) -> None:
-        """Mark a slot free (HTTP process only, after the request's final message)."""
-        self.records[slot]["state"] = STATE_FREE
+    def _check_new_request(
+        self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams, infer_high_priority: int,
+        segment_index: int,
+    ) -> None:
+        check_request_id(request_id)
+        check_internal_priority(infer_high_priority, segment_index)
+        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_req_total_len ({self.max_req_total_len})"
+            )
+        if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are supported")
 
-    # --- readers ---------------------------------------------------------------------------
-    def prompt_ids(self, slot: int) -> List[int]:
-        """Prompt token ids of ``slot``."""
-        rec = self.records[slot]
-        return rec["prompt_ids"][: int(rec["prompt_len"])].tolist()
+    def release(self, slot: int, request_id: int) -> bool:
+        """Free ``slot`` if it holds ``request_id`` (HTTP process only, after the request's last
+        reader is done); False, and nothing changed, when it does not."""
+        if self._write(slot, request_id, "the release") is None:
+            return False
+        self.array[slot]["request_id"] = NO_REQUEST
+        return True
 
-    def stop_sequences(self, slot: int) -> List[str]:
-        """Stop strings of ``slot`` (applied by the detokenizer)."""
-        raw = bytes(self.records[slot]["stop_sequences_json"])
-        return json.loads(raw.decode()) if raw else []
+    # --- router ----------------------------------------------------------------------------
+    def admission_fields(self, slot: int, request_id: int) -> AdmissionFields:
+        """The fields the router admits ``request_id`` by."""
+        rec = self._read(slot, request_id)
+        return AdmissionFields(
+            prompt_len=int(rec["prompt_len"]),
+            max_new_tokens=int(rec["max_new_tokens"]),
+            high_priority_request=bool(rec["high_priority_request"]),
+            infer_high_priority=int(rec["infer_high_priority"]),
+            segment_index=int(rec["segment_index"]),
+        )
 
-    def sampling_params(self, slot: int) -> SamplingParams:
-        """Rebuild the request's sampling parameters (validated when the HTTP side wrote them)."""
-        rec = self.records[slot]
-        fields = {name: rec[name].item() for name in _COPIED_FIELDS}  # numpy scalar -> int/float
-        fields.update({name: bool(rec[name]) for name in _FLAG_FIELDS})
-        for name in _OPTIONAL_FIELDS:
+    # --- model ranks -----------------------------------------------------------------------
+    def read_request(self, slot: int, request_id: int) -> RequestInput:
+        """Prompt, sampling parameters (validated again by their constructor) and priorities."""
+        rec = self._read(slot, request_id)
+        fields = {name: rec[name].item() for name in COPIED_FIELDS}  # numpy scalar -> int/float
+        fields.update({name: bool(rec[name]) for name in FLAG_FIELDS})
+        for name in OPTIONAL_FIELDS:
             value = int(rec[name])
             fields[name] = None if value < 0 else value
         do_sample = int(rec["do_sample"])
-        return SamplingParams(
+        params = SamplingParams(
             **fields,
             do_sample=None if do_sample < 0 else bool(do_sample),
             grammar=bytes(rec["grammar"]).decode() or None,
             seed=int(rec["seed"]) if rec["has_seed"] else None,
+            # Stop strings are the detokenizer's (decode_options), not the rank's.
             stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
         )
+        return RequestInput(
+            prompt_ids=rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
+            params=params,
+            high_priority_request=bool(rec["high_priority_request"]),
+            infer_high_priority=int(rec["infer_high_priority"]),
+            segment_index=int(rec["segment_index"]),
+        )
 
-    # --- model rank 0 ----------------------------------------------------------------------
+    def set_prompt_cache_len(self, slot: int, request_id: int, prompt_cache_len: int) -> bool:
+        """Record how many prompt tokens came from the prefix cache (rank 0, once)."""
+        rec = self._write(slot, request_id, "prompt_cache_len")
+        if rec is None:
+            return False
+        rec["prompt_cache_len"] = prompt_cache_len
+        return True
+
     def publish_token(
-        self, slot: int, token_id: int, logprob: float, top: Sequence[Tuple[int, float]] | None = None
-    ) -> None:
+        self, slot: int, request_id: int, token_id: int, logprob: float, top: Sequence[Tuple[int, float]] | None = None
+    ) -> bool:
         """Append one output token: data first, then the ``output_len`` publish point.
 
         ``top`` holds ``(token_id, logprob)`` alternatives, most likely first (at most
         :data:`MAX_TOP_LOGPROBS`); the rest of the row is marked unused with id ``-1``.
         """
-        rec = self.records[slot]
+        rec = self._write(slot, request_id, "a token")
+        if rec is None:
+            return False
         index = int(rec["output_len"])
         rec["output_ids"][index] = token_id
         rec["output_logprobs"][index] = logprob
         if top:
             self._write_top(rec, int(rec["prompt_len"]) + index, top)
         rec["output_len"] = index + 1
+        return True
+
+    def publish_prompt_logprobs(
+        self, slot: int, request_id: int, entries: Sequence[Tuple[int, float, Sequence[Tuple[int, float]]]]
+    ) -> bool:
+        """Write ``(position, logprob, top)`` of prompt tokens, then raise ``prompt_logprob_end``.
+
+        Entries come in increasing position order, continuing where the last call stopped.
+        """
+        if not entries:
+            return True
+        rec = self._write(slot, request_id, "prompt logprobs")
+        if rec is None:
+            return False
+        for position, logprob, top in entries:
+            rec["prompt_token_logprobs"][position] = logprob
+            self._write_top(rec, position, top)
+        rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
+        return True
+
+    def set_finish_status(self, slot: int, request_id: int, status: int) -> bool:
+        """Record how the request ended (rank 0, after its last token)."""
+        rec = self._write(slot, request_id, "finish_status")
+        if rec is None:
+            return False
+        rec["finish_status"] = status
+        return True
 
     @staticmethod
     def _write_top(rec: np.void, position: int, top: Sequence[Tuple[int, float]]) -> None:
@@ -217,43 +305,39 @@ class ShmReqBuffer(SharedArraySegment):
         ids[count:] = -1
         rec["token_top_logprobs"][position][:count] = [pair[1] for pair in top[:count]]
 
-    def publish_prompt_logprobs(
-        self, slot: int, entries: Sequence[Tuple[int, float, Sequence[Tuple[int, float]]]]
-    ) -> None:
-        """Write ``(position, logprob, top)`` of prompt tokens, then raise ``prompt_logprob_end``.
+    # --- detokenization --------------------------------------------------------------------
+    def decode_options(self, slot: int, request_id: int) -> DecodeOptions:
+        """Prompt ids, stop strings and text options of the request."""
+        rec = self._read(slot, request_id)
+        return DecodeOptions(
+            prompt_ids=rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
+            stop_sequences=self._stop_sequences(rec),
+            skip_special_tokens=bool(rec["skip_special_tokens"]),
+            include_stop_str_in_output=bool(rec["include_stop_str_in_output"]),
+        )
 
-        Entries come in increasing position order, continuing where the last call stopped.
-        """
-        if not entries:
-            return
-        rec = self.records[slot]
-        for position, logprob, top in entries:
-            rec["prompt_token_logprobs"][position] = logprob
-            self._write_top(rec, position, top)
-        rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
+    def read_output(self, slot: int, request_id: int, start: int) -> OutputSnapshot:
+        """Output tokens ``start..output_len-1`` as published now, with the finish status."""
+        rec = self._read(slot, request_id)
+        status = int(rec["finish_status"])  # before the publish point: see the module docstring
+        end = int(rec["output_len"])
+        tops = None
+        if int(rec["logprobs"]) > 0:
+            offset = int(rec["prompt_len"])
+            tops = self._read_top(rec, offset + start, offset + end)
+        return OutputSnapshot(
+            output_len=end,
+            token_ids=rec["output_ids"][start:end].tolist(),
+            logprobs=rec["output_logprobs"][start:end].tolist(),
+            top_logprobs=tops,
+            finish_status=status,
+            prompt_cache_len=int(rec["prompt_cache_len"]),
+        )
 
-    def top_logprobs(self, slot: int, start: int, end: int) -> List[List[Tuple[int, float]]] | None:
-        """The published alternatives of output tokens ``start..end-1``, or None when the request
-        asked for none."""
-        rec = self.records[slot]
-        if int(rec["logprobs"]) <= 0:
-            return None
-        offset = int(rec["prompt_len"])
-        return self._read_top(rec, offset + start, offset + end)
-
-    @staticmethod
-    def _read_top(rec: np.void, start: int, end: int) -> List[List[Tuple[int, float]]]:
-        ids = rec["token_top_ids"][start:end].tolist()
-        values = rec["token_top_logprobs"][start:end].tolist()
-        return [
-            [(token_id, value) for token_id, value in zip(row_ids, row_values) if token_id >= 0]
-            for row_ids, row_values in zip(ids, values)
-        ]
-
-    def prompt_logprobs(self, slot: int) -> List[Tuple[int, float, List[Tuple[int, float]]]] | None:
+    def prompt_logprobs(self, slot: int, request_id: int) -> List[Tuple[int, float, TopRow]] | None:
         """``(token_id, logprob, top)`` of prompt positions ``1..`` published so far, or None
         when the request did not ask for prompt logprobs."""
-        rec = self.records[slot]
+        rec = self._read(slot, request_id)
         count = int(rec["prompt_logprobs"])
         if count < 0:
             return None
@@ -265,7 +349,16 @@ class ShmReqBuffer(SharedArraySegment):
         tops = self._read_top(rec, 1, end) if count > 0 else [[] for _ in ids]
         return list(zip(ids, values, tops))
 
-    def close(self) -> None:
-        """Unmap the segment."""
-        self.records = None
-        super().close()
+    @staticmethod
+    def _read_top(rec: np.void, start: int, end: int) -> List[TopRow]:
+        ids = rec["token_top_ids"][start:end].tolist()
+        values = rec["token_top_logprobs"][start:end].tolist()
+        return [
+            [(token_id, value) for token_id, value in zip(row_ids, row_values) if token_id >= 0]
+            for row_ids, row_values in zip(ids, values)
+        ]
+
+    @staticmethod
+    def _stop_sequences(rec: np.void) -> List[str]:
+        raw = bytes(rec["stop_sequences_json"])
+        return json.loads(raw.decode()) if raw else []

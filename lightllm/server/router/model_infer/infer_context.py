@@ -1,8 +1,8 @@
-"""Per-rank inference state: live requests, their request rows, KV slots and the prefix cache."""
+"""Per-rank KV state: request rows, KV slots and the prefix cache (the server's KV view)."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -14,19 +14,20 @@ from lightllm.server.router.model_infer.infer_req import InferReq
 
 
 class InferenceContext:
-    """Owns the lifecycle of requests on one rank.
+    """The token-slot KV cache as a :class:`~.mode_backend.kv_view.KvView`.
 
-    Slot ownership: a request owns the slots of positions ``[matched_len, cur_kv_len)`` of its
+    Slot ownership: a request owns the slots of positions ``[matched_len, kv_slot_len)`` of its
     row; positions below ``matched_len`` belong to the prefix cache and are protected by the
-    request's hold on ``match_node``.  On release the computed tokens go into the prefix cache
-    (which keeps the slots) or, with the cache disabled, straight back to the allocator.
+    request's hold on ``match_node``.  When a request gives its KV back (release or pause) the
+    computed positions ``[0, cur_kv_len)`` go into the prefix cache (which keeps the slots) or,
+    with the cache disabled, straight back to the allocator; reserved but uncomputed positions
+    ``[cur_kv_len, kv_slot_len)`` always go back to the allocator.
     """
 
     def __init__(self, kv_cache: KVCacheMemoryManager, req_manager: ReqManager, use_prefix_cache: bool = True):
         self.kv_cache = kv_cache
         self.req_manager = req_manager
         self.radix_cache: Optional[RadixCache] = RadixCache(kv_cache.free) if use_prefix_cache else None
-        self.requests: Dict[int, InferReq] = {}
         self._match: Dict[int, tuple[Optional[RadixNode], int]] = {}
 
     # --- capacity -------------------------------------------------------------------------
@@ -42,16 +43,56 @@ class InferenceContext:
             self.radix_cache.evict(short)
         return self.kv_cache.alloc(num)
 
-    # --- lifecycle ------------------------------------------------------------------------
-    def add(self, req: InferReq) -> None:
-        """Register a request, give it a row and attach its cached prefix."""
-        if req.request_id in self.requests:
-            raise ValueError(f"request {req.request_id} is already running")
+    # --- the KV view ----------------------------------------------------------------------
+    def attach(self, req: InferReq) -> None:
+        """Give a new request a row and attach its cached prefix."""
         req.req_row = self.req_manager.alloc_row()
-        self.requests[req.request_id] = req
         self._attach_prefix(req)
         req.prompt_cache_len = req.cur_kv_len
 
+    def reserve(self, req: InferReq, num: int) -> None:
+        """Slots for positions ``[kv_slot_len, kv_slot_len + num)`` of ``req``, recorded in its row."""
+        if num <= 0:
+            return
+        slots = self.alloc_slots(num)
+        self.req_manager.set_slots(req.req_row, req.kv_slot_len, slots)
+        req.kv_slot_len += num
+
+    def reserve_many(self, wants: Sequence[Tuple[InferReq, int]]) -> None:
+        """:meth:`reserve` for each ``(request, num)`` pair, with one allocation for all of them."""
+        total = sum(num for _, num in wants)
+        if total <= 0:
+            return
+        slots = self.alloc_slots(total)
+        offset = 0
+        for req, num in wants:
+            if num <= 0:
+                continue
+            self.req_manager.set_slots(req.req_row, req.kv_slot_len, slots[offset : offset + num])
+            req.kv_slot_len += num
+            offset += num
+
+    def pause(self, req: InferReq) -> None:
+        """Take a running request's KV away (KV ran out); it recomputes from the prefix cache later."""
+        self._give_back_kv(req)
+
+    def resume(self, req: InferReq) -> None:
+        """Re-attach a paused request's cached prefix; its remaining tokens become prefill work."""
+        self._attach_prefix(req)
+
+    def release(self, req: InferReq) -> None:
+        """Drop a request that left and hand its KV to the cache or allocator."""
+        self._give_back_kv(req)
+        if req.req_row >= 0:
+            self.req_manager.free_row(req.req_row)
+        req.req_row = -1
+
+    # --- slots of the current step --------------------------------------------------------
+    def slots(self, req: InferReq, start: int, end: int) -> torch.Tensor:
+        """Slots of positions ``[start, end)`` of ``req`` (reserved earlier)."""
+        return self.req_manager.slots(req.req_row, start, end)
+
+    # --- internals ------------------------------------------------------------------------
     def _attach_prefix(self, req: InferReq) -> None:
         # The last token (and any position still owed a prompt logprob) is always computed, so
         # only ``cacheable_prefix_len`` tokens may match.
@@ -63,41 +104,27 @@ class InferenceContext:
             if matched:
                 self.req_manager.set_slots(req.req_row, 0, slots.to(self.req_manager.req_to_token.device))
         req.cur_kv_len = matched
+        req.kv_slot_len = matched
         self._match[req.request_id] = (node, matched)
 
     def _give_back_kv(self, req: InferReq) -> None:
         node, matched = self._match.pop(req.request_id, (None, 0))
         computed = req.cur_kv_len
-        slots = self.req_manager.slots(req.req_row, 0, computed).cpu()
+        held = req.kv_slot_len
+        if req.req_row >= 0 and held > 0:
+            slots = self.req_manager.slots(req.req_row, 0, held).cpu()
+            if self.radix_cache is not None:
+                shared = self.radix_cache.insert(req.token_slice(0, computed), slots[:computed]) if computed else 0
+                if shared > matched:
+                    self.kv_cache.free(slots[matched:shared])
+                if held > computed:
+                    self.kv_cache.free(slots[computed:held])
+            elif held > matched:
+                self.kv_cache.free(slots[matched:held])
         if self.radix_cache is not None:
-            shared = self.radix_cache.insert(req.token_slice(0, computed), slots) if computed else 0
-            if shared > matched:
-                self.kv_cache.free(slots[matched:shared])
             self.radix_cache.dec_ref(node)
-        elif computed > matched:
-            self.kv_cache.free(slots[matched:computed])
         req.cur_kv_len = 0
-
-    def release(self, req: InferReq) -> None:
-        """Drop a finished or aborted request and hand its KV to the cache or allocator."""
-        self._give_back_kv(req)
-        self.req_manager.free_row(req.req_row)
-        req.req_row = -1
-        del self.requests[req.request_id]
-
-    def pause(self, req: InferReq) -> None:
-        """Take a running request's KV away (KV ran out); it recomputes from the prefix cache later."""
-        self._give_back_kv(req)
-        req.paused = True
-
-    def resume(self, req: InferReq) -> None:
-        """Re-attach a paused request's cached prefix; its remaining tokens become prefill work."""
-        self._attach_prefix(req)
-        req.paused = False
-
-    def record_chunk(self, req: InferReq, start: int, slots: torch.Tensor) -> None:
-        """Note that positions ``[start, start + len(slots))`` of ``req`` now live at ``slots``."""
-        self.req_manager.set_slots(req.req_row, start, slots)
+        req.kv_slot_len = 0
 
     def clear_prefix_cache(self) -> int:
         """Evict everything unreferenced from the prefix cache; returns slots freed."""

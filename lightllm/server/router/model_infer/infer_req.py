@@ -9,13 +9,22 @@ Token bookkeeping
 ``all_token_ids`` holds the prompt followed by every generated token.  ``cur_kv_len`` counts the
 leading tokens of ``all_token_ids`` whose K/V already sit in the KV cache (prefix-cache hits and
 earlier prefill chunks included).  The tokens still to be computed are
-``all_token_ids[cur_kv_len:]``; a decode step computes exactly one of them.
+``all_token_ids[cur_kv_len:]``; a decode step computes exactly one of them.  ``kv_slot_len``
+counts the leading positions that hold a KV slot: at least ``cur_kv_len``, more while slots are
+reserved ahead of a forward (a step's chunk, or a decode node waiting for transferred KV).
+
+Lifecycle
+---------
+``state`` is one :class:`~.request_state.ReqState`; :meth:`InferReq.move_to` is the only way to
+change it and checks the transition (see ``request_state.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+from lightllm.server.router.model_infer.request_state import ReqState, check_transition
 
 
 @dataclass
@@ -33,9 +42,12 @@ class InferReq:
             server itself (for example PD continuation segments), never from a public API field.
         high_priority_request: the router's admission flag, copied from shared memory; it does
             not influence prefill-queue ordering.
+        segment_index: which segment of a long generation this request is (0 for the first); a
+            PD prefill node raises the inference priority of continuation segments only.
         shm_index: slot of the shared-memory request record (``-1`` when there is none, e.g. in
             the simulator).
         req_row: row in the request manager's token table, ``-1`` until the request holds one.
+        state: where the request is in its lifecycle; change it with :meth:`move_to`.
         strategy_state: metadata a prefill-queue strategy binds lazily to the request (the only
             request state a strategy may write), e.g. HRRN's fixed service cost.
     """
@@ -46,18 +58,35 @@ class InferReq:
     arrival_processed_prefill_tokens: int = 0
     infer_high_priority: int = 0
     high_priority_request: bool = False
+    segment_index: int = 0
     shm_index: int = -1
     req_row: int = -1
     output_ids: List[int] = field(default_factory=list)
     cur_kv_len: int = 0
+    kv_slot_len: int = 0
     prompt_cache_len: int = 0
-    finished: bool = False
-    aborted: bool = False
-    paused: bool = False
+    state: ReqState = ReqState.WAITING
+    # Set by the client or by the rank; the step releases it at its start (never mid-forward).
+    abort_requested: bool = False
     strategy_state: Dict[str, Any] = field(default_factory=dict)
     sampling: Optional[Any] = None
     # Next prompt position whose logprob is still to be computed (requests with prompt_logprobs).
     prompt_logprob_next: int = 1
+
+    def move_to(self, target: ReqState) -> None:
+        """Change the lifecycle state; raises ``InvalidTransition`` for a move the lifecycle forbids."""
+        check_transition(self.request_id, self.state, target)
+        self.state = target
+
+    @property
+    def is_paused(self) -> bool:
+        """Whether the request gave its KV back and waits to recompute."""
+        return self.state is ReqState.PAUSED
+
+    @property
+    def is_done(self) -> bool:
+        """Whether the request reached a terminal state (finished or aborted)."""
+        return self.state.terminal
 
     @property
     def wants_prompt_logprobs(self) -> bool:

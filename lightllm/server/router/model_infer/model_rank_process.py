@@ -25,17 +25,19 @@ from lightllm.common.basemodel.attention.selection import build_attention_backen
 from lightllm.common.basemodel.model_config import parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests, RequestsReleased, StepOutput
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.shm_req_views import RequestInput
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.base_backend import ModeBackend, StepReport
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
+from lightllm.server.router.model_infer.mode_backend.step_report import StepReport
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
+from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 from lightllm.utils.process_utils import run_child, zmq_socket
@@ -68,14 +70,7 @@ class ModelRankConfig:
     device: str
     nccl_host: str
     nccl_port: int
-    model_rank0_address: str
-    router_address: str
-    detokenization_address: str
-    shm_req_name: str
-    shm_stats_name: str
-    slot_num: int
-    max_req_total_len: int
-    max_total_token_num: int
+    layout: ServerLayout
     running_max_req_size: int
     batch_max_tokens: int
     chunked_prefill_size: Optional[int]
@@ -84,9 +79,21 @@ class ModelRankConfig:
     use_prefix_cache: bool
     eos_token_ids: List[int]
     log_level: str
-    sampler_seed: int = 0
+    # Seed of the generator unseeded requests sample from; the same on every TP rank, drawn fresh
+    # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
+    sampling_seed: int
     torch_threads: Optional[int] = None
     attention_backend: str = "torch"  # resolved by the launcher: "torch" or "triton"
+
+    @property
+    def max_req_total_len(self) -> int:
+        """The layout's per-request token limit."""
+        return self.layout.max_req_total_len
+
+    @property
+    def max_total_token_num(self) -> int:
+        """The layout's KV-cache capacity in tokens."""
+        return self.layout.max_total_token_num
 
 
 class ModelRank:
@@ -119,31 +126,35 @@ class ModelRank:
             ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device),
             use_prefix_cache=config.use_prefix_cache,
         )
-        self.backend = ModeBackend(
+        self.context = context
+        # A normal node; the PD run modes will pick theirs here from the launcher's run mode.
+        self.backend = build_rank_backend(
+            "normal",
             model,
             context,
             build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_max_wait_tokens),
             StepPlanner(config.batch_max_tokens, config.chunked_prefill_size),
-            Sampler(config.sampler_seed),
+            Sampler(config.sampling_seed),
             config.eos_token_ids,
             config.max_req_total_len,
             token_sync=self._broadcast_tokens if config.tp > 1 else None,
             grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
         )
-        self.shm = ShmReqBuffer(config.shm_req_name, config.slot_num, config.max_req_total_len, create=False)
+        self.shm = config.layout.open_requests()
         self.stats: Optional[ShmStats] = None
         self.wait_tracker = PrefillWaitTracker()
         self.steps = 0
         self.preemptions = 0  # requests paused for KV, cumulative (vLLM's preemptions)
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
-        self._screened: Dict[int, Tuple[List[int], SamplingParams]] = {}
+        self._screened: Dict[int, RequestInput] = {}
         if self.is_leader:
             self.zmq_ctx = zmq.Context()
-            self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, config.model_rank0_address, bind=True)
-            self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, config.router_address, bind=False)
-            self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, config.detokenization_address, bind=False)
-            self.stats = ShmStats(config.shm_stats_name, create=False)
+            layout = config.layout
+            self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
+            self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
+            self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
+            self.stats = layout.open_stats()
             self.stats.set("kv_total_tokens", config.max_total_token_num)
             self._publish_stats()
 
@@ -185,14 +196,13 @@ class ModelRank:
             accepted, rejected = [], []
             for request_id, shm_index in command.requests:
                 try:
-                    prompt_ids = self.shm.prompt_ids(shm_index)
-                    params = self.shm.sampling_params(shm_index)
-                    self.backend.check_request(prompt_ids, params)
+                    request = self.shm.read_request(shm_index, request_id)
+                    self.backend.check_request(request.prompt_ids, request.params)
                 except Exception as exc:  # noqa: BLE001 - reported to the request's client instead
                     log.warning("rejecting request %d at admission: %s", request_id, exc)
                     rejected.append((request_id, shm_index))
                     continue
-                self._screened[request_id] = (prompt_ids, params)
+                self._screened[request_id] = request
                 accepted.append((request_id, shm_index))
             if accepted:
                 screened.append(AddRequests(accepted))
@@ -200,26 +210,27 @@ class ModelRank:
                 screened.append(RejectRequests(rejected))
         return screened
 
-    def _read_request(self, request_id: int, shm_index: int) -> Tuple[List[int], SamplingParams]:
+    def _read_request(self, request_id: int, shm_index: int) -> RequestInput:
         screened = self._screened.pop(request_id, None)
         if screened is not None:
             return screened
-        return self.shm.prompt_ids(shm_index), self.shm.sampling_params(shm_index)
+        return self.shm.read_request(shm_index, request_id)
 
     def apply(self, commands: List[Any]) -> None:
         """Admit, reject and abort requests as the (screened) commands say."""
         for command in commands:
             if isinstance(command, AddRequests):
                 for request_id, shm_index in command.requests:
-                    rec = self.shm.records[shm_index]
                     try:
-                        prompt_ids, params = self._read_request(request_id, shm_index)
+                        request = self._read_request(request_id, shm_index)
                         req = self.backend.add_request(
                             request_id,
-                            prompt_ids,
-                            params,
-                            high_priority_request=bool(rec["high_priority_request"]),
+                            request.prompt_ids,
+                            request.params,
+                            high_priority_request=request.high_priority_request,
                             shm_index=shm_index,
+                            infer_high_priority=request.infer_high_priority,
+                            segment_index=request.segment_index,
                         )
                     except Exception:  # noqa: BLE001 - one request must not stop the rank
                         # Every rank reads the same record into the same state, so all of them
@@ -228,7 +239,7 @@ class ModelRank:
                         self.backend.reject(request_id, shm_index)
                         continue
                     if self.is_leader:
-                        rec["prompt_cache_len"] = req.prompt_cache_len
+                        self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
                         self.wait_tracker.on_arrival(req)
             elif isinstance(command, RejectRequests):
                 for request_id, shm_index in command.requests:
@@ -243,18 +254,17 @@ class ModelRank:
         self.preemptions += len(report.paused)
         updates = {}
         # Prompt logprobs come from the prefill that also samples the first token: written first.
+        shm = self.shm
         for req, entries in report.prompt_logprobs:
-            self.shm.publish_prompt_logprobs(req.shm_index, entries)
+            shm.publish_prompt_logprobs(req.shm_index, req.request_id, entries)
         for req, token, logprob in report.tokens:
-            self.shm.publish_token(req.shm_index, token, logprob, report.top_logprobs.get(req.request_id))
+            shm.publish_token(req.shm_index, req.request_id, token, logprob, report.top_logprobs.get(req.request_id))
             updates[req.request_id] = (req.request_id, req.shm_index)
         released = []
         for req, status in report.finished:
-            self.shm.records[req.shm_index]["finish_status"] = status
+            shm.set_finish_status(req.shm_index, req.request_id, status)
             updates[req.request_id] = (req.request_id, req.shm_index)
             released.append((req.request_id, req.shm_index))
-        for req in self.backend.context.requests.values():
-            self.shm.records[req.shm_index]["cur_kv_len"] = req.cur_kv_len
         if updates or released:
             self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released))
         if released:
@@ -262,7 +272,7 @@ class ModelRank:
         self.wait_tracker.on_step(
             (req for req, _, _ in report.tokens),
             (req for req, _ in report.finished),
-            self.backend.context.requests.values(),
+            self.backend.requests.values(),
             self.backend.counter.value,
         )
         self._publish_stats()
@@ -275,12 +285,12 @@ class ModelRank:
         self.stats.set(field, self.stats.get(field) + int(seconds * 1e6))
 
     def _publish_stats(self) -> None:
-        ctx = self.backend.context
+        ctx = self.context
         stats = self.stats
         stats.set("kv_free_tokens", ctx.kv_cache.available)
         stats.set("kv_cached_tokens", ctx.radix_cache.total_token_num if ctx.radix_cache else 0)
         stats.set("kv_allocatable_tokens", ctx.allocatable_token_num())
-        stats.set("paused_requests", sum(1 for r in ctx.requests.values() if r.paused))
+        stats.set("paused_requests", sum(1 for r in self.backend.requests.values() if r.is_paused))
         stats.set("preemptions", self.preemptions)
         stats.set("processed_prefill_tokens", self.backend.counter.value)
         stats.set("backend_steps", self.steps)

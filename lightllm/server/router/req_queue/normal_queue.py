@@ -9,13 +9,22 @@ from typing import Callable, Deque, Dict, List, Tuple
 
 @dataclass
 class RouterReq:
-    """What admission needs to know about a request."""
+    """What admission needs to know about a request.
+
+    ``infer_high_priority`` (negative = high) and ``segment_index`` (0 for a first segment) are
+    internal: only server code sets them (for example a PD master for a continuation segment),
+    never a public API field.  Admission here does not order by them; they travel with the
+    request so a queue that must (a PD node's) has them, and the model rank reads the same values
+    from the request's record when it admits it.
+    """
 
     request_id: int
     shm_index: int
     input_len: int
     max_new_tokens: int
     high_priority_request: bool = False
+    infer_high_priority: int = 0
+    segment_index: int = 0
 
     @property
     def projected_token_num(self) -> int:

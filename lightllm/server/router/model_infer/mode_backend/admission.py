@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from lightllm.common.sampling import SamplingParams
-
 
 class RequestRejected(ValueError):
     """A request cannot run on this rank (its parameters or prompt are invalid here)."""
@@ -30,6 +28,10 @@ def check_request(
     to really be :class:`SamplingParams`; ``grammar_enabled`` says whether the rank has
     structured output.
     """
+    # Imported here: the sampling package pulls in torch, and the scheduling core (this module
+    # included) must import without it.
+    from lightllm.common.sampling import SamplingParams
+
     try:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling parameters must be SamplingParams, got {type(params).__name__}")

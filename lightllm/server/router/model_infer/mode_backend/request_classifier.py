@@ -1,23 +1,24 @@
 """Request classification: the single rule that splits ready requests into decode and prefill.
 
-Every component that needs to know whether a request decodes (the backend's batching, the
-prefill-queue strategies, the step planner, the scheduling simulator) calls
-:func:`is_decode_request`, so they can never disagree about which requests a prefill strategy
-may reorder.
+Every component that needs to know whether a request decodes (the step engine, the
+prefill-queue strategies, the step planner, the scheduling simulator) asks the same
+:class:`RequestClassifier`, so they can never disagree about which requests a prefill strategy
+may reorder.  A mode backend picks its classifier once, from its run mode; nothing passes
+classification flags around.
 
 Variants
 --------
-``is_decode_request(req)``
-    Normal mode.  A request is decode when exactly one token is pending, whatever produced that
-    state.  A prompt whose prefix-cache hit leaves a single prompt token uncomputed therefore
-    runs through the decode forward, which is cheaper and gives the same logits.
-``is_decode_request(req, strict_prefill=True)``
-    For backends whose prefill forward must see every prompt (for example because it performs
-    per-prompt work such as handing the first token over to another node).  A request is decode
-    only when it has a single pending token *and* has already produced an output token.
-``is_decode_request(req, no_decode=True)``
-    For modes that never decode (a PD prefill node).  Nothing is decode; every ready request is
-    prefill work.
+:data:`NORMAL_CLASSIFIER`
+    Normal mode and the decode node.  A request is decode when exactly one token is pending,
+    whatever produced that state.  A prompt whose prefix-cache hit leaves a single prompt token
+    uncomputed therefore runs through the decode forward, which is cheaper and gives the same
+    logits.
+:data:`STRICT_PREFILL_CLASSIFIER`
+    For backends whose prefill forward must see every prompt (per-prompt work in the prefill
+    forward).  A request is decode only when it has a single pending token *and* has already
+    produced an output token.
+:data:`NO_DECODE_CLASSIFIER`
+    A PD prefill node, which never decodes: every ready request is prefill work.
 """
 
 from __future__ import annotations
@@ -27,29 +28,50 @@ from typing import List, Optional, Sequence, Tuple
 from lightllm.server.router.model_infer.infer_req import InferReq
 
 
-def is_decode_request(req: InferReq, no_decode: bool = False, strict_prefill: bool = False) -> bool:
-    """Return True when ``req`` is decode work in this step (see the module docstring)."""
-    if no_decode:
-        return False
-    if req.pending_token_num != 1:
-        return False
-    if strict_prefill:
-        return len(req.output_ids) > 0
-    return True
+class RequestClassifier:
+    """Normal classification: one pending token means decode."""
+
+    name = "normal"
+
+    def is_decode(self, req: InferReq) -> bool:
+        """Return True when ``req`` is decode work in this step."""
+        return req.pending_token_num == 1
+
+    def split(self, reqs: Sequence[InferReq]) -> Tuple[List[InferReq], List[InferReq]]:
+        """Split ``reqs`` into ``(decode_reqs, prefill_reqs)``, each keeping its input order."""
+        decode_reqs: List[InferReq] = []
+        prefill_reqs: List[InferReq] = []
+        for req in reqs:
+            (decode_reqs if self.is_decode(req) else prefill_reqs).append(req)
+        return decode_reqs, prefill_reqs
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
-def split_decode_and_prefill(
-    reqs: Sequence[InferReq], *, no_decode: bool = False, strict_prefill: bool = False
-) -> Tuple[List[InferReq], List[InferReq]]:
-    """Split ``reqs`` into ``(decode_reqs, prefill_reqs)``, each keeping its input order."""
-    decode_reqs: List[InferReq] = []
-    prefill_reqs: List[InferReq] = []
-    for req in reqs:
-        if is_decode_request(req, no_decode=no_decode, strict_prefill=strict_prefill):
-            decode_reqs.append(req)
-        else:
-            prefill_reqs.append(req)
-    return decode_reqs, prefill_reqs
+class StrictPrefillClassifier(RequestClassifier):
+    """Decode only after the first output token: every prompt goes through the prefill forward."""
+
+    name = "strict_prefill"
+
+    def is_decode(self, req: InferReq) -> bool:
+        """One pending token and at least one output token."""
+        return req.pending_token_num == 1 and len(req.output_ids) > 0
+
+
+class NoDecodeClassifier(RequestClassifier):
+    """Nothing is decode (a PD prefill node)."""
+
+    name = "no_decode"
+
+    def is_decode(self, req: InferReq) -> bool:
+        """Always False."""
+        return False
+
+
+NORMAL_CLASSIFIER = RequestClassifier()
+STRICT_PREFILL_CLASSIFIER = StrictPrefillClassifier()
+NO_DECODE_CLASSIFIER = NoDecodeClassifier()
 
 
 def prefill_need_token_num(req: InferReq, chunked_prefill_size: Optional[int]) -> int:

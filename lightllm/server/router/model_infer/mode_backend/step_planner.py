@@ -19,8 +19,9 @@ from typing import Callable, List, Optional, Sequence, Union
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+    NORMAL_CLASSIFIER,
+    RequestClassifier,
     prefill_need_token_num,
-    split_decode_and_prefill,
 )
 
 KvBudget = Union[int, Callable[[], int]]
@@ -114,14 +115,14 @@ class StepPlanner:
         ordered_reqs: Sequence[InferReq],
         kv_free_tokens: KvBudget,
         *,
-        no_decode: bool = False,
-        strict_prefill: bool = False,
+        classifier: RequestClassifier = NORMAL_CLASSIFIER,
         mixed: bool = False,
     ) -> StepPlan:
         """Select this step's work from ``ordered_reqs`` (already ordered by a strategy).
 
         ``kv_free_tokens`` is the number of allocatable KV tokens, or a callable returning it
-        (called once).  Decode requests are served first, one KV token each, in queue order.
+        (called once); ``classifier`` is the mode's (see ``request_classifier.py``).  Decode
+        requests are served first, one KV token each, in queue order.
         Prefill requests are then taken in queue order.  The first one (the head) always gets a
         chunk, truncated to the remaining token budget and KV if they are smaller than its
         chunk (with chunked prefill disabled it is not truncated: if it does not fit, no prefill
@@ -130,9 +131,7 @@ class StepPlanner:
         """
         kv_left = kv_free_tokens() if callable(kv_free_tokens) else kv_free_tokens
         _require_int(kv_left, "kv_free_tokens", minimum=0)
-        decode_reqs, prefill_reqs = split_decode_and_prefill(
-            ordered_reqs, no_decode=no_decode, strict_prefill=strict_prefill
-        )
+        decode_reqs, prefill_reqs = classifier.split(ordered_reqs)
         plan = StepPlan(mixed=mixed)
 
         kv_fit = min(len(decode_reqs), kv_left)

@@ -90,8 +90,6 @@ class GrammarConstraints:
             return "stop"
         return None
 
-    def forget(self, live_request_ids: Any) -> None:
-        """Drop the matchers of requests that are no longer running."""
-        if self._matchers:
-            for request_id in [r for r in self._matchers if r not in live_request_ids]:
-                del self._matchers[request_id]
+    def forget_request(self, request_id: int) -> None:
+        """Drop the matcher of a request that left (no-op for unconstrained ones)."""
+        self._matchers.pop(request_id, None)

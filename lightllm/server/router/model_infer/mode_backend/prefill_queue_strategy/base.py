@@ -15,14 +15,14 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.wait
     DEFAULT_PREFILL_MAX_WAIT_TOKENS,
     PrefillWaitBound,
 )
-from lightllm.server.router.model_infer.mode_backend.request_classifier import split_decode_and_prefill
+from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER, RequestClassifier
 
 
 class PrefillQueueStrategy(ABC):
     """Base class of the prefill-queue strategies.
 
-    ``reorder`` keeps decode requests (recognised by ``is_decode_request``, the same predicate
-    the classifier uses) at the front in their existing order and lets the subclass order only
+    ``reorder`` keeps decode requests (recognised by the mode's :class:`RequestClassifier`, the
+    same one the step planner uses) at the front in their existing order and lets the subclass order only
     the prefill requests through ``order_prefill``; it then applies the waiting bound
     (:class:`PrefillWaitBound`), so every strategy is bounded by the same code.
 
@@ -54,8 +54,7 @@ class PrefillQueueStrategy(ABC):
         reqs: Sequence[InferReq],
         processed_prefill_tokens: int,
         *,
-        no_decode: bool = False,
-        strict_prefill: bool = False,
+        classifier: RequestClassifier = NORMAL_CLASSIFIER,
     ) -> List[InferReq]:
         """Return ``reqs`` reordered: decode requests first (stable), then ordered prefill ones.
 
@@ -64,7 +63,7 @@ class PrefillQueueStrategy(ABC):
         backend received the requests (arrival order).
 
         ``processed_prefill_tokens`` is the backend's ``ProcessedPrefillTokenCounter.value``;
-        ``no_decode`` and ``strict_prefill`` select the classification variant.
+        ``classifier`` is the mode backend's classification variant.
         """
         if isinstance(processed_prefill_tokens, bool) or not isinstance(processed_prefill_tokens, int):
             raise ValueError(
@@ -72,9 +71,7 @@ class PrefillQueueStrategy(ABC):
             )
         if processed_prefill_tokens < 0:
             raise ValueError(f"processed_prefill_tokens must be >= 0, got {processed_prefill_tokens}")
-        decode_reqs, prefill_reqs = split_decode_and_prefill(
-            reqs, no_decode=no_decode, strict_prefill=strict_prefill
-        )
+        decode_reqs, prefill_reqs = classifier.split(reqs)
         # Hand the subclass its own list so a careless in-place sort cannot reach the caller.
         ordered_prefill = list(self.order_prefill(list(prefill_reqs), processed_prefill_tokens))
         self._check_permutation(prefill_reqs, ordered_prefill)

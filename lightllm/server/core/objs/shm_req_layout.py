@@ -1,0 +1,70 @@
+"""The fixed layout of one shared-memory request record (see :mod:`.shm_req_buffer` for its rules).
+
+Only :class:`~lightllm.server.core.objs.shm_req_buffer.ShmReqBuffer` reads or writes records;
+this module holds the layout it maps, so the field list is in one place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, STORED_DTYPES
+from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
+
+# ``request_id`` of a free slot.  Request ids are non-negative, so no request can match it.
+NO_REQUEST = -1
+MAX_REQUEST_ID = int(np.iinfo(np.int64).max)
+
+# Sampling fields stored under their SamplingParams name, in their stored width, as they are.
+COPIED_FIELDS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "top_k",
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+# Boolean sampling fields, stored as 0 or 1.
+FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty")
+# Optional integer sampling fields, stored as -1 when unset.
+OPTIONAL_FIELDS = ("logprobs", "prompt_logprobs")
+
+
+def record_dtype(max_req_total_len: int) -> np.dtype:
+    """Layout of one request record for a given per-request token limit."""
+    return np.dtype(
+        [
+            ("request_id", np.int64),  # NO_REQUEST while the slot is free; written last on fill
+            ("prompt_len", np.int32),
+            ("output_len", np.int32),
+            ("prompt_cache_len", np.int32),
+            ("finish_status", np.int32),
+            ("high_priority_request", np.int32),
+            # Internal, never from a public API field: negative = prefill before normal requests.
+            ("infer_high_priority", np.int32),
+            # Internal: 0 for a request's first segment, k > 0 for its k-th continuation.
+            ("segment_index", np.int32),
+            *[(name, STORED_DTYPES[name]) for name in COPIED_FIELDS],
+            *[(name, np.int32) for name in FLAG_FIELDS],
+            *[(name, STORED_DTYPES[name]) for name in OPTIONAL_FIELDS],
+            ("do_sample", np.int32),  # -1 unset, 0 false, 1 true
+            ("prompt_logprob_end", np.int32),
+            ("has_seed", np.int32),
+            ("stop_token_num", np.int32),
+            ("seed", STORED_DTYPES["seed"]),
+            ("stop_token_ids", STORED_DTYPES["stop_token_ids"], (MAX_STOP_TOKEN_IDS,)),
+            ("stop_sequences_json", f"S{STOP_SEQUENCES_BYTES}"),
+            ("grammar", f"S{GRAMMAR_BYTES}"),  # empty: no structured output
+            ("prompt_ids", np.int32, (max_req_total_len,)),
+            ("output_ids", np.int32, (max_req_total_len,)),
+            ("output_logprobs", np.float32, (max_req_total_len,)),
+            ("prompt_token_logprobs", np.float32, (max_req_total_len,)),  # by prompt position
+            # Most likely alternatives of the token at each position of prompt + output.
+            ("token_top_ids", np.int32, (max_req_total_len, MAX_TOP_LOGPROBS)),
+            ("token_top_logprobs", np.float32, (max_req_total_len, MAX_TOP_LOGPROBS)),
+        ],
+        align=True,
+    )

@@ -1,0 +1,120 @@
+"""The request-manager contract the HTTP layer is written against.
+
+``create_app`` and the endpoint classes (native, OpenAI) depend on :class:`RequestManager`, not
+on a concrete manager: the HTTP process's :class:`~lightllm.server.httpserver.manager.HttpServerManager`
+implements it for a normal server, and a PD master's manager can serve the same API by
+implementing it too.  :class:`SupervisedRequestManager` adds what the launcher's supervisor needs
+for shutdown and child failure.  Errors a manager raises are the types of
+:mod:`lightllm.server.manager_errors`.
+
+This module imports no shared memory, zmq or torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, runtime_checkable
+
+from lightllm.common.sampling import SamplingParams
+
+
+@dataclass
+class GenerationEvent:
+    """One generated token (or a token-less finish, ``token_id < 0``) as the API layer sees it."""
+
+    request_id: int
+    token_id: int
+    text: str
+    logprob: float
+    finish_reason: Optional[str]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    top_logprobs: Optional[Dict[int, float]] = None
+    # On a request's first event only, when prompt logprobs were asked for: ``(token_id,
+    # logprob, {token_id: logprob})`` of prompt positions 1.. (position 0 has none).
+    prompt_logprobs: Optional[List[Any]] = None
+
+
+@runtime_checkable
+class RequestManager(Protocol):
+    """What the HTTP layer needs from whoever runs its requests.
+
+    Attributes: ``model_name`` (the id the API reports), ``served_model_names`` (every id a
+    request's ``model`` may name), ``max_req_total_len`` (prompt + generated tokens of one
+    request), ``vocab_size``, ``eos_token_ids`` and ``tokenizer`` (for decoding token strings
+    in responses).
+    """
+
+    model_name: str
+    served_model_names: List[str]
+    max_req_total_len: int
+    vocab_size: int
+    eos_token_ids: List[int]
+    tokenizer: Any
+
+    async def start(self) -> None:
+        """Called once on the server's event loop before the first request."""
+
+    async def stop(self) -> None:
+        """Called once on the server's event loop after the last request."""
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of a text prompt (may block: the HTTP layer calls it in a worker thread)."""
+
+    def encode_chat(
+        self,
+        messages: List[Dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> List[int]:
+        """Token ids of a chat rendered with the model's template; ``ValueError`` if it cannot be."""
+
+    def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
+        """max_new_tokens for a request that gives none (``fallback``: the endpoint's default)."""
+
+    def generate(
+        self, prompt_ids: List[int], params: SamplingParams, *, high_priority: bool = False, request: Any = None
+    ) -> AsyncIterator[GenerationEvent]:
+        """Run one generation: its events, the last one with a ``finish_reason``.
+
+        Raises ``ValueError`` for a request it refuses and the errors of
+        :mod:`lightllm.server.manager_errors` when it cannot take one; ``request`` (the client's
+        connection, or None) is polled to stop the work when the client goes away.
+        """
+
+    def health(self) -> bool:
+        """Whether requests are accepted."""
+
+    def metrics_text(self) -> Tuple[bytes, str]:
+        """Prometheus exposition and its content type."""
+
+
+@runtime_checkable
+class SupervisedRequestManager(RequestManager, Protocol):
+    """A :class:`RequestManager` the launcher's supervisor can drain and fail."""
+
+    # The event loop the manager runs on (set by start()); the supervisor schedules calls on it.
+    loop: Optional[asyncio.AbstractEventLoop]
+
+    def refuse_new_requests(self, message: str, code: str) -> None:
+        """From now on refuse every new request with ``ServerUnavailableError(message, code)``."""
+
+    def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
+        """End every pending (and later) request with that error; returns how many were ended."""
+
+    async def wait_until_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every request to end; True if they all did."""
+
+
+def missing_request_manager_members(manager: object, protocol: type = RequestManager) -> List[str]:
+    """Names of ``protocol``'s attributes and methods that ``manager`` lacks (empty: none)."""
+    names = set(getattr(protocol, "__annotations__", {}))
+    for cls in protocol.__mro__:
+        if cls is object or cls is Protocol or not getattr(cls, "_is_protocol", False):
+            continue
+        names.update(name for name, value in vars(cls).items() if callable(value) and not name.startswith("_"))
+        names.update(getattr(cls, "__annotations__", {}))
+    return sorted(name for name in names if not hasattr(manager, name))

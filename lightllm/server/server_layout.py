@@ -1,0 +1,47 @@
+"""What every process of one server must agree on, built once by the launcher.
+
+The shared-memory names, the slot count, the per-request and whole-cache token lengths and the
+zmq addresses are decided in :mod:`lightllm.server.api_start` and handed, as one
+:class:`ServerLayout`, to the config of every process (HTTP, router, detokenization, each model
+rank).  A process never copies these values into fields of its own, so two processes cannot
+disagree about the layout they map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.shm_stats import ShmStats
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """Names, sizes and addresses shared by every process of one server (picklable for spawn)."""
+
+    shm_req_name: str
+    shm_stats_name: str
+    # Shared-memory request records, the most requests in flight (waiting, running, streaming out).
+    slot_num: int
+    # Most prompt + generated tokens of one request: the width of every record's token arrays.
+    max_req_total_len: int
+    # KV-cache capacity in tokens, for router admission and the ranks' cache.
+    max_total_token_num: int
+    router_address: str
+    model_rank0_address: str
+    detokenization_address: str
+    http_address: str
+
+    def __post_init__(self) -> None:
+        for name in ("slot_num", "max_req_total_len", "max_total_token_num"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ServerLayout.{name} must be a positive int, got {value!r}")
+
+    def open_requests(self, create: bool = False) -> ShmReqBuffer:
+        """Map the request records (``create``: the launcher, once, before any child starts)."""
+        return ShmReqBuffer(self.shm_req_name, self.slot_num, self.max_req_total_len, create=create)
+
+    def open_stats(self, create: bool = False) -> ShmStats:
+        """Map the shared counters (``create``: the launcher, once)."""
+        return ShmStats(self.shm_stats_name, create=create)

@@ -1,0 +1,80 @@
+"""What the launcher hands every process: one ServerLayout, the sampling seed, --slot_wait_seconds.
+
+Real parser, real sizing of a real (tiny) checkpoint; no process is started.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.launch_plan import ProcessConfigs, build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.server_sizing import plan_sizing
+
+
+def _args(model_dir, *extra: str):
+    args = make_argument_parser().parse_args(
+        ["--model_dir", str(model_dir), "--tp", "2", "--device", "cpu", "--max_total_token_num", "512",
+         "--max_req_total_len", "256", *extra]
+    )
+    validate_args(args, 0)
+    return args
+
+
+def _start(args) -> ProcessConfigs:
+    """What one server start decides (the launcher's steps up to spawning)."""
+    model_config = ModelConfig.from_dir(args.model_dir)
+    sizing = plan_sizing(args, model_config, "cpu")
+    layout = plan_layout(sizing, "lightllm_test_plan", "/tmp/lightllm_test_plan")
+    return build_process_configs(args, sizing, model_config, layout, nccl_port=29999,
+                                 sampling_seed=resolve_sampling_seed(args))
+
+
+def _rank_seeds(configs: ProcessConfigs) -> set[int]:
+    return {rank.sampling_seed for rank in configs.ranks}
+
+
+def test_unseeded_starts_draw_different_seeds_shared_by_every_rank(tiny_llama_dir) -> None:
+    args = _args(tiny_llama_dir)
+    assert args.sampling_seed is None
+    first, second = _start(args), _start(args)
+    assert len(first.ranks) == 2
+    assert len(_rank_seeds(first)) == 1 and len(_rank_seeds(second)) == 1  # every TP rank agrees
+    assert _rank_seeds(first) != _rank_seeds(second)
+
+
+def test_sampling_seed_flag_makes_starts_repeat(tiny_llama_dir) -> None:
+    args = _args(tiny_llama_dir, "--sampling_seed", "1234")
+    assert _rank_seeds(_start(args)) == _rank_seeds(_start(args)) == {1234}
+
+
+@pytest.mark.parametrize("value", ["-1", str(2**64)])
+def test_sampling_seed_out_of_range_is_refused(tiny_llama_dir, value) -> None:
+    with pytest.raises(ArgumentError, match="--sampling_seed must be in"):
+        _args(tiny_llama_dir, "--sampling_seed", value)
+
+
+def test_every_process_gets_the_same_layout(tiny_llama_dir) -> None:
+    configs = _start(_args(tiny_llama_dir))
+    layouts = [configs.detokenization.layout, configs.router.layout, configs.http.layout,
+               *(rank.layout for rank in configs.ranks)]
+    assert all(layout is layouts[0] for layout in layouts)
+    layout = layouts[0]
+    assert (layout.max_req_total_len, layout.max_total_token_num) == (256, 512)
+    assert configs.ranks[1].max_req_total_len == 256 and configs.ranks[1].max_total_token_num == 512
+    assert layout.shm_req_name != layout.shm_stats_name
+    addresses = {layout.router_address, layout.model_rank0_address, layout.detokenization_address,
+                 layout.http_address}
+    assert len(addresses) == 4
+
+
+def test_slot_wait_seconds_reaches_the_http_manager(tiny_llama_dir) -> None:
+    assert _start(_args(tiny_llama_dir)).http.slot_wait_seconds == 600.0
+    assert _start(_args(tiny_llama_dir, "--slot_wait_seconds", "2.5")).http.slot_wait_seconds == 2.5
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "inf", "nan"])
+def test_slot_wait_seconds_must_be_positive(tiny_llama_dir, value) -> None:
+    with pytest.raises(ArgumentError, match="--slot_wait_seconds must be a positive"):
+        _args(tiny_llama_dir, "--slot_wait_seconds", value)

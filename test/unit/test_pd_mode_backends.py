@@ -1,0 +1,183 @@
+"""The prefill and decode mode backends, joined by an in-process fake KV transfer.
+
+A prompt prefilled on a prefill backend, its KV copied slot by slot into the slots a decode
+backend reserved, and decoded there gives exactly the tokens a normal backend gives; KV is held
+on the prefill side until the transfer is acknowledged and reserved on the decode side before
+anything moves.  The real transfer (processes, torch.distributed) is the PD issue's; this fake
+moves the same bytes between the two nodes' KV caches.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+import torch
+
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.req_manager import ReqManager
+from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.models.registry import load_model
+from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_HANDED_OFF, FINISH_LENGTH
+from lightllm.server.router.model_infer.infer_context import InferenceContext
+from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend import (
+    DecodeBackend,
+    KvReservationRefused,
+    ModeBackend,
+    PrefillBackend,
+    build_backend,
+)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+from lightllm.server.router.model_infer.request_state import InvalidTransition, ReqState
+
+MAX_LEN = 400
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+def _backend(model, run_mode: str, kv_tokens: int = 2048, strategy: str = "hrrn") -> ModeBackend:
+    context = InferenceContext(model.new_kv_cache(kv_tokens), ReqManager(8, MAX_LEN + 1))
+    return build_rank_backend(run_mode, model, context, build_prefill_queue_strategy(strategy),
+                              StepPlanner(64, 32), Sampler(0), [2], MAX_LEN)
+
+
+def _prompts(lengths: List[int], seed: int = 5) -> List[List[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, 1000, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _greedy(max_new: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+
+
+def fake_transfer(source: InferenceContext, src: InferReq, target: InferenceContext, dst: InferReq) -> None:
+    """Copy the prompt KV positions the decode side lacks from the prefill node's slots into the reserved ones."""
+    start, end = dst.cur_kv_len, dst.input_len
+    src_slots = source.slots(src, start, end).to(source.kv_cache.k_buffer.device)
+    dst_slots = target.slots(dst, start, end).to(target.kv_cache.k_buffer.device)
+    target.kv_cache.k_buffer[:, dst_slots] = source.kv_cache.k_buffer[:, src_slots]
+    target.kv_cache.v_buffer[:, dst_slots] = source.kv_cache.v_buffer[:, src_slots]
+
+
+def test_build_backend_picks_the_class_of_each_run_mode() -> None:
+    assert build_backend("normal") is ModeBackend
+    assert build_backend("prefill") is PrefillBackend
+    assert build_backend("decode") is DecodeBackend
+    with pytest.raises(ValueError, match="unknown run mode 'pd_master'"):
+        build_backend("pd_master")
+
+
+def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> None:
+    prompts = _prompts([7, 45, 90, 20])
+    max_new = 12
+    expected = BatchGenerator(model, 4096).greedy_generate(prompts, max_new)
+    prefill = _backend(model, "prefill")
+    decode = _backend(model, "decode")
+    assert isinstance(prefill, PrefillBackend) and isinstance(decode, DecodeBackend)
+    for i, prompt in enumerate(prompts):
+        prefill.add_request(i, prompt, _greedy(max_new))
+    outputs: Dict[int, List[int]] = {}
+    handed: Dict[int, InferReq] = {}
+    free_before = prefill.kv.allocatable_token_num()
+    while prefill.has_work:
+        report = prefill.step()
+        assert report.decode_batch_size == 0  # a prefill node never decodes
+        for req in report.handoffs:
+            assert req.state is ReqState.TRANSFERRING and len(req.output_ids) == 1
+            handed[req.request_id] = req
+            # Decode reserves first: slots for the prompt exist before a byte moves.
+            dst = decode.reserve_prefilled(req.request_id, list(req.prompt_ids), _greedy(max_new))
+            assert dst.state is ReqState.TRANSFERRING and dst.kv_slot_len == dst.input_len
+            # The prefill side still holds the prompt's KV while the transfer is in flight.
+            assert prefill.kv.req_manager.slots(req.req_row, 0, req.input_len).numel() == req.input_len
+            fake_transfer(prefill.kv, req, decode.kv, dst)
+            assert decode.admit_prefilled(dst, req.output_ids[0]) == 0
+            prefill.transfer_done(req.request_id, ok=True)
+        for req, status in report.finished:
+            assert status == FINISH_HANDED_OFF and req.state is ReqState.FINISHED
+    assert sorted(handed) == list(range(len(prompts)))
+    # Released into the prefix cache: everything is allocatable again.
+    assert prefill.kv.allocatable_token_num() == free_before
+    while decode.has_work:
+        for req, status in decode.step().finished:
+            assert status == FINISH_LENGTH
+            outputs[req.request_id] = list(req.output_ids)
+    assert [outputs[i] for i in range(len(prompts))] == expected
+
+
+def test_decode_reservation_is_refused_at_once_when_kv_is_short(model) -> None:
+    decode = _backend(model, "decode", kv_tokens=100)
+    ok = decode.reserve_prefilled(1, _prompts([40])[0], _greedy(20))
+    assert decode.kv.allocatable_token_num() == 60
+    with pytest.raises(KvReservationRefused, match="needs 80 KV tokens, 60 allocatable"):
+        decode.reserve_prefilled(2, _prompts([50])[0], _greedy(30))
+    assert list(decode.requests) == [1]  # the refused request left no trace
+    decode.transfer_failed(ok)
+    report = decode.step()
+    assert [(r.request_id, s) for r, s in report.finished] == [(1, FINISH_ERROR)]
+    assert decode.kv.allocatable_token_num() == 100 and not decode.has_work
+
+
+def test_abort_during_transfer_waits_for_the_transfer_to_end(model) -> None:
+    prefill = _backend(model, "prefill")
+    prefill.add_request(3, _prompts([30])[0], _greedy(8))
+    report = prefill.step()
+    assert [r.request_id for r in report.handoffs] == [3]
+    prefill.abort(3)
+    assert prefill.step().finished == []  # its KV is still being read
+    assert prefill.requests[3].state is ReqState.TRANSFERRING
+    prefill.transfer_done(3, ok=True)
+    assert [(r.request_id, s) for r, s in prefill.step().finished] == [(3, FINISH_ABORT)]
+    with pytest.raises(ValueError, match="no transfer in flight"):
+        prefill.transfer_done(3, ok=True)
+
+
+def test_a_failed_transfer_fails_the_request_and_frees_its_kv(model) -> None:
+    prefill = _backend(model, "prefill")
+    free = prefill.kv.kv_cache.available
+    prefill.add_request(4, _prompts([30])[0], _greedy(8))
+    prefill.step()
+    assert prefill.kv.kv_cache.available < free
+    prefill.transfer_done(4, ok=False)
+    assert [(r.request_id, s) for r, s in prefill.step().finished] == [(4, FINISH_ERROR)]
+    assert prefill.kv.allocatable_token_num() == free
+
+
+def test_a_request_walks_the_lifecycle_and_illegal_moves_raise(model) -> None:
+    backend = _backend(model, "normal", strategy="default")
+    req = backend.add_request(9, _prompts([70])[0], _greedy(3))
+    seen = [req.state]
+    while backend.has_work:
+        backend.step()
+        if req.state is not seen[-1]:
+            seen.append(req.state)
+    assert seen == [ReqState.WAITING, ReqState.PREFILLING, ReqState.DECODING, ReqState.FINISHED]
+    with pytest.raises(InvalidTransition, match="request 9 cannot go from finished to decoding"):
+        req.move_to(ReqState.DECODING)
+    fresh = InferReq(10, [1, 2, 3])
+    with pytest.raises(InvalidTransition, match="from waiting to waiting"):
+        fresh.move_to(ReqState.WAITING)
+    fresh.move_to(ReqState.PREFILLING)
+    fresh.move_to(ReqState.PAUSED)
+    with pytest.raises(InvalidTransition, match="from paused to decoding"):
+        fresh.move_to(ReqState.DECODING)
+
+
+def test_the_step_engine_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import lightllm.server.router.model_infer.mode_backend.step_engine\n"
+        "import lightllm.server.router.model_infer.mode_backend\n"
+        "import lightllm.server.router.model_infer.mode_backend.kv_view\n"
+        "assert 'torch' not in sys.modules, 'the scheduling core imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
