@@ -63,9 +63,9 @@ class GenerationFanout:
         self._first: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def _open(self, job: ChoiceJob) -> Any:
+    async def _open(self, job: ChoiceJob, count_prompt: bool) -> Any:
         result = self._manager.generate(job.prompt_ids, job.params, high_priority=self._high_priority,
-                                        request=self._request)
+                                        request=self._request, count_prompt=count_prompt)
         if inspect.isawaitable(result):
             result = await result
         return result.__aiter__()
@@ -73,8 +73,12 @@ class GenerationFanout:
     async def start(self) -> None:
         """Open every generation and wait for its first event; raise APIError if any fails."""
         try:
+            counted: set[int] = set()
             for job in self._jobs:
-                self._iterators.append(await self._open(job))
+                # A prompt's tokens count once in the server's token counters, however many
+                # choices (n, best_of) share it, as vLLM counts them.
+                self._iterators.append(await self._open(job, job.prompt_index not in counted))
+                counted.add(job.prompt_index)
             firsts = await asyncio.gather(*(it.__anext__() for it in self._iterators), return_exceptions=True)
         except Exception as exc:
             await self.close()

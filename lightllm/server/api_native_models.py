@@ -11,8 +11,12 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
+from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.api_errors import invalid_request
 from lightllm.server.api_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
+
+
+INT32_MAX = 2**31 - 1
 
 
 class NativeParameters(StrictModel):
@@ -45,23 +49,30 @@ class NativeParameters(StrictModel):
     add_special_tokens: bool = True
     input_penalty: bool = False
     print_eos_token: bool = False
-    exponential_decay_length_penalty: Any = None
+    # (start_index, decay_factor): once more than start_index tokens exist, EOS logits grow by
+    # decay_factor ** (generated - start_index) (Hugging Face's ExponentialDecayLengthPenalty).
+    exponential_decay_length_penalty: Any = Field(default=None, json_schema_extra={
+        "type": "array", "prefixItems": [{"type": "integer", "minimum": 0}, {"type": "number", "minimum": 1, "maximum": 10}],
+        "minItems": 2, "maxItems": 2})
 
     _check_stop = stop_validator("stop_sequences", MAX_STOP_SEQUENCES)
 
-    @field_validator("print_eos_token")
-    @classmethod
-    def _check_print_eos(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("print_eos_token=true is not supported; skip_special_tokens=false shows the EOS text")
-        return value
-
     @field_validator("exponential_decay_length_penalty")
     @classmethod
-    def _check_decay(cls, value: Any) -> None:
-        if value is not None:
-            raise ValueError("exponential_decay_length_penalty is not supported; send null")
-        return None
+    def _check_decay(cls, value: Any) -> tuple[int, float] | None:
+        # LightLLM's (start_index, decay_factor); JSON sends it as a two-item list.
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ValueError("exponential_decay_length_penalty must be [start_index, decay_factor] or null")
+        start, factor = value
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= INT32_MAX:
+            raise ValueError(f"exponential_decay_length_penalty start_index must be an integer in [0, {INT32_MAX}], got {start!r}")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not MIN_DECAY_FACTOR <= factor <= MAX_DECAY_FACTOR:
+            raise ValueError(
+                f"exponential_decay_length_penalty decay_factor must be a number in [{MIN_DECAY_FACTOR:g}, {MAX_DECAY_FACTOR:g}], got {factor!r}"
+            )
+        return (start, float(factor))
 
     def check_consistency(self) -> None:
         if self.best_of is not None and self.best_of < self.n:
@@ -74,8 +85,11 @@ class NativeParameters(StrictModel):
 
     def sampling_fields(self) -> dict[str, Any]:
         """SamplingParams keyword arguments (max_new_tokens is resolved by the caller)."""
-        return self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
-                                        "print_eos_token", "exponential_decay_length_penalty"})
+        fields = self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
+                                          "exponential_decay_length_penalty"})
+        if self.exponential_decay_length_penalty is not None:
+            fields["exponential_decay_start"], fields["exponential_decay_factor"] = self.exponential_decay_length_penalty
+        return fields
 
 
 class NativeGenerateRequest(StrictModel):

@@ -76,7 +76,8 @@ def build_process_configs(
     """Every process's config from the validated flags, the sizing and the one layout."""
     eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
     detokenization = DetokenizationConfig(
-        model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level
+        model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,
+        eos_token_ids=eos,
     )
     router = RouterConfig(
         layout=layout,

@@ -76,11 +76,18 @@ class RequestManager(Protocol):
         """max_new_tokens for a request that gives none (``fallback``: the endpoint's default)."""
 
     def generate(
-        self, prompt_ids: List[int], params: SamplingParams, *, high_priority: bool = False, request: Any = None
+        self,
+        prompt_ids: List[int],
+        params: SamplingParams,
+        *,
+        high_priority: bool = False,
+        request: Any = None,
+        count_prompt: bool = True,
     ) -> AsyncIterator[GenerationEvent]:
         """Run one generation: its events, the last one with a ``finish_reason``.
 
-        Raises ``ValueError`` for a request it refuses and the errors of
+        ``count_prompt`` is False for the second and later choices of one request (``n`` > 1):
+        the first one already counted the prompt in the token counters.  Raises ``ValueError`` for a request it refuses and the errors of
         :mod:`lightllm.server.manager_errors` when it cannot take one; ``request`` (the client's
         connection, or None) is polled to stop the work when the client goes away.
         """

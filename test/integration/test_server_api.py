@@ -274,9 +274,43 @@ def test_vllm_metrics_count_what_the_responses_report(tiny_server):
     assert delta("vllm:request_prompt_tokens_sum", **model) == sum(u.prompt_tokens for u, _ in reports)
     assert delta("vllm:request_generation_tokens_count", **model) == len(reports)
     assert 0 < delta("vllm:time_to_first_token_seconds_sum", **model) <= delta("vllm:e2e_request_latency_seconds_sum", **model)
+    # Queue, prefill and inference times split each request at the moment rank 0 first scheduled it.
+    for name in ("request_queue_time", "request_prefill_time", "request_inference_time"):
+        assert delta(f"vllm:{name}_seconds_count", **model) == len(reports), name
+    queue = delta("vllm:request_queue_time_seconds_sum", **model)
+    prefill = delta("vllm:request_prefill_time_seconds_sum", **model)
+    assert 0 < queue < delta("vllm:time_to_first_token_seconds_sum", **model)
+    assert queue + prefill == pytest.approx(delta("vllm:time_to_first_token_seconds_sum", **model), abs=1e-6)
+    assert queue + delta("vllm:request_inference_time_seconds_sum", **model) == pytest.approx(
+        delta("vllm:e2e_request_latency_seconds_sum", **model), abs=1e-6)
     assert _total(after, "vllm:num_requests_running", **model) == _total(after, "vllm:num_requests_waiting", **model) == 0
     assert 0 <= _total(after, "vllm:kv_cache_usage_perc", **model) < 1
     assert _total(after, "vllm:num_preemptions_total", **model) >= 0
     assert _total(after, "lightllm_backend_steps_total", **model) > _total(before, "lightllm_backend_steps_total", **model)
     dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "dashboards" / "lightllm_grafana.json").read_text())
     assert dashboard_problems(dashboard, text) == []
+
+
+def test_n_choices_count_their_prompt_once(tiny_server):
+    """With n > 1 the prompt is counted once per request (as vLLM counts it), its choices once each."""
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    tiny_server.wait_idle()
+    _, before = _scrape(tiny_server.url)
+    out = client.completions.create(model=tiny_server.model_name, prompt="count this prompt once", n=3, max_tokens=2,
+                                    temperature=0.9, seed=5, extra_body={"ignore_eos": True})
+    native = httpx.post(f"{tiny_server.url}/generate", timeout=60, json={
+        "inputs": "and this one", "parameters": {"n": 2, "max_new_tokens": 2, "ignore_eos": True}}).json()
+    tiny_server.wait_idle()
+    _, after = _scrape(tiny_server.url)
+
+    def delta(name: str, **labels: str) -> float:
+        return _total(after, name, model_name=tiny_server.model_name, **labels) - _total(
+            before, name, model_name=tiny_server.model_name, **labels)
+
+    prompts = out.usage.prompt_tokens + native["prompt_tokens"]
+    assert len(out.choices) == 3 and len(native["generated_text"]) == 2
+    assert delta("vllm:prompt_tokens_total") == prompts
+    assert delta("vllm:prefix_cache_queries_total") == prompts
+    assert 0 <= delta("vllm:prefix_cache_hits_total") <= prompts
+    assert delta("vllm:generation_tokens_total") == 3 * 2 + 2 * 2
+    assert delta("vllm:request_success_total", finished_reason="length") == 5

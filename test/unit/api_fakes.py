@@ -47,6 +47,7 @@ class GenerateCall:
     params: SamplingParams
     high_priority: bool
     request: Any
+    count_prompt: bool = True
 
 
 class FakeManager:
@@ -98,8 +99,8 @@ class FakeManager:
         return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *, high_priority: bool = False,
-                       request: Any = None) -> AsyncIterator[FakeEvent]:
-        self.calls.append(GenerateCall(list(prompt_ids), params, high_priority, request))
+                       request: Any = None, count_prompt: bool = True) -> AsyncIterator[FakeEvent]:
+        self.calls.append(GenerateCall(list(prompt_ids), params, high_priority, request, count_prompt))
         if self.failure == "busy":
             raise ServerBusyError("no free request slot")
         if self.failure == "reject":

@@ -85,8 +85,14 @@ def test_high_priority_request_reaches_manager(manager: FakeManager) -> None:
         ({"inputs": "hi", "infer_high_priority": -1}, "infer_high_priority"),
         ({"inputs": "hi", "parameters": {"n": 3, "best_of": 2}}, "parameters.best_of"),
         ({"inputs": "hi", "parameters": {"n": 17}}, "parameters.n"),
-        ({"inputs": "hi", "parameters": {"print_eos_token": True}}, "parameters.print_eos_token"),
-        ({"inputs": "hi", "parameters": {"exponential_decay_length_penalty": [4, 1.1]}},
+        ({"inputs": "hi", "parameters": {"print_eos_token": "yes"}}, "parameters.print_eos_token"),
+        ({"inputs": "hi", "parameters": {"exponential_decay_length_penalty": [4]}},
+         "parameters.exponential_decay_length_penalty"),
+        ({"inputs": "hi", "parameters": {"exponential_decay_length_penalty": [-1, 1.1]}},
+         "parameters.exponential_decay_length_penalty"),
+        ({"inputs": "hi", "parameters": {"exponential_decay_length_penalty": [4, 0.5]}},
+         "parameters.exponential_decay_length_penalty"),
+        ({"inputs": "hi", "parameters": {"exponential_decay_length_penalty": [4, 11]}},
          "parameters.exponential_decay_length_penalty"),
         ({"inputs": "hi", "parameters": {"skip_special_tokens": "no"}}, "parameters.skip_special_tokens"),
         ({"inputs": "hi", "high_priority_request": "yes"}, "high_priority_request"),
@@ -121,8 +127,17 @@ def test_native_lightllm_parameters(client: TestClient, manager: FakeManager) ->
     assert answer["finish_reason"] == ["stop", "stop"] and answer["count_output_tokens"] == [3, 3]
     assert all(call.prompt_ids == manager.encode_prompt("hi there", add_special_tokens=False)
                for call in manager.calls)
+    # The prompt is counted in the token metrics by the first choice only.
+    assert [call.count_prompt for call in manager.calls] == [True, False]
     params = manager.calls[0].params
     assert params.skip_special_tokens is False and params.input_penalty is True
+    assert params.print_eos_token is False and params.exponential_decay_start is None
+    manager.calls.clear()
+    client.post("/generate", json={"inputs": "hi", "parameters": {
+        "print_eos_token": True, "exponential_decay_length_penalty": [4, 1.5]}})
+    params = manager.calls[0].params
+    assert params.print_eos_token is True
+    assert (params.exponential_decay_start, params.exponential_decay_factor) == (4, 1.5)
     # Defaults as LightLLM: 16 new tokens, tokens at the top level with return_details.
     manager.calls.clear()
     single = client.post("/generate", json={"inputs": "hi", "parameters": {"return_details": True}}).json()

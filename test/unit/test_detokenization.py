@@ -58,3 +58,23 @@ def test_special_tokens_are_kept_when_not_skipped(tiny_llama_dir):
     kept_text = "".join(kept.add(t) for t in ids) + kept.flush()
     skipped_text = "".join(skipped.add(t) for t in ids) + skipped.flush()
     assert kept_text == skipped_text + "<|im_end|>"
+
+
+def test_shown_ids_keep_the_eos_text_while_other_special_tokens_are_skipped(tiny_llama_dir):
+    # LightLLM's print_eos_token: the detokenizer passes the model's EOS ids as shown_ids.
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    eos = tokenizer.eos_token_id
+    marker = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert marker != eos
+    words = tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    ids = words[:1] + [marker] + words[1:] + [eos]
+    shown = IncrementalDecoder(tokenizer, [1], shown_ids=[eos])
+    plain = IncrementalDecoder(tokenizer, [1])
+    shown_text = "".join(shown.add(t) for t in ids) + shown.flush()
+    plain_text = "".join(plain.add(t) for t in ids) + plain.flush()
+    assert plain_text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert shown_text == plain_text + tokenizer.eos_token
+    # Without skipping, every special token is shown once already.
+    unskipped = IncrementalDecoder(tokenizer, [1], skip_special_tokens=False, shown_ids=[eos])
+    text = "".join(unskipped.add(t) for t in ids) + unskipped.flush()
+    assert text.count(tokenizer.eos_token) == 1 and "<|im_end|>" in text

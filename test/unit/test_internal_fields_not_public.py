@@ -34,9 +34,11 @@ class RecordingManager(FakeManager):
         super().__init__()
         self.extra_keywords: list[dict[str, Any]] = []
 
-    def generate(self, prompt_ids, params, *, high_priority=False, request=None, **extra):  # type: ignore[override]
+    def generate(self, prompt_ids, params, *, high_priority=False, request=None, count_prompt=True,
+                 **extra):  # type: ignore[override]
         self.extra_keywords.append(extra)
-        return super().generate(prompt_ids, params, high_priority=high_priority, request=request)
+        return super().generate(prompt_ids, params, high_priority=high_priority, request=request,
+                                count_prompt=count_prompt)
 
 
 @pytest.fixture()

@@ -105,6 +105,8 @@ def test_extremes_that_are_accepted_read_back_valid(shm):
          "stop_token_ids": [INT32_MAX] * 16, "logprobs": 20},
         {"temperature": 0.0, "presence_penalty": -2.0, "frequency_penalty": 0.0, "min_new_tokens": 3,
          "max_new_tokens": 3},
+        {"print_eos_token": True, "exponential_decay_start": INT32_MAX, "exponential_decay_factor": 10.0},
+        {"exponential_decay_start": 0, "exponential_decay_factor": 1.0000001},
     ]
     for fields in accepted:
         params = SamplingParams(**fields)

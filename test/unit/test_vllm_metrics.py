@@ -48,10 +48,13 @@ def test_vllm_series_carry_the_measured_values_under_vllm_names_and_types(stats:
     metrics.on_first_token(0.2, cached_tokens=4)
     metrics.on_next_token(0.03)
     metrics.on_next_token(0.05)
-    metrics.on_finish("stop", 3, 0.4, prompt_tokens=5, first_token_seconds=0.2)
+    metrics.on_finish("stop", 3, 0.4, prompt_tokens=5, first_token_seconds=0.2, queue_seconds=0.05)
     metrics.on_submit(7)
     metrics.on_first_token(0.1, cached_tokens=0)
-    metrics.on_finish("length", 1, 0.1, prompt_tokens=7, first_token_seconds=0.1)
+    metrics.on_finish("length", 1, 0.1, prompt_tokens=7, first_token_seconds=0.1, queue_seconds=0.02)
+    # A request aborted before it was ever scheduled has no queue, prefill or inference time.
+    metrics.on_submit(3)
+    metrics.on_finish("abort", 0, 0.3, prompt_tokens=3, first_token_seconds=None, queue_seconds=None)
 
     families = _families(metrics)
     types = {name: f.type for name, f in families.items()}
@@ -68,6 +71,9 @@ def test_vllm_series_carry_the_measured_values_under_vllm_names_and_types(stats:
         "vllm:request_generation_tokens",
         "vllm:request_decode_time_seconds",
         "vllm:request_time_per_output_token_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_inference_time_seconds",
     ):
         assert types[name] == "histogram", name
     # Every series names the served model; vLLM's copies have no strategy label.
@@ -80,13 +86,13 @@ def test_vllm_series_carry_the_measured_values_under_vllm_names_and_types(stats:
     assert _value(families["vllm:num_requests_waiting"], "vllm:num_requests_waiting") == 2
     assert _value(families["vllm:kv_cache_usage_perc"], "vllm:kv_cache_usage_perc") == pytest.approx(0.4)
     assert _value(families["vllm:num_preemptions"], "vllm:num_preemptions_total") == 4
-    assert _value(families["vllm:prompt_tokens"], "vllm:prompt_tokens_total") == 12
+    assert _value(families["vllm:prompt_tokens"], "vllm:prompt_tokens_total") == 15
     assert _value(families["vllm:generation_tokens"], "vllm:generation_tokens_total") == 4
     assert _value(families["vllm:prefix_cache_hits"], "vllm:prefix_cache_hits_total") == 4
     success = families["vllm:request_success"]
     assert _value(success, "vllm:request_success_total", finished_reason="stop") == 1
     assert _value(success, "vllm:request_success_total", finished_reason="length") == 1
-    assert _value(success, "vllm:request_success_total", finished_reason="abort") == 0
+    assert _value(success, "vllm:request_success_total", finished_reason="abort") == 1
     ttft = families["vllm:time_to_first_token_seconds"]
     assert _value(ttft, "vllm:time_to_first_token_seconds_count") == 2
     assert _value(ttft, "vllm:time_to_first_token_seconds_sum") == pytest.approx(0.3)
@@ -95,14 +101,22 @@ def test_vllm_series_carry_the_measured_values_under_vllm_names_and_types(stats:
     assert _value(itl, "vllm:inter_token_latency_seconds_count") == 2
     assert _value(itl, "vllm:inter_token_latency_seconds_sum") == pytest.approx(0.08)
     prompt_lengths = families["vllm:request_prompt_tokens"]
-    assert _value(prompt_lengths, "vllm:request_prompt_tokens_sum") == 12
-    assert _value(prompt_lengths, "vllm:request_prompt_tokens_bucket", le="5.0") == 1
+    assert _value(prompt_lengths, "vllm:request_prompt_tokens_sum") == 15
+    assert _value(prompt_lengths, "vllm:request_prompt_tokens_bucket", le="5.0") == 2  # 5 and 3
     assert _value(families["vllm:request_generation_tokens"], "vllm:request_generation_tokens_sum") == 4
     # Decode time is first token to end; per-token time only for requests with a second token.
     assert _value(families["vllm:request_decode_time_seconds"], "vllm:request_decode_time_seconds_sum") == pytest.approx(0.2)
     tpot = families["vllm:request_time_per_output_token_seconds"]
     assert _value(tpot, "vllm:request_time_per_output_token_seconds_count") == 1
     assert _value(tpot, "vllm:request_time_per_output_token_seconds_sum") == pytest.approx(0.1)
+    # Queue time ends when the request is first scheduled; prefill and inference start there.
+    queue = families["vllm:request_queue_time_seconds"]
+    assert _value(queue, "vllm:request_queue_time_seconds_count") == 2
+    assert _value(queue, "vllm:request_queue_time_seconds_sum") == pytest.approx(0.07)
+    assert _value(families["vllm:request_prefill_time_seconds"], "vllm:request_prefill_time_seconds_sum") == pytest.approx(0.15 + 0.08)
+    inference = families["vllm:request_inference_time_seconds"]
+    assert _value(inference, "vllm:request_inference_time_seconds_count") == 2
+    assert _value(inference, "vllm:request_inference_time_seconds_sum") == pytest.approx(0.35 + 0.08)
     # Cumulative backend values are counters in base units, not gauges.
     assert types["lightllm_step_seconds"] == "counter"
     assert _value(families["lightllm_step_seconds"], "lightllm_step_seconds_total", phase="forward") == pytest.approx(2.5)

@@ -1,6 +1,11 @@
 """Per-request sampling parameters and the batched, vectorised token sampler."""
 
-from lightllm.common.sampling.logit_processors import apply_min_tokens_mask, apply_penalties, apply_top_k_top_p
+from lightllm.common.sampling.logit_processors import (
+    apply_exponential_decay,
+    apply_min_tokens_mask,
+    apply_penalties,
+    apply_top_k_top_p,
+)
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.common.sampling.sampler_output import SamplerOutput
 from lightllm.common.sampling.sampling_batch import SamplingBatch, derive_step_seed
@@ -23,6 +28,7 @@ __all__ = [
     "SamplingParams",
     "STOP_SEQUENCES_BYTES",
     "STORED_DTYPES",
+    "apply_exponential_decay",
     "apply_min_tokens_mask",
     "apply_penalties",
     "apply_top_k_top_p",

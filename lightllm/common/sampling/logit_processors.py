@@ -1,4 +1,4 @@
-"""Logit processors: penalties, the ``min_new_tokens`` mask and top-k / top-p / min-p filters.
+"""Logit processors: penalties, the EOS length decay, the ``min_new_tokens`` mask and top-k / top-p / min-p filters.
 
 Each works out of place on float32 logits of one :class:`SamplingBatch` and skips itself
 when no row of the batch uses its feature.  The public ``apply_*`` functions check the
@@ -64,6 +64,19 @@ def penalised(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return logits
 
 
+def eos_decayed(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """EOS logits raised by the exponential decay length penalty (see :func:`apply_exponential_decay`)."""
+    if batch.decay_rows is None:
+        return logits
+    rows = batch.decay_rows[:, None]
+    cols = batch.decay_eos_ids[None, :]
+    current = logits[rows, cols]
+    raised = within_float32(current + current.abs() * batch.decay_scales[:, None])
+    # A token already masked (structured output) stays masked: -inf + inf would be NaN.
+    raised = torch.where(torch.isneginf(current), current, raised)
+    return logits.index_put((rows.expand_as(current), cols.expand_as(current)), raised)
+
+
 def min_tokens_masked(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """EOS / stop ids at ``-inf`` on rows below ``min_new_tokens`` (out of place)."""
     if batch.min_tokens_mask is None:
@@ -113,6 +126,17 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """
     check_logits(logits, batch)
     return penalised(logits.to(torch.float32), batch)
+
+
+def apply_exponential_decay(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Return float32 logits with the exponential decay length penalty applied.
+
+    On a row with ``exponential_decay_start`` s and factor f that has generated g > s tokens,
+    every EOS logit ``x`` becomes ``x + |x| * (f ** (g - s) - 1)`` (Hugging Face's
+    ``ExponentialDecayLengthPenalty`` with the prompt length as its offset).
+    """
+    check_logits(logits, batch)
+    return eos_decayed(logits.to(torch.float32), batch)
 
 
 def apply_min_tokens_mask(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

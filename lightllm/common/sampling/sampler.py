@@ -9,12 +9,14 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
 
 1. penalties (:func:`apply_penalties`): repetition penalty over prompt + generated tokens,
    then frequency / presence penalties over generated tokens;
-2. ``min_new_tokens`` (:func:`apply_min_tokens_mask`): EOS and stop ids set to ``-inf`` for
+2. the exponential decay length penalty (:func:`apply_exponential_decay`): EOS logits raised
+   on rows past their start, before the EOS mask below so a masked EOS stays masked;
+3. ``min_new_tokens`` (:func:`apply_min_tokens_mask`): EOS and stop ids set to ``-inf`` for
    rows that have generated fewer tokens than required;
-3. greedy rows take the arg-max here;
-4. temperature scaling; the returned log-probabilities are ``log_softmax`` of this scaled
+4. greedy rows take the arg-max here;
+5. temperature scaling; the returned log-probabilities are ``log_softmax`` of this scaled
    distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
-5. top-k then top-p filtering (:func:`apply_top_k_top_p`), then min-p filtering (tokens less
+6. top-k then top-p filtering (:func:`apply_top_k_top_p`), then min-p filtering (tokens less
    likely than ``min_p`` times the most likely one are dropped; the ratio is the same before
    and after top-k / top-p, which always keep the most likely token), then inverse-CDF sampling picks
    the token: with ``u ~ U(0, 1)`` per row, the first token whose cumulative probability
@@ -31,6 +33,7 @@ import torch
 
 from lightllm.common.sampling.logit_processors import (
     check_logits,
+    eos_decayed,
     min_p_filtered,
     min_tokens_masked,
     penalised,
@@ -94,7 +97,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32)."""
         check_logits(logits, batch)
-        processed = min_tokens_masked(penalised(logits.to(torch.float32), batch), batch)
+        processed = min_tokens_masked(eos_decayed(penalised(logits.to(torch.float32), batch), batch), batch)
         greedy_ids = processed.argmax(dim=-1)
         # Every temperature of an all-greedy batch is 1, and x / 1 == x exactly.
         scaled = processed if batch.all_greedy else processed / batch.temperatures[:, None]

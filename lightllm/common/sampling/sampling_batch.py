@@ -16,6 +16,7 @@ import torch
 from lightllm.common.sampling.sampling_params import SamplingParamError, SamplingParams
 
 _MASK64 = (1 << 64) - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _NO_IDS = np.empty(0, dtype=np.int64)
 
 
@@ -66,6 +67,19 @@ def _penalty_histories(
     return seen, counted
 
 
+def decay_scale(factor: float, steps: int) -> float:
+    """``factor ** steps - 1``, held at the largest float32 instead of overflowing.
+
+    An infinite scale would turn an EOS logit of exactly 0 into ``0 * inf = NaN``; the largest
+    finite one gives the intended limit (EOS dominates) for every other logit.
+    """
+    try:
+        scale = factor**steps - 1.0
+    except OverflowError:
+        return _FLOAT32_MAX
+    return min(scale, _FLOAT32_MAX)
+
+
 def _flat_cells(histories: list[np.ndarray], vocab_size: int, device: torch.device) -> torch.Tensor | None:
     """The ``row * vocab_size + token`` cell of every id in ``histories``; None when all are empty."""
     lengths = [len(history) for history in histories]
@@ -105,6 +119,11 @@ class SamplingBatch:
     any_top_p: bool
     any_min_p: bool
     max_top_k: int  # largest entry of top_k
+    # Exponential decay length penalty: the rows past their start, each with its
+    # ``factor ** (generated - start) - 1``, and the EOS ids it raises.  None: no row decays.
+    decay_rows: torch.Tensor | None = None  # long[R]
+    decay_scales: torch.Tensor | None = None  # float32[R]
+    decay_eos_ids: torch.Tensor | None = None  # long[E]
 
     @classmethod
     def build(
@@ -154,6 +173,8 @@ class SamplingBatch:
         mask_rows: list[int] = []
         mask_cols: list[int] = []
         seeded_rows: list[tuple[int, int]] = []
+        decay_rows: list[int] = []
+        decay_scales: list[float] = []
         for row, param in enumerate(params):
             if not isinstance(param, SamplingParams):
                 raise ValueError(f"params[{row}] must be SamplingParams, got {type(param).__name__}")
@@ -184,6 +205,10 @@ class SamplingBatch:
                     mask_cols.append(token_id)
             if param.seed is not None and not is_greedy:
                 seeded_rows.append((row, derive_step_seed(param.seed, len(generated))))
+            start = param.exponential_decay_start
+            if start is not None and len(generated) > start and param.exponential_decay_factor != 1.0:
+                decay_rows.append(row)
+                decay_scales.append(decay_scale(float(param.exponential_decay_factor), len(generated) - start))
 
         # Transposed on the host so that each parameter is a contiguous row on the device.
         packed = torch.tensor(floats, dtype=torch.float32).T.contiguous().to(device)
@@ -212,4 +237,7 @@ class SamplingBatch:
             any_top_p=any(row[1] < 1.0 for row in floats),
             any_min_p=any(row[2] > 0.0 for row in floats),
             max_top_k=max(top_k),
+            decay_rows=torch.tensor(decay_rows, dtype=torch.long, device=device) if decay_rows and eos else None,
+            decay_scales=torch.tensor(decay_scales, dtype=torch.float32, device=device) if decay_rows and eos else None,
+            decay_eos_ids=torch.tensor(sorted(set(eos)), dtype=torch.long, device=device) if decay_rows and eos else None,
         )

@@ -15,6 +15,12 @@ fields across unchanged:
   only: ``logit -= frequency * count + presence * (count > 0)``; with ``input_penalty``
   (LightLLM) prompt tokens count too.
 * ``min_new_tokens`` keeps EOS and stop token ids masked until that many tokens exist.
+* ``exponential_decay_start`` / ``exponential_decay_factor`` (LightLLM's
+  ``exponential_decay_length_penalty``, Hugging Face's ``ExponentialDecayLengthPenalty``): once
+  more than ``start`` tokens were generated, each EOS logit ``x`` becomes
+  ``x + |x| * (factor ** (generated - start) - 1)``, so ending grows exponentially likelier.
+* ``print_eos_token`` (LightLLM) shapes the text: the EOS token's text is part of the output
+  even when ``skip_special_tokens`` drops other special tokens.
 
 Besides its range, every number is checked in the width it is stored in (32-bit floats and
 integers in shared memory; see :mod:`lightllm.common.sampling.storage_width`), so a value
@@ -39,6 +45,9 @@ MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
 MAX_SEED = 2**63 - 1
 PENALTY_LIMIT = 2.0
+# LightLLM's bounds on the decay factor: 1 leaves EOS alone; every factor above raises it.
+MIN_DECAY_FACTOR = 1.0
+MAX_DECAY_FACTOR = 10.0
 
 
 class SamplingParamError(ValueError):
@@ -98,6 +107,11 @@ class SamplingParams:
     input_penalty: bool = False
     # Structured output: an llguidance grammar the generated tokens must follow (None: free text).
     grammar: str | None = None
+    # LightLLM's print_eos_token: the EOS token's text is shown even when special tokens are skipped.
+    print_eos_token: bool = False
+    # LightLLM's exponential_decay_length_penalty = (start, factor); start None: no decay.
+    exponential_decay_start: int | None = None
+    exponential_decay_factor: float = 1.0
 
     def __post_init__(self) -> None:
         # Accept tuples from callers but store lists, so to_dict/from_dict round-trip exactly.
@@ -170,7 +184,7 @@ class SamplingParams:
 
         self._validate_stop_token_ids(vocab_size)
 
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty", "print_eos_token"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.do_sample is not None and not isinstance(self.do_sample, bool):
@@ -182,6 +196,8 @@ class SamplingParams:
                 if not 0 <= count <= MAX_TOP_LOGPROBS:
                     raise SamplingParamError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {count}")
 
+        self._validate_exponential_decay()
+
         if self.grammar is not None:
             if not isinstance(self.grammar, str) or not self.grammar:
                 raise SamplingParamError("grammar must be a non-empty string or None")
@@ -190,6 +206,17 @@ class SamplingParams:
 
         self._validate_stop_sequences()
         check_stored_widths(vars(self), SamplingParamError)
+
+    def _validate_exponential_decay(self) -> None:
+        factor = _check_number("exponential_decay_factor", self.exponential_decay_factor)
+        if not MIN_DECAY_FACTOR <= factor <= MAX_DECAY_FACTOR:
+            raise SamplingParamError(
+                f"exponential_decay_factor must be in [{MIN_DECAY_FACTOR:g}, {MAX_DECAY_FACTOR:g}], got {self.exponential_decay_factor}"
+            )
+        if self.exponential_decay_start is not None:
+            start = _check_int("exponential_decay_start", self.exponential_decay_start)
+            if start < 0:
+                raise SamplingParamError(f"exponential_decay_start must be >= 0, got {start}")
 
     def _validate_stop_token_ids(self, vocab_size: int | None) -> None:
         if not isinstance(self.stop_token_ids, list):

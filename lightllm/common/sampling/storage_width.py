@@ -35,11 +35,13 @@ STORED_DTYPES: dict[str, type[np.generic]] = {
     "repetition_penalty": np.float32,
     "presence_penalty": np.float32,
     "frequency_penalty": np.float32,
+    "exponential_decay_factor": np.float32,
     "top_k": np.int32,
     "max_new_tokens": np.int32,
     "min_new_tokens": np.int32,
     "logprobs": np.int32,
     "prompt_logprobs": np.int32,
+    "exponential_decay_start": np.int32,
     "stop_token_ids": np.int32,
     "seed": np.int64,
 }

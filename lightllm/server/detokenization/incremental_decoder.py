@@ -18,7 +18,9 @@ class IncrementalDecoder:
     string appears, the text before it (and the stop string itself with
     ``include_stop_str``) is released and the decoder reports the hit.
 
-    ``skip_special_tokens=False`` keeps the text of special tokens (EOS, chat markers).
+    ``skip_special_tokens=False`` keeps the text of special tokens (EOS, chat markers);
+    ``shown_ids`` are special tokens whose text is kept even when the others are skipped
+    (LightLLM's ``print_eos_token`` puts the EOS ids here).
     """
 
     def __init__(
@@ -28,6 +30,7 @@ class IncrementalDecoder:
         stop_sequences: Sequence[str] = (),
         skip_special_tokens: bool = True,
         include_stop_str: bool = False,
+        shown_ids: Sequence[int] = (),
     ):
         self.tokenizer = tokenizer
         self.ids: List[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
@@ -41,6 +44,7 @@ class IncrementalDecoder:
         self.stopped = False
         self.skip_special_tokens = skip_special_tokens
         self.include_stop_str = include_stop_str
+        self.shown_ids = frozenset(shown_ids) if skip_special_tokens else frozenset()
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(
@@ -51,6 +55,11 @@ class IncrementalDecoder:
         """Append a token; returns the text that may be shown now (possibly empty)."""
         if self.stopped:
             return ""
+        if token_id in self.shown_ids:
+            # Skipped special tokens decode to nothing, so leaving this one out of the window
+            # changes no neighbour's text; its own text is appended whole.
+            self.text += self.tokenizer.decode([token_id], skip_special_tokens=False)
+            return self._release()
         self.ids.append(token_id)
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.ids[self.prefix_offset :])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
 
 import zmq
 
@@ -33,6 +33,8 @@ class DetokenizationConfig:
     tokenizer_mode: str
     layout: ServerLayout
     log_level: str
+    # The model's EOS ids, whose text a request with print_eos_token keeps.
+    eos_token_ids: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +69,7 @@ class DetokenizationManager:
                 options.stop_sequences,
                 skip_special_tokens=options.skip_special_tokens,
                 include_stop_str=options.include_stop_str_in_output,
+                shown_ids=self.config.eos_token_ids if options.print_eos_token else (),
             )
             state = self.requests[request_id] = _RequestText(decoder)
         return state

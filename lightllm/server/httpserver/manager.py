@@ -110,6 +110,10 @@ class HttpServerManager:
                 if isinstance(message, DetokenizedOutput):
                     pending = self._pending.get(message.request_id)
                     if pending is not None:
+                        if not pending.scheduled_ns:
+                            # Read while the slot is surely still this request's: its release
+                            # message comes after every output message.
+                            pending.scheduled_ns = self.shm.scheduled_ns(pending.slot, message.request_id)
                         pending.deliver(message)
                 elif isinstance(message, SlotReleased):
                     await self._release_slot(message.request_id, message.shm_index)
@@ -230,6 +234,7 @@ class HttpServerManager:
         request_id: Optional[int] = None,
         infer_high_priority: int = 0,
         segment_index: int = 0,
+        count_prompt: bool = True,
     ) -> AsyncIterator[GenerationEvent]:
         """Submit a request and yield one event per generated token (the last has finish_reason).
 
@@ -238,6 +243,8 @@ class HttpServerManager:
         segments); the HTTP handlers never do, so no public API field can reach them.  The id
         (given, or this manager's next free one) is used unchanged by every process and in
         every event; a given id that is still in use raises ``DuplicateRequestIdError``.
+        ``count_prompt`` False: another choice of the same request (``n`` > 1) already counted this
+        prompt in the token counters.
         """
         params.validate(self.vocab_size)
         if not prompt_ids:
@@ -262,7 +269,7 @@ class HttpServerManager:
                 del self._live[request_id]
                 raise
             self._live[request_id] = slot
-            pending = PendingRequest(len(prompt_ids))
+            pending = PendingRequest(len(prompt_ids), slot, counts_prompt=count_prompt)
             self._pending[request_id] = pending
             try:
                 self.shm.write_request(
@@ -277,7 +284,9 @@ class HttpServerManager:
                     await self._slots.put(slot)
                 raise
             started = time.perf_counter()
-            self.metrics.on_submit(len(prompt_ids))
+            pending.arrival_ns = time.monotonic_ns()
+            if count_prompt:
+                self.metrics.on_submit(len(prompt_ids))
             finish_reason = None
             try:
                 await self.to_router.send_pyobj(NewRequest(request_id, slot))
@@ -305,6 +314,7 @@ class HttpServerManager:
                     time.perf_counter() - started,
                     prompt_tokens=pending.prompt_tokens,
                     first_token_seconds=pending.first_token_seconds,
+                    queue_seconds=pending.queue_seconds,
                 )
         finally:
             self._active_generations -= 1

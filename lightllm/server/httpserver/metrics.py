@@ -40,6 +40,9 @@ VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_request_generation_tokens": ("vllm:request_generation_tokens",),
     "lightllm_request_decode_seconds": ("vllm:request_decode_time_seconds",),
     "lightllm_request_time_per_output_token_seconds": ("vllm:request_time_per_output_token_seconds",),
+    "lightllm_request_queue_seconds": ("vllm:request_queue_time_seconds",),
+    "lightllm_request_prefill_seconds": ("vllm:request_prefill_time_seconds",),
+    "lightllm_request_inference_seconds": ("vllm:request_inference_time_seconds",),
 }
 # vLLM spells the finish label ``finished_reason``; it has no strategy label.
 _VLLM_LABEL_NAMES = {"finish_reason": "finished_reason", "strategy": None}
@@ -190,6 +193,16 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=measured,
         )
+        # From the moment rank 0 first schedules a request (its first prefill chunk is submitted).
+        self.request_queue = Histogram(
+            "lightllm_request_queue_seconds", "Time from submission to first scheduling", labels, buckets=_LATENCY_BUCKETS, registry=measured
+        )
+        self.request_prefill = Histogram(
+            "lightllm_request_prefill_seconds", "Time from first scheduling to the first token", labels, buckets=_LATENCY_BUCKETS, registry=measured
+        )
+        self.request_inference = Histogram(
+            "lightllm_request_inference_seconds", "Time from first scheduling to the end of the request", labels, buckets=_LATENCY_BUCKETS, registry=measured
+        )
         measured.register(_SharedStatsCollector(stats, strategy))
         self._exporter = _Exporter(measured, model_name)
         # Every finish reason is exported from the start (as vLLM does), so rate() sees 0, not nothing.
@@ -207,6 +220,9 @@ class ServerMetrics:
         self._request_generation = self.request_generation.labels(strategy)
         self._request_decode = self.request_decode.labels(strategy)
         self._request_tpot = self.request_tpot.labels(strategy)
+        self._request_queue = self.request_queue.labels(strategy)
+        self._request_prefill = self.request_prefill.labels(strategy)
+        self._request_inference = self.request_inference.labels(strategy)
 
     def on_submit(self, prompt_tokens: int) -> None:
         """A request was handed to the router."""
@@ -231,8 +247,13 @@ class ServerMetrics:
         *,
         prompt_tokens: int,
         first_token_seconds: Optional[float],
+        queue_seconds: Optional[float] = None,
     ) -> None:
-        """A request ended ``seconds`` after submission; its first token came after ``first_token_seconds``."""
+        """A request ended ``seconds`` after submission; its first token came after ``first_token_seconds``.
+
+        ``queue_seconds`` (None: never scheduled) is submission to first scheduling; the prefill
+        and inference times are measured from that moment, as vLLM measures them.
+        """
         self.requests.labels(self.strategy, finish_reason).inc()
         self._e2e.observe(seconds)
         self._request_prompt.observe(prompt_tokens)
@@ -242,6 +263,11 @@ class ServerMetrics:
             self._request_decode.observe(decode)
             if completion_tokens > 1:
                 self._request_tpot.observe(decode / (completion_tokens - 1))
+        if queue_seconds is not None:
+            self._request_queue.observe(queue_seconds)
+            self._request_inference.observe(max(0.0, seconds - queue_seconds))
+            if first_token_seconds is not None:
+                self._request_prefill.observe(max(0.0, first_token_seconds - queue_seconds))
 
     def render(self) -> tuple[bytes, str]:
         """Body and content type for /metrics."""

@@ -28,9 +28,16 @@ def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
 class PendingRequest:
     """A submitted request's queue of events, filled by the receiver and drained by :meth:`events`."""
 
-    def __init__(self, prompt_tokens: int):
+    def __init__(self, prompt_tokens: int, slot: int = -1, counts_prompt: bool = True):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.prompt_tokens = prompt_tokens
+        self.slot = slot
+        # False for the second and later choices of one request: their prompt and prefix-cache
+        # hits were counted with the first.
+        self.counts_prompt = counts_prompt
+        # CLOCK_MONOTONIC ns of submission and of rank 0 first scheduling it (0: not yet).
+        self.arrival_ns = 0
+        self.scheduled_ns = 0
         self.completion_tokens = 0
         self.first_token_seconds: Optional[float] = None  # since submission, for /metrics
         self.finished = False
@@ -66,6 +73,13 @@ class PendingRequest:
             )
         if message.finish_reason is not None:
             self.finished = True
+
+    @property
+    def queue_seconds(self) -> Optional[float]:
+        """Submission to first scheduling, None while (or if never) scheduled."""
+        if not self.scheduled_ns or not self.arrival_ns:
+            return None
+        return max(0, self.scheduled_ns - self.arrival_ns) / 1e9
 
     def fail(self, failure: ServerUnavailableError) -> bool:
         """End the request with ``failure`` unless it already ended; True if it was ended now."""
@@ -104,7 +118,7 @@ class PendingRequest:
             if event.token_id >= 0:
                 if last_token_at is None:
                     self.first_token_seconds = now - started
-                    metrics.on_first_token(self.first_token_seconds, event.cached_tokens)
+                    metrics.on_first_token(self.first_token_seconds, event.cached_tokens if self.counts_prompt else 0)
                 else:
                     metrics.on_next_token(now - last_token_at)
                 last_token_at = now

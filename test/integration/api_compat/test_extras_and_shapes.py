@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import httpx
+import torch
 
 from .support import sse_chunks
 
 
 def test_guidellm_continuous_usage_stream(tiny_server, tokenizer):
-    # The request guidellm 0.8 sends in its default streaming mode.
+    # The bodies guidellm 0.8.1 sends in its default streaming mode with a fixed output length, as its
+    # request handlers format them (recorded from guidellm's own code; a real run is in the docs).
     prompt = "hello world scheduler"
-    body = {"model": tiny_server.model_name, "prompt": prompt, "max_tokens": 6, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": True}
+    body = {"model": tiny_server.model_name, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "max_tokens": 6, "stop": None, "ignore_eos": True, "prompt": prompt}
     chunks = sse_chunks(f"{tiny_server.url}/v1/completions", body)
     prompt_tokens = len(tokenizer(prompt)["input_ids"])
     assert all(chunk["usage"] is not None for chunk in chunks)
@@ -21,9 +24,10 @@ def test_guidellm_continuous_usage_stream(tiny_server, tokenizer):
     assert counts == sorted(counts) and counts[-1] == 6
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == prompt_tokens + 6
     # Chat too, including the opening role chunk.
-    chat = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": 4,
-            "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chat = {"model": tiny_server.model_name, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "max_completion_tokens": 4, "stop": None, "ignore_eos": True,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}]}
     chunks = sse_chunks(f"{tiny_server.url}/v1/chat/completions", chat)
     assert all(chunk["usage"]["prompt_tokens"] > 0 for chunk in chunks)
     assert chunks[-1]["usage"]["completion_tokens"] == 4
@@ -133,8 +137,35 @@ def test_native_lightllm_shape_and_parameters(tiny_server, tokenizer):
         "max_new_tokens": 4, "n": 2, "best_of": 3, "seed": 3, "ignore_eos": True, "input_penalty": True,
         "presence_penalty": 1.0}}, timeout=60).json()
     assert len(several["generated_text"]) == 2 and several["count_output_tokens"] == [4, 4]
-    refused = httpx.post(url, json={"inputs": "x", "parameters": {"print_eos_token": True}}, timeout=60)
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "parameters.print_eos_token"
+    refused = httpx.post(url, json={"inputs": "x", "parameters": {"exponential_decay_length_penalty": [1, 20]}},
+                         timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "parameters.exponential_decay_length_penalty"
+
+
+def test_native_length_decay_and_print_eos_token_match_transformers(tiny_server, tokenizer, hf_model):
+    # LightLLM's exponential_decay_length_penalty pushes the random-weight model to EOS; greedy tokens
+    # must be those of transformers' generate with the same penalty, and print_eos_token shows EOS.
+    prompt = "Native decay"
+    decay = [2, 1.5]
+    parameters = {"do_sample": False, "max_new_tokens": 40, "exponential_decay_length_penalty": decay,
+                  "return_details": True}
+    answer = httpx.post(f"{tiny_server.url}/generate", json={"inputs": prompt, "parameters": parameters},
+                        timeout=60).json()
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    with torch.no_grad():
+        reference = hf_model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=40,
+                                      exponential_decay_length_penalty=tuple(decay),
+                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    expected = reference[0, len(prompt_ids):].tolist()
+    assert [token["id"] for token in answer["tokens"]] == expected
+    assert expected[-1] == tokenizer.eos_token_id and len(expected) < 40
+    assert answer["finish_reason"] == "stop"
+    assert tokenizer.eos_token not in answer["generated_text"][0]
+    shown = httpx.post(f"{tiny_server.url}/generate", timeout=60, json={
+        "inputs": prompt, "parameters": {**parameters, "print_eos_token": True}}).json()
+    assert shown["generated_text"][0] == answer["generated_text"][0] + tokenizer.eos_token
+    assert shown["tokens"][-1]["text"] == tokenizer.eos_token
 
 
 def test_vllm_bench_serve_request_shapes(tiny_server, tiny_llama_dir):

@@ -35,6 +35,9 @@ Who writes which field, and in what order
   request with ``prompt_logprobs`` >= 0, :meth:`~ShmReqBuffer.publish_prompt_logprobs` writes,
   during prefill, ``prompt_token_logprobs[p]`` and the top row of position ``p`` and then raises
   ``prompt_logprob_end`` past them (all before the first ``output_len`` bump).
+  :meth:`~ShmReqBuffer.set_scheduled_ns` writes ``scheduled_ns`` once, the first time
+  the request is scheduled, before its first ``output_len`` bump (the HTTP process reads it,
+  :meth:`~ShmReqBuffer.scheduled_ns`, when the first output arrives).
   :meth:`~ShmReqBuffer.set_finish_status` writes ``finish_status`` after the last ``output_len``
   bump.
 * Detokenization: :meth:`~ShmReqBuffer.decode_options` once per request, then
@@ -168,6 +171,7 @@ class ShmReqBuffer(SharedArraySegment):
         rec["high_priority_request"] = int(high_priority_request)
         rec["infer_high_priority"] = infer_high_priority
         rec["segment_index"] = segment_index
+        rec["scheduled_ns"] = 0
         for name in COPIED_FIELDS:
             rec[name] = getattr(params, name)
         for name in FLAG_FIELDS:
@@ -289,6 +293,18 @@ class ShmReqBuffer(SharedArraySegment):
         rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
         return True
 
+    def set_scheduled_ns(self, slot: int, request_id: int, scheduled_ns: int) -> bool:
+        """Record when the request was first scheduled (rank 0, once, before its first token)."""
+        rec = self._write(slot, request_id, "scheduled_ns")
+        if rec is None:
+            return False
+        rec["scheduled_ns"] = scheduled_ns
+        return True
+
+    def scheduled_ns(self, slot: int, request_id: int) -> int:
+        """When rank 0 first scheduled the request (CLOCK_MONOTONIC ns; 0 while it has not)."""
+        return int(self._read(slot, request_id)["scheduled_ns"])
+
     def set_finish_status(self, slot: int, request_id: int, status: int) -> bool:
         """Record how the request ended (rank 0, after its last token)."""
         rec = self._write(slot, request_id, "finish_status")
@@ -314,6 +330,7 @@ class ShmReqBuffer(SharedArraySegment):
             stop_sequences=self._stop_sequences(rec),
             skip_special_tokens=bool(rec["skip_special_tokens"]),
             include_stop_str_in_output=bool(rec["include_stop_str_in_output"]),
+            print_eos_token=bool(rec["print_eos_token"]),
         )
 
     def read_output(self, slot: int, request_id: int, start: int) -> OutputSnapshot:

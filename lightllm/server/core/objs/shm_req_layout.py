@@ -26,11 +26,12 @@ COPIED_FIELDS = (
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "exponential_decay_factor",
 )
 # Boolean sampling fields, stored as 0 or 1.
-FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty")
+FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty", "print_eos_token")
 # Optional integer sampling fields, stored as -1 when unset.
-OPTIONAL_FIELDS = ("logprobs", "prompt_logprobs")
+OPTIONAL_FIELDS = ("logprobs", "prompt_logprobs", "exponential_decay_start")
 
 
 def record_dtype(max_req_total_len: int) -> np.dtype:
@@ -47,6 +48,8 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("infer_high_priority", np.int32),
             # Internal: 0 for a request's first segment, k > 0 for its k-th continuation.
             ("segment_index", np.int32),
+            # CLOCK_MONOTONIC ns when rank 0 first scheduled the request (0: not yet).
+            ("scheduled_ns", np.int64),
             *[(name, STORED_DTYPES[name]) for name in COPIED_FIELDS],
             *[(name, np.int32) for name in FLAG_FIELDS],
             *[(name, STORED_DTYPES[name]) for name in OPTIONAL_FIELDS],

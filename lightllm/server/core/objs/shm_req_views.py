@@ -57,6 +57,7 @@ class DecodeOptions:
     stop_sequences: List[str]
     skip_special_tokens: bool
     include_stop_str_in_output: bool
+    print_eos_token: bool = False
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ class InferReq:
     abort_requested: bool = False
     strategy_state: Dict[str, Any] = field(default_factory=dict)
     sampling: Optional[Any] = None
+    # CLOCK_MONOTONIC ns when a step first selected the request (0: not yet), for the queue-time
+    # metric; set and published by rank 0's rank process, never read by scheduling.
+    scheduled_ns: int = 0
     # Next prompt position whose logprob is still to be computed (requests with prompt_logprobs).
     prompt_logprob_next: int = 1
 

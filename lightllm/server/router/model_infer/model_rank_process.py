@@ -11,6 +11,7 @@ it with an error and none of them runs it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -252,6 +253,7 @@ class ModelRank:
         """Rank 0 writes tokens and finish states to shared memory and notifies the others."""
         started = time.perf_counter()
         self.preemptions += len(report.paused)
+        self._stamp_first_scheduled(report)
         updates = {}
         # Prompt logprobs come from the prefill that also samples the first token: written first.
         shm = self.shm
@@ -280,6 +282,22 @@ class ModelRank:
         self._add_time("step_forward_us", report.forward_seconds)
         self._add_time("step_sample_us", report.post_seconds)
         self._add_time("step_publish_us", time.perf_counter() - started)
+
+    def _stamp_first_scheduled(self, report: StepReport) -> None:
+        """Publish when each request was first selected (vLLM's queue time ends there).
+
+        Written before any of the step's tokens, so the HTTP side has it with the first output.
+        A prompt whose prefix-cache hit leaves one token runs as decode work, so both lists count.
+        """
+        plan = report.plan
+        if plan is None:
+            return
+        now = 0
+        for req in itertools.chain(plan.decode_reqs, plan.prefill_reqs):
+            if not req.scheduled_ns:
+                now = now or time.monotonic_ns()
+                req.scheduled_ns = now
+                self.shm.set_scheduled_ns(req.shm_index, req.request_id, now)
 
     def _add_time(self, field: str, seconds: float) -> None:
         self.stats.set(field, self.stats.get(field) + int(seconds * 1e6))
