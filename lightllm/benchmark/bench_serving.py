@@ -105,7 +105,13 @@ def prepare_requests(
     requests = []
     for index, item in enumerate(schedule):
         prompt = builder.build(
-            index, item.prompt_len, seed=seed, namespace=namespace, shared_prefix_len=shared_prefix_len
+            index,
+            item.prompt_len,
+            seed=seed,
+            namespace=namespace,
+            shared_prefix_len=shared_prefix_len,
+            prefix_group=item.prefix_group,
+            prefix_len=item.prefix_len,
         )
         requests.append(
             RequestInput(
@@ -238,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--long-len", "long_len"), ("--short-len", "short_len"), ("--output-len", "output_len"),
         ("--long-count", "long_count"), ("--short-count", "short_count"),
         ("--long-every", "long_every"), ("--num-requests", "num_requests"),
-        ("--initial-long-count", "initial_long_count"),
+        ("--initial-long-count", "initial_long_count"), ("--prefix-groups", "prefix_groups"),
+        ("--prefix-tokens", "prefix_tokens"), ("--chat-turns", "chat_turns"),
     ):
         load.add_argument(flag, dest=field, type=int, default=getattr(defaults, field))
     load.add_argument("--long-output-len", type=int, default=None)

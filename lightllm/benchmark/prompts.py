@@ -103,16 +103,44 @@ class PromptBuilder:
         # Seeded without the namespace or index so every prompt gets the same prefix.
         return [int(i) for i in _rng(seed, "shared-prefix").choice(self._candidates, length)]
 
+    def _group_stream(self, seed: int, namespace: str, group: int, length: int) -> list[int]:
+        # Drawn in fixed blocks so the stream for a shorter length is a prefix of a longer one
+        # (a chat's turns extend each other); the namespace keeps warm-up groups apart.
+        rng = _rng(seed, namespace, "prefix-group", group)
+        block = 64
+        ids: list[int] = []
+        while len(ids) < length:
+            ids.extend(int(i) for i in rng.choice(self._candidates, block))
+        return ids[:length]
+
     def build(
-        self, index: int, length: int, *, seed: int = 0, namespace: str = "measure", shared_prefix_len: int = 0
+        self,
+        index: int,
+        length: int,
+        *,
+        seed: int = 0,
+        namespace: str = "measure",
+        shared_prefix_len: int = 0,
+        prefix_group: int = -1,
+        prefix_len: int = 0,
     ) -> Prompt:
         """Return prompt ``index`` whose encoding (with special tokens) has ``length`` ids.
 
+        ``prefix_group`` >= 0 takes the first ``prefix_len`` content tokens (at most all of
+        them) from that group's stream (see :class:`~lightllm.benchmark.workloads.ScheduledRequest`);
+        it cannot be combined with ``shared_prefix_len``.
+
         Raises:
-            ValueError: ``length`` leaves no room for content, or ``shared_prefix_len``
-                is negative or does not leave at least one unique token.
+            ValueError: ``length`` leaves no room for content, ``shared_prefix_len``
+                is negative or does not leave at least one unique token, or the group
+                arguments are invalid.
             PromptLengthError: no exact-length text was found within ``max_attempts``.
         """
+        if prefix_group >= 0:
+            if shared_prefix_len:
+                raise ValueError("shared_prefix_len and prefix_group cannot be combined")
+            if prefix_len < 0:
+                raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
         if length <= self._num_special:
             raise ValueError(
                 f"length must exceed the {self._num_special} special token(s) the tokenizer adds, got {length}"
@@ -127,6 +155,8 @@ class PromptBuilder:
         rng = _rng(seed, namespace, index)
         content_len = length - self._num_special
         prefix = self._shared_prefix(seed, shared_prefix_len) if shared_prefix_len else []
+        if prefix_group >= 0 and prefix_len:
+            prefix = self._group_stream(seed, namespace, prefix_group, min(prefix_len, content_len))
         content = prefix + [int(i) for i in rng.choice(self._candidates, content_len - len(prefix))]
         for _ in range(self._max_attempts):
             text = self._decode(content)
@@ -140,7 +170,7 @@ class PromptBuilder:
             if missing > 0:
                 content += [int(i) for i in rng.choice(self._candidates, missing)]
             else:
-                keep = max(len(content) + missing, len(prefix) + 1)
+                keep = max(len(content) + missing, min(len(prefix), content_len - 1) + 1)
                 content = content[:keep]
         raise PromptLengthError(
             f"could not build a prompt of exactly {length} tokens for index {index} "

@@ -87,8 +87,17 @@ def describe_workload(cfg: Mapping[str, Any]) -> str:
         )
         if cfg.get("initial_long_count"):
             text += f", after {cfg['initial_long_count']} initial long requests"
+    elif name == "shared_prefix":
+        text = (
+            f"{cfg['request_rate']:g} req/s for {cfg['duration_s']:g} s (Poisson), {100 * cfg['long_fraction']:g}% "
+            f"cold {cfg['long_len']}-token prompts, the rest few-shot ({cfg['prefix_groups']} templates of "
+            f"{cfg['prefix_tokens']} tokens + {cfg['short_len']}) or chat turns (+{cfg['short_len']} tokens a turn, "
+            f"{cfg['chat_turns']} turns)"
+        )
     else:
-        raise ValueError(f"workload name must be long_first, interleaved or sustained, got {name!r}")
+        raise ValueError(
+            f"workload name must be long_first, interleaved, sustained or shared_prefix, got {name!r}"
+        )
     return f"{text}; {_output_lens(cfg)}"
 
 

@@ -18,12 +18,20 @@ REQUEST_CLASSES: tuple[str, ...] = (SHORT, LONG)
 
 
 class ScheduledRequest(NamedTuple):
-    """One request of a workload: when to send it, its class and its token lengths."""
+    """One request of a workload: when to send it, its class and its token lengths.
+
+    ``prefix_group`` >= 0 names a shared token stream: the first ``prefix_len`` prompt tokens
+    (after the tokenizer's special tokens) are that stream's first tokens, identical for every
+    request of the group, so a prefix cache can reuse them; the rest is unique.  ``-1``: the
+    whole prompt is unique.
+    """
 
     scheduled_time_s: float
     request_class: str
     prompt_len: int
     output_len: int
+    prefix_group: int = -1
+    prefix_len: int = 0
 
 
 @dataclasses.dataclass
@@ -57,6 +65,10 @@ class WorkloadConfig:
     burstiness: float = 1.0
     initial_long_count: int = 0
     stream_start_ms: float = 0.0
+    # shared_prefix
+    prefix_groups: int = 4
+    prefix_tokens: int = 1024
+    chat_turns: int = 4
 
     def output_len_for(self, request_class: str) -> int:
         """Return the output length of a request class, honouring per-class overrides."""
@@ -181,10 +193,74 @@ def sustained(cfg: WorkloadConfig) -> list[ScheduledRequest]:
     return sorted(requests, key=lambda r: r.scheduled_time_s)
 
 
+def shared_prefix(cfg: WorkloadConfig) -> list[ScheduledRequest]:
+    """Few-shot prompts and multi-turn chats whose prompts share prefixes, plus cold prompts.
+
+    Poisson arrivals at ``request_rate`` for ``duration_s`` seconds.  Each request is, with
+    probability ``long_fraction``, a cold prompt of ``long_len`` unique tokens (class ``long``);
+    otherwise, with equal odds, a few-shot prompt or the next turn of a chat (class ``short``:
+    most of its prompt can come from the prefix cache):
+
+    * few-shot: one of ``prefix_groups`` templates of ``prefix_tokens`` tokens, then
+      ``short_len`` unique tokens;
+    * chat: a chat's turn ``k`` (from 0) is the first ``prefix_tokens + k * short_len`` tokens of
+      the chat's own stream, so each turn extends the previous prompt.  A request continues a
+      random open chat with probability 3/4 (or starts one); a chat closes after
+      ``chat_turns`` turns.  A chat's first turn has nothing cached and is class ``long``.
+    """
+    _check_lengths(cfg)
+    _require_positive("request_rate", cfg.request_rate)
+    _require_positive("duration_s", cfg.duration_s)
+    _require_positive_int("prefix_groups", cfg.prefix_groups)
+    _require_positive_int("prefix_tokens", cfg.prefix_tokens)
+    _require_positive_int("chat_turns", cfg.chat_turns)
+    if not 0.0 <= cfg.long_fraction <= 1.0:
+        raise ValueError(f"long_fraction must be within [0, 1], got {cfg.long_fraction!r}")
+    rng = np.random.default_rng(cfg.seed)
+    requests: list[ScheduledRequest] = []
+    open_chats: list[list[int]] = []  # [group, next turn]
+    next_chat_group = cfg.prefix_groups  # few-shot templates use groups 0 .. prefix_groups - 1
+    elapsed = 0.0
+    while True:
+        elapsed += float(rng.exponential(1.0 / cfg.request_rate))
+        if elapsed >= cfg.duration_s:
+            break
+        draw = rng.random()
+        if draw < cfg.long_fraction:
+            requests.append(_make(cfg, elapsed, LONG))
+        elif rng.random() < 0.5:
+            group = int(rng.integers(cfg.prefix_groups))
+            length = cfg.prefix_tokens + cfg.short_len
+            requests.append(
+                ScheduledRequest(elapsed, SHORT, length, cfg.output_len_for(SHORT), group, cfg.prefix_tokens)
+            )
+        else:
+            if open_chats and rng.random() < 0.75:
+                chat = open_chats[int(rng.integers(len(open_chats)))]
+            else:
+                chat = [next_chat_group, 0]
+                next_chat_group += 1
+                open_chats.append(chat)
+            group, turn = chat
+            length = cfg.prefix_tokens + turn * cfg.short_len
+            cls = LONG if turn == 0 else SHORT
+            requests.append(ScheduledRequest(elapsed, cls, length, cfg.output_len_for(cls), group, length))
+            chat[1] += 1
+            if chat[1] >= cfg.chat_turns:
+                open_chats.remove(chat)
+    if not requests:
+        raise ValueError(
+            "shared_prefix workload is empty: increase request_rate or duration_s "
+            f"(request_rate={cfg.request_rate}, duration_s={cfg.duration_s})"
+        )
+    return requests
+
+
 WORKLOADS: dict[str, Callable[[WorkloadConfig], list[ScheduledRequest]]] = {
     "long_first": long_first,
     "interleaved": interleaved,
     "sustained": sustained,
+    "shared_prefix": shared_prefix,
 }
 
 

@@ -133,7 +133,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         choices=_strategy_names(),
         default="default",
         help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn, "
-        "lpm (most prefix-cached prompt tokens first); all run under --prefill_max_wait_tokens.",
+        "lpm (most prefix-cached prompt tokens first), shortest_within_slack (shortest first while every "
+        "overtaken request stays within a slack of its FCFS wait); all run under --prefill_max_wait_tokens.",
     )
     group.add_argument(
         "--prefill_max_wait_tokens",

@@ -112,3 +112,28 @@ def test_prepare_requests_text_and_ids(builder) -> None:
         prepare_requests(schedule, builder, prompt_format="bytes")
 
 
+
+
+def test_prefix_groups_share_their_stream_and_chat_turns_extend(builder) -> None:
+    from lightllm.benchmark.bench_serving import prepare_requests
+    from lightllm.benchmark.workloads import WorkloadConfig, build_workload
+
+    cfg = WorkloadConfig(name="shared_prefix", request_rate=20.0, duration_s=6.0, long_len=120, short_len=16,
+                         prefix_tokens=48, prefix_groups=2, chat_turns=3)
+    schedule = build_workload(cfg)
+    requests = prepare_requests(schedule, builder, prompt_format="ids", seed=3)
+    by_group: dict = {}
+    for item, req in zip(schedule, requests):
+        assert req.prompt_tokens == item.prompt_len
+        by_group.setdefault(item.prefix_group, []).append((item, req.prompt))
+    for group, members in by_group.items():
+        if group < 0:
+            continue
+        for (item_a, ids_a), (item_b, ids_b) in zip(members, members[1:]):
+            shared = min(item_a.prefix_len, item_b.prefix_len)  # content tokens; 1 BOS in front
+            common = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), min(len(ids_a), len(ids_b)))
+            assert common >= shared - 2  # the last token or two may merge differently at the edge
+    # Different namespaces (warm-up rounds) do not share the measured round's streams.
+    warm = prepare_requests(schedule, builder, prompt_format="ids", seed=3, namespace="warmup-0")
+    grouped = [i for i, item in enumerate(schedule) if item.prefix_group >= 0]
+    assert all(warm[i].prompt[1:9] != requests[i].prompt[1:9] for i in grouped[:5])

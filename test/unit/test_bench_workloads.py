@@ -117,3 +117,43 @@ def test_build_workload_dispatches_by_name() -> None:
 def test_bad_parameters_are_named(generator, changes, parameter) -> None:
     with pytest.raises(ValueError, match=parameter):
         generator(dataclasses.replace(WorkloadConfig(), **changes))
+
+
+# --- shared_prefix ------------------------------------------------------------------------------
+
+
+def test_shared_prefix_workload_shape() -> None:
+    cfg = WorkloadConfig(
+        name="shared_prefix", request_rate=40.0, duration_s=10.0, long_fraction=0.2, long_len=900,
+        short_len=32, prefix_tokens=256, prefix_groups=3, chat_turns=4,
+    )
+    workload = build_workload(cfg)
+    assert workload == build_workload(cfg)  # seeded
+    assert _times(workload) == sorted(_times(workload))
+    assert 300 < len(workload) < 500  # Poisson, mean 400
+    cold = [r for r in workload if r.prefix_group < 0]
+    few_shot = [r for r in workload if 0 <= r.prefix_group < 3]
+    chat = [r for r in workload if r.prefix_group >= 3]
+    assert len(cold) + len(few_shot) + len(chat) == len(workload)
+    assert all(r.request_class == LONG and r.prompt_len == 900 and r.prefix_len == 0 for r in cold)
+    assert 0.12 < len(cold) / len(workload) < 0.28
+    # few-shot: a template of prefix_tokens, then short_len unique tokens; every template used
+    assert all(r.request_class == SHORT and (r.prompt_len, r.prefix_len) == (288, 256) for r in few_shot)
+    assert {r.prefix_group for r in few_shot} == {0, 1, 2}
+    # chat: turn k of a chat is its stream's first 256 + 32 k tokens, in arrival order, at most 4 turns
+    turns: dict = {}
+    for r in chat:
+        turns.setdefault(r.prefix_group, []).append(r)
+    assert len(turns) > 10
+    for group in turns.values():
+        assert [r.prompt_len for r in group] == [256 + 32 * k for k in range(len(group))]
+        assert all(r.prefix_len == r.prompt_len for r in group)
+        assert [r.request_class for r in group] == [LONG] + [SHORT] * (len(group) - 1)
+        assert len(group) <= 4
+    assert any(len(group) == 4 for group in turns.values())
+
+
+@pytest.mark.parametrize("knob", ["prefix_groups", "prefix_tokens", "chat_turns"])
+def test_shared_prefix_rejects_bad_knobs(knob: str) -> None:
+    with pytest.raises(ValueError, match=knob):
+        build_workload(WorkloadConfig(name="shared_prefix", **{knob: 0}))

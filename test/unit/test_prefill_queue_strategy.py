@@ -1,7 +1,8 @@
 """Tests of the prefill-queue strategy registry and the contract every strategy shares.
 
 The ordering rules of each strategy are tested in ``test_prefill_queue_strategy_orders.py``
-(default, promote_shortest, lpm) and ``test_prefill_queue_strategy_hrrn.py``.
+(default, promote_shortest, lpm), ``test_prefill_queue_strategy_hrrn.py`` and
+``test_prefill_queue_strategy_slack.py`` (shortest_within_slack).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from lightllm.server.router.model_infer.mode_backend.request_classifier import (
     STRICT_PREFILL_CLASSIFIER,
 )
 
-ALL_NAMES = ["default", "promote_shortest", "hrrn", "lpm"]
+ALL_NAMES = ["default", "promote_shortest", "hrrn", "lpm", "shortest_within_slack"]
 
 
 # --- registry ---------------------------------------------------------------------------------
@@ -93,7 +94,14 @@ def test_no_decode_lets_strategy_order_every_request(name: str) -> None:
     reqs = [make_req(1, 400, arrival=0), decode_req(2, arrival=0)]
     assert order(name, reqs, processed=100)[:1] == [2]
     result = order(name, reqs, processed=100, classifier=NO_DECODE_CLASSIFIER)
-    assert result == {"default": [1, 2], "promote_shortest": [2, 1], "hrrn": [2, 1], "lpm": [1, 2]}[name]
+    expected = {
+        "default": [1, 2],
+        "promote_shortest": [2, 1],
+        "hrrn": [2, 1],
+        "lpm": [1, 2],
+        "shortest_within_slack": [2, 1],
+    }
+    assert result == expected[name]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)

@@ -135,6 +135,10 @@ def test_a_lone_baseline_has_no_change_table():
         (WorkloadConfig(name="sustained", request_rate=60, duration_s=8, long_fraction=0.25, initial_long_count=16),
          "60 req/s for 8 s (gamma gaps, burstiness 1), 25% long (long 16384 / short 128 tokens), "
          "after 16 initial long requests; output 128"),
+        (WorkloadConfig(name="shared_prefix", request_rate=4, duration_s=15, long_fraction=0.2, long_len=1024,
+                        short_len=32, prefix_tokens=512, output_len=16),
+         "4 req/s for 15 s (Poisson), 20% cold 1024-token prompts, the rest few-shot (4 templates of 512 tokens "
+         "+ 32) or chat turns (+32 tokens a turn, 4 turns); output 16"),
     ],
 )
 def test_describe_workload(cfg, expected):

@@ -10,6 +10,9 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.lpm 
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.promote_shortest import (
     PromoteShortestStrategy,
 )
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.shortest_within_slack import (
+    ShortestWithinSlackStrategy,
+)
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.registry import (
     DEFAULT_PREFILL_QUEUE_STRATEGY,
     PREFILL_QUEUE_STRATEGIES,
@@ -25,6 +28,7 @@ __all__ = [
     "LongestPrefixMatchStrategy",
     "PrefillQueueStrategy",
     "PromoteShortestStrategy",
+    "ShortestWithinSlackStrategy",
     "available_strategy_names",
     "build_prefill_queue_strategy",
 ]

@@ -15,6 +15,9 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.lpm 
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.promote_shortest import (
     PromoteShortestStrategy,
 )
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.shortest_within_slack import (
+    ShortestWithinSlackStrategy,
+)
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
     DEFAULT_PREFILL_MAX_WAIT_TOKENS,
 )
@@ -28,6 +31,7 @@ PREFILL_QUEUE_STRATEGIES: Dict[str, Type[PrefillQueueStrategy]] = {
         PromoteShortestStrategy,
         HrrnStrategy,
         LongestPrefixMatchStrategy,
+        ShortestWithinSlackStrategy,
     )
 }
 

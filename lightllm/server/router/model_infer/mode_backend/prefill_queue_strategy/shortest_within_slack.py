@@ -1,0 +1,184 @@
+"""``shortest_within_slack``: shortest first, but never past another request's slack.
+
+``default`` (first come, first served) is the yardstick this strategy is held to: a shorter
+request may overtake a longer one only while every request it overtakes still gets its first
+token within a small slack of when ``default`` would have given it.  The slack of a request is
+
+    slack(r) = max(min_slack_steps * step, slack_fraction * Q(r))
+
+where ``step`` is the largest prefill step seen so far (the budget) and ``Q(r)`` is the largest
+prefill backlog (pending prompt tokens of every prefill request) seen while ``r`` waits.
+Measuring the slack against the backlog rather than against the request's own position is what
+lets short prompts overtake the *first* long prompts of a burst: a long prompt at the front of a
+long queue has a small own wait, but the tail of the long requests (what a P95 SLO is about)
+sits behind the whole backlog.
+
+Time is measured on a *step clock* in tokens: every step that ran prefill advances it by
+``max(tokens processed, largest step seen)``, i.e. by a full budget when the budget was not
+filled.  The planner gives a step either to promoted short prompts or to the long head's chunk
+(a long chunk does not fit behind a short one when ``--chunked_prefill_size`` equals
+``--batch_max_tokens``), so a step spent on a few short prompts costs the overtaken request a
+whole step, not just the short prompts' tokens.  For the same reason the strategy waits until
+the short prompts it could promote fill a step, or until the oldest of them has waited
+``patience_steps`` steps, before it spends a step on them.
+
+The clock and the largest step are kept on the strategy instance; they depend only on the
+sequence of ``processed_prefill_tokens`` values, which every TP rank sees identically.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
+    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+)
+
+# Keys of the per-request metadata this strategy binds in ``req.strategy_state``.
+FCFS_FINISH_KEY = "slack_fcfs_finish"  # step clock at which default would finish the prompt
+FIRST_SEEN_KEY = "slack_first_seen"  # step clock when the request was first ordered
+BACKLOG_KEY = "slack_backlog"  # largest prefill backlog seen while waiting
+
+
+class StepClock:
+    """Prefill steps measured in tokens, each counted as at least the largest step seen.
+
+    ``observe`` is called once per ordering with the processed-prefill-token counter; a step
+    that advanced the counter by ``d`` advances the clock by ``max(d, budget)``, where
+    ``budget`` is the largest ``d`` observed so far (the step budget once one full step ran).
+    """
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.budget = 0
+        self._last: Optional[int] = None
+
+    def observe(self, processed_prefill_tokens: int) -> int:
+        """Advance with the counter's new value; return the clock."""
+        if self._last is None:
+            self.value = processed_prefill_tokens
+        elif processed_prefill_tokens > self._last:
+            step = processed_prefill_tokens - self._last
+            self.budget = max(self.budget, step)
+            self.value += max(step, self.budget)
+        # A counter that did not move (no prefill ran) leaves the clock alone; one that moved
+        # back (a new counter) restarts the differences from there without moving the clock.
+        self._last = processed_prefill_tokens
+        return self.value
+
+
+class ShortestWithinSlackStrategy(PrefillQueueStrategy):
+    """High-priority requests first; then default's order with bounded shortest-first overtaking.
+
+    The base order is ``default``'s (stable by ``infer_high_priority``, then arrival).  Each
+    step, candidates are tried shortest first (fewest pending tokens, earliest on ties); a
+    candidate moves to the front when
+
+    * every request it would overtake (those ahead of it in the base order and not moved) is
+      strictly longer than it, and
+    * every one of them still has at least one step (or the promoted tokens, if more) of
+      laxity: ``fcfs_finish + slack - clock - work ahead of it in the base order``;
+
+    promotion stops once the promoted requests fill the largest step seen.  If they do not fill
+    it, they are promoted only when the oldest has waited ``patience_steps`` steps; otherwise the
+    base order is returned unchanged.
+
+    Class attributes (the defaults, chosen with the simulator, ``docs/EN/results.md``):
+        slack_fraction: share of the backlog a request may be delayed by.
+        min_slack_steps: slack of every request, in steps, even when the backlog is small.
+        patience_steps: steps a promotable request waits for company before a partly filled
+            step is spent on it.
+    """
+
+    name = "shortest_within_slack"
+    slack_fraction = 0.05
+    min_slack_steps = 2
+    patience_steps = 4
+
+    def __init__(self, max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS) -> None:
+        super().__init__(max_wait_tokens)
+        self.clock = StepClock()
+
+    def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
+        """Return default's order with the promotable shortest requests moved to the front."""
+        now = self.clock.observe(processed_prefill_tokens)
+        base = sorted(prefill_reqs, key=lambda req: req.infer_high_priority)
+        start = sum(1 for req in base if req.infer_high_priority < 0)
+        high, rest = base[:start], base[start:]
+        if len(rest) < 2:
+            return base
+        pending = [req.pending_token_num for req in rest]
+        laxity = self._laxities(rest, pending, now)
+        promoted = self._promote(pending, laxity)
+        if not promoted:
+            return base
+        step = self.clock.budget
+        if step and sum(pending[i] for i in promoted) < step:
+            oldest = min(rest[i].strategy_state[FIRST_SEEN_KEY] for i in promoted)
+            if now - oldest < self.patience_steps * step:
+                return base
+        moved = set(promoted)
+        return high + [rest[i] for i in promoted] + [req for i, req in enumerate(rest) if i not in moved]
+
+    def slack(self, req: InferReq) -> int:
+        """``max(min_slack_steps * step, slack_fraction * largest backlog seen)`` for a bound request."""
+        floor = self.min_slack_steps * self.clock.budget
+        return max(floor, int(self.slack_fraction * req.strategy_state[BACKLOG_KEY]))
+
+    def _laxities(self, rest: List[InferReq], pending: List[int], now: int) -> List[int]:
+        backlog = sum(pending)
+        laxity: List[int] = []
+        ahead = 0
+        for req, tokens in zip(rest, pending):
+            ahead += tokens
+            state = req.strategy_state
+            if FCFS_FINISH_KEY not in state:
+                state[FCFS_FINISH_KEY] = now + ahead
+                state[FIRST_SEEN_KEY] = now
+                state[BACKLOG_KEY] = backlog
+            else:
+                state[BACKLOG_KEY] = max(state[BACKLOG_KEY], backlog)
+            laxity.append(state[FCFS_FINISH_KEY] + self.slack(req) - now - ahead)
+        return laxity
+
+    def _promote(self, pending: List[int], laxity: List[int]) -> List[int]:
+        """Indices to move to the front, in promotion order (shortest first)."""
+        n = len(pending)
+        step = self.clock.budget
+        kept = [True] * n  # still in the base order (not promoted)
+        promoted: List[int] = []
+        total = 0
+        # Prefix minima over the kept requests: the tightest laxity and the shortest pending
+        # among everything a candidate at index i would overtake.
+        min_laxity, min_pending = _prefix_minima(laxity, pending, kept)
+        for c in sorted(range(n), key=lambda i: (pending[i], i)):
+            if step and total >= step:
+                break
+            if min_pending[c] is None or min_pending[c] <= pending[c]:
+                continue  # overtakes nobody, or would overtake a request no longer than itself
+            if min_laxity[c] < max(step, total + pending[c]):
+                continue
+            kept[c] = False
+            promoted.append(c)
+            total += pending[c]
+            min_laxity, min_pending = _prefix_minima(laxity, pending, kept)
+        return promoted
+
+
+def _prefix_minima(
+    laxity: List[int], pending: List[int], kept: List[bool]
+) -> Tuple[List[Optional[int]], List[Optional[int]]]:
+    """For each index i: min laxity and min pending over kept indices < i (None when none)."""
+    min_laxity: List[Optional[int]] = []
+    min_pending: List[Optional[int]] = []
+    low_laxity: Optional[int] = None
+    low_pending: Optional[int] = None
+    for i in range(len(kept)):
+        min_laxity.append(low_laxity)
+        min_pending.append(low_pending)
+        if kept[i]:
+            low_laxity = laxity[i] if low_laxity is None else min(low_laxity, laxity[i])
+            low_pending = pending[i] if low_pending is None else min(low_pending, pending[i])
+    return min_laxity, min_pending
