@@ -14,6 +14,8 @@ ENV_VARS = {
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "0 stops model ranks from returning freed heap memory to the kernel when idle (malloc_trim); default 1.",
+    "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (its payload is corrupted on the prefill side, so the decode side's checksum check refuses it); default 0.",
+    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff, when a prefill or decode node answers busy; default 0: no retry, the client gets HTTP 503 (code server_busy) naming the busy node role at once.",
 }
 
 
@@ -34,3 +36,31 @@ def torch_threads_override() -> Optional[int]:
 def api_keys_from_env(name: str) -> List[str]:
     """The comma-separated keys in environment variable ``name`` (empty entries dropped)."""
     return [key.strip() for key in os.environ.get(name, "").split(",") if key.strip()]
+
+
+def pd_transfer_failure_probability() -> float:
+    """``LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY`` as a float in [0, 1]; 0 when unset."""
+    raw = os.environ.get("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY")
+    if raw is None or raw == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY must be a number in [0, 1], got {raw!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY must be a number in [0, 1], got {raw!r}")
+    return value
+
+
+def pd_node_busy_retry_timeout_seconds() -> float:
+    """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0; 0 when unset."""
+    raw = os.environ.get("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS")
+    if raw is None or raw == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS must be a number >= 0, got {raw!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise ValueError(f"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS must be a number >= 0, got {raw!r}")
+    return value

@@ -76,6 +76,32 @@ def test_export_and_import_round_trip_through_the_cache_object() -> None:
     assert KVCacheMemoryManager(8, 1, 1, 4, torch.float32).k_buffer.is_shared() is False  # off by default
 
 
+def test_bfloat16_round_trip_and_checksum_sees_one_changed_value() -> None:
+    from lightllm.server.pd.kv_transfer.checksum import payload_checksum
+
+    cache = KVCacheMemoryManager(40, 2, 1, 6, torch.bfloat16)
+    cache.k_buffer.copy_(torch.randn(cache.k_buffer.shape))
+    cache.v_buffer.copy_(torch.randn(cache.v_buffer.shape))
+    data = cache.export_slots(torch.arange(10, 27))
+    other = KVCacheMemoryManager(40, 2, 1, 6, torch.bfloat16)
+    other.import_slots(torch.arange(17), data)
+    assert torch.equal(other.export_slots(torch.arange(17)), data)
+    changed = data.clone()
+    changed[16, 1, 1, 0, 5] += 1
+    swapped = data[[1, 0] + list(range(2, 17))]
+    assert len({payload_checksum(d, 4) for d in (data, changed, swapped)}) == 3
+
+
+def test_a_handle_refuses_bad_arguments_before_starting_anything() -> None:
+    cache = _cache()
+    with pytest.raises(ValueError, match="role must be one of"):
+        KVTransferHandle("normal", cache, "127.0.0.1", 1)
+    with pytest.raises(ValueError, match="page size must be positive, got 0"):
+        KVTransferHandle("prefill", cache, "127.0.0.1", 1, page_size=0)
+    with pytest.raises(RuntimeError, match="not shared"):
+        KVTransferHandle("decode", KVCacheMemoryManager(8, 1, 1, 4, torch.float32), "127.0.0.1", 1)
+
+
 def test_header_round_trips_and_names_every_mismatch() -> None:
     header = TransferHeader(12, 100, LAYERS, HEADS, HEAD_DIM, torch.bfloat16, 64, 123456789)
     assert TransferHeader.from_tensor(header.to_tensor()) == header
@@ -131,7 +157,8 @@ def test_a_header_without_reservation_is_refused_and_the_pair_keeps_working(pair
     source, target, prefill, decode = pair
     prefill.send(201, [1, 2, 3])
     result = collect(prefill, 1)[201]
-    assert not result.ok and "request 201 refused by the decode side: the decode side has no reservation" in result.reason
+    assert not result.ok
+    assert "request 201 refused by the decode side: the decode side has no reservation" in result.reason
     decode.receive(202, [10, 11], wait_s=0.5)
     result = collect(decode, 1)[202]
     assert not result.ok and "no KV arrived from the prefill side within 0.5 s" in result.reason

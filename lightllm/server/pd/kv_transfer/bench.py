@@ -1,0 +1,112 @@
+"""Measure KV transfer time per 1K tokens between two local transfer processes (CPU, gloo).
+
+    python -m lightllm.server.pd.kv_transfer.bench --model_dir /tmp/demo_small \
+        --tokens 4096 --page_sizes 64 256 1024 --repeat 5
+
+Reads layers, KV heads, head dim and dtype from the checkpoint's ``config.json``, moves
+``--tokens`` tokens from scattered slots of a "prefill" cache into scattered slots of a
+"decode" cache ``--repeat`` times per page size, and prints the median seconds from the
+prefill side's export to the decode side's acknowledgement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
+
+
+def _geometry(model_dir: Path) -> Dict[str, object]:
+    config = json.loads((model_dir / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    dtype_name = config.get("torch_dtype") or config.get("dtype") or "float32"
+    return {
+        "num_layers": config["num_hidden_layers"],
+        "kv_heads": config.get("num_key_value_heads", heads),
+        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+        "dtype": getattr(torch, dtype_name),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait(handle: KVTransferHandle, request_id: int, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for result in handle.poll():
+            if result.request_id == request_id:
+                return result
+        time.sleep(0.0005)
+    raise TimeoutError(f"request {request_id} not done within {timeout_s} s")
+
+
+def measure(model_dir: Path, tokens: int, page_sizes: List[int], repeat: int) -> List[Dict[str, float]]:
+    """Median transfer seconds (and per 1K tokens) for each page size."""
+    geometry = _geometry(model_dir)
+    source = KVCacheMemoryManager(tokens * 2, device="cpu", shareable=True, **geometry)
+    target = KVCacheMemoryManager(tokens * 2, device="cpu", shareable=True, **geometry)
+    source.k_buffer.normal_()
+    source.v_buffer.normal_()
+    rows = []
+    for page_size in page_sizes:
+        port = _free_port()
+        sender = KVTransferHandle("prefill", source, "127.0.0.1", port, page_size=page_size, timeout_s=60.0)
+        receiver = KVTransferHandle("decode", target, "127.0.0.1", port, timeout_s=60.0)
+        try:
+            if not (sender.wait_ready(120) and receiver.wait_ready(120)):
+                raise RuntimeError(f"transfer pair did not start: {sender.broken_reason or receiver.broken_reason}")
+            seconds = []
+            for attempt in range(repeat + 1):  # the first one warms up both processes
+                src = torch.randperm(tokens * 2)[:tokens]
+                dst = torch.randperm(tokens * 2)[:tokens]
+                receiver.receive(attempt, dst)
+                sender.send(attempt, src)
+                sent, received = _wait(sender, attempt), _wait(receiver, attempt)
+                if not (sent.ok and received.ok):
+                    raise RuntimeError(sent.reason or received.reason)
+                if attempt:
+                    seconds.append(sent.seconds)
+            median = statistics.median(seconds)
+            rows.append({"page_size": page_size, "seconds": median, "seconds_per_1k": median * 1000 / tokens,
+                         "mib": sent.bytes / 2**20, "mib_per_s": sent.bytes / 2**20 / median})
+        finally:
+            sender.close()
+            receiver.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model_dir", type=Path, required=True,
+                        help="checkpoint whose config.json gives the KV geometry")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per transfer")
+    parser.add_argument("--page_sizes", type=int, nargs="+", default=[64, 256, 1024], help="tokens per page")
+    parser.add_argument("--repeat", type=int, default=5, help="timed transfers per page size")
+    args = parser.parse_args()
+    if not (args.model_dir / "config.json").is_file():
+        parser.error(f"--model_dir {args.model_dir} has no config.json")
+    if args.tokens <= 0 or args.repeat <= 0 or min(args.page_sizes) <= 0:
+        parser.error("--tokens, --repeat and --page_sizes must be positive")
+    geometry = _geometry(args.model_dir)
+    print(f"geometry: {geometry}, {args.tokens} tokens per transfer, median of {args.repeat}")
+    print(f"{'page_size':>9} {'MiB':>7} {'ms':>8} {'ms/1K tok':>10} {'MiB/s':>8}")
+    for row in measure(args.model_dir, args.tokens, args.page_sizes, args.repeat):
+        print(f"{row['page_size']:>9} {row['mib']:>7.1f} {row['seconds'] * 1000:>8.1f} "
+              f"{row['seconds_per_1k'] * 1000:>10.2f} {row['mib_per_s']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The small messages between a rank process and its KV transfer process.
+
+Commands go down a pipe (rank -> transfer process), results come back up the same pipe; both
+are plain picklable dataclasses, so nothing large ever crosses it: the KV itself is read from
+and written to the shared cache by the transfer process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SendKV:
+    """Prefill side: send the KV in ``slots`` (in token order) as request ``request_id``."""
+
+    request_id: int
+    slots: np.ndarray
+
+
+@dataclass(frozen=True)
+class ReceiveKV:
+    """Decode side: write request ``request_id``'s KV, when it arrives, into ``slots``.
+
+    ``wait_s`` bounds how long the transfer process waits for the prefill side to start
+    sending this request before reporting it failed.
+    """
+
+    request_id: int
+    slots: np.ndarray
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Stop the transfer process after the current transfer."""
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    """The outcome of one request's transfer, as seen by one side.
+
+    ``ok`` on the prefill side means the decode side acknowledged a verified payload, so the
+    prefill KV may be freed; on the decode side it means the KV is in the reserved slots.
+    """
+
+    request_id: int
+    ok: bool
+    seconds: float
+    bytes: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ChannelReady:
+    """The transfer process joined its two-rank group (sent once per process)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ChannelBroken:
+    """The transfer process's group is unusable (timeout, dead peer); it exits after this.
+
+    Every request it still held is reported failed before this message; the owner replaces
+    the process with :meth:`KVTransferHandle.restart`.
+    """
+
+    reason: str
