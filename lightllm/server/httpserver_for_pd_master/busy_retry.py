@@ -1,0 +1,105 @@
+"""What the PD master does when a node answers busy (D cannot reserve KV, P's queue is full).
+
+By default (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` = 0) a busy answer becomes an
+immediate :class:`~lightllm.server.manager_errors.ServerBusyError` naming the busy role, which
+the API answers with HTTP 503 (code ``server_busy``): the client, which knows its own latency
+budget, decides whether to retry.  With a positive value the master retries for at most that
+many seconds, sleeping ``initial_backoff_s``, then twice as long each time up to
+``max_backoff_s`` (never past the deadline), and answers busy once the time is spent.  Each
+attempt may pick another node: the ``attempt`` callable is called afresh every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable, Optional, TypeVar
+
+from lightllm.server.manager_errors import ServerBusyError
+from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_INITIAL_BACKOFF_S = 0.05
+DEFAULT_MAX_BACKOFF_S = 1.0
+
+
+class NodeBusy(Exception):
+    """A node's immediate "cannot take this now" answer; ``role`` is ``prefill`` or ``decode``."""
+
+    def __init__(self, role: str, message: str):
+        super().__init__(message)
+        self.role = role
+
+
+class BusyRetryPolicy:
+    """Runs an attempt, retrying busy answers only while a positive timeout is not yet spent.
+
+    Args:
+        timeout_s: seconds to keep retrying; 0 answers the first busy with ``ServerBusyError``.
+        initial_backoff_s / max_backoff_s / multiplier: the backoff between attempts.
+        clock / sleep: time source and sleep (tests inject a fake pair).
+        on_retry: called with the busy role before every retry (a metrics counter).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = 0.0,
+        initial_backoff_s: float = DEFAULT_INITIAL_BACKOFF_S,
+        max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+        multiplier: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_retry: Optional[Callable[[str], None]] = None,
+    ) -> None:
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        if not 0 < initial_backoff_s <= max_backoff_s:
+            raise ValueError(
+                "backoff must satisfy 0 < initial_backoff_s <= max_backoff_s, "
+                f"got {initial_backoff_s!r}, {max_backoff_s!r}"
+            )
+        if not multiplier >= 1:
+            raise ValueError(f"multiplier must be >= 1, got {multiplier!r}")
+        self.timeout_s = float(timeout_s)
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.multiplier = multiplier
+        self._clock = clock
+        self._sleep = sleep
+        self._on_retry = on_retry
+
+    @classmethod
+    def from_env(cls, **kwargs) -> "BusyRetryPolicy":
+        """The policy with ``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as its timeout."""
+        return cls(timeout_s=pd_node_busy_retry_timeout_seconds(), **kwargs)
+
+    async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``await attempt()`` until it does not raise :class:`NodeBusy` or the time is spent.
+
+        Raises ``ServerBusyError`` naming the busy role (and, when retrying, how long it tried).
+        """
+        deadline = self._clock() + self.timeout_s
+        backoff = self.initial_backoff_s
+        retries = 0
+        while True:
+            try:
+                return await attempt()
+            except NodeBusy as busy:
+                remaining = deadline - self._clock()
+                if self.timeout_s == 0:
+                    raise ServerBusyError(f"The {busy.role} node is busy: {busy}; retry later") from None
+                if remaining <= 0:
+                    raise ServerBusyError(
+                        f"The {busy.role} node is still busy after {retries} retries over {self.timeout_s:g} s "
+                        f"(LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS): {busy}; retry later"
+                    ) from None
+                retries += 1
+                if self._on_retry is not None:
+                    self._on_retry(busy.role)
+                logger.debug("%s node busy (%s); retry %d in %.3f s", busy.role, busy, retries, min(backoff, remaining))
+                await self._sleep(min(backoff, remaining))
+                backoff = min(backoff * self.multiplier, self.max_backoff_s)

@@ -1,0 +1,205 @@
+"""PD master dispatch policy: busy-node retry, continuation segments and node choice."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import List
+
+import pytest
+
+from pd_membership_support import FakeClock, node
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.httpserver_for_pd_master.busy_retry import BusyRetryPolicy, NodeBusy
+from lightllm.server.httpserver_for_pd_master.continuation import (
+    CONTINUATION_INFER_PRIORITY,
+    SegmentEnd,
+    first_segment,
+    inference_priority,
+    next_segment,
+)
+from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
+from lightllm.server.httpserver_for_pd_master.node_selector import NodeSelector
+from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
+from lightllm.utils.envs_utils import ENV_VARS, pd_node_busy_retry_timeout_seconds
+
+ENV = "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"
+
+
+class FakeDecodeNode:
+    """Answers busy until ``free_after`` seconds of the fake clock have passed, then reserves."""
+
+    def __init__(self, clock: FakeClock, free_after: float) -> None:
+        self.clock = clock
+        self.free_at = clock() + free_after
+        self.calls: List[float] = []
+
+    async def reserve(self) -> str:
+        self.calls.append(self.clock())
+        if self.clock() < self.free_at:
+            raise NodeBusy("decode", "cannot reserve KV for 300 tokens")
+        return "reserved"
+
+
+def _fake_sleep(clock: FakeClock, slept: List[float]):
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+
+    return sleep
+
+
+# ---------------------------------------------------------------- busy retry
+
+
+def test_busy_retry_env_variable_is_documented_and_defaults_to_zero(monkeypatch) -> None:
+    assert ENV in ENV_VARS and "default 0" in ENV_VARS[ENV]
+    monkeypatch.delenv(ENV, raising=False)
+    assert pd_node_busy_retry_timeout_seconds() == 0.0
+    assert BusyRetryPolicy.from_env().timeout_s == 0.0
+    monkeypatch.setenv(ENV, "2.5")
+    assert BusyRetryPolicy.from_env().timeout_s == 2.5
+    for bad in ("-1", "soon", "inf", "nan"):
+        monkeypatch.setenv(ENV, bad)
+        with pytest.raises(ValueError, match=ENV):
+            pd_node_busy_retry_timeout_seconds()
+
+
+def test_default_policy_turns_a_busy_answer_into_an_immediate_busy_error() -> None:
+    clock, slept = FakeClock(), []
+    decode = FakeDecodeNode(clock, free_after=0.1)
+    policy = BusyRetryPolicy(clock=clock, sleep=_fake_sleep(clock, slept))
+    with pytest.raises(ServerBusyError) as err:
+        asyncio.run(policy.run(decode.reserve))
+    assert str(err.value) == "The decode node is busy: cannot reserve KV for 300 tokens; retry later"
+    assert len(decode.calls) == 1 and slept == []
+
+
+def test_positive_timeout_retries_with_backoff_until_capacity_frees() -> None:
+    clock, slept, retried = FakeClock(), [], []
+    decode = FakeDecodeNode(clock, free_after=0.5)
+    policy = BusyRetryPolicy(timeout_s=5.0, initial_backoff_s=0.05, max_backoff_s=0.2, clock=clock,
+                             sleep=_fake_sleep(clock, slept), on_retry=retried.append)
+    assert asyncio.run(policy.run(decode.reserve)) == "reserved"
+    assert slept == pytest.approx([0.05, 0.1, 0.2, 0.2])  # doubling, capped at max_backoff_s
+    assert len(decode.calls) == 5 and retried == ["decode"] * 4
+    assert decode.calls[-1] >= decode.free_at
+
+
+def test_positive_timeout_gives_up_at_the_deadline_naming_the_role() -> None:
+    clock, slept = FakeClock(), []
+    prefill = FakeDecodeNode(clock, free_after=100.0)
+
+    async def busy_prefill() -> str:
+        try:
+            return await prefill.reserve()
+        except NodeBusy as busy:
+            raise NodeBusy("prefill", str(busy)) from None
+
+    policy = BusyRetryPolicy(timeout_s=1.0, initial_backoff_s=0.1, max_backoff_s=0.4, clock=clock,
+                             sleep=_fake_sleep(clock, slept))
+    with pytest.raises(ServerBusyError, match=r"The prefill node is still busy after \d+ retries over 1 s"):
+        asyncio.run(policy.run(busy_prefill))
+    assert sum(slept) == pytest.approx(1.0)  # never sleeps past the deadline
+    assert prefill.calls[-1] == pytest.approx(clock.now)
+
+
+def test_non_busy_errors_are_not_retried() -> None:
+    calls = []
+
+    async def failing() -> None:
+        calls.append(1)
+        raise ServerUnavailableError("no decode node", "pd_not_ready")
+
+    with pytest.raises(ServerUnavailableError):
+        asyncio.run(BusyRetryPolicy(timeout_s=10.0).run(failing))
+    assert calls == [1]
+
+
+def test_policy_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        BusyRetryPolicy(timeout_s=-1)
+    with pytest.raises(ValueError, match="backoff"):
+        BusyRetryPolicy(initial_backoff_s=2.0, max_backoff_s=1.0)
+
+
+# ---------------------------------------------------------------- continuation segments
+
+
+def test_first_segment_is_never_promoted() -> None:
+    params = SamplingParams(max_new_tokens=10, temperature=0)
+    prompt = [5, 6, 7, 8]
+    for _ in range(3):  # the same prompt again (a prefix-cache hit on P) changes nothing
+        seg = first_segment(42, prompt, params)
+        assert (seg.segment_index, seg.infer_high_priority, seg.generated_before) == (0, 0, 0)
+        assert seg.prompt_ids == prompt and seg.params is params
+    assert inference_priority(0) == 0
+    assert inference_priority(1) == inference_priority(7) == CONTINUATION_INFER_PRIORITY < 0
+    with pytest.raises(ValueError):
+        inference_priority(-1)
+
+
+def test_continuation_carries_prompt_plus_generated_and_reduced_budgets() -> None:
+    params = SamplingParams(max_new_tokens=10, min_new_tokens=4, temperature=0.7, seed=3, prompt_logprobs=2,
+                            stop_token_ids=[9])
+    prompt = [5, 6, 7]
+    seg0 = first_segment(42, prompt, params)
+    seg1 = next_segment(42, prompt, params, [11, 12, 13], seg0, SegmentEnd.KV_PRESSURE)
+    assert seg1 is not None
+    assert seg1.segment_index == 1 and seg1.infer_high_priority < 0
+    assert seg1.prompt_ids == [5, 6, 7, 11, 12, 13]
+    assert (seg1.original_prompt_len, seg1.generated_before) == (3, 3)
+    assert (seg1.params.max_new_tokens, seg1.params.min_new_tokens, seg1.params.prompt_logprobs) == (7, 1, None)
+    assert (seg1.params.temperature, seg1.params.seed, seg1.params.stop_token_ids) == (0.7, 3, [9])
+    assert params.max_new_tokens == 10  # the client's parameters are not modified
+    seg2 = next_segment(42, prompt, params, [11, 12, 13, 14, 15, 16, 17, 18], seg1, SegmentEnd.SEGMENT_LIMIT)
+    assert seg2 is not None and seg2.segment_index == 2 and seg2.infer_high_priority < 0
+    assert seg2.params.max_new_tokens == 2 and seg2.params.min_new_tokens == 0
+    assert seg2.prompt_ids == prompt + [11, 12, 13, 14, 15, 16, 17, 18]
+
+
+def test_continuation_ends_when_the_budget_is_spent_and_refuses_bad_calls() -> None:
+    params = SamplingParams(max_new_tokens=3)
+    seg0 = first_segment(1, [4], params)
+    assert next_segment(1, [4], params, [7, 8, 9], seg0, SegmentEnd.SEGMENT_LIMIT) is None
+    with pytest.raises(ValueError, match="finished"):
+        next_segment(1, [4], params, [7], seg0, SegmentEnd.FINISHED)
+    with pytest.raises(ValueError, match="without a new token"):
+        next_segment(1, [4], params, [], seg0, SegmentEnd.KV_PRESSURE)
+    with pytest.raises(ValueError, match="segment of request 1 given for request 2"):
+        next_segment(2, [4], params, [7], seg0, SegmentEnd.KV_PRESSURE)
+    with pytest.raises(ValueError, match="at least one token"):
+        first_segment(1, [], params)
+
+
+# ---------------------------------------------------------------- node choice
+
+
+def test_selector_prefers_least_loaded_then_round_robin() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    for i in range(3):
+        registry.register(node(f"d{i}", "decode", port=9000 + 10 * i))
+    registry.register(node("p0", "prefill", port=9500))
+    selector = NodeSelector(registry)
+    picks = []
+    for _ in range(3):
+        chosen = selector.pick("decode")
+        selector.acquire(chosen)
+        picks.append(chosen.node_id)
+    assert picks == ["d0", "d1", "d2"]
+    selector.release(registry.get("d1"))
+    assert selector.pick("decode").node_id == "d1"  # the only node with a free slot
+    assert selector.pick("decode", exclude={"d1"}).node_id in {"d0", "d2"}
+    assert selector.pick("prefill").node_id == "p0"
+    selector.forget(registry.get("d0"))
+    assert selector.in_flight("d0") == 0
+
+
+def test_selector_without_alive_node_raises_not_ready() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    registry.register(node("d0", "decode"))
+    selector = NodeSelector(registry)
+    with pytest.raises(ServerUnavailableError, match="no prefill node is alive") as err:
+        selector.pick("prefill")
+    assert err.value.code == "pd_not_ready"
+    with pytest.raises(ServerUnavailableError, match="no decode node other than d0 is alive"):
+        selector.pick("decode", exclude={"d0"})

@@ -1,0 +1,223 @@
+"""PD membership over real HTTP on loopback: a uvicorn master and node clients heartbeating it.
+
+The master here is only the membership part (the registration router, the readiness probe and
+the expiry sweeper) with a short heartbeat interval, so drops happen within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+from typing import Any, List, Optional, Tuple
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from pd_membership_support import node
+from lightllm.server.api_errors import install_error_handlers
+from lightllm.server.httpserver_for_pd_master.expiry_sweeper import ExpirySweeper
+from lightllm.server.httpserver_for_pd_master.membership_api import (
+    membership_router,
+    new_master_id,
+    readiness_router,
+)
+from lightllm.server.httpserver_for_pd_master.node_client import NodeRegistrationRefused, PdNodeClient
+from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
+
+INTERVAL_S = 0.2
+MISSED = 3
+# The documented bound: expiry (interval x missed) plus one sweep period (half an interval).
+DROP_BOUND_S = INTERVAL_S * (MISSED + 0.5)
+
+
+class Master:
+    """A membership-only PD master served by uvicorn in a thread (a fresh registry per start)."""
+
+    def __init__(self) -> None:
+        self.port: Optional[int] = None
+        self.dropped: List[Tuple[str, str, float]] = []
+        self._server: Optional[uvicorn.Server] = None
+        self._thread: Optional[threading.Thread] = None
+        self._sock: Optional[socket.socket] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        registry = NodeRegistry(heartbeat_interval_s=INTERVAL_S, max_missed_heartbeats=MISSED)
+        registry.add_drop_listener(lambda info, reason: self.dropped.append((info.node_id, reason, time.monotonic())))
+        sweeper = ExpirySweeper(registry)
+
+        @asynccontextmanager
+        async def lifespan(app: FastAPI):
+            sweeper.start()
+            yield
+            await sweeper.stop()
+
+        app = FastAPI(lifespan=lifespan)
+        install_error_handlers(app)
+        app.include_router(membership_router(registry, new_master_id()))
+        app.include_router(readiness_router(registry))
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port or 0))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            assert self._thread.is_alive() and time.monotonic() < deadline, "master did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._sock.close()
+            self._server = None
+
+
+@pytest.fixture()
+def master():
+    master = Master()
+    master.start()
+    yield master
+    master.stop()
+
+
+async def _until(predicate, timeout: float, what: str) -> float:
+    """Poll ``predicate`` (async) until true; returns the seconds it took."""
+    start = time.monotonic()
+    while not await predicate():
+        assert time.monotonic() - start < timeout, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_registration_heartbeats_refusal_expiry_and_readiness(master: Master) -> None:
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=master.url, trust_env=False) as http:
+
+            async def health() -> Tuple[int, Any]:
+                response = await http.get("/health")
+                return response.status_code, response.json()
+
+            async def node_ids() -> List[str]:
+                return [n["node_id"] for n in (await http.get("/pd/nodes")).json()["nodes"]]
+
+            status, body = await health()
+            assert status == 503 and body["error"]["code"] == "pd_not_ready"
+            assert body["error"]["message"] == (
+                "The PD cluster is not ready: no prefill node registered; no decode node registered"
+            )
+            assert body["error"]["type"] == "service_unavailable_error"
+
+            prefill = PdNodeClient(master.url, node("p0", "prefill", port=9000), heartbeat_interval_s=0.05)
+            prefill.start()
+            await prefill.wait_registered(10)
+            assert prefill.heartbeat_interval_s == INTERVAL_S  # the master sets the pace
+            assert prefill.master_timeout_s == pytest.approx(INTERVAL_S * MISSED)
+            status, body = await health()
+            assert status == 503 and body["error"]["message"].endswith(": no decode node registered")
+
+            decode = PdNodeClient(master.url, node("d0", "decode", port=9100))
+            decode.start()
+            await decode.wait_registered(10)
+            assert await health() == (200, {"status": "ok"})
+
+            refused: List[str] = []
+            bad = PdNodeClient(master.url, node("d1", "decode", port=9200, tp_size=2, dtype="bfloat16"),
+                               on_refused=refused.append)
+            bad.start()
+            with pytest.raises(NodeRegistrationRefused) as err:
+                await bad.wait_registered(10)
+            assert err.value.code == "incompatible_node"
+            assert "node 'd1' (decode at 127.0.0.1:9200) is incompatible" in str(err.value)
+            assert "dtype: 'bfloat16' != 'float32'; tp_size: 2 != 1" in str(err.value)
+            assert refused == [str(err.value)]
+            await bad.stop()
+
+            # Both good nodes keep beating; the refused one never joined.
+            async def beating() -> bool:
+                nodes = (await http.get("/pd/nodes")).json()["nodes"]
+                return len(nodes) == 2 and all(n["heartbeats"] >= 3 for n in nodes)
+
+            await _until(beating, 10, "three heartbeats from each node")
+            assert await node_ids() == ["d0", "p0"]
+
+            # The decode node's heartbeats stop: it is dropped within the documented bound.
+            await decode.stop()
+            stopped = time.monotonic()
+
+            async def decode_dropped() -> bool:
+                return "d0" not in await node_ids()
+
+            await _until(decode_dropped, 10, "the silent decode node to be dropped")
+            (node_id, reason, dropped_at), = master.dropped
+            assert node_id == "d0" and f"missed {MISSED} heartbeats" in reason
+            # Generous upper bound (loaded CI machine); never earlier than the expiry itself.
+            assert INTERVAL_S * (MISSED - 1) <= dropped_at - stopped <= DROP_BOUND_S + 2.0
+            status, body = await health()
+            assert status == 503 and body["error"]["message"].endswith(": no decode node registered")
+            assert "p0" in await node_ids()  # the prefill node kept beating and stays
+            await prefill.stop()
+
+    asyncio.run(scenario())
+
+
+def test_protocol_errors_use_the_project_error_shape(master: Master) -> None:
+    with httpx.Client(base_url=master.url, trust_env=False) as http:
+        response = http.post("/pd/register", content=b"not json")
+        assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+        body = {**node("p0", "prefill").to_dict(), "dtype": "int4"}
+        error = http.post("/pd/register", json=body).json()["error"]
+        assert error["param"] == "dtype" and error["code"] == "invalid_node_info"
+        assert error["message"] == "dtype must be one of float16, bfloat16, float32, got 'int4'"
+        response = http.post("/pd/heartbeat", json={"node_id": "ghost"})
+        assert response.status_code == 404
+        error = response.json()["error"]
+        assert error["code"] == "unknown_node" and "'ghost' is not registered" in error["message"]
+        assert http.post("/pd/heartbeat", json={"node_id": "ghost", "load": 3}).json()["error"]["param"] == "load"
+        assert http.post("/pd/register", json=node("p0", "prefill").to_dict()).status_code == 200
+        response = http.post("/pd/register", json=node("p0", "decode", port=9300).to_dict())
+        assert response.status_code == 409 and response.json()["error"]["code"] == "node_id_in_use"
+
+
+def test_node_notices_a_dead_master_and_registers_again_after_its_restart(master: Master) -> None:
+    async def scenario() -> None:
+        events: List[str] = []
+        client = PdNodeClient(master.url, node("p0", "prefill"), on_master_lost=lambda why: events.append("lost"),
+                              on_master_back=lambda: events.append("back"))
+        client.start()
+        await client.wait_registered(10)
+        first_master = client.master_id
+        await asyncio.to_thread(master.stop)
+        stopped = time.monotonic()
+
+        async def lost() -> bool:
+            return client.master_lost
+
+        await _until(lost, 10, "the node to notice the dead master")
+        # The last answer came at most one interval before the stop; generous upper bound.
+        assert INTERVAL_S * (MISSED - 1) <= time.monotonic() - stopped <= INTERVAL_S * MISSED + 3.0
+        assert events == ["lost"] and client.registered  # it still believes it is registered
+
+        await asyncio.to_thread(master.start)  # same port, fresh registry: it does not know p0
+
+        async def back() -> bool:
+            return client.registrations == 2 and client.registered
+
+        await _until(back, 10, "the node to register with the restarted master")
+        assert events == ["lost", "back"] and not client.master_lost
+        assert client.master_id != first_master
+        await client.stop()
+
+    asyncio.run(scenario())

@@ -1,0 +1,160 @@
+"""PD master membership: node registrations, compatibility refusals, heartbeat expiry, readiness."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_membership_support import FakeClock, node
+from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo, NodeInfoError
+from lightllm.server.httpserver_for_pd_master.node_registry import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_MAX_MISSED_HEARTBEATS,
+    NodeRegistry,
+    RegistrationRefused,
+)
+from lightllm.server.manager_errors import ServerUnavailableError
+
+
+def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
+    info = node("p0", "prefill")
+    assert NodeInfo.from_dict(info.to_dict()) == info
+    cases = [
+        ({"role": "router"}, "role"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"num_layers": 0}, "num_layers"),
+        ({"head_dim": True}, "head_dim"),
+        ({"tp_size": 3}, "tp_size"),  # 2 KV heads cannot be split over 3 ranks
+        ({"node_id": "bad id"}, "node_id"),
+        ({"model_name": " "}, "model_name"),
+        ({"http_address": "127.0.0.1"}, "http_address"),
+        ({"kv_transfer_address": "127.0.0.1:70000"}, "kv_transfer_address"),
+    ]
+    for override, param in cases:
+        with pytest.raises(NodeInfoError) as err:
+            NodeInfo.from_dict({**info.to_dict(), **override})
+        assert err.value.param == param, override
+        assert param in str(err.value)
+    with pytest.raises(NodeInfoError, match="unknown registration field.*: colour"):
+        NodeInfo.from_dict({**info.to_dict(), "colour": "red"})
+    body = info.to_dict()
+    del body["tp_size"]
+    with pytest.raises(NodeInfoError, match="missing registration field.*tp_size"):
+        NodeInfo.from_dict(body)
+
+
+def test_incompatible_node_is_refused_naming_every_mismatched_field() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    registry.register(node("p0", "prefill"))
+    with pytest.raises(RegistrationRefused) as err:
+        registry.register(node("d0", "decode", port=9100, tp_size=2, dtype="bfloat16", model_name="other"))
+    assert err.value.code == "incompatible_node"
+    assert err.value.reasons == ["model_name: 'other' != 'tiny'", "dtype: 'bfloat16' != 'float32'", "tp_size: 2 != 1"]
+    message = str(err.value)
+    assert "node 'd0' (decode at 127.0.0.1:9100)" in message and "reference: node 'p0'" in message
+    for reason in err.value.reasons:
+        assert reason in message
+    for field, value in [("num_layers", 4), ("num_kv_heads", 4), ("head_dim", 32)]:
+        with pytest.raises(RegistrationRefused, match=f"{field}: {value} !="):
+            registry.register(node("d0", "decode", port=9100, **{field: value}))
+    assert [info.node_id for info in registry.alive()] == ["p0"]
+    registry.register(node("d0", "decode", port=9100))
+    assert registry.ready
+
+
+def test_first_node_sets_the_reference_only_while_no_node_is_alive() -> None:
+    clock = FakeClock()
+    registry = NodeRegistry(heartbeat_interval_s=1.0, max_missed_heartbeats=2, clock=clock)
+    registry.register(node("p0", "prefill", tp_size=2))
+    with pytest.raises(RegistrationRefused, match="tp_size: 1 != 2"):
+        registry.register(node("d0", "decode", port=9100))
+    clock.advance(2.5)  # p0 silent past 2 x 1 s: dropped, so the reference goes with it
+    assert registry.alive() == []
+    registry.register(node("d0", "decode", port=9100))
+    with pytest.raises(RegistrationRefused, match="tp_size: 2 != 1"):
+        registry.register(node("p0", "prefill", tp_size=2))
+
+
+def test_node_id_in_use_by_another_live_node_is_refused_and_a_restart_replaces_it() -> None:
+    dropped = []
+    registry = NodeRegistry(clock=FakeClock(), on_drop=lambda info, reason: dropped.append((info.node_id, reason)))
+    registry.register(node("n0", "prefill"))
+    with pytest.raises(RegistrationRefused) as err:
+        registry.register(node("n0", "decode", port=9200))
+    assert err.value.code == "node_id_in_use" and "already used by the live node 'n0'" in str(err.value)
+    registry.register(node("n0", "prefill"))  # same node, restarted: its old requests are gone
+    assert dropped == [("n0", "it registered again (the node restarted)")]
+    assert [info.node_id for info in registry.alive("prefill")] == ["n0"]
+
+
+def test_silent_node_expires_after_the_documented_missed_heartbeats() -> None:
+    assert (DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_MAX_MISSED_HEARTBEATS) == (2.0, 3)
+    clock = FakeClock()
+    dropped = []
+    registry = NodeRegistry(clock=clock, on_drop=lambda info, reason: dropped.append((info.node_id, reason)))
+    assert registry.expiry_s == 6.0
+    registry.register(node("p0", "prefill"))
+    registry.register(node("d0", "decode", port=9100))
+    for _ in range(3):  # d0 keeps beating, p0 goes silent (5.7 s: within the bound)
+        clock.advance(1.9)
+        assert registry.heartbeat("d0")
+    assert dropped == [] and len(registry.alive()) == 2
+    clock.advance(1.9)  # p0 silent for 7.6 s > 3 x 2 s
+    assert registry.heartbeat("d0")
+    assert [node_id for node_id, _ in dropped] == ["p0"]
+    assert "missed 3 heartbeats (none for" in dropped[0][1] and "interval 2 s" in dropped[0][1]
+    assert registry.heartbeat("p0") is False
+    assert [info.node_id for info in registry.alive()] == ["d0"]
+
+
+def test_expiry_happens_exactly_past_the_bound() -> None:
+    clock = FakeClock()
+    registry = NodeRegistry(heartbeat_interval_s=0.5, max_missed_heartbeats=4, clock=clock)
+    registry.register(node("d0", "decode"))
+    clock.advance(2.0)  # exactly 4 intervals: still alive
+    assert registry.expire() == []
+    clock.advance(0.001)
+    assert [info.node_id for info in registry.expire()] == ["d0"]
+
+
+def test_readiness_names_what_is_missing() -> None:
+    clock = FakeClock()
+    registry = NodeRegistry(clock=clock)
+    assert registry.missing() == ["no prefill node registered", "no decode node registered"]
+    with pytest.raises(ServerUnavailableError) as err:
+        registry.require_ready()
+    assert err.value.code == "pd_not_ready"
+    registry.register(node("p0", "prefill"))
+    assert not registry.ready and registry.missing() == ["no decode node registered"]
+    registry.register(node("d0", "decode", port=9100))
+    assert registry.ready and registry.missing() == []
+    registry.require_ready()
+    clock.advance(3.0)
+    registry.heartbeat("p0")
+    clock.advance(3.5)  # d0 now silent for 6.5 s
+    assert registry.missing() == ["no decode node registered"]
+    with pytest.raises(ServerUnavailableError, match="not ready: no decode node registered"):
+        registry.require_ready()
+
+
+def test_drop_listener_errors_do_not_keep_a_dead_node() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    seen = []
+
+    def broken(info, reason):
+        raise RuntimeError("listener bug")
+
+    registry.add_drop_listener(broken)
+    registry.add_drop_listener(lambda info, reason: seen.append(info.node_id))
+    registry.register(node("p0", "prefill"))
+    assert registry.unregister("p0", "operator removed it")
+    assert seen == ["p0"] and registry.alive() == []
+    assert registry.unregister("p0", "again") is False
+
+
+def test_registry_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="heartbeat_interval_s"):
+        NodeRegistry(heartbeat_interval_s=0)
+    with pytest.raises(ValueError, match="max_missed_heartbeats"):
+        NodeRegistry(max_missed_heartbeats=0)
+    with pytest.raises(ValueError, match="role must be one of"):
+        NodeRegistry().alive("router")
