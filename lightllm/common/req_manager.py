@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 import torch
 
@@ -51,6 +51,20 @@ class ReqManager:
         if end > self.max_sequence_length:
             raise ValueError(f"sequence length {end} exceeds max_sequence_length {self.max_sequence_length}")
         self.req_to_token[row, start:end] = slots
+
+    def set_next_slots(self, rows: Sequence[int], positions: Sequence[int], slots: torch.Tensor) -> None:
+        """Record one new token per request (``req_to_token[rows[i], positions[i]] = slots[i]``) in one write.
+
+        A decode step used to do one small slice write per request; this is a single indexed
+        copy whatever the batch size.  Bounds are checked on the host-side lists, not the tensors.
+        """
+        if len(rows) != len(positions) or len(rows) != slots.numel():
+            raise ValueError(f"{len(rows)} rows, {len(positions)} positions and {slots.numel()} slots do not match")
+        if positions and max(positions) >= self.max_sequence_length:
+            raise ValueError(f"sequence length {max(positions) + 1} exceeds max_sequence_length {self.max_sequence_length}")
+        device = self.req_to_token.device
+        index = (torch.tensor(rows, dtype=torch.int64, device=device), torch.tensor(positions, dtype=torch.int64, device=device))
+        self.req_to_token.index_put_(index, slots.to(device))
 
     def slots(self, row: int, start: int, end: int) -> torch.Tensor:
         """Slots of positions ``[start, end)`` of ``row``."""

@@ -73,10 +73,12 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--attention_backend",
         type=str,
-        choices=["auto", "torch", "triton"],
+        choices=["auto", "torch", "torch_compiled", "triton"],
         default="auto",
         help="Attention kernels: triton (Triton kernels reading the KV cache in place, plus fused RMSNorm and rotary; "
         "CUDA, or CPU only under TRITON_INTERPRET=1 for tests), torch (gather + scaled_dot_product_attention, the reference and the CPU path), "
+        "torch_compiled (CPU only: decode and short prefill chunks read the KV cache in place through a kernel torch.compile builds "
+        "at startup, needs a C++ compiler; single requests, small batches and long prefill chunks as torch), "
         "auto (triton on CUDA when triton imports, else torch).",
     )
     group.add_argument(

@@ -44,10 +44,15 @@ class BatchGenerator:
         """Compute the next ``new_lens[i]`` uncached tokens of each sequence; returns logits."""
         chunks = [s.token_ids[s.cached_len : s.cached_len + n] for s, n in zip(seqs, new_lens)]
         slots = self.kv_cache.alloc(sum(len(c) for c in chunks))
+        decode_step = all(len(c) == 1 for c in chunks)
+        if decode_step:
+            # One indexed write instead of one slice write per sequence.
+            self.req_manager.set_next_slots([s.row for s in seqs], [s.cached_len for s in seqs], slots)
         offset = 0
         for seq, chunk in zip(seqs, chunks):
             part = slots[offset : offset + len(chunk)]
-            self.req_manager.set_slots(seq.row, seq.cached_len, part)
+            if not decode_step:
+                self.req_manager.set_slots(seq.row, seq.cached_len, part)
             seq.slots.append(part)
             offset += len(chunk)
         batch = ForwardBatch.build(

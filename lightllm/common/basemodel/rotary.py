@@ -76,12 +76,23 @@ class RotaryEmbedding:
         return self._cos[positions], self._sin[positions]
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` of shape ``[T, heads, head_dim]`` in place of a copy; returns the result."""
+        """Rotate ``x`` of shape ``[T, heads, head_dim]`` (float32 arithmetic); returns a new tensor.
+
+        Both halves of a cos/sin row are equal (the table repeats the frequencies), so each half
+        of the output is two fused multiply-adds on half-width views: no rotated copy of ``x``,
+        no negation, no concatenation.
+        """
         rot = self.rot_dim
-        x_rot = x[..., :rot].float()
         half = rot // 2
-        rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
-        out = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-        if rot == x.shape[-1]:
-            return out.to(x.dtype)
-        return torch.cat([out.to(x.dtype), x[..., rot:]], dim=-1)
+        work = x if x.dtype == torch.float32 else x.float()
+        out = torch.empty_like(work)
+        x1, x2 = work[..., :half], work[..., half:rot]
+        cos_h, sin_h = cos[:, None, :half], sin[:, None, :half]
+        first, second = out[..., :half], out[..., half:rot]
+        torch.mul(x1, cos_h, out=first)
+        first.addcmul_(x2, sin_h, value=-1.0)
+        torch.mul(x2, cos_h, out=second)
+        second.addcmul_(x1, sin_h)
+        if rot != x.shape[-1]:
+            out[..., rot:] = work[..., rot:]
+        return out if out.dtype == x.dtype else out.to(x.dtype)

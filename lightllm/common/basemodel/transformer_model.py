@@ -75,6 +75,7 @@ class DecoderOnlyTransformer:
             from lightllm.common.basemodel.triton_kernel.rotary_embedding import apply_rotary_
 
             self._triton_layer_kernels = (add_rms_norm, apply_rotary_)
+        self.attention.warmup(self.local_q_heads, self.local_kv_heads, self.head_dim, self.dtype, self.device)
 
     def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
         vocab = self.config.vocab_size
@@ -143,7 +144,9 @@ class DecoderOnlyTransformer:
             attn_out = self.tp.all_reduce(F.linear(attn.reshape(num_tokens, q_size), layer.o_weight))
             hidden, x = self._add_norm(hidden, attn_out, layer.post_attention_norm)
             gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
-            mlp_out = self.tp.all_reduce(F.linear(F.silu(gate) * up, layer.down_weight))
+            # In place on the projection's own output: no [tokens, intermediate] temporaries.
+            act = F.silu(gate, inplace=True).mul_(up)
+            mlp_out = self.tp.all_reduce(F.linear(act, layer.down_weight))
         if mlp_out is not None:
             hidden = hidden + mlp_out
         if batch.logit_index is not None:

@@ -52,7 +52,7 @@ def test_missing_triton_falls_back_for_auto_and_is_refused_when_asked_for(monkey
 
 
 def test_unknown_backend_names_are_refused():
-    with pytest.raises(AttentionBackendError, match="must be one of auto, torch, triton"):
+    with pytest.raises(AttentionBackendError, match="must be one of auto, torch, torch_compiled, triton"):
         resolve_attention_backend("flash", "cuda")
     with pytest.raises(AttentionBackendError):
         build_attention_backend("auto")  # only resolved names can be built

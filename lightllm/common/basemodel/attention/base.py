@@ -22,6 +22,9 @@ class AttentionBackend(ABC):
     #: embedding through the Triton kernels; only the Triton backend sets it.
     uses_triton_layer_kernels: bool = False
 
+    def warmup(self, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Compile or otherwise prepare kernels for this head layout before the first forward."""
+
     @abstractmethod
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> Any:
         """Build per-forward metadata for ``batch``."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import List
 
 from lightllm.common.basemodel.attention.base import AttentionBackend
 
-ATTENTION_BACKENDS: List[str] = ["auto", "torch", "triton"]
+ATTENTION_BACKENDS: List[str] = ["auto", "torch", "torch_compiled", "triton"]
 
 
 class AttentionBackendError(ValueError):
@@ -22,8 +24,22 @@ def triton_import_error() -> str | None:
     return None
 
 
+_CXX_CANDIDATES = ("g++", "c++", "clang++")
+
+
+def cpp_compiler() -> str | None:
+    """Path of the C++ compiler inductor would use on CPU, or None when there is none."""
+    for name in ([os.environ["CXX"]] if os.environ.get("CXX") else []) + list(_CXX_CANDIDATES):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
 def resolve_attention_backend(requested: str, device: str) -> str:
-    """The concrete backend (``torch`` or ``triton``) for ``requested`` on ``device``.
+    """The concrete backend (``torch``, ``torch_compiled`` or ``triton``) for ``requested`` on ``device``.
+
+    ``torch_compiled`` is CPU only and needs a C++ compiler (torch.compile builds its kernel).
 
     ``auto`` takes triton on CUDA when triton imports, torch otherwise.  An explicit ``triton``
     that cannot run is refused: on CPU Triton kernels run only in the interpreter, which is for
@@ -33,6 +49,17 @@ def resolve_attention_backend(requested: str, device: str) -> str:
         raise AttentionBackendError(f"--attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {requested!r}")
     if requested == "torch":
         return "torch"
+    if requested == "torch_compiled":
+        if device != "cpu":
+            raise AttentionBackendError(
+                f"--attention_backend torch_compiled runs on CPU only (the device is {device}); on CUDA use triton or torch"
+            )
+        if cpp_compiler() is None:
+            raise AttentionBackendError(
+                "--attention_backend torch_compiled needs a C++ compiler for torch.compile (none of "
+                f"{', '.join(_CXX_CANDIDATES)} or $CXX is on PATH); install one or use --attention_backend torch"
+            )
+        return "torch_compiled"
     problem = triton_import_error()
     if requested == "auto":
         return "triton" if device == "cuda" and problem is None else "torch"
@@ -55,10 +82,14 @@ def build_attention_backend(name: str) -> AttentionBackend:
         from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 
         return TorchSdpaAttention()
+    if name == "torch_compiled":
+        from lightllm.common.basemodel.attention.torch_compiled import TorchCompiledAttention
+
+        return TorchCompiledAttention()
     if name == "triton":
         # Imported only when chosen: the kernels are decorated at import, and whether Triton
         # compiles them or interprets them is fixed then.
         from lightllm.common.basemodel.attention.triton_backend import TritonAttention
 
         return TritonAttention()
-    raise AttentionBackendError(f"unknown resolved attention backend {name!r} (expected torch or triton)")
+    raise AttentionBackendError(f"unknown resolved attention backend {name!r} (expected torch, torch_compiled or triton)")

@@ -64,6 +64,12 @@ class InferenceContext:
         if total <= 0:
             return
         slots = self.alloc_slots(total)
+        if all(num == 1 for _, num in wants):
+            # One token each (a decode step): one indexed write instead of one per request.
+            self.req_manager.set_next_slots([r.req_row for r, _ in wants], [r.kv_slot_len for r, _ in wants], slots)
+            for req, _ in wants:
+                req.kv_slot_len += 1
+            return
         offset = 0
         for req, num in wants:
             if num <= 0:

@@ -84,7 +84,7 @@ class ModelRankConfig:
     # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
     sampling_seed: int
     torch_threads: Optional[int] = None
-    attention_backend: str = "torch"  # resolved by the launcher: "torch" or "triton"
+    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled" or "triton"
 
     @property
     def max_req_total_len(self) -> int:

@@ -1,0 +1,160 @@
+"""Decode step time of two attention backends on one model and one KV cache, interleaved.
+
+``python -m lightllm.benchmark.bench_decode_attention --model_dir DIR [--batches 1,16,64
+--contexts 128,1024,2048 --steps 6 --backends torch,torch_compiled --dtype float32]`` prefills
+``batch`` random prompts of ``context`` tokens once per grid cell, then runs decode steps that
+alternate between the backends (the model swaps its attention backend between steps; both read
+the same cache), so a machine shared with other work slows both sides alike.  Prints the median
+milliseconds per step of each backend, their ratio and the largest logit difference between
+the backends on the same step input (Markdown; JSON too with ``--json``).
+
+``--clock cpu`` times each step by the CPU time of the calling thread and runs torch on that one
+thread: on a machine shared with other work, wall time swings by several times from one step to
+the next, while the CPU time a step needs stays put.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, build_attention_backend
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.basemodel.model_config import parse_dtype
+from lightllm.models.registry import load_model
+
+PREFILL_REQUESTS_PER_FORWARD = 8  # bounds prefill activations at large batch x context
+
+
+def _int_list(text: str) -> List[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def measure_cell(
+    model, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
+) -> Dict[str, float]:
+    """Median ms per decode step of each backend, plus the logit difference between them."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(5, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(batch)]
+    names = list(backends)
+    total_steps = len(names) * (steps + 1) + 1
+    runner = BatchGenerator(model, kv_cache_size=batch * (context + total_steps + 1), max_request_num=batch,
+                            max_sequence_length=context + total_steps + 1)
+    model.attention = backends[names[0]]
+    seqs = [runner.start(p) for p in prompts]
+    for first in range(0, batch, PREFILL_REQUESTS_PER_FORWARD):
+        part = seqs[first : first + PREFILL_REQUESTS_PER_FORWARD]
+        runner.forward(part, [context] * len(part))
+    timings: Dict[str, List[float]] = {name: [] for name in names}
+    diff = 0.0
+    for step in range(steps + 1):  # step 0 warms up each backend at this shape
+        for name in names:
+            for i, seq in enumerate(seqs):
+                seq.token_ids.append(3 + (7 * i + step) % 97)
+            model.attention = backends[name]
+            started = clock()
+            logits = runner.forward(seqs, [1] * batch)
+            elapsed = clock() - started
+            if step:
+                timings[name].append(elapsed)
+        if step == 0 and len(names) > 1:
+            # Same input through every backend: the last token again, at the next position.
+            for seq in seqs:
+                seq.token_ids.append(seq.token_ids[-1])
+            outs = []
+            for name in names:
+                model.attention = backends[name]
+                outs.append(_probe(runner, seqs))
+            diff = max((o - outs[0]).abs().max().item() for o in outs[1:])
+    for seq in seqs:
+        runner.release(seq)
+    cell = {f"{name}_ms": statistics.median(t) * 1e3 for name, t in timings.items()}
+    cell["max_logit_diff"] = diff
+    return cell
+
+
+def _probe(runner: BatchGenerator, seqs) -> torch.Tensor:
+    """Logits of one decode step that leaves no trace (its slots are freed, lengths restored)."""
+    logits = runner.forward(seqs, [1] * len(seqs))
+    for seq in seqs:
+        seq.cached_len -= 1
+        runner.kv_cache.free(seq.slots.pop())
+    return logits
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_decode_attention",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--batches", type=_int_list, default=[1, 16, 64])
+    parser.add_argument("--contexts", type=_int_list, default=[128, 1024, 2048])
+    parser.add_argument("--steps", type=int, default=6, help="timed decode steps per backend per cell")
+    parser.add_argument("--backends", default="torch,torch_compiled", help="comma-separated; the first is the baseline")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--min-fused-context", type=int, default=None,
+                        help="override torch_compiled's threshold (requests x context) for its kernel; 0: always")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall: perf_counter; cpu: the calling thread's CPU time, with torch on one thread")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.backends.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ATTENTION_BACKENDS or n in ("auto", "triton")]
+    if unknown or not names:
+        parser.error(f"--backends takes torch and/or torch_compiled, got {args.backends!r}")
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    if args.clock == "cpu":
+        if args.threads not in (None, 1):
+            parser.error("--clock cpu measures one thread; leave --threads unset or 1")
+        args.threads = 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    dtype = parse_dtype(args.dtype)
+    backends = {name: build_attention_backend(name) for name in names}
+    if args.min_fused_context is not None:
+        for backend in backends.values():
+            if hasattr(backend, "min_fused_context"):
+                backend.min_fused_context = args.min_fused_context
+                if args.min_fused_context == 0:
+                    backend.min_fused_requests = 1
+    model = load_model(args.model_dir, dtype=dtype, attention=backends[names[0]])
+    for backend in backends.values():
+        backend.warmup(model.local_q_heads, model.local_kv_heads, model.head_dim, model.dtype, model.device)
+    rows = []
+    header = "| batch | context | " + " | ".join(f"{n} ms/step" for n in names)
+    header += " | speed-up |" if len(names) > 1 else " |"
+    print(header)
+    print("|" + " --- |" * (header.count("|") - 1))
+    for batch in args.batches:
+        for context in args.contexts:
+            cell = measure_cell(model, backends, batch, context, args.steps, args.seed, clock)
+            cell.update(batch=batch, context=context)
+            rows.append(cell)
+            line = f"| {batch} | {context} | " + " | ".join(f"{cell[n + '_ms']:.2f}" for n in names)
+            if len(names) > 1:
+                cell["speedup"] = cell[names[0] + "_ms"] / cell[names[-1] + "_ms"]
+                line += f" | {cell['speedup']:.2f}x |"
+            else:
+                line += " |"
+            print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"args": vars(args), "torch": torch.__version__, "results": rows}, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
