@@ -115,3 +115,29 @@ def test_overcommitted_partial_prefills_do_not_deadlock(model):
     outputs, _, paused = _run(backend)
     assert paused > 0
     assert [outputs[i] for i in range(3)] == expected
+
+
+def test_a_burst_of_same_prefix_prompts_does_not_compute_the_prefix_per_request(model):
+    """Requests still waiting adopt the prefix others computed meanwhile, not only after they end."""
+    prefix = _prompts([192], seed=21)[0]
+    tails = _prompts([5, 7, 3, 9, 6, 4], seed=22)
+    prompts = [prefix + tail for tail in tails]
+    params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+    shared = _backend(model, 4096, budget=64, chunk=32)
+    for i, prompt in enumerate(prompts):
+        shared.add_request(i, prompt, params)
+    outputs, _, _ = _run(shared)
+    computed = shared.counter.value
+    # The budget (64) holds two 32-token chunks, so the first two requests compute each prefix
+    # chunk side by side; every later request adopts the prefix and computes little beyond its
+    # tail.  Without sharing each request computes its whole prompt (1186 tokens here).
+    assert computed <= 2 * len(prefix) + sum(len(t) for t in tails) + 64
+    unshared = _backend(model, 4096, prefix_cache=False, budget=64, chunk=32)
+    for i, prompt in enumerate(prompts):
+        unshared.add_request(i, prompt, params)
+    expected, _, _ = _run(unshared)
+    assert unshared.counter.value == sum(len(p) for p in prompts)
+    assert outputs == expected
+    context = shared.kv
+    assert context.allocatable_token_num() == 4096
+    assert context.clear_prefix_cache() >= 0 and context.kv_cache.available == 4096

@@ -93,6 +93,9 @@ class RadixCache:
             raise ValueError("free_slots: expected a callable taking a tensor of slots")
         self._free_slots = free_slots
         self._clock = 0
+        # Bumped whenever an insert adds tokens: a lookup that found nothing more before cannot
+        # find more until it changes.
+        self._content_version = 0
         self._next_node_id = 1
         self._root = RadixNode((), torch.empty(0, dtype=torch.long), None, node_id=0, last_access=0)
         # Referenced nodes can never be evicted, so the root is given a permanent hold.
@@ -107,6 +110,11 @@ class RadixCache:
     def root(self) -> RadixNode:
         """The root node (empty run); read-only access for inspection."""
         return self._root
+
+    @property
+    def content_version(self) -> int:
+        """Changes whenever :meth:`insert` adds tokens (lookups may then match more)."""
+        return self._content_version
 
     @property
     def total_token_num(self) -> int:
@@ -179,6 +187,7 @@ class RadixCache:
         node, shared, _ = self._walk(query, split_at_query_end=False)
         if shared < len(query):
             self._add_child(node, query[shared:], slots[shared:])
+            self._content_version += 1
         return shared
 
     def dec_ref(self, node: Optional[RadixNode]) -> None:

@@ -29,6 +29,9 @@ class InferenceContext:
         self.req_manager = req_manager
         self.radix_cache: Optional[RadixCache] = RadixCache(kv_cache.free) if use_prefix_cache else None
         self._match: Dict[int, tuple[Optional[RadixNode], int]] = {}
+        # (cache content version, cur_kv_len) at a request's last share_prefix: nothing to do
+        # until one of them changes.
+        self._shared_at: Dict[int, Tuple[int, int]] = {}
 
     # --- capacity -------------------------------------------------------------------------
     def allocatable_token_num(self) -> int:
@@ -78,6 +81,40 @@ class InferenceContext:
             req.kv_slot_len += num
             offset += num
 
+    def share_prefix(self, req: InferReq) -> int:
+        """Publish ``req``'s computed tokens to the prefix cache and adopt a longer cached prefix.
+
+        Called between steps for requests still prefilling, so that requests sharing a prompt
+        prefix stop computing it once one of them has: without it the cache only learns a
+        prompt when its request ends, and a burst of same-prefix prompts computes the prefix
+        once per request.  The request's row is switched to the cache's slots for everything
+        cached (its own duplicates are freed) and ``cur_kv_len`` moves to the end of the match.
+        Returns the number of tokens gained from the cache.
+        """
+        cache = self.radix_cache
+        if cache is None or req.req_row < 0 or req.kv_slot_len != req.cur_kv_len:
+            return 0
+        marker = (cache.content_version, req.cur_kv_len)
+        if self._shared_at.get(req.request_id) == marker:
+            return 0
+        old_node, old_matched = self._match[req.request_id]
+        computed = req.cur_kv_len
+        # A copy: the row is rewritten below, and on CPU ``.cpu()`` would return a view of it.
+        own_slots = self.req_manager.slots(req.req_row, 0, computed).to("cpu", copy=True)
+        shared = cache.insert(req.token_slice(0, computed), own_slots) if computed > old_matched else old_matched
+        limit = max(computed, req.cacheable_prefix_len)
+        node, matched, slots = cache.match_prefix(req.token_slice(0, limit), update_refs=True)
+        # The cache now holds everything computed (inserted just now, or matched before), and
+        # the request's held path protects it, so the match reaches at least ``computed``.
+        self.req_manager.set_slots(req.req_row, 0, slots.to(self.req_manager.req_to_token.device))
+        if shared > old_matched:
+            self.kv_cache.free(own_slots[old_matched:shared])  # the cache had its own copies
+        cache.dec_ref(old_node)
+        self._match[req.request_id] = (node, matched)
+        req.cur_kv_len = req.kv_slot_len = matched
+        self._shared_at[req.request_id] = (cache.content_version, matched)
+        return matched - computed
+
     def pause(self, req: InferReq) -> None:
         """Take a running request's KV away (KV ran out); it recomputes from the prefix cache later."""
         self._give_back_kv(req)
@@ -114,6 +151,7 @@ class InferenceContext:
         self._match[req.request_id] = (node, matched)
 
     def _give_back_kv(self, req: InferReq) -> None:
+        self._shared_at.pop(req.request_id, None)
         node, matched = self._match.pop(req.request_id, (None, 0))
         computed = req.cur_kv_len
         held = req.kv_slot_len

@@ -254,6 +254,8 @@ class ModelRank:
         started = time.perf_counter()
         self.preemptions += len(report.paused)
         self._stamp_first_scheduled(report)
+        for req in report.prompt_cache_grown:  # before the first token, which reports it
+            self.shm.set_prompt_cache_len(req.shm_index, req.request_id, req.prompt_cache_len)
         updates = {}
         # Prompt logprobs come from the prefill that also samples the first token: written first.
         shm = self.shm

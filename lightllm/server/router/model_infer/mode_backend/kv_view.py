@@ -36,6 +36,10 @@ class KvView(Protocol):
     def reserve_many(self, wants: Sequence[Tuple[InferReq, int]]) -> None:
         """:meth:`reserve` for each ``(request, num)`` pair, in one allocation."""
 
+    def share_prefix(self, req: InferReq) -> int:
+        """Between steps, for a request still prefilling: publish its computed tokens to a prefix
+        cache and adopt a longer cached prefix; returns the tokens gained (0 without a cache)."""
+
     def pause(self, req: InferReq) -> None:
         """Take all of ``req``'s KV back (computed tokens may stay in a prefix cache)."""
 
@@ -84,6 +88,10 @@ class TokenCountKvView:
             raise RuntimeError(f"KV pool exhausted: {self.capacity - self.used} tokens free")
         for req, num in wants:
             self.reserve(req, num)
+
+    def share_prefix(self, req: InferReq) -> int:
+        """No prefix cache: nothing to share."""
+        return 0
 
     def pause(self, req: InferReq) -> None:
         """Give every token back; the request recomputes from position 0."""

@@ -1,7 +1,9 @@
 """One scheduling step, in plain Python: the part of a model rank that decides what runs.
 
     filter  -> release aborted requests
-    resume  -> paused requests rejoin once the KV cache could hold them
+    resume  -> paused requests rejoin once the KV cache could hold them; requests still
+               prefilling share their computed prompt tokens through the prefix cache and pick
+               up what other requests computed meanwhile
     order   -> the prefill-queue strategy (decode requests stay in front)
     select  -> the step planner, under the token budget and the allocatable KV
     pause   -> decode requests left without KV give theirs back (and, when nothing at all could
@@ -106,6 +108,7 @@ class StepEngine:
         self._ended = []
         self.filter_finished(report)
         ready = self.resume_paused()
+        self.share_prefixes(ready, report)
         report.ordered = self.order(ready)
         plan = self.select(report.ordered) if report.ordered else None
         report.plan = plan
@@ -133,6 +136,21 @@ class StepEngine:
             if req.state.schedulable:
                 ready.append(req)
         return ready
+
+    def share_prefixes(self, ready: List[InferReq], report: StepReport) -> None:
+        """Prefilling requests publish their computed tokens and adopt longer cached prefixes.
+
+        A burst of prompts with a common prefix then computes the prefix about once instead of
+        once per request.  Tokens a request that has produced nothing yet takes from the cache
+        count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).
+        """
+        for req in ready:
+            if req.state is ReqState.DECODING:
+                continue
+            gained = self.kv.share_prefix(req)
+            if gained and not req.output_ids:
+                req.prompt_cache_len = min(req.input_len, req.prompt_cache_len + gained)
+                report.prompt_cache_grown.append(req)
 
     def order(self, ready: List[InferReq]) -> List[InferReq]:
         """Apply the prefill-queue strategy (decode requests stay in front, in order)."""

@@ -24,6 +24,8 @@ class StepReport:
         paused: requests whose KV was taken back this step.
         handoffs: requests whose prompt is done and whose KV now waits for a transfer to another
             node (PD prefill node only).
+        prompt_cache_grown: requests whose ``prompt_cache_len`` grew this step (they took
+            prompt tokens another request had computed meanwhile).
         ordered: the strategy's order of this step's ready requests.
         plan: the planner's selection (None when nothing was ready).
         prefill_token_num / decode_batch_size: work submitted.
@@ -37,6 +39,7 @@ class StepReport:
     finished: List[Tuple[InferReq, int]] = field(default_factory=list)
     paused: List[InferReq] = field(default_factory=list)
     handoffs: List[InferReq] = field(default_factory=list)
+    prompt_cache_grown: List[InferReq] = field(default_factory=list)
     ordered: List[InferReq] = field(default_factory=list)
     plan: Optional[StepPlan] = None
     prefill_token_num: int = 0
