@@ -48,9 +48,14 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
     try:
         children = child_pids(server.log())
         model = server.model_name
+        # A non-streaming request shows no event until it ends: each is started alone and waited
+        # for until the server counted its prompt, so it is surely in flight (not still
+        # connecting) when SIGTERM arrives.
+        short_plain = [_started(server.url, lambda: run_client(
+            server.url, "/v1/completions", payload("/v1/completions", model, SHORT), stream=False))]
         long_ones = [run_client(server.url, "/v1/completions", payload("/v1/completions", model, LONG), stream=True),
-                     run_client(server.url, "/generate", payload("/generate", model, LONG), stream=False)]
-        short_plain = [run_client(server.url, "/v1/completions", payload("/v1/completions", model, SHORT), stream=False)]
+                     _started(server.url, lambda: run_client(
+                         server.url, "/generate", payload("/generate", model, LONG), stream=False))]
         short_streams = [run_client(server.url, "/generate_stream", payload("/generate_stream", model, SHORT), stream=True)]
         # The streams' first events prove their requests (sent last) are in flight.
         for result in (long_ones[0], *short_streams):
@@ -83,3 +88,21 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
     assert exited_after <= GRACE_SECONDS + 5
     assert not leftovers(server.proc.pid)
     assert not [name for name, pid in children.items() if alive(pid)]
+
+
+def _started(url: str, start):
+    """Run ``start()`` (which sends one request) and wait until the server has taken that request."""
+    before = _prompt_tokens_total(url)
+    result = start()
+    deadline = time.monotonic() + 30
+    while _prompt_tokens_total(url) == before:
+        assert time.monotonic() < deadline, "the request never reached the server"
+        time.sleep(0.02)
+    return result
+
+
+def _prompt_tokens_total(url: str) -> float:
+    """The server's ``lightllm_prompt_tokens_total`` (prompt tokens of every request it took)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("lightllm_prompt_tokens_total"))
