@@ -7,7 +7,7 @@ that deployments set once (and for names LightLLM users already know).
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 ENV_VARS = {
     "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank; default: (CPU cores - 1) divided by --tp, at least 1.",
@@ -38,29 +38,27 @@ def api_keys_from_env(name: str) -> List[str]:
     return [key.strip() for key in os.environ.get(name, "").split(",") if key.strip()]
 
 
-def pd_transfer_failure_probability() -> float:
-    """``LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY`` as a float in [0, 1]; 0 when unset."""
-    raw = os.environ.get("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY")
+def _env_float(name: str, allowed: str, accept: Callable[[float], bool]) -> float:
+    """Environment variable ``name`` as a float (0 when unset or empty); ``accept`` checks its range."""
+    raw = os.environ.get(name)
     if raw is None or raw == "":
         return 0.0
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY must be a number in [0, 1], got {raw!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY must be a number in [0, 1], got {raw!r}")
+        value = float("nan")
+    if not accept(value):
+        raise ValueError(f"{name} must be {allowed}, got {raw!r}")
     return value
+
+
+def pd_transfer_failure_probability() -> float:
+    """``LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY`` as a float in [0, 1]; 0 when unset."""
+    return _env_float("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY", "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0)
 
 
 def pd_node_busy_retry_timeout_seconds() -> float:
     """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0; 0 when unset."""
-    raw = os.environ.get("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS")
-    if raw is None or raw == "":
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS must be a number >= 0, got {raw!r}") from None
-    if not 0.0 <= value < float("inf"):
-        raise ValueError(f"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS must be a number >= 0, got {raw!r}")
-    return value
+    return _env_float(
+        "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "a number >= 0", lambda v: 0.0 <= v < float("inf")
+    )

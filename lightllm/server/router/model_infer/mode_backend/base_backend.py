@@ -28,24 +28,14 @@ class ModeBackend(StepEngine):
 
     run_mode: ClassVar[str] = "normal"
 
-    def add_request(
-        self,
-        request_id: int,
-        prompt_ids: List[int],
-        params: Any,
-        high_priority_request: bool = False,
-        shm_index: int = -1,
-        infer_high_priority: int = 0,
-        segment_index: int = 0,
-    ) -> InferReq:
+    def add_request(self, request_id: int, prompt_ids: List[int], params: Any, **fields: Any) -> InferReq:
         """Check a request, create its :class:`InferReq` (snapshotting the prefill counter), join it.
 
-        Raises :class:`~.admission.RequestRejected` (before touching any state) when
+        ``fields`` are :meth:`new_request`'s optional keywords.  Raises
+        :class:`~.admission.RequestRejected` (before touching any state) when
         :meth:`check_request` refuses the request.
         """
-        req = self.new_request(
-            request_id, prompt_ids, params, high_priority_request, shm_index, infer_high_priority, segment_index
-        )
+        req = self.new_request(request_id, prompt_ids, params, **fields)
         self.join(req)
         return req
 

@@ -35,20 +35,12 @@ class DecodeBackend(ModeBackend):
 
     run_mode: ClassVar[str] = "decode"
 
-    def reserve_prefilled(
-        self,
-        request_id: int,
-        prompt_ids: List[int],
-        params: Any,
-        high_priority_request: bool = False,
-        shm_index: int = -1,
-        segment_index: int = 0,
-    ) -> InferReq:
-        """Check the request and reserve KV for its prompt; it waits for the transfer."""
-        req = self.new_request(
-            request_id, prompt_ids, params, high_priority_request, shm_index, segment_index=segment_index
-        )
-        return self.reserve_for(req)
+    def reserve_prefilled(self, request_id: int, prompt_ids: List[int], params: Any, **fields: Any) -> InferReq:
+        """Check the request and reserve KV for its prompt; it waits for the transfer.
+
+        ``fields`` are :meth:`new_request`'s optional keywords.
+        """
+        return self.reserve_for(self.new_request(request_id, prompt_ids, params, **fields))
 
     def reserve_for(self, req: InferReq) -> InferReq:
         """Reserve KV for an already built ``req`` and join it in ``TRANSFERRING``.
