@@ -30,6 +30,10 @@ How a run is laid out (and why):
   so prefix caching never helps across repeats.
 * Each strategy is compared to the baseline of the *same repeat* (paired log ratios,
   see :mod:`lightllm.benchmark.paired_stats`).
+* ``--topology 1p1d`` replaces each server by a PD cluster (:mod:`lightllm.benchmark.pd_cluster`):
+  a master, a prefill node with the strategy and ``--server-args``, and a decode node with
+  ``--server-args``. The workload goes to the master, and everything else is the same. The logs
+  are ``logs/server_<strategy>_{master,prefill,decode}.log``.
 
 Outputs in ``--out-dir``: ``report.json``, ``report.md``, ``ttft_cdf_<workload>.png``,
 ``throughput_<workload>.png``, ``runs/<workload>/<strategy>/repeat<r>.{jsonl,json}``
@@ -322,7 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS,
                    help="--max_total_token_num added to every server unless --server-args sets it")
-    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="normal")
+    p.add_argument(
+        "--topology", choices=sorted(TOPOLOGIES), default="normal",
+        help="normal: one server per strategy; 1p1d: one PD cluster per strategy (master + prefill node with "
+        "the strategy and --server-args + decode node with --server-args), measured through the master",
+    )
+    p.add_argument("--master-args", default="",
+                   help="1p1d: flags of the PD master, as one shell-quoted string "
+                   "(e.g. '--pd_prefill_timeout_seconds 60')")
+    p.add_argument("--prefill-devices", default=None, help="1p1d on GPUs: CUDA_VISIBLE_DEVICES of the prefill nodes")
+    p.add_argument("--decode-devices", default=None, help="1p1d on GPUs: CUDA_VISIBLE_DEVICES of the decode nodes")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to become healthy")
     p.add_argument("--out-dir", required=True)
@@ -378,6 +391,28 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> Comparis
     )
 
 
+_PD_ONLY_FLAGS = {"master_args": "--master-args", "prefill_devices": "--prefill-devices",
+                  "decode_devices": "--decode-devices"}
+
+
+def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Constructor arguments of ``args.topology``; the 1p1d flags are refused for another topology."""
+    kwargs: dict[str, Any] = {"host": args.host, "start_timeout_s": args.start_timeout}
+    # An empty device list is a choice (hide every GPU); an empty --master-args is the default.
+    given = [flag for name, flag in _PD_ONLY_FLAGS.items()
+             if getattr(args, name) is not None and (name != "master_args" or getattr(args, name))]
+    if args.topology != "1p1d":
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply with --topology 1p1d, got --topology {args.topology}")
+        return kwargs
+    try:
+        master_args = shlex.split(args.master_args)
+    except ValueError as exc:
+        raise ValueError(f"master_args is not a valid shell-quoted string: {exc}") from None
+    return {**kwargs, "master_args": master_args, "prefill_devices": args.prefill_devices,
+            "decode_devices": args.decode_devices}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns 1 if any measured request failed, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -386,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = options_from_args(args, argv)
         options.validate()
-        topology = make_topology(args.topology, host=args.host, start_timeout_s=args.start_timeout)
+        topology = make_topology(args.topology, **topology_kwargs(args))
     except ValueError as exc:
         parser.error(str(exc))
     report = run_comparison(options, topology)

@@ -274,7 +274,10 @@ def write_report(
     files: dict[str, str] = {"json": "report.json", "markdown": "report.md"}
     for name, section in report["workloads"].items():
         label = _file_label(name)
-        cdf = plot_ttft_cdf(ttft_samples[name], out / f"ttft_cdf_{label}.png", f"TTFT CDF - {name}")
+        # When every request failed there is no TTFT to plot; the report is still written.
+        if any(len(values) for per in ttft_samples[name].values() for values in per.values()):
+            cdf = plot_ttft_cdf(ttft_samples[name], out / f"ttft_cdf_{label}.png", f"TTFT CDF - {name}")
+            files[f"ttft_cdf_{name}"] = cdf.name
         bars = plot_throughput(
             section,
             meta["strategies"],
@@ -282,7 +285,6 @@ def write_report(
             out / f"throughput_{label}.png",
             f"Output throughput - {name}",
         )
-        files[f"ttft_cdf_{name}"] = cdf.name
         files[f"throughput_{name}"] = bars.name
     report["files"] = files
     (out / files["markdown"]).write_text(render_markdown(report), encoding="utf-8")

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -141,8 +141,13 @@ class ServerProcess(Deployment):
         host: str = "127.0.0.1",
         port: int | None = None,
         start_timeout_s: float = 300.0,
+        env: dict[str, str] | None = None,
+        ready: Callable[[str], bool] | None = None,
     ) -> "ServerProcess":
         """Start a server with ``args`` (no host/port) and wait until ``/health`` answers 200.
+
+        ``env`` adds to (or overrides) this process's environment. ``ready(base_url)`` replaces
+        the ``/health`` check (a PD master answers 503 there until its nodes registered).
 
         Raises:
             ValueError: ``start_timeout_s`` is not positive.
@@ -153,20 +158,22 @@ class ServerProcess(Deployment):
         port = free_port(host) if port is None else port
         command = [sys.executable, "-m", "lightllm.server.api_server", *args, "--host", host, "--port", str(port)]
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
             )
         server = cls(proc, f"http://{host}:{port}", log_path, command)
         try:
-            server._wait_healthy(start_timeout_s)
+            server.wait_ready(start_timeout_s, ready or _is_healthy)
         except BaseException:
             server.stop()
             raise
         return server
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, ready: Callable[[str], bool] | None = None) -> None:
+        """Wait until ``ready(base_url)`` (default: ``/health`` answers 200); raise with the log tail."""
+        ready = ready or _is_healthy
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -174,7 +181,7 @@ class ServerProcess(Deployment):
                     f"server exited with code {self._proc.returncode} during start-up "
                     f"(log {self._log_path}):\n{_log_tail(self._log_path)}"
                 )
-            if _is_healthy(self._url):
+            if ready(self._url):
                 return
             time.sleep(0.3)
         raise RuntimeError(
@@ -318,3 +325,7 @@ def make_topology(name: str, **kwargs: Any) -> Topology:
     except KeyError:
         raise ValueError(f"topology must be one of {sorted(TOPOLOGIES)}, got {name!r}") from None
     return cls(**kwargs)
+
+
+# The 1p1d topology builds on the classes above and adds itself to TOPOLOGIES.
+import lightllm.benchmark.pd_cluster  # noqa: E402,F401

@@ -37,9 +37,11 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--run_mode",
         type=str,
-        choices=["normal"],
+        choices=["normal", "prefill", "decode", "pd_master"],
         default="normal",
-        help="normal: one server runs prefill and decode (the PD-disaggregated roles are not in this build yet).",
+        help="normal: one server runs prefill and decode. PD disaggregation (docs/*/pd_deployment.md): "
+        "pd_master serves the public API and loads no weights; prefill and decode start nodes that "
+        "register with the master at --pd_master_ip:--pd_master_port.",
     )
     group.add_argument("--host", type=str, default="127.0.0.1", help="HTTP listen address.")
     group.add_argument("--port", type=int, default=8000, help="HTTP listen port.")
@@ -229,9 +231,52 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Let every client that may use the API set high_priority_request (by default only --admin_api_key may).",
     )
 
+    group = parser.add_argument_group("PD disaggregation")
+    group.add_argument("--pd_master_ip", type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with.")
+    group.add_argument("--pd_master_port", type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
+    group.add_argument("--pd_node_id", type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
+    group.add_argument(
+        "--pd_transfer_port",
+        type=int,
+        default=None,
+        help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free port. "
+        "Decode nodes learn it from the master.",
+    )
+    group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
+    group.add_argument("--pd_heartbeat_interval", type=float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
+    group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
+    group.add_argument("--pd_reserve_lease_seconds", type=float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
+    group.add_argument("--pd_transfer_timeout_seconds", type=float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
+    group.add_argument("--pd_prefill_timeout_seconds", type=float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")
+    group.add_argument("--pd_decode_token_timeout_seconds", type=float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token).")
+    group.add_argument(
+        "--pd_max_segment_tokens",
+        type=int,
+        default=0,
+        help="Decode nodes: end a segment after this many generated tokens, so the master continues the request as a new "
+        "segment (prompt + tokens so far, prefilled again on the prefill node); 0: no limit.",
+    )
+
     group = parser.add_argument_group("logging")
     group.add_argument("--log_level", type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")
     return parser
+
+
+def _validate_pd_args(args: argparse.Namespace) -> None:
+    for name in ("pd_master_port", "pd_transfer_port"):
+        value = getattr(args, name, None)
+        if value is not None and not 0 < value < 65536:
+            raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
+    for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):
+        if getattr(args, name) <= 0:
+            raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
+    for name in ("pd_heartbeat_interval", "pd_reserve_lease_seconds", "pd_transfer_timeout_seconds",
+                 "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds"):
+        value = getattr(args, name)
+        if not 0 < value < float("inf"):
+            raise ArgumentError(f"--{name} must be a positive, finite number of seconds, got {value}")
+    if args.pd_max_segment_tokens < 0:
+        raise ArgumentError(f"--pd_max_segment_tokens must be >= 0 (0: no limit), got {args.pd_max_segment_tokens}")
 
 
 def _validate_http_args(args: argparse.Namespace) -> None:
@@ -261,8 +306,10 @@ class ArgumentError(ValueError):
 
 def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = None) -> None:
     """Raise :class:`ArgumentError` (one line) for settings that cannot work together."""
-    if args.run_mode != "pd_master" and not args.model_dir:
+    if not args.model_dir:
+        # The master reads the tokenizer and config from it (and loads no weights).
         raise ArgumentError("--model_dir is required")
+    _validate_pd_args(args)
     for name in ("tp", "running_max_req_size", "chunked_prefill_size"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")

@@ -39,6 +39,7 @@ class APIError(Exception):
         error_type: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -46,10 +47,14 @@ class APIError(Exception):
         self.error_type = error_type
         self.param = param
         self.code = code
+        # Fields added to the error object after the four standard ones (a busy PD node's role).
+        self.extra = dict(extra or {})
 
     def to_dict(self) -> dict[str, Any]:
         """The ``{"error": {...}}`` body for this error."""
-        return error_body(self.message, self.error_type, self.param, self.code)
+        body = error_body(self.message, self.error_type, self.param, self.code)
+        body["error"].update(self.extra)
+        return body
 
     def to_response(self) -> JSONResponse:
         """A JSON response carrying this error and its status code."""
@@ -83,9 +88,13 @@ def model_not_found(model: str, served: "list[str] | None" = None) -> APIError:
     )
 
 
-def server_busy(message: str) -> APIError:
-    """A 503 error for a request the server cannot take right now."""
-    return APIError(503, message or "The server is busy; retry later", SERVICE_UNAVAILABLE, None, "server_busy")
+def server_busy(message: str, role: str | None = None) -> APIError:
+    """A 503 error for a request the server cannot take right now.
+
+    ``role``: the busy PD node role, added to the body as ``"role"`` (a PD master's answer).
+    """
+    extra = {"role": role} if role else None
+    return APIError(503, message or "The server is busy; retry later", SERVICE_UNAVAILABLE, None, "server_busy", extra)
 
 
 def internal_error() -> APIError:
@@ -119,7 +128,7 @@ def manager_error(exc: Exception, param: str | None = None) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ServerBusyError):
-        return server_busy(str(exc))
+        return server_busy(str(exc), getattr(exc, "role", None))
     if isinstance(exc, ServerUnavailableError):
         # The server is shutting down or lost a process: the request may succeed on another replica.
         return APIError(503, str(exc), SERVICE_UNAVAILABLE, None, exc.code or "server_unavailable")

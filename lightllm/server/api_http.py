@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -210,8 +210,14 @@ class NativeEndpoints:
             yield sse_error(internal_error())
 
 
-def create_app(manager: RequestManager, options: HttpServerOptions | None = None) -> FastAPI:
+def create_app(
+    manager: RequestManager, options: HttpServerOptions | None = None, extra_routers: Sequence[APIRouter] = ()
+) -> FastAPI:
     """Build the HTTP application around a request manager.
+
+    ``extra_routers`` (a PD master's membership and readiness endpoints, a PD node's control
+    endpoints) are included before the public API, so a route they define (``/health`` on a PD
+    master) takes precedence over the public API's own.
 
     ``manager`` implements :class:`~lightllm.server.request_manager.RequestManager` (the HTTP
     process's ``HttpServerManager``, or any other manager serving the same API); one that does
@@ -237,6 +243,8 @@ def create_app(manager: RequestManager, options: HttpServerOptions | None = None
     install_error_handlers(app)
     options = options or HttpServerOptions()
     encoder = PromptEncoder(manager, options.limits.prompt_chars_per_token)
+    for router in extra_routers:
+        app.include_router(router)
     app.include_router(NativeEndpoints(manager, encoder).router())
     app.include_router(OpenAIEndpoints(manager, encoder).router())
     # Added last = runs first: keys are checked before any body byte is read.

@@ -6,6 +6,8 @@ The main process owns the shared-memory segments and runs the HTTP server; it bu
 model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
 every request fails with an error and the server exits non-zero; SIGTERM drains (see
 :mod:`lightllm.server.supervisor`).  Resources left by a killed server are removed at start.
+A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its control
+endpoints and master registration (:mod:`lightllm.server.pd.node_launch`).
 """
 
 from __future__ import annotations
@@ -188,9 +190,21 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         import torch
 
         validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        if args.run_mode == "pd_master":
+            # One process, no children, no shared memory, no weights.
+            from lightllm.server.httpserver_for_pd_master.master_start import run_pd_master
+
+            return run_pd_master(args)
         model_config = ModelConfig.from_dir(args.model_dir)
         sizing = plan_sizing(args, model_config, resolve_device(args))
         args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
+        pd_node_info = None
+        if args.run_mode in ("prefill", "decode"):
+            # Imported here, like uvicorn below: the spawned children re-import this module.
+            from lightllm.server.pd.node_launch import prepare_pd_node
+
+            # Before any process starts: the ranks and the registration must see one transfer port.
+            pd_node_info = prepare_pd_node(args, model_config, sizing)
     except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -237,9 +251,16 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     try:
         manager = HttpServerManager(http_config)
         http_options = HttpServerOptions.from_args(args)
-        app = create_app(manager, http_options)
+        pd_node = None
+        if pd_node_info is not None:
+            from lightllm.server.pd.node_launch import PdNodeRuntime
+
+            pd_node = PdNodeRuntime(args, pd_node_info, manager)
+        app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
         supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
         server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor)
+        if pd_node is not None:
+            pd_node.attach(app, server, supervisor)
         watch_children(procs, supervisor.child_died)
         if not stop_requested:
             log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)

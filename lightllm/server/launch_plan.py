@@ -19,6 +19,7 @@ from lightllm.server.detokenization.manager import DetokenizationConfig
 from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.router.manager import RouterConfig
 from lightllm.server.router.model_infer.model_rank_process import ModelRankConfig
+from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankSettings
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.server_sizing import ServerSizing
 
@@ -54,6 +55,23 @@ def plan_layout(sizing: ServerSizing, shm_tag: str, ipc_dir: str) -> ServerLayou
     )
 
 
+def pd_rank_settings(args: argparse.Namespace) -> PdRankSettings:
+    """The KV transfer settings of a PD node's ranks, from the flags.
+
+    ``--pd_transfer_port`` is resolved (a free block of TP ports when not given) by the node
+    launch before the plan, so the ranks and the registration agree on it.
+    """
+    return PdRankSettings(
+        page_size=args.pd_kv_page_size,
+        transfer_host=args.host,
+        transfer_port=args.pd_transfer_port or 0,
+        transfer_timeout_s=args.pd_transfer_timeout_seconds,
+        connect_timeout_s=max(60.0, args.pd_transfer_timeout_seconds),
+        reserve_lease_s=args.pd_reserve_lease_seconds,
+        max_segment_tokens=args.pd_max_segment_tokens,
+    )
+
+
 @dataclass
 class ProcessConfigs:
     """The config of every process of one normal-mode server."""
@@ -75,6 +93,8 @@ def build_process_configs(
 ) -> ProcessConfigs:
     """Every process's config from the validated flags, the sizing and the one layout."""
     eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
+    run_mode = getattr(args, "run_mode", "normal")
+    pd_settings = pd_rank_settings(args) if run_mode in PD_ROLES else PdRankSettings()
     detokenization = DetokenizationConfig(
         model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,
         eos_token_ids=eos,
@@ -99,7 +119,7 @@ def build_process_configs(
             prefill_max_wait_tokens=args.prefill_max_wait_tokens,
             use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
             log_level=args.log_level, torch_threads=sizing.torch_threads,
-            sampling_seed=sampling_seed,
+            sampling_seed=sampling_seed, run_mode=run_mode, pd=pd_settings,
         )
         for rank in range(args.tp)
     ]
@@ -114,5 +134,7 @@ def build_process_configs(
         prefill_queue_strategy=args.prefill_queue_strategy,
         slot_wait_seconds=args.slot_wait_seconds,
         max_new_tokens_default=args.max_new_tokens_default,
+        run_mode=run_mode,
+        pd_setup_timeout_seconds=pd_settings.connect_timeout_s,
     )
     return ProcessConfigs(detokenization, router, ranks, http)

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 
 class ServerBusyError(RuntimeError):
-    """The server cannot take the request now (no request slot became free in time); retry later."""
+    """The server cannot take the request now (no request slot became free in time); retry later.
+
+    ``role`` names the busy PD node role (``"prefill"`` or ``"decode"``) when a PD master
+    refuses; the HTTP layer adds it to the 503 error body.
+    """
+
+    def __init__(self, message: str = "", role: str | None = None):
+        super().__init__(message)
+        self.role = role
 
 
 class ServerUnavailableError(RuntimeError):

@@ -52,7 +52,7 @@ def _transfer(prefill: KVTransferHandle, decode: KVTransferHandle, moves, receiv
         for request_id, (_, dst) in reversed(list(moves.items())):  # order need not match the sends
             decode.receive(request_id, dst)
     for request_id, (src, _) in moves.items():
-        prefill.send(request_id, src)
+        prefill.send(request_id, src, first_token=request_id + 7)
     if not receive_first:
         time.sleep(0.1)
         for request_id, (_, dst) in moves.items():
@@ -103,8 +103,13 @@ def test_a_handle_refuses_bad_arguments_before_starting_anything() -> None:
 
 
 def test_header_round_trips_and_names_every_mismatch() -> None:
-    header = TransferHeader(12, 100, LAYERS, HEADS, HEAD_DIM, torch.bfloat16, 64, 123456789)
+    header = TransferHeader(12, 100, LAYERS, HEADS, HEAD_DIM, torch.bfloat16, 64, 123456789, first_token=4321)
     assert TransferHeader.from_tensor(header.to_tensor()) == header
+    assert TransferHeader.from_tensor(header.to_tensor()).first_token == 4321
+    old_version = header.to_tensor()
+    old_version[1] = 1
+    with pytest.raises(ValueError, match="version 1 is not the supported 2"):
+        TransferHeader.from_tensor(old_version)
     assert header.payload_bytes == 100 * 2 * LAYERS * HEADS * HEAD_DIM * 2
     assert header.incompatibility(LAYERS, HEADS, HEAD_DIM, torch.bfloat16) is None
     assert header.incompatibility(LAYERS + 1, HEADS, 4, torch.float16) == (
@@ -112,7 +117,7 @@ def test_header_round_trips_and_names_every_mismatch() -> None:
         "num_layers 3 vs 4, head_dim 8 vs 4, dtype torch.bfloat16 vs torch.float16"
     )
     with pytest.raises(ValueError, match="not a KV transfer header"):
-        TransferHeader.from_tensor(torch.zeros(10, dtype=torch.int64))
+        TransferHeader.from_tensor(torch.zeros(11, dtype=torch.int64))
 
 
 def test_failure_probability_env_is_validated(monkeypatch) -> None:
@@ -142,6 +147,8 @@ def test_requests_arrive_byte_exact_in_their_slots_only(pair) -> None:
     for request_id, (src, dst) in moves.items():
         assert sent[request_id].ok and received[request_id].ok, (sent[request_id], received[request_id])
         assert sent[request_id].bytes == received[request_id].bytes == len(src) * token_bytes
+        # The prefill side's first token rides in the header to the decode side's result.
+        assert received[request_id].first_token == request_id + 7
         assert torch.equal(target.export_slots(dst), source.export_slots(src))
     untouched = torch.ones(SIZE, dtype=torch.bool)
     untouched[torch.cat(used)] = False
@@ -207,6 +214,11 @@ def test_a_peer_killed_mid_transfer_fails_the_other_side_within_the_bound(pair) 
     os.kill(decode.pid, signal.SIGKILL)
     result = collect(prefill, 1, timeout_s=TIMEOUT_S + 30)[501]
     assert not result.ok and time.monotonic() - started < TIMEOUT_S + 30
+    # ChannelBroken follows the failed results on the pipe; it may come a poll later.
+    deadline = time.monotonic() + 10
+    while prefill.broken_reason is None and time.monotonic() < deadline:
+        prefill.poll()
+        time.sleep(0.01)
     assert prefill.broken_reason is not None
     lost = collect(decode, 1)[501]
     assert not lost.ok and "exited" in lost.reason

@@ -61,7 +61,7 @@ def test_prefill_real_transfer_decode_matches_a_normal_node(tiny_llama_dir) -> N
                     dst = decode.reserve_prefilled(req.request_id, list(req.prompt_ids), params)
                     start, end = dst.cur_kv_len, dst.input_len
                     receiver.receive(req.request_id, decode.kv.slots(dst, start, end))
-                    sender.send(req.request_id, prefill.kv.slots(req, start, end))
+                    sender.send(req.request_id, prefill.kv.slots(req, start, end), req.output_ids[0])
                     waiting[req.request_id] = (dst, req.output_ids[0])
                 for req, status in report.finished:
                     assert status == FINISH_HANDED_OFF
@@ -69,7 +69,8 @@ def test_prefill_real_transfer_decode_matches_a_normal_node(tiny_llama_dir) -> N
             for result in receiver.poll():
                 assert result.ok, result.reason
                 dst, first_token = waiting.pop(result.request_id)
-                assert decode.admit_prefilled(dst, first_token) == 0
+                assert result.first_token == first_token  # arrived in the transfer header
+                assert decode.admit_prefilled(dst, result.first_token) == 0
             for result in sender.poll():
                 assert result.ok and result.bytes > 0, result.reason
                 prefill.transfer_done(result.request_id, ok=True)

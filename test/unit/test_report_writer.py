@@ -173,3 +173,14 @@ def test_cdf_plot_accepts_a_missing_class_and_rejects_no_data(tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="at least one TTFT"):
         plot_ttft_cdf({"default": {"short": []}}, tmp_path / "b.png", "t")
+
+
+def test_write_report_without_any_ttft_skips_only_the_cdf(tmp_path):
+    # Every request failed: no TTFT to plot, but the report (and its failure counts) is written.
+    report = _report(failed_hrrn=6)
+    paths = write_report(report, tmp_path, {"long_first": {s: {"short": [], "long": []} for s in STRATEGIES}})
+    assert set(paths) == {"json", "markdown", "throughput_long_first"}
+    assert not (tmp_path / "ttft_cdf_long_first.png").exists()
+    assert json.loads(open(paths["json"], encoding="utf-8").read())["files"] == {
+        "json": "report.json", "markdown": "report.md", "throughput_long_first": "throughput_long_first.png"
+    }

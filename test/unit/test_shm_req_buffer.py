@@ -15,7 +15,13 @@ import pytest
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH, FINISH_NONE
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, record_dtype
+from lightllm.server.core.objs.shm_req_layout import (
+    NO_REQUEST,
+    PD_KIND_DECODE,
+    PD_KIND_NONE,
+    PD_KIND_PREFILL,
+    record_dtype,
+)
 from lightllm.server.core.objs.shm_req_views import SlotOccupiedError, StaleRecordError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +59,13 @@ def test_internal_fields_round_trip_to_router_and_rank_views(shm):
     owner.write_request(0, 11, [5], _params())
     plain = other.read_request(0, 11)
     assert (plain.high_priority_request, plain.infer_high_priority, plain.segment_index) == (False, 0, 0)
+    assert (plain.pd_kind, plain.kv_start, other.admission_fields(0, 11).pd_kind) == (PD_KIND_NONE, 0, PD_KIND_NONE)
+    # A PD prefill request sends from kv_start; a decode node's arrival is marked for the router.
+    owner.write_request(2, 12, [5, 6, 7], _params(), pd_kind=PD_KIND_PREFILL, kv_start=2)
+    assert (other.read_request(2, 12).pd_kind, other.read_request(2, 12).kv_start) == (PD_KIND_PREFILL, 2)
+    owner.release(1, 10**15 + 3)
+    owner.write_request(1, 13, [5, 6], _params(), pd_kind=PD_KIND_DECODE)
+    assert other.admission_fields(1, 13).pd_kind == PD_KIND_DECODE
 
 
 def test_output_is_published_and_read_back_through_typed_methods(shm):
@@ -113,12 +126,16 @@ def test_a_slot_in_use_cannot_be_claimed_again(shm):
         ({"infer_high_priority": 1.5}, "infer_high_priority must be a 32-bit int"),
         ({"segment_index": -1}, "segment_index must be an int"),
         ({"prompt_ids": list(range(30))}, "exceeds max_req_total_len"),
+        ({"pd_kind": 3}, "pd_kind must be one of"),
+        ({"pd_kind": PD_KIND_PREFILL, "kv_start": 2}, r"kv_start must be an int in \[0, 1\]"),
+        ({"pd_kind": PD_KIND_DECODE, "kv_start": 1}, "kv_start applies to PD prefill requests only"),
     ],
 )
 def test_refused_writes_leave_the_slot_free(shm, kwargs, message):
     owner, _ = shm
     call = {"slot": 0, "request_id": 3, "prompt_ids": [5, 6], "params": _params(), **kwargs}
-    internal = {name: call.pop(name) for name in ("infer_high_priority", "segment_index") if name in call}
+    internal = {name: call.pop(name) for name in ("infer_high_priority", "segment_index", "pd_kind", "kv_start")
+                if name in call}
     with pytest.raises(ValueError, match=message):
         owner.write_request(**call, **internal)
     assert owner.holder(0) == NO_REQUEST

@@ -119,7 +119,8 @@ class DetokenizationManager:
                 self.to_router.send_pyobj(AbortRequest(request_id))
                 break
         if finish_reason is None and status:
-            finish_reason = FINISH_REASON_NAMES[status]
+            # A status this build does not name (a newer writer) still ends the request.
+            finish_reason = FINISH_REASON_NAMES.get(status) or FINISH_REASON_NAMES[FINISH_ERROR]
             tail = state.decoder.flush()
             if tail and events:
                 events[-1].text += tail

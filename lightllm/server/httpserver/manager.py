@@ -17,9 +17,11 @@ import zmq.asyncio
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased
-from lightllm.server.core.objs.shm_req_buffer import check_internal_priority, check_request_id
-from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
+from lightllm.server.core.objs.shm_req_buffer import check_internal_priority, check_pd_fields, check_request_id
+from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, PD_KIND_NONE
 from lightllm.server.httpserver.metrics import ServerMetrics
+from lightllm.server.httpserver.pd_node import PD_NODE_MESSAGES, PD_NODE_ROLES, PdNodeState, pd_generate
+from lightllm.server.httpserver.pd_node_events import PdNodeEvent
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
@@ -47,6 +49,10 @@ class HttpServerConfig:
     max_new_tokens_default: Optional[int] = None
     # --model_name values; empty: the directory name and the --model_dir path.
     served_model_names: List[str] = field(default_factory=list)
+    # --run_mode; a PD node ("prefill" / "decode") also serves pd_transfer_setup and pd_generate.
+    run_mode: str = "normal"
+    # A PD node: how long pd_transfer_setup waits for model rank 0's acknowledgement.
+    pd_setup_timeout_seconds: float = 60.0
 
 
 class HttpServerManager:
@@ -86,6 +92,9 @@ class HttpServerManager:
         self._refusal: Optional[ServerUnavailableError] = None
         self._backend_alive = True
         self._active_generations = 0
+        self.pd: Optional[PdNodeState] = (
+            PdNodeState(config.run_mode, config.pd_setup_timeout_seconds) if config.run_mode in PD_NODE_ROLES else None
+        )
 
     # --- lifecycle (called from the FastAPI lifespan) ----------------------------------------
     async def start(self) -> None:
@@ -94,6 +103,8 @@ class HttpServerManager:
         self.zmq_ctx = zmq.asyncio.Context()
         self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, self.config.layout.router_address, bind=False)
         self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, self.config.layout.http_address, bind=True)
+        if self.pd is not None:
+            self.pd.start(self.zmq_ctx, self.config.layout.model_rank0_address)
         self._slots.start()
         self._receiver = asyncio.create_task(self._receive_loop())
 
@@ -117,6 +128,8 @@ class HttpServerManager:
                         pending.deliver(message)
                 elif isinstance(message, SlotReleased):
                     await self._release_slot(message.request_id, message.shm_index)
+                elif isinstance(message, PD_NODE_MESSAGES) and self.pd is not None:
+                    self.pd.on_message(message, self._pending)
             except Exception:  # one bad message must not stop every stream
                 log.exception("failed to handle %s", type(message).__name__)
 
@@ -224,6 +237,46 @@ class HttpServerManager:
         """Prometheus exposition of this server's metrics."""
         return self.metrics.render()
 
+    # --- PD node (prefill / decode run modes; see pd_node.py) --------------------------------------
+    async def pd_transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
+        """(Re)start this node's KV transfer handles for ``epoch``; returns once rank 0 applied it.
+
+        A prefill node hosts at its own transfer port (``prefill_transfer_address`` is not used);
+        a decode node joins ``prefill_transfer_address`` (``host:port``).  Raises ``ValueError``
+        for a bad address and ``RuntimeError`` when the setup failed or got no answer in time.
+        """
+        if self.pd is None:
+            raise RuntimeError(f"a {self.config.run_mode} server has no KV transfer; start it with --run_mode prefill|decode")
+        await self.pd.transfer_setup(epoch, prefill_transfer_address)
+
+    def pd_generate(
+        self,
+        request_id: int,
+        prompt_ids: List[int],
+        params: SamplingParams,
+        *,
+        kv_start: int = 0,
+        infer_high_priority: int = 0,
+        segment_index: int = 0,
+        epoch: int,
+        request: Any = None,
+    ) -> AsyncIterator[PdNodeEvent]:
+        """Run one PD request on this node under the master's ``request_id``.
+
+        Decode node: "reserved" (or "busy") first, then "token" events (the first is the prefill
+        node's token, published here so the detokenizer has it), ending with a finish
+        ("stop"/"length" on the last token), "segment_end" or "error".  Prefill node: the first
+        "token", then "handed_off" or "error" (or the token finished the request).  Closing the
+        iterator early aborts the request and frees its KV.  Bad arguments raise ``ValueError``
+        (or ``DuplicateRequestIdError``) when iteration starts, before any event.
+        """
+        if self.pd is None:
+            raise RuntimeError(f"a {self.config.run_mode} server runs no PD requests; start it with --run_mode prefill|decode")
+        return pd_generate(
+            self, request_id, prompt_ids, params, kv_start=kv_start, infer_high_priority=infer_high_priority,
+            segment_index=segment_index, epoch=epoch, request=request,
+        )
+
     async def generate(
         self,
         prompt_ids: List[int],
@@ -235,6 +288,9 @@ class HttpServerManager:
         infer_high_priority: int = 0,
         segment_index: int = 0,
         count_prompt: bool = True,
+        pd_kind: int = PD_KIND_NONE,
+        kv_start: int = 0,
+        slot_wait_seconds: Optional[float] = None,
     ) -> AsyncIterator[GenerationEvent]:
         """Submit a request and yield one event per generated token (the last has finish_reason).
 
@@ -244,7 +300,9 @@ class HttpServerManager:
         (given, or this manager's next free one) is used unchanged by every process and in
         every event; a given id that is still in use raises ``DuplicateRequestIdError``.
         ``count_prompt`` False: another choice of the same request (``n`` > 1) already counted this
-        prompt in the token counters.
+        prompt in the token counters.  ``pd_kind``, ``kv_start`` and ``slot_wait_seconds`` (None:
+        --slot_wait_seconds) are :meth:`pd_generate`'s; with a PD kind the stream also carries
+        rank 0's ``PdNotice`` objects, which only ``pd_generate`` reads.
         """
         params.validate(self.vocab_size)
         if not prompt_ids:
@@ -258,13 +316,14 @@ class HttpServerManager:
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         check_internal_priority(infer_high_priority, segment_index)
+        check_pd_fields(pd_kind, kv_start, len(prompt_ids))
         if self._refusal is not None:
             raise self._refusal
         request_id = self._claim_request_id(request_id)
         self._active_generations += 1
         try:
             try:
-                slot = await self._slots.take()
+                slot = await self._slots.take(slot_wait_seconds)
             except BaseException:
                 del self._live[request_id]
                 raise
@@ -275,6 +334,7 @@ class HttpServerManager:
                 self.shm.write_request(
                     slot, request_id, prompt_ids, params, high_priority,
                     infer_high_priority=infer_high_priority, segment_index=segment_index,
+                    pd_kind=pd_kind, kv_start=kv_start,
                 )
             except Exception:
                 del self._pending[request_id]
@@ -293,7 +353,8 @@ class HttpServerManager:
                 events = pending.events(request, started, self.metrics)
                 try:
                     async for event in events:
-                        finish_reason = event.finish_reason
+                        if isinstance(event, GenerationEvent):
+                            finish_reason = event.finish_reason
                         yield event
                 finally:
                     await events.aclose()

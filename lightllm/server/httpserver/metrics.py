@@ -167,7 +167,7 @@ class _Exporter:
 class ServerMetrics:
     """Request counts, token counts and latencies, under our names and vLLM's."""
 
-    def __init__(self, strategy: str, stats: ShmStats, model_name: str = "", max_len: int = 1 << 20):
+    def __init__(self, strategy: str, stats: Optional[ShmStats], model_name: str = "", max_len: int = 1 << 20):
         self.strategy = strategy
         self.model_name = model_name
         # Measured once here; /metrics shows it with labels added and vLLM copies.
@@ -203,7 +203,9 @@ class ServerMetrics:
         self.request_inference = Histogram(
             "lightllm_request_inference_seconds", "Time from first scheduling to the end of the request", labels, buckets=_LATENCY_BUCKETS, registry=measured
         )
-        measured.register(_SharedStatsCollector(stats, strategy))
+        if stats is not None:
+            # None: a server without a backend of its own (a PD master) has no shared stats.
+            measured.register(_SharedStatsCollector(stats, strategy))
         self._exporter = _Exporter(measured, model_name)
         # Every finish reason is exported from the start (as vLLM does), so rate() sees 0, not nothing.
         for reason in FINISH_REASON_NAMES.values():

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, List, Optional
 
-from lightllm.server.core.objs.io_messages import DetokenizedOutput
+from lightllm.server.core.objs.io_messages import DetokenizedOutput, PdNotice
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.request_manager import GenerationEvent
@@ -74,6 +74,11 @@ class PendingRequest:
         if message.finish_reason is not None:
             self.finished = True
 
+    def deliver_notice(self, notice: PdNotice) -> None:
+        """Queue a PD node notice from rank 0 (yielded as is, in arrival order with the tokens)."""
+        if not self.finished:
+            self.queue.put_nowait(notice)
+
     @property
     def queue_seconds(self) -> Optional[float]:
         """Submission to first scheduling, None while (or if never) scheduled."""
@@ -113,6 +118,9 @@ class PendingRequest:
                 if await request.is_disconnected():
                     return
             if event is None:
+                continue
+            if isinstance(event, PdNotice):
+                yield event
                 continue
             now = time.perf_counter()
             if event.token_id >= 0:

@@ -26,14 +26,16 @@ class SlotPool:
         """Create the wait condition; called on the event loop that will use the pool."""
         self._changed = asyncio.Condition()
 
-    async def take(self) -> int:
-        """A free slot index; raises ``ServerBusyError`` after the wait bound, or the failure."""
+    async def take(self, wait_seconds: Optional[float] = None) -> int:
+        """A free slot index; raises ``ServerBusyError`` after the wait bound (``wait_seconds``,
+        default the pool's; 0: only a slot free now), or the failure."""
         async with self._changed:
             try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: bool(self._free) or self._failure is not None),
-                    self._wait_seconds,
-                )
+                if not self._free and self._failure is None:  # wait_for(..., 0) would not even look
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: bool(self._free) or self._failure is not None),
+                        self._wait_seconds if wait_seconds is None else wait_seconds,
+                    )
             except asyncio.TimeoutError as exc:
                 raise ServerBusyError("server is busy: no request slot became free in time") from exc
             if self._failure is not None:

@@ -91,11 +91,12 @@ class BusyRetryPolicy:
             except NodeBusy as busy:
                 remaining = deadline - self._clock()
                 if self.timeout_s == 0:
-                    raise ServerBusyError(f"The {busy.role} node is busy: {busy}; retry later") from None
+                    raise ServerBusyError(f"The {busy.role} node is busy: {busy}; retry later", busy.role) from None
                 if remaining <= 0:
                     raise ServerBusyError(
                         f"The {busy.role} node is still busy after {retries} retries over {self.timeout_s:g} s "
-                        f"(LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS): {busy}; retry later"
+                        f"(LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS): {busy}; retry later",
+                        busy.role,
                     ) from None
                 retries += 1
                 if self._on_retry is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -49,8 +49,15 @@ async def _json_object(request: Request) -> Dict[str, Any]:
     return body
 
 
-def readiness_response(registry: NodeRegistry) -> Response:
-    """200 ``{"status": "ok"}`` when the cluster is ready, else a 503 naming what is missing."""
+def readiness_response(registry: NodeRegistry, refusal: Optional[Callable[[], Optional[Exception]]] = None) -> Response:
+    """200 ``{"status": "ok"}`` when the cluster is ready, else a 503 naming what is missing.
+
+    ``refusal`` (the master's manager) returns the error new requests get while the master
+    refuses them (it is stopping); /health then answers that error's 503.
+    """
+    refused = refusal() if refusal is not None else None
+    if refused is not None:
+        return APIError(503, str(refused), SERVICE_UNAVAILABLE, None, getattr(refused, "code", None)).to_response()
     missing = registry.missing()
     if not missing:
         return JSONResponse({"status": "ok"})
@@ -128,12 +135,13 @@ def membership_router(registry: NodeRegistry, master_id: str) -> APIRouter:
     return router
 
 
-def readiness_router(registry: NodeRegistry, path: str = "/health") -> APIRouter:
+def readiness_router(registry: NodeRegistry, path: str = "/health",
+                     refusal: Optional[Callable[[], Optional[Exception]]] = None) -> APIRouter:
     """An APIRouter answering ``GET``/``HEAD path`` with :func:`readiness_response`."""
     router = APIRouter()
 
     async def health() -> Response:
-        return readiness_response(registry)
+        return readiness_response(registry, refusal)
 
     router.add_api_route(path, health, methods=["GET"])
     router.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)

@@ -48,6 +48,8 @@ DEFAULT_MAX_MISSED_HEARTBEATS = 3
 NOT_READY_CODE = "pd_not_ready"
 
 DropListener = Callable[[NodeInfo, str], None]
+# Extra admission rules of the owner (the master's served model): one problem per line, [] = admit.
+AdmissionCheck = Callable[[NodeInfo], List[str]]
 
 
 class RegistrationRefused(ValueError):
@@ -82,6 +84,7 @@ class NodeRegistry:
         max_missed_heartbeats: int = DEFAULT_MAX_MISSED_HEARTBEATS,
         clock: Callable[[], float] = time.monotonic,
         on_drop: Optional[DropListener] = None,
+        admission: Optional[AdmissionCheck] = None,
     ) -> None:
         if not heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s!r}")
@@ -93,6 +96,7 @@ class NodeRegistry:
         self._clock = clock
         self._nodes: Dict[str, NodeState] = {}
         self._drop_listeners: List[DropListener] = [on_drop] if on_drop is not None else []
+        self._admission = admission
 
     # --- configuration --------------------------------------------------------------------
     @property
@@ -120,6 +124,11 @@ class NodeRegistry:
             )
             logger.warning("PD registration refused: %s", reason)
             raise RegistrationRefused(reason, "node_id_in_use", [reason])
+        problems = self._admission(info) if self._admission is not None else []
+        if problems:
+            message = f"{info.describe()} cannot join this PD master: {'; '.join(problems)}"
+            logger.warning("PD registration refused: %s", message)
+            raise RegistrationRefused(message, "incompatible_node", problems)
         others = [state.info for node_id, state in self._nodes.items() if node_id != info.node_id]
         if others:
             reference = others[0]

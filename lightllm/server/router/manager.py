@@ -16,6 +16,7 @@ from lightllm.server.core.objs.io_messages import (
     RequestsReleased,
     StepOutput,
 )
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
 from lightllm.server.server_layout import ServerLayout
@@ -86,17 +87,22 @@ class RouterManager:
             log.exception("dropping new request %d", message.request_id)
             self.to_detokenization.send_pyobj(StepOutput(released=[(message.request_id, message.shm_index)]))
             return
-        self.queue.append(
-            RouterReq(
-                request_id=message.request_id,
-                shm_index=message.shm_index,
-                input_len=fields.prompt_len,
-                max_new_tokens=fields.max_new_tokens,
-                high_priority_request=fields.high_priority_request,
-                infer_high_priority=fields.infer_high_priority,
-                segment_index=fields.segment_index,
-            )
+        req = RouterReq(
+            request_id=message.request_id,
+            shm_index=message.shm_index,
+            input_len=fields.prompt_len,
+            max_new_tokens=fields.max_new_tokens,
+            high_priority_request=fields.high_priority_request,
+            infer_high_priority=fields.infer_high_priority,
+            segment_index=fields.segment_index,
         )
+        if fields.pd_kind == PD_KIND_DECODE:
+            # A decode node's prefilled arrival is reserved or answered busy by rank 0 at once,
+            # never queued; it joins the running set so its abort and release work as usual.
+            self.queue.running[req.request_id] = req
+            self.to_model.send_pyobj(AddRequests([(req.request_id, req.shm_index)]))
+            return
+        self.queue.append(req)
 
     def admission_due(self) -> bool:
         """Admit again once the backend ran ``router_max_wait_tokens`` steps (or sits idle)."""

@@ -10,6 +10,13 @@ FINISH_ERROR = 4
 # A PD prefill node's request ends here once the decode node acknowledged its KV; the request
 # goes on there (never reported to a client of this node as a finish reason of its own).
 FINISH_HANDED_OFF = 5
+# PD decode node outcomes; the node's PD endpoint turns them into stream lines for the master,
+# never a finish reason of a public API response:
+FINISH_BUSY = 6  # no KV (or no request slot) to reserve for a prefilled arrival; answered at once
+FINISH_SEGMENT_KV = 7  # KV ran out while decoding: the segment ends instead of pausing
+FINISH_SEGMENT_LIMIT = 8  # --pd_max_segment_tokens tokens generated in this segment
+# The prompt's KV never arrived intact (failed or timed-out transfer, broken group, lease expiry).
+FINISH_TRANSFER_FAILED = 9
 
 FINISH_REASON_NAMES = {
     FINISH_NONE: None,
@@ -18,4 +25,8 @@ FINISH_REASON_NAMES = {
     FINISH_ABORT: "abort",
     FINISH_ERROR: "error",
     FINISH_HANDED_OFF: "handed_off",
+    FINISH_BUSY: "busy",
+    FINISH_SEGMENT_KV: "segment_kv_pressure",
+    FINISH_SEGMENT_LIMIT: "segment_limit",
+    FINISH_TRANSFER_FAILED: "transfer_failed",
 }

@@ -88,3 +88,52 @@ class SlotReleased:
 
     request_id: int
     shm_index: int
+
+
+@dataclass
+class PdTransferSetup:
+    """HTTP -> model rank 0 (-> every rank in the command broadcast): (re)start the KV transfer
+    handles for ``epoch``.
+
+    Prefill node: each rank hosts its group at its own transfer port + rank (``peer_host`` and
+    ``peer_port`` unused).  Decode node: each rank joins ``peer_host:peer_port + rank``.
+    """
+
+    epoch: int
+    peer_host: str = ""
+    peer_port: int = 0
+
+
+@dataclass
+class PdSetupDone:
+    """Model rank 0 -> HTTP: the handles of ``epoch`` were started (``error`` empty) or not."""
+
+    epoch: int
+    error: str = ""
+
+
+@dataclass
+class PdNotice:
+    """Model rank 0 -> HTTP, about one PD request, ahead of its tokens or finish.
+
+    ``kind``: ``"reserved"`` (decode node: KV reserved, receiving from ``kv_start``),
+    ``"transferred"`` (this side's transfer ended well: ``seconds``, ``nbytes``) or
+    ``"transfer_failed"`` (``error_kind``: ``transfer_failed`` | ``lease_expired`` |
+    ``transfer_broken``; ``message`` says why).
+    """
+
+    request_id: int
+    kind: str
+    kv_start: int = 0
+    seconds: float = 0.0
+    nbytes: int = 0
+    error_kind: str = ""
+    message: str = ""
+
+
+@dataclass
+class PdChannelBroken:
+    """Model rank 0 -> HTTP: a rank's transfer group of ``epoch`` failed; it needs a new setup."""
+
+    epoch: int
+    reason: str

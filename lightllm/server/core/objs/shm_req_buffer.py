@@ -19,7 +19,8 @@ Who writes which field, and in what order
 * HTTP process (the only one that allocates and releases slots), :meth:`~ShmReqBuffer.write_request`:
   on a free slot (``request_id == NO_REQUEST``) fills every input field (prompt, sampling fields,
   ``high_priority_request`` and the internal ``infer_high_priority`` and ``segment_index``, which
-  only the manager's internal generate arguments set, never a public API field), and writes
+  only the manager's internal generate arguments set, never a public API field; likewise the
+  internal PD fields ``pd_kind`` and ``kv_start``), and writes
   ``request_id`` last: from then on the slot belongs to that request.  Then it sends the slot
   index to the router.  :meth:`~ShmReqBuffer.release` sets ``request_id = NO_REQUEST`` only
   after the detokenization process reported that nobody reads the slot any more, and only if
@@ -70,6 +71,9 @@ from lightllm.server.core.objs.shm_req_layout import (
     MAX_REQUEST_ID,
     NO_REQUEST,
     OPTIONAL_FIELDS,
+    PD_KIND_NONE,
+    PD_KIND_PREFILL,
+    PD_KINDS,
     record_dtype,
 )
 from lightllm.server.core.objs.shm_req_views import (
@@ -103,6 +107,19 @@ def check_internal_priority(infer_high_priority: object, segment_index: object) 
         raise ValueError(f"infer_high_priority must be a 32-bit int, got {infer_high_priority!r}")
     if not _is_int(segment_index) or not 0 <= segment_index <= _INT32.max:
         raise ValueError(f"segment_index must be an int in [0, {_INT32.max}], got {segment_index!r}")
+
+
+def check_pd_fields(pd_kind: object, kv_start: object, prompt_len: int) -> None:
+    """Raise ``ValueError`` unless the internal PD fields fit a request of ``prompt_len`` tokens.
+
+    ``kv_start`` (only a PD prefill request's) must leave at least one prompt position to send.
+    """
+    if pd_kind not in PD_KINDS or isinstance(pd_kind, bool):
+        raise ValueError(f"pd_kind must be one of {PD_KINDS}, got {pd_kind!r}")
+    if not _is_int(kv_start) or not 0 <= kv_start < max(prompt_len, 1):
+        raise ValueError(f"kv_start must be an int in [0, {max(prompt_len - 1, 0)}], got {kv_start!r}")
+    if kv_start and pd_kind != PD_KIND_PREFILL:
+        raise ValueError("kv_start applies to PD prefill requests only")
 
 
 class ShmReqBuffer(SharedArraySegment):
@@ -148,6 +165,8 @@ class ShmReqBuffer(SharedArraySegment):
         *,
         infer_high_priority: int = 0,
         segment_index: int = 0,
+        pd_kind: int = PD_KIND_NONE,
+        kv_start: int = 0,
     ) -> None:
         """Claim the free ``slot`` for a new request: every field first, ``request_id`` last.
 
@@ -155,6 +174,7 @@ class ShmReqBuffer(SharedArraySegment):
         :class:`SlotOccupiedError` when the slot still holds a request.
         """
         self._check_new_request(request_id, prompt_ids, params, infer_high_priority, segment_index)
+        check_pd_fields(pd_kind, kv_start, len(prompt_ids))
         encoded_stops = json.dumps(list(params.stop_sequences)).encode()
         if len(encoded_stops) > STOP_SEQUENCES_BYTES:
             raise ValueError(
@@ -171,6 +191,8 @@ class ShmReqBuffer(SharedArraySegment):
         rec["high_priority_request"] = int(high_priority_request)
         rec["infer_high_priority"] = infer_high_priority
         rec["segment_index"] = segment_index
+        rec["pd_kind"] = pd_kind
+        rec["kv_start"] = kv_start
         rec["scheduled_ns"] = 0
         for name in COPIED_FIELDS:
             rec[name] = getattr(params, name)
@@ -220,6 +242,7 @@ class ShmReqBuffer(SharedArraySegment):
             high_priority_request=bool(rec["high_priority_request"]),
             infer_high_priority=int(rec["infer_high_priority"]),
             segment_index=int(rec["segment_index"]),
+            pd_kind=int(rec["pd_kind"]),
         )
 
     # --- model ranks -----------------------------------------------------------------------
@@ -246,6 +269,8 @@ class ShmReqBuffer(SharedArraySegment):
             high_priority_request=bool(rec["high_priority_request"]),
             infer_high_priority=int(rec["infer_high_priority"]),
             segment_index=int(rec["segment_index"]),
+            pd_kind=int(rec["pd_kind"]),
+            kv_start=int(rec["kv_start"]),
         )
 
     def set_prompt_cache_len(self, slot: int, request_id: int, prompt_cache_len: int) -> bool:

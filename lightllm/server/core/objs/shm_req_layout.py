@@ -15,6 +15,13 @@ from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
 NO_REQUEST = -1
 MAX_REQUEST_ID = int(np.iinfo(np.int64).max)
 
+# ``pd_kind`` of a record: how a PD node runs the request (internal, set only by the node's PD
+# endpoint through the HTTP manager, never from a public API field).
+PD_KIND_NONE = 0  # a normal request
+PD_KIND_PREFILL = 1  # prefill node: prefill, then send KV positions [kv_start, prompt_len) to D
+PD_KIND_DECODE = 2  # decode node: reserve KV at once (or answer busy), receive the prompt's KV
+PD_KINDS = (PD_KIND_NONE, PD_KIND_PREFILL, PD_KIND_DECODE)
+
 # Sampling fields stored under their SamplingParams name, in their stored width, as they are.
 COPIED_FIELDS = (
     "max_new_tokens",
@@ -48,6 +55,10 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("infer_high_priority", np.int32),
             # Internal: 0 for a request's first segment, k > 0 for its k-th continuation.
             ("segment_index", np.int32),
+            # Internal PD fields: one of PD_KINDS, and (prefill node) the first prompt position
+            # whose KV is sent (the decode node's own prefix-cache hit).
+            ("pd_kind", np.int32),
+            ("kv_start", np.int32),
             # CLOCK_MONOTONIC ns when rank 0 first scheduled the request (0: not yet).
             ("scheduled_ns", np.int64),
             *[(name, STORED_DTYPES[name]) for name in COPIED_FIELDS],

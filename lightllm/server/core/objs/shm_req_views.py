@@ -36,6 +36,7 @@ class AdmissionFields:
     high_priority_request: bool
     infer_high_priority: int
     segment_index: int
+    pd_kind: int = 0  # PD_KIND_DECODE arrivals bypass the router's queue
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class RequestInput:
     high_priority_request: bool
     infer_high_priority: int
     segment_index: int
+    pd_kind: int = 0  # one of shm_req_layout.PD_KINDS
+    kv_start: int = 0  # PD prefill: first prompt position whose KV is sent
 
 
 @dataclass(frozen=True)

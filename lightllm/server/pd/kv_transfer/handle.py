@@ -86,10 +86,13 @@ class KVTransferHandle:
         self._start(store_port)
 
     # --- commands ---------------------------------------------------------------------------
-    def send(self, request_id: int, slots: Union[torch.Tensor, Sequence[int]]) -> None:
-        """Prefill side: send the KV in ``slots`` (token order) as ``request_id``."""
+    def send(self, request_id: int, slots: Union[torch.Tensor, Sequence[int]], first_token: int = -1) -> None:
+        """Prefill side: send the KV in ``slots`` (token order) as ``request_id``.
+
+        ``first_token`` travels in the header; the decode side's result carries it.
+        """
         self._require("prefill", "send")
-        self._submit(SendKV(request_id, _as_array(slots)))
+        self._submit(SendKV(request_id, _as_array(slots), int(first_token)))
 
     def receive(
         self, request_id: int, slots: Union[torch.Tensor, Sequence[int]], wait_s: Optional[float] = None

@@ -14,8 +14,9 @@ from typing import Optional
 import torch
 
 HEADER_MAGIC = 0x4C4C4B56  # "LLKV"
-HEADER_VERSION = 1
-HEADER_LEN = 10
+# Version 2 added the first token (sampled by the prefill node) after the checksum.
+HEADER_VERSION = 2
+HEADER_LEN = 11
 
 # Stable codes: torch does not promise a numbering of its dtypes.
 _DTYPE_CODES = {
@@ -55,12 +56,15 @@ class TransferHeader:
     dtype: torch.dtype
     page_size: int
     checksum: int
+    # The token the prefill node sampled after the prompt; the decode node continues from it
+    # (-1: none, for transfers outside a request flow such as the benchmark).
+    first_token: int = -1
 
     def to_tensor(self) -> torch.Tensor:
         """The header as ``HEADER_LEN`` int64 values."""
         return torch.tensor(
             [HEADER_MAGIC, HEADER_VERSION, self.request_id, self.token_count, self.num_layers, self.kv_heads,
-             self.head_dim, dtype_code(self.dtype), self.page_size, self.checksum],
+             self.head_dim, dtype_code(self.dtype), self.page_size, self.checksum, self.first_token],
             dtype=torch.int64,
         )
 
@@ -75,7 +79,7 @@ class TransferHeader:
         dtype = dtype_from_code(v[7])
         if dtype is None:
             raise ValueError(f"KV transfer header has unknown dtype code {v[7]}")
-        return cls(v[2], v[3], v[4], v[5], v[6], dtype, v[8], v[9])
+        return cls(v[2], v[3], v[4], v[5], v[6], dtype, v[8], v[9], v[10])
 
     @property
     def payload_bytes(self) -> int:

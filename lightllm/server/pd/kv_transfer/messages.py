@@ -18,6 +18,7 @@ class SendKV:
 
     request_id: int
     slots: np.ndarray
+    first_token: int = -1  # travels in the header to the decode side
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class TransferResult:
 
     ``ok`` on the prefill side means the decode side acknowledged a verified payload, so the
     prefill KV may be freed; on the decode side it means the KV is in the reserved slots.
+    ``first_token`` (decode side, ok results) is the prefill node's first token from the header.
+    ``expired`` (decode side) marks a receive whose KV did not start arriving within its wait
+    (a PD reservation's lease ran out).
     """
 
     request_id: int
@@ -51,6 +55,8 @@ class TransferResult:
     seconds: float
     bytes: int
     reason: str = ""
+    first_token: int = -1
+    expired: bool = False
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ def send_kv(
     slots: np.ndarray,
     page_size: int,
     corrupt: bool = False,
+    first_token: int = -1,
 ) -> TransferResult:
     """Prefill side: send ``slots``' KV as ``request_id``; ok once the decode side acknowledged.
 
@@ -96,7 +97,7 @@ def send_kv(
     if corrupt:
         checksum ^= 1
     header = TransferHeader(request_id, int(data.shape[0]), cache.num_layers, cache.kv_heads, cache.head_dim,
-                            cache.dtype, page_size, checksum)
+                            cache.dtype, page_size, checksum, first_token)
     link.send(header.to_tensor().to(link.device), DECODE_RANK, TAG_HEADER, f"request {request_id}'s header to be sent")
     verdict = link.code_message(-1)
     link.recv(verdict, DECODE_RANK, TAG_VERDICT, f"the decode side's verdict on request {request_id}")
@@ -155,7 +156,8 @@ def receive_kv(
     link.send(link.code_message(code), PREFILL_RANK, TAG_ACK, f"the acknowledgement of request {request_id} to be sent")
     if code != OK:
         return _failed(request_id, start, header.payload_bytes, code, "failed")
-    return TransferResult(request_id, True, time.monotonic() - start, header.payload_bytes)
+    return TransferResult(request_id, True, time.monotonic() - start, header.payload_bytes,
+                          first_token=header.first_token)
 
 
 def _receive_pages(link: Link, cache: KVCacheMemoryManager, header: TransferHeader, slots: torch.Tensor) -> int:

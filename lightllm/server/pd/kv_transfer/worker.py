@@ -109,7 +109,8 @@ def _serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemor
             continue
         corrupt = config.failure_probability > 0 and rng.random() < config.failure_probability
         try:
-            result = send_kv(link, cache, command.request_id, command.slots, config.page_size, corrupt)
+            result = send_kv(link, cache, command.request_id, command.slots, config.page_size, corrupt,
+                             command.first_token)
         except ChannelFault as fault:
             _broken(conn, [command.request_id] + _drain_requests(conn), str(fault))
             return
@@ -164,7 +165,7 @@ def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link) -> 
                 del waiting[request_id]
                 _send_quiet(conn, TransferResult(request_id, False, command.wait_s, 0,
                                                  f"request {request_id}: no KV arrived from the prefill side "
-                                                 f"within {command.wait_s:g} s"))
+                                                 f"within {command.wait_s:g} s", expired=True))
         try:
             item = headers.get_nowait()
         except queue.Empty:

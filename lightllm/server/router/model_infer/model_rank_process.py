@@ -7,6 +7,13 @@ scheduling decisions.
 Admission is screened on rank 0 before the broadcast: a request whose shared-memory record does
 not read back as a valid request becomes a :class:`RejectRequests` entry, so every rank finishes
 it with an error and none of them runs it.
+
+A PD node's ranks (``run_mode`` prefill or decode) also own a KV transfer each
+(:mod:`.pd_rank_transfer`): the transfer setup arrives as a command like the others, a decode
+node's prefilled arrivals are reserved (or answered busy) at admission, a prefill node's
+hand-offs are sent right after the step that produced them, and transfer results are polled
+once per loop; rank 0 tells the HTTP process what it needs (setup done, reserved, transfer
+outcome) over a push socket to the HTTP inbox.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests, RequestsReleased, StepOutput
+from lightllm.server.core.objs.io_messages import (
+    AbortRequests,
+    AddRequests,
+    PdTransferSetup,
+    RequestsReleased,
+    StepOutput,
+)
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
 from lightllm.server.core.objs.shm_req_views import RequestInput
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.router.model_infer.infer_context import InferenceContext
@@ -38,6 +52,8 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
 from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
+from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankSettings, PdRankTransfer
+from lightllm.server.pd.kv_transfer import KVTransferHandle
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
@@ -85,6 +101,9 @@ class ModelRankConfig:
     sampling_seed: int
     torch_threads: Optional[int] = None
     attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled" or "triton"
+    # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
+    run_mode: str = "normal"
+    pd: PdRankSettings = field(default_factory=PdRankSettings)
 
     @property
     def max_req_total_len(self) -> int:
@@ -122,15 +141,18 @@ class ModelRank:
             config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp,
             attention=build_attention_backend(config.attention_backend),
         )
+        kv_cache = model.new_kv_cache(config.max_total_token_num)
+        pd_role = config.run_mode if config.run_mode in PD_ROLES else None
+        if pd_role is not None:
+            kv_cache.share_buffers()  # the KV transfer process reads and writes it
         context = InferenceContext(
-            model.new_kv_cache(config.max_total_token_num),
+            kv_cache,
             ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device),
             use_prefix_cache=config.use_prefix_cache,
         )
         self.context = context
-        # A normal node; the PD run modes will pick theirs here from the launcher's run mode.
         self.backend = build_rank_backend(
-            "normal",
+            config.run_mode,
             model,
             context,
             build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_max_wait_tokens),
@@ -141,6 +163,9 @@ class ModelRank:
             token_sync=self._broadcast_tokens if config.tp > 1 else None,
             grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
         )
+        if config.run_mode == "decode":
+            self.backend.end_segment_on_kv_pressure = True
+            self.backend.max_segment_tokens = config.pd.max_segment_tokens
         self.shm = config.layout.open_requests()
         self.stats: Optional[ShmStats] = None
         self.wait_tracker = PrefillWaitTracker()
@@ -158,6 +183,27 @@ class ModelRank:
             self.stats = layout.open_stats()
             self.stats.set("kv_total_tokens", config.max_total_token_num)
             self._publish_stats()
+            self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.http_address, bind=False) if pd_role else None
+        self.pd: Optional[PdRankTransfer] = None
+        if pd_role is not None:
+            settings = config.pd
+            self.pd = PdRankTransfer(
+                pd_role,
+                self.backend,
+                config.rank,
+                settings,
+                lambda role, host, port: KVTransferHandle(
+                    role, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
+                    connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
+                ),
+                agree=self._gather_objects if config.tp > 1 else None,
+                notify=self.to_http.send_pyobj if self.is_leader else None,
+            )
+
+    def _gather_objects(self, value: Any) -> List[Any]:
+        gathered: List[Any] = [None] * self.config.tp
+        dist.all_gather_object(gathered, value)
+        return gathered
 
     def _broadcast_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = tokens.contiguous()
@@ -224,6 +270,20 @@ class ModelRank:
                 for request_id, shm_index in command.requests:
                     try:
                         request = self._read_request(request_id, shm_index)
+                        if request.pd_kind != PD_KIND_NONE:
+                            self._check_pd_kind(request.pd_kind)
+                        if request.pd_kind == PD_KIND_DECODE:
+                            req = self.pd.reserve(
+                                request_id, shm_index, request.prompt_ids, request.params,
+                                high_priority_request=request.high_priority_request,
+                                infer_high_priority=request.infer_high_priority,
+                                segment_index=request.segment_index,
+                            )
+                            if req is not None and self.is_leader:
+                                self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
+                                log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d", request_id,
+                                         request.segment_index, req.cur_kv_len, len(request.prompt_ids))
+                            continue
                         req = self.backend.add_request(
                             request_id,
                             request.prompt_ids,
@@ -239,15 +299,32 @@ class ModelRank:
                         log.exception("admitting request %d failed; finishing it with an error", request_id)
                         self.backend.reject(request_id, shm_index)
                         continue
+                    if request.pd_kind == PD_KIND_PREFILL:
+                        self.pd.note_prefill_request(request_id, request.kv_start)
+                        if self.is_leader:
+                            log.info("request %d admitted: segment_index=%d infer_high_priority=%d kv_start=%d prompt=%d",
+                                     request_id, request.segment_index, request.infer_high_priority, request.kv_start,
+                                     len(request.prompt_ids))
                     if self.is_leader:
                         self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
                         self.wait_tracker.on_arrival(req)
+            elif isinstance(command, PdTransferSetup):
+                if getattr(self, "pd", None) is None:
+                    log.warning("a %s node ignores a KV transfer setup", self.config.run_mode)
+                else:
+                    self.pd.setup(command)
             elif isinstance(command, RejectRequests):
                 for request_id, shm_index in command.requests:
                     self.backend.reject(request_id, shm_index)
             elif isinstance(command, AbortRequests):
                 for request_id in command.request_ids:
                     self.backend.abort(request_id)
+
+    def _check_pd_kind(self, pd_kind: int) -> None:
+        """Raise unless this rank's run mode runs PD requests of ``pd_kind``."""
+        wanted = {"prefill": PD_KIND_PREFILL, "decode": PD_KIND_DECODE}.get(self.config.run_mode)
+        if self.pd is None or pd_kind != wanted:
+            raise ValueError(f"a {self.config.run_mode} node cannot run a request of PD kind {pd_kind}")
 
     def publish(self, report: StepReport) -> None:
         """Rank 0 writes tokens and finish states to shared memory and notifies the others."""
@@ -320,8 +397,11 @@ class ModelRank:
     def serve_forever(self) -> None:
         """The rank's main loop."""
         trimmer = IdleMallocTrimmer()  # freed activation memory goes back to the kernel when idle
+        pd = self.pd
         while True:
             self.apply(self.receive_commands())
+            if pd is not None:
+                pd.tick()
             if not self.backend.has_work:
                 trimmer.idle()
                 continue
@@ -329,6 +409,14 @@ class ModelRank:
             report = self.backend.step()
             self._last_step_did_work = report.did_work
             self.steps += 1
+            if pd is not None:
+                pd.send_handoffs(report)
+                for req, _ in report.finished:
+                    pd.forget(req.request_id)
+                if pd.pending_tokens:
+                    # A decode node's first tokens (from the prefill node) go out before this step's.
+                    report.tokens[:0] = pd.pending_tokens
+                    pd.pending_tokens = []
             if self.is_leader:
                 self.publish(report)
 

@@ -73,8 +73,8 @@ class ModeBackend(StepEngine):
             grammar_enabled=self.executor.grammar_enabled,
         )
 
-    def reject(self, request_id: int, shm_index: int = -1) -> None:
-        """Finish a request that could not be admitted with ``FINISH_ERROR`` in the next step."""
+    def reject(self, request_id: int, shm_index: int = -1, status: int = FINISH_ERROR) -> None:
+        """Finish a request that could not be admitted with ``status`` (default ``FINISH_ERROR``) in the next step."""
         req = InferReq(request_id=request_id, prompt_ids=[], shm_index=shm_index)
         req.move_to(ReqState.FINISHED)
-        self._ended.append((req, FINISH_ERROR))
+        self._ended.append((req, status))

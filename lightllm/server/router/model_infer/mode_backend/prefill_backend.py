@@ -34,17 +34,17 @@ class PrefillBackend(ModeBackend):
         req.move_to(ReqState.TRANSFERRING)
         report.handoffs.append(req)
 
-    def transfer_done(self, request_id: int, ok: bool) -> None:
+    def transfer_done(self, request_id: int, ok: bool, failure_status: int = FINISH_ERROR) -> None:
         """The decode node acknowledged (``ok``) or the transfer failed: release the request's KV.
 
         Reported in the next step's ``finished``: ``FINISH_HANDED_OFF`` on success (or
-        ``FINISH_ABORT`` when the client left during the transfer), ``FINISH_ERROR`` on failure.
+        ``FINISH_ABORT`` when the client left during the transfer), ``failure_status`` on failure.
         """
         req = self.requests.get(request_id)
         if req is None or req.state is not ReqState.TRANSFERRING:
             raise ValueError(f"request {request_id} has no transfer in flight")
         if not ok:
-            status = FINISH_ERROR
+            status = failure_status
         elif req.abort_requested:
             status = FINISH_ABORT
         else:

@@ -1,0 +1,44 @@
+"""What a PD node's HTTP manager yields for one request (see /pd/node/* in the PD docs).
+
+The node's PD endpoints turn each :class:`PdNodeEvent` into one NDJSON line for the master.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from lightllm.server.request_manager import GenerationEvent
+
+# PdNodeEvent.kind values.
+RESERVED = "reserved"  # decode node: KV reserved, receiving positions [kv_start, prompt_len)
+TOKEN = "token"  # one token; the last one of a finished request carries finish_reason
+BUSY = "busy"  # decode node: no KV or request slot to reserve; answered at once
+SEGMENT_END = "segment_end"  # decode node: the segment ended (reason), the request goes on elsewhere
+HANDED_OFF = "handed_off"  # prefill node: the decode node acknowledged the KV; P released it
+ERROR = "error"
+
+# PdNodeEvent.error_kind values.
+ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal")
+
+
+@dataclass
+class PdNodeEvent:
+    """One event of a PD node request's stream.
+
+    ``kv_start``: "reserved"; ``token``: "token" (``finish_reason`` set on the last, only
+    "stop" or "length"); ``reason``: "segment_end" ("kv_pressure" | "segment_limit");
+    ``message``: "busy" / "error"; ``transfer_broken``: "error" (the master sets the pair up
+    again); ``error_kind``: "error" (one of :data:`ERROR_KINDS`); ``transfer_seconds`` /
+    ``transfer_bytes``: this side's transfer on P's "handed_off" and on D's first "token".
+    """
+
+    kind: str
+    kv_start: int = 0
+    token: Optional[GenerationEvent] = None
+    reason: str = ""
+    message: str = ""
+    transfer_broken: bool = False
+    error_kind: str = ""
+    transfer_seconds: float = 0.0
+    transfer_bytes: int = 0

@@ -1,0 +1,125 @@
+"""What a request manager knows about the model it serves, without loading a weight.
+
+A normal server's HTTP process and a PD master both answer the public API for one model: they
+name it (``model_name``, ``served_model_names``), tokenize prompts and chats with its tokenizer,
+default ``max_new_tokens`` and refuse requests longer than the context.  :class:`ServedModel`
+holds those facts and the pure functions over them, so every manager behaves the same; it reads
+only the checkpoint's tokenizer files (through :func:`~lightllm.utils.tokenizer_utils.load_tokenizer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[str, List[str]]:
+    """``(model_name, served_model_names)`` from ``--model_dir`` and ``--model_name``.
+
+    ``--model_name`` values when given (the first is the reported id), else the directory's
+    name plus the checkpoint path as given on the command line (vLLM's default id).
+    """
+    model_path = model_dir.rstrip("/") or model_dir
+    if model_names:
+        return model_names[0], list(dict.fromkeys(model_names))
+    name = Path(model_path).name
+    return name, list(dict.fromkeys([name, model_dir, model_path]))
+
+
+def context_length_error(prompt_len: int, max_new_tokens: int, max_req_total_len: int) -> Optional[str]:
+    """The message refusing a request over the context length, or None when it fits."""
+    if prompt_len + max_new_tokens <= max_req_total_len:
+        return None
+    return (
+        f"This model's maximum context length is {max_req_total_len} tokens. However, you requested "
+        f"{prompt_len + max_new_tokens} tokens ({prompt_len} in the prompt, {max_new_tokens} for the completion)."
+    )
+
+
+def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> List[int]:
+    """Token ids of ``text``, by default with the special tokens (BOS) the tokenizer adds."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+def encode_chat_messages(
+    tokenizer: Any,
+    messages: List[Dict[str, Any]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Optional[Dict[str, Any]] = None,
+) -> List[int]:
+    """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template; use /v1/completions")
+    try:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **(chat_template_kwargs or {}),
+        )
+    except Exception as exc:
+        raise ValueError(f"chat template failed: {exc}") from exc
+    # The template writes BOS itself when it wants one; encode without adding another.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def default_max_new_tokens(
+    max_req_total_len: int, prompt_len: int, configured: Optional[int], fallback: Optional[int] = None
+) -> int:
+    """max_new_tokens for a request that gives none.
+
+    ``configured`` (``--max_new_tokens_default``) when set, else the endpoint's own default
+    ``fallback``, else the rest of the context; never more than the rest of the context.
+    """
+    remaining = max(1, max_req_total_len - prompt_len)
+    if configured is not None:
+        return min(configured, remaining)
+    if fallback is not None:
+        return min(fallback, remaining)
+    return remaining
+
+
+@dataclass
+class ServedModel:
+    """The served model's names, tokenizer and limits, with the API-facing helpers over them."""
+
+    model_name: str
+    served_model_names: List[str]
+    tokenizer: Any
+    vocab_size: int
+    eos_token_ids: List[int]
+    max_req_total_len: int
+    max_new_tokens_default: Optional[int] = None
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of a text prompt."""
+        return encode_text(self.tokenizer, text, add_special_tokens)
+
+    def encode_chat(
+        self,
+        messages: List[Dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> List[int]:
+        """Token ids of a chat rendered with the model's template."""
+        return encode_chat_messages(
+            self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs
+        )
+
+    def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
+        """max_new_tokens for a request that gives none (see :func:`default_max_new_tokens`)."""
+        return default_max_new_tokens(self.max_req_total_len, prompt_len, self.max_new_tokens_default, fallback)
+
+    def check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+        """Raise ``ValueError`` for an empty, over-long or out-of-vocabulary prompt."""
+        if not prompt_ids:
+            raise ValueError("prompt must contain at least one token")
+        message = context_length_error(len(prompt_ids), max_new_tokens, self.max_req_total_len)
+        if message is not None:
+            raise ValueError(message)
+        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")

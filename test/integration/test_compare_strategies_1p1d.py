@@ -1,0 +1,79 @@
+"""End to end: compare_strategies --topology 1p1d starts one real PD cluster per strategy.
+
+Each cluster is a PD master, a prefill node running the strategy and a decode node, all on the
+tiny demo model over loopback (KV moves over gloo). Only the structure of the report and the
+processes' lifecycle are checked; timing values never decide the result.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STRATEGIES = ["default", "hrrn"]
+ROLES = ("master", "prefill", "decode")
+
+
+@pytest.fixture(scope="module")
+def comparison(tiny_llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare_1p1d")
+    cmd = [
+        sys.executable, "-m", "lightllm.benchmark.compare_strategies",
+        "--model_dir", str(tiny_llama_dir), "--topology", "1p1d",
+        "--workload", "long_first",
+        "--long-count", "2", "--long-len", "200", "--short-count", "2", "--short-len", "16", "--output-len", "4",
+        "--strategies", ",".join(STRATEGIES), "--repeats", "1", "--warmup", "0", "--settle", "0.1",
+        "--server-args", "--chunked_prefill_size 32 --batch_max_tokens 32 --max_total_token_num 4096",
+        "--master-args", "--pd_heartbeat_interval 1",
+        "--bootstrap-resamples", "50", "--start-timeout", "240",
+        "--out-dir", str(out), "--seed", "3",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    logs = "".join(
+        f"\n---- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted((out / "logs").glob("*.log"))
+    ) if (out / "logs").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    return out, report
+
+
+def test_report_is_the_normal_one_with_the_1p1d_topology(comparison):
+    out, report = comparison
+    meta = report["meta"]
+    assert meta["topology"]["name"] == "1p1d"
+    assert meta["topology"]["master_args"] == ["--pd_heartbeat_interval", "1"]
+    assert meta["strategies"] == STRATEGIES
+    section = report["workloads"]["long_first"]
+    for strategy in STRATEGIES:
+        assert section["failed"][strategy] == 0
+        (run,) = section["runs"][strategy]
+        assert run["summary"]["overall"]["completed"] == 4
+        assert len((out / run["records_jsonl"]).read_text().splitlines()) == 4
+    assert "| hrrn |" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_each_strategy_ran_on_its_own_prefill_node(comparison):
+    out, report = comparison
+    for strategy in STRATEGIES:
+        server = report["meta"]["servers"][strategy]
+        commands = {role: server["processes"][role]["command"] for role in ROLES}
+        assert "pd_master" in commands["master"] and "--prefill_queue_strategy" not in commands["master"]
+        assert commands["prefill"][commands["prefill"].index("--prefill_queue_strategy") + 1] == strategy
+        assert "--prefill_queue_strategy" not in commands["decode"]
+        assert server["base_url"] == server["processes"]["master"]["base_url"]
+        for role in ROLES:
+            assert (out / "logs" / f"server_{strategy}_{role}.log").stat().st_size > 0
+        prefill_log = (out / "logs" / f"server_{strategy}_prefill.log").read_text()
+        assert f"prefill_queue_strategy={strategy}" in prefill_log
+
+
+def test_every_process_of_every_cluster_is_stopped(comparison):
+    _, report = comparison
+    for server in report["meta"]["servers"].values():
+        for process in server["processes"].values():
+            proc = Path(f"/proc/{process['pid']}")
+            assert not proc.exists() or "zombie" in (proc / "status").read_text()

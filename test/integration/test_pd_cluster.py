@@ -1,0 +1,253 @@
+"""A real 1P1D cluster (PD master, prefill node, decode node; tiny model, gloo KV transfer).
+
+Outputs through the cluster must equal a normal server's; continuation segments must be exact;
+a transfer failure must end its request cleanly and leak no KV; killing the decode node must
+reach its clients as an error within the bound, and a new decode node must restore service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import time
+from typing import Any, Dict, List, Tuple
+
+import httpx
+import pytest
+
+from pd_cluster_support import start_cluster, wait_healthy
+from server_process import start_server
+
+# The decode node ends every segment after this many tokens (--pd_max_segment_tokens).
+SEGMENT_TOKENS = 12
+# Heartbeat interval x missed heartbeats of the master's defaults, plus start-up slack.
+DEAD_NODE_BOUND_S = 2.0 * 3 + 10
+
+
+@pytest.fixture(scope="module")
+def normal(tiny_llama_dir, tmp_path_factory):
+    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("normal"), ["--max_total_token_num", "16384"])
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_dir, tmp_path_factory):
+    handle = start_cluster(
+        tiny_llama_dir, tmp_path_factory.mktemp("pd"),
+        prefill_args=["--prefill_queue_strategy", "hrrn"],
+        decode_args=["--pd_max_segment_tokens", str(SEGMENT_TOKENS)],
+    )
+    yield handle
+    handle.stop()
+
+
+def _requests(model: str, max_tokens: int) -> List[Tuple[str, Dict[str, Any]]]:
+    """16 greedy requests over every public shape: native and OpenAI, streaming and not."""
+    out: List[Tuple[str, Dict[str, Any]]] = []
+    for i in range(16):
+        prompt = f"request {i}: " + "the scheduler orders prompts " * (1 + i % 5)
+        kind = i % 4
+        if kind == 0:
+            out.append(("/generate", {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "ignore_eos": True,
+                                                                      "do_sample": False}}))
+        elif kind == 1:
+            out.append(("/generate_stream", {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "ignore_eos": True,
+                                                                             "do_sample": False}}))
+        elif kind == 2:
+            out.append(("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                            "ignore_eos": True, "stream": i % 8 == 2,
+                                            "stream_options": {"include_usage": True} if i % 8 == 2 else None}))
+        else:
+            out.append(("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": prompt}],
+                                                 "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                                                 "stream": i % 8 == 7,
+                                                 "stream_options": {"include_usage": True} if i % 8 == 7 else None}))
+    for _, body in out:
+        if body.get("stream_options") is None:
+            body.pop("stream_options", None)
+    return out
+
+
+def _summary(path: str, status: int, text: str) -> Dict[str, Any]:
+    """The text, finish reason and token count of one answer, whatever its shape."""
+    assert status == 200, text
+    if path == "/generate":
+        body = json.loads(text)
+        return {"text": body["generated_text"][0], "count": body["count_output_tokens"], "finish": body["finish_reason"]}
+    if path == "/generate_stream":
+        events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        assert not any("error" in e for e in events), events
+        return {"text": "".join(e["token"]["text"] for e in events), "count": len(events), "finish": events[-1]["finish_reason"]}
+    if text.lstrip().startswith("{"):
+        body = json.loads(text)
+        choice = body["choices"][0]
+        content = choice["text"] if path == "/v1/completions" else choice["message"]["content"]
+        return {"text": content, "count": body["usage"]["completion_tokens"], "finish": choice["finish_reason"]}
+    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    assert not any("error" in c for c in chunks), chunks
+    pieces, finish = [], None
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            pieces.append(choice["text"] if path == "/v1/completions" else choice["delta"].get("content") or "")
+            finish = choice.get("finish_reason") or finish
+    return {"text": "".join(pieces), "count": chunks[-1]["usage"]["completion_tokens"], "finish": finish}
+
+
+async def _send_all(url: str, requests: List[Tuple[str, Dict[str, Any]]]) -> List[Tuple[int, str]]:
+    async with httpx.AsyncClient(timeout=180) as client:
+        async def one(path: str, body: Dict[str, Any]) -> Tuple[int, str]:
+            resp = await client.post(f"{url}{path}", json=body)
+            return resp.status_code, resp.text
+
+        return await asyncio.gather(*(one(path, body) for path, body in requests))
+
+
+def test_greedy_outputs_equal_a_normal_server(cluster, normal):
+    requests = _requests(normal.model_name, SEGMENT_TOKENS - 2)
+    ours = asyncio.run(_send_all(cluster.master.url, requests))
+    theirs = asyncio.run(_send_all(normal.url, requests))
+    for (path, _), (status, text), (ref_status, ref_text) in zip(requests, ours, theirs):
+        assert _summary(path, status, text) == _summary(path, ref_status, ref_text), path
+
+
+def test_seeded_sampled_request_equals_a_normal_server(cluster, normal):
+    body = {"model": normal.model_name, "prompt": "Sampling with a seed", "max_tokens": SEGMENT_TOKENS - 1,
+            "temperature": 0.9, "top_p": 0.95, "seed": 1234, "ignore_eos": True}
+    ours = httpx.post(f"{cluster.master.url}/v1/completions", json=body, timeout=120)
+    theirs = httpx.post(f"{normal.url}/v1/completions", json=body, timeout=120)
+    assert ours.status_code == theirs.status_code == 200, ours.text
+    assert ours.json()["choices"][0]["text"] == theirs.json()["choices"][0]["text"]
+
+
+def test_long_generations_continue_in_segments_with_priority_only_for_continuations(cluster, normal):
+    max_tokens = 4 * SEGMENT_TOKENS + 3  # five segments on the decode node
+    requests = [("/v1/completions", {"model": normal.model_name, "prompt": f"a long answer number {i}",
+                                     "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                                     **({"stream": True, "stream_options": {"include_usage": True}} if i == 0 else {})})
+                for i in range(3)]
+    ours = asyncio.run(_send_all(cluster.master.url, requests))
+    theirs = asyncio.run(_send_all(normal.url, requests))
+    for (path, _), (status, text), (ref_status, ref_text) in zip(requests, ours, theirs):
+        got, want = _summary(path, status, text), _summary(path, ref_status, ref_text)
+        assert got == want and got["count"] == max_tokens
+    # The prefill node logs each admitted request's segment and inference priority.
+    admitted = re.findall(r"request (\d+) admitted: segment_index=(\d+) infer_high_priority=(-?\d+)",
+                          cluster.nodes["prefill"].log())
+    segments = [(int(s), int(p)) for _, s, p in admitted]
+    assert any(s > 0 for s, _ in segments), admitted
+    assert all((p < 0) == (s > 0) for s, p in segments), segments
+    assert cluster.master.metric("lightllm_pd_continuation_segments_total") >= 3 * 4
+
+
+def _series(server, name: str, label: str) -> float:
+    """The value of the series of ``name`` whose labels include ``label``."""
+    body = httpx.get(f"{server.url}/metrics", timeout=10).text
+    values = [float(v) for labels, v in re.findall(rf"^{re.escape(name)}{{([^}}]*)}} (\S+)$", body, re.MULTILINE)
+              if label in labels]
+    assert values, f"no {name} series with {label}"
+    return sum(values)
+
+
+def _kv_full(node) -> bool:
+    return node.metric("lightllm_kv_allocatable_tokens") == node.metric("lightllm_kv_total_tokens")
+
+
+def test_injected_transfer_failures_end_requests_cleanly_and_leak_no_kv(tiny_llama_dir, tmp_path_factory, normal):
+    pd = start_cluster(tiny_llama_dir, tmp_path_factory.mktemp("pd_faults"),
+                       prefill_env={"LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "0.2"})
+    try:
+        requests = [("/v1/completions", {"model": normal.model_name, "prompt": f"fault injection {i} " * (1 + i % 7),
+                                         "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                         **({"stream": True, "stream_options": {"include_usage": True}} if i % 2 else {})})
+                    for i in range(50)]
+        answers = asyncio.run(_send_all(pd.master.url, requests))
+        reference = asyncio.run(_send_all(normal.url, requests))
+        ok = failed = 0
+        for (path, body), (status, text), (_, ref_text) in zip(requests, answers, reference):
+            if status == 200 and "\"error\"" not in text:
+                assert _summary(path, status, text) == _summary(path, 200, ref_text)
+                ok += 1
+            else:
+                # A clean error: a JSON error body, or an error event in the stream.
+                payload = text if status != 200 else next(l[6:] for l in text.splitlines() if '"error"' in l)
+                assert json.loads(payload)["error"]["message"], text
+                failed += 1
+        assert ok + failed == 50 and failed > 0 and ok > 0
+        for node in pd.nodes.values():
+            node.wait_idle()
+            assert httpx.get(f"{node.url}/health", timeout=10).status_code == 200
+            assert _kv_full(node), node.url
+        # The cluster still serves.
+
+        # Killing the decode node mid-stream reaches the client as an error within the bound.
+        body = {"model": normal.model_name, "prompt": "a stream that loses its decode node", "max_tokens": 900,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{pd.master.url}/v1/completions", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            seen = 0
+            while seen < 3:
+                if next(lines).startswith("data: {"):
+                    seen += 1
+            pd.nodes["decode"].proc.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            rest = list(lines)
+        assert time.monotonic() - killed < DEAD_NODE_BOUND_S
+        assert any('"error"' in line for line in rest), rest[-3:]
+        deadline = time.monotonic() + DEAD_NODE_BOUND_S
+        while httpx.get(f"{pd.master.url}/health", timeout=10).status_code == 200:
+            assert time.monotonic() < deadline, "the master still reports ready without a decode node"
+            time.sleep(0.2)
+        refused = httpx.post(f"{pd.master.url}/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 2}}, timeout=60)
+        assert refused.status_code == 503 and refused.json()["error"]["message"]
+        pd.start_node("decode")
+        pd.wait_ready()
+        again_body = {"inputs": "served again", "parameters": {"max_new_tokens": 4, "ignore_eos": True, "do_sample": False}}
+        # Failures are still injected on P (1 in 5): ten tries all failing would be a 1e-7 event.
+        for _ in range(10):
+            served = httpx.post(f"{pd.master.url}/generate", json=again_body, timeout=120)
+            if served.status_code == 200:
+                break
+            assert served.json()["error"]["code"] == "pd_transfer_failed", served.text
+        expected = httpx.post(f"{normal.url}/generate", json=again_body, timeout=120)
+        assert served.status_code == 200, served.text
+        assert served.json()["generated_text"] == expected.json()["generated_text"]
+    finally:
+        pd.stop()
+
+
+def test_busy_decode_node_gives_503_at_once_and_retries_when_asked(tiny_llama_dir, tmp_path_factory):
+    # The decode node holds one long request's reservation and nothing else.
+    pd = start_cluster(tiny_llama_dir, tmp_path_factory.mktemp("pd_busy"),
+                       decode_args=["--max_total_token_num", "600", "--max_req_total_len", "560"])
+    long_body = {"inputs": "hold the decode node", "parameters": {"max_new_tokens": 500, "ignore_eos": True}}
+    short_body = {"inputs": "no room", "parameters": {"max_new_tokens": 200, "ignore_eos": True}}
+
+    def busy_while_long_runs() -> Tuple[int, Dict[str, Any], float]:
+        with httpx.stream("POST", f"{pd.master.url}/generate_stream", json=long_body, timeout=180) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            while not next(lines).startswith("data:"):
+                pass
+            started = time.monotonic()
+            short = httpx.post(f"{pd.master.url}/generate", json=short_body, timeout=180)
+            elapsed = time.monotonic() - started
+            list(lines)
+        return short.status_code, short.json(), elapsed
+
+    try:
+        status, body, _ = busy_while_long_runs()
+        assert status == 503 and body["error"]["code"] == "server_busy", body
+        assert "decode" in body["error"]["message"]
+        assert _series(pd.master, "lightllm_pd_busy_answers_total", 'role="decode"') >= 1
+
+        pd.restart_master({"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "120"})
+        pd.wait_ready()
+        status, body, _ = busy_while_long_runs()
+        assert status == 200 and body["count_output_tokens"] == 200, body
+        assert pd.master.metric("lightllm_pd_busy_retries_total") >= 1
+    finally:
+        pd.stop()

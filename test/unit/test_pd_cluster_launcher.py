@@ -1,0 +1,89 @@
+"""Argument handling of the 1p1d benchmark topology and compare_strategies' --topology (no servers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightllm.benchmark.compare_strategies import build_parser, topology_kwargs
+from lightllm.benchmark.pd_cluster import PdCluster, PdTopology, cluster_commands
+from lightllm.benchmark.server_launcher import TOPOLOGIES, ServerSpec, make_topology
+
+
+def test_1p1d_is_a_registered_topology():
+    assert set(TOPOLOGIES) == {"normal", "1p1d"}
+    topology = make_topology("1p1d", start_timeout_s=5, master_args=["--pd_heartbeat_interval", "1"])
+    assert isinstance(topology, PdTopology)
+    assert topology.describe() == {
+        "name": "1p1d", "host": "127.0.0.1", "start_timeout_s": 5,
+        "master_args": ["--pd_heartbeat_interval", "1"], "prefill_devices": None, "decode_devices": None,
+    }
+
+
+def test_cluster_commands_put_the_strategy_on_the_prefill_node_only():
+    spec = ServerSpec("/m", "hrrn", ("--max_total_token_num", "4096", "--chunked_prefill_size=32"))
+    commands = cluster_commands(spec, ["--pd_heartbeat_interval", "1"], "127.0.0.1", 4321)
+    membership = ["--pd_master_ip", "127.0.0.1", "--pd_master_port", "4321"]
+    assert commands["master"] == ["--run_mode", "pd_master", "--model_dir", "/m", "--pd_heartbeat_interval", "1"]
+    assert commands["prefill"] == [
+        "--run_mode", "prefill", "--model_dir", "/m", "--prefill_queue_strategy", "hrrn",
+        "--max_total_token_num", "4096", "--chunked_prefill_size=32", *membership,
+    ]
+    assert commands["decode"] == [
+        "--run_mode", "decode", "--model_dir", "/m", "--max_total_token_num", "4096", "--chunked_prefill_size=32",
+        *membership,
+    ]
+
+
+@pytest.mark.parametrize("flag", ["--pd_master_port", "--pd_master_ip=10.0.0.1", "--port"])
+def test_cluster_commands_refuse_flags_the_launcher_sets(flag):
+    with pytest.raises(ValueError, match="extra_args must not set"):
+        cluster_commands(ServerSpec("/m", "default", (flag, "1")), [], "127.0.0.1", 1)
+    with pytest.raises(ValueError, match="master_args must not set"):
+        PdTopology(master_args=[flag, "1"])
+
+
+def test_topology_checks():
+    with pytest.raises(ValueError, match="start_timeout_s"):
+        PdTopology(start_timeout_s=0)
+    with pytest.raises(ValueError, match="missing"):
+        PdCluster({})
+
+
+def _parse(*argv):
+    return build_parser().parse_args(["--model_dir", "/m", "--workload", "long_first", "--out-dir", "/o", *argv])
+
+
+def test_compare_strategies_topology_flag():
+    assert _parse().topology == "normal"
+    assert topology_kwargs(_parse()) == {"host": "127.0.0.1", "start_timeout_s": 300.0}
+    kwargs = topology_kwargs(_parse(
+        "--topology", "1p1d", "--master-args", "--pd_prefill_timeout_seconds 60", "--prefill-devices", "0",
+        "--decode-devices", "1", "--start-timeout", "90",
+    ))
+    assert kwargs == {
+        "host": "127.0.0.1", "start_timeout_s": 90.0, "master_args": ["--pd_prefill_timeout_seconds", "60"],
+        "prefill_devices": "0", "decode_devices": "1",
+    }
+    topology = make_topology("1p1d", **kwargs)
+    assert topology.devices == {"prefill": "0", "decode": "1"}
+    assert topology._env("prefill") == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_compare_strategies_refuses_pd_flags_without_1p1d_and_bad_values():
+    with pytest.raises(ValueError, match="--master-args, --decode-devices only apply with --topology 1p1d"):
+        topology_kwargs(_parse("--master-args", "--pd_heartbeat_interval 1", "--decode-devices", "1"))
+    with pytest.raises(ValueError, match="master_args is not a valid shell-quoted string"):
+        topology_kwargs(_parse("--topology", "1p1d", "--master-args", "'unclosed"))
+    with pytest.raises(SystemExit):
+        _parse("--topology", "2p2d")
+
+
+def test_compare_strategies_cli_reports_a_bad_topology_flag_in_one_line(tmp_path, capsys):
+    from lightllm.benchmark.compare_strategies import main
+
+    argv = ["--model_dir", str(tmp_path), "--workload", "long_first", "--out-dir", str(tmp_path / "o"),
+            "--master-args", "--pd_heartbeat_interval 1"]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "only apply with --topology 1p1d" in capsys.readouterr().err

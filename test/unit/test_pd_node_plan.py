@@ -1,0 +1,58 @@
+"""What a PD node decides before any process starts: its transfer port and its registration."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.api_cli import ArgumentError, make_argument_parser
+from lightllm.server.pd.node_launch import advertised_host, free_port_block, prepare_pd_node
+from lightllm.server.server_sizing import plan_sizing
+
+
+def _prepare(model_dir, *flags: str):
+    args = make_argument_parser().parse_args(["--model_dir", str(model_dir), *flags])
+    config = ModelConfig.from_dir(model_dir)
+    return args, config, prepare_pd_node(args, config, plan_sizing(args, config, "cpu"))
+
+
+def test_registration_carries_the_model_shape_and_a_resolved_transfer_port(tiny_llama_dir) -> None:
+    args, config, info = _prepare(tiny_llama_dir, "--run_mode", "decode", "--port", "8100")
+    assert args.pd_transfer_port is not None  # written back, so the rank configs see the same port
+    assert info.kv_transfer_address == f"127.0.0.1:{args.pd_transfer_port}"
+    assert info.node_id == "decode-127.0.0.1:8100" and info.http_address == "127.0.0.1:8100"
+    assert (info.role, info.model_name, info.dtype, info.tp_size) == ("decode", tiny_llama_dir.name, "float32", 1)
+    assert (info.num_layers, info.num_kv_heads, info.head_dim) == (
+        config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
+
+
+def test_flags_given_are_used(tiny_llama_dir) -> None:
+    args, _, info = _prepare(tiny_llama_dir, "--run_mode", "prefill", "--pd_transfer_port", "29400",
+                             "--pd_node_id", "p-east-1", "--model_name", "served-a", "served-b")
+    assert args.pd_transfer_port == 29400 and info.kv_transfer_address == "127.0.0.1:29400"
+    assert (info.node_id, info.role, info.model_name) == ("p-east-1", "prefill", "served-a")
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--pd_transfer_port", "8000", "--port", "8000"], "overlaps the HTTP --port"),
+    (["--pd_transfer_port", "65535", "--tp", "2"], "leaves no room for 2 TP ranks"),
+])
+def test_impossible_transfer_ports_are_refused(tiny_llama_dir, flags, fragment) -> None:
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--run_mode", "prefill", *flags])
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    sizing = plan_sizing(args, config, "cpu")
+    with pytest.raises(ArgumentError, match=fragment):
+        prepare_pd_node(args, config, sizing)
+
+
+def test_a_free_port_block_is_free_and_a_wildcard_host_advertises_the_route_to_the_master() -> None:
+    base = free_port_block("127.0.0.1", 3)
+    for port in range(base, base + 3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # raises if taken
+    args = make_argument_parser().parse_args(["--model_dir", "x", "--host", "0.0.0.0", "--pd_master_ip", "127.0.0.1"])
+    assert advertised_host(args) == "127.0.0.1"
+    args.host = "10.1.2.3"
+    assert advertised_host(args) == "10.1.2.3"

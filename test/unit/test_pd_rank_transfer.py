@@ -1,0 +1,267 @@
+"""A PD node rank's transfer plumbing (PdRankTransfer) over real backends and real transfer processes.
+
+Two ranks in one process, the way a prefill node's rank and a decode node's rank run them:
+transfer setup per epoch, the decode side reserving first (or answering busy), the prefill side
+sending [kv_start, prompt_len) with its first token in the header after the step that handed the
+request off, and each side acting on polled results.  Greedy outputs must equal a normal node's,
+a second request with the same prompt must only move what the decode node's prefix cache lacks,
+and every failure (lease expiry, no setup) must end its request with FINISH_TRANSFER_FAILED and
+give the KV back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import torch
+
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.req_manager import ReqManager
+from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.models.registry import load_model
+from lightllm.server.core.objs.finish_status import (
+    FINISH_BUSY,
+    FINISH_HANDED_OFF,
+    FINISH_LENGTH,
+    FINISH_SEGMENT_KV,
+    FINISH_SEGMENT_LIMIT,
+    FINISH_TRANSFER_FAILED,
+)
+from lightllm.server.core.objs.io_messages import PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.pd.kv_transfer import KVTransferHandle
+from lightllm.server.router.model_infer.infer_context import InferenceContext
+from lightllm.server.router.model_infer.mode_backend import KvReservationRefused
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+from lightllm.server.router.model_infer.pd_rank_transfer import PdRankSettings, PdRankTransfer, _Outcome
+
+from pd_kv_transfer_support import free_port
+
+MAX_LEN = 400
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+def _backend(model, run_mode: str, kv_tokens: int = 2048, prefix_cache: bool = True):
+    cache = model.new_kv_cache(kv_tokens)
+    cache.share_buffers()
+    context = InferenceContext(cache, ReqManager(8, MAX_LEN + 1), use_prefix_cache=prefix_cache)
+    backend = build_rank_backend(run_mode, model, context, build_prefill_queue_strategy("hrrn"),
+                                 StepPlanner(64, 32), Sampler(0), [2], MAX_LEN)
+    if run_mode == "decode":
+        backend.end_segment_on_kv_pressure = True
+    return backend
+
+
+class Node:
+    """One PD rank: its backend, its PdRankTransfer and what rank 0 would have told the HTTP process."""
+
+    def __init__(self, backend, role: str, settings: PdRankSettings):
+        self.backend = backend
+        self.messages: List[Any] = []
+        self.pd = PdRankTransfer(role, backend, 0, settings, self._make_handle, notify=self.messages.append)
+        self.tokens: Dict[int, List[int]] = {}
+        self.finished: Dict[int, int] = {}
+
+    def _make_handle(self, role: str, host: str, port: int) -> KVTransferHandle:
+        s = self.pd.settings
+        return KVTransferHandle(role, self.backend.kv.kv_cache, host, port, page_size=s.page_size,
+                                timeout_s=s.transfer_timeout_s, connect_timeout_s=s.connect_timeout_s,
+                                receive_wait_s=s.reserve_lease_s)
+
+    def iterate(self) -> None:
+        """What the rank loop does once: poll transfers, step, send hand-offs, publish."""
+        self.pd.tick()
+        if not self.backend.has_work:
+            return
+        report = self.backend.step()
+        self.pd.send_handoffs(report)
+        report.tokens[:0] = self.pd.pending_tokens
+        self.pd.pending_tokens = []
+        for req, token, _ in report.tokens:
+            self.tokens.setdefault(req.request_id, []).append(token)
+        for req, status in report.finished:
+            self.finished[req.request_id] = status
+
+    def notices(self, request_id: int) -> Dict[str, PdNotice]:
+        return {m.kind: m for m in self.messages if isinstance(m, PdNotice) and m.request_id == request_id}
+
+
+def _setup(prefill: Node, decode: Node, epoch: int) -> None:
+    port = free_port()
+    prefill.pd.settings.transfer_port = port
+    prefill.pd.setup(PdTransferSetup(epoch))
+    decode.pd.setup(PdTransferSetup(epoch, "127.0.0.1", port))
+    for node in (prefill, decode):
+        assert node.messages[-1] == PdSetupDone(epoch, "")
+        assert node.pd.handle.wait_ready(90), node.pd.handle.broken_reason
+
+
+def _submit(prefill: Node, decode: Node, request_id: int, prompt: List[int], params: SamplingParams) -> Optional[int]:
+    """Reserve on D first, then prefill on P from D's kv_start; None when D answered busy."""
+    if decode.pd.reserve(request_id, -1, prompt, params) is None:
+        return None
+    kv_start = decode.notices(request_id)["reserved"].kv_start
+    prefill.backend.add_request(request_id, prompt, params)
+    prefill.pd.note_prefill_request(request_id, kv_start)
+    return kv_start
+
+
+def _run(nodes: Tuple[Node, ...], done, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, [(n.finished, n.pd.in_flight) for n in nodes]
+        for node in nodes:
+            node.iterate()
+        time.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def pair(model):
+    settings = dict(page_size=16, transfer_timeout_s=20.0, connect_timeout_s=60.0)
+    prefill = Node(_backend(model, "prefill"), "prefill", PdRankSettings(**settings))
+    decode = Node(_backend(model, "decode"), "decode", PdRankSettings(**settings, reserve_lease_s=30.0))
+    _setup(prefill, decode, epoch=1)
+    yield prefill, decode
+    prefill.pd.close()
+    decode.pd.close()
+
+
+def test_greedy_outputs_through_the_rank_plumbing_equal_a_normal_node(model, pair) -> None:
+    prefill, decode = pair
+    p_free, d_free = prefill.backend.kv.allocatable_token_num(), decode.backend.kv.allocatable_token_num()
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 1000, (n,), generator=gen).tolist() for n in (7, 40, 90)]
+    prompts.append(list(prompts[1]))  # again: D's prefix cache holds most of it by then
+    max_new = 9
+    expected = BatchGenerator(model, 4096).greedy_generate(prompts, max_new)
+    params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+    kv_starts = {}
+    for rid in range(3):
+        kv_starts[rid] = _submit(prefill, decode, rid, prompts[rid], params)
+    _run((prefill, decode), lambda: all(r in decode.finished for r in range(3)))
+    kv_starts[3] = _submit(prefill, decode, 3, prompts[3], params)
+    _run((prefill, decode), lambda: 3 in decode.finished and 3 in prefill.finished)
+    assert [kv_starts[r] for r in range(3)] == [0, 0, 0]
+    assert kv_starts[3] == len(prompts[3]) - 1  # only the last prompt position moved
+    for rid in range(4):
+        # D published P's first token (from the transfer header), then its own tokens.
+        assert decode.tokens[rid] == expected[rid], rid
+        assert prefill.tokens[rid] == expected[rid][:1]
+        assert prefill.finished[rid] == FINISH_HANDED_OFF and decode.finished[rid] == FINISH_LENGTH
+        sent, received = prefill.notices(rid)["transferred"], decode.notices(rid)["transferred"]
+        assert sent.nbytes == received.nbytes == (len(prompts[rid]) - kv_starts[rid]) * prefill.backend.kv.kv_cache.token_bytes()
+    _run((prefill, decode), lambda: not prefill.backend.has_work and not decode.backend.has_work)
+    assert prefill.backend.kv.allocatable_token_num() == p_free
+    assert decode.backend.kv.allocatable_token_num() == d_free
+
+
+def test_segment_limit_ends_the_segment_after_its_tokens(model, pair) -> None:
+    prefill, decode = pair
+    prompt = list(range(10, 40))
+    expected = BatchGenerator(model, 4096).greedy_generate([prompt], 10)[0]
+    decode.backend.max_segment_tokens = 4
+    try:
+        _submit(prefill, decode, 20, prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
+        _run((prefill, decode), lambda: 20 in decode.finished)
+    finally:
+        decode.backend.max_segment_tokens = 0
+    assert decode.finished[20] == FINISH_SEGMENT_LIMIT
+    assert decode.tokens[20] == expected[:4]
+
+
+def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
+    decode = Node(_backend(model, "decode", kv_tokens=256), "decode", PdRankSettings(reserve_lease_s=0.5))
+    prefill = Node(_backend(model, "prefill", kv_tokens=512), "prefill", PdRankSettings())
+    _setup(prefill, decode, epoch=7)
+    try:
+        free = decode.backend.kv.allocatable_token_num()
+        params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+        assert decode.pd.reserve(1, -1, list(range(5, 45)), params) is not None
+        assert decode.backend.kv.allocatable_token_num() < free
+        # More than the cache can hold now: busy at once, reported by the next step.
+        assert decode.pd.reserve(2, -1, list(range(5, 45)), SamplingParams(max_new_tokens=300)) is None
+        decode.iterate()
+        assert decode.finished[2] == FINISH_BUSY
+        _run((decode,), lambda: 1 in decode.finished, timeout_s=30)  # P never sends
+        assert decode.finished[1] == FINISH_TRANSFER_FAILED
+        assert decode.notices(1)["transfer_failed"].error_kind == "lease_expired"
+        assert decode.backend.kv.allocatable_token_num() == free
+    finally:
+        prefill.pd.close()
+        decode.pd.close()
+
+
+def test_without_a_setup_a_handoff_fails_as_transfer_broken(model) -> None:
+    prefill = Node(_backend(model, "prefill", kv_tokens=512), "prefill", PdRankSettings())
+    free = prefill.backend.kv.allocatable_token_num()
+    prefill.backend.add_request(5, list(range(5, 30)), SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    prefill.pd.note_prefill_request(5, 0)
+    _run((prefill,), lambda: 5 in prefill.finished, timeout_s=30)
+    assert prefill.tokens[5] and prefill.finished[5] == FINISH_TRANSFER_FAILED
+    assert prefill.notices(5)["transfer_failed"].error_kind == "transfer_broken"
+    assert prefill.backend.kv.allocatable_token_num() == free
+
+
+class _Ranks:
+    """The outcomes another TP rank reports, for the agreement between ranks."""
+
+    def __init__(self):
+        self.other: Dict[int, _Outcome] = {}
+
+    def agree(self, mine):
+        return [mine, dict(self.other)]
+
+
+class _Backend:
+    def __init__(self):
+        self.done: List[Tuple[int, bool, int]] = []
+
+    def transfer_done(self, request_id: int, ok: bool, failure_status: int) -> None:
+        self.done.append((request_id, ok, failure_status))
+
+
+class _Req:
+    def __init__(self, request_id: int):
+        self.request_id = request_id
+
+
+def test_tp_ranks_act_only_on_results_every_rank_has_and_fail_if_any_failed() -> None:
+    ranks, backend = _Ranks(), _Backend()
+    pd = PdRankTransfer("prefill", backend, 0, PdRankSettings(), lambda *a: None, agree=ranks.agree)
+    pd._in_flight = {1: _Req(1), 2: _Req(2)}
+    pd._local = {1: _Outcome(1, True, 5, 0.1, 100, "", ""), 2: _Outcome(2, True, 6, 0.1, 100, "", "")}
+    pd.tick()  # the other rank has nothing yet: nothing is decided
+    assert backend.done == [] and sorted(pd.in_flight) == [1, 2]
+    ranks.other = {2: _Outcome(2, False, -1, 0.2, 0, "transfer_failed", "checksum")}
+    pd.tick()
+    assert backend.done == [(2, False, FINISH_TRANSFER_FAILED)] and pd.in_flight == [1]
+    ranks.other = {1: _Outcome(1, True, 5, 0.3, 100, "", "")}
+    pd.tick()
+    assert backend.done[-1] == (1, True, FINISH_TRANSFER_FAILED) and pd.in_flight == []
+
+
+def test_decode_backend_ends_the_segment_under_kv_pressure_instead_of_pausing(model) -> None:
+    decode = _backend(model, "decode", kv_tokens=64, prefix_cache=False)
+    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    # Each is promised 5 decode tokens but may take 40: the cache (64) is over-committed.
+    reqs = [decode.reserve_prefilled(rid, list(range(10 + rid, 20 + rid)), params, decode_tokens=5) for rid in (1, 2)]
+    with pytest.raises(KvReservationRefused, match="needs 50 KV tokens, 34 allocatable and not promised"):
+        decode.reserve_prefilled(3, list(range(30, 40)), params)  # 64 - 2 x (10 + 5) left
+    for req in reqs:
+        decode.admit_prefilled(req, 7)  # the KV content does not matter here
+    statuses = {}
+    for _ in range(60):
+        report = decode.step()
+        assert not report.paused
+        statuses.update({r.request_id: s for r, s in report.finished})
+        if len(statuses) == 2:
+            break
+    assert FINISH_SEGMENT_KV in statuses.values(), statuses
+    assert decode.kv.allocatable_token_num() == 64
