@@ -152,6 +152,7 @@ class NodeStandIn:
         self.bodies: List[Dict[str, Any]] = []
         self.finished: List[int] = []
         self.aborted: List[int] = []
+        self.aborted_segments: List[Tuple[int, int]] = []  # (request_id, segment_index) of closed streams
         self.client: Optional[PdNodeClient] = None
         self._node_id = node_id or f"{role}-standin"
         self._model_name = model_name
@@ -209,11 +210,12 @@ class NodeStandIn:
             body = await request.json()
             self.bodies.append(body)
             lines = self._decode(body) if self.role == "decode" else self._prefill(body)
-            return StreamingResponse(self._tracked(body["request_id"], lines), media_type="application/x-ndjson")
+            return StreamingResponse(self._tracked(body["request_id"], lines, body["segment_index"]),
+                                     media_type="application/x-ndjson")
 
         return app
 
-    async def _tracked(self, request_id: int, lines: Any):
+    async def _tracked(self, request_id: int, lines: Any, segment_index: int):
         done = False
         try:
             async for line in lines:
@@ -221,6 +223,8 @@ class NodeStandIn:
             done = True
         finally:
             (self.finished if done else self.aborted).append(request_id)
+            if not done:
+                self.aborted_segments.append((request_id, segment_index))
 
     async def _prefill(self, body: Dict[str, Any]):
         if body["epoch"] != self.epoch:

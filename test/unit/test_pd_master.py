@@ -58,7 +58,9 @@ def test_normal_flow_tokens_in_order_echo_dropped_usage_once(cluster: Cluster) -
     assert response.status_code == 200, response.text
     answer = response.json()
     assert [token["id"] for token in answer["tokens"]] == expected  # P's first, then D's; the echo dropped
-    assert answer["generated_text"] == ["".join(f" t{token}" for token in expected)]
+    # The master decodes the text from the token ids itself (the stand-ins' "text" is ignored).
+    expected_text = cluster.master.manager.tokenizer.decode(expected, skip_special_tokens=True)
+    assert answer["generated_text"] == [expected_text]
     assert answer["count_output_tokens"] == 6 and answer["prompt_tokens"] == len(prompt_ids)
     assert answer["finish_reason"] == "length" and answer["prompt_cache_len"] == cluster.prefill.cached_tokens
     (decode_body,), (prefill_body,) = cluster.decode.bodies, cluster.prefill.bodies
@@ -78,7 +80,7 @@ def test_normal_flow_tokens_in_order_echo_dropped_usage_once(cluster: Cluster) -
     events = [event for event in (json.loads(line[6:]) for line in response.text.splitlines()
                                   if line.startswith("data: ") and line != "data: [DONE]")]
     text = "".join(choice["text"] for event in events for choice in event.get("choices", []))
-    assert text == "".join(f" t{token}" for token in expected)
+    assert text == expected_text
     assert events[-1]["usage"]["completion_tokens"] == 6
     assert [body["request_id"] for body in cluster.decode.bodies] == [1, 2]
 
@@ -333,3 +335,34 @@ def test_failed_pair_setup_is_a_503_and_is_retried_by_the_next_request(cluster: 
     cluster.decode.refuse_setup = False
     assert _generate(cluster, "hello", 3).status_code == 200
     assert [s["epoch"] for s in cluster.decode.setups] == [1, 2]  # a failed setup's epoch is never reused
+
+
+def test_master_decides_a_stop_string_that_straddles_segments_and_aborts_the_nodes(cluster: Cluster) -> None:
+    # The stand-ins apply no stop strings, so only the master can end these requests on one.
+    cluster.decode.segment_limit = 3  # segments of 4 tokens: P's first, then 3 on D
+    cluster.decode.token_delay = 0.3  # the stopping segment is still generating when the master stops
+    prompt = "hello there, general"
+    tokenizer = cluster.master.manager.tokenizer
+    tokens = reference_tokens(cluster.master.manager.encode_prompt(prompt), 40)
+    pieces = [tokenizer.decode([token], skip_special_tokens=True) for token in tokens]
+    full = "".join(pieces)
+    # A 4-character stop string whose first half comes from segment 1 and second half from segment 2.
+    boundary = len("".join(pieces[:8]))
+    stop = full[boundary - 2: boundary + 2]
+    assert len(stop) == 4 and full.find(stop) == boundary - 2, (full, stop)
+    completes_at = next(n for n in range(1, len(pieces) + 1) if len("".join(pieces[:n])) >= boundary + 2)
+    for request_id, include in ((1, False), (2, True)):
+        response = httpx.post(f"{cluster.master.url}/v1/completions", timeout=TIMEOUT, json={
+            "model": cluster.master.manager.model_name, "prompt": prompt, "max_tokens": 40, "stop": [stop],
+            "include_stop_str_in_output": include})
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["text"] == full[: boundary + (2 if include else -2)]
+        assert choice["finish_reason"] == "stop"
+        assert response.json()["usage"]["completion_tokens"] == completes_at
+        last_segment = (completes_at - 1) // 4
+        assert max(body["segment_index"] for body in cluster.decode.bodies if body["request_id"] == request_id) == last_segment
+        deadline = time.monotonic() + 5
+        while (request_id, last_segment) not in cluster.decode.aborted_segments:
+            assert time.monotonic() < deadline, "the decode stream of the stopped segment was not closed"
+            time.sleep(0.02)

@@ -186,11 +186,11 @@ def test_busy_segment_end_and_errors_end_the_stream_and_are_counted(node: NodeAp
          {"event": "segment_end", "reason": "kv_pressure"},
          ("lightllm_pd_segment_ends_total", {"reason": "kv_pressure"})),
         ([PdNodeEvent(kind="reserved"), PdNodeEvent(kind="error", message="lease gone", error_kind="lease_expired")],
-         {"event": "error", "message": "lease gone", "transfer_broken": False},
+         {"event": "error", "message": "lease gone", "transfer_broken": False, "error_kind": "lease_expired"},
          ("lightllm_pd_expired_leases_total", {})),
         ([PdNodeEvent(kind="reserved"),
           PdNodeEvent(kind="error", message="bad checksum", transfer_broken=True, error_kind="transfer_failed")],
-         {"event": "error", "message": "bad checksum", "transfer_broken": True},
+         {"event": "error", "message": "bad checksum", "transfer_broken": True, "error_kind": "transfer_failed"},
          ("lightllm_pd_failed_transfers_total", {})),
     ]
     for script, last, (counter, labels) in cases:
@@ -326,7 +326,7 @@ def test_losing_the_master_fails_open_streams(node: NodeApp) -> None:
             _wait(lambda: len(node.decode_streams) == 1, "the stream to be registered")
             node.loops["decode"].call_soon_threadsafe(node.decode_streams.fail_all, "the PD master is gone")
             rest = [json.loads(line) for line in received]
-        assert rest == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False}]
+        assert rest == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False, "error_kind": "internal"}]
         _wait(lambda: len(node.decode.closed) > closed, "the node to abort the request")
     finally:
         node.decode.hold = False
@@ -349,7 +349,7 @@ def test_losing_the_master_fails_a_request_still_waiting_for_its_first_event(nod
         caller.join(20)
     finally:
         node.decode.hold = False
-    assert lines(result["response"]) == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False}]
+    assert lines(result["response"]) == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False, "error_kind": "internal"}]
     _wait(lambda: len(node.decode.closed) > closed, "the node to abort the request")
 
 

@@ -44,11 +44,17 @@ def _ids_in_vocab(name: str, row: int, ids: Sequence[int], vocab_size: int) -> n
 
 
 def _penalty_histories(
-    param: SamplingParams, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int], vocab_size: int
+    param: SamplingParams,
+    row: int,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    vocab_size: int,
+    generated_before: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ids the row's repetition penalty sees, and those its frequency / presence penalties count.
 
-    A neutral penalty gets an empty history: less to copy, same result.
+    The last ``generated_before`` prompt ids are output of earlier segments: frequency / presence
+    count them as generated.  A neutral penalty gets an empty history: less to copy, same result.
     """
     seen = counted = _NO_IDS
     prompt = output = None
@@ -60,6 +66,10 @@ def _penalty_histories(
         if output is None:
             output = _ids_in_vocab("output_ids", row, output_ids, vocab_size)
         counted = output
+        if generated_before and not param.input_penalty:
+            if prompt is None:
+                prompt = _ids_in_vocab("prompt_ids", row, prompt_ids, vocab_size)
+            counted = np.concatenate((prompt[len(prompt) - generated_before :], output))
         if param.input_penalty:
             if prompt is None:
                 prompt = _ids_in_vocab("prompt_ids", row, prompt_ids, vocab_size)
@@ -134,6 +144,7 @@ class SamplingBatch:
         eos_token_ids: Sequence[int],
         vocab_size: int,
         device: torch.device | str = "cpu",
+        generated_before: Sequence[int] | None = None,
     ) -> "SamplingBatch":
         """Pack one step's requests.
 
@@ -142,6 +153,12 @@ class SamplingBatch:
             prompt_ids: each row's prompt token ids.
             output_ids: each row's generated token ids so far (its length is the step index
                 used for seeding and for ``min_new_tokens``).
+            generated_before: per row, how many trailing ``prompt_ids`` are really output of
+                earlier segments of the same generation (a PD continuation; None: all 0).
+                Everything that depends on the output so far counts them: the seeded step
+                index, frequency / presence penalties and the exponential-decay length.
+                ``min_new_tokens`` is not: its budget arrives already reduced by them, like
+                ``max_new_tokens``.
             eos_token_ids: the model's EOS ids; masked while ``min_new_tokens`` is unmet,
                 except on ``ignore_eos`` rows where EOS is not a stop token.
             vocab_size: width of the logits the batch will be applied to.
@@ -155,6 +172,14 @@ class SamplingBatch:
                 f"prompt_ids and output_ids must have one entry per row ({size}), "
                 f"got {len(prompt_ids)} and {len(output_ids)}"
             )
+        before = [0] * size if generated_before is None else list(generated_before)
+        if len(before) != size:
+            raise ValueError(f"generated_before must have one entry per row ({size}), got {len(before)}")
+        for row, count in enumerate(before):
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < max(len(prompt_ids[row]), 1):
+                raise ValueError(
+                    f"generated_before[{row}] must be an int in [0, {max(len(prompt_ids[row]) - 1, 0)}], got {count!r}"
+                )
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         eos = list(eos_token_ids)
@@ -191,7 +216,9 @@ class SamplingBatch:
             top_k.append(min(param.top_k, vocab_size) if param.top_k_enabled else vocab_size)
             top_logprobs_counts.append(min(param.logprobs or 0, vocab_size))
             generated = output_ids[row]
-            seen, counted = _penalty_histories(param, row, prompt_ids[row], generated, vocab_size)
+            seen, counted = _penalty_histories(param, row, prompt_ids[row], generated, vocab_size, before[row])
+            # Tokens generated so far by the whole generation, earlier segments included.
+            steps = before[row] + len(generated)
             seen_rows.append(seen)
             counted_rows.append(counted)
             if len(generated) < param.min_new_tokens:
@@ -204,11 +231,11 @@ class SamplingBatch:
                     mask_rows.append(row)
                     mask_cols.append(token_id)
             if param.seed is not None and not is_greedy:
-                seeded_rows.append((row, derive_step_seed(param.seed, len(generated))))
+                seeded_rows.append((row, derive_step_seed(param.seed, steps)))
             start = param.exponential_decay_start
-            if start is not None and len(generated) > start and param.exponential_decay_factor != 1.0:
+            if start is not None and steps > start and param.exponential_decay_factor != 1.0:
                 decay_rows.append(row)
-                decay_scales.append(decay_scale(float(param.exponential_decay_factor), len(generated) - start))
+                decay_scales.append(decay_scale(float(param.exponential_decay_factor), steps - start))
 
         # Transposed on the host so that each parameter is a contiguous row on the device.
         packed = torch.tensor(floats, dtype=torch.float32).T.contiguous().to(device)

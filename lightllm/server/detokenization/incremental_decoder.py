@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Protocol, Sequence
 
 PROMPT_CONTEXT_TOKENS = 4
+
+
+class TextOptions(Protocol):
+    """A request's text options (``SamplingParams`` and the detokenizer's ``DecodeOptions`` have them)."""
+
+    stop_sequences: Sequence[str]
+    skip_special_tokens: bool
+    include_stop_str_in_output: bool
+    print_eos_token: bool
 
 
 class IncrementalDecoder:
@@ -110,3 +119,22 @@ class IncrementalDecoder:
         self.emitted = len(self.text)
         return piece
 
+
+
+def request_decoder(
+    tokenizer, prompt_ids: Sequence[int], options: TextOptions, eos_token_ids: Sequence[int]
+) -> IncrementalDecoder:
+    """The decoder of one request's output text from its options.
+
+    The one place that maps request options to decoder settings: a normal server's detokenizer
+    and the PD master (which decodes a generation across its segments) must produce the same
+    text from the same tokens.
+    """
+    return IncrementalDecoder(
+        tokenizer,
+        prompt_ids,
+        options.stop_sequences,
+        skip_special_tokens=options.skip_special_tokens,
+        include_stop_str=options.include_stop_str_in_output,
+        shown_ids=eos_token_ids if options.print_eos_token else (),
+    )

@@ -16,7 +16,7 @@ from lightllm.server.core.objs.io_messages import (
     TokenEvent,
 )
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
-from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
+from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder, request_decoder
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
@@ -63,14 +63,7 @@ class DetokenizationManager:
         state = self.requests.get(request_id)
         if state is None:
             options = self.shm.decode_options(slot, request_id)
-            decoder = IncrementalDecoder(
-                self.tokenizer,
-                options.prompt_ids,
-                options.stop_sequences,
-                skip_special_tokens=options.skip_special_tokens,
-                include_stop_str=options.include_stop_str_in_output,
-                shown_ids=self.config.eos_token_ids if options.print_eos_token else (),
-            )
+            decoder = request_decoder(self.tokenizer, options.prompt_ids, options, self.config.eos_token_ids)
             state = self.requests[request_id] = _RequestText(decoder)
         return state
 

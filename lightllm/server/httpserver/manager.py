@@ -17,7 +17,12 @@ import zmq.asyncio
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased
-from lightllm.server.core.objs.shm_req_buffer import check_internal_priority, check_pd_fields, check_request_id
+from lightllm.server.core.objs.shm_req_buffer import (
+    check_generated_before,
+    check_internal_priority,
+    check_pd_fields,
+    check_request_id,
+)
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, PD_KIND_NONE
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pd_node import PD_NODE_MESSAGES, PD_NODE_ROLES, PdNodeState, pd_generate
@@ -258,6 +263,7 @@ class HttpServerManager:
         kv_start: int = 0,
         infer_high_priority: int = 0,
         segment_index: int = 0,
+        generated_before: int = 0,
         epoch: int,
         request: Any = None,
     ) -> AsyncIterator[PdNodeEvent]:
@@ -267,14 +273,15 @@ class HttpServerManager:
         node's token, published here so the detokenizer has it), ending with a finish
         ("stop"/"length" on the last token), "segment_end" or "error".  Prefill node: the first
         "token", then "handed_off" or "error" (or the token finished the request).  Closing the
-        iterator early aborts the request and frees its KV.  Bad arguments raise ``ValueError``
+        iterator early aborts the request and frees its KV.  ``generated_before``: how many trailing
+        prompt tokens earlier segments generated (sampling counts them as output).  Bad arguments raise ``ValueError``
         (or ``DuplicateRequestIdError``) when iteration starts, before any event.
         """
         if self.pd is None:
             raise RuntimeError(f"a {self.config.run_mode} server runs no PD requests; start it with --run_mode prefill|decode")
         return pd_generate(
             self, request_id, prompt_ids, params, kv_start=kv_start, infer_high_priority=infer_high_priority,
-            segment_index=segment_index, epoch=epoch, request=request,
+            segment_index=segment_index, generated_before=generated_before, epoch=epoch, request=request,
         )
 
     async def generate(
@@ -290,6 +297,7 @@ class HttpServerManager:
         count_prompt: bool = True,
         pd_kind: int = PD_KIND_NONE,
         kv_start: int = 0,
+        generated_before: int = 0,
         slot_wait_seconds: Optional[float] = None,
     ) -> AsyncIterator[GenerationEvent]:
         """Submit a request and yield one event per generated token (the last has finish_reason).
@@ -300,7 +308,7 @@ class HttpServerManager:
         (given, or this manager's next free one) is used unchanged by every process and in
         every event; a given id that is still in use raises ``DuplicateRequestIdError``.
         ``count_prompt`` False: another choice of the same request (``n`` > 1) already counted this
-        prompt in the token counters.  ``pd_kind``, ``kv_start`` and ``slot_wait_seconds`` (None:
+        prompt in the token counters.  ``pd_kind``, ``kv_start``, ``generated_before`` and ``slot_wait_seconds`` (None:
         --slot_wait_seconds) are :meth:`pd_generate`'s; with a PD kind the stream also carries
         rank 0's ``PdNotice`` objects, which only ``pd_generate`` reads.
         """
@@ -317,6 +325,7 @@ class HttpServerManager:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         check_internal_priority(infer_high_priority, segment_index)
         check_pd_fields(pd_kind, kv_start, len(prompt_ids))
+        check_generated_before(generated_before, len(prompt_ids))
         if self._refusal is not None:
             raise self._refusal
         request_id = self._claim_request_id(request_id)
@@ -334,7 +343,7 @@ class HttpServerManager:
                 self.shm.write_request(
                     slot, request_id, prompt_ids, params, high_priority,
                     infer_high_priority=infer_high_priority, segment_index=segment_index,
-                    pd_kind=pd_kind, kv_start=kv_start,
+                    pd_kind=pd_kind, kv_start=kv_start, generated_before=generated_before,
                 )
             except Exception:
                 del self._pending[request_id]

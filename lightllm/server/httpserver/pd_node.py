@@ -150,6 +150,7 @@ async def pd_generate(
     kv_start: int = 0,
     infer_high_priority: int = 0,
     segment_index: int = 0,
+    generated_before: int = 0,
     epoch: int,
     request: Any = None,
 ) -> AsyncIterator[PdNodeEvent]:
@@ -169,6 +170,7 @@ async def pd_generate(
     events = manager.generate(
         prompt_ids, params, request=request, request_id=request_id, infer_high_priority=infer_high_priority,
         segment_index=segment_index, pd_kind=PD_KIND_DECODE if decode else PD_KIND_PREFILL, kv_start=kv_start,
+        generated_before=generated_before,
         # A decode node answers busy at once when no request slot is free, never after a wait.
         slot_wait_seconds=0.0 if decode else None,
     )

@@ -7,7 +7,9 @@ tokenizer and ``config.json`` only (:class:`~lightllm.server.served_model.Served
 A request gets the next id of the master's counter, used unchanged on both nodes and in every
 log line.  Its first segment, and each continuation after D ended a segment, runs through
 :class:`~.segment_flow.SegmentFlow`; the client sees one uninterrupted stream and usage counts
-each token once (the master counts).  Errors: before the cluster is ready 503 ``pd_not_ready``;
+each token once (the master counts).  The text is the master's too
+(:mod:`.generation_text`): it decodes the token ids over all segments with the normal
+detokenizer's rules and decides stop strings itself.  Errors: before the cluster is ready 503 ``pd_not_ready``;
 a busy node 503 ``server_busy`` naming the role (after the bounded retry of
 ``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` when positive); a node failure, a deadline or a
 node dropped from the cluster 503 (an error event when the stream already started).  Closing a
@@ -26,6 +28,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.httpserver_for_pd_master.continuation import SegmentEnd, first_segment, next_segment
 from lightllm.server.httpserver_for_pd_master.expiry_sweeper import ExpirySweeper
+from lightllm.server.httpserver_for_pd_master.generation_text import GenerationText
 from lightllm.server.httpserver_for_pd_master.master_metrics import MasterMetrics
 from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
@@ -184,6 +187,7 @@ class PdMasterManager:
         finish_reason: Optional[str] = None
         log.debug("request %d: %d prompt tokens, max_new_tokens %d", request_id, len(prompt_ids), params.max_new_tokens)
         try:
+            text = GenerationText(self.tokenizer, prompt_ids, params, self.eos_token_ids)
             segment = first_segment(request_id, prompt_ids, params)
             while True:
                 async with contextlib.aclosing(self._flow.run(run, segment)) as lines:
@@ -210,9 +214,19 @@ class PdMasterManager:
                         event.completion_tokens = len(generated)
                         event.cached_tokens = cached_tokens
                         event.finish_reason = event.finish_reason or None
+                        text.apply(event)
                         if event.finish_reason is not None:
                             finish_reason = event.finish_reason
                         yield event
+                        if text.stopped:
+                            break
+                if text.stopped:
+                    # The master decided the stop string (it may straddle segments): the nodes
+                    # are still generating, and closing their streams aborts the request there.
+                    log.debug("request %d: stop string completed after %d tokens; aborting on the nodes",
+                              request_id, len(generated))
+                    await run.close_streams()
+                    break
                 end = run.segment_end
                 if end is SegmentEnd.FINISHED or finish_reason is not None:
                     break
@@ -224,7 +238,9 @@ class PdMasterManager:
                 if following is None:
                     # Every token was generated but the segment did not say so: finish by length.
                     finish_reason = "length"
-                    yield GenerationEvent(request_id, -1, "", 0.0, "length", len(prompt_ids), cached_tokens, len(generated))
+                    last = GenerationEvent(request_id, -1, "", 0.0, "length", len(prompt_ids), cached_tokens, len(generated))
+                    text.apply(last)
+                    yield last
                     break
                 log.info("request %d: segment %d ended (%s) after %d tokens; continuing as segment %d",
                          request_id, segment.segment_index, end.value, len(generated), following.segment_index)

@@ -91,6 +91,7 @@ class SegmentFlow:
             "prompt_ids": segment.prompt_ids,
             "params": segment.params.to_dict(),
             "segment_index": segment.segment_index,
+            "generated_before": segment.generated_before,
             "epoch": pair.epoch,
         }
         try:

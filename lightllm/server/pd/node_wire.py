@@ -62,12 +62,27 @@ class _NodeRequestBody(_StrictBody):
     params: Dict[str, Any]
     segment_index: int = Field(ge=0)
     epoch: int = Field(ge=0)
+    # Trailing prompt tokens that earlier segments generated (a continuation's output so far).
+    generated_before: int = Field(default=0, ge=0)
 
     @field_validator("request_id")
     @classmethod
     def _request_id(cls, value: int) -> int:
         check_request_id(value)
         return value
+
+    def check_consistency(self) -> None:
+        """``generated_before`` leaves a real prompt token and is 0 on a first segment."""
+        if self.generated_before >= len(self.prompt_ids):
+            raise invalid_request(
+                f"generated_before ({self.generated_before}) must be less than the prompt length "
+                f"({len(self.prompt_ids)})", "generated_before",
+            )
+        if self.generated_before and self.segment_index == 0:
+            raise invalid_request(
+                f"generated_before must be 0 for a first segment (segment_index 0), got {self.generated_before}",
+                "generated_before",
+            )
 
 
 class DecodeBody(_NodeRequestBody):
@@ -82,6 +97,7 @@ class PrefillBody(_NodeRequestBody):
 
     def check_consistency(self) -> None:
         """Cross-field rules: the priority fits its field and only continuations are promoted."""
+        super().check_consistency()
         try:
             check_internal_priority(self.infer_high_priority, self.segment_index)
         except ValueError as exc:

@@ -20,7 +20,7 @@ Who writes which field, and in what order
   on a free slot (``request_id == NO_REQUEST``) fills every input field (prompt, sampling fields,
   ``high_priority_request`` and the internal ``infer_high_priority`` and ``segment_index``, which
   only the manager's internal generate arguments set, never a public API field; likewise the
-  internal PD fields ``pd_kind`` and ``kv_start``), and writes
+  internal PD fields ``pd_kind``, ``kv_start`` and ``generated_before``), and writes
   ``request_id`` last: from then on the slot belongs to that request.  Then it sends the slot
   index to the router.  :meth:`~ShmReqBuffer.release` sets ``request_id = NO_REQUEST`` only
   after the detokenization process reported that nobody reads the slot any more, and only if
@@ -122,6 +122,19 @@ def check_pd_fields(pd_kind: object, kv_start: object, prompt_len: int) -> None:
         raise ValueError("kv_start applies to PD prefill requests only")
 
 
+def check_generated_before(generated_before: object, prompt_len: int) -> None:
+    """Raise ``ValueError`` unless ``generated_before`` leaves at least one real prompt token.
+
+    ``generated_before`` counts the trailing prompt tokens that earlier segments of the same
+    generation produced (a PD continuation); the client's own prompt is never empty.
+    """
+    if not _is_int(generated_before) or not 0 <= generated_before < max(prompt_len, 1):
+        raise ValueError(
+            f"generated_before must be an int in [0, {max(prompt_len - 1, 0)}] (less than the prompt length "
+            f"{prompt_len}), got {generated_before!r}"
+        )
+
+
 class ShmReqBuffer(SharedArraySegment):
     """All request slots of one server, mapped from a named shared-memory segment."""
 
@@ -167,6 +180,7 @@ class ShmReqBuffer(SharedArraySegment):
         segment_index: int = 0,
         pd_kind: int = PD_KIND_NONE,
         kv_start: int = 0,
+        generated_before: int = 0,
     ) -> None:
         """Claim the free ``slot`` for a new request: every field first, ``request_id`` last.
 
@@ -175,6 +189,7 @@ class ShmReqBuffer(SharedArraySegment):
         """
         self._check_new_request(request_id, prompt_ids, params, infer_high_priority, segment_index)
         check_pd_fields(pd_kind, kv_start, len(prompt_ids))
+        check_generated_before(generated_before, len(prompt_ids))
         encoded_stops = json.dumps(list(params.stop_sequences)).encode()
         if len(encoded_stops) > STOP_SEQUENCES_BYTES:
             raise ValueError(
@@ -193,6 +208,7 @@ class ShmReqBuffer(SharedArraySegment):
         rec["segment_index"] = segment_index
         rec["pd_kind"] = pd_kind
         rec["kv_start"] = kv_start
+        rec["generated_before"] = generated_before
         rec["scheduled_ns"] = 0
         for name in COPIED_FIELDS:
             rec[name] = getattr(params, name)
@@ -271,6 +287,7 @@ class ShmReqBuffer(SharedArraySegment):
             segment_index=int(rec["segment_index"]),
             pd_kind=int(rec["pd_kind"]),
             kv_start=int(rec["kv_start"]),
+            generated_before=int(rec["generated_before"]),
         )
 
     def set_prompt_cache_len(self, slot: int, request_id: int, prompt_cache_len: int) -> bool:

@@ -59,6 +59,9 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             # whose KV is sent (the decode node's own prefix-cache hit).
             ("pd_kind", np.int32),
             ("kv_start", np.int32),
+            # Internal: how many trailing prompt tokens are output of earlier segments (a PD
+            # continuation); sampling counts them as generated (seeded step, penalties, decay).
+            ("generated_before", np.int32),
             # CLOCK_MONOTONIC ns when rank 0 first scheduled the request (0: not yet).
             ("scheduled_ns", np.int64),
             *[(name, STORED_DTYPES[name]) for name in COPIED_FIELDS],

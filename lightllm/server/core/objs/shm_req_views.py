@@ -50,6 +50,7 @@ class RequestInput:
     segment_index: int
     pd_kind: int = 0  # one of shm_req_layout.PD_KINDS
     kv_start: int = 0  # PD prefill: first prompt position whose KV is sent
+    generated_before: int = 0  # trailing prompt tokens that earlier segments generated
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,10 @@ class InferReq:
             not influence prefill-queue ordering.
         segment_index: which segment of a long generation this request is (0 for the first); a
             PD prefill node raises the inference priority of continuation segments only.
+        generated_before: how many trailing prompt tokens earlier segments of the same generation
+            produced (a PD continuation: prompt + output so far is the new prompt).  Sampling
+            counts them as output (seeded step, output-token penalties, length-decay start) so
+            the continuation samples exactly what the unsplit generation would.
         shm_index: slot of the shared-memory request record (``-1`` when there is none, e.g. in
             the simulator).
         req_row: row in the request manager's token table, ``-1`` until the request holds one.
@@ -59,6 +63,7 @@ class InferReq:
     infer_high_priority: int = 0
     high_priority_request: bool = False
     segment_index: int = 0
+    generated_before: int = 0
     shm_index: int = -1
     req_row: int = -1
     output_ids: List[int] = field(default_factory=list)

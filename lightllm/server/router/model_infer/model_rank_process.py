@@ -278,6 +278,7 @@ class ModelRank:
                                 high_priority_request=request.high_priority_request,
                                 infer_high_priority=request.infer_high_priority,
                                 segment_index=request.segment_index,
+                                generated_before=request.generated_before,
                             )
                             if req is not None and self.is_leader:
                                 self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
@@ -292,6 +293,7 @@ class ModelRank:
                             shm_index=shm_index,
                             infer_high_priority=request.infer_high_priority,
                             segment_index=request.segment_index,
+                            generated_before=request.generated_before,
                         )
                     except Exception:  # noqa: BLE001 - one request must not stop the rank
                         # Every rank reads the same record into the same state, so all of them

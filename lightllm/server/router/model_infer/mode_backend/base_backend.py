@@ -18,7 +18,7 @@ from typing import Any, ClassVar, List, Sequence
 
 from lightllm.server.core.objs.finish_status import FINISH_ERROR
 from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.admission import check_request
+from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected, check_request
 from lightllm.server.router.model_infer.mode_backend.step_engine import StepEngine
 from lightllm.server.router.model_infer.request_state import ReqState
 
@@ -48,9 +48,16 @@ class ModeBackend(StepEngine):
         shm_index: int = -1,
         infer_high_priority: int = 0,
         segment_index: int = 0,
+        generated_before: int = 0,
     ) -> InferReq:
         """A checked, not yet joined :class:`InferReq` (raises ``RequestRejected``)."""
         self.check_request(prompt_ids, params)
+        if isinstance(generated_before, bool) or not isinstance(generated_before, int) or not (
+            0 <= generated_before < len(prompt_ids)
+        ):
+            raise RequestRejected(
+                f"generated_before must be an int in [0, {len(prompt_ids) - 1}], got {generated_before!r}"
+            )
         return InferReq(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
@@ -59,6 +66,7 @@ class ModeBackend(StepEngine):
             infer_high_priority=infer_high_priority,
             high_priority_request=high_priority_request,
             segment_index=segment_index,
+            generated_before=generated_before,
             shm_index=shm_index,
             sampling=params,
         )

@@ -31,6 +31,7 @@ def sampling_batch(logits: torch.Tensor, reqs: Sequence[InferReq], eos_token_ids
         eos_token_ids,
         logits.shape[1],
         logits.device,
+        generated_before=[r.generated_before for r in reqs],
     )
 
 

@@ -46,9 +46,11 @@ class GrammarConstraints:
             import llguidance
 
             matcher = llguidance.LLMatcher(self._tokenizer(), req.sampling.grammar)
-            # A request prefilled again after a pause keeps its matcher; a new one starts here.
-            if req.output_ids:
-                matcher.consume_tokens(list(req.output_ids))
+            # A request prefilled again after a pause keeps its matcher; a new one starts here,
+            # past the output earlier segments generated (the prompt's tail) and this one's.
+            earlier = req.prompt_ids[len(req.prompt_ids) - req.generated_before:] if req.generated_before else []
+            if earlier or req.output_ids:
+                matcher.consume_tokens(list(earlier) + list(req.output_ids))
             self._matchers[req.request_id] = matcher
         return matcher
 
