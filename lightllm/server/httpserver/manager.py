@@ -372,6 +372,7 @@ class HttpServerManager:
                     raise pending.failure
                 if finish_reason is None:
                     finish_reason = "abort"  # the client went away
+                    log.info("request %d: its client went away; aborting it", request_id)
             finally:
                 self._pending.pop(request_id, None)
                 if (finish_reason in (None, "abort") or pending.failure is not None) and self._backend_alive:

@@ -233,6 +233,7 @@ def pd_node_router(manager: Any, run_mode: str, streams: Optional[PdStreams] = N
         return StreamingResponse(_lines(stream, first), media_type=NDJSON_MEDIA_TYPE)
 
     async def _lines(stream: _NodeStream, item: Any) -> AsyncIterator[bytes]:
+        ended = False  # a token with a finish reason or a last kind was sent
         try:
             while item is not _END:
                 if isinstance(item, BaseException):
@@ -245,7 +246,13 @@ def pd_node_router(manager: Any, run_mode: str, streams: Optional[PdStreams] = N
                 yield event_line(item, with_prompt_logprobs=is_prefill)
                 if item.kind in _LAST_KINDS:
                     return
+                ended = item.kind == "token" and item.token is not None and item.token.finish_reason is not None
                 item = await stream.next()
+            if not ended:
+                # Never a silent end: the master must learn the request is over here.
+                logger.error("request %d ended on the node without a result", stream.request_id)
+                yield ndjson(error_fields(f"request {stream.request_id} ended on the {run_mode} node without a result",
+                                          error_kind="internal"))
         finally:
             streams.discard(stream)
             await stream.close()
