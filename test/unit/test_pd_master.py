@@ -366,3 +366,41 @@ def test_master_decides_a_stop_string_that_straddles_segments_and_aborts_the_nod
         while (request_id, last_segment) not in cluster.decode.aborted_segments:
             assert time.monotonic() < deadline, "the decode stream of the stopped segment was not closed"
             time.sleep(0.02)
+
+
+def test_a_node_stream_is_cancelled_once_so_its_connection_closes_cleanly() -> None:
+    """Closing a stream after cancelling it must not cancel the reader again.
+
+    A second cancellation lands inside the reader's connection close and leaves a half-closed
+    connection behind (seen as other requests' streams ending early under load).
+    """
+    import asyncio
+
+    from lightllm.server.httpserver_for_pd_master.node_streams import NodeStreams
+    from pd_membership_support import node
+
+    async def scenario() -> tuple[int, list]:
+        accepted = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set()
+            await reader.read()  # never answers; returns when the master closes the connection
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        nodes = NodeStreams()
+        got: list = []
+        stream = nodes.stream(node("d0", "decode", port), "/pd/node/decode", {}, got.append)
+        await asyncio.wait_for(accepted.wait(), 10)
+        await asyncio.sleep(0.05)  # the reader now waits for the answer
+        stream.cancel()
+        stream.cancel()
+        pending = stream._task.cancelling()
+        await stream.close()
+        server.close()
+        return pending, got
+
+    pending, got = asyncio.run(scenario())
+    assert pending == 1
+    assert got == []  # a cancelled reader reports nothing (no STREAM_END for a stream it stopped)

@@ -69,6 +69,7 @@ class NodeStream:
         self._body = body
         self._sink = sink
         self._task: Optional[asyncio.Task] = None
+        self._cancel_requested = False
 
     def start(self) -> "NodeStream":
         """Send the request and start reading (on the running loop)."""
@@ -101,8 +102,13 @@ class NodeStream:
                                                 f"{type(exc).__name__}: {exc}", unreachable=True))
 
     def cancel(self) -> None:
-        """Stop reading now; the reader closes the connection on its own (see :meth:`close`)."""
-        if self._task is not None and not self._task.done():
+        """Stop reading now; the reader closes the connection on its own (see :meth:`close`).
+
+        Cancels the reader once: a second cancellation would land inside its connection close
+        and leave the connection half closed.
+        """
+        if self._task is not None and not self._task.done() and not self._cancel_requested:
+            self._cancel_requested = True
             self._task.cancel()
 
     async def close(self) -> None:
@@ -123,13 +129,16 @@ class NodeStream:
 
 
 class NodeStreams:
-    """The master's one HTTP client of every node (connections are pooled per node)."""
+    """The master's one HTTP client of every node (one connection per stream, never reused)."""
 
     def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         # No read timeout here: the request flow bounds every wait with its phase deadlines.
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # Every stream on a fresh connection: a stream the master stops mid-body must never
+            # leave a half-read connection in a pool for the next request (its stale bytes would
+            # end that request's stream). A loopback connect costs far less than a token.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
             trust_env=False,
         )
 
