@@ -215,6 +215,21 @@ def test_injected_transfer_failures_end_requests_cleanly_and_leak_no_kv(tiny_lla
         expected = httpx.post(f"{normal.url}/generate", json=again_body, timeout=120)
         assert served.status_code == 200, served.text
         assert served.json()["generated_text"] == expected.json()["generated_text"]
+
+        # The same for the prefill node: 503 without one, then a new one (a new KV transfer
+        # address, so the master pairs it with the running decode node again) serves.
+        pd.nodes["prefill"].proc.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + DEAD_NODE_BOUND_S
+        while httpx.get(f"{pd.master.url}/health", timeout=10).status_code == 200:
+            assert time.monotonic() < deadline, "the master still reports ready without a prefill node"
+            time.sleep(0.2)
+        refused = httpx.post(f"{pd.master.url}/generate", json=again_body, timeout=60)
+        assert refused.status_code == 503 and refused.json()["error"]["message"]
+        pd.start_node("prefill")  # without failure injection
+        pd.wait_ready()
+        served = httpx.post(f"{pd.master.url}/generate", json=again_body, timeout=120)
+        assert served.status_code == 200, served.text
+        assert served.json()["generated_text"] == expected.json()["generated_text"]
     finally:
         pd.stop()
 
