@@ -18,7 +18,7 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.detokenization.manager import DetokenizationConfig
 from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.router.manager import RouterConfig
-from lightllm.server.router.model_infer.model_rank_process import ModelRankConfig
+from lightllm.server.router.model_infer.model_rank_config import ModelRankConfig
 from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankSettings
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.server_sizing import ServerSizing

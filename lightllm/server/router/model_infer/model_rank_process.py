@@ -52,9 +52,9 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
 from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
-from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankSettings, PdRankTransfer
+from lightllm.server.router.model_infer.model_rank_config import ModelRankConfig
+from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankTransfer
 from lightllm.server.pd.kv_transfer import KVTransferHandle
-from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 from lightllm.utils.process_utils import run_child, zmq_socket
@@ -74,46 +74,6 @@ class RejectRequests:
     """
 
     requests: List[Tuple[int, int]] = field(default_factory=list)
-
-
-@dataclass
-class ModelRankConfig:
-    """Everything a rank needs (picklable for spawn)."""
-
-    rank: int
-    tp: int
-    model_dir: str
-    dtype: str
-    device: str
-    nccl_host: str
-    nccl_port: int
-    layout: ServerLayout
-    running_max_req_size: int
-    batch_max_tokens: int
-    chunked_prefill_size: Optional[int]
-    prefill_queue_strategy: str
-    prefill_max_wait_tokens: int
-    use_prefix_cache: bool
-    eos_token_ids: List[int]
-    log_level: str
-    # Seed of the generator unseeded requests sample from; the same on every TP rank, drawn fresh
-    # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
-    sampling_seed: int
-    torch_threads: Optional[int] = None
-    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled" or "triton"
-    # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
-    run_mode: str = "normal"
-    pd: PdRankSettings = field(default_factory=PdRankSettings)
-
-    @property
-    def max_req_total_len(self) -> int:
-        """The layout's per-request token limit."""
-        return self.layout.max_req_total_len
-
-    @property
-    def max_total_token_num(self) -> int:
-        """The layout's KV-cache capacity in tokens."""
-        return self.layout.max_total_token_num
 
 
 class ModelRank:

@@ -1,0 +1,52 @@
+"""What one model rank process needs to start: :class:`ModelRankConfig` (picklable for spawn).
+
+Built by :mod:`lightllm.server.launch_plan` from the parsed flags, one per TP rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from lightllm.server.router.model_infer.pd_rank_transfer import PdRankSettings
+from lightllm.server.server_layout import ServerLayout
+
+
+@dataclass
+class ModelRankConfig:
+    """Everything a rank needs (picklable for spawn)."""
+
+    rank: int
+    tp: int
+    model_dir: str
+    dtype: str
+    device: str
+    nccl_host: str
+    nccl_port: int
+    layout: ServerLayout
+    running_max_req_size: int
+    batch_max_tokens: int
+    chunked_prefill_size: Optional[int]
+    prefill_queue_strategy: str
+    prefill_max_wait_tokens: int
+    use_prefix_cache: bool
+    eos_token_ids: List[int]
+    log_level: str
+    # Seed of the generator unseeded requests sample from; the same on every TP rank, drawn fresh
+    # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
+    sampling_seed: int
+    torch_threads: Optional[int] = None
+    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled" or "triton"
+    # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
+    run_mode: str = "normal"
+    pd: PdRankSettings = field(default_factory=PdRankSettings)
+
+    @property
+    def max_req_total_len(self) -> int:
+        """The layout's per-request token limit."""
+        return self.layout.max_req_total_len
+
+    @property
+    def max_total_token_num(self) -> int:
+        """The layout's KV-cache capacity in tokens."""
+        return self.layout.max_total_token_num
