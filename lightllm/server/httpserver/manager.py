@@ -146,6 +146,19 @@ class HttpServerManager:
         if self.shm.release(slot, request_id):
             await self._slots.put(slot)
 
+    async def wait_request_id_free(self, request_id: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until ``request_id`` is no longer live here; True if free.
+
+        A PD node receives a request's next segment under the same id, and the master may send
+        it while the previous segment's slot release is still on its way from the ranks.
+        """
+        deadline = time.monotonic() + timeout
+        while request_id in self._live:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
     def _claim_request_id(self, request_id: Optional[int]) -> int:
         """Reserve ``request_id`` (or, when None, the next free id of this manager's own)."""
         if request_id is None:

@@ -53,6 +53,11 @@ _CLIENT_REASONS = ("stop", "length")
 # How long a transfer failure waits for rank 0's notice naming its kind (normally already here).
 _DETAIL_WAIT_SECONDS = 0.5
 
+# How long a segment waits for the previous segment of the same request id to release its slot
+# on this node (normally milliseconds: its finish is already on the way); after that the id is
+# refused as in use.
+SEGMENT_ID_REUSE_WAIT_S = 5.0
+
 
 class PdNodeState:
     """One PD node's transfer epoch and per-request transfer details (HTTP process, event loop only)."""
@@ -167,6 +172,8 @@ async def pd_generate(
     decode = state.role == "decode"
     if decode and kv_start:
         raise ValueError("kv_start is chosen by the decode node; send it to the prefill node only")
+    # The previous segment of this request may still be releasing its slot here.
+    await manager.wait_request_id_free(request_id, SEGMENT_ID_REUSE_WAIT_S)
     events = manager.generate(
         prompt_ids, params, request=request, request_id=request_id, infer_high_priority=infer_high_priority,
         segment_index=segment_index, pd_kind=PD_KIND_DECODE if decode else PD_KIND_PREFILL, kv_start=kv_start,
