@@ -48,18 +48,19 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
     try:
         children = child_pids(server.log())
         model = server.model_name
-        # A non-streaming request shows no event until it ends: each is started alone and waited
-        # for until the server counted its prompt, so it is surely in flight (not still
-        # connecting) when SIGTERM arrives.
+        # Each request is in flight before the next one starts, so that every wait below is about
+        # its own request: a stream shows it with its first event; a non-streaming request shows
+        # no event until it ends, so the test waits until the server counted its prompt (with
+        # another request still connecting, that count could be the other one's).
         short_plain = [_started(server.url, lambda: run_client(
             server.url, "/v1/completions", payload("/v1/completions", model, SHORT), stream=False))]
-        long_ones = [run_client(server.url, "/v1/completions", payload("/v1/completions", model, LONG), stream=True),
-                     _started(server.url, lambda: run_client(
-                         server.url, "/generate", payload("/generate", model, LONG), stream=False))]
-        short_streams = [run_client(server.url, "/generate_stream", payload("/generate_stream", model, SHORT), stream=True)]
-        # The streams' first events prove their requests (sent last) are in flight.
-        for result in (long_ones[0], *short_streams):
-            assert result.first_event.wait(30) and result.status == 200, (result.body, result.transport_error)
+        long_stream = _streaming(run_client(
+            server.url, "/v1/completions", payload("/v1/completions", model, LONG), stream=True))
+        long_plain = _started(server.url, lambda: run_client(
+            server.url, "/generate", payload("/generate", model, LONG), stream=False))
+        long_ones = [long_stream, long_plain]
+        short_streams = [_streaming(run_client(
+            server.url, "/generate_stream", payload("/generate_stream", model, SHORT), stream=True))]
         signalled_at = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
@@ -78,7 +79,7 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
         assert result.finish_reasons() == ["length"]
     for result in long_ones:
         ended_after = result.ended_at - signalled_at
-        assert GRACE_SECONDS - 0.5 <= ended_after <= GRACE_SECONDS + 2, ended_after
+        assert GRACE_SECONDS - 0.5 <= ended_after <= GRACE_SECONDS + 2, (result.path, ended_after, result.status, result.body, result.events[-1:])
         error = result.error()
         assert error is not None and error["code"] == "server_shutting_down", (result.body, result.events[-1:])
         assert "graceful shutdown period" in error["message"]
@@ -88,6 +89,12 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
     assert exited_after <= GRACE_SECONDS + 5
     assert not leftovers(server.proc.pid)
     assert not [name for name, pid in children.items() if alive(pid)]
+
+
+def _streaming(result):
+    """Wait until the stream ``result`` received its first event (its request is in flight)."""
+    assert result.first_event.wait(30) and result.status == 200, (result.body, result.transport_error)
+    return result
 
 
 def _started(url: str, start):
