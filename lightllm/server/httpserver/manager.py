@@ -31,6 +31,7 @@ from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
 from lightllm.server.request_manager import GenerationEvent
+from lightllm.server.served_model import ServedModel
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.process_utils import zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
@@ -81,6 +82,8 @@ class HttpServerManager:
         self.vocab_size = config.vocab_size
         self.eos_token_ids = list(config.eos_token_ids)
         self.tokenizer = load_tokenizer(config.model_dir, config.tokenizer_mode)
+        self.served = ServedModel(self.model_name, self.served_model_names, self.tokenizer, self.vocab_size,
+                                  self.eos_token_ids, self.max_req_total_len, config.max_new_tokens_default)
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
         self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)
@@ -205,7 +208,7 @@ class HttpServerManager:
     # --- the API layer's interface ---------------------------------------------------------------
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
         """Token ids of ``text``, by default with the special tokens (BOS) the checkpoint's tokenizer adds."""
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        return self.served.encode_prompt(text, add_special_tokens)
 
     def encode_chat(
         self,
@@ -218,34 +221,12 @@ class HttpServerManager:
 
         ``chat_template_kwargs`` become variables of the template (vLLM's request extra).
         """
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template; use /v1/completions")
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                **(chat_template_kwargs or {}),
-            )
-        except Exception as exc:
-            raise ValueError(f"chat template failed: {exc}") from exc
-        # The template writes BOS itself when it wants one; encode without adding another.
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.served.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
-        """max_new_tokens for a request that gives none.
-
-        ``--max_new_tokens_default`` when set, else the endpoint's own default ``fallback``
-        (16 for ``/v1/completions`` and ``/generate``), else the rest of the context; never
-        more than the rest of the context.
-        """
-        remaining = max(1, self.max_req_total_len - prompt_len)
-        if self.config.max_new_tokens_default is not None:
-            return min(self.config.max_new_tokens_default, remaining)
-        if fallback is not None:
-            return min(fallback, remaining)
-        return remaining
+        """max_new_tokens for a request that gives none (``--max_new_tokens_default``, else
+        ``fallback``, else the rest of the context; see :func:`~lightllm.server.served_model.default_max_new_tokens`)."""
+        return self.served.default_max_new_tokens(prompt_len, fallback)
 
     def health(self) -> bool:
         """Whether the server accepts requests."""
@@ -326,16 +307,7 @@ class HttpServerManager:
         rank 0's ``PdNotice`` objects, which only ``pd_generate`` reads.
         """
         params.validate(self.vocab_size)
-        if not prompt_ids:
-            raise ValueError("prompt must contain at least one token")
-        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_req_total_len} tokens. However, you requested "
-                f"{len(prompt_ids) + params.max_new_tokens} tokens ({len(prompt_ids)} in the prompt, "
-                f"{params.max_new_tokens} for the completion)."
-            )
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        self.served.check_prompt(prompt_ids, params.max_new_tokens)
         check_internal_priority(infer_high_priority, segment_index)
         check_pd_fields(pd_kind, kv_start, len(prompt_ids))
         check_generated_before(generated_before, len(prompt_ids))
