@@ -8,6 +8,8 @@ setup(
     version="0.1.0",
     description="LLM serving with a configurable prefill-queue scheduler",
     packages=find_packages(include=["lightllm", "lightllm.*"]),
+    # The C++ attention kernel is built from its source on the machine that runs it.
+    package_data={"lightllm.common.basemodel.attention": ["*.cpp"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.5",

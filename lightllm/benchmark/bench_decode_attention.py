@@ -1,7 +1,7 @@
 """Decode step time of two attention backends on one model and one KV cache, interleaved.
 
 ``python -m lightllm.benchmark.bench_decode_attention --model_dir DIR [--batches 1,16,64
---contexts 128,1024,2048 --steps 6 --backends torch,torch_compiled --dtype float32]`` prefills
+--contexts 128,1024,2048 --steps 6 --backends torch,torch_compiled,cpp --dtype float32]`` prefills
 ``batch`` random prompts of ``context`` tokens once per grid cell, then runs decode steps that
 alternate between the backends (the model swaps its attention backend between steps; both read
 the same cache), so a machine shared with other work slows both sides alike.  Prints the median
@@ -112,7 +112,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
     unknown = [n for n in names if n not in ATTENTION_BACKENDS or n in ("auto", "triton")]
     if unknown or not names:
-        parser.error(f"--backends takes torch and/or torch_compiled, got {args.backends!r}")
+        parser.error(f"--backends takes torch, torch_compiled and/or cpp, got {args.backends!r}")
     if args.steps < 1:
         parser.error("--steps must be >= 1")
     if args.clock == "cpu":

@@ -75,13 +75,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--attention_backend",
         type=str,
-        choices=["auto", "torch", "torch_compiled", "triton"],
+        choices=["auto", "torch", "torch_compiled", "cpp", "triton"],
         default="auto",
         help="Attention kernels: triton (Triton kernels reading the KV cache in place, plus fused RMSNorm and rotary; "
         "CUDA, or CPU only under TRITON_INTERPRET=1 for tests), torch (gather + scaled_dot_product_attention, the reference and the CPU path), "
-        "torch_compiled (CPU only: decode and short prefill chunks read the KV cache in place through a kernel torch.compile builds "
+        "cpp (CPU only: decode and prefill chunks of up to 16 tokens read the KV cache in place through a C++ kernel built for this "
+        "machine on first use with the system compiler and cached under ~/.cache/lightllm/kernels; long prefill chunks as torch), "
+        "torch_compiled (CPU only: the same in place reads through a kernel torch.compile builds "
         "at startup, needs a C++ compiler; single requests, small batches and long prefill chunks as torch), "
-        "auto (triton on CUDA when triton imports, else torch).",
+        "auto (triton on CUDA when triton imports; cpp on CPU when a C++ compiler is on PATH; else torch).",
     )
     group.add_argument(
         "--graceful_shutdown_seconds",

@@ -99,10 +99,14 @@ def test_echo_with_zero_max_tokens_returns_the_prompt(tiny_server, tokenizer):
     # Streaming: the prompt comes first.
     chunks = sse_chunks(f"{tiny_server.url}/v1/completions", {**body, "stream": True, "max_tokens": 3,
                                                                  "ignore_eos": True})
-    # A finish that reaches the detokenizer after the last token's read comes as one more,
-    # text-less chunk (as vLLM may send too); only the text-bearing chunks are counted.
-    texts = [chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"] and chunk["choices"][0]["text"]]
-    assert texts[0].startswith(prompt) and len(texts) == 3
+    # Chunks are counted by their logprob entries, one per token: a token may add no text yet
+    # (the detokenizer holds back an incomplete piece) and a finish may come as one more,
+    # text-less chunk, so neither the chunks nor the text-bearing ones are one per token.
+    choices = [chunk["choices"][0] for chunk in chunks if chunk["choices"]]
+    assert "".join(choice["text"] for choice in choices).startswith(prompt)
+    assert choices[0]["text"].startswith(prompt)
+    logged = [token for choice in choices if choice.get("logprobs") for token in choice["logprobs"]["tokens"]]
+    assert len(logged) == len(prompt_ids) + 3, logged
 
 
 def test_vllm_prompt_logprobs(tiny_server, hf_model, tokenizer):

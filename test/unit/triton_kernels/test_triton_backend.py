@@ -27,9 +27,13 @@ from lightllm.models.registry import load_model
 from lightllm.server.api_cli import make_argument_parser
 
 
-def test_auto_takes_triton_on_cuda_and_torch_on_cpu():
+def test_auto_takes_triton_on_cuda_and_cpp_or_torch_on_cpu(monkeypatch):
     assert resolve_attention_backend("auto", "cuda") == "triton"
+    assert resolve_attention_backend("auto", "cpu") == "cpp"  # this machine has a C++ compiler
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("CXX", raising=False)
     assert resolve_attention_backend("auto", "cpu") == "torch"
+    monkeypatch.undo()
     assert resolve_attention_backend("torch", "cuda") == "torch"
     assert resolve_attention_backend("torch", "cpu") == "torch"
     assert resolve_attention_backend("triton", "cuda") == "triton"
@@ -52,7 +56,7 @@ def test_missing_triton_falls_back_for_auto_and_is_refused_when_asked_for(monkey
 
 
 def test_unknown_backend_names_are_refused():
-    with pytest.raises(AttentionBackendError, match="must be one of auto, torch, torch_compiled, triton"):
+    with pytest.raises(AttentionBackendError, match="must be one of auto, torch, torch_compiled, cpp, triton"):
         resolve_attention_backend("flash", "cuda")
     with pytest.raises(AttentionBackendError):
         build_attention_backend("auto")  # only resolved names can be built

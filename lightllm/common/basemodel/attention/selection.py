@@ -1,4 +1,4 @@
-"""Which attention backend a model rank uses: ``--attention_backend auto|torch|triton``."""
+"""Which attention backend a model rank uses: ``--attention_backend auto|torch|torch_compiled|cpp|triton``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import List
 
 from lightllm.common.basemodel.attention.base import AttentionBackend
 
-ATTENTION_BACKENDS: List[str] = ["auto", "torch", "torch_compiled", "triton"]
+ATTENTION_BACKENDS: List[str] = ["auto", "torch", "torch_compiled", "cpp", "triton"]
 
 
 class AttentionBackendError(ValueError):
@@ -37,18 +37,31 @@ def cpp_compiler() -> str | None:
 
 
 def resolve_attention_backend(requested: str, device: str) -> str:
-    """The concrete backend (``torch``, ``torch_compiled`` or ``triton``) for ``requested`` on ``device``.
+    """The concrete backend (``torch``, ``torch_compiled``, ``cpp`` or ``triton``) for ``requested`` on ``device``.
 
-    ``torch_compiled`` is CPU only and needs a C++ compiler (torch.compile builds its kernel).
+    ``torch_compiled`` and ``cpp`` are CPU only and need a C++ compiler (torch.compile builds
+    the first one's kernel, the system compiler the second's).
 
-    ``auto`` takes triton on CUDA when triton imports, torch otherwise.  An explicit ``triton``
-    that cannot run is refused: on CPU Triton kernels run only in the interpreter, which is for
-    tests, not for serving.
+    ``auto`` takes triton on CUDA when triton imports, cpp on CPU when a C++ compiler is on PATH
+    (its decode measured 1.2-3.1x the torch path's, bench_decode_attention), torch otherwise.
+    An explicit choice that cannot run is refused: on CPU Triton kernels run only in the
+    interpreter, which is for tests, not for serving.
     """
     if requested not in ATTENTION_BACKENDS:
         raise AttentionBackendError(f"--attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {requested!r}")
     if requested == "torch":
         return "torch"
+    if requested == "cpp":
+        if device != "cpu":
+            raise AttentionBackendError(
+                f"--attention_backend cpp runs on CPU only (the device is {device}); on CUDA use triton or torch"
+            )
+        if cpp_compiler() is None:
+            raise AttentionBackendError(
+                "--attention_backend cpp builds its kernel with a C++ compiler (none of "
+                f"{', '.join(_CXX_CANDIDATES)} or $CXX is on PATH); install one or use --attention_backend torch"
+            )
+        return "cpp"
     if requested == "torch_compiled":
         if device != "cpu":
             raise AttentionBackendError(
@@ -60,9 +73,11 @@ def resolve_attention_backend(requested: str, device: str) -> str:
                 f"{', '.join(_CXX_CANDIDATES)} or $CXX is on PATH); install one or use --attention_backend torch"
             )
         return "torch_compiled"
-    problem = triton_import_error()
     if requested == "auto":
-        return "triton" if device == "cuda" and problem is None else "torch"
+        if device == "cuda":
+            return "triton" if triton_import_error() is None else "torch"
+        return "cpp" if device == "cpu" and cpp_compiler() is not None else "torch"
+    problem = triton_import_error()
     if problem is not None:
         raise AttentionBackendError(f"--attention_backend triton needs the triton package, which fails to import ({problem})")
     # Imported here: launch_utils imports triton, which is known to import by now.
@@ -77,7 +92,7 @@ def resolve_attention_backend(requested: str, device: str) -> str:
 
 
 def build_attention_backend(name: str) -> AttentionBackend:
-    """An instance of the resolved backend ``name`` (``torch`` or ``triton``)."""
+    """An instance of the resolved backend ``name`` (``torch``, ``torch_compiled``, ``cpp`` or ``triton``)."""
     if name == "torch":
         from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 
@@ -86,6 +101,13 @@ def build_attention_backend(name: str) -> AttentionBackend:
         from lightllm.common.basemodel.attention.torch_compiled import TorchCompiledAttention
 
         return TorchCompiledAttention()
+    if name == "cpp":
+        from lightllm.common.basemodel.attention.cpp_attention import CppSlotAttention
+
+        compiler = cpp_compiler()
+        if compiler is None:
+            raise AttentionBackendError("attention backend cpp needs a C++ compiler on PATH (or $CXX)")
+        return CppSlotAttention(compiler)
     if name == "triton":
         # Imported only when chosen: the kernels are decorated at import, and whether Triton
         # compiles them or interprets them is fixed then.

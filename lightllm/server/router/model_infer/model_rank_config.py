@@ -36,7 +36,7 @@ class ModelRankConfig:
     # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
     sampling_seed: int
     torch_threads: Optional[int] = None
-    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled" or "triton"
+    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled", "cpp" or "triton"
     # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
     run_mode: str = "normal"
     pd: PdRankSettings = field(default_factory=PdRankSettings)

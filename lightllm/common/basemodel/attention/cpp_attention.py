@@ -1,0 +1,110 @@
+"""CPU attention through a C++ kernel that reads the KV cache in place (``--attention_backend cpp``).
+
+Decode and short prefill chunks (chunked-prefill continuations, prefix-cache hits with a short
+tail) go through ``cpp_slot_attention.cpp``: per request and query it walks the request's slot
+table and reads each cached key and value row once, with an online softmax, so nothing of size
+``context x heads x head_dim`` is copied or written.  Long prefill chunks run the parent's
+gather + SDPA path, whose matrix multiplications win when many queries share one gathered
+context.  The kernel is built for this machine on first use (see ``cpp_kernel_build.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from lightllm.common.basemodel.attention.cpp_kernel_build import load_kernel_library
+from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta
+from lightllm.common.basemodel.forward_batch import ForwardBatch
+
+log = logging.getLogger("lightllm.attention")
+
+# A prefill batch whose longest chunk has at most this many tokens runs in the kernel: it re-reads
+# the context once per query, which beats a gather only while the queries are few.
+MAX_KERNEL_QUERIES = 16
+
+_KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+@dataclass
+class _KernelMeta:
+    """Per-forward index tensors, built once and shared by every layer."""
+
+    slots: torch.Tensor  # [B, L] int64, contiguous: slot of each context position
+    q_pos: torch.Tensor  # [B, T] int64: position of each (padded) query
+    q_index: Optional[torch.Tensor]  # [B * T] flattened token of each padded query; None: decode
+    out_index: Optional[torch.Tensor]  # [tokens] padded query of each flattened token; None: decode
+    queries: int  # T
+
+
+class CppSlotAttention(TorchSdpaAttention):
+    """Decode and short-chunk prefill through the C++ slot kernel; long chunks through SDPA.
+
+    The kernel handles float32 and bfloat16 caches, head_dim 16/32/64/80/96/128/256 and up to 8
+    (or 16) query heads per KV head; a model outside that runs entirely on the parent's path,
+    which :meth:`warmup` logs.
+    """
+
+    def __init__(self, compiler: str) -> None:
+        """Build (or load the cached build of) the kernel with ``compiler``."""
+        self._library = load_kernel_library(compiler)
+        self._kernel_ok = True
+
+    def warmup(self, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Check that this model's head layout and dtype are ones the kernel was built for."""
+        group = q_heads // max(kv_heads, 1)
+        supported = bool(self._library.lightllm_slot_attention_supports(head_dim, group))
+        self._kernel_ok = supported and dtype in _KV_DTYPE_CODES and device.type == "cpu"
+        if not self._kernel_ok:
+            log.warning(
+                "attention backend cpp: the kernel has no variant for head_dim %d, %d query heads per KV head, "
+                "dtype %s on %s; every forward uses gather + SDPA instead", head_dim, group, dtype, device,
+            )
+
+    def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> Union[_KernelMeta, _SdpaMeta]:
+        longest_chunk = max(batch.new_lens)
+        if not self._kernel_ok or (not batch.is_decode and longest_chunk > MAX_KERNEL_QUERIES):
+            return super().prepare(batch, req_to_token)
+        length = max(batch.seq_lens)
+        slots = req_to_token[batch.req_rows, :length].contiguous()
+        if batch.is_decode:
+            return _KernelMeta(slots, batch.positions.view(-1, 1).contiguous(), None, None, 1)
+        new_lens = batch.new_lens
+        queries = longest_chunk
+        firsts = torch.tensor([0, *new_lens[:-1]], dtype=torch.int64).cumsum(0)
+        lens = torch.tensor(new_lens, dtype=torch.int64)
+        step = torch.arange(queries, dtype=torch.int64)
+        # Padding queries repeat their request's last token (a valid position; output dropped).
+        q_index = (firsts[:, None] + torch.minimum(step[None, :], lens[:, None] - 1)).reshape(-1)
+        out_index = torch.cat([row * queries + torch.arange(n) for row, n in enumerate(new_lens)])
+        q_pos = batch.positions[q_index].view(-1, queries).contiguous()
+        return _KernelMeta(slots, q_pos, q_index, out_index, queries)
+
+    def forward(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Union[_KernelMeta, _SdpaMeta]
+    ) -> torch.Tensor:
+        if isinstance(meta, _SdpaMeta):
+            return super().forward(q, k_cache, v_cache, meta)
+        tokens, q_heads, head_dim = q.shape
+        kv_heads = k_cache.shape[1]
+        batch, queries = meta.q_pos.shape
+        padded = q if meta.q_index is None else q.index_select(0, meta.q_index)
+        padded = padded.float().contiguous()
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("attention backend cpp needs contiguous K/V cache layers")
+        out = torch.empty(batch * queries, q_heads, head_dim, dtype=torch.float32)
+        code = self._library.lightllm_slot_attention(
+            ctypes.c_void_p(padded.data_ptr()), ctypes.c_void_p(k_cache.data_ptr()), ctypes.c_void_p(v_cache.data_ptr()),
+            ctypes.c_void_p(meta.slots.data_ptr()), 0, ctypes.c_void_p(meta.q_pos.data_ptr()),
+            batch, queries, meta.slots.shape[1], kv_heads, q_heads // kv_heads, head_dim,
+            _KV_DTYPE_CODES[k_cache.dtype], head_dim ** -0.5, torch.get_num_threads(), ctypes.c_void_p(out.data_ptr()),
+        )
+        if code != 0:
+            raise RuntimeError(f"attention backend cpp: the kernel refused its arguments (code {code})")
+        if meta.out_index is not None:
+            out = out.index_select(0, meta.out_index)
+        return out if q.dtype == torch.float32 else out.to(q.dtype)

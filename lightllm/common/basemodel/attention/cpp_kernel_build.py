@@ -1,0 +1,112 @@
+"""Building and loading the C++ slot-attention kernel (``cpp_slot_attention.cpp``) on first use.
+
+The kernel is compiled with the system C++ compiler for the CPU it runs on (``-march=native``),
+the way torch inductor builds its own CPU kernels, and loaded with ctypes: plain C entry points,
+no torch headers, so a build takes about a second and needs nothing but the compiler.  The shared
+object is cached under ``$XDG_CACHE_HOME/lightllm/kernels`` (``~/.cache`` by default) by a hash
+of the source, the compiler's version, the flags and the CPU's model and feature flags, so a
+cache shared between different machines never hands one of them code for another's CPU.
+Concurrent builds (TP ranks starting together) write to private temporary names and rename.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+SOURCE = Path(__file__).with_name("cpp_slot_attention.cpp")
+
+# Reassociation lets the compiler sum a dot product as a tree instead of lane by lane; the
+# infinities the kernel uses stay valid (no -ffinite-math-only, unlike -ffast-math).
+FLAGS = [
+    "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
+    "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+]
+
+_lock = threading.Lock()
+_library: Optional[ctypes.CDLL] = None
+
+
+class KernelBuildError(RuntimeError):
+    """The kernel could not be compiled or loaded (the message fits one line)."""
+
+
+def _cpu_identity() -> str:
+    # The model name and feature flags decide which instructions -march=native may use.
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = [line for line in text.splitlines() if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(wanted)))
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelBuildError(f"cannot run the C++ compiler {compiler}: {exc}") from exc
+    return result.stdout
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lightllm" / "kernels"
+
+
+def kernel_path(compiler: str) -> Path:
+    """The cached shared object for this source, compiler, flag set and CPU."""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), _compiler_version(compiler).encode(), " ".join(FLAGS).encode(),
+                 _cpu_identity().encode(), platform.machine().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return cache_dir() / f"slot_attention_{digest.hexdigest()[:20]}.so"
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(prefix=target.stem + ".", suffix=".partial.so", dir=target.parent)
+    os.close(handle)
+    try:
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            first = (result.stderr.strip().splitlines() or ["no output"])[0]
+            raise KernelBuildError(f"{compiler} failed to build {SOURCE.name} (exit {result.returncode}): {first}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def load_kernel_library(compiler: str) -> ctypes.CDLL:
+    """The kernel library, built with ``compiler`` if this machine has no cached build yet."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return _library
+        target = kernel_path(compiler)
+        if not target.exists():
+            _build(compiler, target)
+        try:
+            library = ctypes.CDLL(str(target))
+        except OSError as exc:
+            raise KernelBuildError(f"cannot load the built kernel {target}: {exc}") from exc
+        pointer, i64 = ctypes.c_void_p, ctypes.c_int64
+        library.lightllm_slot_attention.restype = ctypes.c_int
+        library.lightllm_slot_attention.argtypes = [
+            pointer, pointer, pointer, pointer, i64, pointer, i64, i64, i64, i64, i64, i64,
+            ctypes.c_int, ctypes.c_float, ctypes.c_int, pointer,
+        ]
+        library.lightllm_slot_attention_supports.restype = ctypes.c_int
+        library.lightllm_slot_attention_supports.argtypes = [i64, i64]
+        _library = library
+        return library

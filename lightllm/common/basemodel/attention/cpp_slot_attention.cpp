@@ -1,0 +1,289 @@
+// Attention of a few queries per request over the request's KV, read in place from the token-slot
+// cache (``--attention_backend cpp``).  Built on first use by cpp_kernel_build.py with the
+// system C++ compiler for the machine it runs on (-O3 -march=native), loaded through ctypes.
+//
+// Why a hand-written loop: decode reads every cached key and value once and does two short dot
+// products per position, so its speed is the memory traffic.  The gather + SDPA path copies the
+// context out of the cache first (three times the traffic); the inductor kernel reads in place but
+// reduces each head_dim dot product horizontally in its innermost loop and materialises the
+// scores, which measured 6x below the machine's bandwidth.  Here each (request, KV head) walks its
+// positions in blocks: scores for a block, one max and rescale per block (online softmax), then
+// the block's values, with head_dim a compile-time constant so every row is a few vector FMAs.
+//
+// Layouts (all contiguous, row-major):
+//   q      [B, T, H_kv, G, D] float32   G query heads share one KV head
+//   k, v   [rows, H_kv, D]    float32 or bfloat16 (uint16 bits): a layer is rows slot_base + slot
+//   slots  [B, L] int64       slot of each context position of each request
+//   q_pos  [B, T] int64       a query at position p sees context positions 0..p (p < L)
+//   out    [B, T, H_kv, G, D] float32
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int BLOCK = 32;  // positions per online-softmax block
+
+// Eight floats in one vector (GCC/Clang vector extensions: AVX on x86, two NEON registers on
+// ARM).  Every supported head_dim is a multiple of 8.  Written out rather than left to the
+// auto-vectoriser, which kept accumulators on the stack and reduced dot products lane by lane.
+typedef float float8 __attribute__((vector_size(32)));
+typedef uint16_t half8 __attribute__((vector_size(16)));
+typedef uint32_t uint8x32 __attribute__((vector_size(32)));
+
+inline float8 load8(const float* p) {
+  float8 out;
+  std::memcpy(&out, p, sizeof(out));
+  return out;
+}
+
+inline float8 load8(const uint16_t* p) {
+  // bfloat16 is the top half of a float32.
+  half8 bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  const uint8x32 wide = __builtin_convertvector(bits, uint8x32) << 16;
+  float8 out;
+  std::memcpy(&out, &wide, sizeof(out));
+  return out;
+}
+
+inline float sum8(float8 x) {
+  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+// exp(x) for x <= 0 (scores minus their running maximum), written so that the compiler
+// vectorises it (the libm call does not vectorise without -ffast-math, which would also drop
+// the infinities this kernel relies on).  Cody-Waite range reduction and a degree-6 polynomial:
+// relative error about 2e-7, i.e. float precision; x below -87 gives 0.
+inline float exp_nonpositive(float x) {
+  x = x < -87.f ? -87.f : x;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// One (request, query): every KV head at once, so that each cached row (all heads of a
+// position, contiguous) is read from memory once.
+template <typename KV, int D, int G>
+void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+                  const int64_t* __restrict__ slots, int64_t slot_base, int64_t positions, int64_t kv_heads,
+                  float scale, float* __restrict__ work, float* __restrict__ out) {
+  // __restrict__: with float K/V, stores to the scores and sums could otherwise alias the cache
+  // rows, and the compiler reloaded rows after every store (fp32 ran 3x slower than bf16).
+  const int64_t row_stride = kv_heads * D;
+  const int64_t heads = kv_heads * G;  // query heads, KV head major
+  float* qs = work;                        // [heads, D]
+  float* acc = qs + heads * D;             // [heads, D]
+  float* scores = acc + heads * D;         // [heads, BLOCK]
+  float* running_max = scores + heads * BLOCK;
+  float* running_sum = running_max + heads;
+  for (int64_t i = 0; i < heads; ++i) {
+    running_max[i] = -std::numeric_limits<float>::infinity();
+    running_sum[i] = 0.f;
+  }
+  for (int64_t i = 0; i < heads * D; ++i) {
+    acc[i] = 0.f;
+    qs[i] = q[i] * scale;
+  }
+  for (int64_t first = 0; first < positions; first += BLOCK) {
+    const int n = static_cast<int>(positions - first < BLOCK ? positions - first : BLOCK);
+    // Row pointers of the block: the slot table is read once per block, not once per head.
+    const KV* __restrict__ key_rows[BLOCK];
+    const KV* __restrict__ value_rows[BLOCK];
+    for (int j = 0; j < n; ++j) {
+      const int64_t row = (slot_base + slots[first + j]) * row_stride;
+      key_rows[j] = k + row;
+      value_rows[j] = v + row;
+    }
+    // Rows of the next block are fetched while this one computes: with K and V in separate
+    // buffers and the slot table between them, the hardware prefetcher alone left the loop
+    // waiting on memory (fp32 measured at a quarter of the machine's streaming bandwidth).
+    const int64_t next = first + BLOCK;
+    const int next_n = static_cast<int>(positions - next < BLOCK ? (positions > next ? positions - next : 0) : BLOCK);
+    const int64_t row_bytes = row_stride * static_cast<int64_t>(sizeof(KV));
+    for (int j = 0; j < next_n; ++j) {
+      const int64_t row = (slot_base + slots[next + j]) * row_stride;
+      const char* key_bytes = reinterpret_cast<const char*>(k + row);
+      const char* value_bytes = reinterpret_cast<const char*>(v + row);
+      for (int64_t line = 0; line < row_bytes; line += 64) {
+        __builtin_prefetch(key_bytes + line);
+        __builtin_prefetch(value_bytes + line);
+      }
+    }
+    // Head outer, position inner: a block's rows (BLOCK x all heads) stay in L1 across heads,
+    // and each query head's dot products run back to back.
+    constexpr int V = D / 8;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      float8 qv[G][V];
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < V; ++c) qv[g][c] = load8(qs + (h * G + g) * D + 8 * c);
+      float* __restrict__ sh = scores + h * G * BLOCK;
+      for (int j = 0; j < n; ++j) {
+        const KV* __restrict__ key = key_rows[j] + h * D;
+        float8 dot[G] = {};
+        for (int c = 0; c < V; ++c) {
+          const float8 kc = load8(key + 8 * c);
+          for (int g = 0; g < G; ++g) dot[g] += qv[g][c] * kc;
+        }
+        for (int g = 0; g < G; ++g) sh[g * BLOCK + j] = sum8(dot[g]);
+      }
+    }
+    for (int64_t i = 0; i < heads; ++i) {
+      float* si = scores + i * BLOCK;
+      float block_max = si[0];
+      for (int j = 1; j < n; ++j) block_max = si[j] > block_max ? si[j] : block_max;
+      const float new_max = block_max > running_max[i] ? block_max : running_max[i];
+      // exp(-inf) on the first block: nothing accumulated yet, any finite factor is right.
+      const float rescale = running_max[i] == -std::numeric_limits<float>::infinity()
+                                ? 0.f
+                                : exp_nonpositive(running_max[i] - new_max);
+      running_max[i] = new_max;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < n; ++j) {
+        const float p = exp_nonpositive(si[j] - new_max);
+        si[j] = p;
+        sum += p;
+      }
+      running_sum[i] = running_sum[i] * rescale + sum;
+      float* ai = acc + i * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) ai[d] *= rescale;
+    }
+    // A head's weighted values accumulate in vectors that stay in registers over the block.
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const float* __restrict__ ph = scores + h * G * BLOCK;
+      float8 sum[G][V] = {};
+      for (int j = 0; j < n; ++j) {
+        const KV* __restrict__ value = value_rows[j] + h * D;
+        for (int c = 0; c < V; ++c) {
+          const float8 vc = load8(value + 8 * c);
+          for (int g = 0; g < G; ++g) sum[g][c] += ph[g * BLOCK + j] * vc;
+        }
+      }
+      float* __restrict__ ah = acc + h * G * D;
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < V; ++c) {
+          float8 total = load8(ah + g * D + 8 * c) + sum[g][c];
+          std::memcpy(ah + g * D + 8 * c, &total, sizeof(total));
+        }
+    }
+  }
+  for (int64_t i = 0; i < heads; ++i) {
+    const float inv = running_sum[i] > 0.f ? 1.f / running_sum[i] : 0.f;
+    for (int d = 0; d < D; ++d) out[i * D + d] = acc[i * D + d] * inv;
+  }
+}
+
+template <typename KV, int D, int G>
+void attend_all(const float* q, const KV* k, const KV* v, const int64_t* slots, int64_t slot_base,
+                const int64_t* q_pos, int64_t batch, int64_t queries, int64_t context, int64_t kv_heads,
+                float scale, int threads, float* out) {
+  const int64_t work = batch * queries;
+  const int64_t heads = kv_heads * G;
+  const int64_t work_floats = heads * (2 * D + BLOCK + 2);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> scratch(static_cast<size_t>(work_floats));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bt = 0; bt < work; ++bt) {
+      const int64_t b = bt / queries;
+      int64_t positions = q_pos[bt] + 1;
+      if (positions > context) positions = context;
+      const int64_t offset = bt * heads * D;
+      attend_query<KV, D, G>(q + offset, k, v, slots + b * context, slot_base, positions, kv_heads, scale,
+                             scratch.data(), out + offset);
+    }
+  }
+}
+
+template <typename KV, int D>
+int dispatch_group(int64_t group, const float* q, const KV* k, const KV* v, const int64_t* slots,
+                   int64_t slot_base, const int64_t* q_pos, int64_t batch, int64_t queries, int64_t context,
+                   int64_t kv_heads, float scale, int threads, float* out) {
+  switch (group) {
+#define LIGHTLLM_GROUP(g)                                                                                  \
+  case g:                                                                                                  \
+    attend_all<KV, D, g>(q, k, v, slots, slot_base, q_pos, batch, queries, context, kv_heads, scale, threads, \
+                         out);                                                                             \
+    return 0;
+    LIGHTLLM_GROUP(1)
+    LIGHTLLM_GROUP(2)
+    LIGHTLLM_GROUP(3)
+    LIGHTLLM_GROUP(4)
+    LIGHTLLM_GROUP(5)
+    LIGHTLLM_GROUP(6)
+    LIGHTLLM_GROUP(7)
+    LIGHTLLM_GROUP(8)
+    LIGHTLLM_GROUP(16)
+#undef LIGHTLLM_GROUP
+    default:
+      return 2;
+  }
+}
+
+template <typename KV>
+int dispatch(int64_t head_dim, int64_t group, const float* q, const KV* k, const KV* v, const int64_t* slots,
+             int64_t slot_base, const int64_t* q_pos, int64_t batch, int64_t queries, int64_t context,
+             int64_t kv_heads, float scale, int threads, float* out) {
+  switch (head_dim) {
+#define LIGHTLLM_HEAD_DIM(d)                                                                                \
+  case d:                                                                                                   \
+    return dispatch_group<KV, d>(group, q, k, v, slots, slot_base, q_pos, batch, queries, context, kv_heads, \
+                                 scale, threads, out);
+    LIGHTLLM_HEAD_DIM(16)
+    LIGHTLLM_HEAD_DIM(32)
+    LIGHTLLM_HEAD_DIM(64)
+    LIGHTLLM_HEAD_DIM(80)
+    LIGHTLLM_HEAD_DIM(96)
+    LIGHTLLM_HEAD_DIM(128)
+    LIGHTLLM_HEAD_DIM(256)
+#undef LIGHTLLM_HEAD_DIM
+    default:
+      return 1;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Supported shapes: head_dim in {16, 32, 64, 80, 96, 128, 256}, group in 1..8 or 16.
+int lightllm_slot_attention_supports(int64_t head_dim, int64_t group) {
+  const bool dim_ok = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 ||
+                      head_dim == 128 || head_dim == 256;
+  const bool group_ok = (group >= 1 && group <= 8) || group == 16;
+  return dim_ok && group_ok;
+}
+
+// Returns 0 on success, 1 for an unsupported head_dim, 2 for an unsupported group, 3 for a bad dtype.
+// kv_dtype: 0 float32, 1 bfloat16.
+int lightllm_slot_attention(const float* q, const void* k, const void* v, const int64_t* slots, int64_t slot_base,
+                            const int64_t* q_pos, int64_t batch, int64_t queries, int64_t context, int64_t kv_heads,
+                            int64_t group, int64_t head_dim, int kv_dtype, float scale, int threads, float* out) {
+  if (kv_dtype == 0) {
+    return dispatch<float>(head_dim, group, q, static_cast<const float*>(k), static_cast<const float*>(v), slots,
+                           slot_base, q_pos, batch, queries, context, kv_heads, scale, threads, out);
+  }
+  if (kv_dtype == 1) {
+    return dispatch<uint16_t>(head_dim, group, q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v),
+                              slots, slot_base, q_pos, batch, queries, context, kv_heads, scale, threads, out);
+  }
+  return 3;
+}
+
+}  // extern "C"

@@ -1,0 +1,177 @@
+"""The C++ slot-attention backend (``--attention_backend cpp``) against references.
+
+The kernel alone against the plain-tensor definition of slot attention (scattered slots, causal
+queries, every supported head_dim and group size, float32 and bfloat16 caches, one and two
+threads); the backend inside the model against gather + SDPA on the mixed workload of
+``attention_scenario_support`` (ragged batches, cached and shared prefixes, chunked
+continuations, pause and resume) for Llama and Qwen2 in fp32 and bf16, and against transformers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lightllm.common.basemodel.attention import cpp_kernel_build
+from lightllm.common.basemodel.attention.cpp_attention import MAX_KERNEL_QUERIES, CppSlotAttention, _KernelMeta
+from lightllm.common.basemodel.attention.cpp_kernel_build import KernelBuildError, load_kernel_library
+from lightllm.common.basemodel.attention.selection import (
+    AttentionBackendError,
+    build_attention_backend,
+    cpp_compiler,
+    resolve_attention_backend,
+)
+from lightllm.common.basemodel.attention.slot_attention_kernel import slot_attention_eager
+from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.models.registry import load_model
+
+from attention_scenario_support import random_tokens, run_scenario
+
+pytestmark = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler on PATH")
+
+
+@pytest.fixture(scope="module")
+def library() -> ctypes.CDLL:
+    return load_kernel_library(cpp_compiler())
+
+
+def _kernel(library, q, k, v, slots, q_pos, threads=1) -> torch.Tensor:
+    batch, queries, kv_heads, group, head_dim = q.shape
+    out = torch.empty_like(q)
+    code = library.lightllm_slot_attention(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), slots.data_ptr(), 0, q_pos.data_ptr(), batch, queries,
+        slots.shape[1], kv_heads, group, head_dim, 0 if k.dtype == torch.float32 else 1, head_dim ** -0.5,
+        threads, out.data_ptr(),
+    )
+    assert code == 0
+    return out
+
+
+@pytest.mark.parametrize("head_dim,group", [(16, 1), (32, 2), (64, 4), (80, 3), (96, 8), (128, 1), (256, 2), (64, 16)])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_matches_the_definition(library, head_dim, group, kv_dtype):
+    gen = torch.Generator().manual_seed(head_dim * 31 + group)
+    batch, queries, kv_heads, context = 3, 4, 2, 75  # 75: two full blocks of 32 and a partial one
+    rows = batch * context + 20
+    k = torch.randn(rows, kv_heads, head_dim, generator=gen).to(kv_dtype)
+    v = torch.randn(rows, kv_heads, head_dim, generator=gen).to(kv_dtype)
+    # Scattered slots, and two requests sharing a prefix (the same slots), as the radix cache does.
+    slots = torch.randperm(rows, generator=gen)[: batch * context].view(batch, context).contiguous()
+    slots[1, :40] = slots[0, :40]
+    q = torch.randn(batch, queries, kv_heads, group, head_dim, generator=gen)
+    # Causal queries at different depths: position 0 (one visible key), a block edge, the end.
+    q_pos = torch.tensor([[0, 31, 32, 74], [5, 6, 7, 8], [70, 71, 72, 74]], dtype=torch.int64)
+    expected = slot_attention_eager(q, k, v, slots, torch.tensor(0), q_pos)
+    got = _kernel(library, q, k, v, slots, q_pos)
+    assert (got - expected).abs().max().item() < 1e-5
+    assert torch.equal(_kernel(library, q, k, v, slots, q_pos, threads=2), got)
+
+
+def test_kernel_refuses_shapes_it_has_no_variant_for(library):
+    assert library.lightllm_slot_attention_supports(128, 4) == 1
+    assert library.lightllm_slot_attention_supports(48, 1) == 0
+    assert library.lightllm_slot_attention_supports(64, 9) == 0
+    q = torch.zeros(1, 1, 1, 1, 48)
+    cache = torch.zeros(2, 1, 48)
+    index = torch.zeros(1, 1, dtype=torch.int64)
+    code = library.lightllm_slot_attention(q.data_ptr(), cache.data_ptr(), cache.data_ptr(), index.data_ptr(), 0,
+                                           index.data_ptr(), 1, 1, 1, 1, 1, 48, 0, 1.0, 1, q.data_ptr())
+    assert code == 1
+
+
+@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
+def model_dir(request):
+    return str(request.getfixturevalue(request.param))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_backend_matches_gather_and_sdpa(model_dir, dtype):
+    reference = load_model(model_dir, dtype=dtype, attention=TorchSdpaAttention())
+    kernel = load_model(model_dir, dtype=dtype, attention=build_attention_backend("cpp"))
+    expected, expected_tokens = run_scenario(reference)
+    got, got_tokens = run_scenario(kernel)
+    assert got_tokens == expected_tokens and len(got) == len(expected) > 300
+    # fp32: summation order only.  bf16: both round K/V and outputs to bf16 between layers.
+    tolerance = 1e-4 if dtype == torch.float32 else 0.05
+    worst = max((g[2] - e[2]).abs().max().item() for g, e in zip(got, expected))
+    scale = max(e[2].abs().max().item() for e in expected)
+    assert worst < tolerance * max(scale, 1.0), f"largest logit difference {worst} (logit scale {scale})"
+
+
+def test_backend_matches_transformers(model_dir):
+    model = load_model(model_dir, dtype=torch.float32, attention=build_attention_backend("cpp"))
+    rows, final_tokens = run_scenario(model)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = {row: ref(torch.tensor([t])).logits[0] for row, t in final_tokens.items()}
+    worst = max((row - expected[seq][pos]).abs().max().item() for seq, pos, row in rows)
+    assert worst < 1e-4, f"largest logit difference from transformers {worst}"
+
+
+def test_backend_takes_decode_and_short_chunks_and_leaves_long_ones_to_sdpa(tiny_llama_dir):
+    assert resolve_attention_backend("cpp", "cpu") == "cpp"
+    backend = build_attention_backend("cpp")
+    assert isinstance(backend, CppSlotAttention)
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32, attention=backend)
+    gen = BatchGenerator(model, kv_cache_size=256, max_request_num=4)
+    seqs = [gen.start(random_tokens(model.config.vocab_size, n, seed=n)) for n in (30, 12)]
+    gen.forward(seqs, [30, 12])
+    req_to_token = gen.req_manager.req_to_token
+    # A single request decodes through the kernel too (no padding, no size threshold).
+    single = ForwardBatch.build([[5]], [30], [seqs[0].row], torch.tensor([200]))
+    assert isinstance(backend.prepare(single, req_to_token), _KernelMeta)
+    decode = ForwardBatch.build([[5], [5]], [30, 12], [s.row for s in seqs], torch.tensor([200, 201]))
+    meta = backend.prepare(decode, req_to_token)
+    assert meta.slots.shape == (2, 31) and torch.equal(meta.slots[1, :12], req_to_token[seqs[1].row, :12])
+    short = ForwardBatch.build([[5] * MAX_KERNEL_QUERIES], [30], [seqs[0].row], torch.arange(200, 200 + MAX_KERNEL_QUERIES))
+    assert isinstance(backend.prepare(short, req_to_token), _KernelMeta)
+    long_chunk = ForwardBatch.build([[5] * (MAX_KERNEL_QUERIES + 1)], [30], [seqs[0].row], torch.arange(200, 217))
+    assert isinstance(backend.prepare(long_chunk, req_to_token), _SdpaMeta)
+
+
+def test_a_layout_without_a_kernel_variant_runs_on_sdpa_and_says_so(tiny_llama_dir, caplog):
+    backend = build_attention_backend("cpp")
+    with caplog.at_level(logging.WARNING, logger="lightllm.attention"):
+        backend.warmup(q_heads=3, kv_heads=1, head_dim=48, dtype=torch.float32, device=torch.device("cpu"))
+    assert "no variant for head_dim 48" in caplog.text
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32, attention=TorchSdpaAttention())
+    gen = BatchGenerator(model, kv_cache_size=64, max_request_num=2)
+    seq = gen.start(random_tokens(model.config.vocab_size, 8, seed=3))
+    gen.forward([seq], [8])
+    decode = ForwardBatch.build([[5]], [8], [seq.row], torch.tensor([60]))
+    assert isinstance(backend.prepare(decode, gen.req_manager.req_to_token), _SdpaMeta)
+
+
+def test_backend_is_refused_where_it_cannot_run(monkeypatch):
+    with pytest.raises(AttentionBackendError, match="runs on CPU only"):
+        resolve_attention_backend("cpp", "cuda")
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(AttentionBackendError, match="builds its kernel with a C\\+\\+ compiler"):
+        resolve_attention_backend("cpp", "cpu")
+
+
+def test_build_is_cached_per_source_compiler_and_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiler = cpp_compiler()
+    target = cpp_kernel_build.kernel_path(compiler)
+    assert target.parent == tmp_path / "lightllm" / "kernels" and not target.exists()
+    cpp_kernel_build._build(compiler, target)
+    assert target.exists() and [p.name for p in target.parent.iterdir()] == [target.name]  # no partial files left
+    monkeypatch.setattr(cpp_kernel_build, "FLAGS", [*cpp_kernel_build.FLAGS, "-DLIGHTLLM_OTHER_FLAGS"])
+    assert cpp_kernel_build.kernel_path(compiler) != target
+
+
+def test_a_failing_compiler_gives_a_one_line_error(tmp_path):
+    false = subprocess.run(["which", "false"], capture_output=True, text=True).stdout.strip()
+    with pytest.raises(KernelBuildError, match="failed to build cpp_slot_attention.cpp") as info:
+        cpp_kernel_build._build(false, tmp_path / "kernel.so")
+    assert "\n" not in str(info.value)
+    assert not list(tmp_path.iterdir())
