@@ -9,8 +9,13 @@ import time
 import httpx
 import pytest
 
-from failure_clients import LONG, metric_sum, payload
+from failure_clients import metric_sum, payload
 from server_process import start_server
+
+# Tokens per request: on the small model (4K context) several seconds of decoding even with the
+# fastest attention backend, so no request can end before its client walks away (the tiny
+# model's 900 tokens took about a second once decode got faster).
+LONG = 3000
 
 WALK_AWAY_AFTER_SECONDS = 1.0
 ABORT_BOUND_SECONDS = 1.0
@@ -19,8 +24,8 @@ MEASURE_SLACK_SECONDS = 1.0
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir, tmp_path_factory):
-    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"), ["--max_total_token_num", "16384"])
+def server(small_llama_dir, tmp_path_factory):
+    handle = start_server(small_llama_dir, tmp_path_factory.mktemp("logs"), ["--max_total_token_num", "16384"])
     yield handle
     handle.stop()
 
@@ -32,8 +37,8 @@ def _busy(url: str) -> float:
 def test_walk_away_non_streaming_requests_are_aborted_and_counted(server):
     model = server.model_name
     chat = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": LONG, "ignore_eos": True}
-    bodies = [("/generate", payload("/generate", model)), ("/v1/completions", payload("/v1/completions", model)),
-              ("/v1/chat/completions", chat), ("/generate", payload("/generate", model, prompt="another prompt"))]
+    bodies = [("/generate", payload("/generate", model, LONG)), ("/v1/completions", payload("/v1/completions", model, LONG)),
+              ("/v1/chat/completions", chat), ("/generate", payload("/generate", model, LONG, prompt="another prompt"))]
     aborted_before = metric_sum(server.url, "lightllm_requests_total", finish_reason="abort")
     length_before = metric_sum(server.url, "lightllm_requests_total", finish_reason="length")
     tokens_before = metric_sum(server.url, "lightllm_generated_tokens_total")
@@ -74,7 +79,7 @@ def test_walk_away_non_streaming_requests_are_aborted_and_counted(server):
 def test_walk_away_stream_is_aborted(server):
     aborted_before = metric_sum(server.url, "lightllm_requests_total", finish_reason="abort")
     with httpx.stream("POST", f"{server.url}/v1/completions",
-                      json={**payload("/v1/completions", server.model_name), "stream": True}, timeout=30) as response:
+                      json={**payload("/v1/completions", server.model_name, LONG), "stream": True}, timeout=30) as response:
         assert response.status_code == 200
         for count, _ in enumerate(response.iter_lines()):
             if count > 10:
