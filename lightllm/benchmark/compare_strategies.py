@@ -43,269 +43,37 @@ Outputs in ``--out-dir``: ``report.json``, ``report.md``, ``ttft_cdf_<workload>.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import datetime
-import os
 import shlex
 import sys
-import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
-from lightllm.benchmark.bench_serving import PROMPT_FORMATS, BenchmarkConfig, load_tokenizer, run_benchmark
-from lightllm.benchmark.comparison_metrics import analyze_runs, rotated_order
-from lightllm.benchmark.metrics import read_records_jsonl
-from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.benchmark.run_environment import git_info, machine_info
-from lightllm.benchmark.report_writer import render_markdown, write_json, write_report
-from lightllm.benchmark.server_launcher import (
-    TOPOLOGIES,
-    Deployment,
-    ServerSpec,
-    Topology,
-    launch_all,
-    make_topology,
-)
-from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig, build_workload
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+from lightllm.benchmark.bench_serving import PROMPT_FORMATS
+from lightllm.benchmark.comparison_options import DEFAULT_KV_TOKENS, DEFAULT_STRATEGIES, ComparisonOptions
+from lightllm.benchmark.comparison_runner import ComparisonRunner, run_comparison
+from lightllm.benchmark.report_writer import render_markdown
+from lightllm.benchmark.server_launcher import TOPOLOGIES, make_topology
+from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
 
-DEFAULT_STRATEGIES = "default,promote_shortest,hrrn"
-DEFAULT_KV_TOKENS = 262144
+# The options and the runner live in their own modules; they stay importable from here, the
+# module callers and docs have always named.
+__all__ = [
+    "DEFAULT_KV_TOKENS",
+    "DEFAULT_STRATEGIES",
+    "ComparisonOptions",
+    "ComparisonRunner",
+    "build_parser",
+    "main",
+    "options_from_args",
+    "run_comparison",
+    "topology_kwargs",
+]
+
 # CLI spellings of WorkloadConfig fields where they differ from "--" + field with dashes
 # (kept identical to bench_serving's flags).
 _FLAG_NAMES = {"duration_s": "--duration"}
 _WORKLOAD_FIELDS = [f for f in dataclasses.fields(WorkloadConfig) if f.name not in ("name", "seed")]
-
-
-@dataclasses.dataclass
-class ComparisonOptions:
-    """Everything one comparison run needs; :meth:`validate` checks it."""
-
-    model_dir: str
-    workloads: list[WorkloadConfig]
-    out_dir: str
-    strategies: list[str] = dataclasses.field(default_factory=lambda: DEFAULT_STRATEGIES.split(","))
-    baseline: str = "default"
-    repeats: int = 3
-    warmup: int = 1
-    server_args: list[str] = dataclasses.field(default_factory=list)
-    seed: int = 0
-    kv_tokens: int = DEFAULT_KV_TOKENS
-    prompt_format: str = "text"
-    max_concurrency: int | None = None
-    request_timeout_s: float = 3600.0
-    bootstrap_resamples: int = 2000
-    confidence: float = 0.95
-    settle_s: float = 1.0
-    parallel_start: bool = True
-    show_progress: bool = False
-    command: str = ""
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first invalid field."""
-        if not self.model_dir or not os.path.isdir(self.model_dir):
-            raise ValueError(f"model_dir must be an existing directory, got {self.model_dir!r}")
-        if not self.workloads:
-            raise ValueError("workloads must name at least one workload")
-        names = [w.name for w in self.workloads]
-        if len(set(names)) != len(names):
-            raise ValueError(f"workloads must not repeat a name, got {names}")
-        if not self.strategies or any(not s for s in self.strategies):
-            raise ValueError(f"strategies must be a non-empty list of names, got {self.strategies}")
-        if len(set(self.strategies)) != len(self.strategies):
-            raise ValueError(f"strategies must not repeat a name, got {self.strategies}")
-        known = available_strategy_names()
-        unknown = [s for s in self.strategies if s not in known]
-        if unknown:
-            raise ValueError(f"strategies must be among {known}, got unknown {unknown}")
-        if self.baseline not in self.strategies:
-            raise ValueError(f"baseline must be one of strategies {self.strategies}, got {self.baseline!r}")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if self.kv_tokens < 1:
-            raise ValueError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
-        if self.settle_s < 0:
-            raise ValueError(f"settle_s must be >= 0, got {self.settle_s}")
-        if self.bootstrap_resamples < 1:
-            raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
-        if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
-        for workload in self.workloads:
-            build_workload(workload)  # raises ValueError naming the bad knob
-        self.benchmark_config("http://127.0.0.1", self.workloads[0], "check").validate()
-
-    def effective_server_args(self) -> list[str]:
-        """``server_args`` plus a fixed KV capacity when none was given (see module docstring)."""
-        args = list(self.server_args)
-        if not ServerSpec(self.model_dir, self.baseline, tuple(args)).has_flag("--max_total_token_num"):
-            args += ["--max_total_token_num", str(self.kv_tokens)]
-        return args
-
-    def benchmark_config(
-        self, base_url: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
-    ) -> BenchmarkConfig:
-        """One bench_serving run of ``workload`` against ``base_url``."""
-        return BenchmarkConfig(
-            base_url=base_url,
-            tokenizer=self.model_dir,
-            workload=workload,
-            prompt_format=self.prompt_format,
-            max_concurrency=self.max_concurrency,
-            request_timeout_s=self.request_timeout_s,
-            prompt_namespace=namespace,
-            output_jsonl=output_jsonl,
-            show_progress=self.show_progress,
-        )
-
-
-def _load_average() -> list[float] | None:
-    """1, 5 and 15 minute system load averages, ``None`` where the platform has none."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
-class ComparisonRunner:
-    """Runs the warm-up passes and rotated measured repeats against already started servers."""
-
-    def __init__(self, options: ComparisonOptions, deployments: dict[str, Deployment], builder: PromptBuilder):
-        self.options = options
-        self.deployments = deployments
-        self.builder = builder
-        self.out_dir = Path(options.out_dir)
-
-    def _run(
-        self, strategy: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
-    ) -> dict[str, Any]:
-        deployment = self.deployments[strategy]
-        if not deployment.is_alive():
-            logs = ", ".join(str(p) for p in deployment.log_paths)
-            raise RuntimeError(f"the {strategy} server is no longer running; see {logs}")
-        config = self.options.benchmark_config(deployment.base_url, workload, namespace, output_jsonl)
-        summary = asyncio.run(run_benchmark(config, self.builder))
-        # Let the server finish bookkeeping (detokenization, cache release) before the next run.
-        time.sleep(self.options.settle_s)
-        return summary
-
-    def warm_up(self, workload: WorkloadConfig) -> dict[str, list[dict[str, Any]]]:
-        """Unmeasured full passes of ``workload`` on every server, with prompts of their own."""
-        notes: dict[str, list[dict[str, Any]]] = {s: [] for s in self.options.strategies}
-        for k in range(self.options.warmup):
-            for strategy in self.options.strategies:
-                summary = self._run(strategy, workload, f"{workload.name}-warmup-{k}")
-                notes[strategy].append({"duration_s": summary["duration_s"], "failed": summary["overall"]["failed"]})
-        return notes
-
-    def measure(self, workload: WorkloadConfig) -> tuple[dict[str, list[dict[str, Any]]], list[list[str]]]:
-        """Measured repeats in rotated order; returns run entries per strategy and the visit orders."""
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in self.options.strategies}
-        orders = []
-        for r in range(self.options.repeats):
-            order = rotated_order(self.options.strategies, r)
-            orders.append(order)
-            repeat_workload = dataclasses.replace(workload, seed=self.options.seed + r)
-            for position, strategy in enumerate(order):
-                run_dir = self.out_dir / "runs" / workload.name / strategy
-                run_dir.mkdir(parents=True, exist_ok=True)
-                jsonl = run_dir / f"repeat{r}.jsonl"
-                namespace = f"{workload.name}-repeat-{r}"
-                # Load averages around each run show when other work on the machine overlapped it.
-                load_before = _load_average()
-                summary = self._run(strategy, repeat_workload, namespace, str(jsonl))
-                load_after = _load_average()
-                summary_path = write_json(summary, run_dir / f"repeat{r}.json")
-                runs[strategy].append({
-                    "repeat": r,
-                    "position": position,
-                    "seed": repeat_workload.seed,
-                    "prompt_namespace": namespace,
-                    "records_jsonl": str(jsonl.relative_to(self.out_dir)),
-                    "summary_json": str(summary_path.relative_to(self.out_dir)),
-                    "load_average_before": load_before,
-                    "load_average_after": load_after,
-                    "summary": summary,
-                })
-        return runs, orders
-
-    def ttft_samples(self, runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
-        """TTFTs (ms) per strategy and request class, pooled over the measured repeats."""
-        samples: dict[str, dict[str, list[float]]] = {}
-        for strategy, entries in runs.items():
-            per_class: dict[str, list[float]] = {}
-            for entry in entries:
-                for record in read_records_jsonl(self.out_dir / entry["records_jsonl"]):
-                    if record.ttft is not None:
-                        per_class.setdefault(record.request_class, []).append(record.ttft * 1e3)
-            samples[strategy] = per_class
-        return samples
-
-
-def run_comparison(options: ComparisonOptions, topology: Topology) -> dict[str, Any]:
-    """Start one server per strategy, run every workload, write the report; return it."""
-    options.validate()
-    out = Path(options.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    server_args = options.effective_server_args()
-    meta: dict[str, Any] = {
-        "command": options.command,
-        "model_dir": str(options.model_dir),
-        "strategies": list(options.strategies),
-        "baseline": options.baseline,
-        "repeats": options.repeats,
-        "warmup": options.warmup,
-        "seed": options.seed,
-        "server_args": server_args,
-        "kv_tokens_added_by_runner": server_args != list(options.server_args),
-        "prompt_format": options.prompt_format,
-        "max_concurrency": options.max_concurrency,
-        "order": (
-            "rotated: repeat r visits the strategies rotated left by r; "
-            "all servers stay up, one is measured at a time"
-        ),
-        "bootstrap": {"resamples": options.bootstrap_resamples, "confidence": options.confidence, "seed": options.seed},
-        "topology": topology.describe(),
-        "git": git_info(),
-        "machine": machine_info(),
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    builder = PromptBuilder(load_tokenizer(options.model_dir))
-    report: dict[str, Any] = {"meta": meta, "workloads": {}}
-    samples: dict[str, dict[str, dict[str, list[float]]]] = {}
-    with ExitStack() as stack:
-        specs = [ServerSpec(options.model_dir, s, tuple(server_args)) for s in options.strategies]
-        launched = launch_all(topology, specs, out / "logs", parallel=options.parallel_start)
-        deployments: dict[str, Deployment] = {}
-        for strategy, deployment in zip(options.strategies, launched):
-            deployments[strategy] = stack.enter_context(deployment)
-        meta["servers"] = {s: d.describe() for s, d in deployments.items()}
-        runner = ComparisonRunner(options, deployments, builder)
-        for workload in options.workloads:
-            warmup = runner.warm_up(workload)
-            runs, orders = runner.measure(workload)
-            analysis = analyze_runs(
-                {s: [e["summary"] for e in entries] for s, entries in runs.items()},
-                options.baseline,
-                resamples=options.bootstrap_resamples,
-                confidence=options.confidence,
-                seed=options.seed,
-            )
-            report["workloads"][workload.name] = {
-                "workload": dataclasses.asdict(workload),
-                "repeat_seeds": [options.seed + r for r in range(options.repeats)],
-                "visit_orders": orders,
-                "warmup": warmup,
-                **analysis,
-                "runs": runs,
-            }
-            samples[workload.name] = runner.ttft_samples(runs)
-    meta["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    write_report(report, out, samples)
-    return report
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ function of the whole sequence (:func:`next_token`), so a request split into con
 segments must give exactly the tokens of :func:`reference_tokens`; the "KV transfer" is P
 handing its first token to D through a thread-safe :class:`Handoff`.  Their knobs (busy, a
 per-segment token limit, going silent, a broken transfer) are attributes the tests set.
+The ``cluster`` fixture and the request/metrics helpers at the end are what the
+``test_pd_master_*`` modules share.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import httpx
+import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -34,6 +39,8 @@ from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 
 HEARTBEAT_S = 0.5
 MISSED = 3
+# Generous: a loaded machine can be slow to answer, and every test bounds its own waits.
+REQUEST_TIMEOUT = httpx.Timeout(30.0)
 
 
 def next_token(sequence: List[int]) -> int:
@@ -323,3 +330,33 @@ class Cluster:
         for part in (self.prefill, self.decode, self.master):
             part.stop()
 
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(tiny_llama_dir: Path) -> Iterator[Cluster]:
+    """A registered :class:`Cluster` of the tiny model, stopped after the test.
+
+    Test modules import it (``from pd_master_support import cluster_fixture``) and take
+    ``cluster`` as an argument.
+    """
+    cluster = Cluster(str(tiny_llama_dir))
+    yield cluster
+    cluster.stop()
+
+
+def generate(cluster: Cluster, prompt: str, max_new_tokens: int, **extra: Any) -> httpx.Response:
+    """POST a non-streaming ``/generate`` with details to the cluster's master."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "return_details": True, **extra}}
+    return httpx.post(f"{cluster.master.url}/generate", json=body, timeout=REQUEST_TIMEOUT)
+
+
+def sse_events(response: httpx.Response) -> List[Dict[str, Any]]:
+    """The JSON payloads of a finished server-sent-events response, in order."""
+    return [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of the Prometheus sample ``name`` with (at least) ``labels`` in ``text``."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {labels} not exported")

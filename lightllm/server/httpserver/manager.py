@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased
-from lightllm.server.core.objs.shm_req_buffer import (
+from lightllm.server.core.objs.shm_req_checks import (
     check_generated_before,
     check_internal_priority,
     check_pd_fields,

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.api_errors import invalid_request
 from lightllm.server.api_planning import build_sampling_params, check_context_length, check_token_ids
-from lightllm.server.core.objs.shm_req_buffer import check_internal_priority, check_request_id
+from lightllm.server.core.objs.shm_req_checks import check_internal_priority, check_request_id
 from lightllm.server.httpserver.pd_node_events import PdNodeEvent
 from lightllm.server.request_manager import GenerationEvent
 

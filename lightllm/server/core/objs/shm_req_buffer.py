@@ -1,8 +1,9 @@
 """Fixed-layout request records in shared memory: the only code that reads or writes them.
 
 Every process maps the same segment: a numpy structured array with one record per request
-slot (layout in :mod:`.shm_req_layout`).  Only slot indexes and request ids travel over zmq;
-everything else is read here, through typed methods.
+slot (layout in :mod:`.shm_req_layout`, checks of the values written in :mod:`.shm_req_checks`).
+Only slot indexes and request ids travel over zmq; everything else is read here, through typed
+methods.
 
 Every method takes the slot *and* the ``request_id`` its caller expects there, and checks it
 against the record first, so a process holding a stale ``(request_id, slot)`` pair (the request
@@ -65,15 +66,18 @@ import numpy as np
 from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_NONE
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
+from lightllm.server.core.objs.shm_req_checks import (
+    check_generated_before,
+    check_internal_priority,
+    check_pd_fields,
+    check_request_id,
+)
 from lightllm.server.core.objs.shm_req_layout import (
     COPIED_FIELDS,
     FLAG_FIELDS,
-    MAX_REQUEST_ID,
     NO_REQUEST,
     OPTIONAL_FIELDS,
     PD_KIND_NONE,
-    PD_KIND_PREFILL,
-    PD_KINDS,
     record_dtype,
 )
 from lightllm.server.core.objs.shm_req_views import (
@@ -87,52 +91,6 @@ from lightllm.server.core.objs.shm_req_views import (
 )
 
 log = logging.getLogger("lightllm.shm_req_buffer")
-
-_INT32 = np.iinfo(np.int32)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_request_id(request_id: object) -> None:
-    """Raise ``ValueError`` unless ``request_id`` is an id a record can hold."""
-    if not _is_int(request_id) or not 0 <= request_id <= MAX_REQUEST_ID:
-        raise ValueError(f"request_id must be an int in [0, {MAX_REQUEST_ID}], got {request_id!r}")
-
-
-def check_internal_priority(infer_high_priority: object, segment_index: object) -> None:
-    """Raise ``ValueError`` unless both internal fields fit their record fields."""
-    if not _is_int(infer_high_priority) or not _INT32.min <= infer_high_priority <= _INT32.max:
-        raise ValueError(f"infer_high_priority must be a 32-bit int, got {infer_high_priority!r}")
-    if not _is_int(segment_index) or not 0 <= segment_index <= _INT32.max:
-        raise ValueError(f"segment_index must be an int in [0, {_INT32.max}], got {segment_index!r}")
-
-
-def check_pd_fields(pd_kind: object, kv_start: object, prompt_len: int) -> None:
-    """Raise ``ValueError`` unless the internal PD fields fit a request of ``prompt_len`` tokens.
-
-    ``kv_start`` (only a PD prefill request's) must leave at least one prompt position to send.
-    """
-    if pd_kind not in PD_KINDS or isinstance(pd_kind, bool):
-        raise ValueError(f"pd_kind must be one of {PD_KINDS}, got {pd_kind!r}")
-    if not _is_int(kv_start) or not 0 <= kv_start < max(prompt_len, 1):
-        raise ValueError(f"kv_start must be an int in [0, {max(prompt_len - 1, 0)}], got {kv_start!r}")
-    if kv_start and pd_kind != PD_KIND_PREFILL:
-        raise ValueError("kv_start applies to PD prefill requests only")
-
-
-def check_generated_before(generated_before: object, prompt_len: int) -> None:
-    """Raise ``ValueError`` unless ``generated_before`` leaves at least one real prompt token.
-
-    ``generated_before`` counts the trailing prompt tokens that earlier segments of the same
-    generation produced (a PD continuation); the client's own prompt is never empty.
-    """
-    if not _is_int(generated_before) or not 0 <= generated_before < max(prompt_len, 1):
-        raise ValueError(
-            f"generated_before must be an int in [0, {max(prompt_len - 1, 0)}] (less than the prompt length "
-            f"{prompt_len}), got {generated_before!r}"
-        )
 
 
 class ShmReqBuffer(SharedArraySegment):

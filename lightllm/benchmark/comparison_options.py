@@ -1,0 +1,105 @@
+"""What one strategy comparison run needs: :class:`ComparisonOptions` and its defaults.
+
+The options are filled in by the CLI (:mod:`lightllm.benchmark.compare_strategies`) or by a
+caller directly, and consumed by :func:`lightllm.benchmark.comparison_runner.run_comparison`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from lightllm.benchmark.bench_serving import BenchmarkConfig
+from lightllm.benchmark.server_launcher import ServerSpec
+from lightllm.benchmark.workloads import WorkloadConfig, build_workload
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+
+DEFAULT_STRATEGIES = "default,promote_shortest,hrrn"
+DEFAULT_KV_TOKENS = 262144
+
+
+@dataclasses.dataclass
+class ComparisonOptions:
+    """Everything one comparison run needs; :meth:`validate` checks it."""
+
+    model_dir: str
+    workloads: list[WorkloadConfig]
+    out_dir: str
+    strategies: list[str] = dataclasses.field(default_factory=lambda: DEFAULT_STRATEGIES.split(","))
+    baseline: str = "default"
+    repeats: int = 3
+    warmup: int = 1
+    server_args: list[str] = dataclasses.field(default_factory=list)
+    seed: int = 0
+    kv_tokens: int = DEFAULT_KV_TOKENS
+    prompt_format: str = "text"
+    max_concurrency: int | None = None
+    request_timeout_s: float = 3600.0
+    bootstrap_resamples: int = 2000
+    confidence: float = 0.95
+    settle_s: float = 1.0
+    parallel_start: bool = True
+    show_progress: bool = False
+    command: str = ""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field."""
+        if not self.model_dir or not os.path.isdir(self.model_dir):
+            raise ValueError(f"model_dir must be an existing directory, got {self.model_dir!r}")
+        if not self.workloads:
+            raise ValueError("workloads must name at least one workload")
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workloads must not repeat a name, got {names}")
+        if not self.strategies or any(not s for s in self.strategies):
+            raise ValueError(f"strategies must be a non-empty list of names, got {self.strategies}")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ValueError(f"strategies must not repeat a name, got {self.strategies}")
+        known = available_strategy_names()
+        unknown = [s for s in self.strategies if s not in known]
+        if unknown:
+            raise ValueError(f"strategies must be among {known}, got unknown {unknown}")
+        if self.baseline not in self.strategies:
+            raise ValueError(f"baseline must be one of strategies {self.strategies}, got {self.baseline!r}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.kv_tokens < 1:
+            raise ValueError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
+        if self.settle_s < 0:
+            raise ValueError(f"settle_s must be >= 0, got {self.settle_s}")
+        if self.bootstrap_resamples < 1:
+            raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
+        for workload in self.workloads:
+            build_workload(workload)  # raises ValueError naming the bad knob
+        self.benchmark_config("http://127.0.0.1", self.workloads[0], "check").validate()
+
+    def effective_server_args(self) -> list[str]:
+        """``server_args`` plus a fixed KV capacity when none was given.
+
+        All servers of a run are up at once, so sizing KV from free memory would let the first
+        one take most of it (see :mod:`lightllm.benchmark.compare_strategies`).
+        """
+        args = list(self.server_args)
+        if not ServerSpec(self.model_dir, self.baseline, tuple(args)).has_flag("--max_total_token_num"):
+            args += ["--max_total_token_num", str(self.kv_tokens)]
+        return args
+
+    def benchmark_config(
+        self, base_url: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
+    ) -> BenchmarkConfig:
+        """One bench_serving run of ``workload`` against ``base_url``."""
+        return BenchmarkConfig(
+            base_url=base_url,
+            tokenizer=self.model_dir,
+            workload=workload,
+            prompt_format=self.prompt_format,
+            max_concurrency=self.max_concurrency,
+            request_timeout_s=self.request_timeout_s,
+            prompt_namespace=namespace,
+            output_jsonl=output_jsonl,
+            show_progress=self.show_progress,
+        )

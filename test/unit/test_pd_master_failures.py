@@ -1,0 +1,210 @@
+"""How the PD master handles busy, failing and lost nodes, against stand-ins over real HTTP.
+
+The master is the real one (flags -> build_master -> create_app -> uvicorn); the prefill and
+decode stand-ins (pd_master_support.py) speak the node contract's NDJSON and register with the
+real PdNodeClient.  Their knobs make a node busy, break or refuse the KV transfer
+setup, expire a lease or go silent; these tests check the error a client gets, the retries, the
+pair re-setup and that every node stream the master opened is closed again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Dict, List
+
+import httpx
+import pytest
+
+from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster" fixture
+    HEARTBEAT_S,
+    MISSED,
+    REQUEST_TIMEOUT,
+    Cluster,
+    cluster_fixture,
+    generate,
+    metric_value,
+    sse_events,
+)
+from lightllm.server.api_errors import manager_error
+from lightllm.server.manager_errors import ServerBusyError
+
+
+def test_busy_decode_is_an_immediate_503_naming_the_role(cluster: Cluster) -> None:
+    cluster.decode.busy = True
+    started = time.monotonic()
+    response = generate(cluster, "hello", 4)
+    assert time.monotonic() - started < 5  # no retry by default (generous bound for a loaded machine)
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert (error["code"], error["role"]) == ("server_busy", "decode")
+    assert "decode node is busy" in error["message"]
+    assert cluster.prefill.bodies == []  # decode reserves first: P never saw it
+    metrics = httpx.get(f"{cluster.master.url}/metrics").text
+    assert metric_value(metrics, "lightllm_pd_busy_answers_total", role="decode") == 1
+    assert metric_value(metrics, "lightllm_pd_busy_retries_total") == 0
+
+    cluster.decode.busy = False
+    cluster.prefill.busy = True
+    response = generate(cluster, "hello", 4)
+    assert response.status_code == 503 and response.json()["error"]["role"] == "prefill"
+    deadline = time.monotonic() + 5
+    while len(cluster.decode.aborted) < 1:  # D's reservation was given back
+        assert time.monotonic() < deadline, "the reservation of a request P refused was not closed"
+        time.sleep(0.02)
+
+
+def test_busy_retry_succeeds_once_the_node_frees(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "20")
+    cluster.decode.busy = True
+    threading.Timer(0.6, lambda: setattr(cluster.decode, "busy", False)).start()
+    response = generate(cluster, "hello", 3)
+    assert response.status_code == 200, response.text
+    assert response.json()["count_output_tokens"] == 3
+    metrics = httpx.get(f"{cluster.master.url}/metrics").text
+    assert metric_value(metrics, "lightllm_pd_busy_retries_total") >= 1
+    assert metric_value(metrics, "lightllm_pd_busy_answers_total", role="decode") >= 1
+
+
+def test_busy_body_names_the_role_only_when_there_is_one() -> None:
+    with_role = manager_error(ServerBusyError("The decode node is busy", "decode")).to_dict()["error"]
+    assert with_role == {"message": "The decode node is busy", "type": "service_unavailable_error", "param": None,
+                         "code": "server_busy", "role": "decode"}
+    assert "role" not in manager_error(ServerBusyError("no free request slot")).to_dict()["error"]
+
+
+def test_transfer_broken_sets_the_pair_up_again(cluster: Cluster) -> None:
+    assert generate(cluster, "hello", 3).status_code == 200
+    cluster.decode.epoch = None  # D lost its transfer handles: it answers transfer_broken
+    response = generate(cluster, "hello", 3)
+    assert response.status_code == 200, response.text
+    assert [s["epoch"] for s in cluster.prefill.setups] == [s["epoch"] for s in cluster.decode.setups] == [1, 2]
+    assert cluster.prefill.bodies[-1]["epoch"] == 2
+
+
+def test_transfer_failure_mid_flow_ends_the_stream_with_an_error_and_resets_the_pair(cluster: Cluster) -> None:
+    cluster.prefill.fail_transfer = True
+    response = httpx.post(f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                          json={"inputs": "hello", "parameters": {"max_new_tokens": 5}})
+    events = sse_events(response)
+    assert "token" in events[0]  # P's first token reached the client at once
+    error = events[-1]["error"]
+    assert error["code"] == "pd_transfer_failed" and "checksum mismatch" in error["message"]
+    deadline = time.monotonic() + 5
+    while 1 not in cluster.decode.aborted:  # D's reservation was given back
+        assert time.monotonic() < deadline, "the decode stream of a failed transfer was not closed"
+        time.sleep(0.02)
+    cluster.prefill.fail_transfer = False
+    assert generate(cluster, "hello", 3).status_code == 200
+    assert [s["epoch"] for s in cluster.prefill.setups] == [1, 2]
+    metrics = httpx.get(f"{cluster.master.url}/metrics").text
+    assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="transfer_failed") == 1
+
+
+def test_failed_pair_setup_is_a_503_and_is_retried_by_the_next_request(cluster: Cluster) -> None:
+    cluster.decode.refuse_setup = True
+    response = generate(cluster, "hello", 3)
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "pd_transfer_setup_failed" and "could not start its transfer handle" in error["message"]
+    assert cluster.decode.bodies == []
+    cluster.decode.refuse_setup = False
+    assert generate(cluster, "hello", 3).status_code == 200
+    assert [s["epoch"] for s in cluster.decode.setups] == [1, 2]  # a failed setup's epoch is never reused
+
+
+def test_dropped_decode_node_fails_its_stream_within_the_bound(cluster: Cluster) -> None:
+    cluster.decode.token_delay = 0.05
+    cluster.decode.silent_after = None
+    received: List[Dict[str, Any]] = []
+    with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                      json={"inputs": "hello", "parameters": {"max_new_tokens": 500}}) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+                if len(received) == 3:
+                    break
+        dropped_at = time.monotonic()
+        cluster.decode.go_silent()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+    waited = time.monotonic() - dropped_at
+    # The registry's bound (interval x (missed + 0.5)), with slack for a loaded machine; the
+    # decode token deadline (120 s) plays no part.
+    assert waited < HEARTBEAT_S * (MISSED + 0.5) + 5
+    error = received[-1]["error"]
+    assert error["code"] == "pd_node_lost" and "decode" in error["message"]
+    metrics = httpx.get(f"{cluster.master.url}/metrics").text
+    assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 1
+    # No decode node any more: 503 pd_not_ready at once.
+    response = generate(cluster, "hello", 3)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "pd_not_ready"
+
+
+def test_decode_failure_during_prefill_ends_the_request_at_once(cluster: Cluster) -> None:
+    cluster.prefill.prefill_delay = 30.0
+    cluster.decode.lease_expires = True
+    started = time.monotonic()
+    response = generate(cluster, "hello", 4)
+    assert time.monotonic() - started < 15  # not after P's (30 s) first token
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["code"] == "pd_node_failed" and "did not arrive within the lease" in error["message"]
+    deadline = time.monotonic() + 5
+    while 1 not in cluster.prefill.aborted:  # P's prefill was called off
+        assert time.monotonic() < deadline, "the prefill stream was not closed"
+        time.sleep(0.02)
+
+
+def test_client_gone_closes_the_node_streams(cluster: Cluster) -> None:
+    cluster.decode.token_delay = 0.05
+    with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                      json={"inputs": "hello", "parameters": {"max_new_tokens": 500}}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break
+    deadline = time.monotonic() + 10
+    while cluster.decode.aborted != [1]:
+        assert time.monotonic() < deadline, "the decode stream was not closed after the client left"
+        time.sleep(0.02)
+
+
+def test_a_node_stream_is_cancelled_once_so_its_connection_closes_cleanly() -> None:
+    """Closing a stream after cancelling it must not cancel the reader again.
+
+    A second cancellation lands inside the reader's connection close and leaves a half-closed
+    connection behind (seen as other requests' streams ending early under load).
+    """
+    import asyncio
+
+    from lightllm.server.httpserver_for_pd_master.node_streams import NodeStreams
+    from pd_membership_support import node
+
+    async def scenario() -> tuple[int, list]:
+        accepted = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set()
+            await reader.read()  # never answers; returns when the master closes the connection
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        nodes = NodeStreams()
+        got: list = []
+        stream = nodes.stream(node("d0", "decode", port), "/pd/node/decode", {}, got.append)
+        await asyncio.wait_for(accepted.wait(), 10)
+        await asyncio.sleep(0.05)  # the reader now waits for the answer
+        stream.cancel()
+        stream.cancel()
+        pending = stream._task.cancelling()
+        await stream.close()
+        server.close()
+        return pending, got
+
+    pending, got = asyncio.run(scenario())
+    assert pending == 1
+    assert got == []  # a cancelled reader reports nothing (no STREAM_END for a stream it stopped)

@@ -1,0 +1,73 @@
+"""When a PD master serves at all: readiness, node admission, its own flags and draining.
+
+The master is the real one (flags -> build_master -> create_app -> uvicorn); the prefill and
+decode stand-ins (pd_master_support.py) speak the node contract's NDJSON and register with the
+real PdNodeClient.  These tests check what the master answers before both roles
+registered, to a node of another model, to node-only flags and while it drains.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pd_master_support import Cluster, cluster_fixture, generate  # noqa: F401 - cluster_fixture is the "cluster" fixture
+from lightllm.server.api_cli import make_argument_parser
+from lightllm.server.httpserver_for_pd_master.master_start import check_master_flags
+
+
+def test_not_ready_until_both_roles_registered(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), register=False)
+    try:
+        url = cluster.master.url
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "pd_not_ready"
+        cluster.prefill.register()
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503 and health.json()["error"]["message"].endswith("no decode node registered")
+        response = generate(cluster, "hello", 3)
+        assert response.status_code == 503
+        assert response.json()["error"] == {
+            "message": "The PD cluster is not ready: no decode node registered",
+            "type": "service_unavailable_error", "param": None, "code": "pd_not_ready"}
+        cluster.decode.register()
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+        assert generate(cluster, "hello", 3).status_code == 200
+    finally:
+        cluster.stop()
+
+
+def test_node_of_another_model_is_refused(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), register=False)
+    try:
+        body = {**cluster.decode.info().to_dict(), "model_name": "another-model"}
+        response = httpx.post(f"{cluster.master.url}/pd/register", json=body)
+        assert response.status_code == 409
+        error = response.json()["error"]
+        assert error["code"] == "incompatible_node"
+        assert re.search(r"model_name: 'another-model' is not served by this master", error["message"])
+    finally:
+        cluster.stop()
+
+
+def test_node_flags_on_the_master_are_refused() -> None:
+    parser = make_argument_parser()
+    check_master_flags(parser.parse_args(["--run_mode", "pd_master", "--model_dir", "m", "--port", "9",
+                                          "--pd_decode_token_timeout_seconds", "5"]))
+    with pytest.raises(ValueError) as err:
+        check_master_flags(parser.parse_args(["--run_mode", "pd_master", "--model_dir", "m", "--tp", "2",
+                                              "--pd_max_segment_tokens", "8"]))
+    assert str(err.value).startswith("--pd_max_segment_tokens, --tp configure prefill/decode nodes")
+
+
+def test_a_draining_master_is_unhealthy_and_refuses(cluster: Cluster) -> None:
+    assert httpx.get(f"{cluster.master.url}/health").status_code == 200
+    cluster.master.manager.refuse_new_requests("The server is shutting down", "server_shutting_down")
+    health = httpx.get(f"{cluster.master.url}/health")
+    assert health.status_code == 503 and health.json()["error"]["code"] == "server_shutting_down"
+    response = generate(cluster, "hello", 2)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "server_shutting_down"
+    assert cluster.decode.bodies == []
