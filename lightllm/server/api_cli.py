@@ -83,7 +83,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "machine on first use with the system compiler and cached under ~/.cache/lightllm/kernels; long prefill chunks as torch), "
         "torch_compiled (CPU only: the same in place reads through a kernel torch.compile builds "
         "at startup, needs a C++ compiler; single requests, small batches and long prefill chunks as torch), "
-        "auto (triton on CUDA when triton imports; cpp on CPU when a C++ compiler is on PATH; else torch).",
+        "auto (triton on CUDA when triton imports; cpp on CPU when a C++ compiler is on PATH and the kernel builds; else torch).",
     )
     group.add_argument(
         "--graceful_shutdown_seconds",

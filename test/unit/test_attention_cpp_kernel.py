@@ -175,3 +175,16 @@ def test_a_failing_compiler_gives_a_one_line_error(tmp_path):
         cpp_kernel_build._build(false, tmp_path / "kernel.so")
     assert "\n" not in str(info.value)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_kernel_that_cannot_be_built_refuses_cpp_and_makes_auto_fall_back(tmp_path, monkeypatch, caplog):
+    # A "compiler" that fails: the launcher builds the kernel before it starts any rank, so the
+    # failure is a one-line start-up error for cpp and a logged fallback to torch for auto.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", subprocess.run(["which", "false"], capture_output=True, text=True).stdout.strip())
+    with pytest.raises(AttentionBackendError, match="--attention_backend cpp: .*failed to build") as info:
+        resolve_attention_backend("cpp", "cpu")
+    assert "\n" not in str(info.value)
+    with caplog.at_level(logging.WARNING, logger="lightllm.attention"):
+        assert resolve_attention_backend("auto", "cpu") == "torch"
+    assert "cpp kernel cannot be built" in caplog.text

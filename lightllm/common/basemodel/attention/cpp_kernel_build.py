@@ -87,15 +87,25 @@ def _build(compiler: str, target: Path) -> None:
             os.unlink(partial)
 
 
+def build_kernel(compiler: str) -> Path:
+    """The cached kernel's path, built with ``compiler`` first if this machine has none yet.
+
+    The launcher calls this before it starts the model ranks, so a failing build is a one-line
+    start-up error (or, for ``--attention_backend auto``, a fallback) rather than a dead rank.
+    """
+    target = kernel_path(compiler)
+    if not target.exists():
+        _build(compiler, target)
+    return target
+
+
 def load_kernel_library(compiler: str) -> ctypes.CDLL:
     """The kernel library, built with ``compiler`` if this machine has no cached build yet."""
     global _library
     with _lock:
         if _library is not None:
             return _library
-        target = kernel_path(compiler)
-        if not target.exists():
-            _build(compiler, target)
+        target = build_kernel(compiler)
         try:
             library = ctypes.CDLL(str(target))
         except OSError as exc:

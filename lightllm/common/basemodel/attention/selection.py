@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from typing import List
 
 from lightllm.common.basemodel.attention.base import AttentionBackend
+
+log = logging.getLogger("lightllm.attention")
 
 ATTENTION_BACKENDS: List[str] = ["auto", "torch", "torch_compiled", "cpp", "triton"]
 
@@ -36,6 +39,18 @@ def cpp_compiler() -> str | None:
     return None
 
 
+def _cpp_kernel_build_error(compiler: str) -> str | None:
+    """Why the C++ attention kernel cannot be built with ``compiler`` (one line), or None once it is built."""
+    # Imported here: only CPU starts that may use the kernel need the build module.
+    from lightllm.common.basemodel.attention.cpp_kernel_build import KernelBuildError, build_kernel
+
+    try:
+        build_kernel(compiler)
+    except (KernelBuildError, OSError) as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
 def resolve_attention_backend(requested: str, device: str) -> str:
     """The concrete backend (``torch``, ``torch_compiled``, ``cpp`` or ``triton``) for ``requested`` on ``device``.
 
@@ -56,11 +71,15 @@ def resolve_attention_backend(requested: str, device: str) -> str:
             raise AttentionBackendError(
                 f"--attention_backend cpp runs on CPU only (the device is {device}); on CUDA use triton or torch"
             )
-        if cpp_compiler() is None:
+        compiler = cpp_compiler()
+        if compiler is None:
             raise AttentionBackendError(
                 "--attention_backend cpp builds its kernel with a C++ compiler (none of "
                 f"{', '.join(_CXX_CANDIDATES)} or $CXX is on PATH); install one or use --attention_backend torch"
             )
+        problem = _cpp_kernel_build_error(compiler)
+        if problem is not None:
+            raise AttentionBackendError(f"--attention_backend cpp: {problem}; fix it or use --attention_backend torch")
         return "cpp"
     if requested == "torch_compiled":
         if device != "cpu":
@@ -76,7 +95,14 @@ def resolve_attention_backend(requested: str, device: str) -> str:
     if requested == "auto":
         if device == "cuda":
             return "triton" if triton_import_error() is None else "torch"
-        return "cpp" if device == "cpu" and cpp_compiler() is not None else "torch"
+        compiler = cpp_compiler() if device == "cpu" else None
+        if compiler is None:
+            return "torch"
+        problem = _cpp_kernel_build_error(compiler)
+        if problem is not None:
+            log.warning("attention backend auto: the cpp kernel cannot be built (%s); using torch", problem)
+            return "torch"
+        return "cpp"
     problem = triton_import_error()
     if problem is not None:
         raise AttentionBackendError(f"--attention_backend triton needs the triton package, which fails to import ({problem})")
