@@ -8,7 +8,7 @@ freed) and resumed by recomputing its tail.
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -87,3 +87,43 @@ def run_scenario(model) -> Tuple[List[Tuple[int, int, torch.Tensor]], Dict[int, 
         gen.release(seq)
     assert gen.kv_cache.available == 4096
     return rec.rows, tokens
+
+
+def assert_matches_reference(model_dir: str, dtype: torch.dtype, backend: Any) -> None:
+    """Run the scenario through ``backend`` and through gather + SDPA; the logits must agree.
+
+    fp32 differs by summation order only; bf16 rounds K/V and outputs between layers on both
+    sides, so its tolerance is relative to the logit scale.
+    """
+    from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
+    from lightllm.models.registry import load_model
+
+    expected, expected_tokens = run_scenario(load_model(model_dir, dtype=dtype, attention=TorchSdpaAttention()))
+    got, got_tokens = run_scenario(load_model(model_dir, dtype=dtype, attention=backend))
+    assert got_tokens == expected_tokens and len(got) == len(expected) > 300
+    tolerance = 1e-4 if dtype == torch.float32 else 0.05
+    worst = max((g[2] - e[2]).abs().max().item() for g, e in zip(got, expected))
+    scale = max(e[2].abs().max().item() for e in expected)
+    assert worst < tolerance * max(scale, 1.0), f"largest logit difference {worst} (logit scale {scale})"
+
+
+def assert_matches_transformers(model_dir: str, backend: Any) -> None:
+    """Every logits row of the scenario through ``backend`` (fp32) equals transformers' within 1e-4."""
+    from transformers import AutoModelForCausalLM
+
+    from lightllm.models.registry import load_model
+
+    rows, final_tokens = run_scenario(load_model(model_dir, dtype=torch.float32, attention=backend))
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = {row: ref(torch.tensor([t])).logits[0] for row, t in final_tokens.items()}
+    worst = max((row - expected[seq][pos]).abs().max().item() for seq, pos, row in rows)
+    assert worst < 1e-4, f"largest logit difference from transformers {worst}"
+
+
+def two_cached_requests(model: Any) -> Tuple[BatchGenerator, List[CachedSequence], torch.Tensor]:
+    """A generator holding two prefilled requests (30 and 12 tokens) and its slot table."""
+    gen = BatchGenerator(model, kv_cache_size=256, max_request_num=4)
+    seqs = [gen.start(random_tokens(model.config.vocab_size, n, seed=n)) for n in (30, 12)]
+    gen.forward(seqs, [30, 12])
+    return gen, seqs, gen.req_manager.req_to_token

@@ -15,7 +15,6 @@ import subprocess
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from lightllm.common.basemodel.attention import cpp_kernel_build
 from lightllm.common.basemodel.attention.cpp_attention import MAX_KERNEL_QUERIES, CppSlotAttention, _KernelMeta
@@ -32,7 +31,12 @@ from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.models.registry import load_model
 
-from attention_scenario_support import random_tokens, run_scenario
+from attention_scenario_support import (
+    assert_matches_reference,
+    assert_matches_transformers,
+    random_tokens,
+    two_cached_requests,
+)
 
 pytestmark = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler on PATH")
 
@@ -93,26 +97,11 @@ def model_dir(request):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_backend_matches_gather_and_sdpa(model_dir, dtype):
-    reference = load_model(model_dir, dtype=dtype, attention=TorchSdpaAttention())
-    kernel = load_model(model_dir, dtype=dtype, attention=build_attention_backend("cpp"))
-    expected, expected_tokens = run_scenario(reference)
-    got, got_tokens = run_scenario(kernel)
-    assert got_tokens == expected_tokens and len(got) == len(expected) > 300
-    # fp32: summation order only.  bf16: both round K/V and outputs to bf16 between layers.
-    tolerance = 1e-4 if dtype == torch.float32 else 0.05
-    worst = max((g[2] - e[2]).abs().max().item() for g, e in zip(got, expected))
-    scale = max(e[2].abs().max().item() for e in expected)
-    assert worst < tolerance * max(scale, 1.0), f"largest logit difference {worst} (logit scale {scale})"
+    assert_matches_reference(model_dir, dtype, build_attention_backend("cpp"))
 
 
 def test_backend_matches_transformers(model_dir):
-    model = load_model(model_dir, dtype=torch.float32, attention=build_attention_backend("cpp"))
-    rows, final_tokens = run_scenario(model)
-    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = {row: ref(torch.tensor([t])).logits[0] for row, t in final_tokens.items()}
-    worst = max((row - expected[seq][pos]).abs().max().item() for seq, pos, row in rows)
-    assert worst < 1e-4, f"largest logit difference from transformers {worst}"
+    assert_matches_transformers(model_dir, build_attention_backend("cpp"))
 
 
 def test_backend_takes_decode_and_short_chunks_and_leaves_long_ones_to_sdpa(tiny_llama_dir):
@@ -120,10 +109,7 @@ def test_backend_takes_decode_and_short_chunks_and_leaves_long_ones_to_sdpa(tiny
     backend = build_attention_backend("cpp")
     assert isinstance(backend, CppSlotAttention)
     model = load_model(str(tiny_llama_dir), dtype=torch.float32, attention=backend)
-    gen = BatchGenerator(model, kv_cache_size=256, max_request_num=4)
-    seqs = [gen.start(random_tokens(model.config.vocab_size, n, seed=n)) for n in (30, 12)]
-    gen.forward(seqs, [30, 12])
-    req_to_token = gen.req_manager.req_to_token
+    _, seqs, req_to_token = two_cached_requests(model)
     # A single request decodes through the kernel too (no padding, no size threshold).
     single = ForwardBatch.build([[5]], [30], [seqs[0].row], torch.tensor([200]))
     assert isinstance(backend.prepare(single, req_to_token), _KernelMeta)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from lightllm.common.basemodel.attention.selection import (
     AttentionBackendError,
@@ -18,11 +17,15 @@ from lightllm.common.basemodel.attention.selection import (
 from lightllm.common.basemodel.attention import torch_compiled
 from lightllm.common.basemodel.attention.torch_compiled import FUSED_MAX_QUERIES, TorchCompiledAttention
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta
-from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.models.registry import load_model
 
-from attention_scenario_support import run_scenario as _scenario, random_tokens as _tokens
+from attention_scenario_support import (
+    assert_matches_reference,
+    assert_matches_transformers,
+    run_scenario as _scenario,
+    two_cached_requests,
+)
 
 
 @pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
@@ -32,16 +35,7 @@ def model_dir(request):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_in_place_backend_matches_reference_backend(model_dir, dtype):
-    reference = load_model(model_dir, dtype=dtype, attention=TorchSdpaAttention())
-    in_place = load_model(model_dir, dtype=dtype, attention=TorchCompiledAttention(min_fused_context=0, min_fused_requests=1))
-    expected, tokens = _scenario(reference)
-    got, got_tokens = _scenario(in_place)
-    assert got_tokens == tokens and len(got) == len(expected) > 300
-    # fp32: summation order only.  bf16: both round K/V and outputs to bf16 between layers.
-    tolerance = 1e-4 if dtype == torch.float32 else 0.05
-    worst = max((g[2] - e[2]).abs().max().item() for g, e in zip(got, expected))
-    scale = max(e[2].abs().max().item() for e in expected)
-    assert worst < tolerance * max(scale, 1.0), f"largest logit difference {worst} (logit scale {scale})"
+    assert_matches_reference(model_dir, dtype, TorchCompiledAttention(min_fused_context=0, min_fused_requests=1))
 
 
 def test_row_chunked_kernel_matches_reference(tiny_llama_dir, monkeypatch):
@@ -55,13 +49,7 @@ def test_row_chunked_kernel_matches_reference(tiny_llama_dir, monkeypatch):
 
 
 def test_in_place_backend_matches_transformers(model_dir):
-    in_place = load_model(model_dir, dtype=torch.float32, attention=TorchCompiledAttention(min_fused_context=0, min_fused_requests=1))
-    rows, tokens = _scenario(in_place)
-    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = {row: ref(torch.tensor([t])).logits[0] for row, t in tokens.items()}
-    worst = max((row - expected[seq][pos]).abs().max().item() for seq, pos, row in rows)
-    assert worst < 1e-4, f"largest logit difference from transformers {worst}"
+    assert_matches_transformers(model_dir, TorchCompiledAttention(min_fused_context=0, min_fused_requests=1))
 
 
 def test_backend_is_selectable_and_reads_the_cache_in_place(tiny_llama_dir):
@@ -69,10 +57,7 @@ def test_backend_is_selectable_and_reads_the_cache_in_place(tiny_llama_dir):
     backend = build_attention_backend("torch_compiled")
     assert isinstance(backend, TorchCompiledAttention)
     model = load_model(str(tiny_llama_dir), dtype=torch.float32, attention=backend)
-    gen = BatchGenerator(model, kv_cache_size=256, max_request_num=4)
-    seqs = [gen.start(_tokens(model.config.vocab_size, n, seed=n)) for n in (30, 12)]
-    gen.forward(seqs, [30, 12])
-    req_to_token = gen.req_manager.req_to_token
+    _, seqs, req_to_token = two_cached_requests(model)
     decode = ForwardBatch.build([[5], [5]], [30, 12], [s.row for s in seqs], torch.tensor([200, 201]))
     # Small batches stay on the gather + SDPA path, whose per-call cost is lower.
     assert isinstance(backend.prepare(decode, req_to_token), _SdpaMeta)
