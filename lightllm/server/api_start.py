@@ -200,7 +200,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
         pd_node_info = None
         if args.run_mode in ("prefill", "decode"):
-            # Imported here, like uvicorn below: the spawned children re-import this module.
+            # Imported here, like the HTTP modules below: the spawned children re-import this module.
             from lightllm.server.pd.node_launch import prepare_pd_node
 
             # Before any process starts: the ranks and the registration must see one transfer port.
@@ -226,28 +226,13 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    import uvicorn
-
     from lightllm.server.api_http import create_app
     from lightllm.server.httpserver.manager import HttpServerManager
     from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
-    from lightllm.server.supervisor import Supervisor, SupervisedServer
+    from lightllm.server.supervisor import StopOutsideServing, Supervisor, SupervisedServer
 
     exit_code = 0
-    server: Optional[uvicorn.Server] = None
-    stop_requested = False
-
-    def on_signal(signum: int, frame: Any) -> None:
-        # Outside uvicorn's run: before it starts, and when uvicorn replays the signal that
-        # stopped it once it returns; landing here instead of the default action lets the
-        # cleanup below run.
-        nonlocal stop_requested
-        stop_requested = True
-        if server is not None:
-            server.should_exit = True
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, on_signal)
+    stop = StopOutsideServing()
     try:
         manager = HttpServerManager(http_config)
         http_options = HttpServerOptions.from_args(args)
@@ -258,16 +243,14 @@ def run_server(argv: Optional[List[str]] = None) -> int:
             pd_node = PdNodeRuntime(args, pd_node_info, manager)
         app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
         supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
-        server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor)
+        server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor)
         if pd_node is not None:
             pd_node.attach(app, server, supervisor)
         watch_children(procs, supervisor.child_died)
-        if not stop_requested:
+        if not stop.requested:
             log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
             server.run()
-        exit_code = supervisor.exit_code
-        if not server.started and exit_code == 0 and not stop_requested:
-            exit_code = 1
+        exit_code = stop.exit_code(supervisor)
     finally:
         procs.shutdown()
     return exit_code

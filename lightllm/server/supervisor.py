@@ -128,3 +128,30 @@ class SupervisedServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
         """Replaces uvicorn's immediate stop with the supervisor's drain."""
         self.supervisor.stop_signal(sig)
+
+
+class StopOutsideServing:
+    """SIGINT/SIGTERM handling outside uvicorn's ``run``, shared by every launcher.
+
+    Before uvicorn starts, and when it replays the signal that stopped it once it returns, a
+    signal lands here instead of killing the process, so the launcher's cleanup still runs.
+    Installed on construction; set :attr:`server` once the server exists.
+    """
+
+    def __init__(self) -> None:
+        self.server: Optional[uvicorn.Server] = None
+        self.requested = False
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def exit_code(self, supervisor: Supervisor) -> int:
+        """The launcher's exit status: the supervisor's, or 1 when the server never started on its own."""
+        code = supervisor.exit_code
+        if self.server is not None and not self.server.started and code == 0 and not self.requested:
+            return 1
+        return code

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-from typing import Any, List, Optional
+from typing import List
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.api_cli import make_argument_parser
@@ -115,30 +114,17 @@ def run_pd_master(args: argparse.Namespace) -> int:
     except (ModelConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import uvicorn
-
     from lightllm.server.api_http import create_app
     from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
-    from lightllm.server.supervisor import SupervisedServer, Supervisor
+    from lightllm.server.supervisor import StopOutsideServing, SupervisedServer, Supervisor
 
-    server: Optional[uvicorn.Server] = None
-    stop_requested = False
-
-    def on_signal(signum: int, frame: Any) -> None:
-        # Before uvicorn runs (and after it returns): stop instead of the default action.
-        nonlocal stop_requested
-        stop_requested = True
-        if server is not None:
-            server.should_exit = True
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, on_signal)
+    stop = StopOutsideServing()
     options = HttpServerOptions.from_args(args)
     routers = [readiness_router(registry, refusal=manager.refusal), membership_router(registry, new_master_id())]
     app = create_app(manager, options, extra_routers=routers)
     supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
-    server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor)
-    if not stop_requested:
+    server = stop.server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor)
+    if not stop.requested:
         log.info(
             "PD master serving %s on http://%s:%d (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
             "decode token timeout %gs)", manager.model_name, args.host, args.port, manager.max_req_total_len,
@@ -146,7 +132,4 @@ def run_pd_master(args: argparse.Namespace) -> int:
             args.pd_decode_token_timeout_seconds,
         )
         server.run()
-    exit_code = supervisor.exit_code
-    if not server.started and exit_code == 0 and not stop_requested:
-        exit_code = 1
-    return exit_code
+    return stop.exit_code(supervisor)
