@@ -35,6 +35,7 @@ from lightllm.server.served_model import ServedModel
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.process_utils import zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
+from lightllm.utils.async_polling import wait_until
 
 log = logging.getLogger("lightllm.httpserver")
 
@@ -197,13 +198,7 @@ class HttpServerManager:
 
     async def wait_until_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every request to end; True if they all did."""
-        deadline = time.monotonic() + timeout
-        while self._active_generations:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            await asyncio.sleep(min(0.05, remaining))
-        return True
+        return await wait_until(lambda: self._active_generations == 0, timeout)
 
     # --- the API layer's interface ---------------------------------------------------------------
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:

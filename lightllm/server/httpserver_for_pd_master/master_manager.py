@@ -41,6 +41,7 @@ from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableErr
 from lightllm.server.request_manager import GenerationEvent
 from lightllm.server.pd.node_wire import token_from_line
 from lightllm.server.served_model import ServedModel
+from lightllm.utils.async_polling import wait_until
 
 log = logging.getLogger("lightllm.pd_master")
 
@@ -112,13 +113,7 @@ class PdMasterManager:
 
     async def wait_until_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every request to end; True if they all did."""
-        deadline = time.monotonic() + timeout
-        while self._runs:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            await asyncio.sleep(min(0.05, remaining))
-        return True
+        return await wait_until(lambda: not self._runs, timeout)
 
     def _on_node_dropped(self, info: NodeInfo, reason: str) -> None:
         failed = 0
