@@ -153,6 +153,7 @@ class NodeStandIn:
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
         self.prefill_delay = 0.0  # P: seconds before the first token
+        self.first_line_delay = 0.0  # P: seconds between handing the token to D and sending its line
         self.refuse_setup = False  # answer transfer_setup with a 500
         self.lease_expires = False  # D: an error line (lease expired) right after reserving
         self.setups: List[Dict[str, Any]] = []
@@ -254,6 +255,7 @@ class NodeStandIn:
             yield _line({"event": "error", "message": "KV transfer failed: checksum mismatch", "transfer_broken": True})
             return
         self.handoff.put(key, first)
+        await asyncio.sleep(self.first_line_delay)
         yield _token(first, None, self.cached_tokens, prompt_logprobs=None)
         await self.handoff.wait_ack(key)
         yield _line({"event": "handed_off"})

@@ -107,6 +107,22 @@ def test_segment_end_continues_with_prompt_plus_generated(cluster: Cluster) -> N
     assert metric_value(metrics, "lightllm_generated_tokens_total") == 8
 
 
+def test_a_decode_segment_that_ends_before_the_prefill_line_arrives_is_not_a_failure(cluster: Cluster) -> None:
+    # D gets the KV (and the first token) from P directly, so it can echo, decode, end its
+    # segment and close its stream before P's first-token line reaches the master (seen in CI
+    # with fast decode). Its end of stream then follows complete lines; it is no failure.
+    cluster.decode.segment_limit = 2
+    cluster.prefill.first_line_delay = 0.3
+    prompt = "a quick segment"
+    expected = reference_tokens(cluster.master.manager.encode_prompt(prompt), 8)
+    response = httpx.post(f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                          json={"inputs": prompt, "parameters": {"max_new_tokens": 8}})
+    events = sse_events(response)
+    assert [event["token"]["id"] for event in events] == expected, events[-1:]
+    assert events[-1]["finish_reason"] == "length"
+    assert [body["segment_index"] for body in cluster.prefill.bodies] == [0, 1, 2]
+
+
 def test_master_decides_a_stop_string_that_straddles_segments_and_aborts_the_nodes(cluster: Cluster) -> None:
     # The stand-ins apply no stop strings, so only the master can end these requests on one.
     cluster.decode.segment_limit = 3  # segments of 4 tokens: P's first, then 3 on D

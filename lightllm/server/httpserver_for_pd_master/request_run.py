@@ -135,6 +135,10 @@ class RequestRun:
             else:
                 self._buffers[source].append(payload)
 
+    def has_buffered(self, role: str) -> bool:
+        """Whether lines of ``role`` wait in the buffer for a later :meth:`next`."""
+        return bool(self._buffers[role])
+
     def keep(self, role: str, payload: Any) -> None:
         """Buffer ``payload`` of ``role`` for a later :meth:`next` (from an ``other`` callback)."""
         self._buffers[role].append(payload)

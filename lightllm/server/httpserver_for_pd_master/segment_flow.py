@@ -115,6 +115,12 @@ class SegmentFlow:
             def watch_decode(payload: Any) -> None:
                 # D failing while P prefills (it died, its lease expired) ends the request now,
                 # not after P's first token; D's ordinary lines wait for their turn.
+                if payload is STREAM_END and run.has_buffered(DECODE):
+                    # D has the token from P's KV header and may finish its whole segment before
+                    # P's line reaches the master: its end of stream follows lines still to be
+                    # read, which decide whether it came too early.
+                    run.keep(DECODE, payload)
+                    return
                 event = run.check(DECODE, payload, "echo of the first token")
                 if event.get("event") == "error":
                     raise _node_error(run, self.pairs, pair, DECODE, event)
