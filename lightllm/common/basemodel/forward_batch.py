@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -54,6 +54,22 @@ class ForwardBatch:
         """Index into the flattened tokens of each request's last new token."""
         ends = torch.tensor(self.new_lens, dtype=torch.int64).cumsum(0)
         return (ends - 1).to(self.input_ids.device)
+
+    def padded_query_index(self, queries: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Index tensors for laying the new tokens out as ``[batch_size, queries]`` (CPU, int64).
+
+        Returns ``q_index`` ``[batch_size, queries]``: the flattened token each padded query
+        takes (padding repeats its request's last token, a valid position whose output is
+        dropped), and ``out_index`` ``[tokens]``: the padded query of each flattened token.
+        ``queries`` must be at least the longest chunk.
+        """
+        new_lens = self.new_lens
+        firsts = torch.tensor([0, *new_lens[:-1]], dtype=torch.int64).cumsum(0)
+        lens = torch.tensor(new_lens, dtype=torch.int64)
+        step = torch.arange(queries, dtype=torch.int64)
+        q_index = firsts[:, None] + torch.minimum(step[None, :], lens[:, None] - 1)
+        out_index = torch.cat([row * queries + torch.arange(n) for row, n in enumerate(new_lens)])
+        return q_index, out_index
 
     @classmethod
     def build(

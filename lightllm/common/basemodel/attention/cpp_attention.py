@@ -73,14 +73,9 @@ class CppSlotAttention(TorchSdpaAttention):
         slots = req_to_token[batch.req_rows, :length].contiguous()
         if batch.is_decode:
             return _KernelMeta(slots, batch.positions.view(-1, 1).contiguous(), None, None, 1)
-        new_lens = batch.new_lens
         queries = longest_chunk
-        firsts = torch.tensor([0, *new_lens[:-1]], dtype=torch.int64).cumsum(0)
-        lens = torch.tensor(new_lens, dtype=torch.int64)
-        step = torch.arange(queries, dtype=torch.int64)
-        # Padding queries repeat their request's last token (a valid position; output dropped).
-        q_index = (firsts[:, None] + torch.minimum(step[None, :], lens[:, None] - 1)).reshape(-1)
-        out_index = torch.cat([row * queries + torch.arange(n) for row, n in enumerate(new_lens)])
+        q_index, out_index = batch.padded_query_index(queries)
+        q_index = q_index.reshape(-1)
         q_pos = batch.positions[q_index].view(-1, queries).contiguous()
         return _KernelMeta(slots, q_pos, q_index, out_index, queries)
 

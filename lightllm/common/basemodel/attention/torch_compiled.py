@@ -103,12 +103,7 @@ class TorchCompiledAttention(TorchSdpaAttention):
             q_pos = batch.positions.view(-1, 1).expand(rows.shape[0], 1).clone()
             return _SlotMeta(slots, q_pos, None, None, 1)
         queries = _at_least_two(longest_chunk)
-        firsts = torch.tensor([0, *new_lens[:-1]], dtype=torch.int64).cumsum(0)
-        lens = torch.tensor(new_lens, dtype=torch.int64)
-        step = torch.arange(queries, dtype=torch.int64)
-        # Padding queries repeat their request's last token (valid positions, output dropped).
-        q_index = firsts[:, None] + torch.minimum(step[None, :], lens[:, None] - 1)
-        out_index = torch.cat([row * queries + torch.arange(n) for row, n in enumerate(new_lens)])
+        q_index, out_index = batch.padded_query_index(queries)
         if size < 2:
             q_index = q_index.expand(2, queries)
         q_index = q_index.reshape(-1).to(device)
