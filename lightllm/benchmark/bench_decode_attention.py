@@ -8,6 +8,10 @@ the same cache), so a machine shared with other work slows both sides alike.  Pr
 milliseconds per step of each backend, their ratio and the largest logit difference between
 the backends on the same step input (Markdown; JSON too with ``--json``).
 
+``--phase prefill`` times prefill forwards instead: each step is one forward of ``batch`` fresh
+prompts of ``context`` tokens (causal attention over long chunks), alternating between the
+backends, and releases its sequences afterwards.
+
 ``--clock cpu`` times each step by the CPU time of the calling thread and runs torch on that one
 thread: on a machine shared with other work, wall time swings by several times from one step to
 the next, while the CPU time a step needs stays put.
@@ -82,6 +86,35 @@ def measure_cell(
     return cell
 
 
+def measure_prefill_cell(
+    model, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
+) -> Dict[str, float]:
+    """Median ms per prefill forward (``batch`` fresh prompts of ``context`` tokens) of each backend."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(5, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(batch)]
+    names = list(backends)
+    runner = BatchGenerator(model, kv_cache_size=batch * context + 1, max_request_num=batch, max_sequence_length=context)
+    timings: Dict[str, List[float]] = {name: [] for name in names}
+    logits_of: Dict[str, torch.Tensor] = {}
+    for step in range(steps + 1):  # step 0 warms up each backend at this shape
+        for name in names:
+            model.attention = backends[name]
+            seqs = [runner.start(p) for p in prompts]
+            started = clock()
+            logits = runner.forward(seqs, [context] * batch)
+            elapsed = clock() - started
+            if step:
+                timings[name].append(elapsed)
+            else:
+                logits_of[name] = logits.float()
+            for seq in seqs:
+                runner.release(seq)
+    first = logits_of[names[0]]
+    cell = {f"{name}_ms": statistics.median(t) * 1e3 for name, t in timings.items()}
+    cell["max_logit_diff"] = max(((logits_of[n] - first).abs().max().item() for n in names[1:]), default=0.0)
+    return cell
+
+
 def _probe(runner: BatchGenerator, seqs) -> torch.Tensor:
     """Logits of one decode step that leaves no trace (its slots are freed, lengths restored)."""
     logits = runner.forward(seqs, [1] * len(seqs))
@@ -98,7 +131,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--batches", type=_int_list, default=[1, 16, 64])
     parser.add_argument("--contexts", type=_int_list, default=[128, 1024, 2048])
-    parser.add_argument("--steps", type=int, default=6, help="timed decode steps per backend per cell")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per backend per cell")
+    parser.add_argument("--phase", choices=["decode", "prefill"], default="decode",
+                        help="decode: one-token steps over cached contexts; prefill: forwards of fresh prompts")
     parser.add_argument("--backends", default="torch,torch_compiled", help="comma-separated; the first is the baseline")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -140,7 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("|" + " --- |" * (header.count("|") - 1))
     for batch in args.batches:
         for context in args.contexts:
-            cell = measure_cell(model, backends, batch, context, args.steps, args.seed, clock)
+            measure = measure_cell if args.phase == "decode" else measure_prefill_cell
+            cell = measure(model, backends, batch, context, args.steps, args.seed, clock)
             cell.update(batch=batch, context=context)
             rows.append(cell)
             line = f"| {batch} | {context} | " + " | ".join(f"{cell[n + '_ms']:.2f}" for n in names)

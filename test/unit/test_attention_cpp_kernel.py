@@ -17,7 +17,12 @@ import pytest
 import torch
 
 from lightllm.common.basemodel.attention import cpp_kernel_build
-from lightllm.common.basemodel.attention.cpp_attention import MAX_KERNEL_QUERIES, CppSlotAttention, _KernelMeta
+from lightllm.common.basemodel.attention.cpp_attention import (
+    MAX_KERNEL_QUERIES,
+    CppSlotAttention,
+    _KernelMeta,
+    _PrefillKernelMeta,
+)
 from lightllm.common.basemodel.attention.cpp_kernel_build import KernelBuildError, load_kernel_library
 from lightllm.common.basemodel.attention.selection import (
     AttentionBackendError,
@@ -104,7 +109,7 @@ def test_backend_matches_transformers(model_dir):
     assert_matches_transformers(model_dir, build_attention_backend("cpp"))
 
 
-def test_backend_takes_decode_and_short_chunks_and_leaves_long_ones_to_sdpa(tiny_llama_dir):
+def test_backend_takes_decode_and_short_chunks_and_gives_long_ones_to_the_prefill_kernel(tiny_llama_dir):
     assert resolve_attention_backend("cpp", "cpu") == "cpp"
     backend = build_attention_backend("cpp")
     assert isinstance(backend, CppSlotAttention)
@@ -119,7 +124,9 @@ def test_backend_takes_decode_and_short_chunks_and_leaves_long_ones_to_sdpa(tiny
     short = ForwardBatch.build([[5] * MAX_KERNEL_QUERIES], [30], [seqs[0].row], torch.arange(200, 200 + MAX_KERNEL_QUERIES))
     assert isinstance(backend.prepare(short, req_to_token), _KernelMeta)
     long_chunk = ForwardBatch.build([[5] * (MAX_KERNEL_QUERIES + 1)], [30], [seqs[0].row], torch.arange(200, 217))
-    assert isinstance(backend.prepare(long_chunk, req_to_token), _SdpaMeta)
+    meta = backend.prepare(long_chunk, req_to_token)
+    assert isinstance(meta, _PrefillKernelMeta)
+    assert meta.cached_lens.tolist() == [30] and meta.new_lens.tolist() == [MAX_KERNEL_QUERIES + 1]
 
 
 def test_a_layout_without_a_kernel_variant_runs_on_sdpa_and_says_so(tiny_llama_dir, caplog):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.basemodel.layer_ops import build_layer_ops, rms_norm
 from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
@@ -68,13 +69,7 @@ class DecoderOnlyTransformer:
         self.lm_head_weight = self._load_lm_head(ckpt)
         ckpt.close()
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, self.device)
-        self._triton_layer_kernels: Optional[Tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = None
-        if self.attention.uses_triton_layer_kernels:
-            # Imported only for the Triton backend, so CPU installs never import triton here.
-            from lightllm.common.basemodel.triton_kernel.rms_norm import add_rms_norm
-            from lightllm.common.basemodel.triton_kernel.rotary_embedding import apply_rotary_
-
-            self._triton_layer_kernels = (add_rms_norm, apply_rotary_)
+        self.layer_ops = build_layer_ops(self.attention.layer_kernels(), self.rotary)
         self.attention.warmup(self.local_q_heads, self.local_kv_heads, self.head_dim, self.dtype, self.device)
 
     def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
@@ -96,28 +91,6 @@ class DecoderOnlyTransformer:
             size, self.config.num_hidden_layers, self.local_kv_heads, self.head_dim, self.dtype, self.device
         )
 
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.config.rms_norm_eps)
-        return weight * normed.to(x.dtype)
-
-    def _add_norm(
-        self, hidden: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``hidden + delta`` (when given) and its RMSNorm; the Triton kernel adds in place."""
-        if self._triton_layer_kernels is not None:
-            add_rms_norm, eps = self._triton_layer_kernels[0], self.config.rms_norm_eps
-            if delta is None:
-                return hidden, add_rms_norm(hidden, None, weight, eps)
-            return hidden, add_rms_norm(delta, hidden, weight, eps)
-        if delta is not None:
-            hidden = hidden + delta
-        return hidden, self._rms_norm(hidden, weight)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self._triton_layer_kernels is not None:
-            return self._triton_layer_kernels[1](x, cos, sin)
-        return self.rotary.apply(x, cos, sin)
-
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache: KVCacheMemoryManager, req_to_token: torch.Tensor) -> torch.Tensor:
         """Run the batch, writing new K/V into ``kv_cache``; returns float32 logits.
@@ -132,27 +105,38 @@ class DecoderOnlyTransformer:
         hidden = F.embedding(batch.input_ids, self.embed_weight)
         cos, sin = self.rotary.cos_sin(batch.positions, batch.max_position)
         meta = self.attention.prepare(batch, req_to_token)
+        ops, eps = self.layer_ops, self.config.rms_norm_eps
+        # The rows that get logits.  After the last layer's attention nothing else reads the other
+        # rows (their K/V are in the cache by then), so that layer's output projection and MLP,
+        # the last residual add and the final norm run on these rows only: in a prefill that
+        # saves about 1/num_layers of the projection work.
+        rows = batch.logit_index
+        if rows is None and not batch.all_logits:
+            rows = batch.last_token_index
+        if rows is not None and rows.shape[0] == num_tokens:
+            rows = None  # decode: every row gets logits
+        last_layer = len(self.layers) - 1
+        # ``hidden`` is the residual stream: the embedding's fresh output, updated in place.
         mlp_out: Optional[torch.Tensor] = None  # added to the residual by the next norm
         for index, layer in enumerate(self.layers):
-            hidden, x = self._add_norm(hidden, mlp_out, layer.input_norm)
+            x = ops.add_rms_norm(hidden, mlp_out, layer.input_norm, eps)
             qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = self._rotate(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
-            k = self._rotate(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
+            q = ops.apply_rotary(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
+            k = ops.apply_rotary(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
             kv_cache.write(index, batch.out_slots, k, v.view(num_tokens, self.local_kv_heads, self.head_dim))
             attn = self.attention.forward(q, kv_cache.k_buffer[index], kv_cache.v_buffer[index], meta)
-            attn_out = self.tp.all_reduce(F.linear(attn.reshape(num_tokens, q_size), layer.o_weight))
-            hidden, x = self._add_norm(hidden, attn_out, layer.post_attention_norm)
-            gate, up = F.linear(x, layer.gate_up_weight).chunk(2, dim=-1)
-            # In place on the projection's own output: no [tokens, intermediate] temporaries.
-            act = F.silu(gate, inplace=True).mul_(up)
+            attn = attn.reshape(num_tokens, q_size)
+            if index == last_layer and rows is not None:
+                attn, hidden = attn[rows], hidden[rows]
+            attn_out = self.tp.all_reduce(F.linear(attn, layer.o_weight))
+            x = ops.add_rms_norm(hidden, attn_out, layer.post_attention_norm, eps)
+            act = ops.silu_and_mul(F.linear(x, layer.gate_up_weight))
             mlp_out = self.tp.all_reduce(F.linear(act, layer.down_weight))
+        if rows is not None and not self.layers:
+            hidden = hidden[rows]
         if mlp_out is not None:
             hidden = hidden + mlp_out
-        if batch.logit_index is not None:
-            hidden = hidden[batch.logit_index]
-        elif not batch.all_logits:
-            hidden = hidden[batch.last_token_index]
-        hidden = self._rms_norm(hidden, self.final_norm)
+        hidden = rms_norm(hidden, self.final_norm, eps)
         logits = self.tp.all_gather_last_dim(F.linear(hidden, self.lm_head_weight).float())
         return logits[:, : self.config.vocab_size]

@@ -18,9 +18,13 @@ class AttentionBackend(ABC):
     kernels) implements the same two calls, so model code never changes.
     """
 
-    #: Whether the model should also run RMSNorm (fused with the residual add) and rotary
-    #: embedding through the Triton kernels; only the Triton backend sets it.
-    uses_triton_layer_kernels: bool = False
+    def layer_kernels(self) -> str:
+        """Which layer ops the model runs next to this backend: ``torch``, ``triton`` or ``cpp``.
+
+        They cover each layer's residual add + RMSNorm, rotary embedding and SwiGLU (see
+        ``layer_ops.build_layer_ops``); a backend picks the ones built for its device.
+        """
+        return "torch"
 
     def warmup(self, q_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Compile or otherwise prepare kernels for this head layout before the first forward."""

@@ -1,11 +1,12 @@
-"""Building and loading the C++ slot-attention kernel (``cpp_slot_attention.cpp``) on first use.
+"""Building and loading the C++ CPU kernels (``SOURCES``: attention and the fused layer ops) on first use.
 
-The kernel is compiled with the system C++ compiler for the CPU it runs on (``-march=native``),
-the way torch inductor builds its own CPU kernels, and loaded with ctypes: plain C entry points,
-no torch headers, so a build takes about a second and needs nothing but the compiler.  The shared
-object is cached under ``$XDG_CACHE_HOME/lightllm/kernels`` (``~/.cache`` by default) by a hash
-of the source, the compiler's version, the flags and the CPU's model and feature flags, so a
-cache shared between different machines never hands one of them code for another's CPU.
+The kernels are compiled into one shared library with the system C++ compiler for the CPU it
+runs on (``-march=native``), the way torch inductor builds its own CPU kernels, and loaded with
+ctypes: plain C entry points, no torch headers, so a build needs nothing but the compiler (15-35
+s on a 2-core VM, once per machine; the slot kernel's head_dim x group variants dominate).  The
+shared object is cached under ``$XDG_CACHE_HOME/lightllm/kernels`` (``~/.cache`` by default) by a
+hash of the sources, the compiler's version, the flags and the CPU's model and feature flags, so
+a cache shared between different machines never hands one of them code for another's CPU.
 Concurrent builds (TP ranks starting together) write to private temporary names and rename.
 """
 
@@ -21,7 +22,14 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-SOURCE = Path(__file__).with_name("cpp_slot_attention.cpp")
+# Every source goes into one library, so one build (and one cache entry) serves all of them.
+SOURCES = (
+    Path(__file__).with_name("cpp_slot_attention.cpp"),
+    Path(__file__).with_name("cpp_prefill_attention.cpp"),
+    Path(__file__).parent.parent / "cpp_layer_ops.cpp",
+)
+# Included by the sources: part of the cache key, not compiled on their own.
+HEADERS = (Path(__file__).with_name("cpp_kernel_vector.h"),)
 
 # Reassociation lets the compiler sum a dot product as a tree instead of lane by lane; the
 # infinities the kernel uses stay valid (no -ffinite-math-only, unlike -ffast-math).
@@ -63,13 +71,14 @@ def cache_dir() -> Path:
 
 
 def kernel_path(compiler: str) -> Path:
-    """The cached shared object for this source, compiler, flag set and CPU."""
+    """The cached shared object for these sources, compiler, flag set and CPU."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), _compiler_version(compiler).encode(), " ".join(FLAGS).encode(),
+    sources = [source.read_bytes() for source in (*SOURCES, *HEADERS)]
+    for part in (*sources, _compiler_version(compiler).encode(), " ".join(FLAGS).encode(),
                  _cpu_identity().encode(), platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
-    return cache_dir() / f"slot_attention_{digest.hexdigest()[:20]}.so"
+    return cache_dir() / f"cpu_kernels_{digest.hexdigest()[:20]}.so"
 
 
 def _build(compiler: str, target: Path) -> None:
@@ -77,10 +86,12 @@ def _build(compiler: str, target: Path) -> None:
     handle, partial = tempfile.mkstemp(prefix=target.stem + ".", suffix=".partial.so", dir=target.parent)
     os.close(handle)
     try:
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True, timeout=300)
+        command = [compiler, *FLAGS, *(str(source) for source in SOURCES), "-o", partial]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             first = (result.stderr.strip().splitlines() or ["no output"])[0]
-            raise KernelBuildError(f"{compiler} failed to build {SOURCE.name} (exit {result.returncode}): {first}")
+            names = ", ".join(source.name for source in SOURCES)
+            raise KernelBuildError(f"{compiler} failed to build {names} (exit {result.returncode}): {first}")
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
@@ -118,5 +129,10 @@ def load_kernel_library(compiler: str) -> ctypes.CDLL:
         ]
         library.lightllm_slot_attention_supports.restype = ctypes.c_int
         library.lightllm_slot_attention_supports.argtypes = [i64, i64]
+        library.lightllm_prefill_attention.restype = ctypes.c_int
+        library.lightllm_prefill_attention.argtypes = [
+            pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64, i64, i64,
+            ctypes.c_int, ctypes.c_float, ctypes.c_int, pointer,
+        ]
         _library = library
         return library

@@ -17,64 +17,21 @@
 //   q_pos  [B, T] int64       a query at position p sees context positions 0..p (p < L)
 //   out    [B, T, H_kv, G, D] float32
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "cpp_kernel_vector.h"
+
 namespace {
 
+using lightllm_kernels::exp_nonpositive;
+using lightllm_kernels::float8;
+using lightllm_kernels::load8;
+using lightllm_kernels::sum8;
+
 constexpr int BLOCK = 32;  // positions per online-softmax block
-
-// Eight floats in one vector (GCC/Clang vector extensions: AVX on x86, two NEON registers on
-// ARM).  Every supported head_dim is a multiple of 8.  Written out rather than left to the
-// auto-vectoriser, which kept accumulators on the stack and reduced dot products lane by lane.
-typedef float float8 __attribute__((vector_size(32)));
-typedef uint16_t half8 __attribute__((vector_size(16)));
-typedef uint32_t uint8x32 __attribute__((vector_size(32)));
-
-inline float8 load8(const float* p) {
-  float8 out;
-  std::memcpy(&out, p, sizeof(out));
-  return out;
-}
-
-inline float8 load8(const uint16_t* p) {
-  // bfloat16 is the top half of a float32.
-  half8 bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  const uint8x32 wide = __builtin_convertvector(bits, uint8x32) << 16;
-  float8 out;
-  std::memcpy(&out, &wide, sizeof(out));
-  return out;
-}
-
-inline float sum8(float8 x) {
-  return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
-
-// exp(x) for x <= 0 (scores minus their running maximum), written so that the compiler
-// vectorises it (the libm call does not vectorise without -ffast-math, which would also drop
-// the infinities this kernel relies on).  Cody-Waite range reduction and a degree-6 polynomial:
-// relative error about 2e-7, i.e. float precision; x below -87 gives 0.
-inline float exp_nonpositive(float x) {
-  x = x < -87.f ? -87.f : x;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 // One (request, query): every KV head at once, so that each cached row (all heads of a
 // position, contiguous) is read from memory once.

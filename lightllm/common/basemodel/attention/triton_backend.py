@@ -33,10 +33,12 @@ class TritonAttention(AttentionBackend):
 
     Unlike :class:`TorchSdpaAttention` nothing is gathered: the kernels follow ``req_to_token``
     to each key's slot.  The model also switches its RMSNorm (+ residual add) and rotary
-    embedding to the Triton kernels when this backend is chosen (``uses_triton_layer_kernels``).
+    embedding to the Triton kernels when this backend is chosen (:meth:`layer_kernels`).
     """
 
-    uses_triton_layer_kernels = True
+    def layer_kernels(self) -> str:
+        """RMSNorm (+ residual add) and rotary through the Triton kernels of ``triton_kernel/``."""
+        return "triton"
 
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> _TritonMeta:
         device = batch.input_ids.device
