@@ -39,3 +39,19 @@ def test_no_top_logprobs_when_none_requested():
     out = Sampler(0).sample(torch.randn(2, 5), build([SamplingParams()] * 2, vocab=5))
     assert out.top_logprobs is None and out.top_logprob_ids is None
     assert math.isfinite(out.logprobs.sum().item())
+
+
+def test_all_greedy_batch_with_overflowed_and_masked_logits():
+    # The all-greedy path clamps only +inf (no temperature division can overflow a finite logit):
+    # an overflowed logit is picked with a finite logprob, a masked (-inf) one keeps -inf, and the
+    # result equals the general path's clamp-and-restore.
+    inf = float("inf")
+    logits = torch.tensor([[0.5, inf, 1.0, -inf], [2.0, -inf, 1.0, 0.0]])
+    params = [SamplingParams(temperature=0, logprobs=4)] * 2
+    out = Sampler(0).sample(logits, build(params, vocab=4))
+    assert out.next_token_ids.tolist() == [1, 0]
+    assert torch.isfinite(out.logprobs).all() and out.logprobs[0].item() == 0.0
+    bounded = logits.clamp(min=-torch.finfo(torch.float32).max, max=torch.finfo(torch.float32).max)
+    reference = torch.log_softmax(bounded.masked_fill(torch.isneginf(logits), -inf), dim=-1)
+    assert torch.equal(out.top_logprobs, reference.sort(dim=-1, descending=True).values)
+    assert out.row_top_logprobs(1)[-1] == (1, -inf)

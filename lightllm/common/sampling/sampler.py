@@ -43,6 +43,8 @@ from lightllm.common.sampling.logit_processors import (
 from lightllm.common.sampling.sampler_output import SamplerOutput
 from lightllm.common.sampling.sampling_batch import SamplingBatch
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 class Sampler:
     """Picks next tokens for a :class:`SamplingBatch`.
@@ -99,9 +101,13 @@ class Sampler:
         check_logits(logits, batch)
         processed = min_tokens_masked(eos_decayed(penalised(logits.to(torch.float32), batch), batch), batch)
         greedy_ids = processed.argmax(dim=-1)
-        # Every temperature of an all-greedy batch is 1, and x / 1 == x exactly.
-        scaled = processed if batch.all_greedy else processed / batch.temperatures[:, None]
-        scaled = within_float32(scaled, torch.isneginf(processed))
+        if batch.all_greedy:
+            # Every temperature of an all-greedy batch is 1 (x / 1 == x), so no finite logit can
+            # overflow here and an entry is -inf only where a processor masked it: clamping +inf
+            # alone equals within_float32(processed, isneginf(processed)), at a fifth of its cost.
+            scaled = processed.clamp(max=_FLOAT32_MAX)
+        else:
+            scaled = within_float32(processed / batch.temperatures[:, None], torch.isneginf(processed))
         logprobs = torch.log_softmax(scaled, dim=-1)
 
         if batch.all_greedy:
