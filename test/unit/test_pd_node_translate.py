@@ -1,0 +1,48 @@
+"""How a PD node turns its manager's generation events into stream events (``pd_node._translate``).
+
+A finish can reach the node in a read with no new token (the detokenizer took the last token
+before rank 0 set the finish status). It must still go out, as a token-less finish the master
+reads as the end of the request: dropped, the node's stream ended "without a result" and the
+master failed a request that had finished (seen in CI on a decode node's last segment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from lightllm.server.httpserver.pd_node import PdNodeState, _translate
+from lightllm.server.pd.node_wire import event_fields, token_from_line
+from lightllm.server.request_manager import GenerationEvent
+
+
+def _event(token_id: int, finish: Optional[str]) -> GenerationEvent:
+    return GenerationEvent(request_id=3, token_id=token_id, text="" if token_id < 0 else "x", logprob=0.0 if token_id < 0 else -0.5,
+                           finish_reason=finish, prompt_tokens=32, cached_tokens=0, completion_tokens=5)
+
+
+def _translated(event: GenerationEvent):
+    return asyncio.run(_translate(PdNodeState("decode", 1.0), 3, event, False))
+
+
+def test_a_token_less_client_finish_goes_out_as_a_finishing_token_line():
+    for reason in ("length", "stop"):
+        (out,) = _translated(_event(-1, reason))
+        assert out.kind == "token" and out.token.token_id == -1 and out.token.finish_reason == reason
+        line = event_fields(out)
+        assert line["event"] == "token" and line["token_id"] == -1 and line["finish_reason"] == reason
+        # The master reads it back as a token-less finish.
+        back = token_from_line(line, 3, 32, 5)
+        assert back.token_id == -1 and back.finish_reason == reason
+
+
+def test_tokens_and_segment_ends_are_unchanged():
+    (plain,) = _translated(_event(11, None))
+    assert plain.kind == "token" and plain.token.token_id == 11 and plain.token.finish_reason is None
+    (last,) = _translated(_event(12, "length"))
+    assert last.kind == "token" and last.token.finish_reason == "length"
+    token_line, end = _translated(_event(13, "segment_limit"))
+    assert token_line.kind == "token" and token_line.token.finish_reason is None
+    assert end.kind == "segment_end"
+    (only_end,) = _translated(_event(-1, "segment_limit"))
+    assert only_end.kind == "segment_end"
