@@ -20,22 +20,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attention/cpp_kernel_vector.h"
+
 namespace {
+
+using lightllm_kernels::exp_nonpositive;
+using lightllm_kernels::to_float;
 
 constexpr int DTYPE_FLOAT32 = 0;
 constexpr int DTYPE_BFLOAT16 = 1;
-
-// Element access by type: float32 as is, bfloat16 as the top half of a float32.  Plain scalar
-// code inside ``omp simd`` loops: the compiler turns the bit shifts and selects into vector
-// instructions, and the loops need no separate tail for widths that are not a multiple of 8.
-inline float to_float(float value) { return value; }
-
-inline float to_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
 
 template <typename T>
 inline T from_float(float value);
@@ -58,27 +51,6 @@ inline uint16_t from_float<uint16_t>(float value) {
 template <typename T>
 inline float round_to(float value) {
   return to_float(from_float<T>(value));
-}
-
-// exp(x) for x <= 0, vectorisable (the libm call is not without -ffast-math): Cody-Waite range
-// reduction and a degree-6 polynomial, relative error about 2e-7.  Below -87 the result would
-// leave the normal range, so it is 0 there (also for -inf).
-inline float exp_nonpositive(float x) {
-  const float clamped = x < -87.f ? -87.f : x;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  float r = clamped - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.f ? 0.f : p * scale;
 }
 
 // silu(x) = x * sigmoid(x).  The exponential only ever sees -|x|, so it cannot overflow: for

@@ -1,6 +1,6 @@
-// Vector helpers shared by the C++ attention kernels (cpp_slot_attention.cpp,
-// cpp_prefill_attention.cpp): eight-float vectors through GCC/Clang vector extensions, bfloat16
-// rows widened to float32, and an exp that the compiler vectorises.
+// Helpers shared by the C++ CPU kernels (cpp_slot_attention.cpp, cpp_prefill_attention.cpp,
+// ../cpp_layer_ops.cpp): eight-float vectors through GCC/Clang vector extensions, bfloat16 widened
+// to float32, an exp that the compiler vectorises, and the head_dim variants the kernels build.
 #pragma once
 
 #include <cmath>
@@ -38,14 +38,26 @@ inline float sum8(float8 x) {
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
-// exp(x) for x <= 0 (scores minus their running maximum), written so that the compiler
-// vectorises it (the libm call does not vectorise without -ffast-math, which would also drop
-// the infinities the kernels rely on).  Cody-Waite range reduction and a degree-6 polynomial:
-// relative error about 2e-7, i.e. float precision; x below -87 gives 0.
+// One element widened to float32: float as is, bfloat16 as the top half of a float32.  Plain
+// scalar code, which the compiler vectorises inside ``omp simd`` loops.
+inline float to_float(float value) { return value; }
+
+inline float to_float(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+// exp(x) for x <= 0 (scores minus their running maximum, or -|x| inside silu), written so that
+// the compiler vectorises it (the libm call does not vectorise without -ffast-math, which would
+// also drop the infinities the kernels rely on).  Cody-Waite range reduction and a degree-6
+// polynomial: relative error about 2e-7, i.e. float precision.  Below -87 the result would leave
+// the normal range, so it is 0 there (also for -inf).
 inline float exp_nonpositive(float x) {
-  x = x < -87.f ? -87.f : x;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f;
+  const float clamped = x < -87.f ? -87.f : x;
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  float r = clamped - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -57,7 +69,10 @@ inline float exp_nonpositive(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return x < -87.f ? 0.f : p * scale;
 }
 
 }  // namespace lightllm_kernels
+
+// The head_dim variants the attention kernels are built for: X(d) once per supported value.
+#define LIGHTLLM_FOR_EACH_HEAD_DIM(X) X(16) X(32) X(64) X(80) X(96) X(128) X(256)

@@ -35,6 +35,7 @@ using lightllm_kernels::exp_nonpositive;
 using lightllm_kernels::float8;
 using lightllm_kernels::load8;
 using lightllm_kernels::store8;
+using lightllm_kernels::to_float;
 
 constexpr int KEY_BLOCK = 64;    // keys per tile: the transposed keys and the values stay in L1
 constexpr int ROW_TARGET = 64;   // query rows (queries x grouped heads) per tile
@@ -44,14 +45,6 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 // Keeps a loaded vector in a register: without it GCC folded the load into every FMA that uses
 // it (one load per row instead of one per block), and the loops ran at the load ports' speed.
 inline void in_register(float8& x) { asm("" : "+x"(x)); }
-
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float out;
-  std::memcpy(&out, &wide, sizeof(out));
-  return out;
-}
 
 // scores[rows, KEY_BLOCK] = qs[rows, D] . kt[D, KEY_BLOCK] for the first `keys` columns (a
 // multiple of 16); rows is a multiple of ROW_STEP.
@@ -278,13 +271,7 @@ int dispatch(int64_t head_dim, const float* q, const KV* k, const KV* v, const i
     attend_chunks<KV, d>(q, k, v, slots, slot_base, context, token_starts, new_lens, cached_lens, batch,      \
                          kv_heads, group, scale, threads, out);                                               \
     return 0;
-    LIGHTLLM_HEAD_DIM(16)
-    LIGHTLLM_HEAD_DIM(32)
-    LIGHTLLM_HEAD_DIM(64)
-    LIGHTLLM_HEAD_DIM(80)
-    LIGHTLLM_HEAD_DIM(96)
-    LIGHTLLM_HEAD_DIM(128)
-    LIGHTLLM_HEAD_DIM(256)
+    LIGHTLLM_FOR_EACH_HEAD_DIM(LIGHTLLM_HEAD_DIM)
 #undef LIGHTLLM_HEAD_DIM
     default:
       return 1;

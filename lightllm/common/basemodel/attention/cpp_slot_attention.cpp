@@ -202,13 +202,7 @@ int dispatch(int64_t head_dim, int64_t group, const float* q, const KV* k, const
   case d:                                                                                                   \
     return dispatch_group<KV, d>(group, q, k, v, slots, slot_base, q_pos, batch, queries, context, kv_heads, \
                                  scale, threads, out);
-    LIGHTLLM_HEAD_DIM(16)
-    LIGHTLLM_HEAD_DIM(32)
-    LIGHTLLM_HEAD_DIM(64)
-    LIGHTLLM_HEAD_DIM(80)
-    LIGHTLLM_HEAD_DIM(96)
-    LIGHTLLM_HEAD_DIM(128)
-    LIGHTLLM_HEAD_DIM(256)
+    LIGHTLLM_FOR_EACH_HEAD_DIM(LIGHTLLM_HEAD_DIM)
 #undef LIGHTLLM_HEAD_DIM
     default:
       return 1;
@@ -221,8 +215,10 @@ extern "C" {
 
 // Supported shapes: head_dim in {16, 32, 64, 80, 96, 128, 256}, group in 1..8 or 16.
 int lightllm_slot_attention_supports(int64_t head_dim, int64_t group) {
-  const bool dim_ok = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 ||
-                      head_dim == 128 || head_dim == 256;
+  bool dim_ok = false;
+#define LIGHTLLM_HEAD_DIM_MATCHES(d) dim_ok = dim_ok || head_dim == d;
+  LIGHTLLM_FOR_EACH_HEAD_DIM(LIGHTLLM_HEAD_DIM_MATCHES)
+#undef LIGHTLLM_HEAD_DIM_MATCHES
   const bool group_ok = (group >= 1 && group <= 8) || group == 16;
   return dim_ok && group_ok;
 }
