@@ -100,40 +100,60 @@ class GenerationFanout:
             raise failure
         raise manager_error(failure) from None
 
-    async def _pump(self, slot: int, queue: asyncio.Queue[tuple[int, Any]]) -> None:
+    async def _choice_items(self, slot: int) -> AsyncIterator[Any]:
+        """One generation's items as :meth:`events` reads them: its events, then None at its end,
+        or an exception (which ends the whole response)."""
         try:
             event = self._first[slot]
             while True:
                 if _is_error(event):
                     # Tokens before the failure are delivered; then the client gets an error.
                     if event.token_id >= 0:
-                        await queue.put((slot, dataclasses.replace(event, finish_reason=None)))
-                    await queue.put((slot, generation_failed()))
+                        yield dataclasses.replace(event, finish_reason=None)
+                    yield generation_failed()
                     return
-                await queue.put((slot, event))
+                yield event
                 if event.finish_reason is not None:
                     break
                 event = await self._iterators[slot].__anext__()
         except StopAsyncIteration:
             # The manager stops without a finish event only when the client went away.
             logger.info("generation for choice %d ended without a finish reason", self._jobs[slot].index)
-            await queue.put((slot, None))
         except Exception as exc:  # noqa: BLE001 - forwarded to the consumer, which reports it
-            await queue.put((slot, exc))
-        else:
-            await queue.put((slot, None))
+            yield exc
+            return
+        yield None
+
+    async def _pump(self, slot: int, queue: asyncio.Queue[tuple[int, Any]]) -> None:
+        async for item in self._choice_items(slot):
+            await queue.put((slot, item))
+
+    async def _merged_items(self) -> AsyncIterator[tuple[int, Any]]:
+        if len(self._jobs) == 1:
+            # One choice, the common case: read it in place, without a pump task and a queue
+            # hop per token.
+            items = self._choice_items(0)
+            try:
+                async for item in items:
+                    yield 0, item
+            finally:
+                await items.aclose()
+            return
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self._tasks = [asyncio.create_task(self._pump(slot, queue)) for slot in range(len(self._jobs))]
+        while True:
+            yield await queue.get()
 
     async def events(self) -> AsyncIterator[tuple[int, Any]]:
         """Yield ``(choice_index, event)`` until every generation has finished.
 
         Raises the APIError of the first generation that fails.
         """
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self._tasks = [asyncio.create_task(self._pump(slot, queue)) for slot in range(len(self._jobs))]
+        items = self._merged_items()
         remaining = len(self._jobs)
         try:
             while remaining:
-                slot, item = await queue.get()
+                slot, item = await items.__anext__()
                 if item is None:
                     remaining -= 1
                 elif isinstance(item, Exception):
@@ -141,6 +161,7 @@ class GenerationFanout:
                 else:
                     yield self._jobs[slot].index, item
         finally:
+            await items.aclose()
             await self.close()
 
     async def collect(self) -> dict[int, list[Any]]:

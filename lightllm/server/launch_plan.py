@@ -119,6 +119,8 @@ def build_process_configs(
             prefill_max_wait_tokens=args.prefill_max_wait_tokens,
             use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
             log_level=args.log_level, torch_threads=sizing.torch_threads,
+            prefill_torch_threads=sizing.prefill_torch_threads,
+            long_decode_positions=sizing.long_decode_positions,
             sampling_seed=sampling_seed, run_mode=run_mode, pd=pd_settings,
         )
         for rank in range(args.tp)

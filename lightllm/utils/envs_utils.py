@@ -10,7 +10,9 @@ import os
 from typing import Callable, List, Optional
 
 ENV_VARS = {
-    "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank; default: (CPU cores - 1) divided by --tp, at least 1.",
+    "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens).",
+    "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads of each CPU model rank in prefill forwards and in decode forwards over long contexts (see LIGHTLLM_LONG_DECODE_POSITIONS), which borrow the front end's core; default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
+    "LIGHTLLM_LONG_DECODE_POSITIONS": "A CPU decode forward whose requests' contexts add up to at least this many positions runs with LIGHTLLM_PREFILL_TORCH_THREADS (its attention scan dominates); default 32768, 0: decode always uses LIGHTLLM_TORCH_THREADS.",
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "0 stops model ranks from returning freed heap memory to the kernel when idle (malloc_trim); default 1.",
@@ -19,17 +21,31 @@ ENV_VARS = {
 }
 
 
-def torch_threads_override() -> Optional[int]:
-    """``LIGHTLLM_TORCH_THREADS`` as a positive int, or None when unset."""
-    raw = os.environ.get("LIGHTLLM_TORCH_THREADS")
+def torch_threads_override(name: str = "LIGHTLLM_TORCH_THREADS") -> Optional[int]:
+    """Environment variable ``name`` (a thread count) as a positive int, or None when unset."""
+    raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"LIGHTLLM_TORCH_THREADS must be a positive integer, got {raw!r}") from None
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
     if value < 1:
-        raise ValueError(f"LIGHTLLM_TORCH_THREADS must be a positive integer, got {raw!r}")
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return value
+
+
+def long_decode_positions_override() -> Optional[int]:
+    """``LIGHTLLM_LONG_DECODE_POSITIONS`` as an int >= 0, or None when unset."""
+    raw = os.environ.get("LIGHTLLM_LONG_DECODE_POSITIONS")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"LIGHTLLM_LONG_DECODE_POSITIONS must be an integer >= 0, got {raw!r}")
     return value
 
 

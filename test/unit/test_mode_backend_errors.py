@@ -17,7 +17,7 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import Sampler, SamplingParams
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_LENGTH, FINISH_REASON_NAMES
-from lightllm.server.core.objs.io_messages import AbortRequest, AddRequests, DetokenizedOutput, SlotReleased, StepOutput
+from lightllm.server.core.objs.io_messages import AbortRequest, AddRequests, DetokenizedOutput, SlotReleased, StepOutput, StepTexts
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.detokenization.manager import DetokenizationConfig, DetokenizationManager
 from lightllm.server.router.model_infer.infer_context import InferenceContext
@@ -231,14 +231,17 @@ def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir,
         shm.array[1]["stop_sequences_json"] = b"[not json"  # damaged after the HTTP side wrote it
         shm.publish_token(1, 2, 43, -0.5)
         manager.handle(StepOutput([(1, 0), (2, 1)], [(1, 0)]))
-        received = [http.recv_pyobj() for _ in range(3)]
+        step = http.recv_pyobj()
+        assert isinstance(step, StepTexts)  # the whole step in one message
+        received = step.messages
+        assert len(received) == 3
         assert isinstance(received[0], DetokenizedOutput) and received[0].finish_reason == "error"
         assert [event.token_id for event in received[0].tokens] == [42]
         assert (received[1].request_id, received[1].tokens, received[1].finish_reason) == (2, [], "error")
         assert received[2] == SlotReleased(1, 0)  # no second "abort" message for the failed request
         assert router.recv_pyobj() == AbortRequest(2)  # the rank stops generating for it
         manager.handle(StepOutput([(2, 1)], [(2, 1)]))
-        assert http.recv_pyobj() == SlotReleased(2, 1)
+        assert http.recv_pyobj() == StepTexts([SlotReleased(2, 1)])
         assert not http.poll(100)
     finally:
         manager.zmq_ctx.destroy(linger=0)

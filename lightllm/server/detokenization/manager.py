@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import zmq
 
@@ -13,6 +13,7 @@ from lightllm.server.core.objs.io_messages import (
     DetokenizedOutput,
     SlotReleased,
     StepOutput,
+    StepTexts,
     TokenEvent,
 )
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
@@ -58,6 +59,8 @@ class DetokenizationManager:
         self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
         self.shm = layout.open_requests()
         self.requests: Dict[int, _RequestText] = {}
+        # The current step's messages to the HTTP process, sent together at the end of the step.
+        self._outbox: List[Union[DetokenizedOutput, SlotReleased]] = []
 
     def _state(self, request_id: int, slot: int) -> _RequestText:
         state = self.requests.get(request_id)
@@ -68,7 +71,15 @@ class DetokenizationManager:
         return state
 
     def handle(self, message: StepOutput) -> None:
-        """Turn one step's updates into text messages; forward releases."""
+        """Turn one step's updates into text messages; forward releases (one message per step)."""
+        try:
+            self._handle_step(message)
+        finally:
+            if self._outbox:
+                outbox, self._outbox = self._outbox, []
+                self.to_http.send_pyobj(StepTexts(outbox))
+
+    def _handle_step(self, message: StepOutput) -> None:
         for request_id, slot in message.updates:
             try:
                 self._update(request_id, slot)
@@ -78,8 +89,8 @@ class DetokenizationManager:
         for request_id, slot in message.released:
             state = self.requests.pop(request_id, None)
             if state is None or not state.finished:
-                self.to_http.send_pyobj(DetokenizedOutput(request_id, [], "abort", 0))
-            self.to_http.send_pyobj(SlotReleased(request_id, slot))
+                self._outbox.append(DetokenizedOutput(request_id, [], "abort", 0))
+            self._outbox.append(SlotReleased(request_id, slot))
 
     def _fail(self, request_id: int) -> None:
         state = self.requests.get(request_id)
@@ -90,7 +101,7 @@ class DetokenizationManager:
         else:
             # Keep a finished marker so the release that follows does not report "abort".
             self.requests[request_id] = _RequestText(decoder=None, finished=True)
-        self.to_http.send_pyobj(DetokenizedOutput(request_id, [], FINISH_REASON_NAMES[FINISH_ERROR], 0))
+        self._outbox.append(DetokenizedOutput(request_id, [], FINISH_REASON_NAMES[FINISH_ERROR], 0))
         # The rank may still be generating for it (a no-op if it already finished).
         self.to_router.send_pyobj(AbortRequest(request_id))
 
@@ -125,7 +136,7 @@ class DetokenizationManager:
                 # Complete once the first token is out: every prefill chunk ran before it.
                 prompt_logprobs = self.shm.prompt_logprobs(slot, request_id)
                 state.prompt_logprobs_sent = True
-            self.to_http.send_pyobj(
+            self._outbox.append(
                 DetokenizedOutput(request_id, events, finish_reason, output.prompt_cache_len, prompt_logprobs)
             )
 

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased
+from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased, StepTexts
 from lightllm.server.core.objs.shm_req_checks import (
     check_generated_before,
     check_internal_priority,
@@ -126,21 +126,25 @@ class HttpServerManager:
     async def _receive_loop(self) -> None:
         while True:
             message = await self.inbox.recv_pyobj()
-            try:
-                if isinstance(message, DetokenizedOutput):
-                    pending = self._pending.get(message.request_id)
-                    if pending is not None:
-                        if not pending.scheduled_ns:
-                            # Read while the slot is surely still this request's: its release
-                            # message comes after every output message.
-                            pending.scheduled_ns = self.shm.scheduled_ns(pending.slot, message.request_id)
-                        pending.deliver(message)
-                elif isinstance(message, SlotReleased):
-                    await self._release_slot(message.request_id, message.shm_index)
-                elif isinstance(message, PD_NODE_MESSAGES) and self.pd is not None:
-                    self.pd.on_message(message, self._pending)
-            except Exception:  # one bad message must not stop every stream
-                log.exception("failed to handle %s", type(message).__name__)
+            for item in message.messages if isinstance(message, StepTexts) else (message,):
+                try:
+                    await self._handle_message(item)
+                except Exception:  # one bad message must not stop every stream
+                    log.exception("failed to handle %s", type(item).__name__)
+
+    async def _handle_message(self, message: Any) -> None:
+        if isinstance(message, DetokenizedOutput):
+            pending = self._pending.get(message.request_id)
+            if pending is not None:
+                if not pending.scheduled_ns:
+                    # Read while the slot is surely still this request's: its release
+                    # message comes after every output message.
+                    pending.scheduled_ns = self.shm.scheduled_ns(pending.slot, message.request_id)
+                pending.deliver(message)
+        elif isinstance(message, SlotReleased):
+            await self._release_slot(message.request_id, message.shm_index)
+        elif isinstance(message, PD_NODE_MESSAGES) and self.pd is not None:
+            self.pd.on_message(message, self._pending)
 
     async def _release_slot(self, request_id: int, slot: int) -> None:
         if self._live.get(request_id) == slot:

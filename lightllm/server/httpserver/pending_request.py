@@ -17,6 +17,8 @@ DISCONNECT_CHECK_SECONDS = 0.5
 
 # Put in a request's queue to wake it when the server fails every pending request.
 _FAILED = object()
+# Put in a request's queue by its timer: time to ask whether the client is still connected.
+_CHECK_CLIENT = object()
 
 
 def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
@@ -101,36 +103,38 @@ class PendingRequest:
         whether tokens are flowing or not, so a walk-away client of a long generation is
         noticed within that time. ``started`` (``perf_counter``) times the first token.
         """
+        # One timer per check interval puts a marker in the queue, rather than a timeout around
+        # every wait: ``wait_for`` per token cost a task and a timer handle per token per request.
+        timer: Optional[asyncio.TimerHandle] = None
+        loop = asyncio.get_running_loop()
+        if request is not None:
+            timer = loop.call_later(DISCONNECT_CHECK_SECONDS, self.queue.put_nowait, _CHECK_CLIENT)
         last_token_at: Optional[float] = None
-        next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
-        while True:
-            if not self.queue.empty():
-                event = self.queue.get_nowait()
-            else:
-                try:
-                    event = await asyncio.wait_for(self.queue.get(), max(0.0, next_check - time.monotonic()))
-                except asyncio.TimeoutError:
-                    event = None
-            if event is _FAILED:
-                return
-            if request is not None and time.monotonic() >= next_check:
-                next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
-                if await request.is_disconnected():
+        try:
+            while True:
+                event = self.queue.get_nowait() if not self.queue.empty() else await self.queue.get()
+                if event is _FAILED:
                     return
-            if event is None:
-                continue
-            if isinstance(event, PdNotice):
-                yield event
-                continue
-            now = time.perf_counter()
-            if event.token_id >= 0:
-                if last_token_at is None:
-                    self.first_token_seconds = now - started
-                    metrics.on_first_token(self.first_token_seconds, event.cached_tokens if self.counts_prompt else 0)
-                else:
-                    metrics.on_next_token(now - last_token_at)
-                last_token_at = now
-            if event.token_id >= 0 or event.finish_reason is not None:
-                yield event
-            if event.finish_reason is not None:
-                return
+                if event is _CHECK_CLIENT:
+                    if await request.is_disconnected():
+                        return
+                    timer = loop.call_later(DISCONNECT_CHECK_SECONDS, self.queue.put_nowait, _CHECK_CLIENT)
+                    continue
+                if isinstance(event, PdNotice):
+                    yield event
+                    continue
+                now = time.perf_counter()
+                if event.token_id >= 0:
+                    if last_token_at is None:
+                        self.first_token_seconds = now - started
+                        metrics.on_first_token(self.first_token_seconds, event.cached_tokens if self.counts_prompt else 0)
+                    else:
+                        metrics.on_next_token(now - last_token_at)
+                    last_token_at = now
+                if event.token_id >= 0 or event.finish_reason is not None:
+                    yield event
+                if event.finish_reason is not None:
+                    return
+        finally:
+            if timer is not None:
+                timer.cancel()

@@ -6,7 +6,7 @@ Request content never travels here: only request ids and shared-memory slot inde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Tuple, Union
 
 
 @dataclass
@@ -88,6 +88,15 @@ class SlotReleased:
 
     request_id: int
     shm_index: int
+
+
+@dataclass
+class StepTexts:
+    """Detokenization -> HTTP: one step's :class:`DetokenizedOutput` and :class:`SlotReleased`
+    messages, in order, as one message: the HTTP process wakes once per step, not once per
+    request (a 128-request decode step was 128 socket reads and 128 event-loop wake-ups)."""
+
+    messages: List[Union[DetokenizedOutput, SlotReleased]]
 
 
 @dataclass

@@ -46,6 +46,7 @@ from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NON
 from lightllm.server.core.objs.shm_req_views import RequestInput
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.router.model_infer.infer_context import InferenceContext
+from lightllm.server.router.model_infer.mode_backend.forward_threads import ForwardThreads
 from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.step_report import StepReport
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
@@ -85,8 +86,11 @@ class ModelRank:
         device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        threads = None
         if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
+            threads = ForwardThreads(config.torch_threads, config.prefill_torch_threads or config.torch_threads,
+                                     config.long_decode_positions)
+            threads.apply()
         self.tp = TensorParallelGroup(config.rank, config.tp)
         if config.tp > 1:
             dist.init_process_group(
@@ -122,6 +126,7 @@ class ModelRank:
             config.max_req_total_len,
             token_sync=self._broadcast_tokens if config.tp > 1 else None,
             grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
+            threads=threads,
         )
         if config.run_mode == "decode":
             self.backend.end_segment_on_kv_pressure = True

@@ -8,6 +8,7 @@ from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.sampling import Sampler
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend import ModeBackend, build_backend
+from lightllm.server.router.model_infer.mode_backend.forward_threads import ForwardThreads
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
@@ -25,7 +26,9 @@ def build_rank_backend(
     max_req_total_len: int,
     token_sync: Optional[TokenSync] = None,
     grammar: Optional[GrammarConstraints] = None,
+    threads: Optional[ForwardThreads] = None,
 ) -> ModeBackend:
     """The ``run_mode`` backend over ``model`` and ``context`` (see ``TorchModelExecutor`` for the rest)."""
-    executor = TorchModelExecutor(model, context, sampler, eos_token_ids, token_sync=token_sync, grammar=grammar)
+    executor = TorchModelExecutor(model, context, sampler, eos_token_ids, token_sync=token_sync, grammar=grammar,
+                                  threads=threads)
     return build_backend(run_mode)(executor, context, strategy, planner, eos_token_ids, max_req_total_len)

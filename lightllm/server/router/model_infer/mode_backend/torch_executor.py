@@ -22,6 +22,7 @@ from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.sampling import Sampler
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend.forward_threads import ForwardThreads
 from lightllm.server.router.model_infer.mode_backend.model_executor import ExecutionResult, SampledToken
 from lightllm.server.router.model_infer.mode_backend.prompt_logprobs import collect_prompt_logprobs, prefill_logit_rows
 from lightllm.server.router.model_infer.mode_backend.row_sampling import FAILED_TOKEN, sample_rows
@@ -45,6 +46,7 @@ class TorchModelExecutor:
         eos_token_ids: for penalties and ``min_new_tokens``.
         token_sync: under tensor parallelism, shares rank 0's sampled tokens with every rank.
         grammar: structured output; None refuses requests that carry a grammar.
+        threads: a CPU rank's torch threads per kind of forward; None: never changed here.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class TorchModelExecutor:
         eos_token_ids: Sequence[int],
         token_sync: Optional[TokenSync] = None,
         grammar: Optional[GrammarConstraints] = None,
+        threads: Optional[ForwardThreads] = None,
     ) -> None:
         self.model = model
         self.context = context
@@ -65,6 +68,7 @@ class TorchModelExecutor:
         self.vocab_size = model.config.vocab_size
         self.grammar_enabled = grammar is not None
         self._forward_failures = 0
+        self.threads = threads
 
     def prefill(self, chunks: Sequence[PrefillChunk]) -> ExecutionResult:
         """One forward over every chunk; sample where a chunk completes its request."""
@@ -78,7 +82,11 @@ class TorchModelExecutor:
         )
         last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         result = ExecutionResult()
-        logits = self._forward(batch, [c.req for c in chunks], result)
+        if self.threads is None:
+            logits = self._forward(batch, [c.req for c in chunks], result)
+        else:
+            with self.threads.prefill_forward():
+                logits = self._forward(batch, [c.req for c in chunks], result)
         if logits is None:
             return result
         result.prompt_logprobs = collect_prompt_logprobs(logits, prompt_rows)
@@ -101,7 +109,11 @@ class TorchModelExecutor:
             self.model.device,
         )
         result = ExecutionResult()
-        logits = self._forward(batch, list(reqs), result)
+        if self.threads is None:
+            logits = self._forward(batch, list(reqs), result)
+        else:
+            with self.threads.decode_forward(sum(positions)):
+                logits = self._forward(batch, list(reqs), result)
         if logits is not None:
             self._sample(logits, list(reqs), result)
         return result
