@@ -146,7 +146,7 @@ def test_owned_id_and_internal_fields_reach_the_rank_and_come_back(pipeline: Pip
             pipeline.detok.to_http.send_pyobj(SlotReleased(OWNED_ID + 1, slot))
             assert pipeline.rank.shm.publish_token(slot, OWNED_ID, 9, -0.25)
             assert pipeline.rank.shm.set_finish_status(slot, OWNED_ID, FINISH_LENGTH)
-            pipeline.detok.handle(StepOutput([(OWNED_ID, slot)], [(OWNED_ID, slot)]))
+            pipeline.detok.handle(StepOutput([(OWNED_ID, slot, 1)], [(OWNED_ID, slot)]))
             event = await asyncio.wait_for(first, 10)
             assert (event.request_id, event.token_id, event.finish_reason) == (OWNED_ID, 9, "length")
             with pytest.raises(StopAsyncIteration):

@@ -230,7 +230,7 @@ def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir,
         shm.write_request(1, 2, [5, 6], _greedy(3), False)
         shm.array[1]["stop_sequences_json"] = b"[not json"  # damaged after the HTTP side wrote it
         shm.publish_token(1, 2, 43, -0.5)
-        manager.handle(StepOutput([(1, 0), (2, 1)], [(1, 0)]))
+        manager.handle(StepOutput([(1, 0, 1), (2, 1, 1)], [(1, 0)]))
         step = http.recv_pyobj()
         assert isinstance(step, StepTexts)  # the whole step in one message
         received = step.messages
@@ -240,7 +240,7 @@ def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir,
         assert (received[1].request_id, received[1].tokens, received[1].finish_reason) == (2, [], "error")
         assert received[2] == SlotReleased(1, 0)  # no second "abort" message for the failed request
         assert router.recv_pyobj() == AbortRequest(2)  # the rank stops generating for it
-        manager.handle(StepOutput([(2, 1)], [(2, 1)]))
+        manager.handle(StepOutput([(2, 1, 1)], [(2, 1)]))
         assert http.recv_pyobj() == StepTexts([SlotReleased(2, 1)])
         assert not http.poll(100)
     finally:

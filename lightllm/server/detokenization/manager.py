@@ -80,9 +80,9 @@ class DetokenizationManager:
                 self.to_http.send_pyobj(StepTexts(outbox))
 
     def _handle_step(self, message: StepOutput) -> None:
-        for request_id, slot in message.updates:
+        for request_id, slot, published in message.updates:
             try:
-                self._update(request_id, slot)
+                self._update(request_id, slot, published)
             except Exception:  # noqa: BLE001 - one unreadable record must not stop every stream
                 log.exception("decoding request %d failed; ending it with an error", request_id)
                 self._fail(request_id)
@@ -105,11 +105,11 @@ class DetokenizationManager:
         # The rank may still be generating for it (a no-op if it already finished).
         self.to_router.send_pyobj(AbortRequest(request_id))
 
-    def _update(self, request_id: int, slot: int) -> None:
+    def _update(self, request_id: int, slot: int, published: int) -> None:
         state = self._state(request_id, slot)
         if state.finished:
             return
-        output = self.shm.read_output(slot, request_id, state.seen)
+        output = self.shm.read_output(slot, request_id, state.seen, published)
         status = output.finish_status
         tops = output.top_logprobs
         state.seen = output.output_len

@@ -119,10 +119,13 @@ class RequestRun:
                     f"request {self.request_id}: {where} sent no {waiting_for} within {timeout_s:g} s",
                     "pd_timeout", "timeout",
                 )
-            try:
-                item = await asyncio.wait_for(self._queue.get(), max(0.0, min(deadline, self._next_check) - now))
-            except asyncio.TimeoutError:
-                item = None
+            if not self._queue.empty():
+                item = self._queue.get_nowait()  # no task and timer per line while lines are waiting
+            else:
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), max(0.0, min(deadline, self._next_check) - now))
+                except asyncio.TimeoutError:
+                    item = None
             if self.request is not None and time.monotonic() >= self._next_check:
                 self._next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
                 if await self.request.is_disconnected():

@@ -42,12 +42,15 @@ class AbortRequests:
 class StepOutput:
     """Model rank 0 -> detokenization: new tokens are in shared memory; some requests ended.
 
-    ``updates`` holds ``(request_id, shm_index)`` of requests whose ``output_len`` grew or whose
-    ``finish_status`` was set; ``released`` the requests the backend dropped (their slot is no
-    longer written by anyone).
+    ``updates`` holds ``(request_id, shm_index, output_len)`` of requests whose ``output_len``
+    grew or whose ``finish_status`` was set, with the ``output_len`` this step published: the
+    detokenizer reads up to it, so a request's last token and its finish status always reach it
+    in the same message (a read that ran past into the next step's tokens once delivered the
+    finish later, without a token to carry the text the decoder held back); ``released`` the
+    requests the backend dropped (their slot is no longer written by anyone).
     """
 
-    updates: List[Tuple[int, int]] = field(default_factory=list)
+    updates: List[Tuple[int, int, int]] = field(default_factory=list)
     released: List[Tuple[int, int]] = field(default_factory=list)
 
 

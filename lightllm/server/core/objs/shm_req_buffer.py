@@ -45,7 +45,9 @@ Who writes which field, and in what order
 * Detokenization: :meth:`~ShmReqBuffer.decode_options` once per request, then
   :meth:`~ShmReqBuffer.read_output` per update, which reads ``finish_status`` first, then
   ``output_len``, then the ids, logprobs and top alternatives below it (finish first: a set
-  status then guarantees the ``output_len`` read after it is final), and
+  status then guarantees the ``output_len`` read after it is final; it reads no further than
+  the ``output_len`` the step's message names, and a status read while tokens past that remain
+  counts as unset, so a request's last token and its status are read together), and
   :meth:`~ShmReqBuffer.prompt_logprobs` (``prompt_logprob_end`` before the data).  It writes
   nothing here; a stop string ends the request through an abort to the router.
 
@@ -258,22 +260,28 @@ class ShmReqBuffer(SharedArraySegment):
 
     def publish_token(
         self, slot: int, request_id: int, token_id: int, logprob: float, top: Sequence[Tuple[int, float]] | None = None
-    ) -> bool:
+    ) -> int:
         """Append one output token: data first, then the ``output_len`` publish point.
 
         ``top`` holds ``(token_id, logprob)`` alternatives, most likely first (at most
         :data:`MAX_TOP_LOGPROBS`); the rest of the row is marked unused with id ``-1``.
+        Returns the new ``output_len``, or 0 when the slot no longer holds the request.
         """
         rec = self._write(slot, request_id, "a token")
         if rec is None:
-            return False
+            return 0
         index = int(rec["output_len"])
         rec["output_ids"][index] = token_id
         rec["output_logprobs"][index] = logprob
         if top:
             self._write_top(rec, int(rec["prompt_len"]) + index, top)
         rec["output_len"] = index + 1
-        return True
+        return index + 1
+
+    def published_output_len(self, slot: int, request_id: int) -> int:
+        """Rank 0: the request's ``output_len`` (0 when the slot no longer holds it)."""
+        rec = self.array[slot]
+        return int(rec["output_len"]) if int(rec["request_id"]) == request_id else 0
 
     def publish_prompt_logprobs(
         self, slot: int, request_id: int, entries: Sequence[Tuple[int, float, Sequence[Tuple[int, float]]]]
@@ -333,11 +341,17 @@ class ShmReqBuffer(SharedArraySegment):
             print_eos_token=bool(rec["print_eos_token"]),
         )
 
-    def read_output(self, slot: int, request_id: int, start: int) -> OutputSnapshot:
-        """Output tokens ``start..output_len-1`` as published now, with the finish status."""
+    def read_output(self, slot: int, request_id: int, start: int, end: Optional[int] = None) -> OutputSnapshot:
+        """Output tokens ``start..output_len-1`` as published now (no further than ``end`` when
+        given), with the finish status; the status reads 0 while tokens past ``end`` remain,
+        since it belongs with the last of them."""
         rec = self._read(slot, request_id)
         status = int(rec["finish_status"])  # before the publish point: see the module docstring
-        end = int(rec["output_len"])
+        published = int(rec["output_len"])
+        if end is None or end >= published:
+            end = published
+        else:
+            status = 0
         tops = None
         if int(rec["logprobs"]) > 0:
             offset = int(rec["prompt_len"])

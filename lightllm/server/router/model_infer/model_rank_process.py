@@ -306,12 +306,13 @@ class ModelRank:
         for req, entries in report.prompt_logprobs:
             shm.publish_prompt_logprobs(req.shm_index, req.request_id, entries)
         for req, token, logprob in report.tokens:
-            shm.publish_token(req.shm_index, req.request_id, token, logprob, report.top_logprobs.get(req.request_id))
-            updates[req.request_id] = (req.request_id, req.shm_index)
+            length = shm.publish_token(req.shm_index, req.request_id, token, logprob, report.top_logprobs.get(req.request_id))
+            updates[req.request_id] = (req.request_id, req.shm_index, length)
         released = []
         for req, status in report.finished:
             shm.set_finish_status(req.shm_index, req.request_id, status)
-            updates[req.request_id] = (req.request_id, req.shm_index)
+            if req.request_id not in updates:
+                updates[req.request_id] = (req.request_id, req.shm_index, shm.published_output_len(req.shm_index, req.request_id))
             released.append((req.request_id, req.shm_index))
         if updates or released:
             self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released))
