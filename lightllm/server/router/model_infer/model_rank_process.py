@@ -18,9 +18,7 @@ outcome) over a push socket to the HTTP inbox.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -39,21 +37,18 @@ from lightllm.server.core.objs.io_messages import (
     AbortRequests,
     AddRequests,
     PdTransferSetup,
-    RequestsReleased,
-    StepOutput,
 )
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
 from lightllm.server.core.objs.shm_req_views import RequestInput
-from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend.forward_threads import ForwardThreads
 from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_report import StepReport
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
 from lightllm.server.router.model_infer.model_rank_config import ModelRankConfig
+from lightllm.server.router.model_infer.step_publisher import StepPublisher
 from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankTransfer
 from lightllm.server.pd.kv_transfer import KVTransferHandle
 from lightllm.utils.log_utils import init_logging
@@ -132,10 +127,8 @@ class ModelRank:
             self.backend.end_segment_on_kv_pressure = True
             self.backend.max_segment_tokens = config.pd.max_segment_tokens
         self.shm = config.layout.open_requests()
-        self.stats: Optional[ShmStats] = None
         self.wait_tracker = PrefillWaitTracker()
-        self.steps = 0
-        self.preemptions = 0  # requests paused for KV, cumulative (vLLM's preemptions)
+        self.publisher: Optional[StepPublisher] = None  # rank 0 only
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
         self._screened: Dict[int, RequestInput] = {}
@@ -145,9 +138,9 @@ class ModelRank:
             self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
             self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
             self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
-            self.stats = layout.open_stats()
-            self.stats.set("kv_total_tokens", config.max_total_token_num)
-            self._publish_stats()
+            self.publisher = StepPublisher(self.shm, layout.open_stats(), self.backend, context, self.wait_tracker,
+                                           self.to_detokenization, self.to_router)
+            self.publisher.start(config.max_total_token_num)
             self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.http_address, bind=False) if pd_role else None
         self.pd: Optional[PdRankTransfer] = None
         if pd_role is not None:
@@ -293,75 +286,6 @@ class ModelRank:
         if self.pd is None or pd_kind != wanted:
             raise ValueError(f"a {self.config.run_mode} node cannot run a request of PD kind {pd_kind}")
 
-    def publish(self, report: StepReport) -> None:
-        """Rank 0 writes tokens and finish states to shared memory and notifies the others."""
-        started = time.perf_counter()
-        self.preemptions += len(report.paused)
-        self._stamp_first_scheduled(report)
-        for req in report.prompt_cache_grown:  # before the first token, which reports it
-            self.shm.set_prompt_cache_len(req.shm_index, req.request_id, req.prompt_cache_len)
-        updates = {}
-        # Prompt logprobs come from the prefill that also samples the first token: written first.
-        shm = self.shm
-        for req, entries in report.prompt_logprobs:
-            shm.publish_prompt_logprobs(req.shm_index, req.request_id, entries)
-        for req, token, logprob in report.tokens:
-            length = shm.publish_token(req.shm_index, req.request_id, token, logprob, report.top_logprobs.get(req.request_id))
-            updates[req.request_id] = (req.request_id, req.shm_index, length)
-        released = []
-        for req, status in report.finished:
-            shm.set_finish_status(req.shm_index, req.request_id, status)
-            if req.request_id not in updates:
-                updates[req.request_id] = (req.request_id, req.shm_index, shm.published_output_len(req.shm_index, req.request_id))
-            released.append((req.request_id, req.shm_index))
-        if updates or released:
-            self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released))
-        if released:
-            self.to_router.send_pyobj(RequestsReleased([r for r, _ in released]))
-        self.wait_tracker.on_step(
-            (req for req, _, _ in report.tokens),
-            (req for req, _ in report.finished),
-            self.backend.requests.values(),
-            self.backend.counter.value,
-        )
-        self._publish_stats()
-        self._add_time("step_schedule_us", report.schedule_seconds)
-        self._add_time("step_forward_us", report.forward_seconds)
-        self._add_time("step_sample_us", report.post_seconds)
-        self._add_time("step_publish_us", time.perf_counter() - started)
-
-    def _stamp_first_scheduled(self, report: StepReport) -> None:
-        """Publish when each request was first selected (vLLM's queue time ends there).
-
-        Written before any of the step's tokens, so the HTTP side has it with the first output.
-        A prompt whose prefix-cache hit leaves one token runs as decode work, so both lists count.
-        """
-        plan = report.plan
-        if plan is None:
-            return
-        now = 0
-        for req in itertools.chain(plan.decode_reqs, plan.prefill_reqs):
-            if not req.scheduled_ns:
-                now = now or time.monotonic_ns()
-                req.scheduled_ns = now
-                self.shm.set_scheduled_ns(req.shm_index, req.request_id, now)
-
-    def _add_time(self, field: str, seconds: float) -> None:
-        self.stats.set(field, self.stats.get(field) + int(seconds * 1e6))
-
-    def _publish_stats(self) -> None:
-        ctx = self.context
-        stats = self.stats
-        stats.set("kv_free_tokens", ctx.kv_cache.available)
-        stats.set("kv_cached_tokens", ctx.radix_cache.total_token_num if ctx.radix_cache else 0)
-        stats.set("kv_allocatable_tokens", ctx.allocatable_token_num())
-        stats.set("paused_requests", sum(1 for r in self.backend.requests.values() if r.is_paused))
-        stats.set("preemptions", self.preemptions)
-        stats.set("processed_prefill_tokens", self.backend.counter.value)
-        stats.set("backend_steps", self.steps)
-        for name, value in self.wait_tracker.fields().items():
-            stats.set(name, value)
-
     def serve_forever(self) -> None:
         """The rank's main loop."""
         trimmer = IdleMallocTrimmer()  # freed activation memory goes back to the kernel when idle
@@ -376,7 +300,6 @@ class ModelRank:
             trimmer.busy()
             report = self.backend.step()
             self._last_step_did_work = report.did_work
-            self.steps += 1
             if pd is not None:
                 pd.send_handoffs(report)
                 for req, _ in report.finished:
@@ -385,8 +308,8 @@ class ModelRank:
                     # A decode node's first tokens (from the prefill node) go out before this step's.
                     report.tokens[:0] = pd.pending_tokens
                     pd.pending_tokens = []
-            if self.is_leader:
-                self.publish(report)
+            if self.publisher is not None:
+                self.publisher.publish(report)
 
 
 def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
