@@ -17,6 +17,7 @@ talk to the master only, so the benchmark measures a 1P1D cluster exactly as a n
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,7 +119,14 @@ class PdTopology(Topology):
 
     def _env(self, role: str) -> dict[str, str] | None:
         devices = self.devices.get(role)
-        return None if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
+        if devices is not None:
+            return {"CUDA_VISIBLE_DEVICES": devices}
+        if "LIGHTLLM_TORCH_THREADS" in os.environ:
+            return None
+        # On CPU both nodes share this machine's cores, so neither may borrow the front end's
+        # core for prefill (forward_threads.py): one thread count for every forward, the
+        # standing (cores - 1) of a node that had the machine to itself.
+        return {"LIGHTLLM_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) - 1))}
 
     def launch(self, spec: ServerSpec, log_dir: Path) -> PdCluster:
         master_port = free_port(self.host)

@@ -69,6 +69,15 @@ def test_compare_strategies_topology_flag():
     assert topology._env("prefill") == {"CUDA_VISIBLE_DEVICES": "0"}
 
 
+def test_cpu_nodes_sharing_the_machine_keep_one_thread_count_unless_the_user_set_one(monkeypatch):
+    topology = make_topology("1p1d", host="127.0.0.1", start_timeout_s=30.0)
+    monkeypatch.delenv("LIGHTLLM_TORCH_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert topology._env("prefill") == topology._env("decode") == {"LIGHTLLM_TORCH_THREADS": "5"}
+    monkeypatch.setenv("LIGHTLLM_TORCH_THREADS", "2")
+    assert topology._env("prefill") is None  # the user's setting reaches both nodes unchanged
+
+
 def test_compare_strategies_refuses_pd_flags_without_1p1d_and_bad_values():
     with pytest.raises(ValueError, match="--master-args, --decode-devices only apply with --topology 1p1d"):
         topology_kwargs(_parse("--master-args", "--pd_heartbeat_interval 1", "--decode-devices", "1"))
