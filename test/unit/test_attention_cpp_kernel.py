@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import subprocess
+import time
 
 import pytest
 import torch
@@ -160,6 +162,32 @@ def test_build_is_cached_per_source_compiler_and_cpu(tmp_path, monkeypatch):
     assert target.exists() and [p.name for p in target.parent.iterdir()] == [target.name]  # no partial files left
     monkeypatch.setattr(cpp_kernel_build, "FLAGS", [*cpp_kernel_build.FLAGS, "-DLIGHTLLM_OTHER_FLAGS"])
     assert cpp_kernel_build.kernel_path(compiler) != target
+
+
+def test_a_cached_library_is_marked_used_and_a_build_prunes_only_stale_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiler = cpp_compiler()
+    target = cpp_kernel_build.kernel_path(compiler)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"stands in for a built library: build_kernel only finds it, nothing loads it")
+    month_ago = time.time() - 31 * 24 * 3600
+    os.utime(target, (month_ago, month_ago))
+    assert cpp_kernel_build.build_kernel(compiler) == target
+    assert time.time() - target.stat().st_mtime < 60  # in use: refreshed, so never pruned
+    stale = [target.parent / "cpu_kernels_0123456789abcdef0123.so",
+             target.parent / "cpu_kernels_0123456789abcdef0123.abc.partial.so"]
+    fresh = target.parent / "cpu_kernels_fedcba9876543210fedc.so"
+    other = target.parent / "notes.txt"
+    for path in (*stale, fresh, other):
+        path.write_bytes(b"x")
+    for path in (*stale, other):
+        os.utime(path, (month_ago, month_ago))
+    old_keep = target.parent / "cpu_kernels_keep.so"
+    old_keep.write_bytes(b"x")
+    os.utime(old_keep, (month_ago, month_ago))
+    removed = cpp_kernel_build.prune_stale_kernels(target.parent, keep=old_keep)
+    assert sorted(removed) == sorted(stale)
+    assert all(path.exists() for path in (target, fresh, other, old_keep))
 
 
 def test_a_failing_compiler_gives_a_one_line_error(tmp_path):

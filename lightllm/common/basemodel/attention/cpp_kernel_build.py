@@ -8,6 +8,8 @@ shared object is cached under ``$XDG_CACHE_HOME/lightllm/kernels`` (``~/.cache``
 hash of the sources, the compiler's version, the flags and the CPU's model and feature flags, so
 a cache shared between different machines never hands one of them code for another's CPU.
 Concurrent builds (TP ranks starting together) write to private temporary names and rename.
+Every source change makes a new library, so each use refreshes its file's time and a build
+removes the libraries (and abandoned partial builds) unused for ``STALE_KERNEL_SECONDS``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import platform
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -37,6 +40,9 @@ FLAGS = [
     "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
     "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
 ]
+
+# A cached library nobody has used for this long is removed when a new one is built.
+STALE_KERNEL_SECONDS = 30 * 24 * 3600
 
 _lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
@@ -105,9 +111,34 @@ def build_kernel(compiler: str) -> Path:
     start-up error (or, for ``--attention_backend auto``, a fallback) rather than a dead rank.
     """
     target = kernel_path(compiler)
-    if not target.exists():
+    if target.exists():
+        _mark_used(target)
+    else:
         _build(compiler, target)
+        prune_stale_kernels(target.parent, keep=target)
     return target
+
+
+def _mark_used(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only shared cache: the library is still usable, just never pruned
+        pass
+
+
+def prune_stale_kernels(directory: Path, keep: Path, max_age_seconds: float = STALE_KERNEL_SECONDS) -> list[Path]:
+    """Remove this cache's libraries and partial builds unused for ``max_age_seconds`` (never
+    ``keep``); returns what was removed.  A process that already loaded one keeps its mapping."""
+    removed = []
+    now = time.time()
+    for path in directory.glob("cpu_kernels_*.so"):
+        try:
+            if path != keep and now - path.stat().st_mtime > max_age_seconds:
+                path.unlink()
+                removed.append(path)
+        except OSError:  # removed by a concurrent build, or not ours to remove
+            continue
+    return removed
 
 
 def load_kernel_library(compiler: str) -> ctypes.CDLL:
