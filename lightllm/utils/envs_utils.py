@@ -21,32 +21,28 @@ ENV_VARS = {
 }
 
 
-def torch_threads_override(name: str = "LIGHTLLM_TORCH_THREADS") -> Optional[int]:
-    """Environment variable ``name`` (a thread count) as a positive int, or None when unset."""
+def _env_int(name: str, minimum: int, requirement: str) -> Optional[int]:
+    """Environment variable ``name`` as an int >= ``minimum``, or None when unset or empty."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(f"{name} must be {requirement}, got {raw!r}")
     return value
+
+
+def torch_threads_override(name: str = "LIGHTLLM_TORCH_THREADS") -> Optional[int]:
+    """Environment variable ``name`` (a thread count) as a positive int, or None when unset."""
+    return _env_int(name, 1, "a positive integer")
 
 
 def long_decode_positions_override() -> Optional[int]:
     """``LIGHTLLM_LONG_DECODE_POSITIONS`` as an int >= 0, or None when unset."""
-    raw = os.environ.get("LIGHTLLM_LONG_DECODE_POSITIONS")
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"LIGHTLLM_LONG_DECODE_POSITIONS must be an integer >= 0, got {raw!r}")
-    return value
+    return _env_int("LIGHTLLM_LONG_DECODE_POSITIONS", 0, "an integer >= 0")
 
 
 def api_keys_from_env(name: str) -> List[str]:

@@ -15,8 +15,8 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH
 from lightllm.server.core.objs.io_messages import DetokenizedOutput, StepOutput, StepTexts
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.detokenization.manager import DetokenizationConfig, DetokenizationManager
-from lightllm.server.server_layout import ServerLayout
+
+from detokenizer_test_support import detokenizer_rig
 
 
 def _texts(http: zmq.Socket) -> list[DetokenizedOutput]:
@@ -26,17 +26,8 @@ def _texts(http: zmq.Socket) -> list[DetokenizedOutput]:
 
 
 def test_a_finish_published_after_the_read_step_waits_for_its_own_message_with_its_token(tiny_llama_dir, tmp_path) -> None:
-    shm = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 1, 64, create=True)
-    ctx = zmq.Context()
-    addresses = {name: f"ipc://{tmp_path}/{name}.sock" for name in ("detok", "http", "router")}
-    http = ctx.socket(zmq.PULL)
-    http.bind(addresses["http"])
-    router = ctx.socket(zmq.PULL)
-    router.bind(addresses["router"])
-    layout = ServerLayout(shm.name, "unused_stats", 1, 64, 64, addresses["router"], "unused_rank0", addresses["detok"],
-                          addresses["http"])
-    manager = DetokenizationManager(DetokenizationConfig(str(tiny_llama_dir), "auto", layout, "warning"))
-    try:
+    with detokenizer_rig(tiny_llama_dir, tmp_path, 1) as rig:
+        shm, manager, http = rig.shm, rig.manager, rig.http
         tokenizer = manager.tokenizer
         first, second = tokenizer.encode("hello world", add_special_tokens=False)[:2]
         held = tokenizer.decode([first, second])[len(tokenizer.decode([first])):]
@@ -59,12 +50,6 @@ def test_a_finish_published_after_the_read_step_waits_for_its_own_message_with_i
         assert [event.token_id for event in step2.tokens] == [second] and step2.finish_reason == "length"
         text = "".join(event.text for message in (step1, step2) for event in message.tokens)
         assert text == tokenizer.decode([first, second])  # the held-back text came with the finish
-    finally:
-        manager.zmq_ctx.destroy(linger=0)
-        manager.shm.close()
-        ctx.destroy(linger=0)
-        shm.close()
-        shm.unlink()
 
 
 def test_read_output_stops_at_the_named_length_and_hides_a_status_that_belongs_later() -> None:

@@ -10,7 +10,6 @@ import uuid
 
 import pytest
 import torch
-import zmq
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.req_manager import ReqManager
@@ -19,16 +18,15 @@ from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_LENGTH, FINISH_REASON_NAMES
 from lightllm.server.core.objs.io_messages import AbortRequest, AddRequests, DetokenizedOutput, SlotReleased, StepOutput, StepTexts
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.detokenization.manager import DetokenizationConfig, DetokenizationManager
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
-from lightllm.server.router.model_infer.mode_backend import ModeBackend
 from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.torch_executor import MAX_CONSECUTIVE_FORWARD_FAILURES
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.model_rank_process import ModelRank, RejectRequests
-from lightllm.server.server_layout import ServerLayout
+
+from detokenizer_test_support import detokenizer_rig
 
 KV_TOKENS = 2048
 MAX_LEN = 600
@@ -212,18 +210,8 @@ def test_rank_screens_records_that_do_not_read_back_valid(model):
 
 def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir, tmp_path):
     """FINISH_ERROR reaches the HTTP side as finish reason "error"; a record it cannot decode too."""
-    shm = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 2, 64, create=True)
-    ctx = zmq.Context()
-    addresses = {name: f"ipc://{tmp_path}/{name}.sock" for name in ("detok", "http", "router")}
-    http = ctx.socket(zmq.PULL)
-    http.bind(addresses["http"])
-    router = ctx.socket(zmq.PULL)
-    router.bind(addresses["router"])
-    layout = ServerLayout(shm.name, "unused_stats", 2, 64, 64, addresses["router"], "unused_rank0", addresses["detok"],
-                          addresses["http"])
-    config = DetokenizationConfig(str(tiny_llama_dir), "auto", layout, "warning")
-    manager = DetokenizationManager(config)
-    try:
+    with detokenizer_rig(tiny_llama_dir, tmp_path, 2) as rig:
+        shm, manager, http, router = rig.shm, rig.manager, rig.http, rig.router
         shm.write_request(0, 1, [5, 6], _greedy(3), False)
         shm.publish_token(0, 1, 42, -0.5)
         shm.set_finish_status(0, 1, FINISH_ERROR)
@@ -243,9 +231,3 @@ def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir,
         manager.handle(StepOutput([(2, 1, 1)], [(2, 1)]))
         assert http.recv_pyobj() == StepTexts([SlotReleased(2, 1)])
         assert not http.poll(100)
-    finally:
-        manager.zmq_ctx.destroy(linger=0)
-        manager.shm.close()
-        ctx.destroy(linger=0)
-        shm.close()
-        shm.unlink()

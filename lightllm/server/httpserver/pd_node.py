@@ -213,9 +213,10 @@ async def _translate(state: PdNodeState, request_id: int, event: GenerationEvent
                 token_event.transfer_seconds, token_event.transfer_bytes = stats.seconds, stats.nbytes
         out.append(token_event)
     elif reason in _CLIENT_REASONS:
-        # The finish came in a read with no new token (the detokenizer took the last token before
-        # rank 0 set the finish status): it goes out as a token-less finish, which the master
-        # reads as the end of the request; dropped, the stream would end without a result.
+        # A finish without a new token (the event protocol allows one; the detokenizer now reads
+        # a step's last token and status together, so length/stop normally carry a token) goes
+        # out as a token-less finish, which the master reads as the end of the request; dropped,
+        # the stream would end without a result.
         out.append(PdNodeEvent(TOKEN, token=event))
     if reason is None or reason in _CLIENT_REASONS:
         return out

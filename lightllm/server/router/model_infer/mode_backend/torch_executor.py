@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -82,11 +83,8 @@ class TorchModelExecutor:
         )
         last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         result = ExecutionResult()
-        if self.threads is None:
+        with nullcontext() if self.threads is None else self.threads.prefill_forward():
             logits = self._forward(batch, [c.req for c in chunks], result)
-        else:
-            with self.threads.prefill_forward():
-                logits = self._forward(batch, [c.req for c in chunks], result)
         if logits is None:
             return result
         result.prompt_logprobs = collect_prompt_logprobs(logits, prompt_rows)
@@ -109,11 +107,8 @@ class TorchModelExecutor:
             self.model.device,
         )
         result = ExecutionResult()
-        if self.threads is None:
+        with nullcontext() if self.threads is None else self.threads.decode_forward(sum(positions)):
             logits = self._forward(batch, list(reqs), result)
-        else:
-            with self.threads.decode_forward(sum(positions)):
-                logits = self._forward(batch, list(reqs), result)
         if logits is not None:
             self._sample(logits, list(reqs), result)
         return result
