@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from lightllm.benchmark.metrics import RequestRecord, summarize
 from lightllm.benchmark.simulator.cost_model import CostProfile
@@ -11,7 +11,10 @@ from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+    PrefillQueueStrategy,
+    available_strategy_names,
+)
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
     DEFAULT_PREFILL_MAX_WAIT_TOKENS,
 )
@@ -68,7 +71,7 @@ def server_config(mode: str, budget: int, running_max_req_size: int, **extra: An
 def simulate_single_node(
     profile: CostProfile,
     workload: Sequence[ScheduledRequest],
-    strategy: str,
+    strategy: Union[str, PrefillQueueStrategy],
     config: SimServerConfig,
 ) -> tuple[List[RequestRecord], int]:
     """Run ``workload`` through one simulated server; return its records and step count."""
@@ -81,7 +84,7 @@ def simulate_single_node(
 def simulate_1p1d(
     profile: CostProfile,
     workload: Sequence[ScheduledRequest],
-    strategy: str,
+    strategy: Union[str, PrefillQueueStrategy],
     budget: int,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     record_token_times: bool = True,
@@ -130,7 +133,7 @@ def simulate_1p1d(
 def simulate_workload(
     profile: CostProfile,
     workload: Sequence[ScheduledRequest],
-    strategy: str,
+    strategy: Union[str, PrefillQueueStrategy],
     mode: str,
     budget: int,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
