@@ -244,6 +244,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free port. "
         "Decode nodes learn it from the master.",
     )
+    group.add_argument(
+        "--pd_cluster_key",
+        type=str,
+        default=None,
+        help="PD master and nodes: the cluster's shared secret. The cluster's own endpoints (every path under /pd/) "
+        "then need 'Authorization: Bearer KEY'; nodes send it to the master and the master to the nodes, and "
+        "client API keys do not open them. Required on a PD master or node that has --api_key. Default: "
+        "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
+    )
     group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
     group.add_argument("--pd_heartbeat_interval", type=float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
     group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
@@ -279,6 +288,12 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
             raise ArgumentError(f"--{name} must be a positive, finite number of seconds, got {value}")
     if args.pd_max_segment_tokens < 0:
         raise ArgumentError(f"--pd_max_segment_tokens must be >= 0 (0: no limit), got {args.pd_max_segment_tokens}")
+    key = getattr(args, "pd_cluster_key", None)
+    if key is not None:
+        if args.run_mode not in ("pd_master", "prefill", "decode"):
+            raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
+        if not key.strip() or key != key.strip():
+            raise ArgumentError("--pd_cluster_key must be non-empty and carry no surrounding whitespace")
 
 
 def _validate_http_args(args: argparse.Namespace) -> None:

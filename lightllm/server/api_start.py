@@ -190,6 +190,9 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         import torch
 
         validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        from lightllm.server.http_server_options import AuthPolicy
+
+        AuthPolicy.from_args(args).check_cluster(args.run_mode)
         if args.run_mode == "pd_master":
             # One process, no children, no shared memory, no weights.
             from lightllm.server.httpserver_for_pd_master.master_start import run_pd_master
@@ -240,7 +243,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         if pd_node_info is not None:
             from lightllm.server.pd.node_launch import PdNodeRuntime
 
-            pd_node = PdNodeRuntime(args, pd_node_info, manager)
+            pd_node = PdNodeRuntime(args, pd_node_info, manager, http_options.auth.cluster_key)
         app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
         supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
         server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor)

@@ -11,6 +11,12 @@
   ``LIGHTLLM_ADMIN_API_KEY``), or from everyone allowed to use the API when the operator opens it
   with ``--allow_public_priority``. Anyone else asking for it gets 403 naming the field.
 
+* A PD master or node with a cluster key (``--pd_cluster_key`` or ``LIGHTLLM_PD_CLUSTER_KEY``)
+  accepts only that key on the cluster's own endpoints (every path under ``/pd/``): nodes and
+  master send it to each other, client and admin keys do not open those paths, and the cluster
+  key opens nothing else. Without a cluster key those paths follow the rule above (a PD process
+  with client keys but no cluster key is refused at start-up, see ``AuthPolicy.check_cluster``).
+
 Keys are compared in constant time over their SHA-256 digests, so neither content nor length leaks
 through timing.
 """
@@ -29,6 +35,7 @@ from lightllm.server.http_request_guard import ASGIApp, Receive, Scope, Send, he
 from lightllm.server.http_server_options import AuthPolicy
 
 PUBLIC_PATHS = frozenset({"/health"})
+CLUSTER_PATH_PREFIX = "/pd/"
 AUTHENTICATION_ERROR = "authentication_error"
 PERMISSION_ERROR = "permission_error"
 _PRIORITY_ALLOWED = "lightllm_priority_allowed"
@@ -74,6 +81,15 @@ def _unauthorized(message: str, code: str, challenge: str) -> JSONResponse:
                         headers={"www-authenticate": challenge})
 
 
+def _cluster_key_refusal(token: Optional[str]) -> JSONResponse:
+    if token is None:
+        return _unauthorized("This is a PD cluster endpoint: send the cluster key (--pd_cluster_key or "
+                             "LIGHTLLM_PD_CLUSTER_KEY) as 'Authorization: Bearer <key>'",
+                             "missing_cluster_key", 'Bearer realm="lightllm-pd"')
+    return _unauthorized("Invalid PD cluster key", "invalid_cluster_key",
+                         'Bearer realm="lightllm-pd", error="invalid_token"')
+
+
 class ApiKeyMiddleware:
     """Answers 401 to requests without a valid key and records whether a request may ask for priority."""
 
@@ -82,12 +98,20 @@ class ApiKeyMiddleware:
         self.policy = policy
         self._user_keys = KeySet(policy.api_keys)
         self._admin_keys = KeySet(policy.admin_keys)
+        self._cluster_key = KeySet([policy.cluster_key] if policy.cluster_key else [])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)
+        if self._cluster_key and str(scope.get("path", "")).startswith(CLUSTER_PATH_PREFIX):
+            if not self._cluster_key.contains(token):
+                await _cluster_key_refusal(token)(scope, receive, send)
+                return
+            scope.setdefault("state", {})[_PRIORITY_ALLOWED] = False
+            await self.app(scope, receive, send)
+            return
         is_admin = self._admin_keys.contains(token)
         if self.policy.requires_key and scope.get("path") not in PUBLIC_PATHS and not is_admin:
             if token is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
@@ -44,18 +45,51 @@ class HttpLimits:
         return max(MIN_DEFAULT_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_req_total_len)
 
 
+PD_RUN_MODES = ("pd_master", "prefill", "decode")
+PD_CLUSTER_KEY_ENV = "LIGHTLLM_PD_CLUSTER_KEY"
+
+
 @dataclass(frozen=True)
 class AuthPolicy:
-    """Who may use the API and who may ask for admission priority."""
+    """Who may use the API, who may ask for admission priority, and the PD cluster's own key.
+
+    ``cluster_key`` (``--pd_cluster_key``): when set, the cluster's endpoints (paths under
+    ``/pd/``) accept only it, and client keys do not open them.
+    """
 
     api_keys: Tuple[str, ...] = ()
     admin_keys: Tuple[str, ...] = ()
     allow_public_priority: bool = False
+    cluster_key: Optional[str] = None
 
     @property
     def requires_key(self) -> bool:
         """True when every endpoint but /health needs a key."""
         return bool(self.api_keys)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "AuthPolicy":
+        """Keys from the flags; a flag not given falls back to its environment variable."""
+        api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
+        admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
+        cluster_key = getattr(args, "pd_cluster_key", None)
+        if cluster_key is None and getattr(args, "run_mode", "normal") in PD_RUN_MODES:
+            cluster_key = os.environ.get(PD_CLUSTER_KEY_ENV, "").strip() or None
+        return cls(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority,
+                   cluster_key=cluster_key)
+
+    def check_cluster(self, run_mode: str) -> None:
+        """Refuse (``ValueError``, one line) a PD master or node with client keys but no cluster key.
+
+        Its nodes (or its master) could not call the ``/pd/`` endpoints: client keys do not open
+        them, and leaving them open would let any client with a key join the cluster.
+        """
+        if run_mode in PD_RUN_MODES and self.api_keys and self.cluster_key is None:
+            role = "a PD master" if run_mode == "pd_master" else f"a PD {run_mode} node"
+            raise ValueError(
+                f"--api_key on {role} needs a cluster key for the cluster's own endpoints: set "
+                f"{PD_CLUSTER_KEY_ENV} (or --pd_cluster_key) to the same secret on the master and every node"
+            )
 
 
 @dataclass(frozen=True)
@@ -67,7 +101,7 @@ class HttpServerOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HttpServerOptions":
-        """Options from parsed flags; keys missing from the flags come from LIGHTLLM_API_KEY / LIGHTLLM_ADMIN_API_KEY."""
+        """Options from parsed flags (keys as :meth:`AuthPolicy.from_args` reads them)."""
         limits = HttpLimits(
             max_body_bytes=args.max_request_body_bytes,
             prompt_chars_per_token=args.prompt_chars_per_token,
@@ -76,10 +110,7 @@ class HttpServerOptions:
             keep_alive_timeout=args.http_keep_alive_timeout,
             max_connections=args.http_max_connections,
         )
-        api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
-        admin_keys = tuple(args.admin_api_key) if args.admin_api_key else tuple(api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
-        auth = AuthPolicy(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority)
-        return cls(limits=limits, auth=auth)
+        return cls(limits=limits, auth=AuthPolicy.from_args(args))
 
 
 def ensure_file_descriptors(max_connections: int) -> None:

@@ -56,13 +56,15 @@ class Cluster:
     master_port: int
     master_env: Dict[str, str] = field(default_factory=dict)
     nodes: Dict[str, ServerHandle] = field(default_factory=dict)
+    # LIGHTLLM_PD_CLUSTER_KEY for every process of the cluster (master restarts and new nodes too).
+    cluster_env: Dict[str, str] = field(default_factory=dict)
 
     def start_node(self, role: str, args: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
                    wait: bool = True) -> ServerHandle:
         """Start a ``role`` node registered with this cluster's master."""
         node = launch(self.model_dir, self.log_dir, role, [
             "--run_mode", role, "--pd_master_ip", "127.0.0.1", "--pd_master_port", str(self.master_port), *(args or [])
-        ], env)
+        ], {**self.cluster_env, **(env or {})})
         self.nodes[role] = node
         if wait:
             wait_healthy(node)
@@ -76,8 +78,8 @@ class Cluster:
         """Replace the master on the same port (the nodes register again by themselves)."""
         self.master.stop()
         self.master_env = env or {}
-        self.master = launch(self.model_dir, self.log_dir, "master", ["--run_mode", "pd_master"], self.master_env,
-                             port=self.master_port)
+        self.master = launch(self.model_dir, self.log_dir, "master", ["--run_mode", "pd_master"],
+                             {**self.cluster_env, **self.master_env}, port=self.master_port)
 
     def stop(self) -> None:
         """Stop the nodes, then the master."""
@@ -88,11 +90,13 @@ class Cluster:
 
 def start_cluster(model_dir: Path, log_dir: Path, prefill_args: Optional[List[str]] = None,
                   decode_args: Optional[List[str]] = None, prefill_env: Optional[Dict[str, str]] = None,
-                  master_env: Optional[Dict[str, str]] = None) -> Cluster:
-    """A ready 1P1D cluster on the CPU."""
+                  master_env: Optional[Dict[str, str]] = None, cluster_key: Optional[str] = None) -> Cluster:
+    """A ready 1P1D cluster on the CPU; ``cluster_key`` goes to every process as LIGHTLLM_PD_CLUSTER_KEY."""
     master_port = free_port()
-    master = launch(model_dir, log_dir, "master", ["--run_mode", "pd_master"], master_env, port=master_port)
-    cluster = Cluster(model_dir, log_dir, master, master_port, dict(master_env or {}))
+    cluster_env = {"LIGHTLLM_PD_CLUSTER_KEY": cluster_key} if cluster_key else {}
+    master = launch(model_dir, log_dir, "master", ["--run_mode", "pd_master"], {**cluster_env, **(master_env or {})},
+                    port=master_port)
+    cluster = Cluster(model_dir, log_dir, master, master_port, dict(master_env or {}), cluster_env=cluster_env)
     try:
         cluster.start_node("prefill", prefill_args, prefill_env, wait=False)
         cluster.start_node("decode", decode_args, wait=False)

@@ -17,13 +17,15 @@ from typing import Any, Dict, List, Tuple
 import httpx
 import pytest
 
-from pd_cluster_support import start_cluster, wait_healthy
+from pd_cluster_support import launch, start_cluster, wait_healthy
 from server_process import start_server
 
 # The decode node ends every segment after this many tokens (--pd_max_segment_tokens).
 SEGMENT_TOKENS = 12
 # Heartbeat interval x missed heartbeats of the master's defaults, plus start-up slack.
 DEAD_NODE_BOUND_S = 2.0 * 3 + 10
+# The shared cluster runs with a cluster key, so every test on it crosses the keyed /pd/ calls.
+CLUSTER_KEY = "test-cluster-secret"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,7 @@ def cluster(tiny_llama_dir, tmp_path_factory):
         tiny_llama_dir, tmp_path_factory.mktemp("pd"),
         prefill_args=["--prefill_queue_strategy", "hrrn"],
         decode_args=["--pd_max_segment_tokens", str(SEGMENT_TOKENS)],
+        cluster_key=CLUSTER_KEY,
     )
     yield handle
     handle.stop()
@@ -153,6 +156,33 @@ def _series(server, name: str, label: str) -> float:
 
 def _kv_full(node) -> bool:
     return node.metric("lightllm_kv_allocatable_tokens") == node.metric("lightllm_kv_total_tokens")
+
+
+def test_cluster_endpoints_take_only_the_cluster_key_and_a_node_without_it_is_refused(cluster, tmp_path):
+    decode = cluster.nodes["decode"]
+    for url, method, path in ((cluster.master.url, "GET", "/pd/nodes"), (decode.url, "POST", "/pd/node/decode")):
+        missing = httpx.request(method, f"{url}{path}", json={}, timeout=30)
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_cluster_key", missing.text
+        wrong = httpx.request(method, f"{url}{path}", json={}, headers={"Authorization": "Bearer nope"}, timeout=30)
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_cluster_key", wrong.text
+    keyed = httpx.get(f"{cluster.master.url}/pd/nodes", headers={"Authorization": f"Bearer {CLUSTER_KEY}"}, timeout=30)
+    assert keyed.status_code == 200 and {n["role"] for n in keyed.json()["nodes"]} == {"prefill", "decode"}
+    # The public API stays open: the cluster has no client keys.
+    assert httpx.get(f"{cluster.master.url}/v1/models", timeout=30).status_code == 200
+
+    stray = launch(cluster.model_dir, tmp_path, "keyless", [
+        "--run_mode", "decode", "--pd_master_ip", "127.0.0.1", "--pd_master_port", str(cluster.master_port),
+        "--pd_node_id", "keyless", "--max_total_token_num", "4096",
+    ], {"LIGHTLLM_PD_CLUSTER_KEY": ""})
+    try:
+        code = stray.proc.wait(180)
+    finally:
+        stray.stop()
+    log = stray.log()
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert code == 1 and len(errors) == 1, log
+    assert "refused node 'keyless'" in errors[0] and "cluster key" in errors[0], errors[0]
+    assert "Traceback" not in log
 
 
 def test_injected_transfer_failures_end_requests_cleanly_and_leak_no_kv(tiny_llama_dir, tmp_path_factory, normal):

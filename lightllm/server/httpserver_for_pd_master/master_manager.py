@@ -56,8 +56,10 @@ class PdMasterManager:
         setup_timeout_s: bound on each node's answer to a transfer setup.
     """
 
-    def __init__(self, model: ServedModel, registry: NodeRegistry, deadlines: PhaseDeadlines, setup_timeout_s: float) -> None:
+    def __init__(self, model: ServedModel, registry: NodeRegistry, deadlines: PhaseDeadlines, setup_timeout_s: float,
+                 cluster_key: Optional[str] = None) -> None:
         self.model = model
+        self.cluster_key = cluster_key
         self.model_name = model.model_name
         self.served_model_names = list(model.served_model_names)
         self.max_req_total_len = model.max_req_total_len
@@ -84,7 +86,7 @@ class PdMasterManager:
     async def start(self) -> None:
         """Start the node client and the expiry sweeper on the serving loop."""
         self.loop = asyncio.get_running_loop()
-        self._nodes = NodeStreams()
+        self._nodes = NodeStreams(cluster_key=self.cluster_key)
         self.pairs = PairSetup(self.registry, self.selector, self._nodes, self.setup_timeout_s)
         self._flow = SegmentFlow(self.pairs, self._nodes, self.deadlines, self.metrics)
         self._sweeper.start()

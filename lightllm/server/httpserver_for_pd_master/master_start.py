@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import List
+from typing import List, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.api_cli import make_argument_parser
@@ -37,7 +37,7 @@ MASTER_FLAGS = frozenset({
     "max_req_total_len", "eos_id", "max_new_tokens_default", "log_level",
     "max_request_body_bytes", "prompt_chars_per_token", "http_header_timeout", "http_body_timeout",
     "http_keep_alive_timeout", "http_max_connections", "api_key", "admin_api_key", "allow_public_priority",
-    "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds",
+    "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
     "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
 })
 
@@ -90,8 +90,8 @@ def served_model_admission(model: ServedModel):
     return check
 
 
-def build_master(args: argparse.Namespace) -> tuple[PdMasterManager, NodeRegistry]:
-    """The master's manager and node registry from validated flags."""
+def build_master(args: argparse.Namespace, cluster_key: Optional[str] = None) -> tuple[PdMasterManager, NodeRegistry]:
+    """The master's manager and node registry from validated flags (``cluster_key``: see ``AuthPolicy``)."""
     model = build_served_model(args)
     registry = NodeRegistry(
         heartbeat_interval_s=args.pd_heartbeat_interval,
@@ -100,7 +100,8 @@ def build_master(args: argparse.Namespace) -> tuple[PdMasterManager, NodeRegistr
     )
     deadlines = PhaseDeadlines(prefill_s=args.pd_prefill_timeout_seconds,
                                decode_token_s=args.pd_decode_token_timeout_seconds)
-    manager = PdMasterManager(model, registry, deadlines, setup_timeout_s=args.pd_transfer_timeout_seconds)
+    manager = PdMasterManager(model, registry, deadlines, setup_timeout_s=args.pd_transfer_timeout_seconds,
+                              cluster_key=cluster_key)
     return manager, registry
 
 
@@ -108,19 +109,22 @@ def run_pd_master(args: argparse.Namespace) -> int:
     """Serve as the PD master until stopped; returns the exit code."""
     # One line per node call would drown the request log lines (each names its request id).
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
+
     try:
         check_master_flags(args)
-        manager, registry = build_master(args)
+        options = HttpServerOptions.from_args(args)
+        options.auth.check_cluster(args.run_mode)
+        manager, registry = build_master(args, options.auth.cluster_key)
     except (ModelConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from lightllm.server.api_http import create_app
-    from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
     from lightllm.server.supervisor import StopOutsideServing, SupervisedServer, Supervisor
 
     stop = StopOutsideServing()
-    options = HttpServerOptions.from_args(args)
-    routers = [readiness_router(registry, refusal=manager.refusal), membership_router(registry, new_master_id())]
+    membership = membership_router(registry, new_master_id(), has_cluster_key=options.auth.cluster_key is not None)
+    routers = [readiness_router(registry, refusal=manager.refusal), membership]
     app = create_app(manager, options, extra_routers=routers)
     supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
     server = stop.server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor)

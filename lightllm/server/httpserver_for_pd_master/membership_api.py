@@ -4,7 +4,8 @@ Endpoints of :func:`membership_router` (JSON in and out; errors in the project's
 ``{"error": {"message", "type", "param", "code"}}`` shape):
 
 * ``POST /pd/register`` -- body: a :class:`~.node_info.NodeInfo` as JSON.  200
-  ``{"node_id", "master_id", "heartbeat_interval_s", "max_missed_heartbeats"}``; 400 for an
+  ``{"node_id", "master_id", "heartbeat_interval_s", "max_missed_heartbeats", "cluster_key"}``
+  (``cluster_key``: whether the master sends the cluster key on its calls to nodes); 400 for an
   invalid body (``param`` names the field); 409 ``incompatible_node`` (the message names every
   mismatched field) or ``node_id_in_use``.
 * ``POST /pd/heartbeat`` -- body ``{"node_id": str}``.  200 with the same body as a
@@ -70,11 +71,12 @@ def new_master_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def membership_router(registry: NodeRegistry, master_id: str) -> APIRouter:
+def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False) -> APIRouter:
     """An APIRouter with the ``/pd/*`` membership endpoints over ``registry``.
 
     ``master_id`` (see :func:`new_master_id`) identifies this start of the master in every
-    answer, so a node's log shows when it is talking to a restarted master.
+    answer, so a node's log shows when it is talking to a restarted master.  ``has_cluster_key``
+    tells the nodes whether the master sends a cluster key on its calls to them.
     """
     router = APIRouter()
 
@@ -84,6 +86,7 @@ def membership_router(registry: NodeRegistry, master_id: str) -> APIRouter:
             "master_id": master_id,
             "heartbeat_interval_s": registry.heartbeat_interval_s,
             "max_missed_heartbeats": registry.max_missed_heartbeats,
+            "cluster_key": has_cluster_key,
         }
 
     async def register(request: Request) -> Response:

@@ -61,6 +61,9 @@ class PdNodeClient:
             master becomes unreachable for longer than the bound, and when it answers again.
         on_refused: called with the refusal message when the master refuses the node.
         clock: time source (``time.monotonic``).
+        cluster_key: the cluster's key (``--pd_cluster_key``), sent on every call.  A master
+            that accepts the registration but has no key of its own would call this node's
+            ``/pd/`` endpoints without it, so the node treats that answer as a refusal.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class PdNodeClient:
         on_master_back: Optional[Callable[[], None]] = None,
         on_refused: Optional[Callable[[str], None]] = None,
         clock: Callable[[], float] = time.monotonic,
+        cluster_key: Optional[str] = None,
     ) -> None:
         if not heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s!r}")
@@ -88,6 +92,7 @@ class PdNodeClient:
         self._on_master_back = on_master_back
         self._on_refused = on_refused
         self._clock = clock
+        self._cluster_key = cluster_key
         self.registered = False
         self.master_lost = False
         self.master_id: Optional[str] = None
@@ -106,7 +111,8 @@ class PdNodeClient:
         if self._task is not None:
             raise RuntimeError("the PD node client is already running")
         self._last_answer = self._clock()
-        self._http = httpx.AsyncClient(base_url=self.master_url, trust_env=False)
+        headers = {"Authorization": f"Bearer {self._cluster_key}"} if self._cluster_key else None
+        self._http = httpx.AsyncClient(base_url=self.master_url, headers=headers, trust_env=False)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"pd-node-{self.info.node_id}")
 
     async def wait_registered(self, timeout: float) -> None:
@@ -169,7 +175,14 @@ class PdNodeClient:
     async def _register(self) -> None:
         response = await self._post(REGISTER_PATH, self.info.to_dict())
         if response.status_code == 200:
-            self._accepted(response.json())
+            body = response.json()
+            if self._cluster_key and not body.get("cluster_key"):
+                # The master would call this node's /pd/ endpoints without the key it requires.
+                raise NodeRegistrationRefused(
+                    f"the PD master at {self.master_url} has no cluster key but this node has one: give the master "
+                    f"the same key (--pd_cluster_key or LIGHTLLM_PD_CLUSTER_KEY)", "cluster_key_mismatch"
+                )
+            self._accepted(body)
             self.registered = True
             self.registrations += 1
             self._registered_event.set()

@@ -129,9 +129,13 @@ class NodeStream:
 
 
 class NodeStreams:
-    """The master's one HTTP client of every node (one connection per stream, never reused)."""
+    """The master's one HTTP client of every node (one connection per stream, never reused).
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    ``cluster_key`` (``--pd_cluster_key``) goes with every call: the nodes' ``/pd/`` endpoints
+    require it when the cluster has one.
+    """
+
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, cluster_key: Optional[str] = None) -> None:
         # No read timeout here: the request flow bounds every wait with its phase deadlines.
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout_s),
@@ -139,6 +143,7 @@ class NodeStreams:
             # leave a half-read connection in a pool for the next request (its stale bytes would
             # end that request's stream). A loopback connect costs far less than a token.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+            headers={"Authorization": f"Bearer {cluster_key}"} if cluster_key else None,
             trust_env=False,
         )
 

@@ -123,10 +123,12 @@ class PdNodeRuntime:
         args: the parsed flags (``--pd_master_ip``, ``--pd_master_port``, ``--pd_heartbeat_interval``).
         info: this node's registration (:func:`prepare_pd_node`).
         manager: the node's ``HttpServerManager``.
+        cluster_key: the cluster's key (``AuthPolicy.cluster_key``), sent to the master.
     """
 
-    def __init__(self, args: argparse.Namespace, info: NodeInfo, manager: Any) -> None:
+    def __init__(self, args: argparse.Namespace, info: NodeInfo, manager: Any, cluster_key: Optional[str] = None) -> None:
         self.info = info
+        self.cluster_key = cluster_key
         self.manager = manager
         if args.log_level != "debug":
             # httpx logs every request at INFO: one line per heartbeat would drown the node's log.
@@ -173,6 +175,7 @@ class PdNodeRuntime:
             on_master_lost=self.master_lost,
             on_master_back=self.master_back,
             on_refused=self.refused,
+            cluster_key=self.cluster_key,
         )
         log.info("%s: registering with the PD master at %s", self.info.describe(), self.master_url)
         self.client.start()
