@@ -52,6 +52,10 @@ Options (environment variable in brackets):
   --start_timeout S      seconds to wait for the master's /health to answer 200 [PD_START_TIMEOUT] ($START_TIMEOUT)
   --stop_timeout S       seconds each process gets to exit after SIGTERM before it is killed [PD_STOP_TIMEOUT] ($STOP_TIMEOUT)
   -h, --help             this text
+
+The environment reaches all three processes: set LIGHTLLM_PD_CLUSTER_KEY to protect the cluster's
+own /pd/ endpoints, and with it LIGHTLLM_API_KEY for client keys (a PD process with client keys
+but no cluster key refuses to start).
 EOF
 }
 
