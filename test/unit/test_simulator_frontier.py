@@ -81,7 +81,8 @@ def test_sweep_measures_each_member_as_a_direct_simulation_does() -> None:
     points = frontier(PROFILE, SMALL_LONG_THEN_STREAM, "normal", 256, [0, 8], [0])
     nothing, eight = points
     # Nothing listed: the member is default's order, so every change is exactly zero.
-    assert (nothing.short_cut_ms, nothing.long_ttft_pct, nothing.long_e2e_pct, nothing.output_pct) == (0, 0, 0, 0)
+    assert (nothing.short_cut_ms, nothing.short_ttft_pct, nothing.long_ttft_pct, nothing.long_e2e_pct,
+            nothing.output_pct) == (0, 0, 0, 0, 0)
     workload = SMALL_LONG_THEN_STREAM.build(0)
 
     def metrics(strategy):
@@ -107,6 +108,7 @@ def test_best_member_and_verdicts() -> None:
     assert best_within_loss_limit([small, large, too_costly]) is large
     assert [p.meets_rule for p in (small, large, too_costly)] == [False, True, False]
     assert point(5, 0.0, None, 1.0).meets_rule  # hrrn cuts nothing: only the losses count
+    assert not dataclasses.replace(point(5, -50.0, None, 1.0), short_ttft_pct=5.5).meets_rule
     assert best_within_loss_limit([too_costly]) is None
     table = frontier_markdown([small, large])
     assert "| 0 | 20 | 300 | 85% | +4.9% |" in table and table.endswith("start 0, count 20.")

@@ -101,6 +101,7 @@ class FrontierPoint:
         short_cut_ms: ``default``'s short TTFT P95 minus this order's (positive: better).
         cut_share_pct: that cut as a share of ``hrrn``'s (None when ``hrrn`` cuts nothing).
         long_ttft_pct, long_e2e_pct, output_pct: changes against ``default`` in percent.
+        short_ttft_pct: the short TTFT P95's change against ``default`` in percent.
     """
 
     start_tokens: int
@@ -110,12 +111,14 @@ class FrontierPoint:
     long_ttft_pct: float
     long_e2e_pct: float
     output_pct: float
+    short_ttft_pct: float = 0.0
 
     @property
     def within_loss_limit(self) -> bool:
-        """True when no long-prompt metric nor the throughput loses more than the rule allows."""
+        """True when no latency metric nor the throughput loses more than the rule allows."""
         return (
-            self.long_ttft_pct <= LOSS_LIMIT_PCT
+            self.short_ttft_pct <= LOSS_LIMIT_PCT
+            and self.long_ttft_pct <= LOSS_LIMIT_PCT
             and self.long_e2e_pct <= LOSS_LIMIT_PCT
             and self.output_pct >= -LOSS_LIMIT_PCT
         )
@@ -124,7 +127,7 @@ class FrontierPoint:
     def meets_rule(self) -> bool:
         """Within the loss limit, and keeping the rule's share of ``hrrn``'s cut (if any)."""
         kept = self.cut_share_pct is None or self.cut_share_pct >= KEPT_CUT_SHARE_PCT
-        return self.within_loss_limit and kept and self.short_cut_ms >= 0
+        return self.within_loss_limit and kept
 
 
 def earliest_short_ids(workload: Sequence[ScheduledRequest], count: int) -> List[int]:
@@ -179,6 +182,7 @@ def frontier(
                     long_ttft_pct=_change_pct(got, base, "long_ttft_p95_ms"),
                     long_e2e_pct=_change_pct(got, base, "long_e2e_p95_ms"),
                     output_pct=_change_pct(got, base, "output_tok_s"),
+                    short_ttft_pct=_change_pct(got, base, "short_ttft_p95_ms"),
                 )
             )
     return points
