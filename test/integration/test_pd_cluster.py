@@ -26,6 +26,8 @@ SEGMENT_TOKENS = 12
 DEAD_NODE_BOUND_S = 2.0 * 3 + 10
 # The shared cluster runs with a cluster key, so every test on it crosses the keyed /pd/ calls.
 CLUSTER_KEY = "test-cluster-secret"
+# The master's admin key: the only clients allowed high_priority_request.
+ADMIN_KEY = "test-admin-key"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,7 @@ def cluster(tiny_llama_dir, tmp_path_factory):
         prefill_args=["--prefill_queue_strategy", "hrrn"],
         decode_args=["--pd_max_segment_tokens", str(SEGMENT_TOKENS)],
         cluster_key=CLUSTER_KEY,
+        master_env={"LIGHTLLM_ADMIN_API_KEY": ADMIN_KEY},
     )
     yield handle
     handle.stop()
@@ -114,6 +117,18 @@ def test_greedy_outputs_equal_a_normal_server(cluster, normal):
     theirs = asyncio.run(_send_all(normal.url, requests))
     for (path, _), (status, text), (ref_status, ref_text) in zip(requests, ours, theirs):
         assert _summary(path, status, text) == _summary(path, ref_status, ref_text), path
+
+
+def test_priority_request_from_an_admin_runs_through_both_nodes(cluster, normal):
+    body = {"inputs": "an urgent request", "parameters": {"max_new_tokens": SEGMENT_TOKENS + 4, "do_sample": False,
+                                                          "ignore_eos": True}, "high_priority_request": True}
+    refused = httpx.post(f"{cluster.master.url}/generate", json=body, timeout=120)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "priority_not_allowed"
+    ours = httpx.post(f"{cluster.master.url}/generate", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    theirs = httpx.post(f"{normal.url}/generate", json={**body, "high_priority_request": False}, timeout=120)
+    assert ours.status_code == theirs.status_code == 200, ours.text
+    assert ours.json()["generated_text"] == theirs.json()["generated_text"]
 
 
 def test_seeded_sampled_request_equals_a_normal_server(cluster, normal):

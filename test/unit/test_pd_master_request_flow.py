@@ -154,12 +154,23 @@ def test_master_decides_a_stop_string_that_straddles_segments_and_aborts_the_nod
             time.sleep(0.02)
 
 
-def test_high_priority_is_refused_not_ignored(tiny_llama_dir: Path) -> None:
+def test_high_priority_goes_to_both_nodes_and_only_from_trusted_clients(tiny_llama_dir: Path) -> None:
     cluster = Cluster(str(tiny_llama_dir), "--allow_public_priority")
     try:
-        response = httpx.post(f"{cluster.master.url}/generate", timeout=REQUEST_TIMEOUT, json={
+        normal = generate(cluster, "hello", 2)
+        urgent = httpx.post(f"{cluster.master.url}/generate", timeout=REQUEST_TIMEOUT, json={
             "inputs": "hello", "parameters": {"max_new_tokens": 2}, "high_priority_request": True})
-        assert response.status_code == 400
-        assert "high_priority_request is not supported by a PD master" in response.json()["error"]["message"]
+        assert normal.status_code == urgent.status_code == 200, urgent.text
+        assert urgent.json()["generated_text"] == normal.json()["generated_text"]
+        for node in (cluster.prefill, cluster.decode):
+            flags = {body["request_id"]: body["high_priority_request"] for body in node.bodies}
+            assert flags == {1: False, 2: True}, (node, flags)
     finally:
         cluster.stop()
+
+
+def test_high_priority_from_an_untrusted_client_is_refused_by_the_master(cluster: Cluster) -> None:
+    response = httpx.post(f"{cluster.master.url}/generate", timeout=REQUEST_TIMEOUT, json={
+        "inputs": "hello", "parameters": {"max_new_tokens": 2}, "high_priority_request": True})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "priority_not_allowed"
+    assert cluster.prefill.bodies == [] and cluster.decode.bodies == []

@@ -172,7 +172,7 @@ def test_decode_stream_lines_metrics_and_arguments(node: NodeApp) -> None:
     assert back.top_logprobs == {12: -0.25, 40: -math.inf} and back.token_id == 12
     call = node.decode.calls[-1]
     assert call["request_id"] == 7 and call["prompt_ids"] == [1, 5, 9] and call["epoch"] == 3
-    assert call["segment_index"] == 0 and "kv_start" not in call
+    assert call["segment_index"] == 0 and "kv_start" not in call and call["high_priority"] is False
     assert call["params"].max_new_tokens == 4 and call["params"].temperature == 0.0
     assert metric(node.decode, "lightllm_pd_kv_transfer_seconds_count") == before + 1
     assert metric(node.decode, "lightllm_pd_kv_transfer_bytes_sum") >= 8192
@@ -208,13 +208,15 @@ def test_prefill_stream_carries_prompt_logprobs_and_passes_priority(node: NodeAp
     node.prefill.script = [PdNodeEvent(kind="token", token=first),
                            PdNodeEvent(kind="handed_off", transfer_seconds=0.5, transfer_bytes=4096)]
     response = httpx.post(f"{node.prefill_url}/pd/node/prefill",
-                          json=prefill_body(segment_index=2, infer_high_priority=-1, kv_start=3), timeout=10)
+                          json=prefill_body(segment_index=2, infer_high_priority=-1, kv_start=3,
+                                            high_priority_request=True), timeout=10)
     got = lines(response)
     assert got[0]["prompt_logprobs"] == [[5, -1.5, {"5": -1.5, "8": -2.0}]]
     assert token_from_line(got[0], 7, 3, 1).prompt_logprobs == [(5, -1.5, {5: -1.5, 8: -2.0})]
     assert got[1] == {"event": "handed_off"}
     call = node.prefill.calls[-1]
     assert (call["kv_start"], call["infer_high_priority"], call["segment_index"]) == (3, -1, 2)
+    assert call["high_priority"] is True
     assert metric(node.prefill, "lightllm_pd_kv_transfer_seconds_sum", role="prefill") == pytest.approx(0.5)
 
 
@@ -235,6 +237,7 @@ def test_prefill_stream_carries_prompt_logprobs_and_passes_priority(node: NodeAp
         ("/pd/node/decode", decode_body(params={"max_new_tokens": MAX_LEN}), "params.max_new_tokens"),
         ("/pd/node/decode", decode_body(params=[1]), "params"),
         ("/pd/node/prefill", prefill_body(kv_start=4), "kv_start"),
+        ("/pd/node/decode", decode_body(high_priority_request=1), "high_priority_request"),
         ("/pd/node/prefill", prefill_body(infer_high_priority=-1), "infer_high_priority"),
         ("/pd/node/prefill", prefill_body(infer_high_priority=2**40, segment_index=1), "infer_high_priority"),
         ("/pd/node/transfer_setup", {"epoch": 1, "peer_node_id": "p0", "prefill_transfer_address": "p0"},

@@ -259,6 +259,7 @@ class HttpServerManager:
         generated_before: int = 0,
         epoch: int,
         request: Any = None,
+        high_priority: bool = False,
     ) -> AsyncIterator[PdNodeEvent]:
         """Run one PD request on this node under the master's ``request_id``.
 
@@ -267,7 +268,8 @@ class HttpServerManager:
         ("stop"/"length" on the last token), "segment_end" or "error".  Prefill node: the first
         "token", then "handed_off" or "error" (or the token finished the request).  Closing the
         iterator early aborts the request and frees its KV.  ``generated_before``: how many trailing
-        prompt tokens earlier segments generated (sampling counts them as output).  Bad arguments raise ``ValueError``
+        prompt tokens earlier segments generated (sampling counts them as output).  ``high_priority``: the
+        client's admission priority, as the master forwards it.  Bad arguments raise ``ValueError``
         (or ``DuplicateRequestIdError``) when iteration starts, before any event.
         """
         if self.pd is None:
@@ -275,6 +277,7 @@ class HttpServerManager:
         return pd_generate(
             self, request_id, prompt_ids, params, kv_start=kv_start, infer_high_priority=infer_high_priority,
             segment_index=segment_index, generated_before=generated_before, epoch=epoch, request=request,
+            high_priority=high_priority,
         )
 
     async def generate(

@@ -158,6 +158,7 @@ async def pd_generate(
     generated_before: int = 0,
     epoch: int,
     request: Any = None,
+    high_priority: bool = False,
 ) -> AsyncIterator[PdNodeEvent]:
     """One PD request on this node (see ``HttpServerManager.pd_generate``)."""
     state: PdNodeState = manager.pd
@@ -175,7 +176,8 @@ async def pd_generate(
     # The previous segment of this request may still be releasing its slot here.
     await manager.wait_request_id_free(request_id, SEGMENT_ID_REUSE_WAIT_S)
     events = manager.generate(
-        prompt_ids, params, request=request, request_id=request_id, infer_high_priority=infer_high_priority,
+        prompt_ids, params, high_priority=high_priority, request=request, request_id=request_id,
+        infer_high_priority=infer_high_priority,
         segment_index=segment_index, pd_kind=PD_KIND_DECODE if decode else PD_KIND_PREFILL, kv_start=kv_start,
         generated_before=generated_before,
         # A decode node answers busy at once when no request slot is free, never after a wait.

@@ -159,10 +159,11 @@ class PdMasterManager:
         request: Any = None,
         count_prompt: bool = True,
     ) -> AsyncIterator[GenerationEvent]:
-        """Run one generation through the PD cluster; one event per token, the last with a finish reason."""
-        if high_priority:
-            # The node contract carries no admission priority yet; refusing beats ignoring it.
-            raise ValueError("high_priority_request is not supported by a PD master")
+        """Run one generation through the PD cluster; one event per token, the last with a finish reason.
+
+        ``high_priority`` (a trusted client's ``high_priority_request``, checked by the HTTP layer)
+        goes to both nodes with every segment: each admits the request ahead of the others.
+        """
         params.validate(self.vocab_size)
         self.model.check_prompt(prompt_ids, params.max_new_tokens)
         if self._refusal is not None:
@@ -172,7 +173,7 @@ class PdMasterManager:
             raise ServerUnavailableError("The PD master has not started", "server_not_started")
         request_id = self._next_request_id
         self._next_request_id += 1
-        run = RequestRun(request_id, request)
+        run = RequestRun(request_id, request, high_priority=high_priority)
         self._runs[request_id] = run
         started = time.perf_counter()
         if count_prompt:

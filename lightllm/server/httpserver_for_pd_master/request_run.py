@@ -42,11 +42,15 @@ class ClientGone(Exception):
 
 
 class RequestRun:
-    """A request's streams and waits; ``nodes`` maps role -> the node it still depends on."""
+    """A request's streams and waits; ``nodes`` maps role -> the node it still depends on.
 
-    def __init__(self, request_id: int, request: Any = None) -> None:
+    ``high_priority``: the client's admission priority, sent to both nodes with every segment.
+    """
+
+    def __init__(self, request_id: int, request: Any = None, high_priority: bool = False) -> None:
         self.request_id = request_id
         self.request = request
+        self.high_priority = high_priority
         self.nodes: Dict[str, NodeInfo] = {}
         self.failure: Optional[Exception] = None
         # How the last segment ended (set by the segment flow); None while it runs.

@@ -93,6 +93,7 @@ class SegmentFlow:
             "segment_index": segment.segment_index,
             "generated_before": segment.generated_before,
             "epoch": pair.epoch,
+            "high_priority_request": run.high_priority,
         }
         try:
             started = time.monotonic()

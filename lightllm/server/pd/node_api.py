@@ -208,7 +208,8 @@ def pd_node_router(manager: Any, run_mode: str, streams: Optional[PdStreams] = N
         try:
             events = manager.pd_generate(body.request_id, list(body.prompt_ids), params,
                                          segment_index=body.segment_index, generated_before=body.generated_before,
-                                         epoch=body.epoch, request=request, **extra)
+                                         epoch=body.epoch, request=request,
+                                         high_priority=body.high_priority_request, **extra)
         except Exception as exc:  # noqa: BLE001 - a refusal before any event is an HTTP error
             return _error_status(exc).to_response()
         stream = _NodeStream(events, body.request_id)

@@ -64,6 +64,8 @@ class _NodeRequestBody(_StrictBody):
     epoch: int = Field(ge=0)
     # Trailing prompt tokens that earlier segments generated (a continuation's output so far).
     generated_before: int = Field(default=0, ge=0)
+    # The client's admission priority (the master honours it only from trusted clients).
+    high_priority_request: bool = False
 
     @field_validator("request_id")
     @classmethod
