@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Tuple
 import httpx
 import pytest
 
-from pd_cluster_support import launch, start_cluster, wait_healthy
+from pd_cluster_support import launch, start_cluster
 from server_process import start_server
 
 # The decode node ends every segment after this many tokens (--pd_max_segment_tokens).
