@@ -99,6 +99,9 @@ def test_segment_end_continues_with_prompt_plus_generated(cluster: Cluster) -> N
     segments = cluster.prefill.bodies
     assert [body["segment_index"] for body in segments] == [0, 1, 2]
     assert [body["infer_high_priority"] for body in segments] == [0, -1, -1]
+    # Continuations are admitted first on both nodes; the first segment is an ordinary request.
+    for node in (cluster.prefill, cluster.decode):
+        assert [body["high_priority_request"] for body in node.bodies] == [False, True, True]
     assert [body["prompt_ids"] for body in segments] == [prompt_ids, prompt_ids + expected[:3], prompt_ids + expected[:6]]
     assert [body["params"]["max_new_tokens"] for body in segments] == [8, 5, 2]
     assert len({body["request_id"] for body in segments + cluster.decode.bodies}) == 1

@@ -93,7 +93,9 @@ class SegmentFlow:
             "segment_index": segment.segment_index,
             "generated_before": segment.generated_before,
             "epoch": pair.epoch,
-            "high_priority_request": run.high_priority,
+            # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
+            # as a trusted client's priority request (the nodes' waiting bound still applies).
+            "high_priority_request": run.high_priority or segment.segment_index > 0,
         }
         try:
             started = time.monotonic()
