@@ -11,6 +11,9 @@ import argparse
 import sys
 from typing import List, Optional
 
+# The run modes of a PD cluster: its master and its two kinds of node.
+PD_RUN_MODES = ("prefill", "decode", "pd_master")
+
 
 def _strategy_names() -> List[str]:
     # Imported lazily so `--help` works even while optional parts fail to import.
@@ -37,7 +40,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--run_mode",
         type=str,
-        choices=["normal", "prefill", "decode", "pd_master"],
+        choices=["normal", *PD_RUN_MODES],
         default="normal",
         help="normal: one server runs prefill and decode. PD disaggregation (docs/*/pd_deployment.md): "
         "pd_master serves the public API and loads no weights; prefill and decode start nodes that "
@@ -290,7 +293,7 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--pd_max_segment_tokens must be >= 0 (0: no limit), got {args.pd_max_segment_tokens}")
     key = getattr(args, "pd_cluster_key", None)
     if key is not None:
-        if args.run_mode not in ("pd_master", "prefill", "decode"):
+        if args.run_mode not in PD_RUN_MODES:
             raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
         if not key.strip() or key != key.strip():
             raise ArgumentError("--pd_cluster_key must be non-empty and carry no surrounding whitespace")

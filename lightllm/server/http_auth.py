@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -79,6 +79,11 @@ class KeySet:
 def _unauthorized(message: str, code: str, challenge: str) -> JSONResponse:
     return JSONResponse(error_body(message, AUTHENTICATION_ERROR, None, code), status_code=401,
                         headers={"www-authenticate": challenge})
+
+
+def cluster_key_headers(cluster_key: Optional[str]) -> Optional[Dict[str, str]]:
+    """Headers that carry ``cluster_key`` on a call to another process of the cluster (None: no key)."""
+    return {"Authorization": f"Bearer {cluster_key}"} if cluster_key else None
 
 
 def _cluster_key_refusal(token: Optional[str]) -> JSONResponse:

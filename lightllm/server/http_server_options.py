@@ -13,6 +13,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
+from lightllm.server.api_cli import PD_RUN_MODES
 from lightllm.utils.envs_utils import api_keys_from_env
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,6 @@ class HttpLimits:
         return max(MIN_DEFAULT_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_req_total_len)
 
 
-PD_RUN_MODES = ("pd_master", "prefill", "decode")
 PD_CLUSTER_KEY_ENV = "LIGHTLLM_PD_CLUSTER_KEY"
 
 

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
-import threading
 import time
 from typing import Optional
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager, assert_error
+from pd_master_support import ThreadServer
 from pd_membership_support import node
 from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
 from lightllm.server.api_errors import install_error_handlers
@@ -101,28 +99,7 @@ def test_bad_cluster_key_flags_are_refused(argv: list[str], message: str) -> Non
         validate_args(_parse(argv), cuda_device_count=0)
 
 
-class _Served:
-    """``app`` on a free loopback port, served by uvicorn in a thread."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            assert self._thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
-
-
-def _master(cluster_key: Optional[str]) -> _Served:
+def _master(cluster_key: Optional[str]) -> ThreadServer:
     registry = NodeRegistry(heartbeat_interval_s=0.2, max_missed_heartbeats=3)
     app = FastAPI()
     install_error_handlers(app)
@@ -130,11 +107,11 @@ def _master(cluster_key: Optional[str]) -> _Served:
     # Client keys only with a cluster key: a PD process with client keys alone is refused at start-up.
     policy = AuthPolicy(api_keys=(USER,), cluster_key=cluster_key) if cluster_key else AuthPolicy()
     app.add_middleware(ApiKeyMiddleware, policy=policy)
-    return _Served(app)
+    return ThreadServer(app)
 
 
-async def _register(master: _Served, cluster_key: Optional[str]) -> PdNodeClient:
-    client = PdNodeClient(f"http://{master.address}", node("d0", "decode"), heartbeat_interval_s=0.2,
+async def _register(master: ThreadServer, cluster_key: Optional[str]) -> PdNodeClient:
+    client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.2,
                           cluster_key=cluster_key)
     client.start()
     try:
@@ -162,7 +139,7 @@ def test_node_with_the_cluster_key_registers_and_heartbeats() -> None:
     master = _master(CLUSTER)
     try:
         async def run() -> PdNodeClient:
-            client = PdNodeClient(f"http://{master.address}", node("d0", "decode"), heartbeat_interval_s=0.2,
+            client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.2,
                                   cluster_key=CLUSTER)
             client.start()
             try:
@@ -190,8 +167,8 @@ def test_the_master_sends_the_cluster_key_to_nodes() -> None:
         return {"epoch": (await request.json())["epoch"]}
 
     app.add_middleware(ApiKeyMiddleware, policy=AuthPolicy(cluster_key=CLUSTER))
-    served = _Served(app)
-    target = node("d0", "decode", http_address=served.address)
+    served = ThreadServer(app)
+    target = node("d0", "decode", http_address=f"127.0.0.1:{served.port}")
 
     async def call(key: Optional[str]) -> dict:
         streams = NodeStreams(cluster_key=key)

@@ -10,6 +10,7 @@ from typing import List, Sequence
 import numpy as np
 import pytest
 
+from simulator_test_support import make_profile
 from lightllm.server.router.model_infer.mode_backend.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
@@ -17,7 +18,7 @@ from lightllm.server.router.model_infer.mode_backend.request_classifier import (
 )
 from lightllm.benchmark.metrics import RequestRecord
 from lightllm.benchmark.simulator.__main__ import main as cli_main
-from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_1p1d, simulate_case, simulate_single_node
 from lightllm.benchmark.simulator.scenarios import SCENARIOS, ScenarioSpec, resolve_scenarios
@@ -31,21 +32,6 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
 )
 
 STRATEGIES = available_strategy_names()
-
-
-def make_profile(**overrides: float) -> CostProfile:
-    values = dict(
-        name="test",
-        prefill_fixed_s=0.001,
-        prefill_per_token_s=1e-5,
-        prefill_attention_s=1e-9,
-        decode_fixed_s=0.002,
-        decode_per_req_s=1e-5,
-        decode_per_kv_token_s=1e-8,
-        max_total_token_num=1 << 20,
-    )
-    values.update(overrides)
-    return CostProfile(**values)
 
 
 def small_long_first() -> List:

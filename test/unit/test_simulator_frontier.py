@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 from prefill_queue_test_support import ids, make_req
+from simulator_test_support import make_profile
 
-from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.frontier import (
     EarliestShortsFirst,
     FrontierPoint,
@@ -21,16 +21,7 @@ from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import ScenarioSpec
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest, WorkloadConfig
 
-PROFILE = CostProfile(
-    name="test",
-    prefill_fixed_s=0.001,
-    prefill_per_token_s=1e-5,
-    prefill_attention_s=1e-9,
-    decode_fixed_s=0.002,
-    decode_per_req_s=1e-5,
-    decode_per_kv_token_s=1e-8,
-    max_total_token_num=1 << 20,
-)
+PROFILE = make_profile()
 
 # Four 4K prompts, then a stream of 64-token prompts: the long-then-stream shape, small.
 SMALL_LONG_THEN_STREAM = ScenarioSpec(

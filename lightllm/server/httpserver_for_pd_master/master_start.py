@@ -114,7 +114,6 @@ def run_pd_master(args: argparse.Namespace) -> int:
     try:
         check_master_flags(args)
         options = HttpServerOptions.from_args(args)
-        options.auth.check_cluster(args.run_mode)
         manager, registry = build_master(args, options.auth.cluster_key)
     except (ModelConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Optional
 
 import httpx
 
+from lightllm.server.http_auth import cluster_key_headers
 from lightllm.server.httpserver_for_pd_master.membership_api import HEARTBEAT_PATH, REGISTER_PATH, UNKNOWN_NODE_CODE
 from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 from lightllm.server.httpserver_for_pd_master.node_registry import (
@@ -111,8 +112,8 @@ class PdNodeClient:
         if self._task is not None:
             raise RuntimeError("the PD node client is already running")
         self._last_answer = self._clock()
-        headers = {"Authorization": f"Bearer {self._cluster_key}"} if self._cluster_key else None
-        self._http = httpx.AsyncClient(base_url=self.master_url, headers=headers, trust_env=False)
+        self._http = httpx.AsyncClient(base_url=self.master_url, headers=cluster_key_headers(self._cluster_key),
+                                       trust_env=False)
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"pd-node-{self.info.node_id}")
 
     async def wait_registered(self, timeout: float) -> None:

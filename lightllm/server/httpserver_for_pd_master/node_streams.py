@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional
 
 import httpx
 
+from lightllm.server.http_auth import cluster_key_headers
 from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class NodeStreams:
             # leave a half-read connection in a pool for the next request (its stale bytes would
             # end that request's stream). A loopback connect costs far less than a token.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-            headers={"Authorization": f"Bearer {cluster_key}"} if cluster_key else None,
+            headers=cluster_key_headers(cluster_key),
             trust_env=False,
         )
 
