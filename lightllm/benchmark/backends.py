@@ -134,9 +134,13 @@ class OpenAIBackend(Backend):
 
     def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
         choices = data.get("choices") or []
-        if any(self._chunk_text(choice) for choice in choices):
+        finishing = any(choice.get("finish_reason") for choice in choices)
+        # Tokens that decode to no text (special tokens, an unfinished UTF-8 sequence) are still
+        # output: when a stream's first news of any token is its finish, that chunk is its first
+        # token (as vLLM's client counts it), not a failed request.
+        if any(self._chunk_text(choice) for choice in choices) or (finishing and not state.token_times):
             state.token_times.append(now)
-        if any(choice.get("finish_reason") for choice in choices):
+        if finishing:
             state.finished = True
         usage = data.get("usage")
         if usage:

@@ -244,8 +244,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "--pd_transfer_port",
         type=int,
         default=None,
-        help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free port. "
-        "Decode nodes learn it from the master.",
+        help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free block. "
+        "The node binds the whole block at start and holds it until it exits. Decode nodes learn it from the master.",
     )
     group.add_argument(
         "--pd_cluster_key",
@@ -281,6 +281,9 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not 0 < value < 65536:
             raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
+    if args.pd_transfer_port is not None and args.run_mode != "prefill":
+        raise ArgumentError("--pd_transfer_port is for prefill nodes (--run_mode prefill); a decode node joins the "
+                            "port the master gives it")
     for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):
         if getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.attention.selection import resolve_attention_backend
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
@@ -35,6 +35,7 @@ from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.launch_plan import build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.router.model_infer.model_rank_process import model_rank_process_main
 from lightllm.server.server_sizing import ServerSizing, plan_sizing
@@ -42,6 +43,9 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import free_port
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
+
+if TYPE_CHECKING:
+    from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -105,8 +109,16 @@ def resolve_device(args: argparse.Namespace) -> str:
     return "cpu"
 
 
-def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config: ModelConfig) -> Tuple[ServerProcesses, HttpServerConfig]:
-    """Create shared memory, spawn and wait for every child; returns the HTTP side's config."""
+def start_processes(
+    args: argparse.Namespace,
+    sizing: ServerSizing,
+    model_config: ModelConfig,
+    transfer_ports: Optional[TransferPortBlock] = None,
+) -> Tuple[ServerProcesses, HttpServerConfig]:
+    """Create shared memory, spawn and wait for every child; returns the HTTP side's config.
+
+    ``transfer_ports``: a prefill node's held KV transfer ports (each rank gets its socket).
+    """
     procs = ServerProcesses()
     remove_stale_resources()
     # Both names carry this process's pid so a later server can tell when their owner is gone.
@@ -124,6 +136,7 @@ def start_processes(args: argparse.Namespace, sizing: ServerSizing, model_config
     configs = build_process_configs(
         args, sizing, model_config, layout,
         nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
+        transfer_ports=transfer_ports,
     )
     # Large activations stay in the heap (no page faults per forward) but a rare peak is given
     # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
@@ -201,16 +214,31 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         model_config = ModelConfig.from_dir(args.model_dir)
         sizing = plan_sizing(args, model_config, resolve_device(args))
         args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
-        pd_node_info = None
+        pd_node_info = transfer_ports = None
         if args.run_mode in ("prefill", "decode"):
             # Imported here, like the HTTP modules below: the spawned children re-import this module.
             from lightllm.server.pd.node_launch import prepare_pd_node
 
             # Before any process starts: the ranks and the registration must see one transfer port.
-            pd_node_info = prepare_pd_node(args, model_config, sizing)
+            pd_node_info, transfer_ports = prepare_pd_node(args, model_config, sizing)
     except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _start_and_serve(args, sizing, model_config, pd_node_info, transfer_ports)
+    finally:
+        if transfer_ports is not None:
+            transfer_ports.close()
+
+
+def _start_and_serve(
+    args: argparse.Namespace,
+    sizing: ServerSizing,
+    model_config: ModelConfig,
+    pd_node_info: Optional["NodeInfo"],
+    transfer_ports: Optional[TransferPortBlock],
+) -> int:
+    """Start every process and serve HTTP until stopped; returns the exit code."""
     log.info(
         "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s prefill_max_wait_tokens=%s "
         "kv_tokens=%d max_req_total_len=%d",
@@ -225,7 +253,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stop_during_startup)
     try:
-        procs, http_config = start_processes(args, sizing, model_config)
+        procs, http_config = start_processes(args, sizing, model_config, transfer_ports)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.detokenization.manager import DetokenizationConfig
 from lightllm.server.httpserver.manager import HttpServerConfig
+from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import RouterConfig
 from lightllm.server.router.model_infer.model_rank_config import ModelRankConfig
 from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankSettings
@@ -59,7 +60,8 @@ def pd_rank_settings(args: argparse.Namespace) -> PdRankSettings:
     """The KV transfer settings of a PD node's ranks, from the flags.
 
     ``--pd_transfer_port`` is resolved (a free block of TP ports when not given) by the node
-    launch before the plan, so the ranks and the registration agree on it.
+    launch before the plan, so the ranks and the registration agree on it; a prefill rank's
+    listening socket is added per rank by :func:`build_process_configs`.
     """
     return PdRankSettings(
         page_size=args.pd_kv_page_size,
@@ -90,8 +92,12 @@ def build_process_configs(
     *,
     nccl_port: int,
     sampling_seed: int,
+    transfer_ports: Optional[TransferPortBlock] = None,
 ) -> ProcessConfigs:
-    """Every process's config from the validated flags, the sizing and the one layout."""
+    """Every process's config from the validated flags, the sizing and the one layout.
+
+    ``transfer_ports`` (a prefill node's held block) gives each rank its listening socket.
+    """
     eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
     run_mode = getattr(args, "run_mode", "normal")
     pd_settings = pd_rank_settings(args) if run_mode in PD_ROLES else PdRankSettings()
@@ -121,7 +127,9 @@ def build_process_configs(
             log_level=args.log_level, torch_threads=sizing.torch_threads,
             prefill_torch_threads=sizing.prefill_torch_threads,
             long_decode_positions=sizing.long_decode_positions,
-            sampling_seed=sampling_seed, run_mode=run_mode, pd=pd_settings,
+            sampling_seed=sampling_seed, run_mode=run_mode,
+            pd=pd_settings if transfer_ports is None else replace(
+                pd_settings, listen_socket=transfer_ports.socket_for(rank)),
         )
         for rank in range(args.tp)
     ]

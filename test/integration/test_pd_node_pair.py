@@ -10,6 +10,7 @@ the tokens D streams must equal a normal server's greedy tokens.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from typing import Any, Dict, List
@@ -167,10 +168,17 @@ def test_tp2_nodes_move_each_ranks_shard_and_agree_on_results(tiny_llama_dir, tm
     try:
         for node in (prefill, decode):
             wait_healthy(node)
-        _setup(prefill, decode, master.wait_node("p2")["kv_transfer_address"], epoch=1)
+        address = master.wait_node("p2")["kv_transfer_address"]
+        # P holds both ranks' ports from start-up: rank 1's (an even port, the kind outgoing
+        # connections take) cannot be lost before the first setup.
+        host, port = address.rsplit(":", 1)
+        for rank in range(2):
+            with socket.socket() as probe, pytest.raises(OSError):
+                probe.bind((host, int(port) + rank))
+        _setup(prefill, decode, address, epoch=1)
         for request_id, prompt in enumerate([list(range(20, 60)), list(range(100, 190))]):
             reserved, p_lines, d_lines = _run(prefill, decode, request_id, prompt, 6, epoch=1)
-            assert [line["event"] for line in p_lines] == ["token", "handed_off"]
+            assert [line["event"] for line in p_lines] == ["token", "handed_off"], (p_lines, d_lines)
             assert [line["token_id"] for line in d_lines[1:]] == reference(prompt, 6)
     finally:
         for handle in (prefill, decode):

@@ -27,7 +27,7 @@ from lightllm.benchmark.metrics import read_records_jsonl
 from lightllm.benchmark.workloads import WorkloadConfig
 
 # Requested output lengths that make the canned server misbehave in a specific way.
-FAIL_HTTP, TRUNCATE, ERROR_EVENT = 3, 5, 6
+FAIL_HTTP, TRUNCATE, ERROR_EVENT, NO_TEXT = 3, 5, 6, 7
 CHAT_TEMPLATE_TOKENS = 5
 
 
@@ -85,6 +85,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
                 yield _sse(chunk(""))  # an empty first chunk is not a token
             # The first chunk carries two tokens, as detokenizers sometimes merge them.
             pieces = ["t0t1"] + [f"t{i}" for i in range(2, n)]
+            if n == NO_TEXT:  # every token decodes to no text: only the finish chunk comes
+                pieces = [""]
             for i, piece in enumerate(pieces):
                 last = i == len(pieces) - 1
                 yield _sse(chunk(piece, "length" if last and not chat else None))
@@ -187,6 +189,19 @@ def test_openai_completions_text_stream(server, tokenizer_dir, tmp_path) -> None
     body = log[0]
     assert body["model"] == "fake-model" and body["stream"] is True and body["ignore_eos"] is True
     assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 6
+
+
+def test_a_stream_whose_tokens_have_no_text_counts_its_finish_as_the_first_token(server, tokenizer_dir, tmp_path) -> None:
+    base_url, _ = server
+    for backend in ("openai-completions", "openai-chat"):
+        config = _config(base_url, tokenizer_dir, backend, output_len=NO_TEXT)
+        config.output_jsonl = str(tmp_path / f"{backend}.jsonl")
+        asyncio.run(run_benchmark(config))
+        records = read_records_jsonl(config.output_jsonl)
+        assert len(records) == 5 and all(r.success for r in records), [r.error for r in records]
+        for r in records:
+            assert r.output_tokens == NO_TEXT and len(r.token_times) == 1
+            assert r.send_time <= r.first_token_time <= r.end_time
 
 
 def test_openai_completions_token_id_prompts(server, tokenizer_dir, builder) -> None:

@@ -15,12 +15,14 @@ from lightllm.server.server_sizing import plan_sizing
 def _prepare(model_dir, *flags: str):
     args = make_argument_parser().parse_args(["--model_dir", str(model_dir), *flags])
     config = ModelConfig.from_dir(model_dir)
-    return args, config, prepare_pd_node(args, config, plan_sizing(args, config, "cpu"))
+    info, ports = prepare_pd_node(args, config, plan_sizing(args, config, "cpu"))
+    return args, config, info, ports
 
 
 def test_registration_carries_the_model_shape_and_a_resolved_transfer_port(tiny_llama_dir) -> None:
-    args, config, info = _prepare(tiny_llama_dir, "--run_mode", "decode", "--port", "8100")
+    args, config, info, ports = _prepare(tiny_llama_dir, "--run_mode", "decode", "--port", "8100")
     assert args.pd_transfer_port is not None  # written back, so the rank configs see the same port
+    assert ports is None  # a decode node hosts no transfer group
     assert info.kv_transfer_address == f"127.0.0.1:{args.pd_transfer_port}"
     assert info.node_id == "decode-127.0.0.1:8100" and info.http_address == "127.0.0.1:8100"
     assert (info.role, info.model_name, info.dtype, info.tp_size) == ("decode", tiny_llama_dir.name, "float32", 1)
@@ -28,11 +30,21 @@ def test_registration_carries_the_model_shape_and_a_resolved_transfer_port(tiny_
         config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
 
 
-def test_flags_given_are_used(tiny_llama_dir) -> None:
-    args, _, info = _prepare(tiny_llama_dir, "--run_mode", "prefill", "--pd_transfer_port", "29400",
-                             "--pd_node_id", "p-east-1", "--model_name", "served-a", "served-b")
-    assert args.pd_transfer_port == 29400 and info.kv_transfer_address == "127.0.0.1:29400"
-    assert (info.node_id, info.role, info.model_name) == ("p-east-1", "prefill", "served-a")
+def test_flags_given_are_used_and_a_prefill_node_holds_its_ports(tiny_llama_dir) -> None:
+    args, _, info, ports = _prepare(tiny_llama_dir, "--run_mode", "prefill", "--pd_transfer_port", "29400", "--tp", "2",
+                                    "--pd_node_id", "p-east-1", "--model_name", "served-a", "served-b")
+    try:
+        assert args.pd_transfer_port == 29400 and info.kv_transfer_address == "127.0.0.1:29400"
+        assert (info.node_id, info.role, info.model_name) == ("p-east-1", "prefill", "served-a")
+        assert [ports.socket_for(rank).getsockname() for rank in range(2)] == [("127.0.0.1", 29400), ("127.0.0.1", 29401)]
+        # Held from here on: a second node given the same port is refused at once, naming it.
+        with pytest.raises(ArgumentError, match="--pd_transfer_port 29400: cannot listen on 127.0.0.1:29400..29401"):
+            _prepare(tiny_llama_dir, "--run_mode", "prefill", "--pd_transfer_port", "29400", "--tp", "2", "--port", "8001")
+    finally:
+        ports.close()
+    args, _, info, ports = _prepare(tiny_llama_dir, "--run_mode", "prefill")
+    assert ports.base == args.pd_transfer_port and info.kv_transfer_address == f"127.0.0.1:{ports.base}"
+    ports.close()
 
 
 @pytest.mark.parametrize("flags, fragment", [

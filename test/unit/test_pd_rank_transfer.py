@@ -31,6 +31,7 @@ from lightllm.server.core.objs.finish_status import (
 )
 from lightllm.server.core.objs.io_messages import PdNotice, PdSetupDone, PdTransferSetup
 from lightllm.server.pd.kv_transfer import KVTransferHandle
+from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.router.model_infer.infer_context import InferenceContext
 from lightllm.server.router.model_infer.mode_backend import KvReservationRefused
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
@@ -38,7 +39,6 @@ from lightllm.server.router.model_infer.mode_backend.rank_backend import build_r
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
 from lightllm.server.router.model_infer.pd_rank_transfer import PdRankSettings, PdRankTransfer, _Outcome
 
-from pd_kv_transfer_support import free_port
 
 MAX_LEN = 400
 
@@ -69,11 +69,12 @@ class Node:
         self.tokens: Dict[int, List[int]] = {}
         self.finished: Dict[int, int] = {}
 
-    def _make_handle(self, role: str, host: str, port: int) -> KVTransferHandle:
+    def _make_handle(self, role: str, host: str, port: int, group_name: str) -> KVTransferHandle:
         s = self.pd.settings
         return KVTransferHandle(role, self.backend.kv.kv_cache, host, port, page_size=s.page_size,
                                 timeout_s=s.transfer_timeout_s, connect_timeout_s=s.connect_timeout_s,
-                                receive_wait_s=s.reserve_lease_s)
+                                receive_wait_s=s.reserve_lease_s, group_name=group_name,
+                                listen_socket=s.listen_socket)
 
     def iterate(self) -> None:
         """What the rank loop does once: poll transfers, step, send hand-offs, publish."""
@@ -94,8 +95,11 @@ class Node:
 
 
 def _setup(prefill: Node, decode: Node, epoch: int) -> None:
-    port = free_port()
-    prefill.pd.settings.transfer_port = port
+    settings = prefill.pd.settings
+    if settings.listen_socket is None:  # held like a prefill node holds its port from start-up
+        settings.listen_socket = TransferPortBlock.reserve("127.0.0.1", 1).socket_for(0)
+        settings.transfer_port = settings.listen_socket.getsockname()[1]
+    port = settings.transfer_port
     prefill.pd.setup(PdTransferSetup(epoch))
     decode.pd.setup(PdTransferSetup(epoch, "127.0.0.1", port))
     for node in (prefill, decode):

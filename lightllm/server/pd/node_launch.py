@@ -5,7 +5,8 @@ backend) plus:
 
 * a KV transfer port resolved once before any process starts (``--pd_transfer_port``, or a free
   block of ``--tp`` ports; TP rank r uses port + r), stored back on ``args`` so the rank configs
-  and the registration agree;
+  and the registration agree; a prefill node binds the whole block then and holds it for its
+  lifetime (:mod:`lightllm.server.pd.transfer_ports`);
 * its :class:`~lightllm.server.httpserver_for_pd_master.node_info.NodeInfo`;
 * the control endpoints (:func:`~lightllm.server.pd.node_api.pd_node_router`) and the refusal of
   public generation, mounted through ``create_app(..., extra_routers=...)``;
@@ -25,7 +26,7 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator, List, Optional
+from typing import Any, AsyncIterator, List, Optional, Tuple
 
 from fastapi import APIRouter, FastAPI
 
@@ -34,6 +35,7 @@ from lightllm.server.api_cli import ArgumentError
 from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 from lightllm.server.httpserver_for_pd_master.node_client import PdNodeClient
 from lightllm.server.pd.node_api import PdStreams, pd_node_router, public_api_refusal_router
+from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.server_sizing import ServerSizing
 from lightllm.utils.process_utils import free_port
 
@@ -84,21 +86,29 @@ def advertised_host(args: argparse.Namespace) -> str:
         ) from None
 
 
-def prepare_pd_node(args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing) -> NodeInfo:
+def prepare_pd_node(
+    args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing
+) -> Tuple[NodeInfo, Optional[TransferPortBlock]]:
     """Resolve the KV transfer port (stored on ``args``) and build this node's registration.
 
-    Called before any process starts, so the rank configs read the same port; raises
-    ``ArgumentError`` / ``NodeInfoError`` (one line) for settings that cannot work.
+    Called before any process starts, so the rank configs read the same port.  A prefill node
+    gets its bound port block too (the caller holds it until the node exits); a decode node
+    only advertises a port.  Raises ``ArgumentError`` / ``NodeInfoError`` (one line) for
+    settings that cannot work.
     """
     host = advertised_host(args)
-    if args.pd_transfer_port is None:
+    ports: Optional[TransferPortBlock] = None
+    if args.pd_transfer_port is not None:
+        if args.pd_transfer_port + args.tp - 1 > 65535:
+            raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP ranks "
+                                "(rank r uses port + r)")
+        if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
+            raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
+    if args.run_mode == "prefill":
+        ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=args.port)
+        args.pd_transfer_port = ports.base
+    elif args.pd_transfer_port is None:
         args.pd_transfer_port = free_port_block(host, args.tp)
-    elif args.pd_transfer_port + args.tp - 1 > 65535:
-        raise ArgumentError(
-            f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP ranks (rank r uses port + r)"
-        )
-    if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
-        raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
     role = args.run_mode
     # The first served name, as the HTTP side reports it (build_process_configs uses the same rule).
     model_name = args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name
@@ -113,7 +123,7 @@ def prepare_pd_node(args: argparse.Namespace, model_config: ModelConfig, sizing:
         tp_size=args.tp,
         http_address=f"{host}:{args.port}",
         kv_transfer_address=f"{host}:{args.pd_transfer_port}",
-    )
+    ), ports
 
 
 class PdNodeRuntime:

@@ -16,6 +16,7 @@ owner calls :meth:`restart` with a fresh port on both sides.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import List, Optional, Sequence, Union
 
@@ -49,7 +50,10 @@ class KVTransferHandle:
     ``page_size`` is the tokens per page on the wire (the intended ``--pd_kv_page_size``; only
     the prefill side's value is used, the decode side follows the header).  Every wait on the
     peer is bounded by ``timeout_s``; joining the group by ``connect_timeout_s``.  A decode-side
-    receive fails when no KV for it starts arriving within ``receive_wait_s``.
+    receive fails when no KV for it starts arriving within ``receive_wait_s``.  Both sides must
+    pass the same ``group_name`` (the prefix of the pair's store keys).  ``listen_socket``
+    (prefill side only) is a socket already listening on ``store_port`` that every transfer
+    process of this handle serves its store on, so the port stays held between them.
     """
 
     def __init__(
@@ -62,9 +66,13 @@ class KVTransferHandle:
         timeout_s: float = 30.0,
         connect_timeout_s: float = 60.0,
         receive_wait_s: float = 60.0,
+        group_name: str = "lightllm-kv",
+        listen_socket: Optional[socket.socket] = None,
     ):
         if role not in ROLES:
             raise ValueError(f"KV transfer role must be one of {ROLES}, got {role!r}")
+        if listen_socket is not None and role != "prefill":
+            raise ValueError("only a prefill KV transfer handle serves the pair's store on a listening socket")
         if page_size <= 0:
             raise ValueError(f"KV transfer page size must be positive, got {page_size}")
         if timeout_s <= 0 or connect_timeout_s <= 0 or receive_wait_s <= 0:
@@ -76,6 +84,8 @@ class KVTransferHandle:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._receive_wait_s = receive_wait_s
+        self._group_name = group_name
+        self._listen_socket = listen_socket
         self._ctx = torch_mp.get_context("spawn")
         self._process = None
         self._conn = None
@@ -150,8 +160,12 @@ class KVTransferHandle:
 
     # --- internals --------------------------------------------------------------------------
     def _start(self, store_port: int) -> None:
-        config = TransferConfig(self.role, self._store_addr, store_port, self._page_size, self._timeout_s,
-                                self._connect_timeout_s, pd_transfer_failure_probability())
+        listen_socket = self._listen_socket
+        if listen_socket is not None and listen_socket.getsockname()[1] != store_port:
+            raise ValueError(f"the listening socket is on port {listen_socket.getsockname()[1]}, not {store_port}")
+        config = TransferConfig(self.role, self._store_addr, store_port, self._group_name, listen_socket,
+                                self._page_size, self._timeout_s, self._connect_timeout_s,
+                                pd_transfer_failure_probability())
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=run_transfer_process, args=(config, child, self._view),
                                     name=f"kv-transfer-{self.role}", daemon=True)

@@ -1,10 +1,10 @@
 """The KV transfer process: a child of one TP rank process, paired with the peer node's.
 
-It joins its own two-rank torch.distributed group (rank 0 = prefill side, rank 1 = decode
-side; TCP store at the address the owner gives; gloo for CPU caches, NCCL for CUDA ones),
-never the rank's TP group, and serves :mod:`messages` commands from its owner's pipe.  On a
-fault of the group (timeout, dead peer) it fails everything it holds, reports
-:class:`ChannelBroken` and exits; the owner starts a fresh one.
+It joins its own two-rank torch.distributed group (rank 0 = prefill side, serving the pair's
+TCP store; rank 1 = decode side; gloo for CPU caches, NCCL for CUDA ones), never the rank's TP
+group, and serves :mod:`messages` commands from its owner's pipe.  On a fault of the group
+(timeout, dead peer) it fails everything it holds, reports :class:`ChannelBroken` and exits;
+the owner starts a fresh one.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import multiprocessing.connection
 import os
 import queue
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +55,12 @@ class TransferConfig:
     role: str  # "prefill" or "decode"
     store_addr: str
     store_port: int
+    # Prefix of every key the pair puts in its store: a decode side pointed at some other
+    # store (a stale address, another group's port) never matches keys and times out instead.
+    group_name: str
+    # Prefill side: the node's listening socket for store_port (see pd/transfer_ports.py);
+    # None binds store_port here.
+    listen_socket: Optional[socket.socket]
     page_size: int
     timeout_s: float
     connect_timeout_s: float
@@ -71,7 +78,7 @@ def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCach
     try:
         dist.init_process_group(
             "nccl" if cuda else "gloo",
-            init_method=f"tcp://{config.store_addr}:{config.store_port}",
+            store=_open_store(config, rank),
             rank=rank,
             world_size=2,
             timeout=timedelta(seconds=config.connect_timeout_s),
@@ -92,6 +99,17 @@ def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCach
     # Skip interpreter teardown: the header listener may still sit in a gloo wait, and
     # destroying the group under it aborts noisily.  Every message was sent synchronously.
     os._exit(0)
+
+
+def _open_store(config: TransferConfig, rank: int) -> dist.Store:
+    """The pair's rendezvous: the prefill side serves a TCP store, the decode side connects to it."""
+    timeout = timedelta(seconds=config.connect_timeout_s)
+    if rank == PREFILL_RANK:
+        fd = None if config.listen_socket is None else config.listen_socket.fileno()
+        store = dist.TCPStore(config.store_addr, config.store_port, 2, True, timeout, master_listen_fd=fd)
+    else:
+        store = dist.TCPStore(config.store_addr, config.store_port, 2, False, timeout)
+    return dist.PrefixStore(config.group_name, store)
 
 
 def _serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager, link: Link) -> None:

@@ -150,9 +150,10 @@ class ModelRank:
                 self.backend,
                 config.rank,
                 settings,
-                lambda role, host, port: KVTransferHandle(
+                lambda role, host, port, group_name: KVTransferHandle(
                     role, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
                     connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
+                    group_name=group_name, listen_socket=settings.listen_socket,
                 ),
                 agree=self._gather_objects if config.tp > 1 else None,
                 notify=self.to_http.send_pyobj if self.is_leader else None,

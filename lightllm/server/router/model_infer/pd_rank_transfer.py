@@ -29,6 +29,7 @@ stay reserved until then because the transfer process may still write them.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -60,6 +61,9 @@ class PdRankSettings:
     connect_timeout_s: float = 60.0
     reserve_lease_s: float = 30.0
     max_segment_tokens: int = 0  # 0: no limit
+    # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
+    # start-up (pd/transfer_ports.py); every transfer process of the rank serves its store on it.
+    listen_socket: Optional[socket.socket] = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,9 @@ Notify = Callable[[Any], None]  # rank 0: a message to the HTTP process
 class PdRankTransfer:
     """Owns one rank's KV transfer handle and drives the backend's PD intake (see the module docstring).
 
-    ``make_handle(role, host, port)`` builds a handle (a :class:`KVTransferHandle` over the
-    rank's shareable cache; tests may pass their own); ``agree`` is None for TP = 1;
+    ``make_handle(role, host, port, group_name)`` builds a handle (a :class:`KVTransferHandle`
+    over the rank's shareable cache; tests may pass their own); ``group_name`` names the pair
+    and the epoch, so both sides of one setup meet and nothing else does; ``agree`` is None for TP = 1;
     ``notify`` is None on ranks other than 0.
     """
 
@@ -93,7 +98,7 @@ class PdRankTransfer:
         backend: Any,
         rank: int,
         settings: PdRankSettings,
-        make_handle: Callable[[str, str, int], KVTransferHandle],
+        make_handle: Callable[[str, str, int, str], KVTransferHandle],
         agree: Optional[Agree] = None,
         notify: Optional[Notify] = None,
     ):
@@ -131,7 +136,7 @@ class PdRankTransfer:
                     raise ValueError(f"a decode node needs the prefill transfer address, got "
                                      f"{command.peer_host!r}:{command.peer_port}")
                 host, port = command.peer_host, command.peer_port + self.rank
-            self.handle = self._make_handle(self.role, host, port)
+            self.handle = self._make_handle(self.role, host, port, f"lightllm-kv/epoch-{command.epoch}/rank-{self.rank}")
             self.epoch = command.epoch
             self._broken_reported = False
             log.info("rank %d: KV transfer handle for epoch %d (%s, %s:%d)", self.rank, command.epoch, self.role, host, port)

@@ -1,0 +1,132 @@
+"""A prefill node's KV transfer ports: held from start-up, served by every transfer process in turn.
+
+Real sockets and real transfer processes (gloo over loopback); the handles are the ones the
+ranks use.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.api_cli import ArgumentError
+from lightllm.server.pd.kv_transfer import KVTransferHandle
+from lightllm.server.pd import transfer_ports
+from lightllm.server.pd.transfer_ports import TransferPortBlock
+
+from pd_kv_transfer_support import collect, wait_ready
+
+LAYERS, HEADS, HEAD_DIM, SIZE = 2, 2, 4, 64
+
+
+def _cache() -> KVCacheMemoryManager:
+    return KVCacheMemoryManager(SIZE, LAYERS, HEADS, HEAD_DIM, torch.float32, shareable=True)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_block_listens_on_consecutive_ports_until_closed() -> None:
+    block = TransferPortBlock.reserve("127.0.0.1", 3)
+    base = block.base
+    assert [block.socket_for(rank).getsockname()[1] for rank in range(3)] == [base, base + 1, base + 2]
+    assert not any(_bindable(port) for port in range(base, base + 3))
+    for rank in range(3):  # listening, so a peer's connection is accepted (queued) at once
+        with socket.create_connection(("127.0.0.1", base + rank), timeout=5):
+            pass
+    block.close()
+    assert all(_bindable(port) for port in range(base, base + 3))
+
+
+def test_a_taken_port_is_named() -> None:
+    held = TransferPortBlock.reserve("127.0.0.1", 1)
+    try:
+        with pytest.raises(ArgumentError, match=rf"--pd_transfer_port {held.base - 1}: cannot listen on "
+                                                rf"127.0.0.1:{held.base - 1}..{held.base} \(TP rank r uses port \+ r\): .*in use"):
+            TransferPortBlock.reserve("127.0.0.1", 2, held.base - 1)
+        with pytest.raises(ArgumentError, match=rf"--pd_transfer_port {held.base}: cannot listen on 127.0.0.1:{held.base}: "):
+            TransferPortBlock.reserve("127.0.0.1", 1, held.base)
+    finally:
+        held.close()
+
+
+def test_a_free_block_never_contains_the_http_port(monkeypatch) -> None:
+    # The kernel's first free port is made to start a block over the HTTP port; that block is
+    # let go and the next one taken.
+    http_port = TransferPortBlock.reserve("127.0.0.1", 1)
+    http_port.close()
+    real_listen, offered = transfer_ports._listen, []
+
+    def first_offer_overlaps(host: str, port: int) -> socket.socket:
+        if port == 0 and not offered:
+            offered.append(real_listen(host, http_port.base - 1))
+            return offered[0]
+        return real_listen(host, port)
+
+    monkeypatch.setattr(transfer_ports, "_listen", first_offer_overlaps)
+    block = TransferPortBlock.reserve("127.0.0.1", 2, avoid=http_port.base)
+    assert offered and offered[0].fileno() == -1  # the overlapping offer was closed
+    assert http_port.base not in (block.base, block.base + 1)
+    block.close()
+
+
+def _move(prefill: KVTransferHandle, decode: KVTransferHandle, request_id: int, source, target) -> None:
+    decode.receive(request_id, torch.arange(10, 20))
+    prefill.send(request_id, torch.arange(0, 10))
+    sent, received = collect(prefill, 1)[request_id], collect(decode, 1)[request_id]
+    assert sent.ok and received.ok, (sent, received)
+    assert torch.equal(target.export_slots(torch.arange(10, 20)), source.export_slots(torch.arange(0, 10)))
+
+
+def test_every_transfer_process_serves_the_held_port_and_only_its_own_group_meets_it() -> None:
+    source, target = _cache(), _cache()
+    source.k_buffer.copy_(torch.randn(source.k_buffer.shape))
+    source.v_buffer.copy_(torch.randn(source.v_buffer.shape))
+    block = TransferPortBlock.reserve("127.0.0.1", 1)
+    port, listening = block.base, block.socket_for(0)
+    kwargs = dict(page_size=4, timeout_s=10.0)
+    try:
+        for epoch in (1, 2):  # a new setup: both processes replaced, the port held throughout
+            group = f"lightllm-kv/epoch-{epoch}/rank-0"
+            prefill = KVTransferHandle("prefill", source, "127.0.0.1", port, group_name=group,
+                                       listen_socket=listening, **kwargs)
+            decode = KVTransferHandle("decode", target, "127.0.0.1", port, group_name=group, **kwargs)
+            wait_ready(prefill, decode)
+            target.k_buffer.zero_()
+            _move(prefill, decode, 100 + epoch, source, target)
+            prefill.close()
+            decode.close()
+            assert not _bindable(port)
+        # A decode side of another epoch (or pointed at some other group's store) never joins:
+        # both sides give up within the connect bound instead of pairing.
+        prefill = KVTransferHandle("prefill", source, "127.0.0.1", port, group_name="lightllm-kv/epoch-3/rank-0",
+                                   listen_socket=listening, connect_timeout_s=3.0, **kwargs)
+        stale = KVTransferHandle("decode", target, "127.0.0.1", port, group_name="lightllm-kv/epoch-2/rank-0",
+                                 connect_timeout_s=3.0, **kwargs)
+        for handle in (prefill, stale):
+            assert not handle.wait_ready(60)
+            assert "could not join the transfer group" in handle.broken_reason, handle.broken_reason
+        prefill.close()
+        stale.close()
+    finally:
+        block.close()
+
+
+def test_a_listening_socket_must_be_the_prefill_sides_and_on_its_port() -> None:
+    block = TransferPortBlock.reserve("127.0.0.1", 1)
+    try:
+        with pytest.raises(ValueError, match="only a prefill KV transfer handle serves"):
+            KVTransferHandle("decode", _cache(), "127.0.0.1", block.base, listen_socket=block.socket_for(0))
+        with pytest.raises(ValueError, match=f"the listening socket is on port {block.base}, not {block.base + 1}"):
+            KVTransferHandle("prefill", _cache(), "127.0.0.1", block.base + 1, listen_socket=block.socket_for(0))
+    finally:
+        block.close()
