@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
-from lightllm.server.api_cli import ArgumentError
+from lightllm.server.api_args_check import ArgumentError
 from lightllm.server.pd.kv_transfer import KVTransferHandle
 from lightllm.server.pd import transfer_ports
 from lightllm.server.pd.transfer_ports import TransferPortBlock
@@ -60,15 +60,15 @@ def test_a_taken_port_is_named() -> None:
 
 
 def test_a_free_block_never_contains_the_http_port(monkeypatch) -> None:
-    # The kernel's first free port is made to start a block over the HTTP port; that block is
-    # let go and the next one taken.
+    # The kernel's first free port is made to be the HTTP port itself (free: it was just ours);
+    # a block starting there is let go and the next one taken.
     http_port = TransferPortBlock.reserve("127.0.0.1", 1)
     http_port.close()
     real_listen, offered = transfer_ports._listen, []
 
     def first_offer_overlaps(host: str, port: int) -> socket.socket:
         if port == 0 and not offered:
-            offered.append(real_listen(host, http_port.base - 1))
+            offered.append(real_listen(host, http_port.base))
             return offered[0]
         return real_listen(host, port)
 
