@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.attention.selection import resolve_attention_backend
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
-from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.api_args_check import ArgumentError, validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.detokenization.manager import detokenization_process_main

@@ -10,7 +10,7 @@ import torch
 
 from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
-from lightllm.server.api_cli import ArgumentError
+from lightllm.server.api_args_check import ArgumentError
 from lightllm.server.kv_budget import plan_kv_budget
 from lightllm.server.router.model_infer.mode_backend.forward_threads import DEFAULT_LONG_DECODE_POSITIONS
 from lightllm.utils.envs_utils import long_decode_positions_override, torch_threads_override

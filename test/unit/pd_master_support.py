@@ -29,7 +29,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from lightllm.server.api_cli import make_argument_parser, validate_args
+from lightllm.server.api_args_check import validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.api_http import create_app
 from lightllm.server.http_server_options import HttpServerOptions
 from lightllm.server.httpserver_for_pd_master.master_start import build_master, check_master_flags

@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.api_args_check import ArgumentError, validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
 from lightllm.server.server_sizing import plan_sizing
 

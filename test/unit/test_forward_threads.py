@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_cli import make_argument_parser, validate_args
+from lightllm.server.api_args_check import validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.launch_plan import build_process_configs, plan_layout, resolve_sampling_seed
 from lightllm.server.router.model_infer.mode_backend.forward_threads import DEFAULT_LONG_DECODE_POSITIONS, ForwardThreads
 from lightllm.server.server_sizing import plan_sizing

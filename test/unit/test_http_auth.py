@@ -8,7 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
-from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.api_args_check import ArgumentError, validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.api_http import create_app
 from lightllm.server.http_auth import KeySet, bearer_token
 from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions

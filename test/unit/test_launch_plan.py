@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.api_args_check import ArgumentError, validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.launch_plan import ProcessConfigs, build_process_configs, plan_layout, resolve_sampling_seed
 from lightllm.server.server_sizing import plan_sizing
 

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from api_fakes import FakeManager, assert_error
 from pd_master_support import ThreadServer
 from pd_membership_support import node
-from lightllm.server.api_cli import ArgumentError, make_argument_parser, validate_args
+from lightllm.server.api_args_check import ArgumentError, validate_args
+from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.api_errors import install_error_handlers
 from lightllm.server.api_http import create_app
 from lightllm.server.http_auth import ApiKeyMiddleware

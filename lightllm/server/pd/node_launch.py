@@ -31,13 +31,12 @@ from typing import Any, AsyncIterator, List, Optional, Tuple
 from fastapi import APIRouter, FastAPI
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_cli import ArgumentError
+from lightllm.server.api_args_check import ArgumentError
 from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 from lightllm.server.httpserver_for_pd_master.node_client import PdNodeClient
 from lightllm.server.pd.node_api import PdStreams, pd_node_router, public_api_refusal_router
 from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.server_sizing import ServerSizing
-from lightllm.utils.process_utils import free_port
 
 log = logging.getLogger("lightllm.pd.node")
 
@@ -46,25 +45,13 @@ PD_NODE_MODES = ("prefill", "decode")
 REFUSED_EXIT_CODE = 1
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _SERVING_POLL_SECONDS = 0.05
-_PORT_BLOCK_TRIES = 64
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def free_port_block(host: str, count: int) -> int:
-    """The first of ``count`` consecutive TCP ports that were all free a moment ago."""
-    for _ in range(_PORT_BLOCK_TRIES):
-        base = free_port(host)
-        if base + count - 1 <= 65535 and all(_port_free(host, base + offset) for offset in range(1, count)):
-            return base
-    raise ArgumentError(f"found no {count} consecutive free ports on {host}; pass --pd_transfer_port")
+    """The first of ``count`` consecutive TCP ports that were all free a moment ago (not held)."""
+    block = TransferPortBlock.reserve(host, count)
+    block.close()
+    return block.base
 
 
 def advertised_host(args: argparse.Namespace) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from typing import List, Optional
 
-from lightllm.server.api_cli import ArgumentError
+from lightllm.server.api_args_check import ArgumentError
 
 _PORT_BLOCK_TRIES = 64
 # The wildcard spellings --host accepts, as bind() wants them.
