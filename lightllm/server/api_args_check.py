@@ -7,6 +7,7 @@ parsed; every refusal is an :class:`ArgumentError` whose message names the flag.
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Optional
 
 from lightllm.server.api_cli import PD_RUN_MODES
@@ -85,8 +86,15 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")
     if args.router_token_ratio <= 0:
         raise ArgumentError(f"--router_token_ratio must be positive, got {args.router_token_ratio}")
-    if args.prefill_max_wait_tokens < 0:
-        raise ArgumentError(f"--prefill_max_wait_tokens must be >= 0 (0 disables the bound), got {args.prefill_max_wait_tokens}")
+    if getattr(args, "prefill_max_wait_tokens", None) is not None:
+        raise ArgumentError(
+            "--prefill_max_wait_tokens was replaced by the overtaking bound: use --prefill_max_overtake_tokens and "
+            "--prefill_overtake_fraction (or --disable_prefill_overtake_bound)"
+        )
+    if args.prefill_max_overtake_tokens < 0:
+        raise ArgumentError(f"--prefill_max_overtake_tokens must be >= 0, got {args.prefill_max_overtake_tokens}")
+    if not (math.isfinite(args.prefill_overtake_fraction) and args.prefill_overtake_fraction >= 0):
+        raise ArgumentError(f"--prefill_overtake_fraction must be a finite number >= 0, got {args.prefill_overtake_fraction}")
     if args.router_max_wait_tokens < 0:
         raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
     if args.schedule_time_interval < 0:

@@ -22,12 +22,12 @@ def _strategy_names() -> List[str]:
     return available_strategy_names()
 
 
-def _default_prefill_max_wait_tokens() -> int:
-    from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-        DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+def _default_overtake_bound():
+    from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import (
+        OvertakeBoundSpec,
     )
 
-    return DEFAULT_PREFILL_MAX_WAIT_TOKENS
+    return OvertakeBoundSpec()
 
 
 def make_argument_parser() -> argparse.ArgumentParser:
@@ -143,15 +143,34 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default="default",
         help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn, "
         "lpm (most prefix-cached prompt tokens first), shortest_within_slack (shortest first while every "
-        "overtaken request stays within a slack of its FCFS wait); all run under --prefill_max_wait_tokens.",
+        "overtaken request stays within a slack of its FCFS wait); all run under the overtaking bound "
+        "(--prefill_max_overtake_tokens, --prefill_overtake_fraction).",
+    )
+    group.add_argument(
+        "--prefill_max_overtake_tokens",
+        type=int,
+        default=_default_overtake_bound().base_tokens,
+        help="Overtaking bound of every prefill-queue strategy: a request may be overtaken by at most this many "
+        "prefill tokens of work that default's order puts behind it, plus --prefill_overtake_fraction times its FCFS "
+        "wait (the prefill work ahead of it when it arrived); then it is served before all such work "
+        "(see docs prefill_queue_strategy.md for the formula and how to choose it).",
+    )
+    group.add_argument(
+        "--prefill_overtake_fraction",
+        type=float,
+        default=_default_overtake_bound().fraction,
+        help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens.",
+    )
+    group.add_argument(
+        "--disable_prefill_overtake_bound",
+        action="store_true",
+        help="Let prefill-queue strategies overtake without limit (the seed's unbounded behaviour).",
     )
     group.add_argument(
         "--prefill_max_wait_tokens",
         type=int,
-        default=_default_prefill_max_wait_tokens(),
-        help="Waiting bound of every prefill-queue strategy, in processed prefill tokens: a request that has waited "
-        "longer is served before every request that has not, in arrival order; 0 disables it "
-        "(see docs prefill_queue_strategy.md for the formula and how to choose it).",
+        default=None,
+        help=argparse.SUPPRESS,
     )
 
     group = parser.add_argument_group("generation")
@@ -281,7 +300,8 @@ def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None) -> str:
     parser = parser or make_argument_parser()
     lines: List[str] = []
     for group in parser._action_groups:  # argparse exposes groups only through this attribute
-        actions = [a for a in group._group_actions if a.dest != "help"]
+        # A suppressed flag exists only to be refused with a pointer to its replacement.
+        actions = [a for a in group._group_actions if a.dest != "help" and a.help != argparse.SUPPRESS]
         if not actions:
             continue
         lines += [f"### {group.title}", "", "| flag | default | choices | meaning |", "| --- | --- | --- | --- |"]

@@ -35,7 +35,12 @@ from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
-from lightllm.server.launch_plan import build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.launch_plan import (
+    build_process_configs,
+    overtake_bound_from_args,
+    plan_layout,
+    resolve_sampling_seed,
+)
 from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.router.model_infer.model_rank_process import model_rank_process_main
@@ -241,10 +246,10 @@ def _start_and_serve(
 ) -> int:
     """Start every process and serve HTTP until stopped; returns the exit code."""
     log.info(
-        "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s prefill_max_wait_tokens=%s "
+        "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s overtake_bound=%s "
         "kv_tokens=%d max_req_total_len=%d",
         args.model_dir, sizing.device, sizing.dtype_name, args.tp, args.prefill_queue_strategy,
-        args.prefill_max_wait_tokens or "0 (waiting bound disabled)",
+        overtake_bound_from_args(args).describe(),
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
     def stop_during_startup(signum: int, frame: Any) -> None:

@@ -19,6 +19,7 @@ from lightllm.server.detokenization.manager import DetokenizationConfig
 from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import RouterConfig
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.model_infer.model_rank_config import ModelRankConfig
 from lightllm.server.router.model_infer.pd_rank_transfer import PD_ROLES, PdRankSettings
 from lightllm.server.server_layout import ServerLayout
@@ -84,6 +85,13 @@ class ProcessConfigs:
     http: HttpServerConfig
 
 
+def overtake_bound_from_args(args: argparse.Namespace) -> OvertakeBoundSpec:
+    """The prefill-queue overtaking bound the flags describe (checked by ``validate_args``)."""
+    if args.disable_prefill_overtake_bound:
+        return OvertakeBoundSpec.off()
+    return OvertakeBoundSpec(args.prefill_max_overtake_tokens, float(args.prefill_overtake_fraction))
+
+
 def build_process_configs(
     args: argparse.Namespace,
     sizing: ServerSizing,
@@ -105,6 +113,7 @@ def build_process_configs(
         model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,
         eos_token_ids=eos,
     )
+    overtake_bound = overtake_bound_from_args(args)
     router = RouterConfig(
         layout=layout,
         running_max_req_size=args.running_max_req_size,
@@ -112,7 +121,7 @@ def build_process_configs(
         router_max_wait_tokens=args.router_max_wait_tokens,
         schedule_time_interval=args.schedule_time_interval,
         log_level=args.log_level,
-        prefill_max_wait_tokens=args.prefill_max_wait_tokens,
+        prefill_overtake_bound=overtake_bound,
     )
     ranks = [
         ModelRankConfig(
@@ -122,7 +131,7 @@ def build_process_configs(
             chunked_prefill_size=None if args.disable_chunked_prefill else args.chunked_prefill_size,
             prefill_queue_strategy=args.prefill_queue_strategy,
             attention_backend=args.attention_backend,
-            prefill_max_wait_tokens=args.prefill_max_wait_tokens,
+            prefill_overtake_bound=overtake_bound,
             use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
             log_level=args.log_level, torch_threads=sizing.torch_threads,
             prefill_torch_threads=sizing.prefill_torch_threads,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefill_queue_test_support import ids, make_req, order
 
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 
@@ -80,8 +81,9 @@ def test_lpm_keeps_high_priority_first_in_arrival_order() -> None:
     assert order("lpm", reqs, processed=10) == [2, 3, 1]
 
 
-def test_lpm_runs_under_the_waiting_bound() -> None:
-    # Request 1 shares nothing with the cache and has waited past the bound.
+def test_lpm_runs_under_the_overtaking_bound() -> None:
+    # Request 1 shares nothing with the cache; with no allowance it may not be overtaken at all.
     reqs = [_cached(1, 100, 0, arrival=0), _cached(2, 900, 800, arrival=5000)]
     assert order("lpm", reqs, processed=5000) == [2, 1]
-    assert ids(build_prefill_queue_strategy("lpm", 4096).reorder(reqs, 5000)) == [1, 2]
+    strict = build_prefill_queue_strategy("lpm", OvertakeBoundSpec(0, 0.0))
+    assert ids(strict.reorder([_cached(1, 100, 0), _cached(2, 900, 800)], 5000)) == [1, 2]

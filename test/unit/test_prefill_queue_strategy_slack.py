@@ -10,6 +10,7 @@ from typing import List, Sequence
 
 from prefill_queue_test_support import ids, make_req
 
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
     ShortestWithinSlackStrategy,
@@ -21,7 +22,7 @@ NAME = "shortest_within_slack"
 
 
 def _strategy(slack_fraction: float = 0.05, min_slack_steps: int = 2) -> ShortestWithinSlackStrategy:
-    strategy = build_prefill_queue_strategy(NAME, 0)  # bound off: only the strategy's own order
+    strategy = build_prefill_queue_strategy(NAME, OvertakeBoundSpec.off())  # only the strategy's own order
     assert isinstance(strategy, ShortestWithinSlackStrategy)
     strategy.slack_fraction = slack_fraction
     strategy.min_slack_steps = min_slack_steps

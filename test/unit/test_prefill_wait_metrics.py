@@ -27,7 +27,7 @@ def _req(rid: int, arrival: int) -> InferReq:
 
 def test_tracker_records_completed_waits_and_the_longest_current_one() -> None:
     clock = FakeClock()
-    tracker = PrefillWaitTracker(clock)
+    tracker = PrefillWaitTracker(clock=clock)
     a, b, c = _req(1, 0), _req(2, 100), _req(3, 5000)
     for req in (a, b):
         tracker.on_arrival(req)
@@ -56,7 +56,7 @@ def test_metrics_expose_wait_histograms_and_longest_wait_per_strategy() -> None:
     stats = ShmStats(f"lightllm_test_{uuid.uuid4().hex[:8]}", create=True)
     try:
         clock = FakeClock()
-        tracker = PrefillWaitTracker(clock)
+        tracker = PrefillWaitTracker(clock=clock)
         reqs = [_req(i, 0) for i in range(3)]
         for req in reqs:
             tracker.on_arrival(req)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
 
 
@@ -52,16 +53,16 @@ def test_remove_waiting_and_lone_oversized_request():
     assert [r.request_id for r in queue.admit()] == [1]
 
 
-# --- the waiting bound on the router side (--prefill_max_wait_tokens) ----------------------------
+# --- the overtaking bound on the router side ---------------------------------------------------
 
 
-def _drive_high_priority_stream(max_wait_tokens: int, rounds: int = 200):
+def _drive_high_priority_stream(bound: OvertakeBoundSpec, rounds: int = 200):
     """A large normal request, then a high-priority 100-token request every round.
 
     Each round the oldest running request finishes and admission runs once, so the batch never
     drains by itself.  Returns the round in which the large request was admitted (or None).
     """
-    queue = NormalReqQueue(capacity_tokens=1000, running_max_req_size=4, max_wait_tokens=max_wait_tokens)
+    queue = NormalReqQueue(capacity_tokens=1000, running_max_req_size=4, overtake_bound=bound)
     for rid in range(4):
         queue.append(_req(100 + rid, 100, 100, high=True))
     queue.admit()
@@ -75,23 +76,31 @@ def _drive_high_priority_stream(max_wait_tokens: int, rounds: int = 200):
     return None, queue
 
 
-def test_without_aging_a_high_priority_stream_starves_a_normal_request():
-    admitted_round, _ = _drive_high_priority_stream(max_wait_tokens=0)
+def test_without_the_bound_a_high_priority_stream_starves_a_normal_request():
+    admitted_round, _ = _drive_high_priority_stream(OvertakeBoundSpec.off())
     assert admitted_round is None
 
 
-def test_aged_normal_head_goes_first_and_blocks_both_lanes_until_it_fits():
-    admitted_round, queue = _drive_high_priority_stream(max_wait_tokens=1000)
+def test_protected_normal_head_goes_first_and_blocks_both_lanes_until_it_fits():
+    admitted_round, queue = _drive_high_priority_stream(OvertakeBoundSpec(1000, 0.0))
     assert admitted_round is not None
-    # Aged after more than 1000 admitted prompt tokens (11 high-priority requests of 100), then
-    # admitted once the 4 requests running at that point have drained enough for 800 tokens.
-    assert admitted_round <= 11 + 4
-    # While it waited aged, no high-priority request overtook it.
-    assert queue.admitted_prompt_tokens <= 4 * 100 + (1000 + 100) + 700
+    # Protected once 1000 prompt tokens of later high-priority requests were admitted (10 of 100),
+    # then admitted once the 4 requests running at that point have drained enough for 800 tokens.
+    assert admitted_round <= 10 + 4
+    # While it waited protected, no high-priority request overtook it.
+    assert queue.admitted_prompt_tokens <= 4 * 100 + 1000 + 100 + 700
 
 
-def _admission_order(max_wait_tokens):
-    queue = NormalReqQueue(capacity_tokens=10_000, running_max_req_size=1, max_wait_tokens=max_wait_tokens)
+def test_the_allowance_grows_with_the_fcfs_wait():
+    # Nothing waits ahead of the first normal request; 300 tokens wait ahead of the second.
+    queue = NormalReqQueue(capacity_tokens=10_000, running_max_req_size=1, overtake_bound=OvertakeBoundSpec(10, 0.5))
+    queue.append(_req(1, 300, 1))
+    queue.append(_req(2, 20, 1))
+    assert queue._arrival[1][1] == 10 and queue._arrival[2][1] == 10 + 150
+
+
+def _admission_order(bound: OvertakeBoundSpec):
+    queue = NormalReqQueue(capacity_tokens=10_000, running_max_req_size=1, overtake_bound=bound)
     queue.append(_req(1, 10, 1))
     queue.append(_req(2, 10, 1))
     for rid in (3, 4, 5):
@@ -104,55 +113,77 @@ def _admission_order(max_wait_tokens):
     return order
 
 
-def test_aged_heads_of_both_lanes_go_in_arrival_order():
-    assert _admission_order(0) == [3, 4, 5, 1, 2]
-    # After 20 admitted tokens requests 1 and 5 are both aged (> 15): 1 arrived first, and 2
-    # (aged too) arrived before 5.
-    assert _admission_order(15) == [3, 4, 1, 2, 5]
+def test_protected_normal_heads_go_before_later_high_priority_requests():
+    assert _admission_order(OvertakeBoundSpec.off()) == [3, 4, 5, 1, 2]
+    # Allowance 15 (nothing ahead of 1; 2 has 10 tokens ahead, fraction 0): after two later
+    # high-priority requests (20 tokens) both are protected and go before 5.
+    assert _admission_order(OvertakeBoundSpec(15, 0.0)) == [3, 4, 1, 2, 5]
+    # A high-priority head that arrived first is never overtaken by a protected normal one.
+    queue = NormalReqQueue(capacity_tokens=10_000, running_max_req_size=1, overtake_bound=OvertakeBoundSpec(0, 0.0))
+    queue.append(_req(7, 10, 1, high=True))
+    queue.append(_req(8, 10, 1))
+    assert [r.request_id for r in queue.admit()] == [7]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True])
-def test_bad_router_wait_bound_is_rejected(bad):
-    with pytest.raises(ValueError, match="max_wait_tokens"):
-        NormalReqQueue(capacity_tokens=10, running_max_req_size=1, max_wait_tokens=bad)
+def test_bad_router_bound_is_rejected(bad):
+    with pytest.raises(ValueError, match="overtake"):
+        NormalReqQueue(capacity_tokens=10, running_max_req_size=1, overtake_bound=bad)
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     ops=st.lists(
-        st.tuples(st.sampled_from(["new", "new", "release", "admit"]), st.booleans(), st.integers(1, 400)),
+        st.tuples(st.sampled_from(["new", "new", "release", "admit", "abort"]), st.booleans(), st.integers(1, 400)),
         min_size=1,
         max_size=80,
     ),
-    max_wait_tokens=st.sampled_from([0, 50, 300, 1000]),
+    base=st.sampled_from([0, 50, 300, 1000]),
+    fraction=st.sampled_from([0.0, 0.15, 1.0]),
 )
-def test_admission_rule_holds_on_random_traffic(ops, max_wait_tokens):
-    """FIFO per lane, aged heads first in arrival order, a blocked head is never overtaken,
-    and once arrivals stop and running requests finish, everyone is admitted."""
-    queue = NormalReqQueue(capacity_tokens=1000, running_max_req_size=5, max_wait_tokens=max_wait_tokens)
+def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
+    """FIFO per lane, a protected earlier normal head goes first, overtaking stays within the
+    allowance plus one request, a blocked head is never overtaken, and once arrivals stop and
+    running requests finish, everyone is admitted."""
+    bound = OvertakeBoundSpec(base, fraction)
+    queue = NormalReqQueue(capacity_tokens=1000, running_max_req_size=5, overtake_bound=bound)
     next_id = 0
+    waiting_ahead = {}  # request id -> prompt tokens waiting when it arrived (recomputed here)
+    overtaken = {}  # normal request id -> high-priority tokens admitted after it arrived
+    sizes = {}
     for op, high, size in ops:
+        waiting = {r.request_id for lane in (queue._high, queue._normal) for r in lane}
         if op == "new":
+            waiting_ahead[next_id] = sum(sizes[rid] for rid in waiting)
+            sizes[next_id] = size
             queue.append(_req(next_id, size, size // 4 + 1, high=high))
+            if not high:
+                overtaken[next_id] = 0
             next_id += 1
         elif op == "release" and queue.running:
             queue.release(next(iter(queue.running)))
+        elif op == "abort" and waiting:
+            queue.remove_waiting(min(waiting))
         else:
             heads = [lane[0] for lane in (queue._high, queue._normal) if lane]
-            aged_heads = [h for h in heads if queue.is_aged(h)]
-            waiting_before = {r.request_id for lane in (queue._high, queue._normal) for r in lane}
+            protected = [h for h in heads if not h.high_priority_request and queue.is_protected(h)]
             admitted = queue.admit()
             ids = [r.request_id for r in admitted]
             high_ids = [r.request_id for r in admitted if r.high_priority_request]
             normal_ids = [r.request_id for r in admitted if not r.high_priority_request]
             assert high_ids == sorted(high_ids) and normal_ids == sorted(normal_ids)  # FIFO per lane
-            assert set(ids) <= waiting_before
-            if aged_heads and ids:
-                # The earliest aged head goes before anything else.
-                assert ids[0] == min(h.request_id for h in aged_heads)
-            if waiting_before and not ids:
+            assert set(ids) <= waiting
+            if protected and ids and protected[0].request_id < min(h.request_id for h in heads):
+                # A protected normal head that arrived first goes before anything else.
+                assert ids[0] == protected[0].request_id
+            if waiting and not ids:
                 # Nothing admitted: the first head is blocked (batch full or it does not fit).
                 assert queue.running
+            for rid in ids:
+                overtaken.pop(rid, None)
+            for rid in overtaken:
+                overtaken[rid] += sum(sizes[h] for h in high_ids if h > rid)
+                assert overtaken[rid] <= bound.allowance(waiting_ahead[rid]) + 400
     # Liveness: no more arrivals; finish running requests one by one; everyone gets in.
     for _ in range(10 * (next_id + 1)):
         queue.admit()

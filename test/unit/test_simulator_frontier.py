@@ -8,6 +8,7 @@ import pytest
 from prefill_queue_test_support import ids, make_req
 from simulator_test_support import make_profile
 
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.benchmark.simulator.frontier import (
     EarliestShortsFirst,
     FrontierPoint,
@@ -35,7 +36,7 @@ SMALL_LONG_THEN_STREAM = ScenarioSpec(
 
 
 def test_listed_requests_lead_a_full_batch_at_a_time_from_the_start_tokens_on() -> None:
-    order = EarliestShortsFirst([3, 4, 5], batch_size=2, start_tokens=100, max_wait_tokens=0)
+    order = EarliestShortsFirst([3, 4, 5], batch_size=2, start_tokens=100, overtake_bound=OvertakeBoundSpec.off())
     reqs = [make_req(1, 4000), make_req(3, 50), make_req(4, 50)]
     assert ids(order.reorder(reqs, 99)) == [1, 3, 4]  # before the start nothing moves
     assert ids(order.reorder(reqs[:2], 100)) == [1, 3]  # one listed request waits: not a batch yet
@@ -44,8 +45,8 @@ def test_listed_requests_lead_a_full_batch_at_a_time_from_the_start_tokens_on() 
     assert ids(order.reorder([make_req(1, 4000), make_req(5, 50)], 200)) == [5, 1]
 
 
-def test_the_waiting_bound_still_puts_an_aged_request_first() -> None:
-    order = EarliestShortsFirst([3, 4], batch_size=2, max_wait_tokens=1000)
+def test_the_overtaking_bound_still_puts_a_protected_request_first() -> None:
+    order = EarliestShortsFirst([3, 4], batch_size=2, overtake_bound=OvertakeBoundSpec(0, 0.0))
     reqs = [make_req(1, 4000, arrival=0), make_req(3, 50, arrival=1500), make_req(4, 50, arrival=1500)]
     assert ids(order.reorder(reqs, 1500)) == [1, 3, 4]
 
@@ -114,7 +115,8 @@ def test_best_member_and_verdicts() -> None:
         (["--scenario", "nope"], "scenario must be one of"),
         (["--mode", "2p2d"], "mode must be one of"),
         (["--budget", "0"], "budget must be >= 1"),
-        (["--prefill-max-wait-tokens", "-1"], "prefill_max_wait_tokens"),
+        (["--prefill-max-overtake-tokens", "-1"], "prefill_max_overtake_tokens"),
+        (["--prefill-overtake-fraction", "inf"], "prefill_overtake_fraction"),
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(argv, message, capsys) -> None:

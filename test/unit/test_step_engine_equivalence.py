@@ -15,6 +15,7 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.benchmark.simulator.cost_executor import CostModelExecutor
 from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.common.req_manager import ReqManager
@@ -70,12 +71,12 @@ def model(tiny_llama_dir):
 def test_server_and_simulator_plan_every_step_identically(model, strategy: str, seed: int) -> None:
     context = InferenceContext(model.new_kv_cache(KV_TOKENS), ReqManager(16, MAX_LEN + 1), use_prefix_cache=False)
     server = build_rank_backend(
-        "normal", model, context, build_prefill_queue_strategy(strategy, 512), StepPlanner(BUDGET, CHUNK),
+        "normal", model, context, build_prefill_queue_strategy(strategy, OvertakeBoundSpec(512, 0.15)), StepPlanner(BUDGET, CHUNK),
         Sampler(0), [], MAX_LEN,
     )
     simulated = build_backend("normal")(
         CostModelExecutor(load_profile("h100_qwen_0p8b")), TokenCountKvView(KV_TOKENS),
-        build_prefill_queue_strategy(strategy, 512), StepPlanner(BUDGET, CHUNK), [], MAX_LEN,
+        build_prefill_queue_strategy(strategy, OvertakeBoundSpec(512, 0.15)), StepPlanner(BUDGET, CHUNK), [], MAX_LEN,
     )
     workload = recorded_workload(seed)
     gen = torch.Generator().manual_seed(seed)

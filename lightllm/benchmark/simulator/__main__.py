@@ -16,16 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
 from lightllm.benchmark.simulator.runner import check_choice, run_matrix
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIO_GROUPS, SCENARIOS, SEED_BUDGETS, resolve_scenarios
 from lightllm.benchmark.simulator.soak import SoakConfig, run_soaks
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-    check_max_wait_tokens,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 def _csv(text: str) -> List[str]:
@@ -79,13 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated node kinds: {', '.join(MODES)}")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
     parser.add_argument("--running-max-req-size", type=int, default=256, help="router's running request cap")
-    parser.add_argument(
-        "--prefill-max-wait-tokens",
-        type=int,
-        default=DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-        help="the server's --prefill_max_wait_tokens: waiting bound in processed prefill tokens, 0 disables "
-        f"(default {DEFAULT_PREFILL_MAX_WAIT_TOKENS})",
-    )
+    add_overtake_bound_arguments(parser)
     parser.add_argument("--json", dest="json_path", help="also write the results as JSON here")
     parser.add_argument("--markdown", dest="markdown_path", help="also write the Markdown report here")
     soak = parser.add_argument_group("soak mode (replaces the scenario tables)")
@@ -111,7 +103,7 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
     budgets = _budgets(args.budget)
     if args.seed < 0:
         raise ValueError(f"seed must be >= 0, got {args.seed}")
-    check_max_wait_tokens(args.prefill_max_wait_tokens)
+    overtake_bound_from_cli(args)  # refuse bad values before any case runs
     if args.soak_hours is not None:
         cfg = SoakConfig(
             hours=args.soak_hours,
@@ -123,7 +115,7 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
             mode=modes[0],
             seed=args.seed,
             running_max_req_size=args.running_max_req_size,
-            prefill_max_wait_tokens=args.prefill_max_wait_tokens,
+            overtake_bound=overtake_bound_from_cli(args),
         )
         soaks = run_soaks(profile, strategies, cfg)
         return soak_markdown(profile, cfg, soaks), soak_json(profile, cfg, soaks)
@@ -141,7 +133,7 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
         args.seed,
         args.running_max_req_size,
         progress,
-        prefill_max_wait_tokens=args.prefill_max_wait_tokens,
+        overtake_bound=overtake_bound_from_cli(args),
     )
     return full_report_markdown(profile, results, args.seed), results_json(profile, results, args.seed)
 

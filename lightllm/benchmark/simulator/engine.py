@@ -48,7 +48,7 @@ class Simulator:
     Args:
         profile: step-cost model and default KV capacity.
         strategy: a prefill-queue strategy instance (its own waiting bound applies), or its
-            registry name (built with ``config.prefill_max_wait_tokens``).
+            registry name (built with ``config.overtake_bound``).
         config: server knobs (see :class:`SimServerConfig`).
     """
 
@@ -60,7 +60,7 @@ class Simulator:
     ) -> None:
         self.profile = profile
         if isinstance(strategy, str):
-            strategy = build_prefill_queue_strategy(strategy, config.prefill_max_wait_tokens)
+            strategy = build_prefill_queue_strategy(strategy, config.overtake_bound)
         if not isinstance(strategy, PrefillQueueStrategy):
             raise ValueError(f"strategy must be a name or a PrefillQueueStrategy, got {strategy!r}")
         self.strategy = strategy
@@ -70,7 +70,7 @@ class Simulator:
         self.router = NormalReqQueue(
             int(capacity * config.router_token_ratio),
             config.running_max_req_size,
-            max_wait_tokens=config.prefill_max_wait_tokens,
+            overtake_bound=config.overtake_bound,
         )
         self.kv = TokenCountKvView(capacity)
         self.executor = CostModelExecutor(profile)

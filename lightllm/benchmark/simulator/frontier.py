@@ -27,16 +27,14 @@ import dataclasses
 import sys
 from typing import Dict, List, Optional, Sequence, Set, Union
 
+from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.workloads import SHORT, ScheduledRequest
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-    check_max_wait_tokens,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # The rule's limits (docs/EN/results.md, "A strategy that should never lose to default").
 LOSS_LIMIT_PCT = 5.0
@@ -56,7 +54,7 @@ class EarliestShortsFirst(PrefillQueueStrategy):
         promote_ids: request ids to serve early, in the order to serve them.
         batch_size: listed requests released together (a full prefill step of them).
         start_tokens: processed prefill tokens before which nothing is released.
-        max_wait_tokens: the waiting bound, as for every strategy.
+        overtake_bound: the overtaking bound, as for every strategy.
     """
 
     name = "earliest_shorts_first"
@@ -66,9 +64,9 @@ class EarliestShortsFirst(PrefillQueueStrategy):
         promote_ids: Sequence[int],
         batch_size: int,
         start_tokens: int = 0,
-        max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+        overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
     ) -> None:
-        super().__init__(max_wait_tokens)
+        super().__init__(overtake_bound)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if start_tokens < 0:
@@ -146,7 +144,7 @@ def frontier(
     counts: Sequence[int],
     starts: Sequence[int],
     *,
-    max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
     seed: int = 0,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
 ) -> List[FrontierPoint]:
@@ -159,7 +157,7 @@ def frontier(
 
     def measure(strategy: Union[str, PrefillQueueStrategy]) -> Dict[str, Optional[float]]:
         records, _ = simulate_workload(
-            profile, workload, strategy, mode, budget, running_max_req_size, prefill_max_wait_tokens=max_wait_tokens
+            profile, workload, strategy, mode, budget, running_max_req_size, overtake_bound=overtake_bound
         )
         return case_metrics(records)[0]
 
@@ -170,7 +168,7 @@ def frontier(
     points: List[FrontierPoint] = []
     for start in starts:
         for count in counts:
-            order = EarliestShortsFirst(earliest_short_ids(workload, count), batch_size, start, max_wait_tokens)
+            order = EarliestShortsFirst(earliest_short_ids(workload, count), batch_size, start, overtake_bound)
             got = measure(order)
             cut = base["short_ttft_p95_ms"] - got["short_ttft_p95_ms"]
             points.append(
@@ -262,12 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--counts", default="40-140/10", help="short prompts served early: LOW-HIGH/STEP or a comma list"
     )
     parser.add_argument("--starts", default="0,16384,32768", help="processed prefill tokens before the first is served")
-    parser.add_argument(
-        "--prefill-max-wait-tokens",
-        type=int,
-        default=DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-        help=f"waiting bound in processed prefill tokens, 0 disables (default {DEFAULT_PREFILL_MAX_WAIT_TOKENS})",
-    )
+    add_overtake_bound_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
     return parser
 
@@ -283,7 +276,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {args.mode!r}")
         if args.budget < 1:
             raise ValueError(f"budget must be >= 1, got {args.budget}")
-        check_max_wait_tokens(args.prefill_max_wait_tokens)
         points = frontier(
             load_profile(args.profile),
             SCENARIOS[args.scenario],
@@ -291,7 +283,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             args.budget,
             _int_range(args.counts),
             _int_range(args.starts),
-            max_wait_tokens=args.prefill_max_wait_tokens,
+            overtake_bound=overtake_bound_from_cli(args),
             seed=args.seed,
         )
     except ValueError as exc:

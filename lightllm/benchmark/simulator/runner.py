@@ -15,9 +15,7 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
     PrefillQueueStrategy,
     available_strategy_names,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # The decode node of a 1P1D pair keeps its own settings while the prefill node's strategy varies,
 # as in the seed report's PD runs.
@@ -88,7 +86,7 @@ def simulate_1p1d(
     budget: int,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     record_token_times: bool = True,
-    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
 ) -> tuple[List[RequestRecord], int]:
     """A prefill node running ``strategy`` feeding a decode node; return merged records and steps.
 
@@ -102,7 +100,7 @@ def simulate_1p1d(
         budget,
         running_max_req_size,
         record_token_times=record_token_times,
-        prefill_max_wait_tokens=prefill_max_wait_tokens,
+        overtake_bound=overtake_bound,
     )
     prefill_records, prefill_steps = simulate_single_node(profile, workload, strategy, prefill_cfg)
     decode_cfg = SimServerConfig(
@@ -138,11 +136,11 @@ def simulate_workload(
     budget: int,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     record_token_times: bool = True,
-    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
 ) -> tuple[List[RequestRecord], int]:
     """Run ``workload`` on the node kind ``mode`` (a 1P1D pair or one node); return records and steps.
 
-    ``prefill_max_wait_tokens`` is the strategy node's waiting bound (0 disables it).
+    ``overtake_bound`` is the strategy node's overtaking bound.
     """
     if mode == "1p1d":
         return simulate_1p1d(
@@ -152,14 +150,14 @@ def simulate_workload(
             budget,
             running_max_req_size,
             record_token_times=record_token_times,
-            prefill_max_wait_tokens=prefill_max_wait_tokens,
+            overtake_bound=overtake_bound,
         )
     config = server_config(
         mode,
         budget,
         running_max_req_size,
         record_token_times=record_token_times,
-        prefill_max_wait_tokens=prefill_max_wait_tokens,
+        overtake_bound=overtake_bound,
     )
     return simulate_single_node(profile, workload, strategy, config)
 
@@ -190,6 +188,9 @@ def case_metrics(records: Sequence[RequestRecord]) -> tuple[Dict[str, Optional[f
         "short_ttft_p95_ms": stat(SHORT, "ttft_ms", "p95"),
         "long_ttft_p95_ms": stat(LONG, "ttft_ms", "p95"),
         "long_e2e_p95_ms": stat(LONG, "e2e_ms", "p95"),
+        # The seed reported these two for short requests as ranges (TPOT +6-21%, E2E +0.4-2.3%).
+        "short_tpot_p50_ms": stat(SHORT, "tpot_ms", "p50"),
+        "short_e2e_p95_ms": stat(SHORT, "e2e_ms", "p95"),
         "output_tok_s": summary["overall"]["output_throughput"],
         "duration_s": summary["duration_s"],
     }
@@ -205,11 +206,11 @@ def simulate_case(
     seed: int = 0,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     keep_records: bool = False,
-    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
 ) -> CaseResult:
     """Simulate one scenario on one node kind with one prefill budget and strategy.
 
-    ``prefill_max_wait_tokens`` is the strategy node's waiting bound (0 disables it).
+    ``overtake_bound`` is the strategy node's overtaking bound.
     """
     check_choice(strategy, available_strategy_names(), "strategy")
     check_choice(mode, MODES, "mode")
@@ -221,7 +222,7 @@ def simulate_case(
         mode,
         budget,
         running_max_req_size,
-        prefill_max_wait_tokens=prefill_max_wait_tokens,
+        overtake_bound=overtake_bound,
     )
     metrics, summary = case_metrics(records)
     return CaseResult(
@@ -242,7 +243,7 @@ def run_matrix(
     seed: int = 0,
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     progress: Optional[Callable[[CaseKey], None]] = None,
-    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS,
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
 ) -> List[CaseResult]:
     """Every scenario x mode x budget x strategy, in that nesting order."""
     for strategy in strategies:
@@ -265,7 +266,7 @@ def run_matrix(
                             strategy,
                             seed,
                             running_max_req_size,
-                            prefill_max_wait_tokens=prefill_max_wait_tokens,
+                            overtake_bound=overtake_bound,
                         )
                     )
     return results

@@ -1,19 +1,34 @@
-"""The seed report's benchmark scenarios, and the numbers the seed report published for them.
+"""The seed report's benchmark scenarios (its six, plus the long-then-stream cost case).
 
 Workloads come from :mod:`lightllm.benchmark.workloads`, so the simulator and the real
 serving benchmark send identical arrival schedules.
 
-The ``PUBLISHED_*`` tables are reference data copied from the seed benchmark report (H100
-80GB, Qwen3.5-0.8B, text only, short prompts 128 tokens, long prompts 4K/8K/16K, 128 output
-tokens, ``running_max_req_size = 256``).  They are what a real server measured, shown next to
-the simulated numbers; the simulator never reads them to produce its own results.
+The seed's second multi-GPU report ran 24 groups: six scenarios x two modes (normal, 1P1D) x two
+prefill budgets (1024, 4096).  It lists them as long first, interleaved, sustained (8K, 25% long,
+60 req/s: its representative scenario), 4K prompts at 20 req/s (low load), 16K at 120 req/s
+(overload) and short-majority; each is a named scenario here (:data:`SEED_SCENARIOS`).  It also
+measured a long-first burst followed by a sustained short stream on 1P1D / 1024 as one of its two
+"costs"; that is ``long_then_stream``.  The seed published exact parameters only for some of
+them; the titles say where a parameter is our reading.
+
+The numbers the seed published live in :mod:`lightllm.benchmark.simulator.published`; the
+``PUBLISHED_*`` names are re-exported here for existing importers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, Tuple
 
+from lightllm.benchmark.simulator.published import (  # noqa: F401  (re-exported)
+    PUBLISHED_COMPARISONS,
+    PUBLISHED_SEED_ABSOLUTE,
+    PUBLISHED_SEED_ABSOLUTE_CONFIG,
+    PUBLISHED_SEED_SUSTAINED_CHANGES,
+    PublishedChange,
+    PublishedComparison,
+    PublishedRow,
+)
 from lightllm.benchmark.workloads import ScheduledRequest, WorkloadConfig, build_workload
 
 MODES: Tuple[str, ...] = ("normal", "1p1d")
@@ -47,27 +62,44 @@ SCENARIOS: Dict[str, ScenarioSpec] = {
     for spec in (
         ScenarioSpec(
             "long_first",
-            "long first: 48 long 16K prompts at 0-47 ms, then 48 short 128-token prompts at 60-107 ms",
+            "long first (seed scenario): 48 long 16K prompts at 0-47 ms, then 48 short 128-token prompts at 60-107 ms",
             WorkloadConfig(name="long_first"),
         ),
         ScenarioSpec(
             "interleaved",
-            "interleaved: 192 requests at 500 req/s, the first of every 4 long (16K)",
+            "interleaved (seed scenario): 192 requests at 500 req/s, the first of every 4 long (16K)",
             WorkloadConfig(name="interleaved"),
         ),
         ScenarioSpec(
             "sustained",
-            "sustained: Poisson 60 req/s for 8 s, 25% long (8K)",
+            "sustained (seed scenario, its representative one): Poisson 60 req/s for 8 s, 25% long (8K)",
             WorkloadConfig(name="sustained", long_len=8192, long_fraction=0.25, request_rate=60.0, duration_s=8.0),
         ),
+        # The seed names "4K/20 requests per second, low load" only; the Poisson shape, 8 s and
+        # 25% long are taken from its representative scenario (our reading).
+        ScenarioSpec(
+            "low_load",
+            "low load (seed scenario, 4K at 20 req/s): Poisson 20 req/s for 8 s, 25% long (4K)",
+            WorkloadConfig(name="sustained", long_len=4096, long_fraction=0.25, request_rate=20.0, duration_s=8.0),
+        ),
+        # The seed's cost case spells this one out: 16K long, 90% short, 120 req/s.
         ScenarioSpec(
             "sustained_overload",
-            "sustained overload: Poisson 120 req/s for 8 s, 10% long (16K)",
+            "overload (seed scenario, 16K at 120 req/s): Poisson 120 req/s for 8 s, 10% long (16K)",
             WorkloadConfig(name="sustained", long_len=16384, long_fraction=0.10, request_rate=120.0, duration_s=8.0),
+        ),
+        # The seed names "short requests in the majority" only.  Its representative scenario is
+        # already 75% short, so a short-majority case must be more so: 90% short, with the
+        # representative scenario's 8K long prompts and 60 req/s (our reading).
+        ScenarioSpec(
+            "short_majority",
+            "short-majority (seed scenario): Poisson 60 req/s for 8 s, 10% long (8K)",
+            WorkloadConfig(name="sustained", long_len=8192, long_fraction=0.10, request_rate=60.0, duration_s=8.0),
         ),
         ScenarioSpec(
             "long_then_stream",
-            "long then stream: 16 long 16K prompts at 0-47 ms, then 8 s of short prompts at 120 req/s",
+            "long then stream (the seed's 1P1D / 1024 cost case): 16 long 16K prompts at 0-47 ms, "
+            "then 8 s of short prompts at 120 req/s",
             WorkloadConfig(
                 name="sustained",
                 long_len=16384,
@@ -82,7 +114,21 @@ SCENARIOS: Dict[str, ScenarioSpec] = {
     )
 }
 
-SCENARIO_GROUPS: Dict[str, Tuple[str, ...]] = {"seed_all": tuple(SCENARIOS)}
+# The seed's six scenarios, in the order its report lists them.
+SEED_SCENARIOS: Tuple[str, ...] = (
+    "long_first",
+    "interleaved",
+    "sustained",
+    "low_load",
+    "sustained_overload",
+    "short_majority",
+)
+
+# seed_six: the seed's 24 groups (with both modes and budgets); seed_all adds its cost case.
+SCENARIO_GROUPS: Dict[str, Tuple[str, ...]] = {
+    "seed_all": SEED_SCENARIOS + ("long_then_stream",),
+    "seed_six": SEED_SCENARIOS,
+}
 
 
 def resolve_scenarios(names: List[str]) -> List[ScenarioSpec]:
@@ -97,69 +143,3 @@ def resolve_scenarios(names: List[str]) -> List[ScenarioSpec]:
             if SCENARIOS[member] not in resolved:
                 resolved.append(SCENARIOS[member])
     return resolved
-
-
-class PublishedRow(NamedTuple):
-    """One strategy's row of the seed report's absolute table (medians of three runs)."""
-
-    short_ttft_p50_ms: float
-    short_ttft_p95_ms: float
-    long_ttft_p95_ms: float
-    output_tok_s: float
-
-
-# Published in the seed report: normal mode, batch_max_tokens = chunked_prefill_size = 1024.
-PUBLISHED_SEED_ABSOLUTE: Dict[str, Dict[str, PublishedRow]] = {
-    "long_first": {
-        "default": PublishedRow(1636, 2724, 20083, 477.61),
-        "promote_shortest": PublishedRow(335, 407, 20139, 475.01),
-        "hrrn": PublishedRow(369, 430, 20239, 473.50),
-    },
-    "interleaved": {
-        "default": PublishedRow(4197, 7713, 19896, 808.22),
-        "promote_shortest": PublishedRow(308, 409, 20358, 791.10),
-        "hrrn": PublishedRow(375, 505, 20345, 792.14),
-    },
-}
-PUBLISHED_SEED_ABSOLUTE_CONFIG = {"mode": "normal", "budget": 1024}
-
-
-class PublishedChange(NamedTuple):
-    """Percent change versus ``default`` published in the seed report (negative latency = better)."""
-
-    short_ttft_p95_pct: float
-    long_e2e_p95_pct: float
-    output_tok_s_pct: float
-
-
-# Published in the seed report: the "sustained" scenario (8K long, 25% long, 60 req/s, 8 s),
-# keyed by (mode, budget); paired log-ratio means over GPUs and rounds.
-PUBLISHED_SEED_SUSTAINED_CHANGES: Dict[Tuple[str, int], Dict[str, PublishedChange]] = {
-    ("normal", 1024): {
-        "promote_shortest": PublishedChange(+1.6, +13.1, -10.1),
-        "hrrn": PublishedChange(-9.1, +5.7, -4.7),
-    },
-    ("normal", 4096): {
-        "promote_shortest": PublishedChange(+57.0, +26.8, -14.7),
-        "hrrn": PublishedChange(+1.7, +3.9, -2.2),
-    },
-    ("1p1d", 1024): {
-        "promote_shortest": PublishedChange(-93.3, +6.1, -4.0),
-        "hrrn": PublishedChange(-92.8, -0.9, +0.9),
-    },
-    ("1p1d", 4096): {
-        "promote_shortest": PublishedChange(-22.1, +30.0, -8.3),
-        "hrrn": PublishedChange(-3.5, -1.9, +0.6),
-    },
-}
-
-# Published in the seed report, as prose: "long_then_stream" on 1P1D / 1024 versus default.
-PUBLISHED_SEED_LONG_THEN_STREAM_NOTE = (
-    "1P1D / 1024, 16 long 16K then 8 s of short requests at 120 req/s: hrrn short TTFT P95 -63.6%, "
-    "long E2E P95 +65.5%; promote_shortest long E2E P95 +73.8% (all versus default)"
-)
-# Published in the seed report, as prose: "sustained_overload" on 1P1D / 4096.
-PUBLISHED_SEED_OVERLOAD_NOTE = (
-    "1P1D / 4096, 16K long, 90% short, 120 req/s: hrrn versus promote_shortest long E2E P95 +10.3%, "
-    "output throughput -5.6%"
-)

@@ -8,10 +8,7 @@ from typing import List, Optional
 from lightllm.benchmark.metrics import RequestRecord
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend import BACKENDS
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-    check_max_wait_tokens,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan
 
 
@@ -32,8 +29,9 @@ class SimServerConfig:
             or ``decode`` (a PD decode node: requests arrive with their prompt's KV and first
             token in place and only decode here).
         record_token_times: keep every token's time (long soak runs turn it off to save memory).
-        prefill_max_wait_tokens: the server's ``--prefill_max_wait_tokens`` (the waiting bound
-            every strategy runs under; 0 disables it).  Used when the strategy is given by name.
+        overtake_bound: the server's overtaking bound (``--prefill_max_overtake_tokens``,
+            ``--prefill_overtake_fraction``) every strategy runs under, also at router admission.
+            Used when the strategy is given by name.
     """
 
     batch_max_tokens: int = 1024
@@ -43,10 +41,11 @@ class SimServerConfig:
     router_token_ratio: float = 1.0
     run_mode: str = "normal"
     record_token_times: bool = True
-    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec()
 
     def __post_init__(self) -> None:
-        check_max_wait_tokens(self.prefill_max_wait_tokens)
+        if not isinstance(self.overtake_bound, OvertakeBoundSpec):
+            raise ValueError(f"overtake_bound must be an OvertakeBoundSpec, got {self.overtake_bound!r}")
         if isinstance(self.running_max_req_size, bool) or not isinstance(self.running_max_req_size, int):
             raise ValueError(f"running_max_req_size must be an int, got {self.running_max_req_size!r}")
         if self.running_max_req_size < 1:

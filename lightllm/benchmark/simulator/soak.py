@@ -17,10 +17,7 @@ from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import check_choice, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
 from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-    check_max_wait_tokens,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +39,11 @@ class SoakConfig:
     mode: str = "normal"
     seed: int = 0
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE
-    prefill_max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
+    overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec()
 
     def __post_init__(self) -> None:
-        check_max_wait_tokens(self.prefill_max_wait_tokens)
+        if not isinstance(self.overtake_bound, OvertakeBoundSpec):
+            raise ValueError(f"overtake_bound must be an OvertakeBoundSpec, got {self.overtake_bound!r}")
         if not self.hours > 0:
             raise ValueError(f"hours must be > 0, got {self.hours!r}")
         if not 0 < self.load < 1:
@@ -120,7 +118,7 @@ def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult
         cfg.budget,
         cfg.running_max_req_size,
         record_token_times=False,
-        prefill_max_wait_tokens=cfg.prefill_max_wait_tokens,
+        overtake_bound=cfg.overtake_bound,
     )
     wall = time.perf_counter() - started
     waits = [r.first_token_time - r.send_time for r in records]

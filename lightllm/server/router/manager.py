@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -18,6 +18,7 @@ from lightllm.server.core.objs.io_messages import (
 )
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
@@ -36,8 +37,9 @@ class RouterConfig:
     router_max_wait_tokens: int
     schedule_time_interval: float
     log_level: str
-    # --prefill_max_wait_tokens: admission ages waiting requests on the same bound (0: off).
-    prefill_max_wait_tokens: int = 0
+    # The prefill-queue overtaking bound: admission limits how far the high-priority lane may
+    # overtake a normal request by the same rule (None: the defaults).
+    prefill_overtake_bound: Optional[OvertakeBoundSpec] = None
 
 
 class RouterManager:
@@ -55,7 +57,7 @@ class RouterManager:
         self.queue = NormalReqQueue(
             int(layout.max_total_token_num * config.router_token_ratio),
             config.running_max_req_size,
-            max_wait_tokens=config.prefill_max_wait_tokens,
+            overtake_bound=config.prefill_overtake_bound,
         )
         self._steps_at_last_admission = -(10**9)
 

@@ -2,9 +2,11 @@
 
 Model rank 0 measures how long each request waited for its prompt to be prefilled (from
 admission to the step that completed its prompt), on two clocks: processed prefill tokens (the
-clock of the waiting bound, ``--prefill_max_wait_tokens``) and wall seconds.  It writes
-cumulative histogram buckets, sums and counts, and the longest wait of any request still
-waiting, into :class:`~lightllm.server.core.objs.shm_stats.ShmStats`; the HTTP process turns them
+clock of the overtaking bound) and wall seconds, and how many tokens of later work overtook it
+(the quantity the bound limits, ``--prefill_max_overtake_tokens`` +
+``--prefill_overtake_fraction`` x FCFS wait).  It writes cumulative histogram buckets, sums and
+counts, the longest wait and the most-overtaken request still waiting, the number of protected
+requests and the bound's parameters into :class:`~lightllm.server.core.objs.shm_stats.ShmStats`; the HTTP process turns them
 into Prometheus histograms and gauges at scrape time.  Each field has one writer (rank 0).
 """
 
@@ -24,6 +26,11 @@ WAIT_US_BUCKETS: Tuple[int, ...] = tuple(
 HIST_PREFIX = "prefill_wait_hist_"
 LONGEST_TOKENS_FIELD = "prefill_wait_longest_tokens"
 LONGEST_US_FIELD = "prefill_wait_longest_us"
+LONGEST_OVERTAKEN_FIELD = "prefill_overtaken_longest_tokens"
+PROTECTED_FIELD = "prefill_overtake_protected_requests"
+BOUND_BASE_FIELD = "prefill_overtake_bound_base_tokens"
+BOUND_FRACTION_PPM_FIELD = "prefill_overtake_bound_fraction_ppm"  # millionths: the block is int64
+BOUND_ENABLED_FIELD = "prefill_overtake_bound_enabled"
 
 
 def _bucket_fields(unit: str, bounds: Sequence[int]) -> List[str]:
@@ -35,9 +42,24 @@ def _bucket_fields(unit: str, bounds: Sequence[int]) -> List[str]:
 
 TOKEN_FIELDS = _bucket_fields("tokens", WAIT_TOKEN_BUCKETS)
 US_FIELDS = _bucket_fields("us", WAIT_US_BUCKETS)
+OVERTAKEN_FIELDS = _bucket_fields("overtaken", WAIT_TOKEN_BUCKETS)
+OVERTAKE_GAUGE_FIELDS: Tuple[str, ...] = (
+    LONGEST_OVERTAKEN_FIELD,
+    PROTECTED_FIELD,
+    BOUND_BASE_FIELD,
+    BOUND_FRACTION_PPM_FIELD,
+    BOUND_ENABLED_FIELD,
+)
 
 # Appended to ShmStats.STAT_FIELDS.  The ``le_inf`` bucket doubles as the count.
-PREFILL_WAIT_FIELDS: Tuple[str, ...] = (LONGEST_TOKENS_FIELD, LONGEST_US_FIELD, *TOKEN_FIELDS, *US_FIELDS)
+PREFILL_WAIT_FIELDS: Tuple[str, ...] = (
+    LONGEST_TOKENS_FIELD,
+    LONGEST_US_FIELD,
+    *TOKEN_FIELDS,
+    *US_FIELDS,
+    *OVERTAKEN_FIELDS,
+    *OVERTAKE_GAUGE_FIELDS,
+)
 
 
 def bucket_increments(value: int, bounds: Sequence[int]) -> List[int]:
@@ -55,13 +77,30 @@ def histogram_families(snapshot: Dict[str, int], strategy: str) -> Iterable[obje
         gauge = GaugeMetricFamily(name, doc, labels=["strategy"])
         gauge.add_metric([strategy], snapshot.get(field, 0) / scale)
         yield gauge
-    for fields, bounds, scale, name, unit in (
-        (TOKEN_FIELDS, WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_wait_tokens", "processed prefill tokens"),
-        (US_FIELDS, WAIT_US_BUCKETS, 1e6, "lightllm_prefill_wait_seconds", "seconds"),
+    for field, scale, name, doc in (
+        (LONGEST_OVERTAKEN_FIELD, 1, "lightllm_prefill_overtaken_longest_tokens",
+         "Most prefill tokens of later work served ahead of a request still waiting for its first token"),
+        (PROTECTED_FIELD, 1, "lightllm_prefill_overtake_protected_requests",
+         "Waiting requests that used up their overtaking allowance and now go before all later work"),
+        (BOUND_BASE_FIELD, 1, "lightllm_prefill_overtake_bound_base_tokens",
+         "Overtaking bound: allowance = base_tokens + fraction x FCFS wait (--prefill_max_overtake_tokens)"),
+        (BOUND_FRACTION_PPM_FIELD, 1e6, "lightllm_prefill_overtake_bound_fraction",
+         "Overtaking bound: allowance = base_tokens + fraction x FCFS wait (--prefill_overtake_fraction)"),
+        (BOUND_ENABLED_FIELD, 1, "lightllm_prefill_overtake_bound_enabled",
+         "1 when the overtaking bound protects requests, 0 with --disable_prefill_overtake_bound"),
     ):
-        family = HistogramMetricFamily(
-            name, f"Prefill wait from admission to first token, in {unit}", labels=["strategy"]
-        )
+        gauge = GaugeMetricFamily(name, doc, labels=["strategy"])
+        gauge.add_metric([strategy], snapshot.get(field, 0) / scale)
+        yield gauge
+    for fields, bounds, scale, name, doc in (
+        (TOKEN_FIELDS, WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_wait_tokens",
+         "Prefill wait from admission to first token, in processed prefill tokens"),
+        (US_FIELDS, WAIT_US_BUCKETS, 1e6, "lightllm_prefill_wait_seconds",
+         "Prefill wait from admission to first token, in seconds"),
+        (OVERTAKEN_FIELDS, WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_overtaken_tokens",
+         "Prefill tokens of later work served ahead of a request before its first token (what the bound limits)"),
+    ):
+        family = HistogramMetricFamily(name, doc, labels=["strategy"])
         *bound_fields, inf_field, sum_field = fields
         buckets = [(_format_bound(b / scale), snapshot.get(f, 0)) for b, f in zip(bounds, bound_fields)]
         buckets.append(("+Inf", snapshot.get(inf_field, 0)))

@@ -22,9 +22,12 @@ change it and checks the transition (see ``request_state.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from lightllm.server.router.model_infer.request_state import ReqState, check_transition
+
+if TYPE_CHECKING:  # the bound's module imports InferReq
+    from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeRecord
 
 
 @dataclass
@@ -54,6 +57,8 @@ class InferReq:
         state: where the request is in its lifecycle; change it with :meth:`move_to`.
         strategy_state: metadata a prefill-queue strategy binds lazily to the request (the only
             request state a strategy may write), e.g. HRRN's fixed service cost.
+        overtake: the overtaking bound's record (allowance, overtaken tokens, protected), bound
+            the first time the request is ordered; written only by ``OvertakeBound``.
     """
 
     request_id: int
@@ -74,6 +79,7 @@ class InferReq:
     # Set by the client or by the rank; the step releases it at its start (never mid-forward).
     abort_requested: bool = False
     strategy_state: Dict[str, Any] = field(default_factory=dict)
+    overtake: Optional["OvertakeRecord"] = None
     sampling: Optional[Any] = None
     # CLOCK_MONOTONIC ns when a step first selected the request (0: not yet), for the queue-time
     # metric; set and published by rank 0's rank process, never read by scheduling.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.model_infer.pd_rank_transfer import PdRankSettings
 from lightllm.server.server_layout import ServerLayout
 
@@ -28,7 +29,7 @@ class ModelRankConfig:
     batch_max_tokens: int
     chunked_prefill_size: Optional[int]
     prefill_queue_strategy: str
-    prefill_max_wait_tokens: int
+    prefill_overtake_bound: OvertakeBoundSpec
     use_prefix_cache: bool
     eos_token_ids: List[int]
     log_level: str

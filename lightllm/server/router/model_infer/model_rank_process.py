@@ -114,7 +114,7 @@ class ModelRank:
             config.run_mode,
             model,
             context,
-            build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_max_wait_tokens),
+            build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
             StepPlanner(config.batch_max_tokens, config.chunked_prefill_size),
             Sampler(config.sampling_seed),
             config.eos_token_ids,
@@ -127,7 +127,7 @@ class ModelRank:
             self.backend.end_segment_on_kv_pressure = True
             self.backend.max_segment_tokens = config.pd.max_segment_tokens
         self.shm = config.layout.open_requests()
-        self.wait_tracker = PrefillWaitTracker()
+        self.wait_tracker = PrefillWaitTracker(config.prefill_overtake_bound)
         self.publisher: Optional[StepPublisher] = None  # rank 0 only
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
@@ -320,11 +320,11 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
     def body(mark_ready: Callable[[], None]) -> None:
         rank = ModelRank(config)
         log.info(
-            "rank %d ready: attention_backend=%s prefill_queue_strategy=%s prefill_max_wait_tokens=%s kv_tokens=%d",
+            "rank %d ready: attention_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
             config.rank,
             config.attention_backend,
             config.prefill_queue_strategy,
-            config.prefill_max_wait_tokens or "0 (waiting bound disabled)",
+            config.prefill_overtake_bound.describe(),
             config.max_total_token_num,
         )
         mark_ready()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Tuple
+from bisect import bisect_right
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 @dataclass
@@ -33,52 +36,64 @@ class RouterReq:
 
 
 class NormalReqQueue:
-    """FIFO admission with a high-priority lane, under a waiting bound.
+    """FIFO admission with a high-priority lane, under the overtaking bound.
 
     A request is admitted while the running batch has fewer than ``running_max_req_size``
     requests and the projected KV use stays within ``capacity``.  Projected use of a running
     request is the tokens it holds now plus the tokens it may still need (its prompt not yet
     prefilled and its remaining new-token allowance), which is ``input_len + max_new_tokens``.
 
-    Rule (the router side of ``--prefill_max_wait_tokens``):
+    Rule (the router side of ``--prefill_max_overtake_tokens`` / ``--prefill_overtake_fraction``):
 
-    * each lane (high priority, normal) is FIFO;
-    * the lane whose head goes first is: the lane with an *aged* head (one that has waited more
-      than ``max_wait_tokens`` prompt tokens admitted since it arrived), the earlier arrival if
-      both heads are aged, otherwise the high-priority lane;
+    * each lane (high priority, normal) is FIFO; the yardstick is arrival order over both lanes,
+      and the high-priority lane is the reordering the bound limits;
+    * a normal request's *allowance* is ``base + floor(fraction * ahead)``, where ``ahead`` is the
+      prompt tokens waiting in either lane when it arrived (its first-come-first-served wait on
+      the router's clock, prompt tokens admitted); it is *overtaken* by the prompt tokens of
+      high-priority requests that arrived after it and were admitted before it;
+    * the high-priority head goes first, unless the normal head is *protected* (overtaken tokens
+      >= allowance) and arrived before the high-priority head;
     * a head that does not fit blocks admission (its own lane and the other one) until it fits,
       so a stream of smaller requests cannot starve it; it is admitted alone when nothing runs.
 
-    Hence a request waits for admission at most until ``max_wait_tokens`` prompt tokens have
-    been admitted after it (plus the requests ahead of it in its own lane), and then until the
-    running batch has drained enough for it.  The running batch drains because nothing else is
-    admitted meanwhile and every running request ends (its generation is bounded and the
-    backend's waiting bound serves its prefill), so neither the wait nor the block is forever.
-    ``max_wait_tokens = 0`` disables aging: high-priority requests then always go first.
+    Hence high-priority traffic can put at most ``allowance + one request's prompt`` tokens of
+    later work ahead of a normal request, and then waits behind it; the running batch drains
+    because nothing else is admitted meanwhile and every running request ends, so neither the
+    wait nor the block is forever.  With the bound disabled high-priority requests always go first.
     """
 
-    def __init__(self, capacity_tokens: int, running_max_req_size: int, max_wait_tokens: int = 0):
-        if isinstance(max_wait_tokens, bool) or not isinstance(max_wait_tokens, int) or max_wait_tokens < 0:
-            raise ValueError(f"max_wait_tokens must be an int >= 0 (0 disables aging), got {max_wait_tokens!r}")
+    def __init__(
+        self, capacity_tokens: int, running_max_req_size: int, overtake_bound: Optional[OvertakeBoundSpec] = None
+    ):
+        self.overtake_bound = overtake_bound if overtake_bound is not None else OvertakeBoundSpec()
+        if not isinstance(self.overtake_bound, OvertakeBoundSpec):
+            raise ValueError(f"overtake_bound must be an OvertakeBoundSpec, got {overtake_bound!r}")
         self.capacity_tokens = capacity_tokens
         self.running_max_req_size = running_max_req_size
-        self.max_wait_tokens = max_wait_tokens
         self._high: Deque[RouterReq] = deque()
         self._normal: Deque[RouterReq] = deque()
         self.running: Dict[int, RouterReq] = {}
-        # The router's clock: prompt tokens admitted so far.  Each waiting request remembers the
-        # clock and an arrival sequence number when it was queued.
+        # The router's clock: prompt tokens admitted so far.
         self.admitted_prompt_tokens = 0
+        # Per waiting request: arrival sequence number and overtaking allowance.
         self._arrival: Dict[int, Tuple[int, int]] = {}
         self._arrival_seq = 0
+        self._waiting_prompt_tokens = 0
+        # Admitted high-priority requests as (arrival seq, high prompt tokens admitted before it),
+        # in admission order, which is arrival order (the lane is FIFO); trimmed to what a
+        # waiting normal request can still ask about.
+        self._high_admitted: List[Tuple[int, int]] = []
+        self._high_admitted_tokens = 0
 
     def __len__(self) -> int:
         return len(self._high) + len(self._normal)
 
     def append(self, req: RouterReq) -> None:
         """Queue a new request."""
-        self._arrival[req.request_id] = (self.admitted_prompt_tokens, self._arrival_seq)
+        allowance = self.overtake_bound.allowance(self._waiting_prompt_tokens)
+        self._arrival[req.request_id] = (self._arrival_seq, allowance)
         self._arrival_seq += 1
+        self._waiting_prompt_tokens += req.input_len
         (self._high if req.high_priority_request else self._normal).append(req)
 
     def remove_waiting(self, request_id: int) -> RouterReq | None:
@@ -87,7 +102,7 @@ class NormalReqQueue:
             for req in lane:
                 if req.request_id == request_id:
                     lane.remove(req)
-                    self._arrival.pop(request_id, None)
+                    self._forget(req)
                     return req
         return None
 
@@ -99,26 +114,38 @@ class NormalReqQueue:
         """Projected KV use of the running batch."""
         return sum(r.projected_token_num for r in self.running.values())
 
-    def waited_tokens(self, req: RouterReq) -> int:
-        """Prompt tokens admitted since ``req`` was queued (its wait on the router's clock)."""
-        return self.admitted_prompt_tokens - self._arrival[req.request_id][0]
+    def overtaken_tokens(self, req: RouterReq) -> int:
+        """Prompt tokens of high-priority requests that arrived after waiting ``req`` and were admitted."""
+        seq = self._arrival[req.request_id][0]
+        index = bisect_right(self._high_admitted, (seq, float("inf")))
+        if index == len(self._high_admitted):
+            return 0
+        return self._high_admitted_tokens - self._high_admitted[index][1]
 
-    def is_aged(self, req: RouterReq) -> bool:
-        """Whether a waiting ``req`` has waited past ``max_wait_tokens`` (False when disabled)."""
-        return self.max_wait_tokens > 0 and self.waited_tokens(req) > self.max_wait_tokens
+    def is_protected(self, req: RouterReq) -> bool:
+        """Whether a waiting normal ``req`` has been overtaken by its whole allowance."""
+        return self.overtake_bound.enabled and self.overtaken_tokens(req) >= self._arrival[req.request_id][1]
 
     def _first_lane(self) -> Deque[RouterReq]:
         """The lane whose head is considered next (see the class docstring)."""
         if not self._high or not self._normal:
             return self._high or self._normal
         high_head, normal_head = self._high[0], self._normal[0]
-        if not self.is_aged(normal_head):
-            return self._high
-        if not self.is_aged(high_head):
+        normal_earlier = self._arrival[normal_head.request_id][0] < self._arrival[high_head.request_id][0]
+        if normal_earlier and self.is_protected(normal_head):
             return self._normal
-        # Both heads aged: the earlier arrival goes first (the sequence number breaks ties).
-        normal_first = self._arrival[normal_head.request_id] < self._arrival[high_head.request_id]
-        return self._normal if normal_first else self._high
+        return self._high
+
+    def _forget(self, req: RouterReq) -> None:
+        """``req`` left the waiting lanes (admitted or aborted)."""
+        del self._arrival[req.request_id]
+        self._waiting_prompt_tokens -= req.input_len
+        # Entries older than every waiting normal request can no longer be asked about.
+        if self._high_admitted and (not self._normal or len(self._high_admitted) > 64):
+            oldest = self._arrival[self._normal[0].request_id][0] if self._normal else self._arrival_seq
+            keep = bisect_right(self._high_admitted, (oldest, float("inf")))
+            if keep:
+                del self._high_admitted[:keep]
 
     def admit(self, extra_used_tokens: Callable[[], int] = lambda: 0) -> List[RouterReq]:
         """Move as many waiting requests into the running set as fit; returns them in order.
@@ -133,7 +160,11 @@ class NormalReqQueue:
             if used + req.projected_token_num > self.capacity_tokens and self.running:
                 break  # the head waits for room, and nothing overtakes it
             lane.popleft()
-            del self._arrival[req.request_id]
+            if req.high_priority_request:
+                seq = self._arrival[req.request_id][0]
+                self._high_admitted.append((seq, self._high_admitted_tokens))
+                self._high_admitted_tokens += req.input_len
+            self._forget(req)
             self.running[req.request_id] = req
             used += req.projected_token_num
             self.admitted_prompt_tokens += req.input_len

@@ -181,10 +181,15 @@ class StepEngine:
             self.run_decode(plan.decode_reqs, report)
 
     def run_prefill(self, plan: StepPlan, report: StepReport) -> None:
-        """Reserve KV for the chunks, count them as processed, run them, take the results."""
+        """Reserve KV for the chunks, count them as processed, run them, take the results.
+
+        The strategy's overtaking bound is charged here, when the step is submitted, so it sees
+        exactly the work that ran (on every TP rank alike).
+        """
         chunks = plan.prefill_chunks
         self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
         report.prefill_token_num = submit_prefill(plan, self.counter)
+        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in chunks], plan.skipped)
         result = self.executor.prefill(chunks)
         self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
 

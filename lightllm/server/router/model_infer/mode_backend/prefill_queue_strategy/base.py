@@ -8,12 +8,12 @@ in which prefill requests are offered to the step planner.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, List, Sequence, Tuple
+from typing import ClassVar, List, Optional, Sequence, Tuple
 
 from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-    PrefillWaitBound,
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import (
+    OvertakeBound,
+    OvertakeBoundSpec,
 )
 from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER, RequestClassifier
 
@@ -23,13 +23,14 @@ class PrefillQueueStrategy(ABC):
 
     ``reorder`` keeps decode requests (recognised by the mode's :class:`RequestClassifier`, the
     same one the step planner uses) at the front in their existing order and lets the subclass order only
-    the prefill requests through ``order_prefill``; it then applies the waiting bound
-    (:class:`PrefillWaitBound`), so every strategy is bounded by the same code.
+    the prefill requests through ``order_prefill``; it then applies the overtaking bound
+    (:class:`OvertakeBound`), so every strategy is bounded by the same code.  The engine reports
+    each submitted prefill step back through :meth:`charge`.
 
     Args:
-        max_wait_tokens: ``--prefill_max_wait_tokens``: a request that has waited more
-            processed prefill tokens than this goes before every request that has not, in
-            arrival order; ``0`` disables the bound.
+        overtake_bound: ``--prefill_max_overtake_tokens`` / ``--prefill_overtake_fraction``: how
+            much later work may be served ahead of a request before it is protected (``None``:
+            the defaults; ``OvertakeBoundSpec.off()`` disables the bound).
 
     Contract for subclasses:
       * ``order_prefill`` returns a permutation of its input;
@@ -41,13 +42,8 @@ class PrefillQueueStrategy(ABC):
 
     name: ClassVar[str] = ""
 
-    def __init__(self, max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS) -> None:
-        self.wait_bound = PrefillWaitBound(max_wait_tokens)
-
-    @property
-    def max_wait_tokens(self) -> int:
-        """The waiting bound in processed prefill tokens (0: disabled)."""
-        return self.wait_bound.max_wait_tokens
+    def __init__(self, overtake_bound: Optional[OvertakeBoundSpec] = None) -> None:
+        self.overtake_bound = OvertakeBound(overtake_bound)
 
     def reorder(
         self,
@@ -58,9 +54,9 @@ class PrefillQueueStrategy(ABC):
     ) -> List[InferReq]:
         """Return ``reqs`` reordered: decode requests first (stable), then ordered prefill ones.
 
-        Prefill requests come in the strategy's order, except that aged ones (see
-        :class:`PrefillWaitBound`) lead, in arrival order.  ``reqs`` is expected in the order the
-        backend received the requests (arrival order).
+        Prefill requests come in the strategy's order, except that protected ones (see
+        :class:`OvertakeBound`) are pulled in front of every request ``default`` puts behind them.
+        ``reqs`` is expected in the order the backend received the requests (arrival order).
 
         ``processed_prefill_tokens`` is the backend's ``ProcessedPrefillTokenCounter.value``;
         ``classifier`` is the mode backend's classification variant.
@@ -72,10 +68,16 @@ class PrefillQueueStrategy(ABC):
         if processed_prefill_tokens < 0:
             raise ValueError(f"processed_prefill_tokens must be >= 0, got {processed_prefill_tokens}")
         decode_reqs, prefill_reqs = classifier.split(reqs)
+        self.overtake_bound.bind(prefill_reqs)
         # Hand the subclass its own list so a careless in-place sort cannot reach the caller.
         ordered_prefill = list(self.order_prefill(list(prefill_reqs), processed_prefill_tokens))
         self._check_permutation(prefill_reqs, ordered_prefill)
-        return decode_reqs + self.wait_bound.apply(prefill_reqs, ordered_prefill, processed_prefill_tokens)
+        return decode_reqs + self.overtake_bound.apply(ordered_prefill)
+
+    def charge(self, served: Sequence[Tuple[InferReq, int]], unserved: Sequence[InferReq]) -> None:
+        """Account for a submitted prefill step: ``served`` (request, chunk tokens), ``unserved``
+        the prefill requests it skipped (see :meth:`OvertakeBound.charge`)."""
+        self.overtake_bound.charge(served, unserved)
 
     @abstractmethod
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
@@ -91,7 +93,7 @@ class PrefillQueueStrategy(ABC):
             )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, max_wait_tokens={self.max_wait_tokens})"
+        return f"{type(self).__name__}(name={self.name!r}, overtake_bound={self.overtake_bound.spec.describe()!r})"
 
 
 def split_by_infer_priority(reqs: Sequence[InferReq]) -> Tuple[List[InferReq], List[InferReq]]:

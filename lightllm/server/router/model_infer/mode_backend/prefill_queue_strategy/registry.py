@@ -6,7 +6,7 @@ To add a strategy, subclass ``PrefillQueueStrategy`` and add an entry here.
 
 from __future__ import annotations
 
-from typing import Dict, List, Type
+from typing import Dict, List, Optional, Type
 
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.default import DefaultStrategy
@@ -18,9 +18,7 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.prom
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.shortest_within_slack import (
     ShortestWithinSlackStrategy,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 DEFAULT_PREFILL_QUEUE_STRATEGY = DefaultStrategy.name
 
@@ -42,9 +40,9 @@ def available_strategy_names() -> List[str]:
 
 
 def build_prefill_queue_strategy(
-    name: str, max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS
+    name: str, overtake_bound: Optional[OvertakeBoundSpec] = None
 ) -> PrefillQueueStrategy:
-    """Instantiate the strategy registered as ``name`` under the waiting bound ``max_wait_tokens``.
+    """Instantiate the strategy registered as ``name`` under ``overtake_bound`` (``None``: defaults).
 
     Unknown names and invalid bounds raise ``ValueError``.
     """
@@ -53,4 +51,4 @@ def build_prefill_queue_strategy(
         raise ValueError(
             f"unknown prefill_queue_strategy {name!r}; valid names: {', '.join(available_strategy_names())}"
         )
-    return cls(max_wait_tokens)
+    return cls(overtake_bound)

@@ -28,13 +28,14 @@ sequence of ``processed_prefill_tokens`` values, which every TP rank sees identi
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from bisect import bisect_left
+from itertools import compress, islice
+from operator import attrgetter
+from typing import List, Optional
 
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.waiting_bound import (
-    DEFAULT_PREFILL_MAX_WAIT_TOKENS,
-)
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # Keys of the per-request metadata this strategy binds in ``req.strategy_state``.
 FCFS_FINISH_KEY = "slack_fcfs_finish"  # step clock at which default would finish the prompt
@@ -97,15 +98,16 @@ class ShortestWithinSlackStrategy(PrefillQueueStrategy):
     min_slack_steps = 2
     patience_steps = 4
 
-    def __init__(self, max_wait_tokens: int = DEFAULT_PREFILL_MAX_WAIT_TOKENS) -> None:
-        super().__init__(max_wait_tokens)
+    def __init__(self, overtake_bound: Optional[OvertakeBoundSpec] = None) -> None:
+        super().__init__(overtake_bound)
         self.clock = StepClock()
 
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
         """Return default's order with the promotable shortest requests moved to the front."""
         now = self.clock.observe(processed_prefill_tokens)
-        base = sorted(prefill_reqs, key=lambda req: req.infer_high_priority)
-        start = sum(1 for req in base if req.infer_high_priority < 0)
+        base = sorted(prefill_reqs, key=_PRIORITY)
+        # base is sorted by priority, so the high-priority (negative) ones are a prefix.
+        start = bisect_left(base, 0, key=_PRIORITY)
         high, rest = base[:start], base[start:]
         if len(rest) < 2:
             return base
@@ -129,7 +131,11 @@ class ShortestWithinSlackStrategy(PrefillQueueStrategy):
 
     def _laxities(self, rest: List[InferReq], pending: List[int], now: int) -> List[int]:
         backlog = sum(pending)
+        # ``slack`` inlined (same formula): this loop runs over every waiting request each step.
+        floor = self.min_slack_steps * self.clock.budget
+        fraction = self.slack_fraction
         laxity: List[int] = []
+        append = laxity.append
         ahead = 0
         for req, tokens in zip(rest, pending):
             ahead += tokens
@@ -137,48 +143,104 @@ class ShortestWithinSlackStrategy(PrefillQueueStrategy):
             if FCFS_FINISH_KEY not in state:
                 state[FCFS_FINISH_KEY] = now + ahead
                 state[FIRST_SEEN_KEY] = now
-                state[BACKLOG_KEY] = backlog
+                state[BACKLOG_KEY] = seen = backlog
             else:
-                state[BACKLOG_KEY] = max(state[BACKLOG_KEY], backlog)
-            laxity.append(state[FCFS_FINISH_KEY] + self.slack(req) - now - ahead)
+                seen = state[BACKLOG_KEY]
+                if backlog > seen:
+                    state[BACKLOG_KEY] = seen = backlog
+            append(state[FCFS_FINISH_KEY] + max(floor, int(fraction * seen)) - now - ahead)
         return laxity
 
     def _promote(self, pending: List[int], laxity: List[int]) -> List[int]:
-        """Indices to move to the front, in promotion order (shortest first)."""
+        """Indices to move to the front, in promotion order (shortest first).
+
+        Candidates are tried shortest first (fewest pending, lowest index on ties); ``c`` is
+        promoted when every kept (not promoted) request before it is strictly longer and has at
+        least ``max(step, promoted tokens + pending[c])`` of laxity.  Promotion stops once the
+        promoted tokens reach the step.  This rule is evaluated in O(n log n) as follows:
+
+        * Index 0 is never promoted (it overtakes nobody) and stays kept, so no request at least
+          as long as it can be promoted: only the ones strictly shorter are candidates.
+        * When ``c`` is tried, every kept ``j < c`` with ``pending[j] <= pending[c]`` was tried
+          before it (it sorts first) and was skipped; every untried ``j < c`` is strictly longer.
+          So "all kept requests before ``c`` are longer" holds exactly when no skipped candidate
+          has an index below ``c``: one running minimum (``first_skipped``) decides it.
+        * The laxity test needs the minimum laxity over the kept indices below ``c``: a min
+          segment tree whose promoted leaves are set to infinity answers it in O(log n).
+        """
         n = len(pending)
         step = self.clock.budget
-        kept = [True] * n  # still in the base order (not promoted)
+        head = pending[0]
+        # compress/map keep the O(n) filter in C; sorted() is stable, so ties go by index.
+        shorter = compress(range(1, n), map(head.__gt__, islice(pending, 1, None)))
+        candidates = sorted(shorter, key=pending.__getitem__)
+        if not candidates:
+            return []
+        tree = _PrefixMinTree(laxity)
         promoted: List[int] = []
         total = 0
-        # Prefix minima over the kept requests: the tightest laxity and the shortest pending
-        # among everything a candidate at index i would overtake.
-        min_laxity, min_pending = _prefix_minima(laxity, pending, kept)
-        for c in sorted(range(n), key=lambda i: (pending[i], i)):
+        first_skipped = n  # lowest index of a tried candidate that stayed kept
+        for c in candidates:
             if step and total >= step:
                 break
-            if min_pending[c] is None or min_pending[c] <= pending[c]:
-                continue  # overtakes nobody, or would overtake a request no longer than itself
-            if min_laxity[c] < max(step, total + pending[c]):
+            if c >= first_skipped:
+                continue  # would overtake a skipped request that is no longer than itself
+            if tree.prefix_min(c) < max(step, total + pending[c]):
+                first_skipped = c
+                if c == 1:
+                    break  # every later candidate has an index >= 1: none can pass
                 continue
-            kept[c] = False
+            tree.remove(c)
             promoted.append(c)
             total += pending[c]
-            min_laxity, min_pending = _prefix_minima(laxity, pending, kept)
         return promoted
 
 
-def _prefix_minima(
-    laxity: List[int], pending: List[int], kept: List[bool]
-) -> Tuple[List[Optional[int]], List[Optional[int]]]:
-    """For each index i: min laxity and min pending over kept indices < i (None when none)."""
-    min_laxity: List[Optional[int]] = []
-    min_pending: List[Optional[int]] = []
-    low_laxity: Optional[int] = None
-    low_pending: Optional[int] = None
-    for i in range(len(kept)):
-        min_laxity.append(low_laxity)
-        min_pending.append(low_pending)
-        if kept[i]:
-            low_laxity = laxity[i] if low_laxity is None else min(low_laxity, laxity[i])
-            low_pending = pending[i] if low_pending is None else min(low_pending, pending[i])
-    return min_laxity, min_pending
+_PRIORITY = attrgetter("infer_high_priority")
+_INF = float("inf")
+
+
+class _PrefixMinTree:
+    """Minimum of a prefix of ``values`` with removable entries, O(log n) per query or removal.
+
+    ``levels[0]`` holds the values, ``levels[k][i]`` the minimum of ``levels[k - 1][2i : 2i + 2]``;
+    every level but the top is padded to even length with infinity.  Removing an entry sets its
+    leaf to infinity.
+    """
+
+    def __init__(self, values: List[int]) -> None:
+        level: List[float] = list(values)
+        self.levels: List[List[float]] = [level]
+        while len(level) > 1:
+            if len(level) & 1:
+                level.append(_INF)
+            # Pairwise minima built in C (map over two slices): the build stays O(n) and cheap.
+            level = list(map(min, level[0::2], level[1::2]))
+            self.levels.append(level)
+
+    def prefix_min(self, end: int) -> float:
+        """Minimum of the kept values at indices ``[0, end)`` (infinity when none)."""
+        result = _INF
+        depth = 0
+        levels = self.levels
+        while end:
+            if end & 1:
+                # Index end - 1 is a left child whose sibling lies outside the prefix.
+                value = levels[depth][end - 1]
+                if value < result:
+                    result = value
+            end >>= 1
+            depth += 1
+        return result
+
+    def remove(self, index: int) -> None:
+        """Drop the value at ``index`` from every later query."""
+        levels = self.levels
+        levels[0][index] = _INF
+        for depth in range(1, len(levels)):
+            lower = levels[depth - 1]
+            index >>= 1
+            value = min(lower[2 * index], lower[2 * index + 1])
+            if levels[depth][index] == value:
+                break  # unchanged here, so unchanged above
+            levels[depth][index] = value

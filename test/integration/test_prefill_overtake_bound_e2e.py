@@ -1,11 +1,12 @@
-"""End to end: the waiting bound on a real server, and the prefill-wait metrics.
+"""End to end: the overtaking bound on a real server, and the prefill-wait metrics.
 
 One long prompt is admitted first, then a burst of short prompts.  Under ``promote_shortest``
 without a bound each step promotes one short prompt and the long prompt's chunk no longer fits
-the budget, so it would wait for the whole burst.  With ``--prefill_max_wait_tokens 200`` it is
-aged after 200 processed tokens and then gets the whole budget every step, so at most
-``(W + B) / SHORT_LEN`` short prompts can get their first token before it (with the bound set to
-0 all 64 come first).  The assertion counts scheduling steps, not time.
+the budget, so it would wait for the whole burst.  Nothing was ahead of the long prompt (its FCFS
+wait is 0), so with ``--prefill_max_overtake_tokens 200 --prefill_overtake_fraction 0`` it is
+protected once 200 tokens of later work went ahead of it and then gets the whole budget every
+step: at most ``(W0 + B) / SHORT_LEN`` short prompts can get their first token before it (with
+the bound off all 64 come first).  The assertion counts scheduling steps, not time.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def server(tiny_llama_dir, tmp_path_factory):
     handle = start_server(
         tiny_llama_dir,
         tmp_path_factory.mktemp("bound"),
-        ["--prefill_queue_strategy", "promote_shortest", "--prefill_max_wait_tokens", str(W),
+        ["--prefill_queue_strategy", "promote_shortest", "--prefill_max_overtake_tokens", str(W),
+         "--prefill_overtake_fraction", "0",
          "--chunked_prefill_size", str(BUDGET), "--batch_max_tokens", str(BUDGET),
          "--disable_dynamic_prompt_cache", "--max_total_token_num", "16384"],
     )
@@ -70,11 +72,11 @@ def server(tiny_llama_dir, tmp_path_factory):
 
 
 def test_long_prompt_is_served_within_the_bound_and_waits_are_exposed(server):
-    assert "prefill_queue_strategy=promote_shortest prefill_max_wait_tokens=200" in server.log()
+    assert "prefill_queue_strategy=promote_shortest overtake_bound=200 + 0 x FCFS wait" in server.log()
     order = asyncio.run(_run(server))
     assert len(order) == SHORT_NUM + 1
     shorts_before_long = order.index("long0")
-    # Aged after at most W + BUDGET processed tokens, then at the head until its prompt is done.
+    # Protected after at most W0 + BUDGET tokens of later work, then ahead of it until it is done.
     assert shorts_before_long <= (W + BUDGET) // SHORT_LEN + 1, order[: shorts_before_long + 1]
     server.wait_idle()
     body = httpx.get(f"{server.url}/metrics", timeout=10).text
@@ -86,18 +88,31 @@ def test_long_prompt_is_served_within_the_bound_and_waits_are_exposed(server):
     assert f'lightllm_prefill_wait_seconds_bucket{{le="+Inf",model_name="{server.model_name}",strategy="promote_shortest"}}' in body
     assert server.metric("lightllm_prefill_wait_longest_tokens") == 0  # nothing waits now
     assert server.metric("lightllm_prefill_wait_longest_seconds") == 0
+    # What the bound limits, and the bound itself, are published too.
+    overtaken = re.search(r'^lightllm_prefill_overtaken_tokens_sum\{model_name="[^"]*",strategy="promote_shortest"\} (\S+)$', body, re.M)
+    assert overtaken is not None and W <= float(overtaken.group(1))
+    assert server.metric("lightllm_prefill_overtake_bound_base_tokens") == W
+    assert server.metric("lightllm_prefill_overtake_bound_fraction") == 0
+    assert server.metric("lightllm_prefill_overtake_bound_enabled") == 1
+    assert server.metric("lightllm_prefill_overtaken_longest_tokens") == 0
 
 
-def test_negative_bound_is_refused_with_one_line(tiny_llama_dir):
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--prefill_max_overtake_tokens", "-1"], "error: --prefill_max_overtake_tokens must be >= 0, got -1"),
+        (["--prefill_overtake_fraction", "nan"], "error: --prefill_overtake_fraction must be a finite number >= 0, got nan"),
+        (["--prefill_max_wait_tokens", "4096"], "error: --prefill_max_wait_tokens was replaced by the overtaking bound: "
+         "use --prefill_max_overtake_tokens and --prefill_overtake_fraction (or --disable_prefill_overtake_bound)"),
+    ],
+)
+def test_bad_bound_flags_are_refused_with_one_line(tiny_llama_dir, flags, message):
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(tiny_llama_dir),
-         "--prefill_max_wait_tokens", "-1"],
+        [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(tiny_llama_dir), *flags],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "error: --prefill_max_wait_tokens must be >= 0 (0 disables the bound), got -1"
-    )
+    assert proc.stderr.strip().splitlines()[-1] == message

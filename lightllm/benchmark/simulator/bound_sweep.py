@@ -1,0 +1,140 @@
+"""Sweep the overtaking bound's two parameters over the cells that decide its default.
+
+For each ``(base_tokens, fraction)`` pair (and the bound off), every listed cell (scenario, node
+kind, budget) is simulated with ``default`` and each strategy; the table gives each strategy's
+short TTFT P95, long TTFT P95 and long E2E P95 change versus ``default`` in the same cell.  The
+default flags were chosen from this table (docs/EN/results.md, "Choosing the overtaking bound")::
+
+    python -m lightllm.benchmark.simulator.bound_sweep --profile h100_qwen_0p8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
+from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, simulate_workload
+from lightllm.benchmark.simulator.scenarios import SCENARIOS
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+
+# (scenario, mode, budget): the seed's headline cells and the starvation case it warned about.
+DEFAULT_CELLS: Tuple[Tuple[str, str, int], ...] = (
+    ("sustained", "1p1d", 1024),
+    ("sustained", "normal", 1024),
+    ("long_first", "normal", 1024),
+    ("interleaved", "normal", 1024),
+    ("long_then_stream", "1p1d", 1024),
+    ("long_then_stream", "normal", 1024),
+)
+DEFAULT_BASES: Tuple[int, ...] = (4096, 16384, 65536)
+DEFAULT_FRACTIONS: Tuple[float, ...] = (0.1, 0.25, 0.5)
+METRICS = ("short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms")
+
+
+def _change(value: Optional[float], base: Optional[float]) -> Optional[float]:
+    if value is None or not base:
+        return None
+    return 100.0 * (value / base - 1.0)
+
+
+def sweep(
+    profile: CostProfile,
+    bounds: Sequence[OvertakeBoundSpec],
+    cells: Sequence[Tuple[str, str, int]] = DEFAULT_CELLS,
+    strategies: Sequence[str] = ("hrrn",),
+    seed: int = 0,
+) -> List[Dict[str, object]]:
+    """One row per (bound, cell, strategy) with the three changes versus ``default`` in percent."""
+    rows: List[Dict[str, object]] = []
+    for scenario, mode, budget in cells:
+        workload = SCENARIOS[scenario].build(seed)
+        # default never moves under the bound, so one run per cell is its baseline for every bound.
+        base, _ = case_metrics(simulate_workload(profile, workload, "default", mode, budget)[0])
+        for bound in bounds:
+            for strategy in strategies:
+                records, _ = simulate_workload(profile, workload, strategy, mode, budget, overtake_bound=bound)
+                got, _ = case_metrics(records)
+                row: Dict[str, object] = {
+                    "bound": bound.describe(),
+                    "scenario": scenario,
+                    "mode": mode,
+                    "budget": budget,
+                    "strategy": strategy,
+                }
+                for metric in METRICS:
+                    row[metric] = _change(got[metric], base[metric])
+                rows.append(row)
+    return rows
+
+
+def sweep_markdown(rows: Sequence[Dict[str, object]]) -> str:
+    """The sweep as one Markdown table: a row per bound and strategy, a column group per cell."""
+    cells: List[Tuple[str, str, int]] = []
+    for row in rows:
+        cell = (row["scenario"], row["mode"], row["budget"])
+        if cell not in cells:
+            cells.append(cell)  # type: ignore[arg-type]
+    keys: List[Tuple[str, str]] = []
+    table: Dict[Tuple[str, str], Dict[Tuple[str, str, int], Dict[str, object]]] = {}
+    for row in rows:
+        key = (str(row["bound"]), str(row["strategy"]))
+        if key not in table:
+            keys.append(key)
+            table[key] = {}
+        table[key][(row["scenario"], row["mode"], row["budget"])] = row  # type: ignore[index]
+    head = ["bound", "strategy"] + [f"{s} {m}/{b}: short TTFT P95 / long TTFT P95 / long E2E P95" for s, m, b in cells]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for key in keys:
+        parts = list(key)
+        for cell in cells:
+            row = table[key].get(cell)
+            parts.append(" / ".join(_pct(row.get(m)) for m in METRICS) if row else "")
+        lines.append("| " + " | ".join(parts) + " |")
+    return "\n".join(lines)
+
+
+def _pct(value: object) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
+def _parse_cells(text: str) -> List[Tuple[str, str, int]]:
+    cells = []
+    for part in text.split(","):
+        scenario, mode, budget = part.strip().split("/")
+        if scenario not in SCENARIOS:
+            raise ValueError(f"cell scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
+        cells.append((scenario, mode, int(budget)))
+    return cells
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point; bad arguments exit with status 2 and a one-line error."""
+    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.simulator.bound_sweep", description=__doc__)
+    parser.add_argument("--profile", default="h100_qwen_0p8b", help=f"one of {', '.join(available_profiles())} or a path")
+    parser.add_argument("--bases", default=",".join(map(str, DEFAULT_BASES)), help="comma list of base tokens")
+    parser.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="comma list of fractions")
+    parser.add_argument(
+        "--cells", default=",".join(f"{s}/{m}/{b}" for s, m, b in DEFAULT_CELLS), help="scenario/mode/budget, comma list"
+    )
+    parser.add_argument("--strategies", default="hrrn,promote_shortest", help="comma list of strategies")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        bounds = [OvertakeBoundSpec.off()] + [
+            OvertakeBoundSpec(int(base), float(fraction))
+            for base in args.bases.split(",")
+            for fraction in args.fractions.split(",")
+        ]
+        cells = _parse_cells(args.cells)
+        profile = load_profile(args.profile)
+    except ValueError as exc:
+        parser.error(str(exc))
+    rows = sweep(profile, bounds, cells, [s for s in args.strategies.split(",") if s], args.seed)
+    print(sweep_markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

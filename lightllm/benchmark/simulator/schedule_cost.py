@@ -1,0 +1,211 @@
+"""Cost of the scheduling phases of one step at scale, per prefill-queue strategy.
+
+A step of the :class:`~lightllm.server.router.model_infer.mode_backend.step_engine.StepEngine`
+spends its non-forward time in three phases whose cost grows with the queue: *order* (the
+strategy's ``reorder``, which classifies decode vs prefill and orders the prefill requests),
+*select* (the :class:`StepPlanner` walking the ordered queue under the token budget) and
+*submit* (the accounting done when the prefill batch is submitted: the processed-prefill-token
+counter and the strategy's overtaking-bound charge, as ``StepEngine.run_prefill`` does).  This
+module builds N waiting prefill requests and M running decode requests as real ``InferReq``
+objects and times the phases with the server's own objects, for every registered strategy:
+
+    python -m lightllm.benchmark.simulator.schedule_cost [--sizes 100 1000 10000] [--json out.json]
+
+No forward runs after the submit, so the queue itself stays the same from step to step: that is
+the steady state of a long backlog.  A few untimed warm-up steps come first, so lazily bound
+metadata (HRRN's cost, the slack strategy's deadlines and step clock, the overtaking bound's
+allowances) is bound before timing, as it is after a request's first step in a server; the first
+step, which binds it (and, for ``shortest_within_slack``, runs before any step budget is known),
+is reported on its own.  Timings are medians over repeats; they are for reading, never for
+deciding a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import List, Optional, Sequence, Tuple
+
+from lightllm.server.router.model_infer.infer_req import InferReq
+from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+    available_strategy_names,
+    build_prefill_queue_strategy,
+)
+from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner, submit_prefill
+from lightllm.server.router.model_infer.request_state import ReqState
+
+DEFAULT_SIZES = (100, 1000, 10000)
+MIN_PROMPT, MAX_PROMPT = 128, 8192
+BATCH_MAX_TOKENS = 1024
+CHUNKED_PREFILL_SIZE = 1024
+# Every request fits: the benchmark measures scheduling, not KV pressure.
+KV_FREE_TOKENS = 1 << 40
+# Counter tokens between two consecutive arrivals, so HRRN's waits differ from request to request.
+ARRIVAL_SPACING = 256
+
+
+@dataclass
+class CostRow:
+    """Median milliseconds per step of one strategy at one queue size."""
+
+    strategy: str
+    waiting: int
+    running: int
+    order_ms: float
+    select_ms: float
+    submit_ms: float
+    total_ms: float
+    first_ms: float
+    repeats: int
+
+
+def build_queue(waiting: int, running: int, seed: int = 0) -> Tuple[List[InferReq], ProcessedPrefillTokenCounter]:
+    """Return ``running`` decode requests then ``waiting`` prefill requests (admission order).
+
+    Prompts are uniform in [128, 8192] tokens.  A quarter of the waiting requests had a
+    prefix-cache hit (so ``lpm`` has something to sort by), arrivals are spread over the
+    processed-prefill-token clock, and the counter stands after the last arrival.
+    """
+    rng = random.Random(seed)
+    counter = ProcessedPrefillTokenCounter()
+    reqs: List[InferReq] = []
+    for i in range(running):
+        prompt = rng.randint(MIN_PROMPT, MAX_PROMPT)
+        req = InferReq(
+            request_id=i,
+            prompt_ids=[0] * prompt,
+            max_new_tokens=1 << 20,
+            arrival_processed_prefill_tokens=counter.snapshot(),
+            output_ids=[0] * rng.randint(1, 64),
+        )
+        # A decode request: prompt and all but the newest output token are in the KV cache.
+        req.cur_kv_len = req.kv_slot_len = req.total_len - 1
+        req.move_to(ReqState.PREFILLING)
+        req.move_to(ReqState.DECODING)
+        reqs.append(req)
+        counter.advance(prompt)
+    for i in range(waiting):
+        prompt = rng.randint(MIN_PROMPT, MAX_PROMPT)
+        cached = rng.randrange(0, prompt // 2, 64) if rng.random() < 0.25 else 0
+        req = InferReq(
+            request_id=running + i,
+            prompt_ids=[0] * prompt,
+            max_new_tokens=128,
+            arrival_processed_prefill_tokens=counter.snapshot(),
+            cur_kv_len=cached,
+            kv_slot_len=cached,
+            prompt_cache_len=cached,
+        )
+        reqs.append(req)
+        counter.advance(ARRIVAL_SPACING)
+    return reqs, counter
+
+
+def measure(
+    strategy_name: str,
+    waiting: int,
+    running: Optional[int] = None,
+    *,
+    repeats: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+) -> CostRow:
+    """Time order, select and submit of ``repeats`` steps of ``strategy_name`` over a fresh queue."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    running = waiting // 10 if running is None else running
+    reqs, counter = build_queue(waiting, running, seed)
+    strategy = build_prefill_queue_strategy(strategy_name)
+    planner = StepPlanner(batch_max_tokens=BATCH_MAX_TOKENS, chunked_prefill_size=CHUNKED_PREFILL_SIZE)
+    order_s: List[float] = []
+    select_s: List[float] = []
+    submit_s: List[float] = []
+    total_s: List[float] = []
+    first_s = 0.0
+    for index in range(warmup + repeats):
+        started = time.perf_counter()
+        ordered = strategy.reorder(reqs, counter.value, classifier=NORMAL_CLASSIFIER)
+        ordered_at = time.perf_counter()
+        plan = planner.plan(ordered, KV_FREE_TOKENS, classifier=NORMAL_CLASSIFIER)
+        selected_at = time.perf_counter()
+        # What StepEngine.run_prefill accounts when it submits the batch; no forward follows.
+        if plan.has_prefill:
+            submit_prefill(plan, counter)
+            strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
+        done = time.perf_counter()
+        if index == 0:
+            first_s = done - started
+        if index >= warmup:
+            order_s.append(ordered_at - started)
+            select_s.append(selected_at - ordered_at)
+            submit_s.append(done - selected_at)
+            total_s.append(done - started)
+    return CostRow(
+        strategy=strategy_name,
+        waiting=waiting,
+        running=running,
+        order_ms=statistics.median(order_s) * 1e3,
+        select_ms=statistics.median(select_s) * 1e3,
+        submit_ms=statistics.median(submit_s) * 1e3,
+        total_ms=statistics.median(total_s) * 1e3,
+        first_ms=first_s * 1e3,
+        repeats=repeats,
+    )
+
+
+def run(
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    strategies: Optional[Sequence[str]] = None,
+    *,
+    repeats: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+) -> List[CostRow]:
+    """Measure every strategy (all registered ones by default) at every queue size."""
+    names = list(strategies) if strategies else available_strategy_names()
+    return [measure(name, size, repeats=repeats, warmup=warmup, seed=seed) for name in names for size in sizes]
+
+
+def markdown_table(rows: Sequence[CostRow]) -> str:
+    """One line per strategy and size: each phase and the whole step (median), then the first step, in ms."""
+    lines = [
+        "| strategy | waiting | running | order (ms) | select (ms) | submit (ms) | step (ms) | first step (ms) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.strategy} | {row.waiting} | {row.running} | {row.order_ms:.2f} | "
+            f"{row.select_ms:.2f} | {row.submit_ms:.2f} | {row.total_ms:.2f} | {row.first_ms:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[CostRow]:
+    """Command line: print the table, optionally write the rows as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="waiting requests")
+    parser.add_argument("--strategies", nargs="+", choices=available_strategy_names(), help="default: all")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_path", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    if any(size < 0 for size in args.sizes):
+        parser.error("--sizes must be >= 0")
+    rows = run(args.sizes, args.strategies, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    print(markdown_table(rows))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as handle:
+            json.dump([asdict(row) for row in rows], handle, indent=2)
+            handle.write("\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
