@@ -37,6 +37,9 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.over
     OvertakeBound,
     OvertakeBoundSpec,
 )
+from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.router.model_infer.mode_backend.request_classifier import NO_DECODE_CLASSIFIER
+from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner, submit_prefill
 
 STRATEGIES = available_strategy_names()
 
@@ -300,3 +303,75 @@ def test_bad_bound_settings_are_rejected(kwargs, message) -> None:
         OvertakeBoundSpec(**kwargs)
     with pytest.raises(ValueError, match=message):
         SimServerConfig(overtake_bound=OvertakeBoundSpec(**kwargs))
+
+
+@st.composite
+def prioritised_streams(draw):
+    """Arrivals per step with PD-style priorities: some requests are continuation segments."""
+    budget = draw(st.sampled_from([64, 256]))
+    chunk = draw(st.sampled_from([budget, budget // 2]))
+    spec = OvertakeBoundSpec(draw(st.sampled_from([0, budget, 8 * budget])), draw(st.sampled_from([0.0, 0.15, 0.5])))
+    steps = []
+    for _ in range(draw(st.integers(1, 30))):
+        arrivals = []
+        for _ in range(draw(st.integers(0, 3))):
+            long_prompt = draw(st.booleans())
+            prompt = draw(st.integers(2 * budget, 10 * budget)) if long_prompt else draw(st.integers(2, budget))
+            arrivals.append((prompt, draw(st.sampled_from([0, 0, 0, -1]))))
+        steps.append(arrivals)
+    return budget, chunk, spec, steps
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=prioritised_streams())
+def test_the_bound_holds_with_continuation_segments(strategy: str, stream) -> None:
+    # A PD prefill node: nothing decodes, continuation segments (infer_high_priority -1) arrive
+    # among normal requests.  Work default puts ahead of r includes continuations that arrive
+    # after it, so H(r) is r's elders plus every higher-priority request that arrives while it waits.
+    budget, chunk, spec, steps = stream
+    bound_strategy = build_prefill_queue_strategy(strategy, spec)
+    planner = StepPlanner(budget, chunk)
+    counter = ProcessedPrefillTokenCounter()
+    waiting: List[InferReq] = []
+    seq: Dict[int, int] = {}
+    ahead_chunks: Dict[int, int] = {}
+    ahead: Dict[int, int] = {}
+    overtaken: Dict[int, int] = {}
+    next_id = 0
+    for step_index in range(len(steps) + 400):
+        for prompt, prio in steps[step_index] if step_index < len(steps) else []:
+            req = InferReq(request_id=next_id, prompt_ids=[1] * prompt, infer_high_priority=prio,
+                           arrival_processed_prefill_tokens=counter.value)
+            seq[next_id] = next_id
+            key = (prio, next_id)
+            before = [q for q in waiting if (q.infer_high_priority, seq[q.request_id]) < key]
+            ahead[next_id] = sum(q.pending_token_num for q in before)
+            ahead_chunks[next_id] = sum(math.ceil(q.pending_token_num / chunk) for q in before)
+            overtaken[next_id] = 0
+            for q in waiting:  # a later higher-priority arrival joins the work ahead of q
+                if (prio, next_id) < (q.infer_high_priority, seq[q.request_id]):
+                    ahead_chunks[q.request_id] += math.ceil(prompt / chunk)
+            waiting.append(req)
+            next_id += 1
+        if not waiting:
+            if step_index >= len(steps):
+                break
+            continue
+        ordered = bound_strategy.reorder(waiting, counter.value, classifier=NO_DECODE_CLASSIFIER)
+        plan = planner.plan(ordered, 1 << 30, classifier=NO_DECODE_CLASSIFIER)
+        served = [((c.req.infer_high_priority, seq[c.req.request_id]), c.token_num) for c in plan.prefill_chunks]
+        for req in plan.skipped:
+            mine = (req.infer_high_priority, seq[req.request_id])
+            overtaken[req.request_id] += sum(t for k, t in served if k > mine)
+        bound_strategy.charge([(c.req, c.token_num) for c in plan.prefill_chunks], plan.skipped)
+        submit_prefill(plan, counter)
+        for c in plan.prefill_chunks:
+            c.req.cur_kv_len = c.end
+        waiting = [r for r in waiting if r.pending_token_num > 0]
+    assert not waiting, "every request finishes"
+    for rid, value in overtaken.items():
+        limit = spec.allowance(ahead[rid]) + budget + (chunk - 1) * ahead_chunks[rid]
+        if strategy == "default":
+            limit = (chunk - 1) * ahead_chunks[rid]
+        assert value <= limit, f"request {rid} was overtaken by {value} > bound {limit}"

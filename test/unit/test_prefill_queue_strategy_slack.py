@@ -1,7 +1,7 @@
 """Ordering rules of the ``shortest_within_slack`` prefill-queue strategy.
 
-The waiting bound it runs under is proved for every registered strategy in
-``test_prefill_wait_bound.py``; the registry contract in ``test_prefill_queue_strategy.py``.
+The overtaking bound it runs under is proved for every registered strategy in
+``test_prefill_overtake_bound.py``; the registry contract in ``test_prefill_queue_strategy.py``.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Simulator:
 
     Args:
         profile: step-cost model and default KV capacity.
-        strategy: a prefill-queue strategy instance (its own waiting bound applies), or its
+        strategy: a prefill-queue strategy instance (its own overtaking bound applies), or its
             registry name (built with ``config.overtake_bound``).
         config: server knobs (see :class:`SimServerConfig`).
     """

@@ -7,7 +7,7 @@ whether *any* order could meet the rule there.  This module measures the best a 
 family of orders reaches: :class:`EarliestShortsFirst` knows the workload and serves exactly the
 ``count`` earliest short prompts ahead of everything else, a full prefill step of them at a
 time, from ``start_tokens`` processed prefill tokens on, and keeps ``default``'s order
-otherwise.  It runs under the same waiting bound as every strategy (the base class applies it),
+otherwise.  It runs under the same overtaking bound as every strategy (the base class applies it),
 so the sweep shows what the bound leaves to gain.
 
 Why this family is the one to beat: the short TTFT P95 falls only when requests leave the

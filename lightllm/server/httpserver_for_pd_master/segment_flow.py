@@ -94,7 +94,7 @@ class SegmentFlow:
             "generated_before": segment.generated_before,
             "epoch": pair.epoch,
             # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
-            # as a trusted client's priority request (the nodes' waiting bound still applies).
+            # as a trusted client's priority request (the nodes' overtaking bound still applies).
             "high_priority_request": run.high_priority or segment.segment_index > 0,
         }
         try:

@@ -155,7 +155,7 @@ class StepPlanner:
                 # prefill it gets whatever is left, so it advances in every step that has any
                 # prefill budget.  Without chunking a prompt must go in one piece; if it does not
                 # fit, no later request may take the room it waits for.  This is half of the
-                # waiting bound (the other half puts aged requests at the head).
+                # overtaking bound (the other half pulls protected requests forward).
                 if self.chunked_prefill_size is not None:
                     need = min(need, token_budget, kv_left)
                 if need <= 0 or need > token_budget or need > kv_left:

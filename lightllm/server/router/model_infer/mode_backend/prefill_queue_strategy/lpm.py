@@ -22,7 +22,7 @@ class LongestPrefixMatchStrategy(PrefillQueueStrategy):
     The cached length is ``prompt_cache_len``: the prompt tokens the radix prefix cache matched
     when the backend received the request.  More cached tokens go first; equal ones keep their
     arrival order (first come, first served), as ``default`` would.  Like every strategy it runs
-    under the waiting bound, which matters here: a request that shares nothing with the cache
+    under the overtaking bound, which matters here: a request that shares nothing with the cache
     would otherwise wait for as long as cache-hitting requests keep arriving.
     """
 
