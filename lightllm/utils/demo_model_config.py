@@ -32,9 +32,33 @@ class DemoModelSize:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def num_parameters(self, arch: DemoArch) -> int:
+        """Parameter count of the checkpoint for ``arch``, from the shape alone.
+
+        Kept next to the presets (rather than only summing tensors) so that docs, CLI help
+        and tests can quote a size without writing hundreds of megabytes of weights.
+        """
+        hidden, inter = self.hidden_size, self.intermediate_size
+        q_out = self.num_attention_heads * self.head_dim
+        kv_out = self.num_key_value_heads * self.head_dim
+        attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+        if arch.qkv_bias:
+            attn += q_out + 2 * kv_out
+        per_layer = attn + 3 * hidden * inter + 2 * hidden  # q/k/v/o, gate/up/down, two norms
+        heads = 1 if arch.tie_word_embeddings else 2  # embedding, plus lm_head unless tied
+        return heads * self.vocab_size * hidden + self.num_hidden_layers * per_layer + hidden
+
 
 # tiny: loads and runs a forward pass in milliseconds, for unit tests.
-# small: ~5M parameters (llama) with a 4K context, for end-to-end runs and benchmarks.
+# small: ~5M parameters (llama) with a 4K context, for end-to-end runs and benchmarks;
+#   a decode step is dominated by per-token overhead, not by matrix products.
+# medium: ~99M parameters (llama; ~82M qwen2, whose lm_head is the embedding), hidden 1024,
+#   8 layers, GQA 16/4 heads of 64: wide enough that matrix products dominate a step, so
+#   thread and batching decisions tuned on it are not tuned to per-token overhead.  The
+#   vocabulary is 16384 because the standard-library corpus reaches about 19.8K BPE tokens
+#   at most (and fewer on a trimmed interpreter); 16384 keeps a margin.  The intermediate
+#   size 1792 (7 x 256, 1.75 x hidden) brings the llama total to ~100M while staying a
+#   multiple of 256 for the matrix-product kernels.
 SIZES: Dict[str, DemoModelSize] = {
     "tiny": DemoModelSize(
         vocab_size=1024,
@@ -52,6 +76,15 @@ SIZES: Dict[str, DemoModelSize] = {
         num_attention_heads=8,
         num_key_value_heads=4,
         intermediate_size=768,
+        max_position_embeddings=4096,
+    ),
+    "medium": DemoModelSize(
+        vocab_size=16384,
+        hidden_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=1792,
         max_position_embeddings=4096,
     ),
 }
@@ -97,6 +130,22 @@ def check_size(size: str) -> DemoModelSize:
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     return SIZES[size]
+
+
+def describe_size(name: str) -> str:
+    """One-line shape and parameter count of a preset, for CLI help and error messages.
+
+    Derived from :data:`SIZES` so the help text cannot drift from the presets.
+    """
+    size = check_size(name)
+    llama = size.num_parameters(DemoArch("llama")) / 1e6
+    qwen2 = size.num_parameters(DemoArch("qwen2")) / 1e6
+    return (
+        f"{name}: hidden {size.hidden_size}, {size.num_hidden_layers} layers, "
+        f"{size.num_attention_heads}/{size.num_key_value_heads} heads of {size.head_dim}, "
+        f"intermediate {size.intermediate_size}, vocab {size.vocab_size}, context {size.max_position_embeddings}; "
+        f"{llama:.1f}M params (llama), {qwen2:.1f}M (qwen2)"
+    )
 
 
 def model_config(arch: DemoArch, size: DemoModelSize, special: DemoSpecialTokens) -> Dict[str, object]:

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterator
 
 import jinja2
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.utils import logging as hf_logging
 
+from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.models.registry import load_model
 from lightllm.utils.demo_corpus import load_corpus
 from lightllm.utils.demo_model import DEMO_MODEL_FILES, generate_demo_model, main
+from lightllm.utils.demo_model_config import SIZES, check_arch, model_config
 from lightllm.utils.demo_tokenizer import SPECIAL_TOKENS, train_demo_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -197,6 +203,80 @@ def test_small_preset_runs_past_2k_tokens(small_llama_dir: Path) -> None:
     assert logits.shape == (1, 2100, cfg["vocab_size"]) and torch.isfinite(logits).all()
 
 
+def _params_from_config(cfg: Dict[str, object]) -> int:
+    """Parameter count of a Llama/Qwen2 checkpoint computed from its config.json alone."""
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q_out = cfg["num_attention_heads"] * cfg["head_dim"]
+    kv_out = cfg["num_key_value_heads"] * cfg["head_dim"]
+    qwen2 = cfg["model_type"] == "qwen2"
+    attn = 2 * hidden * q_out + 2 * hidden * kv_out + (q_out + 2 * kv_out if qwen2 else 0)
+    layer = attn + 3 * hidden * inter + 2 * hidden
+    embeddings = vocab * hidden * (1 if cfg["tie_word_embeddings"] else 2)
+    return embeddings + cfg["num_hidden_layers"] * layer + hidden
+
+
+@pytest.fixture(scope="module")
+def medium_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The ~100M medium checkpoint (394 MB), generated once for this module's medium tests.
+
+    About 5 s on a loaded 2-core machine; only the tests that need the width use it.
+    """
+    start = time.perf_counter()
+    out = generate_demo_model(tmp_path_factory.mktemp("medium_llama"), arch="llama", size="medium", seed=0)
+    # Generation must stay a few seconds; a regression to a slow path shows up here.
+    assert time.perf_counter() - start < 60
+    yield out
+    # pytest keeps the last few runs' temp dirs; do not leave 394 MB behind in each.
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_medium_preset_shape_and_parameter_count(medium_llama_dir: Path) -> None:
+    cfg = _read_json(medium_llama_dir / "config.json")
+    shape = {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")}
+    assert shape == {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4}
+    assert cfg["head_dim"] == 64 and cfg["max_position_embeddings"] == 4096
+    # The vocabulary is what the demo tokenizer actually trained to.
+    assert cfg["vocab_size"] == Tokenizer.from_file(str(medium_llama_dir / "tokenizer.json")).get_vocab_size()
+    expected = _params_from_config(cfg)
+    assert 95_000_000 < expected < 105_000_000
+    assert expected == SIZES["medium"].num_parameters(check_arch("llama"))
+    with safe_open(str(medium_llama_dir / "model.safetensors"), framework="pt") as f:
+        numels = [torch.Size(f.get_slice(name).get_shape()).numel() for name in f.keys()]
+    assert sum(numels) == expected
+    # fp32 on disk: 4 bytes a parameter plus a small JSON header.
+    size = (medium_llama_dir / "model.safetensors").stat().st_size
+    assert 4 * expected < size < 4 * expected + 100_000
+    # qwen2 at the same size ties lm_head to the embedding; its count is checked from its config.
+    qwen2_cfg = model_config(check_arch("qwen2"), SIZES["medium"], SPECIAL_TOKENS)
+    assert _params_from_config(qwen2_cfg) == SIZES["medium"].num_parameters(check_arch("qwen2"))
+    assert 75_000_000 < _params_from_config(qwen2_cfg) < expected
+
+
+def test_medium_preset_greedy_matches_transformers(medium_llama_dir: Path) -> None:
+    # The width where GQA 16/4 with head_dim 64 and 1024-wide matmuls are exercised; kept to
+    # two short prompts because each transformers decode step costs tens of milliseconds here.
+    ours = BatchGenerator(load_model(str(medium_llama_dir), dtype=torch.float32), kv_cache_size=256, max_request_num=2)
+    ref = AutoModelForCausalLM.from_pretrained(str(medium_llama_dir), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(medium_llama_dir)
+    prompts = [tok("The quick brown fox").input_ids, tok("def add(a, b):\n    return").input_ids]
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)
+    for prompt, got in zip(prompts, ours.greedy_generate(prompts, max_new_tokens=8)):
+        with torch.no_grad():
+            expected = ref.generate(torch.tensor([prompt]), generation_config=config)[0, len(prompt) :].tolist()
+        assert got == expected
+        assert len(set(got)) >= 4, got  # random weights, but not stuck on one token
+
+
+def test_cli_help_lists_every_size_with_shape_and_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "medium: hidden 1024, 8 layers, 16/4 heads of 64, intermediate 1792, vocab 16384" in out
+    assert "98.6M params (llama), 81.8M (qwen2)" in out
+    assert all(f"{name}: hidden" in out for name in SIZES)
+
+
 def test_cli_writes_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "nested" / "cli"
     assert main(["--out", str(out), "--arch", "qwen2", "--size", "tiny", "--seed", "5"]) == 0
@@ -252,7 +332,7 @@ def test_module_entry_point_matches_api_across_processes(tmp_path: Path, tiny_ll
     ("kwargs", "needle"),
     [
         ({"arch": "gpt2"}, "arch"),
-        ({"size": "medium"}, "size"),
+        ({"size": "huge"}, "size"),
         ({"seed": -1}, "seed"),
         ({"seed": True}, "seed"),
         ({"seed": 1.5}, "seed"),
