@@ -164,6 +164,7 @@ def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
             queue.release(next(iter(queue.running)))
         elif op == "abort" and waiting:
             queue.remove_waiting(min(waiting))
+            overtaken.pop(min(waiting), None)
         else:
             heads = [lane[0] for lane in (queue._high, queue._normal) if lane]
             protected = [h for h in heads if not h.high_priority_request and queue.is_protected(h)]

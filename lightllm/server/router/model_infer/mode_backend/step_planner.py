@@ -169,6 +169,12 @@ class StepPlanner:
             token_budget -= need
             kv_left -= need
             chunk_token_sum += need
+            full = self.max_prefill_reqs is not None and len(plan.prefill_chunks) >= self.max_prefill_reqs
+            if token_budget == 0 or kv_left == 0 or full:
+                # Nothing more can fit (every chunk is at least one token): the rest of a long
+                # queue is skipped in one go instead of walked request by request.
+                plan.skipped.extend(prefill_reqs[position + 1 :])
+                break
 
         plan.prefill_token_num = chunk_token_sum + (len(plan.decode_reqs) if mixed else 0)
         return plan
