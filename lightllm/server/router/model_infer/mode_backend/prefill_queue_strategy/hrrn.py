@@ -15,7 +15,7 @@ progress rather than from waiting.
 from __future__ import annotations
 
 from functools import cmp_to_key
-from typing import Dict, List
+from typing import List
 
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import (
