@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, simulate_workload
-from lightllm.benchmark.simulator.scenarios import SCENARIOS
+from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # (scenario, mode, budget): the seed's headline cells and the starvation case it warned about.
@@ -28,8 +28,9 @@ DEFAULT_CELLS: Tuple[Tuple[str, str, int], ...] = (
     ("long_then_stream", "1p1d", 1024),
     ("long_then_stream", "normal", 1024),
 )
-DEFAULT_BASES: Tuple[int, ...] = (4096, 16384, 65536)
-DEFAULT_FRACTIONS: Tuple[float, ...] = (0.1, 0.25, 0.5)
+# The shipped default (2048 + 0.15) and its neighbours.
+DEFAULT_BASES: Tuple[int, ...] = (2048, 16384, 65536)
+DEFAULT_FRACTIONS: Tuple[float, ...] = (0.1, 0.15, 0.25)
 METRICS = ("short_ttft_p95_ms", "long_ttft_p95_ms", "long_e2e_p95_ms")
 
 
@@ -102,9 +103,14 @@ def _pct(value: object) -> str:
 def _parse_cells(text: str) -> List[Tuple[str, str, int]]:
     cells = []
     for part in text.split(","):
-        scenario, mode, budget = part.strip().split("/")
+        fields = part.strip().split("/")
+        if len(fields) != 3 or not fields[2].isdigit():
+            raise ValueError(f"a cell is scenario/mode/budget, e.g. sustained/1p1d/1024; got {part!r}")
+        scenario, mode, budget = fields
         if scenario not in SCENARIOS:
             raise ValueError(f"cell scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
+        if mode not in MODES:
+            raise ValueError(f"cell mode must be one of {', '.join(MODES)}; got {mode!r}")
         cells.append((scenario, mode, int(budget)))
     return cells
 
