@@ -135,7 +135,7 @@ def build_process_configs(
             use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
             log_level=args.log_level, torch_threads=sizing.torch_threads,
             prefill_torch_threads=sizing.prefill_torch_threads,
-            long_decode_positions=sizing.long_decode_positions,
+            wide_forward_ms_per_token=sizing.wide_forward_ms_per_token,
             sampling_seed=sampling_seed, run_mode=run_mode,
             pd=pd_settings if transfer_ports is None else replace(
                 pd_settings, listen_socket=transfer_ports.socket_for(rank)),

@@ -12,8 +12,8 @@ from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.api_args_check import ArgumentError
 from lightllm.server.kv_budget import plan_kv_budget
-from lightllm.server.router.model_infer.mode_backend.forward_threads import DEFAULT_LONG_DECODE_POSITIONS
-from lightllm.utils.envs_utils import long_decode_positions_override, torch_threads_override
+from lightllm.server.router.model_infer.mode_backend.forward_threads import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+from lightllm.utils.envs_utils import refuse_replaced_env_vars, torch_threads_override, wide_forward_ms_per_token_override
 
 
 CPU_DEFAULT_KV_TOKEN_CAP = 1 << 18
@@ -30,10 +30,10 @@ class ServerSizing:
     batch_max_tokens: int
     slot_num: int
     torch_threads: int | None
-    # Threads of prefill and long-context decode forwards, and the decode forwards' threshold
-    # (CPU only; see mode_backend/forward_threads.py).
+    # Threads a forward borrows when its work pays for the front end's core, and the rule's
+    # threshold (CPU only; see mode_backend/forward_threads.py).
     prefill_torch_threads: int | None = None
-    long_decode_positions: int = 0
+    wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
 
 
 def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> ServerSizing:
@@ -86,8 +86,9 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
             f"{max_req_total_len}); lower --max_req_total_len or --reserved_memory_gb, or give more memory"
         )
+    refuse_replaced_env_vars()
     threads = prefill_threads = None
-    long_positions = 0
+    wide_ms = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
     if device == "cpu":
         cores = os.cpu_count() or 1
         # Decode leaves a core to the HTTP, router and detokenization processes, which stream its
@@ -96,9 +97,9 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
         override = torch_threads_override()
         threads = override or max(1, (cores - 1) // args.tp)
         prefill_threads = torch_threads_override("LIGHTLLM_PREFILL_TORCH_THREADS") or override or max(1, cores // args.tp)
-        long_positions = long_decode_positions_override()
-        if long_positions is None:
-            long_positions = DEFAULT_LONG_DECODE_POSITIONS
+        override_ms = wide_forward_ms_per_token_override()
+        if override_ms is not None:
+            wide_ms = override_ms
     return ServerSizing(
         device=device,
         dtype_name=dtype_name,
@@ -108,5 +109,5 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
         slot_num=max(64, 4 * args.running_max_req_size),
         torch_threads=threads,
         prefill_torch_threads=prefill_threads,
-        long_decode_positions=long_positions,
+        wide_forward_ms_per_token=wide_ms,
     )

@@ -11,8 +11,8 @@ from typing import Callable, List, Optional
 
 ENV_VARS = {
     "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens).",
-    "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads of each CPU model rank in prefill forwards and in decode forwards over long contexts (see LIGHTLLM_LONG_DECODE_POSITIONS), which borrow the front end's core; default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
-    "LIGHTLLM_LONG_DECODE_POSITIONS": "A CPU decode forward whose requests' contexts add up to at least this many positions runs with LIGHTLLM_PREFILL_TORCH_THREADS (its attention scan dominates); default 32768, 0: decode always uses LIGHTLLM_TORCH_THREADS.",
+    "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads a CPU model rank's forward borrows when its work pays for the front end's core (see LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN); default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
+    "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": "A CPU forward runs with LIGHTLLM_PREFILL_TORCH_THREADS when its estimated work (matrix-product FLOPs and KV positions of this model, priced with rates measured at start-up) is at least this many milliseconds per token it streams; default 0.3, 0: every forward wide, inf: only prefill forwards that stream nothing.",
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "0 stops model ranks from returning freed heap memory to the kernel when idle (malloc_trim); default 1.",
@@ -41,9 +41,25 @@ def torch_threads_override(name: str = "LIGHTLLM_TORCH_THREADS") -> Optional[int
     return _env_int(name, 1, "a positive integer")
 
 
-def long_decode_positions_override() -> Optional[int]:
-    """``LIGHTLLM_LONG_DECODE_POSITIONS`` as an int >= 0, or None when unset."""
-    return _env_int("LIGHTLLM_LONG_DECODE_POSITIONS", 0, "an integer >= 0")
+# Variables a former release read, and what replaced them: setting one is refused, not ignored.
+REPLACED_ENV_VARS = {
+    "LIGHTLLM_LONG_DECODE_POSITIONS": "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN (decode forwards now run wide from their "
+                                      "estimated work per streamed token, on every model width)",
+}
+
+
+def refuse_replaced_env_vars() -> None:
+    """Raise for the first replaced variable that is set, naming what replaced it."""
+    for name, replacement in REPLACED_ENV_VARS.items():
+        if os.environ.get(name):
+            raise ValueError(f"{name} is no longer read; use {replacement}")
+
+
+def wide_forward_ms_per_token_override() -> Optional[float]:
+    """``LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN`` as a float >= 0 (inf allowed), or None when unset."""
+    if not os.environ.get("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN"):
+        return None
+    return _env_float("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN", "a number >= 0 (or inf)", lambda v: v >= 0)
 
 
 def api_keys_from_env(name: str) -> List[str]:

@@ -37,10 +37,10 @@ class ModelRankConfig:
     # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
     sampling_seed: int
     torch_threads: Optional[int] = None  # short-context decode forwards and everything else
-    # Prefill forwards and decode forwards over at least long_decode_positions context positions
-    # (0: decode never); None: torch_threads. See mode_backend/forward_threads.py.
+    # Threads a forward borrows when its estimated work is at least wide_forward_ms_per_token per
+    # token it streams; None: torch_threads. See mode_backend/forward_threads.py.
     prefill_torch_threads: Optional[int] = None
-    long_decode_positions: int = 0
+    wide_forward_ms_per_token: float = 0.3
     attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled", "cpp" or "triton"
     # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
     run_mode: str = "normal"

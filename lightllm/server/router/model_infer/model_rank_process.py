@@ -41,7 +41,8 @@ from lightllm.server.core.objs.io_messages import (
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
 from lightllm.server.core.objs.shm_req_views import RequestInput
 from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.forward_threads import ForwardThreads
+from lightllm.server.router.model_infer.mode_backend.forward_cost import ForwardCostModel, ForwardShape, measure_rates
+from lightllm.server.router.model_infer.mode_backend.forward_threads import ForwardThreads, WideForwardRule
 from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
@@ -81,11 +82,8 @@ class ModelRank:
         device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        threads = None
         if config.torch_threads:
-            threads = ForwardThreads(config.torch_threads, config.prefill_torch_threads or config.torch_threads,
-                                     config.long_decode_positions)
-            threads.apply()
+            torch.set_num_threads(config.torch_threads)
         self.tp = TensorParallelGroup(config.rank, config.tp)
         if config.tp > 1:
             dist.init_process_group(
@@ -100,6 +98,7 @@ class ModelRank:
             config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp,
             attention=build_attention_backend(config.attention_backend),
         )
+        threads = self._forward_threads(model) if config.torch_threads else None
         kv_cache = model.new_kv_cache(config.max_total_token_num)
         pd_role = config.run_mode if config.run_mode in PD_ROLES else None
         if pd_role is not None:
@@ -163,6 +162,21 @@ class ModelRank:
         gathered: List[Any] = [None] * self.config.tp
         dist.all_gather_object(gathered, value)
         return gathered
+
+    def _forward_threads(self, model: Any) -> ForwardThreads:
+        """The rank's thread counts, with the wide-forward rule priced by rates measured here (CPU)."""
+        config = self.config
+        narrow, wide = config.torch_threads, config.prefill_torch_threads or config.torch_threads
+        threads = ForwardThreads(narrow, wide)
+        if wide != narrow:
+            shape = ForwardShape.from_config(model.config, config.tp, parse_dtype(config.dtype))
+            rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim)),
+                                   config.wide_forward_ms_per_token / 1000)
+            threads = ForwardThreads(narrow, wide, rule)
+            if self.is_leader:
+                log.info("threads: %d, %d in a wide forward; %s", narrow, wide, rule.describe())
+        threads.apply()
+        return threads
 
     def _broadcast_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         tokens = tokens.contiguous()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,6 +35,17 @@ TokenSync = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger("lightllm.model_rank")
 
 MAX_CONSECUTIVE_FORWARD_FAILURES = 3
+
+
+def _prefill_size(chunks: Sequence[PrefillChunk]) -> Tuple[int, int, int]:
+    """New tokens, (token, attended position) pairs and finished prompts of a prefill forward."""
+    new_tokens = attended = finished = 0
+    for c in chunks:
+        n = c.end - c.start
+        new_tokens += n
+        attended += n * c.start + n * (n + 1) // 2  # token i of the chunk attends start + i + 1 positions
+        finished += c.end == c.req.total_len
+    return new_tokens, attended, finished
 
 
 class TorchModelExecutor:
@@ -83,7 +94,7 @@ class TorchModelExecutor:
         )
         last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         result = ExecutionResult()
-        with nullcontext() if self.threads is None else self.threads.prefill_forward():
+        with nullcontext() if self.threads is None else self.threads.prefill_forward(*_prefill_size(chunks)):
             logits = self._forward(batch, [c.req for c in chunks], result)
         if logits is None:
             return result
@@ -107,7 +118,7 @@ class TorchModelExecutor:
             self.model.device,
         )
         result = ExecutionResult()
-        with nullcontext() if self.threads is None else self.threads.decode_forward(sum(positions)):
+        with nullcontext() if self.threads is None else self.threads.decode_forward(len(reqs), sum(positions)):
             logits = self._forward(batch, list(reqs), result)
         if logits is not None:
             self._sample(logits, list(reqs), result)
