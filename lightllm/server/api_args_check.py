@@ -48,6 +48,10 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             raise ArgumentError(f"--{name} must be positive, got {value}")
+    per_client = getattr(args, "http_max_connections_per_client", None)
+    if per_client is not None and not 0 < per_client <= getattr(args, "http_max_connections", per_client):
+        raise ArgumentError(f"--http_max_connections_per_client must be in 1..--http_max_connections "
+                            f"({args.http_max_connections}), got {per_client}")
     for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout"):
         value = getattr(args, name, None)
         if value is not None and not value > 0:

@@ -1,8 +1,9 @@
 """Decoding a request body: JSON, structural checks, then the endpoint's pydantic model.
 
 Before any field is validated the decoded body must be a JSON object nested at most
-:data:`MAX_JSON_DEPTH` levels, and no string in it (key or value) may hold a lone UTF-16
-surrogate (``"\\ud800"`` is valid JSON but not valid Unicode; tokenizers and UTF-8 encoders
+:data:`MAX_JSON_DEPTH` levels, every number in it must be finite (Python's JSON reader accepts
+``NaN``, ``Infinity`` and overflowing literals such as ``1e999``, which standard JSON has no
+place for), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but not valid Unicode; tokenizers and UTF-8 encoders
 fail on it).  Every failure is a 400 :class:`~lightllm.server.api_errors.APIError` naming the
 dotted field path (``messages.0.content``).
 """
@@ -10,6 +11,7 @@ dotted field path (``messages.0.content``).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -49,7 +51,7 @@ def _has_lone_surrogate(text: str) -> bool:
 
 
 def check_json_structure(data: Any) -> None:
-    """Reject bodies nested deeper than :data:`MAX_JSON_DEPTH` or holding lone surrogates.
+    """Reject bodies nested deeper than :data:`MAX_JSON_DEPTH` or holding non-finite numbers or lone surrogates.
 
     Walks iteratively, so a hostile body cannot exhaust the interpreter's stack here.  The
     400 names the dotted path of the offending value (or of the object holding a bad key).
@@ -65,6 +67,9 @@ def check_json_structure(data: Any) -> None:
                 param = ".".join(path) or None
                 raise invalid_request(f"Invalid value for '{param}': the string contains a lone UTF-16 surrogate "
                                       "(not valid Unicode)", param)
+        elif isinstance(value, float) and not math.isfinite(value):
+            param = ".".join(path) or None
+            raise invalid_request(f"Invalid value for '{param}': must be finite, got {value!r}", param)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if _has_lone_surrogate(key):

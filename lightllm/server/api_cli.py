@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import List, Optional
 
+from lightllm.server.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+
 # The run modes of a PD cluster: its master and its two kinds of node.
 PD_RUN_MODES = ("prefill", "decode", "pd_master")
 
@@ -123,6 +125,12 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step.")
     group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece.")
     group.add_argument(
+        "--disable_mixed_batches",
+        action="store_true",
+        help="Run a step's prefill chunks and decode rows as two forwards. By default (with chunked prefill) they run as "
+        "one mixed forward, whose token budget and processed-token count include the decode rows.",
+    )
+    group.add_argument(
         "--router_token_ratio",
         type=float,
         default=1.0,
@@ -184,6 +192,16 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "TP rank). Default: a fresh seed drawn at each start and logged, so unseeded sampling differs between "
         "restarts; give the logged value to repeat it.",
     )
+    group.add_argument(
+        "--tool_call_parser",
+        type=str,
+        choices=list(TOOL_CALL_PARSER_NAMES),
+        default=None,
+        help="Format in which the model writes tool calls, read back into tool_calls for chat requests with "
+        "tool_choice 'auto' (the default when tools are given): hermes (JSON inside tool_call tags, as "
+        "Qwen2/Qwen2.5 write them) or llama3_json (Llama 3.1 JSON, optionally after the python_tag token). Without it such "
+        "requests get a 400; 'required', a named function and 'none' work without it (docs/*/api_compatibility.md).",
+    )
 
     group = parser.add_argument_group("HTTP limits and authentication")
     group.add_argument(
@@ -224,7 +242,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "--http_max_connections",
         type=int,
         default=2048,
-        help="Most open client connections; one more is answered 503 and closed.",
+        help="Most open client connections; beyond it a connection is served only when it is a health probe or "
+        "carries a valid API key (in a reserve of an eighth more), others get 503 too_many_connections.",
+    )
+    group.add_argument(
+        "--http_max_connections_per_client",
+        type=int,
+        default=None,
+        help="Most open connections from one client address; one more gets 503 too_many_client_connections at once. "
+        "Default: half of --http_max_connections. Behind a proxy every client shares the proxy's address: raise it.",
     )
     group.add_argument(
         "--api_key",

@@ -73,12 +73,10 @@ class GenerationFanout:
     async def start(self) -> None:
         """Open every generation and wait for its first event; raise APIError if any fails."""
         try:
-            counted: set[int] = set()
             for job in self._jobs:
-                # A prompt's tokens count once in the server's token counters, however many
-                # choices (n, best_of) share it, as vLLM counts them.
-                self._iterators.append(await self._open(job, job.prompt_index not in counted))
-                counted.add(job.prompt_index)
+                # Every choice (n, best_of) counts its prompt in the server's token counters: each
+                # is a sequence of its own, and vLLM (0.32) counts a prompt once per sequence too.
+                self._iterators.append(await self._open(job, True))
             firsts = await asyncio.gather(*(it.__anext__() for it in self._iterators), return_exceptions=True)
         except Exception as exc:
             await self.close()

@@ -29,7 +29,8 @@ where ``tokens`` (top level, as LightLLM has it) and ``details`` are present onl
 ``details`` on the last event carries the counts when ``return_details`` is set. The native
 stream has no ``[DONE]`` sentinel; ``finished`` marks the end.
 
-Service endpoints: ``GET /health`` (200 ``{"status": "ok"}`` or 503) and ``GET /metrics``.
+Service endpoints: ``GET /health`` and ``/health/ready`` (readiness: 200 ``{"status": "ok"}`` or 503),
+``GET /health/live`` (liveness, see :mod:`lightllm.server.http_health`) and ``GET /metrics``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from lightllm.server.api_body import parse_body
 from lightllm.server.api_errors import (
     APIError,
     JSONErrorRoute,
-    SERVICE_UNAVAILABLE,
     install_error_handlers,
     internal_error,
     sse_error,
@@ -58,6 +58,7 @@ from lightllm.server.api_openai_shapes import best_choices, final_finish_reason,
 from lightllm.server.api_openapi import install_request_schemas, request_body
 from lightllm.server.api_planning import build_sampling_params, check_context_length, choice_jobs, encoded
 from lightllm.server.http_auth import ApiKeyMiddleware, check_priority_allowed
+from lightllm.server.http_health import HEALTH_PATH, LIVE_PATH, READY_PATH, health_answer, manager_readiness
 from lightllm.server.http_request_guard import RequestGuardMiddleware
 from lightllm.server.http_server_options import HttpServerOptions
 from lightllm.server.prompt_encoding import PromptEncoder
@@ -87,22 +88,18 @@ class NativeEndpoints:
         router = APIRouter(route_class=JSONErrorRoute)
         body = request_body(NativeGenerateRequest)
         router.add_api_route("/generate", self.generate, methods=["POST"], openapi_extra=body)
-        router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"], openapi_extra=body)
-        router.add_api_route("/health", self.health, methods=["GET"])
-        router.add_api_route("/health", self.health, methods=["HEAD"], include_in_schema=False)
+        router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"],
+                             openapi_extra=request_body(NativeGenerateRequest, streams="always"))
+        for path in (HEALTH_PATH, READY_PATH, LIVE_PATH):
+            router.add_api_route(path, self.health, methods=["GET"])
+            router.add_api_route(path, self.health, methods=["HEAD"], include_in_schema=False)
         router.add_api_route("/metrics", self.metrics, methods=["GET"])
         return router
 
-    async def health(self) -> Response:
-        """200 while the server can take requests, 503 otherwise."""
-        try:
-            healthy = bool(self.manager.health())
-        except Exception:  # noqa: BLE001 - a failing probe means unhealthy, not a crash
-            logger.exception("health probe failed")
-            healthy = False
-        if healthy:
-            return JSONResponse({"status": "ok"})
-        return APIError(503, "The server is not healthy", SERVICE_UNAVAILABLE, None, "unhealthy").to_response()
+    async def health(self, request: Request) -> Response:
+        """Readiness (``/health``, ``/health/ready``) or liveness (``/health/live``); the front door answers the same."""
+        status, body = health_answer(request.url.path, manager_readiness(self.manager))
+        return JSONResponse(body, status_code=status)
 
     async def metrics(self) -> Response:
         """Prometheus metrics as produced by the manager."""
@@ -246,7 +243,7 @@ def create_app(
     for router in extra_routers:
         app.include_router(router)
     app.include_router(NativeEndpoints(manager, encoder).router())
-    app.include_router(OpenAIEndpoints(manager, encoder).router())
+    app.include_router(OpenAIEndpoints(manager, encoder, options.tool_call_parser).router())
     # Added last = runs first: keys are checked before any body byte is read.
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)

@@ -23,7 +23,8 @@ from lightllm.common.sampling import STORED_DTYPES
 MAX_N = 16
 
 # JSON schema of the stop fields (typed ``Any``, validated by hand), for the OpenAPI document.
-STRING_OR_STRINGS_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
+STRING_OR_STRINGS_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1},
+                                     {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}]}
 
 
 def stored_bounds(name: str) -> dict[str, Any]:

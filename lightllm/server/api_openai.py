@@ -37,8 +37,11 @@ from lightllm.server.api_planning import (
     encoded,
 )
 from lightllm.server.api_response_format import response_format_grammar
+from lightllm.server.api_structured_params import structured_grammar
 from lightllm.server.prompt_encoding import PromptEncoder
 from lightllm.server.request_manager import RequestManager
+from lightllm.server.tool_calls.request import plan_tool_calls
+from lightllm.server.tool_calls.shaper import ToolChatShaper
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +51,12 @@ SSE_DONE = b"data: [DONE]\n\n"
 class OpenAIEndpoints:
     """The OpenAI-compatible handlers bound to one request manager."""
 
-    def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None) -> None:
+    def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None,
+                 tool_call_parser: str | None = None) -> None:
         self.manager = manager
         self.encoder = encoder or PromptEncoder(manager)
+        # --tool_call_parser: how tool calls are read from free text (tool_choice "auto").
+        self.tool_call_parser = tool_call_parser
 
     def router(self) -> APIRouter:
         """An APIRouter with every OpenAI route."""
@@ -58,9 +64,9 @@ class OpenAIEndpoints:
         router.add_api_route("/v1/models", self.list_models, methods=["GET"])
         router.add_api_route("/v1/models/{model_id:path}", self.get_model, methods=["GET"])
         router.add_api_route("/v1/completions", self.completions, methods=["POST"],
-                             openapi_extra=request_body(CompletionRequest))
+                             openapi_extra=request_body(CompletionRequest, streams=True))
         router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
-                             openapi_extra=request_body(ChatCompletionRequest))
+                             openapi_extra=request_body(ChatCompletionRequest, streams=True))
         return router
 
     def served_names(self) -> list[str]:
@@ -77,9 +83,15 @@ class OpenAIEndpoints:
             raise model_not_found(model, served)
         return model
 
-    def _model_card(self) -> dict[str, Any]:
-        return {"id": self.manager.model_name, "object": "model", "created": 0, "owned_by": "lightllm",
-                "max_model_len": self.manager.max_req_total_len}
+    def _model_card(self, model_id: str | None = None) -> dict[str, Any]:
+        """A model entry shaped as vLLM shapes it (``vllm bench serve`` reads ``root``)."""
+        model_id = model_id or self.manager.model_name
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "lightllm",
+                "root": self.manager.model_name, "parent": None, "max_model_len": self.manager.max_req_total_len,
+                "permission": [{"id": f"modelperm-{model_id}", "object": "model_permission", "created": 0,
+                                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                "organization": "*", "group": None, "is_blocking": False}]}
 
     async def list_models(self) -> dict[str, Any]:
         """``GET /v1/models``: the single served model."""
@@ -90,7 +102,7 @@ class OpenAIEndpoints:
         served = self.served_names()
         if model_id not in served:
             raise model_not_found(model_id, served)
-        return {**self._model_card(), "id": model_id}
+        return self._model_card(model_id)
 
     def _plan_jobs(self, body: OpenAISamplingRequest, prompts: list[list[int]], logprobs: int | None,
                    prompt_param: str, prompt_logprobs: int | None = None,
@@ -125,20 +137,22 @@ class OpenAIEndpoints:
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):
-                prompts.append(await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt"))
+                prompts.append(body.truncated(await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt")))
             else:
                 check_token_ids(prompt, self.manager.vocab_size, "prompt")
-                prompts.append(list(prompt))
+                prompts.append(body.truncated(list(prompt)))
         # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
-        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs)
+        grammar = structured_grammar(body.structured_outputs, body.guided_fields())
+        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
         if body.echo:
-            echo = [(prompt if isinstance(prompt, str) else self.manager.tokenizer.decode(prompt), ids)
-                    for prompt, ids in zip(body.prompt, prompts)]
+            # A truncated prompt is echoed as the tokens that were used.
+            echo = [(prompt if isinstance(prompt, str) and body.truncate_prompt_tokens is None
+                     else self.manager.tokenizer.decode(ids), ids) for prompt, ids in zip(body.prompt, prompts)]
         shaper = CompletionShaper(formatter, body.logprobs is not None, echo=echo, n=body.n,
                                   drop_output=body.max_tokens == 0, prompt_logprobs=body.prompt_logprobs,
                                   prompts=prompts)
@@ -148,15 +162,21 @@ class OpenAIEndpoints:
         """``POST /v1/chat/completions``."""
         body = parse_body(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)
+        tool_plan = plan_tool_calls(body, self.tool_call_parser)
         messages = [message.to_template_dict() for message in body.messages]
-        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **body.template_options()),
-                                   "messages")
+        body.check_reasoning_effort(getattr(self.manager.tokenizer, "chat_template", None))
+        template_options = tool_plan.template_options(body.template_options())
+        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **template_options), "messages")
+        prompt_ids = body.truncated(prompt_ids)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        grammar = response_format_grammar(body.response_format)
+        grammar = tool_plan.combine_grammar(structured_grammar(
+            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
-        shaper = ChatShaper(formatter, body.logprobs, prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids)
+        shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids)
+        shaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options) if tool_plan.reads_calls
+                  else ChatShaper(formatter, body.logprobs, **shaper_options))
         return await self._respond(request, body, model, jobs, shaper)
 
     async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],

@@ -12,10 +12,12 @@ from pydantic import Field, field_validator
 
 from lightllm.server.api_errors import invalid_request
 from lightllm.server.api_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
+from lightllm.server.api_openai_fields import ChatTemplateFields, NullMeansAbsent, OpenAIPlatformFields
+from lightllm.server.tool_calls.request import check_message_tool_calls, check_tool_messages, template_tool_calls
 
 MAX_PROMPTS = 64
 MAX_OPENAI_STOP = 4
-MAX_COMPLETION_LOGPROBS = 5
+MAX_COMPLETION_LOGPROBS = 20  # OpenAI's legacy cap is 5; vLLM (and this server) allow 20
 MAX_CHAT_TOP_LOGPROBS = 20
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
 # apply_chat_template's own arguments: a template variable must not override them.
@@ -25,18 +27,33 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 # JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
-_PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, _TOKEN_IDS,
-                            {"type": "array", "items": _TOKEN_IDS}]}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
+    _TOKEN_IDS,
+    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS}]}
 _CONTENT_SCHEMA = {"anyOf": [
     {"type": "string"},
     {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
                                 "required": ["type", "text"], "additionalProperties": False}},
     {"type": "null"},
 ]}
+_FUNCTION_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+    "parameters": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
+    "required": ["name"], "additionalProperties": False}
+TOOLS_SCHEMA = {"type": "array", "minItems": 1, "maxItems": 128, "items": {
+    "type": "object", "properties": {"type": {"const": "function"}, "function": _FUNCTION_SCHEMA},
+    "required": ["type", "function"], "additionalProperties": False}}
+TOOL_CHOICE_SCHEMA = {"anyOf": [
+    {"enum": ["none", "auto", "required"]}, {"type": "null"},
+    {"type": "object", "properties": {"type": {"const": "function"}, "function": {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+        "additionalProperties": False}}, "required": ["type", "function"], "additionalProperties": False}]}
 
 
-class StreamOptions(StrictModel):
+class StreamOptions(NullMeansAbsent):
     """``stream_options`` of the OpenAI endpoints."""
 
     include_usage: bool = False
@@ -44,7 +61,7 @@ class StreamOptions(StrictModel):
     continuous_usage_stats: bool = False
 
 
-class OpenAISamplingRequest(StrictModel):
+class OpenAISamplingRequest(OpenAIPlatformFields):
     """Fields shared by ``/v1/completions`` and ``/v1/chat/completions``.
 
     After validation ``stop`` is always a list of strings.
@@ -73,7 +90,6 @@ class OpenAISamplingRequest(StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
     # vLLM extras.
     # logprobs name tokens ``token_id:<id>`` instead of their (possibly ambiguous) text.
     return_tokens_as_token_ids: bool = False
@@ -81,19 +97,10 @@ class OpenAISamplingRequest(StrictModel):
     include_stop_str_in_output: bool = False
     # Becomes the response id and appears in the server log.
     request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
-    # Client bookkeeping (OpenAI stored-completion tags); the server does not use it.
-    metadata: dict[str, Any] | None = None
     # Logprobs of every prompt token with this many alternatives (vLLM), from the prefill forward.
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
 
     _check_stop = stop_validator("stop", MAX_OPENAI_STOP)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported; send null or {}")
-        return value
 
     def check_consistency(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -145,6 +152,7 @@ class OpenAISamplingRequest(StrictModel):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "stop_sequences": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids or []),
+            "logit_bias": self.logit_bias_ids(),
         }
         for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
@@ -210,7 +218,7 @@ def normalize_completion_prompt(value: Any) -> list[str | list[int]]:
 class ChatMessage(StrictModel):
     """One entry of ``messages``; content is text or a list of text parts."""
 
-    role: str
+    role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
     content: Any = Field(default=None, json_schema_extra=_CONTENT_SCHEMA)
     name: str | None = None
     tool_call_id: str | None = None
@@ -243,12 +251,10 @@ class ChatMessage(StrictModel):
 
     @field_validator("tool_calls")
     @classmethod
-    def _check_tool_calls(cls, value: list[Any] | None) -> None:
-        if value:
-            raise ValueError("tool calls are not supported")
-        return None
+    def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
+        return check_message_tool_calls(value)
 
-    def to_template_dict(self) -> dict[str, str]:
+    def to_template_dict(self) -> dict[str, Any]:
         """The message as handed to the chat template.
 
         ``developer`` is OpenAI's newer name for ``system``; most chat templates only know
@@ -260,10 +266,12 @@ class ChatMessage(StrictModel):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = template_tool_calls(self.tool_calls)
         return message
 
 
-class ChatCompletionRequest(OpenAISamplingRequest):
+class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -271,9 +279,9 @@ class ChatCompletionRequest(OpenAISamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = Field(default=None, json_schema_extra={"anyOf": [{"const": "none"}, {"type": "null"}]})
-    # Only meaningful with tools, which this server refuses: accepted as a no-op.
+    # Checked (with the server's --tool_call_parser) by lightllm.server.tool_calls.request.plan_tool_calls.
+    tools: list[Any] | None = Field(default=None, json_schema_extra=TOOLS_SCHEMA)
+    tool_choice: Any = Field(default=None, json_schema_extra=TOOL_CHOICE_SCHEMA)
     parallel_tool_calls: bool | None = None
     # vLLM chat-template extras.
     add_generation_prompt: bool = True
@@ -298,10 +306,7 @@ class ChatCompletionRequest(OpenAISamplingRequest):
             if message.content is None and message.role != "assistant":
                 raise invalid_request(f"messages[{index}].content is required for role {message.role!r}",
                                       f"messages.{index}.content")
-        if self.tools:
-            raise invalid_request("tools are not supported", "tools")
-        if self.tool_choice not in (None, "none"):
-            raise invalid_request("tool_choice is not supported; send null or 'none'", "tool_choice")
+        check_tool_messages(self.messages)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -313,8 +318,9 @@ class ChatCompletionRequest(OpenAISamplingRequest):
             options["add_generation_prompt"] = False
         if self.continue_final_message:
             options["continue_final_message"] = True
-        if self.chat_template_kwargs:
-            options["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        variables = {**(self.chat_template_kwargs or {}), **self.template_variables()}
+        if variables:
+            options["chat_template_kwargs"] = variables
         return options
 
     def max_tokens_param(self) -> str:

@@ -124,14 +124,17 @@ class TokenLogprobFormatter:
         decoded_token}}`` holding the prompt token and the ``count`` most likely alternatives."""
         computed = getattr(first_event, "prompt_logprobs", None) or []
         result: list[Any] = [None]
-        for token_id, logprob, top in computed:
+        for token_id, logprob, top, *rank in computed:
             ranked = sorted(top.items(), key=lambda item: -item[1])[:count]
-            entry = {str(alt_id): {"logprob": json_logprob(value), "rank": rank + 1,
+            entry = {str(alt_id): {"logprob": json_logprob(value), "rank": position + 1,
                                    "decoded_token": self._tokenizer.decode([alt_id])}
-                     for rank, (alt_id, value) in enumerate(ranked)}
-            # The prompt token's own rank is known only when it is among the alternatives.
-            entry.setdefault(str(token_id), {"logprob": json_logprob(logprob), "rank": None,
-                                             "decoded_token": self._tokenizer.decode([token_id])})
+                     for position, (alt_id, value) in enumerate(ranked)}
+            # The prompt token's rank in the whole distribution, computed on the model rank
+            # (1 + the number of tokens with a strictly greater logprob), as vLLM reports it.
+            own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None,
+                   "decoded_token": self._tokenizer.decode([token_id])}
+            if own["rank"] is not None or str(token_id) not in entry:
+                entry[str(token_id)] = own
             result.append(entry)
         return result
 

@@ -31,6 +31,14 @@ def _compile(schema: Any, param: str) -> str:
     return grammar
 
 
+def compile_json_schema(schema: Any, param: str) -> str:
+    """An llguidance grammar for JSON valid under ``schema`` (compact); 400 naming ``param`` if unusable.
+
+    Shared with tool calling (:mod:`lightllm.server.tool_calls.request`), which forces calls this way.
+    """
+    return _compile(schema, param)
+
+
 def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
     """The grammar ``response_format`` asks for, or None for free text; 400 for anything else."""
     if response_format is None:

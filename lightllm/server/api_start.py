@@ -35,6 +35,14 @@ from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
+from lightllm.server.listen_sockets import (
+    EXIT_FAILED,
+    EXIT_INVALID_CONFIG,
+    EXIT_PORT_UNAVAILABLE,
+    PortUnavailableError,
+    display_address,
+    is_loopback,
+)
 from lightllm.server.launch_plan import (
     build_process_configs,
     overtake_bound_from_args,
@@ -51,6 +59,8 @@ from lightllm.utils.process_utils import free_port
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
 
 if TYPE_CHECKING:
+    from lightllm.server.http_front_door import FrontDoor
+    from lightllm.server.http_server_options import AuthPolicy
     from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 
 log = logging.getLogger("lightllm.api_start")
@@ -200,8 +210,26 @@ def watch_children(procs: ServerProcesses, on_death: Any) -> threading.Thread:
     return thread
 
 
+def warn_if_reachable_without_key(args: argparse.Namespace, auth: "AuthPolicy") -> None:
+    """One warning line when the server listens beyond loopback and no key guards what it serves."""
+    if is_loopback(args.host):
+        return
+    where = display_address(args.host or "0.0.0.0", args.port)
+    if args.run_mode in ("prefill", "decode"):
+        # A node refuses the public API; its /pd/ endpoints are what the cluster key guards.
+        if auth.cluster_key is None:
+            log.warning("listening on %s (beyond loopback) without a PD cluster key: anyone who can reach this port "
+                        "can call the node's /pd/ endpoints; set LIGHTLLM_PD_CLUSTER_KEY or --pd_cluster_key", where)
+    elif not auth.requires_key:
+        log.warning("listening on %s (beyond loopback) without an API key: anyone who can reach this port can use "
+                    "the API; set --api_key or LIGHTLLM_API_KEY (docs/EN/limits_and_auth.md)", where)
+
+
 def run_server(argv: Optional[List[str]] = None) -> int:
-    """Parse arguments, start everything, serve HTTP until stopped; returns the exit code."""
+    """Parse arguments, start everything, serve HTTP until stopped; returns the exit code.
+
+    Exit codes: :mod:`lightllm.server.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
+    """
     parser = make_argument_parser()
     args = parser.parse_args(argv)
     init_logging(args.log_level)
@@ -209,29 +237,52 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         import torch
 
         validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        from lightllm.server.http_front_door import open_front_door
         from lightllm.server.http_server_options import AuthPolicy
 
-        AuthPolicy.from_args(args).check_cluster(args.run_mode)
+        auth = AuthPolicy.from_args(args)
+        auth.check_cluster(args.run_mode)
+        # Before anything loads: a taken port is a one-line error within a second, not after the model.
+        front_door = open_front_door(args)
+    except PortUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PORT_UNAVAILABLE
+    except (ArgumentError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    warn_if_reachable_without_key(args, auth)
+    try:
+        return _prepare_and_serve(args, front_door)
+    finally:
+        front_door.close()
+
+
+def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int:
+    """Read the model's config, plan, bind the PD ports, then start and serve; returns the exit code."""
+    pd_node_info = transfer_ports = None
+    try:
         if args.run_mode == "pd_master":
             # One process, no children, no shared memory, no weights.
             from lightllm.server.httpserver_for_pd_master.master_start import run_pd_master
 
-            return run_pd_master(args)
+            return run_pd_master(args, front_door)
         model_config = ModelConfig.from_dir(args.model_dir)
         sizing = plan_sizing(args, model_config, resolve_device(args))
         args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
-        pd_node_info = transfer_ports = None
         if args.run_mode in ("prefill", "decode"):
             # Imported here, like the HTTP modules below: the spawned children re-import this module.
             from lightllm.server.pd.node_launch import prepare_pd_node
 
             # Before any process starts: the ranks and the registration must see one transfer port.
             pd_node_info, transfer_ports = prepare_pd_node(args, model_config, sizing)
+    except PortUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PORT_UNAVAILABLE
     except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID_CONFIG
     try:
-        return _start_and_serve(args, sizing, model_config, pd_node_info, transfer_ports)
+        return _start_and_serve(args, sizing, model_config, pd_node_info, transfer_ports, front_door)
     finally:
         if transfer_ports is not None:
             transfer_ports.close()
@@ -243,6 +294,7 @@ def _start_and_serve(
     model_config: ModelConfig,
     pd_node_info: Optional["NodeInfo"],
     transfer_ports: Optional[TransferPortBlock],
+    front_door: "FrontDoor",
 ) -> int:
     """Start every process and serve HTTP until stopped; returns the exit code."""
     log.info(
@@ -262,7 +314,7 @@ def _start_and_serve(
         procs, http_config = start_processes(args, sizing, model_config, transfer_ports)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     from lightllm.server.api_http import create_app
     from lightllm.server.httpserver.manager import HttpServerManager
     from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
@@ -280,14 +332,27 @@ def _start_and_serve(
             pd_node = PdNodeRuntime(args, pd_node_info, manager, http_options.auth.cluster_key)
         app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
         supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
-        server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor)
+        server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor,
+                                                front_door=front_door)
         if pd_node is not None:
             pd_node.attach(app, server, supervisor)
         watch_children(procs, supervisor.child_died)
         if not stop.requested:
             log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
-            server.run()
+            run_uvicorn(server)
         exit_code = stop.exit_code(supervisor)
     finally:
         procs.shutdown()
     return exit_code
+
+
+def run_uvicorn(server: Any) -> None:
+    """``server.run()``; uvicorn's own exit on a failed start (``sys.exit(3)``) is logged, not passed on.
+
+    The launcher's exit code then says the server never started (:data:`EXIT_FAILED`), and exit
+    code 3 keeps its one meaning: a port that could not be bound.
+    """
+    try:
+        server.run()
+    except SystemExit as exc:
+        log.error("the HTTP server failed to start (uvicorn exited with %s)", exc.code)

@@ -8,6 +8,10 @@ cap on open connections. :class:`GuardedH11Protocol` adds
   the connection (or of the first byte of a follow-up request on a keep-alive connection); the
   deadline is not pushed back by further bytes, so dripping one header a second does not help;
 * a connection cap: a connection beyond ``max_connections`` is answered 503 at once and closed;
+* a hand-over from the front door (:mod:`lightllm.server.http_front_door`): a connection it accepted
+  arrives with the bytes it read (``front_door_data``) and the head deadline it started
+  (``front_door_deadline``); the front door enforces the connection limits then, and is told when
+  the connection closes (``front_door_release``);
 * a lingering close: when the server answers before it has read the whole request (413, 408, the
   503 above), it stops writing, then reads and discards input for up to ``LINGER_SECONDS`` before
   closing, so a client still sending its body reads the answer instead of a connection reset;
@@ -22,7 +26,8 @@ import asyncio
 import http
 import json
 import logging
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -74,6 +79,10 @@ class GuardedH11Protocol(H11Protocol):
     """
 
     limits: HttpLimits = HttpLimits()
+    # Set by the front door on a connection it hands over (see the module docstring).
+    front_door_data: bytes = b""
+    front_door_deadline: Optional[float] = None
+    front_door_release: Optional[Callable[[], None]] = None
     _last_refusal_log = float("-inf")
     _refused_since_log = 0
 
@@ -88,7 +97,8 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------------ connection life
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        over_cap = len(self.connections) >= self.limits.max_connections
+        # The front door has counted a connection it hands over against its own limits.
+        over_cap = self.front_door_release is None and len(self.connections) >= self.limits.max_connections
         self._raw = transport
         super().connection_made(_GuardedTransport(transport, self))  # type: ignore[arg-type]
         if over_cap:
@@ -97,7 +107,10 @@ class GuardedH11Protocol(H11Protocol):
                        "retry later")
             self._refuse(raw_json_response(503, message, SERVICE_UNAVAILABLE, "too_many_connections"))
             return
-        self._arm_head_timer()
+        self._arm_head_timer(self.front_door_deadline)
+        if self.front_door_data:
+            data, self.front_door_data = self.front_door_data, b""
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
@@ -121,6 +134,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._lost = True
+        if self.front_door_release is not None:
+            self.front_door_release()
         self._cancel_head_timer()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
@@ -190,9 +205,11 @@ class GuardedH11Protocol(H11Protocol):
 
     # ------------------------------------------------------------------ request-head deadline
 
-    def _arm_head_timer(self) -> None:
+    def _arm_head_timer(self, deadline: Optional[float] = None) -> None:
+        """Start the head deadline: ``header_timeout`` from now, or at ``deadline`` (``time.monotonic``)."""
         if self._head_timer is None and not self.lingering:
-            self._head_timer = self.loop.call_later(self.limits.header_timeout, self._on_head_timeout)
+            delay = self.limits.header_timeout if deadline is None else max(0.0, deadline - time.monotonic())
+            self._head_timer = self.loop.call_later(delay, self._on_head_timeout)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:

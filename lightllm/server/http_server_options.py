@@ -24,6 +24,10 @@ MIB = 1 << 20
 # several times what a legitimate request needs while still bounding memory per request.
 BODY_BYTES_PER_CONTEXT_TOKEN = 64
 MIN_DEFAULT_BODY_BYTES = 8 * MIB
+# Beyond --http_max_connections, an eighth more (at least 16) connections may be read to find
+# health probes and requests with an API key among them (see lightllm/server/http_front_door.py).
+RESERVE_SHARE = 8
+RESERVE_MIN_CONNECTIONS = 16
 # File descriptors kept free for the server's own sockets, shared memory and logs.
 RESERVED_FILE_DESCRIPTORS = 256
 
@@ -38,6 +42,17 @@ class HttpLimits:
     body_timeout: float = 60.0
     keep_alive_timeout: float = 5.0
     max_connections: int = 2048
+    # None: half of max_connections, so one client cannot take every connection.
+    max_connections_per_client: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.max_connections_per_client is None:
+            object.__setattr__(self, "max_connections_per_client", max(1, self.max_connections // 2))
+
+    @property
+    def reserve_connections(self) -> int:
+        """Connections beyond the cap whose request head is read, so probes and keyed requests get in."""
+        return max(RESERVE_MIN_CONNECTIONS, self.max_connections // RESERVE_SHARE)
 
     def body_limit(self, max_req_total_len: int) -> int:
         """The body-size limit in bytes, derived from the context length unless given."""
@@ -98,6 +113,8 @@ class HttpServerOptions:
 
     limits: HttpLimits = field(default_factory=HttpLimits)
     auth: AuthPolicy = field(default_factory=AuthPolicy)
+    # --tool_call_parser: the format tool calls are read from (tool_choice "auto"); None refuses "auto".
+    tool_call_parser: Optional[str] = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HttpServerOptions":
@@ -109,8 +126,10 @@ class HttpServerOptions:
             body_timeout=args.http_body_timeout,
             keep_alive_timeout=args.http_keep_alive_timeout,
             max_connections=args.http_max_connections,
+            max_connections_per_client=getattr(args, "http_max_connections_per_client", None),
         )
-        return cls(limits=limits, auth=AuthPolicy.from_args(args))
+        return cls(limits=limits, auth=AuthPolicy.from_args(args),
+                   tool_call_parser=getattr(args, "tool_call_parser", None))
 
 
 def ensure_file_descriptors(max_connections: int) -> None:
@@ -141,7 +160,7 @@ def build_uvicorn_config(app: Any, args: argparse.Namespace, options: HttpServer
 
     from lightllm.server.http_protocol import guarded_protocol_class
 
-    ensure_file_descriptors(options.limits.max_connections)
+    ensure_file_descriptors(options.limits.max_connections + options.limits.reserve_connections)
     settings: dict[str, Any] = dict(
         host=args.host,
         port=args.port,

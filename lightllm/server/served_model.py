@@ -50,8 +50,9 @@ def encode_chat_messages(
     chat_template_kwargs: Optional[Dict[str, Any]] = None,
 ) -> List[int]:
     """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model has no chat template; use /v1/completions")
+    # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
+    if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
+        raise ValueError("this model has no chat template; send chat_template or use /v1/completions")
     try:
         text = tokenizer.apply_chat_template(
             messages,

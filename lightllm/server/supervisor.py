@@ -21,9 +21,15 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import uvicorn
+
+from lightllm.utils.gc_tuning import freeze_startup_objects
+
+if TYPE_CHECKING:
+    from lightllm.server.http_front_door import FrontDoor
+    from lightllm.server.http_health import Readiness
 
 log = logging.getLogger("lightllm.supervisor")
 
@@ -115,15 +121,56 @@ class Supervisor:
 
 
 class SupervisedServer(uvicorn.Server):
-    """A uvicorn server whose stop signals go to a :class:`Supervisor` and whose shutdown is bounded."""
+    """A uvicorn server whose stop signals go to a :class:`Supervisor` and whose shutdown is bounded.
 
-    def __init__(self, config: uvicorn.Config, supervisor: Supervisor):
+    With a ``front_door`` (the launchers), uvicorn listens on nothing itself: the front door owns
+    the listening sockets and hands connections to this server's loop from :meth:`startup` until
+    :meth:`shutdown`; ``readiness`` then answers its readiness probes.
+    """
+
+    def __init__(self, config: uvicorn.Config, supervisor: Supervisor, front_door: Optional["FrontDoor"] = None,
+                 readiness: Optional["Readiness"] = None):
         current = config.timeout_graceful_shutdown
         if current is None or current > CONNECTION_GRACE_SECONDS:
             config.timeout_graceful_shutdown = CONNECTION_GRACE_SECONDS
         super().__init__(config)
         self.supervisor = supervisor
+        self.front_door = front_door
+        if front_door is not None:
+            from lightllm.server.http_health import manager_readiness
+
+            readiness = readiness or manager_readiness(supervisor.manager)
+        self.readiness = readiness
         supervisor.server = self
+
+    async def startup(self, sockets: Optional[list] = None) -> None:
+        """uvicorn's start-up; with a front door, no listener of its own and hand-over from the front door."""
+        if self.front_door is None:
+            await super().startup(sockets)
+            return
+        await super().startup(sockets=[])
+        if not self.started:
+            return
+        freeze_startup_objects()
+        loop = asyncio.get_running_loop()
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+
+        def make_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=state, app_state=app_state,  # type: ignore[call-arg]
+                                              _loop=loop)
+
+        from lightllm.server.http_health import SampledReadiness
+
+        assert self.readiness is not None
+        if isinstance(self.readiness, SampledReadiness):
+            self.readiness.start(loop)
+        self.front_door.serve(loop, make_protocol, self.readiness)
+
+    async def shutdown(self, sockets: Optional[list] = None) -> None:
+        """uvicorn's shutdown; the front door answers new connections 503 from now on."""
+        if self.front_door is not None:
+            self.front_door.stop_serving()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
         """Replaces uvicorn's immediate stop with the supervisor's drain."""

@@ -68,25 +68,58 @@ SPECIAL_TOKENS = DemoSpecialTokens()
 
 
 def build_chat_template(special: DemoSpecialTokens = SPECIAL_TOKENS) -> str:
-    """Jinja chat template: BOS, then one ChatML block per system/user/assistant message.
+    """Jinja chat template: BOS, then one ChatML block per message, with Qwen2-style tool calling.
 
     ``content`` may be a string, a list of OpenAI-style parts (only ``text`` parts are
-    rendered) or null (rendered empty).  Any other role raises, so a caller passing an
-    unsupported role learns it instead of getting a silently wrong prompt.
+    rendered) or null (rendered empty).  With ``tools`` a system block lists them as JSON and
+    asks for calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the format
+    of ``--tool_call_parser hermes``); an assistant message's ``tool_calls`` are rendered that
+    way, and ``tool`` messages as ``<tool_response>`` blocks of a user turn.  Any other role
+    raises, so a caller passing an unsupported role learns it instead of getting a silently
+    wrong prompt.
     """
     start, end = special.im_start, special.im_end
+    tools_intro = (
+        "You can call these functions. Each one is described by a JSON object inside <tools></tools>:\\n<tools>"
+    )
+    tools_outro = (
+        "\\n</tools>\\n\\nTo call a function, answer with a JSON object holding its name and arguments "
+        "inside tool_call tags:\\n<tool_call>\\n{\"name\": <function name>, \"arguments\": <JSON object>}\\n</tool_call>"
+    )
     return (
         "{{- bos_token }}"
-        "{%- for message in messages %}"
-        "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
-        "{{- raise_exception('demo chat template supports roles system, user and assistant, got ' + message['role']|string) }}"
+        "{%- if tools %}"
+        "{{- '" + start + "system\\n' }}"
+        "{%- if messages and messages[0]['role'] == 'system' and messages[0]['content'] is string %}"
+        "{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+        "{{- '" + tools_intro + "' }}"
+        "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+        "{{- '" + tools_outro + end + "\\n' }}"
         "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+        "{{- raise_exception('demo chat template supports roles system, user, assistant and tool, got ' + message['role']|string) }}"
+        "{%- endif %}"
+        "{%- if tools and loop.first and message['role'] == 'system' and message['content'] is string %}"
+        "{%- elif message['role'] == 'tool' %}"
+        "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '" + start + "user' }}{%- endif %}"
+        "{{- '\\n<tool_response>\\n' }}{{- message['content'] }}{{- '\\n</tool_response>' }}"
+        "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '" + end + "\\n' }}{%- endif %}"
+        "{%- else %}"
         "{{- '" + start + "' + message['role'] + '\\n' }}"
         "{%- if message['content'] is string %}{{- message['content'] }}"
         "{%- elif message['content'] is iterable %}"
         "{%- for part in message['content'] %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
         "{%- endif %}"
+        "{%- if message['role'] == 'assistant' and message['tool_calls'] %}"
+        "{%- for call in message['tool_calls'] %}"
+        "{%- if (loop.first and message['content']) or not loop.first %}{{- '\\n' }}{%- endif %}"
+        "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+        "{{- call['function']['arguments'] | tojson }}{{- '}\\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{%- endif %}"
         "{{- '" + end + "\\n' }}"
+        "{%- endif %}"
         "{%- endfor %}"
         "{%- if add_generation_prompt %}{{- '" + start + "assistant\\n' }}{%- endif %}"
     )

@@ -291,8 +291,9 @@ def test_vllm_metrics_count_what_the_responses_report(tiny_server):
     assert dashboard_problems(dashboard, text) == []
 
 
-def test_n_choices_count_their_prompt_once(tiny_server):
-    """With n > 1 the prompt is counted once per request (as vLLM counts it), its choices once each."""
+def test_n_choices_count_their_prompt_once_per_choice(tiny_server):
+    """With n > 1 the prompt is counted once per choice in the vLLM counters (as vLLM 0.32 counts it),
+    once in the response's usage."""
     client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
     tiny_server.wait_idle()
     _, before = _scrape(tiny_server.url)
@@ -307,7 +308,7 @@ def test_n_choices_count_their_prompt_once(tiny_server):
         return _total(after, name, model_name=tiny_server.model_name, **labels) - _total(
             before, name, model_name=tiny_server.model_name, **labels)
 
-    prompts = out.usage.prompt_tokens + native["prompt_tokens"]
+    prompts = 3 * out.usage.prompt_tokens + 2 * native["prompt_tokens"]
     assert len(out.choices) == 3 and len(native["generated_text"]) == 2
     assert delta("vllm:prompt_tokens_total") == prompts
     assert delta("vllm:prefix_cache_queries_total") == prompts

@@ -18,8 +18,12 @@ from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions
 def test_models_lists_the_served_model(client: TestClient) -> None:
     data = client.get("/v1/models").json()
     assert data["object"] == "list"
-    assert data["data"] == [{"id": MODEL, "object": "model", "created": 0, "owned_by": "lightllm",
-                             "max_model_len": 64}]
+    [card] = data["data"]
+    assert {key: card[key] for key in ("id", "object", "created", "owned_by", "max_model_len", "root", "parent")} == {
+        "id": MODEL, "object": "model", "created": 0, "owned_by": "lightllm", "max_model_len": 64, "root": MODEL,
+        "parent": None}
+    # vLLM's shape: `vllm bench serve` without --model reads data[0]["root"].
+    assert card["permission"][0]["object"] == "model_permission"
     assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
     assert_error(client.get("/v1/models/other"), 404, "model", "model_not_found")
 
@@ -127,8 +131,8 @@ def test_native_lightllm_parameters(client: TestClient, manager: FakeManager) ->
     assert answer["finish_reason"] == ["stop", "stop"] and answer["count_output_tokens"] == [3, 3]
     assert all(call.prompt_ids == manager.encode_prompt("hi there", add_special_tokens=False)
                for call in manager.calls)
-    # The prompt is counted in the token metrics by the first choice only.
-    assert [call.count_prompt for call in manager.calls] == [True, False]
+    # Each choice counts the prompt in the token metrics, as vLLM counts it once per sequence.
+    assert [call.count_prompt for call in manager.calls] == [True, True]
     params = manager.calls[0].params
     assert params.skip_special_tokens is False and params.input_penalty is True
     assert params.print_eos_token is False and params.exponential_decay_start is None

@@ -185,8 +185,24 @@ def test_chat_template_accepts_text_parts_and_rejects_unknown_roles(tiny_llama_d
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert tok.apply_chat_template(parts, tokenize=False) == "<s><|im_start|>user\nab<|im_end|>\n"
-    with pytest.raises(jinja2.exceptions.TemplateError, match="got tool"):
-        tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+    with pytest.raises(jinja2.exceptions.TemplateError, match="got wizard"):
+        tok.apply_chat_template([{"role": "wizard", "content": "x"}], tokenize=False)
+
+
+def test_chat_template_renders_tools_and_tool_calls_qwen2_style(tiny_llama_dir: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "1", "content": "sunny"}]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<s><|im_start|>system\nBe brief.\n\n") and text.count("Be brief.") == 1
+    assert '\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' \
+        '<|im_end|>' in text
+    assert text.endswith("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
+                         "<|im_start|>assistant\n")
 
 
 def test_small_preset_runs_past_2k_tokens(small_llama_dir: Path) -> None:

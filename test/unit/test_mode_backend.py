@@ -27,9 +27,10 @@ def _prompts(n_list, seed=3):
     return [torch.randint(5, 1000, (n,), generator=gen).tolist() for n in n_list]
 
 
-def _backend(model, kv_tokens, strategy="default", prefix_cache=True, budget=64, chunk=32):
+def _backend(model, kv_tokens, strategy="default", prefix_cache=True, budget=64, chunk=32, mixed=False):
     context = InferenceContext(model.new_kv_cache(kv_tokens), ReqManager(16, 600), use_prefix_cache=prefix_cache)
-    return build_rank_backend("normal", model, context, build_prefill_queue_strategy(strategy), StepPlanner(budget, chunk), Sampler(0), [2], 600)
+    return build_rank_backend("normal", model, context, build_prefill_queue_strategy(strategy),
+                              StepPlanner(budget, chunk, mixed=mixed), Sampler(0), [2], 600)
 
 
 def _run(backend):
@@ -43,15 +44,39 @@ def _run(backend):
     return outputs, statuses, paused
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["separate", "mixed"])
 @pytest.mark.parametrize("strategy", ["default", "promote_shortest", "hrrn"])
 @pytest.mark.parametrize("kv_tokens", [4096, 300])
-def test_outputs_match_plain_greedy_even_under_kv_pressure(model, strategy, kv_tokens):
+def test_outputs_match_plain_greedy_even_under_kv_pressure(model, strategy, kv_tokens, mixed):
     prompts = _prompts([5, 70, 33, 9, 120, 64])
     expected = BatchGenerator(model, 4096).greedy_generate(prompts, 20)
-    backend = _backend(model, kv_tokens, strategy)
+    backend = _backend(model, kv_tokens, strategy, mixed=mixed)
     for i, prompt in enumerate(prompts):
         backend.add_request(i, prompt, SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
-    outputs, statuses, paused = _run(backend)
+    forwards_per_step, forward = [], model.forward
+
+    def counting_forward(*args, **kwargs):
+        forwards_per_step[-1] += 1
+        return forward(*args, **kwargs)
+
+    step = backend.step
+
+    def counting_step():
+        forwards_per_step.append(0)
+        report = step()
+        if report.decode_batch_size and report.prefill_token_num:
+            forwards_per_step[-1] = -forwards_per_step[-1]  # a step that ran both kinds of work
+        return report
+
+    model.forward, backend.step = counting_forward, counting_step
+    try:
+        outputs, statuses, paused = _run(backend)
+    finally:
+        model.forward = forward
+    both = [n for n in forwards_per_step if n < 0]
+    assert both, "the workload must have steps with decode rows and prefill chunks"
+    # Mixed: one forward carries both (its prefill tokens count the decode rows too); else two.
+    assert set(both) == ({-1} if mixed else {-2})
     assert [outputs[i] for i in range(len(prompts))] == expected
     assert set(statuses.values()) == {FINISH_LENGTH}
     if kv_tokens == 300:

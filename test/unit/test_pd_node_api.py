@@ -204,15 +204,16 @@ def test_busy_segment_end_and_errors_end_the_stream_and_are_counted(node: NodeAp
 
 
 def test_prefill_stream_carries_prompt_logprobs_and_passes_priority(node: NodeApp) -> None:
-    first = token(21, prompt_logprobs=[(5, -1.5, {5: -1.5, 8: -2.0})]).token
+    first = token(21, prompt_logprobs=[(5, -1.5, {5: -1.5, 8: -2.0}, 1)]).token
     node.prefill.script = [PdNodeEvent(kind="token", token=first),
                            PdNodeEvent(kind="handed_off", transfer_seconds=0.5, transfer_bytes=4096)]
     response = httpx.post(f"{node.prefill_url}/pd/node/prefill",
                           json=prefill_body(segment_index=2, infer_high_priority=-1, kv_start=3,
                                             high_priority_request=True), timeout=10)
     got = lines(response)
-    assert got[0]["prompt_logprobs"] == [[5, -1.5, {"5": -1.5, "8": -2.0}]]
-    assert token_from_line(got[0], 7, 3, 1).prompt_logprobs == [(5, -1.5, {5: -1.5, 8: -2.0})]
+    assert got[0]["prompt_logprobs"] == [[5, -1.5, {"5": -1.5, "8": -2.0}, 1]]
+    # The prompt token's rank travels with its logprob.
+    assert token_from_line(got[0], 7, 3, 1).prompt_logprobs == [(5, -1.5, {5: -1.5, 8: -2.0}, 1)]
     assert got[1] == {"event": "handed_off"}
     call = node.prefill.calls[-1]
     assert (call["kv_start"], call["infer_high_priority"], call["segment_index"]) == (3, -1, 2)

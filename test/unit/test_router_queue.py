@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
-from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
+from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq, RunningRequests
 
 
 def _req(rid, input_len=10, new=10, high=False):
@@ -152,7 +152,7 @@ def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
     overtaken = {}  # normal request id -> high-priority tokens admitted after it arrived
     sizes = {}
     for op, high, size in ops:
-        waiting = {r.request_id for lane in (queue._high, queue._normal) for r in lane}
+        waiting = {r.request_id for r in queue.waiting_requests()}
         if op == "new":
             waiting_ahead[next_id] = sum(sizes[rid] for rid in waiting)
             sizes[next_id] = size
@@ -192,3 +192,96 @@ def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
             break
         queue.release(next(iter(queue.running)))
     assert len(queue) == 0
+
+
+# --- incremental bookkeeping: the running total and O(1) aborts ---------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["new", "new", "admit", "release", "abort", "abort_missing", "direct", "del"]),
+            st.booleans(),
+            st.integers(1, 300),
+            st.integers(0, 10**6),
+        ),
+        min_size=1,
+        max_size=100,
+    )
+)
+def test_running_total_and_waiting_lanes_match_a_plain_model(ops):
+    """After any sequence of arrivals, admissions, releases, aborts (of waiting, running or unknown
+    requests) and direct writes to the running set, the kept total equals the sum over the running
+    set and the waiting requests are exactly a plain per-lane FIFO model's."""
+    queue = NormalReqQueue(capacity_tokens=2000, running_max_req_size=6)
+    model_waiting = []  # every waiting request, in arrival order
+    next_id = 0
+    for op, high, size, pick in ops:
+        if op == "new":
+            req = _req(next_id, size, size // 3 + 1, high=high)
+            next_id += 1
+            queue.append(req)
+            model_waiting.append(req)
+        elif op == "admit":
+            admitted = queue.admit()
+            for req in admitted:
+                model_waiting.remove(req)
+        elif op == "release" and queue.running:
+            queue.release(list(queue.running)[pick % len(queue.running)])
+        elif op == "abort" and model_waiting:
+            req = model_waiting[pick % len(model_waiting)]
+            assert queue.remove_waiting(req.request_id) is req
+            model_waiting.remove(req)
+            assert queue.remove_waiting(req.request_id) is None  # a second abort finds nothing
+        elif op == "abort_missing":
+            assert queue.remove_waiting(10**9 + pick) is None
+        elif op == "direct":
+            # What the router does for a decode node's prefilled arrival (and a replaced entry).
+            key = 10**7 + pick % 5
+            queue.running[key] = _req(key, size, 1)
+        elif op == "del" and queue.running:
+            key = list(queue.running)[pick % len(queue.running)]
+            if pick % 2:
+                del queue.running[key]
+            else:
+                queue.running.pop(key)
+        assert queue.projected_running_tokens() == sum(r.projected_token_num for r in queue.running.values())
+        expected = [r for r in model_waiting if r.high_priority_request] + [
+            r for r in model_waiting if not r.high_priority_request
+        ]
+        assert queue.waiting_requests() == expected
+        assert len(queue) == len(expected)
+        # A lane's head is never an aborted request (admission looks only at heads).
+        assert all(lane[0] in expected for lane in (queue._high, queue._normal) if lane)
+
+
+def test_running_set_keeps_its_total_through_every_dict_operation():
+    running = RunningRequests([(1, _req(1, 10, 5))])
+    assert running.projected_tokens == 15
+    running[1] = _req(1, 20, 5)  # replaced, not added
+    running.setdefault(2, _req(2, 1, 1))
+    running.setdefault(2, _req(2, 100, 100))  # present: unchanged
+    running.update({3: _req(3, 3, 3)}, **{})
+    running |= {4: _req(4, 4, 4)}
+    assert running.projected_tokens == 25 + 2 + 6 + 8
+    assert running.pop(99, None) is None
+    with pytest.raises(KeyError):
+        running.pop(99)
+    with pytest.raises(KeyError):
+        del running[99]
+    running.popitem()
+    assert running.projected_tokens == 25 + 2 + 6
+    running.clear()
+    assert running.projected_tokens == 0 and not running
+
+
+def test_an_aborted_request_deep_in_the_lane_is_skipped_at_admission():
+    queue = NormalReqQueue(capacity_tokens=10**6, running_max_req_size=100)
+    for rid in range(6):
+        queue.append(_req(rid))
+    queue.remove_waiting(3)
+    queue.remove_waiting(0)  # the head: dropped at once
+    assert [r.request_id for r in queue.waiting_requests()] == [1, 2, 4, 5]
+    assert [r.request_id for r in queue.admit()] == [1, 2, 4, 5]
+    assert len(queue) == 0 and not queue._normal

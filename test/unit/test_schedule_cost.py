@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from lightllm.benchmark.simulator import schedule_cost
+from lightllm.benchmark.simulator import schedule_cost, schedule_cost_server
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
 from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER
+from lightllm.server.router.model_infer.mode_backend.step_engine import StepEngine
+from lightllm.server.router.model_infer.request_state import ReqState
+from lightllm.server.router.req_queue.normal_queue import NormalReqQueue
 
 
 def test_queue_has_the_requested_decode_and_prefill_requests() -> None:
@@ -28,7 +31,9 @@ def test_command_line_prints_a_row_per_strategy_and_writes_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "cost.json"
-    rows = schedule_cost.main(["--sizes", "6", "--repeats", "2", "--warmup", "1", "--json", str(out)])
+    rows = schedule_cost.main(
+        ["--layout", "engine", "--sizes", "6", "--repeats", "2", "--warmup", "1", "--json", str(out)]
+    )
     names = available_strategy_names()
     assert [row.strategy for row in rows] == names
     assert all(row.waiting == 6 and row.running == 0 for row in rows)
@@ -36,9 +41,83 @@ def test_command_line_prints_a_row_per_strategy_and_writes_json(
     assert all(f"| {name} | 6 |" in table for name in names)
     saved = json.loads(out.read_text())
     assert [entry["strategy"] for entry in saved] == names
+    assert all(entry["layout"] == "engine" for entry in saved)
     assert all(entry["total_ms"] >= 0 for entry in saved)
 
 
 def test_bad_repeats_are_rejected() -> None:
     with pytest.raises(ValueError):
         schedule_cost.measure("default", 4, repeats=0)
+
+
+# --- the server layout: waiting requests in the router, a full batch in the engine ---------------
+
+
+def test_server_layout_keeps_n_waiting_in_the_router_and_m_running_in_the_engine() -> None:
+    layout = schedule_cost_server.ServerLayout("hrrn", running=6, waiting=10, seed=3)
+    # The simulator's own objects: the router's queue and a real step engine.
+    assert isinstance(layout.router, NormalReqQueue) and isinstance(layout.backend, StepEngine)
+    assert layout.router.running_max_req_size == 6
+    for index in range(40):
+        admit_s, schedule_s, step_s = layout.step()
+        assert admit_s >= 0 and schedule_s >= 0 and step_s >= 0
+        # Every admission round starts from exactly N waiting requests and fills the batch.
+        assert layout.waiting_at_admit == 10
+        assert layout.running_after_admit == 6
+        assert layout.engine_requests == 6
+    decoding, prefilling = layout.counts()
+    assert decoding + prefilling == 6 and decoding > 0
+    states = {req.state for req in layout.backend.requests.values()}
+    assert ReqState.DECODING in states
+    # Prompts are not multiples of the chunk size (the last chunk is a partial one).
+    prompts = [arrival.prompt_len for arrival in layout.sim._arrivals.values()]
+    assert any(prompt % schedule_cost_server.BUDGET for prompt in prompts)
+    low, high = schedule_cost_server.PROMPT_RANGE
+    assert all(low <= prompt <= high for prompt in prompts)
+
+
+def test_server_layout_mixes_decoding_and_prefilling_requests_at_a_larger_batch() -> None:
+    # Thirty steps into a batch of 60 fresh prompts (about one prompt per 1,024-token step), part
+    # of the batch decodes while the rest waits for or runs its prefill.
+    layout = schedule_cost_server.ServerLayout("default", running=60, waiting=5, seed=1)
+    for _ in range(30):
+        layout.step()
+    decoding, prefilling = layout.counts()
+    assert decoding > 0 and prefilling > 0 and decoding + prefilling == 60
+
+
+def test_server_rows_cover_every_strategy_and_size_and_are_saved_with_their_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cost.json"
+    rows = schedule_cost.main(
+        ["--sizes", "12", "4", "--running", "5", "--server-warmup", "15", "--server-repeats", "2"]
+        + ["--repeats", "1", "--warmup", "0", "--json", str(out)]
+    )
+    names = available_strategy_names()
+    server = [row for row in rows if isinstance(row, schedule_cost_server.ServerCostRow)]
+    engine = [row for row in rows if isinstance(row, schedule_cost.CostRow)]
+    # Server rows per strategy in ascending router size, then the engine-only rows.
+    assert [(row.strategy, row.waiting) for row in server] == [(name, size) for name in names for size in (4, 12)]
+    assert rows == server + engine and len(engine) == 2 * len(names)
+    for row in server:
+        assert row.running == 5 and row.decoding + row.prefilling == 5 and row.repeats == 2
+        assert 0 <= row.admit_ms <= row.admit_max_ms
+        assert 0 <= row.schedule_ms <= row.schedule_max_ms
+        assert 0 <= row.step_ms <= row.step_max_ms
+    table = capsys.readouterr().out
+    assert "Server layout" in table and "Engine-only layout" in table
+    assert all(f"| {name} | 12 | 5 |" in table for name in names)
+    saved = json.loads(out.read_text())
+    assert [entry["layout"] for entry in saved] == ["server"] * len(server) + ["engine"] * len(engine)
+
+
+def test_bad_server_layout_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match="running"):
+        schedule_cost_server.ServerLayout("default", running=0)
+    with pytest.raises(ValueError, match="repeats"):
+        schedule_cost_server.measure_server("default", 4, [2], repeats=0)
+    with pytest.raises(ValueError, match="waiting"):
+        schedule_cost_server.measure_server("default", 4, [-1])
+    with pytest.raises(SystemExit):
+        schedule_cost.main(["--layout", "server", "--running", "0"])

@@ -72,7 +72,7 @@ def test_output_is_published_and_read_back_through_typed_methods(shm):
     owner, other = shm
     owner.write_request(0, 7, [5, 6], _params(logprobs=1, prompt_logprobs=1, stop_sequences=["END"]))
     assert other.set_prompt_cache_len(0, 7, 1)
-    assert other.publish_prompt_logprobs(0, 7, [(1, -0.25, [(6, -0.25)])])
+    assert other.publish_prompt_logprobs(0, 7, [(1, -0.25, [(6, -0.25)], 1)])
     assert other.publish_token(0, 7, 40, -0.5, [(40, -0.5)])
     snapshot = owner.read_output(0, 7, 0)
     assert (snapshot.token_ids, snapshot.logprobs, snapshot.finish_status) == ([40], [-0.5], FINISH_NONE)
@@ -81,7 +81,7 @@ def test_output_is_published_and_read_back_through_typed_methods(shm):
     assert other.set_finish_status(0, 7, FINISH_LENGTH)
     tail = owner.read_output(0, 7, 1)
     assert (tail.output_len, tail.token_ids, tail.finish_status) == (2, [41], FINISH_LENGTH)
-    assert owner.prompt_logprobs(0, 7) == [(6, -0.25, [(6, -0.25)])]
+    assert owner.prompt_logprobs(0, 7) == [(6, -0.25, [(6, -0.25)], 1)]
     options = owner.decode_options(0, 7)
     assert (options.prompt_ids, options.stop_sequences) == ([5, 6], ["END"])
 

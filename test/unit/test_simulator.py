@@ -195,6 +195,45 @@ def test_every_request_finishes_with_exact_output_and_kv_returns() -> None:
     assert len(set(firsts)) == len(firsts)
 
 
+def test_mixed_batches_run_decode_rows_inside_the_prefill_forward(tmp_path: Path) -> None:
+    config = SimServerConfig(batch_max_tokens=256, chunked_prefill_size=256, mixed_batches=True)
+    sim = Simulator(make_profile(max_total_token_num=30000), "hrrn", config)
+    calls = {"prefill": 0, "decode": 0, "mixed": 0}
+    prefill, decode = sim.executor.prefill, sim.executor.decode
+
+    def counting_prefill(chunks):
+        calls["prefill"] += 1
+        calls["mixed"] += any(c.start >= c.req.input_len for c in chunks)  # a decode row rides along
+        return prefill(chunks)
+
+    def counting_decode(reqs):
+        calls["decode"] += 1
+        return decode(reqs)
+
+    sim.executor.prefill, sim.executor.decode = counting_prefill, counting_decode
+    sim.add_workload(small_long_first()[:10])
+    result = sim.run()
+    assert all(r.success and r.output_tokens == r.requested_output_tokens for r in result.records)
+    assert sim.kv.used == 0 and calls["mixed"] > 0 and calls["decode"] > 0  # decode alone once prompts are done
+    # The same run without mixed batches never puts a decode row in a prefill forward.
+    plain = Simulator(make_profile(max_total_token_num=30000), "hrrn",
+                      SimServerConfig(batch_max_tokens=256, chunked_prefill_size=256))
+    plain_prefill = plain.executor.prefill
+    seen = []
+    plain.executor.prefill = lambda chunks: seen.append(any(c.start >= c.req.input_len for c in chunks)) or plain_prefill(chunks)
+    plain.add_workload(small_long_first()[:10])
+    plain.run()
+    assert seen and not any(seen)
+    # The CLI flag reaches the node: the same case, mixed or not, runs a different number of steps.
+    steps = []
+    for extra in ([], ["--mixed-batches"]):
+        out = tmp_path / f"run{len(extra)}.json"
+        assert cli_main(["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "--strategies", "hrrn",
+                         "--json", str(out)] + extra) == 0
+        steps.append([r["steps"] for r in json.loads(out.read_text())["results"]])
+    assert steps[0] != steps[1]
+
+
 def test_kv_starved_decode_requests_pause_and_resume() -> None:
     # An over-committing router (ratio 2) admits more than the KV pool holds, so decode runs dry.
     sim = Simulator(make_profile(max_total_token_num=64), "default",

@@ -99,7 +99,7 @@ def test_chunked_head_is_truncated_to_the_kv_and_budget_left() -> None:
     by_kv = planner.plan(reqs, 41)
     assert chunks(by_kv) == [(1, 0, 40)]
     assert ids(by_kv.skipped) == [2]
-    mixed = StepPlanner(batch_max_tokens=100, chunked_prefill_size=100).plan(reqs, 1000, mixed=True)
+    mixed = StepPlanner(batch_max_tokens=100, chunked_prefill_size=100, mixed=True).plan(reqs, 1000)
     assert chunks(mixed) == [(1, 0, 99)]
     assert mixed.prefill_token_num == 100
 
@@ -126,24 +126,24 @@ def test_kv_callable_is_called_once() -> None:
 
 def test_mixed_counts_decode_tokens_and_shrinks_prefill_budget() -> None:
     reqs = [decode_req(7), decode_req(8), make_req(1, 99), make_req(2, 98)]
-    planner = StepPlanner(batch_max_tokens=100)
+    planner, mixed_planner = StepPlanner(batch_max_tokens=100), StepPlanner(batch_max_tokens=100, mixed=True)
     separate = planner.plan(reqs, 1000)
     assert chunks(separate) == [(1, 0, 99)]
     assert separate.prefill_token_num == 99
-    mixed = planner.plan(reqs, 1000, mixed=True)
+    mixed = mixed_planner.plan(reqs, 1000)
     assert ids(mixed.decode_reqs) == [7, 8]
     # The unchunked head no longer fits next to the decodes, and nothing overtakes it.
     assert chunks(mixed) == []
     assert ids(mixed.skipped) == [1, 2]
     assert mixed.prefill_token_num == 2
-    fits = planner.plan([decode_req(7), make_req(2, 98), make_req(1, 99)], 1000, mixed=True)
+    fits = mixed_planner.plan([decode_req(7), make_req(2, 98), make_req(1, 99)], 1000)
     assert chunks(fits) == [(2, 0, 98)]
     assert fits.prefill_token_num == 98 + 1
 
 
 def test_mixed_budget_counts_only_decodes_that_got_kv() -> None:
     reqs = [decode_req(7), decode_req(8), decode_req(9), make_req(1, 98)]
-    plan = StepPlanner(batch_max_tokens=100).plan(reqs, 2, mixed=True)
+    plan = StepPlanner(batch_max_tokens=100, mixed=True).plan(reqs, 2)
     assert ids(plan.decode_reqs) == [7, 8]
     assert ids(plan.kv_starved_decode) == [9]
     assert ids(plan.skipped) == [1]
@@ -152,7 +152,7 @@ def test_mixed_budget_counts_only_decodes_that_got_kv() -> None:
 
 def test_mixed_decodes_beyond_budget_leave_no_prefill_room() -> None:
     reqs = [decode_req(i) for i in range(1, 6)] + [make_req(10, 2)]
-    plan = StepPlanner(batch_max_tokens=4).plan(reqs, 100, mixed=True)
+    plan = StepPlanner(batch_max_tokens=4, mixed=True).plan(reqs, 100)
     assert len(plan.decode_reqs) == 5
     assert ids(plan.skipped) == [10] and not plan.has_prefill
     assert plan.prefill_token_num == 5
@@ -224,10 +224,11 @@ def test_submit_prefill_advances_counter_only_for_prefill_plans() -> None:
     decode_only = planner.plan([decode_req(7)], 100)
     assert submit_prefill(decode_only, counter) == 0
     assert counter.value == 0
-    mixed_decode_only = planner.plan([decode_req(7)], 100, mixed=True)
+    mixed_planner = StepPlanner(batch_max_tokens=100, chunked_prefill_size=64, mixed=True)
+    mixed_decode_only = mixed_planner.plan([decode_req(7)], 100)
     assert mixed_decode_only.prefill_token_num == 1
     assert submit_prefill(mixed_decode_only, counter) == 0 and counter.value == 0
-    with_prefill = planner.plan([decode_req(7), make_req(1, 200)], 100, mixed=True)
+    with_prefill = mixed_planner.plan([decode_req(7), make_req(1, 200)], 100)
     assert submit_prefill(with_prefill, counter) == 65
     assert counter.value == 65
     assert chunks(with_prefill) == [(1, 0, 64)]

@@ -154,14 +154,14 @@ def test_dashboard_check_reports_unknown_metrics_and_labels(stats: ShmStats, tmp
     broken = {
         "panels": [
             {"targets": [{"expr": 'rate(vllm:no_such_metric_total{model_name="m"}[1m])'}]},
-            {"panels": [{"targets": [{"expr": 'sum by (engine) (vllm:num_requests_running{model_name="m"})'}]}]},
+            {"panels": [{"targets": [{"expr": 'sum by (zone) (vllm:num_requests_running{model_name="m"})'}]}]},
         ],
         "templating": {"list": [{"type": "query", "query": "label_values(vllm:num_requests_waiting, instance_id)"}]},
     }
     problems = dashboard_problems(broken, exposition)
     assert len(problems) == 3
     assert "vllm:no_such_metric_total is not exported" in problems[0]
-    assert "grouping label 'engine'" in problems[1]
+    assert "grouping label 'zone'" in problems[1]
     assert "no label 'instance_id'" in problems[2]
     saved = tmp_path / "metrics.txt"
     saved.write_text(exposition)
@@ -194,3 +194,31 @@ def test_exposition_matches_prometheus_client_and_escapes_the_model_name(stats: 
         if not s.name.endswith("_created")
     }
     assert ours == reference
+
+
+def test_vllm_series_carry_the_engine_label_and_the_requested_length(stats: ShmStats) -> None:
+    metrics = ServerMetrics("default", stats, "served-id", max_len=1000)
+    metrics.on_finish("stop", 3, 0.5, prompt_tokens=4, first_token_seconds=0.1, max_new_tokens=40)
+    metrics.on_finish("length", 8, 0.5, prompt_tokens=4, first_token_seconds=0.1, max_new_tokens=8)
+    families = _families(metrics)
+    for name in ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"):
+        family = families[name]
+        assert _value(family, f"{name}_count", model_name="served-id", engine="0") == 2
+        assert _value(family, f"{name}_sum", model_name="served-id", engine="0") == 48
+    # vLLM's copies carry engine="0"; the lightllm_* series keep strategy and no engine label.
+    for family in families.values():
+        for sample in family.samples:
+            assert ("engine" in sample.labels) == family.name.startswith("vllm:"), sample
+            assert sample.labels["model_name"] == "served-id"
+    assert _value(families["lightllm_request_max_new_tokens"], "lightllm_request_max_new_tokens_count",
+                  strategy="default") == 2
+
+
+def test_every_documented_finished_reason_is_exported_from_the_start(stats: ShmStats) -> None:
+    reasons = {sample.labels["finished_reason"] for sample in _families(ServerMetrics("default", stats, "m"))[
+        "vllm:request_success"].samples}
+    doc = (DASHBOARD.parents[1] / "EN" / "metrics.md").read_text()
+    assert reasons == {"stop", "length", "abort", "error", "handed_off", "busy", "segment_kv_pressure",
+                       "segment_limit", "transfer_failed"}
+    for reason in reasons:
+        assert f"`{reason}`" in doc, reason

@@ -66,7 +66,7 @@ class Simulator:
         self.strategy = strategy
         self.config = config
         capacity = config.max_total_token_num or profile.max_total_token_num
-        self.planner = StepPlanner(config.batch_max_tokens, config.chunked_prefill_size)
+        self.planner = StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches)
         self.router = NormalReqQueue(
             int(capacity * config.router_token_ratio),
             config.running_max_req_size,

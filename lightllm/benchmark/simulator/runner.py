@@ -137,10 +137,13 @@ def simulate_workload(
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     record_token_times: bool = True,
     overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
+    mixed_batches: bool = False,
 ) -> tuple[List[RequestRecord], int]:
     """Run ``workload`` on the node kind ``mode`` (a 1P1D pair or one node); return records and steps.
 
-    ``overtake_bound`` is the strategy node's overtaking bound.
+    ``overtake_bound`` is the strategy node's overtaking bound; ``mixed_batches`` runs a normal
+    node's decode rows inside its prefill forward (a prefill node never decodes, a decode node
+    never prefills, so a 1P1D pair is the same either way).
     """
     if mode == "1p1d":
         return simulate_1p1d(
@@ -158,6 +161,7 @@ def simulate_workload(
         running_max_req_size,
         record_token_times=record_token_times,
         overtake_bound=overtake_bound,
+        mixed_batches=mixed_batches,
     )
     return simulate_single_node(profile, workload, strategy, config)
 
@@ -207,6 +211,7 @@ def simulate_case(
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     keep_records: bool = False,
     overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
+    mixed_batches: bool = False,
 ) -> CaseResult:
     """Simulate one scenario on one node kind with one prefill budget and strategy.
 
@@ -223,6 +228,7 @@ def simulate_case(
         budget,
         running_max_req_size,
         overtake_bound=overtake_bound,
+        mixed_batches=mixed_batches,
     )
     metrics, summary = case_metrics(records)
     return CaseResult(
@@ -244,6 +250,7 @@ def run_matrix(
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE,
     progress: Optional[Callable[[CaseKey], None]] = None,
     overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec(),
+    mixed_batches: bool = False,
 ) -> List[CaseResult]:
     """Every scenario x mode x budget x strategy, in that nesting order."""
     for strategy in strategies:
@@ -267,6 +274,7 @@ def run_matrix(
                             seed,
                             running_max_req_size,
                             overtake_bound=overtake_bound,
+                            mixed_batches=mixed_batches,
                         )
                     )
     return results

@@ -1,5 +1,11 @@
 """Cost of the scheduling phases of one step at scale, per prefill-queue strategy.
 
+Two layouts are measured.  The *server layout* (:mod:`.schedule_cost_server`): N requests wait in
+the router's queue and ``--running_max_req_size`` requests run in the rank's engine, which orders
+only those; it times the router's admission and the engine's whole step minus the forward.  The
+*engine-only layout* (this module) hands all N waiting requests to the engine at once, as if
+``--running_max_req_size`` were raised to N:
+
 A step of the :class:`~lightllm.server.router.model_infer.mode_backend.step_engine.StepEngine`
 spends its non-forward time in three phases whose cost grows with the queue: *order* (the
 strategy's ``reorder``, which classifies decode vs prefill and orders the prefill requests),
@@ -9,7 +15,8 @@ counter and the strategy's overtaking-bound charge, as ``StepEngine.run_prefill`
 module builds N waiting prefill requests and M running decode requests as real ``InferReq``
 objects and times the phases with the server's own objects, for every registered strategy:
 
-    python -m lightllm.benchmark.simulator.schedule_cost [--sizes 100 1000 10000] [--json out.json]
+    python -m lightllm.benchmark.simulator.schedule_cost [--layout both] [--sizes 100 1000 10000]
+        [--running 1000] [--json out.json]
 
 No forward runs after the submit, so the queue itself stays the same from step to step: that is
 the steady state of a long backlog.  A few untimed warm-up steps come first, so lazily bound
@@ -28,7 +35,14 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from lightllm.benchmark.simulator.schedule_cost_server import (
+    DEFAULT_RUNNING,
+    ServerCostRow,
+    run_server,
+    server_markdown_table,
+)
 
 from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
@@ -186,23 +200,64 @@ def markdown_table(rows: Sequence[CostRow]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[CostRow]:
-    """Command line: print the table, optionally write the rows as JSON."""
+def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, CostRow]]:
+    """Command line: print the tables (server layout first), optionally write the rows as JSON.
+
+    Returns the server-layout rows, then the engine-only ones; in the JSON file every row
+    carries its ``layout`` (``server`` or ``engine``).
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", choices=("both", "server", "engine"), default="both", help="default: both")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="waiting requests")
+    parser.add_argument(
+        "--running",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_RUNNING),
+        help="server layout: running requests (= --running_max_req_size)",
+    )
     parser.add_argument("--strategies", nargs="+", choices=available_strategy_names(), help="default: all")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per cell (median reported)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=5, help="engine-only: timed steps per cell (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="engine-only: untimed steps first")
+    parser.add_argument("--server-repeats", type=int, default=30, help="server layout: timed steps per cell")
+    parser.add_argument(
+        "--server-warmup", type=int, default=1500, help="server layout: steps run before timing (to a steady state)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", help="also write the rows to this file")
     args = parser.parse_args(argv)
     if any(size < 0 for size in args.sizes):
         parser.error("--sizes must be >= 0")
-    rows = run(args.sizes, args.strategies, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
-    print(markdown_table(rows))
+    if any(size < 1 for size in args.running):
+        parser.error("--running must be >= 1")
+    if args.server_repeats < 1 or args.server_warmup < 0:
+        parser.error("--server-repeats must be >= 1 and --server-warmup >= 0")
+    rows: List[Union[ServerCostRow, CostRow]] = []
+    saved: List[Dict[str, Any]] = []
+    if args.layout in ("both", "server"):
+        server_rows = run_server(
+            args.sizes,
+            args.running,
+            args.strategies,
+            warmup_steps=args.server_warmup,
+            repeats=args.server_repeats,
+            seed=args.seed,
+        )
+        print("Server layout: waiting requests in the router, running ones in the engine (median / max per step)")
+        print(server_markdown_table(server_rows))
+        rows.extend(server_rows)
+        saved.extend({"layout": "server", **asdict(row)} for row in server_rows)
+    if args.layout in ("both", "engine"):
+        engine_rows = run(args.sizes, args.strategies, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+        if args.layout == "both":
+            print()
+        print("Engine-only layout: every waiting request inside the engine (median per step)")
+        print(markdown_table(engine_rows))
+        rows.extend(engine_rows)
+        saved.extend({"layout": "engine", **asdict(row)} for row in engine_rows)
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump([asdict(row) for row in rows], handle, indent=2)
+            json.dump(saved, handle, indent=2)
             handle.write("\n")
     return rows
 

@@ -32,6 +32,10 @@ class SimServerConfig:
         overtake_bound: the server's overtaking bound (``--prefill_max_overtake_tokens``,
             ``--prefill_overtake_fraction``) every strategy runs under, also at router admission.
             Used when the strategy is given by name.
+        mixed_batches: decode rows ride in the prefill forward, sharing its budget and counted as
+            submitted tokens (the server's default; ``--disable_mixed_batches`` turns it off).
+            Off here by default: the H100 profile's costs were fitted to the seed's engine, which
+            runs a step's prefill and decode as two forwards (docs/EN/simulator.md).
     """
 
     batch_max_tokens: int = 1024
@@ -42,6 +46,7 @@ class SimServerConfig:
     run_mode: str = "normal"
     record_token_times: bool = True
     overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec()
+    mixed_batches: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.overtake_bound, OvertakeBoundSpec):

@@ -40,6 +40,7 @@ class SoakConfig:
     seed: int = 0
     running_max_req_size: int = SEED_RUNNING_MAX_REQ_SIZE
     overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec()
+    mixed_batches: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.overtake_bound, OvertakeBoundSpec):
@@ -119,6 +120,7 @@ def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult
         cfg.running_max_req_size,
         record_token_times=False,
         overtake_bound=cfg.overtake_bound,
+        mixed_batches=cfg.mixed_batches,
     )
     wall = time.perf_counter() - started
     waits = [r.first_token_time - r.send_time for r in records]

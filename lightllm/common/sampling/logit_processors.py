@@ -1,4 +1,4 @@
-"""Logit processors: penalties, the EOS length decay, the ``min_new_tokens`` mask and top-k / top-p / min-p filters.
+"""Logit processors: logit bias, penalties, the EOS length decay, the ``min_new_tokens`` mask and top-k / top-p / min-p filters.
 
 Each works out of place on float32 logits of one :class:`SamplingBatch` and skips itself
 when no row of the batch uses its feature.  The public ``apply_*`` functions check the
@@ -39,6 +39,14 @@ def check_logits(logits: torch.Tensor, batch: SamplingBatch) -> None:
         )
     if logits.device != batch.device:
         raise ValueError(f"logits are on {logits.device} but the batch was built for {batch.device}")
+
+
+def biased(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Every row's ``logit_bias`` added to its logits (out of place; see :func:`apply_logit_bias`)."""
+    if batch.bias_cells is None:
+        return logits
+    # A masked token stays masked: -inf plus a finite bias is still -inf.
+    return logits.reshape(-1).index_add(0, batch.bias_cells, batch.bias_values).view_as(logits)
 
 
 def penalised(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -115,6 +123,15 @@ def min_p_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     # log(0) = -inf: rows without min-p keep every token.
     threshold = logits.max(dim=-1, keepdim=True).values + torch.log(batch.min_p)[:, None]
     return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def apply_logit_bias(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Return float32 logits with each row's ``logit_bias`` values added to their tokens' logits.
+
+    The input tensor is not modified.
+    """
+    check_logits(logits, batch)
+    return biased(logits.to(torch.float32), batch)
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

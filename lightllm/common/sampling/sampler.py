@@ -7,6 +7,8 @@ for rows that carry their own seed.
 
 Processing order (each step works on a float32 copy; the caller's logits are never modified):
 
+0. ``logit_bias`` (:func:`apply_logit_bias`): each row's biases added to its logits, before
+   everything else, as vLLM applies them;
 1. penalties (:func:`apply_penalties`): repetition penalty over prompt + generated tokens,
    then frequency / presence penalties over generated tokens;
 2. the exponential decay length penalty (:func:`apply_exponential_decay`): EOS logits raised
@@ -32,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from lightllm.common.sampling.logit_processors import (
+    biased,
     check_logits,
     eos_decayed,
     min_p_filtered,
@@ -99,7 +102,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32)."""
         check_logits(logits, batch)
-        processed = min_tokens_masked(eos_decayed(penalised(logits.to(torch.float32), batch), batch), batch)
+        processed = logits.to(torch.float32)
+        processed = min_tokens_masked(eos_decayed(penalised(biased(processed, batch), batch), batch), batch)
         greedy_ids = processed.argmax(dim=-1)
         if batch.all_greedy:
             # Every temperature of an all-greedy batch is 1 (x / 1 == x), so no finite logit can

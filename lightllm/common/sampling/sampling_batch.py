@@ -134,6 +134,9 @@ class SamplingBatch:
     decay_rows: torch.Tensor | None = None  # long[R]
     decay_scales: torch.Tensor | None = None  # float32[R]
     decay_eos_ids: torch.Tensor | None = None  # long[E]
+    # logit_bias of every row as flat cells ``row * V + token`` and the values added there.
+    bias_cells: torch.Tensor | None = None  # long[N]
+    bias_values: torch.Tensor | None = None  # float32[N]
 
     @classmethod
     def build(
@@ -200,6 +203,8 @@ class SamplingBatch:
         seeded_rows: list[tuple[int, int]] = []
         decay_rows: list[int] = []
         decay_scales: list[float] = []
+        bias_cells: list[int] = []
+        bias_values: list[float] = []
         for row, param in enumerate(params):
             if not isinstance(param, SamplingParams):
                 raise ValueError(f"params[{row}] must be SamplingParams, got {type(param).__name__}")
@@ -214,6 +219,11 @@ class SamplingBatch:
                 float(param.frequency_penalty),
             ))
             top_k.append(min(param.top_k, vocab_size) if param.top_k_enabled else vocab_size)
+            for token_id, bias in param.logit_bias.items():
+                if not 0 <= token_id < vocab_size:
+                    raise SamplingParamError(f"logit_bias token id {token_id} is outside the vocabulary [0, {vocab_size})")
+                bias_cells.append(row * vocab_size + token_id)
+                bias_values.append(float(bias))
             top_logprobs_counts.append(min(param.logprobs or 0, vocab_size))
             generated = output_ids[row]
             seen, counted = _penalty_histories(param, row, prompt_ids[row], generated, vocab_size, before[row])
@@ -267,4 +277,6 @@ class SamplingBatch:
             decay_rows=torch.tensor(decay_rows, dtype=torch.long, device=device) if decay_rows and eos else None,
             decay_scales=torch.tensor(decay_scales, dtype=torch.float32, device=device) if decay_rows and eos else None,
             decay_eos_ids=torch.tensor(sorted(set(eos)), dtype=torch.long, device=device) if decay_rows and eos else None,
+            bias_cells=torch.tensor(bias_cells, dtype=torch.long, device=device) if bias_cells else None,
+            bias_values=torch.tensor(bias_values, dtype=torch.float32, device=device) if bias_cells else None,
         )

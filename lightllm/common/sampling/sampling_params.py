@@ -14,6 +14,8 @@ fields across unchanged:
 * ``presence_penalty`` / ``frequency_penalty`` use OpenAI semantics over generated tokens
   only: ``logit -= frequency * count + presence * (count > 0)``; with ``input_penalty``
   (LightLLM) prompt tokens count too.
+* ``logit_bias`` (OpenAI) maps token ids to a number in [-100, 100] added to that token's logit
+  before anything else (penalties, masks, temperature); at most 300 entries.
 * ``min_new_tokens`` keeps EOS and stop token ids masked until that many tokens exist.
 * ``exponential_decay_start`` / ``exponential_decay_factor`` (LightLLM's
   ``exponential_decay_length_penalty``, Hugging Face's ``ExponentialDecayLengthPenalty``): once
@@ -36,6 +38,7 @@ from typing import Any, Mapping
 
 from lightllm.common.sampling.storage_width import (
     GRAMMAR_BYTES,
+    MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
     STOP_SEQUENCES_BYTES,
     check_stored_widths,
@@ -48,6 +51,8 @@ PENALTY_LIMIT = 2.0
 # LightLLM's bounds on the decay factor: 1 leaves EOS alone; every factor above raises it.
 MIN_DECAY_FACTOR = 1.0
 MAX_DECAY_FACTOR = 10.0
+# OpenAI's bound on a logit_bias value.
+LOGIT_BIAS_LIMIT = 100.0
 
 
 class SamplingParamError(ValueError):
@@ -112,6 +117,8 @@ class SamplingParams:
     # LightLLM's exponential_decay_length_penalty = (start, factor); start None: no decay.
     exponential_decay_start: int | None = None
     exponential_decay_factor: float = 1.0
+    # OpenAI's logit_bias: token id -> value added to its logit before sampling (empty: none).
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Accept tuples from callers but store lists, so to_dict/from_dict round-trip exactly.
@@ -119,6 +126,12 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.stop_sequences, tuple):
             self.stop_sequences = list(self.stop_sequences)
+        # to_dict writes logit_bias as [id, bias] pairs (JSON object keys would become strings).
+        if isinstance(self.logit_bias, (list, tuple)):
+            pairs = self.logit_bias
+            if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in pairs):
+                raise SamplingParamError("logit_bias must map token ids to numbers (or be a list of [id, bias] pairs)")
+            self.logit_bias = {token_id: bias for token_id, bias in pairs}
         self.validate()
 
     @property
@@ -183,6 +196,7 @@ class SamplingParams:
             )
 
         self._validate_stop_token_ids(vocab_size)
+        self._validate_logit_bias(vocab_size)
 
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "input_penalty", "print_eos_token"):
             if not isinstance(getattr(self, name), bool):
@@ -237,6 +251,23 @@ class SamplingParams:
                     f"stop_token_ids must be < vocab_size ({vocab_size}), got {token_id}"
                 )
 
+    def _validate_logit_bias(self, vocab_size: int | None) -> None:
+        if not isinstance(self.logit_bias, dict):
+            raise SamplingParamError(f"logit_bias must map token ids to numbers, got {type(self.logit_bias).__name__}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise SamplingParamError(f"logit_bias holds at most {MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
+        for token_id, bias in self.logit_bias.items():
+            if not _is_int(token_id):
+                raise SamplingParamError(f"logit_bias keys must be token ids (integers), got {token_id!r}")
+            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+                bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+                raise SamplingParamError(f"logit_bias token id {token_id} is outside the vocabulary {bound}")
+            value = _check_number(f"logit_bias[{token_id}]", bias)
+            if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
+                raise SamplingParamError(f"logit_bias[{token_id}] must be in [-100, 100], got {bias}")
+        check_stored_widths({"logit_bias_ids": list(self.logit_bias), "logit_bias_values": list(self.logit_bias.values())},
+                            SamplingParamError)
+
     def _validate_stop_sequences(self) -> None:
         if not isinstance(self.stop_sequences, list):
             raise SamplingParamError(
@@ -260,11 +291,13 @@ class SamplingParams:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data copy of every field (lists are copied, not shared)."""
+        """Plain-data copy of every field (lists are copied, not shared; ``logit_bias`` as [id, bias]
+        pairs, so the copy survives JSON)."""
         data: dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
             data[item.name] = list(value) if isinstance(value, list) else value
+        data["logit_bias"] = [[token_id, bias] for token_id, bias in self.logit_bias.items()]
         return data
 
     @classmethod

@@ -22,6 +22,8 @@ from typing import Any, Callable
 import numpy as np
 
 MAX_STOP_TOKEN_IDS = 16
+# logit_bias entries per request (OpenAI's own limit is 300 as well).
+MAX_LOGIT_BIAS = 300
 STOP_SEQUENCES_BYTES = 1024
 # A structured-output grammar (llguidance's JSON form of a JSON schema), UTF-8 encoded.
 GRAMMAR_BYTES = 16384
@@ -44,6 +46,8 @@ STORED_DTYPES: dict[str, type[np.generic]] = {
     "exponential_decay_start": np.int32,
     "stop_token_ids": np.int32,
     "seed": np.int64,
+    "logit_bias_ids": np.int32,
+    "logit_bias_values": np.float32,
 }
 
 

@@ -22,6 +22,7 @@ from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
+from lightllm.utils.gc_tuning import freeze_startup_objects
 
 log = logging.getLogger("lightllm.detokenization")
 
@@ -142,6 +143,7 @@ class DetokenizationManager:
 
     def serve_forever(self) -> None:
         """Process messages as they come."""
+        freeze_startup_objects()
         while True:
             self.handle(self.inbox.recv_pyobj())
 

@@ -227,6 +227,10 @@ class HttpServerManager:
         ``fallback``, else the rest of the context; see :func:`~lightllm.server.served_model.default_max_new_tokens`)."""
         return self.served.default_max_new_tokens(prompt_len, fallback)
 
+    def refusal(self) -> Optional[ServerUnavailableError]:
+        """The error new requests get while the server refuses them (draining, failed); None otherwise."""
+        return self._refusal
+
     def health(self) -> bool:
         """Whether the server accepts requests."""
         return self._refusal is None and self._receiver is not None and not self._receiver.done()
@@ -373,6 +377,7 @@ class HttpServerManager:
                     prompt_tokens=pending.prompt_tokens,
                     first_token_seconds=pending.first_token_seconds,
                     queue_seconds=pending.queue_seconds,
+                    max_new_tokens=params.max_new_tokens,
                 )
         finally:
             self._active_generations -= 1

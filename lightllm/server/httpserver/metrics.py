@@ -2,8 +2,9 @@
 
 Every quantity is measured once, under a ``lightllm_*`` name, and exported at scrape time a
 second time under vLLM's name (``vllm:*``) where vLLM has an equivalent, so dashboards and
-alerts written for vLLM work unchanged.  Every series carries the served ``model_name``; the
-``lightllm_*`` series also carry the prefill queue ``strategy``.
+alerts written for vLLM work unchanged.  Every series carries the served ``model_name`` (the id
+``/v1/models`` reports); the ``lightllm_*`` series also carry the prefill queue ``strategy``, the
+``vllm:*`` copies vLLM's ``engine`` label (always ``"0"``: one engine per server).
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_request_queue_seconds": ("vllm:request_queue_time_seconds",),
     "lightllm_request_prefill_seconds": ("vllm:request_prefill_time_seconds",),
     "lightllm_request_inference_seconds": ("vllm:request_inference_time_seconds",),
+    # vLLM exports the requested completion length under both names.
+    "lightllm_request_max_new_tokens": ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"),
 }
+# vLLM's engine index: a server here is one engine.
+VLLM_ENGINE = "0"
 # vLLM spells the finish label ``finished_reason``; it has no strategy label.
 _VLLM_LABEL_NAMES = {"finish_reason": "finished_reason", "strategy": None}
 
@@ -138,6 +143,8 @@ class _Exporter:
         text = self._label_text.get(key)
         if text is None:
             shown = {"model_name": self.model_name}
+            if vllm:
+                shown["engine"] = VLLM_ENGINE
             for name, value in labels.items():
                 name = _VLLM_LABEL_NAMES.get(name, name) if vllm else name
                 if name is not None:
@@ -183,6 +190,9 @@ class ServerMetrics:
         lengths = token_buckets(max_len)
         self.request_prompt = Histogram("lightllm_request_prompt_tokens", "Prompt tokens per request", labels, buckets=lengths, registry=measured)
         self.request_generation = Histogram("lightllm_request_generation_tokens", "Generated tokens per request", labels, buckets=lengths, registry=measured)
+        self.request_max_new_tokens = Histogram(
+            "lightllm_request_max_new_tokens", "Most tokens a request may generate (its max_tokens)", labels, buckets=lengths,
+            registry=measured)
         self.request_decode = Histogram(
             "lightllm_request_decode_seconds", "Time from a request's first token to its end", labels, buckets=_LATENCY_BUCKETS, registry=measured
         )
@@ -220,6 +230,7 @@ class ServerMetrics:
         self._generated = self.generated_tokens.labels(strategy)
         self._request_prompt = self.request_prompt.labels(strategy)
         self._request_generation = self.request_generation.labels(strategy)
+        self._request_max_new_tokens = self.request_max_new_tokens.labels(strategy)
         self._request_decode = self.request_decode.labels(strategy)
         self._request_tpot = self.request_tpot.labels(strategy)
         self._request_queue = self.request_queue.labels(strategy)
@@ -250,8 +261,11 @@ class ServerMetrics:
         prompt_tokens: int,
         first_token_seconds: Optional[float],
         queue_seconds: Optional[float] = None,
+        max_new_tokens: Optional[int] = None,
     ) -> None:
         """A request ended ``seconds`` after submission; its first token came after ``first_token_seconds``.
+
+        ``max_new_tokens`` is the completion length it asked for (None: not known, not observed).
 
         ``queue_seconds`` (None: never scheduled) is submission to first scheduling; the prefill
         and inference times are measured from that moment, as vLLM measures them.
@@ -260,6 +274,8 @@ class ServerMetrics:
         self._e2e.observe(seconds)
         self._request_prompt.observe(prompt_tokens)
         self._request_generation.observe(completion_tokens)
+        if max_new_tokens is not None:
+            self._request_max_new_tokens.observe(max_new_tokens)
         if first_token_seconds is not None:
             decode = max(0.0, seconds - first_token_seconds)
             self._request_decode.observe(decode)

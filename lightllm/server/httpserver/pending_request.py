@@ -24,7 +24,8 @@ _CHECK_CLIENT = object()
 def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
     if entries is None:
         return None
-    return [(token_id, logprob, dict(top)) for token_id, logprob, top in entries]
+    # (token_id, logprob, top alternatives, rank in the full distribution or None)
+    return [(token_id, logprob, dict(top), rank[0] if rank else None) for token_id, logprob, top, *rank in entries]
 
 
 class PendingRequest:

@@ -271,5 +271,6 @@ class PdMasterManager:
                 self.metrics.requests.on_finish(
                     finish_reason or "abort", len(generated), time.perf_counter() - started,
                     prompt_tokens=len(prompt_ids), first_token_seconds=first_token_seconds,
+                    max_new_tokens=params.max_new_tokens,
                 )
             await run.close_streams()

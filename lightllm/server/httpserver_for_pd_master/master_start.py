@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.api_cli import make_argument_parser
@@ -28,6 +28,9 @@ from lightllm.server.httpserver_for_pd_master.segment_flow import PhaseDeadlines
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
+if TYPE_CHECKING:
+    from lightllm.server.http_front_door import FrontDoor
+
 log = logging.getLogger("lightllm.pd_master")
 
 
@@ -36,9 +39,9 @@ MASTER_FLAGS = frozenset({
     "run_mode", "host", "port", "model_dir", "model_name", "tokenizer_mode", "graceful_shutdown_seconds",
     "max_req_total_len", "eos_id", "max_new_tokens_default", "log_level",
     "max_request_body_bytes", "prompt_chars_per_token", "http_header_timeout", "http_body_timeout",
-    "http_keep_alive_timeout", "http_max_connections", "api_key", "admin_api_key", "allow_public_priority",
+    "http_keep_alive_timeout", "http_max_connections", "http_max_connections_per_client", "api_key", "admin_api_key", "allow_public_priority",
     "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
-    "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
+    "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "tool_call_parser",
 })
 
 
@@ -105,8 +108,11 @@ def build_master(args: argparse.Namespace, cluster_key: Optional[str] = None) ->
     return manager, registry
 
 
-def run_pd_master(args: argparse.Namespace) -> int:
-    """Serve as the PD master until stopped; returns the exit code."""
+def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = None) -> int:
+    """Serve as the PD master until stopped; returns the exit code.
+
+    ``front_door``: the bound listening sockets' front door (the launcher opens it before this call).
+    """
     # One line per node call would drown the request log lines (each names its request id).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from lightllm.server.http_server_options import HttpServerOptions, build_uvicorn_config
@@ -119,6 +125,9 @@ def run_pd_master(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from lightllm.server.api_http import create_app
+    from lightllm.server.api_start import run_uvicorn
+    from lightllm.server.http_health import SampledReadiness, manager_readiness_refusal
+    from lightllm.server.httpserver_for_pd_master.membership_api import readiness_problem
     from lightllm.server.supervisor import StopOutsideServing, SupervisedServer, Supervisor
 
     stop = StopOutsideServing()
@@ -126,7 +135,10 @@ def run_pd_master(args: argparse.Namespace) -> int:
     routers = [readiness_router(registry, refusal=manager.refusal), membership]
     app = create_app(manager, options, extra_routers=routers)
     supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
-    server = stop.server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor)
+    readiness = SampledReadiness(lambda: readiness_problem(registry, manager.refusal),  # type: ignore[arg-type, return-value]
+                                 immediate=manager_readiness_refusal(manager))
+    server = stop.server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor,
+                                            front_door=front_door, readiness=readiness)
     if not stop.requested:
         log.info(
             "PD master serving %s on http://%s:%d (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
@@ -134,5 +146,5 @@ def run_pd_master(args: argparse.Namespace) -> int:
             registry.heartbeat_interval_s, registry.max_missed_heartbeats, args.pd_prefill_timeout_seconds,
             args.pd_decode_token_timeout_seconds,
         )
-        server.run()
+        run_uvicorn(server)
     return stop.exit_code(supervisor)

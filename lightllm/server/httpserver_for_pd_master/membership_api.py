@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -56,14 +56,22 @@ def readiness_response(registry: NodeRegistry, refusal: Optional[Callable[[], Op
     ``refusal`` (the master's manager) returns the error new requests get while the master
     refuses them (it is stopping); /health then answers that error's 503.
     """
+    problem = readiness_problem(registry, refusal)
+    if problem is None:
+        return JSONResponse({"status": "ok"})
+    return APIError(503, problem[1], SERVICE_UNAVAILABLE, None, problem[0]).to_response()
+
+
+def readiness_problem(registry: NodeRegistry, refusal: Optional[Callable[[], Optional[Exception]]] = None
+                      ) -> Optional[Tuple[Optional[str], str]]:
+    """None when the cluster is ready, else (code, message) of its 503 (the front door answers with it too)."""
     refused = refusal() if refusal is not None else None
     if refused is not None:
-        return APIError(503, str(refused), SERVICE_UNAVAILABLE, None, getattr(refused, "code", None)).to_response()
+        return getattr(refused, "code", None), str(refused)
     missing = registry.missing()
     if not missing:
-        return JSONResponse({"status": "ok"})
-    message = f"The PD cluster is not ready: {'; '.join(missing)}"
-    return APIError(503, message, SERVICE_UNAVAILABLE, None, NOT_READY_CODE).to_response()
+        return None
+    return NOT_READY_CODE, f"The PD cluster is not ready: {'; '.join(missing)}"
 
 
 def new_master_id() -> str:
@@ -146,6 +154,8 @@ def readiness_router(registry: NodeRegistry, path: str = "/health",
     async def health() -> Response:
         return readiness_response(registry, refusal)
 
-    router.add_api_route(path, health, methods=["GET"])
-    router.add_api_route(path, health, methods=["HEAD"], include_in_schema=False)
+    # /health/ready is the same probe under the name Kubernetes users look for.
+    for route_path in (path, f"{path}/ready"):
+        router.add_api_route(route_path, health, methods=["GET"])
+        router.add_api_route(route_path, health, methods=["HEAD"], include_in_schema=False)
     return router

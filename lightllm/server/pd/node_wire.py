@@ -200,7 +200,8 @@ def token_from_line(
         completion_tokens=completion_tokens,
         top_logprobs=None if top is None else {int(token_id): float(value) for token_id, value in top},
         prompt_logprobs=None if prompt_logprobs is None else [
-            (int(token_id), float(logprob), {int(k): float(v) for k, v in alternatives.items()})
-            for token_id, logprob, alternatives in prompt_logprobs
+            (int(token_id), float(logprob), {int(k): float(v) for k, v in alternatives.items()},
+             int(rank[0]) if rank and rank[0] is not None else None)
+            for token_id, logprob, alternatives, *rank in prompt_logprobs
         ],
     )

@@ -16,6 +16,7 @@ import socket
 from typing import List, Optional
 
 from lightllm.server.api_args_check import ArgumentError
+from lightllm.server.listen_sockets import PortUnavailableError
 
 _PORT_BLOCK_TRIES = 64
 # The wildcard spellings --host accepts, as bind() wants them.
@@ -64,7 +65,8 @@ class TransferPortBlock:
         """Bind ``base`` .. ``base + count - 1`` on ``host`` (a free block when ``base`` is None).
 
         A free block never contains ``avoid`` (the HTTP port, not yet bound at this point).
-        Raises ``ArgumentError`` naming the port when a given block is taken.
+        Raises ``PortUnavailableError`` (an ``ArgumentError``; exit code 3) naming the port when a given
+        block is taken.
         """
         host = _BIND_HOSTS.get(host, host)
         if base is not None:
@@ -72,7 +74,7 @@ class TransferPortBlock:
                 return cls(_listen_range(host, base, count))
             except OSError as exc:
                 ports = f"{base}" if count == 1 else f"{base}..{base + count - 1} (TP rank r uses port + r)"
-                raise ArgumentError(f"--pd_transfer_port {base}: cannot listen on {host}:{ports}: "
+                raise PortUnavailableError(f"--pd_transfer_port {base}: cannot listen on {host}:{ports}: "
                                     f"{exc.strerror or exc}") from None
         for _ in range(_PORT_BLOCK_TRIES):
             try:

@@ -23,6 +23,7 @@ from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, Router
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
+from lightllm.utils.gc_tuning import freeze_startup_objects
 
 log = logging.getLogger("lightllm.router")
 
@@ -127,6 +128,7 @@ class RouterManager:
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         timeout_ms = max(1, int(self.config.schedule_time_interval * 1000))
+        freeze_startup_objects()
         while True:
             events = dict(poller.poll(timeout_ms))
             if self.inbox in events:

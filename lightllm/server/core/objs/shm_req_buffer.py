@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -185,6 +185,9 @@ class ShmReqBuffer(SharedArraySegment):
         rec["stop_token_ids"][: len(params.stop_token_ids)] = params.stop_token_ids
         rec["stop_sequences_json"] = encoded_stops
         rec["grammar"] = (params.grammar or "").encode()
+        rec["logit_bias_num"] = len(params.logit_bias)
+        rec["logit_bias_ids"][: len(params.logit_bias)] = list(params.logit_bias)
+        rec["logit_bias_values"][: len(params.logit_bias)] = list(params.logit_bias.values())
         rec["request_id"] = request_id
 
     def _check_new_request(
@@ -238,6 +241,8 @@ class ShmReqBuffer(SharedArraySegment):
             seed=int(rec["seed"]) if rec["has_seed"] else None,
             # Stop strings are the detokenizer's (decode_options), not the rank's.
             stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
+            logit_bias=dict(zip(rec["logit_bias_ids"][: int(rec["logit_bias_num"])].tolist(),
+                                rec["logit_bias_values"][: int(rec["logit_bias_num"])].tolist())),
         )
         return RequestInput(
             prompt_ids=rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
@@ -284,9 +289,9 @@ class ShmReqBuffer(SharedArraySegment):
         return int(rec["output_len"]) if int(rec["request_id"]) == request_id else 0
 
     def publish_prompt_logprobs(
-        self, slot: int, request_id: int, entries: Sequence[Tuple[int, float, Sequence[Tuple[int, float]]]]
+        self, slot: int, request_id: int, entries: Sequence[Tuple[Any, ...]]
     ) -> bool:
-        """Write ``(position, logprob, top)`` of prompt tokens, then raise ``prompt_logprob_end``.
+        """Write ``(position, logprob, top[, rank])`` of prompt tokens, then raise ``prompt_logprob_end``.
 
         Entries come in increasing position order, continuing where the last call stopped.
         """
@@ -295,8 +300,9 @@ class ShmReqBuffer(SharedArraySegment):
         rec = self._write(slot, request_id, "prompt logprobs")
         if rec is None:
             return False
-        for position, logprob, top in entries:
+        for position, logprob, top, *rank in entries:
             rec["prompt_token_logprobs"][position] = logprob
+            rec["prompt_token_ranks"][position] = rank[0] if rank else 0
             self._write_top(rec, position, top)
         rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
         return True
@@ -365,9 +371,9 @@ class ShmReqBuffer(SharedArraySegment):
             prompt_cache_len=int(rec["prompt_cache_len"]),
         )
 
-    def prompt_logprobs(self, slot: int, request_id: int) -> List[Tuple[int, float, TopRow]] | None:
-        """``(token_id, logprob, top)`` of prompt positions ``1..`` published so far, or None
-        when the request did not ask for prompt logprobs."""
+    def prompt_logprobs(self, slot: int, request_id: int) -> List[Tuple[int, float, TopRow, Optional[int]]] | None:
+        """``(token_id, logprob, top, rank)`` of prompt positions ``1..`` published so far (rank None
+        when not known), or None when the request did not ask for prompt logprobs."""
         rec = self._read(slot, request_id)
         count = int(rec["prompt_logprobs"])
         if count < 0:
@@ -378,7 +384,8 @@ class ShmReqBuffer(SharedArraySegment):
         ids = rec["prompt_ids"][1:end].tolist()
         values = rec["prompt_token_logprobs"][1:end].tolist()
         tops = self._read_top(rec, 1, end) if count > 0 else [[] for _ in ids]
-        return list(zip(ids, values, tops))
+        ranks = [rank or None for rank in rec["prompt_token_ranks"][1:end].tolist()]
+        return list(zip(ids, values, tops, ranks))
 
     @staticmethod
     def _read_top(rec: np.void, start: int, end: int) -> List[TopRow]:

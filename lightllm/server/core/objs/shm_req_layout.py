@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, STORED_DTYPES
-from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
+from lightllm.common.sampling.storage_width import GRAMMAR_BYTES, MAX_LOGIT_BIAS
 
 # ``request_id`` of a free slot.  Request ids are non-negative, so no request can match it.
 NO_REQUEST = -1
@@ -75,10 +75,16 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("stop_token_ids", STORED_DTYPES["stop_token_ids"], (MAX_STOP_TOKEN_IDS,)),
             ("stop_sequences_json", f"S{STOP_SEQUENCES_BYTES}"),
             ("grammar", f"S{GRAMMAR_BYTES}"),  # empty: no structured output
+            # logit_bias: the first logit_bias_num (id, value) pairs are used.
+            ("logit_bias_num", np.int32),
+            ("logit_bias_ids", STORED_DTYPES["logit_bias_ids"], (MAX_LOGIT_BIAS,)),
+            ("logit_bias_values", STORED_DTYPES["logit_bias_values"], (MAX_LOGIT_BIAS,)),
             ("prompt_ids", np.int32, (max_req_total_len,)),
             ("output_ids", np.int32, (max_req_total_len,)),
             ("output_logprobs", np.float32, (max_req_total_len,)),
             ("prompt_token_logprobs", np.float32, (max_req_total_len,)),  # by prompt position
+            # Rank of each prompt token in its full distribution (1 = most likely; 0 = not known).
+            ("prompt_token_ranks", np.int32, (max_req_total_len,)),
             # Most likely alternatives of the token at each position of prompt + output.
             ("token_top_ids", np.int32, (max_req_total_len, MAX_TOP_LOGPROBS)),
             ("token_top_logprobs", np.float32, (max_req_total_len, MAX_TOP_LOGPROBS)),

@@ -146,4 +146,6 @@ class InferReq:
         """Token ids of prompt + output in ``[start, end)``."""
         if end <= self.input_len:
             return self.prompt_ids[start:end]
+        if start >= self.input_len:  # a decode row: no copy of the prompt
+            return self.output_ids[start - self.input_len : end - self.input_len]
         return (self.prompt_ids + self.output_ids)[start:end]

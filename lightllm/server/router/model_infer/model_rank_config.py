@@ -28,6 +28,9 @@ class ModelRankConfig:
     running_max_req_size: int
     batch_max_tokens: int
     chunked_prefill_size: Optional[int]
+    # Decode rows ride in the prefill forward (see mode_backend/step_planner.py); False with
+    # --disable_mixed_batches or --disable_chunked_prefill.
+    mixed_batches: bool
     prefill_queue_strategy: str
     prefill_overtake_bound: OvertakeBoundSpec
     use_prefix_cache: bool

@@ -56,6 +56,7 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
+from lightllm.utils.gc_tuning import freeze_startup_objects
 
 log = logging.getLogger("lightllm.model_rank")
 
@@ -114,7 +115,7 @@ class ModelRank:
             model,
             context,
             build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
-            StepPlanner(config.batch_max_tokens, config.chunked_prefill_size),
+            StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches),
             Sampler(config.sampling_seed),
             config.eos_token_ids,
             config.max_req_total_len,
@@ -305,6 +306,7 @@ class ModelRank:
         """The rank's main loop."""
         trimmer = IdleMallocTrimmer()  # freed activation memory goes back to the kernel when idle
         pd = self.pd
+        freeze_startup_objects()
         while True:
             self.apply(self.receive_commands())
             if pd is not None:

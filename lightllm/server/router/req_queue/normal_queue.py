@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from bisect import bisect_right
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
@@ -33,6 +33,70 @@ class RouterReq:
     def projected_token_num(self) -> int:
         """KV tokens the request may hold at its largest: prompt plus every allowed new token."""
         return self.input_len + self.max_new_tokens
+
+
+class RunningRequests(dict):
+    """The running set (request id -> request), keeping the sum of its projected tokens.
+
+    Admission needs that sum on every round; keeping it current on every insertion and removal
+    makes it O(1) instead of a pass over up to ``running_max_req_size`` requests.  Every way of
+    adding or removing an entry goes through the total, so code that writes the set directly (a
+    decode node's prefilled arrival) keeps it right.  A request's ``input_len`` and
+    ``max_new_tokens`` must not change while it runs (nothing changes them).
+    """
+
+    def __init__(self, items: Iterable[Tuple[int, RouterReq]] = ()) -> None:
+        super().__init__()
+        self.projected_tokens = 0
+        for key, req in items:
+            self[key] = req
+
+    def __setitem__(self, key: int, req: RouterReq) -> None:
+        old = super().get(key)
+        if old is not None:
+            self.projected_tokens -= old.projected_token_num
+        super().__setitem__(key, req)
+        self.projected_tokens += req.projected_token_num
+
+    def __delitem__(self, key: int) -> None:
+        req = super().pop(key)
+        self.projected_tokens -= req.projected_token_num
+
+    def pop(self, key: int, *default: Any) -> Any:
+        """``dict.pop``, keeping the total."""
+        if key in self:
+            req = super().pop(key)
+            self.projected_tokens -= req.projected_token_num
+            return req
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+    def popitem(self) -> Tuple[int, RouterReq]:
+        """``dict.popitem``, keeping the total."""
+        key, req = super().popitem()
+        self.projected_tokens -= req.projected_token_num
+        return key, req
+
+    def setdefault(self, key: int, default: RouterReq) -> RouterReq:  # type: ignore[override]
+        """``dict.setdefault``, keeping the total."""
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """``dict.update``, keeping the total."""
+        for key, req in dict(*args, **kwargs).items():
+            self[key] = req
+
+    def __ior__(self, other: Any) -> "RunningRequests":  # type: ignore[override]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        """``dict.clear``, keeping the total."""
+        super().clear()
+        self.projected_tokens = 0
 
 
 class NormalReqQueue:
@@ -70,9 +134,14 @@ class NormalReqQueue:
             raise ValueError(f"overtake_bound must be an OvertakeBoundSpec, got {overtake_bound!r}")
         self.capacity_tokens = capacity_tokens
         self.running_max_req_size = running_max_req_size
+        # The lanes in arrival order.  An aborted waiting request is only marked (``_removed``,
+        # by identity) and dropped once it reaches its lane's head, so an abort costs O(1) and
+        # not a scan of a long lane; a lane's head is never a removed request.
         self._high: Deque[RouterReq] = deque()
         self._normal: Deque[RouterReq] = deque()
-        self.running: Dict[int, RouterReq] = {}
+        self._waiting: Dict[int, RouterReq] = {}
+        self._removed: Set[int] = set()
+        self.running: RunningRequests = RunningRequests()
         # The router's clock: prompt tokens admitted so far.
         self.admitted_prompt_tokens = 0
         # Per waiting request: arrival sequence number and overtaking allowance.
@@ -86,7 +155,7 @@ class NormalReqQueue:
         self._high_admitted_tokens = 0
 
     def __len__(self) -> int:
-        return len(self._high) + len(self._normal)
+        return len(self._waiting)
 
     def append(self, req: RouterReq) -> None:
         """Queue a new request."""
@@ -94,25 +163,30 @@ class NormalReqQueue:
         self._arrival[req.request_id] = (self._arrival_seq, allowance)
         self._arrival_seq += 1
         self._waiting_prompt_tokens += req.input_len
+        self._waiting[req.request_id] = req
         (self._high if req.high_priority_request else self._normal).append(req)
 
+    def waiting_requests(self) -> List[RouterReq]:
+        """The waiting requests: the high-priority lane, then the normal one, each in arrival order."""
+        removed = self._removed
+        return [req for lane in (self._high, self._normal) for req in lane if id(req) not in removed]
+
     def remove_waiting(self, request_id: int) -> RouterReq | None:
-        """Drop a waiting request (abort before admission); returns it if it was waiting."""
-        for lane in (self._high, self._normal):
-            for req in lane:
-                if req.request_id == request_id:
-                    lane.remove(req)
-                    self._forget(req)
-                    return req
-        return None
+        """Drop a waiting request (abort before admission); returns it if it was waiting.  O(1)."""
+        req = self._waiting.get(request_id)
+        if req is None:
+            return None
+        self._removed.add(id(req))
+        self._forget(req)
+        return req
 
     def release(self, request_id: int) -> None:
         """A running request left the batch."""
         self.running.pop(request_id, None)
 
     def projected_running_tokens(self) -> int:
-        """Projected KV use of the running batch."""
-        return sum(r.projected_token_num for r in self.running.values())
+        """Projected KV use of the running batch (kept current by :class:`RunningRequests`)."""
+        return self.running.projected_tokens
 
     def overtaken_tokens(self, req: RouterReq) -> int:
         """Prompt tokens of high-priority requests that arrived after waiting ``req`` and were admitted."""
@@ -139,6 +213,12 @@ class NormalReqQueue:
     def _forget(self, req: RouterReq) -> None:
         """``req`` left the waiting lanes (admitted or aborted)."""
         del self._arrival[req.request_id]
+        del self._waiting[req.request_id]
+        removed = self._removed
+        if removed:
+            for lane in (self._high, self._normal):
+                while lane and id(lane[0]) in removed:
+                    removed.discard(id(lane.popleft()))
         self._waiting_prompt_tokens -= req.input_len
         # Entries older than every waiting normal request can no longer be asked about.
         if self._high_admitted and (not self._normal or len(self._high_admitted) > 64):

@@ -17,7 +17,7 @@ from lightllm.server.router.model_infer.infer_req import InferReq
 from lightllm.server.router.model_infer.mode_backend.step_planner import PrefillChunk
 
 # ``(position, logprob, top)`` of one prompt token (see ``prompt_logprobs.py``).
-PromptLogprobEntry = Tuple[int, float, List[Tuple[int, float]]]
+PromptLogprobEntry = Tuple[int, float, List[Tuple[int, float]], int]
 
 
 @dataclass

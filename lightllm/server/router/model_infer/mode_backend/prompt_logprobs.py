@@ -16,7 +16,8 @@ import torch
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.server.router.model_infer.infer_req import InferReq
 
-PromptLogprobEntry = Tuple[int, float, List[Tuple[int, float]]]
+# (position, logprob, top alternatives, rank of the prompt token in the full distribution)
+PromptLogprobEntry = Tuple[int, float, List[Tuple[int, float]], int]
 # ``(request, first logits row, positions)`` of a chunk whose prompt logprobs this forward computes.
 PromptLogitRows = Tuple[InferReq, int, List[int]]
 
@@ -59,7 +60,9 @@ def collect_prompt_logprobs(
 
 
 def prompt_logprob_entries(req: InferReq, logits: torch.Tensor, positions: List[int]) -> List[PromptLogprobEntry]:
-    """``(position, logprob, top)`` of the prompt tokens after ``positions``; advances the request.
+    """``(position, logprob, top, rank)`` of the prompt tokens after ``positions``; advances the request.
+
+    ``rank`` is vLLM's: 1 + the number of vocabulary entries with a strictly greater logprob.
 
     Log-softmax of the raw logits (no penalties or temperature), as vLLM reports prompt
     logprobs.  ``req.prompt_logprob_next`` moves past them, so a request prefilled again after a
@@ -67,7 +70,9 @@ def prompt_logprob_entries(req: InferReq, logits: torch.Tensor, positions: List[
     """
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor([req.prompt_ids[p + 1] for p in positions], dtype=torch.long, device=logits.device)
-    chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+    chosen_column = logprobs.gather(1, targets[:, None])
+    ranks = ((logprobs > chosen_column).sum(dim=-1) + 1).tolist()
+    chosen = chosen_column.squeeze(1).tolist()
     count = min(int(req.sampling.prompt_logprobs), logprobs.shape[1])
     if count > 0:
         values, ids = logprobs.topk(count, dim=-1)
@@ -75,4 +80,4 @@ def prompt_logprob_entries(req: InferReq, logits: torch.Tensor, positions: List[
     else:
         tops = [[] for _ in positions]
     req.prompt_logprob_next = positions[-1] + 2
-    return [(p + 1, value, top) for p, value, top in zip(positions, chosen, tops)]
+    return [(p + 1, value, top, rank) for p, value, top, rank in zip(positions, chosen, tops, ranks)]

@@ -8,7 +8,8 @@
     select  -> the step planner, under the token budget and the allocatable KV
     pause   -> decode requests left without KV give theirs back (and, when nothing at all could
                run, the newest KV holder does, so over-committed admission cannot deadlock)
-    execute -> reserve KV for the selected work, hand it to the ModelExecutor
+    execute -> reserve KV for the selected work, hand it to the ModelExecutor (one forward for
+               a mixed plan: decode rows ride in the prefill forward)
     finish  -> append sampled tokens, apply stop rules, release finished requests
 
 The engine imports no torch: it sees requests, a :class:`~.kv_view.KvView` and a
@@ -33,9 +34,14 @@ from lightllm.server.router.model_infer.mode_backend.model_executor import Execu
 from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import PrefillQueueStrategy
 from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER, RequestClassifier
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan, StepPlanner, submit_prefill
+from lightllm.server.router.model_infer.mode_backend.step_planner import PrefillChunk, StepPlan, StepPlanner, submit_prefill
 from lightllm.server.router.model_infer.mode_backend.step_report import StepReport
 from lightllm.server.router.model_infer.request_state import ReqState
+
+_PAUSED = ReqState.PAUSED
+_DECODING = ReqState.DECODING
+# ``state in`` a tuple compares by identity in C (an enum's hash is a Python call).
+_SCHEDULABLE_STATES = tuple(state for state in ReqState if state.schedulable)
 
 
 class StepEngine:
@@ -127,14 +133,19 @@ class StepEngine:
     def resume_paused(self) -> List[InferReq]:
         """Schedulable requests in admission order; a paused one rejoins once its tokens would fit."""
         ready: List[InferReq] = []
+        append = ready.append
+        # Module constants instead of enum attribute and property lookups: this loop runs over
+        # every live request each step (a thousand at a full batch).
         for req in self.requests.values():
-            if req.state is ReqState.PAUSED:
+            state = req.state
+            if state is _PAUSED:
                 if self.kv.allocatable_token_num() < req.total_len:
                     continue
                 self.kv.resume(req)
                 req.move_to(ReqState.PREFILLING)
-            if req.state.schedulable:
-                ready.append(req)
+                state = req.state
+            if state in _SCHEDULABLE_STATES:
+                append(req)
         return ready
 
     def share_prefixes(self, ready: List[InferReq], report: StepReport) -> None:
@@ -145,7 +156,7 @@ class StepEngine:
         count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).
         """
         for req in ready:
-            if req.state is ReqState.DECODING:
+            if req.state is _DECODING:
                 continue
             gained = self.kv.share_prefix(req)
             if gained and not req.output_ids:
@@ -174,11 +185,26 @@ class StepEngine:
                 self._pause(holders[-1], report)
 
     def execute(self, plan: StepPlan, report: StepReport) -> None:
-        """Run the plan's prefill forward, then its decode forward."""
+        """Run the plan: one forward for a mixed plan, else its prefill forward, then its decode forward."""
+        if plan.mixed and plan.has_prefill and plan.decode_reqs:
+            self.run_mixed(plan, report)
+            return
         if plan.has_prefill:
             self.run_prefill(plan, report)
         if plan.decode_reqs:
             self.run_decode(plan.decode_reqs, report)
+
+    def run_mixed(self, plan: StepPlan, report: StepReport) -> None:
+        """Decode rows and prefill chunks in one forward: a decode row is a one-token chunk whose
+        request ends with it, so the prefill path samples it like a prompt's last chunk."""
+        rows = [PrefillChunk(req=req, start=req.cur_kv_len, token_num=1) for req in plan.decode_reqs]
+        chunks = rows + plan.prefill_chunks
+        self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
+        report.prefill_token_num = submit_prefill(plan, self.counter)
+        report.decode_batch_size = len(rows)
+        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
+        result = self.executor.prefill(chunks)
+        self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
 
     def run_prefill(self, plan: StepPlan, report: StepReport) -> None:
         """Reserve KV for the chunks, count them as processed, run them, take the results.

@@ -87,6 +87,9 @@ class StepPlanner:
         chunked_prefill_size: largest chunk of one request per step; ``None`` or ``0`` disables
             chunked prefill (a request's chunk is then its whole pending length).
         max_prefill_reqs: optional cap on prefill chunks per step.
+        mixed: decode rows ride in the prefill forward: they share its token budget and count
+            as submitted tokens (the seed's rule for a mixed batch), and the engine runs one
+            forward instead of two.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class StepPlanner:
         batch_max_tokens: int,
         chunked_prefill_size: Optional[int] = None,
         max_prefill_reqs: Optional[int] = None,
+        mixed: bool = False,
     ) -> None:
         _require_int(batch_max_tokens, "batch_max_tokens", minimum=1)
         if chunked_prefill_size is not None:
@@ -109,6 +113,7 @@ class StepPlanner:
         self.batch_max_tokens = batch_max_tokens
         self.chunked_prefill_size = chunked_prefill_size or None
         self.max_prefill_reqs = max_prefill_reqs
+        self.mixed = mixed
 
     def plan(
         self,
@@ -116,7 +121,6 @@ class StepPlanner:
         kv_free_tokens: KvBudget,
         *,
         classifier: RequestClassifier = NORMAL_CLASSIFIER,
-        mixed: bool = False,
     ) -> StepPlan:
         """Select this step's work from ``ordered_reqs`` (already ordered by a strategy).
 
@@ -132,6 +136,7 @@ class StepPlanner:
         kv_left = kv_free_tokens() if callable(kv_free_tokens) else kv_free_tokens
         _require_int(kv_left, "kv_free_tokens", minimum=0)
         decode_reqs, prefill_reqs = classifier.split(ordered_reqs)
+        mixed = self.mixed
         plan = StepPlan(mixed=mixed)
 
         kv_fit = min(len(decode_reqs), kv_left)

@@ -39,11 +39,14 @@ class HrrnStrategy(PrefillQueueStrategy):
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
         """Return high-priority requests, then normal ones by score, ties by request id."""
         high, normal = split_by_infer_priority(prefill_reqs)
-        waited: List[int] = []
-        cost: List[int] = []
-        for req in normal:
-            waited.append(self._waited(req, processed_prefill_tokens))
-            cost.append(self.bind_cost(req))
+        # Comprehensions instead of a call per request: this runs over every waiting request
+        # each step.  The cost is bound once per request; only the wait changes with the clock.
+        waited = [processed_prefill_tokens - req.arrival_processed_prefill_tokens for req in normal]
+        if waited and min(waited) < 0:
+            for req in normal:
+                self._waited(req, processed_prefill_tokens)  # raises for the first one
+        bound = [req.strategy_state.get(HRRN_COST_KEY) for req in normal]
+        cost = [self.bind_cost(req) if c is None else c for req, c in zip(normal, bound)]
         return high + [normal[i] for i in _hrrn_order(normal, waited, cost)]
 
     @staticmethod

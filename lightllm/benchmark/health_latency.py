@@ -1,0 +1,222 @@
+"""How long ``/health`` takes while a server is busy: N streams, and optionally one client holding many connections.
+
+    python -m lightllm.benchmark.health_latency --model_dir /tmp/demo_small --streams 400 --duration 60
+    python -m lightllm.benchmark.health_latency --url http://127.0.0.1:8000 --streams 400 --hold 2100
+
+The stream load runs on this process's event loop (raw HTTP/1.1, one connection per stream; a stream
+that ends is replaced at once, so N stay open). The probe runs in a process of its own and, like a
+Kubernetes probe, opens a fresh connection for every ``GET /health`` (``--probe_path`` to probe another
+path) and times it until the answer is read in full. ``--hold M`` opens M more connections from one
+source address (``--hold_source``, 127.0.0.2: another client than the streams), each sending one byte and then nothing, and replaces every one the server closes.
+The report is one JSON line: probe count, statuses, p50/p99/max latency in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import urlsplit
+
+PROBE_TIMEOUT_SECONDS = 10.0
+
+
+def _address(url: str) -> Tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def probe_once(host: str, port: int, path: str, timeout: float = PROBE_TIMEOUT_SECONDS) -> Tuple[int, float]:
+    """One probe on a fresh connection: (status or 0 on failure, seconds until the answer was read)."""
+    start = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+    except (OSError, ValueError, IndexError):
+        status = 0
+    return status, time.monotonic() - start
+
+
+def _probe_loop(host: str, port: int, path: str, interval: float, duration: float, conn: Any,
+                control_port: Optional[int] = None) -> None:
+    results: List[Tuple[int, float]] = []
+    control: List[Tuple[int, float]] = []
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        results.append(probe_once(host, port, path))
+        if control_port is not None:
+            control.append(probe_once("127.0.0.1", control_port, "/"))
+        time.sleep(interval)
+    conn.send((results, control))
+    conn.close()
+
+
+def _control_server(sock: socket.socket) -> None:
+    """A trivial responder in a process of its own: what a probe costs on this machine right now."""
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+    while True:
+        client, _ = sock.accept()
+        with client:
+            client.recv(65536)
+            client.sendall(answer)
+
+
+async def _stream_forever(host: str, port: int, body: bytes, headers: str, stop: asyncio.Event,
+                          counts: Dict[str, int]) -> None:
+    request = (f"POST /generate_stream HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+               f"{headers}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            counts["connect_errors"] += 1
+            await asyncio.sleep(0.1)
+            continue
+        try:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            counts["ok" if head.startswith(b"HTTP/1.1 200") else "refused"] += 1
+            while not stop.is_set() and await reader.read(65536):
+                pass
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            counts["broken"] += 1
+        finally:
+            writer.close()
+
+
+async def _hold_forever(host: str, port: int, source: str, stop: asyncio.Event, counts: Dict[str, int]) -> None:
+    """One connection from ``source`` that sends a byte and nothing more; reopened whenever the server closes it."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        counts["held"] += 1
+        try:
+            writer.write(b"G")
+            await reader.read()  # returns once the server closes (408 after its head deadline, or 503)
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+async def _load(args: argparse.Namespace, host: str, port: int) -> Dict[str, Any]:
+    body = json.dumps({"inputs": "The quick brown fox", "parameters": {
+        "max_new_tokens": args.max_new_tokens, "ignore_eos": True}}).encode()
+    headers = f"Authorization: Bearer {args.api_key}\r\n" if args.api_key else ""
+    stop = asyncio.Event()
+    counts: Dict[str, int] = {"ok": 0, "refused": 0, "broken": 0, "connect_errors": 0, "held": 0}
+    tasks = [asyncio.ensure_future(_stream_forever(host, port, body, headers, stop, counts))
+             for _ in range(args.streams)]
+    tasks += [asyncio.ensure_future(_hold_forever(host, port, args.hold_source, stop, counts))
+              for _ in range(args.hold)]
+    await asyncio.sleep(args.warmup)
+    ctx = mp.get_context("spawn")
+    control_port = None
+    if args.control:
+        listener = socket.create_server(("127.0.0.1", 0))
+        control_port = listener.getsockname()[1]
+        control = ctx.Process(target=_control_server, args=(listener,), daemon=True)
+        control.start()
+    parent, child = ctx.Pipe(duplex=False)
+    prober = ctx.Process(
+        target=_probe_loop, args=(host, port, args.probe_path, args.probe_interval, args.duration, child, control_port))
+    prober.start()
+    loop = asyncio.get_running_loop()
+    results, control_results = await loop.run_in_executor(None, parent.recv)
+    prober.join()
+    if args.control:
+        control.terminate()
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {"results": results, "control": control_results, "counts": counts}
+
+
+def summarize(results: List[Tuple[int, float]]) -> Dict[str, Any]:
+    """Probe count, status counts and p50/p99/max latency (ms) of ``results``."""
+    latencies = sorted(seconds * 1000 for _, seconds in results)
+    statuses: Dict[str, int] = {}
+    for status, _ in results:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    if not latencies:
+        return {"probes": 0, "statuses": statuses}
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    return {"probes": len(latencies), "statuses": statuses, "p50_ms": round(statistics.median(latencies), 1),
+            "p99_ms": round(p99, 1), "max_ms": round(latencies[-1], 1)}
+
+
+def _raise_open_file_limit(needed: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard), hard))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the measurement and print one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="a running server")
+    target.add_argument("--model_dir", help="start a server on this checkpoint for the measurement")
+    parser.add_argument("--server_args", default="", help="more flags for the started server (one string)")
+    parser.add_argument("--streams", type=int, default=400, help="streams kept open at once")
+    parser.add_argument("--hold", type=int, default=0, help="connections one client holds open (one byte each)")
+    parser.add_argument("--hold_source", default="127.0.0.2",
+                        help="source address of the held connections (another client than the streams and the probe)")
+    parser.add_argument("--max_new_tokens", type=int, default=256, help="tokens per stream")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of probing")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds between opening the load and probing")
+    parser.add_argument("--probe_interval", type=float, default=0.1, help="seconds between two probes")
+    parser.add_argument("--probe_path", default="/health", help="path the probe GETs")
+    parser.add_argument("--api_key", default=None, help="key the streams send")
+    parser.add_argument("--control", action="store_true",
+                        help="also probe a trivial responder in a process of its own after each probe: the machine's "
+                        "own scheduling delay under the same load")
+    args = parser.parse_args(argv)
+    _raise_open_file_limit(args.streams + args.hold + 256)
+    server = None
+    if args.model_dir:
+        from lightllm.benchmark.server_launcher import ServerProcess
+
+        extra = args.server_args.split()
+        server = ServerProcess.start(["--model_dir", args.model_dir, *extra],
+                                     Path(tempfile.mkdtemp(prefix="health_latency_")) / "server.log")
+        url = server.base_url
+    else:
+        url = args.url
+    host, port = _address(url)
+    try:
+        outcome = asyncio.run(_load(args, host, port))
+    finally:
+        if server is not None:
+            server.stop()
+    report = {"streams": args.streams, "hold": args.hold, "duration_s": args.duration,
+              **summarize(outcome["results"]), "load": outcome["counts"]}
+    if args.control:
+        report["control"] = summarize(outcome["control"])
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Client-compatibility fields on a real server: /v1/models as vLLM shapes it, logit_bias, vLLM's
+structured-output parameters, truncate_prompt_tokens, chat_template, 20 logprobs, prompt-logprob
+ranks against transformers, and the vLLM metrics labels and series.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from .support import reference_prompt_logprobs
+
+
+def _post(server, path: str, body: dict) -> dict:
+    response = httpx.post(f"{server.url}{path}", json={"model": server.model_name, **body}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_models_have_vllm_fields(tiny_server):
+    [card] = httpx.get(f"{tiny_server.url}/v1/models", timeout=10).json()["data"]
+    # `vllm bench serve` without --model takes data[0]["root"].
+    assert card["id"] == card["root"] == tiny_server.model_name and card["parent"] is None
+    assert card["max_model_len"] > 0 and card["permission"][0]["object"] == "model_permission"
+
+
+def test_logit_bias_steers_greedy_decoding(tiny_server, tokenizer):
+    body = {"prompt": "The quick brown", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    ids = _post(tiny_server, "/v1/completions", {**body, "logprobs": 0, "return_tokens_as_token_ids": True})
+    greedy = [int(token.split(":")[1]) for token in ids["choices"][0]["logprobs"]["tokens"]]
+    target = 1000 if greedy[0] != 1000 else 1001
+    forced = _post(tiny_server, "/v1/completions", {**body, "logprobs": 0, "return_tokens_as_token_ids": True,
+                                                    "logit_bias": {str(target): 100}})
+    assert all(token == f"token_id:{target}" for token in forced["choices"][0]["logprobs"]["tokens"])
+    banned = _post(tiny_server, "/v1/completions", {**body, "logprobs": 0, "return_tokens_as_token_ids": True,
+                                                    "logit_bias": {str(greedy[0]): -100}})
+    assert banned["choices"][0]["logprobs"]["tokens"][0] != f"token_id:{greedy[0]}"
+    too_big = httpx.post(f"{tiny_server.url}/v1/completions", timeout=60,
+                         json={**body, "logit_bias": {str(len(tokenizer) + 10**6): 1}})
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "logit_bias"
+
+
+def test_vllm_structured_output_parameters(tiny_server):
+    base = {"max_tokens": 24, "temperature": 1.0, "seed": 3}
+    for seed in (1, 2):
+        chat = _post(tiny_server, "/v1/chat/completions", {
+            **base, "seed": seed, "messages": [{"role": "user", "content": "Pick"}],
+            "guided_choice": ["red", "green", "blue"]})
+        assert chat["choices"][0]["message"]["content"] in ("red", "green", "blue")
+        done = _post(tiny_server, "/v1/completions", {**base, "seed": seed, "prompt": "Code:",
+                                                      "structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2}"}})
+        assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", done["choices"][0]["text"])
+        assert done["choices"][0]["finish_reason"] == "stop"
+
+
+def test_truncate_prompt_tokens_and_chat_template(tiny_server, tokenizer):
+    text = " ".join(f"word{i}" for i in range(40))
+    done = _post(tiny_server, "/v1/completions", {"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 7})
+    assert done["usage"]["prompt_tokens"] == 7
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{{ extra }}"
+    chat = _post(tiny_server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1, "chat_template": template,
+        "chat_template_kwargs": {"extra": "ASSISTANT:"}})
+    expected = tokenizer("[user] hello\nASSISTANT:", add_special_tokens=False)["input_ids"]
+    assert chat["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_twenty_completion_logprobs_and_prompt_logprob_ranks(tiny_server, tokenizer, hf_model):
+    prompt = "the lazy dog jumps over the quick brown fox again"
+    done = _post(tiny_server, "/v1/completions", {"prompt": prompt, "max_tokens": 2, "temperature": 0,
+                                                  "logprobs": 20, "prompt_logprobs": 1,
+                                                  "return_tokens_as_token_ids": True})
+    # Token ids as names: tokens that decode to the same text do not collapse into one key.
+    assert all(len(top) == 20 for top in done["choices"][0]["logprobs"]["top_logprobs"])
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    reference = reference_prompt_logprobs(hf_model, prompt_ids)
+    entries = done["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None
+    for position, entry in enumerate(entries[1:], start=1):
+        own = entry[str(prompt_ids[position])]
+        row, value = reference[position - 1], reference[position - 1][prompt_ids[position]]
+        # vLLM's rank: 1 + tokens strictly more likely (float noise may move a near-tie by one).
+        low, high = 1 + int((row > value + 1e-4).sum()), 1 + int((row > value - 1e-4).sum())
+        assert own["rank"] is not None and low <= own["rank"] <= high, (position, own, low, high)
+    # A tiny random model ranks most prompt tokens far from the top: the ranks are real, not top-N positions.
+    assert max(entry[str(prompt_ids[p])]["rank"] for p, entry in enumerate(entries[1:], start=1)) > 2
+
+
+def test_metrics_count_every_choice_and_carry_vllm_labels(tiny_server):
+    def scrape() -> str:
+        return httpx.get(f"{tiny_server.url}/metrics", timeout=10).text
+
+    def value(body: str, series: str) -> float:
+        match = re.search(rf"^{re.escape(series)}{{[^}}]*}} (\S+)$", body, re.MULTILINE)
+        assert match, series
+        return float(match.group(1))
+
+    before = scrape()
+    done = _post(tiny_server, "/v1/completions", {"prompt": "one two three", "max_tokens": 3, "n": 3,
+                                                  "temperature": 1.0, "seed": 1})
+    after = scrape()
+    prompt_len = done["usage"]["prompt_tokens"]
+    # vLLM (0.32) counts the prompt once per sequence: n times.
+    assert value(after, "vllm:prompt_tokens_total") - value(before, "vllm:prompt_tokens_total") == 3 * prompt_len
+    assert value(after, "vllm:request_max_num_generation_tokens_count") - \
+        value(before, "vllm:request_max_num_generation_tokens_count") == 3
+    labels = re.search(r"^vllm:prompt_tokens_total({[^}]*})", after, re.MULTILINE).group(1)
+    assert f'model_name="{tiny_server.model_name}"' in labels and 'engine="0"' in labels

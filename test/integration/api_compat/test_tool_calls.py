@@ -1,0 +1,122 @@
+"""Tool calling against a real server (tiny random-weight Llama, ``--tool_call_parser hermes``).
+
+A random model never writes a call by itself, so ``tool_choice: "required"`` and a named function
+are the end-to-end proof: structured output forces a call, and the OpenAI client and
+langchain-openai get parsed ``tool_calls`` whose arguments validate against the tool's schema.
+``auto`` and ``none`` check the plumbing (no ``tool_calls`` when the text holds no call); the
+parsing of known call texts is covered by test/unit/test_tool_call_parsing.py and
+test/unit/test_tool_calls_api.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from server_process import start_server
+
+WEATHER_PARAMS = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                                                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                  "required": ["city", "days"], "additionalProperties": False}
+ZONE_PARAMS = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+               "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast",
+                                           "parameters": WEATHER_PARAMS}},
+         {"type": "function", "function": {"name": "get_time", "parameters": ZONE_PARAMS}}]
+SCHEMAS = {"get_weather": WEATHER_PARAMS, "get_time": ZONE_PARAMS}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_llama_dir, tmp_path_factory):
+    """A server that reads hermes tool calls."""
+    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
+                          ["--max_total_token_num", "16384", "--tool_call_parser", "hermes"])
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def tool_client(tool_server):
+    return openai.OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def check_calls(calls, count=None) -> None:
+    assert calls and (count is None or len(calls) == count)
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_and_named_force_valid_calls(tool_client, tool_server):
+    for seed in (1, 2, 3):
+        done = tool_client.chat.completions.create(model=tool_server.model_name, messages=MESSAGES, tools=TOOLS,
+                                                   tool_choice="required", parallel_tool_calls=False, seed=seed,
+                                                   temperature=1.0, max_tokens=64)
+        assert done.choices[0].finish_reason == "tool_calls"
+        check_calls(done.choices[0].message.tool_calls, 1)
+        named = tool_client.chat.completions.create(
+            model=tool_server.model_name, messages=MESSAGES, tools=TOOLS, seed=seed, temperature=1.0, max_tokens=64,
+            tool_choice={"type": "function", "function": {"name": "get_time"}})
+        assert named.choices[0].finish_reason == "stop" and named.choices[0].message.content is None
+        check_calls(named.choices[0].message.tool_calls, 1)
+        assert named.choices[0].message.tool_calls[0].function.name == "get_time"
+
+
+def test_required_and_named_stream_tool_call_deltas(tool_client, tool_server):
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        chunks = list(tool_client.chat.completions.create(
+            model=tool_server.model_name, messages=MESSAGES, tools=TOOLS, tool_choice=choice, stream=True, seed=4,
+            parallel_tool_calls=False, temperature=1.0, max_tokens=64))
+        deltas = [call for chunk in chunks for call in (chunk.choices[0].delta.tool_calls or [])]
+        assert deltas[0].id.startswith("call_") and deltas[0].function.name
+        assert all(delta.id is None and delta.function.name is None for delta in deltas[1:])
+        arguments = "".join(delta.function.arguments or "" for delta in deltas)
+        jsonschema.validate(json.loads(arguments), SCHEMAS[deltas[0].function.name])
+        assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+        with tool_client.chat.completions.stream(model=tool_server.model_name, messages=MESSAGES, tools=TOOLS,
+                                                 tool_choice=choice, seed=4, parallel_tool_calls=False,
+                                                 temperature=1.0, max_tokens=64) as stream:
+            final = stream.get_final_completion()
+        assert final.choices[0].message.tool_calls[0].function.arguments == arguments
+
+
+def test_auto_and_none_without_a_call_in_the_text(tool_client, tool_server, tiny_server):
+    for tool_choice in ("auto", "none"):
+        done = tool_client.chat.completions.create(model=tool_server.model_name, messages=MESSAGES, tools=TOOLS,
+                                                   tool_choice=tool_choice, max_tokens=12, temperature=0)
+        message = done.choices[0].message
+        assert message.tool_calls is None and "<tool_call>" not in message.content
+        assert done.choices[0].finish_reason in ("stop", "length")
+    # A conversation with a call and its result renders through the checkpoint's template.
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"}]
+    answer = tool_client.chat.completions.create(model=tool_server.model_name, messages=history, tools=TOOLS,
+                                                 max_tokens=4)
+    assert answer.usage.prompt_tokens > 0
+    # Without --tool_call_parser "auto" is refused with the flag's name; "required" still works.
+    refused = httpx.post(f"{tiny_server.url}/v1/chat/completions", timeout=60, json={
+        "model": tiny_server.model_name, "messages": MESSAGES, "tools": TOOLS})
+    assert refused.status_code == 400 and "--tool_call_parser" in refused.json()["error"]["message"]
+    forced = httpx.post(f"{tiny_server.url}/v1/chat/completions", timeout=60, json={
+        "model": tiny_server.model_name, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+        "parallel_tool_calls": False, "max_tokens": 64}).json()
+    assert forced["choices"][0]["message"]["tool_calls"][0]["function"]["name"] in SCHEMAS
+
+
+def test_langchain_bind_tools_forced_call(tool_server):
+    import langchain_openai  # a test requirement; imported here to keep the module's start-up light
+    llm = langchain_openai.ChatOpenAI(model=tool_server.model_name, base_url=f"{tool_server.url}/v1",
+                                      api_key="unused", temperature=1.0, max_tokens=64, seed=5)
+    message = llm.bind_tools(TOOLS, tool_choice="get_weather").invoke("Weather in Rome?")
+    (call,) = message.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(call["args"], WEATHER_PARAMS)
+    anything = llm.bind_tools(TOOLS, tool_choice="any", parallel_tool_calls=False).invoke("What time is it?")
+    assert anything.tool_calls and anything.tool_calls[0]["name"] in SCHEMAS

@@ -1,0 +1,235 @@
+"""Client-compatibility fields of the OpenAI endpoints and the truthfulness of /openapi.json.
+
+Null as absent, OpenAI platform fields (accepted with a meaning or refused with the reason),
+vLLM's structured-output parameters, ``logit_bias``, ``truncate_prompt_tokens``, chat-template
+overrides; the OpenAPI document lists error bodies and SSE and agrees with the validation.
+The app is the real ``create_app`` over the scripted manager of ``api_fakes``; the same fields on
+a real server are tested in test/integration/api_compat/test_client_fields.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeManager, assert_error, chat, completion
+from lightllm.server.api_openai_models import ChatCompletionRequest, CompletionRequest
+
+
+def _optional_fields(model: Any) -> list[str]:
+    return [name for name, info in model.model_fields.items() if not info.is_required()]
+
+
+# ---------------------------------------------------------------- null means absent
+
+
+@pytest.mark.parametrize("name", _optional_fields(CompletionRequest))
+def test_completions_take_null_for_every_optional_field(client: TestClient, name: str) -> None:
+    assert completion(client, **{name: None}).status_code == 200, name
+
+
+@pytest.mark.parametrize("name", _optional_fields(ChatCompletionRequest))
+def test_chat_takes_null_for_every_optional_field(client: TestClient, name: str) -> None:
+    assert chat(client, **{name: None}).status_code == 200, name
+
+
+def test_null_inside_stream_options_is_absent(client: TestClient) -> None:
+    response = chat(client, stream=True, stream_options={"include_usage": None, "continuous_usage_stats": None})
+    assert response.status_code == 200
+
+
+# ---------------------------------------------------------------- platform fields
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"store": True}, "store"),
+    ({"service_tier": "flex"}, "service_tier"),
+    ({"service_tier": "priority"}, "service_tier"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "metadata"),
+    ({"metadata": {"k": 5}}, "metadata.k"),
+    ({"prediction": {"type": "text", "content": "x"}}, "prediction.type"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"documents": [{"title": 5}]}, "documents.0.title"),
+    ({"chat_template": ""}, "chat_template"),
+])
+def test_platform_fields_refused_with_reason(client: TestClient, fields: dict[str, Any], param: str) -> None:
+    error = assert_error(chat(client, **fields), 400, param)
+    if param == "store":
+        assert "stores no completions" in error["message"]
+    if param == "service_tier":
+        assert "one tier" in error["message"]
+    if fields.get("reasoning_effort") == "low":
+        assert "chat template does not read it" in error["message"]
+
+
+def test_platform_fields_accepted_with_their_meaning(client: TestClient, manager: FakeManager) -> None:
+    accepted = {"store": False, "service_tier": "auto", "metadata": {"team": "a"}, "user": "u1",
+                "prediction": {"type": "content", "content": "expected text"}}
+    assert chat(client, **accepted).status_code == 200
+    assert completion(client, **{**accepted, "service_tier": "default"}).status_code == 200
+
+
+def test_chat_template_and_documents_reach_the_template(client: TestClient, manager: FakeManager) -> None:
+    docs = [{"title": "a", "text": "b"}]
+    assert chat(client, chat_template="{{ messages }}", documents=docs,
+                chat_template_kwargs={"flag": True}).status_code == 200
+    assert manager.template_options["chat_template_kwargs"] == {"flag": True, "chat_template": "{{ messages }}",
+                                                                "documents": docs}
+    assert_error(chat(client, chat_template_kwargs={"chat_template": "x"}), 400, "chat_template_kwargs")
+
+
+def test_reasoning_effort_reaches_a_template_that_reads_it(client: TestClient, manager: FakeManager) -> None:
+    template = "{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert chat(client, chat_template=template, reasoning_effort="high").status_code == 200
+    assert manager.template_options["chat_template_kwargs"]["reasoning_effort"] == "high"
+
+
+# ---------------------------------------------------------------- logit_bias, logprobs, truncation
+
+
+def test_logit_bias_reaches_the_sampling_params(client: TestClient, manager: FakeManager) -> None:
+    assert completion(client, logit_bias={"5": 2, "7": -100.0}).status_code == 200
+    assert manager.calls[-1].params.logit_bias == {5: 2.0, 7: -100.0}
+    assert chat(client, logit_bias={}).status_code == 200
+    assert manager.calls[-1].params.logit_bias == {}
+    assert_error(chat(client, logit_bias={str(i): 1 for i in range(301)}), 400, "logit_bias")
+    assert_error(chat(client, logit_bias={"-1": 1}), 400, "logit_bias")
+    assert_error(chat(client, logit_bias={"01": 1}), 400, "logit_bias")
+
+
+def test_twenty_logprobs_on_both_endpoints(client: TestClient, manager: FakeManager) -> None:
+    assert completion(client, logprobs=20).status_code == 200
+    assert chat(client, logprobs=True, top_logprobs=20).status_code == 200
+    assert_error(chat(client, logprobs=True, top_logprobs=21), 400, "top_logprobs")
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(client: TestClient, manager: FakeManager) -> None:
+    full = manager.encode_prompt("a b c d e f")
+    data = completion(client, prompt="a b c d e f", truncate_prompt_tokens=3).json()
+    assert manager.calls[-1].prompt_ids == full[-3:]
+    assert data["usage"]["prompt_tokens"] == 3
+    completion(client, prompt=[5, 6, 7], truncate_prompt_tokens=10)
+    assert manager.calls[-1].prompt_ids == [5, 6, 7]
+    chat(client, truncate_prompt_tokens=2)
+    assert len(manager.calls[-1].prompt_ids) == 2
+    assert_error(completion(client, truncate_prompt_tokens=0), 400, "truncate_prompt_tokens")
+    assert_error(completion(client, truncate_prompt_tokens=True), 400, "truncate_prompt_tokens")
+
+
+# ---------------------------------------------------------------- vLLM structured outputs
+
+
+@pytest.mark.parametrize("fields", [
+    {"guided_regex": "[a-z]+"},
+    {"guided_choice": ["yes", "no"]},
+    {"guided_json": {"type": "object"}},
+    {"guided_json": '{"type": "integer"}'},
+    {"guided_grammar": 'start: "a" | "b"'},
+    {"structured_outputs": {"regex": "\\d{3}"}},
+    {"structured_outputs": {"choice": ["x", "say \"hi\""]}},
+    {"structured_outputs": {"json": {"type": "array"}}},
+    {"structured_outputs": {"json_object": True}},
+    {"structured_outputs": {"grammar": 'start: "z"+'}},
+])
+def test_structured_output_params_become_a_grammar(client: TestClient, manager: FakeManager,
+                                                   fields: dict[str, Any]) -> None:
+    for send in (chat, completion):
+        assert send(client, **fields).status_code == 200
+        assert manager.calls[-1].params.grammar
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"guided_regex": "(["}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": [""]}, "guided_choice"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_json": {"type": 5}}, "guided_json"),
+    ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"backend": "xgrammar"}}, "structured_outputs"),
+    ({"structured_outputs": {"json_object": False}}, "structured_outputs.json_object"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "guided_regex"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_bad_structured_output_params_are_refused(client: TestClient, fields: dict[str, Any], param: str) -> None:
+    assert_error(chat(client, **fields), 400, param)
+
+
+# ---------------------------------------------------------------- non-finite numbers
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_are_refused_as_not_finite(client: TestClient, literal: str) -> None:
+    raw = '{"model": "%s", "prompt": "hi", "temperature": %s}' % (MODEL, literal)
+    response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    error = assert_error(response, 400, "temperature")
+    assert "must be finite" in error["message"]
+    raw = '{"inputs": "hi", "parameters": {"top_p": %s}}' % literal
+    response = client.post("/generate", content=raw, headers={"content-type": "application/json"})
+    assert "must be finite" in assert_error(response, 400, "parameters.top_p")["message"]
+
+
+# ---------------------------------------------------------------- OpenAPI
+
+
+def test_openapi_lists_error_bodies_and_event_streams(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    assert document["components"]["schemas"]["ErrorResponse"]["required"] == ["error"]
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "422" not in responses, path  # bodies are validated into 400s
+            statuses = {"401", "500"} | ({"400", "404", "413", "503"} if method == "post" else set())
+            for status in statuses:
+                assert responses[status]["content"]["application/json"]["schema"] == error_ref, (path, status)
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        content = document["paths"][path]["post"]["responses"]["200"]["content"]
+        assert set(content) == {"application/json", "text/event-stream"}
+    assert set(document["paths"]["/generate_stream"]["post"]["responses"]["200"]["content"]) == {"text/event-stream"}
+    assert "text/event-stream" not in document["paths"]["/generate"]["post"]["responses"]["200"]["content"]
+
+
+# Bodies the server refuses that a schema-driven fuzzer could generate: the schema must refuse them too.
+_REFUSED_BODIES = {
+    "/v1/completions": [
+        {"prompt": ""}, {"prompt": []}, {"prompt": [""]}, {"prompt": [[]]}, {"prompt": "x", "stop": [""]},
+        {"prompt": "x", "n": 0}, {"prompt": "x", "logprobs": 21}, {"prompt": "x", "logit_bias": {"1": 101}},
+        {"prompt": "x", "logit_bias": {"a": 1}}, {"prompt": "x", "truncate_prompt_tokens": 0},
+        {"prompt": "x", "store": True}, {"prompt": "x", "service_tier": "flex"},
+        {"prompt": "x", "structured_outputs": {}}, {"prompt": "x", "guided_choice": []},
+        {"prompt": ["x"] * 65},
+    ],
+    "/v1/chat/completions": [
+        {"messages": []}, {"messages": [{"role": "", "content": "x"}]},
+        {"messages": [{"role": "robot", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21, "logprobs": True},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template": ""},
+        {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"},
+    ],
+}
+_ACCEPTED_BODIES = {
+    "/v1/completions": [{"prompt": "x", "n": None, "logit_bias": {"5": -100}, "store": False, "metadata": None,
+                         "service_tier": "auto", "truncate_prompt_tokens": 4, "structured_outputs": {"regex": "a"}}],
+    "/v1/chat/completions": [{"messages": [{"role": "user", "content": "x"}], "prediction": None, "documents": None,
+                              "top_logprobs": 20, "logprobs": True, "reasoning_effort": None}],
+}
+
+
+def test_openapi_schemas_agree_with_validation(client: TestClient) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    document = client.get("/openapi.json").json()
+    names = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}
+    for path, name in names.items():
+        validator = jsonschema.Draft202012Validator({**document, **document["components"]["schemas"][name]})
+        for body in _REFUSED_BODIES[path]:
+            assert client.post(path, json=body).status_code == 400, body
+            assert not validator.is_valid(body), body
+        for body in _ACCEPTED_BODIES[path]:
+            assert client.post(path, json=body).status_code == 200, body
+            validator.validate(body)

@@ -1,0 +1,174 @@
+"""The front door on real sockets: per-client and global connection limits, probes, hand-over to uvicorn.
+
+A real uvicorn server (the app around a scripted manager) runs behind a real front door on
+loopback. Clients from a second address use 127.0.0.2 as their source (Linux routes all of
+127.0.0.0/8 to loopback), so the server sees two different peers.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Iterator, List, Tuple
+
+import pytest
+import uvicorn
+
+from api_fakes import FakeManager
+from lightllm.server.api_http import create_app
+from lightllm.server.http_front_door import FrontDoor
+from lightllm.server.http_probe_parsing import health_path, may_be_health
+from lightllm.server.http_protocol import guarded_protocol_class
+from lightllm.server.http_server_options import AuthPolicy, HttpLimits, HttpServerOptions
+from lightllm.server.listen_sockets import bind_listeners
+from lightllm.server.supervisor import SupervisedServer, Supervisor
+
+KEY = "front-door-test-key"
+LIMITS = HttpLimits(header_timeout=20, body_timeout=5, keep_alive_timeout=5, max_connections=6,
+                    max_connections_per_client=3)
+OTHER_PEER = "127.0.0.2"
+
+
+def _can_bind_other_peer() -> bool:
+    try:
+        with socket.socket() as sock:
+            sock.bind((OTHER_PEER, 0))
+        return True
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _can_bind_other_peer(), reason="127.0.0.2 is not a loopback address here")
+
+
+@pytest.fixture()
+def served() -> Iterator[Tuple[FrontDoor, int]]:
+    """A front door serving the app on a free port; yields it and the port."""
+    options = HttpServerOptions(limits=LIMITS, auth=AuthPolicy(api_keys=(KEY,)))
+    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, options.auth)
+    door.start()
+    manager = FakeManager()
+    config = uvicorn.Config(create_app(manager, options), log_level="error", http=guarded_protocol_class(LIMITS))
+    server = SupervisedServer(config, Supervisor(manager, 0), front_door=door)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not door.serving:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    yield door, door.port
+    server.should_exit = True
+    thread.join(10)
+    door.close()
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect(("127.0.0.1", port))
+    sock.settimeout(10)
+    return sock
+
+
+def _request(port: int, method: str, path: str, source: str = "127.0.0.1", key: str | None = None,
+             body: bytes = b"") -> Tuple[int, dict]:
+    """One request on a fresh connection; (status, JSON body)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    if key:
+        head += f"Authorization: Bearer {key}\r\n"
+    if body:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    with _connect(port, source) as sock:
+        sock.sendall(head.encode() + b"\r\n" + body)
+        return _read_answer(sock)
+
+
+def _read_answer(sock: socket.socket) -> Tuple[int, dict]:
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload) if payload else {}
+
+
+def _hold(port: int, count: int, source: str = "127.0.0.1") -> List[socket.socket]:
+    """``count`` connections that send one byte of a request and then nothing."""
+    held = [_connect(port, source) for _ in range(count)]
+    for sock in held:
+        sock.sendall(b"G")
+    return held
+
+
+def test_a_client_beyond_its_limit_is_refused_while_others_and_health_are_served(served) -> None:
+    _, port = served
+    held = _hold(port, LIMITS.max_connections_per_client)
+    try:
+        with _connect(port) as extra:
+            status, body = _read_answer(extra)
+        assert status == 503 and body["error"]["code"] == "too_many_client_connections"
+        assert "--http_max_connections_per_client" in body["error"]["message"]
+        assert _request(port, "GET", "/v1/models", OTHER_PEER, KEY)[0] == 200
+        assert _request(port, "GET", "/health", OTHER_PEER) == (200, {"status": "ok"})
+        generate = json.dumps({"inputs": "hello", "parameters": {"max_new_tokens": 2}}).encode()
+        assert _request(port, "POST", "/generate", OTHER_PEER, KEY, generate)[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_beyond_the_cap_probes_and_keyed_requests_are_served_others_refused(served) -> None:
+    _, port = served
+    held = _hold(port, 3) + _hold(port, 3, OTHER_PEER)  # the cap (6), from two clients of 3
+    try:
+        assert _request(port, "GET", "/health/live", "127.0.0.3") == (200, {"status": "alive"})
+        status, body = _request(port, "GET", "/v1/models", "127.0.0.3")
+        assert status == 503 and body["error"]["code"] == "too_many_connections"
+        assert _request(port, "GET", "/health", "127.0.0.3") == (200, {"status": "ok"})
+        assert _request(port, "GET", "/v1/models", "127.0.0.3", KEY)[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_closed_connections_give_their_places_back(served) -> None:
+    _, port = served
+    for _ in range(3):
+        held = _hold(port, LIMITS.max_connections_per_client)
+        for sock in held:
+            sock.close()
+        # The front door sees each close when it next reads; until then this client may still be full.
+        deadline = time.monotonic() + 10
+        while _request(port, "GET", "/v1/models", key=KEY)[0] != 200:
+            assert time.monotonic() < deadline, "closed connections still count against the client"
+            time.sleep(0.05)
+
+
+def test_a_starting_server_answers_probes_and_refuses_requests() -> None:
+    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, AuthPolicy())
+    door.start()
+    try:
+        assert _request(door.port, "GET", "/health/live") == (200, {"status": "alive"})
+        for path in ("/health", "/health/ready", "/v1/models"):
+            status, body = _request(door.port, "GET", path)
+            assert status == 503 and body["error"]["code"] == "server_starting", path
+        door.stop_serving()
+        status, body = _request(door.port, "GET", "/v1/models")
+        assert status == 503 and body["error"]["code"] == "server_shutting_down"
+    finally:
+        door.close()
+
+
+def test_probe_recognition() -> None:
+    assert health_path(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n") == "/health"
+    assert health_path(b"HEAD /health/live?x=1 HTTP/1.0\r\n\r\n") == "/health/live"
+    assert health_path(b"POST /health HTTP/1.1\r\n\r\n") is None
+    assert health_path(b"GET /healthz HTTP/1.1\r\n\r\n") is None
+    assert health_path(b"GET /health HTTP/1.1\r\nHost: x\r\n") is None  # head not complete yet
+    assert may_be_health(b"GE") and may_be_health(b"GET /heal") and may_be_health(b"GET /health/re")
+    assert may_be_health(b"GET /health HTTP/1.1\r\nHost")
+    assert not may_be_health(b"POST /generate") and not may_be_health(b"GET /v1/models HTTP/1.1\r\n")

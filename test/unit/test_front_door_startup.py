@@ -1,0 +1,83 @@
+"""Start-up checks of the real launcher: ports are bound before anything loads, exit codes, the open-host warning.
+
+Each test runs ``python -m lightllm.server.api_server`` and reads its output; none of them loads a
+model: that the process stopped before loading is checked on its output lines, not on time.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+from lightllm.server.listen_sockets import EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE, bind_listeners, is_loopback
+from lightllm.utils.process_utils import free_port
+
+# Lines the launcher logs once it plans or loads the model.
+LOADING_MARKERS = ("starting: model=", "children ready", "serving on")
+
+
+def _launch(args: List[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lightllm.server.api_server", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def _lines(proc: subprocess.CompletedProcess) -> List[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+
+
+def test_a_taken_http_port_exits_3_with_one_line_before_the_model_loads(tiny_llama_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = _launch(["--model_dir", str(tiny_llama_dir), "--port", str(port)])
+    assert proc.returncode == EXIT_PORT_UNAVAILABLE == 3
+    errors = [line for line in _lines(proc) if line.startswith("error:")]
+    assert errors == [f"error: cannot listen on 127.0.0.1:{port} (--host/--port): Address already in use; "
+                      "is another server running on this port?"], _lines(proc)
+    assert not any(marker in line for line in _lines(proc) for marker in LOADING_MARKERS)
+
+
+def test_a_taken_transfer_port_exits_3_naming_it(tiny_llama_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = _launch(["--model_dir", str(tiny_llama_dir), "--run_mode", "prefill", "--port", str(free_port()),
+                        "--pd_transfer_port", str(port)])
+    assert proc.returncode == EXIT_PORT_UNAVAILABLE
+    errors = [line for line in _lines(proc) if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: --pd_transfer_port {port}: cannot listen on"), errors
+    assert not any(marker in line for line in _lines(proc) for marker in LOADING_MARKERS)
+
+
+def test_listening_beyond_loopback_without_a_key_warns_once(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no_model_here")  # the config read fails after the warning: nothing loads
+    proc = _launch(["--model_dir", missing, "--host", "0.0.0.0", "--port", str(free_port())])
+    assert proc.returncode == EXIT_INVALID_CONFIG
+    warnings = [line for line in _lines(proc) if "beyond loopback" in line]
+    assert len(warnings) == 1 and "without an API key" in warnings[0] and "--api_key" in warnings[0]
+    keyed = _launch(["--model_dir", missing, "--host", "0.0.0.0", "--port", str(free_port()), "--api_key", "k1"])
+    assert keyed.returncode == EXIT_INVALID_CONFIG
+    assert not any("beyond loopback" in line for line in _lines(keyed))
+    local = _launch(["--model_dir", missing, "--port", str(free_port())])
+    assert not any("beyond loopback" in line for line in _lines(local))
+
+
+def test_an_invalid_per_client_limit_is_refused_in_one_line(tiny_llama_dir: Path) -> None:
+    proc = _launch(["--model_dir", str(tiny_llama_dir), "--port", str(free_port()), "--http_max_connections", "8",
+                    "--http_max_connections_per_client", "9"])
+    assert proc.returncode == EXIT_INVALID_CONFIG
+    assert [line for line in _lines(proc) if line.startswith("error:")] == [
+        "error: --http_max_connections_per_client must be in 1..--http_max_connections (8), got 9"]
+
+
+def test_loopback_names_and_binding() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("[::1]")
+    assert is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.0.0.1")
+    sockets = bind_listeners("127.0.0.1", 0)
+    try:
+        assert len(sockets) == 1 and sockets[0].getsockname()[0] == "127.0.0.1"
+    finally:
+        for sock in sockets:
+            sock.close()

@@ -1,0 +1,169 @@
+"""Tool calling through the HTTP layer (request checks, template arguments, responses, streams) with a
+request manager whose generations are scripted texts, read by the official OpenAI client and
+langchain-openai."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeEvent, FakeManager, assert_error, chat, sse_events
+from lightllm.server.api_http import create_app
+from lightllm.server.http_server_options import HttpServerOptions
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CLOCK_TOOL = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+CALL_TEXT = ["Checking", " the weather.", "\n<tool", "_call>\n", '{"name": "get_', 'weather", "arg',
+             'uments": {"city": ', '"Paris"}}', "\n</tool_call>"]
+
+
+class ScriptedManager(FakeManager):
+    """A FakeManager whose every generation yields the pieces of ``script`` and stops."""
+
+    def __init__(self, script: list[str]) -> None:
+        super().__init__()
+        self.script = script
+
+    async def generate(self, prompt_ids: list[int], params: Any, *, high_priority: bool = False,
+                       request: Any = None, count_prompt: bool = True) -> AsyncIterator[FakeEvent]:
+        self.calls.append(type("Call", (), {"params": params, "prompt_ids": prompt_ids})())
+        for position, piece in enumerate(self.script):
+            await asyncio.sleep(0)
+            finish = "stop" if position == len(self.script) - 1 else None
+            yield FakeEvent(len(self.calls), 20 + position, piece, -0.5, finish, len(prompt_ids), 0, position + 1, None)
+
+
+def make_client(script: list[str], parser: str | None = "hermes") -> tuple[TestClient, ScriptedManager]:
+    manager = ScriptedManager(script)
+    app = create_app(manager, HttpServerOptions(tool_call_parser=parser))
+    return TestClient(app, raise_server_exceptions=False), manager
+
+
+def test_auto_call_non_streaming_and_template_arguments() -> None:
+    client, manager = make_client(CALL_TEXT)
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    response = chat(client, messages=messages, tools=[WEATHER_TOOL, CLOCK_TOOL])
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert choice["message"]["content"] == "Checking the weather."
+    # The template gets the tools and the history's arguments as a mapping (transformers' convention).
+    assert manager.template_options["chat_template_kwargs"]["tools"] == [WEATHER_TOOL, CLOCK_TOOL]
+    rendered = manager.chat_messages[-1]
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
+    assert rendered[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    assert manager.calls[-1].params.grammar is None
+
+
+def test_auto_call_streaming_deltas() -> None:
+    client, _ = make_client(CALL_TEXT)
+    events = sse_events(chat(client, tools=[WEATHER_TOOL], stream=True))
+    assert events[-1] == "[DONE]"
+    deltas = [event["choices"][0] for event in events[:-1]]
+    content = "".join(choice["delta"].get("content") or "" for choice in deltas)
+    assert content == "Checking the weather.\n"
+    calls = [entry for choice in deltas for entry in choice["delta"].get("tool_calls", [])]
+    assert calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "get_weather"
+    assert all(set(entry) == {"index", "function"} for entry in calls[1:])
+    assert "".join(entry["function"]["arguments"] for entry in calls) == '{"city": "Paris"}'
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
+def test_no_call_and_tool_choice_none() -> None:
+    client, manager = make_client(["Just", " text."])
+    plain = chat(client, tools=[WEATHER_TOOL]).json()["choices"][0]
+    assert plain["message"] == {"role": "assistant", "content": "Just text."} and plain["finish_reason"] == "stop"
+    # "none" needs no parser; the call text stays content.
+    client, manager = make_client(CALL_TEXT, parser=None)
+    none = chat(client, tools=[WEATHER_TOOL], tool_choice="none").json()["choices"][0]
+    assert none["message"]["content"] == "".join(CALL_TEXT) and "tool_calls" not in none["message"]
+    assert manager.template_options["chat_template_kwargs"]["tools"] == [WEATHER_TOOL]
+
+
+def test_required_and_named_use_the_grammar_path() -> None:
+    client, manager = make_client(['[{"name":"clock","parameters":{}}]'], parser=None)
+    required = chat(client, tools=[WEATHER_TOOL, CLOCK_TOOL], tool_choice="required").json()["choices"][0]
+    assert required["finish_reason"] == "tool_calls"
+    assert [call["function"] for call in required["message"]["tool_calls"]] == [{"name": "clock", "arguments": "{}"}]
+    assert manager.calls[-1].params.grammar is not None
+    client, manager = make_client(['{"city":', '"Oslo"}'], parser=None)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    choice = chat(client, tools=[WEATHER_TOOL], tool_choice=named).json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}
+    # The grammar is the function's parameters schema (the JSON schema is embedded in the grammar).
+    assert '"city"' in manager.calls[-1].params.grammar
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"tools": [WEATHER_TOOL]}, "tool_choice", "--tool_call_parser"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice", "--tool_call_parser"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice", "no tools"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice.function.name", "nope"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice", "one of"),
+        ({"tools": []}, "tools", "empty"),
+        ({"tools": [{"type": "retrieval"}]}, "tools.0", "function tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name", "letters"),
+        ({"tools": [WEATHER_TOOL, WEATHER_TOOL], "tool_choice": "none"}, "tools.1.function.name", "two functions"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+          "tool_choice": "none"}, "tools.0.function.parameters", "object"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"a": {"type": "nonsense"}}}}}], "tool_choice": "required"}, "tools", "invalid JSON schema"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}], "tool_choice": "none"},
+         "tools.0.function", "extra"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "tool_choice", "cannot be combined"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+          "structured_outputs": {"regex": "a+"}}, "tool_choice", "cannot be combined"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id", "tool_call_id"),
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]}, "messages.0.tool_call_id", "only"),
+        ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
+         "messages.0.tool_calls", "valid JSON"),
+    ],
+)
+def test_tool_fields_refused_clearly(fields: dict[str, Any], param: str, words: str) -> None:
+    client, manager = make_client(["x"], parser=None)
+    error = assert_error(chat(client, **fields), 400, param)
+    assert words in error["message"]
+    assert manager.calls == []
+
+
+def test_official_client_and_langchain_read_tool_calls() -> None:
+    openai = pytest.importorskip("openai")
+    langchain_openai = pytest.importorskip("langchain_openai")
+    client, _ = make_client(CALL_TEXT)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)
+    done = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL])
+    assert done.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(done.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    with sdk.chat.completions.stream(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                     tools=[WEATHER_TOOL]) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+    llm = langchain_openai.ChatOpenAI(model=MODEL, base_url="http://testserver/v1", api_key="unused",
+                                      http_client=client, max_retries=0)
+    bound = llm.bind_tools([WEATHER_TOOL])
+    message = bound.invoke("Weather in Paris?")
+    assert message.tool_calls[0]["name"] == "get_weather" and message.tool_calls[0]["args"] == {"city": "Paris"}
+    chunks = list(bound.stream("Weather in Paris?"))
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged = merged + chunk
+    assert merged.tool_calls[0]["args"] == {"city": "Paris"}
