@@ -30,6 +30,7 @@ def load_model(
     device: torch.device | str = "cpu",
     tp: Optional[TensorParallelGroup] = None,
     attention: Optional[AttentionBackend] = None,
+    linear_backend: str = "torch",
 ) -> DecoderOnlyTransformer:
     """Read ``model_dir``'s config, pick the class for its ``model_type`` and load the weights."""
     config = ModelConfig.from_dir(model_dir)
@@ -38,4 +39,5 @@ def load_model(
         raise ModelConfigError(
             f"model_type {config.model_type!r} is not supported; supported: {', '.join(supported_model_types())}"
         )
-    return model_cls(model_dir, config, dtype=dtype, device=device, tp=tp, attention=attention)
+    return model_cls(model_dir, config, dtype=dtype, device=device, tp=tp, attention=attention,
+                     linear_backend=linear_backend)

@@ -10,11 +10,50 @@ import argparse
 import math
 from typing import Optional
 
-from lightllm.server.api_cli import PD_RUN_MODES
+from lightllm.server.api_cli import PD_RUN_MODES, make_argument_parser
+from lightllm.server.httpserver_for_pd_master.node_info import NODE_ID_PATTERN
 
 
 class ArgumentError(ValueError):
     """An impossible combination of flags."""
+
+
+# PD flags read by one kind of PD process only (the master refuses node flags itself:
+# master_start.check_master_flags); given to any other role they are refused, not ignored.
+_DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
+_MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds")
+
+
+def _given(args: argparse.Namespace, names: tuple) -> list:
+    """The flags among ``names`` whose value differs from the parser's default."""
+    parser = make_argument_parser()
+    return [name for name in names if hasattr(args, name) and getattr(args, name) != parser.get_default(name)]
+
+
+def _check_pd_flag_roles(args: argparse.Namespace) -> None:
+    """Refuse PD flags given to a process role that does not read them (one line naming them)."""
+    run_mode = getattr(args, "run_mode", "normal")
+    if run_mode not in PD_RUN_MODES:
+        given = _given(args, tuple(name for name in vars(args) if name.startswith("pd_")))
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if len(given) == 1 else ''} "
+                                f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
+                                "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
+        return
+    if run_mode == "prefill":
+        given = _given(args, _DECODE_ONLY_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
+                                "(--run_mode decode), not by a prefill node")
+    if run_mode in ("prefill", "decode"):
+        given = _given(args, _MASTER_ONLY_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by the PD master only "
+                                f"(--run_mode pd_master), not by a {run_mode} node")
+    node_id = getattr(args, "pd_node_id", None)
+    if node_id is not None and not NODE_ID_PATTERN.match(node_id):
+        raise ArgumentError("--pd_node_id must be 1-128 characters of letters, digits and '._:-' starting with a "
+                            f"letter or digit, got {node_id!r}")
 
 
 def _validate_pd_args(args: argparse.Namespace) -> None:
@@ -41,6 +80,7 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
             raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
         if not key.strip() or key != key.strip():
             raise ArgumentError("--pd_cluster_key must be non-empty and carry no surrounding whitespace")
+    _check_pd_flag_roles(args)
 
 
 def _validate_http_args(args: argparse.Namespace) -> None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.attention.selection import resolve_attention_backend
-from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.linear_kernels import resolve_linear_backend
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
 from lightllm.server.api_args_check import ArgumentError, validate_args
 from lightllm.server.api_cli import make_argument_parser
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
@@ -53,6 +54,7 @@ from lightllm.server.pd.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.router.model_infer.model_rank_process import model_rank_process_main
 from lightllm.server.server_sizing import ServerSizing, plan_sizing
+from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import free_port
@@ -237,6 +239,8 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         import torch
 
         validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        # The LIGHTLLM_PD_* variables this role reads: a bad one is a one-line exit 2, not failed requests.
+        check_pd_env(args.run_mode)
         from lightllm.server.http_front_door import open_front_door
         from lightllm.server.http_server_options import AuthPolicy
 
@@ -269,6 +273,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         model_config = ModelConfig.from_dir(args.model_dir)
         sizing = plan_sizing(args, model_config, resolve_device(args))
         args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
+        args.linear_backend = resolve_linear_backend(args.linear_backend, sizing.device, parse_dtype(sizing.dtype_name))
         if args.run_mode in ("prefill", "decode"):
             # Imported here, like the HTTP modules below: the spawned children re-import this module.
             from lightllm.server.pd.node_launch import prepare_pd_node

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import resource
 from dataclasses import dataclass, field
 from typing import Any, Optional, Tuple
 
 from lightllm.server.api_cli import PD_RUN_MODES
-from lightllm.utils.envs_utils import api_keys_from_env
+from lightllm.utils.envs_utils import api_keys_from_env, pd_cluster_key_from_env
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ class AuthPolicy:
         admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
         cluster_key = getattr(args, "pd_cluster_key", None)
         if cluster_key is None and getattr(args, "run_mode", "normal") in PD_RUN_MODES:
-            cluster_key = os.environ.get(PD_CLUSTER_KEY_ENV, "").strip() or None
+            cluster_key = pd_cluster_key_from_env()
         return cls(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority,
                    cluster_key=cluster_key)
 

@@ -134,6 +134,7 @@ def build_process_configs(
             mixed_batches=not (args.disable_mixed_batches or args.disable_chunked_prefill),
             prefill_queue_strategy=args.prefill_queue_strategy,
             attention_backend=args.attention_backend,
+            linear_backend=args.linear_backend,
             prefill_overtake_bound=overtake_bound,
             use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
             log_level=args.log_level, torch_threads=sizing.torch_threads,

@@ -87,7 +87,46 @@ def pd_transfer_failure_probability() -> float:
 
 
 def pd_node_busy_retry_timeout_seconds() -> float:
-    """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0; 0 when unset."""
+    """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0; 0 when unset.
+
+    Read once, when the PD master starts (:func:`check_pd_env` and ``build_master``); the
+    request path gets the value, never the variable.
+    """
     return _env_float(
-        "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "a number >= 0", lambda v: 0.0 <= v < float("inf")
+        "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "a finite number of seconds >= 0", lambda v: 0.0 <= v < float("inf")
     )
+
+
+def pd_cluster_key_from_env() -> Optional[str]:
+    """``LIGHTLLM_PD_CLUSTER_KEY``, or None when unset or empty.
+
+    A value of only whitespace, or with surrounding whitespace, is refused like the flag's:
+    taken as "no key" it would silently leave the cluster's endpoints open.  The message never
+    shows the value (it is a secret).
+    """
+    raw = os.environ.get("LIGHTLLM_PD_CLUSTER_KEY")
+    if raw is None or raw == "":
+        return None
+    if not raw.strip() or raw != raw.strip():
+        raise ValueError("LIGHTLLM_PD_CLUSTER_KEY must be non-empty and carry no surrounding whitespace "
+                         f"(got {len(raw)} characters; value not shown)")
+    return raw
+
+
+# Which LIGHTLLM_PD_* variables each PD process role reads.  LIGHTLLM_PD_CLUSTER_KEY is not
+# here: every PD role reads it in AuthPolicy.from_args, only when --pd_cluster_key is not given.
+_PD_ENV_READERS = {
+    "pd_master": (pd_node_busy_retry_timeout_seconds,),
+    "prefill": (pd_transfer_failure_probability,),
+    "decode": (),
+}
+
+
+def check_pd_env(run_mode: str) -> None:
+    """Read every ``LIGHTLLM_PD_*`` variable the process role ``run_mode`` reads, at start-up.
+
+    Raises ``ValueError`` (one line naming the variable) for the first invalid one, so a bad
+    value stops the process before it serves instead of failing requests (or a model rank) later.
+    """
+    for read in _PD_ENV_READERS.get(run_mode, ()):
+        read()

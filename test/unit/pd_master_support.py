@@ -148,6 +148,7 @@ class NodeStandIn:
         self.master_url = master_url
         self.epoch: Optional[int] = None
         self.busy = False
+        self.busy_message = "no KV free"  # the message of a busy answer (a real node names the limit hit)
         self.segment_limit: Optional[int] = None  # D: tokens after the echo before segment_end
         self.token_delay = 0.0
         self.silent_after: Optional[int] = None  # D: hang after this many tokens of a segment
@@ -267,7 +268,7 @@ class NodeStandIn:
                          "transfer_broken": True})
             return
         if self.busy:
-            yield _line({"event": "busy", "message": "no KV free"})
+            yield _line({"event": "busy", "message": self.busy_message})
             return
         yield _line({"event": "reserved", "kv_start": 0})
         if self.lease_expires:

@@ -22,9 +22,10 @@ def model_dir(request):
     return request.getfixturevalue(request.param)
 
 
-@pytest.fixture
-def models(model_dir):
-    ours = load_model(str(model_dir), dtype=torch.float32)
+# Every projection kernel the server can pick on CPU (auto takes onednn where oneDNN runs).
+@pytest.fixture(params=["torch", "onednn"])
+def models(model_dir, request):
+    ours = load_model(str(model_dir), dtype=torch.float32, linear_backend=request.param)
     ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     return ours, ref
 

@@ -72,12 +72,24 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_the_key_comes_from_the_flag_or_the_environment_on_pd_processes_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LIGHTLLM_PD_CLUSTER_KEY", " from-env ")
+    monkeypatch.setenv("LIGHTLLM_PD_CLUSTER_KEY", "from-env")
     assert AuthPolicy.from_args(_parse(["--run_mode", "decode"])).cluster_key == "from-env"
     assert AuthPolicy.from_args(_parse(["--run_mode", "pd_master", "--pd_cluster_key", "flag"])).cluster_key == "flag"
     assert AuthPolicy.from_args(_parse([])).cluster_key is None  # a normal server has no /pd/ endpoints
-    monkeypatch.setenv("LIGHTLLM_PD_CLUSTER_KEY", "  ")
+    monkeypatch.setenv("LIGHTLLM_PD_CLUSTER_KEY", "")
     assert AuthPolicy.from_args(_parse(["--run_mode", "prefill"])).cluster_key is None
+
+
+@pytest.mark.parametrize("value", ["  ", " from-env ", "key\n"])
+def test_a_blank_or_padded_environment_key_is_refused_without_showing_it(monkeypatch: pytest.MonkeyPatch,
+                                                                          value: str) -> None:
+    # Taken as "no key", a blank value would silently leave the cluster's endpoints open.
+    monkeypatch.setenv("LIGHTLLM_PD_CLUSTER_KEY", value)
+    with pytest.raises(ValueError, match="LIGHTLLM_PD_CLUSTER_KEY must be non-empty and carry no surrounding") as err:
+        AuthPolicy.from_args(_parse(["--run_mode", "decode"]))
+    assert value.strip() == "" or value.strip() not in str(err.value)
+    # The flag, when given, is the key: the variable is not read.
+    assert AuthPolicy.from_args(_parse(["--run_mode", "decode", "--pd_cluster_key", "flag"])).cluster_key == "flag"
 
 
 @pytest.mark.parametrize("run_mode", ["pd_master", "prefill", "decode"])

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
 
 import httpx
 import pytest
@@ -55,8 +56,19 @@ def test_busy_decode_is_an_immediate_503_naming_the_role(cluster: Cluster) -> No
         time.sleep(0.02)
 
 
-def test_busy_retry_succeeds_once_the_node_frees(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(name="retrying_cluster")
+def retrying_cluster_fixture(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """A cluster whose master was started with a 20 s busy retry (the variable is read at start-up)."""
     monkeypatch.setenv("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "20")
+    cluster = Cluster(str(tiny_llama_dir))
+    # Read once at start-up: changing the variable later changes nothing.
+    monkeypatch.setenv("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "not a number")
+    yield cluster
+    cluster.stop()
+
+
+def test_busy_retry_succeeds_once_the_node_frees(retrying_cluster: Cluster) -> None:
+    cluster = retrying_cluster
     cluster.decode.busy = True
     threading.Timer(0.6, lambda: setattr(cluster.decode, "busy", False)).start()
     response = generate(cluster, "hello", 3)
@@ -142,6 +154,23 @@ def test_dropped_decode_node_fails_its_stream_within_the_bound(cluster: Cluster)
     # No decode node any more: 503 pd_not_ready at once.
     response = generate(cluster, "hello", 3)
     assert response.status_code == 503 and response.json()["error"]["code"] == "pd_not_ready"
+
+
+def test_health_turns_503_after_a_node_goes_silent(cluster: Cluster) -> None:
+    """A silent node is dropped by the heartbeat rule and readiness says which role is missing.
+    The bound itself (docs/*/pd_deployment.md) is arithmetic on the flags; the deadline here only
+    keeps a broken build from hanging the suite."""
+    assert httpx.get(f"{cluster.master.url}/health").status_code == 200
+    cluster.decode.go_silent()
+    deadline = time.monotonic() + 60
+    while True:
+        health = httpx.get(f"{cluster.master.url}/health")
+        if health.status_code == 503:
+            break
+        assert time.monotonic() < deadline, "/health never turned 503 after the decode node went silent"
+        time.sleep(0.05)
+    error = health.json()["error"]
+    assert error["code"] == "pd_not_ready" and error["message"].endswith("no decode node registered")
 
 
 def test_decode_failure_during_prefill_ends_the_request_at_once(cluster: Cluster) -> None:

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from lightllm.common.basemodel.linear_kernels import LinearKernel, build_linear
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
@@ -15,15 +16,19 @@ from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
 @dataclass
 class DecoderLayerWeights:
     """A Llama-style layer: fused q/k/v (column parallel), o (row parallel), fused gate/up
-    (column parallel), down (row parallel), and the two RMSNorm weights (replicated)."""
+    (column parallel), down (row parallel), and the two RMSNorm weights (replicated).
+
+    The projections are kernels of the chosen linear backend (see ``linear_kernels``), which
+    may hold their weight in a packed layout instead of the checkpoint's.
+    """
 
     input_norm: torch.Tensor
-    qkv_weight: torch.Tensor
-    qkv_bias: Optional[torch.Tensor]
-    o_weight: torch.Tensor
+    qkv: LinearKernel
+    has_qkv_bias: bool
+    o: LinearKernel
     post_attention_norm: torch.Tensor
-    gate_up_weight: torch.Tensor
-    down_weight: torch.Tensor
+    gate_up: LinearKernel
+    down: LinearKernel
 
     @classmethod
     def load(
@@ -34,6 +39,7 @@ class DecoderLayerWeights:
         tp: TensorParallelGroup,
         dtype: torch.dtype,
         device: torch.device,
+        linear_backend: str = "torch",
     ) -> "DecoderLayerWeights":
         """Read ``{prefix}self_attn.*``, ``{prefix}mlp.*`` and the norms for this rank."""
         d = config.head_dim
@@ -59,16 +65,16 @@ class DecoderLayerWeights:
                 [col(attn + "q_proj.bias", q_slice), col(attn + "k_proj.bias", kv_slice), col(attn + "v_proj.bias", kv_slice)]
             )
         gate_up = torch.cat([col("mlp.gate_proj.weight", inter), col("mlp.up_proj.weight", inter)])
-        weights = cls(
-            input_norm=ckpt.get(prefix + "input_layernorm.weight", dtype),
-            qkv_weight=qkv,
-            qkv_bias=qkv_bias,
-            o_weight=row(attn + "o_proj.weight", q_slice),
-            post_attention_norm=ckpt.get(prefix + "post_attention_layernorm.weight", dtype),
-            gate_up_weight=gate_up,
-            down_weight=row("mlp.down_proj.weight", inter),
+
+        def kernel(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> LinearKernel:
+            return build_linear(linear_backend, weight.to(device), None if bias is None else bias.to(device))
+
+        return cls(
+            input_norm=ckpt.get(prefix + "input_layernorm.weight", dtype).to(device),
+            qkv=kernel(qkv, qkv_bias),
+            has_qkv_bias=qkv_bias is not None,
+            o=kernel(row(attn + "o_proj.weight", q_slice)),
+            post_attention_norm=ckpt.get(prefix + "post_attention_layernorm.weight", dtype).to(device),
+            gate_up=kernel(gate_up),
+            down=kernel(row("mlp.down_proj.weight", inter)),
         )
-        for field_name, value in vars(weights).items():
-            if value is not None:
-                setattr(weights, field_name, value.to(device))
-        return weights

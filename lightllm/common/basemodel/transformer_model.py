@@ -12,6 +12,7 @@ from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.common.basemodel.layer_ops import build_layer_ops, rms_norm
 from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
+from lightllm.common.basemodel.linear_kernels import build_linear
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.rotary import RotaryEmbedding
@@ -43,6 +44,7 @@ class DecoderOnlyTransformer:
         device: torch.device | str = "cpu",
         tp: Optional[TensorParallelGroup] = None,
         attention: Optional[AttentionBackend] = None,
+        linear_backend: str = "torch",
     ):
         self.config = config
         self.dtype = dtype or config.dtype
@@ -60,13 +62,14 @@ class DecoderOnlyTransformer:
             # Some checkpoints pad the embedding; the true vocabulary is the tensor's rows.
             config.vocab_size = self.embed_weight.shape[0]
         self.layers: List[DecoderLayerWeights] = [
-            DecoderLayerWeights.load(ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device)
+            DecoderLayerWeights.load(ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device, linear_backend)
             for i in range(config.num_hidden_layers)
         ]
-        if self.requires_qkv_bias and self.layers and self.layers[0].qkv_bias is None:
+        if self.requires_qkv_bias and self.layers and not self.layers[0].has_qkv_bias:
             raise CheckpointError(f"{config.model_type} checkpoint {model_dir} lacks the q/k/v projection biases")
         self.final_norm = ckpt.get(self.final_norm_name, self.dtype).to(self.device)
-        self.lm_head_weight = self._load_lm_head(ckpt)
+        self.linear_backend = linear_backend
+        self.lm_head = build_linear(linear_backend, self._load_lm_head(ckpt))
         ckpt.close()
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, self.device)
         self.layer_ops = build_layer_ops(self.attention.layer_kernels(), self.rotary)
@@ -120,7 +123,7 @@ class DecoderOnlyTransformer:
         mlp_out: Optional[torch.Tensor] = None  # added to the residual by the next norm
         for index, layer in enumerate(self.layers):
             x = ops.add_rms_norm(hidden, mlp_out, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = ops.apply_rotary(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
             k = ops.apply_rotary(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
@@ -129,14 +132,14 @@ class DecoderOnlyTransformer:
             attn = attn.reshape(num_tokens, q_size)
             if index == last_layer and rows is not None:
                 attn, hidden = attn[rows], hidden[rows]
-            attn_out = self.tp.all_reduce(F.linear(attn, layer.o_weight))
+            attn_out = self.tp.all_reduce(layer.o(attn))
             x = ops.add_rms_norm(hidden, attn_out, layer.post_attention_norm, eps)
-            act = ops.silu_and_mul(F.linear(x, layer.gate_up_weight))
-            mlp_out = self.tp.all_reduce(F.linear(act, layer.down_weight))
+            act = ops.silu_and_mul(layer.gate_up(x))
+            mlp_out = self.tp.all_reduce(layer.down(act))
         if rows is not None and not self.layers:
             hidden = hidden[rows]
         if mlp_out is not None:
             hidden = hidden + mlp_out
         hidden = rms_norm(hidden, self.final_norm, eps)
-        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.lm_head_weight).float())
+        logits = self.tp.all_gather_last_dim(self.lm_head(hidden).float())
         return logits[:, : self.config.vocab_size]

@@ -229,7 +229,10 @@ async def _translate(state: PdNodeState, request_id: int, event: GenerationEvent
             done.transfer_seconds, done.transfer_bytes = stats.seconds, stats.nbytes
         out.append(done)
     elif reason == "busy":
-        out.append(PdNodeEvent(BUSY, message=f"request {request_id}: the decode node has no KV to reserve for it now"))
+        # Rank 0's notice names the limit it hit (KV tokens or request slots) with its numbers.
+        busy = await state.detail(request_id, "busy", wait=True)
+        why = busy.message if busy is not None else "no KV or request slot to reserve for it now"
+        out.append(PdNodeEvent(BUSY, message=f"request {request_id}: {why}"))
     elif reason in _SEGMENT_REASONS:
         out.append(PdNodeEvent(SEGMENT_END, reason=_SEGMENT_REASONS[reason]))
     elif reason == "transfer_failed":

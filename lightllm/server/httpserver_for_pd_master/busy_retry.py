@@ -1,6 +1,7 @@
 """What the PD master does when a node answers busy (D cannot reserve KV, P's queue is full).
 
-By default (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` = 0) a busy answer becomes an
+By default (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` = 0, read once when the master
+starts and passed in as ``timeout_s``) a busy answer becomes an
 immediate :class:`~lightllm.server.manager_errors.ServerBusyError` naming the busy role, which
 the API answers with HTTP 503 (code ``server_busy``): the client, which knows its own latency
 budget, decides whether to retry.  With a positive value the master retries for at most that
@@ -17,7 +18,6 @@ import time
 from typing import Awaitable, Callable, Optional, TypeVar
 
 from lightllm.server.manager_errors import ServerBusyError
-from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +71,6 @@ class BusyRetryPolicy:
         self._clock = clock
         self._sleep = sleep
         self._on_retry = on_retry
-
-    @classmethod
-    def from_env(cls, **kwargs) -> "BusyRetryPolicy":
-        """The policy with ``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as its timeout."""
-        return cls(timeout_s=pd_node_busy_retry_timeout_seconds(), **kwargs)
 
     async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``await attempt()`` until it does not raise :class:`NodeBusy` or the time is spent.

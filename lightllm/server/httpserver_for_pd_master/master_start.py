@@ -26,6 +26,7 @@ from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
 from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
 from lightllm.server.httpserver_for_pd_master.segment_flow import PhaseDeadlines
 from lightllm.server.served_model import ServedModel, served_names
+from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 if TYPE_CHECKING:
@@ -94,15 +95,20 @@ def served_model_admission(model: ServedModel):
 
 
 def build_master(args: argparse.Namespace, cluster_key: Optional[str] = None) -> tuple[PdMasterManager, NodeRegistry]:
-    """The master's manager and node registry from validated flags (``cluster_key``: see ``AuthPolicy``)."""
+    """The master's manager and node registry from validated flags (``cluster_key``: see ``AuthPolicy``).
+
+    Reads ``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` (``ValueError``, one line, when invalid).
+    """
     model = build_served_model(args)
     registry = NodeRegistry(
         heartbeat_interval_s=args.pd_heartbeat_interval,
         max_missed_heartbeats=args.pd_max_missed_heartbeats,
         admission=served_model_admission(model),
     )
+    # Read here, once, before serving: a bad value is a start-up error (exit 2), never a 400 per request.
     deadlines = PhaseDeadlines(prefill_s=args.pd_prefill_timeout_seconds,
-                               decode_token_s=args.pd_decode_token_timeout_seconds)
+                               decode_token_s=args.pd_decode_token_timeout_seconds,
+                               busy_retry_s=pd_node_busy_retry_timeout_seconds())
     manager = PdMasterManager(model, registry, deadlines, setup_timeout_s=args.pd_transfer_timeout_seconds,
                               cluster_key=cluster_key)
     return manager, registry
@@ -142,9 +148,9 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
     if not stop.requested:
         log.info(
             "PD master serving %s on http://%s:%d (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
-            "decode token timeout %gs)", manager.model_name, args.host, args.port, manager.max_req_total_len,
-            registry.heartbeat_interval_s, registry.max_missed_heartbeats, args.pd_prefill_timeout_seconds,
-            args.pd_decode_token_timeout_seconds,
+            "decode token timeout %gs, busy retry %gs)", manager.model_name, args.host, args.port,
+            manager.max_req_total_len, registry.heartbeat_interval_s, registry.max_missed_heartbeats,
+            args.pd_prefill_timeout_seconds, args.pd_decode_token_timeout_seconds, manager.deadlines.busy_retry_s,
         )
         run_uvicorn(server)
     return stop.exit_code(supervisor)

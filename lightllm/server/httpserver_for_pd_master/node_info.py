@@ -25,7 +25,8 @@ KV_DTYPES: Tuple[str, ...] = ("float16", "bfloat16", "float32")
 # The fields every node of one cluster must share, in the order mismatches are reported.
 COMPATIBILITY_FIELDS: Tuple[str, ...] = ("model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "tp_size")
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+# A node id (NodeInfo.node_id, --pd_node_id): safe in logs, metrics labels and URLs.
+NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 _HOST = re.compile(r"^[A-Za-z0-9.\-]+$|^\[[0-9A-Fa-f:.]+\]$")
 
 
@@ -88,7 +89,7 @@ class NodeInfo:
 
     def validate(self) -> None:
         """Raise :class:`NodeInfoError` naming the first invalid field."""
-        if not isinstance(self.node_id, str) or not _NODE_ID.match(self.node_id):
+        if not isinstance(self.node_id, str) or not NODE_ID_PATTERN.match(self.node_id):
             raise NodeInfoError(
                 f"node_id must be 1-128 characters of letters, digits and '._:-' starting with a letter "
                 f"or digit, got {self.node_id!r}",

@@ -36,10 +36,15 @@ from lightllm.server.httpserver_for_pd_master.request_run import PdRequestFailed
 
 @dataclass(frozen=True)
 class PhaseDeadlines:
-    """Seconds the master waits for each node answer (the ``--pd_*_timeout_seconds`` flags)."""
+    """Seconds the master waits for each node answer (the ``--pd_*_timeout_seconds`` flags).
+
+    ``busy_retry_s``: how long busy answers are retried (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS``,
+    read once when the master starts; 0: no retry).
+    """
 
     prefill_s: float
     decode_token_s: float
+    busy_retry_s: float = 0.0
 
 
 # ``error_kind`` values of an error line (optional) that mean the KV transfer failed.
@@ -78,8 +83,8 @@ class SegmentFlow:
         self.metrics = metrics
 
     def _busy_policy(self) -> BusyRetryPolicy:
-        # Read per request, so the variable documented as a deployment knob is what applies.
-        return BusyRetryPolicy.from_env(on_retry=self.metrics.on_retry)
+        # The timeout was read and checked at start-up: a request never reads the environment.
+        return BusyRetryPolicy(timeout_s=self.deadlines.busy_retry_s, on_retry=self.metrics.on_retry)
 
     async def _dispatch_once(self, run: RequestRun, segment: ContinuationSegment) -> tuple[TransferPair, Dict[str, Any]]:
         if run.failure is not None:  # failed while waiting to retry a busy node

@@ -12,7 +12,9 @@ FINISH_ERROR = 4
 FINISH_HANDED_OFF = 5
 # PD decode node outcomes; the node's PD endpoint turns them into stream lines for the master,
 # never a finish reason of a public API response:
-FINISH_BUSY = 6  # no KV (or no request slot) to reserve for a prefilled arrival; answered at once
+# No KV (or no request slot) to reserve for a prefilled arrival; answered at once.  Which limit
+# was hit travels beside it, in rank 0's "busy" PdNotice, not in the status.
+FINISH_BUSY = 6
 FINISH_SEGMENT_KV = 7  # KV ran out while decoding: the segment ends instead of pausing
 FINISH_SEGMENT_LIMIT = 8  # --pd_max_segment_tokens tokens generated in this segment
 # The prompt's KV never arrived intact (failed or timed-out transfer, broken group, lease expiry).

@@ -131,7 +131,9 @@ class PdNotice:
     ``kind``: ``"reserved"`` (decode node: KV reserved, receiving from ``kv_start``),
     ``"transferred"`` (this side's transfer ended well: ``seconds``, ``nbytes``) or
     ``"transfer_failed"`` (``error_kind``: ``transfer_failed`` | ``lease_expired`` |
-    ``transfer_broken``; ``message`` says why).
+    ``transfer_broken``; ``message`` says why) or ``"busy"`` (decode node, ahead of a
+    ``FINISH_BUSY`` finish: ``error_kind`` is the limit hit, ``kv_tokens`` | ``request_slots``;
+    ``message`` states its numbers).
     """
 
     request_id: int

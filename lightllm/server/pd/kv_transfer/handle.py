@@ -163,9 +163,10 @@ class KVTransferHandle:
         listen_socket = self._listen_socket
         if listen_socket is not None and listen_socket.getsockname()[1] != store_port:
             raise ValueError(f"the listening socket is on port {listen_socket.getsockname()[1]}, not {store_port}")
+        # Only the sending (prefill) side corrupts a payload; the launcher checked the value at start-up.
+        failure_probability = pd_transfer_failure_probability() if self.role == "prefill" else 0.0
         config = TransferConfig(self.role, self._store_addr, store_port, self._group_name, listen_socket,
-                                self._page_size, self._timeout_s, self._connect_timeout_s,
-                                pd_transfer_failure_probability())
+                                self._page_size, self._timeout_s, self._connect_timeout_s, failure_probability)
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=run_transfer_process, args=(config, child, self._view),
                                     name=f"kv-transfer-{self.role}", daemon=True)

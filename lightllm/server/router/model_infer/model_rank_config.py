@@ -45,6 +45,7 @@ class ModelRankConfig:
     prefill_torch_threads: Optional[int] = None
     wide_forward_ms_per_token: float = 0.3
     attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled", "cpp" or "triton"
+    linear_backend: str = "torch"  # resolved by the launcher: "torch" or "onednn"
     # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
     run_mode: str = "normal"
     pd: PdRankSettings = field(default_factory=PdRankSettings)

@@ -97,7 +97,7 @@ class ModelRank:
             self.tp.group = dist.group.WORLD
         model = load_model(
             config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp,
-            attention=build_attention_backend(config.attention_backend),
+            attention=build_attention_backend(config.attention_backend), linear_backend=config.linear_backend,
         )
         threads = self._forward_threads(model) if config.torch_threads else None
         kv_cache = model.new_kv_cache(config.max_total_token_num)
@@ -171,7 +171,8 @@ class ModelRank:
         threads = ForwardThreads(narrow, wide)
         if wide != narrow:
             shape = ForwardShape.from_config(model.config, config.tp, parse_dtype(config.dtype))
-            rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim)),
+            rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim,
+                                                                    model.linear_backend)),
                                    config.wide_forward_ms_per_token / 1000)
             threads = ForwardThreads(narrow, wide, rule)
             if self.is_leader:
@@ -336,9 +337,10 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
     def body(mark_ready: Callable[[], None]) -> None:
         rank = ModelRank(config)
         log.info(
-            "rank %d ready: attention_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
+            "rank %d ready: attention_backend=%s linear_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
             config.rank,
             config.attention_backend,
+            config.linear_backend,
             config.prefill_queue_strategy,
             config.prefill_overtake_bound.describe(),
             config.max_total_token_num,

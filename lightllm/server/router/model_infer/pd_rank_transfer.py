@@ -9,9 +9,9 @@ the inference step:
   transfer port + rank, a decode rank joins the prefill node's port + rank.  Requests the old
   handle still held are failed.
 * :meth:`PdRankTransfer.reserve` (decode node, a prefilled arrival) reserves KV for the prompt
-  plus what one segment may generate, or finishes the request ``FINISH_BUSY`` at once; then it
-  asks the handle to receive positions ``[kv_start, input_len)``, with the reservation lease as
-  the wait.
+  plus what one segment may generate, or finishes the request ``FINISH_BUSY`` at once (after a
+  ``busy`` notice naming the limit it hit); then it asks the handle to receive positions
+  ``[kv_start, input_len)``, with the reservation lease as the wait.
 * :meth:`PdRankTransfer.send_handoffs` (prefill node, after a step) sends each handed-off
   request's positions ``[kv_start, input_len)`` with its first token in the header.
 * :meth:`PdRankTransfer.tick` (every iteration) polls the handle and acts on results that every
@@ -167,10 +167,7 @@ class PdRankTransfer:
     def reserve(self, request_id: int, shm_index: int, prompt_ids: List[int], params: Any, **fields: Any) -> Optional[InferReq]:
         """Decode node: reserve and start receiving, or finish ``FINISH_BUSY`` at once (None)."""
         backend = self.backend
-        rows = backend.kv.req_manager.max_request_num
         try:
-            if len(backend.requests) >= rows:
-                raise KvReservationRefused(f"request {request_id}: all {rows} request rows are in use")
             segment = params.max_new_tokens
             if self.settings.max_segment_tokens > 0:
                 segment = min(segment, self.settings.max_segment_tokens)
@@ -178,6 +175,8 @@ class PdRankTransfer:
                                             shm_index=shm_index, **fields)
         except KvReservationRefused as exc:
             log.info("request %d: busy: %s", request_id, exc)
+            # Ahead of the finish, like a transfer failure's notice: the busy answer names the limit.
+            self._notify(PdNotice(request_id, "busy", error_kind=exc.limit, message=str(exc)))
             backend.reject(request_id, shm_index, FINISH_BUSY)
             return None
         kv_start = req.cur_kv_len

@@ -4,8 +4,9 @@ Intake has two halves, so that KV is reserved before anything is sent (decode re
 
 1. :meth:`DecodeBackend.reserve_prefilled` checks the request, attaches whatever prefix this
    node's cache already holds, and reserves slots for the rest of the prompt; the request waits
-   in ``TRANSFERRING``.  When the KV cache cannot hold the prompt and ``max_new_tokens`` it
-   raises :class:`KvReservationRefused` at once (the master answers "busy"), never after a wait.
+   in ``TRANSFERRING``.  When the KV cache cannot hold the prompt and ``max_new_tokens``, or
+   every request row is in use, it raises :class:`KvReservationRefused` naming that limit at
+   once (the master answers "busy" with its message), never after a wait.
    Only positions ``[cur_kv_len, input_len)`` need to move; the transfer writes them into the
    reserved slots.
 2. :meth:`DecodeBackend.admit_prefilled` (the transfer arrived) marks the prompt computed, takes
@@ -40,8 +41,21 @@ from lightllm.server.router.model_infer.mode_backend.step_report import StepRepo
 from lightllm.server.router.model_infer.request_state import ReqState
 
 
+# Which limit refused a reservation (KvReservationRefused.limit); the message names it too.
+LIMIT_KV_TOKENS = "kv_tokens"  # the KV cache cannot hold the prompt plus the segment's decode tokens
+LIMIT_REQUEST_SLOTS = "request_slots"  # every request row (--running_max_req_size) is in use
+
+
 class KvReservationRefused(RuntimeError):
-    """The KV cache cannot hold the request now: the caller answers busy."""
+    """The node cannot take the request now: the caller answers busy.
+
+    ``limit``: :data:`LIMIT_KV_TOKENS` or :data:`LIMIT_REQUEST_SLOTS`; the message states the
+    numbers (KV tokens needed and free, or the request rows in use).
+    """
+
+    def __init__(self, message: str, limit: str = LIMIT_KV_TOKENS) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class DecodeBackend(ModeBackend):
@@ -63,8 +77,15 @@ class DecodeBackend(ModeBackend):
         """Check the request and reserve KV for its prompt; it waits for the transfer.
 
         ``fields`` are :meth:`new_request`'s optional keywords; ``decode_tokens`` as in
-        :meth:`reserve_for`.
+        :meth:`reserve_for`.  Refused (:class:`KvReservationRefused`, nothing changes) when every
+        request row is in use, or as :meth:`reserve_for` refuses.
         """
+        rows = self.kv.req_manager.max_request_num
+        if len(self.requests) >= rows:
+            raise KvReservationRefused(
+                f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use",
+                LIMIT_REQUEST_SLOTS,
+            )
         return self.reserve_for(self.new_request(request_id, prompt_ids, params, **fields), decode_tokens)
 
     def reserve_for(self, req: InferReq, decode_tokens: Optional[int] = None) -> InferReq:
@@ -80,7 +101,9 @@ class DecodeBackend(ModeBackend):
         free = self.kv.allocatable_token_num() - self.promised_token_num()
         if free < needed:
             raise KvReservationRefused(
-                f"request {req.request_id} needs {needed} KV tokens, {free} allocatable and not promised"
+                f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
+                f"{needed - req.input_len} to generate), {free} allocatable and not promised",
+                LIMIT_KV_TOKENS,
             )
         self.join(req)
         self.kv.reserve(req, req.input_len - req.kv_slot_len)

@@ -25,6 +25,7 @@ import torch
 
 from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.basemodel.linear_kernels import build_linear
 from lightllm.common.basemodel.model_config import ModelConfig
 
 
@@ -109,9 +110,9 @@ def _best_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def measure_rates(shape: ForwardShape, dtype: torch.dtype, attention: AttentionBackend, head_dim: int,
-                  rows: int = 32, repeats: int = 5) -> MachineRates:
+                  linear_backend: str = "torch", rows: int = 32, repeats: int = 5) -> MachineRates:
     """Time this model's own shapes on the calling thread count: the MLP's up projection for ``rows``
-    tokens (matrix products), and the model's attention backend running one layer's decode over a
+    tokens through the model's linear backend (matrix products), and the model's attention backend running one layer's decode over a
     scratch KV cache at two context lengths (the difference is the per-position scan, without the
     per-call overhead that no thread count shortens).
 
@@ -120,8 +121,8 @@ def measure_rates(shape: ForwardShape, dtype: torch.dtype, attention: AttentionB
     machine look slow for the server's lifetime. Takes well under a second on a CPU.
     """
     x = torch.randn(rows, shape.hidden, dtype=dtype)
-    w = torch.randn(shape.intermediate, shape.hidden, dtype=dtype)
-    matmul_seconds = _best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
+    up_projection = build_linear(linear_backend, torch.randn(shape.intermediate, shape.hidden, dtype=dtype))
+    matmul_seconds = _best_seconds(lambda: up_projection(x), repeats)
     kv_heads = max(1, shape.kv_dim // head_dim)
     q_heads = max(1, shape.q_dim // head_dim)
     layer_bytes_per_position = 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
