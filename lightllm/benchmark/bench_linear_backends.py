@@ -11,8 +11,7 @@ every backend. Timings are for reading, never for deciding a test.
 from __future__ import annotations
 
 import argparse
-import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -20,16 +19,7 @@ from lightllm.common.basemodel.attention.selection import build_attention_backen
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.linear_kernels import onednn_problem
 from lightllm.models.registry import load_model
-
-
-def _best(run: Callable[[], object], repeats: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best
+from lightllm.server.router.model_infer.mode_backend.forward_cost import best_seconds
 
 
 def decode_seconds(generator: BatchGenerator, rows: int, context: int, repeats: int) -> float:
@@ -48,7 +38,7 @@ def decode_seconds(generator: BatchGenerator, rows: int, context: int, repeats: 
             generator.kv_cache.free(seq.slots.pop())
 
     try:
-        return _best(step, repeats)
+        return best_seconds(step, repeats)
     finally:
         for seq in seqs:
             generator.release(seq)
@@ -64,7 +54,7 @@ def prefill_seconds(generator: BatchGenerator, tokens: int, repeats: int) -> flo
         finally:
             generator.release(seq)
 
-    return _best(once, repeats)
+    return best_seconds(once, repeats)
 
 
 def run(model_dir: str, threads: Sequence[int], rows: int, context: int, prefill: int, repeats: int) -> List[Dict]:

@@ -14,6 +14,19 @@ from typing import Any
 from lightllm.server.api_errors import invalid_request
 
 
+def validated_grammar(grammar: str, param: str, what: str) -> str:
+    """``grammar`` if llguidance accepts it; else a 400 naming ``param`` with the compiler's message."""
+    import llguidance
+
+    try:
+        problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+    except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
+        problem = str(exc) or type(exc).__name__
+    if problem:
+        raise invalid_request(f"invalid {what}: {problem.strip()}", param)
+    return grammar
+
+
 def _compile(schema: Any, param: str) -> str:
     import llguidance
 
@@ -23,12 +36,9 @@ def _compile(schema: Any, param: str) -> str:
         # Compact JSON (no free whitespace between tokens): a weak or random model cannot stall in
         # endless whitespace, and a bounded schema always ends within a bounded number of tokens.
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
-        problem = llguidance.LLMatcher.validate_grammar(grammar, None)
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
-        problem = str(exc) or type(exc).__name__
-    if problem:
-        raise invalid_request(f"invalid JSON schema: {problem}", param)
-    return grammar
+        raise invalid_request(f"invalid JSON schema: {str(exc) or type(exc).__name__}", param) from None
+    return validated_grammar(grammar, param, "JSON schema")
 
 
 def compile_json_schema(schema: Any, param: str) -> str:

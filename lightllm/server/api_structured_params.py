@@ -24,7 +24,7 @@ import json
 from typing import Any
 
 from lightllm.server.api_errors import invalid_request
-from lightllm.server.api_response_format import compile_json_schema
+from lightllm.server.api_response_format import compile_json_schema, validated_grammar
 
 MAX_CHOICES = 256
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -42,18 +42,6 @@ STRUCTURED_OUTPUTS_SCHEMA: dict[str, Any] = {
     "minProperties": 1,
     "maxProperties": 1,
 }
-
-
-def _validated(grammar: str, param: str, what: str) -> str:
-    import llguidance
-
-    try:
-        problem = llguidance.LLMatcher.validate_grammar(grammar, None)
-    except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
-        problem = str(exc) or type(exc).__name__
-    if problem:
-        raise invalid_request(f"invalid {what}: {problem.strip()}", param)
-    return grammar
 
 
 def _json_schema(value: Any, param: str) -> str:
@@ -74,7 +62,7 @@ def _regex(value: Any, param: str) -> str:
         grammar = llguidance.LLMatcher.grammar_from_regex(value)
     except Exception as exc:  # noqa: BLE001
         raise invalid_request(f"invalid regular expression: {exc}", param) from None
-    return _validated(grammar, param, "regular expression")
+    return validated_grammar(grammar, param, "regular expression")
 
 
 def _choice(value: Any, param: str) -> str:
@@ -86,13 +74,13 @@ def _choice(value: Any, param: str) -> str:
         raise invalid_request("choice must not contain empty strings", param)
     # Lark string literals take JSON's escapes, so json.dumps quotes any text exactly.
     alternatives = " | ".join(json.dumps(item) for item in dict.fromkeys(value))
-    return _validated(f"start: {alternatives}\n", param, "choice")
+    return validated_grammar(f"start: {alternatives}\n", param, "choice")
 
 
 def _grammar(value: Any, param: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise invalid_request("grammar must be a non-empty string (llguidance Lark syntax)", param)
-    return _validated(value, param, "grammar (llguidance Lark syntax expected)")
+    return validated_grammar(value, param, "grammar (llguidance Lark syntax expected)")
 
 
 def _json_object(value: Any, param: str) -> str:

@@ -100,13 +100,19 @@ class CallObjectScanner:
             elif char == "}":
                 self._close()
 
-    def _string_step(self, char: str) -> None:
+    def _string_closes(self, char: str) -> bool:
+        """Whether ``char`` (inside a string) is the unescaped quote that ends it; tracks escapes."""
         if self._escape:
             self._escape = False
         elif char == "\\":
             self._escape = True
         elif char == '"':
             self._in_string = False
+            return True
+        return False
+
+    def _string_step(self, char: str) -> None:
+        if self._string_closes(char):
             if self._state == "key":
                 self._key_text += char
                 try:
@@ -140,14 +146,8 @@ class CallObjectScanner:
             self.arguments += char
             result.arguments += char
         if self._in_string:
-            if self._escape:
-                self._escape = False
-            elif char == "\\":
-                self._escape = True
-            elif char == '"':
-                self._in_string = False
-                if self._value_depth == 0:
-                    self._end_value(result)
+            if self._string_closes(char) and self._value_depth == 0:
+                self._end_value(result)
             return
         if char == '"':
             self._in_string = True

@@ -99,7 +99,8 @@ class ForwardCostModel:
         return flops / self.rates.matmul_flops_per_s + positions * self.shape.kv_bytes_per_position() / self.rates.kv_scan_bytes_per_s
 
 
-def _best_seconds(run: Callable[[], object], repeats: int) -> float:
+def best_seconds(run: Callable[[], object], repeats: int) -> float:
+    """The shortest of ``repeats`` timed runs of ``run``, after one untimed run."""
     run()  # first call pays for allocation and kernel selection
     best = float("inf")
     for _ in range(repeats):
@@ -122,7 +123,7 @@ def measure_rates(shape: ForwardShape, dtype: torch.dtype, attention: AttentionB
     """
     x = torch.randn(rows, shape.hidden, dtype=dtype)
     up_projection = build_linear(linear_backend, torch.randn(shape.intermediate, shape.hidden, dtype=dtype))
-    matmul_seconds = _best_seconds(lambda: up_projection(x), repeats)
+    matmul_seconds = best_seconds(lambda: up_projection(x), repeats)
     kv_heads = max(1, shape.kv_dim // head_dim)
     q_heads = max(1, shape.q_dim // head_dim)
     layer_bytes_per_position = 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
@@ -139,7 +140,7 @@ def measure_rates(shape: ForwardShape, dtype: torch.dtype, attention: AttentionB
         batch = ForwardBatch.build([[0]] * scan_rows, [context] * scan_rows, list(range(scan_rows)),
                                    req_to_token[:, context], "cpu")
         meta = attention.prepare(batch, req_to_token)
-        return _best_seconds(lambda: attention.forward(q, k_cache, v_cache, meta), repeats)
+        return best_seconds(lambda: attention.forward(q, k_cache, v_cache, meta), repeats)
 
     per_position = (decode_seconds(long_len) - decode_seconds(short_len)) / (scan_rows * (long_len - short_len))
     return MachineRates(
