@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightllm.server.api_errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http_connection_book import ConnectionBook
 from lightllm.server.http_health import (
     LoopHeartbeat,
     Readiness,
@@ -57,7 +58,6 @@ logger = logging.getLogger(__name__)
 _READ_BYTES = 65536
 _ACCEPTS_PER_WAKE = 256
 _ACCEPT_PAUSE_SECONDS = 0.2  # out of file descriptors: let some close before accepting again
-_LOG_INTERVAL_SECONDS = 10.0
 
 
 @dataclass
@@ -86,12 +86,9 @@ class FrontDoor:
         self._client_keys = KeySet((*auth.api_keys, *auth.admin_keys)) if auth.requires_key else None
         self._cluster_key = KeySet([auth.cluster_key]) if auth.cluster_key else None
         self._selector = selectors.DefaultSelector()
-        self._lock = threading.Lock()
-        self._by_peer: Dict[str, int] = {}
-        self._served = 0  # handed to the loop and not closed yet
+        self._lock = threading.Lock()  # guards the state, readiness and heartbeat below
+        self._book = ConnectionBook(limits)
         self._pending: Dict[int, _Pending] = {}
-        self._pending_normal = 0
-        self._pending_reserve = 0
         self._state = "starting"
         self._readiness: Readiness = starting_readiness
         self._heartbeat: Optional[LoopHeartbeat] = None
@@ -102,8 +99,6 @@ class FrontDoor:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._paused_until = 0.0
-        self._refusals: Dict[str, int] = {}
-        self._last_log = float("-inf")
         self._thread = threading.Thread(target=self._run, name="http-front-door", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle (any thread)
@@ -176,7 +171,7 @@ class FrontDoor:
                 elif key.fileobj.fileno() in self._pending:  # type: ignore[union-attr]
                     self._on_readable(self._pending[key.fileobj.fileno()])  # type: ignore[union-attr]
             self._expire(time.monotonic())
-            self._log_refusals()
+            self._book.log_refusals()
 
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(_ACCEPTS_PER_WAKE):
@@ -198,32 +193,11 @@ class FrontDoor:
 
     def _admit(self, sock: socket.socket, peer: str) -> None:
         sock.setblocking(False)
-        limits = self.limits
-        with self._lock:
-            if self._by_peer.get(peer, 0) >= limits.max_connections_per_client:
-                refusal: Optional[Tuple[str, str]] = (
-                    "too_many_client_connections",
-                    f"This client already holds {limits.max_connections_per_client} connections "
-                    "(--http_max_connections_per_client); close some or retry later")
-            elif self._served + self._pending_normal < limits.max_connections:
-                refusal = None
-                self._pending_normal += 1
-                reserve = False
-            elif self._pending_reserve < limits.reserve_connections:
-                refusal = None
-                self._pending_reserve += 1
-                reserve = True
-            else:
-                refusal = ("too_many_connections",
-                           f"The server already holds its maximum of {limits.max_connections} connections "
-                           "(--http_max_connections); retry later")
-            if refusal is None:
-                self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
+        reserve, refusal = self._book.admit(peer)
         if refusal is not None:
-            self._count_refusal(refusal[0])
             self._answer_and_close(sock, 503, error_body(refusal[1], SERVICE_UNAVAILABLE, None, refusal[0]))
             return
-        pending = _Pending(sock, peer, time.monotonic() + limits.header_timeout, reserve)
+        pending = _Pending(sock, peer, time.monotonic() + self.limits.header_timeout, reserve)
         self._pending[sock.fileno()] = pending
         self._selector.register(sock, selectors.EVENT_READ, "client")
 
@@ -260,7 +234,7 @@ class FrontDoor:
             self._finish(pending, 503, error_body("The server is shutting down and takes no new requests",
                                                   SERVICE_UNAVAILABLE, None, "server_shutting_down"))
         elif pending.reserve and not self._authenticated(data):
-            self._count_refusal("too_many_connections")
+            self._book.count_refusal("too_many_connections")
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
                        "(--http_max_connections); retry later (requests with an API key are still served)")
             self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
@@ -298,22 +272,7 @@ class FrontDoor:
     def _forget(self, pending: _Pending, served: bool) -> None:
         self._selector.unregister(pending.sock)
         del self._pending[pending.sock.fileno()]
-        with self._lock:
-            if pending.reserve:
-                self._pending_reserve -= 1
-            else:
-                self._pending_normal -= 1
-            if served:
-                self._served += 1
-            else:
-                self._release_peer(pending.peer)
-
-    def _release_peer(self, peer: str) -> None:
-        left = self._by_peer.get(peer, 1) - 1
-        if left > 0:
-            self._by_peer[peer] = left
-        else:
-            self._by_peer.pop(peer, None)
+        self._book.leave_front_door(pending.peer, pending.reserve, served)
 
     def _drop(self, pending: _Pending) -> None:
         self._forget(pending, served=False)
@@ -378,24 +337,7 @@ class FrontDoor:
 
     def release(self, peer: str) -> None:
         """A connection served by the loop closed (called on the loop's thread)."""
-        with self._lock:
-            self._served -= 1
-            self._release_peer(peer)
-
-    # ------------------------------------------------------------------ refusal log
-
-    def _count_refusal(self, code: str) -> None:
-        self._refusals[code] = self._refusals.get(code, 0) + 1
-
-    def _log_refusals(self) -> None:
-        # A flood of connections must not become a flood of log lines: one line per interval.
-        now = time.monotonic()
-        if self._refusals and now - self._last_log >= _LOG_INTERVAL_SECONDS:
-            counts = ", ".join(f"{count} {code}" for code, count in sorted(self._refusals.items()))
-            logger.warning("refused connections: %s (--http_max_connections %d, --http_max_connections_per_client %d)",
-                           counts, self.limits.max_connections, self.limits.max_connections_per_client)
-            self._refusals.clear()
-            self._last_log = now
+        self._book.release(peer)
 
 
 def open_front_door(args: Any) -> FrontDoor:

@@ -197,25 +197,21 @@ class StepEngine:
     def run_mixed(self, plan: StepPlan, report: StepReport) -> None:
         """Decode rows and prefill chunks in one forward: a decode row is a one-token chunk whose
         request ends with it, so the prefill path samples it like a prompt's last chunk."""
+        report.decode_batch_size = len(plan.decode_reqs)
         rows = [PrefillChunk(req=req, start=req.cur_kv_len, token_num=1) for req in plan.decode_reqs]
-        chunks = rows + plan.prefill_chunks
-        self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
-        report.prefill_token_num = submit_prefill(plan, self.counter)
-        report.decode_batch_size = len(rows)
-        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
-        result = self.executor.prefill(chunks)
-        self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
+        self.run_prefill(plan, report, rows)
 
-    def run_prefill(self, plan: StepPlan, report: StepReport) -> None:
-        """Reserve KV for the chunks, count them as processed, run them, take the results.
+    def run_prefill(self, plan: StepPlan, report: StepReport, decode_rows: Sequence[PrefillChunk] = ()) -> None:
+        """Reserve KV for the chunks (and any decode rows riding along), count them as processed,
+        run them in one forward, take the results.
 
         The strategy's overtaking bound is charged here, when the step is submitted, so it sees
-        exactly the work that ran (on every TP rank alike).
+        exactly the prefill work that ran (on every TP rank alike); decode rows overtake nobody.
         """
-        chunks = plan.prefill_chunks
+        chunks = [*decode_rows, *plan.prefill_chunks]
         self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
         report.prefill_token_num = submit_prefill(plan, self.counter)
-        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in chunks], plan.skipped)
+        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
         result = self.executor.prefill(chunks)
         self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
 
