@@ -19,7 +19,7 @@ from lightllm.common.basemodel.attention.selection import build_attention_backen
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.linear_kernels import onednn_problem
 from lightllm.models.registry import load_model
-from lightllm.server.router.model_infer.mode_backend.forward_cost import best_seconds
+from lightllm.server.model_rank.execution.forward_cost import best_seconds
 
 
 def decode_seconds(generator: BatchGenerator, rows: int, context: int, repeats: int) -> float:

@@ -53,7 +53,7 @@ from lightllm.benchmark.bench_serving import PROMPT_FORMATS
 from lightllm.benchmark.comparison_options import DEFAULT_KV_TOKENS, DEFAULT_STRATEGIES, ComparisonOptions
 from lightllm.benchmark.comparison_runner import ComparisonRunner, run_comparison
 from lightllm.benchmark.report_writer import render_markdown
-from lightllm.benchmark.server_launcher import TOPOLOGIES, make_topology
+from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
 
 # The options and the runner live in their own modules; they stay importable from here, the

@@ -12,7 +12,7 @@ import os
 from lightllm.benchmark.bench_serving import BenchmarkConfig
 from lightllm.benchmark.server_launcher import ServerSpec
 from lightllm.benchmark.workloads import WorkloadConfig, build_workload
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
 DEFAULT_STRATEGIES = "default,promote_shortest,hrrn"
 DEFAULT_KV_TOKENS = 262144

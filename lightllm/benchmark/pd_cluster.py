@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from lightllm.benchmark.server_launcher import TOPOLOGIES, Deployment, ServerProcess, ServerSpec, Topology, _safe_label
+from lightllm.benchmark.server_launcher import Deployment, ServerProcess, ServerSpec, Topology, safe_label
 from lightllm.utils.process_utils import free_port
 
 # Flags the cluster launcher sets itself on the nodes (besides ServerSpec's reserved ones).
@@ -131,7 +131,7 @@ class PdTopology(Topology):
     def launch(self, spec: ServerSpec, log_dir: Path) -> PdCluster:
         master_port = free_port(self.host)
         commands = cluster_commands(spec, self.master_args, self.host, master_port)
-        label = _safe_label(spec.strategy)
+        label = safe_label(spec.strategy)
         logs = {role: Path(log_dir) / f"server_{label}_{role}.log" for role in ROLES}
         started: dict[str, ServerProcess] = {}
         deadline = time.monotonic() + self.start_timeout_s
@@ -178,5 +178,3 @@ class PdTopology(Topology):
             "decode_devices": self.devices["decode"],
         }
 
-
-TOPOLOGIES[PdTopology.name] = PdTopology

@@ -247,7 +247,7 @@ class Topology(abc.ABC):
         return {"name": self.name}
 
 
-def _safe_label(text: str) -> str:
+def safe_label(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "server"
 
 
@@ -263,7 +263,7 @@ class NormalTopology(Topology):
         self.start_timeout_s = start_timeout_s
 
     def launch(self, spec: ServerSpec, log_dir: Path) -> ServerProcess:
-        log_path = Path(log_dir) / f"server_{_safe_label(spec.strategy)}.log"
+        log_path = Path(log_dir) / f"server_{safe_label(spec.strategy)}.log"
         return ServerProcess.start(
             spec.server_args(), log_path, host=self.host, start_timeout_s=self.start_timeout_s
         )
@@ -313,19 +313,3 @@ def launch_all(
         _stop_launched(futures)
         raise errors[0]
     return [f.result() for f in futures]
-
-
-TOPOLOGIES: dict[str, type[Topology]] = {NormalTopology.name: NormalTopology}
-
-
-def make_topology(name: str, **kwargs: Any) -> Topology:
-    """Build a registered topology by name."""
-    try:
-        cls = TOPOLOGIES[name]
-    except KeyError:
-        raise ValueError(f"topology must be one of {sorted(TOPOLOGIES)}, got {name!r}") from None
-    return cls(**kwargs)
-
-
-# The 1p1d topology builds on the classes above and adds itself to TOPOLOGIES.
-import lightllm.benchmark.pd_cluster  # noqa: E402,F401

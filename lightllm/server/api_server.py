@@ -4,7 +4,7 @@ import logging
 import os
 import sys
 
-from lightllm.server.api_start import run_server
+from lightllm.server.launch.start import run_server
 
 if __name__ == "__main__":
     code = run_server()

@@ -1,7 +1,7 @@
 """Why a request manager refuses or ends a request: the error types the HTTP layer maps to bodies.
 
 Every request manager (the HTTP process's own, and later a PD master's) raises these, and
-:func:`lightllm.server.api_errors.manager_error` recognises them by type.  The module imports
+:func:`lightllm.server.http.errors.manager_error` recognises them by type.  The module imports
 nothing, so the HTTP layer can depend on it without pulling in shared memory or zmq.
 """
 

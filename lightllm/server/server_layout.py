@@ -1,7 +1,7 @@
 """What every process of one server must agree on, built once by the launcher.
 
 The shared-memory names, the slot count, the per-request and whole-cache token lengths and the
-zmq addresses are decided in :mod:`lightllm.server.api_start` and handed, as one
+zmq addresses are decided in :mod:`lightllm.server.launch.start` and handed, as one
 :class:`ServerLayout`, to the config of every process (HTTP, router, detokenization, each model
 rank).  A process never copies these values into fields of its own, so two processes cannot
 disagree about the layout they map.

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from api_fakes import FakeManager
 from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.server.api_http import create_app
+from lightllm.server.http.app import create_app
 
 
 @pytest.fixture()

@@ -1,6 +1,6 @@
 """A PD master under test, and prefill/decode node stand-ins that speak the node contract.
 
-The master is the real thing (:func:`~lightllm.server.httpserver_for_pd_master.master_start.build_master`
+The master is the real thing (:func:`~lightllm.server.launch.pd_master.build_master`
 from parsed flags, ``create_app``, uvicorn on loopback).  The stand-ins are small FastAPI apps,
 also served by uvicorn on loopback, that register and heartbeat with the real
 :class:`PdNodeClient` and answer ``/pd/node/transfer_setup``, ``/pd/node/decode`` and
@@ -29,14 +29,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from lightllm.server.api_args_check import validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.api_http import create_app
-from lightllm.server.http_server_options import HttpServerOptions
-from lightllm.server.httpserver_for_pd_master.master_start import build_master, check_master_flags
-from lightllm.server.httpserver_for_pd_master.membership_api import membership_router, new_master_id, readiness_router
-from lightllm.server.httpserver_for_pd_master.node_client import PdNodeClient
-from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.http.app import create_app
+from lightllm.server.http.server_options import HttpServerOptions
+from lightllm.server.launch.pd_master import build_master, check_master_flags
+from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
+from lightllm.server.pd.node.registration_client import PdNodeClient
+from lightllm.server.pd.protocol.node_info import NodeInfo
 
 HEARTBEAT_S = 0.5
 MISSED = 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo
+from lightllm.server.pd.protocol.node_info import NodeInfo
 
 
 class FakeClock:

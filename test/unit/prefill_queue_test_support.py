@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 
 
 def make_req(

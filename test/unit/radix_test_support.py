@@ -6,8 +6,8 @@ from typing import List, Optional, Set, Tuple
 
 import torch
 
-from lightllm.server.router.dynamic_prompt.radix_cache import RadixCache
-from lightllm.server.router.dynamic_prompt.radix_node import RadixNode
+from lightllm.server.model_rank.kv_cache.radix_cache import RadixCache
+from lightllm.server.model_rank.kv_cache.radix_node import RadixNode
 
 
 class SlotPool:

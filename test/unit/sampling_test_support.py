@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from lightllm.common.sampling import SamplingBatch, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampling_batch import SamplingBatch
 
 
 def build(

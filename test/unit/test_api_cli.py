@@ -7,10 +7,11 @@ import argparse
 import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_args_check import ArgumentError, validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
-from lightllm.server.server_sizing import plan_sizing
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
+from lightllm.server.launch.sizing import plan_sizing
 
 
 def _parse(*argv: str) -> argparse.Namespace:

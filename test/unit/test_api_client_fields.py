@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, chat, completion
-from lightllm.server.api_openai_models import ChatCompletionRequest, CompletionRequest
+from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
 
 
 def _optional_fields(model: Any) -> list[str]:

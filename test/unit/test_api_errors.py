@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightllm.server.api_errors import manager_error
+from lightllm.server.http.errors import manager_error
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerBusyError, ServerUnavailableError
 
 

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, sse_events
-from lightllm.server.api_http import create_app
-from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions
+from lightllm.server.http.app import create_app
+from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
 
 
 # ---------------------------------------------------------------- service endpoints

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from lightllm.utils.gen_server_args_doc import doc_path, render
+import pytest
+
+from lightllm.server.launch.args_doc import doc_path, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -13,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_server_args_reference_is_generated_from_the_parser():
     for lang in ("EN", "CN"):
         assert doc_path(ROOT, lang).read_text() == render(lang), (
-            f"docs/{lang}/server_args.md is stale: run python -m lightllm.utils.gen_server_args_doc"
+            f"docs/{lang}/server_args.md is stale: run python -m lightllm.server.launch.args_doc"
         )
 
 
@@ -43,3 +48,14 @@ def test_every_page_is_in_the_table_of_contents():
         listed = set(re.findall(r"^([a-z_]+)$", index.split("```{toctree}", 1)[1], re.MULTILINE))
         pages = {p.stem for p in (ROOT / "docs" / lang).glob("*.md")} - {"index"}
         assert pages == listed, f"docs/{lang}/index.md toctree differs from the pages: {sorted(pages ^ listed)}"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sphinx") is None, reason="sphinx not installed (requirements-test.txt)")
+@pytest.mark.parametrize("lang", ["EN", "CN"])
+def test_docs_build_without_warnings(lang: str, tmp_path: Path):
+    # html, not a cheaper builder: it resolves every cross-page `page.md#heading` link, which is
+    # what breaks when a heading is renamed.
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q",
+           str(ROOT / "docs" / lang), str(tmp_path / "html")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"sphinx-build -W failed for docs/{lang}:\n{proc.stderr}{proc.stdout}"

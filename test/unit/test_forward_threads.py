@@ -10,16 +10,16 @@ import torch
 
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_args_check import validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.launch_plan import build_process_configs, plan_layout, resolve_sampling_seed
-from lightllm.server.router.model_infer.mode_backend.forward_cost import (
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.plan import build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.model_rank.execution.forward_cost import (
     ForwardCostModel, ForwardShape, MachineRates, measure_rates,
 )
-from lightllm.server.router.model_infer.mode_backend.forward_threads import (
+from lightllm.server.model_rank.execution.forward_threads import (
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN, ForwardThreads, WideForwardRule,
 )
-from lightllm.server.server_sizing import plan_sizing
+from lightllm.server.launch.sizing import plan_sizing
 
 
 def _sizing(model_dir, tp: int):
@@ -192,12 +192,13 @@ def test_bad_settings_are_refused(narrow, wide) -> None:
 
 def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_with_the_decode_count(tiny_llama_dir) -> None:
     from lightllm.common.req_manager import ReqManager
-    from lightllm.common.sampling import Sampler, SamplingParams
+    from lightllm.common.sampling import SamplingParams
+    from lightllm.common.sampling.sampler import Sampler
     from lightllm.models.registry import load_model
-    from lightllm.server.router.model_infer.infer_context import InferenceContext
-    from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-    from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-    from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+    from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+    from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+    from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+    from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 
     model = load_model(str(tiny_llama_dir), dtype=torch.float32)
     seen: list[tuple[int, int]] = []  # (tokens in the forward, torch threads during it)

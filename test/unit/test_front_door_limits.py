@@ -17,13 +17,13 @@ import pytest
 import uvicorn
 
 from api_fakes import FakeManager
-from lightllm.server.api_http import create_app
-from lightllm.server.http_front_door import FrontDoor
-from lightllm.server.http_probe_parsing import health_path, may_be_health
-from lightllm.server.http_protocol import guarded_protocol_class
-from lightllm.server.http_server_options import AuthPolicy, HttpLimits, HttpServerOptions
-from lightllm.server.listen_sockets import bind_listeners
-from lightllm.server.supervisor import SupervisedServer, Supervisor
+from lightllm.server.http.app import create_app
+from lightllm.server.http.front_door import FrontDoor
+from lightllm.server.http.probe_parsing import health_path, may_be_health
+from lightllm.server.http.protocol import guarded_protocol_class
+from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
+from lightllm.server.http.listen_sockets import bind_listeners
+from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 
 KEY = "front-door-test-key"
 LIMITS = HttpLimits(header_timeout=20, body_timeout=5, keep_alive_timeout=5, max_connections=6,

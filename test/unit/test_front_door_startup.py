@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from lightllm.server.listen_sockets import EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE, bind_listeners, is_loopback
+from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE, bind_listeners, is_loopback
 from lightllm.utils.process_utils import free_port
 
 # Lines the launcher logs once it plans or loads the model.

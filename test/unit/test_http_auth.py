@@ -8,11 +8,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
-from lightllm.server.api_args_check import ArgumentError, validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.api_http import create_app
-from lightllm.server.http_auth import KeySet, bearer_token
-from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.http.app import create_app
+from lightllm.server.http.auth import KeySet, bearer_token
+from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
 
 USER, ADMIN = "user-key-1", "admin-key-1"
 

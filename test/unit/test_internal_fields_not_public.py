@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
-from lightllm.server.api_http import create_app
+from lightllm.server.http.app import create_app
 
 INTERNAL = {"infer_high_priority": -7, "segment_index": 3, "request_id": 12345}
 

@@ -21,7 +21,8 @@ import zmq
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH
 from lightllm.server.core.objs.io_messages import AddRequests, NewRequest, SlotReleased, StepOutput
@@ -31,12 +32,12 @@ from lightllm.server.httpserver.manager import HttpServerConfig, HttpServerManag
 from lightllm.server.manager_errors import DuplicateRequestIdError
 from lightllm.server.request_manager import RequestManager, SupervisedRequestManager, missing_request_manager_members
 from lightllm.server.router.manager import RouterConfig, RouterManager
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.model_rank_process import ModelRank
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.rank_process import ModelRank
 from lightllm.server.server_layout import ServerLayout
 
 MAX_LEN = 64

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_args_check import ArgumentError, validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.launch_plan import ProcessConfigs, build_process_configs, plan_layout, resolve_sampling_seed
-from lightllm.server.server_sizing import plan_sizing
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.plan import ProcessConfigs, build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.launch.sizing import plan_sizing
 
 
 def _args(model_dir, *extra: str):

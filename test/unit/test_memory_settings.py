@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_args_check import ArgumentError, validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.kv_budget import GIB, KVBudget, activation_bytes, plan_kv_budget, weights_bytes
-from lightllm.server.server_sizing import plan_sizing
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.kv_budget import GIB, KVBudget, activation_bytes, plan_kv_budget, weights_bytes
+from lightllm.server.launch.sizing import plan_sizing
 from lightllm.utils.malloc_tuning import (
     IdleMallocTrimmer,
     apply_child_malloc_env,

@@ -13,18 +13,19 @@ import torch
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_LENGTH, FINISH_REASON_NAMES
 from lightllm.server.core.objs.io_messages import AbortRequest, AddRequests, DetokenizedOutput, SlotReleased, StepOutput, StepTexts
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.torch_executor import MAX_CONSECUTIVE_FORWARD_FAILURES
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.model_rank_process import ModelRank, RejectRequests
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.admission import RequestRejected
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.execution.torch_executor import MAX_CONSECUTIVE_FORWARD_FAILURES
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.rank_process import ModelRank, RejectRequests
 
 from detokenizer_test_support import detokenizer_rig
 

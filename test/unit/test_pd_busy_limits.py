@@ -17,22 +17,23 @@ import torch
 
 from pd_master_support import Cluster, cluster_fixture, generate  # noqa: F401 - cluster_fixture is "cluster"
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_BUSY
 from lightllm.server.core.objs.io_messages import PdNotice
 from lightllm.server.httpserver.pd_node import PdNodeState, _translate
-from lightllm.server.httpserver.pd_node_events import BUSY
+from lightllm.server.pd.protocol.node_events import BUSY
 from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.server.manager_errors import ServerBusyError
 from lightllm.server.request_manager import GenerationEvent
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend import KvReservationRefused
-from lightllm.server.router.model_infer.mode_backend.decode_backend import LIMIT_KV_TOKENS, LIMIT_REQUEST_SLOTS
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.pd_rank_transfer import PdRankSettings, PdRankTransfer
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.backend_registry import KvReservationRefused
+from lightllm.server.model_rank.scheduling.decode_backend import LIMIT_KV_TOKENS, LIMIT_REQUEST_SLOTS
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer
 
 MAX_LEN = 400
 

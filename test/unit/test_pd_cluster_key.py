@@ -19,16 +19,17 @@ from fastapi.testclient import TestClient
 from api_fakes import FakeManager, assert_error
 from pd_master_support import ThreadServer
 from pd_membership_support import node
-from lightllm.server.api_args_check import ArgumentError, validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.api_errors import install_error_handlers
-from lightllm.server.api_http import create_app
-from lightllm.server.http_auth import ApiKeyMiddleware
-from lightllm.server.http_server_options import AuthPolicy, HttpServerOptions
-from lightllm.server.httpserver_for_pd_master.membership_api import membership_router, new_master_id
-from lightllm.server.httpserver_for_pd_master.node_client import NodeRegistrationRefused, PdNodeClient
-from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
-from lightllm.server.httpserver_for_pd_master.node_streams import NodeCallError, NodeStreams
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.http.errors import install_error_handlers
+from lightllm.server.http.app import create_app
+from lightllm.server.http.auth import ApiKeyMiddleware
+from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
+from lightllm.server.pd.master.membership_api import membership_router, new_master_id
+from lightllm.server.pd.node.registration_client import NodeRegistrationRefused, PdNodeClient
+from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.node_streams import NodeCallError, NodeStreams
 
 USER, ADMIN, CLUSTER = "user-key", "admin-key", "cluster-key"
 

@@ -21,19 +21,21 @@ import torch
 
 from pd_master_support import Cluster, reference_tokens
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingBatch, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
+from lightllm.common.sampling.sampling_batch import SamplingBatch
 from lightllm.models.registry import load_model
-from lightllm.server.api_body import parse_body
-from lightllm.server.api_errors import APIError
+from lightllm.server.http.body import parse_body
+from lightllm.server.http.errors import APIError
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.pd.node_wire import DecodeBody, PrefillBody
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend.admission import RequestRejected
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.mode_backend.structured_output import GrammarConstraints
-from lightllm.server.api_response_format import response_format_grammar
+from lightllm.server.pd.protocol.stream_lines import DecodeBody, PrefillBody
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.admission import RequestRejected
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
+from lightllm.server.http.response_format import response_format_grammar
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 MAX_LEN = 200

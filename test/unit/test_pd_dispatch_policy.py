@@ -9,16 +9,16 @@ import pytest
 
 from pd_membership_support import FakeClock, node
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.httpserver_for_pd_master.busy_retry import BusyRetryPolicy, NodeBusy
-from lightllm.server.httpserver_for_pd_master.continuation import (
+from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
+from lightllm.server.pd.master.continuation import (
     CONTINUATION_INFER_PRIORITY,
     SegmentEnd,
     first_segment,
     inference_priority,
     next_segment,
 )
-from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
-from lightllm.server.httpserver_for_pd_master.node_selector import NodeSelector
+from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.node_selector import NodeSelector
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.utils.envs_utils import ENV_VARS, pd_node_busy_retry_timeout_seconds
 

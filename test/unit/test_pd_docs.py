@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightllm.server.api_cli import make_argument_parser
+from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.utils.envs_utils import ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster"
     metric_value,
     sse_events,
 )
-from lightllm.server.api_errors import manager_error
+from lightllm.server.http.errors import manager_error
 from lightllm.server.manager_errors import ServerBusyError
 
 
@@ -209,7 +209,7 @@ def test_a_node_stream_is_cancelled_once_so_its_connection_closes_cleanly() -> N
     """
     import asyncio
 
-    from lightllm.server.httpserver_for_pd_master.node_streams import NodeStreams
+    from lightllm.server.pd.master.node_streams import NodeStreams
     from pd_membership_support import node
 
     async def scenario() -> tuple[int, list]:

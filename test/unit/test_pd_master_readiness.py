@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from pd_master_support import Cluster, cluster_fixture, generate  # noqa: F401 - cluster_fixture is the "cluster" fixture
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.httpserver_for_pd_master.master_start import check_master_flags
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.pd_master import check_master_flags
 
 
 def test_not_ready_until_both_roles_registered(tiny_llama_dir: Path) -> None:

@@ -19,15 +19,15 @@ import uvicorn
 from fastapi import FastAPI
 
 from pd_membership_support import node
-from lightllm.server.api_errors import install_error_handlers
-from lightllm.server.httpserver_for_pd_master.expiry_sweeper import ExpirySweeper
-from lightllm.server.httpserver_for_pd_master.membership_api import (
+from lightllm.server.http.errors import install_error_handlers
+from lightllm.server.pd.master.expiry_sweeper import ExpirySweeper
+from lightllm.server.pd.master.membership_api import (
     membership_router,
     new_master_id,
     readiness_router,
 )
-from lightllm.server.httpserver_for_pd_master.node_client import NodeRegistrationRefused, PdNodeClient
-from lightllm.server.httpserver_for_pd_master.node_registry import NodeRegistry
+from lightllm.server.pd.node.registration_client import NodeRegistrationRefused, PdNodeClient
+from lightllm.server.pd.master.node_registry import NodeRegistry
 
 INTERVAL_S = 0.2
 MISSED = 3

@@ -16,22 +16,23 @@ import torch
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_HANDED_OFF, FINISH_LENGTH
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend import (
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.backend_registry import (
     DecodeBackend,
     KvReservationRefused,
     ModeBackend,
     PrefillBackend,
     build_backend,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.request_state import InvalidTransition, ReqState
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.scheduling.request_state import InvalidTransition, ReqState
 
 MAX_LEN = 400
 
@@ -176,9 +177,9 @@ def test_the_step_engine_imports_without_torch() -> None:
 
     code = (
         "import sys\n"
-        "import lightllm.server.router.model_infer.mode_backend.step_engine\n"
-        "import lightllm.server.router.model_infer.mode_backend\n"
-        "import lightllm.server.router.model_infer.mode_backend.kv_view\n"
+        "import lightllm.server.model_rank.scheduling.step_engine\n"
+        "import lightllm.server.model_rank.scheduling.backend_registry\n"
+        "import lightllm.server.model_rank.scheduling.kv_view\n"
         "assert 'torch' not in sys.modules, 'the scheduling core imported torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -20,11 +20,11 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
 
-from lightllm.server.api_errors import install_error_handlers
-from lightllm.server.httpserver.pd_node_events import PdNodeEvent
+from lightllm.server.http.errors import install_error_handlers
+from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
-from lightllm.server.pd.node_api import PdStreams, pd_node_router, public_api_refusal_router
-from lightllm.server.pd.node_wire import token_from_line
+from lightllm.server.pd.node.api import PdStreams, pd_node_router, public_api_refusal_router
+from lightllm.server.pd.protocol.stream_lines import token_from_line
 from lightllm.server.request_manager import GenerationEvent
 
 VOCAB = 100

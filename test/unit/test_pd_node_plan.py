@@ -7,10 +7,10 @@ import socket
 import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.server.api_args_check import ArgumentError
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.pd.node_launch import advertised_host, free_port_block, prepare_pd_node
-from lightllm.server.server_sizing import plan_sizing
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.pd_node import advertised_host, free_port_block, prepare_pd_node
+from lightllm.server.launch.sizing import plan_sizing
 
 
 def _prepare(model_dir, *flags: str):

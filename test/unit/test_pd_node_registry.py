@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pd_membership_support import FakeClock, node
-from lightllm.server.httpserver_for_pd_master.node_info import NodeInfo, NodeInfoError
-from lightllm.server.httpserver_for_pd_master.node_registry import (
+from lightllm.server.pd.protocol.node_info import NodeInfo, NodeInfoError
+from lightllm.server.pd.master.node_registry import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_MAX_MISSED_HEARTBEATS,
     NodeRegistry,

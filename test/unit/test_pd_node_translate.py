@@ -12,7 +12,7 @@ import asyncio
 from typing import Optional
 
 from lightllm.server.httpserver.pd_node import PdNodeState, _translate
-from lightllm.server.pd.node_wire import event_fields, token_from_line
+from lightllm.server.pd.protocol.stream_lines import event_fields, token_from_line
 from lightllm.server.request_manager import GenerationEvent
 
 

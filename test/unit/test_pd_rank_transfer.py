@@ -19,7 +19,8 @@ import torch
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import (
     FINISH_BUSY,
@@ -31,13 +32,13 @@ from lightllm.server.core.objs.finish_status import (
 )
 from lightllm.server.core.objs.io_messages import PdNotice, PdSetupDone, PdTransferSetup
 from lightllm.server.pd.kv_transfer import KVTransferHandle
-from lightllm.server.pd.transfer_ports import TransferPortBlock
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend import KvReservationRefused
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.pd_rank_transfer import PdRankSettings, PdRankTransfer, _Outcome
+from lightllm.server.pd.node.transfer_ports import TransferPortBlock
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.backend_registry import KvReservationRefused
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer, _Outcome
 
 
 MAX_LEN = 400

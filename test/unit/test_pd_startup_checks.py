@@ -17,10 +17,11 @@ from typing import Dict, List
 
 import pytest
 
-from lightllm.server.api_args_check import ArgumentError, validate_args
-from lightllm.server.api_cli import make_argument_parser
-from lightllm.server.httpserver_for_pd_master.master_start import build_master
-from lightllm.server.listen_sockets import EXIT_INVALID_CONFIG
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.pd_master import build_master
+from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.process_utils import free_port
 
@@ -108,7 +109,7 @@ def test_the_master_reads_the_busy_retry_once_and_passes_it_down(tiny_llama_dir:
         build_master(_master_args(tiny_llama_dir))
     # The request path builds its retry policy from the value read at start-up.
     assert manager.deadlines.busy_retry_s == 3.5
-    source = (Path(__file__).parents[2] / "lightllm/server/httpserver_for_pd_master").glob("*.py")
+    source = (Path(__file__).parents[2] / "lightllm/server/pd/master").glob("*.py")
     readers = [path.name for path in source if "pd_node_busy_retry_timeout_seconds" in path.read_text()]
     assert readers == ["master_start.py"]
 

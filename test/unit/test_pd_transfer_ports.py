@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
-from lightllm.server.api_args_check import ArgumentError
+from lightllm.server.argument_error import ArgumentError
 from lightllm.server.pd.kv_transfer import KVTransferHandle
-from lightllm.server.pd import transfer_ports
-from lightllm.server.pd.transfer_ports import TransferPortBlock
+from lightllm.server.pd.node import transfer_ports
+from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 
 from pd_kv_transfer_support import collect, wait_ready
 

@@ -28,18 +28,18 @@ from hypothesis import strategies as st
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     available_strategy_names,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import (
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     OvertakeBound,
     OvertakeBoundSpec,
 )
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.request_classifier import NO_DECODE_CLASSIFIER
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner, submit_prefill
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.request_classifier import NO_DECODE_CLASSIFIER
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner, submit_prefill
 
 STRATEGIES = available_strategy_names()
 

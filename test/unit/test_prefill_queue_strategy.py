@@ -15,8 +15,8 @@ from typing import Dict, List, Sequence
 import pytest
 from prefill_queue_test_support import decode_req, ids, make_req, order
 
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     PREFILL_QUEUE_STRATEGIES,
     DefaultStrategy,
     HrrnStrategy,
@@ -25,7 +25,7 @@ from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy impo
     available_strategy_names,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
     STRICT_PREFILL_CLASSIFIER,

@@ -8,14 +8,14 @@ import random
 import pytest
 from prefill_queue_test_support import decode_req, ids, make_req, order
 
-from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
     STRICT_PREFILL_CLASSIFIER,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import HRRN_COST_KEY
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.hrrn import HRRN_COST_KEY
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
 
 
 # --- hrrn -------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from typing import Dict, List, Tuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import split_by_infer_priority
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.hrrn import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.base import split_by_infer_priority
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.hrrn import (
     HRRN_COST_KEY,
     HrrnStrategy,
     _hrrn_order,

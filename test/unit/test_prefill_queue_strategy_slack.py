@@ -10,13 +10,13 @@ from typing import List, Sequence
 
 from prefill_queue_test_support import ids, make_req
 
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     ShortestWithinSlackStrategy,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.shortest_within_slack import StepClock
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.shortest_within_slack import StepClock
 
 NAME = "shortest_within_slack"
 

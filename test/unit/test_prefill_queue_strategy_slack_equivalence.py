@@ -16,8 +16,8 @@ from typing import List, Optional, Tuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.shortest_within_slack import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.shortest_within_slack import (
     BACKLOG_KEY,
     FCFS_FINISH_KEY,
     FIRST_SEEN_KEY,

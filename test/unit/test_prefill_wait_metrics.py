@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from lightllm.server.core.objs.prefill_wait_histogram import LONGEST_TOKENS_FIELD, PREFILL_WAIT_FIELDS
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.httpserver.metrics import ServerMetrics
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_wait_tracker import PrefillWaitTracker
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 
 
 class FakeClock:

@@ -7,13 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.mode_backend import ModeBackend
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 
 
 @pytest.fixture(scope="module")

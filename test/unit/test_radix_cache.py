@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightllm.server.router.dynamic_prompt.radix_cache import RadixCache
+from lightllm.server.model_rank.kv_cache.radix_cache import RadixCache
 from radix_test_support import make_cache, walk, check_invariants, slots_of
 
 

@@ -7,8 +7,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 
-from lightllm.server.router.dynamic_prompt.radix_cache import RadixCache
-from lightllm.server.router.dynamic_prompt.radix_node import RadixNode
+from lightllm.server.model_rank.kv_cache.radix_cache import RadixCache
+from lightllm.server.model_rank.kv_cache.radix_node import RadixNode
 from radix_test_support import SlotPool, walk, check_invariants
 
 

@@ -6,9 +6,9 @@ from typing import List
 
 import pytest
 
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
     STRICT_PREFILL_CLASSIFIER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api_fakes import FakeManager
-from lightllm.server.api_http import create_app
+from lightllm.server.http.app import create_app
 from lightllm.server.request_manager import RequestManager, missing_request_manager_members
 
 

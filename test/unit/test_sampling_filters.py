@@ -6,7 +6,9 @@ import pytest
 import torch
 from sampling_test_support import build
 
-from lightllm.common.sampling import Sampler, SamplingParams, apply_min_tokens_mask, apply_top_k_top_p
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.logit_processors import apply_min_tokens_mask, apply_top_k_top_p
+from lightllm.common.sampling.sampler import Sampler
 
 # Draws per distribution test, and a skewed distribution whose filtered shares they check.
 DRAWS = 20_000

@@ -6,7 +6,9 @@ import pytest
 import torch
 from sampling_test_support import build
 
-from lightllm.common.sampling import Sampler, SamplingBatch, SamplingParamError, SamplingParams
+from lightllm.common.sampling import SamplingParamError, SamplingParams
+from lightllm.common.sampling.sampler import Sampler
+from lightllm.common.sampling.sampling_batch import SamplingBatch
 
 
 def test_batch_build_rejects_bad_inputs():

@@ -7,7 +7,9 @@ import torch
 from sampling_test_support import build
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty
 
-from lightllm.common.sampling import Sampler, SamplingParamError, SamplingParams, apply_exponential_decay
+from lightllm.common.sampling import SamplingParamError, SamplingParams
+from lightllm.common.sampling.logit_processors import apply_exponential_decay
+from lightllm.common.sampling.sampler import Sampler
 
 VOCAB = 11
 EOS = [2, 7]

@@ -10,7 +10,9 @@ import torch
 from sampling_test_support import build
 from transformers import SequenceBiasLogitsProcessor
 
-from lightllm.common.sampling import MAX_LOGIT_BIAS, Sampler, SamplingParamError, SamplingParams, apply_logit_bias
+from lightllm.common.sampling import MAX_LOGIT_BIAS, SamplingParamError, SamplingParams
+from lightllm.common.sampling.logit_processors import apply_logit_bias
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 
 

@@ -7,7 +7,9 @@ import math
 import torch
 from sampling_test_support import build
 
-from lightllm.common.sampling import Sampler, SamplingParams, apply_penalties
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.logit_processors import apply_penalties
+from lightllm.common.sampling.sampler import Sampler
 
 
 def test_logprobs_are_valid_and_consistent():

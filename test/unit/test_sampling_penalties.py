@@ -6,7 +6,9 @@ import pytest
 import torch
 from sampling_test_support import build
 
-from lightllm.common.sampling import Sampler, SamplingParams, apply_penalties
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.logit_processors import apply_penalties
+from lightllm.common.sampling.sampler import Sampler
 
 
 def test_penalties_follow_the_formulas_exactly():

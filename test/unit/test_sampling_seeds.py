@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from sampling_test_support import build
 
-from lightllm.common.sampling import Sampler, SamplingBatch, SamplingParams, derive_step_seed
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
+from lightllm.common.sampling.sampling_batch import SamplingBatch, derive_step_seed
 
 
 def _generate(sampler: Sampler, logits_for_step, params, prompts, steps: int) -> list[list[int]]:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from lightllm.benchmark.simulator import schedule_cost, schedule_cost_server
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
-from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER
-from lightllm.server.router.model_infer.mode_backend.step_engine import StepEngine
-from lightllm.server.router.model_infer.request_state import ReqState
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
+from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER
+from lightllm.server.model_rank.scheduling.step_engine import StepEngine
+from lightllm.server.model_rank.scheduling.request_state import ReqState
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue
 
 

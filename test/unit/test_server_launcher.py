@@ -14,8 +14,8 @@ from lightllm.benchmark.server_launcher import (
     ServerSpec,
     Topology,
     launch_all,
-    make_topology,
 )
+from lightllm.benchmark.topologies import make_topology
 
 
 def test_spec_builds_identical_flags_apart_from_the_strategy():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from simulator_test_support import make_profile
-from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
     STRICT_PREFILL_CLASSIFIER,
@@ -25,7 +25,7 @@ from lightllm.benchmark.simulator.scenarios import SCENARIOS, ScenarioSpec, reso
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.benchmark.simulator.soak import SoakConfig, estimate_capacity_rate, run_soak
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest, WorkloadConfig, build_workload
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     HrrnStrategy,
     available_strategy_names,
     build_prefill_queue_strategy,

@@ -7,7 +7,7 @@ import pytest
 
 from lightllm.benchmark.simulator.bound_sweep import main, sweep, sweep_markdown
 from lightllm.benchmark.simulator.cost_model import load_profile
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 def test_sweep_reports_every_bound_strategy_and_cell() -> None:

@@ -8,7 +8,7 @@ import pytest
 from prefill_queue_test_support import ids, make_req
 from simulator_test_support import make_profile
 
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.benchmark.simulator.frontier import (
     EarliestShortsFirst,
     FrontierPoint,

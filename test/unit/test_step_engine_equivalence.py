@@ -15,20 +15,21 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.benchmark.simulator.cost_executor import CostModelExecutor
 from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling import Sampler, SamplingParams
+from lightllm.common.sampling import SamplingParams
+from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.router.model_infer.infer_context import InferenceContext
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend import build_backend
-from lightllm.server.router.model_infer.mode_backend.kv_view import TokenCountKvView
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.rank_backend import build_rank_backend
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
-from lightllm.server.router.model_infer.mode_backend.step_report import StepReport
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.backend_registry import build_backend
+from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.scheduling.step_report import StepReport
 
 KV_TOKENS = 420
 MAX_LEN = 512

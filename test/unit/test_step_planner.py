@@ -6,16 +6,16 @@ from typing import List, Sequence
 
 import pytest
 
-from lightllm.server.router.model_infer.mode_backend.request_classifier import (
+from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
     STRICT_PREFILL_CLASSIFIER,
 )
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend import step_planner as step_planner_module
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.step_planner import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling import step_planner as step_planner_module
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.step_planner import (
     StepPlan,
     StepPlanner,
     submit_prefill,

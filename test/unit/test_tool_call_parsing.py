@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from lightllm.server.tool_calls.extraction import extract_calls
-from lightllm.server.tool_calls.json_scan import CallObjectScanner, split_objects
-from lightllm.server.tool_calls.parsers import ForcedCallParser, HermesParser, Llama3JsonParser
-from lightllm.server.tool_calls.streaming import NamedCallStream, ToolCallStream
+from lightllm.server.http.tool_calls.extraction import extract_calls
+from lightllm.server.http.tool_calls.json_scan import CallObjectScanner, split_objects
+from lightllm.server.http.tool_calls.parsers import ForcedCallParser, HermesParser, Llama3JsonParser
+from lightllm.server.http.tool_calls.streaming import NamedCallStream, ToolCallStream
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Pa\\"ris }", "days": [1, {"x": 2}]}}'
 

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeEvent, FakeManager, assert_error, chat, sse_events
-from lightllm.server.api_http import create_app
-from lightllm.server.http_server_options import HttpServerOptions
+from lightllm.server.http.app import create_app
+from lightllm.server.http.server_options import HttpServerOptions
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",

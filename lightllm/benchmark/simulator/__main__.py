@@ -22,7 +22,7 @@ from lightllm.benchmark.simulator.report import full_report_markdown, results_js
 from lightllm.benchmark.simulator.runner import check_choice, run_matrix
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIO_GROUPS, SCENARIOS, SEED_BUDGETS, resolve_scenarios
 from lightllm.benchmark.simulator.soak import SoakConfig, run_soaks
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
 
 def _csv(text: str) -> List[str]:

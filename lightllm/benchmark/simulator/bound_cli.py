@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 def add_overtake_bound_arguments(parser: argparse.ArgumentParser) -> None:

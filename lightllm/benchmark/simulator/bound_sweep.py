@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # (scenario, mode, budget): the seed's headline cells and the starvation case it warned about.
 DEFAULT_CELLS: Tuple[Tuple[str, str, int], ...] = (

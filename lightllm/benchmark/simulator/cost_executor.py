@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from lightllm.benchmark.simulator.cost_model import CostProfile
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.model_executor import ExecutionResult, SampledToken
-from lightllm.server.router.model_infer.mode_backend.step_planner import PrefillChunk
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult, SampledToken
+from lightllm.server.model_rank.scheduling.step_planner import PrefillChunk
 
 # The simulator never looks at token values; every sampled token is this id.
 SAMPLED_TOKEN_ID = 0

@@ -5,7 +5,7 @@ One :class:`Simulator` stands for one server (router + one model rank).  Its ste
 1. router admission: requests whose arrival time has come join ``NormalReqQueue``; ``admit()``
    moves those that fit into the running set and each gets an ``InferReq`` that joins the mode
    backend (a decode node's request arrives with its prompt KV and first token in place);
-2. ``backend.step()``: the server's own :class:`~lightllm.server.router.model_infer.mode_backend.
+2. ``backend.step()``: the server's own :class:`~lightllm.server.model_rank.scheduling.backend_registry.
    step_engine.StepEngine` (filter, resume, order, select, pause, execute, finish) built by
    ``build_backend(run_mode)``, over a :class:`TokenCountKvView` and a :class:`CostModelExecutor`;
 3. the clock advances by the step's virtual forward time; the step's tokens are stamped with
@@ -27,15 +27,15 @@ from lightllm.benchmark.simulator.cost_executor import SAMPLED_TOKEN_ID, CostMod
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimResult, SimServerConfig, StepTrace
 from lightllm.benchmark.workloads import ScheduledRequest
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend import DecodeBackend, ModeBackend, PrefillBackend, build_backend
-from lightllm.server.router.model_infer.mode_backend.kv_view import TokenCountKvView
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.backend_registry import DecodeBackend, ModeBackend, PrefillBackend, build_backend
+from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     PrefillQueueStrategy,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
 
 # Simulated requests have no per-request length cap beyond their own max_new_tokens.

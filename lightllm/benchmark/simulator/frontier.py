@@ -32,9 +32,9 @@ from lightllm.benchmark.simulator.cost_model import CostProfile, available_profi
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.workloads import SHORT, ScheduledRequest
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.base import PrefillQueueStrategy
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.base import PrefillQueueStrategy
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # The rule's limits (docs/EN/results.md, "A strategy that should never lose to default").
 LOSS_LIMIT_PCT = 5.0

@@ -11,11 +11,11 @@ from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     PrefillQueueStrategy,
     available_strategy_names,
 )
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # The decode node of a 1P1D pair keeps its own settings while the prefill node's strategy varies,
 # as in the seed report's PD runs.

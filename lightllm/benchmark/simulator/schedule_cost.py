@@ -6,7 +6,7 @@ only those; it times the router's admission and the engine's whole step minus th
 *engine-only layout* (this module) hands all N waiting requests to the engine at once, as if
 ``--running_max_req_size`` were raised to N:
 
-A step of the :class:`~lightllm.server.router.model_infer.mode_backend.step_engine.StepEngine`
+A step of the :class:`~lightllm.server.model_rank.scheduling.step_engine.StepEngine`
 spends its non-forward time in three phases whose cost grows with the queue: *order* (the
 strategy's ``reorder``, which classifies decode vs prefill and orders the prefill requests),
 *select* (the :class:`StepPlanner` walking the ordered queue under the token budget) and
@@ -44,15 +44,15 @@ from lightllm.benchmark.simulator.schedule_cost_server import (
     server_markdown_table,
 )
 
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import (
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     available_strategy_names,
     build_prefill_queue_strategy,
 )
-from lightllm.server.router.model_infer.mode_backend.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.router.model_infer.mode_backend.request_classifier import NORMAL_CLASSIFIER
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlanner, submit_prefill
-from lightllm.server.router.model_infer.request_state import ReqState
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner, submit_prefill
+from lightllm.server.model_rank.scheduling.request_state import ReqState
 
 DEFAULT_SIZES = (100, 1000, 10000)
 MIN_PROMPT, MAX_PROMPT = 128, 8192

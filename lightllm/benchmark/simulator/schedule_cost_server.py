@@ -2,7 +2,7 @@
 
 In a server, requests beyond ``--running_max_req_size`` wait in the router's
 :class:`~lightllm.server.router.req_queue.normal_queue.NormalReqQueue`; the model rank's
-:class:`~lightllm.server.router.model_infer.mode_backend.step_engine.StepEngine` orders and selects
+:class:`~lightllm.server.model_rank.scheduling.step_engine.StepEngine` orders and selects
 only the admitted ones.  This module builds exactly that with the simulator's own objects (a
 :class:`~lightllm.benchmark.simulator.engine.Simulator`: the router queue, ``build_backend("normal")``
 over a :class:`TokenCountKvView` and the cost-model executor) and times, per step:
@@ -38,8 +38,8 @@ from lightllm.benchmark.simulator.cost_executor import CostModelExecutor
 from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy import available_strategy_names
-from lightllm.server.router.model_infer.request_state import ReqState
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
+from lightllm.server.model_rank.scheduling.request_state import ReqState
 
 DEFAULT_WAITING = (100, 1000, 10000)
 DEFAULT_RUNNING = (1000,)

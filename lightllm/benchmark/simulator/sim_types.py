@@ -6,10 +6,10 @@ import dataclasses
 from typing import List, Optional
 
 from lightllm.benchmark.metrics import RequestRecord
-from lightllm.server.router.model_infer.infer_req import InferReq
-from lightllm.server.router.model_infer.mode_backend import BACKENDS
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
-from lightllm.server.router.model_infer.mode_backend.step_planner import StepPlan
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.backend_registry import BACKENDS
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.step_planner import StepPlan
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import check_choice, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
 from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,17 +72,3 @@ class TritonLayerOps(TorchLayerOps):
 
     def apply_rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return self._apply_rotary(x, cos, sin)
-
-
-def build_layer_ops(kind: str, rotary: RotaryEmbedding) -> TorchLayerOps:
-    """The layer ops an attention backend asks for: ``torch``, ``triton`` or ``cpp``."""
-    if kind == "triton":
-        return TritonLayerOps(rotary)
-    if kind == "cpp":
-        # Imported here: only the cpp backend loads the kernel library.
-        from lightllm.common.basemodel.cpp_layer_ops import CppLayerOps
-
-        return CppLayerOps(rotary)
-    if kind != "torch":
-        raise ValueError(f"unknown layer kernels {kind!r}; expected torch, triton or cpp")
-    return TorchLayerOps(rotary)

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.forward_batch import ForwardBatch
-from lightllm.common.basemodel.layer_ops import build_layer_ops, rms_norm
+from lightllm.common.basemodel.layer_ops import rms_norm
+from lightllm.common.basemodel.layer_ops_select import build_layer_ops
 from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
 from lightllm.common.basemodel.linear_kernels import build_linear
 from lightllm.common.basemodel.model_config import ModelConfig

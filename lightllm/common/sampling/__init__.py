@@ -1,15 +1,11 @@
-"""Per-request sampling parameters and the batched, vectorised token sampler."""
+"""Per-request sampling parameters (no torch) and the batched token sampler (torch).
 
-from lightllm.common.sampling.logit_processors import (
-    apply_exponential_decay,
-    apply_logit_bias,
-    apply_min_tokens_mask,
-    apply_penalties,
-    apply_top_k_top_p,
-)
-from lightllm.common.sampling.sampler import Sampler
-from lightllm.common.sampling.sampler_output import SamplerOutput
-from lightllm.common.sampling.sampling_batch import SamplingBatch, derive_step_seed
+The package exports only the torch-free names: the parameters, their limits and storage widths,
+which the HTTP process, router, detokenizer and PD master need. The sampler lives in
+:mod:`.sampler`, :mod:`.sampling_batch` and :mod:`.logit_processors`; only the model rank imports
+them, so only the model rank loads torch.
+"""
+
 from lightllm.common.sampling.sampling_params import (
     LOGIT_BIAS_LIMIT,
     MAX_STOP_SEQUENCES,
@@ -25,17 +21,8 @@ __all__ = [
     "MAX_STOP_SEQUENCES",
     "MAX_STOP_TOKEN_IDS",
     "MAX_TOP_LOGPROBS",
-    "Sampler",
-    "SamplerOutput",
-    "SamplingBatch",
     "SamplingParamError",
     "SamplingParams",
     "STOP_SEQUENCES_BYTES",
     "STORED_DTYPES",
-    "apply_exponential_decay",
-    "apply_logit_bias",
-    "apply_min_tokens_mask",
-    "apply_penalties",
-    "apply_top_k_top_p",
-    "derive_step_seed",
 ]

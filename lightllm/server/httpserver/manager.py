@@ -26,7 +26,7 @@ from lightllm.server.core.objs.shm_req_checks import (
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, PD_KIND_NONE
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pd_node import PD_NODE_MESSAGES, PD_NODE_ROLES, PdNodeState, pd_generate
-from lightllm.server.httpserver.pd_node_events import PdNodeEvent
+from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError

@@ -26,7 +26,7 @@ import zmq
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
-from lightllm.server.httpserver.pd_node_events import (
+from lightllm.server.pd.protocol.node_events import (
     BUSY,
     ERROR,
     HANDED_OFF,
@@ -38,6 +38,7 @@ from lightllm.server.httpserver.pd_node_events import (
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.request_manager import GenerationEvent
 from lightllm.utils.process_utils import zmq_socket
+from lightllm.server.run_mode import PD_NODE_MODES
 
 if TYPE_CHECKING:
     from lightllm.server.httpserver.manager import HttpServerManager
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightllm.httpserver.pd_node")
 
 PD_NODE_MESSAGES = (PdSetupDone, PdNotice, PdChannelBroken)
-PD_NODE_ROLES = ("prefill", "decode")
+PD_NODE_ROLES = PD_NODE_MODES
 
 # Finish reasons (FINISH_REASON_NAMES) of the PD statuses, and what each becomes.
 _SEGMENT_REASONS = {"segment_kv_pressure": "kv_pressure", "segment_limit": "segment_limit"}

@@ -18,7 +18,7 @@ from lightllm.server.core.objs.io_messages import (
 )
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging

@@ -25,7 +25,7 @@ from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.layer_ops import TritonLayerOps
 from lightllm.models.registry import load_model
-from lightllm.server.api_cli import make_argument_parser
+from lightllm.server.launch.arg_parser import make_argument_parser
 
 
 def test_auto_takes_triton_on_cuda_and_cpp_or_torch_on_cpu(monkeypatch):

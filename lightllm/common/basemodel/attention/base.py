@@ -22,7 +22,7 @@ class AttentionBackend(ABC):
         """Which layer ops the model runs next to this backend: ``torch``, ``triton`` or ``cpp``.
 
         They cover each layer's residual add + RMSNorm, rotary embedding and SwiGLU (see
-        ``layer_ops.build_layer_ops``); a backend picks the ones built for its device.
+        ``layer_ops_select.build_layer_ops``); a backend picks the ones built for its device.
         """
         return "torch"
 

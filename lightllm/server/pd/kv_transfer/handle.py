@@ -35,10 +35,11 @@ from lightllm.server.pd.kv_transfer.messages import (
 )
 from lightllm.server.pd.kv_transfer.worker import TransferConfig, run_transfer_process
 from lightllm.utils.envs_utils import pd_transfer_failure_probability
+from lightllm.server.run_mode import PD_NODE_MODES
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("prefill", "decode")
+ROLES = PD_NODE_MODES
 
 
 class KVTransferHandle:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from bisect import bisect_right
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
-from lightllm.server.router.model_infer.mode_backend.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 @dataclass

@@ -1,0 +1,252 @@
+"""The FastAPI application: LightLLM's native endpoints plus the OpenAI-compatible ones.
+
+Native endpoints
+----------------
+``POST /generate`` and ``POST /generate_stream`` take
+``{"inputs": str, "parameters": {...}, "high_priority_request": bool}`` (see
+:class:`~lightllm.server.http.native_models.NativeParameters` for ``parameters``; unknown keys,
+including the internal ``infer_high_priority``, are rejected with 400). ``high_priority_request``
+is honoured only from trusted clients and refused with 403 otherwise (:mod:`lightllm.server.http.auth`).
+
+``/generate`` answers::
+
+    {"generated_text": [text], "count_output_tokens": int, "finish_reason": "stop"|"length"|"abort",
+     "prompt_tokens": int, "prompt_cache_len": int,
+     "tokens": [{"id", "text", "logprob", "special", "top_logprobs": {id: logprob} | null}],
+     "details": {"finish_reason", "prompt_tokens", "prompt_cache_len", "count_output_tokens", "tokens"}}
+
+where ``tokens`` (top level, as LightLLM has it) and ``details`` are present only with
+``parameters.return_details``.  With ``parameters.n`` > 1 ``generated_text``,
+``count_output_tokens``, ``finish_reason``, ``tokens`` and ``details`` hold one entry per choice.
+``max_new_tokens`` defaults to 16, as in LightLLM.
+
+``/generate_stream`` sends one server-sent event per generated token::
+
+    data: {"token": {"id", "text", "logprob", "special", "count_output_tokens", "prompt_tokens"},
+           "generated_text": null | full text (last event), "finished": bool,
+           "finish_reason": null | str, "details": null | {...}}
+
+``details`` on the last event carries the counts when ``return_details`` is set. The native
+stream has no ``[DONE]`` sentinel; ``finished`` marks the end.
+
+Service endpoints: ``GET /health`` and ``/health/ready`` (readiness: 200 ``{"status": "ok"}`` or 503),
+``GET /health/live`` (liveness, see :mod:`lightllm.server.http.health`) and ``GET /metrics``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Sequence
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from lightllm.server.http.body import parse_body
+from lightllm.server.http.errors import (
+    APIError,
+    JSONErrorRoute,
+    install_error_handlers,
+    internal_error,
+    sse_error,
+)
+from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.http.native_models import NativeGenerateRequest
+from lightllm.server.http.openai_routes import OpenAIEndpoints
+from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
+from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, json_logprob
+from lightllm.server.http.openapi import install_request_schemas, request_body
+from lightllm.server.http.planning import build_sampling_params, check_context_length, choice_jobs, encoded
+from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
+from lightllm.server.http.health import HEALTH_PATH, LIVE_PATH, READY_PATH, health_answer, manager_readiness
+from lightllm.server.http.request_guard import RequestGuardMiddleware
+from lightllm.server.http.server_options import HttpServerOptions
+from lightllm.server.http.prompt_encoding import PromptEncoder
+from lightllm.server.request_manager import RequestManager, missing_request_manager_members
+
+logger = logging.getLogger(__name__)
+
+# LightLLM's default for a /generate request without max_new_tokens.
+NATIVE_DEFAULT_MAX_NEW_TOKENS = 16
+
+_NATIVE_NAMES = {name: f"parameters.{name}" for name in (
+    "temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+    "max_new_tokens", "min_new_tokens", "stop_token_ids", "ignore_eos", "do_sample", "logprobs", "stop_sequences")}
+
+
+class NativeEndpoints:
+    """LightLLM's native generation endpoints and the service endpoints, bound to a manager."""
+
+    def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None) -> None:
+        self.manager = manager
+        self.encoder = encoder or PromptEncoder(manager)
+        tokenizer_special = getattr(manager.tokenizer, "all_special_ids", None) or []
+        self._special_ids = frozenset(tokenizer_special) | frozenset(manager.eos_token_ids)
+
+    def router(self) -> APIRouter:
+        """An APIRouter with ``/generate``, ``/generate_stream``, ``/health`` and ``/metrics``."""
+        router = APIRouter(route_class=JSONErrorRoute)
+        body = request_body(NativeGenerateRequest)
+        router.add_api_route("/generate", self.generate, methods=["POST"], openapi_extra=body)
+        router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"],
+                             openapi_extra=request_body(NativeGenerateRequest, streams="always"))
+        for path in (HEALTH_PATH, READY_PATH, LIVE_PATH):
+            router.add_api_route(path, self.health, methods=["GET"])
+            router.add_api_route(path, self.health, methods=["HEAD"], include_in_schema=False)
+        router.add_api_route("/metrics", self.metrics, methods=["GET"])
+        return router
+
+    async def health(self, request: Request) -> Response:
+        """Readiness (``/health``, ``/health/ready``) or liveness (``/health/live``); the front door answers the same."""
+        status, body = health_answer(request.url.path, manager_readiness(self.manager))
+        return JSONResponse(body, status_code=status)
+
+    async def metrics(self) -> Response:
+        """Prometheus metrics as produced by the manager."""
+        body, content_type = self.manager.metrics_text()
+        return Response(content=body, media_type=content_type)
+
+    async def _start(self, request: Request, stream: bool = False
+                     ) -> tuple[NativeGenerateRequest, GenerationFanout, list[ChoiceJob]]:
+        body = parse_body(await request.body(), NativeGenerateRequest)
+        check_priority_allowed(request, body.high_priority_request)
+        parameters = body.parameters
+        if stream and parameters.candidates > 1:
+            param = "parameters.n" if parameters.n > 1 else "parameters.best_of"
+            raise APIError(400, "n > 1 and best_of > 1 are supported by /generate only, not /generate_stream",
+                           param=param)
+        options = {} if parameters.add_special_tokens else {"add_special_tokens": False}
+        prompt_ids = await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs")
+        max_new = parameters.max_new_tokens
+        if max_new is None:
+            max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
+        values = {**parameters.sampling_fields(), "max_new_tokens": max_new}
+        params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
+        check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
+                             prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
+        jobs = choice_jobs(0, prompt_ids, params, parameters.candidates)
+        fanout = GenerationFanout(self.manager, jobs, high_priority=body.high_priority_request, request=request)
+        await fanout.start()
+        return body, fanout, jobs
+
+    def _token(self, event: Any) -> dict[str, Any]:
+        """The fields every native token record has (stream events and details add their own)."""
+        return {"id": event.token_id, "text": event.text, "logprob": json_logprob(event.logprob),
+                "special": event.token_id < 0 or event.token_id in self._special_ids}
+
+    @staticmethod
+    def _counts(event: Any) -> dict[str, Any]:
+        return {"finish_reason": event.finish_reason, "prompt_tokens": event.prompt_tokens,
+                "prompt_cache_len": event.cached_tokens, "count_output_tokens": event.completion_tokens}
+
+    async def generate(self, request: Request) -> Response:
+        """``POST /generate``: the whole generation in one JSON answer."""
+        body, fanout, jobs = await self._start(request)
+        collected = await fanout.collect()
+        parameters = body.parameters
+        if parameters.candidates > parameters.n:
+            collected, jobs = best_choices(collected, jobs, parameters.n)
+        choices = [collected[index] for index in sorted(collected)]
+        answers = [self._answer(events, parameters.return_details) for events in choices]
+        if len(answers) == 1:
+            return JSONResponse(answers[0])
+        # n > 1: LightLLM's shape, one list entry per choice.
+        merged: dict[str, Any] = {
+            "generated_text": [answer["generated_text"][0] for answer in answers],
+            "count_output_tokens": [answer["count_output_tokens"] for answer in answers],
+            "finish_reason": [answer["finish_reason"] for answer in answers],
+            "prompt_tokens": answers[0]["prompt_tokens"],
+            "prompt_cache_len": answers[0]["prompt_cache_len"],
+        }
+        if parameters.return_details:
+            merged["tokens"] = [answer["tokens"] for answer in answers]
+            merged["details"] = [answer["details"] for answer in answers]
+        return JSONResponse(merged)
+
+    def _answer(self, events: list[Any], return_details: bool) -> dict[str, Any]:
+        """One choice's /generate answer; with details, ``tokens`` at the top level as LightLLM has it."""
+        last = events[-1]
+        answer: dict[str, Any] = {
+            "generated_text": ["".join(event.text for event in events)],
+            "count_output_tokens": last.completion_tokens,
+            "finish_reason": final_finish_reason(events),
+            "prompt_tokens": last.prompt_tokens,
+            "prompt_cache_len": last.cached_tokens,
+        }
+        if return_details:
+            tokens = []
+            # A negative token id marks a finish event that carries no token.
+            for event in (event for event in events if event.token_id >= 0):
+                top = event.top_logprobs
+                tokens.append({**self._token(event), "top_logprobs": None if top is None else {
+                    token_id: json_logprob(value) for token_id, value in top.items()}})
+            answer["tokens"] = tokens
+            answer["details"] = {**self._counts(last), "finish_reason": answer["finish_reason"], "tokens": tokens}
+        return answer
+
+    async def generate_stream(self, request: Request) -> Response:
+        """``POST /generate_stream``: one server-sent event per generated token."""
+        body, fanout, _ = await self._start(request, stream=True)
+        return sse_response(self._stream(body, fanout), fanout)
+
+    async def _stream(self, body: NativeGenerateRequest, fanout: GenerationFanout) -> AsyncIterator[bytes]:
+        pieces: list[str] = []
+        try:
+            async for _, event in fanout.events():
+                pieces.append(event.text)
+                finished = event.finish_reason is not None
+                details = self._counts(event) if finished and body.parameters.return_details else None
+                token = {**self._token(event), "count_output_tokens": event.completion_tokens,
+                         "prompt_tokens": event.prompt_tokens}
+                yield sse({"token": token, "generated_text": "".join(pieces) if finished else None,
+                           "finished": finished, "finish_reason": event.finish_reason, "details": details})
+        except APIError as error:
+            yield sse_error(error)
+        except Exception:  # noqa: BLE001 - the status line is sent; report in-band instead
+            logger.exception("native stream failed")
+            yield sse_error(internal_error())
+
+
+def create_app(
+    manager: RequestManager, options: HttpServerOptions | None = None, extra_routers: Sequence[APIRouter] = ()
+) -> FastAPI:
+    """Build the HTTP application around a request manager.
+
+    ``extra_routers`` (a PD master's membership and readiness endpoints, a PD node's control
+    endpoints) are included before the public API, so a route they define (``/health`` on a PD
+    master) takes precedence over the public API's own.
+
+    ``manager`` implements :class:`~lightllm.server.request_manager.RequestManager` (the HTTP
+    process's ``HttpServerManager``, or any other manager serving the same API); one that does
+    not is refused with a ``TypeError`` naming what it lacks.
+    """
+    missing = missing_request_manager_members(manager)
+    if missing:
+        raise TypeError(f"create_app needs a RequestManager; {type(manager).__name__} lacks {', '.join(missing)}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # The manager's sockets and receiver task belong to the server's event loop.
+        await manager.start()
+        # anyio imports its asyncio backend lazily on the first streamed response; doing it
+        # here keeps that import (about half a second) out of the first client's latency.
+        import anyio._backends._asyncio  # noqa: F401
+        try:
+            yield
+        finally:
+            await manager.stop()
+
+    app = FastAPI(title="lightllm", summary="LLM serving with a configurable prefill-queue scheduler", lifespan=lifespan)
+    install_error_handlers(app)
+    options = options or HttpServerOptions()
+    encoder = PromptEncoder(manager, options.limits.prompt_chars_per_token)
+    for router in extra_routers:
+        app.include_router(router)
+    app.include_router(NativeEndpoints(manager, encoder).router())
+    app.include_router(OpenAIEndpoints(manager, encoder, options.tool_call_parser).router())
+    # Added last = runs first: keys are checked before any body byte is read.
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
+                       body_timeout=options.limits.body_timeout)
+    app.add_middleware(ApiKeyMiddleware, policy=options.auth)
+    install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest])
+    return app

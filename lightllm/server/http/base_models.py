@@ -1,0 +1,71 @@
+"""The strict base every HTTP request schema shares, and helpers for declaring its fields.
+
+Every request model is strict (no coercion of strings into numbers or bools) and forbids
+unknown keys, so a misspelt or internal-only field such as ``infer_high_priority`` is rejected
+with a 400 that names it.  Validation failures become :class:`~lightllm.server.http.errors.APIError`
+with ``param`` set to the dotted field path (``messages.0.role``, ``parameters.top_p``).
+
+The schemas themselves are in :mod:`lightllm.server.http.openai_models` and
+:mod:`lightllm.server.http.native_models`; the checks that need the served model (vocabulary,
+context length) are in :mod:`lightllm.server.http.planning`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from lightllm.common.sampling import STORED_DTYPES
+
+# Most choices (``n`` and ``best_of``) a request may ask for, on every endpoint.
+MAX_N = 16
+
+# JSON schema of the stop fields (typed ``Any``, validated by hand), for the OpenAPI document.
+STRING_OR_STRINGS_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1},
+                                     {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}]}
+
+
+def stored_bounds(name: str) -> dict[str, Any]:
+    """Schema bounds of a number whose limit is the width it is stored in.
+
+    Documentation only: SamplingParams.validate enforces the limit (the one place every API
+    shares), so the OpenAPI document tells fuzzers and client generators the same thing.
+    """
+    dtype = STORED_DTYPES[name]
+    if np.issubdtype(dtype, np.floating):
+        return {"json_schema_extra": {"maximum": float(np.finfo(dtype).max)}}
+    return {"json_schema_extra": {"maximum": int(np.iinfo(dtype).max)}}
+
+
+class StrictModel(BaseModel):
+    """Base for request bodies: strict types, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    def check_consistency(self) -> None:
+        """Cross-field checks that pydantic field validators cannot name a param for."""
+
+
+def _normalize_stop(value: Any, limit: int, name: str) -> list[str]:
+    """``value`` (None, a string or a list of strings) as a list of at most ``limit`` non-empty strings."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ValueError(f"{name} must be a string or a list of strings")
+    if len(items) > limit:
+        raise ValueError(f"{name} holds at most {limit} strings, got {len(items)}")
+    if any(not item for item in items):
+        raise ValueError(f"{name} must not contain empty strings")
+    return list(items)
+
+
+def stop_validator(field: str, limit: int) -> Any:
+    """The field validator of a stop-strings field: always a list afterwards, errors naming ``field``."""
+
+    def check(cls: type, value: Any) -> list[str]:
+        return _normalize_stop(value, limit, field)
+
+    return field_validator(field)(classmethod(check))

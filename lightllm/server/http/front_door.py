@@ -1,0 +1,355 @@
+"""The front door: one thread that accepts every HTTP connection before the event loop sees it.
+
+Why a thread: with hundreds of streams the event loop of the HTTP process is busy for up to a
+second at a time on a small machine (``/health`` took 1.0 s at most under 400 streams on 2 cores,
+up to 4.6 s under 1000), and anything answered on that loop, even in the protocol layer, waits
+behind it. The front door runs on its own thread with its own selector, so it takes the
+interpreter lock only for the few microseconds a probe needs, and it enforces the connection
+limits before a connection costs the loop anything:
+
+* per client (peer IP): a client holding ``--http_max_connections_per_client`` connections gets
+  503 ``too_many_client_connections`` on its next one at once, so one client cannot fill the cap;
+* the cap: beyond ``--http_max_connections`` (connections being read here plus those served by
+  the loop), a connection enters a reserve of ``reserve_connections`` places where its request
+  head is read; a health probe is answered and a request with a valid API key (or the PD cluster
+  key on ``/pd/``) is served; anything else gets 503 ``too_many_connections``. So a full server
+  still answers probes and authenticated clients;
+* a fresh connection whose request is ``GET``/``HEAD`` on a health path
+  (:data:`~lightllm.server.http.health.HEALTH_PATHS`) is answered here, whatever the loop is
+  doing; every other connection is handed to the loop with the bytes read so far, and the
+  request-head deadline (``--http_header_timeout``) keeps running from its arrival;
+* while the model loads the port already listens: probes get their answer (live 200, ready 503
+  ``server_starting``), other requests 503 ``server_starting``; once uvicorn stops, 503
+  ``server_shutting_down``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.connection_book import ConnectionBook
+from lightllm.server.http.health import (
+    LoopHeartbeat,
+    Readiness,
+    health_answer,
+    starting_readiness,
+)
+from lightllm.server.http.probe_parsing import (
+    MAX_HEAD_BYTES,
+    head_headers,
+    health_path,
+    may_be_health,
+    raw_response,
+    request_line,
+)
+from lightllm.server.http.server_options import AuthPolicy, HttpLimits
+
+logger = logging.getLogger(__name__)
+
+_READ_BYTES = 65536
+_ACCEPTS_PER_WAKE = 256
+_ACCEPT_PAUSE_SECONDS = 0.2  # out of file descriptors: let some close before accepting again
+
+
+@dataclass
+class _Pending:
+    """A connection whose request head is being read on the front door's thread."""
+
+    sock: socket.socket
+    peer: str
+    deadline: float
+    reserve: bool
+    data: bytearray = field(default_factory=bytearray)
+
+
+class FrontDoor:
+    """Accepts on ``sockets`` in a thread; answers probes and refusals there, hands the rest to a loop.
+
+    Lifecycle: :meth:`start` (start-up, before the model loads), :meth:`serve` (on the serving
+    loop, once uvicorn runs), :meth:`stop_serving` (uvicorn shuts down), :meth:`close`.
+    """
+
+    def __init__(self, sockets: List[socket.socket], limits: HttpLimits, auth: AuthPolicy) -> None:
+        from lightllm.server.http.auth import KeySet
+
+        self.sockets = sockets
+        self.limits = limits
+        self._client_keys = KeySet((*auth.api_keys, *auth.admin_keys)) if auth.requires_key else None
+        self._cluster_key = KeySet([auth.cluster_key]) if auth.cluster_key else None
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()  # guards the state, readiness and heartbeat below
+        self._book = ConnectionBook(limits)
+        self._pending: Dict[int, _Pending] = {}
+        self._state = "starting"
+        self._readiness: Readiness = starting_readiness
+        self._heartbeat: Optional[LoopHeartbeat] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._make_protocol: Optional[Callable[[], Any]] = None
+        self._closed = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._paused_until = 0.0
+        self._thread = threading.Thread(target=self._run, name="http-front-door", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle (any thread)
+
+    @property
+    def port(self) -> int:
+        """The port of the first listening socket (the bound one when ``--port 0`` was given)."""
+        return self.sockets[0].getsockname()[1]
+
+    @property
+    def serving(self) -> bool:
+        """True once :meth:`serve` handed it a loop, until :meth:`stop_serving`."""
+        return self._state == "serving"
+
+    def start(self) -> None:
+        """Start accepting: probes and requests are answered (503 ``server_starting``) from now on."""
+        for sock in self.sockets:
+            self._selector.register(sock, selectors.EVENT_READ, "listen")
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread.start()
+
+    def serve(self, loop: asyncio.AbstractEventLoop, make_protocol: Callable[[], Any], readiness: Readiness) -> None:
+        """Hand requests to ``loop`` from now on, each on a protocol ``make_protocol()`` builds."""
+        heartbeat = LoopHeartbeat()
+        heartbeat.start(loop)
+        with self._lock:
+            self._loop, self._make_protocol, self._readiness, self._heartbeat = loop, make_protocol, readiness, heartbeat
+            self._state = "serving"
+
+    def stop_serving(self) -> None:
+        """The loop takes no more connections: new ones get 503 ``server_shutting_down``."""
+        with self._lock:
+            self._state = "stopping"
+
+    def close(self) -> None:
+        """Stop the thread and close the listening sockets (idempotent)."""
+        self._closed.set()
+        self._wake()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        for pending in list(self._pending.values()):
+            pending.sock.close()
+        self._pending.clear()
+        for sock in (*self.sockets, self._wake_r, self._wake_w):
+            sock.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            now = time.monotonic()
+            deadlines = [pending.deadline for pending in self._pending.values()]
+            if self._paused_until:
+                deadlines.append(self._paused_until)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in self._selector.select(timeout):
+                if key.data == "listen":
+                    self._accept(key.fileobj)  # type: ignore[arg-type]
+                elif key.data == "wake":
+                    try:
+                        self._wake_r.recv(4096)
+                    except OSError:
+                        pass
+                elif key.fileobj.fileno() in self._pending:  # type: ignore[union-attr]
+                    self._on_readable(self._pending[key.fileobj.fileno()])  # type: ignore[union-attr]
+            self._expire(time.monotonic())
+            self._book.log_refusals()
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accepting(exc)
+                return
+            self._admit(sock, str(address[0]))
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        logger.warning("cannot accept connections (%s); pausing accept for %gs", exc.strerror, _ACCEPT_PAUSE_SECONDS)
+        for sock in self.sockets:
+            self._selector.unregister(sock)
+        self._paused_until = time.monotonic() + _ACCEPT_PAUSE_SECONDS
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        sock.setblocking(False)
+        reserve, refusal = self._book.admit(peer)
+        if refusal is not None:
+            self._answer_and_close(sock, 503, error_body(refusal[1], SERVICE_UNAVAILABLE, None, refusal[0]))
+            return
+        pending = _Pending(sock, peer, time.monotonic() + self.limits.header_timeout, reserve)
+        self._pending[sock.fileno()] = pending
+        self._selector.register(sock, selectors.EVENT_READ, "client")
+
+    def _on_readable(self, pending: _Pending) -> None:
+        try:
+            chunk = pending.sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(pending)
+            return
+        pending.data += chunk
+        data = bytes(pending.data)
+        path = health_path(data)
+        if path is not None:
+            status, body = self._health(path)
+            self._finish(pending, status, body, head_only=data.startswith(b"HEAD "))
+            return
+        head_complete = b"\r\n\r\n" in data
+        if len(data) > MAX_HEAD_BYTES and not head_complete:
+            message = "Invalid HTTP request: malformed, or its head is larger than 16 KiB"
+            self._finish(pending, 400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
+            return
+        if may_be_health(data) or (pending.reserve and not head_complete):
+            return  # wait for the rest of the head
+        with self._lock:
+            state = self._state
+        if state == "starting":
+            self._finish(pending, 503, error_body("The server is starting (loading the model); retry later",
+                                                  SERVICE_UNAVAILABLE, None, "server_starting"))
+        elif state != "serving":
+            self._finish(pending, 503, error_body("The server is shutting down and takes no new requests",
+                                                  SERVICE_UNAVAILABLE, None, "server_shutting_down"))
+        elif pending.reserve and not self._authenticated(data):
+            self._book.count_refusal("too_many_connections")
+            message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
+                       "(--http_max_connections); retry later (requests with an API key are still served)")
+            self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
+        else:
+            self._hand_off(pending, data)
+
+    def _health(self, path: str) -> Tuple[int, Dict[str, Any]]:
+        with self._lock:
+            readiness, heartbeat = self._readiness, self._heartbeat
+        return health_answer(path, readiness, heartbeat)
+
+    def _authenticated(self, data: bytes) -> bool:
+        from lightllm.server.http.auth import CLUSTER_PATH_PREFIX, bearer_token
+
+        token = bearer_token({"headers": head_headers(data)})
+        line, _ = request_line(data)
+        parts = line.split(b" ")
+        path = parts[1].decode("latin-1") if len(parts) > 1 else ""
+        if self._cluster_key is not None and path.startswith(CLUSTER_PATH_PREFIX):
+            return self._cluster_key.contains(token)
+        return self._client_keys is not None and self._client_keys.contains(token)
+
+    def _expire(self, now: float) -> None:
+        if self._paused_until and now >= self._paused_until:
+            self._paused_until = 0.0
+            for sock in self.sockets:
+                self._selector.register(sock, selectors.EVENT_READ, "listen")
+        for pending in [p for p in self._pending.values() if p.deadline <= now]:
+            message = (f"The request head (request line and headers) did not arrive within "
+                       f"{self.limits.header_timeout:g} seconds (--http_header_timeout)")
+            self._finish(pending, 408, error_body(message, INVALID_REQUEST, None, "request_timeout"))
+
+    # ------------------------------------------------------------------ leaving the thread
+
+    def _forget(self, pending: _Pending, served: bool) -> None:
+        self._selector.unregister(pending.sock)
+        del self._pending[pending.sock.fileno()]
+        self._book.leave_front_door(pending.peer, pending.reserve, served)
+
+    def _drop(self, pending: _Pending) -> None:
+        self._forget(pending, served=False)
+        pending.sock.close()
+
+    def _finish(self, pending: _Pending, status: int, body: Dict[str, Any], head_only: bool = False) -> None:
+        self._forget(pending, served=False)
+        self._answer_and_close(pending.sock, status, body, head_only)
+
+    @staticmethod
+    def _answer_and_close(sock: socket.socket, status: int, body: Dict[str, Any], head_only: bool = False) -> None:
+        try:
+            # Unread input would make close() reset the connection before the client reads the answer.
+            while sock.recv(_READ_BYTES):
+                pass
+        except OSError:
+            pass
+        try:
+            sock.send(raw_response(status, body, head_only))  # small: fits an empty socket buffer
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        sock.close()
+
+    def _hand_off(self, pending: _Pending, data: bytes) -> None:
+        self._forget(pending, served=True)
+        loop = self._loop
+        try:
+            assert loop is not None
+            loop.call_soon_threadsafe(self._adopt, pending.sock, pending.peer, data, pending.deadline)
+        except (AssertionError, RuntimeError):  # the loop is closed
+            self.release(pending.peer)
+            pending.sock.close()
+
+    def _adopt(self, sock: socket.socket, peer: str, data: bytes, deadline: float) -> None:
+        """On the loop: serve ``sock`` with a fresh protocol fed ``data`` first."""
+        assert self._loop is not None and self._make_protocol is not None
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.release(peer)
+
+        def protocol() -> Any:
+            proto = self._make_protocol()  # type: ignore[misc]
+            proto.front_door_data = data
+            proto.front_door_deadline = deadline
+            proto.front_door_release = release
+            return proto
+
+        async def connect() -> None:
+            try:
+                await self._loop.connect_accepted_socket(protocol, sock)  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - the connection is lost, the server goes on
+                logger.exception("could not serve an accepted connection")
+                release()
+                sock.close()
+
+        asyncio.ensure_future(connect())
+
+    def release(self, peer: str) -> None:
+        """A connection served by the loop closed (called on the loop's thread)."""
+        self._book.release(peer)
+
+
+def open_front_door(args: Any) -> FrontDoor:
+    """Bind ``--host:--port`` and start answering there (raises ``PortUnavailableError``, one line).
+
+    Called first thing at start-up, before the model loads, so a taken port fails within a second.
+    """
+    from lightllm.server.http.server_options import HttpServerOptions, ensure_file_descriptors
+    from lightllm.server.http.listen_sockets import bind_listeners
+
+    options = HttpServerOptions.from_args(args)
+    ensure_file_descriptors(options.limits.max_connections + options.limits.reserve_connections)
+    door = FrontDoor(bind_listeners(args.host, args.port), options.limits, options.auth)
+    door.start()
+    return door

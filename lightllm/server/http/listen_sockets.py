@@ -1,0 +1,85 @@
+"""The server's exit codes, and the HTTP listening sockets bound before anything loads.
+
+A server started on a port that is taken used to load the whole model first and then fail in
+uvicorn; binding the port as the first step of start-up makes that a one-line error and exit code
+:data:`EXIT_PORT_UNAVAILABLE` within a second. The sockets are then served by the front door
+(:mod:`lightllm.server.http.front_door`) for the server's whole life.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import List
+
+from lightllm.server.argument_error import ArgumentError
+
+# The exit codes of ``python -m lightllm.server.api_server`` (docs/*/failure_handling.md lists them).
+EXIT_STOPPED = 0  # stopped by SIGTERM/SIGINT (after the drain)
+EXIT_FAILED = 1  # a child process died (while serving or loading), or start-up failed after the checks
+EXIT_INVALID_CONFIG = 2  # refused before anything started: flags, model config, keys (one line `error: ...`)
+EXIT_PORT_UNAVAILABLE = 3  # a port it must listen on is taken or cannot be bound (one line naming it)
+
+# Matches uvicorn's default: connections the kernel completes before the front door accepts them.
+LISTEN_BACKLOG = 2048
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class PortUnavailableError(ArgumentError):
+    """A port the server must listen on cannot be bound; the message names host and port."""
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    name = host.strip().strip("[]").lower()
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def display_address(host: str, port: int) -> str:
+    """``host:port`` with IPv6 addresses in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[socket.socket]:
+    """Non-blocking sockets listening on every address ``host`` resolves to, at ``port``.
+
+    ``0.0.0.0``/``::``/empty listen everywhere (as uvicorn does). Raises :class:`PortUnavailableError`
+    (one line naming the address) when any of them cannot be bound; none stays bound then.
+    """
+    bind_host = host.strip("[]") or None
+    where = display_address(host or "0.0.0.0", port)
+    try:
+        infos = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PortUnavailableError(f"--host {host!r}: cannot resolve it to an address to listen on: {exc}") from None
+    sockets: List[socket.socket] = []
+    seen = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            # A server restarted on its port must not wait out the old one's TIME_WAIT connections.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise PortUnavailableError(
+                    f"cannot listen on {where} (--host/--port): {exc.strerror or exc}; "
+                    "is another server running on this port?") from None
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets

@@ -1,0 +1,115 @@
+"""Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints.
+
+Strict like every request schema (:class:`~lightllm.server.http.base_models.StrictModel`: no coercion,
+unknown keys rejected with a 400 naming them), with LightLLM's own parameter names and defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from lightllm.common.sampling import MAX_STOP_SEQUENCES
+from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
+from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
+
+
+INT32_MAX = 2**31 - 1
+
+
+class NativeParameters(StrictModel):
+    """``parameters`` of LightLLM's ``/generate`` and ``/generate_stream``.
+
+    Names follow SamplingParams; range checks happen there. ``logprobs`` is the number of
+    top alternatives per token reported in ``details`` (stream events carry the chosen
+    token's logprob regardless).
+    """
+
+    do_sample: bool | None = None
+    temperature: float = Field(default=1.0, **stored_bounds("temperature"))
+    top_p: float = 1.0
+    top_k: int = Field(default=-1, **stored_bounds("top_k"))
+    repetition_penalty: float = Field(default=1.0, **stored_bounds("repetition_penalty"))
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = Field(default=None, **stored_bounds("seed"))
+    max_new_tokens: int | None = Field(default=None, **stored_bounds("max_new_tokens"))
+    min_new_tokens: int = Field(default=0, **stored_bounds("min_new_tokens"))
+    stop_sequences: Any = Field(default=None, validate_default=True, json_schema_extra=STRING_OR_STRINGS_SCHEMA)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    return_details: bool = False
+    logprobs: int | None = None
+    # LightLLM's own parameters.
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    skip_special_tokens: bool = True
+    add_special_tokens: bool = True
+    input_penalty: bool = False
+    print_eos_token: bool = False
+    # (start_index, decay_factor): once more than start_index tokens exist, EOS logits grow by
+    # decay_factor ** (generated - start_index) (Hugging Face's ExponentialDecayLengthPenalty).
+    exponential_decay_length_penalty: Any = Field(default=None, json_schema_extra={
+        "type": "array", "prefixItems": [{"type": "integer", "minimum": 0}, {"type": "number", "minimum": 1, "maximum": 10}],
+        "minItems": 2, "maxItems": 2})
+
+    _check_stop = stop_validator("stop_sequences", MAX_STOP_SEQUENCES)
+
+    @field_validator("exponential_decay_length_penalty")
+    @classmethod
+    def _check_decay(cls, value: Any) -> tuple[int, float] | None:
+        # LightLLM's (start_index, decay_factor); JSON sends it as a two-item list.
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ValueError("exponential_decay_length_penalty must be [start_index, decay_factor] or null")
+        start, factor = value
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= INT32_MAX:
+            raise ValueError(f"exponential_decay_length_penalty start_index must be an integer in [0, {INT32_MAX}], got {start!r}")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not MIN_DECAY_FACTOR <= factor <= MAX_DECAY_FACTOR:
+            raise ValueError(
+                f"exponential_decay_length_penalty decay_factor must be a number in [{MIN_DECAY_FACTOR:g}, {MAX_DECAY_FACTOR:g}], got {factor!r}"
+            )
+        return (start, float(factor))
+
+    def check_consistency(self) -> None:
+        if self.best_of is not None and self.best_of < self.n:
+            raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "parameters.best_of")
+
+    @property
+    def candidates(self) -> int:
+        """Generations run: ``best_of`` when given (the ``n`` most likely are returned), else ``n``."""
+        return self.best_of if self.best_of is not None else self.n
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments (max_new_tokens is resolved by the caller)."""
+        fields = self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
+                                          "exponential_decay_length_penalty"})
+        if self.exponential_decay_length_penalty is not None:
+            fields["exponential_decay_start"], fields["exponential_decay_factor"] = self.exponential_decay_length_penalty
+        return fields
+
+
+class NativeGenerateRequest(StrictModel):
+    """Body of ``/generate`` and ``/generate_stream``.
+
+    ``high_priority_request`` is the router admission flag; inference-side priority is
+    internal and cannot be set from here.
+    """
+
+    inputs: str = Field(min_length=1)
+    parameters: NativeParameters = Field(default_factory=NativeParameters)
+    high_priority_request: bool = False
+    multimodal_params: dict[str, Any] | None = None
+
+    def check_consistency(self) -> None:
+        self.parameters.check_consistency()
+
+    @field_validator("multimodal_params")
+    @classmethod
+    def _check_multimodal(cls, value: dict[str, Any] | None) -> None:
+        if value and any(value.values()):
+            raise ValueError("multimodal inputs are not supported by this server")
+        return None

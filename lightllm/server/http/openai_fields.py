@@ -1,0 +1,196 @@
+"""OpenAI platform fields and vLLM extras shared by the OpenAI request schemas.
+
+The schemas in :mod:`lightllm.server.http.openai_models` inherit these fields, so each decision
+about a field lives here with its reason:
+
+* ``null`` means the same as leaving a field out, on every field (OpenAI's SDKs and many clients
+  send explicit nulls); the OpenAPI document marks every optional field nullable accordingly.
+* ``logit_bias`` works (added to the logits in the model rank); ``truncate_prompt_tokens`` keeps
+  the last k prompt tokens, as vLLM does; vLLM's structured-output parameters become a grammar
+  (:mod:`lightllm.server.http.structured_params`).
+* Platform fields that only mean something on OpenAI's hosted service are accepted where their
+  meaning holds on a self-hosted server and refused with the reason where it does not:
+  ``store`` (nothing is stored: ``false`` accepted, ``true`` refused), ``service_tier`` (one tier:
+  ``auto`` and ``default`` accepted), ``prediction`` (a latency hint that never changes the
+  output: accepted and not used), ``metadata`` (client bookkeeping: accepted, bounded as OpenAI
+  bounds it, not used).
+* Chat only: ``chat_template`` and ``documents`` go to the chat template as in vLLM;
+  ``reasoning_effort`` is a template variable too, refused when the template has no use for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from lightllm.common.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, STORED_DTYPES
+from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.base_models import StrictModel
+from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+# A chat template is a Jinja source file; real ones are a few KiB.
+MAX_CHAT_TEMPLATE_CHARS = 65536
+MAX_DOCUMENTS = 64
+ACCEPTED_SERVICE_TIERS = ("auto", "default")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+_INT32_MAX = int(np.iinfo(STORED_DTYPES["max_new_tokens"]).max)
+
+
+def _nullable_optional_properties(schema: dict[str, Any]) -> None:
+    """Mark every optional property nullable: the models drop null fields before validating."""
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required:
+            continue
+        options = prop.get("anyOf")
+        if options is not None:
+            if {"type": "null"} not in options:
+                options.append({"type": "null"})
+            continue
+        meta = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
+        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
+
+
+class NullMeansAbsent(StrictModel):
+    """A strict request model where ``"field": null`` is the same as leaving the field out."""
+
+    model_config = ConfigDict(json_schema_extra=_nullable_optional_properties)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class PredictionContent(StrictModel):
+    """OpenAI's ``prediction``: text the output is expected to repeat (a speed-up hint only)."""
+
+    type: Literal["content"]
+    content: str | list[dict[str, str]]
+
+
+class OpenAIPlatformFields(NullMeansAbsent):
+    """Fields both OpenAI endpoints accept besides the sampling parameters."""
+
+    logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={
+        "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
+        "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT}})
+    # vLLM: keep only the last k prompt tokens.
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
+    # vLLM's structured outputs (current and legacy spellings); see api_structured_params.
+    structured_outputs: dict[str, Any] | None = Field(default=None, json_schema_extra=STRUCTURED_OUTPUTS_SCHEMA)
+    guided_json: Any = Field(default=None, json_schema_extra=GUIDED_JSON_SCHEMA)
+    guided_regex: str | None = Field(default=None, min_length=1)
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = Field(default=None, min_length=1)
+    store: Literal[False] | None = Field(default=None, description="Only false: this server stores no completions")
+    service_tier: Literal["auto", "default"] | None = None
+    prediction: PredictionContent | None = None
+    metadata: dict[str, str] | None = Field(default=None, json_schema_extra={
+        "maxProperties": MAX_METADATA_PAIRS, "propertyNames": {"maxLength": MAX_METADATA_KEY_CHARS},
+        "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE_CHARS}})
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias holds at most {MAX_LOGIT_BIAS} entries, got {len(value)}")
+        for key, bias in value.items():
+            if not key.isascii() or not key.isdigit() or (len(key) > 1 and key[0] == "0") or len(key) > 10:
+                raise ValueError(f"logit_bias keys must be token ids written as decimal integers, got {key!r}")
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{key}] must be in [-100, 100], got {bias}")
+        return value
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _check_store(cls, value: Any) -> Any:
+        if value is True:
+            raise ValueError("store: true is not supported: this server stores no completions (send false or omit it)")
+        return value
+
+    @field_validator("service_tier", mode="before")
+    @classmethod
+    def _check_service_tier(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in ACCEPTED_SERVICE_TIERS:
+            raise ValueError(f"service_tier {value!r} is not offered: this server has one tier; send 'auto' or "
+                             "'default' or omit it")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_METADATA_PAIRS:
+            raise ValueError(f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(value)}")
+        for key, item in value.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise ValueError(f"metadata keys are at most {MAX_METADATA_KEY_CHARS} characters")
+            if len(item) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"metadata values are at most {MAX_METADATA_VALUE_CHARS} characters")
+        return value
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` keyed by token id (empty when not given)."""
+        return {int(key): float(bias) for key, bias in (self.logit_bias or {}).items()}
+
+    def guided_fields(self) -> dict[str, Any]:
+        """vLLM's legacy structured-output fields by name (None: not given)."""
+        return {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar}
+
+    def truncated(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt cut to its last ``truncate_prompt_tokens`` tokens (vLLM keeps the end)."""
+        if self.truncate_prompt_tokens is None or len(prompt_ids) <= self.truncate_prompt_tokens:
+            return prompt_ids
+        return prompt_ids[-self.truncate_prompt_tokens :]
+
+
+class ChatTemplateFields(NullMeansAbsent):
+    """Chat-only fields that reach the chat template."""
+
+    chat_template: str | None = Field(default=None, min_length=1, max_length=MAX_CHAT_TEMPLATE_CHARS)
+    documents: list[dict[str, str]] | None = Field(default=None, max_length=MAX_DOCUMENTS)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+    @field_validator("reasoning_effort", mode="before")
+    @classmethod
+    def _check_reasoning_effort(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {value!r}")
+        return value
+
+    def check_reasoning_effort(self, tokenizer_template: Any) -> None:
+        """Refuse ``reasoning_effort`` unless the template that renders this chat reads it.
+
+        ``tokenizer_template`` is the tokenizer's own chat template (a string, a dict of named
+        templates, or None); the request's ``chat_template`` replaces it when given.
+        """
+        if self.reasoning_effort is None:
+            return
+        template = self.chat_template if self.chat_template is not None else tokenizer_template
+        if "reasoning_effort" not in str(template or ""):
+            raise invalid_request("reasoning_effort has no effect on this model: its chat template does not read "
+                                  "it (it is not a reasoning model); omit it", "reasoning_effort")
+
+    def template_variables(self) -> dict[str, Any]:
+        """What these fields add to the chat template call (``chat_template`` and ``documents`` are
+        arguments of ``apply_chat_template``; ``reasoning_effort`` a template variable)."""
+        variables: dict[str, Any] = {}
+        if self.chat_template is not None:
+            variables["chat_template"] = self.chat_template
+        if self.documents is not None:
+            variables["documents"] = [dict(document) for document in self.documents]
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+        return variables

@@ -1,0 +1,331 @@
+"""Request schemas of the OpenAI-compatible endpoints (``/v1/completions``, ``/v1/chat/completions``).
+
+Strict like every request schema (:class:`~lightllm.server.http.base_models.StrictModel`), with OpenAI's
+parameter names and limits plus the vLLM extras that common clients send.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field, field_validator
+
+from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
+from lightllm.server.http.openai_fields import ChatTemplateFields, NullMeansAbsent, OpenAIPlatformFields
+from lightllm.server.http.tool_calls.request import check_message_tool_calls, check_tool_messages, template_tool_calls
+
+MAX_PROMPTS = 64
+MAX_OPENAI_STOP = 4
+MAX_COMPLETION_LOGPROBS = 20  # OpenAI's legacy cap is 5; vLLM (and this server) allow 20
+MAX_CHAT_TOP_LOGPROBS = 20
+CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
+# apply_chat_template's own arguments: a template variable must not override them.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+# JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_PROMPT_SCHEMA = {"anyOf": [
+    {"type": "string", "minLength": 1},
+    {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
+    _TOKEN_IDS,
+    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS}]}
+_CONTENT_SCHEMA = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                                "required": ["type", "text"], "additionalProperties": False}},
+    {"type": "null"},
+]}
+_FUNCTION_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
+    "parameters": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
+    "required": ["name"], "additionalProperties": False}
+TOOLS_SCHEMA = {"type": "array", "minItems": 1, "maxItems": 128, "items": {
+    "type": "object", "properties": {"type": {"const": "function"}, "function": _FUNCTION_SCHEMA},
+    "required": ["type", "function"], "additionalProperties": False}}
+TOOL_CHOICE_SCHEMA = {"anyOf": [
+    {"enum": ["none", "auto", "required"]}, {"type": "null"},
+    {"type": "object", "properties": {"type": {"const": "function"}, "function": {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+        "additionalProperties": False}}, "required": ["type", "function"], "additionalProperties": False}]}
+
+
+class StreamOptions(NullMeansAbsent):
+    """``stream_options`` of the OpenAI endpoints."""
+
+    include_usage: bool = False
+    # vLLM extra (guidellm sends it): usage on every chunk, not only on the last one.
+    continuous_usage_stats: bool = False
+
+
+class OpenAISamplingRequest(OpenAIPlatformFields):
+    """Fields shared by ``/v1/completions`` and ``/v1/chat/completions``.
+
+    After validation ``stop`` is always a list of strings.
+    """
+
+    # The endpoint's completion length when the client sends none (None: the rest of the context).
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    stop: Any = Field(default=None, validate_default=True, json_schema_extra=STRING_OR_STRINGS_SCHEMA)
+    # 0 is allowed with completions' echo only (the prompt alone is returned).
+    max_tokens: int | None = Field(default=None, ge=0, **stored_bounds("max_new_tokens"))
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1, **stored_bounds("top_k"))
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = Field(default=None, ge=0, **stored_bounds("seed"))
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, **stored_bounds("repetition_penalty"))
+    min_tokens: int = Field(default=0, ge=0, **stored_bounds("min_new_tokens"))
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM extras.
+    # logprobs name tokens ``token_id:<id>`` instead of their (possibly ambiguous) text.
+    return_tokens_as_token_ids: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Becomes the response id and appears in the server log.
+    request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    # Logprobs of every prompt token with this many alternatives (vLLM), from the prefill forward.
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+
+    _check_stop = stop_validator("stop", MAX_OPENAI_STOP)
+
+    def check_consistency(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.best_of is not None and self.best_of < self.n:
+            raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
+        if self.max_tokens == 0 and not getattr(self, "echo", False):
+            raise invalid_request("max_tokens must be >= 1 (0 is allowed only with echo=true)", "max_tokens")
+        if self.prompt_logprobs is not None and self.stream:
+            raise invalid_request("prompt_logprobs is not supported when streaming", "prompt_logprobs")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise invalid_request("best_of > n is not supported when streaming (the best choices are known "
+                                  "only at the end)", "best_of")
+
+    @property
+    def include_usage(self) -> bool:
+        """True when a streaming client asked for the final usage chunk."""
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """True when every streamed chunk carries the usage so far (vLLM's continuous_usage_stats)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    @property
+    def candidates(self) -> int:
+        """Generations per prompt: ``best_of`` when given (the ``n`` most likely are returned), else ``n``."""
+        return self.best_of if self.best_of is not None else self.n
+
+    def requested_max_tokens(self) -> int | None:
+        """The client's completion-length limit, or None to use the server default."""
+        return self.max_tokens
+
+    def max_tokens_param(self) -> str:
+        """The request field that set the completion-length limit (named in errors)."""
+        return "max_tokens"
+
+    def public_names(self) -> dict[str, str]:
+        """SamplingParams field -> this request's field name, for error messages."""
+        return {"max_new_tokens": self.max_tokens_param(), "min_new_tokens": "min_tokens",
+                "stop_sequences": "stop"}
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The SamplingParams keyword arguments the client set (defaults left out)."""
+        values: dict[str, Any] = {
+            "min_new_tokens": self.min_tokens,
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": self.skip_special_tokens,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "stop_sequences": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids or []),
+            "logit_bias": self.logit_bias_ids(),
+        }
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = value
+        return values
+
+
+class CompletionRequest(OpenAISamplingRequest):
+    """``POST /v1/completions``.
+
+    ``prompt`` may be a string, a list of strings, a list of token ids, or a list of
+    lists of token ids; after validation it is always a list whose items are a string or
+    a list of token ids.
+    """
+
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = 16  # as OpenAI and vLLM
+
+    prompt: Any = Field(json_schema_extra=_PROMPT_SCHEMA)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> list[str | list[int]]:
+        return normalize_completion_prompt(value)
+
+    @field_validator("suffix")
+    @classmethod
+    def _check_suffix(cls, value: str | None) -> None:
+        if value is not None:
+            raise ValueError("suffix is not supported; send null")
+        return value
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+
+
+def normalize_completion_prompt(value: Any) -> list[str | list[int]]:
+    """Turn every accepted ``prompt`` form into a non-empty list of non-empty prompts."""
+    if isinstance(value, str):
+        prompts: list[Any] = [value]
+    elif _is_token_list(value) and value:
+        prompts = [value]
+    elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        prompts = list(value)
+    elif isinstance(value, list) and value and all(_is_token_list(item) for item in value):
+        prompts = list(value)
+    elif isinstance(value, list) and not value:
+        raise ValueError("prompt must not be empty")
+    else:
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"prompt holds at most {MAX_PROMPTS} prompts, got {len(prompts)}")
+    if any(len(prompt) == 0 for prompt in prompts):
+        raise ValueError("prompt must not be empty")
+    return prompts
+
+
+class ChatMessage(StrictModel):
+    """One entry of ``messages``; content is text or a list of text parts."""
+
+    role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
+    content: Any = Field(default=None, json_schema_extra=_CONTENT_SCHEMA)
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[Any] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _check_role(cls, value: str) -> str:
+        if value not in CHAT_ROLES:
+            raise ValueError(f"unknown role {value!r}; expected one of {', '.join(CHAT_ROLES)}")
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, value: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("content must be a string or a list of content parts")
+        texts = []
+        for index, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"content part {index} has type {kind!r}; only 'text' parts are supported")
+            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+                raise ValueError(f"content part {index} must be {{'type': 'text', 'text': <string>}}")
+            texts.append(part["text"])
+        # Separate parts are usually separate paragraphs; a newline keeps them apart.
+        return "\n".join(texts)
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
+        return check_message_tool_calls(value)
+
+    def to_template_dict(self) -> dict[str, Any]:
+        """The message as handed to the chat template.
+
+        ``developer`` is OpenAI's newer name for ``system``; most chat templates only know
+        the latter, so it is mapped.
+        """
+        role = "system" if self.role == "developer" else self.role
+        message = {"role": role, "content": self.content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = template_tool_calls(self.tool_calls)
+        return message
+
+
+class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, **stored_bounds("max_new_tokens"))
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None
+    # Checked (with the server's --tool_call_parser) by lightllm.server.http.tool_calls.request.plan_tool_calls.
+    tools: list[Any] | None = Field(default=None, json_schema_extra=TOOLS_SCHEMA)
+    tool_choice: Any = Field(default=None, json_schema_extra=TOOL_CHOICE_SCHEMA)
+    parallel_tool_calls: bool | None = None
+    # vLLM chat-template extras.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_consistency(self) -> None:
+        super().check_consistency()
+        if self.add_generation_prompt and self.continue_final_message:
+            raise invalid_request("continue_final_message requires add_generation_prompt to be false",
+                                  "continue_final_message")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise invalid_request("continue_final_message requires the last message to be from the assistant",
+                                  "continue_final_message")
+        reserved = sorted(set(self.chat_template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise invalid_request(f"chat_template_kwargs must not set {', '.join(reserved)}; use the request "
+                                  "fields instead", "chat_template_kwargs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        for index, message in enumerate(self.messages):
+            if message.content is None and message.role != "assistant":
+                raise invalid_request(f"messages[{index}].content is required for role {message.role!r}",
+                                      f"messages.{index}.content")
+        check_tool_messages(self.messages)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_options(self) -> dict[str, Any]:
+        """Chat-template options that differ from the defaults (for ``encode_chat``)."""
+        options: dict[str, Any] = {}
+        if not self.add_generation_prompt:
+            options["add_generation_prompt"] = False
+        if self.continue_final_message:
+            options["continue_final_message"] = True
+        variables = {**(self.chat_template_kwargs or {}), **self.template_variables()}
+        if variables:
+            options["chat_template_kwargs"] = variables
+        return options
+
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def public_names(self) -> dict[str, str]:
+        # Chat asks for the number of alternatives with top_logprobs; logprobs is its switch.
+        return {**super().public_names(), "logprobs": "top_logprobs"}

@@ -1,0 +1,236 @@
+"""OpenAI-compatible endpoints: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+
+Each choice of a request (every prompt times ``n``) is one ``manager.generate`` call; the
+calls run concurrently and :class:`GenerationFanout` merges their token events. Choice
+``j`` of prompt ``i`` has index ``i * n + j``. Every call is primed (its first event
+awaited) before any response byte is sent, so a request the manager refuses still gets a
+proper 400/503 status even when streaming.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from lightllm.server.http.body import parse_body
+from lightllm.server.http.errors import APIError, JSONErrorRoute, internal_error, model_not_found, sse_error
+from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
+from lightllm.server.http.openai_shapes import (
+    ChatShaper,
+    CompletionShaper,
+    TokenLogprobFormatter,
+    UsageTracker,
+    best_choices,
+)
+from lightllm.server.http.openapi import request_body
+from lightllm.server.http.planning import (
+    build_sampling_params,
+    check_context_length,
+    check_token_ids,
+    choice_jobs,
+    encoded,
+)
+from lightllm.server.http.response_format import response_format_grammar
+from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.http.prompt_encoding import PromptEncoder
+from lightllm.server.request_manager import RequestManager
+from lightllm.server.http.tool_calls.request import plan_tool_calls
+from lightllm.server.http.tool_calls.shaper import ToolChatShaper
+
+logger = logging.getLogger(__name__)
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class OpenAIEndpoints:
+    """The OpenAI-compatible handlers bound to one request manager."""
+
+    def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None,
+                 tool_call_parser: str | None = None) -> None:
+        self.manager = manager
+        self.encoder = encoder or PromptEncoder(manager)
+        # --tool_call_parser: how tool calls are read from free text (tool_choice "auto").
+        self.tool_call_parser = tool_call_parser
+
+    def router(self) -> APIRouter:
+        """An APIRouter with every OpenAI route."""
+        router = APIRouter(route_class=JSONErrorRoute)
+        router.add_api_route("/v1/models", self.list_models, methods=["GET"])
+        router.add_api_route("/v1/models/{model_id:path}", self.get_model, methods=["GET"])
+        router.add_api_route("/v1/completions", self.completions, methods=["POST"],
+                             openapi_extra=request_body(CompletionRequest, streams=True))
+        router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
+                             openapi_extra=request_body(ChatCompletionRequest, streams=True))
+        return router
+
+    def served_names(self) -> list[str]:
+        """Every name a request's ``model`` may use (the first is the one /v1/models reports)."""
+        return list(getattr(self.manager, "served_model_names", None) or [self.manager.model_name])
+
+    def check_model(self, model: str | None) -> str:
+        """The model name to answer with: the requested one if served (a missing one means the
+        served model), else a 404 naming the served names."""
+        if model is None:
+            return self.manager.model_name
+        served = self.served_names()
+        if model not in served:
+            raise model_not_found(model, served)
+        return model
+
+    def _model_card(self, model_id: str | None = None) -> dict[str, Any]:
+        """A model entry shaped as vLLM shapes it (``vllm bench serve`` reads ``root``)."""
+        model_id = model_id or self.manager.model_name
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "lightllm",
+                "root": self.manager.model_name, "parent": None, "max_model_len": self.manager.max_req_total_len,
+                "permission": [{"id": f"modelperm-{model_id}", "object": "model_permission", "created": 0,
+                                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                "organization": "*", "group": None, "is_blocking": False}]}
+
+    async def list_models(self) -> dict[str, Any]:
+        """``GET /v1/models``: the single served model."""
+        return {"object": "list", "data": [self._model_card()]}
+
+    async def get_model(self, model_id: str) -> dict[str, Any]:
+        """``GET /v1/models/{id}``: the model card, or 404 for any other id."""
+        served = self.served_names()
+        if model_id not in served:
+            raise model_not_found(model_id, served)
+        return self._model_card(model_id)
+
+    def _plan_jobs(self, body: OpenAISamplingRequest, prompts: list[list[int]], logprobs: int | None,
+                   prompt_param: str, prompt_logprobs: int | None = None,
+                   grammar: str | None = None) -> list[ChoiceJob]:
+        """Every choice of every prompt; ``prompt_param`` names the prompt field in context errors."""
+        # The same for every prompt; only the completion length may depend on the prompt's.
+        requested = body.requested_max_tokens()
+        fields = {**body.sampling_fields(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
+                  "grammar": grammar}
+        public_names = body.public_names()
+        tokens_param = body.max_tokens_param()
+        jobs = []
+        for prompt_index, prompt_ids in enumerate(prompts):
+            if requested == 0:
+                # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
+                max_new = 1
+            elif requested is not None:
+                max_new = requested
+            else:
+                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
+            params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
+                                           public_names)
+            check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len,
+                                 prompt_param=prompt_param, prompt_noun=prompt_param, tokens_param=tokens_param)
+            jobs.extend(choice_jobs(prompt_index, prompt_ids, params, body.candidates))
+        return jobs
+
+    async def completions(self, request: Request) -> Response:
+        """``POST /v1/completions``."""
+        body = parse_body(await request.body(), CompletionRequest)
+        model = self.check_model(body.model)
+        prompts = []
+        for prompt in body.prompt:
+            if isinstance(prompt, str):
+                prompts.append(body.truncated(await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt")))
+            else:
+                check_token_ids(prompt, self.manager.vocab_size, "prompt")
+                prompts.append(body.truncated(list(prompt)))
+        # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
+        prompt_logprobs = body.prompt_logprobs
+        if body.echo and body.logprobs is not None:
+            prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+        grammar = structured_grammar(body.structured_outputs, body.guided_fields())
+        jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
+        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0, body.return_tokens_as_token_ids)
+        echo = None
+        if body.echo:
+            # A truncated prompt is echoed as the tokens that were used.
+            echo = [(prompt if isinstance(prompt, str) and body.truncate_prompt_tokens is None
+                     else self.manager.tokenizer.decode(ids), ids) for prompt, ids in zip(body.prompt, prompts)]
+        shaper = CompletionShaper(formatter, body.logprobs is not None, echo=echo, n=body.n,
+                                  drop_output=body.max_tokens == 0, prompt_logprobs=body.prompt_logprobs,
+                                  prompts=prompts)
+        return await self._respond(request, body, model, jobs, shaper)
+
+    async def chat_completions(self, request: Request) -> Response:
+        """``POST /v1/chat/completions``."""
+        body = parse_body(await request.body(), ChatCompletionRequest)
+        model = self.check_model(body.model)
+        tool_plan = plan_tool_calls(body, self.tool_call_parser)
+        messages = [message.to_template_dict() for message in body.messages]
+        body.check_reasoning_effort(getattr(self.manager.tokenizer, "chat_template", None))
+        template_options = tool_plan.template_options(body.template_options())
+        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **template_options), "messages")
+        prompt_ids = body.truncated(prompt_ids)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        grammar = tool_plan.combine_grammar(structured_grammar(
+            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
+        jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
+        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0,
+                                          body.return_tokens_as_token_ids)
+        shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids)
+        shaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options) if tool_plan.reads_calls
+                  else ChatShaper(formatter, body.logprobs, **shaper_options))
+        return await self._respond(request, body, model, jobs, shaper)
+
+    async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],
+                       shaper: "CompletionShaper | ChatShaper") -> Response:
+        """Start every job, then answer with one JSON body or a stream; ``model`` is the name to report."""
+        response_id = f"{shaper.id_prefix}-{body.request_id or uuid.uuid4().hex}"
+        if body.request_id is not None:
+            logger.info("request %s: %d generation(s)", response_id, len(jobs))
+        fanout = GenerationFanout(self.manager, jobs, request=request)
+        await fanout.start()
+        header = {"id": response_id, "object": shaper.object_name,
+                  "created": int(time.time()), "model": model}
+        if body.stream:
+            chunk_header = {**header, "object": shaper.chunk_object_name}
+            return sse_response(self._stream(body, jobs, fanout, shaper, chunk_header), fanout)
+        collected = await fanout.collect()
+        if body.candidates > body.n:
+            collected, jobs = best_choices(collected, jobs, body.n)
+        usage = UsageTracker(jobs, shaper.counts_completion)
+        choices = []
+        for index in sorted(collected):
+            for event in collected[index]:
+                usage.update(index, event)
+            choices.append(shaper.final_choice(index, collected[index]))
+        return JSONResponse({**header, "choices": choices, **shaper.response_extras(collected),
+                             "usage": usage.to_dict()})
+
+    @staticmethod
+    async def _stream(body: OpenAISamplingRequest, jobs: list[ChoiceJob], fanout: GenerationFanout,
+                      shaper: "CompletionShaper | ChatShaper", header: dict[str, Any]) -> AsyncIterator[bytes]:
+        usage = UsageTracker(jobs, shaper.counts_completion)
+        # With include_usage every chunk carries "usage": null except the final usage chunk;
+        # with continuous usage every chunk carries the counts so far.
+        def tail() -> dict[str, Any]:
+            if body.continuous_usage:
+                return {"usage": usage.to_dict()}
+            return {"usage": None} if body.include_usage else {}
+
+        for job in jobs:
+            opening = shaper.opening_choice(job.index)
+            if opening is not None:
+                yield sse({**header, "choices": [opening], **tail()})
+        try:
+            async for index, event in fanout.events():
+                usage.update(index, event)
+                choice = shaper.stream_choice(index, event)
+                if choice is not None:
+                    yield sse({**header, "choices": [choice], **tail()})
+        except APIError as error:
+            yield sse_error(error)
+        except Exception:  # noqa: BLE001 - the status line is sent; report in-band instead
+            logger.exception("streaming response failed")
+            yield sse_error(internal_error())
+        else:
+            if body.include_usage:
+                yield sse({**header, "choices": [], "usage": usage.to_dict()})
+        yield SSE_DONE

@@ -1,0 +1,288 @@
+"""Shapes of OpenAI responses: logprob lists, usage, choice objects, ``best_of`` selection.
+
+Pure functions of the generation events the request manager yields, so the endpoints in
+:mod:`lightllm.server.http.openai_routes` stay a thin layer of parsing, planning and streaming.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lightllm.server.http.fanout import ChoiceJob
+
+
+def json_logprob(value: float | None) -> float | None:
+    """A logprob that JSON can carry: -inf/NaN (a masked token) become OpenAI's -9999.0."""
+    if value is None:
+        return None
+    return value if math.isfinite(value) else -9999.0
+
+
+@dataclass
+class PromptToken:
+    """A prompt token shaped like a generation event, for echo with logprobs."""
+
+    token_id: int
+    text: str
+    logprob: float | None
+    top_logprobs: dict[int, float] | None
+
+
+def final_finish_reason(events: list[Any]) -> str:
+    """The finish reason of a collected choice; a generation cut off without one was aborted."""
+    return events[-1].finish_reason or "abort"
+
+
+class UsageTracker:
+    """Token counts of a request: each prompt counted once, every choice's completion."""
+
+    def __init__(self, jobs: list[ChoiceJob], count_completion: bool = True) -> None:
+        # False when the generated tokens are dropped (echo with max_tokens 0).
+        self._count_completion = count_completion
+        owners: dict[int, int] = {}
+        for job in jobs:
+            owners.setdefault(job.prompt_index, job.index)
+        # The first choice of each prompt reports that prompt's token counts.
+        self._prompt_owner = set(owners.values())
+        # Known before any token (chunks streamed with continuous usage report them at once).
+        self._prompt: dict[int, tuple[int, int]] = {
+            job.index: (len(job.prompt_ids), 0) for job in jobs if job.index in self._prompt_owner}
+        self._completion: dict[int, int] = {}
+
+    def update(self, index: int, event: Any) -> None:
+        """Record the counts carried by ``event`` of choice ``index``."""
+        self._completion[index] = event.completion_tokens if self._count_completion else 0
+        if index in self._prompt_owner:
+            self._prompt[index] = (event.prompt_tokens, event.cached_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI ``usage`` object."""
+        prompt_tokens = sum(tokens for tokens, _ in self._prompt.values())
+        completion_tokens = sum(self._completion.values())
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(cached for _, cached in self._prompt.values())},
+        }
+
+
+class TokenLogprobFormatter:
+    """Turns per-token logprobs into the completions or chat ``logprobs`` shapes."""
+
+    def __init__(self, tokenizer: Any, top_count: int, tokens_as_ids: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._top_count = top_count
+        self._tokens_as_ids = tokens_as_ids
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token on its own, or ``token_id:<id>`` (vLLM's
+        ``return_tokens_as_token_ids``, for tokens whose text alone is ambiguous).
+
+        Events with a negative ``token_id`` are finish markers that carry no token; they
+        are left out of every logprobs list.
+        """
+        if self._tokens_as_ids:
+            return f"token_id:{token_id}"
+        return self._tokenizer.decode([token_id])
+
+    def _top(self, event: Any) -> list[tuple[int, float]]:
+        ranked = sorted((event.top_logprobs or {}).items(), key=lambda item: -item[1])
+        return [(token_id, json_logprob(value)) for token_id, value in ranked[: self._top_count]]
+
+    def completion(self, events: list[Any], start_offset: int) -> dict[str, Any]:
+        """Legacy completions logprobs; the sampled token is always among ``top_logprobs``."""
+        tokens, offsets, top = [], [], []
+        offset = start_offset
+        events = [event for event in events if event.token_id >= 0]
+        for event in events:
+            tokens.append(self.token_text(event.token_id))
+            offsets.append(offset)
+            offset += len(event.text)
+            if event.logprob is None:  # the first prompt token has nothing to be predicted from
+                top.append(None)
+                continue
+            alternatives = {self.token_text(token_id): value for token_id, value in self._top(event)}
+            alternatives.setdefault(tokens[-1], json_logprob(event.logprob))
+            top.append(alternatives)
+        return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
+                "top_logprobs": top, "text_offset": offsets}
+
+    def prompt_tokens(self, prompt_ids: list[int], first_event: Any) -> list["PromptToken"]:
+        """The prompt as logprob records for echo (the first token's logprob is None)."""
+        computed = getattr(first_event, "prompt_logprobs", None) or []
+        records = [PromptToken(prompt_ids[0], self._tokenizer.decode([prompt_ids[0]]), None, None)]
+        for position, token_id in enumerate(prompt_ids[1:]):
+            logprob, top = (computed[position][1], computed[position][2]) if position < len(computed) else (None, None)
+            records.append(PromptToken(token_id, self._tokenizer.decode([token_id]), logprob, top))
+        return records
+
+    def vllm_prompt_logprobs(self, prompt_ids: list[int], first_event: Any, count: int) -> list[Any]:
+        """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank,
+        decoded_token}}`` holding the prompt token and the ``count`` most likely alternatives."""
+        computed = getattr(first_event, "prompt_logprobs", None) or []
+        result: list[Any] = [None]
+        for token_id, logprob, top, *rank in computed:
+            ranked = sorted(top.items(), key=lambda item: -item[1])[:count]
+            entry = {str(alt_id): {"logprob": json_logprob(value), "rank": position + 1,
+                                   "decoded_token": self._tokenizer.decode([alt_id])}
+                     for position, (alt_id, value) in enumerate(ranked)}
+            # The prompt token's rank in the whole distribution, computed on the model rank
+            # (1 + the number of tokens with a strictly greater logprob), as vLLM reports it.
+            own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None,
+                   "decoded_token": self._tokenizer.decode([token_id])}
+            if own["rank"] is not None or str(token_id) not in entry:
+                entry[str(token_id)] = own
+            result.append(entry)
+        return result
+
+    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
+
+    def chat(self, events: list[Any]) -> dict[str, Any]:
+        """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+        content = []
+        for event in events:
+            if event.token_id < 0:
+                continue
+            entry = self._chat_entry(event.token_id, event.logprob)
+            entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in self._top(event)]
+            content.append(entry)
+        return {"content": content}
+
+
+def best_choices(collected: dict[int, list[Any]], jobs: list[ChoiceJob],
+                 n: int) -> tuple[dict[int, list[Any]], list[ChoiceJob]]:
+    """Keep the ``n`` generations of each prompt with the highest cumulative logprob (``best_of``).
+
+    The kept ones are renumbered ``prompt_index * n + rank``, most likely first, as vLLM orders them.
+    """
+
+    def score(events: list[Any]) -> float:
+        total = sum(event.logprob for event in events if event.token_id >= 0)
+        return total if math.isfinite(total) else -math.inf
+
+    by_prompt: dict[int, list[ChoiceJob]] = {}
+    for job in jobs:
+        by_prompt.setdefault(job.prompt_index, []).append(job)
+    kept: dict[int, list[Any]] = {}
+    kept_jobs: list[ChoiceJob] = []
+    for prompt_index, candidates in sorted(by_prompt.items()):
+        ranked = sorted(candidates, key=lambda job: -score(collected[job.index]))[:n]
+        for rank, job in enumerate(ranked):
+            index = prompt_index * n + rank
+            kept[index] = collected[job.index]
+            kept_jobs.append(replace(job, index=index))
+    return kept, kept_jobs
+
+
+class CompletionShaper:
+    """Choice objects of ``/v1/completions`` (``text_completion``) responses and chunks."""
+
+    id_prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
+                 echo: list[tuple[str, list[int]]] | None = None, n: int = 1, drop_output: bool = False,
+                 prompt_logprobs: int | None = None, prompts: list[list[int]] | None = None) -> None:
+        """``echo`` holds ``(prompt text, prompt ids)`` per prompt when the prompt is echoed;
+        ``drop_output`` leaves the generated tokens out (echo with ``max_tokens`` 0)."""
+        self._formatter = formatter
+        self._with_logprobs = with_logprobs
+        self._echo = echo
+        self._n = n
+        self._drop_output = drop_output
+        self._prompt_logprobs = prompt_logprobs
+        self._prompts = prompts or []
+        self._offsets: dict[int, int] = {}
+        self.counts_completion = not drop_output
+
+    def opening_choice(self, index: int) -> None:
+        """Completion streams start directly with text."""
+        return None
+
+    def _records(self, index: int, events: list[Any]) -> tuple[str, list[Any]]:
+        """Text and logprob records of a choice: the echoed prompt (if any), then the output."""
+        output = [] if self._drop_output else [event for event in events if event.token_id >= 0]
+        text = "".join(event.text for event in output)
+        if self._echo is None or not events:
+            return text, output
+        prompt_text, prompt_ids = self._echo[index // self._n]
+        return prompt_text + text, self._formatter.prompt_tokens(prompt_ids, events[0]) + output
+
+    def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
+        """The chunk choice for one token; None for a token that adds nothing to send."""
+        first = index not in self._offsets
+        if first and self._echo is not None:
+            text, records = self._records(index, [event])
+        elif self._drop_output:
+            text, records = "", []
+        else:
+            text, records = event.text, [event]
+        if not text and event.finish_reason is None and not (self._with_logprobs and records):
+            return None
+        offset = self._offsets.get(index, 0)
+        self._offsets[index] = offset + len(text)
+        logprobs = self._formatter.completion(records, offset) if self._with_logprobs else None
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
+
+    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The whole choice of a non-streaming response."""
+        text, records = self._records(index, events)
+        logprobs = self._formatter.completion(records, 0) if self._with_logprobs else None
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": final_finish_reason(events)}
+        if self._prompt_logprobs is not None and events:
+            choice["prompt_logprobs"] = self._formatter.vllm_prompt_logprobs(
+                self._prompts[index // self._n], events[0], self._prompt_logprobs)
+        return choice
+
+    def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
+        """Top-level response fields besides the choices (none for completions)."""
+        return {}
+
+
+class ChatShaper:
+    """Choice objects of ``/v1/chat/completions`` responses and ``chat.completion.chunk`` chunks."""
+
+    id_prefix = "chatcmpl"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    counts_completion = True
+
+    def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
+                 prompt_logprobs: int | None = None, prompt_ids: list[int] | None = None) -> None:
+        self._formatter = formatter
+        self._with_logprobs = with_logprobs
+        self._prompt_logprobs = prompt_logprobs
+        self._prompt_ids = prompt_ids or []
+
+    def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
+        """vLLM puts chat's ``prompt_logprobs`` at the top level of the response."""
+        if self._prompt_logprobs is None or not collected.get(0):
+            return {}
+        return {"prompt_logprobs": self._formatter.vllm_prompt_logprobs(
+            self._prompt_ids, collected[0][0], self._prompt_logprobs)}
+
+    def opening_choice(self, index: int) -> dict[str, Any]:
+        """The first chunk of every choice announces the assistant role."""
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
+        """The chunk choice for one token; None for a token that adds nothing to send."""
+        if not event.text and event.finish_reason is None and not self._with_logprobs:
+            return None
+        logprobs = self._formatter.chat([event]) if self._with_logprobs else None
+        return {"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
+                "finish_reason": event.finish_reason}
+
+    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The whole choice of a non-streaming response."""
+        return {"index": index, "message": {"role": "assistant", "content": "".join(event.text for event in events)},
+                "logprobs": self._formatter.chat(events) if self._with_logprobs else None,
+                "finish_reason": final_finish_reason(events)}

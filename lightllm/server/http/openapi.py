@@ -1,0 +1,118 @@
+"""Request bodies, error responses and streams in the OpenAPI document.
+
+The generation handlers read the raw body and validate it themselves (so every error gets the
+OpenAI error shape and names the field), which means FastAPI cannot see their body models.
+Each POST route therefore declares its body through ``openapi_extra`` with a reference to the
+pydantic model's JSON schema, and :func:`install_request_schemas` adds those schemas (and the
+models they nest) to ``components.schemas``, so fuzzers and client generators can work from
+``/openapi.json``.
+
+The document also states what else a client can get back: every operation lists the error
+statuses the server answers with (all carrying the ``ErrorResponse`` body of
+:mod:`lightllm.server.http.errors`), and a streaming route's 200 lists ``text/event-stream``
+next to ``application/json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+_REF_TEMPLATE = "#/components/schemas/{model}"
+ERROR_SCHEMA_NAME = "ErrorResponse"
+
+# The body of every 4xx/5xx answer (api_errors.error_body); extra keys are allowed because a busy
+# PD node adds its role.
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": ERROR_SCHEMA_NAME,
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "param", "code"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string"},
+            "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+    }},
+}
+
+# Status -> when it is answered.  Every operation may get the "all" ones; the others by method.
+_ERRORS_ALL = {
+    "401": "Missing or wrong API key (only when the server runs with --api_key)",
+    "500": "Internal error (the details are in the server log)",
+}
+_ERRORS_POST = {
+    "400": "Invalid request: the message names the field in `param`",
+    "404": "The requested `model` is not served",
+    "408": "The body did not arrive within the body timeout",
+    "413": "The body is larger than the server accepts",
+    "415": "The body is not JSON",
+    "503": "The server is busy, starting or shutting down; retry later",
+}
+# Marks an operation whose 200 is never JSON (removed from the document once applied).
+_ONLY_STREAMS = "x-lightllm-only-streams"
+_ERRORS_GET = {"404": "Not found (an unknown model id or path)"}
+_STREAM_DESCRIPTION = ("Server-sent events (the OpenAI routes with `stream: true`, /generate_stream always), one `data: <JSON chunk>` line per event (an error "
+                       "that happens after the first byte comes as a `data: {\"error\": ...}` event); the OpenAI "
+                       "routes end with `data: [DONE]`.")
+
+
+def request_body(model_cls: type[BaseModel], streams: bool | str = False) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose JSON body is validated into ``model_cls``.
+
+    ``streams``: True when the route answers with server-sent events if the body asks to stream,
+    ``"always"`` when it answers with nothing else.
+    """
+    schema = {"$ref": _REF_TEMPLATE.format(model=model_cls.__name__)}
+    extra: dict[str, Any] = {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    if streams:
+        extra["responses"] = {"200": {
+            "description": "The response: JSON, or server-sent events when streaming",
+            "content": {"text/event-stream": {"schema": {"type": "string", "description": _STREAM_DESCRIPTION}}}}}
+        if streams == "always":
+            extra[_ONLY_STREAMS] = True
+    return extra
+
+
+def _add_error_responses(document: dict[str, Any]) -> None:
+    """Every operation lists the error statuses it can answer with, each with the error body."""
+    body = {"application/json": {"schema": {"$ref": _REF_TEMPLATE.format(model=ERROR_SCHEMA_NAME)}}}
+    for operations in document.get("paths", {}).values():
+        for method, operation in operations.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            if operation.pop(_ONLY_STREAMS, False):
+                operation["responses"]["200"]["content"].pop("application/json", None)
+            errors = {**_ERRORS_ALL, **(_ERRORS_POST if method == "post" else _ERRORS_GET)}
+            responses = operation["responses"]
+            # FastAPI's own 422 never happens: bodies are validated by hand into 400s.
+            responses.pop("422", None)
+            for status, description in errors.items():
+                responses.setdefault(status, {"description": description, "content": body})
+
+
+def install_request_schemas(app: FastAPI, models: Iterable[type[BaseModel]]) -> None:
+    """Make ``app.openapi()`` include the JSON schemas of ``models`` as components."""
+    models = list(models)
+    build_default: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build_default()
+        components = document.setdefault("components", {}).setdefault("schemas", {})
+        components[ERROR_SCHEMA_NAME] = ERROR_SCHEMA
+        _add_error_responses(document)
+        for model_cls in models:
+            schema = model_cls.model_json_schema(ref_template=_REF_TEMPLATE)
+            components.update(schema.pop("$defs", {}))
+            components[model_cls.__name__] = schema
+        app.openapi_schema = document
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]

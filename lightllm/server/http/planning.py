@@ -1,0 +1,90 @@
+"""From a validated request body to generation jobs: the checks that need the served model.
+
+Shared by the native and the OpenAI endpoints: tokenizing a prompt (400 when it is refused or
+empty), building :class:`~lightllm.common.sampling.SamplingParams` with errors under the client's
+field names, the vocabulary and context-length checks, and one :class:`ChoiceJob` per choice.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any, Awaitable, Mapping
+
+from lightllm.common.sampling import SamplingParamError, SamplingParams
+from lightllm.common.sampling.sampling_params import MAX_SEED
+from lightllm.server.http.errors import INVALID_REQUEST, APIError, invalid_request, manager_error
+from lightllm.server.http.fanout import ChoiceJob
+
+_SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
+
+
+async def encoded(pending: Awaitable[list[int]], param: str) -> list[int]:
+    """Await a :class:`~lightllm.server.http.prompt_encoding.PromptEncoder` call for ``param``.
+
+    A prompt the tokenizer refuses (``ValueError``) and one with no tokens are 400s naming ``param``.
+    """
+    try:
+        ids = await pending
+    except ValueError as exc:
+        raise manager_error(exc, param) from None
+    if not ids:
+        raise APIError(400, f"{param} is empty after tokenization", param=param)
+    return ids
+
+
+def build_sampling_params(
+    values: Mapping[str, Any], vocab_size: int, public_names: Mapping[str, str] | None = None
+) -> SamplingParams:
+    """Build validated SamplingParams, reporting errors under the client's field names.
+
+    ``public_names`` maps SamplingParams field names to the request's own names (for
+    example ``max_new_tokens`` -> ``max_tokens``), both in ``param`` and in the message.
+    """
+    names = dict(public_names or {})
+    try:
+        params = SamplingParams(**values)
+        params.validate(vocab_size)
+    except SamplingParamError as exc:
+        message = str(exc)
+        first_word = message.split(" ", 1)[0]
+        field = first_word if first_word in _SAMPLING_FIELDS else None
+        for internal, public in names.items():
+            message = re.sub(rf"\b{internal}\b", public, message)
+        raise invalid_request(message, names.get(field, field) if field else None) from None
+    return params
+
+
+def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
+    """Reject token ids outside ``[0, vocab_size)``."""
+    for token_id in token_ids:
+        if not 0 <= token_id < vocab_size:
+            raise invalid_request(f"token id {token_id} is outside the vocabulary [0, {vocab_size})", param)
+
+
+def check_context_length(
+    prompt_len: int, max_new_tokens: int, limit: int, *, prompt_param: str, prompt_noun: str, tokens_param: str
+) -> None:
+    """Reject a request whose prompt plus completion would exceed ``limit`` tokens."""
+    total = prompt_len + max_new_tokens
+    if total <= limit:
+        return
+    message = (
+        f"This model's maximum context length is {limit} tokens. However, you requested {total} tokens "
+        f"({prompt_len} in the {prompt_noun}, {max_new_tokens} in the completion). "
+        f"Please reduce the length of the {prompt_noun} or completion."
+    )
+    param = prompt_param if prompt_len >= limit else tokens_param
+    raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
+
+
+def choice_jobs(prompt_index: int, prompt_ids: list[int], params: SamplingParams, candidates: int) -> list[ChoiceJob]:
+    """The ``candidates`` generations of one prompt, indexed ``prompt_index * candidates + choice``."""
+    jobs = []
+    for choice in range(candidates):
+        # Offsetting the seed keeps a seeded request reproducible while its choices still
+        # differ from one another.
+        choice_params = params if params.seed is None or choice == 0 else replace(
+            params, seed=(params.seed + choice) % (MAX_SEED + 1))
+        jobs.append(ChoiceJob(prompt_index * candidates + choice, prompt_index, prompt_ids, choice_params))
+    return jobs

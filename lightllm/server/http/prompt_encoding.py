@@ -1,0 +1,161 @@
+"""Prompt tokenization for the HTTP endpoints: a character pre-check, then the tokenizer off the event loop.
+
+Tokenizing a 20 MB prompt takes seconds; done on the event loop it stalls every other client,
+``/health`` included. :class:`PromptEncoder` therefore
+
+1. refuses a prompt whose character count alone proves it cannot fit the context: no token of the
+   tokenizer stands for more than ``chars_per_token`` characters, so a text longer than
+   ``max_req_total_len * chars_per_token`` characters needs more tokens than a request may hold;
+2. runs the tokenizer and the chat template in a small pool of :data:`TOKENIZER_THREADS` daemon
+   threads (:class:`DaemonWorkers`). The Rust tokenizer releases the GIL while it works, so the
+   event loop keeps serving meanwhile; a second thread keeps one long prompt from delaying every
+   other request's tokenization, and the pool stays small so prompts cannot take every core from
+   the model.
+
+The default ``chars_per_token`` is :data:`CHARS_PER_TOKEN_MARGIN` times the longest token text in
+the vocabulary: the margin covers normalizers that merge characters before tokenizing (NFC turns
+up to three code points of decomposed text into one). The bound assumes a tokenizer that keeps
+every input character, as byte-level BPE and SentencePiece LLM tokenizers do; for a tokenizer that
+drops text (e.g. collapses whitespace) set ``--prompt_chars_per_token`` or turn the check off with 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, List, Optional
+
+from lightllm.server.http.errors import APIError, INVALID_REQUEST
+from lightllm.server.request_manager import RequestManager
+
+log = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN_MARGIN = 4
+TOKENIZER_THREADS = 2
+
+
+class DaemonWorkers:
+    """A fixed pool of daemon threads running jobs in order.
+
+    Unlike ``ThreadPoolExecutor``, whose threads the interpreter joins at exit after they have run
+    every queued job, a tokenization in progress (or queued) never delays the server's shutdown.
+    Threads start with the first job. A job whose future was cancelled (its client left) is skipped.
+    """
+
+    def __init__(self, count: int, name: str) -> None:
+        self._count = count
+        self._name = name
+        self._jobs: "queue.SimpleQueue[tuple[Future, Callable[[], Any]]]" = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], Any]) -> Future:
+        """Queue ``job``; its result or exception lands in the returned future."""
+        with self._lock:
+            if not self._started:
+                for index in range(self._count):
+                    threading.Thread(target=self._work, name=f"{self._name}-{index}", daemon=True).start()
+                self._started = True
+        future: Future = Future()
+        self._jobs.put((future, job))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, job = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
+# One pool per process: the HTTP server has one app, and tests build many.
+_WORKERS = DaemonWorkers(TOKENIZER_THREADS, "lightllm-tokenize")
+
+
+def longest_token_chars(tokenizer: Any) -> Optional[int]:
+    """Characters of the longest token text in ``tokenizer``'s vocabulary (added tokens included), or None.
+
+    The vocabulary's own spelling is never shorter than the text a token decodes to: byte-level BPE
+    spells each byte as one character, SentencePiece spells a space as one character, and byte
+    fallback tokens (``<0x41>``) are longer than the byte they stand for.
+    """
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without a usable vocabulary just gets no pre-check
+        log.warning("could not read the tokenizer's vocabulary", exc_info=True)
+        return None
+    return max((len(token) for token in vocab), default=None)
+
+
+def text_chars(value: Any) -> int:
+    """Characters in every string inside ``value`` (a message dict, a list of parts, ...)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(text_chars(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(text_chars(item) for item in value)
+    return 0
+
+
+class PromptEncoder:
+    """Encodes prompts and chats for a request manager: pre-check on the loop, tokenizer in a worker thread.
+
+    ``chars_per_token`` None derives the bound from the manager's tokenizer; 0 turns the pre-check off.
+    """
+
+    def __init__(self, manager: RequestManager, chars_per_token: Optional[float] = None) -> None:
+        self._manager = manager
+        if chars_per_token is None:
+            longest = longest_token_chars(manager.tokenizer)
+            if longest is None:
+                log.warning("the tokenizer exposes no vocabulary: prompts are not length-checked before "
+                            "tokenizing; set --prompt_chars_per_token to enable the check")
+            chars_per_token = None if longest is None else float(CHARS_PER_TOKEN_MARGIN * longest)
+        self.chars_per_token = chars_per_token or None
+        limit = manager.max_req_total_len
+        self.max_chars: Optional[int] = None if self.chars_per_token is None else int(limit * self.chars_per_token)
+
+    def check_chars(self, chars: int, param: str, noun: str) -> None:
+        """Raise 400 ``context_length_exceeded`` when ``chars`` characters cannot fit the context."""
+        if self.max_chars is None or chars <= self.max_chars:
+            return
+        limit = self._manager.max_req_total_len
+        message = (
+            f"This model's maximum context length is {limit} tokens, and the {noun} has {chars} characters: "
+            f"more than {self.max_chars} characters ({limit} tokens at most {self.chars_per_token:g} characters "
+            f"each) cannot fit. Please reduce the length of the {noun}."
+        )
+        raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
+
+    async def encode_prompt(self, text: str, param: str, **options: Any) -> List[int]:
+        """Token ids of a text prompt, refused with 400 naming ``param`` when it is obviously too long.
+
+        ``options`` (``add_special_tokens``) go to the manager's ``encode_prompt`` as given.
+        """
+        self.check_chars(len(text), param, "prompt")
+        return await self._run(lambda: self._manager.encode_prompt(text, **options))
+
+    async def encode_chat(self, messages: List[dict], param: str = "messages", **template_options: Any) -> List[int]:
+        """Token ids of a chat rendered by its template, refused like :meth:`encode_prompt`.
+
+        ``template_options`` (``add_generation_prompt``, ``continue_final_message``,
+        ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.
+        """
+        self.check_chars(text_chars(messages), param, "messages")
+        return await self._run(lambda: self._manager.encode_chat(messages, **template_options))
+
+    @staticmethod
+    async def _run(encode: Callable[[], Any]) -> List[int]:
+        return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode())))

@@ -1,0 +1,230 @@
+"""uvicorn's HTTP/1.1 (h11) protocol with the guards a public endpoint needs against stalled clients.
+
+uvicorn times out only idle keep-alive connections: a client that opens a connection and then
+sends its request head slowly (slowloris), or nothing at all, holds it forever, and there is no
+cap on open connections. :class:`GuardedH11Protocol` adds
+
+* a head deadline: the request line and headers must arrive within ``header_timeout`` seconds of
+  the connection (or of the first byte of a follow-up request on a keep-alive connection); the
+  deadline is not pushed back by further bytes, so dripping one header a second does not help;
+* a connection cap: a connection beyond ``max_connections`` is answered 503 at once and closed;
+* a hand-over from the front door (:mod:`lightllm.server.http.front_door`): a connection it accepted
+  arrives with the bytes it read (``front_door_data``) and the head deadline it started
+  (``front_door_deadline``); the front door enforces the connection limits then, and is told when
+  the connection closes (``front_door_release``);
+* a lingering close: when the server answers before it has read the whole request (413, 408, the
+  503 above), it stops writing, then reads and discards input for up to ``LINGER_SECONDS`` before
+  closing, so a client still sending its body reads the answer instead of a connection reset;
+* a JSON body on uvicorn's own 400 for a malformed request.
+
+The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.server_options import HttpLimits
+
+# Long enough for a client on a fast link to finish sending a refused body and read the answer,
+# short enough that a refused client cannot hold the socket.
+LINGER_SECONDS = 2.0
+REFUSAL_LOG_INTERVAL_SECONDS = 10.0
+
+logger = logging.getLogger(__name__)
+
+
+def raw_json_response(status: int, message: str, error_type: str, code: str) -> bytes:
+    """A complete HTTP/1.1 response with an error body that closes the connection."""
+    body = json.dumps(error_body(message, error_type, None, code)).encode("utf-8")
+    head = (
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class _GuardedTransport:
+    """The transport uvicorn sees: ``close`` goes through the protocol, which may linger first."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: "GuardedH11Protocol") -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.close_transport()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """H11Protocol with a request-head deadline, a connection cap and lingering close.
+
+    Subclasses made by :func:`guarded_protocol_class` set ``limits``.
+    """
+
+    limits: HttpLimits = HttpLimits()
+    # Set by the front door on a connection it hands over (see the module docstring).
+    front_door_data: bytes = b""
+    front_door_deadline: Optional[float] = None
+    front_door_release: Optional[Callable[[], None]] = None
+    _last_refusal_log = float("-inf")
+    _refused_since_log = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._raw: Optional[asyncio.Transport] = None
+        self._head_timer: Optional[asyncio.TimerHandle] = None
+        self._linger_timer: Optional[asyncio.TimerHandle] = None
+        self.lingering = False
+        self._lost = False
+
+    # ------------------------------------------------------------------ connection life
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # The front door has counted a connection it hands over against its own limits.
+        over_cap = self.front_door_release is None and len(self.connections) >= self.limits.max_connections
+        self._raw = transport
+        super().connection_made(_GuardedTransport(transport, self))  # type: ignore[arg-type]
+        if over_cap:
+            self._log_refusal()
+            message = (f"The server already holds its maximum of {self.limits.max_connections} connections; "
+                       "retry later")
+            self._refuse(raw_json_response(503, message, SERVICE_UNAVAILABLE, "too_many_connections"))
+            return
+        self._arm_head_timer(self.front_door_deadline)
+        if self.front_door_data:
+            data, self.front_door_data = self.front_door_data, b""
+            self.data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # input after a final answer is read only so the client sees that answer
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+        else:
+            self._cancel_head_timer()
+
+    def eof_received(self) -> Optional[bool]:
+        if self.lingering and self._raw is not None:
+            self._raw.close()
+        return super().eof_received()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A pipelined request whose head is still incomplete gets the same deadline.
+        if not self.lingering and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._lost = True
+        if self.front_door_release is not None:
+            self.front_door_release()
+        self._cancel_head_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self.lingering:
+            self.close_transport(force=True)
+            return
+        super().shutdown()
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(error_body(
+            "Invalid HTTP request: malformed, or its head is larger than 16 KiB", INVALID_REQUEST, None,
+            "invalid_http_request")).encode("utf-8")
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        self._cancel_head_timer()
+        self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
+        self.transport.write(self.conn.send(h11.Data(data=body)))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
+
+    # ------------------------------------------------------------------ closing
+
+    def close_transport(self, force: bool = False) -> None:
+        """Close the connection; linger first when the client may still be sending a request body."""
+        raw = self._raw
+        if raw is None:
+            return
+        unread_body = self.conn.their_state is h11.SEND_BODY
+        if not force and not self._lost and not self.lingering and unread_body and not raw.is_closing():
+            self._start_linger()
+            return
+        raw.close()
+
+    @classmethod
+    def _log_refusal(cls) -> None:
+        # A flood of connections must not become a flood of log lines: one line per interval.
+        now = asyncio.get_running_loop().time()
+        cls._refused_since_log += 1
+        if now - cls._last_refusal_log >= REFUSAL_LOG_INTERVAL_SECONDS:
+            logger.warning("refused %d connection(s) over --http_max_connections (%d)",
+                           cls._refused_since_log, cls.limits.max_connections)
+            cls._last_refusal_log = now
+            cls._refused_since_log = 0
+
+    def _refuse(self, answer: bytes) -> None:
+        assert self._raw is not None
+        self._cancel_head_timer()
+        self._raw.write(answer)
+        self._start_linger()
+
+    def _start_linger(self) -> None:
+        raw = self._raw
+        assert raw is not None
+        self.lingering = True
+        self._cancel_head_timer()
+        if raw.is_closing():
+            return
+        if raw.can_write_eof():
+            raw.write_eof()
+        # uvicorn pauses reading while a request body waits to be consumed; the rest must drain.
+        raw.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_SECONDS, raw.close)
+
+    # ------------------------------------------------------------------ request-head deadline
+
+    def _arm_head_timer(self, deadline: Optional[float] = None) -> None:
+        """Start the head deadline: ``header_timeout`` from now, or at ``deadline`` (``time.monotonic``)."""
+        if self._head_timer is None and not self.lingering:
+            delay = self.limits.header_timeout if deadline is None else max(0.0, deadline - time.monotonic())
+            self._head_timer = self.loop.call_later(delay, self._on_head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _on_head_timeout(self) -> None:
+        self._head_timer = None
+        if self.lingering or self._lost or self.conn.their_state is not h11.IDLE:
+            return
+        message = (f"The request head (request line and headers) did not arrive within "
+                   f"{self.limits.header_timeout:g} seconds (--http_header_timeout)")
+        self._refuse(raw_json_response(408, message, INVALID_REQUEST, "request_timeout"))
+
+
+def guarded_protocol_class(limits: HttpLimits) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` subclass bound to ``limits`` (uvicorn instantiates the class itself)."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})

@@ -1,0 +1,164 @@
+"""ASGI middleware that checks a request's shape before any endpoint sees it.
+
+* ``405`` answers carry ``Allow`` with every method the path accepts.
+* A ``POST`` to an endpoint with a content type other than JSON gets ``415``. ``application/json``
+  and ``application/*+json`` are accepted, with ``charset=utf-8`` or no charset (JSON is UTF-8);
+  a request without ``Content-Type`` is read as JSON, so plain HTTP clients that send none keep
+  working, while ``curl -d`` (form-urlencoded unless ``-H 'content-type: application/json'``) is refused.
+* The body is read here, before routing: a declared ``Content-Length`` over the limit gets ``413``
+  without reading a byte; a body that grows past the limit while it arrives (chunked, or a lying
+  length) gets ``413`` as soon as it does, so at most the limit is ever held; a body that does not
+  arrive within the body timeout gets ``408``. Each of these answers closes the connection.
+  The endpoint then receives the body in one piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Dict, List, Optional
+
+from fastapi.responses import JSONResponse
+from starlette.routing import Match
+
+from lightllm.server.http.errors import INVALID_REQUEST, error_body
+
+Scope = Dict[str, Any]
+Message = Dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def header(scope: Scope, name: bytes) -> Optional[str]:
+    """The first value of request header ``name`` (lower case), decoded as latin-1."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def is_json_content_type(value: Optional[str]) -> bool:
+    """True for a missing content type and for JSON media types in UTF-8."""
+    if value is None:
+        return True
+    media_type, _, params = value.partition(";")
+    media_type = media_type.strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/") and media_type.endswith("+json")):
+        return False
+    for param in params.split(";"):
+        name, _, param_value = param.partition("=")
+        if name.strip().lower() == "charset" and param_value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return False
+    return True
+
+
+def error_response(status: int, message: str, code: str, headers: Optional[Dict[str, str]] = None,
+                   param: Optional[str] = None) -> JSONResponse:
+    """A JSON error answer; ``connection: close`` because the request body may be unread."""
+    return JSONResponse(error_body(message, INVALID_REQUEST, param, code), status_code=status,
+                        headers={"connection": "close", **(headers or {})})
+
+
+def _routes(scope: Scope) -> List[Any]:
+    app = scope.get("app")
+    return list(getattr(app, "routes", ()) or ())
+
+
+def allowed_methods(scope: Scope) -> List[str]:
+    """Every method some route of the app accepts on ``scope``'s path.
+
+    Each method is probed through the routes' own matching, which also looks inside included routers.
+    """
+    return [method for method in PROBED_METHODS if has_route({**scope, "method": method})]
+
+
+def has_route(scope: Scope) -> bool:
+    """True when a route accepts exactly this path and method."""
+    return any(route.matches(scope)[0] is Match.FULL for route in _routes(scope))
+
+
+class RequestGuardMiddleware:
+    """Adds ``Allow`` to 405s, refuses non-JSON bodies (415), oversized (413) and stalled (408) bodies."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        send = self._with_allow_header(scope, send)
+        content_type = header(scope, b"content-type")
+        if scope["method"] in BODY_METHODS and not is_json_content_type(content_type) and has_route(scope):
+            message = (f"Content-Type '{content_type}' is not supported: send the body as JSON "
+                       "with 'Content-Type: application/json'")
+            await error_response(415, message, "unsupported_media_type")(scope, receive, send)
+            return
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(scope, receive, send)
+            return
+        body = await self._read_body(scope, receive, send)
+        if body is None:
+            return
+        await self.app(scope, self._replay(body, receive), send)
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> Optional[bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout
+        chunks: List[bytes] = []
+        size = 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                text = (f"The request body did not arrive within {self.body_timeout:g} seconds "
+                        "(--http_body_timeout)")
+                await error_response(408, text, "request_timeout")(scope, receive, send)
+                return None
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await self._too_large(scope, receive, send)
+                return None
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = (f"The request body is larger than {self.max_body_bytes} bytes "
+                   "(--max_request_body_bytes)")
+        await error_response(413, message, "request_too_large")(scope, receive, send)
+
+    @staticmethod
+    def _replay(body: bytes, receive: Receive) -> Receive:
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            # Later calls watch for the client going away, as the endpoints expect.
+            return await receive()
+
+        return replay
+
+    @staticmethod
+    def _with_allow_header(scope: Scope, send: Send) -> Send:
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start" and message.get("status") == 405:
+                headers = [(key, value) for key, value in message.get("headers", ()) if key.lower() != b"allow"]
+                headers.append((b"allow", ", ".join(allowed_methods(scope)).encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return sending

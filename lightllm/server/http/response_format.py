@@ -1,0 +1,76 @@
+"""``response_format`` of chat completions: from the OpenAI object to a structured-output grammar.
+
+``{"type": "text"}`` (or no ``response_format``) means free text.  ``json_object`` constrains
+the output to a JSON object, ``json_schema`` to JSON valid under the given schema (as OpenAI's
+``strict`` mode); both become an llguidance grammar that the model rank applies as a token mask
+(:mod:`lightllm.server.model_rank.execution.structured_output`).  A schema the
+grammar compiler cannot use is a 400 naming ``response_format.json_schema.schema``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightllm.server.http.errors import invalid_request
+
+
+def validated_grammar(grammar: str, param: str, what: str) -> str:
+    """``grammar`` if llguidance accepts it; else a 400 naming ``param`` with the compiler's message."""
+    import llguidance
+
+    try:
+        problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+    except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
+        problem = str(exc) or type(exc).__name__
+    if problem:
+        raise invalid_request(f"invalid {what}: {problem.strip()}", param)
+    return grammar
+
+
+def _compile(schema: Any, param: str) -> str:
+    import llguidance
+
+    if not isinstance(schema, dict):
+        raise invalid_request("the JSON schema must be an object", param)
+    try:
+        # Compact JSON (no free whitespace between tokens): a weak or random model cannot stall in
+        # endless whitespace, and a bounded schema always ends within a bounded number of tokens.
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+    except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
+        raise invalid_request(f"invalid JSON schema: {str(exc) or type(exc).__name__}", param) from None
+    return validated_grammar(grammar, param, "JSON schema")
+
+
+def compile_json_schema(schema: Any, param: str) -> str:
+    """An llguidance grammar for JSON valid under ``schema`` (compact); 400 naming ``param`` if unusable.
+
+    Shared with tool calling (:mod:`lightllm.server.http.tool_calls.request`), which forces calls this way.
+    """
+    return _compile(schema, param)
+
+
+def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """The grammar ``response_format`` asks for, or None for free text; 400 for anything else."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text" and set(response_format) == {"type"}:
+        return None
+    if kind == "json_object" and set(response_format) == {"type"}:
+        return _compile({"type": "object"}, "response_format")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if set(response_format) != {"type", "json_schema"} or not isinstance(spec, dict):
+            raise invalid_request("response_format json_schema needs a 'json_schema' object", "response_format")
+        unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+        if unknown:
+            raise invalid_request(f"unknown key(s) in response_format.json_schema: {', '.join(unknown)}",
+                                  "response_format.json_schema")
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise invalid_request("response_format.json_schema.name must be a non-empty string",
+                                  "response_format.json_schema.name")
+        if "schema" not in spec:
+            raise invalid_request("response_format.json_schema.schema is required", "response_format.json_schema.schema")
+        return _compile(spec["schema"], "response_format.json_schema.schema")
+    raise invalid_request("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                          "{'type': 'json_schema', 'json_schema': {...}}", "response_format")

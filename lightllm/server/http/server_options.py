@@ -1,0 +1,150 @@
+"""The HTTP front end's limits and keys, read from the parsed flags, and the uvicorn config built from them.
+
+Flags and their defaults live in :mod:`lightllm.server.launch.arg_parser`; this module only turns them into
+the objects the app (:func:`lightllm.server.http.app.create_app`) and uvicorn need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from lightllm.server.run_mode import PD_RUN_MODES
+from lightllm.utils.envs_utils import api_keys_from_env, pd_cluster_key_from_env
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+# A body may carry a whole context as text (a few bytes per token, up to 6 for a JSON-escaped
+# character), or as token ids ("123456, " is 8 bytes), plus chat structure: 64 bytes per token is
+# several times what a legitimate request needs while still bounding memory per request.
+BODY_BYTES_PER_CONTEXT_TOKEN = 64
+MIN_DEFAULT_BODY_BYTES = 8 * MIB
+# Beyond --http_max_connections, an eighth more (at least 16) connections may be read to find
+# health probes and requests with an API key among them (see lightllm/server/http/front_door.py).
+RESERVE_SHARE = 8
+RESERVE_MIN_CONNECTIONS = 16
+# File descriptors kept free for the server's own sockets, shared memory and logs.
+RESERVED_FILE_DESCRIPTORS = 256
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Per-connection and per-request limits of the HTTP front end."""
+
+    max_body_bytes: Optional[int] = None
+    prompt_chars_per_token: Optional[float] = None
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    keep_alive_timeout: float = 5.0
+    max_connections: int = 2048
+    # None: half of max_connections, so one client cannot take every connection.
+    max_connections_per_client: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.max_connections_per_client is None:
+            object.__setattr__(self, "max_connections_per_client", max(1, self.max_connections // 2))
+
+    @property
+    def reserve_connections(self) -> int:
+        """Connections beyond the cap whose request head is read, so probes and keyed requests get in."""
+        return max(RESERVE_MIN_CONNECTIONS, self.max_connections // RESERVE_SHARE)
+
+    def body_limit(self, max_req_total_len: int) -> int:
+        """The body-size limit in bytes, derived from the context length unless given."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return max(MIN_DEFAULT_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_req_total_len)
+
+
+PD_CLUSTER_KEY_ENV = "LIGHTLLM_PD_CLUSTER_KEY"
+
+
+@dataclass(frozen=True)
+class AuthPolicy:
+    """Who may use the API, who may ask for admission priority, and the PD cluster's own key.
+
+    ``cluster_key`` (``--pd_cluster_key``): when set, the cluster's endpoints (paths under
+    ``/pd/``) accept only it, and client keys do not open them.
+    """
+
+    api_keys: Tuple[str, ...] = ()
+    admin_keys: Tuple[str, ...] = ()
+    allow_public_priority: bool = False
+    cluster_key: Optional[str] = None
+
+    @property
+    def requires_key(self) -> bool:
+        """True when every endpoint but /health needs a key."""
+        return bool(self.api_keys)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "AuthPolicy":
+        """Keys from the flags; a flag not given falls back to its environment variable."""
+        api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
+        admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
+        cluster_key = getattr(args, "pd_cluster_key", None)
+        if cluster_key is None and getattr(args, "run_mode", "normal") in PD_RUN_MODES:
+            cluster_key = pd_cluster_key_from_env()
+        return cls(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority,
+                   cluster_key=cluster_key)
+
+    def check_cluster(self, run_mode: str) -> None:
+        """Refuse (``ValueError``, one line) a PD master or node with client keys but no cluster key.
+
+        Its nodes (or its master) could not call the ``/pd/`` endpoints: client keys do not open
+        them, and leaving them open would let any client with a key join the cluster.
+        """
+        if run_mode in PD_RUN_MODES and self.api_keys and self.cluster_key is None:
+            role = "a PD master" if run_mode == "pd_master" else f"a PD {run_mode} node"
+            raise ValueError(
+                f"--api_key on {role} needs a cluster key for the cluster's own endpoints: set "
+                f"{PD_CLUSTER_KEY_ENV} (or --pd_cluster_key) to the same secret on the master and every node"
+            )
+
+
+@dataclass(frozen=True)
+class HttpServerOptions:
+    """Everything the HTTP front end takes from the command line."""
+
+    limits: HttpLimits = field(default_factory=HttpLimits)
+    auth: AuthPolicy = field(default_factory=AuthPolicy)
+    # --tool_call_parser: the format tool calls are read from (tool_choice "auto"); None refuses "auto".
+    tool_call_parser: Optional[str] = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "HttpServerOptions":
+        """Options from parsed flags (keys as :meth:`AuthPolicy.from_args` reads them)."""
+        limits = HttpLimits(
+            max_body_bytes=args.max_request_body_bytes,
+            prompt_chars_per_token=args.prompt_chars_per_token,
+            header_timeout=args.http_header_timeout,
+            body_timeout=args.http_body_timeout,
+            keep_alive_timeout=args.http_keep_alive_timeout,
+            max_connections=args.http_max_connections,
+            max_connections_per_client=getattr(args, "http_max_connections_per_client", None),
+        )
+        return cls(limits=limits, auth=AuthPolicy.from_args(args),
+                   tool_call_parser=getattr(args, "tool_call_parser", None))
+
+
+def ensure_file_descriptors(max_connections: int) -> None:
+    """Raise the soft open-file limit so ``max_connections`` sockets fit, or say plainly that they do not."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + RESERVED_FILE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "the open-file limit (%d) is below --http_max_connections (%d) + %d; connections beyond it fail at "
+            "accept() instead of getting a 503: raise 'ulimit -n' or lower --http_max_connections",
+            soft, max_connections, RESERVED_FILE_DESCRIPTORS,
+        )

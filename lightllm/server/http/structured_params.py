@@ -1,0 +1,124 @@
+"""vLLM's structured-output request parameters, turned into the same llguidance grammar as ``response_format``.
+
+vLLM accepts ``structured_outputs: {json | regex | choice | grammar | json_object}`` and, in
+older releases, the flat ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+``guided_grammar``.  Each becomes a grammar the model rank applies as a token mask
+(:mod:`lightllm.server.http.response_format` does the same for OpenAI's ``response_format``):
+
+* ``json``: a JSON schema (an object, or a string holding one), compact JSON output;
+* ``json_object``: ``true`` for any JSON object;
+* ``regex``: the output matches the regular expression (llguidance's regex syntax: Rust ``regex``
+  without look-around or back-references);
+* ``choice``: the output is exactly one of the strings;
+* ``grammar``: a context-free grammar in llguidance's Lark syntax (vLLM's xgrammar backend takes
+  GBNF instead; a GBNF grammar is refused as invalid Lark).
+
+A request may constrain its output one way only: two constraints (``guided_regex`` with
+``response_format``, say) are refused.  vLLM's backend and whitespace options are not accepted
+(there is one backend, and JSON is always compact).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.response_format import compile_json_schema, validated_grammar
+
+MAX_CHOICES = 256
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+GUIDED_JSON_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "object"}, {"type": "string", "minLength": 1}]}
+STRUCTURED_OUTPUTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "json": GUIDED_JSON_SCHEMA,
+        "regex": {"type": "string", "minLength": 1},
+        "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
+        "grammar": {"type": "string", "minLength": 1},
+        "json_object": {"const": True},
+    },
+    "additionalProperties": False,
+    "minProperties": 1,
+    "maxProperties": 1,
+}
+
+
+def _json_schema(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise invalid_request(f"the JSON schema string is not valid JSON: {exc}", param) from None
+    return compile_json_schema(value, param)
+
+
+def _regex(value: Any, param: str) -> str:
+    import llguidance
+
+    if not isinstance(value, str) or not value:
+        raise invalid_request("the regular expression must be a non-empty string", param)
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_regex(value)
+    except Exception as exc:  # noqa: BLE001
+        raise invalid_request(f"invalid regular expression: {exc}", param) from None
+    return validated_grammar(grammar, param, "regular expression")
+
+
+def _choice(value: Any, param: str) -> str:
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+        raise invalid_request("choice must be a non-empty list of strings", param)
+    if len(value) > MAX_CHOICES:
+        raise invalid_request(f"choice holds at most {MAX_CHOICES} strings, got {len(value)}", param)
+    if any(not item for item in value):
+        raise invalid_request("choice must not contain empty strings", param)
+    # Lark string literals take JSON's escapes, so json.dumps quotes any text exactly.
+    alternatives = " | ".join(json.dumps(item) for item in dict.fromkeys(value))
+    return validated_grammar(f"start: {alternatives}\n", param, "choice")
+
+
+def _grammar(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise invalid_request("grammar must be a non-empty string (llguidance Lark syntax)", param)
+    return validated_grammar(value, param, "grammar (llguidance Lark syntax expected)")
+
+
+def _json_object(value: Any, param: str) -> str:
+    if value is not True:
+        raise invalid_request("json_object must be true", param)
+    return compile_json_schema({"type": "object"}, param)
+
+
+_COMPILERS = {"json": _json_schema, "regex": _regex, "choice": _choice, "grammar": _grammar,
+              "json_object": _json_object}
+
+
+def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[str, Any],
+                       response_format_grammar: str | None = None) -> str | None:
+    """The grammar the request's structured-output parameters ask for, or None.
+
+    ``guided`` maps the legacy field names (``guided_json`` ...) to their values (None: absent);
+    ``response_format_grammar`` is what ``response_format`` already asked for (chat only).
+    """
+    asked: list[tuple[str, str, Any]] = []  # (param, kind, value)
+    if structured_outputs is not None:
+        unknown = sorted(set(structured_outputs) - set(STRUCTURED_KINDS))
+        if unknown:
+            raise invalid_request(f"unknown key(s) in structured_outputs: {', '.join(unknown)}; expected one of "
+                                  f"{', '.join(STRUCTURED_KINDS)}", "structured_outputs")
+        given = {kind: value for kind, value in structured_outputs.items() if value is not None}
+        asked.extend((f"structured_outputs.{kind}", kind, value) for kind, value in given.items())
+        if not given:
+            raise invalid_request(f"structured_outputs needs one of {', '.join(STRUCTURED_KINDS)}", "structured_outputs")
+    for name, value in guided.items():
+        if value is not None:
+            asked.append((name, name.removeprefix("guided_"), value))
+    if response_format_grammar is not None:
+        asked.append(("response_format", "", None))
+    if len(asked) > 1:
+        names = ", ".join(param for param, _, _ in asked)
+        raise invalid_request(f"the output can be constrained one way only; got {names}", asked[1][0])
+    if not asked or response_format_grammar is not None:
+        return response_format_grammar
+    param, kind, value = asked[0]
+    return _COMPILERS[kind](value, param)

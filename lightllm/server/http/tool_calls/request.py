@@ -1,0 +1,256 @@
+"""The tool fields of a chat request: ``tools``, ``tool_choice``, ``parallel_tool_calls`` and the
+tool-call history in ``messages``, checked with 400s that name the field.
+
+:func:`plan_tool_calls` turns them, with the server's ``--tool_call_parser``, into a
+:class:`ToolPlan`: what the chat template receives, which grammar (if any) constrains the
+output, and how the output is read back into ``tool_calls``.
+
+=========================  =========================================================================
+``tool_choice``            behaviour
+=========================  =========================================================================
+absent, no ``tools``       plain chat
+``"none"``                 the tools reach the template; the output is plain content (no parser needed)
+``"auto"`` (the default    the model decides; calls are parsed from its text by ``--tool_call_parser``
+when ``tools`` are given)  (a 400 naming the flag when the server has none)
+``"required"``             structured output forces a JSON array of ``{"name", "parameters"}`` calls
+named function             structured output forces that function's arguments
+=========================  =========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.response_format import compile_json_schema
+from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
+
+# OpenAI's limits on tools and function names.
+MAX_TOOLS = 128
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+CHOICE_MODES = ("none", "auto", "required")
+PARSER_FLAG = "--tool_call_parser"
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """One ``{"type": "function", "function": {...}}`` entry of ``tools``."""
+
+    name: str
+    parameters: dict[str, Any] | None
+    # The entry as the client sent it, for the chat template.
+    spec: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def parameters_schema(self) -> dict[str, Any]:
+        """The arguments' JSON schema (any object when the tool gives none)."""
+        return self.parameters if self.parameters is not None else {"type": "object"}
+
+
+def parse_tools(value: Any) -> list[FunctionTool]:
+    """``tools`` as function tools; 400 naming the offending entry for anything else."""
+    if not isinstance(value, list):
+        raise invalid_request("tools must be a list of function tools", "tools")
+    if not value:
+        raise invalid_request("tools must not be empty; leave it out when there are none", "tools")
+    if len(value) > MAX_TOOLS:
+        raise invalid_request(f"tools holds at most {MAX_TOOLS} entries, got {len(value)}", "tools")
+    tools: list[FunctionTool] = []
+    for index, entry in enumerate(value):
+        param = f"tools.{index}"
+        if not isinstance(entry, dict) or entry.get("type") != "function" or set(entry) != {"type", "function"}:
+            raise invalid_request(f"{param} must be {{'type': 'function', 'function': {{...}}}}; only function tools "
+                                  "are supported", param)
+        function = entry["function"]
+        if not isinstance(function, dict):
+            raise invalid_request(f"{param}.function must be an object", f"{param}.function")
+        unknown = sorted(set(function) - _FUNCTION_KEYS)
+        if unknown:
+            raise invalid_request(f"unknown key(s) in {param}.function: {', '.join(unknown)}", f"{param}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+            raise invalid_request(f"{param}.function.name must be 1 to 64 letters, digits, '_' or '-'",
+                                  f"{param}.function.name")
+        if any(tool.name == name for tool in tools):
+            raise invalid_request(f"tools holds two functions named {name!r}", f"{param}.function.name")
+        if "description" in function and not isinstance(function["description"], str):
+            raise invalid_request(f"{param}.function.description must be a string", f"{param}.function.description")
+        if "strict" in function and not isinstance(function["strict"], (bool, type(None))):
+            raise invalid_request(f"{param}.function.strict must be a boolean", f"{param}.function.strict")
+        parameters = function.get("parameters")
+        if parameters is not None:
+            _check_parameters(parameters, f"{param}.function.parameters")
+        tools.append(FunctionTool(name, parameters, entry))
+    return tools
+
+
+def _check_parameters(schema: Any, param: str) -> None:
+    """A function's arguments are a JSON object: its schema must describe one."""
+    if not isinstance(schema, dict):
+        raise invalid_request(f"{param} must be a JSON schema object", param)
+    kind = schema.get("type", "object")
+    if kind != "object":
+        raise invalid_request(f"{param} must describe an object (type 'object'), got type {kind!r}", param)
+    if "properties" in schema and not isinstance(schema["properties"], dict):
+        raise invalid_request(f"{param}.properties must be an object", f"{param}.properties")
+
+
+def parse_tool_choice(value: Any, tools: list[FunctionTool]) -> tuple[str, str | None]:
+    """``(mode, function name)`` of ``tool_choice``: mode is none/auto/required/named."""
+    if value is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(value, str):
+        if value not in CHOICE_MODES:
+            raise invalid_request(f"tool_choice must be one of {', '.join(CHOICE_MODES)} or "
+                                  "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+        if value != "none" and not tools:
+            raise invalid_request(f"tool_choice {value!r} needs tools", "tool_choice")
+        return value, None
+    if not (isinstance(value, dict) and value.get("type") == "function" and set(value) == {"type", "function"}
+            and isinstance(value["function"], dict) and set(value["function"]) == {"name"}
+            and isinstance(value["function"]["name"], str)):
+        raise invalid_request("tool_choice must be 'none', 'auto', 'required' or "
+                              "{'type': 'function', 'function': {'name': <string>}}", "tool_choice")
+    name = value["function"]["name"]
+    if not tools:
+        raise invalid_request("tool_choice names a function but no tools were given", "tool_choice")
+    if all(tool.name != name for tool in tools):
+        known = ", ".join(tool.name for tool in tools)
+        raise invalid_request(f"tool_choice names function {name!r}, which is not among the tools ({known})",
+                              "tool_choice.function.name")
+    return "named", name
+
+
+def required_schema(tools: list[FunctionTool], parallel: bool) -> dict[str, Any]:
+    """The JSON schema of ``tool_choice: "required"``: a non-empty array of calls of the given functions."""
+    variants = [{"type": "object",
+                 "properties": {"name": {"const": tool.name}, "parameters": tool.parameters_schema},
+                 "required": ["name", "parameters"], "additionalProperties": False} for tool in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+@dataclass
+class ToolPlan:
+    """How one chat request uses tools."""
+
+    mode: str = "none"
+    tools: list[FunctionTool] = field(default_factory=list)
+    named: str | None = None
+    parallel: bool = True
+    parser: ToolCallParser | None = None
+    grammar: str | None = None
+
+    @property
+    def reads_calls(self) -> bool:
+        """True when the output is read back into ``tool_calls``."""
+        return self.mode in ("auto", "required", "named")
+
+    def template_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``encode_chat`` options with the tools added for the template (as ``apply_chat_template(tools=...)``)."""
+        if not self.tools:
+            return options
+        kwargs = {**(options.get("chat_template_kwargs") or {}), "tools": [tool.spec for tool in self.tools]}
+        return {**options, "chat_template_kwargs": kwargs}
+
+    def combine_grammar(self, other: str | None) -> str | None:
+        """The request's grammar: the forced call's, or ``other`` (what response_format, structured_outputs or
+        guided_* ask for); 400 when both constrain the output."""
+        if self.grammar is None:
+            return other
+        if other is not None:
+            raise invalid_request("tool_choice 'required' or a named function constrains the output itself; it "
+                                  "cannot be combined with response_format, structured_outputs or guided_*",
+                                  "tool_choice")
+        return self.grammar
+
+    def finish_reason(self, reason: str | None, called: bool) -> str | None:
+        """``tool_calls`` when the model stopped after calling (auto, required); named calls stop as
+        OpenAI's do (``stop``)."""
+        if called and reason == "stop" and self.mode in ("auto", "required"):
+            return "tool_calls"
+        return reason
+
+
+def plan_tool_calls(body: Any, parser_name: str | None) -> ToolPlan:
+    """The request's :class:`ToolPlan`; 400 for tool fields that do not fit together or the server."""
+    tools = parse_tools(body.tools) if body.tools is not None else []
+    mode, named = parse_tool_choice(body.tool_choice, tools)
+    parallel = body.parallel_tool_calls is not False
+    plan = ToolPlan(mode=mode, tools=tools, named=named, parallel=parallel)
+    if mode == "auto":
+        if parser_name is None:
+            raise invalid_request(f"tool_choice 'auto' (the default when tools are given) needs the server to be "
+                                  f"started with {PARSER_FLAG}; send tool_choice 'required', 'none' or a named "
+                                  "function instead", "tool_choice")
+        plan.parser = make_parser(parser_name)
+    elif mode == "required":
+        plan.parser = ForcedCallParser()
+        plan.grammar = compile_json_schema(required_schema(tools, parallel), "tools")
+    elif mode == "named":
+        tool = next(tool for tool in tools if tool.name == named)
+        index = tools.index(tool)
+        plan.grammar = compile_json_schema(tool.parameters_schema, f"tools.{index}.function.parameters")
+    return plan
+
+
+# ------------------------------------------------------------------- tool calls in messages
+
+def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | None:
+    """An assistant message's ``tool_calls`` (OpenAI form), checked; ``ValueError`` names the problem."""
+    if value is None:
+        return None
+    calls = []
+    for index, call in enumerate(value):
+        if not isinstance(call, dict) or set(call) - {"id", "type", "function"} or call.get("type", "function") != \
+                "function" or not isinstance(call.get("function"), dict):
+            raise ValueError(f"tool call {index} must be {{'id': ..., 'type': 'function', 'function': "
+                             "{'name': ..., 'arguments': <JSON string>}}")
+        if "id" in call and not isinstance(call["id"], str):
+            raise ValueError(f"tool call {index} id must be a string")
+        function = call["function"]
+        if set(function) - {"name", "arguments"} or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments"), str):
+            raise ValueError(f"tool call {index} function must be {{'name': <string>, 'arguments': <JSON string>}}")
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            raise ValueError(f"tool call {index} arguments are not valid JSON") from None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"tool call {index} arguments must encode a JSON object")
+        calls.append(call)
+    return calls
+
+
+def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls as chat templates expect them (transformers' convention): arguments as a mapping."""
+    rendered = []
+    for call in calls:
+        function = call["function"]
+        entry = {"type": "function", "function": {"name": function["name"],
+                                                  "arguments": json.loads(function["arguments"])}}
+        if "id" in call:
+            entry["id"] = call["id"]
+        rendered.append(entry)
+    return rendered
+
+
+def check_tool_messages(messages: list[Any]) -> None:
+    """Tool-call fields only where they belong: ``tool_calls`` on assistant messages, ``tool_call_id`` (required)
+    on tool messages."""
+    for index, message in enumerate(messages):
+        if message.tool_calls and message.role != "assistant":
+            raise invalid_request(f"messages[{index}].tool_calls is only allowed on assistant messages",
+                                  f"messages.{index}.tool_calls")
+        if message.role == "tool" and not message.tool_call_id:
+            raise invalid_request(f"messages[{index}] has role 'tool' and needs tool_call_id",
+                                  f"messages.{index}.tool_call_id")
+        if message.tool_call_id is not None and message.role != "tool":
+            raise invalid_request(f"messages[{index}].tool_call_id is only allowed on tool messages",
+                                  f"messages.{index}.tool_call_id")

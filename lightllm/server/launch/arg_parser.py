@@ -1,0 +1,328 @@
+"""The one argument parser of the server: flags, defaults and help text live only here.
+
+Docs (docs/*/server_args.md) are generated from this parser by ``python -m
+lightllm.server.launch.args_doc``; the start-up code checks combinations with
+:func:`lightllm.server.launch.args_check.validate_args` so impossible settings end in a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List
+
+from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+from lightllm.server.run_mode import RUN_MODES
+
+
+
+def _strategy_names() -> List[str]:
+    # Imported lazily so `--help` works even while optional parts fail to import.
+    from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
+
+    return available_strategy_names()
+
+
+def _default_overtake_bound():
+    from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
+        OvertakeBoundSpec,
+    )
+
+    return OvertakeBoundSpec()
+
+
+def make_argument_parser() -> argparse.ArgumentParser:
+    """Build the server's argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lightllm.server.api_server",
+        description="Serve a local Hugging Face checkpoint over an OpenAI-compatible and a native HTTP API.",
+    )
+    group = parser.add_argument_group("deployment")
+    group.add_argument(
+        "--run_mode",
+        type=str,
+        choices=list(RUN_MODES),
+        default="normal",
+        help="normal: one server runs prefill and decode. PD disaggregation (docs/*/pd_deployment.md): "
+        "pd_master serves the public API and loads no weights; prefill and decode start nodes that "
+        "register with the master at --pd_master_ip:--pd_master_port.",
+    )
+    group.add_argument("--host", type=str, default="127.0.0.1", help="HTTP listen address.")
+    group.add_argument("--port", type=int, default=8000, help="HTTP listen port.")
+    group.add_argument("--model_dir", type=str, default=None, help="Local Hugging Face checkpoint directory.")
+    group.add_argument(
+        "--model_name",
+        type=str,
+        nargs="+",
+        default=None,
+        help="Model ids a request's model may name (vLLM's --served-model-name); the API reports the first. "
+        "Default: the directory name, and the --model_dir path as given.",
+    )
+    group.add_argument(
+        "--tokenizer_mode",
+        type=str,
+        choices=["fast", "slow", "auto"],
+        default="fast",
+        help="Tokenizer implementation: fast (Rust tokenizers), slow (Python) or auto.",
+    )
+    group.add_argument("--tp", type=int, default=1, help="Tensor-parallel size (model processes).")
+    group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed.")
+    group.add_argument("--nccl_port", type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port.")
+    group.add_argument(
+        "--data_type",
+        type=str,
+        choices=["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
+        default="auto",
+        help="Weight and KV dtype; auto takes the checkpoint's dtype (float32 on CPU for float16 checkpoints).",
+    )
+    group.add_argument("--device", type=str, choices=["auto", "cpu", "cuda"], default="auto", help="Where the model runs.")
+    group.add_argument(
+        "--attention_backend",
+        type=str,
+        choices=["auto", "torch", "torch_compiled", "cpp", "triton"],
+        default="auto",
+        help="Attention kernels: triton (Triton kernels reading the KV cache in place, plus fused RMSNorm and rotary; "
+        "CUDA, or CPU only under TRITON_INTERPRET=1 for tests), torch (gather + scaled_dot_product_attention, the reference and the CPU path), "
+        "cpp (CPU only: decode and prefill chunks of up to 16 tokens read the KV cache in place through a C++ kernel built for this "
+        "machine on first use with the system compiler and cached under ~/.cache/lightllm/kernels; long prefill chunks as torch), "
+        "torch_compiled (CPU only: the same in place reads through a kernel torch.compile builds "
+        "at startup, needs a C++ compiler; single requests, small batches and long prefill chunks as torch), "
+        "auto (triton on CUDA when triton imports; cpp on CPU when a C++ compiler is on PATH and the kernel builds; else torch).",
+    )
+    group.add_argument(
+        "--linear_backend",
+        type=str,
+        choices=["auto", "torch", "onednn"],
+        default="auto",
+        help="Kernels of the projections (q/k/v, o, MLP, LM head): onednn (CPU only: each weight packed once at start-up into "
+        "oneDNN's blocked layout, float32 or bfloat16; 2-4x torch's speed on the development VM), torch (torch.nn.functional.linear: "
+        "MKL on CPU, cuBLAS on CUDA), auto (onednn on CPU when it runs for the dtype, else torch).",
+    )
+    group.add_argument(
+        "--graceful_shutdown_seconds",
+        type=float,
+        default=30.0,
+        help="On SIGTERM/SIGINT: new requests get 503 at once, requests in flight may finish for at most this many "
+        "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once.",
+    )
+
+    group = parser.add_argument_group("memory and batching")
+    group.add_argument(
+        "--max_total_token_num",
+        type=int,
+        default=None,
+        help="KV-cache capacity in tokens; default: --mem_fraction of (available memory - weights - --reserved_memory_gb) "
+        "(on CPU split across ranks and capped at 262144); see docs memory.md.",
+    )
+    group.add_argument(
+        "--mem_fraction",
+        type=float,
+        default=0.9,
+        help="Share of the memory left after the weights and --reserved_memory_gb that the KV cache takes when sizing it.",
+    )
+    group.add_argument(
+        "--reserved_memory_gb",
+        type=float,
+        default=None,
+        help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
+        "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md).",
+    )
+    group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")
+    group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context length.")
+    group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048).")
+    group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step.")
+    group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece.")
+    group.add_argument(
+        "--disable_mixed_batches",
+        action="store_true",
+        help="Run a step's prefill chunks and decode rows as two forwards. By default (with chunked prefill) they run as "
+        "one mixed forward, whose token budget and processed-token count include the decode rows.",
+    )
+    group.add_argument(
+        "--router_token_ratio",
+        type=float,
+        default=1.0,
+        help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity.",
+    )
+    group.add_argument(
+        "--router_max_wait_tokens",
+        type=int,
+        default=1,
+        help="Decode steps the router lets pass between two admission rounds while requests run.",
+    )
+    group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache.")
+    group.add_argument("--schedule_time_interval", type=float, default=0.03, help="Seconds between router admission rounds.")
+    group.add_argument(
+        "--prefill_queue_strategy",
+        type=str,
+        choices=_strategy_names(),
+        default="default",
+        help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn, "
+        "lpm (most prefix-cached prompt tokens first), shortest_within_slack (shortest first while every "
+        "overtaken request stays within a slack of its FCFS wait); all run under the overtaking bound "
+        "(--prefill_max_overtake_tokens, --prefill_overtake_fraction).",
+    )
+    group.add_argument(
+        "--prefill_max_overtake_tokens",
+        type=int,
+        default=_default_overtake_bound().base_tokens,
+        help="Overtaking bound of every prefill-queue strategy: a request may be overtaken by at most this many "
+        "prefill tokens of work that default's order puts behind it, plus --prefill_overtake_fraction times its FCFS "
+        "wait (the prefill work ahead of it when it arrived); then it is served before all such work "
+        "(see docs prefill_queue_strategy.md for the formula and how to choose it).",
+    )
+    group.add_argument(
+        "--prefill_overtake_fraction",
+        type=float,
+        default=_default_overtake_bound().fraction,
+        help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens.",
+    )
+    group.add_argument(
+        "--disable_prefill_overtake_bound",
+        action="store_true",
+        help="Let prefill-queue strategies overtake without limit (the seed's unbounded behaviour).",
+    )
+    group.add_argument(
+        "--prefill_max_wait_tokens",
+        type=int,
+        default=None,
+        help=argparse.SUPPRESS,
+    )
+
+    group = parser.add_argument_group("generation")
+    group.add_argument("--eos_id", type=int, nargs="+", default=None, help="End-of-sequence token id(s); default: from the checkpoint.")
+    group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat.")
+    group.add_argument(
+        "--sampling_seed",
+        type=int,
+        default=None,
+        help="Seed of the random generator that requests without their own seed sample from (the same on every "
+        "TP rank). Default: a fresh seed drawn at each start and logged, so unseeded sampling differs between "
+        "restarts; give the logged value to repeat it.",
+    )
+    group.add_argument(
+        "--tool_call_parser",
+        type=str,
+        choices=list(TOOL_CALL_PARSER_NAMES),
+        default=None,
+        help="Format in which the model writes tool calls, read back into tool_calls for chat requests with "
+        "tool_choice 'auto' (the default when tools are given): hermes (JSON inside tool_call tags, as "
+        "Qwen2/Qwen2.5 write them) or llama3_json (Llama 3.1 JSON, optionally after the python_tag token). Without it such "
+        "requests get a 400; 'required', a named function and 'none' work without it (docs/*/api_compatibility.md).",
+    )
+
+    group = parser.add_argument_group("HTTP limits and authentication")
+    group.add_argument(
+        "--max_request_body_bytes",
+        type=int,
+        default=None,
+        help="Largest request body; a larger one is answered 413 while it is read (chunked bodies too). "
+        "Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len.",
+    )
+    group.add_argument(
+        "--prompt_chars_per_token",
+        type=float,
+        default=None,
+        help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
+        "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
+        "of the tokenizer's vocabulary; 0 turns the check off.",
+    )
+    group.add_argument(
+        "--http_header_timeout",
+        type=float,
+        default=10.0,
+        help="Seconds a client has to send a whole request head (request line and headers), counted from its "
+        "connection or from the first byte of a follow-up request; then 408 and the connection is closed.",
+    )
+    group.add_argument(
+        "--http_body_timeout",
+        type=float,
+        default=60.0,
+        help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed.",
+    )
+    group.add_argument(
+        "--http_keep_alive_timeout",
+        type=float,
+        default=5.0,
+        help="Seconds an idle keep-alive connection stays open between two requests.",
+    )
+    group.add_argument(
+        "--http_max_connections",
+        type=int,
+        default=2048,
+        help="Most open client connections; beyond it a connection is served only when it is a health probe or "
+        "carries a valid API key (in a reserve of an eighth more), others get 503 too_many_connections.",
+    )
+    group.add_argument(
+        "--http_max_connections_per_client",
+        type=int,
+        default=None,
+        help="Most open connections from one client address; one more gets 503 too_many_client_connections at once. "
+        "Default: half of --http_max_connections. Behind a proxy every client shares the proxy's address: raise it.",
+    )
+    group.add_argument(
+        "--api_key",
+        type=str,
+        nargs="+",
+        default=None,
+        help="Keys clients must send as 'Authorization: Bearer KEY' on every endpoint but /health (401 otherwise). "
+        "Default: the comma-separated keys in LIGHTLLM_API_KEY, else no authentication.",
+    )
+    group.add_argument(
+        "--admin_api_key",
+        type=str,
+        nargs="+",
+        default=None,
+        help="Keys of trusted clients: accepted wherever --api_key is and the only ones allowed to set "
+        "high_priority_request. Default: the comma-separated keys in LIGHTLLM_ADMIN_API_KEY, else none.",
+    )
+    group.add_argument(
+        "--slot_wait_seconds",
+        type=float,
+        default=600.0,
+        help="Seconds a request waits for a free request slot (every slot is taken by requests in flight) before "
+        "it is refused with 503 server_busy.",
+    )
+    group.add_argument(
+        "--allow_public_priority",
+        action="store_true",
+        help="Let every client that may use the API set high_priority_request (by default only --admin_api_key may).",
+    )
+
+    group = parser.add_argument_group("PD disaggregation")
+    group.add_argument("--pd_master_ip", type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with.")
+    group.add_argument("--pd_master_port", type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
+    group.add_argument("--pd_node_id", type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
+    group.add_argument(
+        "--pd_transfer_port",
+        type=int,
+        default=None,
+        help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free block. "
+        "The node binds the whole block at start and holds it until it exits. Decode nodes learn it from the master.",
+    )
+    group.add_argument(
+        "--pd_cluster_key",
+        type=str,
+        default=None,
+        help="PD master and nodes: the cluster's shared secret. The cluster's own endpoints (every path under /pd/) "
+        "then need 'Authorization: Bearer KEY'; nodes send it to the master and the master to the nodes, and "
+        "client API keys do not open them. Required on a PD master or node that has --api_key. Default: "
+        "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
+    )
+    group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
+    group.add_argument("--pd_heartbeat_interval", type=float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
+    group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
+    group.add_argument("--pd_reserve_lease_seconds", type=float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
+    group.add_argument("--pd_transfer_timeout_seconds", type=float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
+    group.add_argument("--pd_prefill_timeout_seconds", type=float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")
+    group.add_argument("--pd_decode_token_timeout_seconds", type=float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token).")
+    group.add_argument(
+        "--pd_max_segment_tokens",
+        type=int,
+        default=0,
+        help="Decode nodes: end a segment after this many generated tokens, so the master continues the request as a new "
+        "segment (prompt + tokens so far, prefilled again on the prefill node); 0: no limit.",
+    )
+
+    group = parser.add_argument_group("logging")
+    group.add_argument("--log_level", type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")
+    return parser

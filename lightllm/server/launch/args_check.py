@@ -1,0 +1,156 @@
+"""Checks on the parsed flags: settings that cannot work together end in one line.
+
+The start-up code calls :func:`validate_args` on what :func:`~lightllm.server.launch.arg_parser.make_argument_parser`
+parsed; every refusal is an :class:`ArgumentError` whose message names the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Optional
+
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
+from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
+
+
+# PD flags read by one kind of PD process only (the master refuses node flags itself:
+# master_start.check_master_flags); given to any other role they are refused, not ignored.
+_DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
+_MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds")
+
+
+def _given(args: argparse.Namespace, names: tuple) -> list:
+    """The flags among ``names`` whose value differs from the parser's default."""
+    parser = make_argument_parser()
+    return [name for name in names if hasattr(args, name) and getattr(args, name) != parser.get_default(name)]
+
+
+def _check_pd_flag_roles(args: argparse.Namespace) -> None:
+    """Refuse PD flags given to a process role that does not read them (one line naming them)."""
+    run_mode = getattr(args, "run_mode", "normal")
+    if run_mode not in PD_RUN_MODES:
+        given = _given(args, tuple(name for name in vars(args) if name.startswith("pd_")))
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if len(given) == 1 else ''} "
+                                f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
+                                "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
+        return
+    if run_mode == "prefill":
+        given = _given(args, _DECODE_ONLY_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
+                                "(--run_mode decode), not by a prefill node")
+    if run_mode in PD_NODE_MODES:
+        given = _given(args, _MASTER_ONLY_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by the PD master only "
+                                f"(--run_mode pd_master), not by a {run_mode} node")
+    node_id = getattr(args, "pd_node_id", None)
+    if node_id is not None and not NODE_ID_PATTERN.match(node_id):
+        raise ArgumentError("--pd_node_id must be 1-128 characters of letters, digits and '._:-' starting with a "
+                            f"letter or digit, got {node_id!r}")
+
+
+def _validate_pd_args(args: argparse.Namespace) -> None:
+    for name in ("pd_master_port", "pd_transfer_port"):
+        value = getattr(args, name, None)
+        if value is not None and not 0 < value < 65536:
+            raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
+    if args.pd_transfer_port is not None and args.run_mode != "prefill":
+        raise ArgumentError("--pd_transfer_port is for prefill nodes (--run_mode prefill); a decode node joins the "
+                            "port the master gives it")
+    for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):
+        if getattr(args, name) <= 0:
+            raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
+    for name in ("pd_heartbeat_interval", "pd_reserve_lease_seconds", "pd_transfer_timeout_seconds",
+                 "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds"):
+        value = getattr(args, name)
+        if not 0 < value < float("inf"):
+            raise ArgumentError(f"--{name} must be a positive, finite number of seconds, got {value}")
+    if args.pd_max_segment_tokens < 0:
+        raise ArgumentError(f"--pd_max_segment_tokens must be >= 0 (0: no limit), got {args.pd_max_segment_tokens}")
+    key = getattr(args, "pd_cluster_key", None)
+    if key is not None:
+        if args.run_mode not in PD_RUN_MODES:
+            raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
+        if not key.strip() or key != key.strip():
+            raise ArgumentError("--pd_cluster_key must be non-empty and carry no surrounding whitespace")
+    _check_pd_flag_roles(args)
+
+
+def _validate_http_args(args: argparse.Namespace) -> None:
+    for name in ("max_request_body_bytes", "http_max_connections"):
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            raise ArgumentError(f"--{name} must be positive, got {value}")
+    per_client = getattr(args, "http_max_connections_per_client", None)
+    if per_client is not None and not 0 < per_client <= getattr(args, "http_max_connections", per_client):
+        raise ArgumentError(f"--http_max_connections_per_client must be in 1..--http_max_connections "
+                            f"({args.http_max_connections}), got {per_client}")
+    for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            raise ArgumentError(f"--{name} must be a positive number of seconds, got {value}")
+    wait = getattr(args, "slot_wait_seconds", None)
+    if wait is not None and not 0 < wait < float("inf"):
+        raise ArgumentError(f"--slot_wait_seconds must be a positive, finite number of seconds, got {wait}")
+    chars = getattr(args, "prompt_chars_per_token", None)
+    if chars is not None and not chars >= 0:
+        raise ArgumentError(f"--prompt_chars_per_token must be >= 0 (0 turns the check off), got {chars}")
+    for name in ("api_key", "admin_api_key"):
+        for key in getattr(args, name, None) or ():
+            if not key.strip() or key != key.strip():
+                raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
+
+
+def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = None) -> None:
+    """Raise :class:`ArgumentError` (one line) for settings that cannot work together."""
+    if not args.model_dir:
+        # The master reads the tokenizer and config from it (and loads no weights).
+        raise ArgumentError("--model_dir is required")
+    _validate_pd_args(args)
+    for name in ("tp", "running_max_req_size", "chunked_prefill_size"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
+    for name in ("max_total_token_num", "max_req_total_len", "batch_max_tokens"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ArgumentError(f"--{name} must be positive, got {value}")
+    if not 0 < args.mem_fraction <= 1:
+        raise ArgumentError(f"--mem_fraction must be in (0, 1], got {args.mem_fraction}")
+    if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb < float("inf"):
+        raise ArgumentError(f"--reserved_memory_gb must be a finite number >= 0, got {args.reserved_memory_gb}")
+    seed = getattr(args, "sampling_seed", None)
+    if seed is not None and not 0 <= seed < 2**64:
+        raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")
+    if args.router_token_ratio <= 0:
+        raise ArgumentError(f"--router_token_ratio must be positive, got {args.router_token_ratio}")
+    if getattr(args, "prefill_max_wait_tokens", None) is not None:
+        raise ArgumentError(
+            "--prefill_max_wait_tokens was replaced by the overtaking bound: use --prefill_max_overtake_tokens and "
+            "--prefill_overtake_fraction (or --disable_prefill_overtake_bound)"
+        )
+    if args.prefill_max_overtake_tokens < 0:
+        raise ArgumentError(f"--prefill_max_overtake_tokens must be >= 0, got {args.prefill_max_overtake_tokens}")
+    if not (math.isfinite(args.prefill_overtake_fraction) and args.prefill_overtake_fraction >= 0):
+        raise ArgumentError(f"--prefill_overtake_fraction must be a finite number >= 0, got {args.prefill_overtake_fraction}")
+    if args.router_max_wait_tokens < 0:
+        raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
+    if args.schedule_time_interval < 0:
+        raise ArgumentError(f"--schedule_time_interval must be >= 0, got {args.schedule_time_interval}")
+    if not 0 <= args.graceful_shutdown_seconds < float("inf"):
+        raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
+    if args.batch_max_tokens is not None and not args.disable_chunked_prefill and args.chunked_prefill_size > args.batch_max_tokens:
+        raise ArgumentError(
+            f"--chunked_prefill_size ({args.chunked_prefill_size}) cannot exceed --batch_max_tokens ({args.batch_max_tokens})"
+        )
+    _validate_http_args(args)
+    if not 0 < args.port < 65536:
+        raise ArgumentError(f"--port must be in 1..65535, got {args.port}")
+    if cuda_device_count is not None and args.device in ("auto", "cuda") and cuda_device_count > 0 and args.tp > cuda_device_count:
+        raise ArgumentError(f"--tp {args.tp} needs {args.tp} GPUs but only {cuda_device_count} are visible")
+    if args.device == "cuda" and cuda_device_count == 0:
+        raise ArgumentError("--device cuda was given but no CUDA device is visible")

@@ -1,0 +1,72 @@
+"""Writes the server-argument reference of docs/EN and docs/CN from the argument parser.
+
+``python -m lightllm.server.launch.args_doc`` rewrites both files; a test fails when they
+differ from what the parser produces, so the reference cannot drift.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import argparse
+from typing import List, Optional
+
+from lightllm.server.launch.arg_parser import make_argument_parser
+
+HEADERS = {
+    "EN": (
+        "# Server arguments\n\n"
+        "Generated from `lightllm/server/launch/arg_parser.py` by `python -m lightllm.server.launch.args_doc`; "
+        "do not edit by hand.\n\n"
+        "Launch: `python -m lightllm.server.api_server --model_dir DIR [flags]`.\n\n"
+    ),
+    "CN": (
+        "# 服务启动参数\n\n"
+        "本页由 `python -m lightllm.server.launch.args_doc` 从 `lightllm/server/launch/arg_parser.py` 自动生成，请勿手工修改。"
+        "参数说明沿用解析器中的英文帮助文本。\n\n"
+        "启动方式：`python -m lightllm.server.api_server --model_dir DIR [参数]`。\n\n"
+    ),
+}
+
+
+def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None) -> str:
+    """The argument reference as a Markdown table, one section per argument group."""
+    parser = parser or make_argument_parser()
+    lines: List[str] = []
+    for group in parser._action_groups:  # argparse exposes groups only through this attribute
+        # A suppressed flag exists only to be refused with a pointer to its replacement.
+        actions = [a for a in group._group_actions if a.dest != "help" and a.help != argparse.SUPPRESS]
+        if not actions:
+            continue
+        # H2: the generated page's title is H1, and Sphinx -W rejects a jump from H1 to H3.
+        lines += [f"## {group.title}", "", "| flag | default | choices | meaning |", "| --- | --- | --- | --- |"]
+        for action in actions:
+            flag = ", ".join(action.option_strings)
+            default = "off" if isinstance(action, argparse._StoreTrueAction) else repr(action.default)
+            choices = " / ".join(str(c) for c in action.choices) if action.choices else ""
+            lines.append(f"| `{flag}` | `{default}` | {choices} | {action.help or ''} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render(lang: str) -> str:
+    """The whole server_args.md for ``lang`` (EN or CN)."""
+    return HEADERS[lang] + arguments_markdown()
+
+
+def doc_path(root: Path, lang: str) -> Path:
+    """Where the reference lives."""
+    return root / "docs" / lang / "server_args.md"
+
+
+def main() -> int:
+    """Rewrite both language versions."""
+    root = Path(__file__).resolve().parents[3]
+    for lang in HEADERS:
+        doc_path(root, lang).write_text(render(lang))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""``--run_mode pd_master``: start the PD master, one process with no children and no shared memory.
+
+It reads the tokenizer and ``config.json`` of ``--model_dir`` (no weights), keeps the node
+registry (``--pd_heartbeat_interval``, ``--pd_max_missed_heartbeats``) with its expiry sweeper,
+and serves, on ``--host:--port``, the public API (native and OpenAI) through
+:class:`~.master_manager.PdMasterManager` plus the membership endpoints (``/pd/register``,
+``/pd/heartbeat``, ``/pd/nodes``) and a ``/health`` that is 503 ``pd_not_ready`` until a prefill
+and a decode node are alive.  A node is admitted only when it serves the master's model (its
+``model_name`` is one of the master's served names) and agrees with the other nodes on model,
+dtype, layers, KV heads, head dim and TP size; a refusal is logged with every reason.
+SIGTERM drains like a normal server (``--graceful_shutdown_seconds``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import TYPE_CHECKING, List, Optional
+
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.pd.master.manager import PdMasterManager
+from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
+from lightllm.server.pd.protocol.node_info import NodeInfo
+from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.segment_flow import PhaseDeadlines
+from lightllm.server.served_model import ServedModel, served_names
+from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
+from lightllm.utils.tokenizer_utils import load_tokenizer
+
+if TYPE_CHECKING:
+    from lightllm.server.http.front_door import FrontDoor
+
+log = logging.getLogger("lightllm.pd_master")
+
+
+# The flags that mean something on the master; every other flag configures a model node.
+MASTER_FLAGS = frozenset({
+    "run_mode", "host", "port", "model_dir", "model_name", "tokenizer_mode", "graceful_shutdown_seconds",
+    "max_req_total_len", "eos_id", "max_new_tokens_default", "log_level",
+    "max_request_body_bytes", "prompt_chars_per_token", "http_header_timeout", "http_body_timeout",
+    "http_keep_alive_timeout", "http_max_connections", "http_max_connections_per_client", "api_key", "admin_api_key", "allow_public_priority",
+    "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
+    "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "tool_call_parser",
+})
+
+
+def check_master_flags(args: argparse.Namespace) -> None:
+    """Refuse (``ValueError``, one line) flags of model nodes given to the master.
+
+    The master runs no model: ``--tp``, KV sizing, the prefill-queue strategy, segment limits
+    and the like belong on the prefill and decode nodes; silently ignoring them here would hide
+    a misconfigured cluster.
+    """
+    parser = make_argument_parser()
+    given = sorted(
+        name for name, value in vars(args).items()
+        if name not in MASTER_FLAGS and value != parser.get_default(name)
+    )
+    if given:
+        flags = ", ".join(f"--{name}" for name in given)
+        raise ValueError(f"{flags} configure{'s' if len(given) == 1 else ''} prefill/decode nodes and "
+                         f"do{'es' if len(given) == 1 else ''} nothing on --run_mode pd_master; give "
+                         f"{'it' if len(given) == 1 else 'them'} to the nodes")
+
+
+def build_served_model(args: argparse.Namespace) -> ServedModel:
+    """The master's model facts from ``--model_dir`` (tokenizer and config only) and the flags."""
+    config = ModelConfig.from_dir(args.model_dir)
+    model_name, names = served_names(args.model_dir, args.model_name)
+    max_len = args.max_req_total_len or config.max_position_embeddings
+    return ServedModel(
+        model_name=model_name,
+        served_model_names=names,
+        tokenizer=load_tokenizer(args.model_dir, args.tokenizer_mode),
+        vocab_size=config.vocab_size,
+        eos_token_ids=list(args.eos_id) if args.eos_id else list(config.eos_token_ids),
+        max_req_total_len=max_len,
+        max_new_tokens_default=args.max_new_tokens_default,
+    )
+
+
+def served_model_admission(model: ServedModel):
+    """A registry admission check: a node must serve one of the master's model names."""
+
+    def check(info: NodeInfo) -> List[str]:
+        if info.model_name in model.served_model_names:
+            return []
+        names = ", ".join(repr(name) for name in model.served_model_names)
+        return [f"model_name: {info.model_name!r} is not served by this master (it serves {names}; give every "
+                f"process the same --model_dir and --model_name)"]
+
+    return check
+
+
+def build_master(args: argparse.Namespace, cluster_key: Optional[str] = None) -> tuple[PdMasterManager, NodeRegistry]:
+    """The master's manager and node registry from validated flags (``cluster_key``: see ``AuthPolicy``).
+
+    Reads ``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` (``ValueError``, one line, when invalid).
+    """
+    model = build_served_model(args)
+    registry = NodeRegistry(
+        heartbeat_interval_s=args.pd_heartbeat_interval,
+        max_missed_heartbeats=args.pd_max_missed_heartbeats,
+        admission=served_model_admission(model),
+    )
+    # Read here, once, before serving: a bad value is a start-up error (exit 2), never a 400 per request.
+    deadlines = PhaseDeadlines(prefill_s=args.pd_prefill_timeout_seconds,
+                               decode_token_s=args.pd_decode_token_timeout_seconds,
+                               busy_retry_s=pd_node_busy_retry_timeout_seconds())
+    manager = PdMasterManager(model, registry, deadlines, setup_timeout_s=args.pd_transfer_timeout_seconds,
+                              cluster_key=cluster_key)
+    return manager, registry
+
+
+def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = None) -> int:
+    """Serve as the PD master until stopped; returns the exit code.
+
+    ``front_door``: the bound listening sockets' front door (the launcher opens it before this call).
+    """
+    # One line per node call would drown the request log lines (each names its request id).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from lightllm.server.http.server_options import HttpServerOptions
+    from lightllm.server.http.uvicorn_config import build_uvicorn_config
+
+    try:
+        check_master_flags(args)
+        options = HttpServerOptions.from_args(args)
+        manager, registry = build_master(args, options.auth.cluster_key)
+    except (ModelConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from lightllm.server.http.app import create_app
+    from lightllm.server.http.health import SampledReadiness, manager_readiness_refusal
+    from lightllm.server.pd.master.membership_api import readiness_problem
+    from lightllm.server.launch.supervisor import StopOutsideServing, SupervisedServer, Supervisor, run_uvicorn
+
+    stop = StopOutsideServing()
+    membership = membership_router(registry, new_master_id(), has_cluster_key=options.auth.cluster_key is not None)
+    routers = [readiness_router(registry, refusal=manager.refusal), membership]
+    app = create_app(manager, options, extra_routers=routers)
+    supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
+    readiness = SampledReadiness(lambda: readiness_problem(registry, manager.refusal),  # type: ignore[arg-type, return-value]
+                                 immediate=manager_readiness_refusal(manager))
+    server = stop.server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor,
+                                            front_door=front_door, readiness=readiness)
+    if not stop.requested:
+        log.info(
+            "PD master serving %s on http://%s:%d (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
+            "decode token timeout %gs, busy retry %gs)", manager.model_name, args.host, args.port,
+            manager.max_req_total_len, registry.heartbeat_interval_s, registry.max_missed_heartbeats,
+            args.pd_prefill_timeout_seconds, args.pd_decode_token_timeout_seconds, manager.deadlines.busy_retry_s,
+        )
+        run_uvicorn(server)
+    return stop.exit_code(supervisor)

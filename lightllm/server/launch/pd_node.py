@@ -1,0 +1,206 @@
+"""What a PD prefill or decode node adds to the normal server start.
+
+A node is a normal process tree (HTTP + router + detokenizer + ranks, with the run mode's
+backend) plus:
+
+* a KV transfer port resolved once before any process starts (``--pd_transfer_port``, or a free
+  block of ``--tp`` ports; TP rank r uses port + r), stored back on ``args`` so the rank configs
+  and the registration agree; a prefill node binds the whole block then and holds it for its
+  lifetime (:mod:`lightllm.server.pd.node.transfer_ports`);
+* its :class:`~lightllm.server.pd.protocol.node_info.NodeInfo`;
+* the control endpoints (:func:`~lightllm.server.pd.node.api.pd_node_router`) and the refusal of
+  public generation, mounted through ``create_app(..., extra_routers=...)``;
+* a :class:`~lightllm.server.pd.node.registration_client.PdNodeClient` on the server's
+  event loop, started once uvicorn listens (the master calls the node back right after it
+  registers).  A master that refuses the node stops it with exit code 1 and a one-line error;
+  a master that stops answering fails the node's open PD streams (their requests are aborted and
+  their KV freed) while the client keeps trying to register again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator, List, Optional, Tuple
+
+from fastapi import APIRouter, FastAPI
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.pd.protocol.node_info import NodeInfo
+from lightllm.server.pd.node.registration_client import PdNodeClient
+from lightllm.server.pd.node.api import PdStreams, pd_node_router, public_api_refusal_router
+from lightllm.server.pd.node.transfer_ports import TransferPortBlock
+from lightllm.server.launch.sizing import ServerSizing
+
+log = logging.getLogger("lightllm.pd.node")
+
+# Exit code of a node the master refused (as for any other failed start).
+REFUSED_EXIT_CODE = 1
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+_SERVING_POLL_SECONDS = 0.05
+
+
+def free_port_block(host: str, count: int) -> int:
+    """The first of ``count`` consecutive TCP ports that were all free a moment ago (not held)."""
+    block = TransferPortBlock.reserve(host, count)
+    block.close()
+    return block.base
+
+
+def advertised_host(args: argparse.Namespace) -> str:
+    """The host the master and the peer node reach this node at.
+
+    ``--host`` unless it is a wildcard; then the local address of the route to the master.
+    """
+    if args.host not in _WILDCARD_HOSTS:
+        return args.host
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            # A UDP "connect" sends nothing; it only picks the interface that routes to the master.
+            probe.connect((args.pd_master_ip, args.pd_master_port))
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise ArgumentError(
+            f"--host {args.host!r} listens everywhere and no route to --pd_master_ip {args.pd_master_ip!r} "
+            f"tells which address to advertise ({exc}); pass --host with this node's address"
+        ) from None
+
+
+def prepare_pd_node(
+    args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing
+) -> Tuple[NodeInfo, Optional[TransferPortBlock]]:
+    """Resolve the KV transfer port (stored on ``args``) and build this node's registration.
+
+    Called before any process starts, so the rank configs read the same port.  A prefill node
+    gets its bound port block too (the caller holds it until the node exits); a decode node
+    only advertises a port.  Raises ``ArgumentError`` / ``NodeInfoError`` (one line) for
+    settings that cannot work.
+    """
+    host = advertised_host(args)
+    ports: Optional[TransferPortBlock] = None
+    if args.pd_transfer_port is not None:
+        if args.pd_transfer_port + args.tp - 1 > 65535:
+            raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP ranks "
+                                "(rank r uses port + r)")
+        if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
+            raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
+    if args.run_mode == "prefill":
+        ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=args.port)
+        args.pd_transfer_port = ports.base
+    elif args.pd_transfer_port is None:
+        args.pd_transfer_port = free_port_block(host, args.tp)
+    role = args.run_mode
+    # The first served name, as the HTTP side reports it (build_process_configs uses the same rule).
+    model_name = args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name
+    return NodeInfo(
+        node_id=args.pd_node_id or f"{role}-{host}:{args.port}",
+        role=role,
+        model_name=model_name,
+        dtype=sizing.dtype_name,
+        num_layers=model_config.num_hidden_layers,
+        num_kv_heads=model_config.num_key_value_heads,
+        head_dim=model_config.head_dim,
+        tp_size=args.tp,
+        http_address=f"{host}:{args.port}",
+        kv_transfer_address=f"{host}:{args.pd_transfer_port}",
+    ), ports
+
+
+class PdNodeRuntime:
+    """A running node's PD parts: its routes, its master client and their reactions.
+
+    Args:
+        args: the parsed flags (``--pd_master_ip``, ``--pd_master_port``, ``--pd_heartbeat_interval``).
+        info: this node's registration (:func:`prepare_pd_node`).
+        manager: the node's ``HttpServerManager``.
+        cluster_key: the cluster's key (``AuthPolicy.cluster_key``), sent to the master.
+    """
+
+    def __init__(self, args: argparse.Namespace, info: NodeInfo, manager: Any, cluster_key: Optional[str] = None) -> None:
+        self.info = info
+        self.cluster_key = cluster_key
+        self.manager = manager
+        if args.log_level != "debug":
+            # httpx logs every request at INFO: one line per heartbeat would drown the node's log.
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        self.master_url = f"http://{args.pd_master_ip}:{args.pd_master_port}"
+        self.heartbeat_interval_s = args.pd_heartbeat_interval
+        self.streams = PdStreams()
+        self.refusal: Optional[str] = None
+        self.client: Optional[PdNodeClient] = None
+        self._server: Any = None
+        self._supervisor: Any = None
+        self._starter: Optional[asyncio.Task] = None
+
+    def routers(self) -> List[APIRouter]:
+        """The routers to pass to ``create_app`` (before the public API)."""
+        master = f"{self.master_url.removeprefix('http://')}"
+        return [pd_node_router(self.manager, self.info.role, self.streams),
+                public_api_refusal_router(self.info.role, master)]
+
+    def attach(self, app: FastAPI, server: Any, supervisor: Any) -> None:
+        """Run the master client inside ``app``'s lifespan, once ``server`` (uvicorn) listens."""
+        self._server = server
+        self._supervisor = supervisor
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app_: FastAPI) -> AsyncIterator[Any]:
+            async with inner(app_) as state:
+                self._starter = asyncio.get_running_loop().create_task(self._start_client(), name="pd-node-start")
+                try:
+                    yield state
+                finally:
+                    await self._stop_client()
+
+        app.router.lifespan_context = lifespan
+
+    async def _start_client(self) -> None:
+        while not getattr(self._server, "started", True):
+            await asyncio.sleep(_SERVING_POLL_SECONDS)
+        self.client = PdNodeClient(
+            self.master_url,
+            self.info,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            on_master_lost=self.master_lost,
+            on_master_back=self.master_back,
+            on_refused=self.refused,
+            cluster_key=self.cluster_key,
+        )
+        log.info("%s: registering with the PD master at %s", self.info.describe(), self.master_url)
+        self.client.start()
+
+    async def _stop_client(self) -> None:
+        if self._starter is not None:
+            self._starter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starter
+        if self.client is not None:
+            await self.client.stop()
+
+    # --- the master client's callbacks (on the event loop) ---------------------------------------
+    def master_lost(self, reason: str) -> None:
+        """Fail every open PD stream: the master that would read it is gone."""
+        failed = self.streams.fail_all(f"PD request ended: {reason}")
+        log.error("%s: PD master lost; ended %d open PD request(s)", self.info.describe(), failed)
+
+    def master_back(self) -> None:
+        """The master answers again (the client registers again if it forgot the node)."""
+        log.info("%s: PD master %s answers again", self.info.describe(), self.master_url)
+
+    def refused(self, message: str) -> None:
+        """The master refused the node: stop serving and exit non-zero with a one-line error."""
+        self.refusal = message
+        self.streams.fail_all(f"the PD master refused this node: {message}")
+        print(f"error: the PD master at {self.master_url} refused {self.info.describe()}: {message}",
+              file=sys.stderr, flush=True)
+        if self._supervisor is not None:
+            self._supervisor.exit_code = REFUSED_EXIT_CODE
+        if self._server is not None:
+            self._server.should_exit = True

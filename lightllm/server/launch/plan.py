@@ -1,0 +1,163 @@
+"""What a normal-mode server start decides before any process exists: its layout and every config.
+
+:func:`plan_layout` builds the one :class:`~lightllm.server.server_layout.ServerLayout`;
+:func:`build_process_configs` hands it, with the parsed flags, to the config of every process.
+Both are pure (no process, no shared memory), so tests can check what each process would get.
+A new run mode adds its own ``build_*_configs`` next to this one and reuses the layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import List, Optional
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.detokenization.manager import DetokenizationConfig
+from lightllm.server.httpserver.manager import HttpServerConfig
+from lightllm.server.pd.node.transfer_ports import TransferPortBlock
+from lightllm.server.router.manager import RouterConfig
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.rank_config import ModelRankConfig
+from lightllm.server.model_rank.pd_rank_transfer import PD_ROLES, PdRankSettings
+from lightllm.server.server_layout import ServerLayout
+from lightllm.server.launch.sizing import ServerSizing
+
+# Drawn seeds stay below 2**63 so they print and pass through any signed 64-bit field.
+SAMPLING_SEED_BITS = 63
+
+
+def resolve_sampling_seed(args: argparse.Namespace) -> int:
+    """``--sampling_seed`` when given, else a fresh seed from the OS entropy pool.
+
+    Drawn once per start and handed to every TP rank, so the ranks agree while two starts
+    without the flag sample differently.
+    """
+    if args.sampling_seed is not None:
+        return args.sampling_seed
+    return secrets.randbits(SAMPLING_SEED_BITS)
+
+
+def plan_layout(sizing: ServerSizing, shm_tag: str, ipc_dir: str) -> ServerLayout:
+    """The layout of one server whose segments are named after ``shm_tag`` and whose zmq
+    sockets live in ``ipc_dir``."""
+    address = {name: f"ipc://{ipc_dir}/{name}.sock" for name in ("router", "rank0", "detok", "http")}
+    return ServerLayout(
+        shm_req_name=f"{shm_tag}_req",
+        shm_stats_name=f"{shm_tag}_stats",
+        slot_num=sizing.slot_num,
+        max_req_total_len=sizing.max_req_total_len,
+        max_total_token_num=sizing.max_total_token_num,
+        router_address=address["router"],
+        model_rank0_address=address["rank0"],
+        detokenization_address=address["detok"],
+        http_address=address["http"],
+    )
+
+
+def pd_rank_settings(args: argparse.Namespace) -> PdRankSettings:
+    """The KV transfer settings of a PD node's ranks, from the flags.
+
+    ``--pd_transfer_port`` is resolved (a free block of TP ports when not given) by the node
+    launch before the plan, so the ranks and the registration agree on it; a prefill rank's
+    listening socket is added per rank by :func:`build_process_configs`.
+    """
+    return PdRankSettings(
+        page_size=args.pd_kv_page_size,
+        transfer_host=args.host,
+        transfer_port=args.pd_transfer_port or 0,
+        transfer_timeout_s=args.pd_transfer_timeout_seconds,
+        connect_timeout_s=max(60.0, args.pd_transfer_timeout_seconds),
+        reserve_lease_s=args.pd_reserve_lease_seconds,
+        max_segment_tokens=args.pd_max_segment_tokens,
+    )
+
+
+@dataclass
+class ProcessConfigs:
+    """The config of every process of one normal-mode server."""
+
+    detokenization: DetokenizationConfig
+    router: RouterConfig
+    ranks: List[ModelRankConfig]
+    http: HttpServerConfig
+
+
+def overtake_bound_from_args(args: argparse.Namespace) -> OvertakeBoundSpec:
+    """The prefill-queue overtaking bound the flags describe (checked by ``validate_args``)."""
+    if args.disable_prefill_overtake_bound:
+        return OvertakeBoundSpec.off()
+    return OvertakeBoundSpec(args.prefill_max_overtake_tokens, float(args.prefill_overtake_fraction))
+
+
+def build_process_configs(
+    args: argparse.Namespace,
+    sizing: ServerSizing,
+    model_config: ModelConfig,
+    layout: ServerLayout,
+    *,
+    nccl_port: int,
+    sampling_seed: int,
+    transfer_ports: Optional[TransferPortBlock] = None,
+) -> ProcessConfigs:
+    """Every process's config from the validated flags, the sizing and the one layout.
+
+    ``transfer_ports`` (a prefill node's held block) gives each rank its listening socket.
+    """
+    eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
+    run_mode = getattr(args, "run_mode", "normal")
+    pd_settings = pd_rank_settings(args) if run_mode in PD_ROLES else PdRankSettings()
+    detokenization = DetokenizationConfig(
+        model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,
+        eos_token_ids=eos,
+    )
+    overtake_bound = overtake_bound_from_args(args)
+    router = RouterConfig(
+        layout=layout,
+        running_max_req_size=args.running_max_req_size,
+        router_token_ratio=args.router_token_ratio,
+        router_max_wait_tokens=args.router_max_wait_tokens,
+        schedule_time_interval=args.schedule_time_interval,
+        log_level=args.log_level,
+        prefill_overtake_bound=overtake_bound,
+    )
+    ranks = [
+        ModelRankConfig(
+            rank=rank, tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
+            nccl_host=args.nccl_host, nccl_port=nccl_port, layout=layout,
+            running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
+            chunked_prefill_size=None if args.disable_chunked_prefill else args.chunked_prefill_size,
+            # Without chunking a prompt must fit one forward beside every decode row, so a long
+            # one could wait for the decodes to drain: mixed batches need chunked prefill.
+            mixed_batches=not (args.disable_mixed_batches or args.disable_chunked_prefill),
+            prefill_queue_strategy=args.prefill_queue_strategy,
+            attention_backend=args.attention_backend,
+            linear_backend=args.linear_backend,
+            prefill_overtake_bound=overtake_bound,
+            use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
+            log_level=args.log_level, torch_threads=sizing.torch_threads,
+            prefill_torch_threads=sizing.prefill_torch_threads,
+            wide_forward_ms_per_token=sizing.wide_forward_ms_per_token,
+            sampling_seed=sampling_seed, run_mode=run_mode,
+            pd=pd_settings if transfer_ports is None else replace(
+                pd_settings, listen_socket=transfer_ports.socket_for(rank)),
+        )
+        for rank in range(args.tp)
+    ]
+    http = HttpServerConfig(
+        model_dir=args.model_dir,
+        model_name=args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name,
+        served_model_names=list(args.model_name or []),
+        tokenizer_mode=args.tokenizer_mode,
+        layout=layout,
+        vocab_size=model_config.vocab_size,
+        eos_token_ids=eos,
+        prefill_queue_strategy=args.prefill_queue_strategy,
+        slot_wait_seconds=args.slot_wait_seconds,
+        max_new_tokens_default=args.max_new_tokens_default,
+        run_mode=run_mode,
+        pd_setup_timeout_seconds=pd_settings.connect_timeout_s,
+    )
+    return ProcessConfigs(detokenization, router, ranks, http)

@@ -1,0 +1,113 @@
+"""Derived sizes of a server: KV capacity, per-request limits, budgets, dtype and threads."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import torch
+
+from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
+from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.kv_budget import plan_kv_budget
+from lightllm.server.model_rank.execution.forward_threads import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+from lightllm.utils.envs_utils import refuse_replaced_env_vars, torch_threads_override, wide_forward_ms_per_token_override
+
+
+CPU_DEFAULT_KV_TOKEN_CAP = 1 << 18
+
+
+@dataclass
+class ServerSizing:
+    """Numbers every process must agree on, computed once in the launcher."""
+
+    device: str
+    dtype_name: str
+    max_req_total_len: int
+    max_total_token_num: int
+    batch_max_tokens: int
+    slot_num: int
+    torch_threads: int | None
+    # Threads a forward borrows when its work pays for the front end's core, and the rule's
+    # threshold (CPU only; see mode_backend/forward_threads.py).
+    prefill_torch_threads: int | None = None
+    wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+
+
+def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> ServerSizing:
+    """Resolve defaults that depend on the model and the machine; reject impossible settings."""
+    if args.data_type == "auto":
+        dtype = config.dtype
+        if device == "cpu" and dtype == torch.float16:
+            dtype = torch.float32  # half-precision matmuls are slow or missing on CPU
+    else:
+        dtype = parse_dtype(args.data_type)
+    dtype_name = str(dtype).replace("torch.", "")
+    if config.num_key_value_heads % args.tp or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
+        raise ArgumentError(
+            f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}), "
+            f"num_key_value_heads ({config.num_key_value_heads}) and intermediate_size ({config.intermediate_size})"
+        )
+    max_req_total_len = args.max_req_total_len or config.max_position_embeddings
+    chunked = not args.disable_chunked_prefill
+    if args.batch_max_tokens is not None:
+        batch_max_tokens = args.batch_max_tokens
+    elif chunked:
+        batch_max_tokens = max(args.chunked_prefill_size, 2048)
+    else:
+        batch_max_tokens = max(max_req_total_len, 2048)
+    if not chunked and batch_max_tokens < max_req_total_len:
+        raise ArgumentError(
+            f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "
+            f"must be >= --max_req_total_len ({max_req_total_len})"
+        )
+    per_token = KVCacheMemoryManager.bytes_per_token(
+        config.num_hidden_layers, config.num_key_value_heads // args.tp, config.head_dim, dtype
+    )
+    if args.max_total_token_num is not None:
+        kv_tokens = args.max_total_token_num
+    else:
+        budget = plan_kv_budget(
+            device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
+            mem_fraction=args.mem_fraction, reserved_memory_gb=getattr(args, "reserved_memory_gb", None),
+            batch_max_tokens=batch_max_tokens,
+            chunk_tokens=max_req_total_len if args.disable_chunked_prefill else args.chunked_prefill_size,
+            max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
+        )
+        kv_tokens = budget.kv_bytes // per_token
+        if device == "cpu":
+            # CPU memory is shared by every rank and the rest of the machine: split it between
+            # the ranks and cap it, since a CPU forward never gets through millions of tokens.
+            kv_tokens = min(kv_tokens // args.tp, CPU_DEFAULT_KV_TOKEN_CAP)
+    if kv_tokens < max_req_total_len:
+        raise ArgumentError(
+            f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
+            f"{max_req_total_len}); lower --max_req_total_len or --reserved_memory_gb, or give more memory"
+        )
+    refuse_replaced_env_vars()
+    threads = prefill_threads = None
+    wide_ms = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+    if device == "cpu":
+        cores = os.cpu_count() or 1
+        # Decode leaves a core to the HTTP, router and detokenization processes, which stream its
+        # tokens: a torch thread pool that competes with them stalls at every parallel region.
+        # Prefill, compute-bound and nearly silent, borrows it.
+        override = torch_threads_override()
+        threads = override or max(1, (cores - 1) // args.tp)
+        prefill_threads = torch_threads_override("LIGHTLLM_PREFILL_TORCH_THREADS") or override or max(1, cores // args.tp)
+        override_ms = wide_forward_ms_per_token_override()
+        if override_ms is not None:
+            wide_ms = override_ms
+    return ServerSizing(
+        device=device,
+        dtype_name=dtype_name,
+        max_req_total_len=max_req_total_len,
+        max_total_token_num=kv_tokens,
+        batch_max_tokens=batch_max_tokens,
+        slot_num=max(64, 4 * args.running_max_req_size),
+        torch_threads=threads,
+        prefill_torch_threads=prefill_threads,
+        wide_forward_ms_per_token=wide_ms,
+    )

@@ -1,0 +1,354 @@
+"""Launching and supervising the server's processes (normal mode).
+
+The main process owns the shared-memory segments and runs the HTTP server; it builds the one
+:class:`~lightllm.server.server_layout.ServerLayout` and every process config
+(:mod:`lightllm.server.launch.plan`), spawns the detokenization process, the router and one
+model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
+every request fails with an error and the server exits non-zero; SIGTERM drains (see
+:mod:`lightllm.server.launch.supervisor`).  Resources left by a killed server are removed at start.
+A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its control
+endpoints and master registration (:mod:`lightllm.server.launch.pd_node`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+
+from lightllm.common.basemodel.attention.selection import resolve_attention_backend
+from lightllm.common.basemodel.linear_kernels import resolve_linear_backend
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.detokenization.manager import detokenization_process_main
+from lightllm.server.httpserver.manager import HttpServerConfig
+from lightllm.server.http.listen_sockets import (
+    EXIT_FAILED,
+    EXIT_INVALID_CONFIG,
+    EXIT_PORT_UNAVAILABLE,
+    PortUnavailableError,
+    display_address,
+    is_loopback,
+)
+from lightllm.server.launch.plan import (
+    build_process_configs,
+    overtake_bound_from_args,
+    plan_layout,
+    resolve_sampling_seed,
+)
+from lightllm.server.pd.node.transfer_ports import TransferPortBlock
+from lightllm.server.router.manager import router_process_main
+from lightllm.server.model_rank.rank_process import model_rank_process_main
+from lightllm.server.launch.sizing import ServerSizing, plan_sizing
+from lightllm.utils.envs_utils import check_pd_env
+from lightllm.utils.log_utils import init_logging
+from lightllm.utils.malloc_tuning import apply_child_malloc_env
+from lightllm.utils.process_utils import free_port
+from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
+from lightllm.server.run_mode import PD_NODE_MODES
+
+if TYPE_CHECKING:
+    from lightllm.server.http.front_door import FrontDoor
+    from lightllm.server.http.server_options import AuthPolicy
+    from lightllm.server.pd.protocol.node_info import NodeInfo
+
+log = logging.getLogger("lightllm.api_start")
+
+READY_TIMEOUT_SECONDS = 900.0
+# How long children get to exit after SIGTERM before they are killed.
+CHILD_STOP_SECONDS = 2.0
+
+
+class StartupError(RuntimeError):
+    """The server could not start; the message is one line for the user."""
+
+
+@dataclass
+class ServerProcesses:
+    """The children and shared resources of a running server."""
+
+    children: List[Tuple[str, mp.process.BaseProcess]] = field(default_factory=list)
+    shm_req: Optional[ShmReqBuffer] = None
+    shm_stats: Optional[ShmStats] = None
+    ipc_dir: Optional[str] = None
+    # Set before children are stopped on purpose, so their exits are not reported as failures.
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def shutdown(self) -> None:
+        """Stop every child and remove every shared resource (idempotent)."""
+        self.stopping.set()
+        if self.children:
+            log.info("stopping child processes")
+        for _, proc in self.children:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + CHILD_STOP_SECONDS
+        for _, proc in self.children:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for _, proc in self.children:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self.children.clear()
+        for segment in (self.shm_req, self.shm_stats):
+            if segment is not None:
+                segment.close()
+                segment.unlink()
+        self.shm_req = self.shm_stats = None
+        if self.ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
+            log.info("children stopped; shared memory and IPC folder removed")
+
+
+def resolve_device(args: argparse.Namespace) -> str:
+    """``cpu`` or ``cuda`` from ``--device`` and what is available."""
+    import torch
+
+    if args.device == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if args.device == "cuda":
+        raise StartupError("--device cuda was given but no CUDA device is visible")
+    return "cpu"
+
+
+def start_processes(
+    args: argparse.Namespace,
+    sizing: ServerSizing,
+    model_config: ModelConfig,
+    transfer_ports: Optional[TransferPortBlock] = None,
+) -> Tuple[ServerProcesses, HttpServerConfig]:
+    """Create shared memory, spawn and wait for every child; returns the HTTP side's config.
+
+    ``transfer_ports``: a prefill node's held KV transfer ports (each rank gets its socket).
+    """
+    procs = ServerProcesses()
+    remove_stale_resources()
+    # Both names carry this process's pid so a later server can tell when their owner is gone.
+    tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
+    procs.ipc_dir = tempfile.mkdtemp(prefix=ipc_dir_prefix())
+    layout = plan_layout(sizing, tag, procs.ipc_dir)
+    procs.shm_req = layout.open_requests(create=True)
+    procs.shm_stats = layout.open_stats(create=True)
+    sampling_seed = resolve_sampling_seed(args)
+    if args.sampling_seed is None:
+        log.info("sampling seed %d drawn at start (pass --sampling_seed %d to repeat this start's sampling)",
+                 sampling_seed, sampling_seed)
+    else:
+        log.info("sampling seed %d (--sampling_seed)", sampling_seed)
+    configs = build_process_configs(
+        args, sizing, model_config, layout,
+        nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
+        transfer_ports=transfer_ports,
+    )
+    # Large activations stay in the heap (no page faults per forward) but a rare peak is given
+    # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
+    # they are set before spawning (user values win).
+    apply_child_malloc_env(os.environ)
+    ctx = mp.get_context("spawn")
+    try:
+        pending = []
+
+        def spawn(name: str, target: Any, config: Any) -> None:
+            parent_conn, child_conn = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=target, args=(config, child_conn), name=name, daemon=False)
+            proc.start()
+            procs.children.append((name, proc))
+            pending.append((name, proc, parent_conn))
+
+        spawn("detokenization", detokenization_process_main, configs.detokenization)
+        spawn("router", router_process_main, configs.router)
+        for rank_config in configs.ranks:
+            spawn(f"model_rank{rank_config.rank}", model_rank_process_main, rank_config)
+        for name, proc, conn in pending:
+            if not conn.poll(READY_TIMEOUT_SECONDS):
+                raise StartupError(f"{name} did not report ready within {READY_TIMEOUT_SECONDS:.0f}s")
+            try:
+                kind, detail = conn.recv()
+            except EOFError:
+                raise StartupError(f"{name} exited during start-up (exit code {proc.exitcode})") from None
+            if kind != "ready":
+                raise StartupError(detail)
+        log.info("children ready: %s", ", ".join(f"{name} pid={proc.pid}" for name, proc in procs.children))
+    except BaseException:
+        procs.shutdown()
+        raise
+    return procs, configs.http
+
+
+def watch_children(procs: ServerProcesses, on_death: Any) -> threading.Thread:
+    """A thread that calls ``on_death(name, exitcode)`` as soon as any child exits on its own."""
+
+    def run() -> None:
+        children = list(procs.children)
+        while not procs.stopping.is_set():
+            # A process's sentinel becomes readable the moment it exits; the timeout only bounds
+            # how late a shutdown in progress is noticed.
+            multiprocessing.connection.wait([proc.sentinel for _, proc in children], timeout=0.2)
+            if procs.stopping.is_set():
+                return
+            for name, proc in children:
+                if not proc.is_alive():
+                    on_death(name, proc.exitcode)
+                    return
+
+    thread = threading.Thread(target=run, name="child-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def warn_if_reachable_without_key(args: argparse.Namespace, auth: "AuthPolicy") -> None:
+    """One warning line when the server listens beyond loopback and no key guards what it serves."""
+    if is_loopback(args.host):
+        return
+    where = display_address(args.host or "0.0.0.0", args.port)
+    if args.run_mode in PD_NODE_MODES:
+        # A node refuses the public API; its /pd/ endpoints are what the cluster key guards.
+        if auth.cluster_key is None:
+            log.warning("listening on %s (beyond loopback) without a PD cluster key: anyone who can reach this port "
+                        "can call the node's /pd/ endpoints; set LIGHTLLM_PD_CLUSTER_KEY or --pd_cluster_key", where)
+    elif not auth.requires_key:
+        log.warning("listening on %s (beyond loopback) without an API key: anyone who can reach this port can use "
+                    "the API; set --api_key or LIGHTLLM_API_KEY (docs/EN/limits_and_auth.md)", where)
+
+
+def run_server(argv: Optional[List[str]] = None) -> int:
+    """Parse arguments, start everything, serve HTTP until stopped; returns the exit code.
+
+    Exit codes: :mod:`lightllm.server.http.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
+    """
+    parser = make_argument_parser()
+    args = parser.parse_args(argv)
+    init_logging(args.log_level)
+    try:
+        import torch
+
+        validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        # The LIGHTLLM_PD_* variables this role reads: a bad one is a one-line exit 2, not failed requests.
+        check_pd_env(args.run_mode)
+        from lightllm.server.http.front_door import open_front_door
+        from lightllm.server.http.server_options import AuthPolicy
+
+        auth = AuthPolicy.from_args(args)
+        auth.check_cluster(args.run_mode)
+        # Before anything loads: a taken port is a one-line error within a second, not after the model.
+        front_door = open_front_door(args)
+    except PortUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PORT_UNAVAILABLE
+    except (ArgumentError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    warn_if_reachable_without_key(args, auth)
+    try:
+        return _prepare_and_serve(args, front_door)
+    finally:
+        front_door.close()
+
+
+def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int:
+    """Read the model's config, plan, bind the PD ports, then start and serve; returns the exit code."""
+    pd_node_info = transfer_ports = None
+    try:
+        if args.run_mode == "pd_master":
+            # One process, no children, no shared memory, no weights.
+            from lightllm.server.launch.pd_master import run_pd_master
+
+            return run_pd_master(args, front_door)
+        model_config = ModelConfig.from_dir(args.model_dir)
+        sizing = plan_sizing(args, model_config, resolve_device(args))
+        args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
+        args.linear_backend = resolve_linear_backend(args.linear_backend, sizing.device, parse_dtype(sizing.dtype_name))
+        if args.run_mode in PD_NODE_MODES:
+            # Imported here, like the HTTP modules below: the spawned children re-import this module.
+            from lightllm.server.launch.pd_node import prepare_pd_node
+
+            # Before any process starts: the ranks and the registration must see one transfer port.
+            pd_node_info, transfer_ports = prepare_pd_node(args, model_config, sizing)
+    except PortUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PORT_UNAVAILABLE
+    except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    try:
+        return _start_and_serve(args, sizing, model_config, pd_node_info, transfer_ports, front_door)
+    finally:
+        if transfer_ports is not None:
+            transfer_ports.close()
+
+
+def _start_and_serve(
+    args: argparse.Namespace,
+    sizing: ServerSizing,
+    model_config: ModelConfig,
+    pd_node_info: Optional["NodeInfo"],
+    transfer_ports: Optional[TransferPortBlock],
+    front_door: "FrontDoor",
+) -> int:
+    """Start every process and serve HTTP until stopped; returns the exit code."""
+    log.info(
+        "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s overtake_bound=%s "
+        "kv_tokens=%d max_req_total_len=%d",
+        args.model_dir, sizing.device, sizing.dtype_name, args.tp, args.prefill_queue_strategy,
+        overtake_bound_from_args(args).describe(),
+        sizing.max_total_token_num, sizing.max_req_total_len,
+    )
+    def stop_during_startup(signum: int, frame: Any) -> None:
+        # Raising here unwinds start_processes, whose cleanup stops children and unlinks memory.
+        raise StartupError(f"interrupted by signal {signum} during start-up")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop_during_startup)
+    try:
+        procs, http_config = start_processes(args, sizing, model_config, transfer_ports)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    from lightllm.server.http.app import create_app
+    from lightllm.server.httpserver.manager import HttpServerManager
+    from lightllm.server.http.server_options import HttpServerOptions
+    from lightllm.server.http.uvicorn_config import build_uvicorn_config
+    from lightllm.server.launch.supervisor import StopOutsideServing, Supervisor, SupervisedServer, run_uvicorn
+
+    exit_code = 0
+    stop = StopOutsideServing()
+    try:
+        manager = HttpServerManager(http_config)
+        http_options = HttpServerOptions.from_args(args)
+        pd_node = None
+        if pd_node_info is not None:
+            from lightllm.server.launch.pd_node import PdNodeRuntime
+
+            pd_node = PdNodeRuntime(args, pd_node_info, manager, http_options.auth.cluster_key)
+        app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
+        supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
+        server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor,
+                                                front_door=front_door)
+        if pd_node is not None:
+            pd_node.attach(app, server, supervisor)
+        watch_children(procs, supervisor.child_died)
+        if not stop.requested:
+            log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
+            run_uvicorn(server)
+        exit_code = stop.exit_code(supervisor)
+    finally:
+        procs.shutdown()
+    return exit_code

@@ -1,0 +1,216 @@
+"""Ending a serving server within bounds: after a child process died, or on a stop signal.
+
+The HTTP request manager lives on uvicorn's event loop in the main process; the child watcher
+is a thread and signals arrive between bytecodes of the main thread, so both hand their work to
+the loop with ``call_soon_threadsafe``.
+
+- A dead child: every pending request fails at once with a 503 error (an error event for streams
+  already under way), new requests get 503, and uvicorn stops; the exit code is 1.
+- SIGTERM or SIGINT: new requests get 503 at once, requests in flight may finish for up to
+  ``--graceful_shutdown_seconds``, the rest then fail with a 503 error; the exit code is 0.
+  A second signal fails what is left at once.
+
+Either way uvicorn then waits at most :data:`CONNECTION_GRACE_SECONDS` for connections to
+send their last bytes, so a client that stopped reading cannot hold the shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Optional
+
+import uvicorn
+
+from lightllm.utils.gc_tuning import freeze_startup_objects
+
+if TYPE_CHECKING:
+    from lightllm.server.http.front_door import FrontDoor
+    from lightllm.server.http.health import Readiness
+
+log = logging.getLogger("lightllm.supervisor")
+
+CONNECTION_GRACE_SECONDS = 1.0
+SHUTTING_DOWN = "server_shutting_down"
+SERVER_FAILED = "server_failed"
+
+
+class Supervisor:
+    """Decides how and when serving ends; ``exit_code`` is the launcher's exit status."""
+
+    def __init__(self, manager: Any, graceful_shutdown_seconds: float):
+        self.manager = manager
+        self.graceful_shutdown_seconds = graceful_shutdown_seconds
+        self.server: Optional[uvicorn.Server] = None
+        self.exit_code = 0
+        self._lock = threading.Lock()
+        self._failed = False
+        self._signals = 0
+        self._drain: Optional[asyncio.Task] = None
+
+    def _call_on_loop(self, callback: Any, *args: Any) -> None:
+        loop: Optional[asyncio.AbstractEventLoop] = self.manager.loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+                return
+            except RuntimeError:  # the loop is closed
+                pass
+        # Not serving yet (or any more): no request can be pending, just stop.
+        self._exit_server()
+
+    def _exit_server(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+
+    # --- a child process died (called from the watcher thread) ---------------------------------
+    def child_died(self, name: str, exitcode: Optional[int]) -> None:
+        """Fail every request and stop serving with exit code 1."""
+        with self._lock:
+            if self._failed:
+                return
+            self._failed = True
+        self.exit_code = 1
+        log.error("child process %s exited unexpectedly (exit code %s); failing every request and shutting down", name, exitcode)
+        self._call_on_loop(self._fail_everything, name, exitcode)
+
+    def _fail_everything(self, name: str, exitcode: Optional[int]) -> None:
+        message = (
+            f"The server failed: its {name} process exited unexpectedly (exit code {exitcode}); "
+            "the request was not completed, retry it on another server"
+        )
+        failed = self.manager.fail_pending(message, SERVER_FAILED, backend_alive=False)
+        log.error("failed %d pending request(s) after %s exited", failed, name)
+        self._exit_server()
+
+    # --- a stop signal (called in the main thread by the signal handler) -------------------------
+    def stop_signal(self, signum: int) -> None:
+        """First signal: drain, bounded by the graceful period; a second one: stop at once."""
+        self._signals += 1
+        if self._signals == 1 and self.graceful_shutdown_seconds > 0:
+            log.info(
+                "received %s: taking no new requests, letting requests in flight finish for at most %gs",
+                signal.Signals(signum).name, self.graceful_shutdown_seconds,
+            )
+            self._call_on_loop(self._start_drain)
+        else:
+            log.info("received %s: ending the requests in flight now", signal.Signals(signum).name)
+            self._call_on_loop(self._stop_now, "the server was stopped")
+
+    def _start_drain(self) -> None:
+        self.manager.refuse_new_requests("The server is shutting down and takes no new requests", SHUTTING_DOWN)
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        seconds = self.graceful_shutdown_seconds
+        if await self.manager.wait_until_idle(seconds):
+            log.info("every request finished; shutting down")
+            self._exit_server()
+        else:
+            self._stop_now(f"the request did not finish within the graceful shutdown period ({seconds:g}s)")
+
+    def _stop_now(self, reason: str) -> None:
+        failed = self.manager.fail_pending(f"The server is shutting down: {reason}", SHUTTING_DOWN, backend_alive=True)
+        if failed:
+            log.warning("ended %d request(s) with an error at shutdown", failed)
+        self._exit_server()
+
+
+class SupervisedServer(uvicorn.Server):
+    """A uvicorn server whose stop signals go to a :class:`Supervisor` and whose shutdown is bounded.
+
+    With a ``front_door`` (the launchers), uvicorn listens on nothing itself: the front door owns
+    the listening sockets and hands connections to this server's loop from :meth:`startup` until
+    :meth:`shutdown`; ``readiness`` then answers its readiness probes.
+    """
+
+    def __init__(self, config: uvicorn.Config, supervisor: Supervisor, front_door: Optional["FrontDoor"] = None,
+                 readiness: Optional["Readiness"] = None):
+        current = config.timeout_graceful_shutdown
+        if current is None or current > CONNECTION_GRACE_SECONDS:
+            config.timeout_graceful_shutdown = CONNECTION_GRACE_SECONDS
+        super().__init__(config)
+        self.supervisor = supervisor
+        self.front_door = front_door
+        if front_door is not None:
+            from lightllm.server.http.health import manager_readiness
+
+            readiness = readiness or manager_readiness(supervisor.manager)
+        self.readiness = readiness
+        supervisor.server = self
+
+    async def startup(self, sockets: Optional[list] = None) -> None:
+        """uvicorn's start-up; with a front door, no listener of its own and hand-over from the front door."""
+        if self.front_door is None:
+            await super().startup(sockets)
+            return
+        await super().startup(sockets=[])
+        if not self.started:
+            return
+        freeze_startup_objects()
+        loop = asyncio.get_running_loop()
+        config, state, app_state = self.config, self.server_state, self.lifespan.state
+
+        def make_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=state, app_state=app_state,  # type: ignore[call-arg]
+                                              _loop=loop)
+
+        from lightllm.server.http.health import SampledReadiness
+
+        assert self.readiness is not None
+        if isinstance(self.readiness, SampledReadiness):
+            self.readiness.start(loop)
+        self.front_door.serve(loop, make_protocol, self.readiness)
+
+    async def shutdown(self, sockets: Optional[list] = None) -> None:
+        """uvicorn's shutdown; the front door answers new connections 503 from now on."""
+        if self.front_door is not None:
+            self.front_door.stop_serving()
+        await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+        """Replaces uvicorn's immediate stop with the supervisor's drain."""
+        self.supervisor.stop_signal(sig)
+
+
+class StopOutsideServing:
+    """SIGINT/SIGTERM handling outside uvicorn's ``run``, shared by every launcher.
+
+    Before uvicorn starts, and when it replays the signal that stopped it once it returns, a
+    signal lands here instead of killing the process, so the launcher's cleanup still runs.
+    Installed on construction; set :attr:`server` once the server exists.
+    """
+
+    def __init__(self) -> None:
+        self.server: Optional[uvicorn.Server] = None
+        self.requested = False
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def exit_code(self, supervisor: Supervisor) -> int:
+        """The launcher's exit status: the supervisor's, or 1 when the server never started on its own."""
+        code = supervisor.exit_code
+        if self.server is not None and not self.server.started and code == 0 and not self.requested:
+            return 1
+        return code
+
+
+def run_uvicorn(server: Any) -> None:
+    """``server.run()``; uvicorn's own exit on a failed start (``sys.exit(3)``) is logged, not passed on.
+
+    The launcher's exit code then says the server never started (``EXIT_FAILED`` in :mod:`lightllm.server.launch.start`), and exit
+    code 3 keeps its one meaning: a port that could not be bound.
+    """
+    try:
+        server.run()
+    except SystemExit as exc:
+        log.error("the HTTP server failed to start (uvicorn exited with %s)", exc.code)

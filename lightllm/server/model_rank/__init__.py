@@ -1,0 +1,9 @@
+"""The model rank process: one per tensor-parallel rank, the only process that holds torch tensors.
+
+* ``scheduling/`` -- the pure step engine, planner, strategies and request lifecycle (no torch;
+  the scheduling simulator runs this same code);
+* ``execution/`` -- the torch side: the model executor, forward threads, row sampling;
+* ``kv_cache/`` -- KV slots and the radix prefix cache behind the scheduling core's ``KvView``;
+* ``rank_process`` -- the process loop: read commands, step, publish (``step_publisher``);
+* ``pd_rank_transfer`` -- the KV hand-off of a PD node's rank.
+"""

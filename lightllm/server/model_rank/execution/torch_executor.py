@@ -1,0 +1,167 @@
+"""The model rank's :class:`~.model_executor.ModelExecutor`: batches, forward, sampling.
+
+One request never takes the rank down: a request whose sampling fails (``row_sampling.py``) or
+whose structured-output mask fails is returned as failed and the rest of the batch goes on.
+Under tensor parallelism rank 0's sampled tokens are broadcast, and a failed row travels as
+token ``-1``, so every rank fails the same requests.  A failing forward pass fails the requests
+of that batch on a single rank; with several ranks it cannot be recovered (their collectives
+would be out of step) and is raised, as is a forward that keeps failing step after step (the
+model or device is broken, not a request).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
+from lightllm.common.sampling.sampler import Sampler
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.execution.forward_threads import ForwardThreads
+from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult, SampledToken
+from lightllm.server.model_rank.execution.prompt_logprobs import collect_prompt_logprobs, prefill_logit_rows
+from lightllm.server.model_rank.execution.row_sampling import FAILED_TOKEN, sample_rows
+from lightllm.server.model_rank.scheduling.step_planner import PrefillChunk
+from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
+
+TokenSync = Callable[[torch.Tensor], torch.Tensor]
+
+log = logging.getLogger("lightllm.model_rank")
+
+MAX_CONSECUTIVE_FORWARD_FAILURES = 3
+
+
+def _prefill_size(chunks: Sequence[PrefillChunk]) -> Tuple[int, int, int]:
+    """New tokens, (token, attended position) pairs and finished prompts of a prefill forward."""
+    new_tokens = attended = finished = 0
+    for c in chunks:
+        n = c.end - c.start
+        new_tokens += n
+        attended += n * c.start + n * (n + 1) // 2  # token i of the chunk attends start + i + 1 positions
+        finished += c.end == c.req.total_len
+    return new_tokens, attended, finished
+
+
+class TorchModelExecutor:
+    """Runs forwards of a :class:`DecoderOnlyTransformer` over the token-slot KV cache.
+
+    Args:
+        model: this rank's model shard.
+        context: the KV view the engine reserved slots in (the executor reads the slots back).
+        sampler: the rank's sampler.
+        eos_token_ids: for penalties and ``min_new_tokens``.
+        token_sync: under tensor parallelism, shares rank 0's sampled tokens with every rank.
+        grammar: structured output; None refuses requests that carry a grammar.
+        threads: a CPU rank's torch threads per kind of forward; None: never changed here.
+    """
+
+    def __init__(
+        self,
+        model: DecoderOnlyTransformer,
+        context: InferenceContext,
+        sampler: Sampler,
+        eos_token_ids: Sequence[int],
+        token_sync: Optional[TokenSync] = None,
+        grammar: Optional[GrammarConstraints] = None,
+        threads: Optional[ForwardThreads] = None,
+    ) -> None:
+        self.model = model
+        self.context = context
+        self.sampler = sampler
+        self.eos_token_ids = list(eos_token_ids)
+        self.token_sync = token_sync
+        self.grammar = grammar
+        self.vocab_size = model.config.vocab_size
+        self.grammar_enabled = grammar is not None
+        self._forward_failures = 0
+        self.threads = threads
+
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> ExecutionResult:
+        """One forward over every chunk; sample where a chunk completes its request."""
+        slots = torch.cat([self.context.slots(c.req, c.start, c.end) for c in chunks])
+        batch = ForwardBatch.build(
+            [c.req.token_slice(c.start, c.end) for c in chunks],
+            [c.start for c in chunks],
+            [c.req.req_row for c in chunks],
+            slots,
+            self.model.device,
+        )
+        last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
+        result = ExecutionResult()
+        with nullcontext() if self.threads is None else self.threads.prefill_forward(*_prefill_size(chunks)):
+            logits = self._forward(batch, [c.req for c in chunks], result)
+        if logits is None:
+            return result
+        result.prompt_logprobs = collect_prompt_logprobs(logits, prompt_rows)
+        done = [(row, c.req) for row, c in zip(last_rows, chunks) if c.end == c.req.total_len]
+        if done:
+            self._sample(logits[[row for row, _ in done]], [req for _, req in done], result)
+        return result
+
+    def decode(self, reqs: Sequence[InferReq]) -> ExecutionResult:
+        """One forward computing each request's pending token; sample the next one."""
+        positions = [req.cur_kv_len for req in reqs]
+        rows = [req.req_row for req in reqs]
+        req_to_token = self.context.req_manager.req_to_token
+        slots = req_to_token[torch.tensor(rows, device=req_to_token.device), torch.tensor(positions, device=req_to_token.device)]
+        batch = ForwardBatch.build(
+            [[req.token_at(position)] for req, position in zip(reqs, positions)],
+            positions,
+            rows,
+            slots,
+            self.model.device,
+        )
+        result = ExecutionResult()
+        with nullcontext() if self.threads is None else self.threads.decode_forward(len(reqs), sum(positions)):
+            logits = self._forward(batch, list(reqs), result)
+        if logits is not None:
+            self._sample(logits, list(reqs), result)
+        return result
+
+    def forget(self, req: InferReq) -> None:
+        """Drop the request's grammar matcher."""
+        if self.grammar is not None:
+            self.grammar.forget_request(req.request_id)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _forward(self, batch: ForwardBatch, reqs: List[InferReq], result: ExecutionResult) -> Optional[torch.Tensor]:
+        started = time.perf_counter()
+        try:
+            logits = self.model.forward(batch, self.context.kv_cache, self.context.req_manager.req_to_token)
+        except Exception:
+            self._forward_failures += 1
+            if self.token_sync is not None or self._forward_failures >= MAX_CONSECUTIVE_FORWARD_FAILURES:
+                raise
+            log.exception("forward pass failed; finishing its %d request(s) with an error", len(reqs))
+            result.failed.extend(reqs)
+            return None
+        finally:
+            result.forward_seconds += time.perf_counter() - started
+        self._forward_failures = 0
+        return logits
+
+    def _sample(self, logits: torch.Tensor, reqs: List[InferReq], result: ExecutionResult) -> None:
+        started = time.perf_counter()
+        grammar_failed: set[int] = set()
+        if self.grammar is not None:
+            try:
+                logits = self.grammar.mask(logits, reqs)
+            except Exception:  # noqa: BLE001 - a broken grammar fails its requests, not the batch
+                log.exception("structured-output mask failed; finishing the constrained requests with an error")
+                grammar_failed = {r.request_id for r in reqs if self.grammar.constrained(r)}
+        tokens, logprobs, tops = sample_rows(self.sampler, logits, reqs, self.eos_token_ids)
+        if self.token_sync is not None:
+            tokens = self.token_sync(tokens)
+        for req, token, logprob, top in zip(reqs, tokens.tolist(), logprobs, tops):
+            if token == FAILED_TOKEN or req.request_id in grammar_failed:
+                result.failed.append(req)
+                continue
+            grammar_end = self.grammar.accept(req, token) if self.grammar is not None else None
+            result.sampled.append(SampledToken(req, token, logprob, top, grammar_end))
+        result.sample_seconds += time.perf_counter() - started

@@ -1,0 +1,284 @@
+"""A PD node rank's side of the KV transfer: setup, hand-offs, reservations and agreed results.
+
+One :class:`PdRankTransfer` lives in every model rank of a prefill or decode node, next to the
+rank's mode backend; the rank process calls it at fixed points of its loop, so it never blocks
+the inference step:
+
+* :meth:`PdRankTransfer.setup` (a :class:`PdTransferSetup` command, broadcast to every rank)
+  replaces the rank's :class:`KVTransferHandle`: a prefill rank hosts its group at its own
+  transfer port + rank, a decode rank joins the prefill node's port + rank.  Requests the old
+  handle still held are failed.
+* :meth:`PdRankTransfer.reserve` (decode node, a prefilled arrival) reserves KV for the prompt
+  plus what one segment may generate, or finishes the request ``FINISH_BUSY`` at once (after a
+  ``busy`` notice naming the limit it hit); then it asks the handle to receive positions
+  ``[kv_start, input_len)``, with the reservation lease as the wait.
+* :meth:`PdRankTransfer.send_handoffs` (prefill node, after a step) sends each handed-off
+  request's positions ``[kv_start, input_len)`` with its first token in the header.
+* :meth:`PdRankTransfer.tick` (every iteration) polls the handle and acts on results that every
+  TP rank has: with TP > 1 each rank moves its own KV-head shard and learns its outcome at its
+  own time, so the ranks first exchange what they have (one small ``all_gather_object`` while
+  transfers are in flight) and act only on requests every rank reported: success when all
+  succeeded.  Every rank hence takes the same decision in the same iteration.
+
+Aborts: a prefill request whose KV is being sent ends when its transfer does (the transfer
+process still reads the KV).  A decode request aborted while waiting for its KV ends when the KV
+arrives (it is then not decoded) or at the end of its lease, whichever comes first; its slots
+stay reserved until then because the transfer process may still write them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from lightllm.server.core.objs.finish_status import FINISH_BUSY, FINISH_TRANSFER_FAILED
+from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferResult
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.decode_backend import KvReservationRefused
+from lightllm.server.model_rank.scheduling.step_report import StepReport
+from lightllm.server.run_mode import PD_NODE_MODES
+
+log = logging.getLogger("lightllm.pd_rank")
+
+PD_ROLES = PD_NODE_MODES
+
+# error_kind values of a failed transfer (the HTTP side's PdNodeEvent.error_kind).
+ERROR_TRANSFER_FAILED = "transfer_failed"
+ERROR_LEASE_EXPIRED = "lease_expired"
+ERROR_TRANSFER_BROKEN = "transfer_broken"
+
+
+@dataclass
+class PdRankSettings:
+    """A PD rank's transfer settings, from the node's flags."""
+
+    page_size: int = 256
+    transfer_host: str = "127.0.0.1"  # prefill node: where its groups meet
+    transfer_port: int = 0  # prefill node: rank r hosts at transfer_port + r
+    transfer_timeout_s: float = 30.0
+    connect_timeout_s: float = 60.0
+    reserve_lease_s: float = 30.0
+    max_segment_tokens: int = 0  # 0: no limit
+    # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
+    # start-up (pd/transfer_ports.py); every transfer process of the rank serves its store on it.
+    listen_socket: Optional[socket.socket] = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One rank's outcome of one request's transfer, as exchanged between TP ranks."""
+
+    request_id: int
+    ok: bool
+    first_token: int
+    seconds: float
+    nbytes: int
+    error_kind: str
+    reason: str
+
+
+Agree = Callable[[Any], List[Any]]  # all_gather of one picklable object per rank
+Notify = Callable[[Any], None]  # rank 0: a message to the HTTP process
+
+
+class PdRankTransfer:
+    """Owns one rank's KV transfer handle and drives the backend's PD intake (see the module docstring).
+
+    ``make_handle(role, host, port, group_name)`` builds a handle (a :class:`KVTransferHandle`
+    over the rank's shareable cache; tests may pass their own); ``group_name`` names the pair
+    and the epoch, so both sides of one setup meet and nothing else does; ``agree`` is None for TP = 1;
+    ``notify`` is None on ranks other than 0.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        backend: Any,
+        rank: int,
+        settings: PdRankSettings,
+        make_handle: Callable[[str, str, int, str], KVTransferHandle],
+        agree: Optional[Agree] = None,
+        notify: Optional[Notify] = None,
+    ):
+        if role not in PD_ROLES:
+            raise ValueError(f"PD role must be one of {PD_ROLES}, got {role!r}")
+        self.role = role
+        self.backend = backend
+        self.rank = rank
+        self.settings = settings
+        self._make_handle = make_handle
+        self._agree = agree
+        self._notify = notify or (lambda message: None)
+        self.handle: Optional[KVTransferHandle] = None
+        self.epoch: Optional[int] = None
+        self._broken_reported = False
+        # Requests submitted to a transfer and not yet decided (the same set on every rank).
+        self._in_flight: Dict[int, InferReq] = {}
+        # This rank's outcomes not yet agreed on.
+        self._local: Dict[int, _Outcome] = {}
+        # Prefill node: request id -> first prompt position to send (from its record).
+        self._kv_start: Dict[int, int] = {}
+        # Tokens to publish with the next step's report (a decode node's first tokens).
+        self.pending_tokens: List[Tuple[InferReq, int, float]] = []
+
+    # --- setup ------------------------------------------------------------------------------
+    def setup(self, command: PdTransferSetup) -> None:
+        """Replace this rank's handle for ``command.epoch`` (rank 0 acknowledges to the HTTP process)."""
+        error = ""
+        try:
+            self._close_handle()
+            if self.role == "prefill":
+                host, port = self.settings.transfer_host, self.settings.transfer_port + self.rank
+            else:
+                if not command.peer_host or command.peer_port <= 0:
+                    raise ValueError(f"a decode node needs the prefill transfer address, got "
+                                     f"{command.peer_host!r}:{command.peer_port}")
+                host, port = command.peer_host, command.peer_port + self.rank
+            self.handle = self._make_handle(self.role, host, port, f"lightllm-kv/epoch-{command.epoch}/rank-{self.rank}")
+            self.epoch = command.epoch
+            self._broken_reported = False
+            log.info("rank %d: KV transfer handle for epoch %d (%s, %s:%d)", self.rank, command.epoch, self.role, host, port)
+        except Exception as exc:  # noqa: BLE001 - reported to whoever asked for the setup
+            log.exception("rank %d: KV transfer setup for epoch %d failed", self.rank, command.epoch)
+            error = f"KV transfer setup failed on rank {self.rank}: {exc}"
+            self.handle, self.epoch = None, None
+        self._notify(PdSetupDone(command.epoch, error))
+
+    def close(self) -> None:
+        """Stop the handle (the rank is going away)."""
+        self._close_handle()
+
+    def _close_handle(self) -> None:
+        old, self.handle = self.handle, None
+        if old is None:
+            return
+        old.close()
+        broken = old.broken_reason is not None
+        for result in old.poll():  # requests it still held, now failed
+            self._record(result, broken or not result.ok)
+
+    # --- intake -----------------------------------------------------------------------------
+    def note_prefill_request(self, request_id: int, kv_start: int) -> None:
+        """Prefill node: remember where ``request_id``'s KV transfer starts."""
+        self._kv_start[request_id] = kv_start
+
+    def reserve(self, request_id: int, shm_index: int, prompt_ids: List[int], params: Any, **fields: Any) -> Optional[InferReq]:
+        """Decode node: reserve and start receiving, or finish ``FINISH_BUSY`` at once (None)."""
+        backend = self.backend
+        try:
+            segment = params.max_new_tokens
+            if self.settings.max_segment_tokens > 0:
+                segment = min(segment, self.settings.max_segment_tokens)
+            req = backend.reserve_prefilled(request_id, prompt_ids, params, decode_tokens=segment,
+                                            shm_index=shm_index, **fields)
+        except KvReservationRefused as exc:
+            log.info("request %d: busy: %s", request_id, exc)
+            # Ahead of the finish, like a transfer failure's notice: the busy answer names the limit.
+            self._notify(PdNotice(request_id, "busy", error_kind=exc.limit, message=str(exc)))
+            backend.reject(request_id, shm_index, FINISH_BUSY)
+            return None
+        kv_start = req.cur_kv_len
+        self._in_flight[request_id] = req
+        self._notify(PdNotice(request_id, "reserved", kv_start=kv_start))
+        slots = backend.kv.slots(req, kv_start, req.input_len)
+        self._submit(request_id, lambda handle: handle.receive(request_id, slots, wait_s=self.settings.reserve_lease_s))
+        return req
+
+    def send_handoffs(self, report: StepReport) -> None:
+        """Prefill node: send the KV of every request the step handed off."""
+        for req in report.handoffs:
+            kv_start = self._kv_start.pop(req.request_id, 0)
+            self._in_flight[req.request_id] = req
+            slots = self.backend.kv.slots(req, kv_start, req.input_len)
+            first_token = req.output_ids[0]
+            self._submit(req.request_id, lambda handle, s=slots, t=first_token, r=req.request_id: handle.send(r, s, t))
+
+    def forget(self, request_id: int) -> None:
+        """A request left before any transfer (drop its bookkeeping)."""
+        self._kv_start.pop(request_id, None)
+
+    def _submit(self, request_id: int, submit: Callable[[KVTransferHandle], None]) -> None:
+        if self.handle is None:
+            self._record(TransferResult(request_id, False, 0.0, 0, f"request {request_id}: the KV transfer is not "
+                                        "set up on this node (no transfer setup for the current epoch)"), True)
+            return
+        submit(self.handle)
+
+    # --- results ----------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Poll, agree across TP ranks, and act on decided transfers (never blocks on a transfer)."""
+        handle = self.handle
+        if handle is not None:
+            results = handle.poll()
+            broken = handle.broken_reason is not None
+            for result in results:
+                self._record(result, broken)
+            if broken and not self._broken_reported and self.epoch is not None:
+                self._broken_reported = True
+                self._notify(PdChannelBroken(self.epoch, handle.broken_reason))
+        if not self._in_flight:
+            self._local.clear()  # results of requests no longer tracked
+            return
+        decided = self._decide()
+        for request_id, outcome in decided.items():
+            req = self._in_flight.pop(request_id, None)
+            if req is not None:
+                self._act(req, outcome)
+
+    def _record(self, result: TransferResult, broken: bool) -> None:
+        if result.ok:
+            kind = ""
+        elif result.expired:
+            kind = ERROR_LEASE_EXPIRED
+        elif broken:
+            kind = ERROR_TRANSFER_BROKEN
+        else:
+            kind = ERROR_TRANSFER_FAILED
+        self._local[result.request_id] = _Outcome(result.request_id, result.ok, result.first_token, result.seconds,
+                                                  result.bytes, kind, result.reason)
+
+    def _decide(self) -> Dict[int, _Outcome]:
+        mine = {rid: o for rid, o in self._local.items() if rid in self._in_flight}
+        if self._agree is None:
+            self._local = {}
+            return mine
+        gathered: List[Dict[int, _Outcome]] = self._agree(mine)
+        decided: Dict[int, _Outcome] = {}
+        for request_id in sorted(self._in_flight):
+            outcomes = [ranks.get(request_id) for ranks in gathered]
+            if any(o is None for o in outcomes):
+                continue
+            failed = [o for o in outcomes if not o.ok]
+            lead = outcomes[0]
+            if failed:
+                decided[request_id] = failed[0]
+            else:
+                decided[request_id] = _Outcome(request_id, True, lead.first_token, max(o.seconds for o in outcomes),
+                                               sum(o.nbytes for o in outcomes), "", "")
+            self._local.pop(request_id, None)
+        return decided
+
+    def _act(self, req: InferReq, outcome: _Outcome) -> None:
+        backend = self.backend
+        request_id = req.request_id
+        if outcome.ok:
+            self._notify(PdNotice(request_id, "transferred", seconds=outcome.seconds, nbytes=outcome.nbytes))
+        else:
+            log.warning("request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
+            self._notify(PdNotice(request_id, "transfer_failed", error_kind=outcome.error_kind, message=outcome.reason))
+        if self.role == "prefill":
+            backend.transfer_done(request_id, outcome.ok, FINISH_TRANSFER_FAILED)
+        elif outcome.ok:
+            # The first token is published like a sampled one, so the detokenizer has it.
+            self.pending_tokens.append((req, outcome.first_token, 0.0))
+            backend.admit_prefilled(req, outcome.first_token)
+        else:
+            backend.transfer_failed(req, FINISH_TRANSFER_FAILED)
+
+    @property
+    def in_flight(self) -> List[int]:
+        """Requests with a transfer not yet decided."""
+        return list(self._in_flight)

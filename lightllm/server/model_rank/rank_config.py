@@ -1,0 +1,61 @@
+"""What one model rank process needs to start: :class:`ModelRankConfig` (picklable for spawn).
+
+Built by :mod:`lightllm.server.launch.plan` from the parsed flags, one per TP rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings
+from lightllm.server.server_layout import ServerLayout
+
+
+@dataclass
+class ModelRankConfig:
+    """Everything a rank needs (picklable for spawn)."""
+
+    rank: int
+    tp: int
+    model_dir: str
+    dtype: str
+    device: str
+    nccl_host: str
+    nccl_port: int
+    layout: ServerLayout
+    running_max_req_size: int
+    batch_max_tokens: int
+    chunked_prefill_size: Optional[int]
+    # Decode rows ride in the prefill forward (see mode_backend/step_planner.py); False with
+    # --disable_mixed_batches or --disable_chunked_prefill.
+    mixed_batches: bool
+    prefill_queue_strategy: str
+    prefill_overtake_bound: OvertakeBoundSpec
+    use_prefix_cache: bool
+    eos_token_ids: List[int]
+    log_level: str
+    # Seed of the generator unseeded requests sample from; the same on every TP rank, drawn fresh
+    # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
+    sampling_seed: int
+    torch_threads: Optional[int] = None  # short-context decode forwards and everything else
+    # Threads a forward borrows when its estimated work is at least wide_forward_ms_per_token per
+    # token it streams; None: torch_threads. See mode_backend/forward_threads.py.
+    prefill_torch_threads: Optional[int] = None
+    wide_forward_ms_per_token: float = 0.3
+    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled", "cpp" or "triton"
+    linear_backend: str = "torch"  # resolved by the launcher: "torch" or "onednn"
+    # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
+    run_mode: str = "normal"
+    pd: PdRankSettings = field(default_factory=PdRankSettings)
+
+    @property
+    def max_req_total_len(self) -> int:
+        """The layout's per-request token limit."""
+        return self.layout.max_req_total_len
+
+    @property
+    def max_total_token_num(self) -> int:
+        """The layout's KV-cache capacity in tokens."""
+        return self.layout.max_total_token_num

@@ -1,0 +1,164 @@
+"""The PD decode node's backend: requests arrive with their prompt's KV computed elsewhere.
+
+Intake has two halves, so that KV is reserved before anything is sent (decode reserves first):
+
+1. :meth:`DecodeBackend.reserve_prefilled` checks the request, attaches whatever prefix this
+   node's cache already holds, and reserves slots for the rest of the prompt; the request waits
+   in ``TRANSFERRING``.  When the KV cache cannot hold the prompt and ``max_new_tokens``, or
+   every request row is in use, it raises :class:`KvReservationRefused` naming that limit at
+   once (the master answers "busy" with its message), never after a wait.
+   Only positions ``[cur_kv_len, input_len)`` need to move; the transfer writes them into the
+   reserved slots.
+2. :meth:`DecodeBackend.admit_prefilled` (the transfer arrived) marks the prompt computed, takes
+   the prefill node's first token and the request decodes from the next step on, with the same
+   stop rules as on a normal node.  :meth:`DecodeBackend.transfer_failed` releases the
+   reservation and fails the request.
+
+A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
+unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
+segment then ends with ``FINISH_SEGMENT_KV`` and the master continues it as a new segment,
+since recomputing a prompt is the prefill node's work.  With ``max_segment_tokens`` > 0 a
+segment also ends (``FINISH_SEGMENT_LIMIT``) once it generated that many tokens, the prefill
+node's first token included.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Dict, List
+
+from typing import Optional
+
+from lightllm.server.core.objs.finish_status import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    FINISH_SEGMENT_KV,
+    FINISH_SEGMENT_LIMIT,
+)
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.base_backend import ModeBackend
+from lightllm.server.model_rank.scheduling.step_planner import StepPlan
+from lightllm.server.model_rank.scheduling.step_report import StepReport
+from lightllm.server.model_rank.scheduling.request_state import ReqState
+
+
+# Which limit refused a reservation (KvReservationRefused.limit); the message names it too.
+LIMIT_KV_TOKENS = "kv_tokens"  # the KV cache cannot hold the prompt plus the segment's decode tokens
+LIMIT_REQUEST_SLOTS = "request_slots"  # every request row (--running_max_req_size) is in use
+
+
+class KvReservationRefused(RuntimeError):
+    """The node cannot take the request now: the caller answers busy.
+
+    ``limit``: :data:`LIMIT_KV_TOKENS` or :data:`LIMIT_REQUEST_SLOTS`; the message states the
+    numbers (KV tokens needed and free, or the request rows in use).
+    """
+
+    def __init__(self, message: str, limit: str = LIMIT_KV_TOKENS) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class DecodeBackend(ModeBackend):
+    """Decode node: admits prefilled requests and decodes them."""
+
+    run_mode: ClassVar[str] = "decode"
+    # Set per instance by a PD decode node's rank (see the module docstring).
+    end_segment_on_kv_pressure: bool = False
+    max_segment_tokens: int = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # request id -> KV tokens its reservation was promised (prompt + decode allowance).
+        self._promised: Dict[int, int] = {}
+
+    def reserve_prefilled(
+        self, request_id: int, prompt_ids: List[int], params: Any, decode_tokens: Optional[int] = None, **fields: Any
+    ) -> InferReq:
+        """Check the request and reserve KV for its prompt; it waits for the transfer.
+
+        ``fields`` are :meth:`new_request`'s optional keywords; ``decode_tokens`` as in
+        :meth:`reserve_for`.  Refused (:class:`KvReservationRefused`, nothing changes) when every
+        request row is in use, or as :meth:`reserve_for` refuses.
+        """
+        rows = self.kv.req_manager.max_request_num
+        if len(self.requests) >= rows:
+            raise KvReservationRefused(
+                f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use",
+                LIMIT_REQUEST_SLOTS,
+            )
+        return self.reserve_for(self.new_request(request_id, prompt_ids, params, **fields), decode_tokens)
+
+    def reserve_for(self, req: InferReq, decode_tokens: Optional[int] = None) -> InferReq:
+        """Reserve KV for an already built ``req`` and join it in ``TRANSFERRING``.
+
+        Refused (nothing changes) unless the cache could hold the prompt plus ``decode_tokens``
+        (default ``max_new_tokens``; a PD node passes what one segment may generate) on top of
+        what earlier reservations were promised and have not allocated yet: the prompt's slots
+        are taken now, the decode tokens step by step, and a reservation must not be answered
+        with KV another one still counts on.
+        """
+        needed = req.input_len + (req.max_new_tokens if decode_tokens is None else decode_tokens)
+        free = self.kv.allocatable_token_num() - self.promised_token_num()
+        if free < needed:
+            raise KvReservationRefused(
+                f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
+                f"{needed - req.input_len} to generate), {free} allocatable and not promised",
+                LIMIT_KV_TOKENS,
+            )
+        self.join(req)
+        self.kv.reserve(req, req.input_len - req.kv_slot_len)
+        req.move_to(ReqState.TRANSFERRING)
+        self._promised[req.request_id] = needed
+        return req
+
+    def promised_token_num(self) -> int:
+        """KV tokens live reservations may still allocate (their promise beyond the slots they hold)."""
+        promised = self._promised
+        total = 0
+        for request_id in list(promised):
+            req = self.requests.get(request_id)
+            if req is None:
+                del promised[request_id]  # the request left
+                continue
+            total += max(0, promised[request_id] - req.kv_slot_len)
+        return total
+
+    def admit_prefilled(self, req: InferReq, first_token: int) -> int:
+        """The prompt's KV is in place: take the first token and decode from the next step.
+
+        Returns the finish status when the first token already ends the request (it is then
+        released and reported by the next step), else 0.
+        """
+        if req.state is not ReqState.TRANSFERRING or self.requests.get(req.request_id) is not req:
+            raise ValueError(f"request {req.request_id} is not waiting for a transfer")
+        req.cur_kv_len = req.input_len
+        req.output_ids.append(first_token)
+        req.move_to(ReqState.DECODING)
+        if req.abort_requested:
+            self.finish(req, FINISH_ABORT)
+            return FINISH_ABORT
+        status = self.finish_status(req, first_token)
+        if status:
+            self.finish(req, status)
+        return status
+
+    def transfer_failed(self, req: InferReq, status: int = FINISH_ERROR) -> None:
+        """The transfer did not arrive: give the reservation back and fail the request with ``status``."""
+        if req.state is not ReqState.TRANSFERRING or self.requests.get(req.request_id) is not req:
+            raise ValueError(f"request {req.request_id} is not waiting for a transfer")
+        self.finish(req, FINISH_ABORT if req.abort_requested else status)
+
+    def finish_status(self, req: InferReq, token: int) -> int:
+        """The normal stop rules, then the per-segment token limit."""
+        status = super().finish_status(req, token)
+        if not status and self.max_segment_tokens > 0 and len(req.output_ids) >= self.max_segment_tokens:
+            return FINISH_SEGMENT_LIMIT
+        return status
+
+    def pause_starved(self, plan: StepPlan, report: StepReport) -> None:
+        """With ``end_segment_on_kv_pressure``, starved decode requests end their segment instead of pausing."""
+        if not self.end_segment_on_kv_pressure:
+            super().pause_starved(plan, report)
+            return
+        for req in plan.kv_starved_decode:
+            self.finish(req, FINISH_SEGMENT_KV, report)

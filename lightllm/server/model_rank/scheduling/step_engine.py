@@ -1,0 +1,298 @@
+"""One scheduling step, in plain Python: the part of a model rank that decides what runs.
+
+    filter  -> release aborted requests
+    resume  -> paused requests rejoin once the KV cache could hold them; requests still
+               prefilling share their computed prompt tokens through the prefix cache and pick
+               up what other requests computed meanwhile
+    order   -> the prefill-queue strategy (decode requests stay in front)
+    select  -> the step planner, under the token budget and the allocatable KV
+    pause   -> decode requests left without KV give theirs back (and, when nothing at all could
+               run, the newest KV holder does, so over-committed admission cannot deadlock)
+    execute -> reserve KV for the selected work, hand it to the ModelExecutor (one forward for
+               a mixed plan: decode rows ride in the prefill forward)
+    finish  -> append sampled tokens, apply stop rules, release finished requests
+
+The engine imports no torch: it sees requests, a :class:`~.kv_view.KvView` and a
+:class:`~.model_executor.ModelExecutor`.  A model rank plugs in the token-slot KV cache and the
+torch executor; the scheduling simulator plugs in a token count and a cost model, so both run
+exactly this code.  Mode backends (``mode_backends.py``) are subclasses that change the
+classifier and the hooks :meth:`StepEngine.on_prompt_done` and :meth:`StepEngine.can_pause`.
+
+Every TP rank runs the same engine over the same requests, so every decision here must be
+deterministic: no wall clock, no randomness, ties by admission order or request id.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
+
+from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.kv_view import KvView
+from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult, ModelExecutor, SampledToken
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import PrefillQueueStrategy
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
+from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER, RequestClassifier
+from lightllm.server.model_rank.scheduling.step_planner import PrefillChunk, StepPlan, StepPlanner, submit_prefill
+from lightllm.server.model_rank.scheduling.step_report import StepReport
+from lightllm.server.model_rank.scheduling.request_state import ReqState
+
+_PAUSED = ReqState.PAUSED
+_DECODING = ReqState.DECODING
+# ``state in`` a tuple compares by identity in C (an enum's hash is a Python call).
+_SCHEDULABLE_STATES = tuple(state for state in ReqState if state.schedulable)
+
+
+class StepEngine:
+    """Runs the live requests of one rank, one step at a time (see the module docstring).
+
+    Args:
+        executor: computes the planned work.
+        kv: the KV cache as the engine sees it.
+        strategy: the prefill-queue strategy.
+        planner: selects under the token budget.
+        eos_token_ids: tokens that end a request unless it ignores EOS.
+        max_req_total_len: prompt plus output limit of one request.
+    """
+
+    classifier: ClassVar[RequestClassifier] = NORMAL_CLASSIFIER
+
+    def __init__(
+        self,
+        executor: ModelExecutor,
+        kv: KvView,
+        strategy: PrefillQueueStrategy,
+        planner: StepPlanner,
+        eos_token_ids: Sequence[int],
+        max_req_total_len: int,
+    ) -> None:
+        self.executor = executor
+        self.kv = kv
+        self.strategy = strategy
+        self.planner = planner
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_req_total_len = max_req_total_len
+        self.counter = ProcessedPrefillTokenCounter()
+        # Live requests in admission order (the order ``resume`` and the strategies start from).
+        self.requests: Dict[int, InferReq] = {}
+        # Requests that ended between steps (rejected, finished on hand-in or hand-off); the next
+        # step reports them, so the caller publishes every finish from one place.
+        self._ended: List[Tuple[InferReq, int]] = []
+
+    # --- membership ----------------------------------------------------------------------------
+    def join(self, req: InferReq) -> None:
+        """Take in a new request: it joins the live set and the KV view attaches its cached prefix."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request {req.request_id} is already running")
+        if req.state is not ReqState.WAITING:
+            raise ValueError(f"request {req.request_id} must join in state waiting, not {req.state.value}")
+        self.kv.attach(req)
+        self.requests[req.request_id] = req
+
+    def abort(self, request_id: int) -> None:
+        """Ask for a request to end; it is released at the start of the next step.
+
+        A request whose KV is being transferred ends when the transfer does (its KV must not be
+        reused while another process reads or writes it).
+        """
+        req = self.requests.get(request_id)
+        if req is not None:
+            req.abort_requested = True
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any request is live or an ended one still has to be reported."""
+        return bool(self.requests) or bool(self._ended)
+
+    # --- the step ------------------------------------------------------------------------------
+    def step(self) -> StepReport:
+        """One scheduling step over every live request."""
+        report = StepReport()
+        started = time.perf_counter()
+        report.finished.extend(self._ended)
+        self._ended = []
+        self.filter_finished(report)
+        ready = self.resume_paused()
+        self.share_prefixes(ready, report)
+        report.ordered = self.order(ready)
+        plan = self.select(report.ordered) if report.ordered else None
+        report.plan = plan
+        if plan is not None:
+            self.pause_starved(plan, report)
+        report.schedule_seconds = time.perf_counter() - started
+        if plan is not None:
+            self.execute(plan, report)
+        return report
+
+    def filter_finished(self, report: StepReport) -> None:
+        """Release requests whose abort was asked for (not while their KV is in transfer)."""
+        for req in [r for r in self.requests.values() if r.abort_requested and r.state is not ReqState.TRANSFERRING]:
+            self._leave(req, ReqState.ABORTED, FINISH_ABORT, report.finished)
+
+    def resume_paused(self) -> List[InferReq]:
+        """Schedulable requests in admission order; a paused one rejoins once its tokens would fit."""
+        ready: List[InferReq] = []
+        append = ready.append
+        # Module constants instead of enum attribute and property lookups: this loop runs over
+        # every live request each step (a thousand at a full batch).
+        for req in self.requests.values():
+            state = req.state
+            if state is _PAUSED:
+                if self.kv.allocatable_token_num() < req.total_len:
+                    continue
+                self.kv.resume(req)
+                req.move_to(ReqState.PREFILLING)
+                state = req.state
+            if state in _SCHEDULABLE_STATES:
+                append(req)
+        return ready
+
+    def share_prefixes(self, ready: List[InferReq], report: StepReport) -> None:
+        """Prefilling requests publish their computed tokens and adopt longer cached prefixes.
+
+        A burst of prompts with a common prefix then computes the prefix about once instead of
+        once per request.  Tokens a request that has produced nothing yet takes from the cache
+        count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).
+        """
+        for req in ready:
+            if req.state is _DECODING:
+                continue
+            gained = self.kv.share_prefix(req)
+            if gained and not req.output_ids:
+                req.prompt_cache_len = min(req.input_len, req.prompt_cache_len + gained)
+                report.prompt_cache_grown.append(req)
+
+    def order(self, ready: List[InferReq]) -> List[InferReq]:
+        """Apply the prefill-queue strategy (decode requests stay in front, in order)."""
+        if not ready:
+            return []
+        return self.strategy.reorder(ready, self.counter.value, classifier=self.classifier)
+
+    def select(self, ordered: List[InferReq]) -> StepPlan:
+        """Pick decode requests and prefill chunks under the token budget and allocatable KV."""
+        return self.planner.plan(ordered, self.kv.allocatable_token_num, classifier=self.classifier)
+
+    def pause_starved(self, plan: StepPlan, report: StepReport) -> None:
+        """Decode requests that found no KV give theirs back; a stalled step frees the newest holder."""
+        for req in plan.kv_starved_decode:
+            self._pause(req, report)
+        if not plan.has_prefill and not plan.decode_reqs:
+            # Partly prefilled requests can hold the whole cache when admission over-commits
+            # (router_token_ratio > 1); free the newest one so the others can move.
+            holders = [r for r in self.requests.values() if self.can_pause(r) and r.cur_kv_len > 0]
+            if holders:
+                self._pause(holders[-1], report)
+
+    def execute(self, plan: StepPlan, report: StepReport) -> None:
+        """Run the plan: one forward for a mixed plan, else its prefill forward, then its decode forward."""
+        if plan.mixed and plan.has_prefill and plan.decode_reqs:
+            self.run_mixed(plan, report)
+            return
+        if plan.has_prefill:
+            self.run_prefill(plan, report)
+        if plan.decode_reqs:
+            self.run_decode(plan.decode_reqs, report)
+
+    def run_mixed(self, plan: StepPlan, report: StepReport) -> None:
+        """Decode rows and prefill chunks in one forward: a decode row is a one-token chunk whose
+        request ends with it, so the prefill path samples it like a prompt's last chunk."""
+        report.decode_batch_size = len(plan.decode_reqs)
+        rows = [PrefillChunk(req=req, start=req.cur_kv_len, token_num=1) for req in plan.decode_reqs]
+        self.run_prefill(plan, report, rows)
+
+    def run_prefill(self, plan: StepPlan, report: StepReport, decode_rows: Sequence[PrefillChunk] = ()) -> None:
+        """Reserve KV for the chunks (and any decode rows riding along), count them as processed,
+        run them in one forward, take the results.
+
+        The strategy's overtaking bound is charged here, when the step is submitted, so it sees
+        exactly the prefill work that ran (on every TP rank alike); decode rows overtake nobody.
+        """
+        chunks = [*decode_rows, *plan.prefill_chunks]
+        self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
+        report.prefill_token_num = submit_prefill(plan, self.counter)
+        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
+        result = self.executor.prefill(chunks)
+        self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
+
+    def run_decode(self, reqs: List[InferReq], report: StepReport) -> None:
+        """One token for each decode request."""
+        self.kv.reserve_many([(req, 1) for req in reqs])
+        report.decode_batch_size = len(reqs)
+        result = self.executor.decode(reqs)
+        self.take_results(result, [(req, req.cur_kv_len + 1) for req in reqs], report)
+
+    # --- finish --------------------------------------------------------------------------------
+    def take_results(
+        self, result: ExecutionResult, computed: List[Tuple[InferReq, int]], report: StepReport
+    ) -> None:
+        """Advance what the forward computed, then take each sampled token in batch order."""
+        report.forward_seconds += result.forward_seconds
+        report.post_seconds += result.sample_seconds
+        report.prompt_logprobs.extend(result.prompt_logprobs)
+        failed = {id(req) for req in result.failed}
+        for req, end in computed:
+            if id(req) in failed:
+                continue
+            req.cur_kv_len = end
+            if req.state is ReqState.WAITING and end < req.total_len:
+                req.move_to(ReqState.PREFILLING)
+        for req in result.failed:
+            self.finish(req, FINISH_ERROR, report)
+        for sampled in result.sampled:
+            self.take_token(sampled, report)
+
+    def take_token(self, sampled: SampledToken, report: StepReport) -> None:
+        """Append one sampled token; finish the request or move it on to decoding."""
+        req = sampled.req
+        req.output_ids.append(sampled.token_id)
+        report.tokens.append((req, sampled.token_id, sampled.logprob))
+        if sampled.top:
+            report.top_logprobs[req.request_id] = sampled.top
+        status = self.finish_status(req, sampled.token_id)
+        if sampled.grammar_end == "error":
+            status = FINISH_ERROR
+        elif sampled.grammar_end == "stop" and not status:
+            status = FINISH_STOP
+        if status:
+            self.finish(req, status, report)
+        elif req.state is not ReqState.DECODING:
+            self.on_prompt_done(req, report)
+
+    def finish_status(self, req: InferReq, token: int) -> int:
+        """Finish status after ``token`` was appended (0 while the request goes on)."""
+        params = req.sampling
+        if params is not None:
+            if token in params.stop_token_ids:
+                return FINISH_STOP
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return FINISH_STOP
+        if len(req.output_ids) >= req.max_new_tokens or req.total_len >= self.max_req_total_len:
+            return FINISH_LENGTH
+        return 0
+
+    def finish(self, req: InferReq, status: int, report: Optional[StepReport] = None) -> None:
+        """Release ``req`` with ``status``; reported in ``report``, or in the next step's report."""
+        self._leave(req, ReqState.FINISHED, status, report.finished if report is not None else self._ended)
+
+    # --- hooks of the mode backends ------------------------------------------------------------
+    def on_prompt_done(self, req: InferReq, report: StepReport) -> None:
+        """The prompt (or a paused request's recompute) is done and the request goes on: decode it."""
+        req.move_to(ReqState.DECODING)
+
+    def can_pause(self, req: InferReq) -> bool:
+        """Whether ``req``'s KV may be taken back to let others run."""
+        return req.state.schedulable
+
+    # --- internals -----------------------------------------------------------------------------
+    def _pause(self, req: InferReq, report: StepReport) -> None:
+        self.kv.pause(req)
+        req.move_to(ReqState.PAUSED)
+        report.paused.append(req)
+
+    def _leave(self, req: InferReq, state: ReqState, status: int, finished: List[Tuple[InferReq, int]]) -> None:
+        req.move_to(state)
+        self.kv.release(req)
+        del self.requests[req.request_id]
+        self.executor.forget(req)
+        finished.append((req, status))

@@ -1,0 +1,132 @@
+"""Rank 0's side of a finished step: its results into shared memory, the messages that announce
+them, and the counters /metrics reads.
+
+Write order (the shared-memory rules are in :mod:`lightllm.server.core.objs.shm_req_buffer`):
+when each request was first scheduled and its prompt-cache length come before its first token;
+prompt logprobs before the token sampled by the same prefill; every token before its request's
+finish status; then one :class:`StepOutput` to the detokenizer naming, per request, the
+``output_len`` this step published (it reads no further), and the released requests to the router.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Dict, List, Tuple
+
+from lightllm.server.core.objs.io_messages import RequestsReleased, StepOutput
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
+from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
+from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
+from lightllm.server.model_rank.scheduling.step_report import StepReport
+
+
+class StepPublisher:
+    """Publishes each step's report (rank 0 only; the other ranks publish nothing).
+
+    Args:
+        shm: the request records.
+        stats: the counters /metrics reads.
+        backend: the rank's backend (its requests and processed-prefill counter feed the stats).
+        context: the KV view (its usage feeds the stats).
+        wait_tracker: prefill waits, also fed by admission.
+        to_detokenization, to_router: push sockets (zmq) for the step's messages.
+    """
+
+    def __init__(
+        self,
+        shm: ShmReqBuffer,
+        stats: ShmStats,
+        backend: ModeBackend,
+        context: InferenceContext,
+        wait_tracker: PrefillWaitTracker,
+        to_detokenization: Any,
+        to_router: Any,
+    ) -> None:
+        self.shm = shm
+        self.stats = stats
+        self.backend = backend
+        self.context = context
+        self.wait_tracker = wait_tracker
+        self.to_detokenization = to_detokenization
+        self.to_router = to_router
+        self.steps = 0
+        self.preemptions = 0  # requests paused for KV, cumulative (vLLM's preemptions)
+
+    def start(self, kv_total_tokens: int) -> None:
+        """Publish the fixed KV capacity and the first counters (before the rank reports ready)."""
+        self.stats.set("kv_total_tokens", kv_total_tokens)
+        self.publish_stats()
+
+    def publish(self, report: StepReport) -> None:
+        """Write the step's tokens and finish states, announce them, update the counters."""
+        started = time.perf_counter()
+        self.steps += 1
+        self.preemptions += len(report.paused)
+        self._stamp_first_scheduled(report)
+        for req in report.prompt_cache_grown:  # before the first token, which reports it
+            self.shm.set_prompt_cache_len(req.shm_index, req.request_id, req.prompt_cache_len)
+        updates: Dict[int, Tuple[int, int, int]] = {}
+        # Prompt logprobs come from the prefill that also samples the first token: written first.
+        shm = self.shm
+        for req, entries in report.prompt_logprobs:
+            shm.publish_prompt_logprobs(req.shm_index, req.request_id, entries)
+        for req, token, logprob in report.tokens:
+            length = shm.publish_token(req.shm_index, req.request_id, token, logprob, report.top_logprobs.get(req.request_id))
+            updates[req.request_id] = (req.request_id, req.shm_index, length)
+        released: List[Tuple[int, int]] = []
+        for req, status in report.finished:
+            shm.set_finish_status(req.shm_index, req.request_id, status)
+            if req.request_id not in updates:
+                updates[req.request_id] = (req.request_id, req.shm_index, shm.published_output_len(req.shm_index, req.request_id))
+            released.append((req.request_id, req.shm_index))
+        if updates or released:
+            self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released))
+        if released:
+            self.to_router.send_pyobj(RequestsReleased([r for r, _ in released]))
+        self.wait_tracker.on_step(
+            (req for req, _, _ in report.tokens),
+            (req for req, _ in report.finished),
+            self.backend.requests.values(),
+            self.backend.counter.value,
+        )
+        self.publish_stats()
+        self._add_time("step_schedule_us", report.schedule_seconds)
+        self._add_time("step_forward_us", report.forward_seconds)
+        self._add_time("step_sample_us", report.post_seconds)
+        self._add_time("step_publish_us", time.perf_counter() - started)
+
+    def _stamp_first_scheduled(self, report: StepReport) -> None:
+        """Publish when each request was first selected (vLLM's queue time ends there).
+
+        Written before any of the step's tokens, so the HTTP side has it with the first output.
+        A prompt whose prefix-cache hit leaves one token runs as decode work, so both lists count.
+        """
+        plan = report.plan
+        if plan is None:
+            return
+        now = 0
+        for req in itertools.chain(plan.decode_reqs, plan.prefill_reqs):
+            if not req.scheduled_ns:
+                now = now or time.monotonic_ns()
+                req.scheduled_ns = now
+                self.shm.set_scheduled_ns(req.shm_index, req.request_id, now)
+
+    def _add_time(self, field: str, seconds: float) -> None:
+        self.stats.set(field, self.stats.get(field) + int(seconds * 1e6))
+
+    def publish_stats(self) -> None:
+        """Write the KV, queue-wait and step counters."""
+        ctx = self.context
+        stats = self.stats
+        stats.set("kv_free_tokens", ctx.kv_cache.available)
+        stats.set("kv_cached_tokens", ctx.radix_cache.total_token_num if ctx.radix_cache else 0)
+        stats.set("kv_allocatable_tokens", ctx.allocatable_token_num())
+        stats.set("paused_requests", sum(1 for r in self.backend.requests.values() if r.is_paused))
+        stats.set("preemptions", self.preemptions)
+        stats.set("processed_prefill_tokens", self.backend.counter.value)
+        stats.set("backend_steps", self.steps)
+        for name, value in self.wait_tracker.fields().items():
+            stats.set(name, value)

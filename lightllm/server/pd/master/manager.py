@@ -1,0 +1,276 @@
+"""PdMasterManager: the PD master's request manager (the public API's backend on a master).
+
+It implements :class:`~lightllm.server.request_manager.SupervisedRequestManager`, so
+``create_app`` serves the same native and OpenAI API as a normal server; it loads the
+tokenizer and ``config.json`` only (:class:`~lightllm.server.served_model.ServedModel`).
+
+A request gets the next id of the master's counter, used unchanged on both nodes and in every
+log line.  Its first segment, and each continuation after D ended a segment, runs through
+:class:`~.segment_flow.SegmentFlow`; the client sees one uninterrupted stream and usage counts
+each token once (the master counts).  The text is the master's too
+(:mod:`.generation_text`): it decodes the token ids over all segments with the normal
+detokenizer's rules and decides stop strings itself.  Errors: before the cluster is ready 503 ``pd_not_ready``;
+a busy node 503 ``server_busy`` naming the role (after the bounded retry of
+``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` when positive); a node failure, a deadline or a
+node dropped from the cluster 503 (an error event when the stream already started).  Closing a
+request's generation (the client went away) closes its node streams, which aborts it on the
+nodes and frees its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.pd.master.continuation import SegmentEnd, first_segment, next_segment
+from lightllm.server.pd.master.expiry_sweeper import ExpirySweeper
+from lightllm.server.pd.master.generation_text import GenerationText
+from lightllm.server.pd.master.metrics import MasterMetrics
+from lightllm.server.pd.protocol.node_info import NodeInfo
+from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.node_selector import NodeSelector
+from lightllm.server.pd.master.node_streams import NodeStreams
+from lightllm.server.pd.master.pair_setup import PairSetup
+from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
+from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
+from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
+from lightllm.server.request_manager import GenerationEvent
+from lightllm.server.pd.protocol.stream_lines import token_from_line
+from lightllm.server.served_model import ServedModel
+from lightllm.utils.async_polling import wait_until
+
+log = logging.getLogger("lightllm.pd_master")
+
+
+class PdMasterManager:
+    """The PD master's :class:`~lightllm.server.request_manager.SupervisedRequestManager`.
+
+    Args:
+        model: the served model (names, tokenizer, limits).
+        registry: the master's live node set (its drop listener fails requests on a lost node).
+        deadlines: per-phase deadlines of node answers.
+        setup_timeout_s: bound on each node's answer to a transfer setup.
+    """
+
+    def __init__(self, model: ServedModel, registry: NodeRegistry, deadlines: PhaseDeadlines, setup_timeout_s: float,
+                 cluster_key: Optional[str] = None) -> None:
+        self.model = model
+        self.cluster_key = cluster_key
+        self.model_name = model.model_name
+        self.served_model_names = list(model.served_model_names)
+        self.max_req_total_len = model.max_req_total_len
+        self.vocab_size = model.vocab_size
+        self.eos_token_ids = list(model.eos_token_ids)
+        self.tokenizer = model.tokenizer
+        self.registry = registry
+        self.deadlines = deadlines
+        self.setup_timeout_s = setup_timeout_s
+        self.metrics = MasterMetrics(registry, model.model_name, model.max_req_total_len)
+        self.selector = NodeSelector(registry)
+        registry.add_drop_listener(self.selector.forget)
+        registry.add_drop_listener(self._on_node_dropped)
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self._nodes: Optional[NodeStreams] = None
+        self.pairs: Optional[PairSetup] = None
+        self._flow: Optional[SegmentFlow] = None
+        self._sweeper = ExpirySweeper(registry)
+        self._runs: Dict[int, RequestRun] = {}
+        self._next_request_id = 1
+        self._refusal: Optional[ServerUnavailableError] = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the node client and the expiry sweeper on the serving loop."""
+        self.loop = asyncio.get_running_loop()
+        self._nodes = NodeStreams(cluster_key=self.cluster_key)
+        self.pairs = PairSetup(self.registry, self.selector, self._nodes, self.setup_timeout_s)
+        self._flow = SegmentFlow(self.pairs, self._nodes, self.deadlines, self.metrics)
+        self._sweeper.start()
+
+    async def stop(self) -> None:
+        """Fail what still runs, stop sweeping and close every node connection."""
+        self.fail_pending("The PD master is stopping", "server_shutting_down", backend_alive=True)
+        await self._sweeper.stop()
+        if self._nodes is not None:
+            await self._nodes.aclose()
+
+    # --- shutdown and failure (the supervisor) ---------------------------------------------------
+    def refusal(self) -> Optional[ServerUnavailableError]:
+        """The error new requests get while the master refuses them (None: it takes them)."""
+        return self._refusal
+
+    def refuse_new_requests(self, message: str, code: str) -> None:
+        """From now on refuse every new request with ``ServerUnavailableError(message, code)``."""
+        if self._refusal is None:
+            self._refusal = ServerUnavailableError(message, code)
+
+    def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
+        """End every request in flight (and refuse later ones) with that error; returns how many."""
+        self.refuse_new_requests(message, code)
+        return sum(run.fail(PdRequestFailed(message, code, "stopped")) for run in list(self._runs.values()))
+
+    async def wait_until_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every request to end; True if they all did."""
+        return await wait_until(lambda: not self._runs, timeout)
+
+    def _on_node_dropped(self, info: NodeInfo, reason: str) -> None:
+        failed = 0
+        for run in list(self._runs.values()):
+            role = run.depends_on(info.node_id)
+            if role is not None:
+                failed += run.fail(PdRequestFailed(
+                    f"request {run.request_id}: the {role} {info.describe()} left the PD cluster ({reason})",
+                    "pd_node_lost", "node_lost"))
+        if failed:
+            log.warning("failed %d request(s) in flight on %s", failed, info.describe())
+
+    # --- the API layer's interface -------------------------------------------------------------
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of a text prompt."""
+        return self.model.encode_prompt(text, add_special_tokens)
+
+    def encode_chat(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, chat_template_kwargs: Optional[Dict[str, Any]] = None) -> List[int]:
+        """Token ids of a chat rendered with the model's template."""
+        return self.model.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
+
+    def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
+        """max_new_tokens for a request that gives none."""
+        return self.model.default_max_new_tokens(prompt_len, fallback)
+
+    def health(self) -> bool:
+        """Requests are accepted: a prefill and a decode node are alive and the master is not stopping."""
+        return self._refusal is None and self.registry.ready
+
+    def metrics_text(self) -> Tuple[bytes, str]:
+        """Prometheus exposition of the master's metrics."""
+        return self.metrics.render()
+
+    async def generate(
+        self,
+        prompt_ids: List[int],
+        params: SamplingParams,
+        *,
+        high_priority: bool = False,
+        request: Any = None,
+        count_prompt: bool = True,
+    ) -> AsyncIterator[GenerationEvent]:
+        """Run one generation through the PD cluster; one event per token, the last with a finish reason.
+
+        ``high_priority`` (a trusted client's ``high_priority_request``, checked by the HTTP layer)
+        goes to both nodes with every segment: each admits the request ahead of the others.
+        """
+        params.validate(self.vocab_size)
+        self.model.check_prompt(prompt_ids, params.max_new_tokens)
+        if self._refusal is not None:
+            raise self._refusal
+        self.registry.require_ready()
+        if self._flow is None:
+            raise ServerUnavailableError("The PD master has not started", "server_not_started")
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        run = RequestRun(request_id, request, high_priority=high_priority)
+        self._runs[request_id] = run
+        started = time.perf_counter()
+        if count_prompt:
+            self.metrics.requests.on_submit(len(prompt_ids))
+        generated: List[int] = []
+        cached_tokens = 0
+        first_token_seconds: Optional[float] = None
+        last_token_at: Optional[float] = None
+        finish_reason: Optional[str] = None
+        log.debug("request %d: %d prompt tokens, max_new_tokens %d", request_id, len(prompt_ids), params.max_new_tokens)
+        try:
+            text = GenerationText(self.tokenizer, prompt_ids, params, self.eos_token_ids)
+            segment = first_segment(request_id, prompt_ids, params)
+            while True:
+                async with contextlib.aclosing(self._flow.run(run, segment)) as lines:
+                    async for line in lines:
+                        try:
+                            event = token_from_line(line, request_id, len(prompt_ids), len(generated) + 1)
+                        except (KeyError, TypeError, ValueError) as exc:
+                            raise PdRequestFailed(f"request {request_id}: a node sent a malformed token line "
+                                                  f"{line!r}: {exc}", "pd_node_failed", "protocol") from None
+                        now = time.perf_counter()
+                        if event.token_id >= 0:
+                            generated.append(event.token_id)
+                            if first_token_seconds is None:
+                                first_token_seconds = now - started
+                                cached_tokens = event.cached_tokens
+                                self.metrics.requests.on_first_token(first_token_seconds, cached_tokens if count_prompt else 0)
+                            else:
+                                self.metrics.requests.on_next_token(now - (last_token_at or now))
+                                event.prompt_logprobs = None
+                            last_token_at = now
+                        else:
+                            event.prompt_logprobs = None
+                        # Usage is the master's count: the client's prompt, the first segment's cache hit.
+                        event.completion_tokens = len(generated)
+                        event.cached_tokens = cached_tokens
+                        event.finish_reason = event.finish_reason or None
+                        text.apply(event)
+                        if event.finish_reason is not None:
+                            finish_reason = event.finish_reason
+                        yield event
+                        if text.stopped:
+                            break
+                if text.stopped:
+                    # The master decided the stop string (it may straddle segments): the nodes
+                    # are still generating, and closing their streams aborts the request there.
+                    log.debug("request %d: stop string completed after %d tokens; aborting on the nodes",
+                              request_id, len(generated))
+                    await run.close_streams()
+                    break
+                end = run.segment_end
+                if end is SegmentEnd.FINISHED or finish_reason is not None:
+                    break
+                if end is None:
+                    raise PdRequestFailed(f"request {request_id}: segment {segment.segment_index} ended without an end",
+                                          "pd_node_failed", "protocol")
+                await run.close_streams()
+                following = next_segment(request_id, prompt_ids, params, generated, segment, end)
+                if following is None:
+                    # Every token was generated but the segment did not say so: finish by length.
+                    finish_reason = "length"
+                    last = GenerationEvent(request_id, -1, "", 0.0, "length", len(prompt_ids), cached_tokens, len(generated))
+                    text.apply(last)
+                    yield last
+                    break
+                log.info("request %d: segment %d ended (%s) after %d tokens; continuing as segment %d",
+                         request_id, segment.segment_index, end.value, len(generated), following.segment_index)
+                self.metrics.on_continuation()
+                segment = following
+        except ClientGone:
+            finish_reason = "abort"
+            log.info("request %d: the client went away; aborted on the nodes", request_id)
+        except PdRequestFailed as exc:
+            finish_reason = "error"
+            self.metrics.on_failure(exc.reason)
+            log.warning("request %d failed (%s): %s", request_id, exc.code, exc)
+            raise
+        except ServerBusyError as exc:
+            finish_reason = "busy"  # refused, not run: not a finished request
+            log.info("request %d refused: %s", request_id, exc)
+            raise
+        except ServerUnavailableError as exc:
+            finish_reason = "error"
+            log.warning("request %d refused (%s): %s", request_id, exc.code, exc)
+            raise
+        except Exception:
+            finish_reason = "error"
+            raise
+        finally:
+            # Bookkeeping before the first await: a cancelled caller may not get past it.
+            run.cancel_streams()
+            self._runs.pop(request_id, None)
+            if finish_reason != "busy":
+                self.metrics.requests.on_finish(
+                    finish_reason or "abort", len(generated), time.perf_counter() - started,
+                    prompt_tokens=len(prompt_ids), first_token_seconds=first_token_seconds,
+                    max_new_tokens=params.max_new_tokens,
+                )
+            await run.close_streams()

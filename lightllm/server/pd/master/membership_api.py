@@ -1,0 +1,161 @@
+"""The HTTP side of PD membership: the endpoints nodes call, and the master's readiness probe.
+
+Endpoints of :func:`membership_router` (JSON in and out; errors in the project's
+``{"error": {"message", "type", "param", "code"}}`` shape):
+
+* ``POST /pd/register`` -- body: a :class:`~.node_info.NodeInfo` as JSON.  200
+  ``{"node_id", "master_id", "heartbeat_interval_s", "max_missed_heartbeats", "cluster_key"}``
+  (``cluster_key``: whether the master sends the cluster key on its calls to nodes); 400 for an
+  invalid body (``param`` names the field); 409 ``incompatible_node`` (the message names every
+  mismatched field) or ``node_id_in_use``.
+* ``POST /pd/heartbeat`` -- body ``{"node_id": str}``.  200 with the same body as a
+  registration; 404 ``unknown_node`` when the master does not know the node (it was dropped,
+  or the master restarted): the node registers again.
+* ``GET /pd/nodes`` -- ``{"ready", "missing", "master_id", "heartbeat_interval_s",
+  "max_missed_heartbeats", "nodes": [registration + "heartbeats", "last_heartbeat_age_s"]}``.
+
+:func:`readiness_response` is the master's ``/health``: 200 ``{"status": "ok"}`` once at least
+one prefill and one decode node are alive, else 503 with code ``pd_not_ready`` and a message
+naming what is missing (``"no decode node registered"``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from lightllm.server.http.errors import INVALID_REQUEST, NOT_FOUND, SERVICE_UNAVAILABLE, APIError, invalid_request
+from lightllm.server.pd.protocol.node_info import NodeInfo, NodeInfoError
+from lightllm.server.pd.master.node_registry import NOT_READY_CODE, NodeRegistry, RegistrationRefused
+
+REGISTER_PATH = "/pd/register"
+HEARTBEAT_PATH = "/pd/heartbeat"
+NODES_PATH = "/pd/nodes"
+
+UNKNOWN_NODE_CODE = "unknown_node"
+
+
+async def _json_object(request: Request) -> Dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise invalid_request("the request body must be a JSON object", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        message = f"the request body must be a JSON object, got {type(body).__name__}"
+        raise invalid_request(message, None, "invalid_json")
+    return body
+
+
+def readiness_response(registry: NodeRegistry, refusal: Optional[Callable[[], Optional[Exception]]] = None) -> Response:
+    """200 ``{"status": "ok"}`` when the cluster is ready, else a 503 naming what is missing.
+
+    ``refusal`` (the master's manager) returns the error new requests get while the master
+    refuses them (it is stopping); /health then answers that error's 503.
+    """
+    problem = readiness_problem(registry, refusal)
+    if problem is None:
+        return JSONResponse({"status": "ok"})
+    return APIError(503, problem[1], SERVICE_UNAVAILABLE, None, problem[0]).to_response()
+
+
+def readiness_problem(registry: NodeRegistry, refusal: Optional[Callable[[], Optional[Exception]]] = None
+                      ) -> Optional[Tuple[Optional[str], str]]:
+    """None when the cluster is ready, else (code, message) of its 503 (the front door answers with it too)."""
+    refused = refusal() if refusal is not None else None
+    if refused is not None:
+        return getattr(refused, "code", None), str(refused)
+    missing = registry.missing()
+    if not missing:
+        return None
+    return NOT_READY_CODE, f"The PD cluster is not ready: {'; '.join(missing)}"
+
+
+def new_master_id() -> str:
+    """A fresh id for one start of the master process."""
+    return uuid.uuid4().hex[:12]
+
+
+def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False) -> APIRouter:
+    """An APIRouter with the ``/pd/*`` membership endpoints over ``registry``.
+
+    ``master_id`` (see :func:`new_master_id`) identifies this start of the master in every
+    answer, so a node's log shows when it is talking to a restarted master.  ``has_cluster_key``
+    tells the nodes whether the master sends a cluster key on its calls to them.
+    """
+    router = APIRouter()
+
+    def accepted(node_id: str) -> Dict[str, Any]:
+        return {
+            "node_id": node_id,
+            "master_id": master_id,
+            "heartbeat_interval_s": registry.heartbeat_interval_s,
+            "max_missed_heartbeats": registry.max_missed_heartbeats,
+            "cluster_key": has_cluster_key,
+        }
+
+    async def register(request: Request) -> Response:
+        try:
+            info = NodeInfo.from_dict(await _json_object(request))
+            registry.register(info)
+        except APIError as exc:
+            return exc.to_response()
+        except NodeInfoError as exc:
+            return invalid_request(str(exc), exc.param, "invalid_node_info").to_response()
+        except RegistrationRefused as exc:
+            return APIError(409, str(exc), INVALID_REQUEST, None, exc.code).to_response()
+        return JSONResponse(accepted(info.node_id))
+
+    async def heartbeat(request: Request) -> Response:
+        try:
+            body = await _json_object(request)
+        except APIError as exc:
+            return exc.to_response()
+        unknown = sorted(set(body) - {"node_id"})
+        if unknown:
+            return invalid_request(f"unknown heartbeat field(s): {', '.join(unknown)}", unknown[0]).to_response()
+        node_id = body.get("node_id")
+        if not isinstance(node_id, str) or not node_id:
+            return invalid_request(f"node_id must be a non-empty string, got {node_id!r}", "node_id").to_response()
+        if not registry.heartbeat(node_id):
+            message = (
+                f"node {node_id!r} is not registered with this master (it was dropped or the master "
+                f"restarted); register again"
+            )
+            return APIError(404, message, NOT_FOUND, "node_id", UNKNOWN_NODE_CODE).to_response()
+        return JSONResponse(accepted(node_id))
+
+    async def nodes() -> Response:
+        return JSONResponse(
+            {
+                "ready": registry.ready,
+                "missing": registry.missing(),
+                "master_id": master_id,
+                "heartbeat_interval_s": registry.heartbeat_interval_s,
+                "max_missed_heartbeats": registry.max_missed_heartbeats,
+                "nodes": registry.snapshot(),
+            }
+        )
+
+    router.add_api_route(REGISTER_PATH, register, methods=["POST"])
+    router.add_api_route(HEARTBEAT_PATH, heartbeat, methods=["POST"])
+    router.add_api_route(NODES_PATH, nodes, methods=["GET"])
+    return router
+
+
+def readiness_router(registry: NodeRegistry, path: str = "/health",
+                     refusal: Optional[Callable[[], Optional[Exception]]] = None) -> APIRouter:
+    """An APIRouter answering ``GET``/``HEAD path`` with :func:`readiness_response`."""
+    router = APIRouter()
+
+    async def health() -> Response:
+        return readiness_response(registry, refusal)
+
+    # /health/ready is the same probe under the name Kubernetes users look for.
+    for route_path in (path, f"{path}/ready"):
+        router.add_api_route(route_path, health, methods=["GET"])
+        router.add_api_route(route_path, health, methods=["HEAD"], include_in_schema=False)
+    return router

@@ -1,0 +1,94 @@
+"""Prometheus metrics of the PD master (its ``/metrics``).
+
+The public request metrics (TTFT, inter-token latency, end-to-end latency, token counts, finish
+reasons, and their ``vllm:*`` copies) are the normal server's
+:class:`~lightllm.server.httpserver.metrics.ServerMetrics`, measured where the client sees them,
+with ``strategy="pd_master"`` (the prefill-queue strategy runs on the prefill node, which
+exports its own).  The PD families:
+
+* ``lightllm_pd_nodes_alive{role}`` -- live nodes per role (gauge, read at scrape time);
+* ``lightllm_pd_busy_answers_total{role}`` -- busy answers of the nodes;
+* ``lightllm_pd_busy_retries_total`` -- retries after a busy answer
+  (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` > 0);
+* ``lightllm_pd_phase_seconds{phase}`` -- ``reserve`` (D's reservation answer), ``prefill`` (P's
+  first token after dispatch), ``transfer`` (P's first token to D's echo of it: the KV moved and
+  D admitted the request), ``first_decode_token`` (the echo to D's first generated token);
+* ``lightllm_pd_continuation_segments_total`` -- continuation segments dispatched;
+* ``lightllm_pd_failed_requests_total{reason}`` -- requests that ended with an error.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Tuple
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from lightllm.server.httpserver.metrics import ServerMetrics
+from lightllm.server.pd.protocol.node_info import ROLES
+from lightllm.server.pd.master.node_registry import NodeRegistry
+
+MASTER_STRATEGY_LABEL = "pd_master"
+PHASES = ("reserve", "prefill", "transfer", "first_decode_token")
+FAILURE_REASONS = ("timeout", "node_error", "transfer_failed", "node_lost", "node_unreachable", "protocol", "stopped")
+_PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _NodesAliveCollector:
+    def __init__(self, registry: NodeRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        gauge = GaugeMetricFamily("lightllm_pd_nodes_alive", "Live PD nodes per role", labels=["role"])
+        for role in ROLES:
+            gauge.add_metric([role], len(self.registry.alive(role)))
+        yield gauge
+
+
+class MasterMetrics:
+    """The request metrics of :class:`ServerMetrics` plus the PD master's own families."""
+
+    def __init__(self, registry: NodeRegistry, model_name: str, max_len: int) -> None:
+        self.requests = ServerMetrics(MASTER_STRATEGY_LABEL, None, model_name, max_len)
+        measured = self.requests.measured
+        self.busy_answers = Counter("lightllm_pd_busy_answers", "Busy answers of PD nodes", ["role"], registry=measured)
+        self.busy_retries = Counter("lightllm_pd_busy_retries", "Dispatch retries after a busy answer", registry=measured)
+        self.phase_seconds = Histogram("lightllm_pd_phase_seconds", "Latency of each phase of a PD request segment",
+                                       ["phase"], buckets=_PHASE_BUCKETS, registry=measured)
+        self.continuation_segments = Counter("lightllm_pd_continuation_segments", "Continuation segments dispatched",
+                                             registry=measured)
+        self.failed_requests = Counter("lightllm_pd_failed_requests", "PD requests that ended with an error",
+                                       ["reason"], registry=measured)
+        measured.register(_NodesAliveCollector(registry))
+        # Every label value exported from the start, so rate() sees 0, not nothing.
+        for role in ROLES:
+            self.busy_answers.labels(role)
+        for phase in PHASES:
+            self.phase_seconds.labels(phase)
+        for reason in FAILURE_REASONS:
+            self.failed_requests.labels(reason)
+
+    def on_busy(self, role: str) -> None:
+        """A node answered busy."""
+        self.busy_answers.labels(role).inc()
+
+    def on_retry(self, role: str) -> None:
+        """The master retries after a busy answer (the busy policy's ``on_retry``)."""
+        self.busy_retries.inc()
+
+    def on_phase(self, phase: str, seconds: float) -> None:
+        """One phase of a segment took ``seconds``."""
+        self.phase_seconds.labels(phase).observe(max(0.0, seconds))
+
+    def on_continuation(self) -> None:
+        """A continuation segment was dispatched."""
+        self.continuation_segments.inc()
+
+    def on_failure(self, reason: str) -> None:
+        """A request ended with an error of kind ``reason`` (one of :data:`FAILURE_REASONS`)."""
+        self.failed_requests.labels(reason).inc()
+
+    def render(self) -> Tuple[bytes, str]:
+        """Body and content type for /metrics."""
+        return self.requests.render()

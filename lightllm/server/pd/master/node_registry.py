@@ -1,0 +1,235 @@
+"""The PD master's set of live prefill and decode nodes.
+
+Membership rules:
+
+* A node joins with :meth:`NodeRegistry.register`.  It must agree with the nodes already alive
+  on every :data:`~.node_info.COMPATIBILITY_FIELDS` field; while no node is alive the first one
+  to register sets the reference.  A refusal names every mismatched field.
+* A node then heartbeats every ``heartbeat_interval_s`` seconds (default
+  :data:`DEFAULT_HEARTBEAT_INTERVAL_S` = 2 s).  A node not heard from for
+  ``max_missed_heartbeats`` intervals (default :data:`DEFAULT_MAX_MISSED_HEARTBEATS` = 3, so
+  6 s) is dropped: it leaves the live set and every drop listener is told, so the master can
+  fail that node's in-flight requests.  With the expiry sweeper checking every half interval,
+  a silent node is dropped at most ``interval * (missed + 0.5)`` seconds (7 s by default) after
+  its last heartbeat.
+* The cluster is ready when at least one prefill and one decode node are alive.
+
+Both numbers are constructor arguments; they will become the flags ``--pd_heartbeat_interval``
+and ``--pd_max_missed_heartbeats`` of :mod:`lightllm.server.launch.arg_parser` when the PD run modes are
+wired (configuration has one source, the argument parser).  The master sends both values to
+every node in its registration answer, so the nodes heartbeat at the master's pace.
+
+Time comes from an injected ``clock`` (``time.monotonic`` by default), so tests move time
+without sleeping.  The registry is not thread-safe: use it from the master's event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+from lightllm.server.pd.protocol.node_info import (
+    DECODE,
+    PREFILL,
+    ROLES,
+    NodeInfo,
+    compatibility_mismatches,
+)
+from lightllm.server.manager_errors import ServerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
+DEFAULT_MAX_MISSED_HEARTBEATS = 3
+
+# The ServerUnavailableError code of a request that arrives while the cluster is not ready.
+NOT_READY_CODE = "pd_not_ready"
+
+DropListener = Callable[[NodeInfo, str], None]
+# Extra admission rules of the owner (the master's served model): one problem per line, [] = admit.
+AdmissionCheck = Callable[[NodeInfo], List[str]]
+
+
+class RegistrationRefused(ValueError):
+    """The master will not admit a node; ``reasons`` lists each problem, ``code`` classifies it.
+
+    Codes: ``incompatible_node`` (a compatibility field differs from the live nodes') and
+    ``node_id_in_use`` (another live node, at a different address or role, has this id).
+    """
+
+    def __init__(self, message: str, code: str, reasons: List[str]):
+        super().__init__(message)
+        self.code = code
+        self.reasons = reasons
+
+
+@dataclass
+class NodeState:
+    """A live node as the registry tracks it (times are readings of the registry's clock)."""
+
+    info: NodeInfo
+    registered_at: float
+    last_heartbeat: float
+    heartbeats: int = 0
+
+
+class NodeRegistry:
+    """Live prefill/decode nodes: registration, heartbeats, expiry, readiness, drop events."""
+
+    def __init__(
+        self,
+        heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        max_missed_heartbeats: int = DEFAULT_MAX_MISSED_HEARTBEATS,
+        clock: Callable[[], float] = time.monotonic,
+        on_drop: Optional[DropListener] = None,
+        admission: Optional[AdmissionCheck] = None,
+    ) -> None:
+        if not heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s!r}")
+        missed = max_missed_heartbeats
+        if isinstance(missed, bool) or not isinstance(missed, int) or missed < 1:
+            raise ValueError(f"max_missed_heartbeats must be a positive integer, got {max_missed_heartbeats!r}")
+        self.heartbeat_interval_s = float(heartbeat_interval_s)
+        self.max_missed_heartbeats = max_missed_heartbeats
+        self._clock = clock
+        self._nodes: Dict[str, NodeState] = {}
+        self._drop_listeners: List[DropListener] = [on_drop] if on_drop is not None else []
+        self._admission = admission
+
+    # --- configuration --------------------------------------------------------------------
+    @property
+    def expiry_s(self) -> float:
+        """Seconds without a heartbeat after which a node is dropped."""
+        return self.heartbeat_interval_s * self.max_missed_heartbeats
+
+    def add_drop_listener(self, listener: DropListener) -> None:
+        """Call ``listener(node_info, reason)`` whenever a node leaves the live set."""
+        self._drop_listeners.append(listener)
+
+    # --- membership -----------------------------------------------------------------------
+    def register(self, info: NodeInfo) -> NodeState:
+        """Admit ``info`` or raise :class:`RegistrationRefused` naming every mismatched field.
+
+        A node that registers again under its live id (same role and address) has restarted:
+        its previous incarnation is dropped first (listeners fail its in-flight requests).
+        """
+        self.expire()
+        known = self._nodes.get(info.node_id)
+        if known is not None and (known.info.role, known.info.http_address) != (info.role, info.http_address):
+            reason = (
+                f"node id {info.node_id!r} is already used by the live {known.info.describe()}; "
+                f"refusing {info.role} node at {info.http_address}"
+            )
+            logger.warning("PD registration refused: %s", reason)
+            raise RegistrationRefused(reason, "node_id_in_use", [reason])
+        problems = self._admission(info) if self._admission is not None else []
+        if problems:
+            message = f"{info.describe()} cannot join this PD master: {'; '.join(problems)}"
+            logger.warning("PD registration refused: %s", message)
+            raise RegistrationRefused(message, "incompatible_node", problems)
+        others = [state.info for node_id, state in self._nodes.items() if node_id != info.node_id]
+        if others:
+            reference = others[0]
+            mismatches = compatibility_mismatches(reference, info)
+            if mismatches:
+                message = (
+                    f"{info.describe()} is incompatible with the cluster (reference: {reference.describe()}); "
+                    f"prefill and decode nodes must agree on model_name, dtype, num_layers, num_kv_heads, "
+                    f"head_dim and tp_size; mismatched: {'; '.join(mismatches)}"
+                )
+                logger.warning("PD registration refused: %s", message)
+                raise RegistrationRefused(message, "incompatible_node", mismatches)
+        if known is not None:
+            self._drop(known, "it registered again (the node restarted)")
+        now = self._clock()
+        state = NodeState(info, registered_at=now, last_heartbeat=now)
+        self._nodes[info.node_id] = state
+        logger.info("PD %s registered (model %s, dtype %s, tp %d, kv transfer at %s)", info.describe(),
+                    info.model_name, info.dtype, info.tp_size, info.kv_transfer_address)
+        return state
+
+    def heartbeat(self, node_id: str) -> bool:
+        """Record a heartbeat; False when the node is unknown (never registered, or dropped)."""
+        self.expire()
+        state = self._nodes.get(node_id)
+        if state is None:
+            return False
+        state.last_heartbeat = self._clock()
+        state.heartbeats += 1
+        return True
+
+    def unregister(self, node_id: str, reason: str) -> bool:
+        """Drop a node now (it left, or the master gave up on it); False when it was not live."""
+        state = self._nodes.get(node_id)
+        if state is None:
+            return False
+        self._drop(state, reason)
+        return True
+
+    def expire(self) -> List[NodeInfo]:
+        """Drop every node silent for longer than :attr:`expiry_s`; returns the dropped nodes."""
+        now = self._clock()
+        silent = [state for state in self._nodes.values() if now - state.last_heartbeat > self.expiry_s]
+        for state in silent:
+            self._drop(
+                state,
+                f"it missed {self.max_missed_heartbeats} heartbeats (none for {now - state.last_heartbeat:.1f} s; "
+                f"interval {self.heartbeat_interval_s:g} s)",
+            )
+        return [state.info for state in silent]
+
+    def _drop(self, state: NodeState, reason: str) -> None:
+        del self._nodes[state.info.node_id]
+        logger.warning("PD %s dropped: %s", state.info.describe(), reason)
+        for listener in list(self._drop_listeners):
+            try:
+                listener(state.info, reason)
+            except Exception:  # noqa: BLE001 - one failing listener must not keep a dead node alive
+                logger.exception("PD drop listener failed for %s", state.info.describe())
+
+    # --- queries --------------------------------------------------------------------------
+    def get(self, node_id: str) -> Optional[NodeInfo]:
+        """The live node with this id, or None."""
+        self.expire()
+        state = self._nodes.get(node_id)
+        return state.info if state is not None else None
+
+    def alive(self, role: Optional[str] = None) -> List[NodeInfo]:
+        """Live nodes (of ``role`` when given), sorted by node id."""
+        if role is not None and role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        self.expire()
+        return sorted(
+            (state.info for state in self._nodes.values() if role is None or state.info.role == role),
+            key=lambda info: info.node_id,
+        )
+
+    def missing(self) -> List[str]:
+        """What keeps the cluster from being ready, e.g. ``["no decode node registered"]``."""
+        return [f"no {role} node registered" for role in (PREFILL, DECODE) if not self.alive(role)]
+
+    @property
+    def ready(self) -> bool:
+        """At least one prefill and one decode node are alive."""
+        return not self.missing()
+
+    def require_ready(self) -> None:
+        """Raise ``ServerUnavailableError`` (503, code ``pd_not_ready``) naming what is missing."""
+        missing = self.missing()
+        if missing:
+            raise ServerUnavailableError(f"The PD cluster is not ready: {'; '.join(missing)}", NOT_READY_CODE)
+
+    def snapshot(self) -> List[Dict[str, object]]:
+        """Each live node's registration plus ``heartbeats`` and ``last_heartbeat_age_s``."""
+        self.expire()
+        now = self._clock()
+        return [
+            {
+                **state.info.to_dict(),
+                "heartbeats": state.heartbeats,
+                "last_heartbeat_age_s": round(now - state.last_heartbeat, 3),
+            }
+            for state in sorted(self._nodes.values(), key=lambda s: s.info.node_id)
+        ]

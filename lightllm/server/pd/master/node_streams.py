@@ -1,0 +1,176 @@
+"""The PD master's HTTP client of the node control endpoints (``/pd/node/*``).
+
+``transfer_setup`` is a JSON call; ``decode`` and ``prefill`` answer NDJSON streams, one event
+object per line (docs/EN/pd_deployment.md and the node endpoints).  A :class:`NodeStream`
+reads its stream in its own task and hands every line, as a ``dict``, to a sink; the end of the
+stream as :data:`STREAM_END`; a failure (the node unreachable, an error answer before the
+stream, a line that is not JSON) as a :class:`NodeCallError`.  The reader of the sink applies the
+deadlines.  Closing a stream before its end closes the connection, which the node takes as the
+master giving up: it aborts the request and frees its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable, Dict, Optional
+
+import httpx
+
+from lightllm.server.http.auth import cluster_key_headers
+from lightllm.server.pd.protocol.node_info import NodeInfo
+
+logger = logging.getLogger(__name__)
+
+TRANSFER_SETUP_PATH = "/pd/node/transfer_setup"
+DECODE_PATH = "/pd/node/decode"
+PREFILL_PATH = "/pd/node/prefill"
+
+# Handed to the sink when a stream ended normally (the node closed it).
+STREAM_END = object()
+
+# A node that cannot even accept the connection is down; this bounds how long that takes to see.
+CONNECT_TIMEOUT_S = 5.0
+
+Sink = Callable[[Any], None]
+
+
+class NodeCallError(Exception):
+    """A call to a node failed before, or instead of, a well-formed answer.
+
+    Attributes: ``node`` (who), ``status`` (the HTTP status of an error answer, else None),
+    ``code`` (the node's error code, if it sent one) and ``unreachable`` (no answer at all).
+    """
+
+    def __init__(self, node: NodeInfo, message: str, status: Optional[int] = None, code: Optional[str] = None,
+                 unreachable: bool = False):
+        super().__init__(message)
+        self.node = node
+        self.status = status
+        self.code = code
+        self.unreachable = unreachable
+
+
+def _error_message(response: httpx.Response, body: bytes) -> tuple[str, Optional[str]]:
+    try:
+        error = json.loads(body)["error"]
+        return str(error["message"]), error.get("code")
+    except Exception:  # noqa: BLE001 - a proxy's HTML page is still an error answer
+        return f"HTTP {response.status_code}: {body[:200].decode('utf-8', 'replace')}", None
+
+
+class NodeStream:
+    """One NDJSON stream from a node, read in a background task into ``sink``."""
+
+    def __init__(self, client: httpx.AsyncClient, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink):
+        self.node = node
+        self.path = path
+        self._client = client
+        self._body = body
+        self._sink = sink
+        self._task: Optional[asyncio.Task] = None
+        self._cancel_requested = False
+
+    def start(self) -> "NodeStream":
+        """Send the request and start reading (on the running loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._read(), name=f"pd-{self.path}")
+        return self
+
+    async def _read(self) -> None:
+        url = f"http://{self.node.http_address}{self.path}"
+        try:
+            async with self._client.stream("POST", url, json=self._body) as response:
+                if response.status_code != 200:
+                    message, code = _error_message(response, await response.aread())
+                    self._sink(NodeCallError(self.node, message, response.status_code, code))
+                    return
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        event = None
+                    if not isinstance(event, dict):
+                        self._sink(NodeCallError(self.node, f"{self.node.describe()} sent a line that is not a JSON "
+                                                            f"object on {self.path}: {line[:200]!r}"))
+                        return
+                    self._sink(event)
+            self._sink(STREAM_END)
+        except httpx.HTTPError as exc:
+            self._sink(NodeCallError(self.node, f"{self.node.describe()} could not be reached on {self.path}: "
+                                                f"{type(exc).__name__}: {exc}", unreachable=True))
+
+    def cancel(self) -> None:
+        """Stop reading now; the reader closes the connection on its own (see :meth:`close`).
+
+        Cancels the reader once: a second cancellation would land inside its connection close
+        and leave the connection half closed.
+        """
+        if self._task is not None and not self._task.done() and not self._cancel_requested:
+            self._cancel_requested = True
+            self._task.cancel()
+
+    async def close(self) -> None:
+        """Stop reading and wait until the connection is closed (the node aborts the request).
+
+        ``asyncio.wait`` rather than ``await task``: a cancellation of the caller (the client's
+        response being torn down) must not be forwarded into the reader while it closes the
+        connection; cut short there, the connection would stay open and the node would keep
+        generating into it.
+        """
+        task = self._task
+        if task is None:
+            return
+        self.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("the stream reader of %s failed", self.node.describe(), exc_info=task.exception())
+
+
+class NodeStreams:
+    """The master's one HTTP client of every node (one connection per stream, never reused).
+
+    ``cluster_key`` (``--pd_cluster_key``) goes with every call: the nodes' ``/pd/`` endpoints
+    require it when the cluster has one.
+    """
+
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, cluster_key: Optional[str] = None) -> None:
+        # No read timeout here: the request flow bounds every wait with its phase deadlines.
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=connect_timeout_s),
+            # Every stream on a fresh connection: a stream the master stops mid-body must never
+            # leave a half-read connection in a pool for the next request (its stale bytes would
+            # end that request's stream). A loopback connect costs far less than a token.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+            headers=cluster_key_headers(cluster_key),
+            trust_env=False,
+        )
+
+    def stream(self, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink) -> NodeStream:
+        """Open ``path`` on ``node`` with ``body``; its lines go to ``sink``."""
+        return NodeStream(self._client, node, path, body, sink).start()
+
+    async def post_json(self, node: NodeInfo, path: str, body: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+        """POST ``body`` and return the JSON answer; :class:`NodeCallError` on any failure."""
+        url = f"http://{node.http_address}{path}"
+        try:
+            response = await self._client.post(url, json=body, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise NodeCallError(node, f"{node.describe()} could not be reached on {path}: {type(exc).__name__}: {exc}",
+                                unreachable=True) from None
+        if response.status_code != 200:
+            message, code = _error_message(response, response.content)
+            raise NodeCallError(node, message, response.status_code, code)
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise NodeCallError(node, f"{node.describe()} answered {path} with something other than a JSON object")
+        return answer
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self._client.aclose()

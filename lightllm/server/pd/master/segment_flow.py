@@ -1,0 +1,235 @@
+"""One segment of a PD request on the master: decode reserves first, prefill, hand-off, decode.
+
+For a segment (:mod:`.continuation`) of a request the master
+
+1. makes sure the current P/D pair is set up (:mod:`.pair_setup`);
+2. opens ``D /pd/node/decode``; D answers ``reserved`` (its prefix-cache hit as ``kv_start``),
+   ``busy`` (at once; :class:`~.busy_retry.NodeBusy`) or ``error`` -- deadline
+   ``--pd_decode_token_timeout_seconds``;
+3. opens ``P /pd/node/prefill`` with that ``kv_start`` and the segment's inference priority;
+   P answers the first token -- deadline ``--pd_prefill_timeout_seconds`` -- or ``busy``
+   (the reservation on D is closed, and both are retried together);
+4. hands P's first token to the client at once; when it finishes the request nothing moves;
+5. reads D's stream (deadline per event ``--pd_decode_token_timeout_seconds``): the first token
+   is D's echo of P's (checked, not shown), then D's tokens until a finish, ``segment_end``
+   (the master continues with a new segment) or ``error``.  P's ``handed_off`` meanwhile
+   ends the request's dependence on P; an ``error`` from P ends the request.
+
+An error line with ``transfer_broken`` makes the pair be set up again; when it comes before the
+segment produced anything the segment is dispatched once more on the new pair.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Dict
+
+from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
+from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
+from lightllm.server.pd.master.metrics import MasterMetrics
+from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
+from lightllm.server.pd.master.node_streams import DECODE_PATH, PREFILL_PATH, STREAM_END, NodeCallError, NodeStreams
+from lightllm.server.pd.master.pair_setup import PairSetup, TransferPair
+from lightllm.server.pd.master.request_run import PdRequestFailed, RequestRun
+
+
+@dataclass(frozen=True)
+class PhaseDeadlines:
+    """Seconds the master waits for each node answer (the ``--pd_*_timeout_seconds`` flags).
+
+    ``busy_retry_s``: how long busy answers are retried (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS``,
+    read once when the master starts; 0: no retry).
+    """
+
+    prefill_s: float
+    decode_token_s: float
+    busy_retry_s: float = 0.0
+
+
+# ``error_kind`` values of an error line (optional) that mean the KV transfer failed.
+# A lease that expired means the KV never arrived in time: a transfer failure too.
+TRANSFER_ERROR_KINDS = frozenset({"transfer_failed", "transfer_broken", "lease_expired"})
+
+
+def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str, line: Dict[str, Any]) -> PdRequestFailed:
+    broken = bool(line.get("transfer_broken"))
+    if broken:
+        pairs.invalidate(pair.epoch, f"{pair.node(role).describe()} reported its KV transfer broken")
+    transfer = broken or line.get("error_kind") in TRANSFER_ERROR_KINDS
+    message = str(line.get("message") or "no message")
+    return PdRequestFailed(
+        f"request {run.request_id}: {pair.node(role).describe()} failed: {message}",
+        "pd_transfer_failed" if transfer else "pd_node_failed",
+        "transfer_failed" if transfer else "node_error",
+        transfer_broken=broken,
+    )
+
+
+def _protocol_error(run: RequestRun, pair: TransferPair, role: str, expected: str, line: Dict[str, Any]) -> PdRequestFailed:
+    return PdRequestFailed(
+        f"request {run.request_id}: {pair.node(role).describe()} sent {line!r} where {expected} was expected",
+        "pd_node_failed", "protocol",
+    )
+
+
+class SegmentFlow:
+    """Runs segments of requests against the current pair (one instance per master)."""
+
+    def __init__(self, pairs: PairSetup, nodes: NodeStreams, deadlines: PhaseDeadlines, metrics: MasterMetrics) -> None:
+        self.pairs = pairs
+        self.nodes = nodes
+        self.deadlines = deadlines
+        self.metrics = metrics
+
+    def _busy_policy(self) -> BusyRetryPolicy:
+        # The timeout was read and checked at start-up: a request never reads the environment.
+        return BusyRetryPolicy(timeout_s=self.deadlines.busy_retry_s, on_retry=self.metrics.on_retry)
+
+    async def _dispatch_once(self, run: RequestRun, segment: ContinuationSegment) -> tuple[TransferPair, Dict[str, Any]]:
+        if run.failure is not None:  # failed while waiting to retry a busy node
+            raise run.failure
+        pair = await self.pairs.current()
+        run.nodes = {PREFILL: pair.prefill, DECODE: pair.decode}
+        common = {
+            "request_id": segment.request_id,
+            "prompt_ids": segment.prompt_ids,
+            "params": segment.params.to_dict(),
+            "segment_index": segment.segment_index,
+            "generated_before": segment.generated_before,
+            "epoch": pair.epoch,
+            # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
+            # as a trusted client's priority request (the nodes' overtaking bound still applies).
+            "high_priority_request": run.high_priority or segment.segment_index > 0,
+        }
+        try:
+            started = time.monotonic()
+            run.track(self.nodes.stream(pair.decode, DECODE_PATH, common, run.sink(DECODE)))
+            line = await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer")
+            kind = line.get("event")
+            if kind == "busy":
+                self.metrics.on_busy(DECODE)
+                raise NodeBusy(DECODE, str(line.get("message") or "no KV or request slot free"))
+            if kind == "error":
+                raise _node_error(run, self.pairs, pair, DECODE, line)
+            kv_start = line.get("kv_start")
+            if kind != "reserved" or isinstance(kv_start, bool) or not isinstance(kv_start, int):
+                raise _protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
+            self.metrics.on_phase("reserve", time.monotonic() - started)
+            body = {**common, "kv_start": kv_start, "infer_high_priority": segment.infer_high_priority}
+            started = time.monotonic()
+            run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body, run.sink(PREFILL)))
+
+            def watch_decode(payload: Any) -> None:
+                # D failing while P prefills (it died, its lease expired) ends the request now,
+                # not after P's first token; D's ordinary lines wait for their turn.
+                if payload is STREAM_END and run.has_buffered(DECODE):
+                    # D has the token from P's KV header and may finish its whole segment before
+                    # P's line reaches the master: its end of stream follows lines still to be
+                    # read, which decide whether it came too early.
+                    run.keep(DECODE, payload)
+                    return
+                event = run.check(DECODE, payload, "echo of the first token")
+                if event.get("event") == "error":
+                    raise _node_error(run, self.pairs, pair, DECODE, event)
+                run.keep(DECODE, payload)
+
+            line = await run.next(PREFILL, self.deadlines.prefill_s, "first token", watch_decode)
+            kind = line.get("event")
+            if kind == "busy":
+                self.metrics.on_busy(PREFILL)
+                raise NodeBusy(PREFILL, str(line.get("message") or "its queue is full"))
+            if kind == "error":
+                raise _node_error(run, self.pairs, pair, PREFILL, line)
+            if kind != "token" or not isinstance(line.get("token_id"), int):
+                raise _protocol_error(run, pair, PREFILL, "the first token", line)
+            self.metrics.on_phase("prefill", time.monotonic() - started)
+            return pair, line
+        except BaseException:
+            await run.close_streams()
+            raise
+
+    async def _dispatch(self, run: RequestRun, segment: ContinuationSegment) -> tuple[TransferPair, Dict[str, Any]]:
+        retried_broken = False
+
+        async def attempt() -> tuple[TransferPair, Dict[str, Any]]:
+            nonlocal retried_broken
+            try:
+                return await self._dispatch_once(run, segment)
+            except PdRequestFailed as exc:
+                if not exc.transfer_broken or retried_broken:
+                    raise
+                # A node lost its transfer group (or missed a setup) before this segment started:
+                # the pair was invalidated, so one more attempt runs on a fresh setup.
+                retried_broken = True
+                return await self._dispatch_once(run, segment)
+
+        return await self._busy_policy().run(attempt)
+
+    async def run(self, run: RequestRun, segment: ContinuationSegment) -> AsyncIterator[Dict[str, Any]]:
+        """Yield the segment's new token lines (P's first, then D's); sets ``run.segment_end``.
+
+        ``run.segment_end`` is :class:`SegmentEnd` ``FINISHED`` when the request is done, or
+        why D ended the segment.  A token-less finish is yielded as a line with ``token_id`` -1.
+        """
+        run.segment_end = None
+        pair, first = await self._dispatch(run, segment)
+        got_first = time.monotonic()
+        yield first
+        if first.get("finish_reason"):
+            run.segment_end = SegmentEnd.FINISHED
+            await run.close_streams()  # D's reservation is freed: no KV moves
+            return
+        handed_off = False
+
+        def on_prefill(payload: Any) -> None:
+            nonlocal handed_off
+            if handed_off or payload is STREAM_END:
+                return
+            if isinstance(payload, NodeCallError):
+                raise PdRequestFailed(f"request {run.request_id}: {payload}", "pd_node_unreachable", "node_unreachable")
+            kind = payload.get("event")
+            if kind == "handed_off":
+                handed_off = True
+                run.nodes.pop(PREFILL, None)  # P's part is done; losing P no longer matters
+            elif kind == "error":
+                raise _node_error(run, self.pairs, pair, PREFILL, payload)
+            else:
+                raise _protocol_error(run, pair, PREFILL, "handed_off or error", payload)
+
+        echo = await run.next(DECODE, self.deadlines.decode_token_s, "echo of the first token (KV transfer)", on_prefill)
+        if echo.get("event") == "error":
+            raise _node_error(run, self.pairs, pair, DECODE, echo)
+        if echo.get("event") != "token" or echo.get("token_id") != first["token_id"]:
+            raise _protocol_error(run, pair, DECODE, f"the echo of the prefill node's first token {first['token_id']}", echo)
+        echoed = time.monotonic()
+        self.metrics.on_phase("transfer", echoed - got_first)
+        if echo.get("finish_reason"):
+            run.segment_end = SegmentEnd.FINISHED
+            yield {**echo, "token_id": -1, "text": ""}
+            return
+        first_decode = True
+        while True:
+            line = await run.next(DECODE, self.deadlines.decode_token_s, "next token", on_prefill)
+            kind = line.get("event")
+            if kind == "token" and isinstance(line.get("token_id"), int):
+                if first_decode:
+                    first_decode = False
+                    self.metrics.on_phase("first_decode_token", time.monotonic() - echoed)
+                yield line
+                if line.get("finish_reason"):
+                    run.segment_end = SegmentEnd.FINISHED
+                    return
+            elif kind == "segment_end":
+                try:
+                    run.segment_end = SegmentEnd(line.get("reason"))
+                except ValueError:
+                    raise _protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line) from None
+                if run.segment_end is SegmentEnd.FINISHED:
+                    raise _protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line)
+                return
+            elif kind == "error":
+                raise _node_error(run, self.pairs, pair, DECODE, line)
+            else:
+                raise _protocol_error(run, pair, DECODE, "a token, segment_end or error event", line)
+

@@ -1,0 +1,247 @@
+"""The node side of PD membership: register with the master, heartbeat, notice a dead master.
+
+A prefill or decode node runs one :class:`PdNodeClient`.  It registers (retrying while the
+master is unreachable), then heartbeats at the interval the master sent back.  Heartbeats go
+both ways: every answered heartbeat proves the master alive, so when no registration or
+heartbeat has been answered for ``master_timeout_s`` (default: the master's own bound,
+``heartbeat_interval_s * max_missed_heartbeats``) the client calls ``on_master_lost`` once; the
+node can then fail the requests the master sent it.  When the master answers again (a
+restarted master says ``unknown_node``, and the client registers again) ``on_master_back`` is
+called.  A refusal (incompatible node, id in use, invalid registration) is final: the client
+stops and calls ``on_refused`` with the master's message, which names every mismatched field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Dict, Optional
+
+import httpx
+
+from lightllm.server.http.auth import cluster_key_headers
+from lightllm.server.pd.master.membership_api import HEARTBEAT_PATH, REGISTER_PATH, UNKNOWN_NODE_CODE
+from lightllm.server.pd.protocol.node_info import NodeInfo
+from lightllm.server.pd.master.node_registry import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_MAX_MISSED_HEARTBEATS,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class NodeRegistrationRefused(RuntimeError):
+    """The master refused this node for good; ``code`` is the master's error code."""
+
+    def __init__(self, message: str, code: Optional[str]):
+        super().__init__(message)
+        self.code = code
+
+
+def _error_of(response: httpx.Response) -> tuple[str, Optional[str]]:
+    """(message, code) of an error answer, tolerating a body that is not the project's shape."""
+    try:
+        error = response.json()["error"]
+        return str(error["message"]), error.get("code")
+    except Exception:  # noqa: BLE001 - a proxy's HTML error page is still an error
+        return f"HTTP {response.status_code}: {response.text[:200]}", None
+
+
+class PdNodeClient:
+    """Keeps one node registered with the PD master and tells its owner about the master's state.
+
+    Args:
+        master_url: ``http://host:port`` of the master.
+        info: this node's registration.
+        heartbeat_interval_s: pace of registration retries until the master answers; after
+            that the master's interval is used.
+        master_timeout_s: how long the master may stay silent before ``on_master_lost``; None:
+            ``heartbeat_interval_s * max_missed_heartbeats`` as the master sent them.
+        on_master_lost / on_master_back: called (with a reason / without arguments) when the
+            master becomes unreachable for longer than the bound, and when it answers again.
+        on_refused: called with the refusal message when the master refuses the node.
+        clock: time source (``time.monotonic``).
+        cluster_key: the cluster's key (``--pd_cluster_key``), sent on every call.  A master
+            that accepts the registration but has no key of its own would call this node's
+            ``/pd/`` endpoints without it, so the node treats that answer as a refusal.
+    """
+
+    def __init__(
+        self,
+        master_url: str,
+        info: NodeInfo,
+        *,
+        heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        master_timeout_s: Optional[float] = None,
+        on_master_lost: Optional[Callable[[str], None]] = None,
+        on_master_back: Optional[Callable[[], None]] = None,
+        on_refused: Optional[Callable[[str], None]] = None,
+        clock: Callable[[], float] = time.monotonic,
+        cluster_key: Optional[str] = None,
+    ) -> None:
+        if not heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s!r}")
+        if master_timeout_s is not None and not master_timeout_s > 0:
+            raise ValueError(f"master_timeout_s must be > 0, got {master_timeout_s!r}")
+        self.master_url = master_url.rstrip("/")
+        self.info = info
+        self.heartbeat_interval_s = float(heartbeat_interval_s)
+        self._explicit_master_timeout = master_timeout_s
+        self.master_timeout_s = master_timeout_s or heartbeat_interval_s * DEFAULT_MAX_MISSED_HEARTBEATS
+        self._on_master_lost = on_master_lost
+        self._on_master_back = on_master_back
+        self._on_refused = on_refused
+        self._clock = clock
+        self._cluster_key = cluster_key
+        self.registered = False
+        self.master_lost = False
+        self.master_id: Optional[str] = None
+        self.refusal: Optional[NodeRegistrationRefused] = None
+        self.registrations = 0
+        self.heartbeats = 0
+        self._last_answer = clock()
+        self._registered_event = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+        self._http: Optional[httpx.AsyncClient] = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start registering and heartbeating on the running event loop."""
+        if self._task is not None:
+            raise RuntimeError("the PD node client is already running")
+        self._last_answer = self._clock()
+        self._http = httpx.AsyncClient(base_url=self.master_url, headers=cluster_key_headers(self._cluster_key),
+                                       trust_env=False)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"pd-node-{self.info.node_id}")
+
+    async def wait_registered(self, timeout: float) -> None:
+        """Wait until registered; raises the refusal, or ``TimeoutError`` after ``timeout`` s."""
+        waiter = asyncio.ensure_future(self._registered_event.wait())
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except asyncio.TimeoutError:
+            message = f"{self.info.describe()} did not register with {self.master_url} in {timeout:g} s"
+            raise TimeoutError(message) from None
+        finally:
+            waiter.cancel()
+        if self.refusal is not None:
+            raise self.refusal
+
+    async def stop(self) -> None:
+        """Stop heartbeating (the master drops the node after its bound) and close the client."""
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    # --- the loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            # Beats keep their pace whatever the master's latency: sleep the rest of the interval.
+            beat_started = time.monotonic()
+            register_now = False
+            try:
+                if self.registered:
+                    register_now = await self._heartbeat()
+                else:
+                    await self._register()
+            except NodeRegistrationRefused as refusal:
+                self.refusal = refusal
+                self._registered_event.set()  # wakes wait_registered, which raises the refusal
+                logger.error("PD master refused %s: %s", self.info.describe(), refusal)
+                self._notify(self._on_refused, str(refusal))
+                return
+            except (httpx.HTTPError, OSError) as exc:
+                self._master_silent(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a malformed answer must not end the heartbeats
+                logger.exception("unexpected answer from PD master %s", self.master_url)
+                self._master_silent(f"{type(exc).__name__}: {exc}")
+            if register_now:
+                continue
+            pause = self.heartbeat_interval_s - (time.monotonic() - beat_started)
+            try:
+                await asyncio.wait_for(self._stop.wait(), max(pause, 0.0))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _post(self, path: str, body: Dict[str, Any]) -> httpx.Response:
+        assert self._http is not None
+        return await self._http.post(path, json=body, timeout=self.heartbeat_interval_s)
+
+    async def _register(self) -> None:
+        response = await self._post(REGISTER_PATH, self.info.to_dict())
+        if response.status_code == 200:
+            body = response.json()
+            if self._cluster_key and not body.get("cluster_key"):
+                # The master would call this node's /pd/ endpoints without the key it requires.
+                raise NodeRegistrationRefused(
+                    f"the PD master at {self.master_url} has no cluster key but this node has one: give the master "
+                    f"the same key (--pd_cluster_key or LIGHTLLM_PD_CLUSTER_KEY)", "cluster_key_mismatch"
+                )
+            self._accepted(body)
+            self.registered = True
+            self.registrations += 1
+            self._registered_event.set()
+            logger.info("%s registered with PD master %s (master id %s)", self.info.describe(), self.master_url,
+                        self.master_id)
+            return
+        message, code = _error_of(response)
+        if 400 <= response.status_code < 500:
+            raise NodeRegistrationRefused(message, code)
+        self._master_silent(message)
+
+    async def _heartbeat(self) -> bool:
+        """One heartbeat; True when the master does not know the node and it must register now."""
+        response = await self._post(HEARTBEAT_PATH, {"node_id": self.info.node_id})
+        if response.status_code == 200:
+            self._accepted(response.json())
+            self.heartbeats += 1
+            return False
+        message, code = _error_of(response)
+        if response.status_code == 404 and code == UNKNOWN_NODE_CODE:
+            # The master answered, so it is alive; it lost us (restart, or it dropped us).
+            self._answered()
+            logger.warning("PD master %s does not know %s (%s); registering again", self.master_url,
+                           self.info.describe(), message)
+            self.registered = False
+            self._registered_event.clear()
+            return True
+        self._master_silent(message)
+        return False
+
+    # --- master state ---------------------------------------------------------------------
+    def _accepted(self, body: Dict[str, Any]) -> None:
+        self._answered()
+        self.master_id = body.get("master_id")
+        self.heartbeat_interval_s = float(body["heartbeat_interval_s"])
+        if self._explicit_master_timeout is None:
+            self.master_timeout_s = self.heartbeat_interval_s * int(body["max_missed_heartbeats"])
+
+    def _answered(self) -> None:
+        self._last_answer = self._clock()
+        if self.master_lost:
+            self.master_lost = False
+            logger.info("PD master %s answers again", self.master_url)
+            self._notify(self._on_master_back)
+
+    def _master_silent(self, why: str) -> None:
+        silent_for = self._clock() - self._last_answer
+        if self.master_lost or silent_for <= self.master_timeout_s:
+            return
+        self.master_lost = True
+        reason = f"the PD master {self.master_url} has not answered for {silent_for:.1f} s (last error: {why})"
+        logger.error("%s: %s", self.info.describe(), reason)
+        self._notify(self._on_master_lost, reason)
+
+    def _notify(self, callback: Optional[Callable[..., None]], *args: Any) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:  # noqa: BLE001 - the owner's bug must not stop the heartbeats
+            logger.exception("PD node client callback failed")

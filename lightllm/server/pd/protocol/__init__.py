@@ -1,0 +1,6 @@
+"""The PD contract: what the master and the nodes say to each other.
+
+Both sides import only this package: the node's registration record and compatibility rules
+(``node_info``), the node's stream lines (``stream_lines``) and the node events they carry
+(``node_events``).
+"""

@@ -1,0 +1,146 @@
+"""What a prefill or decode node tells the PD master when it registers, and who may join whom.
+
+A KV cache moved from a prefill node (P) to a decode node (D) is only meaningful when both
+run the same model with the same KV layout, so every node of one cluster must agree on
+:data:`COMPATIBILITY_FIELDS`: the model, the KV dtype, the number of layers, the KV heads,
+the head dimension and the TP size (each TP rank moves its own KV-head shard, so the shards
+must line up rank for rank).  A mismatch found only at transfer time shows up as a hang or
+as garbage text; the master refuses it at registration instead, naming every field that
+differs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, List, Mapping, Tuple
+
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
+
+PREFILL = RunMode.PREFILL.value
+DECODE = RunMode.DECODE.value
+ROLES: Tuple[str, ...] = PD_NODE_MODES
+
+# KV dtypes a node may report (the names torch uses, without the ``torch.`` prefix).
+KV_DTYPES: Tuple[str, ...] = ("float16", "bfloat16", "float32")
+
+# The fields every node of one cluster must share, in the order mismatches are reported.
+COMPATIBILITY_FIELDS: Tuple[str, ...] = ("model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "tp_size")
+
+# A node id (NodeInfo.node_id, --pd_node_id): safe in logs, metrics labels and URLs.
+NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+_HOST = re.compile(r"^[A-Za-z0-9.\-]+$|^\[[0-9A-Fa-f:.]+\]$")
+
+
+class NodeInfoError(ValueError):
+    """A registration body that is not a valid :class:`NodeInfo`; ``param`` names the bad field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def _check_address(name: str, value: object) -> str:
+    """``host:port`` with a plausible host and a port in [1, 65535] (IPv6 hosts in brackets)."""
+    if not isinstance(value, str) or ":" not in value:
+        raise NodeInfoError(f"{name} must be 'host:port', got {value!r}", name)
+    host, _, port = value.rpartition(":")
+    if not host or not _HOST.match(host):
+        raise NodeInfoError(f"{name} must be 'host:port' with a host name or IP address, got {value!r}", name)
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise NodeInfoError(f"{name} must be 'host:port' with a port in [1, 65535], got {value!r}", name)
+    return value
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NodeInfoError(f"{name} must be a positive integer, got {value!r}", name)
+    return value
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node's registration: who it is, what it serves and where to reach it.
+
+    Attributes:
+        node_id: unique name of the node in the cluster (letters, digits, ``._:-``; at most 128).
+        role: ``"prefill"`` or ``"decode"``.
+        model_name: the model the node serves (the served name, identical on P and D).
+        dtype: the KV cache dtype, one of :data:`KV_DTYPES`.
+        num_layers: transformer layers (each has its own KV).
+        num_kv_heads: KV heads of the whole model (before the TP split).
+        head_dim: size of one KV head.
+        tp_size: tensor-parallel ranks of the node.
+        http_address: ``host:port`` of the node's HTTP/control endpoint (the master calls it).
+        kv_transfer_address: ``host:port`` where the node's KV transfer group rendezvous.
+    """
+
+    node_id: str
+    role: str
+    model_name: str
+    dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    tp_size: int
+    http_address: str
+    kv_transfer_address: str
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`NodeInfoError` naming the first invalid field."""
+        if not isinstance(self.node_id, str) or not NODE_ID_PATTERN.match(self.node_id):
+            raise NodeInfoError(
+                f"node_id must be 1-128 characters of letters, digits and '._:-' starting with a letter "
+                f"or digit, got {self.node_id!r}",
+                "node_id",
+            )
+        if self.role not in ROLES:
+            raise NodeInfoError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}", "role")
+        if not isinstance(self.model_name, str) or not self.model_name.strip():
+            raise NodeInfoError(f"model_name must be a non-empty string, got {self.model_name!r}", "model_name")
+        if self.dtype not in KV_DTYPES:
+            raise NodeInfoError(f"dtype must be one of {', '.join(KV_DTYPES)}, got {self.dtype!r}", "dtype")
+        for name in ("num_layers", "num_kv_heads", "head_dim", "tp_size"):
+            _check_positive_int(name, getattr(self, name))
+        if self.num_kv_heads % self.tp_size != 0 and self.tp_size % self.num_kv_heads != 0:
+            # Each TP rank holds a whole share of the KV heads (or a replica of one head).
+            raise NodeInfoError(
+                f"num_kv_heads ({self.num_kv_heads}) and tp_size ({self.tp_size}) must divide one another",
+                "tp_size",
+            )
+        _check_address("http_address", self.http_address)
+        _check_address("kv_transfer_address", self.kv_transfer_address)
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> "NodeInfo":
+        """Build from a registration body; unknown or missing fields are refused by name."""
+        if not isinstance(body, Mapping):
+            raise NodeInfoError(f"the registration body must be a JSON object, got {type(body).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(body) - set(names))
+        if unknown:
+            raise NodeInfoError(f"unknown registration field(s): {', '.join(unknown)}", unknown[0])
+        missing = [name for name in names if name not in body]
+        if missing:
+            raise NodeInfoError(f"missing registration field(s): {', '.join(missing)}", missing[0])
+        return cls(**{name: body[name] for name in names})
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON registration body (round-trips through :meth:`from_dict`)."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """``node 'p0' (prefill at 10.0.0.1:8000)`` -- how logs and errors name the node."""
+        return f"node {self.node_id!r} ({self.role} at {self.http_address})"
+
+
+def compatibility_mismatches(reference: NodeInfo, candidate: NodeInfo) -> List[str]:
+    """One ``"field: candidate value != reference value"`` line per field in which they differ."""
+    return [
+        f"{name}: {getattr(candidate, name)!r} != {getattr(reference, name)!r}"
+        for name in COMPATIBILITY_FIELDS
+        if getattr(candidate, name) != getattr(reference, name)
+    ]
