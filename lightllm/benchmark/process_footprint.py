@@ -1,0 +1,396 @@
+"""Footprint of each server process: memory, whether it maps libtorch, start-up and import cost.
+
+``python -m lightllm.benchmark.process_footprint --model_dir DIR [--out FILE.json] [--repeats N]``
+
+It starts one tp=1 ``python -m lightllm.server.api_server`` on a free loopback port, times the
+launch until ``/health/ready`` answers 200, then reads ``/proc`` for every process of the tree
+(RSS, anon, whether ``libtorch*.so`` is mapped, when it started, CPU spent so far) and stops the
+server.  Afterwards, with the server gone so the timings do not compete with it, it imports each
+process's entry module in a fresh interpreter (median of ``--repeats``) and records whether that
+import alone pulls in torch.  A markdown table goes to stdout and next to the JSON (``.md``).
+
+The numbers exist to compare the server before and after a restructuring, so everything that
+names code lives in :data:`ENTRY_MODULES` and the script reports which ``lightllm`` it measured.
+Children are started with the ``spawn`` method, which re-imports the launcher's main module
+(``lightllm.server.api_server``) in every child before the child's own module, so a child's
+start-up cost is at least that of the ``main`` row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import httpx
+
+from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
+
+# Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
+# -> the module that process runs.
+# ``http`` and ``pd_master`` are not separate processes of a tp=1 normal server (the HTTP app
+# runs in ``main``; the PD master is another run mode) but their import cost is still measured.
+ENTRY_MODULES: Dict[str, str] = {
+    "main": "lightllm.server.api_server",
+    "http": "lightllm.server.http.app",
+    "detokenization": "lightllm.server.detokenization.manager",
+    "router": "lightllm.server.router.manager",
+    "model_rank": "lightllm.server.model_rank.rank_process",
+    "pd_master": "lightllm.server.launch.pd_master",
+}
+
+# Small enough for a 2-core CPU box: the KV pool is sized by this, and it is what the integration
+# tests start with.
+DEFAULT_SERVER_ARGS = "--max_total_token_num 4096"
+READY_PATH = "/health/ready"
+_PROC = Path("/proc")
+# libtorch.so, libtorch_cpu.so, libtorch_python.so, libtorch_cuda.so, versioned suffixes too.
+_LIBTORCH_RE = re.compile(r"^libtorch[A-Za-z0-9_]*\.so(\.[0-9]+)*$")
+_IMPORT_SNIPPET = (
+    "import importlib, json, sys, time\n"
+    "t0 = time.perf_counter()\n"
+    "importlib.import_module({module!r})\n"
+    "dt = time.perf_counter() - t0\n"
+    "import lightllm\n"
+    "print(json.dumps({{'import_s': dt, 'loads_torch': 'torch' in sys.modules, "
+    "'modules_loaded': len(sys.modules), 'lightllm_path': lightllm.__file__}}))\n"
+)
+
+
+def torch_libraries(maps_text: str) -> List[str]:
+    """Sorted distinct ``libtorch*.so`` file names mapped in a ``/proc/<pid>/maps`` text."""
+    found = set()
+    for line in maps_text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6:
+            continue  # anonymous mapping
+        path = parts[5].strip()
+        # A library replaced on disk while mapped still counts: the process holds the old copy.
+        if path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        name = path.rsplit("/", 1)[-1]
+        if _LIBTORCH_RE.match(name):
+            found.add(name)
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class StatTimes:
+    """What ``/proc/<pid>/stat`` says about a process's age and CPU use, in clock ticks."""
+
+    ppid: int
+    utime: int
+    stime: int
+    starttime: int
+
+
+def parse_stat(text: str) -> StatTimes:
+    """Parse ``/proc/<pid>/stat``; raises ValueError when the text is too short."""
+    # The command name may hold spaces and parentheses; the fields after the last ')' are fixed.
+    rest = text[text.rfind(")") + 2 :].split()
+    if len(rest) < 20:
+        raise ValueError(f"not a /proc/<pid>/stat line: {text[:80]!r}")
+    return StatTimes(ppid=int(rest[1]), utime=int(rest[11]), stime=int(rest[12]), starttime=int(rest[19]))
+
+
+def entry_module_for(label: str, table: Dict[str, str] = ENTRY_MODULES) -> Optional[str]:
+    """The entry module of a process label; ``model_rank3`` uses the ``model_rank`` entry."""
+    if label in table:
+        return table[label]
+    return table.get(label.rstrip("0123456789"))
+
+
+@dataclass
+class ProcessFootprint:
+    """One process of the server tree at the moment it became ready."""
+
+    label: str
+    pid: int
+    entry_module: Optional[str]
+    rss_kib: int
+    anon_kib: int
+    file_kib: int
+    shmem_kib: int
+    maps_libtorch: bool
+    torch_libraries: List[str] = field(default_factory=list)
+    started_after_launch_s: Optional[float] = None  # relative to the launcher process's start
+    cpu_s: Optional[float] = None  # user + system CPU spent up to the snapshot
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tree(root_pid: int) -> List[Tuple[str, int]]:
+    """``(label, pid)`` of the launcher, its children and (labelled under the parent) deeper ones."""
+    result = list(server_processes(root_pid))
+    queue = [(label, pid) for label, pid in result if pid != root_pid]
+    while queue:
+        parent_label, parent = queue.pop(0)
+        for pid in child_pids(parent):
+            comm = _read(_PROC / str(pid) / "comm").strip() or "child"
+            item = (f"{parent_label}/{comm}", pid)
+            result.append(item)
+            queue.append(item)
+    return result
+
+
+def snapshot(root_pid: int) -> List[ProcessFootprint]:
+    """Footprint of every live process under ``root_pid`` (the launcher itself included)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    root_stat = parse_stat(_read(_PROC / str(root_pid) / "stat"))
+    rows = []
+    for label, pid in _tree(root_pid):
+        try:
+            memory = read_memory(pid)
+            stat = parse_stat(_read(_PROC / str(pid) / "stat"))
+        except (ProcessLookupError, ValueError):
+            continue  # exited between listing and reading
+        libs = torch_libraries(_read(_PROC / str(pid) / "maps"))
+        rows.append(
+            ProcessFootprint(
+                label=label,
+                pid=pid,
+                entry_module=entry_module_for(label),
+                rss_kib=memory.rss_kib,
+                anon_kib=memory.anon_kib,
+                file_kib=memory.file_kib,
+                shmem_kib=memory.shmem_kib,
+                maps_libtorch=bool(libs),
+                torch_libraries=libs,
+                started_after_launch_s=(stat.starttime - root_stat.starttime) / ticks,
+                cpu_s=(stat.utime + stat.stime) / ticks,
+            )
+        )
+    return rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _log_tail(path: Path, chars: int = 3000) -> str:
+    return _read(path)[-chars:] or "(empty log)"
+
+
+def _stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> float:
+    """SIGTERM the launcher and wait; kill its session if it hangs. Returns the seconds it took."""
+    t0 = time.monotonic()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            # start_new_session made the session id the launcher's pid: only its processes die.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+    return time.monotonic() - t0
+
+
+def launch_and_measure(
+    model_dir: str, server_args: Sequence[str], log_path: Path, timeout_s: float = 300.0
+) -> Dict[str, Any]:
+    """Start one server, time it to ``/health/ready`` == 200, snapshot its processes, stop it."""
+    port = _free_port()
+    command = [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", model_dir,
+               "--host", "127.0.0.1", "--port", str(port), *server_args]
+    url = f"http://127.0.0.1:{port}{READY_PATH}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log_file:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        ready_s = None
+        # trust_env=False: a proxy from the environment must not intercept loopback probes.
+        with httpx.Client(trust_env=False, timeout=2.0) as client:
+            while time.monotonic() - t0 < timeout_s:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode} during start-up "
+                                       f"(log {log_path}):\n{_log_tail(log_path)}")
+                try:
+                    if client.get(url).status_code == 200:
+                        ready_s = time.monotonic() - t0
+                        break
+                except httpx.HTTPError:
+                    pass
+                # A short poll: the interval bounds the error of time-to-ready.
+                time.sleep(0.05)
+        if ready_s is None:
+            raise RuntimeError(f"no 200 from {READY_PATH} within {timeout_s:.0f}s (log {log_path}):\n"
+                               f"{_log_tail(log_path)}")
+        processes = snapshot(proc.pid)
+    finally:
+        stop_s = _stop(proc)
+    return {
+        "command": command,
+        "log": str(log_path),
+        "time_to_ready_s": ready_s,
+        "stop_s": stop_s,
+        "exit_code": proc.returncode,
+        "processes": [asdict(p) for p in processes],
+    }
+
+
+def measure_import(module: str, repeats: int) -> Dict[str, Any]:
+    """Cold import of ``module`` in ``repeats`` fresh interpreters (medians; error text if it fails)."""
+    runs = []
+    for _ in range(repeats):
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", _IMPORT_SNIPPET.format(module=module)],
+                              capture_output=True, text=True, env=os.environ.copy())
+        wall_s = time.monotonic() - t0
+        if done.returncode != 0:
+            # A module that moved is a finding, not a reason to lose the other rows.
+            last_line = done.stderr.strip().splitlines()[-1:]
+            return {"module": module, "error": last_line or [f"exit code {done.returncode}"]}
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run["wall_s"] = wall_s
+        runs.append(run)
+    return {
+        "module": module,
+        "import_s": statistics.median(r["import_s"] for r in runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "loads_torch": runs[-1]["loads_torch"],
+        "modules_loaded": runs[-1]["modules_loaded"],
+        "lightllm_path": runs[-1]["lightllm_path"],
+        "runs": runs,
+    }
+
+
+def parse_entry_overrides(items: Sequence[str]) -> Dict[str, str]:
+    """``["router=pkg.mod", ...]`` -> ``{"router": "pkg.mod"}``; raises ValueError on a malformed item."""
+    result = {}
+    for item in items:
+        label, sep, module = item.partition("=")
+        if not sep or not label.strip() or not module.strip():
+            raise ValueError(f"--entry wants LABEL=MODULE, got {item!r}")
+        result[label.strip()] = module.strip()
+    return result
+
+
+def _mib(kib: Optional[int]) -> str:
+    return "-" if kib is None else f"{kib / 1024:.1f}"
+
+
+def _sec(value: Optional[float], digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown_report(result: Dict[str, Any]) -> str:
+    """The JSON result as markdown: server ready time, one table of processes, one of imports."""
+    lines = [f"lightllm measured: `{result.get('lightllm_path', '?')}`", ""]
+    launches = result.get("launches", [])
+    if launches:
+        times = [l["time_to_ready_s"] for l in launches]
+        lines.append(f"Time to `{READY_PATH}` 200: median {statistics.median(times):.2f} s over "
+                     f"{len(times)} launch(es) ({', '.join(f'{t:.2f}' for t in times)}); "
+                     f"stop took {', '.join(_sec(l.get('stop_s')) for l in launches)} s.")
+        lines += ["", f"Processes (launch {len(launches)}, snapshot at ready):", "",
+                  "| label | pid | entry module | RSS MiB | anon MiB | maps libtorch "
+                  "| started after launch s | CPU s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for p in launches[-1]["processes"]:
+            lines.append(f"| {p['label']} | {p['pid']} | {p['entry_module'] or '-'} | {_mib(p['rss_kib'])} | "
+                         f"{_mib(p['anon_kib'])} | {'yes' if p['maps_libtorch'] else 'no'} | "
+                         f"{_sec(p['started_after_launch_s'])} | {_sec(p['cpu_s'])} |")
+        total_rss = sum(p["rss_kib"] for p in launches[-1]["processes"])
+        total_anon = sum(p["anon_kib"] for p in launches[-1]["processes"])
+        lines.append(f"| **total** | | | {_mib(total_rss)} | {_mib(total_anon)} | | | |")
+    imports = result.get("imports", [])
+    if imports:
+        repeats = result.get("repeats", "?")
+        lines += ["", f"Cold import in a fresh interpreter (median of {repeats}):", "",
+                  "| label | module | import s | interpreter wall s | loads torch | modules loaded |",
+                  "|---|---|---|---|---|---|"]
+        for item in imports:
+            if "error" in item:
+                lines.append(f"| {item['label']} | {item['module']} | error: {' '.join(item['error'])} | | | |")
+                continue
+            lines.append(f"| {item['label']} | {item['module']} | {item['import_s']:.2f} | {item['wall_s']:.2f} | "
+                         f"{'yes' if item['loads_torch'] else 'no'} | {item['modules_loaded']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--out", help="JSON result file; the markdown goes next to it as .md")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per import timing")
+    parser.add_argument("--launches", type=int, default=1, help="server launches (time to ready per launch)")
+    parser.add_argument("--server_args", default=DEFAULT_SERVER_ARGS, help="extra api_server flags, one string")
+    parser.add_argument("--timeout_s", type=float, default=300.0, help="start-up limit per launch")
+    parser.add_argument("--skip_imports", action="store_true")
+    parser.add_argument("--entry", action="append", default=[], metavar="LABEL=MODULE",
+                        help="override or add an ENTRY_MODULES item for this run (repeatable)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.launches < 1:
+        parser.error("--repeats and --launches must be >= 1")
+    try:
+        overrides = parse_entry_overrides(args.entry)
+    except ValueError as exc:
+        parser.error(str(exc))
+    # Rows of the process table look their module up in ENTRY_MODULES, so the override goes there.
+    ENTRY_MODULES.update(overrides)
+
+    import lightllm
+
+    # The point is to measure a particular tree (a frozen baseline vs. the working one).
+    print(f"lightllm imported from {lightllm.__file__}", flush=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="footprint_"))
+    result: Dict[str, Any] = {
+        "lightllm_path": lightllm.__file__,
+        "python": sys.executable,
+        "model_dir": args.model_dir,
+        "server_args": shlex.split(args.server_args),
+        "repeats": args.repeats,
+        "entry_modules": dict(ENTRY_MODULES),
+        "launches": [],
+        "imports": [],
+    }
+    for i in range(args.launches):
+        log_path = log_dir / f"server_{i}.log"
+        launch = launch_and_measure(args.model_dir, result["server_args"], log_path, args.timeout_s)
+        print(f"launch {i + 1}: ready after {launch['time_to_ready_s']:.2f} s", flush=True)
+        result["launches"].append(launch)
+    result["time_to_ready_s"] = statistics.median(l["time_to_ready_s"] for l in result["launches"])
+    if not args.skip_imports:
+        for label, module in ENTRY_MODULES.items():
+            item = measure_import(module, args.repeats)
+            result["imports"].append({"label": label, **item})
+            print(f"import {module}: {item.get('import_s', 'error')}", flush=True)
+    report = markdown_report(result)
+    print(report)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        out.with_suffix(".md").write_text(report)
+        print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
