@@ -16,7 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
-from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 @dataclass
@@ -75,21 +75,14 @@ class RequestManager(Protocol):
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none (``fallback``: the endpoint's default)."""
 
-    def generate(
-        self,
-        prompt_ids: List[int],
-        params: SamplingParams,
-        *,
-        high_priority: bool = False,
-        request: Any = None,
-        count_prompt: bool = True,
-    ) -> AsyncIterator[GenerationEvent]:
-        """Run one generation: its events, the last one with a ``finish_reason``.
+    def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[GenerationEvent]:
+        """Run one generation of ``spec``: its events, the last one with a ``finish_reason``.
 
-        ``count_prompt`` is False for the second and later choices of one request (``n`` > 1):
-        the first one already counted the prompt in the token counters.  Raises ``ValueError`` for a request it refuses and the errors of
-        :mod:`lightllm.server.manager_errors` when it cannot take one; ``request`` (the client's
-        connection, or None) is polled to stop the work when the client goes away.
+        The spec checked its own fields when it was built; the manager checks it against the
+        served model (:meth:`RequestSpec.check_fits`).  Raises ``ValueError`` for a request it
+        refuses and the errors of :mod:`lightllm.server.manager_errors` when it cannot take one;
+        ``request`` (the client's connection, or None) is polled to stop the work when the
+        client goes away.
         """
 
     def health(self) -> bool:

@@ -1,8 +1,9 @@
 """What a request manager knows about the model it serves, without loading a weight.
 
 A normal server's HTTP process and a PD master both answer the public API for one model: they
-name it (``model_name``, ``served_model_names``), tokenize prompts and chats with its tokenizer,
-default ``max_new_tokens`` and refuse requests longer than the context.  :class:`ServedModel`
+name it (``model_name``, ``served_model_names``), tokenize prompts and chats with its tokenizer
+and default ``max_new_tokens``; its limits (``vocab_size``, ``max_req_total_len``) are what a
+request's :meth:`~lightllm.server.core.objs.request_spec.RequestSpec.check_fits` is run against.  :class:`ServedModel`
 holds those facts and the pure functions over them, so every manager behaves the same; it reads
 only the checkpoint's tokenizer files (through :func:`~lightllm.utils.tokenizer_utils.load_tokenizer`).
 """
@@ -25,16 +26,6 @@ def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[
         return model_names[0], list(dict.fromkeys(model_names))
     name = Path(model_path).name
     return name, list(dict.fromkeys([name, model_dir, model_path]))
-
-
-def context_length_error(prompt_len: int, max_new_tokens: int, max_req_total_len: int) -> Optional[str]:
-    """The message refusing a request over the context length, or None when it fits."""
-    if prompt_len + max_new_tokens <= max_req_total_len:
-        return None
-    return (
-        f"This model's maximum context length is {max_req_total_len} tokens. However, you requested "
-        f"{prompt_len + max_new_tokens} tokens ({prompt_len} in the prompt, {max_new_tokens} for the completion)."
-    )
 
 
 def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> List[int]:
@@ -115,12 +106,3 @@ class ServedModel:
         """max_new_tokens for a request that gives none (see :func:`default_max_new_tokens`)."""
         return default_max_new_tokens(self.max_req_total_len, prompt_len, self.max_new_tokens_default, fallback)
 
-    def check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
-        """Raise ``ValueError`` for an empty, over-long or out-of-vocabulary prompt."""
-        if not prompt_ids:
-            raise ValueError("prompt must contain at least one token")
-        message = context_length_error(len(prompt_ids), max_new_tokens, self.max_req_total_len)
-        if message is not None:
-            raise ValueError(message)
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")

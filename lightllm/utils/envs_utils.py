@@ -55,6 +55,11 @@ def refuse_replaced_env_vars() -> None:
             raise ValueError(f"{name} is no longer read; use {replacement}")
 
 
+# LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN's default (forward_threads.py explains the number). Kept
+# here, with the variable, so the launcher sizes threads without importing the rank's torch code.
+DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.3
+
+
 def wide_forward_ms_per_token_override() -> Optional[float]:
     """``LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN`` as a float >= 0 (inf allowed), or None when unset."""
     if not os.environ.get("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN"):

@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Tuple, Type
 
 import zmq
 
@@ -60,12 +60,20 @@ def set_process_name(name: str) -> None:
         pass
 
 
-def run_child(name: str, ready_conn: Any, body: Callable[[Callable[[], None]], None]) -> None:
+def run_child(
+    name: str,
+    ready_conn: Any,
+    body: Callable[[Callable[[], None]], None],
+    refused: Tuple[Type[BaseException], ...] = (),
+) -> None:
     """Run a child process body; report readiness or the start-up error to the parent.
 
     ``body`` receives a ``mark_ready`` callable to invoke once it can serve.  Exceptions before
-    readiness travel to the parent as text; after readiness they are logged and the process
-    exits non-zero so the parent's supervisor notices.
+    readiness travel to the parent as text: ``("error", "<name>: <type>: <message>")``, or, for
+    the types in ``refused`` (a setting the child found it cannot honour, such as a model rank's
+    explicit kernel backend), ``("refused", "<message>")``, which the launcher prints as is and
+    exits 2 on, as if it had checked the flag itself.  After readiness exceptions are logged and
+    the process exits non-zero so the parent's supervisor notices.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
     _exit_with_parent()
@@ -80,7 +88,9 @@ def run_child(name: str, ready_conn: Any, body: Callable[[Callable[[], None]], N
     try:
         body(mark_ready)
     except Exception as exc:  # report any failure, the parent prints one line
-        if not state["ready"]:
+        if not state["ready"] and refused and isinstance(exc, refused):
+            ready_conn.send(("refused", str(exc)))
+        elif not state["ready"]:
             ready_conn.send(("error", f"{name}: {type(exc).__name__}: {exc}"))
             log.debug("start-up failure\n%s", traceback.format_exc())
         else:

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 from fastapi.testclient import TestClient
 
 from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.manager_errors import ServerBusyError
 
 MODEL = "tiny-test-model"
@@ -47,7 +48,7 @@ class GenerateCall:
     params: SamplingParams
     high_priority: bool
     request: Any
-    count_prompt: bool = True
+    spec: RequestSpec
 
 
 class FakeManager:
@@ -98,9 +99,9 @@ class FakeManager:
     def default_max_new_tokens(self, prompt_len: int, fallback: int | None = None) -> int:
         return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, high_priority: bool = False,
-                       request: Any = None, count_prompt: bool = True) -> AsyncIterator[FakeEvent]:
-        self.calls.append(GenerateCall(list(prompt_ids), params, high_priority, request, count_prompt))
+    async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[FakeEvent]:
+        prompt_ids, params = list(spec.prompt_ids), spec.params
+        self.calls.append(GenerateCall(prompt_ids, params, spec.priority.high_priority_request, request, spec))
         if self.failure == "busy":
             raise ServerBusyError("no free request slot")
         if self.failure == "reject":

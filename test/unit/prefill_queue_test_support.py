@@ -16,7 +16,6 @@ def make_req(
     cur_kv_len: int = 0,
     arrival: int = 0,
     infer_high_priority: int = 0,
-    high_priority_request: bool = False,
 ) -> InferReq:
     """Build a request; ``arrival`` is its processed-prefill-token snapshot."""
     return InferReq(
@@ -26,7 +25,6 @@ def make_req(
         cur_kv_len=cur_kv_len,
         arrival_processed_prefill_tokens=arrival,
         infer_high_priority=infer_high_priority,
-        high_priority_request=high_priority_request,
     )
 
 

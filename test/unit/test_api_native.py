@@ -131,8 +131,8 @@ def test_native_lightllm_parameters(client: TestClient, manager: FakeManager) ->
     assert answer["finish_reason"] == ["stop", "stop"] and answer["count_output_tokens"] == [3, 3]
     assert all(call.prompt_ids == manager.encode_prompt("hi there", add_special_tokens=False)
                for call in manager.calls)
-    # Each choice counts the prompt in the token metrics, as vLLM counts it once per sequence.
-    assert [call.count_prompt for call in manager.calls] == [True, True]
+    # Each choice is a request of its own (and counts its prompt, as vLLM counts it once per sequence).
+    assert len(manager.calls) == 2 and manager.calls[0].spec is not manager.calls[1].spec
     params = manager.calls[0].params
     assert params.skip_special_tokens is False and params.input_penalty is True
     assert params.print_eos_token is False and params.exponential_decay_start is None

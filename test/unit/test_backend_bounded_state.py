@@ -25,6 +25,7 @@ from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 KV_TOKENS = 1024
 ROWS = 16
@@ -58,7 +59,7 @@ def _run_round(backend: ModeBackend, round_index: int, tracker: PrefillWaitTrack
                 ignore_eos=True,
                 stop_token_ids=[rng.randrange(5, 1000)] if kind == 2 else [],
             )
-            tracker.on_arrival(backend.add_request(rid, prompt, params))
+            tracker.on_arrival(backend.add_request(rid, RequestSpec(prompt, params)))
         report = backend.step()
         tracker.on_step((r for r, _, _ in report.tokens), (r for r, _ in report.finished),
                         backend.requests.values(), backend.counter.value)

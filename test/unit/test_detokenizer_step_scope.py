@@ -15,6 +15,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH
 from lightllm.server.core.objs.io_messages import DetokenizedOutput, StepOutput, StepTexts
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 from detokenizer_test_support import detokenizer_rig
 
@@ -35,7 +36,7 @@ def test_a_finish_published_after_the_read_step_waits_for_its_own_message_with_i
         # A stop string that starts with the second token's text: the decoder holds that text
         # back until it knows the stop string does not follow.
         params = SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True, stop_sequences=[held + "!"])
-        shm.write_request(0, 1, [5, 6], params, False)
+        shm.write_request(0, 1, RequestSpec([5, 6], params))
         assert shm.publish_token(0, 1, first, -0.5) == 1  # step 1, message (1, 0, 1) on its way
         # Step 2 runs before the detokenizer reads step 1's message: the last token and the status.
         assert shm.publish_token(0, 1, second, -0.5) == 2
@@ -55,7 +56,7 @@ def test_a_finish_published_after_the_read_step_waits_for_its_own_message_with_i
 def test_read_output_stops_at_the_named_length_and_hides_a_status_that_belongs_later() -> None:
     shm = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 1, 64, create=True)
     try:
-        shm.write_request(0, 3, [5], SamplingParams(temperature=0, max_new_tokens=3), False)
+        shm.write_request(0, 3, RequestSpec([5], SamplingParams(temperature=0, max_new_tokens=3)))
         for token in (7, 8, 9):
             shm.publish_token(0, 3, token, -1.0)
         shm.set_finish_status(0, 3, FINISH_LENGTH)

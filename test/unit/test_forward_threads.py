@@ -20,6 +20,7 @@ from lightllm.server.model_rank.execution.forward_threads import (
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN, ForwardThreads, WideForwardRule,
 )
 from lightllm.server.launch.sizing import plan_sizing
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 def _sizing(model_dir, tp: int):
@@ -213,7 +214,8 @@ def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_wi
         backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
                                      StepPlanner(64, 32), Sampler(0), [2], 128, threads=threads)
         for request_id, prompt in enumerate([[5, 6, 7, 8, 9], [11, 12, 13]]):
-            backend.add_request(request_id, prompt, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+            params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+            backend.add_request(request_id, RequestSpec(prompt, params))
         outputs = {}
         while backend.has_work:
             for req, _ in backend.step().finished:

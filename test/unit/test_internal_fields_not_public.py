@@ -2,9 +2,9 @@
 be set from any public API field.
 
 The app is the real ``create_app``; the manager behind it records every keyword a handler
-passes to ``generate``, so a field that leaked through a free-form part of a body would show up
-there.  The internal path (the manager's own arguments) is covered in
-test_internal_request_path.py.
+passes to ``generate`` and the internal groups of every ``RequestSpec`` it gets, so a field that
+leaked through a free-form part of a body would show up there.  The internal path (the manager's
+own arguments) is covered in test_internal_request_path.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
+from lightllm.server.core.objs.request_spec import PdPlacement, Segment
 from lightllm.server.http.app import create_app
 
 INTERNAL = {"infer_high_priority": -7, "segment_index": 3, "request_id": 12345}
+DEFAULT_INTERNAL = (0, Segment(), PdPlacement())
 
 ENDPOINTS = {
     "/generate": {"inputs": "hi", "parameters": {"max_new_tokens": 2}},
@@ -33,12 +35,13 @@ class RecordingManager(FakeManager):
     def __init__(self) -> None:
         super().__init__()
         self.extra_keywords: list[dict[str, Any]] = []
+        self.internal: list[tuple[Any, ...]] = []
 
-    def generate(self, prompt_ids, params, *, high_priority=False, request=None, count_prompt=True,
-                 **extra):  # type: ignore[override]
+    def generate(self, spec, *, request=None, **extra):  # type: ignore[override]
         self.extra_keywords.append(extra)
-        return super().generate(prompt_ids, params, high_priority=high_priority, request=request,
-                                count_prompt=count_prompt)
+        # The spec's internal groups keep their defaults: no public field reaches them.
+        self.internal.append((spec.priority.infer_high_priority, spec.segment, spec.pd))
+        return super().generate(spec, request=request)
 
 
 @pytest.fixture()
@@ -83,6 +86,7 @@ def test_free_form_parts_of_a_body_never_reach_the_internal_arguments(app_client
     response = app_client.post(path, json=body)
     assert response.status_code in (200, 400), response.text
     assert all(keywords == {} for keywords in recording.extra_keywords)
+    assert all(internal == DEFAULT_INTERNAL for internal in recording.internal)
     if response.status_code == 200:
         assert recording.calls, "an accepted request reaches the manager"
 
@@ -92,3 +96,4 @@ def test_ordinary_requests_pass_no_internal_arguments(app_client, recording) -> 
         assert app_client.post(path, json=body).status_code == 200
     assert len(recording.extra_keywords) == len(ENDPOINTS)
     assert all(keywords == {} for keywords in recording.extra_keywords)
+    assert recording.internal == [DEFAULT_INTERNAL] * len(ENDPOINTS)

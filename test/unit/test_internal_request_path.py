@@ -1,4 +1,4 @@
-"""The internal request path: a caller-owned request id and the internal priority fields travel
+"""The internal request path: a caller-owned request id and a RequestSpec's internal fields travel
 unchanged from the HTTP manager's generate() through the shared-memory record and the router
 to the model rank's InferReq, and back to the caller's events.
 
@@ -26,6 +26,7 @@ from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH
 from lightllm.server.core.objs.io_messages import AddRequests, NewRequest, SlotReleased, StepOutput
+from lightllm.server.core.objs.request_spec import RequestSpec, RequestSpecError
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
 from lightllm.server.detokenization.manager import DetokenizationConfig, DetokenizationManager
 from lightllm.server.httpserver.manager import HttpServerConfig, HttpServerManager
@@ -121,27 +122,36 @@ def _params() -> SamplingParams:
     return SamplingParams(max_new_tokens=3, temperature=0.0)
 
 
+def _spec(prompt_ids, **internal) -> RequestSpec:
+    return RequestSpec.build(prompt_ids, _params(), **internal)
+
+
 def test_owned_id_and_internal_fields_reach_the_rank_and_come_back(pipeline: Pipeline) -> None:
     async def scenario() -> None:
         http = pipeline.http
         await http.start()
         try:
-            events = http.generate([5, 6, 7], _params(), request_id=OWNED_ID, infer_high_priority=-2, segment_index=1)
+            spec = _spec([5, 6, 7], high_priority_request=True, infer_high_priority=-2, segment_index=1,
+                         generated_before=1)
+            events = http.generate(spec, request_id=OWNED_ID)
             first = asyncio.ensure_future(events.__anext__())
             new = await pipeline.route_new_request()
             assert new.request_id == OWNED_ID
             slot = new.shm_index
             queued = pipeline.router.queue.running[OWNED_ID]
-            assert (queued.infer_high_priority, queued.segment_index) == (-2, 1)
+            assert (queued.input_len, queued.max_new_tokens, queued.high_priority_request) == (3, 3, True)
             add = await pipeline.receive(pipeline.rank_inbox)
             assert add == AddRequests([(OWNED_ID, slot)])
-            pipeline.rank.apply(pipeline.rank.screen([add]))
+            screened = pipeline.rank.screen([add])
+            assert pipeline.rank._screened[OWNED_ID] == spec  # the whole spec, as generate() got it
+            pipeline.rank.apply(screened)
             req = pipeline.rank.backend.requests[OWNED_ID]
-            assert (req.infer_high_priority, req.segment_index, req.request_id) == (-2, 1, OWNED_ID)
+            assert (req.infer_high_priority, req.generated_before, req.request_id) == (-2, 1, OWNED_ID)
+            assert req.prompt_ids == [5, 6, 7] and req.sampling == spec.params
 
             # While it is live the id cannot be taken again.
             with pytest.raises(DuplicateRequestIdError, match=str(OWNED_ID)):
-                await http.generate([5], _params(), request_id=OWNED_ID).__anext__()
+                await http.generate(_spec([5]), request_id=OWNED_ID).__anext__()
 
             # A late release naming another request must not free this request's slot.
             pipeline.detok.to_http.send_pyobj(SlotReleased(OWNED_ID + 1, slot))
@@ -164,10 +174,10 @@ def test_own_ids_skip_live_caller_ids_and_a_released_id_is_free_again(pipeline: 
         http = pipeline.http
         await http.start()
         try:
-            owned = http.generate([5, 6], _params(), request_id=1)  # the manager's next own id
+            owned = http.generate(_spec([5, 6]), request_id=1)  # the manager's next own id
             owned_first = asyncio.ensure_future(owned.__anext__())
             assert (await pipeline.route_new_request()).request_id == 1
-            auto = http.generate([5, 6], _params())
+            auto = http.generate(_spec([5, 6]))
             auto_first = asyncio.ensure_future(auto.__anext__())
             assert (await pipeline.route_new_request()).request_id == 2
             for waiter in (owned_first, auto_first):
@@ -180,7 +190,7 @@ def test_own_ids_skip_live_caller_ids_and_a_released_id_is_free_again(pipeline: 
                 pipeline.router.queue.release(request_id)
             pipeline.detok.handle(StepOutput([], [(1, 0), (2, 1)]))
             await pipeline.wait_until(lambda: pipeline.shm.holder(0) == pipeline.shm.holder(1) == NO_REQUEST)
-            again = http.generate([5, 6], _params(), request_id=1)
+            again = http.generate(_spec([5, 6]), request_id=1)
             again_first = asyncio.ensure_future(again.__anext__())
             assert (await pipeline.route_new_request()).request_id == 1
             again_first.cancel()
@@ -191,9 +201,29 @@ def test_own_ids_skip_live_caller_ids_and_a_released_id_is_free_again(pipeline: 
     asyncio.run(scenario())
 
 
+def test_generate_checks_the_spec_once_against_the_served_model(pipeline: Pipeline) -> None:
+    async def scenario() -> None:
+        http = pipeline.http
+        await http.start()
+        try:
+            with pytest.raises(RequestSpecError, match="prompt_ids"):
+                await http.generate(_spec([5, http.vocab_size])).__anext__()
+            with pytest.raises(RequestSpecError, match="max_req_total_len"):
+                await http.generate(RequestSpec([5] * 10, SamplingParams(max_new_tokens=MAX_LEN))).__anext__()
+            with pytest.raises(ValueError, match="RequestSpec"):
+                await http.generate(([5], _params())).__anext__()  # type: ignore[arg-type]
+            # Refused before an id, a slot or a message was taken.
+            assert not http._live and [pipeline.shm.holder(slot) for slot in range(2)] == [NO_REQUEST] * 2
+            assert not pipeline.router.inbox.poll(100)
+        finally:
+            await http.stop()
+
+    asyncio.run(scenario())
+
+
 def test_router_and_rank_refuse_a_record_that_is_not_the_named_request(pipeline: Pipeline) -> None:
     """A stale (request_id, slot) pair is reported released or rejected, never admitted."""
-    pipeline.shm.write_request(0, 41, [5, 6], _params())
+    pipeline.shm.write_request(0, 41, _spec([5, 6]))
     pipeline.router.handle(NewRequest(40, 0))  # slot 0 holds request 41, not 40
     assert len(pipeline.router.queue) == 0 and not pipeline.router.queue.running
     assert pipeline.detok.inbox.poll(5000)

@@ -16,6 +16,7 @@ from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_outputs_match_plain_greedy_even_under_kv_pressure(model, strategy, kv_t
     expected = BatchGenerator(model, 4096).greedy_generate(prompts, 20)
     backend = _backend(model, kv_tokens, strategy, mixed=mixed)
     for i, prompt in enumerate(prompts):
-        backend.add_request(i, prompt, SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True))
+        backend.add_request(i, RequestSpec(prompt, SamplingParams(temperature=0, max_new_tokens=20, ignore_eos=True)))
     forwards_per_step, forward = [], model.forward
 
     def counting_forward(*args, **kwargs):
@@ -90,25 +91,28 @@ def test_outputs_match_plain_greedy_even_under_kv_pressure(model, strategy, kv_t
 def test_prefix_cache_hit_skips_cached_tokens_and_keeps_outputs(model):
     prompt = _prompts([200])[0]
     backend = _backend(model, 4096)
-    backend.add_request(1, prompt + [7], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    backend.add_request(1, RequestSpec(prompt + [7], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)))
     first, _, _ = _run(backend)
     counter_before = backend.counter.value
-    req = backend.add_request(2, prompt + [9, 11], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    req = backend.add_request(2, RequestSpec(prompt + [9, 11],
+                                             SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)))
     assert req.prompt_cache_len == 200
     second, _, _ = _run(backend)
     assert backend.counter.value - counter_before == 2  # only the uncached tokens were prefilled
     fresh = _backend(model, 4096, prefix_cache=False)
-    fresh.add_request(2, prompt + [9, 11], SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    fresh.add_request(2, RequestSpec(prompt + [9, 11], SamplingParams(temperature=0, max_new_tokens=4,
+                                                                      ignore_eos=True)))
     assert _run(fresh)[0][2] == second[2]
 
 
 def test_stop_ids_eos_and_abort(model):
     backend = _backend(model, 4096)
     probe = _backend(model, 4096)
-    probe.add_request(0, [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+    probe.add_request(0, RequestSpec([5, 6, 7], SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)))
     first_token = _run(probe)[0][0][0]
-    backend.add_request(1, [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=10, stop_token_ids=[first_token]))
-    backend.add_request(2, [8, 9], SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True))
+    backend.add_request(1, RequestSpec([5, 6, 7], SamplingParams(temperature=0, max_new_tokens=10,
+                                                                 stop_token_ids=[first_token])))
+    backend.add_request(2, RequestSpec([8, 9], SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True)))
     report = backend.step()
     assert [(req.request_id, list(req.output_ids), status) for req, status in report.finished] == [
         (1, [first_token], FINISH_STOP)
@@ -121,7 +125,8 @@ def test_stop_ids_eos_and_abort(model):
 
 def test_prefill_counter_advances_only_with_prefill(model):
     backend = _backend(model, 4096, strategy="hrrn", budget=32, chunk=32)
-    backend.add_request(1, _prompts([50])[0], SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True))
+    backend.add_request(1, RequestSpec(_prompts([50])[0],
+                                       SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)))
     seen = []
     while backend.has_work:
         report = backend.step()
@@ -137,7 +142,7 @@ def test_overcommitted_partial_prefills_do_not_deadlock(model):
     expected = BatchGenerator(model, 4096).greedy_generate(prompts, 3)
     backend = _backend(model, 300, prefix_cache=False, budget=96, chunk=32)
     for i, prompt in enumerate(prompts):
-        backend.add_request(i, prompt, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+        backend.add_request(i, RequestSpec(prompt, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True)))
     outputs, _, paused = _run(backend)
     assert paused > 0
     assert [outputs[i] for i in range(3)] == expected
@@ -151,7 +156,7 @@ def test_a_burst_of_same_prefix_prompts_does_not_compute_the_prefix_per_request(
     params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
     shared = _backend(model, 4096, budget=64, chunk=32)
     for i, prompt in enumerate(prompts):
-        shared.add_request(i, prompt, params)
+        shared.add_request(i, RequestSpec(prompt, params))
     outputs, _, _ = _run(shared)
     computed = shared.counter.value
     # The budget (64) holds two 32-token chunks, so the first two requests compute each prefix
@@ -160,7 +165,7 @@ def test_a_burst_of_same_prefix_prompts_does_not_compute_the_prefix_per_request(
     assert computed <= 2 * len(prefix) + sum(len(t) for t in tails) + 64
     unshared = _backend(model, 4096, prefix_cache=False, budget=64, chunk=32)
     for i, prompt in enumerate(prompts):
-        unshared.add_request(i, prompt, params)
+        unshared.add_request(i, RequestSpec(prompt, params))
     expected, _, _ = _run(unshared)
     assert unshared.counter.value == sum(len(p) for p in prompts)
     assert outputs == expected

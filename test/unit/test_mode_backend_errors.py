@@ -26,6 +26,7 @@ from lightllm.server.model_rank.execution.torch_executor import MAX_CONSECUTIVE_
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.rank_process import ModelRank, RejectRequests
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 from detokenizer_test_support import detokenizer_rig
 
@@ -82,18 +83,22 @@ def test_invalid_request_is_rejected_alone_at_admission(model):
     prompts = _prompts([12, 30])
     expected = BatchGenerator(model, 4096).greedy_generate(prompts, 6)
     backend = _backend(model)
-    backend.add_request(1, prompts[0], _greedy())
+    backend.add_request(1, RequestSpec(prompts[0], _greedy()))
     poisoned = _greedy()
     poisoned.top_p = 0.0  # as a damaged shared-memory record would read back
+    # Rank 0's screen (check_request) refuses these before any rank admits them.
     with pytest.raises(RequestRejected, match="top_p"):
-        backend.add_request(2, prompts[1], poisoned)
-    with pytest.raises(RequestRejected, match="outside"):
-        backend.add_request(3, [5, model.config.vocab_size], _greedy())
+        backend.check_request(RequestSpec(prompts[1], poisoned))
+    with pytest.raises(RequestRejected, match="prompt_ids"):
+        backend.check_request(RequestSpec([5, model.config.vocab_size], _greedy()))
     with pytest.raises(RequestRejected, match="max_req_total_len"):
-        backend.add_request(4, [5] * 10, _greedy(MAX_LEN))
+        backend.check_request(RequestSpec([5] * 10, _greedy(MAX_LEN)))
+    with pytest.raises(RequestRejected, match="RequestSpec"):
+        backend.check_request(([5], _greedy()))
+    backend.check_request(RequestSpec(prompts[1], _greedy()))
     for request_id in (2, 3, 4):
         backend.reject(request_id)
-    backend.add_request(5, prompts[1], _greedy())
+    backend.add_request(5, RequestSpec(prompts[1], _greedy()))
     first = backend.step()
     assert [(req.request_id, status) for req, status in first.finished[:3]] == [(2, FINISH_ERROR), (3, FINISH_ERROR),
                                                                                 (4, FINISH_ERROR)]
@@ -116,7 +121,7 @@ def test_request_whose_sampling_fails_finishes_with_error_and_others_continue(mo
     prompts = _prompts([9, 40, 17])
     expected = BatchGenerator(model, 4096).greedy_generate(prompts, 6)
     backend = _backend(model)
-    reqs = [backend.add_request(i, prompt, _greedy()) for i, prompt in enumerate(prompts)]
+    reqs = [backend.add_request(i, RequestSpec(prompt, _greedy())) for i, prompt in enumerate(prompts)]
     # Two decode steps in, request 1's parameters go bad: building its sampling batch raises.
     backend.step()
     backend.step()
@@ -145,7 +150,7 @@ def test_failed_row_is_decided_by_the_shared_tokens(model):
     prompts = _prompts([8, 8])
     backend = _backend(model, token_sync=rank0_failed_row_1)
     for i, prompt in enumerate(prompts):
-        backend.add_request(i, prompt, _greedy(1))
+        backend.add_request(i, RequestSpec(prompt, _greedy(1)))
     report = backend.step()
     assert sorted((req.request_id, status) for req, status in report.finished) == [(0, FINISH_LENGTH),
                                                                                   (1, FINISH_ERROR)]
@@ -156,8 +161,8 @@ def test_forward_failure_fails_its_batch_and_the_rank_recovers(model):
     prompts = _prompts([20, 25, 14])
     expected = BatchGenerator(model, 4096).greedy_generate(prompts, 6)
     backend = _backend(model)
-    good = backend.add_request(1, prompts[0], _greedy())
-    bad = backend.add_request(2, prompts[1], _greedy())
+    good = backend.add_request(1, RequestSpec(prompts[0], _greedy()))
+    bad = backend.add_request(2, RequestSpec(prompts[1], _greedy()))
     # A token id past the embedding table reaches the forward pass: a genuine forward failure.
     bad.prompt_ids[3] = model.config.vocab_size + 1000
     report = backend.step()
@@ -165,7 +170,7 @@ def test_forward_failure_fails_its_batch_and_the_rank_recovers(model):
                                                                                   (2, FINISH_ERROR)]
     assert good.output_ids == []
     _assert_kv_all_back(backend)
-    backend.add_request(3, prompts[2], _greedy())
+    backend.add_request(3, RequestSpec(prompts[2], _greedy()))
     outputs, statuses = _run(backend)
     assert outputs[3] == expected[2] and statuses[3] == FINISH_LENGTH
     _assert_kv_all_back(backend)
@@ -174,7 +179,7 @@ def test_forward_failure_fails_its_batch_and_the_rank_recovers(model):
 def test_forward_failures_in_a_row_or_under_tensor_parallelism_are_raised(model):
     backend = _backend(model)
     for attempt in range(MAX_CONSECUTIVE_FORWARD_FAILURES):
-        req = backend.add_request(attempt, [5, 6, 7], _greedy())
+        req = backend.add_request(attempt, RequestSpec([5, 6, 7], _greedy()))
         req.prompt_ids[0] = model.config.vocab_size + 1
         if attempt < MAX_CONSECUTIVE_FORWARD_FAILURES - 1:
             assert backend.step().finished[0][1] == FINISH_ERROR
@@ -182,7 +187,7 @@ def test_forward_failures_in_a_row_or_under_tensor_parallelism_are_raised(model)
             with pytest.raises(Exception):
                 backend.step()
     tp_backend = _backend(model, token_sync=lambda tokens: tokens)
-    req = tp_backend.add_request(9, [5, 6, 7], _greedy())
+    req = tp_backend.add_request(9, RequestSpec([5, 6, 7], _greedy()))
     req.prompt_ids[0] = model.config.vocab_size + 1
     with pytest.raises(Exception):
         tp_backend.step()
@@ -193,7 +198,7 @@ def test_rank_screens_records_that_do_not_read_back_valid(model):
     shm = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 3, MAX_LEN, create=True)
     try:
         for slot in range(3):
-            shm.write_request(slot, 100 + slot, [5, 6, 7, 8], _greedy(3), False)
+            shm.write_request(slot, 100 + slot, RequestSpec([5, 6, 7, 8], _greedy(3)))
         shm.array[1]["repetition_penalty"] = 0.0  # damaged after the HTTP side validated it
         shm.array[2]["top_k"] = -5
         rank = ModelRank.__new__(ModelRank)  # the command plumbing only; no process, no sockets
@@ -213,10 +218,10 @@ def test_detokenizer_reports_error_status_and_unreadable_records(tiny_llama_dir,
     """FINISH_ERROR reaches the HTTP side as finish reason "error"; a record it cannot decode too."""
     with detokenizer_rig(tiny_llama_dir, tmp_path, 2) as rig:
         shm, manager, http, router = rig.shm, rig.manager, rig.http, rig.router
-        shm.write_request(0, 1, [5, 6], _greedy(3), False)
+        shm.write_request(0, 1, RequestSpec([5, 6], _greedy(3)))
         shm.publish_token(0, 1, 42, -0.5)
         shm.set_finish_status(0, 1, FINISH_ERROR)
-        shm.write_request(1, 2, [5, 6], _greedy(3), False)
+        shm.write_request(1, 2, RequestSpec([5, 6], _greedy(3)))
         shm.array[1]["stop_sequences_json"] = b"[not json"  # damaged after the HTTP side wrote it
         shm.publish_token(1, 2, 43, -0.5)
         manager.handle(StepOutput([(1, 0, 1), (2, 1, 1)], [(1, 0)]))

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.models.registry import load_model
 from lightllm.utils.process_utils import free_port
@@ -43,7 +43,7 @@ def test_reads_legacy_and_new_config_spellings():
            "rope_parameters": {"rope_theta": 5000.0, "rope_type": "linear", "factor": 2.0}}
     for raw in (legacy, new):
         cfg = ModelConfig.from_dict(raw)
-        assert cfg.dtype == torch.bfloat16
+        assert cfg.dtype == "bfloat16" and parse_dtype(cfg.dtype) == torch.bfloat16  # a name: torch-free
         assert cfg.rope.theta == 5000.0 and cfg.rope.rope_type == "linear" and cfg.rope.factor == 2.0
         assert cfg.head_dim == 16 and cfg.num_key_value_heads == 2
 

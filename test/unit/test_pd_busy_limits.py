@@ -34,6 +34,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 MAX_LEN = 400
 
@@ -55,9 +56,9 @@ def _greedy(max_new: int) -> SamplingParams:
 
 def test_kv_limit_is_named_with_needed_and_free_tokens(model) -> None:
     decode = _decode_backend(model, kv_tokens=100, rows=8)
-    decode.reserve_prefilled(1, list(range(5, 45)), _greedy(20))
+    decode.reserve_prefilled(1, RequestSpec(list(range(5, 45)), _greedy(20)))
     with pytest.raises(KvReservationRefused) as refused:
-        decode.reserve_prefilled(2, list(range(5, 55)), _greedy(30))
+        decode.reserve_prefilled(2, RequestSpec(list(range(5, 55)), _greedy(30)))
     assert refused.value.limit == LIMIT_KV_TOKENS
     assert str(refused.value) == ("no KV to reserve: request 2 needs 80 KV tokens (prompt 50 + 30 to generate), "
                                   "40 allocatable and not promised")
@@ -67,10 +68,10 @@ def test_kv_limit_is_named_with_needed_and_free_tokens(model) -> None:
 def test_request_slot_limit_is_named_with_the_slot_count(model) -> None:
     decode = _decode_backend(model, kv_tokens=2048, rows=2)
     for request_id in (1, 2):
-        decode.reserve_prefilled(request_id, list(range(5, 15)), _greedy(4))
+        decode.reserve_prefilled(request_id, RequestSpec(list(range(5, 15)), _greedy(4)))
     free = decode.kv.allocatable_token_num()
     with pytest.raises(KvReservationRefused) as refused:
-        decode.reserve_prefilled(3, list(range(5, 15)), _greedy(4))
+        decode.reserve_prefilled(3, RequestSpec(list(range(5, 15)), _greedy(4)))
     assert refused.value.limit == LIMIT_REQUEST_SLOTS
     assert str(refused.value) == ("no request slot to reserve: all 2 request slots (--running_max_req_size) "
                                   "are in use")
@@ -88,10 +89,10 @@ def test_rank0_sends_a_busy_notice_naming_the_limit_before_the_busy_finish(model
                                                                             words) -> None:
     backend = _decode_backend(model, kv_tokens=kv_tokens, rows=rows)
     if rows == 1:
-        backend.reserve_prefilled(1, list(range(5, 15)), _greedy(4))
+        backend.reserve_prefilled(1, RequestSpec(list(range(5, 15)), _greedy(4)))
     messages: List[Any] = []
     pd = PdRankTransfer("decode", backend, 0, PdRankSettings(), _no_handle, notify=messages.append)
-    assert pd.reserve(2, -1, list(range(5, 45)), _greedy(300)) is None
+    assert pd.reserve(2, -1, RequestSpec(list(range(5, 45)), _greedy(300))) is None
     notices = [m for m in messages if isinstance(m, PdNotice) and m.request_id == 2]
     assert [(n.kind, n.error_kind) for n in notices] == [("busy", limit)]
     assert words in notices[0].message

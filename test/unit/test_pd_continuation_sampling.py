@@ -28,15 +28,15 @@ from lightllm.models.registry import load_model
 from lightllm.server.http.body import parse_body
 from lightllm.server.http.errors import APIError
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.pd.protocol.stream_lines import DecodeBody, PrefillBody
+from lightllm.server.pd.protocol.stream_lines import DecodeBody, PrefillBody, request_spec_of
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
-from lightllm.server.model_rank.scheduling.admission import RequestRejected
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.utils.tokenizer_utils import load_tokenizer
+from lightllm.server.core.objs.request_spec import RequestSpec, RequestSpecError
 
 MAX_LEN = 200
 EOS = 2
@@ -87,12 +87,13 @@ def test_split_batch_samples_like_the_unsplit_batch() -> None:
         assert naive.seeded_rows != whole.seeded_rows
 
 
-def test_generated_before_is_checked_per_row() -> None:
+def test_generated_before_has_one_entry_per_row_and_is_checked_in_the_spec() -> None:
     with pytest.raises(ValueError, match="one entry per row"):
         SamplingBatch.build([SEEDED], [[1, 2]], [[]], [EOS], 8, generated_before=[0, 0])
+    # Each value was checked once, by the request's spec (a continuation: segment_index > 0).
     for bad in (2, -1, True, 1.0):
-        with pytest.raises(ValueError, match=r"generated_before\[0\] must be an int in \[0, 1\]"):
-            SamplingBatch.build([SEEDED], [[1, 2]], [[]], [EOS], 8, generated_before=[bad])
+        with pytest.raises(RequestSpecError, match="generated_before must be an int in \\[0, "):
+            RequestSpec.build([1, 2], SEEDED, segment_index=1, generated_before=bad)
 
 
 # --- a model backend -----------------------------------------------------------------------------
@@ -107,7 +108,8 @@ def _run(model, requests: Dict[int, tuple], grammar: Any = None) -> Dict[int, Li
     backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
                                  StepPlanner(64, 32), Sampler(0), [EOS], MAX_LEN, grammar=grammar)
     for request_id, (prompt, params, before) in requests.items():
-        backend.add_request(request_id, prompt, params, generated_before=before)
+        spec = RequestSpec.build(prompt, params, segment_index=int(before > 0), generated_before=before)
+        backend.add_request(request_id, spec)
     outputs: Dict[int, List[int]] = {}
     while backend.has_work:
         for req, _ in backend.step().finished:
@@ -144,13 +146,12 @@ def test_a_constrained_continuation_resumes_its_grammar_after_the_earlier_output
     assert got[1] == full[k:]  # a fresh matcher would have restarted the JSON object
 
 
-def test_the_backend_refuses_a_generated_before_without_a_prompt_token_left(model) -> None:
-    context = InferenceContext(model.new_kv_cache(256), ReqManager(2, MAX_LEN + 1))
-    backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
-                                 StepPlanner(64, 32), Sampler(0), [EOS], MAX_LEN)
-    for bad in (3, -1, True):
-        with pytest.raises(RequestRejected, match="generated_before must be an int in \\[0, 2\\]"):
-            backend.new_request(1, [5, 6, 7], SEEDED, generated_before=bad)
+def test_a_spec_refuses_a_generated_before_without_a_prompt_token_left() -> None:
+    with pytest.raises(RequestSpecError, match="generated_before must be an int in \\[0, 2\\]"):
+        RequestSpec.build([5, 6, 7], SEEDED, segment_index=1, generated_before=3)
+    for bad in (-1, True):
+        with pytest.raises(RequestSpecError, match="generated_before must be an int"):
+            RequestSpec.build([5, 6, 7], SEEDED, segment_index=1, generated_before=bad)
 
 
 # --- the wire and the shared-memory record --------------------------------------------------------
@@ -160,14 +161,18 @@ def _body(**overrides) -> bytes:
     return json.dumps(body).encode()
 
 
+def _spec_of(raw: bytes, body_type: Any) -> RequestSpec:
+    return request_spec_of(parse_body(raw, body_type), 1000, MAX_LEN)
+
+
 def test_node_bodies_carry_a_strictly_checked_generated_before() -> None:
-    assert parse_body(_body(), DecodeBody).generated_before == 0  # default
-    assert parse_body(_body(generated_before=2), DecodeBody).generated_before == 2
-    prefill = parse_body(_body(generated_before=2, kv_start=0, infer_high_priority=-1), PrefillBody)
-    assert prefill.generated_before == 2
+    assert _spec_of(_body(), DecodeBody).segment.generated_before == 0  # default
+    assert _spec_of(_body(generated_before=2), DecodeBody).segment.generated_before == 2
+    prefill = _spec_of(_body(generated_before=2, kv_start=0, infer_high_priority=-1), PrefillBody)
+    assert (prefill.segment.generated_before, prefill.priority.infer_high_priority) == (2, -1)
     cases = [
-        (_body(generated_before=3), "must be less than the prompt length (3)"),
-        (_body(generated_before=-1), "greater than or equal to 0"),
+        (_body(generated_before=3), "less than the prompt length 3"),
+        (_body(generated_before=-1), "generated_before must be an int in [0, "),
         (_body(generated_before="1"), "valid integer"),
         (_body(generated_before=True), "valid integer"),
         (_body(generated_before=1.0), "valid integer"),
@@ -178,7 +183,7 @@ def test_node_bodies_carry_a_strictly_checked_generated_before() -> None:
             extra = {"kv_start": 0, "infer_high_priority": 0} if body_type is PrefillBody else {}
             data = {**json.loads(raw), **extra}
             with pytest.raises(APIError) as info:
-                parse_body(json.dumps(data).encode(), body_type)
+                _spec_of(json.dumps(data).encode(), body_type)
             assert info.value.status_code == 400 and message in str(info.value), str(info.value)
             assert info.value.param == "generated_before"
 
@@ -187,12 +192,13 @@ def test_generated_before_travels_through_the_shared_memory_record() -> None:
     name = f"lightllm_test_{uuid.uuid4().hex[:12]}"
     owner = ShmReqBuffer(name, 2, 32, create=True)
     try:
-        owner.write_request(0, 41, [1, 2, 3, 4], SamplingParams(max_new_tokens=4), generated_before=3)
-        assert owner.read_request(0, 41).generated_before == 3
-        for bad in (4, -1, True):
-            with pytest.raises(ValueError, match="generated_before must be an int in \\[0, 3\\]"):
-                owner.write_request(1, 42, [1, 2, 3, 4], SamplingParams(max_new_tokens=4), generated_before=bad)
-        assert owner.holder(1) == -1  # a refused write leaves the slot free
+        spec = RequestSpec.build([1, 2, 3, 4], SamplingParams(max_new_tokens=4), segment_index=1, generated_before=3)
+        owner.write_request(0, 41, spec)
+        assert owner.read_request(0, 41).segment.generated_before == 3
+        # A damaged record no longer reads back as a request (rank 0's screen rejects it).
+        owner.array[0]["generated_before"] = 4
+        with pytest.raises(RequestSpecError, match="generated_before must be an int in \\[0, 3\\]"):
+            owner.read_request(0, 41)
     finally:
         owner.close()
         owner.unlink()

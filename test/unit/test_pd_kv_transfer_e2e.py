@@ -23,6 +23,7 @@ from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 from pd_kv_transfer_support import start_pair
 
@@ -49,7 +50,7 @@ def test_prefill_real_transfer_decode_matches_a_normal_node(tiny_llama_dir) -> N
     try:
         params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
         for i, prompt in enumerate(prompts):
-            prefill.add_request(i, prompt, params)
+            prefill.add_request(i, RequestSpec(prompt, params))
         waiting: Dict[int, tuple[InferReq, int]] = {}  # decode-side request and P's first token
         outputs: Dict[int, List[int]] = {}
         handed_off: List[int] = []
@@ -59,7 +60,7 @@ def test_prefill_real_transfer_decode_matches_a_normal_node(tiny_llama_dir) -> N
             if prefill.has_work:
                 report = prefill.step()
                 for req in report.handoffs:
-                    dst = decode.reserve_prefilled(req.request_id, list(req.prompt_ids), params)
+                    dst = decode.reserve_prefilled(req.request_id, RequestSpec(list(req.prompt_ids), params))
                     start, end = dst.cur_kv_len, dst.input_len
                     receiver.receive(req.request_id, decode.kv.slots(dst, start, end))
                     sender.send(req.request_id, prefill.kv.slots(req, start, end), req.output_ids[0])

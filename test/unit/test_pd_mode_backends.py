@@ -33,6 +33,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.scheduling.request_state import InvalidTransition, ReqState
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 MAX_LEN = 400
 
@@ -82,7 +83,7 @@ def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> 
     decode = _backend(model, "decode")
     assert isinstance(prefill, PrefillBackend) and isinstance(decode, DecodeBackend)
     for i, prompt in enumerate(prompts):
-        prefill.add_request(i, prompt, _greedy(max_new))
+        prefill.add_request(i, RequestSpec(prompt, _greedy(max_new)))
     outputs: Dict[int, List[int]] = {}
     handed: Dict[int, InferReq] = {}
     free_before = prefill.kv.allocatable_token_num()
@@ -93,7 +94,7 @@ def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> 
             assert req.state is ReqState.TRANSFERRING and len(req.output_ids) == 1
             handed[req.request_id] = req
             # Decode reserves first: slots for the prompt exist before a byte moves.
-            dst = decode.reserve_prefilled(req.request_id, list(req.prompt_ids), _greedy(max_new))
+            dst = decode.reserve_prefilled(req.request_id, RequestSpec(list(req.prompt_ids), _greedy(max_new)))
             assert dst.state is ReqState.TRANSFERRING and dst.kv_slot_len == dst.input_len
             # The prefill side still holds the prompt's KV while the transfer is in flight.
             assert prefill.kv.req_manager.slots(req.req_row, 0, req.input_len).numel() == req.input_len
@@ -114,11 +115,11 @@ def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> 
 
 def test_decode_reservation_is_refused_at_once_when_kv_is_short(model) -> None:
     decode = _backend(model, "decode", kv_tokens=100)
-    ok = decode.reserve_prefilled(1, _prompts([40])[0], _greedy(20))
+    ok = decode.reserve_prefilled(1, RequestSpec(_prompts([40])[0], _greedy(20)))
     assert decode.kv.allocatable_token_num() == 60
     # 60 allocatable, of which request 1 was promised 20 for its decode tokens.
     with pytest.raises(KvReservationRefused, match=r"needs 80 KV tokens .*, 40 allocatable and not promised"):
-        decode.reserve_prefilled(2, _prompts([50])[0], _greedy(30))
+        decode.reserve_prefilled(2, RequestSpec(_prompts([50])[0], _greedy(30)))
     assert list(decode.requests) == [1]  # the refused request left no trace
     decode.transfer_failed(ok)
     report = decode.step()
@@ -128,7 +129,7 @@ def test_decode_reservation_is_refused_at_once_when_kv_is_short(model) -> None:
 
 def test_abort_during_transfer_waits_for_the_transfer_to_end(model) -> None:
     prefill = _backend(model, "prefill")
-    prefill.add_request(3, _prompts([30])[0], _greedy(8))
+    prefill.add_request(3, RequestSpec(_prompts([30])[0], _greedy(8)))
     report = prefill.step()
     assert [r.request_id for r in report.handoffs] == [3]
     prefill.abort(3)
@@ -143,7 +144,7 @@ def test_abort_during_transfer_waits_for_the_transfer_to_end(model) -> None:
 def test_a_failed_transfer_fails_the_request_and_frees_its_kv(model) -> None:
     prefill = _backend(model, "prefill")
     free = prefill.kv.kv_cache.available
-    prefill.add_request(4, _prompts([30])[0], _greedy(8))
+    prefill.add_request(4, RequestSpec(_prompts([30])[0], _greedy(8)))
     prefill.step()
     assert prefill.kv.kv_cache.available < free
     prefill.transfer_done(4, ok=False)
@@ -153,7 +154,7 @@ def test_a_failed_transfer_fails_the_request_and_frees_its_kv(model) -> None:
 
 def test_a_request_walks_the_lifecycle_and_illegal_moves_raise(model) -> None:
     backend = _backend(model, "normal", strategy="default")
-    req = backend.add_request(9, _prompts([70])[0], _greedy(3))
+    req = backend.add_request(9, RequestSpec(_prompts([70])[0], _greedy(3)))
     seen = [req.state]
     while backend.has_work:
         backend.step()

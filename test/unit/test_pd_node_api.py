@@ -20,6 +20,8 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, generate_latest
 
+from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.http.errors import install_error_handlers
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
@@ -62,8 +64,13 @@ class ScriptedNodeManager:
             raise self.setup_failure
         self.setups.append((epoch, prefill_transfer_address))
 
-    async def pd_generate(self, request_id: int, prompt_ids: List[int], params: Any, **kwargs: Any):
-        self.calls.append({"request_id": request_id, "prompt_ids": prompt_ids, "params": params, **kwargs})
+    async def pd_generate(self, spec: RequestSpec, *, request_id: int, epoch: int, request: Any = None):
+        self.calls.append({"request_id": request_id, "epoch": epoch, "prompt_ids": list(spec.prompt_ids),
+                           "params": spec.params, "segment_index": spec.segment.segment_index,
+                           "generated_before": spec.segment.generated_before,
+                           "high_priority": spec.priority.high_priority_request,
+                           "infer_high_priority": spec.priority.infer_high_priority,
+                           "pd_kind": spec.pd.kind, "kv_start": spec.pd.kv_start})
         try:
             for item in list(self.script):
                 if isinstance(item, BaseException):
@@ -172,7 +179,8 @@ def test_decode_stream_lines_metrics_and_arguments(node: NodeApp) -> None:
     assert back.top_logprobs == {12: -0.25, 40: -math.inf} and back.token_id == 12
     call = node.decode.calls[-1]
     assert call["request_id"] == 7 and call["prompt_ids"] == [1, 5, 9] and call["epoch"] == 3
-    assert call["segment_index"] == 0 and "kv_start" not in call and call["high_priority"] is False
+    assert call["segment_index"] == 0 and call["high_priority"] is False
+    assert (call["pd_kind"], call["kv_start"], call["infer_high_priority"]) == (PD_KIND_DECODE, 0, 0)
     assert call["params"].max_new_tokens == 4 and call["params"].temperature == 0.0
     assert metric(node.decode, "lightllm_pd_kv_transfer_seconds_count") == before + 1
     assert metric(node.decode, "lightllm_pd_kv_transfer_bytes_sum") >= 8192
@@ -208,7 +216,7 @@ def test_prefill_stream_carries_prompt_logprobs_and_passes_priority(node: NodeAp
     node.prefill.script = [PdNodeEvent(kind="token", token=first),
                            PdNodeEvent(kind="handed_off", transfer_seconds=0.5, transfer_bytes=4096)]
     response = httpx.post(f"{node.prefill_url}/pd/node/prefill",
-                          json=prefill_body(segment_index=2, infer_high_priority=-1, kv_start=3,
+                          json=prefill_body(segment_index=2, infer_high_priority=-1, kv_start=2,
                                             high_priority_request=True), timeout=10)
     got = lines(response)
     assert got[0]["prompt_logprobs"] == [[5, -1.5, {"5": -1.5, "8": -2.0}, 1]]
@@ -216,7 +224,8 @@ def test_prefill_stream_carries_prompt_logprobs_and_passes_priority(node: NodeAp
     assert token_from_line(got[0], 7, 3, 1).prompt_logprobs == [(5, -1.5, {5: -1.5, 8: -2.0}, 1)]
     assert got[1] == {"event": "handed_off"}
     call = node.prefill.calls[-1]
-    assert (call["kv_start"], call["infer_high_priority"], call["segment_index"]) == (3, -1, 2)
+    assert (call["kv_start"], call["infer_high_priority"], call["segment_index"]) == (2, -1, 2)
+    assert call["pd_kind"] == PD_KIND_PREFILL
     assert call["high_priority"] is True
     assert metric(node.prefill, "lightllm_pd_kv_transfer_seconds_sum", role="prefill") == pytest.approx(0.5)
 
@@ -238,6 +247,9 @@ def test_prefill_stream_carries_prompt_logprobs_and_passes_priority(node: NodeAp
         ("/pd/node/decode", decode_body(params={"max_new_tokens": MAX_LEN}), "params.max_new_tokens"),
         ("/pd/node/decode", decode_body(params=[1]), "params"),
         ("/pd/node/prefill", prefill_body(kv_start=4), "kv_start"),
+        ("/pd/node/prefill", prefill_body(kv_start=3), "kv_start"),  # at least one prompt position is sent
+        ("/pd/node/prefill", prefill_body(kv_start=-1), "kv_start"),
+        ("/pd/node/decode", decode_body(generated_before=1), "generated_before"),  # a first segment's is 0
         ("/pd/node/decode", decode_body(high_priority_request=1), "high_priority_request"),
         ("/pd/node/prefill", prefill_body(infer_high_priority=-1), "infer_high_priority"),
         ("/pd/node/prefill", prefill_body(infer_high_priority=2**40, segment_index=1), "infer_high_priority"),

@@ -39,6 +39,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer, _Outcome
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 MAX_LEN = 400
@@ -110,10 +111,10 @@ def _setup(prefill: Node, decode: Node, epoch: int) -> None:
 
 def _submit(prefill: Node, decode: Node, request_id: int, prompt: List[int], params: SamplingParams) -> Optional[int]:
     """Reserve on D first, then prefill on P from D's kv_start; None when D answered busy."""
-    if decode.pd.reserve(request_id, -1, prompt, params) is None:
+    if decode.pd.reserve(request_id, -1, RequestSpec(prompt, params)) is None:
         return None
     kv_start = decode.notices(request_id)["reserved"].kv_start
-    prefill.backend.add_request(request_id, prompt, params)
+    prefill.backend.add_request(request_id, RequestSpec(prompt, params))
     prefill.pd.note_prefill_request(request_id, kv_start)
     return kv_start
 
@@ -188,10 +189,10 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
     try:
         free = decode.backend.kv.allocatable_token_num()
         params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-        assert decode.pd.reserve(1, -1, list(range(5, 45)), params) is not None
+        assert decode.pd.reserve(1, -1, RequestSpec(list(range(5, 45)), params)) is not None
         assert decode.backend.kv.allocatable_token_num() < free
         # More than the cache can hold now: busy at once, reported by the next step.
-        assert decode.pd.reserve(2, -1, list(range(5, 45)), SamplingParams(max_new_tokens=300)) is None
+        assert decode.pd.reserve(2, -1, RequestSpec(list(range(5, 45)), SamplingParams(max_new_tokens=300))) is None
         decode.iterate()
         assert decode.finished[2] == FINISH_BUSY
         _run((decode,), lambda: 1 in decode.finished, timeout_s=30)  # P never sends
@@ -206,7 +207,8 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
 def test_without_a_setup_a_handoff_fails_as_transfer_broken(model) -> None:
     prefill = Node(_backend(model, "prefill", kv_tokens=512), "prefill", PdRankSettings())
     free = prefill.backend.kv.allocatable_token_num()
-    prefill.backend.add_request(5, list(range(5, 30)), SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+    prefill.backend.add_request(5, RequestSpec(list(range(5, 30)),
+                                               SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)))
     prefill.pd.note_prefill_request(5, 0)
     _run((prefill,), lambda: 5 in prefill.finished, timeout_s=30)
     assert prefill.tokens[5] and prefill.finished[5] == FINISH_TRANSFER_FAILED
@@ -256,9 +258,10 @@ def test_decode_backend_ends_the_segment_under_kv_pressure_instead_of_pausing(mo
     decode = _backend(model, "decode", kv_tokens=64, prefix_cache=False)
     params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
     # Each is promised 5 decode tokens but may take 40: the cache (64) is over-committed.
-    reqs = [decode.reserve_prefilled(rid, list(range(10 + rid, 20 + rid)), params, decode_tokens=5) for rid in (1, 2)]
+    reqs = [decode.reserve_prefilled(rid, RequestSpec(list(range(10 + rid, 20 + rid)), params), decode_tokens=5)
+            for rid in (1, 2)]
     with pytest.raises(KvReservationRefused, match=r"needs 50 KV tokens .*, 34 allocatable and not promised"):
-        decode.reserve_prefilled(3, list(range(30, 40)), params)  # 64 - 2 x (10 + 5) left
+        decode.reserve_prefilled(3, RequestSpec(list(range(30, 40)), params))  # 64 - 2 x (10 + 5) left
     for req in reqs:
         decode.admit_prefilled(req, 7)  # the KV content does not matter here
     statuses = {}

@@ -15,6 +15,8 @@ from typing import Dict, List, Sequence
 import pytest
 from prefill_queue_test_support import decode_req, ids, make_req, order
 
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     PREFILL_QUEUE_STRATEGIES,
@@ -119,9 +121,11 @@ def test_strict_prefill_keeps_prefix_hit_prompt_in_prefill_group(name: str) -> N
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_router_priority_does_not_reorder_but_infer_priority_does(name: str) -> None:
     # Request 2 is the longest and arrived last, so no strategy has another reason to move it.
+    # The router's flag is not even part of the rank's request: it stays in the spec.
+    flagged = RequestSpec.build(list(range(900)), SamplingParams(), high_priority_request=True)
     router_flag = [
         make_req(1, 100, arrival=0),
-        make_req(2, 900, arrival=50, high_priority_request=True, infer_high_priority=0),
+        InferReq.from_spec(2, flagged, arrival_processed_prefill_tokens=50),
     ]
     assert order(name, router_flag, processed=100) == [1, 2]
     infer_flag = [
@@ -138,7 +142,7 @@ def test_reorder_does_not_mutate_input_or_request_fields(name: str) -> None:
         decode_req(9),
         make_req(2, 40, arrival=30, cur_kv_len=8),
         make_req(6, 120, arrival=0, infer_high_priority=-2),
-        make_req(1, 40, arrival=30, high_priority_request=True),
+        make_req(1, 40, arrival=30),
     ]
     before_list = list(reqs)
     before_fields = [_fields_without_strategy_state(r) for r in copy.deepcopy(reqs)]
@@ -197,7 +201,6 @@ def _random_queue(rng: random.Random, processed: int) -> List[InferReq]:
                 cur_kv_len=cur_kv_len,
                 arrival_processed_prefill_tokens=rng.randint(0, processed),
                 infer_high_priority=rng.choice([0, 0, 0, -1, -2, 1]),
-                high_priority_request=rng.random() < 0.2,
             )
         )
     return reqs

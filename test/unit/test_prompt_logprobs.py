@@ -15,6 +15,7 @@ from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +50,12 @@ def test_prompt_logprobs_match_a_full_forward(model, hf_model, kv_tokens):
     prompts = [shared + torch.randint(5, 1000, (n,), generator=gen).tolist() for n in (17, 3, 30)]
     backend = _backend(model, kv_tokens, chunk=8)
     # Warm the prefix cache with the shared prefix, so the later requests could hit it.
-    backend.add_request(1, shared + [7], SamplingParams(temperature=0, max_new_tokens=2))
+    backend.add_request(1, RequestSpec(shared + [7], SamplingParams(temperature=0, max_new_tokens=2)))
     _collect(backend)
     asked = {10: 3, 11: None, 12: 0}
     for (request_id, count), prompt in zip(asked.items(), prompts):
-        backend.add_request(request_id, prompt, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True,
-                                                               prompt_logprobs=count))
+        backend.add_request(request_id, RequestSpec(prompt, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True,
+                                                               prompt_logprobs=count)))
     entries = _collect(backend)
     assert 11 not in entries
     for (request_id, count), prompt in zip(asked.items(), prompts):

@@ -14,6 +14,7 @@ from lightllm.common.sampling import MAX_LOGIT_BIAS, SamplingParamError, Samplin
 from lightllm.common.sampling.logit_processors import apply_logit_bias
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 def test_bias_is_added_like_transformers_sequence_bias():
@@ -72,7 +73,7 @@ def test_bias_survives_json_and_shared_memory():
     assert SamplingParams.from_dict(json.loads(json.dumps(params.to_dict()))) == params
     shm = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 1, 64, create=True)
     try:
-        shm.write_request(0, 5, [1, 2, 3], params)
+        shm.write_request(0, 5, RequestSpec([1, 2, 3], params))
         assert shm.read_request(0, 5).params.logit_bias == params.logit_bias
     finally:
         shm.close()

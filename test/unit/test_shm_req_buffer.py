@@ -14,6 +14,7 @@ import pytest
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH, FINISH_NONE
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_req_layout import (
     NO_REQUEST,
@@ -42,6 +43,10 @@ def _params(**fields) -> SamplingParams:
     return SamplingParams(**{"max_new_tokens": 4, "temperature": 0.0, **fields})
 
 
+def _spec(prompt_ids, params=None, **internal) -> RequestSpec:
+    return RequestSpec.build(prompt_ids, params or _params(), **internal)
+
+
 def test_a_new_segment_has_every_slot_free(shm):
     owner, other = shm
     assert [other.holder(slot) for slot in range(3)] == [NO_REQUEST] * 3
@@ -49,28 +54,31 @@ def test_a_new_segment_has_every_slot_free(shm):
 
 def test_internal_fields_round_trip_to_router_and_rank_views(shm):
     owner, other = shm
-    owner.write_request(1, 10**15 + 3, [5, 6, 7], _params(logprobs=2), True, infer_high_priority=-4, segment_index=2)
+    owner.write_request(1, 10**15 + 3, _spec([5, 6, 7], _params(logprobs=2), high_priority_request=True,
+                                             infer_high_priority=-4, segment_index=2))
     fields = other.admission_fields(1, 10**15 + 3)
     assert (fields.prompt_len, fields.max_new_tokens, fields.high_priority_request) == (3, 4, True)
-    assert (fields.infer_high_priority, fields.segment_index) == (-4, 2)
     request = other.read_request(1, 10**15 + 3)
-    assert request.prompt_ids == [5, 6, 7] and request.params.logprobs == 2
-    assert (request.high_priority_request, request.infer_high_priority, request.segment_index) == (True, -4, 2)
-    owner.write_request(0, 11, [5], _params())
+    assert request.prompt_ids == (5, 6, 7) and request.params.logprobs == 2
+    assert (request.priority.high_priority_request, request.priority.infer_high_priority,
+            request.segment.segment_index) == (True, -4, 2)
+    owner.write_request(0, 11, _spec([5]))
     plain = other.read_request(0, 11)
-    assert (plain.high_priority_request, plain.infer_high_priority, plain.segment_index) == (False, 0, 0)
-    assert (plain.pd_kind, plain.kv_start, other.admission_fields(0, 11).pd_kind) == (PD_KIND_NONE, 0, PD_KIND_NONE)
+    assert (plain.priority.high_priority_request, plain.priority.infer_high_priority,
+            plain.segment.segment_index) == (False, 0, 0)
+    assert (plain.pd.kind, plain.pd.kv_start, other.admission_fields(0, 11).pd_kind) == (PD_KIND_NONE, 0, PD_KIND_NONE)
     # A PD prefill request sends from kv_start; a decode node's arrival is marked for the router.
-    owner.write_request(2, 12, [5, 6, 7], _params(), pd_kind=PD_KIND_PREFILL, kv_start=2)
-    assert (other.read_request(2, 12).pd_kind, other.read_request(2, 12).kv_start) == (PD_KIND_PREFILL, 2)
+    owner.write_request(2, 12, _spec([5, 6, 7], pd_kind=PD_KIND_PREFILL, kv_start=2))
+    assert other.read_request(2, 12).pd == RequestSpec.build([5, 6, 7], _params(), pd_kind=PD_KIND_PREFILL,
+                                                             kv_start=2).pd
     owner.release(1, 10**15 + 3)
-    owner.write_request(1, 13, [5, 6], _params(), pd_kind=PD_KIND_DECODE)
+    owner.write_request(1, 13, _spec([5, 6], pd_kind=PD_KIND_DECODE))
     assert other.admission_fields(1, 13).pd_kind == PD_KIND_DECODE
 
 
 def test_output_is_published_and_read_back_through_typed_methods(shm):
     owner, other = shm
-    owner.write_request(0, 7, [5, 6], _params(logprobs=1, prompt_logprobs=1, stop_sequences=["END"]))
+    owner.write_request(0, 7, _spec([5, 6], _params(logprobs=1, prompt_logprobs=1, stop_sequences=["END"])))
     assert other.set_prompt_cache_len(0, 7, 1)
     assert other.publish_prompt_logprobs(0, 7, [(1, -0.25, [(6, -0.25)], 1)])
     assert other.publish_token(0, 7, 40, -0.5, [(40, -0.5)])
@@ -88,11 +96,11 @@ def test_output_is_published_and_read_back_through_typed_methods(shm):
 
 def test_a_released_then_reused_slot_refuses_its_stale_owner(shm):
     owner, other = shm
-    owner.write_request(2, 1, [5, 6], _params())
+    owner.write_request(2, 1, _spec([5, 6]))
     assert owner.release(2, 1)
     with pytest.raises(StaleRecordError, match="slot 2 no longer holds request 1 \\(it is free\\)"):
         other.read_output(2, 1, 0)
-    owner.write_request(2, 2, [8, 9, 10], _params())
+    owner.write_request(2, 2, _spec([8, 9, 10]))
     # Every reader of the old request fails clearly instead of reading request 2.
     for read in (other.admission_fields, other.read_request, other.decode_options, other.prompt_logprobs):
         with pytest.raises(StaleRecordError, match="it holds request 2"):
@@ -110,34 +118,28 @@ def test_a_released_then_reused_slot_refuses_its_stale_owner(shm):
 
 def test_a_slot_in_use_cannot_be_claimed_again(shm):
     owner, _ = shm
-    owner.write_request(0, 5, [5], _params())
+    owner.write_request(0, 5, _spec([5]))
     with pytest.raises(SlotOccupiedError, match="slot 0 still holds request 5"):
-        owner.write_request(0, 6, [5], _params())
-    assert owner.read_request(0, 5).prompt_ids == [5]
+        owner.write_request(0, 6, _spec([5]))
+    assert owner.read_request(0, 5).prompt_ids == (5,)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        # What the record itself needs; the request's own fields are RequestSpec's (test_request_spec.py).
         ({"request_id": -1}, "request_id must be an int"),
         ({"request_id": True}, "request_id must be an int"),
         ({"request_id": 2**63}, "request_id must be an int"),
-        ({"infer_high_priority": 2**31}, "infer_high_priority must be a 32-bit int"),
-        ({"infer_high_priority": 1.5}, "infer_high_priority must be a 32-bit int"),
-        ({"segment_index": -1}, "segment_index must be an int"),
-        ({"prompt_ids": list(range(30))}, "exceeds max_req_total_len"),
-        ({"pd_kind": 3}, "pd_kind must be one of"),
-        ({"pd_kind": PD_KIND_PREFILL, "kv_start": 2}, r"kv_start must be an int in \[0, 1\]"),
-        ({"pd_kind": PD_KIND_DECODE, "kv_start": 1}, "kv_start applies to PD prefill requests only"),
+        ({"spec": RequestSpec.build(list(range(30)), SamplingParams(max_new_tokens=4))}, "exceeds max_req_total_len"),
+        ({"spec": ([5, 6], SamplingParams())}, "takes a RequestSpec"),
     ],
 )
 def test_refused_writes_leave_the_slot_free(shm, kwargs, message):
     owner, _ = shm
-    call = {"slot": 0, "request_id": 3, "prompt_ids": [5, 6], "params": _params(), **kwargs}
-    internal = {name: call.pop(name) for name in ("infer_high_priority", "segment_index", "pd_kind", "kv_start")
-                if name in call}
+    call = {"slot": 0, "request_id": 3, "spec": _spec([5, 6]), **kwargs}
     with pytest.raises(ValueError, match=message):
-        owner.write_request(**call, **internal)
+        owner.write_request(**call)
     assert owner.holder(0) == NO_REQUEST
 
 

@@ -30,6 +30,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.scheduling.step_report import StepReport
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 KV_TOKENS = 420
 MAX_LEN = 512
@@ -87,7 +88,8 @@ def test_server_and_simulator_plan_every_step_identically(model, strategy: str, 
         while pending and pending[0][0] <= steps:
             _, request_id, prompt_len, max_new = pending.pop(0)
             prompt = torch.randint(5, 1000, (prompt_len,), generator=gen).tolist()
-            server.add_request(request_id, prompt, SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True))
+            params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+            server.add_request(request_id, RequestSpec(prompt, params))
             simulated.join(InferReq(request_id, [0] * prompt_len, max_new_tokens=max_new,
                                     arrival_processed_prefill_tokens=simulated.counter.snapshot()))
         server_report, simulated_report = server.step(), simulated.step()

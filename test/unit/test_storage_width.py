@@ -18,6 +18,7 @@ from lightllm.common.sampling import STORED_DTYPES, SamplingParamError, Sampling
 from lightllm.common.sampling.storage_width import check_stored_float, check_stored_int
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_req_layout import record_dtype
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -110,7 +111,7 @@ def test_extremes_that_are_accepted_read_back_valid(shm):
     ]
     for fields in accepted:
         params = SamplingParams(**fields)
-        shm.write_request(0, 7, [1, 2], params, False)
+        shm.write_request(0, 7, RequestSpec([1, 2], params))
         read = shm.read_request(0, 7).params  # constructing validates again, as the rank does
         assert shm.release(0, 7)
         for name, value in fields.items():

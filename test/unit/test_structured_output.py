@@ -22,6 +22,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.utils.tokenizer_utils import load_tokenizer
+from lightllm.server.core.objs.request_spec import RequestSpec
 
 SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}, "pick": {"enum": ["a", "b"]}},
           "required": ["flag", "pick"], "additionalProperties": False}
@@ -49,10 +50,10 @@ def test_constrained_rows_follow_the_schema_and_free_rows_do_not_change(tiny_lla
     prompt = tokenizer("Give me JSON")["input_ids"]
     alone, _ = _run_one(model, free, prompt)
     backend = _backend(model, GrammarConstraints(lambda: tokenizer))
-    backend.add_request(1, prompt, free)
+    backend.add_request(1, RequestSpec(prompt, free))
     for request_id, seed in ((2, 1), (3, 2)):
-        backend.add_request(request_id, prompt, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=40,
-                                                               grammar=grammar))
+        backend.add_request(request_id, RequestSpec(prompt, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=40,
+                                                                           grammar=grammar)))
     outputs, statuses = _run(backend)
     assert outputs[1] == alone
     for request_id in (2, 3):
@@ -62,7 +63,7 @@ def test_constrained_rows_follow_the_schema_and_free_rows_do_not_change(tiny_lla
 
 def _run_one(model, params, prompt):
     backend = _backend(model, None)
-    backend.add_request(1, prompt, params)
+    backend.add_request(1, RequestSpec(prompt, params))
     outputs, statuses = _run(backend)
     return outputs[1], statuses[1]
 
@@ -71,4 +72,5 @@ def test_a_rank_without_grammar_support_rejects_constrained_requests(tiny_llama_
     model = load_model(str(tiny_llama_dir), dtype=torch.float32)
     grammar = response_format_grammar({"type": "json_object"})
     with pytest.raises(RequestRejected, match="structured output"):
-        _backend(model, None).add_request(1, [1, 5, 6], SamplingParams(max_new_tokens=4, grammar=grammar))
+        # Rank 0's screen runs this on every record before any rank admits the request.
+        _backend(model, None).check_request(RequestSpec([1, 5, 6], SamplingParams(max_new_tokens=4, grammar=grammar)))

@@ -30,9 +30,9 @@ class ScriptedManager(FakeManager):
         super().__init__()
         self.script = script
 
-    async def generate(self, prompt_ids: list[int], params: Any, *, high_priority: bool = False,
-                       request: Any = None, count_prompt: bool = True) -> AsyncIterator[FakeEvent]:
-        self.calls.append(type("Call", (), {"params": params, "prompt_ids": prompt_ids})())
+    async def generate(self, spec: Any, *, request: Any = None) -> AsyncIterator[FakeEvent]:
+        prompt_ids = list(spec.prompt_ids)
+        self.calls.append(type("Call", (), {"params": spec.params, "prompt_ids": prompt_ids})())
         for position, piece in enumerate(self.script):
             await asyncio.sleep(0)
             finish = "stop" if position == len(self.script) - 1 else None

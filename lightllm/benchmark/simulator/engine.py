@@ -2,9 +2,11 @@
 
 One :class:`Simulator` stands for one server (router + one model rank).  Its step is:
 
-1. router admission: requests whose arrival time has come join ``NormalReqQueue``; ``admit()``
-   moves those that fit into the running set and each gets an ``InferReq`` that joins the mode
-   backend (a decode node's request arrives with its prompt KV and first token in place);
+1. router admission: each request is one ``RequestSpec``, as on a server; when its arrival time
+   has come it joins ``NormalReqQueue`` (``RouterReq.from_spec``); ``admit()`` moves those that
+   fit into the running set and each gets the backend's ``InferReq`` (``new_request``) that
+   joins the mode backend (a decode node's request arrives with its prompt KV and first token
+   in place);
 2. ``backend.step()``: the server's own :class:`~lightllm.server.model_rank.scheduling.backend_registry.
    step_engine.StepEngine` (filter, resume, order, select, pause, execute, finish) built by
    ``build_backend(run_mode)``, over a :class:`TokenCountKvView` and a :class:`CostModelExecutor`;
@@ -27,6 +29,8 @@ from lightllm.benchmark.simulator.cost_executor import SAMPLED_TOKEN_ID, CostMod
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimResult, SimServerConfig, StepTrace
 from lightllm.benchmark.workloads import ScheduledRequest
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.backend_registry import DecodeBackend, ModeBackend, PrefillBackend, build_backend
 from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
@@ -82,6 +86,11 @@ class Simulator:
         self.paused_count = 0
         self._future: List[Tuple[float, int]] = []
         self._arrivals: Dict[int, SimArrival] = {}
+        # Requests that reached the router and wait for admission, as the server holds them.
+        self._specs: Dict[int, RequestSpec] = {}
+        # One SamplingParams per output length, shared by its requests (nothing here mutates
+        # them): validating a fresh one per request was a third of a short run's time.
+        self._params: Dict[int, SamplingParams] = {}
         self._records: Dict[int, RequestRecord] = {}
         # Requests whose record was closed when they left between steps (reported again later).
         self._closed: Set[int] = set()
@@ -200,28 +209,24 @@ class Simulator:
         while future and future[0][0] <= self.clock:
             _, request_id = heapq.heappop(future)
             arrival = self._arrivals[request_id]
-            # A prefill node's router holds a request for its prompt and first token only.
-            max_new_tokens = 1 if self.config.run_mode == "prefill" else arrival.output_len
-            self.router.append(
-                RouterReq(
-                    request_id=request_id,
-                    shm_index=-1,
-                    input_len=arrival.prompt_len,
-                    max_new_tokens=max_new_tokens,
-                )
-            )
+            # Built on arrival, not when scheduled: a soak run schedules hours of requests.
+            params = self._params.get(arrival.output_len)
+            if params is None:
+                params = self._params[arrival.output_len] = SamplingParams(max_new_tokens=arrival.output_len,
+                                                                           ignore_eos=True)
+            spec = RequestSpec((SAMPLED_TOKEN_ID,) * arrival.prompt_len, params)
+            self._specs[request_id] = spec
+            router_req = RouterReq.from_spec(request_id, -1, spec)
+            if self.config.run_mode == "prefill":
+                # A prefill node's router holds a request for its prompt and first token only.
+                router_req.max_new_tokens = 1
+            self.router.append(router_req)
 
     def _admit(self) -> None:
         if not len(self.router):
             return  # nothing waits; admit() would only re-sum the running set to return []
         for router_req in self.router.admit():
-            arrival = self._arrivals[router_req.request_id]
-            req = InferReq(
-                request_id=arrival.request_id,
-                prompt_ids=[SAMPLED_TOKEN_ID] * arrival.prompt_len,
-                max_new_tokens=arrival.output_len,
-                arrival_processed_prefill_tokens=self.counter.snapshot(),
-            )
+            req = self.backend.new_request(router_req.request_id, self._specs.pop(router_req.request_id))
             if isinstance(self.backend, DecodeBackend):
                 # The KV transfer lands the whole prompt; the handed-over token is pending.
                 self.backend.reserve_for(req)

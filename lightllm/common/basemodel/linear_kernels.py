@@ -89,6 +89,9 @@ def resolve_linear_backend(requested: str, device: str, dtype: torch.dtype) -> s
 
     ``auto`` takes oneDNN on CPU when it runs for the dtype, torch otherwise (CUDA, half
     precision on CPU, a build without oneDNN). An explicit ``onednn`` that cannot run is refused.
+    Called by each model rank as it starts, where torch is loaded anyway (the launcher imports no
+    torch); the rank reports a :class:`LinearBackendError` to the launcher, which prints it in
+    one line and exits 2.
     """
     if requested not in LINEAR_BACKENDS:
         raise LinearBackendError(f"--linear_backend must be one of {', '.join(LINEAR_BACKENDS)}, got {requested!r}")

@@ -10,34 +10,62 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# Dtypes are kept as names here so that the processes that only plan (the launcher, the PD master)
+# read a checkpoint's config without importing torch; the model code turns a name into a torch
+# dtype (parse_dtype) where it makes tensors.  Spelling -> canonical name, as torch names it.
 _DTYPE_NAMES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
+
+# Bytes per element of each canonical dtype (what torch's ``dtype.itemsize`` says).
+DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class ModelConfigError(ValueError):
     """The checkpoint's config.json is missing something we need or holds a bad value."""
 
 
-def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
-    """Map a dtype name (``float32``, ``bf16``, ``torch.float16`` ...) to a torch dtype."""
+def dtype_name(dtype: Any) -> str:
+    """The canonical name (``float32``, ``bfloat16``, ``float16``) of a dtype name or torch dtype.
+
+    Accepts the spellings of config.json and the flags (``bf16``, ``torch.float16`` ...) and
+    torch dtype objects (by their printed name, so torch is never imported here).
+    """
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in _DTYPE_NAMES:
+        raise ModelConfigError(f"unsupported dtype {dtype!r}; expected one of {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[key]
+
+
+def dtype_itemsize(dtype: Any) -> int:
+    """Bytes per element of a dtype given by name or as a torch dtype."""
+    return DTYPE_ITEMSIZE[dtype_name(dtype)]
+
+
+def parse_dtype(name: Optional[str]) -> Optional["torch.dtype"]:
+    """Map a dtype name (``float32``, ``bf16``, ``torch.float16`` ...) to a torch dtype.
+
+    For the code that makes tensors: it imports torch, which a launcher must not (see
+    docs/EN/architecture.md); everything that only plans uses :func:`dtype_name`.
+    """
     if name is None:
         return None
-    key = str(name).replace("torch.", "").lower()
-    if key not in _DTYPE_NAMES:
-        raise ModelConfigError(f"unsupported dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}")
-    return _DTYPE_NAMES[key]
+    canonical = dtype_name(name)
+    import torch
+
+    return getattr(torch, canonical)
 
 
 @dataclass
@@ -71,7 +99,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     hidden_act: str
-    dtype: torch.dtype
+    # Canonical name (float32, bfloat16, float16): parse_dtype gives the torch dtype.
+    dtype: str
     bos_token_id: Optional[int]
     eos_token_ids: List[int] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
@@ -132,7 +161,7 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
             hidden_act=str(raw.get("hidden_act") or "silu"),
-            dtype=parse_dtype(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+            dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_id_list(raw.get("eos_token_id")),
             raw=raw,

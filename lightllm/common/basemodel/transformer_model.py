@@ -14,7 +14,7 @@ from lightllm.common.basemodel.layer_ops import rms_norm
 from lightllm.common.basemodel.layer_ops_select import build_layer_ops
 from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
 from lightllm.common.basemodel.linear_kernels import build_linear
-from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.rotary import RotaryEmbedding
 from lightllm.common.basemodel.weight_loader import CheckpointError, SafetensorsCheckpoint
@@ -48,7 +48,7 @@ class DecoderOnlyTransformer:
         linear_backend: str = "torch",
     ):
         self.config = config
-        self.dtype = dtype or config.dtype
+        self.dtype = dtype or parse_dtype(config.dtype)  # the config keeps the name (torch-free)
         self.device = torch.device(device)
         self.tp = tp or TensorParallelGroup()
         self.attention = attention or TorchSdpaAttention()

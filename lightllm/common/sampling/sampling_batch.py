@@ -175,14 +175,10 @@ class SamplingBatch:
                 f"prompt_ids and output_ids must have one entry per row ({size}), "
                 f"got {len(prompt_ids)} and {len(output_ids)}"
             )
+        # Each count is a RequestSpec's, checked (within its prompt) when the spec was built.
         before = [0] * size if generated_before is None else list(generated_before)
         if len(before) != size:
             raise ValueError(f"generated_before must have one entry per row ({size}), got {len(before)}")
-        for row, count in enumerate(before):
-            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < max(len(prompt_ids[row]), 1):
-                raise ValueError(
-                    f"generated_before[{row}] must be an int in [0, {max(len(prompt_ids[row]) - 1, 0)}], got {count!r}"
-                )
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= 0:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         eos = list(eos_token_ids)

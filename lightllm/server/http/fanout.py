@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.http.errors import generation_failed, internal_error, manager_error
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
+from lightllm.server.core.objs.request_spec import Priority, RequestSpec
 from lightllm.server.request_manager import RequestManager
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ class GenerationFanout:
         self._first: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def _open(self, job: ChoiceJob, count_prompt: bool) -> Any:
-        result = self._manager.generate(job.prompt_ids, job.params, high_priority=self._high_priority,
-                                        request=self._request, count_prompt=count_prompt)
+    async def _open(self, job: ChoiceJob) -> Any:
+        # The request enters the server here, as one spec per choice.
+        spec = RequestSpec(job.prompt_ids, job.params, Priority(high_priority_request=self._high_priority))
+        result = self._manager.generate(spec, request=self._request)
         if inspect.isawaitable(result):
             result = await result
         return result.__aiter__()
@@ -76,7 +78,7 @@ class GenerationFanout:
             for job in self._jobs:
                 # Every choice (n, best_of) counts its prompt in the server's token counters: each
                 # is a sequence of its own, and vLLM (0.32) counts a prompt once per sequence too.
-                self._iterators.append(await self._open(job, True))
+                self._iterators.append(await self._open(job))
             firsts = await asyncio.gather(*(it.__anext__() for it in self._iterators), return_exceptions=True)
         except Exception as exc:
             await self.close()

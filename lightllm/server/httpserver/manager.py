@@ -15,15 +15,10 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 import zmq
 import zmq.asyncio
 
-from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased, StepTexts
-from lightllm.server.core.objs.shm_req_checks import (
-    check_generated_before,
-    check_internal_priority,
-    check_pd_fields,
-    check_request_id,
-)
-from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, PD_KIND_NONE
+from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_checks import check_request_id
+from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pd_node import PD_NODE_MESSAGES, PD_NODE_ROLES, PdNodeState, pd_generate
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
@@ -253,70 +248,51 @@ class HttpServerManager:
 
     def pd_generate(
         self,
-        request_id: int,
-        prompt_ids: List[int],
-        params: SamplingParams,
+        spec: RequestSpec,
         *,
-        kv_start: int = 0,
-        infer_high_priority: int = 0,
-        segment_index: int = 0,
-        generated_before: int = 0,
+        request_id: int,
         epoch: int,
         request: Any = None,
-        high_priority: bool = False,
     ) -> AsyncIterator[PdNodeEvent]:
         """Run one PD request on this node under the master's ``request_id``.
 
-        Decode node: "reserved" (or "busy") first, then "token" events (the first is the prefill
-        node's token, published here so the detokenizer has it), ending with a finish
-        ("stop"/"length" on the last token), "segment_end" or "error".  Prefill node: the first
-        "token", then "handed_off" or "error" (or the token finished the request).  Closing the
-        iterator early aborts the request and frees its KV.  ``generated_before``: how many trailing
-        prompt tokens earlier segments generated (sampling counts them as output).  ``high_priority``: the
-        client's admission priority, as the master forwards it.  Bad arguments raise ``ValueError``
-        (or ``DuplicateRequestIdError``) when iteration starts, before any event.
+        ``spec`` is the request as the node's wire body built it, its PD kind this node's role
+        (``kv_start`` only on a prefill node).  Decode node: "reserved" (or "busy") first, then
+        "token" events (the first is the prefill node's token, published here so the
+        detokenizer has it), ending with a finish ("stop"/"length" on the last token),
+        "segment_end" or "error".  Prefill node: the first "token", then "handed_off" or "error"
+        (or the token finished the request).  Closing the iterator early aborts the request and
+        frees its KV.  Bad arguments raise ``ValueError`` (or ``DuplicateRequestIdError``) when
+        iteration starts, before any event.
         """
         if self.pd is None:
             raise RuntimeError(f"a {self.config.run_mode} server runs no PD requests; start it with --run_mode prefill|decode")
-        return pd_generate(
-            self, request_id, prompt_ids, params, kv_start=kv_start, infer_high_priority=infer_high_priority,
-            segment_index=segment_index, generated_before=generated_before, epoch=epoch, request=request,
-            high_priority=high_priority,
-        )
+        return pd_generate(self, spec, request_id=request_id, epoch=epoch, request=request)
 
     async def generate(
         self,
-        prompt_ids: List[int],
-        params: SamplingParams,
+        spec: RequestSpec,
         *,
-        high_priority: bool = False,
         request: Any = None,
         request_id: Optional[int] = None,
-        infer_high_priority: int = 0,
-        segment_index: int = 0,
-        count_prompt: bool = True,
-        pd_kind: int = PD_KIND_NONE,
-        kv_start: int = 0,
-        generated_before: int = 0,
         slot_wait_seconds: Optional[float] = None,
     ) -> AsyncIterator[GenerationEvent]:
-        """Submit a request and yield one event per generated token (the last has finish_reason).
+        """Submit ``spec`` and yield one event per generated token (the last has finish_reason).
 
-        ``request_id``, ``infer_high_priority`` and ``segment_index`` are internal: only server
-        code that owns the request passes them (a PD master assigns the id and marks continuation
-        segments); the HTTP handlers never do, so no public API field can reach them.  The id
-        (given, or this manager's next free one) is used unchanged by every process and in
-        every event; a given id that is still in use raises ``DuplicateRequestIdError``.
-        ``count_prompt`` False: another choice of the same request (``n`` > 1) already counted this
-        prompt in the token counters.  ``pd_kind``, ``kv_start``, ``generated_before`` and ``slot_wait_seconds`` (None:
-        --slot_wait_seconds) are :meth:`pd_generate`'s; with a PD kind the stream also carries
-        rank 0's ``PdNotice`` objects, which only ``pd_generate`` reads.
+        The spec checked its own fields when it was built; this checks it against the served
+        model (vocabulary, context length) once, and nothing on its way to the ranks checks it
+        again but rank 0's screen of the shared-memory record.  ``request_id`` is internal:
+        only server code that owns the request passes it (a PD node, under its master's id);
+        the HTTP handlers never do.  The id (given, or this manager's next free one) is used
+        unchanged by every process and in every event; a given id that is still in use raises
+        ``DuplicateRequestIdError``.  ``slot_wait_seconds`` (None: --slot_wait_seconds) is how
+        long to wait for a free request slot.  A spec with a PD kind also yields rank 0's
+        ``PdNotice`` objects, which only :meth:`pd_generate` reads.
         """
-        params.validate(self.vocab_size)
-        self.served.check_prompt(prompt_ids, params.max_new_tokens)
-        check_internal_priority(infer_high_priority, segment_index)
-        check_pd_fields(pd_kind, kv_start, len(prompt_ids))
-        check_generated_before(generated_before, len(prompt_ids))
+        if not isinstance(spec, RequestSpec):
+            raise ValueError(f"generate takes a RequestSpec, got {type(spec).__name__}")
+        spec.check_fits(self.vocab_size, self.max_req_total_len)
+        prompt_len = spec.prompt_len
         if self._refusal is not None:
             raise self._refusal
         request_id = self._claim_request_id(request_id)
@@ -328,14 +304,10 @@ class HttpServerManager:
                 del self._live[request_id]
                 raise
             self._live[request_id] = slot
-            pending = PendingRequest(len(prompt_ids), slot, counts_prompt=count_prompt)
+            pending = PendingRequest(prompt_len, slot)
             self._pending[request_id] = pending
             try:
-                self.shm.write_request(
-                    slot, request_id, prompt_ids, params, high_priority,
-                    infer_high_priority=infer_high_priority, segment_index=segment_index,
-                    pd_kind=pd_kind, kv_start=kv_start, generated_before=generated_before,
-                )
+                self.shm.write_request(slot, request_id, spec)
             except Exception:
                 del self._pending[request_id]
                 del self._live[request_id]
@@ -345,8 +317,7 @@ class HttpServerManager:
                 raise
             started = time.perf_counter()
             pending.arrival_ns = time.monotonic_ns()
-            if count_prompt:
-                self.metrics.on_submit(len(prompt_ids))
+            self.metrics.on_submit(prompt_len)
             finish_reason = None
             try:
                 await self.to_router.send_pyobj(NewRequest(request_id, slot))
@@ -377,7 +348,7 @@ class HttpServerManager:
                     prompt_tokens=pending.prompt_tokens,
                     first_token_seconds=pending.first_token_seconds,
                     queue_seconds=pending.queue_seconds,
-                    max_new_tokens=params.max_new_tokens,
+                    max_new_tokens=spec.params.max_new_tokens,
                 )
         finally:
             self._active_generations -= 1

@@ -3,8 +3,9 @@
 A prefill or decode node's :class:`~.manager.HttpServerManager` owns one :class:`PdNodeState`.
 It sends :class:`PdTransferSetup` to model rank 0 (which broadcasts it to every rank) and
 waits for rank 0's :class:`PdSetupDone`; it tracks the current epoch and whether a rank
-reported its transfer group broken.  :func:`pd_generate` runs one request through the manager's
-normal ``generate`` with the request's PD fields in its record and translates what comes back
+reported its transfer group broken.  :func:`pd_generate` runs one request's
+:class:`~lightllm.server.core.objs.request_spec.RequestSpec` (its PD kind set by the node's wire
+format) through the manager's normal ``generate`` and translates what comes back
 (tokens and finish reasons from the detokenizer, :class:`PdNotice` messages from rank 0) into
 :class:`~.pd_node_events.PdNodeEvent` values.
 
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Optional
 
 import zmq
 
-from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.pd.protocol.node_events import (
     BUSY,
@@ -149,17 +150,11 @@ def _error(message: str, error_kind: str, transfer_broken: bool = False) -> PdNo
 
 async def pd_generate(
     manager: "HttpServerManager",
-    request_id: int,
-    prompt_ids: List[int],
-    params: SamplingParams,
+    spec: RequestSpec,
     *,
-    kv_start: int = 0,
-    infer_high_priority: int = 0,
-    segment_index: int = 0,
-    generated_before: int = 0,
+    request_id: int,
     epoch: int,
     request: Any = None,
-    high_priority: bool = False,
 ) -> AsyncIterator[PdNodeEvent]:
     """One PD request on this node (see ``HttpServerManager.pd_generate``)."""
     state: PdNodeState = manager.pd
@@ -172,15 +167,16 @@ async def pd_generate(
                      f"{state.broken_reason}", "transfer_broken", transfer_broken=True)
         return
     decode = state.role == "decode"
-    if decode and kv_start:
-        raise ValueError("kv_start is chosen by the decode node; send it to the prefill node only")
+    expected_kind = PD_KIND_DECODE if decode else PD_KIND_PREFILL
+    if not isinstance(spec, RequestSpec) or spec.pd.kind != expected_kind:
+        # kv_start travels only with a prefill kind (the spec refuses it otherwise), so this
+        # also keeps a decode node from being told where the KV starts: it chooses that itself.
+        raise ValueError(f"a {state.role} node runs requests of PD kind {expected_kind} only, got "
+                         f"{spec.pd.kind if isinstance(spec, RequestSpec) else type(spec).__name__}")
     # The previous segment of this request may still be releasing its slot here.
     await manager.wait_request_id_free(request_id, SEGMENT_ID_REUSE_WAIT_S)
     events = manager.generate(
-        prompt_ids, params, high_priority=high_priority, request=request, request_id=request_id,
-        infer_high_priority=infer_high_priority,
-        segment_index=segment_index, pd_kind=PD_KIND_DECODE if decode else PD_KIND_PREFILL, kv_start=kv_start,
-        generated_before=generated_before,
+        spec, request=request, request_id=request_id,
         # A decode node answers busy at once when no request slot is free, never after a wait.
         slot_wait_seconds=0.0 if decode else None,
     )

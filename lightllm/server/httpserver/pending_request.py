@@ -31,13 +31,10 @@ def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
 class PendingRequest:
     """A submitted request's queue of events, filled by the receiver and drained by :meth:`events`."""
 
-    def __init__(self, prompt_tokens: int, slot: int = -1, counts_prompt: bool = True):
+    def __init__(self, prompt_tokens: int, slot: int = -1):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.prompt_tokens = prompt_tokens
         self.slot = slot
-        # False for the second and later choices of one request: their prompt and prefix-cache
-        # hits were counted with the first.
-        self.counts_prompt = counts_prompt
         # CLOCK_MONOTONIC ns of submission and of rank 0 first scheduling it (0: not yet).
         self.arrival_ns = 0
         self.scheduled_ns = 0
@@ -128,7 +125,7 @@ class PendingRequest:
                 if event.token_id >= 0:
                     if last_token_at is None:
                         self.first_token_seconds = now - started
-                        metrics.on_first_token(self.first_token_seconds, event.cached_tokens if self.counts_prompt else 0)
+                        metrics.on_first_token(self.first_token_seconds, event.cached_tokens)
                     else:
                         metrics.on_next_token(now - last_token_at)
                     last_token_at = now

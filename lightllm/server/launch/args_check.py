@@ -106,8 +106,23 @@ def _validate_http_args(args: argparse.Namespace) -> None:
                 raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
 
 
+def validate_device_args(args: argparse.Namespace, cuda_device_count: int) -> None:
+    """Raise :class:`ArgumentError` (one line) when ``--device``/``--tp`` ask for more GPUs than are visible.
+
+    Separate from the other checks because the count comes from the device probe
+    (:mod:`lightllm.server.launch.device_probe`), which the launcher asks only after the flags passed.
+    """
+    if args.device in ("auto", "cuda") and cuda_device_count > 0 and args.tp > cuda_device_count:
+        raise ArgumentError(f"--tp {args.tp} needs {args.tp} GPUs but only {cuda_device_count} are visible")
+    if args.device == "cuda" and cuda_device_count == 0:
+        raise ArgumentError("--device cuda was given but no CUDA device is visible")
+
+
 def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = None) -> None:
-    """Raise :class:`ArgumentError` (one line) for settings that cannot work together."""
+    """Raise :class:`ArgumentError` (one line) for settings that cannot work together.
+
+    ``cuda_device_count``: when given, :func:`validate_device_args` runs too.
+    """
     if not args.model_dir:
         # The master reads the tokenizer and config from it (and loads no weights).
         raise ArgumentError("--model_dir is required")
@@ -150,7 +165,5 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     _validate_http_args(args)
     if not 0 < args.port < 65536:
         raise ArgumentError(f"--port must be in 1..65535, got {args.port}")
-    if cuda_device_count is not None and args.device in ("auto", "cuda") and cuda_device_count > 0 and args.tp > cuda_device_count:
-        raise ArgumentError(f"--tp {args.tp} needs {args.tp} GPUs but only {cuda_device_count} are visible")
-    if args.device == "cuda" and cuda_device_count == 0:
-        raise ArgumentError("--device cuda was given but no CUDA device is visible")
+    if cuda_device_count is not None:
+        validate_device_args(args, cuda_device_count)

@@ -5,7 +5,8 @@ The rule (docs/EN/memory.md explains it for operators)::
     kv_bytes = mem_fraction * (available - weights - reserve)
 
 * ``available``: ``MemAvailable`` of ``/proc/meminfo`` on CPU (what the kernel can hand out
-  without swapping, page cache included), free memory of the device on CUDA, read at start.
+  without swapping, page cache included), free memory of the device on CUDA, read at start (by
+  the device probe, :mod:`lightllm.server.launch.device_probe`: this module imports no torch).
 * ``weights``: the checkpoint's tensors at the serving dtype; on CPU every rank's shard lives in
   the same memory, so all of it, on CUDA one rank's share.
 * ``reserve`` (``--reserved_memory_gb``, or the estimate below): activations of the largest
@@ -19,17 +20,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
-import torch
-
-from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.model_config import ModelConfig, dtype_itemsize
 
 log = logging.getLogger("lightllm.kv_budget")
 
 GIB = 1 << 30
 # Router and detokenization start next to the ranks after memory is read (the HTTP process already
-# runs, so it is counted as used); measured RSS (without KV) of each server process with the small
-# demo model is 0.2-0.5 GiB, most of it torch and tokenizer code.
+# runs, so it is counted as used). Measured RSS (without KV) with the small demo model: 0.3 GiB for
+# a rank, most of it torch; under 0.1 GiB for the router and the detokenizer, which load no torch.
 SERVER_SIDE_CHILDREN = 2
 PROCESS_ALLOWANCE_BYTES = GIB // 2
 # Left to the rest of a shared CPU machine: the OS, page cache and other services keep working.
@@ -62,12 +62,22 @@ class KVBudget:
         )
 
 
-def available_memory_bytes(device: str) -> int:
-    """Free device memory on CUDA; ``MemAvailable`` on CPU (4 GiB when it cannot be read)."""
+def available_memory_bytes(device: str, cuda_free_bytes: Optional[int] = None) -> int:
+    """Free device memory on CUDA (``cuda_free_bytes``, which the device probe measured);
+    ``MemAvailable`` on CPU (4 GiB when it cannot be read)."""
     if device == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        return int(free)
+        if cuda_free_bytes is None:
+            raise ValueError("the free memory of the CUDA device is unknown (the device probe did not report it)")
+        return int(cuda_free_bytes)
     return _meminfo_bytes("MemAvailable") or 4 * GIB
+
+
+def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: Any) -> int:
+    """Memory one token slot takes across all layers, K and V (``dtype``: a name or torch dtype).
+
+    The same number as ``KVCacheMemoryManager.bytes_per_token``, without torch.
+    """
+    return 2 * num_layers * kv_heads * head_dim * dtype_itemsize(dtype)
 
 
 def _meminfo_bytes(field: str) -> int:
@@ -81,10 +91,10 @@ def _meminfo_bytes(field: str) -> int:
     return 0
 
 
-def weights_bytes(model_dir: str, checkpoint_dtype: torch.dtype, serving_dtype: torch.dtype) -> int:
-    """Size of the checkpoint's tensors once loaded at ``serving_dtype``."""
+def weights_bytes(model_dir: str, checkpoint_dtype: Any, serving_dtype: Any) -> int:
+    """Size of the checkpoint's tensors once loaded at ``serving_dtype`` (dtypes by name or torch dtype)."""
     stored = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
-    return int(stored * serving_dtype.itemsize / checkpoint_dtype.itemsize)
+    return int(stored * dtype_itemsize(serving_dtype) / dtype_itemsize(checkpoint_dtype))
 
 
 def activation_bytes(
@@ -113,7 +123,7 @@ def plan_kv_budget(
     device: str,
     config: ModelConfig,
     model_dir: str,
-    serving_dtype: torch.dtype,
+    serving_dtype: Any,
     tp: int,
     mem_fraction: float,
     reserved_memory_gb: float | None,
@@ -121,8 +131,12 @@ def plan_kv_budget(
     chunk_tokens: int,
     max_req_total_len: int,
     max_batch_rows: int,
+    cuda_free_bytes: Optional[int] = None,
 ) -> KVBudget:
-    """Apply the rule of this module; the caller turns bytes into tokens."""
+    """Apply the rule of this module; the caller turns bytes into tokens.
+
+    ``serving_dtype``: a name or torch dtype; ``cuda_free_bytes``: the device's free memory on CUDA.
+    """
     weights = weights_bytes(model_dir, config.dtype, serving_dtype)
     if device == "cpu":
         ranks_here = tp  # every rank shares the machine's memory
@@ -138,6 +152,6 @@ def plan_kv_budget(
             reserve += int(CPU_MACHINE_SHARE * _meminfo_bytes("MemTotal"))
         else:
             reserve += CUDA_CONTEXT_BYTES
-    budget = KVBudget(available_memory_bytes(device), weights, reserve, mem_fraction)
+    budget = KVBudget(available_memory_bytes(device, cuda_free_bytes), weights, reserve, mem_fraction)
     log.info("%s", budget.describe())
     return budget

@@ -20,8 +20,8 @@ from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import RouterConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
-from lightllm.server.model_rank.rank_config import ModelRankConfig
-from lightllm.server.model_rank.pd_rank_transfer import PD_ROLES, PdRankSettings
+from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings
+from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
 
@@ -108,7 +108,7 @@ def build_process_configs(
     """
     eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
     run_mode = getattr(args, "run_mode", "normal")
-    pd_settings = pd_rank_settings(args) if run_mode in PD_ROLES else PdRankSettings()
+    pd_settings = pd_rank_settings(args) if run_mode in PD_NODE_MODES else PdRankSettings()
     detokenization = DetokenizationConfig(
         model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,
         eos_token_ids=eos,

@@ -1,19 +1,25 @@
-"""Derived sizes of a server: KV capacity, per-request limits, budgets, dtype and threads."""
+"""Derived sizes of a server: KV capacity, per-request limits, budgets, dtype and threads.
+
+Pure arithmetic on the flags, the checkpoint's config and the machine's facts; it imports no torch
+(the launcher never does: docs/EN/architecture.md), so dtypes are names here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 from dataclasses import dataclass
+from typing import Optional
 
-import torch
-
-from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
-from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.kv_budget import plan_kv_budget
-from lightllm.server.model_rank.execution.forward_threads import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
-from lightllm.utils.envs_utils import refuse_replaced_env_vars, torch_threads_override, wide_forward_ms_per_token_override
+from lightllm.server.launch.kv_budget import kv_bytes_per_token, plan_kv_budget
+from lightllm.utils.envs_utils import (
+    DEFAULT_WIDE_FORWARD_MS_PER_TOKEN,
+    refuse_replaced_env_vars,
+    torch_threads_override,
+    wide_forward_ms_per_token_override,
+)
 
 
 CPU_DEFAULT_KV_TOKEN_CAP = 1 << 18
@@ -31,20 +37,25 @@ class ServerSizing:
     slot_num: int
     torch_threads: int | None
     # Threads a forward borrows when its work pays for the front end's core, and the rule's
-    # threshold (CPU only; see mode_backend/forward_threads.py).
+    # threshold (CPU only; see model_rank/execution/forward_threads.py).
     prefill_torch_threads: int | None = None
     wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
 
 
-def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> ServerSizing:
-    """Resolve defaults that depend on the model and the machine; reject impossible settings."""
+def plan_sizing(
+    args: argparse.Namespace, config: ModelConfig, device: str, cuda_free_bytes: Optional[int] = None
+) -> ServerSizing:
+    """Resolve defaults that depend on the model and the machine; reject impossible settings.
+
+    ``cuda_free_bytes``: the CUDA device's free memory (the device probe's answer), needed on
+    CUDA when ``--max_total_token_num`` is not given.
+    """
     if args.data_type == "auto":
         dtype = config.dtype
-        if device == "cpu" and dtype == torch.float16:
-            dtype = torch.float32  # half-precision matmuls are slow or missing on CPU
+        if device == "cpu" and dtype == "float16":
+            dtype = "float32"  # half-precision matmuls are slow or missing on CPU
     else:
-        dtype = parse_dtype(args.data_type)
-    dtype_name = str(dtype).replace("torch.", "")
+        dtype = dtype_name(args.data_type)
     if config.num_key_value_heads % args.tp or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
         raise ArgumentError(
             f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}), "
@@ -63,9 +74,7 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
             f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "
             f"must be >= --max_req_total_len ({max_req_total_len})"
         )
-    per_token = KVCacheMemoryManager.bytes_per_token(
-        config.num_hidden_layers, config.num_key_value_heads // args.tp, config.head_dim, dtype
-    )
+    per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads // args.tp, config.head_dim, dtype)
     if args.max_total_token_num is not None:
         kv_tokens = args.max_total_token_num
     else:
@@ -75,6 +84,7 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
             batch_max_tokens=batch_max_tokens,
             chunk_tokens=max_req_total_len if args.disable_chunked_prefill else args.chunked_prefill_size,
             max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
+            cuda_free_bytes=cuda_free_bytes,
         )
         kv_tokens = budget.kv_bytes // per_token
         if device == "cpu":
@@ -102,7 +112,7 @@ def plan_sizing(args: argparse.Namespace, config: ModelConfig, device: str) -> S
             wide_ms = override_ms
     return ServerSizing(
         device=device,
-        dtype_name=dtype_name,
+        dtype_name=dtype,
         max_req_total_len=max_req_total_len,
         max_total_token_num=kv_tokens,
         batch_max_tokens=batch_max_tokens,

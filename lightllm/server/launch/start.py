@@ -8,11 +8,19 @@ every request fails with an error and the server exits non-zero; SIGTERM drains 
 :mod:`lightllm.server.launch.supervisor`).  Resources left by a killed server are removed at start.
 A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its control
 endpoints and master registration (:mod:`lightllm.server.launch.pd_node`).
+
+This process imports no torch, and neither does anything it spawns but the model ranks
+(test/unit/test_torch_free_processes.py keeps it so): CUDA facts come from a short-lived probe
+child (:mod:`lightllm.server.launch.device_probe`), dtypes are names, and each rank resolves its
+attention and linear backends itself, where torch is loaded anyway; a rank that refuses an
+explicit backend reports it here, and the start ends in one line with exit code 2 as for any
+other impossible flag.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -27,11 +35,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from lightllm.common.basemodel.attention.selection import resolve_attention_backend
-from lightllm.common.basemodel.linear_kernels import resolve_linear_backend
-from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.args_check import validate_args, validate_device_args
+from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
@@ -53,7 +60,7 @@ from lightllm.server.launch.plan import (
 )
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
-from lightllm.server.model_rank.rank_process import model_rank_process_main
+from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entry
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
@@ -116,13 +123,11 @@ class ServerProcesses:
             log.info("children stopped; shared memory and IPC folder removed")
 
 
-def resolve_device(args: argparse.Namespace) -> str:
-    """``cpu`` or ``cuda`` from ``--device`` and what is available."""
-    import torch
-
+def resolve_device(args: argparse.Namespace, facts: DeviceFacts) -> str:
+    """``cpu`` or ``cuda`` from ``--device`` and what is available (``facts``: see :mod:`.device_probe`)."""
     if args.device == "cpu":
         return "cpu"
-    if torch.cuda.is_available():
+    if facts.cuda_available:
         return "cuda"
     if args.device == "cuda":
         raise StartupError("--device cuda was given but no CUDA device is visible")
@@ -173,10 +178,11 @@ def start_processes(
             procs.children.append((name, proc))
             pending.append((name, proc, parent_conn))
 
-        spawn("detokenization", detokenization_process_main, configs.detokenization)
-        spawn("router", router_process_main, configs.router)
+        # Only the ranks load torch (docs/EN/architecture.md, "Which process loads torch").
+        spawn("detokenization", functools.partial(torch_free_entry, detokenization_process_main), configs.detokenization)
+        spawn("router", functools.partial(torch_free_entry, router_process_main), configs.router)
         for rank_config in configs.ranks:
-            spawn(f"model_rank{rank_config.rank}", model_rank_process_main, rank_config)
+            spawn(f"model_rank{rank_config.rank}", model_rank_entry, rank_config)
         for name, proc, conn in pending:
             if not conn.poll(READY_TIMEOUT_SECONDS):
                 raise StartupError(f"{name} did not report ready within {READY_TIMEOUT_SECONDS:.0f}s")
@@ -184,6 +190,10 @@ def start_processes(
                 kind, detail = conn.recv()
             except EOFError:
                 raise StartupError(f"{name} exited during start-up (exit code {proc.exitcode})") from None
+            if kind == "refused":
+                # A rank refused a setting it checks itself (an explicit kernel backend): the same
+                # one line and exit code as a flag the launcher refuses.
+                raise ArgumentError(detail)
             if kind != "ready":
                 raise StartupError(detail)
         log.info("children ready: %s", ", ".join(f"{name} pid={proc.pid}" for name, proc in procs.children))
@@ -232,15 +242,17 @@ def warn_if_reachable_without_key(args: argparse.Namespace, auth: "AuthPolicy") 
 def run_server(argv: Optional[List[str]] = None) -> int:
     """Parse arguments, start everything, serve HTTP until stopped; returns the exit code.
 
+    Run it in a process that called :func:`lightllm.utils.torch_free.keep_torch_out` first
+    (``python -m lightllm.server.api_server`` does): it serves HTTP for the server's life.
+
     Exit codes: :mod:`lightllm.server.http.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
     """
     parser = make_argument_parser()
     args = parser.parse_args(argv)
     init_logging(args.log_level)
     try:
-        import torch
-
-        validate_args(args, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        # The GPU count is checked once the device probe answered (_prepare_and_serve).
+        validate_args(args)
         # The LIGHTLLM_PD_* variables this role reads: a bad one is a one-line exit 2, not failed requests.
         check_pd_env(args.run_mode)
         from lightllm.server.http.front_door import open_front_door
@@ -273,11 +285,15 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
 
             return run_pd_master(args, front_door)
         model_config = ModelConfig.from_dir(args.model_dir)
-        sizing = plan_sizing(args, model_config, resolve_device(args))
-        args.attention_backend = resolve_attention_backend(args.attention_backend, sizing.device)
-        args.linear_backend = resolve_linear_backend(args.linear_backend, sizing.device, parse_dtype(sizing.dtype_name))
+        facts = read_device_facts(args.device)
+        if facts.probed:
+            log.info("device probe: %d CUDA device(s) visible%s", facts.cuda_device_count,
+                     f", {facts.cuda_free_bytes / (1 << 30):.2f} GiB free on the first" if facts.cuda_free_bytes else "")
+        validate_device_args(args, facts.cuda_device_count)
+        # The attention and linear backends are resolved by each rank (see the module docstring).
+        sizing = plan_sizing(args, model_config, resolve_device(args, facts), facts.cuda_free_bytes)
         if args.run_mode in PD_NODE_MODES:
-            # Imported here, like the HTTP modules below: the spawned children re-import this module.
+            # Imported here, like the HTTP modules below: only a PD node needs it.
             from lightllm.server.launch.pd_node import prepare_pd_node
 
             # Before any process starts: the ranks and the registration must see one transfer port.
@@ -285,6 +301,9 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
     except PortUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_PORT_UNAVAILABLE
+    except DeviceProbeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except (ArgumentError, ModelConfigError, StartupError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
@@ -319,6 +338,9 @@ def _start_and_serve(
         signal.signal(signum, stop_during_startup)
     try:
         procs, http_config = start_processes(args, sizing, model_config, transfer_ports)
+    except ArgumentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

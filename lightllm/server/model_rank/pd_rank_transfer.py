@@ -29,13 +29,15 @@ stay reserved until then because the transfer process may still write them.
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightllm.server.core.objs.finish_status import FINISH_BUSY, FINISH_TRANSFER_FAILED
 from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferResult
+# Defined with the rest of a rank's start-up config (torch-free, for the launcher); imported from here too.
+from lightllm.server.model_rank.rank_config import PdRankSettings  # noqa: F401
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.decode_backend import KvReservationRefused
 from lightllm.server.model_rank.scheduling.step_report import StepReport
@@ -49,22 +51,6 @@ PD_ROLES = PD_NODE_MODES
 ERROR_TRANSFER_FAILED = "transfer_failed"
 ERROR_LEASE_EXPIRED = "lease_expired"
 ERROR_TRANSFER_BROKEN = "transfer_broken"
-
-
-@dataclass
-class PdRankSettings:
-    """A PD rank's transfer settings, from the node's flags."""
-
-    page_size: int = 256
-    transfer_host: str = "127.0.0.1"  # prefill node: where its groups meet
-    transfer_port: int = 0  # prefill node: rank r hosts at transfer_port + r
-    transfer_timeout_s: float = 30.0
-    connect_timeout_s: float = 60.0
-    reserve_lease_s: float = 30.0
-    max_segment_tokens: int = 0  # 0: no limit
-    # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
-    # start-up (pd/transfer_ports.py); every transfer process of the rank serves its store on it.
-    listen_socket: Optional[socket.socket] = None
 
 
 @dataclass(frozen=True)
@@ -165,15 +151,14 @@ class PdRankTransfer:
         """Prefill node: remember where ``request_id``'s KV transfer starts."""
         self._kv_start[request_id] = kv_start
 
-    def reserve(self, request_id: int, shm_index: int, prompt_ids: List[int], params: Any, **fields: Any) -> Optional[InferReq]:
+    def reserve(self, request_id: int, shm_index: int, spec: RequestSpec) -> Optional[InferReq]:
         """Decode node: reserve and start receiving, or finish ``FINISH_BUSY`` at once (None)."""
         backend = self.backend
         try:
-            segment = params.max_new_tokens
+            segment = spec.params.max_new_tokens
             if self.settings.max_segment_tokens > 0:
                 segment = min(segment, self.settings.max_segment_tokens)
-            req = backend.reserve_prefilled(request_id, prompt_ids, params, decode_tokens=segment,
-                                            shm_index=shm_index, **fields)
+            req = backend.reserve_prefilled(request_id, spec, shm_index, decode_tokens=segment)
         except KvReservationRefused as exc:
             log.info("request %d: busy: %s", request_id, exc)
             # Ahead of the finish, like a transfer failure's notice: the busy answer names the limit.

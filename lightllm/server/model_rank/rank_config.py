@@ -5,12 +5,32 @@ Built by :mod:`lightllm.server.launch.plan` from the parsed flags, one per TP ra
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
-from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings
 from lightllm.server.server_layout import ServerLayout
+
+
+@dataclass
+class PdRankSettings:
+    """A PD rank's transfer settings, from the node's flags (used by :mod:`.pd_rank_transfer`).
+
+    Defined here, not beside the transfer code, because the launcher builds it and must not
+    import the KV transfer (torch).
+    """
+
+    page_size: int = 256
+    transfer_host: str = "127.0.0.1"  # prefill node: where its groups meet
+    transfer_port: int = 0  # prefill node: rank r hosts at transfer_port + r
+    transfer_timeout_s: float = 30.0
+    connect_timeout_s: float = 60.0
+    reserve_lease_s: float = 30.0
+    max_segment_tokens: int = 0  # 0: no limit
+    # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
+    # start-up (pd/transfer_ports.py); every transfer process of the rank serves its store on it.
+    listen_socket: Optional[socket.socket] = None
 
 
 @dataclass
@@ -28,7 +48,7 @@ class ModelRankConfig:
     running_max_req_size: int
     batch_max_tokens: int
     chunked_prefill_size: Optional[int]
-    # Decode rows ride in the prefill forward (see mode_backend/step_planner.py); False with
+    # Decode rows ride in the prefill forward (see model_rank/scheduling/step_planner.py); False with
     # --disable_mixed_batches or --disable_chunked_prefill.
     mixed_batches: bool
     prefill_queue_strategy: str
@@ -41,11 +61,13 @@ class ModelRankConfig:
     sampling_seed: int
     torch_threads: Optional[int] = None  # short-context decode forwards and everything else
     # Threads a forward borrows when its estimated work is at least wide_forward_ms_per_token per
-    # token it streams; None: torch_threads. See mode_backend/forward_threads.py.
+    # token it streams; None: torch_threads. See model_rank/execution/forward_threads.py.
     prefill_torch_threads: Optional[int] = None
     wide_forward_ms_per_token: float = 0.3
-    attention_backend: str = "torch"  # resolved by the launcher: "torch", "torch_compiled", "cpp" or "triton"
-    linear_backend: str = "torch"  # resolved by the launcher: "torch" or "onednn"
+    # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
+    # as it starts, since the launcher imports no torch.
+    attention_backend: str = "torch"
+    linear_backend: str = "torch"
     # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
     run_mode: str = "normal"
     pd: PdRankSettings = field(default_factory=PdRankSettings)

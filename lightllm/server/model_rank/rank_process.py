@@ -1,8 +1,9 @@
 """A model rank process: loads its shard of the model and runs the backend loop.
 
-Rank 0 talks to the router and the detokenization process; every rank receives the same
-command list each iteration through a torch.distributed broadcast, so all ranks run identical
-scheduling decisions.
+Rank 0 talks to the router and the detokenization process; with TP > 1 it sends the other ranks
+the same command list before every step over a :class:`TpCommandChannel` (:mod:`.command_channel`),
+so all ranks run identical scheduling decisions, and sends nothing but a rare keep-alive while
+idle, when the other ranks block in the channel.
 
 Admission is screened on rank 0 before the broadcast: a request whose shared-memory record does
 not read back as a valid request becomes a :class:`RejectRequests` entry, so every rank finishes
@@ -19,7 +20,8 @@ outcome) over a push socket to the HTTP inbox.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -27,7 +29,8 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from lightllm.common.basemodel.attention.selection import build_attention_backend
+from lightllm.common.basemodel.attention.selection import AttentionBackendError, build_attention_backend, resolve_attention_backend
+from lightllm.common.basemodel.linear_kernels import LinearBackendError, resolve_linear_backend
 from lightllm.common.basemodel.model_config import parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
@@ -39,7 +42,8 @@ from lightllm.server.core.objs.io_messages import (
     PdTransferSetup,
 )
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
-from lightllm.server.core.objs.shm_req_views import RequestInput
+from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.model_rank.command_channel import MessageKind, TpCommandChannel
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
@@ -60,7 +64,12 @@ from lightllm.utils.gc_tuning import freeze_startup_objects
 
 log = logging.getLogger("lightllm.model_rank")
 
+# Rank 0's inbox wait while requests are running but the last step could do nothing (all
+# paused) or KV transfers are in flight: short, since only time or a transfer result unblocks them.
 IDLE_POLL_MS = 20
+# Rank 0's longest inbox wait with nothing running: a message ends it at once, so this only bounds
+# how late the idle-time duties run (giving freed memory back, noticing a broken KV transfer).
+LEADER_IDLE_WAKE_MS = 1000
 
 
 @dataclass
@@ -95,6 +104,10 @@ class ModelRank:
                 timeout=timedelta(hours=24),
             )
             self.tp.group = dist.group.WORLD
+        # Created right after the model group, while every rank is at the same point of start-up
+        # (creating a group is collective); None with TP = 1.
+        self.channel: Optional[TpCommandChannel] = TpCommandChannel.open(config.rank, config.tp)
+        self._stop_requested = False
         model = load_model(
             config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp,
             attention=build_attention_backend(config.attention_backend), linear_backend=config.linear_backend,
@@ -131,7 +144,7 @@ class ModelRank:
         self.publisher: Optional[StepPublisher] = None  # rank 0 only
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
-        self._screened: Dict[int, RequestInput] = {}
+        self._screened: Dict[int, RequestSpec] = {}
         if self.is_leader:
             self.zmq_ctx = zmq.Context()
             layout = config.layout
@@ -185,30 +198,68 @@ class ModelRank:
         dist.broadcast(tokens, src=0)
         return tokens
 
-    def receive_commands(self) -> List[Any]:
-        """Rank 0 drains its inbox (waiting briefly when idle); every rank gets the same list."""
+    def receive_commands(self) -> Optional[List[Any]]:
+        """This iteration's commands, the same list in the same order on every rank; None: stop.
+
+        Rank 0 drains its inbox and screens it; with TP > 1 it sends the result to the other
+        ranks only when they have something to do (commands, running requests, transfers in
+        flight), and otherwise at most a keep-alive.  The other ranks block in the channel.
+        """
+        if not self.is_leader:
+            message = self.channel.receive()
+            if message.kind is MessageKind.SHUTDOWN:
+                return None
+            # A keep-alive comes only while rank 0 runs nothing, and every rank holds the same
+            # requests and transfers, so the empty pass it causes here steps and gathers nothing.
+            return message.commands
+        if self._stop_requested:
+            if self.channel is not None:
+                self.channel.send_shutdown()
+            return None
         commands: List[Any] = []
-        if self.is_leader:
-            # Wait for messages only when the last step could not do anything, so a batch that
-            # is stalled (all requests paused) does not spin a core.
-            timeout = 0 if self.backend.has_work and self._last_step_did_work else IDLE_POLL_MS
-            if self.inbox.poll(timeout):
-                while True:
-                    try:
-                        commands.append(self.inbox.recv_pyobj(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-            commands = self.screen(commands)
-        if self.config.tp > 1:
-            box = [commands]
-            dist.broadcast_object_list(box, src=0)
-            commands = box[0]
+        if self.inbox.poll(self._inbox_wait_ms()):
+            while True:
+                try:
+                    commands.append(self.inbox.recv_pyobj(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+        commands = self.screen(commands)
+        if self.channel is not None:
+            # With no commands the ranks' state is what it was after the last step, so rank 0's
+            # own view tells whether the others have anything to run in this iteration.
+            if commands or self._ranks_busy():
+                self.channel.send_step(commands)
+            else:
+                self.channel.keep_alive()
         return commands
+
+    def _ranks_busy(self) -> bool:
+        """Whether this iteration runs a step or a transfer agreement (the same on every rank)."""
+        return self.backend.has_work or (self.pd is not None and bool(self.pd.in_flight))
+
+    def _inbox_wait_ms(self) -> int:
+        """Rank 0: how long to wait for the first message of this iteration."""
+        if self.backend.has_work and self._last_step_did_work:
+            return 0
+        # A stalled batch (all requests paused) or transfers in flight are polled, not spun on.
+        if self._ranks_busy():
+            return IDLE_POLL_MS
+        wait_ms = LEADER_IDLE_WAKE_MS
+        if self.channel is not None:
+            wait_ms = min(wait_ms, math.ceil(self.channel.seconds_until_keepalive() * 1000))
+        return wait_ms
+
+    def stop(self) -> None:
+        """Rank 0: leave :meth:`serve_forever` at the next iteration, taking the other ranks along."""
+        self._stop_requested = True
 
     def screen(self, commands: List[Any]) -> List[Any]:
         """Rank 0: split each AddRequests into requests that read back valid and RejectRequests.
 
-        Any failure reading or checking one record is that request's alone.
+        This is the guard of shared memory: reading a record rebuilds its :class:`RequestSpec`
+        (whose own checks run again on what the record holds) and :meth:`check_request` adds
+        this rank's limits; nothing after it checks the request again.  Any failure reading or
+        checking one record is that request's alone.
         """
         screened: List[Any] = []
         for command in commands:
@@ -218,13 +269,13 @@ class ModelRank:
             accepted, rejected = [], []
             for request_id, shm_index in command.requests:
                 try:
-                    request = self.shm.read_request(shm_index, request_id)
-                    self.backend.check_request(request.prompt_ids, request.params)
+                    spec = self.shm.read_request(shm_index, request_id)
+                    self.backend.check_request(spec)
                 except Exception as exc:  # noqa: BLE001 - reported to the request's client instead
                     log.warning("rejecting request %d at admission: %s", request_id, exc)
                     rejected.append((request_id, shm_index))
                     continue
-                self._screened[request_id] = request
+                self._screened[request_id] = spec
                 accepted.append((request_id, shm_index))
             if accepted:
                 screened.append(AddRequests(accepted))
@@ -232,7 +283,7 @@ class ModelRank:
                 screened.append(RejectRequests(rejected))
         return screened
 
-    def _read_request(self, request_id: int, shm_index: int) -> RequestInput:
+    def _read_request(self, request_id: int, shm_index: int) -> RequestSpec:
         screened = self._screened.pop(request_id, None)
         if screened is not None:
             return screened
@@ -244,44 +295,30 @@ class ModelRank:
             if isinstance(command, AddRequests):
                 for request_id, shm_index in command.requests:
                     try:
-                        request = self._read_request(request_id, shm_index)
-                        if request.pd_kind != PD_KIND_NONE:
-                            self._check_pd_kind(request.pd_kind)
-                        if request.pd_kind == PD_KIND_DECODE:
-                            req = self.pd.reserve(
-                                request_id, shm_index, request.prompt_ids, request.params,
-                                high_priority_request=request.high_priority_request,
-                                infer_high_priority=request.infer_high_priority,
-                                segment_index=request.segment_index,
-                                generated_before=request.generated_before,
-                            )
+                        spec = self._read_request(request_id, shm_index)
+                        pd_kind = spec.pd.kind
+                        if pd_kind != PD_KIND_NONE:
+                            self._check_pd_kind(pd_kind)
+                        if pd_kind == PD_KIND_DECODE:
+                            req = self.pd.reserve(request_id, shm_index, spec)
                             if req is not None and self.is_leader:
                                 self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
                                 log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d", request_id,
-                                         request.segment_index, req.cur_kv_len, len(request.prompt_ids))
+                                         spec.segment.segment_index, req.cur_kv_len, spec.prompt_len)
                             continue
-                        req = self.backend.add_request(
-                            request_id,
-                            request.prompt_ids,
-                            request.params,
-                            high_priority_request=request.high_priority_request,
-                            shm_index=shm_index,
-                            infer_high_priority=request.infer_high_priority,
-                            segment_index=request.segment_index,
-                            generated_before=request.generated_before,
-                        )
+                        req = self.backend.add_request(request_id, spec, shm_index)
                     except Exception:  # noqa: BLE001 - one request must not stop the rank
                         # Every rank reads the same record into the same state, so all of them
                         # take this branch together and stay in step.
                         log.exception("admitting request %d failed; finishing it with an error", request_id)
                         self.backend.reject(request_id, shm_index)
                         continue
-                    if request.pd_kind == PD_KIND_PREFILL:
-                        self.pd.note_prefill_request(request_id, request.kv_start)
+                    if pd_kind == PD_KIND_PREFILL:
+                        self.pd.note_prefill_request(request_id, spec.pd.kv_start)
                         if self.is_leader:
                             log.info("request %d admitted: segment_index=%d infer_high_priority=%d kv_start=%d prompt=%d",
-                                     request_id, request.segment_index, request.infer_high_priority, request.kv_start,
-                                     len(request.prompt_ids))
+                                     request_id, spec.segment.segment_index, spec.priority.infer_high_priority,
+                                     spec.pd.kv_start, spec.prompt_len)
                     if self.is_leader:
                         self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
                         self.wait_tracker.on_arrival(req)
@@ -309,7 +346,10 @@ class ModelRank:
         pd = self.pd
         freeze_startup_objects()
         while True:
-            self.apply(self.receive_commands())
+            commands = self.receive_commands()
+            if commands is None:
+                return
+            self.apply(commands)
             if pd is not None:
                 pd.tick()
             if not self.backend.has_work:
@@ -335,12 +375,19 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
     init_logging(config.log_level)
 
     def body(mark_ready: Callable[[], None]) -> None:
-        rank = ModelRank(config)
+        # Resolved here, where torch is loaded anyway: the launcher imports no torch. A refused
+        # explicit choice reaches the launcher as one line (run_child's ``refused``), exit 2.
+        resolved = replace(
+            config,
+            attention_backend=resolve_attention_backend(config.attention_backend, config.device),
+            linear_backend=resolve_linear_backend(config.linear_backend, config.device, parse_dtype(config.dtype)),
+        )
+        rank = ModelRank(resolved)
         log.info(
             "rank %d ready: attention_backend=%s linear_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
             config.rank,
-            config.attention_backend,
-            config.linear_backend,
+            resolved.attention_backend,
+            resolved.linear_backend,
             config.prefill_queue_strategy,
             config.prefill_overtake_bound.describe(),
             config.max_total_token_num,
@@ -348,4 +395,4 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
         mark_ready()
         rank.serve_forever()
 
-    run_child(f"model_rank{config.rank}", ready_conn, body)
+    run_child(f"model_rank{config.rank}", ready_conn, body, refused=(AttentionBackendError, LinearBackendError))

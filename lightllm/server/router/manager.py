@@ -96,8 +96,6 @@ class RouterManager:
             input_len=fields.prompt_len,
             max_new_tokens=fields.max_new_tokens,
             high_priority_request=fields.high_priority_request,
-            infer_high_priority=fields.infer_high_priority,
-            segment_index=fields.segment_index,
         )
         if fields.pd_kind == PD_KIND_DECODE:
             # A decode node's prefilled arrival is reserved or answered busy by rank 0 at once,

@@ -107,8 +107,9 @@ def _build(compiler: str, target: Path) -> None:
 def build_kernel(compiler: str) -> Path:
     """The cached kernel's path, built with ``compiler`` first if this machine has none yet.
 
-    The launcher calls this before it starts the model ranks, so a failing build is a one-line
-    start-up error (or, for ``--attention_backend auto``, a fallback) rather than a dead rank.
+    Each model rank calls this while it resolves its attention backend, before it loads the
+    model, so a failing build is a one-line start-up error (or, for ``--attention_backend auto``,
+    a fallback) rather than a failure at the first request.
     """
     target = kernel_path(compiler)
     if target.exists():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from typing import List
+from typing import TYPE_CHECKING, List
 
-from lightllm.common.basemodel.attention.base import AttentionBackend
+if TYPE_CHECKING:
+    from lightllm.common.basemodel.attention.base import AttentionBackend
 
 log = logging.getLogger("lightllm.attention")
 
@@ -53,6 +54,9 @@ def _cpp_kernel_build_error(compiler: str) -> str | None:
 
 def resolve_attention_backend(requested: str, device: str) -> str:
     """The concrete backend (``torch``, ``torch_compiled``, ``cpp`` or ``triton``) for ``requested`` on ``device``.
+
+    Called by each model rank as it starts (the launcher imports no torch); the rank reports an
+    :class:`AttentionBackendError` to the launcher, which prints it in one line and exits 2.
 
     ``torch_compiled`` and ``cpp`` are CPU only and need a C++ compiler (torch.compile builds
     the first one's kernel, the system compiler the second's).

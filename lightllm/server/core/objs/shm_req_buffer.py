@@ -1,7 +1,11 @@
 """Fixed-layout request records in shared memory: the only code that reads or writes them.
 
 Every process maps the same segment: a numpy structured array with one record per request
-slot (layout in :mod:`.shm_req_layout`, checks of the values written in :mod:`.shm_req_checks`).
+slot (layout in :mod:`.shm_req_layout`).  A request goes in and comes out as one
+:class:`~.request_spec.RequestSpec`, which checked its own fields when it was built; the buffer
+checks only what its layout needs (the request id, the prompt plus ``max_new_tokens`` within a
+record's width, the stop strings within their bytes field).
+
 Only slot indexes and request ids travel over zmq; everything else is read here, through typed
 methods.
 
@@ -18,18 +22,20 @@ ended and the slot was reused) can never read or write someone else's request:
 Who writes which field, and in what order
 ----------------------------------------
 * HTTP process (the only one that allocates and releases slots), :meth:`~ShmReqBuffer.write_request`:
-  on a free slot (``request_id == NO_REQUEST``) fills every input field (prompt, sampling fields,
-  ``high_priority_request`` and the internal ``infer_high_priority`` and ``segment_index``, which
-  only the manager's internal generate arguments set, never a public API field; likewise the
-  internal PD fields ``pd_kind``, ``kv_start`` and ``generated_before``), and writes
-  ``request_id`` last: from then on the slot belongs to that request.  Then it sends the slot
+  on a free slot (``request_id == NO_REQUEST``) fills every input field from the request's
+  :class:`~.request_spec.RequestSpec` (prompt, sampling fields, ``high_priority_request``, and the
+  internal ``infer_high_priority``, ``segment_index``, ``generated_before``, ``pd_kind`` and
+  ``kv_start``, which no public API field reaches), and writes ``request_id`` last: from then on
+  the slot belongs to that request.  Then it sends the slot
   index to the router.  :meth:`~ShmReqBuffer.release` sets ``request_id = NO_REQUEST`` only
   after the detokenization process reported that nobody reads the slot any more, and only if
   the slot still holds that request.  Aborts travel over zmq, never through the record.
 * Router, :meth:`~ShmReqBuffer.admission_fields`: reads the input fields it admits by; writes
   nothing here.
-* Model rank 0: :meth:`~ShmReqBuffer.read_request` at admission (every rank reads the same
-  record); :meth:`~ShmReqBuffer.set_prompt_cache_len` once after the prefix-cache lookup;
+* Model rank 0: :meth:`~ShmReqBuffer.read_request` at admission, which rebuilds the
+  :class:`~.request_spec.RequestSpec` (so its checks run again on what shared memory holds; rank
+  0's ``screen`` adds the model's limits and rejects a damaged record alone), and every rank
+  reads the same record; :meth:`~ShmReqBuffer.set_prompt_cache_len` once after the prefix-cache lookup;
   :meth:`~ShmReqBuffer.publish_token` writes ``output_ids[i]``, ``output_logprobs[i]`` and, for
   a request that asked for alternatives (``logprobs`` > 0), the top row of sequence position
   ``prompt_len + i`` first and then bumps ``output_len`` to ``i + 1`` (readers trust
@@ -65,28 +71,22 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, SamplingParams
+from lightllm.common.sampling import MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_NONE
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
-from lightllm.server.core.objs.shm_req_checks import (
-    check_generated_before,
-    check_internal_priority,
-    check_pd_fields,
-    check_request_id,
-)
+from lightllm.server.core.objs.shm_req_checks import check_request_id
 from lightllm.server.core.objs.shm_req_layout import (
     COPIED_FIELDS,
     FLAG_FIELDS,
     NO_REQUEST,
     OPTIONAL_FIELDS,
-    PD_KIND_NONE,
     record_dtype,
 )
 from lightllm.server.core.objs.shm_req_views import (
     AdmissionFields,
     DecodeOptions,
     OutputSnapshot,
-    RequestInput,
     SlotOccupiedError,
     StaleRecordError,
     TopRow,
@@ -128,28 +128,22 @@ class ShmReqBuffer(SharedArraySegment):
         return rec
 
     # --- HTTP side -------------------------------------------------------------------------
-    def write_request(
-        self,
-        slot: int,
-        request_id: int,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        high_priority_request: bool = False,
-        *,
-        infer_high_priority: int = 0,
-        segment_index: int = 0,
-        pd_kind: int = PD_KIND_NONE,
-        kv_start: int = 0,
-        generated_before: int = 0,
-    ) -> None:
-        """Claim the free ``slot`` for a new request: every field first, ``request_id`` last.
+    def write_request(self, slot: int, request_id: int, spec: RequestSpec) -> None:
+        """Claim the free ``slot`` for ``spec``: every field first, ``request_id`` last.
 
-        Raises ``ValueError`` (nothing written) for values the record cannot hold and
-        :class:`SlotOccupiedError` when the slot still holds a request.
+        The spec checked its own fields; this checks what the record needs.  Raises
+        ``ValueError`` (nothing written) for an id the record cannot hold or a request longer
+        than a record, and :class:`SlotOccupiedError` when the slot still holds a request.
         """
-        self._check_new_request(request_id, prompt_ids, params, infer_high_priority, segment_index)
-        check_pd_fields(pd_kind, kv_start, len(prompt_ids))
-        check_generated_before(generated_before, len(prompt_ids))
+        check_request_id(request_id)
+        if not isinstance(spec, RequestSpec):
+            raise ValueError(f"write_request takes a RequestSpec, got {type(spec).__name__}")
+        params, prompt_ids = spec.params, spec.prompt_ids
+        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_req_total_len ({self.max_req_total_len})"
+            )
+        # A fixed-width bytes field would truncate a longer value silently.
         encoded_stops = json.dumps(list(params.stop_sequences)).encode()
         if len(encoded_stops) > STOP_SEQUENCES_BYTES:
             raise ValueError(
@@ -163,12 +157,12 @@ class ShmReqBuffer(SharedArraySegment):
         rec["output_len"] = 0
         rec["prompt_cache_len"] = 0
         rec["finish_status"] = FINISH_NONE
-        rec["high_priority_request"] = int(high_priority_request)
-        rec["infer_high_priority"] = infer_high_priority
-        rec["segment_index"] = segment_index
-        rec["pd_kind"] = pd_kind
-        rec["kv_start"] = kv_start
-        rec["generated_before"] = generated_before
+        rec["high_priority_request"] = int(spec.priority.high_priority_request)
+        rec["infer_high_priority"] = spec.priority.infer_high_priority
+        rec["segment_index"] = spec.segment.segment_index
+        rec["generated_before"] = spec.segment.generated_before
+        rec["pd_kind"] = spec.pd.kind
+        rec["kv_start"] = spec.pd.kv_start
         rec["scheduled_ns"] = 0
         for name in COPIED_FIELDS:
             rec[name] = getattr(params, name)
@@ -181,6 +175,8 @@ class ShmReqBuffer(SharedArraySegment):
         rec["prompt_logprob_end"] = 0
         rec["has_seed"] = int(params.seed is not None)
         rec["seed"] = params.seed or 0
+        # Numbers and counts fit their fields: SamplingParams checked them against the same
+        # storage widths (storage_width.py) when it was built.
         rec["stop_token_num"] = len(params.stop_token_ids)
         rec["stop_token_ids"][: len(params.stop_token_ids)] = params.stop_token_ids
         rec["stop_sequences_json"] = encoded_stops
@@ -189,19 +185,6 @@ class ShmReqBuffer(SharedArraySegment):
         rec["logit_bias_ids"][: len(params.logit_bias)] = list(params.logit_bias)
         rec["logit_bias_values"][: len(params.logit_bias)] = list(params.logit_bias.values())
         rec["request_id"] = request_id
-
-    def _check_new_request(
-        self, request_id: int, prompt_ids: Sequence[int], params: SamplingParams, infer_high_priority: int,
-        segment_index: int,
-    ) -> None:
-        check_request_id(request_id)
-        check_internal_priority(infer_high_priority, segment_index)
-        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_req_total_len ({self.max_req_total_len})"
-            )
-        if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are supported")
 
     def release(self, slot: int, request_id: int) -> bool:
         """Free ``slot`` if it holds ``request_id`` (HTTP process only, after the request's last
@@ -219,14 +202,16 @@ class ShmReqBuffer(SharedArraySegment):
             prompt_len=int(rec["prompt_len"]),
             max_new_tokens=int(rec["max_new_tokens"]),
             high_priority_request=bool(rec["high_priority_request"]),
-            infer_high_priority=int(rec["infer_high_priority"]),
-            segment_index=int(rec["segment_index"]),
             pd_kind=int(rec["pd_kind"]),
         )
 
     # --- model ranks -----------------------------------------------------------------------
-    def read_request(self, slot: int, request_id: int) -> RequestInput:
-        """Prompt, sampling parameters (validated again by their constructor) and priorities."""
+    def read_request(self, slot: int, request_id: int) -> RequestSpec:
+        """The request's :class:`RequestSpec`, rebuilt from the record.
+
+        Building the spec and its sampling parameters runs their checks again, so a damaged
+        record raises ``ValueError`` here (rank 0's screen turns that into the request's error).
+        """
         rec = self._read(slot, request_id)
         fields = {name: rec[name].item() for name in COPIED_FIELDS}  # numpy scalar -> int/float
         fields.update({name: bool(rec[name]) for name in FLAG_FIELDS})
@@ -239,20 +224,20 @@ class ShmReqBuffer(SharedArraySegment):
             do_sample=None if do_sample < 0 else bool(do_sample),
             grammar=bytes(rec["grammar"]).decode() or None,
             seed=int(rec["seed"]) if rec["has_seed"] else None,
-            # Stop strings are the detokenizer's (decode_options), not the rank's.
             stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
+            stop_sequences=self._stop_sequences(rec),
             logit_bias=dict(zip(rec["logit_bias_ids"][: int(rec["logit_bias_num"])].tolist(),
                                 rec["logit_bias_values"][: int(rec["logit_bias_num"])].tolist())),
         )
-        return RequestInput(
-            prompt_ids=rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
-            params=params,
+        return RequestSpec.build(
+            rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
+            params,
             high_priority_request=bool(rec["high_priority_request"]),
             infer_high_priority=int(rec["infer_high_priority"]),
             segment_index=int(rec["segment_index"]),
+            generated_before=int(rec["generated_before"]),
             pd_kind=int(rec["pd_kind"]),
             kv_start=int(rec["kv_start"]),
-            generated_before=int(rec["generated_before"]),
         )
 
     def set_prompt_cache_len(self, slot: int, request_id: int, prompt_cache_len: int) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
 
 TopRow = List[Tuple[int, float]]
@@ -29,28 +28,15 @@ class SlotOccupiedError(RuntimeError):
 
 @dataclass(frozen=True)
 class AdmissionFields:
-    """What the router admits a request by."""
+    """What the router admits a request by: a few numbers of its :class:`~.request_spec.RequestSpec`.
+
+    The router reads these instead of the whole spec so that admission never copies a prompt.
+    """
 
     prompt_len: int
     max_new_tokens: int
     high_priority_request: bool
-    infer_high_priority: int
-    segment_index: int
     pd_kind: int = 0  # PD_KIND_DECODE arrivals bypass the router's queue
-
-
-@dataclass(frozen=True)
-class RequestInput:
-    """A request as a model rank admits it."""
-
-    prompt_ids: List[int]
-    params: SamplingParams
-    high_priority_request: bool
-    infer_high_priority: int
-    segment_index: int
-    pd_kind: int = 0  # one of shm_req_layout.PD_KINDS
-    kv_start: int = 0  # PD prefill: first prompt position whose KV is sent
-    generated_before: int = 0  # trailing prompt tokens that earlier segments generated
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ from typing import ContextManager, Iterator, Optional
 import torch
 
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel
-
-DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.3
+from lightllm.utils.envs_utils import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN  # defined beside its variable
 
 
 @dataclass(frozen=True)

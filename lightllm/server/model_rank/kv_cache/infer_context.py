@@ -14,7 +14,7 @@ from lightllm.server.model_rank.scheduling.infer_req import InferReq
 
 
 class InferenceContext:
-    """The token-slot KV cache as a :class:`~.mode_backend.kv_view.KvView`.
+    """The token-slot KV cache as a :class:`~lightllm.server.model_rank.scheduling.kv_view.KvView`.
 
     Slot ownership: a request owns the slots of positions ``[matched_len, kv_slot_len)`` of its
     row; positions below ``matched_len`` belong to the prefix cache and are protected by the

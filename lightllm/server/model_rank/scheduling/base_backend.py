@@ -9,18 +9,21 @@ shared-memory writes and messages, and the simulator drives the same classes in 
 
 Adding a run mode: subclass :class:`ModeBackend`, set ``run_mode`` and, if it classifies
 requests differently, ``classifier``; override the hooks (``on_prompt_done``, ``can_pause``)
-and add the intake methods the mode needs; register it in ``__init__.py``.
+and add the intake methods the mode needs; register it in ``backend_registry.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, List, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from lightllm.server.core.objs.finish_status import FINISH_ERROR
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
-from lightllm.server.model_rank.scheduling.admission import RequestRejected, check_request
+from lightllm.server.model_rank.scheduling.admission import check_request
 from lightllm.server.model_rank.scheduling.step_engine import StepEngine
 from lightllm.server.model_rank.scheduling.request_state import ReqState
+
+if TYPE_CHECKING:
+    from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 class ModeBackend(StepEngine):
@@ -28,54 +31,26 @@ class ModeBackend(StepEngine):
 
     run_mode: ClassVar[str] = "normal"
 
-    def add_request(self, request_id: int, prompt_ids: List[int], params: Any, **fields: Any) -> InferReq:
-        """Check a request, create its :class:`InferReq` (snapshotting the prefill counter), join it.
+    def add_request(self, request_id: int, spec: "RequestSpec", shm_index: int = -1) -> InferReq:
+        """Create ``spec``'s :class:`InferReq` (snapshotting the prefill counter) and join it.
 
-        ``fields`` are :meth:`new_request`'s optional keywords.  Raises
-        :class:`~.admission.RequestRejected` (before touching any state) when
-        :meth:`check_request` refuses the request.
+        ``shm_index``: the request's shared-memory slot (-1: none, as in the simulator).  The
+        spec is not checked again here: it was checked where it was built and, on a server, by
+        rank 0's screen (:meth:`check_request`) before any rank admits it.
         """
-        req = self.new_request(request_id, prompt_ids, params, **fields)
+        req = self.new_request(request_id, spec, shm_index)
         self.join(req)
         return req
 
-    def new_request(
-        self,
-        request_id: int,
-        prompt_ids: List[int],
-        params: Any,
-        high_priority_request: bool = False,
-        shm_index: int = -1,
-        infer_high_priority: int = 0,
-        segment_index: int = 0,
-        generated_before: int = 0,
-    ) -> InferReq:
-        """A checked, not yet joined :class:`InferReq` (raises ``RequestRejected``)."""
-        self.check_request(prompt_ids, params)
-        if isinstance(generated_before, bool) or not isinstance(generated_before, int) or not (
-            0 <= generated_before < len(prompt_ids)
-        ):
-            raise RequestRejected(
-                f"generated_before must be an int in [0, {len(prompt_ids) - 1}], got {generated_before!r}"
-            )
-        return InferReq(
-            request_id=request_id,
-            prompt_ids=list(prompt_ids),
-            max_new_tokens=params.max_new_tokens,
-            arrival_processed_prefill_tokens=self.counter.snapshot(),
-            infer_high_priority=infer_high_priority,
-            high_priority_request=high_priority_request,
-            segment_index=segment_index,
-            generated_before=generated_before,
-            shm_index=shm_index,
-            sampling=params,
-        )
+    def new_request(self, request_id: int, spec: "RequestSpec", shm_index: int = -1) -> InferReq:
+        """``spec``'s :class:`InferReq`, not yet joined."""
+        return InferReq.from_spec(request_id, spec, shm_index=shm_index,
+                                  arrival_processed_prefill_tokens=self.counter.snapshot())
 
-    def check_request(self, prompt_ids: Sequence[int], params: Any) -> None:
-        """Raise :class:`~.admission.RequestRejected` unless this rank can run the request."""
+    def check_request(self, spec: "RequestSpec") -> None:
+        """Raise :class:`~.admission.RequestRejected` unless this rank can run ``spec`` (rank 0's screen)."""
         check_request(
-            prompt_ids,
-            params,
+            spec,
             vocab_size=self.executor.vocab_size,
             max_req_total_len=self.max_req_total_len,
             grammar_enabled=self.executor.grammar_enabled,

@@ -2,7 +2,7 @@
 
 Intake has two halves, so that KV is reserved before anything is sent (decode reserves first):
 
-1. :meth:`DecodeBackend.reserve_prefilled` checks the request, attaches whatever prefix this
+1. :meth:`DecodeBackend.reserve_prefilled` creates the request, attaches whatever prefix this
    node's cache already holds, and reserves slots for the rest of the prompt; the request waits
    in ``TRANSFERRING``.  When the KV cache cannot hold the prompt and ``max_new_tokens``, or
    every request row is in use, it raises :class:`KvReservationRefused` naming that limit at
@@ -24,9 +24,7 @@ node's first token included.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, List
-
-from typing import Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Optional
 
 from lightllm.server.core.objs.finish_status import (
     FINISH_ABORT,
@@ -39,6 +37,9 @@ from lightllm.server.model_rank.scheduling.base_backend import ModeBackend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlan
 from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.model_rank.scheduling.request_state import ReqState
+
+if TYPE_CHECKING:
+    from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 # Which limit refused a reservation (KvReservationRefused.limit); the message names it too.
@@ -72,13 +73,13 @@ class DecodeBackend(ModeBackend):
         self._promised: Dict[int, int] = {}
 
     def reserve_prefilled(
-        self, request_id: int, prompt_ids: List[int], params: Any, decode_tokens: Optional[int] = None, **fields: Any
+        self, request_id: int, spec: "RequestSpec", shm_index: int = -1, decode_tokens: Optional[int] = None
     ) -> InferReq:
-        """Check the request and reserve KV for its prompt; it waits for the transfer.
+        """Create ``spec``'s request and reserve KV for its prompt; it waits for the transfer.
 
-        ``fields`` are :meth:`new_request`'s optional keywords; ``decode_tokens`` as in
-        :meth:`reserve_for`.  Refused (:class:`KvReservationRefused`, nothing changes) when every
-        request row is in use, or as :meth:`reserve_for` refuses.
+        ``shm_index`` as in :meth:`add_request`; ``decode_tokens`` as in :meth:`reserve_for`.
+        Refused (:class:`KvReservationRefused`, nothing changes) when every request row is in
+        use, or as :meth:`reserve_for` refuses.
         """
         rows = self.kv.req_manager.max_request_num
         if len(self.requests) >= rows:
@@ -86,7 +87,7 @@ class DecodeBackend(ModeBackend):
                 f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use",
                 LIMIT_REQUEST_SLOTS,
             )
-        return self.reserve_for(self.new_request(request_id, prompt_ids, params, **fields), decode_tokens)
+        return self.reserve_for(self.new_request(request_id, spec, shm_index), decode_tokens)
 
     def reserve_for(self, req: InferReq, decode_tokens: Optional[int] = None) -> InferReq:
         """Reserve KV for an already built ``req`` and join it in ``TRANSFERRING``.

@@ -22,10 +22,13 @@ change it and checks the transition (see ``request_state.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from lightllm.server.model_rank.scheduling.overtake_record import OvertakeRecord
 from lightllm.server.model_rank.scheduling.request_state import ReqState, check_transition
+
+if TYPE_CHECKING:
+    from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 @dataclass
@@ -40,11 +43,7 @@ class InferReq:
         arrival_processed_prefill_tokens: snapshot of the backend's processed-prefill-token
             counter when this request was created (HRRN aging measures from here).
         infer_high_priority: internal inference priority; negative means high.  Set only by the
-            server itself (for example PD continuation segments), never from a public API field.
-        high_priority_request: the router's admission flag, copied from shared memory; it does
-            not influence prefill-queue ordering.
-        segment_index: which segment of a long generation this request is (0 for the first); a
-            PD prefill node raises the inference priority of continuation segments only.
+            server itself (a PD master marks continuation segments), never from a public API field.
         generated_before: how many trailing prompt tokens earlier segments of the same generation
             produced (a PD continuation: prompt + output so far is the new prompt).  Sampling
             counts them as output (seeded step, output-token penalties, length-decay start) so
@@ -64,8 +63,6 @@ class InferReq:
     max_new_tokens: int = 16
     arrival_processed_prefill_tokens: int = 0
     infer_high_priority: int = 0
-    high_priority_request: bool = False
-    segment_index: int = 0
     generated_before: int = 0
     shm_index: int = -1
     req_row: int = -1
@@ -84,6 +81,22 @@ class InferReq:
     scheduled_ns: int = 0
     # Next prompt position whose logprob is still to be computed (requests with prompt_logprobs).
     prompt_logprob_next: int = 1
+
+    @classmethod
+    def from_spec(
+        cls, request_id: int, spec: "RequestSpec", *, shm_index: int = -1, arrival_processed_prefill_tokens: int = 0
+    ) -> "InferReq":
+        """The request ``spec`` describes, as the backend schedules it (the prompt copied into a list)."""
+        return cls(
+            request_id=request_id,
+            prompt_ids=list(spec.prompt_ids),
+            max_new_tokens=spec.params.max_new_tokens,
+            arrival_processed_prefill_tokens=arrival_processed_prefill_tokens,
+            infer_high_priority=spec.priority.infer_high_priority,
+            generated_before=spec.segment.generated_before,
+            shm_index=shm_index,
+            sampling=spec.params,
+        )
 
     def move_to(self, target: ReqState) -> None:
         """Change the lifecycle state; raises ``InvalidTransition`` for a move the lifecycle forbids."""

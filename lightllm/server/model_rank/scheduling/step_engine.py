@@ -15,7 +15,7 @@
 The engine imports no torch: it sees requests, a :class:`~.kv_view.KvView` and a
 :class:`~.model_executor.ModelExecutor`.  A model rank plugs in the token-slot KV cache and the
 torch executor; the scheduling simulator plugs in a token count and a cost model, so both run
-exactly this code.  Mode backends (``mode_backends.py``) are subclasses that change the
+exactly this code.  Mode backends (``backend_registry.py``) are subclasses that change the
 classifier and the hooks :meth:`StepEngine.on_prompt_done` and :meth:`StepEngine.can_pause`.
 
 Every TP rank runs the same engine over the same requests, so every decision here must be

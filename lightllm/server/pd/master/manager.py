@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
-from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.pd.master.continuation import SegmentEnd, first_segment, next_segment
 from lightllm.server.pd.master.expiry_sweeper import ExpirySweeper
 from lightllm.server.pd.master.generation_text import GenerationText
@@ -150,22 +150,15 @@ class PdMasterManager:
         """Prometheus exposition of the master's metrics."""
         return self.metrics.render()
 
-    async def generate(
-        self,
-        prompt_ids: List[int],
-        params: SamplingParams,
-        *,
-        high_priority: bool = False,
-        request: Any = None,
-        count_prompt: bool = True,
-    ) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[GenerationEvent]:
         """Run one generation through the PD cluster; one event per token, the last with a finish reason.
 
-        ``high_priority`` (a trusted client's ``high_priority_request``, checked by the HTTP layer)
+        The spec's ``high_priority_request`` (a trusted client's, checked by the HTTP layer)
         goes to both nodes with every segment: each admits the request ahead of the others.
+        The master splits the generation into segments itself.
         """
-        params.validate(self.vocab_size)
-        self.model.check_prompt(prompt_ids, params.max_new_tokens)
+        spec.check_fits(self.vocab_size, self.max_req_total_len)
+        prompt_ids, params, high_priority = list(spec.prompt_ids), spec.params, spec.priority.high_priority_request
         if self._refusal is not None:
             raise self._refusal
         self.registry.require_ready()
@@ -176,8 +169,7 @@ class PdMasterManager:
         run = RequestRun(request_id, request, high_priority=high_priority)
         self._runs[request_id] = run
         started = time.perf_counter()
-        if count_prompt:
-            self.metrics.requests.on_submit(len(prompt_ids))
+        self.metrics.requests.on_submit(len(prompt_ids))
         generated: List[int] = []
         cached_tokens = 0
         first_token_seconds: Optional[float] = None
@@ -201,7 +193,7 @@ class PdMasterManager:
                             if first_token_seconds is None:
                                 first_token_seconds = now - started
                                 cached_tokens = event.cached_tokens
-                                self.metrics.requests.on_first_token(first_token_seconds, cached_tokens if count_prompt else 0)
+                                self.metrics.requests.on_first_token(first_token_seconds, cached_tokens)
                             else:
                                 self.metrics.requests.on_next_token(now - (last_token_at or now))
                                 event.prompt_logprobs = None

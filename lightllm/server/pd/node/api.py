@@ -51,7 +51,7 @@ from lightllm.server.pd.protocol.stream_lines import (
     error_fields,
     event_line,
     ndjson,
-    sampling_params_of,
+    request_spec_of,
 )
 
 logger = logging.getLogger("lightllm.pd.node_api")
@@ -203,13 +203,9 @@ def pd_node_router(manager: Any, run_mode: str, streams: Optional[PdStreams] = N
     async def node_request(request: Request) -> Response:
         body_type = PrefillBody if is_prefill else DecodeBody
         body = parse_body(await request.body(), body_type)
-        params = sampling_params_of(body, manager.vocab_size, manager.max_req_total_len)
-        extra = {"kv_start": body.kv_start, "infer_high_priority": body.infer_high_priority} if is_prefill else {}
+        spec = request_spec_of(body, manager.vocab_size, manager.max_req_total_len)
         try:
-            events = manager.pd_generate(body.request_id, list(body.prompt_ids), params,
-                                         segment_index=body.segment_index, generated_before=body.generated_before,
-                                         epoch=body.epoch, request=request,
-                                         high_priority=body.high_priority_request, **extra)
+            events = manager.pd_generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
         except Exception as exc:  # noqa: BLE001 - a refusal before any event is an HTTP error
             return _error_status(exc).to_response()
         stream = _NodeStream(events, body.request_id)

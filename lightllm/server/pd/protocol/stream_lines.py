@@ -1,9 +1,13 @@
 """The wire format of a PD node's control endpoints: request bodies in, NDJSON lines out.
 
-Bodies (see docs/EN/pd_deployment.md and the node endpoints in :mod:`.node_api`) are validated
+Bodies (see docs/EN/pd_deployment.md and the node endpoints in :mod:`.node_api`) are parsed
 strictly: every field has its exact JSON type (no ``"1"`` for ``1``, no ``true`` for ``1``),
 unknown fields are refused by name, and ``params`` holds
-:class:`~lightllm.common.sampling.SamplingParams` fields under their own names.
+:class:`~lightllm.common.sampling.SamplingParams` fields under their own names.  A request body
+becomes one :class:`~lightllm.server.core.objs.request_spec.RequestSpec`
+(:func:`request_spec_of`), whose own checks are the request's rules (ranges, a first segment's
+``generated_before`` and priority, ``kv_start`` within the prompt); a refusal is a 400 naming
+the field.
 
 Every stream line is one JSON object with an ``"event"`` key; :func:`event_line` writes one
 from a :class:`~lightllm.server.pd.protocol.node_events.PdNodeEvent` and
@@ -24,8 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.planning import build_sampling_params, check_context_length, check_token_ids
-from lightllm.server.core.objs.shm_req_checks import check_internal_priority, check_request_id
+from lightllm.server.http.planning import build_sampling_params
+from lightllm.server.core.objs.request_spec import RequestSpec, RequestSpecError
+from lightllm.server.core.objs.shm_req_checks import check_request_id
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.request_manager import GenerationEvent
 
@@ -34,6 +40,8 @@ NDJSON_MEDIA_TYPE = "application/x-ndjson"
 _ADDRESS = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})$")
 _SAMPLING_FIELDS = tuple(SamplingParams.__dataclass_fields__)
 _PARAM_NAMES = {name: f"params.{name}" for name in _SAMPLING_FIELDS}
+# RequestSpecError fields that a body holds under another name.
+_BODY_NAMES = {"max_new_tokens": "params.max_new_tokens"}
 
 
 class _StrictBody(BaseModel):
@@ -57,13 +65,14 @@ class TransferSetupBody(_StrictBody):
 
 
 class _NodeRequestBody(_StrictBody):
+    # Ranges and cross-field rules are RequestSpec's (request_spec_of); only types are checked here.
     request_id: int
-    prompt_ids: List[int] = Field(min_length=1)
+    prompt_ids: List[int]
     params: Dict[str, Any]
-    segment_index: int = Field(ge=0)
+    segment_index: int
     epoch: int = Field(ge=0)
     # Trailing prompt tokens that earlier segments generated (a continuation's output so far).
-    generated_before: int = Field(default=0, ge=0)
+    generated_before: int = 0
     # The client's admission priority (the master honours it only from trusted clients).
     high_priority_request: bool = False
 
@@ -72,19 +81,6 @@ class _NodeRequestBody(_StrictBody):
     def _request_id(cls, value: int) -> int:
         check_request_id(value)
         return value
-
-    def check_consistency(self) -> None:
-        """``generated_before`` leaves a real prompt token and is 0 on a first segment."""
-        if self.generated_before >= len(self.prompt_ids):
-            raise invalid_request(
-                f"generated_before ({self.generated_before}) must be less than the prompt length "
-                f"({len(self.prompt_ids)})", "generated_before",
-            )
-        if self.generated_before and self.segment_index == 0:
-            raise invalid_request(
-                f"generated_before must be 0 for a first segment (segment_index 0), got {self.generated_before}",
-                "generated_before",
-            )
 
 
 class DecodeBody(_NodeRequestBody):
@@ -95,38 +91,34 @@ class PrefillBody(_NodeRequestBody):
     """``POST /pd/node/prefill``: prefill a request, send its KV from ``kv_start`` to the decode node."""
 
     infer_high_priority: int
-    kv_start: int = Field(ge=0)
-
-    def check_consistency(self) -> None:
-        """Cross-field rules: the priority fits its field and only continuations are promoted."""
-        super().check_consistency()
-        try:
-            check_internal_priority(self.infer_high_priority, self.segment_index)
-        except ValueError as exc:
-            raise invalid_request(str(exc), "infer_high_priority") from None
-        if self.infer_high_priority != 0 and self.segment_index == 0:
-            # A first segment is never promoted (issue 9); only the master's continuations are.
-            raise invalid_request(
-                f"infer_high_priority must be 0 for a first segment (segment_index 0), got {self.infer_high_priority}",
-                "infer_high_priority",
-            )
-        if self.kv_start > len(self.prompt_ids):
-            raise invalid_request(
-                f"kv_start ({self.kv_start}) must not exceed the prompt length ({len(self.prompt_ids)})", "kv_start"
-            )
+    kv_start: int
 
 
-def sampling_params_of(body: _NodeRequestBody, vocab_size: int, max_req_total_len: int) -> SamplingParams:
-    """The body's validated ``params``, prompt ids and context length; 400 naming the bad field."""
+def request_spec_of(body: _NodeRequestBody, vocab_size: int, max_req_total_len: int) -> RequestSpec:
+    """The body as a :class:`RequestSpec` of the node's PD kind (a :class:`PrefillBody` is a
+    prefill request); a 400 naming the bad field when the params, the prompt, the context length
+    or one of the spec's rules refuse it."""
     unknown = sorted(str(key) for key in body.params if key not in _PARAM_NAMES)
     if unknown:
         raise invalid_request(f"Unknown sampling parameter(s) {', '.join(map(repr, unknown))} in params",
                               f"params.{unknown[0]}")
     params = build_sampling_params(body.params, vocab_size, _PARAM_NAMES)
-    check_token_ids(body.prompt_ids, vocab_size, "prompt_ids")
-    check_context_length(len(body.prompt_ids), params.max_new_tokens, max_req_total_len, prompt_param="prompt_ids",
-                         prompt_noun="prompt", tokens_param="params.max_new_tokens")
-    return params
+    prefill = isinstance(body, PrefillBody)
+    try:
+        spec = RequestSpec.build(
+            body.prompt_ids, params,
+            high_priority_request=body.high_priority_request,
+            infer_high_priority=body.infer_high_priority if prefill else 0,
+            segment_index=body.segment_index,
+            generated_before=body.generated_before,
+            pd_kind=PD_KIND_PREFILL if prefill else PD_KIND_DECODE,
+            kv_start=body.kv_start if prefill else 0,
+        )
+        # Here, not only in the manager: a refusal must be a 400 before the stream starts.
+        spec.check_fits(vocab_size, max_req_total_len)
+    except RequestSpecError as exc:
+        raise invalid_request(str(exc), _BODY_NAMES.get(exc.field, exc.field)) from None
+    return spec
 
 
 def _token_fields(token: GenerationEvent, with_prompt_logprobs: bool) -> Dict[str, Any]:

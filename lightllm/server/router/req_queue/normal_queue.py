@@ -5,20 +5,22 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from bisect import bisect_right
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+
+if TYPE_CHECKING:
+    from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 @dataclass
 class RouterReq:
-    """What admission needs to know about a request.
+    """What admission needs to know about a request: a few numbers of its ``RequestSpec``.
 
-    ``infer_high_priority`` (negative = high) and ``segment_index`` (0 for a first segment) are
-    internal: only server code sets them (for example a PD master for a continuation segment),
-    never a public API field.  Admission here does not order by them; they travel with the
-    request so a queue that must (a PD node's) has them, and the model rank reads the same values
-    from the request's record when it admits it.
+    The router process reads them from the request's record (``ShmReqBuffer.admission_fields``,
+    so admission never copies a prompt); code that holds the spec builds one with
+    :meth:`from_spec`.  The inference-side priority is not here: admission does not order by
+    it, and the model rank reads it with the rest of the spec.
     """
 
     request_id: int
@@ -26,8 +28,12 @@ class RouterReq:
     input_len: int
     max_new_tokens: int
     high_priority_request: bool = False
-    infer_high_priority: int = 0
-    segment_index: int = 0
+
+    @classmethod
+    def from_spec(cls, request_id: int, shm_index: int, spec: "RequestSpec") -> "RouterReq":
+        """The admission view of ``spec``."""
+        return cls(request_id, shm_index, spec.prompt_len, spec.params.max_new_tokens,
+                   spec.priority.high_priority_request)
 
     @property
     def projected_token_num(self) -> int:
@@ -227,13 +233,10 @@ class NormalReqQueue:
             if keep:
                 del self._high_admitted[:keep]
 
-    def admit(self, extra_used_tokens: Callable[[], int] = lambda: 0) -> List[RouterReq]:
-        """Move as many waiting requests into the running set as fit; returns them in order.
-
-        ``extra_used_tokens`` reports KV held outside running requests that cannot be evicted.
-        """
+    def admit(self) -> List[RouterReq]:
+        """Move as many waiting requests into the running set as fit; returns them in order."""
         admitted: List[RouterReq] = []
-        used = self.projected_running_tokens() + extra_used_tokens()
+        used = self.projected_running_tokens()
         while len(self) and len(self.running) < self.running_max_req_size:
             lane = self._first_lane()
             req = lane[0]
