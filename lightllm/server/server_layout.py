@@ -10,6 +10,7 @@ disagree about the layout they map.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Dict
 
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
@@ -31,16 +32,27 @@ class ServerLayout:
     model_rank0_address: str
     detokenization_address: str
     http_address: str
+    # Rows of top logprobs (segment ``<shm_req_name>_top``) for requests that ask for them
+    # (--top_logprobs_slots); 0: none, so no request may ask (test layouts).
+    top_slot_num: int = 0
 
     def __post_init__(self) -> None:
         for name in ("slot_num", "max_req_total_len", "max_total_token_num"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ServerLayout.{name} must be a positive int, got {value!r}")
+        if isinstance(self.top_slot_num, bool) or not isinstance(self.top_slot_num, int) or self.top_slot_num < 0:
+            raise ValueError(f"ServerLayout.top_slot_num must be an int >= 0, got {self.top_slot_num!r}")
 
     def open_requests(self, create: bool = False) -> ShmReqBuffer:
-        """Map the request records (``create``: the launcher, once, before any child starts)."""
-        return ShmReqBuffer(self.shm_req_name, self.slot_num, self.max_req_total_len, create=create)
+        """Map the request records and top-logprob rows (``create``: the launcher, once, before any child starts)."""
+        return ShmReqBuffer(self.shm_req_name, self.slot_num, self.max_req_total_len, create=create,
+                            top_slot_num=self.top_slot_num)
+
+    def shm_segment_bytes(self) -> Dict[str, int]:
+        """Bytes of each shared-memory segment this layout maps, by what it holds."""
+        records, tops = ShmReqBuffer.segment_bytes(self.slot_num, self.max_req_total_len, self.top_slot_num)
+        return {"request records": records, "top-logprob rows": tops, "counters": ShmStats.segment_bytes()}
 
     def open_stats(self, create: bool = False) -> ShmStats:
         """Map the shared counters (``create``: the launcher, once)."""

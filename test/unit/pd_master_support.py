@@ -152,6 +152,8 @@ class NodeStandIn:
         self.segment_limit: Optional[int] = None  # D: tokens after the echo before segment_end
         self.token_delay = 0.0
         self.silent_after: Optional[int] = None  # D: hang after this many tokens of a segment
+        self.hold_after: Optional[int] = None  # D: pause after this many tokens until release_hold()
+        self._released = threading.Event()
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
         self.prefill_delay = 0.0  # P: seconds before the first token
@@ -192,7 +194,12 @@ class NodeStandIn:
             self.client = None
         self.silent_after = 0
 
+    def release_hold(self) -> None:
+        """Let a decode stream paused by ``hold_after`` go on."""
+        self._released.set()
+
     def stop(self) -> None:
+        self._released.set()
         if self.client is not None:
             try:
                 self.server.call(self.client.stop())
@@ -285,6 +292,9 @@ class NodeStandIn:
                 return
             if self.silent_after is not None and after_echo >= self.silent_after:
                 await asyncio.sleep(3600)
+            if self.hold_after is not None and after_echo >= self.hold_after:
+                while not self._released.is_set():
+                    await asyncio.sleep(0.01)
             await asyncio.sleep(self.token_delay)
             token = next_token(sequence)
             sequence.append(token)

@@ -71,6 +71,7 @@ def _run_round(backend: ModeBackend, round_index: int, tracker: PrefillWaitTrack
 def _assert_idle_state(backend: ModeBackend) -> None:
     context = backend.kv
     assert backend.requests == {} and context._match == {}
+    assert not backend.has_work  # nothing left to report: no ended request, no carried token
     assert context.req_manager.available == ROWS
     cached = context.radix_cache.total_token_num
     assert cached <= KV_TOKENS

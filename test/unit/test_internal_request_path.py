@@ -68,13 +68,13 @@ class Pipeline:
             vocab_size=ModelConfig.from_dir(model_dir).vocab_size,
             eos_token_ids=[2], prefill_queue_strategy="default", slot_wait_seconds=5.0,
         ))
-        self.rank = ModelRank.__new__(ModelRank)  # rank 0's admission code; no process, no model loop
         model = load_model(model_dir, dtype=torch.float32)
         context = InferenceContext(model.new_kv_cache(1024), ReqManager(8, MAX_LEN + 1))
-        self.rank.backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
-                                               StepPlanner(256, 64), Sampler(0), [2], MAX_LEN)
-        self.rank.shm, self.rank.is_leader, self.rank._screened = self.layout.open_requests(), True, {}
-        self.rank.wait_tracker = PrefillWaitTracker()
+        backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
+                                     StepPlanner(256, 64), Sampler(0), [2], MAX_LEN)
+        # Rank 0's admission code over a real backend; the test plays its inbox, so no loop runs.
+        self.rank = ModelRank(backend, self.layout.open_requests(), is_leader=True, inbox=self.rank_inbox,
+                              wait_tracker=PrefillWaitTracker())
 
     def close(self) -> None:
         for manager in (self.router, self.detok):

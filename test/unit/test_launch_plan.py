@@ -80,3 +80,18 @@ def test_slot_wait_seconds_reaches_the_http_manager(tiny_llama_dir) -> None:
 def test_slot_wait_seconds_must_be_positive(tiny_llama_dir, value) -> None:
     with pytest.raises(ArgumentError, match="--slot_wait_seconds must be a positive"):
         _args(tiny_llama_dir, "--slot_wait_seconds", value)
+
+
+def test_top_logprob_rows_default_to_the_running_batch_and_follow_their_flag(tiny_llama_dir) -> None:
+    layout = _start(_args(tiny_llama_dir, "--running_max_req_size", "8")).http.layout
+    assert (layout.slot_num, layout.top_slot_num) == (64, 8)
+    assert _start(_args(tiny_llama_dir, "--top_logprobs_slots", "3")).http.layout.top_slot_num == 3
+    # More rows than request slots could never be used.
+    assert _start(_args(tiny_llama_dir, "--running_max_req_size", "8", "--top_logprobs_slots", "500")
+                  ).http.layout.top_slot_num == 64
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_top_logprobs_slots_must_be_positive(tiny_llama_dir, value) -> None:
+    with pytest.raises(ArgumentError, match="--top_logprobs_slots must be positive"):
+        _args(tiny_llama_dir, "--top_logprobs_slots", value)

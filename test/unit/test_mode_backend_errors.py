@@ -201,8 +201,7 @@ def test_rank_screens_records_that_do_not_read_back_valid(model):
             shm.write_request(slot, 100 + slot, RequestSpec([5, 6, 7, 8], _greedy(3)))
         shm.array[1]["repetition_penalty"] = 0.0  # damaged after the HTTP side validated it
         shm.array[2]["top_k"] = -5
-        rank = ModelRank.__new__(ModelRank)  # the command plumbing only; no process, no sockets
-        rank.shm, rank.backend, rank.is_leader, rank._screened = shm, _backend(model), False, {}
+        rank = ModelRank(_backend(model), shm, is_leader=False)  # the command plumbing only; no process, no sockets
         commands = rank.screen([AddRequests([(100, 0), (101, 1), (102, 2)])])
         assert commands == [AddRequests([(100, 0)]), RejectRequests([(101, 1), (102, 2)])]
         rank.apply(commands)

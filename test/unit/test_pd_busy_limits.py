@@ -22,7 +22,7 @@ from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_BUSY
 from lightllm.server.core.objs.io_messages import PdNotice
-from lightllm.server.httpserver.pd_node import PdNodeState, _translate
+from lightllm.server.pd.node.service import translate
 from lightllm.server.pd.protocol.node_events import BUSY
 from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.server.manager_errors import ServerBusyError
@@ -91,8 +91,8 @@ def test_rank0_sends_a_busy_notice_naming_the_limit_before_the_busy_finish(model
     if rows == 1:
         backend.reserve_prefilled(1, RequestSpec(list(range(5, 15)), _greedy(4)))
     messages: List[Any] = []
-    pd = PdRankTransfer("decode", backend, 0, PdRankSettings(), _no_handle, notify=messages.append)
-    assert pd.reserve(2, -1, RequestSpec(list(range(5, 45)), _greedy(300))) is None
+    pd = PdRankTransfer("decode", 0, PdRankSettings(), _no_handle, notify=messages.append)
+    assert pd.reserve(backend, 2, -1, RequestSpec(list(range(5, 45)), _greedy(300))) is None
     notices = [m for m in messages if isinstance(m, PdNotice) and m.request_id == 2]
     assert [(n.kind, n.error_kind) for n in notices] == [("busy", limit)]
     assert words in notices[0].message
@@ -106,11 +106,10 @@ def _busy_finish(request_id: int) -> GenerationEvent:
 
 
 def test_the_node_busy_line_carries_rank0s_reason() -> None:
-    state = PdNodeState("decode", setup_timeout_seconds=1.0)
+    # The notice came ahead of the finish in the request's stream (see test_pd_node_service.py).
     notice = PdNotice(7, "busy", error_kind=LIMIT_REQUEST_SLOTS,
                       message="no request slot to reserve: all 2 request slots (--running_max_req_size) are in use")
-    state.on_message(notice, pending={7: object()})
-    events = asyncio.run(_translate(state, 7, _busy_finish(7), first_on_decode=True))
+    events = translate(_busy_finish(7), 7, {"busy": notice}, first_on_decode=True)
     assert [(e.kind, e.message) for e in events] == [
         (BUSY, "request 7: no request slot to reserve: all 2 request slots (--running_max_req_size) are in use")]
 

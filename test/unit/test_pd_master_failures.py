@@ -26,6 +26,7 @@ from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster"
     cluster_fixture,
     generate,
     metric_value,
+    reference_tokens,
     sse_events,
 )
 from lightllm.server.http.errors import manager_error
@@ -154,6 +155,39 @@ def test_dropped_decode_node_fails_its_stream_within_the_bound(cluster: Cluster)
     # No decode node any more: 503 pd_not_ready at once.
     response = generate(cluster, "hello", 3)
     assert response.status_code == 503 and response.json()["error"]["code"] == "pd_not_ready"
+
+
+def test_decode_only_work_survives_the_prefill_nodes_death(cluster: Cluster) -> None:
+    """Once P handed the KV over, a request needs only D: losing P must not end its stream.
+
+    D pauses after three tokens; P goes silent and the master drops it (readiness says so);
+    then D goes on and the client gets every token, with no error. The pause makes the order
+    certain without a timing assumption."""
+    cluster.decode.hold_after = 3
+    prompt_ids = cluster.master.manager.encode_prompt("hello")
+    received: List[Dict[str, Any]] = []
+    with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                      json={"inputs": "hello", "parameters": {"max_new_tokens": 12}}) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+                if len(received) == 3:
+                    break
+        cluster.prefill.go_silent()
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{cluster.master.url}/health").status_code == 200:
+            assert time.monotonic() < deadline, "the master never dropped the silent prefill node"
+            time.sleep(0.05)
+        cluster.decode.release_hold()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+    assert all("error" not in event for event in received), received[-1]
+    assert [event["token"]["id"] for event in received] == reference_tokens(prompt_ids, 12)
+    assert received[-1]["finish_reason"] == "length"
+    metrics = httpx.get(f"{cluster.master.url}/metrics").text
+    assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 0
 
 
 def test_health_turns_503_after_a_node_goes_silent(cluster: Cluster) -> None:

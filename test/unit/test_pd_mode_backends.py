@@ -26,6 +26,7 @@ from lightllm.server.model_rank.scheduling.backend_registry import (
     DecodeBackend,
     KvReservationRefused,
     ModeBackend,
+    NormalBackend,
     PrefillBackend,
     build_backend,
 )
@@ -43,10 +44,10 @@ def model(tiny_llama_dir):
     return load_model(str(tiny_llama_dir), dtype=torch.float32)
 
 
-def _backend(model, run_mode: str, kv_tokens: int = 2048, strategy: str = "hrrn") -> ModeBackend:
+def _backend(model, run_mode: str, kv_tokens: int = 2048, strategy: str = "hrrn", **mode_settings) -> ModeBackend:
     context = InferenceContext(model.new_kv_cache(kv_tokens), ReqManager(8, MAX_LEN + 1))
     return build_rank_backend(run_mode, model, context, build_prefill_queue_strategy(strategy),
-                              StepPlanner(64, 32), Sampler(0), [2], MAX_LEN)
+                              StepPlanner(64, 32), Sampler(0), [2], MAX_LEN, **mode_settings)
 
 
 def _prompts(lengths: List[int], seed: int = 5) -> List[List[int]]:
@@ -68,11 +69,55 @@ def fake_transfer(source: InferenceContext, src: InferReq, target: InferenceCont
 
 
 def test_build_backend_picks_the_class_of_each_run_mode() -> None:
-    assert build_backend("normal") is ModeBackend
+    assert build_backend("normal") is NormalBackend
     assert build_backend("prefill") is PrefillBackend
     assert build_backend("decode") is DecodeBackend
+    assert all(issubclass(cls, ModeBackend) for cls in (NormalBackend, PrefillBackend, DecodeBackend))
     with pytest.raises(ValueError, match="unknown run mode 'pd_master'"):
         build_backend("pd_master")
+    with pytest.raises(TypeError, match="abstract"):
+        ModeBackend(None, None, None, None, [], 1)  # the hook base names the intake a mode must define
+
+
+def test_mode_settings_are_constructor_arguments_of_their_mode_only(model) -> None:
+    decode = _backend(model, "decode", end_segment_on_kv_pressure=True, max_segment_tokens=4)
+    assert decode.end_segment_on_kv_pressure and decode.max_segment_tokens == 4
+    assert decode.segment_tokens(10) == 4 and decode.segment_tokens(3) == 3
+    assert _backend(model, "decode").segment_tokens(10) == 10  # no segment limit by default
+    with pytest.raises(TypeError, match="max_segment_tokens"):
+        _backend(model, "normal", max_segment_tokens=4)
+    with pytest.raises(TypeError, match="transfer"):
+        _backend(model, "normal", transfer=object())
+    with pytest.raises(ValueError, match="max_segment_tokens must be >= 0"):
+        _backend(model, "decode", max_segment_tokens=-1)
+
+
+def test_the_normal_intake_joins_unplaced_requests_and_refuses_pd_ones(model, caplog) -> None:
+    from lightllm.server.core.objs.io_messages import PdTransferSetup
+    from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
+
+    normal = _backend(model, "normal")
+    req = normal.intake(1, RequestSpec(_prompts([10])[0], _greedy(2)), 3)
+    assert normal.requests[1] is req and req.shm_index == 3 and req.state is ReqState.WAITING
+    for kind in (PD_KIND_PREFILL, PD_KIND_DECODE):
+        with pytest.raises(ValueError, match=f"a normal node cannot run a request of PD kind {kind}"):
+            normal.intake(2, RequestSpec.build(_prompts([10])[0], _greedy(2), pd_kind=kind))
+    assert list(normal.requests) == [1]
+    # No outside work, and a command of another mode is logged and dropped.
+    normal.poll()
+    assert not normal.has_outside_work
+    with caplog.at_level("WARNING", logger="lightllm.model_rank"):
+        normal.on_command(PdTransferSetup(3))
+    assert "a normal node ignores a PdTransferSetup command" in caplog.text
+
+
+def test_a_pd_backend_without_a_transfer_takes_no_router_requests(model) -> None:
+    from lightllm.server.core.objs.shm_req_layout import PD_KIND_PREFILL
+
+    prefill = _backend(model, "prefill")
+    with pytest.raises(RuntimeError, match="without a KV transfer"):
+        prefill.intake(1, RequestSpec.build(_prompts([10])[0], _greedy(2), pd_kind=PD_KIND_PREFILL))
+    assert not prefill.has_outside_work and not prefill.requests
 
 
 def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> None:

@@ -1,7 +1,8 @@
-"""The PD node control endpoints over real HTTP (uvicorn on loopback), with a scripted node manager.
+"""The PD node control endpoints over real HTTP (uvicorn on loopback), with a scripted node service.
 
-The router under test is the real one; the manager behind it yields scripted PdNodeEvents and
-records how its iterators end (an iterator closed early is how the node aborts a request).
+The router under test is the real one; the service behind it (standing in for
+``PdNodeService``) yields scripted PdNodeEvents and records how its iterators end (an iterator
+closed early is how the node aborts a request).
 """
 
 from __future__ import annotations
@@ -39,18 +40,13 @@ def token(token_id: int, finish: Optional[str] = None, **extra: Any) -> PdNodeEv
     return PdNodeEvent(kind="token", token=event)
 
 
-class _Metrics:
-    def __init__(self) -> None:
-        self.measured = CollectorRegistry()
-
-
 class ScriptedNodeManager:
-    """Yields ``script`` (events, or exceptions to raise) for every pd_generate call."""
+    """Yields ``script`` (events, or exceptions to raise) for every generate call."""
 
     def __init__(self) -> None:
         self.vocab_size = VOCAB
         self.max_req_total_len = MAX_LEN
-        self.metrics = _Metrics()
+        self.metrics_registry = CollectorRegistry()
         self.script: List[Any] = []
         # When set, the iterator waits on it after the scripted events (a request still running).
         self.hold = False
@@ -59,12 +55,12 @@ class ScriptedNodeManager:
         self.setups: List[tuple] = []
         self.setup_failure: Optional[BaseException] = None
 
-    async def pd_transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
+    async def transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
         if self.setup_failure is not None:
             raise self.setup_failure
         self.setups.append((epoch, prefill_transfer_address))
 
-    async def pd_generate(self, spec: RequestSpec, *, request_id: int, epoch: int, request: Any = None):
+    async def generate(self, spec: RequestSpec, *, request_id: int, epoch: int, request: Any = None):
         self.calls.append({"request_id": request_id, "epoch": epoch, "prompt_ids": list(spec.prompt_ids),
                            "params": spec.params, "segment_index": spec.segment.segment_index,
                            "generated_before": spec.segment.generated_before,
@@ -153,7 +149,7 @@ def lines(response: httpx.Response) -> List[Dict[str, Any]]:
 
 
 def metric(manager: ScriptedNodeManager, name: str, **labels: str) -> float:
-    value = manager.metrics.measured.get_sample_value(name, {"role": labels.pop("role", "decode"), **labels})
+    value = manager.metrics_registry.get_sample_value(name, {"role": labels.pop("role", "decode"), **labels})
     return 0.0 if value is None else value
 
 
@@ -387,7 +383,7 @@ def test_transfer_setup(node: NodeApp) -> None:
 def test_metrics_families_exist_from_the_start() -> None:
     manager = ScriptedNodeManager()
     pd_node_router(manager, "decode")
-    text = generate_latest(manager.metrics.measured).decode()
+    text = generate_latest(manager.metrics_registry).decode()
     for name in ("lightllm_pd_kv_transfer_seconds_bucket", "lightllm_pd_kv_transfer_bytes_bucket",
                  "lightllm_pd_failed_transfers_total", "lightllm_pd_expired_leases_total",
                  "lightllm_pd_busy_answers_total"):

@@ -1,4 +1,4 @@
-"""How a PD node turns its manager's generation events into stream events (``pd_node._translate``).
+"""How a PD node turns its manager's generation events into stream events (``service.translate``).
 
 A finish can reach the node in a read with no new token (the detokenizer took the last token
 before rank 0 set the finish status). It must still go out, as a token-less finish the master
@@ -8,10 +8,9 @@ master failed a request that had finished (seen in CI on a decode node's last se
 
 from __future__ import annotations
 
-import asyncio
 from typing import Optional
 
-from lightllm.server.httpserver.pd_node import PdNodeState, _translate
+from lightllm.server.pd.node.service import translate
 from lightllm.server.pd.protocol.stream_lines import event_fields, token_from_line
 from lightllm.server.request_manager import GenerationEvent
 
@@ -22,7 +21,7 @@ def _event(token_id: int, finish: Optional[str]) -> GenerationEvent:
 
 
 def _translated(event: GenerationEvent):
-    return asyncio.run(_translate(PdNodeState("decode", 1.0), 3, event, False))
+    return translate(event, 3, {}, False)
 
 
 def test_a_token_less_client_finish_goes_out_as_a_finishing_token_line():

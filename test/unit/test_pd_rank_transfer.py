@@ -1,6 +1,8 @@
 """A PD node rank's transfer plumbing (PdRankTransfer) over real backends and real transfer processes.
 
-Two ranks in one process, the way a prefill node's rank and a decode node's rank run them:
+Two ranks in one process, the way a prefill node's rank and a decode node's rank run them: each
+backend carries its PdRankTransfer and the test drives only the backend's hooks, as the rank loop does
+(``intake``, ``poll``, ``step``, ``on_command``):
 transfer setup per epoch, the decode side reserving first (or answering busy), the prefill side
 sending [kv_start, prompt_len) with its first token in the header after the step that handed the
 request off, and each side acting on polled results.  Greedy outputs must equal a normal node's,
@@ -31,6 +33,7 @@ from lightllm.server.core.objs.finish_status import (
     FINISH_TRANSFER_FAILED,
 )
 from lightllm.server.core.objs.io_messages import PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
 from lightllm.server.pd.kv_transfer import KVTransferHandle
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
@@ -50,24 +53,23 @@ def model(tiny_llama_dir):
     return load_model(str(tiny_llama_dir), dtype=torch.float32)
 
 
-def _backend(model, run_mode: str, kv_tokens: int = 2048, prefix_cache: bool = True):
+def _backend(model, run_mode: str, kv_tokens: int = 2048, prefix_cache: bool = True, **mode_settings: Any):
     cache = model.new_kv_cache(kv_tokens)
     cache.share_buffers()
     context = InferenceContext(cache, ReqManager(8, MAX_LEN + 1), use_prefix_cache=prefix_cache)
-    backend = build_rank_backend(run_mode, model, context, build_prefill_queue_strategy("hrrn"),
-                                 StepPlanner(64, 32), Sampler(0), [2], MAX_LEN)
     if run_mode == "decode":
-        backend.end_segment_on_kv_pressure = True
-    return backend
+        mode_settings.setdefault("end_segment_on_kv_pressure", True)  # as a PD decode node's rank builds it
+    return build_rank_backend(run_mode, model, context, build_prefill_queue_strategy("hrrn"),
+                              StepPlanner(64, 32), Sampler(0), [2], MAX_LEN, **mode_settings)
 
 
 class Node:
-    """One PD rank: its backend, its PdRankTransfer and what rank 0 would have told the HTTP process."""
+    """One PD rank: its backend carrying its PdRankTransfer, and what rank 0 would have told the HTTP process."""
 
-    def __init__(self, backend, role: str, settings: PdRankSettings):
-        self.backend = backend
+    def __init__(self, model, role: str, settings: PdRankSettings, kv_tokens: int = 2048, **mode_settings: Any):
         self.messages: List[Any] = []
-        self.pd = PdRankTransfer(role, backend, 0, settings, self._make_handle, notify=self.messages.append)
+        self.pd = PdRankTransfer(role, 0, settings, self._make_handle, notify=self.messages.append)
+        self.backend = _backend(model, role, kv_tokens, transfer=self.pd, **mode_settings)
         self.tokens: Dict[int, List[int]] = {}
         self.finished: Dict[int, int] = {}
 
@@ -79,14 +81,11 @@ class Node:
                                 listen_socket=s.listen_socket)
 
     def iterate(self) -> None:
-        """What the rank loop does once: poll transfers, step, send hand-offs, publish."""
-        self.pd.tick()
+        """What the rank loop does once: poll (transfer results), step (hand-offs go out with it), publish."""
+        self.backend.poll()
         if not self.backend.has_work:
             return
         report = self.backend.step()
-        self.pd.send_handoffs(report)
-        report.tokens[:0] = self.pd.pending_tokens
-        self.pd.pending_tokens = []
         for req, token, _ in report.tokens:
             self.tokens.setdefault(req.request_id, []).append(token)
         for req, status in report.finished:
@@ -102,8 +101,8 @@ def _setup(prefill: Node, decode: Node, epoch: int) -> None:
         settings.listen_socket = TransferPortBlock.reserve("127.0.0.1", 1).socket_for(0)
         settings.transfer_port = settings.listen_socket.getsockname()[1]
     port = settings.transfer_port
-    prefill.pd.setup(PdTransferSetup(epoch))
-    decode.pd.setup(PdTransferSetup(epoch, "127.0.0.1", port))
+    prefill.backend.on_command(PdTransferSetup(epoch))
+    decode.backend.on_command(PdTransferSetup(epoch, "127.0.0.1", port))
     for node in (prefill, decode):
         assert node.messages[-1] == PdSetupDone(epoch, "")
         assert node.pd.handle.wait_ready(90), node.pd.handle.broken_reason
@@ -111,11 +110,10 @@ def _setup(prefill: Node, decode: Node, epoch: int) -> None:
 
 def _submit(prefill: Node, decode: Node, request_id: int, prompt: List[int], params: SamplingParams) -> Optional[int]:
     """Reserve on D first, then prefill on P from D's kv_start; None when D answered busy."""
-    if decode.pd.reserve(request_id, -1, RequestSpec(prompt, params)) is None:
+    if decode.backend.intake(request_id, RequestSpec.build(prompt, params, pd_kind=PD_KIND_DECODE)) is None:
         return None
     kv_start = decode.notices(request_id)["reserved"].kv_start
-    prefill.backend.add_request(request_id, RequestSpec(prompt, params))
-    prefill.pd.note_prefill_request(request_id, kv_start)
+    prefill.backend.intake(request_id, RequestSpec.build(prompt, params, pd_kind=PD_KIND_PREFILL, kv_start=kv_start))
     return kv_start
 
 
@@ -131,8 +129,8 @@ def _run(nodes: Tuple[Node, ...], done, timeout_s: float = 120.0) -> None:
 @pytest.fixture(scope="module")
 def pair(model):
     settings = dict(page_size=16, transfer_timeout_s=20.0, connect_timeout_s=60.0)
-    prefill = Node(_backend(model, "prefill"), "prefill", PdRankSettings(**settings))
-    decode = Node(_backend(model, "decode"), "decode", PdRankSettings(**settings, reserve_lease_s=30.0))
+    prefill = Node(model, "prefill", PdRankSettings(**settings))
+    decode = Node(model, "decode", PdRankSettings(**settings, reserve_lease_s=30.0))
     _setup(prefill, decode, epoch=1)
     yield prefill, decode
     prefill.pd.close()
@@ -168,31 +166,38 @@ def test_greedy_outputs_through_the_rank_plumbing_equal_a_normal_node(model, pai
     assert decode.backend.kv.allocatable_token_num() == d_free
 
 
-def test_segment_limit_ends_the_segment_after_its_tokens(model, pair) -> None:
-    prefill, decode = pair
-    prompt = list(range(10, 40))
-    expected = BatchGenerator(model, 4096).greedy_generate([prompt], 10)[0]
-    decode.backend.max_segment_tokens = 4
+def test_segment_limit_ends_the_segment_after_its_tokens(model) -> None:
+    settings = dict(page_size=16, transfer_timeout_s=20.0, connect_timeout_s=60.0)
+    prefill = Node(model, "prefill", PdRankSettings(**settings), kv_tokens=512)
+    decode = Node(model, "decode", PdRankSettings(**settings, reserve_lease_s=30.0), kv_tokens=512,
+                  max_segment_tokens=4)
+    _setup(prefill, decode, epoch=2)
     try:
+        prompt = list(range(10, 40))
+        expected = BatchGenerator(model, 4096).greedy_generate([prompt], 10)[0]
         _submit(prefill, decode, 20, prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
         _run((prefill, decode), lambda: 20 in decode.finished)
+        assert decode.finished[20] == FINISH_SEGMENT_LIMIT
+        assert decode.tokens[20] == expected[:4]
+        # The reservation was for the segment's 4 tokens, not for max_new_tokens' 10.
+        assert decode.backend.segment_tokens(10) == 4
     finally:
-        decode.backend.max_segment_tokens = 0
-    assert decode.finished[20] == FINISH_SEGMENT_LIMIT
-    assert decode.tokens[20] == expected[:4]
+        prefill.pd.close()
+        decode.pd.close()
 
 
 def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
-    decode = Node(_backend(model, "decode", kv_tokens=256), "decode", PdRankSettings(reserve_lease_s=0.5))
-    prefill = Node(_backend(model, "prefill", kv_tokens=512), "prefill", PdRankSettings())
+    decode = Node(model, "decode", PdRankSettings(reserve_lease_s=0.5), kv_tokens=256)
+    prefill = Node(model, "prefill", PdRankSettings(), kv_tokens=512)
     _setup(prefill, decode, epoch=7)
     try:
         free = decode.backend.kv.allocatable_token_num()
         params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-        assert decode.pd.reserve(1, -1, RequestSpec(list(range(5, 45)), params)) is not None
+        assert decode.backend.intake(1, RequestSpec.build(list(range(5, 45)), params, pd_kind=PD_KIND_DECODE)) is not None
         assert decode.backend.kv.allocatable_token_num() < free
         # More than the cache can hold now: busy at once, reported by the next step.
-        assert decode.pd.reserve(2, -1, RequestSpec(list(range(5, 45)), SamplingParams(max_new_tokens=300))) is None
+        busy = RequestSpec.build(list(range(5, 45)), SamplingParams(max_new_tokens=300), pd_kind=PD_KIND_DECODE)
+        assert decode.backend.intake(2, busy) is None
         decode.iterate()
         assert decode.finished[2] == FINISH_BUSY
         _run((decode,), lambda: 1 in decode.finished, timeout_s=30)  # P never sends
@@ -205,11 +210,11 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
 
 
 def test_without_a_setup_a_handoff_fails_as_transfer_broken(model) -> None:
-    prefill = Node(_backend(model, "prefill", kv_tokens=512), "prefill", PdRankSettings())
+    prefill = Node(model, "prefill", PdRankSettings(), kv_tokens=512)
     free = prefill.backend.kv.allocatable_token_num()
-    prefill.backend.add_request(5, RequestSpec(list(range(5, 30)),
-                                               SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)))
-    prefill.pd.note_prefill_request(5, 0)
+    prefill.backend.intake(5, RequestSpec.build(list(range(5, 30)), SamplingParams(temperature=0, max_new_tokens=4,
+                                                                                   ignore_eos=True),
+                                                pd_kind=PD_KIND_PREFILL))
     _run((prefill,), lambda: 5 in prefill.finished, timeout_s=30)
     assert prefill.tokens[5] and prefill.finished[5] == FINISH_TRANSFER_FAILED
     assert prefill.notices(5)["transfer_failed"].error_kind == "transfer_broken"
@@ -241,17 +246,39 @@ class _Req:
 
 def test_tp_ranks_act_only_on_results_every_rank_has_and_fail_if_any_failed() -> None:
     ranks, backend = _Ranks(), _Backend()
-    pd = PdRankTransfer("prefill", backend, 0, PdRankSettings(), lambda *a: None, agree=ranks.agree)
+    pd = PdRankTransfer("prefill", 0, PdRankSettings(), lambda *a: None, agree=ranks.agree)
     pd._in_flight = {1: _Req(1), 2: _Req(2)}
     pd._local = {1: _Outcome(1, True, 5, 0.1, 100, "", ""), 2: _Outcome(2, True, 6, 0.1, 100, "", "")}
-    pd.tick()  # the other rank has nothing yet: nothing is decided
+    pd.poll(backend)  # the other rank has nothing yet: nothing is decided
     assert backend.done == [] and sorted(pd.in_flight) == [1, 2]
     ranks.other = {2: _Outcome(2, False, -1, 0.2, 0, "transfer_failed", "checksum")}
-    pd.tick()
+    pd.poll(backend)
     assert backend.done == [(2, False, FINISH_TRANSFER_FAILED)] and pd.in_flight == [1]
     ranks.other = {1: _Outcome(1, True, 5, 0.3, 100, "", "")}
-    pd.tick()
+    pd.poll(backend)
     assert backend.done[-1] == (1, True, FINISH_TRANSFER_FAILED) and pd.in_flight == []
+
+
+@pytest.mark.parametrize(("role", "kind"), [("prefill", PD_KIND_NONE), ("prefill", PD_KIND_DECODE),
+                                            ("decode", PD_KIND_NONE), ("decode", PD_KIND_PREFILL)])
+def test_a_node_takes_requests_of_its_own_pd_kind_only(model, role: str, kind: int) -> None:
+    node = Node(model, role, PdRankSettings(), kv_tokens=256)
+    spec = RequestSpec.build(list(range(5, 15)), SamplingParams(max_new_tokens=4), pd_kind=kind)
+    with pytest.raises(ValueError, match=f"a {role} node cannot run a request of PD kind {kind}"):
+        node.backend.intake(1, spec)
+    assert not node.backend.requests and not node.messages and not node.pd.in_flight
+
+
+def test_the_decode_nodes_first_token_leads_the_next_steps_tokens(model) -> None:
+    """The token from the transfer header is reported by the engine, ahead of the step's own."""
+    decode = _backend(model, "decode", kv_tokens=256)
+    params = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
+    req = decode.reserve_prefilled(1, RequestSpec(list(range(10, 20)), params))
+    assert decode.admit_prefilled(req, 77) == 0
+    report = decode.step()
+    assert report.carried_tokens == 1
+    assert [(r.request_id, t) for r, t, _ in report.tokens][:2] == [(1, 77), (1, req.output_ids[1])]
+    assert decode.step().carried_tokens == 0
 
 
 def test_decode_backend_ends_the_segment_under_kv_pressure_instead_of_pausing(model) -> None:
@@ -273,3 +300,33 @@ def test_decode_backend_ends_the_segment_under_kv_pressure_instead_of_pausing(mo
             break
     assert FINISH_SEGMENT_KV in statuses.values(), statuses
     assert decode.kv.allocatable_token_num() == 64
+
+
+def test_the_rank_loop_runs_a_decode_node_through_the_backend_hooks_alone(model, caplog) -> None:
+    """ModelRank has one path: a PD node's arrivals, results and commands reach the transfer through the backend."""
+    from types import SimpleNamespace
+
+    from lightllm.server.core.objs.io_messages import AddRequests
+    from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
+    from lightllm.server.model_rank.rank_process import ModelRank
+
+    node = Node(model, "decode", PdRankSettings(), kv_tokens=256)
+    params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    specs = {1: RequestSpec.build(list(range(5, 25)), params, pd_kind=PD_KIND_DECODE),
+             2: RequestSpec.build(list(range(5, 25)), SamplingParams(max_new_tokens=400), pd_kind=PD_KIND_DECODE)}
+    cache_lens: Dict[int, int] = {}
+    shm = SimpleNamespace(read_request=lambda shm_index, request_id: specs[request_id],
+                          set_prompt_cache_len=lambda shm_index, request_id, n: cache_lens.__setitem__(request_id, n))
+    tracker = PrefillWaitTracker()
+    rank = ModelRank(node.backend, shm, is_leader=True, wait_tracker=tracker)
+    with caplog.at_level("WARNING", logger="lightllm.model_rank"):
+        rank.apply([AddRequests([(1, 0), (2, 1)]), "not a command"])
+    assert "a decode node ignores a str command" in caplog.text
+    assert [(m.request_id, m.kind) for m in node.messages if isinstance(m, PdNotice)] == [(1, "reserved"), (2, "busy")]
+    assert list(node.backend.requests) == [1] and node.pd.in_flight == [1] and rank._ranks_busy()
+    assert cache_lens == {1: 0} and tracker._arrival_s == {}  # a reservation waits for no prefill here
+    node.backend.poll()  # no transfer was set up: the receive failed, and every rank agrees on it
+    assert not node.backend.has_outside_work
+    report = node.backend.step()
+    assert {r.request_id: s for r, s in report.finished} == {2: FINISH_BUSY, 1: FINISH_TRANSFER_FAILED}
+    assert not node.backend.has_work

@@ -17,7 +17,7 @@ from lightllm.common.sampling import SamplingParamError, SamplingParams
 from lightllm.server.core.objs.io_messages import AddRequests
 from lightllm.server.core.objs.request_spec import PdPlacement, Priority, RequestSpec, RequestSpecError, Segment
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL, wants_top_rows
 from lightllm.server.model_rank.scheduling.admission import RequestRejected, check_request
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.router.req_queue.normal_queue import RouterReq
@@ -131,8 +131,8 @@ def test_the_router_and_the_rank_views_read_the_spec() -> None:
 @pytest.fixture()
 def shm():
     name = f"lightllm_test_{uuid.uuid4().hex[:12]}"
-    owner = ShmReqBuffer(name, 4, MAX_LEN, create=True)
-    other = ShmReqBuffer(name, 4, MAX_LEN, create=False)  # another process's mapping
+    owner = ShmReqBuffer(name, 4, MAX_LEN, create=True, top_slot_num=1)
+    other = ShmReqBuffer(name, 4, MAX_LEN, create=False, top_slot_num=1)  # another process's mapping
     yield owner, other
     other.close()
     owner.close()
@@ -143,7 +143,7 @@ def shm():
                                   RequestSpec.build([1, 2, 3], _params(do_sample=False), pd_kind=PD_KIND_DECODE)])
 def test_a_spec_round_trips_through_shared_memory_unchanged(shm, spec: RequestSpec) -> None:
     owner, other = shm
-    owner.write_request(2, 10**12 + 5, spec)
+    owner.write_request(2, 10**12 + 5, spec, 0 if wants_top_rows(spec.params) else None)
     back = other.read_request(2, 10**12 + 5)
     assert back == spec
     assert back.params.to_dict() == spec.params.to_dict()
@@ -182,8 +182,7 @@ def test_rank0_screen_refuses_a_corrupted_record_alone(shm, caplog, damage: Call
     for slot in range(3):
         owner.write_request(slot, 100 + slot, RequestSpec([5, 6, 7], _params()))
     damage(owner.array[1])  # after the HTTP side built and wrote a valid spec
-    rank = ModelRank.__new__(ModelRank)  # rank 0's screen only: no process, no model, no sockets
-    rank.shm, rank.backend, rank.is_leader, rank._screened = owner, _RankLimits(), True, {}
+    rank = ModelRank(_RankLimits(), owner, is_leader=True)  # rank 0's screen only: no process, no model, no sockets
     with caplog.at_level("WARNING", logger="lightllm.model_rank"):
         commands = rank.screen([AddRequests([(100, 0), (101, 1), (102, 2)])])
     assert commands == [AddRequests([(100, 0), (102, 2)]), RejectRequests([(101, 1)])]
@@ -204,7 +203,7 @@ def test_a_pd_node_passes_the_wire_spec_whole_to_generate() -> None:
     import asyncio
     import types
 
-    from lightllm.server.httpserver.pd_node import PdNodeState, pd_generate
+    from lightllm.server.pd.node.service import PdNodeService
 
     calls: list = []
 
@@ -216,12 +215,13 @@ def test_a_pd_node_passes_the_wire_spec_whole_to_generate() -> None:
     async def wait_request_id_free(request_id: int, timeout: float) -> bool:
         return True
 
-    state = PdNodeState("decode", 1.0)
-    state.epoch = 4
-    manager = types.SimpleNamespace(pd=state, generate=generate, wait_request_id_free=wait_request_id_free)
+    manager = types.SimpleNamespace(generate=generate, wait_request_id_free=wait_request_id_free,
+                                    add_inbox_handler=lambda types_, handler: None)
+    service = PdNodeService(manager, "decode", 1.0, "ipc:///nowhere")
+    service.epoch = 4
 
     async def run(spec: RequestSpec) -> list:
-        return [event async for event in pd_generate(manager, spec, request_id=12, epoch=4)]
+        return [event async for event in service.generate(spec, request_id=12, epoch=4)]
 
     decode = RequestSpec.build([1, 2, 3], _params(), segment_index=1, generated_before=1, pd_kind=PD_KIND_DECODE)
     assert asyncio.run(run(decode)) == []

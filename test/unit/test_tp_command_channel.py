@@ -75,15 +75,9 @@ def test_commands_arrive_in_order_and_shutdown_ends_the_follower(tmp_path):
 def _rank(rank: int) -> Any:
     from lightllm.server.model_rank.rank_process import ModelRank
 
-    model_rank = ModelRank.__new__(ModelRank)  # the command loop only; no model, no shared memory
-    model_rank.is_leader = rank == 0
-    model_rank.channel = TpCommandChannel.open(rank, 2, timeout=TEST_TIMEOUT, keepalive_seconds=KEEPALIVE)
-    model_rank.backend = SimpleNamespace(has_work=False)
-    model_rank.pd = None
-    model_rank._last_step_did_work = False
-    model_rank._stop_requested = False
-    model_rank._screened = {}
-    return model_rank
+    # The command loop only; no model, no shared memory.
+    return ModelRank(SimpleNamespace(has_work=False, has_outside_work=False), None, is_leader=rank == 0,
+                     channel=TpCommandChannel.open(rank, 2, timeout=TEST_TIMEOUT, keepalive_seconds=KEEPALIVE))
 
 
 def _idle_worker(rank: int, port: int, out_path: str) -> None:

@@ -172,7 +172,8 @@ class Simulator:
         self.clock = start + report.forward_seconds
         self.steps += 1
         trace.end_s = self.clock
-        for req, _, _ in report.tokens:
+        # Tokens carried in from between steps (a decode node's handed-over token) were stamped at admission.
+        for req, _, _ in report.tokens[report.carried_tokens:]:
             self._stamp_token(req)
         finished = [req for req in report.handoffs]
         for req in report.handoffs:

@@ -61,7 +61,7 @@ class DetokenizationManager:
         self.shm = layout.open_requests()
         self.requests: Dict[int, _RequestText] = {}
         # The current step's messages to the HTTP process, sent together at the end of the step.
-        self._outbox: List[Union[DetokenizedOutput, SlotReleased]] = []
+        self._outbox: List[Union[DetokenizedOutput, SlotReleased, Any]] = []
 
     def _state(self, request_id: int, slot: int) -> _RequestText:
         state = self.requests.get(request_id)
@@ -72,7 +72,7 @@ class DetokenizationManager:
         return state
 
     def handle(self, message: StepOutput) -> None:
-        """Turn one step's updates into text messages; forward releases (one message per step)."""
+        """Turn one step's updates into text messages; forward notices and releases (one message per step)."""
         try:
             self._handle_step(message)
         finally:
@@ -81,6 +81,8 @@ class DetokenizationManager:
                 self.to_http.send_pyobj(StepTexts(outbox))
 
     def _handle_step(self, message: StepOutput) -> None:
+        # Rank 0's notices precede the step's outputs on its side; they keep that place here.
+        self._outbox.extend(message.notices)
         for request_id, slot, published in message.updates:
             try:
                 self._update(request_id, slot, published)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type
 
 import zmq
 import zmq.asyncio
@@ -18,12 +18,10 @@ import zmq.asyncio
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased, StepTexts
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_checks import check_request_id
-from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
+from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, wants_top_rows
 from lightllm.server.httpserver.metrics import ServerMetrics
-from lightllm.server.httpserver.pd_node import PD_NODE_MESSAGES, PD_NODE_ROLES, PdNodeState, pd_generate
-from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.httpserver.pending_request import PendingRequest
-from lightllm.server.httpserver.slot_pool import SlotPool
+from lightllm.server.httpserver.slot_pool import RequestSlots
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
 from lightllm.server.request_manager import GenerationEvent
 from lightllm.server.served_model import ServedModel
@@ -51,16 +49,16 @@ class HttpServerConfig:
     max_new_tokens_default: Optional[int] = None
     # --model_name values; empty: the directory name and the --model_dir path.
     served_model_names: List[str] = field(default_factory=list)
-    # --run_mode; a PD node ("prefill" / "decode") also serves pd_transfer_setup and pd_generate.
-    run_mode: str = "normal"
-    # A PD node: how long pd_transfer_setup waits for model rank 0's acknowledgement.
-    pd_setup_timeout_seconds: float = 60.0
 
 
 class HttpServerManager:
     """Accepts requests from the API layer and streams their tokens back.
 
-    Implements :class:`~lightllm.server.request_manager.SupervisedRequestManager`.
+    Implements :class:`~lightllm.server.request_manager.SupervisedRequestManager`.  What a run
+    mode adds on top (a PD node's service, :mod:`lightllm.server.pd.node.service`) composes
+    around it: :meth:`add_inbox_handler` hands it the inbox messages of its own types and
+    :meth:`post` puts a message into one request's event stream, so this class has no mode
+    branch of its own.
     """
 
     def __init__(self, config: HttpServerConfig):
@@ -83,12 +81,16 @@ class HttpServerManager:
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
         self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)
-        self._slots = SlotPool(layout.slot_num, config.slot_wait_seconds)
+        self._slots = RequestSlots(layout.slot_num, layout.top_slot_num, config.slot_wait_seconds)
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
         # released (the router, ranks and detokenizer key their state by it until then); the
         # value is the slot, None while the request still waits for one.
         self._live: Dict[int, Optional[int]] = {}
+        # Set when the id leaves _live, for whoever waits to reuse it (wait_request_id_free).
+        self._id_freed: Dict[int, asyncio.Event] = {}
+        # (message types, handler) registered by what composes around this manager.
+        self._inbox_handlers: List[Tuple[Tuple[Type[Any], ...], Callable[[Any], None]]] = []
         self._next_request_id = 1
         self._receiver: Optional[asyncio.Task] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -96,9 +98,6 @@ class HttpServerManager:
         self._refusal: Optional[ServerUnavailableError] = None
         self._backend_alive = True
         self._active_generations = 0
-        self.pd: Optional[PdNodeState] = (
-            PdNodeState(config.run_mode, config.pd_setup_timeout_seconds) if config.run_mode in PD_NODE_ROLES else None
-        )
 
     # --- lifecycle (called from the FastAPI lifespan) ----------------------------------------
     async def start(self) -> None:
@@ -107,8 +106,6 @@ class HttpServerManager:
         self.zmq_ctx = zmq.asyncio.Context()
         self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, self.config.layout.router_address, bind=False)
         self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, self.config.layout.http_address, bind=True)
-        if self.pd is not None:
-            self.pd.start(self.zmq_ctx, self.config.layout.model_rank0_address)
         self._slots.start()
         self._receiver = asyncio.create_task(self._receive_loop())
 
@@ -138,29 +135,65 @@ class HttpServerManager:
                 pending.deliver(message)
         elif isinstance(message, SlotReleased):
             await self._release_slot(message.request_id, message.shm_index)
-        elif isinstance(message, PD_NODE_MESSAGES) and self.pd is not None:
-            self.pd.on_message(message, self._pending)
+        else:
+            handled = False
+            for message_types, handler in self._inbox_handlers:
+                if isinstance(message, message_types):
+                    handler(message)
+                    handled = True
+            if not handled:
+                log.warning("no handler for an inbox message of type %s; dropped", type(message).__name__)
+
+    def add_inbox_handler(self, message_types: Tuple[Type[Any], ...], handler: Callable[[Any], None]) -> None:
+        """Call ``handler(message)`` for every inbox message of ``message_types``.
+
+        Called on the event loop, in the order the messages arrived among the requests' token
+        outputs (rank 0 sends them in its step output stream), so a handler that passes a
+        message to its request with :meth:`post` keeps it ahead of the tokens that followed it.
+        """
+        self._inbox_handlers.append((tuple(message_types), handler))
+
+    def post(self, request_id: int, item: Any) -> bool:
+        """Put ``item`` into pending request ``request_id``'s event stream; False if no such request.
+
+        ``generate`` yields it as is, in arrival order with the request's ``GenerationEvent``
+        values; only the code that submitted the request with its own id reads such items.
+        """
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return False
+        return pending.post(item)
 
     async def _release_slot(self, request_id: int, slot: int) -> None:
         if self._live.get(request_id) == slot:
-            del self._live[request_id]
+            self._forget_request_id(request_id)
         # Only the request that holds the slot frees it: a duplicate or late release must never
         # hand a slot in use to a new request.
         if self.shm.release(slot, request_id):
             await self._slots.put(slot)
 
+    def _forget_request_id(self, request_id: int) -> None:
+        """The id is no longer in use here: drop it and wake whoever waits to reuse it."""
+        self._live.pop(request_id, None)
+        freed = self._id_freed.pop(request_id, None)
+        if freed is not None:
+            freed.set()
+
     async def wait_request_id_free(self, request_id: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until ``request_id`` is no longer live here; True if free.
 
         A PD node receives a request's next segment under the same id, and the master may send
-        it while the previous segment's slot release is still on its way from the ranks.
+        it while the previous segment's slot release is still on its way from the ranks; the
+        release wakes this wait.
         """
-        deadline = time.monotonic() + timeout
-        while request_id in self._live:
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.005)
-        return True
+        if request_id not in self._live:
+            return True
+        freed = self._id_freed.setdefault(request_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(freed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return request_id not in self._live
 
     def _claim_request_id(self, request_id: Optional[int]) -> int:
         """Reserve ``request_id`` (or, when None, the next free id of this manager's own)."""
@@ -234,41 +267,6 @@ class HttpServerManager:
         """Prometheus exposition of this server's metrics."""
         return self.metrics.render()
 
-    # --- PD node (prefill / decode run modes; see pd_node.py) --------------------------------------
-    async def pd_transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
-        """(Re)start this node's KV transfer handles for ``epoch``; returns once rank 0 applied it.
-
-        A prefill node hosts at its own transfer port (``prefill_transfer_address`` is not used);
-        a decode node joins ``prefill_transfer_address`` (``host:port``).  Raises ``ValueError``
-        for a bad address and ``RuntimeError`` when the setup failed or got no answer in time.
-        """
-        if self.pd is None:
-            raise RuntimeError(f"a {self.config.run_mode} server has no KV transfer; start it with --run_mode prefill|decode")
-        await self.pd.transfer_setup(epoch, prefill_transfer_address)
-
-    def pd_generate(
-        self,
-        spec: RequestSpec,
-        *,
-        request_id: int,
-        epoch: int,
-        request: Any = None,
-    ) -> AsyncIterator[PdNodeEvent]:
-        """Run one PD request on this node under the master's ``request_id``.
-
-        ``spec`` is the request as the node's wire body built it, its PD kind this node's role
-        (``kv_start`` only on a prefill node).  Decode node: "reserved" (or "busy") first, then
-        "token" events (the first is the prefill node's token, published here so the
-        detokenizer has it), ending with a finish ("stop"/"length" on the last token),
-        "segment_end" or "error".  Prefill node: the first "token", then "handed_off" or "error"
-        (or the token finished the request).  Closing the iterator early aborts the request and
-        frees its KV.  Bad arguments raise ``ValueError`` (or ``DuplicateRequestIdError``) when
-        iteration starts, before any event.
-        """
-        if self.pd is None:
-            raise RuntimeError(f"a {self.config.run_mode} server runs no PD requests; start it with --run_mode prefill|decode")
-        return pd_generate(self, spec, request_id=request_id, epoch=epoch, request=request)
-
     async def generate(
         self,
         spec: RequestSpec,
@@ -286,8 +284,9 @@ class HttpServerManager:
         the HTTP handlers never do.  The id (given, or this manager's next free one) is used
         unchanged by every process and in every event; a given id that is still in use raises
         ``DuplicateRequestIdError``.  ``slot_wait_seconds`` (None: --slot_wait_seconds) is how
-        long to wait for a free request slot.  A spec with a PD kind also yields rank 0's
-        ``PdNotice`` objects, which only :meth:`pd_generate` reads.
+        long to wait for a free request slot.  Besides ``GenerationEvent`` values it yields the
+        items given to the request through :meth:`post` (none unless an inbox handler posts, as
+        a PD node's service does with rank 0's notices).
         """
         if not isinstance(spec, RequestSpec):
             raise ValueError(f"generate takes a RequestSpec, got {type(spec).__name__}")
@@ -299,18 +298,18 @@ class HttpServerManager:
         self._active_generations += 1
         try:
             try:
-                slot = await self._slots.take(slot_wait_seconds)
+                slot, top_slot = await self._slots.take(slot_wait_seconds, wants_top_rows(spec.params))
             except BaseException:
-                del self._live[request_id]
+                self._forget_request_id(request_id)
                 raise
             self._live[request_id] = slot
             pending = PendingRequest(prompt_len, slot)
             self._pending[request_id] = pending
             try:
-                self.shm.write_request(slot, request_id, spec)
+                self.shm.write_request(slot, request_id, spec, top_slot)
             except Exception:
                 del self._pending[request_id]
-                del self._live[request_id]
+                self._forget_request_id(request_id)
                 # The record is claimed last, so a refused write leaves the slot free.
                 if self.shm.holder(slot) == NO_REQUEST:
                     await self._slots.put(slot)

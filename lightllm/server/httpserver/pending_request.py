@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, List, Optional
 
-from lightllm.server.core.objs.io_messages import DetokenizedOutput, PdNotice
+from lightllm.server.core.objs.io_messages import DetokenizedOutput
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.request_manager import GenerationEvent
@@ -74,10 +74,13 @@ class PendingRequest:
         if message.finish_reason is not None:
             self.finished = True
 
-    def deliver_notice(self, notice: PdNotice) -> None:
-        """Queue a PD node notice from rank 0 (yielded as is, in arrival order with the tokens)."""
-        if not self.finished:
-            self.queue.put_nowait(notice)
+    def post(self, item: Any) -> bool:
+        """Queue an item the manager's owner addressed to this request (yielded as is, in arrival
+        order with the tokens); False once the request finished."""
+        if self.finished:
+            return False
+        self.queue.put_nowait(item)
+        return True
 
     @property
     def queue_seconds(self) -> Optional[float]:
@@ -94,8 +97,9 @@ class PendingRequest:
         self.queue.put_nowait(_FAILED)
         return True
 
-    async def events(self, request: Any, started: float, metrics: ServerMetrics) -> AsyncIterator[GenerationEvent]:
-        """The request's token events until it finishes, fails, or its client disconnects.
+    async def events(self, request: Any, started: float, metrics: ServerMetrics) -> AsyncIterator[Any]:
+        """The request's token events until it finishes, fails, or its client disconnects, with
+        any :meth:`post`-ed item in its place among them.
 
         The client (``request``, None: never asked) is asked every ``DISCONNECT_CHECK_SECONDS``
         whether tokens are flowing or not, so a walk-away client of a long generation is
@@ -118,7 +122,7 @@ class PendingRequest:
                         return
                     timer = loop.call_later(DISCONNECT_CHECK_SECONDS, self.queue.put_nowait, _CHECK_CLIENT)
                     continue
-                if isinstance(event, PdNotice):
+                if not isinstance(event, GenerationEvent):  # posted: the submitter reads it
                     yield event
                     continue
                 now = time.perf_counter()

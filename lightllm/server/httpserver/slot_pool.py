@@ -1,9 +1,10 @@
-"""The HTTP process's pool of free shared-memory request slots."""
+"""The HTTP process's pools of free shared-memory slots: request records and top-logprob rows."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import List, Optional
+import time
+from typing import List, Optional, Tuple
 
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 
@@ -14,10 +15,11 @@ class SlotPool:
     Only the HTTP process allocates and releases slots, all on its event loop.
     """
 
-    def __init__(self, slot_num: int, wait_seconds: float):
+    def __init__(self, slot_num: int, wait_seconds: float, what: str = "shared-memory request slots"):
         # Popped from the end: slot 0 is handed out first.
         self._free: List[int] = list(range(slot_num - 1, -1, -1))
         self._slot_num = slot_num
+        self._what = what  # named in the busy answer
         self._wait_seconds = wait_seconds
         self._changed: Optional[asyncio.Condition] = None
         # Set by fail(): every waiting and later take() raises it.
@@ -42,7 +44,7 @@ class SlotPool:
                 # request-row limits are named by its model rank).
                 waited = f" and none became free within {wait:g} s" if wait > 0 else ""
                 raise ServerBusyError(
-                    f"server is busy: all {self._slot_num} shared-memory request slots are in use{waited}"
+                    f"server is busy: all {self._slot_num} {self._what} are in use{waited}"
                 ) from exc
             if self._failure is not None:
                 raise self._failure
@@ -63,3 +65,57 @@ class SlotPool:
     async def _wake_all(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+
+class RequestSlots:
+    """A request slot for every request, plus a top-logprob slot for those that ask for top logprobs.
+
+    Only requests whose ``logprobs`` or ``prompt_logprobs`` is above 0 touch the top-logprob pool
+    (``--top_logprobs_slots`` rows, fewer than request slots since each costs 160 bytes per
+    position).  A request takes its top-logprob slot first and then its request slot, both within
+    one wait bound, so a request waiting for a top-logprob slot never holds a request slot that a
+    request without top logprobs could use; both are given back together.
+    """
+
+    def __init__(self, slot_num: int, top_slot_num: int, wait_seconds: float):
+        self._requests = SlotPool(slot_num, wait_seconds)
+        self._tops = SlotPool(top_slot_num, wait_seconds, "shared-memory top-logprob slots (--top_logprobs_slots)")
+        self._top_slot_num = top_slot_num
+        self._wait_seconds = wait_seconds
+        self._top_of: dict[int, int] = {}  # request slot -> the top-logprob slot taken with it
+
+    def start(self) -> None:
+        """Create the wait conditions; called on the event loop that will use the pools."""
+        self._requests.start()
+        self._tops.start()
+
+    async def take(self, wait_seconds: Optional[float] = None, wants_top: bool = False) -> Tuple[int, Optional[int]]:
+        """``(request slot, top-logprob slot or None)``; raises ``ServerBusyError`` when they are
+        not both free within the wait bound (``wait_seconds``, default the pools'), or the failure."""
+        wait = self._wait_seconds if wait_seconds is None else wait_seconds
+        if not wants_top:
+            return await self._requests.take(wait), None
+        if self._top_slot_num == 0:
+            # Waiting could not help: this layout has no top-logprob rows at all.
+            raise ServerBusyError("server is busy: it keeps no shared-memory top-logprob slots (--top_logprobs_slots)")
+        deadline = time.monotonic() + wait
+        top = await self._tops.take(wait)
+        try:
+            slot = await self._requests.take(max(0.0, deadline - time.monotonic()))
+        except BaseException:
+            await self._tops.put(top)
+            raise
+        self._top_of[slot] = top
+        return slot, top
+
+    async def put(self, slot: int) -> None:
+        """Give back ``slot`` and the top-logprob slot taken with it, if any."""
+        top = self._top_of.pop(slot, None)
+        if top is not None:
+            await self._tops.put(top)
+        await self._requests.put(slot)
+
+    def fail(self, failure: ServerUnavailableError) -> None:
+        """Make every waiting and later :meth:`take` raise ``failure``."""
+        self._requests.fail(failure)
+        self._tops.fail(failure)

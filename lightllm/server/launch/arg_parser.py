@@ -128,6 +128,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")
     group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context length.")
+    group.add_argument(
+        "--top_logprobs_slots",
+        type=int,
+        default=None,
+        help="Requests asking for top logprobs (logprobs or prompt_logprobs above 0) that may be in flight at once; "
+        "each holds a shared-memory row of 160 bytes per token of --max_req_total_len, and one more waits as for a "
+        "request slot (--slot_wait_seconds), then gets 503 server_busy. Requests without top logprobs never wait "
+        "for these. Default: --running_max_req_size; at most the request slot count, max(64, 4 x --running_max_req_size).",
+    )
     group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048).")
     group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step.")
     group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece.")

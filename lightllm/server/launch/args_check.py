@@ -130,7 +130,7 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     for name in ("tp", "running_max_req_size", "chunked_prefill_size"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
-    for name in ("max_total_token_num", "max_req_total_len", "batch_max_tokens"):
+    for name in ("max_total_token_num", "max_req_total_len", "batch_max_tokens", "top_logprobs_slots"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ArgumentError(f"--{name} must be positive, got {value}")

@@ -8,8 +8,12 @@ backend) plus:
   and the registration agree; a prefill node binds the whole block then and holds it for its
   lifetime (:mod:`lightllm.server.pd.node.transfer_ports`);
 * its :class:`~lightllm.server.pd.protocol.node_info.NodeInfo`;
-* the control endpoints (:func:`~lightllm.server.pd.node.api.pd_node_router`) and the refusal of
-  public generation, mounted through ``create_app(..., extra_routers=...)``;
+* a :class:`~lightllm.server.pd.node.service.PdNodeService` composed around the HTTP process's
+  request manager: it owns the node's PD state (transfer epoch, PD request streams) and receives
+  rank 0's PD messages through the manager's inbox-handler hook;
+* the control endpoints (:func:`~lightllm.server.pd.node.api.pd_node_router`, calling the
+  service) and the refusal of public generation, mounted through
+  ``create_app(..., extra_routers=...)``;
 * a :class:`~lightllm.server.pd.node.registration_client.PdNodeClient` on the server's
   event loop, started once uvicorn listens (the master calls the node back right after it
   registers).  A master that refuses the node stops it with exit code 1 and a one-line error;
@@ -35,7 +39,9 @@ from lightllm.server.argument_error import ArgumentError
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient
 from lightllm.server.pd.node.api import PdStreams, pd_node_router, public_api_refusal_router
+from lightllm.server.pd.node.service import PdNodeService
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
+from lightllm.server.launch.plan import pd_rank_settings
 from lightllm.server.launch.sizing import ServerSizing
 
 log = logging.getLogger("lightllm.pd.node")
@@ -113,19 +119,24 @@ def prepare_pd_node(
 
 
 class PdNodeRuntime:
-    """A running node's PD parts: its routes, its master client and their reactions.
+    """A running node's PD parts: its service, routes, master client and their reactions.
 
     Args:
-        args: the parsed flags (``--pd_master_ip``, ``--pd_master_port``, ``--pd_heartbeat_interval``).
+        args: the parsed flags (``--pd_master_ip``, ``--pd_master_port``, ``--pd_heartbeat_interval``,
+            and the transfer timeouts that bound a transfer setup).
         info: this node's registration (:func:`prepare_pd_node`).
-        manager: the node's ``HttpServerManager``.
+        manager: the node's ``HttpServerManager`` (the service's
+            :class:`~lightllm.server.pd.node.service.PdNodeHost`).
+        rank0_address: model rank 0's inbox, where the service sends transfer setups.
         cluster_key: the cluster's key (``AuthPolicy.cluster_key``), sent to the master.
     """
 
-    def __init__(self, args: argparse.Namespace, info: NodeInfo, manager: Any, cluster_key: Optional[str] = None) -> None:
+    def __init__(self, args: argparse.Namespace, info: NodeInfo, manager: Any, rank0_address: str,
+                 cluster_key: Optional[str] = None) -> None:
         self.info = info
         self.cluster_key = cluster_key
-        self.manager = manager
+        # A setup waits for rank 0 as long as a rank may take to open its transfer group.
+        self.service = PdNodeService(manager, info.role, pd_rank_settings(args).connect_timeout_s, rank0_address)
         if args.log_level != "debug":
             # httpx logs every request at INFO: one line per heartbeat would drown the node's log.
             logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -141,11 +152,12 @@ class PdNodeRuntime:
     def routers(self) -> List[APIRouter]:
         """The routers to pass to ``create_app`` (before the public API)."""
         master = f"{self.master_url.removeprefix('http://')}"
-        return [pd_node_router(self.manager, self.info.role, self.streams),
+        return [pd_node_router(self.service, self.info.role, self.streams),
                 public_api_refusal_router(self.info.role, master)]
 
     def attach(self, app: FastAPI, server: Any, supervisor: Any) -> None:
-        """Run the master client inside ``app``'s lifespan, once ``server`` (uvicorn) listens."""
+        """Run the service and the master client inside ``app``'s lifespan (the client once
+        ``server``, uvicorn, listens)."""
         self._server = server
         self._supervisor = supervisor
         inner = app.router.lifespan_context
@@ -153,11 +165,13 @@ class PdNodeRuntime:
         @contextlib.asynccontextmanager
         async def lifespan(app_: FastAPI) -> AsyncIterator[Any]:
             async with inner(app_) as state:
+                self.service.start()
                 self._starter = asyncio.get_running_loop().create_task(self._start_client(), name="pd-node-start")
                 try:
                     yield state
                 finally:
                     await self._stop_client()
+                    self.service.stop()
 
         app.router.lifespan_context = lifespan
 

@@ -48,6 +48,7 @@ def plan_layout(sizing: ServerSizing, shm_tag: str, ipc_dir: str) -> ServerLayou
         shm_req_name=f"{shm_tag}_req",
         shm_stats_name=f"{shm_tag}_stats",
         slot_num=sizing.slot_num,
+        top_slot_num=sizing.top_slot_num,
         max_req_total_len=sizing.max_req_total_len,
         max_total_token_num=sizing.max_total_token_num,
         router_address=address["router"],
@@ -122,6 +123,7 @@ def build_process_configs(
         schedule_time_interval=args.schedule_time_interval,
         log_level=args.log_level,
         prefill_overtake_bound=overtake_bound,
+        run_mode=run_mode,
     )
     ranks = [
         ModelRankConfig(
@@ -157,7 +159,5 @@ def build_process_configs(
         prefill_queue_strategy=args.prefill_queue_strategy,
         slot_wait_seconds=args.slot_wait_seconds,
         max_new_tokens_default=args.max_new_tokens_default,
-        run_mode=run_mode,
-        pd_setup_timeout_seconds=pd_settings.connect_timeout_s,
     )
     return ProcessConfigs(detokenization, router, ranks, http)

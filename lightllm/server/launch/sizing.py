@@ -36,6 +36,8 @@ class ServerSizing:
     batch_max_tokens: int
     slot_num: int
     torch_threads: int | None
+    # Top-logprob rows: --top_logprobs_slots, default --running_max_req_size, at most slot_num.
+    top_slot_num: int = 0
     # Threads a forward borrows when its work pays for the front end's core, and the rule's
     # threshold (CPU only; see model_rank/execution/forward_threads.py).
     prefill_torch_threads: int | None = None
@@ -110,13 +112,16 @@ def plan_sizing(
         override_ms = wide_forward_ms_per_token_override()
         if override_ms is not None:
             wide_ms = override_ms
+    # Request records cover requests waiting, running and streaming out, hence the factor.
+    slot_num = max(64, 4 * args.running_max_req_size)
     return ServerSizing(
         device=device,
         dtype_name=dtype,
         max_req_total_len=max_req_total_len,
         max_total_token_num=kv_tokens,
         batch_max_tokens=batch_max_tokens,
-        slot_num=max(64, 4 * args.running_max_req_size),
+        slot_num=slot_num,
+        top_slot_num=min(slot_num, getattr(args, "top_logprobs_slots", None) or args.running_max_req_size),
         torch_threads=threads,
         prefill_torch_threads=prefill_threads,
         wide_forward_ms_per_token=wide_ms,

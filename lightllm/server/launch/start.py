@@ -6,8 +6,9 @@ The main process owns the shared-memory segments and runs the HTTP server; it bu
 model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
 every request fails with an error and the server exits non-zero; SIGTERM drains (see
 :mod:`lightllm.server.launch.supervisor`).  Resources left by a killed server are removed at start.
-A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its control
-endpoints and master registration (:mod:`lightllm.server.launch.pd_node`).
+A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its PD
+service around the HTTP manager, its control endpoints and master registration
+(:mod:`lightllm.server.launch.pd_node`).
 
 This process imports no torch, and neither does anything it spawns but the model ranks
 (test/unit/test_torch_free_processes.py keeps it so): CUDA facts come from a short-lived probe
@@ -61,6 +62,7 @@ from lightllm.server.launch.plan import (
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entry
+from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
@@ -150,6 +152,13 @@ def start_processes(
     tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
     procs.ipc_dir = tempfile.mkdtemp(prefix=ipc_dir_prefix())
     layout = plan_layout(sizing, tag, procs.ipc_dir)
+    log.info("%s", describe_shm_use(layout))
+    try:
+        # After the stale segments are gone (their space is free again), before ours exist.
+        check_shm_capacity(layout, shm_free_bytes())
+    except ArgumentError:
+        procs.shutdown()
+        raise
     procs.shm_req = layout.open_requests(create=True)
     procs.shm_stats = layout.open_stats(create=True)
     sampling_seed = resolve_sampling_seed(args)
@@ -359,7 +368,8 @@ def _start_and_serve(
         if pd_node_info is not None:
             from lightllm.server.launch.pd_node import PdNodeRuntime
 
-            pd_node = PdNodeRuntime(args, pd_node_info, manager, http_options.auth.cluster_key)
+            pd_node = PdNodeRuntime(args, pd_node_info, manager, http_config.layout.model_rank0_address,
+                                    http_options.auth.cluster_key)
         app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
         supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
         server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor,

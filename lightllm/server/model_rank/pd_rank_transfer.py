@@ -1,24 +1,28 @@
-"""A PD node rank's side of the KV transfer: setup, hand-offs, reservations and agreed results.
+"""A PD node rank's side of the KV transfer: setup, intake, hand-offs and agreed results.
 
-One :class:`PdRankTransfer` lives in every model rank of a prefill or decode node, next to the
-rank's mode backend; the rank process calls it at fixed points of its loop, so it never blocks
-the inference step:
+One :class:`PdRankTransfer` lives in every model rank of a prefill or decode node, carried by
+the rank's mode backend as its :class:`~.scheduling.pd_node_backend.TransferIntake`: the rank
+loop calls the backend's hooks, the same in every run mode, and the backend hands them here with
+itself as the argument.  Nothing here blocks the inference step:
 
-* :meth:`PdRankTransfer.setup` (a :class:`PdTransferSetup` command, broadcast to every rank)
-  replaces the rank's :class:`KVTransferHandle`: a prefill rank hosts its group at its own
-  transfer port + rank, a decode rank joins the prefill node's port + rank.  Requests the old
-  handle still held are failed.
-* :meth:`PdRankTransfer.reserve` (decode node, a prefilled arrival) reserves KV for the prompt
-  plus what one segment may generate, or finishes the request ``FINISH_BUSY`` at once (after a
-  ``busy`` notice naming the limit it hit); then it asks the handle to receive positions
-  ``[kv_start, input_len)``, with the reservation lease as the wait.
-* :meth:`PdRankTransfer.send_handoffs` (prefill node, after a step) sends each handed-off
-  request's positions ``[kv_start, input_len)`` with its first token in the header.
-* :meth:`PdRankTransfer.tick` (every iteration) polls the handle and acts on results that every
+* :meth:`PdRankTransfer.setup` (a :class:`PdTransferSetup` command, broadcast to every rank,
+  reaching here through :meth:`PdRankTransfer.on_command`) replaces the rank's
+  :class:`KVTransferHandle`: a prefill rank hosts its group at its own transfer port + rank, a
+  decode rank joins the prefill node's port + rank.  Requests the old handle still held are failed.
+* :meth:`PdRankTransfer.take` admits a request of this node's PD kind.  A prefill node joins it
+  and remembers its ``kv_start``.  A decode node reserves KV for the prompt plus what one segment
+  may generate, or finishes the request ``FINISH_BUSY`` at once (after a ``busy`` notice naming
+  the limit it hit); then it asks the handle to receive positions ``[kv_start, input_len)``, with
+  the reservation lease as the wait.
+* :meth:`PdRankTransfer.after_step` (prefill node) sends each handed-off request's positions
+  ``[kv_start, input_len)`` with its first token in the header, right after the step.
+* :meth:`PdRankTransfer.poll` (every iteration) polls the handle and acts on results that every
   TP rank has: with TP > 1 each rank moves its own KV-head shard and learns its outcome at its
   own time, so the ranks first exchange what they have (one small ``all_gather_object`` while
   transfers are in flight) and act only on requests every rank reported: success when all
-  succeeded.  Every rank hence takes the same decision in the same iteration.
+  succeeded.  Every rank hence takes the same decision in the same iteration.  A decode node's
+  success admits the request with the first token from the header; the backend reports that
+  token ahead of the next step's own, like a sampled one.
 
 Aborts: a prefill request whose KV is being sent ends when its transfer does (the transfer
 process still reads the KV).  A decode request aborted while waiting for its KV ends when the KV
@@ -30,14 +34,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from lightllm.server.core.objs.finish_status import FINISH_BUSY, FINISH_TRANSFER_FAILED
 from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
 from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferResult
 # Defined with the rest of a rank's start-up config (torch-free, for the launcher); imported from here too.
-from lightllm.server.model_rank.rank_config import PdRankSettings  # noqa: F401
+from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings  # noqa: F401
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.decode_backend import KvReservationRefused
 from lightllm.server.model_rank.scheduling.step_report import StepReport
@@ -46,6 +51,8 @@ from lightllm.server.run_mode import PD_NODE_MODES
 log = logging.getLogger("lightllm.pd_rank")
 
 PD_ROLES = PD_NODE_MODES
+# The PD kind of the requests each role runs (the kind its node's HTTP side writes).
+ROLE_PD_KIND = {"prefill": PD_KIND_PREFILL, "decode": PD_KIND_DECODE}
 
 # error_kind values of a failed transfer (the HTTP side's PdNodeEvent.error_kind).
 ERROR_TRANSFER_FAILED = "transfer_failed"
@@ -70,19 +77,51 @@ Agree = Callable[[Any], List[Any]]  # all_gather of one picklable object per ran
 Notify = Callable[[Any], None]  # rank 0: a message to the HTTP process
 
 
-class PdRankTransfer:
-    """Owns one rank's KV transfer handle and drives the backend's PD intake (see the module docstring).
+def pd_backend_settings(
+    config: ModelRankConfig, kv_cache: Any, agree: Optional[Agree] = None, notify: Optional[Notify] = None
+) -> Dict[str, Any]:
+    """The PD part of a rank's backend settings (``build_rank_backend``'s ``mode_settings``); {} outside a PD node.
 
-    ``make_handle(role, host, port, group_name)`` builds a handle (a :class:`KVTransferHandle`
-    over the rank's shareable cache; tests may pass their own); ``group_name`` names the pair
-    and the epoch, so both sides of one setup meet and nothing else does; ``agree`` is None for TP = 1;
-    ``notify`` is None on ranks other than 0.
+    A PD node's backend carries a :class:`PdRankTransfer` over ``kv_cache``, which is made
+    shareable here (the transfer process reads and writes it); a decode node's backend also ends
+    a segment under KV pressure instead of pausing it, and after ``--pd_max_segment_tokens``.
+    ``agree`` and ``notify`` as in :class:`PdRankTransfer`.
+    """
+    role = config.run_mode
+    if role not in PD_ROLES:
+        return {}
+    settings = config.pd
+    kv_cache.share_buffers()
+
+    def make_handle(side: str, host: str, port: int, group_name: str) -> KVTransferHandle:
+        return KVTransferHandle(
+            side, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
+            group_name=group_name, listen_socket=settings.listen_socket,
+        )
+
+    mode_settings: Dict[str, Any] = {
+        "transfer": PdRankTransfer(role, config.rank, settings, make_handle, agree=agree, notify=notify),
+    }
+    if role == "decode":
+        mode_settings.update(end_segment_on_kv_pressure=True, max_segment_tokens=settings.max_segment_tokens)
+    return mode_settings
+
+
+class PdRankTransfer:
+    """Owns one rank's KV transfer handle and is its PD backend's intake (see the module docstring).
+
+    ``backend`` (every intake method's first argument) is the :class:`PrefillBackend` or
+    :class:`DecodeBackend` that carries this transfer.  ``make_handle(role, host, port,
+    group_name)`` builds a handle (a :class:`KVTransferHandle` over the rank's shareable cache;
+    tests may pass their own); ``group_name`` names the pair and the epoch, so both sides of one
+    setup meet and nothing else does; ``agree`` is None for TP = 1; ``notify`` is None on ranks
+    other than 0.
     """
 
     def __init__(
         self,
         role: str,
-        backend: Any,
         rank: int,
         settings: PdRankSettings,
         make_handle: Callable[[str, str, int, str], KVTransferHandle],
@@ -92,7 +131,6 @@ class PdRankTransfer:
         if role not in PD_ROLES:
             raise ValueError(f"PD role must be one of {PD_ROLES}, got {role!r}")
         self.role = role
-        self.backend = backend
         self.rank = rank
         self.settings = settings
         self._make_handle = make_handle
@@ -107,10 +145,15 @@ class PdRankTransfer:
         self._local: Dict[int, _Outcome] = {}
         # Prefill node: request id -> first prompt position to send (from its record).
         self._kv_start: Dict[int, int] = {}
-        # Tokens to publish with the next step's report (a decode node's first tokens).
-        self.pending_tokens: List[Tuple[InferReq, int, float]] = []
 
     # --- setup ------------------------------------------------------------------------------
+    def on_command(self, command: Any) -> bool:
+        """Apply a :class:`PdTransferSetup`; False for any other command."""
+        if not isinstance(command, PdTransferSetup):
+            return False
+        self.setup(command)
+        return True
+
     def setup(self, command: PdTransferSetup) -> None:
         """Replace this rank's handle for ``command.epoch`` (rank 0 acknowledges to the HTTP process)."""
         error = ""
@@ -147,18 +190,32 @@ class PdRankTransfer:
             self._record(result, broken or not result.ok)
 
     # --- intake -----------------------------------------------------------------------------
-    def note_prefill_request(self, request_id: int, kv_start: int) -> None:
-        """Prefill node: remember where ``request_id``'s KV transfer starts."""
-        self._kv_start[request_id] = kv_start
+    def take(self, backend: Any, request_id: int, spec: RequestSpec, shm_index: int = -1) -> Optional[InferReq]:
+        """Admit a request of this node's PD kind into ``backend``; None when it ended at once (busy).
 
-    def reserve(self, request_id: int, shm_index: int, spec: RequestSpec) -> Optional[InferReq]:
+        Raises ``ValueError`` for a request of another kind.
+        """
+        if spec.pd.kind != ROLE_PD_KIND[self.role]:
+            raise ValueError(f"a {self.role} node cannot run a request of PD kind {spec.pd.kind}")
+        if self.role == "decode":
+            req = self.reserve(backend, request_id, shm_index, spec)
+            if req is not None and self.rank == 0:
+                log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d", request_id,
+                         spec.segment.segment_index, req.cur_kv_len, spec.prompt_len)
+            return req
+        req = backend.add_request(request_id, spec, shm_index)
+        self._kv_start[request_id] = spec.pd.kv_start
+        if self.rank == 0:
+            log.info("request %d admitted: segment_index=%d infer_high_priority=%d kv_start=%d prompt=%d",
+                     request_id, spec.segment.segment_index, spec.priority.infer_high_priority,
+                     spec.pd.kv_start, spec.prompt_len)
+        return req
+
+    def reserve(self, backend: Any, request_id: int, shm_index: int, spec: RequestSpec) -> Optional[InferReq]:
         """Decode node: reserve and start receiving, or finish ``FINISH_BUSY`` at once (None)."""
-        backend = self.backend
         try:
-            segment = spec.params.max_new_tokens
-            if self.settings.max_segment_tokens > 0:
-                segment = min(segment, self.settings.max_segment_tokens)
-            req = backend.reserve_prefilled(request_id, spec, shm_index, decode_tokens=segment)
+            decode_tokens = backend.segment_tokens(spec.params.max_new_tokens)
+            req = backend.reserve_prefilled(request_id, spec, shm_index, decode_tokens=decode_tokens)
         except KvReservationRefused as exc:
             log.info("request %d: busy: %s", request_id, exc)
             # Ahead of the finish, like a transfer failure's notice: the busy answer names the limit.
@@ -172,18 +229,17 @@ class PdRankTransfer:
         self._submit(request_id, lambda handle: handle.receive(request_id, slots, wait_s=self.settings.reserve_lease_s))
         return req
 
-    def send_handoffs(self, report: StepReport) -> None:
-        """Prefill node: send the KV of every request the step handed off."""
+    def after_step(self, backend: Any, report: StepReport) -> None:
+        """Prefill node: send the KV of every request the step handed off; forget those that left."""
         for req in report.handoffs:
             kv_start = self._kv_start.pop(req.request_id, 0)
             self._in_flight[req.request_id] = req
-            slots = self.backend.kv.slots(req, kv_start, req.input_len)
+            slots = backend.kv.slots(req, kv_start, req.input_len)
             first_token = req.output_ids[0]
             self._submit(req.request_id, lambda handle, s=slots, t=first_token, r=req.request_id: handle.send(r, s, t))
-
-    def forget(self, request_id: int) -> None:
-        """A request left before any transfer (drop its bookkeeping)."""
-        self._kv_start.pop(request_id, None)
+        for req, _ in report.finished:
+            # A request that left before any transfer (aborted, failed) drops its bookkeeping.
+            self._kv_start.pop(req.request_id, None)
 
     def _submit(self, request_id: int, submit: Callable[[KVTransferHandle], None]) -> None:
         if self.handle is None:
@@ -193,8 +249,8 @@ class PdRankTransfer:
         submit(self.handle)
 
     # --- results ----------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Poll, agree across TP ranks, and act on decided transfers (never blocks on a transfer)."""
+    def poll(self, backend: Any) -> None:
+        """Poll, agree across TP ranks, and act on decided transfers in ``backend`` (never blocks on a transfer)."""
         handle = self.handle
         if handle is not None:
             results = handle.poll()
@@ -211,7 +267,7 @@ class PdRankTransfer:
         for request_id, outcome in decided.items():
             req = self._in_flight.pop(request_id, None)
             if req is not None:
-                self._act(req, outcome)
+                self._act(backend, req, outcome)
 
     def _record(self, result: TransferResult, broken: bool) -> None:
         if result.ok:
@@ -246,8 +302,7 @@ class PdRankTransfer:
             self._local.pop(request_id, None)
         return decided
 
-    def _act(self, req: InferReq, outcome: _Outcome) -> None:
-        backend = self.backend
+    def _act(self, backend: Any, req: InferReq, outcome: _Outcome) -> None:
         request_id = req.request_id
         if outcome.ok:
             self._notify(PdNotice(request_id, "transferred", seconds=outcome.seconds, nbytes=outcome.nbytes))
@@ -257,8 +312,7 @@ class PdRankTransfer:
         if self.role == "prefill":
             backend.transfer_done(request_id, outcome.ok, FINISH_TRANSFER_FAILED)
         elif outcome.ok:
-            # The first token is published like a sampled one, so the detokenizer has it.
-            self.pending_tokens.append((req, outcome.first_token, 0.0))
+            # The backend reports the first token ahead of the next step's, like a sampled one.
             backend.admit_prefilled(req, outcome.first_token)
         else:
             backend.transfer_failed(req, FINISH_TRANSFER_FAILED)

@@ -30,6 +30,7 @@ from lightllm.server.core.objs.prefill_wait_histogram import (
 )
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.request_state import ReqState
 
 
 def prefill_waited_tokens(req: InferReq, processed_prefill_tokens: int) -> int:
@@ -64,7 +65,13 @@ class PrefillWaitTracker:
         self.longest_us = 0
 
     def on_arrival(self, req: InferReq) -> None:
-        """The backend received ``req`` (call right after ``add_request``)."""
+        """The backend received ``req`` (call right after its intake).
+
+        A request whose prompt KV is computed elsewhere (a decode node's reservation, waiting in
+        ``TRANSFERRING``) has no prefill wait on this rank and is not tracked.
+        """
+        if req.state is ReqState.TRANSFERRING:
+            return
         self._arrival_s[req.request_id] = self._clock()
 
     def on_step(

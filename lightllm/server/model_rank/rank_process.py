@@ -1,5 +1,9 @@
 """A model rank process: loads its shard of the model and runs the backend loop.
 
+:func:`build_model_rank` (the composition root: device, TP group, model, KV cache, backend and,
+on rank 0, sockets and publisher) returns a :class:`ModelRank`, the loop itself, which only sees
+its collaborators; tests build one directly from fakes.
+
 Rank 0 talks to the router and the detokenization process; with TP > 1 it sends the other ranks
 the same command list before every step over a :class:`TpCommandChannel` (:mod:`.command_channel`),
 so all ranks run identical scheduling decisions, and sends nothing but a rare keep-alive while
@@ -9,12 +13,15 @@ Admission is screened on rank 0 before the broadcast: a request whose shared-mem
 not read back as a valid request becomes a :class:`RejectRequests` entry, so every rank finishes
 it with an error and none of them runs it.
 
-A PD node's ranks (``run_mode`` prefill or decode) also own a KV transfer each
-(:mod:`.pd_rank_transfer`): the transfer setup arrives as a command like the others, a decode
-node's prefilled arrivals are reserved (or answered busy) at admission, a prefill node's
-hand-offs are sent right after the step that produced them, and transfer results are polled
-once per loop; rank 0 tells the HTTP process what it needs (setup done, reserved, transfer
-outcome) over a push socket to the HTTP inbox.
+The loop is the same in every run mode: each admitted request goes to ``backend.intake``, any
+command it does not know to ``backend.on_command``, and ``backend.poll`` runs once per
+iteration.  A PD node's backend carries the rank's KV transfer (:mod:`.pd_rank_transfer`) behind
+those hooks: the transfer setup arrives as a command like the others, a decode node's prefilled
+arrivals are reserved (or answered busy) at intake, a prefill node's hand-offs are sent right
+after the step that produced them, and transfer results are polled once per loop; rank 0 tells
+the HTTP process what it needs (setup done, reserved, transfer outcome) in its step output
+stream through the detokenizer (``StepOutput.notices``), ahead of the tokens and finish they
+explain.
 """
 
 from __future__ import annotations
@@ -36,26 +43,22 @@ from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.core.objs.io_messages import (
-    AbortRequests,
-    AddRequests,
-    PdTransferSetup,
-)
-from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
+from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests
 from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.model_rank.command_channel import MessageKind, TpCommandChannel
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
+from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.server.model_rank.rank_config import ModelRankConfig
 from lightllm.server.model_rank.step_publisher import StepPublisher
-from lightllm.server.model_rank.pd_rank_transfer import PD_ROLES, PdRankTransfer
-from lightllm.server.pd.kv_transfer import KVTransferHandle
+from lightllm.server.model_rank.pd_rank_transfer import pd_backend_settings
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 from lightllm.utils.process_utils import run_child, zmq_socket
@@ -84,119 +87,42 @@ class RejectRequests:
 
 
 class ModelRank:
-    """One rank: its model shard, backend, and (on rank 0) the message plumbing."""
+    """One rank's loop: take the iteration's commands, apply them, step the backend, publish (rank 0).
 
-    def __init__(self, config: ModelRankConfig):
-        self.config = config
-        self.is_leader = config.rank == 0
-        device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
-        self.tp = TensorParallelGroup(config.rank, config.tp)
-        if config.tp > 1:
-            dist.init_process_group(
-                backend="nccl" if device.type == "cuda" else "gloo",
-                init_method=f"tcp://{config.nccl_host}:{config.nccl_port}",
-                rank=config.rank,
-                world_size=config.tp,
-                timeout=timedelta(hours=24),
-            )
-            self.tp.group = dist.group.WORLD
-        # Created right after the model group, while every rank is at the same point of start-up
-        # (creating a group is collective); None with TP = 1.
-        self.channel: Optional[TpCommandChannel] = TpCommandChannel.open(config.rank, config.tp)
+    Build a server's with :func:`build_model_rank`.
+
+    Args:
+        backend: the run mode's backend (intake, hooks and the step engine).
+        shm: the request records (rank 0 screens them; every rank reads admitted ones).
+        is_leader: rank 0, which reads the inbox, screens, and sends the other ranks their commands.
+        channel: the TP command channel (None with TP = 1).
+        inbox: rank 0's zmq PULL socket (router and HTTP messages).
+        publisher: rank 0's step publisher (None elsewhere: only rank 0 publishes).
+        wait_tracker: rank 0's prefill-wait metrics, fed at admission.
+    """
+
+    def __init__(
+        self,
+        backend: ModeBackend,
+        shm: ShmReqBuffer,
+        *,
+        is_leader: bool,
+        channel: Optional[TpCommandChannel] = None,
+        inbox: Any = None,
+        publisher: Optional[StepPublisher] = None,
+        wait_tracker: Optional[PrefillWaitTracker] = None,
+    ) -> None:
+        self.backend = backend
+        self.shm = shm
+        self.is_leader = is_leader
+        self.channel = channel
+        self.inbox = inbox
+        self.publisher = publisher
+        self.wait_tracker = wait_tracker
         self._stop_requested = False
-        model = load_model(
-            config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=self.tp,
-            attention=build_attention_backend(config.attention_backend), linear_backend=config.linear_backend,
-        )
-        threads = self._forward_threads(model) if config.torch_threads else None
-        kv_cache = model.new_kv_cache(config.max_total_token_num)
-        pd_role = config.run_mode if config.run_mode in PD_ROLES else None
-        if pd_role is not None:
-            kv_cache.share_buffers()  # the KV transfer process reads and writes it
-        context = InferenceContext(
-            kv_cache,
-            ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device),
-            use_prefix_cache=config.use_prefix_cache,
-        )
-        self.context = context
-        self.backend = build_rank_backend(
-            config.run_mode,
-            model,
-            context,
-            build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
-            StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches),
-            Sampler(config.sampling_seed),
-            config.eos_token_ids,
-            config.max_req_total_len,
-            token_sync=self._broadcast_tokens if config.tp > 1 else None,
-            grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
-            threads=threads,
-        )
-        if config.run_mode == "decode":
-            self.backend.end_segment_on_kv_pressure = True
-            self.backend.max_segment_tokens = config.pd.max_segment_tokens
-        self.shm = config.layout.open_requests()
-        self.wait_tracker = PrefillWaitTracker(config.prefill_overtake_bound)
-        self.publisher: Optional[StepPublisher] = None  # rank 0 only
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
         self._screened: Dict[int, RequestSpec] = {}
-        if self.is_leader:
-            self.zmq_ctx = zmq.Context()
-            layout = config.layout
-            self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
-            self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
-            self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
-            self.publisher = StepPublisher(self.shm, layout.open_stats(), self.backend, context, self.wait_tracker,
-                                           self.to_detokenization, self.to_router)
-            self.publisher.start(config.max_total_token_num)
-            self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.http_address, bind=False) if pd_role else None
-        self.pd: Optional[PdRankTransfer] = None
-        if pd_role is not None:
-            settings = config.pd
-            self.pd = PdRankTransfer(
-                pd_role,
-                self.backend,
-                config.rank,
-                settings,
-                lambda role, host, port, group_name: KVTransferHandle(
-                    role, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
-                    connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
-                    group_name=group_name, listen_socket=settings.listen_socket,
-                ),
-                agree=self._gather_objects if config.tp > 1 else None,
-                notify=self.to_http.send_pyobj if self.is_leader else None,
-            )
-
-    def _gather_objects(self, value: Any) -> List[Any]:
-        gathered: List[Any] = [None] * self.config.tp
-        dist.all_gather_object(gathered, value)
-        return gathered
-
-    def _forward_threads(self, model: Any) -> ForwardThreads:
-        """The rank's thread counts, with the wide-forward rule priced by rates measured here (CPU)."""
-        config = self.config
-        narrow, wide = config.torch_threads, config.prefill_torch_threads or config.torch_threads
-        threads = ForwardThreads(narrow, wide)
-        if wide != narrow:
-            shape = ForwardShape.from_config(model.config, config.tp, parse_dtype(config.dtype))
-            rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim,
-                                                                    model.linear_backend)),
-                                   config.wide_forward_ms_per_token / 1000)
-            threads = ForwardThreads(narrow, wide, rule)
-            if self.is_leader:
-                log.info("threads: %d, %d in a wide forward; %s", narrow, wide, rule.describe())
-        threads.apply()
-        return threads
-
-    def _broadcast_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        tokens = tokens.contiguous()
-        dist.broadcast(tokens, src=0)
-        return tokens
 
     def receive_commands(self) -> Optional[List[Any]]:
         """This iteration's commands, the same list in the same order on every rank; None: stop.
@@ -235,7 +161,7 @@ class ModelRank:
 
     def _ranks_busy(self) -> bool:
         """Whether this iteration runs a step or a transfer agreement (the same on every rank)."""
-        return self.backend.has_work or (self.pd is not None and bool(self.pd.in_flight))
+        return self.backend.has_work or self.backend.has_outside_work
 
     def _inbox_wait_ms(self) -> int:
         """Rank 0: how long to wait for the first message of this iteration."""
@@ -290,84 +216,156 @@ class ModelRank:
         return self.shm.read_request(shm_index, request_id)
 
     def apply(self, commands: List[Any]) -> None:
-        """Admit, reject and abort requests as the (screened) commands say."""
+        """Admit, reject and abort requests as the (screened) commands say; other commands go to the backend."""
         for command in commands:
             if isinstance(command, AddRequests):
                 for request_id, shm_index in command.requests:
-                    try:
-                        spec = self._read_request(request_id, shm_index)
-                        pd_kind = spec.pd.kind
-                        if pd_kind != PD_KIND_NONE:
-                            self._check_pd_kind(pd_kind)
-                        if pd_kind == PD_KIND_DECODE:
-                            req = self.pd.reserve(request_id, shm_index, spec)
-                            if req is not None and self.is_leader:
-                                self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
-                                log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d", request_id,
-                                         spec.segment.segment_index, req.cur_kv_len, spec.prompt_len)
-                            continue
-                        req = self.backend.add_request(request_id, spec, shm_index)
-                    except Exception:  # noqa: BLE001 - one request must not stop the rank
-                        # Every rank reads the same record into the same state, so all of them
-                        # take this branch together and stay in step.
-                        log.exception("admitting request %d failed; finishing it with an error", request_id)
-                        self.backend.reject(request_id, shm_index)
-                        continue
-                    if pd_kind == PD_KIND_PREFILL:
-                        self.pd.note_prefill_request(request_id, spec.pd.kv_start)
-                        if self.is_leader:
-                            log.info("request %d admitted: segment_index=%d infer_high_priority=%d kv_start=%d prompt=%d",
-                                     request_id, spec.segment.segment_index, spec.priority.infer_high_priority,
-                                     spec.pd.kv_start, spec.prompt_len)
-                    if self.is_leader:
-                        self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
-                        self.wait_tracker.on_arrival(req)
-            elif isinstance(command, PdTransferSetup):
-                if getattr(self, "pd", None) is None:
-                    log.warning("a %s node ignores a KV transfer setup", self.config.run_mode)
-                else:
-                    self.pd.setup(command)
+                    self._admit(request_id, shm_index)
             elif isinstance(command, RejectRequests):
                 for request_id, shm_index in command.requests:
                     self.backend.reject(request_id, shm_index)
             elif isinstance(command, AbortRequests):
                 for request_id in command.request_ids:
                     self.backend.abort(request_id)
+            else:
+                self.backend.on_command(command)
 
-    def _check_pd_kind(self, pd_kind: int) -> None:
-        """Raise unless this rank's run mode runs PD requests of ``pd_kind``."""
-        wanted = {"prefill": PD_KIND_PREFILL, "decode": PD_KIND_DECODE}.get(self.config.run_mode)
-        if self.pd is None or pd_kind != wanted:
-            raise ValueError(f"a {self.config.run_mode} node cannot run a request of PD kind {pd_kind}")
+    def _admit(self, request_id: int, shm_index: int) -> None:
+        try:
+            req = self.backend.intake(request_id, self._read_request(request_id, shm_index), shm_index)
+        except Exception:  # noqa: BLE001 - one request must not stop the rank
+            # Every rank reads the same record into the same state, so all of them take this
+            # branch together and stay in step.
+            log.exception("admitting request %d failed; finishing it with an error", request_id)
+            self.backend.reject(request_id, shm_index)
+            return
+        if req is not None and self.is_leader:
+            self.shm.set_prompt_cache_len(shm_index, request_id, req.prompt_cache_len)
+            if self.wait_tracker is not None:
+                self.wait_tracker.on_arrival(req)
 
     def serve_forever(self) -> None:
         """The rank's main loop."""
         trimmer = IdleMallocTrimmer()  # freed activation memory goes back to the kernel when idle
-        pd = self.pd
         freeze_startup_objects()
         while True:
             commands = self.receive_commands()
             if commands is None:
                 return
             self.apply(commands)
-            if pd is not None:
-                pd.tick()
+            self.backend.poll()
             if not self.backend.has_work:
+                if self.publisher is not None:
+                    self.publisher.flush_notices()  # a setup answer or notice with no step to carry it
                 trimmer.idle()
                 continue
             trimmer.busy()
             report = self.backend.step()
             self._last_step_did_work = report.did_work
-            if pd is not None:
-                pd.send_handoffs(report)
-                for req, _ in report.finished:
-                    pd.forget(req.request_id)
-                if pd.pending_tokens:
-                    # A decode node's first tokens (from the prefill node) go out before this step's.
-                    report.tokens[:0] = pd.pending_tokens
-                    pd.pending_tokens = []
             if self.publisher is not None:
                 self.publisher.publish(report)
+
+
+def build_model_rank(config: ModelRankConfig) -> ModelRank:
+    """Build this process's rank from ``config``: device, TP group, model, KV cache, backend, and
+    (rank 0) the sockets and the step publisher."""
+    is_leader = config.rank == 0
+    device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    tp = TensorParallelGroup(config.rank, config.tp)
+    if config.tp > 1:
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{config.nccl_host}:{config.nccl_port}",
+            rank=config.rank,
+            world_size=config.tp,
+            timeout=timedelta(hours=24),
+        )
+        tp.group = dist.group.WORLD
+    # Created right after the model group, while every rank is at the same point of start-up
+    # (creating a group is collective); None with TP = 1.
+    channel = TpCommandChannel.open(config.rank, config.tp)
+    model = load_model(
+        config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=tp,
+        attention=build_attention_backend(config.attention_backend), linear_backend=config.linear_backend,
+    )
+    threads = _forward_threads(config, model) if config.torch_threads else None
+    kv_cache = model.new_kv_cache(config.max_total_token_num)
+    # A PD node's notices travel in the step output stream, so the HTTP process gets each one
+    # before the tokens and finish it explains (one path, one order).  The publisher reports on
+    # the backend, so it is built after the transfer the backend carries: notices reach it late-bound.
+    publishers: List[StepPublisher] = []
+    mode_settings = pd_backend_settings(
+        config, kv_cache,
+        agree=_gather_objects if config.tp > 1 else None,
+        notify=(lambda message: publishers[0].notify(message)) if is_leader else None,
+    )
+    context = InferenceContext(
+        kv_cache,
+        ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device),
+        use_prefix_cache=config.use_prefix_cache,
+    )
+    backend = build_rank_backend(
+        config.run_mode,
+        model,
+        context,
+        build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
+        StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches),
+        Sampler(config.sampling_seed),
+        config.eos_token_ids,
+        config.max_req_total_len,
+        token_sync=_broadcast_tokens if config.tp > 1 else None,
+        grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
+        threads=threads,
+        **mode_settings,
+    )
+    shm = config.layout.open_requests()
+    if not is_leader:
+        return ModelRank(backend, shm, is_leader=False, channel=channel)
+    layout = config.layout
+    zmq_ctx = zmq.Context()  # its sockets keep it alive
+    inbox = zmq_socket(zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
+    to_router = zmq_socket(zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
+    to_detokenization = zmq_socket(zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
+    wait_tracker = PrefillWaitTracker(config.prefill_overtake_bound)
+    publisher = StepPublisher(shm, layout.open_stats(), backend, context, wait_tracker, to_detokenization, to_router)
+    publishers.append(publisher)
+    publisher.start(config.max_total_token_num)
+    return ModelRank(backend, shm, is_leader=True, channel=channel, inbox=inbox, publisher=publisher,
+                     wait_tracker=wait_tracker)
+
+
+def _gather_objects(value: Any) -> List[Any]:
+    """Every TP rank's ``value``, in rank order (a collective: every rank calls it alike)."""
+    gathered: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _broadcast_tokens(tokens: torch.Tensor) -> torch.Tensor:
+    """Rank 0's sampled tokens on every TP rank."""
+    tokens = tokens.contiguous()
+    dist.broadcast(tokens, src=0)
+    return tokens
+
+
+def _forward_threads(config: ModelRankConfig, model: Any) -> ForwardThreads:
+    """The rank's thread counts, with the wide-forward rule priced by rates measured here (CPU)."""
+    narrow, wide = config.torch_threads, config.prefill_torch_threads or config.torch_threads
+    threads = ForwardThreads(narrow, wide)
+    if wide != narrow:
+        shape = ForwardShape.from_config(model.config, config.tp, parse_dtype(config.dtype))
+        rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim,
+                                                                model.linear_backend)),
+                               config.wide_forward_ms_per_token / 1000)
+        threads = ForwardThreads(narrow, wide, rule)
+        if config.rank == 0:
+            log.info("threads: %d, %d in a wide forward; %s", narrow, wide, rule.describe())
+    threads.apply()
+    return threads
 
 
 def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
@@ -382,7 +380,7 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
             attention_backend=resolve_attention_backend(config.attention_backend, config.device),
             linear_backend=resolve_linear_backend(config.linear_backend, config.device, parse_dtype(config.dtype)),
         )
-        rank = ModelRank(resolved)
+        rank = build_model_rank(resolved)
         log.info(
             "rank %d ready: attention_backend=%s linear_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
             config.rank,

@@ -6,6 +6,11 @@ when each request was first scheduled and its prompt-cache length come before it
 prompt logprobs before the token sampled by the same prefill; every token before its request's
 finish status; then one :class:`StepOutput` to the detokenizer naming, per request, the
 ``output_len`` this step published (it reads no further), and the released requests to the router.
+
+Rank 0's messages for the HTTP process (a PD node's notices, :meth:`StepPublisher.notify`) ride
+in the same :class:`StepOutput`, ahead of the step's updates: they were raised before the step
+ran, and one path keeps them ahead of the tokens they explain.  When no step runs,
+:meth:`StepPublisher.flush_notices` sends them on their own.
 """
 
 from __future__ import annotations
@@ -54,11 +59,23 @@ class StepPublisher:
         self.to_router = to_router
         self.steps = 0
         self.preemptions = 0  # requests paused for KV, cumulative (vLLM's preemptions)
+        # Messages for the HTTP process raised since the last StepOutput (see the module docstring).
+        self._notices: List[Any] = []
 
     def start(self, kv_total_tokens: int) -> None:
         """Publish the fixed KV capacity and the first counters (before the rank reports ready)."""
         self.stats.set("kv_total_tokens", kv_total_tokens)
         self.publish_stats()
+
+    def notify(self, message: Any) -> None:
+        """Queue ``message`` for the HTTP process; it leaves with the next step output."""
+        self._notices.append(message)
+
+    def flush_notices(self) -> None:
+        """Send the queued notices now, in a step output of their own (no step runs to carry them)."""
+        if self._notices:
+            notices, self._notices = self._notices, []
+            self.to_detokenization.send_pyobj(StepOutput(notices=notices))
 
     def publish(self, report: StepReport) -> None:
         """Write the step's tokens and finish states, announce them, update the counters."""
@@ -82,8 +99,9 @@ class StepPublisher:
             if req.request_id not in updates:
                 updates[req.request_id] = (req.request_id, req.shm_index, shm.published_output_len(req.shm_index, req.request_id))
             released.append((req.request_id, req.shm_index))
-        if updates or released:
-            self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released))
+        notices, self._notices = self._notices, []
+        if updates or released or notices:
+            self.to_detokenization.send_pyobj(StepOutput(list(updates.values()), released, notices))
         if released:
             self.to_router.send_pyobj(RequestsReleased([r for r, _ in released]))
         self.wait_tracker.on_step(

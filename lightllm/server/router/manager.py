@@ -1,4 +1,8 @@
-"""The router process: admission of waiting requests into the model ranks' running batch."""
+"""The router process: admission of waiting requests into the model ranks' running batch.
+
+The process shell is the same in every run mode; what differs (when and which requests are
+admitted) is the run mode's queue, from ``build_req_queue`` (``req_queue/queue_registry.py``).
+"""
 
 from __future__ import annotations
 
@@ -16,10 +20,10 @@ from lightllm.server.core.objs.io_messages import (
     RequestsReleased,
     StepOutput,
 )
-from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
-from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
+from lightllm.server.router.req_queue.queue_registry import build_req_queue
+from lightllm.server.router.req_queue.router_req import RouterReq
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
@@ -41,6 +45,8 @@ class RouterConfig:
     # The prefill-queue overtaking bound: admission limits how far the high-priority lane may
     # overtake a normal request by the same rule (None: the defaults).
     prefill_overtake_bound: Optional[OvertakeBoundSpec] = None
+    # --run_mode: picks the admission queue (build_req_queue).
+    run_mode: str = "normal"
 
 
 class RouterManager:
@@ -55,7 +61,8 @@ class RouterManager:
         self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
-        self.queue = NormalReqQueue(
+        self.queue = build_req_queue(
+            config.run_mode,
             int(layout.max_total_token_num * config.router_token_ratio),
             config.running_max_req_size,
             overtake_bound=config.prefill_overtake_bound,
@@ -90,27 +97,18 @@ class RouterManager:
             log.exception("dropping new request %d", message.request_id)
             self.to_detokenization.send_pyobj(StepOutput(released=[(message.request_id, message.shm_index)]))
             return
-        req = RouterReq(
+        self.queue.append(RouterReq(
             request_id=message.request_id,
             shm_index=message.shm_index,
             input_len=fields.prompt_len,
             max_new_tokens=fields.max_new_tokens,
             high_priority_request=fields.high_priority_request,
-        )
-        if fields.pd_kind == PD_KIND_DECODE:
-            # A decode node's prefilled arrival is reserved or answered busy by rank 0 at once,
-            # never queued; it joins the running set so its abort and release work as usual.
-            self.queue.running[req.request_id] = req
-            self.to_model.send_pyobj(AddRequests([(req.request_id, req.shm_index)]))
-            return
-        self.queue.append(req)
+        ))
 
     def admission_due(self) -> bool:
-        """Admit again once the backend ran ``router_max_wait_tokens`` steps (or sits idle)."""
-        if not self.queue.running:
-            return True
-        steps = self.stats.get("backend_steps")
-        return steps - self._steps_at_last_admission >= self.config.router_max_wait_tokens
+        """Whether the queue admits now (a normal queue: once the backend ran ``router_max_wait_tokens`` steps, or sits idle)."""
+        steps = self.stats.get("backend_steps") - self._steps_at_last_admission
+        return self.queue.admission_due(steps, self.config.router_max_wait_tokens)
 
     def admit(self) -> None:
         """Send newly admitted requests to the model ranks."""

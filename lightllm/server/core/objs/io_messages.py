@@ -6,7 +6,7 @@ Request content never travels here: only request ids and shared-memory slot inde
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple, Union
+from typing import Any, List, Tuple, Union
 
 
 @dataclass
@@ -48,10 +48,16 @@ class StepOutput:
     in the same message (a read that ran past into the next step's tokens once delivered the
     finish later, without a token to carry the text the decoder held back); ``released`` the
     requests the backend dropped (their slot is no longer written by anyone).
+
+    ``notices`` are rank 0's messages for the HTTP process (a PD node's :class:`PdNotice`,
+    :class:`PdSetupDone`, :class:`PdChannelBroken`), raised since the last step output: the
+    detokenizer forwards them unread ahead of the step's texts, so a notice reaches the HTTP
+    process before the tokens and finish it precedes, on the one path they share.
     """
 
     updates: List[Tuple[int, int, int]] = field(default_factory=list)
     released: List[Tuple[int, int]] = field(default_factory=list)
+    notices: List[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -95,11 +101,12 @@ class SlotReleased:
 
 @dataclass
 class StepTexts:
-    """Detokenization -> HTTP: one step's :class:`DetokenizedOutput` and :class:`SlotReleased`
-    messages, in order, as one message: the HTTP process wakes once per step, not once per
-    request (a 128-request decode step was 128 socket reads and 128 event-loop wake-ups)."""
+    """Detokenization -> HTTP: one step's notices (:attr:`StepOutput.notices`), then its
+    :class:`DetokenizedOutput` and :class:`SlotReleased` messages, in order, as one message: the
+    HTTP process wakes once per step, not once per request (a 128-request decode step was 128
+    socket reads and 128 event-loop wake-ups)."""
 
-    messages: List[Union[DetokenizedOutput, SlotReleased]]
+    messages: List[Union[DetokenizedOutput, SlotReleased, Any]]
 
 
 @dataclass
@@ -118,7 +125,8 @@ class PdTransferSetup:
 
 @dataclass
 class PdSetupDone:
-    """Model rank 0 -> HTTP: the handles of ``epoch`` were started (``error`` empty) or not."""
+    """Model rank 0 -> HTTP (a step output notice): the handles of ``epoch`` were started
+    (``error`` empty) or not."""
 
     epoch: int
     error: str = ""
@@ -126,7 +134,7 @@ class PdSetupDone:
 
 @dataclass
 class PdNotice:
-    """Model rank 0 -> HTTP, about one PD request, ahead of its tokens or finish.
+    """Model rank 0 -> HTTP (a step output notice), about one PD request, ahead of its tokens or finish.
 
     ``kind``: ``"reserved"`` (decode node: KV reserved, receiving from ``kv_start``),
     ``"transferred"`` (this side's transfer ended well: ``seconds``, ``nbytes``) or
@@ -147,7 +155,8 @@ class PdNotice:
 
 @dataclass
 class PdChannelBroken:
-    """Model rank 0 -> HTTP: a rank's transfer group of ``epoch`` failed; it needs a new setup."""
+    """Model rank 0 -> HTTP (a step output notice): a rank's transfer group of ``epoch`` failed;
+    it needs a new setup."""
 
     epoch: int
     reason: str

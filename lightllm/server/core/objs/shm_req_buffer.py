@@ -1,10 +1,15 @@
 """Fixed-layout request records in shared memory: the only code that reads or writes them.
 
 Every process maps the same segment: a numpy structured array with one record per request
-slot (layout in :mod:`.shm_req_layout`).  A request goes in and comes out as one
-:class:`~.request_spec.RequestSpec`, which checked its own fields when it was built; the buffer
-checks only what its layout needs (the request id, the prompt plus ``max_new_tokens`` within a
-record's width, the stop strings within their bytes field).
+slot (layout in :mod:`.shm_req_layout`).  Requests that ask for top logprobs (``logprobs`` > 0 or
+``prompt_logprobs`` > 0: :func:`~.shm_req_layout.wants_top_rows`) also hold one row of a second
+segment, ``<name>_top``, with fewer slots; its :data:`~lightllm.common.sampling.MAX_TOP_LOGPROBS`
+alternatives per position would otherwise make up 160 of every record's 180 bytes per position.
+The HTTP process hands out both kinds of slot (``httpserver/slot_pool.py``).  A request goes in
+and comes out as one :class:`~.request_spec.RequestSpec`, which checked its own fields when it
+was built; the buffer checks only what its layout needs (the request id, the prompt plus
+``max_new_tokens`` within a record's width, the stop strings within their bytes field, a top
+row exactly when the request asks for alternatives).
 
 Only slot indexes and request ids travel over zmq; everything else is read here, through typed
 methods.
@@ -25,11 +30,13 @@ Who writes which field, and in what order
   on a free slot (``request_id == NO_REQUEST``) fills every input field from the request's
   :class:`~.request_spec.RequestSpec` (prompt, sampling fields, ``high_priority_request``, and the
   internal ``infer_high_priority``, ``segment_index``, ``generated_before``, ``pd_kind`` and
-  ``kv_start``, which no public API field reaches), and writes ``request_id`` last: from then on
-  the slot belongs to that request.  Then it sends the slot
-  index to the router.  :meth:`~ShmReqBuffer.release` sets ``request_id = NO_REQUEST`` only
-  after the detokenization process reported that nobody reads the slot any more, and only if
-  the slot still holds that request.  Aborts travel over zmq, never through the record.
+  ``kv_start``, which no public API field reaches) and ``top_slot``; for a request with a top
+  row it then writes the row's ``request_id``; it writes the record's ``request_id`` last: from
+  then on the slot (and its top row) belongs to that request.  Then it sends the slot
+  index to the router.  :meth:`~ShmReqBuffer.release` frees the top row and then sets the
+  record's ``request_id = NO_REQUEST``, only after the detokenization process reported that
+  nobody reads the slot any more, and only if the slot still holds that request.  Aborts
+  travel over zmq, never through the record.
 * Router, :meth:`~ShmReqBuffer.admission_fields`: reads the input fields it admits by; writes
   nothing here.
 * Model rank 0: :meth:`~ShmReqBuffer.read_request` at admission, which rebuilds the
@@ -37,12 +44,14 @@ Who writes which field, and in what order
   0's ``screen`` adds the model's limits and rejects a damaged record alone), and every rank
   reads the same record; :meth:`~ShmReqBuffer.set_prompt_cache_len` once after the prefix-cache lookup;
   :meth:`~ShmReqBuffer.publish_token` writes ``output_ids[i]``, ``output_logprobs[i]`` and, for
-  a request that asked for alternatives (``logprobs`` > 0), the top row of sequence position
-  ``prompt_len + i`` first and then bumps ``output_len`` to ``i + 1`` (readers trust
-  ``output_len`` as the publish point; unused entries of a top row hold id ``-1``).  For a
-  request with ``prompt_logprobs`` >= 0, :meth:`~ShmReqBuffer.publish_prompt_logprobs` writes,
-  during prefill, ``prompt_token_logprobs[p]`` and the top row of position ``p`` and then raises
-  ``prompt_logprob_end`` past them (all before the first ``output_len`` bump).
+  a request that asked for alternatives (``logprobs`` > 0), position ``prompt_len + i`` of its
+  top row first and then bumps ``output_len`` to ``i + 1`` (readers trust ``output_len`` as the
+  publish point; unused entries of a top row hold id ``-1``).  For a request with
+  ``prompt_logprobs`` >= 0, :meth:`~ShmReqBuffer.publish_prompt_logprobs` writes, during
+  prefill, ``prompt_token_logprobs[p]`` and (``prompt_logprobs`` > 0) position ``p`` of its top
+  row and then raises ``prompt_logprob_end`` past them (all before the first ``output_len``
+  bump).  A top row is reached only through its record, after the record's ownership check,
+  and its own ``request_id`` is checked too.
   :meth:`~ShmReqBuffer.set_scheduled_ns` writes ``scheduled_ns`` once, the first time
   the request is scheduled, before its first ``output_len`` bump (the HTTP process reads it,
   :meth:`~ShmReqBuffer.scheduled_ns`, when the first output arrives).
@@ -80,8 +89,11 @@ from lightllm.server.core.objs.shm_req_layout import (
     COPIED_FIELDS,
     FLAG_FIELDS,
     NO_REQUEST,
+    NO_TOP_SLOT,
     OPTIONAL_FIELDS,
     record_dtype,
+    top_rows_dtype,
+    wants_top_rows,
 )
 from lightllm.server.core.objs.shm_req_views import (
     AdmissionFields,
@@ -96,15 +108,49 @@ log = logging.getLogger("lightllm.shm_req_buffer")
 
 
 class ShmReqBuffer(SharedArraySegment):
-    """All request slots of one server, mapped from a named shared-memory segment."""
+    """All request slots of one server, mapped from a named shared-memory segment.
 
-    def __init__(self, name: str, slot_num: int, max_req_total_len: int, create: bool):
+    ``top_slot_num`` rows of top logprobs live in the segment ``<name>_top`` (none when 0: then
+    no request may ask for top logprobs).  :meth:`close` and :meth:`unlink` cover both segments.
+    """
+
+    def __init__(self, name: str, slot_num: int, max_req_total_len: int, create: bool, top_slot_num: int = 0):
         self.slot_num = slot_num
         self.max_req_total_len = max_req_total_len
+        self.top_slot_num = top_slot_num
         self.dtype = record_dtype(max_req_total_len)
         super().__init__(name, self.dtype, slot_num, create)
+        self._tops: Optional[SharedArraySegment] = None
+        try:
+            if top_slot_num > 0:
+                self._tops = SharedArraySegment(f"{name}_top", top_rows_dtype(max_req_total_len), top_slot_num, create)
+        except BaseException:
+            super().close()
+            if create:
+                super().unlink()
+            raise
         if create:
             self.array["request_id"] = NO_REQUEST
+            if self._tops is not None:
+                self._tops.array["request_id"] = NO_REQUEST
+
+    @staticmethod
+    def segment_bytes(slot_num: int, max_req_total_len: int, top_slot_num: int) -> Tuple[int, int]:
+        """Bytes of the record segment and of the top-logprob segment such a buffer maps."""
+        return (slot_num * record_dtype(max_req_total_len).itemsize,
+                top_slot_num * top_rows_dtype(max_req_total_len).itemsize)
+
+    def close(self) -> None:
+        """Unmap both segments (does not remove them)."""
+        if self._tops is not None:
+            self._tops.close()
+        super().close()
+
+    def unlink(self) -> None:
+        """Remove both segments from the system (the creating process, at shutdown)."""
+        if self._tops is not None:
+            self._tops.unlink()
+        super().unlink()
 
     # --- ownership checks ------------------------------------------------------------------
     def holder(self, slot: int) -> int:
@@ -128,16 +174,19 @@ class ShmReqBuffer(SharedArraySegment):
         return rec
 
     # --- HTTP side -------------------------------------------------------------------------
-    def write_request(self, slot: int, request_id: int, spec: RequestSpec) -> None:
-        """Claim the free ``slot`` for ``spec``: every field first, ``request_id`` last.
+    def write_request(self, slot: int, request_id: int, spec: RequestSpec, top_slot: Optional[int] = None) -> None:
+        """Claim the free ``slot`` (and ``top_slot``) for ``spec``: every field first, ``request_id`` last.
 
-        The spec checked its own fields; this checks what the record needs.  Raises
-        ``ValueError`` (nothing written) for an id the record cannot hold or a request longer
-        than a record, and :class:`SlotOccupiedError` when the slot still holds a request.
+        ``top_slot``: a free top-logprob row, given exactly when the request asks for top
+        logprobs (:func:`~.shm_req_layout.wants_top_rows`).  The spec checked its own fields;
+        this checks what the record needs.  Raises ``ValueError`` (nothing written) for an id the
+        record cannot hold, a request longer than a record or a missing or unexpected top row,
+        and :class:`SlotOccupiedError` when the slot or the top row still holds a request.
         """
         check_request_id(request_id)
         if not isinstance(spec, RequestSpec):
             raise ValueError(f"write_request takes a RequestSpec, got {type(spec).__name__}")
+        tops = self._claimable_top_row(spec, top_slot)
         params, prompt_ids = spec.params, spec.prompt_ids
         if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
             raise ValueError(
@@ -152,6 +201,8 @@ class ShmReqBuffer(SharedArraySegment):
         rec = self.array[slot]
         if int(rec["request_id"]) != NO_REQUEST:
             raise SlotOccupiedError(f"slot {slot} still holds request {int(rec['request_id'])}")
+        if tops is not None and int(tops["request_id"]) != NO_REQUEST:
+            raise SlotOccupiedError(f"top-logprob slot {top_slot} still holds request {int(tops['request_id'])}")
         rec["prompt_len"] = len(prompt_ids)
         rec["prompt_ids"][: len(prompt_ids)] = prompt_ids
         rec["output_len"] = 0
@@ -184,14 +235,35 @@ class ShmReqBuffer(SharedArraySegment):
         rec["logit_bias_num"] = len(params.logit_bias)
         rec["logit_bias_ids"][: len(params.logit_bias)] = list(params.logit_bias)
         rec["logit_bias_values"][: len(params.logit_bias)] = list(params.logit_bias.values())
+        rec["top_slot"] = NO_TOP_SLOT if tops is None else top_slot
+        if tops is not None:
+            tops["request_id"] = request_id
         rec["request_id"] = request_id
 
+    def _claimable_top_row(self, spec: RequestSpec, top_slot: Optional[int]) -> Optional[np.void]:
+        """The top row ``write_request`` may claim for ``spec`` (None: the request takes none)."""
+        if not wants_top_rows(spec.params):
+            if top_slot is not None:
+                raise ValueError("top_slot was given for a request that asks for no top logprobs")
+            return None
+        if top_slot is None:
+            raise ValueError("the request asks for top logprobs (logprobs or prompt_logprobs > 0) but got no top_slot")
+        if isinstance(top_slot, bool) or not isinstance(top_slot, int) or not 0 <= top_slot < self.top_slot_num:
+            raise ValueError(f"top_slot must be an int in [0, {self.top_slot_num}), got {top_slot!r}")
+        return self._tops.array[top_slot]
+
     def release(self, slot: int, request_id: int) -> bool:
-        """Free ``slot`` if it holds ``request_id`` (HTTP process only, after the request's last
-        reader is done); False, and nothing changed, when it does not."""
-        if self._write(slot, request_id, "the release") is None:
+        """Free ``slot`` and its top row if it holds ``request_id`` (HTTP process only, after the
+        request's last reader is done); False, and nothing changed, when it does not."""
+        rec = self._write(slot, request_id, "the release")
+        if rec is None:
             return False
-        self.array[slot]["request_id"] = NO_REQUEST
+        top_slot = int(rec["top_slot"])
+        if top_slot != NO_TOP_SLOT and self._tops is not None:
+            tops = self._tops.array[top_slot]
+            if int(tops["request_id"]) == request_id:
+                tops["request_id"] = NO_REQUEST
+        rec["request_id"] = NO_REQUEST
         return True
 
     # --- router ----------------------------------------------------------------------------
@@ -264,7 +336,9 @@ class ShmReqBuffer(SharedArraySegment):
         rec["output_ids"][index] = token_id
         rec["output_logprobs"][index] = logprob
         if top:
-            self._write_top(rec, int(rec["prompt_len"]) + index, top)
+            tops = self._top_row_to_write(rec, request_id)
+            if tops is not None:
+                self._write_top(tops, int(rec["prompt_len"]) + index, top)
         rec["output_len"] = index + 1
         return index + 1
 
@@ -285,10 +359,13 @@ class ShmReqBuffer(SharedArraySegment):
         rec = self._write(slot, request_id, "prompt logprobs")
         if rec is None:
             return False
+        # Entries of a request with prompt_logprobs == 0 carry no alternatives and it has no row.
+        tops = self._top_row_to_write(rec, request_id) if any(entry[2] for entry in entries) else None
         for position, logprob, top, *rank in entries:
             rec["prompt_token_logprobs"][position] = logprob
             rec["prompt_token_ranks"][position] = rank[0] if rank else 0
-            self._write_top(rec, position, top)
+            if tops is not None:
+                self._write_top(tops, position, top)
         rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
         return True
 
@@ -312,13 +389,38 @@ class ShmReqBuffer(SharedArraySegment):
         rec["finish_status"] = status
         return True
 
+    def _top_row_to_write(self, rec: np.void, request_id: int) -> Optional[np.void]:
+        """The request's top row for a writer; None (logged, nothing written) when it has none."""
+        top_slot = int(rec["top_slot"])
+        if top_slot == NO_TOP_SLOT or self._tops is None:
+            log.warning("ignored top logprobs for request %d: it holds no top-logprob slot", request_id)
+            return None
+        tops = self._tops.array[top_slot]
+        if int(tops["request_id"]) != request_id:
+            log.warning("ignored a stale write of top logprobs to top-logprob slot %d for request %d (it holds %d)",
+                        top_slot, request_id, int(tops["request_id"]))
+            return None
+        return tops
+
+    def _top_row_to_read(self, rec: np.void, request_id: int) -> Optional[np.void]:
+        """The request's top row for a reader (None: it holds none); raises StaleRecordError
+        when the row is not the request's."""
+        top_slot = int(rec["top_slot"])
+        if top_slot == NO_TOP_SLOT or self._tops is None:
+            return None
+        tops = self._tops.array[top_slot]
+        found = int(tops["request_id"])
+        if found != request_id:
+            raise StaleRecordError(top_slot, request_id, found, what="top-logprob slot")
+        return tops
+
     @staticmethod
-    def _write_top(rec: np.void, position: int, top: Sequence[Tuple[int, float]]) -> None:
+    def _write_top(tops: np.void, position: int, top: Sequence[Tuple[int, float]]) -> None:
         count = min(len(top), MAX_TOP_LOGPROBS)
-        ids = rec["token_top_ids"][position]
+        ids = tops["ids"][position]
         ids[:count] = [pair[0] for pair in top[:count]]
         ids[count:] = -1
-        rec["token_top_logprobs"][position][:count] = [pair[1] for pair in top[:count]]
+        tops["logprobs"][position][:count] = [pair[1] for pair in top[:count]]
 
     # --- detokenization --------------------------------------------------------------------
     def decode_options(self, slot: int, request_id: int) -> DecodeOptions:
@@ -346,7 +448,7 @@ class ShmReqBuffer(SharedArraySegment):
         tops = None
         if int(rec["logprobs"]) > 0:
             offset = int(rec["prompt_len"])
-            tops = self._read_top(rec, offset + start, offset + end)
+            tops = self._read_top(self._top_row_to_read(rec, request_id), offset + start, offset + end)
         return OutputSnapshot(
             output_len=end,
             token_ids=rec["output_ids"][start:end].tolist(),
@@ -368,14 +470,16 @@ class ShmReqBuffer(SharedArraySegment):
             return []
         ids = rec["prompt_ids"][1:end].tolist()
         values = rec["prompt_token_logprobs"][1:end].tolist()
-        tops = self._read_top(rec, 1, end) if count > 0 else [[] for _ in ids]
+        tops = self._read_top(self._top_row_to_read(rec, request_id), 1, end) if count > 0 else [[] for _ in ids]
         ranks = [rank or None for rank in rec["prompt_token_ranks"][1:end].tolist()]
         return list(zip(ids, values, tops, ranks))
 
     @staticmethod
-    def _read_top(rec: np.void, start: int, end: int) -> List[TopRow]:
-        ids = rec["token_top_ids"][start:end].tolist()
-        values = rec["token_top_logprobs"][start:end].tolist()
+    def _read_top(tops: Optional[np.void], start: int, end: int) -> List[TopRow]:
+        if tops is None:  # a record written without a row (write_request refuses that)
+            return [[] for _ in range(max(0, end - start))]
+        ids = tops["ids"][start:end].tolist()
+        values = tops["logprobs"][start:end].tolist()
         return [
             [(token_id, value) for token_id, value in zip(row_ids, row_values) if token_id >= 0]
             for row_ids, row_values in zip(ids, values)

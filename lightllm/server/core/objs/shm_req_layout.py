@@ -1,19 +1,34 @@
-"""The fixed layout of one shared-memory request record (see :mod:`.shm_req_buffer` for its rules).
+"""The fixed layouts of shared-memory request records and top-logprob rows (rules in :mod:`.shm_req_buffer`).
 
-Only :class:`~lightllm.server.core.objs.shm_req_buffer.ShmReqBuffer` reads or writes records;
-this module holds the layout it maps, so the field list is in one place.
+Only :class:`~lightllm.server.core.objs.shm_req_buffer.ShmReqBuffer` reads or writes them; this
+module holds the layouts it maps, so the field lists are in one place.
+
+A record costs 20 bytes per position up to ``max_req_total_len`` (prompt id, output id, output
+logprob, prompt logprob, prompt rank).  The :data:`MAX_TOP_LOGPROBS` alternatives of every
+position would cost 160 more, so they live in a second segment with fewer slots
+(``--top_logprobs_slots``) that only requests asking for alternatives take
+(:func:`wants_top_rows`); a record names its row in ``top_slot``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, STORED_DTYPES
+from lightllm.common.sampling import (
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    STOP_SEQUENCES_BYTES,
+    STORED_DTYPES,
+    SamplingParams,
+)
 from lightllm.common.sampling.storage_width import GRAMMAR_BYTES, MAX_LOGIT_BIAS
 
 # ``request_id`` of a free slot.  Request ids are non-negative, so no request can match it.
 NO_REQUEST = -1
 MAX_REQUEST_ID = int(np.iinfo(np.int64).max)
+
+# ``top_slot`` of a record whose request asked for no top logprobs.
+NO_TOP_SLOT = -1
 
 # ``pd_kind`` of a record: how a PD node runs the request (internal, set only by the node's PD
 # endpoint through the HTTP manager, never from a public API field).
@@ -62,6 +77,8 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             # Internal: how many trailing prompt tokens are output of earlier segments (a PD
             # continuation); sampling counts them as generated (seeded step, penalties, decay).
             ("generated_before", np.int32),
+            # The request's row in the top-logprob segment, or NO_TOP_SLOT (see wants_top_rows).
+            ("top_slot", np.int32),
             # CLOCK_MONOTONIC ns when rank 0 first scheduled the request (0: not yet).
             ("scheduled_ns", np.int64),
             *[(name, STORED_DTYPES[name]) for name in COPIED_FIELDS],
@@ -85,9 +102,31 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("prompt_token_logprobs", np.float32, (max_req_total_len,)),  # by prompt position
             # Rank of each prompt token in its full distribution (1 = most likely; 0 = not known).
             ("prompt_token_ranks", np.int32, (max_req_total_len,)),
-            # Most likely alternatives of the token at each position of prompt + output.
-            ("token_top_ids", np.int32, (max_req_total_len, MAX_TOP_LOGPROBS)),
-            ("token_top_logprobs", np.float32, (max_req_total_len, MAX_TOP_LOGPROBS)),
         ],
         align=True,
     )
+
+
+def top_rows_dtype(max_req_total_len: int) -> np.dtype:
+    """Layout of one slot of the top-logprob segment: the alternatives of one request."""
+    return np.dtype(
+        [
+            # The request the row belongs to, NO_REQUEST while free; written (HTTP process) before
+            # the record's request_id and cleared before it, so a row is never owned by no record.
+            ("request_id", np.int64),
+            # Most likely alternatives of the token at each position of prompt + output; unused
+            # entries of a written row hold id -1.
+            ("ids", np.int32, (max_req_total_len, MAX_TOP_LOGPROBS)),
+            ("logprobs", np.float32, (max_req_total_len, MAX_TOP_LOGPROBS)),
+        ],
+        align=True,
+    )
+
+
+def wants_top_rows(params: SamplingParams) -> bool:
+    """Whether a request stores top alternatives, and so takes a top-logprob slot.
+
+    ``logprobs`` > 0 asks for alternatives of each output token, ``prompt_logprobs`` > 0 of each
+    prompt token; 0 asks for the chosen token's logprob alone, which the record holds.
+    """
+    return (params.logprobs or 0) > 0 or (params.prompt_logprobs or 0) > 0

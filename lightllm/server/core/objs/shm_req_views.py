@@ -12,11 +12,14 @@ TopRow = List[Tuple[int, float]]
 
 
 class StaleRecordError(LookupError):
-    """A slot does not hold the request its reader expected (it was released or reused)."""
+    """A slot does not hold the request its reader expected (it was released or reused).
 
-    def __init__(self, slot: int, expected: int, found: int):
+    ``what`` names the kind of slot: a request record's, or a top-logprob row's.
+    """
+
+    def __init__(self, slot: int, expected: int, found: int, what: str = "shared-memory slot"):
         holder = "is free" if found == NO_REQUEST else f"holds request {found}"
-        super().__init__(f"shared-memory slot {slot} no longer holds request {expected} (it {holder})")
+        super().__init__(f"{what} {slot} no longer holds request {expected} (it {holder})")
         self.slot = slot
         self.expected = expected
         self.found = found

@@ -43,6 +43,11 @@ class ShmStats(SharedArraySegment):
             self.values[:] = 0
         self._index = {name: i for i, name in enumerate(STAT_FIELDS)}
 
+    @staticmethod
+    def segment_bytes() -> int:
+        """Bytes of the segment (for the launcher's /dev/shm check)."""
+        return np.dtype(np.int64).itemsize * len(STAT_FIELDS)
+
     def set(self, field: str, value: int) -> None:
         """Store one counter."""
         self.values[self._index[field]] = value

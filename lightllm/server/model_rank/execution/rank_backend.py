@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.sampling.sampler import Sampler
@@ -27,8 +27,14 @@ def build_rank_backend(
     token_sync: Optional[TokenSync] = None,
     grammar: Optional[GrammarConstraints] = None,
     threads: Optional[ForwardThreads] = None,
+    **mode_settings: Any,
 ) -> ModeBackend:
-    """The ``run_mode`` backend over ``model`` and ``context`` (see ``TorchModelExecutor`` for the rest)."""
+    """The ``run_mode`` backend over ``model`` and ``context`` (see ``TorchModelExecutor`` for the rest).
+
+    ``mode_settings`` go to the mode's constructor as they are (a PD node's ``transfer``, a decode
+    node's segment settings), so a setting the mode does not have is refused there.
+    """
     executor = TorchModelExecutor(model, context, sampler, eos_token_ids, token_sync=token_sync, grammar=grammar,
                                   threads=threads)
-    return build_backend(run_mode)(executor, context, strategy, planner, eos_token_ids, max_req_total_len)
+    return build_backend(run_mode)(executor, context, strategy, planner, eos_token_ids, max_req_total_len,
+                                   **mode_settings)

@@ -10,9 +10,11 @@ from typing import Dict, Type
 
 from lightllm.server.model_rank.scheduling.base_backend import ModeBackend
 from lightllm.server.model_rank.scheduling.decode_backend import DecodeBackend, KvReservationRefused
+from lightllm.server.model_rank.scheduling.normal_backend import NormalBackend
+from lightllm.server.model_rank.scheduling.pd_node_backend import PdNodeBackend, TransferIntake
 from lightllm.server.model_rank.scheduling.prefill_backend import PrefillBackend
 
-BACKENDS: Dict[str, Type[ModeBackend]] = {cls.run_mode: cls for cls in (ModeBackend, PrefillBackend, DecodeBackend)}
+BACKENDS: Dict[str, Type[ModeBackend]] = {cls.run_mode: cls for cls in (NormalBackend, PrefillBackend, DecodeBackend)}
 
 
 def build_backend(run_mode: str) -> Type[ModeBackend]:
@@ -23,4 +25,14 @@ def build_backend(run_mode: str) -> Type[ModeBackend]:
         raise ValueError(f"unknown run mode {run_mode!r}; choose one of {', '.join(BACKENDS)}") from None
 
 
-__all__ = ["BACKENDS", "DecodeBackend", "KvReservationRefused", "ModeBackend", "PrefillBackend", "build_backend"]
+__all__ = [
+    "BACKENDS",
+    "DecodeBackend",
+    "KvReservationRefused",
+    "ModeBackend",
+    "NormalBackend",
+    "PdNodeBackend",
+    "PrefillBackend",
+    "TransferIntake",
+    "build_backend",
+]

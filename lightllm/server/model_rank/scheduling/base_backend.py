@@ -1,20 +1,32 @@
-"""``ModeBackend``: the step engine plus request intake, for one run mode.
+"""``ModeBackend``: the step engine plus request intake, for one run mode (abstract).
 
 A mode backend is the :class:`~.step_engine.StepEngine` with the hooks of its run mode and the
-way requests come in.  This module holds the normal-mode backend, which is also the base of the
-PD node backends (``prefill_backend.py``, ``decode_backend.py``); ``build_backend(run_mode)`` in
-this package picks the class.  A backend knows nothing about processes, shared memory or zmq:
-the rank process feeds it requests and turns its :class:`~.step_report.StepReport` into
-shared-memory writes and messages, and the simulator drives the same classes in virtual time.
+way requests come in.  The concrete backends are :class:`~.normal_backend.NormalBackend`,
+:class:`~.prefill_backend.PrefillBackend` and :class:`~.decode_backend.DecodeBackend`;
+``build_backend(run_mode)`` (``backend_registry.py``) picks the class.  A backend knows nothing
+about processes, shared memory or zmq: the rank process feeds it requests and commands through
+the hooks below, the same calls in every run mode, and turns its
+:class:`~.step_report.StepReport` into shared-memory writes and messages; the simulator drives
+the same classes in virtual time.
+
+The rank loop calls, per iteration and identically on every TP rank:
+
+* :meth:`ModeBackend.intake` for each admitted request, :meth:`reject` / :meth:`abort` for the
+  others, :meth:`on_command` for any other command;
+* :meth:`ModeBackend.poll` (work outside the step, e.g. a PD node's KV transfers);
+* :meth:`step` when :attr:`has_work`.
 
 Adding a run mode: subclass :class:`ModeBackend`, set ``run_mode`` and, if it classifies
-requests differently, ``classifier``; override the hooks (``on_prompt_done``, ``can_pause``)
-and add the intake methods the mode needs; register it in ``backend_registry.py``.
+requests differently, ``classifier``; implement :meth:`intake`, override the engine's hooks
+(``on_prompt_done``, ``can_pause``) and, if the mode has outside work, :meth:`poll`,
+:attr:`has_outside_work` and :meth:`on_command`; register it in ``backend_registry.py``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import logging
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from lightllm.server.core.objs.finish_status import FINISH_ERROR
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -25,11 +37,21 @@ from lightllm.server.model_rank.scheduling.request_state import ReqState
 if TYPE_CHECKING:
     from lightllm.server.core.objs.request_spec import RequestSpec
 
+log = logging.getLogger("lightllm.model_rank")
 
-class ModeBackend(StepEngine):
-    """Normal mode: a request is prefilled, then decoded here until it finishes."""
 
-    run_mode: ClassVar[str] = "normal"
+class ModeBackend(StepEngine, ABC):
+    """The step engine of one run mode and its intake (see the module docstring)."""
+
+    run_mode: ClassVar[str]
+
+    @abstractmethod
+    def intake(self, request_id: int, spec: "RequestSpec", shm_index: int = -1) -> Optional[InferReq]:
+        """Take in a request the router admitted, the way this run mode does.
+
+        Returns the request as it now runs, or None when it ended at once (the next step
+        reports it).  Raises when the request cannot run here; the caller then rejects it.
+        """
 
     def add_request(self, request_id: int, spec: "RequestSpec", shm_index: int = -1) -> InferReq:
         """Create ``spec``'s :class:`InferReq` (snapshotting the prefill counter) and join it.
@@ -61,3 +83,16 @@ class ModeBackend(StepEngine):
         req = InferReq(request_id=request_id, prompt_ids=[], shm_index=shm_index)
         req.move_to(ReqState.FINISHED)
         self._ended.append((req, status))
+
+    # --- the rank loop's hooks for work outside the step (none by default) -------------------------
+    def on_command(self, command: Any) -> None:
+        """A command the rank loop does not handle itself; this mode has none, so it is logged and dropped."""
+        log.warning("a %s node ignores a %s command", self.run_mode, type(command).__name__)
+
+    def poll(self) -> None:
+        """Once per loop iteration, before the step: advance work outside the step (none here)."""
+
+    @property
+    def has_outside_work(self) -> bool:
+        """Whether work outside the step is in flight, so the rank keeps polling (and its TP ranks with it)."""
+        return False

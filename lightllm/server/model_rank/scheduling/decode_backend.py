@@ -10,21 +10,25 @@ Intake has two halves, so that KV is reserved before anything is sent (decode re
    Only positions ``[cur_kv_len, input_len)`` need to move; the transfer writes them into the
    reserved slots.
 2. :meth:`DecodeBackend.admit_prefilled` (the transfer arrived) marks the prompt computed, takes
-   the prefill node's first token and the request decodes from the next step on, with the same
-   stop rules as on a normal node.  :meth:`DecodeBackend.transfer_failed` releases the
-   reservation and fails the request.
+   the prefill node's first token (reported first in the next step's tokens, like a sampled one)
+   and the request decodes from the next step on, with the same stop rules as on a normal node.
+   :meth:`DecodeBackend.transfer_failed` releases the reservation and fails the request.
+
+On a server the backend's :class:`~.pd_node_backend.TransferIntake` runs both halves: it
+reserves (with :meth:`DecodeBackend.segment_tokens` as the decode allowance) and starts
+receiving, and admits or fails the request on the agreed transfer result.
 
 A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
 unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
 segment then ends with ``FINISH_SEGMENT_KV`` and the master continues it as a new segment,
 since recomputing a prompt is the prefill node's work.  With ``max_segment_tokens`` > 0 a
 segment also ends (``FINISH_SEGMENT_LIMIT``) once it generated that many tokens, the prefill
-node's first token included.
+node's first token included.  Both are constructor arguments.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Optional
+from typing import TYPE_CHECKING, ClassVar, Dict, Optional, Sequence
 
 from lightllm.server.core.objs.finish_status import (
     FINISH_ABORT,
@@ -33,8 +37,11 @@ from lightllm.server.core.objs.finish_status import (
     FINISH_SEGMENT_LIMIT,
 )
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
-from lightllm.server.model_rank.scheduling.base_backend import ModeBackend
-from lightllm.server.model_rank.scheduling.step_planner import StepPlan
+from lightllm.server.model_rank.scheduling.kv_view import KvView
+from lightllm.server.model_rank.scheduling.model_executor import ModelExecutor
+from lightllm.server.model_rank.scheduling.pd_node_backend import PdNodeBackend, TransferIntake
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import PrefillQueueStrategy
+from lightllm.server.model_rank.scheduling.step_planner import StepPlan, StepPlanner
 from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.model_rank.scheduling.request_state import ReqState
 
@@ -59,18 +66,42 @@ class KvReservationRefused(RuntimeError):
         self.limit = limit
 
 
-class DecodeBackend(ModeBackend):
-    """Decode node: admits prefilled requests and decodes them."""
+class DecodeBackend(PdNodeBackend):
+    """Decode node: admits prefilled requests and decodes them.
+
+    Args, after the :class:`~.pd_node_backend.PdNodeBackend` ones:
+        end_segment_on_kv_pressure: end a KV-starved request's segment instead of pausing it.
+        max_segment_tokens: end a segment after this many generated tokens (0: no limit).
+    """
 
     run_mode: ClassVar[str] = "decode"
-    # Set per instance by a PD decode node's rank (see the module docstring).
-    end_segment_on_kv_pressure: bool = False
-    max_segment_tokens: int = 0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        executor: ModelExecutor,
+        kv: KvView,
+        strategy: PrefillQueueStrategy,
+        planner: StepPlanner,
+        eos_token_ids: Sequence[int],
+        max_req_total_len: int,
+        *,
+        transfer: Optional[TransferIntake] = None,
+        end_segment_on_kv_pressure: bool = False,
+        max_segment_tokens: int = 0,
+    ) -> None:
+        super().__init__(executor, kv, strategy, planner, eos_token_ids, max_req_total_len, transfer=transfer)
+        if max_segment_tokens < 0:
+            raise ValueError(f"max_segment_tokens must be >= 0, got {max_segment_tokens}")
+        self.end_segment_on_kv_pressure = end_segment_on_kv_pressure
+        self.max_segment_tokens = max_segment_tokens
         # request id -> KV tokens its reservation was promised (prompt + decode allowance).
         self._promised: Dict[int, int] = {}
+
+    def segment_tokens(self, max_new_tokens: int) -> int:
+        """What one segment of a request allowed ``max_new_tokens`` may generate here."""
+        if self.max_segment_tokens > 0:
+            return min(max_new_tokens, self.max_segment_tokens)
+        return max_new_tokens
 
     def reserve_prefilled(
         self, request_id: int, spec: "RequestSpec", shm_index: int = -1, decode_tokens: Optional[int] = None
@@ -134,6 +165,8 @@ class DecodeBackend(ModeBackend):
             raise ValueError(f"request {req.request_id} is not waiting for a transfer")
         req.cur_kv_len = req.input_len
         req.output_ids.append(first_token)
+        # Published like a sampled token (the detokenizer needs its text), even if the request ends here.
+        self.carry_token(req, first_token)
         req.move_to(ReqState.DECODING)
         if req.abort_requested:
             self.finish(req, FINISH_ABORT)

@@ -6,6 +6,9 @@ in the step's ``handoffs``: its KV stays reserved (it is neither decoded nor pau
 transfer layer reports the decode node's acknowledgement through :meth:`transfer_done`; only
 then is the KV released (into the prefix cache).  An abort asked for meanwhile takes effect when
 the transfer ends, since the transfer is still reading that KV.
+
+On a server the backend's :class:`~.pd_node_backend.TransferIntake` admits requests, sends each
+hand-off's KV right after its step and calls :meth:`transfer_done` with the agreed result.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import ClassVar
 
 from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_HANDED_OFF
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
-from lightllm.server.model_rank.scheduling.base_backend import ModeBackend
+from lightllm.server.model_rank.scheduling.pd_node_backend import PdNodeBackend
 from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     RequestClassifier,
@@ -23,7 +26,7 @@ from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.model_rank.scheduling.request_state import ReqState
 
 
-class PrefillBackend(ModeBackend):
+class PrefillBackend(PdNodeBackend):
     """Prefill node: runs prompts with the configured strategy and hands each request off."""
 
     run_mode: ClassVar[str] = "prefill"

@@ -79,6 +79,9 @@ class StepEngine:
         # Requests that ended between steps (rejected, finished on hand-in or hand-off); the next
         # step reports them, so the caller publishes every finish from one place.
         self._ended: List[Tuple[InferReq, int]] = []
+        # Tokens requests received between steps (a decode node's first token, sampled by the
+        # prefill node); the next step reports them ahead of its own, for the same reason.
+        self._carried: List[Tuple[InferReq, int, float]] = []
 
     # --- membership ----------------------------------------------------------------------------
     def join(self, req: InferReq) -> None:
@@ -100,10 +103,14 @@ class StepEngine:
         if req is not None:
             req.abort_requested = True
 
+    def carry_token(self, req: InferReq, token_id: int, logprob: float = 0.0) -> None:
+        """Report ``token_id``, which ``req`` received between steps, first in the next step's tokens."""
+        self._carried.append((req, token_id, logprob))
+
     @property
     def has_work(self) -> bool:
-        """Whether any request is live or an ended one still has to be reported."""
-        return bool(self.requests) or bool(self._ended)
+        """Whether any request is live or an ended request or carried token still has to be reported."""
+        return bool(self.requests) or bool(self._ended) or bool(self._carried)
 
     # --- the step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
@@ -112,6 +119,10 @@ class StepEngine:
         started = time.perf_counter()
         report.finished.extend(self._ended)
         self._ended = []
+        if self._carried:
+            report.tokens.extend(self._carried)
+            report.carried_tokens = len(self._carried)
+            self._carried = []
         self.filter_finished(report)
         ready = self.resume_paused()
         self.share_prefixes(ready, report)

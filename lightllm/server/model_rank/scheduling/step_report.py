@@ -15,7 +15,10 @@ class StepReport:
     """The outcome of one step.
 
     Attributes:
-        tokens: ``(request, token_id, logprob)`` in generation order.
+        tokens: ``(request, token_id, logprob)`` in generation order: first the tokens requests
+            received between steps (a decode node's first token, from the prefill node), then
+            the ones this step sampled.
+        carried_tokens: how many of the leading ``tokens`` were received between steps.
         top_logprobs: request id -> this step's ``(token_id, logprob)`` alternatives, most likely
             first, for requests that asked for them.
         prompt_logprobs: ``(request, [(position, logprob, top)])`` of prompt tokens this step
@@ -34,6 +37,7 @@ class StepReport:
     """
 
     tokens: List[Tuple[InferReq, int, float]] = field(default_factory=list)
+    carried_tokens: int = 0
     top_logprobs: Dict[int, List[Tuple[int, float]]] = field(default_factory=dict)
     prompt_logprobs: List[Tuple[InferReq, List[PromptLogprobEntry]]] = field(default_factory=list)
     finished: List[Tuple[InferReq, int]] = field(default_factory=list)

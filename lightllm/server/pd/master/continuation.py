@@ -31,17 +31,22 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from lightllm.common.sampling import SamplingParams
+from lightllm.server.pd.protocol.outcomes import SegmentEndReason
 
 NORMAL_INFER_PRIORITY = 0
 CONTINUATION_INFER_PRIORITY = -1
 
 
 class SegmentEnd(enum.Enum):
-    """Why a segment ended on the decode node."""
+    """Why a segment ended on the decode node (a ``segment_end`` line's reason reads back as one).
+
+    The reasons other than ``FINISHED`` are the protocol's :class:`SegmentEndReason` values, the
+    names the node writes (:mod:`lightllm.server.pd.protocol.outcomes`).
+    """
 
     FINISHED = "finished"  # stop token/sequence, EOS or max_new_tokens: the request is done
-    KV_PRESSURE = "kv_pressure"  # D had to give the request's KV back
-    SEGMENT_LIMIT = "segment_limit"  # the segment generated its per-segment token limit
+    KV_PRESSURE = SegmentEndReason.KV_PRESSURE.value  # D had to give the request's KV back
+    SEGMENT_LIMIT = SegmentEndReason.SEGMENT_LIMIT.value  # the segment generated its per-segment token limit
 
 
 def inference_priority(segment_index: int) -> int:

@@ -6,9 +6,12 @@ Mounted through ``create_app(..., extra_routers=[...])`` on nodes started with
 * ``POST /pd/node/transfer_setup`` ``{"epoch", "peer_node_id", "prefill_transfer_address"}``
   -> ``{"epoch"}`` once rank 0 applied it.
 * ``POST /pd/node/decode`` (decode nodes) and ``POST /pd/node/prefill`` (prefill nodes): a
-  request as JSON (:mod:`.node_wire`), answered with an NDJSON stream
+  request as JSON (:mod:`lightllm.server.pd.protocol.stream_lines`), answered with an NDJSON stream
   (``application/x-ndjson``, one JSON object per line, each with an ``"event"`` key).  The
   other role's path answers 404 naming the role that serves it.
+
+The endpoints call the node's :class:`~lightllm.server.pd.node.service.PdNodeService`, never
+the request manager directly.
 
 Errors found before a stream starts (an invalid body, a request the node refuses, a node
 shutting down) are the API's usual ``{"error": {...}}`` bodies with their HTTP status; once the
@@ -89,7 +92,7 @@ class _NodeStream:
         except Exception as exc:  # noqa: BLE001 - reported to the master as an error line or status
             self._queue.put_nowait(exc)
         finally:
-            # Closing the manager's iterator aborts the request on the node and frees its KV.
+            # Closing the node's iterator aborts the request on the node and frees its KV.
             close = getattr(self._events, "aclose", None)
             if close is not None:
                 await close()
@@ -171,24 +174,25 @@ def _wrong_role(node_role: str, path: str, other_role: str) -> Response:
     return APIError(404, message, NOT_FOUND, None, "wrong_pd_role").to_response()
 
 
-def pd_node_router(manager: Any, run_mode: str, streams: Optional[PdStreams] = None) -> APIRouter:
+def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None) -> APIRouter:
     """An APIRouter with the node control endpoints of a ``run_mode`` (prefill|decode) node.
 
-    ``manager`` is the node's ``HttpServerManager`` (``pd_transfer_setup``, ``pd_generate``,
-    ``metrics.measured``, ``vocab_size``, ``max_req_total_len``); ``streams`` collects the open
-    streams so the caller can fail them when the master is lost.
+    ``node`` is the node's :class:`~lightllm.server.pd.node.service.PdNodeService` (or one
+    with its ``transfer_setup``, ``generate``, ``metrics_registry``, ``vocab_size`` and
+    ``max_req_total_len``); ``streams`` collects the open streams so the caller can fail them
+    when the master is lost.
     """
     if run_mode not in ROLE_PATHS:
         raise ValueError(f"PD node endpoints exist for run modes prefill and decode, not {run_mode!r}")
     streams = streams if streams is not None else PdStreams()
-    metrics = PdNodeMetrics(manager.metrics.measured, run_mode)
+    metrics = PdNodeMetrics(node.metrics_registry, run_mode)
     is_prefill = run_mode == "prefill"
     router = APIRouter(route_class=JSONErrorRoute)
 
     async def transfer_setup(request: Request) -> Response:
         body = parse_body(await request.body(), TransferSetupBody)
         try:
-            await manager.pd_transfer_setup(body.epoch, body.prefill_transfer_address)
+            await node.transfer_setup(body.epoch, body.prefill_transfer_address)
         except ValueError as exc:
             raise APIError(400, str(exc), INVALID_REQUEST, None, "pd_transfer_setup_refused") from None
         except Exception as exc:  # noqa: BLE001 - the master must learn why and may retry
@@ -203,9 +207,9 @@ def pd_node_router(manager: Any, run_mode: str, streams: Optional[PdStreams] = N
     async def node_request(request: Request) -> Response:
         body_type = PrefillBody if is_prefill else DecodeBody
         body = parse_body(await request.body(), body_type)
-        spec = request_spec_of(body, manager.vocab_size, manager.max_req_total_len)
+        spec = request_spec_of(body, node.vocab_size, node.max_req_total_len)
         try:
-            events = manager.pd_generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
+            events = node.generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
         except Exception as exc:  # noqa: BLE001 - a refusal before any event is an HTTP error
             return _error_status(exc).to_response()
         stream = _NodeStream(events, body.request_id)

@@ -21,11 +21,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
+from lightllm.server.pd.protocol.outcomes import SEGMENT_END_REASONS
 
 TRANSFER_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # 4 KiB to 4 GiB in factors of 4: a few tokens of a tiny model up to long prompts of large ones.
 TRANSFER_BYTES_BUCKETS = tuple(float(4096 * 4**power) for power in range(11))
-SEGMENT_END_REASONS = ("kv_pressure", "segment_limit")
 # Error kinds (PdNodeEvent.error_kind) that count as a failed transfer.
 FAILED_TRANSFER_KINDS = frozenset({"transfer_failed", "transfer_broken"})
 

@@ -1,4 +1,4 @@
-"""What a PD node's HTTP manager yields for one request (see /pd/node/* in the PD docs).
+"""What a PD node's service yields for one request (see /pd/node/* in the PD docs).
 
 The node's PD endpoints turn each :class:`PdNodeEvent` into one NDJSON line for the master.
 """
@@ -27,7 +27,7 @@ class PdNodeEvent:
     """One event of a PD node request's stream.
 
     ``kv_start``: "reserved"; ``token``: "token" (``finish_reason`` set on the last, only
-    "stop" or "length"); ``reason``: "segment_end" ("kv_pressure" | "segment_limit");
+    "stop" or "length"); ``reason``: "segment_end" (a :class:`~.outcomes.SegmentEndReason` value);
     ``message``: "busy" / "error"; ``transfer_broken``: "error" (the master sets the pair up
     again); ``error_kind``: "error" (one of :data:`ERROR_KINDS`); ``transfer_seconds`` /
     ``transfer_bytes``: this side's transfer on P's "handed_off" and on D's first "token".

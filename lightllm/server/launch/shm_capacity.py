@@ -1,0 +1,73 @@
+"""Does ``/dev/shm`` hold the segments a server is about to create?
+
+The segments are sparse: pages are backed only as requests touch them, so the server starts
+whatever their size.  But once traffic touches more than ``/dev/shm`` holds (a container's
+64 MiB default is the usual limit), the process that touches the next page dies of SIGBUS in
+the middle of a request.  The launcher therefore compares the segments' full size with the
+free space before it creates them and refuses to start, in one line naming the flags that size
+them, when they would not fit.  A machine without ``/dev/shm`` (not Linux) is not checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.server_layout import ServerLayout
+from lightllm.utils.stale_resources import SHM_DIR
+
+log = logging.getLogger("lightllm.shm_capacity")
+
+
+def shm_free_bytes(shm_dir: Path = SHM_DIR) -> Optional[int]:
+    """Bytes an unprivileged process may still allocate in ``shm_dir``; None when it cannot be read."""
+    try:
+        stats = os.statvfs(shm_dir)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def format_bytes(count: int) -> str:
+    """``count`` in the largest binary unit that keeps it >= 1 (``1.5 GiB``)."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def describe_shm_use(layout: ServerLayout) -> str:
+    """One line with each segment's size and what sets it, for the start-up log."""
+    sizes = layout.shm_segment_bytes()
+    total = sum(sizes.values())
+    return (
+        f"shared memory: {format_bytes(total)} in all: request records {format_bytes(sizes['request records'])} "
+        f"({layout.slot_num} slots x {layout.max_req_total_len} tokens), top-logprob rows "
+        f"{format_bytes(sizes['top-logprob rows'])} ({layout.top_slot_num} slots), counters "
+        f"{format_bytes(sizes['counters'])}"
+    )
+
+
+def check_shm_capacity(layout: ServerLayout, free_bytes: Optional[int], shm_dir: Path = SHM_DIR) -> None:
+    """Raise :class:`ArgumentError` (one line) when ``layout``'s segments need more than ``free_bytes``.
+
+    ``free_bytes``: the free space of ``shm_dir`` (:func:`shm_free_bytes`); None skips the check.
+    """
+    if free_bytes is None:
+        return
+    sizes = layout.shm_segment_bytes()
+    total = sum(sizes.values())
+    if total <= free_bytes:
+        return
+    raise ArgumentError(
+        f"the server's shared memory needs {format_bytes(total)} (request records "
+        f"{format_bytes(sizes['request records'])}, top-logprob rows {format_bytes(sizes['top-logprob rows'])}) "
+        f"but {shm_dir} has {format_bytes(free_bytes)} free; lower --max_req_total_len "
+        f"({layout.max_req_total_len}), --running_max_req_size (sets the {layout.slot_num} request slots) or "
+        f"--top_logprobs_slots ({layout.top_slot_num}), or give {shm_dir} more space (docker: --shm-size)"
+    )

@@ -1,0 +1,52 @@
+"""The package's shape as a test: no import circles, rooms on floors, torch only in the rank.
+
+A "room" is a direct child (module or package) of a folder; rooms are on floors when no room
+imports one that imports it back. The review of the architecture (shared/reviews) counted four
+file circles and a room circle in ``lightllm/server/``; these tests keep them from coming back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from import_graph_support import import_edges, room_edges, strongly_connected
+
+PACKAGE = Path(__file__).resolve().parents[2] / "lightllm"
+EDGES = import_edges(PACKAGE)
+
+
+def test_no_module_imports_itself_back_through_others():
+    circles = strongly_connected(EDGES, EDGES)
+    assert circles == [], f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("folder", ["lightllm", "lightllm.server", "lightllm.server.model_rank", "lightllm.server.pd",
+                                    "lightllm.server.http", "lightllm.server.launch", "lightllm.common"])
+def test_rooms_of_a_folder_stand_on_floors(folder: str):
+    rooms, behind = room_edges(EDGES, folder)
+    circles = strongly_connected(rooms, rooms)
+    detail = {f"{a} -> {b}": behind[(a, b)][:3] for circle in circles for a in circle for b in circle if (a, b) in behind}
+    assert circles == [], f"rooms of {folder} import each other in a circle: {detail}"
+
+
+def test_scheduling_core_imports_nothing_of_the_execution_side():
+    core = "lightllm.server.model_rank.scheduling"
+    outside = {
+        (source, target) for source, targets in EDGES.items() if source.startswith(core)
+        for target in targets if not target.startswith(core)
+    }
+    # request_spec: the request as plain data (no torch), which the backends take whole.
+    allowed_prefixes = ("lightllm.server.core.objs.finish_status", "lightllm.server.core.objs.request_spec",
+                        "lightllm.common.sampling.sampling_params",
+                        "lightllm.common.sampling.storage_width", "lightllm.common.sampling")
+    assert sorted(t for s, t in outside if not t.startswith(allowed_prefixes)) == []
+
+
+def test_nothing_below_launch_imports_the_launcher():
+    launch = "lightllm.server.launch"
+    importers = sorted({source for source, targets in EDGES.items()
+                        if not source.startswith(launch) and source != "lightllm.server.api_server"
+                        and any(t.startswith(launch) for t in targets)})
+    assert importers == []

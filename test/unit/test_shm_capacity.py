@@ -1,0 +1,108 @@
+"""The launcher's /dev/shm check: segment sizes known before creation, one-line refusal, exit code 2.
+
+The free space is injected; nothing fills /dev/shm.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.core.objs.shm_req_layout import record_dtype, top_rows_dtype
+from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.launch import start
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
+from lightllm.server.launch.sizing import plan_sizing
+from lightllm.server.server_layout import ServerLayout
+
+GIB = 1 << 30
+
+
+def _layout(max_req_total_len: int, slot_num: int = 1024, top_slot_num: int = 256) -> ServerLayout:
+    return ServerLayout("lightllm_test_cap_req", "lightllm_test_cap_stats", slot_num, max_req_total_len, 1 << 20,
+                        "ipc://r", "ipc://0", "ipc://d", "ipc://h", top_slot_num=top_slot_num)
+
+
+def test_the_layout_knows_every_segment_size_before_creating_any() -> None:
+    sizes = _layout(4096).shm_segment_bytes()
+    assert sizes == {
+        "request records": 1024 * record_dtype(4096).itemsize,
+        "top-logprob rows": 256 * top_rows_dtype(4096).itemsize,
+        "counters": ShmStats.segment_bytes(),
+    }
+
+
+def test_a_long_context_no_longer_maps_twenty_gib() -> None:
+    """128k tokens at the default 256-request batch: 22.5 GiB with the alternatives in every record."""
+    total = sum(_layout(131072).shm_segment_bytes().values())
+    assert 7 * GIB < total < 8 * GIB
+    assert sum(_layout(131072, top_slot_num=64).shm_segment_bytes().values()) < 4 * GIB
+
+
+def test_enough_free_space_passes_and_an_unreadable_dir_is_not_checked() -> None:
+    layout = _layout(4096)
+    total = sum(layout.shm_segment_bytes().values())
+    check_shm_capacity(layout, total)
+    check_shm_capacity(layout, None)
+
+
+def test_too_little_free_space_is_one_line_naming_the_sizes_and_the_flags() -> None:
+    layout = _layout(131072)
+    with pytest.raises(ArgumentError) as refused:
+        check_shm_capacity(layout, 64 << 20)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("the server's shared memory needs 7.5 GiB (request records 2.5 GiB, top-logprob rows 5.0 GiB)")
+    assert "but /dev/shm has 64.0 MiB free" in message
+    for flag in ("--max_req_total_len (131072)", "--running_max_req_size (sets the 1024 request slots)",
+                 "--top_logprobs_slots (256)", "--shm-size"):
+        assert flag in message
+
+
+def test_free_space_is_read_from_statvfs(tmp_path: Path) -> None:
+    free = shm_free_bytes(tmp_path)
+    assert isinstance(free, int) and free > 0
+    assert shm_free_bytes(tmp_path / "missing") is None
+
+
+def test_the_start_up_log_line_names_each_segment() -> None:
+    line = describe_shm_use(_layout(4096))
+    assert line.startswith("shared memory: 259.6 MiB in all: request records 99.6 MiB (1024 slots x 4096 tokens), "
+                           "top-logprob rows 160.0 MiB (256 slots), counters")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_start_up_refuses_before_any_segment_or_child_exists(tiny_llama_dir, monkeypatch) -> None:
+    monkeypatch.setattr(start, "shm_free_bytes", lambda: 4096)
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--device", "cpu",
+                                              "--max_total_token_num", "512", "--max_req_total_len", "256"])
+    validate_args(args, 0)
+    sizing = plan_sizing(args, ModelConfig.from_dir(args.model_dir), "cpu")
+    created = []
+    monkeypatch.setattr(ServerLayout, "open_requests", lambda self, create=False: created.append(self))
+    with pytest.raises(ArgumentError, match="but /dev/shm has 4.0 KiB free"):
+        start.start_processes(args, sizing, ModelConfig.from_dir(args.model_dir))
+    assert created == []
+
+
+def test_the_server_exits_2_with_one_line(tiny_llama_dir, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(start, "shm_free_bytes", lambda: 4096)
+    spawned = []
+    monkeypatch.setattr(start.mp, "get_context", lambda *a: spawned.append(a))
+    code = start.run_server(["--model_dir", str(tiny_llama_dir), "--device", "cpu", "--port", str(_free_port()),
+                             "--max_total_token_num", "512", "--max_req_total_len", "256", "--log_level", "warning"])
+    assert code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "--top_logprobs_slots" in lines[0], lines
+    assert spawned == []
