@@ -1,7 +1,7 @@
 """Keeping torch out of the server processes that do not run the model.
 
 Only the model ranks need torch. The launcher (which serves HTTP, or runs the PD master), the
-router and the detokenizer import none of it (test/unit/test_torch_free_processes.py), but
+router and the detokenizer import none of it (test/unit/launch/test_torch_free_processes.py), but
 importing their code is not the whole story: transformers, which they use for tokenizers, imports
 torch by itself whenever torch is installed, and that alone maps several hundred MiB of libraries
 into the process. :func:`keep_torch_out` makes torch unimportable in the calling process, the

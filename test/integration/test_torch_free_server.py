@@ -1,6 +1,6 @@
 """On a running tp=1 server exactly one process maps libtorch: the model rank.
 
-test/unit/test_torch_free_processes.py checks that the other processes' code imports without
+test/unit/launch/test_torch_free_processes.py checks that the other processes' code imports without
 torch; this checks what the processes of a real server actually mapped once it serves.
 """
 

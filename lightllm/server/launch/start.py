@@ -11,7 +11,7 @@ service around the HTTP manager, its control endpoints and master registration
 (:mod:`lightllm.server.launch.pd_node`).
 
 This process imports no torch, and neither does anything it spawns but the model ranks
-(test/unit/test_torch_free_processes.py keeps it so): CUDA facts come from a short-lived probe
+(test/unit/launch/test_torch_free_processes.py keeps it so): CUDA facts come from a short-lived probe
 child (:mod:`lightllm.server.launch.device_probe`), dtypes are names, and each rank resolves its
 attention and linear backends itself, where torch is loaded anyway; a rank that refuses an
 explicit backend reports it here, and the start ends in one line with exit code 2 as for any

@@ -4,8 +4,8 @@ A random model never writes a call by itself, so ``tool_choice: "required"`` and
 are the end-to-end proof: structured output forces a call, and the OpenAI client and
 langchain-openai get parsed ``tool_calls`` whose arguments validate against the tool's schema.
 ``auto`` and ``none`` check the plumbing (no ``tool_calls`` when the text holds no call); the
-parsing of known call texts is covered by test/unit/test_tool_call_parsing.py and
-test/unit/test_tool_calls_api.py.
+parsing of known call texts is covered by test/unit/http/test_tool_call_parsing.py and
+test/unit/http/test_tool_calls_api.py.
 """
 
 from __future__ import annotations

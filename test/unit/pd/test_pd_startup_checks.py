@@ -109,7 +109,7 @@ def test_the_master_reads_the_busy_retry_once_and_passes_it_down(tiny_llama_dir:
         build_master(_master_args(tiny_llama_dir))
     # The request path builds its retry policy from the value read at start-up.
     assert manager.deadlines.busy_retry_s == 3.5
-    server = Path(__file__).parents[2] / "lightllm/server"
+    server = Path(__file__).parents[3] / "lightllm/server"
     readers = [str(path.relative_to(server)) for path in sorted(server.rglob("*.py"))
                if "pd_node_busy_retry_timeout_seconds" in path.read_text()]
     assert readers == ["launch/pd_master.py"]

@@ -9,7 +9,7 @@ import pytest
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.utils.envs_utils import ENV_VARS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _pd_flags() -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 
 from import_graph_support import import_edges, room_edges, strongly_connected
 
-PACKAGE = Path(__file__).resolve().parents[2] / "lightllm"
+PACKAGE = Path(__file__).resolve().parents[3] / "lightllm"
 EDGES = import_edges(PACKAGE)
 
 

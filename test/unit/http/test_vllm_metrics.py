@@ -14,7 +14,7 @@ from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.httpserver.metrics import VLLM_NAMES, ServerMetrics, token_buckets
 from lightllm.utils.check_dashboard import dashboard_problems, main
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "dashboards" / "lightllm_grafana.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "dashboards" / "lightllm_grafana.json"
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from lightllm.server.core.objs.shm_req_layout import (
 )
 from lightllm.server.core.objs.shm_req_views import SlotOccupiedError, StaleRecordError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "start_1p1d.sh"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "start_1p1d.sh"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import pytest
 
 from lightllm.server.launch.args_doc import doc_path, render
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_server_args_reference_is_generated_from_the_parser():

@@ -26,7 +26,7 @@ from lightllm.utils.demo_model import DEMO_MODEL_FILES, generate_demo_model, mai
 from lightllm.utils.demo_model_config import SIZES, check_arch, model_config
 from lightllm.utils.demo_tokenizer import SPECIAL_TOKENS, train_demo_tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Say hi."},
