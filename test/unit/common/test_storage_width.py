@@ -17,7 +17,7 @@ import pytest
 from lightllm.common.sampling import STORED_DTYPES, SamplingParamError, SamplingParams
 from lightllm.common.sampling.storage_width import check_stored_float, check_stored_int
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.core.objs.shm_req_layout import record_dtype
+from lightllm.server.core.objs.shm_req_layout import record_dtype, wants_top_rows
 from lightllm.server.core.objs.request_spec import RequestSpec
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -40,7 +40,7 @@ FLOAT_FIELDS_UNDERFLOW = {
 
 @pytest.fixture()
 def shm():
-    buffer = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 2, 64, create=True)
+    buffer = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 2, 64, create=True, top_slot_num=1)
     yield buffer
     buffer.close()
     buffer.unlink()
@@ -111,7 +111,8 @@ def test_extremes_that_are_accepted_read_back_valid(shm):
     ]
     for fields in accepted:
         params = SamplingParams(**fields)
-        shm.write_request(0, 7, RequestSpec([1, 2], params))
+        spec = RequestSpec([1, 2], params)
+        shm.write_request(0, 7, spec, top_slot=0 if wants_top_rows(params) else None)
         read = shm.read_request(0, 7).params  # constructing validates again, as the rank does
         assert shm.release(0, 7)
         for name, value in fields.items():
