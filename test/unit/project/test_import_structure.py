@@ -50,3 +50,11 @@ def test_nothing_below_launch_imports_the_launcher():
                         if not source.startswith(launch) and source != "lightllm.server.api_server"
                         and any(t.startswith(launch) for t in targets)})
     assert importers == []
+
+
+def test_pd_master_and_nodes_meet_only_in_the_protocol():
+    master, node = "lightllm.server.pd.master", "lightllm.server.pd.node"
+    crossing = sorted((source, target) for source, targets in EDGES.items() for target in targets
+                      if (source.startswith(master) and target.startswith(node))
+                      or (source.startswith(node) and target.startswith(master)))
+    assert crossing == []

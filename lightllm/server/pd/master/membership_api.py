@@ -29,14 +29,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.errors import INVALID_REQUEST, NOT_FOUND, SERVICE_UNAVAILABLE, APIError, invalid_request
+from lightllm.server.pd.protocol.membership import HEARTBEAT_PATH, NODES_PATH, REGISTER_PATH, UNKNOWN_NODE_CODE
 from lightllm.server.pd.protocol.node_info import NodeInfo, NodeInfoError
 from lightllm.server.pd.master.node_registry import NOT_READY_CODE, NodeRegistry, RegistrationRefused
 
-REGISTER_PATH = "/pd/register"
-HEARTBEAT_PATH = "/pd/heartbeat"
-NODES_PATH = "/pd/nodes"
-
-UNKNOWN_NODE_CODE = "unknown_node"
 
 
 async def _json_object(request: Request) -> Dict[str, Any]:

@@ -6,7 +6,7 @@ Membership rules:
   on every :data:`~.node_info.COMPATIBILITY_FIELDS` field; while no node is alive the first one
   to register sets the reference.  A refusal names every mismatched field.
 * A node then heartbeats every ``heartbeat_interval_s`` seconds (default
-  :data:`DEFAULT_HEARTBEAT_INTERVAL_S` = 2 s).  A node not heard from for
+  :data:`~lightllm.server.pd.protocol.membership.DEFAULT_HEARTBEAT_INTERVAL_S` = 2 s).  A node not heard from for
   ``max_missed_heartbeats`` intervals (default :data:`DEFAULT_MAX_MISSED_HEARTBEATS` = 3, so
   6 s) is dropped: it leaves the live set and every drop listener is told, so the master can
   fail that node's in-flight requests.  With the expiry sweeper checking every half interval,
@@ -38,11 +38,9 @@ from lightllm.server.pd.protocol.node_info import (
     compatibility_mismatches,
 )
 from lightllm.server.manager_errors import ServerUnavailableError
+from lightllm.server.pd.protocol.membership import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_MAX_MISSED_HEARTBEATS
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
-DEFAULT_MAX_MISSED_HEARTBEATS = 3
 
 # The ServerUnavailableError code of a request that arrives while the cluster is not ready.
 NOT_READY_CODE = "pd_not_ready"

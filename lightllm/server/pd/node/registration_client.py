@@ -21,11 +21,13 @@ from typing import Any, Callable, Dict, Optional
 import httpx
 
 from lightllm.server.http.auth import cluster_key_headers
-from lightllm.server.pd.master.membership_api import HEARTBEAT_PATH, REGISTER_PATH, UNKNOWN_NODE_CODE
 from lightllm.server.pd.protocol.node_info import NodeInfo
-from lightllm.server.pd.master.node_registry import (
+from lightllm.server.pd.protocol.membership import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_MAX_MISSED_HEARTBEATS,
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    UNKNOWN_NODE_CODE,
 )
 
 logger = logging.getLogger(__name__)
