@@ -101,11 +101,14 @@ class PdPlacement:
 
     ``kind``: one of :data:`~lightllm.server.core.objs.shm_req_layout.PD_KINDS`.  ``kv_start``
     (a prefill node's request only): the first prompt position whose KV is sent, i.e. the
-    decode node's own prefix-cache hit.
+    decode node's own prefix-cache hit.  ``epoch``: the transfer pair (P, D) the master set up for
+    this request, which picks the rank's KV transfer handle on a node connected to several peers
+    (0: none, a normal request).
     """
 
     kind: int = PD_KIND_NONE
     kv_start: int = 0
+    epoch: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.kind, bool) or self.kind not in PD_KINDS:
@@ -113,6 +116,9 @@ class PdPlacement:
         _require_int("kv_start", self.kv_start, 0, INT32_MAX)
         if self.kv_start and self.kind != PD_KIND_PREFILL:
             raise RequestSpecError("kv_start", "kv_start applies to PD prefill requests only")
+        _require_int("pd_epoch", self.epoch, 0, INT32_MAX)
+        if self.epoch and self.kind == PD_KIND_NONE:
+            raise RequestSpecError("pd_epoch", "pd_epoch applies to PD requests only")
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,7 @@ class RequestSpec:
         generated_before: int = 0,
         pd_kind: int = PD_KIND_NONE,
         kv_start: int = 0,
+        pd_epoch: int = 0,
     ) -> "RequestSpec":
         """A spec from flat fields (the record's and a PD body's names)."""
         return cls(
@@ -214,6 +221,6 @@ class RequestSpec:
             params,
             Priority(high_priority_request, infer_high_priority),
             Segment(segment_index, generated_before),
-            PdPlacement(pd_kind, kv_start),
+            PdPlacement(pd_kind, kv_start, pd_epoch),
         )
 

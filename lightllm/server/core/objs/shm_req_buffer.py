@@ -214,6 +214,7 @@ class ShmReqBuffer(SharedArraySegment):
         rec["generated_before"] = spec.segment.generated_before
         rec["pd_kind"] = spec.pd.kind
         rec["kv_start"] = spec.pd.kv_start
+        rec["pd_epoch"] = spec.pd.epoch
         rec["scheduled_ns"] = 0
         for name in COPIED_FIELDS:
             rec[name] = getattr(params, name)
@@ -310,6 +311,7 @@ class ShmReqBuffer(SharedArraySegment):
             generated_before=int(rec["generated_before"]),
             pd_kind=int(rec["pd_kind"]),
             kv_start=int(rec["kv_start"]),
+            pd_epoch=int(rec["pd_epoch"]),
         )
 
     def set_prompt_cache_len(self, slot: int, request_id: int, prompt_cache_len: int) -> bool:

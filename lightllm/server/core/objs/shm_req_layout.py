@@ -74,6 +74,8 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             # whose KV is sent (the decode node's own prefix-cache hit).
             ("pd_kind", np.int32),
             ("kv_start", np.int32),
+            # Internal PD field: the transfer pair's epoch, which picks the rank's transfer handle.
+            ("pd_epoch", np.int32),
             # Internal: how many trailing prompt tokens are output of earlier segments (a PD
             # continuation); sampling counts them as generated (seeded step, penalties, decay).
             ("generated_before", np.int32),
