@@ -97,13 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--topology", choices=sorted(TOPOLOGIES), default="normal",
         help="normal: one server per strategy; 1p1d: one PD cluster per strategy (master + prefill node with "
-        "the strategy and --server-args + decode node with --server-args), measured through the master",
+        "the strategy and --server-args + decode node with --server-args), measured through the master; "
+        "2p1d, 1p2d, 2p2d: the same with x prefill and y decode nodes",
     )
     p.add_argument("--master-args", default="",
-                   help="1p1d: flags of the PD master, as one shell-quoted string "
+                   help="PD topologies: flags of the PD master, as one shell-quoted string "
                    "(e.g. '--pd_prefill_timeout_seconds 60')")
-    p.add_argument("--prefill-devices", default=None, help="1p1d on GPUs: CUDA_VISIBLE_DEVICES of the prefill nodes")
-    p.add_argument("--decode-devices", default=None, help="1p1d on GPUs: CUDA_VISIBLE_DEVICES of the decode nodes")
+    p.add_argument("--prefill-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the prefill nodes")
+    p.add_argument("--decode-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the decode nodes")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to become healthy")
     p.add_argument("--out-dir", required=True)
@@ -164,14 +165,15 @@ _PD_ONLY_FLAGS = {"master_args": "--master-args", "prefill_devices": "--prefill-
 
 
 def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """Constructor arguments of ``args.topology``; the 1p1d flags are refused for another topology."""
+    """Constructor arguments of ``args.topology``; the PD flags are refused for the normal topology."""
     kwargs: dict[str, Any] = {"host": args.host, "start_timeout_s": args.start_timeout}
     # An empty device list is a choice (hide every GPU); an empty --master-args is the default.
     given = [flag for name, flag in _PD_ONLY_FLAGS.items()
              if getattr(args, name) is not None and (name != "master_args" or getattr(args, name))]
-    if args.topology != "1p1d":
+    if args.topology == "normal":
         if given:
-            raise ValueError(f"{', '.join(given)} only apply with --topology 1p1d, got --topology {args.topology}")
+            raise ValueError(f"{', '.join(given)} only apply with a PD topology (1p1d, 2p1d, 1p2d, 2p2d), "
+                             f"got --topology {args.topology}")
         return kwargs
     try:
         master_args = shlex.split(args.master_args)

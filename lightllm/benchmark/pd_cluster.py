@@ -1,18 +1,19 @@
-"""A 1P1D PD cluster (PD master + prefill node + decode node) as one benchmark deployment.
+"""A PD cluster (PD master + x prefill nodes + y decode nodes) as one benchmark deployment.
 
-:class:`PdTopology` (``--topology 1p1d`` of ``compare_strategies``) starts, per
-:class:`~lightllm.benchmark.server_launcher.ServerSpec`, three
+:class:`PdTopology` (``--topology 1p1d``, ``2p1d``, ``1p2d`` or ``2p2d`` of ``compare_strategies``)
+starts, per :class:`~lightllm.benchmark.server_launcher.ServerSpec`, ``1 + x + y``
 ``python -m lightllm.server.api_server`` processes on this host:
 
 * the master (``--run_mode pd_master``) with ``--model_dir`` and the topology's ``master_args``;
-* the prefill node (``--run_mode prefill``) with the spec's strategy and extra flags: the
+* each prefill node (``--run_mode prefill``) with the spec's strategy and extra flags: the
   prefill-queue strategy runs where prompts wait for prefill;
-* the decode node (``--run_mode decode``) with the spec's extra flags (the same KV capacity,
-  TP size and dtype as the prefill node, which the master requires), without the strategy.
+* each decode node (``--run_mode decode``) with the spec's extra flags (the same KV capacity,
+  TP size and dtype as the prefill nodes, which the master requires), without the strategy.
 
-All three start at once (the nodes retry their registration until the master answers); the
-cluster serves once the master's ``/health`` answers 200, i.e. both nodes registered. Clients
-talk to the master only, so the benchmark measures a 1P1D cluster exactly as a normal server.
+All start at once (the nodes retry their registration until the master answers); the cluster
+serves once the master counts every node alive. Processes are named ``prefill``, ``prefill_2``,
+..., ``decode``, ``decode_2``, ... Clients talk to the master only, so the benchmark measures a
+cluster exactly as a normal server.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ PD_RESERVED_FLAGS: tuple[str, ...] = ("--pd_master_ip", "--pd_master_port")
 ROLES: tuple[str, ...] = ("master", "prefill", "decode")
 
 
+def node_names(role: str, count: int) -> list[str]:
+    """Process names of ``count`` nodes of ``role``: ``prefill``, ``prefill_2``, ..."""
+    return [role if index == 0 else f"{role}_{index + 1}" for index in range(count)]
+
+
 def _check_flags(args: Sequence[str], where: str) -> None:
     for arg in args:
         flag = arg.split("=", 1)[0]
@@ -38,8 +44,9 @@ def _check_flags(args: Sequence[str], where: str) -> None:
             raise ValueError(f"{where} must not set {flag}: the 1p1d launcher sets it (got {list(args)})")
 
 
-def cluster_commands(spec: ServerSpec, master_args: Sequence[str], host: str, master_port: int) -> dict[str, list[str]]:
-    """Server flags (without ``--host``/``--port``) of the master, prefill and decode processes.
+def cluster_commands(spec: ServerSpec, master_args: Sequence[str], host: str, master_port: int,
+                     prefill_nodes: int = 1, decode_nodes: int = 1) -> dict[str, list[str]]:
+    """Server flags (without ``--host``/``--port``) of the master and every node, by process name.
 
     Raises:
         ValueError: ``spec.extra_args`` or ``master_args`` set a flag the launcher owns.
@@ -47,15 +54,20 @@ def cluster_commands(spec: ServerSpec, master_args: Sequence[str], host: str, ma
     _check_flags(spec.extra_args, "extra_args")
     _check_flags(master_args, "master_args")
     membership = ["--pd_master_ip", host, "--pd_master_port", str(master_port)]
-    return {
-        "master": ["--run_mode", "pd_master", "--model_dir", str(spec.model_dir), *master_args],
-        "prefill": ["--run_mode", "prefill", *spec.server_args(), *membership],
-        "decode": ["--run_mode", "decode", "--model_dir", str(spec.model_dir), *spec.extra_args, *membership],
-    }
+    commands = {"master": ["--run_mode", "pd_master", "--model_dir", str(spec.model_dir), *master_args]}
+    # Several nodes of a role on one host need names of their own (one node keeps its default id).
+    for name in node_names("prefill", prefill_nodes):
+        node_id = ["--pd_node_id", name] if prefill_nodes > 1 else []
+        commands[name] = ["--run_mode", "prefill", *spec.server_args(), *membership, *node_id]
+    for name in node_names("decode", decode_nodes):
+        node_id = ["--pd_node_id", name] if decode_nodes > 1 else []
+        commands[name] = ["--run_mode", "decode", "--model_dir", str(spec.model_dir), *spec.extra_args, *membership,
+                          *node_id]
+    return commands
 
 
 class PdCluster(Deployment):
-    """A running master, prefill node and decode node; clients use the master's URL."""
+    """A running master and its nodes; clients use the master's URL."""
 
     def __init__(self, processes: dict[str, ServerProcess]) -> None:
         missing = [role for role in ROLES if role not in processes]
@@ -64,12 +76,18 @@ class PdCluster(Deployment):
         self.processes = dict(processes)
 
     @property
+    def names(self) -> list[str]:
+        """Process names: the master, then the prefill nodes, then the decode nodes."""
+        order = {"master": 0, "prefill": 1, "decode": 2}
+        return sorted(self.processes, key=lambda name: (order[name.split("_")[0]], name))
+
+    @property
     def base_url(self) -> str:
         return self.processes["master"].base_url
 
     @property
     def log_paths(self) -> list[Path]:
-        return [self.processes[role].log_paths[0] for role in ROLES]
+        return [self.processes[name].log_paths[0] for name in self.names]
 
     def is_alive(self) -> bool:
         return all(process.is_alive() for process in self.processes.values())
@@ -77,29 +95,32 @@ class PdCluster(Deployment):
     def stop(self, timeout_s: float = 60.0) -> None:
         # Nodes first, so the master never reports them dropped while it still serves; each
         # stop() is SIGTERM, a bounded wait, then SIGKILL of its process group.
-        for role in ("decode", "prefill", "master"):
-            self.processes[role].stop(timeout_s)
+        for name in reversed(self.names):
+            self.processes[name].stop(timeout_s)
 
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
             "pid": self.processes["master"].pid,
             "command": self.processes["prefill"].command,
-            "processes": {role: self.processes[role].describe() for role in ROLES},
+            "processes": {name: self.processes[name].describe() for name in self.names},
         }
 
 
 class PdTopology(Topology):
-    """One 1P1D cluster per spec on this host (see the module docstring).
+    """One PD cluster of ``prefill_nodes`` P and ``decode_nodes`` D per spec on this host.
 
     Args:
-        host: listen address of all three processes.
+        prefill_nodes / decode_nodes: how many nodes of each role (1P1D by default).
+        host: listen address of every process.
         start_timeout_s: bound on the start-up, until the master's ``/health`` answers 200.
         master_args: extra flags of the master (e.g. ``--pd_prefill_timeout_seconds 60``).
-        prefill_devices / decode_devices: ``CUDA_VISIBLE_DEVICES`` of each node on GPUs.
+        prefill_devices / decode_devices: ``CUDA_VISIBLE_DEVICES`` of each node of that role on GPUs.
     """
 
     name = "1p1d"
+    prefill_nodes = 1
+    decode_nodes = 1
 
     def __init__(
         self,
@@ -130,9 +151,10 @@ class PdTopology(Topology):
 
     def launch(self, spec: ServerSpec, log_dir: Path) -> PdCluster:
         master_port = free_port(self.host)
-        commands = cluster_commands(spec, self.master_args, self.host, master_port)
+        commands = cluster_commands(spec, self.master_args, self.host, master_port, self.prefill_nodes, self.decode_nodes)
         label = safe_label(spec.strategy)
-        logs = {role: Path(log_dir) / f"server_{label}_{role}.log" for role in ROLES}
+        logs = {name: Path(log_dir) / f"server_{label}_{name}.log" for name in commands}
+        nodes = [name for name in commands if name != "master"]
         started: dict[str, ServerProcess] = {}
         deadline = time.monotonic() + self.start_timeout_s
         try:
@@ -142,14 +164,14 @@ class PdTopology(Topology):
                 commands["master"], logs["master"], host=self.host, port=master_port,
                 start_timeout_s=self.start_timeout_s, ready=lambda _url: True,
             )
-            # Both nodes load at once; each is up when its own /health answers 200.
-            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pd-node") as pool:
+            # Every node loads at once; each is up when its own /health answers 200.
+            with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="pd-node") as pool:
                 futures = {
-                    role: pool.submit(
-                        ServerProcess.start, commands[role], logs[role], host=self.host,
-                        start_timeout_s=self.start_timeout_s, env=self._env(role),
+                    name: pool.submit(
+                        ServerProcess.start, commands[name], logs[name], host=self.host,
+                        start_timeout_s=self.start_timeout_s, env=self._env(name.split("_")[0]),
                     )
-                    for role in ("prefill", "decode")
+                    for name in nodes
                 }
             errors = []
             for role, future in futures.items():
@@ -159,18 +181,20 @@ class PdTopology(Topology):
                     errors.append(future.exception())
             if errors:
                 raise errors[0]
-            # Serving only once the master counts both nodes alive (its /health turns 200).
+            # Serving only once the master counts every node alive.
             started["master"].wait_ready(max(deadline - time.monotonic(), 1.0))
+            _wait_for_nodes(started["master"].base_url, len(nodes), deadline)
         except BaseException:
-            for role in ("decode", "prefill", "master"):
-                if role in started:
-                    started[role].stop()
+            for name in reversed(list(started)):
+                started[name].stop()
             raise
         return PdCluster(started)
 
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "prefill_nodes": self.prefill_nodes,
+            "decode_nodes": self.decode_nodes,
             "host": self.host,
             "start_timeout_s": self.start_timeout_s,
             "master_args": list(self.master_args),
@@ -178,3 +202,33 @@ class PdTopology(Topology):
             "decode_devices": self.devices["decode"],
         }
 
+
+
+def _wait_for_nodes(master_url: str, count: int, deadline: float) -> None:
+    """Wait until the master lists ``count`` registered nodes (its /health needs only one per role)."""
+    import httpx
+
+    key = os.environ.get("LIGHTLLM_PD_CLUSTER_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    while True:
+        try:
+            answer = httpx.get(f"{master_url}/pd/nodes", headers=headers, timeout=5)
+            if answer.status_code == 200 and len(answer.json().get("nodes", [])) >= count:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the PD master at {master_url} did not list {count} nodes in time")
+        time.sleep(0.2)
+
+
+def _sized(prefill_nodes: int, decode_nodes: int) -> type[PdTopology]:
+    name = f"{prefill_nodes}p{decode_nodes}d"
+    return type(f"PdTopology{prefill_nodes}P{decode_nodes}D", (PdTopology,), {
+        "name": name, "prefill_nodes": prefill_nodes, "decode_nodes": decode_nodes,
+        "__doc__": f"A PD cluster of {prefill_nodes} prefill and {decode_nodes} decode nodes (see PdTopology).",
+    })
+
+
+# The xPyD shapes the benchmark runner knows besides 1P1D.
+XPYD_TOPOLOGIES: tuple[type[PdTopology], ...] = (_sized(2, 1), _sized(1, 2), _sized(2, 2))

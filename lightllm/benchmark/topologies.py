@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightllm.benchmark.pd_cluster import PdTopology
+from lightllm.benchmark.pd_cluster import XPYD_TOPOLOGIES, PdTopology
 from lightllm.benchmark.server_launcher import NormalTopology, Topology
 
-TOPOLOGIES: dict[str, type[Topology]] = {cls.name: cls for cls in (NormalTopology, PdTopology)}
+TOPOLOGIES: dict[str, type[Topology]] = {cls.name: cls for cls in (NormalTopology, PdTopology, *XPYD_TOPOLOGIES)}
 
 
 def make_topology(name: str, **kwargs: Any) -> Topology:

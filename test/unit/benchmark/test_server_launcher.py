@@ -51,7 +51,7 @@ def test_topology_registry():
     assert isinstance(topology, NormalTopology)
     assert topology.describe() == {"name": "normal", "host": "127.0.0.1", "start_timeout_s": 5}
     with pytest.raises(ValueError, match="topology must be one of"):
-        make_topology("2p2d")
+        make_topology("3p3d")
     with pytest.raises(ValueError, match="start_timeout_s"):
         NormalTopology(start_timeout_s=0)
 

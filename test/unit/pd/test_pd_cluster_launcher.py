@@ -11,11 +11,11 @@ from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 
 
 def test_1p1d_is_a_registered_topology():
-    assert set(TOPOLOGIES) == {"normal", "1p1d"}
+    assert set(TOPOLOGIES) == {"normal", "1p1d", "2p1d", "1p2d", "2p2d"}
     topology = make_topology("1p1d", start_timeout_s=5, master_args=["--pd_heartbeat_interval", "1"])
     assert isinstance(topology, PdTopology)
     assert topology.describe() == {
-        "name": "1p1d", "host": "127.0.0.1", "start_timeout_s": 5,
+        "name": "1p1d", "prefill_nodes": 1, "decode_nodes": 1, "host": "127.0.0.1", "start_timeout_s": 5,
         "master_args": ["--pd_heartbeat_interval", "1"], "prefill_devices": None, "decode_devices": None,
     }
 
@@ -80,12 +80,12 @@ def test_cpu_nodes_sharing_the_machine_keep_one_thread_count_unless_the_user_set
 
 
 def test_compare_strategies_refuses_pd_flags_without_1p1d_and_bad_values():
-    with pytest.raises(ValueError, match="--master-args, --decode-devices only apply with --topology 1p1d"):
+    with pytest.raises(ValueError, match="--master-args, --decode-devices only apply with a PD topology"):
         topology_kwargs(_parse("--master-args", "--pd_heartbeat_interval 1", "--decode-devices", "1"))
     with pytest.raises(ValueError, match="master_args is not a valid shell-quoted string"):
         topology_kwargs(_parse("--topology", "1p1d", "--master-args", "'unclosed"))
     with pytest.raises(SystemExit):
-        _parse("--topology", "2p2d")
+        _parse("--topology", "3p3d")
 
 
 def test_compare_strategies_cli_reports_a_bad_topology_flag_in_one_line(tmp_path, capsys):
@@ -96,4 +96,16 @@ def test_compare_strategies_cli_reports_a_bad_topology_flag_in_one_line(tmp_path
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
-    assert "only apply with --topology 1p1d" in capsys.readouterr().err
+    assert "only apply with a PD topology" in capsys.readouterr().err
+
+
+def test_xpyd_topologies_name_their_nodes_and_give_each_its_own_id():
+    topology = make_topology("2p2d", start_timeout_s=5)
+    assert (topology.prefill_nodes, topology.decode_nodes) == (2, 2)
+    spec = ServerSpec(strategy="hrrn", model_dir="/models/m", extra_args=("--max_total_token_num", "4096"))
+    commands = cluster_commands(spec, [], "127.0.0.1", 9000, prefill_nodes=2, decode_nodes=2)
+    assert list(commands) == ["master", "prefill", "prefill_2", "decode", "decode_2"]
+    for name in ("prefill", "prefill_2", "decode", "decode_2"):
+        assert commands[name][-2:] == ["--pd_node_id", name]
+    assert all("hrrn" in commands[name] for name in ("prefill", "prefill_2"))
+    assert not any("hrrn" in commands[name] for name in ("decode", "decode_2"))
