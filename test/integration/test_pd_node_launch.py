@@ -59,6 +59,11 @@ def test_node_registers_its_model_shape_and_heartbeats(master, decode_node, tiny
     while master.wait_node("d0")["heartbeats"] < 2:
         assert time.monotonic() < deadline, "the node does not heartbeat"
         time.sleep(HEARTBEAT_S / 2)
+    # Its heartbeats carry its state and load: the KV numbers are rank 0's, an idle node's KV all free.
+    beat = master.wait_node("d0")
+    assert beat["state"] == "serving"
+    assert beat["load"] == {"queued_prefill_tokens": 0, "running_requests": 0, "free_kv_tokens": 4096,
+                            "kv_capacity_tokens": 4096}, beat
 
 
 def test_control_endpoints_validate_and_answer(decode_node) -> None:
@@ -126,6 +131,25 @@ def test_incompatible_tp_size_is_refused_and_the_node_exits_non_zero(tiny_llama_
         assert "refused node 'd9'" in errors[0] and "tp_size: 1 != 2" in errors[0], errors[0]
         assert "Traceback" not in log
         assert [node["node_id"] for node in master.nodes()] == ["p0"]
+    finally:
+        master.stop()
+
+
+def test_sigterm_drains_the_node_and_the_master_hears_it_at_once(tiny_llama_dir, tmp_path) -> None:
+    # The master's interval is far longer than the test: only the drain's own heartbeat can
+    # bring "draining", and the exited node stays listed long enough to read it.
+    master = MembershipMaster(heartbeat_interval_s=300)
+    try:
+        node = start_server(tiny_llama_dir, tmp_path, [
+            "--run_mode", "prefill", "--pd_master_ip", "127.0.0.1", "--pd_master_port", str(master.port),
+            "--max_total_token_num", "4096", "--pd_node_id", "p7", "--graceful_shutdown_seconds", "30"])
+        try:
+            assert master.wait_node("p7")["state"] == "serving"
+        finally:
+            code = node.stop(signal.SIGTERM)
+        assert code == 0, node.log()[-3000:]
+        assert master.wait_node("p7")["state"] == "draining", node.log()[-3000:]
+        assert "draining" in node.log()
     finally:
         master.stop()
 

@@ -150,12 +150,41 @@ def test_busy_lease_expiry_and_wrong_epoch_are_answered(nodes) -> None:
     assert lines[-1]["transfer_broken"] is False
     again = Stream(f"{decode.url}/pd/node/decode", _body(204, list(range(7, 267)), 100, epoch=2))
     assert again.first.wait(60) and again.lines[0]["event"] == "reserved", again.lines
-    # A request of another epoch is refused: the master must set the pair up again.
-    stale = httpx.post(f"{prefill.url}/pd/node/prefill", json=_body(205, [5, 6, 7], 3, epoch=1, kv_start=0,
+    # A request of an epoch this node does not hold is refused: the master must set the pair up again.
+    stale = httpx.post(f"{prefill.url}/pd/node/prefill", json=_body(205, [5, 6, 7], 3, epoch=77, kv_start=0,
                                                                       infer_high_priority=0), timeout=60)
     line = json.loads(stale.text.splitlines()[0])
     assert line["event"] == "error" and line["transfer_broken"] is True
     assert again.wait(LEASE_S + 60)[-1]["event"] == "error"
+
+
+def _teardown(node, epoch: int) -> Dict[str, Any]:
+    response = httpx.post(f"{node.url}/pd/node/transfer_teardown", json={"epoch": epoch}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_two_epochs_live_side_by_side_and_a_teardown_ends_only_one(nodes, reference) -> None:
+    """A node holds one pair per peer: setting up a second leaves the first working, and tearing
+    one down leaves the other working (here both pairs join the same two nodes)."""
+    prefill, decode, address = nodes
+    _setup(prefill, decode, address, epoch=5)
+    _setup(prefill, decode, address, epoch=6)
+    prompt = list(range(300, 320))
+    expected = reference(prompt, 3)
+    for request_id, epoch in ((601, 6), (602, 5)):
+        _, p_lines, d_lines = _run(prefill, decode, request_id, prompt, 3, epoch=epoch)
+        assert [line["event"] for line in p_lines] == ["token", "handed_off"], (epoch, p_lines, d_lines)
+        assert [line["token_id"] for line in d_lines[1:]] == expected, epoch
+    for node in (prefill, decode):
+        assert _teardown(node, 5) == {"epoch": 5, "known": True}
+        assert _teardown(node, 5) == {"epoch": 5, "known": False}  # idempotent
+    gone = httpx.post(f"{decode.url}/pd/node/decode", json=_body(603, prompt, 3, epoch=5), timeout=60)
+    line = json.loads(gone.text.splitlines()[0])
+    assert line["event"] == "error" and line["transfer_broken"] is True, line
+    _, p_lines, d_lines = _run(prefill, decode, 604, list(range(400, 420)), 3, epoch=6)
+    assert [line["event"] for line in p_lines] == ["token", "handed_off"], (p_lines, d_lines)
+    assert [line["token_id"] for line in d_lines[1:]] == reference(list(range(400, 420)), 3)
 
 
 def test_tp2_nodes_move_each_ranks_shard_and_agree_on_results(tiny_llama_dir, tmp_path_factory, reference) -> None:

@@ -37,10 +37,11 @@ def wait_ready(*handles: KVTransferHandle) -> None:
 
 
 def restart_pair(prefill: KVTransferHandle, decode: KVTransferHandle) -> None:
-    """Replace both transfer processes on a fresh port."""
-    port = free_port()
-    prefill.restart(port)
-    decode.restart(port)
+    """Replace both transfer processes (prefill first), on the same store: a new generation of the pair's keys."""
+    generation = prefill.generation
+    prefill.restart()
+    decode.restart()
+    assert prefill.generation == generation + 1
     wait_ready(prefill, decode)
 
 

@@ -9,8 +9,12 @@ function of the whole sequence (:func:`next_token`), so a request split into con
 segments must give exactly the tokens of :func:`reference_tokens`; the "KV transfer" is P
 handing its first token to D through a thread-safe :class:`Handoff`.  Their knobs (busy, a
 per-segment token limit, going silent, a broken transfer) are attributes the tests set.
-The ``cluster`` fixture and the request/metrics helpers at the end are what the
-``test_pd_master_*`` modules share.
+A stand-in keeps one transfer epoch per peer, as a real node does, and records the
+``transfer_teardown`` calls it gets; :meth:`NodeStandIn.report` sends the master a heartbeat
+with a load and state of the test's choice (the stand-ins' periodic heartbeats carry none, so
+the master's view of a node's load changes only when a test says so).
+The ``cluster`` fixture (a :class:`Cluster` of any number of prefill and decode stand-ins) and
+the request/metrics helpers at the end are what the ``test_pd_master_*`` modules share.
 """
 
 from __future__ import annotations
@@ -146,14 +150,17 @@ class NodeStandIn:
         self.role = role
         self.handoff = handoff
         self.master_url = master_url
-        self.epoch: Optional[int] = None
+        self.epochs: set = set()  # the transfer epochs set up and not torn down (one per peer)
         self.busy = False
+        self.busy_from_segment: Optional[int] = None  # busy for segments with at least this index
         self.busy_message = "no KV free"  # the message of a busy answer (a real node names the limit hit)
         self.segment_limit: Optional[int] = None  # D: tokens after the echo before segment_end
+        self.segment_end_reason = "segment_limit"  # D: the reason of that segment_end
         self.token_delay = 0.0
         self.silent_after: Optional[int] = None  # D: hang after this many tokens of a segment
         self.hold_after: Optional[int] = None  # D: pause after this many tokens until release_hold()
         self._released = threading.Event()
+        self._stopped = False
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
         self.prefill_delay = 0.0  # P: seconds before the first token
@@ -161,6 +168,7 @@ class NodeStandIn:
         self.refuse_setup = False  # answer transfer_setup with a 500
         self.lease_expires = False  # D: an error line (lease expired) right after reserving
         self.setups: List[Dict[str, Any]] = []
+        self.teardowns: List[int] = []  # epochs of the transfer_teardown calls, in order
         self.bodies: List[Dict[str, Any]] = []
         self.finished: List[int] = []
         self.aborted: List[int] = []
@@ -170,6 +178,33 @@ class NodeStandIn:
         self._model_name = model_name
         self._tp_size = tp_size
         self.server = ThreadServer(self._app())
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def epoch(self) -> Optional[int]:
+        """The latest transfer epoch still set up (None: none)."""
+        return max(self.epochs) if self.epochs else None
+
+    @epoch.setter
+    def epoch(self, value: Optional[int]) -> None:
+        # None: the node lost every transfer handle (a test breaks its transfers).
+        self.epochs = set() if value is None else {value}
+
+    def report(self, load: Optional[Dict[str, Any]] = None, state: Optional[str] = None) -> None:
+        """Send the master one heartbeat carrying ``load`` and/or ``state`` (returns once it answered)."""
+        body: Dict[str, Any] = {"node_id": self._node_id}
+        if load is not None:
+            body["load"] = load
+        if state is not None:
+            body["state"] = state
+        response = httpx.post(f"{self.master_url}/pd/heartbeat", json=body, timeout=REQUEST_TIMEOUT)
+        assert response.status_code == 200, response.text
+
+    def _is_busy(self, body: Dict[str, Any]) -> bool:
+        return self.busy or (self.busy_from_segment is not None and body["segment_index"] >= self.busy_from_segment)
 
     def info(self) -> NodeInfo:
         return NodeInfo(node_id=self._node_id, role=self.role, model_name=self._model_name, dtype="float32",
@@ -199,13 +234,18 @@ class NodeStandIn:
         self._released.set()
 
     def stop(self) -> None:
+        """Stop heartbeating and serving (its port then refuses connections, as a killed node's
+        does); a second call does nothing."""
         self._released.set()
-        if self.client is not None:
+        client, self.client = self.client, None
+        if client is not None:
             try:
-                self.server.call(self.client.stop())
+                self.server.call(client.stop())
             except Exception:  # noqa: BLE001 - the server thread may already be gone
                 pass
-        self.server.stop()
+        if not self._stopped:
+            self._stopped = True
+            self.server.stop()
 
     def _app(self) -> FastAPI:
         app = FastAPI()
@@ -217,8 +257,16 @@ class NodeStandIn:
             if self.refuse_setup:
                 return JSONResponse({"error": {"message": "rank 0 could not start its transfer handle",
                                                "type": "server_error", "param": None, "code": None}}, 500)
-            self.epoch = body["epoch"]
+            self.epochs.add(body["epoch"])
             return JSONResponse({"epoch": body["epoch"]})
+
+        @app.post("/pd/node/transfer_teardown")
+        async def transfer_teardown(request: Request) -> JSONResponse:
+            epoch = (await request.json())["epoch"]
+            self.teardowns.append(epoch)
+            known = epoch in self.epochs
+            self.epochs.discard(epoch)
+            return JSONResponse({"epoch": epoch, "known": known})
 
         path = "/pd/node/decode" if self.role == "decode" else "/pd/node/prefill"
 
@@ -244,11 +292,11 @@ class NodeStandIn:
                 self.aborted_segments.append((request_id, segment_index))
 
     async def _prefill(self, body: Dict[str, Any]):
-        if body["epoch"] != self.epoch:
+        if body["epoch"] not in self.epochs:
             yield _line({"event": "error", "message": f"transfer not set up for epoch {body['epoch']}",
                          "transfer_broken": True})
             return
-        if self.busy:
+        if self._is_busy(body):
             yield _line({"event": "busy", "message": "prefill queue full"})
             return
         prompt, max_new = body["prompt_ids"], body["params"]["max_new_tokens"]
@@ -270,11 +318,11 @@ class NodeStandIn:
         yield _line({"event": "handed_off"})
 
     async def _decode(self, body: Dict[str, Any]):
-        if body["epoch"] != self.epoch:
+        if body["epoch"] not in self.epochs:
             yield _line({"event": "error", "message": f"transfer not set up for epoch {body['epoch']}",
                          "transfer_broken": True})
             return
-        if self.busy:
+        if self._is_busy(body):
             yield _line({"event": "busy", "message": self.busy_message})
             return
         yield _line({"event": "reserved", "kv_start": 0})
@@ -288,7 +336,7 @@ class NodeStandIn:
         max_new, produced, after_echo = body["params"]["max_new_tokens"], 1, 0
         while produced < max_new:
             if self.segment_limit is not None and after_echo >= self.segment_limit:
-                yield _line({"event": "segment_end", "reason": "segment_limit"})
+                yield _line({"event": "segment_end", "reason": self.segment_end_reason})
                 return
             if self.silent_after is not None and after_echo >= self.silent_after:
                 await asyncio.sleep(3600)
@@ -316,7 +364,7 @@ class MasterUnderTest:
         check_master_flags(args)
         self.manager, self.registry = build_master(args)
         routers = [readiness_router(self.registry, refusal=self.manager.refusal),
-                   membership_router(self.registry, new_master_id())]
+                   membership_router(self.registry, new_master_id(), node_details=self.manager.node_details)]
         self.server = ThreadServer(create_app(self.manager, HttpServerOptions.from_args(args), extra_routers=routers))
 
     @property
@@ -328,20 +376,44 @@ class MasterUnderTest:
 
 
 class Cluster:
-    """A master under test with one prefill and one decode stand-in."""
+    """A master under test with ``prefills`` prefill and ``decodes`` decode stand-ins.
 
-    def __init__(self, model_dir: str, *flags: str, register: bool = True) -> None:
+    ``prefill`` / ``decode`` are the first of each role (node ids ``prefill-standin`` and
+    ``decode-standin``); more are ``p1``, ``p2``, ... and ``d1``, ``d2``, ...  :meth:`add` starts
+    (and registers) one more mid-test.
+    """
+
+    def __init__(self, model_dir: str, *flags: str, register: bool = True, prefills: int = 1,
+                 decodes: int = 1) -> None:
         self.master = MasterUnderTest(model_dir, *flags)
-        handoff = Handoff()
-        name = self.master.manager.model_name
-        self.prefill = NodeStandIn("prefill", self.master.url, handoff, name)
-        self.decode = NodeStandIn("decode", self.master.url, handoff, name)
+        self.handoff = Handoff()
+        self.prefills: List[NodeStandIn] = []
+        self.decodes: List[NodeStandIn] = []
+        for _ in range(prefills):
+            self.add("prefill", register=False)
+        for _ in range(decodes):
+            self.add("decode", register=False)
+        self.prefill, self.decode = self.prefills[0], self.decodes[0]
         if register:
-            self.prefill.register()
-            self.decode.register()
+            for node in self.prefills + self.decodes:
+                node.register()
+
+    def add(self, role: str, register: bool = True) -> NodeStandIn:
+        """Start one more stand-in of ``role`` (registered unless ``register`` is False)."""
+        nodes = self.prefills if role == "prefill" else self.decodes
+        node_id = f"{role}-standin" if not nodes else f"{role[0]}{len(nodes)}"
+        node = NodeStandIn(role, self.master.url, self.handoff, self.master.manager.model_name, node_id=node_id)
+        nodes.append(node)
+        if register:
+            node.register()
+        return node
+
+    def by_id(self, node_id: str) -> NodeStandIn:
+        """The stand-in registered as ``node_id``."""
+        return next(node for node in self.prefills + self.decodes if node.node_id == node_id)
 
     def stop(self) -> None:
-        for part in (self.prefill, self.decode, self.master):
+        for part in (*self.prefills, *self.decodes, self.master):
             part.stop()
 
 

@@ -3,11 +3,15 @@
 It reads the tokenizer and ``config.json`` of ``--model_dir`` (no weights), keeps the node
 registry (``--pd_heartbeat_interval``, ``--pd_max_missed_heartbeats``) with its expiry sweeper,
 and serves, on ``--host:--port``, the public API (native and OpenAI) through
-:class:`~.master_manager.PdMasterManager` plus the membership endpoints (``/pd/register``,
-``/pd/heartbeat``, ``/pd/nodes``) and a ``/health`` that is 503 ``pd_not_ready`` until a prefill
-and a decode node are alive.  A node is admitted only when it serves the master's model (its
-``model_name`` is one of the master's served names) and agrees with the other nodes on model,
-dtype, layers, KV heads, head dim and TP size; a refusal is logged with every reason.
+:class:`~lightllm.server.pd.master.manager.PdMasterManager` plus the membership endpoints
+(``/pd/register``, ``/pd/heartbeat``, ``/pd/nodes`` with each node's state, load, in-flight
+requests and transfer pairs) and a ``/health`` that is 503 ``pd_not_ready`` until a prefill and a
+decode node are alive and serving.  Any number of prefill and decode nodes may register; each
+request is placed on a (P, D) pair by load and prefix affinity
+(:mod:`lightllm.server.pd.master.node_selector`).  A node is admitted only when it serves the
+master's model (its ``model_name`` is one of the master's served names) and agrees with the
+other nodes on model, dtype, layers, KV heads, head dim and TP size; a refusal is logged with
+every reason.
 SIGTERM drains like a normal server (``--graceful_shutdown_seconds``).
 """
 
@@ -137,7 +141,8 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
     from lightllm.server.launch.supervisor import StopOutsideServing, SupervisedServer, Supervisor, run_uvicorn
 
     stop = StopOutsideServing()
-    membership = membership_router(registry, new_master_id(), has_cluster_key=options.auth.cluster_key is not None)
+    membership = membership_router(registry, new_master_id(), has_cluster_key=options.auth.cluster_key is not None,
+                                   node_details=manager.node_details)
     routers = [readiness_router(registry, refusal=manager.refusal), membership]
     app = create_app(manager, options, extra_routers=routers)
     supervisor = Supervisor(manager, args.graceful_shutdown_seconds)

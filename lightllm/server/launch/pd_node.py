@@ -18,7 +18,12 @@ backend) plus:
   event loop, started once uvicorn listens (the master calls the node back right after it
   registers).  A master that refuses the node stops it with exit code 1 and a one-line error;
   a master that stops answering fails the node's open PD streams (their requests are aborted and
-  their KV freed) while the client keeps trying to register again.
+  their KV freed) while the client keeps trying to register again.  Every registration and
+  heartbeat carries the node's load and state (:func:`node_report`).
+* draining: the first SIGTERM/SIGINT sets the node's state to ``"draining"`` and sends a
+  heartbeat at once, so the master places nothing new here; new PD requests are answered busy
+  while the held ones finish within ``--graceful_shutdown_seconds``, then the node exits as any
+  server does (:mod:`lightllm.server.launch.supervisor`).
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from fastapi import APIRouter, FastAPI
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient
 from lightllm.server.pd.node.api import PdStreams, pd_node_router, public_api_refusal_router
@@ -118,6 +124,31 @@ def prepare_pd_node(
     ), ports
 
 
+def node_report(service: PdNodeService, stats: Any) -> Dict[str, Any]:
+    """A node's ``"load"`` and ``"state"`` as its heartbeats carry them.
+
+    KV numbers come from rank 0's shared counters (``stats``, a
+    :class:`~lightllm.server.core.objs.shm_stats.ShmStats`; None: zeros): free KV is what a new
+    request could be given, free slots plus prefix-cache slots it can evict
+    (``kv_allocatable_tokens``) less what a decode node promised its reservations
+    (``kv_promised_tokens``); the capacity is ``kv_total_tokens``.  The request numbers and the
+    state come from the PD service, which sees every request the node takes (a PD node serves
+    no other).
+    """
+    free_kv = stats.get("kv_allocatable_tokens") - stats.get("kv_promised_tokens") if stats is not None else 0
+    capacity = stats.get("kv_total_tokens") if stats is not None else 0
+    return {
+        LOAD_KEY: {
+            "queued_prefill_tokens": service.queued_prefill_tokens,
+            "running_requests": service.running_requests,
+            # Written at different moments by different writers: keep the pair consistent.
+            "free_kv_tokens": max(0, min(free_kv, capacity)),
+            "kv_capacity_tokens": max(0, capacity),
+        },
+        STATE_KEY: service.state,
+    }
+
+
 class PdNodeRuntime:
     """A running node's PD parts: its service, routes, master client and their reactions.
 
@@ -135,6 +166,7 @@ class PdNodeRuntime:
                  cluster_key: Optional[str] = None) -> None:
         self.info = info
         self.cluster_key = cluster_key
+        self.manager = manager
         # A setup waits for rank 0 as long as a rank may take to open its transfer group.
         self.service = PdNodeService(manager, info.role, pd_rank_settings(args).connect_timeout_s, rank0_address)
         if args.log_level != "debug":
@@ -157,9 +189,11 @@ class PdNodeRuntime:
 
     def attach(self, app: FastAPI, server: Any, supervisor: Any) -> None:
         """Run the service and the master client inside ``app``'s lifespan (the client once
-        ``server``, uvicorn, listens)."""
+        ``server``, uvicorn, listens); ``supervisor``'s first stop signal starts the drain."""
         self._server = server
         self._supervisor = supervisor
+        if supervisor is not None:
+            supervisor.add_stop_listener(self.start_draining)
         inner = app.router.lifespan_context
 
         @contextlib.asynccontextmanager
@@ -186,6 +220,7 @@ class PdNodeRuntime:
             on_master_back=self.master_back,
             on_refused=self.refused,
             cluster_key=self.cluster_key,
+            report=self.report,
         )
         log.info("%s: registering with the PD master at %s", self.info.describe(), self.master_url)
         self.client.start()
@@ -197,6 +232,18 @@ class PdNodeRuntime:
                 await self._starter
         if self.client is not None:
             await self.client.stop()
+
+    # --- what the node tells the master --------------------------------------------------------
+    def report(self) -> Dict[str, Any]:
+        """The ``"load"`` and ``"state"`` fields of the next registration or heartbeat."""
+        return node_report(self.service, getattr(self.manager, "stats", None))
+
+    def start_draining(self) -> None:
+        """The node is stopping: refuse new PD requests and tell the master now (on the event loop)."""
+        self.service.start_draining()
+        log.info("%s: draining; telling the PD master", self.info.describe())
+        if self.client is not None:
+            self.client.beat_now()
 
     # --- the master client's callbacks (on the event loop) ---------------------------------------
     def master_lost(self, reason: str) -> None:

@@ -21,7 +21,7 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import uvicorn
 
@@ -50,6 +50,18 @@ class Supervisor:
         self._failed = False
         self._signals = 0
         self._drain: Optional[asyncio.Task] = None
+        self._stop_listeners: List[Callable[[], None]] = []
+
+    def add_stop_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` on the event loop at the first stop signal, before new requests are refused."""
+        self._stop_listeners.append(listener)
+
+    def _notify_stop(self) -> None:
+        for listener in self._stop_listeners:
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a listener's bug must not keep the server from stopping
+                log.exception("stop listener failed")
 
     def _call_on_loop(self, callback: Any, *args: Any) -> None:
         loop: Optional[asyncio.AbstractEventLoop] = self.manager.loop
@@ -90,6 +102,8 @@ class Supervisor:
     def stop_signal(self, signum: int) -> None:
         """First signal: drain, bounded by the graceful period; a second one: stop at once."""
         self._signals += 1
+        if self._signals == 1 and self._stop_listeners:
+            self._call_on_loop(self._notify_stop)
         if self._signals == 1 and self.graceful_shutdown_seconds > 0:
             log.info(
                 "received %s: taking no new requests, letting requests in flight finish for at most %gs",

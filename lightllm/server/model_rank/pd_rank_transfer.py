@@ -5,24 +5,32 @@ the rank's mode backend as its :class:`~.scheduling.pd_node_backend.TransferInta
 loop calls the backend's hooks, the same in every run mode, and the backend hands them here with
 itself as the argument.  Nothing here blocks the inference step:
 
-* :meth:`PdRankTransfer.setup` (a :class:`PdTransferSetup` command, broadcast to every rank,
-  reaching here through :meth:`PdRankTransfer.on_command`) replaces the rank's
-  :class:`KVTransferHandle`: a prefill rank hosts its group at its own transfer port + rank, a
-  decode rank joins the prefill node's port + rank.  Requests the old handle still held are failed.
-* :meth:`PdRankTransfer.take` admits a request of this node's PD kind.  A prefill node joins it
-  and remembers its ``kv_start``.  A decode node reserves KV for the prompt plus what one segment
-  may generate, or finishes the request ``FINISH_BUSY`` at once (after a ``busy`` notice naming
-  the limit it hit); then it asks the handle to receive positions ``[kv_start, input_len)``, with
-  the reservation lease as the wait.
+* Pairs.  A node may be paired with several peers at once; the master numbers each pair with an
+  ``epoch``, and the rank holds one :class:`KVTransferHandle` per epoch.
+  :meth:`PdRankTransfer.setup` (a :class:`PdTransferSetup` command, broadcast to every rank,
+  reaching here through :meth:`PdRankTransfer.on_command`) adds the handle of its epoch, or
+  replaces it (requests the old one still held fail), and leaves the other epochs alone; a
+  :class:`PdTransferTeardown` closes one epoch's handle (its requests fail as a broken
+  transfer).  A prefill rank serves one TCP store on its transfer port + rank, started at its
+  first setup, which every pair's transfer processes join (see ``pd/kv_transfer/store_host.py``);
+  a decode rank's handle joins the prefill node's port + rank.
+* :meth:`PdRankTransfer.take` admits a request of this node's PD kind, on the pair of its
+  ``spec.pd.epoch``.  A prefill node joins it and remembers its ``kv_start`` and epoch.  A decode
+  node reserves KV for the prompt plus what one segment may generate, or finishes the request
+  ``FINISH_BUSY`` at once (after a ``busy`` notice naming the limit it hit); then it asks its
+  epoch's handle to receive positions ``[kv_start, input_len)``, with the reservation lease as
+  the wait.  A request whose epoch has no handle fails as a broken transfer.
 * :meth:`PdRankTransfer.after_step` (prefill node) sends each handed-off request's positions
-  ``[kv_start, input_len)`` with its first token in the header, right after the step.
-* :meth:`PdRankTransfer.poll` (every iteration) polls the handle and acts on results that every
-  TP rank has: with TP > 1 each rank moves its own KV-head shard and learns its outcome at its
-  own time, so the ranks first exchange what they have (one small ``all_gather_object`` while
-  transfers are in flight) and act only on requests every rank reported: success when all
-  succeeded.  Every rank hence takes the same decision in the same iteration.  A decode node's
-  success admits the request with the first token from the header; the backend reports that
-  token ahead of the next step's own, like a sampled one.
+  ``[kv_start, input_len)`` with its first token in the header, on its epoch's handle, right
+  after the step.
+* :meth:`PdRankTransfer.poll` (every iteration) polls every handle and acts on results that
+  every TP rank has: with TP > 1 each rank moves its own KV-head shard and learns its outcome at
+  its own time, so the ranks first exchange what they have (one small ``all_gather_object``
+  while transfers are in flight) and act only on requests every rank reported: success when all
+  succeeded.  Every rank hence takes the same decision in the same iteration (they apply the
+  same setup and teardown commands in the same order, so they hold the same epochs).  A decode
+  node's success admits the request with the first token from the header; the backend reports
+  that token ahead of the next step's own, like a sampled one.
 
 Aborts: a prefill request whose KV is being sent ends when its transfer does (the transfer
 process still reads the KV).  A decode request aborted while waiting for its KV ends when the KV
@@ -34,13 +42,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from lightllm.server.core.objs.finish_status import FINISH_BUSY, FINISH_TRANSFER_FAILED
-from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.core.objs.io_messages import (
+    PdChannelBroken,
+    PdNotice,
+    PdSetupDone,
+    PdTransferSetup,
+    PdTransferTeardown,
+)
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
-from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferResult
+from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferResult, TransferStoreHost
 # Defined with the rest of a rank's start-up config (torch-free, for the launcher); imported from here too.
 from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings  # noqa: F401
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -75,6 +89,13 @@ class _Outcome:
 
 Agree = Callable[[Any], List[Any]]  # all_gather of one picklable object per rank
 Notify = Callable[[Any], None]  # rank 0: a message to the HTTP process
+# make_handle(role, host, port, group_name, store_host): store_host is the prefill rank's store, None on decode.
+MakeHandle = Callable[[str, str, int, str, Optional[TransferStoreHost]], KVTransferHandle]
+
+
+def pair_group_name(epoch: int, rank: int) -> str:
+    """The key prefix of one pair's transfer group between TP rank ``rank`` of each side."""
+    return f"lightllm-kv/epoch-{epoch}/rank-{rank}"
 
 
 def pd_backend_settings(
@@ -93,11 +114,12 @@ def pd_backend_settings(
     settings = config.pd
     kv_cache.share_buffers()
 
-    def make_handle(side: str, host: str, port: int, group_name: str) -> KVTransferHandle:
+    def make_handle(side: str, host: str, port: int, group_name: str,
+                    store_host: Optional[TransferStoreHost]) -> KVTransferHandle:
         return KVTransferHandle(
             side, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
             connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
-            group_name=group_name, listen_socket=settings.listen_socket,
+            group_name=group_name, store_host=store_host,
         )
 
     mode_settings: Dict[str, Any] = {
@@ -109,13 +131,14 @@ def pd_backend_settings(
 
 
 class PdRankTransfer:
-    """Owns one rank's KV transfer handle and is its PD backend's intake (see the module docstring).
+    """Owns one rank's KV transfer handles, one per pair, and is its PD backend's intake (see the module docstring).
 
     ``backend`` (every intake method's first argument) is the :class:`PrefillBackend` or
     :class:`DecodeBackend` that carries this transfer.  ``make_handle(role, host, port,
-    group_name)`` builds a handle (a :class:`KVTransferHandle` over the rank's shareable cache;
-    tests may pass their own); ``group_name`` names the pair and the epoch, so both sides of one
-    setup meet and nothing else does; ``agree`` is None for TP = 1; ``notify`` is None on ranks
+    group_name, store_host)`` builds a handle (a :class:`KVTransferHandle` over the rank's
+    shareable cache; tests may pass their own); ``group_name`` names the pair and the rank, so
+    both sides of one setup meet and nothing else does; ``store_host`` is the prefill rank's
+    store (None on a decode rank).  ``agree`` is None for TP = 1; ``notify`` is None on ranks
     other than 0.
     """
 
@@ -124,7 +147,7 @@ class PdRankTransfer:
         role: str,
         rank: int,
         settings: PdRankSettings,
-        make_handle: Callable[[str, str, int, str], KVTransferHandle],
+        make_handle: MakeHandle,
         agree: Optional[Agree] = None,
         notify: Optional[Notify] = None,
     ):
@@ -136,58 +159,101 @@ class PdRankTransfer:
         self._make_handle = make_handle
         self._agree = agree
         self._notify = notify or (lambda message: None)
-        self.handle: Optional[KVTransferHandle] = None
-        self.epoch: Optional[int] = None
-        self._broken_reported = False
+        # epoch -> that pair's handle (insertion order: the order setups were applied).
+        self.handles: Dict[int, KVTransferHandle] = {}
+        # Prefill rank: the one store every pair's transfer processes join (started at the first setup).
+        self.store_host: Optional[TransferStoreHost] = None
+        self._broken_reported: Set[int] = set()
         # Requests submitted to a transfer and not yet decided (the same set on every rank).
         self._in_flight: Dict[int, InferReq] = {}
         # This rank's outcomes not yet agreed on.
         self._local: Dict[int, _Outcome] = {}
-        # Prefill node: request id -> first prompt position to send (from its record).
-        self._kv_start: Dict[int, int] = {}
+        # Prefill node: request id -> (first prompt position to send, epoch), from its record.
+        self._pending_sends: Dict[int, Tuple[int, int]] = {}
 
     # --- setup ------------------------------------------------------------------------------
     def on_command(self, command: Any) -> bool:
-        """Apply a :class:`PdTransferSetup`; False for any other command."""
-        if not isinstance(command, PdTransferSetup):
-            return False
-        self.setup(command)
-        return True
+        """Apply a :class:`PdTransferSetup` or :class:`PdTransferTeardown`; False for any other command."""
+        if isinstance(command, PdTransferSetup):
+            self.setup(command)
+            return True
+        if isinstance(command, PdTransferTeardown):
+            self.teardown(command.epoch)
+            return True
+        return False
+
+    def handle_for(self, epoch: int) -> Optional[KVTransferHandle]:
+        """The handle of ``epoch``'s pair, or None."""
+        return self.handles.get(epoch)
+
+    @property
+    def epochs(self) -> List[int]:
+        """The epochs this rank holds a handle for."""
+        return list(self.handles)
 
     def setup(self, command: PdTransferSetup) -> None:
-        """Replace this rank's handle for ``command.epoch`` (rank 0 acknowledges to the HTTP process)."""
-        error = ""
+        """Add (or replace) the handle of ``command.epoch``; rank 0 acknowledges to the HTTP process.
+
+        Other epochs' handles are not touched.
+        """
+        epoch, error = command.epoch, ""
         try:
-            self._close_handle()
+            self._close_epoch(epoch)
+            store_host = None
             if self.role == "prefill":
-                host, port = self.settings.transfer_host, self.settings.transfer_port + self.rank
+                store_host = self._ensure_store_host()
+                host, port = store_host.connect_host, store_host.port
             else:
                 if not command.peer_host or command.peer_port <= 0:
                     raise ValueError(f"a decode node needs the prefill transfer address, got "
                                      f"{command.peer_host!r}:{command.peer_port}")
                 host, port = command.peer_host, command.peer_port + self.rank
-            self.handle = self._make_handle(self.role, host, port, f"lightllm-kv/epoch-{command.epoch}/rank-{self.rank}")
-            self.epoch = command.epoch
-            self._broken_reported = False
-            log.info("rank %d: KV transfer handle for epoch %d (%s, %s:%d)", self.rank, command.epoch, self.role, host, port)
+            self.handles[epoch] = self._make_handle(self.role, host, port, pair_group_name(epoch, self.rank),
+                                                    store_host)
+            log.info("rank %d: KV transfer handle for epoch %d (%s, %s:%d; %d pair(s))", self.rank, epoch,
+                     self.role, host, port, len(self.handles))
         except Exception as exc:  # noqa: BLE001 - reported to whoever asked for the setup
-            log.exception("rank %d: KV transfer setup for epoch %d failed", self.rank, command.epoch)
+            log.exception("rank %d: KV transfer setup for epoch %d failed", self.rank, epoch)
             error = f"KV transfer setup failed on rank {self.rank}: {exc}"
-            self.handle, self.epoch = None, None
-        self._notify(PdSetupDone(command.epoch, error))
+        self._notify(PdSetupDone(epoch, error))
+
+    def teardown(self, epoch: int) -> bool:
+        """Close the handle of ``epoch`` (a no-op when there is none); True if there was one.
+
+        Requests still on it fail as a broken transfer of that pair; nothing is reported to the
+        HTTP process besides their notices (it asked for the teardown).
+        """
+        closed = self._close_epoch(epoch)
+        if closed:
+            log.info("rank %d: KV transfer of epoch %d torn down (%d pair(s) left)", self.rank, epoch,
+                     len(self.handles))
+        return closed
+
+    def _ensure_store_host(self) -> TransferStoreHost:
+        if self.store_host is None:
+            s = self.settings
+            self.store_host = TransferStoreHost(s.listen_socket, s.transfer_host, s.transfer_port + self.rank,
+                                                timeout_s=s.connect_timeout_s)
+            log.info("rank %d: KV transfer store serving on port %d", self.rank, self.store_host.port)
+        return self.store_host
 
     def close(self) -> None:
-        """Stop the handle (the rank is going away)."""
-        self._close_handle()
+        """Stop every handle and the store (the rank is going away)."""
+        for epoch in list(self.handles):
+            self._close_epoch(epoch)
+        if self.store_host is not None:
+            self.store_host.close()
+            self.store_host = None
 
-    def _close_handle(self) -> None:
-        old, self.handle = self.handle, None
+    def _close_epoch(self, epoch: int) -> bool:
+        old = self.handles.pop(epoch, None)
+        self._broken_reported.discard(epoch)
         if old is None:
-            return
+            return False
         old.close()
-        broken = old.broken_reason is not None
-        for result in old.poll():  # requests it still held, now failed
-            self._record(result, broken or not result.ok)
+        for result in old.poll():  # requests it still held, now failed as a broken transfer
+            self._record(result, True)
+        return True
 
     # --- intake -----------------------------------------------------------------------------
     def take(self, backend: Any, request_id: int, spec: RequestSpec, shm_index: int = -1) -> Optional[InferReq]:
@@ -204,7 +270,7 @@ class PdRankTransfer:
                          spec.segment.segment_index, req.cur_kv_len, spec.prompt_len)
             return req
         req = backend.add_request(request_id, spec, shm_index)
-        self._kv_start[request_id] = spec.pd.kv_start
+        self._pending_sends[request_id] = (spec.pd.kv_start, spec.pd.epoch)
         if self.rank == 0:
             log.info("request %d admitted: segment_index=%d infer_high_priority=%d kv_start=%d prompt=%d",
                      request_id, spec.segment.segment_index, spec.priority.infer_high_priority,
@@ -226,40 +292,43 @@ class PdRankTransfer:
         self._in_flight[request_id] = req
         self._notify(PdNotice(request_id, "reserved", kv_start=kv_start))
         slots = backend.kv.slots(req, kv_start, req.input_len)
-        self._submit(request_id, lambda handle: handle.receive(request_id, slots, wait_s=self.settings.reserve_lease_s))
+        self._submit(request_id, spec.pd.epoch,
+                     lambda handle: handle.receive(request_id, slots, wait_s=self.settings.reserve_lease_s))
         return req
 
     def after_step(self, backend: Any, report: StepReport) -> None:
         """Prefill node: send the KV of every request the step handed off; forget those that left."""
         for req in report.handoffs:
-            kv_start = self._kv_start.pop(req.request_id, 0)
+            kv_start, epoch = self._pending_sends.pop(req.request_id, (0, 0))
             self._in_flight[req.request_id] = req
             slots = backend.kv.slots(req, kv_start, req.input_len)
             first_token = req.output_ids[0]
-            self._submit(req.request_id, lambda handle, s=slots, t=first_token, r=req.request_id: handle.send(r, s, t))
+            self._submit(req.request_id, epoch,
+                         lambda handle, s=slots, t=first_token, r=req.request_id: handle.send(r, s, t))
         for req, _ in report.finished:
             # A request that left before any transfer (aborted, failed) drops its bookkeeping.
-            self._kv_start.pop(req.request_id, None)
+            self._pending_sends.pop(req.request_id, None)
 
-    def _submit(self, request_id: int, submit: Callable[[KVTransferHandle], None]) -> None:
-        if self.handle is None:
-            self._record(TransferResult(request_id, False, 0.0, 0, f"request {request_id}: the KV transfer is not "
-                                        "set up on this node (no transfer setup for the current epoch)"), True)
+    def _submit(self, request_id: int, epoch: int, submit: Callable[[KVTransferHandle], None]) -> None:
+        handle = self.handles.get(epoch)
+        if handle is None:
+            self._record(TransferResult(request_id, False, 0.0, 0, f"request {request_id}: the KV transfer of "
+                                        f"epoch {epoch} is not set up on this node (never set up, or torn down)"),
+                         True)
             return
-        submit(self.handle)
+        submit(handle)
 
     # --- results ----------------------------------------------------------------------------
     def poll(self, backend: Any) -> None:
         """Poll, agree across TP ranks, and act on decided transfers in ``backend`` (never blocks on a transfer)."""
-        handle = self.handle
-        if handle is not None:
+        for epoch, handle in self.handles.items():
             results = handle.poll()
             broken = handle.broken_reason is not None
             for result in results:
                 self._record(result, broken)
-            if broken and not self._broken_reported and self.epoch is not None:
-                self._broken_reported = True
-                self._notify(PdChannelBroken(self.epoch, handle.broken_reason))
+            if broken and epoch not in self._broken_reported:
+                self._broken_reported.add(epoch)
+                self._notify(PdChannelBroken(epoch, handle.broken_reason))
         if not self._in_flight:
             self._local.clear()  # results of requests no longer tracked
             return

@@ -29,7 +29,8 @@ class PdRankSettings:
     reserve_lease_s: float = 30.0
     max_segment_tokens: int = 0  # 0: no limit
     # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
-    # start-up (pd/transfer_ports.py); every transfer process of the rank serves its store on it.
+    # start-up (pd/transfer_ports.py); the rank serves its one transfer store on it, which every
+    # pair's transfer processes join (pd/kv_transfer/store_host.py).
     listen_socket: Optional[socket.socket] = None
 
 

@@ -218,14 +218,16 @@ def test_a_pd_node_passes_the_wire_spec_whole_to_generate() -> None:
     manager = types.SimpleNamespace(generate=generate, wait_request_id_free=wait_request_id_free,
                                     add_inbox_handler=lambda types_, handler: None)
     service = PdNodeService(manager, "decode", 1.0, "ipc:///nowhere")
-    service.epoch = 4
+    service.epochs[4] = None
 
     async def run(spec: RequestSpec) -> list:
         return [event async for event in service.generate(spec, request_id=12, epoch=4)]
 
     decode = RequestSpec.build([1, 2, 3], _params(), segment_index=1, generated_before=1, pd_kind=PD_KIND_DECODE)
     assert asyncio.run(run(decode)) == []
-    assert calls == [(decode, {"request": None, "request_id": 12, "slot_wait_seconds": 0.0})]
+    # The request runs under the epoch of its pair (spec.pd.epoch), the rest of the spec as sent.
+    assert calls == [(dataclasses.replace(decode, pd=dataclasses.replace(decode.pd, epoch=4)),
+                      {"request": None, "request_id": 12, "slot_wait_seconds": 0.0})]
     # A spec of another kind (a prefill request, with its kv_start) never reaches a decode node's manager.
     with pytest.raises(ValueError, match="PD kind"):
         asyncio.run(run(RequestSpec.build([1, 2, 3], _params(), pd_kind=PD_KIND_PREFILL, kv_start=1)))

@@ -1,4 +1,4 @@
-"""PD master dispatch policy: busy-node retry, continuation segments and node choice."""
+"""PD master dispatch policy: busy-node retry, continuation segments and placement (node choice)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ from lightllm.server.pd.master.continuation import (
     next_segment,
 )
 from lightllm.server.pd.master.node_registry import NodeRegistry
-from lightllm.server.pd.master.node_selector import NodeSelector
+from lightllm.server.pd.master.node_selector import (
+    AFFINITY_PREFIX_TOKENS,
+    AFFINITY_QUEUE_MARGIN_TOKENS,
+    NodeSelector,
+    prefix_key,
+    rendezvous_choice,
+)
+from lightllm.server.pd.protocol.membership import NodeLoad
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.utils.envs_utils import ENV_VARS, pd_node_busy_retry_timeout_seconds
 
@@ -202,3 +209,123 @@ def test_selector_without_alive_node_raises_not_ready() -> None:
     assert err.value.code == "pd_not_ready"
     with pytest.raises(ServerUnavailableError, match="no decode node other than d0 is alive"):
         selector.pick("decode", exclude={"d0"})
+
+
+def _cluster(prefills: int, decodes: int) -> NodeRegistry:
+    registry = NodeRegistry(clock=FakeClock())
+    for i in range(prefills):
+        registry.register(node(f"p{i}", "prefill", port=9000 + 10 * i))
+    for i in range(decodes):
+        registry.register(node(f"d{i}", "decode", port=9500 + 10 * i))
+    return registry
+
+
+def _report(registry: NodeRegistry, node_id: str, **load: int) -> None:
+    assert registry.heartbeat(node_id, NodeLoad(**load))
+
+
+def test_prefill_goes_to_the_fewest_queued_tokens_counting_placements_since_the_report() -> None:
+    registry = _cluster(2, 1)
+    selector = NodeSelector(registry, affinity_prefix_tokens=0)  # load only
+    _report(registry, "p0", queued_prefill_tokens=1000)
+    _report(registry, "p1", queued_prefill_tokens=0)
+    prompt = list(range(600))
+    placed = [selector.place("prefill", prompt, 0) for _ in range(3)]
+    # p1: 0 -> 600 -> 1200 queued (its report plus what was sent since); then p0 (1000) is lighter.
+    assert [placement.node_id for placement in placed] == ["p1", "p1", "p0"]
+    assert selector.estimate("p1").queued_prefill_tokens == 1200
+    placed[0].release()  # handed off: it no longer waits in p1's queue
+    assert selector.estimate("p1").queued_prefill_tokens == 600
+    # A newer report includes what was sent before it: those placements count no more...
+    _report(registry, "p1", queued_prefill_tokens=50)
+    assert selector.estimate("p1").queued_prefill_tokens == 50
+    placed[1].release()  # ...and releasing one later does not subtract it twice
+    assert selector.estimate("p1").queued_prefill_tokens == 50
+    assert selector.in_flight("p1") == 0 and selector.in_flight("p0") == 1
+    assert selector.place("prefill", prompt, 0).node_id == "p1"
+
+
+def test_prefix_affinity_keeps_a_shared_prefix_on_one_prefill_node_within_the_margin() -> None:
+    registry = _cluster(2, 1)
+    selector = NodeSelector(registry)
+    shared = [7] * AFFINITY_PREFIX_TOKENS
+    chosen = set()
+    for tail in range(6):  # different questions after one long system prompt
+        placement = selector.place("prefill", shared + [tail, tail + 1], 0)
+        chosen.add(placement.node_id)
+        placement.release()
+    assert len(chosen) == 1
+    preferred = chosen.pop()
+    other = "p1" if preferred == "p0" else "p0"
+    # Up to the margin more queued tokens than the least loaded node: still the preferred one.
+    _report(registry, preferred, queued_prefill_tokens=AFFINITY_QUEUE_MARGIN_TOKENS)
+    _report(registry, other, queued_prefill_tokens=0)
+    placement = selector.place("prefill", shared + [99], 0)
+    assert placement.node_id == preferred
+    placement.release()
+    # One token past the margin: the least loaded node takes it.
+    _report(registry, preferred, queued_prefill_tokens=AFFINITY_QUEUE_MARGIN_TOKENS + 1)
+    assert selector.place("prefill", shared + [99], 0).node_id == other
+    # Prompts shorter than the affinity prefix are only balanced: equal loads alternate.
+    _report(registry, preferred, queued_prefill_tokens=0)
+    selector = NodeSelector(registry)
+    short = [5] * (AFFINITY_PREFIX_TOKENS - 1)
+    picks = []
+    for _ in range(4):
+        placement = selector.place("prefill", short, 0)
+        picks.append(placement.node_id)
+        placement.release()
+    assert picks == ["p0", "p1", "p0", "p1"]
+
+
+def test_rendezvous_hashing_moves_only_prefixes_to_a_joining_node() -> None:
+    two = [node("p0", "prefill"), node("p1", "prefill", port=9010)]
+    three = two + [node("p2", "prefill", port=9020)]
+    moved = 0
+    for seed in range(200):
+        key = prefix_key([seed] * AFFINITY_PREFIX_TOKENS)
+        assert key is not None
+        before, after = rendezvous_choice(key, two), rendezvous_choice(key, three)
+        if before != after:
+            assert after.node_id == "p2"  # never from p0 to p1 or back
+            moved += 1
+    assert 0 < moved < 200
+    assert prefix_key([1] * (AFFINITY_PREFIX_TOKENS - 1)) is None
+
+
+def test_decode_goes_to_the_most_free_kv_then_fewest_running_and_unreported_counts_empty() -> None:
+    registry = _cluster(1, 2)
+    selector = NodeSelector(registry)
+    _report(registry, "d0", free_kv_tokens=1000, kv_capacity_tokens=10000, running_requests=0)
+    _report(registry, "d1", free_kv_tokens=5000, kv_capacity_tokens=10000, running_requests=9)
+    # d1: 5000 -> 2000 -> -1000 free after the master's placements; then d0 (1000).
+    assert [selector.place("decode", [1], 3000).node_id for _ in range(3)] == ["d1", "d1", "d0"]
+    # Equal free KV: the fewer running requests wins.
+    _report(registry, "d0", free_kv_tokens=4000, kv_capacity_tokens=10000, running_requests=3)
+    _report(registry, "d1", free_kv_tokens=4000, kv_capacity_tokens=10000, running_requests=2)
+    assert selector.pick("decode").node_id == "d1"
+    # A node that has not reported yet counts as empty: the capacity its peers report.
+    registry.register(node("d2", "decode", port=9600))
+    assert selector.estimate("d2").free_kv_tokens == 10000
+    first = selector.place("decode", [1], 7000)
+    assert first.node_id == "d2"
+    assert selector.pick("decode").node_id == "d1"  # d2 now has 3000 free, d1 4000
+    # A continuation avoids the decode node that ran out of KV while another can take it.
+    assert selector.pick("decode", avoid={"d1"}).node_id == "d0"
+    assert selector.pick("decode", avoid={"d0", "d1", "d2"}).node_id == "d1"
+
+
+def test_draining_nodes_get_nothing_new_and_readiness_says_so() -> None:
+    registry = _cluster(2, 1)
+    selector = NodeSelector(registry)
+    assert registry.heartbeat("p0", node_state="draining")
+    assert {selector.pick("prefill").node_id for _ in range(4)} == {"p1"}
+    assert registry.ready
+    assert registry.heartbeat("p1", node_state="draining")
+    refusal = r"no prefill node takes new requests .*\(p0, p1 draining\)"
+    with pytest.raises(ServerUnavailableError, match=refusal) as err:
+        selector.pick("prefill")
+    assert err.value.code == "pd_not_ready"
+    assert registry.missing() == ["every prefill node is draining (p0, p1)"]
+    assert registry.heartbeat("p1", node_state="serving")
+    assert registry.ready and selector.pick("prefill").node_id == "p1"

@@ -106,6 +106,10 @@ def test_header_round_trips_and_names_every_mismatch() -> None:
     header = TransferHeader(12, 100, LAYERS, HEADS, HEAD_DIM, torch.bfloat16, 64, 123456789, first_token=4321)
     assert TransferHeader.from_tensor(header.to_tensor()) == header
     assert TransferHeader.from_tensor(header.to_tensor()).first_token == 4321
+    # What an announcement in the pair's store holds.
+    assert TransferHeader.from_bytes(header.to_bytes()) == header and len(header.to_bytes()) == 88
+    with pytest.raises(ValueError, match="received 87 bytes, not a KV transfer header"):
+        TransferHeader.from_bytes(header.to_bytes()[:-1])
     old_version = header.to_tensor()
     old_version[1] = 1
     with pytest.raises(ValueError, match="version 1 is not the supported 2"):

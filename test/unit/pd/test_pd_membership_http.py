@@ -221,3 +221,24 @@ def test_node_notices_a_dead_master_and_registers_again_after_its_restart(master
         await client.stop()
 
     asyncio.run(scenario())
+
+
+def test_heartbeats_and_registrations_carry_load_and_state(master: Master) -> None:
+    load = {"queued_prefill_tokens": 120, "running_requests": 2, "free_kv_tokens": 3000, "kv_capacity_tokens": 4096}
+    with httpx.Client(base_url=master.url, trust_env=False) as http:
+        body = {**node("p0", "prefill").to_dict(), "load": load, "state": "serving"}
+        assert http.post("/pd/register", json=body).status_code == 200
+        assert http.post("/pd/register", json=node("d0", "decode", port=9100).to_dict()).status_code == 200
+        assert http.post("/pd/heartbeat", json={"node_id": "d0"}).status_code == 200  # an older node
+        assert http.post("/pd/heartbeat", json={"node_id": "p0", "state": "draining"}).status_code == 200
+        nodes = {entry["node_id"]: entry for entry in http.get("/pd/nodes").json()["nodes"]}
+        assert (nodes["p0"]["state"], nodes["p0"]["load"]) == ("draining", load)
+        assert (nodes["d0"]["state"], nodes["d0"]["load"]) == ("serving", None)
+        health = http.get("/health").json()["error"]["message"]
+        assert health == "The PD cluster is not ready: every prefill node is draining (p0)"
+        for bad, param in [({"load": {"free_kv_tokens": -3}}, "load.free_kv_tokens"), ({"state": "sleeping"}, "state")]:
+            response = http.post("/pd/heartbeat", json={"node_id": "d0", **bad})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param
+            response = http.post("/pd/register", json={**node("d1", "decode", port=9200).to_dict(), **bad})
+            assert response.status_code == 400 and response.json()["error"]["param"] == param
+        assert [entry["node_id"] for entry in http.get("/pd/nodes").json()["nodes"]] == ["d0", "p0"]

@@ -93,7 +93,7 @@ def test_mode_settings_are_constructor_arguments_of_their_mode_only(model) -> No
 
 
 def test_the_normal_intake_joins_unplaced_requests_and_refuses_pd_ones(model, caplog) -> None:
-    from lightllm.server.core.objs.io_messages import PdTransferSetup
+    from lightllm.server.core.objs.io_messages import PdTransferSetup, PdTransferTeardown
     from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 
     normal = _backend(model, "normal")
@@ -108,7 +108,9 @@ def test_the_normal_intake_joins_unplaced_requests_and_refuses_pd_ones(model, ca
     assert not normal.has_outside_work
     with caplog.at_level("WARNING", logger="lightllm.model_rank"):
         normal.on_command(PdTransferSetup(3))
+        normal.on_command(PdTransferTeardown(3))
     assert "a normal node ignores a PdTransferSetup command" in caplog.text
+    assert "a normal node ignores a PdTransferTeardown command" in caplog.text
 
 
 def test_a_pd_backend_without_a_transfer_takes_no_router_requests(model) -> None:

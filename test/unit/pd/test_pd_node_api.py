@@ -53,12 +53,19 @@ class ScriptedNodeManager:
         self.calls: List[Dict[str, Any]] = []
         self.closed: List[int] = []
         self.setups: List[tuple] = []
+        self.teardowns: List[int] = []
         self.setup_failure: Optional[BaseException] = None
 
     async def transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
         if self.setup_failure is not None:
             raise self.setup_failure
         self.setups.append((epoch, prefill_transfer_address))
+
+    async def transfer_teardown(self, epoch: int) -> bool:
+        known = any(setup[0] == epoch for setup in self.setups)
+        self.setups = [setup for setup in self.setups if setup[0] != epoch]
+        self.teardowns.append(epoch)
+        return known
 
     async def generate(self, spec: RequestSpec, *, request_id: int, epoch: int, request: Any = None):
         self.calls.append({"request_id": request_id, "epoch": epoch, "prompt_ids": list(spec.prompt_ids),
@@ -378,6 +385,20 @@ def test_transfer_setup(node: NodeApp) -> None:
     assert response.status_code == 503
     error = response.json()["error"]
     assert error["code"] == "pd_transfer_setup_failed" and "did not confirm" in error["message"]
+
+
+def test_transfer_teardown_answers_whether_the_epoch_was_known(node: NodeApp) -> None:
+    body = {"epoch": 11, "peer_node_id": "prefill-127.0.0.1:8100", "prefill_transfer_address": "127.0.0.1:29000"}
+    assert httpx.post(f"{node.decode_url}/pd/node/transfer_setup", json=body, timeout=10).status_code == 200
+    first = httpx.post(f"{node.decode_url}/pd/node/transfer_teardown", json={"epoch": 11}, timeout=10)
+    again = httpx.post(f"{node.decode_url}/pd/node/transfer_teardown", json={"epoch": 11}, timeout=10)
+    assert (first.status_code, first.json()) == (200, {"epoch": 11, "known": True})
+    assert (again.status_code, again.json()) == (200, {"epoch": 11, "known": False})  # idempotent
+    assert node.decode.teardowns[-2:] == [11, 11]
+    for bad, param in (({"epoch": -1}, "epoch"), ({"epoch": "3"}, "epoch"), ({}, "epoch"), ({"epoch": 1, "x": 0}, "x")):
+        response = httpx.post(f"{node.decode_url}/pd/node/transfer_teardown", json=bad, timeout=10)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+    assert node.decode.teardowns[-1] == 11  # nothing invalid reached the service
 
 
 def test_metrics_families_exist_from_the_start() -> None:

@@ -13,6 +13,7 @@ from lightllm.server.pd.master.node_registry import (
     RegistrationRefused,
 )
 from lightllm.server.manager_errors import ServerUnavailableError
+from lightllm.server.pd.protocol.membership import MembershipBodyError, NodeLoad, parse_state
 
 
 def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
@@ -158,3 +159,59 @@ def test_registry_arguments_are_checked() -> None:
         NodeRegistry(max_missed_heartbeats=0)
     with pytest.raises(ValueError, match="role must be one of"):
         NodeRegistry().alive("router")
+
+
+def test_heartbeats_store_the_last_load_and_state_and_old_heartbeats_keep_them() -> None:
+    clock = FakeClock()
+    registry = NodeRegistry(clock=clock)
+    registry.register(node("d0", "decode"))
+    state = registry.state("d0")
+    assert state is not None and state.load is None and state.state == "serving" and state.load_version == 0
+    load = NodeLoad(queued_prefill_tokens=0, running_requests=4, free_kv_tokens=900, kv_capacity_tokens=1000)
+    clock.advance(1.0)
+    assert registry.heartbeat("d0", load, "draining")
+    assert (state.load, state.state, state.load_version) == (load, "draining", 1)
+    clock.advance(0.5)
+    assert registry.heartbeat("d0")  # an older node's heartbeat: nothing reported, nothing lost
+    assert (state.load, state.state, state.load_version) == (load, "draining", 1)
+    entry, = registry.snapshot()
+    assert entry["state"] == "draining" and entry["load_age_s"] == 0.5
+    assert entry["load"] == {"queued_prefill_tokens": 0, "running_requests": 4, "free_kv_tokens": 900,
+                             "kv_capacity_tokens": 1000}
+    assert registry.serving("decode") == []
+    # A restarted node starts over: no load, serving.
+    registry.register(node("d0", "decode"), NodeLoad(free_kv_tokens=1000), "serving")
+    state = registry.state("d0")
+    assert state.load == NodeLoad(free_kv_tokens=1000) and state.serving and state.load_version == 1
+
+
+def test_load_and_state_bodies_are_checked_by_field() -> None:
+    assert NodeLoad.from_body({"free_kv_tokens": 5, "queued_prefill_tokens": None}) == NodeLoad(free_kv_tokens=5)
+    # A newer node's extra load field is ignored rather than costing it its heartbeats.
+    assert NodeLoad.from_body({"running_requests": 1, "gpu_temperature": 70}) == NodeLoad(running_requests=1)
+    for bad, param in [(3, "load"), ({"free_kv_tokens": -1}, "load.free_kv_tokens"),
+                       ({"running_requests": True}, "load.running_requests"),
+                       ({"kv_capacity_tokens": "9"}, "load.kv_capacity_tokens")]:
+        with pytest.raises(MembershipBodyError) as err:
+            NodeLoad.from_body(bad)
+        assert err.value.param == param
+    assert parse_state("draining") == "draining"
+    with pytest.raises(MembershipBodyError, match="state must be one of serving, draining, got 'asleep'"):
+        parse_state("asleep")
+
+
+def test_a_drop_listener_may_query_the_registry_while_several_nodes_expire() -> None:
+    clock = FakeClock()
+    registry = NodeRegistry(clock=clock)
+    dropped = []
+
+    def listener(info, reason):  # a listener that looks up its peers expires the rest early
+        dropped.append(info.node_id)
+        registry.get("d0")
+
+    registry.add_drop_listener(listener)
+    registry.register(node("p0", "prefill"))
+    registry.register(node("d0", "decode", port=9100))
+    clock.advance(7.0)
+    assert [info.node_id for info in registry.expire()] == ["p0", "d0"]
+    assert dropped == ["p0", "d0"] and registry.alive() == []

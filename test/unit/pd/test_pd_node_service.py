@@ -92,7 +92,7 @@ def _run(role: str, steps: List[List[Any]]) -> List[Any]:
     """Run one request on a ``role`` node; ``steps`` are the inbox messages of each step, in order."""
     manager = _manager()
     service = PdNodeService(manager, role, 1.0, "ipc:///unused")
-    service.epoch = 3
+    service.epochs[3] = None
 
     async def scenario() -> List[Any]:
         kind = PD_KIND_DECODE if role == "decode" else PD_KIND_PREFILL
@@ -193,12 +193,12 @@ def test_transfer_setup_waits_for_rank0s_answer_and_a_broken_channel_fails_new_r
             setup = asyncio.create_task(service.transfer_setup(4, "10.0.0.2:7000"))
             command = await answer(PdSetupDone(4))
             await setup
-            result: Dict[str, Any] = {"command": command, "epoch": service.epoch}
+            result: Dict[str, Any] = {"command": command, "epochs": dict(service.epochs)}
             refused = asyncio.create_task(service.transfer_setup(5, "10.0.0.2:7000"))
             await answer(PdSetupDone(5, "rank 1 could not connect"))
             with pytest.raises(RuntimeError, match="rank 1 could not connect"):
                 await refused
-            result["epoch_after_refusal"] = service.epoch
+            result["epochs_after_refusal"] = dict(service.epochs)
             return result
         finally:
             service.stop()
@@ -208,9 +208,10 @@ def test_transfer_setup_waits_for_rank0s_answer_and_a_broken_channel_fails_new_r
     finally:
         ctx.destroy(linger=0)
     assert result["command"] == PdTransferSetup(4, "10.0.0.2", 7000)
-    assert result["epoch"] == 4 and result["epoch_after_refusal"] is None
+    # A refused setup of another epoch leaves the set-up one as it was.
+    assert result["epochs"] == {4: None} and result["epochs_after_refusal"] == {4: None}
 
-    service.epoch = 6
+    service.epochs[6] = None
     asyncio.run(manager._handle_message(PdChannelBroken(6, "peer gone")))
 
     async def first_event() -> Any:

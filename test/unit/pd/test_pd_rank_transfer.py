@@ -3,8 +3,8 @@
 Two ranks in one process, the way a prefill node's rank and a decode node's rank run them: each
 backend carries its PdRankTransfer and the test drives only the backend's hooks, as the rank loop does
 (``intake``, ``poll``, ``step``, ``on_command``):
-transfer setup per epoch, the decode side reserving first (or answering busy), the prefill side
-sending [kv_start, prompt_len) with its first token in the header after the step that handed the
+transfer setup per epoch (several pairs on one prefill rank, and their teardown), the decode side
+reserving first (or answering busy), the prefill side sending [kv_start, prompt_len) with its first token in the header after the step that handed the
 request off, and each side acting on polled results.  Greedy outputs must equal a normal node's,
 a second request with the same prompt must only move what the decode node's prefix cache lacks,
 and every failure (lease expiry, no setup) must end its request with FINISH_TRANSFER_FAILED and
@@ -32,9 +32,15 @@ from lightllm.server.core.objs.finish_status import (
     FINISH_SEGMENT_LIMIT,
     FINISH_TRANSFER_FAILED,
 )
-from lightllm.server.core.objs.io_messages import PdNotice, PdSetupDone, PdTransferSetup
+from lightllm.server.core.objs.io_messages import (
+    PdChannelBroken,
+    PdNotice,
+    PdSetupDone,
+    PdTransferSetup,
+    PdTransferTeardown,
+)
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
-from lightllm.server.pd.kv_transfer import KVTransferHandle
+from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferStoreHost
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.backend_registry import KvReservationRefused
@@ -73,12 +79,12 @@ class Node:
         self.tokens: Dict[int, List[int]] = {}
         self.finished: Dict[int, int] = {}
 
-    def _make_handle(self, role: str, host: str, port: int, group_name: str) -> KVTransferHandle:
+    def _make_handle(self, role: str, host: str, port: int, group_name: str,
+                     store_host: Optional[TransferStoreHost]) -> KVTransferHandle:
         s = self.pd.settings
         return KVTransferHandle(role, self.backend.kv.kv_cache, host, port, page_size=s.page_size,
                                 timeout_s=s.transfer_timeout_s, connect_timeout_s=s.connect_timeout_s,
-                                receive_wait_s=s.reserve_lease_s, group_name=group_name,
-                                listen_socket=s.listen_socket)
+                                receive_wait_s=s.reserve_lease_s, group_name=group_name, store_host=store_host)
 
     def iterate(self) -> None:
         """What the rank loop does once: poll (transfer results), step (hand-offs go out with it), publish."""
@@ -105,15 +111,24 @@ def _setup(prefill: Node, decode: Node, epoch: int) -> None:
     decode.backend.on_command(PdTransferSetup(epoch, "127.0.0.1", port))
     for node in (prefill, decode):
         assert node.messages[-1] == PdSetupDone(epoch, "")
-        assert node.pd.handle.wait_ready(90), node.pd.handle.broken_reason
+        handle = node.pd.handle_for(epoch)
+        assert handle.wait_ready(90), handle.broken_reason
 
 
-def _submit(prefill: Node, decode: Node, request_id: int, prompt: List[int], params: SamplingParams) -> Optional[int]:
-    """Reserve on D first, then prefill on P from D's kv_start; None when D answered busy."""
-    if decode.backend.intake(request_id, RequestSpec.build(prompt, params, pd_kind=PD_KIND_DECODE)) is None:
+def _submit(prefill: Node, decode: Node, request_id: int, prompt: List[int], params: SamplingParams,
+            epoch: Optional[int] = None) -> Optional[int]:
+    """Reserve on D first, then prefill on P from D's kv_start; None when D answered busy.
+
+    ``epoch``: the pair the request runs on (default: the one both nodes set up last).
+    """
+    if epoch is None:
+        epoch = decode.pd.epochs[-1]
+    spec = RequestSpec.build(prompt, params, pd_kind=PD_KIND_DECODE, pd_epoch=epoch)
+    if decode.backend.intake(request_id, spec) is None:
         return None
     kv_start = decode.notices(request_id)["reserved"].kv_start
-    prefill.backend.intake(request_id, RequestSpec.build(prompt, params, pd_kind=PD_KIND_PREFILL, kv_start=kv_start))
+    prefill.backend.intake(request_id, RequestSpec.build(prompt, params, pd_kind=PD_KIND_PREFILL, kv_start=kv_start,
+                                                         pd_epoch=epoch))
     return kv_start
 
 
@@ -166,6 +181,61 @@ def test_greedy_outputs_through_the_rank_plumbing_equal_a_normal_node(model, pai
     assert decode.backend.kv.allocatable_token_num() == d_free
 
 
+def test_one_prefill_rank_serves_two_decode_nodes_and_a_teardown_drops_only_its_pair(model) -> None:
+    """Two pairs (epochs) on one prefill rank and port: requests interleave, each on its own pair."""
+    settings = dict(page_size=16, transfer_timeout_s=20.0, connect_timeout_s=60.0)
+    prefill = Node(model, "prefill", PdRankSettings(**settings))
+    decodes = {21: Node(model, "decode", PdRankSettings(**settings, reserve_lease_s=30.0)),
+               22: Node(model, "decode", PdRankSettings(**settings, reserve_lease_s=30.0))}
+    nodes = (prefill, *decodes.values())
+    try:
+        for epoch, decode in decodes.items():
+            _setup(prefill, decode, epoch)
+        assert prefill.pd.epochs == [21, 22]
+        ports = {prefill.pd.handle_for(e).store_port for e in decodes}
+        assert ports == {prefill.pd.store_host.port}
+        gen = torch.Generator().manual_seed(8)
+        prompts = [torch.randint(5, 1000, (n,), generator=gen).tolist() for n in (12, 50, 33, 71)]
+        max_new = 6
+        expected = BatchGenerator(model, 4096).greedy_generate(prompts, max_new)
+        params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
+        epoch_of = {rid: 21 + rid % 2 for rid in range(len(prompts))}  # interleaved between the peers
+        for rid, prompt in enumerate(prompts):
+            assert _submit(prefill, decodes[epoch_of[rid]], rid, prompt, params, epoch=epoch_of[rid]) == 0
+        _run(nodes, lambda: all(rid in decodes[e].finished and rid in prefill.finished for rid, e in epoch_of.items()))
+        token_bytes = prefill.backend.kv.kv_cache.token_bytes()
+        for rid, epoch in epoch_of.items():
+            decode, other = decodes[epoch], decodes[43 - epoch]
+            assert decode.tokens[rid] == expected[rid] and rid not in other.tokens, rid
+            assert prefill.finished[rid] == FINISH_HANDED_OFF and decode.finished[rid] == FINISH_LENGTH
+            assert decode.notices(rid)["transferred"].nbytes == len(prompts[rid]) * token_bytes
+
+        # The master drops epoch 21 on the prefill node (its decode node left): requests of
+        # epoch 21 fail as a broken transfer, epoch 22 keeps working on the same port.
+        assert decodes[21].backend.intake(10, RequestSpec.build(prompts[0], params, pd_kind=PD_KIND_DECODE,
+                                                                 pd_epoch=21)) is not None
+        prefill.backend.on_command(PdTransferTeardown(21))
+        assert prefill.pd.epochs == [22]
+        _run(nodes, lambda: 10 in decodes[21].finished)
+        assert decodes[21].finished[10] == FINISH_TRANSFER_FAILED
+        assert decodes[21].notices(10)["transfer_failed"].error_kind == "transfer_broken"
+        # The decode node learnt it from the pair's closing announcement and reports that pair only.
+        assert [m.epoch for m in decodes[21].messages if isinstance(m, PdChannelBroken)] == [21]
+        prefill.backend.intake(11, RequestSpec.build(prompts[1], params, pd_kind=PD_KIND_PREFILL, pd_epoch=21))
+        assert _submit(prefill, decodes[22], 12, prompts[2], params, epoch=22) is not None
+        _run(nodes, lambda: 11 in prefill.finished and 12 in decodes[22].finished and 12 in prefill.finished)
+        assert prefill.finished[11] == FINISH_TRANSFER_FAILED
+        assert prefill.notices(11)["transfer_failed"].error_kind == "transfer_broken"
+        assert "epoch 21 is not set up" in prefill.notices(11)["transfer_failed"].message
+        assert decodes[22].tokens[12] == expected[2] and prefill.finished[12] == FINISH_HANDED_OFF
+        assert not any(isinstance(m, PdChannelBroken) for m in prefill.messages + decodes[22].messages)
+        # Tearing down an epoch nobody holds is a no-op.
+        assert prefill.pd.teardown(21) is False and prefill.pd.teardown(99) is False
+    finally:
+        for node in nodes:
+            node.pd.close()
+
+
 def test_segment_limit_ends_the_segment_after_its_tokens(model) -> None:
     settings = dict(page_size=16, transfer_timeout_s=20.0, connect_timeout_s=60.0)
     prefill = Node(model, "prefill", PdRankSettings(**settings), kv_tokens=512)
@@ -193,7 +263,8 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
     try:
         free = decode.backend.kv.allocatable_token_num()
         params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-        assert decode.backend.intake(1, RequestSpec.build(list(range(5, 45)), params, pd_kind=PD_KIND_DECODE)) is not None
+        assert decode.backend.intake(1, RequestSpec.build(list(range(5, 45)), params, pd_kind=PD_KIND_DECODE,
+                                                          pd_epoch=7)) is not None
         assert decode.backend.kv.allocatable_token_num() < free
         # More than the cache can hold now: busy at once, reported by the next step.
         busy = RequestSpec.build(list(range(5, 45)), SamplingParams(max_new_tokens=300), pd_kind=PD_KIND_DECODE)

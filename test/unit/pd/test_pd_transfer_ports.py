@@ -1,4 +1,4 @@
-"""A prefill node's KV transfer ports: held from start-up, served by every transfer process in turn.
+"""A prefill node's KV transfer ports: held from start-up, each served by its rank's one transfer store.
 
 Real sockets and real transfer processes (gloo over loopback); the handles are the ones the
 ranks use.
@@ -13,7 +13,7 @@ import torch
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.pd.kv_transfer import KVTransferHandle
+from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferStoreHost
 from lightllm.server.pd.node import transfer_ports
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 
@@ -87,18 +87,20 @@ def _move(prefill: KVTransferHandle, decode: KVTransferHandle, request_id: int, 
     assert torch.equal(target.export_slots(torch.arange(10, 20)), source.export_slots(torch.arange(0, 10)))
 
 
-def test_every_transfer_process_serves_the_held_port_and_only_its_own_group_meets_it() -> None:
+def test_the_ranks_store_serves_the_held_port_for_every_pair_and_only_its_own_group_meets_it() -> None:
     source, target = _cache(), _cache()
     source.k_buffer.copy_(torch.randn(source.k_buffer.shape))
     source.v_buffer.copy_(torch.randn(source.v_buffer.shape))
     block = TransferPortBlock.reserve("127.0.0.1", 1)
-    port, listening = block.base, block.socket_for(0)
+    port = block.base
+    store = TransferStoreHost(block.socket_for(0))  # the rank's one store, on the held socket
     kwargs = dict(page_size=4, timeout_s=10.0)
     try:
-        for epoch in (1, 2):  # a new setup: both processes replaced, the port held throughout
+        assert store.port == port
+        for epoch in (1, 2):  # a new setup: both processes replaced, the port and the store held throughout
             group = f"lightllm-kv/epoch-{epoch}/rank-0"
-            prefill = KVTransferHandle("prefill", source, "127.0.0.1", port, group_name=group,
-                                       listen_socket=listening, **kwargs)
+            prefill = KVTransferHandle("prefill", source, "127.0.0.1", port, group_name=group, store_host=store,
+                                       **kwargs)
             decode = KVTransferHandle("decode", target, "127.0.0.1", port, group_name=group, **kwargs)
             wait_ready(prefill, decode)
             target.k_buffer.zero_()
@@ -106,10 +108,10 @@ def test_every_transfer_process_serves_the_held_port_and_only_its_own_group_meet
             prefill.close()
             decode.close()
             assert not _bindable(port)
-        # A decode side of another epoch (or pointed at some other group's store) never joins:
+        # A decode side of another epoch (or pointed at some other group's keys) never joins:
         # both sides give up within the connect bound instead of pairing.
         prefill = KVTransferHandle("prefill", source, "127.0.0.1", port, group_name="lightllm-kv/epoch-3/rank-0",
-                                   listen_socket=listening, connect_timeout_s=3.0, **kwargs)
+                                   store_host=store, connect_timeout_s=3.0, **kwargs)
         stale = KVTransferHandle("decode", target, "127.0.0.1", port, group_name="lightllm-kv/epoch-2/rank-0",
                                  connect_timeout_s=3.0, **kwargs)
         for handle in (prefill, stale):
@@ -118,15 +120,25 @@ def test_every_transfer_process_serves_the_held_port_and_only_its_own_group_meet
         prefill.close()
         stale.close()
     finally:
+        store.close()
         block.close()
 
 
-def test_a_listening_socket_must_be_the_prefill_sides_and_on_its_port() -> None:
+def test_the_store_serves_a_copy_of_the_held_socket_so_the_port_outlives_it() -> None:
     block = TransferPortBlock.reserve("127.0.0.1", 1)
     try:
-        with pytest.raises(ValueError, match="only a prefill KV transfer handle serves"):
-            KVTransferHandle("decode", _cache(), "127.0.0.1", block.base, listen_socket=block.socket_for(0))
-        with pytest.raises(ValueError, match=f"the listening socket is on port {block.base}, not {block.base + 1}"):
-            KVTransferHandle("prefill", _cache(), "127.0.0.1", block.base + 1, listen_socket=block.socket_for(0))
+        store = TransferStoreHost(block.socket_for(0))
+        store.close()
+        assert not _bindable(block.base)  # the node's own socket still holds the port
+        again = TransferStoreHost(block.socket_for(0))  # and serves a store again
+        prefill = KVTransferHandle("prefill", _cache(), "127.0.0.1", block.base, group_name="again",
+                                   store_host=again)
+        decode = KVTransferHandle("decode", _cache(), "127.0.0.1", block.base, group_name="again")
+        wait_ready(prefill, decode)
+        prefill.close()
+        decode.close()
+        again.close()
+        with pytest.raises(ValueError, match="only a prefill KV transfer handle uses the rank's store host"):
+            KVTransferHandle("decode", _cache(), "127.0.0.1", block.base, store_host=again)
     finally:
         block.close()

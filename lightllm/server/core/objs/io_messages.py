@@ -112,15 +112,27 @@ class StepTexts:
 @dataclass
 class PdTransferSetup:
     """HTTP -> model rank 0 (-> every rank in the command broadcast): (re)start the KV transfer
-    handles for ``epoch``.
+    handles for ``epoch``; the handles of other epochs (pairs) are not touched.
 
-    Prefill node: each rank hosts its group at its own transfer port + rank (``peer_host`` and
-    ``peer_port`` unused).  Decode node: each rank joins ``peer_host:peer_port + rank``.
+    Prefill node: each rank's pair meets in the rank's one store at its own transfer port + rank
+    (``peer_host`` and ``peer_port`` unused).  Decode node: each rank joins ``peer_host:peer_port + rank``.
     """
 
     epoch: int
     peer_host: str = ""
     peer_port: int = 0
+
+
+@dataclass
+class PdTransferTeardown:
+    """HTTP -> model rank 0 (-> every rank in the command broadcast): close the KV transfer
+    handles of ``epoch`` (its peer left the cluster); a no-op for an epoch a rank does not hold.
+
+    No answer comes back: requests of that epoch still on a rank end with the transfer-broken
+    error a request without a live handle gets.
+    """
+
+    epoch: int
 
 
 @dataclass

@@ -22,6 +22,7 @@ STAT_FIELDS = (
     "kv_free_tokens",  # rank 0: allocator free slots
     "kv_cached_tokens",  # rank 0: slots held by the prefix cache
     "kv_allocatable_tokens",  # rank 0: free + evictable prefix-cache slots
+    "kv_promised_tokens",  # rank 0: decode node's reservations' KV still to allocate (0 elsewhere)
     "paused_requests",  # rank 0
     "backend_steps",  # rank 0
     "processed_prefill_tokens",  # rank 0

@@ -12,7 +12,9 @@ mode-independent hooks to it, so the rank loop runs a PD node exactly like a nor
   what the step handed off, right after the step);
 * :meth:`PdNodeBackend.poll` -> :meth:`TransferIntake.poll` (transfer results every TP rank
   agreed on: a prefill node releases the KV, a decode node admits the request with its first token);
-* :meth:`PdNodeBackend.on_command` -> :meth:`TransferIntake.on_command` (the transfer setup).
+* :meth:`PdNodeBackend.on_command` -> :meth:`TransferIntake.on_command` (a pair's transfer setup
+  or teardown; a node may hold several pairs, one per epoch, and a request names its own in
+  ``spec.pd.epoch``).
 
 The intake takes the backend as an argument on every call instead of holding it, so the two are
 built one after the other and neither is patched after construction.  Without an intake (the
@@ -53,7 +55,7 @@ class TransferIntake(Protocol):
         """Act on agreed transfer results, between steps; never waits on a transfer."""
 
     def on_command(self, command: Any) -> bool:
-        """Apply a transfer command; False when ``command`` is not one."""
+        """Apply a transfer command (a pair's setup or teardown); False when ``command`` is not one."""
 
     @property
     def in_flight(self) -> Sequence[int]:
@@ -100,7 +102,7 @@ class PdNodeBackend(ModeBackend):
             self.transfer.poll(self)
 
     def on_command(self, command: Any) -> None:
-        """Hand a transfer command (the per-epoch setup) to the transfer."""
+        """Hand a transfer command (a pair's setup or teardown) to the transfer."""
         if self.transfer is None or not self.transfer.on_command(command):
             super().on_command(command)
 

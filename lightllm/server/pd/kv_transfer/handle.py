@@ -2,23 +2,26 @@
 
 Typical use on a prefill rank::
 
-    handle = KVTransferHandle("prefill", kv_cache, store_addr, port, page_size=256)
+    handle = KVTransferHandle("prefill", kv_cache, host, port, page_size=256, store_host=store_host)
     handle.send(request_id, context.slots(req, start, end))   # after the step's handoffs
     for result in handle.poll():                              # once per step
         backend.transfer_done(result.request_id, result.ok)
 
 and on a decode rank ``handle.receive(request_id, slots)`` after ``reserve_prefilled``, then
-``admit_prefilled`` / ``transfer_failed`` on the polled results.  When a handle reports
-:attr:`broken_reason` (its group failed) every request it held has been reported failed; the
-owner calls :meth:`restart` with a fresh port on both sides.
+``admit_prefilled`` / ``transfer_failed`` on the polled results.  One handle serves one pair
+(one peer node, one epoch); a rank paired with several peers holds one handle per pair, and a
+prefill rank's handles share its one :class:`~.store_host.TransferStoreHost`.  When a handle
+reports :attr:`broken_reason` (its group failed) every request it held has been reported failed;
+the owner calls :meth:`restart` on both sides, or drops the pair.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import socket
+import os
 import time
-from typing import List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -28,11 +31,14 @@ from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManage
 from lightllm.server.pd.kv_transfer.messages import (
     ChannelBroken,
     ChannelReady,
+    QueryStats,
     ReceiveKV,
     SendKV,
     Shutdown,
     TransferResult,
+    TransferStats,
 )
+from lightllm.server.pd.kv_transfer.store_host import TransferStoreHost
 from lightllm.server.pd.kv_transfer.worker import TransferConfig, run_transfer_process
 from lightllm.utils.envs_utils import pd_transfer_failure_probability
 from lightllm.server.run_mode import PD_NODE_MODES
@@ -43,18 +49,20 @@ ROLES = PD_NODE_MODES
 
 
 class KVTransferHandle:
-    """Owns one KV transfer process for one TP rank and talks to it through a pipe.
+    """Owns one KV transfer process for one TP rank and one pair, and talks to it through a pipe.
 
-    ``role`` is ``"prefill"`` (rank 0 of the transfer group; hosts the TCP store at
-    ``store_addr:store_port``) or ``"decode"`` (rank 1; connects to it).  ``kv_cache`` must have
-    shareable buffers (``shareable=True`` or :meth:`KVCacheMemoryManager.share_buffers`).
-    ``page_size`` is the tokens per page on the wire (the intended ``--pd_kv_page_size``; only
-    the prefill side's value is used, the decode side follows the header).  Every wait on the
-    peer is bounded by ``timeout_s``; joining the group by ``connect_timeout_s``.  A decode-side
-    receive fails when no KV for it starts arriving within ``receive_wait_s``.  Both sides must
-    pass the same ``group_name`` (the prefix of the pair's store keys).  ``listen_socket``
-    (prefill side only) is a socket already listening on ``store_port`` that every transfer
-    process of this handle serves its store on, so the port stays held between them.
+    ``role`` is ``"prefill"`` (rank 0 of the transfer group) or ``"decode"`` (rank 1).  Both
+    sides join the prefill rank's TCP store at ``store_addr:store_port`` as clients: a prefill
+    handle is given the rank's ``store_host`` (shared by all its pairs; ``store_addr`` and
+    ``store_port`` must then name it), or without one starts and owns a host of its own bound to
+    ``store_addr:store_port``.  ``kv_cache`` must have shareable buffers (``shareable=True`` or
+    :meth:`KVCacheMemoryManager.share_buffers`).  ``page_size`` is the tokens per page on the
+    wire (the intended ``--pd_kv_page_size``; only the prefill side's value is used, the decode
+    side follows the header).  Every wait on the peer is bounded by ``timeout_s``; joining the
+    group by ``connect_timeout_s``.  A decode-side receive fails when no KV for it starts
+    arriving within ``receive_wait_s``.  Both sides must pass the same ``group_name`` (the prefix
+    of the pair's store keys).  ``announce_wait_s`` bounds each of the decode side's waits for the
+    next announced transfer (renewed while idle; a dead prefill node ends it at once).
     """
 
     def __init__(
@@ -68,15 +76,16 @@ class KVTransferHandle:
         connect_timeout_s: float = 60.0,
         receive_wait_s: float = 60.0,
         group_name: str = "lightllm-kv",
-        listen_socket: Optional[socket.socket] = None,
+        store_host: Optional[TransferStoreHost] = None,
+        announce_wait_s: float = 30.0,
     ):
         if role not in ROLES:
             raise ValueError(f"KV transfer role must be one of {ROLES}, got {role!r}")
-        if listen_socket is not None and role != "prefill":
-            raise ValueError("only a prefill KV transfer handle serves the pair's store on a listening socket")
+        if store_host is not None and role != "prefill":
+            raise ValueError("only a prefill KV transfer handle uses the rank's store host")
         if page_size <= 0:
             raise ValueError(f"KV transfer page size must be positive, got {page_size}")
-        if timeout_s <= 0 or connect_timeout_s <= 0 or receive_wait_s <= 0:
+        if timeout_s <= 0 or connect_timeout_s <= 0 or receive_wait_s <= 0 or announce_wait_s <= 0:
             raise ValueError("KV transfer timeouts must be positive")
         self.role = role
         self._view = kv_cache.transfer_view()
@@ -85,15 +94,19 @@ class KVTransferHandle:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._receive_wait_s = receive_wait_s
+        self._announce_wait_s = announce_wait_s
         self._group_name = group_name
-        self._listen_socket = listen_socket
+        self._store_host = store_host
+        self._owns_store_host = False
         self._ctx = torch_mp.get_context("spawn")
         self._process = None
         self._conn = None
         self._in_flight: dict = {}  # request id -> bytes announced (0 until known)
         self._results: List[TransferResult] = []
+        self._stats: Optional[TransferStats] = None
         self.ready = False
         self.broken_reason: Optional[str] = None
+        self.generation = 0  # prefill side: which start of the pair's group this is
         self._start(store_port)
 
     # --- commands ---------------------------------------------------------------------------
@@ -144,38 +157,87 @@ class KVTransferHandle:
                 self.poll()
         return self.ready
 
-    def restart(self, store_port: int) -> None:
-        """Replace the transfer process and its group (new TCP store port).
+    def restart(self, store_port: Optional[int] = None) -> None:
+        """Replace the transfer process and its group; both sides of the pair must restart.
 
+        The prefill side restarts first: its new process joins under a new generation of the
+        pair's keys, which the decode side's new process follows.  ``store_port`` (default: the
+        same) moves a prefill handle's own store host, or a decode handle, to another port.
         Results already reported by the old process are kept; requests it still held are
         reported failed by the next :meth:`poll`.
         """
         self._stop()
         self._fail_in_flight("the KV transfer process was replaced")
-        self._start(store_port)
+        self._start(self.store_port if store_port is None else store_port)
 
     def close(self) -> None:
         """Stop the transfer process; requests still held are reported failed by :meth:`poll`."""
         self._stop()
         self._fail_in_flight("the KV transfer process was stopped")
+        if self._owns_store_host and self._store_host is not None:
+            self._store_host.close()
+            self._store_host = None
+
+    def query_stats(self, timeout_s: float = 10.0) -> Optional[TransferStats]:
+        """Ask the transfer process what it posted and waits on; None without an answer in time.
+
+        Blocks up to ``timeout_s`` (diagnostics and tests only); other messages read meanwhile
+        are kept for :meth:`poll`.
+        """
+        if self._conn is None:
+            return None
+        self._stats = None
+        try:
+            self._conn.send(QueryStats())
+        except (BrokenPipeError, OSError):
+            return None
+        deadline = time.monotonic() + timeout_s
+        while self._stats is None and time.monotonic() < deadline:
+            if self._conn.poll(0.05):
+                self._read_pipe()
+            elif self._process is not None and not self._process.is_alive():
+                break
+        return self._stats
 
     # --- internals --------------------------------------------------------------------------
     def _start(self, store_port: int) -> None:
-        listen_socket = self._listen_socket
-        if listen_socket is not None and listen_socket.getsockname()[1] != store_port:
-            raise ValueError(f"the listening socket is on port {listen_socket.getsockname()[1]}, not {store_port}")
+        generation, store_addr = 0, self._store_addr
+        if self.role == "prefill":
+            host = self._prefill_store_host(store_port)
+            store_addr = host.connect_host
+            # Counted before the process starts, so a decode side restarted after this call
+            # follows the new group, never the keys the old one left.
+            generation = host.next_generation(self._group_name)
         # Only the sending (prefill) side corrupts a payload; the launcher checked the value at start-up.
         failure_probability = pd_transfer_failure_probability() if self.role == "prefill" else 0.0
-        config = TransferConfig(self.role, self._store_addr, store_port, self._group_name, listen_socket,
-                                self._page_size, self._timeout_s, self._connect_timeout_s, failure_probability)
+        config = TransferConfig(self.role, store_addr, store_port, self._group_name, generation,
+                                self._page_size, self._timeout_s, self._connect_timeout_s, failure_probability,
+                                self._announce_wait_s)
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=run_transfer_process, args=(config, child, self._view),
                                     name=f"kv-transfer-{self.role}", daemon=True)
-        process.start()
+        with _quiet_store_timeouts():
+            process.start()
         child.close()
         self._process, self._conn = process, parent
         self.ready, self.broken_reason = False, None
         self.store_port = store_port
+        self.generation = generation
+
+    def _prefill_store_host(self, store_port: int) -> TransferStoreHost:
+        host = self._store_host
+        if host is not None and host.port == store_port and not host.closed:
+            return host
+        if host is not None and not self._owns_store_host:
+            if host.closed:
+                raise ValueError("the rank's transfer store is closed")
+            raise ValueError(f"the rank's transfer store is on port {host.port}, not {store_port}")
+        if host is not None:
+            host.close()
+        self._store_host = TransferStoreHost(host=self._store_addr, port=store_port,
+                                             timeout_s=self._connect_timeout_s)
+        self._owns_store_host = True
+        return self._store_host
 
     def _stop(self) -> None:
         if self._conn is not None:
@@ -225,6 +287,8 @@ class KVTransferHandle:
                     self.ready = True
                 elif isinstance(message, ChannelBroken):
                     self.broken_reason = message.reason
+                elif isinstance(message, TransferStats):
+                    self._stats = message
         except (EOFError, OSError):
             pass
 
@@ -241,6 +305,24 @@ class KVTransferHandle:
     def _require(self, role: str, verb: str) -> None:
         if self.role != role:
             raise ValueError(f"a {self.role} KV transfer handle cannot {verb}; only a {role} one can")
+
+
+@contextlib.contextmanager
+def _quiet_store_timeouts() -> Iterator[None]:
+    """Start a transfer process with torch's C++ warnings off, unless the user chose a level.
+
+    Every bounded wait of an idle decode side for the next announcement ends in a store timeout,
+    which c10d logs as two warnings; errors still show, and faults reach the owner as messages.
+    The spawned child reads its environment as it imports torch, so setting it around the start is enough.
+    """
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 def _as_array(slots: Union[torch.Tensor, Sequence[int]]) -> np.ndarray:

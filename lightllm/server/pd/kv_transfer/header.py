@@ -1,7 +1,8 @@
-"""The header that precedes a request's KV on the wire, and the compatibility check on it.
+"""The header that announces a request's KV, and the compatibility check on it.
 
-The header is a fixed-length int64 tensor, so it travels over the same two-rank group as the
-payload.  The receiver refuses a header whose geometry (layers, KV heads, head dim, dtype)
+The header is a fixed-length int64 array; the prefill side announces each transfer by putting
+it, as bytes, in the pair's store (:mod:`announce`), and the decode side posts its receives
+only after reading it.  The receiver refuses a header whose geometry (layers, KV heads, head dim, dtype)
 differs from its own cache: writing such KV would corrupt the request silently, the classic
 cause of garbage output in mismatched PD deployments.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 HEADER_MAGIC = 0x4C4C4B56  # "LLKV"
@@ -80,6 +82,17 @@ class TransferHeader:
         if dtype is None:
             raise ValueError(f"KV transfer header has unknown dtype code {v[7]}")
         return cls(v[2], v[3], v[4], v[5], v[6], dtype, v[8], v[9], v[10])
+
+    def to_bytes(self) -> bytes:
+        """The header as ``HEADER_LEN`` little-endian int64 values (what an announcement holds)."""
+        return self.to_tensor().numpy().astype("<i8").tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TransferHeader":
+        """Parse an announced header; raises ValueError when it is not one."""
+        if len(data) != HEADER_LEN * 8:
+            raise ValueError(f"received {len(data)} bytes, not a KV transfer header")
+        return cls.from_tensor(torch.from_numpy(np.frombuffer(data, dtype="<i8").astype(np.int64)))
 
     @property
     def payload_bytes(self) -> int:

@@ -40,6 +40,29 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
+class QueryStats:
+    """Ask the transfer process for its :class:`TransferStats` (diagnostics and tests)."""
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """What a transfer process has done and is waiting on, as counters since it started.
+
+    ``receives_posted`` counts the point-to-point receives it posted on its group,
+    ``receives_pending`` those not yet completed: an idle decode side has none, since it posts
+    receives only for an announced transfer.  ``announcements`` counts transfers announced
+    (prefill side) or taken (decode side); ``idle_waits`` counts the decode side's bounded
+    waits on the pair's store that ended with no announcement.
+    """
+
+    role: str
+    receives_posted: int
+    receives_pending: int
+    announcements: int
+    idle_waits: int
+
+
+@dataclass(frozen=True)
 class TransferResult:
     """The outcome of one request's transfer, as seen by one side.
 
@@ -71,7 +94,7 @@ class ChannelBroken:
     """The transfer process's group is unusable (timeout, dead peer); it exits after this.
 
     Every request it still held is reported failed before this message; the owner replaces
-    the process with :meth:`KVTransferHandle.restart`.
+    the process with :meth:`KVTransferHandle.restart` (or drops the pair).
     """
 
     reason: str

@@ -1,14 +1,16 @@
-"""One request's KV on the wire: header, verdict, pages, acknowledgement.
+"""One request's KV on the wire: announcement, verdict, pages, acknowledgement.
 
-Prefill side (rank 0)                      Decode side (rank 1)
-  header  (int64[HEADER_LEN])       ->       checks geometry, request, token count
-                                    <-       verdict (int64[2]: code, 0)
-  pages of page_size tokens (bytes) ->       each page checksummed and written into its slots
-                                    <-       ack (int64[2]: code, 0) after the checksum matched
+Prefill side (rank 0)                           Decode side (rank 1)
+  header in the pair's store (announce/<seq>) ->  takes it, checks geometry, request, token count
+                                              <-  verdict (int64[2]: code, 0)
+  pages of page_size tokens (bytes)           ->  each page checksummed and written into its slots
+                                              <-  ack (int64[2]: code, 0) after the checksum matched
 
-A refused header ends the request on both sides without a payload, and the group stays usable;
-so does a checksum mismatch.  Only a timeout or a dead peer (:class:`ChannelFault`) breaks the
-group.  Every wait is bounded by ``timeout_s``.
+The header goes through the store (:mod:`announce`), not the group: the decode side posts no
+receive until a transfer is announced, so an idle pair holds no pending collective.  A refused
+header ends the request on both sides without a payload, and the group stays usable; so does a
+checksum mismatch.  Only a timeout or a dead peer (:class:`ChannelFault`) breaks the group.
+Every wait on the group is bounded by ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ import torch
 import torch.distributed as dist
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.pd.kv_transfer.announce import Announcer
 from lightllm.server.pd.kv_transfer.bounded_wait import wait_work
 from lightllm.server.pd.kv_transfer.checksum import combine, page_checksum, payload_checksum
-from lightllm.server.pd.kv_transfer.header import HEADER_LEN, TransferHeader
+from lightllm.server.pd.kv_transfer.header import TransferHeader
 from lightllm.server.pd.kv_transfer.messages import TransferResult
 
 PREFILL_RANK, DECODE_RANK = 0, 1
-TAG_HEADER, TAG_VERDICT, TAG_PAGE, TAG_ACK = 1, 2, 3, 4
+# Tag 1 carried the header before headers moved to the store; it is left unused.
+TAG_VERDICT, TAG_PAGE, TAG_ACK = 2, 3, 4
 
 OK = 0
 REFUSED_GEOMETRY = 1
@@ -53,20 +57,32 @@ CODE_REASONS = {
 
 @dataclass
 class Link:
-    """This process's end of the two-rank group."""
+    """This process's end of the two-rank group, counting the receives it posts."""
 
     device: torch.device  # where the wire tensors live: CPU for gloo, the GPU for NCCL
     polled: bool  # NCCL: poll completion instead of gloo's timed wait
     timeout_s: float
+    receives_posted: int = 0
+    receives_pending: int = 0  # posted and not waited for
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int, what: str) -> None:
         wait_work(dist.isend(tensor, peer, tag=tag), self.timeout_s, what, self.polled)
 
     def post_recv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
-        return dist.irecv(tensor, peer, tag=tag)
+        work = dist.irecv(tensor, peer, tag=tag)
+        self.receives_posted += 1
+        self.receives_pending += 1
+        return work
+
+    def wait_recv(self, work: dist.Work, what: str) -> None:
+        """Wait for a receive from :meth:`post_recv` (bounded by ``timeout_s``)."""
+        try:
+            wait_work(work, self.timeout_s, what, self.polled)
+        finally:
+            self.receives_pending -= 1
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int, what: str) -> None:
-        wait_work(dist.irecv(tensor, peer, tag=tag), self.timeout_s, what, self.polled)
+        self.wait_recv(self.post_recv(tensor, peer, tag), what)
 
     def code_message(self, code: int) -> torch.Tensor:
         return torch.tensor([code, 0], dtype=torch.int64, device=self.device)
@@ -79,6 +95,7 @@ def _wire(page: torch.Tensor) -> torch.Tensor:
 
 def send_kv(
     link: Link,
+    announcer: Announcer,
     cache: KVCacheMemoryManager,
     request_id: int,
     slots: np.ndarray,
@@ -86,7 +103,7 @@ def send_kv(
     corrupt: bool = False,
     first_token: int = -1,
 ) -> TransferResult:
-    """Prefill side: send ``slots``' KV as ``request_id``; ok once the decode side acknowledged.
+    """Prefill side: announce and send ``slots``' KV as ``request_id``; ok once the decode side acknowledged.
 
     ``corrupt`` (failure injection) announces a wrong checksum, so the decode side's own check
     refuses the payload exactly as it would refuse a damaged one.
@@ -98,7 +115,7 @@ def send_kv(
         checksum ^= 1
     header = TransferHeader(request_id, int(data.shape[0]), cache.num_layers, cache.kv_heads, cache.head_dim,
                             cache.dtype, page_size, checksum, first_token)
-    link.send(header.to_tensor().to(link.device), DECODE_RANK, TAG_HEADER, f"request {request_id}'s header to be sent")
+    announcer.announce(header.to_bytes())
     verdict = link.code_message(-1)
     link.recv(verdict, DECODE_RANK, TAG_VERDICT, f"the decode side's verdict on request {request_id}")
     code = int(verdict[0].item())
@@ -118,24 +135,17 @@ def send_kv(
     return TransferResult(request_id, True, time.monotonic() - start, nbytes)
 
 
-def receive_header(link: Link) -> tuple[torch.Tensor, dist.Work]:
-    """Post the receive of the next header (the caller waits on it, possibly for long)."""
-    buffer = torch.zeros(HEADER_LEN, dtype=torch.int64, device=link.device)
-    return buffer, link.post_recv(buffer, PREFILL_RANK, TAG_HEADER)
-
-
 def receive_kv(
     link: Link,
     cache: KVCacheMemoryManager,
-    raw_header: torch.Tensor,
+    header: TransferHeader,
     find_slots: Callable[[int], Optional[np.ndarray]],
 ) -> TransferResult:
-    """Decode side: check a received header, take the pages into the reserved slots, acknowledge.
+    """Decode side: check an announced header, take the pages into the reserved slots, acknowledge.
 
     ``find_slots(request_id)`` gives the slots reserved for the request (None when unknown).
     """
     start = time.monotonic()
-    header = TransferHeader.from_tensor(raw_header.cpu())
     request_id = header.request_id
     slots = find_slots(request_id)
     geometry = header.incompatibility(cache.num_layers, cache.kv_heads, cache.head_dim, cache.dtype)
@@ -183,7 +193,7 @@ def _receive_pages(link: Link, cache: KVCacheMemoryManager, header: TransferHead
         if index + depth - 1 < len(starts):
             post(index + depth - 1)  # into the buffer the previous page freed
         target, work = pending.pop(index)
-        wait_work(work, link.timeout_s, f"page {index} of request {header.request_id}", link.polled)
+        link.wait_recv(work, f"page {index} of request {header.request_id}")
         total = combine(total, index, page_checksum(target))
         if not failed_import:
             try:

@@ -1,10 +1,13 @@
 """The KV transfer process: a child of one TP rank process, paired with the peer node's.
 
-It joins its own two-rank torch.distributed group (rank 0 = prefill side, serving the pair's
-TCP store; rank 1 = decode side; gloo for CPU caches, NCCL for CUDA ones), never the rank's TP
-group, and serves :mod:`messages` commands from its owner's pipe.  On a fault of the group
-(timeout, dead peer) it fails everything it holds, reports :class:`ChannelBroken` and exits;
-the owner starts a fresh one.
+It joins its own two-rank torch.distributed group (rank 0 = prefill side, rank 1 = decode side;
+gloo for CPU caches, NCCL for CUDA ones), never the rank's TP group, and serves :mod:`messages`
+commands from its owner's pipe.  Both sides meet in the prefill rank's one TCP store
+(:mod:`store_host`) as clients, under their pair's key prefix and the prefill side's current
+generation.  Transfers are announced through that store (:mod:`announce`): the decode side
+posts receives only for an announced transfer, so an idle pair holds nothing pending on its
+group.  On a fault of the group or the store (timeout, dead peer) it fails everything it holds,
+reports :class:`ChannelBroken` and exits; the owner starts a fresh one or drops the pair.
 """
 
 from __future__ import annotations
@@ -15,36 +18,37 @@ import multiprocessing.connection
 import os
 import queue
 import random
-import socket
 import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.pd.kv_transfer.announce import AnnouncementWatcher, Announcer
 from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault, wait_work
+from lightllm.server.pd.kv_transfer.header import TransferHeader
 from lightllm.server.pd.kv_transfer.messages import (
     ChannelBroken,
     ChannelReady,
+    QueryStats,
     ReceiveKV,
     SendKV,
     Shutdown,
     TransferResult,
+    TransferStats,
 )
-from lightllm.server.pd.kv_transfer.protocol import DECODE_RANK, PREFILL_RANK, Link, receive_header, receive_kv, send_kv
+from lightllm.server.pd.kv_transfer.protocol import DECODE_RANK, PREFILL_RANK, Link, receive_kv, send_kv
+from lightllm.server.pd.kv_transfer.store_host import generation_key, generation_prefix
 
 logger = logging.getLogger(__name__)
 
-# An idle decode side waits for the next header this long; a dead peer ends the wait at once
-# (the connection closes), and a transfer in progress is bounded by timeout_s instead.
-IDLE_WAIT_S = 7 * 24 * 3600.0
-# A header may overtake the ReceiveKV command that registers its slots (two independent
-# pipes); wait this long for the command before refusing the header.
+# A header may overtake the ReceiveKV command that registers its slots (a store key and a
+# pipe); wait this long for the command before refusing the header.
 REGISTRATION_GRACE_S = 1.0
 
 
@@ -53,18 +57,21 @@ class TransferConfig:
     """What a transfer process needs besides its cache and pipe."""
 
     role: str  # "prefill" or "decode"
+    # The prefill rank's TCP store, which both sides join as clients.
     store_addr: str
     store_port: int
-    # Prefix of every key the pair puts in its store: a decode side pointed at some other
-    # store (a stale address, another group's port) never matches keys and times out instead.
+    # Prefix of every key the pair puts in the store: a decode side pointed at some other
+    # store (a stale address, another rank's port) never matches keys and times out instead.
     group_name: str
-    # Prefill side: the node's listening socket for store_port (see pd/transfer_ports.py);
-    # None binds store_port here.
-    listen_socket: Optional[socket.socket]
+    # Prefill side: the generation its owner counted for this start; decode side: 0, to follow
+    # whatever generation the prefill side started last.
+    generation: int
     page_size: int
     timeout_s: float
     connect_timeout_s: float
     failure_probability: float
+    # Decode side: how long one wait for the next announcement lasts before it is renewed.
+    announce_wait_s: float = 30.0
 
 
 def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager) -> None:
@@ -76,9 +83,10 @@ def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCach
         torch.cuda.set_device(cache.device)
     rank = PREFILL_RANK if config.role == "prefill" else DECODE_RANK
     try:
+        store, prefix = _join_store(config)
         dist.init_process_group(
             "nccl" if cuda else "gloo",
-            store=_open_store(config, rank),
+            store=store,
             rank=rank,
             world_size=2,
             timeout=timedelta(seconds=config.connect_timeout_s),
@@ -87,32 +95,53 @@ def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCach
             # NCCL connects lazily: a first exchange makes "ready" mean ready.
             probe = torch.zeros(1, device=cache.device)
             wait_work(dist.all_reduce(probe, async_op=True), config.connect_timeout_s, "the peer to connect", True)
+            # Point-to-point operations may get a communicator of their own, made at the first
+            # one: make it now, while both sides join, not inside the first transfer.
+            first = dist.isend(probe, DECODE_RANK) if rank == PREFILL_RANK else dist.irecv(probe, PREFILL_RANK)
+            wait_work(first, config.connect_timeout_s, "the peer's first point-to-point exchange", True)
+        if config.role == "decode":
+            # A connection of its own: a store client serves one request at a time, this one
+            # spends its life in waits, and NCCL may need the group's store meanwhile.
+            watcher = AnnouncementWatcher(dist.PrefixStore(prefix, _client(config)), config.announce_wait_s)
     except Exception as exc:  # noqa: BLE001 - any failure to join is reported, not raised
         _broken(conn, [], f"could not join the transfer group at {config.store_addr}:{config.store_port}: {exc}")
         os._exit(0)
     link = Link(cache.device if cuda else torch.device("cpu"), cuda, config.timeout_s)
     _send_quiet(conn, ChannelReady(time.monotonic() - start))
     if config.role == "prefill":
-        _serve_prefill(config, conn, cache, link)
+        _serve_prefill(config, conn, cache, link, Announcer(store))
     else:
-        _serve_decode(conn, cache, link)
-    # Skip interpreter teardown: the header listener may still sit in a gloo wait, and
-    # destroying the group under it aborts noisily.  Every message was sent synchronously.
+        _serve_decode(conn, cache, link, watcher)
+    # Skip interpreter teardown: the announcement watcher may still sit in a store wait, and
+    # destroying the group under a thread aborts noisily.  Every message was sent synchronously.
     os._exit(0)
 
 
-def _open_store(config: TransferConfig, rank: int) -> dist.Store:
-    """The pair's rendezvous: the prefill side serves a TCP store, the decode side connects to it."""
-    timeout = timedelta(seconds=config.connect_timeout_s)
-    if rank == PREFILL_RANK:
-        fd = None if config.listen_socket is None else config.listen_socket.fileno()
-        store = dist.TCPStore(config.store_addr, config.store_port, 2, True, timeout, master_listen_fd=fd)
-    else:
-        store = dist.TCPStore(config.store_addr, config.store_port, 2, False, timeout)
-    return dist.PrefixStore(config.group_name, store)
+def _client(config: TransferConfig) -> dist.TCPStore:
+    # Connecting retries until the timeout, so a decode side may start before the prefill side's store.
+    return dist.TCPStore(config.store_addr, config.store_port, None, False,
+                         timedelta(seconds=config.connect_timeout_s))
 
 
-def _serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager, link: Link) -> None:
+def _join_store(config: TransferConfig) -> Tuple[dist.Store, str]:
+    """The pair's store (a client of the prefill rank's) under its current generation, and that prefix."""
+    client = _client(config)
+    generation = config.generation
+    if generation <= 0:
+        pair = dist.PrefixStore(config.group_name, client)
+        pair.wait([generation_key()], timedelta(seconds=config.connect_timeout_s))
+        generation = int(pair.get(generation_key()))
+    prefix = generation_prefix(config.group_name, generation)
+    return dist.PrefixStore(prefix, client), prefix
+
+
+def _stats(role: str, link: Link, announcements: int, idle_waits: int = 0) -> TransferStats:
+    return TransferStats(role, link.receives_posted, link.receives_pending, announcements, idle_waits)
+
+
+def _serve_prefill(
+    config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager, link: Link, announcer: Announcer
+) -> None:
     rng = random.Random()
     while True:
         try:
@@ -120,14 +149,18 @@ def _serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemor
         except (EOFError, OSError):
             return  # the owner is gone
         if isinstance(command, Shutdown):
+            announcer.close()
             return
+        if isinstance(command, QueryStats):
+            _send_quiet(conn, _stats("prefill", link, announcer.count))
+            continue
         if not isinstance(command, SendKV):
             _send_quiet(conn, TransferResult(getattr(command, "request_id", -1), False, 0.0, 0,
                                              f"the prefill transfer process cannot run {type(command).__name__}"))
             continue
         corrupt = config.failure_probability > 0 and rng.random() < config.failure_probability
         try:
-            result = send_kv(link, cache, command.request_id, command.slots, config.page_size, corrupt,
+            result = send_kv(link, announcer, cache, command.request_id, command.slots, config.page_size, corrupt,
                              command.first_token)
         except ChannelFault as fault:
             _broken(conn, [command.request_id] + _drain_requests(conn), str(fault))
@@ -135,18 +168,23 @@ def _serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemor
         _send_quiet(conn, result)
 
 
-def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link) -> None:
+def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link, watcher: AnnouncementWatcher) -> None:
     headers: "queue.Queue[object]" = queue.Queue()
     next_header = threading.Event()
     wake_read, wake_write = multiprocessing.Pipe(duplex=False)
-    threading.Thread(target=_listen_for_headers, args=(link, headers, next_header, wake_write), daemon=True).start()
+    threading.Thread(target=_watch_announcements, args=(watcher, headers, next_header, wake_write),
+                     daemon=True).start()
     waiting: Dict[int, Tuple[ReceiveKV, float]] = {}  # request id -> (command, deadline)
+    stopped = [False]  # a Shutdown (or the owner's end) was read, maybe while looking for slots
 
     def take(command: object) -> bool:
         if isinstance(command, Shutdown):
+            stopped[0] = True
             return False
         if isinstance(command, ReceiveKV):
             waiting[command.request_id] = (command, time.monotonic() + command.wait_s)
+        elif isinstance(command, QueryStats):
+            _send_quiet(conn, _stats("decode", link, watcher.count, watcher.idle_waits))
         else:
             _send_quiet(conn, TransferResult(getattr(command, "request_id", -1), False, 0.0, 0,
                                              f"the decode transfer process cannot run {type(command).__name__}"))
@@ -159,6 +197,7 @@ def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link) -> 
                     return False
                 timeout = 0
         except (EOFError, OSError):
+            stopped[0] = True
             return False
         return True
 
@@ -171,11 +210,13 @@ def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link) -> 
         return None if entry is None else entry[0].slots
 
     while True:
-        # Sleep until a command or a header arrives (or a receive may have expired).
-        ready = multiprocessing.connection.wait([conn, wake_read], timeout=0.1)
+        # Sleep until a command or an announcement arrives, or the next receive may expire.
+        now = time.monotonic()
+        timeout = max(0.0, min(deadline for _, deadline in waiting.values()) - now) if waiting else None
+        ready = multiprocessing.connection.wait([conn, wake_read], timeout=timeout)
         if wake_read in ready:
             wake_read.recv_bytes()
-        if not drain(0):
+        if stopped[0] or not drain(0):
             return
         now = time.monotonic()
         for request_id, (command, deadline) in list(waiting.items()):
@@ -192,30 +233,36 @@ def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link) -> 
             _broken(conn, list(waiting), str(item))
             return
         try:
-            result = receive_kv(link, cache, item, find_slots)
-        except ChannelFault as fault:
-            _broken(conn, list(waiting) + [int(item[2].item())], str(fault))
-            return
-        except ValueError as exc:  # not a header: the stream is out of step, the group is useless
+            header = TransferHeader.from_bytes(item)
+        except ValueError as exc:  # the announcements are out of step: the pair is useless
             _broken(conn, list(waiting), f"bad header from the prefill side: {exc}")
             return
+        try:
+            result = receive_kv(link, cache, header, find_slots)
+        except ChannelFault as fault:
+            _broken(conn, list(waiting) + [header.request_id], str(fault))
+            return
         _send_quiet(conn, result)
+        if stopped[0]:
+            return
         next_header.set()
 
 
-def _listen_for_headers(
-    link: Link, headers: "queue.Queue[object]", next_header: threading.Event, wake: Connection
+def _watch_announcements(
+    watcher: AnnouncementWatcher, headers: "queue.Queue[object]", next_header: threading.Event, wake: Connection
 ) -> None:
-    # The only wait that may be long: nothing is in flight until a header arrives.
+    # Bounded store waits, renewed while idle; the next one starts only after the transfer
+    # announced last was handled, so announcements are taken one at a time, in order.
     while True:
-        buffer, work = receive_header(link)
         try:
-            wait_work(work, IDLE_WAIT_S, "the next request header", link.polled)
+            header = watcher.next()
         except ChannelFault as fault:
             headers.put(fault)
             wake.send_bytes(b"!")
             return
-        headers.put(buffer)
+        if header is None:
+            continue
+        headers.put(header)
         wake.send_bytes(b"h")
         next_header.wait()
         next_header.clear()

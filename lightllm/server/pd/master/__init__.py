@@ -2,14 +2,14 @@
 
 Modules (one concept each):
 
-* :mod:`.node_registry` -- the live node set: registration, heartbeats, expiry, readiness.
+* :mod:`.node_registry` -- the live node set: registration, heartbeats (load, state), expiry, readiness.
 * :mod:`.expiry_sweeper` -- the background task that drops silent nodes on time.
 * :mod:`.membership_api` -- the HTTP endpoints nodes talk to, and the master's readiness probe.
-* :mod:`.node_selector` -- which alive node of a role gets the next request.
+* :mod:`.node_selector` -- placement: which serving node of a role gets the next request.
 * :mod:`.busy_retry` -- what the master does when a node answers busy.
 * :mod:`.continuation` -- the segments of a generation and their inference priority on P.
 * :mod:`.node_streams` -- the master's HTTP client of the node control endpoints (NDJSON).
-* :mod:`.pair_setup` -- the current P/D pair, its epoch and its KV transfer setup.
+* :mod:`.pair_setup` -- the table of set-up P/D pairs, their epochs, KV transfer setup and teardown.
 * :mod:`.request_run` -- one request's node streams, bounded waits and failure.
 * :mod:`.segment_flow` -- one segment: decode reserves, prefill, hand-off, decode.
 * :mod:`.manager` -- :class:`PdMasterManager`, the public API's request manager.

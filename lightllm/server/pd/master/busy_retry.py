@@ -7,7 +7,9 @@ the API answers with HTTP 503 (code ``server_busy``): the client, which knows it
 budget, decides whether to retry.  With a positive value the master retries for at most that
 many seconds, sleeping ``initial_backoff_s``, then twice as long each time up to
 ``max_backoff_s`` (never past the deadline), and answers busy once the time is spent.  Each
-attempt may pick another node: the ``attempt`` callable is called afresh every time.
+attempt may pick another node: the ``attempt`` callable is called afresh every time.  Before an
+attempt raises :class:`NodeBusy` the segment flow has already tried every other serving node of
+the busy role (:mod:`.segment_flow`), so the policy only waits when the whole role is busy.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ DEFAULT_MAX_BACKOFF_S = 1.0
 
 
 class NodeBusy(Exception):
-    """A node's immediate "cannot take this now" answer; ``role`` is ``prefill`` or ``decode``."""
+    """A node's immediate "cannot take this now" answer; ``role`` is ``prefill`` or ``decode``,
+    ``node_id`` the node that answered (empty when not known)."""
 
-    def __init__(self, role: str, message: str):
+    def __init__(self, role: str, message: str, node_id: str = ""):
         super().__init__(message)
         self.role = role
+        self.node_id = node_id
 
 
 class BusyRetryPolicy:

@@ -69,9 +69,10 @@ class PdMasterManager:
         self.registry = registry
         self.deadlines = deadlines
         self.setup_timeout_s = setup_timeout_s
-        self.metrics = MasterMetrics(registry, model.model_name, model.max_req_total_len)
         self.selector = NodeSelector(registry)
         registry.add_drop_listener(self.selector.forget)
+        self.metrics = MasterMetrics(registry, model.model_name, model.max_req_total_len,
+                                     in_flight=self.selector.in_flight)
         registry.add_drop_listener(self._on_node_dropped)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._nodes: Optional[NodeStreams] = None
@@ -87,14 +88,16 @@ class PdMasterManager:
         """Start the node client and the expiry sweeper on the serving loop."""
         self.loop = asyncio.get_running_loop()
         self._nodes = NodeStreams(cluster_key=self.cluster_key)
-        self.pairs = PairSetup(self.registry, self.selector, self._nodes, self.setup_timeout_s)
-        self._flow = SegmentFlow(self.pairs, self._nodes, self.deadlines, self.metrics)
+        self.pairs = PairSetup(self.registry, self._nodes, self.setup_timeout_s)
+        self._flow = SegmentFlow(self.pairs, self.selector, self._nodes, self.deadlines, self.metrics)
         self._sweeper.start()
 
     async def stop(self) -> None:
         """Fail what still runs, stop sweeping and close every node connection."""
         self.fail_pending("The PD master is stopping", "server_shutting_down", backend_alive=True)
         await self._sweeper.stop()
+        if self.pairs is not None:
+            await self.pairs.aclose()
         if self._nodes is not None:
             await self._nodes.aclose()
 
@@ -116,6 +119,23 @@ class PdMasterManager:
     async def wait_until_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every request to end; True if they all did."""
         return await wait_until(lambda: not self._runs, timeout)
+
+    def node_details(self, node_id: str) -> Dict[str, Any]:
+        """What the request side adds to ``node_id``'s entry of ``GET /pd/nodes``: the requests
+        placed on it and not yet seen leave (``in_flight_requests``), the placement's view of its
+        load (report plus placements since: ``estimated_load``) and the epochs of its set-up
+        transfer pairs (``transfer_epochs``)."""
+        estimate = self.selector.estimate(node_id)
+        free = estimate.free_kv_tokens
+        return {
+            "in_flight_requests": estimate.in_flight,
+            "estimated_load": {
+                "queued_prefill_tokens": estimate.queued_prefill_tokens,
+                "running_requests": estimate.running_requests,
+                "free_kv_tokens": None if free == float("inf") else int(free),
+            },
+            "transfer_epochs": self.pairs.epochs_of(node_id) if self.pairs is not None else [],
+        }
 
     def _on_node_dropped(self, info: NodeInfo, reason: str) -> None:
         failed = 0

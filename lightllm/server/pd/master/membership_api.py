@@ -3,16 +3,21 @@
 Endpoints of :func:`membership_router` (JSON in and out; errors in the project's
 ``{"error": {"message", "type", "param", "code"}}`` shape):
 
-* ``POST /pd/register`` -- body: a :class:`~.node_info.NodeInfo` as JSON.  200
+* ``POST /pd/register`` -- body: a :class:`~.node_info.NodeInfo` as JSON, optionally with the
+  node's ``load`` and ``state`` (:mod:`lightllm.server.pd.protocol.membership`).  200
   ``{"node_id", "master_id", "heartbeat_interval_s", "max_missed_heartbeats", "cluster_key"}``
   (``cluster_key``: whether the master sends the cluster key on its calls to nodes); 400 for an
   invalid body (``param`` names the field); 409 ``incompatible_node`` (the message names every
   mismatched field) or ``node_id_in_use``.
-* ``POST /pd/heartbeat`` -- body ``{"node_id": str}``.  200 with the same body as a
-  registration; 404 ``unknown_node`` when the master does not know the node (it was dropped,
-  or the master restarted): the node registers again.
+* ``POST /pd/heartbeat`` -- body ``{"node_id": str}``, optionally with ``"load"`` (an object of
+  :class:`~lightllm.server.pd.protocol.membership.NodeLoad` fields) and ``"state"``
+  (``serving`` or ``draining``); a bad value is a 400 naming the field.  200 with the same body
+  as a registration; 404 ``unknown_node`` when the master does not know the node (it was
+  dropped, or the master restarted): the node registers again.
 * ``GET /pd/nodes`` -- ``{"ready", "missing", "master_id", "heartbeat_interval_s",
-  "max_missed_heartbeats", "nodes": [registration + "heartbeats", "last_heartbeat_age_s"]}``.
+  "max_missed_heartbeats", "nodes": [registration + "heartbeats", "last_heartbeat_age_s",
+  "state", "load", "load_age_s" + what the master adds per node (``node_details``: its
+  in-flight requests and transfer pairs)]}``.
 
 :func:`readiness_response` is the master's ``/health``: 200 ``{"status": "ok"}`` once at least
 one prefill and one decode node are alive, else 503 with code ``pd_not_ready`` and a message
@@ -29,10 +34,34 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.errors import INVALID_REQUEST, NOT_FOUND, SERVICE_UNAVAILABLE, APIError, invalid_request
-from lightllm.server.pd.protocol.membership import HEARTBEAT_PATH, NODES_PATH, REGISTER_PATH, UNKNOWN_NODE_CODE
+from lightllm.server.pd.protocol.membership import (
+    HEARTBEAT_PATH,
+    LOAD_KEY,
+    NODES_PATH,
+    REGISTER_PATH,
+    STATE_KEY,
+    UNKNOWN_NODE_CODE,
+    MembershipBodyError,
+    NodeLoad,
+    parse_state,
+)
 from lightllm.server.pd.protocol.node_info import NodeInfo, NodeInfoError
 from lightllm.server.pd.master.node_registry import NOT_READY_CODE, NodeRegistry, RegistrationRefused
 
+# Per-node fields the master's request side adds to /pd/nodes (node id -> fields).
+NodeDetails = Callable[[str], Dict[str, Any]]
+
+
+def _load_and_state(body: Dict[str, Any]) -> Tuple[Optional[NodeLoad], Optional[str]]:
+    """Take the optional ``load`` and ``state`` out of ``body`` (a 400 naming a bad field)."""
+    try:
+        load = NodeLoad.from_body(body.pop(LOAD_KEY)) if body.get(LOAD_KEY) is not None else None
+        state = parse_state(body.pop(STATE_KEY)) if body.get(STATE_KEY) is not None else None
+    except MembershipBodyError as exc:
+        raise invalid_request(str(exc), exc.param) from None
+    body.pop(LOAD_KEY, None)
+    body.pop(STATE_KEY, None)
+    return load, state
 
 
 async def _json_object(request: Request) -> Dict[str, Any]:
@@ -75,12 +104,14 @@ def new_master_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False) -> APIRouter:
+def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False,
+                      node_details: Optional[NodeDetails] = None) -> APIRouter:
     """An APIRouter with the ``/pd/*`` membership endpoints over ``registry``.
 
     ``master_id`` (see :func:`new_master_id`) identifies this start of the master in every
     answer, so a node's log shows when it is talking to a restarted master.  ``has_cluster_key``
     tells the nodes whether the master sends a cluster key on its calls to them.
+    ``node_details`` adds the request side's fields to each node of ``GET /pd/nodes``.
     """
     router = APIRouter()
 
@@ -95,8 +126,10 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
 
     async def register(request: Request) -> Response:
         try:
-            info = NodeInfo.from_dict(await _json_object(request))
-            registry.register(info)
+            body = await _json_object(request)
+            load, state = _load_and_state(body)
+            info = NodeInfo.from_dict(body)
+            registry.register(info, load, state)
         except APIError as exc:
             return exc.to_response()
         except NodeInfoError as exc:
@@ -108,15 +141,16 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
     async def heartbeat(request: Request) -> Response:
         try:
             body = await _json_object(request)
+            unknown = sorted(set(body) - {"node_id", LOAD_KEY, STATE_KEY})
+            if unknown:
+                raise invalid_request(f"unknown heartbeat field(s): {', '.join(unknown)}", unknown[0])
+            load, state = _load_and_state(body)
         except APIError as exc:
             return exc.to_response()
-        unknown = sorted(set(body) - {"node_id"})
-        if unknown:
-            return invalid_request(f"unknown heartbeat field(s): {', '.join(unknown)}", unknown[0]).to_response()
         node_id = body.get("node_id")
         if not isinstance(node_id, str) or not node_id:
             return invalid_request(f"node_id must be a non-empty string, got {node_id!r}", "node_id").to_response()
-        if not registry.heartbeat(node_id):
+        if not registry.heartbeat(node_id, load, state):
             message = (
                 f"node {node_id!r} is not registered with this master (it was dropped or the master "
                 f"restarted); register again"
@@ -125,6 +159,9 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
         return JSONResponse(accepted(node_id))
 
     async def nodes() -> Response:
+        listed = registry.snapshot()
+        if node_details is not None:
+            listed = [{**entry, **node_details(str(entry["node_id"]))} for entry in listed]
         return JSONResponse(
             {
                 "ready": registry.ready,
@@ -132,7 +169,7 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
                 "master_id": master_id,
                 "heartbeat_interval_s": registry.heartbeat_interval_s,
                 "max_missed_heartbeats": registry.max_missed_heartbeats,
-                "nodes": registry.snapshot(),
+                "nodes": listed,
             }
         )
 

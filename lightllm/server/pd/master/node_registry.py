@@ -12,7 +12,13 @@ Membership rules:
   fail that node's in-flight requests.  With the expiry sweeper checking every half interval,
   a silent node is dropped at most ``interval * (missed + 0.5)`` seconds (7 s by default) after
   its last heartbeat.
-* The cluster is ready when at least one prefill and one decode node are alive.
+* Heartbeats (and the registration) may carry the node's ``load`` and ``state``
+  (:mod:`lightllm.server.pd.protocol.membership`); the registry keeps the last of each.  A
+  heartbeat without them keeps what was reported before; a node that never reports counts as
+  empty and serving (older nodes).  Every load report bumps the node's ``load_version``, which
+  lets the placement tell what it sent before a report (counted in it) from what it sent after.
+* The cluster is ready when at least one prefill and one decode node are alive and serving
+  (not draining): a draining node takes no new requests.
 
 Both numbers are constructor arguments; they will become the flags ``--pd_heartbeat_interval``
 and ``--pd_max_missed_heartbeats`` of :mod:`lightllm.server.launch.arg_parser` when the PD run modes are
@@ -38,7 +44,13 @@ from lightllm.server.pd.protocol.node_info import (
     compatibility_mismatches,
 )
 from lightllm.server.manager_errors import ServerUnavailableError
-from lightllm.server.pd.protocol.membership import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_MAX_MISSED_HEARTBEATS
+from lightllm.server.pd.protocol.membership import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_MAX_MISSED_HEARTBEATS,
+    STATE_DRAINING,
+    STATE_SERVING,
+    NodeLoad,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +77,25 @@ class RegistrationRefused(ValueError):
 
 @dataclass
 class NodeState:
-    """A live node as the registry tracks it (times are readings of the registry's clock)."""
+    """A live node as the registry tracks it (times are readings of the registry's clock).
+
+    ``load`` is the last load report (None: never reported), ``load_at`` when it came and
+    ``load_version`` how many reports came; ``state`` is ``serving`` or ``draining``.
+    """
 
     info: NodeInfo
     registered_at: float
     last_heartbeat: float
     heartbeats: int = 0
+    load: Optional[NodeLoad] = None
+    load_at: Optional[float] = None
+    load_version: int = 0
+    state: str = STATE_SERVING
+
+    @property
+    def serving(self) -> bool:
+        """The node takes new requests (it is not draining)."""
+        return self.state != STATE_DRAINING
 
 
 class NodeRegistry:
@@ -107,11 +132,12 @@ class NodeRegistry:
         self._drop_listeners.append(listener)
 
     # --- membership -----------------------------------------------------------------------
-    def register(self, info: NodeInfo) -> NodeState:
+    def register(self, info: NodeInfo, load: Optional[NodeLoad] = None, node_state: Optional[str] = None) -> NodeState:
         """Admit ``info`` or raise :class:`RegistrationRefused` naming every mismatched field.
 
         A node that registers again under its live id (same role and address) has restarted:
         its previous incarnation is dropped first (listeners fail its in-flight requests).
+        ``load`` / ``node_state``: what the registration body reported (None: nothing).
         """
         self.expire()
         known = self._nodes.get(info.node_id)
@@ -144,19 +170,31 @@ class NodeRegistry:
         now = self._clock()
         state = NodeState(info, registered_at=now, last_heartbeat=now)
         self._nodes[info.node_id] = state
+        self._report(state, load, node_state)
         logger.info("PD %s registered (model %s, dtype %s, tp %d, kv transfer at %s)", info.describe(),
                     info.model_name, info.dtype, info.tp_size, info.kv_transfer_address)
         return state
 
-    def heartbeat(self, node_id: str) -> bool:
-        """Record a heartbeat; False when the node is unknown (never registered, or dropped)."""
+    def heartbeat(self, node_id: str, load: Optional[NodeLoad] = None, node_state: Optional[str] = None) -> bool:
+        """Record a heartbeat and what it reported; False when the node is unknown (never
+        registered, or dropped).  ``load`` / ``node_state`` None keep the last report."""
         self.expire()
         state = self._nodes.get(node_id)
         if state is None:
             return False
         state.last_heartbeat = self._clock()
         state.heartbeats += 1
+        self._report(state, load, node_state)
         return True
+
+    def _report(self, state: NodeState, load: Optional[NodeLoad], node_state: Optional[str]) -> None:
+        if load is not None:
+            state.load = load
+            state.load_at = self._clock()
+            state.load_version += 1
+        if node_state is not None and node_state != state.state:
+            logger.info("PD %s is now %s", state.info.describe(), node_state)
+            state.state = node_state
 
     def unregister(self, node_id: str, reason: str) -> bool:
         """Drop a node now (it left, or the master gave up on it); False when it was not live."""
@@ -179,6 +217,8 @@ class NodeRegistry:
         return [state.info for state in silent]
 
     def _drop(self, state: NodeState, reason: str) -> None:
+        if self._nodes.get(state.info.node_id) is not state:
+            return  # a listener's own query already expired it
         del self._nodes[state.info.node_id]
         logger.warning("PD %s dropped: %s", state.info.describe(), reason)
         for listener in list(self._drop_listeners):
@@ -204,13 +244,29 @@ class NodeRegistry:
             key=lambda info: info.node_id,
         )
 
+    def state(self, node_id: str) -> Optional[NodeState]:
+        """The live node's tracked state (registration, last load, serving or draining), or None."""
+        self.expire()
+        return self._nodes.get(node_id)
+
+    def serving(self, role: str) -> List[NodeInfo]:
+        """Live ``role`` nodes that take new requests (not draining), sorted by node id."""
+        return [info for info in self.alive(role) if self._nodes[info.node_id].serving]
+
     def missing(self) -> List[str]:
         """What keeps the cluster from being ready, e.g. ``["no decode node registered"]``."""
-        return [f"no {role} node registered" for role in (PREFILL, DECODE) if not self.alive(role)]
+        problems = []
+        for role in (PREFILL, DECODE):
+            alive = self.alive(role)
+            if not alive:
+                problems.append(f"no {role} node registered")
+            elif not any(self._nodes[info.node_id].serving for info in alive):
+                problems.append(f"every {role} node is draining ({', '.join(info.node_id for info in alive)})")
+        return problems
 
     @property
     def ready(self) -> bool:
-        """At least one prefill and one decode node are alive."""
+        """At least one prefill and one decode node are alive and serving."""
         return not self.missing()
 
     def require_ready(self) -> None:
@@ -220,7 +276,8 @@ class NodeRegistry:
             raise ServerUnavailableError(f"The PD cluster is not ready: {'; '.join(missing)}", NOT_READY_CODE)
 
     def snapshot(self) -> List[Dict[str, object]]:
-        """Each live node's registration plus ``heartbeats`` and ``last_heartbeat_age_s``."""
+        """Each live node's registration plus ``heartbeats``, ``last_heartbeat_age_s``, ``state``,
+        ``load`` (the last report, None before the first) and ``load_age_s``."""
         self.expire()
         now = self._clock()
         return [
@@ -228,6 +285,9 @@ class NodeRegistry:
                 **state.info.to_dict(),
                 "heartbeats": state.heartbeats,
                 "last_heartbeat_age_s": round(now - state.last_heartbeat, 3),
+                "state": state.state,
+                "load": state.load.to_dict() if state.load is not None else None,
+                "load_age_s": round(now - state.load_at, 3) if state.load_at is not None else None,
             }
             for state in sorted(self._nodes.values(), key=lambda s: s.info.node_id)
         ]

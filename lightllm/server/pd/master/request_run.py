@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional
 
 from lightllm.server.pd.master.continuation import SegmentEnd
+from lightllm.server.pd.master.node_selector import Placement
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL, NodeInfo
 from lightllm.server.pd.master.node_streams import STREAM_END, NodeCallError, NodeStream
 from lightllm.server.manager_errors import ServerUnavailableError
@@ -28,13 +29,17 @@ class PdRequestFailed(ServerUnavailableError):
     """A PD request ended with an error (HTTP 503, or an error event mid-stream).
 
     ``reason`` is the ``lightllm_pd_failed_requests_total`` label; ``transfer_broken`` means
-    the node asked for the transfer pair to be set up again.
+    the node asked for the transfer pair to be set up again; ``role`` / ``node_id`` name the
+    node that could not be reached (``node_unreachable``; empty otherwise).
     """
 
-    def __init__(self, message: str, code: str, reason: str, transfer_broken: bool = False):
+    def __init__(self, message: str, code: str, reason: str, transfer_broken: bool = False, role: str = "",
+                 node_id: str = ""):
         super().__init__(message, code)
         self.reason = reason
         self.transfer_broken = transfer_broken
+        self.role = role
+        self.node_id = node_id
 
 
 class ClientGone(Exception):
@@ -45,6 +50,9 @@ class RequestRun:
     """A request's streams and waits; ``nodes`` maps role -> the node it still depends on.
 
     ``high_priority``: the client's admission priority, sent to both nodes with every segment.
+    ``previous_decode``: the decode node of the request's last dispatched segment.  The
+    :class:`~.node_selector.Placement` of each role (:meth:`hold`) is released when the node's
+    part ends (:meth:`release`) and at the latest when the streams are cancelled or closed.
     """
 
     def __init__(self, request_id: int, request: Any = None, high_priority: bool = False) -> None:
@@ -52,6 +60,8 @@ class RequestRun:
         self.request = request
         self.high_priority = high_priority
         self.nodes: Dict[str, NodeInfo] = {}
+        self.previous_decode: Optional[NodeInfo] = None
+        self._placements: Dict[str, Placement] = {}
         self.failure: Optional[Exception] = None
         # How the last segment ended (set by the segment flow); None while it runs.
         self.segment_end: Optional[SegmentEnd] = None
@@ -77,6 +87,19 @@ class RequestRun:
         self._queue.put_nowait(_WAKE)
         return True
 
+    def hold(self, role: str, placement: Placement) -> None:
+        """Keep ``placement`` of ``role`` until :meth:`release` (or the streams close)."""
+        previous = self._placements.pop(role, None)
+        if previous is not None:
+            previous.release()
+        self._placements[role] = placement
+
+    def release(self, role: str) -> None:
+        """The request no longer loads its ``role`` node (P handed off; D's segment ended)."""
+        placement = self._placements.pop(role, None)
+        if placement is not None:
+            placement.release()
+
     def depends_on(self, node_id: str) -> Optional[str]:
         """The role in which this request still needs node ``node_id``, or None."""
         for role, node in self.nodes.items():
@@ -85,9 +108,13 @@ class RequestRun:
         return None
 
     def cancel_streams(self) -> None:
-        """Stop reading every stream now (their connections close in the background)."""
+        """Stop reading every stream now (their connections close in the background); the
+        request no longer loads, or depends on, any node."""
         for stream in self._streams:
             stream.cancel()
+        for role in list(self._placements):
+            self.release(role)
+        self.nodes = {}
 
     async def close_streams(self) -> None:
         """Close every stream (the nodes abort what still runs) and forget their queued lines."""
@@ -164,7 +191,8 @@ class RequestRun:
                                   "pd_node_failed", "protocol")
         if isinstance(payload, NodeCallError):
             if payload.unreachable:
-                raise PdRequestFailed(f"request {self.request_id}: {payload}", "pd_node_unreachable", "node_unreachable")
+                raise PdRequestFailed(f"request {self.request_id}: {payload}", "pd_node_unreachable", "node_unreachable",
+                                      role=role, node_id=payload.node.node_id)
             if payload.status is not None and 400 <= payload.status < 500 and payload.status != 409:
                 # The node refused what the master sent (e.g. a longer context than it allows).
                 raise ValueError(f"the {role} node refused the request: {payload}")

@@ -1,19 +1,29 @@
-"""One segment of a PD request on the master: decode reserves first, prefill, hand-off, decode.
+"""One segment of a PD request on the master: placement, decode reserves first, prefill, hand-off, decode.
 
 For a segment (:mod:`.continuation`) of a request the master
 
-1. makes sure the current P/D pair is set up (:mod:`.pair_setup`);
+1. places it: a prefill node and a decode node (:mod:`.node_selector`), and makes sure their
+   pair is set up (:mod:`.pair_setup`);
 2. opens ``D /pd/node/decode``; D answers ``reserved`` (its prefix-cache hit as ``kv_start``),
    ``busy`` (at once; :class:`~.busy_retry.NodeBusy`) or ``error`` -- deadline
    ``--pd_decode_token_timeout_seconds``;
 3. opens ``P /pd/node/prefill`` with that ``kv_start`` and the segment's inference priority;
    P answers the first token -- deadline ``--pd_prefill_timeout_seconds`` -- or ``busy``
-   (the reservation on D is closed, and both are retried together);
+   (the reservation on D is closed);
 4. hands P's first token to the client at once; when it finishes the request nothing moves;
 5. reads D's stream (deadline per event ``--pd_decode_token_timeout_seconds``): the first token
    is D's echo of P's (checked, not shown), then D's tokens until a finish, ``segment_end``
    (the master continues with a new segment) or ``error``.  P's ``handed_off`` meanwhile
    ends the request's dependence on P; an ``error`` from P ends the request.
+
+A busy node is set aside and the segment placed again on the next best node of that role
+(another decode node when D's KV is full, another prefill node when P's queue is); only when
+every serving node of the role answered busy does the busy-retry policy (:mod:`.busy_retry`)
+take over, which waits (or answers 503) and then tries all of them again.  So is a node that
+cannot be reached, or whose pair cannot be set up, before the segment's first token (a killed
+node the heartbeat rule has not dropped yet): nothing reached the client, so the segment moves
+on, and fails only when no other node of the role is left.  A continuation
+whose previous segment ended on KV pressure tries other decode nodes before that one.
 
 An error line with ``transfer_broken`` makes the pair be set up again; when it comes before the
 segment produced anything the segment is dispatched once more on the new pair.
@@ -21,17 +31,23 @@ segment produced anything the segment is dispatched once more on the new pair.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict
+from typing import Any, AsyncIterator, Collection, Dict, Set, Tuple
 
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
 from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
 from lightllm.server.pd.master.metrics import MasterMetrics
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
+from lightllm.server.pd.master.node_selector import NodeSelector
 from lightllm.server.pd.master.node_streams import DECODE_PATH, PREFILL_PATH, STREAM_END, NodeCallError, NodeStreams
-from lightllm.server.pd.master.pair_setup import PairSetup, TransferPair
+from lightllm.server.pd.master.pair_setup import PairSetup, PairSetupFailed, TransferPair
 from lightllm.server.pd.master.request_run import PdRequestFailed, RequestRun
+from lightllm.server.pd.master.node_registry import NOT_READY_CODE
+from lightllm.server.manager_errors import ServerUnavailableError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,10 +90,12 @@ def _protocol_error(run: RequestRun, pair: TransferPair, role: str, expected: st
 
 
 class SegmentFlow:
-    """Runs segments of requests against the current pair (one instance per master)."""
+    """Places and runs segments of requests on (P, D) pairs (one instance per master)."""
 
-    def __init__(self, pairs: PairSetup, nodes: NodeStreams, deadlines: PhaseDeadlines, metrics: MasterMetrics) -> None:
+    def __init__(self, pairs: PairSetup, selector: NodeSelector, nodes: NodeStreams, deadlines: PhaseDeadlines,
+                 metrics: MasterMetrics) -> None:
         self.pairs = pairs
+        self.selector = selector
         self.nodes = nodes
         self.deadlines = deadlines
         self.metrics = metrics
@@ -86,30 +104,75 @@ class SegmentFlow:
         # The timeout was read and checked at start-up: a request never reads the environment.
         return BusyRetryPolicy(timeout_s=self.deadlines.busy_retry_s, on_retry=self.metrics.on_retry)
 
-    async def _dispatch_once(self, run: RequestRun, segment: ContinuationSegment) -> tuple[TransferPair, Dict[str, Any]]:
+    async def _dispatch_once(self, run: RequestRun, segment: ContinuationSegment,
+                             avoid: Collection[str]) -> tuple[TransferPair, Dict[str, Any]]:
+        """Place and start the segment, moving on to the next best node of a role when the chosen
+        one answers busy, cannot be reached or cannot be set up (nothing reached the client yet).
+
+        Raises :class:`NodeBusy` once every serving node of a role answered busy (or failed, at
+        least one of them busy), else the last node's failure.
+        """
+        busy: Dict[str, Dict[str, NodeBusy]] = {PREFILL: {}, DECODE: {}}
+        down: Dict[str, Set[str]] = {PREFILL: set(), DECODE: set()}
+        while True:
+            try:
+                return await self._try_pair(run, segment, busy, down, avoid)
+            except NodeBusy as answer:
+                busy[answer.role][answer.node_id] = answer
+                role, failure, why = answer.role, answer, "busy"
+            except (PdRequestFailed, PairSetupFailed) as exc:
+                unreachable = isinstance(exc, PairSetupFailed) or exc.reason == "node_unreachable"
+                if not unreachable or not exc.node_id or exc.role not in down:
+                    raise
+                down[exc.role].add(exc.node_id)
+                role, failure, why = exc.role, exc, "unusable"
+            if not self.selector.candidates(role, exclude=set(busy[role]) | down[role]):
+                if busy[role] and not isinstance(failure, NodeBusy):
+                    # Some node of the role was only busy: the busy policy may wait for it.
+                    raise next(reversed(busy[role].values()))
+                raise failure
+            log.info("request %d: %s node %s %s (%s); placing it on the next one", run.request_id, role,
+                     getattr(failure, "node_id", ""), why, failure)
+
+    async def _try_pair(self, run: RequestRun, segment: ContinuationSegment, busy: Dict[str, Dict[str, NodeBusy]],
+                        down: Dict[str, Set[str]], avoid: Collection[str]) -> Tuple[TransferPair, Dict[str, Any]]:
         if run.failure is not None:  # failed while waiting to retry a busy node
             raise run.failure
-        pair = await self.pairs.current()
-        run.nodes = {PREFILL: pair.prefill, DECODE: pair.decode}
-        common = {
-            "request_id": segment.request_id,
-            "prompt_ids": segment.prompt_ids,
-            "params": segment.params.to_dict(),
-            "segment_index": segment.segment_index,
-            "generated_before": segment.generated_before,
-            "epoch": pair.epoch,
-            # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
-            # as a trusted client's priority request (the nodes' overtaking bound still applies).
-            "high_priority_request": run.high_priority or segment.segment_index > 0,
-        }
         try:
+            kv_tokens = len(segment.prompt_ids) + segment.params.max_new_tokens
+            # Both placements before the first await: concurrent requests see each other's.
+            prefill = self.selector.place(PREFILL, segment.prompt_ids, kv_tokens,
+                                          exclude=set(busy[PREFILL]) | down[PREFILL])
+            run.hold(PREFILL, prefill)
+            decode = self.selector.place(DECODE, segment.prompt_ids, kv_tokens,
+                                         exclude=set(busy[DECODE]) | down[DECODE], avoid=avoid)
+            run.hold(DECODE, decode)
+            prefill_node = self.selector.registry.get(prefill.node_id)
+            decode_node = self.selector.registry.get(decode.node_id)
+            if prefill_node is None or decode_node is None:
+                raise ServerUnavailableError("The PD cluster is not ready: a node left while the request was placed",
+                                             NOT_READY_CODE)
+            pair = await self.pairs.pair_for(prefill_node, decode_node)
+            run.nodes = {PREFILL: pair.prefill, DECODE: pair.decode}
+            run.previous_decode = pair.decode
+            common = {
+                "request_id": segment.request_id,
+                "prompt_ids": segment.prompt_ids,
+                "params": segment.params.to_dict(),
+                "segment_index": segment.segment_index,
+                "generated_before": segment.generated_before,
+                "epoch": pair.epoch,
+                # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
+                # as a trusted client's priority request (the nodes' overtaking bound still applies).
+                "high_priority_request": run.high_priority or segment.segment_index > 0,
+            }
             started = time.monotonic()
             run.track(self.nodes.stream(pair.decode, DECODE_PATH, common, run.sink(DECODE)))
             line = await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer")
             kind = line.get("event")
             if kind == "busy":
                 self.metrics.on_busy(DECODE)
-                raise NodeBusy(DECODE, str(line.get("message") or "no KV or request slot free"))
+                raise NodeBusy(DECODE, str(line.get("message") or "no KV or request slot free"), pair.decode.node_id)
             if kind == "error":
                 raise _node_error(run, self.pairs, pair, DECODE, line)
             kv_start = line.get("kv_start")
@@ -138,7 +201,7 @@ class SegmentFlow:
             kind = line.get("event")
             if kind == "busy":
                 self.metrics.on_busy(PREFILL)
-                raise NodeBusy(PREFILL, str(line.get("message") or "its queue is full"))
+                raise NodeBusy(PREFILL, str(line.get("message") or "its queue is full"), pair.prefill.node_id)
             if kind == "error":
                 raise _node_error(run, self.pairs, pair, PREFILL, line)
             if kind != "token" or not isinstance(line.get("token_id"), int):
@@ -149,20 +212,21 @@ class SegmentFlow:
             await run.close_streams()
             raise
 
-    async def _dispatch(self, run: RequestRun, segment: ContinuationSegment) -> tuple[TransferPair, Dict[str, Any]]:
+    async def _dispatch(self, run: RequestRun, segment: ContinuationSegment,
+                        avoid: Collection[str]) -> tuple[TransferPair, Dict[str, Any]]:
         retried_broken = False
 
         async def attempt() -> tuple[TransferPair, Dict[str, Any]]:
             nonlocal retried_broken
             try:
-                return await self._dispatch_once(run, segment)
+                return await self._dispatch_once(run, segment, avoid)
             except PdRequestFailed as exc:
                 if not exc.transfer_broken or retried_broken:
                     raise
                 # A node lost its transfer group (or missed a setup) before this segment started:
                 # the pair was invalidated, so one more attempt runs on a fresh setup.
                 retried_broken = True
-                return await self._dispatch_once(run, segment)
+                return await self._dispatch_once(run, segment, avoid)
 
         return await self._busy_policy().run(attempt)
 
@@ -172,8 +236,11 @@ class SegmentFlow:
         ``run.segment_end`` is :class:`SegmentEnd` ``FINISHED`` when the request is done, or
         why D ended the segment.  A token-less finish is yielded as a line with ``token_id`` -1.
         """
+        previous = run.previous_decode
+        # D gave the request's KV back because it ran out: the segment goes elsewhere if it can.
+        avoid = {previous.node_id} if previous is not None and run.segment_end is SegmentEnd.KV_PRESSURE else set()
         run.segment_end = None
-        pair, first = await self._dispatch(run, segment)
+        pair, first = await self._dispatch(run, segment, avoid)
         got_first = time.monotonic()
         yield first
         if first.get("finish_reason"):
@@ -192,6 +259,7 @@ class SegmentFlow:
             if kind == "handed_off":
                 handed_off = True
                 run.nodes.pop(PREFILL, None)  # P's part is done; losing P no longer matters
+                run.release(PREFILL)
             elif kind == "error":
                 raise _node_error(run, self.pairs, pair, PREFILL, payload)
             else:

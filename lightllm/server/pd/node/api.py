@@ -4,11 +4,14 @@ Mounted through ``create_app(..., extra_routers=[...])`` on nodes started with
 ``--run_mode prefill|decode`` (see docs/EN/pd_deployment.md for the flow):
 
 * ``POST /pd/node/transfer_setup`` ``{"epoch", "peer_node_id", "prefill_transfer_address"}``
-  -> ``{"epoch"}`` once rank 0 applied it.
+  -> ``{"epoch"}`` once rank 0 applied it.  A node holds one such pair per connected peer.
+* ``POST /pd/node/transfer_teardown`` ``{"epoch"}`` -> ``{"epoch", "known"}``: drop that pair
+  (its peer left); idempotent, an epoch the node does not know answers ``"known": false``.
 * ``POST /pd/node/decode`` (decode nodes) and ``POST /pd/node/prefill`` (prefill nodes): a
   request as JSON (:mod:`lightllm.server.pd.protocol.stream_lines`), answered with an NDJSON stream
   (``application/x-ndjson``, one JSON object per line, each with an ``"event"`` key).  The
-  other role's path answers 404 naming the role that serves it.
+  other role's path answers 404 naming the role that serves it.  A draining node (it got
+  SIGTERM) answers a new request with a ``busy`` line saying so.
 
 The endpoints call the node's :class:`~lightllm.server.pd.node.service.PdNodeService`, never
 the request manager directly.
@@ -33,6 +36,7 @@ from typing import Any, AsyncIterator, Optional, Set, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from lightllm.server.http.body import parse_body
 from lightllm.server.http.errors import (
@@ -46,6 +50,7 @@ from lightllm.server.http.errors import (
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.pd.node.metrics import PdNodeMetrics
+from lightllm.server.pd.protocol.membership import TRANSFER_TEARDOWN_PATH
 from lightllm.server.pd.protocol.stream_lines import (
     NDJSON_MEDIA_TYPE,
     DecodeBody,
@@ -71,6 +76,14 @@ _LAST_KINDS = frozenset({"busy", "segment_end", "error", "handed_off"})
 _END = object()
 # How often a request waiting for its first event checks whether the master is still connected.
 FIRST_EVENT_POLL_SECONDS = 0.5
+
+
+class TransferTeardownBody(BaseModel):
+    """``POST /pd/node/transfer_teardown``: drop this node's KV transfer pair of ``epoch``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    epoch: int = Field(ge=0)
 
 
 class _NodeStream:
@@ -178,8 +191,8 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
     """An APIRouter with the node control endpoints of a ``run_mode`` (prefill|decode) node.
 
     ``node`` is the node's :class:`~lightllm.server.pd.node.service.PdNodeService` (or one
-    with its ``transfer_setup``, ``generate``, ``metrics_registry``, ``vocab_size`` and
-    ``max_req_total_len``); ``streams`` collects the open streams so the caller can fail them
+    with its ``transfer_setup``, ``transfer_teardown``, ``generate``, ``metrics_registry``,
+    ``vocab_size`` and ``max_req_total_len``); ``streams`` collects the open streams so the caller can fail them
     when the master is lost.
     """
     if run_mode not in ROLE_PATHS:
@@ -203,6 +216,19 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
         logger.info("KV transfer set up for epoch %d (peer %s, prefill transfer address %s)", body.epoch,
                     body.peer_node_id, body.prefill_transfer_address)
         return JSONResponse({"epoch": body.epoch})
+
+    async def transfer_teardown(request: Request) -> Response:
+        body = parse_body(await request.body(), TransferTeardownBody)
+        try:
+            known = await node.transfer_teardown(body.epoch)
+        except ValueError as exc:
+            raise APIError(400, str(exc), INVALID_REQUEST, "epoch", "pd_transfer_teardown_refused") from None
+        except Exception as exc:  # noqa: BLE001 - the master must learn why and may retry
+            logger.error("KV transfer teardown of epoch %d failed: %s", body.epoch, exc,
+                         exc_info=not isinstance(exc, RuntimeError))
+            message = f"KV transfer teardown of epoch {body.epoch} failed on this {run_mode} node: {exc}"
+            raise APIError(503, message, SERVICE_UNAVAILABLE, None, "pd_transfer_teardown_failed") from None
+        return JSONResponse({"epoch": body.epoch, "known": known})
 
     async def node_request(request: Request) -> Response:
         body_type = PrefillBody if is_prefill else DecodeBody
@@ -263,6 +289,7 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
         return _wrong_role(run_mode, request.url.path, other)
 
     router.add_api_route(TRANSFER_SETUP_PATH, transfer_setup, methods=["POST"])
+    router.add_api_route(TRANSFER_TEARDOWN_PATH, transfer_teardown, methods=["POST"])
     router.add_api_route(ROLE_PATHS[run_mode], node_request, methods=["POST"])
     router.add_api_route(ROLE_PATHS["decode" if is_prefill else "prefill"], other_role, methods=["POST"],
                          include_in_schema=False)

@@ -9,6 +9,13 @@ node can then fail the requests the master sent it.  When the master answers aga
 restarted master says ``unknown_node``, and the client registers again) ``on_master_back`` is
 called.  A refusal (incompatible node, id in use, invalid registration) is final: the client
 stops and calls ``on_refused`` with the master's message, which names every mismatched field.
+
+Every registration and heartbeat carries what ``report`` returns (the node's ``"load"`` and
+``"state"``, see :mod:`lightllm.server.pd.protocol.membership`).  A master of an older version
+refuses fields it does not know with a 400 naming the field; the client then leaves them out
+for that master (until it registers again, perhaps with an upgraded master) rather than losing
+it.  :meth:`PdNodeClient.beat_now` sends the next heartbeat at once (a node that starts to
+drain tells the master without waiting for the interval).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import httpx
 
@@ -26,7 +33,9 @@ from lightllm.server.pd.protocol.membership import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_MAX_MISSED_HEARTBEATS,
     HEARTBEAT_PATH,
+    LOAD_KEY,
     REGISTER_PATH,
+    STATE_KEY,
     UNKNOWN_NODE_CODE,
 )
 
@@ -41,6 +50,10 @@ class NodeRegistrationRefused(RuntimeError):
         self.code = code
 
 
+# The fields ``report`` may add; a 400 naming one of them comes from a master that predates it.
+REPORT_FIELDS = (LOAD_KEY, STATE_KEY)
+
+
 def _error_of(response: httpx.Response) -> tuple[str, Optional[str]]:
     """(message, code) of an error answer, tolerating a body that is not the project's shape."""
     try:
@@ -48,6 +61,18 @@ def _error_of(response: httpx.Response) -> tuple[str, Optional[str]]:
         return str(error["message"]), error.get("code")
     except Exception:  # noqa: BLE001 - a proxy's HTML error page is still an error
         return f"HTTP {response.status_code}: {response.text[:200]}", None
+
+
+def _refuses_report(response: httpx.Response, sent: Mapping[str, Any]) -> bool:
+    """Whether the answer is a 400 about one of the report fields the body carried."""
+    if response.status_code != 400 or not sent:
+        return False
+    try:
+        param = response.json()["error"].get("param")
+    except Exception:  # noqa: BLE001 - not the project's error shape: not about our fields
+        return False
+    # "load" itself, or one of its fields ("load.free_kv_tokens") a master reads otherwise.
+    return isinstance(param, str) and param.split(".", 1)[0] in sent
 
 
 class PdNodeClient:
@@ -67,6 +92,8 @@ class PdNodeClient:
         cluster_key: the cluster's key (``--pd_cluster_key``), sent on every call.  A master
             that accepts the registration but has no key of its own would call this node's
             ``/pd/`` endpoints without it, so the node treats that answer as a refusal.
+        report: returns the fields added to every registration and heartbeat body (``"load"``,
+            ``"state"``); called on the event loop right before each call.  None: none added.
     """
 
     def __init__(
@@ -81,6 +108,7 @@ class PdNodeClient:
         on_refused: Optional[Callable[[str], None]] = None,
         clock: Callable[[], float] = time.monotonic,
         cluster_key: Optional[str] = None,
+        report: Optional[Callable[[], Mapping[str, Any]]] = None,
     ) -> None:
         if not heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s!r}")
@@ -96,6 +124,10 @@ class PdNodeClient:
         self._on_refused = on_refused
         self._clock = clock
         self._cluster_key = cluster_key
+        self._report = report
+        # Cleared when this master refuses the report fields on that call (an older master).
+        self._report_on = {REGISTER_PATH: report is not None, HEARTBEAT_PATH: report is not None}
+        self._report_failed = False
         self.registered = False
         self.master_lost = False
         self.master_id: Optional[str] = None
@@ -105,6 +137,10 @@ class PdNodeClient:
         self._last_answer = clock()
         self._registered_event = asyncio.Event()
         self._stop = asyncio.Event()
+        # Ends the pause between beats early: set by stop() and beat_now().
+        self._wake = asyncio.Event()
+        # A beat_now() whose heartbeat has not started yet; stop() still sends it.
+        self._beat_owed = False
         self._task: Optional[asyncio.Task] = None
         self._http: Optional[httpx.AsyncClient] = None
 
@@ -131,9 +167,20 @@ class PdNodeClient:
         if self.refusal is not None:
             raise self.refusal
 
+    def beat_now(self) -> None:
+        """Send the next heartbeat (or registration attempt) now instead of after the interval.
+
+        Call on the client's event loop.  A beat already on its way does not count: another
+        one follows it, so the master sees what ``report`` returns from now on.  A :meth:`stop`
+        that comes first still sends it (a draining node stops soon after it asks).
+        """
+        self._beat_owed = True
+        self._wake.set()
+
     async def stop(self) -> None:
         """Stop heartbeating (the master drops the node after its bound) and close the client."""
         self._stop.set()
+        self._wake.set()
         task, self._task = self._task, None
         if task is not None:
             await task
@@ -146,6 +193,8 @@ class PdNodeClient:
         while not self._stop.is_set():
             # Beats keep their pace whatever the master's latency: sleep the rest of the interval.
             beat_started = time.monotonic()
+            self._wake.clear()
+            self._beat_owed = False
             register_now = False
             try:
                 if self.registered:
@@ -167,13 +216,42 @@ class PdNodeClient:
                 continue
             pause = self.heartbeat_interval_s - (time.monotonic() - beat_started)
             try:
-                await asyncio.wait_for(self._stop.wait(), max(pause, 0.0))
+                await asyncio.wait_for(self._wake.wait(), max(pause, 0.0))
             except asyncio.TimeoutError:
                 pass
+        if self._beat_owed and self.registered:
+            self._beat_owed = False
+            try:
+                await self._heartbeat()
+            except Exception as exc:  # noqa: BLE001 - stopping anyway; the master expires the node
+                logger.warning("%s: last heartbeat to PD master %s failed: %s", self.info.describe(), self.master_url,
+                               exc)
+
+    def _report_fields(self, path: str) -> Dict[str, Any]:
+        if not self._report_on[path] or self._report is None:
+            return {}
+        try:
+            fields = dict(self._report())
+        except Exception:  # noqa: BLE001 - a failing report must not stop the heartbeats
+            if not self._report_failed:
+                logger.exception("%s: reading the node's load for the PD master failed; sending none",
+                                 self.info.describe())
+            self._report_failed = True
+            return {}
+        self._report_failed = False
+        return {name: value for name, value in fields.items() if name in REPORT_FIELDS}
 
     async def _post(self, path: str, body: Dict[str, Any]) -> httpx.Response:
+        """POST ``body`` plus the report fields; again without them if this master refuses them."""
         assert self._http is not None
-        return await self._http.post(path, json=body, timeout=self.heartbeat_interval_s)
+        extra = self._report_fields(path)
+        response = await self._http.post(path, json={**body, **extra}, timeout=self.heartbeat_interval_s)
+        if _refuses_report(response, extra):
+            self._report_on[path] = False
+            logger.warning("PD master %s does not take %s in %s (%s); leaving them out for this master",
+                           self.master_url, ", ".join(sorted(extra)), path, _error_of(response)[0])
+            response = await self._http.post(path, json=body, timeout=self.heartbeat_interval_s)
+        return response
 
     async def _register(self) -> None:
         response = await self._post(REGISTER_PATH, self.info.to_dict())
@@ -208,6 +286,8 @@ class PdNodeClient:
         if response.status_code == 404 and code == UNKNOWN_NODE_CODE:
             # The master answered, so it is alive; it lost us (restart, or it dropped us).
             self._answered()
+            # A restarted master may be a newer one: offer it the report fields again.
+            self._report_on = {path: self._report is not None for path in self._report_on}
             logger.warning("PD master %s does not know %s (%s); registering again", self.master_url,
                            self.info.describe(), message)
             self.registered = False

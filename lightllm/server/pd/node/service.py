@@ -1,4 +1,4 @@
-"""A PD node's HTTP-side service: transfer setup per epoch and each PD request's event stream.
+"""A PD node's HTTP-side service: transfer pairs by epoch, each PD request's event stream, load and draining.
 
 A prefill or decode node's HTTP process composes one :class:`PdNodeService` around its request
 manager (:mod:`lightllm.server.launch.pd_node`); the node's control endpoints
@@ -8,11 +8,20 @@ registers an inbox handler for rank 0's PD messages and posts a request's notice
 request's own event stream.
 
 * :meth:`PdNodeService.transfer_setup` sends :class:`PdTransferSetup` to model rank 0 (which
-  hands it to every rank) and waits for rank 0's :class:`PdSetupDone`.
+  hands it to every rank) and waits for rank 0's :class:`PdSetupDone`.  A node holds one
+  transfer pair per connected peer, each named by the master's ``epoch``; setting one up leaves
+  the others alone, and :meth:`PdNodeService.transfer_teardown` drops one
+  (:class:`PdTransferTeardown`).  A :class:`PdChannelBroken` breaks only its own epoch.
 * :meth:`PdNodeService.generate` runs one request's
   :class:`~lightllm.server.core.objs.request_spec.RequestSpec` (its PD kind set by the node's
   wire format) through the manager's ``generate`` and turns what comes back into
   :class:`~lightllm.server.pd.protocol.node_events.PdNodeEvent` values (:func:`translate`).
+  The request's epoch goes into its spec (``spec.pd.epoch``), so the ranks move its KV over
+  that pair's handles.
+* :meth:`PdNodeService.start_draining` (the node got SIGTERM): new PD requests are answered
+  busy, naming the drain, while the ones already here finish.
+* :attr:`PdNodeService.running_requests` and :attr:`PdNodeService.queued_prefill_tokens`: the
+  node's share of the load its heartbeats report.
 
 Ordering: rank 0 puts its PD messages in its step output stream (``StepOutput.notices``), ahead
 of the tokens and finish of the same step, and the detokenizer forwards them in that place; so a
@@ -23,17 +32,25 @@ token or finish it explains, and nothing here waits for one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Tuple, Type
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple, Type
 
 import zmq
 import zmq.asyncio
 
-from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdSetupDone, PdTransferSetup
-from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.io_messages import (
+    PdChannelBroken,
+    PdNotice,
+    PdSetupDone,
+    PdTransferSetup,
+    PdTransferTeardown,
+)
+from lightllm.server.core.objs.request_spec import INT32_MAX, RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
+from lightllm.server.pd.protocol.membership import STATE_DRAINING, STATE_SERVING
 from lightllm.server.pd.protocol.node_events import BUSY, ERROR, HANDED_OFF, RESERVED, SEGMENT_END, TOKEN, PdNodeEvent
 from lightllm.server.pd.protocol.outcomes import CLIENT_FINISH_REASONS, node_outcome
 from lightllm.server.request_manager import GenerationEvent
@@ -86,6 +103,13 @@ def parse_transfer_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"prefill_transfer_address must be host:port, got {address!r}")
     return host, int(port)
+
+
+def check_epoch(epoch: Any) -> int:
+    """``epoch`` if it is an int a request's spec can carry (``[0, 2**31 - 1]``), else ``ValueError``."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= INT32_MAX:
+        raise ValueError(f"epoch must be an int in [0, {INT32_MAX}], got {epoch!r}")
+    return epoch
 
 
 def _error(message: str, error_kind: str, transfer_broken: bool = False) -> PdNodeEvent:
@@ -144,7 +168,12 @@ def translate(
 
 
 class PdNodeService:
-    """All PD state of a node's HTTP process: the transfer epoch and the PD request streams.
+    """All PD state of a node's HTTP process: its transfer pairs, PD request streams, load and drain.
+
+    Attributes:
+        epochs: the set-up transfer pairs, epoch -> why it broke (None while usable); a PD
+            request runs only under an epoch in here that is not broken.
+        draining: set by :meth:`start_draining`; new PD requests are answered busy.
 
     Args:
         host: the node's request manager (:class:`PdNodeHost`); the service registers its
@@ -161,12 +190,18 @@ class PdNodeService:
         self.role = role
         self.setup_timeout_seconds = setup_timeout_seconds
         self.rank0_address = rank0_address
-        self.epoch: Optional[int] = None
-        self.broken_reason: Optional[str] = None
+        self.epochs: Dict[int, Optional[str]] = {}
+        self.draining = False
         self._zmq_ctx: Optional[zmq.asyncio.Context] = None
         self._to_rank0: Any = None
-        self._setup_lock = asyncio.Lock()
+        # Setups of one epoch run one at a time; different epochs (different peers) may overlap,
+        # so a peer that is slow to connect does not hold up the others.  epoch -> (lock, users).
+        self._setup_locks: Dict[int, Tuple[asyncio.Lock, List[int]]] = {}
         self._setup_waiters: Dict[int, asyncio.Future] = {}
+        # The load this process knows: PD requests it holds, and (prefill node) the prompt
+        # tokens of those that have not produced their first token yet.
+        self._running: Set[object] = set()
+        self._queued_prefill_tokens = 0
         host.add_inbox_handler(RANK0_PD_MESSAGES, self.on_message)
 
     # --- what the node's control endpoints read -------------------------------------------------
@@ -184,6 +219,36 @@ class PdNodeService:
     def metrics_registry(self) -> Any:
         """The registry of the node's /metrics, where the PD node metrics go too."""
         return self.host.metrics.measured
+
+    @property
+    def running_requests(self) -> int:
+        """PD requests this node holds now (accepted and not ended, first token or not)."""
+        return len(self._running)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens of the held requests not prefilled yet (their first token is not out).
+
+        Always 0 on a decode node: its prompts are prefilled elsewhere and their KV, received
+        into reserved slots, already counts against its free KV.
+        """
+        return self._queued_prefill_tokens
+
+    @property
+    def state(self) -> str:
+        """``"serving"``, or ``"draining"`` once :meth:`start_draining` ran."""
+        return STATE_DRAINING if self.draining else STATE_SERVING
+
+    def usable_epochs(self) -> List[int]:
+        """The set-up epochs whose transfer is not broken, in order."""
+        return sorted(epoch for epoch, broken in self.epochs.items() if broken is None)
+
+    def start_draining(self) -> None:
+        """Take no new PD requests from now on (they are answered busy); the held ones go on."""
+        if not self.draining:
+            self.draining = True
+            log.info("%s node draining: %d PD request(s) in flight, new ones are answered busy", self.role,
+                     self.running_requests)
 
     # --- lifecycle (on the server's event loop) --------------------------------------------------
     def start(self) -> None:
@@ -206,45 +271,84 @@ class PdNodeService:
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
         elif isinstance(message, PdChannelBroken):
-            if message.epoch == self.epoch:
+            # Only that pair is broken; the node's other peers keep transferring.
+            if message.epoch in self.epochs and self.epochs[message.epoch] is None:
                 log.warning("KV transfer of epoch %d broken: %s", message.epoch, message.reason)
-                self.broken_reason = message.reason
+                self.epochs[message.epoch] = message.reason
         elif isinstance(message, PdNotice):
             # A request that already ended here has no stream left to explain.
             self.host.post(message.request_id, message)
 
     # --- the control endpoints' calls ------------------------------------------------------------
     async def transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
-        """(Re)start every rank's transfer handle for ``epoch``; returns once rank 0 applied it.
+        """Start (or restart) every rank's transfer handle for ``epoch``; returns once rank 0 applied it.
 
-        A prefill node hosts at its own transfer port (``prefill_transfer_address`` is not used);
-        a decode node joins ``prefill_transfer_address`` (``host:port``).  Raises ``ValueError``
-        for a bad address or epoch and ``RuntimeError`` when the setup failed or got no answer in time.
+        The node's other epochs are left as they are.  A prefill node hosts at its own transfer
+        port (``prefill_transfer_address`` is not used); a decode node joins
+        ``prefill_transfer_address`` (``host:port``).  Raises ``ValueError`` for a bad address or
+        epoch and ``RuntimeError`` when the setup failed, got no answer in time, or the epoch
+        was torn down meanwhile.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise ValueError(f"epoch must be an int, got {epoch!r}")
+        check_epoch(epoch)
         host, port = "", 0
         if self.role == "decode":
             host, port = parse_transfer_address(prefill_transfer_address)
         if self._to_rank0 is None:
             raise RuntimeError("the PD node service is not started (no socket to model rank 0)")
-        async with self._setup_lock:
+        async with self._epoch_lock(epoch):
             waiter = asyncio.get_running_loop().create_future()
             self._setup_waiters[epoch] = waiter
-            # Requests of the old epoch fail from now on (their handles are being replaced).
-            self.epoch, self.broken_reason = None, None
+            # A replaced pair's requests fail from now on (its handles are being restarted).
+            self.epochs.pop(epoch, None)
             try:
                 await self._to_rank0.send_pyobj(PdTransferSetup(epoch, host, port))
                 done: PdSetupDone = await asyncio.wait_for(waiter, self.setup_timeout_seconds)
             except asyncio.TimeoutError:
+                # Rank 0 may still finish it later: the teardown, queued behind the setup, keeps
+                # a pair nobody uses from holding its handles.
+                await self._to_rank0.send_pyobj(PdTransferTeardown(epoch))
                 raise RuntimeError(f"KV transfer setup for epoch {epoch} got no answer from model rank 0 "
                                    f"within {self.setup_timeout_seconds:g} s") from None
             finally:
                 self._setup_waiters.pop(epoch, None)
             if done.error:
                 raise RuntimeError(done.error)
-            self.epoch = epoch
-            log.info("KV transfer set up for epoch %d (%s)", epoch, self.role)
+            self.epochs[epoch] = None
+            log.info("KV transfer set up for epoch %d (%s; %d pair(s) set up)", epoch, self.role, len(self.epochs))
+
+    async def transfer_teardown(self, epoch: int) -> bool:
+        """Drop the transfer pair of ``epoch`` here and on every rank; True if this node knew it.
+
+        Idempotent: an unknown epoch is still sent to rank 0 (a setup this process gave up on
+        may have finished there).  A setup of ``epoch`` still waiting for rank 0 fails.
+        """
+        check_epoch(epoch)
+        if self._to_rank0 is None:
+            raise RuntimeError("the PD node service is not started (no socket to model rank 0)")
+        waiter = self._setup_waiters.get(epoch)
+        known = epoch in self.epochs or waiter is not None
+        self.epochs.pop(epoch, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(RuntimeError(f"the KV transfer of epoch {epoch} was torn down while being set up"))
+        await self._to_rank0.send_pyobj(PdTransferTeardown(epoch))
+        if known:
+            log.info("KV transfer of epoch %d torn down (%s; %d pair(s) left)", epoch, self.role, len(self.epochs))
+        return known
+
+    @contextlib.asynccontextmanager
+    async def _epoch_lock(self, epoch: int) -> AsyncIterator[None]:
+        entry = self._setup_locks.get(epoch)
+        if entry is None:
+            entry = self._setup_locks[epoch] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._setup_locks[epoch]
 
     async def generate(
         self,
@@ -257,7 +361,9 @@ class PdNodeService:
         """Run one PD request on this node under the master's ``request_id``.
 
         ``spec`` is the request as the node's wire body built it, its PD kind this node's role
-        (``kv_start`` only on a prefill node).  Decode node: "reserved" (or "busy") first, then
+        (``kv_start`` only on a prefill node); it runs with ``epoch`` as its ``spec.pd.epoch``.
+        A draining node answers "busy" at once; an epoch that is not set up here, or broken,
+        is an "error" marked ``transfer_broken``.  Decode node: "reserved" (or "busy") first, then
         "token" events (the first is the prefill node's token, published here so the
         detokenizer has it), ending with a finish ("stop"/"length" on the last token),
         "segment_end" or "error".  Prefill node: the first "token", then "handed_off" or "error"
@@ -265,13 +371,19 @@ class PdNodeService:
         frees its KV.  Bad arguments raise ``ValueError`` (or ``DuplicateRequestIdError``) when
         iteration starts, before any event.
         """
-        if self.epoch is None or epoch != self.epoch:
-            yield _error(f"request {request_id}: this node's KV transfer is not set up for epoch {epoch} "
-                         f"(current: {self.epoch})", "epoch", transfer_broken=True)
+        if self.draining:
+            # Busy, not an error: the master places the request elsewhere (it learns the state
+            # from the heartbeat too, but one may already be on its way).
+            yield self._draining_busy(request_id)
             return
-        if self.broken_reason is not None:
+        if epoch not in self.epochs:
+            yield _error(f"request {request_id}: this node's KV transfer is not set up for epoch {epoch} "
+                         f"(set up: {self.usable_epochs() or 'none'})", "epoch", transfer_broken=True)
+            return
+        broken = self.epochs[epoch]
+        if broken is not None:
             yield _error(f"request {request_id}: this node's KV transfer of epoch {epoch} is broken: "
-                         f"{self.broken_reason}", "transfer_broken", transfer_broken=True)
+                         f"{broken}", "transfer_broken", transfer_broken=True)
             return
         decode = self.role == "decode"
         expected_kind = PD_KIND_DECODE if decode else PD_KIND_PREFILL
@@ -280,6 +392,30 @@ class PdNodeService:
             # also keeps a decode node from being told where the KV starts: it chooses that itself.
             raise ValueError(f"a {self.role} node runs requests of PD kind {expected_kind} only, got "
                              f"{spec.pd.kind if isinstance(spec, RequestSpec) else type(spec).__name__}")
+        if spec.pd.epoch != epoch:
+            spec = dataclasses.replace(spec, pd=dataclasses.replace(spec.pd, epoch=epoch))
+        held = object()
+        self._running.add(held)
+        # A prefill node's first event (its first token, or why there is none) ends the prefill.
+        queued = 0 if decode else spec.prompt_len
+        self._queued_prefill_tokens += queued
+        events = self._run(spec, request_id, request, decode)
+        try:
+            async for event in events:
+                self._queued_prefill_tokens -= queued
+                queued = 0
+                yield event
+        finally:
+            self._queued_prefill_tokens -= queued
+            self._running.discard(held)
+            # Closed here, not left to the garbage collector: closing aborts the request on the node.
+            await events.aclose()
+
+    def _draining_busy(self, request_id: int) -> PdNodeEvent:
+        return PdNodeEvent(BUSY, message=f"request {request_id}: this {self.role} node is draining "
+                                         f"(shutting down) and takes no new requests")
+
+    async def _run(self, spec: RequestSpec, request_id: int, request: Any, decode: bool) -> AsyncIterator[PdNodeEvent]:
         # The previous segment of this request may still be releasing its slot here.
         await self.host.wait_request_id_free(request_id, SEGMENT_ID_REUSE_WAIT_S)
         events = self.host.generate(
@@ -289,11 +425,13 @@ class PdNodeService:
         )
         notices: Dict[str, PdNotice] = {}
         first_token = True
+        sent_any = False
         try:
             try:
                 async for item in events:
                     if isinstance(item, PdNotice):
                         if item.kind == RESERVED:
+                            sent_any = True
                             yield PdNodeEvent(RESERVED, kv_start=item.kv_start)
                         else:
                             notices[item.kind] = item
@@ -301,10 +439,16 @@ class PdNodeService:
                     for event in translate(item, request_id, notices, decode and first_token):
                         if event.kind == TOKEN:
                             first_token = False
+                        sent_any = True
                         yield event
             except ServerBusyError as exc:
                 yield PdNodeEvent(BUSY, message=f"request {request_id}: {exc}")
             except ServerUnavailableError as exc:
-                yield _error(f"request {request_id}: {exc}", "internal")
+                if self.draining and not sent_any:
+                    # Accepted just before the drain began and refused by the manager since:
+                    # nothing ran, so the master may place it elsewhere.
+                    yield self._draining_busy(request_id)
+                else:
+                    yield _error(f"request {request_id}: {exc}", "internal")
         finally:
             await events.aclose()

@@ -6,8 +6,9 @@ again after every replacement.  A port that is merely checked free at start-up c
 between: a free port from the kernel is odd, the next one even, and Linux hands even ports to
 outgoing connections, so with TP > 1 any connection on the host (or one in TIME_WAIT) could take
 rank 1's port and break every setup of the node.  So the node binds and listens on the whole
-block before any process starts; each rank's transfer process serves its group's store on the
-listening socket it inherits (``TCPStore(master_listen_fd=...)``), so no one else can take it.
+block before any process starts; each rank serves its one transfer store, which all of its pairs
+join, on a copy of the listening socket it inherits (``TCPStore(master_listen_fd=...)``, see
+pd/kv_transfer/store_host.py), so no one else can take it.
 """
 
 from __future__ import annotations

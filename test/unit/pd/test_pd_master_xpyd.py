@@ -1,0 +1,404 @@
+"""The PD master with several prefill and decode nodes (xPyD): placement, pairs, membership.
+
+The pair table is checked directly against a recording stand-in of the node client; the rest
+runs the real master (flags -> build_master -> create_app -> uvicorn) against node stand-ins
+(pd_master_support.py) that register with the real PdNodeClient.  A stand-in's load and state
+change only when a test reports them (:meth:`NodeStandIn.report`), so every placement here is
+decided by what the test set up, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import httpx
+
+from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster" fixture
+    REQUEST_TIMEOUT,
+    Cluster,
+    NodeStandIn,
+    cluster_fixture,
+    generate,
+    metric_value,
+    reference_tokens,
+)
+from pd_membership_support import FakeClock, node
+from lightllm.server.manager_errors import ServerUnavailableError
+from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.node_selector import AFFINITY_PREFIX_TOKENS, AFFINITY_QUEUE_MARGIN_TOKENS
+from lightllm.server.pd.master.node_streams import NodeCallError
+from lightllm.server.pd.master.pair_setup import PairSetup
+from lightllm.server.pd.protocol.membership import TRANSFER_TEARDOWN_PATH
+from lightllm.server.pd.protocol.node_info import NodeInfo
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    """Poll until ``predicate()``; the deadline only keeps a broken build from hanging."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def stream(cluster: Cluster, prompt: str, max_new_tokens: int) -> List[Dict[str, Any]]:
+    """The events of one ``/generate_stream`` request, read to the end."""
+    events = []
+    with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                      json={"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def in_background(target: Callable[[], Any]) -> Tuple[threading.Thread, Dict[str, Any]]:
+    """Run ``target`` in a thread; its result lands in the returned dict under ``"result"``."""
+    box: Dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.__setitem__("result", target()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def nodes_of(cluster: Cluster) -> Dict[str, Dict[str, Any]]:
+    """The master's ``GET /pd/nodes`` entries by node id."""
+    return {entry["node_id"]: entry for entry in httpx.get(f"{cluster.master.url}/pd/nodes").json()["nodes"]}
+
+
+def prompts_seen(node: NodeStandIn) -> int:
+    return len(node.bodies)
+
+
+# ---------------------------------------------------------------- the pair table
+
+
+class RecordingNodes:
+    """Answers the master's JSON calls to nodes like a node would, and records them."""
+
+    def __init__(self) -> None:
+        self.calls: List[Tuple[str, str, int]] = []  # (node id, path, epoch)
+        self.refuse: set = set()
+        self.setup_delay = 0.0
+
+    async def post_json(self, node: NodeInfo, path: str, body: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
+        self.calls.append((node.node_id, path, body["epoch"]))
+        if path != TRANSFER_TEARDOWN_PATH:
+            await asyncio.sleep(self.setup_delay)
+        if node.node_id in self.refuse:
+            raise NodeCallError(node, f"{node.describe()} refused", 500)
+        return {"epoch": body["epoch"]}
+
+    def of(self, path_end: str) -> List[Tuple[str, int]]:
+        return [(node_id, epoch) for node_id, path, epoch in self.calls if path.endswith(path_end)]
+
+
+def test_pairs_are_set_up_once_on_first_use_and_torn_down_on_the_survivor() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    p0, d0, d1 = node("p0", "prefill"), node("d0", "decode", port=9100), node("d1", "decode", port=9200)
+    for info in (p0, d0, d1):
+        registry.register(info)
+    nodes = RecordingNodes()
+
+    async def scenario() -> None:
+        pairs = PairSetup(registry, nodes, setup_timeout_s=5)  # type: ignore[arg-type]
+        nodes.setup_delay = 0.05
+        first, again, other = await asyncio.gather(pairs.pair_for(p0, d0), pairs.pair_for(p0, d0),
+                                                   pairs.pair_for(p0, d1))
+        assert first is again and {first.epoch, other.epoch} == {1, 2}
+        # One setup per pair, P before D, each with its own epoch.
+        setups = nodes.of("transfer_setup")
+        assert sorted(setups) == sorted([("p0", first.epoch), ("d0", first.epoch), ("p0", other.epoch),
+                                         ("d1", other.epoch)])
+        assert setups.index(("p0", first.epoch)) < setups.index(("d0", first.epoch))
+        assert await pairs.pair_for(p0, d0) is first and len(nodes.of("transfer_setup")) == 4
+        assert pairs.epochs_of("p0") == sorted([first.epoch, other.epoch])
+
+        registry.unregister("d0", "it stopped")  # the survivor p0 lets go of their epoch
+        await pairs.aclose()
+        assert nodes.of("transfer_teardown") == [("p0", first.epoch)]
+        assert pairs.get("p0", "d0") is None and pairs.get("p0", "d1") is other
+
+        pairs.invalidate(other.epoch, "d1 reported its transfer broken")  # both let go
+        await pairs.aclose()
+        assert sorted(nodes.of("transfer_teardown")[1:]) == [("d1", other.epoch), ("p0", other.epoch)]
+        again = await pairs.pair_for(p0, d1)
+        assert again.epoch == 3  # never an epoch used before
+
+        # A setup that fails half way tears down the node already set up; a request that
+        # waited meanwhile shares the failure instead of running a second full setup.
+        registry.register(d0)
+        nodes.refuse.add("d0")
+        results = await asyncio.gather(pairs.pair_for(p0, d0), pairs.pair_for(p0, d0), return_exceptions=True)
+        assert all(isinstance(r, ServerUnavailableError) and r.code == "pd_transfer_setup_failed" for r in results)
+        await pairs.aclose()
+        assert nodes.of("transfer_setup")[-2:] == [("p0", 4), ("d0", 4)]
+        assert nodes.of("transfer_teardown")[-1] == ("p0", 4)
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- placement on stand-ins
+
+
+def test_2p2d_placement_follows_reported_load_and_shows_it(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), prefills=2, decodes=2)
+    try:
+        p0, p1 = cluster.prefills
+        d0, d1 = cluster.decodes
+        p0.report({"queued_prefill_tokens": 50000, "running_requests": 40})
+        p1.report({"queued_prefill_tokens": 0, "running_requests": 0})
+        d0.report({"free_kv_tokens": 100, "kv_capacity_tokens": 100000, "running_requests": 30})
+        d1.report({"free_kv_tokens": 90000, "kv_capacity_tokens": 100000, "running_requests": 2})
+        for i in range(3):
+            assert generate(cluster, f"hello {i}", 3).status_code == 200
+        assert [prompts_seen(n) for n in (p0, p1, d0, d1)] == [0, 3, 0, 3]
+        # The load moves: so do the requests.
+        p0.report({"queued_prefill_tokens": 0, "running_requests": 0})
+        p1.report({"queued_prefill_tokens": 50000, "running_requests": 40})
+        d0.report({"free_kv_tokens": 90000, "kv_capacity_tokens": 100000, "running_requests": 2})
+        d1.report({"free_kv_tokens": 100, "kv_capacity_tokens": 100000, "running_requests": 30})
+        for i in range(2):
+            assert generate(cluster, f"hello again {i}", 3).status_code == 200
+        assert [prompts_seen(n) for n in (p0, p1, d0, d1)] == [2, 3, 2, 3]
+        # Each pair was set up once, on first use, under its own epoch.
+        assert [s["epoch"] for s in p1.setups] == [s["epoch"] for s in d1.setups] == [1]
+        assert [s["epoch"] for s in p0.setups] == [s["epoch"] for s in d0.setups] == [2]
+        assert {body["epoch"] for body in p0.bodies + d0.bodies} == {2}
+
+        listed = nodes_of(cluster)
+        entry = listed[d1.node_id]
+        assert (entry["role"], entry["state"], entry["in_flight_requests"], entry["transfer_epochs"]) == (
+            "decode", "serving", 0, [1])
+        assert entry["load"] == {"queued_prefill_tokens": None, "running_requests": 30, "free_kv_tokens": 100,
+                                 "kv_capacity_tokens": 100000}
+        metrics = httpx.get(f"{cluster.master.url}/metrics").text
+        assert metric_value(metrics, "lightllm_pd_node_queued_prefill_tokens", node_id=p1.node_id,
+                            role="prefill") == 50000
+        assert metric_value(metrics, "lightllm_pd_node_free_kv_tokens", node_id=d0.node_id) == 90000
+        assert metric_value(metrics, "lightllm_pd_node_serving", node_id=d0.node_id) == 1
+        assert metric_value(metrics, "lightllm_pd_node_in_flight_requests", node_id=d0.node_id) == 0
+        assert metric_value(metrics, "lightllm_pd_nodes_alive", role="prefill") == 2
+    finally:
+        cluster.stop()
+
+
+def test_prefix_affinity_sends_shared_prefix_prompts_to_one_prefill_node_until_it_is_overloaded(
+        tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), prefills=2)
+    try:
+        system = "shared system prompt " * 30
+        assert len(cluster.master.manager.encode_prompt(system)) > AFFINITY_PREFIX_TOKENS
+        for i in range(4):
+            assert generate(cluster, f"{system}question {i}", 2).status_code == 200
+        counts = sorted(prompts_seen(n) for n in cluster.prefills)
+        assert counts == [0, 4]  # one prefill node got every prompt of the shared prefix
+        preferred = max(cluster.prefills, key=prompts_seen)
+        other = min(cluster.prefills, key=prompts_seen)
+        # The preferred node is past the margin: the least loaded one takes the next.
+        preferred.report({"queued_prefill_tokens": AFFINITY_QUEUE_MARGIN_TOKENS + 1})
+        other.report({"queued_prefill_tokens": 0})
+        assert generate(cluster, f"{system}question 9", 2).status_code == 200
+        assert (prompts_seen(preferred), prompts_seen(other)) == (4, 1)
+        # Within the margin it is preferred again.
+        preferred.report({"queued_prefill_tokens": AFFINITY_QUEUE_MARGIN_TOKENS})
+        assert generate(cluster, f"{system}question 10", 2).status_code == 200
+        assert (prompts_seen(preferred), prompts_seen(other)) == (5, 1)
+        # Short prompts have no affinity: they are balanced.
+        preferred.report({"queued_prefill_tokens": 0})
+        for i in range(2):
+            assert generate(cluster, f"hi {i}", 2).status_code == 200
+        assert (prompts_seen(preferred), prompts_seen(other)) == (6, 2)
+    finally:
+        cluster.stop()
+
+
+def test_a_draining_node_gets_nothing_new(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), prefills=2, decodes=2)
+    try:
+        p0, p1 = cluster.prefills
+        d0, d1 = cluster.decodes
+        p0.report(state="draining")
+        d0.report(state="draining")
+        for i in range(4):
+            assert generate(cluster, f"hello {i}", 3).status_code == 200
+        assert [prompts_seen(n) for n in (p0, p1, d0, d1)] == [0, 4, 0, 4]
+        assert nodes_of(cluster)[p0.node_id]["state"] == "draining"
+        metrics = httpx.get(f"{cluster.master.url}/metrics").text
+        assert metric_value(metrics, "lightllm_pd_node_serving", node_id=p0.node_id) == 0
+        assert metric_value(metrics, "lightllm_pd_node_serving", node_id=p1.node_id) == 1
+        # With every prefill node draining the cluster takes nothing and says why.
+        p1.report(state="draining")
+        response = generate(cluster, "hello", 3)
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "pd_not_ready"
+        assert error["message"] == (f"The PD cluster is not ready: every prefill node is draining "
+                                    f"({p1.node_id}, {p0.node_id})")
+        assert httpx.get(f"{cluster.master.url}/health").status_code == 503
+        assert prompts_seen(d1) == 4
+        p0.report(state="serving")
+        assert generate(cluster, "hello", 3).status_code == 200 and prompts_seen(p0) == 1
+    finally:
+        cluster.stop()
+
+
+# ---------------------------------------------------------------- membership under traffic
+
+
+def test_a_dropped_decode_node_fails_only_its_request_and_its_pairs_are_torn_down(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), decodes=2)
+    try:
+        victim, survivor = cluster.decodes
+        for decode in cluster.decodes:
+            decode.hold_after = 2  # both requests stay in flight until the test lets them go
+        prompts = ["first story", "second story"]
+        runs = [in_background(lambda prompt=prompt: stream(cluster, prompt, 12)) for prompt in prompts]
+        # Two requests in flight at once: one on each decode node (placement counts them).
+        wait_for(lambda: prompts_seen(victim) == 1 and prompts_seen(survivor) == 1, "one request on each decode node")
+        wait_for(lambda: all(entry["in_flight_requests"] == 1 for node_id, entry in nodes_of(cluster).items()
+                             if node_id != cluster.prefill.node_id), "in-flight counts")
+        victim_epoch = victim.setups[0]["epoch"]
+        survivor_epoch = survivor.setups[0]["epoch"]
+        victim_prompt = victim.bodies[0]["prompt_ids"]
+        victim.go_silent()
+        wait_for(lambda: cluster.prefill.teardowns == [victim_epoch], "the lost pair's teardown on the prefill node")
+        survivor.release_hold()
+        for thread, _ in runs:
+            thread.join(60)
+        results = [box["result"] for _, box in runs]
+        encoded = [cluster.master.manager.encode_prompt(prompt) for prompt in prompts]
+        for prompt_ids, events in zip(encoded, results):
+            if prompt_ids == victim_prompt:
+                error = events[-1]["error"]
+                assert error["code"] == "pd_node_lost" and "decode" in error["message"]
+            else:
+                assert all("error" not in event for event in events), events[-1]
+                assert [event["token"]["id"] for event in events] == reference_tokens(prompt_ids, 12)
+        assert survivor.teardowns == []
+        assert nodes_of(cluster)[cluster.prefill.node_id]["transfer_epochs"] == [survivor_epoch]
+        metrics = httpx.get(f"{cluster.master.url}/metrics").text
+        assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 1
+        # The cluster serves on with the remaining pair.
+        assert generate(cluster, "after the loss", 3).status_code == 200
+        assert prompts_seen(survivor) == 2
+    finally:
+        cluster.stop()
+
+
+def test_a_restarted_node_ends_its_pairs_on_the_survivor(cluster: Cluster) -> None:
+    assert generate(cluster, "hello", 3).status_code == 200
+    client = cluster.prefill.client
+    assert client is not None
+    cluster.prefill.server.call(client.stop())
+    cluster.prefill.epoch = None  # a restarted node holds no transfer group
+    cluster.prefill.register()  # same id and address: the master treats it as restarted
+    wait_for(lambda: cluster.decode.teardowns == [1], "the teardown of the restarted node's pair")
+    assert generate(cluster, "hello", 3).status_code == 200
+    assert [s["epoch"] for s in cluster.prefill.setups] == [s["epoch"] for s in cluster.decode.setups] == [1, 2]
+
+
+def test_a_broken_transfer_tears_the_pair_down_on_both_nodes(cluster: Cluster) -> None:
+    assert generate(cluster, "hello", 3).status_code == 200
+    cluster.decode.epoch = None  # D lost its transfer handles: it answers transfer_broken
+    assert generate(cluster, "hello", 3).status_code == 200
+    wait_for(lambda: cluster.prefill.teardowns == [1] and cluster.decode.teardowns == [1], "both teardowns")
+    assert cluster.prefill.epochs == cluster.decode.epochs == {2}
+
+
+def test_a_node_joining_mid_traffic_gets_work(cluster: Cluster) -> None:
+    cluster.decode.hold_after = 1
+    first, box = in_background(lambda: stream(cluster, "long running", 6))
+    wait_for(lambda: prompts_seen(cluster.decode) == 1, "the first request on the first decode node")
+    joined = cluster.add("decode")
+    assert generate(cluster, "newcomer", 3).status_code == 200
+    assert prompts_seen(joined) == 1 and prompts_seen(cluster.decode) == 1
+    assert [s["epoch"] for s in joined.setups] == [2] and [s["epoch"] for s in cluster.prefill.setups] == [1, 2]
+    cluster.decode.release_hold()
+    first.join(60)
+    prompt_ids = cluster.master.manager.encode_prompt("long running")
+    assert [event["token"]["id"] for event in box["result"]] == reference_tokens(prompt_ids, 6)
+
+
+def test_a_continuation_moves_to_another_decode_node_when_its_decode_node_is_busy(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), decodes=2)
+    try:
+        best, other = cluster.decodes
+        best.report({"free_kv_tokens": 100000, "kv_capacity_tokens": 100000, "running_requests": 0})
+        other.report({"free_kv_tokens": 1000, "kv_capacity_tokens": 100000, "running_requests": 0})
+        best.segment_limit = 2  # the first segment ends on it...
+        best.busy_from_segment = 1  # ...and its KV is full for the continuation
+        prompt = "a long story"
+        response = generate(cluster, prompt, 8)
+        assert response.status_code == 200, response.text
+        prompt_ids = cluster.master.manager.encode_prompt(prompt)
+        assert [token["id"] for token in response.json()["tokens"]] == reference_tokens(prompt_ids, 8)
+        assert [body["segment_index"] for body in best.bodies] == [0, 1]  # tried first, answered busy
+        assert [body["segment_index"] for body in other.bodies] == [1]
+        assert [body["segment_index"] for body in cluster.prefill.bodies] == [0, 1]
+        metrics = httpx.get(f"{cluster.master.url}/metrics").text
+        assert metric_value(metrics, "lightllm_pd_busy_answers_total", role="decode") == 1
+        assert metric_value(metrics, "lightllm_pd_busy_retries_total") == 0  # no wait: another node took it
+
+        # A segment that ended because its decode node ran out of KV goes elsewhere first,
+        # though that node still reports the most free KV.
+        best.busy_from_segment = None
+        best.segment_end_reason = "kv_pressure"
+        response = generate(cluster, prompt, 8)
+        assert response.status_code == 200, response.text
+        assert [token["id"] for token in response.json()["tokens"]] == reference_tokens(prompt_ids, 8)
+        assert [body["segment_index"] for body in best.bodies[2:]] == [0]
+        assert [body["segment_index"] for body in other.bodies[1:]] == [1]
+    finally:
+        cluster.stop()
+
+
+def test_every_decode_node_busy_is_one_503_after_trying_each(tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), decodes=2)
+    try:
+        for decode in cluster.decodes:
+            decode.busy = True
+        response = generate(cluster, "hello", 3)
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert (error["code"], error["role"]) == ("server_busy", "decode")
+        assert [prompts_seen(decode) for decode in cluster.decodes] == [1, 1]
+        assert cluster.prefill.bodies == []
+    finally:
+        cluster.stop()
+
+
+def test_a_killed_node_not_yet_dropped_is_passed_over_for_the_next_one(tiny_llama_dir: Path) -> None:
+    # A long heartbeat interval keeps killed nodes registered for the whole test (no race with
+    # their drop): the master finds out only by calling them.
+    cluster = Cluster(str(tiny_llama_dir), "--pd_heartbeat_interval", "30", prefills=2, decodes=3)
+    try:
+        p0, p1 = cluster.prefills
+        d0, d1, d2 = cluster.decodes
+        p0.report({"queued_prefill_tokens": 0})
+        p1.report({"queued_prefill_tokens": 10000})
+        for decode, free in ((d0, 90000), (d1, 50000), (d2, 1000)):
+            decode.report({"free_kv_tokens": free, "kv_capacity_tokens": 100000})
+        assert generate(cluster, "hello", 3).status_code == 200
+        assert (prompts_seen(p0), prompts_seen(d0)) == (1, 1)  # the pair (p0, d0) is set up
+        p0.stop()  # killed: their ports refuse connections, the master still lists them
+        d0.stop()
+        d1.stop()
+        prompt = "still served"
+        response = generate(cluster, prompt, 4)
+        # d0's stream, then p0's and d1's setups could not reach them: p1 and d2 took the request.
+        assert response.status_code == 200, response.text
+        tokens = [token["id"] for token in response.json()["tokens"]]
+        assert tokens == reference_tokens(cluster.master.manager.encode_prompt(prompt), 4)
+        assert (prompts_seen(p1), prompts_seen(d2)) == (1, 1)
+        assert {p0.node_id, d0.node_id, d1.node_id} <= set(nodes_of(cluster))  # not dropped yet
+        # With no reachable decode node left the client gets the last node's failure.
+        d2.stop()
+        response = generate(cluster, prompt, 4)
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] in ("pd_node_unreachable", "pd_transfer_setup_failed")
+    finally:
+        cluster.stop()
