@@ -320,6 +320,14 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
     group.add_argument("--pd_heartbeat_interval", type=float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
     group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
+    group.add_argument(
+        "--pd_prefix_affinity_tokens",
+        type=int,
+        default=256,
+        help="PD master: prompts that agree on this many leading tokens go to the same prefill node (rendezvous "
+        "hashing), so its prefix cache keeps paying off, while that node's queue is at most 2048 tokens longer than "
+        "the least loaded one's; shorter prompts are only balanced by load. 0: no affinity, load only.",
+    )
     group.add_argument("--pd_reserve_lease_seconds", type=float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
     group.add_argument("--pd_transfer_timeout_seconds", type=float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
     group.add_argument("--pd_prefill_timeout_seconds", type=float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")

@@ -19,7 +19,8 @@ from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 # PD flags read by one kind of PD process only (the master refuses node flags itself:
 # master_start.check_master_flags); given to any other role they are refused, not ignored.
 _DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
-_MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds")
+_MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
+                      "pd_prefix_affinity_tokens")
 
 
 def _given(args: argparse.Namespace, names: tuple) -> list:
@@ -70,6 +71,8 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not 0 < value < float("inf"):
             raise ArgumentError(f"--{name} must be a positive, finite number of seconds, got {value}")
+    if args.pd_prefix_affinity_tokens < 0:
+        raise ArgumentError(f"--pd_prefix_affinity_tokens must be >= 0 (0: no affinity), got {args.pd_prefix_affinity_tokens}")
     if args.pd_max_segment_tokens < 0:
         raise ArgumentError(f"--pd_max_segment_tokens must be >= 0 (0: no limit), got {args.pd_max_segment_tokens}")
     key = getattr(args, "pd_cluster_key", None)

@@ -46,7 +46,7 @@ MASTER_FLAGS = frozenset({
     "max_request_body_bytes", "prompt_chars_per_token", "http_header_timeout", "http_body_timeout",
     "http_keep_alive_timeout", "http_max_connections", "http_max_connections_per_client", "api_key", "admin_api_key", "allow_public_priority",
     "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
-    "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "tool_call_parser",
+    "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "pd_prefix_affinity_tokens", "tool_call_parser",
 })
 
 
@@ -114,7 +114,7 @@ def build_master(args: argparse.Namespace, cluster_key: Optional[str] = None) ->
                                decode_token_s=args.pd_decode_token_timeout_seconds,
                                busy_retry_s=pd_node_busy_retry_timeout_seconds())
     manager = PdMasterManager(model, registry, deadlines, setup_timeout_s=args.pd_transfer_timeout_seconds,
-                              cluster_key=cluster_key)
+                              cluster_key=cluster_key, affinity_prefix_tokens=args.pd_prefix_affinity_tokens)
     return manager, registry
 
 

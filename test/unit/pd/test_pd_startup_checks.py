@@ -149,3 +149,19 @@ def test_pd_flags_each_role_reads_are_accepted() -> None:
     _validate(["--run_mode", "prefill", "--pd_node_id", "p.0", "--pd_transfer_port", "29500",
                "--pd_transfer_timeout_seconds", "5"])
     _validate(["--run_mode", "pd_master", "--pd_max_missed_heartbeats", "5", "--pd_prefill_timeout_seconds", "5"])
+
+
+def test_prefix_affinity_flag_reaches_the_placement_and_is_checked(tiny_llama_dir: Path) -> None:
+    args = _master_args(tiny_llama_dir)
+    manager, _ = build_master(args)
+    assert manager.selector.affinity_prefix_tokens == 256
+    args.pd_prefix_affinity_tokens = 0
+    manager, _ = build_master(args)
+    assert manager.selector.affinity_prefix_tokens == 0  # load only
+    parser = make_argument_parser()
+    with pytest.raises(ArgumentError, match="--pd_prefix_affinity_tokens must be >= 0"):
+        validate_args(parser.parse_args(["--run_mode", "pd_master", "--model_dir", str(tiny_llama_dir),
+                                         "--pd_prefix_affinity_tokens", "-1"]))
+    with pytest.raises(ArgumentError, match="--pd_prefix_affinity_tokens: read by the PD master only"):
+        validate_args(parser.parse_args(["--run_mode", "prefill", "--model_dir", str(tiny_llama_dir),
+                                         "--pd_prefix_affinity_tokens", "64"]))

@@ -32,7 +32,7 @@ from lightllm.server.pd.master.generation_text import GenerationText
 from lightllm.server.pd.master.metrics import MasterMetrics
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.master.node_registry import NodeRegistry
-from lightllm.server.pd.master.node_selector import NodeSelector
+from lightllm.server.pd.master.node_selector import AFFINITY_PREFIX_TOKENS, NodeSelector
 from lightllm.server.pd.master.node_streams import NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
@@ -54,10 +54,11 @@ class PdMasterManager:
         registry: the master's live node set (its drop listener fails requests on a lost node).
         deadlines: per-phase deadlines of node answers.
         setup_timeout_s: bound on each node's answer to a transfer setup.
+        affinity_prefix_tokens: ``--pd_prefix_affinity_tokens`` (0: place prefills by load only).
     """
 
     def __init__(self, model: ServedModel, registry: NodeRegistry, deadlines: PhaseDeadlines, setup_timeout_s: float,
-                 cluster_key: Optional[str] = None) -> None:
+                 cluster_key: Optional[str] = None, affinity_prefix_tokens: int = AFFINITY_PREFIX_TOKENS) -> None:
         self.model = model
         self.cluster_key = cluster_key
         self.model_name = model.model_name
@@ -69,7 +70,7 @@ class PdMasterManager:
         self.registry = registry
         self.deadlines = deadlines
         self.setup_timeout_s = setup_timeout_s
-        self.selector = NodeSelector(registry)
+        self.selector = NodeSelector(registry, affinity_prefix_tokens=affinity_prefix_tokens)
         registry.add_drop_listener(self.selector.forget)
         self.metrics = MasterMetrics(registry, model.model_name, model.max_req_total_len,
                                      in_flight=self.selector.in_flight)

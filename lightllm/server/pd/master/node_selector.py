@@ -37,7 +37,8 @@ from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.pd.master.node_registry import NOT_READY_CODE, NodeRegistry
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL, NodeInfo
 
-# Prompts agreeing on this many leading tokens are sent to the same P.  Long enough that a chat
+# Prompts agreeing on this many leading tokens are sent to the same P (the default of
+# --pd_prefix_affinity_tokens).  Long enough that a chat
 # template plus a short default system prompt (tens of tokens) does not pull unrelated requests
 # together; short enough that the prefixes worth sharing (long system prompts, few-shot
 # examples, earlier turns of a conversation: hundreds to thousands of tokens) are caught.
