@@ -176,11 +176,31 @@ def test_killing_one_decode_node_fails_only_its_streams(xpyd, normal):
 
 
 def test_killing_one_prefill_node_leaves_the_other_serving(xpyd, normal):
-    xpyd.nodes["p2"].proc.send_signal(signal.SIGKILL)
+    """P dies with requests in flight: each ends (served by the other P, or a clean error), none hangs."""
+    bodies = _bodies_for_model(normal.model_name, 8, max_tokens=16)
+    expected = _texts(asyncio.run(_post_all(normal.url, bodies)))
+
+    async def send_and_kill() -> List[Tuple[int, str]]:
+        async with httpx.AsyncClient(timeout=180) as client:
+            tasks = [asyncio.create_task(client.post(f"{xpyd.master.url}/v1/completions", json=body)) for body in bodies]
+            await asyncio.sleep(0)  # the requests are on their way
+            xpyd.nodes["p2"].proc.send_signal(signal.SIGKILL)
+            answers = await asyncio.gather(*tasks)
+            return [(answer.status_code, answer.text) for answer in answers]
+
+    answers = asyncio.run(send_and_kill())
+    served = 0
+    for (status, text), want in zip(answers, expected):
+        if status == 200:
+            assert json.loads(text)["choices"][0]["text"] == want
+            served += 1
+        else:
+            assert json.loads(text)["error"]["message"], text  # a clean error, never a hang or a traceback
+    assert served > 0
     xpyd.wait_unlisted("p2")
     xpyd.nodes.pop("p2").stop()
-    bodies = _bodies_for_model(normal.model_name, 6)
-    assert _texts(asyncio.run(_post_all(xpyd.master.url, bodies))) == _texts(asyncio.run(_post_all(normal.url, bodies)))
+    after = _bodies_for_model(normal.model_name, 6)
+    assert _texts(asyncio.run(_post_all(xpyd.master.url, after))) == _texts(asyncio.run(_post_all(normal.url, after)))
 
 
 def test_a_node_joining_mid_traffic_gets_work_and_no_kv_is_left(xpyd, normal):
