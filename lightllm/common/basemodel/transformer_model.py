@@ -59,9 +59,9 @@ class DecoderOnlyTransformer:
         self.head_dim = config.head_dim
         ckpt = SafetensorsCheckpoint(model_dir)
         self.embed_weight = ckpt.get(self.embed_name, self.dtype).to(self.device)
-        if config.vocab_size != self.embed_weight.shape[0]:
-            # Some checkpoints pad the embedding; the true vocabulary is the tensor's rows.
-            config.vocab_size = self.embed_weight.shape[0]
+        # Some checkpoints pad the embedding; the model's vocabulary is the tensor's rows. Kept on
+        # the model: the config is shared with whoever built it and must not change under them.
+        self.vocab_size = int(self.embed_weight.shape[0])
         self.layers: List[DecoderLayerWeights] = [
             DecoderLayerWeights.load(ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device, linear_backend)
             for i in range(config.num_hidden_layers)
@@ -77,7 +77,7 @@ class DecoderOnlyTransformer:
         self.attention.warmup(self.local_q_heads, self.local_kv_heads, self.head_dim, self.dtype, self.device)
 
     def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
-        vocab = self.config.vocab_size
+        vocab = self.vocab_size
         if self.config.tie_word_embeddings or not ckpt.has(self.lm_head_name):
             full = self.embed_weight
         else:
@@ -143,4 +143,4 @@ class DecoderOnlyTransformer:
             hidden = hidden + mlp_out
         hidden = rms_norm(hidden, self.final_norm, eps)
         logits = self.tp.all_gather_last_dim(self.lm_head(hidden).float())
-        return logits[:, : self.config.vocab_size]
+        return logits[:, : self.vocab_size]

@@ -111,3 +111,16 @@ def test_tensor_parallel_two_ranks_equal_one(tiny_llama_dir, tmp_path):
     logits = gen.forward(seqs, [len(p) for p in prompts], all_logits=True)
     assert (tp2["logits"] - logits).abs().max().item() < 1e-4
     assert tp2["greedy"] == BatchGenerator(single, 512).greedy_generate(prompts, 8)
+
+
+def test_a_padded_embedding_sets_the_models_vocabulary_and_leaves_the_config_alone(tmp_path):
+    model_dir, _ = _save_hf(tmp_path, "padded", vocab_size=256)
+    config_path = model_dir / "config.json"
+    raw = json.loads(config_path.read_text())
+    raw["vocab_size"] = 211  # the tokenizer's vocabulary; the checkpoint pads its embedding to 256 rows
+    config_path.write_text(json.dumps(raw))
+    ours = load_model(str(model_dir), dtype=torch.float32)
+    assert ours.vocab_size == 256 and ours.config.vocab_size == 211
+    gen = BatchGenerator(ours, 512, max_sequence_length=256)
+    logits = gen.forward([gen.start([1, 2, 3])], [3], all_logits=True)
+    assert logits.shape[-1] == 256  # every row of the embedding can be sampled, as in transformers

@@ -77,7 +77,7 @@ class TorchModelExecutor:
         self.eos_token_ids = list(eos_token_ids)
         self.token_sync = token_sync
         self.grammar = grammar
-        self.vocab_size = model.config.vocab_size
+        self.vocab_size = model.vocab_size
         self.grammar_enabled = grammar is not None
         self._forward_failures = 0
         self.threads = threads
