@@ -22,7 +22,7 @@ from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_BUSY
 from lightllm.server.core.objs.io_messages import PdNotice
-from lightllm.server.pd.node.service import translate
+from lightllm.server.pd.node.stream_translation import translate
 from lightllm.server.pd.protocol.node_events import BUSY
 from lightllm.server.httpserver.slot_pool import SlotPool
 from lightllm.server.manager_errors import ServerBusyError

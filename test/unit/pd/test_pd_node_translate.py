@@ -1,4 +1,4 @@
-"""How a PD node turns its manager's generation events into stream events (``service.translate``).
+"""How a PD node turns its manager's generation events into stream events (``stream_translation.translate``).
 
 A finish can reach the node in a read with no new token (the detokenizer took the last token
 before rank 0 set the finish status). It must still go out, as a token-less finish the master
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from lightllm.server.pd.node.service import translate
+from lightllm.server.pd.node.stream_translation import translate
 from lightllm.server.pd.protocol.stream_lines import event_fields, token_from_line
 from lightllm.server.request_manager import GenerationEvent
 

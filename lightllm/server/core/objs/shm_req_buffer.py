@@ -80,7 +80,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lightllm.common.sampling import MAX_TOP_LOGPROBS, STOP_SEQUENCES_BYTES, SamplingParams
+from lightllm.common.sampling import STOP_SEQUENCES_BYTES, SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_NONE
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
@@ -93,7 +93,14 @@ from lightllm.server.core.objs.shm_req_layout import (
     OPTIONAL_FIELDS,
     record_dtype,
     top_rows_dtype,
-    wants_top_rows,
+)
+from lightllm.server.core.objs.shm_top_rows import (
+    claim_top_row,
+    read_top,
+    release_top_row,
+    top_row_for_read,
+    top_row_for_write,
+    write_top,
 )
 from lightllm.server.core.objs.shm_req_views import (
     AdmissionFields,
@@ -186,7 +193,7 @@ class ShmReqBuffer(SharedArraySegment):
         check_request_id(request_id)
         if not isinstance(spec, RequestSpec):
             raise ValueError(f"write_request takes a RequestSpec, got {type(spec).__name__}")
-        tops = self._claimable_top_row(spec, top_slot)
+        tops = claim_top_row(self._tops, self.top_slot_num, spec, top_slot)
         params, prompt_ids = spec.params, spec.prompt_ids
         if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
             raise ValueError(
@@ -241,29 +248,13 @@ class ShmReqBuffer(SharedArraySegment):
             tops["request_id"] = request_id
         rec["request_id"] = request_id
 
-    def _claimable_top_row(self, spec: RequestSpec, top_slot: Optional[int]) -> Optional[np.void]:
-        """The top row ``write_request`` may claim for ``spec`` (None: the request takes none)."""
-        if not wants_top_rows(spec.params):
-            if top_slot is not None:
-                raise ValueError("top_slot was given for a request that asks for no top logprobs")
-            return None
-        if top_slot is None:
-            raise ValueError("the request asks for top logprobs (logprobs or prompt_logprobs > 0) but got no top_slot")
-        if isinstance(top_slot, bool) or not isinstance(top_slot, int) or not 0 <= top_slot < self.top_slot_num:
-            raise ValueError(f"top_slot must be an int in [0, {self.top_slot_num}), got {top_slot!r}")
-        return self._tops.array[top_slot]
-
     def release(self, slot: int, request_id: int) -> bool:
         """Free ``slot`` and its top row if it holds ``request_id`` (HTTP process only, after the
         request's last reader is done); False, and nothing changed, when it does not."""
         rec = self._write(slot, request_id, "the release")
         if rec is None:
             return False
-        top_slot = int(rec["top_slot"])
-        if top_slot != NO_TOP_SLOT and self._tops is not None:
-            tops = self._tops.array[top_slot]
-            if int(tops["request_id"]) == request_id:
-                tops["request_id"] = NO_REQUEST
+        release_top_row(self._tops, rec, request_id)
         rec["request_id"] = NO_REQUEST
         return True
 
@@ -338,9 +329,9 @@ class ShmReqBuffer(SharedArraySegment):
         rec["output_ids"][index] = token_id
         rec["output_logprobs"][index] = logprob
         if top:
-            tops = self._top_row_to_write(rec, request_id)
+            tops = top_row_for_write(self._tops, rec, request_id)
             if tops is not None:
-                self._write_top(tops, int(rec["prompt_len"]) + index, top)
+                write_top(tops, int(rec["prompt_len"]) + index, top)
         rec["output_len"] = index + 1
         return index + 1
 
@@ -362,12 +353,12 @@ class ShmReqBuffer(SharedArraySegment):
         if rec is None:
             return False
         # Entries of a request with prompt_logprobs == 0 carry no alternatives and it has no row.
-        tops = self._top_row_to_write(rec, request_id) if any(entry[2] for entry in entries) else None
+        tops = top_row_for_write(self._tops, rec, request_id) if any(entry[2] for entry in entries) else None
         for position, logprob, top, *rank in entries:
             rec["prompt_token_logprobs"][position] = logprob
             rec["prompt_token_ranks"][position] = rank[0] if rank else 0
             if tops is not None:
-                self._write_top(tops, position, top)
+                write_top(tops, position, top)
         rec["prompt_logprob_end"] = max(int(rec["prompt_logprob_end"]), entries[-1][0] + 1)
         return True
 
@@ -390,39 +381,6 @@ class ShmReqBuffer(SharedArraySegment):
             return False
         rec["finish_status"] = status
         return True
-
-    def _top_row_to_write(self, rec: np.void, request_id: int) -> Optional[np.void]:
-        """The request's top row for a writer; None (logged, nothing written) when it has none."""
-        top_slot = int(rec["top_slot"])
-        if top_slot == NO_TOP_SLOT or self._tops is None:
-            log.warning("ignored top logprobs for request %d: it holds no top-logprob slot", request_id)
-            return None
-        tops = self._tops.array[top_slot]
-        if int(tops["request_id"]) != request_id:
-            log.warning("ignored a stale write of top logprobs to top-logprob slot %d for request %d (it holds %d)",
-                        top_slot, request_id, int(tops["request_id"]))
-            return None
-        return tops
-
-    def _top_row_to_read(self, rec: np.void, request_id: int) -> Optional[np.void]:
-        """The request's top row for a reader (None: it holds none); raises StaleRecordError
-        when the row is not the request's."""
-        top_slot = int(rec["top_slot"])
-        if top_slot == NO_TOP_SLOT or self._tops is None:
-            return None
-        tops = self._tops.array[top_slot]
-        found = int(tops["request_id"])
-        if found != request_id:
-            raise StaleRecordError(top_slot, request_id, found, what="top-logprob slot")
-        return tops
-
-    @staticmethod
-    def _write_top(tops: np.void, position: int, top: Sequence[Tuple[int, float]]) -> None:
-        count = min(len(top), MAX_TOP_LOGPROBS)
-        ids = tops["ids"][position]
-        ids[:count] = [pair[0] for pair in top[:count]]
-        ids[count:] = -1
-        tops["logprobs"][position][:count] = [pair[1] for pair in top[:count]]
 
     # --- detokenization --------------------------------------------------------------------
     def decode_options(self, slot: int, request_id: int) -> DecodeOptions:
@@ -450,7 +408,7 @@ class ShmReqBuffer(SharedArraySegment):
         tops = None
         if int(rec["logprobs"]) > 0:
             offset = int(rec["prompt_len"])
-            tops = self._read_top(self._top_row_to_read(rec, request_id), offset + start, offset + end)
+            tops = read_top(top_row_for_read(self._tops, rec, request_id), offset + start, offset + end)
         return OutputSnapshot(
             output_len=end,
             token_ids=rec["output_ids"][start:end].tolist(),
@@ -472,20 +430,9 @@ class ShmReqBuffer(SharedArraySegment):
             return []
         ids = rec["prompt_ids"][1:end].tolist()
         values = rec["prompt_token_logprobs"][1:end].tolist()
-        tops = self._read_top(self._top_row_to_read(rec, request_id), 1, end) if count > 0 else [[] for _ in ids]
+        tops = read_top(top_row_for_read(self._tops, rec, request_id), 1, end) if count > 0 else [[] for _ in ids]
         ranks = [rank or None for rank in rec["prompt_token_ranks"][1:end].tolist()]
         return list(zip(ids, values, tops, ranks))
-
-    @staticmethod
-    def _read_top(tops: Optional[np.void], start: int, end: int) -> List[TopRow]:
-        if tops is None:  # a record written without a row (write_request refuses that)
-            return [[] for _ in range(max(0, end - start))]
-        ids = tops["ids"][start:end].tolist()
-        values = tops["logprobs"][start:end].tolist()
-        return [
-            [(token_id, value) for token_id, value in zip(row_ids, row_values) if token_id >= 0]
-            for row_ids, row_values in zip(ids, values)
-        ]
 
     @staticmethod
     def _stop_sequences(rec: np.void) -> List[str]:

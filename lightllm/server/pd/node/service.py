@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Set, Tuple, Type
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Protocol, Set, Tuple, Type
 
 import zmq
 import zmq.asyncio
@@ -51,9 +51,8 @@ from lightllm.server.core.objs.request_spec import INT32_MAX, RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.pd.protocol.membership import STATE_DRAINING, STATE_SERVING
-from lightllm.server.pd.protocol.node_events import BUSY, ERROR, HANDED_OFF, RESERVED, SEGMENT_END, TOKEN, PdNodeEvent
-from lightllm.server.pd.protocol.outcomes import CLIENT_FINISH_REASONS, node_outcome
-from lightllm.server.request_manager import GenerationEvent
+from lightllm.server.pd.protocol.node_events import BUSY, RESERVED, TOKEN, PdNodeEvent
+from lightllm.server.pd.node.stream_translation import error_event, translate
 from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.utils.process_utils import zmq_socket
 
@@ -61,12 +60,6 @@ log = logging.getLogger("lightllm.pd.node.service")
 
 # What rank 0 sends this process about PD (inside its step output stream).
 RANK0_PD_MESSAGES: Tuple[Type[Any], ...] = (PdSetupDone, PdNotice, PdChannelBroken)
-
-# PdNotice.kind values other than "reserved" (which becomes a stream event of its own): the
-# details of an outcome whose finish or token follows in the same stream.
-NOTICE_TRANSFERRED = "transferred"
-NOTICE_TRANSFER_FAILED = "transfer_failed"
-NOTICE_BUSY = "busy"
 
 # How long a segment waits for the previous segment of the same request id to release its slot
 # on this node (normally milliseconds: its finish is already on the way); after that the id is
@@ -110,61 +103,6 @@ def check_epoch(epoch: Any) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= INT32_MAX:
         raise ValueError(f"epoch must be an int in [0, {INT32_MAX}], got {epoch!r}")
     return epoch
-
-
-def _error(message: str, error_kind: str, transfer_broken: bool = False) -> PdNodeEvent:
-    return PdNodeEvent(ERROR, message=message, error_kind=error_kind, transfer_broken=transfer_broken)
-
-
-def _with_transfer(event: PdNodeEvent, transferred: Optional[PdNotice]) -> PdNodeEvent:
-    if transferred is not None:
-        event.transfer_seconds, event.transfer_bytes = transferred.seconds, transferred.nbytes
-    return event
-
-
-def translate(
-    event: GenerationEvent, request_id: int, notices: Mapping[str, PdNotice], first_on_decode: bool
-) -> List[PdNodeEvent]:
-    """The stream events of one generation event of a PD request.
-
-    ``notices`` holds the request's notices so far by kind (they arrive before the token or
-    finish they explain); ``first_on_decode``: this is a decode node's first token, which
-    carries its transfer's seconds and bytes.  The PD finish reasons are named by
-    :func:`~lightllm.server.pd.protocol.outcomes.node_outcome`.
-    """
-    reason = event.finish_reason
-    client_finish = reason is None or reason in CLIENT_FINISH_REASONS
-    out: List[PdNodeEvent] = []
-    if event.token_id >= 0:
-        token = event if client_finish else dataclasses.replace(event, finish_reason=None)
-        token_event = PdNodeEvent(TOKEN, token=token)
-        out.append(_with_transfer(token_event, notices.get(NOTICE_TRANSFERRED)) if first_on_decode else token_event)
-    elif reason is not None and client_finish:
-        # A finish without a new token (the event protocol allows one; the detokenizer reads a
-        # step's last token and status together, so length/stop normally carry a token) goes
-        # out as a token-less finish, which the master reads as the end of the request; dropped,
-        # the stream would end without a result.
-        out.append(PdNodeEvent(TOKEN, token=event))
-    if client_finish:
-        return out
-    outcome = node_outcome(reason)
-    if outcome is None:  # "error", "abort" (a stop string never ends a PD node's request: the master decides)
-        out.append(_error(f"request {request_id} ended on the node: {reason}", "internal"))
-    elif outcome.event == HANDED_OFF:
-        out.append(_with_transfer(PdNodeEvent(HANDED_OFF), notices.get(NOTICE_TRANSFERRED)))
-    elif outcome.event == BUSY:
-        # Rank 0's notice names the limit it hit (KV tokens or request slots) with its numbers.
-        busy = notices.get(NOTICE_BUSY)
-        why = busy.message if busy is not None else "no KV or request slot to reserve for it now"
-        out.append(PdNodeEvent(BUSY, message=f"request {request_id}: {why}"))
-    elif outcome.event == SEGMENT_END:
-        out.append(PdNodeEvent(SEGMENT_END, reason=outcome.reason))
-    else:  # the KV transfer failed; rank 0's notice says how
-        failure = notices.get(NOTICE_TRANSFER_FAILED)
-        kind = failure.error_kind if failure is not None else NOTICE_TRANSFER_FAILED
-        message = failure.message if failure is not None else f"request {request_id}: the KV transfer failed"
-        out.append(_error(message, kind, transfer_broken=kind == "transfer_broken"))
-    return out
 
 
 class PdNodeService:
@@ -377,12 +315,12 @@ class PdNodeService:
             yield self._draining_busy(request_id)
             return
         if epoch not in self.epochs:
-            yield _error(f"request {request_id}: this node's KV transfer is not set up for epoch {epoch} "
+            yield error_event(f"request {request_id}: this node's KV transfer is not set up for epoch {epoch} "
                          f"(set up: {self.usable_epochs() or 'none'})", "epoch", transfer_broken=True)
             return
         broken = self.epochs[epoch]
         if broken is not None:
-            yield _error(f"request {request_id}: this node's KV transfer of epoch {epoch} is broken: "
+            yield error_event(f"request {request_id}: this node's KV transfer of epoch {epoch} is broken: "
                          f"{broken}", "transfer_broken", transfer_broken=True)
             return
         decode = self.role == "decode"
@@ -449,6 +387,6 @@ class PdNodeService:
                     # nothing ran, so the master may place it elsewhere.
                     yield self._draining_busy(request_id)
                 else:
-                    yield _error(f"request {request_id}: {exc}", "internal")
+                    yield error_event(f"request {request_id}: {exc}", "internal")
         finally:
             await events.aclose()
