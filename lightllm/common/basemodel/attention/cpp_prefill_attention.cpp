@@ -11,10 +11,10 @@
 // per block), and the scores come from a register-blocked product (8 rows x 32 keys: 16
 // accumulators of 16 floats, one broadcast per row and two vector loads per head_dim step); an
 // online softmax per row; then the values through another register-blocked product (8 rows x 32
-// dims).  Blocks past the diagonal
-// are skipped.  The products use 16-float vectors: with 8-float ones a machine with full-width
-// AVX-512 units ran them at half speed (a 2048-token prefill of the medium demo model, two
-// threads: attention 364 -> 228 ms, 190 -> 300 GFLOP/s; small demo model 56 -> 35 ms).
+// dims).  Blocks past the diagonal are skipped.  The products use 16-float vectors: with
+// 8-float ones a machine with full-width AVX-512 units ran them at half speed (a 2048-token
+// prefill of the medium demo model, two threads: attention 364 -> 228 ms, 190 -> 300 GFLOP/s;
+// small demo model 56 -> 35 ms).
 //
 // Layouts (all contiguous, row-major):
 //   q       [tokens, H_kv, G, D] float32   the chunks' new tokens, request after request
