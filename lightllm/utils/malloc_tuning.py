@@ -12,7 +12,8 @@ Why these numbers (measured on CPU with the small demo model, see docs/EN/memory
   paired measurement), yet a rare large peak at the top is given back.
 * Freed blocks *inside* the heap are never returned by the threshold alone; a process that has
   gone idle calls ``malloc_trim(0)`` (:class:`IdleMallocTrimmer`), which hands every free page
-  back to the kernel, at a moment when refaulting them costs no latency.
+  back to the kernel.  The next forward faults them in again: the first request after a pause
+  prefills about 4% slower (docs/EN/memory.md); a busy rank never trims.
 """
 
 from __future__ import annotations
