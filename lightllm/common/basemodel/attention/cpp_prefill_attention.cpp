@@ -41,7 +41,6 @@ using lightllm_kernels::float_x16;
 using lightllm_kernels::load16;
 using lightllm_kernels::load8;
 using lightllm_kernels::store16;
-using lightllm_kernels::store8;
 using lightllm_kernels::to_float;
 
 constexpr int KEY_BLOCK = 64;    // keys per tile: the transposed keys and the values stay in L1
@@ -52,7 +51,6 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 // Keeps a loaded vector in a register: without it GCC folded the load into every FMA that uses
 // it (one load per row instead of one per block), and the loops ran at the load ports' speed.
-inline void in_register(float8& x) { asm("" : "+x"(x)); }
 #if defined(__AVX512F__)
 inline void in_register(float_x16& x) { asm("" : "+v"(x)); }
 #else
