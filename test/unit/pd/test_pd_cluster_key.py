@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager, assert_error
-from pd_master_support import ThreadServer
+from pd_node_stand_in import ThreadServer
 from pd_membership_support import node
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args

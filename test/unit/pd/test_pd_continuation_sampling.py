@@ -19,7 +19,8 @@ import httpx
 import pytest
 import torch
 
-from pd_master_support import Cluster, reference_tokens
+from pd_master_support import Cluster
+from pd_node_stand_in import reference_tokens
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler

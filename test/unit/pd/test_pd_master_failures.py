@@ -1,7 +1,7 @@
 """How the PD master handles busy, failing and lost nodes, against stand-ins over real HTTP.
 
 The master is the real one (flags -> build_master -> create_app -> uvicorn); the prefill and
-decode stand-ins (pd_master_support.py) speak the node contract's NDJSON and register with the
+decode stand-ins (pd_node_stand_in.py) speak the node contract's NDJSON and register with the
 real PdNodeClient.  Their knobs make a node busy, break or refuse the KV transfer
 setup, expire a lease or go silent; these tests check the error a client gets, the retries, the
 pair re-setup and that every node stream the master opened is closed again.
@@ -26,9 +26,9 @@ from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster"
     cluster_fixture,
     generate,
     metric_value,
-    reference_tokens,
     sse_events,
 )
+from pd_node_stand_in import reference_tokens
 from lightllm.server.http.errors import manager_error
 from lightllm.server.manager_errors import ServerBusyError
 

@@ -1,7 +1,7 @@
 """The real ``python -m lightllm.server.api_server --run_mode pd_master`` process.
 
 Registration, /health and the 503 before nodes, a refused incompatible node, one request served
-through node stand-ins (pd_master_support.py), and a SIGTERM drain with exit code 0.
+through node stand-ins (pd_node_stand_in.py), and a SIGTERM drain with exit code 0.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from transformers import AutoTokenizer
 
-from pd_master_support import Handoff, NodeStandIn, reference_tokens
+from pd_node_stand_in import Handoff, NodeStandIn, reference_tokens
 from lightllm.utils.process_utils import free_port
 
 

@@ -1,7 +1,7 @@
 """When a PD master serves at all: readiness, node admission, its own flags and draining.
 
 The master is the real one (flags -> build_master -> create_app -> uvicorn); the prefill and
-decode stand-ins (pd_master_support.py) speak the node contract's NDJSON and register with the
+decode stand-ins (pd_node_stand_in.py) speak the node contract's NDJSON and register with the
 real PdNodeClient.  These tests check what the master answers before both roles
 registered, to a node of another model, to node-only flags and while it drains.
 """

@@ -1,7 +1,7 @@
 """The PD master's request flow against node stand-ins over real HTTP on loopback.
 
 The master is the real one (flags -> build_master -> create_app -> uvicorn); the prefill and
-decode stand-ins (pd_master_support.py) speak the node contract's NDJSON and register with the
+decode stand-ins (pd_node_stand_in.py) speak the node contract's NDJSON and register with the
 real PdNodeClient.  Their "model" is a fixed function of the sequence, so every expected token
 is computed independently of how the master split or forwarded the work: these tests check the
 tokens, text, usage, continuation segments and stop strings a client gets.
@@ -21,9 +21,9 @@ from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster"
     cluster_fixture,
     generate,
     metric_value,
-    reference_tokens,
     sse_events,
 )
+from pd_node_stand_in import reference_tokens
 
 
 def test_normal_flow_tokens_in_order_echo_dropped_usage_once(cluster: Cluster) -> None:

@@ -2,7 +2,7 @@
 
 The pair table is checked directly against a recording stand-in of the node client; the rest
 runs the real master (flags -> build_master -> create_app -> uvicorn) against node stand-ins
-(pd_master_support.py) that register with the real PdNodeClient.  A stand-in's load and state
+(pd_node_stand_in.py) that register with the real PdNodeClient.  A stand-in's load and state
 change only when a test reports them (:meth:`NodeStandIn.report`), so every placement here is
 decided by what the test set up, not by timing.
 """
@@ -21,12 +21,11 @@ import httpx
 from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster" fixture
     REQUEST_TIMEOUT,
     Cluster,
-    NodeStandIn,
     cluster_fixture,
     generate,
     metric_value,
-    reference_tokens,
 )
+from pd_node_stand_in import NodeStandIn, reference_tokens
 from pd_membership_support import FakeClock, node
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.pd.master.node_registry import NodeRegistry

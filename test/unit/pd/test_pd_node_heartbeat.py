@@ -28,7 +28,7 @@ from lightllm.server.pd.node.service import PdNodeService
 from lightllm.server.pd.protocol.membership import HEARTBEAT_PATH, LOAD_KEY, REGISTER_PATH, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 
-from pd_master_support import ThreadServer
+from pd_node_stand_in import ThreadServer
 from pd_membership_support import node
 from test_pd_node_epochs import ScriptedHost, token
 
