@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 from typing import Callable, List, Optional
 
+# LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN's default (forward_threads.py explains the number). Kept
+# here, with the variable, so the launcher sizes threads without importing the rank's torch code.
+DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.15
+
 ENV_VARS = {
     "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens).",
     "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads a CPU model rank's forward borrows when its work pays for the front end's core (see LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN); default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
-    "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": "A CPU forward runs with LIGHTLLM_PREFILL_TORCH_THREADS when its estimated work (matrix-product FLOPs and KV positions of this model, priced with rates measured at start-up) is at least this many milliseconds per token it streams; default 0.3, 0: every forward wide, inf: only prefill forwards that stream nothing.",
+    "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": "A CPU forward runs with LIGHTLLM_PREFILL_TORCH_THREADS when its estimated work (matrix-product FLOPs and KV positions of this model, priced with rates measured at start-up) is at least this many milliseconds per token it streams; default " + f"{DEFAULT_WIDE_FORWARD_MS_PER_TOKEN:g}, 0: every forward wide, inf: only prefill forwards that stream nothing.",
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "0 stops model ranks from returning freed heap memory to the kernel when idle (malloc_trim); default 1.",
@@ -54,10 +58,6 @@ def refuse_replaced_env_vars() -> None:
         if os.environ.get(name):
             raise ValueError(f"{name} is no longer read; use {replacement}")
 
-
-# LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN's default (forward_threads.py explains the number). Kept
-# here, with the variable, so the launcher sizes threads without importing the rank's torch code.
-DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.3
 
 
 def wide_forward_ms_per_token_override() -> Optional[float]:

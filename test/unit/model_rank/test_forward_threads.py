@@ -137,6 +137,23 @@ def test_decode_runs_wide_once_its_work_per_row_pays_for_the_borrowed_core() -> 
     assert "every decode forward" in _rule(0.5).describe()
 
 
+# The small demo model's shapes (hidden 256, 4 layers, q 256 / kv 128 per layer, MLP 768, vocab
+# 4096, fp32): a decode row is 8.4 MFLOP plus 4096 bytes of K and V per context position.
+SMALL_DEMO = ForwardShape(layers=4, hidden=256, q_dim=256, kv_dim=128, intermediate=768, vocab=4096, dtype_bytes=4)
+
+
+@pytest.mark.parametrize("gflop_s", [120.0, 180.0, 250.0])
+@pytest.mark.parametrize("kv_gb_s", [12.0, 17.0, 22.0])
+def test_the_default_threshold_separates_the_measured_regimes_under_calibration_noise(gflop_s: float, kv_gb_s: float) -> None:
+    """The regimes the default was placed between (docs/EN/results.md, "Threads per forward"), over
+    the spread of rates start-up measured on the development VM: 64 decode rows of ~1100 positions
+    ran 18-20 ms per step wide against 23-26 ms narrow; 128 rows of ~160-192 lost 3-16% wide."""
+    rule = WideForwardRule(ForwardCostModel(SMALL_DEMO, MachineRates(gflop_s * 1e9, kv_gb_s * 1e9)))
+    assert SMALL_DEMO.matmul_flops_per_token() == 8_388_608 and SMALL_DEMO.kv_bytes_per_position() == 4096
+    assert rule.decode_is_wide(rows=64, context_positions=64 * 1024)
+    assert not rule.decode_is_wide(rows=128, context_positions=128 * 192)
+
+
 def test_prefill_runs_wide_unless_it_streams_more_than_it_computes() -> None:
     rule = _rule(1.5)
     assert rule.prefill_is_wide(new_tokens=256, attended_positions=256 * 257 // 2, finished_prompts=0)

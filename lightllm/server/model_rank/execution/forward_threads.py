@@ -13,13 +13,18 @@ The work is counted from the model's shapes and priced with rates measured at st
 machine (:mod:`forward_cost`), so the same ``T`` holds on every model width: a small model's decode
 row is a fraction of a millisecond of matrix products and stays narrow until its contexts are long
 enough for the KV scan to dominate; a ~100M-parameter model's row is milliseconds and runs wide at
-any context. ``T`` (``LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN``, default 0.3 ms) was placed between the
-server measurements that decided the former, small-model-only threshold (docs/EN/results.md,
-"Threads per forward"): on the small demo model 128 decode rows of ~160 positions (0.14 ms of
-estimated work per row) lost 3-16% wide, 64 rows of ~1100 positions (0.44 ms) gained 27%; on
-the ~100M-parameter model (over 2 ms per row) wide won by a third at 64 rows of ~160 positions.
-Read as cost, T is about twice the front end's CPU time per streamed token: with two threads
-the forward's work halves, so borrowing the core pays once that half exceeds what it delays.
+any context. ``T`` (``LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN``, default 0.15 ms) lies between the
+server measurements of the two regimes on the small demo model (docs/EN/results.md, "Threads per
+forward"): 128 decode rows of ~160 positions (0.08-0.12 ms of estimated work per row) lost 3-16%
+wide; 64 rows of ~1100 positions gained: 18-20 ms per decode step wide against 23-26 ms narrow in
+the server.  That second forward's estimate is 0.26-0.42 ms per row, depending on the KV scan rate
+start-up measures (12-22 GB/s on the development VM: the measurement is noisy), so the threshold
+sits where neither regime's estimate crosses it under that noise (at 0.3 ms the 64 x 1100 decode
+flipped between wide and narrow from one start to the next).  On the ~100M-parameter model (over
+2 ms per row) wide won by a third at 64 rows of ~160 positions.  Read as cost, T is about the
+front end's CPU time per streamed token (0.13 ms measured on a whole run: HTTP, detokenizer and
+router processes): with two threads the forward's work about halves, so borrowing the core pays
+once that half is larger than what it delays.
 """
 
 from __future__ import annotations
