@@ -109,6 +109,7 @@ class EngineServer:
         self.server_args, self.log_dir = list(server_args), log_dir
         self.port = free_port()
         self._process: Optional[subprocess.Popen] = None
+        self._log_path = log_dir / f"{engine}_{self.port}.log"
 
     @property
     def base_url(self) -> str:
@@ -116,21 +117,30 @@ class EngineServer:
 
     def __enter__(self) -> "EngineServer":
         if self.engine == "ours":
-            log = open(self.log_dir / f"ours_{self.port}.log", "w")
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", self.model_dir,
-                 "--model_name", self.model_dir, "--port", str(self.port), *self.server_args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=_REPO_ROOT,
-            )
-            self._wait_ready("/health/ready", 300)
+            with open(self._log_path, "w") as log:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", self.model_dir,
+                     "--model_name", self.model_dir, "--port", str(self.port), *self.server_args],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=_REPO_ROOT,
+                )
+            try:
+                self._wait_ready("/health/ready", 300)
+            except RuntimeError:
+                self.__exit__()
+                raise
         else:
             env = dict(os.environ, PEER=str(self.peer_dir))
             if self.engine == "vllm_every_core":
                 env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
             else:
                 env.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)
-            subprocess.run(["bash", str(self.scripts_dir / "serve_vllm.sh"), self.model_dir, str(self.port), "float32"],
-                           env=env, check=True, stdout=subprocess.DEVNULL)
+            started = subprocess.run(
+                ["bash", str(self.scripts_dir / "serve_vllm.sh"), self.model_dir, str(self.port), "float32"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            if started.returncode != 0:
+                self.__exit__()
+                raise RuntimeError(f"{self.engine} did not start: {started.stdout.strip()[-1500:]}")
             self._wait_ready("/health", 60)
         return self
 
@@ -138,7 +148,8 @@ class EngineServer:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"{self.engine} exited with {self._process.returncode} before it was ready")
+                tail = self._log_path.read_text(errors="replace").strip()[-1500:]
+                raise RuntimeError(f"{self.engine} exited with {self._process.returncode} before it was ready: {tail}")
             try:
                 if httpx.get(self.base_url + path, timeout=2).status_code == 200:
                     return
@@ -149,6 +160,8 @@ class EngineServer:
 
     def __exit__(self, *exc: object) -> None:
         if self._process is not None:
+            if self._process.poll() is not None:
+                return
             self._process.send_signal(2)  # SIGINT: the launcher stops its children
             try:
                 self._process.wait(timeout=60)
@@ -229,8 +242,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         work_dir = Path(work)
         for index, engine in enumerate(engines):
             started = time.strftime("%H:%M:%S")
-            with EngineServer(engine, model_dir, Path(args.peer_dir), scripts, args.server_args.split(), work_dir) as server:
-                results = run_engine(server, cases, args.seed, vllm_bin, work_dir, index)
+            try:
+                with EngineServer(engine, model_dir, Path(args.peer_dir), scripts, args.server_args.split(),
+                                  work_dir) as server:
+                    results = run_engine(server, cases, args.seed, vllm_bin, work_dir, index)
+            except (RuntimeError, subprocess.CalledProcessError) as error:
+                print(f"side_by_side: {engine}: {error}", file=sys.stderr)
+                return 1
             runs.append({"engine": engine, "started": started, "results": results})
     print(markdown_table(cases, runs))
     if args.out:

@@ -111,3 +111,14 @@ def test_cli_refuses_bad_cases_in_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "PROMPTSxINPUTxOUTPUT" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{not json")
+    server = side_by_side.EngineServer("ours", str(model_dir), tmp_path, tmp_path, [], tmp_path)
+    with pytest.raises(RuntimeError, match="ours exited with") as raised:
+        with server:
+            pass
+    assert "config.json" in str(raised.value)  # the server's own one-line error, from its log
