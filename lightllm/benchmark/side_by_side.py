@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import httpx
-
+from lightllm.benchmark.server_launcher import ServerProcess
 from lightllm.utils.process_utils import free_port
 
 ENGINES = ("ours", "vllm_default", "vllm_every_core")
@@ -108,70 +107,47 @@ class EngineServer:
         self.engine, self.model_dir, self.peer_dir, self.scripts_dir = engine, model_dir, peer_dir, scripts_dir
         self.server_args, self.log_dir = list(server_args), log_dir
         self.port = free_port()
-        self._process: Optional[subprocess.Popen] = None
-        self._log_path = log_dir / f"{engine}_{self.port}.log"
+        self._ours: Optional[ServerProcess] = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def _peer_env(self) -> Dict[str, str]:
+        env = dict(os.environ, PEER=str(self.peer_dir))
+        if self.engine == "vllm_every_core":
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        else:
+            env.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)
+        return env
+
     def __enter__(self) -> "EngineServer":
         if self.engine == "ours":
-            with open(self._log_path, "w") as log:
-                self._process = subprocess.Popen(
-                    [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", self.model_dir,
-                     "--model_name", self.model_dir, "--port", str(self.port), *self.server_args],
-                    stdout=log, stderr=subprocess.STDOUT, cwd=_REPO_ROOT,
-                )
             try:
-                self._wait_ready("/health/ready", 300)
-            except RuntimeError:
-                self.__exit__()
-                raise
-        else:
-            env = dict(os.environ, PEER=str(self.peer_dir))
-            if self.engine == "vllm_every_core":
-                env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-            else:
-                env.pop("VLLM_CPU_NUM_OF_RESERVED_CPU", None)
-            started = subprocess.run(
-                ["bash", str(self.scripts_dir / "serve_vllm.sh"), self.model_dir, str(self.port), "float32"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
-            if started.returncode != 0:
-                self.__exit__()
-                raise RuntimeError(f"{self.engine} did not start: {started.stdout.strip()[-1500:]}")
-            self._wait_ready("/health", 60)
+                self._ours = ServerProcess.start(
+                    ["--model_dir", self.model_dir, "--model_name", self.model_dir, *self.server_args],
+                    self.log_dir / f"ours_{self.port}.log", port=self.port,
+                )
+            except RuntimeError as error:  # the server was stopped; the message has its log's tail
+                raise RuntimeError(f"ours exited with no server ready: {error}") from None
+            return self
+        # serve_vllm.sh returns once vLLM answers /health, or fails with its log's tail.
+        started = subprocess.run(
+            ["bash", str(self.scripts_dir / "serve_vllm.sh"), self.model_dir, str(self.port), "float32"],
+            env=self._peer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        if started.returncode != 0:
+            self.__exit__()
+            raise RuntimeError(f"{self.engine} did not start: {started.stdout.strip()[-1500:]}")
         return self
 
-    def _wait_ready(self, path: str, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                tail = self._log_path.read_text(errors="replace").strip()[-1500:]
-                raise RuntimeError(f"{self.engine} exited with {self._process.returncode} before it was ready: {tail}")
-            try:
-                if httpx.get(self.base_url + path, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.engine} not ready at {self.base_url}{path} after {seconds:.0f} s")
-
     def __exit__(self, *exc: object) -> None:
-        if self._process is not None:
-            if self._process.poll() is not None:
-                return
-            self._process.send_signal(2)  # SIGINT: the launcher stops its children
-            try:
-                self._process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        else:
-            env = dict(os.environ, PEER=str(self.peer_dir))
-            subprocess.run(["bash", str(self.scripts_dir / "stop_vllm.sh"), str(self.port)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.engine == "ours":
+            if self._ours is not None:
+                self._ours.stop()
+            return
+        subprocess.run(["bash", str(self.scripts_dir / "stop_vllm.sh"), str(self.port)], env=self._peer_env(),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def run_engine(server: EngineServer, cases: Sequence[Case], seed: int, vllm_bin: Path, result_dir: Path,

@@ -278,13 +278,19 @@ class NodeStandIn:
             if not done:
                 self.aborted_segments.append((request_id, segment_index))
 
-    async def _prefill(self, body: Dict[str, Any]):
+    def _refusal(self, body: Dict[str, Any], busy_message: str) -> Optional[bytes]:
+        """The line a node answers instead of serving: no transfer for the epoch, or busy."""
         if body["epoch"] not in self.epochs:
-            yield _line({"event": "error", "message": f"transfer not set up for epoch {body['epoch']}",
-                         "transfer_broken": True})
-            return
+            return _line({"event": "error", "message": f"transfer not set up for epoch {body['epoch']}",
+                          "transfer_broken": True})
         if self._is_busy(body):
-            yield _line({"event": "busy", "message": "prefill queue full"})
+            return _line({"event": "busy", "message": busy_message})
+        return None
+
+    async def _prefill(self, body: Dict[str, Any]):
+        refusal = self._refusal(body, "prefill queue full")
+        if refusal is not None:
+            yield refusal
             return
         prompt, max_new = body["prompt_ids"], body["params"]["max_new_tokens"]
         await asyncio.sleep(self.prefill_delay)
@@ -305,12 +311,9 @@ class NodeStandIn:
         yield _line({"event": "handed_off"})
 
     async def _decode(self, body: Dict[str, Any]):
-        if body["epoch"] not in self.epochs:
-            yield _line({"event": "error", "message": f"transfer not set up for epoch {body['epoch']}",
-                         "transfer_broken": True})
-            return
-        if self._is_busy(body):
-            yield _line({"event": "busy", "message": self.busy_message})
+        refusal = self._refusal(body, self.busy_message)
+        if refusal is not None:
+            yield refusal
             return
         yield _line({"event": "reserved", "kv_start": 0})
         if self.lease_expires:

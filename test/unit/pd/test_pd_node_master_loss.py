@@ -1,0 +1,77 @@
+"""The PD node's open streams when the master goes away (it closes a stream, or the node loses it):
+the request is aborted on the node and the stream ends with an error line.  Real HTTP, scripted
+node service (``pd_node_api_support``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any, Dict
+
+import httpx
+
+from pd_node_api_support import NodeApp, decode_body, lines, node, token
+from lightllm.server.pd.protocol.node_events import PdNodeEvent
+
+
+def _wait(predicate, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_master_closing_the_stream_aborts_the_request(node: NodeApp) -> None:
+    node.decode.script = [PdNodeEvent(kind="reserved", kv_start=0)]
+    node.decode.hold = True
+    closed = len(node.decode.closed)
+    try:
+        with httpx.stream("POST", f"{node.decode_url}/pd/node/decode", json=decode_body(request_id=8), timeout=10) as r:
+            first = next(r.iter_lines())
+            assert json.loads(first) == {"event": "reserved", "kv_start": 0}
+        _wait(lambda: len(node.decode.closed) > closed, "the node to abort the request")
+        assert node.decode.closed[-1] == 8
+        _wait(lambda: len(node.decode_streams) == 0, "the stream to be forgotten")
+    finally:
+        node.decode.hold = False
+
+
+def test_losing_the_master_fails_open_streams(node: NodeApp) -> None:
+    node.decode.script = [PdNodeEvent(kind="reserved", kv_start=0), token(4)]
+    node.decode.hold = True
+    closed = len(node.decode.closed)
+    try:
+        with httpx.stream("POST", f"{node.decode_url}/pd/node/decode", json=decode_body(request_id=9), timeout=10) as r:
+            received = r.iter_lines()
+            assert json.loads(next(received))["event"] == "reserved"
+            assert json.loads(next(received))["event"] == "token"
+            _wait(lambda: len(node.decode_streams) == 1, "the stream to be registered")
+            node.loops["decode"].call_soon_threadsafe(node.decode_streams.fail_all, "the PD master is gone")
+            rest = [json.loads(line) for line in received]
+        assert rest == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False, "error_kind": "internal"}]
+        _wait(lambda: len(node.decode.closed) > closed, "the node to abort the request")
+    finally:
+        node.decode.hold = False
+
+
+def test_losing_the_master_fails_a_request_still_waiting_for_its_first_event(node: NodeApp) -> None:
+    node.decode.script = []
+    node.decode.hold = True
+    closed = len(node.decode.closed)
+    result: Dict[str, Any] = {}
+
+    def call() -> None:
+        result["response"] = httpx.post(f"{node.decode_url}/pd/node/decode", json=decode_body(request_id=10), timeout=20)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        _wait(lambda: len(node.decode_streams) == 1, "the request to reach the node")
+        node.loops["decode"].call_soon_threadsafe(node.decode_streams.fail_all, "the PD master is gone")
+        caller.join(20)
+    finally:
+        node.decode.hold = False
+    assert lines(result["response"]) == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False, "error_kind": "internal"}]
+    _wait(lambda: len(node.decode.closed) > closed, "the node to abort the request")
