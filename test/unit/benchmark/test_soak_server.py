@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import pytest
@@ -58,10 +59,15 @@ def test_parse_status_reads_the_resident_fields():
 def test_read_memory_of_this_process_sees_a_new_allocation():
     before = read_memory(os.getpid())
     assert before.rss_kib > 0 and before.anon_kib > 0
-    block = bytearray(64 << 20)  # written (zeroed) on allocation, so it is resident
+    # A fresh anonymous mapping, every page written: malloc could hand back heap memory that an
+    # earlier test freed but left resident (the server's malloc settings keep freed memory), so a
+    # bytearray need not grow the resident set.
+    block = mmap.mmap(-1, 64 << 20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     after = read_memory(os.getpid())
+    block.close()
     assert after.rss_kib - before.rss_kib > 32 << 10
-    del block
     with pytest.raises(ProcessLookupError):
         read_memory(2**22 + 12345)  # above the kernel's pid_max limit
 
