@@ -11,6 +11,7 @@ from typing import List, Optional
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.server_layout import ServerLayout
+from lightllm.utils.envs_utils import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
 
 
 @dataclass
@@ -64,7 +65,7 @@ class ModelRankConfig:
     # Threads a forward borrows when its estimated work is at least wide_forward_ms_per_token per
     # token it streams; None: torch_threads. See model_rank/execution/forward_threads.py.
     prefill_torch_threads: Optional[int] = None
-    wide_forward_ms_per_token: float = 0.3
+    wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
     # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
     # as it starts, since the launcher imports no torch.
     attention_backend: str = "torch"
