@@ -36,8 +36,10 @@ import httpx
 
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
 from lightllm.benchmark.soak_report import render_markdown
+from lightllm.utils.envs_utils import idle_malloc_trim_seconds
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+SETTLE_PAST_TRIM_S = 3.0  # idle seconds a memory sample waits beyond the rank's idle heap trim
 MAX_CLIENTS = 10_000  # per phase; beyond this the client, not the server, is what gets measured
 
 
@@ -97,7 +99,9 @@ def make_parser() -> argparse.ArgumentParser:
     bounds = parser.add_argument_group("bounds and output")
     bounds.add_argument("--request-timeout-s", type=float, default=600.0)
     bounds.add_argument("--idle-timeout-s", type=float, default=300.0, help="most seconds to wait for the server to go idle")
-    bounds.add_argument("--settle-s", type=float, default=3.0, help="idle seconds before each memory sample")
+    bounds.add_argument("--settle-s", type=float, default=None,
+                        help="idle seconds before each memory sample; default: 3 past the idle heap trim "
+                             "(LIGHTLLM_IDLE_MALLOC_TRIM as this process sees it), so samples compare trimmed heaps")
     bounds.add_argument("--max-seconds", type=float, default=3600.0, help="stop starting new rounds after this long")
     bounds.add_argument("--tolerance", type=float, default=0.05, help="allowed RSS growth, last round vs first")
     bounds.add_argument("--output-json", default=None)
@@ -125,6 +129,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("request_timeout_s", "idle_timeout_s", "max_seconds"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.settle_s is None:
+        try:
+            trim_s = idle_malloc_trim_seconds()
+        except ValueError as exc:
+            parser.error(str(exc))
+        args.settle_s = SETTLE_PAST_TRIM_S + (trim_s if trim_s != float("inf") else 0.0)
     if args.settle_s < 0 or args.tolerance < 0:
         parser.error("--settle-s and --tolerance must be >= 0")
     if args.streams + args.aborts + args.requests == 0:

@@ -13,13 +13,20 @@ from typing import Callable, List, Optional
 # here, with the variable, so the launcher sizes threads without importing the rank's torch code.
 DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.15
 
+# LIGHTLLM_IDLE_MALLOC_TRIM's default: seconds a model rank stays idle before it returns freed
+# heap memory to the kernel. The pages come back as page faults in the next forward (a burst's
+# steps on the medium model faulted ~45 thousand pages, about a twentieth of the burst's time, after
+# a 3 s pause with a 1 s delay; none with the trim off), so a pause of a few seconds between bursts
+# must not trigger it; a server idle for half a minute gives its activation memory back.
+DEFAULT_IDLE_MALLOC_TRIM_SECONDS = 30.0
+
 ENV_VARS = {
     "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens).",
     "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads a CPU model rank's forward borrows when its work pays for the front end's core (see LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN); default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
     "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": "A CPU forward runs with LIGHTLLM_PREFILL_TORCH_THREADS when its estimated work (matrix-product FLOPs and KV positions of this model, priced with rates measured at start-up) is at least this many milliseconds per token it streams; default " + f"{DEFAULT_WIDE_FORWARD_MS_PER_TOKEN:g}, 0: every forward wide, inf: only prefill forwards that stream nothing.",
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
-    "LIGHTLLM_IDLE_MALLOC_TRIM": "0 stops model ranks from returning freed heap memory to the kernel when idle (malloc_trim); default 1.",
+    "LIGHTLLM_IDLE_MALLOC_TRIM": "Seconds a model rank must be idle after work before it returns freed heap memory to the kernel (malloc_trim); 0: never; default " + f"{DEFAULT_IDLE_MALLOC_TRIM_SECONDS:g}.",
     "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (its payload is corrupted on the prefill side, so the decode side's checksum check refuses it); default 0.",
     "LIGHTLLM_PD_CLUSTER_KEY": "The PD cluster's shared secret, used when --pd_cluster_key is not given (keeps it out of the process list); read by the PD master and the prefill and decode nodes only.",
     "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff, when a prefill or decode node answers busy; default 0: no retry, the client gets HTTP 503 (code server_busy) naming the busy node role at once.",
@@ -65,6 +72,16 @@ def wide_forward_ms_per_token_override() -> Optional[float]:
     if not os.environ.get("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN"):
         return None
     return _env_float("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN", "a number >= 0 (or inf)", lambda v: v >= 0)
+
+
+def idle_malloc_trim_seconds() -> float:
+    """``LIGHTLLM_IDLE_MALLOC_TRIM`` as seconds of idleness before a trim: inf for 0 (never), the
+    default when unset; anything but a finite number >= 0 is refused."""
+    if not os.environ.get("LIGHTLLM_IDLE_MALLOC_TRIM"):
+        return DEFAULT_IDLE_MALLOC_TRIM_SECONDS
+    seconds = _env_float("LIGHTLLM_IDLE_MALLOC_TRIM", "a finite number of seconds >= 0 (0: never trim)",
+                         lambda v: 0.0 <= v < float("inf"))
+    return seconds if seconds > 0 else float("inf")
 
 
 def api_keys_from_env(name: str) -> List[str]:

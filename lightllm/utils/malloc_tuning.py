@@ -11,22 +11,21 @@ Why these numbers (measured on CPU with the small demo model, see docs/EN/memory
   above what a steady stream of forwards frees at the top (no more page faults than 4 GiB in a
   paired measurement), yet a rare large peak at the top is given back.
 * Freed blocks *inside* the heap are never returned by the threshold alone; a process that has
-  gone idle calls ``malloc_trim(0)`` (:class:`IdleMallocTrimmer`), which hands every free page
-  back to the kernel.  The next forward faults them in again: the first request after a pause
-  prefills about 4% slower (docs/EN/memory.md); a busy rank never trims.
+  been idle for a while calls ``malloc_trim(0)`` (:class:`IdleMallocTrimmer`), which hands every
+  free page back to the kernel.  The next forward faults them in again, so the wait is long
+  (``LIGHTLLM_IDLE_MALLOC_TRIM``, 30 s by default): bursts a few seconds apart keep their working
+  set (docs/EN/memory.md); a busy rank never trims.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import time
 from typing import Callable, Dict, MutableMapping, Optional
 
 MMAP_THRESHOLD_BYTES = 1 << 32
 TRIM_THRESHOLD_BYTES = 256 << 20
-IDLE_TRIM_SECONDS = 1.0
 
 
 def child_malloc_env() -> Dict[str, str]:
@@ -68,21 +67,20 @@ class IdleMallocTrimmer:
 
     The owner calls :meth:`busy` whenever it did work and :meth:`idle` from its idle loop; a
     trim runs at most once per idle period, so an idle process does not trim over and over.
+    ``idle_seconds`` may be ``inf``: never trim.
     """
 
     def __init__(
         self,
-        idle_seconds: float = IDLE_TRIM_SECONDS,
+        idle_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         trim: Callable[[], bool] = malloc_trim,
-        enabled: Optional[bool] = None,
     ):
-        if idle_seconds < 0:
-            raise ValueError(f"idle_seconds must be >= 0, got {idle_seconds}")
+        if not idle_seconds > 0:
+            raise ValueError(f"idle_seconds must be > 0 (inf: never), got {idle_seconds}")
         self.idle_seconds = idle_seconds
         self._clock = clock
         self._trim = trim
-        self.enabled = idle_trim_enabled() if enabled is None else enabled
         self._dirty = False
         self._last_busy = clock()
         self.trims = 0
@@ -94,14 +92,9 @@ class IdleMallocTrimmer:
 
     def idle(self) -> bool:
         """Trim if work was done and the process has been idle long enough; True when it trimmed."""
-        if not self.enabled or not self._dirty or self._clock() - self._last_busy < self.idle_seconds:
+        if not self._dirty or self._clock() - self._last_busy < self.idle_seconds:
             return False
         self._dirty = False
         self._trim()
         self.trims += 1
         return True
-
-
-def idle_trim_enabled() -> bool:
-    """False when ``LIGHTLLM_IDLE_MALLOC_TRIM=0`` (for paired measurements); on by default."""
-    return os.environ.get("LIGHTLLM_IDLE_MALLOC_TRIM", "1") != "0"

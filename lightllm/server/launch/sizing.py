@@ -15,7 +15,9 @@ from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.kv_budget import kv_bytes_per_token, plan_kv_budget
 from lightllm.utils.envs_utils import (
+    DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN,
+    idle_malloc_trim_seconds,
     refuse_replaced_env_vars,
     torch_threads_override,
     wide_forward_ms_per_token_override,
@@ -42,6 +44,8 @@ class ServerSizing:
     # threshold (CPU only; see model_rank/execution/forward_threads.py).
     prefill_torch_threads: int | None = None
     wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+    # Idle seconds before a model rank returns freed heap memory (inf: never); see utils/malloc_tuning.py.
+    idle_malloc_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS
 
 
 def plan_sizing(
@@ -125,4 +129,5 @@ def plan_sizing(
         torch_threads=threads,
         prefill_torch_threads=prefill_threads,
         wide_forward_ms_per_token=wide_ms,
+        idle_malloc_trim_seconds=idle_malloc_trim_seconds(),
     )

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.envs_utils import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
 
 
 @dataclass
@@ -66,6 +66,8 @@ class ModelRankConfig:
     # token it streams; None: torch_threads. See model_rank/execution/forward_threads.py.
     prefill_torch_threads: Optional[int] = None
     wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+    # Idle seconds before the rank returns freed heap memory to the kernel (inf: never).
+    idle_malloc_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS
     # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
     # as it starts, since the launcher imports no torch.
     attention_backend: str = "torch"

@@ -56,10 +56,12 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
+from lightllm.server.model_rank.execution.startup_forward import run_startup_forward, startup_forward_lengths
 from lightllm.server.model_rank.rank_config import ModelRankConfig
 from lightllm.server.model_rank.step_publisher import StepPublisher
 from lightllm.server.model_rank.pd_rank_transfer import pd_backend_settings
 from lightllm.utils.log_utils import init_logging
+from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
@@ -99,6 +101,7 @@ class ModelRank:
         inbox: rank 0's zmq PULL socket (router and HTTP messages).
         publisher: rank 0's step publisher (None elsewhere: only rank 0 publishes).
         wait_tracker: rank 0's prefill-wait metrics, fed at admission.
+        idle_trim_seconds: idle seconds before freed heap memory goes back to the kernel (inf: never).
     """
 
     def __init__(
@@ -111,8 +114,10 @@ class ModelRank:
         inbox: Any = None,
         publisher: Optional[StepPublisher] = None,
         wait_tracker: Optional[PrefillWaitTracker] = None,
+        idle_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
     ) -> None:
         self.backend = backend
+        self.idle_trim_seconds = idle_trim_seconds
         self.shm = shm
         self.is_leader = is_leader
         self.channel = channel
@@ -246,7 +251,8 @@ class ModelRank:
 
     def serve_forever(self) -> None:
         """The rank's main loop."""
-        trimmer = IdleMallocTrimmer()  # freed activation memory goes back to the kernel when idle
+        # Freed activation memory goes back to the kernel once the rank has been idle a while.
+        trimmer = IdleMallocTrimmer(self.idle_trim_seconds)
         freeze_startup_objects()
         while True:
             commands = self.receive_commands()
@@ -303,11 +309,13 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
         agree=_gather_objects if config.tp > 1 else None,
         notify=(lambda message: publishers[0].notify(message)) if is_leader else None,
     )
-    context = InferenceContext(
-        kv_cache,
-        ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device),
-        use_prefix_cache=config.use_prefix_cache,
-    )
+    req_manager = ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device)
+    lengths = startup_forward_lengths(config.batch_max_tokens, config.chunked_prefill_size, config.max_req_total_len,
+                                      config.running_max_req_size, kv_cache.available)
+    seconds = run_startup_forward(model, kv_cache, req_manager, lengths, threads)
+    if is_leader:
+        log.info("start-up forward: %d prompt tokens in %d requests, %.0f ms", sum(lengths), len(lengths), seconds * 1000)
+    context = InferenceContext(kv_cache, req_manager, use_prefix_cache=config.use_prefix_cache)
     backend = build_rank_backend(
         config.run_mode,
         model,
@@ -324,7 +332,8 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
     )
     shm = config.layout.open_requests()
     if not is_leader:
-        return ModelRank(backend, shm, is_leader=False, channel=channel)
+        return ModelRank(backend, shm, is_leader=False, channel=channel,
+                         idle_trim_seconds=config.idle_malloc_trim_seconds)
     layout = config.layout
     zmq_ctx = zmq.Context()  # its sockets keep it alive
     inbox = zmq_socket(zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
@@ -335,7 +344,7 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
     publishers.append(publisher)
     publisher.start(config.max_total_token_num)
     return ModelRank(backend, shm, is_leader=True, channel=channel, inbox=inbox, publisher=publisher,
-                     wait_tracker=wait_tracker)
+                     wait_tracker=wait_tracker, idle_trim_seconds=config.idle_malloc_trim_seconds)
 
 
 def _gather_objects(value: Any) -> List[Any]:

@@ -18,12 +18,21 @@ from lightllm.benchmark.process_memory import (
 )
 from lightllm.benchmark.soak_report import render_markdown
 from lightllm.benchmark.soak_server import parse_args
+from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS
 
 
-def test_defaults_describe_the_documented_soak():
+def test_defaults_describe_the_documented_soak(monkeypatch):
+    monkeypatch.delenv("LIGHTLLM_IDLE_MALLOC_TRIM", raising=False)
     args = parse_args(["--model_dir", "/tmp/x"])
     assert (args.rounds, args.streams, args.requests, args.tolerance) == (3, 1000, 1000, 0.05)
     assert args.prompt_len == [8, 64]
+    # Memory is sampled after the ranks' idle heap trim, whatever its delay.
+    assert args.settle_s == DEFAULT_IDLE_MALLOC_TRIM_SECONDS + 3
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "2")
+    assert parse_args(["--model_dir", "/tmp/x"]).settle_s == 5
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "0")  # never trims: nothing to wait for
+    assert parse_args(["--model_dir", "/tmp/x"]).settle_s == 3
+    assert parse_args(["--model_dir", "/tmp/x", "--settle-s", "1"]).settle_s == 1
 
 
 @pytest.mark.parametrize(
@@ -39,6 +48,7 @@ def test_defaults_describe_the_documented_soak():
         (["--model_dir", "m", "--prompt-len", "9", "3"], "must not exceed"),
         (["--model_dir", "m", "--streams", "0", "--aborts", "0", "--requests", "0"], "nothing to send"),
         (["--model_dir", "m", "--max-seconds", "0"], "--max-seconds must be positive"),
+        (["--model_dir", "m", "--settle-s", "-1"], "--settle-s and --tolerance must be >= 0"),
     ],
 )
 def test_bad_arguments_end_in_a_one_line_error(argv, message, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -10,7 +12,9 @@ from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.kv_budget import GIB, KVBudget, activation_bytes, plan_kv_budget, weights_bytes
+from lightllm.server.launch.plan import build_process_configs, plan_layout, resolve_sampling_seed
 from lightllm.server.launch.sizing import plan_sizing
+from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS, ENV_VARS, idle_malloc_trim_seconds
 from lightllm.utils.malloc_tuning import (
     IdleMallocTrimmer,
     apply_child_malloc_env,
@@ -30,7 +34,7 @@ def test_children_get_a_high_mmap_threshold_but_a_moderate_trim_threshold():
 def test_idle_trimmer_trims_once_per_idle_period_after_work():
     now = [0.0]
     calls = []
-    trimmer = IdleMallocTrimmer(1.0, clock=lambda: now[0], trim=lambda: calls.append(now[0]) or True, enabled=True)
+    trimmer = IdleMallocTrimmer(1.0, clock=lambda: now[0], trim=lambda: calls.append(now[0]) or True)
     assert not trimmer.idle()  # no work yet: nothing to give back
     trimmer.busy()
     now[0] = 0.5
@@ -42,11 +46,44 @@ def test_idle_trimmer_trims_once_per_idle_period_after_work():
     trimmer.busy()
     now[0] = 6.5
     assert trimmer.idle() and trimmer.trims == 2
-    off = IdleMallocTrimmer(0.0, clock=lambda: now[0], trim=lambda: calls.append(-1) or True, enabled=False)
-    off.busy()
-    assert not off.idle() and calls == [1.2, 6.5]
-    with pytest.raises(ValueError):
-        IdleMallocTrimmer(-1.0)
+    never = IdleMallocTrimmer(math.inf, clock=lambda: now[0], trim=lambda: calls.append(-1) or True)
+    never.busy()
+    now[0] = 1e9
+    assert not never.idle() and calls == [1.2, 6.5]
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="idle_seconds must be > 0"):
+            IdleMallocTrimmer(bad)
+
+
+def test_the_idle_trim_waits_out_pauses_between_bursts_by_default(monkeypatch):
+    monkeypatch.delenv("LIGHTLLM_IDLE_MALLOC_TRIM", raising=False)
+    # Bursts a few seconds apart must keep their working set (docs/EN/memory.md).
+    assert idle_malloc_trim_seconds() == DEFAULT_IDLE_MALLOC_TRIM_SECONDS >= 10
+    assert "default 30" in ENV_VARS["LIGHTLLM_IDLE_MALLOC_TRIM"]
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "2.5")
+    assert idle_malloc_trim_seconds() == 2.5
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "0")
+    assert idle_malloc_trim_seconds() == math.inf  # never
+    for value in ("off", "-1", "inf", "nan"):
+        monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", value)
+        with pytest.raises(ValueError, match="LIGHTLLM_IDLE_MALLOC_TRIM must be a finite number of seconds >= 0"):
+            idle_malloc_trim_seconds()
+
+
+def test_the_idle_trim_setting_reaches_every_rank(tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "7")
+    args = make_argument_parser().parse_args(
+        ["--model_dir", str(tiny_llama_dir), "--tp", "2", "--device", "cpu", "--max_total_token_num", "512",
+         "--max_req_total_len", "256"])
+    validate_args(args, 0)
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    sizing = plan_sizing(args, config, "cpu")
+    configs = build_process_configs(args, sizing, config, plan_layout(sizing, "lightllm_test_trim", "/tmp/lightllm_test_trim"),
+                                    nccl_port=29998, sampling_seed=resolve_sampling_seed(args))
+    assert [rank.idle_malloc_trim_seconds for rank in configs.ranks] == [7.0, 7.0]
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "soon")
+    with pytest.raises(ValueError, match="LIGHTLLM_IDLE_MALLOC_TRIM"):
+        plan_sizing(args, config, "cpu")  # refused at start-up, not when the rank first idles
 
 
 def test_malloc_trim_runs_on_glibc():
