@@ -314,7 +314,8 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
                                       config.running_max_req_size, kv_cache.available)
     seconds = run_startup_forward(model, kv_cache, req_manager, lengths, threads)
     if is_leader:
-        log.info("start-up forward: %d prompt tokens in %d requests, %.0f ms", sum(lengths), len(lengths), seconds * 1000)
+        log.info("start-up forward: %d prompt tokens in %d request%s, %.0f ms", sum(lengths), len(lengths),
+                 "" if len(lengths) == 1 else "s", seconds * 1000)
     context = InferenceContext(kv_cache, req_manager, use_prefix_cache=config.use_prefix_cache)
     backend = build_rank_backend(
         config.run_mode,
