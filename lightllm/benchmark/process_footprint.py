@@ -46,7 +46,7 @@ ENTRY_MODULES: Dict[str, str] = {
     "http": "lightllm.server.http.app",
     "detokenization": "lightllm.server.detokenization.manager",
     "router": "lightllm.server.router.manager",
-    "model_rank": "lightllm.server.model_rank.rank_process",
+    "model_rank": "lightllm.server.model_rank.rank_assembly",
     "pd_master": "lightllm.server.launch.pd_master",
 }
 

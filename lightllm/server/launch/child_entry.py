@@ -1,7 +1,7 @@
 """The entries of the spawned children, in a module of their own so that each side imports only what it needs.
 
 Spawned children unpickle their target by module name. Naming
-:func:`~lightllm.server.model_rank.rank_process.model_rank_process_main` directly would make the
+:func:`~lightllm.server.model_rank.rank_assembly.model_rank_process_main` directly would make the
 launcher import the rank's module, and with it torch, just to pass the function; naming a function
 of :mod:`lightllm.server.launch.start` would make every child import the launcher's HTTP code.
 """
@@ -15,7 +15,7 @@ from lightllm.utils.torch_free import keep_torch_out
 
 def model_rank_entry(config: Any, ready_conn: Any) -> None:
     """Run a model rank (``config``: its ``ModelRankConfig``); torch is imported here, in the rank."""
-    from lightllm.server.model_rank.rank_process import model_rank_process_main
+    from lightllm.server.model_rank.rank_assembly import model_rank_process_main
 
     model_rank_process_main(config, ready_conn)
 

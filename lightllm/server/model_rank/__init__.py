@@ -4,7 +4,8 @@
   the scheduling simulator runs this same code);
 * ``execution/`` -- the torch side: the model executor, forward threads, row sampling;
 * ``kv_cache/`` -- KV slots and the radix prefix cache behind the scheduling core's ``KvView``;
-* ``rank_process`` -- the process loop (``ModelRank``, built by ``build_model_rank``): read
-  commands, hand them to the backend's hooks, step, publish (``step_publisher``);
+* ``rank_process`` -- the process loop (``ModelRank``): read commands, hand them to the
+  backend's hooks, step, publish (``step_publisher``);
+* ``rank_assembly`` -- the composition root (``build_model_rank``) and the process's entry point;
 * ``pd_rank_transfer`` -- the KV hand-off of a PD node's rank, carried by its backend as its intake.
 """

@@ -1,8 +1,9 @@
-"""A model rank process: loads its shard of the model and runs the backend loop.
+"""A model rank's loop: take the iteration's commands, apply them, step the backend, publish.
 
-:func:`build_model_rank` (the composition root: device, TP group, model, KV cache, backend and,
-on rank 0, sockets and publisher) returns a :class:`ModelRank`, the loop itself, which only sees
-its collaborators; tests build one directly from fakes.
+:func:`~lightllm.server.model_rank.rank_assembly.build_model_rank` (the composition root: device,
+TP group, model, KV cache, backend and, on rank 0, sockets and publisher) returns a
+:class:`ModelRank`, the loop itself, which only sees its collaborators; tests build one directly
+from fakes.
 
 Rank 0 talks to the router and the detokenization process; with TP > 1 it sends the other ranks
 the same command list before every step over a :class:`TpCommandChannel` (:mod:`.command_channel`),
@@ -24,48 +25,26 @@ stream through the detokenizer (``StepOutput.notices``), ahead of the tokens and
 explain.
 """
 
+
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
-import torch
-import torch.distributed as dist
 import zmq
 
-from lightllm.common.basemodel.attention.selection import AttentionBackendError, build_attention_backend, resolve_attention_backend
-from lightllm.common.basemodel.linear_kernels import LinearBackendError, resolve_linear_backend
-from lightllm.common.basemodel.model_config import parse_dtype
-from lightllm.common.basemodel.parallel import TensorParallelGroup
-from lightllm.common.req_manager import ReqManager
-from lightllm.common.sampling.sampler import Sampler
-from lightllm.models.registry import load_model
 from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.model_rank.command_channel import MessageKind, TpCommandChannel
-from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
-from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
-from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
-from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
-from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
-from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
-from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
-from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
-from lightllm.server.model_rank.execution.startup_forward import run_startup_forward, startup_forward_lengths
-from lightllm.server.model_rank.rank_config import ModelRankConfig
+from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.step_publisher import StepPublisher
-from lightllm.server.model_rank.pd_rank_transfer import pd_backend_settings
-from lightllm.utils.log_utils import init_logging
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS
-from lightllm.utils.malloc_tuning import IdleMallocTrimmer
-from lightllm.utils.process_utils import run_child, zmq_socket
-from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.utils.gc_tuning import freeze_startup_objects
+from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 
 log = logging.getLogger("lightllm.model_rank")
 
@@ -91,7 +70,7 @@ class RejectRequests:
 class ModelRank:
     """One rank's loop: take the iteration's commands, apply them, step the backend, publish (rank 0).
 
-    Build a server's with :func:`build_model_rank`.
+    Build a server's with :func:`~lightllm.server.model_rank.rank_assembly.build_model_rank`.
 
     Args:
         backend: the run mode's backend (intake, hooks and the step engine).
@@ -270,137 +249,3 @@ class ModelRank:
             self._last_step_did_work = report.did_work
             if self.publisher is not None:
                 self.publisher.publish(report)
-
-
-def build_model_rank(config: ModelRankConfig) -> ModelRank:
-    """Build this process's rank from ``config``: device, TP group, model, KV cache, backend, and
-    (rank 0) the sockets and the step publisher."""
-    is_leader = config.rank == 0
-    device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    tp = TensorParallelGroup(config.rank, config.tp)
-    if config.tp > 1:
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{config.nccl_host}:{config.nccl_port}",
-            rank=config.rank,
-            world_size=config.tp,
-            timeout=timedelta(hours=24),
-        )
-        tp.group = dist.group.WORLD
-    # Created right after the model group, while every rank is at the same point of start-up
-    # (creating a group is collective); None with TP = 1.
-    channel = TpCommandChannel.open(config.rank, config.tp)
-    model = load_model(
-        config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=tp,
-        attention=build_attention_backend(config.attention_backend), linear_backend=config.linear_backend,
-    )
-    threads = _forward_threads(config, model) if config.torch_threads else None
-    kv_cache = model.new_kv_cache(config.max_total_token_num)
-    # A PD node's notices travel in the step output stream, so the HTTP process gets each one
-    # before the tokens and finish it explains (one path, one order).  The publisher reports on
-    # the backend, so it is built after the transfer the backend carries: notices reach it late-bound.
-    publishers: List[StepPublisher] = []
-    mode_settings = pd_backend_settings(
-        config, kv_cache,
-        agree=_gather_objects if config.tp > 1 else None,
-        notify=(lambda message: publishers[0].notify(message)) if is_leader else None,
-    )
-    req_manager = ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device)
-    lengths = startup_forward_lengths(config.batch_max_tokens, config.chunked_prefill_size, config.max_req_total_len,
-                                      config.running_max_req_size, kv_cache.available)
-    seconds = run_startup_forward(model, kv_cache, req_manager, lengths, threads)
-    if is_leader:
-        log.info("start-up forward: %d prompt tokens in %d request%s, %.0f ms", sum(lengths), len(lengths),
-                 "" if len(lengths) == 1 else "s", seconds * 1000)
-    context = InferenceContext(kv_cache, req_manager, use_prefix_cache=config.use_prefix_cache)
-    backend = build_rank_backend(
-        config.run_mode,
-        model,
-        context,
-        build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
-        StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches),
-        Sampler(config.sampling_seed),
-        config.eos_token_ids,
-        config.max_req_total_len,
-        token_sync=_broadcast_tokens if config.tp > 1 else None,
-        grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
-        threads=threads,
-        **mode_settings,
-    )
-    shm = config.layout.open_requests()
-    if not is_leader:
-        return ModelRank(backend, shm, is_leader=False, channel=channel,
-                         idle_trim_seconds=config.idle_malloc_trim_seconds)
-    layout = config.layout
-    zmq_ctx = zmq.Context()  # its sockets keep it alive
-    inbox = zmq_socket(zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
-    to_router = zmq_socket(zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
-    to_detokenization = zmq_socket(zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
-    wait_tracker = PrefillWaitTracker(config.prefill_overtake_bound)
-    publisher = StepPublisher(shm, layout.open_stats(), backend, context, wait_tracker, to_detokenization, to_router)
-    publishers.append(publisher)
-    publisher.start(config.max_total_token_num)
-    return ModelRank(backend, shm, is_leader=True, channel=channel, inbox=inbox, publisher=publisher,
-                     wait_tracker=wait_tracker, idle_trim_seconds=config.idle_malloc_trim_seconds)
-
-
-def _gather_objects(value: Any) -> List[Any]:
-    """Every TP rank's ``value``, in rank order (a collective: every rank calls it alike)."""
-    gathered: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
-
-
-def _broadcast_tokens(tokens: torch.Tensor) -> torch.Tensor:
-    """Rank 0's sampled tokens on every TP rank."""
-    tokens = tokens.contiguous()
-    dist.broadcast(tokens, src=0)
-    return tokens
-
-
-def _forward_threads(config: ModelRankConfig, model: Any) -> ForwardThreads:
-    """The rank's thread counts, with the wide-forward rule priced by rates measured here (CPU)."""
-    narrow, wide = config.torch_threads, config.prefill_torch_threads or config.torch_threads
-    threads = ForwardThreads(narrow, wide)
-    if wide != narrow:
-        shape = ForwardShape.from_config(model.config, config.tp, parse_dtype(config.dtype))
-        rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim,
-                                                                model.linear_backend)),
-                               config.wide_forward_ms_per_token / 1000)
-        threads = ForwardThreads(narrow, wide, rule)
-        if config.rank == 0:
-            log.info("threads: %d, %d in a wide forward; %s", narrow, wide, rule.describe())
-    threads.apply()
-    return threads
-
-
-def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
-    """Entry point of a model rank process."""
-    init_logging(config.log_level)
-
-    def body(mark_ready: Callable[[], None]) -> None:
-        # Resolved here, where torch is loaded anyway: the launcher imports no torch. A refused
-        # explicit choice reaches the launcher as one line (run_child's ``refused``), exit 2.
-        resolved = replace(
-            config,
-            attention_backend=resolve_attention_backend(config.attention_backend, config.device),
-            linear_backend=resolve_linear_backend(config.linear_backend, config.device, parse_dtype(config.dtype)),
-        )
-        rank = build_model_rank(resolved)
-        log.info(
-            "rank %d ready: attention_backend=%s linear_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
-            config.rank,
-            resolved.attention_backend,
-            resolved.linear_backend,
-            config.prefill_queue_strategy,
-            config.prefill_overtake_bound.describe(),
-            config.max_total_token_num,
-        )
-        mark_ready()
-        rank.serve_forever()
-
-    run_child(f"model_rank{config.rank}", ready_conn, body, refused=(AttentionBackendError, LinearBackendError))

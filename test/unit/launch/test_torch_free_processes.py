@@ -45,7 +45,7 @@ TORCH_FREE_PACKAGES = [
     "lightllm.server.detokenization", "lightllm.server.core", SCHEDULING_PACKAGE,
 ]
 # Loads torch by design: the blocked import must fail, or the blocker is not doing its job.
-TORCH_MODULE = "lightllm.server.model_rank.rank_process"
+TORCH_MODULE = "lightllm.server.model_rank.rank_assembly"
 
 # Runs in a fresh interpreter: refuse torch, import each module, answer {module: error or ""}.
 _BLOCKED_IMPORTS = r"""
