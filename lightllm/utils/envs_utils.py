@@ -14,10 +14,10 @@ from typing import Callable, List, Optional
 DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.15
 
 # LIGHTLLM_IDLE_MALLOC_TRIM's default: seconds a model rank stays idle before it returns freed
-# heap memory to the kernel. The pages come back as page faults in the next forward (a burst's
-# steps on the medium model faulted ~45 thousand pages, about a twentieth of the burst's time, after
-# a 3 s pause with a 1 s delay; none with the trim off), so a pause of a few seconds between bursts
-# must not trigger it; a server idle for half a minute gives its activation memory back.
+# heap memory to the kernel. The pages come back as page faults in the next forward (a burst of
+# eight 1024-token prompts on the medium model faulted 35-54 thousand pages after a 3 s pause with
+# a 1 s delay, ~30 with a longer one; its steps took ~3% longer), so a pause of a few seconds
+# between bursts must not trigger it; a server idle for half a minute gives its activation memory back.
 DEFAULT_IDLE_MALLOC_TRIM_SECONDS = 30.0
 
 ENV_VARS = {
