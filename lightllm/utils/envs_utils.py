@@ -27,6 +27,7 @@ ENV_VARS = {
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "Seconds a model rank must be idle after work before it returns freed heap memory to the kernel (malloc_trim); 0: never; default " + f"{DEFAULT_IDLE_MALLOC_TRIM_SECONDS:g}.",
+    "LIGHTLLM_STEP_TRACE": "A file path: rank 0 writes one CSV row per step that ran a forward (time, phases in ms, prompt tokens, decode rows, minor page faults; see lightllm/server/model_rank/step_trace.py), truncating the file at start; its directory must exist; default: no trace.",
     "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (its payload is corrupted on the prefill side, so the decode side's checksum check refuses it); default 0.",
     "LIGHTLLM_PD_CLUSTER_KEY": "The PD cluster's shared secret, used when --pd_cluster_key is not given (keeps it out of the process list); read by the PD master and the prefill and decode nodes only.",
     "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff, when a prefill or decode node answers busy; default 0: no retry, the client gets HTTP 503 (code server_busy) naming the busy node role at once.",
@@ -82,6 +83,23 @@ def idle_malloc_trim_seconds() -> float:
     seconds = _env_float("LIGHTLLM_IDLE_MALLOC_TRIM", "a finite number of seconds >= 0 (0: never trim)",
                          lambda v: 0.0 <= v < float("inf"))
     return seconds if seconds > 0 else float("inf")
+
+
+def step_trace_path() -> Optional[str]:
+    """``LIGHTLLM_STEP_TRACE`` as an absolute file path, or None when unset or empty; refused when
+    it names a directory or its directory does not exist or cannot be written."""
+    raw = os.environ.get("LIGHTLLM_STEP_TRACE")
+    if not raw:
+        return None
+    path = os.path.abspath(raw)
+    folder = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise ValueError(f"LIGHTLLM_STEP_TRACE must name a file, got the directory {raw!r}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"LIGHTLLM_STEP_TRACE's directory {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"LIGHTLLM_STEP_TRACE's directory {folder!r} is not writable")
+    return path
 
 
 def api_keys_from_env(name: str) -> List[str]:

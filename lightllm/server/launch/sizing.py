@@ -1,4 +1,5 @@
-"""Derived sizes of a server: KV capacity, per-request limits, budgets, dtype and threads.
+"""Derived sizes of a server: KV capacity, per-request limits, budgets, dtype and threads, and the
+model ranks' process-level settings from the environment (idle heap trim, step trace).
 
 Pure arithmetic on the flags, the checkpoint's config and the machine's facts; it imports no torch
 (the launcher never does: docs/EN/architecture.md), so dtypes are names here.
@@ -19,6 +20,7 @@ from lightllm.utils.envs_utils import (
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN,
     idle_malloc_trim_seconds,
     refuse_replaced_env_vars,
+    step_trace_path,
     torch_threads_override,
     wide_forward_ms_per_token_override,
 )
@@ -46,6 +48,8 @@ class ServerSizing:
     wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
     # Idle seconds before a model rank returns freed heap memory (inf: never); see utils/malloc_tuning.py.
     idle_malloc_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS
+    # Where rank 0 writes its per-step trace (None: no trace); see model_rank/step_trace.py.
+    step_trace_path: Optional[str] = None
 
 
 def plan_sizing(
@@ -130,4 +134,5 @@ def plan_sizing(
         prefill_torch_threads=prefill_threads,
         wide_forward_ms_per_token=wide_ms,
         idle_malloc_trim_seconds=idle_malloc_trim_seconds(),
+        step_trace_path=step_trace_path(),
     )

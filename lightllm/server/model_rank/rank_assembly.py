@@ -39,6 +39,7 @@ from lightllm.server.model_rank.rank_process import ModelRank
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.step_publisher import StepPublisher
+from lightllm.server.model_rank.step_trace import StepTrace
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
@@ -119,7 +120,8 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
     publishers.append(publisher)
     publisher.start(config.max_total_token_num)
     return ModelRank(backend, shm, is_leader=True, channel=channel, inbox=inbox, publisher=publisher,
-                     wait_tracker=wait_tracker, idle_trim_seconds=config.idle_malloc_trim_seconds)
+                     wait_tracker=wait_tracker, idle_trim_seconds=config.idle_malloc_trim_seconds,
+                     step_trace=StepTrace(config.step_trace_path) if config.step_trace_path else None)
 
 
 def _gather_objects(value: Any) -> List[Any]:

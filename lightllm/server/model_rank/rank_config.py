@@ -68,6 +68,8 @@ class ModelRankConfig:
     wide_forward_ms_per_token: float = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
     # Idle seconds before the rank returns freed heap memory to the kernel (inf: never).
     idle_malloc_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS
+    # Rank 0 writes a per-step trace here (LIGHTLLM_STEP_TRACE; None: no trace).
+    step_trace_path: Optional[str] = None
     # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
     # as it starts, since the launcher imports no torch.
     attention_backend: str = "torch"

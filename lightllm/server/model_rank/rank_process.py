@@ -42,6 +42,7 @@ from lightllm.server.model_rank.command_channel import MessageKind, TpCommandCha
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.step_publisher import StepPublisher
+from lightllm.server.model_rank.step_trace import StepTrace
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS
 from lightllm.utils.gc_tuning import freeze_startup_objects
 from lightllm.utils.malloc_tuning import IdleMallocTrimmer
@@ -81,6 +82,7 @@ class ModelRank:
         publisher: rank 0's step publisher (None elsewhere: only rank 0 publishes).
         wait_tracker: rank 0's prefill-wait metrics, fed at admission.
         idle_trim_seconds: idle seconds before freed heap memory goes back to the kernel (inf: never).
+        step_trace: rank 0's per-step trace (``LIGHTLLM_STEP_TRACE``), or None.
     """
 
     def __init__(
@@ -94,9 +96,11 @@ class ModelRank:
         publisher: Optional[StepPublisher] = None,
         wait_tracker: Optional[PrefillWaitTracker] = None,
         idle_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
+        step_trace: Optional[StepTrace] = None,
     ) -> None:
         self.backend = backend
         self.idle_trim_seconds = idle_trim_seconds
+        self.step_trace = step_trace
         self.shm = shm
         self.is_leader = is_leader
         self.channel = channel
@@ -245,7 +249,14 @@ class ModelRank:
                 trimmer.idle()
                 continue
             trimmer.busy()
+            trace = self.step_trace
+            if trace is not None:
+                trace.begin()
             report = self.backend.step()
             self._last_step_did_work = report.did_work
+            if trace is not None:
+                trace.stepped()
             if self.publisher is not None:
                 self.publisher.publish(report)
+            if trace is not None:
+                trace.end(report)
