@@ -48,8 +48,8 @@ log = logging.getLogger("lightllm.model_rank")
 
 
 def build_model_rank(config: ModelRankConfig) -> ModelRank:
-    """Build this process's rank from ``config``: device, TP group, model, KV cache, backend, and
-    (rank 0) the sockets and the step publisher."""
+    """Build this process's rank from ``config``: device, TP group, model, KV cache, the start-up
+    forward, backend, and (rank 0) the sockets, the step publisher and the step trace."""
     is_leader = config.rank == 0
     device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
     if device.type == "cuda":

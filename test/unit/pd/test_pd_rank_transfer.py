@@ -47,7 +47,7 @@ from lightllm.server.model_rank.scheduling.backend_registry import KvReservation
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
-from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer, _Outcome
+from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer
 from lightllm.server.core.objs.request_spec import RequestSpec
 
 
@@ -290,44 +290,6 @@ def test_without_a_setup_a_handoff_fails_as_transfer_broken(model) -> None:
     assert prefill.tokens[5] and prefill.finished[5] == FINISH_TRANSFER_FAILED
     assert prefill.notices(5)["transfer_failed"].error_kind == "transfer_broken"
     assert prefill.backend.kv.allocatable_token_num() == free
-
-
-class _Ranks:
-    """The outcomes another TP rank reports, for the agreement between ranks."""
-
-    def __init__(self):
-        self.other: Dict[int, _Outcome] = {}
-
-    def agree(self, mine):
-        return [mine, dict(self.other)]
-
-
-class _Backend:
-    def __init__(self):
-        self.done: List[Tuple[int, bool, int]] = []
-
-    def transfer_done(self, request_id: int, ok: bool, failure_status: int) -> None:
-        self.done.append((request_id, ok, failure_status))
-
-
-class _Req:
-    def __init__(self, request_id: int):
-        self.request_id = request_id
-
-
-def test_tp_ranks_act_only_on_results_every_rank_has_and_fail_if_any_failed() -> None:
-    ranks, backend = _Ranks(), _Backend()
-    pd = PdRankTransfer("prefill", 0, PdRankSettings(), lambda *a: None, agree=ranks.agree)
-    pd._in_flight = {1: _Req(1), 2: _Req(2)}
-    pd._local = {1: _Outcome(1, True, 5, 0.1, 100, "", ""), 2: _Outcome(2, True, 6, 0.1, 100, "", "")}
-    pd.poll(backend)  # the other rank has nothing yet: nothing is decided
-    assert backend.done == [] and sorted(pd.in_flight) == [1, 2]
-    ranks.other = {2: _Outcome(2, False, -1, 0.2, 0, "transfer_failed", "checksum")}
-    pd.poll(backend)
-    assert backend.done == [(2, False, FINISH_TRANSFER_FAILED)] and pd.in_flight == [1]
-    ranks.other = {1: _Outcome(1, True, 5, 0.3, 100, "", "")}
-    pd.poll(backend)
-    assert backend.done[-1] == (1, True, FINISH_TRANSFER_FAILED) and pd.in_flight == []
 
 
 @pytest.mark.parametrize(("role", "kind"), [("prefill", PD_KIND_NONE), ("prefill", PD_KIND_DECODE),

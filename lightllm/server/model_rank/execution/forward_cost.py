@@ -99,6 +99,12 @@ class ForwardCostModel:
         return flops / self.rates.matmul_flops_per_s + positions * self.shape.kv_bytes_per_position() / self.rates.kv_scan_bytes_per_s
 
 
+def attended_positions(start: int, new_tokens: int) -> int:
+    """(token, attended position) pairs of a prefill chunk of ``new_tokens`` tokens after ``start``
+    cached ones: token i of the chunk attends ``start + i + 1`` positions."""
+    return new_tokens * start + new_tokens * (new_tokens + 1) // 2
+
+
 def best_seconds(run: Callable[[], object], repeats: int) -> float:
     """The shortest of ``repeats`` timed runs of ``run``, after one untimed run."""
     run()  # first call pays for allocation and kernel selection

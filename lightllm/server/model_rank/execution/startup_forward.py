@@ -13,7 +13,7 @@ borrows are given back before the rank serves.
 from __future__ import annotations
 
 import time
-from typing import ContextManager, List, Optional, Protocol
+from typing import List, Optional
 
 import torch
 
@@ -21,11 +21,8 @@ from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.common.req_manager import ReqManager
-
-
-class _Threads(Protocol):
-    def prefill_forward(self, new_tokens: int, attended_positions: int, finished_prompts: int) -> ContextManager[None]:
-        ...
+from lightllm.server.model_rank.execution.forward_cost import attended_positions
+from lightllm.server.model_rank.execution.forward_threads import ForwardThreads
 
 
 def startup_forward_lengths(batch_max_tokens: int, chunk_tokens: Optional[int], max_sequence_tokens: int,
@@ -42,7 +39,7 @@ def startup_forward_lengths(batch_max_tokens: int, chunk_tokens: Optional[int], 
 
 
 def run_startup_forward(model: DecoderOnlyTransformer, kv_cache: KVCacheMemoryManager, req_manager: ReqManager, lengths: List[int],
-                        threads: Optional[_Threads] = None) -> float:
+                        threads: Optional[ForwardThreads] = None) -> float:
     """Prefill ``lengths`` throwaway prompts in one forward (every TP rank calls it alike, as the
     forward's collectives need); returns its seconds. Slots and rows are freed even if it fails."""
     if not lengths:
@@ -57,7 +54,7 @@ def run_startup_forward(model: DecoderOnlyTransformer, kv_cache: KVCacheMemoryMa
         vocab = model.config.vocab_size
         token_ids = [[(row * 7919 + position) % vocab for position in range(length)] for row, length in zip(rows, lengths)]
         batch = ForwardBatch.build(token_ids, [0] * len(lengths), rows, torch.cat(slots), device=kv_cache.device)
-        attended = sum(length * (length + 1) // 2 for length in lengths)
+        attended = sum(attended_positions(0, length) for length in lengths)
         started = time.perf_counter()
         if threads is None:
             model.forward(batch, kv_cache, req_manager.req_to_token)

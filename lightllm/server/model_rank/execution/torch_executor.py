@@ -23,6 +23,7 @@ from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.execution.forward_cost import attended_positions
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads
 from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult, SampledToken
 from lightllm.server.model_rank.execution.prompt_logprobs import collect_prompt_logprobs, prefill_logit_rows
@@ -43,7 +44,7 @@ def _prefill_size(chunks: Sequence[PrefillChunk]) -> Tuple[int, int, int]:
     for c in chunks:
         n = c.end - c.start
         new_tokens += n
-        attended += n * c.start + n * (n + 1) // 2  # token i of the chunk attends start + i + 1 positions
+        attended += attended_positions(c.start, n)
         finished += c.end == c.req.total_len
     return new_tokens, attended, finished
 
