@@ -209,6 +209,7 @@ def test_bad_settings_are_refused(narrow, wide) -> None:
 
 
 def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_with_the_decode_count(tiny_llama_dir) -> None:
+    """Each forward, and the sampling of its rows, runs under the count its kind and work decide."""
     from lightllm.common.req_manager import ReqManager
     from lightllm.common.sampling import SamplingParams
     from lightllm.common.sampling.sampler import Sampler
@@ -220,18 +221,24 @@ def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_wi
 
     model = load_model(str(tiny_llama_dir), dtype=torch.float32)
     seen: list[tuple[int, int]] = []  # (tokens in the forward, torch threads during it)
+    sampled_with: list[int] = []  # torch threads while each step's rows were sampled
     forward = model.forward
+
+    class RecordingSampler(Sampler):
+        def sample(self, logits, batch):
+            sampled_with.append(torch.get_num_threads())
+            return super().sample(logits, batch)
 
     def recording_forward(batch, *args, **kwargs):
         seen.append((int(batch.input_ids.numel()), torch.get_num_threads()))
         return forward(batch, *args, **kwargs)
 
-    def run(threads):  # two prompts (5 and 3 tokens), 4 new tokens each
+    def run(threads):  # two prompts (5 and 3 tokens), 8 new tokens each
         context = InferenceContext(model.new_kv_cache(256), ReqManager(4, 128), use_prefix_cache=False)
         backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
-                                     StepPlanner(64, 32), Sampler(0), [2], 128, threads=threads)
+                                     StepPlanner(64, 32), RecordingSampler(0), [2], 128, threads=threads)
         for request_id, prompt in enumerate([[5, 6, 7, 8, 9], [11, 12, 13]]):
-            params = SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True)
+            params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
             backend.add_request(request_id, RequestSpec(prompt, params))
         outputs = {}
         while backend.has_work:
@@ -244,6 +251,7 @@ def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_wi
     try:
         plain = run(None)
         seen.clear()
+        sampled_with.clear()
         # A two-row decode step costs 2 ms + 0.01 ms per position: at 1.1 ms per row it runs wide
         # from 20 positions in all. Prefill forwards finish their prompts and compute far more.
         threads = ForwardThreads(narrow=1, wide=2, rule=_rule(1.1))
@@ -254,5 +262,7 @@ def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_wi
         model.forward = forward
         torch.set_num_threads(before)
     # Both prompts in one wide prefill forward (8 tokens for 2 streamed); then decode forwards of
-    # both rows, whose contexts sum to 5 + 3 = 8, 10, 12 positions: narrow below 20.
-    assert seen == [(8, 2), (2, 1), (2, 1), (2, 1)]
+    # both rows, whose contexts sum to 5 + 3 = 8, 10, ..., 20 positions: narrow below 20.
+    assert seen == [(8, 2)] + [(2, 1)] * 6 + [(2, 2)]
+    # Sampling takes the count of the forward it follows.
+    assert sampled_with == [2] + [1] * 6 + [2]

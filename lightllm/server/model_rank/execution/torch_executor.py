@@ -95,14 +95,15 @@ class TorchModelExecutor:
         )
         last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         result = ExecutionResult()
+        # Prompt log-probabilities and sampling run under the forward's thread count (see decode).
         with nullcontext() if self.threads is None else self.threads.prefill_forward(*_prefill_size(chunks)):
             logits = self._forward(batch, [c.req for c in chunks], result)
-        if logits is None:
-            return result
-        result.prompt_logprobs = collect_prompt_logprobs(logits, prompt_rows)
-        done = [(row, c.req) for row, c in zip(last_rows, chunks) if c.end == c.req.total_len]
-        if done:
-            self._sample(logits[[row for row, _ in done]], [req for _, req in done], result)
+            if logits is None:
+                return result
+            result.prompt_logprobs = collect_prompt_logprobs(logits, prompt_rows)
+            done = [(row, c.req) for row, c in zip(last_rows, chunks) if c.end == c.req.total_len]
+            if done:
+                self._sample(logits[[row for row, _ in done]], [req for _, req in done], result)
         return result
 
     def decode(self, reqs: Sequence[InferReq]) -> ExecutionResult:
@@ -119,10 +120,13 @@ class TorchModelExecutor:
             self.model.device,
         )
         result = ExecutionResult()
+        # Sampling runs under the forward's thread count: its arg-max and log-softmax over every
+        # row's vocabulary halve on two threads (0.65 against 1.4 ms for 64 rows of a 16K
+        # vocabulary), and the front end has none of this step's tokens to stream until it ends.
         with nullcontext() if self.threads is None else self.threads.decode_forward(len(reqs), sum(positions)):
             logits = self._forward(batch, list(reqs), result)
-        if logits is not None:
-            self._sample(logits, list(reqs), result)
+            if logits is not None:
+                self._sample(logits, list(reqs), result)
         return result
 
     def forget(self, req: InferReq) -> None:
