@@ -1,6 +1,10 @@
-"""Helpers shared by the simulator tests: a small step-cost profile."""
+"""Helpers shared by the simulator tests: a small step-cost profile, a command line's one-line refusal."""
 
 from __future__ import annotations
+
+from typing import Callable, List
+
+import pytest
 
 from lightllm.benchmark.simulator.cost_model import CostProfile
 
@@ -19,3 +23,12 @@ def make_profile(**overrides: float) -> CostProfile:
     )
     values.update(overrides)
     return CostProfile(**values)
+
+
+def assert_refused_in_one_line(main: Callable[[List[str]], int], argv: List[str], message: str, capsys) -> None:
+    """``main(argv)`` exits with status 2 and a last stderr line that names ``message``, no traceback."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in err and "Traceback" not in err

@@ -34,10 +34,11 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
-from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, cell_from_cli, int_range
+from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.runner import server_config
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
+from lightllm.benchmark.simulator.scenarios import SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.base import PrefillQueueStrategy
@@ -234,16 +235,6 @@ def _float_list(text: str) -> List[float]:
     return values
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"expected a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise ValueError(f"expected at least one integer >= 0, got {text!r}")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The deadline sweep's argument parser."""
     parser = argparse.ArgumentParser(
@@ -251,18 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve every short prompt just in time for a TTFT target (clairvoyant): what the long "
         "prompts pay for it, with and without sparing the earliest short prompts.",
     )
-    parser.add_argument(
-        "--profile",
-        default="h100_qwen_0p8b",
-        help=f"bundled profile ({', '.join(available_profiles())}) or a JSON path",
-    )
-    parser.add_argument("--scenario", default="long_then_stream", help=f"one of {', '.join(SCENARIOS)}")
-    parser.add_argument("--mode", default="1p1d", help=f"node kind: {', '.join(MODES)}")
-    parser.add_argument("--budget", type=int, default=1024, help="batch_max_tokens = chunked_prefill_size")
+    add_cell_arguments(parser, default_mode="1p1d")
     parser.add_argument("--due-ms", default="2000,2050,2100", help="TTFT targets in ms (comma list)")
-    parser.add_argument("--spared", default="0,47", help="earliest short prompts left first come (comma list)")
+    parser.add_argument(
+        "--spared", default="0,47", help="earliest short prompts left first come: LOW-HIGH/STEP or a comma list"
+    )
     add_overtake_bound_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
     return parser
 
 
@@ -271,19 +256,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.scenario not in SCENARIOS:
-            raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {args.scenario!r}")
-        if args.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {args.mode!r}")
-        if args.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {args.budget}")
+        profile, scenario, mode, budget = cell_from_cli(args)
         points = deadline_frontier(
-            load_profile(args.profile),
-            SCENARIOS[args.scenario],
-            args.mode,
-            args.budget,
+            profile,
+            scenario,
+            mode,
+            budget,
             _float_list(args.due_ms),
-            _int_list(args.spared),
+            int_range(args.spared),
             overtake_bound=overtake_bound_from_cli(args),
             seed=args.seed,
         )

@@ -28,9 +28,10 @@ import sys
 from typing import Dict, List, Optional, Sequence, Set, Union
 
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
-from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, cell_from_cli, int_range
+from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
+from lightllm.benchmark.simulator.scenarios import SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.workloads import SHORT, ScheduledRequest
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.base import PrefillQueueStrategy
@@ -221,26 +222,6 @@ def _change_pct(got: Dict[str, Optional[float]], base: Dict[str, Optional[float]
     return 100.0 * (got[key] - base[key]) / base[key]
 
 
-def _int_range(text: str) -> List[int]:
-    """``"40-140/10"`` -> 40, 50, ..., 140; ``"0,16384"`` -> 0, 16384."""
-    values: List[int] = []
-    for part in (piece.strip() for piece in text.split(",")):
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                span, _, step = part.partition("/")
-                low, _, high = span.partition("-")
-                values.extend(range(int(low), int(high) + 1, int(step or 1)))
-            else:
-                values.append(int(part))
-        except ValueError:
-            raise ValueError(f"expected integers, LOW-HIGH/STEP ranges or a comma list, got {part!r}") from None
-    if not values or min(values) < 0:
-        raise ValueError(f"expected at least one integer >= 0, got {text!r}")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The frontier sweep's argument parser."""
     parser = argparse.ArgumentParser(
@@ -248,20 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sweep a clairvoyant family of orders (the earliest short prompts first) in one simulated "
         "cell: how much of hrrn's short-TTFT cut can any order keep within the 5% loss limit?",
     )
-    parser.add_argument(
-        "--profile",
-        default="h100_qwen_0p8b",
-        help=f"bundled profile ({', '.join(available_profiles())}) or a JSON path",
-    )
-    parser.add_argument("--scenario", default="long_then_stream", help=f"one of {', '.join(SCENARIOS)}")
-    parser.add_argument("--mode", default="normal", help=f"node kind: {', '.join(MODES)}")
-    parser.add_argument("--budget", type=int, default=1024, help="batch_max_tokens = chunked_prefill_size")
+    add_cell_arguments(parser, default_mode="normal")
     parser.add_argument(
         "--counts", default="40-140/10", help="short prompts served early: LOW-HIGH/STEP or a comma list"
     )
     parser.add_argument("--starts", default="0,16384,32768", help="processed prefill tokens before the first is served")
     add_overtake_bound_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
     return parser
 
 
@@ -270,19 +243,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.scenario not in SCENARIOS:
-            raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {args.scenario!r}")
-        if args.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {args.mode!r}")
-        if args.budget < 1:
-            raise ValueError(f"budget must be >= 1, got {args.budget}")
+        profile, scenario, mode, budget = cell_from_cli(args)
         points = frontier(
-            load_profile(args.profile),
-            SCENARIOS[args.scenario],
-            args.mode,
-            args.budget,
-            _int_range(args.counts),
-            _int_range(args.starts),
+            profile,
+            scenario,
+            mode,
+            budget,
+            int_range(args.counts),
+            int_range(args.starts),
             overtake_bound=overtake_bound_from_cli(args),
             seed=args.seed,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import pytest
+from simulator_test_support import assert_refused_in_one_line
 
 from lightllm.benchmark.simulator.bound_sweep import main, sweep, sweep_markdown
 from lightllm.benchmark.simulator.cost_model import load_profile
@@ -34,8 +35,4 @@ def test_sweep_reports_every_bound_strategy_and_cell() -> None:
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(argv, message, capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert message in err and "Traceback" not in err
+    assert_refused_in_one_line(main, argv, message, capsys)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 from prefill_queue_test_support import ids, make_req
-from simulator_test_support import make_profile
+from simulator_test_support import assert_refused_in_one_line, make_profile
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.benchmark.simulator.frontier import (
@@ -120,11 +120,7 @@ def test_best_member_and_verdicts() -> None:
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(argv, message, capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert message in err and "Traceback" not in err
+    assert_refused_in_one_line(main, argv, message, capsys)
 
 
 def test_cli_prints_the_sweep(capsys) -> None:

@@ -1,0 +1,54 @@
+"""The flags that name one simulated cell (profile, scenario, node kind, budget, seed), shared by
+the simulator's yardstick command lines, and the integer lists they take."""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Tuple
+
+from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec
+
+
+def add_cell_arguments(parser: argparse.ArgumentParser, default_mode: str) -> None:
+    """Add ``--profile``, ``--scenario``, ``--mode``, ``--budget`` and ``--seed``."""
+    parser.add_argument(
+        "--profile",
+        default="h100_qwen_0p8b",
+        help=f"bundled profile ({', '.join(available_profiles())}) or a JSON path",
+    )
+    parser.add_argument("--scenario", default="long_then_stream", help=f"one of {', '.join(SCENARIOS)}")
+    parser.add_argument("--mode", default=default_mode, help=f"node kind: {', '.join(MODES)}")
+    parser.add_argument("--budget", type=int, default=1024, help="batch_max_tokens = chunked_prefill_size")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
+
+
+def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, str, int]:
+    """The profile, scenario, mode and budget the parsed flags name; a bad one raises ``ValueError``."""
+    if args.scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {args.scenario!r}")
+    if args.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {args.mode!r}")
+    if args.budget < 1:
+        raise ValueError(f"budget must be >= 1, got {args.budget}")
+    return load_profile(args.profile), SCENARIOS[args.scenario], args.mode, args.budget
+
+
+def int_range(text: str) -> List[int]:
+    """``"40-140/10"`` -> 40, 50, ..., 140; ``"0,16384"`` -> 0, 16384 (every value >= 0)."""
+    values: List[int] = []
+    for part in (piece.strip() for piece in text.split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                span, _, step = part.partition("/")
+                low, _, high = span.partition("-")
+                values.extend(range(int(low), int(high) + 1, int(step or 1)))
+            else:
+                values.append(int(part))
+        except ValueError:
+            raise ValueError(f"expected integers, LOW-HIGH/STEP ranges or a comma list, got {part!r}") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"expected at least one integer >= 0, got {text!r}")
+    return values
