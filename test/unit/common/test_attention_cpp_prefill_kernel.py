@@ -70,10 +70,11 @@ def _definition(q, k, v, slots, new_lens: List[int], cached_lens: List[int]) -> 
 def test_kernel_matches_the_definition(library, head_dim, group, kv_dtype):
     gen = torch.Generator().manual_seed(head_dim * 17 + group)
     kv_heads = 2
-    # Fresh prompts and chunks after a cached prefix; lengths across the 64-key blocks and the
-    # query tiles (64 rows / group), a one-token chunk, and one of 17 after 130 cached.
-    new_lens = [130, 1, 64, 17, 33]
-    cached_lens = [0, 40, 64, 130, 7]
+    # Fresh prompts and chunks after a cached prefix; lengths across the 128-key blocks (one of
+    # 300 spans three, one of 5 starts at 260) and the query tiles (64 rows / group), a one-token
+    # chunk, and one of 17 after 130 cached.
+    new_lens = [130, 1, 64, 17, 33, 300, 5]
+    cached_lens = [0, 40, 64, 130, 7, 0, 260]
     context = max(n + c for n, c in zip(new_lens, cached_lens))
     rows = len(new_lens) * context + 50
     k = torch.randn(rows, kv_heads, head_dim, generator=gen).to(kv_dtype)
