@@ -53,8 +53,25 @@ inline float_x16 load16(const float* p) {
 
 inline void store16(float* p, const float_x16& x) { std::memcpy(p, &x, sizeof(x)); }
 
+// Sixteen bfloat16 values widened to float32 (two eight-lane widenings side by side).
+inline float_x16 load16(const uint16_t* p) {
+  const float8 lo = load8(p), hi = load8(p + 8);
+  float_x16 out;
+  std::memcpy(&out, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&out) + sizeof(lo), &hi, sizeof(hi));
+  return out;
+}
+
 inline float sum8(float8 x) {
   return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+// The two halves added lane by lane, then those eight.
+inline float sum16(const float_x16& x) {
+  float8 lo, hi;
+  std::memcpy(&lo, &x, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&x) + sizeof(lo), sizeof(hi));
+  return sum8(lo + hi);
 }
 
 // One element widened to float32: float as is, bfloat16 as the top half of a float32.  Plain

@@ -27,9 +27,10 @@
 namespace {
 
 using lightllm_kernels::exp_nonpositive;
-using lightllm_kernels::float8;
-using lightllm_kernels::load8;
-using lightllm_kernels::sum8;
+using lightllm_kernels::float_x16;
+using lightllm_kernels::load16;
+using lightllm_kernels::store16;
+using lightllm_kernels::sum16;
 
 constexpr int BLOCK = 32;  // positions per online-softmax block
 
@@ -79,11 +80,14 @@ void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const K
     const int64_t lines = (row_stride * static_cast<int64_t>(sizeof(KV)) + 63) / 64;
     // Head outer, position inner: a block's rows (BLOCK x all heads) stay in L1 across heads,
     // and each query head's dot products run back to back.
-    constexpr int V = D / 8;
+    // Sixteen-float vectors (every supported head_dim is a multiple of 16): half the loads, FMAs
+    // and lane reductions of eight-float ones; one thread over 64 x 1,024 positions ran 4-8%
+    // faster, two threads are bound by the KV reads either way.
+    constexpr int V = D / 16;
     for (int64_t h = 0; h < kv_heads; ++h) {
-      float8 qv[G][V];
+      float_x16 qv[G][V];
       for (int g = 0; g < G; ++g)
-        for (int c = 0; c < V; ++c) qv[g][c] = load8(qs + (h * G + g) * D + 8 * c);
+        for (int c = 0; c < V; ++c) qv[g][c] = load16(qs + (h * G + g) * D + 16 * c);
       float* __restrict__ sh = scores + h * G * BLOCK;
       const int64_t line_lo = lines * h / kv_heads, line_hi = lines * (h + 1) / kv_heads;
       for (int j = 0; j < n; ++j) {
@@ -96,12 +100,12 @@ void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const K
           }
         }
         const KV* __restrict__ key = key_rows[j] + h * D;
-        float8 dot[G] = {};
+        float_x16 dot[G] = {};
         for (int c = 0; c < V; ++c) {
-          const float8 kc = load8(key + 8 * c);
+          const float_x16 kc = load16(key + 16 * c);
           for (int g = 0; g < G; ++g) dot[g] += qv[g][c] * kc;
         }
-        for (int g = 0; g < G; ++g) sh[g * BLOCK + j] = sum8(dot[g]);
+        for (int g = 0; g < G; ++g) sh[g * BLOCK + j] = sum16(dot[g]);
       }
     }
     for (int64_t i = 0; i < heads; ++i) {
@@ -129,20 +133,17 @@ void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const K
     // A head's weighted values accumulate in vectors that stay in registers over the block.
     for (int64_t h = 0; h < kv_heads; ++h) {
       const float* __restrict__ ph = scores + h * G * BLOCK;
-      float8 sum[G][V] = {};
+      float_x16 sum[G][V] = {};
       for (int j = 0; j < n; ++j) {
         const KV* __restrict__ value = value_rows[j] + h * D;
         for (int c = 0; c < V; ++c) {
-          const float8 vc = load8(value + 8 * c);
+          const float_x16 vc = load16(value + 16 * c);
           for (int g = 0; g < G; ++g) sum[g][c] += ph[g * BLOCK + j] * vc;
         }
       }
       float* __restrict__ ah = acc + h * G * D;
       for (int g = 0; g < G; ++g)
-        for (int c = 0; c < V; ++c) {
-          float8 total = load8(ah + g * D + 8 * c) + sum[g][c];
-          std::memcpy(ah + g * D + 8 * c, &total, sizeof(total));
-        }
+        for (int c = 0; c < V; ++c) store16(ah + g * D + 16 * c, load16(ah + g * D + 16 * c) + sum[g][c]);
     }
   }
   for (int64_t i = 0; i < heads; ++i) {
