@@ -1,13 +1,15 @@
 """The flags that name one simulated cell (profile, scenario, node kind, budget, seed), shared by
-the simulator's yardstick command lines, and the integer lists they take."""
+the simulator's yardstick command lines, the integer lists they take, and their common entry point."""
 
 from __future__ import annotations
 
 import argparse
-from typing import List, Tuple
+from typing import Callable, List, Optional, Tuple
 
+from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
 def add_cell_arguments(parser: argparse.ArgumentParser, default_mode: str) -> None:
@@ -52,3 +54,23 @@ def int_range(text: str) -> List[int]:
     if not values or min(values) < 0:
         raise ValueError(f"expected at least one integer >= 0, got {text!r}")
     return values
+
+
+def run_cell_command(
+    parser: argparse.ArgumentParser,
+    argv: Optional[List[str]],
+    sweep: Callable[[argparse.Namespace, CostProfile, ScenarioSpec, str, int, OvertakeBoundSpec], str],
+) -> int:
+    """Parse ``argv``, resolve the cell and the bound, print what ``sweep`` returns (Markdown).
+
+    A bad flag or value exits with status 2 and a one-line error naming it (``ValueError`` from
+    the cell, the bound or ``sweep`` itself).
+    """
+    args = parser.parse_args(argv)
+    try:
+        profile, scenario, mode, budget = cell_from_cli(args)
+        text = sweep(args, profile, scenario, mode, budget, overtake_bound_from_cli(args))
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(text)
+    return 0

@@ -33,8 +33,8 @@ import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from lightllm.benchmark.metrics import RequestRecord, percentile
-from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, cell_from_cli, int_range
+from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.runner import server_config
@@ -253,24 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        profile, scenario, mode, budget = cell_from_cli(args)
+
+    def sweep(args, profile, scenario, mode, budget, bound) -> str:
         points = deadline_frontier(
-            profile,
-            scenario,
-            mode,
-            budget,
-            _float_list(args.due_ms),
-            int_range(args.spared),
-            overtake_bound=overtake_bound_from_cli(args),
-            seed=args.seed,
+            profile, scenario, mode, budget, _float_list(args.due_ms), int_range(args.spared),
+            overtake_bound=bound, seed=args.seed,
         )
-    except ValueError as exc:
-        parser.error(str(exc))
-    print(deadline_markdown(points))
-    return 0
+        return deadline_markdown(points)
+
+    return run_cell_command(build_parser(), argv, sweep)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ import dataclasses
 import sys
 from typing import Dict, List, Optional, Sequence, Set, Union
 
-from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, cell_from_cli, int_range
+from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
@@ -240,24 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        profile, scenario, mode, budget = cell_from_cli(args)
+
+    def sweep(args, profile, scenario, mode, budget, bound) -> str:
         points = frontier(
-            profile,
-            scenario,
-            mode,
-            budget,
-            int_range(args.counts),
-            int_range(args.starts),
-            overtake_bound=overtake_bound_from_cli(args),
-            seed=args.seed,
+            profile, scenario, mode, budget, int_range(args.counts), int_range(args.starts),
+            overtake_bound=bound, seed=args.seed,
         )
-    except ValueError as exc:
-        parser.error(str(exc))
-    print(frontier_markdown(points))
-    return 0
+        return frontier_markdown(points)
+
+    return run_cell_command(build_parser(), argv, sweep)
 
 
 if __name__ == "__main__":
