@@ -37,6 +37,7 @@ from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
+from lightllm.benchmark.simulator.frontier import shorts_per_step
 from lightllm.benchmark.simulator.runner import server_config
 from lightllm.benchmark.simulator.scenarios import SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
 from lightllm.benchmark.workloads import LONG, SHORT, ScheduledRequest
@@ -164,25 +165,25 @@ def deadline_frontier(
     if not short_ids or not any(item.request_class == LONG for item in workload):
         raise ValueError(f"scenario {scenario.name!r} needs both short and long prompts")
     arrival_s = {index: item.scheduled_time_s for index, item in enumerate(workload)}
-    batch_size = max(1, budget // max(workload[index].prompt_len for index in short_ids))
+    batch_size = shorts_per_step(workload, budget)
 
-    def ttft_by_id(strategy: Union[str, PrefillQueueStrategy], bound: OvertakeBoundSpec) -> Dict[int, RequestRecord]:
+    def records_by_id(strategy: Union[str, PrefillQueueStrategy], bound: OvertakeBoundSpec) -> Dict[int, RequestRecord]:
         records = prefill_node_records(profile, workload, strategy, mode, budget, overtake_bound=bound)
         return {record.index: record for record in records}
 
-    base = ttft_by_id("default", overtake_bound)
-    runs = [("default", base), ("hrrn", ttft_by_id("hrrn", overtake_bound))]
+    base = records_by_id("default", overtake_bound)
+    runs = [("default", base), ("hrrn", records_by_id("hrrn", overtake_bound))]
     for due in due_ms:
         for count in spared:
             order = ShortsByDeadline(arrival_s, short_ids, due / 1000.0, count, batch_size)
-            runs.append((f"due {due:g} ms, spared {count}", ttft_by_id(order, OvertakeBoundSpec.off())))
+            runs.append((f"due {due:g} ms, spared {count}", records_by_id(order, OvertakeBoundSpec.off())))
     return [_measure(label, got, base) for label, got in runs]
 
 
 def _ttft_ms(record: RequestRecord) -> float:
-    if record.first_token_time is None or record.send_time is None:
-        raise RuntimeError(f"request {record.index} got no first token in the simulation")
-    return 1000.0 * (record.first_token_time - record.send_time)
+    if record.ttft is None:
+        raise RuntimeError(f"request {record.index} did not finish in the simulation")
+    return 1000.0 * record.ttft
 
 
 def _measure(label: str, got: Dict[int, RequestRecord], base: Dict[int, RequestRecord]) -> DeadlinePoint:

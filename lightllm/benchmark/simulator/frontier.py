@@ -129,6 +129,14 @@ class FrontierPoint:
         return self.within_loss_limit and kept
 
 
+def shorts_per_step(workload: Sequence[ScheduledRequest], budget: int) -> int:
+    """How many of the workload's short prompts fill one prefill step of ``budget`` tokens (at least 1)."""
+    lengths = [item.prompt_len for item in workload if item.request_class == SHORT]
+    if not lengths:
+        raise ValueError("the workload has no short prompts")
+    return max(1, budget // max(lengths))
+
+
 def earliest_short_ids(workload: Sequence[ScheduledRequest], count: int) -> List[int]:
     """Ids (workload positions, as the simulator assigns them) of the ``count`` earliest short prompts."""
     shorts = sorted(
@@ -151,10 +159,9 @@ def frontier(
 ) -> List[FrontierPoint]:
     """Simulate every (start, count) member of the family in one cell; return them in that order."""
     workload = scenario.build(seed)
-    shorts = [item for item in workload if item.request_class == SHORT]
-    if not shorts:
+    if not any(item.request_class == SHORT for item in workload):
         raise ValueError(f"scenario {scenario.name!r} has no short prompts")
-    batch_size = max(1, budget // max(item.prompt_len for item in shorts))
+    batch_size = shorts_per_step(workload, budget)
 
     def measure(strategy: Union[str, PrefillQueueStrategy]) -> Dict[str, Optional[float]]:
         records, _ = simulate_workload(
