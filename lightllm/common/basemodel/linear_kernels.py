@@ -24,6 +24,20 @@ LINEAR_BACKENDS: List[str] = ["auto", "torch", "onednn"]
 # packed for 64 rows ran within 10% of the best layout at 16 to 2048 rows.
 PACKING_BATCH_HINT = 64
 
+# oneDNN compiles a kernel set for every distinct row count it is given and keeps it in its
+# primitive cache (1024 entries, least recently used out). On the development VM a new row count
+# cost 1-30 ms per weight shape (the medium demo model's MLP up projection: ~27-48 ms against
+# ~19 ms cached at ~1000 rows) and kept ~0.6 MiB resident, and a step that mixes a prompt chunk
+# with decode rows has a new row count almost every time (docs/EN/results.md, "Row counts oneDNN
+# compiles for"). From EXACT_ROWS_BELOW up, rows are therefore padded with zero rows to one of
+# ROW_SIZES_PER_OCTAVE sizes per power of two (at most 1/32 more rows from 128 up), which bounds
+# the kernels a server ever compiles. Fewer rows stay exact: they are decode batches with few
+# distinct counts, and padding them is dear (one row padded to eight cost 50% more on the medium
+# model's weights, one thread).
+EXACT_ROWS_BELOW = 64
+ROW_SIZES_PER_OCTAVE = 32
+MIN_ROW_STEP = 4
+
 LinearKernel = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -43,8 +57,20 @@ class TorchLinear:
         return F.linear(x, self.weight, self.bias)
 
 
+def padded_row_count(rows: int) -> int:
+    """The row count a product of ``rows`` rows runs at on oneDNN (see EXACT_ROWS_BELOW)."""
+    if rows < EXACT_ROWS_BELOW:
+        return rows
+    step = max(MIN_ROW_STEP, (1 << (rows.bit_length() - 1)) // ROW_SIZES_PER_OCTAVE)
+    return -(-rows // step) * step
+
+
 class OneDnnLinear:
-    """The same product with the weight packed once into oneDNN's blocked layout (CPU)."""
+    """The same product with the weight packed once into oneDNN's blocked layout (CPU).
+
+    Inputs are 2-D ``[rows, in_features]``; their rows are padded with zeros to
+    :func:`padded_row_count` and the padding rows' outputs dropped (a row-range view).
+    """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         self.out_features = weight.shape[0]
@@ -52,9 +78,16 @@ class OneDnnLinear:
         self.bias = bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:  # oneDNN refuses empty batches
+        rows = x.shape[0]
+        if rows == 0:  # oneDNN refuses empty batches
             return x.new_empty((0, self.out_features))
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        padded_rows = padded_row_count(rows)
+        if padded_rows == rows:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        padded = x.new_empty((padded_rows, x.shape[1]))
+        padded[:rows].copy_(x)
+        padded[rows:].zero_()  # finite rows: their outputs are dropped, but garbage could be slow denormals
+        return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
 
 
 def onednn_problem(device: str, dtype: torch.dtype) -> Optional[str]:
