@@ -26,14 +26,14 @@ PACKING_BATCH_HINT = 64
 
 # oneDNN compiles a kernel set for every distinct row count it is given and keeps it in its
 # primitive cache (1024 entries, least recently used out). On the development VM a new row count
-# cost 1-30 ms per weight shape (the medium demo model's MLP up projection: ~27-48 ms against
-# ~19 ms cached at ~1000 rows) and kept ~0.6 MiB resident, and a step that mixes a prompt chunk
-# with decode rows has a new row count almost every time (docs/EN/results.md, "Row counts oneDNN
-# compiles for"). From EXACT_ROWS_BELOW up, rows are therefore padded with zero rows to one of
-# ROW_SIZES_PER_OCTAVE sizes per power of two (at most 1/32 more rows from 128 up), which bounds
-# the kernels a server ever compiles. Fewer rows stay exact: they are decode batches with few
-# distinct counts, and padding them is dear (one row padded to eight cost 50% more on the medium
-# model's weights, one thread).
+# cost 1-35 ms more than a cached one per weight shape (the medium demo model's MLP up
+# projection: 27-52 ms against 17-19 ms at ~1000 rows) and kept ~0.6 MiB resident, and a step that
+# mixes a prompt chunk with decode rows has a new row count almost every time (docs/EN/results.md,
+# "Row counts oneDNN compiles for"). From EXACT_ROWS_BELOW up, rows are therefore padded with zero
+# rows to one of ROW_SIZES_PER_OCTAVE sizes per power of two (at most 1/32 more rows from 128 up),
+# which bounds the kernels a server ever compiles. Fewer rows stay exact: they are decode batches
+# with few distinct counts, and padding them is dear (one row padded to eight cost 50% more on the
+# medium model's weights, one thread).
 EXACT_ROWS_BELOW = 64
 ROW_SIZES_PER_OCTAVE = 32
 MIN_ROW_STEP = 4
