@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from lightllm.benchmark.simulator.cell_cli import int_range
 from lightllm.common.basemodel.linear_kernels import OneDnnLinear, onednn_problem, padded_row_count
 from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.model_rank.execution.forward_cost import ForwardShape
 from lightllm.utils.malloc_tuning import malloc_trim
 
 # A row count never measured: the first product of a shape pays one-off set-up beyond the compile.
@@ -32,13 +34,12 @@ REPEATS = 3
 
 def projection_shapes(config: ModelConfig) -> List[Tuple[str, int, int]]:
     """(name, out_features, in_features) of one layer's projections, as the model packs them."""
-    q_dim = config.num_attention_heads * config.head_dim
-    kv_dim = config.num_key_value_heads * config.head_dim
+    shape = ForwardShape.from_config(config, tp=1, dtype=torch.float32)
     return [
-        ("qkv", q_dim + 2 * kv_dim, config.hidden_size),
-        ("o", config.hidden_size, q_dim),
-        ("gate_up", 2 * config.intermediate_size, config.hidden_size),
-        ("down", config.hidden_size, config.intermediate_size),
+        ("qkv", shape.q_dim + 2 * shape.kv_dim, shape.hidden),
+        ("o", shape.hidden, shape.q_dim),
+        ("gate_up", 2 * shape.intermediate, shape.hidden),
+        ("down", shape.hidden, shape.intermediate),
     ]
 
 
@@ -50,18 +51,11 @@ def resident_mib() -> float:
         return int(statm.read().split()[1]) * 4096 / 2**20
 
 
-def timed_ms(run) -> float:
+def timed_ms(run: Callable[[], object]) -> float:
+    """Wall time of one call of ``run`` (no warm-up: the first call is what is measured)."""
     started = time.perf_counter()
     run()
     return (time.perf_counter() - started) * 1e3
-
-
-def parse_rows(text: str) -> List[int]:
-    """``A-B`` (inclusive) or a comma-separated list of row counts."""
-    if "-" in text:
-        low, high = (int(part) for part in text.split("-", 1))
-        return list(range(low, high + 1))
-    return [int(part) for part in text.split(",")]
 
 
 def measure(config: ModelConfig, rows: Sequence[int]) -> List[Dict]:
@@ -71,12 +65,11 @@ def measure(config: ModelConfig, rows: Sequence[int]) -> List[Dict]:
     for name, out_features, in_features in projection_shapes(config):
         linear = OneDnnLinear(torch.randn(out_features, in_features, generator=generator), None)
         inputs = {count: torch.randn(count, in_features, generator=generator) for count in rows}
-        exact = lambda x: torch.ops.mkldnn._linear_pointwise(x, linear.packed, None, "none", [], "")  # noqa: E731
-        exact(torch.randn(EXACT_WARMUP_ROWS, in_features))  # the shape's first call pays one-off set-up
+        linear.unpadded(torch.randn(EXACT_WARMUP_ROWS, in_features))  # the shape's first call pays one-off set-up
         new_ms, cached_ms, padded_ms = [], [], []
         resident_before = resident_mib()
         for count in rows:
-            new_ms.append(timed_ms(lambda: exact(inputs[count])))
+            new_ms.append(timed_ms(lambda: linear.unpadded(inputs[count])))
         resident_added = (resident_mib() - resident_before) / len(rows)
         for count in rows:
             linear(inputs[count])  # compile the padded sizes outside the timing
@@ -84,7 +77,7 @@ def measure(config: ModelConfig, rows: Sequence[int]) -> List[Dict]:
             cached_ms.append(float("inf"))
             padded_ms.append(float("inf"))
             for _ in range(REPEATS):
-                cached_ms[-1] = min(cached_ms[-1], timed_ms(lambda: exact(inputs[count])))
+                cached_ms[-1] = min(cached_ms[-1], timed_ms(lambda: linear.unpadded(inputs[count])))
                 padded_ms[-1] = min(padded_ms[-1], timed_ms(lambda: linear(inputs[count])))
         result = {
             "projection": name, "weight": f"{out_features} x {in_features}",
@@ -99,19 +92,18 @@ def measure(config: ModelConfig, rows: Sequence[int]) -> List[Dict]:
     return results
 
 
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_linear_row_counts",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True, help="checkpoint whose config.json gives the shapes")
-    parser.add_argument("--rows", default="1001-1016", help="row counts: A-B or a comma-separated list")
+    parser.add_argument("--rows", default="1001-1016", help="row counts: LOW-HIGH[/STEP] ranges or a comma list")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     try:
-        rows = parse_rows(args.rows)
+        rows = int_range(args.rows)
     except ValueError:
-        parser.error(f"--rows must be A-B or a comma-separated list of integers, got {args.rows!r}")
+        parser.error(f"--rows must be LOW-HIGH[/STEP] ranges or a comma list of integers, got {args.rows!r}")
     if not rows or min(rows) < 1 or len(set(rows)) != len(rows) or args.threads < 1:
         parser.error("--rows must name distinct row counts >= 1 and --threads must be >= 1")
     if EXACT_WARMUP_ROWS in rows:

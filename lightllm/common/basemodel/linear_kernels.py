@@ -83,11 +83,15 @@ class OneDnnLinear:
             return x.new_empty((0, self.out_features))
         padded_rows = padded_row_count(rows)
         if padded_rows == rows:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+            return self.unpadded(x)
         padded = x.new_empty((padded_rows, x.shape[1]))
         padded[:rows].copy_(x)
         padded[rows:].zero_()  # finite rows: their outputs are dropped, but garbage could be slow denormals
-        return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
+        return self.unpadded(padded)[:rows]
+
+    def unpadded(self, x: torch.Tensor) -> torch.Tensor:
+        """The product at exactly ``x``'s row count (at least one row): a new count compiles kernels."""
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
 def onednn_problem(device: str, dtype: torch.dtype) -> Optional[str]:
