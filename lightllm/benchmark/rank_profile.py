@@ -38,6 +38,7 @@ FORWARD_RULES: Tuple[Tuple[str, re.Pattern], ...] = (
     ("forward: KV cache writes", re.compile(r"^KVCacheMemoryManager\.write$")),
     ("forward: embedding", re.compile(r"^embedding$")),
 )
+# The executor's sampling call and what it calls (logits processors, the draw, log-probabilities).
 SAMPLING = re.compile(r"^(Sampler\.|\w+\._sample$|sample_rows$)")
 BETWEEN_STEP_RULES: Tuple[Tuple[str, re.Pattern], ...] = (
     ("between steps: publishing", re.compile(r"^(StepPublisher\.|ShmReqBuffer\.publish)")),
@@ -51,6 +52,7 @@ def function_name(frame: str) -> str:
 
 
 def first_match(names: Sequence[str], rules: Iterable[Tuple[str, re.Pattern]]) -> Optional[str]:
+    """The label of the first rule whose pattern matches one of ``names``, or None."""
     for label, pattern in rules:
         if any(pattern.search(name) for name in names):
             return label
