@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from lightllm.benchmark.simulator.report_format import md_table
+
 STEP = "StepEngine.step"
 EXECUTE = "StepEngine.execute"
 FORWARD = "DecoderOnlyTransformer.forward"
@@ -115,13 +117,13 @@ def read_profile(lines: Iterable[str]) -> RankProfile:
 
 def markdown(profile: RankProfile) -> str:
     """The profile as a table, largest phase first."""
-    lines = [f"busy samples: {profile.busy} (idle, left out: {profile.idle})", "",
-             "| phase | samples | share of busy |", "| --- | ---: | ---: |"]
-    lines += [f"| {phase} | {count} | {share:.1%} |" for phase, count, share in profile.rows()]
-    return "\n".join(lines)
+    rows = [(phase, str(count), f"{share:.1%}") for phase, count, share in profile.rows()]
+    return "\n".join([f"busy samples: {profile.busy} (idle, left out: {profile.idle})", ""]
+                     + md_table(("phase", "samples", "share of busy"), rows))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one py-spy raw file."""
     parser = argparse.ArgumentParser(
         prog="python -m lightllm.benchmark.rank_profile",
         description="Where a model rank's busy time goes, from a py-spy raw profile of it.",
