@@ -37,6 +37,28 @@ def test_insert_then_match_full_and_partial_prefix() -> None:
     check_invariants(cache)
 
 
+def test_continues_tells_whether_a_repeated_lookup_could_match_more() -> None:
+    cache, _ = make_cache()
+    query = [5, 6, 7, 8, 9]
+    node, length, _ = cache.match_prefix(query, update_refs=True)
+    assert node is None and length == 0
+    assert not cache.continues(node, query[length])
+    cache.insert([1, 2], slots_of([20, 21]))  # unrelated content
+    assert not cache.continues(node, query[length])
+    cache.insert([5, 6], slots_of([10, 11]))
+    assert cache.continues(node, query[length])
+    node, length, _ = cache.match_prefix(query, update_refs=True)
+    assert length == 2 and not cache.continues(node, query[length])
+    # A longer cached run diverging inside it splits below the held node: still no continuation
+    # with 7, and one once a run continues with it.
+    cache.insert([5, 6, 3, 3], slots_of([10, 11, 30, 31]))
+    assert not cache.continues(node, query[length])
+    cache.insert([5, 6, 7, 8, 4], slots_of([10, 11, 12, 13, 14]))
+    assert cache.continues(node, query[length])
+    assert cache.match_prefix(query, update_refs=False)[1] == 4
+    check_invariants(cache)
+
+
 def test_match_split_keeps_slots_consistent() -> None:
     cache, _ = make_cache()
     cache.insert([1, 2, 3, 4, 5, 6], slots_of([20, 21, 22, 23, 24, 25]))

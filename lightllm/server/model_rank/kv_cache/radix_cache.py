@@ -160,6 +160,17 @@ class RadixCache:
         slots = torch.cat([n.slots for n in path]) if len(path) > 1 else path[0].slots.clone()
         return node, matched, slots
 
+    def continues(self, node: Optional[RadixNode], next_token: int) -> bool:
+        """Whether a cached run continues a match that ended at ``node`` with ``next_token``.
+
+        ``node`` is what :meth:`match_prefix` returned (``None``: nothing matched) and must still
+        be held.  A match ends where the tree has no child for the next query token, so it can
+        only grow once an insert adds one: while this returns False, repeating the lookup would
+        return the same match (an O(1) test instead of a walk over the whole query).
+        """
+        parent = self._root if node is None else node
+        return next_token in parent.children
+
     def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:
         """Cache ``token_ids`` whose K/V live in ``slots``.
 
