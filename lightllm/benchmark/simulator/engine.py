@@ -15,8 +15,8 @@ One :class:`Simulator` stands for one server (router + one model rank).  Its ste
    prefill node handed off are acknowledged at once (KV transfer time is not modelled); finished
    requests leave the router's running set.
 
-Only the executor (a cost model instead of a forward pass) and the KV view (a token count
-instead of slots and a prefix cache) differ from a model rank.
+Only the executor (a cost model instead of a forward pass) and, by default, the KV view (a token
+count instead of slots and a prefix cache) differ from a model rank.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.backend_registry import DecodeBackend, ModeBackend, PrefillBackend, build_backend
-from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
+from lightllm.server.model_rank.scheduling.kv_view import KvView, TokenCountKvView
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     PrefillQueueStrategy,
     build_prefill_queue_strategy,
@@ -54,6 +54,10 @@ class Simulator:
         strategy: a prefill-queue strategy instance (its own overtaking bound applies), or its
             registry name (built with ``config.overtake_bound``).
         config: server knobs (see :class:`SimServerConfig`).
+        kv: the KV view the backend runs over; None: a :class:`TokenCountKvView` of the
+            capacity.  A real ``InferenceContext`` (slots and the radix prefix cache) makes the
+            run pay what a model rank pays for its KV bookkeeping (``schedule_cost``'s
+            ``--kv-view radix``); the virtual clock is the same either way.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class Simulator:
         profile: CostProfile,
         strategy: Union[str, PrefillQueueStrategy],
         config: SimServerConfig = SimServerConfig(),
+        kv: Optional[KvView] = None,
     ) -> None:
         self.profile = profile
         if isinstance(strategy, str):
@@ -76,7 +81,8 @@ class Simulator:
             config.running_max_req_size,
             overtake_bound=config.overtake_bound,
         )
-        self.kv = TokenCountKvView(capacity)
+        self.capacity = capacity
+        self.kv: KvView = TokenCountKvView(capacity) if kv is None else kv
         self.executor = CostModelExecutor(profile)
         self.backend: ModeBackend = build_backend(config.run_mode)(
             self.executor, self.kv, self.strategy, self.planner, [], _NO_TOTAL_LEN_LIMIT
@@ -111,6 +117,10 @@ class Simulator:
             )
         if arrival.arrival_s < self.clock:
             raise ValueError(f"arrival_s ({arrival.arrival_s}) must not be before the clock ({self.clock})")
+        if arrival.prompt_ids is not None and len(arrival.prompt_ids) != arrival.prompt_len:
+            raise ValueError(
+                f"prompt_ids holds {len(arrival.prompt_ids)} tokens but prompt_len is {arrival.prompt_len}"
+            )
         self._arrivals[arrival.request_id] = arrival
         heapq.heappush(self._future, (arrival.arrival_s, arrival.request_id))
         self._records[arrival.request_id] = RequestRecord(
@@ -215,7 +225,8 @@ class Simulator:
             if params is None:
                 params = self._params[arrival.output_len] = SamplingParams(max_new_tokens=arrival.output_len,
                                                                            ignore_eos=True)
-            spec = RequestSpec((SAMPLED_TOKEN_ID,) * arrival.prompt_len, params)
+            prompt = arrival.prompt_ids if arrival.prompt_ids is not None else (SAMPLED_TOKEN_ID,) * arrival.prompt_len
+            spec = RequestSpec(prompt, params)
             self._specs[request_id] = spec
             router_req = RouterReq.from_spec(request_id, -1, spec)
             if self.config.run_mode == "prefill":
@@ -271,5 +282,5 @@ class Simulator:
             raise RuntimeError(
                 f"simulation stalled at t={self.clock:.6f}s: {len(self.backend.requests)} running and "
                 f"{len(self.router)} waiting requests but nothing fits the KV cache "
-                f"({self.kv.allocatable_token_num()} of {self.kv.capacity} tokens free)"
+                f"({self.kv.allocatable_token_num()} of {self.capacity} tokens free)"
             )

@@ -16,7 +16,7 @@ module builds N waiting prefill requests and M running decode requests as real `
 objects and times the phases with the server's own objects, for every registered strategy:
 
     python -m lightllm.benchmark.simulator.schedule_cost [--layout both] [--sizes 100 1000 10000]
-        [--running 1000] [--json out.json]
+        [--running 1000] [--kv-view radix count] [--json out.json]
 
 No forward runs after the submit, so the queue itself stays the same from step to step: that is
 the steady state of a long backlog.  A few untimed warm-up steps come first, so lazily bound
@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
+    KV_VIEWS,
     ServerCostRow,
     run_server,
     server_markdown_table,
@@ -53,6 +54,7 @@ from lightllm.server.model_rank.scheduling.processed_token_counter import Proces
 from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner, submit_prefill
 from lightllm.server.model_rank.scheduling.request_state import ReqState
+from lightllm.utils.gc_tuning import freeze_startup_objects
 
 DEFAULT_SIZES = (100, 1000, 10000)
 MIN_PROMPT, MAX_PROMPT = 128, 8192
@@ -216,6 +218,14 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
         default=list(DEFAULT_RUNNING),
         help="server layout: running requests (= --running_max_req_size)",
     )
+    parser.add_argument(
+        "--kv-view",
+        nargs="+",
+        choices=KV_VIEWS,
+        default=["radix"],
+        help="server layout: the rank's own KV view with the radix prefix cache (radix, default: what a "
+        "server runs), or the simulator's token count (count); both can be given",
+    )
     parser.add_argument("--strategies", nargs="+", choices=available_strategy_names(), help="default: all")
     parser.add_argument("--repeats", type=int, default=5, help="engine-only: timed steps per cell (median)")
     parser.add_argument("--warmup", type=int, default=2, help="engine-only: untimed steps first")
@@ -232,17 +242,25 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
         parser.error("--running must be >= 1")
     if args.server_repeats < 1 or args.server_warmup < 0:
         parser.error("--server-repeats must be >= 1 and --server-warmup >= 0")
+    # As every server process does once it has started (``gc_tuning``): the objects that exist by
+    # now leave the collector's full scans, so a step's max is not one scan of every module.
+    freeze_startup_objects()
     rows: List[Union[ServerCostRow, CostRow]] = []
     saved: List[Dict[str, Any]] = []
     if args.layout in ("both", "server"):
-        server_rows = run_server(
-            args.sizes,
-            args.running,
-            args.strategies,
-            warmup_steps=args.server_warmup,
-            repeats=args.server_repeats,
-            seed=args.seed,
-        )
+        server_rows = [
+            row
+            for kv_view in dict.fromkeys(args.kv_view)
+            for row in run_server(
+                args.sizes,
+                args.running,
+                args.strategies,
+                warmup_steps=args.server_warmup,
+                repeats=args.server_repeats,
+                seed=args.seed,
+                kv_view=kv_view,
+            )
+        ]
         print("Server layout: waiting requests in the router, running ones in the engine (median / max per step)")
         print(server_markdown_table(server_rows))
         rows.extend(server_rows)

@@ -15,6 +15,13 @@ over a :class:`TokenCountKvView` and the cost-model executor) and times, per ste
   plus submitting (KV reservation, token counter, the overtaking bound's charge) and taking the
   results (appending tokens, stop rules, releasing finished requests).
 
+The KV view is the simulator's token count (``kv_view="count"``), or a model rank's own
+``InferenceContext`` (``kv_view="radix"``: token slots, request rows and the radix prefix cache,
+on buffers of one float per token), so the step also pays what a rank pays for its KV
+bookkeeping: attaching cached prefixes, reserving slots, prefix sharing while prompts wait,
+and inserting finished requests into the cache.  Its prompts are then real token ids: a quarter
+start with one shared 256-token system prompt, the rest are distinct.
+
 The state is a steady state reached by running the simulated server on a sustained overload:
 the router is kept at ``waiting`` requests (topped up before every step), the running batch at
 its cap ``running``; prompts and outputs are drawn so that most running requests decode and some
@@ -32,15 +39,21 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
 
 from lightllm.benchmark.simulator.cost_executor import CostModelExecutor
 from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
+from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.common.req_manager import ReqManager
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.request_state import ReqState
 
+KV_VIEWS = ("count", "radix")
 DEFAULT_WAITING = (100, 1000, 10000)
 DEFAULT_RUNNING = (1000,)
 PROFILE = "h100_qwen_0p8b"
@@ -50,6 +63,11 @@ BUDGET = 1024
 # ~1,000 / 800 requests, the prefill budget admits ~1 prompt per step).
 PROMPT_RANGE = (100, 1900)
 OUTPUT_RANGE = (400, 1200)
+# --kv-view radix: prompts are slices of one random token pool (distinct prompts), a quarter of
+# them behind a shared system prompt, so the prefix cache has real work and real hits.
+SYSTEM_PROMPT_LEN = 256
+SHARED_PREFIX_FRACTION = 0.25
+TOKEN_POOL_SIZE = 1 << 16
 
 
 @dataclass
@@ -59,6 +77,7 @@ class ServerCostRow:
     strategy: str
     waiting: int
     running: int
+    kv_view: str
     decoding: int
     prefilling: int
     admit_ms: float
@@ -103,9 +122,13 @@ class ServerLayout:
     started with).
     """
 
-    def __init__(self, strategy: str, running: int, waiting: int = 0, *, seed: int = 0) -> None:
+    def __init__(
+        self, strategy: str, running: int, waiting: int = 0, *, seed: int = 0, kv_view: str = "count"
+    ) -> None:
         if running < 1:
             raise ValueError(f"running must be >= 1, got {running}")
+        if kv_view not in KV_VIEWS:
+            raise ValueError(f"kv_view must be one of {', '.join(KV_VIEWS)}, got {kv_view!r}")
         self.profile = load_profile(PROFILE)
         capacity = running * (PROMPT_RANGE[1] + OUTPUT_RANGE[1])
         config = SimServerConfig(
@@ -115,7 +138,9 @@ class ServerLayout:
             max_total_token_num=capacity,
             record_token_times=False,
         )
-        self.sim = Simulator(self.profile, strategy, config)
+        self.kv_view = kv_view
+        kv = _rank_kv_view(capacity, running) if kv_view == "radix" else None
+        self.sim = Simulator(self.profile, strategy, config, kv=kv)
         self.executor = _TimedExecutor(self.profile)
         self.sim.executor = self.sim.backend.executor = self.executor
         self.router = self.sim.router
@@ -136,22 +161,38 @@ class ServerLayout:
         self._rng = random.Random(seed)
         self._next_id = 0
         self._topped_up = 0
+        self._token_pool: Optional[List[int]] = None
+        if kv_view == "radix":
+            pool_rng = random.Random(seed + 1)
+            self._token_pool = [pool_rng.randrange(5, 32000) for _ in range(TOKEN_POOL_SIZE)]
 
     def top_up(self) -> None:
         """Send new requests so that the router holds ``waiting`` once the next step delivers them."""
         missing = self.waiting - len(self.router) - self._topped_up
         for _ in range(missing):
+            prompt_len = self._rng.randint(*PROMPT_RANGE)
             self.sim.add_arrival(
                 SimArrival(
                     request_id=self._next_id,
                     arrival_s=self.sim.clock,
-                    prompt_len=self._rng.randint(*PROMPT_RANGE),
+                    prompt_len=prompt_len,
                     output_len=self._rng.randint(*OUTPUT_RANGE),
                     request_class="overload",
+                    prompt_ids=self._prompt_ids(prompt_len),
                 )
             )
             self._next_id += 1
             self._topped_up += 1
+
+    def _prompt_ids(self, prompt_len: int) -> Optional[Tuple[int, ...]]:
+        """A real prompt for the radix KV view (None for the token count, which needs none)."""
+        pool = self._token_pool
+        if pool is None:
+            return None
+        start = self._rng.randrange(SYSTEM_PROMPT_LEN, len(pool) - prompt_len)
+        if self._rng.random() < SHARED_PREFIX_FRACTION and prompt_len > SYSTEM_PROMPT_LEN:
+            return tuple(pool[:SYSTEM_PROMPT_LEN] + pool[start : start + prompt_len - SYSTEM_PROMPT_LEN])
+        return tuple(pool[start : start + prompt_len])
 
     def _timed_admit(self, *args: Any, **kwargs: Any) -> Any:
         self.waiting_at_admit = len(self.router)
@@ -194,6 +235,7 @@ def measure_server(
     warmup_steps: int = 2500,
     repeats: int = 30,
     seed: int = 0,
+    kv_view: str = "count",
 ) -> List[ServerCostRow]:
     """Warm one layout up, then time ``repeats`` steps at each router size (ascending)."""
     if repeats < 1 or warmup_steps < 0:
@@ -201,7 +243,7 @@ def measure_server(
     sizes = sorted(waiting_sizes)
     if not sizes or sizes[0] < 0:
         raise ValueError(f"waiting sizes must be >= 0, got {list(waiting_sizes)}")
-    layout = ServerLayout(strategy, running, sizes[0], seed=seed)
+    layout = ServerLayout(strategy, running, sizes[0], seed=seed, kv_view=kv_view)
     for _ in range(warmup_steps):
         layout.step()
     rows: List[ServerCostRow] = []
@@ -222,6 +264,7 @@ def measure_server(
                 strategy=strategy,
                 waiting=size,
                 running=running,
+                kv_view=kv_view,
                 decoding=decoding,
                 prefilling=prefilling,
                 admit_ms=statistics.median(admit) * 1e3,
@@ -244,6 +287,7 @@ def run_server(
     warmup_steps: int = 2500,
     repeats: int = 30,
     seed: int = 0,
+    kv_view: str = "count",
 ) -> List[ServerCostRow]:
     """Measure every strategy (all registered ones by default) at every running and waiting size."""
     names = list(strategies) if strategies else available_strategy_names()
@@ -251,7 +295,15 @@ def run_server(
     for name in names:
         for running in running_sizes:
             rows.extend(
-                measure_server(name, running, waiting_sizes, warmup_steps=warmup_steps, repeats=repeats, seed=seed)
+                measure_server(
+                    name,
+                    running,
+                    waiting_sizes,
+                    warmup_steps=warmup_steps,
+                    repeats=repeats,
+                    seed=seed,
+                    kv_view=kv_view,
+                )
             )
     return rows
 
@@ -259,14 +311,20 @@ def run_server(
 def server_markdown_table(rows: Sequence[ServerCostRow]) -> str:
     """One line per strategy and layout: median / max ms per step of each timed part."""
     lines = [
-        "| strategy | waiting (router) | running (engine) | decoding / prefilling | router admit (ms) | "
+        "| strategy | KV view | waiting (router) | running (engine) | decoding / prefilling | router admit (ms) | "
         "schedule (ms) | step minus forward (ms) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         lines.append(
-            f"| {row.strategy} | {row.waiting} | {row.running} | {row.decoding} / {row.prefilling} | "
+            f"| {row.strategy} | {row.kv_view} | {row.waiting} | {row.running} | {row.decoding} / {row.prefilling} | "
             f"{row.admit_ms:.3f} / {row.admit_max_ms:.3f} | {row.schedule_ms:.2f} / {row.schedule_max_ms:.2f} | "
             f"{row.step_ms:.2f} / {row.step_max_ms:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _rank_kv_view(capacity: int, running: int) -> InferenceContext:
+    """A model rank's KV view over ``capacity`` token slots of one float each (the step never reads them)."""
+    max_len = PROMPT_RANGE[1] + OUTPUT_RANGE[1] + 1
+    return InferenceContext(KVCacheMemoryManager(capacity, 1, 1, 1, torch.float32), ReqManager(running + 1, max_len))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from lightllm.benchmark.metrics import RequestRecord
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -76,6 +76,9 @@ class SimArrival:
     prompt_len: int
     output_len: int
     request_class: str
+    # The prompt's token ids (``prompt_len`` of them); None: every token is the same id, which
+    # is all a token-count KV view needs.  A run over a real prefix cache needs real prompts.
+    prompt_ids: Optional[Tuple[int, ...]] = None
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightllm.benchmark.simulator import schedule_cost, schedule_cost_server
+from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER
 from lightllm.server.model_rank.scheduling.step_engine import StepEngine
@@ -107,9 +108,49 @@ def test_server_rows_cover_every_strategy_and_size_and_are_saved_with_their_layo
         assert 0 <= row.step_ms <= row.step_max_ms
     table = capsys.readouterr().out
     assert "Server layout" in table and "Engine-only layout" in table
-    assert all(f"| {name} | 12 | 5 |" in table for name in names)
+    assert all(f"| {name} | radix | 12 | 5 |" in table for name in names)  # the rank's KV view by default
+    assert all(row.kv_view == "radix" for row in server)
     saved = json.loads(out.read_text())
     assert [entry["layout"] for entry in saved] == ["server"] * len(server) + ["engine"] * len(engine)
+
+
+def test_server_layout_over_the_ranks_own_kv_view_shares_prefixes_and_gives_every_slot_back() -> None:
+    layout = schedule_cost_server.ServerLayout("hrrn", running=12, waiting=6, seed=2, kv_view="radix")
+    context = layout.backend.kv
+    assert isinstance(context, InferenceContext) and context.radix_cache is not None
+    cache_hits = 0
+    for _ in range(60):
+        layout.step()
+        cache_hits += sum(
+            req.prompt_cache_len >= schedule_cost_server.SYSTEM_PROMPT_LEN for req in layout.backend.requests.values()
+        )
+    decoding, prefilling = layout.counts()
+    assert decoding + prefilling == 12 and decoding > 0
+    # Real prompts: distinct ones, and a quarter behind one shared system prompt, which the
+    # requests that arrive after it is cached take from the prefix cache.
+    arrivals = list(layout.sim._arrivals.values())
+    system = tuple(layout._token_pool[: schedule_cost_server.SYSTEM_PROMPT_LEN])
+    shared = [a for a in arrivals if a.prompt_ids[: len(system)] == system]
+    assert 0 < len(shared) < len(arrivals)
+    assert len({a.prompt_ids for a in arrivals}) == len(arrivals)
+    assert cache_hits > 0
+    # Drain: with nothing more arriving every request ends and every slot is free again or cached.
+    layout.waiting = 0
+    while layout.sim.has_work():
+        layout.sim.step()
+    assert context.allocatable_token_num() == context.kv_cache.size
+
+
+def test_server_layout_count_and_radix_rows_are_kept_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = schedule_cost.main(
+        ["--layout", "server", "--sizes", "3", "--running", "4", "--server-warmup", "10"]
+        + ["--server-repeats", "2", "--strategies", "default", "--kv-view", "count", "radix"]
+    )
+    assert [(row.strategy, row.kv_view) for row in rows] == [("default", "count"), ("default", "radix")]
+    table = capsys.readouterr().out
+    assert "| default | count | 3 | 4 |" in table and "| default | radix | 3 | 4 |" in table
 
 
 def test_bad_server_layout_arguments_are_rejected() -> None:
@@ -121,3 +162,7 @@ def test_bad_server_layout_arguments_are_rejected() -> None:
         schedule_cost_server.measure_server("default", 4, [-1])
     with pytest.raises(SystemExit):
         schedule_cost.main(["--layout", "server", "--running", "0"])
+    with pytest.raises(ValueError, match="kv_view"):
+        schedule_cost_server.ServerLayout("default", running=2, kv_view="slots")
+    with pytest.raises(SystemExit):
+        schedule_cost.main(["--layout", "server", "--kv-view", "slots"])

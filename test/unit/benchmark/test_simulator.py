@@ -273,6 +273,18 @@ def test_bad_configuration_is_rejected() -> None:
     sim.add_arrival(SimArrival(0, 0.0, 8, 2, SHORT))
     with pytest.raises(ValueError, match="request_id"):
         sim.add_arrival(SimArrival(0, 0.0, 8, 2, SHORT))
+    with pytest.raises(ValueError, match="prompt_ids holds 3 tokens but prompt_len is 8"):
+        sim.add_arrival(SimArrival(1, 0.0, 8, 2, SHORT, prompt_ids=(5, 6, 7)))
+
+
+def test_arrivals_with_their_own_prompts_reach_the_backend_with_them() -> None:
+    sim = Simulator(make_profile(), "default")
+    sim.add_arrival(SimArrival(0, 0.0, 4, 2, SHORT, prompt_ids=(11, 12, 13, 14)))
+    sim.add_arrival(SimArrival(1, 0.0, 3, 2, SHORT))
+    sim.step()
+    prompts = {req.request_id: req.prompt_ids for req in sim.backend.requests.values()}
+    assert prompts[0] == [11, 12, 13, 14]
+    assert len(prompts[1]) == 3 and len(set(prompts[1])) == 1  # one id repeated: a token count needs no more
 
 
 # --- soak and command line -----------------------------------------------------------------------

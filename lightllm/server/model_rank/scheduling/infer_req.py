@@ -145,7 +145,8 @@ class InferReq:
     @property
     def pending_token_num(self) -> int:
         """Tokens whose K/V are not yet in the cache (what a forward must still compute)."""
-        return self.total_len - self.cur_kv_len
+        # total_len spelled out: classification reads this for every live request twice a step.
+        return len(self.prompt_ids) + len(self.output_ids) - self.cur_kv_len
 
     def token_at(self, position: int) -> int:
         """Token id at ``position`` of prompt + output."""

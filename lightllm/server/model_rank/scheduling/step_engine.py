@@ -39,6 +39,7 @@ from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.model_rank.scheduling.request_state import ReqState
 
 _PAUSED = ReqState.PAUSED
+_WAITING = ReqState.WAITING
 _DECODING = ReqState.DECODING
 # ``state in`` a tuple compares by identity in C (an enum's hash is a Python call).
 _SCHEDULABLE_STATES = tuple(state for state in ReqState if state.schedulable)
@@ -243,10 +244,10 @@ class StepEngine:
         report.prompt_logprobs.extend(result.prompt_logprobs)
         failed = {id(req) for req in result.failed}
         for req, end in computed:
-            if id(req) in failed:
+            if failed and id(req) in failed:
                 continue
             req.cur_kv_len = end
-            if req.state is ReqState.WAITING and end < req.total_len:
+            if req.state is _WAITING and end < req.total_len:
                 req.move_to(ReqState.PREFILLING)
         for req in result.failed:
             self.finish(req, FINISH_ERROR, report)
@@ -256,18 +257,21 @@ class StepEngine:
     def take_token(self, sampled: SampledToken, report: StepReport) -> None:
         """Append one sampled token; finish the request or move it on to decoding."""
         req = sampled.req
-        req.output_ids.append(sampled.token_id)
-        report.tokens.append((req, sampled.token_id, sampled.logprob))
+        token = sampled.token_id
+        req.output_ids.append(token)
+        report.tokens.append((req, token, sampled.logprob))
         if sampled.top:
             report.top_logprobs[req.request_id] = sampled.top
-        status = self.finish_status(req, sampled.token_id)
-        if sampled.grammar_end == "error":
-            status = FINISH_ERROR
-        elif sampled.grammar_end == "stop" and not status:
-            status = FINISH_STOP
+        status = self.finish_status(req, token)
+        grammar_end = sampled.grammar_end
+        if grammar_end is not None:
+            if grammar_end == "error":
+                status = FINISH_ERROR
+            elif grammar_end == "stop" and not status:
+                status = FINISH_STOP
         if status:
             self.finish(req, status, report)
-        elif req.state is not ReqState.DECODING:
+        elif req.state is not _DECODING:
             self.on_prompt_done(req, report)
 
     def finish_status(self, req: InferReq, token: int) -> int:
@@ -278,7 +282,9 @@ class StepEngine:
                 return FINISH_STOP
             if not params.ignore_eos and token in self.eos_token_ids:
                 return FINISH_STOP
-        if len(req.output_ids) >= req.max_new_tokens or req.total_len >= self.max_req_total_len:
+        # Lengths read once (this runs for every token of every step): output, then prompt + output.
+        output_len = len(req.output_ids)
+        if output_len >= req.max_new_tokens or len(req.prompt_ids) + output_len >= self.max_req_total_len:
             return FINISH_LENGTH
         return 0
 
