@@ -109,7 +109,10 @@ class Sampler:
             # Every temperature of an all-greedy batch is 1 (x / 1 == x), so no finite logit can
             # overflow here and an entry is -inf only where a processor masked it: clamping +inf
             # alone equals within_float32(processed, isneginf(processed)), at a fifth of its cost.
-            scaled = processed.clamp(max=_FLOAT32_MAX)
+            # A logit is +inf only when the forward overflowed; the clamp copies the whole block,
+            # the max only reads it.
+            overflowed = bool(processed.max() == float("inf"))
+            scaled = processed.clamp(max=_FLOAT32_MAX) if overflowed else processed
         else:
             scaled = within_float32(processed / batch.temperatures[:, None], torch.isneginf(processed))
         logprobs = torch.log_softmax(scaled, dim=-1)
