@@ -14,6 +14,20 @@ from typing import Any, Callable, Tuple, Type
 import zmq
 
 
+# A signal to the whole process group (Ctrl-C in a terminal, systemd's default control-group
+# stop, ``kill -- -PGID``) reaches the children as well as the main process.  The main process
+# drains (``--graceful_shutdown_seconds``) and then stops its children itself, so children ignore
+# SIGINT and SIGTERM, and the main process stops one with this signal, whose default action ends
+# the process as SIGTERM's did.
+CHILD_STOP_SIGNAL = signal.SIGUSR1
+
+
+def ignore_group_stop_signals() -> None:
+    """Let SIGINT and SIGTERM pass this process by: its parent decides when it stops."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -75,7 +89,7 @@ def run_child(
     exits 2 on, as if it had checked the flag itself.  After readiness exceptions are logged and
     the process exits non-zero so the parent's supervisor notices.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
+    ignore_group_stop_signals()
     _exit_with_parent()
     set_process_name(name)
     log = logging.getLogger(f"lightllm.{name}")

@@ -61,15 +61,22 @@ class ServerHandle:
         return self.proc.returncode
 
 
-def start_server(model_dir: Path, log_dir: Path, extra_args: Optional[List[str]] = None) -> ServerHandle:
-    """Start ``python -m lightllm.server.api_server`` and wait until /health answers."""
+def start_server(
+    model_dir: Path, log_dir: Path, extra_args: Optional[List[str]] = None, *, own_process_group: bool = False
+) -> ServerHandle:
+    """Start ``python -m lightllm.server.api_server`` and wait until /health answers.
+
+    ``own_process_group``: the server leads a process group of its own (as under systemd or a
+    terminal), so a test can signal the whole group with ``os.killpg(proc.pid, sig)``.
+    """
     port = free_port()
     log_path = log_dir / f"server_{port}.log"
     cmd = [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir), "--port", str(port)]
     cmd += list(extra_args or [])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=own_process_group)
     handle = ServerHandle(f"http://127.0.0.1:{port}", proc, log_path, Path(model_dir).name)
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:

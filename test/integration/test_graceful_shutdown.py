@@ -91,6 +91,38 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
     assert not [name for name, pid in children.items() if alive(pid)]
 
 
+def test_a_stop_signal_to_the_whole_process_group_still_drains(tiny_llama_dir, tmp_path):
+    """Ctrl-C in a terminal and systemd's default stop signal every process of the server's group.
+
+    The children must let the signal pass: the main process drains the request in flight and
+    then stops them, instead of a child dying under it and failing every request.
+    """
+    server = start_server(tiny_llama_dir, tmp_path, ["--max_total_token_num", "4096",
+                                                     "--graceful_shutdown_seconds", "30"], own_process_group=True)
+    try:
+        children = child_pids(server.log())
+        stream = _streaming(run_client(
+            server.url, "/v1/completions", payload("/v1/completions", server.model_name, 1000), stream=True))
+        signalled_at = time.monotonic()
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        wait_all_ended([stream], 60)
+        code = server.proc.wait(60)
+    finally:
+        server.stop(signal.SIGKILL)
+    log = server.log()
+    assert stream.ended_at > signalled_at  # it was in flight when the group got the signal
+    assert stream.status == 200 and stream.error() is None, (stream.body, stream.events[-1:])
+    assert stream.finish_reasons() == ["length"]
+    assert code == 0, log
+    assert "exited unexpectedly" not in log
+    assert "every request finished" in log
+    assert not leftovers(server.proc.pid)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in children.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [name for name, pid in children.items() if alive(pid)]
+
+
 def _streaming(result):
     """Wait until the stream ``result`` received its first event (its request is in flight)."""
     assert result.first_event.wait(30) and result.status == 200, (result.body, result.transport_error)

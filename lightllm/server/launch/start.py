@@ -67,7 +67,7 @@ from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
 from lightllm.server.run_mode import PD_NODE_MODES
 
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightllm.api_start")
 
 READY_TIMEOUT_SECONDS = 900.0
-# How long children get to exit after SIGTERM before they are killed.
+# How long children get to exit after the stop signal before they are killed.
 CHILD_STOP_SECONDS = 2.0
 
 
@@ -104,8 +104,11 @@ class ServerProcesses:
         if self.children:
             log.info("stopping child processes")
         for _, proc in self.children:
-            if proc.is_alive():
-                proc.terminate()
+            if proc.is_alive() and proc.pid is not None:
+                try:
+                    os.kill(proc.pid, CHILD_STOP_SIGNAL)  # children ignore SIGTERM (process_utils)
+                except ProcessLookupError:
+                    pass
         deadline = time.monotonic() + CHILD_STOP_SECONDS
         for _, proc in self.children:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -32,6 +32,7 @@ from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManage
 from lightllm.server.pd.kv_transfer.announce import AnnouncementWatcher, Announcer
 from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault, wait_work
 from lightllm.server.pd.kv_transfer.header import TransferHeader
+from lightllm.utils.process_utils import ignore_group_stop_signals
 from lightllm.server.pd.kv_transfer.messages import (
     ChannelBroken,
     ChannelReady,
@@ -76,6 +77,7 @@ class TransferConfig:
 
 def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager) -> None:
     """Entry point of the child process."""
+    ignore_group_stop_signals()  # stopped by a Shutdown message, or killed, by the rank that owns it
     torch.set_num_threads(1)
     start = time.monotonic()
     cuda = cache.device.type == "cuda"
