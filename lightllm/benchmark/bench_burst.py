@@ -23,7 +23,9 @@ import httpx
 
 async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int) -> Dict[str, float]:
     """One burst; returns completion tokens, seconds and tokens/s."""
-    async with httpx.AsyncClient(timeout=3600, trust_env=False) as client:
+    # httpx keeps at most 100 connections by default: a larger burst would go out 100 at a time.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=3600, trust_env=False, limits=limits) as client:
 
         async def one(prompt: List[int]) -> int:
             body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "temperature": 0}

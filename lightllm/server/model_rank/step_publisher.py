@@ -90,9 +90,7 @@ class StepPublisher:
         shm = self.shm
         for req, entries in report.prompt_logprobs:
             shm.publish_prompt_logprobs(req.shm_index, req.request_id, entries)
-        for req, token, logprob in report.tokens:
-            length = shm.publish_token(req.shm_index, req.request_id, token, logprob, report.top_logprobs.get(req.request_id))
-            updates[req.request_id] = (req.request_id, req.shm_index, length)
+        self._publish_tokens(report, updates)
         released: List[Tuple[int, int]] = []
         for req, status in report.finished:
             shm.set_finish_status(req.shm_index, req.request_id, status)
@@ -115,6 +113,35 @@ class StepPublisher:
         self._add_time("step_forward_us", report.forward_seconds)
         self._add_time("step_sample_us", report.post_seconds)
         self._add_time("step_publish_us", time.perf_counter() - started)
+
+    def _publish_tokens(self, report: StepReport, updates: Dict[int, Tuple[int, int, int]]) -> None:
+        """Write the step's tokens; ``updates`` gets each request's new ``output_len``.
+
+        Tokens without alternatives go in one indexed write per field; a request with top
+        logprobs, or a step that carries two tokens of one request (a decode node's first token
+        and its next one), goes token by token, in report order.
+        """
+        shm = self.shm
+        tops = report.top_logprobs
+        plain = [entry for entry in report.tokens if entry[0].request_id not in tops]
+        slots = [req.shm_index for req, _, _ in plain]
+        if len(set(slots)) != len(slots):
+            plain, slots = [], []
+        if plain:
+            lengths = shm.publish_tokens(
+                slots, [req.request_id for req, _, _ in plain], [t for _, t, _ in plain], [lp for _, _, lp in plain]
+            )
+            for (req, _, _), length in zip(plain, lengths):
+                updates[req.request_id] = (req.request_id, req.shm_index, length)
+        if len(plain) == len(report.tokens):
+            return
+        done = {id(entry) for entry in plain}
+        for entry in report.tokens:
+            if id(entry) in done:
+                continue
+            req, token, logprob = entry
+            length = shm.publish_token(req.shm_index, req.request_id, token, logprob, tops.get(req.request_id))
+            updates[req.request_id] = (req.request_id, req.shm_index, length)
 
     def _stamp_first_scheduled(self, report: StepReport) -> None:
         """Publish when each request was first selected (vLLM's queue time ends there).

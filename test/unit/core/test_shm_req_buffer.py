@@ -121,6 +121,32 @@ def test_a_released_then_reused_slot_refuses_its_stale_owner(shm):
     assert other.holder(2) == 2
 
 
+def test_tokens_published_together_read_back_as_one_by_one(shm, caplog):
+    owner, other = shm
+    for slot, request_id, prompt in ((0, 11, [5, 6]), (1, 12, [7]), (2, 13, [8, 9, 10])):
+        owner.write_request(slot, request_id, _spec(prompt))
+    assert other.publish_token(1, 12, 30, -0.75) == 1  # request 12 already has a token
+    assert other.publish_tokens([2, 0, 1], [13, 11, 12], [40, 41, 42], [-0.5, -1.25, -2.0]) == [1, 1, 2]
+    assert other.publish_tokens([0], [11], [43], [-3.0]) == [2]
+    reads = {request_id: owner.read_output(slot, request_id, 0) for slot, request_id in ((0, 11), (1, 12), (2, 13))}
+    assert (reads[11].token_ids, reads[11].logprobs) == ([41, 43], [-1.25, -3.0])
+    assert (reads[12].token_ids, reads[12].logprobs) == ([30, 42], [-0.75, -2.0])
+    assert (reads[13].output_len, reads[13].token_ids) == (1, [40])
+    # A slot that no longer holds its request is skipped (length 0, a warning); the rest are written.
+    assert owner.release(2, 13)
+    owner.write_request(2, 14, _spec([1, 2]))
+    with caplog.at_level("WARNING"):
+        assert other.publish_tokens([2, 1], [13, 12], [50, 51], [-0.1, -0.2]) == [0, 3]
+    assert "stale write of a token to slot 2 for request 13" in caplog.text
+    assert other.read_output(2, 14, 0).output_len == 0
+    assert owner.read_output(1, 12, 0).token_ids == [30, 42, 51]
+    assert other.publish_tokens([], [], [], []) == []
+    with pytest.raises(ValueError, match="more than once"):
+        other.publish_tokens([1, 1], [12, 12], [1, 2], [0.0, 0.0])
+    with pytest.raises(ValueError, match="do not match"):
+        other.publish_tokens([1], [12, 13], [1], [0.0])
+
+
 def test_a_slot_in_use_cannot_be_claimed_again(shm):
     owner, _ = shm
     owner.write_request(0, 5, _spec([5]))

@@ -245,6 +245,7 @@ def _publisher() -> StepPublisher:
     stats: Dict[str, int] = {}
     shm = types.SimpleNamespace(
         publish_token=lambda slot, request_id, token, logprob, top=None: 1,
+        publish_tokens=lambda slots, request_ids, tokens, logprobs: [1] * len(slots),
         set_finish_status=lambda slot, request_id, status: True,
         published_output_len=lambda slot, request_id: 1,
     )
