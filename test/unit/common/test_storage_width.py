@@ -9,16 +9,16 @@ meaning in storage are refused naming the field.
 from __future__ import annotations
 
 import math
-import uuid
 
 import numpy as np
 import pytest
 
 from lightllm.common.sampling import STORED_DTYPES, SamplingParamError, SamplingParams
 from lightllm.common.sampling.storage_width import check_stored_float, check_stored_int
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_req_layout import record_dtype, wants_top_rows
 from lightllm.server.core.objs.request_spec import RequestSpec
+
+from shm_test_support import scratch_req_buffer
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -40,10 +40,8 @@ FLOAT_FIELDS_UNDERFLOW = {
 
 @pytest.fixture()
 def shm():
-    buffer = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 2, 64, create=True, top_slot_num=1)
-    yield buffer
-    buffer.close()
-    buffer.unlink()
+    with scratch_req_buffer(2, 64, top_slot_num=1) as buffer:
+        yield buffer
 
 
 def test_record_layout_takes_its_widths_from_the_sampling_module():

@@ -4,46 +4,23 @@ one where order or alternatives need it, and the reader sees the same thing eith
 from __future__ import annotations
 
 import types
-import uuid
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import StepOutput
 from lightllm.server.core.objs.request_spec import RequestSpec
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.model_rank.scheduling.step_report import StepReport
-from lightllm.server.model_rank.step_publisher import StepPublisher
 
-
-class _Sent:
-    def __init__(self) -> None:
-        self.messages: List[Any] = []
-
-    def send_pyobj(self, message: Any) -> None:
-        self.messages.append(message)
+from shm_test_support import scratch_req_buffer
+from step_publisher_test_support import publisher_over
 
 
 @pytest.fixture()
 def shm():
-    buffer = ShmReqBuffer(f"lightllm_test_{uuid.uuid4().hex[:12]}", 4, 32, create=True, top_slot_num=1)
-    yield buffer
-    buffer.close()
-    buffer.unlink()
-
-
-def _publisher(shm: ShmReqBuffer) -> StepPublisher:
-    stats: Dict[str, int] = {}
-    return StepPublisher(
-        shm,
-        types.SimpleNamespace(set=stats.__setitem__, get=lambda name: stats.get(name, 0)),
-        types.SimpleNamespace(requests={}, counter=types.SimpleNamespace(value=0)),
-        types.SimpleNamespace(kv_cache=types.SimpleNamespace(available=0), radix_cache=None,
-                              allocatable_token_num=lambda: 0),
-        types.SimpleNamespace(on_step=lambda *args: None, fields=lambda: {}),
-        _Sent(), _Sent(),
-    )
+    with scratch_req_buffer(4, 32, top_slot_num=1) as buffer:
+        yield buffer
 
 
 def _req(request_id: int, slot: int) -> Any:
@@ -55,7 +32,7 @@ def test_tokens_of_a_step_read_back_in_order_whichever_way_they_were_written(shm
     shm.write_request(0, 10, RequestSpec([5, 6], plain_params))
     shm.write_request(1, 11, RequestSpec([7], plain_params))
     shm.write_request(2, 12, RequestSpec([8, 9], SamplingParams(temperature=0, max_new_tokens=8, logprobs=2)), 0)
-    publisher = _publisher(shm)
+    publisher = publisher_over(shm)
     a, b, c = _req(10, 0), _req(11, 1), _req(12, 2)
     # Batched: plain tokens of distinct requests; c asked for alternatives and goes one by one.
     publisher.publish(StepReport(tokens=[(a, 40, -0.5), (c, 41, -0.25), (b, 42, -1.0)],

@@ -41,6 +41,7 @@ from lightllm.server.pd.protocol.outcomes import NODE_OUTCOMES, SEGMENT_END_REAS
 from lightllm.server.pd.master.continuation import SegmentEnd
 
 from detokenizer_test_support import detokenizer_rig
+from step_publisher_test_support import publisher_over
 
 REQUEST_ID = 41
 
@@ -233,36 +234,20 @@ def test_one_table_names_every_pd_outcome_for_both_ends() -> None:
 
 
 # --- the rank's side of the one path ------------------------------------------------------------
-class _Sent:
-    def __init__(self) -> None:
-        self.messages: List[Any] = []
-
-    def send_pyobj(self, message: Any) -> None:
-        self.messages.append(message)
-
-
 def _publisher() -> StepPublisher:
-    stats: Dict[str, int] = {}
+    """A publisher over a stand-in buffer: this file checks the messages, not the records."""
     shm = types.SimpleNamespace(
         publish_token=lambda slot, request_id, token, logprob, top=None: 1,
         publish_tokens=lambda slots, request_ids, tokens, logprobs: [1] * len(slots),
         set_finish_status=lambda slot, request_id, status: True,
         published_output_len=lambda slot, request_id: 1,
     )
-    return StepPublisher(
-        shm,
-        types.SimpleNamespace(set=stats.__setitem__, get=lambda name: stats.get(name, 0)),
-        types.SimpleNamespace(requests={}, counter=types.SimpleNamespace(value=0)),
-        types.SimpleNamespace(kv_cache=types.SimpleNamespace(available=0), radix_cache=None,
-                              allocatable_token_num=lambda: 0),
-        types.SimpleNamespace(on_step=lambda *args: None, fields=lambda: {}),
-        _Sent(), _Sent(),
-    )
+    return publisher_over(shm)
 
 
 def test_notices_leave_ahead_of_the_steps_outputs_or_on_their_own() -> None:
     publisher = _publisher()
-    sent: _Sent = publisher.to_detokenization
+    sent = publisher.to_detokenization
     publisher.flush_notices()
     assert sent.messages == []  # nothing queued: nothing sent
     req = types.SimpleNamespace(request_id=REQUEST_ID, shm_index=0)
