@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from typing import Any, Dict, List, Tuple
 
 from lightllm.server.core.objs.io_messages import RequestsReleased, StepOutput
@@ -117,29 +118,25 @@ class StepPublisher:
     def _publish_tokens(self, report: StepReport, updates: Dict[int, Tuple[int, int, int]]) -> None:
         """Write the step's tokens; ``updates`` gets each request's new ``output_len``.
 
-        Tokens without alternatives go in one indexed write per field; a request with top
-        logprobs, or a step that carries two tokens of one request (a decode node's first token
+        Requests with one token and no alternatives go in one indexed write per field; a request
+        with top logprobs, or with two tokens in the step (a decode node's carried first token
         and its next one), goes token by token, in report order.
         """
         shm = self.shm
         tops = report.top_logprobs
-        plain = [entry for entry in report.tokens if entry[0].request_id not in tops]
-        slots = [req.shm_index for req, _, _ in plain]
-        if len(set(slots)) != len(slots):
-            plain, slots = [], []
-        if plain:
-            lengths = shm.publish_tokens(
-                slots, [req.request_id for req, _, _ in plain], [t for _, t, _ in plain], [lp for _, _, lp in plain]
-            )
-            for (req, _, _), length in zip(plain, lengths):
-                updates[req.request_id] = (req.request_id, req.shm_index, length)
-        if len(plain) == len(report.tokens):
-            return
-        done = {id(entry) for entry in plain}
+        tokens_of = Counter(req.request_id for req, _, _ in report.tokens)
+        batched, one_by_one = [], []
         for entry in report.tokens:
-            if id(entry) in done:
-                continue
-            req, token, logprob = entry
+            request_id = entry[0].request_id
+            (one_by_one if request_id in tops or tokens_of[request_id] > 1 else batched).append(entry)
+        if batched:
+            lengths = shm.publish_tokens([req.shm_index for req, _, _ in batched],
+                                         [req.request_id for req, _, _ in batched],
+                                         [token for _, token, _ in batched],
+                                         [logprob for _, _, logprob in batched])
+            for (req, _, _), length in zip(batched, lengths):
+                updates[req.request_id] = (req.request_id, req.shm_index, length)
+        for req, token, logprob in one_by_one:
             length = shm.publish_token(req.shm_index, req.request_id, token, logprob, tops.get(req.request_id))
             updates[req.request_id] = (req.request_id, req.shm_index, length)
 

@@ -360,10 +360,10 @@ class ShmReqBuffer(SharedArraySegment):
         if len(np.unique(index)) != count:
             raise ValueError("publish_tokens: a slot appears more than once (publish its tokens one by one)")
         array = self.array
-        owned = array["request_id"][index] == np.asarray(request_ids, dtype=np.int64)
-        owned &= np.asarray(request_ids, dtype=np.int64) != NO_REQUEST
+        ids = np.asarray(request_ids, dtype=np.int64)
+        owned = (array["request_id"][index] == ids) & (ids != NO_REQUEST)
         if not owned.all():
-            for slot, request_id in zip(index[~owned].tolist(), np.asarray(request_ids)[~owned].tolist()):
+            for slot, request_id in zip(index[~owned].tolist(), ids[~owned].tolist()):
                 self._write(slot, request_id, "a token")  # logs the stale write
             index = index[owned]
         positions = array["output_len"][index].astype(np.int64)

@@ -101,7 +101,7 @@ class InferenceContext:
         computed = req.cur_kv_len
         limit = max(computed, req.cacheable_prefix_len)
         if computed <= old_matched and (
-            old_matched >= limit or not cache.continues(old_node, req.token_slice(old_matched, old_matched + 1)[0])
+            old_matched >= limit or not cache.continues(old_node, req.token_at(old_matched))
         ):
             # Nothing of its own to publish and no cached run continues its match: a new lookup
             # would return what it holds.  Every request waiting for its first chunk takes this
