@@ -35,6 +35,18 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random-weight Qwen3 checkpoint (seed 0, per-head q/k norms, tied embeddings); read-only."""
+    return generate_demo_model(tmp_path_factory.mktemp("tiny_qwen3"), arch="qwen3", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random-weight Mistral checkpoint (seed 0, no sliding window); read-only."""
+    return generate_demo_model(tmp_path_factory.mktemp("tiny_mistral"), arch="mistral", size="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
 def small_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Small (~5M parameter, 4K context) random-weight Llama checkpoint (seed 0); read-only."""
     return generate_demo_model(tmp_path_factory.mktemp("small_llama"), arch="llama", size="small", seed=0)

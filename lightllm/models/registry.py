@@ -7,21 +7,22 @@ from typing import Dict, Optional, Type
 import torch
 
 from lightllm.common.basemodel.attention.base import AttentionBackend
-from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.models.llama.model import LlamaModel
+from lightllm.models.mistral.model import MistralModel
+from lightllm.models.model_types import check_model_type
 from lightllm.models.qwen2.model import Qwen2Model
+from lightllm.models.qwen3.model import Qwen3Model
 
+# Keyed by the names of model_types.SUPPORTED_MODEL_TYPES (a test holds the two equal).
 MODEL_REGISTRY: Dict[str, Type[DecoderOnlyTransformer]] = {
     "llama": LlamaModel,
+    "mistral": MistralModel,
     "qwen2": Qwen2Model,
+    "qwen3": Qwen3Model,
 }
-
-
-def supported_model_types() -> list[str]:
-    """Model types this build can serve."""
-    return sorted(MODEL_REGISTRY)
 
 
 def load_model(
@@ -34,10 +35,6 @@ def load_model(
 ) -> DecoderOnlyTransformer:
     """Read ``model_dir``'s config, pick the class for its ``model_type`` and load the weights."""
     config = ModelConfig.from_dir(model_dir)
-    model_cls = MODEL_REGISTRY.get(config.model_type)
-    if model_cls is None:
-        raise ModelConfigError(
-            f"model_type {config.model_type!r} is not supported; supported: {', '.join(supported_model_types())}"
-        )
-    return model_cls(model_dir, config, dtype=dtype, device=device, tp=tp, attention=attention,
+    check_model_type(config)
+    return MODEL_REGISTRY[config.model_type](model_dir, config, dtype=dtype, device=device, tp=tp, attention=attention,
                      linear_backend=linear_backend)

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m lightllm.utils.demo_model --out DIR [--arch llama|qwen2] [--size tiny|small|medium] [--seed N]
+    python -m lightllm.utils.demo_model --out DIR [--arch llama|mistral|qwen2|qwen3] [--size tiny|small|medium] [--seed N]
 
 Size presets (all GQA; shapes in :mod:`lightllm.utils.demo_model_config`):
 
@@ -74,7 +74,9 @@ def generate_demo_model(out_dir: str | Path, arch: str = "llama", size: str = "t
 
     Args:
         out_dir: target directory; existing checkpoint files in it are overwritten.
-        arch: ``"llama"`` (separate lm_head) or ``"qwen2"`` (q/k/v biases, tied embeddings).
+        arch: ``"llama"`` or ``"mistral"`` (separate lm_head; mistral without a sliding window),
+            ``"qwen2"`` (q/k/v biases, tied embeddings) or ``"qwen3"`` (per-head q/k norms, tied
+            embeddings).
         size: ``"tiny"`` (2 layers, hidden 64), ``"small"`` (4 layers, hidden 256, 4K
             context, ~5M parameters) or ``"medium"`` (8 layers, hidden 1024, GQA 16/4,
             4K context, ~99M parameters for llama, ~82M for qwen2).

@@ -44,6 +44,8 @@ class DemoModelSize:
         attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
         if arch.qkv_bias:
             attn += q_out + 2 * kv_out
+        if arch.qk_norm:
+            attn += 2 * self.head_dim
         per_layer = attn + 3 * hidden * inter + 2 * hidden  # q/k/v/o, gate/up/down, two norms
         heads = 1 if arch.tie_word_embeddings else 2  # embedding, plus lm_head unless tied
         return heads * self.vocab_size * hidden + self.num_hidden_layers * per_layer + hidden
@@ -91,7 +93,9 @@ SIZES: Dict[str, DemoModelSize] = {
 
 ARCHITECTURES: Dict[str, str] = {
     "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 
@@ -107,7 +111,11 @@ class DemoArch:
 
     @property
     def tie_word_embeddings(self) -> bool:
-        return self.name == "qwen2"
+        return self.name in ("qwen2", "qwen3")
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.name == "qwen3"
 
 
 def check_arch(arch: str) -> DemoArch:
@@ -179,6 +187,8 @@ def model_config(arch: DemoArch, size: DemoModelSize, special: DemoSpecialTokens
     }
     if arch.name == "llama":
         config.update({"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1})
+    elif arch.name == "mistral":
+        config["sliding_window"] = None  # transformers' Mistral defaults to a 4096-token window
     else:
         layers: List[str] = ["full_attention"] * size.num_hidden_layers
         config.update(
@@ -189,6 +199,8 @@ def model_config(arch: DemoArch, size: DemoModelSize, special: DemoSpecialTokens
                 "use_sliding_window": False,
             }
         )
+        if arch.name == "qwen3":
+            config["attention_bias"] = False
     return config
 
 

@@ -1,4 +1,4 @@
-"""Seeded random weights for demo Llama / Qwen2 checkpoints, named as transformers names them.
+"""Seeded random weights for demo Llama / Mistral / Qwen2 / Qwen3 checkpoints, named as transformers names them.
 
 The weights are random but scaled so that the model behaves like a trained one in the
 ways tests can observe: every sublayer moves the residual stream by about as much as the
@@ -54,6 +54,11 @@ def demo_tensor_specs(arch: DemoArch, size: DemoModelSize) -> List[TensorSpec]:
             TensorSpec(f"{p}.self_attn.k_proj.weight", (kv_out, hidden), "qk"),
             TensorSpec(f"{p}.self_attn.v_proj.weight", (kv_out, hidden), "linear"),
         ]
+        if arch.qk_norm:
+            specs += [
+                TensorSpec(f"{p}.self_attn.q_norm.weight", (size.head_dim,), "norm"),
+                TensorSpec(f"{p}.self_attn.k_norm.weight", (size.head_dim,), "norm"),
+            ]
         if arch.qkv_bias:
             specs += [
                 TensorSpec(f"{p}.self_attn.q_proj.bias", (q_out,), "bias"),

@@ -33,7 +33,7 @@ class BatchGenerator:
     def __init__(self, model: DecoderOnlyTransformer, kv_cache_size: int, max_request_num: int = 64, max_sequence_length: Optional[int] = None):
         self.model = model
         self.kv_cache = model.new_kv_cache(kv_cache_size)
-        max_len = max_sequence_length or model.config.max_position_embeddings
+        max_len = max_sequence_length or model.config.context_limit
         self.req_manager = ReqManager(max_request_num, max_len, device=model.device)
 
     def start(self, token_ids: Sequence[int]) -> CachedSequence:

@@ -16,7 +16,8 @@ from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
 @dataclass
 class DecoderLayerWeights:
     """A Llama-style layer: fused q/k/v (column parallel), o (row parallel), fused gate/up
-    (column parallel), down (row parallel), and the two RMSNorm weights (replicated).
+    (column parallel), down (row parallel), and the two RMSNorm weights (replicated); Qwen3's
+    per-head q/k norms and an o_proj bias when the checkpoint has them.
 
     The projections are kernels of the chosen linear backend (see ``linear_kernels``), which
     may hold their weight in a packed layout instead of the checkpoint's.
@@ -29,6 +30,12 @@ class DecoderLayerWeights:
     post_attention_norm: torch.Tensor
     gate_up: LinearKernel
     down: LinearKernel
+    # Qwen3's RMSNorm weights over one query / key head (replicated), None where absent.
+    q_norm: Optional[torch.Tensor] = None
+    k_norm: Optional[torch.Tensor] = None
+    # o_proj's bias (``attention_bias`` in Llama / Mistral / Qwen3), full: added once, after the
+    # row-parallel projection's all-reduce.
+    o_bias: Optional[torch.Tensor] = None
 
     @classmethod
     def load(
@@ -40,8 +47,12 @@ class DecoderLayerWeights:
         dtype: torch.dtype,
         device: torch.device,
         linear_backend: str = "torch",
+        qk_norm: bool = False,
     ) -> "DecoderLayerWeights":
-        """Read ``{prefix}self_attn.*``, ``{prefix}mlp.*`` and the norms for this rank."""
+        """Read ``{prefix}self_attn.*``, ``{prefix}mlp.*`` and the norms for this rank.
+
+        ``qk_norm``: read the per-head ``q_norm`` / ``k_norm`` weights (required then).
+        """
         d = config.head_dim
         q_rows = shard_range(config.num_attention_heads, tp.rank, tp.world_size, "num_attention_heads")
         kv_rows = shard_range(config.num_key_value_heads, tp.rank, tp.world_size, "num_key_value_heads")
@@ -69,12 +80,18 @@ class DecoderLayerWeights:
         def kernel(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> LinearKernel:
             return build_linear(linear_backend, weight.to(device), None if bias is None else bias.to(device))
 
+        def replicated(name: str) -> torch.Tensor:
+            return ckpt.get(prefix + name, dtype).to(device)
+
         return cls(
-            input_norm=ckpt.get(prefix + "input_layernorm.weight", dtype).to(device),
+            input_norm=replicated("input_layernorm.weight"),
             qkv=kernel(qkv, qkv_bias),
             has_qkv_bias=qkv_bias is not None,
             o=kernel(row(attn + "o_proj.weight", q_slice)),
-            post_attention_norm=ckpt.get(prefix + "post_attention_layernorm.weight", dtype).to(device),
+            post_attention_norm=replicated("post_attention_layernorm.weight"),
             gate_up=kernel(gate_up),
             down=kernel(row("mlp.down_proj.weight", inter)),
+            q_norm=replicated(attn + "q_norm.weight") if qk_norm else None,
+            k_norm=replicated(attn + "k_norm.weight") if qk_norm else None,
+            o_bias=replicated(attn + "o_proj.bias") if ckpt.has(prefix + attn + "o_proj.bias") else None,
         )

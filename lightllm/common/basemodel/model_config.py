@@ -32,6 +32,18 @@ _DTYPE_NAMES = {
 # Bytes per element of each canonical dtype (what torch's ``dtype.itemsize`` says).
 DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+# The decoder template's MLP is SwiGLU: transformers spells its activation "silu" or "swish".
+# Any other activation would run as SiLU and give wrong output, so it is refused.
+SUPPORTED_HIDDEN_ACTS = ("silu", "swish")
+
+# Attention kinds a config's ``layer_types`` may name.  Sliding layers attend to the last
+# ``sliding_window`` tokens; this server runs full causal attention, which is the same
+# computation while a sequence fits in the window (see :attr:`ModelConfig.context_limit`).
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+# transformers' defaults when a config.json leaves the key out.
+MISTRAL_DEFAULT_SLIDING_WINDOW = 4096
+QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
+
 
 class ModelConfigError(ValueError):
     """The checkpoint's config.json is missing something we need or holds a bad value."""
@@ -103,7 +115,21 @@ class ModelConfig:
     dtype: str
     bos_token_id: Optional[int]
     eos_token_ids: List[int] = field(default_factory=list)
+    # The window of a checkpoint with sliding-window layers, None when every layer attends to
+    # the whole sequence.
+    sliding_window: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def context_limit(self) -> int:
+        """The longest sequence (prompt + output) this server computes exactly.
+
+        ``max_position_embeddings``, or a sliding window when it is shorter: full causal
+        attention equals windowed attention only while a sequence fits in the window.
+        """
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -146,12 +172,20 @@ class ModelConfig:
         if heads % kv_heads != 0:
             raise ModelConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
         model_type = str(need("model_type"))
+        num_layers = int(need("num_hidden_layers"))
+        hidden_act = str(raw.get("hidden_act") or "silu")
+        if hidden_act not in SUPPORTED_HIDDEN_ACTS:
+            raise ModelConfigError(
+                f"hidden_act {hidden_act!r} is not supported: the MLP runs SwiGLU, whose activation is silu"
+            )
+        if raw.get("mlp_bias"):
+            raise ModelConfigError("mlp_bias is true: biases on the MLP projections are not supported")
         return cls(
             model_type=model_type,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
-            num_hidden_layers=int(need("num_hidden_layers")),
+            num_hidden_layers=num_layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
@@ -160,10 +194,11 @@ class ModelConfig:
             rope=_read_rope(raw),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-            hidden_act=str(raw.get("hidden_act") or "silu"),
+            hidden_act=hidden_act,
             dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_id_list(raw.get("eos_token_id")),
+            sliding_window=_read_sliding_window(raw, model_type, num_layers),
             raw=raw,
         )
 
@@ -174,6 +209,41 @@ def _as_id_list(value: Any) -> List[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)]
+
+
+def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) -> Optional[int]:
+    """The sliding window some layer attends with, or None when every layer attends fully.
+
+    As transformers reads it: Qwen2 / Qwen3 slide only with ``use_sliding_window``, on the layers
+    ``layer_types`` names (or, without it, the layers from ``max_window_layers`` on); Mistral
+    slides on every layer unless ``sliding_window`` is null (4096 when the key is missing); Llama
+    never slides.
+    """
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        unknown = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
+        if unknown:
+            raise ModelConfigError(
+                f"layer_types {unknown} are not supported; supported: {', '.join(SUPPORTED_LAYER_TYPES)}"
+            )
+    if model_type == "mistral":
+        window = raw.get("sliding_window", MISTRAL_DEFAULT_SLIDING_WINDOW)
+        sliding = True  # transformers' Mistral slides on every layer whatever layer_types says
+    elif model_type in ("qwen2", "qwen3"):
+        window = raw.get("sliding_window")
+        if not raw.get("use_sliding_window", False):
+            return None
+        if layer_types is not None:
+            sliding = "sliding_attention" in layer_types
+        else:
+            sliding = int(raw.get("max_window_layers", QWEN_DEFAULT_MAX_WINDOW_LAYERS)) < num_layers
+    else:
+        return None  # Llama has no sliding window in transformers: the key means nothing there
+    if window is None or not sliding:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ModelConfigError(f"sliding_window must be a positive integer or null, got {window!r}")
+    return window
 
 
 def _read_rope(raw: Dict[str, Any]) -> RopeConfig:

@@ -22,13 +22,14 @@ from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManage
 
 
 class DecoderOnlyTransformer:
-    """RMSNorm + RoPE + grouped-query attention + SwiGLU, the Llama/Qwen2 layout.
+    """RMSNorm + RoPE + grouped-query attention + SwiGLU, the Llama / Mistral / Qwen2 / Qwen3 layout.
 
     Subclasses name their checkpoint tensors through the ``*_name`` hooks.  The embedding is
     replicated on every rank; the LM head is vocab-parallel and gathered into full logits.
     """
 
     requires_qkv_bias = False
+    requires_qk_norm = False
     embed_name = "model.embed_tokens.weight"
     final_norm_name = "model.norm.weight"
     lm_head_name = "lm_head.weight"
@@ -63,7 +64,10 @@ class DecoderOnlyTransformer:
         # the model: the config is shared with whoever built it and must not change under them.
         self.vocab_size = int(self.embed_weight.shape[0])
         self.layers: List[DecoderLayerWeights] = [
-            DecoderLayerWeights.load(ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device, linear_backend)
+            DecoderLayerWeights.load(
+                ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device, linear_backend,
+                qk_norm=self.requires_qk_norm,
+            )
             for i in range(config.num_hidden_layers)
         ]
         if self.requires_qkv_bias and self.layers and not self.layers[0].has_qkv_bias:
@@ -71,10 +75,30 @@ class DecoderOnlyTransformer:
         self.final_norm = ckpt.get(self.final_norm_name, self.dtype).to(self.device)
         self.linear_backend = linear_backend
         self.lm_head = build_linear(linear_backend, self._load_lm_head(ckpt))
+        self._refuse_unread_tensors(ckpt)
         ckpt.close()
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings, self.device)
         self.layer_ops = build_layer_ops(self.attention.layer_kernels(), self.rotary)
         self.attention.warmup(self.local_q_heads, self.local_kv_heads, self.head_dim, self.dtype, self.device)
+
+    def _refuse_unread_tensors(self, ckpt: SafetensorsCheckpoint) -> None:
+        """Refuse a checkpoint holding weights the forward would not use.
+
+        Such a tensor belongs to an architecture this class does not run (an MLP bias, extra
+        norms, other layers): serving without it gives wrong output with no error.  Rotary
+        frequency buffers are derived from the config, and a tied LM head is the embedding.
+        """
+        unread = [
+            name for name in ckpt.unread()
+            if not name.endswith("rotary_emb.inv_freq")
+            and not (name == self.lm_head_name and self.config.tie_word_embeddings)
+        ]
+        if unread:
+            shown = ", ".join(unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
+            raise CheckpointError(
+                f"checkpoint {ckpt.model_dir} holds tensors a {self.config.model_type} model does not use "
+                f"({shown}); it is another architecture, which this server cannot run"
+            )
 
     def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
         vocab = self.vocab_size
@@ -126,14 +150,20 @@ class DecoderOnlyTransformer:
             x = ops.add_rms_norm(hidden, mlp_out, layer.input_norm, eps)
             qkv = layer.qkv(x)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = ops.apply_rotary(q.view(num_tokens, self.local_q_heads, self.head_dim), cos, sin)
-            k = ops.apply_rotary(k.view(num_tokens, self.local_kv_heads, self.head_dim), cos, sin)
+            q = q.view(num_tokens, self.local_q_heads, self.head_dim)
+            k = k.view(num_tokens, self.local_kv_heads, self.head_dim)
+            if layer.q_norm is not None:
+                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            q = ops.apply_rotary(q, cos, sin)
+            k = ops.apply_rotary(k, cos, sin)
             kv_cache.write(index, batch.out_slots, k, v.view(num_tokens, self.local_kv_heads, self.head_dim))
             attn = self.attention.forward(q, kv_cache.k_buffer[index], kv_cache.v_buffer[index], meta)
             attn = attn.reshape(num_tokens, q_size)
             if index == last_layer and rows is not None:
                 attn, hidden = attn[rows], hidden[rows]
             attn_out = self.tp.all_reduce(layer.o(attn))
+            if layer.o_bias is not None:
+                attn_out.add_(layer.o_bias)
             x = ops.add_rms_norm(hidden, attn_out, layer.post_attention_norm, eps)
             act = ops.silu_and_mul(layer.gate_up(x))
             mlp_out = self.tp.all_reduce(layer.down(act))

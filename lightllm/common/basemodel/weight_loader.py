@@ -39,6 +39,7 @@ class SafetensorsCheckpoint:
                     for name in handle.keys():
                         self._name_to_file[name] = path
         self._handles: Dict[Path, object] = {}
+        self._read: set[str] = set()
 
     def has(self, name: str) -> bool:
         """Whether the checkpoint holds tensor ``name``."""
@@ -62,6 +63,7 @@ class SafetensorsCheckpoint:
         if name not in self._name_to_file:
             raise CheckpointError(f"checkpoint {self.model_dir} has no tensor {name!r}")
         handle = self._handle(self._name_to_file[name])
+        self._read.add(name)
         if shard_dim is None:
             tensor = handle.get_tensor(name)
         else:
@@ -70,6 +72,10 @@ class SafetensorsCheckpoint:
             index[shard_dim] = shard
             tensor = view[tuple(index)]
         return tensor.to(dtype).contiguous()
+
+    def unread(self) -> List[str]:
+        """Names of the tensors no :meth:`get` has read, sorted."""
+        return sorted(set(self._name_to_file) - self._read)
 
     def close(self) -> None:
         """Drop open file handles."""

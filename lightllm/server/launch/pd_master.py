@@ -23,7 +23,9 @@ import sys
 from typing import TYPE_CHECKING, List, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.models.model_types import check_model_type
 from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
 from lightllm.server.pd.protocol.node_info import NodeInfo
@@ -72,8 +74,9 @@ def check_master_flags(args: argparse.Namespace) -> None:
 def build_served_model(args: argparse.Namespace) -> ServedModel:
     """The master's model facts from ``--model_dir`` (tokenizer and config only) and the flags."""
     config = ModelConfig.from_dir(args.model_dir)
+    check_model_type(config)
     model_name, names = served_names(args.model_dir, args.model_name)
-    max_len = args.max_req_total_len or config.max_position_embeddings
+    max_len = resolve_max_req_total_len(args.max_req_total_len, config)
     return ServedModel(
         model_name=model_name,
         served_model_names=names,

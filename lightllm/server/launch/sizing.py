@@ -52,6 +52,23 @@ class ServerSizing:
     step_trace_path: Optional[str] = None
 
 
+def resolve_max_req_total_len(flag_value: Optional[int], config: ModelConfig) -> int:
+    """``--max_req_total_len``, by default the model's context (capped by a sliding window).
+
+    A checkpoint with sliding-window layers is served with full attention, which computes the
+    same thing only while a sequence fits in the window: a longer limit is refused.
+    """
+    if flag_value is None:
+        return config.context_limit
+    window = config.sliding_window
+    if window is not None and flag_value > window:
+        raise ArgumentError(
+            f"--max_req_total_len {flag_value} exceeds the checkpoint's sliding window ({window} tokens); this "
+            f"server attends to the whole sequence, which matches the model only within the window: give at most {window}"
+        )
+    return flag_value
+
+
 def plan_sizing(
     args: argparse.Namespace, config: ModelConfig, device: str, cuda_free_bytes: Optional[int] = None
 ) -> ServerSizing:
@@ -71,7 +88,7 @@ def plan_sizing(
             f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}), "
             f"num_key_value_heads ({config.num_key_value_heads}) and intermediate_size ({config.intermediate_size})"
         )
-    max_req_total_len = args.max_req_total_len or config.max_position_embeddings
+    max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     chunked = not args.disable_chunked_prefill
     if args.batch_max_tokens is not None:
         batch_max_tokens = args.batch_max_tokens

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.models.model_types import check_model_type
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
@@ -297,6 +298,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
 
             return run_pd_master(args, front_door)
         model_config = ModelConfig.from_dir(args.model_dir)
+        check_model_type(model_config)
         facts = read_device_facts(args.device)
         if facts.probed:
             log.info("device probe: %d CUDA device(s) visible%s", facts.cuda_device_count,
@@ -304,6 +306,10 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         validate_device_args(args, facts.cuda_device_count)
         # The attention and linear backends are resolved by each rank (see the module docstring).
         sizing = plan_sizing(args, model_config, resolve_device(args, facts), facts.cuda_free_bytes)
+        if model_config.sliding_window is not None:
+            log.info("the checkpoint's layers attend to a sliding window of %d tokens: requests are limited to "
+                     "%d tokens, within which full attention computes the same", model_config.sliding_window,
+                     sizing.max_req_total_len)
         if args.run_mode in PD_NODE_MODES:
             # Imported here, like the HTTP modules below: only a PD node needs it.
             from lightllm.server.launch.pd_node import prepare_pd_node

@@ -23,7 +23,7 @@ from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.models.registry import load_model
 from lightllm.utils.demo_corpus import load_corpus
 from lightllm.utils.demo_model import DEMO_MODEL_FILES, generate_demo_model, main
-from lightllm.utils.demo_model_config import SIZES, check_arch, model_config
+from lightllm.utils.demo_model_config import ARCHITECTURES, SIZES, check_arch, model_config
 from lightllm.utils.demo_tokenizer import SPECIAL_TOKENS, train_demo_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -40,9 +40,9 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-@pytest.fixture(params=["llama", "qwen2"])
+@pytest.fixture(params=sorted(ARCHITECTURES))
 def tiny_dir(request: pytest.FixtureRequest) -> Path:
-    """Both tiny architectures, from the session fixtures in conftest."""
+    """Every tiny architecture, from the session fixtures in conftest."""
     return request.getfixturevalue(f"tiny_{request.param}_dir")
 
 
@@ -72,8 +72,8 @@ def test_different_seed_changes_only_weights(tmp_path: Path, tiny_llama_dir: Pat
 
 def test_config_has_v5_and_legacy_keys(tiny_dir: Path) -> None:
     cfg = _read_json(tiny_dir / "config.json")
-    tied = cfg["model_type"] == "qwen2"
-    assert cfg["architectures"] == ["Qwen2ForCausalLM" if tied else "LlamaForCausalLM"]
+    tied = cfg["model_type"] in ("qwen2", "qwen3")
+    assert cfg["architectures"] == [ARCHITECTURES[cfg["model_type"]]]
     assert cfg["dtype"] == cfg["torch_dtype"] == "float32"
     assert cfg["rope_parameters"] == {"rope_theta": 10000.0, "rope_type": "default"}
     assert cfg["rope_theta"] == 10000.0
@@ -93,8 +93,8 @@ def test_config_has_v5_and_legacy_keys(tiny_dir: Path) -> None:
 def test_tensor_names_follow_transformers(tiny_dir: Path) -> None:
     cfg = _read_json(tiny_dir / "config.json")
     weights = load_file(tiny_dir / "model.safetensors")
-    qwen2 = cfg["model_type"] == "qwen2"
-    assert ("lm_head.weight" in weights) is not qwen2
+    qwen2, qwen3 = cfg["model_type"] == "qwen2", cfg["model_type"] == "qwen3"
+    assert ("lm_head.weight" in weights) is not (qwen2 or qwen3)
     head_dim = cfg["head_dim"]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -102,6 +102,7 @@ def test_tensor_names_follow_transformers(tiny_dir: Path) -> None:
         assert weights[p + "self_attn.k_proj.weight"].shape == (cfg["num_key_value_heads"] * head_dim, cfg["hidden_size"])
         assert weights[p + "mlp.down_proj.weight"].shape == (cfg["hidden_size"], cfg["intermediate_size"])
         assert (p + "self_attn.v_proj.bias" in weights) is qwen2
+        assert (p + "self_attn.q_norm.weight" in weights) is (p + "self_attn.k_norm.weight" in weights) is qwen3
         # Norm weights carry noise so a loader that swaps or ignores them is caught.
         ln_in, ln_post = weights[p + "input_layernorm.weight"], weights[p + "post_attention_layernorm.weight"]
         assert not torch.equal(ln_in, torch.ones_like(ln_in)) and not torch.equal(ln_in, ln_post)
@@ -219,12 +220,13 @@ def test_small_preset_runs_past_2k_tokens(small_llama_dir: Path) -> None:
 
 
 def _params_from_config(cfg: Dict[str, object]) -> int:
-    """Parameter count of a Llama/Qwen2 checkpoint computed from its config.json alone."""
+    """Parameter count of a demo checkpoint computed from its config.json alone."""
     hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     q_out = cfg["num_attention_heads"] * cfg["head_dim"]
     kv_out = cfg["num_key_value_heads"] * cfg["head_dim"]
-    qwen2 = cfg["model_type"] == "qwen2"
+    qwen2, qwen3 = cfg["model_type"] == "qwen2", cfg["model_type"] == "qwen3"
     attn = 2 * hidden * q_out + 2 * hidden * kv_out + (q_out + 2 * kv_out if qwen2 else 0)
+    attn += 2 * cfg["head_dim"] if qwen3 else 0  # per-head q and k norms
     layer = attn + 3 * hidden * inter + 2 * hidden
     embeddings = vocab * hidden * (1 if cfg["tie_word_embeddings"] else 2)
     return embeddings + cfg["num_hidden_layers"] * layer + hidden
@@ -262,6 +264,9 @@ def test_medium_preset_shape_and_parameter_count(medium_llama_dir: Path) -> None
     qwen2_cfg = model_config(check_arch("qwen2"), SIZES["medium"], SPECIAL_TOKENS)
     assert _params_from_config(qwen2_cfg) == SIZES["medium"].num_parameters(check_arch("qwen2"))
     assert 75_000_000 < _params_from_config(qwen2_cfg) < expected
+    for arch in ("mistral", "qwen3"):
+        cfg = model_config(check_arch(arch), SIZES["medium"], SPECIAL_TOKENS)
+        assert _params_from_config(cfg) == SIZES["medium"].num_parameters(check_arch(arch)), arch
 
 
 def test_medium_preset_greedy_matches_transformers(medium_llama_dir: Path) -> None:

@@ -97,7 +97,7 @@ def test_kernel_refuses_shapes_it_has_no_variant_for(library):
     assert code == 1
 
 
-@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir"])
 def model_dir(request):
     return str(request.getfixturevalue(request.param))
 

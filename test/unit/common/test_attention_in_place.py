@@ -28,7 +28,7 @@ from attention_scenario_support import (
 )
 
 
-@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir"])
 def model_dir(request):
     return str(request.getfixturevalue(request.param))
 

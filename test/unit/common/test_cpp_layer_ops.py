@@ -218,7 +218,7 @@ def test_empty_batches():
     assert ops.silu_and_mul(torch.empty(0, 10)).shape == (0, 5)
 
 
-@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir"])
 def model_dir(request) -> str:
     return str(request.getfixturevalue(request.param))
 

@@ -39,7 +39,7 @@ def _prefill(model, all_logits: bool, logit_index=None) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("arch_dir", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("arch_dir", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir"])
 def test_logit_rows_equal_the_rows_of_a_full_forward(request, arch_dir, backend):
     model = load_model(str(request.getfixturevalue(arch_dir)), dtype=torch.float32, attention=build_attention_backend(backend))
     every_row = _prefill(model, all_logits=True)

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.models.registry import load_model
 
-ARCH_FIXTURES = ["tiny_llama_dir", "tiny_qwen2_dir"]
+ARCH_FIXTURES = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir", "tiny_mistral_dir"]
 
 
 def _prompts(vocab: int, lengths, seed: int = 0):

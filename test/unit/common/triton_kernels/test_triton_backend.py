@@ -105,7 +105,7 @@ def _run(model, prompts: List[List[int]]) -> List[torch.Tensor]:
     return outputs
 
 
-@pytest.mark.parametrize("arch_dir", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("arch_dir", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir"])
 def test_triton_backend_in_the_model_matches_torch_backend(request, device, arch_dir):
     model_dir = str(request.getfixturevalue(arch_dir))
     reference = load_model(model_dir, dtype=torch.float32, device=device, attention=TorchSdpaAttention())

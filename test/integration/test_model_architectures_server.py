@@ -1,0 +1,122 @@
+"""Real servers on the newer architectures: Qwen3 over two tensor-parallel ranks and a Mistral with
+a sliding window, greedy over HTTP against transformers; and the launcher's one-line refusals of
+checkpoints it cannot serve, before any process starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
+from lightllm.utils.demo_model import generate_demo_model
+from lightllm.utils.process_utils import free_port
+from server_process import start_server
+
+WINDOW = 64
+
+
+def _rewrite_config(model_dir: Path, **changes) -> None:
+    path = model_dir / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _greedy_ids(url: str, prompt: str, max_tokens: int) -> list[int]:
+    ids = []
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "do_sample": False, "ignore_eos": True}}
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data:"):
+                ids.append(json.loads(line[5:])["token"]["id"])
+    return ids
+
+
+def _reference(model_dir: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation, token by token (its generate would stop at the checkpoint's EOS ids)."""
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    out = []
+    for prompt in prompts:
+        sequence = tokenizer(prompt)["input_ids"]
+        start = len(sequence)
+        with torch.no_grad():
+            for _ in range(max_tokens):
+                sequence.append(int(hf(torch.tensor([sequence])).logits[0, -1].argmax()))
+        out.append(sequence[start:])
+    return out
+
+
+def _prompts(model_dir: Path, lengths: tuple[int, ...]) -> list[str]:
+    """Text prompts of at least these token counts (at most two more)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    words = [tokenizer.decode([t]).strip() or "x" for t in range(40, 240)]
+    prompts = []
+    for n in lengths:
+        text, i = "", 0
+        while len(tokenizer(text)["input_ids"]) < n:
+            text += " " + words[(i * 53 + n) % len(words)]
+            i += 1
+        prompts.append(text)
+    return prompts
+
+
+def test_qwen3_over_two_tensor_parallel_ranks_serves_transformers_greedy(tiny_qwen3_dir, tmp_path):
+    prompts = _prompts(tiny_qwen3_dir, (7, 45, 130))
+    server = start_server(tiny_qwen3_dir, tmp_path, ["--tp", "2", "--max_total_token_num", "4096"])
+    try:
+        served = [_greedy_ids(server.url, p, 12) for p in prompts]
+    finally:
+        server.stop()
+    assert served == _reference(tiny_qwen3_dir, prompts, 12)
+
+
+def test_a_sliding_window_checkpoint_is_served_within_its_window(tmp_path):
+    model_dir = generate_demo_model(tmp_path / "mistral_window", arch="mistral", size="tiny", seed=3)
+    _rewrite_config(model_dir, sliding_window=WINDOW)
+    prompts = _prompts(model_dir, (9, WINDOW - 16))
+    assert all(len(ids) + 12 <= WINDOW for ids in AutoTokenizer.from_pretrained(str(model_dir))(prompts)["input_ids"])
+    server = start_server(model_dir, tmp_path, ["--max_total_token_num", "4096"])
+    try:
+        models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+        assert models[0]["max_model_len"] == WINDOW  # the window, not max_position_embeddings (1024)
+        served = [_greedy_ids(server.url, p, 12) for p in prompts]
+        too_long = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
+            "model": server.model_name, "prompt": "word " * WINDOW, "max_tokens": 8})
+        assert too_long.status_code == 400 and str(WINDOW) in too_long.json()["error"]["message"]
+    finally:
+        server.stop()
+    assert "sliding window of 64 tokens" in server.log()
+    assert served == _reference(model_dir, prompts, 12)
+
+
+def _launch(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--port", str(free_port()), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def _errors(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+
+
+def test_the_launcher_refuses_what_it_cannot_serve_in_one_line(tiny_mistral_dir, tmp_path):
+    other = tmp_path / "gpt2"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**json.loads((tiny_mistral_dir / "config.json").read_text()),
+                                                   "model_type": "gpt2"}))
+    proc = _launch(["--model_dir", str(other)])
+    assert proc.returncode == EXIT_INVALID_CONFIG
+    assert _errors(proc) == ["error: model_type 'gpt2' is not supported; supported: llama, mistral, qwen2, qwen3"]
+    (other / "config.json").write_text(json.dumps({**json.loads((tiny_mistral_dir / "config.json").read_text()),
+                                                   "sliding_window": WINDOW}))
+    proc = _launch(["--model_dir", str(other), "--max_req_total_len", "100"])
+    assert proc.returncode == EXIT_INVALID_CONFIG
+    assert _errors(proc) == [
+        "error: --max_req_total_len 100 exceeds the checkpoint's sliding window (64 tokens); this server attends "
+        "to the whole sequence, which matches the model only within the window: give at most 64"]
+    assert "starting: model=" not in proc.stdout + proc.stderr
