@@ -35,6 +35,9 @@ class GenerationEvent:
     # On a request's first event only, when prompt logprobs were asked for: ``(token_id,
     # logprob, {token_id: logprob})`` of prompt positions 1.. (position 0 has none).
     prompt_logprobs: Optional[List[Any]] = None
+    # On a request's last event, when it finished with "stop": the stop string or stop token id
+    # that ended it (vLLM's stop_reason; None for EOS).
+    stop_reason: Optional[int | str] = None
 
 
 @runtime_checkable

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import jinja2
+
 
 def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[str, List[str]]:
     """``(model_name, served_model_names)`` from ``--model_dir`` and ``--model_name``.
@@ -31,6 +33,12 @@ def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[
 def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> List[int]:
     """Token ids of ``text``, by default with the special tokens (BOS) the tokenizer adds."""
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+class ChatTemplateSyntaxError(ValueError):
+    """A request's own ``chat_template`` is not a valid Jinja template (``param`` names the field)."""
+
+    param = "chat_template"
 
 
 def encode_chat_messages(
@@ -52,6 +60,11 @@ def encode_chat_messages(
             continue_final_message=continue_final_message,
             **(chat_template_kwargs or {}),
         )
+    except jinja2.TemplateSyntaxError as exc:
+        if (chat_template_kwargs or {}).get("chat_template"):
+            raise ChatTemplateSyntaxError(
+                f"chat_template is not a valid Jinja template: {exc.message} (line {exc.lineno})") from exc
+        raise ValueError(f"chat template failed: {exc}") from exc
     except Exception as exc:
         raise ValueError(f"chat template failed: {exc}") from exc
     # The template writes BOS itself when it wants one; encode without adding another.

@@ -65,12 +65,15 @@ def _summary(path: str, status: int, text: str) -> Dict[str, Any]:
     if not text.startswith("data:"):
         body = json.loads(text)
         choice = body["choices"][0]
-        return {"text": choice["text"], "count": body["usage"]["completion_tokens"], "finish": choice["finish_reason"]}
+        return {"text": choice["text"], "count": body["usage"]["completion_tokens"], "finish": choice["finish_reason"],
+                "stop_reason": choice["stop_reason"]}
     chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
     assert not any("error" in chunk for chunk in chunks), chunks
     pieces = [choice["text"] for chunk in chunks for choice in chunk.get("choices") or []]
     finish = [choice["finish_reason"] for chunk in chunks for choice in chunk.get("choices") or []][-1]
-    return {"text": "".join(pieces), "count": chunks[-1]["usage"]["completion_tokens"], "finish": finish}
+    stop_reason = [choice["stop_reason"] for chunk in chunks for choice in chunk.get("choices") or []][-1]
+    return {"text": "".join(pieces), "count": chunks[-1]["usage"]["completion_tokens"], "finish": finish,
+            "stop_reason": stop_reason}
 
 
 def _send_all(url: str, requests: List[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -140,8 +143,24 @@ def test_stop_string_straddling_a_segment_boundary_ends_like_a_normal_server(clu
     assert ours == _send_all(normal.url, requests)
     for (_, body), got in zip(requests, ours):
         assert got["finish"] == "stop" and boundary_tokens < got["count"] < MAX_TOKENS, got
-        assert got["text"].endswith(stop) == body["include_stop_str_in_output"]
+        assert got["text"].endswith(stop) == body["include_stop_str_in_output"] and got["stop_reason"] == stop
     # The master ended these requests mid-segment: the nodes aborted them and freed their KV.
     for node in cluster.nodes.values():
         node.wait_idle()
         assert node.metric("lightllm_kv_allocatable_tokens") == node.metric("lightllm_kv_total_tokens"), node.url
+
+
+def test_a_stop_token_in_a_later_segment_ends_like_a_normal_server(cluster, normal):
+    # The master decodes the text: the stop token's text is left out (or kept) and named in
+    # stop_reason exactly as a normal server's detokenizer does it.
+    prompt = "def 16"
+    ids, _ = _reference_tokens(normal, prompt)
+    at = next(i for i in range(SEGMENT_TOKENS + 1, len(ids)) if ids[i] not in ids[:i])
+    requests = [("/v1/completions", {"model": normal.model_name, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                     "temperature": 0, "ignore_eos": True, "stop_token_ids": [ids[at]],
+                                     "include_stop_str_in_output": include, "stream": stream,
+                                     **({"stream_options": {"include_usage": True}} if stream else {})})
+                for include in (False, True) for stream in (False, True)]
+    ours = _send_all(cluster.master.url, requests)
+    assert ours == _send_all(normal.url, requests)
+    assert all(got["finish"] == "stop" and got["count"] == at + 1 and got["stop_reason"] == ids[at] for got in ours)

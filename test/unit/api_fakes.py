@@ -33,6 +33,7 @@ class FakeEvent:
     cached_tokens: int
     completion_tokens: int
     top_logprobs: dict[int, float] | None
+    stop_reason: int | str | None = None
 
 
 class FakeTokenizer:

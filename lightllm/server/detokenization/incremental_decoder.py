@@ -14,6 +14,9 @@ class TextOptions(Protocol):
     skip_special_tokens: bool
     include_stop_str_in_output: bool
     print_eos_token: bool
+    stop_token_ids: Sequence[int]
+    ignore_eos: bool
+    min_new_tokens: int
 
 
 class IncrementalDecoder:
@@ -25,7 +28,14 @@ class IncrementalDecoder:
 
     Stop strings: text that could be the start of a stop string is held back; when a stop
     string appears, the text before it (and the stop string itself with
-    ``include_stop_str``) is released and the decoder reports the hit.
+    ``include_stop_str``) is released and the decoder reports the hit.  As in vLLM, stop strings
+    count only from the ``min_tokens``-th output token on: one that ends in the text of an
+    earlier token does not stop the request.
+
+    ``ending_ids`` are the tokens that end the request when sampled (its stop token ids, and
+    the EOS ids unless it ignores EOS): their own text is left out unless ``include_stop_str``
+    (vLLM's rule).  :attr:`stop_reason` is the stop string, or the id among ``stop_token_ids``,
+    that ended the request; None for EOS and length, as vLLM reports it.
 
     ``skip_special_tokens=False`` keeps the text of special tokens (EOS, chat markers);
     ``shown_ids`` are special tokens whose text is kept even when the others are skipped
@@ -40,6 +50,9 @@ class IncrementalDecoder:
         skip_special_tokens: bool = True,
         include_stop_str: bool = False,
         shown_ids: Sequence[int] = (),
+        min_tokens: int = 0,
+        ending_ids: Sequence[int] = (),
+        stop_token_ids: Sequence[int] = (),
     ):
         self.tokenizer = tokenizer
         self.ids: List[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
@@ -54,6 +67,14 @@ class IncrementalDecoder:
         self.skip_special_tokens = skip_special_tokens
         self.include_stop_str = include_stop_str
         self.shown_ids = frozenset(shown_ids) if skip_special_tokens else frozenset()
+        self.min_tokens = min_tokens
+        self.outputs = 0  # output tokens added
+        # A stop string must end beyond this many characters of text (the text before the
+        # min_tokens-th token).
+        self._stop_floor = 0
+        self._hidden_ids = frozenset() if include_stop_str else frozenset(ending_ids)
+        self._stop_token_ids = frozenset(stop_token_ids)
+        self.stop_reason: int | str | None = None
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(
@@ -64,6 +85,13 @@ class IncrementalDecoder:
         """Append a token; returns the text that may be shown now (possibly empty)."""
         if self.stopped:
             return ""
+        self.outputs += 1
+        if self.outputs == self.min_tokens:
+            self._stop_floor = len(self.text)
+        if token_id in self._stop_token_ids:
+            self.stop_reason = token_id
+        if token_id in self._hidden_ids:
+            return self._release()
         if token_id in self.shown_ids:
             # Skipped special tokens decode to nothing, so leaving this one out of the window
             # changes no neighbour's text; its own text is appended whole.
@@ -80,11 +108,13 @@ class IncrementalDecoder:
 
     def _release(self) -> str:
         if self.stop_sequences:
-            hit = self._find_stop()
+            hit = self._find_stop() if self.outputs >= self.min_tokens else None
             if hit is not None:
                 self.stopped = True
+                stop = min((s for s in self.stop_sequences if self.text.startswith(s, hit)), key=len)
+                self.stop_reason = stop
                 if self.include_stop_str:
-                    hit += min(len(s) for s in self.stop_sequences if self.text.startswith(s, hit))
+                    hit += len(stop)
                 piece = self.text[self.emitted : hit]
                 self.text = self.text[:hit]
                 self.emitted = hit
@@ -97,9 +127,10 @@ class IncrementalDecoder:
         return piece
 
     def _find_stop(self) -> Optional[int]:
-        # Only text not yet released can contain a new stop string.
+        # Only text not yet released can contain a new stop string, and it must end past the floor.
         start = max(0, self.emitted - self._longest_stop)
-        positions = [p for p in (self.text.find(s, start) for s in self.stop_sequences) if p >= 0]
+        positions = [p for p in (self.text.find(s, max(start, self._stop_floor - len(s) + 1))
+                                 for s in self.stop_sequences) if p >= 0]
         return min(positions) if positions else None
 
     def _partial_stop_len(self) -> int:
@@ -130,6 +161,9 @@ def request_decoder(
     and the PD master (which decodes a generation across its segments) must produce the same
     text from the same tokens.
     """
+    ending = list(options.stop_token_ids)
+    if not options.ignore_eos and not options.print_eos_token:
+        ending += eos_token_ids  # print_eos_token keeps the EOS text (LightLLM's native option)
     return IncrementalDecoder(
         tokenizer,
         prompt_ids,
@@ -137,4 +171,7 @@ def request_decoder(
         skip_special_tokens=options.skip_special_tokens,
         include_stop_str=options.include_stop_str_in_output,
         shown_ids=eos_token_ids if options.print_eos_token else (),
+        min_tokens=options.min_new_tokens,
+        ending_ids=ending,
+        stop_token_ids=[t for t in options.stop_token_ids if options.ignore_eos or t not in eos_token_ids],
     )

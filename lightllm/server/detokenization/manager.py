@@ -139,9 +139,9 @@ class DetokenizationManager:
                 # Complete once the first token is out: every prefill chunk ran before it.
                 prompt_logprobs = self.shm.prompt_logprobs(slot, request_id)
                 state.prompt_logprobs_sent = True
-            self._outbox.append(
-                DetokenizedOutput(request_id, events, finish_reason, output.prompt_cache_len, prompt_logprobs)
-            )
+            stop_reason = state.decoder.stop_reason if finish_reason == "stop" else None
+            self._outbox.append(DetokenizedOutput(request_id, events, finish_reason, output.prompt_cache_len,
+                                                  prompt_logprobs, stop_reason))
 
     def serve_forever(self) -> None:
         """Process messages as they come."""

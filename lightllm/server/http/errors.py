@@ -136,7 +136,8 @@ def manager_error(exc: Exception, param: str | None = None) -> APIError:
         # Only server code assigns ids (a PD master); a clash is a conflict, not a bad body.
         return APIError(409, str(exc), INVALID_REQUEST, None, "duplicate_request_id")
     if isinstance(exc, ValueError):
-        return invalid_request(str(exc), param)
+        # An error that knows its field (a request's own chat template) names it.
+        return invalid_request(str(exc), getattr(exc, "param", None) or param)
     logger.error("request failed inside the request manager", exc_info=exc)
     return internal_error()
 

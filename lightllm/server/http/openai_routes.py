@@ -18,7 +18,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.body import parse_body
-from lightllm.server.http.errors import APIError, JSONErrorRoute, internal_error, model_not_found, sse_error
+from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, model_not_found,
+                                         sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
 from lightllm.server.http.openai_shapes import (
@@ -125,6 +126,11 @@ class OpenAIEndpoints:
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
                                            public_names)
+            if requested == 0 and len(prompt_ids) >= self.manager.max_req_total_len:
+                raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then dropped), "
+                               f"so the {prompt_param} may hold at most {self.manager.max_req_total_len - 1} tokens "
+                               f"on this server (--max_req_total_len {self.manager.max_req_total_len}); it has "
+                               f"{len(prompt_ids)}", INVALID_REQUEST, prompt_param, "context_length_exceeded")
             check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len,
                                  prompt_param=prompt_param, prompt_noun=prompt_param, tokens_param=tokens_param)
             jobs.extend(choice_jobs(prompt_index, prompt_ids, params, body.candidates))

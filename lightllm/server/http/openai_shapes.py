@@ -35,6 +35,11 @@ def final_finish_reason(events: list[Any]) -> str:
     return events[-1].finish_reason or "abort"
 
 
+def final_stop_reason(events: list[Any]) -> int | str | None:
+    """vLLM's ``stop_reason`` of a collected choice: the stop string or stop token id that ended it."""
+    return events[-1].stop_reason if events else None
+
+
 class UsageTracker:
     """Token counts of a request: each prompt counted once, every choice's completion."""
 
@@ -228,13 +233,15 @@ class CompletionShaper:
         offset = self._offsets.get(index, 0)
         self._offsets[index] = offset + len(text)
         logprobs = self._formatter.completion(records, offset) if self._with_logprobs else None
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason,
+                "stop_reason": event.stop_reason}
 
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The whole choice of a non-streaming response."""
         text, records = self._records(index, events)
         logprobs = self._formatter.completion(records, 0) if self._with_logprobs else None
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": final_finish_reason(events)}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": final_finish_reason(events),
+                  "stop_reason": final_stop_reason(events)}
         if self._prompt_logprobs is not None and events:
             choice["prompt_logprobs"] = self._formatter.vllm_prompt_logprobs(
                 self._prompts[index // self._n], events[0], self._prompt_logprobs)
@@ -279,10 +286,10 @@ class ChatShaper:
             return None
         logprobs = self._formatter.chat([event]) if self._with_logprobs else None
         return {"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
-                "finish_reason": event.finish_reason}
+                "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
 
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The whole choice of a non-streaming response."""
         return {"index": index, "message": {"role": "assistant", "content": "".join(event.text for event in events)},
                 "logprobs": self._formatter.chat(events) if self._with_logprobs else None,
-                "finish_reason": final_finish_reason(events)}
+                "finish_reason": final_finish_reason(events), "stop_reason": final_stop_reason(events)}

@@ -51,7 +51,8 @@ class PendingRequest:
         if not tokens and message.finish_reason is not None:
             self.finished = True
             self.queue.put_nowait(
-                GenerationEvent(message.request_id, -1, "", 0.0, message.finish_reason, self.prompt_tokens, message.prompt_cache_len, self.completion_tokens)
+                GenerationEvent(message.request_id, -1, "", 0.0, message.finish_reason, self.prompt_tokens,
+                                message.prompt_cache_len, self.completion_tokens, stop_reason=message.stop_reason)
             )
             return
         for i, token in enumerate(tokens):
@@ -69,6 +70,7 @@ class PendingRequest:
                     self.completion_tokens,
                     None if token.top_logprobs is None else dict(token.top_logprobs),
                     _prompt_logprobs(message.prompt_logprobs) if i == 0 else None,
+                    message.stop_reason if last else None,
                 )
             )
         if message.finish_reason is not None:

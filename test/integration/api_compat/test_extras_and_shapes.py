@@ -200,3 +200,64 @@ def test_model_name_list_is_served(tiny_llama_dir, tmp_path):
         assert missing.status_code == 404 and "'first', 'second'" in missing.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_stop_token_ids_end_without_their_text_and_name_the_stop(tiny_server, tokenizer):
+    # vLLM: the stop token's text is left out (kept with include_stop_str_in_output) and
+    # stop_reason names the stop token id or stop string; EOS and length report none.
+    url = f"{tiny_server.url}/v1/completions"
+    base = {"model": tiny_server.model_name, "prompt": "import os\nimport sys", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+    full = httpx.post(url, json=base, timeout=60).json()["choices"][0]
+    assert full["finish_reason"] == "length" and full["stop_reason"] is None
+    ids = [int(token.removeprefix("token_id:")) for token in full["logprobs"]["tokens"]]
+    at = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i] and tokenizer.decode(ids[i]).strip())
+    for keep in (False, True):
+        body = {**base, "stop_token_ids": [ids[at]], "include_stop_str_in_output": keep}
+        choice = httpx.post(url, json=body, timeout=60).json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] == ids[at]
+        assert choice["text"] == tokenizer.decode(ids[: at + keep])
+        streamed = sse_chunks(url, {**body, "stream": True})
+        assert "".join(chunk["choices"][0]["text"] for chunk in streamed) == choice["text"]
+        assert streamed[-1]["choices"][0]["stop_reason"] == ids[at]
+    stop = tokenizer.decode(ids[at])
+    choice = httpx.post(url, json={**base, "stop": [stop]}, timeout=60).json()["choices"][0]
+    assert choice["stop_reason"] == stop
+    chat = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "temperature": 0, "ignore_eos": True, "logprobs": True, "return_tokens_as_token_ids": True}
+    chat_url = f"{tiny_server.url}/v1/chat/completions"
+    first = httpx.post(chat_url, json=chat, timeout=60).json()["choices"][0]["logprobs"]["content"][0]["token"]
+    first_id = int(first.removeprefix("token_id:"))
+    stopped = httpx.post(chat_url, json={**chat, "stop_token_ids": [first_id]}, timeout=60).json()["choices"][0]
+    assert stopped["message"]["content"] == "" and stopped["stop_reason"] == first_id
+
+
+def test_min_tokens_holds_stop_strings_back_too(tiny_server):
+    url = f"{tiny_server.url}/v1/completions"
+    base = {"model": tiny_server.model_name, "prompt": "import os\nimport sys", "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0}
+    full = httpx.post(url, json=base, timeout=60).json()["choices"][0]
+    tokens = full["logprobs"]["tokens"]
+    stop = tokens[1]
+    early = httpx.post(url, json={**base, "stop": [stop]}, timeout=60).json()["choices"][0]
+    assert early["finish_reason"] == "stop" and len(early["logprobs"]["tokens"]) <= 2
+    held = httpx.post(url, json={**base, "stop": [stop], "min_tokens": 6}, timeout=60).json()["choices"][0]
+    assert len(held["logprobs"]["tokens"]) >= 6
+    assert held["text"] == full["text"][: len(held["text"])]
+    assert held["finish_reason"] == "length" or held["stop_reason"] == stop
+
+
+def test_request_template_errors_name_chat_template_and_echo_scoring_names_the_room(tiny_server):
+    chat = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "chat_template": "{% for m in messages %}{{ m.content }"}
+    answer = httpx.post(f"{tiny_server.url}/v1/chat/completions", json=chat, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "chat_template"
+    assert "not a valid Jinja template" in answer.json()["error"]["message"]
+    limit = httpx.get(f"{tiny_server.url}/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+    body = {"model": tiny_server.model_name, "prompt": [5] * limit, "max_tokens": 0, "echo": True, "logprobs": 1}
+    answer = httpx.post(f"{tiny_server.url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "prompt"
+    assert f"at most {limit - 1} tokens" in answer.json()["error"]["message"]
+    body["prompt"] = [5] * (limit - 1)
+    answer = httpx.post(f"{tiny_server.url}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200 and len(answer.json()["choices"][0]["logprobs"]["tokens"]) == limit - 1

@@ -1,10 +1,11 @@
-"""Incremental detokenization and stop strings."""
+"""Incremental detokenization, stop strings and stop tokens."""
 
 from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder, request_decoder
 
 
 def _pieces(tokenizer, ids, stops=()):
@@ -78,3 +79,57 @@ def test_shown_ids_keep_the_eos_text_while_other_special_tokens_are_skipped(tiny
     unskipped = IncrementalDecoder(tokenizer, [1], skip_special_tokens=False, shown_ids=[eos])
     text = "".join(unskipped.add(t) for t in ids) + unskipped.flush()
     assert text.count(tokenizer.eos_token) == 1 and "<|im_end|>" in text
+
+
+def _decode_request(tokenizer, ids, eos_ids=(), **options):
+    """Text and stop reason of ``ids`` under a request's options, as the detokenizer decodes them."""
+    decoder = request_decoder(tokenizer, [1], SamplingParams(**options), list(eos_ids))
+    text = ""
+    for token in ids:
+        text += decoder.add(token)
+        if decoder.stopped:
+            break
+    return text + decoder.flush(), decoder
+
+
+def test_a_stop_token_id_ends_without_its_text_unless_asked_and_names_itself(tiny_llama_dir):
+    # vLLM: a stop token's text is dropped unless include_stop_str_in_output; stop_reason is its id.
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    ids = tokenizer("alpha beta gamma", add_special_tokens=False)["input_ids"]
+    stop = ids[-1]
+    text, decoder = _decode_request(tokenizer, ids, stop_token_ids=[stop])
+    assert text == tokenizer.decode(ids[:-1]) and decoder.stop_reason == stop
+    text, decoder = _decode_request(tokenizer, ids, stop_token_ids=[stop], include_stop_str_in_output=True)
+    assert text == tokenizer.decode(ids) and decoder.stop_reason == stop
+
+
+def test_eos_text_is_dropped_even_unskipped_and_reports_no_stop_reason(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    eos = tokenizer.eos_token_id
+    ids = tokenizer("hello", add_special_tokens=False)["input_ids"] + [eos]
+    text, decoder = _decode_request(tokenizer, ids, [eos], skip_special_tokens=False, stop_token_ids=[eos])
+    assert text == "hello" and decoder.stop_reason is None  # EOS, as vLLM reports it
+    text, _ = _decode_request(tokenizer, ids, [eos], skip_special_tokens=False, include_stop_str_in_output=True)
+    assert text == "hello" + tokenizer.eos_token
+    # ignore_eos: EOS is an ordinary token, kept when special tokens are shown.
+    text, _ = _decode_request(tokenizer, ids, [eos], skip_special_tokens=False, ignore_eos=True)
+    assert text == "hello" + tokenizer.eos_token
+    # LightLLM's print_eos_token keeps it.
+    text, _ = _decode_request(tokenizer, ids, [eos], print_eos_token=True)
+    assert text == "hello" + tokenizer.eos_token
+
+
+def test_stop_strings_count_only_from_min_tokens_on(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    ids = tokenizer("ab STOP cd STOP ef", add_special_tokens=False)["input_ids"]
+    first_end = next(i for i in range(len(ids)) if "STOP" in tokenizer.decode(ids[: i + 1]))
+    text, decoder = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64)
+    assert text == "ab " and decoder.stop_reason == "STOP"
+    # The first STOP ends in the text of an earlier token than the min_tokens-th: the second one stops.
+    text, decoder = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
+                                    min_new_tokens=first_end + 2)
+    assert text == "ab STOP cd " and decoder.stop_reason == "STOP"
+    # A stop string ending in the min_tokens-th token's own text counts.
+    text, _ = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
+                              min_new_tokens=first_end + 1)
+    assert text == "ab "

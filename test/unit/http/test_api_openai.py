@@ -22,7 +22,8 @@ def test_completion_response_shape(client: TestClient, manager: FakeManager) -> 
     assert data["object"] == "text_completion"
     assert data["model"] == MODEL
     assert isinstance(data["created"], int)
-    assert data["choices"] == [{"index": 0, "text": " w0 w2", "logprobs": None, "finish_reason": "stop"}]
+    assert data["choices"] == [{"index": 0, "text": " w0 w2", "logprobs": None, "finish_reason": "stop",
+                                "stop_reason": None}]
     assert data["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
                              "prompt_tokens_details": {"cached_tokens": 2}}
     params = manager.calls[0].params
@@ -215,7 +216,7 @@ def test_finish_event_without_token(client: TestClient, manager: FakeManager) ->
     assert data["choices"][0]["logprobs"]["tokens"] == ["<20>", "<21>", "<22>"]
     chunks = sse_events(chat(client, stream=True, logprobs=True))[:-1]
     assert chunks[-1]["choices"][0] == {"index": 0, "delta": {"content": ""}, "logprobs": {"content": []},
-                                        "finish_reason": "stop"}
+                                        "finish_reason": "stop", "stop_reason": None}
     native = client.post("/generate", json={"inputs": "hi", "parameters": {"return_details": True}}).json()
     assert [token["id"] for token in native["details"]["tokens"]] == [20, 21, 22]
     assert native["count_output_tokens"] == 3 and native["finish_reason"] == "stop"
@@ -237,7 +238,7 @@ def test_chat_response_shape(client: TestClient, manager: FakeManager) -> None:
     data = chat(client, messages=messages, max_completion_tokens=6, max_tokens=2).json()
     assert data["id"].startswith("chatcmpl-") and data["object"] == "chat.completion"
     assert data["choices"] == [{"index": 0, "message": {"role": "assistant", "content": " w0 w2"},
-                                "logprobs": None, "finish_reason": "stop"}]
+                                "logprobs": None, "finish_reason": "stop", "stop_reason": None}]
     assert data["usage"]["completion_tokens"] == 3
     assert manager.chat_messages[0] == [{"role": "system", "content": "be brief"},
                                         {"role": "user", "content": "a\nb"},

@@ -89,6 +89,8 @@ class DetokenizedOutput:
     # ``(token_id, logprob, top)`` of prompt positions 1.. on the request's first message, for a
     # request that asked for prompt logprobs.
     prompt_logprobs: List[Tuple[int, float, List[Tuple[int, float]]]] | None = None
+    # With finish_reason "stop": the stop string or stop token id that ended it (None for EOS).
+    stop_reason: int | str | None = None
 
 
 @dataclass

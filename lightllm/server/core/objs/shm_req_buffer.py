@@ -431,6 +431,9 @@ class ShmReqBuffer(SharedArraySegment):
             skip_special_tokens=bool(rec["skip_special_tokens"]),
             include_stop_str_in_output=bool(rec["include_stop_str_in_output"]),
             print_eos_token=bool(rec["print_eos_token"]),
+            stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
+            ignore_eos=bool(rec["ignore_eos"]),
+            min_new_tokens=int(rec["min_new_tokens"]),
         )
 
     def read_output(self, slot: int, request_id: int, start: int, end: Optional[int] = None) -> OutputSnapshot:

@@ -3,7 +3,7 @@ views of a request record, and the errors of a record that is not the caller's."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST
@@ -51,6 +51,9 @@ class DecodeOptions:
     skip_special_tokens: bool
     include_stop_str_in_output: bool
     print_eos_token: bool = False
+    stop_token_ids: List[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True)

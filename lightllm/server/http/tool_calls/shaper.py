@@ -58,7 +58,8 @@ class ToolChatShaper(ChatShaper):
         if not delta and finish_reason is None and not self._with_logprobs:
             return None
         logprobs = self._formatter.chat([event]) if self._with_logprobs else None
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+                "stop_reason": event.stop_reason}
 
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The whole choice: ``message.tool_calls`` when the output holds calls."""

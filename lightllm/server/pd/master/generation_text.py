@@ -44,7 +44,8 @@ class GenerationText:
         return self._decoder.stopped
 
     def apply(self, event: GenerationEvent) -> None:
-        """Set ``event.text`` to the text the client gets now; ``finish_reason`` ``stop`` on a stop string.
+        """Set ``event.text`` to the text the client gets now; ``finish_reason`` ``stop`` on a stop string,
+        and ``stop_reason`` on a stop (the string or the stop token id).
 
         A token-less finish (``token_id`` < 0) and any finishing event carry the text still
         held back (a partial stop string), as the detokenizer releases it at a request's end.
@@ -53,8 +54,11 @@ class GenerationText:
             event.text = self._decoder.add(event.token_id)
             if self._decoder.stopped:
                 event.finish_reason = "stop"
+                event.stop_reason = self._decoder.stop_reason
                 return
         else:
             event.text = ""
         if event.finish_reason:
             event.text += self._decoder.flush()
+            if event.finish_reason == "stop":
+                event.stop_reason = self._decoder.stop_reason
