@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -90,3 +91,15 @@ def start_server(
         time.sleep(0.3)
     handle.stop(signal.SIGKILL)
     raise RuntimeError(f"server did not become healthy in {START_TIMEOUT_SECONDS}s:\n{handle.log()}")
+
+
+def stream_token_ids(url: str, prompt: str, max_new_tokens: int, timeout: float = 120) -> list[int]:
+    """Token ids of a greedy ``/generate_stream`` answer to ``prompt`` (EOS ignored)."""
+    ids = []
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "do_sample": False, "ignore_eos": True}}
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=timeout) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data:"):
+                ids.append(json.loads(line[5:])["token"]["id"])
+    return ids

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
 from lightllm.utils.demo_model import generate_demo_model
 from lightllm.utils.process_utils import free_port
-from server_process import start_server
+from server_process import start_server, stream_token_ids
 
 WINDOW = 64
 
@@ -24,17 +24,6 @@ WINDOW = 64
 def _rewrite_config(model_dir: Path, **changes) -> None:
     path = model_dir / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-
-
-def _greedy_ids(url: str, prompt: str, max_tokens: int) -> list[int]:
-    ids = []
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens, "do_sample": False, "ignore_eos": True}}
-    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as resp:
-        assert resp.status_code == 200
-        for line in resp.iter_lines():
-            if line.startswith("data:"):
-                ids.append(json.loads(line[5:])["token"]["id"])
-    return ids
 
 
 def _reference(model_dir: Path, prompts: list[str], max_tokens: int) -> list[list[int]]:
@@ -70,7 +59,7 @@ def test_qwen3_over_two_tensor_parallel_ranks_serves_transformers_greedy(tiny_qw
     prompts = _prompts(tiny_qwen3_dir, (7, 45, 130))
     server = start_server(tiny_qwen3_dir, tmp_path, ["--tp", "2", "--max_total_token_num", "4096"])
     try:
-        served = [_greedy_ids(server.url, p, 12) for p in prompts]
+        served = [stream_token_ids(server.url, p, 12) for p in prompts]
     finally:
         server.stop()
     assert served == _reference(tiny_qwen3_dir, prompts, 12)
@@ -85,7 +74,7 @@ def test_a_sliding_window_checkpoint_is_served_within_its_window(tmp_path):
     try:
         models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
         assert models[0]["max_model_len"] == WINDOW  # the window, not max_position_embeddings (1024)
-        served = [_greedy_ids(server.url, p, 12) for p in prompts]
+        served = [stream_token_ids(server.url, p, 12) for p in prompts]
         too_long = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
             "model": server.model_name, "prompt": "word " * WINDOW, "max_tokens": 8})
         assert too_long.status_code == 400 and str(WINDOW) in too_long.json()["error"]["message"]

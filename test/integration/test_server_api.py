@@ -13,17 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.models.registry import load_model
-
-
-def _stream_token_ids(url: str, prompt: str, max_new_tokens: int) -> list[int]:
-    ids = []
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens, "do_sample": False, "ignore_eos": True}}
-    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=60) as resp:
-        assert resp.status_code == 200
-        for line in resp.iter_lines():
-            if line.startswith("data:"):
-                ids.append(json.loads(line[5:])["token"]["id"])
-    return ids
+from server_process import stream_token_ids
 
 
 def test_greedy_over_http_equals_runtime_and_transformers(tiny_server, tiny_llama_dir):
@@ -34,7 +24,7 @@ def test_greedy_over_http_equals_runtime_and_transformers(tiny_server, tiny_llam
     config = GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
     for prompt in prompts:
         prompt_ids = tokenizer(prompt)["input_ids"]
-        served = _stream_token_ids(tiny_server.url, prompt, 16)
+        served = stream_token_ids(tiny_server.url, prompt, 16)
         ours = runtime.greedy_generate([prompt_ids], 16)[0]
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt_ids]), generation_config=config)[0, len(prompt_ids) :].tolist()
