@@ -154,6 +154,11 @@ class NodeStandIn:
         self.first_line_delay = 0.0  # P: seconds between handing the token to D and sending its line
         self.refuse_setup = False  # answer transfer_setup with a 500
         self.lease_expires = False  # D: an error line (lease expired) right after reserving
+        # P: after D took the first token, wait for cut_stream() and then break the stream
+        # without its handed_off line (a node that dies before its last line leaves).
+        self.cut_before_handed_off = False
+        self._cut = threading.Event()
+        self.stream_cut = threading.Event()  # set once such a stream was broken
         self.setups: List[Dict[str, Any]] = []
         self.teardowns: List[int] = []  # epochs of the transfer_teardown calls, in order
         self.bodies: List[Dict[str, Any]] = []
@@ -215,6 +220,10 @@ class NodeStandIn:
             self.server.call(self.client.stop())
             self.client = None
         self.silent_after = 0
+
+    def cut_stream(self) -> None:
+        """Break the prefill stream held by ``cut_before_handed_off``."""
+        self._cut.set()
 
     def release_hold(self) -> None:
         """Let a decode stream paused by ``hold_after`` go on."""
@@ -308,6 +317,11 @@ class NodeStandIn:
         await asyncio.sleep(self.first_line_delay)
         yield _token(first, None, self.cached_tokens, prompt_logprobs=None)
         await self.handoff.wait_ack(key)
+        if self.cut_before_handed_off:
+            while not self._cut.is_set():
+                await asyncio.sleep(0.01)
+            self.stream_cut.set()
+            raise ConnectionAbortedError("the prefill stand-in breaks its stream before handed_off")
         yield _line({"event": "handed_off"})
 
     async def _decode(self, body: Dict[str, Any]):

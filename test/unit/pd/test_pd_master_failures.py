@@ -190,6 +190,39 @@ def test_decode_only_work_survives_the_prefill_nodes_death(cluster: Cluster) -> 
     assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 0
 
 
+def test_losing_the_prefill_node_after_the_echo_but_before_its_handed_off_line_does_not_fail(
+        cluster: Cluster) -> None:
+    """D echoes P's first token only once the KV arrived, so from the echo on the request needs
+    nothing of P, even when P's handed_off line never reaches the master (P busy, then dead).
+
+    P holds its handed_off line and then breaks its stream while D pauses after three tokens;
+    then D goes on and the client gets every token, with no error."""
+    cluster.decode.hold_after = 3
+    cluster.prefill.cut_before_handed_off = True
+    prompt_ids = cluster.master.manager.encode_prompt("hello")
+    received: List[Dict[str, Any]] = []
+    with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
+                      json={"inputs": "hello", "parameters": {"max_new_tokens": 12}}) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+                if len(received) == 3:
+                    break
+        cluster.prefill.cut_stream()
+        assert cluster.prefill.stream_cut.wait(30)
+        # The master reads P's broken stream while it waits for D's next token (a shorter wait
+        # could only let the old behaviour pass, never fail the right one).
+        time.sleep(0.5)
+        cluster.decode.release_hold()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[6:]))
+    assert all("error" not in event for event in received), received[-1]
+    assert [event["token"]["id"] for event in received] == reference_tokens(prompt_ids, 12)
+    assert received[-1]["finish_reason"] == "length"
+
+
 def test_health_turns_503_after_a_node_goes_silent(cluster: Cluster) -> None:
     """A silent node is dropped by the heartbeat rule and readiness says which role is missing.
     The bound itself (docs/*/pd_deployment.md) is arithmetic on the flags; the deadline here only

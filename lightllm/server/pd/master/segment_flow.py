@@ -13,8 +13,10 @@ For a segment (:mod:`.continuation`) of a request the master
 4. hands P's first token to the client at once; when it finishes the request nothing moves;
 5. reads D's stream (deadline per event ``--pd_decode_token_timeout_seconds``): the first token
    is D's echo of P's (checked, not shown), then D's tokens until a finish, ``segment_end``
-   (the master continues with a new segment) or ``error``.  P's ``handed_off`` meanwhile
-   ends the request's dependence on P; an ``error`` from P ends the request.
+   (the master continues with a new segment) or ``error``.  P's ``handed_off`` or D's echo,
+   whichever the master reads first, ends the request's dependence on P (D echoes only once
+   both sides agreed the KV arrived); before that an ``error`` from P, or losing P, ends the
+   request.
 
 A busy node is set aside and the segment placed again on the next best node of that role
 (another decode node when D's KV is full, another prefill node when P's queue is); only when
@@ -249,17 +251,20 @@ class SegmentFlow:
             return
         handed_off = False
 
-        def on_prefill(payload: Any) -> None:
+        def done_with_prefill() -> None:
             nonlocal handed_off
+            handed_off = True
+            run.nodes.pop(PREFILL, None)  # P's part is done; losing P no longer matters
+            run.release(PREFILL)
+
+        def on_prefill(payload: Any) -> None:
             if handed_off or payload is STREAM_END:
                 return
             if isinstance(payload, NodeCallError):
                 raise PdRequestFailed(f"request {run.request_id}: {payload}", "pd_node_unreachable", "node_unreachable")
             kind = payload.get("event")
             if kind == "handed_off":
-                handed_off = True
-                run.nodes.pop(PREFILL, None)  # P's part is done; losing P no longer matters
-                run.release(PREFILL)
+                done_with_prefill()
             elif kind == "error":
                 raise _node_error(run, self.pairs, pair, PREFILL, payload)
             else:
@@ -270,6 +275,10 @@ class SegmentFlow:
             raise _node_error(run, self.pairs, pair, DECODE, echo)
         if echo.get("event") != "token" or echo.get("token_id") != first["token_id"]:
             raise _protocol_error(run, pair, DECODE, f"the echo of the prefill node's first token {first['token_id']}", echo)
+        # D echoes P's token only once both sides agreed the KV arrived: from here D needs nothing
+        # of P, whether or not P's handed_off line has reached the master yet (P may be busy or
+        # die before sending it; the request must not fail with it).
+        done_with_prefill()
         echoed = time.monotonic()
         self.metrics.on_phase("transfer", echoed - got_first)
         if echo.get("finish_reason"):
