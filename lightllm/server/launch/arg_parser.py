@@ -8,7 +8,8 @@ lightllm.server.launch.args_doc``; the start-up code checks combinations with
 from __future__ import annotations
 
 import argparse
-from typing import List
+import sys
+from typing import Iterable, List, Optional, Sequence
 
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.run_mode import RUN_MODES
@@ -343,3 +344,41 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("logging")
     group.add_argument("--log_level", type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")
     return parser
+
+
+# The Namespace attribute that holds the dests written on the command line (see given_flags).
+GIVEN_FLAGS_ATTR = "given_flags"
+
+
+def parse_server_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse the server's flags and record which of them the command line wrote.
+
+    A flag written with its default value is still written: the role checks refuse a flag the
+    process does not read whatever its value, so the namespace carries the written dests in
+    ``given_flags``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = make_argument_parser().parse_args(argv)
+    shadow = make_argument_parser()
+    for action in shadow._actions:  # every dest absent unless written
+        action.default = argparse.SUPPRESS
+    setattr(args, GIVEN_FLAGS_ATTR, frozenset(vars(shadow.parse_args(argv))))
+    return args
+
+
+def flags_given(args: argparse.Namespace, names: Iterable[str]) -> List[str]:
+    """The flags among ``names`` the command line wrote, in ``names`` order.
+
+    For a namespace from :func:`parse_server_args`; one built otherwise (tests, library callers)
+    counts a flag as given when its value differs from the parser's default.
+    """
+    written = getattr(args, GIVEN_FLAGS_ATTR, None)
+    if written is not None:
+        return [name for name in names if name in written]
+    parser = make_argument_parser()
+    return [name for name in names if hasattr(args, name) and getattr(args, name) != parser.get_default(name)]
+
+
+def flag_names(args: argparse.Namespace) -> List[str]:
+    """The dests of the parser's flags present on ``args`` (without ``given_flags``)."""
+    return [name for name in vars(args) if name != GIVEN_FLAGS_ATTR]

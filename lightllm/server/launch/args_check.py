@@ -11,7 +11,7 @@ import math
 from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.arg_parser import flag_names, flags_given
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
@@ -23,29 +23,23 @@ _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", 
                       "pd_prefix_affinity_tokens")
 
 
-def _given(args: argparse.Namespace, names: tuple) -> list:
-    """The flags among ``names`` whose value differs from the parser's default."""
-    parser = make_argument_parser()
-    return [name for name in names if hasattr(args, name) and getattr(args, name) != parser.get_default(name)]
-
-
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
     """Refuse PD flags given to a process role that does not read them (one line naming them)."""
     run_mode = getattr(args, "run_mode", "normal")
     if run_mode not in PD_RUN_MODES:
-        given = _given(args, tuple(name for name in vars(args) if name.startswith("pd_")))
+        given = flags_given(args, [name for name in flag_names(args) if name.startswith("pd_")])
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if len(given) == 1 else ''} "
                                 f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
                                 "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
         return
     if run_mode == "prefill":
-        given = _given(args, _DECODE_ONLY_FLAGS)
+        given = flags_given(args, _DECODE_ONLY_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
                                 "(--run_mode decode), not by a prefill node")
     if run_mode in PD_NODE_MODES:
-        given = _given(args, _MASTER_ONLY_FLAGS)
+        given = flags_given(args, _MASTER_ONLY_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by the PD master only "
                                 f"(--run_mode pd_master), not by a {run_mode} node")

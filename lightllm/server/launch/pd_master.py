@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.models.model_types import check_model_type
-from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.arg_parser import flag_names, flags_given
 from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
@@ -59,11 +59,7 @@ def check_master_flags(args: argparse.Namespace) -> None:
     and the like belong on the prefill and decode nodes; silently ignoring them here would hide
     a misconfigured cluster.
     """
-    parser = make_argument_parser()
-    given = sorted(
-        name for name, value in vars(args).items()
-        if name not in MASTER_FLAGS and value != parser.get_default(name)
-    )
+    given = sorted(flags_given(args, [name for name in flag_names(args) if name not in MASTER_FLAGS]))
     if given:
         flags = ", ".join(f"--{name}" for name in given)
         raise ValueError(f"{flags} configure{'s' if len(given) == 1 else ''} prefill/decode nodes and "

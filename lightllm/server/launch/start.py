@@ -41,7 +41,7 @@ from lightllm.models.model_types import check_model_type
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
-from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.detokenization.manager import detokenization_process_main
@@ -260,8 +260,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
 
     Exit codes: :mod:`lightllm.server.http.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
     """
-    parser = make_argument_parser()
-    args = parser.parse_args(argv)
+    args = parse_server_args(argv)
     init_logging(args.log_level)
     try:
         # The GPU count is checked once the device probe answered (_prepare_and_serve).

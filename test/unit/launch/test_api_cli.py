@@ -9,7 +9,8 @@ import pytest
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
-from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.arg_parser import make_argument_parser, parse_server_args
+from lightllm.server.launch.pd_master import check_master_flags
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.launch.sizing import plan_sizing
 
@@ -80,3 +81,28 @@ def test_model_name_takes_a_list_of_served_names():
     parser = make_argument_parser()
     assert parser.parse_args(["--model_dir", "m", "--model_name", "a", "b"]).model_name == ["a", "b"]
     assert parser.parse_args(["--model_dir", "m"]).model_name is None
+
+
+@pytest.mark.parametrize(
+    "run_mode, flag, message",
+    [
+        ("normal", "pd_heartbeat_interval", "--pd_heartbeat_interval configures PD clusters"),
+        ("normal", "pd_master_ip", "--pd_master_ip configures PD clusters"),
+        ("prefill", "pd_reserve_lease_seconds", "read by decode nodes only"),
+        ("decode", "pd_prefill_timeout_seconds", "read by the PD master only"),
+    ],
+)
+def test_a_flag_for_another_role_is_refused_even_at_its_default_value(run_mode, flag, message):
+    # Written with the parser's own default: comparing values would let it through.
+    argv = ["--model_dir", "/m", "--run_mode", run_mode, f"--{flag}", str(make_argument_parser().get_default(flag))]
+    with pytest.raises(ArgumentError, match=message):
+        validate_args(parse_server_args(argv))
+    # A library caller's namespace (no record of what was written) keeps the value rule.
+    validate_args(_parse(*argv))
+
+
+def test_the_master_refuses_a_node_flag_written_with_its_default_value():
+    args = parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--tp", "1"])
+    with pytest.raises(ValueError, match="--tp configures prefill/decode nodes"):
+        check_master_flags(args)
+    check_master_flags(parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--port", "8000"]))
