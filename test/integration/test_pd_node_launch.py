@@ -1,8 +1,8 @@
 """A real ``--run_mode decode`` node against a real membership master (issue 9).
 
 The node (its whole process tree on the tiny model) registers what must match in the cluster,
-heartbeats, mounts the control endpoints and refuses public generation; a node whose TP size
-differs from the first registered node is refused, says why in one line and exits non-zero.
+heartbeats, mounts the control endpoints and refuses public generation; a node whose TP size or
+weights differ from the first registered node's is refused, says why in one line and exits non-zero.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
 from lightllm.common.basemodel.model_config import ModelConfig
 from pd_membership_master import MembershipMaster
 from server_process import start_server
@@ -53,6 +54,7 @@ def test_node_registers_its_model_shape_and_heartbeats(master, decode_node, tiny
     assert (registered["num_layers"], registered["num_kv_heads"], registered["head_dim"], registered["tp_size"]) == (
         config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 1)
     assert registered["http_address"] == f"127.0.0.1:{port}"
+    assert registered["checkpoint_fingerprint"] == checkpoint_fingerprint(tiny_llama_dir)
     host, _, transfer_port = registered["kv_transfer_address"].rpartition(":")
     assert host == "127.0.0.1" and 0 < int(transfer_port) < 65536 and int(transfer_port) != port
     deadline = time.monotonic() + 20
@@ -99,7 +101,13 @@ def test_public_generation_is_refused_but_service_endpoints_work(decode_node) ->
         assert f'{name}{{model_name="{decode_node.model_name}"' in metrics, name
 
 
-def test_incompatible_tp_size_is_refused_and_the_node_exits_non_zero(tiny_llama_dir, tmp_path) -> None:
+@pytest.mark.parametrize("reference_change, mismatch", [
+    ({"tp_size": 2}, "tp_size: 1 != 2"),
+    # The same name and shapes with other weights (a re-deployed fine-tune): garbage text otherwise.
+    ({"checkpoint_fingerprint": "0" * 16}, "checkpoint_fingerprint: "),
+], ids=["tp_size", "weights"])
+def test_an_incompatible_node_is_refused_and_exits_non_zero(tiny_llama_dir, tmp_path, reference_change,
+                                                              mismatch) -> None:
     # A long heartbeat interval keeps the hand-registered reference alive while the node starts.
     master = MembershipMaster(heartbeat_interval_s=300)
     try:
@@ -107,8 +115,9 @@ def test_incompatible_tp_size_is_refused_and_the_node_exits_non_zero(tiny_llama_
         reference = {
             "node_id": "p0", "role": "prefill", "model_name": Path(tiny_llama_dir).name, "dtype": "float32",
             "num_layers": config.num_hidden_layers, "num_kv_heads": config.num_key_value_heads,
-            "head_dim": config.head_dim, "tp_size": 2, "http_address": "127.0.0.1:9",
-            "kv_transfer_address": "127.0.0.1:10",
+            "head_dim": config.head_dim, "tp_size": 1, "http_address": "127.0.0.1:9",
+            "kv_transfer_address": "127.0.0.1:10", "checkpoint_fingerprint": checkpoint_fingerprint(tiny_llama_dir),
+            **reference_change,
         }
         assert httpx.post(f"{master.url}/pd/register", json=reference, timeout=10).status_code == 200
         log_path = tmp_path / "refused_node.log"
@@ -128,7 +137,7 @@ def test_incompatible_tp_size_is_refused_and_the_node_exits_non_zero(tiny_llama_
         assert code == 1, log
         errors = [line for line in log.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1, log
-        assert "refused node 'd9'" in errors[0] and "tp_size: 1 != 2" in errors[0], errors[0]
+        assert "refused node 'd9'" in errors[0] and mismatch in errors[0], errors[0]
         assert "Traceback" not in log
         assert [node["node_id"] for node in master.nodes()] == ["p0"]
     finally:

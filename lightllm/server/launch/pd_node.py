@@ -40,6 +40,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 from fastapi import APIRouter, FastAPI
 
 from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
@@ -121,6 +122,7 @@ def prepare_pd_node(
         tp_size=args.tp,
         http_address=f"{host}:{args.port}",
         kv_transfer_address=f"{host}:{args.pd_transfer_port}",
+        checkpoint_fingerprint=checkpoint_fingerprint(args.model_dir),
     ), ports
 
 

@@ -29,6 +29,8 @@ def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
         ({"model_name": " "}, "model_name"),
         ({"http_address": "127.0.0.1"}, "http_address"),
         ({"kv_transfer_address": "127.0.0.1:70000"}, "kv_transfer_address"),
+        ({"checkpoint_fingerprint": "XYZ"}, "checkpoint_fingerprint"),
+        ({"checkpoint_fingerprint": 12}, "checkpoint_fingerprint"),
     ]
     for override, param in cases:
         with pytest.raises(NodeInfoError) as err:
@@ -41,6 +43,23 @@ def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
     del body["tp_size"]
     with pytest.raises(NodeInfoError, match="missing registration field.*tp_size"):
         NodeInfo.from_dict(body)
+    # The weights digest is optional (a registering process that does not know it sends none).
+    body = info.to_dict()
+    del body["checkpoint_fingerprint"]
+    assert NodeInfo.from_dict(body).checkpoint_fingerprint == ""
+
+
+def test_other_weights_under_the_same_name_are_refused_when_both_nodes_report_a_digest() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    registry.register(node("p0", "prefill", checkpoint_fingerprint="0123456789abcdef"))
+    with pytest.raises(RegistrationRefused) as err:
+        registry.register(node("d0", "decode", port=9100, checkpoint_fingerprint="fedcba9876543210"))
+    assert err.value.reasons == ["checkpoint_fingerprint: 'fedcba9876543210' != '0123456789abcdef' "
+                                 "(other weights under the same model name)"]
+    assert "their weights" in str(err.value)
+    registry.register(node("d1", "decode", port=9101))  # no digest: nothing to compare
+    registry.register(node("d2", "decode", port=9102, checkpoint_fingerprint="0123456789abcdef"))
+    assert sorted(info.node_id for info in registry.alive()) == ["d1", "d2", "p0"]
 
 
 def test_incompatible_node_is_refused_naming_every_mismatched_field() -> None:

@@ -155,13 +155,14 @@ class NodeRegistry:
             raise RegistrationRefused(message, "incompatible_node", problems)
         others = [state.info for node_id, state in self._nodes.items() if node_id != info.node_id]
         if others:
-            reference = others[0]
+            # Alive nodes agree with one another: any is the reference, best one with a weights digest.
+            reference = next((other for other in others if other.checkpoint_fingerprint), others[0])
             mismatches = compatibility_mismatches(reference, info)
             if mismatches:
                 message = (
                     f"{info.describe()} is incompatible with the cluster (reference: {reference.describe()}); "
                     f"prefill and decode nodes must agree on model_name, dtype, num_layers, num_kv_heads, "
-                    f"head_dim and tp_size; mismatched: {'; '.join(mismatches)}"
+                    f"head_dim, tp_size and their weights (checkpoint_fingerprint); mismatched: {'; '.join(mismatches)}"
                 )
                 logger.warning("PD registration refused: %s", message)
                 raise RegistrationRefused(message, "incompatible_node", mismatches)

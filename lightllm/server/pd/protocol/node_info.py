@@ -12,7 +12,7 @@ differs.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Dict, List, Mapping, Tuple
 
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
@@ -24,11 +24,14 @@ ROLES: Tuple[str, ...] = PD_NODE_MODES
 # KV dtypes a node may report (the names torch uses, without the ``torch.`` prefix).
 KV_DTYPES: Tuple[str, ...] = ("float16", "bfloat16", "float32")
 
-# The fields every node of one cluster must share, in the order mismatches are reported.
-COMPATIBILITY_FIELDS: Tuple[str, ...] = ("model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "tp_size")
+# The fields every node of one cluster must share, in the order mismatches are reported
+# (checkpoint_fingerprint only between nodes that both report one).
+COMPATIBILITY_FIELDS: Tuple[str, ...] = ("model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "tp_size",
+                                         "checkpoint_fingerprint")
 
 # A node id (NodeInfo.node_id, --pd_node_id): safe in logs, metrics labels and URLs.
 NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+_FINGERPRINT = re.compile(r"^[0-9a-f]{0,64}$")
 _HOST = re.compile(r"^[A-Za-z0-9.\-]+$|^\[[0-9A-Fa-f:.]+\]$")
 
 
@@ -73,6 +76,9 @@ class NodeInfo:
         tp_size: tensor-parallel ranks of the node.
         http_address: ``host:port`` of the node's HTTP/control endpoint (the master calls it).
         kv_transfer_address: ``host:port`` where the node's KV transfer group rendezvous.
+        checkpoint_fingerprint: digest of the node's weights
+            (:func:`~lightllm.common.basemodel.checkpoint_fingerprint.checkpoint_fingerprint`);
+            empty when the registering process does not know it (compared only when both have one).
     """
 
     node_id: str
@@ -85,6 +91,7 @@ class NodeInfo:
     tp_size: int
     http_address: str
     kv_transfer_address: str
+    checkpoint_fingerprint: str = ""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -113,6 +120,9 @@ class NodeInfo:
             )
         _check_address("http_address", self.http_address)
         _check_address("kv_transfer_address", self.kv_transfer_address)
+        if not isinstance(self.checkpoint_fingerprint, str) or not _FINGERPRINT.match(self.checkpoint_fingerprint):
+            raise NodeInfoError(f"checkpoint_fingerprint must be empty or 1-64 hex digits, got "
+                                f"{self.checkpoint_fingerprint!r}", "checkpoint_fingerprint")
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> "NodeInfo":
@@ -123,10 +133,11 @@ class NodeInfo:
         unknown = sorted(set(body) - set(names))
         if unknown:
             raise NodeInfoError(f"unknown registration field(s): {', '.join(unknown)}", unknown[0])
-        missing = [name for name in names if name not in body]
+        optional = {f.name for f in fields(cls) if f.default is not MISSING}
+        missing = [name for name in names if name not in body and name not in optional]
         if missing:
             raise NodeInfoError(f"missing registration field(s): {', '.join(missing)}", missing[0])
-        return cls(**{name: body[name] for name in names})
+        return cls(**{name: body[name] for name in names if name in body})
 
     def to_dict(self) -> Dict[str, Any]:
         """The JSON registration body (round-trips through :meth:`from_dict`)."""
@@ -141,6 +152,9 @@ def compatibility_mismatches(reference: NodeInfo, candidate: NodeInfo) -> List[s
     """One ``"field: candidate value != reference value"`` line per field in which they differ."""
     return [
         f"{name}: {getattr(candidate, name)!r} != {getattr(reference, name)!r}"
+        + (" (other weights under the same model name)" if name == "checkpoint_fingerprint" else "")
         for name in COMPATIBILITY_FIELDS
         if getattr(candidate, name) != getattr(reference, name)
+        and not (name == "checkpoint_fingerprint" and not (candidate.checkpoint_fingerprint
+                                                            and reference.checkpoint_fingerprint))
     ]

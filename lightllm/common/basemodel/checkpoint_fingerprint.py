@@ -1,0 +1,66 @@
+"""A short digest of a checkpoint's weights, read without torch.
+
+Two PD nodes exchange KV only when they run the same weights: a decode node continuing a prefill
+node's KV with another fine-tune of the same architecture gives wrong text, not an error, and
+the model name and shapes the nodes already compare cannot tell the two apart.  Hashing every
+byte would read the whole checkpoint at start-up, so the digest covers, for every tensor in name
+order, its name, dtype and shape and a few bytes at its start, middle and end: any retraining or
+fine-tune changes those, and a copy re-sharded into other files or renamed keeps the digest.
+Config files are left out: copies of one checkpoint differ in fields that change nothing (the
+writer's version), and the nodes compare the architecture fields separately.  Torch-free (the
+launcher computes it): plain reads of the safetensors headers and bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+# Bytes read at each of the three places of a tensor.
+SAMPLE_BYTES = 64
+# The hex digits kept (64 bits: accidental equality of different weights is out of reach).
+FINGERPRINT_HEX_DIGITS = 16
+
+
+def _tensor_entries(path: Path) -> Tuple[int, Dict[str, dict]]:
+    """The data start and the header entries (name -> dtype, shape, data_offsets) of one file."""
+    with open(path, "rb") as handle:
+        raw = handle.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path} is not a safetensors file (shorter than its header length)")
+        header_len = struct.unpack("<Q", raw)[0]
+        try:
+            header = json.loads(handle.read(header_len))
+        except ValueError as exc:
+            raise ValueError(f"{path} has an unreadable safetensors header: {exc}") from None
+    header.pop("__metadata__", None)
+    return 8 + header_len, header
+
+
+def checkpoint_fingerprint(model_dir: str | Path) -> str:
+    """Hex digest of the weights in ``model_dir``'s ``*.safetensors`` files (see the module docstring)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {model_dir}")
+    tensors: List[Tuple[str, Path, int, dict]] = []
+    for path in files:
+        data_start, entries = _tensor_entries(path)
+        tensors.extend((name, path, data_start, entry) for name, entry in entries.items())
+    digest = hashlib.sha256()
+    handles = {}
+    try:
+        for name, path, data_start, entry in sorted(tensors, key=lambda item: item[0]):
+            digest.update(json.dumps([name, entry.get("dtype"), entry.get("shape")]).encode())
+            start, end = entry["data_offsets"]
+            size = end - start
+            handle = handles.get(path) or handles.setdefault(path, open(path, "rb"))
+            for offset in sorted({0, max(0, size // 2 - SAMPLE_BYTES // 2), max(0, size - SAMPLE_BYTES)}):
+                handle.seek(data_start + start + offset)
+                digest.update(handle.read(min(SAMPLE_BYTES, size - offset)))
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return digest.hexdigest()[:FINGERPRINT_HEX_DIGITS]
