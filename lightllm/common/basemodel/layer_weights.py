@@ -25,7 +25,6 @@ class DecoderLayerWeights:
 
     input_norm: torch.Tensor
     qkv: LinearKernel
-    has_qkv_bias: bool
     o: LinearKernel
     post_attention_norm: torch.Tensor
     gate_up: LinearKernel
@@ -33,7 +32,7 @@ class DecoderLayerWeights:
     # Qwen3's RMSNorm weights over one query / key head (replicated), None where absent.
     q_norm: Optional[torch.Tensor] = None
     k_norm: Optional[torch.Tensor] = None
-    # o_proj's bias (``attention_bias`` in Llama / Mistral / Qwen3), full: added once, after the
+    # o_proj's bias (``attention_bias`` in Llama / Qwen3), full: added once, after the
     # row-parallel projection's all-reduce.
     o_bias: Optional[torch.Tensor] = None
 
@@ -48,10 +47,14 @@ class DecoderLayerWeights:
         device: torch.device,
         linear_backend: str = "torch",
         qk_norm: bool = False,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
     ) -> "DecoderLayerWeights":
         """Read ``{prefix}self_attn.*``, ``{prefix}mlp.*`` and the norms for this rank.
 
-        ``qk_norm``: read the per-head ``q_norm`` / ``k_norm`` weights (required then).
+        ``qk_norm``, ``qkv_bias``, ``o_bias``: read the per-head ``q_norm`` / ``k_norm`` weights,
+        the q/k/v biases, the ``o_proj`` bias (each required when asked for, and left unread
+        otherwise, as transformers leaves a tensor its architecture does not use).
         """
         d = config.head_dim
         q_rows = shard_range(config.num_attention_heads, tp.rank, tp.world_size, "num_attention_heads")
@@ -70,9 +73,9 @@ class DecoderLayerWeights:
         qkv = torch.cat(
             [col(attn + "q_proj.weight", q_slice), col(attn + "k_proj.weight", kv_slice), col(attn + "v_proj.weight", kv_slice)]
         )
-        qkv_bias = None
-        if ckpt.has(prefix + attn + "q_proj.bias"):
-            qkv_bias = torch.cat(
+        qkv_bias_tensor = None
+        if qkv_bias:
+            qkv_bias_tensor = torch.cat(
                 [col(attn + "q_proj.bias", q_slice), col(attn + "k_proj.bias", kv_slice), col(attn + "v_proj.bias", kv_slice)]
             )
         gate_up = torch.cat([col("mlp.gate_proj.weight", inter), col("mlp.up_proj.weight", inter)])
@@ -85,13 +88,12 @@ class DecoderLayerWeights:
 
         return cls(
             input_norm=replicated("input_layernorm.weight"),
-            qkv=kernel(qkv, qkv_bias),
-            has_qkv_bias=qkv_bias is not None,
+            qkv=kernel(qkv, qkv_bias_tensor),
             o=kernel(row(attn + "o_proj.weight", q_slice)),
             post_attention_norm=replicated("post_attention_layernorm.weight"),
             gate_up=kernel(gate_up),
             down=kernel(row("mlp.down_proj.weight", inter)),
             q_norm=replicated(attn + "q_norm.weight") if qk_norm else None,
             k_norm=replicated(attn + "k_norm.weight") if qk_norm else None,
-            o_bias=replicated(attn + "o_proj.bias") if ckpt.has(prefix + attn + "o_proj.bias") else None,
+            o_bias=replicated(attn + "o_proj.bias") if o_bias else None,
         )

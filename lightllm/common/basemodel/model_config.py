@@ -42,7 +42,9 @@ SUPPORTED_HIDDEN_ACTS = ("silu", "swish")
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 # transformers' defaults when a config.json leaves the key out.
 MISTRAL_DEFAULT_SLIDING_WINDOW = 4096
+QWEN_DEFAULT_SLIDING_WINDOW = 4096
 QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
+QWEN3_DEFAULT_HEAD_DIM = 128
 
 
 class ModelConfigError(ValueError):
@@ -168,10 +170,11 @@ class ModelConfig:
         heads = int(need("num_attention_heads"))
         hidden = int(need("hidden_size"))
         kv_heads = int(raw.get("num_key_value_heads") or heads)
-        head_dim = int(raw.get("head_dim") or hidden // heads)
+        model_type = str(need("model_type"))
+        # transformers' defaults when the key is missing: Qwen3 fixes 128, the others derive it.
+        head_dim = int(raw.get("head_dim") or (QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else hidden // heads))
         if heads % kv_heads != 0:
             raise ModelConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
-        model_type = str(need("model_type"))
         num_layers = int(need("num_hidden_layers"))
         hidden_act = str(raw.get("hidden_act") or "silu")
         if hidden_act not in SUPPORTED_HIDDEN_ACTS:
@@ -230,7 +233,7 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
         window = raw.get("sliding_window", MISTRAL_DEFAULT_SLIDING_WINDOW)
         sliding = True  # transformers' Mistral slides on every layer whatever layer_types says
     elif model_type in ("qwen2", "qwen3"):
-        window = raw.get("sliding_window")
+        window = raw.get("sliding_window", QWEN_DEFAULT_SLIDING_WINDOW)
         if not raw.get("use_sliding_window", False):
             return None
         if layer_types is not None:

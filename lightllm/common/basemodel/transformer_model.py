@@ -28,11 +28,18 @@ class DecoderOnlyTransformer:
     replicated on every rank; the LM head is vocab-parallel and gathered into full logits.
     """
 
-    requires_qkv_bias = False
     requires_qk_norm = False
     embed_name = "model.embed_tokens.weight"
     final_norm_name = "model.norm.weight"
     lm_head_name = "lm_head.weight"
+
+    def uses_qkv_bias(self, config: ModelConfig) -> bool:
+        """Whether the q/k/v projections have biases (``attention_bias`` in Llama and Qwen3)."""
+        return config.attention_bias
+
+    def uses_o_bias(self, config: ModelConfig) -> bool:
+        """Whether ``o_proj`` has a bias (``attention_bias`` in Llama and Qwen3)."""
+        return config.attention_bias
 
     def layer_prefix(self, index: int) -> str:
         """Checkpoint name prefix of decoder layer ``index``."""
@@ -66,12 +73,10 @@ class DecoderOnlyTransformer:
         self.layers: List[DecoderLayerWeights] = [
             DecoderLayerWeights.load(
                 ckpt, self.layer_prefix(i), config, self.tp, self.dtype, self.device, linear_backend,
-                qk_norm=self.requires_qk_norm,
+                qk_norm=self.requires_qk_norm, qkv_bias=self.uses_qkv_bias(config), o_bias=self.uses_o_bias(config),
             )
             for i in range(config.num_hidden_layers)
         ]
-        if self.requires_qkv_bias and self.layers and not self.layers[0].has_qkv_bias:
-            raise CheckpointError(f"{config.model_type} checkpoint {model_dir} lacks the q/k/v projection biases")
         self.final_norm = ckpt.get(self.final_norm_name, self.dtype).to(self.device)
         self.linear_backend = linear_backend
         self.lm_head = build_linear(linear_backend, self._load_lm_head(ckpt))
@@ -86,13 +91,9 @@ class DecoderOnlyTransformer:
 
         Such a tensor belongs to an architecture this class does not run (an MLP bias, extra
         norms, other layers): serving without it gives wrong output with no error.  Rotary
-        frequency buffers are derived from the config, and a tied LM head is the embedding.
+        frequency buffers are derived from the config.
         """
-        unread = [
-            name for name in ckpt.unread()
-            if not name.endswith("rotary_emb.inv_freq")
-            and not (name == self.lm_head_name and self.config.tie_word_embeddings)
-        ]
+        unread = [name for name in ckpt.unread() if not name.endswith("rotary_emb.inv_freq")]
         if unread:
             shown = ", ".join(unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
             raise CheckpointError(
@@ -102,10 +103,18 @@ class DecoderOnlyTransformer:
 
     def _load_lm_head(self, ckpt: SafetensorsCheckpoint) -> torch.Tensor:
         vocab = self.vocab_size
-        if self.config.tie_word_embeddings or not ckpt.has(self.lm_head_name):
+        # As transformers loads it: a head in the checkpoint is the head, even under a tied config
+        # (transformers then does not tie them); without one the head is the embedding, which an
+        # untied config does not allow.
+        if ckpt.has(self.lm_head_name):
+            full = ckpt.get(self.lm_head_name, self.dtype).to(self.device)
+            if torch.equal(full, self.embed_weight):
+                full = self.embed_weight  # a tied head saved twice: keep one copy
+        elif self.config.tie_word_embeddings:
             full = self.embed_weight
         else:
-            full = ckpt.get(self.lm_head_name, self.dtype).to(self.device)
+            raise CheckpointError(f"checkpoint {ckpt.model_dir} has no tensor {self.lm_head_name!r} and its config "
+                                  "does not tie the LM head to the embedding (tie_word_embeddings is false)")
         world = self.tp.world_size
         per_rank = -(-vocab // world)
         if per_rank * world != vocab:

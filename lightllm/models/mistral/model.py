@@ -1,5 +1,7 @@
-"""Mistral: the Llama layout; its sliding window is read by the config (see ``ModelConfig.context_limit``)."""
+"""Mistral: the Llama layout without attention biases; its sliding window is read by the config
+(see ``ModelConfig.context_limit``)."""
 
+from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 
 
@@ -9,3 +11,9 @@ class MistralModel(DecoderOnlyTransformer):
     Served with full causal attention, which equals the sliding-window attention of the
     checkpoint while a sequence fits in the window; the launcher caps the sequence length there.
     """
+
+    def uses_qkv_bias(self, config: ModelConfig) -> bool:
+        return False  # transformers' Mistral has no attention biases, whatever the config says
+
+    def uses_o_bias(self, config: ModelConfig) -> bool:
+        return False

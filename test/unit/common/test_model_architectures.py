@@ -181,3 +181,57 @@ def test_a_qwen3_checkpoint_without_its_head_norms_is_refused(tmp_path):
     _retype(model_dir, "qwen3")
     with pytest.raises(CheckpointError, match="no tensor 'model.layers.0.self_attn.q_norm.weight'"):
         load_model(str(model_dir), dtype=torch.float32)
+
+
+def _add_tensors(model_dir: Path, **tensors: torch.Tensor) -> None:
+    path = model_dir / "model.safetensors"
+    save_file({**load_file(str(path)), **tensors}, str(path), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("arch, overrides, extra", [
+    ("qwen3", {}, ["self_attn.q_proj.bias"]),  # attention_bias false: transformers ignores them
+    ("mistral", {}, ["self_attn.k_proj.bias"]),  # Mistral has no attention biases at all
+    ("llama_attention_bias", {"attention_bias": False}, ["self_attn.o_proj.bias"]),
+], ids=["qwen3", "mistral", "llama"])
+def test_biases_the_architecture_does_not_use_are_refused_not_added(tmp_path, arch, overrides, extra):
+    model_dir = _save(tmp_path, arch, **overrides)
+    rows = {"q_proj": 4 * 24, "k_proj": 2 * 24, "o_proj": 64}
+    _add_tensors(model_dir, **{f"model.layers.0.{name}": torch.ones(rows[name.split(".")[1]]) for name in extra})
+    with pytest.raises(CheckpointError, match=f"does not use \\(model\\.layers\\.0\\.{extra[0]}"):
+        load_model(str(model_dir), dtype=torch.float32)
+
+
+def test_a_qwen2_o_proj_bias_is_refused(tiny_qwen2_dir, tmp_path):
+    import shutil
+    model_dir = Path(shutil.copytree(tiny_qwen2_dir, tmp_path / "qwen2"))
+    _add_tensors(model_dir, **{"model.layers.1.self_attn.o_proj.bias": torch.ones(64)})
+    with pytest.raises(CheckpointError, match=r"\(model\.layers\.1\.self_attn\.o_proj\.bias\)"):
+        load_model(str(model_dir), dtype=torch.float32)
+
+
+def test_the_lm_head_is_read_as_transformers_reads_it(tmp_path):
+    # A tied config with a different head in the file: transformers keeps the file's head.
+    model_dir = _save(tmp_path, "qwen3")
+    _add_tensors(model_dir, **{"lm_head.weight": torch.randn(SHAPE["vocab_size"], SHAPE["hidden_size"])})
+    ref = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = _prompts()
+    expected = torch.cat([ref(torch.tensor([p])).logits[0] for p in prompts]).detach()
+    assert (_our_logits(load_model(str(model_dir), dtype=torch.float32), prompts) - expected).abs().max().item() < 1e-4
+    # An untied config without a head: refused (transformers would start from random weights).
+    untied = _save(tmp_path / "untied", "mistral")
+    path = untied / "model.safetensors"
+    weights = load_file(str(path))
+    del weights["lm_head.weight"]
+    save_file(weights, str(path), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="no tensor 'lm_head.weight' and its config does not tie"):
+        load_model(str(untied), dtype=torch.float32)
+
+
+def test_missing_keys_take_transformers_defaults():
+    qwen3 = {key: value for key, value in {**BASE, "model_type": "qwen3"}.items() if key != "head_dim"}
+    assert ModelConfig.from_dict(qwen3).head_dim == 128  # Qwen3Config's default, not hidden / heads
+    llama = {key: value for key, value in BASE.items() if key != "head_dim"}
+    assert ModelConfig.from_dict(llama).head_dim == 16
+    qwen2 = {**BASE, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 1,
+             "max_position_embeddings": 8192}
+    assert ModelConfig.from_dict(qwen2).sliding_window == 4096  # Qwen2Config's default window
