@@ -55,6 +55,7 @@ from lightllm.benchmark.comparison_runner import ComparisonRunner, run_compariso
 from lightllm.benchmark.report_writer import render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
+from lightllm.benchmark.server_launcher import stop_servers_on_sigterm
 
 # The options and the runner live in their own modules; they stay importable from here, the
 # module callers and docs have always named.
@@ -202,4 +203,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_servers_on_sigterm()
     sys.exit(main())

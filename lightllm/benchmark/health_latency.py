@@ -219,4 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from lightllm.benchmark.server_launcher import stop_servers_on_sigterm
+
+    stop_servers_on_sigterm()
     sys.exit(main())

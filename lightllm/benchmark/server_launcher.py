@@ -8,7 +8,8 @@ implementing the same two methods and returning a deployment whose ``base_url`` 
 master's, so the comparison runner does not change.
 
 Every deployment is a context manager: leaving the ``with`` block stops it, also when
-the benchmark raised.
+the benchmark raised, and, once a command calls :func:`stop_servers_on_sigterm`, when it is
+terminated (``timeout``, a CI cancel, ``kill``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,20 @@ class Deployment(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def stop_servers_on_sigterm() -> None:
+    """Make SIGTERM unwind the benchmark like an exit, so every open ``with`` block stops its servers.
+
+    Python's default SIGTERM action ends the process at once, without ``finally`` blocks or
+    ``__exit__``: a benchmark stopped by ``timeout``, a CI cancel or ``kill`` would leave every
+    server it started running.  The exit code stays the conventional 128 + 15.
+    """
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def _log_tail(path: Path) -> str:

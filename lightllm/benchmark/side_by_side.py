@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from lightllm.benchmark.server_launcher import ServerProcess
+from lightllm.benchmark.server_launcher import ServerProcess, stop_servers_on_sigterm
 from lightllm.utils.process_utils import free_port
 
 ENGINES = ("ours", "vllm_default", "vllm_every_core")
@@ -233,4 +233,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_servers_on_sigterm()
     sys.exit(main())

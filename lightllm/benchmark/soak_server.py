@@ -358,4 +358,7 @@ def _memory_info() -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from lightllm.benchmark.server_launcher import stop_servers_on_sigterm
+
+    stop_servers_on_sigterm()
     sys.exit(main())

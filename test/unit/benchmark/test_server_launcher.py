@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -125,3 +130,41 @@ def test_launch_all_stops_the_started_ones_when_one_fails(parallel, tmp_path):
 def test_launch_all_needs_specs(tmp_path):
     with pytest.raises(ValueError, match="specs"):
         launch_all(_FakeTopology(set()), [], tmp_path)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_terminated_comparison_stops_the_servers_it_started(tiny_llama_dir, tmp_path):
+    # timeout, a CI cancel or kill send SIGTERM: the servers must not outlive the benchmark.
+    command = [sys.executable, "-m", "lightllm.benchmark.compare_strategies", "--model_dir", str(tiny_llama_dir),
+               "--workload", "sustained", "--duration", "600", "--request-rate", "1", "--long-len", "64",
+               "--short-len", "16", "--output-len", "2", "--strategies", "default", "--repeats", "1", "--warmup", "0",
+               "--kv-tokens", "4096", "--out-dir", str(tmp_path / "out")]
+    bench = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        servers: list[int] = []
+        while not servers:
+            assert bench.poll() is None and time.monotonic() < deadline, "no server started"
+            servers = _children(bench.pid)
+            time.sleep(0.2)
+        time.sleep(2)  # inside the measured run (or still starting: either way inside the with block)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(120) == 128 + signal.SIGTERM
+        assert not any(_alive(pid) for pid in servers), "a server outlived the terminated benchmark"
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait(10)
