@@ -61,7 +61,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
         parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
     base_url = args.base_url.rstrip("/")
-    model = args.model or httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False).json()["data"][0]["id"]
+    try:
+        model = args.model or httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False).json()["data"][0]["id"]
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach the server at {base_url} (--base-url): {exc}", file=sys.stderr)
+        return 1
     rounds = []
     for index in range(args.rounds):
         prompts = make_prompts(args.num_requests, args.prompt_len, args.vocab, args.seed, index)

@@ -10,6 +10,7 @@ a one-at-a-time server would see it.  Metrics use the same code as the serving b
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 import time
@@ -84,6 +85,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.threads) < 1:
         parser.error("--num-requests, --prompt-len, --output-len and --threads must be >= 1")
+    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        parser.error(f"--model_dir must be a local checkpoint directory with a config.json, got {args.model_dir!r}")
     torch.set_num_threads(args.threads)
     summary = summarize(run(args.model_dir, args.num_requests, args.prompt_len, args.output_len, args.seed))
     print(format_summary(summary))

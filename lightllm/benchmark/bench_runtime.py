@@ -10,6 +10,7 @@ prompts, fp32, and prints a Markdown table (and JSON with ``--json``).
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import statistics
 import sys
@@ -62,7 +63,10 @@ def measure_transformers(model_dir: str, prompts: List[List[int]], new_tokens: i
         started = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
         total = time.perf_counter() - started
-    return {"prefill_s": prefill, "decode_s": max(total - prefill, 1e-9)}
+    # The two are timed apart; on a busy machine the difference can come out at or below zero,
+    # which is no measurement of decode (None: the report prints n/a instead of a rate).
+    decode = total - prefill
+    return {"prefill_s": prefill, "decode_s": decode if decode > 0 else None}
 
 
 def run(model_dir: str, batch: int, prompt_len: int, new_tokens: int, repeats: int, seed: int) -> Dict[str, Dict[str, float]]:
@@ -74,14 +78,19 @@ def run(model_dir: str, batch: int, prompt_len: int, new_tokens: int, repeats: i
         fn(model_dir, prompts, new_tokens)  # warm-up
         runs = [fn(model_dir, prompts, new_tokens) for _ in range(repeats)]
         prefill = statistics.median(r["prefill_s"] for r in runs)
-        decode = statistics.median(r["decode_s"] for r in runs)
+        measured = [r["decode_s"] for r in runs if r["decode_s"] is not None]
+        decode = statistics.median(measured) if measured else None
         results[name] = {
             "prefill_s": prefill,
             "decode_s": decode,
             "prefill_tokens_per_s": batch * prompt_len / prefill,
-            "decode_tokens_per_s": batch * (new_tokens - 1) / decode,
+            "decode_tokens_per_s": None if decode is None else batch * (new_tokens - 1) / decode,
         }
     return results
+
+
+def _number(value: Optional[float], spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def to_markdown(results: Dict[str, Dict[str, float]]) -> str:
@@ -89,7 +98,8 @@ def to_markdown(results: Dict[str, Dict[str, float]]) -> str:
     lines = ["| engine | prefill tok/s | decode tok/s | prefill s | decode s |", "| --- | --- | --- | --- | --- |"]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['prefill_tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | {r['prefill_s']:.4f} | {r['decode_s']:.3f} |"
+            f"| {name} | {r['prefill_tokens_per_s']:.0f} | {_number(r['decode_tokens_per_s'], '.0f')} | "
+            f"{r['prefill_s']:.4f} | {_number(r['decode_s'], '.3f')} |"
         )
     return "\n".join(lines)
 
@@ -108,6 +118,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens, args.threads, args.repeats) < 1:
         parser.error("--batch, --prompt-len, --new-tokens, --threads and --repeats must be >= 1")
+    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        parser.error(f"--model_dir must be a local checkpoint directory with a config.json, got {args.model_dir!r}")
     torch.set_num_threads(args.threads)
     results = run(args.model_dir, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.seed)
     print(to_markdown(results))

@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -299,12 +300,17 @@ def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
     )
 
 
-async def _run_cli(config: BenchmarkConfig, warmup_runs: int) -> dict[str, Any]:
-    builder = PromptBuilder(load_tokenizer(config.tokenizer))
+async def _run_cli(config: BenchmarkConfig, warmup_runs: int, builder: PromptBuilder) -> dict[str, Any]:
     for k in range(warmup_runs):
         warmup = dataclasses.replace(config, prompt_namespace=f"warmup-{k}", output_jsonl=None)
         await run_benchmark(warmup, builder)
     return await run_benchmark(config, builder)
+
+
+def _flag_names(parser: argparse.ArgumentParser, message: str) -> str:
+    """``message`` with the option names it mentions by field (``long_count``) given as flags (``--long-count``)."""
+    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    return re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", lambda match: flags.get(match.group(0), match.group(0)), message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,11 +320,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.warmup_runs < 0:
             raise ValueError(f"warmup_runs must be >= 0, got {args.warmup_runs}")
+        for name in ("output_len", "long_output_len", "short_output_len"):
+            value = getattr(args, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
         config = config_from_args(args)
         config.validate()
+        build_workload(config.workload)  # every workload value checked before anything is sent
+        for path in (args.output_json, args.output_jsonl):
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise ValueError(f"the directory of {path!r} does not exist")
+        builder = PromptBuilder(load_tokenizer(config.tokenizer))
     except ValueError as exc:
-        parser.error(str(exc))
-    summary = asyncio.run(_run_cli(config, args.warmup_runs))
+        parser.error(_flag_names(parser, str(exc)))
+    try:
+        summary = asyncio.run(_run_cli(config, args.warmup_runs, builder))
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach the server at {config.base_url}: {exc}", file=sys.stderr)
+        return 1
     print(format_summary(summary))
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as f:

@@ -12,10 +12,32 @@ import os
 from lightllm.benchmark.bench_serving import BenchmarkConfig
 from lightllm.benchmark.server_launcher import ServerSpec
 from lightllm.benchmark.workloads import WorkloadConfig, build_workload
+from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
 DEFAULT_STRATEGIES = "default,promote_shortest,hrrn"
 DEFAULT_KV_TOKENS = 262144
+
+
+def check_server_args(model_dir: str, strategy: str, server_args: list[str]) -> None:
+    """Refuse, before any server starts, server flags the launcher owns or the server would refuse.
+
+    The server's own parser reads them (its error becomes this ``ValueError``), so a typo costs a
+    line, not a server that exits during start-up with its whole usage text.
+    """
+    try:
+        ServerSpec(model_dir, strategy, tuple(server_args))
+    except ValueError as exc:
+        raise ValueError(f"server_args: {exc}") from None
+    parser = make_argument_parser()
+
+    def refuse(message: str) -> None:
+        raise ValueError(f"server_args: {message}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    _, unknown = parser.parse_known_args(["--model_dir", model_dir, *server_args])
+    if unknown:
+        raise ValueError(f"server_args: the server does not take {' '.join(unknown)}")
 
 
 @dataclasses.dataclass
@@ -76,6 +98,7 @@ class ComparisonOptions:
         for workload in self.workloads:
             build_workload(workload)  # raises ValueError naming the bad knob
         self.benchmark_config("http://127.0.0.1", self.workloads[0], "check").validate()
+        check_server_args(self.model_dir, self.baseline, self.server_args)
 
     def effective_server_args(self) -> list[str]:
         """``server_args`` plus a fixed KV capacity when none was given.

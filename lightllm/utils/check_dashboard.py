@@ -87,9 +87,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.metrics.startswith(("http://", "https://")):
         import httpx
 
-        exposition = httpx.get(args.metrics, timeout=10).text
+        try:
+            exposition = httpx.get(args.metrics, timeout=10).text
+        except httpx.HTTPError as exc:
+            parser.error(f"cannot read metrics from {args.metrics}: {exc}")
     else:
-        exposition = Path(args.metrics).read_text()
+        try:
+            exposition = Path(args.metrics).read_text()
+        except OSError as exc:
+            parser.error(f"cannot read metrics file {args.metrics}: {exc.strerror}")
     problems = dashboard_problems(json.loads(args.dashboard.read_text()), exposition)
     for problem in problems:
         print(problem, file=sys.stderr)

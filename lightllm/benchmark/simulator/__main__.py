@@ -149,6 +149,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    for path in (args.markdown_path, args.json_path):
+        # Checked before the run: a run of every seed cell takes a while to lose at the end.
+        if path and not Path(path).resolve().parent.is_dir():
+            parser.error(f"the directory of {path!r} does not exist")
     try:
         markdown, document = run(args)
     except ValueError as exc:

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 # (scenario, mode, budget): the seed's headline cells and the starvation case it warned about.
@@ -100,6 +101,14 @@ def _pct(value: object) -> str:
     return "n/a" if value is None else f"{value:+.1f}%"
 
 
+def _number(kind: type, text: str, flag: str):
+    """``kind(text)``, or a ValueError naming ``flag``."""
+    try:
+        return kind(text.strip())
+    except ValueError:
+        raise ValueError(f"{flag} takes a comma list of {kind.__name__}s; got {text!r}") from None
+
+
 def _parse_cells(text: str) -> List[Tuple[str, str, int]]:
     cells = []
     for part in text.split(","):
@@ -129,15 +138,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         bounds = [OvertakeBoundSpec.off()] + [
-            OvertakeBoundSpec(int(base), float(fraction))
+            OvertakeBoundSpec(_number(int, base, "--bases"), _number(float, fraction, "--fractions"))
             for base in args.bases.split(",")
             for fraction in args.fractions.split(",")
         ]
         cells = _parse_cells(args.cells)
         profile = load_profile(args.profile)
+        strategies = [s for s in args.strategies.split(",") if s]
+        unknown = [s for s in strategies if s not in available_strategy_names()]
+        if unknown or not strategies:
+            raise ValueError(f"--strategies must name some of {', '.join(available_strategy_names())}; "
+                             f"got {args.strategies!r}")
     except ValueError as exc:
         parser.error(str(exc))
-    rows = sweep(profile, bounds, cells, [s for s in args.strategies.split(",") if s], args.seed)
+    rows = sweep(profile, bounds, cells, strategies, args.seed)
     print(sweep_markdown(rows))
     return 0
 

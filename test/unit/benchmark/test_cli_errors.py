@@ -1,0 +1,68 @@
+"""The benchmark and simulator commands refuse bad flags in one line naming the flag, before they
+start anything (a run that fails only at its end, or with a traceback, wastes the run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightllm.benchmark import bench_runtime, bench_serving
+from lightllm.benchmark.comparison_options import check_server_args
+from lightllm.benchmark.simulator import __main__ as simulator_cli
+from lightllm.benchmark.simulator import bound_sweep
+
+
+def _refused(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--output-len", "0"], "--output-len must be > 0"),
+    (["--long-count", "-1"], "--long-count must be >= 0"),
+    (["--workload", "sustained", "--request-rate", "0"], "--request-rate must be a finite number > 0"),
+    (["--workload", "shared_prefix", "--prefix-groups", "0"], "--prefix-groups must be > 0"),
+    (["--output-json", "/no/such/dir/out.json"], "the directory of '/no/such/dir/out.json' does not exist"),
+])
+def test_bench_serving_names_the_flag(tiny_llama_dir, capsys, extra, message):
+    argv = ["--base-url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", str(tiny_llama_dir), *extra]
+    assert message in _refused(bench_serving.main, argv, capsys)
+
+
+def test_bench_serving_without_a_tokenizer_directory(capsys):
+    line = _refused(bench_serving.main, ["--base-url", "http://127.0.0.1:9", "--model", "m",
+                                         "--tokenizer", "/no/such/tokenizer"], capsys)
+    assert "tokenizer must be a local tokenizer directory" in line
+
+
+@pytest.mark.parametrize("server_args, message", [
+    (["--prefill_queue_strategy", "hrrn"], "must not set --prefill_queue_strategy"),
+    (["--bogus_flag", "1"], "the server does not take --bogus_flag 1"),
+    (["--chunked_prefill_size", "abc"], "argument --chunked_prefill_size: invalid int value: 'abc'"),
+])
+def test_compare_strategies_checks_server_args_with_the_servers_parser(tiny_llama_dir, server_args, message):
+    with pytest.raises(ValueError, match=message):
+        check_server_args(str(tiny_llama_dir), "default", server_args)
+    check_server_args(str(tiny_llama_dir), "default", ["--chunked_prefill_size", "256"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategies", "bogus"], "--strategies must name some of default"),
+    (["--bases", "abc"], "--bases takes a comma list of ints; got 'abc'"),
+    (["--fractions", "x"], "--fractions takes a comma list of floats; got 'x'"),
+])
+def test_bound_sweep_names_the_flag(capsys, argv, message):
+    assert message in _refused(bound_sweep.main, argv, capsys)
+
+
+def test_simulator_refuses_an_output_path_it_could_not_write_before_running(capsys):
+    line = _refused(simulator_cli.main, ["--scenario", "long_first", "--json", "/no/such/dir/x.json"], capsys)
+    assert "the directory of '/no/such/dir/x.json' does not exist" in line
+
+
+def test_bench_runtime_needs_a_checkpoint_directory(capsys):
+    assert "--model_dir must be a local checkpoint directory" in _refused(
+        bench_runtime.main, ["--model_dir", "/no/such/model"], capsys)
