@@ -55,7 +55,7 @@ from lightllm.benchmark.comparison_runner import ComparisonRunner, run_compariso
 from lightllm.benchmark.report_writer import render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
-from lightllm.benchmark.server_launcher import stop_servers_on_sigterm
+from lightllm.benchmark.server_launcher import ServerStartError, stop_servers_on_sigterm
 
 # The options and the runner live in their own modules; they stay importable from here, the
 # module callers and docs have always named.
@@ -195,7 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         topology = make_topology(args.topology, **topology_kwargs(args))
     except ValueError as exc:
         parser.error(str(exc))
-    report = run_comparison(options, topology)
+    try:
+        report = run_comparison(options, topology)
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(render_markdown(report))
     print(f"report written to {Path(options.out_dir).resolve()}")
     failed = sum(n for section in report["workloads"].values() for n in section["failed"].values())

@@ -116,6 +116,18 @@ def stop_servers_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
+class ServerStartError(RuntimeError):
+    """A server exited during start-up; the message has its refusal line or its log's tail."""
+
+
+def startup_error_line(log_text: str) -> str | None:
+    """The server's one-line start-up refusal (``error: ...`` or argparse's ``...: error: ...``) in its log, if any."""
+    for line in reversed(log_text.splitlines()):
+        if line.startswith("error: ") or ": error: " in line:
+            return line.strip()
+    return None
+
+
 def _log_tail(path: Path) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -192,14 +204,19 @@ class ServerProcess(Deployment):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(
+                tail = _log_tail(self._log_path)
+                refusal = startup_error_line(tail)
+                if refusal is not None:  # a refused flag or setting: its one line says it all
+                    raise ServerStartError(f"server refused to start (exit code {self._proc.returncode}, "
+                                       f"log {self._log_path}): {refusal}")
+                raise ServerStartError(
                     f"server exited with code {self._proc.returncode} during start-up "
-                    f"(log {self._log_path}):\n{_log_tail(self._log_path)}"
+                    f"(log {self._log_path}):\n{tail}"
                 )
             if ready(self._url):
                 return
             time.sleep(0.3)
-        raise RuntimeError(
+        raise ServerStartError(
             f"server did not become healthy within {timeout_s:.0f}s (log {self._log_path}):\n"
             f"{_log_tail(self._log_path)}"
         )

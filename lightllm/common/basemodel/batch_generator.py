@@ -56,7 +56,8 @@ class BatchGenerator:
             seq.slots.append(part)
             offset += len(chunk)
         batch = ForwardBatch.build(
-            chunks, [s.cached_len for s in seqs], [s.row for s in seqs], slots, self.model.device, all_logits
+            chunks, [s.cached_len for s in seqs], [s.row for s in seqs], slots, self.model.device, all_logits,
+            rope_lengths=[len(s.token_ids) for s in seqs],
         )
         logits = self.model.forward(batch, self.kv_cache, self.req_manager.req_to_token)
         for seq, chunk in zip(seqs, chunks):

@@ -33,6 +33,11 @@ class ForwardBatch:
     # Flattened token indexes whose logits the forward returns, in this order (overrides
     # ``all_logits`` and the default of each request's last new token).
     logit_index: Optional[torch.Tensor] = None
+    # Per request, the sequence length that length-dependent RoPE (dynamic NTK) scales by: the
+    # tokens the request has so far, its whole prompt while a chunk of it prefills (as an
+    # unchunked prefill would); None: ``seq_lens``.  Never the batch's: a request's output must
+    # not depend on the requests batched with it.
+    rope_lengths: Optional[List[int]] = None
 
     @property
     def batch_size(self) -> int:
@@ -80,6 +85,7 @@ class ForwardBatch:
         out_slots: torch.Tensor,
         device: torch.device | str = "cpu",
         all_logits: bool = False,
+        rope_lengths: Optional[Sequence[int]] = None,
     ) -> "ForwardBatch":
         """Assemble a batch from each request's new token ids and cached length."""
         new_lens = [len(t) for t in token_ids]
@@ -96,4 +102,5 @@ class ForwardBatch:
             new_lens=new_lens,
             is_decode=all(n == 1 for n in new_lens),
             all_logits=all_logits,
+            rope_lengths=None if rope_lengths is None else list(rope_lengths),
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -14,8 +14,9 @@ class RotaryEmbedding:
     """Computes cos/sin tables and applies the half-rotation form used by Llama and Qwen2.
 
     The table for positions below ``max_position_embeddings`` is built once.  Dynamic NTK
-    scaling changes the base with the sequence length, so for a batch that reaches beyond the
-    original context the table is rebuilt for that forward from the longest position in it.
+    scaling changes the base with the sequence length, request by request: a request longer than
+    the original context rotates its tokens with the base of its own length (as transformers does
+    with a KV cache: a prompt at its whole length, each later token at the length it makes).
     """
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int, device: torch.device):
@@ -62,18 +63,38 @@ class RotaryEmbedding:
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.device), emb.sin().to(self.device)
 
-    def cos_sin(self, positions: torch.Tensor, max_position: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self,
+        positions: torch.Tensor,
+        max_position: int,
+        lengths: Optional[Sequence[int]] = None,
+        new_lens: Optional[Sequence[int]] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows ``[T, rot_dim]`` (float32) for the given positions.
 
         ``max_position`` is the largest position in the batch (passed in so that no device sync
-        is needed to find it).
+        is needed to find it).  ``lengths`` / ``new_lens``: per request, the length dynamic NTK
+        scales by and its count of tokens in ``positions`` (in order); without them the batch is
+        taken as one request reaching ``max_position``.
         """
-        if self.rope.rope_type == "dynamic" and max_position + 1 > self.original_max:
-            cos, sin = self._table(self._inv_freq(max_position + 1), max_position + 1)
-            return cos[positions], sin[positions]
+        if self.rope.rope_type == "dynamic":
+            if lengths is None or new_lens is None:
+                lengths, new_lens = [max_position + 1], [int(positions.shape[0])]
+            if max(lengths) > self.original_max:
+                return self._dynamic_cos_sin(positions, lengths, new_lens)
         if max_position >= self._cos.shape[0]:
             self._cos, self._sin = self._table(self._inv_freq(self.original_max), max(max_position + 1, 2 * self._cos.shape[0]))
         return self._cos[positions], self._sin[positions]
+
+    def _dynamic_cos_sin(
+        self, positions: torch.Tensor, lengths: Sequence[int], new_lens: Sequence[int]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of each token with its own request's NTK base (computed, not looked up)."""
+        per_request = torch.stack([self._inv_freq(max(length, self.original_max)) for length in lengths])
+        per_token = per_request.repeat_interleave(torch.tensor(list(new_lens), dtype=torch.int64), dim=0)
+        freqs = positions.to("cpu", torch.float32)[:, None] * per_token
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(self.device), emb.sin().to(self.device)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` of shape ``[T, heads, head_dim]`` (float32 arithmetic); returns a new tensor.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightllm.benchmark import bench_runtime, bench_serving
+from lightllm.benchmark import bench_runtime, bench_serving, compare_strategies
 from lightllm.benchmark.comparison_options import check_server_args
 from lightllm.benchmark.simulator import __main__ as simulator_cli
 from lightllm.benchmark.simulator import bound_sweep
@@ -38,15 +38,18 @@ def test_bench_serving_without_a_tokenizer_directory(capsys):
     assert "tokenizer must be a local tokenizer directory" in line
 
 
-@pytest.mark.parametrize("server_args, message", [
-    (["--prefill_queue_strategy", "hrrn"], "must not set --prefill_queue_strategy"),
-    (["--bogus_flag", "1"], "the server does not take --bogus_flag 1"),
-    (["--chunked_prefill_size", "abc"], "argument --chunked_prefill_size: invalid int value: 'abc'"),
-])
-def test_compare_strategies_checks_server_args_with_the_servers_parser(tiny_llama_dir, server_args, message):
-    with pytest.raises(ValueError, match=message):
-        check_server_args(str(tiny_llama_dir), "default", server_args)
+def test_compare_strategies_refuses_server_args_the_launcher_owns(tiny_llama_dir):
+    with pytest.raises(ValueError, match="must not set --prefill_queue_strategy"):
+        check_server_args(str(tiny_llama_dir), "default", ["--prefill_queue_strategy", "hrrn"])
     check_server_args(str(tiny_llama_dir), "default", ["--chunked_prefill_size", "256"])
+
+
+def test_a_server_flag_the_server_refuses_ends_the_comparison_with_its_one_line(tiny_llama_dir, tmp_path, capsys):
+    argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--long-count", "1", "--short-count", "1",
+            "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path / "out"), "--server-args", "--bogus_flag 1"]
+    assert compare_strategies.main(argv) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "unrecognized arguments: --bogus_flag 1" in errors[0], errors
 
 
 @pytest.mark.parametrize("argv, message", [

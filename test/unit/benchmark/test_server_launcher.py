@@ -17,8 +17,10 @@ from lightllm.benchmark.server_launcher import (
     NormalTopology,
     ServerProcess,
     ServerSpec,
+    ServerStartError,
     Topology,
     launch_all,
+    startup_error_line,
 )
 from lightllm.benchmark.topologies import make_topology
 
@@ -63,10 +65,15 @@ def test_topology_registry():
 
 def test_a_server_that_cannot_start_raises_with_its_log(tmp_path):
     log = tmp_path / "server.log"
-    with pytest.raises(RuntimeError, match="during start-up") as info:
+    with pytest.raises(ServerStartError, match="server refused to start") as info:
         ServerProcess.start(["--model_dir", str(tmp_path / "missing")], log, start_timeout_s=60)
-    assert str(log) in str(info.value)
+    # The server's own one-line refusal, not its whole log.
+    assert str(log) in str(info.value) and "error: no config.json in model directory" in str(info.value)
+    assert "\n" not in str(info.value)
     assert log.stat().st_size > 0
+    assert startup_error_line("INFO starting\nusage: x\nprog: error: unrecognized arguments: --x\n") == (
+        "prog: error: unrecognized arguments: --x")
+    assert startup_error_line("INFO starting\nTraceback (most recent call last):\n") is None
 
 
 class _FakeDeployment(Deployment):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import torch.multiprocessing as mp
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
@@ -124,3 +124,39 @@ def test_a_padded_embedding_sets_the_models_vocabulary_and_leaves_the_config_alo
     gen = BatchGenerator(ours, 512, max_sequence_length=256)
     logits = gen.forward([gen.start([1, 2, 3])], [3], all_logits=True)
     assert logits.shape[-1] == 256  # every row of the embedding can be sampled, as in transformers
+
+
+def test_dynamic_ntk_rope_follows_each_requests_own_length(tmp_path):
+    # Dynamic NTK changes RoPE's base with the sequence length: a request past the original
+    # context must rotate with its own length, not the batch's longest, and a chunked prefill
+    # with the whole prompt's (as transformers computes an unchunked prompt).
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(LlamaConfig(**{**BASE, "rope_parameters": rope, "max_position_embeddings": 32})).eval()
+    with torch.no_grad():
+        for param in ref.parameters():
+            torch.nn.init.normal_(param, std=0.1)
+        for layer in ref.model.layers:  # sharp attention, so a rotation off by a base change shows
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    model_dir = tmp_path / "dynamic"
+    ref.save_pretrained(model_dir)
+    ours = load_model(str(model_dir), dtype=torch.float32)
+    long_prompt = [(i * 7) % 200 + 3 for i in range(61)]
+    short_prompt = [(i * 5) % 200 + 3 for i in range(20)]
+    with torch.no_grad():
+        expected = {len(p): ref(torch.tensor([p])).logits[0] for p in (long_prompt, short_prompt)}
+    gen = BatchGenerator(ours, 512, max_sequence_length=256)
+    together = gen.forward([gen.start(long_prompt), gen.start(short_prompt)], [61, 20], all_logits=True)
+    assert (together[:61] - expected[61]).abs().max().item() < 1e-4
+    assert (together[61:] - expected[20]).abs().max().item() < 1e-4  # not rotated with the long one's base
+    chunked = BatchGenerator(ours, 512, max_sequence_length=256)
+    seq = chunked.start(long_prompt)
+    chunked.forward([seq], [7])
+    last = chunked.forward([seq], [54])
+    assert (last[0] - expected[61][-1]).abs().max().item() < 1e-4
+    # Greedy decoding against transformers' cached generation (each new token at its own length).
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        reference = ref.generate(torch.tensor([long_prompt]), generation_config=config)[0, 61:].tolist()
+    assert BatchGenerator(ours, 512, max_sequence_length=256).greedy_generate([long_prompt], 6)[0] == reference

@@ -92,6 +92,8 @@ class TorchModelExecutor:
             [c.req.req_row for c in chunks],
             slots,
             self.model.device,
+            # A chunk's tokens scale as the whole prompt's would (dynamic NTK RoPE).
+            rope_lengths=[c.req.total_len for c in chunks],
         )
         last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         result = ExecutionResult()
