@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import httpx
 import pytest
@@ -157,12 +157,9 @@ def test_dropped_decode_node_fails_its_stream_within_the_bound(cluster: Cluster)
     assert response.status_code == 503 and response.json()["error"]["code"] == "pd_not_ready"
 
 
-def test_decode_only_work_survives_the_prefill_nodes_death(cluster: Cluster) -> None:
-    """Once P handed the KV over, a request needs only D: losing P must not end its stream.
-
-    D pauses after three tokens; P goes silent and the master drops it (readiness says so);
-    then D goes on and the client gets every token, with no error. The pause makes the order
-    certain without a timing assumption."""
+def _stream_with_prefill_lost(cluster: Cluster, lose_prefill: Callable[[], None]) -> List[Dict[str, Any]]:
+    """Stream 12 tokens while D pauses after three: ``lose_prefill`` runs in the pause, then D goes
+    on.  Returns the client's events, checked to be every reference token with no error."""
     cluster.decode.hold_after = 3
     prompt_ids = cluster.master.manager.encode_prompt("hello")
     received: List[Dict[str, Any]] = []
@@ -174,11 +171,7 @@ def test_decode_only_work_survives_the_prefill_nodes_death(cluster: Cluster) -> 
                 received.append(json.loads(line[6:]))
                 if len(received) == 3:
                     break
-        cluster.prefill.go_silent()
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{cluster.master.url}/health").status_code == 200:
-            assert time.monotonic() < deadline, "the master never dropped the silent prefill node"
-            time.sleep(0.05)
+        lose_prefill()
         cluster.decode.release_hold()
         for line in lines:
             if line.startswith("data: "):
@@ -186,6 +179,24 @@ def test_decode_only_work_survives_the_prefill_nodes_death(cluster: Cluster) -> 
     assert all("error" not in event for event in received), received[-1]
     assert [event["token"]["id"] for event in received] == reference_tokens(prompt_ids, 12)
     assert received[-1]["finish_reason"] == "length"
+    return received
+
+
+def test_decode_only_work_survives_the_prefill_nodes_death(cluster: Cluster) -> None:
+    """Once P handed the KV over, a request needs only D: losing P must not end its stream.
+
+    D pauses after three tokens; P goes silent and the master drops it (readiness says so);
+    then D goes on and the client gets every token, with no error. The pause makes the order
+    certain without a timing assumption."""
+
+    def drop_prefill() -> None:
+        cluster.prefill.go_silent()
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{cluster.master.url}/health").status_code == 200:
+            assert time.monotonic() < deadline, "the master never dropped the silent prefill node"
+            time.sleep(0.05)
+
+    _stream_with_prefill_lost(cluster, drop_prefill)
     metrics = httpx.get(f"{cluster.master.url}/metrics").text
     assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 0
 
@@ -197,30 +208,16 @@ def test_losing_the_prefill_node_after_the_echo_but_before_its_handed_off_line_d
 
     P holds its handed_off line and then breaks its stream while D pauses after three tokens;
     then D goes on and the client gets every token, with no error."""
-    cluster.decode.hold_after = 3
     cluster.prefill.cut_before_handed_off = True
-    prompt_ids = cluster.master.manager.encode_prompt("hello")
-    received: List[Dict[str, Any]] = []
-    with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
-                      json={"inputs": "hello", "parameters": {"max_new_tokens": 12}}) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("data: "):
-                received.append(json.loads(line[6:]))
-                if len(received) == 3:
-                    break
+
+    def break_prefill_stream() -> None:
         cluster.prefill.cut_stream()
         assert cluster.prefill.stream_cut.wait(30)
         # The master reads P's broken stream while it waits for D's next token (a shorter wait
         # could only let the old behaviour pass, never fail the right one).
         time.sleep(0.5)
-        cluster.decode.release_hold()
-        for line in lines:
-            if line.startswith("data: "):
-                received.append(json.loads(line[6:]))
-    assert all("error" not in event for event in received), received[-1]
-    assert [event["token"]["id"] for event in received] == reference_tokens(prompt_ids, 12)
-    assert received[-1]["finish_reason"] == "length"
+
+    _stream_with_prefill_lost(cluster, break_prefill_stream)
 
 
 def test_health_turns_503_after_a_node_goes_silent(cluster: Cluster) -> None:
