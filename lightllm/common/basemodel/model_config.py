@@ -196,7 +196,8 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
             rope=_read_rope(raw),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+            # Qwen2's q/k/v biases come with the architecture (Qwen2Model), not with this key.
+            attention_bias=bool(raw.get("attention_bias", False)),
             hidden_act=hidden_act,
             dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),

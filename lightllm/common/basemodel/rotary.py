@@ -63,6 +63,11 @@ class RotaryEmbedding:
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.device), emb.sin().to(self.device)
 
+    @property
+    def length_dependent(self) -> bool:
+        """Whether a token's rotation depends on its request's length (dynamic NTK), not only its position."""
+        return self.rope.rope_type == "dynamic"
+
     def cos_sin(
         self,
         positions: torch.Tensor,
@@ -77,7 +82,7 @@ class RotaryEmbedding:
         scales by and its count of tokens in ``positions`` (in order); without them the batch is
         taken as one request reaching ``max_position``.
         """
-        if self.rope.rope_type == "dynamic":
+        if self.length_dependent:
             if lengths is None or new_lens is None:
                 lengths, new_lens = [max_position + 1], [int(positions.shape[0])]
             if max(lengths) > self.original_max:

@@ -140,8 +140,9 @@ class DecoderOnlyTransformer:
         q_size = self.local_q_heads * self.head_dim
         kv_size = self.local_kv_heads * self.head_dim
         hidden = F.embedding(batch.input_ids, self.embed_weight)
-        cos, sin = self.rotary.cos_sin(batch.positions, batch.max_position, batch.rope_lengths or batch.seq_lens,
-                                       batch.new_lens)
+        # Per-request lengths only for a length-dependent RoPE: no list per forward otherwise.
+        lengths = (batch.rope_lengths or batch.seq_lens) if self.rotary.length_dependent else None
+        cos, sin = self.rotary.cos_sin(batch.positions, batch.max_position, lengths, batch.new_lens)
         meta = self.attention.prepare(batch, req_to_token)
         ops, eps = self.layer_ops, self.config.rms_norm_eps
         # The rows that get logits.  After the last layer's attention nothing else reads the other
