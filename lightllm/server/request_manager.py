@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
+from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.core.objs.request_spec import RequestSpec
 
 
@@ -46,8 +47,8 @@ class RequestManager(Protocol):
 
     Attributes: ``model_name`` (the id the API reports), ``served_model_names`` (every id a
     request's ``model`` may name), ``max_req_total_len`` (prompt + generated tokens of one
-    request), ``vocab_size``, ``eos_token_ids`` and ``tokenizer`` (for decoding token strings
-    in responses).
+    request), ``vocab_size``, ``eos_token_ids``, ``tokenizer`` (for decoding token strings
+    in responses) and ``generation_defaults`` (the sampling fields a request inherits).
     """
 
     model_name: str
@@ -56,6 +57,7 @@ class RequestManager(Protocol):
     vocab_size: int
     eos_token_ids: List[int]
     tokenizer: Any
+    generation_defaults: GenerationDefaults
 
     async def start(self) -> None:
         """Called once on the server's event loop before the first request."""

@@ -10,11 +10,17 @@ only the checkpoint's tokenizer files (through :func:`~lightllm.utils.tokenizer_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import jinja2
+
+from lightllm.common.basemodel.generation_defaults import GenerationDefaults
+from lightllm.server.request_defaults import RequestDefaults
+
+log = logging.getLogger(__name__)
 
 
 def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[str, List[str]]:
@@ -51,7 +57,7 @@ def encode_chat_messages(
     """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be)."""
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
-        raise ValueError("this model has no chat template; send chat_template or use /v1/completions")
+        raise ValueError("this model has no chat template: start the server with --chat_template, or use /v1/completions")
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -72,18 +78,19 @@ def encode_chat_messages(
 
 
 def default_max_new_tokens(
-    max_req_total_len: int, prompt_len: int, configured: Optional[int], fallback: Optional[int] = None
+    max_req_total_len: int, prompt_len: int, configured: Optional[int], fallback: Optional[int] = None,
+    checkpoint: Optional[int] = None,
 ) -> int:
     """max_new_tokens for a request that gives none.
 
-    ``configured`` (``--max_new_tokens_default``) when set, else the endpoint's own default
-    ``fallback``, else the rest of the context; never more than the rest of the context.
+    ``configured`` (``--max_new_tokens_default``) when set, else the checkpoint's
+    ``generation_config.json`` ``max_new_tokens`` (``checkpoint``), else the endpoint's own
+    default ``fallback``, else the rest of the context; never more than the rest of the context.
     """
     remaining = max(1, max_req_total_len - prompt_len)
-    if configured is not None:
-        return min(configured, remaining)
-    if fallback is not None:
-        return min(fallback, remaining)
+    for default in (configured, checkpoint, fallback):
+        if default is not None:
+            return min(default, remaining)
     return remaining
 
 
@@ -98,6 +105,34 @@ class ServedModel:
     eos_token_ids: List[int]
     max_req_total_len: int
     max_new_tokens_default: Optional[int] = None
+    request_defaults: RequestDefaults = field(default_factory=RequestDefaults)
+
+    def __post_init__(self) -> None:
+        if self.request_defaults.chat_template is not None:
+            # --chat_template: every chat renders with it (a request's own still replaces it).
+            self.tokenizer.chat_template = self.request_defaults.chat_template
+        self.check_eos_ids()
+        size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else 0
+        if size > self.vocab_size:
+            log.warning("the tokenizer has %d tokens and the model reads %d: a prompt holding one of the others is "
+                        "refused with a 400 naming it", size, self.vocab_size)
+
+    def check_eos_ids(self) -> None:
+        """Warn when the loaded tokenizer's ``eos_token`` is not an id generation stops at.
+
+        The launcher read it from the tokenizer files without transformers
+        (:func:`~lightllm.utils.tokenizer_files.tokenizer_eos_token_id`); a tokenizer it could not read
+        that way, or ``--eos_id`` leaving it out, would let chats run past their end of turn.
+        """
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int) and 0 <= eos < self.vocab_size and eos not in self.eos_token_ids:
+            log.warning("the tokenizer's eos_token (id %d) is not among the end-of-sequence ids %s, so generation "
+                        "does not stop at it; give --eos_id with every id to stop at", eos, self.eos_token_ids)
+
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The sampling fields a request inherits (``--generation_config``)."""
+        return self.request_defaults.generation
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
         """Token ids of a text prompt."""
@@ -117,5 +152,6 @@ class ServedModel:
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none (see :func:`default_max_new_tokens`)."""
-        return default_max_new_tokens(self.max_req_total_len, prompt_len, self.max_new_tokens_default, fallback)
+        return default_max_new_tokens(self.max_req_total_len, prompt_len, self.max_new_tokens_default, fallback,
+                                      self.generation_defaults.max_new_tokens)
 

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 
 from fastapi.testclient import TestClient
 
+from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.manager_errors import ServerBusyError
@@ -67,6 +68,7 @@ class FakeManager:
         self.vocab_size = 100
         self.eos_token_ids = [EOS]
         self.tokenizer = FakeTokenizer()
+        self.generation_defaults = GenerationDefaults()
         self.reply_len = 3
         self.cached_tokens = 2
         self.token_logprob = -0.5

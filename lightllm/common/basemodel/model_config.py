@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
+
 if TYPE_CHECKING:
     import torch
 
@@ -135,7 +137,8 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        """Read ``config.json`` (and ``generation_config.json`` for extra EOS ids)."""
+        """Read ``config.json``; the EOS ids also gather ``generation_config.json``'s and the tokenizer's
+        ``eos_token`` (vLLM stops at both: a chat fine-tune's end-of-turn token is often only the tokenizer's)."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ModelConfigError(f"no config.json in model directory {model_dir}")
@@ -156,6 +159,9 @@ class ModelConfig:
             for eos in _as_id_list(gen.get("eos_token_id")):
                 if eos not in cfg.eos_token_ids:
                     cfg.eos_token_ids.append(eos)
+        tokenizer_eos = tokenizer_eos_token_id(model_dir)
+        if tokenizer_eos is not None and 0 <= tokenizer_eos < cfg.vocab_size and tokenizer_eos not in cfg.eos_token_ids:
+            cfg.eos_token_ids.append(tokenizer_eos)
         return cfg
 
     @classmethod

@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import List, Optional, Protocol, Sequence
 
 PROMPT_CONTEXT_TOKENS = 4
+# Tokens that may hold the bytes of one unfinished UTF-8 character (it has at most 4 bytes).
+CHARACTER_TOKENS = 4
+# Tokens held back waiting for a character to complete before invalid bytes are let out as U+FFFD.
+MAX_HELD_TOKENS = 2 * CHARACTER_TOKENS
 
 
 class TextOptions(Protocol):
@@ -101,10 +105,37 @@ class IncrementalDecoder:
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.ids[self.prefix_offset :])
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            self.text += full_text[len(prefix_text) :]
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
+            self._advance(full_text[len(prefix_text) :], len(self.ids))
+        elif len(self.ids) - self.read_offset > MAX_HELD_TOKENS:
+            self._release_invalid_bytes(prefix_text)
         return self._release()
+
+    def _advance(self, new_text: str, read_to: int) -> None:
+        self.text += new_text
+        self.prefix_offset = self.read_offset
+        self.read_offset = read_to
+
+    def _release_invalid_bytes(self, prefix_text: str) -> None:
+        """Let a run of tokens that never completes a character out (each invalid byte as U+FFFD).
+
+        Without this the window would grow with every such token and each step decode all of it
+        again (quadratic; a client can ask for such tokens with logit_bias).  A character is at
+        most 4 bytes, so the last :data:`CHARACTER_TOKENS` tokens stay held back; the cut is put
+        where the text does not end in U+FFFD when there is such a place, so a character that is
+        still being completed is not split.
+        """
+        last = len(self.ids) - CHARACTER_TOKENS
+        cuts = range(last, self.read_offset, -1)
+        for cut in cuts:
+            text = self._decode(self.ids[self.prefix_offset : cut])
+            if not text.endswith("\ufffd"):
+                break
+        else:
+            cut = last
+            text = self._decode(self.ids[self.prefix_offset : cut])
+        # Also when the run decodes to nothing (skipped special tokens): the window must not grow.
+        if len(text) >= len(prefix_text):
+            self._advance(text[len(prefix_text) :], cut)
 
     def _release(self) -> str:
         if self.stop_sequences:

@@ -116,11 +116,12 @@ class NativeEndpoints:
             raise APIError(400, "n > 1 and best_of > 1 are supported by /generate only, not /generate_stream",
                            param=param)
         options = {} if parameters.add_special_tokens else {"add_special_tokens": False}
-        prompt_ids = await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs")
+        prompt_ids = await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs",
+                                   self.manager.vocab_size)
         max_new = parameters.max_new_tokens
         if max_new is None:
             max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
-        values = {**parameters.sampling_fields(), "max_new_tokens": max_new}
+        values = {**parameters.sampling_fields(self.manager.generation_defaults), "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
                              prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
@@ -243,7 +244,8 @@ def create_app(
     for router in extra_routers:
         app.include_router(router)
     app.include_router(NativeEndpoints(manager, encoder).router())
-    app.include_router(OpenAIEndpoints(manager, encoder, options.tool_call_parser).router())
+    app.include_router(OpenAIEndpoints(manager, encoder, options.tool_call_parser,
+                                       options.trust_request_chat_template).router())
     # Added last = runs first: keys are checked before any body byte is read.
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)

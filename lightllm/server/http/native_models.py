@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.http.errors import invalid_request
@@ -17,6 +18,8 @@ from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, St
 
 
 INT32_MAX = 2**31 - 1
+# Sampling fields a request inherits from the checkpoint's generation_config.json when it leaves them out.
+_CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
 class NativeParameters(StrictModel):
@@ -27,11 +30,13 @@ class NativeParameters(StrictModel):
     token's logprob regardless).
     """
 
+    # None: see sampling_fields (LightLLM's greedy default, unless the request or the checkpoint asks to sample).
     do_sample: bool | None = None
-    temperature: float = Field(default=1.0, **stored_bounds("temperature"))
-    top_p: float = 1.0
-    top_k: int = Field(default=-1, **stored_bounds("top_k"))
-    repetition_penalty: float = Field(default=1.0, **stored_bounds("repetition_penalty"))
+    # None: the checkpoint's generation_config.json value, else SamplingParams' default.
+    temperature: float | None = Field(default=None, **stored_bounds("temperature"))
+    top_p: float | None = None
+    top_k: int | None = Field(default=None, **stored_bounds("top_k"))
+    repetition_penalty: float | None = Field(default=None, **stored_bounds("repetition_penalty"))
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = Field(default=None, **stored_bounds("seed"))
@@ -83,10 +88,20 @@ class NativeParameters(StrictModel):
         """Generations run: ``best_of`` when given (the ``n`` most likely are returned), else ``n``."""
         return self.best_of if self.best_of is not None else self.n
 
-    def sampling_fields(self) -> dict[str, Any]:
-        """SamplingParams keyword arguments (max_new_tokens is resolved by the caller)."""
+    def sampling_fields(self, defaults: GenerationDefaults) -> dict[str, Any]:
+        """SamplingParams keyword arguments over the checkpoint's ``defaults`` (max_new_tokens is resolved by the caller).
+
+        Without ``do_sample`` a request samples when it sets temperature, top_p or top_k (TGI's rule:
+        a sampling field is never silently ignored), else when the checkpoint's ``do_sample`` says
+        so, else it is greedy (LightLLM's default).
+        """
         fields = self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
-                                          "exponential_decay_length_penalty"})
+                                          "exponential_decay_length_penalty", *_CHECKPOINT_DEFAULTED})
+        own = {name: getattr(self, name) for name in _CHECKPOINT_DEFAULTED if getattr(self, name) is not None}
+        fields.update({**defaults.sampling_fields(), **own})
+        if self.do_sample is None:
+            asks_to_sample = any(name in own for name in ("temperature", "top_p", "top_k"))
+            fields["do_sample"] = asks_to_sample or bool(defaults.do_sample)
         if self.exponential_decay_length_penalty is not None:
             fields["exponential_decay_start"], fields["exponential_decay_factor"] = self.exponential_decay_length_penalty
         return fields

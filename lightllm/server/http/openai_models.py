@@ -233,35 +233,40 @@ class ChatMessage(StrictModel):
 
     @field_validator("content")
     @classmethod
-    def _check_content(cls, value: Any) -> str | None:
+    def _check_content(cls, value: Any) -> str | list[dict[str, str]] | None:
         if value is None or isinstance(value, str):
             return value
         if not isinstance(value, list):
             raise ValueError("content must be a string or a list of content parts")
-        texts = []
+        parts = []
         for index, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ValueError(f"content part {index} has type {kind!r}; only 'text' parts are supported")
             if set(part) != {"type", "text"} or not isinstance(part["text"], str):
                 raise ValueError(f"content part {index} must be {{'type': 'text', 'text': <string>}}")
-            texts.append(part["text"])
-        # Separate parts are usually separate paragraphs; a newline keeps them apart.
-        return "\n".join(texts)
+            parts.append({"type": "text", "text": part["text"]})
+        return parts
 
     @field_validator("tool_calls")
     @classmethod
     def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
         return check_message_tool_calls(value)
 
-    def to_template_dict(self) -> dict[str, Any]:
+    def to_template_dict(self, content_parts: bool = False) -> dict[str, Any]:
         """The message as handed to the chat template.
 
         ``developer`` is OpenAI's newer name for ``system``; most chat templates only know
-        the latter, so it is mapped.
+        the latter, so it is mapped.  Content sent as parts stays a list of parts when
+        ``content_parts`` (the template iterates over them,
+        :func:`~lightllm.server.http.chat_content_format.wants_content_parts`); otherwise the
+        texts are joined with newlines (separate parts are usually separate paragraphs), as vLLM does.
         """
         role = "system" if self.role == "developer" else self.role
-        message = {"role": role, "content": self.content or ""}
+        content: str | list[dict[str, str]] = self.content or ""
+        if isinstance(content, list) and not content_parts:
+            content = "\n".join(part["text"] for part in content)
+        message = {"role": role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_call_id is not None:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.body import parse_body
+from lightllm.server.http.chat_content_format import wants_content_parts
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, model_not_found,
                                          sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
@@ -53,11 +54,24 @@ class OpenAIEndpoints:
     """The OpenAI-compatible handlers bound to one request manager."""
 
     def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None, trust_request_chat_template: bool = False) -> None:
         self.manager = manager
         self.encoder = encoder or PromptEncoder(manager)
         # --tool_call_parser: how tool calls are read from free text (tool_choice "auto").
         self.tool_call_parser = tool_call_parser
+        # --trust_request_chat_template: whether a request may bring its own template.
+        self.trust_request_chat_template = trust_request_chat_template
+
+    def check_request_template(self, template: str | None) -> None:
+        """Refuse a request's own ``chat_template`` unless the server trusts its clients with one.
+
+        A template is a program: its loops run on the tokenization threads, which every request
+        shares, for as long as the template says (vLLM refuses them the same way by default).
+        """
+        if template is not None and not self.trust_request_chat_template:
+            raise APIError(400, "this server does not accept a request's own chat_template (it runs on the "
+                           "server; start it with --trust_request_chat_template to allow it, or --chat_template "
+                           "to set one for every request)", param="chat_template")
 
     def router(self) -> APIRouter:
         """An APIRouter with every OpenAI route."""
@@ -111,7 +125,9 @@ class OpenAIEndpoints:
         """Every choice of every prompt; ``prompt_param`` names the prompt field in context errors."""
         # The same for every prompt; only the completion length may depend on the prompt's.
         requested = body.requested_max_tokens()
-        fields = {**body.sampling_fields(), "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
+        # The checkpoint's generation_config.json values for the fields the request leaves out (vLLM's default).
+        fields = {**self.manager.generation_defaults.sampling_fields(), **body.sampling_fields(), "logprobs": logprobs,
+                  "prompt_logprobs": prompt_logprobs,
                   "grammar": grammar}
         public_names = body.public_names()
         tokens_param = body.max_tokens_param()
@@ -143,7 +159,8 @@ class OpenAIEndpoints:
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):
-                prompts.append(body.truncated(await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt")))
+                ids = await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt", self.manager.vocab_size)
+                prompts.append(body.truncated(ids))
             else:
                 check_token_ids(prompt, self.manager.vocab_size, "prompt")
                 prompts.append(body.truncated(list(prompt)))
@@ -168,11 +185,17 @@ class OpenAIEndpoints:
         """``POST /v1/chat/completions``."""
         body = parse_body(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)
+        self.check_request_template(body.chat_template)
         tool_plan = plan_tool_calls(body, self.tool_call_parser)
-        messages = [message.to_template_dict() for message in body.messages]
+        if tool_plan.keeps_special_tokens:
+            body.skip_special_tokens = False
+        content_parts = wants_content_parts(getattr(self.manager.tokenizer, "chat_template", None),
+                                            body.chat_template, bool(tool_plan.tools))
+        messages = [message.to_template_dict(content_parts) for message in body.messages]
         body.check_reasoning_effort(getattr(self.manager.tokenizer, "chat_template", None))
         template_options = tool_plan.template_options(body.template_options())
-        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **template_options), "messages")
+        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **template_options), "messages",
+                                   self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = tool_plan.combine_grammar(structured_grammar(

@@ -19,10 +19,12 @@ from lightllm.server.http.fanout import ChoiceJob
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
-async def encoded(pending: Awaitable[list[int]], param: str) -> list[int]:
+async def encoded(pending: Awaitable[list[int]], param: str, vocab_size: int | None = None) -> list[int]:
     """Await a :class:`~lightllm.server.http.prompt_encoding.PromptEncoder` call for ``param``.
 
-    A prompt the tokenizer refuses (``ValueError``) and one with no tokens are 400s naming ``param``.
+    A prompt the tokenizer refuses (``ValueError``), one with no tokens, and one holding a token
+    beyond the model's ``vocab_size`` (a tokenizer with more tokens than the model reads) are 400s
+    naming ``param``.
     """
     try:
         ids = await pending
@@ -30,6 +32,11 @@ async def encoded(pending: Awaitable[list[int]], param: str) -> list[int]:
         raise manager_error(exc, param) from None
     if not ids:
         raise APIError(400, f"{param} is empty after tokenization", param=param)
+    if vocab_size is not None:
+        beyond = next((token_id for token_id in ids if not 0 <= token_id < vocab_size), None)
+        if beyond is not None:
+            raise invalid_request(f"{param} holds a token the model cannot read: the tokenizer gave id {beyond}, "
+                                  f"beyond the model's vocabulary [0, {vocab_size})", param)
     return ids
 
 

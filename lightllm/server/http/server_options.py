@@ -114,6 +114,8 @@ class HttpServerOptions:
     auth: AuthPolicy = field(default_factory=AuthPolicy)
     # --tool_call_parser: the format tool calls are read from (tool_choice "auto"); None refuses "auto".
     tool_call_parser: Optional[str] = None
+    # --trust_request_chat_template: a request may bring its own chat_template.
+    trust_request_chat_template: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HttpServerOptions":
@@ -128,7 +130,8 @@ class HttpServerOptions:
             max_connections_per_client=getattr(args, "http_max_connections_per_client", None),
         )
         return cls(limits=limits, auth=AuthPolicy.from_args(args),
-                   tool_call_parser=getattr(args, "tool_call_parser", None))
+                   tool_call_parser=getattr(args, "tool_call_parser", None),
+                   trust_request_chat_template=getattr(args, "trust_request_chat_template", False))
 
 
 def ensure_file_descriptors(max_connections: int) -> None:

@@ -23,6 +23,7 @@ from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.slot_pool import RequestSlots
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
+from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.request_manager import GenerationEvent
 from lightllm.server.served_model import ServedModel
 from lightllm.server.server_layout import ServerLayout
@@ -49,6 +50,8 @@ class HttpServerConfig:
     max_new_tokens_default: Optional[int] = None
     # --model_name values; empty: the directory name and the --model_dir path.
     served_model_names: List[str] = field(default_factory=list)
+    # --generation_config's sampling defaults and --chat_template, resolved by the launcher.
+    request_defaults: RequestDefaults = field(default_factory=RequestDefaults)
 
 
 class HttpServerManager:
@@ -77,7 +80,9 @@ class HttpServerManager:
         self.eos_token_ids = list(config.eos_token_ids)
         self.tokenizer = load_tokenizer(config.model_dir, config.tokenizer_mode)
         self.served = ServedModel(self.model_name, self.served_model_names, self.tokenizer, self.vocab_size,
-                                  self.eos_token_ids, self.max_req_total_len, config.max_new_tokens_default)
+                                  self.eos_token_ids, self.max_req_total_len, config.max_new_tokens_default,
+                                  config.request_defaults)
+        self.generation_defaults = self.served.generation_defaults
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
         self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)

@@ -210,6 +210,29 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "restarts; give the logged value to repeat it.",
     )
     group.add_argument(
+        "--generation_config",
+        type=str,
+        default="auto",
+        help="Where sampling defaults come from for a request that leaves a field out: 'auto' reads the "
+        "checkpoint's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+        "max_new_tokens; do_sample for /generate), as vLLM's default and LightLLM do; 'none' uses the server's "
+        "own defaults; a directory reads its generation_config.json. The values in effect are logged at start.",
+    )
+    group.add_argument(
+        "--chat_template",
+        type=str,
+        default=None,
+        help="Chat template for /v1/chat/completions replacing the tokenizer's: a Jinja file, or the template "
+        "itself. Needed for a checkpoint without one; checked at start.",
+    )
+    group.add_argument(
+        "--trust_request_chat_template",
+        action="store_true",
+        help="Accept a request's own chat_template (vLLM's chat_template field). Off by default: a template is a "
+        "program the server runs (loops of any length on the tokenization threads), so it is refused with a 400 "
+        "unless the clients are trusted.",
+    )
+    group.add_argument(
         "--tool_call_parser",
         type=str,
         choices=list(TOOL_CALL_PARSER_NAMES),

@@ -33,6 +33,7 @@ from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
+from lightllm.server.request_defaults import RequestDefaults, warn_without_eos
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ MASTER_FLAGS = frozenset({
     "http_keep_alive_timeout", "http_max_connections", "http_max_connections_per_client", "api_key", "admin_api_key", "allow_public_priority",
     "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
     "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "pd_prefix_affinity_tokens", "tool_call_parser",
+    "generation_config", "chat_template", "trust_request_chat_template",
 })
 
 
@@ -73,6 +75,7 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
     check_model_type(config)
     model_name, names = served_names(args.model_dir, args.model_name)
     max_len = resolve_max_req_total_len(args.max_req_total_len, config)
+    warn_without_eos(args, config)
     return ServedModel(
         model_name=model_name,
         served_model_names=names,
@@ -81,6 +84,7 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
         eos_token_ids=list(args.eos_id) if args.eos_id else list(config.eos_token_ids),
         max_req_total_len=max_len,
         max_new_tokens_default=args.max_new_tokens_default,
+        request_defaults=RequestDefaults.from_args(args),
     )
 
 

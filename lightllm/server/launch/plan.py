@@ -21,6 +21,7 @@ from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import RouterConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings
+from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
@@ -101,6 +102,7 @@ def build_process_configs(
     *,
     nccl_port: int,
     sampling_seed: int,
+    request_defaults: Optional[RequestDefaults] = None,
     transfer_ports: Optional[TransferPortBlock] = None,
 ) -> ProcessConfigs:
     """Every process's config from the validated flags, the sizing and the one layout.
@@ -161,5 +163,6 @@ def build_process_configs(
         prefill_queue_strategy=args.prefill_queue_strategy,
         slot_wait_seconds=args.slot_wait_seconds,
         max_new_tokens_default=args.max_new_tokens_default,
+        request_defaults=request_defaults or RequestDefaults(),
     )
     return ProcessConfigs(detokenization, router, ranks, http)

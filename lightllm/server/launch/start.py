@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.models.model_types import check_model_type
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.request_defaults import RequestDefaults, warn_without_eos
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import parse_server_args
@@ -145,6 +146,7 @@ def start_processes(
     sizing: ServerSizing,
     model_config: ModelConfig,
     transfer_ports: Optional[TransferPortBlock] = None,
+    request_defaults: Optional[RequestDefaults] = None,
 ) -> Tuple[ServerProcesses, HttpServerConfig]:
     """Create shared memory, spawn and wait for every child; returns the HTTP side's config.
 
@@ -172,7 +174,7 @@ def start_processes(
     else:
         log.info("sampling seed %d (--sampling_seed)", sampling_seed)
     configs = build_process_configs(
-        args, sizing, model_config, layout,
+        args, sizing, model_config, layout, request_defaults=request_defaults,
         nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
         transfer_ports=transfer_ports,
     )
@@ -298,6 +300,8 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
             return run_pd_master(args, front_door)
         model_config = ModelConfig.from_dir(args.model_dir)
         check_model_type(model_config)
+        request_defaults = RequestDefaults.from_args(args)
+        warn_without_eos(args, model_config)
         facts = read_device_facts(args.device)
         if facts.probed:
             log.info("device probe: %d CUDA device(s) visible%s", facts.cuda_device_count,
@@ -325,7 +329,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
     try:
-        return _start_and_serve(args, sizing, model_config, pd_node_info, transfer_ports, front_door)
+        return _start_and_serve(args, sizing, model_config, request_defaults, pd_node_info, transfer_ports, front_door)
     finally:
         if transfer_ports is not None:
             transfer_ports.close()
@@ -335,6 +339,7 @@ def _start_and_serve(
     args: argparse.Namespace,
     sizing: ServerSizing,
     model_config: ModelConfig,
+    request_defaults: RequestDefaults,
     pd_node_info: Optional["NodeInfo"],
     transfer_ports: Optional[TransferPortBlock],
     front_door: "FrontDoor",
@@ -347,6 +352,9 @@ def _start_and_serve(
         overtake_bound_from_args(args).describe(),
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
+    log.info("generation defaults: %s", request_defaults.generation.describe())
+    if request_defaults.chat_template is not None:
+        log.info("chat template: --chat_template replaces the tokenizer's")
     def stop_during_startup(signum: int, frame: Any) -> None:
         # Raising here unwinds start_processes, whose cleanup stops children and unlinks memory.
         raise StartupError(f"interrupted by signal {signum} during start-up")
@@ -354,7 +362,7 @@ def _start_and_serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stop_during_startup)
     try:
-        procs, http_config = start_processes(args, sizing, model_config, transfer_ports)
+        procs, http_config = start_processes(args, sizing, model_config, transfer_ports, request_defaults)
     except ArgumentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG

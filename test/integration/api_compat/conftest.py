@@ -16,8 +16,10 @@ from server_process import start_server
 
 @pytest.fixture(scope="package")
 def tiny_server(tiny_llama_dir, tmp_path_factory):
-    """A normal-mode server on the tiny Llama demo model, shared by every test of the package."""
-    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"), ["--max_total_token_num", "16384"])
+    """A normal-mode server on the tiny Llama demo model, shared by every test of the package (it accepts a
+    request's own chat_template, which the package's template tests send)."""
+    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
+                          ["--max_total_token_num", "16384", "--trust_request_chat_template"])
     yield handle
     handle.stop()
 

@@ -133,3 +133,19 @@ def test_stop_strings_count_only_from_min_tokens_on(tiny_llama_dir):
     text, _ = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
                               min_new_tokens=first_end + 1)
     assert text == "ab "
+
+
+def test_a_run_of_invalid_bytes_keeps_the_window_small_and_the_text_whole(tokenizer):
+    # Byte-level BPE: the single-byte token for 0xCB starts a 2-byte character the next 0xCB never
+    # completes, so every decode of the run ends in U+FFFD.  The window must not grow with the run
+    # (each token would re-decode all of it), and the text must still be what a full decode gives.
+    lead_byte = tokenizer.convert_tokens_to_ids("Ë")
+    valid = tokenizer("你好 world", add_special_tokens=False)["input_ids"]
+    ids = valid + [lead_byte] * 300 + valid + [lead_byte] * 3 + valid
+    decoder = IncrementalDecoder(tokenizer, [])
+    pieces = []
+    for token_id in ids:
+        pieces.append(decoder.add(token_id))
+        assert len(decoder.ids) - decoder.prefix_offset <= 16
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == tokenizer.decode(ids)

@@ -15,7 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, chat, completion
+from lightllm.server.http.app import create_app
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
+from lightllm.server.http.server_options import HttpServerOptions
 
 
 def _optional_fields(model: Any) -> list[str]:
@@ -73,7 +75,24 @@ def test_platform_fields_accepted_with_their_meaning(client: TestClient, manager
     assert completion(client, **{**accepted, "service_tier": "default"}).status_code == 200
 
 
-def test_chat_template_and_documents_reach_the_template(client: TestClient, manager: FakeManager) -> None:
+@pytest.fixture()
+def trusting_client(manager: FakeManager) -> TestClient:
+    """An app started with --trust_request_chat_template."""
+    return TestClient(create_app(manager, HttpServerOptions(trust_request_chat_template=True)),
+                      raise_server_exceptions=False)
+
+
+def test_a_request_template_is_refused_unless_the_server_trusts_it(client: TestClient, manager: FakeManager) -> None:
+    refused = chat(client, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert_error(refused, 400, "chat_template")
+    assert "--trust_request_chat_template" in refused.json()["error"]["message"]
+    assert not manager.calls
+    # Without a template of its own the same request runs.
+    assert chat(client).status_code == 200
+
+
+def test_chat_template_and_documents_reach_the_template(trusting_client: TestClient, manager: FakeManager) -> None:
+    client = trusting_client
     docs = [{"title": "a", "text": "b"}]
     assert chat(client, chat_template="{{ messages }}", documents=docs,
                 chat_template_kwargs={"flag": True}).status_code == 200
@@ -82,7 +101,8 @@ def test_chat_template_and_documents_reach_the_template(client: TestClient, mana
     assert_error(chat(client, chat_template_kwargs={"chat_template": "x"}), 400, "chat_template_kwargs")
 
 
-def test_reasoning_effort_reaches_a_template_that_reads_it(client: TestClient, manager: FakeManager) -> None:
+def test_reasoning_effort_reaches_a_template_that_reads_it(trusting_client: TestClient, manager: FakeManager) -> None:
+    client = trusting_client
     template = "{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert chat(client, chat_template=template, reasoning_effort="high").status_code == 200
     assert manager.template_options["chat_template_kwargs"]["reasoning_effort"] == "high"

@@ -124,6 +124,9 @@ class ToolCallParser(ABC):
     """One output format: its name (the flag's value) and a fresh segmenter per generation."""
 
     name: str
+    # True when the format's markers may be special tokens, which skip_special_tokens would
+    # strip from the text before the segmenter sees it.
+    reads_special_tokens: bool = False
 
     @abstractmethod
     def segmenter(self) -> Segmenter:
@@ -134,6 +137,8 @@ class HermesParser(ToolCallParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2/Qwen2.5, Hermes)."""
 
     name = "hermes"
+    # Hermes-style checkpoints often register <tool_call> and </tool_call> as special tokens.
+    reads_special_tokens = True
     start_tag = "<tool_call>"
     end_tag = "</tool_call>"
 

@@ -152,6 +152,12 @@ class ToolPlan:
         """True when the output is read back into ``tool_calls``."""
         return self.mode in ("auto", "required", "named")
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """True when the output must keep special tokens for the parser to find the calls (vLLM turns
+        ``skip_special_tokens`` off for such parsers whenever tools may be called)."""
+        return self.mode == "auto" and self.parser is not None and self.parser.reads_special_tokens
+
     def template_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """``encode_chat`` options with the tools added for the template (as ``apply_chat_template(tools=...)``)."""
         if not self.tools:

@@ -67,6 +67,7 @@ class PdMasterManager:
         self.vocab_size = model.vocab_size
         self.eos_token_ids = list(model.eos_token_ids)
         self.tokenizer = model.tokenizer
+        self.generation_defaults = model.generation_defaults
         self.registry = registry
         self.deadlines = deadlines
         self.setup_timeout_s = setup_timeout_s

@@ -1,0 +1,58 @@
+"""Whether a chat template wants a message's content as a list of parts or as one string.
+
+OpenAI clients may send ``content`` as a list of ``{"type": "text", "text": ...}`` parts.  Some
+chat templates loop over such a list themselves (``{% for part in message['content'] %}``);
+most print ``message['content']`` and expect a string.  As vLLM does, the template's own syntax
+decides: parts for a template that iterates over a message's content, the texts joined with
+newlines for the others (a list printed as a string would put Python's list syntax in the prompt).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jinja2
+import jinja2.nodes
+
+from lightllm.server.request_defaults import chat_template_environment
+
+
+def _is_content(node: jinja2.nodes.Node) -> bool:
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr == "content"
+    if isinstance(node, jinja2.nodes.Getitem):
+        return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == "content"
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def template_iterates_content(template: str) -> bool:
+    """True when ``template`` has a for-loop over some value's ``content`` (``x.content`` or ``x['content']``)."""
+    try:
+        tree = chat_template_environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        # Rendering reports the error; the content form does not matter then.
+        return False
+    return any(_is_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For))
+
+
+def rendering_template(tokenizer_template: Any, request_template: str | None, with_tools: bool) -> str | None:
+    """The template text a chat renders with: the request's own, else the tokenizer's (of named templates,
+    ``tool_use`` when tools are given and it exists, else ``default``, as transformers chooses)."""
+    if request_template is not None:
+        return request_template
+    if isinstance(tokenizer_template, dict):
+        if with_tools and "tool_use" in tokenizer_template:
+            return tokenizer_template["tool_use"]
+        return tokenizer_template.get("default")
+    if isinstance(tokenizer_template, list):
+        named = {item.get("name"): item.get("template") for item in tokenizer_template if isinstance(item, dict)}
+        return rendering_template(named, None, with_tools)
+    return tokenizer_template if isinstance(tokenizer_template, str) else None
+
+
+def wants_content_parts(tokenizer_template: Any, request_template: str | None, with_tools: bool) -> bool:
+    """True when content sent as parts should reach the template as parts (see the module docstring)."""
+    template = rendering_template(tokenizer_template, request_template, with_tools)
+    return template is not None and template_iterates_content(template)

@@ -1,0 +1,64 @@
+"""Facts read straight from a checkpoint's tokenizer files, without loading transformers.
+
+The launcher decides the end-of-sequence ids before any process starts (the ranks, the
+detokenizer and the HTTP process all need them), and loading a tokenizer there would put
+transformers into a process that otherwise never imports it.  The HTTP process, which loads the
+real tokenizer, checks the answer (:meth:`lightllm.server.served_model.ServedModel.check_eos_ids`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+
+def _read_json(path: Path) -> Optional[Dict[str, Any]]:
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _token_text(value: Any) -> Optional[str]:
+    # A special token is written as its text or as an AddedToken dict ({"content": ...}).
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"] or None
+    return None
+
+
+def _token_id(model_dir: Path, text: str) -> Optional[int]:
+    """The id of token ``text`` from the tokenizer files (added tokens first, then the model's vocabulary)."""
+    config = _read_json(model_dir / "tokenizer_config.json") or {}
+    for key, entry in (config.get("added_tokens_decoder") or {}).items():
+        if _token_text(entry) == text and str(key).isdigit():
+            return int(key)
+    tokenizer = _read_json(model_dir / "tokenizer.json") or {}
+    for entry in tokenizer.get("added_tokens") or []:
+        if isinstance(entry, dict) and entry.get("content") == text and isinstance(entry.get("id"), int):
+            return entry["id"]
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and isinstance(vocab.get(text), int):
+        return vocab[text]
+    if isinstance(vocab, list):
+        # Unigram: a list of [piece, score] whose index is the id.
+        for index, entry in enumerate(vocab):
+            if isinstance(entry, list) and entry and entry[0] == text:
+                return index
+    return None
+
+
+def tokenizer_eos_token_id(model_dir: str | Path) -> Optional[int]:
+    """The id of the tokenizer's ``eos_token`` (None when the files name none or it cannot be resolved)."""
+    directory = Path(model_dir)
+    text = None
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        text = _token_text((_read_json(directory / name) or {}).get("eos_token"))
+        if text is not None:
+            break
+    return None if text is None else _token_id(directory, text)

@@ -1,0 +1,137 @@
+"""Reading what a checkpoint ships beside its weights, without transformers: the sampling defaults of
+``generation_config.json`` and the tokenizer's ``eos_token`` id (compared with what transformers reads)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from lightllm.common.basemodel.generation_defaults import (GenerationDefaults, GenerationDefaultsError,
+                                                          read_generation_defaults, resolve_generation_defaults)
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
+
+
+def _write(directory: Path, name: str, value: object) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(json.dumps(value))
+    return directory
+
+
+# ---------------------------------------------------------------- generation_config.json
+
+
+def test_only_the_keys_the_file_sets_are_defaults(tmp_path: Path) -> None:
+    directory = _write(tmp_path, "generation_config.json", {
+        "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "max_new_tokens": 7,
+        "do_sample": True, "eos_token_id": [1, 2], "bos_token_id": 0})
+    defaults = read_generation_defaults(directory)
+    assert defaults.sampling_fields() == {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    assert (defaults.max_new_tokens, defaults.do_sample, defaults.min_p) == (7, True, None)
+    assert "temperature=0.7" in defaults.describe() and str(directory) in defaults.describe()
+
+
+def test_a_checkpoint_without_the_file_or_keys_has_no_defaults(tmp_path: Path) -> None:
+    assert read_generation_defaults(tmp_path) == GenerationDefaults()
+    only_eos = _write(tmp_path / "eos", "generation_config.json", {"eos_token_id": 2, "do_sample": False})
+    assert read_generation_defaults(only_eos).sampling_fields() == {}
+    assert "server's defaults" in GenerationDefaults().describe()
+
+
+@pytest.mark.parametrize("raw, named", [
+    ({"temperature": -0.1}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"min_p": 2}, "min_p"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"do_sample": "yes"}, "do_sample"), ({"temperature": True}, "temperature"),
+])
+def test_a_value_no_request_could_send_is_refused_naming_file_and_key(tmp_path: Path, raw: dict, named: str) -> None:
+    directory = _write(tmp_path, "generation_config.json", raw)
+    with pytest.raises(GenerationDefaultsError, match=named) as caught:
+        read_generation_defaults(directory)
+    assert "generation_config.json" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_broken_file_is_refused(tmp_path: Path) -> None:
+    tmp_path.joinpath("generation_config.json").write_text("{not json")
+    with pytest.raises(GenerationDefaultsError, match="not valid JSON"):
+        read_generation_defaults(tmp_path)
+    tmp_path.joinpath("generation_config.json").write_text("[1, 2]")
+    with pytest.raises(GenerationDefaultsError, match="JSON object"):
+        read_generation_defaults(tmp_path)
+
+
+def test_the_flag_selects_the_checkpoint_none_or_another_directory(tmp_path: Path) -> None:
+    model = _write(tmp_path / "model", "generation_config.json", {"temperature": 0.5})
+    other = _write(tmp_path / "other", "generation_config.json", {"temperature": 0.9})
+    assert resolve_generation_defaults("auto", model).temperature == 0.5
+    assert resolve_generation_defaults("none", model) == GenerationDefaults()
+    assert resolve_generation_defaults(str(other), model).temperature == 0.9
+    with pytest.raises(GenerationDefaultsError, match="'auto', 'none' or a directory"):
+        resolve_generation_defaults(str(tmp_path / "missing"), model)
+
+
+# ---------------------------------------------------------------- the tokenizer's eos_token
+
+
+def _bpe_tokenizer(path: Path, eos: str, specials: list[str]) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["hello world, the end of a turn"] * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos).save_pretrained(path)
+    return path
+
+
+def _unigram_tokenizer(path: Path) -> Path:
+    tok = Tokenizer(models.Unigram())
+    trainer = trainers.UnigramTrainer(vocab_size=60, special_tokens=["<pad>", "<eot>"], show_progress=False,
+                                      unk_token="<pad>")
+    tok.train_from_iterator(["hello world, the end of a turn"] * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eot>").save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("eos, specials", [("<|im_end|>", ["<|endoftext|>", "<|im_end|>"]), ("</s>", ["<s>", "</s>"])])
+def test_the_eos_id_read_from_files_is_the_one_transformers_reads(tmp_path: Path, eos: str, specials: list[str]) -> None:
+    path = _bpe_tokenizer(tmp_path, eos, specials)
+    expected = AutoTokenizer.from_pretrained(path).eos_token_id
+    assert tokenizer_eos_token_id(path) == expected == specials.index(eos)
+
+
+def test_the_eos_id_resolves_from_every_place_a_tokenizer_keeps_it(tmp_path: Path) -> None:
+    unigram = _unigram_tokenizer(tmp_path / "unigram")
+    assert tokenizer_eos_token_id(unigram) == AutoTokenizer.from_pretrained(unigram).eos_token_id
+    # Only in special_tokens_map.json, as an AddedToken dict, found through added_tokens_decoder.
+    bpe = _bpe_tokenizer(tmp_path / "bpe", "<|im_end|>", ["<|endoftext|>", "<|im_end|>"])
+    config = json.loads((bpe / "tokenizer_config.json").read_text())
+    config.pop("eos_token")
+    config["added_tokens_decoder"] = {"1": {"content": "<|im_end|>", "special": True}}
+    (bpe / "tokenizer_config.json").write_text(json.dumps(config))
+    _write(bpe, "special_tokens_map.json", {"eos_token": {"content": "<|im_end|>", "lstrip": False}})
+    assert tokenizer_eos_token_id(bpe) == 1
+    assert tokenizer_eos_token_id(tmp_path / "nothing") is None
+    _write(tmp_path / "unknown", "tokenizer_config.json", {"eos_token": "<never>"})
+    assert tokenizer_eos_token_id(tmp_path / "unknown") is None
+
+
+def test_the_model_config_stops_at_the_tokenizer_eos_too(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    im_end = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|im_end|>")
+    config = json.loads((model / "config.json").read_text())
+    eos = config["eos_token_id"]
+    (model / "generation_config.json").unlink()
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    tokenizer_config["eos_token"] = "<|im_end|>"
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    special_map = model / "special_tokens_map.json"
+    if special_map.exists():
+        special_map.unlink()
+    assert AutoTokenizer.from_pretrained(model).eos_token_id == im_end != eos
+    assert ModelConfig.from_dir(model).eos_token_ids == [eos, im_end]
