@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import tempfile
 import time
 from pathlib import Path
@@ -145,3 +146,32 @@ def _prompt_tokens_total(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("lightllm_prompt_tokens_total"))
+
+
+def test_a_request_still_being_tokenized_at_sigterm_gets_its_answer(tiny_llama_dir, tmp_path):
+    """A multi-MB prompt takes seconds to tokenize; the manager knows nothing of it yet. The drain
+    waits for it, and the client gets the server's own answer (here the JSON 400 of a prompt beyond
+    the context), not a cancelled handler's plain-text 500."""
+    server = start_server(tiny_llama_dir, tmp_path, ["--max_total_token_num", "4096", "--prompt_chars_per_token", "0",
+                                                     "--graceful_shutdown_seconds", "60"])
+    words = "alpha beta gamma delta epsilon zeta eta theta".split()
+    prompt = " ".join(words[i % len(words)] + str(i % 97) for i in range(600_000))
+    answers = []
+    try:
+        sender = threading.Thread(target=lambda: answers.append(httpx.post(
+            f"{server.url}/generate", json={"inputs": prompt, "parameters": {"max_new_tokens": 1}}, timeout=300)))
+        sender.start()
+        # Signalled once the body has arrived (the server logs nothing per request, so this waits
+        # on the client side); whether tokenization is still running then or not, the answer must
+        # be the endpoint's own.
+        time.sleep(1.0)
+        server.proc.send_signal(signal.SIGTERM)
+        sender.join(300)
+        code = server.proc.wait(120)
+    finally:
+        server.stop(signal.SIGKILL)
+    (answer,) = answers
+    assert answer.status_code == 400, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["error"]["code"] == "context_length_exceeded"
+    assert code == 0 and "every request finished" in server.log()

@@ -58,6 +58,7 @@ from lightllm.server.http.openai_shapes import best_choices, final_finish_reason
 from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.planning import build_sampling_params, check_context_length, choice_jobs, encoded
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
+from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
 from lightllm.server.http.health import HEALTH_PATH, LIVE_PATH, READY_PATH, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
 from lightllm.server.http.server_options import HttpServerOptions
@@ -250,5 +251,8 @@ def create_app(
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)
     app.add_middleware(ApiKeyMiddleware, policy=options.auth)
+    # Outermost: a request counts for a graceful drain from its first byte (lightllm/server/http/in_flight.py).
+    app.state.preparing = PreparingRequests()
+    app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest])
     return app

@@ -23,7 +23,9 @@ from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.slot_pool import RequestSlots
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
+from lightllm.server.http.in_flight import generation_started
 from lightllm.server.request_defaults import RequestDefaults
+from lightllm.server.request_gate import RequestGate
 from lightllm.server.request_manager import GenerationEvent
 from lightllm.server.served_model import ServedModel
 from lightllm.server.server_layout import ServerLayout
@@ -100,7 +102,7 @@ class HttpServerManager:
         self._receiver: Optional[asyncio.Task] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         # Set once the server stops taking requests; new requests get it as their error.
-        self._refusal: Optional[ServerUnavailableError] = None
+        self._gate = RequestGate()
         self._backend_alive = True
         self._active_generations = 0
 
@@ -216,9 +218,11 @@ class HttpServerManager:
 
     # --- shutdown and failure (called on the event loop by the supervisor) ----------------------
     def refuse_new_requests(self, message: str, code: str) -> None:
-        """From now on every new request fails with a 503 carrying ``message``; /health says 503."""
-        if self._refusal is None:
-            self._refusal = ServerUnavailableError(message, code)
+        """From now on every new request fails with a 503 carrying ``message``; /health says 503.
+
+        Requests already admitted by the HTTP layer (being tokenized) may still start generating.
+        """
+        self._gate.drain(message, code)
 
     def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
         """End every pending request (and every later one) with ``message``; returns how many.
@@ -227,7 +231,7 @@ class HttpServerManager:
         since no one would read it.
         """
         failure = ServerUnavailableError(message, code)
-        self.refuse_new_requests(message, code)
+        self._gate.close(message, code)
         self._backend_alive = self._backend_alive and backend_alive
         # Requests still waiting for a slot fail too.
         self._slots.fail(failure)
@@ -262,11 +266,11 @@ class HttpServerManager:
 
     def refusal(self) -> Optional[ServerUnavailableError]:
         """The error new requests get while the server refuses them (draining, failed); None otherwise."""
-        return self._refusal
+        return self._gate.refusal
 
     def health(self) -> bool:
         """Whether the server accepts requests."""
-        return self._refusal is None and self._receiver is not None and not self._receiver.done()
+        return self._gate.open and self._receiver is not None and not self._receiver.done()
 
     def metrics_text(self) -> tuple[bytes, str]:
         """Prometheus exposition of this server's metrics."""
@@ -297,10 +301,11 @@ class HttpServerManager:
             raise ValueError(f"generate takes a RequestSpec, got {type(spec).__name__}")
         spec.check_fits(self.vocab_size, self.max_req_total_len)
         prompt_len = spec.prompt_len
-        if self._refusal is not None:
-            raise self._refusal
+        self._gate.check(request)
         request_id = self._claim_request_id(request_id)
         self._active_generations += 1
+        # Counted here now, so a drain waiting for requests still being prepared sees no gap.
+        generation_started(request)
         try:
             try:
                 slot, top_slot = await self._slots.take(slot_wait_seconds, wants_top_rows(spec.params))
@@ -353,6 +358,7 @@ class HttpServerManager:
                     first_token_seconds=pending.first_token_seconds,
                     queue_seconds=pending.queue_seconds,
                     max_new_tokens=spec.params.max_new_tokens,
+                    uncounted_tokens=pending.completion_tokens - pending.taken_tokens,
                 )
         finally:
             self._active_generations -= 1

@@ -262,15 +262,20 @@ class ServerMetrics:
         first_token_seconds: Optional[float],
         queue_seconds: Optional[float] = None,
         max_new_tokens: Optional[int] = None,
+        uncounted_tokens: int = 0,
     ) -> None:
         """A request ended ``seconds`` after submission; its first token came after ``first_token_seconds``.
 
         ``max_new_tokens`` is the completion length it asked for (None: not known, not observed).
+        ``uncounted_tokens``: generated tokens its client never took (it left with them queued); the
+        tokens counter counts them now, so it stays the sum of the per-request histogram.
 
         ``queue_seconds`` (None: never scheduled) is submission to first scheduling; the prefill
         and inference times are measured from that moment, as vLLM measures them.
         """
         self.requests.labels(self.strategy, finish_reason).inc()
+        if uncounted_tokens > 0:
+            self._generated.inc(uncounted_tokens)
         self._e2e.observe(seconds)
         self._request_prompt.observe(prompt_tokens)
         self._request_generation.observe(completion_tokens)

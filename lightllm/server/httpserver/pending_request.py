@@ -39,6 +39,8 @@ class PendingRequest:
         self.arrival_ns = 0
         self.scheduled_ns = 0
         self.completion_tokens = 0
+        # Tokens the client took (counted by the metrics as they went); the rest stayed queued.
+        self.taken_tokens = 0
         self.first_token_seconds: Optional[float] = None  # since submission, for /metrics
         self.finished = False
         self.failure: Optional[ServerUnavailableError] = None
@@ -129,6 +131,7 @@ class PendingRequest:
                     continue
                 now = time.perf_counter()
                 if event.token_id >= 0:
+                    self.taken_tokens += 1
                     if last_token_at is None:
                         self.first_token_seconds = now - started
                         metrics.on_first_token(self.first_token_seconds, event.cached_tokens)

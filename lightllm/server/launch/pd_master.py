@@ -148,7 +148,7 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
                                    node_details=manager.node_details)
     routers = [readiness_router(registry, refusal=manager.refusal), membership]
     app = create_app(manager, options, extra_routers=routers)
-    supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
+    supervisor = Supervisor(manager, args.graceful_shutdown_seconds, app.state.preparing)
     readiness = SampledReadiness(lambda: readiness_problem(registry, manager.refusal),  # type: ignore[arg-type, return-value]
                                  immediate=manager_readiness_refusal(manager))
     server = stop.server = SupervisedServer(build_uvicorn_config(app, args, options), supervisor,

@@ -387,7 +387,7 @@ def _start_and_serve(
             pd_node = PdNodeRuntime(args, pd_node_info, manager, http_config.layout.model_rank0_address,
                                     http_options.auth.cluster_key)
         app = create_app(manager, http_options, pd_node.routers() if pd_node is not None else ())
-        supervisor = Supervisor(manager, args.graceful_shutdown_seconds)
+        supervisor = Supervisor(manager, args.graceful_shutdown_seconds, app.state.preparing)
         server = stop.server = SupervisedServer(build_uvicorn_config(app, args, http_options), supervisor,
                                                 front_door=front_door)
         if pd_node is not None:

@@ -20,15 +20,18 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import uvicorn
 
+from lightllm.utils.async_polling import wait_until
 from lightllm.utils.gc_tuning import freeze_startup_objects
 
 if TYPE_CHECKING:
     from lightllm.server.http.front_door import FrontDoor
+    from lightllm.server.http.in_flight import PreparingRequests
     from lightllm.server.http.health import Readiness
 
 log = logging.getLogger("lightllm.supervisor")
@@ -41,9 +44,12 @@ SERVER_FAILED = "server_failed"
 class Supervisor:
     """Decides how and when serving ends; ``exit_code`` is the launcher's exit status."""
 
-    def __init__(self, manager: Any, graceful_shutdown_seconds: float):
+    def __init__(self, manager: Any, graceful_shutdown_seconds: float,
+                 preparing: Optional["PreparingRequests"] = None):
         self.manager = manager
         self.graceful_shutdown_seconds = graceful_shutdown_seconds
+        # The app's requests not yet handed to the manager (parsed, tokenized): a drain waits for them too.
+        self.preparing = preparing
         self.server: Optional[uvicorn.Server] = None
         self.exit_code = 0
         self._lock = threading.Lock()
@@ -121,11 +127,19 @@ class Supervisor:
 
     async def _drain_then_exit(self) -> None:
         seconds = self.graceful_shutdown_seconds
-        if await self.manager.wait_until_idle(seconds):
+        if await self._wait_until_idle(seconds):
             log.info("every request finished; shutting down")
             self._exit_server()
         else:
             self._stop_now(f"the request did not finish within the graceful shutdown period ({seconds:g}s)")
+
+    async def _wait_until_idle(self, seconds: float) -> bool:
+        # A request being prepared becomes a generation (counted by the manager) before it stops
+        # counting as prepared, so no request slips between the two waits.
+        deadline = time.monotonic() + seconds
+        if self.preparing is not None and not await wait_until(lambda: self.preparing.idle, seconds):
+            return False
+        return await self.manager.wait_until_idle(max(0.0, deadline - time.monotonic()))
 
     def _stop_now(self, reason: str) -> None:
         failed = self.manager.fail_pending(f"The server is shutting down: {reason}", SHUTTING_DOWN, backend_alive=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import Dict, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lightllm.server.core.objs.io_messages import DetokenizedOutput, TokenEvent
 from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.metrics import VLLM_NAMES, ServerMetrics, token_buckets
 from lightllm.utils.check_dashboard import dashboard_problems, main
 
@@ -222,3 +225,26 @@ def test_every_documented_finished_reason_is_exported_from_the_start(stats: ShmS
                        "segment_limit", "transfer_failed"}
     for reason in reasons:
         assert f"`{reason}`" in doc, reason
+
+
+def test_tokens_a_leaving_client_never_took_still_count_as_generated(stats: ShmStats) -> None:
+    """The tokens counter and the per-request histogram count the same tokens, also when a client
+    leaves with tokens still queued for it (they were generated all the same)."""
+    metrics = ServerMetrics("hrrn", stats, "m", max_len=512)
+    pending = PendingRequest(prompt_tokens=4)
+    pending.deliver(DetokenizedOutput(request_id=1, tokens=[TokenEvent(i, "x", -0.1) for i in range(5)], finish_reason=None,
+                                      prompt_cache_len=0))
+
+    async def take_two() -> None:
+        events = pending.events(None, 0.0, metrics)
+        for _ in range(2):
+            await events.__anext__()
+        await events.aclose()  # the client went away
+
+    asyncio.run(take_two())
+    metrics.on_finish("abort", pending.completion_tokens, 0.5, prompt_tokens=4, first_token_seconds=0.1,
+                      uncounted_tokens=pending.completion_tokens - pending.taken_tokens)
+    families = _families(metrics)
+    counted = _value(families["lightllm_generated_tokens"], "lightllm_generated_tokens_total")
+    observed = _value(families["lightllm_request_generation_tokens"], "lightllm_request_generation_tokens_sum")
+    assert counted == observed == 5

@@ -38,6 +38,8 @@ from lightllm.server.pd.master.pair_setup import PairSetup
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
+from lightllm.server.http.in_flight import generation_started
+from lightllm.server.request_gate import RequestGate
 from lightllm.server.request_manager import GenerationEvent
 from lightllm.server.pd.protocol.stream_lines import token_from_line
 from lightllm.server.served_model import ServedModel
@@ -83,7 +85,7 @@ class PdMasterManager:
         self._sweeper = ExpirySweeper(registry)
         self._runs: Dict[int, RequestRun] = {}
         self._next_request_id = 1
-        self._refusal: Optional[ServerUnavailableError] = None
+        self._gate = RequestGate()
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,16 +108,16 @@ class PdMasterManager:
     # --- shutdown and failure (the supervisor) ---------------------------------------------------
     def refusal(self) -> Optional[ServerUnavailableError]:
         """The error new requests get while the master refuses them (None: it takes them)."""
-        return self._refusal
+        return self._gate.refusal
 
     def refuse_new_requests(self, message: str, code: str) -> None:
-        """From now on refuse every new request with ``ServerUnavailableError(message, code)``."""
-        if self._refusal is None:
-            self._refusal = ServerUnavailableError(message, code)
+        """From now on refuse every new request with ``ServerUnavailableError(message, code)`` (requests the
+        HTTP layer admitted earlier, still being tokenized, may start)."""
+        self._gate.drain(message, code)
 
     def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
         """End every request in flight (and refuse later ones) with that error; returns how many."""
-        self.refuse_new_requests(message, code)
+        self._gate.close(message, code)
         return sum(run.fail(PdRequestFailed(message, code, "stopped")) for run in list(self._runs.values()))
 
     async def wait_until_idle(self, timeout: float) -> bool:
@@ -166,7 +168,7 @@ class PdMasterManager:
 
     def health(self) -> bool:
         """Requests are accepted: a prefill and a decode node are alive and the master is not stopping."""
-        return self._refusal is None and self.registry.ready
+        return self._gate.open and self.registry.ready
 
     def metrics_text(self) -> Tuple[bytes, str]:
         """Prometheus exposition of the master's metrics."""
@@ -181,8 +183,7 @@ class PdMasterManager:
         """
         spec.check_fits(self.vocab_size, self.max_req_total_len)
         prompt_ids, params, high_priority = list(spec.prompt_ids), spec.params, spec.priority.high_priority_request
-        if self._refusal is not None:
-            raise self._refusal
+        self._gate.check(request)
         self.registry.require_ready()
         if self._flow is None:
             raise ServerUnavailableError("The PD master has not started", "server_not_started")
@@ -190,6 +191,7 @@ class PdMasterManager:
         self._next_request_id += 1
         run = RequestRun(request_id, request, high_priority=high_priority)
         self._runs[request_id] = run
+        generation_started(request)
         started = time.perf_counter()
         self.metrics.requests.on_submit(len(prompt_ids))
         generated: List[int] = []

@@ -1,0 +1,87 @@
+"""Requests the server has taken but not yet handed to its request manager, for a graceful shutdown.
+
+Between its arrival and its first ``manager.generate`` call a request is parsed and tokenized,
+which for a long prompt takes seconds, and the manager does not know about it yet.  A drain that
+waited only for the manager's generations would end the server under such a request, whose
+client would then get uvicorn's plain-text 500 instead of an answer.  The middleware here gives
+every ``POST`` a :class:`Admission` in its scope; the request counts as *preparing* until the
+manager starts its first generation (:func:`generation_started`) or the request ends.  A drain
+waits for both counts, and a request admitted before the server began to refuse new ones may
+still start its generations (:func:`admitted_before`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict
+
+Scope = Dict[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+
+ADMISSION_KEY = "lightllm.admission"
+
+
+@dataclass
+class PreparingRequests:
+    """How many admitted requests have not started a generation yet (read by the supervisor's drain)."""
+
+    count: int = 0
+
+    @property
+    def idle(self) -> bool:
+        """True when no request is between its arrival and its first generation."""
+        return self.count == 0
+
+
+@dataclass
+class Admission:
+    """One request's admission: when it arrived, and whether it still counts as preparing."""
+
+    arrived: float
+    book: PreparingRequests = field(repr=False)
+    preparing: bool = True
+
+    def release(self) -> None:
+        """Stop counting the request as preparing (idempotent)."""
+        if self.preparing:
+            self.preparing = False
+            self.book.count -= 1
+
+
+def _admission(request: Any) -> Admission | None:
+    scope = getattr(request, "scope", None)
+    return scope.get(ADMISSION_KEY) if isinstance(scope, dict) else None
+
+
+def generation_started(request: Any) -> None:
+    """Called by a request manager once a generation of ``request`` (the client's connection, or None) is counted."""
+    admission = _admission(request)
+    if admission is not None:
+        admission.release()
+
+
+def admitted_before(request: Any, moment: float) -> bool:
+    """True when ``request`` arrived before ``moment`` (``time.monotonic()``); False without an admission."""
+    admission = _admission(request)
+    return admission is not None and admission.arrived < moment
+
+
+class AdmissionMiddleware:
+    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends."""
+
+    def __init__(self, app: ASGIApp, book: PreparingRequests) -> None:
+        self.app = app
+        self.book = book
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        admission = Admission(time.monotonic(), self.book)
+        self.book.count += 1
+        scope[ADMISSION_KEY] = admission
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            admission.release()

@@ -1,0 +1,64 @@
+"""The request gate of both request managers: while draining, requests admitted earlier (still being
+tokenized at the stop signal) may start their generations and later ones are refused; after a failure
+nothing starts.  The admission middleware counts a request as preparing until its first generation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from lightllm.server.http.in_flight import (ADMISSION_KEY, Admission, AdmissionMiddleware, PreparingRequests,
+                                            generation_started)
+from lightllm.server.manager_errors import ServerUnavailableError
+from lightllm.server.request_gate import RequestGate
+
+
+def _request(arrived: float, book: PreparingRequests) -> SimpleNamespace:
+    book.count += 1
+    return SimpleNamespace(scope={ADMISSION_KEY: Admission(arrived, book)})
+
+
+def test_draining_spares_requests_admitted_before_it() -> None:
+    book = PreparingRequests()
+    gate = RequestGate()
+    early = _request(time.monotonic(), book)
+    gate.check(early)
+    gate.drain("shutting down", "server_shutting_down")
+    gate.check(early)
+    late = _request(time.monotonic() + 1, book)
+    for refused in (late, None, SimpleNamespace(scope={})):
+        with pytest.raises(ServerUnavailableError, match="shutting down"):
+            gate.check(refused)
+    gate.close("failed", "server_failed")
+    with pytest.raises(ServerUnavailableError, match="shutting down"):
+        gate.check(early)  # the first refusal's message stays, as before
+    assert not gate.open
+
+
+def test_a_request_counts_as_preparing_until_its_first_generation_or_its_end() -> None:
+    book = PreparingRequests()
+    seen = []
+
+    async def app(scope, receive, send) -> None:
+        seen.append(book.count)
+        generation_started(SimpleNamespace(scope=scope))
+        generation_started(SimpleNamespace(scope=scope))  # a second choice of the same request
+        seen.append(book.count)
+
+    async def run(method: str) -> None:
+        await AdmissionMiddleware(app, book)({"type": "http", "method": method}, None, None)
+
+    asyncio.run(run("POST"))
+    assert seen == [1, 0] and book.idle
+    asyncio.run(run("GET"))
+    assert seen[2:] == [0, 0]
+
+    async def failing(scope, receive, send) -> None:
+        raise RuntimeError("handler failed")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(AdmissionMiddleware(failing, book)({"type": "http", "method": "POST"}, None, None))
+    assert book.idle
