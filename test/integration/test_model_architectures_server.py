@@ -5,6 +5,7 @@ checkpoints it cannot serve, before any process starts."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,42 @@ def test_the_launcher_refuses_what_it_cannot_serve_in_one_line(tiny_mistral_dir,
         "error: --max_req_total_len 100 exceeds the checkpoint's sliding window (64 tokens); this server attends "
         "to the whole sequence, which matches the model only within the window: give at most 64"]
     assert "starting: model=" not in proc.stdout + proc.stderr
+
+
+def _greedy_ids(url: str, model: str, prompt: list[int], max_tokens: int) -> list[int]:
+    choice = httpx.post(f"{url}/v1/completions", timeout=60, json={
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "logprobs": 0, "return_tokens_as_token_ids": True}).json()["choices"][0]
+    return [int(token.split(":")[1]) for token in choice["logprobs"]["tokens"]]
+
+
+def test_dynamic_ntk_prompts_that_share_prefixes_match_transformers(tiny_llama_dir, tmp_path):
+    """A dynamic-NTK key is rotated for its request's length, so no request may read another's
+    cached keys: a prompt extending, sharing or cutting a served one is computed afresh."""
+    model_dir = tmp_path / "ntk"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    config = json.loads((model_dir / "config.json").read_text())
+    rope = {**config.get("rope_parameters", {"rope_theta": config.get("rope_theta", 10000.0)}), **scaling}
+    _rewrite_config(model_dir, max_position_embeddings=64, rope_scaling=scaling, rope_parameters=rope)
+    first = [1] + [(i * 37) % 900 + 3 for i in range(99)]
+    prompts = [first, first + [(i * 11) % 900 + 3 for i in range(50)], first[:30] + [5] * 90, first[:40]]
+    server = start_server(model_dir, tmp_path, ["--max_req_total_len", "256", "--max_total_token_num", "2048"])
+    try:
+        served = [_greedy_ids(server.url, server.model_name, prompt, 8) for prompt in prompts]
+    finally:
+        server.stop()
+    assert "the prefix cache is off" in server.log()
+    expected = []
+    for prompt in prompts:
+        # A fresh model per prompt (transformers' dynamic RoPE keeps the longest length it saw), decoding
+        # with its KV cache as the server does: each generated token rotated at the length it makes.
+        hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        generated = []
+        with torch.no_grad():
+            out = hf(torch.tensor([prompt]), use_cache=True)
+            for _ in range(8):
+                generated.append(int(out.logits[0, -1].argmax()))
+                out = hf(torch.tensor([[generated[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+        expected.append(generated)
+    assert served == expected

@@ -96,6 +96,15 @@ class RopeConfig:
     high_freq_factor: float = 4.0
     partial_rotary_factor: float = 1.0
 
+    @property
+    def length_dependent(self) -> bool:
+        """Whether a token's rotation depends on its request's length (dynamic NTK), not only its position.
+
+        Then a key computed for one request is wrong for another of a different length, so such
+        keys cannot be shared through the prefix cache.
+        """
+        return self.rope_type == "dynamic"
+
 
 @dataclass
 class ModelConfig:

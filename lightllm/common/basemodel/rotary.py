@@ -66,7 +66,7 @@ class RotaryEmbedding:
     @property
     def length_dependent(self) -> bool:
         """Whether a token's rotation depends on its request's length (dynamic NTK), not only its position."""
-        return self.rope.rope_type == "dynamic"
+        return self.rope.length_dependent
 
     def cos_sin(
         self,

@@ -94,6 +94,16 @@ def overtake_bound_from_args(args: argparse.Namespace) -> OvertakeBoundSpec:
     return OvertakeBoundSpec(args.prefill_max_overtake_tokens, float(args.prefill_overtake_fraction))
 
 
+def prefix_cache_enabled(args: argparse.Namespace, model_config: ModelConfig) -> bool:
+    """Whether the ranks share computed prompt prefixes between requests.
+
+    Off with ``--disable_dynamic_prompt_cache``, and for a length-dependent RoPE (dynamic NTK): a
+    cached key was rotated for the length of the request that computed it, and another request
+    of another length would read it wrongly.
+    """
+    return not args.disable_dynamic_prompt_cache and not model_config.rope.length_dependent
+
+
 def build_process_configs(
     args: argparse.Namespace,
     sizing: ServerSizing,
@@ -140,7 +150,7 @@ def build_process_configs(
             attention_backend=args.attention_backend,
             linear_backend=args.linear_backend,
             prefill_overtake_bound=overtake_bound,
-            use_prefix_cache=not args.disable_dynamic_prompt_cache, eos_token_ids=eos,
+            use_prefix_cache=prefix_cache_enabled(args, model_config), eos_token_ids=eos,
             log_level=args.log_level, torch_threads=sizing.torch_threads,
             prefill_torch_threads=sizing.prefill_torch_threads,
             wide_forward_ms_per_token=sizing.wide_forward_ms_per_token,

@@ -119,9 +119,11 @@ def plan_sizing(
             # the ranks and cap it, since a CPU forward never gets through millions of tokens.
             kv_tokens = min(kv_tokens // args.tp, CPU_DEFAULT_KV_TOKEN_CAP)
     if kv_tokens < max_req_total_len:
+        remedy = ("raise --max_total_token_num or lower --max_req_total_len" if args.max_total_token_num is not None
+                  else "lower --max_req_total_len or --reserved_memory_gb, or give more memory")
         raise ArgumentError(
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
-            f"{max_req_total_len}); lower --max_req_total_len or --reserved_memory_gb, or give more memory"
+            f"{max_req_total_len}); {remedy}"
         )
     refuse_replaced_env_vars()
     threads = prefill_threads = None

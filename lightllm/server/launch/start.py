@@ -313,6 +313,9 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
             log.info("the checkpoint's layers attend to a sliding window of %d tokens: requests are limited to "
                      "%d tokens, within which full attention computes the same", model_config.sliding_window,
                      sizing.max_req_total_len)
+        if model_config.rope.length_dependent and not args.disable_dynamic_prompt_cache:
+            log.info("the checkpoint's RoPE scales with each request's length (dynamic NTK): the prefix cache is "
+                     "off, since a cached key fits only requests of the length that computed it")
         if args.run_mode in PD_NODE_MODES:
             # Imported here, like the HTTP modules below: only a PD node needs it.
             from lightllm.server.launch.pd_node import prepare_pd_node

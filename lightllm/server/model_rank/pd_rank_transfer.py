@@ -71,6 +71,8 @@ ROLE_PD_KIND = {"prefill": PD_KIND_PREFILL, "decode": PD_KIND_DECODE}
 # error_kind values of a failed transfer (the HTTP side's PdNodeEvent.error_kind).
 ERROR_TRANSFER_FAILED = "transfer_failed"
 ERROR_LEASE_EXPIRED = "lease_expired"
+# A decode node's receive given up because its request ended first (no KV was coming).
+ERROR_RECEIVE_CANCELLED = "receive_cancelled"
 ERROR_TRANSFER_BROKEN = "transfer_broken"
 
 
@@ -166,6 +168,8 @@ class PdRankTransfer:
         self._broken_reported: Set[int] = set()
         # Requests submitted to a transfer and not yet decided (the same set on every rank).
         self._in_flight: Dict[int, InferReq] = {}
+        # Decode node: the pair (epoch) each reservation receives through, for cancelling it.
+        self._receive_epochs: Dict[int, int] = {}
         # This rank's outcomes not yet agreed on.
         self._local: Dict[int, _Outcome] = {}
         # Prefill node: request id -> (first prompt position to send, epoch), from its record.
@@ -290,6 +294,7 @@ class PdRankTransfer:
             return None
         kv_start = req.cur_kv_len
         self._in_flight[request_id] = req
+        self._receive_epochs[request_id] = spec.pd.epoch
         self._notify(PdNotice(request_id, "reserved", kv_start=kv_start))
         slots = backend.kv.slots(req, kv_start, req.input_len)
         self._submit(request_id, spec.pd.epoch,
@@ -341,6 +346,8 @@ class PdRankTransfer:
     def _record(self, result: TransferResult, broken: bool) -> None:
         if result.ok:
             kind = ""
+        elif result.cancelled:
+            kind = ERROR_RECEIVE_CANCELLED
         elif result.expired:
             kind = ERROR_LEASE_EXPIRED
         elif broken:
@@ -373,8 +380,11 @@ class PdRankTransfer:
 
     def _act(self, backend: Any, req: InferReq, outcome: _Outcome) -> None:
         request_id = req.request_id
+        self._receive_epochs.pop(request_id, None)
         if outcome.ok:
             self._notify(PdNotice(request_id, "transferred", seconds=outcome.seconds, nbytes=outcome.nbytes))
+        elif outcome.error_kind == ERROR_RECEIVE_CANCELLED:
+            log.info("request %d: %s", request_id, outcome.reason)  # asked for by the request's own end
         else:
             log.warning("request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
             self._notify(PdNotice(request_id, "transfer_failed", error_kind=outcome.error_kind, message=outcome.reason))
@@ -385,6 +395,19 @@ class PdRankTransfer:
             backend.admit_prefilled(req, outcome.first_token)
         else:
             backend.transfer_failed(req, FINISH_TRANSFER_FAILED)
+
+    def on_abort(self, backend: Any, request_id: int) -> None:
+        """Decode node: an aborted request that still waits for its KV gives up the receive.
+
+        The engine releases a request under transfer only when the transfer ends, so that no
+        process writes into KV given to another request; a receive whose KV has not started
+        arriving can end at once instead (its master closed the stream because the prefill
+        node's first token ended the request, so no KV is coming), rather than at the lease.
+        """
+        epoch = self._receive_epochs.get(request_id)
+        handle = self.handles.get(epoch) if epoch is not None else None
+        if self.role == "decode" and request_id in self._in_flight and handle is not None:
+            handle.cancel_receive(request_id)
 
     @property
     def in_flight(self) -> List[int]:

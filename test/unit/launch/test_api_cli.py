@@ -68,7 +68,7 @@ def test_sizing_defaults_and_limits(tiny_llama_dir):
     assert sizing.max_req_total_len == config.max_position_embeddings
     assert sizing.batch_max_tokens == 2048 and sizing.max_total_token_num == 4096
     args.max_total_token_num = 100
-    with pytest.raises(ArgumentError, match="fewer than one request may need"):
+    with pytest.raises(ArgumentError, match="fewer than one request may need .*raise --max_total_token_num"):
         plan_sizing(args, config, "cpu")
     args.max_total_token_num = None
     assert 1024 <= plan_sizing(args, config, "cpu").max_total_token_num <= 1 << 18
@@ -106,3 +106,79 @@ def test_the_master_refuses_a_node_flag_written_with_its_default_value():
     with pytest.raises(ValueError, match="--tp configures prefill/decode nodes"):
         check_master_flags(args)
     check_master_flags(parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--port", "8000"]))
+
+
+# --- the overtaking-bound flags: upper limits, and argparse's own errors in one line ----------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prefill_max_overtake_tokens", str(2**63)],
+         "--prefill_max_overtake_tokens must be at most 1,000,000,000,000 (for no bound use "
+         "--disable_prefill_overtake_bound), got 9223372036854775808"),
+        (["--prefill_max_overtake_tokens", str(10**12 + 1)], "--prefill_max_overtake_tokens must be at most"),
+        (["--prefill_overtake_fraction", "1e13"],
+         "--prefill_overtake_fraction must be at most 1000 (for no bound use --disable_prefill_overtake_bound), "
+         "got 1e+13"),
+        (["--prefill_overtake_fraction", "1000.5"], "--prefill_overtake_fraction must be at most 1000"),
+        (["--prefill_max_overtake_tokens", "-1"], "--prefill_max_overtake_tokens must be >= 0, got -1"),
+    ],
+)
+def test_bound_flags_past_their_limits_are_refused_naming_the_flag(argv, message):
+    # Past the limits rank 0 crashed publishing them to the int64 stats block after the model loaded.
+    with pytest.raises(ArgumentError) as exc:
+        validate_args(parse_server_args(["--model_dir", "/m", *argv]))
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+
+
+def test_bound_flags_at_their_limits_are_accepted_and_publish_to_the_stats_block():
+    import os
+
+    from lightllm.server.core.objs.shm_stats import ShmStats
+    from lightllm.server.launch.arg_parser import MAX_PREFILL_OVERTAKE_FRACTION, MAX_PREFILL_OVERTAKE_TOKENS
+    from lightllm.server.launch.plan import overtake_bound_from_args
+    from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
+
+    args = parse_server_args(["--model_dir", "/m", "--prefill_max_overtake_tokens", str(MAX_PREFILL_OVERTAKE_TOKENS),
+                              "--prefill_overtake_fraction", str(MAX_PREFILL_OVERTAKE_FRACTION)])
+    validate_args(args)
+    stats = ShmStats(f"lightllm_test_bound_limits_{os.getpid()}", create=True)
+    try:
+        for name, value in PrefillWaitTracker(overtake_bound_from_args(args)).fields().items():
+            stats.set(name, value)  # what rank 0 does on every publish: no OverflowError
+    finally:
+        stats.close()
+        stats.unlink()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prefill_overtake_fraction", "abc"], "error: argument --prefill_overtake_fraction: invalid float value: 'abc'"),
+        (["--prefill_max_overtake_tokens", "1.5"],
+         "error: argument --prefill_max_overtake_tokens: invalid int value: '1.5'"),
+        (["--prefill_queue_strategy", "foo"], "error: argument --prefill_queue_strategy: invalid choice: 'foo'"),
+        (["--no_such_flag"], "error: unrecognized arguments: --no_such_flag"),
+    ],
+)
+def test_argparse_usage_errors_are_one_line_naming_the_flag(capsys, argv, message):
+    """docs/*/failure_handling.md: invalid flags, argparse's usage errors too, end in one line on
+    stderr naming the flag, with exit code 2 (argparse alone prints its usage block first)."""
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(["--model_dir", "/m", *argv])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), captured.err
+    assert "usage:" not in captured.err
+
+
+def test_help_still_prints_the_full_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m lightllm.server.api_server")
+    assert "--prefill_overtake_fraction" in out and "--log_level" in out and len(out.splitlines()) > 100

@@ -25,6 +25,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import (
+    FINISH_ABORT,
     FINISH_BUSY,
     FINISH_HANDED_OFF,
     FINISH_LENGTH,
@@ -275,6 +276,33 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
         assert decode.finished[1] == FINISH_TRANSFER_FAILED
         assert decode.notices(1)["transfer_failed"].error_kind == "lease_expired"
         assert decode.backend.kv.allocatable_token_num() == free
+    finally:
+        prefill.pd.close()
+        decode.pd.close()
+
+
+def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(model) -> None:
+    """The master closes D's stream when P's first token already ended the request: no KV comes,
+    and the reservation must not hold its KV until the lease runs out."""
+    decode = Node(model, "decode", PdRankSettings(reserve_lease_s=300.0), kv_tokens=256)
+    prefill = Node(model, "prefill", PdRankSettings(), kv_tokens=512)
+    _setup(prefill, decode, epoch=8)
+    try:
+        free = decode.backend.kv.allocatable_token_num()
+        params = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
+        assert decode.backend.intake(3, RequestSpec.build(list(range(5, 45)), params, pd_kind=PD_KIND_DECODE,
+                                                          pd_epoch=8)) is not None
+        assert decode.backend.kv.allocatable_token_num() < free
+        decode.backend.abort(3)
+        _run((decode,), lambda: 3 in decode.finished, timeout_s=30)  # well before the 300 s lease
+        assert decode.finished[3] == FINISH_ABORT
+        assert decode.backend.kv.allocatable_token_num() == free
+        # The pair still works: a later request's KV moves as usual.
+        prompt = list(range(10, 40))
+        expected = BatchGenerator(model, 4096).greedy_generate([prompt], 3)[0]
+        _submit(prefill, decode, 4, prompt, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+        _run((prefill, decode), lambda: 4 in decode.finished)
+        assert decode.tokens[4] == expected
     finally:
         prefill.pd.close()
         decode.pd.close()

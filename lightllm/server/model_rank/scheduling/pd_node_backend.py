@@ -57,6 +57,9 @@ class TransferIntake(Protocol):
     def on_command(self, command: Any) -> bool:
         """Apply a transfer command (a pair's setup or teardown); False when ``command`` is not one."""
 
+    def on_abort(self, backend: Any, request_id: int) -> None:
+        """A request was asked to end: a transfer that has not started may be given up."""
+
     @property
     def in_flight(self) -> Sequence[int]:
         """Requests whose transfer is not decided yet."""
@@ -95,6 +98,12 @@ class PdNodeBackend(ModeBackend):
         if self.transfer is not None:
             self.transfer.after_step(self, report)
         return report
+
+    def abort(self, request_id: int) -> None:
+        """Ask the request to end; the transfer may give up a receive no KV is coming for."""
+        super().abort(request_id)
+        if self.transfer is not None:
+            self.transfer.on_abort(self, request_id)
 
     def poll(self) -> None:
         """Act on the transfer results every TP rank has."""

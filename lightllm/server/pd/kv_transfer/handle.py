@@ -29,6 +29,7 @@ import torch.multiprocessing as torch_mp
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.messages import (
+    CancelReceive,
     ChannelBroken,
     ChannelReady,
     QueryStats,
@@ -124,6 +125,19 @@ class KVTransferHandle:
         """Decode side: write ``request_id``'s KV into the reserved ``slots`` when it arrives."""
         self._require("decode", "receive")
         self._submit(ReceiveKV(request_id, _as_array(slots), self._receive_wait_s if wait_s is None else wait_s))
+
+    def cancel_receive(self, request_id: int) -> None:
+        """Decode side: give up ``request_id``'s receive if its KV has not started arriving.
+
+        Its result comes through :meth:`poll` as usual: ``cancelled``, or the transfer's own when
+        it was already under way.
+        """
+        self._require("decode", "cancel_receive")
+        if request_id in self._in_flight and self._conn is not None and self.broken_reason is None:
+            try:
+                self._conn.send(CancelReceive(request_id))
+            except (BrokenPipeError, OSError):
+                pass  # the process is gone; poll() fails what it held
 
     def poll(self) -> List[TransferResult]:
         """Finished transfers since the last call (never blocks)."""

@@ -35,6 +35,19 @@ class ReceiveKV:
 
 
 @dataclass(frozen=True)
+class CancelReceive:
+    """Decode side: give up request ``request_id``'s receive if none of its KV has arrived yet.
+
+    Its request ended first (the prefill node's first token finished it, or the client left), so
+    no KV will come, and the reservation should not wait for the lease.  The receive is reported
+    as a failed result with ``cancelled``; a header that arrives for it later is refused, as for an
+    expired receive.  A receive already under way is left to finish.
+    """
+
+    request_id: int
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Stop the transfer process after the current transfer."""
 
@@ -70,7 +83,7 @@ class TransferResult:
     prefill KV may be freed; on the decode side it means the KV is in the reserved slots.
     ``first_token`` (decode side, ok results) is the prefill node's first token from the header.
     ``expired`` (decode side) marks a receive whose KV did not start arriving within its wait
-    (a PD reservation's lease ran out).
+    (a PD reservation's lease ran out); ``cancelled`` one given up by :class:`CancelReceive`.
     """
 
     request_id: int
@@ -80,6 +93,7 @@ class TransferResult:
     reason: str = ""
     first_token: int = -1
     expired: bool = False
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)

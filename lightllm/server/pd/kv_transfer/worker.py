@@ -34,6 +34,7 @@ from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault, wait_work
 from lightllm.server.pd.kv_transfer.header import TransferHeader
 from lightllm.utils.process_utils import ignore_group_stop_signals
 from lightllm.server.pd.kv_transfer.messages import (
+    CancelReceive,
     ChannelBroken,
     ChannelReady,
     QueryStats,
@@ -185,6 +186,12 @@ def _serve_decode(conn: Connection, cache: KVCacheMemoryManager, link: Link, wat
             return False
         if isinstance(command, ReceiveKV):
             waiting[command.request_id] = (command, time.monotonic() + command.wait_s)
+        elif isinstance(command, CancelReceive):
+            # Only a receive still waiting for its header: one under way finishes and reports itself.
+            if waiting.pop(command.request_id, None) is not None:
+                _send_quiet(conn, TransferResult(command.request_id, False, 0.0, 0,
+                                                 f"request {command.request_id}: receive cancelled (the request "
+                                                 "ended before any KV arrived)", cancelled=True))
         elif isinstance(command, QueryStats):
             _send_quiet(conn, _stats("decode", link, watcher.count, watcher.idle_waits))
         else:

@@ -74,7 +74,10 @@ PD_NODE_CODE = "pd_node_not_public"
 # Events after which a node stream ends (a finishing token ends it when the iterator ends).
 _LAST_KINDS = frozenset({"busy", "segment_end", "error", "handed_off"})
 _END = object()
-# How often a request waiting for its first event checks whether the master is still connected.
+# Put in a stream's queue when its client (the master) went away.
+_GONE = object()
+# How often a request checks whether the master is still connected (waiting for its first
+# event, and while its stream is open).
 FIRST_EVENT_POLL_SECONDS = 0.5
 
 
@@ -113,6 +116,11 @@ class _NodeStream:
     async def next(self) -> Union[PdNodeEvent, BaseException, object]:
         """The next event, a failure, or ``_END``."""
         return await self._queue.get()
+
+    def abandon(self) -> None:
+        """The client went away: stop the request and end the stream without a line."""
+        self._queue.put_nowait(_GONE)
+        self._pump.cancel()
 
     def fail(self, message: str) -> None:
         """End the stream with an error line and stop the request (called on the event loop)."""
@@ -168,6 +176,21 @@ async def _first_item(stream: _NodeStream, request: Request) -> Any:
         if await request.is_disconnected():
             getter.cancel()
             return None
+
+
+async def _watch_disconnect(stream: _NodeStream, request: Request) -> None:
+    """End ``stream`` once its client (the master) has gone, without waiting for its next item.
+
+    A decode node's reservation waits for KV that never comes when the prefill node's first token
+    already ended the request (a one-token request, a first token that is EOS); the master's
+    closed stream is the only sign of that, and the stream would otherwise notice it only when it
+    writes its next line, at the lease's expiry.  One task per stream, not a poll per token.
+    """
+    while True:
+        await asyncio.sleep(FIRST_EVENT_POLL_SECONDS)
+        if await request.is_disconnected():
+            stream.abandon()
+            return
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -257,10 +280,11 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
                 first = RuntimeError("the node produced no event")
             assert isinstance(first, BaseException)
             return _error_status(first).to_response()
-        return StreamingResponse(_lines(stream, first), media_type=NDJSON_MEDIA_TYPE)
+        return StreamingResponse(_lines(stream, first, request), media_type=NDJSON_MEDIA_TYPE)
 
-    async def _lines(stream: _NodeStream, item: Any) -> AsyncIterator[bytes]:
+    async def _lines(stream: _NodeStream, item: Any, request: Request) -> AsyncIterator[bytes]:
         ended = False  # a token with a finish reason or a last kind was sent
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(stream, request))
         try:
             while item is not _END:
                 if isinstance(item, BaseException):
@@ -275,12 +299,15 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
                     return
                 ended = item.kind == "token" and item.token is not None and item.token.finish_reason is not None
                 item = await stream.next()
+                if item is _GONE:  # the master closed the stream: the request is stopped, its KV freed
+                    return
             if not ended:
                 # Never a silent end: the master must learn the request is over here.
                 logger.error("request %d ended on the node without a result", stream.request_id)
                 yield ndjson(error_fields(f"request {stream.request_id} ended on the {run_mode} node without a result",
                                           error_kind="internal"))
         finally:
+            watcher.cancel()
             streams.discard(stream)
             await stream.close()
 
