@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from lightllm.server.http.body import parse_body
+from lightllm.server.http.body import parse_body_off_loop
 from lightllm.server.http.errors import (
     APIError,
     JSONErrorRoute,
@@ -109,7 +109,8 @@ class NativeEndpoints:
 
     async def _start(self, request: Request, stream: bool = False
                      ) -> tuple[NativeGenerateRequest, GenerationFanout, list[ChoiceJob]]:
-        body = parse_body(await request.body(), NativeGenerateRequest)
+        # A large body is decoded on a worker thread so other clients are not stalled behind it.
+        body = await parse_body_off_loop(await request.body(), NativeGenerateRequest)
         check_priority_allowed(request, body.high_priority_request)
         parameters = body.parameters
         if stream and parameters.candidates > 1:

@@ -1,28 +1,60 @@
-"""Decoding a request body: JSON, structural checks, then the endpoint's pydantic model.
+"""Decoding a request body: UTF-8 text, JSON, structural checks, then the endpoint's pydantic model.
+
+The body must be JSON encoded as UTF-8 (RFC 8259 section 8.1). A leading UTF-8 byte order mark is
+ignored, as the RFC allows and as FastAPI-based servers do; a UTF-16 or UTF-32 body (with or
+without a byte order mark) and invalid UTF-8 are refused. Python's ``json.loads(bytes)`` would
+guess those encodings and accept them, so the bytes are decoded strictly here first.
 
 Before any field is validated the decoded body must be a JSON object nested at most
 :data:`MAX_JSON_DEPTH` levels, every number in it must be finite (Python's JSON reader accepts
 ``NaN``, ``Infinity`` and overflowing literals such as ``1e999``, which standard JSON has no
-place for), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is valid JSON but not valid Unicode; tokenizers and UTF-8 encoders
-fail on it).  Every failure is a 400 :class:`~lightllm.server.http.errors.APIError` naming the
-dotted field path (``messages.0.content``).
+place for), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is
+valid JSON but not valid Unicode; tokenizers and UTF-8 encoders fail on it).  Every failure is a
+400 :class:`~lightllm.server.http.errors.APIError` naming the dotted field path
+(``messages.0.content``).
+
+A body of several MiB takes a noticeable time to decode and validate, so the handlers call
+:func:`parse_body_off_loop`, which does the work on a worker thread for bodies above
+:data:`OFF_LOOP_BODY_BYTES`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import json
 import math
-from typing import Any, Mapping, TypeVar
+import re
+from typing import Any, Mapping, Optional, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.prompt_encoding import DaemonWorkers
 
 # Real requests nest about five levels (messages -> content parts -> text); the limit leaves
 # room for clients that wrap values in extra objects while bounding the work per body.
 MAX_JSON_DEPTH = 32
 
+# Parsing costs 0.05-0.3 s per MiB of small JSON values (token ids: least, short chat messages:
+# most), so up to this size at most a few milliseconds: about what handing the work to the thread
+# can add in latency (the worker may wait up to a GIL switch interval to start).
+OFF_LOOP_BODY_BYTES = 16 * 1024
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+# One thread: decoding is pure Python or holds the GIL, so more threads would not finish sooner,
+# they would only take the interpreter away from the event loop more often.
+_PARSERS = DaemonWorkers(1, "lightllm-body")
+
+# A lone surrogate can only come from a \uD800-\uDFFF escape: strictly decoded UTF-8 holds none.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# A JSON string (optionally followed by the colon that makes it a key) or a bracket.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[\[\]{}]')
+
+# A link from a container back to the root: (parent trail, parent container, the container).
+# The container's key or index is looked up only when an error is reported.
+_Trail = Optional[tuple]
 
 
 def _describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -50,50 +82,147 @@ def _has_lone_surrogate(text: str) -> bool:
     return False
 
 
-def check_json_structure(data: Any) -> None:
+def _member_key(container: Any, member: Any) -> str:
+    # By identity: the walk holds the very object, and an equal value elsewhere in the
+    # container is not the one that failed.
+    members = container.items() if isinstance(container, dict) else enumerate(container)
+    return str(next(key for key, item in members if item is member))
+
+
+def _param(trail: _Trail, container: Any = None, member: Any = None) -> str | None:
+    """The dotted path of ``member`` of ``container`` (the container at the end of ``trail``), or of that container."""
+    parts = [] if container is None else [_member_key(container, member)]
+    while trail is not None:
+        trail, parent, child = trail
+        parts.append(_member_key(parent, child))
+    parts.reverse()
+    return ".".join(parts) or None
+
+
+def _too_deep(trail: _Trail) -> Exception:
+    param = _param(trail)
+    return invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                           param.split(".", 1)[0] if param else None)
+
+
+def _bad_string(param: str | None) -> Exception:
+    return invalid_request(f"Invalid value for '{param}': the string contains a lone UTF-16 surrogate "
+                           "(not valid Unicode)", param)
+
+
+def _bad_number(param: str | None, value: float) -> Exception:
+    return invalid_request(f"Invalid value for '{param}': must be finite, got {value!r}", param)
+
+
+def _bad_key(param: str | None) -> Exception:
+    where = f"an object key in '{param}'" if param else "an object key"
+    return invalid_request(f"{where} contains a lone UTF-16 surrogate (not valid Unicode)", param)
+
+
+def check_json_structure(data: Any, check_strings: bool = True) -> None:
     """Reject bodies nested deeper than :data:`MAX_JSON_DEPTH` or holding non-finite numbers or lone surrogates.
 
     Walks iteratively, so a hostile body cannot exhaust the interpreter's stack here.  The
     400 names the dotted path of the offending value (or of the object holding a bad key).
+    ``check_strings`` False skips the surrogate check (the caller knows the text has none).
+
+    A body of millions of token ids passes through here, so the walk looks at each value once
+    and builds no path on the way: a container keeps a link to its parent, and the path is
+    spelled out only for an error.
     """
-    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    isfinite = math.isfinite
+    stack: list[tuple[Any, int, _Trail]] = [(data, 0, None)]
+    push, pop = stack.append, stack.pop
     while stack:
-        value, path = stack.pop()
-        if len(path) > MAX_JSON_DEPTH:
-            raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
-                                  path[0] if path else None)
-        if isinstance(value, str):
-            if _has_lone_surrogate(value):
-                param = ".".join(path) or None
-                raise invalid_request(f"Invalid value for '{param}': the string contains a lone UTF-16 surrogate "
-                                      "(not valid Unicode)", param)
-        elif isinstance(value, float) and not math.isfinite(value):
-            param = ".".join(path) or None
-            raise invalid_request(f"Invalid value for '{param}': must be finite, got {value!r}", param)
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if _has_lone_surrogate(key):
-                    param = ".".join(path) or None
-                    where = f"an object key in '{param}'" if param else "an object key"
-                    raise invalid_request(f"{where} contains a lone UTF-16 surrogate (not valid Unicode)", param)
-                stack.append((item, path + (key,)))
-        elif isinstance(value, list):
-            stack.extend((item, path + (str(index),)) for index, item in enumerate(value))
+        container, depth, trail = pop()
+        if isinstance(container, dict):
+            if check_strings:
+                for key in container:
+                    if _has_lone_surrogate(key):
+                        raise _bad_key(_param(trail))
+            members = container.values()
+        elif isinstance(container, list):
+            members = container
+        else:  # a scalar body: only the top level can be one
+            members = [container]
+            container = None
+        if container and depth >= MAX_JSON_DEPTH:
+            raise _too_deep(trail)
+        for item in members:
+            kind = type(item)
+            if kind is int:
+                continue  # the bulk of a large body: token ids
+            if kind is str:
+                if check_strings and _has_lone_surrogate(item):
+                    raise _bad_string(_param(trail, container, item))
+            elif kind is float:
+                if not isfinite(item):
+                    raise _bad_number(_param(trail, container, item), item)
+            elif kind is dict or kind is list or isinstance(item, (dict, list)):
+                push((item, depth + 1, (trail, container, item)))
+
+
+def decode_body_text(raw: bytes) -> str:
+    """The body as text: strictly UTF-8, a leading UTF-8 byte order mark dropped; 400 otherwise."""
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+    # JSON text starts with an ASCII character, so a NUL among the first four bytes means UTF-16
+    # or UTF-32 (the same test RFC 4627 gave); both byte order marks of UTF-16 start UTF-32's too.
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in raw[:4]:
+        raise invalid_request("The request body must be JSON encoded as UTF-8; it looks like UTF-16 or UTF-32")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid_request(f"The request body must be JSON encoded as UTF-8; the byte at offset {exc.start} is not "
+                              f"valid UTF-8 ({exc.reason})") from None
+
+
+def deep_field(text: str) -> str | None:
+    """The top-level field whose value nests deeper than :data:`MAX_JSON_DEPTH`, read from the raw text.
+
+    For bodies too deep for ``json.loads`` itself: scans strings and brackets only until the
+    nesting passes the limit, so it costs little more than the part of the body before that.
+    """
+    depth = 0
+    field: str | None = None
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        first = token[0]
+        if first == '"':
+            if depth == 1 and match.group(1):
+                try:
+                    field = json.loads(token[:token.rindex('"') + 1])
+                except ValueError:
+                    field = None
+        elif first in "[{":
+            depth += 1
+            # The body's object is level 1, so a value of a top-level field at nesting N is at N + 1.
+            if depth > MAX_JSON_DEPTH + 1:
+                return field
+        else:
+            depth -= 1
+    return None
 
 
 def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
-    """Decode a JSON body and validate it into ``model_cls``, raising 400 on any problem."""
+    """Decode a JSON body and validate it into ``model_cls``, raising 400 on any problem.
+
+    Takes time proportional to the body (about 0.1 s per MiB of token ids): on the event loop,
+    call :func:`parse_body_off_loop` instead.
+    """
+    text = decode_body_text(raw)
     try:
-        data = json.loads(raw)
+        data = json.loads(text)
     except RecursionError:
-        raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                              deep_field(text)) from None
     except ValueError as exc:
-        # JSONDecodeError and UnicodeDecodeError are ValueErrors, and so is an integer
-        # literal longer than Python's digit limit.
+        # JSONDecodeError is a ValueError, and so is an integer literal longer than Python's
+        # digit limit.
         raise invalid_request(f"Malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise invalid_request(f"The request body must be a JSON object, got {type(data).__name__}")
-    check_json_structure(data)
+    check_json_structure(data, check_strings=_SURROGATE_ESCAPE.search(text) is not None)
     try:
         body = model_cls.model_validate(data)
     except ValidationError as exc:
@@ -103,3 +232,16 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     if check_consistency is not None:
         check_consistency()
     return body
+
+
+async def parse_body_off_loop(raw: bytes, model_cls: type[ModelT]) -> ModelT:
+    """:func:`parse_body`, on a worker thread when ``raw`` is larger than :data:`OFF_LOOP_BODY_BYTES`.
+
+    An 8 MiB body of token ids took seconds to parse; on the event loop that froze every other
+    client (streams, ``/v1/models``) meanwhile. The worker still shares the GIL, but the loop gets
+    it back at least every switch interval while pure-Python checks run.
+    """
+    if len(raw) <= OFF_LOOP_BODY_BYTES:
+        return parse_body(raw, model_cls)
+    # Cancelling the await (the client left) cancels the job if it has not started yet.
+    return await asyncio.wrap_future(_PARSERS.submit(lambda: parse_body(raw, model_cls)))

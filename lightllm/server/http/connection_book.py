@@ -1,6 +1,6 @@
 """The front door's ledger of connection places: per client, being read, served by the loop.
 
-Kept apart from the thread and selector that move bytes (:mod:`.http_front_door`) because it is
+Kept apart from the thread and selector that move bytes (:mod:`.front_door`) because it is
 the rule operators configure (``--http_max_connections``, ``--http_max_connections_per_client``
 and the reserve beyond the cap) and both the front door's thread and the event loop update it.
 """
@@ -81,6 +81,15 @@ class ConnectionBook:
         """Count a refusal decided elsewhere (a reserve connection without a key)."""
         with self._lock:
             self._refusals[code] = self._refusals.get(code, 0) + 1
+
+    def next_log_due(self) -> Optional[float]:
+        """When (``time.monotonic``) :meth:`log_refusals` has a line to write, or None with no refusal counted.
+
+        The front door's thread waits on its selector until then: with no traffic after a burst
+        of refusals nothing else would wake it to write the line.
+        """
+        with self._lock:
+            return self._last_log + _LOG_INTERVAL_SECONDS if self._refusals else None
 
     def log_refusals(self) -> None:
         """At most one warning line per interval: a flood of connections must not flood the log."""

@@ -159,6 +159,9 @@ class FrontDoor:
             deadlines = [pending.deadline for pending in self._pending.values()]
             if self._paused_until:
                 deadlines.append(self._paused_until)
+            log_due = self._book.next_log_due()
+            if log_due is not None:
+                deadlines.append(log_due)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             for key, _ in self._selector.select(timeout):
                 if key.data == "listen":
@@ -213,15 +216,18 @@ class FrontDoor:
             return
         pending.data += chunk
         data = bytes(pending.data)
+        head_end = data.find(b"\r\n\r\n")
+        head_complete = head_end >= 0
+        # A complete head counts as much as one still arriving (probes included): the limit is on
+        # the head, not on how it was sent; the loop's protocol applies it to the heads it reads.
+        if (head_end + 4 if head_complete else len(data)) > MAX_HEAD_BYTES:
+            message = "Invalid HTTP request: malformed, or its head is larger than 16 KiB"
+            self._finish(pending, 400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
+            return
         path = health_path(data)
         if path is not None:
             status, body = self._health(path)
             self._finish(pending, status, body, head_only=data.startswith(b"HEAD "))
-            return
-        head_complete = b"\r\n\r\n" in data
-        if len(data) > MAX_HEAD_BYTES and not head_complete:
-            message = "Invalid HTTP request: malformed, or its head is larger than 16 KiB"
-            self._finish(pending, 400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
             return
         if may_be_health(data) or (pending.reserve and not head_complete):
             return  # wait for the rest of the head

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from lightllm.server.http.body import parse_body
+from lightllm.server.http.body import parse_body_off_loop
 from lightllm.server.http.chat_content_format import wants_content_parts
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, model_not_found,
                                          sse_error)
@@ -154,7 +154,8 @@ class OpenAIEndpoints:
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
-        body = parse_body(await request.body(), CompletionRequest)
+        # A large body is decoded on a worker thread so other clients are not stalled behind it.
+        body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
         prompts = []
         for prompt in body.prompt:
@@ -183,7 +184,8 @@ class OpenAIEndpoints:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        body = parse_body(await request.body(), ChatCompletionRequest)
+        # A large body is decoded on a worker thread so other clients are not stalled behind it.
+        body = await parse_body_off_loop(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)
         self.check_request_template(body.chat_template)
         tool_plan = plan_tool_calls(body, self.tool_call_parser)

@@ -9,8 +9,9 @@ models they nest) to ``components.schemas``, so fuzzers and client generators ca
 
 The document also states what else a client can get back: every operation lists the error
 statuses the server answers with (all carrying the ``ErrorResponse`` body of
-:mod:`lightllm.server.http.errors`), and a streaming route's 200 lists ``text/event-stream``
-next to ``application/json``.
+:mod:`lightllm.server.http.errors`), a streaming route's 200 lists ``text/event-stream``
+next to ``application/json``, the health probes list their 503 (and no 401: they need no key),
+and ``/metrics`` its plain-text exposition.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Callable, Iterable
 
 from fastapi import FastAPI
 from pydantic import BaseModel
+
+from lightllm.server.http.health import HEALTH_PATHS, LIVE_PATH
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 ERROR_SCHEMA_NAME = "ErrorResponse"
@@ -41,10 +44,12 @@ ERROR_SCHEMA: dict[str, Any] = {
     }},
 }
 
-# Status -> when it is answered.  Every operation may get the "all" ones; the others by method.
+# Status -> when it is answered.  Every operation may get the "all" ones (but the probes, see
+# _PROBE_ERRORS); the others by method.
+_INTERNAL_ERROR = "Internal error (the details are in the server log)"
 _ERRORS_ALL = {
     "401": "Missing or wrong API key (only when the server runs with --api_key)",
-    "500": "Internal error (the details are in the server log)",
+    "500": _INTERNAL_ERROR,
 }
 _ERRORS_POST = {
     "400": "Invalid request: the message names the field in `param`",
@@ -56,7 +61,19 @@ _ERRORS_POST = {
 }
 # Marks an operation whose 200 is never JSON (removed from the document once applied).
 _ONLY_STREAMS = "x-lightllm-only-streams"
-_ERRORS_GET = {"404": "Not found (an unknown model id or path)"}
+# Only a GET with a path parameter can name something that does not exist (/v1/models/{model_id}).
+_ERRORS_GET_ITEM = {"404": "Not found (an unknown model id)"}
+# The probes need no API key (auth.PUBLIC_PATHS), and 503 is how they say no (health.health_answer).
+_PROBE_ERRORS = {
+    "ready": {"500": _INTERNAL_ERROR,
+              "503": "Not ready: the server is starting, draining or shutting down, or a process of it failed; "
+                     "the error code says which"},
+    "live": {"500": _INTERNAL_ERROR,
+             "503": "The server's event loop has not run for a long time (code event_loop_stalled)"},
+}
+_PROBE_OK_SCHEMA = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+# Routes whose 200 is not JSON: path -> (media type, description).
+_TEXT_RESPONSES = {"/metrics": ("text/plain", "Prometheus metrics in the text exposition format")}
 _STREAM_DESCRIPTION = ("Server-sent events (the OpenAI routes with `stream: true`, /generate_stream always), one `data: <JSON chunk>` line per event (an error "
                        "that happens after the first byte comes as a `data: {\"error\": ...}` event); the OpenAI "
                        "routes end with `data: [DONE]`.")
@@ -79,17 +96,42 @@ def request_body(model_cls: type[BaseModel], streams: bool | str = False) -> dic
     return extra
 
 
+def _errors_of(path: str, method: str) -> dict[str, str]:
+    """Status -> description of the errors ``method`` on ``path`` can answer with."""
+    if path in HEALTH_PATHS:
+        return _PROBE_ERRORS["live" if path == LIVE_PATH else "ready"]
+    if method == "post":
+        return {**_ERRORS_ALL, **_ERRORS_POST}
+    return {**_ERRORS_ALL, **(_ERRORS_GET_ITEM if "{" in path else {})}
+
+
+def _describe_success(path: str, responses: dict[str, Any]) -> None:
+    """The 200 of a probe (a small status object) or of a plain-text route, where FastAPI guesses JSON."""
+    ok = responses.get("200")
+    if ok is None:
+        return
+    if path in HEALTH_PATHS:
+        ok["description"] = ('Alive: {"status": "alive"}' if path == LIVE_PATH
+                             else 'Ready to serve requests: {"status": "ok"}')
+        ok["content"] = {"application/json": {"schema": _PROBE_OK_SCHEMA}}
+    elif path in _TEXT_RESPONSES:
+        media_type, description = _TEXT_RESPONSES[path]
+        ok["description"] = description
+        ok["content"] = {media_type: {"schema": {"type": "string"}}}
+
+
 def _add_error_responses(document: dict[str, Any]) -> None:
     """Every operation lists the error statuses it can answer with, each with the error body."""
     body = {"application/json": {"schema": {"$ref": _REF_TEMPLATE.format(model=ERROR_SCHEMA_NAME)}}}
-    for operations in document.get("paths", {}).values():
+    for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             if operation.pop(_ONLY_STREAMS, False):
                 operation["responses"]["200"]["content"].pop("application/json", None)
-            errors = {**_ERRORS_ALL, **(_ERRORS_POST if method == "post" else _ERRORS_GET)}
+            errors = _errors_of(path, method)
             responses = operation["responses"]
+            _describe_success(path, responses)
             # FastAPI's own 422 never happens: bodies are validated by hand into 400s.
             responses.pop("422", None)
             for status, description in errors.items():

@@ -15,6 +15,9 @@ cap on open connections. :class:`GuardedH11Protocol` adds
 * a lingering close: when the server answers before it has read the whole request (413, 408, the
   503 above), it stops writing, then reads and discards input for up to ``LINGER_SECONDS`` before
   closing, so a client still sending its body reads the answer instead of a connection reset;
+* a request-head size limit of :data:`~lightllm.server.http.probe_parsing.MAX_HEAD_BYTES`
+  (16 KiB) on every request of the connection, complete heads included (h11's own limit only
+  bounds a head that is still arriving);
 * a JSON body on uvicorn's own 400 for a malformed request.
 
 The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
@@ -26,6 +29,7 @@ import asyncio
 import http
 import json
 import logging
+import re
 import time
 from typing import Any, Callable, Optional
 
@@ -33,6 +37,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
 from lightllm.server.http.server_options import HttpLimits
 
 # Long enough for a client on a fast link to finish sending a refused body and read the answer,
@@ -41,6 +46,9 @@ LINGER_SECONDS = 2.0
 REFUSAL_LOG_INTERVAL_SECONDS = 10.0
 
 logger = logging.getLogger(__name__)
+
+# Where h11 ends a request head: a blank line, with or without its carriage return.
+_HEAD_END = re.compile(rb"\n\r?\n")
 
 
 def raw_json_response(status: int, message: str, error_type: str, code: str) -> bytes:
@@ -53,6 +61,59 @@ def raw_json_response(status: int, message: str, error_type: str, code: str) -> 
         "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+class HeadLimitedConnection(h11.Connection):
+    """An h11 server connection that refuses every request head over ``MAX_HEAD_BYTES``, complete or not.
+
+    h11's ``max_incomplete_event_size`` is checked only while a head is incomplete, so a complete
+    head of any size that arrives in one read (up to 256 KiB from asyncio), or on a keep-alive
+    follow-up, would be parsed. This keeps the first ``MAX_HEAD_BYTES + 1`` bytes of each head
+    as they arrive and refuses the head once they show it is longer than the limit.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._head = bytearray()  # the start of the next request head, at most MAX_HEAD_BYTES + 1 bytes
+        self._searched = 0  # bytes of _head already searched for the head's end
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the socket (``b""`` at end of input)."""
+        super().receive_data(data)
+        if self.their_state is h11.IDLE:
+            self._keep(data)
+
+    def start_next_cycle(self) -> None:
+        """Reset for the next request on this connection; bytes already received start its head."""
+        super().start_next_cycle()
+        self._head.clear()
+        self._searched = 0
+        self._keep(self.trailing_data[0])
+
+    def next_event(self) -> Any:
+        """The next h11 event; raises ``h11.RemoteProtocolError`` for a head over the limit."""
+        if self.their_state is h11.IDLE and self._head_too_large():
+            # uvicorn answers a RemoteProtocolError with its 400 (GuardedH11Protocol.send_400_response).
+            raise h11.RemoteProtocolError(f"request head larger than {MAX_HEAD_BYTES} bytes", error_status_hint=431)
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            self._head.clear()
+            self._searched = 0
+        return event
+
+    def _keep(self, data: bytes) -> None:
+        room = MAX_HEAD_BYTES + 1 - len(self._head)
+        if room > 0 and data:
+            self._head += data[:room]
+
+    def _head_too_large(self) -> bool:
+        # Resume two bytes back: the end of the head may straddle two reads.
+        end = _HEAD_END.search(self._head, max(0, self._searched - 2))
+        self._searched = len(self._head)
+        if end is not None:
+            self._searched = end.start()  # found again on the next call, until the request is parsed
+            return end.end() > MAX_HEAD_BYTES
+        return len(self._head) > MAX_HEAD_BYTES
 
 
 class _GuardedTransport:
@@ -88,6 +149,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Same 16 KiB as uvicorn's default incomplete-head limit, enforced on complete heads too.
+        self.conn = HeadLimitedConnection()
         self._raw: Optional[asyncio.Transport] = None
         self._head_timer: Optional[asyncio.TimerHandle] = None
         self._linger_timer: Optional[asyncio.TimerHandle] = None
@@ -158,7 +221,9 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
         self.transport.write(self.conn.send(h11.Data(data=body)))
         self.transport.write(self.conn.send(h11.EndOfMessage()))
-        self.transport.close()
+        # The rest of an oversized head may still be arriving: closing with it unread would reset
+        # the connection, and the client could lose this answer.
+        self._start_linger()
 
     # ------------------------------------------------------------------ closing
 

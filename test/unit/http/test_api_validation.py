@@ -138,14 +138,14 @@ def test_valid_unicode_passes(client: TestClient, manager: FakeManager) -> None:
 
 
 # Near Python's recursion limit json.loads may or may not give up before the walk that names the
-# field runs, depending on how deep the handler's stack already is: either answer is a clear 400.
-@pytest.mark.parametrize("depth, params", [(33, {"x"}), (200, {"x"}), (1000, {"x", None}), (100_000, {None})])
+# field runs, depending on how deep the handler's stack already is; when it gives up, the field is
+# read from the raw text instead, so every depth names it.
+@pytest.mark.parametrize("depth", [33, 200, 1000, 100_000])
 @pytest.mark.parametrize("path", POST_PATHS)
-def test_deep_nesting_is_a_400(client: TestClient, path: str, depth: int, params: set) -> None:
-    raw = '{"x": ' + "[" * depth + "]" * depth + "}"
-    response = _raw_post(client, path, raw)
-    error = assert_error(response, 400, response.json()["error"]["param"])
-    assert error["param"] in params and "nested more than 32 levels" in error["message"]
+def test_deep_nesting_is_a_400(client: TestClient, path: str, depth: int) -> None:
+    raw = '{"a": [[1]], "s": "[[[{", "x": ' + "[" * depth + "]" * depth + "}"
+    error = assert_error(_raw_post(client, path, raw), 400, "x")
+    assert "nested more than 32 levels" in error["message"]
 
 
 def test_nesting_within_the_limit_reaches_field_validation(client: TestClient) -> None:
