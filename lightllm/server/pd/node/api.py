@@ -38,7 +38,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from lightllm.server.http.body import parse_body
+from lightllm.server.http.body import parse_body, parse_body_off_loop
 from lightllm.server.http.errors import (
     INVALID_REQUEST,
     NOT_FOUND,
@@ -255,7 +255,8 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
 
     async def node_request(request: Request) -> Response:
         body_type = PrefillBody if is_prefill else DecodeBody
-        body = parse_body(await request.body(), body_type)
+        # A long prompt's ids make a large body: decoded off the event loop, like a public request's.
+        body = await parse_body_off_loop(await request.body(), body_type)
         spec = request_spec_of(body, node.vocab_size, node.max_req_total_len)
         try:
             events = node.generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
