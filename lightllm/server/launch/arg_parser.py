@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, NoReturn, Optional, Sequence
 
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.run_mode import RUN_MODES
@@ -31,9 +31,30 @@ def _default_overtake_bound():
     return OvertakeBoundSpec()
 
 
+# Upper limits of the overtaking-bound flags.  Rank 0 publishes both to the int64 shared stats
+# block (the fraction in millionths), and beyond these a bound no longer limits anything a server
+# could do: 10**12 tokens is months of prefill work; a request allowed to lose 1000 times its
+# FCFS wait is as good as unbounded, which --disable_prefill_overtake_bound says plainly.
+MAX_PREFILL_OVERTAKE_TOKENS = 10**12
+MAX_PREFILL_OVERTAKE_FRACTION = 1000.0
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line: ``error: <argparse's message>``.
+
+    argparse prints the whole usage block (dozens of flags) before its message; the server's other
+    refusals are one line naming the flag (docs/*/failure_handling.md), and an operator scanning a
+    log should not have to find the message under the usage.  ``--help`` still prints everything.
+    """
+
+    def error(self, message: str) -> "NoReturn":
+        """Print ``error: message`` on one line and exit 2, as argparse's usage errors do."""
+        self.exit(2, f"error: {' '.join(message.split())} (--help lists the flags)\n")
+
+
 def make_argument_parser() -> argparse.ArgumentParser:
-    """Build the server's argument parser."""
-    parser = argparse.ArgumentParser(
+    """Build the server's argument parser (usage errors: one line, see :class:`OneLineErrorParser`)."""
+    parser = OneLineErrorParser(
         prog="python -m lightllm.server.api_server",
         description="Serve a local Hugging Face checkpoint over an OpenAI-compatible and a native HTTP API.",
     )
@@ -178,13 +199,17 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Overtaking bound of every prefill-queue strategy: a request may be overtaken by at most this many "
         "prefill tokens of work that default's order puts behind it, plus --prefill_overtake_fraction times its FCFS "
         "wait (the prefill work ahead of it when it arrived); then it is served before all such work "
-        "(see docs prefill_queue_strategy.md for the formula and how to choose it).",
+        "(see docs prefill_queue_strategy.md for the formula and how to choose it). "
+        f"At most {MAX_PREFILL_OVERTAKE_TOKENS:,} (months of prefill work; for no bound use "
+        "--disable_prefill_overtake_bound).",
     )
     group.add_argument(
         "--prefill_overtake_fraction",
         type=float,
         default=_default_overtake_bound().fraction,
-        help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens.",
+        help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens; "
+        f"at most {MAX_PREFILL_OVERTAKE_FRACTION:g} (beyond, it limits nothing; for no bound use "
+        "--disable_prefill_overtake_bound).",
     )
     group.add_argument(
         "--disable_prefill_overtake_bound",

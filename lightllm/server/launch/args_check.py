@@ -11,7 +11,12 @@ import math
 from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.arg_parser import flag_names, flags_given
+from lightllm.server.launch.arg_parser import (
+    MAX_PREFILL_OVERTAKE_FRACTION,
+    MAX_PREFILL_OVERTAKE_TOKENS,
+    flag_names,
+    flags_given,
+)
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
@@ -145,10 +150,18 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
             "--prefill_max_wait_tokens was replaced by the overtaking bound: use --prefill_max_overtake_tokens and "
             "--prefill_overtake_fraction (or --disable_prefill_overtake_bound)"
         )
+    # Upper limits too: rank 0 publishes both to the int64 stats block (the fraction in millionths),
+    # and a value past them would pass here and crash rank 0 after the model loaded.
     if args.prefill_max_overtake_tokens < 0:
         raise ArgumentError(f"--prefill_max_overtake_tokens must be >= 0, got {args.prefill_max_overtake_tokens}")
+    if args.prefill_max_overtake_tokens > MAX_PREFILL_OVERTAKE_TOKENS:
+        raise ArgumentError(f"--prefill_max_overtake_tokens must be at most {MAX_PREFILL_OVERTAKE_TOKENS:,} "
+                            f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_max_overtake_tokens}")
     if not (math.isfinite(args.prefill_overtake_fraction) and args.prefill_overtake_fraction >= 0):
         raise ArgumentError(f"--prefill_overtake_fraction must be a finite number >= 0, got {args.prefill_overtake_fraction}")
+    if args.prefill_overtake_fraction > MAX_PREFILL_OVERTAKE_FRACTION:
+        raise ArgumentError(f"--prefill_overtake_fraction must be at most {MAX_PREFILL_OVERTAKE_FRACTION:g} "
+                            f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction:g}")
     if args.router_max_wait_tokens < 0:
         raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
     if args.schedule_time_interval < 0:

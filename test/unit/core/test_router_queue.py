@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
@@ -131,60 +131,92 @@ def test_bad_router_bound_is_rejected(bad):
         NormalReqQueue(capacity_tokens=10, running_max_req_size=1, overtake_bound=bad)
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    ops=st.lists(
-        st.tuples(st.sampled_from(["new", "new", "release", "admit", "abort"]), st.booleans(), st.integers(1, 400)),
-        min_size=1,
-        max_size=80,
-    ),
-    base=st.sampled_from([0, 50, 300, 1000]),
-    fraction=st.sampled_from([0.0, 0.15, 1.0]),
-)
-def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
-    """FIFO per lane, a protected earlier normal head goes first, overtaking stays within the
-    allowance plus one request, a blocked head is never overtaken, and once arrivals stop and
-    running requests finish, everyone is admitted."""
-    bound = OvertakeBoundSpec(base, fraction)
-    queue = NormalReqQueue(capacity_tokens=1000, running_max_req_size=5, overtake_bound=bound)
+def _check_admission_rule(ops, bound: OvertakeBoundSpec, capacity: int = 1000) -> None:
+    """Drive a queue with ``ops`` and check the rule against a plain recomputation.
+
+    Ops: ``new`` (a request of the given lane and size), ``long`` (a normal prompt larger than the
+    projection, admitted alone when nothing runs: requests arriving while it waits get a large
+    allowance), ``burst`` (five high-priority requests), ``release``, ``drain`` (release every
+    running request), ``abort`` (the oldest waiting request), ``admit``, and ``long_ahead``: the
+    batch drains, a long prompt and a normal request behind it arrive, the long prompt is admitted,
+    and a second normal request arrives with little ahead of it (so the lane's head has a larger
+    allowance than the request behind it).
+    Request ids are the arrival order over both lanes.
+    """
+    queue = NormalReqQueue(capacity_tokens=capacity, running_max_req_size=5, overtake_bound=bound)
     next_id = 0
-    waiting_ahead = {}  # request id -> prompt tokens waiting when it arrived (recomputed here)
-    overtaken = {}  # normal request id -> high-priority tokens admitted after it arrived
+    allowance = {}  # normal request id -> allowance, from the prompt tokens waiting when it arrived
+    overtaken = {}  # waiting normal request id -> high-priority tokens admitted after it arrived
     sizes = {}
+    largest_high = 0
+
+    def arrive(high: bool, size: int) -> None:
+        nonlocal next_id, largest_high
+        waiting_ahead = sum(sizes[r.request_id] for r in queue.waiting_requests())
+        sizes[next_id] = size
+        queue.append(_req(next_id, size, size // 4 + 1, high=high))
+        if high:
+            largest_high = max(largest_high, size)
+        else:
+            allowance[next_id] = bound.allowance(waiting_ahead)
+            overtaken[next_id] = 0
+        next_id += 1
+
+    def ops_admit(admitted, waiting=None) -> None:
+        """Check one admission round against the rule, request by request."""
+        if waiting is None:
+            waiting = {r.request_id for r in queue.waiting_requests()} | {r.request_id for r in admitted}
+        ids = [r.request_id for r in admitted]
+        high_ids = [r.request_id for r in admitted if r.high_priority_request]
+        normal_ids = [r.request_id for r in admitted if not r.high_priority_request]
+        assert high_ids == sorted(high_ids) and normal_ids == sorted(normal_ids)  # FIFO per lane
+        assert set(ids) <= waiting
+        if waiting and not ids:
+            # Nothing admitted: the first head is blocked (batch full or it does not fit).
+            assert queue.running
+        for req in admitted:
+            rid = req.request_id
+            if not req.high_priority_request:
+                overtaken.pop(rid)
+                continue
+            # The rule: a high-priority request goes only while no normal request that
+            # arrived before it is protected, wherever that request stands in its lane.
+            protected = [n for n, tokens in overtaken.items() if n < rid and tokens >= allowance[n]]
+            assert not (bound.enabled and protected), (rid, protected)
+            for n in overtaken:
+                if n < rid:
+                    overtaken[n] += sizes[rid]
+        for n, tokens in overtaken.items():
+            assert queue.overtaken_tokens(queue._waiting[n]) == tokens
+            if bound.enabled:
+                # The documented consequence: at most the allowance plus one request's prompt.
+                assert tokens <= allowance[n] + largest_high - 1 or tokens == 0
+
     for op, high, size in ops:
         waiting = {r.request_id for r in queue.waiting_requests()}
         if op == "new":
-            waiting_ahead[next_id] = sum(sizes[rid] for rid in waiting)
-            sizes[next_id] = size
-            queue.append(_req(next_id, size, size // 4 + 1, high=high))
-            if not high:
-                overtaken[next_id] = 0
-            next_id += 1
+            arrive(high, size)
+        elif op == "long":
+            arrive(False, 5 * capacity)
+        elif op == "burst":
+            for _ in range(5):
+                arrive(True, size)
         elif op == "release" and queue.running:
             queue.release(next(iter(queue.running)))
+        elif op in ("drain", "long_ahead"):
+            for rid in list(queue.running):
+                queue.release(rid)
+            if op == "long_ahead":
+                arrive(False, 5 * capacity)
+                arrive(False, size)
+                ops_admit(queue.admit())  # the long prompt runs (if it is first) and blocks the rest
+                arrive(False, size)
         elif op == "abort" and waiting:
             queue.remove_waiting(min(waiting))
             overtaken.pop(min(waiting), None)
-        else:
-            heads = [lane[0] for lane in (queue._high, queue._normal) if lane]
-            protected = [h for h in heads if not h.high_priority_request and queue.is_protected(h)]
-            admitted = queue.admit()
-            ids = [r.request_id for r in admitted]
-            high_ids = [r.request_id for r in admitted if r.high_priority_request]
-            normal_ids = [r.request_id for r in admitted if not r.high_priority_request]
-            assert high_ids == sorted(high_ids) and normal_ids == sorted(normal_ids)  # FIFO per lane
-            assert set(ids) <= waiting
-            if protected and ids and protected[0].request_id < min(h.request_id for h in heads):
-                # A protected normal head that arrived first goes before anything else.
-                assert ids[0] == protected[0].request_id
-            if waiting and not ids:
-                # Nothing admitted: the first head is blocked (batch full or it does not fit).
-                assert queue.running
-            for rid in ids:
-                overtaken.pop(rid, None)
-            for rid in overtaken:
-                overtaken[rid] += sum(sizes[h] for h in high_ids if h > rid)
-                assert overtaken[rid] <= bound.allowance(waiting_ahead[rid]) + 400
+        elif op == "admit":
+            ops_admit(queue.admit(), waiting)
+
     # Liveness: no more arrivals; finish running requests one by one; everyone gets in.
     for _ in range(10 * (next_id + 1)):
         queue.admit()
@@ -192,6 +224,86 @@ def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
             break
         queue.release(next(iter(queue.running)))
     assert len(queue) == 0
+
+
+# The pattern the rule must cover beyond the lane's head: a normal request arrives behind a long
+# prompt (large allowance), a second one arrives once the long prompt runs (small allowance), and
+# a high-priority stream follows.  Testing only the normal head let the stream overtake the second
+# by the first one's allowance.
+_LONG_PROMPT_AHEAD = (
+    [("new", False, 300), ("admit", False, 1), ("long_ahead", False, 100)]
+    + [("burst", True, 100), ("drain", False, 1), ("admit", False, 1)] * 12
+)
+
+
+@settings(max_examples=200, deadline=None)
+@example(ops=_LONG_PROMPT_AHEAD, base=0, fraction=0.15)
+@example(ops=_LONG_PROMPT_AHEAD, base=50, fraction=1.0)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(
+                ["new", "new", "long", "long_ahead", "burst", "burst", "release", "drain", "admit", "admit", "abort"]
+            ),
+            st.booleans(),
+            st.integers(1, 400),
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    base=st.sampled_from([0, 50, 300, 1000]),
+    fraction=st.sampled_from([0.0, 0.15, 1.0]),
+)
+def test_admission_rule_holds_on_random_traffic(ops, base, fraction):
+    """FIFO per lane; a high-priority request is admitted only while no normal request that
+    arrived before it is protected (recomputed here); overtaking stays within the allowance plus
+    one request; a blocked head is never overtaken; once arrivals stop and running requests
+    finish, everyone is admitted."""
+    _check_admission_rule(ops, OvertakeBoundSpec(base, fraction))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["new", "long", "long_ahead", "burst", "release", "drain", "admit", "abort"]),
+                  st.booleans(),
+                  st.integers(1, 400)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_admission_without_the_bound_is_plain_lane_priority(ops):
+    """With the bound off the high-priority lane always goes first (FIFO, liveness still hold)."""
+    _check_admission_rule(ops, OvertakeBoundSpec.off())
+
+
+def test_a_normal_request_behind_an_older_one_with_a_larger_allowance_is_protected():
+    """The outside review's case (defaults 2048 + 0.15): r0 waits behind a 100K-token prompt
+    (allowance 17048), r behind r0 alone (allowance 2063); 100-token high-priority requests stream.
+    r must be overtaken by at most its own allowance plus one prompt, not r0's."""
+    queue = NormalReqQueue(capacity_tokens=10**7, running_max_req_size=2, overtake_bound=OvertakeBoundSpec())
+    queue.append(_req(0, 100, 1))
+    assert [r.request_id for r in queue.admit()] == [0]
+    queue.append(_req(1, 100_000, 1))  # a long prompt
+    queue.append(_req(2, 100, 1))  # r0
+    assert [r.request_id for r in queue.admit()] == [1]
+    queue.append(_req(3, 100, 1))  # r
+    assert queue._arrival[2][1] == 2048 + 15_000 and queue._arrival[3][1] == 2048 + 15
+    for rid in range(100, 500):
+        queue.append(_req(rid, 100, 1, high=True))
+    queue.release(0)
+    queue.release(1)
+    overtaking = 0
+    while True:
+        admitted = [r.request_id for r in queue.admit()]
+        if 3 in admitted:
+            overtaking += 100 * sum(1 for rid in admitted[: admitted.index(3)] if rid >= 100)
+            break
+        overtaking += 100 * sum(1 for rid in admitted if rid >= 100)
+        for rid in admitted:
+            queue.release(rid)
+    # Protected after 21 requests (2100 >= 2063); r0 and r then go before the 22nd.
+    assert overtaking == 2100 <= 2063 + 100
 
 
 # --- incremental bookkeeping: the running total and O(1) aborts ---------------------------------
