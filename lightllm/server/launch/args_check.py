@@ -26,6 +26,10 @@ from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 _DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
 _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
                       "pd_prefix_affinity_tokens")
+# How the public API reads requests: a PD cluster's master serves it, a node refuses it (its own
+# endpoints take requests the master already built), so on a node these would do nothing.
+_PUBLIC_API_FLAGS = ("tool_call_parser", "generation_config", "chat_template", "trust_request_chat_template",
+                     "max_new_tokens_default")
 
 
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
@@ -48,6 +52,12 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by the PD master only "
                                 f"(--run_mode pd_master), not by a {run_mode} node")
+        given = flags_given(args, _PUBLIC_API_FLAGS)
+        if given:
+            one = len(given) == 1
+            raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if one else ''} the public "
+                                f"API, which the PD master serves; give {'it' if one else 'them'} to the master, not "
+                                f"to a {run_mode} node")
     node_id = getattr(args, "pd_node_id", None)
     if node_id is not None and not NODE_ID_PATTERN.match(node_id):
         raise ArgumentError("--pd_node_id must be 1-128 characters of letters, digits and '._:-' starting with a "
