@@ -11,7 +11,7 @@ import argparse
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import jinja2
 import jinja2.ext
@@ -41,7 +41,8 @@ class _GenerationBlock(jinja2.ext.Extension):
 
 def chat_template_environment() -> jinja2.Environment:
     """A sandboxed environment that parses what transformers renders chat templates with."""
-    # The syntax transformers renders chat templates with: loop controls and generation blocks.
+    # The syntax transformers renders chat templates with: loop controls, generation blocks, and
+    # its own tojson filter (jinja2 has one of that name, so compiling checks the same names).
     return jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
 
 
@@ -84,11 +85,25 @@ def read_chat_template_flag(value: str) -> str:
     if not text.strip():
         raise ValueError(f"--chat_template {value}: the template is empty")
     try:
-        chat_template_environment().parse(text)
+        # Compiled, not only parsed: an unknown filter or test is an error only at compile time.
+        chat_template_environment().from_string(text)
     except jinja2.TemplateSyntaxError as exc:
         raise ValueError(f"--chat_template: {source} is not a valid Jinja template: {exc.message} "
                          f"(line {exc.lineno})") from exc
     return text
+
+
+def resolve_eos_token_ids(args: argparse.Namespace, config: ModelConfig) -> List[int]:
+    """The ids generation stops at: ``--eos_id`` when given, else the checkpoint's (config.json,
+    generation_config.json, the tokenizer's eos_token); ``ValueError`` (one line) for an id outside
+    the vocabulary, which the ranks would refuse on every request."""
+    given = getattr(args, "eos_id", None)
+    ids = list(dict.fromkeys(given)) if given else list(config.eos_token_ids)
+    outside = [token_id for token_id in ids if not 0 <= token_id < config.vocab_size]
+    if outside:
+        source = "--eos_id" if given else "the checkpoint's eos_token_id (config.json / generation_config.json)"
+        raise ValueError(f"{source} names {outside}, outside the vocabulary [0, {config.vocab_size})")
+    return ids
 
 
 def warn_without_eos(args: argparse.Namespace, config: ModelConfig) -> None:

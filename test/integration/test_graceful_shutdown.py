@@ -3,8 +3,10 @@ SIGKILL are removed when the next server starts (issue 14)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import threading
 import tempfile
 import time
@@ -175,3 +177,39 @@ def test_a_request_still_being_tokenized_at_sigterm_gets_its_answer(tiny_llama_d
     assert answer.headers["content-type"] == "application/json"
     assert answer.json()["error"]["code"] == "context_length_exceeded"
     assert code == 0 and "every request finished" in server.log()
+
+
+def test_a_body_still_arriving_at_the_deadline_gets_the_drain_503(tiny_llama_dir, tmp_path):
+    """A client that stalls in the middle of its body holds the drain to the deadline; then it gets
+    the drain's JSON 503 (not the HTTP server's plain-text 500 of a cancelled handler)."""
+    server = start_server(tiny_llama_dir, tmp_path, ["--max_total_token_num", "4096", "--graceful_shutdown_seconds", "2"])
+    host, port = server.url.rsplit("/", 1)[-1].split(":")
+    body = b'{"prompt": "hello", "max_tokens": 4}'
+    answer = []
+
+    def stalled_client() -> None:
+        with socket.create_connection((host, int(port)), timeout=60) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+            received = b""
+            while chunk := connection.recv(65536):
+                received += chunk
+            answer.append(received)
+
+    try:
+        client = threading.Thread(target=stalled_client)
+        client.start()
+        # Time for the head and part of the body to arrive; had they not, the answer would be the
+        # same code (a request arriving during the drain is refused with it at once).
+        time.sleep(1.0)
+        server.proc.send_signal(signal.SIGTERM)
+        client.join(60)
+        code = server.proc.wait(60)
+    finally:
+        server.stop(signal.SIGKILL)
+    (received,) = answer
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), received[:300]
+    error = json.loads(payload)["error"]
+    assert error["code"] == "server_shutting_down"
+    assert code == 0 and "Traceback" not in server.log()

@@ -20,6 +20,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from lightllm.common.sampling.sampling_params import SamplingParamError, SamplingParams
+
 GENERATION_CONFIG_FILE = "generation_config.json"
 # --generation_config values besides a directory.
 GENERATION_CONFIG_AUTO = "auto"
@@ -103,6 +105,12 @@ def _checked(path: Path, raw: Dict[str, Any]) -> Dict[str, Any]:
         if not isinstance(raw["do_sample"], bool):
             raise GenerationDefaultsError(f"{path}: do_sample must be true or false, got {raw['do_sample']!r}")
         values["do_sample"] = raw["do_sample"]
+    # Beyond the ranges, what a request's record can store (a float32 temperature, an int32 top_k):
+    # the same check every request's values pass, so a default can never fail a request.
+    try:
+        SamplingParams(**{key: values[key] for key in (*SAMPLING_KEYS, "max_new_tokens") if key in values})
+    except SamplingParamError as exc:
+        raise GenerationDefaultsError(f"{path}: {exc}") from None
     return values
 
 

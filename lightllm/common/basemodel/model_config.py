@@ -163,9 +163,11 @@ class ModelConfig:
         if gen_path.is_file():
             try:
                 gen = json.loads(gen_path.read_text())
-            except json.JSONDecodeError:
-                gen = {}
-            for eos in _as_id_list(gen.get("eos_token_id")):
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ModelConfigError(f"{gen_path} is not valid JSON: {exc}") from exc
+            if not isinstance(gen, dict):
+                raise ModelConfigError(f"{gen_path} must hold a JSON object, got {type(gen).__name__}")
+            for eos in _as_id_list(gen.get("eos_token_id"), f"{gen_path}: eos_token_id"):
                 if eos not in cfg.eos_token_ids:
                     cfg.eos_token_ids.append(eos)
         tokenizer_eos = tokenizer_eos_token_id(model_dir)
@@ -216,18 +218,20 @@ class ModelConfig:
             hidden_act=hidden_act,
             dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
-            eos_token_ids=_as_id_list(raw.get("eos_token_id")),
+            eos_token_ids=_as_id_list(raw.get("eos_token_id"), "config.json: eos_token_id"),
             sliding_window=_read_sliding_window(raw, model_type, num_layers),
             raw=raw,
         )
 
 
-def _as_id_list(value: Any) -> List[int]:
+def _as_id_list(value: Any, name: str) -> List[int]:
+    """Token ids written as one id or a list (``name`` says where, for the error)."""
     if value is None:
         return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ModelConfigError(f"{name} must be a token id or a list of token ids, got {value!r}")
+    return list(values)
 
 
 def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) -> Optional[int]:

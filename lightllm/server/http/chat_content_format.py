@@ -26,15 +26,29 @@ def _is_content(node: jinja2.nodes.Node) -> bool:
     return False
 
 
+def _unfiltered(node: jinja2.nodes.Node) -> jinja2.nodes.Node:
+    # ``m['content'] | selectattr(...)`` still iterates the parts.
+    while isinstance(node, jinja2.nodes.Filter) and node.node is not None:
+        node = node.node
+    return node
+
+
 @functools.lru_cache(maxsize=64)
 def template_iterates_content(template: str) -> bool:
-    """True when ``template`` has a for-loop over some value's ``content`` (``x.content`` or ``x['content']``)."""
+    """True when ``template`` has a for-loop over some value's ``content``: ``x.content`` or ``x['content']``,
+    through filters, or through a variable set to it (``{% set c = m['content'] %}{% for p in c %}``)."""
     try:
         tree = chat_template_environment().parse(template)
     except jinja2.TemplateSyntaxError:
         # Rendering reports the error; the content form does not matter then.
         return False
-    return any(_is_content(loop.iter) for loop in tree.find_all(jinja2.nodes.For))
+    aliases = {assign.target.name for assign in tree.find_all(jinja2.nodes.Assign)
+               if isinstance(assign.target, jinja2.nodes.Name) and _is_content(_unfiltered(assign.node))}
+    for loop in tree.find_all(jinja2.nodes.For):
+        source = _unfiltered(loop.iter)
+        if _is_content(source) or (isinstance(source, jinja2.nodes.Name) and source.name in aliases):
+            return True
+    return False
 
 
 def rendering_template(tokenizer_template: Any, request_template: str | None, with_tools: bool) -> str | None:

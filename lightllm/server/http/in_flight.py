@@ -12,9 +12,14 @@ still start its generations (:func:`admitted_before`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict
+from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+
+from fastapi.responses import JSONResponse
+
+from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body
 
 Scope = Dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -24,9 +29,15 @@ ADMISSION_KEY = "lightllm.admission"
 
 @dataclass
 class PreparingRequests:
-    """How many admitted requests have not started a generation yet (read by the supervisor's drain)."""
+    """How many admitted requests have not started a generation yet (read by the supervisor's drain).
+
+    ``closing`` (message, code) is set when the server stops serving (the drain's deadline passed,
+    or a process failed): a request that has not answered by then (its body still arriving) is
+    cancelled by the HTTP server and gets that 503 instead of the server's plain-text 500.
+    """
 
     count: int = 0
+    closing: Optional[Tuple[str, str]] = None
 
     @property
     def idle(self) -> bool:
@@ -81,7 +92,23 @@ class AdmissionMiddleware:
         admission = Admission(time.monotonic(), self.book)
         self.book.count += 1
         scope[ADMISSION_KEY] = admission
+        started = False
+
+        async def sending(message: Dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            # Cancelled by the HTTP server after the drain's deadline (a body still arriving): the
+            # client gets the drain's 503 rather than the server's plain-text 500, and the task
+            # ends, as the server asked.
+            if self.book.closing is None or started:
+                raise
+            message, code = self.book.closing
+            await JSONResponse(error_body(message, SERVICE_UNAVAILABLE, None, code), status_code=503,
+                               headers={"connection": "close"})(scope, receive, send)
         finally:
             admission.release()

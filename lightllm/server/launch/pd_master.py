@@ -33,7 +33,7 @@ from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
-from lightllm.server.request_defaults import RequestDefaults, warn_without_eos
+from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 if TYPE_CHECKING:
@@ -76,27 +76,34 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
     model_name, names = served_names(args.model_dir, args.model_name)
     max_len = resolve_max_req_total_len(args.max_req_total_len, config)
     warn_without_eos(args, config)
+    request_defaults = RequestDefaults.from_args(args)
+    log.info("generation defaults: %s", request_defaults.generation.describe())
     return ServedModel(
         model_name=model_name,
         served_model_names=names,
         tokenizer=load_tokenizer(args.model_dir, args.tokenizer_mode),
         vocab_size=config.vocab_size,
-        eos_token_ids=list(args.eos_id) if args.eos_id else list(config.eos_token_ids),
+        eos_token_ids=resolve_eos_token_ids(args, config),
         max_req_total_len=max_len,
         max_new_tokens_default=args.max_new_tokens_default,
-        request_defaults=RequestDefaults.from_args(args),
+        request_defaults=request_defaults,
     )
 
 
 def served_model_admission(model: ServedModel):
-    """A registry admission check: a node must serve one of the master's model names."""
+    """A registry admission check: a node must serve one of the master's model names and stop at its EOS ids."""
 
     def check(info: NodeInfo) -> List[str]:
-        if info.model_name in model.served_model_names:
-            return []
-        names = ", ".join(repr(name) for name in model.served_model_names)
-        return [f"model_name: {info.model_name!r} is not served by this master (it serves {names}; give every "
-                f"process the same --model_dir and --model_name)"]
+        problems = []
+        if info.model_name not in model.served_model_names:
+            names = ", ".join(repr(name) for name in model.served_model_names)
+            problems.append(f"model_name: {info.model_name!r} is not served by this master (it serves {names}; "
+                            "give every process the same --model_dir and --model_name)")
+        # The nodes decide where generation stops, the master what text it shows for it: they must agree.
+        if info.eos_token_ids is not None and sorted(set(info.eos_token_ids)) != sorted(set(model.eos_token_ids)):
+            problems.append(f"eos_token_ids: the node stops at {sorted(set(info.eos_token_ids))}, this master at "
+                            f"{sorted(set(model.eos_token_ids))} (give every process the same --eos_id, or none)")
+        return problems
 
     return check
 

@@ -41,6 +41,7 @@ from fastapi import APIRouter, FastAPI
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
+from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
@@ -123,6 +124,7 @@ def prepare_pd_node(
         http_address=f"{host}:{args.port}",
         kv_transfer_address=f"{host}:{args.pd_transfer_port}",
         checkpoint_fingerprint=checkpoint_fingerprint(args.model_dir),
+        eos_token_ids=resolve_eos_token_ids(args, model_config),
     ), ports
 
 

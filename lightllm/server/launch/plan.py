@@ -21,7 +21,7 @@ from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import RouterConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings
-from lightllm.server.request_defaults import RequestDefaults
+from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids
 from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
@@ -119,7 +119,7 @@ def build_process_configs(
 
     ``transfer_ports`` (a prefill node's held block) gives each rank its listening socket.
     """
-    eos = list(args.eos_id) if args.eos_id else list(model_config.eos_token_ids)
+    eos = resolve_eos_token_ids(args, model_config)
     run_mode = getattr(args, "run_mode", "normal")
     pd_settings = pd_rank_settings(args) if run_mode in PD_NODE_MODES else PdRankSettings()
     detokenization = DetokenizationConfig(

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.models.model_types import check_model_type
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.request_defaults import RequestDefaults, warn_without_eos
+from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import parse_server_args
@@ -301,6 +301,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         model_config = ModelConfig.from_dir(args.model_dir)
         check_model_type(model_config)
         request_defaults = RequestDefaults.from_args(args)
+        resolve_eos_token_ids(args, model_config)  # refuses an id outside the vocabulary before anything starts
         warn_without_eos(args, model_config)
         facts = read_device_facts(args.device)
         if facts.probed:

@@ -100,6 +100,8 @@ class Supervisor:
             f"The server failed: its {name} process exited unexpectedly (exit code {exitcode}); "
             "the request was not completed, retry it on another server"
         )
+        if self.preparing is not None:
+            self.preparing.closing = (message, SERVER_FAILED)
         failed = self.manager.fail_pending(message, SERVER_FAILED, backend_alive=False)
         log.error("failed %d pending request(s) after %s exited", failed, name)
         self._exit_server()
@@ -142,7 +144,10 @@ class Supervisor:
         return await self.manager.wait_until_idle(max(0.0, deadline - time.monotonic()))
 
     def _stop_now(self, reason: str) -> None:
-        failed = self.manager.fail_pending(f"The server is shutting down: {reason}", SHUTTING_DOWN, backend_alive=True)
+        message = f"The server is shutting down: {reason}"
+        if self.preparing is not None:
+            self.preparing.closing = (message, SHUTTING_DOWN)
+        failed = self.manager.fail_pending(message, SHUTTING_DOWN, backend_alive=True)
         if failed:
             log.warning("ended %d request(s) with an error at shutdown", failed)
         self._exit_server()

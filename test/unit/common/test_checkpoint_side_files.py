@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +14,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from lightllm.common.basemodel.generation_defaults import (GenerationDefaults, GenerationDefaultsError,
                                                           read_generation_defaults, resolve_generation_defaults)
-from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
 
 
@@ -48,6 +50,7 @@ def test_a_checkpoint_without_the_file_or_keys_has_no_defaults(tmp_path: Path) -
     ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"min_p": 2}, "min_p"),
     ({"repetition_penalty": 0}, "repetition_penalty"), ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"do_sample": "yes"}, "do_sample"), ({"temperature": True}, "temperature"),
+    ({"temperature": 1e39}, "temperature"), ({"top_k": 99999999999}, "top_k"),
 ])
 def test_a_value_no_request_could_send_is_refused_naming_file_and_key(tmp_path: Path, raw: dict, named: str) -> None:
     directory = _write(tmp_path, "generation_config.json", raw)
@@ -135,3 +138,29 @@ def test_the_model_config_stops_at_the_tokenizer_eos_too(tmp_path: Path, tiny_ll
         special_map.unlink()
     assert AutoTokenizer.from_pretrained(model).eos_token_id == im_end != eos
     assert ModelConfig.from_dir(model).eos_token_ids == [eos, im_end]
+
+
+@pytest.mark.parametrize("content, named", [
+    ("[1, 2]", "must hold a JSON object"), ('{"eos_token_id": "x"}', "eos_token_id must be a token id"),
+    ("{not json", "not valid JSON"),
+])
+def test_the_model_config_refuses_a_generation_config_it_cannot_read(tmp_path: Path, tiny_llama_dir: Path,
+                                                                     content: str, named: str) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    (model / "generation_config.json").write_text(content)
+    with pytest.raises(ModelConfigError, match=named) as caught:
+        ModelConfig.from_dir(model)
+    assert "generation_config.json" in str(caught.value)
+
+
+def test_eos_ids_outside_the_vocabulary_are_refused_naming_their_source(tiny_llama_dir: Path) -> None:
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    args = argparse.Namespace(eos_id=[2, config.vocab_size])
+    with pytest.raises(ValueError, match=rf"--eos_id names \[{config.vocab_size}\], outside the vocabulary"):
+        resolve_eos_token_ids(args, config)
+    assert resolve_eos_token_ids(argparse.Namespace(eos_id=[2, 2, 3]), config) == [2, 3]
+    assert resolve_eos_token_ids(argparse.Namespace(eos_id=None), config) == config.eos_token_ids
+    config.eos_token_ids.append(-1)
+    with pytest.raises(ValueError, match="the checkpoint's eos_token_id"):
+        resolve_eos_token_ids(argparse.Namespace(eos_id=None), config)

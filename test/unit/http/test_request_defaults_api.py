@@ -94,6 +94,12 @@ STRING_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endf
 def test_which_templates_iterate_over_content() -> None:
     assert template_iterates_content(PARTS_TEMPLATE)
     assert template_iterates_content("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}")
+    assert template_iterates_content("{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p.text }}"
+                                     "{% endfor %}{% endfor %}")
+    assert template_iterates_content("{% for m in messages %}{% for p in m.content | selectattr('type', "
+                                     "'equalto', 'text') %}{{ p.text }}{% endfor %}{% endfor %}")
+    assert not template_iterates_content("{% for m in messages %}{% set c = m.role %}{% for x in c %}{{ x }}"
+                                         "{% endfor %}{% endfor %}")
     assert not template_iterates_content(STRING_TEMPLATE)
     assert not template_iterates_content("{% for m in messages %")
     assert rendering_template({"default": "A", "tool_use": "B"}, None, with_tools=True) == "B"

@@ -53,6 +53,23 @@ def test_node_of_another_model_is_refused(tiny_llama_dir: Path) -> None:
         cluster.stop()
 
 
+def test_node_that_stops_at_other_eos_ids_is_refused(tiny_llama_dir: Path) -> None:
+    """The nodes decide where generation stops and the master what text it shows for it."""
+    cluster = Cluster(str(tiny_llama_dir), register=False)
+    try:
+        master_eos = sorted(set(cluster.master.manager.eos_token_ids))
+        body = {**cluster.decode.info().to_dict(), "eos_token_ids": [5]}
+        response = httpx.post(f"{cluster.master.url}/pd/register", json=body)
+        assert response.status_code == 409 and response.json()["error"]["code"] == "incompatible_node"
+        assert f"eos_token_ids: the node stops at [5], this master at {master_eos}" in response.json()["error"]["message"]
+        same = {**cluster.decode.info().to_dict(), "eos_token_ids": list(reversed(master_eos))}
+        assert httpx.post(f"{cluster.master.url}/pd/register", json=same).status_code == 200
+        bad = {**cluster.decode.info().to_dict(), "eos_token_ids": ["2"]}
+        assert httpx.post(f"{cluster.master.url}/pd/register", json=bad).json()["error"]["param"] == "eos_token_ids"
+    finally:
+        cluster.stop()
+
+
 def test_node_flags_on_the_master_are_refused() -> None:
     parser = make_argument_parser()
     check_master_flags(parser.parse_args(["--run_mode", "pd_master", "--model_dir", "m", "--port", "9",

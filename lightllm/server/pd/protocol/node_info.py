@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
@@ -31,6 +31,8 @@ COMPATIBILITY_FIELDS: Tuple[str, ...] = ("model_name", "dtype", "num_layers", "n
 
 # A node id (NodeInfo.node_id, --pd_node_id): safe in logs, metrics labels and URLs.
 NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
+# More end-of-sequence ids than any checkpoint names; bounds a registration body.
+MAX_EOS_TOKEN_IDS = 64
 _FINGERPRINT = re.compile(r"^[0-9a-f]{0,64}$")
 _HOST = re.compile(r"^[A-Za-z0-9.\-]+$|^\[[0-9A-Fa-f:.]+\]$")
 
@@ -79,6 +81,9 @@ class NodeInfo:
         checkpoint_fingerprint: digest of the node's weights
             (:func:`~lightllm.common.basemodel.checkpoint_fingerprint.checkpoint_fingerprint`);
             empty when the registering process does not know it (compared only when both have one).
+        eos_token_ids: the ids the node's ranks stop generation at (``--eos_id`` or the checkpoint's);
+            None when the registering process does not report them.  The master stops where its
+            nodes do only if its own set is the same, so it admits only such nodes.
     """
 
     node_id: str
@@ -92,6 +97,7 @@ class NodeInfo:
     http_address: str
     kv_transfer_address: str
     checkpoint_fingerprint: str = ""
+    eos_token_ids: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -123,6 +129,11 @@ class NodeInfo:
         if not isinstance(self.checkpoint_fingerprint, str) or not _FINGERPRINT.match(self.checkpoint_fingerprint):
             raise NodeInfoError(f"checkpoint_fingerprint must be empty or 1-64 hex digits, got "
                                 f"{self.checkpoint_fingerprint!r}", "checkpoint_fingerprint")
+        eos = self.eos_token_ids
+        if eos is not None and not (isinstance(eos, list) and len(eos) <= MAX_EOS_TOKEN_IDS and all(
+                isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0 for token_id in eos)):
+            raise NodeInfoError(f"eos_token_ids must be null or a list of at most {MAX_EOS_TOKEN_IDS} token ids, "
+                                f"got {eos!r}", "eos_token_ids")
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> "NodeInfo":
