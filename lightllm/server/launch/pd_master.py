@@ -22,9 +22,9 @@ import logging
 import sys
 from typing import TYPE_CHECKING, List, Optional
 
-from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
-from lightllm.models.model_types import check_model_type
+from lightllm.common.basemodel.model_config import ModelConfigError
 from lightllm.server.launch.arg_parser import flag_names, flags_given
+from lightllm.server.launch.checkpoint_reading import read_checkpoint
 from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
@@ -33,7 +33,7 @@ from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
-from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
+from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 if TYPE_CHECKING:
@@ -71,13 +71,9 @@ def check_master_flags(args: argparse.Namespace) -> None:
 
 def build_served_model(args: argparse.Namespace) -> ServedModel:
     """The master's model facts from ``--model_dir`` (tokenizer and config only) and the flags."""
-    config = ModelConfig.from_dir(args.model_dir)
-    check_model_type(config)
+    config, request_defaults = read_checkpoint(args)
     model_name, names = served_names(args.model_dir, args.model_name)
     max_len = resolve_max_req_total_len(args.max_req_total_len, config)
-    warn_without_eos(args, config)
-    request_defaults = RequestDefaults.from_args(args)
-    log.info("generation defaults: %s", request_defaults.generation.describe())
     return ServedModel(
         model_name=model_name,
         served_model_names=names,

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
-from lightllm.models.model_types import check_model_type
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
+from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import parse_server_args
@@ -65,6 +64,7 @@ from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entry
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
+from lightllm.server.launch.checkpoint_reading import log_checkpoint_limits, read_checkpoint
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
@@ -298,11 +298,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
             from lightllm.server.launch.pd_master import run_pd_master
 
             return run_pd_master(args, front_door)
-        model_config = ModelConfig.from_dir(args.model_dir)
-        check_model_type(model_config)
-        request_defaults = RequestDefaults.from_args(args)
-        resolve_eos_token_ids(args, model_config)  # refuses an id outside the vocabulary before anything starts
-        warn_without_eos(args, model_config)
+        model_config, request_defaults = read_checkpoint(args)
         facts = read_device_facts(args.device)
         if facts.probed:
             log.info("device probe: %d CUDA device(s) visible%s", facts.cuda_device_count,
@@ -310,13 +306,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         validate_device_args(args, facts.cuda_device_count)
         # The attention and linear backends are resolved by each rank (see the module docstring).
         sizing = plan_sizing(args, model_config, resolve_device(args, facts), facts.cuda_free_bytes)
-        if model_config.sliding_window is not None:
-            log.info("the checkpoint's layers attend to a sliding window of %d tokens: requests are limited to "
-                     "%d tokens, within which full attention computes the same", model_config.sliding_window,
-                     sizing.max_req_total_len)
-        if model_config.rope.length_dependent and not args.disable_dynamic_prompt_cache:
-            log.info("the checkpoint's RoPE scales with each request's length (dynamic NTK): the prefix cache is "
-                     "off, since a cached key fits only requests of the length that computed it")
+        log_checkpoint_limits(args, model_config, sizing)
         if args.run_mode in PD_NODE_MODES:
             # Imported here, like the HTTP modules below: only a PD node needs it.
             from lightllm.server.launch.pd_node import prepare_pd_node
@@ -356,9 +346,6 @@ def _start_and_serve(
         overtake_bound_from_args(args).describe(),
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
-    log.info("generation defaults: %s", request_defaults.generation.describe())
-    if request_defaults.chat_template is not None:
-        log.info("chat template: --chat_template replaces the tokenizer's")
     def stop_during_startup(signum: int, frame: Any) -> None:
         # Raising here unwinds start_processes, whose cleanup stops children and unlinks memory.
         raise StartupError(f"interrupted by signal {signum} during start-up")
