@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightllm.benchmark.simulator.cost_model import CostProfile
+from bound_test_support import BOUND_TEST_PROFILE
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
@@ -31,16 +31,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
 
 STRATEGIES = available_strategy_names()
 
-PROFILE = CostProfile(
-    name="mixed-bound-test",
-    prefill_fixed_s=0.001,
-    prefill_per_token_s=1e-5,
-    prefill_attention_s=0.0,
-    decode_fixed_s=0.0005,
-    decode_per_req_s=1e-6,
-    decode_per_kv_token_s=0.0,
-    max_total_token_num=1 << 22,
-)
+PROFILE = BOUND_TEST_PROFILE
 
 
 class MixedWaitChecker:

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightllm.benchmark.simulator.cost_model import CostProfile
+from bound_test_support import BOUND_TEST_PROFILE
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.sim_types import SimArrival, SimServerConfig
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -43,16 +43,7 @@ from lightllm.server.model_rank.scheduling.step_planner import StepPlanner, subm
 
 STRATEGIES = available_strategy_names()
 
-PROFILE = CostProfile(
-    name="bound-test",
-    prefill_fixed_s=0.001,
-    prefill_per_token_s=1e-5,
-    prefill_attention_s=0.0,
-    decode_fixed_s=0.0005,
-    decode_per_req_s=1e-6,
-    decode_per_kv_token_s=0.0,
-    max_total_token_num=1 << 22,
-)
+PROFILE = BOUND_TEST_PROFILE
 
 
 def step_seconds(budget: int) -> float:
