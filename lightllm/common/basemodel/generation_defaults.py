@@ -53,7 +53,9 @@ class GenerationDefaults:
     def describe(self) -> str:
         """One line for the start-up log: what requests inherit, and from where."""
         values = {field.name: getattr(self, field.name) for field in fields(self) if field.name != "source"}
-        given = ", ".join(f"{name}={value}" for name, value in values.items() if value is not None)
+        # do_sample is /generate's switch only (the OpenAI endpoints sample by temperature, as vLLM).
+        given = ", ".join(f"{name}={value}" + (" (/generate)" if name == "do_sample" else "")
+                          for name, value in values.items() if value is not None)
         if not given:
             return "requests without sampling fields use the server's defaults (no generation config values)"
         return f"requests without their own value use {given} (from {self.source})"
