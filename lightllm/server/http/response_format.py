@@ -9,6 +9,7 @@ grammar compiler cannot use is a 400 naming ``response_format.json_schema.schema
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from lightllm.server.http.errors import invalid_request
@@ -49,6 +50,10 @@ def compile_json_schema(schema: Any, param: str) -> str:
     return _compile(schema, param)
 
 
+# OpenAI's rule for a response format's name (as for a function's).
+SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
 def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
     """The grammar ``response_format`` asks for, or None for free text; 400 for anything else."""
     if response_format is None:
@@ -66,9 +71,15 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
         if unknown:
             raise invalid_request(f"unknown key(s) in response_format.json_schema: {', '.join(unknown)}",
                                   "response_format.json_schema")
-        if not isinstance(spec.get("name"), str) or not spec["name"]:
-            raise invalid_request("response_format.json_schema.name must be a non-empty string",
-                                  "response_format.json_schema.name")
+        if not isinstance(spec.get("name"), str) or not SCHEMA_NAME.match(spec["name"]):
+            raise invalid_request("response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-' "
+                                  "(OpenAI's rule)", "response_format.json_schema.name")
+        if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+            raise invalid_request("response_format.json_schema.strict must be true or false (the output follows "
+                                  "the schema strictly either way)", "response_format.json_schema.strict")
+        if spec.get("description") is not None and not isinstance(spec["description"], str):
+            raise invalid_request("response_format.json_schema.description must be a string",
+                                  "response_format.json_schema.description")
         if "schema" not in spec:
             raise invalid_request("response_format.json_schema.schema is required", "response_format.json_schema.schema")
         return _compile(spec["schema"], "response_format.json_schema.schema")

@@ -102,7 +102,7 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
         config.eos_token_ids,
         config.max_req_total_len,
         token_sync=_broadcast_tokens if config.tp > 1 else None,
-        grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir)),
+        grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir), config.eos_token_ids),
         threads=threads,
         **mode_settings,
     )

@@ -107,6 +107,21 @@ def test_required_and_named_use_the_grammar_path() -> None:
     assert '"city"' in manager.calls[-1].params.grammar
 
 
+def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -> None:
+    """Clients often send a function's parameters without "type"; the grammar must still force an object."""
+    from lightllm.server.http.tool_calls.request import parse_tools
+
+    untyped = {"type": "function", "function": {"name": "add", "parameters": {
+        "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    (tool,) = parse_tools([untyped])
+    assert tool.parameters_schema == {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert tool.parameters == untyped["function"]["parameters"]  # what the chat template sees is unchanged
+    client, manager = make_client(['{"a":', ' 1}'], parser=None)
+    choice = chat(client, tools=[untyped], tool_choice={"type": "function", "function": {"name": "add"}}).json()
+    assert choice["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    assert '"object"' in manager.calls[-1].params.grammar
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [

@@ -13,6 +13,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.http.response_format import response_format_grammar
+from lightllm.server.http.structured_params import structured_grammar
 from lightllm.server.core.objs.finish_status import FINISH_STOP
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.admission import RequestRejected
@@ -74,3 +75,33 @@ def test_a_rank_without_grammar_support_rejects_constrained_requests(tiny_llama_
     with pytest.raises(RequestRejected, match="structured output"):
         # Rank 0's screen runs this on every record before any rank admits the request.
         _backend(model, None).check_request(RequestSpec([1, 5, 6], SamplingParams(max_new_tokens=4, grammar=grammar)))
+
+
+def test_a_finished_grammar_ends_with_the_servers_own_end_of_sequence_id(tiny_llama_dir):
+    """With --eos_id (or a chat end-of-turn id) the grammar must end on an id the server stops at,
+    not only on the tokenizer's eos_token."""
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end != tokenizer.eos_token_id
+    # A grammar that may end after any "ab" or go on: only an end-of-sequence id ends it.
+    grammar = structured_grammar({"regex": "(ab)+"}, {}, None)
+    context = InferenceContext(model.new_kv_cache(4096), ReqManager(16, 600), use_prefix_cache=True)
+    backend = build_rank_backend("normal", model, context, build_prefill_queue_strategy("default"),
+                                 StepPlanner(64, 32), Sampler(0), [im_end], 600,
+                                 grammar=GrammarConstraints(lambda: tokenizer, [im_end]))
+    # The biases make the model want to end, with the tokenizer's eos_token above all, which this
+    # server does not stop at: the grammar must offer the server's id instead.
+    params = SamplingParams(temperature=0, max_new_tokens=60, grammar=grammar,
+                            logit_bias={tokenizer.eos_token_id: 100.0, im_end: 50.0})
+    backend.add_request(1, RequestSpec(tokenizer("JSON please")["input_ids"], params))
+    outputs, statuses = _run(backend)
+    assert statuses[1] == FINISH_STOP and outputs[1][-1] == im_end
+    text = tokenizer.decode(outputs[1][:-1], skip_special_tokens=True)
+    assert text and text == "ab" * (len(text) // 2)
+
+
+def test_ignore_eos_cannot_be_combined_with_a_grammar():
+    grammar = response_format_grammar({"type": "json_object"})
+    with pytest.raises(ValueError, match="ignore_eos cannot be combined with structured output"):
+        SamplingParams(max_new_tokens=4, grammar=grammar, ignore_eos=True)

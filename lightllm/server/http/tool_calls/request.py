@@ -47,8 +47,15 @@ class FunctionTool:
 
     @property
     def parameters_schema(self) -> dict[str, Any]:
-        """The arguments' JSON schema (any object when the tool gives none)."""
-        return self.parameters if self.parameters is not None else {"type": "object"}
+        """The arguments' JSON schema (any object when the tool gives none).
+
+        Always typed as an object: many clients leave ``"type"`` out of a function's schema, and
+        a grammar built from such a schema as written would allow any JSON value (a number, a
+        string), which cannot be a call's arguments.
+        """
+        if self.parameters is None:
+            return {"type": "object"}
+        return self.parameters if "type" in self.parameters else {"type": "object", **self.parameters}
 
 
 def parse_tools(value: Any) -> list[FunctionTool]:

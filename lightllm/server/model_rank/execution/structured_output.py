@@ -15,7 +15,7 @@ request, so servers that never see one pay nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -28,8 +28,11 @@ _BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
 class GrammarConstraints:
     """The matchers of the constrained requests of one rank."""
 
-    def __init__(self, tokenizer_loader: Callable[[], Any]):
+    def __init__(self, tokenizer_loader: Callable[[], Any], eos_token_ids: Sequence[int] = ()):
         self._tokenizer_loader = tokenizer_loader
+        # The server's end-of-sequence ids (--eos_id or the checkpoint's): a finished grammar ends
+        # the output with one of them, not only with the tokenizer's own eos_token.
+        self._eos_token_ids = list(eos_token_ids)
         self._ll_tokenizer: Any = None
         self._matchers: Dict[int, Any] = {}
 
@@ -37,7 +40,8 @@ class GrammarConstraints:
         if self._ll_tokenizer is None:
             import llguidance.hf
 
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self._tokenizer_loader())
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(self._tokenizer_loader(),
+                                                              eos_token=self._eos_token_ids or None)
         return self._ll_tokenizer
 
     def _matcher(self, req: InferReq) -> Any:
