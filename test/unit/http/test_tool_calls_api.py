@@ -81,6 +81,25 @@ def test_auto_call_streaming_deltas() -> None:
     assert deltas[-1]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("script, arguments", [
+    # Arguments written as a JSON string, as the OpenAI API itself writes them.
+    (['<tool_call>{"name": "get_weather", "arguments": "{\\"city\\":', ' \\"Oslo\\"}"}</tool_call>'],
+     '{"city": "Oslo"}'),
+    # A repeated key: the first one counts, streamed or not.
+    (['<tool_call>{"name": "get_weather", "name": "clock", "parameters": {"city": "Rome"}, "arguments": 5}',
+      '</tool_call>'], '{"city": "Rome"}'),
+])
+def test_streamed_arguments_add_up_to_the_non_streaming_ones(script: list[str], arguments: str) -> None:
+    client, _ = make_client(script)
+    whole = chat(client, tools=[WEATHER_TOOL, CLOCK_TOOL]).json()["choices"][0]["message"]
+    (call,) = whole["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": arguments}
+    events = sse_events(chat(client, tools=[WEATHER_TOOL, CLOCK_TOOL], stream=True))
+    calls = [entry for event in events[:-1] for entry in event["choices"][0]["delta"].get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert "".join(entry["function"]["arguments"] for entry in calls) == arguments
+
+
 def test_no_call_and_tool_choice_none() -> None:
     client, manager = make_client(["Just", " text."])
     plain = chat(client, tools=[WEATHER_TOOL]).json()["choices"][0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from lightllm.server.http.tool_calls.json_scan import ARGUMENT_KEYS, CallObjectScanner, split_objects
 from lightllm.server.http.tool_calls.parsers import CALL, ToolCallParser
@@ -45,16 +46,24 @@ class Extraction:
     calls: list[ParsedCall]
 
 
+def _first_of_each_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        value.setdefault(key, item)
+    return value
+
+
 def parse_call_object(text: str) -> ParsedCall | None:
     """The call a JSON object text holds, or None unless it is ``{"name": <string>, "arguments"
     or "parameters": <object or JSON-object string>}`` (arguments may be left out: ``{}``)."""
     try:
-        value = json.loads(text)
+        # The first "name" and the first arguments key in the text count, as a stream reads them.
+        value = json.loads(text, object_pairs_hook=_first_of_each_key)
     except ValueError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    key = next((key for key in ARGUMENT_KEYS if key in value), None)
+    key = next((key for key in value if key in ARGUMENT_KEYS), None)
     if key is None:
         return ParsedCall(value["name"], "{}")
     arguments = value[key]

@@ -142,7 +142,9 @@ class CallObjectScanner:
                 self._close()
             return
         self._value_text += char
-        if self._capturing:
+        # Arguments written as a JSON string are given as the string's content, once it is whole
+        # (the non-streaming path decodes them the same way): its escaped text is not arguments.
+        if self._capturing and not self._value_is_string:
             self.arguments += char
             result.arguments += char
         if self._in_string:
@@ -169,6 +171,13 @@ class CallObjectScanner:
                 self.name = name
                 result.name = name
         if self._capturing:
+            if self._value_is_string:
+                try:
+                    content = json.loads(self._value_text)
+                except ValueError:
+                    content = self._value_text
+                self.arguments += content
+                result.arguments += content
             self.has_arguments = True
             self._capturing = False
         self._state = "after_value"
