@@ -215,9 +215,6 @@ class SamplingParams:
         if self.grammar is not None:
             if not isinstance(self.grammar, str) or not self.grammar:
                 raise SamplingParamError("grammar must be a non-empty string or None")
-            if self.ignore_eos:
-                raise SamplingParamError("ignore_eos cannot be combined with structured output: the grammar decides "
-                                         "where the output ends (with an end-of-sequence token)")
             if len(self.grammar.encode()) > GRAMMAR_BYTES:
                 raise SamplingParamError(f"grammar must take at most {GRAMMAR_BYTES} bytes encoded")
 

@@ -59,6 +59,9 @@ def build_sampling_params(
         for internal, public in names.items():
             message = re.sub(rf"\b{internal}\b", public, message)
         raise invalid_request(message, names.get(field, field) if field else None) from None
+    if params.grammar is not None and params.ignore_eos:
+        raise invalid_request("ignore_eos cannot be combined with structured output: the grammar decides where the "
+                              "output ends (with an end-of-sequence token)", names.get("ignore_eos", "ignore_eos"))
     return params
 
 

@@ -101,7 +101,3 @@ def test_a_finished_grammar_ends_with_the_servers_own_end_of_sequence_id(tiny_ll
     assert text and text == "ab" * (len(text) // 2)
 
 
-def test_ignore_eos_cannot_be_combined_with_a_grammar():
-    grammar = response_format_grammar({"type": "json_object"})
-    with pytest.raises(ValueError, match="ignore_eos cannot be combined with structured output"):
-        SamplingParams(max_new_tokens=4, grammar=grammar, ignore_eos=True)
