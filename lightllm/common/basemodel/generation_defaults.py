@@ -116,17 +116,26 @@ def _checked(path: Path, raw: Dict[str, Any]) -> Dict[str, Any]:
     return values
 
 
-def read_generation_defaults(directory: str | Path) -> GenerationDefaults:
-    """The defaults in ``directory``'s ``generation_config.json`` (none when it has no such file)."""
+def read_generation_config(directory: str | Path) -> Dict[str, Any]:
+    """``directory``'s ``generation_config.json`` as a JSON object ({} when there is no such file)."""
     path = Path(directory) / GENERATION_CONFIG_FILE
     if not path.is_file():
-        return GenerationDefaults()
+        return {}
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GenerationDefaultsError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise GenerationDefaultsError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def read_generation_defaults(directory: str | Path) -> GenerationDefaults:
+    """The defaults in ``directory``'s ``generation_config.json`` (none when it has no such file)."""
+    raw = read_generation_config(directory)
+    if not raw:
+        return GenerationDefaults()
+    path = Path(directory) / GENERATION_CONFIG_FILE
     return GenerationDefaults(**_checked(path, raw), source=str(path))
 
 

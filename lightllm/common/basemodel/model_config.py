@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from lightllm.common.basemodel.generation_defaults import (GENERATION_CONFIG_FILE, GenerationDefaultsError,
+                                                          read_generation_config)
 from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
 
 if TYPE_CHECKING:
@@ -159,17 +161,14 @@ class ModelConfig:
         if "text_config" in raw and "hidden_size" not in raw:
             raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
         cfg = cls.from_dict(raw)
-        gen_path = Path(model_dir) / "generation_config.json"
-        if gen_path.is_file():
-            try:
-                gen = json.loads(gen_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ModelConfigError(f"{gen_path} is not valid JSON: {exc}") from exc
-            if not isinstance(gen, dict):
-                raise ModelConfigError(f"{gen_path} must hold a JSON object, got {type(gen).__name__}")
-            for eos in _as_id_list(gen.get("eos_token_id"), f"{gen_path}: eos_token_id"):
-                if eos not in cfg.eos_token_ids:
-                    cfg.eos_token_ids.append(eos)
+        try:
+            gen = read_generation_config(model_dir)
+        except GenerationDefaultsError as exc:
+            raise ModelConfigError(str(exc)) from exc
+        gen_path = Path(model_dir) / GENERATION_CONFIG_FILE
+        for eos in _as_id_list(gen.get("eos_token_id"), f"{gen_path}: eos_token_id"):
+            if eos not in cfg.eos_token_ids:
+                cfg.eos_token_ids.append(eos)
         tokenizer_eos = tokenizer_eos_token_id(model_dir)
         if tokenizer_eos is not None and 0 <= tokenizer_eos < cfg.vocab_size and tokenizer_eos not in cfg.eos_token_ids:
             cfg.eos_token_ids.append(tokenizer_eos)
