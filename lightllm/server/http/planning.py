@@ -33,7 +33,7 @@ async def encoded(pending: Awaitable[list[int]], param: str, vocab_size: int | N
     if not ids:
         raise APIError(400, f"{param} is empty after tokenization", param=param)
     if vocab_size is not None:
-        beyond = next((token_id for token_id in ids if not 0 <= token_id < vocab_size), None)
+        beyond = first_outside_vocabulary(ids, vocab_size)
         if beyond is not None:
             raise invalid_request(f"{param} holds a token the model cannot read: the tokenizer gave id {beyond}, "
                                   f"beyond the model's vocabulary [0, {vocab_size})", param)
@@ -65,11 +65,16 @@ def build_sampling_params(
     return params
 
 
+def first_outside_vocabulary(token_ids: list[int], vocab_size: int) -> int | None:
+    """The first id outside ``[0, vocab_size)``, or None."""
+    return next((token_id for token_id in token_ids if not 0 <= token_id < vocab_size), None)
+
+
 def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
     """Reject token ids outside ``[0, vocab_size)``."""
-    for token_id in token_ids:
-        if not 0 <= token_id < vocab_size:
-            raise invalid_request(f"token id {token_id} is outside the vocabulary [0, {vocab_size})", param)
+    token_id = first_outside_vocabulary(token_ids, vocab_size)
+    if token_id is not None:
+        raise invalid_request(f"token id {token_id} is outside the vocabulary [0, {vocab_size})", param)
 
 
 def check_context_length(
