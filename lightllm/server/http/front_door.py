@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.connection_book import ConnectionBook
 from lightllm.server.http.health import (
+    FAILED_CODE,
     LoopHeartbeat,
     Readiness,
     health_answer,
@@ -232,13 +233,13 @@ class FrontDoor:
         if may_be_health(data) or (pending.reserve and not head_complete):
             return  # wait for the rest of the head
         with self._lock:
-            state = self._state
+            state, readiness = self._state, self._readiness
         if state == "starting":
             self._finish(pending, 503, error_body("The server is starting (loading the model); retry later",
                                                   SERVICE_UNAVAILABLE, None, "server_starting"))
         elif state != "serving":
-            self._finish(pending, 503, error_body("The server is shutting down and takes no new requests",
-                                                  SERVICE_UNAVAILABLE, None, "server_shutting_down"))
+            code, message = self._stopping_reason(readiness)
+            self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, code))
         elif pending.reserve and not self._authenticated(data):
             self._book.count_refusal("too_many_connections")
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
@@ -246,6 +247,23 @@ class FrontDoor:
             self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
         else:
             self._hand_off(pending, data)
+
+    @staticmethod
+    def _stopping_reason(readiness: Optional[Readiness]) -> Tuple[str, str]:
+        """(code, message) for a request arriving after the loop stopped taking connections.
+
+        A server stopping because a child died says so (``server_failed``, as its probes and its
+        pending requests do), so a client can tell a crash from a planned drain.
+        """
+        problem = None
+        if readiness is not None:
+            try:
+                problem = readiness()
+            except Exception:  # noqa: BLE001 - the refusal must be answered whatever the check does
+                problem = None
+        if problem is not None and problem[0] == FAILED_CODE:
+            return problem
+        return "server_shutting_down", "The server is shutting down and takes no new requests"
 
     def _health(self, path: str) -> Tuple[int, Dict[str, Any]]:
         with self._lock:

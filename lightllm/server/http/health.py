@@ -32,6 +32,7 @@ HEALTH_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, READY_PATH})
 LOOP_STALL_SECONDS = 30.0
 LOOP_TICK_SECONDS = 1.0
 STARTING_CODE = "server_starting"
+FAILED_CODE = "server_failed"
 
 # None: ready; else (code, message) of the 503.
 Readiness = Callable[[], Optional[Tuple[str, str]]]

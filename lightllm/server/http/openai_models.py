@@ -108,7 +108,9 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         if self.best_of is not None and self.best_of < self.n:
             raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
         if self.max_tokens == 0 and not getattr(self, "echo", False):
-            raise invalid_request("max_tokens must be >= 1 (0 is allowed only with echo=true)", "max_tokens")
+            # Only completions have echo; a chat request cannot use the exception, so do not offer it.
+            why = " (0 is allowed only with echo=true)" if "echo" in type(self).model_fields else ""
+            raise invalid_request(f"max_tokens must be >= 1{why}", "max_tokens")
         if self.prompt_logprobs is not None and self.stream:
             raise invalid_request("prompt_logprobs is not supported when streaming", "prompt_logprobs")
         if self.best_of is not None and self.best_of > self.n and self.stream:

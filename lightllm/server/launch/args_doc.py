@@ -60,11 +60,27 @@ def doc_path(root: Path, lang: str) -> Path:
     return root / "docs" / lang / "server_args.md"
 
 
-def main() -> int:
-    """Rewrite both language versions."""
+def main(argv: Optional[List[str]] = None) -> int:
+    """Rewrite both language versions; with ``--check`` only report whether they are current."""
+    cli = argparse.ArgumentParser(
+        prog="python -m lightllm.server.launch.args_doc",
+        description="Write docs/EN/server_args.md and docs/CN/server_args.md from the server's argument parser.",
+    )
+    cli.add_argument("--check", action="store_true",
+                     help="write nothing; exit 1 naming the files that differ from what the parser produces")
+    args = cli.parse_args(argv)
     root = Path(__file__).resolve().parents[3]
+    stale = []
     for lang in HEADERS:
-        doc_path(root, lang).write_text(render(lang))
+        path, text = doc_path(root, lang), render(lang)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python -m lightllm.server.launch.args_doc", file=sys.stderr)
+        return 1
     return 0
 
 

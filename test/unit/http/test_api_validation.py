@@ -70,6 +70,14 @@ def test_chat_numbers_name_the_chat_fields(client: TestClient, manager: FakeMana
     assert manager.calls == []
 
 
+def test_zero_max_tokens_offers_echo_only_where_echo_exists(client: TestClient, manager: FakeManager) -> None:
+    chat_error = assert_error(chat(client, max_tokens=0), 400, "max_tokens")
+    completion_error = assert_error(completion(client, max_tokens=0), 400, "max_tokens")
+    assert "echo" not in chat_error["message"], chat_error
+    assert "echo=true" in completion_error["message"], completion_error
+    assert manager.calls == []
+
+
 @pytest.mark.parametrize(
     ("parameters", "param"),
     [

@@ -163,6 +163,28 @@ def test_a_starting_server_answers_probes_and_refuses_requests() -> None:
         door.close()
 
 
+@pytest.mark.parametrize("problem, code", [
+    (("server_failed", "The server failed: its router process exited"), "server_failed"),
+    (("server_shutting_down", "The server is shutting down"), "server_shutting_down"),
+    (None, "server_shutting_down"),
+])
+def test_a_stopped_door_names_why_it_refuses(problem, code) -> None:
+    """After a child died, a request on a fresh connection says ``server_failed``, as the probes do."""
+    import asyncio
+
+    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, AuthPolicy())
+    door.start()
+    loop = asyncio.new_event_loop()
+    try:
+        door.serve(loop, lambda: None, lambda: problem)
+        door.stop_serving()
+        status, body = _request(door.port, "GET", "/v1/models")
+        assert status == 503 and body["error"]["code"] == code, body
+    finally:
+        door.close()
+        loop.close()
+
+
 def test_probe_recognition() -> None:
     assert health_path(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n") == "/health"
     assert health_path(b"HEAD /health/live?x=1 HTTP/1.0\r\n\r\n") == "/health/live"

@@ -22,6 +22,18 @@ def test_server_args_reference_is_generated_from_the_parser():
         )
 
 
+def test_args_doc_help_and_check_write_nothing():
+    """``--help`` and ``--check`` only read: running the tool to learn its usage must not rewrite the docs."""
+    before = {lang: doc_path(ROOT, lang).stat().st_mtime_ns for lang in ("EN", "CN")}
+    for args in (["--help"], ["--check"]):
+        done = subprocess.run([sys.executable, "-m", "lightllm.server.launch.args_doc", *args],
+                              capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+    assert "--check" in subprocess.run([sys.executable, "-m", "lightllm.server.launch.args_doc", "--help"],
+                                       capture_output=True, text=True, cwd=ROOT).stdout
+    assert {lang: doc_path(ROOT, lang).stat().st_mtime_ns for lang in ("EN", "CN")} == before
+
+
 def test_reference_lists_every_strategy():
     text = render("EN")
     assert "`--prefill_queue_strategy`" in text
