@@ -9,6 +9,8 @@ alone, and the preemption counters must have gone up.
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 
 import httpx
 import pytest
@@ -61,3 +63,28 @@ def test_paused_requests_are_counted_and_finish_with_their_own_tokens(tight_serv
     assert _preemptions(tight_server) == after
     tight_server.wait_idle()
     assert tight_server.metric("lightllm_kv_free_tokens") == tight_server.metric("lightllm_kv_total_tokens")
+
+
+def test_paused_dynamic_ntk_requests_keep_the_rotation_their_tokens_had(tiny_llama_dir, tmp_path):
+    """Dynamic NTK rotates a generated token by the length it made; a paused request prefilled again
+    with its generated tokens must get those same keys back, so it still matches its run alone."""
+    model_dir = tmp_path / "ntk"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    rope = {**config.get("rope_parameters", {"rope_theta": config.get("rope_theta", 10000.0)}), **scaling}
+    # Every generation runs far past the 16 positions the checkpoint was "trained" on.
+    (model_dir / "config.json").write_text(json.dumps(
+        {**config, "max_position_embeddings": 16, "rope_scaling": scaling, "rope_parameters": rope}))
+    server = start_server(model_dir, tmp_path, [
+        "--max_total_token_num", "160", "--max_req_total_len", "128", "--router_token_ratio", "4"])
+    try:
+        before = _preemptions(server)
+        together = asyncio.run(_generate_all(server.url))
+        server.wait_idle()
+        assert _preemptions(server)[0] > before[0]
+        alone = [httpx.post(f"{server.url}/generate", json=_body(p), timeout=300).json() for p in PROMPTS]
+    finally:
+        server.stop()
+    for prompt, paused, single in zip(PROMPTS, together, alone):
+        assert [t["id"] for t in paused["tokens"]] == [t["id"] for t in single["tokens"]], prompt

@@ -33,10 +33,11 @@ class ForwardBatch:
     # Flattened token indexes whose logits the forward returns, in this order (overrides
     # ``all_logits`` and the default of each request's last new token).
     logit_index: Optional[torch.Tensor] = None
-    # Per request, the sequence length that length-dependent RoPE (dynamic NTK) scales by: the
-    # tokens the request has so far, its whole prompt while a chunk of it prefills (as an
-    # unchunked prefill would); None: ``seq_lens``.  Never the batch's: a request's output must
-    # not depend on the requests batched with it.
+    # Per request, the shortest sequence length that length-dependent RoPE (dynamic NTK) scales
+    # its tokens by: its original prompt's length (a chunk of it scales as an unchunked prefill
+    # would); a token past it scales by its own position + 1, the length it made when it was
+    # generated.  None: ``seq_lens``.  Never the batch's: a request's output must not depend on
+    # the requests batched with it.
     rope_lengths: Optional[List[int]] = None
 
     @property

@@ -14,16 +14,21 @@ class RotaryEmbedding:
     """Computes cos/sin tables and applies the half-rotation form used by Llama and Qwen2.
 
     The table for positions below ``max_position_embeddings`` is built once.  Dynamic NTK
-    scaling changes the base with the sequence length, request by request: a request longer than
-    the original context rotates its tokens with the base of its own length (as transformers does
-    with a KV cache: a prompt at its whole length, each later token at the length it makes).
+    scaling changes the base with the sequence length, token by token: a token rotates with the
+    base of the length its request had when transformers (with a KV cache) computed it, the
+    prompt's length for a prompt token and its own position + 1 for a generated one.  So a
+    request prefilled again with the tokens it generated (after a pause for KV memory, or as a PD
+    continuation) gets exactly the keys it had.
     """
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int, device: torch.device):
         self.rope = rope
         self.rot_dim = int(head_dim * rope.partial_rotary_factor)
         self.max_position_embeddings = max_position_embeddings
-        self.original_max = int(rope.original_max_position_embeddings or max_position_embeddings)
+        # llama3 scales relative to the pretraining context; dynamic NTK from
+        # max_position_embeddings, ignoring original_max_position_embeddings (as transformers does).
+        self.original_max = (int(rope.original_max_position_embeddings or max_position_embeddings)
+                             if rope.rope_type == "llama3" else max_position_embeddings)
         self.device = device
         self._cos, self._sin = self._table(self._inv_freq(self.original_max), max_position_embeddings)
 
@@ -78,14 +83,15 @@ class RotaryEmbedding:
         """cos/sin rows ``[T, rot_dim]`` (float32) for the given positions.
 
         ``max_position`` is the largest position in the batch (passed in so that no device sync
-        is needed to find it).  ``lengths`` / ``new_lens``: per request, the length dynamic NTK
-        scales by and its count of tokens in ``positions`` (in order); without them the batch is
-        taken as one request reaching ``max_position``.
+        is needed to find it).  ``lengths`` / ``new_lens``: per request, the shortest length dynamic
+        NTK scales its tokens by (its original prompt's length; a token past it scales by its own
+        position + 1) and its count of tokens in ``positions`` (in order); without them the batch
+        is taken as one request reaching ``max_position``.
         """
         if self.length_dependent:
             if lengths is None or new_lens is None:
                 lengths, new_lens = [max_position + 1], [int(positions.shape[0])]
-            if max(lengths) > self.original_max:
+            if max(max(lengths), max_position + 1) > self.original_max:
                 return self._dynamic_cos_sin(positions, lengths, new_lens)
         if max_position >= self._cos.shape[0]:
             self._cos, self._sin = self._table(self._inv_freq(self.original_max), max(max_position + 1, 2 * self._cos.shape[0]))
@@ -94,10 +100,18 @@ class RotaryEmbedding:
     def _dynamic_cos_sin(
         self, positions: torch.Tensor, lengths: Sequence[int], new_lens: Sequence[int]
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of each token with its own request's NTK base (computed, not looked up)."""
-        per_request = torch.stack([self._inv_freq(max(length, self.original_max)) for length in lengths])
-        per_token = per_request.repeat_interleave(torch.tensor(list(new_lens), dtype=torch.int64), dim=0)
-        freqs = positions.to("cpu", torch.float32)[:, None] * per_token
+        """cos/sin of each token with its own NTK base (computed, not looked up).
+
+        A token's length is its request's floor or its position + 1, whichever is larger; one
+        inverse-frequency row is computed per distinct length.
+        """
+        cpu_positions = positions.to("cpu", torch.int64)
+        floors = torch.tensor(list(lengths), dtype=torch.int64).repeat_interleave(
+            torch.tensor(list(new_lens), dtype=torch.int64))
+        token_lengths = torch.maximum(floors, cpu_positions + 1).clamp_(min=self.original_max)
+        distinct, row_of_token = torch.unique(token_lengths, return_inverse=True)
+        rows = torch.stack([self._inv_freq(int(length)) for length in distinct.tolist()])
+        freqs = cpu_positions.to(torch.float32)[:, None] * rows[row_of_token]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.device), emb.sin().to(self.device)
 

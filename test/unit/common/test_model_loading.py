@@ -160,3 +160,52 @@ def test_dynamic_ntk_rope_follows_each_requests_own_length(tmp_path):
     with torch.no_grad():
         reference = ref.generate(torch.tensor([long_prompt]), generation_config=config)[0, 61:].tolist()
     assert BatchGenerator(ours, 512, max_sequence_length=256).greedy_generate([long_prompt], 6)[0] == reference
+
+
+def _dynamic_model(tmp_path, rope: dict, max_position_embeddings: int):
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(LlamaConfig(**{**BASE, "rope_parameters": rope,
+                                          "max_position_embeddings": max_position_embeddings})).eval()
+    with torch.no_grad():
+        for param in ref.parameters():
+            torch.nn.init.normal_(param, std=0.1)
+        for layer in ref.model.layers:  # sharp attention, so a rotation off by a base change shows
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    model_dir = tmp_path / "dynamic_original_max"
+    ref.save_pretrained(model_dir)
+    return ref, load_model(str(model_dir), dtype=torch.float32)
+
+
+def test_dynamic_ntk_scales_from_max_position_embeddings_not_original_max(tmp_path):
+    # transformers ignores original_max_position_embeddings for dynamic NTK (it scales from
+    # max_position_embeddings); a 100-token prompt inside the 256-token context must match it.
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64}
+    ref, ours = _dynamic_model(tmp_path, rope, 256)
+    for length in (40, 100, 300):
+        prompt = [(i * 7) % 200 + 3 for i in range(length)]
+        with torch.no_grad():
+            expected = ref(torch.tensor([prompt])).logits[0]
+        gen = BatchGenerator(ours, 512, max_sequence_length=512)
+        got = gen.forward([gen.start(prompt)], [length], all_logits=True)
+        assert (got - expected).abs().max().item() < 1e-4, length
+
+
+def test_dynamic_ntk_rotates_a_generated_token_by_the_length_it_made():
+    # A request prefilled again with the tokens it generated (after a pause for KV memory, or as a
+    # PD continuation) must get the keys its unsplit run had: prompt tokens at the prompt's length,
+    # each generated token at its own position + 1.
+    from lightllm.common.basemodel.model_config import RopeConfig
+    from lightllm.common.basemodel.rotary import RotaryEmbedding
+
+    rotary = RotaryEmbedding(RopeConfig(rope_type="dynamic", factor=2.0), 16, 32, torch.device("cpu"))
+    prompt_len, total = 40, 46
+    whole = rotary.cos_sin(torch.arange(total), total - 1, [prompt_len], [total])
+    parts = [rotary.cos_sin(torch.arange(prompt_len), prompt_len - 1, [prompt_len], [prompt_len])]
+    parts += [rotary.cos_sin(torch.tensor([p]), p, [p + 1], [1]) for p in range(prompt_len, total)]
+    for got, expected in zip(whole, (torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts]))):
+        assert torch.equal(got, expected)
+    # A request never past the original context is rotated by the plain table.
+    short = rotary.cos_sin(torch.arange(20), 19, [20], [20])
+    plain = RotaryEmbedding(RopeConfig(), 16, 32, torch.device("cpu")).cos_sin(torch.arange(20), 19)
+    assert all(torch.equal(a, b) for a, b in zip(short, plain))

@@ -92,8 +92,9 @@ class TorchModelExecutor:
             [c.req.req_row for c in chunks],
             slots,
             self.model.device,
-            # A chunk's tokens scale as the whole prompt's would (dynamic NTK RoPE).
-            rope_lengths=[c.req.total_len for c in chunks],
+            # Dynamic NTK RoPE: a prompt token scales by the original prompt's length, a token
+            # generated earlier (re-prefilled after a pause, or a PD continuation) by the length it made.
+            rope_lengths=[c.req.input_len - c.req.generated_before for c in chunks],
         )
         last_rows, prompt_rows = prefill_logit_rows(batch, chunks)
         result = ExecutionResult()
