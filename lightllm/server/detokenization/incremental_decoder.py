@@ -174,10 +174,24 @@ class IncrementalDecoder:
         return longest
 
     def flush(self) -> str:
-        """Release held-back text at the end of the request (no stop string completed)."""
+        """Release held-back text at the end of the request (no stop string completed).
+
+        Tokens still held for an unfinished UTF-8 character will get no continuation: their
+        bytes are let out as U+FFFD, so the whole text equals the tokenizer's decode of the
+        output (as a client comparing the two expects) instead of losing them.
+        """
         if self.stopped:
             return ""
-        piece = self.text[self.emitted :]
+        piece = ""
+        if self.read_offset < len(self.ids):
+            prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            full_text = self._decode(self.ids[self.prefix_offset :])
+            if len(full_text) > len(prefix_text):
+                self._advance(full_text[len(prefix_text) :], len(self.ids))
+                piece = self._release()
+                if self.stopped:
+                    return piece
+        piece += self.text[self.emitted :]
         self.emitted = len(self.text)
         return piece
 

@@ -149,3 +149,26 @@ def test_a_run_of_invalid_bytes_keeps_the_window_small_and_the_text_whole(tokeni
         assert len(decoder.ids) - decoder.prefix_offset <= 16
     pieces.append(decoder.flush())
     assert "".join(pieces) == tokenizer.decode(ids)
+
+
+def _byte_token(tokenizer, byte: int) -> int:
+    """Id of the byte-level BPE token of one raw byte (GPT-2's byte-to-character alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {b: chr(b) for b in printable}, 0
+    for value in range(256):
+        if value not in chars:
+            chars[value], extra = chr(256 + extra), extra + 1
+    return tokenizer.convert_tokens_to_ids(chars[byte])
+
+
+def test_bytes_of_an_unfinished_character_end_the_text_as_the_tokenizer_decodes_them(tiny_llama_dir):
+    # A generation can end inside a UTF-8 character (max_tokens, a stop token id kept with
+    # include_stop_str_in_output): its bytes show as U+FFFD, as tokenizer.decode gives them.
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    lead, continuation = _byte_token(tokenizer, 0xE4), _byte_token(tokenizer, 0x80)
+    words = tokenizer("plain words", add_special_tokens=False)["input_ids"]
+    for ids in ([lead], [continuation], words + [lead], words + [lead, lead, lead], [continuation] + words):
+        pieces, decoder = _pieces(tokenizer, ids)
+        assert "".join(pieces) + decoder.flush() == tokenizer.decode(ids, skip_special_tokens=True), ids
+    text, decoder = _decode_request(tokenizer, words + [lead], stop_token_ids=[lead], include_stop_str_in_output=True)
+    assert text == tokenizer.decode(words + [lead]) and decoder.stop_reason == lead
