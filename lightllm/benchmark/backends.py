@@ -2,8 +2,23 @@
 
 Each backend knows its endpoint, how to build the JSON body for a prompt, and how to
 read one decoded SSE ``data:`` payload. :func:`send_request` does the transport part
-shared by all of them: POST, read server-sent events, timestamp every token-bearing
+shared by all of them: POST, read server-sent events, timestamp every output-bearing
 event on the benchmark clock and turn the outcome into a :class:`RequestRecord`.
+
+What a timestamp stands for differs by API, and so does what ITL measures:
+
+* native ``/generate_stream`` (:class:`LightLLMBackend`): one event per generated token, so
+  ``token_times`` holds one stamp per token and ITL is per token;
+* OpenAI APIs (:class:`OpenAIBackend`): one stamp per streamed chunk that carries output (text,
+  token logprobs, or the finish).  A server may merge tokens into one chunk (LightLLM sends a
+  token that ends inside a UTF-8 character together with the next one) and may end with a
+  chunk of empty text that carries only the finish; ITL is then per chunk, and each gap is a
+  real wait the client saw.  The usage chunk and ``[DONE]`` carry no output and get no stamp.
+
+TTFT is the first stamp; E2E ends at the last stamp (the last output the client received), not
+at ``[DONE]`` or the usage chunk that follow it: those are protocol trailers, and ending there
+would put them into E2E and TPOT for the OpenAI APIs but not the native one (whose last event
+is the last token), and not into vLLM's benchmark either, which ends at the last chunk too.
 """
 
 from __future__ import annotations
@@ -132,15 +147,29 @@ class OpenAIBackend(Backend):
     def _chunk_text(self, choice: dict[str, Any]) -> str:
         """Generated text carried by one streamed choice."""
 
+    @staticmethod
+    def _chunk_tokens(choice: dict[str, Any]) -> bool:
+        """Whether the choice lists token logprobs (a token whose text may be empty)."""
+        logprobs = choice.get("logprobs")
+        if not isinstance(logprobs, dict):
+            return False
+        # completions: {"tokens": [...], ...}; chat: {"content": [...]}.
+        return bool(logprobs.get("tokens") or logprobs.get("content"))
+
+    def _carries_output(self, choice: dict[str, Any]) -> bool:
+        # A chunk of empty text still carries output when it brings the finish: the server sends
+        # the last token's chunk with the finish even when its text is held back or empty (a
+        # special token, the rest of an unfinished UTF-8 sequence).  A chat stream's opening
+        # chunk (role only, empty content) carries none.
+        return bool(self._chunk_text(choice)) or bool(choice.get("finish_reason")) or self._chunk_tokens(choice)
+
     def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
         choices = data.get("choices") or []
-        finishing = any(choice.get("finish_reason") for choice in choices)
-        # Tokens that decode to no text (special tokens, an unfinished UTF-8 sequence) are still
-        # output: when a stream's first news of any token is its finish, that chunk is its first
-        # token (as vLLM's client counts it), not a failed request.
-        if any(self._chunk_text(choice) for choice in choices) or (finishing and not state.token_times):
+        # One stamp per chunk that carries output, whatever number of tokens it merged: the gaps
+        # between them are what the client waited (see the module docstring for ITL's meaning).
+        if any(self._carries_output(choice) for choice in choices):
             state.token_times.append(now)
-        if finishing:
+        if any(choice.get("finish_reason") for choice in choices):
             state.finished = True
         usage = data.get("usage")
         if usage:
@@ -284,7 +313,6 @@ async def send_request(
     except (httpx.HTTPError, ValueError) as exc:
         state.error = f"{type(exc).__name__}: {exc}"
         state.end_time = None
-    record.end_time = state.end_time if state.end_time is not None else clock()
     record.token_times = state.token_times
     if state.token_times:
         record.first_token_time = state.token_times[0]
@@ -298,6 +326,11 @@ async def send_request(
     if state.error is None and not state.token_times:
         state.error = "no output token received"
     record.error = state.error
+    if record.error is None:
+        # E2E ends at the last output received, not at the trailers (usage, [DONE]) after it.
+        record.end_time = state.token_times[-1]
+    else:
+        record.end_time = state.end_time if state.end_time is not None else clock()
     return record
 
 

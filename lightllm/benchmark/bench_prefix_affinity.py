@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import httpx
 
 from lightllm.benchmark.bench_serving import BenchmarkConfig, run_benchmark
-from lightllm.benchmark.server_launcher import ServerSpec, stop_servers_on_sigterm
+from lightllm.benchmark.deployment import ServerSpec, stop_servers_on_sigterm
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workloads import WorkloadConfig
 

@@ -35,6 +35,11 @@ How a run is laid out (and why):
   ``--server-args``. The workload goes to the master, and everything else is the same. The logs
   are ``logs/server_<strategy>_{master,prefill,decode}.log``.
 
+A server that stops running mid-run ends the run with one ``error:`` line and exit status 1 after
+every server is stopped; the report is still written from the repeats every strategy completed
+(when there is one), marked as stopped early.  Ctrl-C or SIGTERM stops every server, also those
+still starting.
+
 Outputs in ``--out-dir``: ``report.json``, ``report.md``, ``ttft_cdf_<workload>.png``,
 ``throughput_<workload>.png``, ``runs/<workload>/<strategy>/repeat<r>.{jsonl,json}``
 (raw per-request records and the run summary) and ``logs/server_<strategy>.log``.
@@ -45,17 +50,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
-from lightllm.benchmark.comparison_options import DEFAULT_KV_TOKENS, DEFAULT_STRATEGIES, ComparisonOptions
-from lightllm.benchmark.comparison_runner import ComparisonRunner, run_comparison
+from lightllm.benchmark.comparison_options import (
+    DEFAULT_KV_TOKENS,
+    DEFAULT_STRATEGIES,
+    ComparisonOptions,
+    check_out_dir,
+)
+from lightllm.benchmark.comparison_runner import ComparisonRunner, ServerLostError, run_comparison
 from lightllm.benchmark.report_writer import render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
-from lightllm.benchmark.server_launcher import ServerStartError, stop_servers_on_sigterm
+from lightllm.benchmark.deployment import stop_servers_on_sigterm
+from lightllm.benchmark.server_process import ServerStartError
 
 # The options and the runner live in their own modules; they stay importable from here, the
 # module callers and docs have always named.
@@ -185,7 +197,7 @@ def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns 1 if any measured request failed, else 0."""
+    """CLI entry point; returns 1 if any measured request failed or a server failed, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -193,13 +205,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = options_from_args(args, argv)
         options.validate()
         topology = make_topology(args.topology, **topology_kwargs(args))
+        check_out_dir(options.out_dir)  # last: it creates the directory
     except ValueError as exc:
         parser.error(str(exc))
     try:
         report = run_comparison(options, topology)
-    except ServerStartError as exc:
+    except (ServerStartError, ServerLostError) as exc:
+        # Every server is stopped by now; a ServerLostError's message says whether a report of
+        # the completed repeats was written.
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C is a request, not a fault: one line (every server is stopped by now), the
+        # conventional 128 + SIGINT exit code, and no traceback.
+        print("error: interrupted; every server it started was stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
     print(render_markdown(report))
     print(f"report written to {Path(options.out_dir).resolve()}")
     failed = sum(n for section in report["workloads"].values() for n in section["failed"].values())

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
+from pathlib import Path
 
 from lightllm.benchmark.bench_serving import BenchmarkConfig
-from lightllm.benchmark.server_launcher import ServerSpec
+from lightllm.benchmark.deployment import ServerSpec
 from lightllm.benchmark.workloads import WorkloadConfig, build_workload
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
@@ -22,12 +24,30 @@ def check_server_args(model_dir: str, strategy: str, server_args: list[str]) -> 
     """Refuse, before any server starts, server flags the launcher owns (it sets them itself).
 
     A flag the server itself refuses stops its start within a second; the runner reports the
-    server's one-line error then (:func:`~lightllm.benchmark.server_launcher.startup_error_line`).
+    server's one-line error then (:func:`~lightllm.benchmark.server_process.startup_error_line`).
     """
     try:
         ServerSpec(model_dir, strategy, tuple(server_args))
     except ValueError as exc:
         raise ValueError(f"server_args: {exc}") from None
+
+
+def check_out_dir(path: str) -> None:
+    """Create ``path`` (and its parents) and make sure a file can be written in it.
+
+    Checked before any server starts: a run that can write nothing loses everything it
+    measured.  Creating the directory is the only reliable test (permission bits say nothing
+    for root, nor for /proc or a read-only mount).
+
+    Raises:
+        ValueError: naming ``--out-dir`` and the reason.
+    """
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out-dir {path!r} cannot be created or written: {exc.strerror or exc}") from None
 
 
 @dataclasses.dataclass
@@ -58,6 +78,10 @@ class ComparisonOptions:
         """Raise ValueError naming the first invalid field."""
         if not self.model_dir or not os.path.isdir(self.model_dir):
             raise ValueError(f"model_dir must be an existing directory, got {self.model_dir!r}")
+        # Refused here, not at the end: the seed also seeds the bootstrap, which runs only after
+        # every server was measured.
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not self.workloads:
             raise ValueError("workloads must name at least one workload")
         names = [w.name for w in self.workloads]

@@ -18,6 +18,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from lightllm.benchmark.bench_serving import load_tokenizer, run_benchmark
 from lightllm.benchmark.comparison_metrics import analyze_runs, rotated_order
 from lightllm.benchmark.comparison_options import ComparisonOptions
@@ -25,8 +27,26 @@ from lightllm.benchmark.metrics import read_records_jsonl
 from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.report_writer import write_json, write_report
 from lightllm.benchmark.run_environment import git_info, machine_info
-from lightllm.benchmark.server_launcher import Deployment, ServerSpec, Topology, launch_all
+from lightllm.benchmark.deployment import Deployment, ServerSpec
+from lightllm.benchmark.server_launcher import Topology, launch_all
 from lightllm.benchmark.workloads import WorkloadConfig
+
+
+class ServerLostError(RuntimeError):
+    """A compared deployment stopped running or answering during the comparison (one-line message)."""
+
+
+@dataclasses.dataclass
+class Measurement:
+    """The measured repeats of one workload that completed for every strategy.
+
+    ``error`` is set when a server died: ``runs`` and ``orders`` then hold only the repeats
+    before the one it broke (possibly none).
+    """
+
+    runs: dict[str, list[dict[str, Any]]]
+    orders: list[list[str]]
+    error: ServerLostError | None = None
 
 
 def _load_average() -> list[float] | None:
@@ -46,21 +66,39 @@ class ComparisonRunner:
         self.builder = builder
         self.out_dir = Path(options.out_dir)
 
-    def _run(
-        self, strategy: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
-    ) -> dict[str, Any]:
+    def _check_alive(self, strategy: str, what: str) -> None:
         deployment = self.deployments[strategy]
         if not deployment.is_alive():
             logs = ", ".join(str(p) for p in deployment.log_paths)
-            raise RuntimeError(f"the {strategy} server is no longer running; see {logs}")
+            raise ServerLostError(f"the {strategy} server stopped running ({what}); see {logs}")
+
+    def _run(
+        self, strategy: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
+    ) -> dict[str, Any]:
+        self._check_alive(strategy, f"before {namespace}")
+        deployment = self.deployments[strategy]
         config = self.options.benchmark_config(deployment.base_url, workload, namespace, output_jsonl)
-        summary = asyncio.run(run_benchmark(config, self.builder))
+        try:
+            summary = asyncio.run(run_benchmark(config, self.builder))
+        except httpx.HTTPError as exc:
+            # Requests record their own failures; what raises is the run's set-up (the model
+            # name query), which fails when the server is gone.
+            self._check_alive(strategy, f"during {namespace}")
+            raise ServerLostError(f"the {strategy} server at {deployment.base_url} stopped answering "
+                                  f"(during {namespace}): {type(exc).__name__}: {exc}") from None
+        # A server that died during the run failed its requests: the run measured the death, not
+        # the strategy, so it must not count.
+        self._check_alive(strategy, f"during {namespace}")
         # Let the server finish bookkeeping (detokenization, cache release) before the next run.
         time.sleep(self.options.settle_s)
         return summary
 
     def warm_up(self, workload: WorkloadConfig) -> dict[str, list[dict[str, Any]]]:
-        """Unmeasured full passes of ``workload`` on every server, with prompts of their own."""
+        """Unmeasured full passes of ``workload`` on every server, with prompts of their own.
+
+        Raises:
+            ServerLostError: a server stopped running.
+        """
         notes: dict[str, list[dict[str, Any]]] = {s: [] for s in self.options.strategies}
         for k in range(self.options.warmup):
             for strategy in self.options.strategies:
@@ -68,36 +106,49 @@ class ComparisonRunner:
                 notes[strategy].append({"duration_s": summary["duration_s"], "failed": summary["overall"]["failed"]})
         return notes
 
-    def measure(self, workload: WorkloadConfig) -> tuple[dict[str, list[dict[str, Any]]], list[list[str]]]:
-        """Measured repeats in rotated order; returns run entries per strategy and the visit orders."""
+    def measure(self, workload: WorkloadConfig) -> Measurement:
+        """Measured repeats in rotated order: run entries per strategy and the visit orders.
+
+        When a server dies the measurement stops there and keeps the repeats completed by every
+        strategy (their raw files stay on disk either way).
+        """
         runs: dict[str, list[dict[str, Any]]] = {s: [] for s in self.options.strategies}
-        orders = []
+        orders: list[list[str]] = []
         for r in range(self.options.repeats):
             order = rotated_order(self.options.strategies, r)
-            orders.append(order)
             repeat_workload = dataclasses.replace(workload, seed=self.options.seed + r)
+            entries: dict[str, dict[str, Any]] = {}
             for position, strategy in enumerate(order):
-                run_dir = self.out_dir / "runs" / workload.name / strategy
-                run_dir.mkdir(parents=True, exist_ok=True)
-                jsonl = run_dir / f"repeat{r}.jsonl"
-                namespace = f"{workload.name}-repeat-{r}"
-                # Load averages around each run show when other work on the machine overlapped it.
-                load_before = _load_average()
-                summary = self._run(strategy, repeat_workload, namespace, str(jsonl))
-                load_after = _load_average()
-                summary_path = write_json(summary, run_dir / f"repeat{r}.json")
-                runs[strategy].append({
-                    "repeat": r,
-                    "position": position,
-                    "seed": repeat_workload.seed,
-                    "prompt_namespace": namespace,
-                    "records_jsonl": str(jsonl.relative_to(self.out_dir)),
-                    "summary_json": str(summary_path.relative_to(self.out_dir)),
-                    "load_average_before": load_before,
-                    "load_average_after": load_after,
-                    "summary": summary,
-                })
-        return runs, orders
+                try:
+                    entries[strategy] = self._measure_one(strategy, repeat_workload, r, position)
+                except ServerLostError as exc:
+                    return Measurement(runs, orders, exc)
+            orders.append(order)
+            for strategy, entry in entries.items():
+                runs[strategy].append(entry)
+        return Measurement(runs, orders)
+
+    def _measure_one(self, strategy: str, workload: WorkloadConfig, r: int, position: int) -> dict[str, Any]:
+        run_dir = self.out_dir / "runs" / workload.name / strategy
+        run_dir.mkdir(parents=True, exist_ok=True)
+        jsonl = run_dir / f"repeat{r}.jsonl"
+        namespace = f"{workload.name}-repeat-{r}"
+        # Load averages around each run show when other work on the machine overlapped it.
+        load_before = _load_average()
+        summary = self._run(strategy, workload, namespace, str(jsonl))
+        load_after = _load_average()
+        summary_path = write_json(summary, run_dir / f"repeat{r}.json")
+        return {
+            "repeat": r,
+            "position": position,
+            "seed": workload.seed,
+            "prompt_namespace": namespace,
+            "records_jsonl": str(jsonl.relative_to(self.out_dir)),
+            "summary_json": str(summary_path.relative_to(self.out_dir)),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+            "summary": summary,
+        }
 
     def ttft_samples(self, runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
         """TTFTs (ms) per strategy and request class, pooled over the measured repeats."""
@@ -112,8 +163,18 @@ class ComparisonRunner:
         return samples
 
 
-def run_comparison(options: ComparisonOptions, topology: Topology) -> dict[str, Any]:
-    """Start one server per strategy, run every workload, write the report; return it."""
+def run_comparison(
+    options: ComparisonOptions, topology: Topology, builder: PromptBuilder | None = None
+) -> dict[str, Any]:
+    """Start one server per strategy, run every workload, write the report; return it.
+
+    ``builder`` reuses a prompt builder (default: one for ``options.model_dir``'s tokenizer).
+
+    Raises:
+        ServerLostError: a server stopped running mid-run.  Every server is stopped first; the
+            report is still written when at least one repeat completed for every strategy (it
+            covers those repeats and says the run stopped early), and the message says whether.
+    """
     options.validate()
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,9 +201,11 @@ def run_comparison(options: ComparisonOptions, topology: Topology) -> dict[str, 
         "machine": machine_info(),
         "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    builder = PromptBuilder(load_tokenizer(options.model_dir))
+    if builder is None:
+        builder = PromptBuilder(load_tokenizer(options.model_dir))
     report: dict[str, Any] = {"meta": meta, "workloads": {}}
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
+    stopped: ServerLostError | None = None
     with ExitStack() as stack:
         specs = [ServerSpec(options.model_dir, s, tuple(server_args)) for s in options.strategies]
         launched = launch_all(topology, specs, out / "logs", parallel=options.parallel_start)
@@ -152,24 +215,51 @@ def run_comparison(options: ComparisonOptions, topology: Topology) -> dict[str, 
         meta["servers"] = {s: d.describe() for s, d in deployments.items()}
         runner = ComparisonRunner(options, deployments, builder)
         for workload in options.workloads:
-            warmup = runner.warm_up(workload)
-            runs, orders = runner.measure(workload)
-            analysis = analyze_runs(
-                {s: [e["summary"] for e in entries] for s, entries in runs.items()},
-                options.baseline,
-                resamples=options.bootstrap_resamples,
-                confidence=options.confidence,
-                seed=options.seed,
-            )
-            report["workloads"][workload.name] = {
-                "workload": dataclasses.asdict(workload),
-                "repeat_seeds": [options.seed + r for r in range(options.repeats)],
-                "visit_orders": orders,
-                "warmup": warmup,
-                **analysis,
-                "runs": runs,
-            }
-            samples[workload.name] = runner.ttft_samples(runs)
+            try:
+                warmup = runner.warm_up(workload)
+            except ServerLostError as exc:
+                stopped = exc
+                break
+            measurement = runner.measure(workload)
+            stopped = measurement.error
+            if measurement.orders:
+                report["workloads"][workload.name] = _workload_section(options, workload, warmup, measurement)
+                samples[workload.name] = runner.ttft_samples(measurement.runs)
+            if stopped is not None:
+                break
     meta["finished_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if stopped is None:
+        write_report(report, out, samples)
+        return report
+    meta["stopped_early"] = str(stopped)
+    if not report["workloads"]:
+        raise ServerLostError(f"{stopped}; no measured repeat completed, so no report was written "
+                              f"(the raw runs are under {out / 'runs'})")
     write_report(report, out, samples)
-    return report
+    complete = ", ".join(f"{name}: {len(section['visit_orders'])} of {options.repeats}"
+                         for name, section in report["workloads"].items())
+    raise ServerLostError(f"{stopped}; the report in {out} covers the repeats completed before that ({complete})")
+
+
+def _workload_section(options: ComparisonOptions, workload: WorkloadConfig, warmup: dict[str, list[dict[str, Any]]],
+                      measurement: Measurement) -> dict[str, Any]:
+    """The report section of one workload from its completed repeats."""
+    runs = measurement.runs
+    analysis = analyze_runs(
+        {s: [e["summary"] for e in entries] for s, entries in runs.items()},
+        options.baseline,
+        resamples=options.bootstrap_resamples,
+        confidence=options.confidence,
+        seed=options.seed,
+    )
+    section = {
+        "workload": dataclasses.asdict(workload),
+        "repeat_seeds": [options.seed + r for r in range(len(measurement.orders))],
+        "visit_orders": measurement.orders,
+        "warmup": warmup,
+        **analysis,
+        "runs": runs,
+    }
+    if measurement.error is not None:
+        section["stopped_early"] = str(measurement.error)
+    return section

@@ -196,7 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     _raise_open_file_limit(args.streams + args.hold + 256)
     server = None
     if args.model_dir:
-        from lightllm.benchmark.server_launcher import ServerProcess
+        from lightllm.benchmark.server_process import ServerProcess
 
         extra = args.server_args.split()
         server = ServerProcess.start(["--model_dir", args.model_dir, *extra],
@@ -219,7 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from lightllm.benchmark.server_launcher import stop_servers_on_sigterm
+    from lightllm.benchmark.deployment import stop_servers_on_sigterm
 
     stop_servers_on_sigterm()
     sys.exit(main())

@@ -7,9 +7,12 @@ clock whose zero is the benchmark start; reported latencies are milliseconds.
 Definitions (per request, successful requests only):
 
 * TTFT = first_token_time - send_time
-* E2E  = end_time - send_time
+* E2E  = end_time - send_time, where a successful request's end_time is its last output
+  arrival (not a protocol trailer such as the OpenAI usage chunk or ``[DONE]``)
 * TPOT = (E2E - TTFT) / (output_tokens - 1); undefined (excluded) for one-token outputs
-* ITL  = gaps between consecutive token arrivals, pooled over all requests of a group
+* ITL  = gaps between consecutive output arrivals (``token_times``), pooled over all requests
+  of a group: per token for LightLLM's native API, per streamed output chunk for the OpenAI
+  APIs, where a chunk may carry several tokens (see :mod:`lightllm.benchmark.backends`)
 * send lag = send_time - scheduled_time (client-side schedule deviation; all sent requests)
 
 Throughputs divide by the benchmark duration, last end time minus first send time over

@@ -7,14 +7,15 @@ cancels that shared part:
 
 * per repeat ``r``: ``d_r = ln(candidate_r / baseline_r)``;
 * estimate: ``mean(d)``, reported as a percent change ``exp(mean(d)) - 1``;
-* 95% interval: percentile bootstrap of ``mean(d)`` over repeats (repeats are drawn
-  with replacement, the mean recomputed, and the 2.5th / 97.5th percentiles of those
-  means converted to percent the same way).
+* interval at ``confidence`` (95% by default): percentile bootstrap of ``mean(d)`` over
+  repeats (repeats are drawn with replacement, the mean recomputed, and the 2.5th / 97.5th
+  percentiles at 95% of those means converted to percent the same way).
 
 Log ratios make +x% and -x% symmetric in the average (a 2x slowdown and a 2x speedup
 cancel) and the exponent of their mean is the geometric mean of the ratios. With very
 few repeats the bootstrap interval is optimistic (it cannot be wider than the spread
-of the observed ratios); with one repeat it collapses to the point estimate.
+of the observed ratios); with one repeat it collapses to the point estimate, and with two it
+is at most the range of the two ratios, so neither is a confidence interval (the report says so).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A PD cluster (PD master + x prefill nodes + y decode nodes) as one benchmark deployment.
 
 :class:`PdTopology` (``--topology 1p1d``, ``2p1d``, ``1p2d`` or ``2p2d`` of ``compare_strategies``)
-starts, per :class:`~lightllm.benchmark.server_launcher.ServerSpec`, ``1 + x + y``
+starts, per :class:`~lightllm.benchmark.deployment.ServerSpec`, ``1 + x + y``
 ``python -m lightllm.server.api_server`` processes on this host:
 
 * the master (``--run_mode pd_master``) with ``--model_dir`` and the topology's ``master_args``;
@@ -18,13 +18,18 @@ cluster exactly as a normal server.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from lightllm.benchmark.server_launcher import Deployment, ServerProcess, ServerSpec, Topology, safe_label
+import httpx
+
+from lightllm.benchmark.launch_guard import LaunchGuard
+from lightllm.benchmark.deployment import Deployment, ServerSpec
+from lightllm.benchmark.server_launcher import Topology, launch_concurrently, safe_label
+from lightllm.benchmark.server_process import ServerProcess
 from lightllm.utils.process_utils import free_port
 
 # Flags the cluster launcher sets itself on the nodes (besides ServerSpec's reserved ones).
@@ -149,7 +154,10 @@ class PdTopology(Topology):
         # standing (cores - 1) of a node that had the machine to itself.
         return {"LIGHTLLM_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) - 1))}
 
-    def launch(self, spec: ServerSpec, log_dir: Path) -> PdCluster:
+    def launch(self, spec: ServerSpec, log_dir: Path, guard: LaunchGuard | None = None) -> PdCluster:
+        # A launch of its own when the caller gives no guard: the node threads below must be
+        # cancellable even when this runs in the main thread (a Ctrl-C lands there).
+        guard = LaunchGuard() if guard is None else guard
         master_port = free_port(self.host)
         commands = cluster_commands(spec, self.master_args, self.host, master_port, self.prefill_nodes, self.decode_nodes)
         label = safe_label(spec.strategy)
@@ -162,28 +170,22 @@ class PdTopology(Topology):
             # answers, so its start-up overlaps theirs.
             started["master"] = ServerProcess.start(
                 commands["master"], logs["master"], host=self.host, port=master_port,
-                start_timeout_s=self.start_timeout_s, ready=lambda _url: True,
+                start_timeout_s=self.start_timeout_s, ready=lambda _url: True, guard=guard,
             )
-            # Every node loads at once; each is up when its own /health answers 200.
-            with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="pd-node") as pool:
-                futures = {
-                    name: pool.submit(
-                        ServerProcess.start, commands[name], logs[name], host=self.host,
-                        start_timeout_s=self.start_timeout_s, env=self._env(name.split("_")[0]),
-                    )
-                    for name in nodes
-                }
-            errors = []
-            for role, future in futures.items():
-                if future.exception() is None:
-                    started[role] = future.result()
-                else:
-                    errors.append(future.exception())
-            if errors:
-                raise errors[0]
+            # Every node loads at once; each is up when its own /health answers 200.  All or
+            # none: a failed or interrupted node start stops the others (launch_concurrently).
+            node_starts = [
+                functools.partial(
+                    ServerProcess.start, commands[name], logs[name], host=self.host,
+                    start_timeout_s=self.start_timeout_s, env=self._env(name.split("_")[0]), guard=guard,
+                )
+                for name in nodes
+            ]
+            for name, process in zip(nodes, launch_concurrently(guard, node_starts, "pd-node")):
+                started[name] = process  # type: ignore[assignment]
             # Serving only once the master counts every node alive.
-            started["master"].wait_ready(max(deadline - time.monotonic(), 1.0))
-            _wait_for_nodes(started["master"].base_url, len(nodes), deadline)
+            started["master"].wait_ready(max(deadline - time.monotonic(), 1.0), guard=guard)
+            _wait_for_nodes(started["master"].base_url, len(nodes), deadline, guard)
         except BaseException:
             for name in reversed(list(started)):
                 started[name].stop()
@@ -204,13 +206,12 @@ class PdTopology(Topology):
 
 
 
-def _wait_for_nodes(master_url: str, count: int, deadline: float) -> None:
+def _wait_for_nodes(master_url: str, count: int, deadline: float, guard: LaunchGuard) -> None:
     """Wait until the master lists ``count`` registered nodes (its /health needs only one per role)."""
-    import httpx
-
     key = os.environ.get("LIGHTLLM_PD_CLUSTER_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     while True:
+        guard.check()
         try:
             answer = httpx.get(f"{master_url}/pd/nodes", headers=headers, timeout=5)
             if answer.status_code == 200 and len(answer.json().get("nodes", [])) >= count:
@@ -219,7 +220,7 @@ def _wait_for_nodes(master_url: str, count: int, deadline: float) -> None:
             pass
         if time.monotonic() > deadline:
             raise TimeoutError(f"the PD master at {master_url} did not list {count} nodes in time")
-        time.sleep(0.2)
+        guard.sleep(0.2)
 
 
 def _sized(prefill_nodes: int, decode_nodes: int) -> type[PdTopology]:

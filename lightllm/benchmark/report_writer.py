@@ -53,10 +53,29 @@ def format_percent(value: float | None) -> str:
 
 
 def format_change(change: Mapping[str, Any] | None) -> str:
-    """``-9.1% [-13.9, -6.3]`` from a PairedChange dict; a dash when it has no pairs."""
+    """``-9.1% [-13.9, -6.3] n=3`` from a PairedChange dict (n: the pairs it rests on); a dash without pairs."""
     if not change or change.get("percent") is None:
         return "-"
-    return f"{change['percent']:+.1f}% [{change['ci_low_percent']:+.1f}, {change['ci_high_percent']:+.1f}]"
+    text = f"{change['percent']:+.1f}% [{change['ci_low_percent']:+.1f}, {change['ci_high_percent']:+.1f}]"
+    return text + (f" n={change['pairs']}" if change.get("pairs") is not None else "")
+
+
+def change_confidence(changes: Mapping[str, Mapping[str, Any]], default: float = 0.95) -> float:
+    """The confidence the intervals of ``changes`` (strategy -> metric -> PairedChange dict) were computed at."""
+    for per_metric in changes.values():
+        for change in per_metric.values():
+            if change and change.get("confidence") is not None:
+                return float(change["confidence"])
+    return default
+
+
+def _few_pairs_note(changes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A warning when an interval rests on one or two pairs, where the bootstrap cannot estimate anything."""
+    pairs = [c.get("pairs") for per in changes.values() for c in per.values() if c and c.get("percent") is not None]
+    if not pairs or min(pairs) > 2:
+        return []
+    return ["", "With n=1 the interval is the point estimate itself, and with n=2 it is at most the range of the "
+            "two ratios: neither is a confidence interval. Measure more repeats before relying on it."]
 
 
 def _output_lens(cfg: Mapping[str, Any]) -> str:
@@ -114,7 +133,12 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
         commit += " (uncommitted changes)"
     machine = meta.get("machine") or {}
     boot = meta.get("bootstrap") or {}
-    return [
+    stopped = (
+        [f"- **Stopped early**: {meta['stopped_early']}. Only repeats every strategy completed are reported; "
+         "workloads after that were not run."]
+        if meta.get("stopped_early") else []
+    )
+    return stopped + [
         f"- Model: `{meta.get('model_dir')}`; topology: {meta.get('topology', {}).get('name', 'normal')}",
         f"- Strategies: {', '.join(meta['strategies'])} (baseline {meta['baseline']})",
         f"- Server args (identical for every strategy): `{shlex.join(meta.get('server_args', []))}`",
@@ -137,6 +161,9 @@ def render_workload_markdown(name: str, section: Mapping[str, Any], strategies: 
     """Markdown for one workload: absolute table, change table and failure note."""
     medians, changes = section["medians"], section.get("changes", {})
     lines = [f"## {name}", "", f"Workload: {describe_workload(section['workload'])}.", ""]
+    if section.get("stopped_early"):
+        lines += [f"**Stopped early** after {len(section.get('visit_orders', []))} complete repeat(s): "
+                  f"{section['stopped_early']}. Only the complete repeats are reported.", ""]
     header = [
         "Strategy",
         "Short TTFT median / P95 (ms)",
@@ -161,12 +188,14 @@ def render_workload_markdown(name: str, section: Mapping[str, Any], strategies: 
     lines += _table(header, rows)
     others = [s for s in strategies if s != baseline]
     if others:
-        lines += ["", f"Change vs {baseline} [95% CI]", ""]
+        confidence = change_confidence(changes)
+        lines += ["", f"Change vs {baseline} [{100 * confidence:g}% CI] (n: paired repeats the interval rests on)", ""]
         change_rows = [
             [strategy] + [format_change(changes.get(strategy, {}).get(m.key)) for m in COMPARISON_METRICS]
             for strategy in others
         ]
         lines += _table(["Strategy"] + [m.label for m in COMPARISON_METRICS], change_rows)
+        lines += _few_pairs_note({s: changes.get(s, {}) for s in others})
     failed = section.get("failed", {})
     if any(failed.get(s) for s in strategies):
         note = ", ".join(f"{s}: {failed.get(s, 0)}" for s in strategies)
@@ -246,7 +275,10 @@ def plot_throughput(
         ax2.bar(others, points, yerr=[err_low, err_high], capsize=6, color=colors, alpha=0.8)
         ax2.axhline(0.0, color="black", linewidth=0.8)
         ax2.set_ylabel(f"change vs {baseline} (%)")
-        ax2.set_title("paired change (whiskers: 95% bootstrap interval)")
+        confidence = change_confidence({s: section["changes"][s] for s in others})
+        pairs = sorted({c["pairs"] for c in changes})
+        ax2.set_title(f"paired change (whiskers: {100 * confidence:g}% bootstrap interval, "
+                      f"n={'/'.join(map(str, pairs))} pairs)")
         ax2.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title)
     path = Path(path)

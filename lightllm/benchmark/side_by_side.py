@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from lightllm.benchmark.server_launcher import ServerProcess, stop_servers_on_sigterm
+from lightllm.benchmark.deployment import stop_servers_on_sigterm
+from lightllm.benchmark.server_process import ServerProcess
 from lightllm.utils.process_utils import free_port
 
 ENGINES = ("ours", "vllm_default", "vllm_every_core")

@@ -314,7 +314,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     server = None
     if args.model_dir is not None:
-        from lightllm.benchmark.server_launcher import ServerProcess
+        from lightllm.benchmark.server_process import ServerProcess
 
         server_args = ["--model_dir", args.model_dir, *shlex.split(args.server_args)]
         server = ServerProcess.start(server_args, Path(args.log_dir) / "soak_server.log")
@@ -358,7 +358,7 @@ def _memory_info() -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    from lightllm.benchmark.server_launcher import stop_servers_on_sigterm
+    from lightllm.benchmark.deployment import stop_servers_on_sigterm
 
     stop_servers_on_sigterm()
     sys.exit(main())

@@ -12,21 +12,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
-from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
+from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
-from lightllm.benchmark.simulator.runner import check_choice, run_matrix
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIO_GROUPS, SCENARIOS, SEED_BUDGETS, resolve_scenarios
+from lightllm.benchmark.simulator.runner import check_fits_kv, run_matrix
+from lightllm.benchmark.simulator.scenarios import (
+    MODES,
+    SCENARIO_GROUPS,
+    SCENARIOS,
+    SEED_BUDGETS,
+    ScenarioSpec,
+    resolve_scenarios,
+)
 from lightllm.benchmark.simulator.soak import SoakConfig, run_soaks
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
 
 def _csv(text: str) -> List[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _refuse_repeats(values: Sequence[Any], flag: str) -> None:
+    """A value named twice would be simulated twice and printed twice: refuse it."""
+    seen: Set[Any] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{flag} names {value!r} twice; name each once")
+        seen.add(value)
+
+
+def _names(text: str, flag: str, choices: Sequence[str]) -> List[str]:
+    """The comma list ``text`` of ``flag``: at least one, each among ``choices``, none twice."""
+    names = _csv(text)
+    if not names:
+        raise ValueError(f"{flag} must name at least one of {', '.join(choices)}; got {text!r}")
+    for name in names:
+        if name not in choices:
+            raise ValueError(f"{flag} must name some of {', '.join(choices)}; got {name!r}")
+    _refuse_repeats(names, flag)
+    return names
 
 
 def _budgets(values: Optional[List[str]]) -> List[int]:
@@ -38,11 +67,68 @@ def _budgets(values: Optional[List[str]]) -> List[int]:
             try:
                 budget = int(part)
             except ValueError:
-                raise ValueError(f"budget must be an integer number of tokens, got {part!r}") from None
+                raise ValueError(f"--budget must be an integer number of tokens, got {part!r}") from None
             if budget < 1:
-                raise ValueError(f"budget must be >= 1, got {budget}")
+                raise ValueError(f"--budget must be >= 1, got {budget}")
             budgets.append(budget)
+    if not budgets:
+        raise ValueError(f"--budget must name at least one budget; got {','.join(values)!r}")
+    _refuse_repeats(budgets, "--budget")
     return budgets
+
+
+def _scenarios(values: Optional[List[str]]) -> List[ScenarioSpec]:
+    names = [name for value in values or ["seed_all"] for name in _csv(value)]
+    known = list(SCENARIOS) + list(SCENARIO_GROUPS)
+    if not names:
+        raise ValueError(f"--scenario must name at least one of {', '.join(known)}; got {','.join(values or [])!r}")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"--scenario must name some of {', '.join(known)}; got {name!r}")
+    # Groups may overlap (seed_all holds long_first): the union runs each scenario once.
+    return resolve_scenarios(names)
+
+
+def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[int], modes: List[str]) -> SoakConfig:
+    """The soak run the ``--soak-*`` flags describe; a bad value raises ValueError naming its flag."""
+    defaults = SoakConfig(hours=1.0)
+    if not (math.isfinite(args.soak_hours) and args.soak_hours > 0):
+        raise ValueError(f"--soak-hours must be a finite number > 0, got {args.soak_hours}")
+    load = defaults.load if args.soak_load is None else args.soak_load
+    if not 0 < load < 1:
+        raise ValueError(f"--soak-load must be within (0, 1), got {load}")
+    if args.soak_rate is not None and not (math.isfinite(args.soak_rate) and args.soak_rate > 0):
+        raise ValueError(f"--soak-rate must be a finite number > 0, got {args.soak_rate}")
+    long_len = defaults.long_len if args.soak_long_len is None else args.soak_long_len
+    if long_len < 1:
+        raise ValueError(f"--soak-long-len must be >= 1, got {long_len}")
+    long_fraction = defaults.long_fraction if args.soak_long_fraction is None else args.soak_long_fraction
+    if not 0 <= long_fraction <= 1:
+        raise ValueError(f"--soak-long-fraction must be within [0, 1], got {long_fraction}")
+    if args.scenario:
+        raise ValueError("--scenario does not apply with --soak-hours (a soak run replaces the scenario tables)")
+    for flag, given, values in (("--modes", args.modes, modes), ("--budget", args.budget, budgets)):
+        if given is not None and len(values) > 1:
+            raise ValueError(f"{flag} must name one value with --soak-hours (a soak run simulates one), got {values}")
+    need = max(long_len, defaults.short_len) + defaults.output_len
+    if need > profile.max_total_token_num:
+        raise ValueError(
+            f"--soak-long-len {long_len}: a request needs {need} KV tokens (prompt + {defaults.output_len} output), "
+            f"more than the {profile.max_total_token_num} of --profile {profile.name}"
+        )
+    return SoakConfig(
+        hours=args.soak_hours,
+        load=load,
+        request_rate=args.soak_rate,
+        long_len=long_len,
+        long_fraction=long_fraction,
+        budget=budgets[0],
+        mode=modes[0],
+        seed=args.seed,
+        running_max_req_size=args.running_max_req_size,
+        overtake_bound=overtake_bound_from_cli(args),
+        mixed_batches=args.mixed_batches,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill budget: batch_max_tokens = chunked_prefill_size; repeatable or comma-separated "
         f"(default {','.join(map(str, SEED_BUDGETS))})",
     )
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated node kinds: {', '.join(MODES)}")
+    parser.add_argument("--modes", help=f"comma-separated node kinds: {', '.join(MODES)} (default all; normal "
+                        "with --soak-hours)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
     parser.add_argument("--running-max-req-size", type=int, default=256, help="router's running request cap")
     add_overtake_bound_arguments(parser)
@@ -87,45 +174,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", dest="markdown_path", help="also write the Markdown report here")
     soak = parser.add_argument_group("soak mode (replaces the scenario tables)")
     soak.add_argument("--soak-hours", type=float, help="simulate this many hours of sustained traffic per strategy")
-    soak.add_argument("--soak-load", type=float, default=0.7, help="fraction of estimated capacity (default 0.7)")
+    # The other soak flags default to None so that giving one without --soak-hours is noticed.
+    soak.add_argument("--soak-load", type=float, help="fraction of estimated capacity (default 0.7)")
     soak.add_argument("--soak-rate", type=float, help="request rate in req/s (overrides --soak-load)")
-    soak.add_argument("--soak-long-len", type=int, default=8192, help="long prompt length (default 8192)")
-    soak.add_argument("--soak-long-fraction", type=float, default=0.25, help="share of long requests (default 0.25)")
+    soak.add_argument("--soak-long-len", type=int, help="long prompt length (default 8192)")
+    soak.add_argument("--soak-long-fraction", type=float, help="share of long requests (default 0.25)")
     return parser
 
 
+_SOAK_ONLY_FLAGS = {"soak_load": "--soak-load", "soak_rate": "--soak-rate", "soak_long_len": "--soak-long-len",
+                    "soak_long_fraction": "--soak-long-fraction"}
+
+
 def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
-    """Execute the parsed command; return the Markdown report and the JSON document."""
+    """Execute the parsed command; return the Markdown report and the JSON document.
+
+    Every flag is checked before anything is simulated; a bad one raises ValueError naming it.
+    """
     profile = load_profile(args.profile)
-    strategies = _csv(args.strategies)
-    if not strategies:
-        raise ValueError("strategies must name at least one strategy")
-    for strategy in strategies:
-        check_choice(strategy, available_strategy_names(), "strategies")
-    modes = _csv(args.modes)
-    for mode in modes:
-        check_choice(mode, MODES, "modes")
+    strategies = _names(args.strategies, "--strategies", available_strategy_names())
+    modes = _names(",".join(MODES) if args.modes is None else args.modes, "--modes", MODES)
     budgets = _budgets(args.budget)
     if args.seed < 0:
-        raise ValueError(f"seed must be >= 0, got {args.seed}")
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.running_max_req_size < 1:
+        raise ValueError(f"--running-max-req-size must be >= 1, got {args.running_max_req_size}")
     overtake_bound_from_cli(args)  # refuse bad values before any case runs
     if args.soak_hours is not None:
-        cfg = SoakConfig(
-            hours=args.soak_hours,
-            load=args.soak_load,
-            request_rate=args.soak_rate,
-            long_len=args.soak_long_len,
-            long_fraction=args.soak_long_fraction,
-            budget=budgets[0],
-            mode=modes[0],
-            seed=args.seed,
-            running_max_req_size=args.running_max_req_size,
-            overtake_bound=overtake_bound_from_cli(args),
-            mixed_batches=args.mixed_batches,
-        )
+        cfg = _soak_config(args, profile, budgets, modes)
         soaks = run_soaks(profile, strategies, cfg)
         return soak_markdown(profile, cfg, soaks), soak_json(profile, cfg, soaks)
-    scenarios = resolve_scenarios([name for value in args.scenario or ["seed_all"] for name in _csv(value)])
+    ignored = [flag for name, flag in _SOAK_ONLY_FLAGS.items() if getattr(args, name) is not None]
+    if ignored:
+        raise ValueError(f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} with --soak-hours")
+    scenarios = _scenarios(args.scenario)
+    for scenario in scenarios:
+        # A request that can never fit the KV cache stalls the simulation after a while; say so now.
+        try:
+            check_fits_kv(profile, scenario.build(args.seed), f"scenario {scenario.name}")
+        except ValueError as exc:
+            raise ValueError(f"--profile {args.profile}: {exc}") from None
 
     def progress(key: Any) -> None:
         print(f"simulating {key.scenario} / {key.mode} / {key.budget} / {key.strategy}", file=sys.stderr)

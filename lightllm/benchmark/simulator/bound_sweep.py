@@ -15,7 +15,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
-from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, simulate_workload
+from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
@@ -114,14 +114,26 @@ def _parse_cells(text: str) -> List[Tuple[str, str, int]]:
     for part in text.split(","):
         fields = part.strip().split("/")
         if len(fields) != 3 or not fields[2].isdigit():
-            raise ValueError(f"a cell is scenario/mode/budget, e.g. sustained/1p1d/1024; got {part!r}")
+            raise ValueError(f"--cells: a cell is scenario/mode/budget, e.g. sustained/1p1d/1024; got {part!r}")
         scenario, mode, budget = fields
         if scenario not in SCENARIOS:
-            raise ValueError(f"cell scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
+            raise ValueError(f"--cells: cell scenario must be one of {', '.join(SCENARIOS)}; got {scenario!r}")
         if mode not in MODES:
-            raise ValueError(f"cell mode must be one of {', '.join(MODES)}; got {mode!r}")
+            raise ValueError(f"--cells: cell mode must be one of {', '.join(MODES)}; got {mode!r}")
+        if int(budget) < 1:
+            raise ValueError(f"--cells: cell budget must be >= 1; got {part!r}")
         cells.append((scenario, mode, int(budget)))
+    _refuse_repeats(cells, "--cells")
     return cells
+
+
+def _refuse_repeats(values: Sequence[object], flag: str) -> None:
+    """A value named twice would be simulated (and printed) twice: refuse it."""
+    seen = []
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{flag} names {value!r} twice; name each once")
+        seen.append(value)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -137,18 +149,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        bounds = [OvertakeBoundSpec.off()] + [
-            OvertakeBoundSpec(_number(int, base, "--bases"), _number(float, fraction, "--fractions"))
-            for base in args.bases.split(",")
-            for fraction in args.fractions.split(",")
-        ]
+        bases = [_number(int, base, "--bases") for base in args.bases.split(",")]
+        fractions = [_number(float, fraction, "--fractions") for fraction in args.fractions.split(",")]
+        _refuse_repeats(bases, "--bases")
+        _refuse_repeats(fractions, "--fractions")
+        bounds = [OvertakeBoundSpec.off()] + [OvertakeBoundSpec(base, fraction) for base in bases for fraction in fractions]
         cells = _parse_cells(args.cells)
         profile = load_profile(args.profile)
-        strategies = [s for s in args.strategies.split(",") if s]
+        strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
         unknown = [s for s in strategies if s not in available_strategy_names()]
         if unknown or not strategies:
             raise ValueError(f"--strategies must name some of {', '.join(available_strategy_names())}; "
                              f"got {args.strategies!r}")
+        _refuse_repeats(strategies, "--strategies")
+        if args.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {args.seed}")
+        for scenario in sorted({cell[0] for cell in cells}):
+            try:
+                check_fits_kv(profile, SCENARIOS[scenario].build(args.seed), f"scenario {scenario}")
+            except ValueError as exc:
+                raise ValueError(f"--profile {args.profile}: {exc}") from None
     except ValueError as exc:
         parser.error(str(exc))
     rows = sweep(profile, bounds, cells, strategies, args.seed)

@@ -8,6 +8,7 @@ from typing import Callable, List, Optional, Tuple
 
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.runner import check_fits_kv
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
@@ -33,7 +34,12 @@ def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, 
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {args.mode!r}")
     if args.budget < 1:
         raise ValueError(f"budget must be >= 1, got {args.budget}")
-    return load_profile(args.profile), SCENARIOS[args.scenario], args.mode, args.budget
+    profile, scenario = load_profile(args.profile), SCENARIOS[args.scenario]
+    try:
+        check_fits_kv(profile, scenario.build(args.seed), f"scenario {scenario.name}")
+    except ValueError as exc:
+        raise ValueError(f"--profile {args.profile}: {exc}") from None
+    return profile, scenario, args.mode, args.budget
 
 
 def int_range(text: str) -> List[int]:

@@ -54,6 +54,22 @@ def check_choice(value: str, choices: Sequence[str], param: str) -> str:
     return value
 
 
+def check_fits_kv(profile: CostProfile, workload: Sequence[ScheduledRequest], what: str = "workload") -> None:
+    """Refuse a workload with a request the profile's KV cache can never hold (ValueError naming it).
+
+    By its end a request holds its prompt and its output in KV (a 1P1D decode node reserves both
+    at once).  One that needs more than the whole cache is admitted alone once nothing else runs,
+    and then can never move: the simulation would stall only after everything before it ran.
+    """
+    worst = max(workload, key=lambda r: r.prompt_len + r.output_len, default=None)
+    if worst is not None and worst.prompt_len + worst.output_len > profile.max_total_token_num:
+        raise ValueError(
+            f"the KV cache of profile {profile.name} holds {profile.max_total_token_num} tokens, but a request of "
+            f"{what} needs {worst.prompt_len + worst.output_len}: its {worst.prompt_len}-token prompt plus "
+            f"{worst.output_len} output tokens"
+        )
+
+
 def server_config(mode: str, budget: int, running_max_req_size: int, **extra: Any) -> SimServerConfig:
     """Config of the node that runs the strategy: ``batch_max_tokens = chunked_prefill_size = budget``."""
     check_choice(mode, MODES, "mode")
@@ -144,7 +160,11 @@ def simulate_workload(
     ``overtake_bound`` is the strategy node's overtaking bound; ``mixed_batches`` runs a normal
     node's decode rows inside its prefill forward (a prefill node never decodes, a decode node
     never prefills, so a 1P1D pair is the same either way).
+
+    Raises:
+        ValueError: a request of ``workload`` needs more KV than the profile has (see :func:`check_fits_kv`).
     """
+    check_fits_kv(profile, workload)
     if mode == "1p1d":
         return simulate_1p1d(
             profile,

@@ -52,6 +52,14 @@ class SoakConfig:
         check_choice(self.mode, MODES, "mode")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"request_rate must be None or > 0, got {self.request_rate!r}")
+        # Checked here rather than left to the workload generator and the cost model, whose
+        # refusals would name their own internals (a chunk size, a KV sum).
+        for name in ("long_len", "short_len", "output_len", "budget"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not 0 <= self.long_fraction <= 1:
+            raise ValueError(f"long_fraction must be within [0, 1], got {self.long_fraction!r}")
 
     def mean_prompt_len(self) -> float:
         """Expected prompt length of one request."""

@@ -27,8 +27,9 @@ from lightllm.benchmark.metrics import read_records_jsonl
 from lightllm.benchmark.workloads import WorkloadConfig
 
 # Requested output lengths that make the canned server misbehave in a specific way.
-FAIL_HTTP, TRUNCATE, ERROR_EVENT, NO_TEXT = 3, 5, 6, 7
+FAIL_HTTP, TRUNCATE, ERROR_EVENT, NO_TEXT, HELD_BACK = 3, 5, 6, 7, 8
 CHAT_TEMPLATE_TOKENS = 5
+LOGPROB_ONLY = "<logprob-only>"
 
 
 def _sse(obj: Any) -> str:
@@ -76,6 +77,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
         def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "finish_reason": finish}
             choice.update({"delta": {} if text is None else {"content": text}} if chat else {"text": text or ""})
+            if text == LOGPROB_ONLY:  # a token of no text yet, sent because logprobs were asked for
+                choice.update({"text": "", "logprobs": {"tokens": ["\ufffd"], "token_logprobs": [-1.0]}})
             return {"id": "x", "choices": [choice]}
 
         async def events() -> Iterator[str]:
@@ -87,6 +90,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
             pieces = ["t0t1"] + [f"t{i}" for i in range(2, n)]
             if n == NO_TEXT:  # every token decodes to no text: only the finish chunk comes
                 pieces = [""]
+            if n == HELD_BACK:  # a token of no text (logprobs chunk), and a last chunk of no text
+                pieces = ["t0t1", "t2", LOGPROB_ONLY, "t4", "t5", "t6", ""]
             for i, piece in enumerate(pieces):
                 last = i == len(pieces) - 1
                 yield _sse(chunk(piece, "length" if last and not chat else None))
@@ -202,6 +207,21 @@ def test_a_stream_whose_tokens_have_no_text_counts_its_finish_as_the_first_token
         for r in records:
             assert r.output_tokens == NO_TEXT and len(r.token_times) == 1
             assert r.send_time <= r.first_token_time <= r.end_time
+
+
+def test_every_chunk_with_output_is_stamped_and_e2e_ends_at_the_last_one(server, tokenizer_dir, tmp_path) -> None:
+    # A chunk merging two tokens is one stamp; a chunk of no text is one when it carries a token
+    # (logprobs) or the finish.  E2E ends there, not at the usage chunk or [DONE] after it.
+    base_url, _ = server
+    config = _config(base_url, tokenizer_dir, "openai-completions", output_len=HELD_BACK)
+    config.output_jsonl = str(tmp_path / "records.jsonl")
+    summary = asyncio.run(run_benchmark(config))
+    records = read_records_jsonl(config.output_jsonl)
+    assert len(records) == 5 and all(r.success for r in records), [r.error for r in records]
+    for r in records:
+        assert r.output_tokens == HELD_BACK and len(r.token_times) == 7
+        assert r.first_token_time == r.token_times[0] and r.end_time == r.token_times[-1]
+    assert summary["overall"]["itl_ms"]["count"] == 5 * 6
 
 
 def test_openai_completions_token_id_prompts(server, tokenizer_dir, builder) -> None:

@@ -44,6 +44,22 @@ def test_compare_strategies_refuses_server_args_the_launcher_owns(tiny_llama_dir
     check_server_args(str(tiny_llama_dir), "default", ["--chunked_prefill_size", "256"])
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--out-dir", "/proc/forbidden/x"], "--out-dir '/proc/forbidden/x' cannot be created or written"),
+    (["--seed", "-1"], "seed must be an integer >= 0, got -1"),
+    (["--workload", "sustained", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
+])
+def test_compare_strategies_refuses_before_any_server_starts(tiny_llama_dir, tmp_path, capsys, extra, message):
+    argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--out-dir", str(tmp_path / "out"), *extra]
+    assert message in _refused(compare_strategies.main, argv, capsys)
+    assert not (tmp_path / "out" / "logs").exists()  # no server was started
+
+
+def test_bench_serving_refuses_a_negative_seed(tiny_llama_dir, capsys):
+    argv = ["--base-url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", str(tiny_llama_dir), "--seed", "-1"]
+    assert "seed must be >= 0, got -1" in _refused(bench_serving.main, argv, capsys)
+
+
 def test_a_server_flag_the_server_refuses_ends_the_comparison_with_its_one_line(tiny_llama_dir, tmp_path, capsys):
     argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--long-count", "1", "--short-count", "1",
             "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path / "out"), "--server-args", "--bogus_flag 1"]

@@ -57,6 +57,8 @@ def test_kv_capacity_is_fixed_only_when_not_given(tmp_path):
         (["--workload", "long_first", "--confidence", "1.5"], "confidence"),
         (["--workload", "long_first", "--server-args", "--port 9"], "extra_args must not set --port"),
         (["--workload", "long_first", "--server-args", "'unclosed"], "server_args"),
+        (["--workload", "long_first", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
+        (["--workload", "sustained", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
     ],
 )
 def test_bad_options_are_rejected(tmp_path, extra, match):

@@ -33,28 +33,31 @@ def _summary(short_p50, short_p95, long_p95, long_e2e_p95, throughput, failed=0)
     }
 
 
-def _report(failed_hrrn=0):
+def _report(failed_hrrn=0, confidence=0.95, repeats=2):
     summaries = {
-        "default": [_summary(1600, 2700, 20000, 30000, 480.0), _summary(1700, 2800, 20100, 30100, 470.0)],
-        "promote_shortest": [_summary(320, 400, 20100, 30300, 476.0), _summary(340, 420, 20200, 30500, 466.0)],
-        "hrrn": [_summary(400, 440, 20000, 30000, 480.0), _summary(425, 466.7, 20100, 30100, 470.0, failed_hrrn)],
+        "default": [_summary(1600, 2700, 20000, 30000, 480.0), _summary(1700, 2800, 20100, 30100, 470.0),
+                    _summary(1650, 2750, 20050, 30050, 475.0)][:repeats],
+        "promote_shortest": [_summary(320, 400, 20100, 30300, 476.0), _summary(340, 420, 20200, 30500, 466.0),
+                             _summary(330, 410, 20150, 30400, 471.0)][:repeats],
+        "hrrn": [_summary(400, 440, 20000, 30000, 480.0), _summary(425, 466.7, 20100, 30100, 470.0, failed_hrrn),
+                 _summary(412.5, 453.3, 20050, 30050, 475.0)][:repeats],
     }
     section = {
         "workload": dataclasses.asdict(WorkloadConfig(name="long_first")),
-        **analyze_runs(summaries, "default", resamples=200, seed=0),
+        **analyze_runs(summaries, "default", resamples=200, seed=0, confidence=confidence),
     }
     meta = {
         "model_dir": "/models/demo",
         "strategies": STRATEGIES,
         "baseline": "default",
-        "repeats": 2,
+        "repeats": repeats,
         "warmup": 1,
         "seed": 0,
         "server_args": ["--chunked_prefill_size", "256", "--batch_max_tokens", "256"],
         "command": "python -m lightllm.benchmark.compare_strategies --model_dir /models/demo",
         "git": {"commit": "abc123", "dirty": True},
         "machine": {"cpu_count": 2, "torch": "2.x", "platform": "Linux"},
-        "bootstrap": {"resamples": 200, "confidence": 0.95, "seed": 0},
+        "bootstrap": {"resamples": 200, "confidence": confidence, "seed": 0},
         "topology": {"name": "normal"},
     }
     return {"meta": meta, "workloads": {"long_first": section}}
@@ -69,6 +72,7 @@ def test_number_formats():
     assert format_percent(2.04) == "+2.0%"
     change = {"percent": -9.12, "ci_low_percent": -13.94, "ci_high_percent": -6.3}
     assert format_change(change) == "-9.1% [-13.9, -6.3]"
+    assert format_change({**change, "pairs": 3}) == "-9.1% [-13.9, -6.3] n=3"
     assert format_change({"percent": None}) == "-"
     assert format_change(None) == "-"
 
@@ -93,13 +97,39 @@ def test_markdown_has_the_change_table_with_intervals():
     hrrn_row = next(line for line in text.splitlines() if line.startswith("| hrrn |") and "[" in line)
     cells = [c.strip() for c in hrrn_row.strip("|").split("|")]
     # hrrn's short TTFT median is exactly 0.25x default in repeat 0 and 0.25x in repeat 1.
-    assert cells[1] == "-75.0% [-75.0, -75.0]"
+    assert cells[1] == "-75.0% [-75.0, -75.0] n=2"
     # Identical long and throughput numbers: no change, degenerate interval.
-    assert cells[3] == "+0.0% [+0.0, +0.0]"
-    assert cells[5] == "+0.0% [+0.0, +0.0]"
+    assert cells[3] == "+0.0% [+0.0, +0.0] n=2"
+    assert cells[5] == "+0.0% [+0.0, +0.0] n=2"
     change_table = text.split("Change vs default [95% CI]", 1)[1]
     rows = [line.split("|")[1].strip() for line in change_table.splitlines() if line.startswith("| ")]
     assert rows == ["Strategy", "promote_shortest", "hrrn"]
+
+
+def test_the_interval_label_follows_the_configured_confidence_and_names_its_pairs():
+    text = render_markdown(_report(confidence=0.5, repeats=3))
+    assert "Change vs default [50% CI] (n: paired repeats the interval rests on)" in text
+    assert "[95% CI]" not in text and "a 50% percentile bootstrap" in text
+    hrrn_row = next(line for line in text.splitlines() if line.startswith("| hrrn |") and "[" in line)
+    assert all(cell.strip().endswith("n=3") for cell in hrrn_row.strip("|").split("|")[1:])
+    # Three pairs: a bootstrap, not just the point or the range of the ratios, so no warning.
+    assert "neither is a confidence interval" not in text
+
+
+def test_one_or_two_pairs_are_flagged_as_no_confidence_interval():
+    assert "with n=2 it is at most the range of the two ratios" in render_markdown(_report(repeats=2))
+    assert "With n=1 the interval is the point estimate itself" in render_markdown(_report(repeats=1))
+
+
+def test_a_run_that_stopped_early_says_so():
+    report = _report(repeats=1)
+    report["meta"]["repeats"] = 3
+    report["meta"]["stopped_early"] = "the hrrn server stopped running (during long_first-repeat-1)"
+    section = report["workloads"]["long_first"]
+    section.update(visit_orders=[STRATEGIES], stopped_early=report["meta"]["stopped_early"])
+    text = render_markdown(report)
+    assert "- **Stopped early**: the hrrn server stopped running (during long_first-repeat-1)." in text
+    assert "**Stopped early** after 1 complete repeat(s): the hrrn server stopped running" in text
 
 
 def test_markdown_records_the_run_facts():

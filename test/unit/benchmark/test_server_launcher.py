@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lightllm.benchmark.server_launcher import (
-    Deployment,
-    NormalTopology,
-    ServerProcess,
-    ServerSpec,
-    ServerStartError,
-    Topology,
-    launch_all,
-    startup_error_line,
-)
+from lightllm.benchmark.launch_guard import LaunchGuard
+from lightllm.benchmark.deployment import Deployment, ServerSpec
+from lightllm.benchmark.server_launcher import NormalTopology, Topology, launch_all
+from lightllm.benchmark.server_process import ServerProcess, ServerStartError, startup_error_line
 from lightllm.benchmark.topologies import make_topology
 
 
@@ -106,7 +100,7 @@ class _FakeTopology(Topology):
         self.launched: list[_FakeDeployment] = []
         self.lock = threading.Lock()
 
-    def launch(self, spec: ServerSpec, log_dir: Path) -> Deployment:
+    def launch(self, spec: ServerSpec, log_dir: Path, guard: LaunchGuard | None = None) -> Deployment:
         if spec.strategy in self.failing:
             raise RuntimeError(f"{spec.strategy} failed")
         deployment = _FakeDeployment(spec.strategy)

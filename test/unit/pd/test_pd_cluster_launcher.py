@@ -6,7 +6,7 @@ import pytest
 
 from lightllm.benchmark.compare_strategies import build_parser, topology_kwargs
 from lightllm.benchmark.pd_cluster import PdCluster, PdTopology, cluster_commands
-from lightllm.benchmark.server_launcher import ServerSpec
+from lightllm.benchmark.deployment import ServerSpec
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 
 

@@ -1,0 +1,88 @@
+"""The simulator's command lines refuse empty, repeated, ignored and impossible values in one line naming the flag.
+
+Each of these used to print an empty report with exit code 0, simulate a value twice, silently
+ignore a flag, or end in a traceback (IndexError, a stalled simulation, a cost-model check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from simulator_test_support import assert_refused_in_one_line
+
+from lightllm.benchmark.simulator import __main__ as simulator_cli
+from lightllm.benchmark.simulator import bound_sweep, frontier
+from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, load_profile
+from lightllm.benchmark.simulator.runner import check_fits_kv, simulate_workload
+from lightllm.benchmark.workloads import ScheduledRequest
+
+_CELL = ["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "--strategies", "default"]
+
+
+@pytest.fixture
+def tiny_kv_profile(tmp_path):
+    """The bundled H100 profile with a KV cache smaller than the long_first scenario's 16K prompts."""
+    profile = json.loads((PROFILE_DIR / "h100_qwen_0p8b.json").read_text())
+    profile.update(name="tiny_kv", max_total_token_num=10000)
+    path = tmp_path / "tiny_kv.json"
+    path.write_text(json.dumps(profile))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--scenario", "long_first", "--modes", ",", "--budget", "1024"], "--modes must name at least one of"),
+    (["--scenario", ",", "--modes", "normal", "--budget", "1024"], "--scenario must name at least one of"),
+    (["--scenario", "long_first", "--modes", "normal", "--budget", ","], "--budget must name at least one budget"),
+    (["--soak-hours", "0.01", "--modes", ","], "--modes must name at least one of"),
+    (["--soak-hours", "0.01", "--soak-long-len", "-100"], "--soak-long-len must be >= 1, got -100"),
+    (["--soak-hours", "0.01", "--soak-long-fraction", "-0.2"], "--soak-long-fraction must be within [0, 1], got -0.2"),
+    (["--soak-hours", "inf"], "--soak-hours must be a finite number > 0"),
+    (["--soak-load", "0.5", *_CELL], "--soak-load only applies with --soak-hours"),
+    (["--soak-long-len", "4096", "--soak-rate", "3", *_CELL], "--soak-rate, --soak-long-len only apply with --soak-hours"),
+    (["--soak-hours", "0.01", "--scenario", "long_first"], "--scenario does not apply with --soak-hours"),
+    (["--soak-hours", "0.01", "--budget", "1024,4096"], "--budget must name one value with --soak-hours"),
+    (["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "--strategies", "hrrn,hrrn"],
+     "--strategies names 'hrrn' twice"),
+    (["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "--budget", "1024"],
+     "--budget names 1024 twice"),
+    (["--scenario", "long_first", "--modes", "normal,normal", "--budget", "1024"], "--modes names 'normal' twice"),
+    (["--running-max-req-size", "0", *_CELL], "--running-max-req-size must be >= 1"),
+])
+def test_simulator_refuses(argv, message, capsys):
+    assert_refused_in_one_line(simulator_cli.main, argv, message, capsys)
+
+
+def test_a_kv_cache_smaller_than_a_request_is_refused_before_simulating(tiny_kv_profile, capsys):
+    message = "the KV cache of profile tiny_kv holds 10000 tokens, but a request of scenario long_first needs 16512"
+    assert_refused_in_one_line(simulator_cli.main, ["--profile", tiny_kv_profile, *_CELL],
+                               f"error: --profile {tiny_kv_profile}: {message}", capsys)
+    assert_refused_in_one_line(bound_sweep.main, ["--profile", tiny_kv_profile, "--cells", "long_first/normal/1024"],
+                               message, capsys)
+    assert_refused_in_one_line(frontier.main, ["--profile", tiny_kv_profile, "--scenario", "long_first"], message, capsys)
+    # Soak: the long prompts plus their output must fit too.
+    assert_refused_in_one_line(simulator_cli.main, ["--profile", tiny_kv_profile, "--soak-hours", "0.01",
+                                                    "--soak-long-len", "16384"],
+                               "--soak-long-len 16384: a request needs 16512 KV tokens", capsys)
+
+
+def test_check_fits_kv_allows_a_request_that_exactly_fills_the_cache():
+    profile = dataclasses.replace(load_profile("h100_qwen_0p8b"), max_total_token_num=1000)
+    fits = [ScheduledRequest(0.0, "long", 900, 100)]
+    check_fits_kv(profile, fits)
+    for mode in ("normal", "1p1d"):
+        records, _ = simulate_workload(profile, fits, "default", mode, 256)
+        assert records[0].output_tokens == 100
+    with pytest.raises(ValueError, match="needs 1001: its 901-token prompt plus 100 output tokens"):
+        simulate_workload(profile, [ScheduledRequest(0.0, "long", 901, 100)], "default", "normal", 256)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cells", "long_first/normal/0"], "--cells: cell budget must be >= 1; got 'long_first/normal/0'"),
+    (["--cells", "long_first/normal/1024,long_first/normal/1024"], "--cells names ('long_first', 'normal', 1024) twice"),
+    (["--strategies", "hrrn,hrrn"], "--strategies names 'hrrn' twice"),
+    (["--bases", "2048,2048"], "--bases names 2048 twice"),
+])
+def test_bound_sweep_refuses(argv, message, capsys):
+    assert_refused_in_one_line(bound_sweep.main, argv, message, capsys)
