@@ -22,7 +22,8 @@ where ``tokens`` (top level, as LightLLM has it) and ``details`` are present onl
 
 ``/generate_stream`` sends one server-sent event per generated token::
 
-    data: {"token": {"id", "text", "logprob", "special", "count_output_tokens", "prompt_tokens"},
+    data: {"token": {"id", "text", "logprob", "special", "count_output_tokens", "prompt_tokens",
+                     "top_logprobs" (with parameters.logprobs)},
            "generated_text": null | full text (last event), "finished": bool,
            "finish_reason": null | str, "details": null | {...}}
 
@@ -117,6 +118,11 @@ class NativeEndpoints:
             param = "parameters.n" if parameters.n > 1 else "parameters.best_of"
             raise APIError(400, "n > 1 and best_of > 1 are supported by /generate only, not /generate_stream",
                            param=param)
+        if not stream and parameters.logprobs is not None and not parameters.return_details:
+            # /generate reports alternatives only in its per-token details; without them the field
+            # would cost a top-logprob slot and change nothing.
+            raise APIError(400, "parameters.logprobs is reported in the per-token details of /generate: "
+                           "set parameters.return_details to true", param="parameters.logprobs")
         options = {} if parameters.add_special_tokens else {"add_special_tokens": False}
         prompt_ids = await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs",
                                    self.manager.vocab_size)
@@ -136,6 +142,12 @@ class NativeEndpoints:
         """The fields every native token record has (stream events and details add their own)."""
         return {"id": event.token_id, "text": event.text, "logprob": json_logprob(event.logprob),
                 "special": event.token_id < 0 or event.token_id in self._special_ids}
+
+    @staticmethod
+    def _top_logprobs(event: Any) -> dict[int, Any] | None:
+        """``{token_id: logprob}`` of the token's alternatives (``parameters.logprobs``), None without."""
+        top = event.top_logprobs
+        return None if top is None else {token_id: json_logprob(value) for token_id, value in top.items()}
 
     @staticmethod
     def _counts(event: Any) -> dict[str, Any]:
@@ -180,9 +192,7 @@ class NativeEndpoints:
             tokens = []
             # A negative token id marks a finish event that carries no token.
             for event in (event for event in events if event.token_id >= 0):
-                top = event.top_logprobs
-                tokens.append({**self._token(event), "top_logprobs": None if top is None else {
-                    token_id: json_logprob(value) for token_id, value in top.items()}})
+                tokens.append({**self._token(event), "top_logprobs": self._top_logprobs(event)})
             answer["tokens"] = tokens
             answer["details"] = {**self._counts(last), "finish_reason": answer["finish_reason"], "tokens": tokens}
         return answer
@@ -201,6 +211,8 @@ class NativeEndpoints:
                 details = self._counts(event) if finished and body.parameters.return_details else None
                 token = {**self._token(event), "count_output_tokens": event.completion_tokens,
                          "prompt_tokens": event.prompt_tokens}
+                if body.parameters.logprobs is not None:
+                    token["top_logprobs"] = self._top_logprobs(event)
                 yield sse({"token": token, "generated_text": "".join(pieces) if finished else None,
                            "finished": finished, "finish_reason": event.finish_reason, "details": details})
         except APIError as error:

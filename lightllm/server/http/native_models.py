@@ -18,6 +18,7 @@ from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, St
 
 
 INT32_MAX = 2**31 - 1
+_MULTIMODAL_KEYS = frozenset({"images", "audios"})
 # Sampling fields a request inherits from the checkpoint's generation_config.json when it leaves them out.
 _CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
 
@@ -125,6 +126,13 @@ class NativeGenerateRequest(StrictModel):
     @field_validator("multimodal_params")
     @classmethod
     def _check_multimodal(cls, value: dict[str, Any] | None) -> None:
-        if value and any(value.values()):
+        # LightLLM's clients send {"images": [], "audios": []} with text-only requests; those
+        # empty lists mean nothing, any other key is unknown and any content is unsupported.
+        if not value:
+            return None
+        unknown = sorted(key for key in value if key not in _MULTIMODAL_KEYS)
+        if unknown:
+            raise ValueError(f"unknown multimodal_params key(s) {unknown}; LightLLM's are {sorted(_MULTIMODAL_KEYS)}")
+        if any(value.values()):
             raise ValueError("multimodal inputs are not supported by this server")
         return None

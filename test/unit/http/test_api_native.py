@@ -74,6 +74,16 @@ def test_native_stream_shape(client: TestClient) -> None:
     assert last["generated_text"] == " w0 w2" and last["token"]["count_output_tokens"] == 3
 
 
+def test_native_logprobs_are_reported_or_refused(client: TestClient, manager: FakeManager) -> None:
+    # A stream carries the alternatives on each token; /generate only in its details, so without
+    # return_details the field would change nothing and is refused.
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 2, "logprobs": 1}}
+    events = sse_events(client.post("/generate_stream", json=body))
+    assert events[0]["token"]["top_logprobs"] == {"20": -0.5}
+    assert_error(client.post("/generate", json=body), 400, "parameters.logprobs")
+    assert len(manager.calls) == 1
+
+
 def test_high_priority_request_reaches_manager(manager: FakeManager) -> None:
     options = HttpServerOptions(auth=AuthPolicy(admin_keys=("admin-key",)))
     client = TestClient(create_app(manager, options), headers={"authorization": "Bearer admin-key"})
@@ -108,6 +118,7 @@ def test_high_priority_request_reaches_manager(manager: FakeManager) -> None:
         ({"inputs": "hi", "parameters": {"temperature": -1}}, "parameters.temperature"),
         ({"inputs": "hi", "parameters": {"stop_token_ids": [100]}}, "parameters.stop_token_ids"),
         ({"inputs": "hi", "multimodal_params": {"images": [{"type": "url"}]}}, "multimodal_params"),
+        ({"inputs": "hi", "multimodal_params": {"foo": 0}}, "multimodal_params"),
     ],
 )
 @pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
