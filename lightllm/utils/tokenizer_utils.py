@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lightllm.utils.torch_free import quiet_transformers_without_torch
@@ -13,4 +14,9 @@ def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
         from transformers import AutoTokenizer
 
     use_fast = tokenizer_mode != "slow"
-    return AutoTokenizer.from_pretrained(model_dir, use_fast=use_fast, local_files_only=True, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=use_fast, local_files_only=True, trust_remote_code=False)
+    if not use_fast and getattr(tokenizer, "is_fast", False):
+        # transformers falls back to the fast tokenizer when the checkpoint has no slow one.
+        logging.getLogger(__name__).warning(
+            "--tokenizer_mode slow: %s has no slow (Python) tokenizer; using its fast one", model_dir)
+    return tokenizer

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterable, List, NoReturn, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+from lightllm.server.launch.one_line_parser import OneLineErrorParser, finite_float
 from lightllm.server.run_mode import RUN_MODES
 
 
@@ -39,23 +40,13 @@ MAX_PREFILL_OVERTAKE_TOKENS = 10**12
 MAX_PREFILL_OVERTAKE_FRACTION = 1000.0
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line: ``error: <argparse's message>``.
-
-    argparse prints the whole usage block (dozens of flags) before its message; the server's other
-    refusals are one line naming the flag (docs/*/failure_handling.md), and an operator scanning a
-    log should not have to find the message under the usage.  ``--help`` still prints everything.
-    """
-
-    def error(self, message: str) -> "NoReturn":
-        """Print ``error: message`` on one line and exit 2, as argparse's usage errors do."""
-        self.exit(2, f"error: {' '.join(message.split())} (--help lists the flags)\n")
-
-
 def make_argument_parser() -> argparse.ArgumentParser:
     """Build the server's argument parser (usage errors: one line, see :class:`OneLineErrorParser`)."""
     parser = OneLineErrorParser(
         prog="python -m lightllm.server.api_server",
+        # A prefix must not stand for a flag: `--max_new_tokens 64` silently meant
+        # --max_new_tokens_default and LightLLM's `--mode` was "ambiguous" instead of unknown.
+        allow_abbrev=False,
         description="Serve a local Hugging Face checkpoint over an OpenAI-compatible and a native HTTP API.",
     )
     group = parser.add_argument_group("deployment")
@@ -121,7 +112,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--graceful_shutdown_seconds",
-        type=float,
+        type=finite_float,
         default=30.0,
         help="On SIGTERM/SIGINT: new requests get 503 at once, requests in flight may finish for at most this many "
         "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once.",
@@ -137,13 +128,13 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--mem_fraction",
-        type=float,
+        type=finite_float,
         default=0.9,
         help="Share of the memory left after the weights and --reserved_memory_gb that the KV cache takes when sizing it.",
     )
     group.add_argument(
         "--reserved_memory_gb",
-        type=float,
+        type=finite_float,
         default=None,
         help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
         "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md).",
@@ -170,9 +161,11 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--router_token_ratio",
-        type=float,
+        type=finite_float,
         default=1.0,
-        help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity.",
+        help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity; "
+        "above 1 it overcommits and pauses requests when the KV cache runs out. Not LightLLM's busy threshold of the same "
+        "name (whose default 0.0 is refused here).",
     )
     group.add_argument(
         "--router_max_wait_tokens",
@@ -181,7 +174,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Decode steps the router lets pass between two admission rounds while requests run.",
     )
     group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache.")
-    group.add_argument("--schedule_time_interval", type=float, default=0.03, help="Seconds between router admission rounds.")
+    group.add_argument("--schedule_time_interval", type=finite_float, default=0.03, help="Seconds between router admission rounds.")
     group.add_argument(
         "--prefill_queue_strategy",
         type=str,
@@ -205,7 +198,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--prefill_overtake_fraction",
-        type=float,
+        type=finite_float,
         default=_default_overtake_bound().fraction,
         help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens; "
         f"at most {MAX_PREFILL_OVERTAKE_FRACTION:g} (beyond, it limits nothing; for no bound use "
@@ -278,7 +271,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--prompt_chars_per_token",
-        type=float,
+        type=finite_float,
         default=None,
         help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
         "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
@@ -286,20 +279,20 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--http_header_timeout",
-        type=float,
+        type=finite_float,
         default=10.0,
         help="Seconds a client has to send a whole request head (request line and headers), counted from its "
         "connection or from the first byte of a follow-up request; then 408 and the connection is closed.",
     )
     group.add_argument(
         "--http_body_timeout",
-        type=float,
+        type=finite_float,
         default=60.0,
         help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed.",
     )
     group.add_argument(
         "--http_keep_alive_timeout",
-        type=float,
+        type=finite_float,
         default=5.0,
         help="Seconds an idle keep-alive connection stays open between two requests.",
     )
@@ -335,7 +328,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--slot_wait_seconds",
-        type=float,
+        type=finite_float,
         default=600.0,
         help="Seconds a request waits for a free request slot (every slot is taken by requests in flight) before "
         "it is refused with 503 server_busy.",
@@ -367,7 +360,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
     )
     group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
-    group.add_argument("--pd_heartbeat_interval", type=float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
+    group.add_argument("--pd_heartbeat_interval", type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
     group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
     group.add_argument(
         "--pd_prefix_affinity_tokens",
@@ -377,10 +370,10 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "hashing), so its prefix cache keeps paying off, while that node's queue is at most 2048 tokens longer than "
         "the least loaded one's; shorter prompts are only balanced by load. 0: no affinity, load only.",
     )
-    group.add_argument("--pd_reserve_lease_seconds", type=float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
-    group.add_argument("--pd_transfer_timeout_seconds", type=float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
-    group.add_argument("--pd_prefill_timeout_seconds", type=float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")
-    group.add_argument("--pd_decode_token_timeout_seconds", type=float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token).")
+    group.add_argument("--pd_reserve_lease_seconds", type=finite_float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
+    group.add_argument("--pd_transfer_timeout_seconds", type=finite_float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
+    group.add_argument("--pd_prefill_timeout_seconds", type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")
+    group.add_argument("--pd_decode_token_timeout_seconds", type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token).")
     group.add_argument(
         "--pd_max_segment_tokens",
         type=int,

@@ -182,8 +182,20 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         raise ArgumentError(
             f"--chunked_prefill_size ({args.chunked_prefill_size}) cannot exceed --batch_max_tokens ({args.batch_max_tokens})"
         )
+    if args.disable_chunked_prefill and flags_given(args, ["chunked_prefill_size"]):
+        raise ArgumentError("--chunked_prefill_size does nothing with --disable_chunked_prefill (every prompt is "
+                            "prefilled in one piece); give one of them")
+    default_new = getattr(args, "max_new_tokens_default", None)
+    if default_new is not None and default_new < 1:
+        raise ArgumentError(f"--max_new_tokens_default must be >= 1, got {default_new}")
     _validate_http_args(args)
     if not 0 < args.port < 65536:
         raise ArgumentError(f"--port must be in 1..65535, got {args.port}")
+    nccl_port = getattr(args, "nccl_port", None)
+    if nccl_port is not None:
+        if not 0 < nccl_port < 65536:
+            raise ArgumentError(f"--nccl_port must be in 1..65535, got {nccl_port}")
+        if nccl_port == args.port:
+            raise ArgumentError(f"--nccl_port ({nccl_port}) must differ from --port: the HTTP server listens there")
     if cuda_device_count is not None:
         validate_device_args(args, cuda_device_count)
