@@ -126,13 +126,11 @@ def test_a_padded_embedding_sets_the_models_vocabulary_and_leaves_the_config_alo
     assert logits.shape[-1] == 256  # every row of the embedding can be sampled, as in transformers
 
 
-def test_dynamic_ntk_rope_follows_each_requests_own_length(tmp_path):
-    # Dynamic NTK changes RoPE's base with the sequence length: a request past the original
-    # context must rotate with its own length, not the batch's longest, and a chunked prefill
-    # with the whole prompt's (as transformers computes an unchunked prompt).
-    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+def _dynamic_model(tmp_path, rope: dict, max_position_embeddings: int):
+    """A random dynamic-NTK Llama with sharp attention (transformers' reference, ours loaded from it)."""
     torch.manual_seed(0)
-    ref = LlamaForCausalLM(LlamaConfig(**{**BASE, "rope_parameters": rope, "max_position_embeddings": 32})).eval()
+    ref = LlamaForCausalLM(LlamaConfig(**{**BASE, "rope_parameters": rope,
+                                          "max_position_embeddings": max_position_embeddings})).eval()
     with torch.no_grad():
         for param in ref.parameters():
             torch.nn.init.normal_(param, std=0.1)
@@ -141,7 +139,15 @@ def test_dynamic_ntk_rope_follows_each_requests_own_length(tmp_path):
             layer.self_attn.k_proj.weight.mul_(6.0)
     model_dir = tmp_path / "dynamic"
     ref.save_pretrained(model_dir)
-    ours = load_model(str(model_dir), dtype=torch.float32)
+    return ref, load_model(str(model_dir), dtype=torch.float32)
+
+
+def test_dynamic_ntk_rope_follows_each_requests_own_length(tmp_path):
+    # Dynamic NTK changes RoPE's base with the sequence length: a request past the original
+    # context must rotate with its own length, not the batch's longest, and a chunked prefill
+    # with the whole prompt's (as transformers computes an unchunked prompt).
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    ref, ours = _dynamic_model(tmp_path, rope, 32)
     long_prompt = [(i * 7) % 200 + 3 for i in range(61)]
     short_prompt = [(i * 5) % 200 + 3 for i in range(20)]
     with torch.no_grad():
@@ -160,21 +166,6 @@ def test_dynamic_ntk_rope_follows_each_requests_own_length(tmp_path):
     with torch.no_grad():
         reference = ref.generate(torch.tensor([long_prompt]), generation_config=config)[0, 61:].tolist()
     assert BatchGenerator(ours, 512, max_sequence_length=256).greedy_generate([long_prompt], 6)[0] == reference
-
-
-def _dynamic_model(tmp_path, rope: dict, max_position_embeddings: int):
-    torch.manual_seed(0)
-    ref = LlamaForCausalLM(LlamaConfig(**{**BASE, "rope_parameters": rope,
-                                          "max_position_embeddings": max_position_embeddings})).eval()
-    with torch.no_grad():
-        for param in ref.parameters():
-            torch.nn.init.normal_(param, std=0.1)
-        for layer in ref.model.layers:  # sharp attention, so a rotation off by a base change shows
-            layer.self_attn.q_proj.weight.mul_(6.0)
-            layer.self_attn.k_proj.weight.mul_(6.0)
-    model_dir = tmp_path / "dynamic_original_max"
-    ref.save_pretrained(model_dir)
-    return ref, load_model(str(model_dir), dtype=torch.float32)
 
 
 def test_dynamic_ntk_scales_from_max_position_embeddings_not_original_max(tmp_path):
