@@ -98,7 +98,9 @@ def test_long_prompt_is_served_within_the_bound_and_waits_are_exposed(server):
     "flags, message",
     [
         (["--prefill_max_overtake_tokens", "-1"], "error: --prefill_max_overtake_tokens must be >= 0, got -1"),
-        (["--prefill_overtake_fraction", "nan"], "error: --prefill_overtake_fraction must be a finite number >= 0, got nan"),
+        (["--prefill_overtake_fraction", "-0.5"], "error: --prefill_overtake_fraction must be a finite number >= 0, got -0.5"),
+        (["--prefill_overtake_fraction", "nan"],
+         "error: argument --prefill_overtake_fraction: must be a finite number, got 'nan' (--help lists the flags)"),
         (["--prefill_max_wait_tokens", "4096"], "error: --prefill_max_wait_tokens was replaced by the overtaking bound: "
          "use --prefill_max_overtake_tokens and --prefill_overtake_fraction (or --disable_prefill_overtake_bound)"),
     ],
