@@ -20,6 +20,15 @@ DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.15
 # between bursts must not trigger it; a server idle for half a minute gives its activation memory back.
 DEFAULT_IDLE_MALLOC_TRIM_SECONDS = 30.0
 
+# LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS's default.  A normal server queues a burst it has
+# no KV for and serves it as KV frees up; a PD master whose nodes answer busy does the same by
+# retrying, and answering a burst with immediate 503s instead made a PD cluster refuse a third of
+# a 64-request burst that a normal server of the same KV size served completely.  A minute lets
+# such a burst drain (decode nodes free KV as their requests finish, typically within seconds)
+# while a cluster that stays full still answers 503 server_busy in bounded time; 0 keeps the
+# immediate answer for clients that retry on their own.
+DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS = 60.0
+
 ENV_VARS = {
     "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens).",
     "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads a CPU model rank's forward borrows when its work pays for the front end's core (see LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN); default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
@@ -30,7 +39,7 @@ ENV_VARS = {
     "LIGHTLLM_STEP_TRACE": "A file path: rank 0 writes one CSV row per step that ran a forward (time, phases in ms, prompt tokens, decode rows, minor page faults; see lightllm/server/model_rank/step_trace.py), truncating the file at start; its directory must exist; default: no trace.",
     "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (its payload is corrupted on the prefill side, so the decode side's checksum check refuses it); default 0.",
     "LIGHTLLM_PD_CLUSTER_KEY": "The PD cluster's shared secret, used when --pd_cluster_key is not given (keeps it out of the process list); read by the PD master and the prefill and decode nodes only.",
-    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff, when a prefill or decode node answers busy; default 0: no retry, the client gets HTTP 503 (code server_busy) naming the busy node role at once.",
+    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff (at most 1 s apart), when every prefill or decode node answers busy, so that a burst waits for KV as on a normal server; then the client gets HTTP 503 (code server_busy) naming the busy node role; default " + f"{DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS:g}" + ", 0: no retry, the 503 comes at once.",
 }
 
 
@@ -127,11 +136,14 @@ def pd_transfer_failure_probability() -> float:
 
 
 def pd_node_busy_retry_timeout_seconds() -> float:
-    """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0; 0 when unset.
+    """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0 (0: no retry);
+    :data:`DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS` when unset or empty.
 
     Read once, when the PD master starts (:func:`check_pd_env` and ``build_master``); the
     request path gets the value, never the variable.
     """
+    if not os.environ.get("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"):
+        return DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS
     return _env_float(
         "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "a finite number of seconds >= 0", lambda v: 0.0 <= v < float("inf")
     )

@@ -20,14 +20,19 @@ START_TIMEOUT_SECONDS = 180
 
 
 def launch(model_dir: Path, log_dir: Path, name: str, args: List[str], env: Optional[Dict[str, str]] = None,
-           port: Optional[int] = None) -> ServerHandle:
-    """Start one ``api_server`` process (any run mode) without waiting for it."""
+           port: Optional[int] = None, own_process_group: bool = False) -> ServerHandle:
+    """Start one ``api_server`` process (any run mode) without waiting for it.
+
+    ``own_process_group``: the server leads a process group of its own, so a test can signal
+    the whole server (``os.killpg``) without signalling itself.
+    """
     port = port or free_port()
     log_path = log_dir / f"{name}_{port}.log"
     cmd = [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir), "--port", str(port), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env,
+                                start_new_session=own_process_group)
     return ServerHandle(f"http://127.0.0.1:{port}", proc, log_path, Path(model_dir).name)
 
 
@@ -58,6 +63,8 @@ class Cluster:
     nodes: Dict[str, ServerHandle] = field(default_factory=dict)
     # LIGHTLLM_PD_CLUSTER_KEY for every process of the cluster (master restarts and new nodes too).
     cluster_env: Dict[str, str] = field(default_factory=dict)
+    # The master's flags (a restarted master gets them too).
+    master_args: List[str] = field(default_factory=list)
 
     def start_node(self, role: str, args: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
                    wait: bool = True) -> ServerHandle:
@@ -78,7 +85,7 @@ class Cluster:
         """Replace the master on the same port (the nodes register again by themselves)."""
         self.master.stop()
         self.master_env = env or {}
-        self.master = launch(self.model_dir, self.log_dir, "master", ["--run_mode", "pd_master"],
+        self.master = launch(self.model_dir, self.log_dir, "master", ["--run_mode", "pd_master", *self.master_args],
                              {**self.cluster_env, **self.master_env}, port=self.master_port)
 
     def stop(self) -> None:
@@ -90,13 +97,15 @@ class Cluster:
 
 def start_cluster(model_dir: Path, log_dir: Path, prefill_args: Optional[List[str]] = None,
                   decode_args: Optional[List[str]] = None, prefill_env: Optional[Dict[str, str]] = None,
-                  master_env: Optional[Dict[str, str]] = None, cluster_key: Optional[str] = None) -> Cluster:
+                  master_env: Optional[Dict[str, str]] = None, cluster_key: Optional[str] = None,
+                  master_args: Optional[List[str]] = None) -> Cluster:
     """A ready 1P1D cluster on the CPU; ``cluster_key`` goes to every process as LIGHTLLM_PD_CLUSTER_KEY."""
     master_port = free_port()
     cluster_env = {"LIGHTLLM_PD_CLUSTER_KEY": cluster_key} if cluster_key else {}
-    master = launch(model_dir, log_dir, "master", ["--run_mode", "pd_master"], {**cluster_env, **(master_env or {})},
-                    port=master_port)
-    cluster = Cluster(model_dir, log_dir, master, master_port, dict(master_env or {}), cluster_env=cluster_env)
+    master = launch(model_dir, log_dir, "master", ["--run_mode", "pd_master", *(master_args or [])],
+                    {**cluster_env, **(master_env or {})}, port=master_port)
+    cluster = Cluster(model_dir, log_dir, master, master_port, dict(master_env or {}), cluster_env=cluster_env,
+                      master_args=list(master_args or []))
     try:
         cluster.start_node("prefill", prefill_args, prefill_env, wait=False)
         cluster.start_node("decode", decode_args, wait=False)

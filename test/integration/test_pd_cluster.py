@@ -173,6 +173,32 @@ def _kv_full(node) -> bool:
     return node.metric("lightllm_kv_allocatable_tokens") == node.metric("lightllm_kv_total_tokens")
 
 
+def _finishes(server) -> Dict[str, float]:
+    """``lightllm_requests_total`` by finish reason."""
+    body = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return {reason: float(value) for reason, value in
+            re.findall(r'^lightllm_requests_total{[^}]*finish_reason="([^"]+)"[^}]*} (\S+)$', body, re.MULTILINE)}
+
+
+def test_the_prefill_node_counts_every_hand_off_as_a_hand_off(cluster, normal):
+    """Short answers end on D before P's handed_off line reaches the master; P must still count
+    a hand-off, not an abort (and log no error for it)."""
+    prefill = cluster.nodes["prefill"]
+    before = _finishes(prefill)
+    requests = _requests(normal.model_name, 2)
+    answers = asyncio.run(_send_all(cluster.master.url, requests))
+    for (path, _), (status, text) in zip(requests, answers):
+        _summary(path, status, text)  # every request succeeded
+    deadline = time.monotonic() + 30  # P counts when its own side of each transfer reports
+    while _finishes(prefill).get("handed_off", 0) - before.get("handed_off", 0) < len(requests):
+        assert time.monotonic() < deadline, _finishes(prefill)
+        time.sleep(0.1)
+    after = _finishes(prefill)
+    assert {reason: after[reason] - before.get(reason, 0) for reason in after
+            if after[reason] != before.get(reason, 0)} == {"handed_off": len(requests)}
+    assert "without a result" not in prefill.log()
+
+
 def test_cluster_endpoints_take_only_the_cluster_key_and_a_node_without_it_is_refused(cluster, tmp_path):
     decode = cluster.nodes["decode"]
     for url, method, path in ((cluster.master.url, "GET", "/pd/nodes"), (decode.url, "POST", "/pd/node/decode")):
@@ -290,10 +316,13 @@ def test_injected_transfer_failures_end_requests_cleanly_and_leak_no_kv(tiny_lla
         pd.stop()
 
 
-def test_busy_decode_node_gives_503_at_once_and_retries_when_asked(tiny_llama_dir, tmp_path_factory):
-    # The decode node holds one long request's reservation and nothing else.
+def test_busy_decode_node_gives_503_at_once_when_asked_and_retries_by_default(tiny_llama_dir, tmp_path_factory):
+    # The decode node holds one long request's reservation and nothing else (the master admits
+    # no longer requests than its nodes take: it refuses a node with a smaller limit).
+    limit = ["--max_req_total_len", "560"]
     pd = start_cluster(tiny_llama_dir, tmp_path_factory.mktemp("pd_busy"),
-                       decode_args=["--max_total_token_num", "600", "--max_req_total_len", "560"])
+                       decode_args=["--max_total_token_num", "600", *limit], prefill_args=limit, master_args=limit,
+                       master_env={"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "0"})
     long_body = {"inputs": "hold the decode node", "parameters": {"max_new_tokens": 500, "ignore_eos": True}}
     short_body = {"inputs": "no room", "parameters": {"max_new_tokens": 200, "ignore_eos": True}}
 
@@ -315,7 +344,7 @@ def test_busy_decode_node_gives_503_at_once_and_retries_when_asked(tiny_llama_di
         assert "decode" in body["error"]["message"]
         assert _series(pd.master, "lightllm_pd_busy_answers_total", 'role="decode"') >= 1
 
-        pd.restart_master({"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "120"})
+        pd.restart_master()  # the default: a burst waits for KV as on a normal server
         pd.wait_ready()
         status, body, _ = busy_while_long_runs()
         assert status == 200 and body["count_output_tokens"] == 200, body

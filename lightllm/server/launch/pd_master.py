@@ -87,7 +87,8 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
 
 
 def served_model_admission(model: ServedModel):
-    """A registry admission check: a node must serve one of the master's model names and stop at its EOS ids."""
+    """A registry admission check: a node must serve one of the master's model names, stop at its EOS
+    ids and take requests as long as the master admits."""
 
     def check(info: NodeInfo) -> List[str]:
         problems = []
@@ -99,6 +100,12 @@ def served_model_admission(model: ServedModel):
         if info.eos_token_ids is not None and sorted(set(info.eos_token_ids)) != sorted(set(model.eos_token_ids)):
             problems.append(f"eos_token_ids: the node stops at {sorted(set(info.eos_token_ids))}, this master at "
                             f"{sorted(set(model.eos_token_ids))} (give every process the same --eos_id, or none)")
+        # The master admits requests up to its own limit and places them on any node: a node with a
+        # smaller one would refuse, with a 400, requests that are valid for the cluster.
+        if info.max_req_total_len is not None and info.max_req_total_len < model.max_req_total_len:
+            problems.append(f"max_req_total_len: the node takes at most {info.max_req_total_len} tokens per request, "
+                            f"this master admits up to {model.max_req_total_len} (give every process the same "
+                            "--max_req_total_len, or none)")
         return problems
 
     return check
@@ -118,7 +125,8 @@ def build_master(args: argparse.Namespace, cluster_key: Optional[str] = None) ->
     # Read here, once, before serving: a bad value is a start-up error (exit 2), never a 400 per request.
     deadlines = PhaseDeadlines(prefill_s=args.pd_prefill_timeout_seconds,
                                decode_token_s=args.pd_decode_token_timeout_seconds,
-                               busy_retry_s=pd_node_busy_retry_timeout_seconds())
+                               busy_retry_s=pd_node_busy_retry_timeout_seconds(),
+                               handoff_s=args.pd_transfer_timeout_seconds)
     manager = PdMasterManager(model, registry, deadlines, setup_timeout_s=args.pd_transfer_timeout_seconds,
                               cluster_key=cluster_key, affinity_prefix_tokens=args.pd_prefix_affinity_tokens)
     return manager, registry

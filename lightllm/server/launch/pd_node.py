@@ -125,6 +125,7 @@ def prepare_pd_node(
         kv_transfer_address=f"{host}:{args.pd_transfer_port}",
         checkpoint_fingerprint=checkpoint_fingerprint(args.model_dir),
         eos_token_ids=resolve_eos_token_ids(args, model_config),
+        max_req_total_len=sizing.max_req_total_len,
     ), ports
 
 
@@ -223,6 +224,7 @@ class PdNodeRuntime:
             on_master_lost=self.master_lost,
             on_master_back=self.master_back,
             on_refused=self.refused,
+            on_master_forgot=self.master_forgot,
             cluster_key=self.cluster_key,
             report=self.report,
         )
@@ -254,6 +256,21 @@ class PdNodeRuntime:
         """Fail every open PD stream: the master that would read it is gone."""
         failed = self.streams.fail_all(f"PD request ended: {reason}")
         log.error("%s: PD master lost; ended %d open PD request(s)", self.info.describe(), failed)
+
+    async def master_forgot(self, message: str) -> None:
+        """The master no longer knows this node (it dropped it, or restarted): end what that membership held.
+
+        The master failed this node's requests and tore its pairs down on their peers when it
+        dropped it (a node that hung longer than the heartbeat bound and then resumed finds out
+        here).  Their streams end now, and every transfer pair is torn down, so reservations
+        and KV held for requests the master already failed are freed at once instead of at
+        their leases, before the node registers again and gets new pairs.
+        """
+        failed = self.streams.fail_all(f"PD request ended: the PD master no longer knows this node ({message})")
+        epochs = await self.service.teardown_all()
+        log.warning("%s: the PD master no longer knows this node; ended %d open PD request(s) and tore down "
+                    "%d transfer pair(s) (epochs %s) before registering again", self.info.describe(), failed,
+                    len(epochs), epochs)
 
     def master_back(self) -> None:
         """The master answers again (the client registers again if it forgot the node)."""

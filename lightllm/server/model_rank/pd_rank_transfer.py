@@ -32,10 +32,14 @@ itself as the argument.  Nothing here blocks the inference step:
   node's success admits the request with the first token from the header; the backend reports
   that token ahead of the next step's own, like a sampled one.
 
-Aborts: a prefill request whose KV is being sent ends when its transfer does (the transfer
-process still reads the KV).  A decode request aborted while waiting for its KV ends when the KV
-arrives (it is then not decoded) or at the end of its lease, whichever comes first; its slots
-stay reserved until then because the transfer process may still write them.
+Aborts (:meth:`PdRankTransfer.on_abort`): a transfer that has not started is given up at once,
+on either side: a prefill request whose send is still queued behind other transfers
+(``cancel_send``; its master is gone, so the decode side no longer waits for it), a decode
+request whose KV has not started arriving (``cancel_receive``).  A transfer already under way
+ends first (the transfer process still reads or writes that KV): a prefill request then ends
+when its send does, a decode request when its KV arrived (it is not decoded) or at the end of
+its lease.  The transfer process reads cancellations at all times, also while it joins its
+group or moves another request's KV, so an abort never waits for another pair's trouble.
 """
 
 from __future__ import annotations
@@ -71,8 +75,8 @@ ROLE_PD_KIND = {"prefill": PD_KIND_PREFILL, "decode": PD_KIND_DECODE}
 # error_kind values of a failed transfer (the HTTP side's PdNodeEvent.error_kind).
 ERROR_TRANSFER_FAILED = "transfer_failed"
 ERROR_LEASE_EXPIRED = "lease_expired"
-# A decode node's receive given up because its request ended first (no KV was coming).
-ERROR_RECEIVE_CANCELLED = "receive_cancelled"
+# A transfer given up before it started because its request was aborted (on_abort).
+ERROR_TRANSFER_CANCELLED = "transfer_cancelled"
 ERROR_TRANSFER_BROKEN = "transfer_broken"
 
 
@@ -98,38 +102,6 @@ MakeHandle = Callable[[str, str, int, str, Optional[TransferStoreHost]], KVTrans
 def pair_group_name(epoch: int, rank: int) -> str:
     """The key prefix of one pair's transfer group between TP rank ``rank`` of each side."""
     return f"lightllm-kv/epoch-{epoch}/rank-{rank}"
-
-
-def pd_backend_settings(
-    config: ModelRankConfig, kv_cache: Any, agree: Optional[Agree] = None, notify: Optional[Notify] = None
-) -> Dict[str, Any]:
-    """The PD part of a rank's backend settings (``build_rank_backend``'s ``mode_settings``); {} outside a PD node.
-
-    A PD node's backend carries a :class:`PdRankTransfer` over ``kv_cache``, which is made
-    shareable here (the transfer process reads and writes it); a decode node's backend also ends
-    a segment under KV pressure instead of pausing it, and after ``--pd_max_segment_tokens``.
-    ``agree`` and ``notify`` as in :class:`PdRankTransfer`.
-    """
-    role = config.run_mode
-    if role not in PD_ROLES:
-        return {}
-    settings = config.pd
-    kv_cache.share_buffers()
-
-    def make_handle(side: str, host: str, port: int, group_name: str,
-                    store_host: Optional[TransferStoreHost]) -> KVTransferHandle:
-        return KVTransferHandle(
-            side, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
-            connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
-            group_name=group_name, store_host=store_host,
-        )
-
-    mode_settings: Dict[str, Any] = {
-        "transfer": PdRankTransfer(role, config.rank, settings, make_handle, agree=agree, notify=notify),
-    }
-    if role == "decode":
-        mode_settings.update(end_segment_on_kv_pressure=True, max_segment_tokens=settings.max_segment_tokens)
-    return mode_settings
 
 
 class PdRankTransfer:
@@ -168,8 +140,8 @@ class PdRankTransfer:
         self._broken_reported: Set[int] = set()
         # Requests submitted to a transfer and not yet decided (the same set on every rank).
         self._in_flight: Dict[int, InferReq] = {}
-        # Decode node: the pair (epoch) each reservation receives through, for cancelling it.
-        self._receive_epochs: Dict[int, int] = {}
+        # The pair (epoch) each request in flight transfers through, for cancelling it.
+        self._transfer_epochs: Dict[int, int] = {}
         # This rank's outcomes not yet agreed on.
         self._local: Dict[int, _Outcome] = {}
         # Prefill node: request id -> (first prompt position to send, epoch), from its record.
@@ -294,7 +266,7 @@ class PdRankTransfer:
             return None
         kv_start = req.cur_kv_len
         self._in_flight[request_id] = req
-        self._receive_epochs[request_id] = spec.pd.epoch
+        self._transfer_epochs[request_id] = spec.pd.epoch
         self._notify(PdNotice(request_id, "reserved", kv_start=kv_start))
         slots = backend.kv.slots(req, kv_start, req.input_len)
         self._submit(request_id, spec.pd.epoch,
@@ -306,6 +278,7 @@ class PdRankTransfer:
         for req in report.handoffs:
             kv_start, epoch = self._pending_sends.pop(req.request_id, (0, 0))
             self._in_flight[req.request_id] = req
+            self._transfer_epochs[req.request_id] = epoch
             slots = backend.kv.slots(req, kv_start, req.input_len)
             first_token = req.output_ids[0]
             self._submit(req.request_id, epoch,
@@ -347,7 +320,7 @@ class PdRankTransfer:
         if result.ok:
             kind = ""
         elif result.cancelled:
-            kind = ERROR_RECEIVE_CANCELLED
+            kind = ERROR_TRANSFER_CANCELLED
         elif result.expired:
             kind = ERROR_LEASE_EXPIRED
         elif broken:
@@ -380,10 +353,10 @@ class PdRankTransfer:
 
     def _act(self, backend: Any, req: InferReq, outcome: _Outcome) -> None:
         request_id = req.request_id
-        self._receive_epochs.pop(request_id, None)
+        self._transfer_epochs.pop(request_id, None)
         if outcome.ok:
             self._notify(PdNotice(request_id, "transferred", seconds=outcome.seconds, nbytes=outcome.nbytes))
-        elif outcome.error_kind == ERROR_RECEIVE_CANCELLED:
+        elif outcome.error_kind == ERROR_TRANSFER_CANCELLED:
             log.info("request %d: %s", request_id, outcome.reason)  # asked for by the request's own end
         else:
             log.warning("request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
@@ -397,17 +370,24 @@ class PdRankTransfer:
             backend.transfer_failed(req, FINISH_TRANSFER_FAILED)
 
     def on_abort(self, backend: Any, request_id: int) -> None:
-        """Decode node: an aborted request that still waits for its KV gives up the receive.
+        """An aborted request gives up its transfer if it has not started.
 
         The engine releases a request under transfer only when the transfer ends, so that no
-        process writes into KV given to another request; a receive whose KV has not started
-        arriving can end at once instead (its master closed the stream because the prefill
-        node's first token ended the request, so no KV is coming), rather than at the lease.
+        process reads or writes KV given to another request.  A transfer that has not started
+        can end at once instead: on a decode node a receive whose KV has not started arriving
+        (the master closed the stream because the prefill node's first token ended the request,
+        or it placed the request elsewhere, or it is gone), on a prefill node a send still queued
+        behind other transfers (the master that wanted it is gone).  The result comes back
+        ``cancelled`` through :meth:`poll`; a transfer already under way reports itself.
         """
-        epoch = self._receive_epochs.get(request_id)
+        epoch = self._transfer_epochs.get(request_id)
         handle = self.handles.get(epoch) if epoch is not None else None
-        if self.role == "decode" and request_id in self._in_flight and handle is not None:
+        if request_id not in self._in_flight or handle is None:
+            return
+        if self.role == "decode":
             handle.cancel_receive(request_id)
+        else:
+            handle.cancel_send(request_id)
 
     @property
     def in_flight(self) -> List[int]:

@@ -32,7 +32,7 @@ from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.execution.startup_forward import run_startup_forward, startup_forward_lengths
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
-from lightllm.server.model_rank.pd_rank_transfer import pd_backend_settings
+from lightllm.server.model_rank.pd_backend_settings import pd_backend_settings
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.model_rank.rank_config import ModelRankConfig
 from lightllm.server.model_rank.rank_process import ModelRank

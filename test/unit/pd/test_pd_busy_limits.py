@@ -9,13 +9,14 @@ and says which with its numbers; rank 0 sends that as a ``busy`` notice ahead of
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, List
 
 import httpx
 import pytest
 import torch
 
-from pd_master_support import Cluster, cluster_fixture, generate  # noqa: F401 - cluster_fixture is "cluster"
+from pd_master_support import Cluster, generate
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
@@ -128,7 +129,18 @@ def test_the_slot_pool_busy_answer_names_its_slot_count() -> None:
     asyncio.run(take_two())
 
 
-def test_the_clients_503_names_the_busy_role_and_the_limit(cluster: Cluster) -> None:
+def test_the_clients_503_names_the_busy_role_and_the_limit(tiny_llama_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The answer at once (the default is 60 s of retries).
+    monkeypatch.setenv("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "0")
+    cluster = Cluster(str(tiny_llama_dir))
+    try:
+        _busy_answer_names_the_limit(cluster)
+    finally:
+        cluster.stop()
+
+
+def _busy_answer_names_the_limit(cluster: Cluster) -> None:
     cluster.decode.busy = True
     cluster.decode.busy_message = ("request 1: no KV to reserve: request 1 needs 80 KV tokens (prompt 50 + 30 to "
                                    "generate), 40 allocatable and not promised")

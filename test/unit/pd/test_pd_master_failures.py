@@ -33,11 +33,21 @@ from lightllm.server.http.errors import manager_error
 from lightllm.server.manager_errors import ServerBusyError
 
 
-def test_busy_decode_is_an_immediate_503_naming_the_role(cluster: Cluster) -> None:
+@pytest.fixture(name="no_retry_cluster")
+def no_retry_cluster_fixture(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """A cluster whose master was started with the busy retry off (0; the default is 60 s)."""
+    monkeypatch.setenv("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "0")
+    cluster = Cluster(str(tiny_llama_dir))
+    yield cluster
+    cluster.stop()
+
+
+def test_busy_decode_is_an_immediate_503_naming_the_role(no_retry_cluster: Cluster) -> None:
+    cluster = no_retry_cluster
     cluster.decode.busy = True
     started = time.monotonic()
     response = generate(cluster, "hello", 4)
-    assert time.monotonic() - started < 5  # no retry by default (generous bound for a loaded machine)
+    assert time.monotonic() - started < 5  # no retry with 0 (generous bound for a loaded machine)
     assert response.status_code == 503
     error = response.json()["error"]
     assert (error["code"], error["role"]) == ("server_busy", "decode")

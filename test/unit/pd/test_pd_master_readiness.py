@@ -70,6 +70,26 @@ def test_node_that_stops_at_other_eos_ids_is_refused(tiny_llama_dir: Path) -> No
         cluster.stop()
 
 
+def test_node_that_takes_shorter_requests_than_the_master_admits_is_refused(tiny_llama_dir: Path) -> None:
+    """The master may place any request it admits on any node: a node with a smaller
+    --max_req_total_len would refuse valid requests with a 400, whichever node they drew."""
+    cluster = Cluster(str(tiny_llama_dir), register=False)
+    try:
+        limit = cluster.master.manager.max_req_total_len
+        body = {**cluster.decode.info().to_dict(), "max_req_total_len": limit - 1}
+        response = httpx.post(f"{cluster.master.url}/pd/register", json=body)
+        assert response.status_code == 409 and response.json()["error"]["code"] == "incompatible_node"
+        assert (f"max_req_total_len: the node takes at most {limit - 1} tokens per request, this master admits up "
+                f"to {limit}") in response.json()["error"]["message"]
+        for admitted in (limit, limit + 1, None):  # as long or longer; a node that does not say
+            same = {**cluster.decode.info().to_dict(), "max_req_total_len": admitted}
+            assert httpx.post(f"{cluster.master.url}/pd/register", json=same).status_code == 200
+        bad = {**cluster.decode.info().to_dict(), "max_req_total_len": 0}
+        assert httpx.post(f"{cluster.master.url}/pd/register", json=bad).json()["error"]["param"] == "max_req_total_len"
+    finally:
+        cluster.stop()
+
+
 def test_node_flags_on_the_master_are_refused() -> None:
     parser = make_argument_parser()
     check_master_flags(parser.parse_args(["--run_mode", "pd_master", "--model_dir", "m", "--port", "9",

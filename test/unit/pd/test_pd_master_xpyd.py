@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 import httpx
+import pytest
 
 from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster" fixture
     REQUEST_TIMEOUT,
@@ -278,7 +279,9 @@ def test_a_continuation_moves_to_another_decode_node_when_its_decode_node_is_bus
         cluster.stop()
 
 
-def test_every_decode_node_busy_is_one_503_after_trying_each(tiny_llama_dir: Path) -> None:
+def test_every_decode_node_busy_is_one_503_after_trying_each(tiny_llama_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "0")  # one round, no waiting for KV
     cluster = Cluster(str(tiny_llama_dir), decodes=2)
     try:
         for decode in cluster.decodes:

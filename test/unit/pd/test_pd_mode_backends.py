@@ -175,6 +175,9 @@ def test_decode_reservation_is_refused_at_once_when_kv_is_short(model) -> None:
 
 
 def test_abort_during_transfer_waits_for_the_transfer_to_end(model) -> None:
+    """A transfer that succeeds is a hand-off even when an abort came meanwhile (the master
+    closes P's stream once D confirmed the KV, which may overtake P's own report); one that
+    fails after an abort is the abort."""
     prefill = _backend(model, "prefill")
     prefill.add_request(3, RequestSpec(_prompts([30])[0], _greedy(8)))
     report = prefill.step()
@@ -183,9 +186,14 @@ def test_abort_during_transfer_waits_for_the_transfer_to_end(model) -> None:
     assert prefill.step().finished == []  # its KV is still being read
     assert prefill.requests[3].state is ReqState.TRANSFERRING
     prefill.transfer_done(3, ok=True)
-    assert [(r.request_id, s) for r, s in prefill.step().finished] == [(3, FINISH_ABORT)]
+    assert [(r.request_id, s) for r, s in prefill.step().finished] == [(3, FINISH_HANDED_OFF)]
     with pytest.raises(ValueError, match="no transfer in flight"):
         prefill.transfer_done(3, ok=True)
+    prefill.add_request(5, RequestSpec(_prompts([30])[0], _greedy(8)))
+    prefill.step()
+    prefill.abort(5)
+    prefill.transfer_done(5, ok=False)  # given up (cancelled) because of the abort
+    assert [(r.request_id, s) for r, s in prefill.step().finished] == [(5, FINISH_ABORT)]
 
 
 def test_a_failed_transfer_fails_the_request_and_frees_its_kv(model) -> None:

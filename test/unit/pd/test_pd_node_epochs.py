@@ -210,6 +210,29 @@ def test_teardown_drops_one_pair_tells_rank0_and_is_idempotent(rank0) -> None:
     assert result["events"][0].error_kind == "epoch" and host.submitted == []
 
 
+def test_a_master_that_forgot_the_node_gets_every_pair_torn_down(rank0) -> None:
+    """Its pairs were torn down on their peers when the master dropped the node (say it hung):
+    what they still hold here (transfer processes, reservations) goes at once, not at the leases."""
+    host = ScriptedHost()
+    service = PdNodeService(host, "decode", 5.0, rank0.address)
+
+    async def scenario() -> Dict[str, Any]:
+        service.start()
+        try:
+            await set_up(service, host, rank0, 4, "10.0.0.1:7000")
+            await set_up(service, host, rank0, 6, "10.0.0.2:7000")
+            dropped = await service.teardown_all()
+            sent = [await rank0.receive(), await rank0.receive()]
+            return {"dropped": dropped, "sent": sent, "epochs": dict(service.epochs), "more": rank0.pending()}
+        finally:
+            service.stop()
+
+    result = asyncio.run(scenario())
+    assert result["dropped"] == [4, 6]
+    assert result["sent"] == [PdTransferTeardown(4), PdTransferTeardown(6)]
+    assert result["epochs"] == {} and not result["more"]
+
+
 def test_a_teardown_during_a_setup_fails_that_setup(rank0) -> None:
     host = ScriptedHost()
     service = PdNodeService(host, "prefill", 5.0, rank0.address)

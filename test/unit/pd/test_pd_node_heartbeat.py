@@ -38,8 +38,10 @@ LOAD_NAMES = {"queued_prefill_tokens", "running_requests", "free_kv_tokens", "kv
 class RecordingMaster:
     """Answers registrations and heartbeats at ``interval_s`` and keeps every body it got."""
 
-    def __init__(self, interval_s: float, old: bool = False) -> None:
+    def __init__(self, interval_s: float, old: bool = False, forget_at_heartbeat: int = 0) -> None:
         self.bodies: Dict[str, List[Dict[str, Any]]] = {REGISTER_PATH: [], HEARTBEAT_PATH: []}
+        # Answer this heartbeat (1-based; 0: none) with 404 unknown_node, as a master that dropped the node.
+        self.forget_at_heartbeat = forget_at_heartbeat
         app = FastAPI()
         allowed = {REGISTER_PATH: set(NodeInfo.__dataclass_fields__), HEARTBEAT_PATH: {"node_id"}}
         answer = {"master_id": "m1", "heartbeat_interval_s": interval_s, "max_missed_heartbeats": 3,
@@ -54,6 +56,10 @@ class RecordingMaster:
                          "param": unknown[0], "code": None}
                 return JSONResponse({"error": error}, status_code=400)
             self.bodies[path].append(body)
+            if path == HEARTBEAT_PATH and len(self.bodies[path]) == self.forget_at_heartbeat:
+                error = {"message": f"node {body['node_id']!r} is not registered", "type": "not_found_error",
+                         "param": "node_id", "code": "unknown_node"}
+                return JSONResponse({"error": error}, status_code=404)
             return JSONResponse({"node_id": body["node_id"], **answer})
 
         app.add_api_route(REGISTER_PATH, accept, methods=["POST"])
@@ -128,6 +134,34 @@ def test_an_older_master_gets_plain_bodies_and_keeps_the_node() -> None:
     assert client.refusal is None and not client.master_lost and client.registrations == 1
     assert set(master.bodies[REGISTER_PATH][0]) == set(NodeInfo.__dataclass_fields__)
     assert all(beat == {"node_id": "d0"} for beat in master.bodies[HEARTBEAT_PATH])
+
+
+def test_a_master_that_forgot_the_node_is_told_so_before_the_node_registers_again() -> None:
+    """The node releases what the forgotten membership held (its pairs) before the master can set up new ones."""
+    master = RecordingMaster(0.1, forget_at_heartbeat=2)
+    seen: List[Any] = []
+
+    async def run() -> PdNodeClient:
+        async def forgot(message: str) -> None:
+            seen.append(("forgot", message, len(master.bodies[REGISTER_PATH])))
+            await asyncio.sleep(0.3)  # the teardown takes a while: registering must wait for it
+            seen.append(("done", len(master.bodies[REGISTER_PATH])))
+
+        client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, on_master_forgot=forgot)
+        client.start()
+        try:
+            await client.wait_registered(20)
+            await until(lambda: len(master.bodies[REGISTER_PATH]) >= 2, "a second registration")
+        finally:
+            await client.stop()
+        return client
+
+    try:
+        client = asyncio.run(run())
+    finally:
+        master.stop()
+    assert seen == [("forgot", "node 'd0' is not registered", 1), ("done", 1)]
+    assert client.registrations == 2 and not client.master_lost
 
 
 def test_a_failing_report_does_not_stop_the_heartbeats() -> None:

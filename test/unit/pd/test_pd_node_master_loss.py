@@ -75,3 +75,24 @@ def test_losing_the_master_fails_a_request_still_waiting_for_its_first_event(nod
         node.decode.hold = False
     assert lines(result["response"]) == [{"event": "error", "message": "the PD master is gone", "transfer_broken": False, "error_kind": "internal"}]
     _wait(lambda: len(node.decode.closed) > closed, "the node to abort the request")
+
+
+def test_a_request_placed_again_under_a_live_id_replaces_the_previous_placement(node: NodeApp) -> None:
+    """The master gave the first placement up (its other node failed) and sends the request again:
+    the node ends the first one at once, without waiting to notice the closed stream."""
+    node.decode.script = [PdNodeEvent(kind="reserved", kv_start=0)]
+    node.decode.hold = True
+    closed = len(node.decode.closed)
+    try:
+        with httpx.stream("POST", f"{node.decode_url}/pd/node/decode", json=decode_body(request_id=11),
+                          timeout=10) as first:
+            first_lines = first.iter_lines()
+            assert json.loads(next(first_lines))["event"] == "reserved"
+            with httpx.stream("POST", f"{node.decode_url}/pd/node/decode", json=decode_body(request_id=11),
+                              timeout=10) as second:
+                assert json.loads(next(second.iter_lines()))["event"] == "reserved"
+                _wait(lambda: 11 in node.decode.closed[closed:], "the previous placement to be aborted")
+                assert list(first_lines) == []  # ended without a line: nobody reads it
+                assert len(node.decode_streams) == 1
+    finally:
+        node.decode.hold = False

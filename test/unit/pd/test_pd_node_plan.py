@@ -31,6 +31,15 @@ def test_registration_carries_the_model_shape_and_a_resolved_transfer_port(tiny_
         config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
 
 
+def test_registration_carries_the_request_length_the_node_takes(tiny_llama_dir) -> None:
+    # The master refuses a node that would refuse requests it admits (pd_master.served_model_admission).
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--run_mode", "decode"])
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    default = plan_sizing(args, config, "cpu").max_req_total_len
+    assert _prepare(tiny_llama_dir, "--run_mode", "decode")[2].max_req_total_len == default
+    assert _prepare(tiny_llama_dir, "--run_mode", "decode", "--max_req_total_len", "1024")[2].max_req_total_len == 1024
+
+
 def test_flags_given_are_used_and_a_prefill_node_holds_its_ports(tiny_llama_dir) -> None:
     args, _, info, ports = _prepare(tiny_llama_dir, "--run_mode", "prefill", "--pd_transfer_port", "29400", "--tp", "2",
                                     "--pd_node_id", "p-east-1", "--model_name", "served-a", "served-b")

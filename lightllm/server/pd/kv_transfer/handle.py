@@ -13,6 +13,14 @@ and on a decode rank ``handle.receive(request_id, slots)`` after ``reserve_prefi
 prefill rank's handles share its one :class:`~.store_host.TransferStoreHost`.  When a handle
 reports :attr:`broken_reason` (its group failed) every request it held has been reported failed;
 the owner calls :meth:`restart` on both sides, or drops the pair.
+
+No method waits on the transfer process (except :meth:`wait_ready` and :meth:`query_stats`, for
+start-up and tests): until the process has joined its group the handle keeps requests back
+itself, where a cancellation takes effect at once (:mod:`.held_commands`); after that commands
+are written by a thread of the handle's own (:mod:`.pipe_writer`), and the process reads them at
+all times, even while it moves another request's KV. The process ends by itself when the process
+that started the handle is gone (:mod:`.owner_watch`); start handles from a thread that lives as
+long as they do (a rank's step loop).
 """
 
 from __future__ import annotations
@@ -28,8 +36,10 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.pd.kv_transfer.held_commands import HeldCommands
 from lightllm.server.pd.kv_transfer.messages import (
     CancelReceive,
+    CancelSend,
     ChannelBroken,
     ChannelReady,
     QueryStats,
@@ -39,8 +49,10 @@ from lightllm.server.pd.kv_transfer.messages import (
     TransferResult,
     TransferStats,
 )
+from lightllm.server.pd.kv_transfer.pipe_writer import PipeWriter
 from lightllm.server.pd.kv_transfer.store_host import TransferStoreHost
-from lightllm.server.pd.kv_transfer.worker import TransferConfig, run_transfer_process
+from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
+from lightllm.server.pd.kv_transfer.worker import run_transfer_process
 from lightllm.utils.envs_utils import pd_transfer_failure_probability
 from lightllm.server.run_mode import PD_NODE_MODES
 
@@ -102,6 +114,8 @@ class KVTransferHandle:
         self._ctx = torch_mp.get_context("spawn")
         self._process = None
         self._conn = None
+        self._writer: Optional[PipeWriter] = None
+        self._held = HeldCommands()  # requests kept back until the process is ready
         self._in_flight: dict = {}  # request id -> bytes announced (0 until known)
         self._results: List[TransferResult] = []
         self._stats: Optional[TransferStats] = None
@@ -133,11 +147,26 @@ class KVTransferHandle:
         it was already under way.
         """
         self._require("decode", "cancel_receive")
-        if request_id in self._in_flight and self._conn is not None and self.broken_reason is None:
-            try:
-                self._conn.send(CancelReceive(request_id))
-            except (BrokenPipeError, OSError):
-                pass  # the process is gone; poll() fails what it held
+        self._cancel(CancelReceive(request_id))
+
+    def cancel_send(self, request_id: int) -> None:
+        """Prefill side: take ``request_id``'s send off the queue if it has not started.
+
+        Its result comes through :meth:`poll` as usual: ``cancelled``, or the transfer's own when
+        it was already under way.
+        """
+        self._require("prefill", "cancel_send")
+        self._cancel(CancelSend(request_id))
+
+    def _cancel(self, command: Union[CancelReceive, CancelSend]) -> None:
+        request_id = command.request_id
+        if self._held.take_back(request_id):
+            # The process never saw it: nothing can touch its KV any more.
+            verb = "receive" if isinstance(command, CancelReceive) else "send"
+            self._finish(TransferResult(request_id, False, 0.0, 0, f"request {request_id}: {verb} cancelled (the "
+                                        "request ended before its KV transfer started)", cancelled=True))
+        elif request_id in self._in_flight and self._writer is not None and self.broken_reason is None:
+            self._writer.send(command)
 
     def poll(self) -> List[TransferResult]:
         """Finished transfers since the last call (never blocks)."""
@@ -198,13 +227,10 @@ class KVTransferHandle:
         Blocks up to ``timeout_s`` (diagnostics and tests only); other messages read meanwhile
         are kept for :meth:`poll`.
         """
-        if self._conn is None:
+        if self._conn is None or self._writer is None:
             return None
         self._stats = None
-        try:
-            self._conn.send(QueryStats())
-        except (BrokenPipeError, OSError):
-            return None
+        self._writer.send(QueryStats())
         deadline = time.monotonic() + timeout_s
         while self._stats is None and time.monotonic() < deadline:
             if self._conn.poll(0.05):
@@ -226,7 +252,7 @@ class KVTransferHandle:
         failure_probability = pd_transfer_failure_probability() if self.role == "prefill" else 0.0
         config = TransferConfig(self.role, store_addr, store_port, self._group_name, generation,
                                 self._page_size, self._timeout_s, self._connect_timeout_s, failure_probability,
-                                self._announce_wait_s)
+                                self._announce_wait_s, owner_pid=os.getpid())
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=run_transfer_process, args=(config, child, self._view),
                                     name=f"kv-transfer-{self.role}", daemon=True)
@@ -234,6 +260,7 @@ class KVTransferHandle:
             process.start()
         child.close()
         self._process, self._conn = process, parent
+        self._writer = PipeWriter(parent, f"kv-transfer-{self.role}-pipe")
         self.ready, self.broken_reason = False, None
         self.store_port = store_port
         self.generation = generation
@@ -257,36 +284,37 @@ class KVTransferHandle:
         if self._conn is not None:
             self._read_pipe()
         if self._process is not None:
-            if self._process.is_alive() and self._conn is not None:
-                try:
-                    self._conn.send(Shutdown())
-                except (BrokenPipeError, OSError):
-                    pass
+            if self._process.is_alive() and self._writer is not None:
+                self._writer.send(Shutdown())
                 self._process.join(0.2)
             if self._process.is_alive():
                 # A process stuck on its peer is not unblocked by aborting the group: kill it.
                 self._process.kill()
             self._process.join(5.0)
             self._read_pipe()
+        if self._writer is not None:
+            # The process is gone, so a write still blocked on its full pipe fails at once.
+            self._writer.close(1.0)
         if self._conn is not None:
             self._conn.close()
-        self._process, self._conn = None, None
+        self._process, self._conn, self._writer = None, None, None
         self.ready = False
 
     def _submit(self, command: Union[SendKV, ReceiveKV]) -> None:
         if command.request_id in self._in_flight:
             raise ValueError(f"request {command.request_id} already has a KV transfer in flight")
         self._in_flight[command.request_id] = 0
-        if self.broken_reason is not None or self._conn is None:
+        if self.broken_reason is not None or self._writer is None:
             self._finish(TransferResult(command.request_id, False, 0.0, 0,
                                         f"request {command.request_id}: KV transfer unavailable "
                                         f"({self.broken_reason or 'stopped'}); restart it"))
             return
-        try:
-            self._conn.send(command)
-        except (BrokenPipeError, OSError) as exc:
-            self._finish(TransferResult(command.request_id, False, 0.0, 0,
-                                        f"request {command.request_id}: the KV transfer process is gone ({exc})"))
+        if not self.ready:
+            self._held.hold(command)  # until the process has joined its group (see held_commands.py)
+            return
+        # Queued, never written here: the caller is a rank's step loop (see pipe_writer.py).  A
+        # process that is gone is noticed by the next poll(), which fails what it held.
+        self._writer.send(command)
 
     def _read_pipe(self) -> None:
         conn = self._conn
@@ -299,6 +327,9 @@ class KVTransferHandle:
                     self._finish(message)
                 elif isinstance(message, ChannelReady):
                     self.ready = True
+                    if self._writer is not None:
+                        for command in self._held.release():
+                            self._writer.send(command)
                 elif isinstance(message, ChannelBroken):
                     self.broken_reason = message.reason
                 elif isinstance(message, TransferStats):
@@ -313,6 +344,7 @@ class KVTransferHandle:
         self._results.append(result)
 
     def _fail_in_flight(self, reason: str) -> None:
+        self._held.clear()
         for request_id in list(self._in_flight):
             self._finish(TransferResult(request_id, False, 0.0, 0, f"request {request_id}: {reason}"))
 

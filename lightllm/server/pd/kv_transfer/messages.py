@@ -48,6 +48,18 @@ class CancelReceive:
 
 
 @dataclass(frozen=True)
+class CancelSend:
+    """Prefill side: take request ``request_id``'s send off the queue if it has not started.
+
+    Its request was aborted on the node (the master that wanted its KV is gone, or gave it up),
+    so it must not wait behind the sends queued ahead of it.  The send is reported as a failed
+    result with ``cancelled``; a send already under way is left to finish and reports itself.
+    """
+
+    request_id: int
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Stop the transfer process after the current transfer."""
 
@@ -83,7 +95,8 @@ class TransferResult:
     prefill KV may be freed; on the decode side it means the KV is in the reserved slots.
     ``first_token`` (decode side, ok results) is the prefill node's first token from the header.
     ``expired`` (decode side) marks a receive whose KV did not start arriving within its wait
-    (a PD reservation's lease ran out); ``cancelled`` one given up by :class:`CancelReceive`.
+    (a PD reservation's lease ran out); ``cancelled`` one given up by :class:`CancelReceive` or
+    :class:`CancelSend` before it started.
     """
 
     request_id: int

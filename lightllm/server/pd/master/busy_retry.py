@@ -1,12 +1,13 @@
 """What the PD master does when a node answers busy (D cannot reserve KV, P's queue is full).
 
-By default (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` = 0, read once when the master
-starts and passed in as ``timeout_s``) a busy answer becomes an
-immediate :class:`~lightllm.server.manager_errors.ServerBusyError` naming the busy role, which
-the API answers with HTTP 503 (code ``server_busy``): the client, which knows its own latency
-budget, decides whether to retry.  With a positive value the master retries for at most that
-many seconds, sleeping ``initial_backoff_s``, then twice as long each time up to
-``max_backoff_s`` (never past the deadline), and answers busy once the time is spent.  Each
+``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` (read once when the master starts and passed in
+as ``timeout_s``; 60 s by default, see ``envs_utils.DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS``)
+is how long the master retries, sleeping ``initial_backoff_s``, then twice as long each time up
+to ``max_backoff_s`` (never past the deadline): a burst waits for KV as on a normal server.  Once
+the time is spent a busy answer becomes a
+:class:`~lightllm.server.manager_errors.ServerBusyError` naming the busy role, which the API
+answers with HTTP 503 (code ``server_busy``).  With 0 that answer comes at once: for a client
+that knows its own latency budget and retries itself.  Each
 attempt may pick another node: the ``attempt`` callable is called afresh every time.  Before an
 attempt raises :class:`NodeBusy` the segment flow has already tried every other serving node of
 the busy role (:mod:`.segment_flow`), so the policy only waits when the whole role is busy.

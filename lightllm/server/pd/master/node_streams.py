@@ -6,7 +6,10 @@ reads its stream in its own task and hands every line, as a ``dict``, to a sink;
 stream as :data:`STREAM_END`; a failure (the node unreachable, an error answer before the
 stream, a line that is not JSON) as a :class:`NodeCallError`.  The reader of the sink applies the
 deadlines.  Closing a stream before its end closes the connection, which the node takes as the
-master giving up: it aborts the request and frees its KV.
+master giving up: it aborts the request and frees its KV.  A stream the request no longer needs
+but whose node should still end it by itself (a prefill node's stream after the hand-off: its
+``handed_off`` line is on its way) is released instead (:meth:`NodeStream.release`): its lines
+are dropped and the node ends it, so the node accounts for its request as what it was.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Set
 
 import httpx
 
@@ -60,10 +63,19 @@ def _error_message(response: httpx.Response, body: bytes) -> tuple[str, Optional
         return f"HTTP {response.status_code}: {body[:200].decode('utf-8', 'replace')}", None
 
 
-class NodeStream:
-    """One NDJSON stream from a node, read in a background task into ``sink``."""
+def _drop(payload: Any) -> None:
+    """The sink of a released stream: nobody reads its lines any more."""
 
-    def __init__(self, client: httpx.AsyncClient, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink):
+
+class NodeStream:
+    """One NDJSON stream from a node, read in a background task into ``sink``.
+
+    ``released`` is the owner's set of streams released and not yet ended (it holds them, so
+    their tasks are not garbage collected and the owner can close them when it stops).
+    """
+
+    def __init__(self, client: httpx.AsyncClient, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink,
+                 released: Optional[Set["NodeStream"]] = None):
         self.node = node
         self.path = path
         self._client = client
@@ -71,6 +83,8 @@ class NodeStream:
         self._sink = sink
         self._task: Optional[asyncio.Task] = None
         self._cancel_requested = False
+        self._released = released if released is not None else set()
+        self._closer: Optional[asyncio.Task] = None
 
     def start(self) -> "NodeStream":
         """Send the request and start reading (on the running loop)."""
@@ -112,6 +126,32 @@ class NodeStream:
             self._cancel_requested = True
             self._task.cancel()
 
+    def release(self, within_s: float) -> None:
+        """Let the node end this stream by itself, within ``within_s`` seconds; its lines are dropped.
+
+        For a stream the request no longer needs whose node still owes a last line (a prefill
+        node's ``handed_off`` after the decode node confirmed the KV).  Closing it instead would
+        abort the request there, and the node would count a hand-off that succeeded as an
+        abort.  A node that has not ended it by then gets it closed (on a running event loop).
+        """
+        self._sink = _drop
+        task = self._task
+        if task is None or task.done() or self._cancel_requested or self._closer is not None:
+            return
+        self._released.add(self)
+        self._closer = asyncio.get_running_loop().create_task(self._close_after(task, within_s),
+                                                              name=f"pd-release-{self.path}")
+
+    async def _close_after(self, task: asyncio.Task, within_s: float) -> None:
+        try:
+            done, _ = await asyncio.wait({task}, timeout=within_s)
+            if not done:
+                logger.warning("%s did not end its %s stream within %g s of its release; closing it",
+                               self.node.describe(), self.path, within_s)
+                await self.close()
+        finally:
+            self._released.discard(self)
+
     async def close(self) -> None:
         """Stop reading and wait until the connection is closed (the node aborts the request).
 
@@ -137,6 +177,8 @@ class NodeStreams:
     """
 
     def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, cluster_key: Optional[str] = None) -> None:
+        # Streams released to end by themselves (NodeStream.release), held until they do.
+        self._released: Set[NodeStream] = set()
         # No read timeout here: the request flow bounds every wait with its phase deadlines.
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout_s),
@@ -150,7 +192,7 @@ class NodeStreams:
 
     def stream(self, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink) -> NodeStream:
         """Open ``path`` on ``node`` with ``body``; its lines go to ``sink``."""
-        return NodeStream(self._client, node, path, body, sink).start()
+        return NodeStream(self._client, node, path, body, sink, self._released).start()
 
     async def post_json(self, node: NodeInfo, path: str, body: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
         """POST ``body`` and return the JSON answer; :class:`NodeCallError` on any failure."""
@@ -172,5 +214,7 @@ class NodeStreams:
         return answer
 
     async def aclose(self) -> None:
-        """Close every pooled connection."""
+        """Close every released stream still open, then every pooled connection."""
+        for stream in list(self._released):
+            await stream.close()
         await self._client.aclose()

@@ -68,6 +68,8 @@ class RequestRun:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._buffers: Dict[str, Deque[Any]] = {PREFILL: collections.deque(), DECODE: collections.deque()}
         self._streams: List[NodeStream] = []
+        # The current segment's prefill stream (the segment flow releases it after the hand-off).
+        self.prefill_stream: Optional[NodeStream] = None
         self._next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
 
     def sink(self, role: str) -> Callable[[Any], None]:
@@ -78,6 +80,13 @@ class RequestRun:
         """Remember ``stream`` so :meth:`close_streams` closes it."""
         self._streams.append(stream)
         return stream
+
+    def release_stream(self, stream: NodeStream, within_s: float) -> None:
+        """Stop reading ``stream`` but let its node end it (see :meth:`NodeStream.release`);
+        :meth:`close_streams` no longer closes it."""
+        if stream in self._streams:
+            self._streams.remove(stream)
+            stream.release(within_s)
 
     def fail(self, failure: Exception) -> bool:
         """End the request with ``failure`` unless it already failed; True if failed now."""

@@ -57,12 +57,15 @@ class PhaseDeadlines:
     """Seconds the master waits for each node answer (the ``--pd_*_timeout_seconds`` flags).
 
     ``busy_retry_s``: how long busy answers are retried (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS``,
-    read once when the master starts; 0: no retry).
+    read once when the master starts; 0: no retry).  ``handoff_s``: how long a prefill node's
+    stream may stay open after the decode node confirmed the KV, for its ``handed_off`` line
+    (``--pd_transfer_timeout_seconds``: the prefill side's own bound on the acknowledgement).
     """
 
     prefill_s: float
     decode_token_s: float
     busy_retry_s: float = 0.0
+    handoff_s: float = 30.0
 
 
 # ``error_kind`` values of an error line (optional) that mean the KV transfer failed.
@@ -183,7 +186,7 @@ class SegmentFlow:
             self.metrics.on_phase("reserve", time.monotonic() - started)
             body = {**common, "kv_start": kv_start, "infer_high_priority": segment.infer_high_priority}
             started = time.monotonic()
-            run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body, run.sink(PREFILL)))
+            run.prefill_stream = run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body, run.sink(PREFILL)))
 
             def watch_decode(payload: Any) -> None:
                 # D failing while P prefills (it died, its lease expired) ends the request now,
@@ -256,6 +259,11 @@ class SegmentFlow:
             handed_off = True
             run.nodes.pop(PREFILL, None)  # P's part is done; losing P no longer matters
             run.release(PREFILL)
+            if run.prefill_stream is not None:
+                # P ends its stream with handed_off once its own side of the transfer reports; closing
+                # it first (the request may end on D before that) would make P count an abort.
+                run.release_stream(run.prefill_stream, self.deadlines.handoff_s)
+                run.prefill_stream = None
 
         def on_prefill(payload: Any) -> None:
             if handed_off or payload is STREAM_END:

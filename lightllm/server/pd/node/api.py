@@ -11,7 +11,9 @@ Mounted through ``create_app(..., extra_routers=[...])`` on nodes started with
   request as JSON (:mod:`lightllm.server.pd.protocol.stream_lines`), answered with an NDJSON stream
   (``application/x-ndjson``, one JSON object per line, each with an ``"event"`` key).  The
   other role's path answers 404 naming the role that serves it.  A draining node (it got
-  SIGTERM) answers a new request with a ``busy`` line saying so.
+  SIGTERM) answers a new request with a ``busy`` line saying so.  A request whose id is still
+  open here replaces it (:meth:`PdStreams.supersede`): the master sends a new placement of a
+  request only after giving the previous one up.
 
 The endpoints call the node's :class:`~lightllm.server.pd.node.service.PdNodeService`, never
 the request manager directly.
@@ -139,7 +141,8 @@ class _NodeStream:
 
 
 class PdStreams:
-    """The node's open PD streams, so losing the master can fail every one of them."""
+    """The node's open PD streams, so losing the master can fail every one of them, and a new
+    placement of a request can end the previous one under its id."""
 
     def __init__(self) -> None:
         self._open: Set[_NodeStream] = set()
@@ -158,6 +161,22 @@ class PdStreams:
         streams = list(self._open)
         for stream in streams:
             stream.fail(message)
+        return len(streams)
+
+    def supersede(self, request_id: int) -> int:
+        """End every open stream of ``request_id`` without a line and abort its request; returns how many.
+
+        The master runs one placement of a request on a node at a time and gives the previous
+        one up before it sends the next (a continuation segment, or the same segment placed
+        again after its other node failed): a request that arrives under a live id replaces it.
+        The master closed the old stream already, but this node would notice that only at its
+        next disconnect check; ending it here starts its release at once, so the new
+        placement's wait for the id does not depend on that check.
+        """
+        streams = [stream for stream in self._open if stream.request_id == request_id]
+        for stream in streams:
+            self._open.discard(stream)
+            stream.abandon()
         return len(streams)
 
 
@@ -258,6 +277,9 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
         # A long prompt's ids make a large body: decoded off the event loop, like a public request's.
         body = await parse_body_off_loop(await request.body(), body_type)
         spec = request_spec_of(body, node.vocab_size, node.max_req_total_len)
+        if streams.supersede(body.request_id):
+            logger.info("request %d: placed here again by the master; the previous placement is ended",
+                        body.request_id)
         try:
             events = node.generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
         except Exception as exc:  # noqa: BLE001 - a refusal before any event is an HTTP error
@@ -266,7 +288,7 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
         # Registered at once: losing the master must also end a request still waiting for its first event.
         streams.add(stream)
         first = await _first_item(stream, request)
-        if first is None:  # the master went away before the first event
+        if first is None or first is _GONE:  # the master went away (or placed the request again) before the first event
             streams.discard(stream)
             await stream.close()
             return Response(status_code=499)
@@ -302,8 +324,9 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
                 item = await stream.next()
                 if item is _GONE:  # the master closed the stream: the request is stopped, its KV freed
                     return
-            if not ended:
-                # Never a silent end: the master must learn the request is over here.
+            if not ended and not await request.is_disconnected():
+                # Never a silent end: the master must learn the request is over here.  (A master
+                # that closed the stream ended the request itself: nothing is owed to it.)
                 logger.error("request %d ended on the node without a result", stream.request_id)
                 yield ndjson(error_fields(f"request {stream.request_id} ended on the {run_mode} node without a result",
                                           error_kind="internal"))

@@ -1,14 +1,18 @@
 """The node side of PD membership: register with the master, heartbeat, notice a dead master.
 
-A prefill or decode node runs one :class:`PdNodeClient`.  It registers (retrying while the
-master is unreachable), then heartbeats at the interval the master sent back.  Heartbeats go
-both ways: every answered heartbeat proves the master alive, so when no registration or
-heartbeat has been answered for ``master_timeout_s`` (default: the master's own bound,
-``heartbeat_interval_s * max_missed_heartbeats``) the client calls ``on_master_lost`` once; the
-node can then fail the requests the master sent it.  When the master answers again (a
-restarted master says ``unknown_node``, and the client registers again) ``on_master_back`` is
-called.  A refusal (incompatible node, id in use, invalid registration) is final: the client
-stops and calls ``on_refused`` with the master's message, which names every mismatched field.
+A prefill or decode node runs one :class:`PdNodeClient`. It registers (retrying while the master
+is unreachable), then heartbeats at the interval the master sent back. Heartbeats go both ways:
+every answered heartbeat proves the master alive, so when no registration or heartbeat has been
+answered for ``master_timeout_s`` (default: the master's own bound, ``heartbeat_interval_s *
+max_missed_heartbeats``) the client calls ``on_master_lost`` once; the node can then fail the
+requests the master sent it. When the master answers again (a restarted master says
+``unknown_node``, and the client registers again) ``on_master_back`` is called. A master that
+answers ``unknown_node`` (it dropped the node, say after the node hung, or it restarted) has
+forgotten everything it set up with the node: the client awaits ``on_master_forgot`` before it
+registers again, so the node can release what that membership held (its transfer pairs) before
+the master sets up new ones. A refusal (incompatible node, id in use, invalid registration) is
+final: the client stops and calls ``on_refused`` with the master's message, which names every
+mismatched field.
 
 Every registration and heartbeat carries what ``report`` returns (the node's ``"load"`` and
 ``"state"``, see :mod:`lightllm.server.pd.protocol.membership`).  A master of an older version
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Awaitable, Callable, Dict, Mapping, Optional
 
 import httpx
 
@@ -88,6 +92,8 @@ class PdNodeClient:
         on_master_lost / on_master_back: called (with a reason / without arguments) when the
             master becomes unreachable for longer than the bound, and when it answers again.
         on_refused: called with the refusal message when the master refuses the node.
+        on_master_forgot: awaited (with the master's message) when the master answers that it does
+            not know the node, before the node registers again.
         clock: time source (``time.monotonic``).
         cluster_key: the cluster's key (``--pd_cluster_key``), sent on every call.  A master
             that accepts the registration but has no key of its own would call this node's
@@ -106,6 +112,7 @@ class PdNodeClient:
         on_master_lost: Optional[Callable[[str], None]] = None,
         on_master_back: Optional[Callable[[], None]] = None,
         on_refused: Optional[Callable[[str], None]] = None,
+        on_master_forgot: Optional[Callable[[str], Awaitable[None]]] = None,
         clock: Callable[[], float] = time.monotonic,
         cluster_key: Optional[str] = None,
         report: Optional[Callable[[], Mapping[str, Any]]] = None,
@@ -122,6 +129,8 @@ class PdNodeClient:
         self._on_master_lost = on_master_lost
         self._on_master_back = on_master_back
         self._on_refused = on_refused
+        self._on_master_forgot = on_master_forgot
+        self._forgotten: Optional[str] = None  # the master's unknown_node message, until handled
         self._clock = clock
         self._cluster_key = cluster_key
         self._report = report
@@ -213,6 +222,7 @@ class PdNodeClient:
                 logger.exception("unexpected answer from PD master %s", self.master_url)
                 self._master_silent(f"{type(exc).__name__}: {exc}")
             if register_now:
+                await self._master_forgot()
                 continue
             pause = self.heartbeat_interval_s - (time.monotonic() - beat_started)
             try:
@@ -290,6 +300,7 @@ class PdNodeClient:
             self._report_on = {path: self._report is not None for path in self._report_on}
             logger.warning("PD master %s does not know %s (%s); registering again", self.master_url,
                            self.info.describe(), message)
+            self._forgotten = message
             self.registered = False
             self._registered_event.clear()
             return True
@@ -319,6 +330,15 @@ class PdNodeClient:
         reason = f"the PD master {self.master_url} has not answered for {silent_for:.1f} s (last error: {why})"
         logger.error("%s: %s", self.info.describe(), reason)
         self._notify(self._on_master_lost, reason)
+
+    async def _master_forgot(self) -> None:
+        message, self._forgotten = self._forgotten, None
+        if self._on_master_forgot is None or message is None:
+            return
+        try:
+            await self._on_master_forgot(message)
+        except Exception:  # noqa: BLE001 - the owner's bug must not stop the registration
+            logger.exception("PD node client callback failed")
 
     def _notify(self, callback: Optional[Callable[..., None]], *args: Any) -> None:
         if callback is None:

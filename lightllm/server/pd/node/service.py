@@ -11,7 +11,8 @@ request's own event stream.
   hands it to every rank) and waits for rank 0's :class:`PdSetupDone`.  A node holds one
   transfer pair per connected peer, each named by the master's ``epoch``; setting one up leaves
   the others alone, and :meth:`PdNodeService.transfer_teardown` drops one
-  (:class:`PdTransferTeardown`).  A :class:`PdChannelBroken` breaks only its own epoch.
+  (:class:`PdTransferTeardown`); :meth:`PdNodeService.teardown_all` drops them all (the master
+  forgot this node).  A :class:`PdChannelBroken` breaks only its own epoch.
 * :meth:`PdNodeService.generate` runs one request's
   :class:`~lightllm.server.core.objs.request_spec.RequestSpec` (its PD kind set by the node's
   wire format) through the manager's ``generate`` and turns what comes back into
@@ -272,6 +273,14 @@ class PdNodeService:
         if known:
             log.info("KV transfer of epoch %d torn down (%s; %d pair(s) left)", epoch, self.role, len(self.epochs))
         return known
+
+    async def teardown_all(self) -> List[int]:
+        """Drop every pair held or being set up (the master forgot this node: it tore them down on
+        their peers); what they hold is released now, not at their leases.  Returns the epochs."""
+        epochs = sorted(set(self.epochs) | set(self._setup_waiters))
+        for epoch in epochs:
+            await self.transfer_teardown(epoch)
+        return epochs
 
     @contextlib.asynccontextmanager
     async def _epoch_lock(self, epoch: int) -> AsyncIterator[None]:

@@ -84,6 +84,10 @@ class NodeInfo:
         eos_token_ids: the ids the node's ranks stop generation at (``--eos_id`` or the checkpoint's);
             None when the registering process does not report them.  The master stops where its
             nodes do only if its own set is the same, so it admits only such nodes.
+        max_req_total_len: the most prompt plus generated tokens the node takes per request
+            (``--max_req_total_len`` or the model's context); None when the registering process
+            does not report it.  The master admits a request up to its own limit and may place it
+            on any node, so it admits only nodes whose limit is at least its own.
     """
 
     node_id: str
@@ -98,6 +102,7 @@ class NodeInfo:
     kv_transfer_address: str
     checkpoint_fingerprint: str = ""
     eos_token_ids: Optional[List[int]] = None
+    max_req_total_len: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -134,6 +139,8 @@ class NodeInfo:
                 isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0 for token_id in eos)):
             raise NodeInfoError(f"eos_token_ids must be null or a list of at most {MAX_EOS_TOKEN_IDS} token ids, "
                                 f"got {eos!r}", "eos_token_ids")
+        if self.max_req_total_len is not None:
+            _check_positive_int("max_req_total_len", self.max_req_total_len)
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> "NodeInfo":
