@@ -78,6 +78,26 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = 20) -
         await asyncio.sleep(0.02)
 
 
+def run_client_until(master: RecordingMaster, make_client: Callable[[], PdNodeClient], done: Callable[[], bool],
+                     what: str) -> PdNodeClient:
+    """Run a node client against ``master`` until it registered and ``done()``; stop both, return the client."""
+
+    async def run() -> PdNodeClient:
+        client = make_client()
+        client.start()
+        try:
+            await client.wait_registered(20)
+            await until(done, what)
+        finally:
+            await client.stop()
+        return client
+
+    try:
+        return asyncio.run(run())
+    finally:
+        master.stop()
+
+
 def test_every_registration_and_heartbeat_carries_the_callbacks_load_and_state() -> None:
     master = RecordingMaster(0.1)
     reports = iter(range(1000))
@@ -88,19 +108,9 @@ def test_every_registration_and_heartbeat_carries_the_callbacks_load_and_state()
                            "kv_capacity_tokens": 100},
                 STATE_KEY: "serving" if n < 3 else "draining", "not_a_report_field": 1}
 
-    async def run() -> None:
-        client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, report=report)
-        client.start()
-        try:
-            await client.wait_registered(20)
-            await until(lambda: len(master.bodies[HEARTBEAT_PATH]) >= 4, "four heartbeats")
-        finally:
-            await client.stop()
-
-    try:
-        asyncio.run(run())
-    finally:
-        master.stop()
+    run_client_until(master, lambda: PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1,
+                                                  report=report),
+                     lambda: len(master.bodies[HEARTBEAT_PATH]) >= 4, "four heartbeats")
     registration = master.bodies[REGISTER_PATH][0]
     assert registration[LOAD_KEY]["queued_prefill_tokens"] == 0 and registration[STATE_KEY] == "serving"
     assert registration["model_name"] == "tiny"  # the NodeInfo fields are all still there
@@ -116,21 +126,10 @@ def test_every_registration_and_heartbeat_carries_the_callbacks_load_and_state()
 def test_an_older_master_gets_plain_bodies_and_keeps_the_node() -> None:
     master = RecordingMaster(0.1, old=True)
 
-    async def run() -> PdNodeClient:
-        client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1,
-                              report=lambda: {LOAD_KEY: {"running_requests": 1}, STATE_KEY: "serving"})
-        client.start()
-        try:
-            await client.wait_registered(20)
-            await until(lambda: len(master.bodies[HEARTBEAT_PATH]) >= 3, "three heartbeats")
-        finally:
-            await client.stop()
-        return client
-
-    try:
-        client = asyncio.run(run())
-    finally:
-        master.stop()
+    report = lambda: {LOAD_KEY: {"running_requests": 1}, STATE_KEY: "serving"}  # noqa: E731
+    client = run_client_until(
+        master, lambda: PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, report=report),
+        lambda: len(master.bodies[HEARTBEAT_PATH]) >= 3, "three heartbeats")
     assert client.refusal is None and not client.master_lost and client.registrations == 1
     assert set(master.bodies[REGISTER_PATH][0]) == set(NodeInfo.__dataclass_fields__)
     assert all(beat == {"node_id": "d0"} for beat in master.bodies[HEARTBEAT_PATH])
@@ -141,25 +140,14 @@ def test_a_master_that_forgot_the_node_is_told_so_before_the_node_registers_agai
     master = RecordingMaster(0.1, forget_at_heartbeat=2)
     seen: List[Any] = []
 
-    async def run() -> PdNodeClient:
-        async def forgot(message: str) -> None:
-            seen.append(("forgot", message, len(master.bodies[REGISTER_PATH])))
-            await asyncio.sleep(0.3)  # the teardown takes a while: registering must wait for it
-            seen.append(("done", len(master.bodies[REGISTER_PATH])))
+    async def forgot(message: str) -> None:
+        seen.append(("forgot", message, len(master.bodies[REGISTER_PATH])))
+        await asyncio.sleep(0.3)  # the teardown takes a while: registering must wait for it
+        seen.append(("done", len(master.bodies[REGISTER_PATH])))
 
-        client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, on_master_forgot=forgot)
-        client.start()
-        try:
-            await client.wait_registered(20)
-            await until(lambda: len(master.bodies[REGISTER_PATH]) >= 2, "a second registration")
-        finally:
-            await client.stop()
-        return client
-
-    try:
-        client = asyncio.run(run())
-    finally:
-        master.stop()
+    client = run_client_until(
+        master, lambda: PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, on_master_forgot=forgot),
+        lambda: len(master.bodies[REGISTER_PATH]) >= 2, "a second registration")
     assert seen == [("forgot", "node 'd0' is not registered", 1), ("done", 1)]
     assert client.registrations == 2 and not client.master_lost
 
@@ -170,19 +158,9 @@ def test_a_failing_report_does_not_stop_the_heartbeats() -> None:
     def report() -> Dict[str, Any]:
         raise RuntimeError("stats segment gone")
 
-    async def run() -> None:
-        client = PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, report=report)
-        client.start()
-        try:
-            await client.wait_registered(20)
-            await until(lambda: len(master.bodies[HEARTBEAT_PATH]) >= 2, "two heartbeats")
-        finally:
-            await client.stop()
-
-    try:
-        asyncio.run(run())
-    finally:
-        master.stop()
+    run_client_until(master, lambda: PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1,
+                                                  report=report),
+                     lambda: len(master.bodies[HEARTBEAT_PATH]) >= 2, "two heartbeats")
     assert master.bodies[HEARTBEAT_PATH][0] == {"node_id": "d0"}
 
 
