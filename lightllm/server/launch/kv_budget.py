@@ -41,6 +41,32 @@ ACTIVATION_SLACK = 2
 
 
 @dataclass(frozen=True)
+class ActivationEstimate:
+    """One rank's transient memory in its largest forward, by the flag that drives each term (bytes, slack included)."""
+
+    # The prefill tokens of one forward: --batch_max_tokens (by default from --chunked_prefill_size).
+    hidden: int
+    # Sampled rows: --running_max_req_size.
+    logits: int
+    # One chunk's attention scores against the longest context: --chunked_prefill_size x --max_req_total_len.
+    scores: int
+
+    @property
+    def total(self) -> int:
+        """The whole estimate."""
+        return self.hidden + self.logits + self.scores
+
+    def largest_driver(self) -> str:
+        """The flags behind the largest term, as an operator would lower them."""
+        terms = {
+            "--batch_max_tokens / --chunked_prefill_size": self.hidden,
+            "--running_max_req_size": self.logits,
+            "--chunked_prefill_size or --max_req_total_len": self.scores,
+        }
+        return max(terms, key=terms.__getitem__)
+
+
+@dataclass(frozen=True)
 class KVBudget:
     """The terms of the rule above, in bytes, for the start-up log and the docs."""
 
@@ -48,6 +74,17 @@ class KVBudget:
     weights: int
     reserve: int
     mem_fraction: float
+    # The reserve's estimated activations across this machine's ranks (None when
+    # --reserved_memory_gb gave the reserve).
+    activations: Optional[ActivationEstimate] = None
+    ranks_here: int = 1
+
+    @property
+    def activation_share(self) -> float:
+        """The fraction of the reserve that the activation estimate makes up (0 without one)."""
+        if self.activations is None or self.reserve <= 0:
+            return 0.0
+        return self.ranks_here * self.activations.total / self.reserve
 
     @property
     def kv_bytes(self) -> int:
@@ -100,6 +137,13 @@ def weights_bytes(model_dir: str, checkpoint_dtype: Any, serving_dtype: Any) -> 
 def activation_bytes(
     config: ModelConfig, tp: int, batch_max_tokens: int, chunk_tokens: int, max_req_total_len: int, max_batch_rows: int
 ) -> int:
+    """:func:`activation_estimate`'s total."""
+    return activation_estimate(config, tp, batch_max_tokens, chunk_tokens, max_req_total_len, max_batch_rows).total
+
+
+def activation_estimate(
+    config: ModelConfig, tp: int, batch_max_tokens: int, chunk_tokens: int, max_req_total_len: int, max_batch_rows: int
+) -> ActivationEstimate:
     """Generous estimate of one rank's transient memory in its largest forward (float32 throughout).
 
     Per token of a prefill: the residual stream and its normed copies, q/k/v and the attention
@@ -115,7 +159,7 @@ def activation_bytes(
     hidden = batch_max_tokens * floats_per_token * 4
     logits = max_batch_rows * config.vocab_size * 4 * 4
     scores = 2 * (config.num_attention_heads // tp) * min(chunk_tokens, batch_max_tokens) * max_req_total_len * 4
-    return ACTIVATION_SLACK * (hidden + logits + scores)
+    return ActivationEstimate(ACTIVATION_SLACK * hidden, ACTIVATION_SLACK * logits, ACTIVATION_SLACK * scores)
 
 
 def plan_kv_budget(
@@ -143,15 +187,19 @@ def plan_kv_budget(
     else:
         weights //= tp  # one rank per device
         ranks_here = 1
+    activations = None
     if reserved_memory_gb is not None:
         reserve = int(reserved_memory_gb * GIB)
     else:
-        reserve = ranks_here * activation_bytes(config, tp, batch_max_tokens, chunk_tokens, max_req_total_len, max_batch_rows)
+        activations = activation_estimate(config, tp, batch_max_tokens, chunk_tokens, max_req_total_len, max_batch_rows)
+        reserve = ranks_here * activations.total
         if device == "cpu":
             reserve += (SERVER_SIDE_CHILDREN + tp) * PROCESS_ALLOWANCE_BYTES
             reserve += int(CPU_MACHINE_SHARE * _meminfo_bytes("MemTotal"))
         else:
             reserve += CUDA_CONTEXT_BYTES
-    budget = KVBudget(available_memory_bytes(device, cuda_free_bytes), weights, reserve, mem_fraction)
+    budget = KVBudget(
+        available_memory_bytes(device, cuda_free_bytes), weights, reserve, mem_fraction, activations, ranks_here
+    )
     log.info("%s", budget.describe())
     return budget

@@ -8,13 +8,14 @@ Pure arithmetic on the flags, the checkpoint's config and the machine's facts; i
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.kv_budget import kv_bytes_per_token, plan_kv_budget
+from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
 from lightllm.utils.envs_utils import (
     DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN,
@@ -27,6 +28,8 @@ from lightllm.utils.envs_utils import (
 
 
 CPU_DEFAULT_KV_TOKEN_CAP = 1 << 18
+
+log = logging.getLogger("lightllm.sizing")
 
 
 @dataclass
@@ -61,12 +64,42 @@ def resolve_max_req_total_len(flag_value: Optional[int], config: ModelConfig) ->
     if flag_value is None:
         return config.context_limit
     window = config.sliding_window
+    if flag_value > config.max_position_embeddings and config.rope.rope_type != "dynamic":
+        # Positions past the trained range are computed, but the model was never trained on them
+        # (dynamic NTK rescales itself there, so it is the one rope type this does not apply to).
+        log.warning(
+            "--max_req_total_len %d exceeds the checkpoint's max_position_embeddings (%d): output past position %d "
+            "is outside what the model was trained on", flag_value, config.max_position_embeddings,
+            config.max_position_embeddings,
+        )
     if window is not None and flag_value > window:
         raise ArgumentError(
             f"--max_req_total_len {flag_value} exceeds the checkpoint's sliding window ({window} tokens); this "
             f"server attends to the whole sequence, which matches the model only within the window: give at most {window}"
         )
     return flag_value
+
+
+def _refuse_kv_beyond_memory(
+    kv_tokens: int, per_token: int, tp: int, device: str, cuda_free_bytes: Optional[int]
+) -> None:
+    """Refuse a ``--max_total_token_num`` whose KV cache cannot fit in memory at all.
+
+    Better a one-line refusal before any process starts than the allocator's error from a rank
+    after the model loaded. Only the cache itself is compared: a size that fits but leaves too
+    little room is the operator's call.
+    """
+    if device == "cpu":
+        need, have, where = kv_tokens * per_token * tp, available_memory_bytes("cpu"), "this machine has available"
+    elif cuda_free_bytes is not None:
+        need, have, where = kv_tokens * per_token, cuda_free_bytes, "each device has free"
+    else:
+        return
+    if need > have:
+        raise ArgumentError(
+            f"--max_total_token_num {kv_tokens} needs {need / GIB:.2f} GiB of KV cache, more than the {have / GIB:.2f} GiB "
+            f"{where}; give at most {have // (per_token * (tp if device == 'cpu' else 1))}"
+        )
 
 
 def plan_sizing(
@@ -102,8 +135,10 @@ def plan_sizing(
             f"must be >= --max_req_total_len ({max_req_total_len})"
         )
     per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads // args.tp, config.head_dim, dtype)
+    budget = None
     if args.max_total_token_num is not None:
         kv_tokens = args.max_total_token_num
+        _refuse_kv_beyond_memory(kv_tokens, per_token, args.tp, device, cuda_free_bytes)
     else:
         budget = plan_kv_budget(
             device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
@@ -119,8 +154,17 @@ def plan_sizing(
             # the ranks and cap it, since a CPU forward never gets through millions of tokens.
             kv_tokens = min(kv_tokens // args.tp, CPU_DEFAULT_KV_TOKEN_CAP)
     if kv_tokens < max_req_total_len:
-        remedy = ("raise --max_total_token_num or lower --max_req_total_len" if args.max_total_token_num is not None
-                  else "lower --max_req_total_len or --reserved_memory_gb, or give more memory")
+        if budget is None:
+            remedy = "raise --max_total_token_num or lower --max_req_total_len"
+        elif budget.activation_share > 0.5:
+            # The estimate of a forward's activations ate the memory: name the flags behind it.
+            assert budget.activations is not None
+            remedy = (
+                f"the reserve ({budget.reserve / GIB:.2f} GiB) is mostly the estimated activations of one forward, "
+                f"driven by {budget.activations.largest_driver()}: lower it, or set --reserved_memory_gb"
+            )
+        else:
+            remedy = "lower --max_req_total_len or --reserved_memory_gb, or give more memory"
         raise ArgumentError(
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
             f"{max_req_total_len}); {remedy}"

@@ -13,7 +13,7 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.kv_budget import GIB, KVBudget, activation_bytes, plan_kv_budget, weights_bytes
 from lightllm.server.launch.plan import build_process_configs, plan_layout, resolve_sampling_seed
-from lightllm.server.launch.sizing import plan_sizing
+from lightllm.server.launch.sizing import plan_sizing, resolve_max_req_total_len
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS, ENV_VARS, idle_malloc_trim_seconds
 from lightllm.utils.malloc_tuning import (
     IdleMallocTrimmer,
@@ -136,3 +136,40 @@ def test_reserved_memory_flag_is_validated_and_used_by_sizing(tiny_llama_dir):
         plan_sizing(args, config, "cpu")  # the reserve leaves nothing for the KV cache
     args.reserved_memory_gb = 0.0
     assert plan_sizing(args, config, "cpu").max_total_token_num >= config.max_position_embeddings
+
+
+@pytest.mark.parametrize(
+    "flags, driver",
+    [
+        (["--chunked_prefill_size", "100000"], "--chunked_prefill_size or --max_req_total_len"),
+        (["--running_max_req_size", "100000000"], "--running_max_req_size"),
+        (["--batch_max_tokens", "30000000"], "--batch_max_tokens / --chunked_prefill_size"),
+    ],
+)
+def test_a_reserve_eaten_by_the_activation_estimate_names_the_flag_behind_it(tiny_llama_dir, flags, driver):
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--max_req_total_len", "4096", *flags])
+    with pytest.raises(ArgumentError, match="estimated activations of one forward") as refused:
+        plan_sizing(args, config, "cpu")
+    assert f"driven by {driver}: lower it, or set --reserved_memory_gb" in str(refused.value)
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_before_any_process_starts(tiny_llama_dir):
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--max_total_token_num", str(10**12)])
+    with pytest.raises(ArgumentError, match=r"--max_total_token_num 1000000000000 needs .* GiB of KV cache, more than"):
+        plan_sizing(args, config, "cpu")
+    with pytest.raises(ArgumentError, match="each device has free"):
+        plan_sizing(args, config, "cuda", cuda_free_bytes=GIB)
+    args.max_total_token_num = 8192
+    assert plan_sizing(args, config, "cpu").max_total_token_num == 8192
+
+
+def test_a_request_limit_past_the_trained_positions_is_warned_about(tiny_llama_dir, caplog):
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    beyond = config.max_position_embeddings + 1
+    with caplog.at_level("WARNING", logger="lightllm.sizing"):
+        assert resolve_max_req_total_len(config.max_position_embeddings, config) == config.max_position_embeddings
+        assert not caplog.records
+        assert resolve_max_req_total_len(beyond, config) == beyond
+    assert f"--max_req_total_len {beyond} exceeds the checkpoint's max_position_embeddings" in caplog.text
