@@ -17,22 +17,21 @@ worker reports every request still listed, and the one under way, as failed, sen
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Dict, List, NoReturn, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault
 from lightllm.server.pd.kv_transfer.child_outbox import ChildOutbox
-from lightllm.server.pd.kv_transfer.group_join import JoinedGroup, first_line, join_group
+from lightllm.server.pd.kv_transfer.group_join import first_line
+from lightllm.server.pd.kv_transfer.group_worker import GroupWorker, cancelled_result, refused_command
 from lightllm.server.pd.kv_transfer.header import TransferHeader
 from lightllm.server.pd.kv_transfer.messages import (
     CancelReceive,
-    ChannelReady,
     QueryStats,
     ReceiveKV,
     Shutdown,
@@ -96,14 +95,18 @@ class Reservations:
             return ids
 
 
-class _Worker:
+class _Worker(GroupWorker):
     """The decode side's group: joins it, then receives what the prefill side announces."""
+
+    role = "decode"
 
     def __init__(self, config: TransferConfig, cache: KVCacheMemoryManager, outbox: ChildOutbox,
                  reservations: Reservations, started: float) -> None:
-        self.config, self.cache, self.outbox, self.reservations = config, cache, outbox, reservations
-        self.started = started
-        self.group: Optional[JoinedGroup] = None
+        super().__init__(config, cache, outbox, started)
+        self.reservations = reservations
+
+    def held_request_ids(self) -> List[int]:
+        return self.reservations.take_all()
 
     def stats(self) -> TransferStats:
         group = self.group
@@ -114,41 +117,23 @@ class _Worker:
                              watcher.count if watcher else 0, watcher.idle_waits if watcher else 0)
 
     def run(self) -> None:
-        config = self.config
-        try:
-            self.group = join_group(config, self.cache)
-        except Exception as exc:  # noqa: BLE001 - any failure to join is reported, not raised
-            self._fail(f"could not join the transfer group at {config.store_addr}:{config.store_port}: {exc}")
-        self.outbox.send(ChannelReady(time.monotonic() - self.started))
-        group = self.group
-        assert group is not None and group.watcher is not None
+        group = self.join()
+        self.announce_ready()
+        assert group.watcher is not None
         while True:
             try:
                 announced = group.watcher.next()
             except ChannelFault as fault:
-                self._fail(str(fault))
+                self.fail(str(fault))
             except Exception as exc:  # noqa: BLE001 - a store failure of another kind is as fatal
-                self._fail(f"the prefill node's store failed: {first_line(exc)}")
+                self.fail(f"the prefill node's store failed: {first_line(exc)}")
             if announced is None:
                 continue  # a bounded wait ended empty: renewed without end while idle
             try:
                 header = TransferHeader.from_bytes(announced)
             except ValueError as exc:  # the announcements are out of step: the pair is useless
-                self._fail(f"bad header from the prefill side: {exc}")
-            try:
-                result = receive_kv(group.link, self.cache, header, self.reservations.take)
-            except ChannelFault as fault:
-                self._fail(str(fault), header.request_id)
-            except Exception as exc:  # noqa: BLE001 - e.g. posting on a group whose peer left
-                self._fail(f"the KV transfer failed: {first_line(exc)}", header.request_id)
-            self.outbox.send(result)
-
-    def _fail(self, reason: str, under_way: Optional[int] = None) -> NoReturn:
-        ids = self.reservations.take_all() + ([] if under_way is None else [under_way])
-        self.outbox.broken(ids, reason)
-        # Skip interpreter teardown: the other thread may sit in a pipe read, and destroying
-        # the group under a thread aborts noisily.  Every message was sent synchronously.
-        os._exit(0)
+                self.fail(f"bad header from the prefill side: {exc}")
+            self.move(header.request_id, lambda: receive_kv(group.link, self.cache, header, self.reservations.take))
 
 
 def serve_decode(config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager, outbox: ChildOutbox,
@@ -171,14 +156,12 @@ def serve_decode(config: TransferConfig, conn: Connection, cache: KVCacheMemoryM
         elif isinstance(command, CancelReceive):
             # Only a receive still waiting for its header: one under way finishes and reports itself.
             if reservations.cancel(command.request_id):
-                outbox.send(TransferResult(command.request_id, False, 0.0, 0,
-                                           f"request {command.request_id}: receive cancelled (the request ended "
-                                           "before any KV arrived)", cancelled=True))
+                outbox.send(cancelled_result(command.request_id,
+                                             "receive cancelled (the request ended before any KV arrived)"))
         elif isinstance(command, QueryStats):
             outbox.send(worker.stats())
         elif command is not None:
-            outbox.send(TransferResult(getattr(command, "request_id", -1), False, 0.0, 0,
-                                       f"the decode transfer process cannot run {type(command).__name__}"))
+            outbox.send(refused_command(worker.role, command))
         for expired in reservations.expire(time.monotonic()):
             outbox.send(TransferResult(expired.request_id, False, expired.wait_s, 0,
                                        f"request {expired.request_id}: no KV arrived from the prefill side "

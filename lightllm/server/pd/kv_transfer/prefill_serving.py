@@ -15,27 +15,16 @@ queued one as failed, sends :class:`ChannelBroken` and ends the process.
 from __future__ import annotations
 
 import collections
-import os
 import random
 import threading
-import time
 from multiprocessing.connection import Connection
-from typing import Deque, List, NoReturn, Optional
+from typing import Deque, List, Optional
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.announce import Announcer
-from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault
 from lightllm.server.pd.kv_transfer.child_outbox import ChildOutbox
-from lightllm.server.pd.kv_transfer.group_join import JoinedGroup, first_line, join_group
-from lightllm.server.pd.kv_transfer.messages import (
-    CancelSend,
-    ChannelReady,
-    QueryStats,
-    SendKV,
-    Shutdown,
-    TransferResult,
-    TransferStats,
-)
+from lightllm.server.pd.kv_transfer.group_worker import GroupWorker, cancelled_result, refused_command
+from lightllm.server.pd.kv_transfer.messages import CancelSend, QueryStats, SendKV, Shutdown, TransferStats
 from lightllm.server.pd.kv_transfer.protocol import send_kv
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
 
@@ -84,15 +73,19 @@ class SendQueue:
             return ids
 
 
-class _Worker:
+class _Worker(GroupWorker):
     """The prefill side's group: joins it, then sends the queued requests in order."""
+
+    role = "prefill"
 
     def __init__(self, config: TransferConfig, cache: KVCacheMemoryManager, outbox: ChildOutbox, sends: SendQueue,
                  started: float) -> None:
-        self.config, self.cache, self.outbox, self.sends = config, cache, outbox, sends
-        self.started = started
-        self.group: Optional[JoinedGroup] = None
+        super().__init__(config, cache, outbox, started)
+        self.sends = sends
         self.announcer: Optional[Announcer] = None
+
+    def held_request_ids(self) -> List[int]:
+        return self.sends.take_all()
 
     def stats(self) -> TransferStats:
         group, announcer = self.group, self.announcer
@@ -102,14 +95,9 @@ class _Worker:
 
     def run(self) -> None:
         config = self.config
-        try:
-            self.group = join_group(config, self.cache)
-        except Exception as exc:  # noqa: BLE001 - any failure to join is reported, not raised
-            self._fail(f"could not join the transfer group at {config.store_addr}:{config.store_port}: {exc}")
-        group = self.group
-        assert group is not None
+        group = self.join()
         announcer = self.announcer = Announcer(group.store)
-        self.outbox.send(ChannelReady(time.monotonic() - self.started))
+        self.announce_ready()
         rng = random.Random()
         while True:
             command = self.sends.next()
@@ -117,19 +105,9 @@ class _Worker:
                 announcer.close()
                 return
             corrupt = config.failure_probability > 0 and rng.random() < config.failure_probability
-            try:
-                result = send_kv(group.link, announcer, self.cache, command.request_id, command.slots,
-                                 config.page_size, corrupt, command.first_token)
-            except ChannelFault as fault:
-                self._fail(str(fault), command.request_id)
-            except Exception as exc:  # noqa: BLE001 - e.g. posting on a group whose peer left
-                self._fail(f"the KV transfer failed: {first_line(exc)}", command.request_id)
-            self.outbox.send(result)
-
-    def _fail(self, reason: str, under_way: Optional[int] = None) -> NoReturn:
-        ids = ([] if under_way is None else [under_way]) + self.sends.take_all()
-        self.outbox.broken(ids, reason)
-        os._exit(0)  # see decode_serving: no interpreter teardown under a second thread
+            self.move(command.request_id, lambda: send_kv(group.link, announcer, self.cache, command.request_id,
+                                                          command.slots, config.page_size, corrupt,
+                                                          command.first_token))
 
 
 def serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemoryManager, outbox: ChildOutbox,
@@ -154,11 +132,9 @@ def serve_prefill(config: TransferConfig, conn: Connection, cache: KVCacheMemory
             sends.put(command)
         elif isinstance(command, CancelSend):
             if sends.cancel(command.request_id):
-                outbox.send(TransferResult(command.request_id, False, 0.0, 0,
-                                           f"request {command.request_id}: send cancelled (the request was aborted "
-                                           "before its KV transfer started)", cancelled=True))
+                outbox.send(cancelled_result(command.request_id,
+                                             "send cancelled (the request was aborted before its KV transfer started)"))
         elif isinstance(command, QueryStats):
             outbox.send(worker.stats())
         else:
-            outbox.send(TransferResult(getattr(command, "request_id", -1), False, 0.0, 0,
-                                       f"the prefill transfer process cannot run {type(command).__name__}"))
+            outbox.send(refused_command(worker.role, command))
