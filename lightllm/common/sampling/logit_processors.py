@@ -93,6 +93,19 @@ def min_tokens_masked(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
     return logits.index_put((batch.min_tokens_mask[0], batch.min_tokens_mask[1]), neg_inf)
 
 
+def min_tokens_kept_possible(before: torch.Tensor, masked: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """``masked`` (the min_tokens ban applied to ``before``), except rows the ban left with no
+    token at all: they keep ``before``.  Only a structured-output mask that allows nothing but
+    EOS and stop ids does that; the grammar decides (it cannot go on any other way), as it
+    does where it ends the output itself."""
+    if batch.min_tokens_mask is None:
+        return masked
+    dead = torch.isneginf(masked).all(dim=-1)
+    if not bool(dead.any()):
+        return masked
+    return torch.where(dead[:, None], before, masked)
+
+
 def top_k_top_p_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Tokens outside each row's top-k / top-p set at ``-inf`` (see :func:`apply_top_k_top_p`)."""
     if not (batch.any_top_k or batch.any_top_p):
@@ -159,7 +172,8 @@ def apply_exponential_decay(logits: torch.Tensor, batch: SamplingBatch) -> torch
 def apply_min_tokens_mask(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Return float32 logits with EOS / stop ids at ``-inf`` on rows below ``min_new_tokens``."""
     check_logits(logits, batch)
-    return min_tokens_masked(logits.to(torch.float32), batch)
+    before = logits.to(torch.float32)
+    return min_tokens_kept_possible(before, min_tokens_masked(before, batch), batch)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

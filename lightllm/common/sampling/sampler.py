@@ -14,7 +14,8 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
 2. the exponential decay length penalty (:func:`apply_exponential_decay`): EOS logits raised
    on rows past their start, before the EOS mask below so a masked EOS stays masked;
 3. ``min_new_tokens`` (:func:`apply_min_tokens_mask`): EOS and stop ids set to ``-inf`` for
-   rows that have generated fewer tokens than required;
+   rows that have generated fewer tokens than required, unless they are all a row has left (a
+   structured-output grammar that allows only them): then that row keeps them;
 4. greedy rows take the arg-max here;
 5. temperature scaling; the returned log-probabilities are ``log_softmax`` of this scaled
    distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
@@ -38,6 +39,7 @@ from lightllm.common.sampling.logit_processors import (
     check_logits,
     eos_decayed,
     min_p_filtered,
+    min_tokens_kept_possible,
     min_tokens_masked,
     penalised,
     top_k_top_p_filtered,
@@ -103,7 +105,8 @@ class Sampler:
         """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32)."""
         check_logits(logits, batch)
         processed = logits.to(torch.float32)
-        processed = min_tokens_masked(eos_decayed(penalised(biased(processed, batch), batch), batch), batch)
+        processed = eos_decayed(penalised(biased(processed, batch), batch), batch)
+        processed = min_tokens_kept_possible(processed, min_tokens_masked(processed, batch), batch)
         greedy_ids = processed.argmax(dim=-1)
         if batch.all_greedy:
             # Every temperature of an all-greedy batch is 1 (x / 1 == x), so no finite logit can

@@ -9,14 +9,15 @@ grammar compiler cannot use is a 400 naming ``response_format.json_schema.schema
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any
+from typing import Any, Optional
 
 from lightllm.server.http.errors import invalid_request
 
 
 def validated_grammar(grammar: str, param: str, what: str) -> str:
-    """``grammar`` if llguidance accepts it; else a 400 naming ``param`` with the compiler's message."""
+    """``grammar`` if llguidance accepts it and it admits some output; else a 400 naming ``param``."""
     import llguidance
 
     try:
@@ -25,7 +26,47 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
         problem = str(exc) or type(exc).__name__
     if problem:
         raise invalid_request(f"invalid {what}: {problem.strip()}", param)
+    empty = _no_output_reason(grammar)
+    if empty:
+        raise invalid_request(f"the {what} admits no output at all ({empty})", param)
     return grammar
+
+
+class _ByteVocabulary:
+    """Every byte a token of its own, plus an end token: the tokenizer llguidance asks whether a
+    grammar can begin at all, whatever the model's vocabulary (any text is some byte sequence)."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([value]) for value in range(256)] + [b"</s>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: Any) -> list[int]:
+        return list(text if isinstance(text, bytes) else str(text).encode("utf-8"))
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_tokenizer() -> Any:
+    import llguidance
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()))
+
+
+def _no_output_reason(grammar: str) -> Optional[str]:
+    """llguidance's reason when ``grammar`` cannot even begin (it matches no text, not even the
+    empty one), else None.  Without this check such a request reaches the model rank, whose
+    mask then allows nothing, and fails there as a 500."""
+    import llguidance
+    import llguidance.torch as ll_torch
+
+    tokenizer = _byte_tokenizer()
+    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    if not matcher.is_error():
+        bitmask = ll_torch.allocate_token_bitmask(1, tokenizer.vocab_size)
+        ll_torch.fill_next_token_bitmask(matcher, bitmask, 0)
+    if matcher.is_error():
+        return (matcher.get_error() or "no token can start it").strip().splitlines()[0]
+    return None
 
 
 def _compile(schema: Any, param: str) -> str:

@@ -130,3 +130,19 @@ def test_min_new_tokens_masks_eos_and_stop_ids():
     out = Sampler(0).sample(logits, batch)
     assert out.next_token_ids.tolist()[:3] == [1, eos, eos]
     assert out.next_token_ids[3].item() not in (eos, stop)
+
+
+def test_min_new_tokens_never_leaves_a_row_with_nothing_to_sample():
+    """A grammar that allows only a stop id (here: every other logit is -inf) keeps it: the
+    grammar decides; rows that have other tokens left are still held back."""
+    inf = float("-inf")
+    eos, stop = 0, 4
+    logits = torch.tensor([[inf, inf, inf, inf, 3.0, inf], [1.0, inf, 2.0, inf, 3.0, inf]])
+    params = [SamplingParams(temperature=0, min_new_tokens=2, stop_token_ids=[stop])] * 2
+    batch = build(params, outputs=[[], []], eos=[eos], vocab=6)
+    masked = apply_min_tokens_mask(logits, batch)
+    assert masked[0, stop] == 3.0 and torch.isneginf(masked[1, [eos, stop]]).all()
+    assert Sampler(0).sample(logits, batch).next_token_ids.tolist() == [stop, 2]
+    seeded = build([SamplingParams(temperature=1.0, seed=3, min_new_tokens=2, stop_token_ids=[stop])], outputs=[[]],
+                   eos=[eos], vocab=6)
+    assert Sampler(0).sample(logits[:1], seeded).next_token_ids.tolist() == [stop]

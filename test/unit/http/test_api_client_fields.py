@@ -180,6 +180,18 @@ def test_bad_structured_output_params_are_refused(client: TestClient, fields: di
     assert_error(chat(client, **fields), 400, param)
 
 
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"guided_regex": "[^\\s\\S]"}, "guided_regex"),
+    ({"structured_outputs": {"grammar": 'start: /[^\\s\\S]/'}}, "structured_outputs.grammar"),
+])
+def test_a_grammar_that_matches_no_text_at_all_is_refused(client: TestClient, fields: dict[str, Any],
+                                                          param: str) -> None:
+    for send in (chat, completion):
+        response = send(client, **fields)
+        assert_error(response, 400, param)
+        assert "admits no output at all" in response.json()["error"]["message"]
+
+
 # ---------------------------------------------------------------- non-finite numbers
 
 

@@ -14,7 +14,7 @@ from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import structured_grammar
-from lightllm.server.core.objs.finish_status import FINISH_STOP
+from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_STOP
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.admission import RequestRejected
 from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
@@ -101,3 +101,31 @@ def test_a_finished_grammar_ends_with_the_servers_own_end_of_sequence_id(tiny_ll
     assert text and text == "ab" * (len(text) // 2)
 
 
+
+
+def test_a_grammar_that_fails_ends_its_request_alone_and_says_why(tiny_llama_dir, caplog):
+    """A grammar that matches nothing (the HTTP process refuses it; a rank must cope anyway)
+    allows no first token, and one that can never end runs into llguidance's limits after its
+    first token: each request ends with an error, logged with the reason, instead of sampling
+    from an empty row; a free request in the same batch is untouched."""
+    import llguidance
+
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    prompt = tokenizer("Say a")["input_ids"]
+    free = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    alone, _ = _run_one(model, free, prompt)
+    backend = _backend(model, GrammarConstraints(lambda: tokenizer))
+    backend.add_request(1, RequestSpec(prompt, free))
+    endless = llguidance.grammar_from("lark", 'start: "a" start')
+    nothing = llguidance.LLMatcher.grammar_from_regex(r"[^\s\S]")
+    for request_id, grammar in ((2, endless), (3, nothing)):
+        backend.add_request(request_id, RequestSpec(prompt, SamplingParams(temperature=0, max_new_tokens=6,
+                                                                           grammar=grammar)))
+    with caplog.at_level("WARNING", logger="lightllm.structured_output"):
+        outputs, statuses = _run(backend)
+    assert outputs[1] == alone
+    assert statuses[2] == FINISH_ERROR and len(outputs[2]) < 6
+    assert "request 2: token" in caplog.text and "does not continue its structured-output grammar" in caplog.text
+    assert statuses[3] == FINISH_ERROR and outputs[3] == []
+    assert "request 3: its structured-output grammar allows no token after 0 output tokens" in caplog.text

@@ -15,11 +15,14 @@ request, so servers that never see one pay nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
+
+log = logging.getLogger("lightllm.structured_output")
 
 # Bit positions of one int32 word of llguidance's packed token bitmask.
 _BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
@@ -63,17 +66,31 @@ class GrammarConstraints:
         """Whether ``req`` asked for structured output."""
         return req.sampling is not None and getattr(req.sampling, "grammar", None) is not None
 
-    def mask(self, logits: torch.Tensor, reqs: List[InferReq]) -> torch.Tensor:
-        """``logits`` with tokens the grammar forbids at ``-inf`` on constrained rows (a copy if any)."""
+    def mask(self, logits: torch.Tensor, reqs: List[InferReq]) -> Tuple[torch.Tensor, Set[int]]:
+        """``logits`` with tokens the grammar forbids at ``-inf`` on constrained rows (a copy if
+        any), and the ids of the requests whose grammar failed while computing its mask.
+
+        A grammar fails there when it allows no next token at all (one that can never end runs
+        into llguidance's limits, or a text the grammar cannot continue): its request ends with
+        an error, logged with llguidance's reason, instead of sampling from an empty row.
+        """
         rows = [row for row, req in enumerate(reqs) if self.constrained(req)]
         if not rows:
-            return logits
+            return logits, set()
         import llguidance.torch as ll_torch
 
         tokenizer = self._tokenizer()
         bitmask = ll_torch.allocate_token_bitmask(len(rows), tokenizer.vocab_size)
+        failed: Set[int] = set()
         for index, row in enumerate(rows):
-            ll_torch.fill_next_token_bitmask(self._matcher(reqs[row]), bitmask, index)
+            matcher = self._matcher(reqs[row])
+            ll_torch.fill_next_token_bitmask(matcher, bitmask, index)
+            if matcher.is_error():
+                req = reqs[row]
+                failed.add(req.request_id)
+                reason = (matcher.get_error() or "no token allowed").strip().splitlines()[0]
+                log.warning("request %d: its structured-output grammar allows no token after %d output tokens "
+                            "(%s); finishing it with an error", req.request_id, len(req.output_ids), reason)
         allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).bool().reshape(len(rows), -1)
         width = logits.shape[1]
         allowed = allowed[:, :width]
@@ -82,7 +99,7 @@ class GrammarConstraints:
         masked = logits.clone()
         row_index = torch.tensor(rows, dtype=torch.long, device=logits.device)
         masked[row_index] = masked[row_index].masked_fill(~allowed.to(logits.device), float("-inf"))
-        return masked
+        return masked, failed
 
     def accept(self, req: InferReq, token: int) -> Optional[str]:
         """Advance ``req``'s matcher; returns "stop" when the grammar ended, "error" when it failed."""
@@ -91,6 +108,9 @@ class GrammarConstraints:
         matcher = self._matcher(req)
         matcher.consume_token(token)
         if matcher.is_error():
+            log.warning("request %d: token %d does not continue its structured-output grammar (%s); finishing it "
+                        "with an error", req.request_id, token,
+                        (matcher.get_error() or "rejected").strip().splitlines()[0])
             return "error"
         if matcher.is_stopped():
             return "stop"

@@ -159,7 +159,7 @@ class TorchModelExecutor:
         grammar_failed: set[int] = set()
         if self.grammar is not None:
             try:
-                logits = self.grammar.mask(logits, reqs)
+                logits, grammar_failed = self.grammar.mask(logits, reqs)
             except Exception:  # noqa: BLE001 - a broken grammar fails its requests, not the batch
                 log.exception("structured-output mask failed; finishing the constrained requests with an error")
                 grammar_failed = {r.request_id for r in reqs if self.grammar.constrained(r)}
