@@ -19,6 +19,8 @@ import struct
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from lightllm.common.basemodel.checkpoint_files import weight_files
+
 # Bytes read at each of the three places of a tensor.
 SAMPLE_BYTES = 64
 # The hex digits kept (64 bits: accidental equality of different weights is out of reach).
@@ -41,10 +43,8 @@ def _tensor_entries(path: Path) -> Tuple[int, Dict[str, dict]]:
 
 
 def checkpoint_fingerprint(model_dir: str | Path) -> str:
-    """Hex digest of the weights in ``model_dir``'s ``*.safetensors`` files (see the module docstring)."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors files in {model_dir}")
+    """Hex digest of the weights in ``model_dir``'s weight files (:mod:`checkpoint_files`; see the module docstring)."""
+    files = weight_files(model_dir)
     tensors: List[Tuple[str, Path, int, dict]] = []
     for path in files:
         data_start, entries = _tensor_entries(path)

@@ -63,37 +63,50 @@ class DecoderLayerWeights:
         kv_slice = slice(kv_rows.start * d, kv_rows.stop * d)
         inter = shard_range(config.intermediate_size, tp.rank, tp.world_size, "intermediate_size")
 
-        def col(name: str, rows: slice) -> torch.Tensor:
-            return ckpt.get(prefix + name, dtype, shard_dim=0, shard=rows)
+        hidden, q_width, kv_width = config.hidden_size, config.num_attention_heads * d, config.num_key_value_heads * d
+        q_source = "num_attention_heads x head_dim, hidden_size"
+        kv_source = "num_key_value_heads x head_dim, hidden_size"
+        mlp_source = "intermediate_size, hidden_size"
 
-        def row(name: str, cols: slice) -> torch.Tensor:
-            return ckpt.get(prefix + name, dtype, shard_dim=1, shard=cols)
+        def col(name: str, rows: slice, shape: tuple, source: str) -> torch.Tensor:
+            return ckpt.get(prefix + name, dtype, shard_dim=0, shard=rows, shape=shape, shape_source=source)
+
+        def row(name: str, cols: slice, shape: tuple, source: str) -> torch.Tensor:
+            return ckpt.get(prefix + name, dtype, shard_dim=1, shard=cols, shape=shape, shape_source=source)
 
         attn = "self_attn."
-        qkv = torch.cat(
-            [col(attn + "q_proj.weight", q_slice), col(attn + "k_proj.weight", kv_slice), col(attn + "v_proj.weight", kv_slice)]
-        )
+        qkv = torch.cat([
+            col(attn + "q_proj.weight", q_slice, (q_width, hidden), q_source),
+            col(attn + "k_proj.weight", kv_slice, (kv_width, hidden), kv_source),
+            col(attn + "v_proj.weight", kv_slice, (kv_width, hidden), kv_source),
+        ])
         qkv_bias_tensor = None
         if qkv_bias:
-            qkv_bias_tensor = torch.cat(
-                [col(attn + "q_proj.bias", q_slice), col(attn + "k_proj.bias", kv_slice), col(attn + "v_proj.bias", kv_slice)]
-            )
-        gate_up = torch.cat([col("mlp.gate_proj.weight", inter), col("mlp.up_proj.weight", inter)])
+            qkv_bias_tensor = torch.cat([
+                col(attn + "q_proj.bias", q_slice, (q_width,), "num_attention_heads x head_dim"),
+                col(attn + "k_proj.bias", kv_slice, (kv_width,), "num_key_value_heads x head_dim"),
+                col(attn + "v_proj.bias", kv_slice, (kv_width,), "num_key_value_heads x head_dim"),
+            ])
+        inter_width = config.intermediate_size
+        gate_up = torch.cat([
+            col("mlp.gate_proj.weight", inter, (inter_width, hidden), mlp_source),
+            col("mlp.up_proj.weight", inter, (inter_width, hidden), mlp_source),
+        ])
 
         def kernel(weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> LinearKernel:
             return build_linear(linear_backend, weight.to(device), None if bias is None else bias.to(device))
 
-        def replicated(name: str) -> torch.Tensor:
-            return ckpt.get(prefix + name, dtype).to(device)
+        def replicated(name: str, width: int, source: str) -> torch.Tensor:
+            return ckpt.get(prefix + name, dtype, shape=(width,), shape_source=source).to(device)
 
         return cls(
-            input_norm=replicated("input_layernorm.weight"),
+            input_norm=replicated("input_layernorm.weight", hidden, "hidden_size"),
             qkv=kernel(qkv, qkv_bias_tensor),
-            o=kernel(row(attn + "o_proj.weight", q_slice)),
-            post_attention_norm=replicated("post_attention_layernorm.weight"),
+            o=kernel(row(attn + "o_proj.weight", q_slice, (hidden, q_width), "hidden_size, num_attention_heads x head_dim")),
+            post_attention_norm=replicated("post_attention_layernorm.weight", hidden, "hidden_size"),
             gate_up=kernel(gate_up),
-            down=kernel(row("mlp.down_proj.weight", inter)),
-            q_norm=replicated(attn + "q_norm.weight") if qk_norm else None,
-            k_norm=replicated(attn + "k_norm.weight") if qk_norm else None,
-            o_bias=replicated(attn + "o_proj.bias") if o_bias else None,
+            down=kernel(row("mlp.down_proj.weight", inter, (hidden, inter_width), "hidden_size, intermediate_size")),
+            q_norm=replicated(attn + "q_norm.weight", d, "head_dim") if qk_norm else None,
+            k_norm=replicated(attn + "k_norm.weight", d, "head_dim") if qk_norm else None,
+            o_bias=replicated(attn + "o_proj.bias", hidden, "hidden_size") if o_bias else None,
         )

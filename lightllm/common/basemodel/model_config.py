@@ -8,6 +8,7 @@ optional keys.  Everything downstream reads :class:`ModelConfig`, never the raw 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -18,6 +19,8 @@ from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("lightllm.model_config")
 
 # Dtypes are kept as names here so that the processes that only plan (the launcher, the PD master)
 # read a checkpoint's config without importing torch; the model code turns a name into a torch
@@ -269,22 +272,39 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
 
 
 def _read_rope(raw: Dict[str, Any]) -> RopeConfig:
-    # 5.x: rope_parameters holds theta and scaling together; 4.x: rope_theta + rope_scaling.
-    params = dict(raw.get("rope_parameters") or {})
+    """The rotary parameters as transformers reads them for Llama, Mistral, Qwen2 and Qwen3.
+
+    5.x keeps theta and scaling together in ``rope_parameters``, 4.x has ``rope_theta`` +
+    ``rope_scaling``.  A config with both (a 5.x config someone added ``rope_scaling`` to, as
+    model cards say to for YaRN or linear scaling) uses ``rope_scaling`` whole, as transformers
+    does; the theta then comes from it, else from the top-level ``rope_theta``, else 10000.
+    """
     scaling = dict(raw.get("rope_scaling") or {})
-    merged = {**scaling, **params}
-    theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
-    rope_type = merged.get("rope_type") or merged.get("type") or "default"
+    params = scaling or dict(raw.get("rope_parameters") or {})
+    if scaling and raw.get("rope_parameters"):
+        log.info("config.json has both rope_scaling and rope_parameters: rope_scaling is used, as transformers does")
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in ("default", "linear", "dynamic", "llama3"):
         raise ModelConfigError(
             f"unsupported rope type {rope_type!r}; supported: default, linear, dynamic, llama3"
         )
+    partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        # These architectures rotate the whole head: transformers ignores the factor for the
+        # default rope and cannot run the scaled ones with it (its tables then miss the head's width).
+        if rope_type != "default":
+            raise ModelConfigError(
+                f"partial_rotary_factor {partial:g} with rope type {rope_type!r}: Llama, Mistral, Qwen2 and Qwen3 rotate "
+                "the whole head (transformers cannot run this config either); remove partial_rotary_factor"
+            )
+        log.warning("config.json sets partial_rotary_factor %g: ignored, as transformers ignores it for this "
+                    "architecture (the whole head rotates)", partial)
     return RopeConfig(
         theta=float(theta),
         rope_type=rope_type,
-        factor=float(merged.get("factor", 1.0) or 1.0),
-        original_max_position_embeddings=merged.get("original_max_position_embeddings"),
-        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-        partial_rotary_factor=float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0),
+        factor=float(params.get("factor", 1.0) or 1.0),
+        original_max_position_embeddings=params.get("original_max_position_embeddings"),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
     )

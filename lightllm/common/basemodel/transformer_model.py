@@ -66,9 +66,9 @@ class DecoderOnlyTransformer:
         self.local_kv_heads = kv_heads.stop - kv_heads.start
         self.head_dim = config.head_dim
         ckpt = SafetensorsCheckpoint(model_dir)
-        self.embed_weight = ckpt.get(self.embed_name, self.dtype).to(self.device)
-        # Some checkpoints pad the embedding; the model's vocabulary is the tensor's rows. Kept on
-        # the model: the config is shared with whoever built it and must not change under them.
+        self.embed_weight = ckpt.get(self.embed_name, self.dtype, shape=(config.vocab_size, config.hidden_size),
+                                     shape_source="vocab_size, hidden_size").to(self.device)
+        # Kept on the model: the config is shared with whoever built it and must not change under them.
         self.vocab_size = int(self.embed_weight.shape[0])
         self.layers: List[DecoderLayerWeights] = [
             DecoderLayerWeights.load(
@@ -77,7 +77,8 @@ class DecoderOnlyTransformer:
             )
             for i in range(config.num_hidden_layers)
         ]
-        self.final_norm = ckpt.get(self.final_norm_name, self.dtype).to(self.device)
+        self.final_norm = ckpt.get(self.final_norm_name, self.dtype, shape=(config.hidden_size,),
+                                   shape_source="hidden_size").to(self.device)
         self.linear_backend = linear_backend
         self.lm_head = build_linear(linear_backend, self._load_lm_head(ckpt))
         self._refuse_unread_tensors(ckpt)
@@ -107,7 +108,8 @@ class DecoderOnlyTransformer:
         # (transformers then does not tie them); without one the head is the embedding, which an
         # untied config does not allow.
         if ckpt.has(self.lm_head_name):
-            full = ckpt.get(self.lm_head_name, self.dtype).to(self.device)
+            full = ckpt.get(self.lm_head_name, self.dtype, shape=(self.config.vocab_size, self.config.hidden_size),
+                            shape_source="vocab_size, hidden_size").to(self.device)
             if torch.equal(full, self.embed_weight):
                 full = self.embed_weight  # a tied head saved twice: keep one copy
         elif self.config.tie_word_embeddings:

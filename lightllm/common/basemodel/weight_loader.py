@@ -2,42 +2,51 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from safetensors import safe_open
 
+from lightllm.common.basemodel.checkpoint_files import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    CheckpointFilesError,
+    read_weight_map,
+    weight_files,
+)
 
-class CheckpointError(ValueError):
-    """The checkpoint directory lacks a tensor or its files are inconsistent."""
+
+class CheckpointError(CheckpointFilesError):
+    """The checkpoint directory lacks a tensor, holds one of the wrong shape, or its files are inconsistent."""
 
 
 class SafetensorsCheckpoint:
     """Index of tensor name -> file for one checkpoint directory.
 
-    Reads ``model.safetensors.index.json`` when present, else scans every ``*.safetensors``
-    file.  Tensors are read lazily and only the requested slice is materialised, so a rank of
-    a tensor-parallel group never loads the other ranks' shards.
+    The files are the ones transformers reads (:mod:`checkpoint_files`): the index's, else
+    ``model.safetensors``, else every ``*.safetensors`` file (a tensor in two of them is
+    refused).  Tensors are read lazily and only the requested slice is materialised, so a rank
+    of a tensor-parallel group never loads the other ranks' shards.
     """
 
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
         self._name_to_file: Dict[str, Path] = {}
-        index_path = self.model_dir / "model.safetensors.index.json"
-        if index_path.is_file():
-            weight_map = json.loads(index_path.read_text()).get("weight_map", {})
+        weight_map = read_weight_map(self.model_dir)
+        if weight_map is not None:
             for name, file_name in weight_map.items():
                 self._name_to_file[name] = self.model_dir / file_name
         else:
-            files: List[Path] = sorted(self.model_dir.glob("*.safetensors"))
-            if not files:
-                raise CheckpointError(f"no *.safetensors files in {self.model_dir}")
-            for path in files:
+            for path in weight_files(self.model_dir):
                 with safe_open(str(path), framework="pt") as handle:
                     for name in handle.keys():
-                        self._name_to_file[name] = path
+                        other = self._name_to_file.setdefault(name, path)
+                        if other != path:
+                            raise CheckpointError(
+                                f"tensor {name!r} is in both {other.name} and {path.name} in {self.model_dir}, "
+                                f"which has neither {INDEX_FILE} nor {SINGLE_FILE} to say which is the model's"
+                            )
         self._handles: Dict[Path, object] = {}
         self._read: set[str] = set()
 
@@ -58,17 +67,30 @@ class SafetensorsCheckpoint:
         dtype: torch.dtype,
         shard_dim: Optional[int] = None,
         shard: Optional[slice] = None,
+        shape: Optional[Sequence[int]] = None,
+        shape_source: str = "",
     ) -> torch.Tensor:
-        """Tensor ``name`` in ``dtype``; with ``shard_dim`` only ``shard`` along that dimension."""
+        """Tensor ``name`` in ``dtype``; with ``shard_dim`` only ``shard`` along that dimension.
+
+        ``shape``: the whole tensor's shape the config implies (``shape_source`` says from which
+        fields); a tensor of another shape is refused, as transformers refuses it, rather than
+        sliced into a model that computes something else.
+        """
         if name not in self._name_to_file:
             raise CheckpointError(f"checkpoint {self.model_dir} has no tensor {name!r}")
         handle = self._handle(self._name_to_file[name])
+        view = handle.get_slice(name)
+        stored = tuple(view.get_shape())
+        if shape is not None and stored != tuple(shape):
+            raise CheckpointError(
+                f"checkpoint {self.model_dir}: tensor {name!r} has shape {list(stored)}, but config.json implies "
+                f"{list(shape)}" + (f" ({shape_source})" if shape_source else "")
+            )
         self._read.add(name)
         if shard_dim is None:
             tensor = handle.get_tensor(name)
         else:
-            view = handle.get_slice(name)
-            index = [slice(None)] * len(view.get_shape())
+            index = [slice(None)] * len(stored)
             index[shard_dim] = shard
             tensor = view[tuple(index)]
         return tensor.to(dtype).contiguous()

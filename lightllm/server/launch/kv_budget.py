@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
+from lightllm.common.basemodel.checkpoint_files import weight_files
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_itemsize
 
 log = logging.getLogger("lightllm.kv_budget")
@@ -130,7 +130,7 @@ def _meminfo_bytes(field: str) -> int:
 
 def weights_bytes(model_dir: str, checkpoint_dtype: Any, serving_dtype: Any) -> int:
     """Size of the checkpoint's tensors once loaded at ``serving_dtype`` (dtypes by name or torch dtype)."""
-    stored = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+    stored = sum(p.stat().st_size for p in weight_files(model_dir))
     return int(stored * dtype_itemsize(serving_dtype) / dtype_itemsize(checkpoint_dtype))
 
 

@@ -4,6 +4,7 @@ tensor-parallel slicing, each checked against transformers or against tp=1."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
+from lightllm.common.basemodel.weight_loader import CheckpointError
 from lightllm.models.registry import load_model
 from lightllm.utils.process_utils import free_port
 
@@ -58,6 +60,58 @@ def test_config_errors_name_the_problem(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**BASE, "model_type": "gpt2"}))
     with pytest.raises(ModelConfigError, match="model_type 'gpt2' is not supported"):
         load_model(str(tmp_path))
+
+
+def test_rope_scaling_added_to_a_5x_config_wins_over_rope_parameters_as_in_transformers(tmp_path):
+    """transformers 5 writes rope_parameters into every config; a user then adding rope_scaling
+    (as model cards ask for linear or YaRN scaling) gets rope_scaling in transformers."""
+    model_dir, _ = _save_hf(tmp_path, "scaled")
+    config_path = model_dir / "config.json"
+    raw = json.loads(config_path.read_text())
+    assert raw["rope_parameters"]["rope_type"] == "default"
+    raw["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    config_path.write_text(json.dumps(raw))
+    cfg = ModelConfig.from_dir(model_dir)
+    assert (cfg.rope.rope_type, cfg.rope.factor, cfg.rope.theta) == ("linear", 4.0, 10000.0)
+    ref = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    prompt = list(range(3, 40))
+    with torch.no_grad():
+        expected = ref(torch.tensor([prompt])).logits[0]
+    assert (_last_logits(model_dir, prompt) - expected).abs().max().item() < 1e-4
+
+
+def test_partial_rotary_factor_is_ignored_as_transformers_ignores_it_or_refused(tmp_path, caplog):
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    with caplog.at_level("WARNING", logger="lightllm.model_config"):
+        model_dir, ref = _save_hf(tmp_path, "partial", rope_parameters=rope)
+        prompt = list(range(3, 40))
+        with torch.no_grad():
+            expected = ref(torch.tensor([prompt])).logits[0]
+        assert (_last_logits(model_dir, prompt) - expected).abs().max().item() < 1e-4
+    assert "partial_rotary_factor 0.5: ignored" in caplog.text
+    with pytest.raises(ModelConfigError, match="partial_rotary_factor 0.5 with rope type 'linear'"):
+        ModelConfig.from_dict({**BASE, "model_type": "llama",
+                               "rope_parameters": {**rope, "rope_type": "linear", "factor": 2.0}})
+
+
+def test_stray_safetensors_beside_model_safetensors_are_not_read(tmp_path):
+    """As transformers: model.safetensors is the model when there is no index (Mistral ships a
+    consolidated.safetensors of its own names beside it); without either, a tensor in two files
+    is refused."""
+    from safetensors.torch import save_file
+
+    from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
+
+    model_dir, ref = _save_hf(tmp_path, "stray")
+    save_file({"layers.0.attention.wq.weight": torch.zeros(4, 4)}, str(model_dir / "consolidated.safetensors"))
+    prompt = list(range(3, 20))
+    with torch.no_grad():
+        expected = ref(torch.tensor([prompt])).logits[0]
+    assert (_last_logits(model_dir, prompt) - expected).abs().max().item() < 1e-4
+    (model_dir / "model.safetensors").rename(model_dir / "weights.safetensors")
+    save_file({"model.norm.weight": torch.zeros(64)}, str(model_dir / "consolidated.safetensors"))
+    with pytest.raises(CheckpointError, match="tensor 'model.norm.weight' is in both"):
+        SafetensorsCheckpoint(model_dir)
 
 
 def test_sharded_checkpoint_with_index(tmp_path):
@@ -113,17 +167,23 @@ def test_tensor_parallel_two_ranks_equal_one(tiny_llama_dir, tmp_path):
     assert tp2["greedy"] == BatchGenerator(single, 512).greedy_generate(prompts, 8)
 
 
-def test_a_padded_embedding_sets_the_models_vocabulary_and_leaves_the_config_alone(tmp_path):
-    model_dir, _ = _save_hf(tmp_path, "padded", vocab_size=256)
+@pytest.mark.parametrize(("field", "value", "tensor", "source"), [
+    ("vocab_size", 211, "model.embed_tokens.weight", "vocab_size, hidden_size"),  # an embedding padded past the config
+    ("intermediate_size", 64, "mlp.gate_proj.weight", "intermediate_size, hidden_size"),
+    ("num_key_value_heads", 1, "self_attn.k_proj.weight", "num_key_value_heads x head_dim, hidden_size"),
+    ("head_dim", 8, "self_attn.q_proj.weight", "num_attention_heads x head_dim, hidden_size"),
+])
+def test_a_tensor_whose_shape_the_config_contradicts_is_refused(tmp_path, field, value, tensor, source):
+    """transformers refuses these checkpoints (size mismatch); slicing the tensors to the config's
+    sizes would serve another model without an error."""
+    model_dir, _ = _save_hf(tmp_path, "mismatch", vocab_size=256)
     config_path = model_dir / "config.json"
     raw = json.loads(config_path.read_text())
-    raw["vocab_size"] = 211  # the tokenizer's vocabulary; the checkpoint pads its embedding to 256 rows
+    raw[field] = value
     config_path.write_text(json.dumps(raw))
-    ours = load_model(str(model_dir), dtype=torch.float32)
-    assert ours.vocab_size == 256 and ours.config.vocab_size == 211
-    gen = BatchGenerator(ours, 512, max_sequence_length=256)
-    logits = gen.forward([gen.start([1, 2, 3])], [3], all_logits=True)
-    assert logits.shape[-1] == 256  # every row of the embedding can be sampled, as in transformers
+    with pytest.raises(CheckpointError, match=rf"tensor '[^']*{re.escape(tensor)}' has shape .* but config.json implies .*"
+                                              rf"\({re.escape(source)}\)"):
+        load_model(str(model_dir), dtype=torch.float32)
 
 
 def _dynamic_model(tmp_path, rope: dict, max_position_embeddings: int):
