@@ -91,7 +91,15 @@ class _SharedStatsCollector:
         self.strategy = strategy
 
     def collect(self) -> Iterable[Metric]:
-        snapshot = self.stats.snapshot()
+        snapshot = dict(self.stats.snapshot())
+        # The router counts every request it handed to the ranks as running; a request paused for
+        # KV memory holds none and waits to resume, which vLLM (whose names these gauges also carry)
+        # counts as waiting. The two values are written by different processes at different
+        # moments, so the move is clamped.
+        paused = min(snapshot.get("paused_requests", 0), snapshot.get("running_requests", 0))
+        if paused > 0:
+            snapshot["running_requests"] -= paused
+            snapshot["waiting_requests"] += paused
         labels = ["strategy"]
         yield from histogram_families(snapshot, self.strategy)
         for name, value in snapshot.items():

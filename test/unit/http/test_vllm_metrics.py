@@ -248,3 +248,20 @@ def test_tokens_a_leaving_client_never_took_still_count_as_generated(stats: ShmS
     counted = _value(families["lightllm_generated_tokens"], "lightllm_generated_tokens_total")
     observed = _value(families["lightllm_request_generation_tokens"], "lightllm_request_generation_tokens_sum")
     assert counted == observed == 5
+
+
+def test_paused_requests_count_as_waiting_not_running(stats: ShmStats) -> None:
+    """A request paused for KV memory holds none: vLLM counts a preempted request as waiting."""
+    stats.set("running_requests", 17)
+    stats.set("waiting_requests", 2)
+    stats.set("paused_requests", 16)
+    families = _families(ServerMetrics("hrrn", stats, "tiny-model", max_len=512))
+    for running, waiting in (("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                             ("lightllm_running_requests", "lightllm_waiting_requests")):
+        assert _value(families[running], running) == 1
+        assert _value(families[waiting], waiting) == 18
+    assert _value(families["lightllm_paused_requests"], "lightllm_paused_requests") == 16
+    stats.set("paused_requests", 20)  # read at another moment than the router's count: clamped
+    families = _families(ServerMetrics("hrrn", stats, "tiny-model", max_len=512))
+    assert _value(families["vllm:num_requests_running"], "vllm:num_requests_running") == 0
+    assert _value(families["vllm:num_requests_waiting"], "vllm:num_requests_waiting") == 19
