@@ -23,9 +23,10 @@ CHILD_STOP_SIGNAL = signal.SIGUSR1
 
 
 def ignore_group_stop_signals() -> None:
-    """Let SIGINT and SIGTERM pass this process by: its parent decides when it stops."""
+    """Let SIGINT, SIGTERM and SIGHUP pass this process by: its parent decides when it stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from failure_clients import alive, child_pids, leftovers, payload, run_client, wait_all_ended
 from server_process import start_server
@@ -94,8 +95,10 @@ def test_killed_launcher_leftovers_are_removed_and_sigterm_drains(tiny_llama_dir
     assert not [name for name, pid in children.items() if alive(pid)]
 
 
-def test_a_stop_signal_to_the_whole_process_group_still_drains(tiny_llama_dir, tmp_path):
-    """Ctrl-C in a terminal and systemd's default stop signal every process of the server's group.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_whole_process_group_still_drains(tiny_llama_dir, tmp_path, signum):
+    """Ctrl-C in a terminal and systemd's default stop signal every process of the server's group,
+    and a closed terminal hangs it up (SIGHUP, which uvicorn does not handle).
 
     The children must let the signal pass: the main process drains the request in flight and
     then stops them, instead of a child dying under it and failing every request.
@@ -107,7 +110,7 @@ def test_a_stop_signal_to_the_whole_process_group_still_drains(tiny_llama_dir, t
         stream = _streaming(run_client(
             server.url, "/v1/completions", payload("/v1/completions", server.model_name, 1000), stream=True))
         signalled_at = time.monotonic()
-        os.killpg(server.proc.pid, signal.SIGTERM)
+        os.killpg(server.proc.pid, signum)
         wait_all_ended([stream], 60)
         code = server.proc.wait(60)
     finally:
@@ -119,6 +122,7 @@ def test_a_stop_signal_to_the_whole_process_group_still_drains(tiny_llama_dir, t
     assert code == 0, log
     assert "exited unexpectedly" not in log
     assert "every request finished" in log
+    assert f"received {signal.Signals(signum).name}: taking no new requests" in log
     assert not leftovers(server.proc.pid)
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in children.values()) and time.monotonic() < deadline:

@@ -114,7 +114,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "--graceful_shutdown_seconds",
         type=finite_float,
         default=30.0,
-        help="On SIGTERM/SIGINT: new requests get 503 at once, requests in flight may finish for at most this many "
+        help="On SIGTERM/SIGINT/SIGHUP: new requests get 503 at once, requests in flight may finish for at most this many "
         "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once.",
     )
 

@@ -6,7 +6,7 @@ the loop with ``call_soon_threadsafe``.
 
 - A dead child: every pending request fails at once with a 503 error (an error event for streams
   already under way), new requests get 503, and uvicorn stops; the exit code is 1.
-- SIGTERM or SIGINT: new requests get 503 at once, requests in flight may finish for up to
+- SIGTERM, SIGINT or SIGHUP: new requests get 503 at once, requests in flight may finish for up to
   ``--graceful_shutdown_seconds``, the rest then fail with a 503 error; the exit code is 0.
   A second signal fails what is left at once.
 
@@ -223,11 +223,22 @@ class StopOutsideServing:
         self.requested = False
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
+        # uvicorn takes over SIGINT and SIGTERM while it serves, not SIGHUP (a closed terminal,
+        # whose default action kills the process with no drain and leaves shared memory behind):
+        # it goes to the serving server's handler here, which drains as SIGTERM does.
+        signal.signal(signal.SIGHUP, self._on_hangup)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         self.requested = True
         if self.server is not None:
             self.server.should_exit = True
+
+    def _on_hangup(self, signum: int, frame: Optional[FrameType]) -> None:
+        server = self.server
+        if server is not None and server.started and not server.should_exit:
+            server.handle_exit(signum, frame)
+        else:
+            self._on_signal(signum, frame)
 
     def exit_code(self, supervisor: Supervisor) -> int:
         """The launcher's exit status: the supervisor's, or 1 when the server never started on its own."""
