@@ -148,7 +148,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Requests asking for top logprobs (logprobs or prompt_logprobs above 0) that may be in flight at once; "
         "each holds a shared-memory row of 160 bytes per token of --max_req_total_len, and one more waits as for a "
         "request slot (--slot_wait_seconds), then gets 503 server_busy. Requests without top logprobs never wait "
-        "for these. Default: --running_max_req_size; at most the request slot count, max(64, 4 x --running_max_req_size).",
+        "for these. Default: --running_max_req_size; more than the request slot count, max(64, 4 x --running_max_req_size), "
+        "is refused.",
     )
     group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048).")
     group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step.")
@@ -174,7 +175,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Decode steps the router lets pass between two admission rounds while requests run.",
     )
     group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache.")
-    group.add_argument("--schedule_time_interval", type=finite_float, default=0.03, help="Seconds between router admission rounds.")
+    group.add_argument("--schedule_time_interval", type=finite_float, default=0.03, help="Seconds between router admission rounds (at least 0.001).")
     group.add_argument(
         "--prefill_queue_strategy",
         type=str,
@@ -267,7 +268,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="Largest request body; a larger one is answered 413 while it is read (chunked bodies too). "
-        "Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len.",
+        "Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len; at least 1024.",
     )
     group.add_argument(
         "--prompt_chars_per_token",

@@ -32,6 +32,11 @@ _PUBLIC_API_FLAGS = ("tool_call_parser", "generation_config", "chat_template", "
                      "max_new_tokens_default")
 
 
+# The router's poll granularity (it waits in whole milliseconds).
+MIN_SCHEDULE_TIME_INTERVAL = 0.001
+# The smallest body limit that still admits an ordinary request.
+MIN_REQUEST_BODY_BYTES = 1024
+
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
     """Refuse PD flags given to a process role that does not read them (one line naming them)."""
     run_mode = getattr(args, "run_mode", "normal")
@@ -98,6 +103,10 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             raise ArgumentError(f"--{name} must be positive, got {value}")
+    body_limit = getattr(args, "max_request_body_bytes", None)
+    if body_limit is not None and body_limit < MIN_REQUEST_BODY_BYTES:
+        # Below this every real request (a model name, a prompt, a few parameters) gets 413.
+        raise ArgumentError(f"--max_request_body_bytes must be at least {MIN_REQUEST_BODY_BYTES}, got {body_limit}")
     per_client = getattr(args, "http_max_connections_per_client", None)
     if per_client is not None and not 0 < per_client <= getattr(args, "http_max_connections", per_client):
         raise ArgumentError(f"--http_max_connections_per_client must be in 1..--http_max_connections "
@@ -174,8 +183,10 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
                             f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction:g}")
     if args.router_max_wait_tokens < 0:
         raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
-    if args.schedule_time_interval < 0:
-        raise ArgumentError(f"--schedule_time_interval must be >= 0, got {args.schedule_time_interval}")
+    if args.schedule_time_interval < MIN_SCHEDULE_TIME_INTERVAL:
+        # The router polls at most once a millisecond; less would only spin it on an idle server.
+        raise ArgumentError(f"--schedule_time_interval must be >= {MIN_SCHEDULE_TIME_INTERVAL:g} seconds, "
+                            f"got {args.schedule_time_interval:g}")
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
     if args.batch_max_tokens is not None and not args.disable_chunked_prefill and args.chunked_prefill_size > args.batch_max_tokens:

@@ -185,6 +185,12 @@ def plan_sizing(
             wide_ms = override_ms
     # Request records cover requests waiting, running and streaming out, hence the factor.
     slot_num = max(64, 4 * args.running_max_req_size)
+    top_slots = getattr(args, "top_logprobs_slots", None)
+    if top_slots is not None and top_slots > slot_num:
+        raise ArgumentError(
+            f"--top_logprobs_slots {top_slots} exceeds the request slot count {slot_num} "
+            f"(max(64, 4 x --running_max_req_size)); give at most {slot_num}"
+        )
     return ServerSizing(
         device=device,
         dtype_name=dtype,

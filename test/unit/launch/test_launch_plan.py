@@ -122,8 +122,11 @@ def test_top_logprob_rows_default_to_the_running_batch_and_follow_their_flag(tin
     layout = _start(_args(tiny_llama_dir, "--running_max_req_size", "8")).http.layout
     assert (layout.slot_num, layout.top_slot_num) == (64, 8)
     assert _start(_args(tiny_llama_dir, "--top_logprobs_slots", "3")).http.layout.top_slot_num == 3
-    # More rows than request slots could never be used.
-    assert _start(_args(tiny_llama_dir, "--running_max_req_size", "8", "--top_logprobs_slots", "500")
+    # More rows than request slots could never be used: refused, not silently lowered.
+    with pytest.raises(ArgumentError, match=re.escape("--top_logprobs_slots 500 exceeds the request slot count 64 "
+                                                      "(max(64, 4 x --running_max_req_size)); give at most 64")):
+        _start(_args(tiny_llama_dir, "--running_max_req_size", "8", "--top_logprobs_slots", "500"))
+    assert _start(_args(tiny_llama_dir, "--running_max_req_size", "8", "--top_logprobs_slots", "64")
                   ).http.layout.top_slot_num == 64
 
 
@@ -131,3 +134,13 @@ def test_top_logprob_rows_default_to_the_running_batch_and_follow_their_flag(tin
 def test_top_logprobs_slots_must_be_positive(tiny_llama_dir, value) -> None:
     with pytest.raises(ArgumentError, match="--top_logprobs_slots must be positive"):
         _args(tiny_llama_dir, "--top_logprobs_slots", value)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--schedule_time_interval", "0"], "--schedule_time_interval must be >= 0.001 seconds, got 0"),
+    (["--max_request_body_bytes", "10"], "--max_request_body_bytes must be at least 1024, got 10"),
+])
+def test_degenerate_values_are_refused_instead_of_spinning_or_refusing_every_request(
+        tiny_llama_dir, flags, message) -> None:
+    with pytest.raises(ArgumentError, match=re.escape(message)):
+        _args(tiny_llama_dir, *flags)
