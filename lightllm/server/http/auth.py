@@ -47,14 +47,18 @@ def _digest(key: str) -> bytes:
 
 
 def bearer_token(scope: Scope) -> Optional[str]:
-    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    """The token of an ``Authorization: Bearer <token>`` header, or None.
+
+    The scheme is case-insensitive (RFC 7235: ``bearer``, ``BEARER`` and ``Bearer`` are the same)
+    and may be followed by any run of spaces or tabs; the token itself is compared exactly.
+    """
     value = header(scope, b"authorization")
     if value is None:
         return None
-    scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    parts = value.split(None, 1)
+    if len(parts) != 2 or parts[0].lower() != "bearer":
         return None
-    return token.strip()
+    return parts[1].strip()
 
 
 class KeySet:

@@ -2,8 +2,12 @@
 
 Every request model is strict (no coercion of strings into numbers or bools) and forbids
 unknown keys, so a misspelt or internal-only field such as ``infer_high_priority`` is rejected
-with a 400 that names it.  Validation failures become :class:`~lightllm.server.http.errors.APIError`
-with ``param`` set to the dotted field path (``messages.0.role``, ``parameters.top_p``).
+with a 400 that names it. The one coercion allowed is an integral float in an integer field
+(``"max_tokens": 5.0`` is 5): JSON has one number type, many clients (JavaScript, anything that
+round-trips through a float) write integers that way, and vLLM's lax pydantic models take them.
+``5.5`` and booleans are still refused, naming the field. Validation failures become
+:class:`~lightllm.server.http.errors.APIError` with ``param`` set to the dotted field path
+(``messages.0.role``, ``parameters.top_p``).
 
 The schemas themselves are in :mod:`lightllm.server.http.openai_models` and
 :mod:`lightllm.server.http.native_models`; the checks that need the served model (vocabulary,
@@ -12,10 +16,13 @@ context length) are in :mod:`lightllm.server.http.planning`.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import types
+import typing
+from typing import Any, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from lightllm.common.sampling import STORED_DTYPES
 
@@ -39,10 +46,60 @@ def stored_bounds(name: str) -> dict[str, Any]:
     return {"json_schema_extra": {"maximum": int(np.iinfo(dtype).max)}}
 
 
+def integral(value: Any) -> Any:
+    """``value`` as an int when it is a float with no fractional part (``5.0``), else unchanged.
+
+    Non-integral, infinite and NaN floats stay floats, so the integer check that follows refuses them.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _without_none(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return tuple(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return (annotation,)
+
+
+@functools.cache
+def _integer_fields(model: type[BaseModel]) -> tuple[tuple[str, bool], ...]:
+    """``(name, is_list)`` of the fields of ``model`` typed ``int`` or ``list[int]`` (optional or not)."""
+    found = []
+    for name, info in model.model_fields.items():
+        kinds = _without_none(info.annotation)
+        if kinds == (int,):
+            found.append((name, False))
+        elif len(kinds) == 1 and typing.get_origin(kinds[0]) is list and typing.get_args(kinds[0]) == (int,):
+            found.append((name, True))
+    return tuple(found)
+
+
 class StrictModel(BaseModel):
-    """Base for request bodies: strict types, unknown keys rejected."""
+    """Base for request bodies: strict types, unknown keys rejected, integral floats taken as integers."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_floats(cls, data: Any) -> Any:
+        # Strict mode refuses 5.0 for an int; convert it here (and only where the field is an
+        # integer) so the rest of validation, bounds and error names included, stays pydantic's.
+        if not isinstance(data, dict):
+            return data
+        fields = _integer_fields(cls)
+        if not any(name in data for name, _ in fields):
+            return data
+        data = dict(data)
+        for name, is_list in fields:
+            if name not in data:
+                continue
+            value = data[name]
+            if is_list and isinstance(value, list):
+                data[name] = [integral(item) for item in value]
+            elif not is_list:
+                data[name] = integral(value)
+        return data
 
     def check_consistency(self) -> None:
         """Cross-field checks that pydantic field validators cannot name a param for."""

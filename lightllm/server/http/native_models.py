@@ -14,7 +14,8 @@ from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
+from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
+                                              stored_bounds)
 
 
 INT32_MAX = 2**31 - 1
@@ -71,7 +72,7 @@ class NativeParameters(StrictModel):
             return None
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise ValueError("exponential_decay_length_penalty must be [start_index, decay_factor] or null")
-        start, factor = value
+        start, factor = integral(value[0]), value[1]
         if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= INT32_MAX:
             raise ValueError(f"exponential_decay_length_penalty start_index must be an integer in [0, {INT32_MAX}], got {start!r}")
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not MIN_DECAY_FACTOR <= factor <= MAX_DECAY_FACTOR:

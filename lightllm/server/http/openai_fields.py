@@ -3,8 +3,9 @@
 The schemas in :mod:`lightllm.server.http.openai_models` inherit these fields, so each decision
 about a field lives here with its reason:
 
-* ``null`` means the same as leaving a field out, on every field (OpenAI's SDKs and many clients
-  send explicit nulls); the OpenAPI document marks every optional field nullable accordingly.
+* ``null`` means the same as leaving a field out, on every known field (OpenAI's SDKs and many
+  clients send explicit nulls); the OpenAPI document marks every optional field nullable
+  accordingly. An unknown field is refused whatever its value, ``null`` included.
 * ``logit_bias`` works (added to the logits in the model rank); ``truncate_prompt_tokens`` keeps
   the last k prompt tokens, as vLLM does; vLLM's structured-output parameters become a grammar
   (:mod:`lightllm.server.http.structured_params`).
@@ -64,8 +65,10 @@ class NullMeansAbsent(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_nulls(cls, data: Any) -> Any:
+        # Only known fields: an unknown one must still reach extra="forbid" and be refused,
+        # whatever its value (a null "foo" is as much a client's mistake as "foo": false).
         if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
+            return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
         return data
 
 

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, stop_validator, stored_bounds
+from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
+                                              stored_bounds)
 from lightllm.server.http.openai_fields import ChatTemplateFields, NullMeansAbsent, OpenAIPlatformFields
 from lightllm.server.http.tool_calls.request import check_message_tool_calls, check_tool_messages, template_tool_calls
 
@@ -105,6 +106,12 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     def check_consistency(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats \
+                and not self.stream_options.include_usage:
+            # Usage on every chunk is an addition to the final usage chunk; without it the flag
+            # would silently do nothing.
+            raise invalid_request("stream_options.continuous_usage_stats needs stream_options.include_usage to be "
+                                  "true", "stream_options.continuous_usage_stats")
         if self.best_of is not None and self.best_of < self.n:
             raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
         if self.max_tokens == 0 and not getattr(self, "echo", False):
@@ -182,7 +189,7 @@ class CompletionRequest(OpenAISamplingRequest):
     @field_validator("prompt")
     @classmethod
     def _check_prompt(cls, value: Any) -> list[str | list[int]]:
-        return normalize_completion_prompt(value)
+        return normalize_completion_prompt(_integral_token_ids(value))
 
     @field_validator("suffix")
     @classmethod
@@ -190,6 +197,13 @@ class CompletionRequest(OpenAISamplingRequest):
         if value is not None:
             raise ValueError("suffix is not supported; send null")
         return value
+
+
+def _integral_token_ids(value: Any) -> Any:
+    """A prompt with integral floats in its token-id lists made ints, as every integer field takes them."""
+    if not isinstance(value, list):
+        return value
+    return [[integral(item) for item in entry] if isinstance(entry, list) else integral(entry) for entry in value]
 
 
 def _is_token_list(value: Any) -> bool:

@@ -57,13 +57,15 @@ def _no_output_reason(grammar: str) -> Optional[str]:
     empty one), else None.  Without this check such a request reaches the model rank, whose
     mask then allows nothing, and fails there as a 500."""
     import llguidance
-    import llguidance.torch as ll_torch
+    # numpy, not llguidance.torch: this runs in the HTTP process, which keeps torch out
+    # (lightllm.utils.torch_free); importing torch there fails.
+    import llguidance.numpy as ll_numpy
 
     tokenizer = _byte_tokenizer()
     matcher = llguidance.LLMatcher(tokenizer, grammar)
     if not matcher.is_error():
-        bitmask = ll_torch.allocate_token_bitmask(1, tokenizer.vocab_size)
-        ll_torch.fill_next_token_bitmask(matcher, bitmask, 0)
+        bitmask = ll_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
+        ll_numpy.fill_next_token_bitmask(matcher, bitmask, 0)
     if matcher.is_error():
         return (matcher.get_error() or "no token can start it").strip().splitlines()[0]
     return None

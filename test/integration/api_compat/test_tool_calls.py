@@ -3,14 +3,16 @@
 A random model never writes a call by itself, so ``tool_choice: "required"`` and a named function
 are the end-to-end proof: structured output forces a call, and the OpenAI client and
 langchain-openai get parsed ``tool_calls`` whose arguments validate against the tool's schema.
-``auto`` and ``none`` check the plumbing (no ``tool_calls`` when the text holds no call); the
-parsing of known call texts is covered by test/unit/http/test_tool_call_parsing.py and
-test/unit/http/test_tool_calls_api.py.
+``auto`` and ``none`` check the plumbing (no ``tool_calls`` when the text holds no call), and with
+``guided_regex`` forcing the model to write a given text, that a stream answers exactly as the whole
+response does; the parsing of known call texts is covered by test/unit/http/test_tool_call_parsing.py,
+test/unit/http/test_tool_call_stream_property.py and test/unit/http/test_tool_calls_api.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -120,3 +122,57 @@ def test_langchain_bind_tools_forced_call(tool_server):
     jsonschema.validate(call["args"], WEATHER_PARAMS)
     anything = llm.bind_tools(TOOLS, tool_choice="any", parallel_tool_calls=False).invoke("What time is it?")
     assert anything.tool_calls and anything.tool_calls[0]["name"] in SCHEMAS
+
+
+UTC_CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+# (text the model is forced to write, max_tokens, expected content, expected calls, expected finish reason)
+FORCED_OUTPUTS = [
+    ('<tool_call>\n{"name": "get_weather", "arguments": "oops"}\n</tool_call>', 400, "same", [], "stop"),
+    (UTC_CALL + "\n<tool_call>\nnot json\n</tool_call>", 400, "\n<tool_call>\nnot json\n</tool_call>",
+     [("get_time", '{"zone": "UTC"}')], "tool_calls"),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "</tool_call>"}}\n</tool_call>', 400, "same", [],
+     "stop"),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', 400, "same", [], "stop"),
+    (UTC_CALL + "\n" + UTC_CALL.replace("UTC", "CET"), 400, None,
+     [("get_time", '{"zone": "UTC"}'), ("get_time", '{"zone": "CET"}')], "tool_calls"),
+    # Cut by max_tokens inside the call: content, finish reason length.
+    (UTC_CALL, 3, "cut", [], "length"),
+]
+
+
+def _stream_message(url: str, body: dict) -> tuple[str | None, list[tuple[str, str]], str | None]:
+    """Content, calls and finish reason an OpenAI client assembles from the stream of ``body``."""
+    content, calls, finish = "", {}, None
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            (choice,) = json.loads(line[len("data: "):])["choices"]
+            content += choice["delta"].get("content") or ""
+            for entry in choice["delta"].get("tool_calls") or []:
+                call = calls.setdefault(entry["index"], ["", ""])
+                call[0] = entry["function"].get("name") or call[0]
+                call[1] += entry["function"]["arguments"]
+            finish = choice["finish_reason"] or finish
+    return content or None, [tuple(calls[index]) for index in sorted(calls)], finish
+
+
+@pytest.mark.parametrize(("output", "max_tokens", "content", "calls", "finish"), FORCED_OUTPUTS)
+def test_forced_outputs_stream_exactly_as_they_answer_whole(tool_server, output, max_tokens, content, calls, finish):
+    url = f"{tool_server.url}/v1/chat/completions"
+    body = {"model": tool_server.model_name, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto",
+            "guided_regex": re.escape(output), "max_tokens": max_tokens, "temperature": 0}
+    response = httpx.post(url, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    whole = response.json()["choices"][0]
+    message = whole["message"]
+    expected_content = output if content == "same" else content
+    if content == "cut":
+        expected_content = message["content"]
+        assert output.startswith(expected_content) and expected_content != output
+    assert message["content"] == expected_content
+    assert [(call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or []] \
+        == calls
+    assert whole["finish_reason"] == finish
+    assert _stream_message(url, body) == (message["content"] or None, calls, finish)

@@ -239,7 +239,7 @@ _REFUSED_BODIES = {
         {"prompt": "x", "logit_bias": {"a": 1}}, {"prompt": "x", "truncate_prompt_tokens": 0},
         {"prompt": "x", "store": True}, {"prompt": "x", "service_tier": "flex"},
         {"prompt": "x", "structured_outputs": {}}, {"prompt": "x", "guided_choice": []},
-        {"prompt": ["x"] * 65},
+        {"prompt": ["x"] * 65}, {"prompt": "x", "foo": None}, {"prompt": "x", "max_tokens": 5.5},
     ],
     "/v1/chat/completions": [
         {"messages": []}, {"messages": [{"role": "", "content": "x"}]},
@@ -251,7 +251,9 @@ _REFUSED_BODIES = {
 }
 _ACCEPTED_BODIES = {
     "/v1/completions": [{"prompt": "x", "n": None, "logit_bias": {"5": -100}, "store": False, "metadata": None,
-                         "service_tier": "auto", "truncate_prompt_tokens": 4, "structured_outputs": {"regex": "a"}}],
+                         "service_tier": "auto", "truncate_prompt_tokens": 4, "structured_outputs": {"regex": "a"}},
+                        # An integral float is an integer, to the server as to JSON Schema.
+                        {"prompt": "x", "max_tokens": 5.0, "n": 2.0, "seed": 1.0}],
     "/v1/chat/completions": [{"messages": [{"role": "user", "content": "x"}], "prediction": None, "documents": None,
                               "top_logprobs": 20, "logprobs": True, "reasoning_effort": None}],
 }

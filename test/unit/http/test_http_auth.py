@@ -33,7 +33,10 @@ def test_key_set_matches_only_its_keys() -> None:
 
 @pytest.mark.parametrize(
     ("value", "token"),
-    [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), ("abc", None)],
+    [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), ("abc", None),
+     # RFC 7235: the scheme is case-insensitive; a tab separates it as well as a space.
+     ("BEARER abc", "abc"), ("bEaReR abc", "abc"), ("bearer\tabc", "abc"), (" Bearer \t abc", "abc"),
+     ("Bearer  ", None), ("Bearerabc", None), ("Bearer abc def", "abc def")],
 )
 def test_bearer_token_parsing(value: str, token: str | None) -> None:
     assert bearer_token({"headers": [(b"authorization", value.encode())]}) == token
@@ -85,6 +88,31 @@ def test_priority_from_admin_key_or_public_flag(manager: FakeManager) -> None:
     assert _client(manager, USER, api_keys=(USER,), allow_public_priority=True).post("/generate", json=body).status_code == 200
     assert _client(manager, allow_public_priority=True).post("/generate", json=body).status_code == 200
     assert [call.high_priority for call in manager.calls] == [True] * 4
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer\t", "bEARER "])
+def test_the_auth_scheme_is_case_insensitive_for_every_kind_of_key(manager: FakeManager, scheme: str) -> None:
+    def client(key: str, **policy: object) -> TestClient:
+        options = HttpServerOptions(auth=AuthPolicy(**policy))
+        return TestClient(create_app(manager, options), headers={"authorization": f"{scheme} {key}"},
+                          raise_server_exceptions=False)
+
+    assert client(USER, api_keys=(USER,)).get("/v1/models").status_code == 200
+    assert client(ADMIN, api_keys=(USER,), admin_keys=(ADMIN,)).get("/v1/models").status_code == 200
+    body = {"inputs": "hi", "high_priority_request": True}
+    assert client(ADMIN, api_keys=(USER,), admin_keys=(ADMIN,)).post("/generate", json=body).status_code == 200
+    assert manager.calls[-1].high_priority
+    # The cluster key opens the cluster's paths (none is routed in this app: 404, not 401).
+    assert client("cluster", api_keys=(USER,), cluster_key="cluster").get("/pd/nodes").status_code == 404
+    assert_error(client("wrong", api_keys=(USER,)).get("/v1/models"), 401, code="invalid_api_key")
+
+
+def test_the_front_door_reads_the_scheme_as_the_app_does() -> None:
+    # The accept thread decides from the raw head whether a keyed client may pass a full server.
+    from lightllm.server.http.probe_parsing import head_headers
+
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: bearer the-key\r\n\r\n"
+    assert bearer_token({"headers": head_headers(head)}) == "the-key"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -26,21 +26,23 @@ CALL_TEXT = ["Checking", " the weather.", "\n<tool", "_call>\n", '{"name": "get_
 class ScriptedManager(FakeManager):
     """A FakeManager whose every generation yields the pieces of ``script`` and stops."""
 
-    def __init__(self, script: list[str]) -> None:
+    def __init__(self, script: list[str], finish: str = "stop") -> None:
         super().__init__()
         self.script = script
+        self.finish = finish
 
     async def generate(self, spec: Any, *, request: Any = None) -> AsyncIterator[FakeEvent]:
         prompt_ids = list(spec.prompt_ids)
         self.calls.append(type("Call", (), {"params": spec.params, "prompt_ids": prompt_ids})())
         for position, piece in enumerate(self.script):
             await asyncio.sleep(0)
-            finish = "stop" if position == len(self.script) - 1 else None
+            finish = self.finish if position == len(self.script) - 1 else None
             yield FakeEvent(len(self.calls), 20 + position, piece, -0.5, finish, len(prompt_ids), 0, position + 1, None)
 
 
-def make_client(script: list[str], parser: str | None = "hermes") -> tuple[TestClient, ScriptedManager]:
-    manager = ScriptedManager(script)
+def make_client(script: list[str], parser: str | None = "hermes",
+                finish: str = "stop") -> tuple[TestClient, ScriptedManager]:
+    manager = ScriptedManager(script, finish)
     app = create_app(manager, HttpServerOptions(tool_call_parser=parser))
     return TestClient(app, raise_server_exceptions=False), manager
 
@@ -73,12 +75,53 @@ def test_auto_call_streaming_deltas() -> None:
     assert events[-1] == "[DONE]"
     deltas = [event["choices"][0] for event in events[:-1]]
     content = "".join(choice["delta"].get("content") or "" for choice in deltas)
-    assert content == "Checking the weather.\n"
-    calls = [entry for choice in deltas for entry in choice["delta"].get("tool_calls", [])]
-    assert calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "get_weather"
-    assert all(set(entry) == {"index", "function"} for entry in calls[1:])
-    assert "".join(entry["function"]["arguments"] for entry in calls) == '{"city": "Paris"}'
+    assert content == "Checking the weather."  # as the non-streamed content: the space before the call goes
+    # The call arrives whole, once its block is complete.
+    (call,) = [entry for choice in deltas for entry in choice["delta"].get("tool_calls", [])]
+    assert call["index"] == 0 and call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
+def _streamed_message(events: list[Any]) -> tuple[dict[str, Any], str]:
+    """The message an OpenAI client builds from a chat stream's chunks, and the finish reason."""
+    content, calls, finish = "", {}, None
+    for event in events[:-1]:
+        (choice,) = event["choices"]
+        content += choice["delta"].get("content") or ""
+        for entry in choice["delta"].get("tool_calls", []):
+            call = calls.setdefault(entry["index"], {"name": None, "arguments": ""})
+            call["name"] = entry["function"].get("name") or call["name"]
+            call["arguments"] += entry["function"]["arguments"]
+        finish = choice["finish_reason"] or finish
+    return {"content": content or None, "tool_calls": [calls[index] for index in sorted(calls)]}, finish
+
+
+PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_weather", "arguments": "oops"}\n</tool_call>',
+    PARIS + "\n<tool_call>\nnot json\n</tool_call>",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "</tool_call>"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+    PARIS + "\n" + PARIS,
+    "Sure.\n" + PARIS + "\nDone.",
+])
+def test_stream_and_whole_response_give_the_same_message(text: str, finish: str) -> None:
+    for cut in (1, 2, 5):
+        client, _ = make_client([text[i:i + cut] for i in range(0, len(text), cut)], finish=finish)
+        whole = chat(client, tools=[WEATHER_TOOL]).json()["choices"][0]
+        expected = {"content": whole["message"]["content"] or None,
+                    "tool_calls": [call["function"] for call in whole["message"].get("tool_calls", [])]}
+        assert _streamed_message(sse_events(chat(client, tools=[WEATHER_TOOL], stream=True))) == \
+            (expected, whole["finish_reason"])
+    # A text without a well-formed call is all content and keeps the engine's finish reason.
+    if not expected["tool_calls"]:
+        assert expected["content"] == text and whole["finish_reason"] == finish
+    else:
+        assert whole["finish_reason"] == ("tool_calls" if finish == "stop" else "length")
 
 
 @pytest.mark.parametrize("script, arguments", [

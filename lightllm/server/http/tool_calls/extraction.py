@@ -1,20 +1,25 @@
-"""Tool calls of a whole generated text (non-streaming responses).
+"""What a generated text means under a tool-call format: content and calls, decided once for both paths.
 
-The text is split by the same segmenter a stream uses (:mod:`~lightllm.server.http.tool_calls.parsers`);
-every call block must then hold only well-formed call objects. If any call is malformed the
-whole text is returned as content with no calls, so a client never receives half of what the
-model meant.
+:class:`CallReader` reads a text piece by piece through the parser's segmenter
+(:mod:`~lightllm.server.http.tool_calls.parsers`), which gives content as it comes and each call
+block only once it is complete. A block that holds only well-formed call objects becomes calls;
+any other block (not JSON, no ``name``, arguments not an object, text beside the objects) is
+content, exactly as the model wrote it, tags included, so a client never receives half of what
+the model meant and never loses text. White space right before a call is dropped, and so is
+white space after a call that no content follows (between calls, at the end of the text). A stream and a non-streaming response run
+the same reader, so for every text and every way of cutting it into pieces they answer the same:
+the streamed content adds up to the message's content and the calls are the message's calls.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightllm.server.http.tool_calls.json_scan import ARGUMENT_KEYS, CallObjectScanner, split_objects
-from lightllm.server.http.tool_calls.parsers import CALL, ToolCallParser
+from lightllm.server.http.tool_calls.parsers import CALL, Segment, ToolCallParser
 
 # Characters allowed between call objects of one block (llama3's ";" list, a JSON array's brackets).
 _SEPARATORS = set(" \t\r\n;,[]")
@@ -57,9 +62,10 @@ def parse_call_object(text: str) -> ParsedCall | None:
     """The call a JSON object text holds, or None unless it is ``{"name": <string>, "arguments"
     or "parameters": <object or JSON-object string>}`` (arguments may be left out: ``{}``)."""
     try:
-        # The first "name" and the first arguments key in the text count, as a stream reads them.
+        # The first "name" and the first arguments key in the text count, as the scanner that
+        # takes the arguments' own text reads them.
         value = json.loads(text, object_pairs_hook=_first_of_each_key)
-    except ValueError:
+    except (ValueError, RecursionError):  # a model may nest deeper than the JSON reader goes
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
@@ -71,7 +77,7 @@ def parse_call_object(text: str) -> ParsedCall | None:
         # Some models write the arguments as a JSON string, as the OpenAI API itself does.
         try:
             decoded = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return ParsedCall(value["name"], arguments) if isinstance(decoded, dict) else None
     if not isinstance(arguments, dict):
@@ -96,27 +102,91 @@ def parse_call_block(text: str) -> list[ParsedCall] | None:
     return None if any(call is None for call in calls) else calls  # type: ignore[return-value]
 
 
+@dataclass
+class Reading:
+    """What one :meth:`CallReader.feed` or :meth:`CallReader.finish` decided: content and complete calls
+    (a chunk carries both; a client adds content to content and calls to calls, so their order within
+    one piece does not matter)."""
+
+    content: str = ""
+    calls: list[ParsedCall] = field(default_factory=list)
+
+
+class CallReader:
+    """Content and calls of one generation, read incrementally (one instance per generation).
+
+    Held back until decided: a call block until it is complete (a stream cannot take back a call
+    or content it sent), and white space at the end of the content (a call may follow and drop it).
+    So ``"Hi\\n<call>\\nDone"`` has the content ``"Hi\\nDone"``, and ``"Hi\\n<call>\\n"`` the content ``"Hi"``.
+    """
+
+    def __init__(self, parser: ToolCallParser, parallel: bool = True) -> None:
+        self._segmenter = parser.segmenter()
+        self._parallel = parallel
+        self.calls_read = 0
+        self._space = ""
+        self._after_call = False
+
+    def feed(self, text: str) -> Reading:
+        """What the next piece of text decides."""
+        reading = Reading()
+        for segment in self._segmenter.feed(text):
+            self._take(segment, reading)
+        return reading
+
+    def finish(self) -> Reading:
+        """What the end of the text decides: held blocks and content, held white space."""
+        reading = Reading()
+        for segment in self._segmenter.finish():
+            self._take(segment, reading)
+        if not self._after_call:
+            reading.content += self._space
+        self._space = ""
+        return reading
+
+    def _take(self, segment: Segment, reading: Reading) -> None:
+        if segment.kind == CALL:
+            calls = parse_call_block(segment.text)
+            if calls is not None:
+                self._space, self._after_call = "", True
+                for call in calls:
+                    # Without parallel calls only the first call is kept.
+                    if self._parallel or self.calls_read == 0:
+                        reading.calls.append(call)
+                        self.calls_read += 1
+                return
+        self._content(segment.raw, reading)
+
+    def _content(self, text: str, reading: Reading) -> None:
+        # White space waits for what follows it: more content lets it out, a call or (right
+        # after a call) the end of the text drops it.
+        text = self._space + text
+        body = text.rstrip()
+        self._space = text[len(body):]
+        if body:
+            reading.content += body
+            self._after_call = False
+
+
 def extract_calls(parser: ToolCallParser, text: str, parallel: bool = True) -> Extraction:
-    """Content and calls of ``text`` in ``parser``'s format; ``parallel`` False keeps the first call only."""
-    segmenter = parser.segmenter()
-    content: list[str] = []
-    blocks: list[str] = []
-    for kind, piece in segmenter.feed(text) + segmenter.finish():
-        if kind != CALL:
-            content.append(piece)
-        elif piece == "" or not blocks:
-            blocks.append(piece)
-        else:
-            blocks[-1] += piece
-    blocks = [block for block in blocks if block.strip()]
-    if not blocks:
+    """Content and calls of a whole ``text`` in ``parser``'s format; ``parallel`` False keeps the first call only."""
+    reader = CallReader(parser, parallel)
+    readings = (reader.feed(text), reader.finish())
+    calls = [call for reading in readings for call in reading.calls]
+    if not calls:
         return Extraction(text, [])
-    calls: list[ParsedCall] = []
-    for block in blocks:
-        parsed = parse_call_block(block)
-        if parsed is None:
-            return Extraction(text, [])
-        calls.extend(parsed)
-    if not parallel:
-        calls = calls[:1]
-    return Extraction("".join(content).strip() or None, calls)
+    return Extraction("".join(reading.content for reading in readings) or None, calls)
+
+
+def read_named_call(name: str, text: str) -> Extraction:
+    """The output of ``tool_choice`` naming a function: the whole text is that call's arguments object.
+
+    Anything that is not a JSON object (a generation cut off by ``max_tokens`` or a stop) stays content.
+    """
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        return Extraction(text, [])
+    return Extraction(None, [ParsedCall(name, text.strip())])

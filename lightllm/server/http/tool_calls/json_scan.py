@@ -1,12 +1,10 @@
-"""Incremental reading of one tool-call JSON object: its function name and the raw text of its arguments.
+"""Reading one tool-call JSON object: its function name and the raw text of its arguments.
 
 A model writes a call as ``{"name": "f", "arguments": {...}}`` (Hermes), ``{"name": "f",
 "parameters": {...}}`` (Llama 3.1, and the structured-output form of ``tool_choice:
-"required"``). :class:`CallObjectScanner` reads such an object one character at a time, without
-waiting for it to end, so a stream can announce the call as soon as its name is complete and then
-forward the arguments as the model writes them. The arguments are forwarded as the model's own
-text (not re-serialized), which is what the non-streaming path reports too: both paths give the
-client the same ``arguments`` string.
+"required"``). :class:`CallObjectScanner` reads such an object one character at a time and keeps
+the arguments as the model's own text (not re-serialized): that text is the ``arguments`` string
+a client receives, streamed or not. :func:`split_objects` finds the objects of a call block.
 """
 
 from __future__ import annotations

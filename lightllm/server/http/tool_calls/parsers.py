@@ -1,28 +1,48 @@
 """Tool-call formats of model outputs (``--tool_call_parser``): where calls are in the text.
 
-A parser splits generated text into *content* (what the user sees) and *call text* (JSON call
-objects, ``{"name": ..., "arguments"|"parameters": {...}}``), incrementally: a stream feeds it
-pieces as they arrive, and a non-streaming response feeds it the whole text at once, so both
-paths split a text the same way. Reading the call objects themselves is
-:mod:`lightllm.server.http.tool_calls.json_scan`'s job.
+A parser's segmenter splits generated text into *content* (what the user sees) and *call
+blocks* (the text of JSON call objects, ``{"name": ..., "arguments"|"parameters": {...}}``),
+incrementally: a stream feeds it pieces as they arrive, and a non-streaming response feeds it the
+whole text at once. Content is let out as soon as it cannot become the start of a call; a call
+block is given only once it is complete (its end marker arrived, or the text ended), whole, with
+the text it was written as. So whatever the chunking, the same blocks come out, and the content
+between two blocks adds up to the same text: deciding what a block is
+(:mod:`lightllm.server.http.tool_calls.extraction`) then gives a stream and a whole response the
+same answer.
 
 * ``hermes``: calls inside ``<tool_call>...</tool_call>`` tags, anywhere in the text (the
-  format of Qwen2/Qwen2.5 and Hermes chat templates); a call left open at the end of the text
-  still counts.
+  format of Qwen2/Qwen2.5 and Hermes chat templates); the first end tag closes a call (also one
+  inside a JSON string); a call left open at the end of the text is a block too.
 * ``llama3_json``: the whole output is one or more call objects (separated by ``;``),
-  optionally after ``<|python_tag|>`` (Llama 3.1/3.2 JSON tool calling); output that starts
-  with anything else is plain content.
+  optionally after ``<|python_tag|>`` (Llama 3.1/3.2 JSON tool calling), so it is one block that
+  ends with the text; output that starts with anything else is plain content.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import Callable, NamedTuple
 
 CONTENT = "content"
 CALL = "call"
 
-Segment = tuple[str, str]
+
+class Segment(NamedTuple):
+    """A piece of content, or one complete call block.
+
+    ``text`` is the content, or the call text inside the block's markers; ``raw`` is the text
+    exactly as the model wrote it (markers included), which becomes content when the block does
+    not parse as calls.
+    """
+
+    kind: str
+    text: str
+    raw: str
+
+
+def content(text: str) -> Segment:
+    """A content segment."""
+    return Segment(CONTENT, text, text)
 
 
 def _held_back(text: str, marker: str) -> int:
@@ -34,7 +54,7 @@ def _held_back(text: str, marker: str) -> int:
 
 
 class Segmenter(ABC):
-    """Splits a growing text into content and call-text segments."""
+    """Splits a growing text into content segments and complete call blocks."""
 
     @abstractmethod
     def feed(self, text: str) -> list[Segment]:
@@ -42,82 +62,120 @@ class Segmenter(ABC):
 
     @abstractmethod
     def finish(self) -> list[Segment]:
-        """Whatever was held back, once the text is complete."""
+        """Whatever was held back, once the text is complete (an open call block included)."""
 
 
 class TaggedSegmenter(Segmenter):
-    """Call text between a start and an end tag; everything else is content."""
+    """Call blocks between a start and an end tag; everything else is content."""
 
     def __init__(self, start: str, end: str) -> None:
         self._start = start
         self._end = end
-        self._buffer = ""
         self._in_call = False
+        # Content: an end of the text that may be the start of the start tag.
+        self._held = ""
+        # A call: its pieces so far (joined once, when it ends) and their last characters, where
+        # an end tag split over two pieces begins.
+        self._call: list[str] = []
+        self._tail = ""
 
     def feed(self, text: str) -> list[Segment]:
-        self._buffer += text
         segments: list[Segment] = []
-        while True:
-            marker = self._end if self._in_call else self._start
-            kind = CALL if self._in_call else CONTENT
-            found = self._buffer.find(marker)
-            if found < 0:
-                keep = _held_back(self._buffer, marker)
-                ready, self._buffer = self._buffer[: len(self._buffer) - keep], self._buffer[len(self._buffer) - keep:]
-                if ready:
-                    segments.append((kind, ready))
-                return segments
-            if found:
-                segments.append((kind, self._buffer[:found]))
-            self._buffer = self._buffer[found + len(marker):]
-            self._in_call = not self._in_call
-            if self._in_call:
-                # An empty call segment marks where a call begins, so two calls never merge.
-                segments.append((CALL, ""))
+        while text:
+            text = self._feed_call(text, segments) if self._in_call else self._feed_content(text, segments)
+        return segments
+
+    def _feed_content(self, text: str, segments: list[Segment]) -> str:
+        """Content up to a start tag; returns the text after the tag ("" when there is none)."""
+        buffer, self._held = self._held + text, ""
+        found = buffer.find(self._start)
+        if found < 0:
+            keep = _held_back(buffer, self._start)
+            self._held = buffer[len(buffer) - keep:]
+            if len(buffer) > keep:
+                segments.append(content(buffer[: len(buffer) - keep]))
+            return ""
+        if found:
+            segments.append(content(buffer[:found]))
+        self._in_call, self._call, self._tail = True, [], ""
+        return buffer[found + len(self._start):]
+
+    def _feed_call(self, text: str, segments: list[Segment]) -> str:
+        """Call text up to the end tag; returns the text after the tag ("" when it has not come)."""
+        window = self._tail + text
+        found = window.find(self._end)
+        if found < 0:
+            self._call.append(text)
+            self._tail = window[max(0, len(window) - len(self._end) + 1):]
+            return ""
+        # Where the tag begins in ``text``; negative when it began in an earlier piece.
+        cut = found - len(self._tail)
+        body = "".join(self._call)
+        body = body[: len(body) + cut] if cut < 0 else body + text[:cut]
+        segments.append(Segment(CALL, body, self._start + body + self._end))
+        self._in_call, self._call, self._tail = False, [], ""
+        return text[cut + len(self._end):]
 
     def finish(self) -> list[Segment]:
-        rest, self._buffer = self._buffer, ""
-        return [(CALL if self._in_call else CONTENT, rest)] if rest else []
+        if self._in_call:
+            body = "".join(self._call)
+            self._in_call, self._call, self._tail = False, [], ""
+            return [Segment(CALL, body, self._start + body)]
+        rest, self._held = self._held, ""
+        return [content(rest)] if rest else []
 
 
 class LeadingCallSegmenter(Segmenter):
-    """All of the text is call text when it starts (after white space) with ``{`` or a marker;
+    """All of the text is one call block when it starts (after white space) with ``{`` or a marker;
     otherwise all of it is content."""
 
     def __init__(self, marker: str) -> None:
         self._marker = marker
-        self._buffer = ""
+        self._pieces: list[str] = []
         self._kind: str | None = None
+        # Where the call text starts in the joined pieces (after the marker).
+        self._body = 0
 
     def feed(self, text: str) -> list[Segment]:
-        if self._kind is not None:
-            return [(self._kind, text)] if text else []
-        self._buffer += text
-        head = self._buffer.lstrip()
+        if self._kind == CONTENT:
+            return [content(text)] if text else []
+        self._pieces.append(text)
+        if self._kind == CALL:
+            return []
+        buffer = "".join(self._pieces)
+        self._pieces = [buffer]
+        head = buffer.lstrip()
         if not head or (self._marker.startswith(head) and head != self._marker):
             return []
         if head.startswith(self._marker):
-            self._kind, rest = CALL, head[len(self._marker):]
+            self._kind, self._body = CALL, len(buffer) - len(head) + len(self._marker)
         elif head.startswith("{"):
-            self._kind, rest = CALL, head
+            self._kind, self._body = CALL, len(buffer) - len(head)
         else:
-            self._kind, rest = CONTENT, self._buffer
-        self._buffer = ""
-        return [(self._kind, rest)] if rest else [(self._kind, "")]
+            self._kind, self._pieces = CONTENT, []
+            return [content(buffer)]
+        return []
 
     def finish(self) -> list[Segment]:
-        rest, self._buffer = self._buffer, ""
-        return [(CONTENT, rest)] if rest else []
+        rest, self._pieces = "".join(self._pieces), []
+        if self._kind == CALL:
+            return [Segment(CALL, rest[self._body:], rest)]
+        return [content(rest)] if rest else []
 
 
 class AllCallSegmenter(Segmenter):
-    """Every character is call text (structured output forced the format)."""
+    """The whole text is one call block (structured output forced the format)."""
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
 
     def feed(self, text: str) -> list[Segment]:
-        return [(CALL, text)] if text else []
+        self._pieces.append(text)
+        return []
 
     def finish(self) -> list[Segment]:
-        return []
+        rest, self._pieces = "".join(self._pieces), []
+        return [Segment(CALL, rest, rest)] if rest else []
 
 
 class ToolCallParser(ABC):

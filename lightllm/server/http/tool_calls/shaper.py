@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from lightllm.server.http.openai_shapes import ChatShaper, final_finish_reason
-from lightllm.server.http.tool_calls.extraction import Extraction, ParsedCall, extract_calls
+from lightllm.server.http.tool_calls.extraction import Extraction, extract_calls, read_named_call
 from lightllm.server.http.tool_calls.request import ToolPlan
 from lightllm.server.http.tool_calls.streaming import NamedCallStream, ToolCallStream
 
 
 def extract_for_plan(plan: ToolPlan, text: str) -> Extraction:
-    """Content and calls of a whole generated text under ``plan``.
-
-    A named call's output is the arguments object itself; anything that is not a JSON object
-    (a generation cut off by ``max_tokens``) stays content.
-    """
+    """Content and calls of a whole generated text under ``plan`` (what its stream adds up to)."""
     if plan.mode == "named":
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            return Extraction(text, [])
-        return Extraction(None, [ParsedCall(plan.named, text.strip())])
+        return read_named_call(plan.named, text)
     return extract_calls(plan.parser, text, plan.parallel)
 
 
