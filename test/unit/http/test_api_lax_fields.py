@@ -78,23 +78,15 @@ _CHAT_INTEGERS = [
 ]
 
 
-@pytest.mark.parametrize(("fields", "attribute", "value"), _COMPLETION_INTEGERS)
-def test_completions_take_integral_floats(client: TestClient, manager: FakeManager, fields: dict[str, Any],
-                                          attribute: str, value: Any) -> None:
-    response = completion(client, **fields)
+@pytest.mark.parametrize(("send", "fields", "attribute", "value"),
+                         [(completion, *case) for case in _COMPLETION_INTEGERS] + [(chat, *case) for case in _CHAT_INTEGERS])
+def test_integer_fields_take_integral_floats(client: TestClient, manager: FakeManager, send: Any,
+                                             fields: dict[str, Any], attribute: str, value: Any) -> None:
+    response = send(client, **fields)
     assert response.status_code == 200, response.text
     held = getattr(manager.calls[-1].params, attribute)
     assert held == value and type(held) is type(value)
     assert all(type(item) is int for item in held) if isinstance(held, list) else True
-
-
-@pytest.mark.parametrize(("fields", "attribute", "value"), _CHAT_INTEGERS)
-def test_chat_takes_integral_floats(client: TestClient, manager: FakeManager, fields: dict[str, Any],
-                                    attribute: str, value: Any) -> None:
-    response = chat(client, **fields)
-    assert response.status_code == 200, response.text
-    held = getattr(manager.calls[-1].params, attribute)
-    assert held == value and type(held) is int
 
 
 def test_counts_and_token_ids_take_integral_floats(client: TestClient, manager: FakeManager) -> None:
