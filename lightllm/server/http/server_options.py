@@ -116,6 +116,8 @@ class HttpServerOptions:
     tool_call_parser: Optional[str] = None
     # --trust_request_chat_template: a request may bring its own chat_template.
     trust_request_chat_template: bool = False
+    # --allowed_origins: browser origins answered with CORS headers ("*": any; empty: no CORS headers).
+    allowed_origins: Tuple[str, ...] = ("*",)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "HttpServerOptions":
@@ -131,7 +133,8 @@ class HttpServerOptions:
         )
         return cls(limits=limits, auth=AuthPolicy.from_args(args),
                    tool_call_parser=getattr(args, "tool_call_parser", None),
-                   trust_request_chat_template=getattr(args, "trust_request_chat_template", False))
+                   trust_request_chat_template=getattr(args, "trust_request_chat_template", False),
+                   allowed_origins=tuple(getattr(args, "allowed_origins", None) or ()))
 
 
 def ensure_file_descriptors(max_connections: int) -> None:

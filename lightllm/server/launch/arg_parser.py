@@ -328,6 +328,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "high_priority_request. Default: the comma-separated keys in LIGHTLLM_ADMIN_API_KEY, else none.",
     )
     group.add_argument(
+        "--allowed_origins",
+        type=str,
+        nargs="*",
+        default=["*"],
+        help="Browser origins that may call the API (CORS), e.g. https://app.example.com: '*' allows any (as vLLM and "
+        "LightLLM do by default); the flag with no value sends no CORS headers. A preflight OPTIONS request is answered "
+        "without an API key; the request that follows still needs one.",
+    )
+    group.add_argument(
         "--slot_wait_seconds",
         type=finite_float,
         default=600.0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
@@ -29,13 +30,15 @@ _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", 
 # How the public API reads requests: a PD cluster's master serves it, a node refuses it (its own
 # endpoints take requests the master already built), so on a node these would do nothing.
 _PUBLIC_API_FLAGS = ("tool_call_parser", "generation_config", "chat_template", "trust_request_chat_template",
-                     "max_new_tokens_default")
+                     "max_new_tokens_default", "allowed_origins")
 
 
 # The router's poll granularity (it waits in whole milliseconds).
 MIN_SCHEDULE_TIME_INTERVAL = 0.001
 # The smallest body limit that still admits an ordinary request.
 MIN_REQUEST_BODY_BYTES = 1024
+# A browser origin as its Origin header spells it.
+_ORIGIN = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:]+(:[0-9]{1,5})?$")
 
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
     """Refuse PD flags given to a process role that does not read them (one line naming them)."""
@@ -103,6 +106,13 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and value <= 0:
             raise ArgumentError(f"--{name} must be positive, got {value}")
+    origins = getattr(args, "allowed_origins", None) or []
+    if "*" in origins and len(origins) > 1:
+        raise ArgumentError("--allowed_origins: '*' already allows every origin; give it alone or list origins")
+    for origin in origins:
+        if origin != "*" and not _ORIGIN.match(origin):
+            raise ArgumentError(f"--allowed_origins: {origin!r} is not an origin (scheme://host[:port], no path or "
+                                "trailing slash, e.g. https://app.example.com)")
     body_limit = getattr(args, "max_request_body_bytes", None)
     if body_limit is not None and body_limit < MIN_REQUEST_BODY_BYTES:
         # Below this every real request (a model name, a prompt, a few parameters) gets 413.
