@@ -29,6 +29,24 @@ def ignore_group_stop_signals() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def start_resource_tracker_deaf_to_hangup() -> None:
+    """Start multiprocessing's resource tracker now, with SIGHUP ignored.
+
+    The tracker (it unlinks the server's shared memory if the server is killed) ignores SIGINT
+    and SIGTERM itself, not SIGHUP: a hang-up of the server's process group (a closed terminal)
+    killed it, and the replacement started for the next release printed a traceback for every
+    segment it had never seen.  An ignored disposition survives the exec that starts it.  Call it
+    before the first shared memory segment exists (that starts the tracker otherwise).
+    """
+    from multiprocessing import resource_tracker
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

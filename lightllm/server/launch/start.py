@@ -69,7 +69,7 @@ from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
-from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port
+from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port, start_resource_tracker_deaf_to_hangup
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
 from lightllm.server.run_mode import PD_NODE_MODES
 
@@ -283,6 +283,8 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
     warn_if_reachable_without_key(args, auth)
+    if args.run_mode != "pd_master":  # the master keeps no shared memory
+        start_resource_tracker_deaf_to_hangup()
     try:
         return _prepare_and_serve(args, front_door)
     finally:
