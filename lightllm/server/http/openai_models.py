@@ -6,7 +6,7 @@ parameter names and limits plus the vLLM extras that common clients send.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -14,6 +14,8 @@ from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
                                               stored_bounds)
 from lightllm.server.http.openai_fields import ChatTemplateFields, NullMeansAbsent, OpenAIPlatformFields
+from lightllm.server.http.vllm_text_fields import (UNSUPPORTED_VLLM_FIELDS, chat_echo_text, check_chat_echo,
+                                                   check_spaces_between_special_tokens)
 from lightllm.server.http.tool_calls.request import check_message_tool_calls, check_tool_messages, template_tool_calls
 
 MAX_PROMPTS = 64
@@ -70,6 +72,11 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
 
     # The endpoint's completion length when the client sends none (None: the rest of the context).
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
+    # Whether echo with max_tokens 0 (the prompt alone) is offered: completions only, as in vLLM.
+    ECHO_ALLOWS_ZERO_MAX_TOKENS: ClassVar[bool] = False
+    # vLLM request fields this server knows but does not implement: the 400 for them says so
+    # (with the reason) instead of calling them unknown (see lightllm.server.http.body).
+    UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = UNSUPPORTED_VLLM_FIELDS
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
@@ -100,8 +107,19 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     # Logprobs of every prompt token with this many alternatives (vLLM), from the prefill forward.
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    # OpenAI's structured output (both endpoints, as vLLM accepts it on completions too).
+    response_format: dict[str, Any] | None = None
+    # vLLM's; only true (the default): see check_spaces_between_special_tokens.
+    spaces_between_special_tokens: Literal[True] = Field(
+        default=True, description="Only true: the fast tokenizers this server decodes with put no spaces between "
+                                  "special tokens, whatever this flag says")
 
     _check_stop = stop_validator("stop", MAX_OPENAI_STOP)
+
+    @field_validator("spaces_between_special_tokens", mode="before")
+    @classmethod
+    def _check_spaces(cls, value: Any) -> Any:
+        return check_spaces_between_special_tokens(value)
 
     def check_consistency(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -114,9 +132,9 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
                                   "true", "stream_options.continuous_usage_stats")
         if self.best_of is not None and self.best_of < self.n:
             raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
-        if self.max_tokens == 0 and not getattr(self, "echo", False):
-            # Only completions have echo; a chat request cannot use the exception, so do not offer it.
-            why = " (0 is allowed only with echo=true)" if "echo" in type(self).model_fields else ""
+        if self.max_tokens == 0 and not (self.ECHO_ALLOWS_ZERO_MAX_TOKENS and getattr(self, "echo", False)):
+            # Only completions return the prompt alone; chat's echo repeats a message, not the prompt.
+            why = " (0 is allowed only with echo=true)" if self.ECHO_ALLOWS_ZERO_MAX_TOKENS else ""
             raise invalid_request(f"max_tokens must be >= 1{why}", "max_tokens")
         if self.prompt_logprobs is not None and self.stream:
             raise invalid_request("prompt_logprobs is not supported when streaming", "prompt_logprobs")
@@ -180,11 +198,15 @@ class CompletionRequest(OpenAISamplingRequest):
     """
 
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = 16  # as OpenAI and vLLM
+    ECHO_ALLOWS_ZERO_MAX_TOKENS: ClassVar[bool] = True
 
     prompt: Any = Field(json_schema_extra=_PROMPT_SCHEMA)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    # vLLM's: a text prompt is tokenized with the special tokens (BOS) the tokenizer adds; token-id
+    # prompts are used as given either way.
+    add_special_tokens: bool = True
 
     @field_validator("prompt")
     @classmethod
@@ -299,7 +321,6 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     max_completion_tokens: int | None = Field(default=None, ge=1, **stored_bounds("max_new_tokens"))
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    response_format: dict[str, Any] | None = None
     # Checked (with the server's --tool_call_parser) by lightllm.server.http.tool_calls.request.plan_tool_calls.
     tools: list[Any] | None = Field(default=None, json_schema_extra=TOOLS_SCHEMA)
     tool_choice: Any = Field(default=None, json_schema_extra=TOOL_CHOICE_SCHEMA)
@@ -308,6 +329,11 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: false because the chat template writes the special tokens (BOS) itself; true adds the
+    # tokenizer's on top of them (lightllm.server.http.special_tokens).
+    add_special_tokens: bool = False
+    # vLLM's: the answer's content starts with the last message's when that one is the assistant's.
+    echo: bool = False
 
     def check_consistency(self) -> None:
         super().check_consistency()
@@ -328,6 +354,13 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
                 raise invalid_request(f"messages[{index}].content is required for role {message.role!r}",
                                       f"messages.{index}.content")
         check_tool_messages(self.messages)
+        check_chat_echo(self.echo, self.add_generation_prompt, self.messages[-1].role)
+
+    def echo_text(self) -> str | None:
+        """What ``echo`` puts before every choice's content (None without echo); see :func:`chat_echo_text`."""
+        if not self.echo:
+            return None
+        return chat_echo_text(self.messages[-1].role, self.messages[-1].content)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

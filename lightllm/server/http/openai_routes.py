@@ -160,7 +160,10 @@ class OpenAIEndpoints:
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):
-                ids = await encoded(self.encoder.encode_prompt(prompt, "prompt"), "prompt", self.manager.vocab_size)
+                # Only a text prompt is tokenized; token ids are used as given, whatever add_special_tokens says.
+                options = {} if body.add_special_tokens else {"add_special_tokens": False}
+                ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", **options), "prompt",
+                                    self.manager.vocab_size)
                 prompts.append(body.truncated(ids))
             else:
                 check_token_ids(prompt, self.manager.vocab_size, "prompt")
@@ -169,7 +172,8 @@ class OpenAIEndpoints:
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
-        grammar = structured_grammar(body.structured_outputs, body.guided_fields())
+        grammar = structured_grammar(body.structured_outputs, body.guided_fields(),
+                                     response_format_grammar(body.response_format))
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
@@ -196,8 +200,8 @@ class OpenAIEndpoints:
         messages = [message.to_template_dict(content_parts) for message in body.messages]
         body.check_reasoning_effort(getattr(self.manager.tokenizer, "chat_template", None))
         template_options = tool_plan.template_options(body.template_options())
-        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", **template_options), "messages",
-                                   self.manager.vocab_size)
+        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", body.add_special_tokens,
+                                                            **template_options), "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = tool_plan.combine_grammar(structured_grammar(
@@ -205,7 +209,7 @@ class OpenAIEndpoints:
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
-        shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids)
+        shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text())
         shaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options) if tool_plan.reads_calls
                   else ChatShaper(formatter, body.logprobs, **shaper_options))
         return await self._respond(request, body, model, jobs, shaper)
@@ -246,10 +250,8 @@ class OpenAIEndpoints:
                 return {"usage": usage.to_dict()}
             return {"usage": None} if body.include_usage else {}
 
-        for job in jobs:
-            opening = shaper.opening_choice(job.index)
-            if opening is not None:
-                yield sse({**header, "choices": [opening], **tail()})
+        for opening in shaper.opening_choices([job.index for job in jobs]):
+            yield sse({**header, "choices": [opening], **tail()})
         try:
             async for index, event in fanout.events():
                 usage.update(index, event)

@@ -206,9 +206,9 @@ class CompletionShaper:
         self._offsets: dict[int, int] = {}
         self.counts_completion = not drop_output
 
-    def opening_choice(self, index: int) -> None:
+    def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
         """Completion streams start directly with text."""
-        return None
+        return []
 
     def _records(self, index: int, events: list[Any]) -> tuple[str, list[Any]]:
         """Text and logprob records of a choice: the echoed prompt (if any), then the output."""
@@ -262,11 +262,14 @@ class ChatShaper:
     counts_completion = True
 
     def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
-                 prompt_logprobs: int | None = None, prompt_ids: list[int] | None = None) -> None:
+                 prompt_logprobs: int | None = None, prompt_ids: list[int] | None = None,
+                 echo: str | None = None) -> None:
+        """``echo`` is the text vLLM's chat ``echo`` puts before every choice's content (None: no echo)."""
         self._formatter = formatter
         self._with_logprobs = with_logprobs
         self._prompt_logprobs = prompt_logprobs
         self._prompt_ids = prompt_ids or []
+        self._echo = echo
 
     def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
         """vLLM puts chat's ``prompt_logprobs`` at the top level of the response."""
@@ -275,10 +278,17 @@ class ChatShaper:
         return {"prompt_logprobs": self._formatter.vllm_prompt_logprobs(
             self._prompt_ids, collected[0][0], self._prompt_logprobs)}
 
-    def opening_choice(self, index: int) -> dict[str, Any]:
-        """The first chunk of every choice announces the assistant role."""
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
+    def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
+        """The chunks before any token: every choice's role, then (echo) every choice's echoed text.
+
+        As vLLM streams them: the echo is a content delta of its own, sent only when not empty.
+        """
+        openings = [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None} for index in indices]
+        if self._echo:
+            openings += [{"index": index, "delta": {"content": self._echo}, "logprobs": None, "finish_reason": None}
+                         for index in indices]
+        return openings
 
     def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
         """The chunk choice for one token; None for a token that adds nothing to send."""
@@ -288,8 +298,17 @@ class ChatShaper:
         return {"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
                 "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
 
-    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
-        """The whole choice of a non-streaming response."""
+    def generated_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The choice as generated, before ``echo`` (subclasses read tool calls from it)."""
         return {"index": index, "message": {"role": "assistant", "content": "".join(event.text for event in events)},
                 "logprobs": self._formatter.chat(events) if self._with_logprobs else None,
                 "finish_reason": final_finish_reason(events), "stop_reason": final_stop_reason(events)}
+
+    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The whole choice of a non-streaming response."""
+        choice = self.generated_choice(index, events)
+        if self._echo is not None:
+            # vLLM's rule: with echo the content is the echoed text plus the content (a null content,
+            # such as beside tool calls, counts as empty), so it is always a string.
+            choice["message"]["content"] = self._echo + (choice["message"]["content"] or "")
+        return choice

@@ -29,6 +29,8 @@ from concurrent.futures import Future
 from typing import Any, Callable, List, Optional
 
 from lightllm.server.http.errors import APIError, INVALID_REQUEST
+from lightllm.server.http.special_tokens import SpecialTokenFrame, special_token_frame
+from lightllm.server.http.special_tokens import add_special_tokens as add_special_tokens_to
 from lightllm.server.request_manager import RequestManager
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,8 @@ class PromptEncoder:
         self.chars_per_token = chars_per_token or None
         limit = manager.max_req_total_len
         self.max_chars: Optional[int] = None if self.chars_per_token is None else int(limit * self.chars_per_token)
+        self._frame: Optional[SpecialTokenFrame] = None
+        self._frame_read = False
 
     def check_chars(self, chars: int, param: str, noun: str) -> None:
         """Raise 400 ``context_length_exceeded`` when ``chars`` characters cannot fit the context."""
@@ -147,14 +151,31 @@ class PromptEncoder:
         self.check_chars(len(text), param, "prompt")
         return await self._run(lambda: self._manager.encode_prompt(text, **options))
 
-    async def encode_chat(self, messages: List[dict], param: str = "messages", **template_options: Any) -> List[int]:
+    async def encode_chat(self, messages: List[dict], param: str = "messages", add_special_tokens: bool = False,
+                          **template_options: Any) -> List[int]:
         """Token ids of a chat rendered by its template, refused like :meth:`encode_prompt`.
 
         ``template_options`` (``add_generation_prompt``, ``continue_final_message``,
-        ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.
+        ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.  The manager
+        tokenizes the rendered text without the tokenizer's special tokens (the template writes
+        them); ``add_special_tokens`` adds them as well, as vLLM's chat field of that name does.
         """
         self.check_chars(text_chars(messages), param, "messages")
-        return await self._run(lambda: self._manager.encode_chat(messages, **template_options))
+
+        def encode() -> List[int]:
+            ids = list(self._manager.encode_chat(messages, **template_options))
+            if not add_special_tokens:
+                return ids
+            return add_special_tokens_to(self._special_token_frame(), ids, "add_special_tokens")
+
+        return await self._run(encode)
+
+    def _special_token_frame(self) -> Optional[SpecialTokenFrame]:
+        # Fixed for the tokenizer: read once (on a tokenizer thread), on the first request that needs it.
+        if not self._frame_read:
+            self._frame = special_token_frame(self._manager.tokenizer)
+            self._frame_read = True
+        return self._frame
 
     @staticmethod
     async def _run(encode: Callable[[], Any]) -> List[int]:

@@ -1,4 +1,6 @@
-"""``response_format`` of chat completions: from the OpenAI object to a structured-output grammar.
+"""``response_format`` of both OpenAI endpoints: from the OpenAI object to a structured-output grammar.
+
+Chat completions take it as OpenAI does; ``/v1/completions`` takes it too, as vLLM does.
 
 ``{"type": "text"}`` (or no ``response_format``) means free text.  ``json_object`` constrains
 the output to a JSON object, ``json_schema`` to JSON valid under the given schema (as OpenAI's

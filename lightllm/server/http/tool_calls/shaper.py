@@ -50,9 +50,9 @@ class ToolChatShaper(ChatShaper):
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
                 "stop_reason": event.stop_reason}
 
-    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
-        """The whole choice: ``message.tool_calls`` when the output holds calls."""
-        choice = super().final_choice(index, events)
+    def generated_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The whole choice: ``message.tool_calls`` when the output holds calls (read before any echo)."""
+        choice = super().generated_choice(index, events)
         extraction = extract_for_plan(self._plan, choice["message"]["content"])
         if extraction.calls:
             choice["message"] = {"role": "assistant", "content": extraction.content,

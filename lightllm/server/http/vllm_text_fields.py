@@ -1,0 +1,66 @@
+"""vLLM request fields about the prompt and output text, and the vLLM fields that stay refused.
+
+* ``spaces_between_special_tokens`` (vLLM's default true): transformers' slow tokenizers used to
+  join special tokens with spaces unless told otherwise; fast tokenizers (the tokenizers library,
+  and every tokenizer transformers 5 loads) decode without any such spaces and ignore the flag.
+  The detokenizer decodes with the tokenizer's own ``decode``, so only ``true`` (what the fast
+  tokenizers do, and what vLLM's fast-tokenizer path does whatever the flag) can be honoured;
+  ``false`` would be silently ignored and is refused.
+* ``echo`` on chat (vLLM's): the answer's content starts with the last message's content when
+  that message has the role of the answer. Answers here always have the role ``assistant``
+  (vLLM answers in the last message's role when ``add_generation_prompt`` is false), so echo
+  repeats a last assistant message; the one case where vLLM would echo a message of another
+  role is refused rather than answered differently.
+* ``allowed_token_ids`` and ``bad_words`` need per-request sampling state in the model rank that
+  this server does not have: their 400 says they are not supported (not that they are unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightllm.server.http.errors import invalid_request
+
+# The only role an answer has here (OpenAI's; vLLM's --response-role default).
+RESPONSE_ROLE = "assistant"
+
+UNSUPPORTED_VLLM_FIELDS: dict[str, str] = {
+    "allowed_token_ids": "restricting sampling to a list of token ids needs per-request sampling state the model "
+                         "rank does not keep (logit_bias can favour or ban up to 300 single tokens)",
+    "bad_words": "banning words during sampling needs per-request sampling state the model rank does not keep "
+                 "(logit_bias can ban up to 300 single tokens)",
+}
+
+
+def check_spaces_between_special_tokens(value: Any) -> Any:
+    """``value`` unless it is ``false``, which the detokenizer cannot honour (400 naming the field)."""
+    if value is False:
+        raise ValueError("spaces_between_special_tokens: false is not supported: output is decoded by the model's "
+                         "fast tokenizer, which puts no spaces between special tokens and ignores this flag (as "
+                         "vLLM's fast-tokenizer detokenizer does); send true or omit it")
+    return value
+
+
+def check_chat_echo(echo: bool, add_generation_prompt: bool, last_role: str) -> None:
+    """Refuse ``echo`` where vLLM would echo a message of another role than the answer's here.
+
+    With ``add_generation_prompt`` false vLLM answers in the last message's role and echoes that
+    message whatever its role; this server always answers as the assistant, so a non-assistant
+    last message would be echoed by vLLM and not here.
+    """
+    if echo and not add_generation_prompt and last_role != RESPONSE_ROLE:
+        raise invalid_request(f"echo with add_generation_prompt false and a last message from {last_role!r}: vLLM "
+                              f"would answer in that role and repeat that message; this server always answers as "
+                              f"the assistant, so end with an assistant message (or drop echo)", "echo")
+
+
+def chat_echo_text(last_role: str, last_content: str | list[dict[str, str]] | None) -> str:
+    """The text ``echo`` prepends: the last message's content when it is the answer's role, else ``""``.
+
+    Content sent as text parts is joined with newlines, as vLLM joins it.
+    """
+    if last_role != RESPONSE_ROLE or last_content is None:
+        return ""
+    if isinstance(last_content, list):
+        return "\n".join(part["text"] for part in last_content)
+    return last_content
