@@ -12,7 +12,9 @@ import sys
 from typing import Iterable, List, Optional, Sequence
 
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+from lightllm.server.launch.http_flags import add_http_flags
 from lightllm.server.launch.one_line_parser import OneLineErrorParser, finite_float
+from lightllm.server.launch.pd_flags import add_pd_flags
 from lightllm.server.run_mode import RUN_MODES
 
 
@@ -262,135 +264,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "requests get a 400; 'required', a named function and 'none' work without it (docs/*/api_compatibility.md).",
     )
 
-    group = parser.add_argument_group("HTTP limits and authentication")
-    group.add_argument(
-        "--max_request_body_bytes",
-        type=int,
-        default=None,
-        help="Largest request body; a larger one is answered 413 while it is read (chunked bodies too). "
-        "Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len; at least 1024.",
-    )
-    group.add_argument(
-        "--prompt_chars_per_token",
-        type=finite_float,
-        default=None,
-        help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
-        "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
-        "of the tokenizer's vocabulary; 0 turns the check off.",
-    )
-    group.add_argument(
-        "--http_header_timeout",
-        type=finite_float,
-        default=10.0,
-        help="Seconds a client has to send a whole request head (request line and headers), counted from its "
-        "connection or from the first byte of a follow-up request; then 408 and the connection is closed.",
-    )
-    group.add_argument(
-        "--http_body_timeout",
-        type=finite_float,
-        default=60.0,
-        help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed.",
-    )
-    group.add_argument(
-        "--http_keep_alive_timeout",
-        type=finite_float,
-        default=5.0,
-        help="Seconds an idle keep-alive connection stays open between two requests.",
-    )
-    group.add_argument(
-        "--http_max_connections",
-        type=int,
-        default=2048,
-        help="Most open client connections; beyond it a connection is served only when it is a health probe or "
-        "carries a valid API key (in a reserve of an eighth more), others get 503 too_many_connections.",
-    )
-    group.add_argument(
-        "--http_max_connections_per_client",
-        type=int,
-        default=None,
-        help="Most open connections from one client address; one more gets 503 too_many_client_connections at once. "
-        "Default: half of --http_max_connections. Behind a proxy every client shares the proxy's address: raise it.",
-    )
-    group.add_argument(
-        "--api_key",
-        type=str,
-        nargs="+",
-        default=None,
-        help="Keys clients must send as 'Authorization: Bearer KEY' on every endpoint but /health (401 otherwise). "
-        "Default: the comma-separated keys in LIGHTLLM_API_KEY, else no authentication.",
-    )
-    group.add_argument(
-        "--admin_api_key",
-        type=str,
-        nargs="+",
-        default=None,
-        help="Keys of trusted clients: accepted wherever --api_key is and the only ones allowed to set "
-        "high_priority_request. Default: the comma-separated keys in LIGHTLLM_ADMIN_API_KEY, else none.",
-    )
-    group.add_argument(
-        "--allowed_origins",
-        type=str,
-        nargs="*",
-        default=["*"],
-        help="Browser origins that may call the API (CORS), e.g. https://app.example.com: '*' allows any (as vLLM and "
-        "LightLLM do by default); the flag with no value sends no CORS headers. A preflight OPTIONS request is answered "
-        "without an API key; the request that follows still needs one.",
-    )
-    group.add_argument(
-        "--slot_wait_seconds",
-        type=finite_float,
-        default=600.0,
-        help="Seconds a request waits for a free request slot (every slot is taken by requests in flight) before "
-        "it is refused with 503 server_busy.",
-    )
-    group.add_argument(
-        "--allow_public_priority",
-        action="store_true",
-        help="Let every client that may use the API set high_priority_request (by default only --admin_api_key may).",
-    )
-
-    group = parser.add_argument_group("PD disaggregation")
-    group.add_argument("--pd_master_ip", type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with.")
-    group.add_argument("--pd_master_port", type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
-    group.add_argument("--pd_node_id", type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
-    group.add_argument(
-        "--pd_transfer_port",
-        type=int,
-        default=None,
-        help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free block. "
-        "The node binds the whole block at start and holds it until it exits. Decode nodes learn it from the master.",
-    )
-    group.add_argument(
-        "--pd_cluster_key",
-        type=str,
-        default=None,
-        help="PD master and nodes: the cluster's shared secret. The cluster's own endpoints (every path under /pd/) "
-        "then need 'Authorization: Bearer KEY'; nodes send it to the master and the master to the nodes, and "
-        "client API keys do not open them. Required on a PD master or node that has --api_key. Default: "
-        "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
-    )
-    group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
-    group.add_argument("--pd_heartbeat_interval", type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
-    group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
-    group.add_argument(
-        "--pd_prefix_affinity_tokens",
-        type=int,
-        default=256,
-        help="PD master: prompts that agree on this many leading tokens go to the same prefill node (rendezvous "
-        "hashing), so its prefix cache keeps paying off, while that node's queue is at most 2048 tokens longer than "
-        "the least loaded one's; shorter prompts are only balanced by load. 0: no affinity, load only.",
-    )
-    group.add_argument("--pd_reserve_lease_seconds", type=finite_float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
-    group.add_argument("--pd_transfer_timeout_seconds", type=finite_float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
-    group.add_argument("--pd_prefill_timeout_seconds", type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")
-    group.add_argument("--pd_decode_token_timeout_seconds", type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token).")
-    group.add_argument(
-        "--pd_max_segment_tokens",
-        type=int,
-        default=0,
-        help="Decode nodes: end a segment after this many generated tokens, so the master continues the request as a new "
-        "segment (prompt + tokens so far, prefilled again on the prefill node); 0: no limit.",
-    )
+    add_http_flags(parser)
+    add_pd_flags(parser)
 
     group = parser.add_argument_group("logging")
     group.add_argument("--log_level", type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")

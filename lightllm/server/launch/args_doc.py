@@ -17,13 +17,13 @@ from lightllm.server.launch.arg_parser import make_argument_parser
 HEADERS = {
     "EN": (
         "# Server arguments\n\n"
-        "Generated from `lightllm/server/launch/arg_parser.py` by `python -m lightllm.server.launch.args_doc`; "
+        "Generated from `lightllm/server/launch/arg_parser.py` (with `http_flags.py` and `pd_flags.py`) by `python -m lightllm.server.launch.args_doc`; "
         "do not edit by hand.\n\n"
         "Launch: `python -m lightllm.server.api_server --model_dir DIR [flags]`.\n\n"
     ),
     "CN": (
         "# 服务启动参数\n\n"
-        "本页由 `python -m lightllm.server.launch.args_doc` 从 `lightllm/server/launch/arg_parser.py` 自动生成，请勿手工修改。"
+        "本页由 `python -m lightllm.server.launch.args_doc` 从 `lightllm/server/launch/arg_parser.py`（及 `http_flags.py`、`pd_flags.py`）自动生成，请勿手工修改。"
         "参数说明沿用解析器中的英文帮助文本。\n\n"
         "启动方式：`python -m lightllm.server.api_server --model_dir DIR [参数]`。\n\n"
     ),

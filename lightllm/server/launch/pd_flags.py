@@ -1,0 +1,58 @@
+"""The flags of a prefill/decode-disaggregated cluster: its master and its nodes.
+
+A part of the one argument parser (:mod:`lightllm.server.launch.arg_parser`), kept apart
+because only the PD roles read them (the argument checks refuse each one given to a role that
+would not use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lightllm.server.launch.one_line_parser import finite_float
+
+
+def add_pd_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the "PD disaggregation" group to ``parser``."""
+    group = parser.add_argument_group("PD disaggregation")
+    group.add_argument("--pd_master_ip", type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with.")
+    group.add_argument("--pd_master_port", type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
+    group.add_argument("--pd_node_id", type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
+    group.add_argument(
+        "--pd_transfer_port",
+        type=int,
+        default=None,
+        help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free block. "
+        "The node binds the whole block at start and holds it until it exits. Decode nodes learn it from the master.",
+    )
+    group.add_argument(
+        "--pd_cluster_key",
+        type=str,
+        default=None,
+        help="PD master and nodes: the cluster's shared secret. The cluster's own endpoints (every path under /pd/) "
+        "then need 'Authorization: Bearer KEY'; nodes send it to the master and the master to the nodes, and "
+        "client API keys do not open them. Required on a PD master or node that has --api_key. Default: "
+        "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
+    )
+    group.add_argument("--pd_kv_page_size", type=int, default=256, help="Tokens of KV per page on the prefill -> decode wire.")
+    group.add_argument("--pd_heartbeat_interval", type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration).")
+    group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail.")
+    group.add_argument(
+        "--pd_prefix_affinity_tokens",
+        type=int,
+        default=256,
+        help="PD master: prompts that agree on this many leading tokens go to the same prefill node (rendezvous "
+        "hashing), so its prefix cache keeps paying off, while that node's queue is at most 2048 tokens longer than "
+        "the least loaded one's; shorter prompts are only balanced by load. 0: no affinity, load only.",
+    )
+    group.add_argument("--pd_reserve_lease_seconds", type=finite_float, default=30.0, help="Decode nodes: a KV reservation whose prompt KV has not arrived within this time is freed and its request fails.")
+    group.add_argument("--pd_transfer_timeout_seconds", type=finite_float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced.")
+    group.add_argument("--pd_prefill_timeout_seconds", type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token.")
+    group.add_argument("--pd_decode_token_timeout_seconds", type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token).")
+    group.add_argument(
+        "--pd_max_segment_tokens",
+        type=int,
+        default=0,
+        help="Decode nodes: end a segment after this many generated tokens, so the master continues the request as a new "
+        "segment (prompt + tokens so far, prefilled again on the prefill node); 0: no limit.",
+    )
