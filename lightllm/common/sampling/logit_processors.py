@@ -100,10 +100,14 @@ def min_tokens_kept_possible(before: torch.Tensor, masked: torch.Tensor, batch: 
     does where it ends the output itself."""
     if batch.min_tokens_mask is None:
         return masked
-    dead = torch.isneginf(masked).all(dim=-1)
-    if not bool(dead.any()):
+    # Only the rows the ban touched can have lost their last token: look at those alone.
+    rows = torch.unique(batch.min_tokens_mask[0])
+    dead = rows[torch.isneginf(masked[rows]).all(dim=-1)]
+    if dead.numel() == 0:
         return masked
-    return torch.where(dead[:, None], before, masked)
+    kept = masked.clone() if masked.data_ptr() == before.data_ptr() else masked
+    kept[dead] = before[dead]
+    return kept
 
 
 def top_k_top_p_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
