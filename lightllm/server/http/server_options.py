@@ -12,7 +12,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from lightllm.server.run_mode import PD_RUN_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
 from lightllm.utils.envs_utils import api_keys_from_env, pd_cluster_key_from_env
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,9 @@ class HttpServerOptions:
         return cls(limits=limits, auth=AuthPolicy.from_args(args),
                    tool_call_parser=getattr(args, "tool_call_parser", None),
                    trust_request_chat_template=getattr(args, "trust_request_chat_template", False),
-                   allowed_origins=tuple(getattr(args, "allowed_origins", None) or ()))
+                   # A PD node's endpoints serve the master, never a browser: no CORS headers there.
+                   allowed_origins=(() if getattr(args, "run_mode", None) in PD_NODE_MODES
+                                    else tuple(getattr(args, "allowed_origins", None) or ())))
 
 
 def ensure_file_descriptors(max_connections: int) -> None:

@@ -50,7 +50,7 @@ MASTER_FLAGS = frozenset({
     "http_keep_alive_timeout", "http_max_connections", "http_max_connections_per_client", "api_key", "admin_api_key", "allow_public_priority",
     "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
     "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "pd_prefix_affinity_tokens", "tool_call_parser",
-    "generation_config", "chat_template", "trust_request_chat_template",
+    "generation_config", "chat_template", "trust_request_chat_template", "allowed_origins",
 })
 
 

@@ -60,3 +60,14 @@ def test_a_pd_node_refuses_the_flag_the_master_serves() -> None:
     args = make_argument_parser().parse_args(["--model_dir", "m", "--run_mode", "prefill", "--allowed_origins", PAGE])
     with pytest.raises(ArgumentError, match="--allowed_origins configures the public API"):
         validate_args(args)
+
+
+def test_the_pd_master_takes_the_flag_and_a_node_sends_no_cors_headers() -> None:
+    from lightllm.server.launch.pd_master import check_master_flags
+
+    master = make_argument_parser().parse_args(["--model_dir", "m", "--run_mode", "pd_master", "--allowed_origins", PAGE])
+    validate_args(master)
+    check_master_flags(master)  # the master serves the public API: the flag is its own
+    assert HttpServerOptions.from_args(master).allowed_origins == (PAGE,)
+    node = make_argument_parser().parse_args(["--model_dir", "m", "--run_mode", "decode"])
+    assert HttpServerOptions.from_args(node).allowed_origins == ()  # its endpoints serve the master alone
