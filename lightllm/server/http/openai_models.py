@@ -291,6 +291,12 @@ class ChatMessage(StrictModel):
     def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
         return check_message_tool_calls(value)
 
+    def text(self) -> str:
+        """The content as one text: parts joined with newlines (usually separate paragraphs), as vLLM joins them."""
+        if isinstance(self.content, list):
+            return "\n".join(part["text"] for part in self.content)
+        return self.content or ""
+
     def to_template_dict(self, content_parts: bool = False) -> dict[str, Any]:
         """The message as handed to the chat template.
 
@@ -301,9 +307,7 @@ class ChatMessage(StrictModel):
         texts are joined with newlines (separate parts are usually separate paragraphs), as vLLM does.
         """
         role = "system" if self.role == "developer" else self.role
-        content: str | list[dict[str, str]] = self.content or ""
-        if isinstance(content, list) and not content_parts:
-            content = "\n".join(part["text"] for part in content)
+        content = self.content if content_parts and isinstance(self.content, list) else self.text()
         message = {"role": role, "content": content}
         if self.name is not None:
             message["name"] = self.name
@@ -360,7 +364,7 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         """What ``echo`` puts before every choice's content (None without echo); see :func:`chat_echo_text`."""
         if not self.echo:
             return None
-        return chat_echo_text(self.messages[-1].role, self.messages[-1].content)
+        return chat_echo_text(self.messages[-1].role, self.messages[-1].text())
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -54,13 +54,6 @@ def check_chat_echo(echo: bool, add_generation_prompt: bool, last_role: str) -> 
                               f"the assistant, so end with an assistant message (or drop echo)", "echo")
 
 
-def chat_echo_text(last_role: str, last_content: str | list[dict[str, str]] | None) -> str:
-    """The text ``echo`` prepends: the last message's content when it is the answer's role, else ``""``.
-
-    Content sent as text parts is joined with newlines, as vLLM joins it.
-    """
-    if last_role != RESPONSE_ROLE or last_content is None:
-        return ""
-    if isinstance(last_content, list):
-        return "\n".join(part["text"] for part in last_content)
-    return last_content
+def chat_echo_text(last_role: str, last_text: str) -> str:
+    """The text ``echo`` prepends: the last message's text when it is the answer's role, else ``""``."""
+    return last_text if last_role == RESPONSE_ROLE else ""

@@ -9,6 +9,7 @@ too, so both sides word them alike.
 
 from __future__ import annotations
 
+import abc
 import os
 import time
 from typing import Callable, List, NoReturn, Optional
@@ -21,7 +22,7 @@ from lightllm.server.pd.kv_transfer.messages import ChannelReady, TransferResult
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
 
 
-class GroupWorker:
+class GroupWorker(abc.ABC):
     """One side's worker thread; subclasses say what it holds and how it runs once joined."""
 
     role = ""
@@ -32,9 +33,9 @@ class GroupWorker:
         self.started = started
         self.group: Optional[JoinedGroup] = None
 
+    @abc.abstractmethod
     def held_request_ids(self) -> List[int]:
         """Unlist every request this side holds and has not started moving; their ids."""
-        raise NotImplementedError
 
     def join(self) -> JoinedGroup:
         """Join the pair's group, or fail the process saying why."""
