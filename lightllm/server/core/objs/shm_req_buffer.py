@@ -6,10 +6,11 @@ slot (layout in :mod:`.shm_req_layout`).  Requests that ask for top logprobs (``
 segment, ``<name>_top``, with fewer slots; its :data:`~lightllm.common.sampling.MAX_TOP_LOGPROBS`
 alternatives per position would otherwise make up 160 of every record's 180 bytes per position.
 The HTTP process hands out both kinds of slot (``httpserver/slot_pool.py``).  A request goes in
-and comes out as one :class:`~.request_spec.RequestSpec`, which checked its own fields when it
-was built; the buffer checks only what its layout needs (the request id, the prompt plus
-``max_new_tokens`` within a record's width, the stop strings within their bytes field, a top
-row exactly when the request asks for alternatives).
+and comes out as one :class:`~.request_spec.RequestSpec` (the field mapping is
+:mod:`.shm_req_codec`), which checked its own fields when it was built; the buffer checks only
+what its layout needs (the request id, the prompt plus ``max_new_tokens`` within a record's
+width, the stop strings within their bytes field, a top row exactly when the request asks for
+alternatives).
 
 Only slot indexes and request ids travel over zmq; everything else is read here, through typed
 methods.
@@ -76,26 +77,23 @@ silent mix-up.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lightllm.common.sampling import STOP_SEQUENCES_BYTES, SamplingParams
-from lightllm.server.core.objs.finish_status import FINISH_NONE
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
 from lightllm.server.core.objs.shm_req_checks import check_request_id
-from lightllm.server.core.objs.shm_req_layout import (
-    COPIED_FIELDS,
-    FLAG_FIELDS,
-    NO_REQUEST,
-    NO_TOP_SLOT,
-    OPTIONAL_FIELDS,
-    record_dtype,
-    top_rows_dtype,
+from lightllm.server.core.objs.shm_req_codec import (
+    check_record_fits,
+    encoded_stop_sequences,
+    prompt_ids,
+    read_request_spec,
+    stop_sequences,
+    write_input_fields,
 )
+from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, NO_TOP_SLOT, record_dtype, top_rows_dtype
 from lightllm.server.core.objs.shm_top_rows import (
     claim_top_row,
     read_top,
@@ -196,55 +194,14 @@ class ShmReqBuffer(SharedArraySegment):
         if not isinstance(spec, RequestSpec):
             raise ValueError(f"write_request takes a RequestSpec, got {type(spec).__name__}")
         tops = claim_top_row(self._tops, self.top_slot_num, spec, top_slot)
-        params, prompt_ids = spec.params, spec.prompt_ids
-        if len(prompt_ids) + params.max_new_tokens > self.max_req_total_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)}) + max_new_tokens ({params.max_new_tokens}) exceeds max_req_total_len ({self.max_req_total_len})"
-            )
-        # A fixed-width bytes field would truncate a longer value silently.
-        encoded_stops = json.dumps(list(params.stop_sequences)).encode()
-        if len(encoded_stops) > STOP_SEQUENCES_BYTES:
-            raise ValueError(
-                f"stop sequences take {len(encoded_stops)} bytes encoded; at most {STOP_SEQUENCES_BYTES} are supported"
-            )
+        check_record_fits(spec, self.max_req_total_len)
+        encoded_stops = encoded_stop_sequences(spec)
         rec = self.array[slot]
         if int(rec["request_id"]) != NO_REQUEST:
             raise SlotOccupiedError(f"slot {slot} still holds request {int(rec['request_id'])}")
         if tops is not None and int(tops["request_id"]) != NO_REQUEST:
             raise SlotOccupiedError(f"top-logprob slot {top_slot} still holds request {int(tops['request_id'])}")
-        rec["prompt_len"] = len(prompt_ids)
-        rec["prompt_ids"][: len(prompt_ids)] = prompt_ids
-        rec["output_len"] = 0
-        rec["prompt_cache_len"] = 0
-        rec["finish_status"] = FINISH_NONE
-        rec["high_priority_request"] = int(spec.priority.high_priority_request)
-        rec["infer_high_priority"] = spec.priority.infer_high_priority
-        rec["segment_index"] = spec.segment.segment_index
-        rec["generated_before"] = spec.segment.generated_before
-        rec["pd_kind"] = spec.pd.kind
-        rec["kv_start"] = spec.pd.kv_start
-        rec["pd_epoch"] = spec.pd.epoch
-        rec["scheduled_ns"] = 0
-        for name in COPIED_FIELDS:
-            rec[name] = getattr(params, name)
-        for name in FLAG_FIELDS:
-            rec[name] = int(getattr(params, name))
-        for name in OPTIONAL_FIELDS:
-            value = getattr(params, name)
-            rec[name] = -1 if value is None else value
-        rec["do_sample"] = -1 if params.do_sample is None else int(params.do_sample)
-        rec["prompt_logprob_end"] = 0
-        rec["has_seed"] = int(params.seed is not None)
-        rec["seed"] = params.seed or 0
-        # Numbers and counts fit their fields: SamplingParams checked them against the same
-        # storage widths (storage_width.py) when it was built.
-        rec["stop_token_num"] = len(params.stop_token_ids)
-        rec["stop_token_ids"][: len(params.stop_token_ids)] = params.stop_token_ids
-        rec["stop_sequences_json"] = encoded_stops
-        rec["grammar"] = (params.grammar or "").encode()
-        rec["logit_bias_num"] = len(params.logit_bias)
-        rec["logit_bias_ids"][: len(params.logit_bias)] = list(params.logit_bias)
-        rec["logit_bias_values"][: len(params.logit_bias)] = list(params.logit_bias.values())
+        write_input_fields(rec, spec, encoded_stops)
         rec["top_slot"] = NO_TOP_SLOT if tops is None else top_slot
         if tops is not None:
             tops["request_id"] = request_id
@@ -278,34 +235,7 @@ class ShmReqBuffer(SharedArraySegment):
         Building the spec and its sampling parameters runs their checks again, so a damaged
         record raises ``ValueError`` here (rank 0's screen turns that into the request's error).
         """
-        rec = self._read(slot, request_id)
-        fields = {name: rec[name].item() for name in COPIED_FIELDS}  # numpy scalar -> int/float
-        fields.update({name: bool(rec[name]) for name in FLAG_FIELDS})
-        for name in OPTIONAL_FIELDS:
-            value = int(rec[name])
-            fields[name] = None if value < 0 else value
-        do_sample = int(rec["do_sample"])
-        params = SamplingParams(
-            **fields,
-            do_sample=None if do_sample < 0 else bool(do_sample),
-            grammar=bytes(rec["grammar"]).decode() or None,
-            seed=int(rec["seed"]) if rec["has_seed"] else None,
-            stop_token_ids=rec["stop_token_ids"][: int(rec["stop_token_num"])].tolist(),
-            stop_sequences=self._stop_sequences(rec),
-            logit_bias=dict(zip(rec["logit_bias_ids"][: int(rec["logit_bias_num"])].tolist(),
-                                rec["logit_bias_values"][: int(rec["logit_bias_num"])].tolist())),
-        )
-        return RequestSpec.build(
-            rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
-            params,
-            high_priority_request=bool(rec["high_priority_request"]),
-            infer_high_priority=int(rec["infer_high_priority"]),
-            segment_index=int(rec["segment_index"]),
-            generated_before=int(rec["generated_before"]),
-            pd_kind=int(rec["pd_kind"]),
-            kv_start=int(rec["kv_start"]),
-            pd_epoch=int(rec["pd_epoch"]),
-        )
+        return read_request_spec(self._read(slot, request_id))
 
     def set_prompt_cache_len(self, slot: int, request_id: int, prompt_cache_len: int) -> bool:
         """Record how many prompt tokens came from the prefix cache (rank 0, once)."""
@@ -426,8 +356,8 @@ class ShmReqBuffer(SharedArraySegment):
         """Prompt ids, stop strings and text options of the request."""
         rec = self._read(slot, request_id)
         return DecodeOptions(
-            prompt_ids=rec["prompt_ids"][: int(rec["prompt_len"])].tolist(),
-            stop_sequences=self._stop_sequences(rec),
+            prompt_ids=prompt_ids(rec),
+            stop_sequences=stop_sequences(rec),
             skip_special_tokens=bool(rec["skip_special_tokens"]),
             include_stop_str_in_output=bool(rec["include_stop_str_in_output"]),
             print_eos_token=bool(rec["print_eos_token"]),
@@ -475,8 +405,3 @@ class ShmReqBuffer(SharedArraySegment):
         tops = read_top(top_row_for_read(self._tops, rec, request_id), 1, end) if count > 0 else [[] for _ in ids]
         ranks = [rank or None for rank in rec["prompt_token_ranks"][1:end].tolist()]
         return list(zip(ids, values, tops, ranks))
-
-    @staticmethod
-    def _stop_sequences(rec: np.void) -> List[str]:
-        raw = bytes(rec["stop_sequences_json"])
-        return json.loads(raw.decode()) if raw else []

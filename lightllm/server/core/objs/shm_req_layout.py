@@ -1,6 +1,7 @@
 """The fixed layouts of shared-memory request records and top-logprob rows (rules in :mod:`.shm_req_buffer`).
 
-Only :class:`~lightllm.server.core.objs.shm_req_buffer.ShmReqBuffer` reads or writes them; this
+Only :class:`~lightllm.server.core.objs.shm_req_buffer.ShmReqBuffer` (with its field mapping,
+:mod:`.shm_req_codec`) reads or writes them; this
 module holds the layouts it maps, so the field lists are in one place.
 
 A record costs 20 bytes per position up to ``max_req_total_len`` (prompt id, output id, output
