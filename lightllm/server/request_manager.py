@@ -65,8 +65,13 @@ class RequestManager(Protocol):
     async def stop(self) -> None:
         """Called once on the server's event loop after the last request."""
 
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
-        """Token ids of a text prompt (may block: the HTTP layer calls it in a worker thread)."""
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
+        """Token ids of a text prompt (may block: the HTTP layer calls it in a worker thread).
+
+        ``within``: a token limit; a prompt that provably needs more may be refused with
+        :class:`~lightllm.server.prompt_length_probe.PromptOverContextError` before it is tokenized
+        whole.  None tokenizes it whatever its length.
+        """
 
     def encode_chat(
         self,
@@ -74,8 +79,12 @@ class RequestManager(Protocol):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
+        within: Optional[int] = None,
     ) -> List[int]:
-        """Token ids of a chat rendered with the model's template; ``ValueError`` if it cannot be."""
+        """Token ids of a chat rendered with the model's template; ``ValueError`` if it cannot be.
+
+        ``within``: as for :meth:`encode_prompt`, on the rendered chat.
+        """
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none (``fallback``: the endpoint's default)."""

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jinja2
 
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
+from lightllm.server.prompt_length_probe import encode_within
 from lightllm.server.request_defaults import RequestDefaults
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,14 @@ def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[
     return name, list(dict.fromkeys([name, model_dir, model_path]))
 
 
-def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> List[int]:
-    """Token ids of ``text``, by default with the special tokens (BOS) the tokenizer adds."""
-    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
+    """Token ids of ``text``, by default with the special tokens (BOS) the tokenizer adds.
+
+    ``within``: a token limit; a text a prefix of which already needs more raises
+    :class:`~lightllm.server.prompt_length_probe.PromptOverContextError` without being tokenized whole.
+    """
+    return encode_within(lambda part: list(tokenizer(part, add_special_tokens=add_special_tokens)["input_ids"]),
+                         text, within)
 
 
 class ChatTemplateSyntaxError(ValueError):
@@ -53,8 +59,12 @@ def encode_chat_messages(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template_kwargs: Optional[Dict[str, Any]] = None,
+    within: Optional[int] = None,
 ) -> List[int]:
-    """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be)."""
+    """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be).
+
+    ``within``: a token limit, as for :func:`encode_text` (the rendered text is what is probed).
+    """
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
         raise ValueError("this model has no chat template: start the server with --chat_template, or use /v1/completions")
@@ -74,7 +84,7 @@ def encode_chat_messages(
     except Exception as exc:
         raise ValueError(f"chat template failed: {exc}") from exc
     # The template writes BOS itself when it wants one; encode without adding another.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return encode_text(tokenizer, text, add_special_tokens=False, within=within)
 
 
 def default_max_new_tokens(
@@ -134,9 +144,9 @@ class ServedModel:
         """The sampling fields a request inherits (``--generation_config``)."""
         return self.request_defaults.generation
 
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
-        """Token ids of a text prompt."""
-        return encode_text(self.tokenizer, text, add_special_tokens)
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
+        """Token ids of a text prompt (``within``: see :func:`encode_text`)."""
+        return encode_text(self.tokenizer, text, add_special_tokens, within)
 
     def encode_chat(
         self,
@@ -144,10 +154,11 @@ class ServedModel:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
+        within: Optional[int] = None,
     ) -> List[int]:
-        """Token ids of a chat rendered with the model's template."""
+        """Token ids of a chat rendered with the model's template (``within``: see :func:`encode_text`)."""
         return encode_chat_messages(
-            self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs
+            self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs, within
         )
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

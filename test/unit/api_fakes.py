@@ -17,6 +17,7 @@ from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.manager_errors import ServerBusyError
+from lightllm.server.prompt_length_probe import encode_within
 
 MODEL = "tiny-test-model"
 BOS = 1
@@ -77,15 +78,19 @@ class FakeManager:
         self.calls: list[GenerateCall] = []
         self.chat_messages: list[list[dict[str, Any]]] = []
 
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [BOS] * add_special_tokens + [10 + sum(map(ord, word)) % 80 for word in text.split()]
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
+        # One token per word; the real prefix probe decides what a limit refuses.
+        return encode_within(
+            lambda part: [BOS] * add_special_tokens + [10 + sum(map(ord, word)) % 80 for word in part.split()],
+            text, within)
 
-    def encode_chat(self, messages: list[dict[str, Any]], **template_options: Any) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
+                    **template_options: Any) -> list[int]:
         self.chat_messages.append(messages)
         self.template_options = template_options
         if any("BREAK_TEMPLATE" in message["content"] for message in messages):
             raise ValueError("chat template failed: unsupported message sequence")
-        return self.encode_prompt(" ".join(f"{m['role']}: {m['content']}" for m in messages))
+        return self.encode_prompt(" ".join(f"{m['role']}: {m['content']}" for m in messages), within=within)
 
     async def start(self) -> None:
         pass

@@ -18,6 +18,9 @@ limits before a connection costs the loop anything:
   (:data:`~lightllm.server.http.health.HEALTH_PATHS`) is answered here, whatever the loop is
   doing; every other connection is handed to the loop with the bytes read so far, and the
   request-head deadline (``--http_header_timeout``) keeps running from its arrival;
+* an answer the front door gives itself (a probe, a refusal, a 408) is followed by reading and
+  discarding the client's input until it closes (:mod:`.lingering_sockets`), so a client refused
+  before it sent its request reads the 503 instead of a connection reset;
 * while the model loads the port already listens: probes get their answer (live 200, ready 503
   ``server_starting``), other requests 503 ``server_starting``; once uvicorn stops, 503
   ``server_shutting_down``.
@@ -37,6 +40,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.connection_book import ConnectionBook
+from lightllm.server.http.lingering_sockets import LINGER_KEY, LingeringSockets
+from lightllm.server.http.protocol import LINGER_SECONDS
 from lightllm.server.http.health import (
     FAILED_CODE,
     LoopHeartbeat,
@@ -46,6 +51,7 @@ from lightllm.server.http.health import (
 )
 from lightllm.server.http.probe_parsing import (
     MAX_HEAD_BYTES,
+    head_end,
     head_headers,
     health_path,
     may_be_health,
@@ -59,6 +65,7 @@ logger = logging.getLogger(__name__)
 _READ_BYTES = 65536
 _ACCEPTS_PER_WAKE = 256
 _ACCEPT_PAUSE_SECONDS = 0.2  # out of file descriptors: let some close before accepting again
+_MAX_LINGERING = 256  # answered connections read until their client closes (lingering_sockets.py)
 
 
 @dataclass
@@ -90,6 +97,7 @@ class FrontDoor:
         self._lock = threading.Lock()  # guards the state, readiness and heartbeat below
         self._book = ConnectionBook(limits)
         self._pending: Dict[int, _Pending] = {}
+        self._lingering = LingeringSockets(self._selector, LINGER_SECONDS, _MAX_LINGERING)
         self._state = "starting"
         self._readiness: Readiness = starting_readiness
         self._heartbeat: Optional[LoopHeartbeat] = None
@@ -143,6 +151,7 @@ class FrontDoor:
         for pending in list(self._pending.values()):
             pending.sock.close()
         self._pending.clear()
+        self._lingering.close_all()
         for sock in (*self.sockets, self._wake_r, self._wake_w):
             sock.close()
 
@@ -158,6 +167,7 @@ class FrontDoor:
         while not self._closed.is_set():
             now = time.monotonic()
             deadlines = [pending.deadline for pending in self._pending.values()]
+            deadlines.extend(self._lingering.deadlines())
             if self._paused_until:
                 deadlines.append(self._paused_until)
             log_due = self._book.next_log_due()
@@ -172,6 +182,8 @@ class FrontDoor:
                         self._wake_r.recv(4096)
                     except OSError:
                         pass
+                elif key.data == LINGER_KEY:
+                    self._lingering.on_readable(key.fileobj)  # type: ignore[arg-type]
                 elif key.fileobj.fileno() in self._pending:  # type: ignore[union-attr]
                     self._on_readable(self._pending[key.fileobj.fileno()])  # type: ignore[union-attr]
             self._expire(time.monotonic())
@@ -217,11 +229,11 @@ class FrontDoor:
             return
         pending.data += chunk
         data = bytes(pending.data)
-        head_end = data.find(b"\r\n\r\n")
-        head_complete = head_end >= 0
+        end = head_end(data)
+        head_complete = end >= 0
         # A complete head counts as much as one still arriving (probes included): the limit is on
         # the head, not on how it was sent; the loop's protocol applies it to the heads it reads.
-        if (head_end + 4 if head_complete else len(data)) > MAX_HEAD_BYTES:
+        if (end if head_complete else len(data)) > MAX_HEAD_BYTES:
             message = "Invalid HTTP request: malformed, or its head is larger than 16 KiB"
             self._finish(pending, 400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
             return
@@ -286,6 +298,7 @@ class FrontDoor:
             self._paused_until = 0.0
             for sock in self.sockets:
                 self._selector.register(sock, selectors.EVENT_READ, "listen")
+        self._lingering.expire(now)
         for pending in [p for p in self._pending.values() if p.deadline <= now]:
             message = (f"The request head (request line and headers) did not arrive within "
                        f"{self.limits.header_timeout:g} seconds (--http_header_timeout)")
@@ -306,8 +319,7 @@ class FrontDoor:
         self._forget(pending, served=False)
         self._answer_and_close(pending.sock, status, body, head_only)
 
-    @staticmethod
-    def _answer_and_close(sock: socket.socket, status: int, body: Dict[str, Any], head_only: bool = False) -> None:
+    def _answer_and_close(self, sock: socket.socket, status: int, body: Dict[str, Any], head_only: bool = False) -> None:
         try:
             # Unread input would make close() reset the connection before the client reads the answer.
             while sock.recv(_READ_BYTES):
@@ -318,8 +330,9 @@ class FrontDoor:
             sock.send(raw_response(status, body, head_only))  # small: fits an empty socket buffer
             sock.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
-        sock.close()
+            sock.close()
+            return
+        self._lingering.add(sock)  # read until the client closes, so it reads the answer
 
     def _hand_off(self, pending: _Pending, data: bytes) -> None:
         self._forget(pending, served=True)

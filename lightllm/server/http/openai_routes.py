@@ -162,7 +162,8 @@ class OpenAIEndpoints:
             if isinstance(prompt, str):
                 # Only a text prompt is tokenized; token ids are used as given, whatever add_special_tokens says.
                 options = {} if body.add_special_tokens else {"add_special_tokens": False}
-                ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", **options), "prompt",
+                keeps_end = body.truncate_prompt_tokens is not None
+                ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", keeps_end, **options), "prompt",
                                     self.manager.vocab_size)
                 prompts.append(body.truncated(ids))
             else:
@@ -201,6 +202,7 @@ class OpenAIEndpoints:
         body.check_reasoning_effort(getattr(self.manager.tokenizer, "chat_template", None))
         template_options = tool_plan.template_options(body.template_options())
         prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", body.add_special_tokens,
+                                                            body.truncate_prompt_tokens is not None,
                                                             **template_options), "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None

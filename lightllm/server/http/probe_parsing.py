@@ -7,6 +7,7 @@ recognises probes from the raw bytes; anything it does not recognise goes to uvi
 from __future__ import annotations
 
 import json
+import re
 from http import HTTPStatus
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -14,19 +15,24 @@ from lightllm.server.http.health import HEALTH_PATHS
 
 MAX_HEAD_BYTES = 16 * 1024  # uvicorn's h11 limit on a request head
 _HEALTH_PREFIXES = (b"GET /health", b"HEAD /health")
+# Lines end in CRLF or, as h11 (and so uvicorn) also accepts, a bare LF; a blank line ends the head.
+_HEAD_END = re.compile(rb"\n\r?\n")
+
+
+def head_end(data: bytes) -> int:
+    """The length of the complete request head at the start of ``data``, or -1 while it is incomplete."""
+    match = _HEAD_END.search(data)
+    return -1 if match is None else match.end()
 
 
 def request_line(data: bytes) -> Tuple[bytes, bool]:
-    """The request line read so far, and whether it is complete."""
-    end = data.find(b"\r\n")
-    return (data, False) if end < 0 else (data[:end], True)
+    """The request line read so far (without its line end), and whether it is complete."""
+    end = data.find(b"\n")
+    return (data, False) if end < 0 else (data[:end].rstrip(b"\r"), True)
 
 
-def health_path(data: bytes) -> Optional[str]:
-    """The health path of a complete ``GET``/``HEAD`` head in ``data``; None for any other request."""
-    line, complete = request_line(data)
-    if not complete or b"\r\n\r\n" not in data:
-        return None
+def _probe_target(line: bytes) -> Optional[str]:
+    """The health path a complete ``GET``/``HEAD`` HTTP/1.x request line asks for, else None."""
     parts = line.split(b" ")
     if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD") or not parts[2].startswith(b"HTTP/1."):
         return None
@@ -34,21 +40,29 @@ def health_path(data: bytes) -> Optional[str]:
     return path if path in HEALTH_PATHS else None
 
 
+def health_path(data: bytes) -> Optional[str]:
+    """The health path of a complete ``GET``/``HEAD`` head in ``data``; None for any other request."""
+    line, complete = request_line(data)
+    if not complete or head_end(data) < 0:
+        return None
+    return _probe_target(line)
+
+
 def may_be_health(data: bytes) -> bool:
     """True while ``data`` is an incomplete head that could still become a health probe."""
     line, complete = request_line(data)
     if complete:
-        parts = line.split(b" ")
-        return (len(parts) == 3 and parts[0] in (b"GET", b"HEAD")
-                and parts[1].split(b"?", 1)[0].decode("latin-1") in HEALTH_PATHS)
+        return _probe_target(line) is not None
     return any(prefix.startswith(line) or line.startswith(prefix) for prefix in _HEALTH_PREFIXES)
 
 
 def head_headers(data: bytes) -> List[Tuple[bytes, bytes]]:
     """The (lower-case name, value) header pairs of the request head in ``data``."""
-    head = data.split(b"\r\n\r\n", 1)[0]
+    end = head_end(data)
+    head = data if end < 0 else data[:end]
     headers = []
-    for line in head.split(b"\r\n")[1:]:
+    for line in head.split(b"\n")[1:]:
+        line = line.rstrip(b"\r")
         name, sep, value = line.partition(b":")
         if sep:
             headers.append((name.strip().lower(), value.strip()))

@@ -6,7 +6,10 @@ Tokenizing a 20 MB prompt takes seconds; done on the event loop it stalls every 
 1. refuses a prompt whose character count alone proves it cannot fit the context: no token of the
    tokenizer stands for more than ``chars_per_token`` characters, so a text longer than
    ``max_req_total_len * chars_per_token`` characters needs more tokens than a request may hold;
-2. runs the tokenizer and the chat template in a small pool of :data:`TOKENIZER_THREADS` daemon
+2. refuses a prompt a prefix of which already needs more tokens than the context holds, before
+   tokenizing the rest (:mod:`lightllm.server.prompt_length_probe`): the character bound must
+   allow the longest token, so ordinary text far too long for the context passes it;
+3. runs the tokenizer and the chat template in a small pool of :data:`TOKENIZER_THREADS` daemon
    threads (:class:`DaemonWorkers`). The Rust tokenizer releases the GIL while it works, so the
    event loop keeps serving meanwhile; a second thread keeps one long prompt from delaying every
    other request's tokenization, and the pool stays small so prompts cannot take every core from
@@ -31,6 +34,7 @@ from typing import Any, Callable, List, Optional
 from lightllm.server.http.errors import APIError, INVALID_REQUEST
 from lightllm.server.http.special_tokens import SpecialTokenFrame, special_token_frame
 from lightllm.server.http.special_tokens import add_special_tokens as add_special_tokens_to
+from lightllm.server.prompt_length_probe import PromptOverContextError
 from lightllm.server.request_manager import RequestManager
 
 log = logging.getLogger(__name__)
@@ -143,32 +147,40 @@ class PromptEncoder:
         )
         raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
 
-    async def encode_prompt(self, text: str, param: str, **options: Any) -> List[int]:
-        """Token ids of a text prompt, refused with 400 naming ``param`` when it is obviously too long.
+    async def encode_prompt(self, text: str, param: str, keeps_end: bool = False, **options: Any) -> List[int]:
+        """Token ids of a text prompt, refused with 400 naming ``param`` when it cannot fit the context.
 
-        ``options`` (``add_special_tokens``) go to the manager's ``encode_prompt`` as given.
+        Refused from its characters (:meth:`check_chars`), or from a prefix's tokens before the
+        whole prompt is tokenized (:mod:`lightllm.server.prompt_length_probe`), unless
+        ``keeps_end``: the request keeps only the end of its prompt (``truncate_prompt_tokens``),
+        so an over-long one is tokenized whole.  ``options`` (``add_special_tokens``) go to the
+        manager's ``encode_prompt`` as given.
         """
         self.check_chars(len(text), param, "prompt")
-        return await self._run(lambda: self._manager.encode_prompt(text, **options))
+        within = None if keeps_end else self._manager.max_req_total_len
+        return await self._run(lambda: self._manager.encode_prompt(text, within=within, **options), param, "prompt")
 
     async def encode_chat(self, messages: List[dict], param: str = "messages", add_special_tokens: bool = False,
-                          **template_options: Any) -> List[int]:
+                          keeps_end: bool = False, **template_options: Any) -> List[int]:
         """Token ids of a chat rendered by its template, refused like :meth:`encode_prompt`.
 
         ``template_options`` (``add_generation_prompt``, ``continue_final_message``,
         ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.  The manager
         tokenizes the rendered text without the tokenizer's special tokens (the template writes
         them); ``add_special_tokens`` adds them as well, as vLLM's chat field of that name does.
+        The character check counts the messages' text; the prefix probe runs on the rendered
+        chat, so a chat of many empty messages is refused from its template's text.
         """
         self.check_chars(text_chars(messages), param, "messages")
+        within = None if keeps_end else self._manager.max_req_total_len
 
         def encode() -> List[int]:
-            ids = list(self._manager.encode_chat(messages, **template_options))
+            ids = list(self._manager.encode_chat(messages, within=within, **template_options))
             if not add_special_tokens:
                 return ids
             return add_special_tokens_to(self._special_token_frame(), ids, "add_special_tokens")
 
-        return await self._run(encode)
+        return await self._run(encode, param, "messages")
 
     def _special_token_frame(self) -> Optional[SpecialTokenFrame]:
         # Fixed for the tokenizer: read once (on a tokenizer thread), on the first request that needs it.
@@ -178,5 +190,11 @@ class PromptEncoder:
         return self._frame
 
     @staticmethod
-    async def _run(encode: Callable[[], Any]) -> List[int]:
-        return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode())))
+    async def _run(encode: Callable[[], Any], param: str, noun: str) -> List[int]:
+        try:
+            return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode())))
+        except PromptOverContextError as exc:
+            message = (f"This model's maximum context length is {exc.limit} tokens, and the {noun} cannot fit: "
+                       f"its first {exc.prefix_chars} characters alone are {exc.prefix_tokens} tokens. "
+                       f"Please reduce the length of the {noun}.")
+            raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded") from None

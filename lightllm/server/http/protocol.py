@@ -205,6 +205,13 @@ class GuardedH11Protocol(H11Protocol):
             self._linger_timer = None
         super().connection_lost(exc)
 
+    def _should_upgrade(self) -> bool:
+        # The server has no WebSocket (or HTTP/2) routes, so a request asking to upgrade is served
+        # as the plain HTTP request it also is (a JSON 404 on every path).  uvicorn's upgrade would
+        # hand the socket to another protocol, whose close this one never hears of: the front door
+        # would count the connection for good, and a few thousand such requests locked everyone out.
+        return False
+
     def shutdown(self) -> None:
         if self.lingering:
             self.close_transport(force=True)
@@ -262,8 +269,13 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel_head_timer()
         if raw.is_closing():
             return
-        if raw.can_write_eof():
-            raw.write_eof()
+        try:
+            if raw.can_write_eof():
+                raw.write_eof()
+        except OSError:
+            # The client is already gone (it read the answer and closed): nothing to linger for.
+            raw.close()
+            return
         # uvicorn pauses reading while a request body waits to be consumed; the rest must drain.
         raw.resume_reading()
         self._linger_timer = self.loop.call_later(LINGER_SECONDS, raw.close)

@@ -27,6 +27,7 @@ def build_uvicorn_config(app: Any, args: argparse.Namespace, options: HttpServer
         log_level="warning",
         access_log=False,
         http=guarded_protocol_class(options.limits),
+        ws="none",  # no WebSocket routes; the protocol serves an upgrade request as plain HTTP
         timeout_keep_alive=options.limits.keep_alive_timeout,
     )
     settings.update(overrides)

@@ -242,9 +242,9 @@ class HttpServerManager:
         return await wait_until(lambda: self._active_generations == 0, timeout)
 
     # --- the API layer's interface ---------------------------------------------------------------
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
         """Token ids of ``text``, by default with the special tokens (BOS) the checkpoint's tokenizer adds."""
-        return self.served.encode_prompt(text, add_special_tokens)
+        return self.served.encode_prompt(text, add_special_tokens, within)
 
     def encode_chat(
         self,
@@ -252,12 +252,14 @@ class HttpServerManager:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
+        within: Optional[int] = None,
     ) -> List[int]:
         """Token ids of a chat rendered with the checkpoint's chat template.
 
         ``chat_template_kwargs`` become variables of the template (vLLM's request extra).
         """
-        return self.served.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        return self.served.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
+                                       within)
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none (``--max_new_tokens_default``, else

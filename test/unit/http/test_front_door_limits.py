@@ -8,6 +8,7 @@ loopback. Clients from a second address use 127.0.0.2 as their source (Linux rou
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ import uvicorn
 from api_fakes import FakeManager
 from lightllm.server.http.app import create_app
 from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.probe_parsing import health_path, may_be_health
+from lightllm.server.http.probe_parsing import head_headers, health_path, may_be_health
 from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 from lightllm.server.http.listen_sockets import bind_listeners
@@ -194,3 +195,72 @@ def test_probe_recognition() -> None:
     assert may_be_health(b"GE") and may_be_health(b"GET /heal") and may_be_health(b"GET /health/re")
     assert may_be_health(b"GET /health HTTP/1.1\r\nHost")
     assert not may_be_health(b"POST /generate") and not may_be_health(b"GET /v1/models HTTP/1.1\r\n")
+
+
+def test_upgrade_requests_are_served_as_plain_http_and_give_their_places_back(served) -> None:
+    """uvicorn would hand an upgrade to its WebSocket protocol, and the front door never heard that
+    connection close: three of them filled this client's limit for good."""
+    _, port = served
+    upgrade = (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    for _ in range(2 * LIMITS.max_connections_per_client):
+        with _connect(port) as sock:
+            sock.sendall(upgrade)
+            sock.shutdown(socket.SHUT_WR)
+            status, body = _read_answer(sock)
+        assert status == 401 and body["error"]["type"], body  # the app's answer to GET / without a key
+    deadline = time.monotonic() + 10
+    while _request(port, "GET", "/v1/models", key=KEY)[0] != 200:
+        assert time.monotonic() < deadline, "upgrade requests still count against the client"
+        time.sleep(0.05)
+
+
+def test_a_client_refused_at_accept_reads_the_refusal_while_sending_its_request(served) -> None:
+    """The refusal is sent before the request arrives; the server reads the request instead of
+    resetting the connection, so the client reads the 503 rather than a broken pipe."""
+    _, port = served
+    held = _hold(port, LIMITS.max_connections_per_client)
+    body = b"{" + b" " * 200_000 + b"}"
+    head = (f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    try:
+        for _ in range(3):
+            with _connect(port) as sock:
+                # The refusal has arrived (it came first); then the client sends its request.
+                assert select.select([sock], [], [], 10)[0]
+                sock.sendall(head)
+                time.sleep(0.05)
+                sock.sendall(body)
+                status, answer = _read_answer(sock)
+            assert status == 503 and answer["error"]["code"] == "too_many_client_connections"
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_heads_with_bare_line_feeds_are_read_like_uvicorn_reads_them(served) -> None:
+    _, port = served
+    with _connect(port) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\nHost: x\n\n")
+        assert _read_answer(sock) == (200, {"status": "ok"})
+    with _connect(port) as sock:
+        sock.sendall(f"GET /v1/models HTTP/1.1\nHost: x\nAuthorization: Bearer {KEY}\nConnection: close\n\n".encode())
+        assert _read_answer(sock)[0] == 200
+    # Not a probe the front door answers (HTTP/2.0 on an HTTP/1 port): handed on at once, not held to 408.
+    started = time.monotonic()
+    with _connect(port) as sock:
+        sock.sendall(b"GET /health/live HTTP/2.0\r\nHost: x\r\n\r\n")
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    assert time.monotonic() - started < LIMITS.header_timeout / 2
+
+
+def test_probe_recognition_of_bare_line_feeds() -> None:
+    assert health_path(b"GET /health HTTP/1.1\nHost: x\n\n") == "/health"
+    assert health_path(b"GET /health/live HTTP/1.1\r\nHost: x\n\r\n") == "/health/live"
+    assert health_path(b"GET /health HTTP/1.1\nHost: x\n") is None
+    assert health_path(b"GET /health HTTP/2.0\r\n\r\n") is None
+    assert not may_be_health(b"GET /health HTTP/2.0\r\n")
+    assert head_headers(b"GET / HTTP/1.1\nHost: x\r\nAuthorization: Bearer k\n\nbody: no") == [
+        (b"host", b"x"), (b"authorization", b"Bearer k")]

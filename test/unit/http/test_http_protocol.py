@@ -7,6 +7,8 @@ and uvicorn's own 400 in JSON.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
 import select
 import socket
@@ -17,6 +19,7 @@ from typing import Iterator
 import httpx
 import pytest
 import uvicorn
+from uvicorn.server import ServerState
 
 from api_fakes import FakeManager
 from lightllm.server.http.app import create_app
@@ -156,3 +159,55 @@ def test_a_malformed_request_gets_a_json_400(server_url: str) -> None:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         status, error = _json_error(_read_until_closed(sock, 10))
     assert status == 400 and error["code"] == "invalid_http_request"
+
+
+
+class _PeerGoneTransport(asyncio.Transport):
+    """A connection whose peer reset it between the answer's write and the half-close (a real race
+    on a busy machine: the client read the 400 and closed first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def write(self, data) -> None:
+        self.written += bytes(data)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def resume_reading(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+
+def test_an_answer_to_a_client_already_gone_closes_quietly() -> None:
+    """The half-close after a refusal fails when the peer is gone: the connection is closed, no traceback."""
+    config = uvicorn.Config(create_app(FakeManager()), http=guarded_protocol_class(LIMITS), log_level="error")
+    config.load()
+
+    async def scenario() -> _PeerGoneTransport:
+        protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+        transport = _PeerGoneTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+        protocol.connection_lost(None)
+        return transport
+
+    transport = asyncio.run(scenario())
+    assert transport.written.startswith(b"HTTP/1.1 400") and transport.closed

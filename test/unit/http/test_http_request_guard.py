@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
@@ -133,9 +134,9 @@ class _CountingManager(FakeManager):
         super().__init__()
         self.encoded: list[str] = []
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, **options: Any) -> list[int]:
         self.encoded.append(text)
-        return super().encode_prompt(text)
+        return super().encode_prompt(text, **options)
 
 
 def test_obviously_long_prompts_are_refused_before_tokenizing() -> None:
@@ -176,12 +177,12 @@ def test_tokenization_runs_off_the_event_loop() -> None:
             self.entered = threading.Event()
             self.release = threading.Event()
 
-        def encode_prompt(self, text: str) -> list[int]:
+        def encode_prompt(self, text: str, **options: Any) -> list[int]:
             self.entered.set()
             # On the event loop this would wait forever: nothing could set release.
             if not self.release.wait(10):
                 raise AssertionError("the tokenizer blocked the event loop")
-            return super().encode_prompt(text)
+            return super().encode_prompt(text, **options)
 
     manager = BlockingManager()
     encoder = PromptEncoder(manager, chars_per_token=4)
@@ -195,3 +196,27 @@ def test_tokenization_runs_off_the_event_loop() -> None:
         return await task
 
     assert asyncio.run(scenario()) == FakeManager().encode_prompt("hello world")
+
+
+def test_prompts_a_prefix_proves_too_long_are_refused_before_tokenizing_whole() -> None:
+    """Far under the character bound, far over the context: refused from a prefix, naming the field."""
+    manager = _CountingManager()  # max_req_total_len 64: the first probe is 512 characters
+    client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=0))))
+    words = "w " * 5000  # one token per word
+    cases = [
+        ("/generate", {"inputs": words}, "inputs", "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": words}, "prompt", "prompt"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}] * 400},
+         "messages", "messages"),
+    ]
+    for path, body, param, noun in cases:
+        error = assert_error(client.post(path, json=body), 400, param, "context_length_exceeded")
+        assert re.search(rf"the {noun} cannot fit: its first \d+ characters alone are \d+ tokens", error["message"])
+    assert manager.calls == []
+    # A request that keeps only the end of its prompt is tokenized whole and truncated.
+    reply = client.post("/v1/completions", json={"model": MODEL, "prompt": words, "truncate_prompt_tokens": 8,
+                                                 "max_tokens": 2})
+    assert reply.status_code == 200 and len(manager.calls[-1].spec.prompt_ids) == 8
+    reply = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": words}], "truncate_prompt_tokens": 8, "max_tokens": 2})
+    assert reply.status_code == 200 and len(manager.calls[-1].spec.prompt_ids) == 8

@@ -153,14 +153,16 @@ class PdMasterManager:
             log.warning("failed %d request(s) in flight on %s", failed, info.describe())
 
     # --- the API layer's interface -------------------------------------------------------------
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> List[int]:
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
         """Token ids of a text prompt."""
-        return self.model.encode_prompt(text, add_special_tokens)
+        return self.model.encode_prompt(text, add_special_tokens, within)
 
     def encode_chat(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, chat_template_kwargs: Optional[Dict[str, Any]] = None) -> List[int]:
+                    continue_final_message: bool = False, chat_template_kwargs: Optional[Dict[str, Any]] = None,
+                    within: Optional[int] = None) -> List[int]:
         """Token ids of a chat rendered with the model's template."""
-        return self.model.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        return self.model.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
+                                      within)
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none."""
