@@ -59,7 +59,8 @@ class IncrementalDecoder:
         stop_token_ids: Sequence[int] = (),
     ):
         self.tokenizer = tokenizer
-        self.ids: List[int] = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:])
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: List[int] = self._prompt_window(prompt_ids)
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.stop_sequences = [s for s in stop_sequences if s]
@@ -68,7 +69,6 @@ class IncrementalDecoder:
         self.text = ""  # all text decoded so far
         self.emitted = 0  # chars of self.text already handed out
         self.stopped = False
-        self.skip_special_tokens = skip_special_tokens
         self.include_stop_str = include_stop_str
         self.shown_ids = frozenset(shown_ids) if skip_special_tokens else frozenset()
         self.min_tokens = min_tokens
@@ -79,6 +79,21 @@ class IncrementalDecoder:
         self._hidden_ids = frozenset() if include_stop_str else frozenset(ending_ids)
         self._stop_token_ids = frozenset(stop_token_ids)
         self.stop_reason: int | str | None = None
+
+    def _prompt_window(self, prompt_ids: Sequence[int]) -> List[int]:
+        """The last prompt tokens the text is decoded after, starting at a character boundary.
+
+        A window that starts inside a character (among its byte tokens) decodes those bytes as
+        U+FFFD, and a byte-fallback decoder (SentencePiece's ``<0xE6>`` tokens) turns a whole run
+        of byte tokens into U+FFFD when the run is not valid UTF-8, the output's own bytes
+        included: "x 語" + "文字" came out as six U+FFFD.  So the window moves back, at most
+        :data:`CHARACTER_TOKENS` tokens, until it no longer starts with one.
+        """
+        start = max(0, len(prompt_ids) - PROMPT_CONTEXT_TOKENS)
+        floor = max(0, start - CHARACTER_TOKENS)
+        while start > floor and self._decode(prompt_ids[start:]).startswith("\ufffd"):
+            start -= 1
+        return list(prompt_ids[start:])
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(
@@ -102,20 +117,34 @@ class IncrementalDecoder:
             self.text += self.tokenizer.decode([token_id], skip_special_tokens=False)
             return self._release()
         self.ids.append(token_id)
-        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full_text = self._decode(self.ids[self.prefix_offset :])
-        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
-            self._advance(full_text[len(prefix_text) :], len(self.ids))
+        new_text = self._text_after_window(len(self.ids))
+        if new_text and not new_text.endswith("\ufffd"):
+            self._advance(new_text, len(self.ids))
         elif len(self.ids) - self.read_offset > MAX_HELD_TOKENS:
-            self._release_invalid_bytes(prefix_text)
+            self._release_invalid_bytes()
         return self._release()
+
+    def _text_after_window(self, end: int) -> str:
+        """The text ``ids[read_offset:end]`` adds after the window's tokens.
+
+        Normally the window's text decoded with the new tokens, minus its text without them.  A
+        byte-fallback decoder decodes a run of byte tokens as a whole, so new bytes that make an
+        invalid run of the window's last character ("🎉" then a lone 0x80) change the window's own
+        text into U+FFFD; then the new tokens are decoded alone, as the tokenizer decodes the
+        output by itself (one U+FFFD, not four).
+        """
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset : end])
+        if full_text.startswith(prefix_text):
+            return full_text[len(prefix_text) :]
+        return self._decode(self.ids[self.read_offset : end])
 
     def _advance(self, new_text: str, read_to: int) -> None:
         self.text += new_text
         self.prefix_offset = self.read_offset
         self.read_offset = read_to
 
-    def _release_invalid_bytes(self, prefix_text: str) -> None:
+    def _release_invalid_bytes(self) -> None:
         """Let a run of tokens that never completes a character out (each invalid byte as U+FFFD).
 
         Without this the window would grow with every such token and each step decode all of it
@@ -127,15 +156,14 @@ class IncrementalDecoder:
         last = len(self.ids) - CHARACTER_TOKENS
         cuts = range(last, self.read_offset, -1)
         for cut in cuts:
-            text = self._decode(self.ids[self.prefix_offset : cut])
+            text = self._text_after_window(cut)
             if not text.endswith("\ufffd"):
                 break
         else:
             cut = last
-            text = self._decode(self.ids[self.prefix_offset : cut])
+            text = self._text_after_window(cut)
         # Also when the run decodes to nothing (skipped special tokens): the window must not grow.
-        if len(text) >= len(prefix_text):
-            self._advance(text[len(prefix_text) :], cut)
+        self._advance(text, cut)
 
     def _release(self) -> str:
         if self.stop_sequences:
@@ -184,10 +212,9 @@ class IncrementalDecoder:
             return ""
         piece = ""
         if self.read_offset < len(self.ids):
-            prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-            full_text = self._decode(self.ids[self.prefix_offset :])
-            if len(full_text) > len(prefix_text):
-                self._advance(full_text[len(prefix_text) :], len(self.ids))
+            new_text = self._text_after_window(len(self.ids))
+            if new_text:
+                self._advance(new_text, len(self.ids))
                 piece = self._release()
                 if self.stopped:
                     return piece

@@ -61,7 +61,7 @@ from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.planning import build_sampling_params, check_context_length, choice_jobs, encoded
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
-from lightllm.server.http.health import HEALTH_PATH, LIVE_PATH, READY_PATH, health_answer, manager_readiness
+from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
 from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.http.prompt_encoding import PromptEncoder
@@ -93,14 +93,15 @@ class NativeEndpoints:
         router.add_api_route("/generate", self.generate, methods=["POST"], openapi_extra=body)
         router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"],
                              openapi_extra=request_body(NativeGenerateRequest, streams="always"))
-        for path in (HEALTH_PATH, READY_PATH, LIVE_PATH):
+        for path in sorted(HEALTH_PATHS):
             router.add_api_route(path, self.health, methods=["GET"])
             router.add_api_route(path, self.health, methods=["HEAD"], include_in_schema=False)
         router.add_api_route("/metrics", self.metrics, methods=["GET"])
         return router
 
     async def health(self, request: Request) -> Response:
-        """Readiness (``/health``, ``/health/ready``) or liveness (``/health/live``); the front door answers the same."""
+        """Readiness (``/health``, ``/health/ready``) or liveness (``/health/live``), and LightLLM's names for
+        them (``/healthz``, ``/readiness``, ``/liveness``); the front door answers the same."""
         status, body = health_answer(request.url.path, manager_readiness(self.manager))
         return JSONResponse(body, status_code=status)
 
@@ -252,7 +253,10 @@ def create_app(
         finally:
             await manager.stop()
 
-    app = FastAPI(title="lightllm", summary="LLM serving with a configurable prefill-queue scheduler", lifespan=lifespan)
+    # No trailing-slash redirects: a 307 with an empty body whose Location comes from the client's Host
+    # header; /v1/completions/ is an unknown path like any other (a JSON 404).
+    app = FastAPI(title="lightllm", summary="LLM serving with a configurable prefill-queue scheduler", lifespan=lifespan,
+                  redirect_slashes=False)
     install_error_handlers(app)
     options = options or HttpServerOptions()
     encoder = PromptEncoder(manager, options.limits.prompt_chars_per_token)

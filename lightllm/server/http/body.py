@@ -5,7 +5,8 @@ ignored, as the RFC allows and as FastAPI-based servers do; a UTF-16 or UTF-32 b
 without a byte order mark) and invalid UTF-8 are refused. Python's ``json.loads(bytes)`` would
 guess those encodings and accept them, so the bytes are decoded strictly here first.
 
-Before any field is validated the decoded body must be a JSON object nested at most
+Before any field is validated the decoded body must be a JSON object with no key repeated within
+one object (Python's JSON reader keeps the last value and drops the others silently), nested at most
 :data:`MAX_JSON_DEPTH` levels, every number in it must be finite (Python's JSON reader accepts
 ``NaN``, ``Infinity`` and overflowing literals such as ``1e999``, which standard JSON has no
 place for), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is
@@ -209,6 +210,25 @@ def deep_field(text: str) -> str | None:
     return None
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object of the body holds ``key`` twice (``json.loads`` would keep the last value)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object_with_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return data
+
+
 def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     """Decode a JSON body and validate it into ``model_cls``, raising 400 on any problem.
 
@@ -217,7 +237,10 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     """
     text = decode_body_text(raw)
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_object_with_unique_keys)
+    except DuplicateKeyError as exc:
+        raise invalid_request(f"The request body repeats the key {exc.key!r} in one object: which value to use "
+                              "would be a guess, so send each field once") from None
     except RecursionError:
         raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
                               deep_field(text)) from None

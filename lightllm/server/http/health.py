@@ -26,7 +26,15 @@ from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body
 HEALTH_PATH = "/health"
 LIVE_PATH = "/health/live"
 READY_PATH = "/health/ready"
-HEALTH_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, READY_PATH})
+# LightLLM's own probe paths answer as their counterparts here, so Kubernetes and load-balancer
+# configurations written for LightLLM keep working.
+PROBE_ALIASES = {"/healthz": HEALTH_PATH, "/liveness": LIVE_PATH, "/readiness": READY_PATH}
+HEALTH_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, READY_PATH, *PROBE_ALIASES})
+
+
+def probe_meaning(path: str) -> str:
+    """The probe ``path`` stands for: one of ``/health``, ``/health/live``, ``/health/ready``."""
+    return PROBE_ALIASES.get(path, path)
 # A loop that has not run a callback for this long is wedged, not busy: the slowest /health seen on a
 # 2-core machine under 1000 streams was a few seconds.
 LOOP_STALL_SECONDS = 30.0
@@ -95,7 +103,7 @@ class LoopHeartbeat:
 def health_answer(path: str, readiness: Readiness, heartbeat: Optional[LoopHeartbeat] = None
                   ) -> Tuple[int, Dict[str, Any]]:
     """(status, JSON body) of a probe of ``path`` (one of :data:`HEALTH_PATHS`)."""
-    if path == LIVE_PATH:
+    if probe_meaning(path) == LIVE_PATH:
         stalled = heartbeat.stalled() if heartbeat is not None else None
         if stalled is not None:
             message = f"The server's event loop has not run for {stalled:.0f} seconds"

@@ -276,6 +276,9 @@ class ChatMessage(StrictModel):
             return value
         if not isinstance(value, list):
             raise ValueError("content must be a string or a list of content parts")
+        if not value:
+            # OpenAI refuses an empty list too: send "" for an empty message.
+            raise ValueError("content must hold at least one content part (or be a string)")
         parts = []
         for index, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":

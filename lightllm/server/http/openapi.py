@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from lightllm.server.http.health import HEALTH_PATHS, LIVE_PATH
+from lightllm.server.http.health import HEALTH_PATHS, LIVE_PATH, probe_meaning
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 ERROR_SCHEMA_NAME = "ErrorResponse"
@@ -99,7 +99,7 @@ def request_body(model_cls: type[BaseModel], streams: bool | str = False) -> dic
 def _errors_of(path: str, method: str) -> dict[str, str]:
     """Status -> description of the errors ``method`` on ``path`` can answer with."""
     if path in HEALTH_PATHS:
-        return _PROBE_ERRORS["live" if path == LIVE_PATH else "ready"]
+        return _PROBE_ERRORS["live" if probe_meaning(path) == LIVE_PATH else "ready"]
     if method == "post":
         return {**_ERRORS_ALL, **_ERRORS_POST}
     return {**_ERRORS_ALL, **(_ERRORS_GET_ITEM if "{" in path else {})}
@@ -111,7 +111,7 @@ def _describe_success(path: str, responses: dict[str, Any]) -> None:
     if ok is None:
         return
     if path in HEALTH_PATHS:
-        ok["description"] = ('Alive: {"status": "alive"}' if path == LIVE_PATH
+        ok["description"] = ('Alive: {"status": "alive"}' if probe_meaning(path) == LIVE_PATH
                              else 'Ready to serve requests: {"status": "ok"}')
         ok["content"] = {"application/json": {"schema": _PROBE_OK_SCHEMA}}
     elif path in _TEXT_RESPONSES:

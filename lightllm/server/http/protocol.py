@@ -191,8 +191,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        # A pipelined request whose head is still incomplete gets the same deadline.
+        # A pipelined request whose head is still incomplete gets the same deadline, and the idle
+        # keep-alive timer uvicorn just armed no longer applies: the connection is not idle, and
+        # that timer would close it without the 408 (it is shorter than the head deadline).
         if not self.lingering and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._unset_keepalive_if_required()
             self._arm_head_timer()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:

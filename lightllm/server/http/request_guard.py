@@ -5,6 +5,10 @@
   and ``application/*+json`` are accepted, with ``charset=utf-8`` or no charset (JSON is UTF-8);
   a request without ``Content-Type`` is read as JSON, so plain HTTP clients that send none keep
   working, while ``curl -d`` (form-urlencoded unless ``-H 'content-type: application/json'``) is refused.
+* Headers the server reads once must appear once, a body may not be framed by both
+  ``Content-Length`` and ``Transfer-Encoding``, nor compressed (``Content-Encoding``: 415), and a
+  ``POST`` to an endpoint may not carry a query string (its parameters go in the body): each would
+  otherwise be read in part or not at all (:func:`header_refusal`).
 * The body is read here, before routing: a declared ``Content-Length`` over the limit gets ``413``
   without reading a byte; a body that grows past the limit while it arrives (chunked, or a lying
   length) gets ``413`` as soon as it does, so at most the limit is ever held; a body that does not
@@ -62,6 +66,38 @@ def error_response(status: int, message: str, code: str, headers: Optional[Dict[
                         headers={"connection": "close", **(headers or {})})
 
 
+# Headers read once per request: a second copy would be dropped unread (RFC 9110 section 5.3).
+SINGLE_HEADERS = (b"authorization", b"content-type", b"content-encoding")
+
+
+def header_refusal(scope: Scope) -> Optional[JSONResponse]:
+    """The 400/415 for request headers the server would otherwise read only in part; None when they are fine.
+
+    A header the server reads once appears at most once; a body is not framed twice
+    (``Content-Length`` with ``Transfer-Encoding``: RFC 9112 section 6.1, a request-smuggling
+    risk behind a proxy); a body is not compressed (``Content-Encoding`` other than
+    ``identity``: the server would read compressed bytes as JSON); and a ``POST`` carries its
+    parameters in the body, not in the query string, which no endpoint reads.
+    """
+    names = [key.lower() for key, _ in scope.get("headers", ())]
+    for name in SINGLE_HEADERS:
+        if names.count(name) > 1:
+            return error_response(400, f"The request has the header '{name.decode()}' {names.count(name)} times; "
+                                  "send it once", "invalid_http_request")
+    if b"content-length" in names and b"transfer-encoding" in names:
+        return error_response(400, "The request has both Content-Length and Transfer-Encoding: send one "
+                              "(RFC 9112 section 6.1)", "invalid_http_request")
+    encoding = header(scope, b"content-encoding")
+    if encoding is not None and encoding.strip().lower() != "identity":
+        return error_response(415, f"Content-Encoding '{encoding}' is not supported: send the body uncompressed",
+                              "unsupported_media_type")
+    if scope["method"] in BODY_METHODS and scope.get("query_string") and has_route(scope):
+        query = scope["query_string"].decode("latin-1")
+        return error_response(400, f"{scope['method']} {scope['path']} reads its parameters from the JSON body, "
+                              f"not the query string (got '?{query[:200]}')", "invalid_http_request")
+    return None
+
+
 def _routes(scope: Scope) -> List[Any]:
     app = scope.get("app")
     return list(getattr(app, "routes", ()) or ())
@@ -93,6 +129,10 @@ class RequestGuardMiddleware:
             await self.app(scope, receive, send)
             return
         send = self._with_allow_header(scope, send)
+        refusal = header_refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         content_type = header(scope, b"content-type")
         if scope["method"] in BODY_METHODS and not is_json_content_type(content_type) and has_route(scope):
             message = (f"Content-Type '{content_type}' is not supported: send the body as JSON "

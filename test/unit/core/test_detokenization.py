@@ -172,3 +172,53 @@ def test_bytes_of_an_unfinished_character_end_the_text_as_the_tokenizer_decodes_
         assert "".join(pieces) + decoder.flush() == tokenizer.decode(ids, skip_special_tokens=True), ids
     text, decoder = _decode_request(tokenizer, words + [lead], stop_token_ids=[lead], include_stop_str_in_output=True)
     assert text == tokenizer.decode(words + [lead]) and decoder.stop_reason == lead
+
+
+def _byte_fallback_tokenizer(directory):
+    """A SentencePiece-style BPE tokenizer (Llama 2, Mistral v0.1): word-start marks, characters
+    outside the vocabulary as ``<0xNN>`` byte tokens, a ByteFallback decoder."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60)
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained.train_from_iterator(["the quick brown fox jumps over the lazy dog ok"] * 20, trainer)
+    learned = trained.get_vocab()
+    vocab = {token: index for index, token in enumerate(["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)])}
+    for token in sorted(learned, key=learned.get):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(merge) for merge in __import__("json").loads(trained.to_str())["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = trained.normalizer
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def test_output_after_a_prompt_ending_in_byte_tokens_decodes_as_the_tokenizer_does(tmp_path):
+    """The prompt window used to start among a character's byte tokens; the byte-fallback decoder
+    then turned the whole run, the output's characters included, into U+FFFD ("x 語" + "文字ok")."""
+    tokenizer = _byte_fallback_tokenizer(tmp_path)
+    assert tokenizer.convert_ids_to_tokens(tokenizer("語", add_special_tokens=False)["input_ids"])[-1] == "<0x9E>"
+    prompts = ["x 語", "x 😀語", "x 🎉😀", "the 日本", "fox 字", "ok"]
+    outputs = ["文字ok", "😀 ok", "é", "字", "the fox"]
+    for prompt in prompts:
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        for output in outputs:
+            ids = tokenizer(output, add_special_tokens=False)["input_ids"]
+            if tokenizer.convert_ids_to_tokens(ids[0]) == "▁":
+                ids = ids[1:]  # a model can continue a word: the output's bytes join the prompt's run
+            decoder = IncrementalDecoder(tokenizer, prompt_ids)
+            pieces = [decoder.add(token_id) for token_id in ids]
+            whole = tokenizer.decode(prompt_ids + ids, skip_special_tokens=True)
+            expected = whole[len(tokenizer.decode(prompt_ids, skip_special_tokens=True)):]
+            assert "".join(pieces) + decoder.flush() == expected, (prompt, output)
+            assert expected.strip() == output.strip()
+            assert all("\ufffd" not in piece for piece in pieces), (prompt, output)
+    # A lone invalid byte after such a prompt is one U+FFFD, as the tokenizer decodes it.
+    lone = [tokenizer.convert_tokens_to_ids("<0x80>")]
+    decoder = IncrementalDecoder(tokenizer, tokenizer("日本語 🎉")["input_ids"])
+    assert "".join(decoder.add(token_id) for token_id in lone) + decoder.flush() == tokenizer.decode(lone) == "\ufffd"

@@ -31,8 +31,14 @@ def test_models_lists_the_served_model(client: TestClient) -> None:
 def test_health_and_metrics(client: TestClient, manager: FakeManager) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert client.head("/health").status_code == 200
+    # LightLLM's probe paths answer as ours.
+    assert [client.get(path).json() for path in ("/healthz", "/readiness", "/liveness")] == [
+        {"status": "ok"}, {"status": "ok"}, {"status": "alive"}]
     manager.healthy = False
     assert_error(client.get("/health"), 503)
+    assert_error(client.get("/healthz"), 503)
+    assert_error(client.get("/readiness"), 503)
+    assert client.get("/liveness").json() == {"status": "alive"}
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response.text == "lightllm_requests_total 3\n"

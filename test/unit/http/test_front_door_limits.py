@@ -190,7 +190,10 @@ def test_probe_recognition() -> None:
     assert health_path(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n") == "/health"
     assert health_path(b"HEAD /health/live?x=1 HTTP/1.0\r\n\r\n") == "/health/live"
     assert health_path(b"POST /health HTTP/1.1\r\n\r\n") is None
-    assert health_path(b"GET /healthz HTTP/1.1\r\n\r\n") is None
+    assert health_path(b"GET /healthy HTTP/1.1\r\n\r\n") is None
+    # LightLLM's names for the probes are probes too.
+    assert [health_path(f"GET {path} HTTP/1.1\r\n\r\n".encode()) for path in ("/healthz", "/liveness", "/readiness")] == [
+        "/healthz", "/liveness", "/readiness"]
     assert health_path(b"GET /health HTTP/1.1\r\nHost: x\r\n") is None  # head not complete yet
     assert may_be_health(b"GE") and may_be_health(b"GET /heal") and may_be_health(b"GET /health/re")
     assert may_be_health(b"GET /health HTTP/1.1\r\nHost")

@@ -211,3 +211,46 @@ def test_an_answer_to_a_client_already_gone_closes_quietly() -> None:
 
     transport = asyncio.run(scenario())
     assert transport.written.startswith(b"HTTP/1.1 400") and transport.closed
+
+
+def test_a_body_framed_twice_is_refused_and_the_connection_closed(server_url: str) -> None:
+    """Content-Length with Transfer-Encoding (RFC 9112 section 6.1): a proxy may frame it the
+    other way, so nothing after it on the connection is served."""
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled)
+    with socket.create_connection(_address(server_url)) as sock:
+        sock.sendall(request)
+        raw = _read_until_closed(sock, 10)
+    status, error = _json_error(raw)
+    assert status == 400 and "Content-Length and Transfer-Encoding" in error["message"]
+    assert raw.count(b"HTTP/1.1 ") == 1
+
+
+@pytest.fixture(scope="module")
+def short_keep_alive_url() -> Iterator[str]:
+    """A server whose idle keep-alive timeout is shorter than its request-head deadline."""
+    limits = HttpLimits(header_timeout=1.5, body_timeout=1.5, keep_alive_timeout=0.3, max_connections=12)
+    port = free_port()
+    config = uvicorn.Config(create_app(FakeManager(), HttpServerOptions(limits=limits)), host="127.0.0.1", port=port,
+                            log_level="error", http=guarded_protocol_class(limits),
+                            timeout_keep_alive=limits.keep_alive_timeout)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_a_pipelined_head_left_unfinished_gets_its_408(short_keep_alive_url: str) -> None:
+    """The keep-alive timer used to close such a connection silently before the head deadline."""
+    with socket.create_connection(_address(short_keep_alive_url)) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/mo")
+        raw = _read_until_closed(sock, 10)
+    first, _, second = raw.partition(b"HTTP/1.1 408")
+    assert first.startswith(b"HTTP/1.1 200") and b"request_timeout" in second

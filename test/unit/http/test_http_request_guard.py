@@ -220,3 +220,34 @@ def test_prompts_a_prefix_proves_too_long_are_refused_before_tokenizing_whole() 
     reply = client.post("/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": words}], "truncate_prompt_tokens": 8, "max_tokens": 2})
     assert reply.status_code == 200 and len(manager.calls[-1].spec.prompt_ids) == 8
+
+
+def test_what_would_be_read_only_in_part_is_refused(client: TestClient) -> None:
+    """Repeated keys or headers, compressed bodies and query strings on POST: refused, not half-read."""
+    body = b'{"inputs": "hi", "inputs": "bye", "parameters": {"max_new_tokens": 2}}'
+    error = assert_error(client.post("/generate", content=body, headers={"content-type": "application/json"}), 400)
+    assert "repeats the key 'inputs'" in error["message"]
+    nested = b'{"model": "%s", "messages": [{"role": "user", "content": "a", "content": "b"}]}' % MODEL.encode()
+    assert "repeats the key 'content'" in assert_error(
+        client.post("/v1/chat/completions", content=nested, headers={"content-type": "application/json"}), 400)["message"]
+    generate = json.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 2}}).encode()
+    json_type = ("content-type", "application/json")
+    for name, headers in (("authorization", [json_type, ("authorization", "Bearer a"), ("authorization", "Bearer b")]),
+                          ("content-type", [json_type, json_type])):
+        error = assert_error(client.post("/generate", content=generate, headers=headers), 400,
+                             code="invalid_http_request")
+        assert f"'{name}' 2 times" in error["message"]
+    error = assert_error(client.post("/generate", content=generate, headers={
+        "content-type": "application/json", "content-encoding": "gzip"}), 415, code="unsupported_media_type")
+    assert "Content-Encoding 'gzip'" in error["message"]
+    assert client.post("/generate", content=generate, headers={
+        "content-type": "application/json", "content-encoding": "identity"}).status_code == 200
+    error = assert_error(client.post("/generate?max_new_tokens=99", content=generate,
+                                     headers={"content-type": "application/json"}), 400, code="invalid_http_request")
+    assert "not the query string (got '?max_new_tokens=99')" in error["message"]
+    assert client.get("/v1/models?x=1").status_code == 200  # a GET's query string is its own business
+    # An empty content list (OpenAI refuses it too) and a trailing slash (no redirect built from Host).
+    assert_error(client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+        {"role": "user", "content": []}]}), 400, "messages.0.content")
+    reply = client.post("/v1/completions/", json={"model": MODEL, "prompt": "hi"}, follow_redirects=False)
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found"
