@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.common.basemodel.attention.selection import (
     AttentionBackendError,
     build_attention_backend,
@@ -72,7 +73,7 @@ def measure_backend(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run both backends and print the comparison."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m lightllm.benchmark.bench_attention_backends", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--model_dir", required=True)
@@ -83,7 +84,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     for name in ("batch", "context", "decode_steps", "repeats"):
         if getattr(args, name) <= 0:

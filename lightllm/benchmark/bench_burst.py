@@ -20,6 +20,8 @@ from typing import Dict, List, Optional
 
 import httpx
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+
 
 async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int) -> Dict[str, float]:
     """One burst; returns completion tokens, seconds and tokens/s."""
@@ -47,7 +49,7 @@ def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int)
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="default: the first id from /v1/models")
     parser.add_argument("--num-requests", type=int, default=128)
@@ -56,7 +58,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [5, vocab)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", default=None)
+    parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
         parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")

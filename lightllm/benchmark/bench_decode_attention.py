@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, build_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import parse_dtype
@@ -126,7 +127,7 @@ def _probe(runner: BatchGenerator, seqs) -> torch.Tensor:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_decode_attention",
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_decode_attention",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--batches", type=_int_list, default=[1, 16, 64])
@@ -142,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter; cpu: the calling thread's CPU time, with torch on one thread")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
     unknown = [n for n in names if n not in ATTENTION_BACKENDS or n in ("auto", "triton")]

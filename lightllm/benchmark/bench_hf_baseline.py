@@ -18,6 +18,7 @@ from typing import List, Optional
 
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.metrics import RequestRecord, format_summary, summarize
 
 
@@ -74,14 +75,14 @@ def run(model_dir: str, num_requests: int, prompt_len: int, output_len: int, see
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_hf_baseline", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_hf_baseline", description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--num-requests", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-json", default=None)
+    parser.add_argument("--output-json", type=output_file, default=None, help="also write the summary here (JSON)")
     args = parser.parse_args(argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.threads) < 1:
         parser.error("--num-requests, --prompt-len, --output-len and --threads must be >= 1")

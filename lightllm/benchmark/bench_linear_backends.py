@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.common.basemodel.attention.selection import build_attention_backend, resolve_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.linear_kernels import onednn_problem
@@ -87,7 +88,7 @@ def run(model_dir: str, threads: Sequence[int], rows: int, context: int, prefill
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command line."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_linear_backends",
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_linear_backends",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])

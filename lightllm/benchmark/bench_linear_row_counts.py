@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.benchmark.simulator.cell_cli import int_range
 from lightllm.common.basemodel.linear_kernels import OneDnnLinear, onednn_problem, padded_row_count
 from lightllm.common.basemodel.model_config import ModelConfig
@@ -94,7 +95,7 @@ def measure(config: ModelConfig, rows: Sequence[int]) -> List[Dict]:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command line."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_linear_row_counts",
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_linear_row_counts",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True, help="checkpoint whose config.json gives the shapes")
     parser.add_argument("--rows", default="1001-1016", help="row counts: LOW-HIGH[/STEP] ranges or a comma list")

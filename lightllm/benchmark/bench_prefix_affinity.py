@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
 from lightllm.benchmark.bench_serving import BenchmarkConfig, run_benchmark
 from lightllm.benchmark.deployment import ServerSpec, stop_servers_on_sigterm
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
@@ -50,7 +51,7 @@ def _read(urls: Dict[str, str]) -> Dict[str, Tuple[float, float]]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags."""
-    p = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_prefix_affinity", description=__doc__.split("\n")[0])
+    p = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_prefix_affinity", description=__doc__.split("\n")[0])
     p.add_argument("--model_dir", required=True)
     p.add_argument("--topology", default="2p1d", choices=sorted(name for name in TOPOLOGIES if name != "normal"))
     p.add_argument("--affinity", default="256,0", help="comma-separated --pd_prefix_affinity_tokens values to compare")
@@ -63,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--short-len", type=int, default=60)
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--chat-turns", type=int, default=4)
-    p.add_argument("--log-dir", default="bench_results/prefix_affinity")
-    p.add_argument("--out", default=None, help="JSON file of the results")
+    p.add_argument("--log-dir", type=output_dir, default="bench_results/prefix_affinity",
+                   help="directory of the clusters' logs (created if missing)")
+    p.add_argument("--out", type=output_file, default=None, help="JSON file of the results")
     return p
 
 

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.registry import load_model
@@ -106,7 +107,7 @@ def to_markdown(results: Dict[str, Dict[str, float]]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.bench_runtime", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_runtime", description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -114,7 +115,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens, args.threads, args.repeats) < 1:
         parser.error("--batch, --prompt-len, --new-tokens, --threads and --repeats must be >= 1")

@@ -33,6 +33,7 @@ from lightllm.benchmark.backends import (
     make_backend,
     send_request,
 )
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.metrics import RequestRecord, format_summary, parse_slo, summarize, write_records_jsonl
 from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.workloads import WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload
@@ -229,7 +230,8 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
 def build_parser() -> argparse.ArgumentParser:
     """Command-line interface of ``python -m lightllm.benchmark.bench_serving``."""
     defaults = WorkloadConfig()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_serving", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     server = p.add_argument_group("server")
     server.add_argument("--base-url", default=BenchmarkConfig.base_url)
     server.add_argument("--backend", choices=sorted(BACKENDS), default=BenchmarkConfig.backend)
@@ -266,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--slo", nargs="*", default=[], metavar="KEY:MS", help="e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e)"
     )
     out.add_argument("--warmup-runs", type=int, default=0, help="full unmeasured runs with their own prompts first")
-    out.add_argument("--output-jsonl", default=None, help="raw per-request records")
-    out.add_argument("--output-json", default=None, help="summary")
+    # Checked while parsing: a run that cannot write its results loses them at the end.
+    out.add_argument("--output-jsonl", type=output_file, default=None, help="write the raw per-request records here")
+    out.add_argument("--output-json", type=output_file, default=None, help="write the summary here (JSON)")
     out.add_argument("--no-progress", action="store_true")
     return p
 
@@ -327,9 +330,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
         config.validate()
         build_workload(config.workload)  # every workload value checked before anything is sent
-        for path in (args.output_json, args.output_jsonl):
-            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-                raise ValueError(f"the directory of {path!r} does not exist")
         builder = PromptBuilder(load_tokenizer(config.tokenizer))
     except ValueError as exc:
         parser.error(_flag_names(parser, str(exc)))

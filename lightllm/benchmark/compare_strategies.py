@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
+from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.benchmark.comparison_options import (
     DEFAULT_KV_TOKENS,
     DEFAULT_STRATEGIES,
@@ -65,7 +66,7 @@ from lightllm.benchmark.comparison_options import (
 from lightllm.benchmark.comparison_runner import ComparisonRunner, ServerLostError, run_comparison
 from lightllm.benchmark.report_writer import render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
-from lightllm.benchmark.workloads import WORKLOADS, WorkloadConfig
+from lightllm.benchmark.workloads import FIELD_HELP, WORKLOADS, WorkloadConfig
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.server_process import ServerStartError
 
@@ -91,7 +92,8 @@ _WORKLOAD_FIELDS = [f for f in dataclasses.fields(WorkloadConfig) if f.name not 
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line interface of ``python -m lightllm.benchmark.compare_strategies``."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(prog="python -m lightllm.benchmark.compare_strategies", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model_dir", required=True, help="local checkpoint directory (also the tokenizer)")
     p.add_argument(
         "--workload", required=True,
@@ -118,15 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. '--pd_prefill_timeout_seconds 60')")
     p.add_argument("--prefill-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the prefill nodes")
     p.add_argument("--decode-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the decode nodes")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address the servers listen on (default 127.0.0.1)")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to become healthy")
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--out-dir", required=True,
+                   help="directory of the report, the raw runs and the server logs (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="repeat r uses workload seed SEED + r; also seeds the bootstrap")
-    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--request-timeout", type=float, default=3600.0)
-    p.add_argument("--bootstrap-resamples", type=int, default=2000)
-    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text",
+                   help="text: prompts are sent as text; ids: as token ids (default text)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help="most requests in flight at once (default: no limit, requests go at their scheduled times)")
+    p.add_argument("--request-timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)")
+    p.add_argument("--bootstrap-resamples", type=int, default=2000,
+                   help="bootstrap resamples behind each confidence interval (default 2000)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of the intervals on the paired ratios, a fraction in (0, 1) (default 0.95)")
     p.add_argument("--sequential-start", action="store_true",
                    help="start the servers one after another instead of together (start-up is never measured)")
     p.add_argument("--settle", type=float, default=1.0, help="seconds to pause after each run")
@@ -135,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     for field in _WORKLOAD_FIELDS:
         flag = _FLAG_NAMES.get(field.name, "--" + field.name.replace("_", "-"))
         kind = type(field.default) if field.default is not None else int
-        load.add_argument(flag, dest=field.name, type=kind, default=field.default)
+        default = "" if field.default is None else f" (default {field.default:g})"
+        load.add_argument(flag, dest=field.name, type=kind, default=field.default, help=FIELD_HELP[field.name] + default)
     return p
 
 

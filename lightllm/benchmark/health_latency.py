@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
+from lightllm.benchmark.cli_args import OneLineErrorParser
+
 PROBE_TIMEOUT_SECONDS = 10.0
 
 
@@ -174,7 +176,7 @@ def _raise_open_file_limit(needed: int) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the measurement and print one JSON line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.health_latency", description=__doc__.split("\n", 1)[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="a running server")
     target.add_argument("--model_dir", help="start a server on this checkpoint for the measurement")

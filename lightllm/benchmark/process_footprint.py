@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file_in_new_dirs
 from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
 
 # Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
@@ -335,9 +336,10 @@ def markdown_report(result: Dict[str, Any]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.process_footprint", description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--out", help="JSON result file; the markdown goes next to it as .md")
+    parser.add_argument("--out", type=output_file_in_new_dirs,
+                        help="JSON result file (missing directories are created); the markdown goes next to it as .md")
     parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per import timing")
     parser.add_argument("--launches", type=int, default=1, help="server launches (time to ready per launch)")
     parser.add_argument("--server_args", default=DEFAULT_SERVER_ARGS, help="extra api_server flags, one string")

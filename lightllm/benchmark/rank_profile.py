@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.benchmark.simulator.report_format import md_table
 
 STEP = "StepEngine.step"
@@ -124,7 +125,7 @@ def markdown(profile: RankProfile) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one py-spy raw file."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m lightllm.benchmark.rank_profile",
         description="Where a model rank's busy time goes, from a py-spy raw profile of it.",
     )

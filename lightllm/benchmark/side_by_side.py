@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.server_process import ServerProcess
 from lightllm.utils.process_utils import free_port
@@ -188,7 +189,7 @@ def markdown_table(cases: Sequence[Case], runs: Sequence[Dict[str, object]]) -> 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.side_by_side", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True, help="checkpoint directory both engines serve")
     parser.add_argument("--cases", required=True, help="comma-separated PROMPTSxINPUTxOUTPUT, e.g. 64x128x64,8x1024x8")
     parser.add_argument("--engines", default="ours,vllm_every_core,vllm_default,ours",
@@ -199,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--peer_scripts", default=str(_REPO_ROOT.parent / "shared" / "peer"),
                         help="directory of serve_vllm.sh and stop_vllm.sh")
     parser.add_argument("--server_args", default="", help="extra flags for our server, one string")
-    parser.add_argument("--out", default="", help="also write every run's metrics here (JSON)")
+    parser.add_argument("--out", type=output_file, default=None, help="also write every run's metrics here (JSON)")
     args = parser.parse_args(argv)
     try:
         cases, engines = parse_cases(args.cases), parse_engines(args.engines)

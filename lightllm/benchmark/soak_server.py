@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
 from lightllm.benchmark.soak_report import render_markdown
 from lightllm.utils.envs_utils import idle_malloc_trim_seconds
@@ -75,37 +76,46 @@ def _bounded(name: str, low: int, high: int):
 
 def make_parser() -> argparse.ArgumentParser:
     """The script's argument parser."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.soak_server", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.benchmark.soak_server", description=__doc__.splitlines()[0])
     target = parser.add_argument_group("server")
     target.add_argument("--model_dir", default=None, help="start a server on this checkpoint (loopback, free port)")
     target.add_argument("--server-args", default="", help="extra flags for the started server, one shell-quoted string")
     target.add_argument("--base-url", default=None, help="target a running server instead (loopback only)")
     target.add_argument("--server-pid", type=int, default=None, help="main pid of the targeted server (for RSS)")
-    target.add_argument("--log-dir", default="soak_logs", help="where the started server's log goes")
+    target.add_argument("--log-dir", type=output_dir, default="soak_logs",
+                        help="where the started server's log goes (created if missing)")
     load = parser.add_argument_group("load")
-    load.add_argument("--rounds", type=_bounded("--rounds", 2, 20), default=3)
-    load.add_argument("--streams", type=_bounded("--streams", 0, MAX_CLIENTS), default=1000)
-    load.add_argument("--aborts", type=_bounded("--aborts", 0, MAX_CLIENTS), default=200)
-    load.add_argument("--abort-after-events", type=_bounded("--abort-after-events", 1, 10_000), default=2)
-    load.add_argument("--requests", type=_bounded("--requests", 0, 100_000), default=1000)
-    load.add_argument("--concurrency", type=_bounded("--concurrency", 1, MAX_CLIENTS), default=256)
+    load.add_argument("--rounds", type=_bounded("--rounds", 2, 20), default=3,
+                      help="rounds, 2 to 20; the first is the warm-up the others are compared with (default 3)")
+    load.add_argument("--streams", type=_bounded("--streams", 0, MAX_CLIENTS), default=1000,
+                      help="concurrent streaming completions per round, read to the end (default 1000)")
+    load.add_argument("--aborts", type=_bounded("--aborts", 0, MAX_CLIENTS), default=200,
+                      help="streams of the abort storm per round, whose clients disconnect early (default 200)")
+    load.add_argument("--abort-after-events", type=_bounded("--abort-after-events", 1, 10_000), default=2,
+                      help="events an abort-storm client reads before it disconnects (default 2)")
+    load.add_argument("--requests", type=_bounded("--requests", 0, 100_000), default=1000,
+                      help="non-streaming completions per round (default 1000)")
+    load.add_argument("--concurrency", type=_bounded("--concurrency", 1, MAX_CLIENTS), default=256,
+                      help="non-streaming completions in flight at once (default 256)")
     load.add_argument("--prompt-len", type=_bounded("--prompt-len", 1, 100_000), nargs=2, default=[8, 64],
                       metavar=("MIN", "MAX"), help="prompt lengths in tokens are drawn from [MIN, MAX]")
-    load.add_argument("--output-len", type=_bounded("--output-len", 1, 100_000), default=8)
+    load.add_argument("--output-len", type=_bounded("--output-len", 1, 100_000), default=8,
+                      help="max_tokens of the streams and the non-streaming completions (default 8)")
     load.add_argument("--abort-output-len", type=_bounded("--abort-output-len", 1, 100_000), default=256,
                       help="max_tokens of the abort storm's streams (long, so the disconnect lands mid-stream)")
     load.add_argument("--vocab", type=_bounded("--vocab", 6, 10_000_000), default=4096, help="prompt ids from [5, vocab)")
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
     bounds = parser.add_argument_group("bounds and output")
-    bounds.add_argument("--request-timeout-s", type=float, default=600.0)
+    bounds.add_argument("--request-timeout-s", type=float, default=600.0, help="seconds one request may take (default 600)")
     bounds.add_argument("--idle-timeout-s", type=float, default=300.0, help="most seconds to wait for the server to go idle")
     bounds.add_argument("--settle-s", type=float, default=None,
                         help="idle seconds before each memory sample; default: 3 past the idle heap trim "
                              "(LIGHTLLM_IDLE_MALLOC_TRIM as this process sees it), so samples compare trimmed heaps")
     bounds.add_argument("--max-seconds", type=float, default=3600.0, help="stop starting new rounds after this long")
     bounds.add_argument("--tolerance", type=float, default=0.05, help="allowed RSS growth, last round vs first")
-    bounds.add_argument("--output-json", default=None)
-    bounds.add_argument("--output-md", default=None)
+    # Checked while parsing: a soak takes minutes to lose at the end.
+    bounds.add_argument("--output-json", type=output_file, default=None, help="also write the report here (JSON)")
+    bounds.add_argument("--output-md", type=output_file, default=None, help="also write the report here (Markdown)")
     return parser
 
 
@@ -139,6 +149,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error("--settle-s and --tolerance must be >= 0")
     if args.streams + args.aborts + args.requests == 0:
         parser.error("nothing to send: --streams, --aborts and --requests are all 0")
+    try:
+        shlex.split(args.server_args)
+    except ValueError as exc:
+        parser.error(f"--server-args is not a valid shell-quoted string: {exc}")
+    # Checked here, not by the server it would start: that one's refusal is a start-up failure.
+    if args.model_dir is not None and not Path(args.model_dir, "config.json").is_file():
+        parser.error(f"--model_dir {args.model_dir!r} is not a local checkpoint directory (no config.json there)")
     return args
 
 
@@ -314,10 +331,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     server = None
     if args.model_dir is not None:
-        from lightllm.benchmark.server_process import ServerProcess
+        from lightllm.benchmark.server_process import ServerProcess, ServerStartError
 
         server_args = ["--model_dir", args.model_dir, *shlex.split(args.server_args)]
-        server = ServerProcess.start(server_args, Path(args.log_dir) / "soak_server.log")
+        try:
+            server = ServerProcess.start(server_args, Path(args.log_dir) / "soak_server.log")
+        except ServerStartError as exc:
+            # Its first line has the server's own refusal or names the log; nothing is left running.
+            print(f"error: {str(exc).splitlines()[0].rstrip(':')}", file=sys.stderr)
+            return 1
         base_url, root_pid = server.base_url, server.pid
     else:
         base_url, root_pid = args.base_url.rstrip("/"), args.server_pid

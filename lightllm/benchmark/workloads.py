@@ -76,6 +76,35 @@ class WorkloadConfig:
         return self.output_len if override is None else override
 
 
+# What each WorkloadConfig knob means, for the --help of the commands that expose them as flags.
+FIELD_HELP: dict[str, str] = {
+    "name": "workload generator",
+    "seed": "seed of the workload's arrivals and prompts",
+    "long_len": "prompt tokens of a long request",
+    "short_len": "prompt tokens of a short request (shared_prefix: the tokens after the shared prefix)",
+    "output_len": "output tokens of every request, unless a per-class length is given",
+    "long_output_len": "output tokens of a long request (default: --output-len)",
+    "short_output_len": "output tokens of a short request (default: --output-len)",
+    "long_count": "long_first: long requests in the first burst",
+    "short_count": "long_first: short requests in the second burst",
+    "long_spread_ms": "long_first: ms over which the long requests arrive; sustained: ms over which the "
+    "--initial-long-count long requests arrive",
+    "short_start_ms": "long_first: ms at which the short requests start arriving",
+    "short_spread_ms": "long_first: ms over which the short requests arrive",
+    "request_rate": "interleaved, sustained, shared_prefix: requests per second (> 0)",
+    "long_every": "interleaved: the first of every N requests is long",
+    "num_requests": "interleaved: requests in all",
+    "duration_s": "sustained, shared_prefix: seconds of arrivals",
+    "long_fraction": "sustained, shared_prefix: share of long (cold) requests, within [0, 1]",
+    "burstiness": "sustained: shape of the gamma-distributed gaps (1: Poisson; below 1 burstier)",
+    "initial_long_count": "sustained: long requests sent before the stream starts",
+    "stream_start_ms": "sustained: ms at which the stream starts",
+    "prefix_groups": "shared_prefix: few-shot templates",
+    "prefix_tokens": "shared_prefix: tokens of a template or of a chat's first turn",
+    "chat_turns": "shared_prefix: turns before a chat closes",
+}
+
+
 def _require_positive_int(name: str, value: int, allow_zero: bool = False) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")

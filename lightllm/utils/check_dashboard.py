@@ -11,7 +11,6 @@ Usage: ``python -m lightllm.utils.check_dashboard DASHBOARD.json URL_OR_FILE``
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from lightllm.utils.one_line_errors import OneLineErrorParser
 
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
 _LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)")
@@ -78,12 +79,29 @@ def dashboard_problems(dashboard: Dict[str, Any], exposition: str) -> List[str]:
     return problems
 
 
+def _read_dashboard(path: Path) -> Dict[str, Any]:
+    """The dashboard's JSON model; ValueError naming ``path`` when it cannot be read."""
+    try:
+        dashboard = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read dashboard {str(path)!r}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"dashboard {str(path)!r} is not JSON: {exc}") from None
+    if not isinstance(dashboard, dict):
+        raise ValueError(f"dashboard {str(path)!r} is not a JSON object (a Grafana dashboard model)")
+    return dashboard
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.utils.check_dashboard", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="python -m lightllm.utils.check_dashboard", description=__doc__.splitlines()[0])
     parser.add_argument("dashboard", type=Path, help="Grafana dashboard JSON model")
     parser.add_argument("metrics", help="a /metrics URL or a file with a Prometheus text exposition")
     args = parser.parse_args(argv)
+    try:  # read first: a missing dashboard is named before any server is asked
+        dashboard = _read_dashboard(args.dashboard)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.metrics.startswith(("http://", "https://")):
         import httpx
 
@@ -94,9 +112,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         try:
             exposition = Path(args.metrics).read_text()
-        except OSError as exc:
-            parser.error(f"cannot read metrics file {args.metrics}: {exc.strerror}")
-    problems = dashboard_problems(json.loads(args.dashboard.read_text()), exposition)
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"cannot read metrics file {args.metrics!r}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        problems = dashboard_problems(dashboard, exposition)
+    except ValueError as exc:  # prometheus_client's parser refuses a malformed exposition
+        parser.error(f"the metrics from {args.metrics} are not a Prometheus text exposition: {exc}")
     for problem in problems:
         print(problem, file=sys.stderr)
     if not problems:

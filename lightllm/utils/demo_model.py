@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, NoReturn, Optional
+from typing import List, Optional
 
 from safetensors.torch import save_file
 
@@ -47,6 +47,7 @@ from lightllm.utils.demo_model_config import (
 )
 from lightllm.utils.demo_tokenizer import SPECIAL_TOKENS, train_demo_tokenizer, write_tokenizer_files
 from lightllm.utils.demo_weights import init_demo_weights
+from lightllm.utils.one_line_errors import OneLineErrorParser
 
 MAX_SEED = 2**64 - 1  # torch.Generator seeds are unsigned 64-bit
 
@@ -102,16 +103,9 @@ def generate_demo_model(out_dir: str | Path, arch: str = "llama", size: str = "t
     return out
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Argument parser whose errors are a single ``prog: error: ...`` line, no usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser of ``python -m lightllm.utils.demo_model``."""
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog="python -m lightllm.utils.demo_model",
         description="Write a random-weight demo Llama/Qwen2 checkpoint with a locally trained tokenizer.",
         # One preset per line: the raw formatter keeps the epilog's line breaks.
@@ -134,7 +128,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     except OSError as exc:
-        parser.exit(1, f"{parser.prog}: error: cannot write {args.out}: {exc}\n")
+        parser.exit(1, f"error: cannot write {args.out}: {exc}\n")
     print(out)
     return 0
 

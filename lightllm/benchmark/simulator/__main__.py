@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
@@ -133,7 +134,7 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
 
 def build_parser() -> argparse.ArgumentParser:
     """The simulator's argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m lightllm.benchmark.simulator",
         description="Run the server's real scheduling code in virtual time with a step-cost model.",
     )
@@ -161,8 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--modes", help=f"comma-separated node kinds: {', '.join(MODES)} (default all; normal "
                         "with --soak-hours)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
-    parser.add_argument("--running-max-req-size", type=int, default=256, help="router's running request cap")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0)")
+    parser.add_argument(
+        "--running-max-req-size", type=int, default=256, help="router's running request cap (default 256)"
+    )
     add_overtake_bound_arguments(parser)
     parser.add_argument(
         "--mixed-batches",
@@ -170,8 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a normal node's decode rows inside its prefill forward, as the server does by default "
         "(off here: the H100 profile was fitted to the seed's engine, which runs them as two forwards)",
     )
-    parser.add_argument("--json", dest="json_path", help="also write the results as JSON here")
-    parser.add_argument("--markdown", dest="markdown_path", help="also write the Markdown report here")
+    # Checked while parsing: a run of every seed cell takes a while to lose at the end.
+    parser.add_argument("--json", dest="json_path", type=output_file, help="also write the results as JSON here")
+    parser.add_argument(
+        "--markdown", dest="markdown_path", type=output_file, help="also write the Markdown report here"
+    )
     soak = parser.add_argument_group("soak mode (replaces the scenario tables)")
     soak.add_argument("--soak-hours", type=float, help="simulate this many hours of sustained traffic per strategy")
     # The other soak flags default to None so that giving one without --soak-hours is noticed.
@@ -236,11 +242,7 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    for path in (args.markdown_path, args.json_path):
-        # Checked before the run: a run of every seed cell takes a while to lose at the end.
-        if path and not Path(path).resolve().parent.is_dir():
-            parser.error(f"the directory of {path!r} does not exist")
+    args = parser.parse_args(argv)  # the output paths are checked here, before the run
     try:
         markdown, document = run(args)
     except ValueError as exc:

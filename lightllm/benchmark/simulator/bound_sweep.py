@@ -11,9 +11,11 @@ default flags were chosen from this table (docs/EN/results.md, "Choosing the ove
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS
@@ -136,24 +138,63 @@ def _refuse_repeats(values: Sequence[object], flag: str) -> None:
         seen.append(value)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The bound sweep's argument parser."""
+    parser = OneLineErrorParser(
+        prog="python -m lightllm.benchmark.simulator.bound_sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--profile",
+        default="h100_qwen_0p8b",
+        help=f"bundled profile ({', '.join(available_profiles())}) or a profile JSON path (default h100_qwen_0p8b)",
+    )
+    parser.add_argument(
+        "--bases",
+        default=",".join(map(str, DEFAULT_BASES)),
+        help="comma list of the bound's base tokens (--prefill_max_overtake_tokens), each an integer >= 0 "
+        f"(default {','.join(map(str, DEFAULT_BASES))})",
+    )
+    parser.add_argument(
+        "--fractions",
+        default=",".join(map(str, DEFAULT_FRACTIONS)),
+        help="comma list of the bound's fractions (--prefill_overtake_fraction), each a number >= 0 "
+        f"(default {','.join(map(str, DEFAULT_FRACTIONS))})",
+    )
+    parser.add_argument(
+        "--cells",
+        default=",".join(f"{s}/{m}/{b}" for s, m, b in DEFAULT_CELLS),
+        help="comma list of cells to simulate, each scenario/mode/budget (default: the seed's headline cells)",
+    )
+    parser.add_argument(
+        "--strategies", default="hrrn,promote_shortest", help="comma list of strategies compared with default"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0)")
+    return parser
+
+
+def _bounds(bases: Sequence[int], fractions: Sequence[float]) -> List[OvertakeBoundSpec]:
+    """The bound off, then every (base, fraction) pair; a bad value raises ValueError naming its flag."""
+    for base in bases:
+        if base < 0:
+            raise ValueError(f"--bases takes integers >= 0; got {base}")
+    for fraction in fractions:
+        if not (math.isfinite(fraction) and fraction >= 0):
+            raise ValueError(f"--fractions takes finite numbers >= 0; got {fraction}")
+    return [OvertakeBoundSpec.off()] + [OvertakeBoundSpec(base, fraction) for base in bases for fraction in fractions]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
-    parser = argparse.ArgumentParser(prog="python -m lightllm.benchmark.simulator.bound_sweep", description=__doc__)
-    parser.add_argument("--profile", default="h100_qwen_0p8b", help=f"one of {', '.join(available_profiles())} or a path")
-    parser.add_argument("--bases", default=",".join(map(str, DEFAULT_BASES)), help="comma list of base tokens")
-    parser.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="comma list of fractions")
-    parser.add_argument(
-        "--cells", default=",".join(f"{s}/{m}/{b}" for s, m, b in DEFAULT_CELLS), help="scenario/mode/budget, comma list"
-    )
-    parser.add_argument("--strategies", default="hrrn,promote_shortest", help="comma list of strategies")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         bases = [_number(int, base, "--bases") for base in args.bases.split(",")]
         fractions = [_number(float, fraction, "--fractions") for fraction in args.fractions.split(",")]
         _refuse_repeats(bases, "--bases")
         _refuse_repeats(fractions, "--fractions")
-        bounds = [OvertakeBoundSpec.off()] + [OvertakeBoundSpec(base, fraction) for base in bases for fraction in fractions]
+        bounds = _bounds(bases, fractions)
         cells = _parse_cells(args.cells)
         profile = load_profile(args.profile)
         strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, List, Optional, Tuple
 
+from lightllm.benchmark.cli_args import argument_type
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv
@@ -20,20 +21,26 @@ def add_cell_arguments(parser: argparse.ArgumentParser, default_mode: str) -> No
         default="h100_qwen_0p8b",
         help=f"bundled profile ({', '.join(available_profiles())}) or a JSON path",
     )
-    parser.add_argument("--scenario", default="long_then_stream", help=f"one of {', '.join(SCENARIOS)}")
-    parser.add_argument("--mode", default=default_mode, help=f"node kind: {', '.join(MODES)}")
-    parser.add_argument("--budget", type=int, default=1024, help="batch_max_tokens = chunked_prefill_size")
+    parser.add_argument(
+        "--scenario", default="long_then_stream", help=f"one of {', '.join(SCENARIOS)} (default long_then_stream)"
+    )
+    parser.add_argument("--mode", default=default_mode, help=f"node kind: {', '.join(MODES)} (default {default_mode})")
+    parser.add_argument(
+        "--budget", type=int, default=1024, help="prefill budget: batch_max_tokens = chunked_prefill_size (default 1024)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
 
 
 def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, str, int]:
     """The profile, scenario, mode and budget the parsed flags name; a bad one raises ``ValueError``."""
     if args.scenario not in SCENARIOS:
-        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {args.scenario!r}")
+        raise ValueError(f"--scenario must be one of {', '.join(SCENARIOS)}; got {args.scenario!r}")
     if args.mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {args.mode!r}")
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}; got {args.mode!r}")
     if args.budget < 1:
-        raise ValueError(f"budget must be >= 1, got {args.budget}")
+        raise ValueError(f"--budget must be >= 1, got {args.budget}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     profile, scenario = load_profile(args.profile), SCENARIOS[args.scenario]
     try:
         check_fits_kv(profile, scenario.build(args.seed), f"scenario {scenario.name}")
@@ -60,6 +67,10 @@ def int_range(text: str) -> List[int]:
     if not values or min(values) < 0:
         raise ValueError(f"expected at least one integer >= 0, got {text!r}")
     return values
+
+
+# ``int_range`` as an argparse type: argparse names the flag in front of its message.
+int_range_arg = argument_type(int_range)
 
 
 def run_cell_command(

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range, run_cell_command
+from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.frontier import shorts_per_step
@@ -231,22 +233,31 @@ def _float_list(text: str) -> List[float]:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"expected a comma list of numbers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise ValueError(f"expected at least one number >= 0, got {text!r}")
+    if not values or not all(math.isfinite(value) and value >= 0 for value in values):
+        raise ValueError(f"expected at least one number >= 0 (finite), got {text!r}")
     return values
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The deadline sweep's argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m lightllm.benchmark.simulator.deadline_frontier",
         description="Serve every short prompt just in time for a TTFT target (clairvoyant): what the long "
         "prompts pay for it, with and without sparing the earliest short prompts.",
     )
     add_cell_arguments(parser, default_mode="1p1d")
-    parser.add_argument("--due-ms", default="2000,2050,2100", help="TTFT targets in ms (comma list)")
     parser.add_argument(
-        "--spared", default="0,47", help="earliest short prompts left first come: LOW-HIGH/STEP or a comma list"
+        "--due-ms",
+        type=argument_type(_float_list),
+        default="2000,2050,2100",
+        help="TTFT targets in ms: a comma list of numbers >= 0 (default 2000,2050,2100)",
+    )
+    parser.add_argument(
+        "--spared",
+        type=int_range_arg,
+        default="0,47",
+        help="earliest short prompts left first come: LOW-HIGH/STEP ranges or a comma list of integers >= 0 "
+        "(default 0,47)",
     )
     add_overtake_bound_arguments(parser)
     return parser
@@ -257,7 +268,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def sweep(args, profile, scenario, mode, budget, bound) -> str:
         points = deadline_frontier(
-            profile, scenario, mode, budget, _float_list(args.due_ms), int_range(args.spared),
+            profile, scenario, mode, budget, args.due_ms, args.spared,
             overtake_bound=bound, seed=args.seed,
         )
         return deadline_markdown(points)

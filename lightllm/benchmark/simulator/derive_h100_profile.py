@@ -19,6 +19,7 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.benchmark.simulator.runner import simulate_case
 from lightllm.benchmark.simulator.published import PUBLISHED_SEED_ABSOLUTE
@@ -196,10 +197,24 @@ def derive(command: str) -> CostProfile:
     return profile
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
+    parser = OneLineErrorParser(
+        prog="python -m lightllm.benchmark.simulator.derive_h100_profile", description=__doc__.split("\n\n")[0]
+    )
+    # Checked while parsing, before the derivation's simulations run.
+    parser.add_argument(
+        "--out",
+        type=output_file,
+        default=str(PROFILE_DIR / f"{PROFILE_NAME}.json"),
+        help=f"profile JSON to write (default: the bundled {PROFILE_NAME}.json)",
+    )
+    return parser
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(PROFILE_DIR / f"{PROFILE_NAME}.json"), help="profile JSON to write")
+    parser = build_parser()
     args = parser.parse_args(argv)
     command = "python -m lightllm.benchmark.simulator.derive_h100_profile"
     profile = derive(command)

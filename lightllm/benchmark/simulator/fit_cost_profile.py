@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, output_file
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.common.basemodel.batch_generator import BatchGenerator, CachedSequence
 from lightllm.models.registry import load_model
@@ -240,11 +241,24 @@ def measure(model_dir: Path, repeats: int, passes: int, clock: Callable[[], floa
     return [(column[0][0], column[0][1], min(sample[2] for sample in column)) for column in zip(*runs)]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """CLI entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(PROFILE_DIR / f"{PROFILE_NAME}.json"), help="profile JSON to write")
-    parser.add_argument("--model-dir", default=None, help="small demo checkpoint; generated into a temp dir if absent")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
+    parser = OneLineErrorParser(
+        prog="python -m lightllm.benchmark.simulator.fit_cost_profile", description=__doc__.split("\n\n")[0]
+    )
+    # Both checked while parsing: the measurement takes minutes to lose at the end.
+    parser.add_argument(
+        "--out",
+        type=output_file,
+        default=str(PROFILE_DIR / f"{PROFILE_NAME}.json"),
+        help=f"profile JSON to write (default: the bundled {PROFILE_NAME}.json)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=checkpoint_dir,
+        default=None,
+        help="small demo checkpoint (a directory with config.json); generated into a temp dir if absent",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (thread_cpu needs 1)")
     parser.add_argument(
         "--clock",
@@ -255,9 +269,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each point; the fastest is fitted")
     parser.add_argument("--passes", type=int, default=2, help="whole measurement passes; the fastest is fitted")
     parser.add_argument("--max-total-token-num", type=int, default=65536, help="KV capacity recorded in the profile")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """CLI entry point."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.threads < 1 or args.repeats < 1 or args.passes < 1:
         parser.error("--threads, --repeats and --passes must be >= 1")
+    if args.max_total_token_num < 1:
+        parser.error(f"--max-total-token-num must be >= 1, got {args.max_total_token_num}")
     if args.clock == "thread_cpu" and args.threads != 1:
         parser.error("--clock thread_cpu measures one thread; use --threads 1 or --clock wall")
     torch.set_num_threads(args.threads)

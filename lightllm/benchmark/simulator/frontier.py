@@ -28,7 +28,8 @@ import sys
 from typing import Dict, List, Optional, Sequence, Set, Union
 
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range, run_cell_command
+from lightllm.benchmark.cli_args import OneLineErrorParser
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
@@ -231,16 +232,25 @@ def _change_pct(got: Dict[str, Optional[float]], base: Dict[str, Optional[float]
 
 def build_parser() -> argparse.ArgumentParser:
     """The frontier sweep's argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m lightllm.benchmark.simulator.frontier",
         description="Sweep a clairvoyant family of orders (the earliest short prompts first) in one simulated "
         "cell: how much of hrrn's short-TTFT cut can any order keep within the 5% loss limit?",
     )
     add_cell_arguments(parser, default_mode="normal")
     parser.add_argument(
-        "--counts", default="40-140/10", help="short prompts served early: LOW-HIGH/STEP or a comma list"
+        "--counts",
+        type=int_range_arg,
+        default="40-140/10",
+        help="short prompts served early: LOW-HIGH/STEP ranges or a comma list of integers >= 0 (default 40-140/10)",
     )
-    parser.add_argument("--starts", default="0,16384,32768", help="processed prefill tokens before the first is served")
+    parser.add_argument(
+        "--starts",
+        type=int_range_arg,
+        default="0,16384,32768",
+        help="processed prefill tokens before the first is served: LOW-HIGH/STEP ranges or a comma list of "
+        "integers >= 0 (default 0,16384,32768)",
+    )
     add_overtake_bound_arguments(parser)
     return parser
 
@@ -250,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def sweep(args, profile, scenario, mode, budget, bound) -> str:
         points = frontier(
-            profile, scenario, mode, budget, int_range(args.counts), int_range(args.starts),
+            profile, scenario, mode, budget, args.counts, args.starts,
             overtake_bound=bound, seed=args.seed,
         )
         return frontier_markdown(points)

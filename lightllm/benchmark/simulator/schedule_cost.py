@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
     KV_VIEWS,
@@ -202,21 +203,27 @@ def markdown_table(rows: Sequence[CostRow]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, CostRow]]:
-    """Command line: print the tables (server layout first), optionally write the rows as JSON.
-
-    Returns the server-layout rows, then the engine-only ones; in the JSON file every row
-    carries its ``layout`` (``server`` or ``engine``).
-    """
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layout", choices=("both", "server", "engine"), default="both", help="default: both")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="waiting requests")
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
+    parser = OneLineErrorParser(
+        prog="python -m lightllm.benchmark.simulator.schedule_cost", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--layout", choices=("both", "server", "engine"), default="both",
+        help="server: waiting requests in the router, running ones in the engine; engine: every waiting "
+        "request inside the engine; both (default)",
+    )
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
+        help=f"waiting requests, one cell per size (default {' '.join(map(str, DEFAULT_SIZES))})",
+    )
     parser.add_argument(
         "--running",
         type=int,
         nargs="+",
         default=list(DEFAULT_RUNNING),
-        help="server layout: running requests (= --running_max_req_size)",
+        help="server layout: running requests (= --running_max_req_size), one cell per count "
+        f"(default {' '.join(map(str, DEFAULT_RUNNING))})",
     )
     parser.add_argument(
         "--kv-view",
@@ -226,15 +233,29 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
         help="server layout: the rank's own KV view with the radix prefix cache (radix, default: what a "
         "server runs), or the simulator's token count (count); both can be given",
     )
-    parser.add_argument("--strategies", nargs="+", choices=available_strategy_names(), help="default: all")
+    parser.add_argument(
+        "--strategies", nargs="+", choices=available_strategy_names(),
+        help="prefill-queue strategies to measure (default: all registered)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="engine-only: timed steps per cell (median)")
     parser.add_argument("--warmup", type=int, default=2, help="engine-only: untimed steps first")
     parser.add_argument("--server-repeats", type=int, default=30, help="server layout: timed steps per cell")
     parser.add_argument(
         "--server-warmup", type=int, default=1500, help="server layout: steps run before timing (to a steady state)"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", dest="json_path", help="also write the rows to this file")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated requests (default 0)")
+    # Checked while parsing: the measurement takes about a minute to lose at the end.
+    parser.add_argument("--json", dest="json_path", type=output_file, help="also write the rows to this file (JSON)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, CostRow]]:
+    """Command line: print the tables (server layout first), optionally write the rows as JSON.
+
+    Returns the server-layout rows, then the engine-only ones; in the JSON file every row
+    carries its ``layout`` (``server`` or ``engine``).
+    """
+    parser = build_parser()
     args = parser.parse_args(argv)
     if any(size < 0 for size in args.sizes):
         parser.error("--sizes must be >= 0")
@@ -242,6 +263,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
         parser.error("--running must be >= 1")
     if args.server_repeats < 1 or args.server_warmup < 0:
         parser.error("--server-repeats must be >= 1 and --server-warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be >= 1 and --warmup >= 0")
     # As every server process does once it has started (``gc_tuning``): the objects that exist by
     # now leave the collector's full scans, so a step's max is not one scan of every module.
     freeze_startup_objects()

@@ -13,7 +13,8 @@ from typing import Iterable, List, Optional, Sequence
 
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.launch.http_flags import add_http_flags
-from lightllm.server.launch.one_line_parser import OneLineErrorParser, finite_float
+from lightllm.server.launch.one_line_parser import OneLineErrorParser
+from lightllm.utils.one_line_errors import finite_float
 from lightllm.server.launch.pd_flags import add_pd_flags
 from lightllm.server.run_mode import RUN_MODES
 

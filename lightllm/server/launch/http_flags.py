@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from lightllm.server.launch.one_line_parser import finite_float
+from lightllm.utils.one_line_errors import finite_float
 
 
 def add_http_flags(parser: argparse.ArgumentParser) -> None:

@@ -2,15 +2,15 @@
 
 Users arrive from LightLLM and vLLM with their launch lines; a flag this server does not have is
 refused (never guessed from a prefix), and where it has an equivalent the refusal names it.
-Every float flag is parsed by :func:`finite_float`.
+Every float flag is parsed by :func:`~lightllm.utils.one_line_errors.finite_float`.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
 import re
-from typing import Dict, List, NoReturn
+from typing import Dict, List
+
+from lightllm.utils.one_line_errors import OneLineErrorParser as BaseOneLineErrorParser
 
 # Flag -> what to use instead (or why there is nothing to use).
 FOREIGN_FLAG_HINTS: Dict[str, str] = {
@@ -57,30 +57,10 @@ def unknown_flag_hints(message: str) -> List[str]:
     return hints
 
 
-class OneLineErrorParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line: ``error: <argparse's message>``.
+class OneLineErrorParser(BaseOneLineErrorParser):
+    """The project's one-line parser (:mod:`lightllm.utils.one_line_errors`) that also names this
+    server's equivalent of an unknown flag that LightLLM or vLLM has."""
 
-    argparse prints the whole usage block (dozens of flags) before its message; the server's other
-    refusals are one line naming the flag (docs/*/failure_handling.md), and an operator scanning a
-    log should not have to find the message under the usage.  ``--help`` still prints everything.
-    """
-
-    def error(self, message: str) -> "NoReturn":
-        """Print ``error: message`` on one line and exit 2, as argparse's usage errors do.
-
-        An unknown flag that LightLLM or vLLM has gets this server's equivalent named.
-        """
-        hints = unknown_flag_hints(message)
-        why = f" ({'; '.join(hints)})" if hints else ""
-        self.exit(2, f"error: {' '.join(message.split())}{why} (--help lists the flags)\n")
-
-
-def finite_float(text: str) -> float:
-    """argparse type of every float flag: nan and inf would pass range checks written as comparisons."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
+    def hints(self, message: str) -> List[str]:
+        """``flag: what to use instead`` for each unknown LightLLM or vLLM flag in ``message``."""
+        return unknown_flag_hints(message)

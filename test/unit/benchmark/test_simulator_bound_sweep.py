@@ -30,8 +30,8 @@ def test_sweep_reports_every_bound_strategy_and_cell() -> None:
         (["--cells", "nope/normal/1024"], "cell scenario must be one of"),
         (["--cells", "sustained/1p1d"], "a cell is scenario/mode/budget"),
         (["--cells", "sustained/2p2d/1024"], "cell mode must be one of"),
-        (["--bases", "-1"], "prefill_max_overtake_tokens"),
-        (["--fractions", "nan"], "prefill_overtake_fraction"),
+        (["--bases", "-1"], "--bases takes integers >= 0"),
+        (["--fractions", "nan"], "--fractions takes finite numbers >= 0"),
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(argv, message, capsys) -> None:

@@ -114,7 +114,7 @@ def test_markdown_lists_every_row() -> None:
         (["--scenario", "nope"], "scenario must be one of"),
         (["--mode", "2p2d"], "mode must be one of"),
         (["--budget", "0"], "budget must be >= 1"),
-        (["--prefill-overtake-fraction", "inf"], "prefill_overtake_fraction"),
+        (["--prefill-overtake-fraction", "inf"], "--prefill-overtake-fraction"),
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(argv, message, capsys) -> None:

@@ -115,8 +115,8 @@ def test_best_member_and_verdicts() -> None:
         (["--scenario", "nope"], "scenario must be one of"),
         (["--mode", "2p2d"], "mode must be one of"),
         (["--budget", "0"], "budget must be >= 1"),
-        (["--prefill-max-overtake-tokens", "-1"], "prefill_max_overtake_tokens"),
-        (["--prefill-overtake-fraction", "inf"], "prefill_overtake_fraction"),
+        (["--prefill-max-overtake-tokens", "-1"], "--prefill-max-overtake-tokens"),
+        (["--prefill-overtake-fraction", "inf"], "--prefill-overtake-fraction"),
     ],
 )
 def test_cli_refuses_bad_arguments_in_one_line(argv, message, capsys) -> None:

@@ -21,18 +21,20 @@ from lightllm.benchmark.soak_server import parse_args
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS
 
 
-def test_defaults_describe_the_documented_soak(monkeypatch):
+def test_defaults_describe_the_documented_soak(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # --model_dir must be a checkpoint directory
+    model = ["--model_dir", str(tmp_path)]
     monkeypatch.delenv("LIGHTLLM_IDLE_MALLOC_TRIM", raising=False)
-    args = parse_args(["--model_dir", "/tmp/x"])
+    args = parse_args(model)
     assert (args.rounds, args.streams, args.requests, args.tolerance) == (3, 1000, 1000, 0.05)
     assert args.prompt_len == [8, 64]
     # Memory is sampled after the ranks' idle heap trim, whatever its delay.
     assert args.settle_s == DEFAULT_IDLE_MALLOC_TRIM_SECONDS + 3
     monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "2")
-    assert parse_args(["--model_dir", "/tmp/x"]).settle_s == 5
+    assert parse_args(model).settle_s == 5
     monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "0")  # never trims: nothing to wait for
-    assert parse_args(["--model_dir", "/tmp/x"]).settle_s == 3
-    assert parse_args(["--model_dir", "/tmp/x", "--settle-s", "1"]).settle_s == 1
+    assert parse_args(model).settle_s == 3
+    assert parse_args([*model, "--settle-s", "1"]).settle_s == 1
 
 
 @pytest.mark.parametrize(
