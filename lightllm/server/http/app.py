@@ -146,10 +146,12 @@ class NativeEndpoints:
                 "special": event.token_id < 0 or event.token_id in self._special_ids}
 
     @staticmethod
-    def _top_logprobs(event: Any) -> dict[int, Any] | None:
-        """``{token_id: logprob}`` of the token's alternatives (``parameters.logprobs``), None without."""
+    def _top_logprobs(event: Any, asked: bool) -> dict[int, Any] | None:
+        """``{token_id: logprob}`` of the token's ``parameters.logprobs`` alternatives (``{}`` for 0), None unasked."""
         top = event.top_logprobs
-        return None if top is None else {token_id: json_logprob(value) for token_id, value in top.items()}
+        if top is None:
+            return {} if asked else None
+        return {token_id: json_logprob(value) for token_id, value in top.items()}
 
     @staticmethod
     def _counts(event: Any) -> dict[str, Any]:
@@ -164,7 +166,8 @@ class NativeEndpoints:
         if parameters.candidates > parameters.n:
             collected, jobs = best_choices(collected, jobs, parameters.n)
         choices = [collected[index] for index in sorted(collected)]
-        answers = [self._answer(events, parameters.return_details) for events in choices]
+        answers = [self._answer(events, parameters.return_details, parameters.logprobs is not None)
+                   for events in choices]
         if len(answers) == 1:
             return JSONResponse(answers[0])
         # n > 1: LightLLM's shape, one list entry per choice.
@@ -180,7 +183,7 @@ class NativeEndpoints:
             merged["details"] = [answer["details"] for answer in answers]
         return JSONResponse(merged)
 
-    def _answer(self, events: list[Any], return_details: bool) -> dict[str, Any]:
+    def _answer(self, events: list[Any], return_details: bool, asked_top: bool) -> dict[str, Any]:
         """One choice's /generate answer; with details, ``tokens`` at the top level as LightLLM has it."""
         last = events[-1]
         answer: dict[str, Any] = {
@@ -194,7 +197,7 @@ class NativeEndpoints:
             tokens = []
             # A negative token id marks a finish event that carries no token.
             for event in (event for event in events if event.token_id >= 0):
-                tokens.append({**self._token(event), "top_logprobs": self._top_logprobs(event)})
+                tokens.append({**self._token(event), "top_logprobs": self._top_logprobs(event, asked_top)})
             answer["tokens"] = tokens
             answer["details"] = {**self._counts(last), "finish_reason": answer["finish_reason"], "tokens": tokens}
         return answer
@@ -214,7 +217,7 @@ class NativeEndpoints:
                 token = {**self._token(event), "count_output_tokens": event.completion_tokens,
                          "prompt_tokens": event.prompt_tokens}
                 if body.parameters.logprobs is not None:
-                    token["top_logprobs"] = self._top_logprobs(event)
+                    token["top_logprobs"] = self._top_logprobs(event, True)
                 yield sse({"token": token, "generated_text": "".join(pieces) if finished else None,
                            "finished": finished, "finish_reason": event.finish_reason, "details": details})
         except APIError as error:

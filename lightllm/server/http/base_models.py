@@ -9,6 +9,10 @@ round-trips through a float) write integers that way, and vLLM's lax pydantic mo
 :class:`~lightllm.server.http.errors.APIError` with ``param`` set to the dotted field path
 (``messages.0.role``, ``parameters.top_p``).
 
+A :class:`NullMeansAbsent` model reads ``"field": null`` as the field left out, on every known
+field (OpenAI's SDKs and many clients send explicit nulls, and so do LightLLM clients built on
+``dict`` defaults); an unknown field is still refused whatever its value.
+
 The schemas themselves are in :mod:`lightllm.server.http.openai_models` and
 :mod:`lightllm.server.http.native_models`; the checks that need the served model (vocabulary,
 context length) are in :mod:`lightllm.server.http.planning`.
@@ -103,6 +107,36 @@ class StrictModel(BaseModel):
 
     def check_consistency(self) -> None:
         """Cross-field checks that pydantic field validators cannot name a param for."""
+
+
+def _nullable_optional_properties(schema: dict[str, Any]) -> None:
+    """Mark every optional property nullable: the models drop null fields before validating."""
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required:
+            continue
+        options = prop.get("anyOf")
+        if options is not None:
+            if {"type": "null"} not in options:
+                options.append({"type": "null"})
+            continue
+        meta = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
+        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
+
+
+class NullMeansAbsent(StrictModel):
+    """A strict request model where ``"field": null`` is the same as leaving the field out."""
+
+    model_config = ConfigDict(json_schema_extra=_nullable_optional_properties)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        # Only known fields: an unknown one must still reach extra="forbid" and be refused,
+        # whatever its value (a null "foo" is as much a client's mistake as "foo": false).
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
+        return data
 
 
 def _normalize_stop(value: Any, limit: int, name: str) -> list[str]:

@@ -1,7 +1,8 @@
 """Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints.
 
 Strict like every request schema (:class:`~lightllm.server.http.base_models.StrictModel`: no coercion,
-unknown keys rejected with a 400 naming them), with LightLLM's own parameter names and defaults.
+unknown keys rejected with a 400 naming them), with LightLLM's own parameter names and defaults;
+``null`` is the same as leaving a field out, on every field (as on the OpenAI endpoints).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
-                                              stored_bounds)
+from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, NullMeansAbsent, integral,
+                                              stop_validator, stored_bounds)
 
 
 INT32_MAX = 2**31 - 1
@@ -24,7 +25,7 @@ _MULTIMODAL_KEYS = frozenset({"images", "audios"})
 _CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
 
 
-class NativeParameters(StrictModel):
+class NativeParameters(NullMeansAbsent):
     """``parameters`` of LightLLM's ``/generate`` and ``/generate_stream``.
 
     Names follow SamplingParams; range checks happen there. ``logprobs`` is the number of
@@ -109,7 +110,7 @@ class NativeParameters(StrictModel):
         return fields
 
 
-class NativeGenerateRequest(StrictModel):
+class NativeGenerateRequest(NullMeansAbsent):
     """Body of ``/generate`` and ``/generate_stream``.
 
     ``high_priority_request`` is the router admission flag; inference-side priority is

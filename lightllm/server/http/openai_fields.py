@@ -24,11 +24,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from lightllm.common.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, STORED_DTYPES
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import StrictModel
+from lightllm.server.http.base_models import NullMeansAbsent, StrictModel
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
 
 MAX_METADATA_PAIRS = 16
@@ -40,36 +40,6 @@ MAX_DOCUMENTS = 64
 ACCEPTED_SERVICE_TIERS = ("auto", "default")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 _INT32_MAX = int(np.iinfo(STORED_DTYPES["max_new_tokens"]).max)
-
-
-def _nullable_optional_properties(schema: dict[str, Any]) -> None:
-    """Mark every optional property nullable: the models drop null fields before validating."""
-    required = set(schema.get("required", ()))
-    for name, prop in schema.get("properties", {}).items():
-        if name in required:
-            continue
-        options = prop.get("anyOf")
-        if options is not None:
-            if {"type": "null"} not in options:
-                options.append({"type": "null"})
-            continue
-        meta = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
-        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
-
-
-class NullMeansAbsent(StrictModel):
-    """A strict request model where ``"field": null`` is the same as leaving the field out."""
-
-    model_config = ConfigDict(json_schema_extra=_nullable_optional_properties)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
-        # Only known fields: an unknown one must still reach extra="forbid" and be refused,
-        # whatever its value (a null "foo" is as much a client's mistake as "foo": false).
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
-        return data
 
 
 class PredictionContent(StrictModel):

@@ -13,7 +13,8 @@ from pydantic import Field, field_validator
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
                                               stored_bounds)
-from lightllm.server.http.openai_fields import ChatTemplateFields, NullMeansAbsent, OpenAIPlatformFields
+from lightllm.server.http.base_models import NullMeansAbsent
+from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (UNSUPPORTED_VLLM_FIELDS, chat_echo_text, check_chat_echo,
                                                    check_spaces_between_special_tokens)
 from lightllm.server.http.tool_calls.request import check_message_tool_calls, check_tool_messages, template_tool_calls

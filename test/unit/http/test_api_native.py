@@ -88,6 +88,11 @@ def test_native_logprobs_are_reported_or_refused(client: TestClient, manager: Fa
     assert events[0]["token"]["top_logprobs"] == {"20": -0.5}
     assert_error(client.post("/generate", json=body), 400, "parameters.logprobs")
     assert len(manager.calls) == 1
+    # logprobs 0 asks for no alternatives: an empty object, as documented ("with N entries").
+    none = {"inputs": "hello", "parameters": {"max_new_tokens": 2, "logprobs": 0}}
+    assert [event["token"]["top_logprobs"] for event in sse_events(client.post("/generate_stream", json=none))] == [{}, {}]
+    details = client.post("/generate", json={**none, "parameters": {**none["parameters"], "return_details": True}}).json()
+    assert [token["top_logprobs"] for token in details["tokens"]] == [{}, {}]
 
 
 def test_high_priority_request_reaches_manager(manager: FakeManager) -> None:
@@ -166,3 +171,19 @@ def test_native_lightllm_parameters(client: TestClient, manager: FakeManager) ->
     assert single["tokens"] == single["details"]["tokens"] and len(single["tokens"]) == 3
     streamed = client.post("/generate_stream", json={"inputs": "hi", "parameters": {"n": 2}})
     assert_error(streamed, 400, "parameters.n")
+
+
+def test_null_is_the_same_as_leaving_a_native_field_out(client: TestClient, manager: FakeManager) -> None:
+    """Every parameter, as on the OpenAI endpoints (some were refused, others accepted)."""
+    from lightllm.server.http.native_models import NativeParameters
+
+    names = sorted(NativeParameters.model_fields)
+    absent = client.post("/generate", json={"inputs": "hello", "parameters": {}})
+    assert absent.status_code == 200
+    reply = client.post("/generate", json={"inputs": "hello", "parameters": {name: None for name in names},
+                                           "multimodal_params": None})
+    assert reply.status_code == 200, reply.text
+    assert manager.calls[-1].params == manager.calls[-2].params
+    assert client.post("/generate", json={"inputs": "hello", "parameters": None}).status_code == 200
+    assert_error(client.post("/generate", json={"inputs": "hello", "parameters": {"no_such_field": None}}), 400,
+                 "parameters.no_such_field")
