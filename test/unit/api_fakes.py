@@ -71,6 +71,7 @@ class FakeManager:
         self.tokenizer = FakeTokenizer()
         self.generation_defaults = GenerationDefaults()
         self.reply_len = 3
+        self.step_seconds = 0.0  # how long each token takes
         self.cached_tokens = 2
         self.token_logprob = -0.5
         self.failure: str | None = None
@@ -118,7 +119,7 @@ class FakeManager:
             raise RuntimeError("secret internal detail")
         count = min(params.max_new_tokens, self.reply_len)
         for i in range(count):
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.step_seconds)
             if self.failure == "mid_stream" and i == 1:
                 raise RuntimeError("lost the detokenizer")
             last = i == count - 1

@@ -76,6 +76,8 @@ class HeadLimitedConnection(h11.Connection):
         super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self._head = bytearray()  # the start of the next request head, at most MAX_HEAD_BYTES + 1 bytes
         self._searched = 0  # bytes of _head already searched for the head's end
+        # True once bytes arrived after a complete request the client ended with Connection: close.
+        self.data_after_close = False
 
     def receive_data(self, data: bytes) -> None:
         """Feed bytes from the socket (``b""`` at end of input)."""
@@ -95,7 +97,13 @@ class HeadLimitedConnection(h11.Connection):
         if self.their_state is h11.IDLE and self._head_too_large():
             # uvicorn answers a RemoteProtocolError with its 400 (GuardedH11Protocol.send_400_response).
             raise h11.RemoteProtocolError(f"request head larger than {MAX_HEAD_BYTES} bytes", error_status_hint=431)
-        event = super().next_event()
+        state = self.their_state
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError:
+            # h11 refuses bytes after a request sent with Connection: close (it expects EOF).
+            self.data_after_close = state is h11.MUST_CLOSE
+            raise
         if isinstance(event, h11.Request):
             self._head.clear()
             self._searched = 0
@@ -156,6 +164,7 @@ class GuardedH11Protocol(H11Protocol):
         self._linger_timer: Optional[asyncio.TimerHandle] = None
         self.lingering = False
         self._lost = False
+        self._ignore_input = False
 
     # ------------------------------------------------------------------ connection life
 
@@ -176,8 +185,8 @@ class GuardedH11Protocol(H11Protocol):
             self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
-        if self.lingering:
-            return  # input after a final answer is read only so the client sees that answer
+        if self.lingering or self._ignore_input:
+            return  # input after a final answer, or after a request that said close, is not read
         super().data_received(data)
         if self.conn.their_state is h11.IDLE:
             self._arm_head_timer()
@@ -222,6 +231,12 @@ class GuardedH11Protocol(H11Protocol):
         super().shutdown()
 
     def send_400_response(self, msg: str) -> None:
+        if self.conn.data_after_close:
+            # The request before them is complete and its answer is owed: a 400 here went out in
+            # its place (the generation ran, its client never saw it).  RFC 9112 section 9.6: the
+            # server does not read past a request that said close.
+            self._ignore_input = True
+            return
         body = json.dumps(error_body(
             "Invalid HTTP request: malformed, or its head is larger than 16 KiB", INVALID_REQUEST, None,
             "invalid_http_request")).encode("utf-8")

@@ -8,6 +8,7 @@ and uvicorn's own 400 in JSON.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import select
@@ -31,12 +32,13 @@ LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout=0.6, body_timeout=0
                     max_connections=12)
 
 
-@pytest.fixture(scope="module")
-def server_url() -> Iterator[str]:
+@contextlib.contextmanager
+def _serving(manager: FakeManager, limits: HttpLimits) -> Iterator[str]:
+    """A real uvicorn server of the app around ``manager`` on a free loopback port; yields its URL."""
     port = free_port()
-    app = create_app(FakeManager(), HttpServerOptions(limits=LIMITS))
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=guarded_protocol_class(LIMITS),
-                            timeout_keep_alive=LIMITS.keep_alive_timeout)
+    config = uvicorn.Config(create_app(manager, HttpServerOptions(limits=limits)), host="127.0.0.1", port=port,
+                            log_level="error", http=guarded_protocol_class(limits),
+                            timeout_keep_alive=limits.keep_alive_timeout)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -44,9 +46,17 @@ def server_url() -> Iterator[str]:
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    with _serving(FakeManager(), LIMITS) as url:
+        yield url
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -230,21 +240,9 @@ def test_a_body_framed_twice_is_refused_and_the_connection_closed(server_url: st
 @pytest.fixture(scope="module")
 def short_keep_alive_url() -> Iterator[str]:
     """A server whose idle keep-alive timeout is shorter than its request-head deadline."""
-    limits = HttpLimits(header_timeout=1.5, body_timeout=1.5, keep_alive_timeout=0.3, max_connections=12)
-    port = free_port()
-    config = uvicorn.Config(create_app(FakeManager(), HttpServerOptions(limits=limits)), host="127.0.0.1", port=port,
-                            log_level="error", http=guarded_protocol_class(limits),
-                            timeout_keep_alive=limits.keep_alive_timeout)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with _serving(FakeManager(), HttpLimits(header_timeout=1.5, body_timeout=1.5, keep_alive_timeout=0.3,
+                                            max_connections=12)) as url:
+        yield url
 
 
 def test_a_pipelined_head_left_unfinished_gets_its_408(short_keep_alive_url: str) -> None:
@@ -254,3 +252,29 @@ def test_a_pipelined_head_left_unfinished_gets_its_408(short_keep_alive_url: str
         raw = _read_until_closed(sock, 10)
     first, _, second = raw.partition(b"HTTP/1.1 408")
     assert first.startswith(b"HTTP/1.1 200") and b"request_timeout" in second
+
+
+def test_bytes_after_a_request_that_said_close_do_not_replace_its_answer() -> None:
+    """h11 refuses input after such a request; uvicorn answered 400 in place of the owed 200 (the
+    generation, a few tokens of 0.1 s here, still ran)."""
+    manager = FakeManager()
+    manager.step_seconds = 0.1
+    with _serving(manager, LIMITS) as url:
+        _check_bytes_after_close(url)
+
+
+def _check_bytes_after_close(server_url: str) -> None:
+    body = json.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 2}}).encode()
+    head = (f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    for trailer in (b"\r\n", b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", b"junk"):
+        for together in (True, False):
+            with socket.create_connection(_address(server_url)) as sock:
+                if together:
+                    sock.sendall(head + body + trailer)
+                else:
+                    sock.sendall(head + body)
+                    time.sleep(0.02)
+                    sock.sendall(trailer)
+                raw = _read_until_closed(sock, 10)
+            assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1 ") == 1, (trailer, together, raw[:200])
