@@ -90,13 +90,19 @@ def test_large_prompts_do_not_stall_health(server):
     with HealthPoller(server.url) as poller:
         # Over the character bound: refused from its length alone, never tokenized.
         huge = httpx.post(f"{server.url}/generate", json={"inputs": "hello world " * 500_000}, headers=_auth(), timeout=120)
-        # Under the bound but far over the context: tokenized (seconds of work) in a worker thread.
+        # Under the bound but far over the context: refused from a prefix, not tokenized whole.
         long = httpx.post(f"{server.url}/generate", json={"inputs": "hello world " * 80_000}, headers=_auth(), timeout=120)
+        # Kept to its end (truncate_prompt_tokens): tokenized whole (seconds of work) in a worker thread.
+        kept = httpx.post(f"{server.url}/v1/completions", json={
+            "model": server.model_name, "prompt": "hello world " * 80_000, "truncate_prompt_tokens": 16, "max_tokens": 1,
+        }, headers=_auth(), timeout=120)
     error = huge.json()["error"]
     assert huge.status_code == 400 and error["param"] == "inputs" and error["code"] == "context_length_exceeded"
     assert "6000000 characters" in error["message"]
     error = long.json()["error"]
-    assert long.status_code == 400 and error["code"] == "context_length_exceeded" and "characters" not in error["message"]
+    assert long.status_code == 400 and error["code"] == "context_length_exceeded"
+    assert "characters alone are" in error["message"]
+    assert kept.status_code == 200 and kept.json()["usage"]["prompt_tokens"] == 16
     assert len(poller.latencies) >= 5 and set(poller.statuses) == {200}
     assert max(poller.latencies) < 1.0, max(poller.latencies)
 
