@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional
@@ -21,7 +22,7 @@ from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "finite_float", "non_negative_float", "non_negative_int",
-    "output_dir", "output_file", "output_file_in_new_dirs",
+    "output_dir", "output_file", "output_file_in_new_dirs", "positive_float", "shell_words",
 ]
 
 
@@ -42,6 +43,23 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def shell_words(text: str) -> str:
+    """Flags given as one shell-quoted string (split later with ``shlex.split``); refused when unbalanced."""
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid shell-quoted string: {exc}") from None
+    return text
 
 
 def argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
@@ -132,7 +150,7 @@ def output_dir(text: str) -> str:
 
 
 def checkpoint_dir(text: str) -> str:
-    """A local checkpoint directory: one with a ``config.json``."""
+    """A local checkpoint directory: one with a ``config.json`` (checked before any server starts)."""
     if not Path(text, "config.json").is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is not a local checkpoint directory (no config.json there)")
     return text

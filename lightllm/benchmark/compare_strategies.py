@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
-from lightllm.benchmark.cli_args import OneLineErrorParser
+from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir
 from lightllm.benchmark.comparison_options import (
     DEFAULT_KV_TOKENS,
     DEFAULT_STRATEGIES,
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Command-line interface of ``python -m lightllm.benchmark.compare_strategies``."""
     p = OneLineErrorParser(prog="python -m lightllm.benchmark.compare_strategies", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", required=True, help="local checkpoint directory (also the tokenizer)")
+    p.add_argument("--model_dir", required=True, type=checkpoint_dir, help="local checkpoint directory (also the tokenizer)")
     p.add_argument(
         "--workload", required=True,
         help=f"workload name(s), comma-separated, from {sorted(WORKLOADS)}; the flags below apply to all",

@@ -42,6 +42,8 @@ def check_out_dir(path: str) -> None:
     Raises:
         ValueError: naming ``--out-dir`` and the reason.
     """
+    if not path:
+        raise ValueError("--out-dir must name a directory, got ''")
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

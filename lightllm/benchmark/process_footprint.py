@@ -18,7 +18,6 @@ start-up cost is at least that of the ``main`` row.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -35,7 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file_in_new_dirs
+from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, output_file_in_new_dirs, positive_float,
+                                         shell_words)
 from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
 
 # Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
@@ -337,14 +337,15 @@ def markdown_report(result: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.process_footprint", description=__doc__.splitlines()[0])
-    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--model_dir", required=True, type=checkpoint_dir, help="local checkpoint directory to serve")
     parser.add_argument("--out", type=output_file_in_new_dirs,
                         help="JSON result file (missing directories are created); the markdown goes next to it as .md")
     parser.add_argument("--repeats", type=int, default=3, help="fresh interpreters per import timing")
     parser.add_argument("--launches", type=int, default=1, help="server launches (time to ready per launch)")
-    parser.add_argument("--server_args", default=DEFAULT_SERVER_ARGS, help="extra api_server flags, one string")
-    parser.add_argument("--timeout_s", type=float, default=300.0, help="start-up limit per launch")
-    parser.add_argument("--skip_imports", action="store_true")
+    parser.add_argument("--server_args", type=shell_words, default=DEFAULT_SERVER_ARGS,
+                        help="extra api_server flags, one shell-quoted string")
+    parser.add_argument("--timeout_s", type=positive_float, default=300.0, help="start-up limit per launch, seconds")
+    parser.add_argument("--skip_imports", action="store_true", help="measure the server only, not the import costs")
     parser.add_argument("--entry", action="append", default=[], metavar="LABEL=MODULE",
                         help="override or add an ENTRY_MODULES item for this run (repeatable)")
     args = parser.parse_args(argv)

@@ -21,10 +21,10 @@ no case uses.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, shell_words
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.server_process import ServerProcess
 from lightllm.utils.process_utils import free_port
@@ -199,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="where setup_vllm_cpu.sh put vLLM's virtual environment")
     parser.add_argument("--peer_scripts", default=str(_REPO_ROOT.parent / "shared" / "peer"),
                         help="directory of serve_vllm.sh and stop_vllm.sh")
-    parser.add_argument("--server_args", default="", help="extra flags for our server, one string")
+    parser.add_argument("--server_args", type=shell_words, default="", help="extra flags for our server, one shell-quoted string")
     parser.add_argument("--out", type=output_file, default=None, help="also write every run's metrics here (JSON)")
     args = parser.parse_args(argv)
     try:
@@ -221,7 +221,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for index, engine in enumerate(engines):
             started = time.strftime("%H:%M:%S")
             try:
-                with EngineServer(engine, model_dir, Path(args.peer_dir), scripts, args.server_args.split(),
+                with EngineServer(engine, model_dir, Path(args.peer_dir), scripts, shlex.split(args.server_args),
                                   work_dir) as server:
                     results = run_engine(server, cases, args.seed, vllm_bin, work_dir, index)
             except (RuntimeError, subprocess.CalledProcessError) as error:

@@ -149,6 +149,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error("--settle-s and --tolerance must be >= 0")
     if args.streams + args.aborts + args.requests == 0:
         parser.error("nothing to send: --streams, --aborts and --requests are all 0")
+    if args.server_pid is not None and (args.server_pid < 1 or not Path(f"/proc/{args.server_pid}").exists()):
+        parser.error(f"--server-pid {args.server_pid} is not a running process")
     try:
         shlex.split(args.server_args)
     except ValueError as exc:
@@ -346,6 +348,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         report = asyncio.run(soak(base_url, root_pid, args))
         report["server_alive_after"] = server.is_alive() if server else True
+    except httpx.TransportError as exc:
+        # The server cannot be reached (or went away): one line, as for every refusal.
+        print(f"error: cannot reach the server at {base_url}: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
     finally:
         if server is not None:
             server.stop()

@@ -103,6 +103,13 @@ def generate_demo_model(out_dir: str | Path, arch: str = "llama", size: str = "t
     return out
 
 
+def _directory_name(text: str) -> str:
+    # An empty name would write the checkpoint's files into the current directory.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a directory, got ''")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser of ``python -m lightllm.utils.demo_model``."""
     parser = OneLineErrorParser(
@@ -112,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="size presets (all GQA):\n" + "\n".join(f"  {describe_size(name)}" for name in SIZES),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", required=True, help="directory to write the checkpoint into")
+    parser.add_argument("--out", required=True, type=_directory_name, help="directory to write the checkpoint into")
     parser.add_argument("--arch", default="llama", choices=sorted(ARCHITECTURES), help="model architecture")
     parser.add_argument("--size", default="tiny", choices=list(SIZES), help="size preset (default tiny; listed below)")
     parser.add_argument("--seed", default=0, type=int, help="seed for the random weights (default 0)")

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import List, NoReturn
+from typing import Any, List, NoReturn
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line: ``error: <argparse's message>``.
 
     Subclasses add hints (for example what to use instead of an unknown flag) with :meth:`hints`.
+    A shortened flag (``--profil``) is refused like any unknown one: argparse would guess it from
+    its prefix, and a guess that runs a minute of work is not what the user typed.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def hints(self, message: str) -> List[str]:
         """Extra remarks for ``message``, put in parentheses after it (none here)."""

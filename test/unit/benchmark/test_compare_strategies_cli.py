@@ -10,6 +10,7 @@ from lightllm.benchmark.compare_strategies import DEFAULT_KV_TOKENS, build_parse
 
 
 def _options(tmp_path, *extra):
+    (tmp_path / "config.json").write_text("{}")  # the flag's type asks for a checkpoint directory
     argv = ["--model_dir", str(tmp_path), "--out-dir", str(tmp_path / "out"), *extra]
     return options_from_args(build_parser().parse_args(argv), argv)
 
@@ -72,3 +73,14 @@ def test_model_dir_must_exist(tmp_path):
     options = _options(tmp_path, "--workload", "long_first")
     with pytest.raises(ValueError, match="model_dir"):
         dataclasses.replace(options, model_dir=str(tmp_path / "missing")).validate()
+
+
+def test_a_directory_that_holds_no_checkpoint_or_no_name_is_refused_before_any_server(tmp_path, capsys):
+    """An empty directory reached the tokenizer (a traceback); an empty --out-dir wrote into the cwd."""
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["--model_dir", str(tmp_path), "--out-dir", str(tmp_path / "out")])
+    assert refused.value.code == 2 and "no config.json there" in capsys.readouterr().err
+    from lightllm.benchmark.comparison_options import check_out_dir
+
+    with pytest.raises(ValueError, match="--out-dir must name a directory"):
+        check_out_dir("")
