@@ -16,13 +16,13 @@ import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "finite_float", "non_negative_float", "non_negative_int",
-    "output_dir", "output_file", "output_file_in_new_dirs", "positive_float", "shell_words",
+    "comma_items", "output_dir", "output_file", "output_file_in_new_dirs", "positive_float", "shell_words",
 ]
 
 
@@ -43,6 +43,17 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def comma_items(text: str) -> List[str]:
+    """The items of a comma list, stripped; ``ValueError`` for an empty item (``1024,,4096``: a typo
+    that would otherwise drop a value silently) or an empty list."""
+    items = [part.strip() for part in text.split(",")]
+    if not any(items):
+        raise ValueError(f"expected a comma list, got {text!r}")
+    if not all(items):
+        raise ValueError(f"{text!r} has an empty item between commas")
+    return items
 
 
 def positive_float(text: str) -> float:

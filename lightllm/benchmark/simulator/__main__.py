@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, comma_items, output_file
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
@@ -34,8 +34,13 @@ from lightllm.benchmark.simulator.soak import SoakConfig, run_soaks
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
 
-def _csv(text: str) -> List[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+def _csv(text: str, flag: str) -> List[str]:
+    if not text.replace(",", "").strip():
+        return []  # the caller says what the flag must name
+    try:
+        return comma_items(text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _refuse_repeats(values: Sequence[Any], flag: str) -> None:
@@ -49,7 +54,7 @@ def _refuse_repeats(values: Sequence[Any], flag: str) -> None:
 
 def _names(text: str, flag: str, choices: Sequence[str]) -> List[str]:
     """The comma list ``text`` of ``flag``: at least one, each among ``choices``, none twice."""
-    names = _csv(text)
+    names = _csv(text, flag)
     if not names:
         raise ValueError(f"{flag} must name at least one of {', '.join(choices)}; got {text!r}")
     for name in names:
@@ -64,7 +69,7 @@ def _budgets(values: Optional[List[str]]) -> List[int]:
         return list(SEED_BUDGETS)
     budgets: List[int] = []
     for value in values:
-        for part in _csv(value):
+        for part in _csv(value, "--budget"):
             try:
                 budget = int(part)
             except ValueError:
@@ -79,7 +84,7 @@ def _budgets(values: Optional[List[str]]) -> List[int]:
 
 
 def _scenarios(values: Optional[List[str]]) -> List[ScenarioSpec]:
-    names = [name for value in values or ["seed_all"] for name in _csv(value)]
+    names = [name for value in values or ["seed_all"] for name in _csv(value, "--scenario")]
     known = list(SCENARIOS) + list(SCENARIO_GROUPS)
     if not names:
         raise ValueError(f"--scenario must name at least one of {', '.join(known)}; got {','.join(values or [])!r}")

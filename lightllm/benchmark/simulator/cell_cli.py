@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, List, Optional, Tuple
 
-from lightllm.benchmark.cli_args import argument_type
+from lightllm.benchmark.cli_args import argument_type, comma_items
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv
@@ -52,9 +52,7 @@ def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, 
 def int_range(text: str) -> List[int]:
     """``"40-140/10"`` -> 40, 50, ..., 140; ``"0,16384"`` -> 0, 16384 (every value >= 0)."""
     values: List[int] = []
-    for part in (piece.strip() for piece in text.split(",")):
-        if not part:
-            continue
+    for part in comma_items(text):
         try:
             if "-" in part:
                 span, _, step = part.partition("/")

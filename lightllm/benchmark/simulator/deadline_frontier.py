@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
-from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type
+from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, comma_items
 from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
@@ -229,8 +229,9 @@ def deadline_markdown(points: Sequence[DeadlinePoint]) -> str:
 
 
 def _float_list(text: str) -> List[float]:
+    items = comma_items(text)
     try:
-        values = [float(part) for part in text.split(",") if part.strip()]
+        values = [float(part) for part in items]
     except ValueError:
         raise ValueError(f"expected a comma list of numbers, got {text!r}") from None
     if not values or not all(math.isfinite(value) and value >= 0 for value in values):

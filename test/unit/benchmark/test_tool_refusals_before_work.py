@@ -42,3 +42,12 @@ def test_shortened_flags_and_empty_names_are_refused(tmp_path, capsys) -> None:
     line = one_line_refusal(demo_model.main, ["--out", ""], capsys)
     assert "--out" in line and "must name a directory" in line
     assert not any(tmp_path.iterdir())
+
+
+def test_an_empty_item_in_a_comma_list_is_refused_not_dropped(capsys) -> None:
+    from lightllm.benchmark.simulator import deadline_frontier, frontier
+
+    line = one_line_refusal(simulator.main, ["--budget", "1024,,4096"], capsys)
+    assert "--budget" in line and "empty item" in line
+    assert "--counts" in one_line_refusal(frontier.main, ["--counts", "1,,2"], capsys)
+    assert "--due-ms" in one_line_refusal(deadline_frontier.main, ["--due-ms", "2000,,2100"], capsys)
