@@ -50,11 +50,23 @@ def test_topology_checks():
         PdCluster({})
 
 
-def _parse(*argv):
-    return build_parser().parse_args(["--model_dir", "/m", "--workload", "long_first", "--out-dir", "/o", *argv])
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory) -> str:
+    """A directory the --model_dir flag takes as a checkpoint (its type checks for config.json)."""
+    path = tmp_path_factory.mktemp("checkpoint")
+    (path / "config.json").write_text("{}")
+    return str(path)
 
 
-def test_compare_strategies_topology_flag():
+@pytest.fixture()
+def _parse(checkpoint_dir):
+    def parse(*argv):
+        return build_parser().parse_args(["--model_dir", checkpoint_dir, "--workload", "long_first", "--out-dir", "/o",
+                                          *argv])
+    return parse
+
+
+def test_compare_strategies_topology_flag(_parse):
     assert _parse().topology == "normal"
     assert topology_kwargs(_parse()) == {"host": "127.0.0.1", "start_timeout_s": 300.0}
     kwargs = topology_kwargs(_parse(
@@ -79,7 +91,7 @@ def test_cpu_nodes_sharing_the_machine_keep_one_thread_count_unless_the_user_set
     assert topology._env("prefill") is None  # the user's setting reaches both nodes unchanged
 
 
-def test_compare_strategies_refuses_pd_flags_without_1p1d_and_bad_values():
+def test_compare_strategies_refuses_pd_flags_without_1p1d_and_bad_values(_parse):
     with pytest.raises(ValueError, match="--master-args, --decode-devices only apply with a PD topology"):
         topology_kwargs(_parse("--master-args", "--pd_heartbeat_interval 1", "--decode-devices", "1"))
     with pytest.raises(ValueError, match="master_args is not a valid shell-quoted string"):
@@ -91,6 +103,7 @@ def test_compare_strategies_refuses_pd_flags_without_1p1d_and_bad_values():
 def test_compare_strategies_cli_reports_a_bad_topology_flag_in_one_line(tmp_path, capsys):
     from lightllm.benchmark.compare_strategies import main
 
+    (tmp_path / "config.json").write_text("{}")
     argv = ["--model_dir", str(tmp_path), "--workload", "long_first", "--out-dir", str(tmp_path / "o"),
             "--master-args", "--pd_heartbeat_interval 1"]
     with pytest.raises(SystemExit) as info:
