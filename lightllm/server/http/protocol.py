@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 # Where h11 ends a request head: a blank line, with or without its carriage return.
 _HEAD_END = re.compile(rb"\n\r?\n")
+# Empty lines before a request line (a client's stray CRLF after a body): RFC 9112 section 2.2.
+_LEADING_EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
 
 
 def raw_json_response(status: int, message: str, error_type: str, code: str) -> bytes:
@@ -94,6 +96,10 @@ class HeadLimitedConnection(h11.Connection):
 
     def next_event(self) -> Any:
         """The next h11 event; raises ``h11.RemoteProtocolError`` for a head over the limit."""
+        if self.their_state is h11.IDLE:
+            self._skip_empty_lines()
+            if self.trailing_data == (b"\r", False):
+                return h11.NEED_DATA  # an empty line's CR whose LF is still on its way
         if self.their_state is h11.IDLE and self._head_too_large():
             # uvicorn answers a RemoteProtocolError with its 400 (GuardedH11Protocol.send_400_response).
             raise h11.RemoteProtocolError(f"request head larger than {MAX_HEAD_BYTES} bytes", error_status_hint=431)
@@ -108,6 +114,26 @@ class HeadLimitedConnection(h11.Connection):
             self._head.clear()
             self._searched = 0
         return event
+
+    def _skip_empty_lines(self) -> None:
+        """Drop empty lines received where a request line is due (RFC 9112 section 2.2: ignore them).
+
+        Some clients end a POST body with a CRLF its Content-Length does not count; h11 refuses
+        a request that starts with an empty line, so the keep-alive connection got a 400 after its
+        200 (and the client's next request read that 400). h11 has no public way to drop buffered
+        bytes, so its receive buffer's own extraction is used; without it the line is refused as before.
+        """
+        extract = getattr(getattr(self, "_receive_buffer", None), "_extract", None)
+        if extract is None:
+            return
+        match = _LEADING_EMPTY_LINES.match(self.trailing_data[0])
+        if match is None:
+            return
+        extract(match.end())
+        # The head's size counts from the request line: its first bytes are the buffer's from here.
+        self._head.clear()
+        self._searched = 0
+        self._keep(self.trailing_data[0])
 
     def _keep(self, data: bytes) -> None:
         room = MAX_HEAD_BYTES + 1 - len(self._head)

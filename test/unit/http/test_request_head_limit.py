@@ -189,3 +189,40 @@ def test_a_large_keep_alive_follow_up_gets_400(door_port: int, size: int) -> Non
 def test_a_large_pipelined_follow_up_gets_400(door_port: int) -> None:
     raw = _exchange(door_port, head_of(200, close=False) + head_of(17_000))
     assert _statuses(raw) == [200, 400]
+
+
+# ---------------------------------------------------------------- empty lines before a request line
+
+
+def test_empty_lines_before_a_request_line_are_ignored() -> None:
+    """RFC 9112 section 2.2: a client's stray CRLF after a body used to get a 400 after its 200."""
+    conn = HeadLimitedConnection()
+    body_and_crlf = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}\r\n"
+    conn.receive_data(body_and_crlf)
+    assert isinstance(conn.next_event(), h11.Request)
+    assert isinstance(conn.next_event(), h11.Data)
+    assert isinstance(conn.next_event(), h11.EndOfMessage)
+    _answer(conn)
+    conn.start_next_cycle()
+    assert conn.next_event() is h11.NEED_DATA
+    assert isinstance(_next(conn, head_of(200)), h11.Request)
+    # Before a first request too, LF-only lines, and a CR whose LF comes in the next read.
+    conn = HeadLimitedConnection()
+    assert _next(conn, b"\r\n\n\r") is h11.NEED_DATA
+    assert isinstance(_next(conn, b"\n" + head_of(200)), h11.Request)
+
+
+def test_empty_lines_do_not_stretch_the_head_limit() -> None:
+    """The head is measured from its request line: leading empty lines neither count nor hide bytes."""
+    assert isinstance(_next(HeadLimitedConnection(), b"\r\n\r\n" + head_of(MAX_HEAD_BYTES)), h11.Request)
+    for size in (MAX_HEAD_BYTES + 1, 40_000):
+        with pytest.raises(h11.RemoteProtocolError):
+            _next(HeadLimitedConnection(), b"\r\n\r\n" + head_of(size))
+
+
+def test_a_crlf_after_a_body_gets_no_second_answer(door_port: int) -> None:
+    body = b'{"inputs": "hi", "parameters": {"max_new_tokens": 1}}'
+    post = (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body + b"\r\n"
+    raw = _exchange(door_port, post, head_of(200))
+    assert _statuses(raw) == [200, 200], raw[:300]
