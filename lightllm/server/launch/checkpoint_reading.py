@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfig
@@ -21,6 +22,11 @@ log = logging.getLogger(__name__)
 
 def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefaults]:
     """``--model_dir``'s config and the request defaults the flags select; ``ValueError`` (one line) when unservable."""
+    # Named by the flag the user typed: the config reader's own message names only a path.
+    if not os.path.isdir(args.model_dir):
+        raise ValueError(f"--model_dir {args.model_dir}: no such directory (a local checkpoint directory is needed)")
+    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        raise ValueError(f"--model_dir {args.model_dir}: no config.json there (not a Hugging Face checkpoint directory)")
     model_config = ModelConfig.from_dir(args.model_dir)
     check_model_type(model_config)
     request_defaults = RequestDefaults.from_args(args)

@@ -62,7 +62,7 @@ def test_a_server_that_cannot_start_raises_with_its_log(tmp_path):
     with pytest.raises(ServerStartError, match="server refused to start") as info:
         ServerProcess.start(["--model_dir", str(tmp_path / "missing")], log, start_timeout_s=60)
     # The server's own one-line refusal, not its whole log.
-    assert str(log) in str(info.value) and "error: no config.json in model directory" in str(info.value)
+    assert str(log) in str(info.value) and "error: --model_dir " in str(info.value) and "no such directory" in str(info.value)
     assert "\n" not in str(info.value)
     assert log.stat().st_size > 0
     assert startup_error_line("INFO starting\nusage: x\nprog: error: unrecognized arguments: --x\n") == (

@@ -182,3 +182,12 @@ def test_help_still_prints_the_full_usage(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m lightllm.server.api_server")
     assert "--prefill_overtake_fraction" in out and "--log_level" in out and len(out.splitlines()) > 100
+
+
+def test_a_model_dir_without_a_checkpoint_is_refused_naming_the_flag(tmp_path):
+    from lightllm.server.launch.checkpoint_reading import read_checkpoint
+
+    with pytest.raises(ValueError, match=r"^--model_dir \S+missing: no such directory"):
+        read_checkpoint(make_argument_parser().parse_args(["--model_dir", str(tmp_path / "missing")]))
+    with pytest.raises(ValueError, match=r"^--model_dir \S+: no config.json there"):
+        read_checkpoint(make_argument_parser().parse_args(["--model_dir", str(tmp_path)]))
