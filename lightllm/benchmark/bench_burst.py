@@ -50,28 +50,44 @@ def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int)
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000",
+                        help="server to send the bursts to (default http://127.0.0.1:8000)")
     parser.add_argument("--model", default=None, help="default: the first id from /v1/models")
-    parser.add_argument("--num-requests", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--num-requests", type=int, default=128,
+                        help="requests of one burst, all sent at once (default 128)")
+    parser.add_argument("--prompt-len", type=int, default=128,
+                        help="token ids of every prompt, drawn at random (default 128)")
+    parser.add_argument("--output-len", type=int, default=64,
+                        help="completion tokens of every request; EOS is ignored (default 64)")
     parser.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [5, vocab)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="bursts sent one after another, each with fresh prompts (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
         parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
     base_url = args.base_url.rstrip("/")
     try:
-        model = args.model or httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False).json()["data"][0]["id"]
-    except httpx.HTTPError as exc:
+        # Reached before the first burst also with --model: a burst to no server ended in a traceback.
+        answer = httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False)
+        model = args.model or answer.json()["data"][0]["id"]
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         print(f"error: cannot reach the server at {base_url} (--base-url): {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, IndexError, TypeError):
+        print(f"error: {base_url}/v1/models lists no model; pass --model", file=sys.stderr)
         return 1
     rounds = []
     for index in range(args.rounds):
         prompts = make_prompts(args.num_requests, args.prompt_len, args.vocab, args.seed, index)
-        result = asyncio.run(run_round(base_url, model, prompts, args.output_len))
+        try:
+            result = asyncio.run(run_round(base_url, model, prompts, args.output_len))
+        except httpx.HTTPError as exc:
+            # httpx adds a second line (a link about the status) to a status error.
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            print(f"error: round {index} failed against {base_url}: {why}", file=sys.stderr)
+            return 1
         rounds.append(result)
         print(f"round {index}: {result['completion_tokens']} tokens in {result['seconds']:.2f} s = {result['output_tokens_per_s']:.0f} tok/s")
     if args.output_json:

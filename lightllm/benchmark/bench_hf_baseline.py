@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, sequence_too_long
 from lightllm.benchmark.metrics import RequestRecord, format_summary, summarize
 
 
@@ -76,18 +76,26 @@ def run(model_dir: str, num_requests: int, prompt_len: int, output_len: int, see
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_hf_baseline", description=__doc__.splitlines()[0])
-    parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--num-requests", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model_dir", required=True, help="local checkpoint directory transformers loads (fp32)")
+    parser.add_argument("--num-requests", type=int, default=128,
+                        help="requests of the burst, all sent at time 0 and served one at a time (default 128)")
+    parser.add_argument("--prompt-len", type=int, default=128,
+                        help="tokens of every prompt (random ids); with --output-len within the model's context "
+                        "(default 128)")
+    parser.add_argument("--output-len", type=int, default=64, help="tokens generated per request, greedy (default 64)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the summary here (JSON)")
     args = parser.parse_args(argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.threads) < 1:
         parser.error("--num-requests, --prompt-len, --output-len and --threads must be >= 1")
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         parser.error(f"--model_dir must be a local checkpoint directory with a config.json, got {args.model_dir!r}")
+    # transformers attends through a sliding window itself: only the positions bound the sequence.
+    too_long = sequence_too_long(args.model_dir, {"--prompt-len": args.prompt_len, "--output-len": args.output_len},
+                                 exact_attention=False)
+    if too_long:
+        parser.error(too_long)
     torch.set_num_threads(args.threads)
     summary = summarize(run(args.model_dir, args.num_requests, args.prompt_len, args.output_len, args.seed))
     print(format_summary(summary))

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, sequence_too_long
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.registry import load_model
@@ -108,19 +108,25 @@ def to_markdown(results: Dict[str, Dict[str, float]]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_runtime", description=__doc__.splitlines()[0])
-    parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model_dir", required=True, help="local checkpoint directory both engines load (fp32)")
+    parser.add_argument("--batch", type=int, default=8, help="prompts run together in every forward (default 8)")
+    parser.add_argument("--prompt-len", type=int, default=128,
+                        help="tokens of every prompt (random ids); with --new-tokens within the model's context "
+                        "(default 128)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt, greedy (default 64)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs per engine after one warm-up run; the median is reported (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens, args.threads, args.repeats) < 1:
         parser.error("--batch, --prompt-len, --new-tokens, --threads and --repeats must be >= 1")
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         parser.error(f"--model_dir must be a local checkpoint directory with a config.json, got {args.model_dir!r}")
+    too_long = sequence_too_long(args.model_dir, {"--prompt-len": args.prompt_len, "--new-tokens": args.new_tokens})
+    if too_long:
+        parser.error(too_long)
     torch.set_num_threads(args.threads)
     results = run(args.model_dir, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.seed)
     print(to_markdown(results))

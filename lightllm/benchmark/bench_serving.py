@@ -17,7 +17,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 from typing import Any, Sequence
@@ -33,10 +32,12 @@ from lightllm.benchmark.backends import (
     make_backend,
     send_request,
 )
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
+                                         with_flag_names)
 from lightllm.benchmark.metrics import RequestRecord, format_summary, parse_slo, summarize, write_records_jsonl
 from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.benchmark.workloads import WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload
+from lightllm.benchmark.workloads import (FIELD_HELP, WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload,
+                                         workloads_using)
 
 PROMPT_FORMATS: tuple[str, ...] = ("text", "ids")
 
@@ -83,10 +84,15 @@ class BenchmarkConfig:
         parse_slo(f"{k}:{v}" for k, v in self.slo.items())
 
 
-def load_tokenizer(path: str | None) -> Any:
-    """Load the served model's tokenizer from a local Hugging Face directory."""
+def check_tokenizer_dir(path: str | None) -> None:
+    """Raise ValueError unless ``path`` is an existing directory (cheap: nothing is loaded)."""
     if not path or not os.path.isdir(path):
         raise ValueError(f"tokenizer must be a local tokenizer directory, got {path!r}")
+
+
+def load_tokenizer(path: str | None) -> Any:
+    """Load the served model's tokenizer from a local Hugging Face directory."""
+    check_tokenizer_dir(path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
@@ -227,42 +233,53 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
     return summary
 
 
+# Flags whose name is not the dashed field name of BenchmarkConfig or WorkloadConfig, for the
+# one-line refusals (the configs name their fields).
+_FIELD_FLAGS = {"request_timeout_s": "--request-timeout"}
+# Prompt flags that only some workloads can use: shared_prefix builds its own shared prefixes.
+_PROMPT_FLAG_WORKLOADS = {"shared_prefix_len": ("interleaved", "long_first", "sustained")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Command-line interface of ``python -m lightllm.benchmark.bench_serving``."""
     defaults = WorkloadConfig()
     p = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_serving", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     server = p.add_argument_group("server")
-    server.add_argument("--base-url", default=BenchmarkConfig.base_url)
-    server.add_argument("--backend", choices=sorted(BACKENDS), default=BenchmarkConfig.backend)
-    server.add_argument("--model", default=None, help="default: first id from GET /v1/models")
+    server.add_argument("--base-url", default=BenchmarkConfig.base_url,
+                        help=f"server to measure, checked to answer before the tokenizer loads "
+                        f"(default {BenchmarkConfig.base_url})")
+    apis = ", ".join(f"{name} ({cls.path})" for name, cls in sorted(BACKENDS.items()))
+    server.add_argument("--backend", choices=sorted(BACKENDS), default=BenchmarkConfig.backend,
+                        help=f"API the requests use: {apis} (default {BenchmarkConfig.backend})")
+    server.add_argument("--model", default=None,
+                        help="model name in the requests (default: the first id from GET /v1/models)")
     server.add_argument("--tokenizer", required=True, help="local directory of the served model's tokenizer")
     server.add_argument("--no-ignore-eos", action="store_true", help="do not ask the server to ignore EOS")
     server.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
-    server.add_argument("--request-timeout", type=float, default=BenchmarkConfig.request_timeout_s)
-    load = p.add_argument_group("workload")
-    load.add_argument("--workload", choices=sorted(WORKLOADS), default=defaults.name)
-    load.add_argument("--seed", type=int, default=defaults.seed)
-    for flag, field in (
-        ("--long-len", "long_len"), ("--short-len", "short_len"), ("--output-len", "output_len"),
-        ("--long-count", "long_count"), ("--short-count", "short_count"),
-        ("--long-every", "long_every"), ("--num-requests", "num_requests"),
-        ("--initial-long-count", "initial_long_count"), ("--prefix-groups", "prefix_groups"),
-        ("--prefix-tokens", "prefix_tokens"), ("--chat-turns", "chat_turns"),
-    ):
-        load.add_argument(flag, dest=field, type=int, default=getattr(defaults, field))
-    load.add_argument("--long-output-len", type=int, default=None)
-    load.add_argument("--short-output-len", type=int, default=None)
-    for flag, field in (
-        ("--long-spread-ms", "long_spread_ms"), ("--short-start-ms", "short_start_ms"),
-        ("--short-spread-ms", "short_spread_ms"), ("--request-rate", "request_rate"),
-        ("--duration", "duration_s"), ("--long-fraction", "long_fraction"),
-        ("--burstiness", "burstiness"), ("--stream-start-ms", "stream_start_ms"),
-    ):
-        load.add_argument(flag, dest=field, type=float, default=getattr(defaults, field))
-    load.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
-    load.add_argument("--shared-prefix-len", type=int, default=0)
-    load.add_argument("--max-concurrency", type=int, default=None)
+    server.add_argument("--request-timeout", type=positive_float, default=BenchmarkConfig.request_timeout_s,
+                        help=f"seconds one request may take (default {BenchmarkConfig.request_timeout_s:g})")
+    load = p.add_argument_group("workload (a flag the chosen --workload does not use is refused)")
+    load.add_argument("--workload", choices=sorted(WORKLOADS), default=defaults.name,
+                      help=f"{FIELD_HELP['name']} (default {defaults.name}); a flag below that names workloads "
+                      "applies to those only")
+    load.add_argument("--seed", type=int, default=defaults.seed,
+                      help=f"{FIELD_HELP['seed']} (default {defaults.seed})")
+    for field in dataclasses.fields(WorkloadConfig):
+        if field.name in ("name", "seed"):
+            continue
+        flag = "--duration" if field.name == "duration_s" else "--" + field.name.replace("_", "-")
+        kind = finite_float if isinstance(field.default, float) else int
+        default = "" if field.default is None else f" (default {field.default:g})"
+        load.add_argument(flag, dest=field.name, type=kind, default=field.default,
+                          help=FIELD_HELP[field.name] + default)
+    load.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text",
+                      help="text: prompts are sent as text; ids: as token ids (openai-completions only) (default text)")
+    load.add_argument("--shared-prefix-len", type=int, default=0,
+                      help="tokens every prompt starts with, the same for all (default 0); not with --workload "
+                      "shared_prefix, which shares prefixes its own way")
+    load.add_argument("--max-concurrency", type=int, default=None,
+                      help="most requests in flight at once (default: no limit, every request goes at its time)")
     out = p.add_argument_group("measurement and output")
     out.add_argument(
         "--slo", nargs="*", default=[], metavar="KEY:MS", help="e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e)"
@@ -271,8 +288,36 @@ def build_parser() -> argparse.ArgumentParser:
     # Checked while parsing: a run that cannot write its results loses them at the end.
     out.add_argument("--output-jsonl", type=output_file, default=None, help="write the raw per-request records here")
     out.add_argument("--output-json", type=output_file, default=None, help="write the summary here (JSON)")
-    out.add_argument("--no-progress", action="store_true")
+    out.add_argument("--no-progress", action="store_true", help="do not show a progress bar of the requests")
     return p
+
+
+def check_flags_apply(workload: str, given: dict[str, str]) -> None:
+    """Refuse a typed workload or prompt flag that ``workload`` does not use (it would be ignored).
+
+    ``given`` maps the typed flags' fields to the flags (:func:`~lightllm.benchmark.cli_args.given_flags`).
+
+    Raises:
+        ValueError: naming the first such flag and the workloads that use it.
+    """
+    for field, flag in given.items():
+        # Only the workload knobs (FIELD_HELP's keys) and the prompt flags above depend on the workload.
+        users = _PROMPT_FLAG_WORKLOADS.get(field) or (workloads_using(field) if field in FIELD_HELP else WORKLOADS)
+        if workload not in users:
+            raise ValueError(f"{flag} does not apply to --workload {workload} (it applies to {', '.join(users)})")
+
+
+def check_reachable(base_url: str, timeout_s: float = 10.0) -> str | None:
+    """Why the server at ``base_url`` cannot be reached, or None when it answers at all.
+
+    Checked before the tokenizer is loaded and the prompts are built (seconds for a real
+    tokenizer): any HTTP answer, even a 404, proves a server listens there.
+    """
+    try:
+        httpx.get(base_url.rstrip("/") + "/", timeout=timeout_s, trust_env=False)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
@@ -310,17 +355,13 @@ async def _run_cli(config: BenchmarkConfig, warmup_runs: int, builder: PromptBui
     return await run_benchmark(config, builder)
 
 
-def _flag_names(parser: argparse.ArgumentParser, message: str) -> str:
-    """``message`` with the option names it mentions by field (``long_count``) given as flags (``--long-count``)."""
-    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
-    return re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", lambda match: flags.get(match.group(0), match.group(0)), message)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the process exit status (1 if any request failed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_flags_apply(args.workload, given_flags(parser, argv))
         if args.warmup_runs < 0:
             raise ValueError(f"warmup_runs must be >= 0, got {args.warmup_runs}")
         for name in ("output_len", "long_output_len", "short_output_len"):
@@ -330,9 +371,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
         config.validate()
         build_workload(config.workload)  # every workload value checked before anything is sent
-        builder = PromptBuilder(load_tokenizer(config.tokenizer))
+        check_tokenizer_dir(config.tokenizer)
     except ValueError as exc:
-        parser.error(_flag_names(parser, str(exc)))
+        parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
+    why = check_reachable(config.base_url, min(config.request_timeout_s, 10.0))
+    if why is not None:
+        print(f"error: cannot reach the server at {config.base_url} (--base-url): {why}", file=sys.stderr)
+        return 1
+    try:
+        builder = PromptBuilder(load_tokenizer(config.tokenizer))
+    except (ValueError, OSError) as exc:
+        parser.error(f"--tokenizer {config.tokenizer!r} holds no tokenizer that loads: {exc}")
     try:
         summary = asyncio.run(_run_cli(config, args.warmup_runs, builder))
     except httpx.HTTPError as exc:

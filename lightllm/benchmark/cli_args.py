@@ -7,22 +7,33 @@ and its types.
 
 A type here raises :class:`argparse.ArgumentTypeError`, so argparse prefixes the flag:
 ``error: argument --json: the directory of '/x/out.json' does not exist``.
+
+Checks that need more than one flag use the helpers after ``parse_args``: :func:`given_flags`
+(which flags were typed, so one the run would ignore can be refused), :func:`with_flag_names`
+(a config object's ``ValueError`` with its field names given as the flags) and
+:func:`missing_module` (a module that cannot be found, found without importing it) and
+:func:`sequence_too_long` (prompt and output lengths the checkpoint's context cannot hold).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import os
+import re
 import shlex
+import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float
 
 __all__ = [
-    "OneLineErrorParser", "argument_type", "checkpoint_dir", "finite_float", "non_negative_float", "non_negative_int",
-    "comma_items", "output_dir", "output_file", "output_file_in_new_dirs", "positive_float", "shell_words",
+    "OneLineErrorParser", "argument_type", "checkpoint_dir", "comma_items", "finite_float", "given_flags",
+    "missing_module", "non_negative_float", "non_negative_int", "output_dir", "output_file", "output_file_in_new_dirs",
+    "positive_float", "sequence_too_long", "shell_words", "with_flag_names",
 ]
 
 
@@ -165,3 +176,93 @@ def checkpoint_dir(text: str) -> str:
     if not Path(text, "config.json").is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is not a local checkpoint directory (no config.json there)")
     return text
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
+    """``dest -> flag`` of every option of ``parser`` typed in ``argv`` (``--flag v`` or ``--flag=v``).
+
+    A parsed value cannot tell a default from the same value typed, and a flag the run will not
+    use is refused only when typed.  Reading ``argv`` is exact because the project's parsers
+    never guess a flag from its prefix (``allow_abbrev=False``); call it after ``parse_args``
+    succeeded, so a flag-like token can only be a flag.
+    """
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    given: Dict[str, str] = {}
+    for token in argv:
+        if token == "--":
+            break
+        option = token.split("=", 1)[0] if token.startswith("--") else token
+        if option in dests:
+            given.setdefault(dests[option], option)
+    return given
+
+
+# A snake_case name (``long_count``) that is not part of a flag (``--max_total_token_num``) nor
+# of a quoted value the user typed (``'promote_shortest'``).
+_FIELD_NAME = re.compile(r"(?<![-\w'\"])[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+_LEADING_WORD = re.compile(r"^[a-z][a-z0-9]*\b")
+
+
+def with_flag_names(parser: argparse.ArgumentParser, message: str, aliases: Optional[Mapping[str, str]] = None) -> str:
+    """``message`` of a ``ValueError`` raised by a config object, its field names given as the flags.
+
+    Config objects name their fields (``long_count must be >= 0``), which is right for a caller
+    of the API, but a command line must name what the user typed (``--long-count must be >= 0``).
+    Every snake_case name that is an option's ``dest`` (or a key of ``aliases``: fields whose
+    flag has another name, ``settle_s`` -> ``--settle``) is replaced, and so is a one-word
+    field opening the message (``seed must be``); other single words are left alone, since
+    ``seed`` or ``workload`` in the middle of a sentence is usually just the word.
+    """
+    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    flags.update(aliases or {})
+    message = _FIELD_NAME.sub(lambda match: flags.get(match.group(0), match.group(0)), message)
+    return _LEADING_WORD.sub(lambda match: flags.get(match.group(0), match.group(0)), message, count=1)
+
+
+def missing_module(name: str) -> Optional[str]:
+    """Why module ``name`` cannot be found (None when it can), found the way ``import`` would.
+
+    Nothing is imported, not even its parent packages (whose ``__init__`` may load torch or
+    start threads): each package's directories are searched for the next part of the name.
+    """
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return f"{name!r} is not a module name"
+    if name in sys.modules:  # also what no finder finds, such as os.path
+        return None
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except ValueError:  # a top-level module already loaded without a spec
+        spec = None
+    for depth in range(2, len(parts) + 1):
+        if spec is None or spec.submodule_search_locations is None:
+            spec = None
+            break
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth]), list(spec.submodule_search_locations))
+    return None if spec is not None else f"no module named {name!r} can be found"
+
+
+def sequence_too_long(model_dir: str, lengths: Mapping[str, int], *, exact_attention: bool = True) -> Optional[str]:
+    """Why a sequence of ``sum(lengths)`` tokens does not fit the model in ``model_dir`` (None when it does).
+
+    ``lengths`` maps each flag to its tokens (``{"--prompt-len": 128, "--new-tokens": 64}``), so
+    the refusal names what the user typed.  Checked before the model loads: the runtime refused
+    an overlong sequence only in its first forward, and transformers computed past the
+    positions the model was trained on.  ``exact_attention``: the limit is the window of a
+    sliding-window model when shorter (our runtime attends to the whole sequence), not only
+    ``max_position_embeddings``.
+    """
+    from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+
+    try:
+        config = ModelConfig.from_dir(model_dir)
+    except ModelConfigError as exc:
+        return f"--model_dir {model_dir!r} holds no usable config.json: {exc}"
+    limit = config.context_limit if exact_attention else config.max_position_embeddings
+    total = sum(lengths.values())
+    if total <= limit:
+        return None
+    given = " plus ".join(f"{flag} {value}" for flag, value in lengths.items())
+    window = exact_attention and config.sliding_window is not None
+    source = "max_position_embeddings" + (", or its sliding window," if window else "")
+    return f"{given} is {total} tokens, more than the model's context of {limit} ({source} in {model_dir}/config.json)"

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
-from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir
+from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, with_flag_names
 from lightllm.benchmark.comparison_options import (
     DEFAULT_KV_TOKENS,
     DEFAULT_STRATEGIES,
@@ -181,6 +181,9 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> Comparis
     )
 
 
+# ComparisonOptions (and PD topology) fields whose flag is not their dashed name.
+_FIELD_FLAGS = {"workloads": "--workload", "settle_s": "--settle", "request_timeout_s": "--request-timeout",
+                "start_timeout_s": "--start-timeout"}
 _PD_ONLY_FLAGS = {"master_args": "--master-args", "prefill_devices": "--prefill-devices",
                   "decode_devices": "--decode-devices"}
 
@@ -215,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         topology = make_topology(args.topology, **topology_kwargs(args))
         check_out_dir(options.out_dir)  # last: it creates the directory
     except ValueError as exc:
-        parser.error(str(exc))
+        # The options name their fields (model_dir, settle_s); the user typed flags.
+        parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
     try:
         report = run_comparison(options, topology)
     except (ServerStartError, ServerLostError) as exc:

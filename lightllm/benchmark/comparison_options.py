@@ -29,7 +29,10 @@ def check_server_args(model_dir: str, strategy: str, server_args: list[str]) -> 
     try:
         ServerSpec(model_dir, strategy, tuple(server_args))
     except ValueError as exc:
-        raise ValueError(f"server_args: {exc}") from None
+        # ServerSpec calls them extra_args; here they are this run's server_args.
+        message = str(exc)
+        raise ValueError(message.replace("extra_args", "server_args", 1) if message.startswith("extra_args")
+                         else f"server_args: {message}") from None
 
 
 def check_out_dir(path: str) -> None:

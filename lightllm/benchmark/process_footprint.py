@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -34,8 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
-from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, output_file_in_new_dirs, positive_float,
-                                         shell_words)
+from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, missing_module, output_file_in_new_dirs,
+                                         positive_float, shell_words)
 from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
 
 # Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
@@ -181,8 +182,6 @@ def snapshot(root_pid: int) -> List[ProcessFootprint]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -355,9 +354,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         overrides = parse_entry_overrides(args.entry)
     except ValueError as exc:
         parser.error(str(exc))
+    # Before any launch: a typo would cost one and show up only as an error cell of the import table.
+    for why in filter(None, (missing_module(module) for module in overrides.values())):
+        parser.error(f"--entry: {why}")
     # Rows of the process table look their module up in ENTRY_MODULES, so the override goes there.
     ENTRY_MODULES.update(overrides)
-
     import lightllm
 
     # The point is to measure a particular tree (a frozen baseline vs. the working one).

@@ -293,6 +293,27 @@ WORKLOADS: dict[str, Callable[[WorkloadConfig], list[ScheduledRequest]]] = {
 }
 
 
+# The knobs every generator reads: the lengths, and the seed (which also seeds the prompts).
+COMMON_KNOBS: frozenset[str] = frozenset(
+    {"long_len", "short_len", "output_len", "long_output_len", "short_output_len", "seed"}
+)
+# The knobs each generator reads besides COMMON_KNOBS; a command line refuses the others when
+# typed, since the run would ignore them (a test checks that changing one changes nothing).
+WORKLOAD_KNOBS: dict[str, frozenset[str]] = {
+    "long_first": frozenset({"long_count", "short_count", "long_spread_ms", "short_start_ms", "short_spread_ms"}),
+    "interleaved": frozenset({"request_rate", "long_every", "num_requests"}),
+    "sustained": frozenset({"request_rate", "duration_s", "long_fraction", "burstiness", "initial_long_count",
+                            "stream_start_ms", "long_spread_ms"}),
+    "shared_prefix": frozenset({"request_rate", "duration_s", "long_fraction", "prefix_groups", "prefix_tokens",
+                                "chat_turns"}),
+}
+
+
+def workloads_using(knob: str) -> list[str]:
+    """The workloads whose generator reads ``knob`` (a :class:`WorkloadConfig` field), sorted."""
+    return sorted(name for name in WORKLOADS if knob in COMMON_KNOBS or knob in WORKLOAD_KNOBS[name])
+
+
 def build_workload(cfg: WorkloadConfig) -> list[ScheduledRequest]:
     """Generate the schedule named by ``cfg.name``."""
     try:

@@ -33,11 +33,12 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
     KV_VIEWS,
@@ -58,6 +59,17 @@ from lightllm.server.model_rank.scheduling.request_state import ReqState
 from lightllm.utils.gc_tuning import freeze_startup_objects
 
 DEFAULT_SIZES = (100, 1000, 10000)
+# Ten times the largest default.  The engine-only layout holds about 35 KB per waiting request
+# (its prompt ids, with its share of the N/10 running ones), so the bound is nearly 4 GB and a
+# step of HRRN takes a few tenths of a second; without a bound a typo (--sizes 10000000) filled
+# the memory before printing anything.
+MAX_SIZE = 100_000
+# The server layout sizes its KV view for a full batch of the largest requests (some 3,100
+# tokens each) and runs --server-warmup steps of the whole batch before timing.
+MAX_RUNNING = 10_000
+# Flags each layout alone reads: given with the other layout they would be ignored.
+SERVER_ONLY_FLAGS = ("running", "kv_view", "server_repeats", "server_warmup")
+ENGINE_ONLY_FLAGS = ("repeats", "warmup")
 MIN_PROMPT, MAX_PROMPT = 128, 8192
 BATCH_MAX_TOKENS = 1024
 CHUNKED_PREFILL_SIZE = 1024
@@ -215,15 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
-        help=f"waiting requests, one cell per size (default {' '.join(map(str, DEFAULT_SIZES))})",
+        help=f"waiting requests, one cell per size, each at most {MAX_SIZE} "
+        f"(default {' '.join(map(str, DEFAULT_SIZES))})",
     )
     parser.add_argument(
         "--running",
         type=int,
         nargs="+",
         default=list(DEFAULT_RUNNING),
-        help="server layout: running requests (= --running_max_req_size), one cell per count "
-        f"(default {' '.join(map(str, DEFAULT_RUNNING))})",
+        help=f"server layout: running requests (= --running_max_req_size), one cell per count, each at most "
+        f"{MAX_RUNNING} (default {' '.join(map(str, DEFAULT_RUNNING))})",
     )
     parser.add_argument(
         "--kv-view",
@@ -249,18 +262,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ignored_flags(layout: str, given: Dict[str, str]) -> List[str]:
+    """The typed flags (``given``: dest -> flag) that ``layout`` would not read."""
+    unread = {"engine": SERVER_ONLY_FLAGS, "server": ENGINE_ONLY_FLAGS}.get(layout, ())
+    return [flag for dest, flag in given.items() if dest in unread]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, CostRow]]:
     """Command line: print the tables (server layout first), optionally write the rows as JSON.
 
     Returns the server-layout rows, then the engine-only ones; in the JSON file every row
     carries its ``layout`` (``server`` or ``engine``).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if any(size < 0 for size in args.sizes):
-        parser.error("--sizes must be >= 0")
-    if any(size < 1 for size in args.running):
-        parser.error("--running must be >= 1")
+    if any(size < 0 or size > MAX_SIZE for size in args.sizes):
+        parser.error(f"--sizes must be within [0, {MAX_SIZE}], got {' '.join(map(str, args.sizes))}")
+    if any(size < 1 or size > MAX_RUNNING for size in args.running):
+        parser.error(f"--running must be within [1, {MAX_RUNNING}], got {' '.join(map(str, args.running))}")
+    for flag in _ignored_flags(args.layout, given_flags(parser, argv)):
+        parser.error(f"{flag} applies to the {'server' if args.layout == 'engine' else 'engine-only'} layout, "
+                     f"which --layout {args.layout} does not run")
     if args.server_repeats < 1 or args.server_warmup < 0:
         parser.error("--server-repeats must be >= 1 and --server-warmup >= 0")
     if args.repeats < 1 or args.warmup < 0:

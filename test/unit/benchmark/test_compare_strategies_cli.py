@@ -56,7 +56,7 @@ def test_kv_capacity_is_fixed_only_when_not_given(tmp_path):
         (["--workload", "long_first", "--long-count", "-2"], "long_count"),
         (["--workload", "interleaved", "--request-rate", "0"], "request_rate"),
         (["--workload", "long_first", "--confidence", "1.5"], "confidence"),
-        (["--workload", "long_first", "--server-args", "--port 9"], "extra_args must not set --port"),
+        (["--workload", "long_first", "--server-args", "--port 9"], "server_args must not set --port"),
         (["--workload", "long_first", "--server-args", "'unclosed"], "server_args"),
         (["--workload", "long_first", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
         (["--workload", "sustained", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
