@@ -68,8 +68,40 @@ def encode_chat_messages(
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
         raise ValueError("this model has no chat template: start the server with --chat_template, or use /v1/completions")
+
+    def render(conversation: List[Dict[str, Any]]) -> str:
+        return _render_chat(tokenizer, conversation, add_generation_prompt, continue_final_message,
+                            chat_template_kwargs)
+
+    text = render(messages)
+    printed = [index for index, message in enumerate(messages)
+               if isinstance(message.get("content"), list) and repr(message["content"]) in text]
+    if printed:
+        # The template loops over content parts for some roles only and printed this one's list
+        # as Python syntax (a tool message, in most templates that loop): give those their text.
+        messages = [_joined_content(message) if index in printed else message for index, message in enumerate(messages)]
+        text = render(messages)
+    named = [index for index, message in enumerate(messages) if message.get("name") is not None]
+    if named and render([_without_name(message) for message in messages]) == text:
+        raise UnreadMessageFieldError(
+            f"messages[{named[0]}].name has no effect: this model's chat template does not read message names; "
+            "omit name (or start the server with a --chat_template that uses it)", f"messages.{named[0]}.name")
+    # The template writes BOS itself when it wants one; encode without adding another.
+    return encode_text(tokenizer, text, add_special_tokens=False, within=within)
+
+
+class UnreadMessageFieldError(ValueError):
+    """A message field the chat template never reads (``param`` names it): refused rather than dropped."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,
+                 continue_final_message: bool, chat_template_kwargs: Optional[Dict[str, Any]]) -> str:
     try:
-        text = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
@@ -83,8 +115,15 @@ def encode_chat_messages(
         raise ValueError(f"chat template failed: {exc}") from exc
     except Exception as exc:
         raise ValueError(f"chat template failed: {exc}") from exc
-    # The template writes BOS itself when it wants one; encode without adding another.
-    return encode_text(tokenizer, text, add_special_tokens=False, within=within)
+
+
+def _joined_content(message: Dict[str, Any]) -> Dict[str, Any]:
+    # Parts joined with newlines, as a template that does not loop over them gets every message's.
+    return {**message, "content": "\n".join(part["text"] for part in message["content"])}
+
+
+def _without_name(message: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: value for key, value in message.items() if key != "name"}
 
 
 def default_max_new_tokens(

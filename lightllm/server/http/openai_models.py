@@ -17,13 +17,13 @@ from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (UNSUPPORTED_VLLM_FIELDS, chat_echo_text, check_chat_echo,
                                                    check_spaces_between_special_tokens)
-from lightllm.server.http.tool_calls.request import check_message_tool_calls, check_tool_messages, template_tool_calls
+from lightllm.server.http.chat_message import ChatMessage
+from lightllm.server.http.tool_calls.request import check_tool_messages
 
 MAX_PROMPTS = 64
 MAX_OPENAI_STOP = 4
 MAX_COMPLETION_LOGPROBS = 20  # OpenAI's legacy cap is 5; vLLM (and this server) allow 20
 MAX_CHAT_TOP_LOGPROBS = 20
-CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
 # apply_chat_template's own arguments: a template variable must not override them.
 RESERVED_TEMPLATE_KWARGS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
@@ -37,12 +37,6 @@ _PROMPT_SCHEMA = {"anyOf": [
     {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
     _TOKEN_IDS,
     {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS}]}
-_CONTENT_SCHEMA = {"anyOf": [
-    {"type": "string"},
-    {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                                "required": ["type", "text"], "additionalProperties": False}},
-    {"type": "null"},
-]}
 _FUNCTION_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
     "parameters": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
@@ -63,6 +57,17 @@ class StreamOptions(NullMeansAbsent):
     include_usage: bool = False
     # vLLM extra (guidellm sends it): usage on every chunk, not only on the last one.
     continuous_usage_stats: bool = False
+    # OpenAI pads stream events with random text against size side channels; there is no padding here.
+    include_obfuscation: Literal[False] | None = Field(
+        default=None, description="Only false: this server does not pad stream events")
+
+    @field_validator("include_obfuscation", mode="before")
+    @classmethod
+    def _check_obfuscation(cls, value: Any) -> Any:
+        if value is True:
+            raise ValueError("include_obfuscation: true is not supported: this server does not pad stream events "
+                             "(send false or omit it)")
+        return value
 
 
 class OpenAISamplingRequest(OpenAIPlatformFields):
@@ -99,6 +104,10 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # OpenAI's successor of user; and a key OpenAI routes on for prompt-cache hits, which the
+    # prefix cache here gets from the prompt itself.
+    safety_identifier: str | None = Field(default=None, max_length=64)
+    prompt_cache_key: str | None = None
     # vLLM extras.
     # logprobs name tokens ``token_id:<id>`` instead of their (possibly ambiguous) text.
     return_tokens_as_token_ids: bool = False
@@ -252,74 +261,6 @@ def normalize_completion_prompt(value: Any) -> list[str | list[int]]:
     if any(len(prompt) == 0 for prompt in prompts):
         raise ValueError("prompt must not be empty")
     return prompts
-
-
-class ChatMessage(StrictModel):
-    """One entry of ``messages``; content is text or a list of text parts."""
-
-    role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
-    content: Any = Field(default=None, json_schema_extra=_CONTENT_SCHEMA)
-    name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[Any] | None = None
-
-    @field_validator("role")
-    @classmethod
-    def _check_role(cls, value: str) -> str:
-        if value not in CHAT_ROLES:
-            raise ValueError(f"unknown role {value!r}; expected one of {', '.join(CHAT_ROLES)}")
-        return value
-
-    @field_validator("content")
-    @classmethod
-    def _check_content(cls, value: Any) -> str | list[dict[str, str]] | None:
-        if value is None or isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise ValueError("content must be a string or a list of content parts")
-        if not value:
-            # OpenAI refuses an empty list too: send "" for an empty message.
-            raise ValueError("content must hold at least one content part (or be a string)")
-        parts = []
-        for index, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"content part {index} has type {kind!r}; only 'text' parts are supported")
-            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-                raise ValueError(f"content part {index} must be {{'type': 'text', 'text': <string>}}")
-            parts.append({"type": "text", "text": part["text"]})
-        return parts
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
-        return check_message_tool_calls(value)
-
-    def text(self) -> str:
-        """The content as one text: parts joined with newlines (usually separate paragraphs), as vLLM joins them."""
-        if isinstance(self.content, list):
-            return "\n".join(part["text"] for part in self.content)
-        return self.content or ""
-
-    def to_template_dict(self, content_parts: bool = False) -> dict[str, Any]:
-        """The message as handed to the chat template.
-
-        ``developer`` is OpenAI's newer name for ``system``; most chat templates only know
-        the latter, so it is mapped.  Content sent as parts stays a list of parts when
-        ``content_parts`` (the template iterates over them,
-        :func:`~lightllm.server.http.chat_content_format.wants_content_parts`); otherwise the
-        texts are joined with newlines (separate parts are usually separate paragraphs), as vLLM does.
-        """
-        role = "system" if self.role == "developer" else self.role
-        content = self.content if content_parts and isinstance(self.content, list) else self.text()
-        message = {"role": role, "content": content}
-        if self.name is not None:
-            message["name"] = self.name
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            message["tool_calls"] = template_tool_calls(self.tool_calls)
-        return message
 
 
 class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lightllm.server.http.body import parse_body_off_loop
 from lightllm.server.http.chat_content_format import wants_content_parts
@@ -56,6 +57,8 @@ class OpenAIEndpoints:
     def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None,
                  tool_call_parser: str | None = None, trust_request_chat_template: bool = False) -> None:
         self.manager = manager
+        # /v1/models' "created": when this server started serving the model.
+        self.created = int(time.time())
         self.encoder = encoder or PromptEncoder(manager)
         # --tool_call_parser: how tool calls are read from free text (tool_choice "auto").
         self.tool_call_parser = tool_call_parser
@@ -101,9 +104,9 @@ class OpenAIEndpoints:
     def _model_card(self, model_id: str | None = None) -> dict[str, Any]:
         """A model entry shaped as vLLM shapes it (``vllm bench serve`` reads ``root``)."""
         model_id = model_id or self.manager.model_name
-        return {"id": model_id, "object": "model", "created": 0, "owned_by": "lightllm",
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "lightllm",
                 "root": self.manager.model_name, "parent": None, "max_model_len": self.manager.max_req_total_len,
-                "permission": [{"id": f"modelperm-{model_id}", "object": "model_permission", "created": 0,
+                "permission": [{"id": f"modelperm-{model_id}", "object": "model_permission", "created": self.created,
                                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                                 "organization": "*", "group": None, "is_blocking": False}]}
@@ -114,6 +117,9 @@ class OpenAIEndpoints:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         """``GET /v1/models/{id}``: the model card, or 404 for any other id."""
+        if not model_id:
+            # /v1/models/ is a path of its own (no redirect to /v1/models), and unknown as such.
+            raise StarletteHTTPException(404)
         served = self.served_names()
         if model_id not in served:
             raise model_not_found(model_id, served)
@@ -226,9 +232,13 @@ class OpenAIEndpoints:
         await fanout.start()
         header = {"id": response_id, "object": shaper.object_name,
                   "created": int(time.time()), "model": model}
+        # The response's id as OpenAI's request-id header (the SDKs expose it as ``request_id``).
+        id_header = {"x-request-id": response_id}
         if body.stream:
             chunk_header = {**header, "object": shaper.chunk_object_name}
-            return sse_response(self._stream(body, jobs, fanout, shaper, chunk_header), fanout)
+            streamed = sse_response(self._stream(body, jobs, fanout, shaper, chunk_header), fanout)
+            streamed.headers.update(id_header)
+            return streamed
         collected = await fanout.collect()
         if body.candidates > body.n:
             collected, jobs = best_choices(collected, jobs, body.n)
@@ -239,7 +249,7 @@ class OpenAIEndpoints:
                 usage.update(index, event)
             choices.append(shaper.final_choice(index, collected[index]))
         return JSONResponse({**header, "choices": choices, **shaper.response_extras(collected),
-                             "usage": usage.to_dict()})
+                             "usage": usage.to_dict()}, headers=id_header)
 
     @staticmethod
     async def _stream(body: OpenAISamplingRequest, jobs: list[ChoiceJob], fanout: GenerationFanout,

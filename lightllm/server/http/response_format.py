@@ -15,12 +15,19 @@ import functools
 import re
 from typing import Any, Optional
 
+from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
 from lightllm.server.http.errors import invalid_request
 
 
 def validated_grammar(grammar: str, param: str, what: str) -> str:
-    """``grammar`` if llguidance accepts it and it admits some output; else a 400 naming ``param``."""
+    """``grammar`` if it fits, llguidance accepts it and it admits some output; else a 400 naming ``param``."""
     import llguidance
+
+    size = len(grammar.encode())
+    if size > GRAMMAR_BYTES:
+        # Checked here, where the field it came from is known (the request holds no "grammar" field).
+        raise invalid_request(f"the {what} compiles to a grammar of {size} bytes; at most {GRAMMAR_BYTES} bytes "
+                              "fit (make it smaller)", param)
 
     try:
         problem = llguidance.LLMatcher.validate_grammar(grammar, None)

@@ -9,6 +9,7 @@ a real server are tested in test/integration/api_compat/test_client_fields.py.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -58,6 +59,8 @@ def test_null_inside_stream_options_is_absent(client: TestClient) -> None:
     ({"reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"documents": [{"title": 5}]}, "documents.0.title"),
     ({"chat_template": ""}, "chat_template"),
+    ({"safety_identifier": "x" * 65}, "safety_identifier"),
+    ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
 ])
 def test_platform_fields_refused_with_reason(client: TestClient, fields: dict[str, Any], param: str) -> None:
     error = assert_error(chat(client, **fields), 400, param)
@@ -71,9 +74,26 @@ def test_platform_fields_refused_with_reason(client: TestClient, fields: dict[st
 
 def test_platform_fields_accepted_with_their_meaning(client: TestClient, manager: FakeManager) -> None:
     accepted = {"store": False, "service_tier": "auto", "metadata": {"team": "a"}, "user": "u1",
-                "prediction": {"type": "content", "content": "expected text"}}
+                "prediction": {"type": "content", "content": "expected text"}, "safety_identifier": "h-1",
+                "prompt_cache_key": "tenant-7"}
     assert chat(client, **accepted).status_code == 200
     assert completion(client, **{**accepted, "service_tier": "default"}).status_code == 200
+    assert chat(client, stream=True, stream_options={"include_obfuscation": False}).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_carry_their_id_as_the_request_id_header(client: TestClient, stream: bool) -> None:
+    """The openai SDKs read ``x-request-id`` into ``request_id``."""
+    for response in (chat(client, stream=stream), completion(client, stream=stream)):
+        assert response.status_code == 200
+        body = response.json() if not stream else json.loads(response.text.split("data: ", 2)[1].split("\n")[0])
+        assert response.headers["x-request-id"] == body["id"]
+
+
+def test_model_cards_say_when_serving_started_and_a_trailing_slash_is_no_model(client: TestClient) -> None:
+    cards = client.get("/v1/models").json()["data"]
+    assert cards[0]["created"] > 1_700_000_000 and cards[0]["permission"][0]["created"] == cards[0]["created"]
+    assert_error(client.get("/v1/models/"), 404, None, "not_found")
 
 
 @pytest.fixture()
@@ -176,6 +196,10 @@ def test_structured_output_params_become_a_grammar(client: TestClient, manager: 
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
     ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "guided_regex"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "response_format"),
+    # A schema that compiles to a grammar over the stored size names the field it came from.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "enum": [f"value{index}" for index in range(20_000)]}}}}, "response_format.json_schema.schema"),
+    ({"guided_choice": [f"choice{index}" for index in range(5_000)]}, "guided_choice"),
 ])
 def test_bad_structured_output_params_are_refused(client: TestClient, fields: dict[str, Any], param: str) -> None:
     assert_error(chat(client, **fields), 400, param)

@@ -165,3 +165,18 @@ def test_deeply_nested_call_is_content_not_a_crash() -> None:
     extraction = extract_calls(HermesParser(), text)
     assert extraction.calls == [] and extraction.content == text
     json.dumps(extraction.content)  # still a plain string
+
+
+def test_a_call_of_an_undeclared_function_stays_content() -> None:
+    """OpenAI never names a function the request did not declare; such a block is the model's text."""
+    declared = frozenset({"get_weather"})
+    text = 'Let me see <tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'
+    extraction = extract_calls(HermesParser(), text, declared=declared)
+    assert extraction.calls == [] and extraction.content == text
+    assert_stream_agrees(lambda: ToolCallStream(HermesParser(), declared=declared), text, text, [])
+    # Declared calls in other blocks are still calls.
+    both = PARIS + "\n" + text
+    extraction = extract_calls(HermesParser(), both, declared=declared)
+    assert [call.name for call in extraction.calls] == ["get_weather"] and extraction.content == "\n" + text
+    assert_stream_agrees(lambda: ToolCallStream(HermesParser(), declared=declared), both, "\n" + text,
+                         [("get_weather", '{"city": "Paris"}')])

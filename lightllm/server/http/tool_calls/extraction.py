@@ -120,9 +120,10 @@ class CallReader:
     So ``"Hi\\n<call>\\nDone"`` has the content ``"Hi\\nDone"``, and ``"Hi\\n<call>\\n"`` the content ``"Hi"``.
     """
 
-    def __init__(self, parser: ToolCallParser, parallel: bool = True) -> None:
+    def __init__(self, parser: ToolCallParser, parallel: bool = True, declared: frozenset[str] | None = None) -> None:
         self._segmenter = parser.segmenter()
         self._parallel = parallel
+        self._declared = declared
         self.calls_read = 0
         self._space = ""
         self._after_call = False
@@ -147,6 +148,11 @@ class CallReader:
     def _take(self, segment: Segment, reading: Reading) -> None:
         if segment.kind == CALL:
             calls = parse_call_block(segment.text)
+            if calls is not None and self._declared is not None and any(
+                    call.name not in self._declared for call in calls):
+                # A call of a function the request did not declare is no call a client can make:
+                # the block stays the model's text (OpenAI never names an undeclared tool).
+                calls = None
             if calls is not None:
                 self._space, self._after_call = "", True
                 for call in calls:
@@ -168,9 +174,11 @@ class CallReader:
             self._after_call = False
 
 
-def extract_calls(parser: ToolCallParser, text: str, parallel: bool = True) -> Extraction:
-    """Content and calls of a whole ``text`` in ``parser``'s format; ``parallel`` False keeps the first call only."""
-    reader = CallReader(parser, parallel)
+def extract_calls(parser: ToolCallParser, text: str, parallel: bool = True,
+                  declared: frozenset[str] | None = None) -> Extraction:
+    """Content and calls of a whole ``text`` in ``parser``'s format; ``parallel`` False keeps the first call only,
+    ``declared`` (the request's function names) makes a block calling any other function content."""
+    reader = CallReader(parser, parallel, declared)
     readings = (reader.feed(text), reader.finish())
     calls = [call for reading in readings for call in reading.calls]
     if not calls:

@@ -160,6 +160,11 @@ class ToolPlan:
         return self.mode in ("auto", "required", "named")
 
     @property
+    def declared(self) -> frozenset[str]:
+        """The names of the request's functions: a call of any other one is read as content."""
+        return frozenset(tool.name for tool in self.tools)
+
+    @property
     def keeps_special_tokens(self) -> bool:
         """True when the output must keep special tokens for the parser to find the calls (vLLM turns
         ``skip_special_tokens`` off for such parsers whenever tools may be called)."""

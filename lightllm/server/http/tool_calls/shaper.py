@@ -14,7 +14,7 @@ def extract_for_plan(plan: ToolPlan, text: str) -> Extraction:
     """Content and calls of a whole generated text under ``plan`` (what its stream adds up to)."""
     if plan.mode == "named":
         return read_named_call(plan.named, text)
-    return extract_calls(plan.parser, text, plan.parallel)
+    return extract_calls(plan.parser, text, plan.parallel, plan.declared)
 
 
 class ToolChatShaper(ChatShaper):
@@ -29,7 +29,7 @@ class ToolChatShaper(ChatShaper):
         if index not in self._streams:
             plan = self._plan
             self._streams[index] = (NamedCallStream(plan.named) if plan.mode == "named"
-                                    else ToolCallStream(plan.parser, plan.parallel))
+                                    else ToolCallStream(plan.parser, plan.parallel, plan.declared))
         return self._streams[index]
 
     def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:

@@ -25,8 +25,8 @@ from lightllm.server.http.tool_calls.parsers import ToolCallParser
 class ToolCallStream:
     """Delta fields of one choice's stream (one instance per choice)."""
 
-    def __init__(self, parser: ToolCallParser, parallel: bool = True) -> None:
-        self._reader = CallReader(parser, parallel)
+    def __init__(self, parser: ToolCallParser, parallel: bool = True, declared: frozenset[str] | None = None) -> None:
+        self._reader = CallReader(parser, parallel, declared)
         self.calls_announced = 0
 
     def feed(self, text: str) -> dict[str, Any]:

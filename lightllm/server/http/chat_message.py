@@ -1,0 +1,135 @@
+"""One entry of a chat request's ``messages``: its role, content and the fields clients send with it.
+
+Clients often send a response's message back as history (``message.model_dump()`` in the
+``openai`` client), which carries every field of OpenAI's assistant message: ``refusal``,
+``audio``, ``function_call`` and ``annotations`` as ``null`` when unused. Those nulls mean
+"absent". A refusal's text is the assistant's turn; the others are refused when set, since
+this server has nothing to render them with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from lightllm.server.http.base_models import StrictModel
+from lightllm.server.http.tool_calls.request import check_message_tool_calls, template_tool_calls
+
+CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
+
+# JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
+_CONTENT_SCHEMA = {"anyOf": [
+    {"type": "string"},
+    {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                                "required": ["type", "text"], "additionalProperties": False}},
+    {"type": "null"},
+]}
+
+
+class ChatMessage(StrictModel):
+    """One entry of ``messages``; content is text or a list of text parts."""
+
+    role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
+    content: Any = Field(default=None, json_schema_extra=_CONTENT_SCHEMA)
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[Any] | None = None
+    # OpenAI's assistant-message fields (see the module docstring).
+    refusal: str | None = None
+    audio: Any = None
+    function_call: Any = None
+    annotations: list[Any] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _check_role(cls, value: str) -> str:
+        if value not in CHAT_ROLES:
+            raise ValueError(f"unknown role {value!r}; expected one of {', '.join(CHAT_ROLES)}")
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, value: Any) -> str | list[dict[str, str]] | None:
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("content must be a string or a list of content parts")
+        if not value:
+            # OpenAI refuses an empty list too: send "" for an empty message.
+            raise ValueError("content must hold at least one content part (or be a string)")
+        parts = []
+        for index, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"content part {index} has type {kind!r}; only 'text' parts are supported")
+            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
+                raise ValueError(f"content part {index} must be {{'type': 'text', 'text': <string>}}")
+            parts.append({"type": "text", "text": part["text"]})
+        return parts
+
+    @field_validator("audio")
+    @classmethod
+    def _check_audio(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("audio is not supported: this model has no audio output to refer to; send the turn's "
+                             "text as content")
+        return None
+
+    @field_validator("function_call")
+    @classmethod
+    def _check_function_call(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("function_call (OpenAI's deprecated form) is not supported: send the call in tool_calls")
+        return None
+
+    @field_validator("annotations")
+    @classmethod
+    def _check_annotations(cls, value: list[Any] | None) -> None:
+        if value:
+            raise ValueError("annotations are not supported: a chat template has no place for them; send the "
+                             "message without them")
+        return None
+
+    @model_validator(mode="after")
+    def _refusal_as_content(self) -> "ChatMessage":
+        # A refusal is what the assistant said in that turn, and the template renders it as such.
+        if self.refusal is None:
+            return self
+        if self.role != "assistant":
+            raise ValueError(f"refusal belongs to assistant messages, not to a {self.role!r} message")
+        if self.content not in (None, ""):
+            raise ValueError("a message with a refusal has no content: send one of the two")
+        self.content, self.refusal = self.refusal, None
+        return self
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
+        return check_message_tool_calls(value)
+
+    def text(self) -> str:
+        """The content as one text: parts joined with newlines (usually separate paragraphs), as vLLM joins them."""
+        if isinstance(self.content, list):
+            return "\n".join(part["text"] for part in self.content)
+        return self.content or ""
+
+    def to_template_dict(self, content_parts: bool = False) -> dict[str, Any]:
+        """The message as handed to the chat template.
+
+        ``developer`` is OpenAI's newer name for ``system``; most chat templates only know
+        the latter, so it is mapped.  Content sent as parts stays a list of parts when
+        ``content_parts`` (the template iterates over them,
+        :func:`~lightllm.server.http.chat_content_format.wants_content_parts`); otherwise the
+        texts are joined with newlines (separate parts are usually separate paragraphs), as vLLM does.
+        """
+        role = "system" if self.role == "developer" else self.role
+        content = self.content if content_parts and isinstance(self.content, list) else self.text()
+        message = {"role": role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = template_tool_calls(self.tool_calls)
+        return message

@@ -1,0 +1,81 @@
+"""Chat messages as clients send them back: OpenAI's assistant fields, tool results as parts, names.
+
+The rendering half runs the server's own ``encode_chat_messages`` with a real tokenizer and
+templates given per request, so each case names the template behaviour it depends on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import assert_error, chat
+from lightllm.server.served_model import UnreadMessageFieldError, encode_chat_messages
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+
+
+def _dumped_assistant(**fields: Any) -> dict[str, Any]:
+    """An assistant message as the openai client's ``message.model_dump()`` writes it."""
+    return {"content": None, "refusal": None, "role": "assistant", "annotations": None, "audio": None,
+            "function_call": None, "tool_calls": [CALL], **fields}
+
+
+def test_a_dumped_response_message_is_taken_as_history(client: TestClient, manager) -> None:
+    messages = [{"role": "user", "content": "time?"}, _dumped_assistant(),
+                {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    assert chat(client, messages=messages).status_code == 200
+    assert "refusal" not in manager.chat_messages[-1][1] and manager.chat_messages[-1][1]["tool_calls"]
+
+
+def test_a_refusal_is_the_assistant_turn(client: TestClient, manager) -> None:
+    messages = [{"role": "user", "content": "x"}, _dumped_assistant(refusal="I can't", tool_calls=None),
+                {"role": "user", "content": "ok"}]
+    assert chat(client, messages=messages).status_code == 200
+    assert manager.chat_messages[-1][1]["content"] == "I can't"
+
+
+@pytest.mark.parametrize(("message", "field"), [
+    (_dumped_assistant(audio={"id": "a1"}), "audio"),
+    (_dumped_assistant(function_call={"name": "clock", "arguments": "{}"}), "function_call"),
+    (_dumped_assistant(annotations=[{"type": "url_citation"}]), "annotations"),
+    (_dumped_assistant(refusal="no", content="yes", tool_calls=None), None),
+    ({"role": "user", "content": "x", "refusal": "no"}, None),
+])
+def test_assistant_fields_with_values_are_refused(client: TestClient, message: dict[str, Any],
+                                                  field: str | None) -> None:
+    error = assert_error(chat(client, messages=[{"role": "user", "content": "x"}, message]), 400,
+                         "messages.1" + (f".{field}" if field else ""))
+    assert (field or "refusal") in error["message"]
+
+
+# ---------------------------------------------------------------- rendering
+
+# Loops over content parts for users only, as many templates do; prints a tool result as it is.
+PARTS_FOR_USERS = ("{% for m in messages %}{{ m.role }}:"
+                   "{% if m.role == 'user' and m.content is not string %}{% for p in m.content %}{{ p.text }}"
+                   "{% endfor %}{% else %}{{ m.content }}{% endif %}|{% endfor %}")
+
+
+def _text(tokenizer, messages: list[dict[str, Any]], template: str) -> str:
+    ids = encode_chat_messages(tokenizer, messages, chat_template_kwargs={"chat_template": template})
+    return tokenizer.decode(ids)
+
+
+def test_a_tool_result_sent_as_parts_reaches_the_prompt_as_text(tokenizer) -> None:
+    asked = [{"type": "text", "text": "time"}, {"type": "text", "text": "?"}]
+    result = [{"type": "text", "text": "12"}, {"type": "text", "text": "00"}]
+    text = _text(tokenizer, [{"role": "user", "content": asked}, {"role": "tool", "content": result}],
+                 PARTS_FOR_USERS)
+    assert text == "user:time?|tool:12\n00|"
+
+
+def test_a_name_the_template_ignores_is_refused(tokenizer) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo", "name": "bob"}]
+    with pytest.raises(UnreadMessageFieldError, match=r"messages\[1\]\.name has no effect") as refused:
+        _text(tokenizer, messages, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert refused.value.param == "messages.1.name"
+    reads_names = "{% for m in messages %}{{ m.name or m.role }}: {{ m.content }}\n{% endfor %}"
+    assert _text(tokenizer, messages, reads_names) == "user: hi\nbob: yo\n"
