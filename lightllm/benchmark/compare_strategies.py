@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
-from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, with_flag_names
+from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, given_flags, with_flag_names
 from lightllm.benchmark.comparison_options import (
     DEFAULT_KV_TOKENS,
     DEFAULT_STRATEGIES,
@@ -66,7 +66,7 @@ from lightllm.benchmark.comparison_options import (
 from lightllm.benchmark.comparison_runner import ComparisonRunner, ServerLostError, run_comparison
 from lightllm.benchmark.report_writer import render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
-from lightllm.benchmark.workloads import FIELD_HELP, WORKLOADS, WorkloadConfig
+from lightllm.benchmark.workloads import FIELD_HELP, WORKLOADS, WorkloadConfig, workloads_using
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.server_process import ServerStartError
 
@@ -207,6 +207,21 @@ def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "decode_devices": args.decode_devices}
 
 
+def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) -> None:
+    """Refuse a typed workload flag that none of ``workloads`` reads (every run would ignore it).
+
+    ``given`` maps the typed flags' fields to the flags (:func:`~lightllm.benchmark.cli_args.given_flags`);
+    a flag some of the listed workloads read is fine (the flags apply to all of them).
+    """
+    for field, flag in given.items():
+        if field not in FIELD_HELP:
+            continue
+        users = workloads_using(field)
+        if not set(workloads) & set(users):
+            raise ValueError(f"{flag} does not apply to --workload {','.join(workloads)} (it applies to "
+                             f"{', '.join(users)})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns 1 if any measured request failed or a server failed, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -214,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         options = options_from_args(args, argv)
+        check_workload_flags_apply([cfg.name for cfg in options.workloads], given_flags(parser, argv))
         options.validate()
         topology = make_topology(args.topology, **topology_kwargs(args))
         check_out_dir(options.out_dir)  # last: it creates the directory

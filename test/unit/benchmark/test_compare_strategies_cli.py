@@ -84,3 +84,21 @@ def test_a_directory_that_holds_no_checkpoint_or_no_name_is_refused_before_any_s
 
     with pytest.raises(ValueError, match="--out-dir must name a directory"):
         check_out_dir("")
+
+
+def test_a_workload_flag_no_listed_workload_reads_is_refused_before_any_server(tmp_path, capsys):
+    """--request-rate with long_first alone was ignored by every run."""
+    from lightllm.benchmark.compare_strategies import main
+
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model_dir", str(tmp_path), "--out-dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as refused:
+        main([*base, "--workload", "long_first", "--request-rate", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and len(err) == 1
+    assert "--request-rate does not apply to --workload long_first" in err[0] and "sustained" in err[0]
+    assert not (tmp_path / "out").exists()
+    # A flag one of the listed workloads reads applies to all of them.
+    from lightllm.benchmark.compare_strategies import check_workload_flags_apply
+
+    check_workload_flags_apply(["long_first", "sustained"], {"request_rate": "--request-rate"})
