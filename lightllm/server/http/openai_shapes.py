@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lightllm.server.http.fanout import ChoiceJob
+from lightllm.server.http.text_offsets import TextOffsets
+from lightllm.server.http.token_bytes import token_bytes_for
 
 
 def json_logprob(value: float | None) -> float | None:
@@ -81,6 +83,12 @@ class TokenLogprobFormatter:
         self._tokenizer = tokenizer
         self._top_count = top_count
         self._tokens_as_ids = tokens_as_ids
+        # Shared by every request on this tokenizer: a token's bytes are worked out once.
+        self._table = token_bytes_for(tokenizer)
+
+    def offset_tracker(self) -> TextOffsets:
+        """A fresh :class:`TextOffsets` for one choice's ``text_offset``."""
+        return TextOffsets(self._table)
 
     def token_text(self, token_id: int) -> str:
         """The text of one token on its own, or ``token_id:<id>`` (vLLM's
@@ -91,21 +99,21 @@ class TokenLogprobFormatter:
         """
         if self._tokens_as_ids:
             return f"token_id:{token_id}"
-        return self._tokenizer.decode([token_id])
+        return self._table.text(token_id)
 
     def _top(self, event: Any) -> list[tuple[int, float]]:
         ranked = sorted((event.top_logprobs or {}).items(), key=lambda item: -item[1])
         return [(token_id, json_logprob(value)) for token_id, value in ranked[: self._top_count]]
 
-    def completion(self, events: list[Any], start_offset: int) -> dict[str, Any]:
-        """Legacy completions logprobs; the sampled token is always among ``top_logprobs``."""
-        tokens, offsets, top = [], [], []
-        offset = start_offset
-        events = [event for event in events if event.token_id >= 0]
+    def completion(self, events: list[Any], offsets: list[int]) -> dict[str, Any]:
+        """Legacy completions logprobs; the sampled token is always among ``top_logprobs``.
+
+        ``events`` are token records (no finish markers); ``offsets`` their ``text_offset``
+        (:class:`TextOffsets`).
+        """
+        tokens, top = [], []
         for event in events:
             tokens.append(self.token_text(event.token_id))
-            offsets.append(offset)
-            offset += len(event.text)
             if event.logprob is None:  # the first prompt token has nothing to be predicted from
                 top.append(None)
                 continue
@@ -113,7 +121,7 @@ class TokenLogprobFormatter:
             alternatives.setdefault(tokens[-1], json_logprob(event.logprob))
             top.append(alternatives)
         return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
-                "top_logprobs": top, "text_offset": offsets}
+                "top_logprobs": top, "text_offset": list(offsets)}
 
     def prompt_tokens(self, prompt_ids: list[int], first_event: Any) -> list["PromptToken"]:
         """The prompt as logprob records for echo (the first token's logprob is None)."""
@@ -144,8 +152,10 @@ class TokenLogprobFormatter:
         return result
 
     def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.token_text(token_id)
-        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
+        # ``bytes`` are the token's own bytes (also with token_id:<id> names), so joining those of
+        # consecutive tokens rebuilds a character split over them, as OpenAI documents the field.
+        return {"token": self.token_text(token_id), "logprob": json_logprob(logprob),
+                "bytes": list(self._table.raw(token_id))}
 
     def chat(self, events: list[Any]) -> dict[str, Any]:
         """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
@@ -203,43 +213,55 @@ class CompletionShaper:
         self._drop_output = drop_output
         self._prompt_logprobs = prompt_logprobs
         self._prompts = prompts or []
-        self._offsets: dict[int, int] = {}
+        # Per choice while streaming: its text_offset tracker (present once its first chunk was made).
+        self._trackers: dict[int, TextOffsets] = {}
         self.counts_completion = not drop_output
 
     def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
         """Completion streams start directly with text."""
         return []
 
-    def _records(self, index: int, events: list[Any]) -> tuple[str, list[Any]]:
-        """Text and logprob records of a choice: the echoed prompt (if any), then the output."""
-        output = [] if self._drop_output else [event for event in events if event.token_id >= 0]
-        text = "".join(event.text for event in output)
-        if self._echo is None or not events:
-            return text, output
-        prompt_text, prompt_ids = self._echo[index // self._n]
-        return prompt_text + text, self._formatter.prompt_tokens(prompt_ids, events[0]) + output
+    def _pieces(self, index: int, events: list[Any], with_prompt: bool) -> list[tuple[str, list[Any]]]:
+        """``(text, token records)`` in the order the choice's text is sent: the echoed prompt
+        (``with_prompt``, when echoing), then each output token with the text it released.
+
+        A streamed and a whole response are both built from these pieces, so their texts and
+        ``text_offset`` lists agree.
+        """
+        pieces: list[tuple[str, list[Any]]] = []
+        if with_prompt and self._echo is not None and events:
+            prompt_text, prompt_ids = self._echo[index // self._n]
+            pieces.append((prompt_text, self._formatter.prompt_tokens(prompt_ids, events[0])))
+        if not self._drop_output:
+            pieces += [(event.text, [event]) for event in events if event.token_id >= 0]
+        return pieces
+
+    def _logprobs(self, tracker: TextOffsets, pieces: list[tuple[str, list[Any]]]) -> dict[str, Any] | None:
+        """The ``logprobs`` of ``pieces`` (None when not asked for), their offsets from ``tracker``."""
+        if not self._with_logprobs:
+            return None
+        records = [record for _, group in pieces for record in group]
+        offsets = [offset for text, group in pieces
+                   for offset in tracker.feed(text, [record.token_id for record in group])]
+        return self._formatter.completion(records, offsets)
 
     def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
         """The chunk choice for one token; None for a token that adds nothing to send."""
-        first = index not in self._offsets
-        if first and self._echo is not None:
-            text, records = self._records(index, [event])
-        elif self._drop_output:
-            text, records = "", []
-        else:
-            text, records = event.text, [event]
-        if not text and event.finish_reason is None and not (self._with_logprobs and records):
+        first = index not in self._trackers
+        tracker = self._trackers.setdefault(index, self._formatter.offset_tracker())
+        pieces = self._pieces(index, [event], with_prompt=first)
+        text = "".join(piece_text for piece_text, _ in pieces)
+        has_tokens = any(group for _, group in pieces)
+        if not text and event.finish_reason is None and not (self._with_logprobs and has_tokens):
             return None
-        offset = self._offsets.get(index, 0)
-        self._offsets[index] = offset + len(text)
-        logprobs = self._formatter.completion(records, offset) if self._with_logprobs else None
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason,
-                "stop_reason": event.stop_reason}
+        return {"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
+                "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
 
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The whole choice of a non-streaming response."""
-        text, records = self._records(index, events)
-        logprobs = self._formatter.completion(records, 0) if self._with_logprobs else None
+        pieces = self._pieces(index, events, with_prompt=True)
+        text = "".join(piece_text for piece_text, _ in pieces)
+        logprobs = self._logprobs(self._formatter.offset_tracker(), pieces)
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": final_finish_reason(events),
                   "stop_reason": final_stop_reason(events)}
         if self._prompt_logprobs is not None and events:

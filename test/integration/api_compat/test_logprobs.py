@@ -57,11 +57,12 @@ def test_chat_top_logprobs_plain_and_streamed(client, tiny_server, hf_model, tok
     for row, entry in enumerate(content):
         top = [(int(alt.token.split(":", 1)[1]), alt.logprob) for alt in entry.top_logprobs]
         check_top(reference[row], output_ids[row], entry.logprob, top, 5)
-    # Without the switch tokens are their text, with UTF-8 bytes.
+    # Without the switch tokens are their text; bytes are the token's own (whole characters here).
     texts = client.chat.completions.create(**kwargs, extra_body={"ignore_eos": True}).choices[0].logprobs.content
     for row, entry in enumerate(texts):
         assert entry.token == tokenizer.decode([output_ids[row]])
-        assert bytes(entry.bytes) == entry.token.encode("utf-8")
+        if "\ufffd" not in entry.token:
+            assert bytes(entry.bytes) == entry.token.encode("utf-8")
         assert entry.top_logprobs[0].token == entry.token
         assert entry.logprob == pytest.approx(content[row].logprob, abs=ATOL)
 
@@ -134,3 +135,36 @@ def test_vllm_prompt_logprobs(tiny_server, hf_model, tokenizer):
     chat_reference = reference_prompt_logprobs(hf_model, chat_ids)
     last = chat["prompt_logprobs"][-1][str(chat_ids[-1])]["logprob"]
     assert last == pytest.approx(float(chat_reference[-1, chat_ids[-1]]), abs=ATOL)
+
+
+def test_chat_bytes_join_into_characters_split_over_tokens(tiny_server):
+    """The demo tokenizer spells CJK and emoji as one token per byte: each token reports its own byte
+    (not U+FFFD's three), so the joined bytes are the content, streamed or not."""
+    body = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+            "top_logprobs": 1, "temperature": 0, "guided_regex": "語😀x"}
+    answer = httpx.post(f"{tiny_server.url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+    assert answer["message"]["content"] == "語😀x"
+    entries = answer["logprobs"]["content"]
+    assert len(entries) == 8 and b"".join(bytes(entry["bytes"]) for entry in entries) == "語😀x".encode("utf-8")
+    chunks = [chunk["choices"][0] for chunk in sse_chunks(f"{tiny_server.url}/v1/chat/completions",
+                                                           {**body, "stream": True}) if chunk["choices"]]
+    streamed = [entry for chunk in chunks if chunk["logprobs"] for entry in chunk["logprobs"]["content"]]
+    assert [entry["bytes"] for entry in streamed] == [entry["bytes"] for entry in entries]
+
+
+def test_echo_text_offsets_point_into_the_text_streamed_or_not(tiny_server, tokenizer):
+    """BOS is not in the echoed text: the prompt's words start at 0 and the output at len(prompt);
+    the streamed offsets equal the whole response's for the same (greedy) request."""
+    prompt = "hello world"
+    body = {"model": tiny_server.model_name, "prompt": prompt, "max_tokens": 8, "logprobs": 1, "echo": True,
+            "temperature": 0, "ignore_eos": True}
+    choice = httpx.post(f"{tiny_server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    text, offsets = choice["text"], choice["logprobs"]["text_offset"]
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    assert text.startswith(prompt) and len(offsets) == len(prompt_ids) + 8
+    assert offsets[:2] == [0, 0] and offsets[len(prompt_ids)] == len(prompt)
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text)
+    chunks = [chunk["choices"][0] for chunk in sse_chunks(f"{tiny_server.url}/v1/completions", {**body, "stream": True})
+              if chunk["choices"]]
+    assert "".join(chunk["text"] for chunk in chunks) == text
+    assert [offset for chunk in chunks if chunk["logprobs"] for offset in chunk["logprobs"]["text_offset"]] == offsets

@@ -1,0 +1,207 @@
+"""Chat logprob ``bytes`` are each token's raw bytes; completions ``text_offset`` are positions in the
+returned text, the same streamed and whole.
+
+Run on real tokenizers built here: byte-level BPE (the suite's ``tokenizer``), SentencePiece-style
+byte fallback and metaspace.  Output text comes from the real detokenizer (ScriptedTextManager).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeTokenizer, sse_events
+from lightllm.server.http.app import create_app
+from lightllm.server.http.text_offsets import TextOffsets
+from lightllm.server.http.token_bytes import BYTE_FALLBACK, BYTE_LEVEL, METASPACE, TEXT, TokenBytes
+from logprob_text_support import ScriptedTextManager, byte_fallback_tokenizer, metaspace_tokenizer
+
+# CJK and emoji the small vocabularies lack: they come out as byte tokens, several per character.
+OUTPUT = " 語😀 the fox 字🎉ok"
+
+
+@pytest.fixture(scope="module")
+def fallback_tokenizer(tmp_path_factory) -> Any:
+    return byte_fallback_tokenizer(tmp_path_factory.mktemp("byte_fallback"))
+
+
+@pytest.fixture(scope="module")
+def meta_tokenizer(tmp_path_factory) -> Any:
+    return metaspace_tokenizer(tmp_path_factory.mktemp("metaspace"))
+
+
+@pytest.fixture(params=["byte_level", "byte_fallback"])
+def any_tokenizer(request, tokenizer, fallback_tokenizer) -> Any:
+    return tokenizer if request.param == "byte_level" else fallback_tokenizer
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _client(manager: ScriptedTextManager) -> TestClient:
+    return TestClient(create_app(manager), raise_server_exceptions=False)
+
+
+def _chunks(client: TestClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    events = sse_events(client.post(path, json={**body, "stream": True}))
+    return [event["choices"][0] for event in events[:-1] if event["choices"]]
+
+
+def test_the_kind_is_read_from_the_tokenizer_backend(tokenizer, fallback_tokenizer, meta_tokenizer):
+    assert TokenBytes(tokenizer).kind == BYTE_LEVEL
+    assert TokenBytes(fallback_tokenizer).kind == BYTE_FALLBACK
+    assert TokenBytes(meta_tokenizer).kind == METASPACE
+    assert TokenBytes(FakeTokenizer()).kind == TEXT
+
+
+def test_joined_token_bytes_are_the_text_for_every_kind(tokenizer, fallback_tokenizer, meta_tokenizer):
+    for tok in (tokenizer, fallback_tokenizer, meta_tokenizer):
+        table = TokenBytes(tok)
+        ids = _ids(tok, OUTPUT)
+        joined = b"".join(table.raw(token_id) for token_id in ids)
+        # A SentencePiece-style tokenizer marks the first word's start too (" 語" -> "▁▁語"...).
+        assert joined.decode("utf-8").strip() == OUTPUT.strip(), tok
+        assert OUTPUT.encode("utf-8") in joined
+    split = [token_id for token_id in _ids(tokenizer, "語") if TokenBytes(tokenizer).raw(token_id)[0] >= 0x80]
+    assert len(split) == 3 and [len(TokenBytes(tokenizer).raw(token_id)) for token_id in split] == [1, 1, 1]
+
+
+def test_chat_bytes_rebuild_characters_split_over_tokens(any_tokenizer):
+    script = _ids(any_tokenizer, OUTPUT)
+    table = TokenBytes(any_tokenizer)
+    # An alternative that is part of a character (0xC3 starts "é"), not among the chosen tokens.
+    byte_token = next(token_id for token_id in range(len(any_tokenizer)) if table.raw(token_id) == b"\xc3")
+    assert any_tokenizer.decode([byte_token]) == "\ufffd" and byte_token not in script
+    manager = ScriptedTextManager(any_tokenizer, script, alternatives=[byte_token])
+    client = _client(manager)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2,
+            "max_tokens": 64}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    content = choice["message"]["content"]
+    assert content.strip() == OUTPUT.strip()
+    entries = choice["logprobs"]["content"]
+    assert b"".join(bytes(entry["bytes"]) for entry in entries) == content.encode("utf-8")
+    for token_id, entry in zip(script, entries):
+        # The token text stays the token decoded on its own (U+FFFD for part of a character).
+        assert entry["token"] == any_tokenizer.decode([token_id])
+        assert entry["top_logprobs"][0]["bytes"] == entry["bytes"]
+        assert entry["top_logprobs"][1] == {"token": "\ufffd", "logprob": -1.0, "bytes": [0xC3]}
+    streamed = [entry for chunk in _chunks(client, "/v1/chat/completions", body)
+                if chunk["logprobs"] for entry in chunk["logprobs"]["content"]]
+    assert streamed == entries
+
+
+def test_return_tokens_as_token_ids_keeps_the_raw_bytes(tokenizer):
+    script = _ids(tokenizer, "語x")
+    client = _client(ScriptedTextManager(tokenizer, script))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+            "return_tokens_as_token_ids": True}
+    entries = client.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in entries] == [f"token_id:{token_id}" for token_id in script]
+    assert b"".join(bytes(entry["bytes"]) for entry in entries) == "語x".encode("utf-8")
+
+
+def _completion(client: TestClient, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    body = {"model": MODEL, "prompt": "hello world", "max_tokens": 64, "logprobs": 1, **fields}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    return whole, _chunks(client, "/v1/completions", body)
+
+
+def _check_stream_matches(whole: dict[str, Any], chunks: list[dict[str, Any]]) -> list[int]:
+    """The streamed text and offsets equal the whole response's; the offsets never decrease."""
+    offsets = whole["logprobs"]["text_offset"]
+    assert "".join(chunk["text"] for chunk in chunks) == whole["text"]
+    assert [offset for chunk in chunks if chunk["logprobs"] for offset in chunk["logprobs"]["text_offset"]] == offsets
+    assert offsets == sorted(offsets) and offsets[0] >= 0
+    return offsets
+
+
+def test_echo_offsets_skip_bos_and_point_into_the_text(any_tokenizer):
+    script = _ids(any_tokenizer, OUTPUT)
+    client = _client(ScriptedTextManager(any_tokenizer, script, end_with_eos=True))
+    whole, chunks = _completion(client, echo=True)
+    offsets = _check_stream_matches(whole, chunks)
+    text, tokens = whole["text"], whole["logprobs"]["tokens"]
+    assert text.startswith("hello world") and text.endswith("ok")
+    prompt_ids = any_tokenizer("hello world")["input_ids"]
+    assert tokens[0] == "<s>" and offsets[0] == 0  # BOS is not in the text: where the text begins
+    assert offsets[1] == 0  # the first word
+    output = offsets[len(prompt_ids):]
+    assert output[0] == len("hello world")
+    # Each byte token of a character gets the offset of that character; the token after it, the next one.
+    for char in "語😀字🎉":
+        at = text.index(char)
+        assert offsets.count(at) == len(char.encode("utf-8")), char  # one token per byte
+        assert at + 1 in offsets
+    # EOS is left out of the text: it gets the end of the text.
+    assert tokens[-1] == "</s>" and offsets[-1] == len(text)
+    # A token whose whole text is ASCII is found at its offset.
+    for token, offset in zip(tokens, offsets):
+        plain = token.replace("▁", " ")
+        if plain.isascii() and plain.strip() and token not in ("<s>", "</s>"):
+            assert text[offset:offset + len(plain)].strip() == plain.strip(), (token, offset)
+
+
+def test_the_reported_demo_offsets(tokenizer):
+    """The outside report: ' generic' after the echoed 'hello world' is at 11, not 14 (len('<s>') added)."""
+    script = _ids(tokenizer, " the fox")
+    client = _client(ScriptedTextManager(tokenizer, script))
+    whole, chunks = _completion(client, echo=True, max_tokens=4)
+    offsets = _check_stream_matches(whole, chunks)
+    prompt_len = len(tokenizer("hello world")["input_ids"])
+    assert whole["text"] == "hello world the fox"
+    assert offsets[prompt_len:] == [11, 15][:len(script)]
+
+
+def test_an_invalid_byte_gets_its_replacement_character_and_the_next_token_follows(tokenizer):
+    lone = next(token_id for token_id in range(len(tokenizer))
+                if tokenizer.convert_ids_to_tokens(token_id) == "Ģ")  # the byte 0x80 in GPT-2's alphabet
+    script = _ids(tokenizer, " the") + [lone] + _ids(tokenizer, ".fox")
+    client = _client(ScriptedTextManager(tokenizer, script))
+    whole, chunks = _completion(client)
+    offsets = _check_stream_matches(whole, chunks)
+    assert whole["text"] == " the\ufffd.fox"
+    at = whole["text"].index("\ufffd")
+    assert offsets[len(script) - len(_ids(tokenizer, ".fox")) - 1:][:2] == [at, at + 1]
+
+
+def test_special_tokens_kept_in_the_text_are_placed_in_it(tokenizer):
+    script = _ids(tokenizer, " the fox")
+    client = _client(ScriptedTextManager(tokenizer, script))
+    prompt = tokenizer("hello world")["input_ids"]
+    whole, chunks = _completion(client, prompt=prompt, echo=True, skip_special_tokens=False)
+    offsets = _check_stream_matches(whole, chunks)
+    assert whole["text"].startswith("<s>hello world")
+    assert offsets[:2] == [0, 3]
+
+
+def test_text_held_for_a_stop_string_is_placed_where_it_is_sent(tokenizer):
+    script = _ids(tokenizer, " the quick brown fox jumps")
+    client = _client(ScriptedTextManager(tokenizer, script))
+    # " brown" is held back (it may start "brown f"); "x" shows it was not a stop string.
+    whole, chunks = _completion(client, stop=["brown fx"])
+    offsets = _check_stream_matches(whole, chunks)
+    assert whole["text"] == " the quick brown fox jumps"
+    assert offsets[-3:] == [len(" the quick"), len(" the quick brown"), len(" the quick brown fox")]
+    # When it completes, the cut-off tokens keep their places: at and past the end of the text.
+    whole, chunks = _completion(client, stop=["brown f"])
+    offsets = _check_stream_matches(whole, chunks)
+    assert whole["text"] == " the quick "
+    assert offsets[-2:] == [len(" the quick"), len(" the quick brown")]
+
+
+def test_a_metaspace_echo_matches_the_prompt_without_its_first_space(meta_tokenizer):
+    table = TokenBytes(meta_tokenizer)
+    prompt = meta_tokenizer("hello world")["input_ids"]
+    assert table.raw(prompt[0]) == b" hello"  # the token's own bytes keep its word mark
+    assert TextOffsets(table).feed("hello world", prompt) == [0, 5]
+
+
+def test_a_tokenizer_of_unknown_kind_is_placed_by_the_text_each_token_released():
+    """FakeTokenizer decodes ids as "<id>", unlike the text: each token starts where its text did."""
+    tracker = TextOffsets(TokenBytes(FakeTokenizer()))
+    assert [tracker.feed(text, [token_id]) for text, token_id in [(" w0", 20), ("", 21), (" w2", 22)]] == [
+        [0], [3], [3]]

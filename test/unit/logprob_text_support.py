@@ -1,0 +1,104 @@
+"""Test support for logprob ``bytes`` and ``text_offset``: small real tokenizers of each kind and a
+request manager that generates scripted token ids with their text from the real detokenizer.
+
+The tokenizers are built here from the Hugging Face ``tokenizers`` library (nothing downloaded):
+byte-fallback as Llama 2 / Mistral have it (``▁`` word marks, ``<0xNN>`` byte tokens) and metaspace
+without byte tokens.  The byte-level BPE one is the suite's ``tokenizer`` fixture (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from api_fakes import FakeEvent, FakeManager, GenerateCall
+from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.detokenization.incremental_decoder import request_decoder
+
+CORPUS = ["the quick brown fox jumps over the lazy dog ok hello world"] * 20
+SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def byte_fallback_tokenizer(directory: Path) -> Any:
+    """A SentencePiece-style BPE tokenizer: word-start marks, characters outside the vocabulary as
+    ``<0xNN>`` byte tokens, BOS added, and Llama 2's decoder (which strips the space of the first mark)."""
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, limit_alphabet=60, show_progress=False)
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained.train_from_iterator(CORPUS, trainer)
+    learned = trained.get_vocab()
+    vocab = {token: index for index, token in enumerate(SPECIALS + [f"<0x{b:02X}>" for b in range(256)])}
+    for token in sorted(learned, key=learned.get):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(merge) for merge in json.loads(trained.to_str())["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = trained.normalizer
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    return _saved(tok, directory)
+
+
+def metaspace_tokenizer(directory: Path) -> Any:
+    """A metaspace BPE tokenizer without byte tokens (``▁`` marks; characters it knows whole)."""
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS + ["語 😀 字 你好 🎉"] * 5, trainer)
+    return _saved(tok, directory)
+
+
+def _saved(tok: Tokenizer, directory: Path) -> Any:
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+class ScriptedTextManager(FakeManager):
+    """A request manager on a real tokenizer: every generation yields the token ids of ``script``
+    (then EOS when ``end_with_eos``), each with the text the real detokenizer releases for it.
+
+    Every token carries top logprobs: itself first, then the tokens of ``alternatives``.
+    """
+
+    def __init__(self, tokenizer: Any, script: list[int], alternatives: list[int] = (),
+                 end_with_eos: bool = False) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.max_req_total_len = 512
+        self.eos_token_ids = [tokenizer.eos_token_id]
+        self.script = list(script) + ([tokenizer.eos_token_id] if end_with_eos else [])
+        self.alternatives = list(alternatives)
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
+                    **template_options: Any) -> list[int]:
+        return self.encode_prompt(" ".join(message["content"] for message in messages))
+
+    async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[FakeEvent]:
+        prompt_ids, params = list(spec.prompt_ids), spec.params
+        self.calls.append(GenerateCall(prompt_ids, params, spec.priority.high_priority_request, request, spec))
+        decoder = request_decoder(self.tokenizer, prompt_ids, params, self.eos_token_ids)
+        ids = self.script[:params.max_new_tokens]
+        for position, token_id in enumerate(ids):
+            text = decoder.add(token_id)
+            last = position == len(ids) - 1 or decoder.stopped
+            if last and not decoder.stopped:
+                text += decoder.flush()  # as the detokenizer adds held text to a finishing token
+            top = None
+            if params.logprobs:
+                top = {alt: -1.0 - rank for rank, alt in enumerate(self.alternatives[:params.logprobs - 1])}
+                top[token_id] = -0.5
+            finish = ("stop" if decoder.stopped or token_id in self.eos_token_ids else "length") if last else None
+            yield FakeEvent(len(self.calls), token_id, text, -0.5, finish, len(prompt_ids), 0, position + 1, top,
+                            decoder.stop_reason if last else None)
+            if last:
+                return
