@@ -241,8 +241,10 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
 
     As transformers reads it: Qwen2 / Qwen3 slide only with ``use_sliding_window``, on the layers
     ``layer_types`` names (or, without it, the layers from ``max_window_layers`` on); Mistral
-    slides on every layer unless ``sliding_window`` is null (4096 when the key is missing); Llama
-    never slides.
+    slides on every layer unless ``sliding_window`` is null (4096 when the key is missing). Llama's
+    attention never slides in transformers, but its KV cache does when the config carries a
+    ``sliding_window`` (cached generation then sees only the window while a full forward sees
+    everything), so such a window bounds the context too: within it both agree with this server.
     """
     layer_types = raw.get("layer_types")
     if layer_types is not None:
@@ -262,8 +264,12 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
             sliding = "sliding_attention" in layer_types
         else:
             sliding = int(raw.get("max_window_layers", QWEN_DEFAULT_MAX_WINDOW_LAYERS)) < num_layers
+    elif model_type == "llama":
+        window = raw.get("sliding_window")
+        # transformers' cache infers the layer kinds from the key when layer_types does not name them.
+        sliding = layer_types is None or "sliding_attention" in layer_types
     else:
-        return None  # Llama has no sliding window in transformers: the key means nothing there
+        return None
     if window is None or not sliding:
         return None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:

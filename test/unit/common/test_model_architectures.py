@@ -121,7 +121,12 @@ BASE = dict(SHAPE, model_type="llama")
         ({**BASE, "model_type": "mistral"}, 4096),  # transformers' Mistral default
         ({**BASE, "model_type": "mistral", "sliding_window": None}, None),
         ({**BASE, "model_type": "mistral", "sliding_window": 100}, 100),
-        ({**BASE, "model_type": "llama", "sliding_window": 100}, None),  # Llama never slides
+        # Llama's attention never slides, but transformers' KV cache does with the key: the window bounds
+        # the context where both of its paths agree.
+        ({**BASE, "model_type": "llama", "sliding_window": 100}, 100),
+        ({**BASE, "model_type": "llama", "sliding_window": None}, None),
+        ({**BASE, "model_type": "llama"}, None),
+        ({**BASE, "model_type": "llama", "sliding_window": 100, "layer_types": ["full_attention"] * 2}, None),
         ({**BASE, "model_type": "qwen2", "sliding_window": 100}, None),  # use_sliding_window defaults off
         ({**BASE, "model_type": "qwen2", "sliding_window": 100, "use_sliding_window": False,
           "layer_types": ["full_attention", "sliding_attention"]}, None),
