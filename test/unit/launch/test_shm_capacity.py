@@ -6,6 +6,7 @@ The free space is injected; nothing fills /dev/shm.
 from __future__ import annotations
 
 import socket
+import traceback
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,16 @@ def test_start_up_refuses_before_any_segment_or_child_exists(tiny_llama_dir, mon
 def test_the_server_exits_2_with_one_line(tiny_llama_dir, monkeypatch, capsys) -> None:
     monkeypatch.setattr(start, "shm_free_bytes", lambda: 4096)
     spawned = []
-    monkeypatch.setattr(start.mp, "get_context", lambda *a: spawned.append(a))
+    real_get_context = start.mp.get_context
+
+    def get_context(*args):
+        # Only the launcher's own call counts: the patch is process-wide, and importing uvicorn
+        # (the first import of it, when this test runs alone) asks for a spawn context too.
+        if traceback.extract_stack()[-2].filename == start.__file__:
+            spawned.append(args)
+        return real_get_context(*args)
+
+    monkeypatch.setattr(start.mp, "get_context", get_context)
     code = start.run_server(["--model_dir", str(tiny_llama_dir), "--device", "cpu", "--port", str(_free_port()),
                              "--max_total_token_num", "512", "--max_req_total_len", "256", "--log_level", "warning"])
     assert code == 2
