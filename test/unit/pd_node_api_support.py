@@ -70,7 +70,7 @@ class ScriptedNodeManager:
                            "generated_before": spec.segment.generated_before,
                            "high_priority": spec.priority.high_priority_request,
                            "infer_high_priority": spec.priority.infer_high_priority,
-                           "pd_kind": spec.pd.kind, "kv_start": spec.pd.kv_start})
+                           "pd_kind": spec.pd.kind, "kv_start": spec.pd.kv_start, "lease_s": spec.pd.lease_s})
         try:
             for item in list(self.script):
                 if isinstance(item, BaseException):

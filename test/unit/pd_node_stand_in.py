@@ -153,6 +153,7 @@ class NodeStandIn:
         self.prefill_delay = 0.0  # P: seconds before the first token
         self.first_line_delay = 0.0  # P: seconds between handing the token to D and sending its line
         self.refuse_setup = False  # answer transfer_setup with a 500
+        self.setup_delay = 0.0  # seconds before answering transfer_setup (a node that is up but slow)
         self.lease_expires = False  # D: an error line (lease expired) right after reserving
         # P: after D took the first token, wait for cut_stream() and then break the stream
         # without its handed_off line (a node that dies before its last line leaves).
@@ -250,6 +251,7 @@ class NodeStandIn:
         async def transfer_setup(request: Request) -> JSONResponse:
             body = await request.json()
             self.setups.append(body)
+            await asyncio.sleep(self.setup_delay)
             if self.refuse_setup:
                 return JSONResponse({"error": {"message": "rank 0 could not start its transfer handle",
                                                "type": "server_error", "param": None, "code": None}}, 500)
@@ -332,7 +334,9 @@ class NodeStandIn:
         yield _line({"event": "reserved", "kv_start": 0})
         if self.lease_expires:
             await asyncio.sleep(0.1)
-            yield _line({"event": "error", "message": "the KV did not arrive within the lease", "transfer_broken": False})
+            # As a real decode node words it (pd_rank_transfer: error_kind lease_expired).
+            yield _line({"event": "error", "message": "the KV did not arrive within the lease", "transfer_broken": False,
+                         "error_kind": "lease_expired"})
             return
         first = await self.handoff.take((body["request_id"], body["segment_index"]))
         yield _token(first)  # the echo of P's first token

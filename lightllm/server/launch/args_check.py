@@ -18,6 +18,7 @@ from lightllm.server.launch.arg_parser import (
     flag_names,
     flags_given,
 )
+from lightllm.server.launch.host_names import host_problem
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
@@ -27,6 +28,13 @@ from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 _DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
 _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
                       "pd_prefix_affinity_tokens")
+# The prefill queue's order and its bound: a decode node never prefills a prompt (it receives the
+# KV), so there they would order nothing.
+_PREFILL_QUEUE_FLAGS = ("prefill_queue_strategy", "prefill_max_overtake_tokens", "prefill_overtake_fraction",
+                        "disable_prefill_overtake_bound")
+# How often the master hears from each node: below this a loaded node's heartbeat misses the
+# window and healthy nodes are dropped; above it a dead node goes unnoticed for minutes.
+PD_HEARTBEAT_INTERVAL_RANGE = (0.5, 60.0)
 # How the public API reads requests: a PD cluster's master serves it, a node refuses it (its own
 # endpoints take requests the master already built), so on a node these would do nothing.
 _PUBLIC_API_FLAGS = ("tool_call_parser", "generation_config", "chat_template", "trust_request_chat_template",
@@ -55,6 +63,12 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
                                 "(--run_mode decode), not by a prefill node")
+    if run_mode == "decode":
+        given = flags_given(args, _PREFILL_QUEUE_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
+                                "(it receives the KV), so it has no prefill queue to order; give "
+                                f"{'it' if len(given) == 1 else 'them'} to the prefill node")
     if run_mode in PD_NODE_MODES:
         given = flags_given(args, _MASTER_ONLY_FLAGS)
         if given:
@@ -66,6 +80,10 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
             raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if one else ''} the public "
                                 f"API, which the PD master serves; give {'it' if one else 'them'} to the master, not "
                                 f"to a {run_mode} node")
+    if run_mode in PD_NODE_MODES:
+        problem = host_problem(args.pd_master_ip)
+        if problem:
+            raise ArgumentError(f"--pd_master_ip {args.pd_master_ip!r}: {problem}")
     node_id = getattr(args, "pd_node_id", None)
     if node_id is not None and not NODE_ID_PATTERN.match(node_id):
         raise ArgumentError("--pd_node_id must be 1-128 characters of letters, digits and '._:-' starting with a "
@@ -86,8 +104,13 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
     for name in ("pd_heartbeat_interval", "pd_reserve_lease_seconds", "pd_transfer_timeout_seconds",
                  "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds"):
         value = getattr(args, name)
-        if not 0 < value < float("inf"):
+        if value is not None and not 0 < value < float("inf"):
             raise ArgumentError(f"--{name} must be a positive, finite number of seconds, got {value}")
+    low, high = PD_HEARTBEAT_INTERVAL_RANGE
+    if not low <= args.pd_heartbeat_interval <= high:
+        raise ArgumentError(f"--pd_heartbeat_interval must be {low:g} to {high:g} seconds, got "
+                            f"{args.pd_heartbeat_interval:g} (shorter drops healthy nodes whose heartbeat is late; "
+                            "longer leaves a dead node unnoticed for minutes)")
     if args.pd_prefix_affinity_tokens < 0:
         raise ArgumentError(f"--pd_prefix_affinity_tokens must be >= 0 (0: no affinity), got {args.pd_prefix_affinity_tokens}")
     if args.pd_max_segment_tokens < 0:

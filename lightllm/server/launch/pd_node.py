@@ -43,6 +43,7 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
 from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.host_names import bare_host, url_host
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient
@@ -77,7 +78,7 @@ def advertised_host(args: argparse.Namespace) -> str:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             # A UDP "connect" sends nothing; it only picks the interface that routes to the master.
-            probe.connect((args.pd_master_ip, args.pd_master_port))
+            probe.connect((bare_host(args.pd_master_ip), args.pd_master_port))
             return probe.getsockname()[0]
     except OSError as exc:
         raise ArgumentError(
@@ -177,7 +178,7 @@ class PdNodeRuntime:
         if args.log_level != "debug":
             # httpx logs every request at INFO: one line per heartbeat would drown the node's log.
             logging.getLogger("httpx").setLevel(logging.WARNING)
-        self.master_url = f"http://{args.pd_master_ip}:{args.pd_master_port}"
+        self.master_url = f"http://{url_host(bare_host(args.pd_master_ip))}:{args.pd_master_port}"
         self.heartbeat_interval_s = args.pd_heartbeat_interval
         self.streams = PdStreams()
         self.refusal: Optional[str] = None

@@ -33,7 +33,8 @@ def pd_backend_settings(
                     store_host: Optional[TransferStoreHost]) -> KVTransferHandle:
         return KVTransferHandle(
             side, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
-            connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.reserve_lease_s,
+            # Every reservation passes its own lease (PdRankTransfer.reserve); this is only the fallback.
+            connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.lease_for(0.0),
             group_name=group_name, store_host=store_host,
         )
 

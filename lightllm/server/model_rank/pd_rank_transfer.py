@@ -18,8 +18,10 @@ itself as the argument.  Nothing here blocks the inference step:
   ``spec.pd.epoch``.  A prefill node joins it and remembers its ``kv_start`` and epoch.  A decode
   node reserves KV for the prompt plus what one segment may generate, or finishes the request
   ``FINISH_BUSY`` at once (after a ``busy`` notice naming the limit it hit); then it asks its
-  epoch's handle to receive positions ``[kv_start, input_len)``, with the reservation lease as
-  the wait.  A request whose epoch has no handle fails as a broken transfer.
+  epoch's handle to receive positions ``[kv_start, input_len)``, with the reservation's lease
+  as the wait: the master's lease for the request (``spec.pd.lease_s``), bounded by
+  ``--pd_reserve_lease_seconds`` (:meth:`PdRankSettings.lease_for`).  A request whose epoch has
+  no handle fails as a broken transfer.
 * :meth:`PdRankTransfer.after_step` (prefill node) sends each handed-off request's positions
   ``[kv_start, input_len)`` with its first token in the header, on its epoch's handle, right
   after the step.
@@ -242,8 +244,9 @@ class PdRankTransfer:
         if self.role == "decode":
             req = self.reserve(backend, request_id, shm_index, spec)
             if req is not None and self.rank == 0:
-                log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d", request_id,
-                         spec.segment.segment_index, req.cur_kv_len, spec.prompt_len)
+                log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d lease=%gs", request_id,
+                         spec.segment.segment_index, req.cur_kv_len, spec.prompt_len,
+                         self.settings.lease_for(spec.pd.lease_s))
             return req
         req = backend.add_request(request_id, spec, shm_index)
         self._pending_sends[request_id] = (spec.pd.kv_start, spec.pd.epoch)
@@ -269,8 +272,8 @@ class PdRankTransfer:
         self._transfer_epochs[request_id] = spec.pd.epoch
         self._notify(PdNotice(request_id, "reserved", kv_start=kv_start))
         slots = backend.kv.slots(req, kv_start, req.input_len)
-        self._submit(request_id, spec.pd.epoch,
-                     lambda handle: handle.receive(request_id, slots, wait_s=self.settings.reserve_lease_s))
+        lease_s = self.settings.lease_for(spec.pd.lease_s)
+        self._submit(request_id, spec.pd.epoch, lambda handle: handle.receive(request_id, slots, wait_s=lease_s))
         return req
 
     def after_step(self, backend: Any, report: StepReport) -> None:

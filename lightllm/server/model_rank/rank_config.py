@@ -14,12 +14,19 @@ from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
 
 
+# The lease of a decode reservation that carries none (a master of an older version) on a node
+# without --pd_reserve_lease_seconds: the flag's former default, so such a pair behaves as before.
+DEFAULT_RESERVE_LEASE_S = 30.0
+
+
 @dataclass
 class PdRankSettings:
     """A PD rank's transfer settings, from the node's flags (used by :mod:`.pd_rank_transfer`).
 
     Defined here, not beside the transfer code, because the launcher builds it and must not
-    import the KV transfer (torch).
+    import the KV transfer (torch).  ``reserve_lease_s`` is ``--pd_reserve_lease_seconds``: an
+    upper bound on every reservation's lease (None: no bound, the master's lease applies); see
+    :meth:`lease_for`.
     """
 
     page_size: int = 256
@@ -27,12 +34,26 @@ class PdRankSettings:
     transfer_port: int = 0  # prefill node: rank r hosts at transfer_port + r
     transfer_timeout_s: float = 30.0
     connect_timeout_s: float = 60.0
-    reserve_lease_s: float = 30.0
+    reserve_lease_s: Optional[float] = None
     max_segment_tokens: int = 0  # 0: no limit
     # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
     # start-up (pd/transfer_ports.py); the rank serves its one transfer store on it, which every
     # pair's transfer processes join (pd/kv_transfer/store_host.py).
     listen_socket: Optional[socket.socket] = None
+
+    def lease_for(self, requested_s: float) -> float:
+        """The receive wait of a decode reservation whose master asked for ``requested_s`` (0: none).
+
+        The master sends how long it is prepared to wait for the request's KV, so its own
+        timeouts (with their error codes) fire first while it is alive, and a request queued on
+        a busy prefill node keeps its reservation as long as the master keeps the request.  The
+        node's flag, when set, bounds that; a reservation without a lease gets the flag, else
+        :data:`DEFAULT_RESERVE_LEASE_S`.
+        """
+        cap = self.reserve_lease_s
+        if requested_s > 0:
+            return requested_s if cap is None else min(requested_s, cap)
+        return DEFAULT_RESERVE_LEASE_S if cap is None else cap
 
 
 @dataclass

@@ -88,8 +88,11 @@ def test_model_name_takes_a_list_of_served_names():
     [
         ("normal", "pd_heartbeat_interval", "--pd_heartbeat_interval configures PD clusters"),
         ("normal", "pd_master_ip", "--pd_master_ip configures PD clusters"),
-        ("prefill", "pd_reserve_lease_seconds", "read by decode nodes only"),
+        # (--pd_reserve_lease_seconds has no default value to write: test_pd_startup_checks gives it one.)
+        ("prefill", "pd_max_segment_tokens", "read by decode nodes only"),
         ("decode", "pd_prefill_timeout_seconds", "read by the PD master only"),
+        ("decode", "prefill_queue_strategy", "a decode node never prefills a prompt"),
+        ("decode", "prefill_overtake_fraction", "a decode node never prefills a prompt"),
     ],
 )
 def test_a_flag_for_another_role_is_refused_even_at_its_default_value(run_mode, flag, message):
@@ -191,3 +194,27 @@ def test_a_model_dir_without_a_checkpoint_is_refused_naming_the_flag(tmp_path):
         read_checkpoint(make_argument_parser().parse_args(["--model_dir", str(tmp_path / "missing")]))
     with pytest.raises(ValueError, match=r"^--model_dir \S+: no config.json there"):
         read_checkpoint(make_argument_parser().parse_args(["--model_dir", str(tmp_path)]))
+
+
+@pytest.mark.parametrize("address", ["", "not a host!", "[node1]", "node_1", "a" * 64 + ".example.com"])
+def test_a_pd_master_address_that_is_no_host_is_refused_at_start(address):
+    """A node built its registration URL from it and retried forever, or (an IPv6 literal) failed
+    silently and printed a traceback only when stopped."""
+    with pytest.raises(ArgumentError, match=r"^--pd_master_ip .*: not an"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", "decode", "--pd_master_ip", address]))
+
+
+def test_pd_master_addresses_of_every_kind_reach_a_url():
+    from lightllm.server.launch.host_names import bare_host, url_host
+
+    for address, url in [("::1", "[::1]"), ("[::1]", "[::1]"), ("10.0.0.7", "10.0.0.7"), ("master-0.pd", "master-0.pd")]:
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", "prefill", "--pd_master_ip", address]))
+        assert url_host(bare_host(address)) == url
+
+
+@pytest.mark.parametrize("interval", ["0.01", "0.4", "61", "1e9"])
+def test_a_heartbeat_interval_outside_its_range_is_refused(interval):
+    """At 0.01 s the master dropped healthy nodes and failed every request; at 1e9 a dead node stayed."""
+    with pytest.raises(ArgumentError, match="--pd_heartbeat_interval must be 0.5 to 60 seconds"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--pd_heartbeat_interval",
+                                         interval]))

@@ -259,3 +259,23 @@ def test_a_hung_peer_times_out_instead_of_hanging(pair) -> None:
     restart_pair(prefill, decode)  # kills the stopped process
     sent, received = _transfer(prefill, decode, {602: (torch.arange(8), torch.arange(8))})
     assert sent[602].ok and received[602].ok
+
+
+def test_a_lease_of_any_length_is_held_and_the_process_keeps_serving() -> None:
+    """A receive's lease is its master's prefill timeout plus a margin: any finite number of
+    seconds.  The transfer process waits for the nearest one on its pipe, whose poll refuses a
+    timeout past about 24 days; it must keep serving (own pair: a crash must not spoil the others)."""
+    source, target = _filled(1), _cache()
+    prefill, decode = start_pair(source, target, page_size=PAGE, timeout_s=TIMEOUT_S)
+    try:
+        decode.receive(221, [40, 41], wait_s=1e9)
+        decode.receive(222, [42, 43], wait_s=1e300)
+        sent, received = _transfer(prefill, decode, {223: (torch.tensor([4, 5]), torch.tensor([44, 45]))})
+        assert sent[223].ok and received[223].ok and decode.broken_reason is None
+        assert torch.equal(target.export_slots(torch.tensor([44, 45])), source.export_slots(torch.tensor([4, 5])))
+        for request_id in (221, 222):  # still held, not expired: a cancellation ends them
+            decode.cancel_receive(request_id)
+        assert all(result.cancelled for result in collect(decode, 2).values())
+    finally:
+        prefill.close()
+        decode.close()

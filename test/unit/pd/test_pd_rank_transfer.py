@@ -85,7 +85,7 @@ class Node:
         s = self.pd.settings
         return KVTransferHandle(role, self.backend.kv.kv_cache, host, port, page_size=s.page_size,
                                 timeout_s=s.transfer_timeout_s, connect_timeout_s=s.connect_timeout_s,
-                                receive_wait_s=s.reserve_lease_s, group_name=group_name, store_host=store_host)
+                                receive_wait_s=s.lease_for(0.0), group_name=group_name, store_host=store_host)
 
     def iterate(self) -> None:
         """What the rank loop does once: poll (transfer results), step (hand-offs go out with it), publish."""

@@ -23,12 +23,13 @@ body keeps ``max_new_tokens`` in ``params``).  This module imports no torch.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Sequence, Tuple
 
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.core.objs.shm_req_layout import PD_KIND_NONE, PD_KIND_PREFILL, PD_KINDS
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL, PD_KINDS
 
 # The record stores every request field (and prompt token) as a 32-bit integer.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -103,12 +104,16 @@ class PdPlacement:
     (a prefill node's request only): the first prompt position whose KV is sent, i.e. the
     decode node's own prefix-cache hit.  ``epoch``: the transfer pair (P, D) the master set up for
     this request, which picks the rank's KV transfer handle on a node connected to several peers
-    (0: none, a normal request).
+    (0: none, a normal request).  ``lease_s`` (a decode node's request only): how long the master
+    is prepared to wait for this request's KV (its prefill timeout plus the hand-off margin), which
+    the decode ranks use as the reservation's lease, bounded by ``--pd_reserve_lease_seconds``
+    when that is set (0.0: the master sent none; the node's own lease applies).
     """
 
     kind: int = PD_KIND_NONE
     kv_start: int = 0
     epoch: int = 0
+    lease_s: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.kind, bool) or self.kind not in PD_KINDS:
@@ -119,6 +124,13 @@ class PdPlacement:
         _require_int("pd_epoch", self.epoch, 0, INT32_MAX)
         if self.epoch and self.kind == PD_KIND_NONE:
             raise RequestSpecError("pd_epoch", "pd_epoch applies to PD requests only")
+        lease = self.lease_s
+        # An int is a caller's whole seconds; bool is not a number of seconds.
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 <= lease < math.inf:
+            raise RequestSpecError("pd_lease_s", f"pd_lease_s must be a finite number of seconds >= 0, got {lease!r}")
+        object.__setattr__(self, "lease_s", float(lease))
+        if self.lease_s and self.kind != PD_KIND_DECODE:
+            raise RequestSpecError("pd_lease_s", "pd_lease_s applies to PD decode requests only")
 
 
 @dataclass(frozen=True)
@@ -214,6 +226,7 @@ class RequestSpec:
         pd_kind: int = PD_KIND_NONE,
         kv_start: int = 0,
         pd_epoch: int = 0,
+        pd_lease_s: float = 0.0,
     ) -> "RequestSpec":
         """A spec from flat fields (the record's and a PD body's names)."""
         return cls(
@@ -221,6 +234,6 @@ class RequestSpec:
             params,
             Priority(high_priority_request, infer_high_priority),
             Segment(segment_index, generated_before),
-            PdPlacement(pd_kind, kv_start, pd_epoch),
+            PdPlacement(pd_kind, kv_start, pd_epoch, pd_lease_s),
         )
 

@@ -62,6 +62,7 @@ def write_input_fields(rec: np.void, spec: RequestSpec, encoded_stops: bytes) ->
     rec["pd_kind"] = spec.pd.kind
     rec["kv_start"] = spec.pd.kv_start
     rec["pd_epoch"] = spec.pd.epoch
+    rec["pd_lease_s"] = spec.pd.lease_s
     rec["scheduled_ns"] = 0
     for name in COPIED_FIELDS:
         rec[name] = getattr(params, name)
@@ -111,6 +112,7 @@ def read_request_spec(rec: np.void) -> RequestSpec:
         pd_kind=int(rec["pd_kind"]),
         kv_start=int(rec["kv_start"]),
         pd_epoch=int(rec["pd_epoch"]),
+        pd_lease_s=float(rec["pd_lease_s"]),
     )
 
 

@@ -77,6 +77,9 @@ def record_dtype(max_req_total_len: int) -> np.dtype:
             ("kv_start", np.int32),
             # Internal PD field: the transfer pair's epoch, which picks the rank's transfer handle.
             ("pd_epoch", np.int32),
+            # Internal PD field (decode node): the master's lease for the reservation in seconds
+            # (0.0: none sent); the ranks bound it by --pd_reserve_lease_seconds.
+            ("pd_lease_s", np.float64),
             # Internal: how many trailing prompt tokens are output of earlier segments (a PD
             # continuation); sampling counts them as generated (seeded step, penalties, decay).
             ("generated_before", np.int32),

@@ -44,6 +44,10 @@ from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
 # A header may overtake the ReceiveKV command that registers its slots (a store key and a
 # pipe); wait this long for the command before refusing the header.
 REGISTRATION_GRACE_S = 1.0
+# Longest single wait on the owner's pipe.  A lease is any finite number of seconds (the
+# master's prefill timeout plus a margin), but the pipe's poll refuses timeouts past about 24
+# days (OverflowError), so a far deadline is waited for in steps of this size.
+MAX_PIPE_WAIT_S = 3600.0
 
 
 class Reservations:
@@ -144,7 +148,7 @@ def serve_decode(config: TransferConfig, conn: Connection, cache: KVCacheMemoryM
     threading.Thread(target=worker.run, name="kv-transfer-decode", daemon=True).start()
     while True:
         deadline = reservations.next_deadline()
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        timeout = None if deadline is None else min(MAX_PIPE_WAIT_S, max(0.0, deadline - time.monotonic()))
         try:
             command = conn.recv() if conn.poll(timeout) else None
         except (EOFError, OSError):

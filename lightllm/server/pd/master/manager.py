@@ -186,7 +186,11 @@ class PdMasterManager:
         spec.check_fits(self.vocab_size, self.max_req_total_len)
         prompt_ids, params, high_priority = list(spec.prompt_ids), spec.params, spec.priority.high_priority_request
         self._gate.check(request)
-        self.registry.require_ready()
+        try:
+            self.registry.require_ready()
+        except ServerUnavailableError as exc:
+            self.metrics.on_refusal(exc.code)  # a failed request too, though it never got an id
+            raise
         if self._flow is None:
             raise ServerUnavailableError("The PD master has not started", "server_not_started")
         request_id = self._next_request_id
@@ -271,11 +275,13 @@ class PdMasterManager:
             log.warning("request %d failed (%s): %s", request_id, exc.code, exc)
             raise
         except ServerBusyError as exc:
-            finish_reason = "busy"  # refused, not run: not a finished request
+            finish_reason = "busy"  # refused, not run: not a finished request (but a failed one)
+            self.metrics.on_refusal("server_busy")
             log.info("request %d refused: %s", request_id, exc)
             raise
         except ServerUnavailableError as exc:
             finish_reason = "error"
+            self.metrics.on_refusal(exc.code)
             log.warning("request %d refused (%s): %s", request_id, exc.code, exc)
             raise
         except Exception:

@@ -20,7 +20,9 @@ exports its own).  The PD families:
   first token after dispatch), ``transfer`` (P's first token to D's echo of it: the KV moved and
   D admitted the request), ``first_decode_token`` (the echo to D's first generated token);
 * ``lightllm_pd_continuation_segments_total`` -- continuation segments dispatched;
-* ``lightllm_pd_failed_requests_total{reason}`` -- requests that ended with an error.
+* ``lightllm_pd_failed_requests_total{reason}`` -- requests that ended with an error: the
+  failures of a request that ran (:data:`RUN_FAILURE_REASONS`) and the 503 refusals of one that
+  could not start (:data:`REFUSAL_REASONS`, by the error code the client got).
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from lightllm.server.pd.protocol.membership import NodeLoad
 
 MASTER_STRATEGY_LABEL = "pd_master"
 PHASES = ("reserve", "prefill", "transfer", "first_decode_token")
-FAILURE_REASONS = ("timeout", "node_error", "transfer_failed", "node_lost", "node_unreachable", "protocol", "stopped")
+RUN_FAILURE_REASONS = ("timeout", "node_error", "transfer_failed", "node_lost", "node_unreachable", "protocol",
+                       "stopped")
+# The reason of a request refused with a 503, by its error code; any other code (the master
+# stopping or failing) counts as "stopped", like the requests in flight it ends then.
+REFUSAL_REASONS = {"pd_not_ready": "not_ready", "pd_transfer_setup_failed": "transfer_setup_failed",
+                   "server_busy": "busy"}
+FAILURE_REASONS = RUN_FAILURE_REASONS + tuple(REFUSAL_REASONS.values())
 _PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -131,6 +139,10 @@ class MasterMetrics:
     def on_failure(self, reason: str) -> None:
         """A request ended with an error of kind ``reason`` (one of :data:`FAILURE_REASONS`)."""
         self.failed_requests.labels(reason).inc()
+
+    def on_refusal(self, code: str) -> None:
+        """A request was refused with a 503 of error ``code`` (``pd_not_ready``, ``server_busy``, ...)."""
+        self.on_failure(REFUSAL_REASONS.get(code, "stopped"))
 
     def render(self) -> Tuple[bytes, str]:
         """Body and content type for /metrics."""

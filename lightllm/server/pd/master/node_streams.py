@@ -55,6 +55,26 @@ class NodeCallError(Exception):
         self.unreachable = unreachable
 
 
+def _within(seconds: Optional[float]) -> str:
+    return f"within {seconds:g} s" if seconds is not None else "in time"
+
+
+def _call_failure(node: NodeInfo, path: str, exc: httpx.HTTPError, timeout: httpx.Timeout) -> NodeCallError:
+    """The :class:`NodeCallError` of a call that got no answer (``timeout``: the call's bounds).
+
+    A timeout's own text is empty, and a node that accepted the connection was reached: it
+    just did not answer in time, which is what the message must say.
+    """
+    if isinstance(exc, httpx.ConnectTimeout):
+        why = f"could not be reached on {path}: no connection {_within(timeout.connect)}"
+    elif isinstance(exc, httpx.TimeoutException):
+        why = f"did not answer {path} {_within(timeout.read)}"
+    else:
+        detail = str(exc)
+        why = f"could not be reached on {path}: {type(exc).__name__}{': ' + detail if detail else ''}"
+    return NodeCallError(node, f"{node.describe()} {why}", unreachable=True)
+
+
 def _error_message(response: httpx.Response, body: bytes) -> tuple[str, Optional[str]]:
     try:
         error = json.loads(body)["error"]
@@ -113,8 +133,7 @@ class NodeStream:
                     self._sink(event)
             self._sink(STREAM_END)
         except httpx.HTTPError as exc:
-            self._sink(NodeCallError(self.node, f"{self.node.describe()} could not be reached on {self.path}: "
-                                                f"{type(exc).__name__}: {exc}", unreachable=True))
+            self._sink(_call_failure(self.node, self.path, exc, self._client.timeout))
 
     def cancel(self) -> None:
         """Stop reading now; the reader closes the connection on its own (see :meth:`close`).
@@ -197,11 +216,11 @@ class NodeStreams:
     async def post_json(self, node: NodeInfo, path: str, body: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
         """POST ``body`` and return the JSON answer; :class:`NodeCallError` on any failure."""
         url = f"http://{node.http_address}{path}"
+        timeout = httpx.Timeout(timeout_s)
         try:
-            response = await self._client.post(url, json=body, timeout=timeout_s)
+            response = await self._client.post(url, json=body, timeout=timeout)
         except httpx.HTTPError as exc:
-            raise NodeCallError(node, f"{node.describe()} could not be reached on {path}: {type(exc).__name__}: {exc}",
-                                unreachable=True) from None
+            raise _call_failure(node, path, exc, timeout) from None
         if response.status_code != 200:
             message, code = _error_message(response, response.content)
             raise NodeCallError(node, message, response.status_code, code)

@@ -4,8 +4,9 @@ For a segment (:mod:`.continuation`) of a request the master
 
 1. places it: a prefill node and a decode node (:mod:`.node_selector`), and makes sure their
    pair is set up (:mod:`.pair_setup`);
-2. opens ``D /pd/node/decode``; D answers ``reserved`` (its prefix-cache hit as ``kv_start``),
-   ``busy`` (at once; :class:`~.busy_retry.NodeBusy`) or ``error`` -- deadline
+2. opens ``D /pd/node/decode`` with the reservation's lease (:attr:`PhaseDeadlines.reserve_lease_s`:
+   how long the master itself waits for the KV); D answers ``reserved`` (its prefix-cache hit as
+   ``kv_start``), ``busy`` (at once; :class:`~.busy_retry.NodeBusy`) or ``error`` -- deadline
    ``--pd_decode_token_timeout_seconds``;
 3. opens ``P /pd/node/prefill`` with that ``kv_start`` and the segment's inference priority;
    P answers the first token -- deadline ``--pd_prefill_timeout_seconds`` -- or ``busy``
@@ -67,9 +68,23 @@ class PhaseDeadlines:
     busy_retry_s: float = 0.0
     handoff_s: float = 30.0
 
+    @property
+    def reserve_lease_s(self) -> float:
+        """The lease the master asks a decode node to hold a segment's reservation for.
 
-# ``error_kind`` values of an error line (optional) that mean the KV transfer failed.
-# A lease that expired means the KV never arrived in time: a transfer failure too.
+        The reservation is made before the prefill node is asked, so its lease must cover the
+        whole prefill wait (a request queued on a busy prefill node is not lost while the master
+        still waits for it: the master's ``pd_timeout`` fires first) plus the hand-off margin
+        for the KV to start arriving after the first token.  It only fires first when the
+        master is gone or broken, or the KV does not start moving within the margin.
+        """
+        return self.prefill_s + self.handoff_s
+
+
+# ``error_kind`` values of an error line (optional) that mean the KV transfer failed: code
+# ``pd_transfer_failed``.  An expired lease is one: the KV did not arrive within the lease (the
+# master's own, so past its prefill wait plus the hand-off margin, or a shorter one the decode
+# node's --pd_reserve_lease_seconds set).
 TRANSFER_ERROR_KINDS = frozenset({"transfer_failed", "transfer_broken", "lease_expired"})
 
 
@@ -172,7 +187,8 @@ class SegmentFlow:
                 "high_priority_request": run.high_priority or segment.segment_index > 0,
             }
             started = time.monotonic()
-            run.track(self.nodes.stream(pair.decode, DECODE_PATH, common, run.sink(DECODE)))
+            reserve = {**common, "reserve_lease_seconds": self.deadlines.reserve_lease_s}
+            run.track(self.nodes.stream(pair.decode, DECODE_PATH, reserve, run.sink(DECODE)))
             line = await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer")
             kind = line.get("event")
             if kind == "busy":

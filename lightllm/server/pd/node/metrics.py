@@ -10,7 +10,7 @@ Every series carries the node's ``role`` (``prefill`` or ``decode``):
 * ``lightllm_pd_failed_transfers_total``: requests whose KV transfer failed or whose transfer
   group broke;
 * ``lightllm_pd_expired_leases_total``: decode reservations freed because the KV did not arrive
-  within ``--pd_reserve_lease_seconds``;
+  within their lease (the master's, at most ``--pd_reserve_lease_seconds``);
 * ``lightllm_pd_busy_answers_total``: requests answered busy at once;
 * ``lightllm_pd_segment_ends_total{reason}``: segments the decode node ended
   (``kv_pressure`` or ``segment_limit``), each continued by the master as a new segment.

@@ -41,7 +41,7 @@ _ADDRESS = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[
 _SAMPLING_FIELDS = tuple(SamplingParams.__dataclass_fields__)
 _PARAM_NAMES = {name: f"params.{name}" for name in _SAMPLING_FIELDS}
 # RequestSpecError fields that a body holds under another name.
-_BODY_NAMES = {"max_new_tokens": "params.max_new_tokens"}
+_BODY_NAMES = {"max_new_tokens": "params.max_new_tokens", "pd_lease_s": "reserve_lease_seconds"}
 
 
 class _StrictBody(BaseModel):
@@ -84,7 +84,14 @@ class _NodeRequestBody(_StrictBody):
 
 
 class DecodeBody(_NodeRequestBody):
-    """``POST /pd/node/decode``: reserve KV for a request, receive its prompt KV, decode it."""
+    """``POST /pd/node/decode``: reserve KV for a request, receive its prompt KV, decode it.
+
+    ``reserve_lease_seconds``: how long the master waits for this segment's KV (its prefill
+    timeout plus the hand-off margin); the node holds the reservation that long, at most its
+    ``--pd_reserve_lease_seconds``.  Absent (an older master): the node's own lease.
+    """
+
+    reserve_lease_seconds: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class PrefillBody(_NodeRequestBody):
@@ -113,6 +120,7 @@ def request_spec_of(body: _NodeRequestBody, vocab_size: int, max_req_total_len: 
             generated_before=body.generated_before,
             pd_kind=PD_KIND_PREFILL if prefill else PD_KIND_DECODE,
             kv_start=body.kv_start if prefill else 0,
+            pd_lease_s=(body.reserve_lease_seconds or 0.0) if isinstance(body, DecodeBody) else 0.0,
         )
         # Here, not only in the manager: a refusal must be a 400 before the stream starts.
         spec.check_fits(vocab_size, max_req_total_len)

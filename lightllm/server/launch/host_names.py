@@ -1,0 +1,43 @@
+"""Host names as flags give them and as URLs need them.
+
+``--pd_master_ip`` may be an IPv4 or IPv6 address (with or without the brackets a URL puts
+around IPv6) or a DNS host name; it is checked at start-up, since a node otherwise registers
+with a URL it cannot build and says nothing until it stops.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Optional
+
+# A DNS host name: dot-separated labels of letters, digits and inner hyphens (RFC 1123).
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
+
+
+def bare_host(host: str) -> str:
+    """``host`` without the URL brackets an IPv6 address may be given in (``[::1]`` -> ``::1``)."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def host_problem(host: str) -> Optional[str]:
+    """Why ``host`` is not an IP address or a DNS host name (None when it is one)."""
+    text = bare_host(host)
+    try:
+        ipaddress.ip_address(text)
+        return None
+    except ValueError:
+        pass
+    if text != host:
+        return "not an IPv6 address inside the brackets"
+    if not _HOST_NAME.match(host):
+        return "not an IP address or a host name (letters, digits, '-' and '.', at most 253 characters)"
+    return None
+
+
+def url_host(host: str) -> str:
+    """``host`` (bare) as the host part of a URL: an IPv6 address in brackets (``http://[::1]:8000``)."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
