@@ -168,7 +168,9 @@ def make_argument_parser() -> argparse.ArgumentParser:
         type=finite_float,
         default=1.0,
         help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity; "
-        "above 1 it overcommits and pauses requests when the KV cache runs out. Not LightLLM's busy threshold of the same "
+        "above 1 it overcommits and pauses requests when the KV cache runs out (a paused request gives its KV back and "
+        "computes it again when it resumes: a burst that overflows the cache at 2 computed about 10x its prompt tokens). "
+        "Not LightLLM's busy threshold of the same "
         "name (whose default 0.0 is refused here).",
     )
     group.add_argument(
