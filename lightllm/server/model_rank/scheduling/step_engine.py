@@ -83,6 +83,10 @@ class StepEngine:
         # Tokens requests received between steps (a decode node's first token, sampled by the
         # prefill node); the next step reports them ahead of its own, for the same reason.
         self._carried: List[Tuple[InferReq, int, float]] = []
+        # Requests that have left, and how many had left when each paused request paused: a
+        # paused request waits for room freed by a departure (see resume_paused).
+        self._departures = 0
+        self._paused_at: Dict[int, int] = {}
 
     # --- membership ----------------------------------------------------------------------------
     def join(self, req: InferReq) -> None:
@@ -143,21 +147,40 @@ class StepEngine:
             self._leave(req, ReqState.ABORTED, FINISH_ABORT, report.finished)
 
     def resume_paused(self) -> List[InferReq]:
-        """Schedulable requests in admission order; a paused one rejoins once its tokens would fit."""
+        """Schedulable requests in admission order; a paused one rejoins once its tokens would fit.
+
+        Only room freed by a request that left counts for a paused request while others run: the
+        room its own pause freed goes to the requests it paused for (resuming into it at once
+        starved them again, and under an over-committing admission, ``router_token_ratio`` > 1,
+        requests were paused and computed anew over and over: about 10x a burst's prompt tokens).
+        Requests that computed nothing yet (``WAITING``) do not start while one waits and started
+        requests run, since they would take that room.  With nothing running, the rule is off.
+        """
+        running = any(req.state in _SCHEDULABLE_STATES for req in self.requests.values())
         ready: List[InferReq] = []
         append = ready.append
+        still_paused = False
         # Module constants instead of enum attribute and property lookups: this loop runs over
         # every live request each step (a thousand at a full batch).
         for req in self.requests.values():
             state = req.state
             if state is _PAUSED:
-                if self.kv.allocatable_token_num() < req.total_len:
+                waits_for_departure = running and self._paused_at.get(req.request_id, -1) == self._departures
+                if waits_for_departure or self.kv.allocatable_token_num() < req.total_len:
+                    still_paused = True
                     continue
                 self.kv.resume(req)
                 req.move_to(ReqState.PREFILLING)
+                self._paused_at.pop(req.request_id, None)
                 state = req.state
             if state in _SCHEDULABLE_STATES:
                 append(req)
+        if still_paused:
+            started = [req for req in ready if req.state is not _WAITING]
+            # Only while started requests run, whose ends free room: with none, the waiting ones
+            # must go (and a stalled step pauses a holder), or nothing would ever free any.
+            if started:
+                ready = started
         return ready
 
     def share_prefixes(self, ready: List[InferReq], report: StepReport) -> None:
@@ -305,11 +328,14 @@ class StepEngine:
     def _pause(self, req: InferReq, report: StepReport) -> None:
         self.kv.pause(req)
         req.move_to(ReqState.PAUSED)
+        self._paused_at[req.request_id] = self._departures
         report.paused.append(req)
 
     def _leave(self, req: InferReq, state: ReqState, status: int, finished: List[Tuple[InferReq, int]]) -> None:
         req.move_to(state)
         self.kv.release(req)
         del self.requests[req.request_id]
+        self._paused_at.pop(req.request_id, None)
+        self._departures += 1
         self.executor.forget(req)
         finished.append((req, status))
