@@ -242,3 +242,37 @@ def test_heartbeats_and_registrations_carry_load_and_state(master: Master) -> No
             response = http.post("/pd/register", json={**node("d1", "decode", port=9200).to_dict(), **bad})
             assert response.status_code == 400 and response.json()["error"]["param"] == param
         assert [entry["node_id"] for entry in http.get("/pd/nodes").json()["nodes"]] == ["d0", "p0"]
+
+
+def test_registering_with_a_server_that_is_no_master_is_refused_saying_so() -> None:
+    """A --pd_master_port that points at a node (or anything else) answered "No route POST /pd/register"."""
+    app = FastAPI()
+    install_error_handlers(app)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    async def scenario() -> None:
+        client = PdNodeClient(url, node("p9", "prefill", port=9300))
+        client.start()
+        try:
+            with pytest.raises(NodeRegistrationRefused) as err:
+                await client.wait_registered(10)
+        finally:
+            await client.stop()
+        assert err.value.code == "not_a_pd_master"
+        assert str(err.value).startswith(f"{url} is not a PD master") and "--pd_master_port" in str(err.value)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

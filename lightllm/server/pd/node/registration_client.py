@@ -281,6 +281,11 @@ class PdNodeClient:
                         self.master_id)
             return
         message, code = _error_of(response)
+        if response.status_code in (404, 405) and code in (None, "not_found", "method_not_allowed"):
+            # Something answers there, but it has no registration endpoint: another server.
+            message = (f"{self.master_url} is not a PD master (it has no {REGISTER_PATH}: {message}); point "
+                       "--pd_master_ip/--pd_master_port at the master's address and --port")
+            code = "not_a_pd_master"
         if 400 <= response.status_code < 500:
             raise NodeRegistrationRefused(message, code)
         self._master_silent(message)
