@@ -96,9 +96,11 @@ class HeadLimitedConnection(h11.Connection):
 
     def next_event(self) -> Any:
         """The next h11 event; raises ``h11.RemoteProtocolError`` for a head over the limit."""
-        if self.their_state is h11.IDLE:
+        # The head's kept start mirrors h11's buffer while idle, so only a head that starts with a
+        # line end costs a look at the buffer (trailing_data copies it).
+        if self.their_state is h11.IDLE and self._head[:1] in (b"\r", b"\n"):
             self._skip_empty_lines()
-            if self.trailing_data == (b"\r", False):
+            if self._head == b"\r" and self.trailing_data == (b"\r", False):
                 return h11.NEED_DATA  # an empty line's CR whose LF is still on its way
         if self.their_state is h11.IDLE and self._head_too_large():
             # uvicorn answers a RemoteProtocolError with its 400 (GuardedH11Protocol.send_400_response).

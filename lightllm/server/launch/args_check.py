@@ -80,7 +80,6 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
             raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if one else ''} the public "
                                 f"API, which the PD master serves; give {'it' if one else 'them'} to the master, not "
                                 f"to a {run_mode} node")
-    if run_mode in PD_NODE_MODES:
         problem = host_problem(args.pd_master_ip)
         if problem:
             raise ArgumentError(f"--pd_master_ip {args.pd_master_ip!r}: {problem}")

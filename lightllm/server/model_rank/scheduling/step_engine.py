@@ -156,7 +156,8 @@ class StepEngine:
         Requests that computed nothing yet (``WAITING``) do not start while one waits and started
         requests run, since they would take that room.  With nothing running, the rule is off.
         """
-        running = any(req.state in _SCHEDULABLE_STATES for req in self.requests.values())
+        # Looked at only while some request is paused: otherwise this step has no paused one to hold.
+        running = bool(self._paused_at) and any(req.state in _SCHEDULABLE_STATES for req in self.requests.values())
         ready: List[InferReq] = []
         append = ready.append
         still_paused = False
