@@ -18,9 +18,11 @@ _FLOAT32_MAX = torch.finfo(torch.float32).max
 def within_float32(values: torch.Tensor, masked: torch.Tensor | None = None) -> torch.Tensor:
     """Clamp values that overflowed to +-inf back to the largest float32; keep masked entries -inf.
 
-    A tiny temperature or repetition penalty can push a logit past the float32 range, and
-    ``inf - inf`` inside softmax would turn the whole row into NaN (a garbage token).  Clamped,
-    the row's largest logit simply dominates, which is the limit the tiny value asks for.
+    A tiny repetition penalty (or a temperature, see the sampler) can push a logit past the
+    float32 range, and ``inf - inf`` inside softmax would turn the whole row into NaN (a garbage
+    token).  Clamped, the tokens that overflowed tie at the largest float32 and dominate the
+    rest; the sampler divides by the temperature relative to the row's largest logit, so a
+    temperature alone never overflows upwards.
     """
     bounded = values.clamp(min=-_FLOAT32_MAX, max=_FLOAT32_MAX)
     if masked is not None:

@@ -17,8 +17,9 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
    rows that have generated fewer tokens than required, unless they are all a row has left (a
    structured-output grammar that allows only them): then that row keeps them;
 4. greedy rows take the arg-max here;
-5. temperature scaling; the returned log-probabilities are ``log_softmax`` of this scaled
-   distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
+5. temperature scaling (of each logit's distance to its row's largest, so that a tiny
+   temperature cannot overflow the largest ones into a tie); the returned log-probabilities are
+   ``log_softmax`` of this scaled distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
 6. top-k then top-p filtering (:func:`apply_top_k_top_p`), then min-p filtering (tokens less
    likely than ``min_p`` times the most likely one are dropped; the ratio is the same before
    and after top-k / top-p, which always keep the most likely token), then inverse-CDF sampling picks
@@ -121,7 +122,15 @@ class Sampler:
             overflowed = bool(processed.max() == float("inf"))
             scaled = processed.clamp(max=_FLOAT32_MAX) if overflowed else processed
         else:
-            scaled = within_float32(processed / batch.temperatures[:, None], torch.isneginf(processed))
+            # Divided relative to the row's largest logit, which stays at 0: a tiny temperature
+            # then pushes the others towards -inf (clamped to the float32 floor), the greedy
+            # limit it asks for.  Divided as they were, every logit above T * 3.4e38 overflowed
+            # to +inf and clamped to the same largest float32, and those tokens tied (14 of them
+            # drawn evenly at T = 1.2e-38).  Softmax and its logprobs do not change with the shift.
+            masked = torch.isneginf(processed)
+            finite = processed.clamp(max=_FLOAT32_MAX)
+            row_max = finite.amax(dim=-1, keepdim=True).clamp(min=-_FLOAT32_MAX)
+            scaled = within_float32((finite - row_max) / batch.temperatures[:, None], masked)
         logprobs = torch.log_softmax(scaled, dim=-1)
 
         if batch.all_greedy:

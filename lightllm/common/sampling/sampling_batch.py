@@ -162,8 +162,9 @@ class SamplingBatch:
                 index, frequency / presence penalties and the exponential-decay length.
                 ``min_new_tokens`` is not: its budget arrives already reduced by them, like
                 ``max_new_tokens``.
-            eos_token_ids: the model's EOS ids; masked while ``min_new_tokens`` is unmet,
-                except on ``ignore_eos`` rows where EOS is not a stop token.
+            eos_token_ids: the model's EOS ids; masked while ``min_new_tokens`` is unmet, also on
+                ``ignore_eos`` rows (as vLLM and transformers' ``min_new_tokens`` do: the
+                minimum is about the output, whether or not EOS would end it).
             vocab_size: width of the logits the batch will be applied to.
             device: device of those logits.
         """
@@ -228,7 +229,7 @@ class SamplingBatch:
             seen_rows.append(seen)
             counted_rows.append(counted)
             if len(generated) < param.min_new_tokens:
-                banned = set(param.stop_token_ids) if param.ignore_eos else set(eos) | set(param.stop_token_ids)
+                banned = set(eos) | set(param.stop_token_ids)
                 for token_id in sorted(banned):
                     if token_id >= vocab_size:
                         raise SamplingParamError(
