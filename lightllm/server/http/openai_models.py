@@ -21,7 +21,9 @@ from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.tool_calls.request import check_tool_messages
 
 MAX_PROMPTS = 64
-MAX_OPENAI_STOP = 4
+# OpenAI takes 4 stop strings; the native endpoint's 16 here, as lm-eval's code tasks send 5 or 6
+# (humaneval's `until`) and a stop string costs the detokenizer next to nothing.
+MAX_OPENAI_STOP = 16
 MAX_COMPLETION_LOGPROBS = 20  # OpenAI's legacy cap is 5; vLLM (and this server) allow 20
 MAX_CHAT_TOP_LOGPROBS = 20
 # apply_chat_template's own arguments: a template variable must not override them.
@@ -94,7 +96,8 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1, **stored_bounds("top_k"))
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = Field(default=None, ge=0, **stored_bounds("seed"))
+    # -1 means no seed, as vLLM reads it (UIs send it for "random").
+    seed: int | None = Field(default=None, ge=-1, **stored_bounds("seed"))
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, **stored_bounds("repetition_penalty"))
@@ -125,6 +128,11 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
                                   "special tokens, whatever this flag says")
 
     _check_stop = stop_validator("stop", MAX_OPENAI_STOP)
+
+    @field_validator("seed")
+    @classmethod
+    def _no_seed(cls, value: int | None) -> int | None:
+        return None if value == -1 else value
 
     @field_validator("spaces_between_special_tokens", mode="before")
     @classmethod

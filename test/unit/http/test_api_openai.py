@@ -117,7 +117,7 @@ def test_non_finite_logprobs_stay_valid_json(client: TestClient, manager: FakeMa
         ({"max_tokens": 2.5}, "max_tokens"),
         ({"n": 0}, "n"),
         ({"n": 17}, "n"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop": 3}, "stop"),
         ({"echo": "yes"}, "echo"),

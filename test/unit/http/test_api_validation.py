@@ -231,3 +231,22 @@ def test_openapi_describes_every_post_body(client: TestClient) -> None:
 def test_openapi_document_is_json_serialisable_and_stable(client: TestClient) -> None:
     first = client.get("/openapi.json").json()
     assert json.dumps(first) == json.dumps(client.get("/openapi.json").json())
+
+
+# ---------------------------------------------------------------- vLLM's readings of seed and stop
+
+
+@pytest.mark.parametrize("post", [completion, chat])
+def test_seed_minus_one_means_no_seed_as_in_vllm(client: TestClient, manager: FakeManager, post: Any) -> None:
+    assert post(client, seed=-1, temperature=1.0).status_code == 200
+    assert manager.calls[-1].params.seed is None
+    assert_error(post(client, seed=-2), 400, "seed")
+
+
+@pytest.mark.parametrize("post", [completion, chat])
+def test_lm_eval_code_tasks_stop_lists_are_taken(client: TestClient, manager: FakeManager, post: Any) -> None:
+    # humaneval's `until` in lm-eval 0.4: six strings (OpenAI itself takes four).
+    until = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "</s>"]
+    assert post(client, stop=until).status_code == 200
+    assert manager.calls[-1].params.stop_sequences == until
+    assert_error(post(client, stop=[f"s{i}" for i in range(17)]), 400, "stop")
