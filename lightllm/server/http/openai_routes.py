@@ -256,20 +256,21 @@ class OpenAIEndpoints:
                       shaper: "CompletionShaper | ChatShaper", header: dict[str, Any]) -> AsyncIterator[bytes]:
         usage = UsageTracker(jobs, shaper.counts_completion)
         # With include_usage every chunk carries "usage": null except the final usage chunk;
-        # with continuous usage every chunk carries the counts so far.
-        def tail() -> dict[str, Any]:
+        # with continuous usage every chunk carries its choice's counts so far (as vLLM: that
+        # choice's prompt and completion, not the request's sums).
+        def tail(index: int) -> dict[str, Any]:
             if body.continuous_usage:
-                return {"usage": usage.to_dict()}
+                return {"usage": usage.choice_dict(index)}
             return {"usage": None} if body.include_usage else {}
 
         for opening in shaper.opening_choices([job.index for job in jobs]):
-            yield sse({**header, "choices": [opening], **tail()})
+            yield sse({**header, "choices": [opening], **tail(opening["index"])})
         try:
             async for index, event in fanout.events():
                 usage.update(index, event)
                 choice = shaper.stream_choice(index, event)
                 if choice is not None:
-                    yield sse({**header, "choices": [choice], **tail()})
+                    yield sse({**header, "choices": [choice], **tail(index)})
         except APIError as error:
             yield sse_error(error)
         except Exception:  # noqa: BLE001 - the status line is sent; report in-band instead

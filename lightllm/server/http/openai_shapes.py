@@ -51,29 +51,40 @@ class UsageTracker:
         owners: dict[int, int] = {}
         for job in jobs:
             owners.setdefault(job.prompt_index, job.index)
-        # The first choice of each prompt reports that prompt's token counts.
+        # The first choice of each prompt reports that prompt's token counts in the totals.
         self._prompt_owner = set(owners.values())
-        # Known before any token (chunks streamed with continuous usage report them at once).
-        self._prompt: dict[int, tuple[int, int]] = {
-            job.index: (len(job.prompt_ids), 0) for job in jobs if job.index in self._prompt_owner}
+        # Each choice's own prompt counts (tokens, cached), known before any token (chunks
+        # streamed with continuous usage report them at once).
+        self._prompt: dict[int, tuple[int, int]] = {job.index: (len(job.prompt_ids), 0) for job in jobs}
         self._completion: dict[int, int] = {}
 
     def update(self, index: int, event: Any) -> None:
         """Record the counts carried by ``event`` of choice ``index``."""
         self._completion[index] = event.completion_tokens if self._count_completion else 0
-        if index in self._prompt_owner:
-            self._prompt[index] = (event.prompt_tokens, event.cached_tokens)
+        self._prompt[index] = (event.prompt_tokens, event.cached_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        """The OpenAI ``usage`` object."""
-        prompt_tokens = sum(tokens for tokens, _ in self._prompt.values())
-        completion_tokens = sum(self._completion.values())
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": sum(cached for _, cached in self._prompt.values())},
-        }
+        """The OpenAI ``usage`` object of the whole request."""
+        owned = [counts for index, counts in self._prompt.items() if index in self._prompt_owner]
+        return _usage(sum(tokens for tokens, _ in owned), sum(self._completion.values()),
+                      sum(cached for _, cached in owned))
+
+    def choice_dict(self, index: int) -> dict[str, Any]:
+        """The ``usage`` of choice ``index`` alone: its prompt and its completion so far.
+
+        What vLLM's ``continuous_usage_stats`` chunks carry, each in its choice's chunk.
+        """
+        tokens, cached = self._prompt[index]
+        return _usage(tokens, self._completion.get(index, 0), cached)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 class TokenLogprobFormatter:

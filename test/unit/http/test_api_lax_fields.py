@@ -50,6 +50,28 @@ def test_continuous_usage_stats_needs_include_usage(client: TestClient, manager:
     assert completion(client, stream=True, stream_options={"continuous_usage_stats": False}).status_code == 200
 
 
+def test_continuous_usage_is_per_choice_as_vllm_sends_it(client: TestClient, manager: FakeManager) -> None:
+    """Each chunk's usage is its own choice's prompt and completion so far (vLLM); the final usage
+    chunk is the request's total.  It summed every prompt and choice on every chunk."""
+    manager.reply_len = 4
+    options = {"continuous_usage_stats": True, "include_usage": True}
+    events = sse_events(completion(client, prompt=["a b c", "d"], n=2, max_tokens=4, stream=True,
+                                   stream_options=options))
+    prompt_tokens = {0: 4, 1: 4, 2: 2, 3: 2}  # BOS + one token per word, two choices per prompt
+    seen: dict[int, list[int]] = {index: [] for index in prompt_tokens}
+    for event in events[:-2]:
+        index, usage = event["choices"][0]["index"], event["usage"]
+        assert usage["prompt_tokens"] == prompt_tokens[index], event
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        seen[index].append(usage["completion_tokens"])
+    assert all(counts == sorted(counts) and counts[-1] == 4 for counts in seen.values()), seen
+    assert events[-2]["usage"]["prompt_tokens"] == 6 and events[-2]["usage"]["completion_tokens"] == 16
+    chat_events = sse_events(chat(client, n=2, max_tokens=4, stream=True, stream_options=options))
+    openings = [event for event in chat_events[:-2] if event["choices"][0]["delta"].get("role")]
+    assert len(openings) == 2 and all(event["usage"]["completion_tokens"] == 0 for event in openings)
+    assert {event["usage"]["prompt_tokens"] for event in chat_events[:-2]} == {chat_events[-2]["usage"]["prompt_tokens"]}
+
+
 def test_stream_options_without_streaming_is_refused_as_vllm_does(client: TestClient) -> None:
     for send in (completion, chat):
         for stream in (False, None):
