@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Protocol, Sequence
+from typing import List, Optional, Protocol, Sequence, Tuple
 
 PROMPT_CONTEXT_TOKENS = 4
 # Tokens that may hold the bytes of one unfinished UTF-8 character (it has at most 4 bytes).
@@ -167,10 +167,10 @@ class IncrementalDecoder:
 
     def _release(self) -> str:
         if self.stop_sequences:
-            hit = self._find_stop() if self.outputs >= self.min_tokens else None
-            if hit is not None:
+            found = self._find_stop() if self.outputs >= self.min_tokens else None
+            if found is not None:
+                hit, stop = found
                 self.stopped = True
-                stop = min((s for s in self.stop_sequences if self.text.startswith(s, hit)), key=len)
                 self.stop_reason = stop
                 if self.include_stop_str:
                     hit += len(stop)
@@ -185,12 +185,23 @@ class IncrementalDecoder:
         self.emitted = max(self.emitted, safe)
         return piece
 
-    def _find_stop(self) -> Optional[int]:
+    def _find_stop(self) -> Optional[Tuple[int, str]]:
+        """Where the stop string that completes first starts, and which one it is.
+
+        vLLM's rule: of the stop strings the new text completes, the one that ends earliest wins,
+        ties going to the earlier one in the request's list (``["_args", "rg"]`` over ``"_args"``
+        stops at ``"rg"``; ``["latin", "dedlatin"]`` at ``"latin"``), which is also what a client
+        checking the text after every character would find first.
+        """
         # Only text not yet released can contain a new stop string, and it must end past the floor.
         start = max(0, self.emitted - self._longest_stop)
-        positions = [p for p in (self.text.find(s, max(start, self._stop_floor - len(s) + 1))
-                                 for s in self.stop_sequences) if p >= 0]
-        return min(positions) if positions else None
+        best: Optional[Tuple[int, int, str]] = None
+        for stop in self.stop_sequences:
+            # A stop string's first occurrence is also the one that ends first.
+            position = self.text.find(stop, max(start, self._stop_floor - len(stop) + 1))
+            if position >= 0 and (best is None or position + len(stop) < best[0]):
+                best = (position + len(stop), position, stop)
+        return None if best is None else (best[1], best[2])
 
     def _partial_stop_len(self) -> int:
         longest = 0

@@ -222,3 +222,21 @@ def test_output_after_a_prompt_ending_in_byte_tokens_decodes_as_the_tokenizer_do
     lone = [tokenizer.convert_tokens_to_ids("<0x80>")]
     decoder = IncrementalDecoder(tokenizer, tokenizer("日本語 🎉")["input_ids"])
     assert "".join(decoder.add(token_id) for token_id in lone) + decoder.flush() == tokenizer.decode(lone) == "\ufffd"
+
+
+def test_of_overlapping_stop_strings_the_one_that_ends_first_wins_as_in_vllm(tiny_llama_dir):
+    """Of the stop strings complete in the released text, the one that ends first wins, ties going
+    to list order (it was the one that starts first, then the shortest)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    cases = [
+        ("alpha _args beta", ["_args", "rg"], "alpha _a", "rg"),
+        ("alpha dedlatin beta", ["latin", "dedlatin"], "alpha ded", "latin"),
+        ("alpha dedlatin beta", ["dedlatin", "latin"], "alpha ", "dedlatin"),
+        ("alpha beta", ["ta", "lph"], "a", "lph"),
+    ]
+    for text, stops, kept, reason in cases:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        whole = IncrementalDecoder(tokenizer, [1], stops)
+        pieces = [whole.add(t) for t in ids]
+        assert whole.stopped, (text, stops)
+        assert "".join(pieces) == kept and whole.stop_reason == reason, (text, stops, pieces, whole.stop_reason)
