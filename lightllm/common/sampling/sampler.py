@@ -19,7 +19,8 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
 4. greedy rows take the arg-max here;
 5. temperature scaling (of each logit's distance to its row's largest, so that a tiny
    temperature cannot overflow the largest ones into a tie); the returned log-probabilities are
-   ``log_softmax`` of this scaled distribution, i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
+   ``log_softmax`` of this scaled distribution (``processed_logprobs``, the default; with
+   ``raw_logprobs`` they are ``log_softmax`` of the logits as the forward returned them), i.e. *before* top-k / top-p filtering (greedy rows use temperature 1);
 6. top-k then top-p filtering (:func:`apply_top_k_top_p`), then min-p filtering (tokens less
    likely than ``min_p`` times the most likely one are dropped; the ratio is the same before
    and after top-k / top-p, which always keep the most likely token), then inverse-CDF sampling picks
@@ -50,6 +51,7 @@ from lightllm.common.sampling.logit_processors import (
     top_k_top_p_filtered,
     within_float32,
 )
+from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS, RAW_LOGPROBS
 from lightllm.common.sampling.sampler_output import SamplerOutput
 from lightllm.common.sampling.sampling_batch import SamplingBatch
 
@@ -60,13 +62,20 @@ class Sampler:
     """Picks next tokens for a :class:`SamplingBatch`.
 
     Unseeded rows draw randomness from a generator owned by this sampler (one per device,
-    seeded with ``seed`` when given, otherwise from the OS entropy pool).
+    seeded with ``seed`` when given, otherwise from the OS entropy pool).  ``logprobs_mode``
+    says what the returned logprobs describe: ``processed_logprobs`` (default, as LightLLM) the
+    distribution the token was drawn from (bias, penalties, masks and temperature applied, before
+    top-k / top-p); ``raw_logprobs`` (vLLM's default) the model's own, ``log_softmax`` of the
+    logits as the forward returned them.
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, logprobs_mode: str = PROCESSED_LOGPROBS) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self._seed = seed
+        self._raw_logprobs = logprobs_mode == RAW_LOGPROBS
         self._generators: dict[torch.device, torch.Generator] = {}
         # Re-seeded for every seeded row; reseeding resets its whole state, so reusing one
         # generator draws exactly what a fresh one would, without creating one per row.
@@ -131,7 +140,12 @@ class Sampler:
             finite = processed.clamp(max=_FLOAT32_MAX)
             row_max = finite.amax(dim=-1, keepdim=True).clamp(min=-_FLOAT32_MAX)
             scaled = within_float32((finite - row_max) / batch.temperatures[:, None], masked)
-        logprobs = torch.log_softmax(scaled, dim=-1)
+        if self._raw_logprobs:
+            # A logit the forward overflowed to +inf is clamped as the greedy path does; a -inf
+            # one is the model's own zero probability.
+            logprobs = torch.log_softmax(logits.to(torch.float32).clamp(max=_FLOAT32_MAX), dim=-1)
+        else:
+            logprobs = torch.log_softmax(scaled, dim=-1)
 
         if batch.all_greedy:
             next_ids = greedy_ids

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Iterable, List, Optional, Sequence
 
+from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.launch.http_flags import add_http_flags
 from lightllm.server.launch.one_line_parser import OneLineErrorParser
@@ -233,6 +234,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Seed of the random generator that requests without their own seed sample from (the same on every "
         "TP rank). Default: a fresh seed drawn at each start and logged, so unseeded sampling differs between "
         "restarts; give the logged value to repeat it.",
+    )
+    group.add_argument(
+        "--logprobs_mode",
+        choices=LOGPROBS_MODES,
+        default=PROCESSED_LOGPROBS,
+        help="What returned logprobs describe. processed_logprobs (default, as LightLLM): the distribution each token "
+        "was drawn from, with logit_bias, penalties, masks and temperature applied (before top-k/top-p/min-p). "
+        "raw_logprobs (vLLM's default): the model's own distribution, log_softmax of its logits, whatever the "
+        "sampling parameters. Prompt logprobs are always raw. PD prefill and decode nodes must agree (the master refuses a node that differs).",
     )
     group.add_argument(
         "--generation_config",

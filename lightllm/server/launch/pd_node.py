@@ -127,6 +127,7 @@ def prepare_pd_node(
         checkpoint_fingerprint=checkpoint_fingerprint(args.model_dir),
         eos_token_ids=resolve_eos_token_ids(args, model_config),
         max_req_total_len=sizing.max_req_total_len,
+        logprobs_mode=args.logprobs_mode,
     ), ports
 
 

@@ -156,7 +156,7 @@ def build_process_configs(
             wide_forward_ms_per_token=sizing.wide_forward_ms_per_token,
             idle_malloc_trim_seconds=sizing.idle_malloc_trim_seconds,
             step_trace_path=sizing.step_trace_path,
-            sampling_seed=sampling_seed, run_mode=run_mode,
+            sampling_seed=sampling_seed, logprobs_mode=args.logprobs_mode, run_mode=run_mode,
             pd=pd_settings if transfer_ports is None else replace(
                 pd_settings, listen_socket=transfer_ports.socket_for(rank)),
         )

@@ -98,7 +98,7 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
         context,
         build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
         StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches),
-        Sampler(config.sampling_seed),
+        Sampler(config.sampling_seed, config.logprobs_mode),
         config.eos_token_ids,
         config.max_req_total_len,
         token_sync=_broadcast_tokens if config.tp > 1 else None,

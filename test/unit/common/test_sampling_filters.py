@@ -157,3 +157,23 @@ def test_min_new_tokens_never_leaves_a_row_with_nothing_to_sample():
     seeded = build([SamplingParams(temperature=1.0, seed=3, min_new_tokens=2, stop_token_ids=[stop])], outputs=[[]],
                    eos=[eos], vocab=6)
     assert Sampler(0).sample(logits[:1], seeded).next_token_ids.tolist() == [stop]
+
+
+# ---------------------------------------------------------------- --logprobs_mode
+
+
+def test_raw_logprobs_are_the_logits_own_and_the_draw_is_unchanged():
+    torch.manual_seed(4)
+    logits = torch.randn(6, 40) * 2
+    params = [SamplingParams(temperature=0.5, seed=row, logprobs=4, logit_bias={3: 5.0}, repetition_penalty=1.3)
+              for row in range(6)]
+    batch = build(params, outputs=[[3, 7]] * 6, vocab=40)
+    processed = Sampler(0).sample(logits, batch)
+    raw = Sampler(0, "raw_logprobs").sample(logits, batch)
+    assert torch.equal(processed.next_token_ids, raw.next_token_ids)
+    expected = torch.log_softmax(logits, dim=-1).gather(1, raw.next_token_ids[:, None]).squeeze(1)
+    assert torch.allclose(raw.logprobs, expected, atol=1e-6)
+    assert not torch.allclose(processed.logprobs, expected, atol=1e-2)
+    assert torch.equal(raw.top_logprob_ids, logits.topk(4).indices)
+    with pytest.raises(ValueError, match="logprobs_mode must be one of processed_logprobs, raw_logprobs"):
+        Sampler(0, "raw_logits")

@@ -31,6 +31,7 @@ def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
         ({"kv_transfer_address": "127.0.0.1:70000"}, "kv_transfer_address"),
         ({"checkpoint_fingerprint": "XYZ"}, "checkpoint_fingerprint"),
         ({"checkpoint_fingerprint": 12}, "checkpoint_fingerprint"),
+        ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
     ]
     for override, param in cases:
         with pytest.raises(NodeInfoError) as err:
@@ -73,9 +74,13 @@ def test_incompatible_node_is_refused_naming_every_mismatched_field() -> None:
     assert "node 'd0' (decode at 127.0.0.1:9100)" in message and "reference: node 'p0'" in message
     for reason in err.value.reasons:
         assert reason in message
-    for field, value in [("num_layers", 4), ("num_kv_heads", 4), ("head_dim", 32)]:
-        with pytest.raises(RegistrationRefused, match=f"{field}: {value} !="):
+    for field, value in [("num_layers", 4), ("num_kv_heads", 4), ("head_dim", 32), ("logprobs_mode", "raw_logprobs")]:
+        with pytest.raises(RegistrationRefused, match=f"{field}: {value!r} !="):
             registry.register(node("d0", "decode", port=9100, **{field: value}))
+    # A registration without the field (an older node) is a processed one.
+    body = node("d0", "decode", port=9100).to_dict()
+    del body["logprobs_mode"]
+    assert NodeInfo.from_dict(body).logprobs_mode == "processed_logprobs"
     assert [info.node_id for info in registry.alive()] == ["p0"]
     registry.register(node("d0", "decode", port=9100))
     assert registry.ready

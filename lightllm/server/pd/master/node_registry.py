@@ -162,7 +162,7 @@ class NodeRegistry:
                 message = (
                     f"{info.describe()} is incompatible with the cluster (reference: {reference.describe()}); "
                     f"prefill and decode nodes must agree on model_name, dtype, num_layers, num_kv_heads, "
-                    f"head_dim, tp_size and their weights (checkpoint_fingerprint); mismatched: {'; '.join(mismatches)}"
+                    f"head_dim, tp_size, their weights (checkpoint_fingerprint) and logprobs_mode; mismatched: {'; '.join(mismatches)}"
                 )
                 logger.warning("PD registration refused: %s", message)
                 raise RegistrationRefused(message, "incompatible_node", mismatches)

@@ -15,6 +15,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 PREFILL = RunMode.PREFILL.value
@@ -27,7 +28,7 @@ KV_DTYPES: Tuple[str, ...] = ("float16", "bfloat16", "float32")
 # The fields every node of one cluster must share, in the order mismatches are reported
 # (checkpoint_fingerprint only between nodes that both report one).
 COMPATIBILITY_FIELDS: Tuple[str, ...] = ("model_name", "dtype", "num_layers", "num_kv_heads", "head_dim", "tp_size",
-                                         "checkpoint_fingerprint")
+                                         "checkpoint_fingerprint", "logprobs_mode")
 
 # A node id (NodeInfo.node_id, --pd_node_id): safe in logs, metrics labels and URLs.
 NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
@@ -88,6 +89,8 @@ class NodeInfo:
             (``--max_req_total_len`` or the model's context); None when the registering process
             does not report it.  The master admits a request up to its own limit and may place it
             on any node, so it admits only nodes whose limit is at least its own.
+        logprobs_mode: ``--logprobs_mode``; the prefill node reports the first token's logprob and
+            the decode node the rest, so one answer's logprobs mean one thing only if both agree.
     """
 
     node_id: str
@@ -103,6 +106,7 @@ class NodeInfo:
     checkpoint_fingerprint: str = ""
     eos_token_ids: Optional[List[int]] = None
     max_req_total_len: Optional[int] = None
+    logprobs_mode: str = PROCESSED_LOGPROBS
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,6 +145,9 @@ class NodeInfo:
                                 f"got {eos!r}", "eos_token_ids")
         if self.max_req_total_len is not None:
             _check_positive_int("max_req_total_len", self.max_req_total_len)
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise NodeInfoError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}",
+                                "logprobs_mode")
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> "NodeInfo":
