@@ -16,7 +16,7 @@ from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, S
 from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (UNSUPPORTED_VLLM_FIELDS, chat_echo_text, check_chat_echo,
-                                                   check_spaces_between_special_tokens)
+                                                   check_spaces_between_special_tokens, check_vllm_default)
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.tool_calls.request import check_tool_messages
 
@@ -127,7 +127,17 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         default=True, description="Only true: the fast tokenizers this server decodes with put no spaces between "
                                   "special tokens, whatever this flag says")
 
+    # vLLM's, at their defaults only (see vllm_text_fields.VLLM_DEFAULT_ONLY_FIELDS).
+    use_beam_search: Literal[False] = False
+    length_penalty: Literal[1.0] = 1.0
+    priority: Literal[0] = 0
+
     _check_stop = stop_validator("stop", MAX_OPENAI_STOP)
+
+    @field_validator("use_beam_search", "length_penalty", "priority", mode="before")
+    @classmethod
+    def _check_vllm_default(cls, value: Any, info: Any) -> Any:
+        return check_vllm_default(info.field_name, value)
 
     @field_validator("seed")
     @classmethod

@@ -13,6 +13,10 @@
   role is refused rather than answered differently.
 * ``allowed_token_ids`` and ``bad_words`` need per-request sampling state in the model rank that
   this server does not have: their 400 says they are not supported (not that they are unknown).
+* ``use_beam_search``, ``length_penalty`` and ``priority`` are accepted at vLLM's defaults (false,
+  1 and 0), which clients built on vLLM's request models send on every request; those values
+  change nothing in vLLM either.  Any other value asks for what this server does not do (beam
+  search; vLLM's priority scheduling) and is refused saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +34,24 @@ UNSUPPORTED_VLLM_FIELDS: dict[str, str] = {
     "bad_words": "banning words during sampling needs per-request sampling state the model rank does not keep "
                  "(logit_bias can ban up to 300 single tokens)",
 }
+
+
+# vLLM fields taken only at their default: field -> (the default, why another value is refused).
+VLLM_DEFAULT_ONLY_FIELDS: dict[str, tuple[Any, str]] = {
+    "use_beam_search": (False, "beam search is not supported (sample with n or best_of instead)"),
+    "length_penalty": (1.0, "length_penalty only weighs beams, and beam search is not supported"),
+    "priority": (0, "per-request priority is not supported on the OpenAI endpoints (vLLM needs --scheduling-policy "
+                    "priority for it); priority here comes with the API key: see --admin_api_key"),
+}
+
+
+def check_vllm_default(field: str, value: Any) -> Any:
+    """``value`` when it is vLLM's default for ``field`` (or null), else a 400 saying why not."""
+    default, why = VLLM_DEFAULT_ONLY_FIELDS[field]
+    # A bool is an int to Python: false is not priority 0, nor 0 use_beam_search false.
+    if value is None or (isinstance(value, bool) == isinstance(default, bool) and value == default):
+        return default
+    raise ValueError(f"{field}: only {default!r}, vLLM's default, is accepted: {why}")
 
 
 def check_spaces_between_special_tokens(value: Any) -> Any:

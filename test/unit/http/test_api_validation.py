@@ -250,3 +250,16 @@ def test_lm_eval_code_tasks_stop_lists_are_taken(client: TestClient, manager: Fa
     assert post(client, stop=until).status_code == 200
     assert manager.calls[-1].params.stop_sequences == until
     assert_error(post(client, stop=[f"s{i}" for i in range(17)]), 400, "stop")
+
+
+@pytest.mark.parametrize("post", [completion, chat])
+def test_vllm_fields_at_their_defaults_are_taken_and_other_values_refused_saying_why(
+        client: TestClient, manager: FakeManager, post: Any) -> None:
+    defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0}
+    assert post(client, **defaults).status_code == 200
+    assert post(client, length_penalty=1, priority=0.0, use_beam_search=None).status_code == 200
+    for field, value, why in [("use_beam_search", True, "beam search is not supported"),
+                              ("use_beam_search", 0, "beam search"), ("length_penalty", 0.8, "only weighs beams"),
+                              ("priority", 1, "--admin_api_key"), ("priority", False, "priority")]:
+        error = assert_error(post(client, **{field: value}), 400, field)
+        assert why in error["message"] and "vLLM's default" in error["message"], error
