@@ -46,6 +46,8 @@ def test_tracker_records_completed_waits_and_the_longest_current_one() -> None:
     fields = tracker.fields()
     assert set(fields) == set(PREFILL_WAIT_FIELDS)
     assert fields["prefill_wait_hist_tokens_le_1024"] == 0
+    # 3000 tokens: above the 2048 bucket (next to the default allowance of 2048), within 4096.
+    assert fields["prefill_wait_hist_tokens_le_2048"] == 0
     assert fields["prefill_wait_hist_tokens_le_4096"] == 1
     assert fields["prefill_wait_hist_tokens_le_inf"] == 1 == tracker.completed_count
     assert fields["prefill_wait_hist_tokens_sum"] == 3000

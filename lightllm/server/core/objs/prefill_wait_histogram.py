@@ -16,8 +16,10 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-# Upper bounds (inclusive) of the token buckets: powers of four around the usual bounds.
-WAIT_TOKEN_BUCKETS: Tuple[int, ...] = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+# Upper bounds (inclusive) of the token buckets: powers of two from 256 to 4M, so that requests near
+# the default overtaking allowance (2048 + 0.15 x FCFS wait) fall in buckets of their own (with
+# powers of four, 1,100 and 4,000 overtaken tokens shared one).
+WAIT_TOKEN_BUCKETS: Tuple[int, ...] = tuple(2**power for power in range(8, 23))
 # Upper bounds of the seconds buckets, stored in microseconds so the block stays int64.
 WAIT_US_BUCKETS: Tuple[int, ...] = tuple(
     int(s * 1_000_000) for s in (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
