@@ -162,6 +162,18 @@ alive() {
     [ -n "$1" ] && kill -0 "$1" 2>/dev/null
 }
 
+# Milliseconds since the epoch. Deadlines use it, not $SECONDS: that one counts whole seconds of
+# the clock, so "SECONDS + 2" came due after as little as 1.0 s (--start_timeout 2 gave up after 1.86 s).
+now_ms() {
+    local t="${EPOCHREALTIME:-}"
+    if [ -n "$t" ]; then
+        t="${t//[.,]/}"  # microseconds; the separator follows the locale
+        echo $((10#$t / 1000))
+    else
+        echo $(($(date +%s%N) / 1000000))
+    fi
+}
+
 stop_all() {
     [ "$STOPPING" = 1 ] && return
     STOPPING=1
@@ -172,9 +184,9 @@ stop_all() {
     for pid in "$DECODE_PID" "$PREFILL_PID" "$MASTER_PID"; do
         alive "$pid" && kill -TERM "$pid" 2>/dev/null
     done
-    local deadline=$((SECONDS + STOP_TIMEOUT))
+    local deadline=$(($(now_ms) + STOP_TIMEOUT * 1000))
     for pid in "$DECODE_PID" "$PREFILL_PID" "$MASTER_PID"; do
-        while alive "$pid" && [ "$SECONDS" -lt "$deadline" ]; do
+        while alive "$pid" && [ "$(now_ms)" -lt "$deadline" ]; do
             sleep 0.2
         done
         if alive "$pid"; then
@@ -213,7 +225,7 @@ start_process DECODE_PID decode "$DECODE_DEVICES" "${SERVER[@]}" --run_mode deco
 echo "started master (pid $MASTER_PID), prefill node (pid $PREFILL_PID), decode node (pid $DECODE_PID); logs in $LOG_DIR"
 echo "waiting up to ${START_TIMEOUT}s for $MASTER_URL/health to answer 200 (both nodes registered)"
 
-deadline=$((SECONDS + START_TIMEOUT))
+deadline=$(($(now_ms) + START_TIMEOUT * 1000))
 while :; do
     for role in master prefill decode; do
         pid_var="${role^^}_PID"
@@ -224,7 +236,7 @@ while :; do
         fi
     done
     [ "$(http_status "$MASTER_URL/health")" = 200 ] && break
-    if [ "$SECONDS" -ge "$deadline" ]; then
+    if [ "$(now_ms)" -ge "$deadline" ]; then
         echo "the master's /health did not answer 200 within ${START_TIMEOUT}s" >&2
         show_tail master; show_tail prefill; show_tail decode
         exit 1

@@ -1,8 +1,26 @@
-"""Markdown report of a soak run (see :mod:`lightllm.benchmark.soak_server`)."""
+"""A soak run's results and their Markdown report (see :mod:`lightllm.benchmark.soak_server`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Dict, List
+
+
+@dataclass
+class PhaseResult:
+    """Outcome of one phase: requests that completed, failed, and how long it took."""
+
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    error_samples: List[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        """Count an error, keeping the first few messages for the report."""
+        self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(message[:300])
 
 
 def _mib(kib: int) -> str:
@@ -71,3 +89,26 @@ def render_markdown(report: Dict[str, Any]) -> str:
             for sample in phase.get("error_samples", []):
                 lines.append(f"- round {entry['round']} {kind} error: `{sample}`")
     return "\n".join(lines) + "\n"
+
+
+def round_line(entry: Dict[str, Any]) -> str:
+    """The line printed after each round: phase outcomes and RSS per process."""
+    phases = ", ".join(f"{k} {p['ok']}/{p['sent']} ok in {p['seconds']:.1f}s" for k, p in entry["phases"].items())
+    rss = ", ".join(f"{label} {m['rss_kib'] / 1024:.0f}" for label, m in entry["memory"].items())
+    return f"round {entry['round']}: {phases}; RSS MiB: {rss}"
+
+
+def memory_info() -> Dict[str, Any]:
+    """Total and available memory and the load average at the end, for the report's machine line."""
+    info: Dict[str, Any] = {}
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name in ("MemTotal", "MemAvailable"):
+                    info[name] = value.strip()
+        with open("/proc/loadavg") as handle:
+            info["loadavg_at_end"] = handle.read().split()[:3]
+    except OSError:
+        pass
+    return info

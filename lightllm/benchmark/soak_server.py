@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import resource
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
@@ -36,29 +36,12 @@ import httpx
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
-from lightllm.benchmark.soak_report import render_markdown
+from lightllm.benchmark.soak_report import PhaseResult, memory_info, render_markdown, round_line
 from lightllm.utils.envs_utils import idle_malloc_trim_seconds
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 SETTLE_PAST_TRIM_S = 3.0  # idle seconds a memory sample waits beyond the rank's idle heap trim
 MAX_CLIENTS = 10_000  # per phase; beyond this the client, not the server, is what gets measured
-
-
-@dataclass
-class PhaseResult:
-    """Outcome of one phase: requests that completed, failed, and how long it took."""
-
-    sent: int = 0
-    ok: int = 0
-    errors: int = 0
-    seconds: float = 0.0
-    error_samples: List[str] = field(default_factory=list)
-
-    def fail(self, message: str) -> None:
-        """Count an error, keeping the first few messages for the report."""
-        self.errors += 1
-        if len(self.error_samples) < 5:
-            self.error_samples.append(message[:300])
 
 
 def _bounded(name: str, low: int, high: int):
@@ -103,7 +86,9 @@ def make_parser() -> argparse.ArgumentParser:
                       help="max_tokens of the streams and the non-streaming completions (default 8)")
     load.add_argument("--abort-output-len", type=_bounded("--abort-output-len", 1, 100_000), default=256,
                       help="max_tokens of the abort storm's streams (long, so the disconnect lands mid-stream)")
-    load.add_argument("--vocab", type=_bounded("--vocab", 6, 10_000_000), default=4096, help="prompt ids from [5, vocab)")
+    load.add_argument("--vocab", type=_bounded("--vocab", 6, 10_000_000), default=None,
+                      help="prompt ids from [5, vocab); default and upper bound: the served model's vocab_size "
+                           "(config.json of --model_dir, or of the --model_dir the --server-pid process was started with)")
     load.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
     bounds = parser.add_argument_group("bounds and output")
     bounds.add_argument("--request-timeout-s", type=float, default=600.0, help="seconds one request may take (default 600)")
@@ -159,6 +144,41 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.model_dir is not None and not Path(args.model_dir, "config.json").is_file():
         parser.error(f"--model_dir {args.model_dir!r} is not a local checkpoint directory (no config.json there)")
     return args
+
+
+def server_model_dir(pid: int) -> Optional[str]:
+    """The ``--model_dir`` process ``pid`` was started with (read from ``/proc``), or None."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    values = [b for a, b in zip(argv, argv[1:]) if a == "--model_dir"] + [
+        a.split("=", 1)[1] for a in argv if a.startswith("--model_dir=")]
+    return os.path.join(cwd, values[0]) if values else None
+
+
+def resolve_vocab(args: argparse.Namespace) -> int:
+    """``--vocab``, else the served model's vocab_size, read where the server reads it (config.json).
+
+    A fixed default (4096 once) made every request to a smaller model fail with a 400 "outside the
+    vocabulary". Raises ``ValueError`` (one line) when no size is known or ``--vocab`` exceeds it.
+    """
+    from lightllm.common.basemodel.model_config import ModelConfig
+
+    model_dir = args.model_dir or server_model_dir(args.server_pid)
+    try:
+        if model_dir is None:
+            raise ValueError(f"process {args.server_pid} (--server-pid) was not started with --model_dir")
+        served = ModelConfig.from_dir(model_dir).vocab_size
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if args.vocab is not None:
+            return args.vocab
+        raise ValueError(f"--vocab is needed: the served model's vocabulary size is unknown ({exc})") from None
+    if (args.vocab or served) > served or served < 6:
+        raise ValueError(f"--vocab {args.vocab or served} does not fit the served model's vocabulary ({served} ids, "
+                         f"{model_dir}): prompt ids are drawn from [5, vocab)")
+    return args.vocab or served
 
 
 class SoakClient:
@@ -298,7 +318,7 @@ async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[s
             entry = {"round": index + 1, "phases": phases, "went_idle": idle,
                      "memory": sample_memory(root_pid), "shm": shm_usage(prefix=own_shm), "shm_all": shm_usage()}
             report["rounds"].append(entry)
-            print(_round_line(entry), flush=True)
+            print(round_line(entry), flush=True)
     finally:
         await client.close()
     rss_rounds = [{label: m["rss_kib"] for label, m in r["memory"].items()} for r in report["rounds"]]
@@ -312,12 +332,6 @@ async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[s
     return report
 
 
-def _round_line(entry: Dict[str, Any]) -> str:
-    phases = ", ".join(f"{k} {p['ok']}/{p['sent']} ok in {p['seconds']:.1f}s" for k, p in entry["phases"].items())
-    rss = ", ".join(f"{label} {m['rss_kib'] / 1024:.0f}" for label, m in entry["memory"].items())
-    return f"round {entry['round']}: {phases}; RSS MiB: {rss}"
-
-
 def _raise_fd_limit() -> None:
     # Every concurrent stream holds a socket; the default soft limit (often 1024) is too low.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -328,6 +342,10 @@ def _raise_fd_limit() -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; exit code 0 when the leak criterion holds and no request failed."""
     args = parse_args(argv)
+    try:
+        args.vocab = resolve_vocab(args)  # before a server starts: minutes to lose otherwise
+    except ValueError as exc:
+        make_parser().error(str(exc))
     _raise_fd_limit()
     from lightllm.benchmark.run_environment import git_info, machine_info
 
@@ -359,7 +377,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         report["shm_left_after_stop"] = shm_usage(prefix=f"lightllm_{root_pid}_")
     report["command"] = "python -m lightllm.benchmark.soak_server " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report["args"] = vars(args)
-    report["machine"] = {**machine_info(), **_memory_info()}
+    report["machine"] = {**machine_info(), **memory_info()}
     report["git"] = git_info()
     markdown = render_markdown(report)
     print(markdown)
@@ -368,21 +386,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.output_md:
         Path(args.output_md).write_text(markdown)
     return 0 if report["criterion_holds"] and report["errors"] == 0 else 1
-
-
-def _memory_info() -> Dict[str, Any]:
-    info: Dict[str, Any] = {}
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                name, _, value = line.partition(":")
-                if name in ("MemTotal", "MemAvailable"):
-                    info[name] = value.strip()
-        with open("/proc/loadavg") as handle:
-            info["loadavg_at_end"] = handle.read().split()[:3]
-    except OSError:
-        pass
-    return info
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ DEFAULT_IDLE_MALLOC_TRIM_SECONDS = 30.0
 DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS = 60.0
 
 ENV_VARS = {
-    "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens).",
-    "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads a CPU model rank's forward borrows when its work pays for the front end's core (see LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN); default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1.",
+    "LIGHTLLM_TORCH_THREADS": "Intra-op threads of each CPU model rank (decode over short contexts and everything else); default: (CPU cores - 1) divided by --tp, at least 1 (a core stays free for the HTTP, router and detokenization processes, which stream every decode step's tokens); at most 4 x the CPU count (refused at start above it).",
+    "LIGHTLLM_PREFILL_TORCH_THREADS": "Intra-op threads a CPU model rank's forward borrows when its work pays for the front end's core (see LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN); default: LIGHTLLM_TORCH_THREADS if set, else CPU cores divided by --tp, at least 1; at most 4 x the CPU count.",
     "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": "A CPU forward runs with LIGHTLLM_PREFILL_TORCH_THREADS when its estimated work (matrix-product FLOPs and KV positions of this model, priced with rates measured at start-up) is at least this many milliseconds per token it streams; default " + f"{DEFAULT_WIDE_FORWARD_MS_PER_TOKEN:g}, 0: every forward wide, inf: only prefill forwards that stream nothing.",
-    "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list).",
-    "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given.",
+    "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list); whitespace around a key and empty entries are dropped; a value holding no key (such as ',' or ' ') is refused at start; unset or empty: no keys.",
+    "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given; read as LIGHTLLM_API_KEY is.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "Seconds a model rank must be idle after work before it returns freed heap memory to the kernel (malloc_trim); 0: never; default " + f"{DEFAULT_IDLE_MALLOC_TRIM_SECONDS:g}.",
     "LIGHTLLM_STEP_TRACE": "A file path: rank 0 writes one CSV row per step that ran a forward (time, phases in ms, prompt tokens, decode rows, minor page faults; see lightllm/server/model_rank/step_trace.py), truncating the file at start; its directory must exist; default: no trace.",
     "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (its payload is corrupted on the prefill side, so the decode side's checksum check refuses it); default 0.",
@@ -43,8 +43,8 @@ ENV_VARS = {
 }
 
 
-def _env_int(name: str, minimum: int, requirement: str) -> Optional[int]:
-    """Environment variable ``name`` as an int >= ``minimum``, or None when unset or empty."""
+def _env_int(name: str, minimum: int, requirement: str, maximum: Optional[int] = None) -> Optional[int]:
+    """Environment variable ``name`` as an int in [``minimum``, ``maximum``], or None when unset or empty."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
@@ -52,14 +52,30 @@ def _env_int(name: str, minimum: int, requirement: str) -> Optional[int]:
         value = int(raw)
     except ValueError:
         value = None
-    if value is None or value < minimum:
+    if value is None or value < minimum or (maximum is not None and value > maximum):
         raise ValueError(f"{name} must be {requirement}, got {raw!r}")
     return value
 
 
+# Torch threads per CPU the thread-count variables may ask for. Each thread of a rank's pool is
+# a busy-waiting OpenMP worker: beyond a few per core they only take turns on the same cores, and
+# a count far beyond that (99999 was tried) exhausts the process's thread limit, so the rank's
+# start then failed 11 s later with an EAGAIN from the C++ compiler that named nothing set by the
+# user. The factor leaves room for machines whose reported cores are hyper-threads or are shared.
+TORCH_THREADS_PER_CPU = 4
+
+
+def max_torch_threads() -> int:
+    """The largest LIGHTLLM_TORCH_THREADS / LIGHTLLM_PREFILL_TORCH_THREADS accepted on this machine."""
+    return TORCH_THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
 def torch_threads_override(name: str = "LIGHTLLM_TORCH_THREADS") -> Optional[int]:
-    """Environment variable ``name`` (a thread count) as a positive int, or None when unset."""
-    return _env_int(name, 1, "a positive integer")
+    """Environment variable ``name`` (a thread count) as an int in [1, :func:`max_torch_threads`], or None when unset."""
+    cpus = os.cpu_count() or 1
+    bound = max_torch_threads()
+    return _env_int(name, 1, f"an integer from 1 to {bound} ({TORCH_THREADS_PER_CPU} x the machine's {cpus} CPUs: "
+                             "more threads only take turns on the same cores)", bound)
 
 
 # Variables a former release read, and what replaced them: setting one is refused, not ignored.
@@ -112,8 +128,21 @@ def step_trace_path() -> Optional[str]:
 
 
 def api_keys_from_env(name: str) -> List[str]:
-    """The comma-separated keys in environment variable ``name`` (empty entries dropped)."""
-    return [key.strip() for key in os.environ.get(name, "").split(",") if key.strip()]
+    """The comma-separated keys in environment variable ``name``; none when it is unset or empty.
+
+    Whitespace around each key and empty entries are dropped (``"k1, k2,"``), but a value that
+    holds no key at all is refused, naming the variable: ``","`` or ``" "`` used to yield no key,
+    so the server served without authentication although the operator had set the variable, and
+    warned nothing (``--api_key ""`` is refused the same way). The value is never shown (a secret).
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return []
+    keys = [key.strip() for key in raw.split(",") if key.strip()]
+    if not keys:
+        raise ValueError(f"{name} holds no key: its comma-separated keys must be non-empty "
+                         f"({len(raw)} character{'' if len(raw) == 1 else 's'}, value not shown); unset it for no keys")
+    return keys
 
 
 def _env_float(name: str, allowed: str, accept: Callable[[float], bool]) -> float:

@@ -73,3 +73,46 @@ def test_script_starts_serves_and_stops_the_cluster(tiny_llama_dir, tmp_path):
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def test_the_start_timeout_waits_at_least_the_seconds_given(tmp_path):
+    """--start_timeout 2 waits 2 s or more, wherever in the clock's second the script starts.
+
+    Its deadline used bash's $SECONDS, which counts the clock's whole seconds: started late in a
+    second, the script gave up after as little as 1 s (a tester saw 1.86 s). The processes here
+    never answer (a stand-in python that sleeps), so the script must give up, after the full wait.
+    """
+    timeout_s = 2
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake_python.chmod(0o755)
+    out_path = tmp_path / "script.out"
+    # Start late in a second of the clock: the old deadline then came due about 1.2 s later.
+    while time.time() % 1 < 0.75 or time.time() % 1 > 0.8:
+        time.sleep(0.005)
+    with open(out_path, "w") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPT), "--model_dir", str(tmp_path), "--log_dir", str(tmp_path / "logs"),
+             "--master_port", str(free_port()), "--prefill_port", str(free_port()), "--decode_port", str(free_port()),
+             "--start_timeout", str(timeout_s), "--stop_timeout", "5"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHON": str(fake_python)},
+        )
+    try:
+        gave_up = None
+        while proc.poll() is None or gave_up is None:
+            if gave_up is None and "did not answer 200" in out_path.read_text():
+                gave_up = time.monotonic() - started
+            assert time.monotonic() - started < 60, out_path.read_text()
+            time.sleep(0.01)
+        text = out_path.read_text()
+        assert proc.returncode == 1, text
+        assert f"did not answer 200 within {timeout_s}s" in text
+        assert gave_up >= timeout_s, f"gave up after {gave_up:.2f}s with --start_timeout {timeout_s}"
+        pids = [int(p) for p in re.search(
+            r"master \(pid (\d+)\), prefill node \(pid (\d+)\), decode node \(pid (\d+)\)", text).groups()]
+        assert all(_gone(pid) for pid in pids), text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

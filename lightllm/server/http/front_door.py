@@ -24,6 +24,10 @@ limits before a connection costs the loop anything:
 * while the model loads the port already listens: probes get their answer (live 200, ready 503
   ``server_starting``), other requests 503 ``server_starting``; once uvicorn stops, 503
   ``server_shutting_down``.
+
+The thread's death by an exception is fatal (:mod:`.fatal_thread`): it closes its sockets and
+calls its death handler, before serving a SIGTERM to its own process (the launcher's start-up
+cleanup), then the supervisor's ``front_door_died`` (exit 1, as for a dead child).
 """
 
 from __future__ import annotations
@@ -40,14 +44,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.connection_book import ConnectionBook
+from lightllm.server.http.fatal_thread import FatalThread, stop_own_process
 from lightllm.server.http.lingering_sockets import LINGER_KEY, LingeringSockets
 from lightllm.server.http.protocol import LINGER_SECONDS
 from lightllm.server.http.health import (
-    FAILED_CODE,
     LoopHeartbeat,
     Readiness,
     health_answer,
     starting_readiness,
+    stopping_reason,
 )
 from lightllm.server.http.probe_parsing import (
     MAX_HEAD_BYTES,
@@ -108,7 +113,9 @@ class FrontDoor:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._paused_until = 0.0
-        self._thread = threading.Thread(target=self._run, name="http-front-door", daemon=True)
+        self._worker = FatalThread(self._run, "http-front-door", "HTTP front door thread", logger,
+                                   self._closed.is_set, self._abandon)
+        self._thread = self._worker.thread
 
     # ------------------------------------------------------------------ lifecycle (any thread)
 
@@ -127,7 +134,7 @@ class FrontDoor:
         for sock in self.sockets:
             self._selector.register(sock, selectors.EVENT_READ, "listen")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread.start()
+        self._worker.start()
 
     def serve(self, loop: asyncio.AbstractEventLoop, make_protocol: Callable[[], Any], readiness: Readiness) -> None:
         """Hand requests to ``loop`` from now on, each on a protocol ``make_protocol()`` builds."""
@@ -155,6 +162,10 @@ class FrontDoor:
         for sock in (*self.sockets, self._wake_r, self._wake_w):
             sock.close()
 
+    def set_death_handler(self, handler: Callable[[str], None]) -> None:
+        """Call ``handler(cause)`` when the thread dies of an exception; at once if it already has."""
+        self._worker.set_death_handler(handler)
+
     def _wake(self) -> None:
         try:
             self._wake_w.send(b"x")
@@ -162,6 +173,14 @@ class FrontDoor:
             pass
 
     # ------------------------------------------------------------------ the thread
+
+    def _abandon(self) -> None:
+        """The thread died: close the listening sockets and the connections held here (refused, not hanging)."""
+        self._closed.set()
+        for sock in (*self.sockets, *(pending.sock for pending in self._pending.values())):
+            sock.close()  # never raises for an open or closed socket
+        self._pending.clear()
+        self._lingering.close_all()
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -250,7 +269,7 @@ class FrontDoor:
             self._finish(pending, 503, error_body("The server is starting (loading the model); retry later",
                                                   SERVICE_UNAVAILABLE, None, "server_starting"))
         elif state != "serving":
-            code, message = self._stopping_reason(readiness)
+            code, message = stopping_reason(readiness)
             self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, code))
         elif pending.reserve and not self._authenticated(data):
             self._book.count_refusal("too_many_connections")
@@ -259,23 +278,6 @@ class FrontDoor:
             self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
         else:
             self._hand_off(pending, data)
-
-    @staticmethod
-    def _stopping_reason(readiness: Optional[Readiness]) -> Tuple[str, str]:
-        """(code, message) for a request arriving after the loop stopped taking connections.
-
-        A server stopping because a child died says so (``server_failed``, as its probes and its
-        pending requests do), so a client can tell a crash from a planned drain.
-        """
-        problem = None
-        if readiness is not None:
-            try:
-                problem = readiness()
-            except Exception:  # noqa: BLE001 - the refusal must be answered whatever the check does
-                problem = None
-        if problem is not None and problem[0] == FAILED_CODE:
-            return problem
-        return "server_shutting_down", "The server is shutting down and takes no new requests"
 
     def _health(self, path: str) -> Tuple[int, Dict[str, Any]]:
         with self._lock:
@@ -388,5 +390,8 @@ def open_front_door(args: Any) -> FrontDoor:
     options = HttpServerOptions.from_args(args)
     ensure_file_descriptors(options.limits.max_connections + options.limits.reserve_connections)
     door = FrontDoor(bind_listeners(args.host, args.port), options.limits, options.auth)
+    # Until the supervisor takes over (SupervisedServer), a dead front door ends the start-up the
+    # way a stop signal does, with the launcher's cleanup; the model may take minutes to load.
+    door.set_death_handler(stop_own_process)
     door.start()
     return door

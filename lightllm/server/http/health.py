@@ -149,3 +149,20 @@ class SampledReadiness:
     def __call__(self) -> Optional[Tuple[str, str]]:
         problem = self._immediate() if self._immediate is not None else None
         return problem if problem is not None else self._sample
+
+
+def stopping_reason(readiness: Optional[Readiness]) -> Tuple[str, str]:
+    """(code, message) for a request arriving after the loop stopped taking connections.
+
+    A server stopping because a child died says so (``server_failed``, as its probes and its
+    pending requests do), so a client can tell a crash from a planned drain.
+    """
+    problem = None
+    if readiness is not None:
+        try:
+            problem = readiness()
+        except Exception:  # noqa: BLE001 - the refusal must be answered whatever the check does
+            problem = None
+    if problem is not None and problem[0] == FAILED_CODE:
+        return problem
+    return "server_shutting_down", "The server is shutting down and takes no new requests"

@@ -104,15 +104,22 @@ def longest_token_chars(tokenizer: Any) -> Optional[int]:
     return max((len(token) for token in vocab), default=None)
 
 
-def text_chars(value: Any) -> int:
-    """Characters in every string inside ``value`` (a message dict, a list of parts, ...)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(text_chars(item) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(text_chars(item) for item in value)
-    return 0
+def text_chars(messages: List[dict]) -> int:
+    """Characters of the message texts: each message's ``content``, a string or its text parts' ``text``.
+
+    Only these, as docs/*/limits_and_auth.md says: roles, names, tool-call ids and part types are
+    not text the client wrote as the prompt, and a template may render a role as one special token,
+    so counting them could refuse a chat that fits.
+    """
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part["text"]) for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return total
 
 
 class PromptEncoder:
@@ -135,13 +142,17 @@ class PromptEncoder:
         self._frame: Optional[SpecialTokenFrame] = None
         self._frame_read = False
 
-    def check_chars(self, chars: int, param: str, noun: str) -> None:
-        """Raise 400 ``context_length_exceeded`` when ``chars`` characters cannot fit the context."""
+    def check_chars(self, chars: int, param: str, noun: str, counted: Optional[str] = None) -> None:
+        """Raise 400 ``context_length_exceeded`` when ``chars`` characters cannot fit the context.
+
+        ``counted``: what was counted, as the subject of "have" (default: "the ``noun`` has").
+        """
         if self.max_chars is None or chars <= self.max_chars:
             return
         limit = self._manager.max_req_total_len
+        counted = counted or f"the {noun} has"
         message = (
-            f"This model's maximum context length is {limit} tokens, and the {noun} has {chars} characters: "
+            f"This model's maximum context length is {limit} tokens, and {counted} {chars} characters: "
             f"more than {self.max_chars} characters ({limit} tokens at most {self.chars_per_token:g} characters "
             f"each) cannot fit. Please reduce the length of the {noun}."
         )
@@ -168,10 +179,10 @@ class PromptEncoder:
         ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.  The manager
         tokenizes the rendered text without the tokenizer's special tokens (the template writes
         them); ``add_special_tokens`` adds them as well, as vLLM's chat field of that name does.
-        The character check counts the messages' text; the prefix probe runs on the rendered
-        chat, so a chat of many empty messages is refused from its template's text.
+        The character check counts the message texts (:func:`text_chars`); the prefix probe runs
+        on the rendered chat, so a chat of many empty messages is refused from its template's text.
         """
-        self.check_chars(text_chars(messages), param, "messages")
+        self.check_chars(text_chars(messages), param, "messages", "the message texts have")
         within = None if keeps_end else self._manager.max_req_total_len
 
         def encode() -> List[int]:

@@ -83,7 +83,11 @@ class AuthPolicy:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "AuthPolicy":
-        """Keys from the flags; a flag not given falls back to its environment variable."""
+        """Keys from the flags; a flag not given falls back to its environment variable.
+
+        Raises ``ValueError`` naming the variable when it is set but holds an empty key
+        (:func:`~lightllm.utils.envs_utils.api_keys_from_env`): the launcher's one-line exit 2.
+        """
         api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
         admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
         cluster_key = getattr(args, "pd_cluster_key", None)

@@ -6,6 +6,8 @@ the loop with ``call_soon_threadsafe``.
 
 - A dead child: every pending request fails at once with a 503 error (an error event for streams
   already under way), new requests get 503, and uvicorn stops; the exit code is 1.
+- A dead front door (its thread raised; :mod:`lightllm.server.http.front_door`): the same, since
+  no connection can be accepted any more; it closed the listening sockets itself.
 - SIGTERM, SIGINT or SIGHUP: new requests get 503 at once, requests in flight may finish for up to
   ``--graceful_shutdown_seconds``, the rest then fail with a 503 error; the exit code is 0.
   A second signal fails what is left at once.
@@ -87,23 +89,38 @@ class Supervisor:
     # --- a child process died (called from the watcher thread) ---------------------------------
     def child_died(self, name: str, exitcode: Optional[int]) -> None:
         """Fail every request and stop serving with exit code 1."""
+        if not self._mark_failed():
+            return
+        log.error("child process %s exited unexpectedly (exit code %s); failing every request and shutting down", name, exitcode)
+        self._call_on_loop(self._fail_everything, f"its {name} process exited unexpectedly (exit code {exitcode})",
+                           f"{name} exited", False)
+
+    # --- the front door's thread died (called from that thread) ----------------------------------
+    def front_door_died(self, cause: str) -> None:
+        """As :meth:`child_died`: nothing accepts connections any more, so the server must end (exit 1).
+
+        The front door already logged its one error line naming ``cause`` and closed its sockets.
+        The children are alive, so requests already handed to the loop are aborted in them.
+        """
+        if not self._mark_failed():
+            return
+        self._call_on_loop(self._fail_everything, f"its HTTP front door failed ({cause})", "the front door failed", True)
+
+    def _mark_failed(self) -> bool:
+        """True for the first failure only: the first one decides the message and the exit code."""
         with self._lock:
             if self._failed:
-                return
+                return False
             self._failed = True
         self.exit_code = 1
-        log.error("child process %s exited unexpectedly (exit code %s); failing every request and shutting down", name, exitcode)
-        self._call_on_loop(self._fail_everything, name, exitcode)
+        return True
 
-    def _fail_everything(self, name: str, exitcode: Optional[int]) -> None:
-        message = (
-            f"The server failed: its {name} process exited unexpectedly (exit code {exitcode}); "
-            "the request was not completed, retry it on another server"
-        )
+    def _fail_everything(self, what: str, after: str, backend_alive: bool) -> None:
+        message = f"The server failed: {what}; the request was not completed, retry it on another server"
         if self.preparing is not None:
             self.preparing.closing = (message, SERVER_FAILED)
-        failed = self.manager.fail_pending(message, SERVER_FAILED, backend_alive=False)
-        log.error("failed %d pending request(s) after %s exited", failed, name)
+        failed = self.manager.fail_pending(message, SERVER_FAILED, backend_alive=backend_alive)
+        log.error("failed %d pending request(s) after %s", failed, after)
         self._exit_server()
 
     # --- a stop signal (called in the main thread by the signal handler) -------------------------
@@ -173,6 +190,9 @@ class SupervisedServer(uvicorn.Server):
             from lightllm.server.http.health import manager_readiness
 
             readiness = readiness or manager_readiness(supervisor.manager)
+            # From here on a dead front door fails the server as a dead child does (called at
+            # once if it died while the model loaded, replacing the launcher's start-up handler).
+            front_door.set_death_handler(supervisor.front_door_died)
         self.readiness = readiness
         supervisor.server = self
 
