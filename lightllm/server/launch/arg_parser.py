@@ -82,8 +82,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Tokenizer implementation: fast (Rust tokenizers), slow (Python) or auto.",
     )
     group.add_argument("--tp", type=int, default=1, help="Tensor-parallel size (model processes).")
-    group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed.")
-    group.add_argument("--nccl_port", type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port.")
+    group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; checked at start: one that does not resolve or cannot be listened on exits 3).")
+    group.add_argument("--nccl_port", type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port. A taken port is refused at start (exit 3).")
     group.add_argument(
         "--data_type",
         type=str,
@@ -119,7 +119,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         type=finite_float,
         default=30.0,
         help="On SIGTERM/SIGINT/SIGHUP: new requests get 503 at once, requests in flight may finish for at most this many "
-        "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once.",
+        "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once."
+        " At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
 
     group = parser.add_argument_group("memory and batching")
@@ -128,20 +129,23 @@ def make_argument_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="KV-cache capacity in tokens; default: --mem_fraction of (available memory - weights - --reserved_memory_gb) "
-        "(on CPU split across ranks and capped at 262144); see docs memory.md.",
+        "(on CPU split across ranks and capped at 262144); see docs memory.md. Given, it fixes the size: --mem_fraction "
+        "and --reserved_memory_gb, which size it from memory, are refused with it.",
     )
     group.add_argument(
         "--mem_fraction",
         type=finite_float,
         default=0.9,
-        help="Share of the memory left after the weights and --reserved_memory_gb that the KV cache takes when sizing it.",
+        help="Share of the memory left after the weights and --reserved_memory_gb that the KV cache takes when sizing it; "
+        "refused with --max_total_token_num, which fixes the size.",
     )
     group.add_argument(
         "--reserved_memory_gb",
         type=finite_float,
         default=None,
         help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
-        "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md).",
+        "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md). "
+        "Refused with --max_total_token_num, which fixes the size.",
     )
     group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")
     group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context length.")
@@ -162,7 +166,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "--disable_mixed_batches",
         action="store_true",
         help="Run a step's prefill chunks and decode rows as two forwards. By default (with chunked prefill) they run as "
-        "one mixed forward, whose token budget and processed-token count include the decode rows.",
+        "one mixed forward, whose token budget and processed-token count include the decode rows. Refused with "
+        "--disable_chunked_prefill, which runs no mixed batches.",
     )
     group.add_argument(
         "--router_token_ratio",
@@ -181,15 +186,17 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default=1,
         help="Decode steps the router lets pass between two admission rounds while requests run.",
     )
-    group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache.")
-    group.add_argument("--schedule_time_interval", type=finite_float, default=0.03, help="Seconds between router admission rounds (at least 0.001).")
+    group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
+                       "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")
+    group.add_argument("--schedule_time_interval", type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1e6.")
     group.add_argument(
         "--prefill_queue_strategy",
         type=str,
         choices=_strategy_names(),
         default="default",
         help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn, "
-        "lpm (most prefix-cached prompt tokens first), shortest_within_slack (shortest first while every "
+        "lpm (most prefix-cached prompt tokens first; refused when the prefix cache is off: --disable_dynamic_prompt_cache "
+        "or a dynamic-NTK checkpoint), shortest_within_slack (shortest first while every "
         "overtaken request stays within a slack of its FCFS wait); all run under the overtaking bound "
         "(--prefill_max_overtake_tokens, --prefill_overtake_fraction).",
     )
@@ -202,7 +209,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "wait (the prefill work ahead of it when it arrived); then it is served before all such work "
         "(see docs prefill_queue_strategy.md for the formula and how to choose it). "
         f"At most {MAX_PREFILL_OVERTAKE_TOKENS:,} (months of prefill work; for no bound use "
-        "--disable_prefill_overtake_bound).",
+        "--disable_prefill_overtake_bound, with which this flag is refused).",
     )
     group.add_argument(
         "--prefill_overtake_fraction",
@@ -210,12 +217,13 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default=_default_overtake_bound().fraction,
         help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens; "
         f"at most {MAX_PREFILL_OVERTAKE_FRACTION:g} (beyond, it limits nothing; for no bound use "
-        "--disable_prefill_overtake_bound).",
+        "--disable_prefill_overtake_bound, with which this flag is refused).",
     )
     group.add_argument(
         "--disable_prefill_overtake_bound",
         action="store_true",
-        help="Let prefill-queue strategies overtake without limit (the seed's unbounded behaviour).",
+        help="Let prefill-queue strategies overtake without limit (the seed's unbounded behaviour); refused with "
+        "--prefill_max_overtake_tokens or --prefill_overtake_fraction, whose bound it turns off.",
     )
     group.add_argument(
         "--prefill_max_wait_tokens",
@@ -226,7 +234,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
 
     group = parser.add_argument_group("generation")
     group.add_argument("--eos_id", type=int, nargs="+", default=None, help="End-of-sequence token id(s); default: from the checkpoint.")
-    group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat.")
+    group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat. Must be below the context (--max_req_total_len, default the checkpoint's): a prompt needs a token.")
     group.add_argument(
         "--sampling_seed",
         type=int,

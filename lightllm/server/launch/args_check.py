@@ -18,7 +18,9 @@ from lightllm.server.launch.arg_parser import (
     flag_names,
     flags_given,
 )
+from lightllm.server.launch.flag_combinations import check_flag_combinations
 from lightllm.server.launch.host_names import host_problem
+from lightllm.server.launch.seconds_flags import check_seconds_flags
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
@@ -26,6 +28,9 @@ from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 # PD flags read by one kind of PD process only (the master refuses node flags itself:
 # master_start.check_master_flags); given to any other role they are refused, not ignored.
 _DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
+# The wire's page size is the prefill side's: each transfer's header carries it and a decode node
+# follows the header. (--pd_transfer_port, prefill-only too, has its own check in _validate_pd_args.)
+_PREFILL_ONLY_FLAGS = ("pd_kv_page_size",)
 _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
                       "pd_prefix_affinity_tokens")
 # The prefill queue's order and its bound: a decode node never prefills a prompt (it receives the
@@ -64,6 +69,11 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
                                 "(--run_mode decode), not by a prefill node")
     if run_mode == "decode":
+        given = flags_given(args, _PREFILL_ONLY_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by prefill nodes only "
+                                "(--run_mode prefill), not by a decode node, which takes the page size from each "
+                                "transfer's header")
         given = flags_given(args, _PREFILL_QUEUE_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
@@ -108,7 +118,7 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
     low, high = PD_HEARTBEAT_INTERVAL_RANGE
     if not low <= args.pd_heartbeat_interval <= high:
         raise ArgumentError(f"--pd_heartbeat_interval must be {low:g} to {high:g} seconds, got "
-                            f"{args.pd_heartbeat_interval:g} (shorter drops healthy nodes whose heartbeat is late; "
+                            f"{args.pd_heartbeat_interval!r} (shorter drops healthy nodes whose heartbeat is late; "
                             "longer leaves a dead node unnoticed for minutes)")
     if args.pd_prefix_affinity_tokens < 0:
         raise ArgumentError(f"--pd_prefix_affinity_tokens must be >= 0 (0: no affinity), got {args.pd_prefix_affinity_tokens}")
@@ -212,13 +222,13 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         raise ArgumentError(f"--prefill_overtake_fraction must be a finite number >= 0, got {args.prefill_overtake_fraction}")
     if args.prefill_overtake_fraction > MAX_PREFILL_OVERTAKE_FRACTION:
         raise ArgumentError(f"--prefill_overtake_fraction must be at most {MAX_PREFILL_OVERTAKE_FRACTION:g} "
-                            f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction:g}")
+                            f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction!r}")
     if args.router_max_wait_tokens < 0:
         raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
     if args.schedule_time_interval < MIN_SCHEDULE_TIME_INTERVAL:
         # The router polls at most once a millisecond; less would only spin it on an idle server.
         raise ArgumentError(f"--schedule_time_interval must be >= {MIN_SCHEDULE_TIME_INTERVAL:g} seconds, "
-                            f"got {args.schedule_time_interval:g}")
+                            f"got {args.schedule_time_interval!r}")
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
     if args.batch_max_tokens is not None and not args.disable_chunked_prefill and args.chunked_prefill_size > args.batch_max_tokens:
@@ -228,6 +238,8 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     if args.disable_chunked_prefill and flags_given(args, ["chunked_prefill_size"]):
         raise ArgumentError("--chunked_prefill_size does nothing with --disable_chunked_prefill (every prompt is "
                             "prefilled in one piece); give one of them")
+    check_flag_combinations(args)
+    check_seconds_flags(args)
     default_new = getattr(args, "max_new_tokens_default", None)
     if default_new is not None and default_new < 1:
         raise ArgumentError(f"--max_new_tokens_default must be >= 1, got {default_new}")

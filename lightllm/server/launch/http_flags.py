@@ -35,19 +35,19 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=finite_float,
         default=10.0,
         help="Seconds a client has to send a whole request head (request line and headers), counted from its "
-        "connection or from the first byte of a follow-up request; then 408 and the connection is closed.",
+        "connection or from the first byte of a follow-up request; then 408 and the connection is closed. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     group.add_argument(
         "--http_body_timeout",
         type=finite_float,
         default=60.0,
-        help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed.",
+        help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     group.add_argument(
         "--http_keep_alive_timeout",
         type=finite_float,
         default=5.0,
-        help="Seconds an idle keep-alive connection stays open between two requests.",
+        help="Seconds an idle keep-alive connection stays open between two requests. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     group.add_argument(
         "--http_max_connections",
@@ -93,7 +93,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=finite_float,
         default=600.0,
         help="Seconds a request waits for a free request slot (every slot is taken by requests in flight) before "
-        "it is refused with 503 server_busy.",
+        "it is refused with 503 server_busy. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     group.add_argument(
         "--allow_public_priority",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfigError
 from lightllm.server.launch.arg_parser import flag_names, flags_given
+from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
 from lightllm.server.launch.checkpoint_reading import read_checkpoint
 from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
@@ -74,6 +75,7 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
     config, request_defaults = read_checkpoint(args)
     model_name, names = served_names(args.model_dir, args.model_name)
     max_len = resolve_max_req_total_len(args.max_req_total_len, config)
+    check_args_against_checkpoint(args, config, max_len)
     return ServedModel(
         model_name=model_name,
         served_model_names=names,

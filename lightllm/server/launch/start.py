@@ -64,7 +64,9 @@ from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entry
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
+from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
 from lightllm.server.launch.checkpoint_reading import log_checkpoint_limits, read_checkpoint
+from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
@@ -274,6 +276,8 @@ def run_server(argv: Optional[List[str]] = None) -> int:
 
         auth = AuthPolicy.from_args(args)
         auth.check_cluster(args.run_mode)
+        if args.run_mode != "pd_master":  # the master runs no model ranks (and refuses the nccl flags)
+            check_nccl_rendezvous(args)
         # Before anything loads: a taken port is a one-line error within a second, not after the model.
         front_door = open_front_door(args)
     except PortUnavailableError as exc:
@@ -308,6 +312,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         validate_device_args(args, facts.cuda_device_count)
         # The attention and linear backends are resolved by each rank (see the module docstring).
         sizing = plan_sizing(args, model_config, resolve_device(args, facts), facts.cuda_free_bytes)
+        check_args_against_checkpoint(args, model_config, sizing.max_req_total_len)
         log_checkpoint_limits(args, model_config, sizing)
         if args.run_mode in PD_NODE_MODES:
             # Imported here, like the HTTP modules below: only a PD node needs it.

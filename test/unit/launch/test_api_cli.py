@@ -123,7 +123,7 @@ def test_the_master_refuses_a_node_flag_written_with_its_default_value():
         (["--prefill_max_overtake_tokens", str(10**12 + 1)], "--prefill_max_overtake_tokens must be at most"),
         (["--prefill_overtake_fraction", "1e13"],
          "--prefill_overtake_fraction must be at most 1000 (for no bound use --disable_prefill_overtake_bound), "
-         "got 1e+13"),
+         "got 10000000000000.0"),
         (["--prefill_overtake_fraction", "1000.5"], "--prefill_overtake_fraction must be at most 1000"),
         (["--prefill_max_overtake_tokens", "-1"], "--prefill_max_overtake_tokens must be >= 0, got -1"),
     ],

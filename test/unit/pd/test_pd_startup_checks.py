@@ -151,9 +151,10 @@ def test_pd_flags_given_to_a_role_that_does_not_read_them_are_refused(argv: List
 
 def test_pd_flags_each_role_reads_are_accepted() -> None:
     _validate(["--run_mode", "decode", "--pd_node_id", "d-0", "--pd_reserve_lease_seconds", "5",
-               "--pd_max_segment_tokens", "8", "--pd_kv_page_size", "64", "--pd_heartbeat_interval", "1"])
+               "--pd_max_segment_tokens", "8", "--pd_heartbeat_interval", "1"])
+    # --pd_kv_page_size is the prefill side's (a decode node follows each transfer's header).
     _validate(["--run_mode", "prefill", "--pd_node_id", "p.0", "--pd_transfer_port", "29500",
-               "--pd_transfer_timeout_seconds", "5"])
+               "--pd_transfer_timeout_seconds", "5", "--pd_kv_page_size", "64"])
     _validate(["--run_mode", "pd_master", "--pd_max_missed_heartbeats", "5", "--pd_prefill_timeout_seconds", "5"])
 
 

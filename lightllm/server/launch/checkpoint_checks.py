@@ -1,0 +1,33 @@
+"""Flags checked against the checkpoint: what only reading its config shows to be dead or impossible.
+
+Run after the checkpoint is read and the context length resolved (the launcher's planning, the
+PD master's served model), before any process starts; every refusal is one line naming the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.flag_combinations import PREFIX_CACHE_STRATEGY
+
+
+def check_args_against_checkpoint(args: argparse.Namespace, model_config: ModelConfig, max_req_total_len: int) -> None:
+    """Raise :class:`ArgumentError` for flags the checkpoint makes useless or impossible.
+
+    ``max_req_total_len``: the resolved context limit (``--max_req_total_len`` or the checkpoint's).
+    """
+    # A length-dependent RoPE (dynamic NTK) turns the prefix cache off (plan.prefix_cache_enabled),
+    # so lpm would find no hits and order exactly as default.
+    if getattr(args, "prefill_queue_strategy", None) == PREFIX_CACHE_STRATEGY and model_config.rope.length_dependent:
+        raise ArgumentError("--prefill_queue_strategy lpm orders by prefix-cache hits, but this checkpoint's RoPE "
+                            "scales with each request's length (dynamic NTK), so the prefix cache is off and lpm "
+                            "would order as default; give another strategy")
+    default_new = getattr(args, "max_new_tokens_default", None)
+    if default_new is not None and default_new >= max_req_total_len:
+        # Every prompt has at least one token, so a request without max_tokens would always be cut
+        # to what its prompt leaves, never get this many.
+        raise ArgumentError(f"--max_new_tokens_default {default_new} leaves no room for a prompt within the "
+                            f"{max_req_total_len}-token context (--max_req_total_len, prompt + generated tokens; "
+                            f"default: the checkpoint's); give at most {max_req_total_len - 1}")

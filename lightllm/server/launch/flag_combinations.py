@@ -1,0 +1,42 @@
+"""Flags that would do nothing next to another flag: the combination is refused, never ignored.
+
+Each check below names both flags and why the first is dead, so the user learns which one to
+drop. Checks that need the checkpoint (the prefix cache under a length-dependent RoPE, a default
+max_new_tokens against the context) are in :mod:`lightllm.server.launch.checkpoint_checks`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.arg_parser import flags_given
+
+# The strategy that orders by prefix-cache hits: without a prefix cache every request has none,
+# so it orders exactly as `default`.
+PREFIX_CACHE_STRATEGY = "lpm"
+
+
+def check_flag_combinations(args: argparse.Namespace) -> None:
+    """Raise :class:`ArgumentError` (one line naming both flags) when one flag cancels another."""
+    if getattr(args, "disable_prefill_overtake_bound", False):
+        given = flags_given(args, ["prefill_max_overtake_tokens", "prefill_overtake_fraction"])
+        if given:
+            one = len(given) == 1
+            raise ArgumentError(f"{', '.join('--' + name for name in given)} set{'s' if one else ''} the overtaking "
+                                f"bound, which --disable_prefill_overtake_bound turns off; give "
+                                f"{'it' if one else 'them'} or --disable_prefill_overtake_bound")
+    if args.prefill_queue_strategy == PREFIX_CACHE_STRATEGY and args.disable_dynamic_prompt_cache:
+        raise ArgumentError("--prefill_queue_strategy lpm orders by prefix-cache hits, which "
+                            "--disable_dynamic_prompt_cache turns off (lpm would order as default); give one of them")
+    if args.disable_mixed_batches and args.disable_chunked_prefill:
+        raise ArgumentError("--disable_mixed_batches does nothing with --disable_chunked_prefill (mixed batches need "
+                            "chunked prefill, so none are run); give one of them")
+    if args.max_total_token_num is not None:
+        # Both only size the KV cache from the memory left; a fixed size leaves them nothing to do.
+        given = flags_given(args, ["mem_fraction", "reserved_memory_gb"])
+        if given:
+            one = len(given) == 1
+            raise ArgumentError(f"{', '.join('--' + name for name in given)} size{'s' if one else ''} the KV cache "
+                                f"from the free memory, which --max_total_token_num fixes instead; give "
+                                f"{'it' if one else 'them'} or --max_total_token_num")

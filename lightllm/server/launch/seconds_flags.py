@@ -1,0 +1,54 @@
+"""Upper bound of every flag that counts seconds (timeouts, intervals, leases).
+
+A wait longer than the code can take does not wait longer: it crashes the thread that waits.
+epoll and zmq take a timeout of at most INT_MAX milliseconds (2**31 - 1 ms, about 24.8 days); an
+``--http_header_timeout 1e7`` ended the front door's thread in ``selector.select`` with
+``OverflowError`` while its port stayed open, and ``--schedule_time_interval 1e7`` the router in
+its zmq poll. One documented maximum, :data:`MAX_WAIT_SECONDS`, leaves room for the longest sum
+the code waits in one call: a PD reservation's lease, ``--pd_prefill_timeout_seconds`` plus
+``--pd_transfer_timeout_seconds`` (2e6 s, still under INT_MAX ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Tuple
+
+from lightllm.server.argument_error import ArgumentError
+
+# About 11.6 days; see the module docstring for why not more.
+MAX_WAIT_SECONDS = 1e6
+
+# Every seconds-valued flag of the parser (the lower bounds are checked with each flag's own rule).
+SECONDS_FLAGS: Tuple[str, ...] = (
+    "graceful_shutdown_seconds",
+    "schedule_time_interval",
+    "http_header_timeout",
+    "http_body_timeout",
+    "http_keep_alive_timeout",
+    "slot_wait_seconds",
+    "pd_heartbeat_interval",
+    "pd_reserve_lease_seconds",
+    "pd_transfer_timeout_seconds",
+    "pd_prefill_timeout_seconds",
+    "pd_decode_token_timeout_seconds",
+)
+
+
+def check_seconds_flags(args: argparse.Namespace) -> None:
+    """Refuse (one line naming the flag) a seconds flag above :data:`MAX_WAIT_SECONDS`.
+
+    Also the master's node expiry, ``--pd_heartbeat_interval`` x ``--pd_max_missed_heartbeats``,
+    which a node waits for in one call too.
+    """
+    for name in SECONDS_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and value > MAX_WAIT_SECONDS:
+            raise ArgumentError(f"--{name} must be at most {MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, the "
+                                f"longest wait the server's event loops and polls can take), got {value!r}")
+    interval = getattr(args, "pd_heartbeat_interval", None)
+    missed = getattr(args, "pd_max_missed_heartbeats", None)
+    if interval is not None and missed is not None and interval * missed > MAX_WAIT_SECONDS:
+        raise ArgumentError(f"--pd_max_missed_heartbeats {missed} x --pd_heartbeat_interval {interval!r} must be at most "
+                            f"{MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, the longest wait the server's event "
+                            "loops and polls can take)")
