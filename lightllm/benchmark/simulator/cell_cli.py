@@ -64,7 +64,17 @@ def int_range(text: str) -> List[int]:
             raise ValueError(f"expected integers, LOW-HIGH/STEP ranges or a comma list, got {part!r}") from None
     if not values or min(values) < 0:
         raise ValueError(f"expected at least one integer >= 0, got {text!r}")
+    refuse_repeats(values)
     return values
+
+
+def refuse_repeats(values: List[float]) -> None:
+    """A value named twice would be simulated and printed twice (overlapping ranges too): refuse it."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"names {value:g} twice; name each once")
+        seen.add(value)
 
 
 # ``int_range`` as an argparse type: argparse names the flag in front of its message.

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, comma_items
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, run_cell_command
+from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, refuse_repeats, run_cell_command
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.frontier import shorts_per_step
@@ -236,6 +236,7 @@ def _float_list(text: str) -> List[float]:
         raise ValueError(f"expected a comma list of numbers, got {text!r}") from None
     if not values or not all(math.isfinite(value) and value >= 0 for value in values):
         raise ValueError(f"expected at least one number >= 0 (finite), got {text!r}")
+    refuse_repeats(values)
     return values
 
 

@@ -13,7 +13,7 @@ import pytest
 from simulator_test_support import assert_refused_in_one_line
 
 from lightllm.benchmark.simulator import __main__ as simulator_cli
-from lightllm.benchmark.simulator import bound_sweep, frontier
+from lightllm.benchmark.simulator import bound_sweep, deadline_frontier, frontier
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv, simulate_workload
 from lightllm.benchmark.workloads import ScheduledRequest
@@ -86,3 +86,27 @@ def test_check_fits_kv_allows_a_request_that_exactly_fills_the_cache():
 ])
 def test_bound_sweep_refuses(argv, message, capsys):
     assert_refused_in_one_line(bound_sweep.main, argv, message, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([*_CELL, "--disable-prefill-overtake-bound", "--prefill-max-overtake-tokens", "4096"],
+     "--prefill-max-overtake-tokens sets the overtaking bound, which --disable-prefill-overtake-bound turns off"),
+    ([*_CELL, "--disable-prefill-overtake-bound", "--prefill-max-overtake-tokens", "2048",
+      "--prefill-overtake-fraction", "0.15"],
+     "--prefill-max-overtake-tokens and --prefill-overtake-fraction set the overtaking bound"),
+])
+def test_bound_values_with_the_bound_off_are_refused_as_the_server_refuses_them(argv, message, capsys):
+    assert_refused_in_one_line(simulator_cli.main, argv, message, capsys)
+
+
+@pytest.mark.parametrize("tool, argv, message", [
+    (frontier.main, ["--counts", "50,50", "--starts", "0"], "--counts: names 50 twice"),
+    (frontier.main, ["--counts", "40-60/10,50", "--starts", "0"], "--counts: names 50 twice"),
+    (frontier.main, ["--counts", "50", "--starts", "0,0"], "--starts: names 0 twice"),
+    (deadline_frontier.main, ["--due-ms", "2000,2000"], "--due-ms: names 2000 twice"),
+    (deadline_frontier.main, ["--spared", "0,0"], "--spared: names 0 twice"),
+    (deadline_frontier.main, ["--due-ms", "2000", "--disable-prefill-overtake-bound", "--prefill-overtake-fraction",
+                              "0.3"], "--prefill-overtake-fraction sets the overtaking bound"),
+])
+def test_the_yardsticks_refuse_repeated_values_and_ignored_bound_values(tool, argv, message, capsys):
+    assert_refused_in_one_line(tool, argv, message, capsys)
