@@ -207,6 +207,7 @@ class PdMasterManager:
         finish_reason: Optional[str] = None
         log.debug("request %d: %d prompt tokens, max_new_tokens %d", request_id, len(prompt_ids), params.max_new_tokens)
         try:
+            await run.watch_client()
             text = GenerationText(self.tokenizer, prompt_ids, params, self.eos_token_ids)
             segment = first_segment(request_id, prompt_ids, params)
             while True:
@@ -254,6 +255,9 @@ class PdMasterManager:
                     raise PdRequestFailed(f"request {request_id}: segment {segment.segment_index} ended without an end",
                                           "pd_node_failed", "protocol")
                 await run.close_streams()
+                # A continuation only serves the client: one that left between two segments must not
+                # get a new placement (asked now; the poll in RequestRun.next may be 0.5 s away).
+                await run.require_client()
                 following = next_segment(request_id, prompt_ids, params, generated, segment, end)
                 if following is None:
                     # Every token was generated but the segment did not say so: finish by length.
@@ -286,6 +290,13 @@ class PdMasterManager:
             raise
         except Exception:
             finish_reason = "error"
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            # The HTTP layer closed or cancelled the generation: its client went away mid-answer
+            # (a closed stream, a torn-down response).  The finally below aborts it on the nodes.
+            if finish_reason is None:  # a close after the last event is the normal end, not a departure
+                run.client_gone = True
+                log.info("request %d: the client went away (response closed); aborting it on the nodes", request_id)
             raise
         finally:
             # Bookkeeping before the first await: a cancelled caller may not get past it.

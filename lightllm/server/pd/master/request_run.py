@@ -71,6 +71,33 @@ class RequestRun:
         # The current segment's prefill stream (the segment flow releases it after the hand-off).
         self.prefill_stream: Optional[NodeStream] = None
         self._next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
+        # True once the client is known to be gone (a check saw it, or its response was torn down).
+        self.client_gone = False
+
+    async def client_disconnected(self) -> bool:
+        """Ask the client now (not at the next poll) whether it is gone; remembers a yes.
+
+        uvicorn stops reading a connection once its request body is in, so a client that
+        closes its socket is only seen after something reads again: the first ask resumes
+        reading, which is why :meth:`watch_client` asks once as the request starts.
+        """
+        if self.client_gone:
+            return True
+        if self.request is None:
+            return False
+        if await self.request.is_disconnected():
+            self.client_gone = True
+        return self.client_gone
+
+    async def watch_client(self) -> None:
+        """Start noticing the client's disconnect at once (see :meth:`client_disconnected`)."""
+        await self.client_disconnected()
+
+    async def require_client(self) -> None:
+        """Raise :class:`ClientGone` if the client has left: before work that only it would read
+        (a continuation segment), which must not be placed for nobody."""
+        if await self.client_disconnected():
+            raise ClientGone()
 
     def sink(self, role: str) -> Callable[[Any], None]:
         """Where ``role``'s stream puts its lines."""
@@ -168,8 +195,7 @@ class RequestRun:
                     item = None
             if self.request is not None and time.monotonic() >= self._next_check:
                 self._next_check = time.monotonic() + DISCONNECT_CHECK_SECONDS
-                if await self.request.is_disconnected():
-                    raise ClientGone()
+                await self.require_client()
             if item is None or item is _WAKE:
                 continue
             source, payload = item
