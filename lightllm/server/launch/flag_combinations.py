@@ -8,6 +8,7 @@ max_new_tokens against the context) are in :mod:`lightllm.server.launch.checkpoi
 from __future__ import annotations
 
 import argparse
+from typing import List
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import flags_given
@@ -20,12 +21,9 @@ PREFIX_CACHE_STRATEGY = "lpm"
 def check_flag_combinations(args: argparse.Namespace) -> None:
     """Raise :class:`ArgumentError` (one line naming both flags) when one flag cancels another."""
     if getattr(args, "disable_prefill_overtake_bound", False):
-        given = flags_given(args, ["prefill_max_overtake_tokens", "prefill_overtake_fraction"])
-        if given:
-            one = len(given) == 1
-            raise ArgumentError(f"{', '.join('--' + name for name in given)} set{'s' if one else ''} the overtaking "
-                                f"bound, which --disable_prefill_overtake_bound turns off; give "
-                                f"{'it' if one else 'them'} or --disable_prefill_overtake_bound")
+        _refuse_given(args, ["prefill_max_overtake_tokens", "prefill_overtake_fraction"], "set",
+                      "the overtaking bound, which --disable_prefill_overtake_bound turns off",
+                      "--disable_prefill_overtake_bound")
     if args.prefill_queue_strategy == PREFIX_CACHE_STRATEGY and args.disable_dynamic_prompt_cache:
         raise ArgumentError("--prefill_queue_strategy lpm orders by prefix-cache hits, which "
                             "--disable_dynamic_prompt_cache turns off (lpm would order as default); give one of them")
@@ -34,9 +32,15 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
                             "chunked prefill, so none are run); give one of them")
     if args.max_total_token_num is not None:
         # Both only size the KV cache from the memory left; a fixed size leaves them nothing to do.
-        given = flags_given(args, ["mem_fraction", "reserved_memory_gb"])
-        if given:
-            one = len(given) == 1
-            raise ArgumentError(f"{', '.join('--' + name for name in given)} size{'s' if one else ''} the KV cache "
-                                f"from the free memory, which --max_total_token_num fixes instead; give "
-                                f"{'it' if one else 'them'} or --max_total_token_num")
+        _refuse_given(args, ["mem_fraction", "reserved_memory_gb"], "size",
+                      "the KV cache from the free memory, which --max_total_token_num fixes instead",
+                      "--max_total_token_num")
+
+
+def _refuse_given(args: argparse.Namespace, names: List[str], verb: str, what: str, other: str) -> None:
+    """Refuse the flags of ``names`` that were typed: "--a, --b <verb> <what>; give them or <other>"."""
+    given = flags_given(args, names)
+    if given:
+        one = len(given) == 1
+        raise ArgumentError(f"{', '.join('--' + name for name in given)} {verb}{'s' if one else ''} {what}; give "
+                            f"{'it' if one else 'them'} or {other}")
