@@ -32,8 +32,10 @@ def no_start(monkeypatch):
 @pytest.fixture
 def sleeper(tiny_llama_dir):
     """A process whose command line names --model_dir, as a server's does (relative to its cwd)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--model_dir", tiny_llama_dir.name],
-                            cwd=str(tiny_llama_dir.parent))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                             "--model_dir", tiny_llama_dir.name], cwd=str(tiny_llama_dir.parent), stdout=subprocess.PIPE)
+    # Until the child has exec'd, /proc shows the command line it was forked with (pytest's).
+    assert proc.stdout.readline() == b"up\n"
     yield proc
     proc.kill()
     proc.wait(10)

@@ -31,7 +31,8 @@ def test_soak_server_refuses_a_pid_that_runs_nothing_and_names_an_unreachable_se
     line = one_line_refusal(soak_server.main, ["--base-url", "http://127.0.0.1:9", "--server-pid", "999999999"], capsys)
     assert "--server-pid 999999999 is not a running process" in line
     capsys.readouterr()
-    status = soak_server.main(["--base-url", "http://127.0.0.1:9", "--server-pid", str(os.getpid()),
+    # --vocab: this test process names no --model_dir to read the served vocabulary from.
+    status = soak_server.main(["--base-url", "http://127.0.0.1:9", "--server-pid", str(os.getpid()), "--vocab", "100",
                                "--streams", "1", "--aborts", "0", "--requests", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(err) == 1 and err[0].startswith("error: cannot reach the server at http://127.0.0.1:9")
