@@ -103,8 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     try:
         rows = int_range(args.rows)
-    except ValueError:
-        parser.error(f"--rows must be LOW-HIGH[/STEP] ranges or a comma list of integers, got {args.rows!r}")
+    except ValueError as exc:
+        parser.error(f"--rows: {exc}")
     if not rows or min(rows) < 1 or len(set(rows)) != len(rows) or args.threads < 1:
         parser.error("--rows must name distinct row counts >= 1 and --threads must be >= 1")
     if EXACT_WARMUP_ROWS in rows:

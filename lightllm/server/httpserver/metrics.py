@@ -315,6 +315,9 @@ class ServerMetrics:
         ``queue_seconds`` (None: never scheduled) is submission to first scheduling; the prefill
         and inference times are measured from that moment, as vLLM measures them.
         """
+        # Gaps between the answer's tokens, all of which this node timed (the decode steps), also
+        # on a decode node, whose own token count leaves out the prefill node's first token.
+        token_gaps = completion_tokens - 1
         pd = decode_node_request.get()
         if pd is not None:
             if not pd.kv_arrived:
@@ -331,8 +334,8 @@ class ServerMetrics:
         if first_token_seconds is not None:
             decode = max(0.0, seconds - first_token_seconds)
             self._request_decode.observe(decode)
-            if completion_tokens > 1:
-                self._request_tpot.observe(decode / (completion_tokens - 1))
+            if token_gaps > 0:
+                self._request_tpot.observe(decode / token_gaps)
         if queue_seconds is not None:
             self._request_queue.observe(queue_seconds)
             self._request_inference.observe(max(0.0, seconds - queue_seconds))

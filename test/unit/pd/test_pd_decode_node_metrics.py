@@ -43,6 +43,9 @@ def test_a_decoded_request_counts_its_prompt_and_only_the_tokens_decode_generate
     assert _value(metrics, "lightllm_generated_tokens_total") == 2
     assert _value(metrics, "lightllm_cached_prompt_tokens_total") == 0
     assert _value(metrics, "lightllm_request_generation_tokens_sum") == 2
+    # Time per output token: the decode steps' own gaps (0.9 s over the answer's 2 gaps).
+    assert _value(metrics, "lightllm_request_time_per_output_token_seconds_count") == 1
+    assert abs(_value(metrics, "lightllm_request_time_per_output_token_seconds_sum") - 0.45) < 1e-9
 
 
 def test_outside_a_decode_node_every_call_counts_as_before() -> None:
