@@ -72,10 +72,10 @@ def max_torch_threads() -> int:
 
 def torch_threads_override(name: str = "LIGHTLLM_TORCH_THREADS") -> Optional[int]:
     """Environment variable ``name`` (a thread count) as an int in [1, :func:`max_torch_threads`], or None when unset."""
-    cpus = os.cpu_count() or 1
     bound = max_torch_threads()
-    return _env_int(name, 1, f"an integer from 1 to {bound} ({TORCH_THREADS_PER_CPU} x the machine's {cpus} CPUs: "
-                             "more threads only take turns on the same cores)", bound)
+    return _env_int(name, 1, f"an integer from 1 to {bound} ({TORCH_THREADS_PER_CPU} x the machine's "
+                             f"{bound // TORCH_THREADS_PER_CPU} CPUs: more threads only take turns on the same cores)",
+                    bound)
 
 
 # Variables a former release read, and what replaced them: setting one is refused, not ignored.

@@ -118,8 +118,9 @@ class Sampler:
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32)."""
         check_logits(logits, batch)
-        processed = logits.to(torch.float32)
-        processed = eos_decayed(penalised(biased(processed, batch), batch), batch)
+        # Every processor below works out of place, so this stays the forward's own logits.
+        raw = logits.to(torch.float32)
+        processed = eos_decayed(penalised(biased(raw, batch), batch), batch)
         processed = min_tokens_kept_possible(processed, min_tokens_masked(processed, batch), batch)
         greedy_ids = processed.argmax(dim=-1)
         if batch.all_greedy:
@@ -143,7 +144,7 @@ class Sampler:
         if self._raw_logprobs:
             # A logit the forward overflowed to +inf is clamped as the greedy path does; a -inf
             # one is the model's own zero probability.
-            logprobs = torch.log_softmax(logits.to(torch.float32).clamp(max=_FLOAT32_MAX), dim=-1)
+            logprobs = torch.log_softmax(raw.clamp(max=_FLOAT32_MAX), dim=-1)
         else:
             logprobs = torch.log_softmax(scaled, dim=-1)
 

@@ -164,7 +164,7 @@ class PdNodeRuntime:
             and the transfer timeouts that bound a transfer setup).
         info: this node's registration (:func:`prepare_pd_node`).
         manager: the node's ``HttpServerManager`` (the service's
-            :class:`~lightllm.server.pd.node.service.PdNodeHost`).
+            :class:`~lightllm.server.pd.node.host_contract.PdNodeHost`).
         rank0_address: model rank 0's inbox, where the service sends transfer setups.
         cluster_key: the cluster's key (``AuthPolicy.cluster_key``), sent to the master.
     """

@@ -18,6 +18,8 @@ from lightllm.server.argument_error import ArgumentError
 
 # About 11.6 days; see the module docstring for why not more.
 MAX_WAIT_SECONDS = 1e6
+_AT_MOST = (f"must be at most {MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, the longest wait the server's event "
+            "loops and polls can take)")
 
 # Every seconds-valued flag of the parser (the lower bounds are checked with each flag's own rule).
 SECONDS_FLAGS: Tuple[str, ...] = (
@@ -44,11 +46,8 @@ def check_seconds_flags(args: argparse.Namespace) -> None:
     for name in SECONDS_FLAGS:
         value = getattr(args, name, None)
         if value is not None and value > MAX_WAIT_SECONDS:
-            raise ArgumentError(f"--{name} must be at most {MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, the "
-                                f"longest wait the server's event loops and polls can take), got {value!r}")
+            raise ArgumentError(f"--{name} {_AT_MOST}, got {value!r}")
     interval = getattr(args, "pd_heartbeat_interval", None)
     missed = getattr(args, "pd_max_missed_heartbeats", None)
     if interval is not None and missed is not None and interval * missed > MAX_WAIT_SECONDS:
-        raise ArgumentError(f"--pd_max_missed_heartbeats {missed} x --pd_heartbeat_interval {interval!r} must be at most "
-                            f"{MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, the longest wait the server's event "
-                            "loops and polls can take)")
+        raise ArgumentError(f"--pd_max_missed_heartbeats {missed} x --pd_heartbeat_interval {interval!r} {_AT_MOST}")

@@ -3,7 +3,7 @@
 A prefill or decode node's HTTP process composes one :class:`PdNodeService` around its request
 manager (:mod:`lightllm.server.launch.pd_node`); the node's control endpoints
 (:mod:`lightllm.server.pd.node.api`) call the service, and the service calls the manager through
-the narrow :class:`PdNodeHost` interface only.  The manager knows nothing of PD: the service
+the narrow :class:`~.host_contract.PdNodeHost` interface only.  The manager knows nothing of PD: the service
 registers an inbox handler for rank 0's PD messages and posts a request's notices into that
 request's own event stream.
 
@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Protocol, Set, Tuple, Type
+from typing import Any, AsyncIterator, Dict, List, Optional, Set, Tuple, Type
 
 import zmq
 import zmq.asyncio
@@ -48,12 +48,13 @@ from lightllm.server.core.objs.io_messages import (
     PdTransferSetup,
     PdTransferTeardown,
 )
-from lightllm.server.core.objs.request_spec import INT32_MAX, RequestSpec
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.httpserver.metrics import DecodeNodeRequest, decode_node_request
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.pd.protocol.membership import STATE_DRAINING, STATE_SERVING
 from lightllm.server.pd.protocol.node_events import BUSY, RESERVED, TOKEN, PdNodeEvent
+from lightllm.server.pd.node.host_contract import PdNodeHost, check_epoch, parse_transfer_address
 from lightllm.server.pd.node.stream_translation import error_event, translate
 from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.utils.process_utils import zmq_socket
@@ -67,44 +68,6 @@ RANK0_PD_MESSAGES: Tuple[Type[Any], ...] = (PdSetupDone, PdNotice, PdChannelBrok
 # on this node (normally milliseconds: its finish is already on the way); after that the id is
 # refused as in use.
 SEGMENT_ID_REUSE_WAIT_S = 5.0
-
-
-class PdNodeHost(Protocol):
-    """What the service needs of the node's request manager (``HttpServerManager`` provides it)."""
-
-    vocab_size: int
-    max_req_total_len: int
-    metrics: Any  # ``.measured``: the registry the node's /metrics renders
-
-    def add_inbox_handler(self, message_types: Tuple[Type[Any], ...], handler: Callable[[Any], None]) -> None:
-        """Call ``handler`` (on the event loop, in arrival order) for every inbox message of these types."""
-
-    def post(self, request_id: int, item: Any) -> bool:
-        """Put ``item`` into a pending request's event stream, in arrival order; False if none."""
-
-    def generate(
-        self, spec: RequestSpec, *, request: Any = None, request_id: Optional[int] = None,
-        slot_wait_seconds: Optional[float] = None,
-    ) -> AsyncIterator[Any]:
-        """The request's events: ``GenerationEvent`` values and whatever was posted to it."""
-
-    async def wait_request_id_free(self, request_id: int, timeout: float) -> bool:
-        """Wait until ``request_id`` is no longer in use here; True if it is free."""
-
-
-def parse_transfer_address(address: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ``ValueError`` naming the address when it is not one."""
-    host, sep, port = str(address).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"prefill_transfer_address must be host:port, got {address!r}")
-    return host, int(port)
-
-
-def check_epoch(epoch: Any) -> int:
-    """``epoch`` if it is an int a request's spec can carry (``[0, 2**31 - 1]``), else ``ValueError``."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= INT32_MAX:
-        raise ValueError(f"epoch must be an int in [0, {INT32_MAX}], got {epoch!r}")
-    return epoch
 
 
 class PdNodeService:
