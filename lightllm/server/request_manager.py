@@ -48,7 +48,9 @@ class RequestManager(Protocol):
     Attributes: ``model_name`` (the id the API reports), ``served_model_names`` (every id a
     request's ``model`` may name), ``max_req_total_len`` (prompt + generated tokens of one
     request), ``vocab_size``, ``eos_token_ids``, ``tokenizer`` (for decoding token strings
-    in responses) and ``generation_defaults`` (the sampling fields a request inherits).
+    in responses) and ``generation_defaults`` (the sampling fields a request inherits).  A
+    manager that loaded a checkpoint may also have ``model_path`` (``--model_dir`` as an absolute path),
+    which /v1/models reports as ``root``.
     """
 
     model_name: str

@@ -155,6 +155,8 @@ class ServedModel:
     max_req_total_len: int
     max_new_tokens_default: Optional[int] = None
     request_defaults: RequestDefaults = field(default_factory=RequestDefaults)
+    # --model_dir as an absolute path: a model card's ``root`` (vLLM reports its --model there).
+    model_path: str = ""
 
     def __post_init__(self) -> None:
         if self.request_defaults.chat_template is not None:

@@ -23,6 +23,7 @@ from lightllm.server.http.chat_content_format import wants_content_parts
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, model_not_found,
                                          sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.http.request_id_header import client_request_id
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
 from lightllm.server.http.openai_shapes import (
     ChatShaper,
@@ -36,6 +37,7 @@ from lightllm.server.http.planning import (
     build_sampling_params,
     check_context_length,
     check_token_ids,
+    completion_room,
     choice_jobs,
     encoded,
 )
@@ -92,9 +94,9 @@ class OpenAIEndpoints:
         return list(getattr(self.manager, "served_model_names", None) or [self.manager.model_name])
 
     def check_model(self, model: str | None) -> str:
-        """The model name to answer with: the requested one if served (a missing one means the
-        served model), else a 404 naming the served names."""
-        if model is None:
+        """The model name to answer with: the requested one if served (a missing or empty one
+        means the served model, as in vLLM), else a 404 naming the served names."""
+        if not model:
             return self.manager.model_name
         served = self.served_names()
         if model not in served:
@@ -105,11 +107,17 @@ class OpenAIEndpoints:
         """A model entry shaped as vLLM shapes it (``vllm bench serve`` reads ``root``)."""
         model_id = model_id or self.manager.model_name
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "lightllm",
-                "root": self.manager.model_name, "parent": None, "max_model_len": self.manager.max_req_total_len,
+                "root": self.model_root(), "parent": None, "max_model_len": self.manager.max_req_total_len,
                 "permission": [{"id": f"modelperm-{model_id}", "object": "model_permission", "created": self.created,
                                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                                 "organization": "*", "group": None, "is_blocking": False}]}
+
+    def model_root(self) -> str:
+        """``root`` of a model card: where the checkpoint was loaded from, as vLLM reports its
+        ``--model`` (``vllm bench serve`` without ``--model`` loads its tokenizer from it); the
+        served name where this process loaded none (a PD master)."""
+        return getattr(self.manager, "model_path", None) or self.manager.model_name
 
     async def list_models(self) -> dict[str, Any]:
         """``GET /v1/models``: the single served model."""
@@ -143,7 +151,9 @@ class OpenAIEndpoints:
                 # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
                 max_new = 1
             elif requested is not None:
-                max_new = requested
+                max_new = completion_room(len(prompt_ids), requested, self.manager.max_req_total_len,
+                                          prompt_param=prompt_param, prompt_noun=prompt_param,
+                                          tokens_param=tokens_param, min_new_tokens=fields.get("min_new_tokens") or 0)
             else:
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
@@ -225,8 +235,9 @@ class OpenAIEndpoints:
     async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],
                        shaper: "CompletionShaper | ChatShaper") -> Response:
         """Start every job, then answer with one JSON body or a stream; ``model`` is the name to report."""
-        response_id = f"{shaper.id_prefix}-{body.request_id or uuid.uuid4().hex}"
-        if body.request_id is not None:
+        given_id = client_request_id(request, body.request_id)
+        response_id = f"{shaper.id_prefix}-{given_id or uuid.uuid4().hex}"
+        if given_id is not None:
             logger.info("request %s: %d generation(s)", response_id, len(jobs))
         fanout = GenerationFanout(self.manager, jobs, request=request)
         await fanout.start()

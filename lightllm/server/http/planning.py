@@ -93,6 +93,29 @@ def check_context_length(
     raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
 
 
+def completion_room(
+    prompt_len: int, max_new_tokens: int, limit: int, *, prompt_param: str, prompt_noun: str, tokens_param: str,
+    min_new_tokens: int = 0,
+) -> int:
+    """The completion length an OpenAI request gets: ``max_new_tokens``, cut to the room the prompt leaves.
+
+    As in vLLM (0.34), a ``max_tokens`` that does not fit beside the prompt is an upper bound
+    cut to ``limit - prompt_len`` (the answer then ends with ``length``); refused are a prompt
+    that leaves no room, a ``max_tokens`` above the whole context, and a ``min_tokens`` the room
+    cannot hold.  The native ``/generate`` keeps LightLLM's rule (:func:`check_context_length`).
+    """
+    if prompt_len >= limit or max_new_tokens > limit:
+        check_context_length(prompt_len, max_new_tokens, limit, prompt_param=prompt_param, prompt_noun=prompt_noun,
+                             tokens_param=tokens_param)
+    room = limit - prompt_len
+    if min_new_tokens > room:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens and the {prompt_noun} holds "
+                       f"{prompt_len}, which leaves room for {room} completion tokens, fewer than min_tokens "
+                       f"({min_new_tokens}). Please reduce the length of the {prompt_noun} or min_tokens.",
+                       INVALID_REQUEST, "min_tokens", "context_length_exceeded")
+    return min(max_new_tokens, room)
+
+
 def choice_jobs(prompt_index: int, prompt_ids: list[int], params: SamplingParams, candidates: int) -> list[ChoiceJob]:
     """The ``candidates`` generations of one prompt, indexed ``prompt_index * candidates + choice``."""
     jobs = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type
@@ -69,6 +70,8 @@ class HttpServerManager:
     def __init__(self, config: HttpServerConfig):
         self.config = config
         self.model_name = config.model_name
+        # --model_dir as an absolute path: /v1/models' ``root`` (where vLLM reports its --model).
+        self.model_path = os.path.abspath(config.model_dir)
         # Names a request's ``model`` may use: the --model_name list, or by default the directory's
         # name and the checkpoint path as given on the command line (vLLM's default id).
         model_path = config.model_dir.rstrip("/") or config.model_dir
@@ -83,7 +86,7 @@ class HttpServerManager:
         self.tokenizer = load_tokenizer(config.model_dir, config.tokenizer_mode)
         self.served = ServedModel(self.model_name, self.served_model_names, self.tokenizer, self.vocab_size,
                                   self.eos_token_ids, self.max_req_total_len, config.max_new_tokens_default,
-                                  config.request_defaults)
+                                  config.request_defaults, model_path=self.model_path)
         self.generation_defaults = self.served.generation_defaults
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, List, Optional
 
@@ -85,6 +86,7 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
         max_req_total_len=max_len,
         max_new_tokens_default=args.max_new_tokens_default,
         request_defaults=request_defaults,
+        model_path=os.path.abspath(args.model_dir),
     )
 
 

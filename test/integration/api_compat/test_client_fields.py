@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import os
+
 import httpx
 
 from .support import reference_prompt_logprobs
@@ -20,8 +22,9 @@ def _post(server, path: str, body: dict) -> dict:
 
 def test_models_have_vllm_fields(tiny_server):
     [card] = httpx.get(f"{tiny_server.url}/v1/models", timeout=10).json()["data"]
-    # `vllm bench serve` without --model takes data[0]["root"].
-    assert card["id"] == card["root"] == tiny_server.model_name and card["parent"] is None
+    # `vllm bench serve` without --model loads its tokenizer from data[0]["root"]: the checkpoint's path.
+    assert card["id"] == tiny_server.model_name and card["parent"] is None
+    assert os.path.isabs(card["root"]) and os.path.isfile(os.path.join(card["root"], "config.json"))
     assert card["max_model_len"] > 0 and card["permission"][0]["object"] == "model_permission"
 
 

@@ -177,11 +177,36 @@ def test_context_length_errors(client: TestClient, manager: FakeManager) -> None
                          "context_length_exceeded")
     assert error["message"].startswith("This model's maximum context length is 64 tokens. However, you "
                                        "requested 75 tokens (71 in the prompt, 4 in the completion)")
-    error = assert_error(completion(client, prompt="a b", max_tokens=62), 400, "max_tokens")
+    # max_tokens above the whole context is refused; one that only does not fit beside the
+    # prompt is cut to the room left (vLLM 0.34), below.
+    error = assert_error(completion(client, prompt="a b", max_tokens=65), 400, "max_tokens", "context_length_exceeded")
     assert "64" in error["message"]
-    assert completion(client, prompt="a b", max_tokens=61).status_code == 200
-    assert_error(chat(client, max_tokens=62), 400, "max_tokens", "context_length_exceeded")
+    assert_error(chat(client, max_tokens=65), 400, "max_tokens", "context_length_exceeded")
     assert_error(client.post("/generate", json={"inputs": long_prompt}), 400, "inputs")
+    # The native endpoint keeps LightLLM's rule: prompt plus max_new_tokens must fit.
+    assert_error(client.post("/generate", json={"inputs": "a b", "parameters": {"max_new_tokens": 62}}), 400,
+                 "parameters.max_new_tokens", "context_length_exceeded")
+
+
+def test_max_tokens_cut_to_the_room_the_prompt_leaves(client: TestClient, manager: FakeManager) -> None:
+    manager.reply_len = 100
+    prompt_len = len(manager.encode_prompt("a b"))
+    for max_tokens in (64 - prompt_len, 64 - prompt_len + 1, 64):
+        data = completion(client, prompt="a b", max_tokens=max_tokens).json()
+        assert manager.calls[-1].params.max_new_tokens == 64 - prompt_len
+        assert data["choices"][0]["finish_reason"] == "length"
+        assert data["usage"]["completion_tokens"] == 64 - prompt_len
+    response = chat(client, max_completion_tokens=64)
+    assert response.status_code == 200, response.text
+    assert manager.calls[-1].params.max_new_tokens == 64 - len(manager.calls[-1].prompt_ids)
+    # Each prompt of a list gets its own room.
+    completion(client, prompt=["a", "a b c d"], max_tokens=64)
+    assert sorted(len(call.prompt_ids) + call.params.max_new_tokens for call in manager.calls[-2:]) == [64, 64]
+    # min_tokens the room cannot hold is refused, naming min_tokens.
+    error = assert_error(completion(client, prompt="a b", max_tokens=64, min_tokens=64 - prompt_len + 1), 400,
+                         "min_tokens", "context_length_exceeded")
+    assert f"room for {64 - prompt_len} completion tokens" in error["message"]
+    assert completion(client, prompt="a b", max_tokens=64, min_tokens=64 - prompt_len).status_code == 200
 
 
 # ---------------------------------------------------------------- manager failures

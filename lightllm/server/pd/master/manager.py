@@ -65,6 +65,7 @@ class PdMasterManager:
         self.cluster_key = cluster_key
         self.model_name = model.model_name
         self.served_model_names = list(model.served_model_names)
+        self.model_path = model.model_path
         self.max_req_total_len = model.max_req_total_len
         self.vocab_size = model.vocab_size
         self.eos_token_ids = list(model.eos_token_ids)
