@@ -159,15 +159,16 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "for these. Default: --running_max_req_size; more than the request slot count, max(64, 4 x --running_max_req_size), "
         "is refused.",
     )
-    group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048).")
-    group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step.")
-    group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece.")
+    group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048). Refused on a PD decode node (it never prefills).")
+    group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step. Refused on a PD decode node (it never prefills).")
+    group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece. Refused on a PD decode node (it never prefills).")
     group.add_argument(
         "--disable_mixed_batches",
         action="store_true",
         help="Run a step's prefill chunks and decode rows as two forwards. By default (with chunked prefill) they run as "
         "one mixed forward, whose token budget and processed-token count include the decode rows. Refused with "
-        "--disable_chunked_prefill, which runs no mixed batches.",
+        "--disable_chunked_prefill, which runs no mixed batches, and on PD nodes (a prefill node never decodes, a decode "
+        "node never prefills).",
     )
     group.add_argument(
         "--router_token_ratio",
@@ -206,8 +207,10 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default=_default_overtake_bound().base_tokens,
         help="Overtaking bound of every prefill-queue strategy: a request may be overtaken by at most this many "
         "prefill tokens of work that default's order puts behind it, plus --prefill_overtake_fraction times its FCFS "
-        "wait (the prefill work ahead of it when it arrived); then it is served before all such work "
-        "(see docs prefill_queue_strategy.md for the formula and how to choose it). "
+        "wait (the prefill work ahead of it when it arrived); then it is served before all such work. The step "
+        "that reaches the allowance, and the planner filling a step's budget that the head's next chunk leaves "
+        "(which default does too), can add to that: prefill_queue_strategy.md gives the whole formula, and how to "
+        "choose the value. "
         f"At most {MAX_PREFILL_OVERTAKE_TOKENS:,} (months of prefill work; for no bound use "
         "--disable_prefill_overtake_bound, with which this flag is refused).",
     )

@@ -37,6 +37,14 @@ _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", 
 # KV), so there they would order nothing.
 _PREFILL_QUEUE_FLAGS = ("prefill_queue_strategy", "prefill_max_overtake_tokens", "prefill_overtake_fraction",
                         "disable_prefill_overtake_bound")
+# The prefill step's budget: a decode node's forwards are decode steps only (at most
+# --running_max_req_size rows; a segment that runs out of KV ends rather than being prefilled
+# again), so these would shape nothing there.
+_PREFILL_BUDGET_FLAGS = ("chunked_prefill_size", "batch_max_tokens", "disable_chunked_prefill",
+                         "disable_mixed_batches")
+# A prefill node never decodes (each request leaves it after its first token), so it runs no
+# mixed prefill/decode batches to turn off.
+_MIXED_BATCH_FLAGS = ("disable_mixed_batches",)
 # How often the master hears from each node: below this a loaded node's heartbeat misses the
 # window and healthy nodes are dropped; above it a dead node goes unnoticed for minutes.
 PD_HEARTBEAT_INTERVAL_RANGE = (0.5, 60.0)
@@ -68,6 +76,9 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
                                 "(--run_mode decode), not by a prefill node")
+        if flags_given(args, _MIXED_BATCH_FLAGS):
+            raise ArgumentError("--disable_mixed_batches: a prefill node never decodes (each request leaves it after "
+                                "its first token), so it runs no mixed batches; give it to a normal server")
     if run_mode == "decode":
         given = flags_given(args, _PREFILL_ONLY_FLAGS)
         if given:
@@ -79,6 +90,12 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
                                 "(it receives the KV), so it has no prefill queue to order; give "
                                 f"{'it' if len(given) == 1 else 'them'} to the prefill node")
+        given = flags_given(args, _PREFILL_BUDGET_FLAGS)
+        if given:
+            raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
+                                "(it receives the KV; its forwards are decode steps of at most --running_max_req_size "
+                                f"rows), so there is no prefill step to shape; give {'it' if len(given) == 1 else 'them'} "
+                                "to the prefill node")
     if run_mode in PD_NODE_MODES:
         given = flags_given(args, _MASTER_ONLY_FLAGS)
         if given:

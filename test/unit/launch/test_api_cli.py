@@ -93,6 +93,7 @@ def test_model_name_takes_a_list_of_served_names():
         ("decode", "pd_prefill_timeout_seconds", "read by the PD master only"),
         ("decode", "prefill_queue_strategy", "a decode node never prefills a prompt"),
         ("decode", "prefill_overtake_fraction", "a decode node never prefills a prompt"),
+        ("decode", "chunked_prefill_size", "no prefill step to shape"),
     ],
 )
 def test_a_flag_for_another_role_is_refused_even_at_its_default_value(run_mode, flag, message):
@@ -102,6 +103,30 @@ def test_a_flag_for_another_role_is_refused_even_at_its_default_value(run_mode, 
         validate_args(parse_server_args(argv))
     # A library caller's namespace (no record of what was written) keeps the value rule.
     validate_args(_parse(*argv))
+
+
+@pytest.mark.parametrize(
+    "run_mode, flags, message",
+    [
+        ("decode", ["--batch_max_tokens", "4096"], "--batch_max_tokens: a decode node never prefills a prompt"),
+        ("decode", ["--disable_chunked_prefill", "--batch_max_tokens", "8192"],
+         "--batch_max_tokens, --disable_chunked_prefill: a decode node never prefills"),
+        ("decode", ["--disable_mixed_batches"], "--disable_mixed_batches: a decode node never prefills"),
+        ("prefill", ["--disable_mixed_batches"], "--disable_mixed_batches: a prefill node never decodes"),
+    ],
+)
+def test_prefill_step_flags_are_refused_where_no_such_step_runs(run_mode, flags, message):
+    # A decode node's forwards are decode steps; a prefill node's requests leave after one token.
+    argv = ["--model_dir", "/m", "--run_mode", run_mode, "--pd_master_ip", "127.0.0.1", *flags]
+    with pytest.raises(ArgumentError, match=message):
+        validate_args(parse_server_args(argv))
+
+
+def test_prefill_step_flags_stay_with_the_prefill_node_and_a_normal_server():
+    for argv in (["--run_mode", "prefill", "--pd_master_ip", "127.0.0.1"], []):
+        validate_args(parse_server_args(["--model_dir", "/m", *argv, "--chunked_prefill_size", "256",
+                                         "--batch_max_tokens", "512"]))
+    validate_args(parse_server_args(["--model_dir", "/m", "--disable_mixed_batches"]))
 
 
 def test_the_master_refuses_a_node_flag_written_with_its_default_value():
