@@ -160,7 +160,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "is refused.",
     )
     group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048). Refused on a PD decode node (it never prefills).")
-    group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step. Refused on a PD decode node (it never prefills).")
+    group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step; default 1024, or --batch_max_tokens when that is smaller. Refused on a PD decode node (it never prefills).")
     group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece. Refused on a PD decode node (it never prefills).")
     group.add_argument(
         "--disable_mixed_batches",

@@ -248,6 +248,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
                             f"got {args.schedule_time_interval!r}")
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
+    if (args.batch_max_tokens is not None and not args.disable_chunked_prefill
+            and args.chunked_prefill_size > args.batch_max_tokens and not flags_given(args, ["chunked_prefill_size"])):
+        # Users of vLLM and LightLLM set the step budget alone: the default chunk follows it down
+        # rather than refusing a flag they never typed.
+        args.chunked_prefill_size = args.batch_max_tokens
     if args.batch_max_tokens is not None and not args.disable_chunked_prefill and args.chunked_prefill_size > args.batch_max_tokens:
         raise ArgumentError(
             f"--chunked_prefill_size ({args.chunked_prefill_size}) cannot exceed --batch_max_tokens ({args.batch_max_tokens})"

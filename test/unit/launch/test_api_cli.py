@@ -122,6 +122,19 @@ def test_prefill_step_flags_are_refused_where_no_such_step_runs(run_mode, flags,
         validate_args(parse_server_args(argv))
 
 
+def test_a_smaller_step_budget_alone_brings_the_default_chunk_down_with_it():
+    args = parse_server_args(["--model_dir", "/m", "--batch_max_tokens", "512"])
+    validate_args(args)
+    assert (args.batch_max_tokens, args.chunked_prefill_size) == (512, 512)
+    args = parse_server_args(["--model_dir", "/m", "--batch_max_tokens", "4096"])
+    validate_args(args)
+    assert args.chunked_prefill_size == 1024
+    # A chunk the user typed is never changed: too large for the budget is still refused.
+    with pytest.raises(ArgumentError, match=r"--chunked_prefill_size \(1024\) cannot exceed --batch_max_tokens \(512\)"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--batch_max_tokens", "512", "--chunked_prefill_size",
+                                         "1024"]))
+
+
 def test_prefill_step_flags_stay_with_the_prefill_node_and_a_normal_server():
     for argv in (["--run_mode", "prefill", "--pd_master_ip", "127.0.0.1"], []):
         validate_args(parse_server_args(["--model_dir", "/m", *argv, "--chunked_prefill_size", "256",
