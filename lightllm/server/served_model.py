@@ -20,6 +20,8 @@ import jinja2
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.prompt_length_probe import encode_within
 from lightllm.server.request_defaults import RequestDefaults
+from lightllm.server.template_variables import (checked_variables, template_variables, unread_message,
+                                                variable_param)
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +88,46 @@ def encode_chat_messages(
         raise UnreadMessageFieldError(
             f"messages[{named[0]}].name has no effect: this model's chat template does not read message names; "
             "omit name (or start the server with a --chat_template that uses it)", f"messages.{named[0]}.name")
+    _check_variables_read(tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
+                          text)
     # The template writes BOS itself when it wants one; encode without adding another.
     return encode_text(tokenizer, text, add_special_tokens=False, within=within)
 
 
-class UnreadMessageFieldError(ValueError):
-    """A message field the chat template never reads (``param`` names it): refused rather than dropped."""
+class UnreadTemplateFieldError(ValueError):
+    """A request field the chat template never reads (``param`` names it): refused rather than dropped."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class UnreadMessageFieldError(UnreadTemplateFieldError):
+    """A message field (``name``) the chat template never reads."""
+
+
+def _check_variables_read(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,
+                          continue_final_message: bool, chat_template_kwargs: Optional[Dict[str, Any]],
+                          text: str) -> None:
+    """Refuse ``documents``, ``reasoning_effort`` or a ``chat_template_kwargs`` key the template never reads.
+
+    Read from the template's source (:mod:`lightllm.server.template_variables`), so nothing is
+    rendered again unless the source cannot be parsed; then a variable without which the chat
+    renders the same (``text``) is the one refused.  Nothing is done when no such variable is given.
+    """
+    names = checked_variables(tokenizer, chat_template_kwargs)
+    if not names:
+        return
+    read = template_variables(tokenizer, chat_template_kwargs)
+    for name in names:
+        if read is not None:
+            unread = name not in read
+        else:
+            without = {key: value for key, value in (chat_template_kwargs or {}).items() if key != name}
+            unread = _render_chat(tokenizer, messages, add_generation_prompt, continue_final_message,
+                                  without) == text
+        if unread:
+            raise UnreadTemplateFieldError(unread_message(name), variable_param(name))
 
 
 def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,

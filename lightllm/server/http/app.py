@@ -31,7 +31,9 @@ where ``tokens`` (top level, as LightLLM has it) and ``details`` are present onl
 stream has no ``[DONE]`` sentinel; ``finished`` marks the end.
 
 Service endpoints: ``GET /health`` and ``/health/ready`` (readiness: 200 ``{"status": "ok"}`` or 503),
-``GET /health/live`` (liveness, see :mod:`lightllm.server.http.health`) and ``GET /metrics``.
+``GET /health/live`` (liveness, see :mod:`lightllm.server.http.health`), ``GET /metrics``, and vLLM's
+``GET /version`` and ``GET``/``POST /ping`` (:mod:`lightllm.server.http.service_routes`).  vLLM's
+``POST /tokenize`` and ``POST /detokenize`` are in :mod:`lightllm.server.http.tokenize_routes`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_rea
 from lightllm.server.http.request_guard import RequestGuardMiddleware
 from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.http.prompt_encoding import PromptEncoder
+from lightllm.server.http.service_routes import ServiceEndpoints
+from lightllm.server.http.tokenize_models import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from lightllm.server.http.tokenize_routes import TokenizeEndpoints
 from lightllm.server.request_manager import RequestManager, missing_request_manager_members
 
 logger = logging.getLogger(__name__)
@@ -266,8 +271,11 @@ def create_app(
     for router in extra_routers:
         app.include_router(router)
     app.include_router(NativeEndpoints(manager, encoder).router())
-    app.include_router(OpenAIEndpoints(manager, encoder, options.tool_call_parser,
-                                       options.trust_request_chat_template).router())
+    openai = OpenAIEndpoints(manager, encoder, options.tool_call_parser, options.trust_request_chat_template)
+    app.include_router(openai.router())
+    # vLLM's tokenizer endpoints share the OpenAI endpoints' model and request-template rules.
+    app.include_router(TokenizeEndpoints(manager, encoder, openai).router())
+    app.include_router(ServiceEndpoints().router())
     # Added last = runs first: keys are checked before any body byte is read.
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)
@@ -280,5 +288,6 @@ def create_app(
         # answer the app gives (a 401, a 400) needs the headers for the page to read it.
         app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], max_age=600)
-    install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest])
+    install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
+                                  TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])
     return app

@@ -1,10 +1,10 @@
 """API-key authentication and the admission-priority rule.
 
 * With API keys configured (``--api_key`` or ``LIGHTLLM_API_KEY``), every endpoint except
-  the health probes (``/health``, ``/health/live``, ``/health/ready``, and LightLLM's
-  ``/healthz``, ``/liveness``, ``/readiness``) needs ``Authorization: Bearer <key>`` (what OpenAI
-  clients send); ``/metrics``,
-  ``/v1/models`` and the OpenAPI pages included. A missing or unknown key gets 401 with
+  the health probes (``/health``, ``/health/live``, ``/health/ready``, LightLLM's ``/healthz``,
+  ``/liveness``, ``/readiness``, and vLLM's ``/ping``) needs ``Authorization: Bearer <key>``
+  (what OpenAI clients send); ``/metrics``, ``/v1/models``, ``/tokenize``, ``/detokenize``,
+  ``/version`` and the OpenAPI pages included. A missing or unknown key gets 401 with
   ``WWW-Authenticate: Bearer``. Admin keys are accepted wherever API keys are. Without API keys
   the API is open, and a bearer token that is not an admin key is ignored (OpenAI clients always
   send one).
@@ -33,11 +33,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from lightllm.server.http.errors import APIError, error_body
-from lightllm.server.http.health import HEALTH_PATHS
+from lightllm.server.http.health import PROBE_PATHS
 from lightllm.server.http.request_guard import ASGIApp, Receive, Scope, Send, header
 from lightllm.server.http.server_options import AuthPolicy
 
-PUBLIC_PATHS = HEALTH_PATHS  # /health, /health/live, /health/ready and their LightLLM names
+PUBLIC_PATHS = PROBE_PATHS  # /health, /health/live, /health/ready, their LightLLM names and /ping
 CLUSTER_PATH_PREFIX = "/pd/"
 AUTHENTICATION_ERROR = "authentication_error"
 PERMISSION_ERROR = "permission_error"

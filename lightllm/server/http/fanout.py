@@ -49,6 +49,9 @@ class ChoiceJob:
     prompt_index: int
     prompt_ids: list[int]
     params: SamplingParams
+    # Prompt tokens the prefix cache held, from the first event (GenerationFanout.start): known once
+    # the prompt is prefilled, so before any byte of the response is sent.
+    cached_tokens: int = 0
 
 
 class GenerationFanout:
@@ -91,6 +94,8 @@ class GenerationFanout:
             failure = generation_failed()
         if failure is None:
             self._first = list(firsts)
+            for job, first in zip(self._jobs, firsts):
+                job.cached_tokens = getattr(first, "cached_tokens", 0) or 0
             return
         await self.close()
         if isinstance(failure, StopAsyncIteration):

@@ -15,7 +15,7 @@ limits before a connection costs the loop anything:
   key on ``/pd/``) is served; anything else gets 503 ``too_many_connections``. So a full server
   still answers probes and authenticated clients;
 * a fresh connection whose request is ``GET``/``HEAD`` on a health path
-  (:data:`~lightllm.server.http.health.HEALTH_PATHS`) is answered here, whatever the loop is
+  (:data:`~lightllm.server.http.health.PROBE_PATHS`) is answered here, whatever the loop is
   doing; every other connection is handed to the loop with the bytes read so far, and the
   request-head deadline (``--http_header_timeout``) keeps running from its arrival;
 * an answer the front door gives itself (a probe, a refusal, a 408) is followed by reading and

@@ -9,6 +9,8 @@
   died (``server_failed``), and on a PD master until a prefill and a decode node are alive
   (``pd_not_ready``).
 * ``GET /health``: the same answer as ``/health/ready`` (its meaning before the two were split).
+* ``/ping`` (vLLM's SageMaker probe, :mod:`lightllm.server.http.service_routes`): the same answer as
+  ``/health``; it is a probe too (:data:`PROBE_PATHS`), so it needs no key and the front door answers it.
 
 ``HEAD`` is accepted on each. The answers come from :func:`health_answer`, used both by the front
 door (:mod:`lightllm.server.http.front_door`, which answers a probe on a fresh connection in a thread
@@ -30,10 +32,18 @@ READY_PATH = "/health/ready"
 # configurations written for LightLLM keep working.
 PROBE_ALIASES = {"/healthz": HEALTH_PATH, "/liveness": LIVE_PATH, "/readiness": READY_PATH}
 HEALTH_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, READY_PATH, *PROBE_ALIASES})
+# SageMaker's probe, which vLLM serves (GET and POST): it means /health. Kept out of HEALTH_PATHS,
+# whose routes the native endpoints register, because its route replays the app's own /health
+# (a PD master's included) rather than computing an answer of its own.
+PING_PATH = "/ping"
+# Every path answered as a probe: without an API key, and by the front door for GET/HEAD.
+PROBE_PATHS = HEALTH_PATHS | {PING_PATH}
 
 
 def probe_meaning(path: str) -> str:
     """The probe ``path`` stands for: one of ``/health``, ``/health/live``, ``/health/ready``."""
+    if path == PING_PATH:
+        return HEALTH_PATH
     return PROBE_ALIASES.get(path, path)
 # A loop that has not run a callback for this long is wedged, not busy: the slowest /health seen on a
 # 2-core machine under 1000 streams was a few seconds.
@@ -102,7 +112,7 @@ class LoopHeartbeat:
 
 def health_answer(path: str, readiness: Readiness, heartbeat: Optional[LoopHeartbeat] = None
                   ) -> Tuple[int, Dict[str, Any]]:
-    """(status, JSON body) of a probe of ``path`` (one of :data:`HEALTH_PATHS`)."""
+    """(status, JSON body) of a probe of ``path`` (one of :data:`PROBE_PATHS`)."""
     if probe_meaning(path) == LIVE_PATH:
         stalled = heartbeat.stalled() if heartbeat is not None else None
         if stalled is not None:

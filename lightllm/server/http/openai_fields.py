@@ -16,7 +16,8 @@ about a field lives here with its reason:
   output: accepted and not used), ``metadata`` (client bookkeeping: accepted, bounded as OpenAI
   bounds it, not used).
 * Chat only: ``chat_template`` and ``documents`` go to the chat template as in vLLM;
-  ``reasoning_effort`` is a template variable too, refused when the template has no use for it.
+  ``reasoning_effort`` is a template variable too. ``documents`` and ``reasoning_effort`` are
+  refused when the template never reads them (:mod:`lightllm.server.template_variables`).
 """
 
 from __future__ import annotations

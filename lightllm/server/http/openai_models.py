@@ -15,7 +15,7 @@ from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, S
                                               stored_bounds)
 from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
-from lightllm.server.http.vllm_text_fields import (UNSUPPORTED_VLLM_FIELDS, chat_echo_text, check_chat_echo,
+from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_echo,
                                                    check_spaces_between_special_tokens, check_vllm_default)
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.tool_calls.request import check_tool_messages
@@ -43,7 +43,7 @@ _FUNCTION_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
     "parameters": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
     "required": ["name"], "additionalProperties": False}
-TOOLS_SCHEMA = {"type": "array", "minItems": 1, "maxItems": 128, "items": {
+TOOLS_SCHEMA = {"type": "array", "maxItems": 128, "items": {
     "type": "object", "properties": {"type": {"const": "function"}, "function": _FUNCTION_SCHEMA},
     "required": ["type", "function"], "additionalProperties": False}}
 TOOL_CHOICE_SCHEMA = {"anyOf": [
@@ -82,10 +82,6 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
     # Whether echo with max_tokens 0 (the prompt alone) is offered: completions only, as in vLLM.
     ECHO_ALLOWS_ZERO_MAX_TOKENS: ClassVar[bool] = False
-    # vLLM request fields this server knows but does not implement: the 400 for them says so
-    # (with the reason) instead of calling them unknown (see lightllm.server.http.body).
-    UNSUPPORTED_FIELDS: ClassVar[dict[str, str]] = UNSUPPORTED_VLLM_FIELDS
-
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -127,14 +123,23 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         default=True, description="Only true: the fast tokenizers this server decodes with put no spaces between "
                                   "special tokens, whatever this flag says")
 
-    # vLLM's, at their defaults only (see vllm_text_fields.VLLM_DEFAULT_ONLY_FIELDS).
+    # vLLM's, at their defaults only (see vllm_text_fields.VLLM_DEFAULT_ONLY_FIELDS): clients built on
+    # vLLM's request models send them so on every request.
     use_beam_search: Literal[False] = False
     length_penalty: Literal[1.0] = 1.0
     priority: Literal[0] = 0
+    bad_words: list[str] = Field(default_factory=list, json_schema_extra={"maxItems": 0})
+    allowed_token_ids: None = None
+    return_weight_versions: Literal[False] = False
+    routed_experts_prompt_start: Literal[0] = 0
+    return_token_offsets: Literal[False] = False
+    mm_payload: Literal["tensors"] = "tensors"
 
     _check_stop = stop_validator("stop", MAX_OPENAI_STOP)
 
-    @field_validator("use_beam_search", "length_penalty", "priority", mode="before")
+    @field_validator("use_beam_search", "length_penalty", "priority", "bad_words", "allowed_token_ids",
+                     "return_weight_versions", "routed_experts_prompt_start", "return_token_offsets", "mm_payload",
+                     mode="before")
     @classmethod
     def _check_vllm_default(cls, value: Any, info: Any) -> Any:
         return check_vllm_default(info.field_name, value)
@@ -151,7 +156,10 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
 
     def check_consistency(self) -> None:
         if self.stream_options is not None and not self.stream:
-            raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
+            if self.stream_options.model_fields_set:
+                raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
+            # An empty object asks for nothing (vLLM refuses only a non-empty one without stream).
+            self.stream_options = None
         if self.stream_options is not None and self.stream_options.continuous_usage_stats \
                 and not self.stream_options.include_usage:
             # Usage on every chunk is an addition to the final usage chunk; without it the flag
@@ -301,6 +309,13 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     add_special_tokens: bool = False
     # vLLM's: the answer's content starts with the last message's when that one is the assistant's.
     echo: bool = False
+    # vLLM's (reasoning text left out of the answer): only true, see VLLM_DEFAULT_ONLY_FIELDS.
+    include_reasoning: Literal[True] = True
+
+    @field_validator("include_reasoning", mode="before")
+    @classmethod
+    def _check_include_reasoning(cls, value: Any) -> Any:
+        return check_vllm_default("include_reasoning", value)
 
     def check_consistency(self) -> None:
         super().check_consistency()
@@ -314,7 +329,8 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         if reserved:
             raise invalid_request(f"chat_template_kwargs must not set {', '.join(reserved)}; use the request "
                                   "fields instead", "chat_template_kwargs")
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:
+            # 0 asks for no alternatives: vLLM's default, which its clients send without logprobs.
             raise invalid_request("top_logprobs requires logprobs to be true", "top_logprobs")
         for index, message in enumerate(self.messages):
             if message.content is None and message.role != "assistant":

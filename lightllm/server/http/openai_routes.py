@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from dataclasses import replace
+from typing import Any, AsyncIterator, Awaitable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -45,7 +46,7 @@ from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import structured_grammar
 from lightllm.server.http.prompt_encoding import PromptEncoder
 from lightllm.server.request_manager import RequestManager
-from lightllm.server.http.tool_calls.request import plan_tool_calls
+from lightllm.server.http.tool_calls.request import ToolPlan, plan_tool_calls
 from lightllm.server.http.tool_calls.shaper import ToolChatShaper
 
 logger = logging.getLogger(__name__)
@@ -151,13 +152,17 @@ class OpenAIEndpoints:
                 # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
                 max_new = 1
             elif requested is not None:
-                max_new = completion_room(len(prompt_ids), requested, self.manager.max_req_total_len,
-                                          prompt_param=prompt_param, prompt_noun=prompt_param,
-                                          tokens_param=tokens_param, min_new_tokens=fields.get("min_new_tokens") or 0)
+                max_new = requested
             else:
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
+            # Checked as the client sent them first (their own width and range), then fitted.
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
                                            public_names)
+            if requested:
+                max_new = completion_room(len(prompt_ids), requested, self.manager.max_req_total_len,
+                                          prompt_param=prompt_param, prompt_noun=prompt_param,
+                                          tokens_param=tokens_param, min_new_tokens=params.min_new_tokens)
+                params = replace(params, max_new_tokens=max_new)
             if requested == 0 and len(prompt_ids) >= self.manager.max_req_total_len:
                 raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then dropped), "
                                f"so the {prompt_param} may hold at most {self.manager.max_req_total_len - 1} tokens "
@@ -212,14 +217,8 @@ class OpenAIEndpoints:
         tool_plan = plan_tool_calls(body, self.tool_call_parser)
         if tool_plan.keeps_special_tokens:
             body.skip_special_tokens = False
-        content_parts = wants_content_parts(getattr(self.manager.tokenizer, "chat_template", None),
-                                            body.chat_template, bool(tool_plan.tools))
-        messages = [message.to_template_dict(content_parts) for message in body.messages]
-        body.check_reasoning_effort(getattr(self.manager.tokenizer, "chat_template", None))
-        template_options = tool_plan.template_options(body.template_options())
-        prompt_ids = await encoded(self.encoder.encode_chat(messages, "messages", body.add_special_tokens,
-                                                            body.truncate_prompt_tokens is not None,
-                                                            **template_options), "messages", self.manager.vocab_size)
+        prompt_ids = await encoded(self.render_chat(body, tool_plan, body.truncate_prompt_tokens is not None),
+                                   "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = tool_plan.combine_grammar(structured_grammar(
@@ -231,6 +230,18 @@ class OpenAIEndpoints:
         shaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options) if tool_plan.reads_calls
                   else ChatShaper(formatter, body.logprobs, **shaper_options))
         return await self._respond(request, body, model, jobs, shaper)
+
+    def render_chat(self, body: ChatCompletionRequest, tool_plan: ToolPlan, keeps_end: bool) -> Awaitable[list[int]]:
+        """The chat's prompt ids, pending on a tokenizer thread: its messages in the shape the template
+        wants, rendered with the request's template options and ``tool_plan``'s tools (``/tokenize``
+        renders through here too, so both give the same ids).  ``keeps_end``: the prompt will be
+        truncated from the left, so a long chat is tokenized whole rather than refused early."""
+        tokenizer_template = getattr(self.manager.tokenizer, "chat_template", None)
+        content_parts = wants_content_parts(tokenizer_template, body.chat_template, bool(tool_plan.tools))
+        messages = [message.to_template_dict(content_parts) for message in body.messages]
+        body.check_reasoning_effort(tokenizer_template)
+        template_options = tool_plan.template_options(body.template_options())
+        return self.encoder.encode_chat(messages, "messages", body.add_special_tokens, keeps_end, **template_options)
 
     async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],
                        shaper: "CompletionShaper | ChatShaper") -> Response:

@@ -53,9 +53,11 @@ class UsageTracker:
             owners.setdefault(job.prompt_index, job.index)
         # The first choice of each prompt reports that prompt's token counts in the totals.
         self._prompt_owner = set(owners.values())
-        # Each choice's own prompt counts (tokens, cached), known before any token (chunks
-        # streamed with continuous usage report them at once).
-        self._prompt: dict[int, tuple[int, int]] = {job.index: (len(job.prompt_ids), 0) for job in jobs}
+        # Each choice's own prompt counts (tokens, cached), known before any chunk: the jobs were
+        # primed, which prefilled their prompts (chunks streamed with continuous usage report them
+        # at once, the role chunk that precedes every token included).
+        self._prompt: dict[int, tuple[int, int]] = {job.index: (len(job.prompt_ids), job.cached_tokens)
+                                                    for job in jobs}
         self._completion: dict[int, int] = {}
 
     def update(self, index: int, event: Any) -> None:

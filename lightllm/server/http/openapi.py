@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from lightllm.server.http.health import HEALTH_PATHS, LIVE_PATH, probe_meaning
+from lightllm.server.http.health import LIVE_PATH, PROBE_PATHS, probe_meaning
 
 _REF_TEMPLATE = "#/components/schemas/{model}"
 ERROR_SCHEMA_NAME = "ErrorResponse"
@@ -96,9 +96,15 @@ def request_body(model_cls: type[BaseModel], streams: bool | str = False) -> dic
     return extra
 
 
+def request_body_any(*model_classes: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose JSON body is one of ``model_classes`` (``/tokenize``'s two shapes)."""
+    refs = [{"$ref": _REF_TEMPLATE.format(model=model_cls.__name__)} for model_cls in model_classes]
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": refs}}}}}
+
+
 def _errors_of(path: str, method: str) -> dict[str, str]:
     """Status -> description of the errors ``method`` on ``path`` can answer with."""
-    if path in HEALTH_PATHS:
+    if path in PROBE_PATHS:
         return _PROBE_ERRORS["live" if probe_meaning(path) == LIVE_PATH else "ready"]
     if method == "post":
         return {**_ERRORS_ALL, **_ERRORS_POST}
@@ -110,7 +116,7 @@ def _describe_success(path: str, responses: dict[str, Any]) -> None:
     ok = responses.get("200")
     if ok is None:
         return
-    if path in HEALTH_PATHS:
+    if path in PROBE_PATHS:
         ok["description"] = ('Alive: {"status": "alive"}' if probe_meaning(path) == LIVE_PATH
                              else 'Ready to serve requests: {"status": "ok"}')
         ok["content"] = {"application/json": {"schema": _PROBE_OK_SCHEMA}}

@@ -11,10 +11,10 @@ import re
 from http import HTTPStatus
 from typing import Any, Dict, List, Optional, Tuple
 
-from lightllm.server.http.health import HEALTH_PATHS
+from lightllm.server.http.health import PROBE_PATHS
 
 MAX_HEAD_BYTES = 16 * 1024  # uvicorn's h11 limit on a request head
-_HEALTH_PREFIXES = (b"GET /health", b"HEAD /health")
+_HEALTH_PREFIXES = (b"GET /health", b"HEAD /health", b"GET /ping", b"HEAD /ping")
 # Lines end in CRLF or, as h11 (and so uvicorn) also accepts, a bare LF; a blank line ends the head.
 _HEAD_END = re.compile(rb"\n\r?\n")
 
@@ -37,7 +37,7 @@ def _probe_target(line: bytes) -> Optional[str]:
     if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD") or not parts[2].startswith(b"HTTP/1."):
         return None
     path = parts[1].split(b"?", 1)[0].decode("latin-1")
-    return path if path in HEALTH_PATHS else None
+    return path if path in PROBE_PATHS else None
 
 
 def health_path(data: bytes) -> Optional[str]:

@@ -29,7 +29,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, TypeVar
 
 from lightllm.server.http.errors import APIError, INVALID_REQUEST
 from lightllm.server.http.special_tokens import SpecialTokenFrame, special_token_frame
@@ -38,6 +38,8 @@ from lightllm.server.prompt_length_probe import PromptOverContextError
 from lightllm.server.request_manager import RequestManager
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CHARS_PER_TOKEN_MARGIN = 4
 TOKENIZER_THREADS = 2
@@ -192,6 +194,16 @@ class PromptEncoder:
             return add_special_tokens_to(self._special_token_frame(), ids, "add_special_tokens")
 
         return await self._run(encode, param, "messages")
+
+    @staticmethod
+    async def on_tokenizer_thread(job: Callable[[], T]) -> T:
+        """``job()`` (another tokenizer call: decoding, token strings) run on the tokenizer threads.
+
+        Such a call over a context's worth of ids takes milliseconds to tens of them: on the event
+        loop it would delay every stream, and on a thread of its own it would compete with the
+        prompts for the cores the pool is sized to leave to the model.
+        """
+        return await asyncio.wrap_future(_WORKERS.submit(job))
 
     def _special_token_frame(self) -> Optional[SpecialTokenFrame]:
         # Fixed for the tokenizer: read once (on a tokenizer thread), on the first request that needs it.

@@ -11,16 +11,20 @@
   (vLLM answers in the last message's role when ``add_generation_prompt`` is false), so echo
   repeats a last assistant message; the one case where vLLM would echo a message of another
   role is refused rather than answered differently.
-* ``allowed_token_ids`` and ``bad_words`` need per-request sampling state in the model rank that
-  this server does not have: their 400 says they are not supported (not that they are unknown).
-* ``use_beam_search``, ``length_penalty`` and ``priority`` are accepted at vLLM's defaults (false,
-  1 and 0), which clients built on vLLM's request models send on every request; those values
-  change nothing in vLLM either.  Any other value asks for what this server does not do (beam
-  search; vLLM's priority scheduling) and is refused saying so.
+* vLLM fields this server does not implement are accepted at vLLM's default value only
+  (:data:`VLLM_DEFAULT_ONLY_FIELDS`): clients built on vLLM's request models send every field
+  that has a default (``model_dump(exclude_none=True)``), and at their defaults these fields ask
+  for nothing (``use_beam_search`` false, ``length_penalty`` 1, ``priority`` 0, ``bad_words`` [],
+  ``allowed_token_ids`` null, ``include_reasoning`` true, ``return_weight_versions`` false,
+  ``routed_experts_prompt_start`` 0, ``return_token_offsets`` false, ``mm_payload`` "tensors").
+  Any other value asks for what this server does not do and is refused saying why.
+  ``allowed_token_ids`` and ``bad_words`` need per-request sampling state in the model rank that
+  this server does not have.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from lightllm.server.http.errors import invalid_request
@@ -28,20 +32,28 @@ from lightllm.server.http.errors import invalid_request
 # The only role an answer has here (OpenAI's; vLLM's --response-role default).
 RESPONSE_ROLE = "assistant"
 
-UNSUPPORTED_VLLM_FIELDS: dict[str, str] = {
-    "allowed_token_ids": "restricting sampling to a list of token ids needs per-request sampling state the model "
-                         "rank does not keep (logit_bias can favour or ban up to 300 single tokens)",
-    "bad_words": "banning words during sampling needs per-request sampling state the model rank does not keep "
-                 "(logit_bias can ban up to 300 single tokens)",
-}
-
-
 # vLLM fields taken only at their default: field -> (the default, why another value is refused).
+# A default of None: no value is accepted (null, or leaving the field out, is).
 VLLM_DEFAULT_ONLY_FIELDS: dict[str, tuple[Any, str]] = {
     "use_beam_search": (False, "beam search is not supported (sample with n or best_of instead)"),
     "length_penalty": (1.0, "length_penalty only weighs beams, and beam search is not supported"),
     "priority": (0, "per-request priority is not supported on the OpenAI endpoints (vLLM needs --scheduling-policy "
                     "priority for it); priority here comes with the API key: see --admin_api_key"),
+    "allowed_token_ids": (None, "restricting sampling to a list of token ids needs per-request sampling state the "
+                                "model rank does not keep (logit_bias can favour or ban up to 300 single tokens)"),
+    "bad_words": ([], "banning words is not supported: it needs per-request sampling state the model rank does not "
+                      "keep (logit_bias can ban up to 300 single tokens)"),
+    "include_reasoning": (True, "leaving reasoning out is not supported: this server has no reasoning parser, so "
+                                "the answer is never split into reasoning and content and has no reasoning to "
+                                "leave out"),
+    "return_weight_versions": (False, "weight versions are not reported: this server serves one set of weights "
+                                      "and has no weight-version labels"),
+    "routed_experts_prompt_start": (0, "it offsets the routed-expert data of a response, which this server does "
+                                       "not return"),
+    "return_token_offsets": (False, "token offsets are returned by vLLM's render endpoints only (ignored on "
+                                    "completions there), which this server does not serve"),
+    "mm_payload": ("tensors", "it shapes the multimodal features of vLLM's render endpoints (ignored on "
+                              "completions there), which this server does not serve; prompts here are text"),
 }
 
 
@@ -50,8 +62,10 @@ def check_vllm_default(field: str, value: Any) -> Any:
     default, why = VLLM_DEFAULT_ONLY_FIELDS[field]
     # A bool is an int to Python: false is not priority 0, nor 0 use_beam_search false.
     if value is None or (isinstance(value, bool) == isinstance(default, bool) and value == default):
-        return default
-    raise ValueError(f"{field}: only {default!r}, vLLM's default, is accepted: {why}")
+        return list(default) if isinstance(default, list) else default
+    if default is None:
+        raise ValueError(f"{field} is not supported by this server: {why}; omit it or send null")
+    raise ValueError(f"{field}: only {json.dumps(default)}, vLLM's default, is accepted: {why}")
 
 
 def check_spaces_between_special_tokens(value: Any) -> Any:

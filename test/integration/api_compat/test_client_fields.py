@@ -1,6 +1,6 @@
 """Client-compatibility fields on a real server: /v1/models as vLLM shapes it, logit_bias, vLLM's
 structured-output parameters, truncate_prompt_tokens, chat_template, 20 logprobs, prompt-logprob
-ranks against transformers, and the vLLM metrics labels and series.
+ranks against transformers, the vLLM metrics labels and series, and vLLM's /tokenize of a chat.
 """
 
 from __future__ import annotations
@@ -110,3 +110,21 @@ def test_metrics_count_every_choice_and_carry_vllm_labels(tiny_server):
         value(before, "vllm:request_max_num_generation_tokens_count") == 3
     labels = re.search(r"^vllm:prompt_tokens_total({[^}]*})", after, re.MULTILINE).group(1)
     assert f'model_name="{tiny_server.model_name}"' in labels and 'engine="0"' in labels
+
+
+def test_tokenize_a_chat_gives_the_chat_templates_ids(tiny_server, tokenizer):
+    """vLLM's /tokenize on the real tokenizer: a chat's ids are transformers' apply_chat_template ids (and the
+    chat endpoint's prompt count), and /detokenize gives the rendered text back."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    expected = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert expected == list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                          return_dict=True)["input_ids"])
+    answer = _post(tiny_server, "/tokenize", {"messages": messages, "return_token_strs": True})
+    assert answer["tokens"] == expected and answer["count"] == len(expected)
+    assert answer["token_strs"] == tokenizer.convert_ids_to_tokens(expected)
+    chat = _post(tiny_server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert answer["max_model_len"] > chat["usage"]["prompt_tokens"] == len(expected)
+    assert _post(tiny_server, "/detokenize", {"tokens": expected})["prompt"] == tokenizer.decode(expected)
+    ping = httpx.post(f"{tiny_server.url}/ping", timeout=10)
+    assert (ping.status_code, ping.json()) == (200, {"status": "ok"})

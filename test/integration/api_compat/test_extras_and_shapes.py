@@ -90,11 +90,15 @@ def test_chat_template_extras(client, tiny_server, tokenizer):
     assert prompt_tokens(add_generation_prompt=False, continue_final_message=True) == expected(
         add_generation_prompt=False, continue_final_message=True)
     assert expected(add_generation_prompt=False, continue_final_message=True) != expected(add_generation_prompt=False)
-    # Template variables reach the template (an unused one changes nothing).
-    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == expected(add_generation_prompt=True)
+    # Template variables reach the template (the demo template writes bos_token first) ...
+    assert prompt_tokens(chat_template_kwargs={"bos_token": ""}) == expected(add_generation_prompt=True, bos_token="")
+    assert expected(add_generation_prompt=True, bos_token="") == expected(add_generation_prompt=True) - 1
+    # ... and one it never reads is refused rather than dropped (the demo template is not a thinking or RAG one).
     url = f"{tiny_server.url}/v1/chat/completions"
     for extra, param in (({"continue_final_message": True}, "continue_final_message"),
-                         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs")):
+                         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+                         ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs.enable_thinking"),
+                         ({"documents": [{"title": "a", "text": "b"}]}, "documents")):
         answer = httpx.post(url, json={"model": model, "messages": messages, **extra}, timeout=60)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param
 

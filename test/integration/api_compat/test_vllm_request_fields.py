@@ -88,3 +88,31 @@ def test_refused_vllm_fields_reach_the_client(tiny_server):
                               json={"prompt": "Hi", "max_tokens": 2, **fields})
         assert response.status_code == 400 and response.json()["error"]["param"] == param
         assert "not supported" in response.json()["error"]["message"]
+
+
+def test_vllm_defaults_tools_and_stream_options_clients_send(tiny_server):
+    """What clients built on vLLM's request models (every default sent), langchain's bind_tools([]) and an
+    empty stream_options send is served."""
+    shared = dict(n=1, stop=[], stream=False, use_beam_search=False, length_penalty=1.0, stop_token_ids=[],
+                  include_stop_str_in_output=False, ignore_eos=False, min_tokens=0, spaces_between_special_tokens=True,
+                  bad_words=[], echo=False, priority=0, return_weight_versions=False, routed_experts_prompt_start=0,
+                  return_token_offsets=False, mm_payload="tensors", stream_options={})
+    chat = _post(tiny_server, "/v1/chat/completions", {
+        **shared, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "logprobs": False,
+        "top_logprobs": 0, "tools": [], "tool_choice": "auto", "include_reasoning": True, "parallel_tool_calls": True,
+        "add_generation_prompt": True, "continue_final_message": False, "add_special_tokens": False})
+    assert chat["choices"][0]["message"]["content"] is not None and "tool_calls" not in chat["choices"][0]["message"]
+    done = _post(tiny_server, "/v1/completions", {**shared, "prompt": "Hi", "max_tokens": 16, "add_special_tokens": True})
+    assert done["usage"]["completion_tokens"] >= 1
+
+
+def test_continuous_usage_reports_the_cached_prompt_on_every_chunk(tiny_server):
+    body = {"messages": [{"role": "user", "content": "a fixed prompt for the cache " * 8}], "max_tokens": 3,
+            "temperature": 0}
+    _post(tiny_server, "/v1/chat/completions", body)  # puts the prompt in the prefix cache
+    chunks = sse_chunks(f"{tiny_server.url}/v1/chat/completions", {
+        "model": tiny_server.model_name, **body, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    cached = [chunk["usage"]["prompt_tokens_details"]["cached_tokens"] for chunk in chunks]
+    # The role chunk, every token chunk and the final usage chunk: one count, known before the first token.
+    assert len(chunks) >= 3 and len(set(cached)) == 1 and cached[0] > 0, cached

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, chat, completion
 from lightllm.server.http.app import create_app
-from lightllm.server.http.health import HEALTH_PATHS
+from lightllm.server.http.health import PROBE_PATHS
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
 from lightllm.server.http.server_options import HttpServerOptions
 
@@ -242,7 +242,7 @@ def test_openapi_lists_error_bodies_and_event_streams(client: TestClient) -> Non
         for method, operation in operations.items():
             responses = operation["responses"]
             assert "422" not in responses, path  # bodies are validated into 400s
-            if path in HEALTH_PATHS:
+            if path in PROBE_PATHS:
                 statuses = {"500", "503"}  # probes need no key; 503 is their "no"
                 assert "401" not in responses, path
             else:

@@ -72,11 +72,39 @@ def test_continuous_usage_is_per_choice_as_vllm_sends_it(client: TestClient, man
     assert {event["usage"]["prompt_tokens"] for event in chat_events[:-2]} == {chat_events[-2]["usage"]["prompt_tokens"]}
 
 
+@pytest.mark.parametrize("send", [completion, chat])
+def test_every_chunk_reports_the_cached_prompt_tokens(client: TestClient, manager: FakeManager, send: Any) -> None:
+    """The cached count is known once the prompt is prefilled, before the first token (and before any
+    chunk: the generations are primed first); the role chunk said 0 while the later ones said the
+    real count."""
+    manager.cached_tokens = 3
+    events = sse_events(send(client, n=2, max_tokens=3, stream=True,
+                             stream_options={"continuous_usage_stats": True, "include_usage": True}))
+    chunks = [event for event in events if event != "[DONE]"]
+    assert len(chunks) > 3
+    assert all(chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 3} for chunk in chunks[:-1]), chunks
+    # The final usage chunk counts the prompt once for the request.
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
+
+
 def test_stream_options_without_streaming_is_refused_as_vllm_does(client: TestClient) -> None:
     for send in (completion, chat):
         for stream in (False, None):
             assert_error(send(client, stream=stream, stream_options={"include_usage": True}), 400, "stream_options")
+            assert_error(send(client, stream=stream, stream_options={"include_usage": False}), 400, "stream_options")
         assert send(client, stream=False, stream_options=None).status_code == 200
+
+
+def test_empty_stream_options_without_streaming_asks_for_nothing(client: TestClient) -> None:
+    """vLLM refuses stream_options without stream only when the object is not empty (it tests truthiness)."""
+    for send in (completion, chat):
+        for fields in ({"stream": False}, {"stream": None}, {}):
+            response = send(client, stream_options={}, **fields)
+            assert response.status_code == 200, response.text
+            assert response.headers["content-type"].startswith("application/json")
+            assert response.json()["usage"]["total_tokens"] > 0
+        # A null option is an absent one: the object is as empty.
+        assert send(client, stream_options={"include_usage": None}).status_code == 200
 
 
 # ---------------------------------------------------------------- integral floats in integer fields

@@ -163,16 +163,75 @@ def test_fast_tokenizers_ignore_spaces_between_special_tokens(tokenizer: Any) ->
     assert "</s><s></s>" in spaced
 
 
-# ---------------------------------------------------------------- still refused
+# ---------------------------------------------------------------- vLLM's defaults accepted, other values refused
+
+# Every field vLLM 0.34's request models give a non-None default (entrypoints/openai/*/protocol.py, written
+# out by hand): what a client built on them sends with model_dump(exclude_none=True).  request_id's default
+# is a fresh uuid4 hex.
+VLLM_SHARED_DEFAULTS = dict(
+    n=1, stop=[], stream=False, use_beam_search=False, length_penalty=1.0, stop_token_ids=[],
+    include_stop_str_in_output=False, ignore_eos=False, min_tokens=0, spaces_between_special_tokens=True, bad_words=[],
+    echo=False, priority=0, request_id="0123456789abcdef0123456789abcdef", return_weight_versions=False,
+    routed_experts_prompt_start=0, return_token_offsets=False, mm_payload="tensors")
+VLLM_CHAT_DEFAULTS = dict(
+    VLLM_SHARED_DEFAULTS, logprobs=False, top_logprobs=0, tool_choice="none", include_reasoning=True,
+    parallel_tool_calls=True, add_generation_prompt=True, continue_final_message=False, add_special_tokens=False)
+VLLM_COMPLETION_DEFAULTS = dict(VLLM_SHARED_DEFAULTS, max_tokens=16, add_special_tokens=True)
+
+
+def test_a_body_of_every_vllm_default_is_accepted(client: TestClient, manager: FakeManager) -> None:
+    response = chat(client, **VLLM_CHAT_DEFAULTS)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["logprobs"] is None
+    response = completion(client, **VLLM_COMPLETION_DEFAULTS)
+    assert response.status_code == 200, response.text
+    assert manager.calls[-1].params.max_new_tokens == 16
 
 
 @pytest.mark.parametrize("send", [completion, chat])
-@pytest.mark.parametrize(("name", "value"), [("allowed_token_ids", [5, 6]), ("bad_words", ["foo"]),
-                                             ("allowed_token_ids", None), ("bad_words", [])])
-def test_unimplemented_vllm_fields_say_they_are_not_supported(client: TestClient, send: Any, name: str,
-                                                              value: Any) -> None:
+@pytest.mark.parametrize(("name", "value"), [("bad_words", []), ("bad_words", None), ("allowed_token_ids", None),
+                                             ("return_weight_versions", False), ("routed_experts_prompt_start", 0),
+                                             ("routed_experts_prompt_start", 0.0), ("return_token_offsets", False),
+                                             ("return_token_offsets", None), ("mm_payload", "tensors")])
+def test_vllm_fields_at_their_default_are_accepted(client: TestClient, send: Any, name: str, value: Any) -> None:
+    assert send(client, **{name: value}).status_code == 200
+
+
+@pytest.mark.parametrize("send", [completion, chat])
+@pytest.mark.parametrize(("name", "value", "why"), [
+    ("allowed_token_ids", [5, 6], "not supported"), ("allowed_token_ids", [], "not supported"),
+    ("bad_words", ["foo"], "not supported"), ("bad_words", "foo", "not supported"),
+    ("return_weight_versions", True, "weight versions"), ("return_weight_versions", 0, "weight versions"),
+    ("routed_experts_prompt_start", 3, "routed-expert"), ("routed_experts_prompt_start", False, "routed-expert"),
+    ("return_token_offsets", True, "render endpoints"), ("mm_payload", "none", "render endpoints")])
+def test_vllm_fields_at_other_values_say_why_they_are_refused(client: TestClient, manager: FakeManager, send: Any,
+                                                              name: str, value: Any, why: str) -> None:
     error = assert_error(send(client, **{name: value}), 400, name)
-    assert error["message"].startswith(f"'{name}' is not supported by this server")
+    assert why in error["message"], error
+    if name != "allowed_token_ids":
+        assert "vLLM's default" in error["message"]
+    assert manager.calls == []
+
+
+def test_include_reasoning_true_only(client: TestClient) -> None:
+    assert chat(client, include_reasoning=True).status_code == 200
+    assert chat(client, include_reasoning=None).status_code == 200
+    error = assert_error(chat(client, include_reasoning=False), 400, "include_reasoning")
+    assert "no reasoning parser" in error["message"]
+    # A chat field: completions do not know it.
+    assert_error(completion(client, include_reasoning=True), 400, "include_reasoning")
+
+
+def test_top_logprobs_zero_needs_no_logprobs(client: TestClient) -> None:
+    """vLLM refuses only top_logprobs > 0 without logprobs; 0 is its default, sent by its clients."""
+    for fields in ({"top_logprobs": 0}, {"top_logprobs": 0, "logprobs": False}, {"top_logprobs": 0.0}):
+        response = chat(client, **fields)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["logprobs"] is None
+    assert_error(chat(client, top_logprobs=1), 400, "top_logprobs")
+    assert_error(chat(client, top_logprobs=2, logprobs=False), 400, "top_logprobs")
+    done = chat(client, top_logprobs=0, logprobs=True).json()["choices"][0]["logprobs"]["content"]
+    assert done and all(entry["top_logprobs"] == [] for entry in done)
 
 
 def test_other_unknown_fields_are_still_unknown(client: TestClient) -> None:

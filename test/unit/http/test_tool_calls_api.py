@@ -194,7 +194,9 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
          "tool_choice.function.name", "nope"),
         ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice", "one of"),
-        ({"tools": []}, "tools", "empty"),
+        ({"tools": [], "tool_choice": "required"}, "tool_choice", "tools is empty"),
+        ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice",
+         "tools is empty"),
         ({"tools": [{"type": "retrieval"}]}, "tools.0", "function tools"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name", "letters"),
         ({"tools": [WEATHER_TOOL, WEATHER_TOOL], "tool_choice": "none"}, "tools.1.function.name", "two functions"),
@@ -220,6 +222,28 @@ def test_tool_fields_refused_clearly(fields: dict[str, Any], param: str, words: 
     error = assert_error(chat(client, **fields), 400, param)
     assert words in error["message"]
     assert manager.calls == []
+
+
+@pytest.mark.parametrize("choice", [{}, {"tool_choice": None}, {"tool_choice": "none"}, {"tool_choice": "auto"}])
+def test_an_empty_tools_list_is_no_tools(choice: dict[str, Any]) -> None:
+    """vLLM (and OpenAI) read ``tools: []`` as no tools; langchain's ``bind_tools([])`` sends it. "auto" then
+    has nothing to call and needs no parser; "required" and a named function are refused (above)."""
+    client, manager = make_client(CALL_TEXT, parser=None)
+    response = chat(client, tools=[], **choice)
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    # Plain content: the call-shaped text is not read as a call, and no tools reach the template.
+    assert "tool_calls" not in message and "<tool_call>" in message["content"]
+    assert "tools" not in (manager.template_options.get("chat_template_kwargs") or {})
+    assert manager.calls[-1].params.grammar is None
+
+
+def test_langchain_bind_tools_with_no_tools() -> None:
+    langchain_openai = pytest.importorskip("langchain_openai")
+    client, _ = make_client(["Hello"], parser=None)
+    llm = langchain_openai.ChatOpenAI(model=MODEL, base_url="http://testserver/v1", api_key="unused",
+                                      http_client=client, max_retries=0)
+    assert llm.bind_tools([]).invoke("hi").content == "Hello"
 
 
 def test_official_client_and_langchain_read_tool_calls() -> None:

@@ -8,7 +8,7 @@ output, and how the output is read back into ``tool_calls``.
 =========================  =========================================================================
 ``tool_choice``            behaviour
 =========================  =========================================================================
-absent, no ``tools``       plain chat
+absent, no ``tools``       plain chat (``tools: []`` is no tools; with it ``"auto"`` is ``"none"``)
 ``"none"``                 the tools reach the template; the output is plain content (no parser needed)
 ``"auto"`` (the default    the model decides; calls are parsed from its text by ``--tool_call_parser``
 when ``tools`` are given)  (a 400 naming the flag when the server has none)
@@ -62,8 +62,6 @@ def parse_tools(value: Any) -> list[FunctionTool]:
     """``tools`` as function tools; 400 naming the offending entry for anything else."""
     if not isinstance(value, list):
         raise invalid_request("tools must be a list of function tools", "tools")
-    if not value:
-        raise invalid_request("tools must not be empty; leave it out when there are none", "tools")
     if len(value) > MAX_TOOLS:
         raise invalid_request(f"tools holds at most {MAX_TOOLS} entries, got {len(value)}", "tools")
     tools: list[FunctionTool] = []
@@ -106,14 +104,26 @@ def _check_parameters(schema: Any, param: str) -> None:
         raise invalid_request(f"{param}.properties must be an object", f"{param}.properties")
 
 
-def parse_tool_choice(value: Any, tools: list[FunctionTool]) -> tuple[str, str | None]:
-    """``(mode, function name)`` of ``tool_choice``: mode is none/auto/required/named."""
+def parse_tool_choice(value: Any, tools: list[FunctionTool], tools_given: bool = False) -> tuple[str, str | None]:
+    """``(mode, function name)`` of ``tool_choice``: mode is none/auto/required/named.
+
+    ``tools_given``: the request sent ``tools``, possibly empty. An empty list is no tools (vLLM
+    and OpenAI read it so; langchain's ``bind_tools([])`` sends it): ``auto`` then has nothing to
+    call and is ``none``, as in vLLM; ``required`` cannot be met, and where vLLM quietly answers
+    without a call it is refused here, as is a named function (vLLM refuses that one too).
+    """
     if value is None:
         return ("auto" if tools else "none"), None
     if isinstance(value, str):
         if value not in CHOICE_MODES:
             raise invalid_request(f"tool_choice must be one of {', '.join(CHOICE_MODES)} or "
                                   "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+        if value == "auto" and not tools and tools_given:
+            return "none", None
+        if value == "required" and not tools and tools_given:
+            raise invalid_request("tool_choice 'required' needs at least one tool, and tools is empty: there is "
+                                  "nothing the model could be made to call; send tools, or tool_choice 'none' or "
+                                  "'auto' (with no tools both answer without calls)", "tool_choice")
         if value != "none" and not tools:
             raise invalid_request(f"tool_choice {value!r} needs tools", "tool_choice")
         return value, None
@@ -124,7 +134,8 @@ def parse_tool_choice(value: Any, tools: list[FunctionTool]) -> tuple[str, str |
                               "{'type': 'function', 'function': {'name': <string>}}", "tool_choice")
     name = value["function"]["name"]
     if not tools:
-        raise invalid_request("tool_choice names a function but no tools were given", "tool_choice")
+        given = "tools is empty" if tools_given else "no tools were given"
+        raise invalid_request(f"tool_choice names function {name!r} but {given}", "tool_choice")
     if all(tool.name != name for tool in tools):
         known = ", ".join(tool.name for tool in tools)
         raise invalid_request(f"tool_choice names function {name!r}, which is not among the tools ({known})",
@@ -199,7 +210,7 @@ class ToolPlan:
 def plan_tool_calls(body: Any, parser_name: str | None) -> ToolPlan:
     """The request's :class:`ToolPlan`; 400 for tool fields that do not fit together or the server."""
     tools = parse_tools(body.tools) if body.tools is not None else []
-    mode, named = parse_tool_choice(body.tool_choice, tools)
+    mode, named = parse_tool_choice(body.tool_choice, tools, body.tools is not None)
     parallel = body.parallel_tool_calls is not False
     plan = ToolPlan(mode=mode, tools=tools, named=named, parallel=parallel)
     if mode == "auto":

@@ -1,0 +1,110 @@
+"""Which variables a chat template reads, so a request value it never reads is refused, not dropped.
+
+``documents``, ``reasoning_effort`` and every ``chat_template_kwargs`` key reach the chat template
+only as variables of its context (transformers' ``apply_chat_template`` hands them on as they are).
+A template that never names one would render the chat exactly as without it: the request would be
+accepted and the value ignored.  vLLM drops such ``chat_template_kwargs`` keys silently; this server
+refuses them with a 400 naming the field (``documents``, ``chat_template_kwargs.<key>``).
+
+"Reads" is decided from the template's source, as vLLM decides which keys to keep: the names the
+template uses without defining them itself (``jinja2.meta.find_undeclared_variables``).  This is
+not the same as "changes the prompt": ``enable_thinking: true`` under a template that only tests
+``enable_thinking is false`` renders as without it, and is still a value the template honours.
+Only a template this module cannot parse (a custom tag) falls back to rendering the chat without
+the variable and comparing.
+
+Not checked: the template call's own arguments (a request's ``chat_template`` is the template
+itself; ``tools`` also select a template and decide how the output is read), which the request
+model keeps out of ``chat_template_kwargs`` or which the call consumes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Dict, FrozenSet, List, Optional
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Variables that are request fields of their own (named so in a 400); any other key came in
+# chat_template_kwargs.
+FIELD_VARIABLES = ("documents", "reasoning_effort")
+# Arguments of apply_chat_template that are not template variables, whatever the tokenizer.
+_CALL_ARGUMENTS = frozenset({"chat_template", "tools"})
+_TEMPLATE_CACHE = 32
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Parses transformers' ``{% generation %}...{% endgeneration %}`` (it marks assistant text) as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> List[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                     extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+
+
+def variable_param(name: str) -> str:
+    """The request field that set template variable ``name`` (the ``param`` of its 400)."""
+    return name if name in FIELD_VARIABLES else f"chat_template_kwargs.{name}"
+
+
+@functools.lru_cache(maxsize=8)
+def _call_arguments(tokenizer_type: type) -> FrozenSet[str]:
+    try:
+        parameters = inspect.signature(tokenizer_type.apply_chat_template).parameters
+    except (AttributeError, TypeError, ValueError):
+        return _CALL_ARGUMENTS
+    named = {name for name, parameter in parameters.items()
+             if parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+    # documents is an argument transformers hands to the template as the variable of that name.
+    return frozenset((named | _CALL_ARGUMENTS) - {"self", "documents"})
+
+
+def checked_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> List[str]:
+    """The keys of ``chat_template_kwargs`` that reach the template only as variables."""
+    if not chat_template_kwargs:
+        return []
+    consumed = _call_arguments(type(tokenizer))
+    return [name for name in chat_template_kwargs if name not in consumed]
+
+
+@functools.lru_cache(maxsize=_TEMPLATE_CACHE)
+def _undeclared(source: str) -> FrozenSet[str]:
+    return frozenset(jinja2.meta.find_undeclared_variables(_ENV.parse(source)))
+
+
+def template_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> Optional[FrozenSet[str]]:
+    """The variables the template rendering this chat reads; None when its source cannot be parsed here.
+
+    The template is the one ``apply_chat_template`` picks: the request's own (``chat_template``) or
+    the tokenizer's, the ``tool_use`` one of a set of named templates when tools are given.
+    """
+    kwargs = chat_template_kwargs or {}
+    try:
+        source = tokenizer.get_chat_template(kwargs.get("chat_template"), kwargs.get("tools"))
+    except Exception:  # noqa: BLE001 - a tokenizer without transformers' lookup: compare renders instead
+        source = kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str):
+        return None
+    try:
+        return _undeclared(source)
+    except jinja2.TemplateError:
+        return None
+
+
+def unread_message(name: str) -> str:
+    """The 400's message for a variable the template never reads."""
+    if name == "documents":
+        return ("documents has no effect: the chat template in use does not read documents (it is not a RAG "
+                "template); omit documents (or start the server with a --chat_template that uses them)")
+    return (f"{variable_param(name)} has no effect: the chat template in use does not read a variable named "
+            f"{name!r}; omit it")

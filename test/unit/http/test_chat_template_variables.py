@@ -1,0 +1,164 @@
+"""``documents`` and ``chat_template_kwargs`` keys reach the chat template only as its variables: one the
+template never reads is refused (400 naming it) rather than accepted and dropped, as ``messages[i].name``.
+
+The rendering half runs the server's own ``encode_chat_messages`` with a real tokenizer; the HTTP half
+puts it behind the real app (the fake manager of ``api_fakes`` otherwise renders nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer
+
+from api_fakes import FakeManager, assert_error, chat
+from lightllm.server import served_model
+from lightllm.server.http.app import create_app
+from lightllm.server.http.server_options import HttpServerOptions
+from lightllm.server.served_model import UnreadTemplateFieldError, encode_chat_messages
+
+PLAIN = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+RAG = "{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}" + PLAIN
+# Qwen3's test: only false changes the prompt, true is the template's default.
+THINKING = PLAIN + "{% if enable_thinking is defined and enable_thinking is false %}<no-think>{% endif %}"
+# Reads tools, and a variable set from a kwarg with a default.
+TOOLS = ("{% set style = style | default('short') %}{% if tools %}tools: {{ tools | length }}\n{% endif %}"
+         "{{ style }}\n" + PLAIN)
+DOCS = [{"title": "Paris", "text": "The capital of France."}]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _render(tokenizer: Any, template: str, **kwargs: Any) -> str:
+    ids = encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs={"chat_template": template, **kwargs})
+    return tokenizer.decode(ids)
+
+
+def _refused(tokenizer: Any, template: str, **kwargs: Any) -> UnreadTemplateFieldError:
+    with pytest.raises(UnreadTemplateFieldError) as refused:
+        _render(tokenizer, template, **kwargs)
+    return refused.value
+
+
+def test_documents_the_template_never_reads_are_refused(tokenizer) -> None:
+    error = _refused(tokenizer, PLAIN, documents=DOCS)
+    assert error.param == "documents" and "does not read documents" in str(error)
+    assert _render(tokenizer, RAG, documents=DOCS) == "[Paris] The capital of France.\nuser: hi\n"
+    # An empty list under a template that reads documents is honoured too (it reads them: none).
+    assert _render(tokenizer, RAG, documents=[]) == "user: hi\n"
+
+
+def test_template_kwargs_the_template_never_reads_are_refused(tokenizer) -> None:
+    error = _refused(tokenizer, THINKING, enable_thinking=False, anything=1)
+    assert error.param == "chat_template_kwargs.anything" and "'anything'" in str(error)
+    error = _refused(tokenizer, PLAIN, enable_thinking=False)
+    assert error.param == "chat_template_kwargs.enable_thinking"
+
+
+def test_template_kwargs_the_template_reads_work_even_when_the_prompt_is_the_same(tokenizer) -> None:
+    # true renders as without it (the template only tests for false), and is still the template's to read.
+    assert _render(tokenizer, THINKING, enable_thinking=True) == _render(tokenizer, THINKING) == "user: hi\n"
+    assert _render(tokenizer, THINKING, enable_thinking=False) == "user: hi\n<no-think>"
+    assert _render(tokenizer, TOOLS, style="long").startswith("long\n")
+    assert _render(tokenizer, TOOLS, style="short") == _render(tokenizer, TOOLS)
+
+
+def test_what_the_renderer_itself_consumes_is_not_refused(tokenizer) -> None:
+    # The request's own template and the tools arrive in the same keyword arguments; neither is a
+    # variable to check (a template that ignores tools is documented: it gets no tool descriptions).
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert _render(tokenizer, PLAIN, tools=[tool]) == "user: hi\n"
+    assert _render(tokenizer, TOOLS, tools=[tool]).startswith("tools: 1\n")
+
+
+def test_a_reasoning_effort_the_template_only_mentions_in_a_comment_is_refused(tokenizer) -> None:
+    error = _refused(tokenizer, "{# reasoning_effort is not used #}" + PLAIN, reasoning_effort="high")
+    assert error.param == "reasoning_effort"
+    assert _render(tokenizer, "{{ reasoning_effort }}|" + PLAIN, reasoning_effort="high") == "high|user: hi\n"
+
+
+def test_the_tokenizer_template_is_the_one_checked(tokenizer_dir) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = {"default": PLAIN, "tool_use": "{{ tools | length }}{{ documents | length }}" + PLAIN}
+    with pytest.raises(UnreadTemplateFieldError):
+        encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs={"documents": DOCS})
+    # With tools the tool_use template renders, and it reads documents.
+    tool = {"type": "function", "function": {"name": "f"}}
+    ids = encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs={"documents": DOCS, "tools": [tool]})
+    assert tokenizer.decode(ids) == "11user: hi\n"
+
+
+class RenderOnlyTokenizer:
+    """A tokenizer whose template is Python, not Jinja source: nothing to parse, so renders are compared."""
+
+    chat_template = object()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = False,
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            **variables: Any) -> str:
+        return f"{variables.get('style', '')}|{messages[-1]['content']}"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(char) for char in text]}
+
+
+def test_a_template_without_parsable_source_is_checked_by_rendering() -> None:
+    tokenizer = RenderOnlyTokenizer()
+    assert encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs={"style": "x"}) == [ord("x"), ord("|"),
+                                                                                            ord("h"), ord("i")]
+    with pytest.raises(UnreadTemplateFieldError) as refused:
+        encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs={"style": "x", "other": 1})
+    assert refused.value.param == "chat_template_kwargs.other"
+
+
+def test_nothing_is_checked_without_such_variables(tokenizer, monkeypatch) -> None:
+    def fail(*args: Any) -> None:
+        raise AssertionError("the template was analysed for a chat with nothing to check")
+
+    monkeypatch.setattr(served_model, "template_variables", fail)
+    assert _render(tokenizer, PLAIN) == "user: hi\n"
+
+
+# ---------------------------------------------------------------- through the app
+
+
+class RenderingManager(FakeManager):
+    """The fake manager, rendering chats with a real tokenizer and the server's encode_chat_messages."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        self.chat_tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.max_req_total_len = 512
+
+    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
+                    **template_options: Any) -> list[int]:
+        return encode_chat_messages(self.chat_tokenizer, messages, within=within, **template_options)
+
+
+@pytest.fixture()
+def rendering_client(tokenizer_dir) -> TestClient:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = THINKING
+    manager = RenderingManager(tokenizer)
+    return TestClient(create_app(manager, HttpServerOptions(trust_request_chat_template=True)),
+                      raise_server_exceptions=False)
+
+
+def test_the_api_refuses_unread_documents_and_template_kwargs(rendering_client: TestClient) -> None:
+    client = rendering_client
+    error = assert_error(chat(client, documents=DOCS), 400, "documents")
+    assert "has no effect" in error["message"]
+    error = assert_error(chat(client, chat_template_kwargs={"enable_thinking": False, "anything": 1}), 400,
+                         "chat_template_kwargs.anything")
+    assert "'anything'" in error["message"]
+    for value in (True, False):
+        assert chat(client, chat_template_kwargs={"enable_thinking": value}).status_code == 200
+    # A request's own template is checked in its place.
+    assert chat(client, documents=DOCS, chat_template=RAG).status_code == 200
+    assert_error(chat(client, chat_template=PLAIN, chat_template_kwargs={"enable_thinking": False}), 400,
+                 "chat_template_kwargs.enable_thinking")
+    # Tools (tool_choice none: no parser needed) reach the template without being checked.
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert chat(client, tools=[tool], tool_choice="none").status_code == 200
