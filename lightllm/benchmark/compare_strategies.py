@@ -31,9 +31,14 @@ How a run is laid out (and why):
 * Each strategy is compared to the baseline of the *same repeat* (paired log ratios,
   see :mod:`lightllm.benchmark.paired_stats`).
 * ``--topology 1p1d`` replaces each server by a PD cluster (:mod:`lightllm.benchmark.pd_cluster`):
-  a master, a prefill node with the strategy and ``--server-args``, and a decode node with
-  ``--server-args``. The workload goes to the master, and everything else is the same. The logs
-  are ``logs/server_<strategy>_{master,prefill,decode}.log``.
+  a master with ``--master-args``, a prefill node with the strategy, ``--server-args`` and
+  ``--prefill-args``, and a decode node with ``--server-args`` and ``--decode-args``. On a PD
+  topology ``--server-args`` must hold flags both node roles accept (the master never gets them);
+  a flag only one role reads (``--prefill_max_overtake_tokens``, ``--pd_max_segment_tokens``)
+  goes in that role's option; a node given a flag its role refuses exits at once with the
+  server's one-line error, which ends the run (exit status 1) with a hint where the flag goes.
+  The workload goes to the master, and everything else is the same. The logs are
+  ``logs/server_<strategy>_{master,prefill,decode}.log``.
 
 A server that stops running mid-run ends the run with one ``error:`` line and exit status 1 after
 every server is stopped; the report is still written from the repeats every strategy completed
@@ -42,7 +47,9 @@ still starting.
 
 Outputs in ``--out-dir``: ``report.json``, ``report.md``, ``ttft_cdf_<workload>.png``,
 ``throughput_<workload>.png``, ``runs/<workload>/<strategy>/repeat<r>.{jsonl,json}``
-(raw per-request records and the run summary) and ``logs/server_<strategy>.log``.
+(raw per-request records and the run summary) and ``logs/server_<strategy>.log``.  Without
+matplotlib the two PNGs are not written (one line says so before any server starts, and the
+report says so); everything else is.
 """
 
 from __future__ import annotations
@@ -64,11 +71,11 @@ from lightllm.benchmark.comparison_options import (
     check_out_dir,
 )
 from lightllm.benchmark.comparison_runner import ComparisonRunner, ServerLostError, run_comparison
-from lightllm.benchmark.report_writer import render_markdown
+from lightllm.benchmark.report_writer import plots_unavailable, render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workloads import FIELD_HELP, WORKLOADS, WorkloadConfig, workloads_using
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
-from lightllm.benchmark.server_process import ServerStartError
+from lightllm.benchmark.server_process import ServerRefusedError, ServerStartError
 
 # The options and the runner live in their own modules; they stay importable from here, the
 # module callers and docs have always named.
@@ -105,19 +112,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured full passes per strategy and workload")
     p.add_argument(
         "--server-args", default="",
-        help="flags given to every server, as one shell-quoted string (use --server-args=--flag for a lone flag)",
+        help="flags given to every server, as one shell-quoted string (use --server-args=--flag for a lone flag); "
+        "on a PD topology to every prefill and decode node (not the master), so only flags both roles accept",
     )
     p.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS,
                    help="--max_total_token_num added to every server unless --server-args sets it")
     p.add_argument(
         "--topology", choices=sorted(TOPOLOGIES), default="normal",
-        help="normal: one server per strategy; 1p1d: one PD cluster per strategy (master + prefill node with "
-        "the strategy and --server-args + decode node with --server-args), measured through the master; "
-        "2p1d, 1p2d, 2p2d: the same with x prefill and y decode nodes",
+        help="normal: one server per strategy; 1p1d: one PD cluster per strategy (master with --master-args + "
+        "prefill node with the strategy, --server-args and --prefill-args + decode node with --server-args and "
+        "--decode-args), measured through the master; 2p1d, 1p2d, 2p2d: the same with x prefill and y decode nodes",
     )
     p.add_argument("--master-args", default="",
                    help="PD topologies: flags of the PD master, as one shell-quoted string "
                    "(e.g. '--pd_prefill_timeout_seconds 60')")
+    p.add_argument("--prefill-args", default="",
+                   help="PD topologies: flags of every prefill node only, after --server-args, as one shell-quoted "
+                   "string (e.g. '--prefill_max_overtake_tokens 64')")
+    p.add_argument("--decode-args", default="",
+                   help="PD topologies: flags of every decode node only, after --server-args, as one shell-quoted "
+                   "string (e.g. '--pd_max_segment_tokens 64')")
     p.add_argument("--prefill-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the prefill nodes")
     p.add_argument("--decode-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the decode nodes")
     p.add_argument("--host", default="127.0.0.1", help="address the servers listen on (default 127.0.0.1)")
@@ -181,30 +195,40 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> Comparis
     )
 
 
-# ComparisonOptions (and PD topology) fields whose flag is not their dashed name.
+# ComparisonOptions (and PD topology) fields whose flag is not their dashed name; a PD topology
+# calls the spec's flags (--server-args) extra_args.
 _FIELD_FLAGS = {"workloads": "--workload", "settle_s": "--settle", "request_timeout_s": "--request-timeout",
-                "start_timeout_s": "--start-timeout"}
-_PD_ONLY_FLAGS = {"master_args": "--master-args", "prefill_devices": "--prefill-devices",
-                  "decode_devices": "--decode-devices"}
+                "start_timeout_s": "--start-timeout", "extra_args": "--server-args"}
+_PD_ONLY_FLAGS = {"master_args": "--master-args", "prefill_args": "--prefill-args", "decode_args": "--decode-args",
+                  "prefill_devices": "--prefill-devices", "decode_devices": "--decode-devices"}
+# The PD options holding server flags (an empty one is the default, not a choice).
+_PD_FLAG_STRINGS = ("master_args", "prefill_args", "decode_args")
 
 
 def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Constructor arguments of ``args.topology``; the PD flags are refused for the normal topology."""
     kwargs: dict[str, Any] = {"host": args.host, "start_timeout_s": args.start_timeout}
-    # An empty device list is a choice (hide every GPU); an empty --master-args is the default.
+    # An empty device list is a choice (hide every GPU); an empty flag string is the default.
     given = [flag for name, flag in _PD_ONLY_FLAGS.items()
-             if getattr(args, name) is not None and (name != "master_args" or getattr(args, name))]
+             if getattr(args, name) is not None and (name not in _PD_FLAG_STRINGS or getattr(args, name))]
     if args.topology == "normal":
         if given:
             raise ValueError(f"{', '.join(given)} only apply with a PD topology (1p1d, 2p1d, 1p2d, 2p2d), "
                              f"got --topology {args.topology}")
         return kwargs
-    try:
-        master_args = shlex.split(args.master_args)
-    except ValueError as exc:
-        raise ValueError(f"master_args is not a valid shell-quoted string: {exc}") from None
-    return {**kwargs, "master_args": master_args, "prefill_devices": args.prefill_devices,
-            "decode_devices": args.decode_devices}
+    flags: dict[str, list[str]] = {}
+    for name in _PD_FLAG_STRINGS:
+        try:
+            flags[name] = shlex.split(getattr(args, name))
+        except ValueError as exc:
+            raise ValueError(f"{name} is not a valid shell-quoted string: {exc}") from None
+    for name in ("prefill_args", "decode_args"):
+        # The runner gives every node --kv-tokens unless --server-args sets the capacity; a role's
+        # own value would be a second value of the same flag on that node.
+        if any(arg.split("=", 1)[0] == "--max_total_token_num" for arg in flags[name]):
+            raise ValueError(f"{name} must not set --max_total_token_num: give it in server_args, which reach "
+                             "every node (without it the runner gives every node kv_tokens)")
+    return {**kwargs, **flags, "prefill_devices": args.prefill_devices, "decode_devices": args.decode_devices}
 
 
 def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) -> None:
@@ -222,6 +246,14 @@ def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) 
                              f"{', '.join(users)})")
 
 
+def _pd_refusal_hint(topology: str, exc: Exception) -> str:
+    """Where flags go on a PD topology, after a process's refusal (the node names what it refused, not our options)."""
+    if topology == "normal" or not isinstance(exc, ServerRefusedError):
+        return ""
+    return (f" (--topology {topology}: --server-args reach every prefill and decode node; give a flag only one role "
+            "takes in --prefill-args or --decode-args, and the master's in --master-args)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns 1 if any measured request failed or a server failed, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -232,16 +264,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_workload_flags_apply([cfg.name for cfg in options.workloads], given_flags(parser, argv))
         options.validate()
         topology = make_topology(args.topology, **topology_kwargs(args))
+        for spec in options.server_specs():
+            topology.check_spec(spec)
         check_out_dir(options.out_dir)  # last: it creates the directory
     except ValueError as exc:
         # The options name their fields (model_dir, settle_s); the user typed flags.
         parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
+    no_plots = plots_unavailable()
+    if no_plots:
+        # Said before the servers start, so whoever needs the PNGs can stop now, not after the run.
+        print(f"note: the PNG plots will not be written: {no_plots}; report.json and report.md will be",
+              file=sys.stderr)
     try:
         report = run_comparison(options, topology)
     except (ServerStartError, ServerLostError) as exc:
         # Every server is stopped by now; a ServerLostError's message says whether a report of
         # the completed repeats was written.
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{_pd_refusal_hint(args.topology, exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         # Ctrl-C is a request, not a fault: one line (every server is stopped by now), the

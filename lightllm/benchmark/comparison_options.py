@@ -130,6 +130,11 @@ class ComparisonOptions:
             args += ["--max_total_token_num", str(self.kv_tokens)]
         return args
 
+    def server_specs(self) -> list[ServerSpec]:
+        """One server spec per strategy, in ``strategies`` order, with :meth:`effective_server_args`."""
+        server_args = tuple(self.effective_server_args())
+        return [ServerSpec(self.model_dir, strategy, server_args) for strategy in self.strategies]
+
     def benchmark_config(
         self, base_url: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
     ) -> BenchmarkConfig:

@@ -27,7 +27,7 @@ from lightllm.benchmark.metrics import read_records_jsonl
 from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.report_writer import write_json, write_report
 from lightllm.benchmark.run_environment import git_info, machine_info
-from lightllm.benchmark.deployment import Deployment, ServerSpec
+from lightllm.benchmark.deployment import Deployment
 from lightllm.benchmark.server_launcher import Topology, launch_all
 from lightllm.benchmark.workloads import WorkloadConfig
 
@@ -171,11 +171,15 @@ def run_comparison(
     ``builder`` reuses a prompt builder (default: one for ``options.model_dir``'s tokenizer).
 
     Raises:
+        ValueError: the options, or flags ``topology``'s launch would override (before any process starts).
         ServerLostError: a server stopped running mid-run.  Every server is stopped first; the
             report is still written when at least one repeat completed for every strategy (it
             covers those repeats and says the run stopped early), and the message says whether.
     """
     options.validate()
+    specs = options.server_specs()
+    for spec in specs:
+        topology.check_spec(spec)
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     server_args = options.effective_server_args()
@@ -207,7 +211,6 @@ def run_comparison(
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
     stopped: ServerLostError | None = None
     with ExitStack() as stack:
-        specs = [ServerSpec(options.model_dir, s, tuple(server_args)) for s in options.strategies]
         launched = launch_all(topology, specs, out / "logs", parallel=options.parallel_start)
         deployments: dict[str, Deployment] = {}
         for strategy, deployment in zip(options.strategies, launched):

@@ -4,11 +4,19 @@
 starts, per :class:`~lightllm.benchmark.deployment.ServerSpec`, ``1 + x + y``
 ``python -m lightllm.server.api_server`` processes on this host:
 
-* the master (``--run_mode pd_master``) with ``--model_dir`` and the topology's ``master_args``;
-* each prefill node (``--run_mode prefill``) with the spec's strategy and extra flags: the
-  prefill-queue strategy runs where prompts wait for prefill;
-* each decode node (``--run_mode decode``) with the spec's extra flags (the same KV capacity,
-  TP size and dtype as the prefill nodes, which the master requires), without the strategy.
+* the master (``--run_mode pd_master``) with ``--model_dir`` and the topology's ``master_args``
+  (not the spec's extra flags: the master runs no model and refuses node flags);
+* each prefill node (``--run_mode prefill``) with the spec's strategy and extra flags, then the
+  topology's ``prefill_args``: the prefill-queue strategy runs where prompts wait for prefill;
+* each decode node (``--run_mode decode``) with the spec's extra flags (the same TP size and
+  dtype as the prefill nodes, which the master requires), then the topology's ``decode_args``,
+  without the strategy.
+
+The spec's extra flags thus reach every prefill and decode node and must be flags both roles
+accept; a flag only one role reads (the prefill step and queue's flags, the decode side's
+``--pd_max_segment_tokens``) goes in ``prefill_args`` or ``decode_args``.  A node that refuses its
+flags exits within a second of its start with a one-line error, and the launch fails with it
+(:class:`~lightllm.benchmark.server_process.ServerStartError`, the node's log named).
 
 All start at once (the nodes retry their registration until the master answers); the cluster
 serves once the master counts every node alive. Processes are named ``prefill``, ``prefill_2``,
@@ -27,7 +35,7 @@ from typing import Any, Sequence
 import httpx
 
 from lightllm.benchmark.launch_guard import LaunchGuard
-from lightllm.benchmark.deployment import Deployment, ServerSpec
+from lightllm.benchmark.deployment import RESERVED_FLAGS, Deployment, ServerSpec
 from lightllm.benchmark.server_launcher import Topology, launch_concurrently, safe_label
 from lightllm.benchmark.server_process import ServerProcess
 from lightllm.utils.process_utils import free_port
@@ -35,6 +43,8 @@ from lightllm.utils.process_utils import free_port
 # Flags the cluster launcher sets itself on the nodes (besides ServerSpec's reserved ones).
 PD_RESERVED_FLAGS: tuple[str, ...] = ("--pd_master_ip", "--pd_master_port")
 ROLES: tuple[str, ...] = ("master", "prefill", "decode")
+# The node roles that take flags of their own (prefill_args / decode_args).
+NODE_ROLES: tuple[str, ...] = ("prefill", "decode")
 
 
 def node_names(role: str, count: int) -> list[str]:
@@ -42,32 +52,44 @@ def node_names(role: str, count: int) -> list[str]:
     return [role if index == 0 else f"{role}_{index + 1}" for index in range(count)]
 
 
-def _check_flags(args: Sequence[str], where: str) -> None:
+def _check_flags(args: Sequence[str], where: str, reserved: Sequence[str] = ()) -> None:
     for arg in args:
         flag = arg.split("=", 1)[0]
-        if flag in PD_RESERVED_FLAGS or flag in ("--run_mode", "--model_dir", "--host", "--port"):
-            raise ValueError(f"{where} must not set {flag}: the 1p1d launcher sets it (got {list(args)})")
+        if flag in PD_RESERVED_FLAGS or flag in ("--run_mode", "--model_dir", "--host", "--port", *reserved):
+            raise ValueError(f"{where} must not set {flag}: the PD cluster launcher sets it (got {list(args)})")
+
+
+def _flag_names(args: Sequence[str]) -> set[str]:
+    """The flags written in ``args`` (``--flag value`` or ``--flag=value``)."""
+    return {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
 
 
 def cluster_commands(spec: ServerSpec, master_args: Sequence[str], host: str, master_port: int,
-                     prefill_nodes: int = 1, decode_nodes: int = 1) -> dict[str, list[str]]:
+                     prefill_nodes: int = 1, decode_nodes: int = 1, *, prefill_args: Sequence[str] = (),
+                     decode_args: Sequence[str] = ()) -> dict[str, list[str]]:
     """Server flags (without ``--host``/``--port``) of the master and every node, by process name.
 
+    ``spec.extra_args`` reach every prefill and decode node, ``prefill_args`` / ``decode_args``
+    (after them) only the nodes of that role, ``master_args`` only the master.
+
     Raises:
-        ValueError: ``spec.extra_args`` or ``master_args`` set a flag the launcher owns.
+        ValueError: one of them sets a flag the launcher owns.
     """
     _check_flags(spec.extra_args, "extra_args")
     _check_flags(master_args, "master_args")
+    # The strategy is the spec's: a second one in a role's flags would make it ambiguous.
+    _check_flags(prefill_args, "prefill_args", RESERVED_FLAGS)
+    _check_flags(decode_args, "decode_args", RESERVED_FLAGS)
     membership = ["--pd_master_ip", host, "--pd_master_port", str(master_port)]
     commands = {"master": ["--run_mode", "pd_master", "--model_dir", str(spec.model_dir), *master_args]}
     # Several nodes of a role on one host need names of their own (one node keeps its default id).
     for name in node_names("prefill", prefill_nodes):
         node_id = ["--pd_node_id", name] if prefill_nodes > 1 else []
-        commands[name] = ["--run_mode", "prefill", *spec.server_args(), *membership, *node_id]
+        commands[name] = ["--run_mode", "prefill", *spec.server_args(), *prefill_args, *membership, *node_id]
     for name in node_names("decode", decode_nodes):
         node_id = ["--pd_node_id", name] if decode_nodes > 1 else []
-        commands[name] = ["--run_mode", "decode", "--model_dir", str(spec.model_dir), *spec.extra_args, *membership,
-                          *node_id]
+        commands[name] = ["--run_mode", "decode", "--model_dir", str(spec.model_dir), *spec.extra_args, *decode_args,
+                          *membership, *node_id]
     return commands
 
 
@@ -121,6 +143,8 @@ class PdTopology(Topology):
         start_timeout_s: bound on the start-up, until the master's ``/health`` answers 200.
         master_args: extra flags of the master (e.g. ``--pd_prefill_timeout_seconds 60``).
         prefill_devices / decode_devices: ``CUDA_VISIBLE_DEVICES`` of each node of that role on GPUs.
+        prefill_args / decode_args: flags of every node of that role only, after the spec's extra
+            flags (e.g. ``--prefill_max_overtake_tokens 64`` / ``--pd_max_segment_tokens 64``).
     """
 
     name = "1p1d"
@@ -134,6 +158,8 @@ class PdTopology(Topology):
         master_args: Sequence[str] = (),
         prefill_devices: str | None = None,
         decode_devices: str | None = None,
+        prefill_args: Sequence[str] = (),
+        decode_args: Sequence[str] = (),
     ) -> None:
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
@@ -141,7 +167,37 @@ class PdTopology(Topology):
         self.start_timeout_s = start_timeout_s
         self.master_args = tuple(str(a) for a in master_args)
         _check_flags(self.master_args, "master_args")
+        self.role_args = {"prefill": tuple(str(a) for a in prefill_args), "decode": tuple(str(a) for a in decode_args)}
+        for role, args in self.role_args.items():
+            _check_flags(args, f"{role}_args", RESERVED_FLAGS)
+            if self._count(role) > 1 and "--pd_node_id" in _flag_names(args):
+                raise ValueError(f"{role}_args must not set --pd_node_id: the {self.name} launcher names its "
+                                 f"{self._count(role)} {role} nodes itself")
         self.devices = {"prefill": prefill_devices, "decode": decode_devices}
+
+    def _count(self, role: str) -> int:
+        return self.prefill_nodes if role == "prefill" else self.decode_nodes
+
+    def commands(self, spec: ServerSpec, master_port: int) -> dict[str, list[str]]:
+        """The server flags of every process of this cluster for ``spec`` (see :func:`cluster_commands`)."""
+        return cluster_commands(spec, self.master_args, self.host, master_port, self.prefill_nodes, self.decode_nodes,
+                                prefill_args=self.role_args["prefill"], decode_args=self.role_args["decode"])
+
+    def check_spec(self, spec: ServerSpec) -> None:
+        """Refuse (one line), before any process starts, flags the launch would override or make ambiguous.
+
+        A flag given both in ``extra_args`` and a role's flags would reach that role twice, the
+        later value silently winning; ``--pd_node_id`` on a role of several nodes would be
+        replaced by the names the launcher gives them.  Whether each role accepts its flags is
+        the node's own check, at its start.
+        """
+        for role, args in self.role_args.items():
+            both = sorted(_flag_names(spec.extra_args) & _flag_names(args))
+            if both:
+                raise ValueError(f"{', '.join(both)} given in both extra_args and {role}_args; give each flag once "
+                                 f"(extra_args reach every prefill and decode node, {role}_args the {role} nodes only)")
+        if any(self._count(role) > 1 for role in NODE_ROLES) and "--pd_node_id" in _flag_names(spec.extra_args):
+            raise ValueError(f"extra_args must not set --pd_node_id: the {self.name} launcher names its nodes itself")
 
     def _env(self, role: str) -> dict[str, str] | None:
         devices = self.devices.get(role)
@@ -159,7 +215,7 @@ class PdTopology(Topology):
         # cancellable even when this runs in the main thread (a Ctrl-C lands there).
         guard = LaunchGuard() if guard is None else guard
         master_port = free_port(self.host)
-        commands = cluster_commands(spec, self.master_args, self.host, master_port, self.prefill_nodes, self.decode_nodes)
+        commands = self.commands(spec, master_port)
         label = safe_label(spec.strategy)
         logs = {name: Path(log_dir) / f"server_{label}_{name}.log" for name in commands}
         nodes = [name for name in commands if name != "master"]
@@ -200,6 +256,8 @@ class PdTopology(Topology):
             "host": self.host,
             "start_timeout_s": self.start_timeout_s,
             "master_args": list(self.master_args),
+            "prefill_args": list(self.role_args["prefill"]),
+            "decode_args": list(self.role_args["decode"]),
             "prefill_devices": self.devices["prefill"],
             "decode_devices": self.devices["decode"],
         }

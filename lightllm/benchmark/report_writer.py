@@ -12,7 +12,10 @@ The report is a plain dict (what ``compare_strategies`` builds)::
 
 Metric keys are those of :data:`lightllm.benchmark.comparison_metrics.COMPARISON_METRICS`.
 Plots are drawn on bare ``Figure`` objects (Agg canvas), never through pyplot, so no
-global backend or figure state is touched.
+global backend or figure state is touched.  matplotlib is imported only when a plot is drawn:
+it is a test/plotting extra (requirements-test.txt), not a serving requirement, so without it
+every tool importing this module still runs and :func:`write_report` writes the JSON and
+Markdown without the PNGs (:func:`plots_unavailable` says why).
 """
 
 from __future__ import annotations
@@ -21,16 +24,35 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lightllm.benchmark.comparison_metrics import COMPARISON_METRICS
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 CLASS_ORDER: tuple[str, ...] = ("short", "long")
 _DASH = "\u2014"
+
+
+def plots_unavailable() -> str | None:
+    """Why the PNG plots cannot be drawn (one line), or None when matplotlib imports."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return (f"matplotlib cannot be imported ({exc}); install it (pip install matplotlib, or "
+                "pip install -r requirements-test.txt) for ttft_cdf_*.png and throughput_*.png")
+    return None
+
+
+def _new_figure(figsize: tuple[float, float]) -> "Figure":
+    """A bare Figure on an Agg canvas (matplotlib is imported here, when a plot is drawn)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def write_json(report: Mapping[str, Any], path: str | Path) -> Path:
@@ -138,10 +160,21 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
          "workloads after that were not run."]
         if meta.get("stopped_early") else []
     )
+    topology = meta.get("topology") or {}
+    pd = "prefill_args" in topology or "decode_args" in topology
+    role_flags = [
+        f"- PD flags (identical for every strategy): master `{shlex.join(topology.get('master_args', []))}`; "
+        f"prefill nodes add `{shlex.join(topology.get('prefill_args', []))}`; decode nodes add "
+        f"`{shlex.join(topology.get('decode_args', []))}`"
+    ] if pd else []
+    plots = [f"- Plots not written: {meta['plots_not_written']}"] if meta.get("plots_not_written") else []
     return stopped + [
-        f"- Model: `{meta.get('model_dir')}`; topology: {meta.get('topology', {}).get('name', 'normal')}",
+        f"- Model: `{meta.get('model_dir')}`; topology: {topology.get('name', 'normal')}",
         f"- Strategies: {', '.join(meta['strategies'])} (baseline {meta['baseline']})",
-        f"- Server args (identical for every strategy): `{shlex.join(meta.get('server_args', []))}`",
+        f"- Server args (identical for every strategy{'; every prefill and decode node' if pd else ''}): "
+        f"`{shlex.join(meta.get('server_args', []))}`",
+        *role_flags,
+        *plots,
         f"- {meta['repeats']} measured repeat(s) in rotated order after {meta['warmup']} warm-up pass(es) "
         f"per strategy; seed {meta.get('seed')}",
         f"- Commit: {commit}; CPUs: {machine.get('cpu_count')}; torch {machine.get('torch')}; "
@@ -222,8 +255,9 @@ def plot_ttft_cdf(ttft_ms: Mapping[str, Mapping[str, Sequence[float]]], path: st
     classes = [c for c in CLASS_ORDER if c in present] + sorted(present - set(CLASS_ORDER))
     if not classes:
         raise ValueError("ttft_ms must hold at least one TTFT value")
-    fig = Figure(figsize=(5.5 * len(classes), 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig = _new_figure((5.5 * len(classes), 4.2))
     for i, cls in enumerate(classes):
         ax = fig.add_subplot(1, len(classes), i + 1)
         for strategy, per in ttft_ms.items():
@@ -256,8 +290,7 @@ def plot_throughput(
     values = [[v for v in section["values"][s]["output_throughput"] if v is not None] for s in strategies]
     medians = [section["medians"][s]["output_throughput"] or 0.0 for s in strategies]
     others = [s for s in strategies if s != baseline]
-    fig = Figure(figsize=(11 if others else 5.5, 4.2), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _new_figure((11 if others else 5.5, 4.2))
     ax = fig.add_subplot(1, 2 if others else 1, 1)
     low = [m - min(v) if v else 0.0 for m, v in zip(medians, values)]
     high = [max(v) - m if v else 0.0 for m, v in zip(medians, values)]
@@ -290,20 +323,12 @@ def _file_label(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def write_report(
-    report: dict[str, Any],
-    out_dir: str | Path,
-    ttft_samples: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]],
+def _write_plots(
+    report: Mapping[str, Any], out: Path, ttft_samples: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]]
 ) -> dict[str, str]:
-    """Write ``report.json``, ``report.md`` and per-workload PNGs into ``out_dir``.
-
-    ``ttft_samples[workload][strategy][request_class]`` feeds the CDF plots. The paths
-    written are returned and also stored in ``report["files"]`` (relative to ``out_dir``).
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Draw every workload's TTFT CDF and throughput bars into ``out``; returns ``report["files"]`` entries."""
     meta = report["meta"]
-    files: dict[str, str] = {"json": "report.json", "markdown": "report.md"}
+    files: dict[str, str] = {}
     for name, section in report["workloads"].items():
         label = _file_label(name)
         # When every request failed there is no TTFT to plot; the report is still written.
@@ -318,6 +343,30 @@ def write_report(
             f"Output throughput - {name}",
         )
         files[f"throughput_{name}"] = bars.name
+    return files
+
+
+def write_report(
+    report: dict[str, Any],
+    out_dir: str | Path,
+    ttft_samples: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]],
+) -> dict[str, str]:
+    """Write ``report.json``, ``report.md`` and per-workload PNGs into ``out_dir``.
+
+    ``ttft_samples[workload][strategy][request_class]`` feeds the CDF plots. The paths
+    written are returned and also stored in ``report["files"]`` (relative to ``out_dir``).
+    Without matplotlib no PNG is written and ``report["meta"]["plots_not_written"]`` says why
+    (the report's Markdown too); the JSON and Markdown hold every number the plots show.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = report["meta"]
+    files: dict[str, str] = {"json": "report.json", "markdown": "report.md"}
+    no_plots = plots_unavailable()
+    if no_plots:
+        meta["plots_not_written"] = no_plots
+    else:
+        files.update(_write_plots(report, out, ttft_samples))
     report["files"] = files
     (out / files["markdown"]).write_text(render_markdown(report), encoding="utf-8")
     write_json(report, out / files["json"])

@@ -41,6 +41,14 @@ class Topology(abc.ABC):
         :class:`~lightllm.benchmark.launch_guard.LaunchCancelled` once ``guard`` is cancelled.
         """
 
+    def check_spec(self, spec: ServerSpec) -> None:
+        """Raise ``ValueError`` (one line), before anything starts, for flags the launch would override.
+
+        Nothing to check for one server.  Whether a server accepts its flags is its own check: it
+        refuses a bad one within a second of its start, and the launch fails with that one line
+        (:class:`~lightllm.benchmark.server_process.ServerRefusedError`).
+        """
+
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable description for reports."""
         return {"name": self.name}

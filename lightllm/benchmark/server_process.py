@@ -36,6 +36,10 @@ class ServerStartError(RuntimeError):
     """A server exited during start-up; the message has its refusal line or its log's tail."""
 
 
+class ServerRefusedError(ServerStartError):
+    """A server refused its flags or settings at start-up; the message has its one-line refusal."""
+
+
 def startup_error_line(log_text: str) -> str | None:
     """The server's one-line start-up refusal (``error: ...`` or argparse's ``...: error: ...``) in its log, if any."""
     for line in reversed(log_text.splitlines()):
@@ -141,8 +145,8 @@ class ServerProcess(Deployment):
         tail = _log_tail(self._log_path)
         refusal = startup_error_line(tail)
         if refusal is not None:  # a refused flag or setting: its one line says it all
-            return ServerStartError(f"server refused to start (exit code {self._proc.returncode}, "
-                                    f"log {self._log_path}): {refusal}")
+            return ServerRefusedError(f"server refused to start (exit code {self._proc.returncode}, "
+                                      f"log {self._log_path}): {refusal}")
         return ServerStartError(
             f"server exited with code {self._proc.returncode} during start-up (log {self._log_path}):\n{tail}"
         )

@@ -16,7 +16,8 @@ def test_1p1d_is_a_registered_topology():
     assert isinstance(topology, PdTopology)
     assert topology.describe() == {
         "name": "1p1d", "prefill_nodes": 1, "decode_nodes": 1, "host": "127.0.0.1", "start_timeout_s": 5,
-        "master_args": ["--pd_heartbeat_interval", "1"], "prefill_devices": None, "decode_devices": None,
+        "master_args": ["--pd_heartbeat_interval", "1"], "prefill_args": [], "decode_args": [],
+        "prefill_devices": None, "decode_devices": None,
     }
 
 
@@ -41,6 +42,9 @@ def test_cluster_commands_refuse_flags_the_launcher_sets(flag):
         cluster_commands(ServerSpec("/m", "default", (flag, "1")), [], "127.0.0.1", 1)
     with pytest.raises(ValueError, match="master_args must not set"):
         PdTopology(master_args=[flag, "1"])
+    for role in ("prefill", "decode"):
+        with pytest.raises(ValueError, match=f"{role}_args must not set"):
+            PdTopology(**{f"{role}_args": [flag, "1"]})
 
 
 def test_topology_checks():
@@ -75,7 +79,7 @@ def test_compare_strategies_topology_flag(_parse):
     ))
     assert kwargs == {
         "host": "127.0.0.1", "start_timeout_s": 90.0, "master_args": ["--pd_prefill_timeout_seconds", "60"],
-        "prefill_devices": "0", "decode_devices": "1",
+        "prefill_args": [], "decode_args": [], "prefill_devices": "0", "decode_devices": "1",
     }
     topology = make_topology("1p1d", **kwargs)
     assert topology.devices == {"prefill": "0", "decode": "1"}
