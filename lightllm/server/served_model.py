@@ -11,6 +11,7 @@ only the checkpoint's tokenizer files (through :func:`~lightllm.utils.tokenizer_
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -20,8 +21,8 @@ import jinja2
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.prompt_length_probe import encode_within
 from lightllm.server.request_defaults import RequestDefaults
-from lightllm.server.template_variables import (checked_variables, template_variables, unread_message,
-                                                variable_param)
+from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
+                                                template_variables, unread_message, variable_param)
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +31,14 @@ def served_names(model_dir: str, model_names: Optional[Sequence[str]]) -> tuple[
     """``(model_name, served_model_names)`` from ``--model_dir`` and ``--model_name``.
 
     ``--model_name`` values when given (the first is the reported id), else the directory's
-    name plus the checkpoint path as given on the command line (vLLM's default id).
+    name plus the checkpoint path as given on the command line (vLLM's default id) and as an
+    absolute path (what /v1/models reports as ``root``, which vLLM clients send back as ``model``).
     """
     model_path = model_dir.rstrip("/") or model_dir
     if model_names:
         return model_names[0], list(dict.fromkeys(model_names))
     name = Path(model_path).name
-    return name, list(dict.fromkeys([name, model_dir, model_path]))
+    return name, list(dict.fromkeys([name, model_dir, model_path, os.path.abspath(model_dir)]))
 
 
 def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
@@ -70,6 +72,10 @@ def encode_chat_messages(
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
         raise ValueError("this model has no chat template: start the server with --chat_template, or use /v1/completions")
+
+    for name in call_argument_keys(tokenizer, chat_template_kwargs):
+        # Checked before the first render: such an argument can make transformers fail the render.
+        raise UnreadTemplateFieldError(call_argument_message(name), f"chat_template_kwargs.{name}")
 
     def render(conversation: List[Dict[str, Any]]) -> str:
         return _render_chat(tokenizer, conversation, add_generation_prompt, continue_final_message,

@@ -77,6 +77,27 @@ def checked_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, A
     return [name for name in chat_template_kwargs if name not in consumed]
 
 
+def call_argument_keys(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> List[str]:
+    """Keys of ``chat_template_kwargs`` that ``apply_chat_template`` itself takes as arguments.
+
+    The server passes only the request's template and tools that way; any other such key came from
+    the client's ``chat_template_kwargs`` (the request model refuses the arguments the server sets,
+    such as ``tokenize``), and would change how transformers renders (a newer release's
+    ``sanitize_control_tokens`` needs ``tokenize=True`` and fails the render), not what the
+    template reads.
+    """
+    if not chat_template_kwargs:
+        return []
+    consumed = _call_arguments(type(tokenizer))
+    return [name for name in chat_template_kwargs if name in consumed and name not in _CALL_ARGUMENTS]
+
+
+def call_argument_message(name: str) -> str:
+    """The 400's message for a ``chat_template_kwargs`` key that is an argument of the render call."""
+    return (f"chat_template_kwargs.{name} is an argument of transformers' apply_chat_template, not a variable of "
+            "the chat template; the server renders chats with its own arguments, so it is not supported here")
+
+
 @functools.lru_cache(maxsize=_TEMPLATE_CACHE)
 def _undeclared(source: str) -> FrozenSet[str]:
     return frozenset(jinja2.meta.find_undeclared_variables(_ENV.parse(source)))

@@ -37,6 +37,7 @@ from lightllm.server.http.openapi import request_body
 from lightllm.server.http.planning import (
     build_sampling_params,
     check_context_length,
+    check_prompt_leaves_room,
     check_token_ids,
     completion_room,
     choice_jobs,
@@ -154,6 +155,8 @@ class OpenAIEndpoints:
             elif requested is not None:
                 max_new = requested
             else:
+                check_prompt_leaves_room(len(prompt_ids), self.manager.max_req_total_len, prompt_param=prompt_param,
+                                         prompt_noun=prompt_param)
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
             # Checked as the client sent them first (their own width and range), then fitted.
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,

@@ -93,6 +93,15 @@ def check_context_length(
     raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
 
 
+def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:
+    """Refuse a prompt that fills the whole context when the client asked for no completion length."""
+    if prompt_len >= limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, the {prompt_noun} "
+                       f"hold{'s' if prompt_noun == 'prompt' else ''} {prompt_len} tokens, which leaves no room for "
+                       f"a completion. Please reduce the length of the {prompt_noun}.", INVALID_REQUEST,
+                       prompt_param, "context_length_exceeded")
+
+
 def completion_room(
     prompt_len: int, max_new_tokens: int, limit: int, *, prompt_param: str, prompt_noun: str, tokens_param: str,
     min_new_tokens: int = 0,
@@ -104,9 +113,15 @@ def completion_room(
     that leaves no room, a ``max_tokens`` above the whole context, and a ``min_tokens`` the room
     cannot hold.  The native ``/generate`` keeps LightLLM's rule (:func:`check_context_length`).
     """
-    if prompt_len >= limit or max_new_tokens > limit:
+    if prompt_len >= limit:
         check_context_length(prompt_len, max_new_tokens, limit, prompt_param=prompt_param, prompt_noun=prompt_noun,
                              tokens_param=tokens_param)
+    if max_new_tokens > limit:
+        # Shortening the prompt cannot help here: say what can (the OpenAI wording's prefix kept,
+        # which clients match to recognise a context error).
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                       f"{max_new_tokens} completion tokens ({tokens_param}), more than the whole context. Please "
+                       f"reduce {tokens_param}.", INVALID_REQUEST, tokens_param, "context_length_exceeded")
     room = limit - prompt_len
     if min_new_tokens > room:
         raise APIError(400, f"This model's maximum context length is {limit} tokens and the {prompt_noun} holds "

@@ -73,12 +73,14 @@ class HttpServerManager:
         # --model_dir as an absolute path: /v1/models' ``root`` (where vLLM reports its --model).
         self.model_path = os.path.abspath(config.model_dir)
         # Names a request's ``model`` may use: the --model_name list, or by default the directory's
-        # name and the checkpoint path as given on the command line (vLLM's default id).
+        # name and the checkpoint path as given on the command line (vLLM's default id) and as
+        # /v1/models' root (vLLM clients send root back as model).
         model_path = config.model_dir.rstrip("/") or config.model_dir
         if config.served_model_names:
             self.served_model_names = list(dict.fromkeys([config.model_name, *config.served_model_names]))
         else:
-            self.served_model_names = list(dict.fromkeys([config.model_name, config.model_dir, model_path]))
+            self.served_model_names = list(dict.fromkeys([config.model_name, config.model_dir, model_path,
+                                                          self.model_path]))
         layout = config.layout
         self.max_req_total_len = layout.max_req_total_len
         self.vocab_size = config.vocab_size

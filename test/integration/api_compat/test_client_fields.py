@@ -25,6 +25,10 @@ def test_models_have_vllm_fields(tiny_server):
     # `vllm bench serve` without --model loads its tokenizer from data[0]["root"]: the checkpoint's path.
     assert card["id"] == tiny_server.model_name and card["parent"] is None
     assert os.path.isabs(card["root"]) and os.path.isfile(os.path.join(card["root"], "config.json"))
+    # vLLM clients send root back as the model's name.
+    answer = httpx.post(f"{tiny_server.url}/v1/completions", json={"model": card["root"], "prompt": "x",
+                                                                   "max_tokens": 1}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["model"] == card["root"], answer.text
     assert card["max_model_len"] > 0 and card["permission"][0]["object"] == "model_permission"
 
 

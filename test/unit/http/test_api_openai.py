@@ -180,7 +180,12 @@ def test_context_length_errors(client: TestClient, manager: FakeManager) -> None
     # max_tokens above the whole context is refused; one that only does not fit beside the
     # prompt is cut to the room left (vLLM 0.34), below.
     error = assert_error(completion(client, prompt="a b", max_tokens=65), 400, "max_tokens", "context_length_exceeded")
-    assert "64" in error["message"]
+    assert error["message"] == ("This model's maximum context length is 64 tokens. However, you requested 65 "
+                                "completion tokens (max_tokens), more than the whole context. Please reduce max_tokens.")
+    # A prompt that fills the context, with no max_tokens asked for: no invented completion length.
+    error = assert_error(chat(client, messages=[{"role": "user", "content": long_prompt}]), 400, "messages",
+                         "context_length_exceeded")
+    assert "However, the messages hold" in error["message"] and "leaves no room for a completion" in error["message"]
     assert_error(chat(client, max_tokens=65), 400, "max_tokens", "context_length_exceeded")
     assert_error(client.post("/generate", json={"inputs": long_prompt}), 400, "inputs")
     # The native endpoint keeps LightLLM's rule: prompt plus max_new_tokens must fit.

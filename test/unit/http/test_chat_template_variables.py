@@ -162,3 +162,16 @@ def test_the_api_refuses_unread_documents_and_template_kwargs(rendering_client: 
     # Tools (tool_choice none: no parser needed) reach the template without being checked.
     tool = {"type": "function", "function": {"name": "f"}}
     assert chat(client, tools=[tool], tool_choice="none").status_code == 200
+
+
+@pytest.mark.parametrize("key", ["sanitize_control_tokens", "padding"])
+def test_render_call_arguments_in_template_kwargs_are_refused_naming_them(tokenizer, key: str) -> None:
+    # Arguments of apply_chat_template itself (not template variables): the server renders with its
+    # own; sanitize_control_tokens (transformers 5.25) failed the render blaming "messages".
+    import inspect
+
+    if key not in inspect.signature(type(tokenizer).apply_chat_template).parameters:
+        pytest.skip(f"this transformers has no apply_chat_template argument {key}")
+    error = _refused(tokenizer, PLAIN, **{key: True})
+    assert error.param == f"chat_template_kwargs.{key}"
+    assert "argument of transformers' apply_chat_template" in str(error)
