@@ -246,9 +246,18 @@ def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) 
                              f"{', '.join(users)})")
 
 
+# How a PD process words a refusal of a flag that belongs to another role (args_check, master_start).
+_ROLE_REFUSALS = ("node never prefills", "node never decodes", "nodes only", "master only",
+                  "configures the public API", "configure the public API", "configures prefill/decode nodes",
+                  "configure prefill/decode nodes")
+
+
 def _pd_refusal_hint(topology: str, exc: Exception) -> str:
-    """Where flags go on a PD topology, after a process's refusal (the node names what it refused, not our options)."""
+    """Where flags go on a PD topology, after a process refused a flag of another role (the node
+    names what it refused, not this tool's options); nothing after any other refusal."""
     if topology == "normal" or not isinstance(exc, ServerRefusedError):
+        return ""
+    if not any(wording in str(exc) for wording in _ROLE_REFUSALS):
         return ""
     return (f" (--topology {topology}: --server-args reach every prefill and decode node; give a flag only one role "
             "takes in --prefill-args or --decode-args, and the master's in --master-args)")

@@ -38,7 +38,11 @@ _DASH = "\u2014"
 def plots_unavailable() -> str | None:
     """Why the PNG plots cannot be drawn (one line), or None when matplotlib imports."""
     try:
-        import matplotlib  # noqa: F401
+        # Every module the plots use: a broken install (a numpy ABI mismatch) fails in a submodule,
+        # and must be seen before the run, not when its report is written.
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
     except ImportError as exc:
         return (f"matplotlib cannot be imported ({exc}); install it (pip install matplotlib, or "
                 "pip install -r requirements-test.txt) for ttft_cdf_*.png and throughput_*.png")
@@ -363,10 +367,14 @@ def write_report(
     meta = report["meta"]
     files: dict[str, str] = {"json": "report.json", "markdown": "report.md"}
     no_plots = plots_unavailable()
+    if not no_plots:
+        try:
+            files.update(_write_plots(report, out, ttft_samples))
+        except ImportError as exc:
+            # The measured run is worth more than its pictures: write the report without them.
+            no_plots = f"matplotlib failed while drawing ({exc}); the report holds every number the plots show"
     if no_plots:
         meta["plots_not_written"] = no_plots
-    else:
-        files.update(_write_plots(report, out, ttft_samples))
     report["files"] = files
     (out / files["markdown"]).write_text(render_markdown(report), encoding="utf-8")
     write_json(report, out / files["json"])

@@ -25,10 +25,9 @@ import inspect
 from typing import Any, Dict, FrozenSet, List, Optional
 
 import jinja2
-import jinja2.ext
 import jinja2.meta
-import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from lightllm.server.request_defaults import chat_template_environment
 
 # Variables that are request fields of their own (named so in a 400); any other key came in
 # chat_template_kwargs.
@@ -38,18 +37,8 @@ _CALL_ARGUMENTS = frozenset({"chat_template", "tools"})
 _TEMPLATE_CACHE = 32
 
 
-class _GenerationTag(jinja2.ext.Extension):
-    """Parses transformers' ``{% generation %}...{% endgeneration %}`` (it marks assistant text) as its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> List[jinja2.nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                     extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+# Parses with the syntax the server renders and checks templates with (one definition of it).
+_ENV = chat_template_environment()
 
 
 def variable_param(name: str) -> str:
@@ -127,5 +116,8 @@ def unread_message(name: str) -> str:
     if name == "documents":
         return ("documents has no effect: the chat template in use does not read documents (it is not a RAG "
                 "template); omit documents (or start the server with a --chat_template that uses them)")
+    if name == "reasoning_effort":
+        return ("reasoning_effort has no effect on this model: the chat template in use does not read it (it is not "
+                "a reasoning model); omit it")
     return (f"{variable_param(name)} has no effect: the chat template in use does not read a variable named "
             f"{name!r}; omit it")

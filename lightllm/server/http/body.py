@@ -58,14 +58,10 @@ _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[\[\]{}]')
 _Trail = Optional[tuple]
 
 
-def _describe_validation_error(error: Mapping[str, Any],
-                               unsupported: Mapping[str, str] | None = None) -> tuple[str, str | None]:
-    """Message and ``param`` of pydantic's ``error``; ``unsupported`` maps the fields an endpoint knows
-    but does not implement to the reason (their 400 says so instead of calling them unknown)."""
+def _describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
+    """Message and ``param`` of pydantic's ``error`` (fields known but refused say why in their own validators)."""
     param = ".".join(str(part) for part in error.get("loc", ())) or None
     kind = error.get("type")
-    if kind == "extra_forbidden" and param in (unsupported or {}):
-        return f"'{param}' is not supported by this server: {unsupported[param]}", param
     if kind == "extra_forbidden":
         return f"Unknown parameter '{param}'; it is not accepted by this endpoint", param
     if kind == "missing":
@@ -254,8 +250,7 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     try:
         body = model_cls.model_validate(data)
     except ValidationError as exc:
-        message, param = _describe_validation_error(exc.errors(include_url=False)[0],
-                                                    getattr(model_cls, "UNSUPPORTED_FIELDS", None))
+        message, param = _describe_validation_error(exc.errors(include_url=False)[0])
         raise invalid_request(message, param) from None
     check_consistency = getattr(body, "check_consistency", None)
     if check_consistency is not None:

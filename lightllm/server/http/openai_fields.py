@@ -144,19 +144,6 @@ class ChatTemplateFields(NullMeansAbsent):
             raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {value!r}")
         return value
 
-    def check_reasoning_effort(self, tokenizer_template: Any) -> None:
-        """Refuse ``reasoning_effort`` unless the template that renders this chat reads it.
-
-        ``tokenizer_template`` is the tokenizer's own chat template (a string, a dict of named
-        templates, or None); the request's ``chat_template`` replaces it when given.
-        """
-        if self.reasoning_effort is None:
-            return
-        template = self.chat_template if self.chat_template is not None else tokenizer_template
-        if "reasoning_effort" not in str(template or ""):
-            raise invalid_request("reasoning_effort has no effect on this model: its chat template does not read "
-                                  "it (it is not a reasoning model); omit it", "reasoning_effort")
-
     def template_variables(self) -> dict[str, Any]:
         """What these fields add to the chat template call (``chat_template`` and ``documents`` are
         arguments of ``apply_chat_template``; ``reasoning_effort`` a template variable)."""

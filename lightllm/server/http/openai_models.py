@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from lightllm.server.http.request_id_header import REQUEST_ID_MAX_LENGTH, REQUEST_ID_PATTERN
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
                                               stored_bounds)
@@ -113,7 +114,8 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # Becomes the response id and appears in the server log.
-    request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    request_id: str | None = Field(default=None, min_length=1, max_length=REQUEST_ID_MAX_LENGTH,
+                                   pattern=REQUEST_ID_PATTERN)
     # Logprobs of every prompt token with this many alternatives (vLLM), from the prefill forward.
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     # OpenAI's structured output (both endpoints, as vLLM accepts it on completions too).

@@ -242,7 +242,6 @@ class OpenAIEndpoints:
         tokenizer_template = getattr(self.manager.tokenizer, "chat_template", None)
         content_parts = wants_content_parts(tokenizer_template, body.chat_template, bool(tool_plan.tools))
         messages = [message.to_template_dict(content_parts) for message in body.messages]
-        body.check_reasoning_effort(tokenizer_template)
         template_options = tool_plan.template_options(body.template_options())
         return self.encoder.encode_chat(messages, "messages", body.add_special_tokens, keeps_end, **template_options)
 

@@ -94,7 +94,7 @@ def check_context_length(
 
 
 def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:
-    """Refuse a prompt that fills the whole context when the client asked for no completion length."""
+    """Refuse a prompt that fills the whole context: no completion length can fit beside it."""
     if prompt_len >= limit:
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, the {prompt_noun} "
                        f"hold{'s' if prompt_noun == 'prompt' else ''} {prompt_len} tokens, which leaves no room for "
@@ -113,9 +113,8 @@ def completion_room(
     that leaves no room, a ``max_tokens`` above the whole context, and a ``min_tokens`` the room
     cannot hold.  The native ``/generate`` keeps LightLLM's rule (:func:`check_context_length`).
     """
-    if prompt_len >= limit:
-        check_context_length(prompt_len, max_new_tokens, limit, prompt_param=prompt_param, prompt_noun=prompt_noun,
-                             tokens_param=tokens_param)
+    # A smaller max_tokens cannot help a prompt that fills the context: say so, whatever was asked.
+    check_prompt_leaves_room(prompt_len, limit, prompt_param=prompt_param, prompt_noun=prompt_noun)
     if max_new_tokens > limit:
         # Shortening the prompt cannot help here: say what can (the OpenAI wording's prefix kept,
         # which clients match to recognise a context error).

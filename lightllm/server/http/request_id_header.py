@@ -15,8 +15,10 @@ from typing import Any
 from lightllm.server.http.errors import invalid_request
 
 REQUEST_ID_HEADER = "x-request-id"
-# The body's request_id rule (openai_models.OpenAISamplingRequest.request_id).
-_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# The id rule, shared with the body's request_id (openai_models.OpenAISamplingRequest.request_id).
+REQUEST_ID_MAX_LENGTH = 128
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
+_CLIENT_ID = re.compile(REQUEST_ID_PATTERN)
 
 
 def client_request_id(request: Any, body_request_id: str | None) -> str | None:
@@ -32,7 +34,7 @@ def client_request_id(request: Any, body_request_id: str | None) -> str | None:
     if len(values) > 1:
         raise invalid_request(f"the X-Request-Id header is sent {len(values)} times; send it once", "X-Request-Id")
     value = values[0]
-    if not _CLIENT_ID.fullmatch(value):
+    if len(value) > REQUEST_ID_MAX_LENGTH or not _CLIENT_ID.match(value):
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise invalid_request(f"the X-Request-Id header {shown!r} is not a request id: use 1 to 128 letters, digits "
                               "or '._:-'", "X-Request-Id")

@@ -28,7 +28,7 @@ from lightllm.server.http.in_flight import generation_started
 from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.request_gate import RequestGate
 from lightllm.server.request_manager import GenerationEvent
-from lightllm.server.served_model import ServedModel
+from lightllm.server.served_model import ServedModel, served_names
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.process_utils import zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
@@ -72,15 +72,9 @@ class HttpServerManager:
         self.model_name = config.model_name
         # --model_dir as an absolute path: /v1/models' ``root`` (where vLLM reports its --model).
         self.model_path = os.path.abspath(config.model_dir)
-        # Names a request's ``model`` may use: the --model_name list, or by default the directory's
-        # name and the checkpoint path as given on the command line (vLLM's default id) and as
-        # /v1/models' root (vLLM clients send root back as model).
-        model_path = config.model_dir.rstrip("/") or config.model_dir
-        if config.served_model_names:
-            self.served_model_names = list(dict.fromkeys([config.model_name, *config.served_model_names]))
-        else:
-            self.served_model_names = list(dict.fromkeys([config.model_name, config.model_dir, model_path,
-                                                          self.model_path]))
+        # Names a request's ``model`` may use (served_names says which).
+        _, names = served_names(config.model_dir, config.served_model_names or None)
+        self.served_model_names = list(dict.fromkeys([config.model_name, *names]))
         layout = config.layout
         self.max_req_total_len = layout.max_req_total_len
         self.vocab_size = config.vocab_size

@@ -50,6 +50,9 @@ class ActivationEstimate:
     logits: int
     # One chunk's attention scores against the longest context: --chunked_prefill_size x --max_req_total_len.
     scores: int
+    # A PD decode node's estimate: its largest forward is a decode step, whose rows
+    # (--running_max_req_size) drive the token and score terms.
+    decode_node: bool = False
 
     @property
     def total(self) -> int:
@@ -58,11 +61,15 @@ class ActivationEstimate:
 
     def largest_driver(self) -> str:
         """The flags behind the largest term, as an operator would lower them."""
-        terms = {
-            "--batch_max_tokens / --chunked_prefill_size": self.hidden,
-            "--running_max_req_size": self.logits,
-            "--chunked_prefill_size or --max_req_total_len": self.scores,
-        }
+        if self.decode_node:
+            terms = {"--running_max_req_size": self.hidden + self.logits,
+                     "--running_max_req_size or --max_req_total_len": self.scores}
+        else:
+            terms = {
+                "--batch_max_tokens / --chunked_prefill_size": self.hidden,
+                "--running_max_req_size": self.logits,
+                "--chunked_prefill_size or --max_req_total_len": self.scores,
+            }
         return max(terms, key=terms.__getitem__)
 
 
@@ -142,14 +149,17 @@ def activation_bytes(
 
 
 def activation_estimate(
-    config: ModelConfig, tp: int, batch_max_tokens: int, chunk_tokens: int, max_req_total_len: int, max_batch_rows: int
+    config: ModelConfig, tp: int, batch_max_tokens: int, chunk_tokens: int, max_req_total_len: int, max_batch_rows: int,
+    decode_node: bool = False,
 ) -> ActivationEstimate:
     """Generous estimate of one rank's transient memory in its largest forward (float32 throughout).
 
     Per token of a prefill: the residual stream and its normed copies, q/k/v and the attention
     output, the MLP's gate/up/activation.  Per sampled row: logits and the sampler's copies.
     Attention of one masked chunk against the longest context materialises scores and their
-    softmax (the torch path on CPU).  Doubled for allocator slack.
+    softmax (the torch path on CPU).  Doubled for allocator slack.  A decode node
+    (``decode_node``) passes its decode step's rows as both the tokens and the chunk: one query
+    token per row, each against up to the longest context.
     """
     floats_per_token = (
         8 * config.hidden_size
@@ -159,7 +169,8 @@ def activation_estimate(
     hidden = batch_max_tokens * floats_per_token * 4
     logits = max_batch_rows * config.vocab_size * 4 * 4
     scores = 2 * (config.num_attention_heads // tp) * min(chunk_tokens, batch_max_tokens) * max_req_total_len * 4
-    return ActivationEstimate(ACTIVATION_SLACK * hidden, ACTIVATION_SLACK * logits, ACTIVATION_SLACK * scores)
+    return ActivationEstimate(ACTIVATION_SLACK * hidden, ACTIVATION_SLACK * logits, ACTIVATION_SLACK * scores,
+                              decode_node)
 
 
 def plan_kv_budget(
@@ -176,6 +187,7 @@ def plan_kv_budget(
     max_req_total_len: int,
     max_batch_rows: int,
     cuda_free_bytes: Optional[int] = None,
+    decode_node: bool = False,
 ) -> KVBudget:
     """Apply the rule of this module; the caller turns bytes into tokens.
 
@@ -191,7 +203,8 @@ def plan_kv_budget(
     if reserved_memory_gb is not None:
         reserve = int(reserved_memory_gb * GIB)
     else:
-        activations = activation_estimate(config, tp, batch_max_tokens, chunk_tokens, max_req_total_len, max_batch_rows)
+        activations = activation_estimate(config, tp, batch_max_tokens, chunk_tokens, max_req_total_len, max_batch_rows,
+                                          decode_node)
         reserve = ranks_here * activations.total
         if device == "cpu":
             reserve += (SERVER_SIDE_CHILDREN + tp) * PROCESS_ALLOWANCE_BYTES

@@ -123,7 +123,12 @@ def plan_sizing(
         )
     max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     chunked = not args.disable_chunked_prefill
-    if args.batch_max_tokens is not None:
+    decode_node = getattr(args, "run_mode", "normal") == "decode"
+    if decode_node:
+        # A PD decode node never prefills (it receives the KV; the prefill step's flags are refused
+        # there): its largest forward is a decode step of --running_max_req_size one-token rows.
+        batch_max_tokens = args.running_max_req_size
+    elif args.batch_max_tokens is not None:
         batch_max_tokens = args.batch_max_tokens
     elif chunked:
         batch_max_tokens = max(args.chunked_prefill_size, 2048)
@@ -144,9 +149,10 @@ def plan_sizing(
             device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
             mem_fraction=args.mem_fraction, reserved_memory_gb=getattr(args, "reserved_memory_gb", None),
             batch_max_tokens=batch_max_tokens,
-            chunk_tokens=max_req_total_len if args.disable_chunked_prefill else args.chunked_prefill_size,
+            chunk_tokens=(batch_max_tokens if decode_node else max_req_total_len if args.disable_chunked_prefill
+                          else args.chunked_prefill_size),
             max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
-            cuda_free_bytes=cuda_free_bytes,
+            cuda_free_bytes=cuda_free_bytes, decode_node=decode_node,
         )
         kv_tokens = budget.kv_bytes // per_token
         if device == "cpu":

@@ -357,16 +357,15 @@ def _start_and_serve(
         # Raising here unwinds start_processes, whose cleanup stops children and unlinks memory.
         raise StartupError(f"interrupted by signal {signum} during start-up")
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, stop_during_startup)
+    previous = {signum: signal.signal(signum, stop_during_startup) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         procs, http_config = start_processes(args, sizing, model_config, transfer_ports, request_defaults)
-    except ArgumentError as exc:
+    except (ArgumentError, StartupError) as exc:
+        # Nothing runs now: a caller that goes on in this process gets its own handlers back.
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
-    except StartupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_INVALID_CONFIG if isinstance(exc, ArgumentError) else EXIT_FAILED
     from lightllm.server.http.app import create_app
     from lightllm.server.httpserver.manager import HttpServerManager
     from lightllm.server.http.server_options import HttpServerOptions

@@ -84,5 +84,23 @@ def test_the_comparison_says_so_before_any_server_starts(tmp_path, monkeypatch, 
 
 
 @pytest.mark.skipif(plots_unavailable() is not None, reason="matplotlib is not installed here")
-def test_with_matplotlib_nothing_is_said():
-    assert plots_unavailable() is None
+def test_with_matplotlib_the_plots_are_written_and_nothing_is_said(tmp_path):
+    paths = write_report(_report(), tmp_path, {"long_first": {"default": {"short": [1.0], "long": [2.0]}}})
+    assert sorted(Path(path).name for path in paths.values() if path.endswith(".png")) == [
+        "throughput_long_first.png", "ttft_cdf_long_first.png"]
+    assert "plots_not_written" not in json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["meta"]
+
+
+def test_a_plot_that_fails_to_import_while_drawing_still_leaves_the_report(tmp_path, monkeypatch):
+    # A broken install found only when drawing must not lose the measured run.
+    from lightllm.benchmark import report_writer
+
+    def broken(*_args, **_kwargs):
+        raise ImportError("numpy.core.multiarray failed to import")
+
+    monkeypatch.setattr(report_writer, "plots_unavailable", lambda: None)
+    monkeypatch.setattr(report_writer, "_write_plots", broken)
+    paths = write_report(_report(), tmp_path, {"long_first": {"default": {"short": [1.0], "long": [2.0]}}})
+    assert set(paths) == {"json", "markdown"}
+    saved = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert "matplotlib failed while drawing (numpy.core.multiarray" in saved["meta"]["plots_not_written"]

@@ -166,3 +166,17 @@ def test_run_comparison_checks_every_spec_before_launching(monkeypatch, tmp_path
                                 server_args=["--running_max_req_size", "8"])
     with pytest.raises(ValueError, match="--running_max_req_size given in both extra_args and prefill_args"):
         run_comparison(options, make_topology("1p1d", prefill_args=["--running_max_req_size=4"]))
+
+
+def test_the_where_flags_go_hint_follows_only_a_refusal_of_another_roles_flag():
+    from lightllm.benchmark.compare_strategies import _pd_refusal_hint
+    from lightllm.benchmark.server_process import ServerRefusedError
+
+    role = ServerRefusedError("server refused to start (x_decode.log): error: --prefill_max_overtake_tokens: a decode "
+                              "node never prefills a prompt (it receives the KV), so it has no prefill queue to order")
+    assert "--prefill-args or --decode-args" in _pd_refusal_hint("1p1d", role)
+    assert _pd_refusal_hint("normal", role) == ""
+    # A bad value is the node's own problem: no hint pointing at the role options.
+    value = ServerRefusedError("server refused to start (x_prefill.log): error: --tp 3 must divide "
+                               "num_attention_heads (4), num_key_value_heads (2) and intermediate_size (64)")
+    assert _pd_refusal_hint("1p1d", value) == ""

@@ -175,8 +175,8 @@ def test_context_length_errors(client: TestClient, manager: FakeManager) -> None
     long_prompt = " ".join(["word"] * 70)
     error = assert_error(completion(client, prompt=long_prompt, max_tokens=4), 400, "prompt",
                          "context_length_exceeded")
-    assert error["message"].startswith("This model's maximum context length is 64 tokens. However, you "
-                                       "requested 75 tokens (71 in the prompt, 4 in the completion)")
+    assert error["message"] == ("This model's maximum context length is 64 tokens. However, the prompt holds 71 "
+                                "tokens, which leaves no room for a completion. Please reduce the length of the prompt.")
     # max_tokens above the whole context is refused; one that only does not fit beside the
     # prompt is cut to the room left (vLLM 0.34), below.
     error = assert_error(completion(client, prompt="a b", max_tokens=65), 400, "max_tokens", "context_length_exceeded")

@@ -159,6 +159,9 @@ def test_the_api_refuses_unread_documents_and_template_kwargs(rendering_client: 
     assert chat(client, documents=DOCS, chat_template=RAG).status_code == 200
     assert_error(chat(client, chat_template=PLAIN, chat_template_kwargs={"enable_thinking": False}), 400,
                  "chat_template_kwargs.enable_thinking")
+    # reasoning_effort follows the same rule (test_api_client_fields: a template reading it gets it).
+    error = assert_error(chat(client, reasoning_effort="low"), 400, "reasoning_effort")
+    assert "chat template in use does not read it" in error["message"]
     # Tools (tool_choice none: no parser needed) reach the template without being checked.
     tool = {"type": "function", "function": {"name": "f"}}
     assert chat(client, tools=[tool], tool_choice="none").status_code == 200

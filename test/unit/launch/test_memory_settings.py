@@ -173,3 +173,27 @@ def test_a_request_limit_past_the_trained_positions_is_warned_about(tiny_llama_d
         assert not caplog.records
         assert resolve_max_req_total_len(beyond, config) == beyond
     assert f"--max_req_total_len {beyond} exceeds the checkpoint's max_position_embeddings" in caplog.text
+
+
+def test_a_decode_node_sizes_its_reserve_for_decode_steps(tiny_llama_dir):
+    # A decode node never prefills: its largest forward is --running_max_req_size one-token rows,
+    # so it reserves no prefill chunk's activations and its KV gets that memory.
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    common = ["--model_dir", str(tiny_llama_dir), "--device", "cpu", "--max_req_total_len", "4096",
+              "--running_max_req_size", "64"]
+    normal = plan_sizing(make_argument_parser().parse_args(common), config, "cpu")
+    decode_args = make_argument_parser().parse_args([*common, "--run_mode", "decode", "--pd_master_ip", "127.0.0.1"])
+    decode = plan_sizing(decode_args, config, "cpu")
+    assert normal.batch_max_tokens == 2048 and decode.batch_max_tokens == 64
+    assert decode.max_total_token_num >= normal.max_total_token_num
+    decode_budget = plan_kv_budget(
+        device="cpu", config=config, model_dir=str(tiny_llama_dir), serving_dtype=torch.float32, tp=1,
+        mem_fraction=0.9, reserved_memory_gb=None, batch_max_tokens=64, chunk_tokens=64, max_req_total_len=4096,
+        max_batch_rows=64, decode_node=True)
+    assert decode_budget.reserve < _budget(tiny_llama_dir).reserve
+    # A failed budget names the flags a decode node takes, not the prefill step's it refuses.
+    assert decode_budget.activations.largest_driver().startswith("--running_max_req_size")
+    # Its rank plans steps within that budget (the chunk, never used, fits it).
+    ranks = build_process_configs(decode_args, decode, config, plan_layout(decode, "lightllm_test_dec", "/tmp/lightllm_test_dec"),
+                                  nccl_port=29996, sampling_seed=resolve_sampling_seed(decode_args)).ranks
+    assert (ranks[0].batch_max_tokens, ranks[0].chunked_prefill_size) == (64, 64)
