@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Any, List, NoReturn
 
 
@@ -23,6 +24,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        matcher = getattr(self, "_negative_number_matcher", None)
+        if matcher is not None:
+            # argparse reads "-inf" / "-nan" as a flag ("expected one argument"); as values they get
+            # the flag's own refusal (finite_float: "must be a finite number").
+            self._negative_number_matcher = re.compile(rf"{matcher.pattern}|^-(inf|infinity|nan)$", re.IGNORECASE)
 
     def hints(self, message: str) -> List[str]:
         """Extra remarks for ``message``, put in parentheses after it (none here)."""

@@ -256,3 +256,15 @@ def test_a_heartbeat_interval_outside_its_range_is_refused(interval):
     with pytest.raises(ArgumentError, match="--pd_heartbeat_interval must be 0.5 to 60 seconds"):
         validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--pd_heartbeat_interval",
                                          interval]))
+
+
+@pytest.mark.parametrize("value", ["-inf", "-Infinity", "-nan"])
+def test_a_negative_infinity_or_nan_gets_the_flags_own_refusal(value, capsys):
+    # argparse took "-inf" for a flag and said "expected one argument".
+    with pytest.raises(SystemExit) as exited:
+        parse_server_args(["--model_dir", "/m", "--prefill_overtake_fraction", value])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: argument --prefill_overtake_fraction: must be a finite number, got '{value}'")
+    # Negative numbers still parse as values, and flags still as flags.
+    assert parse_server_args(["--model_dir", "/m", "--router_token_ratio", "-0.5"]).router_token_ratio == -0.5
