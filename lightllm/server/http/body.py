@@ -58,7 +58,7 @@ _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[\[\]{}]')
 _Trail = Optional[tuple]
 
 
-def _describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
+def describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
     """Message and ``param`` of pydantic's ``error`` (fields known but refused say why in their own validators)."""
     param = ".".join(str(part) for part in error.get("loc", ())) or None
     kind = error.get("type")
@@ -250,7 +250,7 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     try:
         body = model_cls.model_validate(data)
     except ValidationError as exc:
-        message, param = _describe_validation_error(exc.errors(include_url=False)[0])
+        message, param = describe_validation_error(exc.errors(include_url=False)[0])
         raise invalid_request(message, param) from None
     check_consistency = getattr(body, "check_consistency", None)
     if check_consistency is not None:

@@ -36,8 +36,6 @@ from lightllm.server.http.openai_shapes import (
 from lightllm.server.http.openapi import request_body
 from lightllm.server.http.planning import (
     build_sampling_params,
-    check_context_length,
-    check_prompt_leaves_room,
     check_token_ids,
     completion_room,
     choice_jobs,
@@ -155,24 +153,24 @@ class OpenAIEndpoints:
             elif requested is not None:
                 max_new = requested
             else:
-                check_prompt_leaves_room(len(prompt_ids), self.manager.max_req_total_len, prompt_param=prompt_param,
-                                         prompt_noun=prompt_param)
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
             # Checked as the client sent them first (their own width and range), then fitted.
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
                                            public_names)
-            if requested:
-                max_new = completion_room(len(prompt_ids), requested, self.manager.max_req_total_len,
-                                          prompt_param=prompt_param, prompt_noun=prompt_param,
-                                          tokens_param=tokens_param, min_new_tokens=params.min_new_tokens)
-                params = replace(params, max_new_tokens=max_new)
-            if requested == 0 and len(prompt_ids) >= self.manager.max_req_total_len:
-                raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then dropped), "
-                               f"so the {prompt_param} may hold at most {self.manager.max_req_total_len - 1} tokens "
-                               f"on this server (--max_req_total_len {self.manager.max_req_total_len}); it has "
-                               f"{len(prompt_ids)}", INVALID_REQUEST, prompt_param, "context_length_exceeded")
-            check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len,
-                                 prompt_param=prompt_param, prompt_noun=prompt_param, tokens_param=tokens_param)
+            if requested == 0:
+                if len(prompt_ids) >= self.manager.max_req_total_len:
+                    raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then "
+                                   f"dropped), so the {prompt_param} may hold at most "
+                                   f"{self.manager.max_req_total_len - 1} tokens on this server (--max_req_total_len "
+                                   f"{self.manager.max_req_total_len}); it has {len(prompt_ids)}", INVALID_REQUEST,
+                                   prompt_param, "context_length_exceeded")
+            else:
+                # A default length already fits the room; a requested one is cut to it.
+                fitted = completion_room(len(prompt_ids), max_new, self.manager.max_req_total_len,
+                                         prompt_param=prompt_param, prompt_noun=prompt_param,
+                                         tokens_param=tokens_param, min_new_tokens=params.min_new_tokens)
+                if fitted != max_new:
+                    params = replace(params, max_new_tokens=fitted)
             jobs.extend(choice_jobs(prompt_index, prompt_ids, params, body.candidates))
         return jobs
 

@@ -21,6 +21,7 @@ from typing import Any, Union
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from lightllm.server.http.base_models import NullMeansAbsent
+from lightllm.server.http.body import describe_validation_error
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.openai_fields import MAX_CHAT_TEMPLATE_CHARS
@@ -86,9 +87,7 @@ class TokenizeChatRequest(NullMeansAbsent):
         except ValidationError as exc:
             # The fields were validated above with the same rules; should the chat endpoint's grow
             # stricter, its refusal is still a 400 naming the field, never a 500.
-            error = exc.errors(include_url=False)[0]
-            param = ".".join(str(part) for part in error.get("loc", ())) or None
-            raise invalid_request(f"Invalid value for '{param}': {error.get('msg')}", param) from None
+            raise invalid_request(*describe_validation_error(exc.errors(include_url=False)[0])) from None
         chat.check_consistency()
         self._chat = chat
 

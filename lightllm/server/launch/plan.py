@@ -142,9 +142,7 @@ def build_process_configs(
             rank=rank, tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
             nccl_host=args.nccl_host, nccl_port=nccl_port, layout=layout,
             running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
-            # A decode node's step budget is its decode rows (sizing): its chunk, never used, stays within it.
-            chunked_prefill_size=(sizing.batch_max_tokens if run_mode == "decode" else None
-                                  if args.disable_chunked_prefill else args.chunked_prefill_size),
+            chunked_prefill_size=sizing.chunked_prefill_size,
             # Without chunking a prompt must fit one forward beside every decode row, so a long
             # one could wait for the decodes to drain: mixed batches need chunked prefill.
             mixed_batches=not (args.disable_mixed_batches or args.disable_chunked_prefill),

@@ -41,6 +41,8 @@ class ServerSizing:
     max_req_total_len: int
     max_total_token_num: int
     batch_max_tokens: int
+    # Largest chunk of one request per step (None: no chunking); a decode node's is its step budget.
+    chunked_prefill_size: Optional[int]
     slot_num: int
     torch_threads: int | None
     # Top-logprob rows: --top_logprobs_slots, default --running_max_req_size, at most slot_num.
@@ -134,6 +136,7 @@ def plan_sizing(
         batch_max_tokens = max(args.chunked_prefill_size, 2048)
     else:
         batch_max_tokens = max(max_req_total_len, 2048)
+    chunk = batch_max_tokens if decode_node else args.chunked_prefill_size if chunked else None
     if not chunked and batch_max_tokens < max_req_total_len:
         raise ArgumentError(
             f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "
@@ -149,8 +152,7 @@ def plan_sizing(
             device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
             mem_fraction=args.mem_fraction, reserved_memory_gb=getattr(args, "reserved_memory_gb", None),
             batch_max_tokens=batch_max_tokens,
-            chunk_tokens=(batch_max_tokens if decode_node else max_req_total_len if args.disable_chunked_prefill
-                          else args.chunked_prefill_size),
+            chunk_tokens=chunk or max_req_total_len,
             max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
             cuda_free_bytes=cuda_free_bytes, decode_node=decode_node,
         )
@@ -203,6 +205,7 @@ def plan_sizing(
         max_req_total_len=max_req_total_len,
         max_total_token_num=kv_tokens,
         batch_max_tokens=batch_max_tokens,
+        chunked_prefill_size=chunk,
         slot_num=slot_num,
         top_slot_num=min(slot_num, getattr(args, "top_logprobs_slots", None) or args.running_max_req_size),
         torch_threads=threads,
