@@ -109,6 +109,21 @@ def test_min_p_drops_tokens_below_its_share_of_the_best():
     assert (_frequencies(out.next_token_ids[1::2], 5) - SKEWED_PROBS).abs().max() < 0.03
 
 
+def test_min_p_applies_before_top_p_as_in_vllm():
+    """vLLM takes min-p first and top-p's nucleus from what it left, renormalised.
+
+    min_p 0.5 keeps 0.4 and 0.3 (>= 0.2), renormalised to 0.571 and 0.429; top_p 0.55 then keeps
+    only the first.  Top-p first (transformers' order) keeps 0.4 and 0.3 (0.4 < 0.55), and min-p
+    leaves both.  The second case keeps the same set in either order: a check of the shares.
+    """
+    sampler = Sampler(11)
+    out = sampler.sample(SKEWED_LOGITS, build([SamplingParams(min_p=0.5, top_p=0.55)] * DRAWS, vocab=5))
+    assert (out.next_token_ids == 0).all()
+    out = sampler.sample(SKEWED_LOGITS, build([SamplingParams(min_p=0.2, top_p=0.5)] * DRAWS, vocab=5))
+    expected = torch.tensor([0.4, 0.3, 0.0, 0.0, 0.0]) / 0.7
+    assert (_frequencies(out.next_token_ids, 5) - expected).abs().max() < 0.03
+
+
 @pytest.mark.parametrize("temperature", [1.2e-38, 1e-30, 1e-6])
 def test_a_tiny_temperature_samples_the_largest_logit(temperature):
     """Logits above T * 3.4e38 used to overflow, clamp to the same float32 and tie: at 1.2e-38
