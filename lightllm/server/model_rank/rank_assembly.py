@@ -40,6 +40,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.step_publisher import StepPublisher
 from lightllm.server.model_rank.step_trace import StepTrace
+from lightllm.server.model_rank.tp_rendezvous import open_rendezvous_store
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
@@ -58,9 +59,10 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
         torch.set_num_threads(config.torch_threads)
     tp = TensorParallelGroup(config.rank, config.tp)
     if config.tp > 1:
+        store = open_rendezvous_store(config.nccl_host, config.nccl_port, config.rank, config.tp, timedelta(hours=24))
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{config.nccl_host}:{config.nccl_port}",
+            store=store,
             rank=config.rank,
             world_size=config.tp,
             timeout=timedelta(hours=24),
