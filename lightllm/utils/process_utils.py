@@ -30,21 +30,24 @@ def ignore_group_stop_signals() -> None:
 
 
 def start_resource_tracker_deaf_to_hangup() -> None:
-    """Start multiprocessing's resource tracker now, with SIGHUP ignored.
+    """Start multiprocessing's resource tracker now (or again, if it died), deaf to SIGHUP.
 
     The tracker (it unlinks the server's shared memory if the server is killed) ignores SIGINT
     and SIGTERM itself, not SIGHUP: a hang-up of the server's process group (a closed terminal)
     killed it, and the replacement started for the next release printed a traceback for every
-    segment it had never seen.  An ignored disposition survives the exec that starts it.  Call it
-    before the first shared memory segment exists (that starts the tracker otherwise).
+    segment it had never seen.  SIGHUP is blocked in the calling thread while the tracker starts:
+    a blocked signal stays blocked across the exec, and the tracker unblocks only SIGINT and
+    SIGTERM, so a hang-up stays pending there for good.  A signal mask, unlike a disposition, can
+    be set from any thread (the launcher's child watcher restarts a dead tracker).  Call it before
+    the first shared memory segment exists (that starts the tracker otherwise).
     """
     from multiprocessing import resource_tracker
 
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     try:
         resource_tracker.ensure_running()
     finally:
-        signal.signal(signal.SIGHUP, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

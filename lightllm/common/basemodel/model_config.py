@@ -53,6 +53,22 @@ QWEN_DEFAULT_SLIDING_WINDOW = 4096
 QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
 QWEN3_DEFAULT_HEAD_DIM = 128
 
+# The RoPE types this server computes, and the keys of each that transformers requires in
+# ``rope_scaling`` / ``rope_parameters`` beyond the type (its ``_validate_<type>_rope_parameters``;
+# ``rope_theta`` and llama3's ``original_max_position_embeddings`` it fills in from the config,
+# so they are optional here too).  transformers raises a bare KeyError for a missing one when it
+# reads the config, which here the detokenization process did, after every process had started.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+REQUIRED_ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+}
+# Types whose max_position_embeddings the factor stretches: vLLM multiplies its default context
+# by the factor for every rope type but su, longrope and llama3 (and yarn, from another base).
+FACTOR_SCALED_ROPE_TYPES = ("linear", "dynamic")
+
 
 class ModelConfigError(ValueError):
     """The checkpoint's config.json is missing something we need or holds a bad value."""
@@ -139,15 +155,28 @@ class ModelConfig:
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
+    def rope_context(self) -> int:
+        """The context the checkpoint declares, derived as vLLM derives its default ``max_model_len``.
+
+        ``max_position_embeddings`` x the scaling factor for ``linear`` and ``dynamic`` RoPE (their
+        ``max_position_embeddings`` is the length the factor stretches), ``max_position_embeddings``
+        alone for ``default`` and ``llama3`` (llama3 configs give the extended length there and the
+        pretraining one in ``original_max_position_embeddings``).  Truncated to an integer, as vLLM does.
+        """
+        if self.rope.rope_type in FACTOR_SCALED_ROPE_TYPES:
+            return int(self.max_position_embeddings * self.rope.factor)
+        return self.max_position_embeddings
+
+    @property
     def context_limit(self) -> int:
         """The longest sequence (prompt + output) this server computes exactly.
 
-        ``max_position_embeddings``, or a sliding window when it is shorter: full causal
-        attention equals windowed attention only while a sequence fits in the window.
+        :attr:`rope_context`, or a sliding window when it is shorter: full causal attention
+        equals windowed attention only while a sequence fits in the window.
         """
         if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
+            return self.rope_context
+        return min(self.rope_context, self.sliding_window)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -277,6 +306,14 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
     return window
 
 
+def _rope_number(params: Dict[str, Any], key: str, source: str) -> float:
+    """``params[key]`` as a float; a value that is no number is refused naming ``source.key``."""
+    value = params[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelConfigError(f"config.json: {source}.{key} must be a number, got {value!r}")
+    return float(value)
+
+
 def _read_rope(raw: Dict[str, Any]) -> RopeConfig:
     """The rotary parameters as transformers reads them for Llama, Mistral, Qwen2 and Qwen3.
 
@@ -284,17 +321,48 @@ def _read_rope(raw: Dict[str, Any]) -> RopeConfig:
     ``rope_scaling``.  A config with both (a 5.x config someone added ``rope_scaling`` to, as
     model cards say to for YaRN or linear scaling) uses ``rope_scaling`` whole, as transformers
     does; the theta then comes from it, else from the top-level ``rope_theta``, else 10000.
+    The type may be spelled ``rope_type`` or (4.x) ``type``.  A key the type requires
+    (:data:`REQUIRED_ROPE_KEYS`) that is missing or not a number is refused here, naming it,
+    where transformers raises a bare KeyError reading the config (or a TypeError computing with a
+    value that is no number).
     """
     scaling = dict(raw.get("rope_scaling") or {})
     params = scaling or dict(raw.get("rope_parameters") or {})
+    source = "rope_scaling" if scaling else "rope_parameters"
     if scaling and raw.get("rope_parameters"):
         log.info("config.json has both rope_scaling and rope_parameters: rope_scaling is used, as transformers does")
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type not in ("default", "linear", "dynamic", "llama3"):
+    if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelConfigError(
-            f"unsupported rope type {rope_type!r}; supported: default, linear, dynamic, llama3"
+            f"unsupported rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
+    for key in REQUIRED_ROPE_KEYS[rope_type]:
+        if key not in params:
+            raise ModelConfigError(
+                f"config.json: {source}.{key} is missing; rope type {rope_type!r} requires "
+                f"{', '.join(REQUIRED_ROPE_KEYS[rope_type])} (as transformers does)"
+            )
+    numbers = {key: _rope_number(params, key, source) for key in REQUIRED_ROPE_KEYS[rope_type]}
+    factor = numbers.get("factor", 1.0)
+    if factor <= 0:
+        # transformers warns below 1 and divides by the factor: zero or less is no scaling at all.
+        raise ModelConfigError(f"config.json: {source}.factor must be positive, got {params['factor']!r}")
+    if factor < 1:
+        log.warning("config.json: %s.factor %g is below 1 (transformers warns too): RoPE positions are compressed "
+                    "and the default context shrinks to max_position_embeddings x %g", source, factor, factor)
+    if rope_type == "default" and "factor" in params:
+        log.warning("config.json: %s.factor is ignored with the default rope type, as transformers ignores it", source)
+    original_max = params.get("original_max_position_embeddings")
+    if rope_type == "llama3":
+        if "original_max_position_embeddings" in params and (
+                isinstance(original_max, bool) or not isinstance(original_max, int) or original_max < 1):
+            raise ModelConfigError(f"config.json: {source}.original_max_position_embeddings must be a positive "
+                                   f"integer, got {original_max!r} (leave it out to use max_position_embeddings)")
+        if numbers["high_freq_factor"] <= numbers["low_freq_factor"]:
+            log.warning("config.json: %s.high_freq_factor (%g) is not above low_freq_factor (%g); transformers "
+                        "warns too and computes it as given", source, numbers["high_freq_factor"],
+                        numbers["low_freq_factor"])
     partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0)
     if partial != 1.0:
         # These architectures rotate the whole head: transformers ignores the factor for the
@@ -306,11 +374,12 @@ def _read_rope(raw: Dict[str, Any]) -> RopeConfig:
             )
         log.warning("config.json sets partial_rotary_factor %g: ignored, as transformers ignores it for this "
                     "architecture (the whole head rotates)", partial)
+    defaults = RopeConfig()
     return RopeConfig(
         theta=float(theta),
         rope_type=rope_type,
-        factor=float(params.get("factor", 1.0) or 1.0),
-        original_max_position_embeddings=params.get("original_max_position_embeddings"),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        factor=factor,
+        original_max_position_embeddings=original_max,
+        low_freq_factor=numbers.get("low_freq_factor", defaults.low_freq_factor),
+        high_freq_factor=numbers.get("high_freq_factor", defaults.high_freq_factor),
     )

@@ -33,12 +33,15 @@ class SafetensorsCheckpoint:
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
         self._name_to_file: Dict[str, Path] = {}
+        # The file-list rule first (the launcher ran it too): a shard the index names but the
+        # directory lacks is refused now, not when its first tensor is read.
+        files = weight_files(self.model_dir)
         weight_map = read_weight_map(self.model_dir)
         if weight_map is not None:
             for name, file_name in weight_map.items():
                 self._name_to_file[name] = self.model_dir / file_name
         else:
-            for path in weight_files(self.model_dir):
+            for path in files:
                 with safe_open(str(path), framework="pt") as handle:
                     for name in handle.keys():
                         other = self._name_to_file.setdefault(name, path)

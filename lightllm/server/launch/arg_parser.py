@@ -81,8 +81,13 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default="fast",
         help="Tokenizer implementation: fast (Rust tokenizers), slow (Python) or auto.",
     )
-    group.add_argument("--tp", type=int, default=1, help="Tensor-parallel size (model processes).")
-    group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; checked at start: one that does not resolve or cannot be listened on exits 3).")
+    group.add_argument(
+        "--tp", type=int, default=1,
+        help="Tensor-parallel size (model processes). Must divide num_attention_heads, num_key_value_heads and "
+             "intermediate_size (refused at start otherwise): each rank holds a share of the KV heads. vLLM "
+             "replicates KV heads when its tensor-parallel size exceeds num_key_value_heads; this server refuses.",
+    )
+    group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; rank 0's rendezvous store listens on it alone, not on every interface; checked at start: one that does not resolve or cannot be listened on exits 3).")
     group.add_argument("--nccl_port", type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port. A taken port is refused at start (exit 3).")
     group.add_argument(
         "--data_type",
@@ -148,7 +153,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "Refused with --max_total_token_num, which fixes the size.",
     )
     group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")
-    group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context length.")
+    group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context as vLLM derives max_model_len: max_position_embeddings, times the factor of linear and dynamic RoPE scaling (not llama3's), at most a sliding window. A larger value is served with a warning (vLLM refuses it); beyond a sliding window it is refused.")
     group.add_argument(
         "--top_logprobs_slots",
         type=int,

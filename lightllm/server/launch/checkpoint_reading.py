@@ -2,7 +2,8 @@
 
 Everything here happens before any process starts, so a checkpoint this server cannot serve (an
 unknown ``model_type``, a broken ``generation_config.json``, an EOS id outside the vocabulary, a
-chat template that does not compile) ends the start with one line naming the problem.
+chat template that does not compile, weights that are not safetensors or a shard the index names
+missing) ends the start with one line naming the problem.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import os
 from typing import Tuple
 
+from lightllm.common.basemodel.checkpoint_files import weight_files
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.model_types import check_model_type
 from lightllm.server.launch.sizing import ServerSizing
@@ -36,6 +38,18 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
     if request_defaults.chat_template is not None:
         log.info("chat template: --chat_template replaces the tokenizer's")
     return model_config, request_defaults
+
+
+def check_weight_files(args: argparse.Namespace) -> None:
+    """Refuse (``CheckpointFilesError``, a ``ValueError``, one line) a ``--model_dir`` whose weight files the ranks could not read.
+
+    The file-list rule of :func:`weight_files`, the one the ranks' loader applies: no
+    ``*.safetensors`` file (PyTorch ``*.bin`` weights only are named), or a shard the index names
+    missing.  Only names are read; tensors (a missing one, a wrong shape) are checked by the
+    ranks as they load.  Not for a PD master, which loads no weights.
+    """
+    files = weight_files(args.model_dir)
+    log.info("weights: %d safetensors file(s) in %s", len(files), args.model_dir)
 
 
 def log_checkpoint_limits(args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing) -> None:

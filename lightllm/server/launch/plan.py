@@ -9,6 +9,7 @@ A new run mode adds its own ``build_*_configs`` next to this one and reuses the 
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,10 +42,32 @@ def resolve_sampling_seed(args: argparse.Namespace) -> int:
     return secrets.randbits(SAMPLING_SEED_BITS)
 
 
+IPC_SOCKET_NAMES = ("router", "rank0", "detok", "http")
+# zmq's limit for an ipc:// path: a Unix socket address holds 107 bytes and a terminating NUL.
+MAX_IPC_PATH_BYTES = 107
+# tempfile.mkdtemp's random part of a folder name.
+_MKDTEMP_SUFFIX_CHARS = 8
+
+
+def check_ipc_path_room(temp_dir: str, ipc_prefix: str) -> None:
+    """Refuse a temporary directory too deep for the zmq socket paths the server creates in it.
+
+    Found before anything starts, this is one line naming ``TMPDIR``; unchecked, the server built
+    its shared memory and loaded the model, and a child then failed binding its socket.
+    """
+    longest = max(len(f"{name}.sock") for name in IPC_SOCKET_NAMES)
+    path_bytes = len(os.fsencode(temp_dir)) + 1 + len(ipc_prefix) + _MKDTEMP_SUFFIX_CHARS + 1 + longest
+    if path_bytes > MAX_IPC_PATH_BYTES:
+        raise ValueError(
+            f"the temporary directory {temp_dir!r} (TMPDIR) is too deep for the server's IPC sockets: their paths "
+            f"would be {path_bytes} bytes, and a Unix socket path holds at most {MAX_IPC_PATH_BYTES}; set TMPDIR "
+            "to a shorter directory")
+
+
 def plan_layout(sizing: ServerSizing, shm_tag: str, ipc_dir: str) -> ServerLayout:
     """The layout of one server whose segments are named after ``shm_tag`` and whose zmq
     sockets live in ``ipc_dir``."""
-    address = {name: f"ipc://{ipc_dir}/{name}.sock" for name in ("router", "rank0", "detok", "http")}
+    address = {name: f"ipc://{ipc_dir}/{name}.sock" for name in IPC_SOCKET_NAMES}
     return ServerLayout(
         shm_req_name=f"{shm_tag}_req",
         shm_stats_name=f"{shm_tag}_stats",

@@ -60,20 +60,30 @@ class ServerSizing:
 def resolve_max_req_total_len(flag_value: Optional[int], config: ModelConfig) -> int:
     """``--max_req_total_len``, by default the model's context (capped by a sliding window).
 
-    A checkpoint with sliding-window layers is served with full attention, which computes the
-    same thing only while a sequence fits in the window: a longer limit is refused.
+    The context is vLLM's default ``max_model_len``: ``max_position_embeddings``, times the
+    factor of ``linear`` and ``dynamic`` RoPE scaling (:attr:`ModelConfig.rope_context`).  A
+    longer flag is served with a warning (vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    is set).  A checkpoint with sliding-window layers is served with full attention, which
+    computes the same thing only while a sequence fits in the window: a longer limit is refused.
     """
     if flag_value is None:
         return config.context_limit
     window = config.sliding_window
-    if flag_value > config.max_position_embeddings and config.rope.rope_type != "dynamic":
-        # Positions past the trained range are computed, but the model was never trained on them
-        # (dynamic NTK rescales itself there, so it is the one rope type this does not apply to).
-        log.warning(
-            "--max_req_total_len %d exceeds the checkpoint's max_position_embeddings (%d): output past position %d "
-            "is outside what the model was trained on", flag_value, config.max_position_embeddings,
-            config.max_position_embeddings,
-        )
+    context = config.rope_context
+    if flag_value > context:
+        # Positions past the declared context are computed, but the model was neither trained
+        # nor scaled for them.
+        if context == config.max_position_embeddings:
+            log.warning(
+                "--max_req_total_len %d exceeds the checkpoint's max_position_embeddings (%d): output past position %d "
+                "is outside what the model was trained on", flag_value, context, context,
+            )
+        else:
+            log.warning(
+                "--max_req_total_len %d exceeds the checkpoint's context of %d tokens (max_position_embeddings %d x "
+                "%s rope factor %g): output past position %d is outside what the model was trained or scaled for",
+                flag_value, context, config.max_position_embeddings, config.rope.rope_type, config.rope.factor, context,
+            )
     if window is not None and flag_value > window:
         raise ArgumentError(
             f"--max_req_total_len {flag_value} exceeds the checkpoint's sliding window ({window} tokens); this "
@@ -121,7 +131,9 @@ def plan_sizing(
     if config.num_key_value_heads % args.tp or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
         raise ArgumentError(
             f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}), "
-            f"num_key_value_heads ({config.num_key_value_heads}) and intermediate_size ({config.intermediate_size})"
+            f"num_key_value_heads ({config.num_key_value_heads}) and intermediate_size ({config.intermediate_size}); "
+            f"each rank holds a share of the KV heads, which are never replicated (vLLM replicates them when "
+            f"--tp exceeds num_key_value_heads)"
         )
     max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     chunked = not args.disable_chunked_prefill

@@ -24,7 +24,6 @@ import argparse
 import functools
 import logging
 import multiprocessing as mp
-import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -56,6 +55,7 @@ from lightllm.server.http.listen_sockets import (
 )
 from lightllm.server.launch.plan import (
     build_process_configs,
+    check_ipc_path_room,
     overtake_bound_from_args,
     plan_layout,
     resolve_sampling_seed,
@@ -65,8 +65,9 @@ from lightllm.server.router.manager import router_process_main
 from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entry
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
-from lightllm.server.launch.checkpoint_reading import log_checkpoint_limits, read_checkpoint
+from lightllm.server.launch.checkpoint_reading import check_weight_files, log_checkpoint_limits, read_checkpoint
 from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
+from lightllm.server.launch.child_watch import watch_children
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
@@ -220,27 +221,6 @@ def start_processes(
     return procs, configs.http
 
 
-def watch_children(procs: ServerProcesses, on_death: Any) -> threading.Thread:
-    """A thread that calls ``on_death(name, exitcode)`` as soon as any child exits on its own."""
-
-    def run() -> None:
-        children = list(procs.children)
-        while not procs.stopping.is_set():
-            # A process's sentinel becomes readable the moment it exits; the timeout only bounds
-            # how late a shutdown in progress is noticed.
-            multiprocessing.connection.wait([proc.sentinel for _, proc in children], timeout=0.2)
-            if procs.stopping.is_set():
-                return
-            for name, proc in children:
-                if not proc.is_alive():
-                    on_death(name, proc.exitcode)
-                    return
-
-    thread = threading.Thread(target=run, name="child-watch", daemon=True)
-    thread.start()
-    return thread
-
-
 def warn_if_reachable_without_key(args: argparse.Namespace, auth: "AuthPolicy") -> None:
     """One warning line when the server listens beyond loopback and no key guards what it serves."""
     if is_loopback(args.host):
@@ -278,6 +258,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         auth.check_cluster(args.run_mode)
         if args.run_mode != "pd_master":  # the master runs no model ranks (and refuses the nccl flags)
             check_nccl_rendezvous(args)
+            check_ipc_path_room(tempfile.gettempdir(), ipc_dir_prefix())
         # Before anything loads: a taken port is a one-line error within a second, not after the model.
         front_door = open_front_door(args)
     except PortUnavailableError as exc:
@@ -305,6 +286,9 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
 
             return run_pd_master(args, front_door)
         model_config, request_defaults = read_checkpoint(args)
+        # The ranks read these files after the shared memory and every process exist: a
+        # directory they cannot load is refused now, in one line.
+        check_weight_files(args)
         facts = read_device_facts(args.device)
         if facts.probed:
             log.info("device probe: %d CUDA device(s) visible%s", facts.cuda_device_count,

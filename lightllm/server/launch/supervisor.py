@@ -58,6 +58,7 @@ class Supervisor:
         self._failed = False
         self._signals = 0
         self._drain: Optional[asyncio.Task] = None
+        self._stopped_now = False
         self._stop_listeners: List[Callable[[], None]] = []
 
     def add_stop_listener(self, listener: Callable[[], None]) -> None:
@@ -147,8 +148,11 @@ class Supervisor:
     async def _drain_then_exit(self) -> None:
         seconds = self.graceful_shutdown_seconds
         if await self._wait_until_idle(seconds):
-            log.info("every request finished; shutting down")
-            self._exit_server()
+            # After a second signal the wait ends because _stop_now ended the requests: that
+            # already logged what it ended and started the exit.
+            if not self._stopped_now:
+                log.info("every request finished; shutting down")
+                self._exit_server()
         else:
             self._stop_now(f"the request did not finish within the graceful shutdown period ({seconds:g}s)")
 
@@ -161,6 +165,7 @@ class Supervisor:
         return await self.manager.wait_until_idle(max(0.0, deadline - time.monotonic()))
 
     def _stop_now(self, reason: str) -> None:
+        self._stopped_now = True
         message = f"The server is shutting down: {reason}"
         if self.preparing is not None:
             self.preparing.closing = (message, SHUTTING_DOWN)

@@ -1,0 +1,99 @@
+"""The launcher's watch over its child processes and multiprocessing's resource tracker.
+
+A child that exits on its own is reported at once (the supervisor then fails every request and
+stops the server).  The resource tracker is kept alive while the server runs.
+
+The tracker is the process that unlinks the server's shared memory if the main process is killed
+(SIGKILL, the OOM killer).  It is not one of the server's children in the supervisor's sense (it
+serves no request), but a stray ``kill`` of it silently removed that guarantee: nothing was
+logged, a later SIGKILL of the server left its segments behind, and at a normal shutdown the
+tracker multiprocessing relaunched printed a ``KeyError`` traceback for every segment it had never
+been told about.  The launcher's child watcher therefore probes it about once a second; when it
+is gone, the watcher logs a warning, starts a new one and registers the server's segments with
+it, so that both the clean-up guarantee and a quiet shutdown hold again.
+
+The probe and the pid use ``multiprocessing.resource_tracker``'s private state (``_check_alive``,
+``_fd``, ``_pid``; CPython 3.8-3.13): where they are missing, :func:`tracker_watchable` is False and
+the watcher does not probe.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import threading
+import warnings
+from multiprocessing import resource_tracker
+from typing import TYPE_CHECKING, Any, List
+
+from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
+from lightllm.utils.stale_resources import SHM_DIR, shm_segment_prefix
+
+if TYPE_CHECKING:
+    from lightllm.server.launch.start import ServerProcesses
+
+log = logging.getLogger("lightllm.api_start")
+
+
+def tracker_watchable() -> bool:
+    """Whether this process started a tracker that can be probed."""
+    tracker = resource_tracker._resource_tracker
+    return callable(getattr(tracker, "_check_alive", None)) and getattr(tracker, "_fd", None) is not None
+
+
+def tracker_alive() -> bool:
+    """Whether the tracker this process started still reads its pipe."""
+    return bool(resource_tracker._resource_tracker._check_alive())
+
+
+def own_segment_names() -> List[str]:
+    """The names (as the tracker records them, with the leading ``/``) of this server's segments."""
+    prefix = shm_segment_prefix()
+    try:
+        return sorted(f"/{path.name}" for path in SHM_DIR.iterdir() if path.name.startswith(prefix))
+    except OSError:
+        return []
+
+
+def restart_tracker() -> None:
+    """Start a new tracker in place of a dead one and register this server's segments with it."""
+    old_pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    names = own_segment_names()
+    log.warning("multiprocessing's resource tracker (pid %s) exited; starting a new one and registering the "
+                "server's %d shared-memory segment(s) with it, so they are still removed if the server is killed",
+                old_pid, len(names))
+    with warnings.catch_warnings():
+        # multiprocessing's own "died unexpectedly, relaunching" warning: the line above says it.
+        warnings.simplefilter("ignore", UserWarning)
+        start_resource_tracker_deaf_to_hangup()
+    for name in names:
+        resource_tracker.register(name, "shared_memory")
+
+
+def watch_children(procs: "ServerProcesses", on_death: Any) -> threading.Thread:
+    """A thread that calls ``on_death(name, exitcode)`` as soon as any child exits on its own.
+
+    It also replaces multiprocessing's resource tracker if that dies (:func:`restart_tracker`).
+    """
+
+    def run() -> None:
+        children = list(procs.children)
+        probe_tracker = tracker_watchable()
+        rounds = 0
+        while not procs.stopping.is_set():
+            # A process's sentinel becomes readable the moment it exits; the timeout only bounds
+            # how late a shutdown in progress is noticed.
+            multiprocessing.connection.wait([proc.sentinel for _, proc in children], timeout=0.2)
+            if procs.stopping.is_set():
+                return
+            rounds += 1
+            if probe_tracker and rounds % 5 == 0 and not tracker_alive():
+                restart_tracker()
+            for name, proc in children:
+                if not proc.is_alive():
+                    on_death(name, proc.exitcode)
+                    return
+
+    thread = threading.Thread(target=run, name="child-watch", daemon=True)
+    thread.start()
+    return thread

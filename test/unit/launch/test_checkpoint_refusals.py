@@ -1,0 +1,153 @@
+"""What the launcher derives from, and refuses in, a checkpoint before any process starts: the
+default context of a RoPE-scaled checkpoint (vLLM's rule), weight files the ranks could not read,
+and a ``--tp`` that does not divide the heads (vLLM replicates KV heads, this server refuses)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, weight_files
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.sizing import plan_sizing, resolve_max_req_total_len
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _copy(tiny_llama_dir: Path, tmp_path: Path, name: str, **config_changes: object) -> Path:
+    model_dir = tmp_path / name
+    shutil.copytree(tiny_llama_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(config_changes)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+# --- the default context of a RoPE-scaled checkpoint --------------------------------------------
+
+
+@pytest.mark.parametrize("rope, context", [
+    ({"rope_type": "dynamic", "factor": 2.0}, 64),
+    ({"type": "linear", "factor": 4.0}, 128),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 16}, 32),
+])
+def test_the_default_context_of_a_scaled_rope_is_the_one_vllm_derives(tiny_llama_dir, tmp_path, rope, context):
+    model_dir = _copy(tiny_llama_dir, tmp_path, "scaled", max_position_embeddings=32, rope_scaling=rope)
+    config = ModelConfig.from_dir(model_dir)
+    assert resolve_max_req_total_len(None, config) == context
+    args = make_argument_parser().parse_args(["--model_dir", str(model_dir), "--max_total_token_num", "4096"])
+    assert plan_sizing(args, config, "cpu").max_req_total_len == context
+
+
+def test_an_explicit_limit_still_wins_and_is_warned_about_only_past_the_scaled_context(tiny_llama_dir, tmp_path,
+                                                                                       caplog):
+    model_dir = _copy(tiny_llama_dir, tmp_path, "dynamic", max_position_embeddings=32,
+                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    config = ModelConfig.from_dir(model_dir)
+    with caplog.at_level("WARNING", logger="lightllm.sizing"):
+        assert resolve_max_req_total_len(16, config) == 16
+        assert resolve_max_req_total_len(64, config) == 64
+        assert not caplog.records
+        assert resolve_max_req_total_len(200, config) == 200
+    assert ("--max_req_total_len 200 exceeds the checkpoint's context of 64 tokens (max_position_embeddings 32 x "
+            "dynamic rope factor 2)") in caplog.text
+
+
+def test_a_sliding_window_still_refuses_a_longer_limit_on_a_scaled_rope(tiny_llama_dir, tmp_path):
+    model_dir = _copy(tiny_llama_dir, tmp_path, "window", max_position_embeddings=32, sliding_window=48,
+                      rope_scaling={"rope_type": "linear", "factor": 4.0})
+    config = ModelConfig.from_dir(model_dir)
+    assert resolve_max_req_total_len(None, config) == 48
+    with pytest.raises(ArgumentError, match="exceeds the checkpoint's sliding window"):
+        resolve_max_req_total_len(49, config)
+
+
+# --- weight files the ranks could not read ------------------------------------------------------
+
+
+def _bin_only(tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    model_dir = _copy(tiny_llama_dir, tmp_path, "bin_only")
+    (model_dir / "model.safetensors").rename(model_dir / "pytorch_model.bin")
+    return model_dir
+
+
+def _missing_shard(tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    model_dir = _copy(tiny_llama_dir, tmp_path, "missing_shard")
+    (model_dir / "model.safetensors").rename(model_dir / "model-00001-of-00002.safetensors")
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    return model_dir
+
+
+def test_a_directory_with_only_pytorch_weights_names_them(tiny_llama_dir, tmp_path):
+    with pytest.raises(CheckpointFilesError) as refused:
+        weight_files(_bin_only(tiny_llama_dir, tmp_path))
+    assert "only safetensors checkpoints are supported" in str(refused.value)
+    assert "pytorch_model.bin" in str(refused.value)
+
+
+def test_an_index_naming_a_missing_shard_is_refused_by_the_file_rule(tiny_llama_dir, tmp_path):
+    from lightllm.common.basemodel.weight_loader import SafetensorsCheckpoint
+
+    model_dir = _missing_shard(tiny_llama_dir, tmp_path)
+    match = r"model.safetensors.index.json names 1 file\(s\) missing from .*: model-00002-of-00002.safetensors$"
+    with pytest.raises(CheckpointFilesError, match=match):
+        weight_files(model_dir)
+    # The ranks' loader applies the same rule when it opens the checkpoint, not at its first read.
+    with pytest.raises(CheckpointFilesError, match=match):
+        SafetensorsCheckpoint(model_dir)
+
+
+@pytest.mark.parametrize("build, message", [
+    (_bin_only, "only safetensors checkpoints are supported, and it holds pytorch_model.bin"),
+    (_missing_shard, "names 1 file(s) missing from"),
+])
+def test_the_launcher_refuses_unreadable_weight_files_before_anything_starts(tiny_llama_dir, tmp_path, build,
+                                                                             message):
+    model_dir = build(tiny_llama_dir, tmp_path)
+    # --max_total_token_num: the KV budget, which sizes the weights, is not what finds them.
+    done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir),
+                           "--device", "cpu", "--port", "18646", "--max_total_token_num", "4096"],
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
+    assert "starting: model=" not in done.stderr and "Traceback" not in done.stderr
+
+
+# --- --tp must divide the heads: no KV-head replication -----------------------------------------
+
+
+def test_a_tp_that_does_not_divide_the_kv_heads_is_refused_saying_vllm_would_replicate(tiny_llama_dir, tmp_path):
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    heads = config.num_attention_heads
+    model_dir = _copy(tiny_llama_dir, tmp_path, "mqa", num_key_value_heads=1)
+    args = make_argument_parser().parse_args(["--model_dir", str(model_dir), "--tp", "2",
+                                              "--max_total_token_num", "4096"])
+    with pytest.raises(ArgumentError) as refused:
+        plan_sizing(args, ModelConfig.from_dir(model_dir), "cpu")
+    message = str(refused.value)
+    assert message.startswith(f"--tp 2 must divide num_attention_heads ({heads}), num_key_value_heads (1) and "
+                              f"intermediate_size ({config.intermediate_size})")
+    assert "never replicated (vLLM replicates them" in message and "\n" not in message
+
+
+def test_the_tp_rule_and_the_refused_rope_types_are_documented():
+    tp_help = next(a.help for a in make_argument_parser()._actions if "--tp" in a.option_strings)
+    assert "num_key_value_heads" in tp_help and "vLLM replicates KV heads" in tp_help
+    for lang in ("EN", "CN"):
+        assert tp_help in (ROOT / "docs" / lang / "server_args.md").read_text()
+        guide = (ROOT / "docs" / lang / "getting_started.md").read_text()
+        assert "--tp 2 must divide num_attention_heads (4), num_key_value_heads (1)" in guide
+        for rope_type in ("`yarn`", "`longrope`", "`su`", "rope_scaling.factor is missing"):
+            assert rope_type in guide, (lang, rope_type)
+        memory = (ROOT / "docs" / lang / "memory.md").read_text()
+        assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in memory and "get no warning" not in memory
