@@ -24,13 +24,11 @@ import multiprocessing.connection
 import threading
 import warnings
 from multiprocessing import resource_tracker
-from typing import TYPE_CHECKING, Any, List
+from multiprocessing.process import BaseProcess
+from typing import Any, List, Sequence, Tuple
 
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.stale_resources import SHM_DIR, shm_segment_prefix
-
-if TYPE_CHECKING:
-    from lightllm.server.launch.start import ServerProcesses
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -70,26 +68,29 @@ def restart_tracker() -> None:
         resource_tracker.register(name, "shared_memory")
 
 
-def watch_children(procs: "ServerProcesses", on_death: Any) -> threading.Thread:
-    """A thread that calls ``on_death(name, exitcode)`` as soon as any child exits on its own.
+def watch_children(children: Sequence[Tuple[str, BaseProcess]], stopping: threading.Event,
+                   on_death: Any) -> threading.Thread:
+    """A thread that calls ``on_death(name, exitcode)`` as soon as any of ``children`` exits on its own.
+
+    It watches until ``stopping`` is set (the launcher sets it before stopping them on purpose).
 
     It also replaces multiprocessing's resource tracker if that dies (:func:`restart_tracker`).
     """
 
     def run() -> None:
-        children = list(procs.children)
+        watched = list(children)
         probe_tracker = tracker_watchable()
         rounds = 0
-        while not procs.stopping.is_set():
+        while not stopping.is_set():
             # A process's sentinel becomes readable the moment it exits; the timeout only bounds
             # how late a shutdown in progress is noticed.
-            multiprocessing.connection.wait([proc.sentinel for _, proc in children], timeout=0.2)
-            if procs.stopping.is_set():
+            multiprocessing.connection.wait([proc.sentinel for _, proc in watched], timeout=0.2)
+            if stopping.is_set():
                 return
             rounds += 1
             if probe_tracker and rounds % 5 == 0 and not tracker_alive():
                 restart_tracker()
-            for name, proc in children:
+            for name, proc in watched:
                 if not proc.is_alive():
                     on_death(name, proc.exitcode)
                     return

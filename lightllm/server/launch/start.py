@@ -373,7 +373,7 @@ def _start_and_serve(
                                                 front_door=front_door)
         if pd_node is not None:
             pd_node.attach(app, server, supervisor)
-        watch_children(procs, supervisor.child_died)
+        watch_children(procs.children, procs.stopping, supervisor.child_died)
         if not stop.requested:
             log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
             run_uvicorn(server)
