@@ -9,7 +9,8 @@ A type here raises :class:`argparse.ArgumentTypeError`, so argparse prefixes the
 ``error: argument --json: the directory of '/x/out.json' does not exist``.
 
 Checks that need more than one flag use the helpers after ``parse_args``: :func:`given_flags`
-(which flags were typed, so one the run would ignore can be refused), :func:`with_flag_names`
+(which flags were typed, so one the run would ignore can be refused), :func:`refuse_repeated_flags`
+(a flag typed twice, whose first value argparse would drop), :func:`with_flag_names`
 (a config object's ``ValueError`` with its field names given as the flags) and
 :func:`missing_module` (a module that cannot be found, found without importing it) and
 :func:`sequence_too_long` (prompt and output lengths the checkpoint's context cannot hold).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import ipaddress
 import os
 import re
 import shlex
@@ -32,8 +34,9 @@ from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "comma_items", "finite_float", "given_flags",
-    "missing_module", "non_negative_float", "non_negative_int", "output_dir", "output_file", "output_file_in_new_dirs",
-    "positive_float", "sequence_too_long", "shell_words", "with_flag_names",
+    "listen_host", "missing_module", "non_negative_float", "non_negative_int", "output_dir", "output_file",
+    "output_file_in_new_dirs", "positive_float", "refuse_repeated_flags", "sequence_too_long", "shell_words",
+    "with_flag_names",
 ]
 
 
@@ -176,6 +179,60 @@ def checkpoint_dir(text: str) -> str:
     if not Path(text, "config.json").is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is not a local checkpoint directory (no config.json there)")
     return text
+
+
+def listen_host(text: str) -> str:
+    """A host the tool's servers can listen on: an IPv4 address or host name that resolves to an
+    address of this machine.
+
+    Checked the way the launch uses it (:func:`~lightllm.utils.process_utils.free_port` binds a
+    port there), before anything starts: otherwise the first launch fails with a socket error's
+    traceback after the prompts were built.
+    """
+    # Imported here: the other flags parse without zmq.
+    from lightllm.utils.process_utils import free_port
+
+    if not text:
+        raise argparse.ArgumentTypeError("must name a host, got ''")
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ipv6 = ipaddress.ip_address(bare).version == 6
+    except ValueError:
+        ipv6 = False  # a host name: resolved below
+    if ipv6:
+        raise argparse.ArgumentTypeError(f"{text!r} is an IPv6 address; the servers are started on IPv4 "
+                                         "(give an IPv4 address or a host name, e.g. 127.0.0.1)")
+    try:
+        free_port(text)
+    except (OSError, UnicodeError, ValueError, TypeError) as exc:
+        # gaierror (no such name), errno 99 (not an address of this machine), UnicodeError (a
+        # label the IDNA codec refuses), TypeError (a NUL character).
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise argparse.ArgumentTypeError(f"no server can listen on {text!r} here: {why}") from None
+    return text
+
+
+def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Exit (``parser.error``, one line) when ``argv`` types one of ``parser``'s options twice.
+
+    argparse keeps the last value of a flag given twice and drops the first without a word
+    (``--modes normal --modes 1p1d`` ran 1p1d only); a list flag takes all its values at once.
+    Both spellings of an option count as the same flag.  Call it after ``parse_args`` succeeded,
+    as :func:`given_flags`.
+    """
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    seen: Dict[str, str] = {}
+    for token in argv:
+        if token == "--":
+            break
+        option = token.split("=", 1)[0] if token.startswith("--") else token
+        dest = dests.get(option)
+        if dest is None:
+            continue
+        if dest in seen:
+            also = "" if option == seen[dest] else f" (also as {option})"
+            parser.error(f"{seen[dest]} is given twice{also}; give it once, with all its values")
+        seen[dest] = option
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:

@@ -63,10 +63,18 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
-from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, given_flags, with_flag_names
+from lightllm.benchmark.cli_args import (
+    OneLineErrorParser,
+    checkpoint_dir,
+    finite_float,
+    given_flags,
+    listen_host,
+    with_flag_names,
+)
 from lightllm.benchmark.comparison_options import (
     DEFAULT_KV_TOKENS,
     DEFAULT_STRATEGIES,
+    MAX_SETTLE_S,
     ComparisonOptions,
     check_out_dir,
 )
@@ -134,8 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "string (e.g. '--pd_max_segment_tokens 64')")
     p.add_argument("--prefill-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the prefill nodes")
     p.add_argument("--decode-devices", default=None, help="PD topologies on GPUs: CUDA_VISIBLE_DEVICES of the decode nodes")
-    p.add_argument("--host", default="127.0.0.1", help="address the servers listen on (default 127.0.0.1)")
-    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to become healthy")
+    # Checked by binding a port there, as each launch will: before any prompt is built or server started.
+    p.add_argument("--host", type=listen_host, default="127.0.0.1",
+                   help="address the servers listen on: an IPv4 address or host name of this machine (default 127.0.0.1)")
+    # finite_float: inf or nan would pass the range checks and wait forever, or not at all.
+    p.add_argument("--start-timeout", type=finite_float, default=300.0,
+                   help="seconds a server may take to become healthy")
     p.add_argument("--out-dir", required=True,
                    help="directory of the report, the raw runs and the server logs (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="repeat r uses workload seed SEED + r; also seeds the bootstrap")
@@ -143,14 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text: prompts are sent as text; ids: as token ids (default text)")
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="most requests in flight at once (default: no limit, requests go at their scheduled times)")
-    p.add_argument("--request-timeout", type=float, default=3600.0, help="seconds one request may take (default 3600)")
+    p.add_argument("--request-timeout", type=finite_float, default=3600.0,
+                   help="seconds one request may take (default 3600)")
     p.add_argument("--bootstrap-resamples", type=int, default=2000,
                    help="bootstrap resamples behind each confidence interval (default 2000)")
     p.add_argument("--confidence", type=float, default=0.95,
                    help="confidence level of the intervals on the paired ratios, a fraction in (0, 1) (default 0.95)")
     p.add_argument("--sequential-start", action="store_true",
                    help="start the servers one after another instead of together (start-up is never measured)")
-    p.add_argument("--settle", type=float, default=1.0, help="seconds to pause after each run")
+    p.add_argument("--settle", type=finite_float, default=1.0,
+                   help=f"seconds to pause after each run, 0 to {MAX_SETTLE_S:g} (default 1)")
     p.add_argument("--progress", action="store_true", help="show a progress bar per run")
     load = p.add_argument_group("workload (same flags as bench_serving)")
     for field in _WORKLOAD_FIELDS:
@@ -246,10 +260,10 @@ def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) 
                              f"{', '.join(users)})")
 
 
-# How a PD process words a refusal of a flag that belongs to another role (args_check, master_start).
+# How a PD process words a refusal of a flag that belongs to another role (args_check; the
+# master's pd_master.check_master_flags says the flag does "nothing on --run_mode pd_master").
 _ROLE_REFUSALS = ("node never prefills", "node never decodes", "nodes only", "master only",
-                  "configures the public API", "configure the public API", "configures prefill/decode nodes",
-                  "configure prefill/decode nodes")
+                  "configures the public API", "configure the public API", "nothing on --run_mode pd_master")
 
 
 def _pd_refusal_hint(topology: str, exc: Exception) -> str:

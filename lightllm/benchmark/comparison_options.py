@@ -7,6 +7,7 @@ caller directly, and consumed by :func:`lightllm.benchmark.comparison_runner.run
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -18,6 +19,10 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import availab
 
 DEFAULT_STRATEGIES = "default,promote_shortest,hrrn"
 DEFAULT_KV_TOKENS = 262144
+# The longest pause after each run: it lets a machine's clocks and caches settle between runs,
+# which takes seconds; ten minutes per run already multiplies a run's length many times, so more
+# is a typo (the pause comes after the servers started, where a bad value crashed the run).
+MAX_SETTLE_S = 600.0
 
 
 def check_server_args(model_dir: str, strategy: str, server_args: list[str]) -> None:
@@ -110,6 +115,11 @@ class ComparisonOptions:
             raise ValueError(f"kv_tokens must be >= 1, got {self.kv_tokens}")
         if self.settle_s < 0:
             raise ValueError(f"settle_s must be >= 0, got {self.settle_s}")
+        if not (math.isfinite(self.settle_s) and self.settle_s <= MAX_SETTLE_S):
+            raise ValueError(f"settle_s must be a finite number of seconds, at most {MAX_SETTLE_S:g}, "
+                             f"got {self.settle_s:g}")
+        if not math.isfinite(self.request_timeout_s):
+            raise ValueError(f"request_timeout_s must be a finite number of seconds, got {self.request_timeout_s}")
         if self.bootstrap_resamples < 1:
             raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
         if not 0 < self.confidence < 1:

@@ -135,7 +135,10 @@ def _check_lengths(cfg: WorkloadConfig) -> None:
     _require_positive_int("long_len", cfg.long_len)
     _require_positive_int("short_len", cfg.short_len)
     for cls in REQUEST_CLASSES:
-        _require_positive_int(f"{cls}_output_len", cfg.output_len_for(cls))
+        # Named after the knob the length came from: a class without its own length uses
+        # output_len, and the refusal must name the flag the user typed (--output-len).
+        override = cfg.long_output_len if cls == LONG else cfg.short_output_len
+        _require_positive_int("output_len" if override is None else f"{cls}_output_len", cfg.output_len_for(cls))
 
 
 def _make(cfg: WorkloadConfig, time_s: float, request_class: str) -> ScheduledRequest:
@@ -292,6 +295,11 @@ WORKLOADS: dict[str, Callable[[WorkloadConfig], list[ScheduledRequest]]] = {
     "shared_prefix": shared_prefix,
 }
 
+
+# The generators whose schedule (arrival times, classes, lengths) is drawn from the seed; the
+# others place every request at a fixed time, so for them the seed changes only the prompts'
+# text, which a tool that builds no prompts (the scheduling simulator) never reads.
+SCHEDULE_FROM_SEED: frozenset[str] = frozenset({"sustained", "shared_prefix"})
 
 # The knobs every generator reads: the lengths, and the seed (which also seeds the prompts).
 COMMON_KNOBS: frozenset[str] = frozenset(

@@ -15,9 +15,15 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Collection, Dict, List, Optional, Sequence, Set
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, comma_items, output_file
+from lightllm.benchmark.cli_args import (
+    OneLineErrorParser,
+    comma_items,
+    given_flags,
+    output_file,
+    refuse_repeated_flags,
+)
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
@@ -29,8 +35,15 @@ from lightllm.benchmark.simulator.scenarios import (
     SEED_BUDGETS,
     ScenarioSpec,
     resolve_scenarios,
+    seed_unread_problem,
 )
-from lightllm.benchmark.simulator.soak import SoakConfig, run_soaks
+from lightllm.benchmark.simulator.soak import (
+    MAX_SOAK_REQUESTS,
+    SoakConfig,
+    expected_soak_requests,
+    run_soaks,
+    soak_request_rate,
+)
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
 
@@ -64,34 +77,45 @@ def _names(text: str, flag: str, choices: Sequence[str]) -> List[str]:
     return names
 
 
-def _budgets(values: Optional[List[str]]) -> List[int]:
-    if not values:
+def _budgets(value: Optional[str]) -> List[int]:
+    """The budgets of ``--budget`` (a comma list; the seed's budgets when not given)."""
+    if value is None:
         return list(SEED_BUDGETS)
     budgets: List[int] = []
-    for value in values:
-        for part in _csv(value, "--budget"):
-            try:
-                budget = int(part)
-            except ValueError:
-                raise ValueError(f"--budget must be an integer number of tokens, got {part!r}") from None
-            if budget < 1:
-                raise ValueError(f"--budget must be >= 1, got {budget}")
-            budgets.append(budget)
+    for part in _csv(value, "--budget"):
+        try:
+            budget = int(part)
+        except ValueError:
+            raise ValueError(f"--budget must be an integer number of tokens, got {part!r}") from None
+        if budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {budget}")
+        budgets.append(budget)
     if not budgets:
-        raise ValueError(f"--budget must name at least one budget; got {','.join(values)!r}")
+        raise ValueError(f"--budget must name at least one budget; got {value!r}")
     _refuse_repeats(budgets, "--budget")
     return budgets
 
 
-def _scenarios(values: Optional[List[str]]) -> List[ScenarioSpec]:
-    names = [name for value in values or ["seed_all"] for name in _csv(value, "--scenario")]
+def _scenarios(value: Optional[str]) -> List[ScenarioSpec]:
+    """The scenarios of ``--scenario`` (a comma list of scenarios and groups; seed_all when not given).
+
+    A scenario named twice, also through a group that holds it (``seed_all,long_first``), is
+    refused like every repeated value: it would be simulated and printed once only.
+    """
+    names = _csv("seed_all" if value is None else value, "--scenario")
     known = list(SCENARIOS) + list(SCENARIO_GROUPS)
     if not names:
-        raise ValueError(f"--scenario must name at least one of {', '.join(known)}; got {','.join(values or [])!r}")
+        raise ValueError(f"--scenario must name at least one of {', '.join(known)}; got {value!r}")
+    named_by: Dict[str, str] = {}
     for name in names:
         if name not in known:
             raise ValueError(f"--scenario must name some of {', '.join(known)}; got {name!r}")
-    # Groups may overlap (seed_all holds long_first): the union runs each scenario once.
+        for member in SCENARIO_GROUPS.get(name, (name,)):
+            if member in named_by:
+                groups = [n for n in dict.fromkeys((named_by[member], name)) if n != member]
+                via = f" ({' and '.join(groups)} hold{'s' if len(groups) == 1 else ''} it)" if groups else ""
+                raise ValueError(f"--scenario names {member!r} twice{via}; name each once")
+            named_by[member] = name
     return resolve_scenarios(names)
 
 
@@ -100,6 +124,9 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
     defaults = SoakConfig(hours=1.0)
     if not (math.isfinite(args.soak_hours) and args.soak_hours > 0):
         raise ValueError(f"--soak-hours must be a finite number > 0, got {args.soak_hours}")
+    if args.soak_load is not None and args.soak_rate is not None:
+        raise ValueError("--soak-load and --soak-rate both set the soak stream's rate (--soak-rate overrides "
+                         "--soak-load, which would be ignored); give one or the other")
     load = defaults.load if args.soak_load is None else args.soak_load
     if not 0 < load < 1:
         raise ValueError(f"--soak-load must be within (0, 1), got {load}")
@@ -111,7 +138,7 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
     long_fraction = defaults.long_fraction if args.soak_long_fraction is None else args.soak_long_fraction
     if not 0 <= long_fraction <= 1:
         raise ValueError(f"--soak-long-fraction must be within [0, 1], got {long_fraction}")
-    if args.scenario:
+    if args.scenario is not None:
         raise ValueError("--scenario does not apply with --soak-hours (a soak run replaces the scenario tables)")
     for flag, given, values in (("--modes", args.modes, modes), ("--budget", args.budget, budgets)):
         if given is not None and len(values) > 1:
@@ -122,7 +149,7 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
             f"--soak-long-len {long_len}: a request needs {need} KV tokens (prompt + {defaults.output_len} output), "
             f"more than the {profile.max_total_token_num} of --profile {profile.name}"
         )
-    return SoakConfig(
+    cfg = SoakConfig(
         hours=args.soak_hours,
         load=load,
         request_rate=args.soak_rate,
@@ -135,6 +162,16 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
         overtake_bound=overtake_bound_from_cli(args),
         mixed_batches=args.mixed_batches,
     )
+    expected = expected_soak_requests(profile, cfg)
+    if expected > MAX_SOAK_REQUESTS:
+        rate = soak_request_rate(profile, cfg)
+        source = ("--soak-rate" if args.soak_rate is not None
+                  else f"{'--soak-load' if args.soak_load is not None else 'the default load'} {load:g} x the "
+                  f"capacity estimated from --profile {args.profile}")
+        raise ValueError(f"--soak-hours {args.soak_hours:g} at {rate:.4g} req/s ({source}) is about {expected:,.0f} "
+                         f"requests per strategy, more than the {MAX_SOAK_REQUESTS:,} a soak run simulates; lower "
+                         f"--soak-hours or the rate")
+    return cfg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,8 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--scenario",
-        action="append",
-        help="scenario or group, repeatable or comma-separated: "
+        help="comma-separated scenarios or groups, each scenario named once: "
         f"{', '.join(list(SCENARIOS) + list(SCENARIO_GROUPS))} (default seed_all)",
     )
     parser.add_argument(
@@ -161,13 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--budget",
-        action="append",
-        help="prefill budget: batch_max_tokens = chunked_prefill_size; repeatable or comma-separated "
+        help="comma-separated prefill budgets: batch_max_tokens = chunked_prefill_size "
         f"(default {','.join(map(str, SEED_BUDGETS))})",
     )
     parser.add_argument("--modes", help=f"comma-separated node kinds: {', '.join(MODES)} (default all; normal "
                         "with --soak-hours)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0; "
+                        "refused when every selected scenario has its arrivals at fixed times)")
     parser.add_argument(
         "--running-max-req-size", type=int, default=256, help="router's running request cap (default 256)"
     )
@@ -187,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--soak-hours", type=float, help="simulate this many hours of sustained traffic per strategy")
     # The other soak flags default to None so that giving one without --soak-hours is noticed.
     soak.add_argument("--soak-load", type=float, help="fraction of estimated capacity (default 0.7)")
-    soak.add_argument("--soak-rate", type=float, help="request rate in req/s (overrides --soak-load)")
+    soak.add_argument("--soak-rate", type=float, help="request rate in req/s, instead of --soak-load (at most "
+                      f"{MAX_SOAK_REQUESTS:,} requests per strategy in all: rate x --soak-hours)")
     soak.add_argument("--soak-long-len", type=int, help="long prompt length (default 8192)")
     soak.add_argument("--soak-long-fraction", type=float, help="share of long requests (default 0.25)")
     return parser
@@ -197,10 +234,12 @@ _SOAK_ONLY_FLAGS = {"soak_load": "--soak-load", "soak_rate": "--soak-rate", "soa
                     "soak_long_fraction": "--soak-long-fraction"}
 
 
-def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
+def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dict[str, Any]]:
     """Execute the parsed command; return the Markdown report and the JSON document.
 
     Every flag is checked before anything is simulated; a bad one raises ValueError naming it.
+    ``typed``: the dests of the flags the command line wrote (a typed ``--seed`` that no selected
+    scenario reads is refused).
     """
     profile = load_profile(args.profile)
     strategies = _names(args.strategies, "--strategies", available_strategy_names())
@@ -219,6 +258,10 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
     if ignored:
         raise ValueError(f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} with --soak-hours")
     scenarios = _scenarios(args.scenario)
+    if "seed" in typed:
+        problem = seed_unread_problem(scenarios)
+        if problem is not None:
+            raise ValueError(problem)
     for scenario in scenarios:
         # A request that can never fit the KV cache stalls the simulation after a while; say so now.
         try:
@@ -246,10 +289,12 @@ def run(args: argparse.Namespace) -> tuple[str, Dict[str, Any]]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)  # the output paths are checked here, before the run
+    refuse_repeated_flags(parser, argv)
     try:
-        markdown, document = run(args)
+        markdown, document = run(args, given_flags(parser, argv))
     except ValueError as exc:
         parser.error(str(exc))
     print(markdown)

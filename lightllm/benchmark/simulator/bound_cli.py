@@ -1,17 +1,47 @@
-"""The overtaking bound's flags on the simulator's command lines (the server's, in dashed form)."""
+"""The overtaking bound's flags on the simulator's command lines (the server's, in dashed form).
+
+They take exactly the values the server takes: :data:`SERVER_LIMITS` holds the server's upper
+limits (``MAX_PREFILL_OVERTAKE_TOKENS`` and ``MAX_PREFILL_OVERTAKE_FRACTION``, defined beside the
+bound in the scheduling core, where the server's parser reads them too), so a value the server
+refuses is refused here too, in one line, rather than simulated until the allowance overflows.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Dict, Optional, Union
 
 from lightllm.benchmark.cli_args import non_negative_float, non_negative_int
-from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
+    MAX_PREFILL_OVERTAKE_FRACTION,
+    MAX_PREFILL_OVERTAKE_TOKENS,
+    OvertakeBoundSpec,
+)
 
 # The server's spelling (in OvertakeBoundSpec's refusals) -> this command line's flag.
 _FLAGS = {
     "prefill_max_overtake_tokens": "--prefill-max-overtake-tokens",
     "prefill_overtake_fraction": "--prefill-overtake-fraction",
 }
+# The server's upper limit of each bound flag, by the server's spelling.
+SERVER_LIMITS: Dict[str, Union[int, float]] = {
+    "prefill_max_overtake_tokens": MAX_PREFILL_OVERTAKE_TOKENS,
+    "prefill_overtake_fraction": MAX_PREFILL_OVERTAKE_FRACTION,
+}
+
+
+def _limit_text(limit: Union[int, float]) -> str:
+    # As the server writes it: 1,000,000,000,000 tokens, a fraction of 1000.
+    return f"{limit:,}" if isinstance(limit, int) else f"{limit:g}"
+
+
+def server_limit_problem(server_name: str, value: Union[int, float]) -> Optional[str]:
+    """Why ``value`` of the server flag ``server_name`` (``prefill_overtake_fraction``) is past the
+    server's upper limit, as ``"must be at most 1000, the server's limit"`` (None when it is not)."""
+    limit = SERVER_LIMITS[server_name]
+    if value > limit:
+        return f"must be at most {_limit_text(limit)}, the server's limit of --{server_name}"
+    return None
 
 
 def add_overtake_bound_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +52,15 @@ def add_overtake_bound_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill-max-overtake-tokens",
         type=non_negative_int,
         default=None,
-        help=f"the server's --prefill_max_overtake_tokens: an integer >= 0 (default {default.base_tokens})",
+        help=f"the server's --prefill_max_overtake_tokens: an integer from 0 to "
+        f"{_limit_text(SERVER_LIMITS['prefill_max_overtake_tokens'])} (default {default.base_tokens})",
     )
     parser.add_argument(
         "--prefill-overtake-fraction",
         type=non_negative_float,
         default=None,
-        help=f"the server's --prefill_overtake_fraction: a number >= 0 (default {default.fraction:g})",
+        help=f"the server's --prefill_overtake_fraction: a number from 0 to "
+        f"{_limit_text(SERVER_LIMITS['prefill_overtake_fraction'])} (default {default.fraction:g})",
     )
     parser.add_argument(
         "--disable-prefill-overtake-bound",
@@ -41,6 +73,7 @@ def overtake_bound_from_cli(args: argparse.Namespace) -> OvertakeBoundSpec:
     """The bound the parsed flags describe; invalid values raise ``ValueError`` naming this command's flag.
 
     A bound value with the off switch is refused, as the server refuses it: it would be ignored.
+    So is a value past the server's limit (:func:`server_limit_problem`).
     """
     base, fraction = args.prefill_max_overtake_tokens, args.prefill_overtake_fraction
     if args.disable_prefill_overtake_bound:
@@ -50,6 +83,11 @@ def overtake_bound_from_cli(args: argparse.Namespace) -> OvertakeBoundSpec:
             raise ValueError(f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the overtaking bound, "
                              "which --disable-prefill-overtake-bound turns off; give one or the other")
         return OvertakeBoundSpec.off()
+    for server_name, value in (("prefill_max_overtake_tokens", base), ("prefill_overtake_fraction", fraction)):
+        problem = None if value is None else server_limit_problem(server_name, value)
+        if problem is not None:
+            raise ValueError(f"{_FLAGS[server_name]} {problem} (for no bound use --disable-prefill-overtake-bound), "
+                             f"got {value!r}")
     default = OvertakeBoundSpec()
     try:
         return OvertakeBoundSpec(default.base_tokens if base is None else base,

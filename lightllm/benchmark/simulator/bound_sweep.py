@@ -15,10 +15,11 @@ import math
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightllm.benchmark.cli_args import OneLineErrorParser
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_flags
+from lightllm.benchmark.simulator.bound_cli import server_limit_problem
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS
+from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, seed_unread_problem
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
@@ -154,12 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--bases",
         default=",".join(map(str, DEFAULT_BASES)),
         help="comma list of the bound's base tokens (--prefill_max_overtake_tokens), each an integer >= 0 "
+        "up to the server's limit "
         f"(default {','.join(map(str, DEFAULT_BASES))})",
     )
     parser.add_argument(
         "--fractions",
         default=",".join(map(str, DEFAULT_FRACTIONS)),
         help="comma list of the bound's fractions (--prefill_overtake_fraction), each a number >= 0 "
+        "up to the server's limit "
         f"(default {','.join(map(str, DEFAULT_FRACTIONS))})",
     )
     parser.add_argument(
@@ -170,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--strategies", default="hrrn,promote_shortest", help="comma list of strategies compared with default"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0; "
+                        "refused when every cell's scenario has its arrivals at fixed times)")
     return parser
 
 
@@ -179,16 +183,24 @@ def _bounds(bases: Sequence[int], fractions: Sequence[float]) -> List[OvertakeBo
     for base in bases:
         if base < 0:
             raise ValueError(f"--bases takes integers >= 0; got {base}")
+        problem = server_limit_problem("prefill_max_overtake_tokens", base)
+        if problem is not None:
+            raise ValueError(f"--bases: each base {problem}; got {base}")
     for fraction in fractions:
         if not (math.isfinite(fraction) and fraction >= 0):
             raise ValueError(f"--fractions takes finite numbers >= 0; got {fraction}")
+        problem = server_limit_problem("prefill_overtake_fraction", fraction)
+        if problem is not None:
+            raise ValueError(f"--fractions: each fraction {problem}; got {fraction:g}")
     return [OvertakeBoundSpec.off()] + [OvertakeBoundSpec(base, fraction) for base in bases for fraction in fractions]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
     try:
         bases = [_number(int, base, "--bases") for base in args.bases.split(",")]
         fractions = [_number(float, fraction, "--fractions") for fraction in args.fractions.split(",")]
@@ -205,6 +217,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         _refuse_repeats(strategies, "--strategies")
         if args.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {args.seed}")
+        if "seed" in given_flags(parser, argv):
+            problem = seed_unread_problem([SCENARIOS[name] for name in dict.fromkeys(cell[0] for cell in cells)])
+            if problem is not None:
+                raise ValueError(problem)
         for scenario in sorted({cell[0] for cell in cells}):
             try:
                 check_fits_kv(profile, SCENARIOS[scenario].build(args.seed), f"scenario {scenario}")

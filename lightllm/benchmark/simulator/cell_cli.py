@@ -4,13 +4,14 @@ the simulator's yardstick command lines, the integer lists they take, and their 
 from __future__ import annotations
 
 import argparse
-from typing import Callable, List, Optional, Tuple
+import sys
+from typing import Callable, Collection, List, Optional, Tuple
 
-from lightllm.benchmark.cli_args import argument_type, comma_items
+from lightllm.benchmark.cli_args import argument_type, comma_items, given_flags, refuse_repeated_flags
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec
+from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec, seed_unread_problem
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
@@ -28,11 +29,16 @@ def add_cell_arguments(parser: argparse.ArgumentParser, default_mode: str) -> No
     parser.add_argument(
         "--budget", type=int, default=1024, help="prefill budget: batch_max_tokens = chunked_prefill_size (default 1024)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (refused with "
+                        "a scenario whose arrivals are at fixed times)")
 
 
-def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, str, int]:
-    """The profile, scenario, mode and budget the parsed flags name; a bad one raises ``ValueError``."""
+def cell_from_cli(args: argparse.Namespace, typed: Collection[str] = ()) -> Tuple[CostProfile, ScenarioSpec, str, int]:
+    """The profile, scenario, mode and budget the parsed flags name; a bad one raises ``ValueError``.
+
+    ``typed``: the dests of the flags the command line wrote; a typed ``--seed`` that the scenario
+    does not read is refused (it would change nothing).
+    """
     if args.scenario not in SCENARIOS:
         raise ValueError(f"--scenario must be one of {', '.join(SCENARIOS)}; got {args.scenario!r}")
     if args.mode not in MODES:
@@ -41,7 +47,12 @@ def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, 
         raise ValueError(f"--budget must be >= 1, got {args.budget}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    profile, scenario = load_profile(args.profile), SCENARIOS[args.scenario]
+    scenario = SCENARIOS[args.scenario]
+    if "seed" in typed:
+        problem = seed_unread_problem([scenario])
+        if problem is not None:
+            raise ValueError(problem)
+    profile = load_profile(args.profile)
     try:
         check_fits_kv(profile, scenario.build(args.seed), f"scenario {scenario.name}")
     except ValueError as exc:
@@ -49,20 +60,39 @@ def cell_from_cli(args: argparse.Namespace) -> Tuple[CostProfile, ScenarioSpec, 
     return profile, scenario, args.mode, args.budget
 
 
+# Most values one list flag may name (ranges expanded): in a sweep each value is at least one
+# simulation of the whole cell, so more is a typo (``1-1000000000/1``) rather than a sweep; it is
+# refused before the range is expanded, which would otherwise take all memory.
+MAX_LIST_VALUES = 1000
+
+
 def int_range(text: str) -> List[int]:
-    """``"40-140/10"`` -> 40, 50, ..., 140; ``"0,16384"`` -> 0, 16384 (every value >= 0)."""
-    values: List[int] = []
+    """``"40-140/10"`` -> 40, 50, ..., 140; ``"0,16384"`` -> 0, 16384 (every value >= 0).
+
+    At most :data:`MAX_LIST_VALUES` values in all; a range that holds no value (``140-40``) is
+    refused rather than dropped.
+    """
+    spans: List[range] = []
     for part in comma_items(text):
         try:
             if "-" in part:
                 span, _, step = part.partition("/")
                 low, _, high = span.partition("-")
-                values.extend(range(int(low), int(high) + 1, int(step or 1)))
+                values = range(int(low), int(high) + 1, int(step or 1))
             else:
-                values.append(int(part))
+                values = range(int(part), int(part) + 1)
         except ValueError:
             raise ValueError(f"expected integers, LOW-HIGH/STEP ranges or a comma list, got {part!r}") from None
-    if not values or min(values) < 0:
+        if not values:
+            raise ValueError(f"the range {part!r} holds no value (LOW-HIGH/STEP needs LOW <= HIGH and STEP >= 1)")
+        spans.append(values)
+        # len() of a range costs nothing: the count is checked before anything is expanded.
+        count = sum(len(span) for span in spans)
+        if count > MAX_LIST_VALUES:
+            raise ValueError(f"names at least {count:,} values, more than the {MAX_LIST_VALUES} a list may name; "
+                             "narrow the range or raise its step")
+    values = [value for span in spans for value in span]
+    if min(values) < 0:
         raise ValueError(f"expected at least one integer >= 0, got {text!r}")
     refuse_repeats(values)
     return values
@@ -89,11 +119,13 @@ def run_cell_command(
     """Parse ``argv``, resolve the cell and the bound, print what ``sweep`` returns (Markdown).
 
     A bad flag or value exits with status 2 and a one-line error naming it (``ValueError`` from
-    the cell, the bound or ``sweep`` itself).
+    the cell, the bound or ``sweep`` itself), and so does a flag given twice.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
     try:
-        profile, scenario, mode, budget = cell_from_cli(args)
+        profile, scenario, mode, budget = cell_from_cli(args, given_flags(parser, argv))
         text = sweep(args, profile, scenario, mode, budget, overtake_bound_from_cli(args))
     except ValueError as exc:
         parser.error(str(exc))

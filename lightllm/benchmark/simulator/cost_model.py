@@ -43,6 +43,9 @@ COEFFICIENT_NAMES: Tuple[str, ...] = (
 class CostProfile:
     """Step-cost coefficients of one model on one machine, plus its KV capacity.
 
+    At least one of the three prefill coefficients must be above 0 (a free prefill forward makes
+    every TTFT 0 and the soak capacity infinite).
+
     Attributes:
         name: profile name (the JSON file stem for bundled profiles).
         prefill_fixed_s: cost of launching one prefill forward, whatever its size.
@@ -74,6 +77,12 @@ class CostProfile:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+        if not (self.prefill_fixed_s or self.prefill_per_token_s or self.prefill_attention_s):
+            # Every prefill forward would take no time: every TTFT on a prefill node is 0, a
+            # comparison with default divides by 0, and no soak capacity can be estimated.
+            raise ValueError("prefill_fixed_s, prefill_per_token_s and prefill_attention_s are all 0: prefill "
+                             "forwards would cost nothing, so every TTFT would be 0 and no capacity can be "
+                             "estimated; give prefill a cost")
         if isinstance(self.max_total_token_num, bool) or not isinstance(self.max_total_token_num, int):
             raise ValueError(f"max_total_token_num must be an int, got {self.max_total_token_num!r}")
         if self.max_total_token_num < 1:
@@ -178,7 +187,12 @@ def available_profiles() -> List[str]:
 
 
 def load_profile(name_or_path: str | Path) -> CostProfile:
-    """Load a bundled profile by name, or any profile JSON file by path."""
+    """Load a bundled profile by name, or any profile JSON file by path.
+
+    Raises:
+        ValueError: one line naming the profile and what is wrong with it (no such file, a file
+            that cannot be read, is not UTF-8 JSON, or holds an invalid profile).
+    """
     candidate = Path(name_or_path)
     if candidate.suffix != ".json":
         candidate = PROFILE_DIR / f"{name_or_path}.json"
@@ -188,7 +202,20 @@ def load_profile(name_or_path: str | Path) -> CostProfile:
             f"bundled: {', '.join(available_profiles()) or '(none)'}"
         )
     try:
-        data = json.loads(candidate.read_text(encoding="utf-8"))
+        text = candidate.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"profile {str(candidate)!r} is not UTF-8 text (JSON): {exc.reason} "
+                         f"at byte {exc.start}") from None
+    except OSError as exc:
+        raise ValueError(f"profile {str(candidate)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"profile {str(candidate)!r} is not valid JSON: {exc}") from None
-    return CostProfile.from_dict(data)
+    try:
+        return CostProfile.from_dict(data)
+    except ValueError as exc:
+        message = str(exc)
+        # from_dict says "profile ..." of the JSON object; the file is named once, in front.
+        message = message[len("profile "):] if message.startswith("profile ") else message
+        raise ValueError(f"profile {str(candidate)!r}: {message}") from None

@@ -36,7 +36,13 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, comma_items
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, refuse_repeats, run_cell_command
+from lightllm.benchmark.simulator.cell_cli import (
+    MAX_LIST_VALUES,
+    add_cell_arguments,
+    int_range_arg,
+    refuse_repeats,
+    run_cell_command,
+)
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
 from lightllm.benchmark.simulator.frontier import shorts_per_step
@@ -258,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--spared",
         type=int_range_arg,
         default="0,47",
-        help="earliest short prompts left first come: LOW-HIGH/STEP ranges or a comma list of integers >= 0 "
-        "(default 0,47)",
+        help="earliest short prompts left first come: LOW-HIGH/STEP ranges or a comma list of integers >= 0, "
+        f"at most {MAX_LIST_VALUES} values (default 0,47)",
     )
     add_overtake_bound_arguments(parser)
     return parser

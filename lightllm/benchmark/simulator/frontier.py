@@ -29,7 +29,12 @@ from typing import Dict, List, Optional, Sequence, Set, Union
 
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser
-from lightllm.benchmark.simulator.cell_cli import add_cell_arguments, int_range_arg, run_cell_command
+from lightllm.benchmark.simulator.cell_cli import (
+    MAX_LIST_VALUES,
+    add_cell_arguments,
+    int_range_arg,
+    run_cell_command,
+)
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
 from lightllm.benchmark.simulator.scenarios import SEED_RUNNING_MAX_REQ_SIZE, ScenarioSpec
@@ -242,14 +247,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--counts",
         type=int_range_arg,
         default="40-140/10",
-        help="short prompts served early: LOW-HIGH/STEP ranges or a comma list of integers >= 0 (default 40-140/10)",
+        help="short prompts served early: LOW-HIGH/STEP ranges or a comma list of integers >= 0, "
+        f"at most {MAX_LIST_VALUES} values (default 40-140/10)",
     )
     parser.add_argument(
         "--starts",
         type=int_range_arg,
         default="0,16384,32768",
         help="processed prefill tokens before the first is served: LOW-HIGH/STEP ranges or a comma list of "
-        "integers >= 0 (default 0,16384,32768)",
+        f"integers >= 0, at most {MAX_LIST_VALUES} values (default 0,16384,32768)",
     )
     add_overtake_bound_arguments(parser)
     return parser

@@ -17,9 +17,9 @@ The numbers the seed published live in :mod:`lightllm.benchmark.simulator.publis
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from lightllm.benchmark.workloads import ScheduledRequest, WorkloadConfig, build_workload
+from lightllm.benchmark.workloads import SCHEDULE_FROM_SEED, ScheduledRequest, WorkloadConfig, build_workload
 
 MODES: Tuple[str, ...] = ("normal", "1p1d")
 SEED_BUDGETS: Tuple[int, ...] = (1024, 4096)
@@ -39,6 +39,12 @@ class ScenarioSpec:
     name: str
     title: str
     workload: WorkloadConfig
+
+    @property
+    def reads_seed(self) -> bool:
+        """Whether the schedule depends on the seed (the simulator builds no prompt text, so a
+        fixed-time generator's schedule does not)."""
+        return self.workload.name in SCHEDULE_FROM_SEED
 
     def build(self, seed: int = 0) -> List[ScheduledRequest]:
         """The arrival schedule for ``seed`` (only the ``sustained`` generator draws from it)."""
@@ -119,6 +125,17 @@ SCENARIO_GROUPS: Dict[str, Tuple[str, ...]] = {
     "seed_all": SEED_SCENARIOS + ("long_then_stream",),
     "seed_six": SEED_SCENARIOS,
 }
+
+
+def seed_unread_problem(scenarios: List[ScenarioSpec]) -> Optional[str]:
+    """Why a typed ``--seed`` would change nothing for ``scenarios`` (None when one of them reads it):
+    names the scenarios that do read it."""
+    if any(spec.reads_seed for spec in scenarios):
+        return None
+    readers = ", ".join(name for name, spec in SCENARIOS.items() if spec.reads_seed)
+    names = ", ".join(spec.name for spec in scenarios)
+    return (f"--seed changes nothing for {names}: {'its' if len(scenarios) == 1 else 'their'} arrivals are at fixed "
+            f"times (the seed draws the arrivals of {readers})")
 
 
 def resolve_scenarios(names: List[str]) -> List[ScenarioSpec]:

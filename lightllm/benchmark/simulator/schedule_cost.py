@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file, refuse_repeated_flags
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
     KV_VIEWS,
@@ -277,6 +277,15 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
+    for flag, values in (("--sizes", args.sizes), ("--running", args.running), ("--kv-view", args.kv_view),
+                         ("--strategies", args.strategies or [])):
+        # A value named twice would be measured and printed twice (or, for --kv-view, silently once).
+        repeated = [value for index, value in enumerate(values) if value in values[:index]]
+        if repeated:
+            parser.error(f"{flag} names {repeated[0]} twice; name each once")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
     if any(size < 0 or size > MAX_SIZE for size in args.sizes):
         parser.error(f"--sizes must be within [0, {MAX_SIZE}], got {' '.join(map(str, args.sizes))}")
     if any(size < 1 or size > MAX_RUNNING for size in args.running):
@@ -296,7 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
     if args.layout in ("both", "server"):
         server_rows = [
             row
-            for kv_view in dict.fromkeys(args.kv_view)
+            for kv_view in args.kv_view
             for row in run_server(
                 args.sizes,
                 args.running,

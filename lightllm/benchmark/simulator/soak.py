@@ -20,6 +20,14 @@ from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
+# Most requests one strategy's soak run may send (rate x duration).  The documented runs send
+# 45,000 to 91,000 (one or two simulated hours at the H100 profile's 12.6 req/s), about 10 s of
+# wall time per 45,000 on a quiet machine; a million is some 22 simulated hours at that rate and
+# minutes per strategy.  Beyond it a run is a typo (``--soak-rate 1e12``) that would generate
+# requests until memory runs out.
+MAX_SOAK_REQUESTS = 1_000_000
+
+
 @dataclasses.dataclass(frozen=True)
 class SoakConfig:
     """Traffic and server settings of a soak run.
@@ -83,6 +91,29 @@ def estimate_capacity_rate(profile: CostProfile, cfg: SoakConfig) -> float:
     return cfg.budget / step_s / mean_prompt
 
 
+def soak_request_rate(profile: CostProfile, cfg: SoakConfig) -> float:
+    """The soak stream's rate in req/s: ``cfg.request_rate``, or ``cfg.load`` times the estimated capacity."""
+    return cfg.request_rate or cfg.load * estimate_capacity_rate(profile, cfg)
+
+
+def expected_soak_requests(profile: CostProfile, cfg: SoakConfig) -> float:
+    """About how many requests one strategy's soak run sends: its rate times its duration."""
+    return soak_request_rate(profile, cfg) * cfg.hours * 3600.0
+
+
+def soak_size_problem(profile: CostProfile, cfg: SoakConfig) -> Optional[str]:
+    """Why the soak run is too large to simulate (None when it is not): more than
+    :data:`MAX_SOAK_REQUESTS` requests.  The message names the fields (``hours``,
+    ``request_rate``, ``load``); the command line words its own with the flags."""
+    rate = soak_request_rate(profile, cfg)
+    expected = expected_soak_requests(profile, cfg)
+    if expected <= MAX_SOAK_REQUESTS:
+        return None
+    source = "request_rate" if cfg.request_rate else f"load {cfg.load:g} x the estimated capacity"
+    return (f"hours {cfg.hours:g} at {rate:.4g} req/s ({source}) is about {expected:,.0f} requests per strategy, "
+            f"more than the {MAX_SOAK_REQUESTS:,} a soak run simulates; shorten hours or lower the rate")
+
+
 @dataclasses.dataclass
 class SoakResult:
     """Wait statistics of one strategy's soak run (seconds)."""
@@ -104,8 +135,15 @@ class SoakResult:
 
 
 def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult:
-    """Simulate ``cfg.hours`` of sustained traffic with ``strategy`` and report the waits."""
-    rate = cfg.request_rate or cfg.load * estimate_capacity_rate(profile, cfg)
+    """Simulate ``cfg.hours`` of sustained traffic with ``strategy`` and report the waits.
+
+    Raises:
+        ValueError: the run would send more than :data:`MAX_SOAK_REQUESTS` requests.
+    """
+    problem = soak_size_problem(profile, cfg)
+    if problem is not None:
+        raise ValueError(problem)
+    rate = soak_request_rate(profile, cfg)
     workload = build_workload(
         WorkloadConfig(
             name="sustained",

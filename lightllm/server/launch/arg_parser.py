@@ -17,6 +17,10 @@ from lightllm.server.launch.http_flags import add_http_flags
 from lightllm.server.launch.one_line_parser import OneLineErrorParser
 from lightllm.utils.one_line_errors import finite_float
 from lightllm.server.launch.pd_flags import add_pd_flags
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
+    MAX_PREFILL_OVERTAKE_FRACTION,
+    MAX_PREFILL_OVERTAKE_TOKENS,
+)
 from lightllm.server.run_mode import RUN_MODES
 
 
@@ -36,12 +40,6 @@ def _default_overtake_bound():
     return OvertakeBoundSpec()
 
 
-# Upper limits of the overtaking-bound flags.  Rank 0 publishes both to the int64 shared stats
-# block (the fraction in millionths), and beyond these a bound no longer limits anything a server
-# could do: 10**12 tokens is months of prefill work; a request allowed to lose 1000 times its
-# FCFS wait is as good as unbounded, which --disable_prefill_overtake_bound says plainly.
-MAX_PREFILL_OVERTAKE_TOKENS = 10**12
-MAX_PREFILL_OVERTAKE_FRACTION = 1000.0
 
 
 def make_argument_parser() -> argparse.ArgumentParser:

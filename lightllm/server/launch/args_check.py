@@ -12,14 +12,13 @@ import re
 from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.arg_parser import (
-    MAX_PREFILL_OVERTAKE_FRACTION,
-    MAX_PREFILL_OVERTAKE_TOKENS,
-    flag_names,
-    flags_given,
-)
+from lightllm.server.launch.arg_parser import flag_names, flags_given
 from lightllm.server.launch.flag_combinations import check_flag_combinations
 from lightllm.server.launch.host_names import host_problem
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
+    MAX_PREFILL_OVERTAKE_FRACTION,
+    MAX_PREFILL_OVERTAKE_TOKENS,
+)
 from lightllm.server.launch.seconds_flags import check_seconds_flags
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
@@ -27,24 +26,24 @@ from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
 # PD flags read by one kind of PD process only (the master refuses node flags itself:
 # master_start.check_master_flags); given to any other role they are refused, not ignored.
-_DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
+DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
 # The wire's page size is the prefill side's: each transfer's header carries it and a decode node
 # follows the header. (--pd_transfer_port, prefill-only too, has its own check in _validate_pd_args.)
-_PREFILL_ONLY_FLAGS = ("pd_kv_page_size",)
+PREFILL_ONLY_FLAGS = ("pd_kv_page_size",)
 _MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
                       "pd_prefix_affinity_tokens")
 # The prefill queue's order and its bound: a decode node never prefills a prompt (it receives the
 # KV), so there they would order nothing.
-_PREFILL_QUEUE_FLAGS = ("prefill_queue_strategy", "prefill_max_overtake_tokens", "prefill_overtake_fraction",
+PREFILL_QUEUE_FLAGS = ("prefill_queue_strategy", "prefill_max_overtake_tokens", "prefill_overtake_fraction",
                         "disable_prefill_overtake_bound")
 # The prefill step's budget: a decode node's forwards are decode steps only (at most
 # --running_max_req_size rows; a segment that runs out of KV ends rather than being prefilled
 # again), so these would shape nothing there.
-_PREFILL_BUDGET_FLAGS = ("chunked_prefill_size", "batch_max_tokens", "disable_chunked_prefill",
+PREFILL_BUDGET_FLAGS = ("chunked_prefill_size", "batch_max_tokens", "disable_chunked_prefill",
                          "disable_mixed_batches")
 # A prefill node never decodes (each request leaves it after its first token), so it runs no
 # mixed prefill/decode batches to turn off.
-_MIXED_BATCH_FLAGS = ("disable_mixed_batches",)
+MIXED_BATCH_FLAGS = ("disable_mixed_batches",)
 # How often the master hears from each node: below this a loaded node's heartbeat misses the
 # window and healthy nodes are dropped; above it a dead node goes unnoticed for minutes.
 PD_HEARTBEAT_INTERVAL_RANGE = (0.5, 60.0)
@@ -72,25 +71,25 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
                                 "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
         return
     if run_mode == "prefill":
-        given = flags_given(args, _DECODE_ONLY_FLAGS)
+        given = flags_given(args, DECODE_ONLY_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
                                 "(--run_mode decode), not by a prefill node")
-        if flags_given(args, _MIXED_BATCH_FLAGS):
+        if flags_given(args, MIXED_BATCH_FLAGS):
             raise ArgumentError("--disable_mixed_batches: a prefill node never decodes (each request leaves it after "
                                 "its first token), so it runs no mixed batches; give it to a normal server")
     if run_mode == "decode":
-        given = flags_given(args, _PREFILL_ONLY_FLAGS)
+        given = flags_given(args, PREFILL_ONLY_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by prefill nodes only "
                                 "(--run_mode prefill), not by a decode node, which takes the page size from each "
                                 "transfer's header")
-        given = flags_given(args, _PREFILL_QUEUE_FLAGS)
+        given = flags_given(args, PREFILL_QUEUE_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
                                 "(it receives the KV), so it has no prefill queue to order; give "
                                 f"{'it' if len(given) == 1 else 'them'} to the prefill node")
-        given = flags_given(args, _PREFILL_BUDGET_FLAGS)
+        given = flags_given(args, PREFILL_BUDGET_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
                                 "(it receives the KV; its forwards are decode steps of at most --running_max_req_size "

@@ -21,10 +21,17 @@ import argparse
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfigError
 from lightllm.server.launch.arg_parser import flag_names, flags_given
+from lightllm.server.launch.args_check import (
+    DECODE_ONLY_FLAGS,
+    MIXED_BATCH_FLAGS,
+    PREFILL_BUDGET_FLAGS,
+    PREFILL_ONLY_FLAGS,
+    PREFILL_QUEUE_FLAGS,
+)
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
 from lightllm.server.launch.checkpoint_reading import read_checkpoint
 from lightllm.server.launch.sizing import resolve_max_req_total_len
@@ -56,19 +63,58 @@ MASTER_FLAGS = frozenset({
 })
 
 
+# The flags each node role refuses, taken from the nodes' own checks (args_check), so the master
+# names the role that takes a flag rather than sending it to a node that refuses it too.  Only
+# --pd_transfer_port is refused off a prefill node by a check of its own (_validate_pd_args)
+# rather than through a list.
+_REFUSED_BY_ROLE = {
+    "prefill": frozenset(DECODE_ONLY_FLAGS + MIXED_BATCH_FLAGS),
+    "decode": frozenset(PREFILL_ONLY_FLAGS + PREFILL_QUEUE_FLAGS + PREFILL_BUDGET_FLAGS + ("pd_transfer_port",)),
+}
+
+
+def node_roles_taking(name: str) -> Tuple[str, ...]:
+    """The PD node roles (``prefill``, ``decode``) that accept the flag ``name`` (its dest); none
+    for a flag only a normal server reads (``disable_mixed_batches``)."""
+    return tuple(role for role, refused in _REFUSED_BY_ROLE.items() if name not in refused)
+
+
+def _where_it_goes(roles: Tuple[str, ...], count: int) -> str:
+    """Where ``count`` flags that ``roles`` take belong, as the refusal says it."""
+    them = "it" if count == 1 else "them"
+    if roles == ("prefill", "decode"):
+        return "the prefill and decode nodes"
+    if len(roles) == 1:
+        other = "decode" if roles[0] == "prefill" else "prefill"
+        return f"the {roles[0]} nodes (--run_mode {roles[0]}: a {other} node refuses {them})"
+    return f"a normal server (--run_mode normal: every PD node refuses {them})"
+
+
 def check_master_flags(args: argparse.Namespace) -> None:
     """Refuse (``ValueError``, one line) flags of model nodes given to the master.
 
     The master runs no model: ``--tp``, KV sizing, the prefill-queue strategy, segment limits
     and the like belong on the prefill and decode nodes; silently ignoring them here would hide
-    a misconfigured cluster.
+    a misconfigured cluster.  The message says which role takes each flag (the prefill-queue
+    flags go to the prefill nodes only: a decode node refuses them).
     """
     given = sorted(flags_given(args, [name for name in flag_names(args) if name not in MASTER_FLAGS]))
-    if given:
-        flags = ", ".join(f"--{name}" for name in given)
-        raise ValueError(f"{flags} configure{'s' if len(given) == 1 else ''} prefill/decode nodes and "
-                         f"do{'es' if len(given) == 1 else ''} nothing on --run_mode pd_master; give "
-                         f"{'it' if len(given) == 1 else 'them'} to the nodes")
+    if not given:
+        return
+    by_roles: Dict[Tuple[str, ...], List[str]] = {}
+    for name in given:
+        by_roles.setdefault(node_roles_taking(name), []).append(f"--{name}")
+    one = len(given) == 1
+    if len(by_roles) == 1:
+        (roles, flags), = by_roles.items()
+        where = f"{'it' if one else 'them'} to {_where_it_goes(roles, len(flags))}"
+    else:
+        # Nodes of both roles first, then one role, then none: the common case leads.
+        order = sorted(by_roles, key=lambda roles: -len(roles))
+        where = "; ".join(f"{', '.join(by_roles[roles])} to {_where_it_goes(roles, len(by_roles[roles]))}"
+                          for roles in order)
+    raise ValueError(f"{', '.join(f'--{name}' for name in given)} configure{'s' if one else ''} model nodes and "
+                     f"do{'es' if one else ''} nothing on --run_mode pd_master; give {where}")
 
 
 def build_served_model(args: argparse.Namespace) -> ServedModel:

@@ -102,3 +102,63 @@ def test_a_workload_flag_no_listed_workload_reads_is_refused_before_any_server(t
     from lightllm.benchmark.compare_strategies import check_workload_flags_apply
 
     check_workload_flags_apply(["long_first", "sustained"], {"request_rate": "--request-rate"})
+
+
+def _refused_before_anything_starts(tmp_path, monkeypatch, capsys, *extra) -> str:
+    """The one error line ``compare_strategies`` exits 2 with; it never reached the run."""
+    from lightllm.benchmark import compare_strategies
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the run was reached: prompts built and servers started")
+
+    monkeypatch.setattr(compare_strategies, "run_comparison", never)
+    (tmp_path / "config.json").write_text("{}")
+    argv = ["--model_dir", str(tmp_path), "--out-dir", str(tmp_path / "out"), "--workload", "long_first", *extra]
+    with pytest.raises(SystemExit) as refused:
+        compare_strategies.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert not (tmp_path / "out").exists()
+    return err[0]
+
+
+@pytest.mark.parametrize("host, message", [
+    ("not_a_host!!", "argument --host: no server can listen on 'not_a_host!!' here"),
+    ("no-such-host.invalid", "argument --host: no server can listen on 'no-such-host.invalid' here"),
+    ("192.0.2.1", "argument --host: no server can listen on '192.0.2.1' here"),  # TEST-NET-1: no machine's own
+    ("::1", "argument --host: '::1' is an IPv6 address; the servers are started on IPv4"),
+    ("", "argument --host: must name a host"),
+])
+def test_a_host_no_server_can_listen_on_is_refused_before_anything_starts(host, message, tmp_path, monkeypatch, capsys):
+    """It passed until the first launch bound a port there: a socket.gaierror or OSError 99 traceback."""
+    assert message in _refused_before_anything_starts(tmp_path, monkeypatch, capsys, "--host", host)
+
+
+def test_a_host_of_this_machine_is_taken(tmp_path):
+    for host in ("127.0.0.1", "localhost"):
+        assert _options(tmp_path, "--workload", "long_first", "--host", host) is not None
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--settle", "inf"], "argument --settle: must be a finite number, got 'inf'"),
+    (["--settle", "nan"], "argument --settle: must be a finite number, got 'nan'"),
+    (["--settle", "1e12"], "--settle must be a finite number of seconds, at most 600, got 1e+12"),
+    (["--start-timeout", "inf"], "argument --start-timeout: must be a finite number"),
+    (["--request-timeout", "nan"], "argument --request-timeout: must be a finite number"),
+    (["--output-len", "0"], "--output-len must be > 0, got 0"),
+])
+def test_times_and_lengths_are_refused_naming_the_flag_typed(extra, message, tmp_path, monkeypatch, capsys):
+    """--settle inf / nan / 1e12 crashed in time.sleep after the servers started; --output-len 0 was
+    refused as --short-output-len, a flag the user did not type."""
+    assert message in _refused_before_anything_starts(tmp_path, monkeypatch, capsys, *extra)
+
+
+def test_a_per_class_output_length_is_named_when_it_is_the_bad_one():
+    from lightllm.benchmark.workloads import WorkloadConfig, build_workload
+
+    with pytest.raises(ValueError, match="^short_output_len must be > 0"):
+        build_workload(WorkloadConfig(name="long_first", short_output_len=0))
+    with pytest.raises(ValueError, match="^output_len must be > 0"):
+        build_workload(WorkloadConfig(name="long_first", output_len=0, long_output_len=4))
+    # Both classes have their own length: output_len is read by neither.
+    build_workload(WorkloadConfig(name="long_first", output_len=0, long_output_len=4, short_output_len=4))

@@ -180,3 +180,18 @@ def test_the_where_flags_go_hint_follows_only_a_refusal_of_another_roles_flag():
     value = ServerRefusedError("server refused to start (x_prefill.log): error: --tp 3 must divide "
                                "num_attention_heads (4), num_key_value_heads (2) and intermediate_size (64)")
     assert _pd_refusal_hint("1p1d", value) == ""
+
+
+@pytest.mark.parametrize("flag", [["--prefill_queue_strategy", "hrrn"], ["--tp", "1"],
+                                  ["--pd_max_segment_tokens", "8"]])
+def test_the_hint_follows_the_masters_own_refusal_of_a_node_flag(flag):
+    """The master's wording is matched by text: this holds the two together."""
+    from lightllm.benchmark.compare_strategies import _pd_refusal_hint
+    from lightllm.benchmark.server_process import ServerRefusedError
+    from lightllm.server.launch.arg_parser import parse_server_args
+    from lightllm.server.launch.pd_master import check_master_flags
+
+    with pytest.raises(ValueError) as refused:
+        check_master_flags(parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", *flag]))
+    error = ServerRefusedError(f"server refused to start (x_master.log): error: {refused.value}")
+    assert "--master-args" in _pd_refusal_hint("1p1d", error)

@@ -45,8 +45,7 @@ def tiny_kv_profile(tmp_path):
     (["--soak-hours", "0.01", "--budget", "1024,4096"], "--budget must name one value with --soak-hours"),
     (["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "--strategies", "hrrn,hrrn"],
      "--strategies names 'hrrn' twice"),
-    (["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "--budget", "1024"],
-     "--budget names 1024 twice"),
+    (["--scenario", "long_first", "--modes", "normal", "--budget", "1024,1024"], "--budget names 1024 twice"),
     (["--scenario", "long_first", "--modes", "normal,normal", "--budget", "1024"], "--modes names 'normal' twice"),
     (["--running-max-req-size", "0", *_CELL], "--running-max-req-size must be >= 1"),
 ])

@@ -144,7 +144,7 @@ def test_prefill_step_flags_stay_with_the_prefill_node_and_a_normal_server():
 
 def test_the_master_refuses_a_node_flag_written_with_its_default_value():
     args = parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--tp", "1"])
-    with pytest.raises(ValueError, match="--tp configures prefill/decode nodes"):
+    with pytest.raises(ValueError, match="--tp configures model nodes .* give it to the prefill and decode nodes"):
         check_master_flags(args)
     check_master_flags(parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--port", "8000"]))
 

@@ -97,7 +97,10 @@ def test_node_flags_on_the_master_are_refused() -> None:
     with pytest.raises(ValueError) as err:
         check_master_flags(parser.parse_args(["--run_mode", "pd_master", "--model_dir", "m", "--tp", "2",
                                               "--pd_max_segment_tokens", "8"]))
-    assert str(err.value).startswith("--pd_max_segment_tokens, --tp configure prefill/decode nodes")
+    assert str(err.value).startswith("--pd_max_segment_tokens, --tp configure model nodes")
+    # Each flag goes to the role that takes it: a decode node refuses what only a prefill node reads.
+    assert ("give --tp to the prefill and decode nodes; --pd_max_segment_tokens to the decode nodes"
+            in str(err.value))
 
 
 def test_a_draining_master_is_unhealthy_and_refuses(cluster: Cluster) -> None:

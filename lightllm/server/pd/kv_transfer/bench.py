@@ -17,23 +17,28 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
+from lightllm.utils.one_line_errors import OneLineErrorParser
 
 
 def _geometry(model_dir: Path) -> Dict[str, object]:
+    """The KV cache's shape and dtype from ``model_dir/config.json`` (``KeyError`` for a missing key)."""
     config = json.loads((model_dir / "config.json").read_text())
     heads = config["num_attention_heads"]
     dtype_name = config.get("torch_dtype") or config.get("dtype") or "float32"
+    dtype = getattr(torch, str(dtype_name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {dtype_name!r} is not a torch dtype")
     return {
         "num_layers": config["num_hidden_layers"],
         "kv_heads": config.get("num_key_value_heads", heads),
         "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-        "dtype": getattr(torch, dtype_name),
+        "dtype": dtype,
     }
 
 
@@ -88,19 +93,35 @@ def measure(model_dir: Path, tokens: int, page_sizes: List[int], repeat: int) ->
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: one-line usage errors (``error: ...``, exit 2), as every tool's."""
+    parser = OneLineErrorParser(prog="python -m lightllm.server.pd.kv_transfer.bench",
+                                description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", type=Path, required=True,
                         help="checkpoint whose config.json gives the KV geometry")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per transfer")
-    parser.add_argument("--page_sizes", type=int, nargs="+", default=[64, 256, 1024], help="tokens per page")
+    parser.add_argument("--page_sizes", type=int, nargs="+", default=[64, 256, 1024],
+                        help="tokens per page, each page size measured once (default 64 256 1024)")
     parser.add_argument("--repeat", type=int, default=5, help="timed transfers per page size")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """CLI entry point; a bad flag or checkpoint exits with status 2 and a one-line error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not (args.model_dir / "config.json").is_file():
         parser.error(f"--model_dir {args.model_dir} has no config.json")
     if args.tokens <= 0 or args.repeat <= 0 or min(args.page_sizes) <= 0:
         parser.error("--tokens, --repeat and --page_sizes must be positive")
-    geometry = _geometry(args.model_dir)
+    if len(set(args.page_sizes)) != len(args.page_sizes):
+        parser.error(f"--page_sizes names a page size twice ({' '.join(map(str, args.page_sizes))}); name each once")
+    try:
+        geometry = _geometry(args.model_dir)
+    except (ValueError, KeyError, TypeError, OSError, ZeroDivisionError) as exc:
+        # A config.json that is not JSON, lacks a shape key or names no torch dtype.
+        why = f"no {exc} key" if isinstance(exc, KeyError) else str(exc)
+        parser.error(f"--model_dir {args.model_dir}: config.json gives no KV geometry ({why})")
     print(f"geometry: {geometry}, {args.tokens} tokens per transfer, median of {args.repeat}")
     print(f"{'page_size':>9} {'MiB':>7} {'ms':>8} {'ms/1K tok':>10} {'MiB/s':>8}")
     for row in measure(args.model_dir, args.tokens, args.page_sizes, args.repeat):

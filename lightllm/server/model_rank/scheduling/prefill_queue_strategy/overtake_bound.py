@@ -43,6 +43,13 @@ from lightllm.server.model_rank.scheduling.overtake_record import OvertakeRecord
 # little compared with default.
 DEFAULT_PREFILL_MAX_OVERTAKE_TOKENS = 2048
 DEFAULT_PREFILL_OVERTAKE_FRACTION = 0.15
+# Upper limits of the bound's values (the server's flags and the simulator's take the same).
+# Rank 0 publishes both to the int64 shared stats block (the fraction in millionths), and beyond
+# these a bound no longer limits anything a server could do: 10**12 tokens is months of prefill
+# work; a request allowed to lose 1000 times its FCFS wait is as good as unbounded, which
+# --disable_prefill_overtake_bound says plainly.
+MAX_PREFILL_OVERTAKE_TOKENS = 10**12
+MAX_PREFILL_OVERTAKE_FRACTION = 1000.0
 
 
 @dataclass(frozen=True)
