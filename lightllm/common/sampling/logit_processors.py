@@ -61,7 +61,9 @@ def penalised(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         seen.scatter_(0, batch.seen_cells, True)
         penalty = batch.repetition_penalties[:, None]
         penalised_logits = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits = within_float32(torch.where(seen.view_as(logits), penalised_logits, logits))
+        # A token masked before (structured output's -inf) stays masked: the clamp of the
+        # overflow guard would otherwise turn it into the lowest float32, a finite logprob.
+        logits = within_float32(torch.where(seen.view_as(logits), penalised_logits, logits), torch.isneginf(logits))
     if batch.counted_cells is not None:
         ones = torch.ones(1, dtype=torch.float32, device=logits.device).expand(batch.counted_cells.shape)
         counts = torch.zeros(cells, dtype=torch.float32, device=logits.device)

@@ -63,3 +63,17 @@ def test_input_penalty_counts_prompt_tokens_in_presence_and_frequency():
     # Row 0 counts the prompt: token 1 twice, token 2 twice (prompt + output).
     assert out[0].tolist() == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
     assert out[1].tolist() == [0.0, 0.0, -0.75, 0.0, 0.0, 0.0]
+
+
+def test_a_masked_token_stays_masked_under_a_repetition_penalty():
+    """A structured-output mask (-inf) reached the logprobs as the lowest float32 (-3.4e38, where
+    the OpenAI layer shows -inf as -9999.0) whenever a repetition penalty applied."""
+    logits = torch.tensor([[2.0, float("-inf"), 0.5, float("-inf")]] * 2)
+    params = [SamplingParams(repetition_penalty=1.05, logprobs=4),
+              SamplingParams(repetition_penalty=1.05, temperature=0.7, logprobs=4)]
+    batch = build(params, [[0, 1], [0, 1]], [[2], [2]], vocab=4)
+    penalised = apply_penalties(logits, batch)
+    assert torch.isneginf(penalised[:, [1, 3]]).all()
+    out = Sampler(3).sample(logits, batch)
+    # The two masked tokens are the last two of every row's four alternatives.
+    assert torch.isneginf(out.top_logprobs[:, 2:]).all() and torch.isfinite(out.top_logprobs[:, :2]).all()
