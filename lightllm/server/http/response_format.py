@@ -4,7 +4,8 @@ Chat completions take it as OpenAI does; ``/v1/completions`` takes it too, as vL
 
 ``{"type": "text"}`` (or no ``response_format``) means free text.  ``json_object`` constrains
 the output to a JSON object, ``json_schema`` to JSON valid under the given schema (as OpenAI's
-``strict`` mode); both become an llguidance grammar that the model rank applies as a token mask
+``strict`` mode: an object listing its properties takes no others unless the schema says so,
+:mod:`lightllm.server.http.closed_objects`); both become an llguidance grammar that the model rank applies as a token mask
 (:mod:`lightllm.server.model_rank.execution.structured_output`).  A schema the
 grammar compiler cannot use is a 400 naming ``response_format.json_schema.schema``.
 """
@@ -16,6 +17,7 @@ import re
 from typing import Any, Optional
 
 from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
+from lightllm.server.http.closed_objects import closed_objects
 from lightllm.server.http.errors import invalid_request
 
 
@@ -88,7 +90,8 @@ def _compile(schema: Any, param: str) -> str:
     try:
         # Compact JSON (no free whitespace between tokens): a weak or random model cannot stall in
         # endless whitespace, and a bounded schema always ends within a bounded number of tokens.
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema),
+                                                                defaults={"whitespace_flexible": False})
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
         raise invalid_request(f"invalid JSON schema: {str(exc) or type(exc).__name__}", param) from None
     return validated_grammar(grammar, param, "JSON schema")

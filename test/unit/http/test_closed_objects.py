@@ -1,0 +1,56 @@
+"""An object schema that lists its properties takes no others (vLLM's xgrammar strict mode, OpenAI's
+strict mode), unless it says so; the schema's data and allOf branches are left alone."""
+
+from __future__ import annotations
+
+import llguidance
+import pytest
+
+from lightllm.server.http.closed_objects import closed_objects
+from lightllm.server.http.response_format import _byte_tokenizer, compile_json_schema, response_format_grammar
+
+# As pydantic writes a model's schema: no additionalProperties.
+PERSON = {"properties": {"name": {"title": "Name", "type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "title": "Person", "type": "object"}
+
+
+def _accepts(grammar: str, text: str) -> bool:
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    return bool(matcher.consume_tokens(list(text.encode()))) and not matcher.is_error() and matcher.is_accepting()
+
+
+def test_a_pydantic_schema_takes_no_undeclared_key():
+    grammar = compile_json_schema(PERSON, "tools")
+    assert _accepts(grammar, '{"name":"a","age":3}')
+    assert not _accepts(grammar, '{"name":"a","age":3,"extra":1}')
+
+
+def test_nested_objects_and_definitions_are_closed_too():
+    schema = {"type": "object", "properties": {"who": {"$ref": "#/$defs/Person"}}, "required": ["who"],
+              "$defs": {"Person": PERSON}}
+    grammar = compile_json_schema(schema, "tools")
+    assert _accepts(grammar, '{"who":{"name":"a","age":3}}')
+    assert not _accepts(grammar, '{"who":{"name":"a","age":3,"x":1}}')
+    assert not _accepts(grammar, '{"who":{"name":"a","age":3},"x":1}')
+
+
+@pytest.mark.parametrize("opening", [{"additionalProperties": True}, {"additionalProperties": {"type": "integer"}},
+                                     {"patternProperties": {"^x": {"type": "integer"}}}])
+def test_a_schema_that_says_what_other_keys_may_do_keeps_its_rule(opening):
+    grammar = compile_json_schema({**PERSON, **opening}, "tools")
+    assert _accepts(grammar, '{"name":"a","age":3,"x":1}')
+
+
+def test_json_object_mode_and_allof_branches_stay_open():
+    assert _accepts(response_format_grammar({"type": "json_object"}), '{"z":1}')
+    both = {"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}},
+                                        {"properties": {"b": {"type": "integer"}}}]}
+    assert _accepts(compile_json_schema(both, "tools"), '{"a":1,"b":2}')
+
+
+def test_data_keywords_are_not_rewritten_and_the_input_is_not_changed():
+    schema = {"type": "object", "properties": {"p": {"const": {"properties": {}}, "default": {"properties": {}}}}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["p"] == {"const": {"properties": {}}, "default": {"properties": {}}}
+    assert "additionalProperties" not in schema
