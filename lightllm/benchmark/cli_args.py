@@ -306,8 +306,9 @@ def sequence_too_long(model_dir: str, lengths: Mapping[str, int], *, exact_atten
     the refusal names what the user typed.  Checked before the model loads: the runtime refused
     an overlong sequence only in its first forward, and transformers computed past the
     positions the model was trained on.  ``exact_attention``: the limit is the window of a
-    sliding-window model when shorter (our runtime attends to the whole sequence), not only
-    ``max_position_embeddings``.
+    sliding-window model when shorter (our runtime attends to the whole sequence), not only the
+    context the checkpoint declares (``max_position_embeddings``, times the factor of ``linear``
+    and ``dynamic`` RoPE scaling).
     """
     from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 
@@ -315,11 +316,13 @@ def sequence_too_long(model_dir: str, lengths: Mapping[str, int], *, exact_atten
         config = ModelConfig.from_dir(model_dir)
     except ModelConfigError as exc:
         return f"--model_dir {model_dir!r} holds no usable config.json: {exc}"
-    limit = config.context_limit if exact_attention else config.max_position_embeddings
+    limit = config.context_limit if exact_attention else config.rope_context
     total = sum(lengths.values())
     if total <= limit:
         return None
     given = " plus ".join(f"{flag} {value}" for flag, value in lengths.items())
     window = exact_attention and config.sliding_window is not None
-    source = "max_position_embeddings" + (", or its sliding window," if window else "")
+    scaled = config.rope_context != config.max_position_embeddings
+    source = ("max_position_embeddings" + (f" x its {config.rope.rope_type} rope factor" if scaled else "")
+              + (", or its sliding window," if window else ""))
     return f"{given} is {total} tokens, more than the model's context of {limit} ({source} in {model_dir}/config.json)"
