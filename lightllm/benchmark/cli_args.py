@@ -28,7 +28,7 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float
 
@@ -220,15 +220,8 @@ def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
     Both spellings of an option count as the same flag.  Call it after ``parse_args`` succeeded,
     as :func:`given_flags`.
     """
-    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
     seen: Dict[str, str] = {}
-    for token in argv:
-        if token == "--":
-            break
-        option = token.split("=", 1)[0] if token.startswith("--") else token
-        dest = dests.get(option)
-        if dest is None:
-            continue
+    for dest, option in _typed_options(parser, argv):
         if dest in seen:
             also = "" if option == seen[dest] else f" (also as {option})"
             parser.error(f"{seen[dest]} is given twice{also}; give it once, with all its values")
@@ -243,15 +236,21 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[st
     never guess a flag from its prefix (``allow_abbrev=False``); call it after ``parse_args``
     succeeded, so a flag-like token can only be a flag.
     """
-    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
     given: Dict[str, str] = {}
+    for dest, option in _typed_options(parser, argv):
+        given.setdefault(dest, option)
+    return given
+
+
+def _typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Iterator[Tuple[str, str]]:
+    """``(dest, option as typed)`` of every option token of ``parser`` in ``argv``, in order."""
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
     for token in argv:
         if token == "--":
-            break
+            return
         option = token.split("=", 1)[0] if token.startswith("--") else token
         if option in dests:
-            given.setdefault(dests[option], option)
-    return given
+            yield dests[option], option
 
 
 # A snake_case name (``long_count``) that is not part of a flag (``--max_total_token_num``) nor
