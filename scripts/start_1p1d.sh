@@ -126,6 +126,14 @@ done
 command -v curl >/dev/null || die "curl is needed to poll the master's /health; install it first"
 command -v setsid >/dev/null || die "setsid (util-linux) is needed to start the processes; install it first"
 
+# Bad directories are refused before anything is created: a given --model_dir first, then
+# --log_dir, and only then is the demo model generated.
+[ -z "$MODEL_DIR" ] || [ -d "$MODEL_DIR" ] || die "--model_dir $MODEL_DIR is not a directory"
+if [ -z "$LOG_DIR" ]; then
+    LOG_DIR="$(mktemp -d /tmp/lightllm_1p1d.XXXXXX)" || die "could not create a log directory"
+fi
+mkdir -p "$LOG_DIR" || die "could not create --log_dir $LOG_DIR"
+
 if [ -z "$MODEL_DIR" ]; then
     MODEL_DIR="$DEMO_DIR"
     if [ ! -f "$MODEL_DIR/config.json" ]; then
@@ -133,12 +141,6 @@ if [ -z "$MODEL_DIR" ]; then
         "$PYTHON" -m lightllm.utils.demo_model --out "$MODEL_DIR" --size tiny || die "could not generate the demo model"
     fi
 fi
-[ -d "$MODEL_DIR" ] || die "--model_dir $MODEL_DIR is not a directory"
-
-if [ -z "$LOG_DIR" ]; then
-    LOG_DIR="$(mktemp -d /tmp/lightllm_1p1d.XXXXXX)" || die "could not create a log directory"
-fi
-mkdir -p "$LOG_DIR" || die "could not create --log_dir $LOG_DIR"
 
 MASTER_PID=""
 PREFILL_PID=""

@@ -56,6 +56,25 @@ class XpydCluster:
             assert time.monotonic() < deadline, f"the master never listed {names}: {sorted(self.listed())}"
             time.sleep(0.2)
 
+    def wait_idle_as_listed(self, role: str, timeout: float = 120) -> None:
+        """Until the master's view of every ``role`` node is idle: no running request and all KV free.
+
+        Placement reads these reports; a node still reporting the last test's KV would look fuller
+        than its peers and get none of a burst."""
+        def idle(node: Dict[str, Any]) -> bool:
+            load = node.get("load") or {}
+            return (load.get("running_requests") == 0 and load.get("free_kv_tokens") is not None
+                    and load.get("free_kv_tokens") == load.get("kv_capacity_tokens"))
+
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = [node for node in self.listed().values() if node.get("role") == role]
+            assert nodes, f"the master lists no {role} node: {self.listed()}"
+            if all(idle(node) for node in nodes):
+                return
+            assert time.monotonic() < deadline, f"the master never saw the {role} nodes idle: {nodes}"
+            time.sleep(0.2)
+
     def wait_unlisted(self, name: str) -> None:
         deadline = time.monotonic() + DEAD_NODE_BOUND_S
         while name in self.listed():
@@ -151,6 +170,8 @@ def test_2p2d_greedy_equals_a_normal_server_and_every_node_works(xpyd, normal):
 
 def test_killing_one_decode_node_fails_only_its_streams(xpyd, normal):
     bodies = _bodies_for_model(normal.model_name, 6, max_tokens=600, stream=True)
+    # Both decode nodes equally empty as the master sees them, so the six streams spread over both.
+    xpyd.wait_idle_as_listed("decode")
 
     async def stream_all() -> List[Tuple[int, List[str]]]:
         async with httpx.AsyncClient(timeout=180) as client:
@@ -174,14 +195,18 @@ def test_killing_one_decode_node_fails_only_its_streams(xpyd, normal):
             assert killed.is_set()
             return results
 
-    results = asyncio.run(stream_all())
+    try:
+        results = asyncio.run(stream_all())
+    finally:
+        # Killed or not, d2 leaves the cluster here, so a failure cannot leave a dead node to the next test.
+        dead = xpyd.nodes.pop("d2")
     failed = [lines for _, lines in results if any('"error"' in line and line.startswith('data: {"error"') for line in lines)]
     finished = [lines for _, lines in results if lines and lines[-1] == "data: [DONE]" and lines not in failed]
     # Placement spreads six streams over both decode nodes: some end with an error, the others finish.
     assert failed and finished, [lines[-1] for _, lines in results]
     assert len(failed) + len(finished) == len(bodies)
     xpyd.wait_unlisted("d2")
-    xpyd.nodes.pop("d2").stop()
+    dead.stop()
     # The cluster still serves, on d1.
     again = _texts(asyncio.run(_post_all(xpyd.master.url, _bodies_for_model(normal.model_name, 4))))
     assert again == _texts(asyncio.run(_post_all(normal.url, _bodies_for_model(normal.model_name, 4))))

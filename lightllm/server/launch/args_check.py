@@ -120,7 +120,8 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not 0 < value < 65536:
             raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
-    if args.pd_transfer_port is not None and args.run_mode != "prefill":
+    # The master refuses every node flag itself, naming the role that takes it (pd_master.py).
+    if args.pd_transfer_port is not None and args.run_mode not in ("prefill", "pd_master"):
         raise ArgumentError("--pd_transfer_port is for prefill nodes (--run_mode prefill); a decode node joins the "
                             "port the master gives it")
     for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):

@@ -286,9 +286,6 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
 
             return run_pd_master(args, front_door)
         model_config, request_defaults = read_checkpoint(args)
-        # The ranks read these files after the shared memory and every process exist: a
-        # directory they cannot load is refused now, in one line.
-        check_weight_files(args)
         facts = read_device_facts(args.device)
         if facts.probed:
             log.info("device probe: %d CUDA device(s) visible%s", facts.cuda_device_count,
@@ -297,6 +294,10 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         # The attention and linear backends are resolved by each rank (see the module docstring).
         sizing = plan_sizing(args, model_config, resolve_device(args, facts), facts.cuda_free_bytes)
         check_args_against_checkpoint(args, model_config, sizing.max_req_total_len)
+        # The ranks read these files after the shared memory and every process exist: a
+        # directory they cannot load is refused now, in one line (after the flags: a flag the
+        # checkpoint's config refuses is the user's first mistake to hear of).
+        check_weight_files(args)
         log_checkpoint_limits(args, model_config, sizing)
         if args.run_mode in PD_NODE_MODES:
             # Imported here, like the HTTP modules below: only a PD node needs it.

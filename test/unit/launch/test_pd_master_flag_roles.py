@@ -75,3 +75,12 @@ def test_the_master_names_the_role_that_takes_each_flag(argv, message):
         check_master_flags(args)
     assert message in str(refused.value)
     assert "prefill/decode nodes" not in str(refused.value)
+
+
+def test_the_master_s_own_check_names_the_role_of_pd_transfer_port():
+    """validate_args used to refuse it first, with the words meant for a decode node."""
+    args = parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", *_flag("pd_transfer_port")])
+    validate_args(args)
+    with pytest.raises(ValueError, match=r"--pd_transfer_port configures model nodes and does nothing on "
+                                         r"--run_mode pd_master; give it to the prefill nodes"):
+        check_master_flags(args)

@@ -7,6 +7,7 @@ the expiry sweeper) with a short heartbeat interval, so drops happen within a se
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -276,3 +277,34 @@ def test_registering_with_a_server_that_is_no_master_is_refused_saying_so() -> N
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def test_a_node_started_before_its_master_waits_for_it_without_calling_it_lost(caplog) -> None:
+    """Nothing of a master that never answered can be lost: one warning, no on_master_lost."""
+    master = Master()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        master.port = probe.getsockname()[1]
+
+    async def scenario() -> List[str]:
+        events: List[str] = []
+        client = PdNodeClient(master.url, node("p0", "prefill"), heartbeat_interval_s=INTERVAL_S,
+                              master_timeout_s=0.3, on_master_lost=lambda why: events.append("lost"),
+                              on_master_back=lambda: events.append("back"))
+        client.start()
+        await asyncio.sleep(1.5)  # five master timeouts without an answer
+        assert not client.master_lost and not client.registered
+        await asyncio.to_thread(master.start)
+        try:
+            await client.wait_registered(10)
+        finally:
+            await client.stop()
+            await asyncio.to_thread(master.stop)
+        return events
+
+    with caplog.at_level(logging.WARNING):
+        events = asyncio.run(scenario())
+    assert events == []
+    waiting = [record for record in caplog.records if "waiting for the PD master" in record.getMessage()]
+    assert len(waiting) == 1 and waiting[0].levelno == logging.WARNING
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]

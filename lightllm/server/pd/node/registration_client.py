@@ -5,7 +5,8 @@ is unreachable), then heartbeats at the interval the master sent back. Heartbeat
 every answered heartbeat proves the master alive, so when no registration or heartbeat has been
 answered for ``master_timeout_s`` (default: the master's own bound, ``heartbeat_interval_s *
 max_missed_heartbeats``) the client calls ``on_master_lost`` once; the node can then fail the
-requests the master sent it. When the master answers again (a restarted master says
+requests the master sent it (a master that never answered yet is waited for with one warning:
+the node may start first). When the master answers again (a restarted master says
 ``unknown_node``, and the client registers again) ``on_master_back`` is called. A master that
 answers ``unknown_node`` (it dropped the node, say after the node hung, or it restarted) has
 forgotten everything it set up with the node: the client awaits ``on_master_forgot`` before it
@@ -139,6 +140,10 @@ class PdNodeClient:
         self._report_failed = False
         self.registered = False
         self.master_lost = False
+        # Until the master first answers there is nothing to lose: no request of it is open, and
+        # a node may start before its master (it retries), so silence is waited for, not an error.
+        self._ever_answered = False
+        self._told_waiting = False
         self.master_id: Optional[str] = None
         self.refusal: Optional[NodeRegistrationRefused] = None
         self.registrations = 0
@@ -322,6 +327,7 @@ class PdNodeClient:
 
     def _answered(self) -> None:
         self._last_answer = self._clock()
+        self._ever_answered = True
         if self.master_lost:
             self.master_lost = False
             logger.info("PD master %s answers again", self.master_url)
@@ -330,6 +336,12 @@ class PdNodeClient:
     def _master_silent(self, why: str) -> None:
         silent_for = self._clock() - self._last_answer
         if self.master_lost or silent_for <= self.master_timeout_s:
+            return
+        if not self._ever_answered:
+            if not self._told_waiting:
+                self._told_waiting = True
+                logger.warning("%s: waiting for the PD master %s, which has not answered yet (%s); still retrying",
+                               self.info.describe(), self.master_url, why)
             return
         self.master_lost = True
         reason = f"the PD master {self.master_url} has not answered for {silent_for:.1f} s (last error: {why})"
