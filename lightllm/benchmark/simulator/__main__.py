@@ -34,15 +34,14 @@ from lightllm.benchmark.simulator.scenarios import (
     SCENARIOS,
     SEED_BUDGETS,
     ScenarioSpec,
+    refuse_unread_seed,
     resolve_scenarios,
-    seed_unread_problem,
 )
 from lightllm.benchmark.simulator.soak import (
     MAX_SOAK_REQUESTS,
     SoakConfig,
-    expected_soak_requests,
     run_soaks,
-    soak_request_rate,
+    soak_size_problem,
 )
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
@@ -162,15 +161,13 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
         overtake_bound=overtake_bound_from_cli(args),
         mixed_batches=args.mixed_batches,
     )
-    expected = expected_soak_requests(profile, cfg)
-    if expected > MAX_SOAK_REQUESTS:
-        rate = soak_request_rate(profile, cfg)
-        source = ("--soak-rate" if args.soak_rate is not None
-                  else f"{'--soak-load' if args.soak_load is not None else 'the default load'} {load:g} x the "
-                  f"capacity estimated from --profile {args.profile}")
-        raise ValueError(f"--soak-hours {args.soak_hours:g} at {rate:.4g} req/s ({source}) is about {expected:,.0f} "
-                         f"requests per strategy, more than the {MAX_SOAK_REQUESTS:,} a soak run simulates; lower "
-                         f"--soak-hours or the rate")
+    source = ("--soak-rate" if args.soak_rate is not None
+              else f"{'--soak-load' if args.soak_load is not None else 'the default load'} {load:g} x the "
+              f"capacity estimated from --profile {args.profile}")
+    problem = soak_size_problem(profile, cfg, hours_name="--soak-hours", rate_source=source,
+                                advice="lower --soak-hours or the rate")
+    if problem is not None:
+        raise ValueError(problem)
     return cfg
 
 
@@ -259,9 +256,7 @@ def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dic
         raise ValueError(f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} with --soak-hours")
     scenarios = _scenarios(args.scenario)
     if "seed" in typed:
-        problem = seed_unread_problem(scenarios)
-        if problem is not None:
-            raise ValueError(problem)
+        refuse_unread_seed(scenarios)
     for scenario in scenarios:
         # A request that can never fit the KV cache stalls the simulation after a while; say so now.
         try:

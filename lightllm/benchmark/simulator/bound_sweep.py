@@ -19,7 +19,7 @@ from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_
 from lightllm.benchmark.simulator.bound_cli import server_limit_problem
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, seed_unread_problem
+from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, refuse_unread_seed
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
@@ -218,9 +218,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {args.seed}")
         if "seed" in given_flags(parser, argv):
-            problem = seed_unread_problem([SCENARIOS[name] for name in dict.fromkeys(cell[0] for cell in cells)])
-            if problem is not None:
-                raise ValueError(problem)
+            refuse_unread_seed([SCENARIOS[name] for name in dict.fromkeys(cell[0] for cell in cells)])
         for scenario in sorted({cell[0] for cell in cells}):
             try:
                 check_fits_kv(profile, SCENARIOS[scenario].build(args.seed), f"scenario {scenario}")

@@ -11,7 +11,7 @@ from lightllm.benchmark.cli_args import argument_type, comma_items, given_flags,
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv
-from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec, seed_unread_problem
+from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec, refuse_unread_seed
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
@@ -49,9 +49,7 @@ def cell_from_cli(args: argparse.Namespace, typed: Collection[str] = ()) -> Tupl
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     scenario = SCENARIOS[args.scenario]
     if "seed" in typed:
-        problem = seed_unread_problem([scenario])
-        if problem is not None:
-            raise ValueError(problem)
+        refuse_unread_seed([scenario])
     profile = load_profile(args.profile)
     try:
         check_fits_kv(profile, scenario.build(args.seed), f"scenario {scenario.name}")
@@ -73,6 +71,7 @@ def int_range(text: str) -> List[int]:
     refused rather than dropped.
     """
     spans: List[range] = []
+    count = 0
     for part in comma_items(text):
         try:
             if "-" in part:
@@ -87,7 +86,7 @@ def int_range(text: str) -> List[int]:
             raise ValueError(f"the range {part!r} holds no value (LOW-HIGH/STEP needs LOW <= HIGH and STEP >= 1)")
         spans.append(values)
         # len() of a range costs nothing: the count is checked before anything is expanded.
-        count = sum(len(span) for span in spans)
+        count += len(values)
         if count > MAX_LIST_VALUES:
             raise ValueError(f"names at least {count:,} values, more than the {MAX_LIST_VALUES} a list may name; "
                              "narrow the range or raise its step")

@@ -17,7 +17,7 @@ The numbers the seed published live in :mod:`lightllm.benchmark.simulator.publis
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from lightllm.benchmark.workloads import SCHEDULE_FROM_SEED, ScheduledRequest, WorkloadConfig, build_workload
 
@@ -127,15 +127,15 @@ SCENARIO_GROUPS: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def seed_unread_problem(scenarios: List[ScenarioSpec]) -> Optional[str]:
-    """Why a typed ``--seed`` would change nothing for ``scenarios`` (None when one of them reads it):
-    names the scenarios that do read it."""
+def refuse_unread_seed(scenarios: List[ScenarioSpec]) -> None:
+    """Raise ``ValueError`` when a typed ``--seed`` would change nothing for ``scenarios`` (none of
+    them reads it), naming the scenarios that do read it."""
     if any(spec.reads_seed for spec in scenarios):
-        return None
+        return
     readers = ", ".join(name for name, spec in SCENARIOS.items() if spec.reads_seed)
     names = ", ".join(spec.name for spec in scenarios)
-    return (f"--seed changes nothing for {names}: {'its' if len(scenarios) == 1 else 'their'} arrivals are at fixed "
-            f"times (the seed draws the arrivals of {readers})")
+    raise ValueError(f"--seed changes nothing for {names}: {'its' if len(scenarios) == 1 else 'their'} arrivals are "
+                     f"at fixed times (the seed draws the arrivals of {readers})")
 
 
 def resolve_scenarios(names: List[str]) -> List[ScenarioSpec]:

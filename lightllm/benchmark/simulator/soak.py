@@ -101,17 +101,20 @@ def expected_soak_requests(profile: CostProfile, cfg: SoakConfig) -> float:
     return soak_request_rate(profile, cfg) * cfg.hours * 3600.0
 
 
-def soak_size_problem(profile: CostProfile, cfg: SoakConfig) -> Optional[str]:
+def soak_size_problem(profile: CostProfile, cfg: SoakConfig, hours_name: str = "hours",
+                      rate_source: Optional[str] = None,
+                      advice: str = "shorten hours or lower the rate") -> Optional[str]:
     """Why the soak run is too large to simulate (None when it is not): more than
-    :data:`MAX_SOAK_REQUESTS` requests.  The message names the fields (``hours``,
-    ``request_rate``, ``load``); the command line words its own with the flags."""
-    rate = soak_request_rate(profile, cfg)
+    :data:`MAX_SOAK_REQUESTS` requests.  By default the message names the fields (``hours``,
+    ``request_rate``, ``load``); the command line passes its flags' words instead."""
     expected = expected_soak_requests(profile, cfg)
     if expected <= MAX_SOAK_REQUESTS:
         return None
-    source = "request_rate" if cfg.request_rate else f"load {cfg.load:g} x the estimated capacity"
-    return (f"hours {cfg.hours:g} at {rate:.4g} req/s ({source}) is about {expected:,.0f} requests per strategy, "
-            f"more than the {MAX_SOAK_REQUESTS:,} a soak run simulates; shorten hours or lower the rate")
+    if rate_source is None:
+        rate_source = "request_rate" if cfg.request_rate else f"load {cfg.load:g} x the estimated capacity"
+    rate = soak_request_rate(profile, cfg)
+    return (f"{hours_name} {cfg.hours:g} at {rate:.4g} req/s ({rate_source}) is about {expected:,.0f} requests "
+            f"per strategy, more than the {MAX_SOAK_REQUESTS:,} a soak run simulates; {advice}")
 
 
 @dataclasses.dataclass
