@@ -1,5 +1,5 @@
-"""Real servers on the newer architectures: Qwen3 over two tensor-parallel ranks and a Mistral with
-a sliding window, greedy over HTTP against transformers; and the launcher's one-line refusals of
+"""Real servers on the newer architectures: Qwen3 over two tensor-parallel ranks, a multi-query Qwen2
+whose one KV head both ranks replicate, and a Mistral with a sliding window, greedy over HTTP against transformers; and the launcher's one-line refusals of
 checkpoints it cannot serve, before any process starts."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
@@ -64,6 +65,32 @@ def test_qwen3_over_two_tensor_parallel_ranks_serves_transformers_greedy(tiny_qw
     finally:
         server.stop()
     assert served == _reference(tiny_qwen3_dir, prompts, 12)
+
+
+def _one_kv_head(source: Path, out: Path) -> Path:
+    """A copy of ``source`` made multi-query: the k/v projections keep their first head only."""
+    shutil.copytree(source, out)
+    config = json.loads((out / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    for path in out.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        for name in [n for n in tensors if n.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias"))]:
+            tensors[name] = tensors[name][:head_dim].clone()
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    _rewrite_config(out, num_key_value_heads=1)
+    return out
+
+
+def test_a_multi_query_model_over_two_ranks_replicates_its_kv_head_and_serves_transformers_greedy(
+        tiny_qwen2_dir, tmp_path):
+    model_dir = _one_kv_head(tiny_qwen2_dir, tmp_path / "qwen2_mqa")
+    prompts = _prompts(model_dir, (7, 45, 130))
+    server = start_server(model_dir, tmp_path, ["--tp", "2", "--max_total_token_num", "4096"])
+    try:
+        served = [stream_token_ids(server.url, p, 12) for p in prompts]
+    finally:
+        server.stop()
+    assert served == _reference(model_dir, prompts, 12)
 
 
 def test_a_sliding_window_checkpoint_is_served_within_its_window(tmp_path):

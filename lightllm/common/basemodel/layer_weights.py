@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from lightllm.common.basemodel.kv_head_split import kv_head_slice
 from lightllm.common.basemodel.linear_kernels import LinearKernel, build_linear
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
@@ -58,7 +59,7 @@ class DecoderLayerWeights:
         """
         d = config.head_dim
         q_rows = shard_range(config.num_attention_heads, tp.rank, tp.world_size, "num_attention_heads")
-        kv_rows = shard_range(config.num_key_value_heads, tp.rank, tp.world_size, "num_key_value_heads")
+        kv_rows = kv_head_slice(config.num_key_value_heads, tp.rank, tp.world_size)
         q_slice = slice(q_rows.start * d, q_rows.stop * d)
         kv_slice = slice(kv_rows.start * d, kv_rows.stop * d)
         inter = shard_range(config.intermediate_size, tp.rank, tp.world_size, "intermediate_size")

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.basemodel.kv_head_split import kv_head_slice
 from lightllm.common.basemodel.layer_ops import rms_norm
 from lightllm.common.basemodel.layer_ops_select import build_layer_ops
 from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
@@ -61,7 +62,7 @@ class DecoderOnlyTransformer:
         self.tp = tp or TensorParallelGroup()
         self.attention = attention or TorchSdpaAttention()
         heads = shard_range(config.num_attention_heads, self.tp.rank, self.tp.world_size, "num_attention_heads")
-        kv_heads = shard_range(config.num_key_value_heads, self.tp.rank, self.tp.world_size, "num_key_value_heads")
+        kv_heads = kv_head_slice(config.num_key_value_heads, self.tp.rank, self.tp.world_size)
         self.local_q_heads = heads.stop - heads.start
         self.local_kv_heads = kv_heads.stop - kv_heads.start
         self.head_dim = config.head_dim

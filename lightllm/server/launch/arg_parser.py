@@ -81,9 +81,9 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--tp", type=int, default=1,
-        help="Tensor-parallel size (model processes). Must divide num_attention_heads, num_key_value_heads and "
-             "intermediate_size (refused at start otherwise): each rank holds a share of the KV heads. vLLM "
-             "replicates KV heads when its tensor-parallel size exceeds num_key_value_heads; this server refuses.",
+        help="Tensor-parallel size (model processes). Must divide num_attention_heads and intermediate_size, and "
+             "divide or be a multiple of num_key_value_heads (refused at start otherwise): each rank holds a share of "
+             "the KV heads, or, when --tp exceeds num_key_value_heads, a replica of one (as vLLM does).",
     )
     group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; rank 0's rendezvous store listens on it alone, not on every interface; checked at start: one that does not resolve or cannot be listened on exits 3).")
     group.add_argument("--nccl_port", type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port. A taken port is refused at start (exit 3).")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from lightllm.common.basemodel.checkpoint_files import weight_files
+from lightllm.common.basemodel.kv_head_split import kv_heads_per_rank
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_itemsize
 
 log = logging.getLogger("lightllm.kv_budget")
@@ -141,6 +142,14 @@ def weights_bytes(model_dir: str, checkpoint_dtype: Any, serving_dtype: Any) -> 
     return int(stored * dtype_itemsize(serving_dtype) / dtype_itemsize(checkpoint_dtype))
 
 
+def replicated_kv_weight_bytes(config: ModelConfig, tp: int, serving_dtype: Any) -> int:
+    """The k/v projection weights the ranks hold beyond the checkpoint's when ``tp`` exceeds the KV
+    heads and each rank keeps a replica of one (biases are negligible and left out)."""
+    extra_heads = tp * kv_heads_per_rank(config.num_key_value_heads, tp) - config.num_key_value_heads
+    per_head = 2 * config.head_dim * config.hidden_size * dtype_itemsize(serving_dtype)  # k and v rows
+    return config.num_hidden_layers * extra_heads * per_head
+
+
 def activation_bytes(
     config: ModelConfig, tp: int, batch_max_tokens: int, chunk_tokens: int, max_req_total_len: int, max_batch_rows: int
 ) -> int:
@@ -163,7 +172,7 @@ def activation_estimate(
     """
     floats_per_token = (
         8 * config.hidden_size
-        + (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim // tp
+        + (config.num_attention_heads // tp + 2 * kv_heads_per_rank(config.num_key_value_heads, tp)) * config.head_dim
         + 3 * config.intermediate_size // tp
     )
     hidden = batch_max_tokens * floats_per_token * 4
@@ -194,6 +203,7 @@ def plan_kv_budget(
     ``serving_dtype``: a name or torch dtype; ``cuda_free_bytes``: the device's free memory on CUDA.
     """
     weights = weights_bytes(model_dir, config.dtype, serving_dtype)
+    weights += replicated_kv_weight_bytes(config, tp, serving_dtype)
     if device == "cpu":
         ranks_here = tp  # every rank shares the machine's memory
     else:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_heads_per_rank
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
@@ -128,12 +129,12 @@ def plan_sizing(
             dtype = "float32"  # half-precision matmuls are slow or missing on CPU
     else:
         dtype = dtype_name(args.data_type)
-    if config.num_key_value_heads % args.tp or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
+    kv_problem = kv_head_split_problem(config.num_key_value_heads, args.tp)
+    if kv_problem is not None or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
         raise ArgumentError(
-            f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}), "
-            f"num_key_value_heads ({config.num_key_value_heads}) and intermediate_size ({config.intermediate_size}); "
-            f"each rank holds a share of the KV heads, which are never replicated (vLLM replicates them when "
-            f"--tp exceeds num_key_value_heads)"
+            f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}) and intermediate_size "
+            f"({config.intermediate_size}), and divide or be a multiple of num_key_value_heads "
+            f"({config.num_key_value_heads}): each rank holds a share of the KV heads, or a replica of one"
         )
     max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     chunked = not args.disable_chunked_prefill
@@ -154,7 +155,8 @@ def plan_sizing(
             f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "
             f"must be >= --max_req_total_len ({max_req_total_len})"
         )
-    per_token = kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads // args.tp, config.head_dim, dtype)
+    per_token = kv_bytes_per_token(config.num_hidden_layers, kv_heads_per_rank(config.num_key_value_heads, args.tp),
+                                   config.head_dim, dtype)
     budget = None
     if args.max_total_token_num is not None:
         kv_tokens = args.max_total_token_num

@@ -87,13 +87,29 @@ def _tp_worker(rank, world, port, model_dirs, prompts, out_path):
 
 
 def test_two_tensor_parallel_ranks_equal_one(tmp_path):
-    # Qwen3's replicated per-head norms, and an o_proj bias that a rank-local add would double.
+    # Qwen3's replicated per-head norms, and an o_proj bias that a rank-local add would double;
+    # a multi-query model (one KV head) whose two ranks each keep a replica of it.
+    mqa_dir = tmp_path / "mqa"
+    mqa_dir.mkdir()
     model_dirs = [str(_save(tmp_path, arch)) for arch in ("qwen3", "llama_attention_bias")]
+    model_dirs.append(str(_save(mqa_dir, "llama_attention_bias", num_key_value_heads=1)))
     out_path = str(tmp_path / "tp2.pt")
     mp.spawn(_tp_worker, args=(2, free_port(), model_dirs, _prompts(), out_path), nprocs=2, join=True)
     for model_dir, tp2 in zip(model_dirs, torch.load(out_path)):
         single = _our_logits(load_model(model_dir, dtype=torch.float32), _prompts())
         assert (tp2 - single).abs().max().item() < 1e-4
+
+
+def test_four_ranks_over_two_kv_heads_replicate_each_head_and_match_transformers(tmp_path):
+    # --tp 4 over 2 KV heads: ranks 0-1 keep KV head 0, ranks 2-3 KV head 1 (one query head each).
+    model_dir = str(_save(tmp_path, "qwen3"))
+    assert load_model(model_dir, dtype=torch.float32, tp=TensorParallelGroup(3, 4)).local_kv_heads == 1
+    out_path = str(tmp_path / "tp4.pt")
+    mp.spawn(_tp_worker, args=(4, free_port(), [model_dir], _prompts(), out_path), nprocs=4, join=True)
+    (tp4,) = torch.load(out_path)
+    ref = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    expected = torch.cat([ref(torch.tensor([p])).logits[0] for p in _prompts()]).detach()
+    assert (tp4 - expected).abs().max().item() < 1e-4
 
 
 def test_a_sliding_window_model_matches_transformers_within_its_window(tmp_path):

@@ -1,6 +1,6 @@
 """What the launcher derives from, and refuses in, a checkpoint before any process starts: the
 default context of a RoPE-scaled checkpoint (vLLM's rule), weight files the ranks could not read,
-and a ``--tp`` that does not divide the heads (vLLM replicates KV heads, this server refuses)."""
+and a ``--tp`` that does not divide the heads (KV heads are replicated when ``--tp`` is a multiple of them)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, wei
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.kv_budget import replicated_kv_weight_bytes
 from lightllm.server.launch.sizing import plan_sizing, resolve_max_req_total_len
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -123,30 +124,43 @@ def test_the_launcher_refuses_unreadable_weight_files_before_anything_starts(tin
     assert "starting: model=" not in done.stderr and "Traceback" not in done.stderr
 
 
-# --- --tp must divide the heads: no KV-head replication -----------------------------------------
+# --- --tp must divide the heads, or replicate the KV heads it exceeds ------------------------------
 
 
-def test_a_tp_that_does_not_divide_the_kv_heads_is_refused_saying_vllm_would_replicate(tiny_llama_dir, tmp_path):
-    config = ModelConfig.from_dir(tiny_llama_dir)
-    heads = config.num_attention_heads
+def test_a_tp_beyond_the_kv_heads_is_served_and_its_replicas_are_counted_in_the_weights(tiny_llama_dir, tmp_path):
     model_dir = _copy(tiny_llama_dir, tmp_path, "mqa", num_key_value_heads=1)
+    config = ModelConfig.from_dir(model_dir)
+    for tp in (2, 4):
+        args = make_argument_parser().parse_args(["--model_dir", str(model_dir), "--tp", str(tp)])
+        assert plan_sizing(args, config, "cpu").max_total_token_num > 0
+    # Every rank beyond the first keeps its own copy of the k and v rows of the one head.
+    row_bytes = 2 * config.head_dim * config.hidden_size * 4
+    assert replicated_kv_weight_bytes(config, 4, "float32") == config.num_hidden_layers * 3 * row_bytes
+    assert replicated_kv_weight_bytes(ModelConfig.from_dir(tiny_llama_dir), 2, "float32") == 0
+
+
+def test_a_tp_that_neither_divides_nor_is_a_multiple_of_the_kv_heads_is_refused(tiny_llama_dir, tmp_path):
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    model_dir = _copy(tiny_llama_dir, tmp_path, "three_kv", num_key_value_heads=3, num_attention_heads=6)
     args = make_argument_parser().parse_args(["--model_dir", str(model_dir), "--tp", "2",
                                               "--max_total_token_num", "4096"])
     with pytest.raises(ArgumentError) as refused:
         plan_sizing(args, ModelConfig.from_dir(model_dir), "cpu")
     message = str(refused.value)
-    assert message.startswith(f"--tp 2 must divide num_attention_heads ({heads}), num_key_value_heads (1) and "
-                              f"intermediate_size ({config.intermediate_size})")
-    assert "never replicated (vLLM replicates them" in message and "\n" not in message
+    assert message.startswith(f"--tp 2 must divide num_attention_heads (6) and intermediate_size "
+                              f"({config.intermediate_size}), and divide or be a multiple of num_key_value_heads (3)")
+    assert "\n" not in message
 
 
 def test_the_tp_rule_and_the_refused_rope_types_are_documented():
     tp_help = next(a.help for a in make_argument_parser()._actions if "--tp" in a.option_strings)
-    assert "num_key_value_heads" in tp_help and "vLLM replicates KV heads" in tp_help
+    assert "num_key_value_heads" in tp_help and "a replica of one (as vLLM does)" in tp_help
     for lang in ("EN", "CN"):
         assert tp_help in (ROOT / "docs" / lang / "server_args.md").read_text()
         guide = (ROOT / "docs" / lang / "getting_started.md").read_text()
-        assert "--tp 2 must divide num_attention_heads (4), num_key_value_heads (1)" in guide
+        flowing = " ".join(guide.split())  # the message may wrap across lines
+        assert ("--tp 3 must divide num_attention_heads (4) and intermediate_size (128), and divide or be a "
+                "multiple of num_key_value_heads (2)") in flowing
         for rope_type in ("`yarn`", "`longrope`", "`su`", "rope_scaling.factor is missing"):
             assert rope_type in guide, (lang, rope_type)
         memory = (ROOT / "docs" / lang / "memory.md").read_text()

@@ -25,6 +25,7 @@ import torch
 
 from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.basemodel.kv_head_split import kv_heads_per_rank
 from lightllm.common.basemodel.linear_kernels import build_linear
 from lightllm.common.basemodel.model_config import ModelConfig
 
@@ -43,12 +44,13 @@ class ForwardShape:
 
     @classmethod
     def from_config(cls, config: ModelConfig, tp: int, dtype: torch.dtype) -> "ForwardShape":
-        """The shard one of ``tp`` ranks holds (heads, MLP columns and LM-head rows split ``tp`` ways)."""
+        """The shard one of ``tp`` ranks holds (heads, MLP columns and LM-head rows split ``tp`` ways; KV heads
+        replicated when ``tp`` exceeds them)."""
         return cls(
             layers=config.num_hidden_layers,
             hidden=config.hidden_size,
             q_dim=config.num_attention_heads * config.head_dim // tp,
-            kv_dim=config.num_key_value_heads * config.head_dim // tp,
+            kv_dim=kv_heads_per_rank(config.num_key_value_heads, tp) * config.head_dim,
             intermediate=config.intermediate_size // tp,
             vocab=-(-config.vocab_size // tp),
             dtype_bytes=torch.empty((), dtype=dtype).element_size(),

@@ -15,6 +15,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from lightllm.common.basemodel.kv_head_split import kv_head_split_problem
 from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
@@ -127,8 +128,7 @@ class NodeInfo:
             raise NodeInfoError(f"dtype must be one of {', '.join(KV_DTYPES)}, got {self.dtype!r}", "dtype")
         for name in ("num_layers", "num_kv_heads", "head_dim", "tp_size"):
             _check_positive_int(name, getattr(self, name))
-        if self.num_kv_heads % self.tp_size != 0 and self.tp_size % self.num_kv_heads != 0:
-            # Each TP rank holds a whole share of the KV heads (or a replica of one head).
+        if kv_head_split_problem(self.num_kv_heads, self.tp_size) is not None:
             raise NodeInfoError(
                 f"num_kv_heads ({self.num_kv_heads}) and tp_size ({self.tp_size}) must divide one another",
                 "tp_size",
