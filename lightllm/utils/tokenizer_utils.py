@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, FrozenSet
 
 from lightllm.utils.torch_free import quiet_transformers_without_torch
 
@@ -20,3 +20,13 @@ def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
         logging.getLogger(__name__).warning(
             "--tokenizer_mode slow: %s has no slow (Python) tokenizer; using its fast one", model_dir)
     return tokenizer
+
+
+def tokenizer_special_ids(tokenizer: Any) -> FrozenSet[int]:
+    """The ids a Hugging Face tokenizer treats as special: ``all_special_ids`` and the added tokens
+    flagged ``special`` (what ``skip_special_tokens`` skips)."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None)
+    if isinstance(added, dict):
+        ids.update(token_id for token_id, token in added.items() if getattr(token, "special", False))
+    return frozenset(ids)

@@ -27,6 +27,8 @@ import re
 from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
+from lightllm.utils.tokenizer_utils import tokenizer_special_ids
+
 BYTE_LEVEL = "byte_level"
 BYTE_FALLBACK = "byte_fallback"
 METASPACE = "metaspace"
@@ -108,22 +110,13 @@ def tokenizer_kind(tokenizer: Any) -> tuple[str, str]:
     return TEXT, ""
 
 
-def _special_ids(tokenizer: Any) -> frozenset[int]:
-    """Ids of the special tokens, whose text a request may skip (``skip_special_tokens``)."""
-    ids = set(getattr(tokenizer, "all_special_ids", None) or [])
-    added = getattr(tokenizer, "added_tokens_decoder", None)
-    if isinstance(added, dict):
-        ids.update(token_id for token_id, token in added.items() if getattr(token, "special", False))
-    return frozenset(ids)
-
-
 class TokenBytes:
     """The raw bytes of one tokenizer's tokens, worked out once per token id."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self.kind, self._mark = tokenizer_kind(tokenizer)
-        self.special_ids = _special_ids(tokenizer)
+        self.special_ids = tokenizer_special_ids(tokenizer)
         self._bytes: dict[int, bytes] = {}
         self._texts: dict[int, str] = {}
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from lightllm.server.model_rank.execution.grammar_vocabulary import grammar_tokenizer
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 
 log = logging.getLogger("lightllm.structured_output")
@@ -41,10 +42,7 @@ class GrammarConstraints:
 
     def _tokenizer(self) -> Any:
         if self._ll_tokenizer is None:
-            import llguidance.hf
-
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self._tokenizer_loader(),
-                                                              eos_token=self._eos_token_ids or None)
+            self._ll_tokenizer = grammar_tokenizer(self._tokenizer_loader(), self._eos_token_ids)
         return self._ll_tokenizer
 
     def _matcher(self, req: InferReq) -> Any:
