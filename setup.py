@@ -11,26 +11,26 @@ from setuptools import find_packages, setup
 _INIT = (Path(__file__).resolve().parent / "lightllm" / "__init__.py").read_text(encoding="utf-8")
 VERSION = re.search(r'^__version__ = "([^"]+)"$', _INIT, re.MULTILINE).group(1)
 
+
+def _runtime_requirements() -> list:
+    """requirements.txt's entries (the one list of runtime dependencies) and torch, which the
+    requirement files pin per device instead."""
+    lines = (Path(__file__).resolve().parent / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    return ["torch>=2.5"] + [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
 setup(
     name="lightllm",
     version=VERSION,
     description="LLM serving with a configurable prefill-queue scheduler",
     packages=find_packages(include=["lightllm", "lightllm.*"]),
-    # The C++ attention kernel is built from its source on the machine that runs it.
-    package_data={"lightllm.common.basemodel.attention": ["*.cpp"]},
+    # Files the package reads at run time besides its modules: the C++ kernels are built from
+    # their sources on the machine that runs them, and the simulator's bundled cost profiles.
+    package_data={
+        "lightllm.common.basemodel": ["*.cpp"],
+        "lightllm.common.basemodel.attention": ["*.cpp", "*.h"],
+        "lightllm.benchmark.simulator": ["profiles/*.json"],
+    },
     python_requires=">=3.10",
-    install_requires=[
-        "torch>=2.5",
-        "transformers>=4.45",
-        "tokenizers>=0.20",
-        "safetensors>=0.4",
-        "numpy>=1.26",
-        "fastapi>=0.110",
-        "uvicorn>=0.29",
-        "pyzmq>=25",
-        "httpx>=0.27",
-        "prometheus-client>=0.20",
-        "jinja2>=3.1",
-        "tqdm>=4.66",
-    ],
+    install_requires=_runtime_requirements(),
 )

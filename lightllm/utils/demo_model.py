@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line parser of ``python -m lightllm.utils.demo_model``."""
     parser = OneLineErrorParser(
         prog="python -m lightllm.utils.demo_model",
-        description="Write a random-weight demo Llama/Qwen2 checkpoint with a locally trained tokenizer.",
+        description="Write a random-weight demo Llama/Qwen2/Qwen3/Mistral checkpoint with a locally trained tokenizer.",
         # One preset per line: the raw formatter keeps the epilog's line breaks.
         epilog="size presets (all GQA):\n" + "\n".join(f"  {describe_size(name)}" for name in SIZES),
         formatter_class=argparse.RawDescriptionHelpFormatter,

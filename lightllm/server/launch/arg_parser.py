@@ -42,6 +42,20 @@ def _default_overtake_bound():
 
 
 
+class DefaultsInHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each flag's default, as vLLM's does (``--port`` 8000, ``--host`` 127.0.0.1
+    differ from what a vLLM user expects); the generated server_args.md keeps them in a column."""
+
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        text = action.help or ""
+        default = action.default
+        # None, False (a switch) and suppressed defaults say nothing a reader needs.
+        if (action.option_strings and "%(default)" not in text and default not in (None, False, argparse.SUPPRESS)
+                and not isinstance(default, bool)):
+            text += " (default: %(default)s)"
+        return text
+
+
 def make_argument_parser() -> argparse.ArgumentParser:
     """Build the server's argument parser (usage errors: one line, see :class:`OneLineErrorParser`)."""
     parser = OneLineErrorParser(
@@ -49,6 +63,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         # A prefix must not stand for a flag: `--max_new_tokens 64` silently meant
         # --max_new_tokens_default and LightLLM's `--mode` was "ambiguous" instead of unknown.
         allow_abbrev=False,
+        formatter_class=DefaultsInHelpFormatter,
         description="Serve a local Hugging Face checkpoint over an OpenAI-compatible and a native HTTP API.",
     )
     group = parser.add_argument_group("deployment")

@@ -209,3 +209,23 @@ def test_a_kernel_that_cannot_be_built_refuses_cpp_and_makes_auto_fall_back(tmp_
     with caplog.at_level(logging.WARNING, logger="lightllm.attention"):
         assert resolve_attention_backend("auto", "cpu") == "torch"
     assert "cpp kernel cannot be built" in caplog.text
+
+
+def test_a_first_build_says_why_the_start_waits_and_a_cached_one_says_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    # Stands in for the compiler (the real build is tested above): only the log lines matter here.
+    def pretend_build(compiler, target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"x")
+
+    monkeypatch.setattr(cpp_kernel_build, "_build", pretend_build)
+    compiler = cpp_compiler()
+    with caplog.at_level("INFO", logger="lightllm.cpp_kernel"):
+        cpp_kernel_build.build_kernel(compiler)
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2 and messages[0].startswith("building the C++ CPU kernels with ")
+    assert "first start on this machine only" in messages[0] and messages[1].startswith("C++ CPU kernels built in ")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="lightllm.cpp_kernel"):
+        cpp_kernel_build.build_kernel(compiler)
+    assert not caplog.records

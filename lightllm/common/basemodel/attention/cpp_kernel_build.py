@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import subprocess
@@ -24,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional
+
+log = logging.getLogger("lightllm.cpp_kernel")
 
 # Every source goes into one library, so one build (and one cache entry) serves all of them.
 SOURCES = (
@@ -115,7 +118,12 @@ def build_kernel(compiler: str) -> Path:
     if target.exists():
         _mark_used(target)
     else:
+        # The first start on a machine compiles for a while in silence otherwise: say why it waits.
+        log.info("building the C++ CPU kernels with %s (first start on this machine only, cached in %s; "
+                 "15-35 s on two cores)", compiler, target.parent)
+        started = time.monotonic()
         _build(compiler, target)
+        log.info("C++ CPU kernels built in %.1f s", time.monotonic() - started)
         prune_stale_kernels(target.parent, keep=target)
     return target
 
