@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import httpx
 from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, missing_module, output_file_in_new_dirs,
                                          positive_float, shell_words)
 from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
+from lightllm.utils.process_utils import free_port
 
 # Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
 # -> the module that process runs.
@@ -181,12 +181,6 @@ def snapshot(root_pid: int) -> List[ProcessFootprint]:
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _log_tail(path: Path, chars: int = 3000) -> str:
     return _read(path)[-chars:] or "(empty log)"
 
@@ -212,7 +206,7 @@ def launch_and_measure(
     model_dir: str, server_args: Sequence[str], log_path: Path, timeout_s: float = 300.0
 ) -> Dict[str, Any]:
     """Start one server, time it to ``/health/ready`` == 200, snapshot its processes, stop it."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", model_dir,
                "--host", "127.0.0.1", "--port", str(port), *server_args]
     url = f"http://127.0.0.1:{port}{READY_PATH}"

@@ -12,7 +12,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
 from lightllm.utils.envs_utils import api_keys_from_env, pd_cluster_key_from_env
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class AuthPolicy:
         them, and leaving them open would let any client with a key join the cluster.
         """
         if run_mode in PD_RUN_MODES and self.api_keys and self.cluster_key is None:
-            role = "a PD master" if run_mode == "pd_master" else f"a PD {run_mode} node"
+            role = "a PD master" if run_mode == RunMode.PD_MASTER else f"a PD {run_mode} node"
             raise ValueError(
                 f"--api_key on {role} needs a cluster key for the cluster's own endpoints: set "
                 f"{PD_CLUSTER_KEY_ENV} (or --pd_cluster_key) to the same secret on the master and every node"

@@ -148,7 +148,9 @@ class HttpServerManager:
                     handler(message)
                     handled = True
             if not handled:
-                log.warning("no handler for an inbox message of type %s; dropped", type(message).__name__)
+                # Only the server's own processes write to this inbox: an unhandled type is a bug.
+                log.error("no handler for an inbox message of type %s; dropped (a bug in the sender): %.200r",
+                          type(message).__name__, message)
 
     def add_inbox_handler(self, message_types: Tuple[Type[Any], ...], handler: Callable[[Any], None]) -> None:
         """Call ``handler(message)`` for every inbox message of ``message_types``.

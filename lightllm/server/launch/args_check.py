@@ -20,7 +20,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
     MAX_PREFILL_OVERTAKE_TOKENS,
 )
 from lightllm.server.launch.seconds_flags import check_seconds_flags
-from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
 
@@ -70,7 +70,7 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
                                 f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
                                 "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
         return
-    if run_mode == "prefill":
+    if run_mode == RunMode.PREFILL:
         given = flags_given(args, DECODE_ONLY_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
@@ -78,7 +78,7 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
         if flags_given(args, MIXED_BATCH_FLAGS):
             raise ArgumentError("--disable_mixed_batches: a prefill node never decodes (each request leaves it after "
                                 "its first token), so it runs no mixed batches; give it to a normal server")
-    if run_mode == "decode":
+    if run_mode == RunMode.DECODE:
         given = flags_given(args, PREFILL_ONLY_FLAGS)
         if given:
             raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by prefill nodes only "
@@ -121,7 +121,7 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         if value is not None and not 0 < value < 65536:
             raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
     # The master refuses every node flag itself, naming the role that takes it (pd_master.py).
-    if args.pd_transfer_port is not None and args.run_mode not in ("prefill", "pd_master"):
+    if args.pd_transfer_port is not None and args.run_mode not in (RunMode.PREFILL, RunMode.PD_MASTER):
         raise ArgumentError("--pd_transfer_port is for prefill nodes (--run_mode prefill); a decode node joins the "
                             "port the master gives it")
     for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):

@@ -40,6 +40,7 @@ from lightllm.server.pd.master.membership_api import membership_router, new_mast
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines
+from lightllm.server.run_mode import RunMode
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
 from lightllm.server.request_defaults import resolve_eos_token_ids
@@ -82,10 +83,10 @@ def node_roles_taking(name: str) -> Tuple[str, ...]:
 def _where_it_goes(roles: Tuple[str, ...], count: int) -> str:
     """Where ``count`` flags that ``roles`` take belong, as the refusal says it."""
     them = "it" if count == 1 else "them"
-    if roles == ("prefill", "decode"):
+    if roles == (RunMode.PREFILL, RunMode.DECODE):
         return "the prefill and decode nodes"
     if len(roles) == 1:
-        other = "decode" if roles[0] == "prefill" else "prefill"
+        other = "decode" if roles[0] == RunMode.PREFILL else "prefill"
         return f"the {roles[0]} nodes (--run_mode {roles[0]}: a {other} node refuses {them})"
     return f"a normal server (--run_mode normal: every PD node refuses {them})"
 

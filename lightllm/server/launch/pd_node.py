@@ -52,6 +52,7 @@ from lightllm.server.pd.node.service import PdNodeService
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.launch.plan import pd_rank_settings
 from lightllm.server.launch.sizing import ServerSizing
+from lightllm.server.run_mode import RunMode
 
 log = logging.getLogger("lightllm.pd.node")
 
@@ -105,7 +106,7 @@ def prepare_pd_node(
                                 "(rank r uses port + r)")
         if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
             raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
-    if args.run_mode == "prefill":
+    if args.run_mode == RunMode.PREFILL:
         ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=args.port)
         args.pd_transfer_port = ports.base
     elif args.pd_transfer_port is None:

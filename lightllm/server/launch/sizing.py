@@ -17,6 +17,7 @@ from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_he
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
+from lightllm.server.run_mode import RunMode
 from lightllm.utils.envs_utils import (
     DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN,
@@ -138,7 +139,7 @@ def plan_sizing(
         )
     max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     chunked = not args.disable_chunked_prefill
-    decode_node = getattr(args, "run_mode", "normal") == "decode"
+    decode_node = getattr(args, "run_mode", RunMode.NORMAL) == RunMode.DECODE
     if decode_node:
         # A PD decode node never prefills (it receives the KV; the prefill step's flags are refused
         # there): its largest forward is a decode step of --running_max_req_size one-token rows.

@@ -74,7 +74,7 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port, start_resource_tracker_deaf_to_hangup
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
-from lightllm.server.run_mode import PD_NODE_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 if TYPE_CHECKING:
     from lightllm.server.http.front_door import FrontDoor
@@ -256,7 +256,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
 
         auth = AuthPolicy.from_args(args)
         auth.check_cluster(args.run_mode)
-        if args.run_mode != "pd_master":  # the master runs no model ranks (and refuses the nccl flags)
+        if args.run_mode != RunMode.PD_MASTER:  # the master runs no model ranks (and refuses the nccl flags)
             check_nccl_rendezvous(args)
             check_ipc_path_room(tempfile.gettempdir(), ipc_dir_prefix())
         # Before anything loads: a taken port is a one-line error within a second, not after the model.
@@ -268,7 +268,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID_CONFIG
     warn_if_reachable_without_key(args, auth)
-    if args.run_mode != "pd_master":  # the master keeps no shared memory
+    if args.run_mode != RunMode.PD_MASTER:  # the master keeps no shared memory
         start_resource_tracker_deaf_to_hangup()
     try:
         return _prepare_and_serve(args, front_door)
@@ -280,7 +280,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
     """Read the model's config, plan, bind the PD ports, then start and serve; returns the exit code."""
     pd_node_info = transfer_ports = None
     try:
-        if args.run_mode == "pd_master":
+        if args.run_mode == RunMode.PD_MASTER:
             # One process, no children, no shared memory, no weights.
             from lightllm.server.launch.pd_master import run_pd_master
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 from lightllm.server.model_rank.pd_rank_transfer import PD_ROLES, Agree, Notify, PdRankTransfer
 from lightllm.server.model_rank.rank_config import ModelRankConfig
 from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferStoreHost
+from lightllm.server.run_mode import RunMode
 
 
 def pd_backend_settings(
@@ -41,6 +42,6 @@ def pd_backend_settings(
     mode_settings: Dict[str, Any] = {
         "transfer": PdRankTransfer(role, config.rank, settings, make_handle, agree=agree, notify=notify),
     }
-    if role == "decode":
+    if role == RunMode.DECODE:
         mode_settings.update(end_segment_on_kv_pressure=True, max_segment_tokens=settings.max_segment_tokens)
     return mode_settings

@@ -86,8 +86,14 @@ class ModeBackend(StepEngine, ABC):
 
     # --- the rank loop's hooks for work outside the step (none by default) -------------------------
     def on_command(self, command: Any) -> None:
-        """A command the rank loop does not handle itself; this mode has none, so it is logged and dropped."""
-        log.warning("a %s node ignores a %s command", self.run_mode, type(command).__name__)
+        """A command the rank loop does not handle itself; this mode has none.
+
+        No process of this node sends one, so it is a protocol bug between the server's own
+        processes: logged as an error (not a warning that load would bury) and dropped, since
+        one stray message must not stop the requests the rank serves.
+        """
+        log.error("a %s node ignores a %s command (a bug: no process of this node sends it): %.200r",
+                  self.run_mode, type(command).__name__, command)
 
     def poll(self) -> None:
         """Once per loop iteration, before the step: advance work outside the step (none here)."""

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault
+from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault, first_line
 
 CLOSED = b"closed"
 
@@ -28,11 +28,6 @@ CLOSED = b"closed"
 def announce_key(seq: int) -> str:
     """The store key of the ``seq``-th announcement of a pair's group."""
     return f"announce/{seq}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Announcer:
@@ -47,7 +42,7 @@ class Announcer:
         try:
             self._store.set(announce_key(self.count), header)
         except RuntimeError as exc:
-            raise ChannelFault(f"could not announce a transfer in the pair's store: {_first_line(exc)}") from exc
+            raise ChannelFault(f"could not announce a transfer in the pair's store: {first_line(exc)}") from exc
         self.count += 1
 
     def close(self) -> None:
@@ -86,15 +81,15 @@ class AnnouncementWatcher:
             self._store.wait([key], self._wait)
         except dist.DistStoreError as exc:
             if "timeout" not in str(exc).lower():
-                raise ChannelFault(f"the prefill node's store failed: {_first_line(exc)}") from exc
+                raise ChannelFault(f"the prefill node's store failed: {first_line(exc)}") from exc
             self.idle_waits += 1
             return None
         except RuntimeError as exc:
-            raise ChannelFault(f"the prefill node's store failed: {_first_line(exc)}") from exc
+            raise ChannelFault(f"the prefill node's store failed: {first_line(exc)}") from exc
         try:
             header = self._store.get(key)
         except RuntimeError as exc:
-            raise ChannelFault(f"the prefill node's store failed: {_first_line(exc)}") from exc
+            raise ChannelFault(f"the prefill node's store failed: {first_line(exc)}") from exc
         self.count += 1
         self._taken = key
         if header == CLOSED:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
 from lightllm.utils.one_line_errors import OneLineErrorParser
+from lightllm.utils.process_utils import free_port
 
 
 def _geometry(model_dir: Path) -> Dict[str, object]:
@@ -40,12 +40,6 @@ def _geometry(model_dir: Path) -> Dict[str, object]:
         "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
         "dtype": dtype,
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait(handle: KVTransferHandle, request_id: int, timeout_s: float = 120.0):
@@ -67,7 +61,7 @@ def measure(model_dir: Path, tokens: int, page_sizes: List[int], repeat: int) ->
     source.v_buffer.normal_()
     rows = []
     for page_size in page_sizes:
-        port = _free_port()
+        port = free_port()
         sender = KVTransferHandle("prefill", source, "127.0.0.1", port, page_size=page_size, timeout_s=60.0)
         receiver = KVTransferHandle("decode", target, "127.0.0.1", port, timeout_s=60.0)
         try:

@@ -15,6 +15,12 @@ from datetime import timedelta
 import torch.distributed as dist
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (torch's carry a C++ trace after it)."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ChannelFault(RuntimeError):
     """The two-rank group failed (timeout or dead peer); it must be replaced."""
 
@@ -37,7 +43,7 @@ def wait_work(work: dist.Work, timeout_s: float, what: str, polled: bool) -> Non
     except ChannelFault:
         raise
     except RuntimeError as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = first_line(exc)
         if "timeout" in message.lower() or "timed out" in message.lower():
             raise ChannelFault(f"timed out after {timeout_s:g} s waiting for {what}") from exc
         raise ChannelFault(f"peer failed while waiting for {what}: {message}") from exc

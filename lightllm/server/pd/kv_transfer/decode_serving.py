@@ -25,9 +25,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
-from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault
+from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault, first_line
 from lightllm.server.pd.kv_transfer.child_outbox import ChildOutbox
-from lightllm.server.pd.kv_transfer.group_join import first_line
 from lightllm.server.pd.kv_transfer.group_worker import GroupWorker, cancelled_result, refused_command
 from lightllm.server.pd.kv_transfer.header import TransferHeader
 from lightllm.server.pd.kv_transfer.messages import (

@@ -28,10 +28,11 @@ import torch.distributed as dist
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.announce import AnnouncementWatcher
-from lightllm.server.pd.kv_transfer.bounded_wait import wait_work
+from lightllm.server.pd.kv_transfer.bounded_wait import first_line, wait_work
 from lightllm.server.pd.kv_transfer.protocol import DECODE_RANK, PREFILL_RANK, Link
 from lightllm.server.pd.kv_transfer.store_host import generation_key, generation_prefix
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
+from lightllm.server.run_mode import RunMode
 
 # A refused connect is retried this long before the port counts as gone: covers a store that is
 # being started in the same instant (tests start both handles of a pair back to back).
@@ -108,7 +109,7 @@ def join_group(config: TransferConfig, cache: KVCacheMemoryManager) -> JoinedGro
     cuda = cache.device.type == "cuda"
     if cuda:
         torch.cuda.set_device(cache.device)
-    rank = PREFILL_RANK if config.role == "prefill" else DECODE_RANK
+    rank = PREFILL_RANK if config.role == RunMode.PREFILL else DECODE_RANK
     addr, port, connect_timeout_s = config.store_addr, config.store_port, config.connect_timeout_s
     store, prefix = join_store(addr, port, config.group_name, config.generation, connect_timeout_s)
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=2,
@@ -122,17 +123,10 @@ def join_group(config: TransferConfig, cache: KVCacheMemoryManager) -> JoinedGro
         first = dist.isend(probe, DECODE_RANK) if rank == PREFILL_RANK else dist.irecv(probe, PREFILL_RANK)
         wait_work(first, connect_timeout_s, "the peer's first point-to-point exchange", True)
     watcher = None
-    if config.role == "decode":
+    if config.role == RunMode.DECODE:
         # A connection of its own: a store client serves one request at a time, this one
         # spends its life in waits, and NCCL may need the group's store meanwhile.
         watcher = AnnouncementWatcher(dist.PrefixStore(prefix, connect_store(addr, port, connect_timeout_s)),
                                       config.announce_wait_s)
     link = Link(cache.device if cuda else torch.device("cpu"), cuda, config.timeout_s)
     return JoinedGroup(store, link, watcher)
-
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (torch's carry a C++ trace after it)."""
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -15,9 +15,9 @@ import time
 from typing import Callable, List, NoReturn, Optional
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
-from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault
+from lightllm.server.pd.kv_transfer.bounded_wait import ChannelFault, first_line
 from lightllm.server.pd.kv_transfer.child_outbox import ChildOutbox
-from lightllm.server.pd.kv_transfer.group_join import JoinedGroup, first_line, join_group
+from lightllm.server.pd.kv_transfer.group_join import JoinedGroup, join_group
 from lightllm.server.pd.kv_transfer.messages import ChannelReady, TransferResult
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
 

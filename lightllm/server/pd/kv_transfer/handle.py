@@ -54,7 +54,7 @@ from lightllm.server.pd.kv_transfer.store_host import TransferStoreHost
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
 from lightllm.server.pd.kv_transfer.worker import run_transfer_process
 from lightllm.utils.envs_utils import pd_transfer_failure_probability
-from lightllm.server.run_mode import PD_NODE_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class KVTransferHandle:
     ):
         if role not in ROLES:
             raise ValueError(f"KV transfer role must be one of {ROLES}, got {role!r}")
-        if store_host is not None and role != "prefill":
+        if store_host is not None and role != RunMode.PREFILL:
             raise ValueError("only a prefill KV transfer handle uses the rank's store host")
         if page_size <= 0:
             raise ValueError(f"KV transfer page size must be positive, got {page_size}")
@@ -242,14 +242,14 @@ class KVTransferHandle:
     # --- internals --------------------------------------------------------------------------
     def _start(self, store_port: int) -> None:
         generation, store_addr = 0, self._store_addr
-        if self.role == "prefill":
+        if self.role == RunMode.PREFILL:
             host = self._prefill_store_host(store_port)
             store_addr = host.connect_host
             # Counted before the process starts, so a decode side restarted after this call
             # follows the new group, never the keys the old one left.
             generation = host.next_generation(self._group_name)
         # Only the sending (prefill) side corrupts a payload; the launcher checked the value at start-up.
-        failure_probability = pd_transfer_failure_probability() if self.role == "prefill" else 0.0
+        failure_probability = pd_transfer_failure_probability() if self.role == RunMode.PREFILL else 0.0
         config = TransferConfig(self.role, store_addr, store_port, self._group_name, generation,
                                 self._page_size, self._timeout_s, self._connect_timeout_s, failure_probability,
                                 self._announce_wait_s, owner_pid=os.getpid())

@@ -30,6 +30,7 @@ from lightllm.server.pd.kv_transfer.decode_serving import serve_decode
 from lightllm.server.pd.kv_transfer.owner_watch import exit_with_owner
 from lightllm.server.pd.kv_transfer.prefill_serving import serve_prefill
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
+from lightllm.server.run_mode import RunMode
 from lightllm.utils.process_utils import ignore_group_stop_signals
 
 
@@ -42,7 +43,7 @@ def run_transfer_process(config: TransferConfig, conn: Connection, cache: KVCach
     if cache.device.type == "cuda":
         torch.cuda.set_device(cache.device)
     outbox = ChildOutbox(conn)
-    if config.role == "prefill":
+    if config.role == RunMode.PREFILL:
         serve_prefill(config, conn, cache, outbox, started)
     else:
         serve_decode(config, conn, cache, outbox, started)

@@ -63,6 +63,7 @@ from lightllm.server.pd.protocol.stream_lines import (
     ndjson,
     request_spec_of,
 )
+from lightllm.server.run_mode import RunMode
 
 logger = logging.getLogger("lightllm.pd.node_api")
 
@@ -241,7 +242,7 @@ def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None
         raise ValueError(f"PD node endpoints exist for run modes prefill and decode, not {run_mode!r}")
     streams = streams if streams is not None else PdStreams()
     metrics = PdNodeMetrics(node.metrics_registry, run_mode)
-    is_prefill = run_mode == "prefill"
+    is_prefill = run_mode == RunMode.PREFILL
     router = APIRouter(route_class=JSONErrorRoute)
 
     async def transfer_setup(request: Request) -> Response:

@@ -56,7 +56,7 @@ from lightllm.server.pd.protocol.membership import STATE_DRAINING, STATE_SERVING
 from lightllm.server.pd.protocol.node_events import BUSY, RESERVED, TOKEN, PdNodeEvent
 from lightllm.server.pd.node.host_contract import PdNodeHost, check_epoch, parse_transfer_address
 from lightllm.server.pd.node.stream_translation import error_event, translate
-from lightllm.server.run_mode import PD_NODE_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 from lightllm.utils.process_utils import zmq_socket
 
 log = logging.getLogger("lightllm.pd.node.service")
@@ -194,7 +194,7 @@ class PdNodeService:
         """
         check_epoch(epoch)
         host, port = "", 0
-        if self.role == "decode":
+        if self.role == RunMode.DECODE:
             host, port = parse_transfer_address(prefill_transfer_address)
         if self._to_rank0 is None:
             raise RuntimeError("the PD node service is not started (no socket to model rank 0)")
@@ -296,7 +296,7 @@ class PdNodeService:
             yield error_event(f"request {request_id}: this node's KV transfer of epoch {epoch} is broken: "
                          f"{broken}", "transfer_broken", transfer_broken=True)
             return
-        decode = self.role == "decode"
+        decode = self.role == RunMode.DECODE
         expected_kind = PD_KIND_DECODE if decode else PD_KIND_PREFILL
         if not isinstance(spec, RequestSpec) or spec.pd.kind != expected_kind:
             # kv_start travels only with a prefill kind (the spec refuses it otherwise), so this
