@@ -51,22 +51,22 @@ def test_a_due_short_prompt_leads_with_the_next_ones_up_to_a_full_step() -> None
     order, clock = make_order(due_s=1.0)
     reqs = [make_req(1, 4000), make_req(3, 50), make_req(4, 50), make_req(5, 50)]
     clock.now = 1.09  # nothing is due yet: default's order
-    assert ids(order.reorder(reqs, 0)) == [1, 3, 4, 5]
+    assert ids(order.order(reqs, 0)) == [1, 3, 4, 5]
     clock.now = 1.1  # 3 is due: it and the next short prompt in arrival order lead
-    assert ids(order.reorder(reqs, 0)) == [3, 4, 1, 5]
+    assert ids(order.order(reqs, 0)) == [3, 4, 1, 5]
 
 
 def test_spared_short_prompts_keep_their_first_come_place() -> None:
     order, clock = make_order(due_s=0.0, spared=1)
     clock.now = 5.0
     reqs = [make_req(1, 4000), make_req(3, 50), make_req(4, 50), make_req(5, 50)]
-    assert ids(order.reorder(reqs, 0)) == [4, 5, 1, 3]
+    assert ids(order.order(reqs, 0)) == [4, 5, 1, 3]
 
 
 def test_needs_a_clock_and_refuses_meaningless_settings() -> None:
     order = ShortsByDeadline({3: 0.0}, [3], 1.0, 0, 1)
     with pytest.raises(RuntimeError, match="bind_clock"):
-        order.reorder([make_req(3, 50)], 0)
+        order.order([make_req(3, 50)], 0)
     with pytest.raises(ValueError, match="due_s"):
         ShortsByDeadline({3: 0.0}, [3], -1.0, 0, 1)
     with pytest.raises(ValueError, match="spared"):

@@ -38,17 +38,17 @@ SMALL_LONG_THEN_STREAM = ScenarioSpec(
 def test_listed_requests_lead_a_full_batch_at_a_time_from_the_start_tokens_on() -> None:
     order = EarliestShortsFirst([3, 4, 5], batch_size=2, start_tokens=100, overtake_bound=OvertakeBoundSpec.off())
     reqs = [make_req(1, 4000), make_req(3, 50), make_req(4, 50)]
-    assert ids(order.reorder(reqs, 99)) == [1, 3, 4]  # before the start nothing moves
-    assert ids(order.reorder(reqs[:2], 100)) == [1, 3]  # one listed request waits: not a batch yet
-    assert ids(order.reorder(reqs, 100)) == [3, 4, 1]
+    assert ids(order.order(reqs, 99)) == [1, 3, 4]  # before the start nothing moves
+    assert ids(order.order(reqs[:2], 100)) == [1, 3]  # one listed request waits: not a batch yet
+    assert ids(order.order(reqs, 100)) == [3, 4, 1]
     # 5 is the last listed request not yet released: it goes without waiting for company.
-    assert ids(order.reorder([make_req(1, 4000), make_req(5, 50)], 200)) == [5, 1]
+    assert ids(order.order([make_req(1, 4000), make_req(5, 50)], 200)) == [5, 1]
 
 
 def test_the_overtaking_bound_still_puts_a_protected_request_first() -> None:
     order = EarliestShortsFirst([3, 4], batch_size=2, overtake_bound=OvertakeBoundSpec(0, 0.0))
     reqs = [make_req(1, 4000, arrival=0), make_req(3, 50, arrival=1500), make_req(4, 50, arrival=1500)]
-    assert ids(order.reorder(reqs, 1500)) == [1, 3, 4]
+    assert ids(order.order(reqs, 1500)) == [1, 3, 4]
 
 
 def test_refuses_meaningless_settings() -> None:

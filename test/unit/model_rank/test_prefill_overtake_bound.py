@@ -272,10 +272,10 @@ def test_charge_counts_only_later_work_in_steps_that_skipped_the_request() -> No
 def test_default_is_unchanged_by_the_bound() -> None:
     strategy = build_prefill_queue_strategy("default", OvertakeBoundSpec(0, 0.0))
     reqs = [_req(i, 10 * (5 - i), prio=-1 if i == 3 else 0) for i in range(5)]
-    first = strategy.reorder(reqs, 0)
+    first = strategy.order(reqs, 0)
     for req in reqs:
         req.overtake.protected = True
-    assert strategy.reorder(reqs, 0) == first
+    assert strategy.order(reqs, 0) == first
 
 
 @pytest.mark.parametrize(
@@ -349,8 +349,9 @@ def test_the_bound_holds_with_continuation_segments(strategy: str, stream) -> No
             if step_index >= len(steps):
                 break
             continue
-        ordered = bound_strategy.reorder(waiting, counter.value, classifier=NO_DECODE_CLASSIFIER)
-        plan = planner.plan(ordered, 1 << 30, classifier=NO_DECODE_CLASSIFIER)
+        classified = NO_DECODE_CLASSIFIER.split(waiting)
+        ordered = bound_strategy.order(classified.prefill, counter.value)
+        plan = planner.plan(classified.decode, ordered, 1 << 30)
         served = [((c.req.infer_high_priority, seq[c.req.request_id]), c.token_num) for c in plan.prefill_chunks]
         for req in plan.skipped:
             mine = (req.infer_high_priority, seq[req.request_id])

@@ -13,7 +13,7 @@ import random
 from typing import Dict, List, Sequence
 
 import pytest
-from prefill_queue_test_support import decode_req, ids, make_req, order
+from prefill_queue_test_support import classify_and_order, decode_req, ids, make_req, order, phase_engine
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
@@ -27,6 +27,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     available_strategy_names,
     build_prefill_queue_strategy,
 )
+from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.model_rank.scheduling.request_classifier import (
     NO_DECODE_CLASSIFIER,
     NORMAL_CLASSIFIER,
@@ -71,11 +72,11 @@ def test_unknown_name_lists_valid_names(bad) -> None:
 def test_empty_and_singleton_queues(name: str) -> None:
     assert order(name, []) == []
     assert order(name, [make_req(4, 100)], processed=10) == [4]
-    assert order(name, [decode_req(4)]) == [4]
+    assert classify_and_order(name, [decode_req(4)]) == ([4], [])
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
-def test_decodes_stay_first_in_stable_order(name: str) -> None:
+def test_decodes_are_set_aside_in_stable_order_before_the_strategy_orders(name: str) -> None:
     reqs = [
         make_req(10, 500, arrival=0),
         decode_req(7),
@@ -84,18 +85,18 @@ def test_decodes_stay_first_in_stable_order(name: str) -> None:
         make_req(12, 60, arrival=0, infer_high_priority=-1),
         decode_req(5),
     ]
-    result = order(name, reqs, processed=1000)
-    assert result[:3] == [7, 3, 5]
-    assert sorted(result[3:]) == [10, 11, 12]
+    decode, prefill = classify_and_order(name, reqs, processed=1000)
+    assert decode == [7, 3, 5]
+    assert sorted(prefill) == [10, 11, 12]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_no_decode_lets_strategy_order_every_request(name: str) -> None:
-    # A single-pending-token request is prefill work on a no-decode node, so it is not pinned
-    # to the front; promote_shortest and hrrn both put it before the longer request.
+    # A single-pending-token request is prefill work on a no-decode node, so it is not set
+    # aside; promote_shortest and hrrn both put it before the longer request.
     reqs = [make_req(1, 400, arrival=0), decode_req(2, arrival=0)]
-    assert order(name, reqs, processed=100)[:1] == [2]
-    result = order(name, reqs, processed=100, classifier=NO_DECODE_CLASSIFIER)
+    assert classify_and_order(name, reqs, processed=100) == ([2], [1])
+    decode, prefill = classify_and_order(name, reqs, processed=100, classifier=NO_DECODE_CLASSIFIER)
     expected = {
         "default": [1, 2],
         "promote_shortest": [2, 1],
@@ -103,7 +104,7 @@ def test_no_decode_lets_strategy_order_every_request(name: str) -> None:
         "lpm": [1, 2],
         "shortest_within_slack": [2, 1],
     }
-    assert result == expected[name]
+    assert decode == [] and prefill == expected[name]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
@@ -111,11 +112,12 @@ def test_strict_prefill_keeps_prefix_hit_prompt_in_prefill_group(name: str) -> N
     long_prompt = make_req(1, 400)
     one_left = make_req(2, 50, cur_kv_len=49)  # prefix cache left one prompt token
     high = make_req(3, 90, infer_high_priority=-1)
-    loose = order(name, [long_prompt, one_left, high], processed=0)
-    strict = order(name, [long_prompt, one_left, high], processed=0, classifier=STRICT_PREFILL_CLASSIFIER)
-    assert loose[0] == 2  # counted as decode
-    assert strict[0] == 3  # prefill: the high-priority request goes ahead of it
-    assert 2 in strict[1:]
+    loose = classify_and_order(name, [long_prompt, one_left, high], processed=0)
+    strict = classify_and_order(name, [long_prompt, one_left, high], processed=0, classifier=STRICT_PREFILL_CLASSIFIER)
+    assert loose[0] == [2]  # counted as decode
+    assert strict[0] == []
+    assert strict[1][0] == 3  # prefill: the high-priority request goes ahead of it
+    assert 2 in strict[1][1:]
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
@@ -136,17 +138,16 @@ def test_router_priority_does_not_reorder_but_infer_priority_does(name: str) -> 
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
-def test_reorder_does_not_mutate_input_or_request_fields(name: str) -> None:
+def test_order_does_not_mutate_input_or_request_fields(name: str) -> None:
     reqs = [
         make_req(4, 300, arrival=10),
-        decode_req(9),
         make_req(2, 40, arrival=30, cur_kv_len=8),
         make_req(6, 120, arrival=0, infer_high_priority=-2),
         make_req(1, 40, arrival=30),
     ]
     before_list = list(reqs)
     before_fields = [_fields_without_strategy_state(r) for r in copy.deepcopy(reqs)]
-    result = build_prefill_queue_strategy(name).reorder(reqs, 500)
+    result = build_prefill_queue_strategy(name).order(reqs, 500)
     assert reqs == before_list and all(a is b for a, b in zip(reqs, before_list))
     assert [_fields_without_strategy_state(r) for r in reqs] == before_fields
     assert _is_permutation(result, reqs)
@@ -164,12 +165,12 @@ def _is_permutation(result: Sequence[InferReq], reqs: Sequence[InferReq]) -> boo
     return len(result) == len(reqs) and sorted(map(id, result)) == sorted(map(id, reqs))
 
 
-def test_reorder_rejects_bad_processed_tokens() -> None:
+def test_order_rejects_bad_processed_tokens() -> None:
     strategy = build_prefill_queue_strategy("default")
     with pytest.raises(ValueError, match="processed_prefill_tokens"):
-        strategy.reorder([], -1)
+        strategy.order([], -1)
     with pytest.raises(ValueError, match="processed_prefill_tokens"):
-        strategy.reorder([], 2.5)
+        strategy.order([], 2.5)
 
 
 def test_faulty_strategy_is_caught() -> None:
@@ -180,7 +181,7 @@ def test_faulty_strategy_is_caught() -> None:
             return prefill_reqs[1:]
 
     with pytest.raises(RuntimeError, match="drops_one"):
-        DropsOne().reorder([make_req(1, 5), make_req(2, 5)], 0)
+        DropsOne().order([make_req(1, 5), make_req(2, 5)], 0)
 
 
 # --- property-style invariants ----------------------------------------------------------------
@@ -207,23 +208,24 @@ def _random_queue(rng: random.Random, processed: int) -> List[InferReq]:
 
 
 @pytest.mark.parametrize("name", available_strategy_names())
-def test_random_queues_keep_permutation_and_decode_first(name: str) -> None:
+def test_random_queues_classify_in_order_and_order_a_permutation(name: str) -> None:
     rng = random.Random(20240607)
-    strategy = build_prefill_queue_strategy(name)
+    engine = phase_engine(name)
     for _ in range(300):
         processed = rng.randint(0, 5000)
+        engine.counter = ProcessedPrefillTokenCounter(initial=processed)
         reqs = _random_queue(rng, processed)
-        classifier = rng.choice([NORMAL_CLASSIFIER, NORMAL_CLASSIFIER, STRICT_PREFILL_CLASSIFIER, NO_DECODE_CLASSIFIER])
-        flags = dict(classifier=classifier)
+        engine.classifier = rng.choice(
+            [NORMAL_CLASSIFIER, NORMAL_CLASSIFIER, STRICT_PREFILL_CLASSIFIER, NO_DECODE_CLASSIFIER]
+        )
         before = list(reqs)
-        result = strategy.reorder(reqs, processed, **flags)
+        classified = engine.classify(reqs)
+        # The classify phase partitions the ready requests, each side in its input order.
+        assert ids(classified.decode) == ids([r for r in reqs if engine.classifier.is_decode(r)])
+        assert ids(classified.prefill) == ids([r for r in reqs if not engine.classifier.is_decode(r)])
+        prefill = engine.order(classified.prefill)
         assert reqs == before
-        assert _is_permutation(result, reqs)
-        decode_flags = [classifier.is_decode(r) for r in result]
-        decode_count = sum(decode_flags)
-        assert decode_flags == [True] * decode_count + [False] * (len(result) - decode_count)
-        assert ids(result[:decode_count]) == ids([r for r in reqs if classifier.is_decode(r)])
-        prefill = result[decode_count:]
+        assert _is_permutation(prefill, classified.prefill)
         priorities = [r.infer_high_priority < 0 for r in prefill]
         high_count = sum(priorities)
         assert priorities == [True] * high_count + [False] * (len(prefill) - high_count)

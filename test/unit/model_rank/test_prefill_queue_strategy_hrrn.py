@@ -6,13 +6,8 @@ import copy
 import random
 
 import pytest
-from prefill_queue_test_support import decode_req, ids, make_req, order
+from prefill_queue_test_support import classify_and_order, decode_req, ids, make_req, order
 
-from lightllm.server.model_rank.scheduling.request_classifier import (
-    NO_DECODE_CLASSIFIER,
-    NORMAL_CLASSIFIER,
-    STRICT_PREFILL_CLASSIFIER,
-)
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.hrrn import HRRN_COST_KEY
 from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
@@ -41,36 +36,36 @@ def test_hrrn_token_aging_lets_long_waiting_request_overtake_new_short_ones() ->
     early_short = make_req(2, 100, arrival=counter.snapshot())
     strategy = build_prefill_queue_strategy("hrrn")
     # Right after the short one arrives it has waited nothing; the long one has 4000/8000.
-    assert ids(strategy.reorder([long_req, early_short], counter.value)) == [1, 2]
+    assert ids(strategy.order([long_req, early_short], counter.value)) == [1, 2]
     counter.advance(100)
     # 100/100 beats 4100/8000: short work wins once it has waited a little.
-    assert ids(strategy.reorder([long_req, early_short], counter.value)) == [2, 1]
+    assert ids(strategy.order([long_req, early_short], counter.value)) == [2, 1]
     counter.advance(20000)
     late_shorts = [make_req(10 + i, 100, arrival=counter.snapshot()) for i in range(3)]
     counter.advance(200)
     # 24300/8000 > 200/100: the long request has aged past freshly arrived short ones.
-    assert ids(strategy.reorder([*late_shorts, long_req], counter.value)) == [1, 10, 11, 12]
+    assert ids(strategy.order([*late_shorts, long_req], counter.value)) == [1, 10, 11, 12]
 
 
 def test_hrrn_binds_cost_lazily_and_keeps_it_across_chunks() -> None:
     long_req = make_req(1, 4000, arrival=0)
     assert HRRN_COST_KEY not in long_req.strategy_state
     strategy = build_prefill_queue_strategy("hrrn")
-    strategy.reorder([long_req], 1000)
+    strategy.order([long_req], 1000)
     assert long_req.strategy_state[HRRN_COST_KEY] == 4000
     long_req.cur_kv_len = 3000  # three chunks later only 1000 tokens are left
     newcomer = make_req(2, 2000, arrival=0, cur_kv_len=0)
     # Fixed cost: 1000/4000 < 1000/2000, so the newcomer goes first.  A shrinking cost
     # (1000/1000) would have put the long request first.
-    assert ids(strategy.reorder([long_req, newcomer], 1000)) == [2, 1]
+    assert ids(strategy.order([long_req, newcomer], 1000)) == [2, 1]
     assert long_req.strategy_state[HRRN_COST_KEY] == 4000
     assert newcomer.strategy_state[HRRN_COST_KEY] == 2000
 
 
 def test_hrrn_cost_uses_uncached_prompt_and_is_at_least_one() -> None:
     cached = make_req(1, 1000, cur_kv_len=900)
-    fully = make_req(2, 10, output_len=3, cur_kv_len=12)
-    build_prefill_queue_strategy("hrrn").reorder([cached, fully], 0, classifier=NO_DECODE_CLASSIFIER)
+    fully = make_req(2, 10, output_len=3, cur_kv_len=12)  # prefill work only on a no-decode node
+    build_prefill_queue_strategy("hrrn").order([cached, fully], 0)
     assert cached.strategy_state[HRRN_COST_KEY] == 100
     assert fully.strategy_state[HRRN_COST_KEY] == 1
 
@@ -78,7 +73,7 @@ def test_hrrn_cost_uses_uncached_prompt_and_is_at_least_one() -> None:
 def test_hrrn_does_not_bind_cost_for_decode_or_high_priority() -> None:
     decoding = decode_req(1)
     high = make_req(2, 30, infer_high_priority=-1)
-    build_prefill_queue_strategy("hrrn").reorder([decoding, high], 0)
+    assert classify_and_order("hrrn", [decoding, high]) == ([1], [2])
     assert decoding.strategy_state == {} and high.strategy_state == {}
 
 
@@ -94,4 +89,4 @@ def test_hrrn_is_deterministic_for_shuffled_inputs() -> None:
 
 def test_hrrn_rejects_counter_behind_arrival() -> None:
     with pytest.raises(ValueError, match="processed_prefill_tokens"):
-        build_prefill_queue_strategy("hrrn").reorder([make_req(1, 10, arrival=50)], 40)
+        build_prefill_queue_strategy("hrrn").order([make_req(1, 10, arrival=50)], 40)

@@ -86,4 +86,4 @@ def test_lpm_runs_under_the_overtaking_bound() -> None:
     reqs = [_cached(1, 100, 0, arrival=0), _cached(2, 900, 800, arrival=5000)]
     assert order("lpm", reqs, processed=5000) == [2, 1]
     strict = build_prefill_queue_strategy("lpm", OvertakeBoundSpec(0, 0.0))
-    assert ids(strict.reorder([_cached(1, 100, 0), _cached(2, 900, 800)], 5000)) == [1, 2]
+    assert ids(strict.order([_cached(1, 100, 0), _cached(2, 900, 800)], 5000)) == [1, 2]

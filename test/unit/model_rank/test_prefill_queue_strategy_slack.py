@@ -30,7 +30,7 @@ def _strategy(slack_fraction: float = 0.05, min_slack_steps: int = 2) -> Shortes
 
 
 def _order(strategy: ShortestWithinSlackStrategy, reqs: Sequence[InferReq], processed: int) -> List[int]:
-    return ids(strategy.reorder(reqs, processed))
+    return ids(strategy.order(reqs, processed))
 
 
 def test_step_clock_counts_an_unfilled_step_as_a_full_one() -> None:
@@ -128,7 +128,7 @@ def test_same_inputs_give_the_same_order_on_every_rank() -> None:
         orders = []
         processed = 0
         for _ in range(12):
-            result = strategy.reorder(reqs, processed)
+            result = strategy.order(reqs, processed)
             orders.append(ids(result))
             head = result[0]
             take = min(1000, head.pending_token_num)

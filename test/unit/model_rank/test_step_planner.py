@@ -6,11 +6,6 @@ from typing import List, Sequence
 
 import pytest
 
-from lightllm.server.model_rank.scheduling.request_classifier import (
-    NO_DECODE_CLASSIFIER,
-    NORMAL_CLASSIFIER,
-    STRICT_PREFILL_CLASSIFIER,
-)
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling import step_planner as step_planner_module
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
@@ -44,14 +39,14 @@ def chunks(plan: StepPlan) -> List[tuple]:
 
 
 def test_empty_queue_gives_empty_plan() -> None:
-    plan = StepPlanner(batch_max_tokens=64).plan([], 100)
+    plan = StepPlanner(batch_max_tokens=64).plan([], [], 100)
     assert plan.decode_reqs == [] and plan.prefill_chunks == [] and plan.skipped == []
     assert plan.prefill_token_num == 0 and not plan.has_prefill
 
 
 def test_budget_skips_a_request_and_later_smaller_ones_still_fit() -> None:
     reqs = [make_req(1, 60), make_req(2, 50), make_req(3, 30), make_req(4, 10)]
-    plan = StepPlanner(batch_max_tokens=100).plan(reqs, 10_000)
+    plan = StepPlanner(batch_max_tokens=100).plan([], reqs, 10_000)
     assert chunks(plan) == [(1, 0, 60), (3, 0, 30), (4, 0, 10)]
     assert ids(plan.skipped) == [2]
     assert plan.prefill_token_num == 100 == sum(c.token_num for c in plan.prefill_chunks)
@@ -59,7 +54,7 @@ def test_budget_skips_a_request_and_later_smaller_ones_still_fit() -> None:
 
 def test_chunked_prefill_caps_each_request_and_starts_at_cur_kv_len() -> None:
     reqs = [make_req(1, 300, cur_kv_len=128), make_req(2, 40), make_req(3, 200)]
-    plan = StepPlanner(batch_max_tokens=256, chunked_prefill_size=128).plan(reqs, 10_000)
+    plan = StepPlanner(batch_max_tokens=256, chunked_prefill_size=128).plan([], reqs, 10_000)
     assert chunks(plan) == [(1, 128, 128), (2, 0, 40)]
     assert plan.prefill_chunks[0].end == 256
     assert ids(plan.skipped) == [3]
@@ -68,13 +63,13 @@ def test_chunked_prefill_caps_each_request_and_starts_at_cur_kv_len() -> None:
 
 @pytest.mark.parametrize("disabled", [None, 0])
 def test_disabled_chunking_uses_whole_pending_length(disabled) -> None:
-    plan = StepPlanner(batch_max_tokens=500, chunked_prefill_size=disabled).plan([make_req(1, 420)], 1000)
+    plan = StepPlanner(batch_max_tokens=500, chunked_prefill_size=disabled).plan([], [make_req(1, 420)], 1000)
     assert chunks(plan) == [(1, 0, 420)]
 
 
 def test_kv_limit_skips_later_prefill_and_reserves_decode_tokens_first() -> None:
-    reqs = [decode_req(7), decode_req(8), make_req(1, 10), make_req(2, 50), make_req(3, 20), make_req(4, 18)]
-    plan = StepPlanner(batch_max_tokens=1000).plan(reqs, 32)
+    prefill = [make_req(1, 10), make_req(2, 50), make_req(3, 20), make_req(4, 18)]
+    plan = StepPlanner(batch_max_tokens=1000).plan([decode_req(7), decode_req(8)], prefill, 32)
     assert ids(plan.decode_reqs) == [7, 8]
     assert plan.kv_starved_decode == []
     assert chunks(plan) == [(1, 0, 10), (3, 0, 20)]
@@ -85,8 +80,8 @@ def test_kv_limit_skips_later_prefill_and_reserves_decode_tokens_first() -> None
 def test_unchunked_head_that_does_not_fit_kv_holds_the_room_for_itself() -> None:
     # Without chunking the head cannot be truncated; letting smaller prompts take the KV it
     # waits for could starve it, so no prefill runs until it fits.
-    reqs = [decode_req(7), decode_req(8), make_req(1, 50), make_req(2, 20), make_req(3, 18)]
-    plan = StepPlanner(batch_max_tokens=1000).plan(reqs, 22)
+    prefill = [make_req(1, 50), make_req(2, 20), make_req(3, 18)]
+    plan = StepPlanner(batch_max_tokens=1000).plan([decode_req(7), decode_req(8)], prefill, 22)
     assert ids(plan.decode_reqs) == [7, 8]
     assert chunks(plan) == []
     assert ids(plan.skipped) == [1, 2, 3]
@@ -94,19 +89,19 @@ def test_unchunked_head_that_does_not_fit_kv_holds_the_room_for_itself() -> None
 
 
 def test_chunked_head_is_truncated_to_the_kv_and_budget_left() -> None:
-    reqs = [decode_req(7), make_req(1, 500), make_req(2, 8)]
+    decode, prefill = [decode_req(7)], [make_req(1, 500), make_req(2, 8)]
     planner = StepPlanner(batch_max_tokens=256, chunked_prefill_size=128)
-    by_kv = planner.plan(reqs, 41)
+    by_kv = planner.plan(decode, prefill, 41)
     assert chunks(by_kv) == [(1, 0, 40)]
     assert ids(by_kv.skipped) == [2]
-    mixed = StepPlanner(batch_max_tokens=100, chunked_prefill_size=100, mixed=True).plan(reqs, 1000)
+    mixed = StepPlanner(batch_max_tokens=100, chunked_prefill_size=100, mixed=True).plan(decode, prefill, 1000)
     assert chunks(mixed) == [(1, 0, 99)]
     assert mixed.prefill_token_num == 100
 
 
 def test_decodes_short_of_kv_are_reported_starved_in_order() -> None:
-    reqs = [decode_req(7), make_req(1, 5), decode_req(8), decode_req(9)]
-    plan = StepPlanner(batch_max_tokens=100).plan(reqs, lambda: 2)
+    decode = [decode_req(7), decode_req(8), decode_req(9)]
+    plan = StepPlanner(batch_max_tokens=100).plan(decode, [make_req(1, 5)], lambda: 2)
     assert ids(plan.decode_reqs) == [7, 8]
     assert ids(plan.kv_starved_decode) == [9]
     assert ids(plan.skipped) == [1]
@@ -120,30 +115,30 @@ def test_kv_callable_is_called_once() -> None:
         calls.append(1)
         return 100
 
-    StepPlanner(batch_max_tokens=64).plan([make_req(1, 10), make_req(2, 10), decode_req(3)], free)
+    StepPlanner(batch_max_tokens=64).plan([decode_req(3)], [make_req(1, 10), make_req(2, 10)], free)
     assert len(calls) == 1
 
 
 def test_mixed_counts_decode_tokens_and_shrinks_prefill_budget() -> None:
-    reqs = [decode_req(7), decode_req(8), make_req(1, 99), make_req(2, 98)]
+    decode, prefill = [decode_req(7), decode_req(8)], [make_req(1, 99), make_req(2, 98)]
     planner, mixed_planner = StepPlanner(batch_max_tokens=100), StepPlanner(batch_max_tokens=100, mixed=True)
-    separate = planner.plan(reqs, 1000)
+    separate = planner.plan(decode, prefill, 1000)
     assert chunks(separate) == [(1, 0, 99)]
     assert separate.prefill_token_num == 99
-    mixed = mixed_planner.plan(reqs, 1000)
+    mixed = mixed_planner.plan(decode, prefill, 1000)
     assert ids(mixed.decode_reqs) == [7, 8]
     # The unchunked head no longer fits next to the decodes, and nothing overtakes it.
     assert chunks(mixed) == []
     assert ids(mixed.skipped) == [1, 2]
     assert mixed.prefill_token_num == 2
-    fits = mixed_planner.plan([decode_req(7), make_req(2, 98), make_req(1, 99)], 1000)
+    fits = mixed_planner.plan([decode_req(7)], [make_req(2, 98), make_req(1, 99)], 1000)
     assert chunks(fits) == [(2, 0, 98)]
     assert fits.prefill_token_num == 98 + 1
 
 
 def test_mixed_budget_counts_only_decodes_that_got_kv() -> None:
-    reqs = [decode_req(7), decode_req(8), decode_req(9), make_req(1, 98)]
-    plan = StepPlanner(batch_max_tokens=100, mixed=True).plan(reqs, 2)
+    decode = [decode_req(7), decode_req(8), decode_req(9)]
+    plan = StepPlanner(batch_max_tokens=100, mixed=True).plan(decode, [make_req(1, 98)], 2)
     assert ids(plan.decode_reqs) == [7, 8]
     assert ids(plan.kv_starved_decode) == [9]
     assert ids(plan.skipped) == [1]
@@ -151,28 +146,24 @@ def test_mixed_budget_counts_only_decodes_that_got_kv() -> None:
 
 
 def test_mixed_decodes_beyond_budget_leave_no_prefill_room() -> None:
-    reqs = [decode_req(i) for i in range(1, 6)] + [make_req(10, 2)]
-    plan = StepPlanner(batch_max_tokens=4, mixed=True).plan(reqs, 100)
+    decode = [decode_req(i) for i in range(1, 6)]
+    plan = StepPlanner(batch_max_tokens=4, mixed=True).plan(decode, [make_req(10, 2)], 100)
     assert len(plan.decode_reqs) == 5
     assert ids(plan.skipped) == [10] and not plan.has_prefill
     assert plan.prefill_token_num == 5
 
 
-def test_max_prefill_reqs_caps_chunks() -> None:
-    reqs = [make_req(i, 5) for i in range(1, 6)]
-    plan = StepPlanner(batch_max_tokens=100, max_prefill_reqs=2).plan(reqs, 100)
-    assert ids(plan.prefill_reqs) == [1, 2]
-    assert ids(plan.skipped) == [3, 4, 5]
-
-
-def test_no_decode_and_strict_prefill_route_single_token_requests_to_prefill() -> None:
+def test_planner_takes_the_classification_it_is_given() -> None:
+    # The same single-token requests are decode rows or one-token prefill chunks depending only
+    # on the list the classify phase put them in (the normal, strict-prefill and no-decode splits).
     prefix_hit = make_req(1, 30, cur_kv_len=29)
     generated = decode_req(2)
     planner = StepPlanner(batch_max_tokens=10)
-    assert ids(planner.plan([prefix_hit, generated], 100).decode_reqs) == [1, 2]
-    strict = planner.plan([prefix_hit, generated], 100, classifier=STRICT_PREFILL_CLASSIFIER)
+    normal = planner.plan([prefix_hit, generated], [], 100)
+    assert ids(normal.decode_reqs) == [1, 2] and chunks(normal) == []
+    strict = planner.plan([generated], [prefix_hit], 100)
     assert ids(strict.decode_reqs) == [2] and chunks(strict) == [(1, 29, 1)]
-    no_decode = planner.plan([prefix_hit, generated], 100, classifier=NO_DECODE_CLASSIFIER)
+    no_decode = planner.plan([], [prefix_hit, generated], 100)
     assert no_decode.decode_reqs == [] and chunks(no_decode) == [(1, 29, 1), (2, 6, 1)]
 
 
@@ -185,8 +176,8 @@ def test_need_token_num_is_computed_once_per_request(monkeypatch) -> None:
         return original(req, chunked_prefill_size)
 
     monkeypatch.setattr(step_planner_module, "prefill_need_token_num", counting)
-    reqs = [make_req(1, 80), decode_req(9), make_req(2, 80), make_req(3, 10)]
-    plan = StepPlanner(batch_max_tokens=100, max_prefill_reqs=2).plan(reqs, 1000)
+    prefill = [make_req(1, 80), make_req(2, 80), make_req(3, 10)]
+    plan = StepPlanner(batch_max_tokens=100).plan([decode_req(9)], prefill, 1000)
     assert sorted(seen) == [1, 2, 3]
     assert plan.prefill_token_num == 90
 
@@ -194,7 +185,7 @@ def test_need_token_num_is_computed_once_per_request(monkeypatch) -> None:
 def test_request_without_pending_tokens_is_rejected() -> None:
     done = make_req(1, 10, cur_kv_len=10)
     with pytest.raises(ValueError, match="no pending tokens"):
-        StepPlanner(batch_max_tokens=64).plan([done], 100)
+        StepPlanner(batch_max_tokens=64).plan([], [done], 100)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +195,6 @@ def test_request_without_pending_tokens_is_rejected() -> None:
         ({"batch_max_tokens": 64.0}, "batch_max_tokens"),
         ({"batch_max_tokens": 64, "chunked_prefill_size": -1}, "chunked_prefill_size"),
         ({"batch_max_tokens": 64, "chunked_prefill_size": 128}, "chunked_prefill_size"),
-        ({"batch_max_tokens": 64, "max_prefill_reqs": 0}, "max_prefill_reqs"),
     ],
 )
 def test_bad_config_raises(kwargs, param: str) -> None:
@@ -215,20 +205,20 @@ def test_bad_config_raises(kwargs, param: str) -> None:
 @pytest.mark.parametrize("bad", [-1, 3.5, lambda: -5])
 def test_bad_kv_budget_raises(bad) -> None:
     with pytest.raises(ValueError, match="kv_free_tokens"):
-        StepPlanner(batch_max_tokens=64).plan([make_req(1, 4)], bad)
+        StepPlanner(batch_max_tokens=64).plan([], [make_req(1, 4)], bad)
 
 
 def test_submit_prefill_advances_counter_only_for_prefill_plans() -> None:
     counter = ProcessedPrefillTokenCounter()
     planner = StepPlanner(batch_max_tokens=100, chunked_prefill_size=64)
-    decode_only = planner.plan([decode_req(7)], 100)
+    decode_only = planner.plan([decode_req(7)], [], 100)
     assert submit_prefill(decode_only, counter) == 0
     assert counter.value == 0
     mixed_planner = StepPlanner(batch_max_tokens=100, chunked_prefill_size=64, mixed=True)
-    mixed_decode_only = mixed_planner.plan([decode_req(7)], 100)
+    mixed_decode_only = mixed_planner.plan([decode_req(7)], [], 100)
     assert mixed_decode_only.prefill_token_num == 1
     assert submit_prefill(mixed_decode_only, counter) == 0 and counter.value == 0
-    with_prefill = mixed_planner.plan([decode_req(7), make_req(1, 200)], 100)
+    with_prefill = mixed_planner.plan([decode_req(7)], [make_req(1, 200)], 100)
     assert submit_prefill(with_prefill, counter) == 65
     assert counter.value == 65
     assert chunks(with_prefill) == [(1, 0, 64)]
@@ -245,8 +235,8 @@ def test_backend_loop_with_hrrn_accounts_every_submitted_token() -> None:
     for step in range(12):
         if step == 1:
             queue.append(make_req(2, 30, arrival=counter.snapshot()))
-        ordered = strategy.reorder(queue, counter.value)
-        plan = planner.plan(ordered, 10_000)
+        ordered = strategy.order(queue, counter.value)
+        plan = planner.plan([], ordered, 10_000)
         submitted += sum(c.token_num for c in plan.prefill_chunks)
         submit_prefill(plan, counter)
         for chunk in plan.prefill_chunks:

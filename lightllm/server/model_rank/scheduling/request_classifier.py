@@ -1,10 +1,10 @@
 """Request classification: the single rule that splits ready requests into decode and prefill.
 
-Every component that needs to know whether a request decodes (the step engine, the
-prefill-queue strategies, the step planner, the scheduling simulator) asks the same
-:class:`RequestClassifier`, so they can never disagree about which requests a prefill strategy
-may reorder.  A mode backend picks its classifier once, from its run mode; nothing passes
-classification flags around.
+The step engine's classify phase splits the ready requests once per step with its mode's
+:class:`RequestClassifier` and hands the two lists on: the prefill-queue strategy orders only
+the prefill list and the step planner takes both.  Neither re-derives the split, so they can
+never disagree about which requests a prefill strategy may reorder.  A mode backend picks its
+classifier once, from its run mode; nothing passes classification flags around.
 
 Variants
 --------
@@ -23,9 +23,21 @@ Variants
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
+
+
+class ClassifiedRequests(NamedTuple):
+    """A step's ready requests split by the classifier, each list in input (admission) order.
+
+    Attributes:
+        decode: requests this step runs as decode rows, one token each.
+        prefill: requests the prefill-queue strategy orders and the planner chunks.
+    """
+
+    decode: List[InferReq]
+    prefill: List[InferReq]
 
 
 class RequestClassifier:
@@ -37,13 +49,13 @@ class RequestClassifier:
         """Return True when ``req`` is decode work in this step."""
         return req.pending_token_num == 1
 
-    def split(self, reqs: Sequence[InferReq]) -> Tuple[List[InferReq], List[InferReq]]:
-        """Split ``reqs`` into ``(decode_reqs, prefill_reqs)``, each keeping its input order."""
+    def split(self, reqs: Sequence[InferReq]) -> ClassifiedRequests:
+        """Split ``reqs`` into decode and prefill requests, each keeping its input order."""
         decode_reqs: List[InferReq] = []
         prefill_reqs: List[InferReq] = []
         for req in reqs:
             (decode_reqs if self.is_decode(req) else prefill_reqs).append(req)
-        return decode_reqs, prefill_reqs
+        return ClassifiedRequests(decode_reqs, prefill_reqs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -1,16 +1,19 @@
 """One scheduling step, in plain Python: the part of a model rank that decides what runs.
 
-    filter  -> release aborted requests
-    resume  -> paused requests rejoin once the KV cache could hold them; requests still
-               prefilling share their computed prompt tokens through the prefix cache and pick
-               up what other requests computed meanwhile
-    order   -> the prefill-queue strategy (decode requests stay in front)
-    select  -> the step planner, under the token budget and the allocatable KV
-    pause   -> decode requests left without KV give theirs back (and, when nothing at all could
-               run, the newest KV holder does, so over-committed admission cannot deadlock)
-    execute -> reserve KV for the selected work, hand it to the ModelExecutor (one forward for
-               a mixed plan: decode rows ride in the prefill forward)
-    finish  -> append sampled tokens, apply stop rules, release finished requests
+    filter   -> release aborted requests
+    resume   -> paused requests rejoin once the KV cache could hold them; requests still
+                prefilling share their computed prompt tokens through the prefix cache and pick
+                up what other requests computed meanwhile
+    classify -> the mode's classifier splits the ready requests into decode and prefill, once,
+                so the strategy and the planner cannot disagree about which is which
+    order    -> the prefill-queue strategy orders the prefill requests (decode ones keep
+                admission order)
+    select   -> the step planner, under the token budget and the allocatable KV
+    pause    -> decode requests left without KV give theirs back (and, when nothing at all could
+                run, the newest KV holder does, so over-committed admission cannot deadlock)
+    execute  -> reserve KV for the selected work, hand it to the ModelExecutor (one forward for
+                a mixed plan: decode rows ride in the prefill forward)
+    finish   -> append sampled tokens, apply stop rules, release finished requests
 
 The engine imports no torch: it sees requests, a :class:`~.kv_view.KvView` and a
 :class:`~.model_executor.ModelExecutor`.  A model rank plugs in the token-slot KV cache and the
@@ -33,7 +36,11 @@ from lightllm.server.model_rank.scheduling.kv_view import KvView
 from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult, ModelExecutor, SampledToken
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import PrefillQueueStrategy
 from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER, RequestClassifier
+from lightllm.server.model_rank.scheduling.request_classifier import (
+    NORMAL_CLASSIFIER,
+    ClassifiedRequests,
+    RequestClassifier,
+)
 from lightllm.server.model_rank.scheduling.step_planner import PrefillChunk, StepPlan, StepPlanner, submit_prefill
 from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.model_rank.scheduling.request_state import ReqState
@@ -131,8 +138,12 @@ class StepEngine:
         self.filter_finished(report)
         ready = self.resume_paused()
         self.share_prefixes(ready, report)
-        report.ordered = self.order(ready)
-        plan = self.select(report.ordered) if report.ordered else None
+        plan = None
+        if ready:
+            classified = self.classify(ready)
+            ordered_prefill = self.order(classified.prefill)
+            report.ordered = classified.decode + ordered_prefill
+            plan = self.select(classified.decode, ordered_prefill)
         report.plan = plan
         if plan is not None:
             self.pause_starved(plan, report)
@@ -199,15 +210,21 @@ class StepEngine:
                 req.prompt_cache_len = min(req.input_len, req.prompt_cache_len + gained)
                 report.prompt_cache_grown.append(req)
 
-    def order(self, ready: List[InferReq]) -> List[InferReq]:
-        """Apply the prefill-queue strategy (decode requests stay in front, in order)."""
-        if not ready:
-            return []
-        return self.strategy.reorder(ready, self.counter.value, classifier=self.classifier)
+    def classify(self, ready: List[InferReq]) -> ClassifiedRequests:
+        """Split ``ready`` into decode and prefill requests with this mode's classifier.
 
-    def select(self, ordered: List[InferReq]) -> StepPlan:
+        Done once per step so the strategy and the planner work from the same split.  Both lists
+        keep admission order: decode requests are served in it, and the strategy starts from it.
+        """
+        return self.classifier.split(ready)
+
+    def order(self, prefill_reqs: List[InferReq]) -> List[InferReq]:
+        """Order the prefill requests with the prefill-queue strategy (and its overtaking bound)."""
+        return self.strategy.order(prefill_reqs, self.counter.value)
+
+    def select(self, decode_reqs: List[InferReq], ordered_prefill: List[InferReq]) -> StepPlan:
         """Pick decode requests and prefill chunks under the token budget and allocatable KV."""
-        return self.planner.plan(ordered, self.kv.allocatable_token_num, classifier=self.classifier)
+        return self.planner.plan(decode_reqs, ordered_prefill, self.kv.allocatable_token_num)
 
     def pause_starved(self, plan: StepPlan, report: StepReport) -> None:
         """Decode requests that found no KV give theirs back; a stalled step frees the newest holder."""

@@ -1,9 +1,9 @@
 """Select-under-budget phase of a backend step.
 
-The backend orders the ready requests with its prefill-queue strategy, then asks a
-``StepPlanner`` which of them run in this step, given the compute-token budget and the free KV
-cache.  The planner is plain Python: it sees requests and two numbers, so the server, the unit
-tests and the scheduling simulator share it.
+The engine classifies the ready requests into decode and prefill, orders the prefill ones with
+its prefill-queue strategy, then asks a ``StepPlanner`` which of them run in this step, given
+the compute-token budget and the free KV cache.  The planner is plain Python: it sees two lists
+of requests and two numbers, so the server, the unit tests and the scheduling simulator share it.
 
 Accounting: the planner computes each prefill request's chunk exactly once, and
 ``StepPlan.prefill_token_num`` is that sum (plus the decode tokens of a mixed batch).  The
@@ -18,11 +18,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
-from lightllm.server.model_rank.scheduling.request_classifier import (
-    NORMAL_CLASSIFIER,
-    RequestClassifier,
-    prefill_need_token_num,
-)
+from lightllm.server.model_rank.scheduling.request_classifier import prefill_need_token_num
 
 KvBudget = Union[int, Callable[[], int]]
 
@@ -50,7 +46,7 @@ class StepPlan:
         prefill_chunks: selected prefill chunks, in queue order.
         prefill_token_num: tokens submitted in the prefill run mode: the chunk tokens, plus one
             per decode request when ``mixed`` (decodes ride in the prefill forward).
-        skipped: prefill requests not selected this step (budget, KV or request cap).
+        skipped: prefill requests not selected this step (token budget or KV).
         kv_starved_decode: decode requests for which no KV token was left; the backend pauses
             or retracts them.
         mixed: whether decode requests are part of the prefill forward.
@@ -86,7 +82,6 @@ class StepPlanner:
         batch_max_tokens: most tokens one prefill forward may compute.
         chunked_prefill_size: largest chunk of one request per step; ``None`` or ``0`` disables
             chunked prefill (a request's chunk is then its whole pending length).
-        max_prefill_reqs: optional cap on prefill chunks per step.
         mixed: decode rows ride in the prefill forward: they share its token budget and count
             as submitted tokens (the seed's rule for a mixed batch), and the engine runs one
             forward instead of two.
@@ -96,7 +91,6 @@ class StepPlanner:
         self,
         batch_max_tokens: int,
         chunked_prefill_size: Optional[int] = None,
-        max_prefill_reqs: Optional[int] = None,
         mixed: bool = False,
     ) -> None:
         _require_int(batch_max_tokens, "batch_max_tokens", minimum=1)
@@ -108,25 +102,22 @@ class StepPlanner:
                     f"chunked_prefill_size ({chunked_prefill_size}) must not exceed "
                     f"batch_max_tokens ({batch_max_tokens})"
                 )
-        if max_prefill_reqs is not None:
-            _require_int(max_prefill_reqs, "max_prefill_reqs", minimum=1)
         self.batch_max_tokens = batch_max_tokens
         self.chunked_prefill_size = chunked_prefill_size or None
-        self.max_prefill_reqs = max_prefill_reqs
         self.mixed = mixed
 
     def plan(
         self,
-        ordered_reqs: Sequence[InferReq],
+        decode_reqs: Sequence[InferReq],
+        prefill_reqs: Sequence[InferReq],
         kv_free_tokens: KvBudget,
-        *,
-        classifier: RequestClassifier = NORMAL_CLASSIFIER,
     ) -> StepPlan:
-        """Select this step's work from ``ordered_reqs`` (already ordered by a strategy).
+        """Select this step's work from the classified, ordered requests.
 
-        ``kv_free_tokens`` is the number of allocatable KV tokens, or a callable returning it
-        (called once); ``classifier`` is the mode's (see ``request_classifier.py``).  Decode
-        requests are served first, one KV token each, in queue order.
+        ``decode_reqs`` and ``prefill_reqs`` are the engine's classify phase output, the prefill
+        ones already ordered by a strategy.  ``kv_free_tokens`` is the number of allocatable KV
+        tokens, or a callable returning it (called once).  Decode requests are served first, one
+        KV token each, in their order.
         Prefill requests are then taken in queue order.  The first one (the head) always gets a
         chunk, truncated to the remaining token budget and KV if they are smaller than its
         chunk (with chunked prefill disabled it is not truncated: if it does not fit, no prefill
@@ -135,13 +126,12 @@ class StepPlanner:
         """
         kv_left = kv_free_tokens() if callable(kv_free_tokens) else kv_free_tokens
         _require_int(kv_left, "kv_free_tokens", minimum=0)
-        decode_reqs, prefill_reqs = classifier.split(ordered_reqs)
         mixed = self.mixed
         plan = StepPlan(mixed=mixed)
 
         kv_fit = min(len(decode_reqs), kv_left)
-        plan.decode_reqs = decode_reqs[:kv_fit]
-        plan.kv_starved_decode = decode_reqs[kv_fit:]
+        plan.decode_reqs = list(decode_reqs[:kv_fit])
+        plan.kv_starved_decode = list(decode_reqs[kv_fit:])
         kv_left -= kv_fit
 
         token_budget = self.batch_max_tokens
@@ -152,7 +142,7 @@ class StepPlanner:
             need = prefill_need_token_num(req, self.chunked_prefill_size)
             if need <= 0:
                 raise ValueError(
-                    f"ordered_reqs holds request {req.request_id} with no pending tokens; "
+                    f"prefill_reqs holds request {req.request_id} with no pending tokens; "
                     "finished requests must be filtered out before planning"
                 )
             if position == 0:
@@ -166,16 +156,14 @@ class StepPlanner:
                 if need <= 0 or need > token_budget or need > kv_left:
                     plan.skipped.extend(prefill_reqs)
                     break
-            capped = self.max_prefill_reqs is not None and len(plan.prefill_chunks) >= self.max_prefill_reqs
-            if capped or need > token_budget or need > kv_left:
+            if need > token_budget or need > kv_left:
                 plan.skipped.append(req)
                 continue
             plan.prefill_chunks.append(PrefillChunk(req=req, start=req.cur_kv_len, token_num=need))
             token_budget -= need
             kv_left -= need
             chunk_token_sum += need
-            full = self.max_prefill_reqs is not None and len(plan.prefill_chunks) >= self.max_prefill_reqs
-            if token_budget == 0 or kv_left == 0 or full:
+            if token_budget == 0 or kv_left == 0:
                 # Nothing more can fit (every chunk is at least one token): the rest of a long
                 # queue is skipped in one go instead of walked request by request.
                 plan.skipped.extend(prefill_reqs[position + 1 :])

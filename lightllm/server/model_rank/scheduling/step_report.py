@@ -29,7 +29,8 @@ class StepReport:
             node (PD prefill node only).
         prompt_cache_grown: requests whose ``prompt_cache_len`` grew this step (they took
             prompt tokens another request had computed meanwhile).
-        ordered: the strategy's order of this step's ready requests.
+        ordered: this step's ready requests as offered to the planner: the decode ones in
+            admission order, then the prefill ones in the strategy's order.
         plan: the planner's selection (None when nothing was ready).
         prefill_token_num / decode_batch_size: work submitted.
         schedule_seconds / forward_seconds / post_seconds: time per phase (forward time is

@@ -1,8 +1,9 @@
 """The contract every prefill-queue strategy follows.
 
-A strategy runs on the ready requests of each backend step, after not-ready requests are
-filtered out and before compute-token budgeting and KV allocation.  It only decides the order
-in which prefill requests are offered to the step planner.
+A strategy runs in the order phase of each engine step, after the classify phase has split the
+ready requests into decode and prefill (``request_classifier.py``) and before compute-token
+budgeting and KV allocation.  It sees only the prefill requests and only decides the order in
+which they are offered to the step planner.
 """
 
 from __future__ import annotations
@@ -15,17 +16,15 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
     OvertakeBound,
     OvertakeBoundSpec,
 )
-from lightllm.server.model_rank.scheduling.request_classifier import NORMAL_CLASSIFIER, RequestClassifier
 
 
 class PrefillQueueStrategy(ABC):
     """Base class of the prefill-queue strategies.
 
-    ``reorder`` keeps decode requests (recognised by the mode's :class:`RequestClassifier`, the
-    same one the step planner uses) at the front in their existing order and lets the subclass order only
-    the prefill requests through ``order_prefill``; it then applies the overtaking bound
-    (:class:`OvertakeBound`), so every strategy is bounded by the same code.  The engine reports
-    each submitted prefill step back through :meth:`charge`.
+    :meth:`order` receives the step's prefill requests (the engine's classify phase has already
+    set the decode ones aside), lets the subclass order them through ``order_prefill`` and then
+    applies the overtaking bound (:class:`OvertakeBound`), so every strategy is bounded by the
+    same code.  The engine reports each submitted prefill step back through :meth:`charge`.
 
     Args:
         overtake_bound: ``--prefill_max_overtake_tokens`` / ``--prefill_overtake_fraction``: how
@@ -45,21 +44,18 @@ class PrefillQueueStrategy(ABC):
     def __init__(self, overtake_bound: Optional[OvertakeBoundSpec] = None) -> None:
         self.overtake_bound = OvertakeBound(overtake_bound)
 
-    def reorder(
-        self,
-        reqs: Sequence[InferReq],
-        processed_prefill_tokens: int,
-        *,
-        classifier: RequestClassifier = NORMAL_CLASSIFIER,
-    ) -> List[InferReq]:
-        """Return ``reqs`` reordered: decode requests first (stable), then ordered prefill ones.
+    def order(self, prefill_reqs: Sequence[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
+        """Return ``prefill_reqs`` in the order the step planner should consider them.
 
-        Prefill requests come in the strategy's order, except that protected ones (see
-        :class:`OvertakeBound`) are pulled in front of every request ``default`` puts behind them.
-        ``reqs`` is expected in the order the backend received the requests (arrival order).
+        The order is the strategy's, except that protected requests (see :class:`OvertakeBound`)
+        are pulled in front of every request ``default`` puts behind them.  ``prefill_reqs`` is
+        expected in the order the backend received the requests (arrival order) and holds no
+        decode requests; ``processed_prefill_tokens`` is the backend's
+        ``ProcessedPrefillTokenCounter.value``.
 
-        ``processed_prefill_tokens`` is the backend's ``ProcessedPrefillTokenCounter.value``;
-        ``classifier`` is the mode backend's classification variant.
+        The engine calls this in every step that has ready requests, even with no prefill among
+        them, because strategies may track the counter from step to step (the slack strategy's
+        step clock).
         """
         if isinstance(processed_prefill_tokens, bool) or not isinstance(processed_prefill_tokens, int):
             raise ValueError(
@@ -67,12 +63,11 @@ class PrefillQueueStrategy(ABC):
             )
         if processed_prefill_tokens < 0:
             raise ValueError(f"processed_prefill_tokens must be >= 0, got {processed_prefill_tokens}")
-        decode_reqs, prefill_reqs = classifier.split(reqs)
         self.overtake_bound.bind(prefill_reqs)
         # Hand the subclass its own list so a careless in-place sort cannot reach the caller.
         ordered_prefill = list(self.order_prefill(list(prefill_reqs), processed_prefill_tokens))
         self._check_permutation(prefill_reqs, ordered_prefill)
-        return decode_reqs + self.overtake_bound.apply(ordered_prefill)
+        return self.overtake_bound.apply(ordered_prefill)
 
     def charge(self, served: Sequence[Tuple[InferReq, int]], unserved: Sequence[InferReq]) -> None:
         """Account for a submitted prefill step: ``served`` (request, chunk tokens), ``unserved``
@@ -83,7 +78,7 @@ class PrefillQueueStrategy(ABC):
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
         """Return ``prefill_reqs`` in the order the step planner should consider them."""
 
-    def _check_permutation(self, before: List[InferReq], after: List[InferReq]) -> None:
+    def _check_permutation(self, before: Sequence[InferReq], after: List[InferReq]) -> None:
         # A dropped or duplicated request would silently stall or double-schedule it, so a
         # faulty strategy must fail loudly; the check is O(n) on identities.
         if len(before) != len(after) or {id(r) for r in before} != {id(r) for r in after}:
