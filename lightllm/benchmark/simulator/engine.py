@@ -3,10 +3,14 @@
 One :class:`Simulator` stands for one server (router + one model rank).  Its step is:
 
 1. router admission: each request is one ``RequestSpec``, as on a server; when its arrival time
-   has come it joins ``NormalReqQueue`` (``RouterReq.from_spec``); ``admit()`` moves those that
-   fit into the running set and each gets the backend's ``InferReq`` (``new_request``) that
-   joins the mode backend (a decode node's request arrives with its prompt KV and first token
-   in place);
+   has come it joins the run mode's router queue (``build_req_queue(run_mode, ...)``: a
+   ``NormalReqQueue`` on a normal or prefill node, a ``DecodeArrivalQueue`` on a decode node),
+   whose ``admit_if_due`` (on the router's ``--router_max_wait_tokens`` cadence, counted in
+   backend steps) moves those it admits into the running set.  Each gets the backend's
+   ``InferReq`` (``new_request``) that joins the mode backend; on a decode node the backend's
+   own ``reserve_prefilled`` takes it (its prompt KV and first token arrive in place) or refuses
+   it busy, and the request is tried again after the PD master's busy-retry backoff
+   (:meth:`Simulator._busy`);
 2. ``backend.step()``: the server's own :class:`~lightllm.server.model_rank.scheduling.backend_registry.
    step_engine.StepEngine` (filter, resume, order, select, pause, execute, finish) built by
    ``build_backend(run_mode)``, over a :class:`TokenCountKvView` and a :class:`CostModelExecutor`;
@@ -33,6 +37,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.backend_registry import DecodeBackend, ModeBackend, PrefillBackend, build_backend
+from lightllm.server.model_rank.scheduling.decode_backend import KvReservationRefused
 from lightllm.server.model_rank.scheduling.kv_view import KvView, TokenCountKvView
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
     PrefillQueueStrategy,
@@ -40,7 +45,11 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
 )
 from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
-from lightllm.server.router.req_queue.normal_queue import NormalReqQueue, RouterReq
+from lightllm.server.pd.master.busy_retry import BusyRetryPolicy
+from lightllm.server.router.req_queue.base_queue import ReqQueue
+from lightllm.server.router.req_queue.queue_registry import build_req_queue
+from lightllm.server.router.req_queue.router_req import RouterReq
+from lightllm.utils.envs_utils import DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS
 
 # Simulated requests have no per-request length cap beyond their own max_new_tokens.
 _NO_TOTAL_LEN_LIMIT = 1 << 62
@@ -55,9 +64,10 @@ class Simulator:
             registry name (built with ``config.overtake_bound``).
         config: server knobs (see :class:`SimServerConfig`).
         kv: the KV view the backend runs over; None: a :class:`TokenCountKvView` of the
-            capacity.  A real ``InferenceContext`` (slots and the radix prefix cache) makes the
-            run pay what a model rank pays for its KV bookkeeping (``schedule_cost``'s
-            ``--kv-view radix``); the virtual clock is the same either way.
+            capacity, with ``running_max_req_size`` request rows as a model rank has.  A real
+            ``InferenceContext`` (slots and the radix prefix cache) makes the run pay what a
+            model rank pays for its KV bookkeeping (``schedule_cost``'s ``--kv-view radix``);
+            the virtual clock is the same either way.
     """
 
     def __init__(
@@ -76,20 +86,30 @@ class Simulator:
         self.config = config
         capacity = config.max_total_token_num or profile.max_total_token_num
         self.planner = StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches)
-        self.router = NormalReqQueue(
+        self.router: ReqQueue = build_req_queue(
+            config.run_mode,
             int(capacity * config.router_token_ratio),
             config.running_max_req_size,
             overtake_bound=config.overtake_bound,
         )
         self.capacity = capacity
-        self.kv: KvView = TokenCountKvView(capacity) if kv is None else kv
+        self.kv: KvView = TokenCountKvView(capacity, config.running_max_req_size) if kv is None else kv
         self.executor = CostModelExecutor(profile)
         self.backend: ModeBackend = build_backend(config.run_mode)(
             self.executor, self.kv, self.strategy, self.planner, [], _NO_TOTAL_LEN_LIMIT
         )
         self.clock = 0.0
         self.steps = 0
+        # Every backend.step() call, as rank 0's ``backend_steps`` counter counts them (the
+        # router's admission cadence); ``steps`` counts only those that ran a forward.
+        self.backend_steps = 0
         self.paused_count = 0
+        # A decode node's busy answers, as the PD master's busy-retry policy takes them (its
+        # defaults; the server's LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS default).
+        self.busy_policy = BusyRetryPolicy(timeout_s=DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS)
+        self.busy_answers = 0
+        # Request id -> (retry deadline, next backoff) of a request the decode node answered busy.
+        self._busy_retry: Dict[int, Tuple[float, float]] = {}
         self._future: List[Tuple[float, int]] = []
         self._arrivals: Dict[int, SimArrival] = {}
         # Requests that reached the router and wait for admission, as the server holds them.
@@ -168,6 +188,7 @@ class Simulator:
             self._wait_for_next_arrival()
             return StepTrace(start_s=start, end_s=self.clock)
         self.executor.last_prefill_seconds = self.executor.last_decode_seconds = 0.0
+        self.backend_steps += 1
         report = self.backend.step()
         self.paused_count += len(report.paused)
         trace = StepTrace(start_s=start, end_s=start, ordered=report.ordered or None, plan=report.plan)
@@ -236,17 +257,50 @@ class Simulator:
 
     def _admit(self) -> None:
         if not len(self.router):
-            return  # nothing waits; admit() would only re-sum the running set to return []
-        for router_req in self.router.admit():
-            req = self.backend.new_request(router_req.request_id, self._specs.pop(router_req.request_id))
-            if isinstance(self.backend, DecodeBackend):
-                # The KV transfer lands the whole prompt; the handed-over token is pending.
-                self.backend.reserve_for(req)
+            return  # nothing waits; admission would only re-sum the running set to return []
+        backend = self.backend
+        for router_req in self.router.admit_if_due(self.backend_steps, self.config.router_max_wait_tokens):
+            spec = self._specs.pop(router_req.request_id)
+            if isinstance(backend, DecodeBackend):
+                # Rank 0's reservation (PdRankTransfer.reserve); the KV transfer then lands the
+                # whole prompt at once and the handed-over token is pending.
+                try:
+                    req = backend.reserve_prefilled(router_req.request_id, spec,
+                                                    decode_tokens=backend.segment_tokens(spec.params.max_new_tokens))
+                except KvReservationRefused:
+                    self._busy(router_req.request_id)
+                    continue
+                self._busy_retry.pop(router_req.request_id, None)
                 self._stamp_token_value(req)
-                if self.backend.admit_prefilled(req, SAMPLED_TOKEN_ID):
+                if backend.admit_prefilled(req, SAMPLED_TOKEN_ID):
                     self._close(req)
             else:
-                self.backend.join(req)
+                backend.join(backend.new_request(router_req.request_id, spec))
+
+    def _busy(self, request_id: int) -> None:
+        """The decode node answered ``request_id`` busy: the PD master's busy-retry policy takes it.
+
+        The request leaves the router's running set (the rank finishes it ``FINISH_BUSY``) and
+        reaches the router again after the policy's backoff (its initial backoff, then
+        ``multiplier`` times longer up to its largest, never past its deadline); once the
+        deadline passed the master answers 503 ``server_busy``, and the record ends with that
+        error.  The prefill node is not held back meanwhile (the simulated pair runs one node
+        after the other; a real master reserves on the decode node before it asks the prefill
+        node, so there the wait comes before the prefill).
+        """
+        self.busy_answers += 1
+        self.router.release(request_id)
+        policy = self.busy_policy
+        deadline, backoff = self._busy_retry.get(request_id, (self.clock + policy.timeout_s, policy.initial_backoff_s))
+        remaining = deadline - self.clock
+        if policy.timeout_s == 0 or remaining <= 0:
+            self._busy_retry.pop(request_id, None)
+            self._records[request_id].error = "server_busy"
+            self._closed.add(request_id)
+            self._records[request_id].end_time = self.clock
+            return
+        self._busy_retry[request_id] = (deadline, min(backoff * policy.multiplier, policy.max_backoff_s))
+        heapq.heappush(self._future, (self.clock + min(backoff, remaining), request_id))
 
     def _stamp_token_value(self, req: InferReq) -> None:
         """Record a token ``req`` receives outside a step (a decode node's handed-over token)."""

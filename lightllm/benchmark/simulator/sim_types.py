@@ -10,6 +10,7 @@ from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.backend_registry import BACKENDS
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.scheduling.step_planner import StepPlan
+from lightllm.server.router.req_queue.base_queue import DEFAULT_ROUTER_MAX_WAIT_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,11 @@ class SimServerConfig:
             submitted tokens (the server's default; ``--disable_mixed_batches`` turns it off).
             Off here by default: the H100 profile's costs were fitted to the seed's engine, which
             runs a step's prefill and decode as two forwards (docs/EN/simulator.md).
+        router_max_wait_tokens: the server's ``--router_max_wait_tokens``: backend steps between
+            two admission rounds while requests run (the router queue's own cadence,
+            ``ReqQueue.admit_if_due``); by default the server's default
+            (``DEFAULT_ROUTER_MAX_WAIT_TOKENS``).  A decode node's queue answers every arrival at
+            once and ignores it.
     """
 
     batch_max_tokens: int = 1024
@@ -47,8 +53,13 @@ class SimServerConfig:
     record_token_times: bool = True
     overtake_bound: OvertakeBoundSpec = OvertakeBoundSpec()
     mixed_batches: bool = False
+    router_max_wait_tokens: int = DEFAULT_ROUTER_MAX_WAIT_TOKENS
 
     def __post_init__(self) -> None:
+        if isinstance(self.router_max_wait_tokens, bool) or not isinstance(self.router_max_wait_tokens, int):
+            raise ValueError(f"router_max_wait_tokens must be an int, got {self.router_max_wait_tokens!r}")
+        if self.router_max_wait_tokens < 0:
+            raise ValueError(f"router_max_wait_tokens must be >= 0, got {self.router_max_wait_tokens}")
         if not isinstance(self.overtake_bound, OvertakeBoundSpec):
             raise ValueError(f"overtake_bound must be an OvertakeBoundSpec, got {self.overtake_bound!r}")
         if isinstance(self.running_max_req_size, bool) or not isinstance(self.running_max_req_size, int):

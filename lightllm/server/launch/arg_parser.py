@@ -21,6 +21,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
     MAX_PREFILL_OVERTAKE_FRACTION,
     MAX_PREFILL_OVERTAKE_TOKENS,
 )
+from lightllm.server.router.req_queue.base_queue import DEFAULT_ROUTER_MAX_WAIT_TOKENS
 from lightllm.server.run_mode import RUN_MODES
 
 
@@ -202,7 +203,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--router_max_wait_tokens",
         type=int,
-        default=1,
+        default=DEFAULT_ROUTER_MAX_WAIT_TOKENS,
         help="Decode steps the router lets pass between two admission rounds while requests run.",
     )
     group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "

@@ -66,7 +66,7 @@ from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettin
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.decode_backend import KvReservationRefused
 from lightllm.server.model_rank.scheduling.step_report import StepReport
-from lightllm.server.run_mode import PD_NODE_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 log = logging.getLogger("lightllm.pd_rank")
 
@@ -178,7 +178,7 @@ class PdRankTransfer:
         try:
             self._close_epoch(epoch)
             store_host = None
-            if self.role == "prefill":
+            if self.role == RunMode.PREFILL:
                 store_host = self._ensure_store_host()
                 host, port = store_host.connect_host, store_host.port
             else:
@@ -241,7 +241,7 @@ class PdRankTransfer:
         """
         if spec.pd.kind != ROLE_PD_KIND[self.role]:
             raise ValueError(f"a {self.role} node cannot run a request of PD kind {spec.pd.kind}")
-        if self.role == "decode":
+        if self.role == RunMode.DECODE:
             req = self.reserve(backend, request_id, shm_index, spec)
             if req is not None and self.rank == 0:
                 log.info("request %d reserved: segment_index=%d kv_start=%d prompt=%d lease=%gs", request_id,
@@ -364,7 +364,7 @@ class PdRankTransfer:
         else:
             log.warning("request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
             self._notify(PdNotice(request_id, "transfer_failed", error_kind=outcome.error_kind, message=outcome.reason))
-        if self.role == "prefill":
+        if self.role == RunMode.PREFILL:
             backend.transfer_done(request_id, outcome.ok, FINISH_TRANSFER_FAILED)
         elif outcome.ok:
             # The backend reports the first token ahead of the next step's, like a sampled one.
@@ -387,7 +387,7 @@ class PdRankTransfer:
         handle = self.handles.get(epoch) if epoch is not None else None
         if request_id not in self._in_flight or handle is None:
             return
-        if self.role == "decode":
+        if self.role == RunMode.DECODE:
             handle.cancel_receive(request_id)
         else:
             handle.cancel_send(request_id)

@@ -67,7 +67,6 @@ class RouterManager:
             config.running_max_req_size,
             overtake_bound=config.prefill_overtake_bound,
         )
-        self._steps_at_last_admission = -(10**9)
 
     def handle(self, message: Any) -> None:
         """Apply one inbound message."""
@@ -84,7 +83,8 @@ class RouterManager:
             for request_id in message.request_ids:
                 self.queue.release(request_id)
         else:
-            log.warning("router ignores unknown message %r", type(message).__name__)
+            # Only the server's own processes write to the router: an unknown message is a bug.
+            log.error("router ignores unknown message %s (a bug in the sender): %.200r", type(message).__name__, message)
 
     def _queue_new(self, message: NewRequest) -> None:
         try:
@@ -105,18 +105,16 @@ class RouterManager:
             high_priority_request=fields.high_priority_request,
         ))
 
-    def admission_due(self) -> bool:
-        """Whether the queue admits now (a normal queue: once the backend ran ``router_max_wait_tokens`` steps, or sits idle)."""
-        steps = self.stats.get("backend_steps") - self._steps_at_last_admission
-        return self.queue.admission_due(steps, self.config.router_max_wait_tokens)
-
     def admit(self) -> None:
-        """Send newly admitted requests to the model ranks."""
-        if not len(self.queue) or not self.admission_due():
-            return
-        admitted = self.queue.admit()
+        """Send the requests the queue admits on its cadence to the model ranks.
+
+        The queue paces itself (``ReqQueue.admit_if_due``) by rank 0's step counter, so the
+        simulator, which passes its own step count, admits on the same cadence.
+        """
+        if not len(self.queue):
+            return  # nothing waits: no need to read the step counter
+        admitted = self.queue.admit_if_due(self.stats.get("backend_steps"), self.config.router_max_wait_tokens)
         if admitted:
-            self._steps_at_last_admission = self.stats.get("backend_steps")
             self.to_model.send_pyobj(AddRequests([(r.request_id, r.shm_index) for r in admitted]))
 
     def serve_forever(self) -> None:

@@ -151,7 +151,11 @@ def test_simulator_orders_exactly_like_the_real_strategy(name: str) -> None:
     counter = sim.counter.value
     assert counter > 0
     trace = sim.step()
-    expected = build_prefill_queue_strategy(name).reorder(twins, counter)
+    # The step's order is its classify phase (decode requests set aside in admission order) and
+    # then the strategy's order of the prefill ones.
+    decode, prefill = NORMAL_CLASSIFIER.split(twins)
+    assert decode, "the state should hold decode requests"
+    expected = decode + build_prefill_queue_strategy(name).order(prefill, counter)
     assert [r.request_id for r in trace.ordered] == [r.request_id for r in expected]
 
 
@@ -159,9 +163,10 @@ def test_simulator_calls_the_strategy_object_it_is_given() -> None:
     seen = []
 
     class RecordingHrrn(HrrnStrategy):
-        def reorder(self, reqs, processed_prefill_tokens, **kwargs):  # type: ignore[override]
-            seen.append((processed_prefill_tokens, sim.counter.value, kwargs))
-            return super().reorder(reqs, processed_prefill_tokens, **kwargs)
+        def order(self, prefill_reqs, processed_prefill_tokens):  # type: ignore[override]
+            decodes = [r.request_id for r in prefill_reqs if NORMAL_CLASSIFIER.is_decode(r)]
+            seen.append((processed_prefill_tokens, sim.counter.value, decodes))
+            return super().order(prefill_reqs, processed_prefill_tokens)
 
     sim = Simulator(make_profile(), RecordingHrrn(), SimServerConfig(batch_max_tokens=64, chunked_prefill_size=64))
     for i, n in enumerate([200, 30, 120]):
@@ -169,7 +174,7 @@ def test_simulator_calls_the_strategy_object_it_is_given() -> None:
     sim.run()
     assert len(seen) == sim.steps
     assert all(passed == current for passed, current, _ in seen)
-    assert all(kwargs == {"classifier": NORMAL_CLASSIFIER} for _, _, kwargs in seen)
+    assert all(decodes == [] for _, _, decodes in seen)  # the classify phase kept them back
     assert seen[-1][0] > 0
 
 

@@ -48,6 +48,27 @@ def test_normal_queue_admits_on_the_router_cadence():
     assert not queue.admission_due(2, 3) and queue.admission_due(3, 3)
 
 
+def test_the_queue_keeps_the_cadence_bookkeeping_itself():
+    """``admit_if_due`` counts backend steps from the last round that admitted anything, so the
+    router (rank 0's step counter) and the simulator (its own step count) pace admission alike."""
+    from lightllm.server.router.req_queue.decode_arrival_queue import DecodeArrivalQueue
+
+    queue = NormalReqQueue(1000, 8)
+    assert queue.admit_if_due(50, 3) == []  # nothing waits
+    queue.append(_req(1))
+    assert [r.request_id for r in queue.admit_if_due(50, 3)] == [1]  # nothing ran: at once
+    queue.append(_req(2))
+    assert queue.admit_if_due(52, 3) == [] and len(queue) == 1  # two steps since the admission
+    assert [r.request_id for r in queue.admit_if_due(53, 3)] == [2]
+    queue.append(_req(3))
+    assert queue.admit_if_due(55, 3) == []  # counted from the round that admitted request 2
+    decode = DecodeArrivalQueue()
+    decode.append(_req(4))
+    assert [r.request_id for r in decode.admit_if_due(0, 1000)] == [4]
+    decode.append(_req(5))
+    assert [r.request_id for r in decode.admit_if_due(0, 1000)] == [5]  # never waits for the cadence
+
+
 @pytest.mark.parametrize(("run_mode", "at_once"), [("decode", True), ("normal", False)])
 def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, at_once):
     """The same RouterManager: a decode node's arrival goes to rank 0 while another request runs

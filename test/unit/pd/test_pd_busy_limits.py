@@ -68,6 +68,7 @@ def test_kv_limit_is_named_with_needed_and_free_tokens(model) -> None:
 
 def test_request_slot_limit_is_named_with_the_slot_count(model) -> None:
     decode = _decode_backend(model, kv_tokens=2048, rows=2)
+    assert decode.kv.max_requests() == 2  # the KV view's rows: the request manager's
     for request_id in (1, 2):
         decode.reserve_prefilled(request_id, RequestSpec(list(range(5, 15)), _greedy(4)))
     free = decode.kv.allocatable_token_num()

@@ -39,6 +39,10 @@ class InferenceContext:
         evictable = self.radix_cache.evictable_token_num if self.radix_cache else 0
         return self.kv_cache.available + evictable
 
+    def max_requests(self) -> int:
+        """The request manager's rows (``--running_max_req_size``)."""
+        return self.req_manager.max_request_num
+
     def alloc_slots(self, num: int) -> torch.Tensor:
         """Allocate ``num`` slots, evicting unreferenced prefix-cache entries when short."""
         short = num - self.kv_cache.available

@@ -112,7 +112,7 @@ class DecodeBackend(PdNodeBackend):
         Refused (:class:`KvReservationRefused`, nothing changes) when every request row is in
         use, or as :meth:`reserve_for` refuses.
         """
-        rows = self.kv.req_manager.max_request_num
+        rows = self.kv.max_requests()
         if len(self.requests) >= rows:
             raise KvReservationRefused(
                 f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use",

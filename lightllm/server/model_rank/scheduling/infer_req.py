@@ -109,11 +109,6 @@ class InferReq:
         return self.state is ReqState.PAUSED
 
     @property
-    def is_done(self) -> bool:
-        """Whether the request reached a terminal state (finished or aborted)."""
-        return self.state.terminal
-
-    @property
     def wants_prompt_logprobs(self) -> bool:
         """Whether prompt logprobs were requested and some are still to be computed."""
         asked = self.sampling is not None and getattr(self.sampling, "prompt_logprobs", None) is not None

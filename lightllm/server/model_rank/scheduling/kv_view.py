@@ -1,7 +1,7 @@
 """What the step engine needs from a KV cache, and a token-count implementation of it.
 
-The engine never sees slots or tensors.  It asks how many tokens could be allocated, and tells
-the KV view when a request arrives, needs room for its next tokens, gives its KV back (pause),
+The engine never sees slots or tensors.  It asks how many tokens could be allocated and how many
+requests the view can hold at once, and tells the KV view when a request arrives, needs room for its next tokens, gives its KV back (pause),
 takes it again (resume) or leaves.  The server's view is ``InferenceContext`` (token slots, the
 request manager's rows and the radix prefix cache); the simulator's is :class:`TokenCountKvView`.
 
@@ -12,7 +12,7 @@ those positions, the view moves ``kv_slot_len``.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Tuple
+from typing import Optional, Protocol, Sequence, Tuple
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 
@@ -22,6 +22,13 @@ class KvView(Protocol):
 
     def allocatable_token_num(self) -> int:
         """Tokens that could be given to requests now (free plus evictable)."""
+
+    def max_requests(self) -> int:
+        """Requests the view can hold at once (the server's request rows, ``--running_max_req_size``).
+
+        A PD decode node refuses a reservation once this many requests are live
+        (``DecodeBackend.reserve_prefilled``).
+        """
 
     def attach(self, req: InferReq) -> None:
         """Take in a new request: reuse any cached prefix (sets ``cur_kv_len`` and ``kv_slot_len``)."""
@@ -56,17 +63,32 @@ class TokenCountKvView:
     The server's allocator hands out individual slots, but every scheduling decision only looks
     at how many could be allocated, so a count gives the same decisions.  A released or paused
     request's tokens return to the pool at once.
+
+    ``max_requests``: the request rows it reports (the server's ``--running_max_req_size``);
+    None: ``capacity``, which never binds before the tokens do on a decode node (every
+    reservation holds at least one token).  The view only reports the number, as the scheduling
+    core only reads it: the router caps a normal node's batch, and a decode node's backend
+    checks it before it reserves.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_requests: Optional[int] = None) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+        if max_requests is None:
+            max_requests = capacity
+        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
+            raise ValueError(f"max_requests must be None or an int >= 1, got {max_requests!r}")
         self.capacity = capacity
+        self.rows = max_requests
         self.used = 0
 
     def allocatable_token_num(self) -> int:
         """Tokens that can be reserved now."""
         return self.capacity - self.used
+
+    def max_requests(self) -> int:
+        """The request rows given to the constructor."""
+        return self.rows
 
     def attach(self, req: InferReq) -> None:
         """Nothing is cached: the request starts from position 0."""

@@ -62,11 +62,6 @@ class ExecutionResult:
     forward_seconds: float = 0.0
     sample_seconds: float = 0.0
 
-    @property
-    def forward_failed(self) -> bool:
-        """Whether the call produced nothing because its forward failed."""
-        return not self.sampled and bool(self.failed)
-
 
 class ModelExecutor(Protocol):
     """Runs the forwards the step engine planned (see the module docstring).

@@ -128,10 +128,6 @@ class NormalReqQueue(ReqQueue):
         # settles every normal request that arrived before the admitted one first).
         return 0 if base is None else self._high_admitted_tokens - base
 
-    def is_protected(self, req: RouterReq) -> bool:
-        """Whether a waiting normal ``req`` has been overtaken by its whole allowance."""
-        return self.overtake_bound.enabled and self.overtaken_tokens(req) >= self._arrival[req.request_id][1]
-
     def _is_waiting(self, seq: int, request_id: int) -> bool:
         """Whether the request that arrived as ``seq`` still waits (ids may be reused later)."""
         entry = self._arrival.get(request_id)
