@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-from typing import Any, FrozenSet
+from pathlib import Path
+from typing import Any, FrozenSet, List
 
 from lightllm.utils.torch_free import quiet_transformers_without_torch
+
+
+def _sentencepiece_modules_missing(model_dir: str) -> List[str]:
+    """Packages transformers needs for a checkpoint whose only tokenizer is ``tokenizer.model``
+    and that are not installed (empty when the checkpoint has a ``tokenizer.json`` too)."""
+    directory = Path(model_dir)
+    if (directory / "tokenizer.json").is_file() or not (directory / "tokenizer.model").is_file():
+        return []
+    return [name for name, module in (("sentencepiece", "sentencepiece"), ("protobuf", "google.protobuf"))
+            if not _importable(module)]
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package (google) that is not there
+        return False
 
 
 def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
@@ -14,7 +33,18 @@ def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
         from transformers import AutoTokenizer
 
     use_fast = tokenizer_mode != "slow"
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=use_fast, local_files_only=True, trust_remote_code=False)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=use_fast, local_files_only=True,
+                                                  trust_remote_code=False)
+    except Exception as exc:
+        missing = _sentencepiece_modules_missing(model_dir)
+        if not missing:
+            raise
+        # transformers names the missing packages in a warning lines before, then fails on an
+        # unrelated-looking parse error of tokenizer.model: say what is missing instead.
+        raise ValueError(f"{model_dir} has only a SentencePiece tokenizer.model (no tokenizer.json), which "
+                         f"transformers reads with the {' and '.join(missing)} package(s): install them "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     if not use_fast and getattr(tokenizer, "is_fast", False):
         # transformers falls back to the fast tokenizer when the checkpoint has no slow one.
         logging.getLogger(__name__).warning(

@@ -25,7 +25,7 @@ def publisher_over(shm: Any) -> StepPublisher:
     return StepPublisher(
         shm,
         types.SimpleNamespace(set=stats.__setitem__, get=lambda name: stats.get(name, 0)),
-        types.SimpleNamespace(requests={}, counter=types.SimpleNamespace(value=0)),
+        types.SimpleNamespace(requests={}, counter=types.SimpleNamespace(value=0), promised_token_num=lambda: 0),
         types.SimpleNamespace(kv_cache=types.SimpleNamespace(available=0), radix_cache=None,
                               allocatable_token_num=lambda: 0),
         types.SimpleNamespace(on_step=lambda *args: None, fields=lambda: {}),

@@ -43,6 +43,7 @@ from lightllm.server.http.planning import (
 )
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.http.token_bytes import TokenBytes
 from lightllm.server.http.prompt_encoding import PromptEncoder
 from lightllm.server.request_manager import RequestManager
 from lightllm.server.http.tool_calls.request import ToolPlan, plan_tool_calls
@@ -66,6 +67,8 @@ class OpenAIEndpoints:
         self.tool_call_parser = tool_call_parser
         # --trust_request_chat_template: whether a request may bring its own template.
         self.trust_request_chat_template = trust_request_chat_template
+        # Every token's raw bytes (logprob ``bytes``, ``text_offset``), worked out once per server.
+        self.token_bytes = TokenBytes(manager.tokenizer)
 
     def check_request_template(self, template: str | None) -> None:
         """Refuse a request's own ``chat_template`` unless the server trusts its clients with one.
@@ -198,7 +201,7 @@ class OpenAIEndpoints:
         grammar = structured_grammar(body.structured_outputs, body.guided_fields(),
                                      response_format_grammar(body.response_format))
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
-        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.logprobs or 0, body.return_tokens_as_token_ids)
+        formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
         if body.echo:
             # A truncated prompt is echoed as the tokens that were used.
@@ -225,7 +228,7 @@ class OpenAIEndpoints:
         grammar = tool_plan.combine_grammar(structured_grammar(
             body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
-        formatter = TokenLogprobFormatter(self.manager.tokenizer, body.top_logprobs or 0,
+        formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
         shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text())
         shaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options) if tool_plan.reads_calls

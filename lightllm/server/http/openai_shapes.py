@@ -12,7 +12,7 @@ from typing import Any
 
 from lightllm.server.http.fanout import ChoiceJob
 from lightllm.server.http.text_offsets import TextOffsets
-from lightllm.server.http.token_bytes import token_bytes_for
+from lightllm.server.http.token_bytes import TokenBytes
 
 
 def json_logprob(value: float | None) -> float | None:
@@ -92,12 +92,12 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> di
 class TokenLogprobFormatter:
     """Turns per-token logprobs into the completions or chat ``logprobs`` shapes."""
 
-    def __init__(self, tokenizer: Any, top_count: int, tokens_as_ids: bool = False) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self, token_bytes: TokenBytes, top_count: int, tokens_as_ids: bool = False) -> None:
+        # The server's one table (its routes own it): a token's bytes are worked out once.
+        self._table = token_bytes
+        self._tokenizer = token_bytes.tokenizer
         self._top_count = top_count
         self._tokens_as_ids = tokens_as_ids
-        # Shared by every request on this tokenizer: a token's bytes are worked out once.
-        self._table = token_bytes_for(tokenizer)
 
     def offset_tracker(self) -> TextOffsets:
         """A fresh :class:`TextOffsets` for one choice's ``text_offset``."""

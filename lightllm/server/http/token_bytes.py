@@ -16,15 +16,14 @@ The kind is read from the tokenizer's backend (its decoder, pre-tokenizer and mo
 from a model name.  Any other tokenizer gets the UTF-8 of the token's decoded text (U+FFFD's bytes
 for a token that holds part of a character: nothing better is known there).
 
-A table of each tokenizer's token bytes is kept (:func:`token_bytes_for`), filled as tokens are met,
-so a token's bytes are worked out once per server, not once per response.
+The server keeps one :class:`TokenBytes` (its OpenAI routes own it), filled as tokens are met, so a
+token's bytes are worked out once per server, not once per response.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
 from lightllm.utils.tokenizer_utils import tokenizer_special_ids
@@ -37,9 +36,6 @@ TEXT = "text"
 # SentencePiece's word-start mark, the default of the Metaspace decoder.
 WORD_MARK = "\u2581"
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-# Tables of the tokenizers met lately (a server has one; tests build many).
-_TABLE_LIMIT = 8
-_tables: "OrderedDict[int, tuple[Any, TokenBytes]]" = OrderedDict()
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -114,7 +110,7 @@ class TokenBytes:
     """The raw bytes of one tokenizer's tokens, worked out once per token id."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
+        self.tokenizer = tokenizer
         self.kind, self._mark = tokenizer_kind(tokenizer)
         self.special_ids = tokenizer_special_ids(tokenizer)
         self._bytes: dict[int, bytes] = {}
@@ -129,7 +125,7 @@ class TokenBytes:
         """The token decoded on its own (U+FFFD for part of a character)."""
         text = self._texts.get(token_id)
         if text is None:
-            text = self._texts[token_id] = self._tokenizer.decode([token_id])
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
         return text
 
     def raw(self, token_id: int) -> bytes:
@@ -156,21 +152,7 @@ class TokenBytes:
     def _piece(self, token_id: int) -> Optional[str]:
         """The token's vocabulary string, or None when the tokenizer does not give one."""
         try:
-            piece = self._tokenizer.convert_ids_to_tokens(token_id)
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
         except Exception:  # noqa: BLE001 - an id outside the vocabulary falls back to its text
             return None
         return piece if isinstance(piece, str) else None
-
-
-def token_bytes_for(tokenizer: Any) -> TokenBytes:
-    """The (shared) :class:`TokenBytes` of ``tokenizer``."""
-    key = id(tokenizer)
-    entry = _tables.get(key)
-    # The tokenizer is held with its table, so its id cannot be reused by another one meanwhile.
-    if entry is None or entry[0] is not tokenizer:
-        entry = (tokenizer, TokenBytes(tokenizer))
-        _tables[key] = entry
-        while len(_tables) > _TABLE_LIMIT:
-            _tables.popitem(last=False)
-    _tables.move_to_end(key)
-    return entry[1]

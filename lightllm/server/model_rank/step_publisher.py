@@ -167,8 +167,7 @@ class StepPublisher:
         stats.set("kv_cached_tokens", ctx.radix_cache.total_token_num if ctx.radix_cache else 0)
         stats.set("kv_allocatable_tokens", ctx.allocatable_token_num())
         # A decode node's free KV for its PD master is what no reservation was promised.
-        promised = getattr(self.backend, "promised_token_num", None)
-        stats.set("kv_promised_tokens", promised() if promised is not None else 0)
+        stats.set("kv_promised_tokens", self.backend.promised_token_num())
         stats.set("paused_requests", sum(1 for r in self.backend.requests.values() if r.is_paused))
         stats.set("preemptions", self.preemptions)
         stats.set("processed_prefill_tokens", self.backend.counter.value)

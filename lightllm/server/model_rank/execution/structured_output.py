@@ -62,7 +62,7 @@ class GrammarConstraints:
     @staticmethod
     def constrained(req: InferReq) -> bool:
         """Whether ``req`` asked for structured output."""
-        return req.sampling is not None and getattr(req.sampling, "grammar", None) is not None
+        return req.sampling is not None and req.sampling.grammar is not None
 
     def mask(self, logits: torch.Tensor, reqs: List[InferReq]) -> Tuple[torch.Tensor, Set[int]]:
         """``logits`` with tokens the grammar forbids at ``-inf`` on constrained rows (a copy if

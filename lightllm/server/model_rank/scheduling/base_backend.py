@@ -102,3 +102,7 @@ class ModeBackend(StepEngine, ABC):
     def has_outside_work(self) -> bool:
         """Whether work outside the step is in flight, so the rank keeps polling (and its TP ranks with it)."""
         return False
+
+    def promised_token_num(self) -> int:
+        """KV tokens promised to requests that are not here yet (a decode node's reservations); none here."""
+        return 0

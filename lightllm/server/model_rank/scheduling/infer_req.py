@@ -28,6 +28,7 @@ from lightllm.server.model_rank.scheduling.overtake_record import OvertakeRecord
 from lightllm.server.model_rank.scheduling.request_state import ReqState, check_transition
 
 if TYPE_CHECKING:
+    from lightllm.common.sampling.sampling_params import SamplingParams
     from lightllm.server.core.objs.request_spec import RequestSpec
 
 
@@ -75,7 +76,7 @@ class InferReq:
     abort_requested: bool = False
     strategy_state: Dict[str, Any] = field(default_factory=dict)
     overtake: Optional[OvertakeRecord] = None
-    sampling: Optional[Any] = None
+    sampling: Optional["SamplingParams"] = None
     # CLOCK_MONOTONIC ns when a step first selected the request (0: not yet), for the queue-time
     # metric; set and published by rank 0's rank process, never read by scheduling.
     scheduled_ns: int = 0
@@ -111,7 +112,7 @@ class InferReq:
     @property
     def wants_prompt_logprobs(self) -> bool:
         """Whether prompt logprobs were requested and some are still to be computed."""
-        asked = self.sampling is not None and getattr(self.sampling, "prompt_logprobs", None) is not None
+        asked = self.sampling is not None and self.sampling.prompt_logprobs is not None
         return asked and self.prompt_logprob_next < self.input_len
 
     @property
