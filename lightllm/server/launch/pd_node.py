@@ -53,12 +53,12 @@ from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.launch.plan import pd_rank_settings
 from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.run_mode import RunMode
+from lightllm.utils.wildcard_hosts import is_wildcard
 
 log = logging.getLogger("lightllm.pd.node")
 
 # Exit code of a node the master refused (as for any other failed start).
 REFUSED_EXIT_CODE = 1
-_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _SERVING_POLL_SECONDS = 0.05
 
 
@@ -74,7 +74,7 @@ def advertised_host(args: argparse.Namespace) -> str:
 
     ``--host`` unless it is a wildcard; then the local address of the route to the master.
     """
-    if args.host not in _WILDCARD_HOSTS:
+    if not is_wildcard(args.host):
         return args.host
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

@@ -24,13 +24,12 @@ from typing import Optional
 
 import torch.distributed as dist
 
-# Where a client on this host reaches a server bound to a wildcard address.
-_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
+from lightllm.utils.wildcard_hosts import loopback_for
 
 
 def connect_host(host: str) -> str:
     """The address a local client uses to reach a server bound to ``host``."""
-    return _LOOPBACK.get(host, host)
+    return loopback_for(host)
 
 
 def generation_key() -> str:

@@ -18,10 +18,9 @@ from typing import List, Optional
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.listen_sockets import PortUnavailableError
+from lightllm.utils.wildcard_hosts import bind_host
 
 _PORT_BLOCK_TRIES = 64
-# The wildcard spellings --host accepts, as bind() wants them.
-_BIND_HOSTS = {"": "0.0.0.0", "[::]": "::"}
 _LISTEN_BACKLOG = 64
 
 
@@ -69,7 +68,7 @@ class TransferPortBlock:
         Raises ``PortUnavailableError`` (an ``ArgumentError``; exit code 3) naming the port when a given
         block is taken.
         """
-        host = _BIND_HOSTS.get(host, host)
+        host = bind_host(host)
         if base is not None:
             try:
                 return cls(_listen_range(host, base, count))
