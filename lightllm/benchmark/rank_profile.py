@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from lightllm.benchmark.cli_args import OneLineErrorParser
-from lightllm.benchmark.simulator.report_format import md_table
+from lightllm.benchmark.markdown_table import md_table
 
 STEP = "StepEngine.step"
 EXECUTE = "StepEngine.execute"

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lightllm.benchmark.comparison_metrics import COMPARISON_METRICS
+from lightllm.benchmark.markdown_table import md_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -146,12 +147,6 @@ def describe_workload(cfg: Mapping[str, Any]) -> str:
     return f"{text}; {_output_lens(cfg)}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
 def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
     git = meta.get("git") or {}
     commit = git.get("commit") or "unknown"
@@ -222,7 +217,7 @@ def render_workload_markdown(name: str, section: Mapping[str, Any], strategies: 
             "-" if throughput is None else f"{throughput:.2f}",
             vs,
         ])
-    lines += _table(header, rows)
+    lines += md_table(header, rows)
     others = [s for s in strategies if s != baseline]
     if others:
         confidence = change_confidence(changes)
@@ -231,7 +226,7 @@ def render_workload_markdown(name: str, section: Mapping[str, Any], strategies: 
             [strategy] + [format_change(changes.get(strategy, {}).get(m.key)) for m in COMPARISON_METRICS]
             for strategy in others
         ]
-        lines += _table(["Strategy"] + [m.label for m in COMPARISON_METRICS], change_rows)
+        lines += md_table(["Strategy"] + [m.label for m in COMPARISON_METRICS], change_rows)
         lines += _few_pairs_note({s: changes.get(s, {}) for s in others})
     failed = section.get("failed", {})
     if any(failed.get(s) for s in strategies):

@@ -15,6 +15,7 @@ from lightllm.benchmark.simulator.published import (
     SOURCE_RANGE,
     PublishedComparison,
 )
+from lightllm.benchmark.markdown_table import md_table
 from lightllm.benchmark.simulator.report_format import (
     MODE_LABELS,
     change_pct,
@@ -22,7 +23,6 @@ from lightllm.benchmark.simulator.report_format import (
     fmt_num,
     fmt_pct,
     index_results,
-    md_table,
 )
 from lightllm.benchmark.simulator.runner import CaseKey, CaseResult
 

@@ -12,6 +12,7 @@ from lightllm.benchmark.simulator.published_report import (
     published_comparison_markdown,
     published_json,
 )
+from lightllm.benchmark.markdown_table import md_table
 from lightllm.benchmark.simulator.report_format import (
     BASELINE,
     MODE_LABELS,
@@ -20,7 +21,6 @@ from lightllm.benchmark.simulator.report_format import (
     fmt_num,
     fmt_pct,
     index_results,
-    md_table,
 )
 from lightllm.benchmark.simulator.runner import CaseKey, CaseResult
 from lightllm.benchmark.simulator.scenarios import SCENARIOS

@@ -32,13 +32,6 @@ def fmt_num(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
-    """Lines of a Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return lines
-
-
 def index_results(results: Sequence[CaseResult]) -> Dict[CaseKey, CaseResult]:
     """Results keyed by their cell and strategy."""
     return {r.key: r for r in results}
