@@ -22,6 +22,7 @@ from lightllm.server.core.objs.shm_req_checks import check_request_id
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, wants_top_rows
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pending_request import PendingRequest
+from lightllm.server.httpserver.request_counting import RequestCounting
 from lightllm.server.httpserver.slot_pool import RequestSlots
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
 from lightllm.server.http.in_flight import generation_started
@@ -316,7 +317,7 @@ class HttpServerManager:
                 self._forget_request_id(request_id)
                 raise
             self._live[request_id] = slot
-            pending = PendingRequest(prompt_len, slot)
+            pending = PendingRequest(prompt_len, slot, RequestCounting.of(spec))
             self._pending[request_id] = pending
             try:
                 self.shm.write_request(slot, request_id, spec, top_slot)
@@ -329,7 +330,7 @@ class HttpServerManager:
                 raise
             started = time.perf_counter()
             pending.arrival_ns = time.monotonic_ns()
-            self.metrics.on_submit(prompt_len)
+            self.metrics.on_submit(prompt_len, pending.counting)
             finish_reason = None
             try:
                 await self.to_router.send_pyobj(NewRequest(request_id, slot))
@@ -362,6 +363,7 @@ class HttpServerManager:
                     queue_seconds=pending.queue_seconds,
                     max_new_tokens=spec.params.max_new_tokens,
                     uncounted_tokens=pending.completion_tokens - pending.taken_tokens,
+                    counting=pending.counting,
                 )
         finally:
             self._active_generations -= 1

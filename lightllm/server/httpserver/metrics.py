@@ -9,8 +9,6 @@ alerts written for vLLM work unchanged.  Every series carries the served ``model
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -21,6 +19,7 @@ from prometheus_client.utils import floatToGoString
 from lightllm.server.core.objs.finish_status import FINISH_REASON_NAMES
 from lightllm.server.core.objs.prefill_wait_histogram import PREFILL_WAIT_FIELDS, histogram_families
 from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.httpserver.request_counting import RequestCounting
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -181,28 +180,6 @@ class _Exporter:
         return "\n".join(lines) + "\n"
 
 
-@dataclass
-class DecodeNodeRequest:
-    """How a PD decode node's request counts in its server metrics (see :data:`decode_node_request`).
-
-    A decode node's request starts as a KV reservation; the prefill node runs the prompt and
-    generates the first token, which arrives here with the KV (``kv_arrived``).  Only from then
-    on is it this node's work: its prompt is counted then, its first token not at all (the
-    prefill node generated and counted it), and a reservation released before the KV came (the
-    prefill node's first token finished the request, the client or master gave up during the
-    prefill, or the node answered busy) is not a request this node finished -- the master counts
-    it, and the busy answers and expired leases have counters of their own.
-    """
-
-    prompt_tokens: int = 0
-    kv_arrived: bool = False
-
-
-# Set by the PD decode node's service around one request's run (each runs in a task of its own,
-# so the value is that request's); None everywhere else, where every call counts as before.
-decode_node_request: ContextVar[Optional[DecodeNodeRequest]] = ContextVar("decode_node_request", default=None)
-
-
 class ServerMetrics:
     """Request counts, token counts and latencies, under our names and vLLM's."""
 
@@ -269,22 +246,24 @@ class ServerMetrics:
         self._request_prefill = self.request_prefill.labels(strategy)
         self._request_inference = self.request_inference.labels(strategy)
 
-    def on_submit(self, prompt_tokens: int) -> None:
+    def on_submit(self, prompt_tokens: int, counting: RequestCounting = RequestCounting.FULL) -> None:
         """A request was handed to the router (a decode node counts its prompt when the KV arrives)."""
-        pd = decode_node_request.get()
-        if pd is not None:
-            pd.prompt_tokens = prompt_tokens
-            return
-        self._prompt.inc(prompt_tokens)
+        if counting is RequestCounting.FULL:
+            self._prompt.inc(prompt_tokens)
 
-    def on_first_token(self, seconds: float, cached_tokens: int) -> None:
-        """The first token arrived (on a decode node: the prefill node's token, with the KV)."""
+    def on_first_token(
+        self, seconds: float, cached_tokens: int, counting: RequestCounting = RequestCounting.FULL,
+        prompt_tokens: int = 0,
+    ) -> None:
+        """The first token arrived (on a decode node: the prefill node's token, with the KV).
+
+        ``prompt_tokens``: the request's prompt, counted now by a request whose counting leaves
+        it out at submission (a decode node's).
+        """
         self._ttft.observe(seconds)
-        pd = decode_node_request.get()
-        if pd is not None:
+        if counting is RequestCounting.DECODE_NODE_OWN_WORK:
             # The prompt is admitted now; the token and its cache hit are the prefill node's.
-            pd.kv_arrived = True
-            self._prompt.inc(pd.prompt_tokens)
+            self._prompt.inc(prompt_tokens)
             return
         self._cached.inc(cached_tokens)
         self._generated.inc()
@@ -305,6 +284,7 @@ class ServerMetrics:
         queue_seconds: Optional[float] = None,
         max_new_tokens: Optional[int] = None,
         uncounted_tokens: int = 0,
+        counting: RequestCounting = RequestCounting.FULL,
     ) -> None:
         """A request ended ``seconds`` after submission; its first token came after ``first_token_seconds``.
 
@@ -314,14 +294,18 @@ class ServerMetrics:
 
         ``queue_seconds`` (None: never scheduled) is submission to first scheduling; the prefill
         and inference times are measured from that moment, as vLLM measures them.
+
+        ``counting`` :attr:`~RequestCounting.DECODE_NODE_OWN_WORK`: a request whose first token
+        (the prefill node's, with the KV) never came is not counted at all.
         """
         # Gaps between the answer's tokens, all of which this node timed (the decode steps), also
         # on a decode node, whose own token count leaves out the prefill node's first token.
         token_gaps = completion_tokens - 1
-        pd = decode_node_request.get()
-        if pd is not None:
-            if not pd.kv_arrived:
-                return  # a released reservation: not a request this decode node ran (see DecodeNodeRequest)
+        if counting is RequestCounting.DECODE_NODE_OWN_WORK:
+            if first_token_seconds is None:
+                # No KV (and first token) came: a released reservation, not a request this decode
+                # node ran (see RequestCounting).
+                return
             completion_tokens -= 1  # the first token is the prefill node's
         self.requests.labels(self.strategy, finish_reason).inc()
         if uncounted_tokens > 0:

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, List, Optional
 
 from lightllm.server.core.objs.io_messages import DetokenizedOutput
 from lightllm.server.httpserver.metrics import ServerMetrics
+from lightllm.server.httpserver.request_counting import RequestCounting
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.request_manager import GenerationEvent
 
@@ -31,10 +32,12 @@ def _prompt_logprobs(entries: Optional[List[Any]]) -> Optional[List[Any]]:
 class PendingRequest:
     """A submitted request's queue of events, filled by the receiver and drained by :meth:`events`."""
 
-    def __init__(self, prompt_tokens: int, slot: int = -1):
+    def __init__(self, prompt_tokens: int, slot: int = -1, counting: RequestCounting = RequestCounting.FULL):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.prompt_tokens = prompt_tokens
         self.slot = slot
+        # Which metrics counters this request feeds (decided from its spec by the manager).
+        self.counting = counting
         # CLOCK_MONOTONIC ns of submission and of rank 0 first scheduling it (0: not yet).
         self.arrival_ns = 0
         self.scheduled_ns = 0
@@ -138,7 +141,8 @@ class PendingRequest:
                     self.taken_tokens += 1
                     if last_token_at is None:
                         self.first_token_seconds = now - started
-                        metrics.on_first_token(self.first_token_seconds, event.cached_tokens)
+                        metrics.on_first_token(self.first_token_seconds, event.cached_tokens, self.counting,
+                                               self.prompt_tokens)
                     else:
                         metrics.on_next_token(now - last_token_at)
                     last_token_at = now

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-import contextvars
+import asyncio
+import types
+from typing import Any, Optional, Tuple
 
-from lightllm.server.httpserver.metrics import DecodeNodeRequest, ServerMetrics, decode_node_request
+import pytest
+
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.io_messages import DetokenizedOutput, TokenEvent
+from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
+from lightllm.server.httpserver.manager import HttpServerManager
+from lightllm.server.httpserver.metrics import ServerMetrics
+from lightllm.server.httpserver.pending_request import PendingRequest
+from lightllm.server.httpserver.request_counting import RequestCounting
+from lightllm.server.request_gate import RequestGate
+
+DECODE = RequestCounting.DECODE_NODE_OWN_WORK
 
 
 def _value(metrics: ServerMetrics, name: str, **labels: str) -> float:
@@ -15,20 +29,20 @@ def _value(metrics: ServerMetrics, name: str, **labels: str) -> float:
 def _run_on_decode(metrics: ServerMetrics, tokens: int, reason: str) -> None:
     """One request as a decode node's manager reports it: submit, ``tokens`` tokens (the first is
     the prefill node's, arriving with the KV), finish."""
-    decode_node_request.set(DecodeNodeRequest())
-    metrics.on_submit(100)
+    metrics.on_submit(100, DECODE)
     for index in range(tokens):
         if index == 0:
-            metrics.on_first_token(0.1, 7)
+            metrics.on_first_token(0.1, 7, DECODE, 100)
         else:
             metrics.on_next_token(0.01)
-    metrics.on_finish(reason, tokens, 1.0, prompt_tokens=100, first_token_seconds=0.1 if tokens else None)
+    metrics.on_finish(reason, tokens, 1.0, prompt_tokens=100, first_token_seconds=0.1 if tokens else None,
+                      counting=DECODE)
 
 
 def test_a_released_reservation_is_not_a_finished_request_and_counts_no_prompt() -> None:
     metrics = ServerMetrics("default", None)
     # max_tokens 1: P's first token ended it, the master closed D's stream before any KV came.
-    contextvars.copy_context().run(_run_on_decode, metrics, 0, "abort")
+    _run_on_decode(metrics, 0, "abort")
     assert _value(metrics, "lightllm_requests_total", finish_reason="abort") == 0
     assert _value(metrics, "lightllm_prompt_tokens_total") == 0
     assert _value(metrics, "lightllm_generated_tokens_total") == 0
@@ -36,7 +50,7 @@ def test_a_released_reservation_is_not_a_finished_request_and_counts_no_prompt()
 
 def test_a_decoded_request_counts_its_prompt_and_only_the_tokens_decode_generated() -> None:
     metrics = ServerMetrics("default", None)
-    contextvars.copy_context().run(_run_on_decode, metrics, 3, "length")
+    _run_on_decode(metrics, 3, "length")
     assert _value(metrics, "lightllm_requests_total", finish_reason="length") == 1
     assert _value(metrics, "lightllm_prompt_tokens_total") == 100
     # 3 tokens in the answer: P generated the first, D the other 2 (P + D = the master's 3).
@@ -56,3 +70,93 @@ def test_outside_a_decode_node_every_call_counts_as_before() -> None:
     assert _value(metrics, "lightllm_requests_total", finish_reason="abort") == 1
     assert _value(metrics, "lightllm_prompt_tokens_total") == 100
     assert _value(metrics, "lightllm_generated_tokens_total") == 1
+
+
+@pytest.mark.parametrize("kind, counting", [(PD_KIND_NONE, RequestCounting.FULL),
+                                            (PD_KIND_PREFILL, RequestCounting.FULL),
+                                            (PD_KIND_DECODE, DECODE)])
+def test_a_request_spec_decides_its_own_counting(kind: int, counting: RequestCounting) -> None:
+    spec = RequestSpec.build([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=8), pd_kind=kind,
+                             pd_epoch=0 if kind == PD_KIND_NONE else 1)
+    assert RequestCounting.of(spec) is counting
+
+
+def test_a_pending_decode_request_counts_its_prompt_with_the_first_token_it_hands_out() -> None:
+    """The manager's request stream passes its counting on: the prompt counts when the client
+    takes the prefill node's first token, which itself counts as generated elsewhere."""
+    metrics = ServerMetrics("default", None)
+    pending = PendingRequest(prompt_tokens=100, counting=DECODE)
+    metrics.on_submit(pending.prompt_tokens, pending.counting)
+    assert _value(metrics, "lightllm_prompt_tokens_total") == 0
+    pending.deliver(DetokenizedOutput(request_id=1, tokens=[TokenEvent(i, "x", -0.1) for i in range(3)],
+                                      finish_reason="length", prompt_cache_len=7))
+
+    async def take_all() -> None:
+        async for _ in pending.events(None, 0.0, metrics):
+            pass
+
+    asyncio.run(take_all())
+    metrics.on_finish("length", pending.completion_tokens, 1.0, prompt_tokens=pending.prompt_tokens,
+                      first_token_seconds=pending.first_token_seconds, counting=pending.counting)
+    assert _value(metrics, "lightllm_prompt_tokens_total") == 100
+    assert _value(metrics, "lightllm_cached_prompt_tokens_total") == 0
+    assert _value(metrics, "lightllm_generated_tokens_total") == 2
+    assert _value(metrics, "lightllm_requests_total", finish_reason="length") == 1
+
+
+class _Slots:
+    async def take(self, wait_seconds: Optional[float] = None, wants_top: bool = False) -> Tuple[int, int]:
+        return 0, -1
+
+    async def put(self, slot: int) -> None:
+        pass
+
+
+class _Router:
+    async def send_pyobj(self, message: Any) -> None:
+        pass
+
+
+def _manager_over(metrics: ServerMetrics) -> HttpServerManager:
+    """The manager's generate() over a slot pool, shared memory and router that accept everything."""
+    manager = HttpServerManager.__new__(HttpServerManager)
+    manager.vocab_size, manager.max_req_total_len = 100, 64
+    manager._gate, manager._slots, manager.to_router = RequestGate(), _Slots(), _Router()
+    manager.shm = types.SimpleNamespace(write_request=lambda *args: None, scheduled_ns=lambda *args: 0)
+    manager._pending, manager._live, manager._id_freed = {}, {}, {}
+    manager._next_request_id, manager._active_generations, manager._backend_alive = 1, 0, True
+    manager.metrics = metrics
+    return manager
+
+
+async def _generate(manager: HttpServerManager, kind: int, output: DetokenizedOutput) -> None:
+    spec = RequestSpec.build([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=8), pd_kind=kind,
+                             pd_epoch=0 if kind == PD_KIND_NONE else 1)
+    events = manager.generate(spec, request_id=output.request_id)
+    first = asyncio.ensure_future(events.__anext__())
+    while output.request_id not in manager._pending:
+        await asyncio.sleep(0)
+    manager._pending[output.request_id].deliver(output)
+    try:
+        await first
+    except StopAsyncIteration:
+        return
+    async for _ in events:
+        pass
+
+
+@pytest.mark.parametrize("kind", [PD_KIND_NONE, PD_KIND_DECODE])
+def test_the_manager_counts_a_request_as_its_spec_says(kind: int) -> None:
+    metrics = ServerMetrics("default", None)
+    manager = _manager_over(metrics)
+    answer = DetokenizedOutput(1, [TokenEvent(i, "x", -0.1) for i in range(3)], "length", prompt_cache_len=2)
+    asyncio.run(_generate(manager, kind, answer))
+    decode = kind == PD_KIND_DECODE
+    assert _value(metrics, "lightllm_requests_total", finish_reason="length") == 1
+    assert _value(metrics, "lightllm_prompt_tokens_total") == 3
+    assert _value(metrics, "lightllm_generated_tokens_total") == (2 if decode else 3)
+    assert _value(metrics, "lightllm_cached_prompt_tokens_total") == (0 if decode else 2)
+    # A finish with no token: on a decode node a released reservation, counted nowhere.
+    asyncio.run(_generate(manager, kind, DetokenizedOutput(2, [], "abort", prompt_cache_len=0)))
+    assert _value(metrics, "lightllm_requests_total", finish_reason="abort") == (0 if decode else 1)
+    assert _value(metrics, "lightllm_prompt_tokens_total") == (3 if decode else 6)

@@ -50,7 +50,6 @@ from lightllm.server.core.objs.io_messages import (
 )
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
-from lightllm.server.httpserver.metrics import DecodeNodeRequest, decode_node_request
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.pd.protocol.membership import STATE_DRAINING, STATE_SERVING
 from lightllm.server.pd.protocol.node_events import BUSY, RESERVED, TOKEN, PdNodeEvent
@@ -329,9 +328,6 @@ class PdNodeService:
     async def _run(self, spec: RequestSpec, request_id: int, request: Any, decode: bool) -> AsyncIterator[PdNodeEvent]:
         # The previous segment of this request may still be releasing its slot here.
         await self.host.wait_request_id_free(request_id, SEGMENT_ID_REUSE_WAIT_S)
-        if decode:
-            # Metrics count only this node's own work (DecodeNodeRequest); this task runs only this request.
-            decode_node_request.set(DecodeNodeRequest())
         events = self.host.generate(
             spec, request=request, request_id=request_id,
             # A decode node answers busy at once when no request slot is free, never after a wait.
