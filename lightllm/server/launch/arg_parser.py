@@ -1,4 +1,5 @@
-"""The one argument parser of the server: flags, defaults and help text live only here.
+"""The one argument parser of the server: flags, defaults, help text and the roles that read each
+flag (:func:`~lightllm.server.launch.flag_roles.add_flag`) live only here.
 
 Docs (docs/*/server_args.md) are generated from this parser by ``python -m
 lightllm.server.launch.args_doc``; the start-up code checks combinations with
@@ -8,11 +9,24 @@ lightllm.server.launch.args_doc``; the start-up code checks combinations with
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-from typing import Iterable, List, Optional, Sequence
+from types import MappingProxyType
+from typing import FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
 from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+from lightllm.server.launch.flag_roles import (
+    EVERY_ROLE,
+    MIXED_BATCHES,
+    MODEL_ROLES,
+    PREFILL_QUEUE,
+    PREFILL_STEP,
+    PUBLIC_API,
+    FlagReaders,
+    add_flag,
+    flag_readers,
+)
 from lightllm.server.launch.http_flags import add_http_flags
 from lightllm.server.launch.one_line_parser import OneLineErrorParser
 from lightllm.utils.one_line_errors import finite_float
@@ -68,8 +82,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         description="Serve a local Hugging Face checkpoint over an OpenAI-compatible and a native HTTP API.",
     )
     group = parser.add_argument_group("deployment")
-    group.add_argument(
-        "--run_mode",
+    add_flag(
+        group, "--run_mode", roles=EVERY_ROLE,
         type=str,
         choices=list(RUN_MODES),
         default="normal",
@@ -77,42 +91,42 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "pd_master serves the public API and loads no weights; prefill and decode start nodes that "
         "register with the master at --pd_master_ip:--pd_master_port.",
     )
-    group.add_argument("--host", type=str, default="127.0.0.1", help="HTTP listen address.")
-    group.add_argument("--port", type=int, default=8000, help="HTTP listen port.")
-    group.add_argument("--model_dir", type=str, default=None, help="Local Hugging Face checkpoint directory.")
-    group.add_argument(
-        "--model_name",
+    add_flag(group, "--host", roles=EVERY_ROLE, type=str, default="127.0.0.1", help="HTTP listen address.")
+    add_flag(group, "--port", roles=EVERY_ROLE, type=int, default=8000, help="HTTP listen port.")
+    add_flag(group, "--model_dir", roles=EVERY_ROLE, type=str, default=None, help="Local Hugging Face checkpoint directory.")
+    add_flag(
+        group, "--model_name", roles=EVERY_ROLE,
         type=str,
         nargs="+",
         default=None,
         help="Model ids a request's model may name (vLLM's --served-model-name); the API reports the first. "
         "Default: the directory name, and the --model_dir path as given.",
     )
-    group.add_argument(
-        "--tokenizer_mode",
+    add_flag(
+        group, "--tokenizer_mode", roles=EVERY_ROLE,
         type=str,
         choices=["fast", "slow", "auto"],
         default="fast",
         help="Tokenizer implementation: fast (Rust tokenizers), slow (Python) or auto.",
     )
-    group.add_argument(
-        "--tp", type=int, default=1,
+    add_flag(
+        group, "--tp", roles=MODEL_ROLES, type=int, default=1,
         help="Tensor-parallel size (model processes). Must divide num_attention_heads and intermediate_size, and "
              "divide or be a multiple of num_key_value_heads (refused at start otherwise): each rank holds a share of "
              "the KV heads, or, when --tp exceeds num_key_value_heads, a replica of one (as vLLM does).",
     )
-    group.add_argument("--nccl_host", type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; rank 0's rendezvous store listens on it alone, not on every interface; checked at start: one that does not resolve or cannot be listened on exits 3).")
-    group.add_argument("--nccl_port", type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port. A taken port is refused at start (exit 3).")
-    group.add_argument(
-        "--data_type",
+    add_flag(group, "--nccl_host", roles=MODEL_ROLES, type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; rank 0's rendezvous store listens on it alone, not on every interface; checked at start: one that does not resolve or cannot be listened on exits 3).")
+    add_flag(group, "--nccl_port", roles=MODEL_ROLES, type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port. A taken port is refused at start (exit 3).")
+    add_flag(
+        group, "--data_type", roles=MODEL_ROLES,
         type=str,
         choices=["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
         default="auto",
         help="Weight and KV dtype; auto takes the checkpoint's dtype (float32 on CPU for float16 checkpoints).",
     )
-    group.add_argument("--device", type=str, choices=["auto", "cpu", "cuda"], default="auto", help="Where the model runs.")
-    group.add_argument(
-        "--attention_backend",
+    add_flag(group, "--device", roles=MODEL_ROLES, type=str, choices=["auto", "cpu", "cuda"], default="auto", help="Where the model runs.")
+    add_flag(
+        group, "--attention_backend", roles=MODEL_ROLES,
         type=str,
         choices=["auto", "torch", "torch_compiled", "cpp", "triton"],
         default="auto",
@@ -124,8 +138,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "at startup, needs a C++ compiler; single requests, small batches and long prefill chunks as torch), "
         "auto (triton on CUDA when triton imports; cpp on CPU when a C++ compiler is on PATH and the kernel builds; else torch).",
     )
-    group.add_argument(
-        "--linear_backend",
+    add_flag(
+        group, "--linear_backend", roles=MODEL_ROLES,
         type=str,
         choices=["auto", "torch", "onednn"],
         default="auto",
@@ -133,8 +147,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "oneDNN's blocked layout, float32 or bfloat16; 2-4x torch's speed on the development VM), torch (torch.nn.functional.linear: "
         "MKL on CPU, cuBLAS on CUDA), auto (onednn on CPU when it runs for the dtype, else torch).",
     )
-    group.add_argument(
-        "--graceful_shutdown_seconds",
+    add_flag(
+        group, "--graceful_shutdown_seconds", roles=EVERY_ROLE,
         type=finite_float,
         default=30.0,
         help="On SIGTERM/SIGINT/SIGHUP: new requests get 503 at once, requests in flight may finish for at most this many "
@@ -143,33 +157,33 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
 
     group = parser.add_argument_group("memory and batching")
-    group.add_argument(
-        "--max_total_token_num",
+    add_flag(
+        group, "--max_total_token_num", roles=MODEL_ROLES,
         type=int,
         default=None,
         help="KV-cache capacity in tokens; default: --mem_fraction of (available memory - weights - --reserved_memory_gb) "
         "(on CPU split across ranks and capped at 262144); see docs memory.md. Given, it fixes the size: --mem_fraction "
         "and --reserved_memory_gb, which size it from memory, are refused with it.",
     )
-    group.add_argument(
-        "--mem_fraction",
+    add_flag(
+        group, "--mem_fraction", roles=MODEL_ROLES,
         type=finite_float,
         default=0.9,
         help="Share of the memory left after the weights and --reserved_memory_gb that the KV cache takes when sizing it; "
         "refused with --max_total_token_num, which fixes the size.",
     )
-    group.add_argument(
-        "--reserved_memory_gb",
+    add_flag(
+        group, "--reserved_memory_gb", roles=MODEL_ROLES,
         type=finite_float,
         default=None,
         help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
         "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md). "
         "Refused with --max_total_token_num, which fixes the size.",
     )
-    group.add_argument("--running_max_req_size", type=int, default=256, help="Most requests in the running batch at once.")
-    group.add_argument("--max_req_total_len", type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context as vLLM derives max_model_len: max_position_embeddings, times the factor of linear and dynamic RoPE scaling (not llama3's), at most a sliding window. A larger value is served with a warning (vLLM refuses it); beyond a sliding window it is refused.")
-    group.add_argument(
-        "--top_logprobs_slots",
+    add_flag(group, "--running_max_req_size", roles=MODEL_ROLES, type=int, default=256, help="Most requests in the running batch at once.")
+    add_flag(group, "--max_req_total_len", roles=EVERY_ROLE, type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context as vLLM derives max_model_len: max_position_embeddings, times the factor of linear and dynamic RoPE scaling (not llama3's), at most a sliding window. A larger value is served with a warning (vLLM refuses it); beyond a sliding window it is refused.")
+    add_flag(
+        group, "--top_logprobs_slots", roles=MODEL_ROLES,
         type=int,
         default=None,
         help="Requests asking for top logprobs (logprobs or prompt_logprobs above 0) that may be in flight at once; "
@@ -178,19 +192,19 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "for these. Default: --running_max_req_size; more than the request slot count, max(64, 4 x --running_max_req_size), "
         "is refused.",
     )
-    group.add_argument("--batch_max_tokens", type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048). Refused on a PD decode node (it never prefills).")
-    group.add_argument("--chunked_prefill_size", type=int, default=1024, help="Most prefill tokens one request computes per step; default 1024, or --batch_max_tokens when that is smaller. Refused on a PD decode node (it never prefills).")
-    group.add_argument("--disable_chunked_prefill", action="store_true", help="Prefill every prompt in one piece. Refused on a PD decode node (it never prefills).")
-    group.add_argument(
-        "--disable_mixed_batches",
+    add_flag(group, "--batch_max_tokens", roles=PREFILL_STEP, type=int, default=None, help="Most prefill tokens in one forward; default: max(--chunked_prefill_size, 2048). Refused on a PD decode node (it never prefills).")
+    add_flag(group, "--chunked_prefill_size", roles=PREFILL_STEP, type=int, default=1024, help="Most prefill tokens one request computes per step; default 1024, or --batch_max_tokens when that is smaller. Refused on a PD decode node (it never prefills).")
+    add_flag(group, "--disable_chunked_prefill", roles=PREFILL_STEP, action="store_true", help="Prefill every prompt in one piece. Refused on a PD decode node (it never prefills).")
+    add_flag(
+        group, "--disable_mixed_batches", roles=MIXED_BATCHES,
         action="store_true",
         help="Run a step's prefill chunks and decode rows as two forwards. By default (with chunked prefill) they run as "
         "one mixed forward, whose token budget and processed-token count include the decode rows. Refused with "
         "--disable_chunked_prefill, which runs no mixed batches, and on PD nodes (a prefill node never decodes, a decode "
         "node never prefills).",
     )
-    group.add_argument(
-        "--router_token_ratio",
+    add_flag(
+        group, "--router_token_ratio", roles=MODEL_ROLES,
         type=finite_float,
         default=1.0,
         help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity; "
@@ -200,17 +214,17 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "Not LightLLM's busy threshold of the same "
         "name (whose default 0.0 is refused here).",
     )
-    group.add_argument(
-        "--router_max_wait_tokens",
+    add_flag(
+        group, "--router_max_wait_tokens", roles=MODEL_ROLES,
         type=int,
         default=DEFAULT_ROUTER_MAX_WAIT_TOKENS,
         help="Decode steps the router lets pass between two admission rounds while requests run.",
     )
-    group.add_argument("--disable_dynamic_prompt_cache", action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
+    add_flag(group, "--disable_dynamic_prompt_cache", roles=MODEL_ROLES, action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
                        "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")
-    group.add_argument("--schedule_time_interval", type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1e6.")
-    group.add_argument(
-        "--prefill_queue_strategy",
+    add_flag(group, "--schedule_time_interval", roles=MODEL_ROLES, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1e6.")
+    add_flag(
+        group, "--prefill_queue_strategy", roles=PREFILL_QUEUE,
         type=str,
         choices=_strategy_names(),
         default="default",
@@ -220,8 +234,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "overtaken request stays within a slack of its FCFS wait); all run under the overtaking bound "
         "(--prefill_max_overtake_tokens, --prefill_overtake_fraction).",
     )
-    group.add_argument(
-        "--prefill_max_overtake_tokens",
+    add_flag(
+        group, "--prefill_max_overtake_tokens", roles=PREFILL_QUEUE,
         type=int,
         default=_default_overtake_bound().base_tokens,
         help="Overtaking bound of every prefill-queue strategy: a request may be overtaken by at most this many "
@@ -233,40 +247,43 @@ def make_argument_parser() -> argparse.ArgumentParser:
         f"At most {MAX_PREFILL_OVERTAKE_TOKENS:,} (months of prefill work; for no bound use "
         "--disable_prefill_overtake_bound, with which this flag is refused).",
     )
-    group.add_argument(
-        "--prefill_overtake_fraction",
+    add_flag(
+        group, "--prefill_overtake_fraction", roles=PREFILL_QUEUE,
         type=finite_float,
         default=_default_overtake_bound().fraction,
         help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens; "
         f"at most {MAX_PREFILL_OVERTAKE_FRACTION:g} (beyond, it limits nothing; for no bound use "
         "--disable_prefill_overtake_bound, with which this flag is refused).",
     )
-    group.add_argument(
-        "--disable_prefill_overtake_bound",
+    add_flag(
+        group, "--disable_prefill_overtake_bound", roles=PREFILL_QUEUE,
         action="store_true",
         help="Let prefill-queue strategies overtake without limit (the seed's unbounded behaviour); refused with "
         "--prefill_max_overtake_tokens or --prefill_overtake_fraction, whose bound it turns off.",
     )
-    group.add_argument(
+    add_flag(
+        group,
         "--prefill_max_wait_tokens",
+        # Replaced, and refused wherever given (validate_args); declared as the node flag it was.
+        roles=MODEL_ROLES,
         type=int,
         default=None,
         help=argparse.SUPPRESS,
     )
 
     group = parser.add_argument_group("generation")
-    group.add_argument("--eos_id", type=int, nargs="+", default=None, help="End-of-sequence token id(s); default: from the checkpoint.")
-    group.add_argument("--max_new_tokens_default", type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat. Must be below the context (--max_req_total_len, default the checkpoint's): a prompt needs a token.")
-    group.add_argument(
-        "--sampling_seed",
+    add_flag(group, "--eos_id", roles=EVERY_ROLE, type=int, nargs="+", default=None, help="End-of-sequence token id(s); default: from the checkpoint.")
+    add_flag(group, "--max_new_tokens_default", roles=PUBLIC_API, type=int, default=None, help="max_new_tokens when a request gives none, on every endpoint; default: 16 for /v1/completions and /generate (as OpenAI, vLLM and LightLLM), the remaining context for chat. Must be below the context (--max_req_total_len, default the checkpoint's): a prompt needs a token.")
+    add_flag(
+        group, "--sampling_seed", roles=MODEL_ROLES,
         type=int,
         default=None,
         help="Seed of the random generator that requests without their own seed sample from (the same on every "
         "TP rank). Default: a fresh seed drawn at each start and logged, so unseeded sampling differs between "
         "restarts; give the logged value to repeat it.",
     )
-    group.add_argument(
-        "--logprobs_mode",
+    add_flag(
+        group, "--logprobs_mode", roles=MODEL_ROLES,
         choices=LOGPROBS_MODES,
         default=PROCESSED_LOGPROBS,
         help="What returned logprobs describe. processed_logprobs (default, as LightLLM): the distribution each token "
@@ -274,8 +291,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "raw_logprobs (vLLM's default): the model's own distribution, log_softmax of its logits, whatever the "
         "sampling parameters. Prompt logprobs are always raw. PD prefill and decode nodes must agree (the master refuses a node that differs).",
     )
-    group.add_argument(
-        "--generation_config",
+    add_flag(
+        group, "--generation_config", roles=PUBLIC_API,
         type=str,
         default="auto",
         help="Where sampling defaults come from for a request that leaves a field out: 'auto' reads the "
@@ -283,22 +300,22 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "max_new_tokens; do_sample for /generate), as vLLM's default and LightLLM do; 'none' uses the server's "
         "own defaults; a directory reads its generation_config.json. The values in effect are logged at start.",
     )
-    group.add_argument(
-        "--chat_template",
+    add_flag(
+        group, "--chat_template", roles=PUBLIC_API,
         type=str,
         default=None,
         help="Chat template for /v1/chat/completions replacing the tokenizer's: a Jinja file, or the template "
         "itself. Needed for a checkpoint without one; checked at start.",
     )
-    group.add_argument(
-        "--trust_request_chat_template",
+    add_flag(
+        group, "--trust_request_chat_template", roles=PUBLIC_API,
         action="store_true",
         help="Accept a request's own chat_template (vLLM's chat_template field). Off by default: a template is a "
         "program the server runs (loops of any length on the tokenization threads), so it is refused with a 400 "
         "unless the clients are trusted.",
     )
-    group.add_argument(
-        "--tool_call_parser",
+    add_flag(
+        group, "--tool_call_parser", roles=PUBLIC_API,
         type=str,
         choices=list(TOOL_CALL_PARSER_NAMES),
         default=None,
@@ -312,7 +329,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     add_pd_flags(parser)
 
     group = parser.add_argument_group("logging")
-    group.add_argument("--log_level", type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")
+    add_flag(group, "--log_level", roles=EVERY_ROLE, type=str, choices=["debug", "info", "warning", "error"], default="info", help="Log verbosity.")
     return parser
 
 
@@ -347,6 +364,17 @@ def flags_given(args: argparse.Namespace, names: Iterable[str]) -> List[str]:
         return [name for name in names if name in written]
     parser = make_argument_parser()
     return [name for name in names if hasattr(args, name) and getattr(args, name) != parser.get_default(name)]
+
+
+@functools.lru_cache(maxsize=None)
+def server_flag_readers() -> Mapping[str, FlagReaders]:
+    """``dest -> readers`` of every server flag, as :func:`make_argument_parser` declares them."""
+    return MappingProxyType(flag_readers(make_argument_parser()))
+
+
+def flags_read_by(role: str) -> FrozenSet[str]:
+    """The dests of the server flags that the run mode ``role`` reads."""
+    return frozenset(name for name, readers in server_flag_readers().items() if role in readers.roles)
 
 
 def flag_names(args: argparse.Namespace) -> List[str]:

@@ -12,9 +12,10 @@ import re
 from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.arg_parser import flag_names, flags_given
+from lightllm.server.launch.arg_parser import flags_given, server_flag_readers
 from lightllm.server.launch.flag_combinations import check_flag_combinations
 from lightllm.server.launch.host_names import host_problem
+from lightllm.server.launch.role_refusals import refuse_flags_not_read
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     MAX_PREFILL_OVERTAKE_FRACTION,
     MAX_PREFILL_OVERTAKE_TOKENS,
@@ -24,35 +25,9 @@ from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
 
-# PD flags read by one kind of PD process only (the master refuses node flags itself:
-# master_start.check_master_flags); given to any other role they are refused, not ignored.
-DECODE_ONLY_FLAGS = ("pd_reserve_lease_seconds", "pd_max_segment_tokens")
-# The wire's page size is the prefill side's: each transfer's header carries it and a decode node
-# follows the header. (--pd_transfer_port, prefill-only too, has its own check in _validate_pd_args.)
-PREFILL_ONLY_FLAGS = ("pd_kv_page_size",)
-_MASTER_ONLY_FLAGS = ("pd_max_missed_heartbeats", "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds",
-                      "pd_prefix_affinity_tokens")
-# The prefill queue's order and its bound: a decode node never prefills a prompt (it receives the
-# KV), so there they would order nothing.
-PREFILL_QUEUE_FLAGS = ("prefill_queue_strategy", "prefill_max_overtake_tokens", "prefill_overtake_fraction",
-                        "disable_prefill_overtake_bound")
-# The prefill step's budget: a decode node's forwards are decode steps only (at most
-# --running_max_req_size rows; a segment that runs out of KV ends rather than being prefilled
-# again), so these would shape nothing there.
-PREFILL_BUDGET_FLAGS = ("chunked_prefill_size", "batch_max_tokens", "disable_chunked_prefill",
-                         "disable_mixed_batches")
-# A prefill node never decodes (each request leaves it after its first token), so it runs no
-# mixed prefill/decode batches to turn off.
-MIXED_BATCH_FLAGS = ("disable_mixed_batches",)
 # How often the master hears from each node: below this a loaded node's heartbeat misses the
 # window and healthy nodes are dropped; above it a dead node goes unnoticed for minutes.
 PD_HEARTBEAT_INTERVAL_RANGE = (0.5, 60.0)
-# How the public API reads requests: a PD cluster's master serves it, a node refuses it (its own
-# endpoints take requests the master already built), so on a node these would do nothing.
-_PUBLIC_API_FLAGS = ("tool_call_parser", "generation_config", "chat_template", "trust_request_chat_template",
-                     "max_new_tokens_default", "allowed_origins")
-
-
 # The router's poll granularity (it waits in whole milliseconds).
 MIN_SCHEDULE_TIME_INTERVAL = 0.001
 # The smallest body limit that still admits an ordinary request.
@@ -60,52 +35,14 @@ MIN_REQUEST_BODY_BYTES = 1024
 # A browser origin as its Origin header spells it.
 _ORIGIN = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:]+(:[0-9]{1,5})?$")
 
+
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
-    """Refuse PD flags given to a process role that does not read them (one line naming them)."""
+    """Refuse flags given to a role that does not read them, then a PD process's bad master address or node id."""
+    refuse_flags_not_read(args)
     run_mode = getattr(args, "run_mode", "normal")
     if run_mode not in PD_RUN_MODES:
-        given = flags_given(args, [name for name in flag_names(args) if name.startswith("pd_")])
-        if given:
-            raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if len(given) == 1 else ''} "
-                                f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
-                                "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
         return
-    if run_mode == RunMode.PREFILL:
-        given = flags_given(args, DECODE_ONLY_FLAGS)
-        if given:
-            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by decode nodes only "
-                                "(--run_mode decode), not by a prefill node")
-        if flags_given(args, MIXED_BATCH_FLAGS):
-            raise ArgumentError("--disable_mixed_batches: a prefill node never decodes (each request leaves it after "
-                                "its first token), so it runs no mixed batches; give it to a normal server")
-    if run_mode == RunMode.DECODE:
-        given = flags_given(args, PREFILL_ONLY_FLAGS)
-        if given:
-            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by prefill nodes only "
-                                "(--run_mode prefill), not by a decode node, which takes the page size from each "
-                                "transfer's header")
-        given = flags_given(args, PREFILL_QUEUE_FLAGS)
-        if given:
-            raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
-                                "(it receives the KV), so it has no prefill queue to order; give "
-                                f"{'it' if len(given) == 1 else 'them'} to the prefill node")
-        given = flags_given(args, PREFILL_BUDGET_FLAGS)
-        if given:
-            raise ArgumentError(f"{', '.join('--' + name for name in given)}: a decode node never prefills a prompt "
-                                "(it receives the KV; its forwards are decode steps of at most --running_max_req_size "
-                                f"rows), so there is no prefill step to shape; give {'it' if len(given) == 1 else 'them'} "
-                                "to the prefill node")
     if run_mode in PD_NODE_MODES:
-        given = flags_given(args, _MASTER_ONLY_FLAGS)
-        if given:
-            raise ArgumentError(f"{', '.join('--' + name for name in given)}: read by the PD master only "
-                                f"(--run_mode pd_master), not by a {run_mode} node")
-        given = flags_given(args, _PUBLIC_API_FLAGS)
-        if given:
-            one = len(given) == 1
-            raise ArgumentError(f"{', '.join('--' + name for name in given)} configure{'s' if one else ''} the public "
-                                f"API, which the PD master serves; give {'it' if one else 'them'} to the master, not "
-                                f"to a {run_mode} node")
         problem = host_problem(args.pd_master_ip)
         if problem:
             raise ArgumentError(f"--pd_master_ip {args.pd_master_ip!r}: {problem}")
@@ -120,8 +57,10 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not 0 < value < 65536:
             raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
-    # The master refuses every node flag itself, naming the role that takes it (pd_master.py).
-    if args.pd_transfer_port is not None and args.run_mode not in (RunMode.PREFILL, RunMode.PD_MASTER):
+    # Refused here, before the role checks, in words of its own; the master refuses every node
+    # flag itself, naming the role that takes it (pd_master.py).
+    if (args.pd_transfer_port is not None and args.run_mode != RunMode.PD_MASTER
+            and args.run_mode not in server_flag_readers()["pd_transfer_port"]):
         raise ArgumentError("--pd_transfer_port is for prefill nodes (--run_mode prefill); a decode node joins the "
                             "port the master gives it")
     for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):

@@ -13,6 +13,7 @@ import argparse
 from typing import List, Optional
 
 from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.flag_roles import readers_of
 
 HEADERS = {
     "EN": (
@@ -20,17 +21,26 @@ HEADERS = {
         "Generated from `lightllm/server/launch/arg_parser.py` (with `http_flags.py` and `pd_flags.py`) by `python -m lightllm.server.launch.args_doc`; "
         "do not edit by hand.\n\n"
         "Launch: `python -m lightllm.server.api_server --model_dir DIR [flags]`.\n\n"
+        "The read-by column names the run modes (`--run_mode`) that read each flag; any other refuses it at start.\n\n"
     ),
     "CN": (
         "# 服务启动参数\n\n"
         "本页由 `python -m lightllm.server.launch.args_doc` 从 `lightllm/server/launch/arg_parser.py`（及 `http_flags.py`、`pd_flags.py`）自动生成，请勿手工修改。"
         "参数说明沿用解析器中的英文帮助文本。\n\n"
         "启动方式：`python -m lightllm.server.api_server --model_dir DIR [参数]`。\n\n"
+        "“读取角色”一列列出读取该参数的运行模式（`--run_mode`）；其他模式在启动时拒绝该参数。\n\n"
     ),
 }
 
 
-def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None) -> str:
+# The table's column titles in each language.
+COLUMNS = {
+    "EN": ("flag", "default", "choices", "read by", "meaning"),
+    "CN": ("参数", "默认值", "可选值", "读取角色", "说明"),
+}
+
+
+def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None, lang: str = "EN") -> str:
     """The argument reference as a Markdown table, one section per argument group."""
     parser = parser or make_argument_parser()
     lines: List[str] = []
@@ -40,19 +50,21 @@ def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None) -> str:
         if not actions:
             continue
         # H2: the generated page's title is H1, and Sphinx -W rejects a jump from H1 to H3.
-        lines += [f"## {group.title}", "", "| flag | default | choices | meaning |", "| --- | --- | --- | --- |"]
+        columns = COLUMNS[lang]
+        lines += [f"## {group.title}", "", f"| {' | '.join(columns)} |", "|" + " --- |" * len(columns)]
         for action in actions:
             flag = ", ".join(action.option_strings)
             default = "off" if isinstance(action, argparse._StoreTrueAction) else repr(action.default)
             choices = " / ".join(str(c) for c in action.choices) if action.choices else ""
-            lines.append(f"| `{flag}` | `{default}` | {choices} | {action.help or ''} |")
+            read_by = ", ".join(readers_of(action).ordered())
+            lines.append(f"| `{flag}` | `{default}` | {choices} | {read_by} | {action.help or ''} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def render(lang: str) -> str:
     """The whole server_args.md for ``lang`` (EN or CN)."""
-    return HEADERS[lang] + arguments_markdown()
+    return HEADERS[lang] + arguments_markdown(lang=lang)
 
 
 def doc_path(root: Path, lang: str) -> Path:

@@ -9,24 +9,33 @@ from __future__ import annotations
 
 import argparse
 
+from lightllm.server.launch.flag_roles import (
+    DECODE_NODES,
+    PD_CLUSTER,
+    PD_MASTER_ONLY,
+    PD_NODES,
+    PREFILL_NODES,
+    WIRE_PAGE_SIZE,
+    add_flag,
+)
 from lightllm.utils.one_line_errors import finite_float
 
 
 def add_pd_flags(parser: argparse.ArgumentParser) -> None:
     """Add the "PD disaggregation" group to ``parser``."""
     group = parser.add_argument_group("PD disaggregation")
-    group.add_argument("--pd_master_ip", type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with.")
-    group.add_argument("--pd_master_port", type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
-    group.add_argument("--pd_node_id", type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
-    group.add_argument(
-        "--pd_transfer_port",
+    add_flag(group, "--pd_master_ip", roles=PD_NODES, type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with.")
+    add_flag(group, "--pd_master_port", roles=PD_NODES, type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
+    add_flag(group, "--pd_node_id", roles=PD_NODES, type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
+    add_flag(
+        group, "--pd_transfer_port", roles=PREFILL_NODES,
         type=int,
         default=None,
         help="Prefill nodes: TCP port where TP rank r's KV transfer group meets (port + r); default: a free block. "
         "The node binds the whole block at start and holds it until it exits. Decode nodes learn it from the master.",
     )
-    group.add_argument(
-        "--pd_cluster_key",
+    add_flag(
+        group, "--pd_cluster_key", roles=PD_CLUSTER,
         type=str,
         default=None,
         help="PD master and nodes: the cluster's shared secret. The cluster's own endpoints (every path under /pd/) "
@@ -34,23 +43,23 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
         "client API keys do not open them. Required on a PD master or node that has --api_key. Default: "
         "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
     )
-    group.add_argument("--pd_kv_page_size", type=int, default=256, help="Prefill nodes: tokens of KV per page on the prefill -> decode wire; each transfer's header carries it, and a decode node follows the header (the flag is refused there).")
-    group.add_argument("--pd_heartbeat_interval", type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration), 0.5 to 60. Prefill/decode nodes: the pace of their registration retries until the master answers (then they beat at the master's interval).")
-    group.add_argument("--pd_max_missed_heartbeats", type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail; times --pd_heartbeat_interval at most 1e6 seconds.")
-    group.add_argument(
-        "--pd_prefix_affinity_tokens",
+    add_flag(group, "--pd_kv_page_size", roles=WIRE_PAGE_SIZE, type=int, default=256, help="Prefill nodes: tokens of KV per page on the prefill -> decode wire; each transfer's header carries it, and a decode node follows the header (the flag is refused there).")
+    add_flag(group, "--pd_heartbeat_interval", roles=PD_CLUSTER, type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration), 0.5 to 60. Prefill/decode nodes: the pace of their registration retries until the master answers (then they beat at the master's interval).")
+    add_flag(group, "--pd_max_missed_heartbeats", roles=PD_MASTER_ONLY, type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail; times --pd_heartbeat_interval at most 1e6 seconds.")
+    add_flag(
+        group, "--pd_prefix_affinity_tokens", roles=PD_MASTER_ONLY,
         type=int,
         default=256,
         help="PD master: prompts that agree on this many leading tokens go to the same prefill node (rendezvous "
         "hashing), so its prefix cache keeps paying off, while that node's queue is at most 2048 tokens longer than "
         "the least loaded one's; shorter prompts are only balanced by load. 0: no affinity, load only.",
     )
-    group.add_argument("--pd_reserve_lease_seconds", type=finite_float, default=None, help="Decode nodes: upper bound on the lease of a KV reservation (a reservation whose prompt KV has not started arriving within its lease is freed and its request fails with pd_transfer_failed). Default: no bound; each reservation's lease is the master's (its --pd_prefill_timeout_seconds plus --pd_transfer_timeout_seconds), or 30 s for a reservation that carries none (formerly the default for every reservation). At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    group.add_argument("--pd_transfer_timeout_seconds", type=finite_float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced. PD master: bound on each node's answer to a transfer setup, and with --pd_prefill_timeout_seconds the lease of a KV reservation. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    group.add_argument("--pd_prefill_timeout_seconds", type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    group.add_argument("--pd_decode_token_timeout_seconds", type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token). At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    group.add_argument(
-        "--pd_max_segment_tokens",
+    add_flag(group, "--pd_reserve_lease_seconds", roles=DECODE_NODES, type=finite_float, default=None, help="Decode nodes: upper bound on the lease of a KV reservation (a reservation whose prompt KV has not started arriving within its lease is freed and its request fails with pd_transfer_failed). Default: no bound; each reservation's lease is the master's (its --pd_prefill_timeout_seconds plus --pd_transfer_timeout_seconds), or 30 s for a reservation that carries none (formerly the default for every reservation). At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
+    add_flag(group, "--pd_transfer_timeout_seconds", roles=PD_CLUSTER, type=finite_float, default=30.0, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced. PD master: bound on each node's answer to a transfer setup, and with --pd_prefill_timeout_seconds the lease of a KV reservation. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
+    add_flag(group, "--pd_prefill_timeout_seconds", roles=PD_MASTER_ONLY, type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
+    add_flag(group, "--pd_decode_token_timeout_seconds", roles=PD_MASTER_ONLY, type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token). At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
+    add_flag(
+        group, "--pd_max_segment_tokens", roles=DECODE_NODES,
         type=int,
         default=0,
         help="Decode nodes: end a segment after this many generated tokens, so the master continues the request as a new "

@@ -24,14 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfigError
-from lightllm.server.launch.arg_parser import flag_names, flags_given
-from lightllm.server.launch.args_check import (
-    DECODE_ONLY_FLAGS,
-    MIXED_BATCH_FLAGS,
-    PREFILL_BUDGET_FLAGS,
-    PREFILL_ONLY_FLAGS,
-    PREFILL_QUEUE_FLAGS,
-)
+from lightllm.server.launch.arg_parser import flag_names, flags_given, flags_read_by, server_flag_readers
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
 from lightllm.server.launch.checkpoint_reading import read_checkpoint
 from lightllm.server.launch.sizing import resolve_max_req_total_len
@@ -40,7 +33,7 @@ from lightllm.server.pd.master.membership_api import membership_router, new_mast
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines
-from lightllm.server.run_mode import RunMode
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds
 from lightllm.server.request_defaults import resolve_eos_token_ids
@@ -52,32 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightllm.pd_master")
 
 
-# The flags that mean something on the master; every other flag configures a model node.
-MASTER_FLAGS = frozenset({
-    "run_mode", "host", "port", "model_dir", "model_name", "tokenizer_mode", "graceful_shutdown_seconds",
-    "max_req_total_len", "eos_id", "max_new_tokens_default", "log_level",
-    "max_request_body_bytes", "prompt_chars_per_token", "http_header_timeout", "http_body_timeout",
-    "http_keep_alive_timeout", "http_max_connections", "http_max_connections_per_client", "api_key", "admin_api_key", "allow_public_priority",
-    "pd_heartbeat_interval", "pd_max_missed_heartbeats", "pd_transfer_timeout_seconds", "pd_cluster_key",
-    "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds", "pd_prefix_affinity_tokens", "tool_call_parser",
-    "generation_config", "chat_template", "trust_request_chat_template", "allowed_origins",
-})
-
-
-# The flags each node role refuses, taken from the nodes' own checks (args_check), so the master
-# names the role that takes a flag rather than sending it to a node that refuses it too.  Only
-# --pd_transfer_port is refused off a prefill node by a check of its own (_validate_pd_args)
-# rather than through a list.
-_REFUSED_BY_ROLE = {
-    "prefill": frozenset(DECODE_ONLY_FLAGS + MIXED_BATCH_FLAGS),
-    "decode": frozenset(PREFILL_ONLY_FLAGS + PREFILL_QUEUE_FLAGS + PREFILL_BUDGET_FLAGS + ("pd_transfer_port",)),
-}
-
-
 def node_roles_taking(name: str) -> Tuple[str, ...]:
-    """The PD node roles (``prefill``, ``decode``) that accept the flag ``name`` (its dest); none
-    for a flag only a normal server reads (``disable_mixed_batches``)."""
-    return tuple(role for role, refused in _REFUSED_BY_ROLE.items() if name not in refused)
+    """The PD node roles (``prefill``, ``decode``) that read the flag ``name`` (its dest), as its
+    declaration says (flag_roles); none for a flag only a normal server reads (``disable_mixed_batches``)."""
+    return tuple(role for role in PD_NODE_MODES if role in server_flag_readers()[name])
 
 
 def _where_it_goes(roles: Tuple[str, ...], count: int) -> str:
@@ -99,7 +70,9 @@ def check_master_flags(args: argparse.Namespace) -> None:
     a misconfigured cluster.  The message says which role takes each flag (the prefill-queue
     flags go to the prefill nodes only: a decode node refuses them).
     """
-    given = sorted(flags_given(args, [name for name in flag_names(args) if name not in MASTER_FLAGS]))
+    # Every flag the master does not read configures a model node (flag_roles).
+    master_reads = flags_read_by(RunMode.PD_MASTER)
+    given = sorted(flags_given(args, [name for name in flag_names(args) if name not in master_reads]))
     if not given:
         return
     by_roles: Dict[Tuple[str, ...], List[str]] = {}

@@ -99,13 +99,12 @@ _ROOT = Path(__file__).resolve().parents[3]
     ],
 )
 def test_help_and_both_docs_name_every_role_that_reads_the_flag(flag, help_roles, en_used_by, cn_used_by):
-    from lightllm.server.launch.arg_parser import make_argument_parser
-    from lightllm.server.launch.pd_master import MASTER_FLAGS
+    from lightllm.server.launch.arg_parser import flags_read_by, make_argument_parser
 
     help_text = next(a.help for a in make_argument_parser()._actions if a.dest == flag)
     for role in help_roles:
         assert role in help_text, help_text
-    assert (flag in MASTER_FLAGS) == ("PD master:" in help_text)
+    assert (flag in flags_read_by("pd_master")) == ("PD master:" in help_text)
     for lang, used_by in (("EN", en_used_by), ("CN", cn_used_by)):
         table = (_ROOT / "docs" / lang / "pd_deployment.md").read_text()
         row = next(line for line in table.splitlines() if line.startswith(f"| `--{flag}` |"))

@@ -1,8 +1,8 @@
 """The PD master refuses a model node's flag naming the node role that takes it.
 
 It used to say every such flag "configures prefill/decode nodes" and to "give it to the nodes",
-though a decode node refuses the prefill-queue flags: the master now derives each flag's role
-from the nodes' own refusals, and this test holds the two together.
+though a decode node refuses the prefill-queue flags: the master and the nodes now derive each
+flag's roles from its one declaration (flag_roles), and this test holds the two together.
 """
 
 from __future__ import annotations

@@ -137,8 +137,9 @@ def _validate(argv: List[str]) -> None:
          "--tool_call_parser configures the public API, which the PD master serves; give it to the master"),
         (["--run_mode", "decode", "--chat_template", "{{ messages }}", "--generation_config", "none"],
          "--generation_config, --chat_template configure the public API"),
+        # The flags of one refusal are listed in the parser's order (as --help and server_args.md list them).
         (["--run_mode", "decode", "--trust_request_chat_template", "--max_new_tokens_default", "8"],
-         "--trust_request_chat_template, --max_new_tokens_default configure the public API"),
+         "--max_new_tokens_default, --trust_request_chat_template configure the public API"),
         (["--run_mode", "decode", "--pd_node_id", ""], "--pd_node_id must be 1-128 characters"),
         (["--run_mode", "decode", "--pd_node_id", "d 0"], "--pd_node_id must be 1-128 characters"),
     ],

@@ -1,0 +1,121 @@
+"""Refuse a flag given to a normal server or a PD node that does not read it, in one line.
+
+Which roles read each flag is declared where the flag is added
+(:mod:`lightllm.server.launch.flag_roles`); this module only words the refusals, by the kind of
+flag: a decode node has no prefill queue to order, a node does not serve the public API, and so
+on.  The PD master refuses the flags it does not read itself
+(:func:`lightllm.server.launch.pd_master.check_master_flags`), naming the node role that takes each.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Dict, List, Tuple
+
+from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.arg_parser import flag_names, flags_given, server_flag_readers
+from lightllm.server.launch.flag_roles import (
+    DECODE_NODES,
+    MIXED_BATCHES,
+    PD_MASTER_ONLY,
+    PREFILL_QUEUE,
+    PREFILL_STEP,
+    PUBLIC_API,
+    WIRE_PAGE_SIZE,
+    FlagReaders,
+)
+from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
+
+
+def _listed(names: List[str]) -> str:
+    return ", ".join("--" + name for name in names)
+
+
+def _them(names: List[str]) -> str:
+    return "it" if len(names) == 1 else "them"
+
+
+# How a refusal names the readers of a flag.
+_ROLE_NAMES = {RunMode.NORMAL.value: "normal servers", RunMode.PREFILL.value: "prefill nodes",
+               RunMode.DECODE.value: "decode nodes", RunMode.PD_MASTER.value: "the PD master"}
+
+
+def _read_elsewhere(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    """The refusal naming the roles that read the flags (the words of every kind without its own)."""
+    roles = readers.ordered()
+    return (f"{_listed(names)}: read by {' and '.join(_ROLE_NAMES[role] for role in roles)} only "
+            f"(--run_mode {' or '.join(roles)}), not by a {run_mode} node")
+
+
+def _wire_page_size(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    return _read_elsewhere(names, readers, run_mode) + ", which takes the page size from each transfer's header"
+
+
+def _prefill_queue(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    return (f"{_listed(names)}: a decode node never prefills a prompt (it receives the KV), so it has no prefill "
+            f"queue to order; give {_them(names)} to the prefill node")
+
+
+def _prefill_step(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    return (f"{_listed(names)}: a decode node never prefills a prompt (it receives the KV; its forwards are decode "
+            "steps of at most --running_max_req_size rows), so there is no prefill step to shape; give "
+            f"{_them(names)} to the prefill node")
+
+
+def _mixed_batches(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    return (f"{_listed(names)}: a prefill node never decodes (each request leaves it after its first token), so it "
+            f"runs no mixed batches; give {_them(names)} to a normal server")
+
+
+def _public_api(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    one = len(names) == 1
+    return (f"{_listed(names)} configure{'s' if one else ''} the public API, which the PD master serves; give "
+            f"{_them(names)} to the master, not to a {run_mode} node")
+
+
+_Refusal = Callable[[List[str], FlagReaders, str], str]
+# What a PD node says about the flags it does not read, by their readers (flag_roles), in the
+# order it reports them (the first kind given is refused); the kinds common to both nodes last.
+_NODE_REFUSALS: Dict[str, Tuple[Tuple[Tuple[FlagReaders, ...], _Refusal], ...]] = {
+    RunMode.PREFILL.value: (((DECODE_NODES,), _read_elsewhere), ((MIXED_BATCHES,), _mixed_batches)),
+    RunMode.DECODE.value: (((WIRE_PAGE_SIZE,), _wire_page_size), ((PREFILL_QUEUE,), _prefill_queue),
+                     ((PREFILL_STEP, MIXED_BATCHES), _prefill_step)),
+}
+_EVERY_NODE_REFUSES = (((PD_MASTER_ONLY,), _read_elsewhere), ((PUBLIC_API,), _public_api))
+
+
+def _flags_not_read(args: argparse.Namespace, run_mode: str) -> List[str]:
+    """The flags the command line wrote that ``run_mode`` does not read, in the parser's order."""
+    readers = server_flag_readers()
+    return flags_given(args, [name for name in flag_names(args) if name in readers and run_mode not in readers[name]])
+
+
+def _check_node_flag_roles(args: argparse.Namespace, run_mode: str) -> None:
+    """Refuse the flags a PD node of ``run_mode`` does not read, in the words of their kind."""
+    refused = _flags_not_read(args, run_mode)
+    if not refused:
+        return
+    readers = server_flag_readers()
+    for kinds, refusal in _NODE_REFUSALS[run_mode] + _EVERY_NODE_REFUSES:
+        given = [name for name in refused if readers[name] in kinds]
+        if given:
+            raise ArgumentError(refusal(given, readers[given[0]], run_mode))
+    # A kind without words of its own: the flags read by the same roles as the first one.
+    first = readers[refused[0]]
+    raise ArgumentError(_read_elsewhere([name for name in refused if readers[name].roles == first.roles], first,
+                                        run_mode))
+
+
+def refuse_flags_not_read(args: argparse.Namespace) -> None:
+    """Raise :class:`ArgumentError` (one line naming them) for the flags the command line gave to a
+    normal server or a PD node that does not read them; a PD master's are left to its own check."""
+    run_mode = getattr(args, "run_mode", "normal")
+    if run_mode not in PD_RUN_MODES:
+        # Every flag a normal server does not read configures a PD cluster.
+        given = _flags_not_read(args, run_mode)
+        if given:
+            raise ArgumentError(f"{_listed(given)} configure{'s' if len(given) == 1 else ''} "
+                                f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
+                                "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
+    elif run_mode in PD_NODE_MODES:
+        _check_node_flag_roles(args, run_mode)
