@@ -334,7 +334,7 @@ class NodeStandIn:
         yield _line({"event": "reserved", "kv_start": 0})
         if self.lease_expires:
             await asyncio.sleep(0.1)
-            # As a real decode node words it (pd_rank_transfer: error_kind lease_expired).
+            # As a real decode node words it (pd_transfer: error_kind lease_expired).
             yield _line({"event": "error", "message": "the KV did not arrive within the lease", "transfer_broken": False,
                          "error_kind": "lease_expired"})
             return

@@ -262,7 +262,7 @@ class Simulator:
         for router_req in self.router.admit_if_due(self.backend_steps, self.config.router_max_wait_tokens):
             spec = self._specs.pop(router_req.request_id)
             if isinstance(backend, DecodeBackend):
-                # Rank 0's reservation (PdRankTransfer.reserve); the KV transfer then lands the
+                # Rank 0's reservation (DecodeRankTransfer.reserve); the KV transfer then lands the
                 # whole prompt at once and the handed-over token is pending.
                 try:
                     req = backend.reserve_prefilled(router_req.request_id, spec,

@@ -7,5 +7,6 @@
 * ``rank_process`` -- the process loop (``ModelRank``): read commands, hand them to the
   backend's hooks, step, publish (``step_publisher``);
 * ``rank_assembly`` -- the composition root (``build_model_rank``) and the process's entry point;
-* ``pd_rank_transfer`` -- the KV hand-off of a PD node's rank, carried by its backend as its intake.
+* ``pd_transfer/`` -- the KV hand-off of a PD node's rank (a prefill and a decode side), carried by
+  its backend as its intake; ``pd_backend_settings`` builds the side of the node's role.
 """

@@ -22,7 +22,7 @@ DEFAULT_RESERVE_LEASE_S = 30.0
 
 @dataclass
 class PdRankSettings:
-    """A PD rank's transfer settings, from the node's flags (used by :mod:`.pd_rank_transfer`).
+    """A PD rank's transfer settings, from the node's flags (used by :mod:`.pd_transfer`).
 
     Defined here, not beside the transfer code, because the launcher builds it and must not
     import the KV transfer (torch).  ``reserve_lease_s`` is ``--pd_reserve_lease_seconds``: an

@@ -16,7 +16,7 @@ it with an error and none of them runs it.
 
 The loop is the same in every run mode: each admitted request goes to ``backend.intake``, any
 command it does not know to ``backend.on_command``, and ``backend.poll`` runs once per
-iteration.  A PD node's backend carries the rank's KV transfer (:mod:`.pd_rank_transfer`) behind
+iteration.  A PD node's backend carries the rank's KV transfer (:mod:`.pd_transfer`) behind
 those hooks: the transfer setup arrives as a command like the others, a decode node's prefilled
 arrivals are reserved (or answered busy) at intake, a prefill node's hand-offs are sent right
 after the step that produced them, and transfer results are polled once per loop; rank 0 tells

@@ -34,7 +34,8 @@ from lightllm.server.model_rank.scheduling.decode_backend import LIMIT_KV_TOKENS
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
-from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer
+from lightllm.server.model_rank.pd_transfer.decode import DecodeRankTransfer
+from lightllm.server.model_rank.rank_config import PdRankSettings
 from lightllm.server.core.objs.request_spec import RequestSpec
 
 MAX_LEN = 400
@@ -93,7 +94,7 @@ def test_rank0_sends_a_busy_notice_naming_the_limit_before_the_busy_finish(model
     if rows == 1:
         backend.reserve_prefilled(1, RequestSpec(list(range(5, 15)), _greedy(4)))
     messages: List[Any] = []
-    pd = PdRankTransfer("decode", 0, PdRankSettings(), _no_handle, notify=messages.append)
+    pd = DecodeRankTransfer(0, PdRankSettings(), _no_handle, notify=messages.append)
     assert pd.reserve(backend, 2, -1, RequestSpec(list(range(5, 45)), _greedy(300))) is None
     notices = [m for m in messages if isinstance(m, PdNotice) and m.request_id == 2]
     assert [(n.kind, n.error_kind) for n in notices] == [("busy", limit)]

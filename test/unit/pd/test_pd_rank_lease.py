@@ -24,7 +24,10 @@ from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
-from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer
+from lightllm.server.model_rank.pd_transfer.base import PdRankTransfer
+from lightllm.server.model_rank.pd_transfer.decode import DecodeRankTransfer
+from lightllm.server.model_rank.pd_transfer.prefill import PrefillRankTransfer
+from lightllm.server.model_rank.rank_config import PdRankSettings
 from lightllm.server.model_rank.rank_config import DEFAULT_RESERVE_LEASE_S
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
@@ -66,7 +69,8 @@ class Rank:
 
     def __init__(self, model, role: str, settings: PdRankSettings, make_handle) -> None:
         self.messages: List[Any] = []
-        self.pd = PdRankTransfer(role, 0, settings, make_handle, notify=self.messages.append)
+        side: type[PdRankTransfer] = PrefillRankTransfer if role == "prefill" else DecodeRankTransfer
+        self.pd = side(0, settings, make_handle, notify=self.messages.append)
         cache = model.new_kv_cache(512)
         cache.share_buffers()
         context = InferenceContext(cache, ReqManager(8, MAX_LEN + 1), use_prefix_cache=True)

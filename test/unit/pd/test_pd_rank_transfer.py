@@ -1,7 +1,7 @@
-"""A PD node rank's transfer plumbing (PdRankTransfer) over real backends and real transfer processes.
+"""A PD node rank's transfer plumbing (its PdRankTransfer side) over real backends and real transfer processes.
 
 Two ranks in one process, the way a prefill node's rank and a decode node's rank run them: each
-backend carries its PdRankTransfer and the test drives only the backend's hooks, as the rank loop does
+backend carries its side's PdRankTransfer and the test drives only the backend's hooks, as the rank loop does
 (``intake``, ``poll``, ``step``, ``on_command``):
 transfer setup per epoch (several pairs on one prefill rank, and their teardown), the decode side
 reserving first (or answering busy), the prefill side sending [kv_start, prompt_len) with its first token in the header after the step that handed the
@@ -48,11 +48,16 @@ from lightllm.server.model_rank.scheduling.backend_registry import KvReservation
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
-from lightllm.server.model_rank.pd_rank_transfer import PdRankSettings, PdRankTransfer
+from lightllm.server.model_rank.pd_transfer.base import PdRankTransfer
+from lightllm.server.model_rank.pd_transfer.decode import DecodeRankTransfer
+from lightllm.server.model_rank.pd_transfer.prefill import PrefillRankTransfer
+from lightllm.server.model_rank.rank_config import PdRankSettings
 from lightllm.server.core.objs.request_spec import RequestSpec
 
 
 MAX_LEN = 400
+# The transfer side each node role builds, as pd_backend_settings picks it.
+TRANSFER_OF_ROLE: Dict[str, type[PdRankTransfer]] = {"prefill": PrefillRankTransfer, "decode": DecodeRankTransfer}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +80,7 @@ class Node:
 
     def __init__(self, model, role: str, settings: PdRankSettings, kv_tokens: int = 2048, **mode_settings: Any):
         self.messages: List[Any] = []
-        self.pd = PdRankTransfer(role, 0, settings, self._make_handle, notify=self.messages.append)
+        self.pd = TRANSFER_OF_ROLE[role](0, settings, self._make_handle, notify=self.messages.append)
         self.backend = _backend(model, role, kv_tokens, transfer=self.pd, **mode_settings)
         self.tokens: Dict[int, List[int]] = {}
         self.finished: Dict[int, int] = {}

@@ -1,9 +1,10 @@
 """The common part of the PD node backends: requests come in and go out through a KV transfer.
 
 A prefill or decode node's backend carries a :class:`TransferIntake`, the rank's side of the KV
-transfer (on a server :class:`~lightllm.server.model_rank.pd_rank_transfer.PdRankTransfer`,
-built by the rank and passed to the backend's constructor).  The backend routes the rank loop's
-mode-independent hooks to it, so the rank loop runs a PD node exactly like a normal one:
+transfer (on a server the :class:`~lightllm.server.model_rank.pd_transfer.base.PdRankTransfer`
+subclass of the node's role, built by the rank and passed to the backend's constructor).  The
+backend routes the rank loop's mode-independent hooks to it, so the rank loop runs a PD node
+exactly like a normal one:
 
 * :meth:`PdNodeBackend.intake` -> :meth:`TransferIntake.take` (a prefill node joins the request
   and notes where its transfer starts; a decode node reserves KV and starts receiving, or answers
@@ -17,14 +18,15 @@ mode-independent hooks to it, so the rank loop runs a PD node exactly like a nor
   ``spec.pd.epoch``).
 
 The intake takes the backend as an argument on every call instead of holding it, so the two are
-built one after the other and neither is patched after construction.  Without an intake (the
+built one after the other and neither is patched after construction.  The intake is generic in
+the backend it drives, since each side calls its own backend's methods.  Without an intake (the
 scheduling simulator, unit tests of the engine) the backend schedules alone: the caller admits
 and acknowledges requests through the mode's own methods.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, TypeVar
 
 from lightllm.server.model_rank.scheduling.base_backend import ModeBackend
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -35,29 +37,35 @@ from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.scheduling.step_report import StepReport
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from lightllm.server.core.objs.request_spec import RequestSpec
 
+# The backend an intake drives; contravariant: an intake of any PD backend serves a prefill one too.
+BackendT_contra = TypeVar("BackendT_contra", bound="PdNodeBackend", contravariant=True)
 
-class TransferIntake(Protocol):
+
+class TransferIntake(Protocol[BackendT_contra]):
     """A PD node backend's way in and out: the rank's KV transfer (see the module docstring).
 
     Every method runs on every TP rank with the same arguments in the same order, and must decide
     the same on each (results are agreed between ranks before anyone acts on them).
     """
 
-    def take(self, backend: Any, request_id: int, spec: "RequestSpec", shm_index: int) -> Optional[InferReq]:
+    def take(self, backend: BackendT_contra, request_id: int, spec: "RequestSpec",
+             shm_index: int) -> Optional[InferReq]:
         """Admit one request into ``backend``; None when it ended at once."""
 
-    def after_step(self, backend: Any, report: StepReport) -> None:
+    def after_step(self, backend: BackendT_contra, report: StepReport) -> None:
         """Act on what a step of ``backend`` produced (hand-offs, finishes)."""
 
-    def poll(self, backend: Any) -> None:
+    def poll(self, backend: BackendT_contra) -> None:
         """Act on agreed transfer results, between steps; never waits on a transfer."""
 
-    def on_command(self, command: Any) -> bool:
+    def on_command(self, command: object) -> bool:
         """Apply a transfer command (a pair's setup or teardown); False when ``command`` is not one."""
 
-    def on_abort(self, backend: Any, request_id: int) -> None:
+    def on_abort(self, backend: BackendT_contra, request_id: int) -> None:
         """A request was asked to end: a transfer that has not started may be given up."""
 
     @property
@@ -81,31 +89,32 @@ class PdNodeBackend(ModeBackend):
         eos_token_ids: Sequence[int],
         max_req_total_len: int,
         *,
-        transfer: Optional[TransferIntake] = None,
+        transfer: Optional[TransferIntake[Self]] = None,
     ) -> None:
         super().__init__(executor, kv, strategy, planner, eos_token_ids, max_req_total_len)
-        self.transfer = transfer
+        self.transfer: Optional[TransferIntake[Self]] = transfer
 
-    def intake(self, request_id: int, spec: "RequestSpec", shm_index: int = -1) -> Optional[InferReq]:
+    # ``self: Self`` on the methods that hand the backend to its intake: the intake drives this very subclass.
+    def intake(self: Self, request_id: int, spec: "RequestSpec", shm_index: int = -1) -> Optional[InferReq]:
         """The transfer admits the request (see :meth:`TransferIntake.take`)."""
         if self.transfer is None:
             raise RuntimeError(f"a {self.run_mode} backend without a KV transfer cannot take requests from a router")
         return self.transfer.take(self, request_id, spec, shm_index)
 
-    def step(self) -> StepReport:
+    def step(self: Self) -> StepReport:
         """One engine step; then the transfer acts on it (a prefill node sends what was handed off)."""
         report = super().step()
         if self.transfer is not None:
             self.transfer.after_step(self, report)
         return report
 
-    def abort(self, request_id: int) -> None:
+    def abort(self: Self, request_id: int) -> None:
         """Ask the request to end; the transfer may give up a receive no KV is coming for."""
         super().abort(request_id)
         if self.transfer is not None:
             self.transfer.on_abort(self, request_id)
 
-    def poll(self) -> None:
+    def poll(self: Self) -> None:
         """Act on the transfer results every TP rank has."""
         if self.transfer is not None:
             self.transfer.poll(self)
