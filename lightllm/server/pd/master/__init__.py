@@ -12,6 +12,7 @@ Modules (one concept each):
 * :mod:`.pair_setup` -- the table of set-up P/D pairs, their epochs, KV transfer setup and teardown.
 * :mod:`.request_run` -- one request's node streams, bounded waits and failure.
 * :mod:`.segment_flow` -- one segment: decode reserves, prefill, hand-off, decode.
+* :mod:`.request_accounting` -- one request's token count, usage and request metrics.
 * :mod:`.manager` -- :class:`PdMasterManager`, the public API's request manager.
 * :mod:`.metrics` -- the master's Prometheus metrics.
 

@@ -7,7 +7,7 @@ tokenizer and ``config.json`` only (:class:`~lightllm.server.served_model.Served
 A request gets the next id of the master's counter, used unchanged on both nodes and in every
 log line.  Its first segment, and each continuation after D ended a segment, runs through
 :class:`~.segment_flow.SegmentFlow`; the client sees one uninterrupted stream and usage counts
-each token once (the master counts).  The text is the master's too
+each token once (the master counts: :mod:`.request_accounting`).  The text is the master's too
 (:mod:`.generation_text`): it decodes the token ids over all segments with the normal
 detokenizer's rules and decides stop strings itself.  Errors: before the cluster is ready 503 ``pd_not_ready``;
 a busy node 503 ``server_busy`` naming the role (after the bounded retry of
@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
+from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
-from lightllm.server.pd.master.continuation import SegmentEnd, first_segment, next_segment
+from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd, first_segment, next_segment
 from lightllm.server.pd.master.expiry_sweeper import ExpirySweeper
 from lightllm.server.pd.master.generation_text import GenerationText
 from lightllm.server.pd.master.metrics import MasterMetrics
@@ -35,6 +35,7 @@ from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.node_selector import AFFINITY_PREFIX_TOKENS, NodeSelector
 from lightllm.server.pd.master.node_streams import NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup
+from lightllm.server.pd.master.request_accounting import BUSY, RequestAccounting
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
@@ -182,7 +183,9 @@ class PdMasterManager:
 
         The spec's ``high_priority_request`` (a trusted client's, checked by the HTTP layer)
         goes to both nodes with every segment: each admits the request ahead of the others.
-        The master splits the generation into segments itself.
+        The master splits the generation into segments itself (:meth:`_segments`), counts its
+        tokens (:class:`~.request_accounting.RequestAccounting`) and maps its failures to
+        metrics (:meth:`_failure_reason`).
         """
         spec.check_fits(self.vocab_size, self.max_req_total_len)
         prompt_ids, params, high_priority = list(spec.prompt_ids), spec.params, spec.priority.high_priority_request
@@ -199,103 +202,23 @@ class PdMasterManager:
         run = RequestRun(request_id, request, high_priority=high_priority)
         self._runs[request_id] = run
         generation_started(request)
-        started = time.perf_counter()
-        self.metrics.requests.on_submit(len(prompt_ids))
-        generated: List[int] = []
-        cached_tokens = 0
-        first_token_seconds: Optional[float] = None
-        last_token_at: Optional[float] = None
-        finish_reason: Optional[str] = None
+        accounting = RequestAccounting(self.metrics.requests, len(prompt_ids), params.max_new_tokens)
         log.debug("request %d: %d prompt tokens, max_new_tokens %d", request_id, len(prompt_ids), params.max_new_tokens)
         try:
             await run.watch_client()
-            text = GenerationText(self.tokenizer, prompt_ids, params, self.eos_token_ids)
-            segment = first_segment(request_id, prompt_ids, params)
-            while True:
-                async with contextlib.aclosing(self._flow.run(run, segment)) as lines:
-                    async for line in lines:
-                        try:
-                            event = token_from_line(line, request_id, len(prompt_ids), len(generated) + 1)
-                        except (KeyError, TypeError, ValueError) as exc:
-                            raise PdRequestFailed(f"request {request_id}: a node sent a malformed token line "
-                                                  f"{line!r}: {exc}", "pd_node_failed", "protocol") from None
-                        now = time.perf_counter()
-                        if event.token_id >= 0:
-                            generated.append(event.token_id)
-                            if first_token_seconds is None:
-                                first_token_seconds = now - started
-                                cached_tokens = event.cached_tokens
-                                self.metrics.requests.on_first_token(first_token_seconds, cached_tokens)
-                            else:
-                                self.metrics.requests.on_next_token(now - (last_token_at or now))
-                                event.prompt_logprobs = None
-                            last_token_at = now
-                        else:
-                            event.prompt_logprobs = None
-                        # Usage is the master's count: the client's prompt, the first segment's cache hit.
-                        event.completion_tokens = len(generated)
-                        event.cached_tokens = cached_tokens
-                        event.finish_reason = event.finish_reason or None
-                        text.apply(event)
-                        if event.finish_reason is not None:
-                            finish_reason = event.finish_reason
-                        yield event
-                        if text.stopped:
-                            break
-                if text.stopped:
-                    # The master decided the stop string (it may straddle segments): the nodes
-                    # are still generating, and closing their streams aborts the request there.
-                    log.debug("request %d: stop string completed after %d tokens; aborting on the nodes",
-                              request_id, len(generated))
-                    await run.close_streams()
-                    break
-                end = run.segment_end
-                if end is SegmentEnd.FINISHED or finish_reason is not None:
-                    break
-                if end is None:
-                    raise PdRequestFailed(f"request {request_id}: segment {segment.segment_index} ended without an end",
-                                          "pd_node_failed", "protocol")
-                await run.close_streams()
-                # A continuation only serves the client: one that left between two segments must not
-                # get a new placement (asked now; the poll in RequestRun.next may be 0.5 s away).
-                await run.require_client()
-                following = next_segment(request_id, prompt_ids, params, generated, segment, end)
-                if following is None:
-                    # Every token was generated but the segment did not say so: finish by length.
-                    finish_reason = "length"
-                    last = GenerationEvent(request_id, -1, "", 0.0, "length", len(prompt_ids), cached_tokens, len(generated))
-                    text.apply(last)
-                    yield last
-                    break
-                log.info("request %d: segment %d ended (%s) after %d tokens; continuing as segment %d",
-                         request_id, segment.segment_index, end.value, len(generated), following.segment_index)
-                self.metrics.on_continuation()
-                segment = following
+            async with contextlib.aclosing(self._segments(run, prompt_ids, params, accounting)) as events:
+                async for event in events:
+                    yield event
         except ClientGone:
-            finish_reason = "abort"
+            accounting.end("abort")
             log.info("request %d: the client went away; aborted on the nodes", request_id)
-        except PdRequestFailed as exc:
-            finish_reason = "error"
-            self.metrics.on_failure(exc.reason)
-            log.warning("request %d failed (%s): %s", request_id, exc.code, exc)
-            raise
-        except ServerBusyError as exc:
-            finish_reason = "busy"  # refused, not run: not a finished request (but a failed one)
-            self.metrics.on_refusal("server_busy")
-            log.info("request %d refused: %s", request_id, exc)
-            raise
-        except ServerUnavailableError as exc:
-            finish_reason = "error"
-            self.metrics.on_refusal(exc.code)
-            log.warning("request %d refused (%s): %s", request_id, exc.code, exc)
-            raise
-        except Exception:
-            finish_reason = "error"
+        except Exception as exc:
+            accounting.end(self._failure_reason(request_id, exc))
             raise
         except (GeneratorExit, asyncio.CancelledError):
             # The HTTP layer closed or cancelled the generation: its client went away mid-answer
             # (a closed stream, a torn-down response).  The finally below aborts it on the nodes.
-            if finish_reason is None:  # a close after the last event is the normal end, not a departure
+            if accounting.finish_reason is None:  # a close after the last event is the normal end, not a departure
                 run.client_gone = True
                 log.info("request %d: the client went away (response closed); aborting it on the nodes", request_id)
             raise
@@ -303,10 +226,91 @@ class PdMasterManager:
             # Bookkeeping before the first await: a cancelled caller may not get past it.
             run.cancel_streams()
             self._runs.pop(request_id, None)
-            if finish_reason != "busy":
-                self.metrics.requests.on_finish(
-                    finish_reason or "abort", len(generated), time.perf_counter() - started,
-                    prompt_tokens=len(prompt_ids), first_token_seconds=first_token_seconds,
-                    max_new_tokens=params.max_new_tokens,
-                )
+            accounting.observe_end()
             await run.close_streams()
+
+    async def _segments(self, run: RequestRun, prompt_ids: List[int], params: SamplingParams,
+                        accounting: RequestAccounting) -> AsyncIterator[GenerationEvent]:
+        """The request's events over all its segments: the first, then a continuation after each one D ended.
+
+        The text is decoded over every segment (:class:`~.generation_text.GenerationText`); a
+        stop string it completes ends the request here, whichever segment it straddles.
+        """
+        request_id = run.request_id
+        text = GenerationText(self.tokenizer, prompt_ids, params, self.eos_token_ids)
+        segment = first_segment(request_id, prompt_ids, params)
+        while True:
+            async with contextlib.aclosing(self._segment_events(run, segment, text, accounting)) as events:
+                async for event in events:
+                    yield event
+            if text.stopped:
+                # The master decided the stop string (it may straddle segments): the nodes
+                # are still generating, and closing their streams aborts the request there.
+                log.debug("request %d: stop string completed after %d tokens; aborting on the nodes",
+                          request_id, accounting.completion_tokens)
+                await run.close_streams()
+                return
+            end = run.segment_end
+            if end is SegmentEnd.FINISHED or accounting.finish_reason is not None:
+                return
+            if end is None:
+                raise PdRequestFailed(f"request {request_id}: segment {segment.segment_index} ended without an end",
+                                      "pd_node_failed", "protocol")
+            await run.close_streams()
+            # A continuation only serves the client: one that left between two segments must not
+            # get a new placement (asked now; the poll in RequestRun.next may be 0.5 s away).
+            await run.require_client()
+            following = next_segment(request_id, prompt_ids, params, accounting.generated, segment, end)
+            if following is None:
+                # Every token was generated but the segment did not say so: finish by length.
+                accounting.end("length")
+                last = GenerationEvent(request_id, -1, "", 0.0, "length", len(prompt_ids), accounting.cached_tokens,
+                                       accounting.completion_tokens)
+                text.apply(last)
+                yield last
+                return
+            log.info("request %d: segment %d ended (%s) after %d tokens; continuing as segment %d",
+                     request_id, segment.segment_index, end.value, accounting.completion_tokens,
+                     following.segment_index)
+            self.metrics.on_continuation()
+            segment = following
+
+    async def _segment_events(self, run: RequestRun, segment: ContinuationSegment, text: GenerationText,
+                              accounting: RequestAccounting) -> AsyncIterator[GenerationEvent]:
+        """One segment's token lines as the client's events, with the master's usage and text.
+
+        Ends with the segment's stream, or at the event that completes a stop string.
+        """
+        assert self._flow is not None  # generate refuses requests before start
+        request_id = run.request_id
+        async with contextlib.aclosing(self._flow.run(run, segment)) as lines:
+            async for line in lines:
+                try:
+                    event = token_from_line(line, request_id, accounting.prompt_tokens,
+                                            accounting.completion_tokens + 1)
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise PdRequestFailed(f"request {request_id}: a node sent a malformed token line "
+                                          f"{line!r}: {exc}", "pd_node_failed", "protocol") from None
+                # Usage is the master's count: the client's prompt, the first segment's cache hit.
+                accounting.count(event)
+                event.finish_reason = event.finish_reason or None
+                text.apply(event)
+                if event.finish_reason is not None:
+                    accounting.end(event.finish_reason)
+                yield event
+                if text.stopped:
+                    return
+
+    def _failure_reason(self, request_id: int, exc: Exception) -> str:
+        """Count and log why a request failed; returns the finish reason its request metrics get."""
+        if isinstance(exc, PdRequestFailed):
+            self.metrics.on_failure(exc.reason)
+            log.warning("request %d failed (%s): %s", request_id, exc.code, exc)
+        elif isinstance(exc, ServerBusyError):
+            self.metrics.on_refusal("server_busy")
+            log.info("request %d refused: %s", request_id, exc)
+            return BUSY  # refused, not run: not a finished request (but a failed one)
+        elif isinstance(exc, ServerUnavailableError):
+            self.metrics.on_refusal(exc.code)
+            log.warning("request %d refused (%s): %s", request_id, exc.code, exc)
+        return "error"

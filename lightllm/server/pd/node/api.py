@@ -12,16 +12,18 @@ Mounted through ``create_app(..., extra_routers=[...])`` on nodes started with
   (``application/x-ndjson``, one JSON object per line, each with an ``"event"`` key).  The
   other role's path answers 404 naming the role that serves it.  A draining node (it got
   SIGTERM) answers a new request with a ``busy`` line saying so.  A request whose id is still
-  open here replaces it (:meth:`PdStreams.supersede`): the master sends a new placement of a
+  open here replaces it (:meth:`~.open_streams.PdStreams.supersede`): the master sends a new placement of a
   request only after giving the previous one up.
 
-The endpoints call the node's :class:`~lightllm.server.pd.node.service.PdNodeService`, never
-the request manager directly.
+The endpoints are the handlers of :class:`PdNodeEndpoints`; they call the node's
+:class:`~lightllm.server.pd.node.service.PdNodeService` (what they use of it is
+:class:`PdNodeControl`), never the request manager directly.  The open streams are
+:mod:`.open_streams`'s.
 
 Errors found before a stream starts (an invalid body, a request the node refuses, a node
 shutting down) are the API's usual ``{"error": {...}}`` bodies with their HTTP status; once the
 stream has started they are an ``error`` line.  A stream the master closes early, and every
-stream when the node loses its master (:meth:`PdStreams.fail_all`), stops its request on the
+stream when the node loses its master (:meth:`~.open_streams.PdStreams.fail_all`), stops its request on the
 node: the node's request iterator is closed, which aborts the request and frees its KV.
 
 A PD node serves no public generation: :func:`public_api_refusal_router` answers the native and
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Optional, Set, Union
+from typing import Any, AsyncIterator, Optional, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -49,9 +51,11 @@ from lightllm.server.http.errors import (
     JSONErrorRoute,
     manager_error,
 )
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.pd.node.metrics import PdNodeMetrics
+from lightllm.server.pd.node.open_streams import END, GONE, NodeStream, PdStreams, first_item, watch_disconnect
 from lightllm.server.pd.protocol.membership import TRANSFER_TEARDOWN_PATH
 from lightllm.server.pd.protocol.stream_lines import (
     NDJSON_MEDIA_TYPE,
@@ -76,12 +80,9 @@ PUBLIC_GENERATION_PATHS = ("/generate", "/generate_stream", "/v1/completions", "
 PD_NODE_CODE = "pd_node_not_public"
 # Events after which a node stream ends (a finishing token ends it when the iterator ends).
 _LAST_KINDS = frozenset({"busy", "segment_end", "error", "handed_off"})
-_END = object()
-# Put in a stream's queue when its client (the master) went away.
-_GONE = object()
-# How often a request checks whether the master is still connected (waiting for its first
-# event, and while its stream is open).
-FIRST_EVENT_POLL_SECONDS = 0.5
+
+__all__ = ["PdNodeControl", "PdNodeEndpoints", "PdStreams", "TransferTeardownBody", "pd_node_router",
+           "public_api_refusal_router"]
 
 
 class TransferTeardownBody(BaseModel):
@@ -92,125 +93,30 @@ class TransferTeardownBody(BaseModel):
     epoch: int = Field(ge=0)
 
 
-class _NodeStream:
-    """One node request's events, pumped by a task so the stream can be failed from outside."""
+class PdNodeControl(Protocol):
+    """What the control endpoints use of the node (:class:`~lightllm.server.pd.node.service.PdNodeService`)."""
 
-    def __init__(self, events: AsyncIterator[PdNodeEvent], request_id: int):
-        self.request_id = request_id
-        self._events = events
-        self._queue: "asyncio.Queue[Union[PdNodeEvent, BaseException, object]]" = asyncio.Queue()
-        self._pump = asyncio.get_running_loop().create_task(self._run(), name=f"pd-node-stream-{request_id}")
+    @property
+    def vocab_size(self) -> int:
+        """The served model's vocabulary size (a body's token ids are checked against it)."""
 
-    async def _run(self) -> None:
-        try:
-            async for event in self._events:
-                self._queue.put_nowait(event)
-            self._queue.put_nowait(_END)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported to the master as an error line or status
-            self._queue.put_nowait(exc)
-        finally:
-            # Closing the node's iterator aborts the request on the node and frees its KV.
-            close = getattr(self._events, "aclose", None)
-            if close is not None:
-                await close()
+    @property
+    def max_req_total_len(self) -> int:
+        """The longest prompt plus generation a request may have here."""
 
-    async def next(self) -> Union[PdNodeEvent, BaseException, object]:
-        """The next event, a failure, or ``_END``."""
-        return await self._queue.get()
+    @property
+    def metrics_registry(self) -> Any:
+        """The registry of the node's /metrics, where the PD node metrics go."""
 
-    def abandon(self) -> None:
-        """The client went away: stop the request and end the stream without a line."""
-        self._queue.put_nowait(_GONE)
-        self._pump.cancel()
+    async def transfer_setup(self, epoch: int, prefill_transfer_address: str) -> None:
+        """Set up the KV transfer pair of ``epoch``; ``ValueError`` for arguments it refuses."""
 
-    def fail(self, message: str) -> None:
-        """End the stream with an error line and stop the request (called on the event loop)."""
-        self._queue.put_nowait(PdNodeEvent(kind="error", message=message, error_kind="internal"))
-        self._pump.cancel()
+    async def transfer_teardown(self, epoch: int) -> bool:
+        """Drop the KV transfer pair of ``epoch``; False if it was not known here."""
 
-    async def close(self) -> None:
-        """Stop the request if it still runs and wait until the node has let go of it."""
-        self._pump.cancel()
-        try:
-            await self._pump
-        except asyncio.CancelledError:
-            pass
-        except Exception:  # noqa: BLE001 - the abort path must not raise into the response
-            logger.exception("request %d: closing its node stream failed", self.request_id)
-
-
-class PdStreams:
-    """The node's open PD streams, so losing the master can fail every one of them, and a new
-    placement of a request can end the previous one under its id."""
-
-    def __init__(self) -> None:
-        self._open: Set[_NodeStream] = set()
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def add(self, stream: _NodeStream) -> None:
-        self._open.add(stream)
-
-    def discard(self, stream: _NodeStream) -> None:
-        self._open.discard(stream)
-
-    def fail_all(self, message: str) -> int:
-        """End every open stream with an error line and abort its request; returns how many."""
-        streams = list(self._open)
-        for stream in streams:
-            stream.fail(message)
-        return len(streams)
-
-    def supersede(self, request_id: int) -> int:
-        """End every open stream of ``request_id`` without a line and abort its request; returns how many.
-
-        The master runs one placement of a request on a node at a time and gives the previous
-        one up before it sends the next (a continuation segment, or the same segment placed
-        again after its other node failed): a request that arrives under a live id replaces it.
-        The master closed the old stream already, but this node would notice that only at its
-        next disconnect check; ending it here starts its release at once, so the new
-        placement's wait for the id does not depend on that check.
-        """
-        streams = [stream for stream in self._open if stream.request_id == request_id]
-        for stream in streams:
-            self._open.discard(stream)
-            stream.abandon()
-        return len(streams)
-
-
-async def _first_item(stream: _NodeStream, request: Request) -> Any:
-    """The stream's first item, or None when the client disconnects before it comes.
-
-    The answer's status depends on the first item, so no byte is sent until then; a prefill
-    node's first token may wait in the queue for long, and a master that gave up meanwhile must
-    not leave the request running.
-    """
-    getter = asyncio.ensure_future(stream.next())
-    while True:
-        done, _ = await asyncio.wait({getter}, timeout=FIRST_EVENT_POLL_SECONDS)
-        if done:
-            return getter.result()
-        if await request.is_disconnected():
-            getter.cancel()
-            return None
-
-
-async def _watch_disconnect(stream: _NodeStream, request: Request) -> None:
-    """End ``stream`` once its client (the master) has gone, without waiting for its next item.
-
-    A decode node's reservation waits for KV that never comes when the prefill node's first token
-    already ended the request (a one-token request, a first token that is EOS); the master's
-    closed stream is the only sign of that, and the stream would otherwise notice it only when it
-    writes its next line, at the lease's expiry.  One task per stream, not a poll per token.
-    """
-    while True:
-        await asyncio.sleep(FIRST_EVENT_POLL_SECONDS)
-        if await request.is_disconnected():
-            stream.abandon()
-            return
+    def generate(self, spec: RequestSpec, *, request_id: int, epoch: int,
+                 request: Any = None) -> AsyncIterator[PdNodeEvent]:
+        """The request's events under the master's ``request_id``; closing the iterator aborts it."""
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -230,122 +136,141 @@ def _wrong_role(node_role: str, path: str, other_role: str) -> Response:
     return APIError(404, message, NOT_FOUND, None, "wrong_pd_role").to_response()
 
 
-def pd_node_router(node: Any, run_mode: str, streams: Optional[PdStreams] = None) -> APIRouter:
-    """An APIRouter with the node control endpoints of a ``run_mode`` (prefill|decode) node.
+class PdNodeEndpoints:
+    """The control endpoints of a ``run_mode`` (prefill|decode) node, bound to its service.
 
-    ``node`` is the node's :class:`~lightllm.server.pd.node.service.PdNodeService` (or one
-    with its ``transfer_setup``, ``transfer_teardown``, ``generate``, ``metrics_registry``,
-    ``vocab_size`` and ``max_req_total_len``); ``streams`` collects the open streams so the caller can fail them
-    when the master is lost.
+    Args:
+        node: the node's service (:class:`PdNodeControl`).
+        run_mode: ``prefill`` or ``decode`` (anything else is a ``ValueError``).
+        streams: collects the open streams, so the caller can fail them when the master is lost
+            (None: a collection of its own).
     """
-    if run_mode not in ROLE_PATHS:
-        raise ValueError(f"PD node endpoints exist for run modes prefill and decode, not {run_mode!r}")
-    streams = streams if streams is not None else PdStreams()
-    metrics = PdNodeMetrics(node.metrics_registry, run_mode)
-    is_prefill = run_mode == RunMode.PREFILL
-    router = APIRouter(route_class=JSONErrorRoute)
 
-    async def transfer_setup(request: Request) -> Response:
+    def __init__(self, node: PdNodeControl, run_mode: str, streams: Optional[PdStreams] = None) -> None:
+        if run_mode not in ROLE_PATHS:
+            raise ValueError(f"PD node endpoints exist for run modes prefill and decode, not {run_mode!r}")
+        self.node = node
+        self.run_mode = run_mode
+        self.streams = streams if streams is not None else PdStreams()
+        self.metrics = PdNodeMetrics(node.metrics_registry, run_mode)
+        self.is_prefill = run_mode == RunMode.PREFILL
+
+    def router(self) -> APIRouter:
+        """An APIRouter with the transfer setup and teardown, this role's request path and the other role's 404."""
+        router = APIRouter(route_class=JSONErrorRoute)
+        router.add_api_route(TRANSFER_SETUP_PATH, self.transfer_setup, methods=["POST"])
+        router.add_api_route(TRANSFER_TEARDOWN_PATH, self.transfer_teardown, methods=["POST"])
+        router.add_api_route(ROLE_PATHS[self.run_mode], self.node_request, methods=["POST"])
+        router.add_api_route(ROLE_PATHS[self._other_role], self.other_role, methods=["POST"], include_in_schema=False)
+        return router
+
+    @property
+    def _other_role(self) -> str:
+        return "decode" if self.is_prefill else "prefill"
+
+    async def transfer_setup(self, request: Request) -> Response:
+        """``POST /pd/node/transfer_setup``: ``{"epoch"}`` once the pair is set up; 400 refused, 503 failed."""
         body = parse_body(await request.body(), TransferSetupBody)
         try:
-            await node.transfer_setup(body.epoch, body.prefill_transfer_address)
+            await self.node.transfer_setup(body.epoch, body.prefill_transfer_address)
         except ValueError as exc:
             raise APIError(400, str(exc), INVALID_REQUEST, None, "pd_transfer_setup_refused") from None
         except Exception as exc:  # noqa: BLE001 - the master must learn why and may retry
             logger.error("KV transfer setup for epoch %d with %s (%s) failed: %s", body.epoch, body.peer_node_id,
                          body.prefill_transfer_address, exc, exc_info=not isinstance(exc, (TimeoutError, RuntimeError)))
-            message = f"KV transfer setup for epoch {body.epoch} failed on this {run_mode} node: {exc}"
+            message = f"KV transfer setup for epoch {body.epoch} failed on this {self.run_mode} node: {exc}"
             raise APIError(503, message, SERVICE_UNAVAILABLE, None, "pd_transfer_setup_failed") from None
         logger.info("KV transfer set up for epoch %d (peer %s, prefill transfer address %s)", body.epoch,
                     body.peer_node_id, body.prefill_transfer_address)
         return JSONResponse({"epoch": body.epoch})
 
-    async def transfer_teardown(request: Request) -> Response:
+    async def transfer_teardown(self, request: Request) -> Response:
+        """``POST /pd/node/transfer_teardown``: ``{"epoch", "known"}``; 400 refused, 503 failed."""
         body = parse_body(await request.body(), TransferTeardownBody)
         try:
-            known = await node.transfer_teardown(body.epoch)
+            known = await self.node.transfer_teardown(body.epoch)
         except ValueError as exc:
             raise APIError(400, str(exc), INVALID_REQUEST, "epoch", "pd_transfer_teardown_refused") from None
         except Exception as exc:  # noqa: BLE001 - the master must learn why and may retry
             logger.error("KV transfer teardown of epoch %d failed: %s", body.epoch, exc,
                          exc_info=not isinstance(exc, RuntimeError))
-            message = f"KV transfer teardown of epoch {body.epoch} failed on this {run_mode} node: {exc}"
+            message = f"KV transfer teardown of epoch {body.epoch} failed on this {self.run_mode} node: {exc}"
             raise APIError(503, message, SERVICE_UNAVAILABLE, None, "pd_transfer_teardown_failed") from None
         return JSONResponse({"epoch": body.epoch, "known": known})
 
-    async def node_request(request: Request) -> Response:
-        body_type = PrefillBody if is_prefill else DecodeBody
+    async def node_request(self, request: Request) -> Response:
+        """``POST /pd/node/prefill`` or ``/pd/node/decode``: the request's NDJSON stream, or an error status
+        (499 when the master left before the first event)."""
+        body_type = PrefillBody if self.is_prefill else DecodeBody
         # A long prompt's ids make a large body: decoded off the event loop, like a public request's.
         body = await parse_body_off_loop(await request.body(), body_type)
-        spec = request_spec_of(body, node.vocab_size, node.max_req_total_len)
-        if streams.supersede(body.request_id):
+        spec = request_spec_of(body, self.node.vocab_size, self.node.max_req_total_len)
+        if self.streams.supersede(body.request_id):
             logger.info("request %d: placed here again by the master; the previous placement is ended",
                         body.request_id)
         try:
-            events = node.generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
+            events = self.node.generate(spec, request_id=body.request_id, epoch=body.epoch, request=request)
         except Exception as exc:  # noqa: BLE001 - a refusal before any event is an HTTP error
             return _error_status(exc).to_response()
-        stream = _NodeStream(events, body.request_id)
+        stream = NodeStream(events, body.request_id)
         # Registered at once: losing the master must also end a request still waiting for its first event.
-        streams.add(stream)
-        first = await _first_item(stream, request)
-        if first is None or first is _GONE:  # the master went away (or placed the request again) before the first event
-            streams.discard(stream)
+        self.streams.add(stream)
+        first = await first_item(stream, request)
+        if first is None or first is GONE:  # the master went away (or placed the request again) before the first event
+            self.streams.discard(stream)
             await stream.close()
             return Response(status_code=499)
         if isinstance(first, ServerBusyError):
             # No free request slot: a busy answer at once, as for no free KV (the master may retry).
             first = PdNodeEvent(kind="busy", message=str(first) or "no free request slot")
-        if first is _END or isinstance(first, BaseException):
-            streams.discard(stream)
+        if first is END or isinstance(first, BaseException):
+            self.streams.discard(stream)
             await stream.close()
-            if first is _END:
+            if first is END:
                 logger.error("request %d: the node produced no event", body.request_id)
                 first = RuntimeError("the node produced no event")
             assert isinstance(first, BaseException)
             return _error_status(first).to_response()
-        return StreamingResponse(_lines(stream, first, request), media_type=NDJSON_MEDIA_TYPE)
+        return StreamingResponse(self._lines(stream, first, request), media_type=NDJSON_MEDIA_TYPE)
 
-    async def _lines(stream: _NodeStream, item: Any, request: Request) -> AsyncIterator[bytes]:
+    async def _lines(self, stream: NodeStream, item: Any, request: Request) -> AsyncIterator[bytes]:
         ended = False  # a token with a finish reason or a last kind was sent
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(stream, request))
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect(stream, request))
         try:
-            while item is not _END:
+            while item is not END:
                 if isinstance(item, BaseException):
                     expected = isinstance(item, (ValueError, ServerUnavailableError, TimeoutError))
                     logger.error("request %d failed on the node: %s", stream.request_id, item,
                                  exc_info=None if expected else item)
                     yield ndjson(error_fields(_failure_message(item)))
                     return
-                metrics.observe(item)
-                yield event_line(item, with_prompt_logprobs=is_prefill)
+                self.metrics.observe(item)
+                yield event_line(item, with_prompt_logprobs=self.is_prefill)
                 if item.kind in _LAST_KINDS:
                     return
                 ended = item.kind == "token" and item.token is not None and item.token.finish_reason is not None
                 item = await stream.next()
-                if item is _GONE:  # the master closed the stream: the request is stopped, its KV freed
+                if item is GONE:  # the master closed the stream: the request is stopped, its KV freed
                     return
             if not ended and not await request.is_disconnected():
                 # Never a silent end: the master must learn the request is over here.  (A master
                 # that closed the stream ended the request itself: nothing is owed to it.)
                 logger.error("request %d ended on the node without a result", stream.request_id)
-                yield ndjson(error_fields(f"request {stream.request_id} ended on the {run_mode} node without a result",
-                                          error_kind="internal"))
+                yield ndjson(error_fields(f"request {stream.request_id} ended on the {self.run_mode} node "
+                                          f"without a result", error_kind="internal"))
         finally:
             watcher.cancel()
-            streams.discard(stream)
+            self.streams.discard(stream)
             await stream.close()
 
-    async def other_role(request: Request) -> Response:
-        other = "decode" if is_prefill else "prefill"
-        return _wrong_role(run_mode, request.url.path, other)
+    async def other_role(self, request: Request) -> Response:
+        """The other role's request path: 404 naming the role that serves it."""
+        return _wrong_role(self.run_mode, request.url.path, self._other_role)
 
-    router.add_api_route(TRANSFER_SETUP_PATH, transfer_setup, methods=["POST"])
-    router.add_api_route(TRANSFER_TEARDOWN_PATH, transfer_teardown, methods=["POST"])
-    router.add_api_route(ROLE_PATHS[run_mode], node_request, methods=["POST"])
-    router.add_api_route(ROLE_PATHS["decode" if is_prefill else "prefill"], other_role, methods=["POST"],
-                         include_in_schema=False)
-    return router
+
+def pd_node_router(node: PdNodeControl, run_mode: str, streams: Optional[PdStreams] = None) -> APIRouter:
+    """The router of :class:`PdNodeEndpoints` (``node``, ``run_mode``, ``streams``), as the node's launcher mounts it."""
+    return PdNodeEndpoints(node, run_mode, streams).router()
 
 
 def public_api_refusal_router(run_mode: str, master_address: str) -> APIRouter:
