@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_heads_per_rank
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
@@ -122,14 +122,45 @@ def plan_sizing(
     """Resolve defaults that depend on the model and the machine; reject impossible settings.
 
     ``cuda_free_bytes``: the CUDA device's free memory (the device probe's answer), needed on
-    CUDA when ``--max_total_token_num`` is not given.
+    CUDA when ``--max_total_token_num`` is not given.  The checks run in this order, so a start
+    with several problems names the same one first every time.
     """
-    if args.data_type == "auto":
-        dtype = config.dtype
-        if device == "cpu" and dtype == "float16":
-            dtype = "float32"  # half-precision matmuls are slow or missing on CPU
-    else:
-        dtype = dtype_name(args.data_type)
+    dtype = _serving_dtype(args, config, device)
+    _check_tp_split(args, config)
+    max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
+    step = _step_budget(args, max_req_total_len)
+    kv_tokens = _kv_tokens(args, config, device, dtype, step, max_req_total_len, cuda_free_bytes)
+    refuse_replaced_env_vars()
+    threads, prefill_threads, wide_ms = _cpu_threads(args, device)
+    slot_num, top_slot_num = _slot_counts(args)
+    return ServerSizing(
+        device=device,
+        dtype_name=dtype,
+        max_req_total_len=max_req_total_len,
+        max_total_token_num=kv_tokens,
+        batch_max_tokens=step.batch_max_tokens,
+        chunked_prefill_size=step.chunk,
+        slot_num=slot_num,
+        top_slot_num=top_slot_num,
+        torch_threads=threads,
+        prefill_torch_threads=prefill_threads,
+        wide_forward_ms_per_token=wide_ms,
+        idle_malloc_trim_seconds=idle_malloc_trim_seconds(),
+        step_trace_path=step_trace_path(),
+    )
+
+
+def _serving_dtype(args: argparse.Namespace, config: ModelConfig, device: str) -> str:
+    """``--data_type``, or the checkpoint's dtype (float32 for a float16 checkpoint on CPU)."""
+    if args.data_type != "auto":
+        return dtype_name(args.data_type)
+    if device == "cpu" and config.dtype == "float16":
+        return "float32"  # half-precision matmuls are slow or missing on CPU
+    return config.dtype
+
+
+def _check_tp_split(args: argparse.Namespace, config: ModelConfig) -> None:
+    """Refuse a ``--tp`` the heads and the MLP cannot be split by (KV heads may be replicated)."""
     kv_problem = kv_head_split_problem(config.num_key_value_heads, args.tp)
     if kv_problem is not None or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
         raise ArgumentError(
@@ -137,7 +168,19 @@ def plan_sizing(
             f"({config.intermediate_size}), and divide or be a multiple of num_key_value_heads "
             f"({config.num_key_value_heads}): each rank holds a share of the KV heads, or a replica of one"
         )
-    max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """The tokens one forward may hold, and one request's chunk of them (None: no chunking)."""
+
+    batch_max_tokens: int
+    chunk: Optional[int]
+    decode_node: bool
+
+
+def _step_budget(args: argparse.Namespace, max_req_total_len: int) -> StepBudget:
+    """``--batch_max_tokens`` and the chunk, with their defaults and the node's kind."""
     chunked = not args.disable_chunked_prefill
     decode_node = getattr(args, "run_mode", RunMode.NORMAL) == RunMode.DECODE
     if decode_node:
@@ -156,6 +199,12 @@ def plan_sizing(
             f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "
             f"must be >= --max_req_total_len ({max_req_total_len})"
         )
+    return StepBudget(batch_max_tokens, chunk, decode_node)
+
+
+def _kv_tokens(args: argparse.Namespace, config: ModelConfig, device: str, dtype: str, step: StepBudget,
+               max_req_total_len: int, cuda_free_bytes: Optional[int]) -> int:
+    """The KV cache's tokens per rank: ``--max_total_token_num`` or what the memory budget holds."""
     per_token = kv_bytes_per_token(config.num_hidden_layers, kv_heads_per_rank(config.num_key_value_heads, args.tp),
                                    config.head_dim, dtype)
     budget = None
@@ -166,10 +215,10 @@ def plan_sizing(
         budget = plan_kv_budget(
             device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
             mem_fraction=args.mem_fraction, reserved_memory_gb=getattr(args, "reserved_memory_gb", None),
-            batch_max_tokens=batch_max_tokens,
-            chunk_tokens=chunk or max_req_total_len,
+            batch_max_tokens=step.batch_max_tokens,
+            chunk_tokens=step.chunk or max_req_total_len,
             max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
-            cuda_free_bytes=cuda_free_bytes, decode_node=decode_node,
+            cuda_free_bytes=cuda_free_bytes, decode_node=step.decode_node,
         )
         kv_tokens = budget.kv_bytes // per_token
         if device == "cpu":
@@ -192,21 +241,26 @@ def plan_sizing(
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
             f"{max_req_total_len}); {remedy}"
         )
-    refuse_replaced_env_vars()
-    threads = prefill_threads = None
-    wide_ms = DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
-    if device == "cpu":
-        cores = os.cpu_count() or 1
-        # Decode leaves a core to the HTTP, router and detokenization processes, which stream its
-        # tokens: a torch thread pool that competes with them stalls at every parallel region.
-        # Prefill, compute-bound and nearly silent, borrows it.
-        override = torch_threads_override()
-        threads = override or max(1, (cores - 1) // args.tp)
-        prefill_threads = torch_threads_override("LIGHTLLM_PREFILL_TORCH_THREADS") or override or max(1, cores // args.tp)
-        override_ms = wide_forward_ms_per_token_override()
-        if override_ms is not None:
-            wide_ms = override_ms
-    # Request records cover requests waiting, running and streaming out, hence the factor.
+    return kv_tokens
+
+
+def _cpu_threads(args: argparse.Namespace, device: str) -> Tuple[Optional[int], Optional[int], float]:
+    """Torch threads of a rank's decode and of its wide forwards, and the wide-forward threshold."""
+    if device != "cpu":
+        return None, None, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
+    cores = os.cpu_count() or 1
+    # Decode leaves a core to the HTTP, router and detokenization processes, which stream its
+    # tokens: a torch thread pool that competes with them stalls at every parallel region.
+    # Prefill, compute-bound and nearly silent, borrows it.
+    override = torch_threads_override()
+    threads = override or max(1, (cores - 1) // args.tp)
+    prefill_threads = torch_threads_override("LIGHTLLM_PREFILL_TORCH_THREADS") or override or max(1, cores // args.tp)
+    override_ms = wide_forward_ms_per_token_override()
+    return threads, prefill_threads, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN if override_ms is None else override_ms
+
+
+def _slot_counts(args: argparse.Namespace) -> Tuple[int, int]:
+    """Request records (waiting, running and streaming out, hence the factor) and top-logprob rows."""
     slot_num = max(64, 4 * args.running_max_req_size)
     top_slots = getattr(args, "top_logprobs_slots", None)
     if top_slots is not None and top_slots > slot_num:
@@ -214,18 +268,4 @@ def plan_sizing(
             f"--top_logprobs_slots {top_slots} exceeds the request slot count {slot_num} "
             f"(max(64, 4 x --running_max_req_size)); give at most {slot_num}"
         )
-    return ServerSizing(
-        device=device,
-        dtype_name=dtype,
-        max_req_total_len=max_req_total_len,
-        max_total_token_num=kv_tokens,
-        batch_max_tokens=batch_max_tokens,
-        chunked_prefill_size=chunk,
-        slot_num=slot_num,
-        top_slot_num=min(slot_num, getattr(args, "top_logprobs_slots", None) or args.running_max_req_size),
-        torch_threads=threads,
-        prefill_torch_threads=prefill_threads,
-        wide_forward_ms_per_token=wide_ms,
-        idle_malloc_trim_seconds=idle_malloc_trim_seconds(),
-        step_trace_path=step_trace_path(),
-    )
+    return slot_num, min(slot_num, top_slots or args.running_max_req_size)
