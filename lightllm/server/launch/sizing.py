@@ -161,12 +161,17 @@ def _serving_dtype(args: argparse.Namespace, config: ModelConfig, device: str) -
 
 def _check_tp_split(args: argparse.Namespace, config: ModelConfig) -> None:
     """Refuse a ``--tp`` the heads and the MLP cannot be split by (KV heads may be replicated)."""
-    kv_problem = kv_head_split_problem(config.num_key_value_heads, args.tp)
-    if kv_problem is not None or config.num_attention_heads % args.tp or config.intermediate_size % args.tp:
+    failing = [name for name, fails in (
+        ("num_attention_heads", config.num_attention_heads % args.tp != 0),
+        ("intermediate_size", config.intermediate_size % args.tp != 0),
+        ("num_key_value_heads", kv_head_split_problem(config.num_key_value_heads, args.tp) is not None),
+    ) if fails]
+    if failing:
         raise ArgumentError(
             f"--tp {args.tp} must divide num_attention_heads ({config.num_attention_heads}) and intermediate_size "
             f"({config.intermediate_size}), and divide or be a multiple of num_key_value_heads "
-            f"({config.num_key_value_heads}): each rank holds a share of the KV heads, or a replica of one"
+            f"({config.num_key_value_heads}): each rank holds a share of the KV heads, or a replica of one "
+            f"(failing here: {', '.join(failing)})"
         )
 
 

@@ -144,13 +144,17 @@ def test_a_layout_without_a_kernel_variant_runs_on_sdpa_and_says_so(tiny_llama_d
     assert isinstance(backend.prepare(decode, gen.req_manager.req_to_token), _SdpaMeta)
 
 
-def test_backend_is_refused_where_it_cannot_run(monkeypatch):
+def test_backend_is_refused_where_it_cannot_run(monkeypatch, caplog):
     with pytest.raises(AttentionBackendError, match="runs on CPU only"):
         resolve_attention_backend("cpp", "cuda")
     monkeypatch.setenv("PATH", "")
     monkeypatch.delenv("CXX", raising=False)
     with pytest.raises(AttentionBackendError, match="builds its kernel with a C\\+\\+ compiler"):
         resolve_attention_backend("cpp", "cpu")
+    # auto falls back without a compiler too, and says so (a slim image loses the fast kernel).
+    with caplog.at_level(logging.WARNING, logger="lightllm.attention"):
+        assert resolve_attention_backend("auto", "cpu") == "torch"
+    assert "no C++ compiler for the cpp kernel" in caplog.text
 
 
 def test_build_is_cached_per_source_compiler_and_cpu(tmp_path, monkeypatch):

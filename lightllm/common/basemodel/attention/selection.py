@@ -101,6 +101,9 @@ def resolve_attention_backend(requested: str, device: str) -> str:
             return "triton" if triton_import_error() is None else "torch"
         compiler = cpp_compiler() if device == "cpu" else None
         if compiler is None:
+            # A slim image without a compiler loses the fast CPU kernel: say so, as a failed build does.
+            log.warning("attention backend auto: no C++ compiler for the cpp kernel (none of %s or $CXX is on "
+                        "PATH); using torch", ", ".join(_CXX_CANDIDATES))
             return "torch"
         problem = _cpp_kernel_build_error(compiler)
         if problem is not None:
