@@ -15,6 +15,7 @@ from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS, native_constraint_grammar
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, NullMeansAbsent, integral,
                                               stop_validator, stored_bounds)
 
@@ -59,6 +60,11 @@ class NativeParameters(NullMeansAbsent):
     print_eos_token: bool = False
     # (start_index, decay_factor): once more than start_index tokens exist, EOS logits grow by
     # decay_factor ** (generated - start_index) (Hugging Face's ExponentialDecayLengthPenalty).
+    # LightLLM's structured output: a regular expression, a grammar (llguidance's Lark syntax;
+    # LightLLM's xgrammar backend takes GBNF) or a JSON schema (an object or a string holding one).
+    regular_constraint: str | None = None
+    guided_grammar: str | None = None
+    guided_json: Any = Field(default=None, json_schema_extra=GUIDED_JSON_SCHEMA)
     exponential_decay_length_penalty: Any = Field(default=None, json_schema_extra={
         "type": "array", "prefixItems": [{"type": "integer", "minimum": 0}, {"type": "number", "minimum": 1, "maximum": 10}],
         "minItems": 2, "maxItems": 2})
@@ -99,7 +105,8 @@ class NativeParameters(NullMeansAbsent):
         so, else it is greedy (LightLLM's default).
         """
         fields = self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
-                                          "exponential_decay_length_penalty", *_CHECKPOINT_DEFAULTED})
+                                          "exponential_decay_length_penalty", *NATIVE_CONSTRAINTS,
+                                          *_CHECKPOINT_DEFAULTED})
         own = {name: getattr(self, name) for name in _CHECKPOINT_DEFAULTED if getattr(self, name) is not None}
         fields.update({**defaults.sampling_fields(), **own})
         if self.do_sample is None:
@@ -107,6 +114,7 @@ class NativeParameters(NullMeansAbsent):
             fields["do_sample"] = asks_to_sample or bool(defaults.do_sample)
         if self.exponential_decay_length_penalty is not None:
             fields["exponential_decay_start"], fields["exponential_decay_factor"] = self.exponential_decay_length_penalty
+        fields["grammar"] = native_constraint_grammar({name: getattr(self, name) for name in NATIVE_CONSTRAINTS})
         return fields
 
 

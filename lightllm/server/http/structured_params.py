@@ -13,6 +13,9 @@ older releases, the flat ``guided_json`` / ``guided_regex`` / ``guided_choice`` 
 * ``grammar``: a context-free grammar in llguidance's Lark syntax (vLLM's xgrammar backend takes
   GBNF instead; a GBNF grammar is refused as invalid Lark).
 
+LightLLM's native ``/generate`` parameters ``regular_constraint``, ``guided_grammar`` and
+``guided_json`` map onto ``regex``, ``grammar`` and ``json`` (:func:`native_constraint_grammar`).
+
 A request may constrain its output one way only: two constraints (``guided_regex`` with
 ``response_format``, say) are refused.  vLLM's backend and whitespace options are not accepted
 (there is one backend, and JSON is always compact).
@@ -93,6 +96,34 @@ _COMPILERS = {"json": _json_schema, "regex": _regex, "choice": _choice, "grammar
               "json_object": _json_object}
 
 
+# LightLLM's native /generate constraint parameters -> the kind they ask for.
+NATIVE_CONSTRAINTS = {"regular_constraint": "regex", "guided_grammar": "grammar", "guided_json": "json"}
+
+
+def native_constraint_grammar(constraints: dict[str, Any]) -> str | None:
+    """The grammar LightLLM's native ``parameters`` ask for (``regular_constraint``, ``guided_grammar``,
+    ``guided_json``; None: absent), or None; one constraint at most, as on the OpenAI endpoints."""
+    asked = [(f"parameters.{name}", NATIVE_CONSTRAINTS[name], value)
+             for name, value in constraints.items() if value is not None]
+    return _compile_one(asked)
+
+
+def _refuse_a_second(asked: list[tuple[str, str, Any]]) -> None:
+    """A request constrains its output one way at most: name every constraint it gave."""
+    if len(asked) > 1:
+        names = ", ".join(param for param, _, _ in asked)
+        raise invalid_request(f"the output can be constrained one way only; got {names}", asked[1][0])
+
+
+def _compile_one(asked: list[tuple[str, str, Any]]) -> str | None:
+    """The grammar of the one constraint in ``asked`` ((param, kind, value)), None for none."""
+    _refuse_a_second(asked)
+    if not asked:
+        return None
+    param, kind, value = asked[0]
+    return _COMPILERS[kind](value, param)
+
+
 def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[str, Any],
                        response_format_grammar: str | None = None) -> str | None:
     """The grammar the request's structured-output parameters ask for, or None.
@@ -113,12 +144,8 @@ def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[s
     for name, value in guided.items():
         if value is not None:
             asked.append((name, name.removeprefix("guided_"), value))
-    if response_format_grammar is not None:
-        asked.append(("response_format", "", None))
-    if len(asked) > 1:
-        names = ", ".join(param for param, _, _ in asked)
-        raise invalid_request(f"the output can be constrained one way only; got {names}", asked[1][0])
-    if not asked or response_format_grammar is not None:
-        return response_format_grammar
-    param, kind, value = asked[0]
-    return _COMPILERS[kind](value, param)
+    if response_format_grammar is None:
+        return _compile_one(asked)
+    asked.append(("response_format", "", None))
+    _refuse_a_second(asked)
+    return response_format_grammar

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import jsonschema
@@ -72,3 +73,29 @@ def test_langchain_openai_streaming_and_structured_output(tiny_server):
                                              api_key="unused", temperature=0, max_tokens=32)
     answer = structured.with_structured_output(schema, method="json_schema", strict=True).invoke("Is it ok?")
     assert isinstance(answer, dict) and isinstance(answer["ok"], bool)
+
+
+def test_native_generate_takes_lightllms_constraint_parameters(tiny_server):
+    """LightLLM's /generate parameters regular_constraint, guided_json and guided_grammar constrain the
+    output as the OpenAI endpoints' fields do, streamed and not; one at most, never with ignore_eos."""
+    url = tiny_server.url
+    regex = httpx.post(f"{url}/generate", timeout=60, json={
+        "inputs": "Spell it", "parameters": {"max_new_tokens": 40, "do_sample": True, "seed": 3,
+                                             "regular_constraint": "(ab){2,4}c"}}).json()
+    # LightLLM's shape: generated_text is a list (one entry per choice).
+    assert regex["finish_reason"] == "stop" and re.fullmatch("(ab){2,4}c", regex["generated_text"][0])
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for guided_json in (schema, json.dumps(schema)):
+        answer = httpx.post(f"{url}/generate", timeout=60, json={
+            "inputs": "JSON", "parameters": {"max_new_tokens": 32, "guided_json": guided_json}}).json()
+        jsonschema.validate(json.loads(answer["generated_text"][0]), schema)
+    lines = httpx.post(f"{url}/generate_stream", timeout=60, json={
+        "inputs": "Pick", "parameters": {"max_new_tokens": 16, "guided_grammar": 'start: "yes" | "no"'}}).text
+    events = [json.loads(line[len("data:"):]) for line in lines.splitlines() if line.startswith("data:")]
+    assert "".join(event["token"]["text"] for event in events) in ("yes", "no")
+    for parameters, param in (({"regular_constraint": "a+", "guided_json": schema}, "parameters.guided_json"),
+                              ({"regular_constraint": "(", "max_new_tokens": 4}, "parameters.regular_constraint"),
+                              ({"regular_constraint": "a+", "ignore_eos": True}, "parameters.ignore_eos")):
+        refused = httpx.post(f"{url}/generate", timeout=60, json={"inputs": "x", "parameters": parameters})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
