@@ -28,9 +28,9 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional
 
-from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float
+from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float, given_flags, refuse_repeated_flags
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "comma_items", "finite_float", "given_flags",
@@ -210,47 +210,6 @@ def listen_host(text: str) -> str:
         why = getattr(exc, "strerror", None) or str(exc)
         raise argparse.ArgumentTypeError(f"no server can listen on {text!r} here: {why}") from None
     return text
-
-
-def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """Exit (``parser.error``, one line) when ``argv`` types one of ``parser``'s options twice.
-
-    argparse keeps the last value of a flag given twice and drops the first without a word
-    (``--modes normal --modes 1p1d`` ran 1p1d only); a list flag takes all its values at once.
-    Both spellings of an option count as the same flag.  Call it after ``parse_args`` succeeded,
-    as :func:`given_flags`.
-    """
-    seen: Dict[str, str] = {}
-    for dest, option in _typed_options(parser, argv):
-        if dest in seen:
-            also = "" if option == seen[dest] else f" (also as {option})"
-            parser.error(f"{seen[dest]} is given twice{also}; give it once, with all its values")
-        seen[dest] = option
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
-    """``dest -> flag`` of every option of ``parser`` typed in ``argv`` (``--flag v`` or ``--flag=v``).
-
-    A parsed value cannot tell a default from the same value typed, and a flag the run will not
-    use is refused only when typed.  Reading ``argv`` is exact because the project's parsers
-    never guess a flag from its prefix (``allow_abbrev=False``); call it after ``parse_args``
-    succeeded, so a flag-like token can only be a flag.
-    """
-    given: Dict[str, str] = {}
-    for dest, option in _typed_options(parser, argv):
-        given.setdefault(dest, option)
-    return given
-
-
-def _typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Iterator[Tuple[str, str]]:
-    """``(dest, option as typed)`` of every option token of ``parser`` in ``argv``, in order."""
-    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
-    for token in argv:
-        if token == "--":
-            return
-        option = token.split("=", 1)[0] if token.startswith("--") else token
-        if option in dests:
-            yield dests[option], option
 
 
 # A snake_case name (``long_count``) that is not part of a flag (``--max_total_token_num``) nor

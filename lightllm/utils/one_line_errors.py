@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any, List, NoReturn
+from typing import Any, Dict, Iterator, List, NoReturn, Sequence, Tuple
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -50,3 +50,44 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
+
+
+def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Exit (``parser.error``, one line) when ``argv`` types one of ``parser``'s options twice.
+
+    argparse keeps the last value of a flag given twice and drops the first without a word
+    (``--modes normal --modes 1p1d`` ran 1p1d only); a list flag takes all its values at once.
+    Both spellings of an option count as the same flag.  Call it after ``parse_args`` succeeded,
+    as :func:`given_flags`.
+    """
+    seen: Dict[str, str] = {}
+    for dest, option in _typed_options(parser, argv):
+        if dest in seen:
+            also = "" if option == seen[dest] else f" (also as {option})"
+            parser.error(f"{seen[dest]} is given twice{also}; give it once, with all its values")
+        seen[dest] = option
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
+    """``dest -> flag`` of every option of ``parser`` typed in ``argv`` (``--flag v`` or ``--flag=v``).
+
+    A parsed value cannot tell a default from the same value typed, and a flag the run will not
+    use is refused only when typed.  Reading ``argv`` is exact because the project's parsers
+    never guess a flag from its prefix (``allow_abbrev=False``); call it after ``parse_args``
+    succeeded, so a flag-like token can only be a flag.
+    """
+    given: Dict[str, str] = {}
+    for dest, option in _typed_options(parser, argv):
+        given.setdefault(dest, option)
+    return given
+
+
+def _typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Iterator[Tuple[str, str]]:
+    """``(dest, option as typed)`` of every option token of ``parser`` in ``argv``, in order."""
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    for token in argv:
+        if token == "--":
+            return
+        option = token.split("=", 1)[0] if token.startswith("--") else token
+        if option in dests:
+            yield dests[option], option

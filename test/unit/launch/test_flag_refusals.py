@@ -76,6 +76,22 @@ def test_unknown_vllm_flags_name_what_to_use(capsys, flag, hint):
     assert hint in err
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--port", "8001", "--port", "8002"], "--port is given twice;"),
+    (["--port=8001", "--port", "8002"], "--port is given twice;"),
+    (["--eos_id", "1", "--eos_id", "2"], "--eos_id is given twice;"),
+    (["--disable_chunked_prefill", "--disable_chunked_prefill"], "--disable_chunked_prefill is given twice;"),
+])
+def test_a_flag_given_twice_is_refused_instead_of_keeping_the_last(capsys, argv, named):
+    # argparse would keep the last value and drop the first without a word.
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(["--model_dir", "/m", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {named} give it once, with all its values")
+    assert parse_server_args(["--model_dir", "/m", "--eos_id", "1", "2"]).eos_id == [1, 2]
+
+
 def test_an_unknown_dashed_flag_without_an_underscore_twin_gets_no_hint(capsys):
     with pytest.raises(SystemExit):
         parse_server_args(["--model_dir", "/m", "--no-such-flag"])

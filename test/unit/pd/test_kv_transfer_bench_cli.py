@@ -45,6 +45,7 @@ def test_a_config_without_the_kv_geometry_is_one_line(config, message, tmp_path,
     (["--tokens", "0"], "--tokens, --repeat and --page_sizes must be positive"),
     (["--page_sizes", "64", "64"], "--page_sizes names a page size twice"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--tokens", "8", "--tokens", "16"], "--tokens is given twice; give it once"),
 ])
 def test_bad_flags_are_one_line(extra, message, tmp_path, capsys):
     model_dir = _checkpoint(tmp_path, {"num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 8})
