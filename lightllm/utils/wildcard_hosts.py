@@ -1,6 +1,6 @@
 """The spellings of "every interface" a ``--host`` flag takes, named once.
 
-Four places need them: a listener binds a wildcard as ``bind()`` spells it, a process on the same
+Three places need them: a listener binds a wildcard as ``bind()`` spells it, a process on the same
 machine reaches a wildcard-bound server through loopback, and a PD node that listens everywhere
 must advertise a routable address instead.
 """

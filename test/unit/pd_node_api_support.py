@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.http.errors import install_error_handlers
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
-from lightllm.server.pd.node.api import PdStreams, pd_node_router, public_api_refusal_router
+from lightllm.server.pd.node.api import pd_node_router, public_api_refusal_router
+from lightllm.server.pd.node.open_streams import PdStreams
 from lightllm.server.request_manager import GenerationEvent
 
 VOCAB = 100

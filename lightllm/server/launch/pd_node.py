@@ -47,7 +47,8 @@ from lightllm.server.launch.host_names import bare_host, url_host
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient
-from lightllm.server.pd.node.api import PdStreams, pd_node_router, public_api_refusal_router
+from lightllm.server.pd.node.api import pd_node_router, public_api_refusal_router
+from lightllm.server.pd.node.open_streams import PdStreams
 from lightllm.server.pd.node.service import PdNodeService
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.launch.plan import pd_rank_settings

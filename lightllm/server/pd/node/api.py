@@ -81,7 +81,7 @@ PD_NODE_CODE = "pd_node_not_public"
 # Events after which a node stream ends (a finishing token ends it when the iterator ends).
 _LAST_KINDS = frozenset({"busy", "segment_end", "error", "handed_off"})
 
-__all__ = ["PdNodeControl", "PdNodeEndpoints", "PdStreams", "TransferTeardownBody", "pd_node_router",
+__all__ = ["PdNodeControl", "PdNodeEndpoints", "TransferTeardownBody", "pd_node_router",
            "public_api_refusal_router"]
 
 
