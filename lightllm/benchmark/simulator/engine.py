@@ -299,7 +299,7 @@ class Simulator:
             self._closed.add(request_id)
             self._records[request_id].end_time = self.clock
             return
-        self._busy_retry[request_id] = (deadline, min(backoff * policy.multiplier, policy.max_backoff_s))
+        self._busy_retry[request_id] = (deadline, policy.next_backoff(backoff))
         heapq.heappush(self._future, (self.clock + min(backoff, remaining), request_id))
 
     def _stamp_token_value(self, req: InferReq) -> None:

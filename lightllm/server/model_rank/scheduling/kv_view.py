@@ -1,8 +1,8 @@
 """What the step engine needs from a KV cache, and a token-count implementation of it.
 
 The engine never sees slots or tensors.  It asks how many tokens could be allocated and how many
-requests the view can hold at once, and tells the KV view when a request arrives, needs room for its next tokens, gives its KV back (pause),
-takes it again (resume) or leaves.  The server's view is ``InferenceContext`` (token slots, the
+requests the view can hold at once, and tells the KV view when a request arrives, needs room for
+its next tokens, gives its KV back (pause), takes it again (resume) or leaves.  The server's view is ``InferenceContext`` (token slots, the
 request manager's rows and the radix prefix cache); the simulator's is :class:`TokenCountKvView`.
 
 Invariants every view keeps, per request: ``0 <= cur_kv_len <= kv_slot_len``; positions

@@ -77,6 +77,10 @@ class BusyRetryPolicy:
         self._sleep = sleep
         self._on_retry = on_retry
 
+    def next_backoff(self, backoff: float) -> float:
+        """The wait after one of ``backoff`` (the scheduling simulator replays the same schedule)."""
+        return min(backoff * self.multiplier, self.max_backoff_s)
+
     async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``await attempt()`` until it does not raise :class:`NodeBusy` or the time is spent.
 
@@ -103,4 +107,4 @@ class BusyRetryPolicy:
                     self._on_retry(busy.role)
                 logger.debug("%s node busy (%s); retry %d in %.3f s", busy.role, busy, retries, min(backoff, remaining))
                 await self._sleep(min(backoff, remaining))
-                backoff = min(backoff * self.multiplier, self.max_backoff_s)
+                backoff = self.next_backoff(backoff)
