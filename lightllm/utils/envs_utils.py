@@ -168,7 +168,7 @@ def pd_node_busy_retry_timeout_seconds() -> float:
     """``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` as a finite float >= 0 (0: no retry);
     :data:`DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS` when unset or empty.
 
-    Read once, when the PD master starts (:func:`check_pd_env` and ``build_master``); the
+    Read once, when the PD master starts (the start-up environment check and ``build_master``); the
     request path gets the value, never the variable.
     """
     if not os.environ.get("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"):
@@ -192,22 +192,3 @@ def pd_cluster_key_from_env() -> Optional[str]:
         raise ValueError("LIGHTLLM_PD_CLUSTER_KEY must be non-empty and carry no surrounding whitespace "
                          f"(got {len(raw)} characters; value not shown)")
     return raw
-
-
-# Which LIGHTLLM_PD_* variables each PD process role reads.  LIGHTLLM_PD_CLUSTER_KEY is not
-# here: every PD role reads it in AuthPolicy.from_args, only when --pd_cluster_key is not given.
-_PD_ENV_READERS = {
-    "pd_master": (pd_node_busy_retry_timeout_seconds,),
-    "prefill": (pd_transfer_failure_probability,),
-    "decode": (),
-}
-
-
-def check_pd_env(run_mode: str) -> None:
-    """Read every ``LIGHTLLM_PD_*`` variable the process role ``run_mode`` reads, at start-up.
-
-    Raises ``ValueError`` (one line naming the variable) for the first invalid one, so a bad
-    value stops the process before it serves instead of failing requests (or a model rank) later.
-    """
-    for read in _PD_ENV_READERS.get(run_mode, ()):
-        read()

@@ -14,6 +14,8 @@ from typing import List, Optional
 
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.flag_roles import readers_of
+from lightllm.server.launch.environment_check import ENV_VAR_READERS
+from lightllm.utils.envs_utils import ENV_VARS
 
 HEADERS = {
     "EN": (
@@ -62,9 +64,42 @@ def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None, lang: s
     return "\n".join(lines)
 
 
+# The environment section's title, introduction and column titles in each language.
+ENV_SECTION = {
+    "EN": (
+        "## Environment variables",
+        "Read once at start by the processes named in the read-by column (CPU only: only when the model "
+        "ranks run on the CPU); a bad value is refused at start in one line. A `LIGHTLLM_*` variable that "
+        "is set where nothing reads it (another run mode, a CUDA device for a CPU-only one, a flag given "
+        "instead, an unknown name) gets one warning line at start.",
+        ("variable", "read by", "meaning"),
+    ),
+    "CN": (
+        "## 环境变量",
+        "由“读取角色”一列中的进程在启动时读取一次（“CPU only”：仅当模型 rank 运行在 CPU 上时读取）；取值非法时启动即以一行错误拒绝。"
+        "已设置但无人读取的 `LIGHTLLM_*` 变量（其他运行模式、CUDA 设备上的仅 CPU 变量、已由对应参数取代、未知名称）在启动时各给出一行警告。",
+        ("变量", "读取角色", "说明"),
+    ),
+}
+
+
+def environment_markdown(lang: str = "EN") -> str:
+    """The ``LIGHTLLM_*`` variables as a Markdown table, from envs_utils' tables."""
+    title, intro, columns = ENV_SECTION[lang]
+    lines = [title, "", intro, "", f"| {' | '.join(columns)} |", "|" + " --- |" * len(columns)]
+    for name, meaning in ENV_VARS.items():
+        readers = ENV_VAR_READERS[name]
+        read_by = ", ".join(readers.run_modes) + (" (CPU only)" if readers.cpu_only else "")
+        if readers.flag:
+            read_by += f"; `--{readers.flag}` wins"
+        lines.append(f"| `{name}` | {read_by} | {meaning} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
 def render(lang: str) -> str:
     """The whole server_args.md for ``lang`` (EN or CN)."""
-    return HEADERS[lang] + arguments_markdown(lang=lang)
+    return HEADERS[lang] + arguments_markdown(lang=lang) + "\n" + environment_markdown(lang)
 
 
 def doc_path(root: Path, lang: str) -> Path:

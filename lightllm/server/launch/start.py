@@ -38,6 +38,11 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.request_defaults import RequestDefaults
+from lightllm.server.launch.environment_check import (
+    check_environment_values,
+    cpu_only_variable_warnings,
+    unread_variable_warnings,
+)
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import parse_server_args
@@ -69,7 +74,6 @@ from lightllm.server.launch.checkpoint_reading import check_weight_files, log_ch
 from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
 from lightllm.server.launch.child_watch import watch_children
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
-from lightllm.utils.envs_utils import check_pd_env
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port, start_resource_tracker_deaf_to_hangup
@@ -249,8 +253,10 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     try:
         # The GPU count is checked once the device probe answered (_prepare_and_serve).
         validate_args(args)
-        # The LIGHTLLM_PD_* variables this role reads: a bad one is a one-line exit 2, not failed requests.
-        check_pd_env(args.run_mode)
+        # The LIGHTLLM_* variables this role reads: a bad one is a one-line exit 2, not failed requests.
+        check_environment_values(args.run_mode)
+        for line in unread_variable_warnings(args):
+            log.warning("%s", line)
         from lightllm.server.http.front_door import open_front_door
         from lightllm.server.http.server_options import AuthPolicy
 
@@ -292,7 +298,10 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
                      f", {facts.cuda_free_bytes / (1 << 30):.2f} GiB free on the first" if facts.cuda_free_bytes else "")
         validate_device_args(args, facts.cuda_device_count)
         # The attention and linear backends are resolved by each rank (see the module docstring).
-        sizing = plan_sizing(args, model_config, resolve_device(args, facts), facts.cuda_free_bytes)
+        device = resolve_device(args, facts)
+        for line in cpu_only_variable_warnings(args.run_mode, device):
+            log.warning("%s", line)
+        sizing = plan_sizing(args, model_config, device, facts.cuda_free_bytes)
         check_args_against_checkpoint(args, model_config, sizing.max_req_total_len)
         # The ranks read these files after the shared memory and every process exist: a
         # directory they cannot load is refused now, in one line (after the flags: a flag the

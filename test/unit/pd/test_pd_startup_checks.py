@@ -22,7 +22,7 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.pd_master import build_master
 from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
-from lightllm.utils.envs_utils import check_pd_env
+from lightllm.server.launch.environment_check import check_environment_values
 from lightllm.utils.process_utils import free_port
 
 BUSY_ENV = "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"
@@ -72,25 +72,25 @@ def test_a_bad_pd_variable_stops_the_process_with_exit_2_and_one_line(
     [("pd_master", BUSY_ENV, "-1"), ("pd_master", BUSY_ENV, "inf"), ("prefill", FAILURE_ENV, "-0.1"),
      ("prefill", FAILURE_ENV, "x")],
 )
-def test_check_pd_env_refuses_what_the_role_reads(monkeypatch: pytest.MonkeyPatch, run_mode: str, name: str,
+def test_check_environment_values_refuses_what_the_role_reads(monkeypatch: pytest.MonkeyPatch, run_mode: str, name: str,
                                                   value: str) -> None:
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"^{name} must be"):
-        check_pd_env(run_mode)
+        check_environment_values(run_mode)
 
 
-def test_check_pd_env_accepts_good_values_and_ignores_roles_that_do_not_read_them(
+def test_check_environment_values_accepts_good_values_and_ignores_roles_that_do_not_read_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(BUSY_ENV, "2.5")
     monkeypatch.setenv(FAILURE_ENV, "0.5")
     for run_mode in ("pd_master", "prefill", "decode", "normal"):
-        check_pd_env(run_mode)
+        check_environment_values(run_mode)
     monkeypatch.setenv(BUSY_ENV, "-1")  # read by the master only
-    check_pd_env("decode")
+    check_environment_values("decode")
     monkeypatch.setenv(FAILURE_ENV, "7")  # read by the prefill node's KV transfer only
-    check_pd_env("normal")
-    check_pd_env("decode")
+    check_environment_values("normal")
+    check_environment_values("decode")
 
 
 def _master_args(tiny_llama_dir: Path) -> argparse.Namespace:
@@ -112,7 +112,8 @@ def test_the_master_reads_the_busy_retry_once_and_passes_it_down(tiny_llama_dir:
     server = Path(__file__).parents[3] / "lightllm/server"
     readers = [str(path.relative_to(server)) for path in sorted(server.rglob("*.py"))
                if "pd_node_busy_retry_timeout_seconds" in path.read_text()]
-    assert readers == ["launch/pd_master.py"]
+    # Both read it at start-up (the check of every variable, then the master's build): never a request.
+    assert readers == ["launch/environment_check.py", "launch/pd_master.py"]
 
 
 # ---------------------------------------------------------------- PD flags per role
