@@ -32,7 +32,7 @@ def node(node_id: str, role: str, port: int = 9000, **overrides: Any) -> NodeInf
         head_dim=16,
         tp_size=1,
         http_address=f"127.0.0.1:{port}",
-        kv_transfer_address=f"127.0.0.1:{port + 1}",
+        kv_transfer_address=f"127.0.0.1:{port + 1}" if role == "prefill" else "",
     )
     fields.update(overrides)
     return NodeInfo(**fields)

@@ -203,7 +203,8 @@ class NodeStandIn:
         return NodeInfo(node_id=self._node_id, role=self.role, model_name=self._model_name, dtype="float32",
                         num_layers=2, num_kv_heads=2, head_dim=16, tp_size=self._tp_size,
                         http_address=f"127.0.0.1:{self.server.port}",
-                        kv_transfer_address=f"127.0.0.1:{self.server.port % 65535 + 1}")
+                        kv_transfer_address=(f"127.0.0.1:{self.server.port % 65535 + 1}" if self.role == "prefill"
+                                             else ""))
 
     def register(self) -> None:
         """Start registering and heartbeating (returns once registered)."""

@@ -63,13 +63,6 @@ REFUSED_EXIT_CODE = 1
 _SERVING_POLL_SECONDS = 0.05
 
 
-def free_port_block(host: str, count: int) -> int:
-    """The first of ``count`` consecutive TCP ports that were all free a moment ago (not held)."""
-    block = TransferPortBlock.reserve(host, count)
-    block.close()
-    return block.base
-
-
 def advertised_host(args: argparse.Namespace) -> str:
     """The host the master and the peer node reach this node at.
 
@@ -92,26 +85,27 @@ def advertised_host(args: argparse.Namespace) -> str:
 def prepare_pd_node(
     args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing
 ) -> Tuple[NodeInfo, Optional[TransferPortBlock]]:
-    """Resolve the KV transfer port (stored on ``args``) and build this node's registration.
+    """Resolve a prefill node's KV transfer port (stored on ``args``) and build this node's registration.
 
     Called before any process starts, so the rank configs read the same port.  A prefill node
-    gets its bound port block too (the caller holds it until the node exits); a decode node
-    only advertises a port.  Raises ``ArgumentError`` / ``NodeInfoError`` (one line) for
-    settings that cannot work.
+    gets its bound port block too (the caller holds it until the node exits) and advertises it;
+    a decode node hosts no transfer group (its ranks join the prefill node's), so it advertises
+    no transfer address.  Raises ``ArgumentError`` / ``NodeInfoError`` (one line) for settings
+    that cannot work.
     """
     host = advertised_host(args)
     ports: Optional[TransferPortBlock] = None
-    if args.pd_transfer_port is not None:
-        if args.pd_transfer_port + args.tp - 1 > 65535:
-            raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP ranks "
-                                "(rank r uses port + r)")
-        if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
-            raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
+    transfer_address = ""
     if args.run_mode == RunMode.PREFILL:
+        if args.pd_transfer_port is not None:
+            if args.pd_transfer_port + args.tp - 1 > 65535:
+                raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP "
+                                    "ranks (rank r uses port + r)")
+            if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
+                raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
         ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=args.port)
         args.pd_transfer_port = ports.base
-    elif args.pd_transfer_port is None:
-        args.pd_transfer_port = free_port_block(host, args.tp)
+        transfer_address = f"{host}:{ports.base}"
     role = args.run_mode
     # The first served name, as the HTTP side reports it (build_process_configs uses the same rule).
     model_name = args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name
@@ -125,7 +119,7 @@ def prepare_pd_node(
         head_dim=model_config.head_dim,
         tp_size=args.tp,
         http_address=f"{host}:{args.port}",
-        kv_transfer_address=f"{host}:{args.pd_transfer_port}",
+        kv_transfer_address=transfer_address,
         checkpoint_fingerprint=checkpoint_fingerprint(args.model_dir),
         eos_token_ids=resolve_eos_token_ids(args, model_config),
         max_req_total_len=sizing.max_req_total_len,

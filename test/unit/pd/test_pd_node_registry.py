@@ -29,6 +29,7 @@ def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
         ({"model_name": " "}, "model_name"),
         ({"http_address": "127.0.0.1"}, "http_address"),
         ({"kv_transfer_address": "127.0.0.1:70000"}, "kv_transfer_address"),
+        ({"kv_transfer_address": ""}, "kv_transfer_address"),  # a prefill node's transfer groups meet there
         ({"checkpoint_fingerprint": "XYZ"}, "checkpoint_fingerprint"),
         ({"checkpoint_fingerprint": 12}, "checkpoint_fingerprint"),
         ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
@@ -38,6 +39,11 @@ def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
             NodeInfo.from_dict({**info.to_dict(), **override})
         assert err.value.param == param, override
         assert param in str(err.value)
+    # A decode node hosts no transfer group: an address there would name a port nothing listens on.
+    decode = node("d0", "decode")
+    assert decode.kv_transfer_address == "" and NodeInfo.from_dict(decode.to_dict()) == decode
+    with pytest.raises(NodeInfoError, match="kv_transfer_address must be empty for a decode node"):
+        NodeInfo.from_dict({**decode.to_dict(), "kv_transfer_address": "127.0.0.1:10"})
     with pytest.raises(NodeInfoError, match="unknown registration field.*: colour"):
         NodeInfo.from_dict({**info.to_dict(), "colour": "red"})
     body = info.to_dict()

@@ -79,7 +79,8 @@ class NodeInfo:
         head_dim: size of one KV head.
         tp_size: tensor-parallel ranks of the node.
         http_address: ``host:port`` of the node's HTTP/control endpoint (the master calls it).
-        kv_transfer_address: ``host:port`` where the node's KV transfer group rendezvous.
+        kv_transfer_address: a prefill node's ``host:port``, where the transfer groups of its
+            pairs meet (rank r at port + r); empty for a decode node, which hosts none.
         checkpoint_fingerprint: digest of the node's weights
             (:func:`~lightllm.common.basemodel.checkpoint_fingerprint.checkpoint_fingerprint`);
             empty when the registering process does not know it (compared only when both have one).
@@ -134,7 +135,12 @@ class NodeInfo:
                 "tp_size",
             )
         _check_address("http_address", self.http_address)
-        _check_address("kv_transfer_address", self.kv_transfer_address)
+        if self.role == PREFILL:
+            _check_address("kv_transfer_address", self.kv_transfer_address)
+        elif self.kv_transfer_address != "":
+            # Nothing would listen there: a decode node's ranks connect to the prefill node's.
+            raise NodeInfoError(f"kv_transfer_address must be empty for a decode node (it hosts no transfer "
+                                f"group), got {self.kv_transfer_address!r}", "kv_transfer_address")
         if not isinstance(self.checkpoint_fingerprint, str) or not _FINGERPRINT.match(self.checkpoint_fingerprint):
             raise NodeInfoError(f"checkpoint_fingerprint must be empty or 1-64 hex digits, got "
                                 f"{self.checkpoint_fingerprint!r}", "checkpoint_fingerprint")
