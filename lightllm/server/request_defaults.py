@@ -57,8 +57,8 @@ class RequestDefaults:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RequestDefaults":
         """Read ``--generation_config`` and ``--chat_template``; ``ValueError`` (one line) for a bad one."""
-        generation = resolve_generation_defaults(getattr(args, "generation_config", "auto"), args.model_dir)
-        template_flag = getattr(args, "chat_template", None)
+        generation = resolve_generation_defaults(args.generation_config, args.model_dir)
+        template_flag = args.chat_template
         return cls(generation=generation,
                    chat_template=None if template_flag is None else read_chat_template_flag(template_flag))
 
@@ -97,7 +97,7 @@ def resolve_eos_token_ids(args: argparse.Namespace, config: ModelConfig) -> List
     """The ids generation stops at: ``--eos_id`` when given, else the checkpoint's (config.json,
     generation_config.json, the tokenizer's eos_token); ``ValueError`` (one line) for an id outside
     the vocabulary, which the ranks would refuse on every request."""
-    given = getattr(args, "eos_id", None)
+    given = args.eos_id
     ids = list(dict.fromkeys(given)) if given else list(config.eos_token_ids)
     outside = [token_id for token_id in ids if not 0 <= token_id < config.vocab_size]
     if outside:
@@ -108,6 +108,6 @@ def resolve_eos_token_ids(args: argparse.Namespace, config: ModelConfig) -> List
 
 def warn_without_eos(args: argparse.Namespace, config: ModelConfig) -> None:
     """Say so at start when nothing names an end-of-sequence token: every request then runs to its length limit."""
-    if not getattr(args, "eos_id", None) and not config.eos_token_ids:
+    if not args.eos_id and not config.eos_token_ids:
         log.warning("no end-of-sequence token id in config.json, generation_config.json or the tokenizer's "
                     "eos_token: requests end only at max_tokens, a stop string or a stop token; give --eos_id")

@@ -90,8 +90,8 @@ class AuthPolicy:
         """
         api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
         admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
-        cluster_key = getattr(args, "pd_cluster_key", None)
-        if cluster_key is None and getattr(args, "run_mode", "normal") in PD_RUN_MODES:
+        cluster_key = args.pd_cluster_key
+        if cluster_key is None and args.run_mode in PD_RUN_MODES:
             cluster_key = pd_cluster_key_from_env()
         return cls(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority,
                    cluster_key=cluster_key)
@@ -133,14 +133,13 @@ class HttpServerOptions:
             body_timeout=args.http_body_timeout,
             keep_alive_timeout=args.http_keep_alive_timeout,
             max_connections=args.http_max_connections,
-            max_connections_per_client=getattr(args, "http_max_connections_per_client", None),
+            max_connections_per_client=args.http_max_connections_per_client,
         )
         return cls(limits=limits, auth=AuthPolicy.from_args(args),
-                   tool_call_parser=getattr(args, "tool_call_parser", None),
-                   trust_request_chat_template=getattr(args, "trust_request_chat_template", False),
+                   tool_call_parser=args.tool_call_parser,
+                   trust_request_chat_template=args.trust_request_chat_template,
                    # A PD node's endpoints serve the master, never a browser: no CORS headers there.
-                   allowed_origins=(() if getattr(args, "run_mode", None) in PD_NODE_MODES
-                                    else tuple(getattr(args, "allowed_origins", None) or ())))
+                   allowed_origins=() if args.run_mode in PD_NODE_MODES else tuple(args.allowed_origins))
 
 
 def ensure_file_descriptors(max_connections: int) -> None:

@@ -39,14 +39,14 @@ _ORIGIN = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:]+(:[0-9]{1,5})?$")
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
     """Refuse flags given to a role that does not read them, then a PD process's bad master address or node id."""
     refuse_flags_not_read(args)
-    run_mode = getattr(args, "run_mode", "normal")
+    run_mode = args.run_mode
     if run_mode not in PD_RUN_MODES:
         return
     if run_mode in PD_NODE_MODES:
         problem = host_problem(args.pd_master_ip)
         if problem:
             raise ArgumentError(f"--pd_master_ip {args.pd_master_ip!r}: {problem}")
-    node_id = getattr(args, "pd_node_id", None)
+    node_id = args.pd_node_id
     if node_id is not None and not NODE_ID_PATTERN.match(node_id):
         raise ArgumentError("--pd_node_id must be 1-128 characters of letters, digits and '._:-' starting with a "
                             f"letter or digit, got {node_id!r}")
@@ -54,7 +54,7 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
 
 def _validate_pd_args(args: argparse.Namespace) -> None:
     for name in ("pd_master_port", "pd_transfer_port"):
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None and not 0 < value < 65536:
             raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
     # Refused here, before the role checks, in words of its own; the master refuses every node
@@ -80,7 +80,7 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--pd_prefix_affinity_tokens must be >= 0 (0: no affinity), got {args.pd_prefix_affinity_tokens}")
     if args.pd_max_segment_tokens < 0:
         raise ArgumentError(f"--pd_max_segment_tokens must be >= 0 (0: no limit), got {args.pd_max_segment_tokens}")
-    key = getattr(args, "pd_cluster_key", None)
+    key = args.pd_cluster_key
     if key is not None:
         if args.run_mode not in PD_RUN_MODES:
             raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
@@ -91,36 +91,36 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
 
 def _validate_http_args(args: argparse.Namespace) -> None:
     for name in ("max_request_body_bytes", "http_max_connections"):
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None and value <= 0:
             raise ArgumentError(f"--{name} must be positive, got {value}")
-    origins = getattr(args, "allowed_origins", None) or []
+    origins = args.allowed_origins
     if "*" in origins and len(origins) > 1:
         raise ArgumentError("--allowed_origins: '*' already allows every origin; give it alone or list origins")
     for origin in origins:
         if origin != "*" and not _ORIGIN.match(origin):
             raise ArgumentError(f"--allowed_origins: {origin!r} is not an origin (scheme://host[:port], no path or "
                                 "trailing slash, e.g. https://app.example.com)")
-    body_limit = getattr(args, "max_request_body_bytes", None)
+    body_limit = args.max_request_body_bytes
     if body_limit is not None and body_limit < MIN_REQUEST_BODY_BYTES:
         # Below this every real request (a model name, a prompt, a few parameters) gets 413.
         raise ArgumentError(f"--max_request_body_bytes must be at least {MIN_REQUEST_BODY_BYTES}, got {body_limit}")
-    per_client = getattr(args, "http_max_connections_per_client", None)
-    if per_client is not None and not 0 < per_client <= getattr(args, "http_max_connections", per_client):
+    per_client = args.http_max_connections_per_client
+    if per_client is not None and not 0 < per_client <= args.http_max_connections:
         raise ArgumentError(f"--http_max_connections_per_client must be in 1..--http_max_connections "
                             f"({args.http_max_connections}), got {per_client}")
     for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout"):
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None and not value > 0:
             raise ArgumentError(f"--{name} must be a positive number of seconds, got {value}")
-    wait = getattr(args, "slot_wait_seconds", None)
-    if wait is not None and not 0 < wait < float("inf"):
-        raise ArgumentError(f"--slot_wait_seconds must be a positive, finite number of seconds, got {wait}")
-    chars = getattr(args, "prompt_chars_per_token", None)
+    if not 0 < args.slot_wait_seconds < float("inf"):
+        raise ArgumentError("--slot_wait_seconds must be a positive, finite number of seconds, "
+                            f"got {args.slot_wait_seconds}")
+    chars = args.prompt_chars_per_token
     if chars is not None and not chars >= 0:
         raise ArgumentError(f"--prompt_chars_per_token must be >= 0 (0 turns the check off), got {chars}")
     for name in ("api_key", "admin_api_key"):
-        for key in getattr(args, name, None) or ():
+        for key in getattr(args, name) or ():
             if not key.strip() or key != key.strip():
                 raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
 
@@ -157,12 +157,12 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         raise ArgumentError(f"--mem_fraction must be in (0, 1], got {args.mem_fraction}")
     if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb < float("inf"):
         raise ArgumentError(f"--reserved_memory_gb must be a finite number >= 0, got {args.reserved_memory_gb}")
-    seed = getattr(args, "sampling_seed", None)
+    seed = args.sampling_seed
     if seed is not None and not 0 <= seed < 2**64:
         raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")
     if args.router_token_ratio <= 0:
         raise ArgumentError(f"--router_token_ratio must be positive, got {args.router_token_ratio}")
-    if getattr(args, "prefill_max_wait_tokens", None) is not None:
+    if args.prefill_max_wait_tokens is not None:
         raise ArgumentError(
             "--prefill_max_wait_tokens was replaced by the overtaking bound: use --prefill_max_overtake_tokens and "
             "--prefill_overtake_fraction (or --disable_prefill_overtake_bound)"
@@ -201,13 +201,13 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
                             "prefilled in one piece); give one of them")
     check_flag_combinations(args)
     check_seconds_flags(args)
-    default_new = getattr(args, "max_new_tokens_default", None)
+    default_new = args.max_new_tokens_default
     if default_new is not None and default_new < 1:
         raise ArgumentError(f"--max_new_tokens_default must be >= 1, got {default_new}")
     _validate_http_args(args)
     if not 0 < args.port < 65536:
         raise ArgumentError(f"--port must be in 1..65535, got {args.port}")
-    nccl_port = getattr(args, "nccl_port", None)
+    nccl_port = args.nccl_port
     if nccl_port is not None:
         if not 0 < nccl_port < 65536:
             raise ArgumentError(f"--nccl_port must be in 1..65535, got {nccl_port}")

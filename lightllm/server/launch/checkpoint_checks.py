@@ -20,11 +20,11 @@ def check_args_against_checkpoint(args: argparse.Namespace, model_config: ModelC
     """
     # A length-dependent RoPE (dynamic NTK) turns the prefix cache off (plan.prefix_cache_enabled),
     # so lpm would find no hits and order exactly as default.
-    if getattr(args, "prefill_queue_strategy", None) == PREFIX_CACHE_STRATEGY and model_config.rope.length_dependent:
+    if args.prefill_queue_strategy == PREFIX_CACHE_STRATEGY and model_config.rope.length_dependent:
         raise ArgumentError("--prefill_queue_strategy lpm orders by prefix-cache hits, but this checkpoint's RoPE "
                             "scales with each request's length (dynamic NTK), so the prefix cache is off and lpm "
                             "would order as default; give another strategy")
-    default_new = getattr(args, "max_new_tokens_default", None)
+    default_new = args.max_new_tokens_default
     if default_new is not None and default_new >= max_req_total_len:
         # Every prompt has at least one token, so a request without max_tokens would always be cut
         # to what its prompt leaves, never get this many.

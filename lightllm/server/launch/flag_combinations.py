@@ -20,7 +20,7 @@ PREFIX_CACHE_STRATEGY = "lpm"
 
 def check_flag_combinations(args: argparse.Namespace) -> None:
     """Raise :class:`ArgumentError` (one line naming both flags) when one flag cancels another."""
-    if getattr(args, "disable_prefill_overtake_bound", False):
+    if args.disable_prefill_overtake_bound:
         _refuse_given(args, ["prefill_max_overtake_tokens", "prefill_overtake_fraction"], "set",
                       "the overtaking bound, which --disable_prefill_overtake_bound turns off",
                       "--disable_prefill_overtake_bound")

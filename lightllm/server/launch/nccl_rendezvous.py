@@ -30,7 +30,7 @@ def check_nccl_rendezvous(args: argparse.Namespace) -> None:
     if problem:
         raise ArgumentError(f"--nccl_host {host!r}: {problem}")
     # With one rank there is no rendezvous: the port is never listened on, so it may be taken.
-    port = (args.nccl_port or 0) if getattr(args, "tp", 1) > 1 else 0
+    port = (args.nccl_port or 0) if args.tp > 1 else 0
     try:
         infos = socket.getaddrinfo(bare_host(host), port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:

@@ -143,7 +143,7 @@ def build_process_configs(
     ``transfer_ports`` (a prefill node's held block) gives each rank its listening socket.
     """
     eos = resolve_eos_token_ids(args, model_config)
-    run_mode = getattr(args, "run_mode", "normal")
+    run_mode = args.run_mode
     pd_settings = pd_rank_settings(args) if run_mode in PD_NODE_MODES else PdRankSettings()
     detokenization = DetokenizationConfig(
         model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,

@@ -109,7 +109,7 @@ def _check_node_flag_roles(args: argparse.Namespace, run_mode: str) -> None:
 def refuse_flags_not_read(args: argparse.Namespace) -> None:
     """Raise :class:`ArgumentError` (one line naming them) for the flags the command line gave to a
     normal server or a PD node that does not read them; a PD master's are left to its own check."""
-    run_mode = getattr(args, "run_mode", "normal")
+    run_mode = args.run_mode
     if run_mode not in PD_RUN_MODES:
         # Every flag a normal server does not read configures a PD cluster.
         given = _flags_not_read(args, run_mode)

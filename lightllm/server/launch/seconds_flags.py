@@ -44,10 +44,9 @@ def check_seconds_flags(args: argparse.Namespace) -> None:
     which a node waits for in one call too.
     """
     for name in SECONDS_FLAGS:
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None and value > MAX_WAIT_SECONDS:
             raise ArgumentError(f"--{name} {_AT_MOST}, got {value!r}")
-    interval = getattr(args, "pd_heartbeat_interval", None)
-    missed = getattr(args, "pd_max_missed_heartbeats", None)
-    if interval is not None and missed is not None and interval * missed > MAX_WAIT_SECONDS:
+    interval, missed = args.pd_heartbeat_interval, args.pd_max_missed_heartbeats
+    if interval * missed > MAX_WAIT_SECONDS:
         raise ArgumentError(f"--pd_max_missed_heartbeats {missed} x --pd_heartbeat_interval {interval!r} {_AT_MOST}")

@@ -187,7 +187,7 @@ class StepBudget:
 def _step_budget(args: argparse.Namespace, max_req_total_len: int) -> StepBudget:
     """``--batch_max_tokens`` and the chunk, with their defaults and the node's kind."""
     chunked = not args.disable_chunked_prefill
-    decode_node = getattr(args, "run_mode", RunMode.NORMAL) == RunMode.DECODE
+    decode_node = args.run_mode == RunMode.DECODE
     if decode_node:
         # A PD decode node never prefills (it receives the KV; the prefill step's flags are refused
         # there): its largest forward is a decode step of --running_max_req_size one-token rows.
@@ -219,7 +219,7 @@ def _kv_tokens(args: argparse.Namespace, config: ModelConfig, device: str, dtype
     else:
         budget = plan_kv_budget(
             device=device, config=config, model_dir=args.model_dir, serving_dtype=dtype, tp=args.tp,
-            mem_fraction=args.mem_fraction, reserved_memory_gb=getattr(args, "reserved_memory_gb", None),
+            mem_fraction=args.mem_fraction, reserved_memory_gb=args.reserved_memory_gb,
             batch_max_tokens=step.batch_max_tokens,
             chunk_tokens=step.chunk or max_req_total_len,
             max_req_total_len=max_req_total_len, max_batch_rows=args.running_max_req_size,
@@ -267,7 +267,7 @@ def _cpu_threads(args: argparse.Namespace, device: str) -> Tuple[Optional[int], 
 def _slot_counts(args: argparse.Namespace) -> Tuple[int, int]:
     """Request records (waiting, running and streaming out, hence the factor) and top-logprob rows."""
     slot_num = max(64, 4 * args.running_max_req_size)
-    top_slots = getattr(args, "top_logprobs_slots", None)
+    top_slots = args.top_logprobs_slots
     if top_slots is not None and top_slots > slot_num:
         raise ArgumentError(
             f"--top_logprobs_slots {top_slots} exceeds the request slot count {slot_num} "

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import pytest
 
 from lightllm.server.http.server_options import AuthPolicy
 from lightllm.utils.envs_utils import api_keys_from_env, max_torch_threads, torch_threads_override
+
+from server_args_support import server_args
 
 KEY_VARS = ("LIGHTLLM_API_KEY", "LIGHTLLM_ADMIN_API_KEY")
 
@@ -36,11 +37,11 @@ def test_keys_are_read_and_unset_or_empty_means_none(monkeypatch) -> None:
 @pytest.mark.parametrize("name", KEY_VARS)
 def test_the_auth_policy_refuses_the_value_at_start(monkeypatch, name: str) -> None:
     monkeypatch.setenv(name, ",")
-    args = argparse.Namespace(api_key=None, admin_api_key=None, allow_public_priority=False, run_mode="normal")
+    args = server_args(api_key=None, admin_api_key=None, allow_public_priority=False, run_mode="normal")
     with pytest.raises(ValueError, match=f"^{name} holds no key"):
         AuthPolicy.from_args(args)
     # A flag given replaces its variable, which is then not read.
-    given = argparse.Namespace(api_key=["k"], admin_api_key=["a"], allow_public_priority=False, run_mode="normal")
+    given = server_args(api_key=["k"], admin_api_key=["a"], allow_public_priority=False, run_mode="normal")
     assert AuthPolicy.from_args(given).requires_key
 
 
