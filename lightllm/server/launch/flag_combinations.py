@@ -30,6 +30,14 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
     if args.disable_mixed_batches and args.disable_chunked_prefill:
         raise ArgumentError("--disable_mixed_batches does nothing with --disable_chunked_prefill (mixed batches need "
                             "chunked prefill, so none are run); give one of them")
+    if args.tp == 1:
+        # One rank opens no torch.distributed group, so nothing would listen at the rendezvous.
+        given = flags_given(args, ["nccl_host", "nccl_port"])
+        if given:
+            one = len(given) == 1
+            raise ArgumentError(f"{', '.join('--' + name for name in given)} set{'s' if one else ''} the torch.distributed "
+                                "rendezvous of tensor-parallel ranks, which one rank (--tp 1) never opens; give "
+                                f"{'it' if one else 'them'} with --tp 2 or more, or leave {'it' if one else 'them'} out")
     if args.max_total_token_num is not None:
         # Both only size the KV cache from the memory left; a fixed size leaves them nothing to do.
         _refuse_given(args, ["mem_fraction", "reserved_memory_gb"], "size",

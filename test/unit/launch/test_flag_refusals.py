@@ -296,8 +296,12 @@ def _launch(*argv: str) -> subprocess.CompletedProcess:
          "error: --max_new_tokens_default 5000 leaves no room for a prompt"),
         (["--run_mode", "pd_master", "--port", "18643", "--max_new_tokens_default", "1024", "--max_req_total_len",
           "1024"], 2, "error: --max_new_tokens_default 1024 leaves no room for a prompt"),
-        (["--port", "18644", "--nccl_host", "nohost.invalid"], EXIT_PORT_UNAVAILABLE,
+        (["--port", "18644", "--tp", "2", "--nccl_host", "nohost.invalid"], EXIT_PORT_UNAVAILABLE,
          "error: --nccl_host 'nohost.invalid': cannot resolve it"),
+        # One rank opens no rendezvous: the flags would do nothing.
+        (["--port", "18647", "--nccl_port", "29999"], 2,
+         "error: --nccl_port sets the torch.distributed rendezvous of tensor-parallel ranks, which one rank (--tp 1) "
+         "never opens; give it with --tp 2 or more, or leave it out"),
     ],
 )
 def test_the_launcher_refuses_in_one_line(tiny_llama_dir, argv, code, start):

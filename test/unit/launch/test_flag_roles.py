@@ -38,6 +38,8 @@ _VALUES = {
     "reserved_memory_gb": ["1"], "sampling_seed": ["1"], "pd_reserve_lease_seconds": ["5"],
     "tool_call_parser": ["hermes"],
 }
+# Flags that do something only beside another: one rank (--tp 1) opens no rendezvous.
+_WITH = {"nccl_host": ["--tp", "2"], "nccl_port": ["--tp", "2"]}
 # Given on every role by every test; --prefill_max_wait_tokens was replaced and is refused everywhere.
 _NOT_TRIED = {"model_dir", "run_mode", "prefill_max_wait_tokens"}
 
@@ -46,7 +48,7 @@ def _argv(action: argparse.Action) -> List[str]:
     if action.nargs == 0:
         return [action.option_strings[0]]
     value = _VALUES.get(action.dest) or [str(action.default)]
-    return [action.option_strings[0], *value]
+    return [action.option_strings[0], *value, *_WITH.get(action.dest, [])]
 
 
 _FLAGS = {action.dest: _argv(action) for action in make_argument_parser()._actions
