@@ -293,8 +293,7 @@ class OpenAIEndpoints:
         try:
             async for index, event in fanout.events():
                 usage.update(index, event)
-                choice = shaper.stream_choice(index, event)
-                if choice is not None:
+                for choice in shaper.stream_choices(index, event):
                     yield sse({**header, "choices": [choice], **tail(index)})
         except APIError as error:
             yield sse_error(error)

@@ -258,17 +258,17 @@ class CompletionShaper:
                    for offset in tracker.feed(text, [record.token_id for record in group])]
         return self._formatter.completion(records, offsets)
 
-    def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
-        """The chunk choice for one token; None for a token that adds nothing to send."""
+    def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
+        """The chunk choices for one token (one chunk each); none for a token that adds nothing to send."""
         first = index not in self._trackers
         tracker = self._trackers.setdefault(index, self._formatter.offset_tracker())
         pieces = self._pieces(index, [event], with_prompt=first)
         text = "".join(piece_text for piece_text, _ in pieces)
         has_tokens = any(group for _, group in pieces)
         if not text and event.finish_reason is None and not (self._with_logprobs and has_tokens):
-            return None
-        return {"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
-                "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
+            return []
+        return [{"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
+                 "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
 
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The whole choice of a non-streaming response."""
@@ -325,13 +325,13 @@ class ChatShaper:
                          for index in indices]
         return openings
 
-    def stream_choice(self, index: int, event: Any) -> dict[str, Any] | None:
-        """The chunk choice for one token; None for a token that adds nothing to send."""
+    def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
+        """The chunk choices for one token (one chunk each); none for a token that adds nothing to send."""
         if not event.text and event.finish_reason is None and not self._with_logprobs:
-            return None
+            return []
         logprobs = self._formatter.chat([event]) if self._with_logprobs else None
-        return {"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
-                "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
+        return [{"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
+                 "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
 
     def generated_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The choice as generated, before ``echo`` (subclasses read tool calls from it)."""

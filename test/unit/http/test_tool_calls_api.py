@@ -84,17 +84,23 @@ def test_auto_call_streaming_deltas() -> None:
 
 
 def _streamed_message(events: list[Any]) -> tuple[dict[str, Any], str]:
-    """The message an OpenAI client builds from a chat stream's chunks, and the finish reason."""
-    content, calls, finish = "", {}, None
+    """The message an OpenAI client builds from a chat stream's chunks, and the finish reason.
+
+    Content accumulates as the openai SDK's stream state does: the first value (null or a
+    string) is taken as it is, later strings are appended, so "" and null stay apart.
+    """
+    content, calls, finish = None, {}, None
     for event in events[:-1]:
         (choice,) = event["choices"]
-        content += choice["delta"].get("content") or ""
+        piece = choice["delta"].get("content")
+        if piece is not None:
+            content = piece if content is None else content + piece
         for entry in choice["delta"].get("tool_calls", []):
             call = calls.setdefault(entry["index"], {"name": None, "arguments": ""})
             call["name"] = entry["function"].get("name") or call["name"]
             call["arguments"] += entry["function"]["arguments"]
         finish = choice["finish_reason"] or finish
-    return {"content": content or None, "tool_calls": [calls[index] for index in sorted(calls)]}, finish
+    return {"content": content, "tool_calls": [calls[index] for index in sorted(calls)]}, finish
 
 
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -108,12 +114,14 @@ PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n<
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
     PARIS + "\n" + PARIS,
     "Sure.\n" + PARIS + "\nDone.",
+    PARIS,  # only a call: the content is null, streamed or not
+    "",  # nothing at all: the content is "", streamed or not
 ])
 def test_stream_and_whole_response_give_the_same_message(text: str, finish: str) -> None:
     for cut in (1, 2, 5):
-        client, _ = make_client([text[i:i + cut] for i in range(0, len(text), cut)], finish=finish)
+        client, _ = make_client([text[i:i + cut] for i in range(0, len(text), cut)] or [""], finish=finish)
         whole = chat(client, tools=[WEATHER_TOOL]).json()["choices"][0]
-        expected = {"content": whole["message"]["content"] or None,
+        expected = {"content": whole["message"]["content"],
                     "tool_calls": [call["function"] for call in whole["message"].get("tool_calls", [])]}
         assert _streamed_message(sse_events(chat(client, tools=[WEATHER_TOOL], stream=True))) == \
             (expected, whole["finish_reason"])
@@ -244,6 +252,37 @@ def test_langchain_bind_tools_with_no_tools() -> None:
     llm = langchain_openai.ChatOpenAI(model=MODEL, base_url="http://testserver/v1", api_key="unused",
                                       http_client=client, max_retries=0)
     assert llm.bind_tools([]).invoke("hi").content == "Hello"
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("script, choice, parser, count", [
+    (CALL_TEXT, "auto", "hermes", 1),  # the call completes on the last token
+    ([PARIS, "\n", PARIS], "auto", "hermes", 2),
+    (['[{"name":"clock","parameters":{}},', '{"name":"clock","parameters":{}}]'], "required", None, 2),
+    (['{"city":', '"Oslo"}'], NAMED_WEATHER, None, 1),  # sent whole at the end
+])
+def test_the_sdk_stream_helper_reports_every_call_done(script: list[str], choice: Any, parser: str | None,
+                                                        count: int) -> None:
+    """A call announced by the finishing token comes before the finish reason, in a chunk of its own:
+    the openai SDK's helper closes a call only when it saw its index before that chunk."""
+    openai = pytest.importorskip("openai")
+    client, _ = make_client(script, parser=parser)
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)
+    with sdk.chat.completions.stream(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                     tools=[WEATHER_TOOL, CLOCK_TOOL], tool_choice=choice) as stream:
+        done = [event.index for event in stream if event.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    message = final.choices[0].message
+    assert len(message.tool_calls) == count and done == list(range(count))
+    whole = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                        tools=[WEATHER_TOOL, CLOCK_TOOL], tool_choice=choice)
+    assert message.content == whole.choices[0].message.content
+    # The last chunk carries only the finish reason.
+    events = sse_events(chat(client, tools=[WEATHER_TOOL, CLOCK_TOOL], tool_choice=choice, stream=True))
+    assert events[-2]["choices"][0]["delta"] == {} and events[-2]["choices"][0]["finish_reason"] is not None
+    assert "tool_calls" in events[-3]["choices"][0]["delta"] and events[-3]["choices"][0]["finish_reason"] is None
 
 
 def test_official_client_and_langchain_read_tool_calls() -> None:
