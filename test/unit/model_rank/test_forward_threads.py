@@ -133,6 +133,10 @@ def test_decode_runs_wide_once_its_work_per_row_pays_for_the_borrowed_core() -> 
     never = WideForwardRule(ForwardCostModel(TOY, TOY_RATES), float("inf"))
     assert not never.decode_is_wide(rows=1, context_positions=10**9)
     assert never.prefill_is_wide(new_tokens=100, attended_positions=5050, finished_prompts=0)
+    # inf (documented) and a finite threshold beyond any context: no decode forward is wide.
+    for threshold in (float("inf"), 1e305):
+        beyond = WideForwardRule(ForwardCostModel(TOY, TOY_RATES), threshold)
+        assert beyond.decode_wide_from_positions() is None and "no decode forward" in beyond.describe()
     assert "decode from 50 context positions per row" in rule.describe()
     assert "every decode forward" in _rule(0.5).describe()
 

@@ -29,6 +29,7 @@ once that half is larger than what it delays.
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import ContextManager, Iterator, Optional
@@ -69,7 +70,10 @@ class WideForwardRule:
         scan_per_position = self.cost.decode_seconds(1, 1) - per_row
         if scan_per_position <= 0:
             return None
-        return int(-(-(self.min_seconds_per_streamed_token - per_row) // scan_per_position))
+        needed = (self.min_seconds_per_streamed_token - per_row) / scan_per_position
+        # A threshold of inf (documented: no decode forward wide) or one too large for any context
+        # gives an infinite count; it ended the rank's start with "cannot convert float NaN to integer".
+        return math.ceil(needed) if math.isfinite(needed) else None
 
     def describe(self) -> str:
         """One line for the start-up log: the rule, the measured rates and where decode turns wide."""
