@@ -30,33 +30,47 @@ class PortUnavailableError(ArgumentError):
 
 
 def is_loopback(host: str) -> bool:
-    """True when ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    """True when ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost, or a
+    name that resolves to loopback addresses only, such as a machine name mapped in /etc/hosts)."""
     name = host.strip().strip("[]").lower()
     if name in _LOOPBACK_NAMES:
         return True
     try:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
+        pass
+    if not name:
+        return False  # every address
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
         return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 def display_address(host: str, port: int) -> str:
-    """``host:port`` with IPv6 addresses in brackets."""
+    """``host:port`` with IPv6 addresses in brackets; ``*:port`` for an empty host (every address)."""
+    if not host:
+        return f"*:{port}"
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[socket.socket]:
     """Non-blocking sockets listening on every address ``host`` resolves to, at ``port``.
 
-    ``0.0.0.0``/``::``/empty listen everywhere (as uvicorn does). Raises :class:`PortUnavailableError`
-    (one line naming the address) when any of them cannot be bound; none stays bound then.
+    ``0.0.0.0``/``::``/empty listen everywhere (as uvicorn does): ``::`` on one dual-stack socket,
+    which IPv4 clients reach too (an IPv6-only one refused the IPv4 probes of load balancers);
+    empty on an IPv4 and an IPv6-only socket. Raises :class:`PortUnavailableError` (one line
+    naming the address) when any of them cannot be bound; none stays bound then.
     """
     bind_host = host.strip("[]") or None
-    where = display_address(host or "0.0.0.0", port)
+    where = display_address(host, port)
     try:
         infos = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise PortUnavailableError(f"--host {host!r}: cannot resolve it to an address to listen on: {exc}") from None
+    # Only beside an IPv4 socket of its own must an IPv6 one leave IPv4 alone (both bind the port).
+    v6_only = any(family == socket.AF_INET for family, *_ in infos)
     sockets: List[socket.socket] = []
     seen = set()
     try:
@@ -69,7 +83,7 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
             # A server restarted on its port must not wait out the old one's TIME_WAIT connections.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6_only))
             try:
                 sock.bind(address)
             except OSError as exc:

@@ -165,6 +165,7 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from lightllm.server.http.server_options import HttpServerOptions
     from lightllm.server.http.uvicorn_config import build_uvicorn_config
+    from lightllm.server.http.listen_sockets import display_address
 
     try:
         check_master_flags(args)
@@ -190,8 +191,8 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
                                             front_door=front_door, readiness=readiness)
     if not stop.requested:
         log.info(
-            "PD master serving %s on http://%s:%d (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
-            "decode token timeout %gs, busy retry %gs)", manager.model_name, args.host, args.port,
+            "PD master serving %s on http://%s (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
+            "decode token timeout %gs, busy retry %gs)", manager.model_name, display_address(args.host, args.port),
             manager.max_req_total_len, registry.heartbeat_interval_s, registry.max_missed_heartbeats,
             args.pd_prefill_timeout_seconds, args.pd_decode_token_timeout_seconds, manager.deadlines.busy_retry_s,
         )

@@ -229,7 +229,7 @@ def warn_if_reachable_without_key(args: argparse.Namespace, auth: "AuthPolicy") 
     """One warning line when the server listens beyond loopback and no key guards what it serves."""
     if is_loopback(args.host):
         return
-    where = display_address(args.host or "0.0.0.0", args.port)
+    where = display_address(args.host, args.port)
     if args.run_mode in PD_NODE_MODES:
         # A node refuses the public API; its /pd/ endpoints are what the cluster key guards.
         if auth.cluster_key is None:
@@ -385,7 +385,8 @@ def _start_and_serve(
             pd_node.attach(app, server, supervisor)
         watch_children(procs.children, procs.stopping, supervisor.child_died)
         if not stop.requested:
-            log.info("serving on http://%s:%d (prefill_queue_strategy=%s)", args.host, args.port, args.prefill_queue_strategy)
+            log.info("serving on http://%s (prefill_queue_strategy=%s)", display_address(args.host, args.port),
+                     args.prefill_queue_strategy)
             run_uvicorn(server)
         exit_code = stop.exit_code(supervisor)
     finally:

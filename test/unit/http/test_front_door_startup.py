@@ -12,7 +12,15 @@ import sys
 from pathlib import Path
 from typing import List
 
-from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE, bind_listeners, is_loopback
+import pytest
+
+from lightllm.server.http.listen_sockets import (
+    EXIT_INVALID_CONFIG,
+    EXIT_PORT_UNAVAILABLE,
+    PortUnavailableError,
+    bind_listeners,
+    is_loopback,
+)
 from lightllm.utils.process_utils import free_port
 
 # Lines the launcher logs once it plans or loads the model.
@@ -81,3 +89,34 @@ def test_loopback_names_and_binding() -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_the_ipv6_wildcard_listens_for_ipv4_clients_too() -> None:
+    """``--host ::`` is the usual dual-stack setting (containers): IPv4 probes must reach it, as uvicorn's."""
+    try:
+        sockets = bind_listeners("::", 0)
+    except PortUnavailableError:
+        pytest.skip("IPv6 cannot be bound here")
+    try:
+        (listener,) = sockets
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_machine_name_that_resolves_to_loopback_only_is_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name such as Debian's machine name (127.0.1.1 in /etc/hosts) must not warn "beyond loopback"."""
+    answers = {"vm": ["127.0.1.1"], "both": ["127.0.0.1", "10.1.2.3"]}
+
+    def getaddrinfo(name: str, *args: object, **kwargs: object) -> list:
+        if name not in answers:
+            raise socket.gaierror("unknown")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, 0)) for address in answers[name]]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert is_loopback("vm")
+    assert not is_loopback("both") and not is_loopback("nohost") and not is_loopback("")
