@@ -18,6 +18,7 @@ from lightllm.server.pd.master.continuation import (
     next_segment,
 )
 from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.node_streams import NodeCallError, NodeStreams
 from lightllm.server.pd.master.node_selector import (
     AFFINITY_PREFIX_TOKENS,
     AFFINITY_QUEUE_MARGIN_TOKENS,
@@ -28,6 +29,7 @@ from lightllm.server.pd.master.node_selector import (
 from lightllm.server.pd.protocol.membership import NodeLoad
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.utils.envs_utils import ENV_VARS, pd_node_busy_retry_timeout_seconds
+from lightllm.utils.process_utils import free_port
 
 ENV = "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"
 
@@ -334,3 +336,56 @@ def test_draining_nodes_get_nothing_new_and_readiness_says_so() -> None:
     assert registry.missing() == ["every prefill node is draining (p0, p1)"]
     assert registry.heartbeat("p1", node_state="serving")
     assert registry.ready and selector.pick("prefill").node_id == "p1"
+
+
+def test_a_node_whose_port_refused_the_master_gets_nothing_new_until_it_heartbeats() -> None:
+    """A killed node is known at the first refused connection, not only when it misses its heartbeats."""
+    registry = _cluster(1, 2)
+    selector = NodeSelector(registry)
+    d0 = registry.get("d0")
+    registry.mark_refused(d0, "could not be reached: ConnectError")
+    assert {selector.pick("decode").node_id for _ in range(4)} == {"d1"}
+    assert registry.ready and registry.snapshot()[0]["refused_age_s"] == 0.0
+    registry.mark_refused(registry.get("d1"), "could not be reached: ConnectError")
+    assert not registry.ready
+    assert registry.missing() == ["no decode node takes new requests (d0 refused a connection, d1 refused a connection)"]
+    with pytest.raises(ServerUnavailableError, match=r"\(d0 refused a connection, d1 refused a connection\)") as err:
+        selector.pick("decode")
+    assert err.value.code == "pd_not_ready"
+    # Nothing was dropped: the calls that fail report their own requests' errors.
+    assert [info.node_id for info in registry.alive("decode")] == ["d0", "d1"]
+    # A node that heartbeats is listening again.
+    assert registry.heartbeat("d1")
+    assert registry.ready and selector.pick("decode").node_id == "d1"
+    assert [entry["refused_age_s"] for entry in registry.snapshot()] == [0.0, None, None]
+    # A node the registry no longer knows is left alone.
+    registry.unregister("d0", "test")
+    registry.mark_refused(d0, "a late call")
+    assert registry.state("d0") is None
+
+
+def test_the_node_client_reports_a_refused_connection_before_the_caller_sees_it() -> None:
+    refused: List[str] = []
+    target = node("d9", "decode", port=free_port())  # nothing listens there
+
+    async def run() -> None:
+        nodes = NodeStreams(connect_timeout_s=5, on_refused=lambda info, why: refused.append(f"{info.node_id}: {why}"))
+        try:
+            with pytest.raises(NodeCallError) as err:
+                await nodes.post_json(target, "/pd/x", {}, timeout_s=5)
+            assert err.value.unreachable and len(refused) == 1
+            sunk: List[object] = []
+            done = asyncio.Event()
+
+            def sink(payload: object) -> None:
+                sunk.append(payload)
+                done.set()
+
+            nodes.stream(target, "/pd/y", {}, sink)
+            await asyncio.wait_for(done.wait(), 10)
+            assert isinstance(sunk[0], NodeCallError) and len(refused) == 2
+        finally:
+            await nodes.aclose()
+
+    asyncio.run(run())
+    assert refused[0].startswith("d9: ") and "could not be reached on /pd/x" in refused[0]

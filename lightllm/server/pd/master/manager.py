@@ -93,7 +93,7 @@ class PdMasterManager:
     async def start(self) -> None:
         """Start the node client and the expiry sweeper on the serving loop."""
         self.loop = asyncio.get_running_loop()
-        self._nodes = NodeStreams(cluster_key=self.cluster_key)
+        self._nodes = NodeStreams(cluster_key=self.cluster_key, on_refused=self.registry.mark_refused)
         self.pairs = PairSetup(self.registry, self._nodes, self.setup_timeout_s)
         self._flow = SegmentFlow(self.pairs, self.selector, self._nodes, self.deadlines, self.metrics)
         self._sweeper.start()

@@ -80,7 +80,8 @@ class NodeState:
     """A live node as the registry tracks it (times are readings of the registry's clock).
 
     ``load`` is the last load report (None: never reported), ``load_at`` when it came and
-    ``load_version`` how many reports came; ``state`` is ``serving`` or ``draining``.
+    ``load_version`` how many reports came; ``state`` is ``serving`` or ``draining``;
+    ``refused_at`` when its HTTP port last refused a connection, None once it heartbeats again.
     """
 
     info: NodeInfo
@@ -91,11 +92,13 @@ class NodeState:
     load_at: Optional[float] = None
     load_version: int = 0
     state: str = STATE_SERVING
+    refused_at: Optional[float] = None
 
     @property
     def serving(self) -> bool:
-        """The node takes new requests (it is not draining)."""
-        return self.state != STATE_DRAINING
+        """The node takes new requests: it is not draining and its port did not refuse the master."""
+        return self.state != STATE_DRAINING and self.refused_at is None
+
 
 
 class NodeRegistry:
@@ -185,8 +188,25 @@ class NodeRegistry:
             return False
         state.last_heartbeat = self._clock()
         state.heartbeats += 1
+        if state.refused_at is not None:
+            state.refused_at = None
+            logger.info("PD %s heartbeats again after refusing a connection; it takes new requests", state.info.describe())
         self._report(state, load, node_state)
         return True
+
+    def mark_refused(self, node: NodeInfo, why: str) -> None:
+        """The node's HTTP port refused a connection: nothing listens there, so its process is gone.
+
+        It takes no new requests and counts against readiness at once, instead of until it misses
+        its heartbeats (7 s by default), in which every request placed on it failed while /health
+        said ok; its next heartbeat (a node that only restarted its listener) takes it back. What
+        runs on it is left to the calls that fail, as before: this drops nothing.
+        """
+        state = self._nodes.get(node.node_id)
+        if state is None or state.refused_at is not None:
+            return
+        state.refused_at = self._clock()
+        logger.warning("PD %s takes no new requests until it heartbeats again: %s", node.describe(), why)
 
     def _report(self, state: NodeState, load: Optional[NodeLoad], node_state: Optional[str]) -> None:
         if load is not None:
@@ -262,8 +282,21 @@ class NodeRegistry:
             if not alive:
                 problems.append(f"no {role} node registered")
             elif not any(self._nodes[info.node_id].serving for info in alive):
-                problems.append(f"every {role} node is draining ({', '.join(info.node_id for info in alive)})")
+                ids = [info.node_id for info in alive]
+                if any(self._nodes[node_id].refused_at is not None for node_id in ids):
+                    problems.append(f"no {role} node takes new requests ({self.why_not_serving(ids)})")
+                else:
+                    problems.append(f"every {role} node is draining ({', '.join(ids)})")
         return problems
+
+    def why_not_serving(self, node_ids: List[str]) -> str:
+        """Why the live nodes ``node_ids`` (none :attr:`NodeState.serving`) take no new requests:
+        ``"p0, p1 draining"``, or each node's reason once one refused a connection."""
+        states = [self._nodes[node_id] for node_id in node_ids if node_id in self._nodes]
+        if all(state.refused_at is None for state in states):
+            return f"{', '.join(state.info.node_id for state in states)} draining"
+        return ", ".join(f"{state.info.node_id} {'refused a connection' if state.refused_at is not None else 'draining'}"
+                         for state in states)
 
     @property
     def ready(self) -> bool:
@@ -278,7 +311,8 @@ class NodeRegistry:
 
     def snapshot(self) -> List[Dict[str, object]]:
         """Each live node's registration plus ``heartbeats``, ``last_heartbeat_age_s``, ``state``,
-        ``load`` (the last report, None before the first) and ``load_age_s``."""
+        ``load`` (the last report, None before the first), ``load_age_s`` and ``refused_age_s``
+        (seconds since its port refused the master, None when it did not since its last heartbeat)."""
         self.expire()
         now = self._clock()
         return [
@@ -289,6 +323,7 @@ class NodeRegistry:
                 "state": state.state,
                 "load": state.load.to_dict() if state.load is not None else None,
                 "load_age_s": round(now - state.load_at, 3) if state.load_at is not None else None,
+                "refused_age_s": round(now - state.refused_at, 3) if state.refused_at is not None else None,
             }
             for state in sorted(self._nodes.values(), key=lambda s: s.info.node_id)
         ]

@@ -178,7 +178,7 @@ class NodeSelector:
         if not alive:
             return ServerUnavailableError(f"no {role} node{others} is alive in the PD cluster", NOT_READY_CODE)
         return ServerUnavailableError(
-            f"no {role} node{others} takes new requests in the PD cluster ({', '.join(alive)} draining)",
+            f"no {role} node{others} takes new requests in the PD cluster ({self.registry.why_not_serving(alive)})",
             NOT_READY_CODE)
 
     # --- accounting -----------------------------------------------------------------------

@@ -87,17 +87,27 @@ def _drop(payload: Any) -> None:
     """The sink of a released stream: nobody reads its lines any more."""
 
 
+# Told of a node whose HTTP port refused a connection: ``(node, what the call saw)``.
+RefusalListener = Callable[[NodeInfo, str], None]
+
+
+def _ignore_refusal(node: NodeInfo, why: str) -> None:
+    """The refusal listener of a client nobody asked to be told."""
+
+
 class NodeStream:
     """One NDJSON stream from a node, read in a background task into ``sink``.
 
     ``released`` is the owner's set of streams released and not yet ended (it holds them, so
     their tasks are not garbage collected and the owner can close them when it stops).
+    ``on_refused`` is told when the node's port refuses the connection.
     """
 
     def __init__(self, client: httpx.AsyncClient, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink,
-                 released: Optional[Set["NodeStream"]] = None):
+                 released: Optional[Set["NodeStream"]] = None, on_refused: RefusalListener = _ignore_refusal):
         self.node = node
         self.path = path
+        self._on_refused = on_refused
         self._client = client
         self._body = body
         self._sink = sink
@@ -133,7 +143,10 @@ class NodeStream:
                     self._sink(event)
             self._sink(STREAM_END)
         except httpx.HTTPError as exc:
-            self._sink(_call_failure(self.node, self.path, exc, self._client.timeout))
+            failure = _call_failure(self.node, self.path, exc, self._client.timeout)
+            if isinstance(exc, httpx.ConnectError):
+                self._on_refused(self.node, str(failure))
+            self._sink(failure)
 
     def cancel(self) -> None:
         """Stop reading now; the reader closes the connection on its own (see :meth:`close`).
@@ -192,12 +205,15 @@ class NodeStreams:
     """The master's one HTTP client of every node (one connection per stream, never reused).
 
     ``cluster_key`` (``--pd_cluster_key``) goes with every call: the nodes' ``/pd/`` endpoints
-    require it when the cluster has one.
+    require it when the cluster has one. ``on_refused`` is told of every node whose port refused a
+    connection (nothing listens there: the process is gone), before the caller sees the error.
     """
 
-    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, cluster_key: Optional[str] = None) -> None:
+    def __init__(self, connect_timeout_s: float = CONNECT_TIMEOUT_S, cluster_key: Optional[str] = None,
+                 on_refused: RefusalListener = _ignore_refusal) -> None:
         # Streams released to end by themselves (NodeStream.release), held until they do.
         self._released: Set[NodeStream] = set()
+        self._on_refused = on_refused
         # No read timeout here: the request flow bounds every wait with its phase deadlines.
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout_s),
@@ -211,7 +227,7 @@ class NodeStreams:
 
     def stream(self, node: NodeInfo, path: str, body: Dict[str, Any], sink: Sink) -> NodeStream:
         """Open ``path`` on ``node`` with ``body``; its lines go to ``sink``."""
-        return NodeStream(self._client, node, path, body, sink, self._released).start()
+        return NodeStream(self._client, node, path, body, sink, self._released, self._on_refused).start()
 
     async def post_json(self, node: NodeInfo, path: str, body: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
         """POST ``body`` and return the JSON answer; :class:`NodeCallError` on any failure."""
@@ -220,7 +236,10 @@ class NodeStreams:
         try:
             response = await self._client.post(url, json=body, timeout=timeout)
         except httpx.HTTPError as exc:
-            raise _call_failure(node, path, exc, timeout) from None
+            failure = _call_failure(node, path, exc, timeout)
+            if isinstance(exc, httpx.ConnectError):
+                self._on_refused(node, str(failure))
+            raise failure from None
         if response.status_code != 200:
             message, code = _error_message(response, response.content)
             raise NodeCallError(node, message, response.status_code, code)
