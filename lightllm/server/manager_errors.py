@@ -31,6 +31,14 @@ class ServerUnavailableError(RuntimeError):
         self.code = code
 
 
+class ServerChatTemplateError(RuntimeError):
+    """The server's own chat template (the checkpoint's) cannot be compiled: no chat can render.
+
+    Not the client's fault, so not a ``ValueError`` (a 400): the HTTP layer answers 500 with
+    code ``chat_template_invalid``; the operator fixes it with ``--chat_template``.
+    """
+
+
 class DuplicateRequestIdError(ValueError):
     """A caller-assigned request id is already in use by a live request of this server.
 

@@ -19,8 +19,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import jinja2
 
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
+from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.prompt_length_probe import encode_within
-from lightllm.server.request_defaults import RequestDefaults
+from lightllm.server.request_defaults import RequestDefaults, chat_template_environment
 from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
                                                 template_variables, unread_message, variable_param)
 
@@ -49,6 +50,29 @@ def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True, with
     """
     return encode_within(lambda part: list(tokenizer(part, add_special_tokens=add_special_tokens)["input_ids"]),
                          text, within)
+
+
+def server_template_problem(exc: jinja2.TemplateSyntaxError, name: Optional[str] = None) -> str:
+    """One line saying the server's chat template (``name``: one of several) does not compile, and how to replace it."""
+    which = f"chat template {name!r}" if name is not None else "chat template"
+    return (f"the server's {which} is not a valid Jinja template: {exc.message} (line {exc.lineno}); "
+            "start the server with --chat_template to replace it")
+
+
+def check_checkpoint_templates(tokenizer: Any) -> Optional[str]:
+    """The problem of the first of the tokenizer's chat templates (one, or a name -> template mapping)
+    that does not compile, or None. Checked at start: otherwise every chat request found it."""
+    templates = getattr(tokenizer, "chat_template", None)
+    named = templates.items() if isinstance(templates, dict) else [(None, templates)]
+    environment = chat_template_environment()
+    for name, template in named:
+        if not isinstance(template, str):
+            continue
+        try:
+            environment.from_string(template)  # compiling also checks filter and test names
+        except jinja2.TemplateSyntaxError as exc:
+            return server_template_problem(exc, name)
+    return None
 
 
 class ChatTemplateSyntaxError(ValueError):
@@ -150,7 +174,8 @@ def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_
         if (chat_template_kwargs or {}).get("chat_template"):
             raise ChatTemplateSyntaxError(
                 f"chat_template is not a valid Jinja template: {exc.message} (line {exc.lineno})") from exc
-        raise ValueError(f"chat template failed: {exc}") from exc
+        # The server's own template: no chat can render, whatever the client sends.
+        raise ServerChatTemplateError(server_template_problem(exc)) from exc
     except Exception as exc:
         raise ValueError(f"chat template failed: {exc}") from exc
 
@@ -200,6 +225,11 @@ class ServedModel:
         if self.request_defaults.chat_template is not None:
             # --chat_template: every chat renders with it (a request's own still replaces it).
             self.tokenizer.chat_template = self.request_defaults.chat_template
+        else:
+            problem = check_checkpoint_templates(self.tokenizer)
+            if problem is not None:
+                # Warned, not refused: completions and /generate do not need it.
+                log.warning("%s; until then every chat request fails with 500 chat_template_invalid", problem)
         self.check_eos_ids()
         size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else 0
         if size > self.vocab_size:

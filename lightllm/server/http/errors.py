@@ -19,7 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lightllm.server.manager_errors import DuplicateRequestIdError, ServerBusyError, ServerUnavailableError
+from lightllm.server.manager_errors import (
+    DuplicateRequestIdError,
+    ServerBusyError,
+    ServerChatTemplateError,
+    ServerUnavailableError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +127,7 @@ def manager_error(exc: Exception, param: str | None = None) -> APIError:
 
     The types come from :mod:`lightllm.server.manager_errors`: ``ServerBusyError`` and
     ``ServerUnavailableError`` (shutting down, a process died) become 503,
+    ``ServerChatTemplateError`` (the server's template does not compile) 500 ``chat_template_invalid``,
     ``DuplicateRequestIdError`` 409, any other ``ValueError`` (a request the manager refuses) 400,
     anything else is logged and becomes a 500 without details.
     """
@@ -132,6 +138,8 @@ def manager_error(exc: Exception, param: str | None = None) -> APIError:
     if isinstance(exc, ServerUnavailableError):
         # The server is shutting down or lost a process: the request may succeed on another replica.
         return APIError(503, str(exc), SERVICE_UNAVAILABLE, None, exc.code or "server_unavailable")
+    if isinstance(exc, ServerChatTemplateError):
+        return APIError(500, str(exc), SERVER_ERROR, None, "chat_template_invalid")
     if isinstance(exc, DuplicateRequestIdError):
         # Only server code assigns ids (a PD master); a clash is a conflict, not a bad body.
         return APIError(409, str(exc), INVALID_REQUEST, None, "duplicate_request_id")

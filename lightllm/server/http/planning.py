@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Mapping
 from lightllm.common.sampling import SamplingParamError, SamplingParams
 from lightllm.common.sampling.sampling_params import MAX_SEED
 from lightllm.server.http.errors import INVALID_REQUEST, APIError, invalid_request, manager_error
+from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.http.fanout import ChoiceJob
 
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
@@ -28,7 +29,7 @@ async def encoded(pending: Awaitable[list[int]], param: str, vocab_size: int | N
     """
     try:
         ids = await pending
-    except ValueError as exc:
+    except (ValueError, ServerChatTemplateError) as exc:
         raise manager_error(exc, param) from None
     if not ids:
         raise APIError(400, f"{param} is empty after tokenization", param=param)

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.body import parse_body_off_loop
 from lightllm.server.http.errors import JSONErrorRoute, invalid_request, manager_error
+from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.http.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openapi import request_body, request_body_any
 from lightllm.server.http.planning import check_token_ids
@@ -123,5 +124,5 @@ async def _encoded(pending: Awaitable[List[int]], param: str) -> List[int]:
     """
     try:
         return list(await pending)
-    except ValueError as exc:
+    except (ValueError, ServerChatTemplateError) as exc:
         raise manager_error(exc, param) from None
