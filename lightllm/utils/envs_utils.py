@@ -112,7 +112,8 @@ def idle_malloc_trim_seconds() -> float:
 
 def step_trace_path() -> Optional[str]:
     """``LIGHTLLM_STEP_TRACE`` as an absolute file path, or None when unset or empty; refused when
-    it names a directory or its directory does not exist or cannot be written."""
+    it names a directory, its directory does not exist, or the file cannot be opened for writing
+    (it is created empty then; the rank truncates it when it starts tracing)."""
     raw = os.environ.get("LIGHTLLM_STEP_TRACE")
     if not raw:
         return None
@@ -122,8 +123,12 @@ def step_trace_path() -> Optional[str]:
         raise ValueError(f"LIGHTLLM_STEP_TRACE must name a file, got the directory {raw!r}")
     if not os.path.isdir(folder):
         raise ValueError(f"LIGHTLLM_STEP_TRACE's directory {folder!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"LIGHTLLM_STEP_TRACE's directory {folder!r} is not writable")
+    try:
+        # Opening it is the only honest check: os.access says yes to root on a read-only mount or /proc.
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"LIGHTLLM_STEP_TRACE {raw!r} cannot be written: {exc.strerror or exc}") from None
     return path
 
 

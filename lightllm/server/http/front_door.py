@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from lightllm.server.http.accept_pause import AcceptPause
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.connection_book import ConnectionBook
 from lightllm.server.http.fatal_thread import FatalThread, stop_own_process
@@ -69,7 +70,6 @@ logger = logging.getLogger(__name__)
 
 _READ_BYTES = 65536
 _ACCEPTS_PER_WAKE = 256
-_ACCEPT_PAUSE_SECONDS = 0.2  # out of file descriptors: let some close before accepting again
 _MAX_LINGERING = 256  # answered connections read until their client closes (lingering_sockets.py)
 
 
@@ -112,7 +112,7 @@ class FrontDoor:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._paused_until = 0.0
+        self._accept_pause = AcceptPause(logger)
         self._worker = FatalThread(self._run, "http-front-door", "HTTP front door thread", logger,
                                    self._closed.is_set, self._abandon)
         self._thread = self._worker.thread
@@ -187,8 +187,8 @@ class FrontDoor:
             now = time.monotonic()
             deadlines = [pending.deadline for pending in self._pending.values()]
             deadlines.extend(self._lingering.deadlines())
-            if self._paused_until:
-                deadlines.append(self._paused_until)
+            if self._accept_pause.until:
+                deadlines.append(self._accept_pause.until)
             log_due = self._book.next_log_due()
             if log_due is not None:
                 deadlines.append(log_due)
@@ -221,10 +221,9 @@ class FrontDoor:
             self._admit(sock, str(address[0]))
 
     def _pause_accepting(self, exc: OSError) -> None:
-        logger.warning("cannot accept connections (%s); pausing accept for %gs", exc.strerror, _ACCEPT_PAUSE_SECONDS)
         for sock in self.sockets:
             self._selector.unregister(sock)
-        self._paused_until = time.monotonic() + _ACCEPT_PAUSE_SECONDS
+        self._accept_pause.start(exc.strerror or str(exc), time.monotonic())
 
     def _admit(self, sock: socket.socket, peer: str) -> None:
         sock.setblocking(False)
@@ -296,8 +295,7 @@ class FrontDoor:
         return self._client_keys is not None and self._client_keys.contains(token)
 
     def _expire(self, now: float) -> None:
-        if self._paused_until and now >= self._paused_until:
-            self._paused_until = 0.0
+        if self._accept_pause.ends(now):
             for sock in self.sockets:
                 self._selector.register(sock, selectors.EVENT_READ, "listen")
         self._lingering.expire(now)
@@ -388,7 +386,7 @@ def open_front_door(args: Any) -> FrontDoor:
     from lightllm.server.http.listen_sockets import bind_listeners
 
     options = HttpServerOptions.from_args(args)
-    ensure_file_descriptors(options.limits.max_connections + options.limits.reserve_connections)
+    ensure_file_descriptors(options.limits)
     door = FrontDoor(bind_listeners(args.host, args.port), options.limits, options.auth)
     # Until the supervisor takes over (SupervisedServer), a dead front door ends the start-up the
     # way a stop signal does, with the launcher's cleanup; the model may take minutes to load.

@@ -142,10 +142,13 @@ class HttpServerOptions:
                    allowed_origins=() if args.run_mode in PD_NODE_MODES else tuple(args.allowed_origins))
 
 
-def ensure_file_descriptors(max_connections: int) -> None:
-    """Raise the soft open-file limit so ``max_connections`` sockets fit, or say plainly that they do not."""
+def ensure_file_descriptors(limits: HttpLimits) -> None:
+    """Raise the soft open-file limit so the connection cap and its reserve fit, or say plainly that they do not.
+
+    Called once per process, by the front door, which accepts every connection.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = max_connections + RESERVED_FILE_DESCRIPTORS
+    needed = limits.max_connections + limits.reserve_connections + RESERVED_FILE_DESCRIPTORS
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         try:
@@ -155,7 +158,8 @@ def ensure_file_descriptors(max_connections: int) -> None:
             pass
     if soft != resource.RLIM_INFINITY and soft < needed:
         log.warning(
-            "the open-file limit (%d) is below --http_max_connections (%d) + %d; connections beyond it fail at "
-            "accept() instead of getting a 503: raise 'ulimit -n' or lower --http_max_connections",
-            soft, max_connections, RESERVED_FILE_DESCRIPTORS,
+            "the open-file limit (%d) is below the %d files --http_max_connections %d needs (with its reserve of %d "
+            "connections and %d for the server's own files); connections beyond it fail at accept() instead of "
+            "getting a 503: raise 'ulimit -n' or lower --http_max_connections",
+            soft, needed, limits.max_connections, limits.reserve_connections, RESERVED_FILE_DESCRIPTORS,
         )

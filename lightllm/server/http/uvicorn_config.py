@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from lightllm.server.http.protocol import guarded_protocol_class
-from lightllm.server.http.server_options import HttpServerOptions, ensure_file_descriptors
+from lightllm.server.http.server_options import HttpServerOptions
 
 
 def build_uvicorn_config(app: Any, args: argparse.Namespace, options: HttpServerOptions, **overrides: Any) -> Any:
@@ -20,7 +20,6 @@ def build_uvicorn_config(app: Any, args: argparse.Namespace, options: HttpServer
 
     ``overrides`` are passed to ``uvicorn.Config`` as they are (e.g. ``timeout_graceful_shutdown``).
     """
-    ensure_file_descriptors(options.limits.max_connections + options.limits.reserve_connections)
     settings: dict[str, Any] = dict(
         host=args.host,
         port=args.port,

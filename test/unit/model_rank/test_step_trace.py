@@ -68,7 +68,9 @@ def test_the_variable_is_checked_at_start_up_and_reaches_the_ranks(tiny_llama_di
     configs = build_process_configs(args, sizing, config, plan_layout(sizing, "lightllm_test_trace", "/tmp/lightllm_test_trace"),
                                     nccl_port=29997, sampling_seed=resolve_sampling_seed(args))
     assert [rank.step_trace_path for rank in configs.ranks] == [str(tmp_path / "steps.csv")]
-    for value, message in [(str(tmp_path), "must name a file"), (str(tmp_path / "missing" / "steps.csv"), "does not exist")]:
+    # /proc exists and root may "write" there by os.access; opening the file is what fails.
+    for value, message in [(str(tmp_path), "must name a file"), (str(tmp_path / "missing" / "steps.csv"), "does not exist"),
+                           ("/proc/lightllm_steps.csv", "cannot be written")]:
         monkeypatch.setenv("LIGHTLLM_STEP_TRACE", value)
         with pytest.raises(ValueError, match=f"LIGHTLLM_STEP_TRACE.*{message}"):
             plan_sizing(args, config, "cpu")
