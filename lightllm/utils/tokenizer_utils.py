@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any, FrozenSet, List
 
+from lightllm.utils.tokenizer_sources import check_tokenizer_sources
 from lightllm.utils.torch_free import quiet_transformers_without_torch
 
 
@@ -28,7 +29,17 @@ def _importable(module: str) -> bool:
 
 
 def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
-    """The Hugging Face tokenizer stored in ``model_dir``."""
+    """The Hugging Face tokenizer stored in ``model_dir``.
+
+    Raises :class:`~lightllm.utils.tokenizer_sources.TokenizerFilesError` (one line) when the
+    directory holds no tokenizer files, and a ``ValueError`` naming the packages a
+    ``tokenizer.model``-only checkpoint needs when they are missing.
+    """
+    if Path(model_dir).is_dir():
+        # The launcher refuses such a directory before any process starts; a caller loading it
+        # directly (the benchmarks) gets the same one line, not transformers' failure or, for a
+        # Qwen2 config, a tokenizer of empty vocabulary.
+        check_tokenizer_sources(model_dir)
     with quiet_transformers_without_torch():
         from transformers import AutoTokenizer
 

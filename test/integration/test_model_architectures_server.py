@@ -124,6 +124,8 @@ def _errors(proc: subprocess.CompletedProcess) -> list[str]:
 def test_the_launcher_refuses_what_it_cannot_serve_in_one_line(tiny_mistral_dir, tmp_path):
     other = tmp_path / "gpt2"
     other.mkdir()
+    # A tokenizer, as every checkpoint has: a directory without one is refused before the flags are read.
+    shutil.copy(tiny_mistral_dir / "tokenizer.json", other / "tokenizer.json")
     (other / "config.json").write_text(json.dumps({**json.loads((tiny_mistral_dir / "config.json").read_text()),
                                                    "model_type": "gpt2"}))
     proc = _launch(["--model_dir", str(other)])

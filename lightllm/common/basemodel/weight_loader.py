@@ -6,15 +6,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from lightllm.common.basemodel.checkpoint_files import (
-    INDEX_FILE,
-    SINGLE_FILE,
-    CheckpointFilesError,
-    read_weight_map,
-    weight_files,
-)
+from lightllm.common.basemodel.checkpoint_files import INDEX_FILE, SINGLE_FILE, CheckpointFilesError, read_weight_map
+from lightllm.common.basemodel.weight_headers import read_weight_headers
 
 
 class CheckpointError(CheckpointFilesError):
@@ -33,23 +28,23 @@ class SafetensorsCheckpoint:
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
         self._name_to_file: Dict[str, Path] = {}
-        # The file-list rule first (the launcher ran it too): a shard the index names but the
-        # directory lacks is refused now, not when its first tensor is read.
-        files = weight_files(self.model_dir)
+        # The launcher's checks first (it ran them too): a shard the index names but the
+        # directory lacks, a truncated file or an index sending a tensor to the wrong shard is
+        # refused now, naming the file, not when its first tensor is read.
+        headers = read_weight_headers(self.model_dir)
         weight_map = read_weight_map(self.model_dir)
         if weight_map is not None:
             for name, file_name in weight_map.items():
                 self._name_to_file[name] = self.model_dir / file_name
         else:
-            for path in files:
-                with safe_open(str(path), framework="pt") as handle:
-                    for name in handle.keys():
-                        other = self._name_to_file.setdefault(name, path)
-                        if other != path:
-                            raise CheckpointError(
-                                f"tensor {name!r} is in both {other.name} and {path.name} in {self.model_dir}, "
-                                f"which has neither {INDEX_FILE} nor {SINGLE_FILE} to say which is the model's"
-                            )
+            for path, header in headers.items():
+                for name in header.tensors:
+                    other = self._name_to_file.setdefault(name, path)
+                    if other != path:
+                        raise CheckpointError(
+                            f"tensor {name!r} is in both {other.name} and {path.name} in {self.model_dir}, "
+                            f"which has neither {INDEX_FILE} nor {SINGLE_FILE} to say which is the model's"
+                        )
         self._handles: Dict[Path, object] = {}
         self._read: set[str] = set()
 
@@ -61,7 +56,11 @@ class SafetensorsCheckpoint:
         if path not in self._handles:
             if not path.is_file():
                 raise CheckpointError(f"checkpoint file {path} named in the index is missing")
-            self._handles[path] = safe_open(str(path), framework="pt")
+            try:
+                self._handles[path] = safe_open(str(path), framework="pt")
+            except SafetensorError as exc:
+                # safetensors' message names no file (the header checks above should have caught it).
+                raise CheckpointError(f"checkpoint file {path}: {exc}") from exc
         return self._handles[path]
 
     def get(
@@ -81,7 +80,24 @@ class SafetensorsCheckpoint:
         """
         if name not in self._name_to_file:
             raise CheckpointError(f"checkpoint {self.model_dir} has no tensor {name!r}")
-        handle = self._handle(self._name_to_file[name])
+        path = self._name_to_file[name]
+        try:
+            return self._read_tensor(path, name, dtype, shard_dim, shard, shape, shape_source)
+        except SafetensorError as exc:
+            raise CheckpointError(f"checkpoint file {path}: reading tensor {name!r}: {exc}") from exc
+
+    def _read_tensor(
+        self,
+        path: Path,
+        name: str,
+        dtype: torch.dtype,
+        shard_dim: Optional[int],
+        shard: Optional[slice],
+        shape: Optional[Sequence[int]],
+        shape_source: str,
+    ) -> torch.Tensor:
+        """:meth:`get` for a tensor of ``path`` (safetensors' own errors pass through)."""
+        handle = self._handle(path)
         view = handle.get_slice(name)
         stored = tuple(view.get_shape())
         if shape is not None and stored != tuple(shape):

@@ -2,8 +2,9 @@
 
 Everything here happens before any process starts, so a checkpoint this server cannot serve (an
 unknown ``model_type``, a broken ``generation_config.json``, an EOS id outside the vocabulary, a
-chat template that does not compile, weights that are not safetensors or a shard the index names
-missing) ends the start with one line naming the problem.
+chat template that does not compile, no tokenizer files, weights that are not safetensors, a shard
+the index names missing, a weight file that is truncated or not safetensors, an index assigning a
+tensor to a shard that does not hold it) ends the start with one line naming the problem.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import logging
 import os
 from typing import Tuple
 
-from lightllm.common.basemodel.checkpoint_files import weight_files
+from lightllm.common.basemodel.weight_headers import read_weight_headers
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.model_types import check_model_type
 from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
+from lightllm.utils.tokenizer_sources import check_tokenizer_sources
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,10 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
         raise ValueError(f"--model_dir {args.model_dir}: no config.json there (not a Hugging Face checkpoint directory)")
     model_config = ModelConfig.from_dir(args.model_dir)
     check_model_type(model_config)
+    # The HTTP and detokenization processes load the tokenizer only after every process started,
+    # and transformers' error then names neither the directory nor a file: refuse here (the PD
+    # master, which loads it too, reads the checkpoint through this function).
+    check_tokenizer_sources(args.model_dir)
     request_defaults = RequestDefaults.from_args(args)
     resolve_eos_token_ids(args, model_config)
     warn_without_eos(args, model_config)
@@ -43,13 +49,15 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
 def check_weight_files(args: argparse.Namespace) -> None:
     """Refuse (``CheckpointFilesError``, a ``ValueError``, one line) a ``--model_dir`` whose weight files the ranks could not read.
 
-    The file-list rule of :func:`weight_files`, the one the ranks' loader applies: no
-    ``*.safetensors`` file (PyTorch ``*.bin`` weights only are named), or a shard the index names
-    missing.  Only names are read; tensors (a missing one, a wrong shape) are checked by the
-    ranks as they load.  Not for a PD master, which loads no weights.
+    What the ranks' loader checks when it opens the checkpoint (:func:`read_weight_headers`): the
+    file-list rule (no ``*.safetensors`` file, PyTorch ``*.bin`` weights only are named; a shard
+    the index names missing), each file's safetensors header (a truncated or empty file, one
+    that is not safetensors) and the index against the headers (a tensor assigned to a shard
+    that does not hold it).  Only names and headers are read; tensors (a missing one, a wrong
+    shape) are checked by the ranks as they load.  Not for a PD master, which loads no weights.
     """
-    files = weight_files(args.model_dir)
-    log.info("weights: %d safetensors file(s) in %s", len(files), args.model_dir)
+    headers = read_weight_headers(args.model_dir)
+    log.info("weights: %d safetensors file(s) in %s", len(headers), args.model_dir)
 
 
 def log_checkpoint_limits(args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing) -> None:

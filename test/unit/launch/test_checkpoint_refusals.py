@@ -1,5 +1,6 @@
 """What the launcher derives from, and refuses in, a checkpoint before any process starts: the
-default context of a RoPE-scaled checkpoint (vLLM's rule), weight files the ranks could not read,
+default context of a RoPE-scaled checkpoint (vLLM's rule), weight files the ranks could not read
+(by name or by their safetensors headers), no tokenizer files (the PD master refuses those too),
 and a ``--tp`` that does not divide the heads (KV heads are replicated when ``--tp`` is a multiple of them)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_damage_support import copy_checkpoint, misassign_first_tensor, remove_tokenizer, shard_in_two, truncate
 from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, weight_files
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
@@ -108,20 +110,55 @@ def test_an_index_naming_a_missing_shard_is_refused_by_the_file_rule(tiny_llama_
         SafetensorsCheckpoint(model_dir)
 
 
+def _truncated_shard(tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "truncated_shard")
+    shard_in_two(model_dir)
+    truncate(model_dir / "model-00002-of-00002.safetensors", 1000)  # what an interrupted download leaves
+    return model_dir
+
+
+def _index_wrong_shard(tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "index_wrong_shard")
+    shard_in_two(model_dir)
+    misassign_first_tensor(model_dir)
+    return model_dir
+
+
+def _no_tokenizer(tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "no_tokenizer")
+    remove_tokenizer(model_dir)
+    return model_dir
+
+
+def _refusal(model_dir: Path, *flags: str) -> str:
+    """The launcher's one error line for ``model_dir`` (asserting exit code 2, that line alone, nothing started)."""
+    done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir),
+                           "--port", "18646", *flags], capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "starting: model=" not in done.stderr and "Traceback" not in done.stderr
+    return lines[0]
+
+
 @pytest.mark.parametrize("build, message", [
     (_bin_only, "only safetensors checkpoints are supported, and it holds pytorch_model.bin"),
     (_missing_shard, "names 1 file(s) missing from"),
+    (_truncated_shard, "/truncated_shard/model-00002-of-00002.safetensors is truncated: its safetensors header places "
+                       "tensor data up to byte"),
+    (_index_wrong_shard, "/index_wrong_shard/model.safetensors.index.json assigns tensor 'lm_head.weight' to "
+                         "model-00002-of-00002.safetensors, which does not hold it"),
+    (_no_tokenizer, "/no_tokenizer: looked for tokenizer.json, or a vocabulary (tokenizer.model"),
 ])
-def test_the_launcher_refuses_unreadable_weight_files_before_anything_starts(tiny_llama_dir, tmp_path, build,
-                                                                             message):
-    model_dir = build(tiny_llama_dir, tmp_path)
+def test_the_launcher_refuses_unreadable_checkpoint_files_before_anything_starts(tiny_llama_dir, tmp_path, build,
+                                                                                 message):
     # --max_total_token_num: the KV budget, which sizes the weights, is not what finds them.
-    done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir),
-                           "--device", "cpu", "--port", "18646", "--max_total_token_num", "4096"],
-                          capture_output=True, text=True, timeout=120)
-    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
-    assert "starting: model=" not in done.stderr and "Traceback" not in done.stderr
+    line = _refusal(build(tiny_llama_dir, tmp_path), "--device", "cpu", "--max_total_token_num", "4096")
+    assert message in line, line
+
+
+def test_the_pd_master_refuses_a_checkpoint_without_tokenizer_files(tiny_llama_dir, tmp_path):
+    line = _refusal(_no_tokenizer(tiny_llama_dir, tmp_path), "--run_mode", "pd_master")
+    assert line.startswith(f"error: no tokenizer files in {tmp_path / 'no_tokenizer'}: looked for tokenizer.json"), line
 
 
 # --- --tp must divide the heads, or replicate the KV heads it exceeds ------------------------------
