@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import BinaryIO, Dict, List, Tuple
 
-from lightllm.common.basemodel.checkpoint_files import weight_files
+from lightllm.common.basemodel.safetensors_header import TensorEntry
+from lightllm.common.basemodel.weight_headers import read_weight_headers
 
 # Bytes read at each of the three places of a tensor.
 SAMPLE_BYTES = 64
@@ -27,35 +27,19 @@ SAMPLE_BYTES = 64
 FINGERPRINT_HEX_DIGITS = 16
 
 
-def _tensor_entries(path: Path) -> Tuple[int, Dict[str, dict]]:
-    """The data start and the header entries (name -> dtype, shape, data_offsets) of one file."""
-    with open(path, "rb") as handle:
-        raw = handle.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path} is not a safetensors file (shorter than its header length)")
-        header_len = struct.unpack("<Q", raw)[0]
-        try:
-            header = json.loads(handle.read(header_len))
-        except ValueError as exc:
-            raise ValueError(f"{path} has an unreadable safetensors header: {exc}") from None
-    header.pop("__metadata__", None)
-    return 8 + header_len, header
-
-
 def checkpoint_fingerprint(model_dir: str | Path) -> str:
-    """Hex digest of the weights in ``model_dir``'s weight files (:mod:`checkpoint_files`; see the module docstring)."""
-    files = weight_files(model_dir)
-    tensors: List[Tuple[str, Path, int, dict]] = []
-    for path in files:
-        data_start, entries = _tensor_entries(path)
-        tensors.extend((name, path, data_start, entry) for name, entry in entries.items())
+    """Hex digest of the weights in ``model_dir``'s weight files (read as :func:`read_weight_headers`
+    reads them, which refuses a damaged file naming it; see the module docstring)."""
+    tensors: List[Tuple[str, Path, int, TensorEntry]] = [
+        (name, header.path, header.data_start, entry)
+        for header in read_weight_headers(model_dir).values() for name, entry in header.tensors.items()
+    ]
     digest = hashlib.sha256()
-    handles = {}
+    handles: Dict[Path, BinaryIO] = {}
     try:
         for name, path, data_start, entry in sorted(tensors, key=lambda item: item[0]):
-            digest.update(json.dumps([name, entry.get("dtype"), entry.get("shape")]).encode())
-            start, end = entry["data_offsets"]
-            size = end - start
+            digest.update(json.dumps([name, entry.dtype, list(entry.shape)]).encode())
+            start, size = entry.begin, entry.end - entry.begin
             handle = handles.get(path) or handles.setdefault(path, open(path, "rb"))
             for offset in sorted({0, max(0, size // 2 - SAMPLE_BYTES // 2), max(0, size - SAMPLE_BYTES)}):
                 handle.seek(data_start + start + offset)
