@@ -24,5 +24,16 @@ class RunMode(str, Enum):
 PD_NODE_MODES: Tuple[str, ...] = (RunMode.PREFILL.value, RunMode.DECODE.value)
 # Every process of a PD cluster: the nodes and the master.
 PD_RUN_MODES: Tuple[str, ...] = PD_NODE_MODES + (RunMode.PD_MASTER.value,)
+# The modes whose ranks prefill, and so order a prefill queue: a decode node only decodes.
+PREFILLING_MODES: Tuple[str, ...] = (RunMode.NORMAL.value, RunMode.PREFILL.value)
+
+
+def prefill_queue_description(run_mode: str, strategy: str, overtake_bound: str) -> str:
+    """The start-up log's words for the prefill queue: a decode node has none (it refuses the flags)."""
+    if run_mode not in PREFILLING_MODES:
+        return "prefill_queue=none"
+    return f"prefill_queue_strategy={strategy} overtake_bound={overtake_bound}"
+
+
 # The choices of --run_mode.
 RUN_MODES: Tuple[str, ...] = (RunMode.NORMAL.value,) + PD_RUN_MODES

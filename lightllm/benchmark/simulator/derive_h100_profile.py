@@ -206,8 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         type=output_file,
-        default=str(PROFILE_DIR / f"{PROFILE_NAME}.json"),
-        help=f"profile JSON to write (default: the bundled {PROFILE_NAME}.json)",
+        # Not the bundled file: a rerun on another machine must not silently replace the committed profile.
+        default=f"{PROFILE_NAME}.json",
+        help=f"profile JSON to write (default: {PROFILE_NAME}.json in the current directory; give "
+             f"{PROFILE_DIR.relative_to(PROFILE_DIR.parents[3])}/{PROFILE_NAME}.json to replace the bundled one)",
     )
     return parser
 

@@ -78,7 +78,7 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port, start_resource_tracker_deaf_to_hangup
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
-from lightllm.server.run_mode import PD_NODE_MODES, RunMode
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 
 if TYPE_CHECKING:
     from lightllm.server.http.front_door import FrontDoor
@@ -341,10 +341,9 @@ def _start_and_serve(
 ) -> int:
     """Start every process and serve HTTP until stopped; returns the exit code."""
     log.info(
-        "starting: model=%s device=%s dtype=%s tp=%d prefill_queue_strategy=%s overtake_bound=%s "
-        "kv_tokens=%d max_req_total_len=%d",
-        args.model_dir, sizing.device, sizing.dtype_name, args.tp, args.prefill_queue_strategy,
-        overtake_bound_from_args(args).describe(),
+        "starting: model=%s device=%s dtype=%s tp=%d %s kv_tokens=%d max_req_total_len=%d",
+        args.model_dir, sizing.device, sizing.dtype_name, args.tp,
+        prefill_queue_description(args.run_mode, args.prefill_queue_strategy, overtake_bound_from_args(args).describe()),
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
     def stop_during_startup(signum: int, frame: Any) -> None:
@@ -385,8 +384,9 @@ def _start_and_serve(
             pd_node.attach(app, server, supervisor)
         watch_children(procs.children, procs.stopping, supervisor.child_died)
         if not stop.requested:
-            log.info("serving on http://%s (prefill_queue_strategy=%s)", display_address(args.host, args.port),
-                     args.prefill_queue_strategy)
+            log.info("serving on http://%s (%s)", display_address(args.host, args.port),
+                     prefill_queue_description(args.run_mode, args.prefill_queue_strategy,
+                                               overtake_bound_from_args(args).describe()))
             run_uvicorn(server)
         exit_code = stop.exit_code(supervisor)
     finally:

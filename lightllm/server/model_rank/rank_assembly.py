@@ -25,6 +25,7 @@ from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
+from lightllm.server.run_mode import prefill_queue_description
 from lightllm.server.model_rank.command_channel import TpCommandChannel
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
@@ -170,12 +171,12 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
         )
         rank = build_model_rank(resolved)
         log.info(
-            "rank %d ready: attention_backend=%s linear_backend=%s prefill_queue_strategy=%s overtake_bound=%s kv_tokens=%d",
+            "rank %d ready: attention_backend=%s linear_backend=%s %s kv_tokens=%d",
             config.rank,
             resolved.attention_backend,
             resolved.linear_backend,
-            config.prefill_queue_strategy,
-            config.prefill_overtake_bound.describe(),
+            prefill_queue_description(config.run_mode, config.prefill_queue_strategy,
+                                      config.prefill_overtake_bound.describe()),
             config.max_total_token_num,
         )
         mark_ready()

@@ -116,3 +116,13 @@ def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, 
         for segment in (shm, stats):
             segment.close()
             segment.unlink()
+
+
+def test_the_start_up_lines_name_a_prefill_queue_only_where_there_is_one() -> None:
+    """A decode node has no prefill queue (it refuses the strategy and bound flags): its lines say so."""
+    from lightllm.server.run_mode import prefill_queue_description
+
+    for mode in ("normal", "prefill"):
+        assert prefill_queue_description(mode, "hrrn", "2048 + 0.15 x FCFS wait") == \
+            "prefill_queue_strategy=hrrn overtake_bound=2048 + 0.15 x FCFS wait"
+    assert prefill_queue_description("decode", "default", "2048 + 0.15 x FCFS wait") == "prefill_queue=none"
