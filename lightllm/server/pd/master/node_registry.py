@@ -271,7 +271,8 @@ class NodeRegistry:
         return self._nodes.get(node_id)
 
     def serving(self, role: str) -> List[NodeInfo]:
-        """Live ``role`` nodes that take new requests (not draining), sorted by node id."""
+        """Live ``role`` nodes that take new requests (not draining, no refused connection since their
+        last heartbeat), sorted by node id."""
         return [info for info in self.alive(role) if self._nodes[info.node_id].serving]
 
     def missing(self) -> List[str]:
