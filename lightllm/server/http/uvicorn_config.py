@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 
+from lightllm.server.http.log_throttle import throttle_uvicorn_request_errors
 from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpServerOptions
 
@@ -20,6 +21,7 @@ def build_uvicorn_config(app: Any, args: argparse.Namespace, options: HttpServer
 
     ``overrides`` are passed to ``uvicorn.Config`` as they are (e.g. ``timeout_graceful_shutdown``).
     """
+    throttle_uvicorn_request_errors()
     settings: dict[str, Any] = dict(
         host=args.host,
         port=args.port,
