@@ -320,7 +320,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
                 kv_view=kv_view,
             )
         ]
-        print("Server layout: waiting requests in the router, running ones in the engine (median / max per step)")
+        print(
+            "Server layout: waiting requests in the router, running ones in the engine (median / max per step, "
+            "after the untimed intake of the requests that raise the router to N)"
+        )
         print(server_markdown_table(server_rows))
         rows.extend(server_rows)
         saved.extend({"layout": "server", **asdict(row)} for row in server_rows)

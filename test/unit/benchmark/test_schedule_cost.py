@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -112,6 +113,44 @@ def test_server_rows_cover_every_strategy_and_size_and_are_saved_with_their_layo
     assert all(row.kv_view == "radix" for row in server)
     saved = json.loads(out.read_text())
     assert [entry["layout"] for entry in saved] == ["server"] * len(server) + ["engine"] * len(engine)
+
+
+def test_server_layout_takes_in_a_raised_router_before_the_timed_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Raising the router from 4 to 40 waiting delivers 36 requests at once.  The first admission
+    # round with a free slot then settles every newcomer's overtaking-bound base: a one-off
+    # intake, which ``take_in`` runs untimed, so timed rounds settle only the latest arrivals.
+    layout = schedule_cost_server.ServerLayout("default", running=5, waiting=4, seed=1, kv_view="count")
+    for _ in range(12):
+        layout.step()
+    layout.waiting = 40
+    first_id = layout._next_id
+    layout.take_in()
+    assert layout.waiting_at_admit == 40 and layout.admitted_at_admit > 0
+    assert layout._next_id - first_id >= 36
+    assert not layout.router._unsettled  # every newcomer is settled
+    for _ in range(10):
+        before = layout._next_id
+        layout.step()
+        # A timed step only replaces what the previous round admitted, at most a batch.
+        assert layout._next_id - before <= 5 and layout.waiting_at_admit == 40
+
+    # measure_server takes the intake in at every size before timing.
+    taken: List[int] = []
+    take_in = schedule_cost_server.ServerLayout.take_in
+
+    def counting_take_in(self: schedule_cost_server.ServerLayout) -> float:
+        taken.append(self.waiting)
+        return take_in(self)
+
+    monkeypatch.setattr(schedule_cost_server.ServerLayout, "take_in", counting_take_in)
+    rows = schedule_cost_server.measure_server("default", 5, [40, 4], warmup_steps=12, repeats=3, kv_view="count")
+    assert taken == [4, 40] and [row.waiting for row in rows] == [4, 40]
+    assert all(row.intake_admit_ms >= 0 for row in rows)
+
+
+def test_intake_of_an_empty_router_returns_at_once() -> None:
+    layout = schedule_cost_server.ServerLayout("default", running=3, waiting=0, kv_view="count")
+    assert layout.take_in() == 0.0 and not len(layout.router)
 
 
 def test_server_layout_over_the_ranks_own_kv_view_shares_prefixes_and_gives_every_slot_back() -> None:
