@@ -12,7 +12,8 @@ one object (Python's JSON reader keeps the last value and drops the others silen
 place for), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is
 valid JSON but not valid Unicode; tokenizers and UTF-8 encoders fail on it).  Every failure is a
 400 :class:`~lightllm.server.http.errors.APIError` naming the dotted field path
-(``messages.0.content``).
+(``messages.0.content``).  JSON that a field carries as text (tool-call arguments, a JSON schema
+string) is held to the same rules by :mod:`lightllm.server.http.json_text`.
 
 A body of several MiB takes a noticeable time to decode and validate, so the handlers call
 :func:`parse_body_off_loop`, which does the work on a worker thread for bodies above
@@ -26,6 +27,8 @@ import codecs
 import json
 import math
 import re
+import sys
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -50,8 +53,9 @@ _PARSERS = DaemonWorkers(1, "lightllm-body")
 
 # A lone surrogate can only come from a \uD800-\uDFFF escape: strictly decoded UTF-8 holds none.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-# A JSON string (optionally followed by the colon that makes it a key) or a bracket.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[\[\]{}]')
+# A JSON string (optionally followed by the colon that makes it a key), a bracket or a number
+# (to find an integer longer than Python's digit limit).
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[\[\]{}]|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?')
 
 # A link from a container back to the root: (parent trail, parent container, the container).
 # The container's key or index is looked up only when an error is reported.
@@ -101,36 +105,31 @@ def _param(trail: _Trail, container: Any = None, member: Any = None) -> str | No
     return ".".join(parts) or None
 
 
-def _too_deep(trail: _Trail) -> Exception:
-    param = _param(trail)
-    return invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
-                           param.split(".", 1)[0] if param else None)
+@dataclass(frozen=True)
+class StructureProblem:
+    """What :func:`find_structure_problem` found wrong: ``kind`` is ``"deep"``, ``"string"`` (a lone
+    surrogate), ``"key"`` (a lone surrogate in a key) or ``"number"`` (not finite, ``value``).
+
+    ``path`` is the dotted path inside the checked value: of the container nested too deep, of the
+    bad string or number, or of the object holding the bad key (None: the value itself).
+    """
+
+    kind: str
+    path: str | None
+    value: Any = None
 
 
-def _bad_string(param: str | None) -> Exception:
-    return invalid_request(f"Invalid value for '{param}': the string contains a lone UTF-16 surrogate "
-                           "(not valid Unicode)", param)
+def find_structure_problem(data: Any, check_strings: bool = True) -> StructureProblem | None:
+    """The first reason ``data`` breaks the body's structural rules, or None.
 
+    The rules: nested at most :data:`MAX_JSON_DEPTH` levels (``data`` itself being the first),
+    every number finite, no lone UTF-16 surrogate in a string or key (``check_strings`` False skips
+    that check: the caller knows the text has none).
 
-def _bad_number(param: str | None, value: float) -> Exception:
-    return invalid_request(f"Invalid value for '{param}': must be finite, got {value!r}", param)
-
-
-def _bad_key(param: str | None) -> Exception:
-    where = f"an object key in '{param}'" if param else "an object key"
-    return invalid_request(f"{where} contains a lone UTF-16 surrogate (not valid Unicode)", param)
-
-
-def check_json_structure(data: Any, check_strings: bool = True) -> None:
-    """Reject bodies nested deeper than :data:`MAX_JSON_DEPTH` or holding non-finite numbers or lone surrogates.
-
-    Walks iteratively, so a hostile body cannot exhaust the interpreter's stack here.  The
-    400 names the dotted path of the offending value (or of the object holding a bad key).
-    ``check_strings`` False skips the surrogate check (the caller knows the text has none).
-
-    A body of millions of token ids passes through here, so the walk looks at each value once
-    and builds no path on the way: a container keeps a link to its parent, and the path is
-    spelled out only for an error.
+    Walks iteratively, so a hostile value cannot exhaust the interpreter's stack here.  A body of
+    millions of token ids passes through here, so the walk looks at each value once and builds no
+    path on the way: a container keeps a link to its parent, and the path is spelled out only for
+    a problem.
     """
     isfinite = math.isfinite
     stack: list[tuple[Any, int, _Trail]] = [(data, 0, None)]
@@ -141,27 +140,72 @@ def check_json_structure(data: Any, check_strings: bool = True) -> None:
             if check_strings:
                 for key in container:
                     if _has_lone_surrogate(key):
-                        raise _bad_key(_param(trail))
+                        return StructureProblem("key", _param(trail))
             members = container.values()
         elif isinstance(container, list):
             members = container
-        else:  # a scalar body: only the top level can be one
+        else:  # a scalar: only the top level can be one
             members = [container]
             container = None
         if container and depth >= MAX_JSON_DEPTH:
-            raise _too_deep(trail)
+            return StructureProblem("deep", _param(trail))
         for item in members:
             kind = type(item)
             if kind is int:
                 continue  # the bulk of a large body: token ids
             if kind is str:
                 if check_strings and _has_lone_surrogate(item):
-                    raise _bad_string(_param(trail, container, item))
+                    return StructureProblem("string", _param(trail, container, item))
             elif kind is float:
                 if not isfinite(item):
-                    raise _bad_number(_param(trail, container, item), item)
+                    return StructureProblem("number", _param(trail, container, item), item)
             elif kind is dict or kind is list or isinstance(item, (dict, list)):
                 push((item, depth + 1, (trail, container, item)))
+    return None
+
+
+def check_json_structure(data: Any, check_strings: bool = True) -> None:
+    """Reject bodies nested deeper than :data:`MAX_JSON_DEPTH` or holding non-finite numbers or lone surrogates.
+
+    The 400 names the dotted path of the offending value (or of the object holding a bad key);
+    see :func:`find_structure_problem`.
+    """
+    problem = find_structure_problem(data, check_strings)
+    if problem is None:
+        return
+    param = problem.path
+    if problem.kind == "deep":
+        raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                              param.split(".", 1)[0] if param else None)
+    if problem.kind == "key":
+        where = f"an object key in '{param}'" if param else "an object key"
+        raise invalid_request(f"{where} contains a lone UTF-16 surrogate (not valid Unicode)", param)
+    if problem.kind == "number":
+        raise invalid_request(f"Invalid value for '{param}': must be finite, got {problem.value!r}", param)
+    raise invalid_request(f"Invalid value for '{param}': the string contains a lone UTF-16 surrogate "
+                          "(not valid Unicode)", param)
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of the type of a decoded JSON value (``null``, ``array``, ...), for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def too_long_integer_message(field: str | None) -> str:
+    """The error for an integer literal longer than Python's digit limit (``json.loads`` refuses it)."""
+    limit = sys.get_int_max_str_digits()
+    where = f"Invalid value for '{field}': it holds" if field else "The request body holds"
+    return f"{where} an integer written with more than {limit} digits, longer than any number a field takes"
 
 
 def decode_body_text(raw: bytes) -> str:
@@ -179,11 +223,11 @@ def decode_body_text(raw: bytes) -> str:
                               f"valid UTF-8 ({exc.reason})") from None
 
 
-def deep_field(text: str) -> str | None:
-    """The top-level field whose value nests deeper than :data:`MAX_JSON_DEPTH`, read from the raw text.
+def _top_level_field(text: str, stop: Any) -> str | None:
+    """The top-level field being read when ``stop(token, depth)`` first holds, scanning ``text`` token by token.
 
-    For bodies too deep for ``json.loads`` itself: scans strings and brackets only until the
-    nesting passes the limit, so it costs little more than the part of the body before that.
+    Scans strings, brackets (and, when the pattern finds them, long integers) only, so it costs little
+    more than the part of the body before the stopping token; None when ``stop`` never holds.
     """
     depth = 0
     field: str | None = None
@@ -196,14 +240,30 @@ def deep_field(text: str) -> str | None:
                     field = json.loads(token[:token.rindex('"') + 1])
                 except ValueError:
                     field = None
-        elif first in "[{":
+            continue
+        if first in "[{":
             depth += 1
-            # The body's object is level 1, so a value of a top-level field at nesting N is at N + 1.
-            if depth > MAX_JSON_DEPTH + 1:
-                return field
-        else:
+        elif first in "]}":
             depth -= 1
+        if stop(token, depth):
+            return field if depth >= 1 else None
     return None
+
+
+def deep_field(text: str) -> str | None:
+    """The top-level field whose value nests deeper than :data:`MAX_JSON_DEPTH`, read from the raw text.
+
+    For bodies too deep for ``json.loads`` itself: scans strings and brackets only until the
+    nesting passes the limit, so it costs little more than the part of the body before that.
+    """
+    # The body's object is level 1, so a value of a top-level field at nesting N is at N + 1.
+    return _top_level_field(text, lambda token, depth: depth > MAX_JSON_DEPTH + 1)
+
+
+def long_integer_field(text: str) -> str | None:
+    """The top-level field holding an integer literal longer than Python's digit limit (None: none found)."""
+    limit = sys.get_int_max_str_digits()
+    return _top_level_field(text, lambda token, depth: token.lstrip("-").isdigit() and len(token.lstrip("-")) > limit)
 
 
 class DuplicateKeyError(ValueError):
@@ -214,7 +274,7 @@ class DuplicateKeyError(ValueError):
         self.key = key
 
 
-def _object_with_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def object_with_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()
@@ -233,19 +293,22 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     """
     text = decode_body_text(raw)
     try:
-        data = json.loads(text, object_pairs_hook=_object_with_unique_keys)
+        data = json.loads(text, object_pairs_hook=object_with_unique_keys)
     except DuplicateKeyError as exc:
         raise invalid_request(f"The request body repeats the key {exc.key!r} in one object: which value to use "
                               "would be a guess, so send each field once") from None
     except RecursionError:
         raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep",
                               deep_field(text)) from None
-    except ValueError as exc:
-        # JSONDecodeError is a ValueError, and so is an integer literal longer than Python's
-        # digit limit.
+    except json.JSONDecodeError as exc:
         raise invalid_request(f"Malformed JSON body: {exc}") from None
+    except ValueError:
+        # The one other ValueError of json.loads: an integer literal longer than Python's digit
+        # limit (its own message tells the reader to call sys.set_int_max_str_digits()).
+        field = long_integer_field(text)
+        raise invalid_request(too_long_integer_message(field), field) from None
     if not isinstance(data, dict):
-        raise invalid_request(f"The request body must be a JSON object, got {type(data).__name__}")
+        raise invalid_request(f"The request body must be a JSON object, got {json_type_name(data)}")
     check_json_structure(data, check_strings=_SURROGATE_ESCAPE.search(text) is not None)
     try:
         body = model_cls.model_validate(data)

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
+from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS, native_constraint_grammar
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, NullMeansAbsent, integral,
@@ -143,6 +144,12 @@ class NativeGenerateRequest(NullMeansAbsent):
         unknown = sorted(key for key in value if key not in _MULTIMODAL_KEYS)
         if unknown:
             raise ValueError(f"unknown multimodal_params key(s) {unknown}; LightLLM's are {sorted(_MULTIMODAL_KEYS)}")
-        if any(value.values()):
-            raise ValueError("multimodal inputs are not supported by this server")
+        for key, items in value.items():
+            if items is None or items == []:
+                continue
+            if isinstance(items, list):
+                raise ValueError("multimodal inputs are not supported by this server")
+            # 0, false, "" and {} are empty too, but not lists: a client sending them has a bug to hear about.
+            raise ValueError(f"multimodal_params.{key} must be a list (an empty one: multimodal inputs are not "
+                             f"supported by this server), got {json_type_name(items)}")
         return None

@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from lightllm.common.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, STORED_DTYPES
+from lightllm.server.http.vllm_text_fields import strict_bool
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import NullMeansAbsent, StrictModel
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
@@ -90,7 +91,7 @@ class OpenAIPlatformFields(NullMeansAbsent):
     def _check_store(cls, value: Any) -> Any:
         if value is True:
             raise ValueError("store: true is not supported: this server stores no completions (send false or omit it)")
-        return value
+        return strict_bool(value)
 
     @field_validator("service_tier", mode="before")
     @classmethod

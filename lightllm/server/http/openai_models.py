@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from lightllm.common.sampling.storage_width import STORED_DTYPES, check_stored_int
 from lightllm.server.http.request_id_header import REQUEST_ID_MAX_LENGTH, REQUEST_ID_PATTERN
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
@@ -17,7 +18,8 @@ from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, S
 from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_echo,
-                                                   check_spaces_between_special_tokens, check_vllm_default)
+                                                   check_spaces_between_special_tokens, check_vllm_default,
+                                                   strict_bool)
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.tool_calls.request import check_tool_messages
 
@@ -70,7 +72,7 @@ class StreamOptions(NullMeansAbsent):
         if value is True:
             raise ValueError("include_obfuscation: true is not supported: this server does not pad stream events "
                              "(send false or omit it)")
-        return value
+        return strict_bool(value)
 
 
 class OpenAISamplingRequest(OpenAIPlatformFields):
@@ -321,6 +323,13 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
 
     def check_consistency(self) -> None:
         super().check_consistency()
+        if self.max_completion_tokens is not None and self.max_tokens is not None:
+            # max_completion_tokens sets the limit, so SamplingParams never sees max_tokens; the
+            # width check it would have made is made here, so a value refused alone is refused beside it.
+            try:
+                check_stored_int("max_tokens", self.max_tokens, STORED_DTYPES["max_new_tokens"])
+            except ValueError as exc:
+                raise invalid_request(str(exc), "max_tokens") from None
         if self.add_generation_prompt and self.continue_final_message:
             raise invalid_request("continue_final_message requires add_generation_prompt to be false",
                                   "continue_final_message")

@@ -5,7 +5,8 @@ older releases, the flat ``guided_json`` / ``guided_regex`` / ``guided_choice`` 
 ``guided_grammar``.  Each becomes a grammar the model rank applies as a token mask
 (:mod:`lightllm.server.http.response_format` does the same for OpenAI's ``response_format``):
 
-* ``json``: a JSON schema (an object, or a string holding one), compact JSON output;
+* ``json``: a JSON schema (an object, or a string holding one, read under the body's rules by
+  :func:`~lightllm.server.http.json_text.parse_json_text`), compact JSON output;
 * ``json_object``: ``true`` for any JSON object;
 * ``regex``: the output matches the regular expression (llguidance's regex syntax: Rust ``regex``
   without look-around or back-references);
@@ -27,6 +28,7 @@ import json
 from typing import Any
 
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.response_format import compile_json_schema, validated_grammar
 
 MAX_CHOICES = 256
@@ -49,10 +51,7 @@ STRUCTURED_OUTPUTS_SCHEMA: dict[str, Any] = {
 
 def _json_schema(value: Any, param: str) -> str:
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise invalid_request(f"the JSON schema string is not valid JSON: {exc}", param) from None
+        value = parse_json_text(value, param)
     return compile_json_schema(value, param)
 
 

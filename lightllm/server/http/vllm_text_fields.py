@@ -68,13 +68,24 @@ def check_vllm_default(field: str, value: Any) -> Any:
     raise ValueError(f"{field}: only {json.dumps(default)}, vLLM's default, is accepted: {why}")
 
 
+def strict_bool(value: Any) -> Any:
+    """``value`` unless it is neither a boolean nor null: for a field typed ``Literal[False]`` or ``Literal[True]``.
+
+    pydantic matches a literal by equality, and ``0 == False`` in Python, so such a field would take
+    ``0`` (or ``1``, ``1.0``) for the boolean, where every ``bool`` field refuses it.
+    """
+    if value is not None and not isinstance(value, bool):
+        raise ValueError("Input should be a valid boolean")
+    return value
+
+
 def check_spaces_between_special_tokens(value: Any) -> Any:
     """``value`` unless it is ``false``, which the detokenizer cannot honour (400 naming the field)."""
     if value is False:
         raise ValueError("spaces_between_special_tokens: false is not supported: output is decoded by the model's "
                          "fast tokenizer, which puts no spaces between special tokens and ignores this flag (as "
                          "vLLM's fast-tokenizer detokenizer does); send true or omit it")
-    return value
+    return strict_bool(value)
 
 
 def check_chat_echo(echo: bool, add_generation_prompt: bool, last_role: str) -> None:

@@ -222,7 +222,7 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]}, "messages.0.tool_call_id", "only"),
         ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
             {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
-         "messages.0.tool_calls", "valid JSON"),
+         "messages.0.tool_calls.0.function.arguments", "valid JSON"),
     ],
 )
 def test_tool_fields_refused_clearly(fields: dict[str, Any], param: str, words: str) -> None:

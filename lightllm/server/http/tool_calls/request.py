@@ -24,7 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.response_format import compile_json_schema
 from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
 
@@ -247,14 +249,21 @@ def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | 
         if set(function) - {"name", "arguments"} or not isinstance(function.get("name"), str) \
                 or not isinstance(function.get("arguments"), str):
             raise ValueError(f"tool call {index} function must be {{'name': <string>, 'arguments': <JSON string>}}")
-        try:
-            arguments = json.loads(function["arguments"])
-        except ValueError:
-            raise ValueError(f"tool call {index} arguments are not valid JSON") from None
-        if not isinstance(arguments, dict):
-            raise ValueError(f"tool call {index} arguments must encode a JSON object")
+        # The arguments' JSON is read by check_tool_messages, which knows the message's index for the 400.
         calls.append(call)
     return calls
+
+
+def check_tool_call_arguments(calls: list[dict[str, Any]], param: str) -> None:
+    """Each call's ``function.arguments`` must be JSON text encoding an object, under the body's rules
+    (:func:`~lightllm.server.http.json_text.parse_json_text`); ``param`` is the ``tool_calls`` field's path."""
+    for index, call in enumerate(calls):
+        where = f"{param}.{index}.function.arguments"
+        # A repeated key is allowed: the model's own output may hold one, and clients send it back as history.
+        arguments = parse_json_text(call["function"]["arguments"], where, unique_keys=False)
+        if not isinstance(arguments, dict):
+            raise invalid_request(f"Invalid value for '{where}': the arguments must encode a JSON object, got "
+                                  f"{json_type_name(arguments)}", where)
 
 
 def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -262,6 +271,7 @@ def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rendered = []
     for call in calls:
         function = call["function"]
+        # Read before (check_tool_call_arguments), so json.loads cannot fail here.
         entry = {"type": "function", "function": {"name": function["name"],
                                                   "arguments": json.loads(function["arguments"])}}
         if "id" in call:
@@ -272,11 +282,13 @@ def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def check_tool_messages(messages: list[Any]) -> None:
     """Tool-call fields only where they belong: ``tool_calls`` on assistant messages, ``tool_call_id`` (required)
-    on tool messages."""
+    on tool messages; and each call's arguments JSON text encoding an object."""
     for index, message in enumerate(messages):
         if message.tool_calls and message.role != "assistant":
             raise invalid_request(f"messages[{index}].tool_calls is only allowed on assistant messages",
                                   f"messages.{index}.tool_calls")
+        if message.tool_calls:
+            check_tool_call_arguments(message.tool_calls, f"messages.{index}.tool_calls")
         if message.role == "tool" and not message.tool_call_id:
             raise invalid_request(f"messages[{index}] has role 'tool' and needs tool_call_id",
                                   f"messages.{index}.tool_call_id")

@@ -1,0 +1,63 @@
+"""JSON that a client sends inside a string field, read under the same rules as the body itself.
+
+Some fields carry JSON as text: the ``arguments`` of a tool call in the chat history (OpenAI's
+form), and a JSON schema given as a string (``guided_json``, ``structured_outputs.json``,
+``/generate``'s ``parameters.guided_json``).  Read with a bare ``json.loads`` such text escapes
+the checks the body gets (:mod:`lightllm.server.http.body`): a lone ``\\ud800`` escape reached
+the tokenizer, ``NaN`` passed as a number, and text nested a thousand levels overflowed the
+JSON reader's recursion (a 500).  :func:`parse_json_text` applies the body's rules to the
+string's own JSON: valid JSON, nested at most :data:`~lightllm.server.http.body.MAX_JSON_DEPTH`
+levels counted from the string's own top value, finite numbers, no lone surrogates, integers
+within Python's digit limit, and (unless the caller allows them) no key repeated in one object.
+Every failure is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from lightllm.server.http.body import (MAX_JSON_DEPTH, DuplicateKeyError, find_structure_problem,
+                                       object_with_unique_keys)
+from lightllm.server.http.errors import APIError, invalid_request
+
+
+# find_structure_problem's kinds, as what the text does wrong.
+_PROBLEMS = {
+    "deep": f"its JSON is nested more than {MAX_JSON_DEPTH} levels deep",
+    "number": "its JSON holds a number that is not finite ({value!r}); JSON has no NaN or Infinity",
+    "string": "its JSON holds a string with a lone UTF-16 surrogate (not valid Unicode)",
+    "key": "its JSON holds an object key with a lone UTF-16 surrogate (not valid Unicode)",
+}
+
+
+def _refuse(param: str, problem: str) -> APIError:
+    return invalid_request(f"Invalid value for '{param}': {problem}", param)
+
+
+def parse_json_text(text: str, param: str, unique_keys: bool = True) -> Any:
+    """The value the JSON ``text`` of the field ``param`` encodes; 400 naming ``param`` unless it keeps the body's rules.
+
+    ``unique_keys`` False lets an object repeat a key (the last value counts, as JSON readers
+    commonly take it): for text this server itself may have written, such as tool-call
+    arguments copied from a model's output, which a client sends back in the history.
+    """
+    try:
+        value = json.loads(text, object_pairs_hook=object_with_unique_keys if unique_keys else None)
+    except DuplicateKeyError as exc:
+        raise _refuse(param, f"its JSON repeats the key {exc.key!r} in one object") from None
+    except RecursionError:
+        raise _refuse(param, f"its JSON is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise _refuse(param, f"it is not valid JSON ({exc})") from None
+    except ValueError:
+        # json.loads' one other ValueError: an integer longer than Python's digit limit.
+        raise _refuse(param, f"its JSON holds an integer written with more than {sys.get_int_max_str_digits()} "
+                             "digits") from None
+    problem = find_structure_problem(value)
+    if problem is not None:
+        # The path of a container nested too deep is the long chain of keys leading to it: left out.
+        where = f" (at '{problem.path}')" if problem.path and problem.kind != "deep" else ""
+        raise _refuse(param, _PROBLEMS[problem.kind].format(value=problem.value) + where)
+    return value
