@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 
 from lightllm.server.http.errors import APIError, error_body
 from lightllm.server.http.health import PROBE_PATHS
-from lightllm.server.http.request_guard import ASGIApp, Receive, Scope, Send, header
+from lightllm.server.http.request_guard import ASGIApp, Receive, Scope, Send, header, header_refusal
 from lightllm.server.http.server_options import AuthPolicy
 
 PUBLIC_PATHS = PROBE_PATHS  # /health, /health/live, /health/ready, their LightLLM names and /ping
@@ -115,6 +115,12 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        refusal = header_refusal(scope)
+        if refusal is not None:
+            # Before the key: with Authorization sent twice, the first copy alone decided 401 or a
+            # later 400, so the answer depended on the order of the copies.
+            await refusal(scope, receive, send)
             return
         token = bearer_token(scope)
         if self._cluster_key and str(scope.get("path", "")).startswith(CLUSTER_PATH_PREFIX):

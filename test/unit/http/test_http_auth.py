@@ -57,6 +57,15 @@ def test_every_endpoint_but_health_needs_a_key(manager: FakeManager, path: str) 
     assert anonymous.head("/health").status_code == 200
 
 
+def test_a_repeated_authorization_header_is_refused_whatever_the_order(manager: FakeManager) -> None:
+    client = _client(manager, api_keys=(USER,))
+    for first, second in ((USER, "nope"), ("nope", USER)):
+        response = client.get("/v1/models", headers=[("authorization", f"Bearer {first}"),
+                                                     ("authorization", f"Bearer {second}")])
+        assert_error(response, 400, code="invalid_http_request")
+        assert "'authorization' 2 times" in response.json()["error"]["message"]
+
+
 def test_refused_requests_never_reach_the_manager(manager: FakeManager) -> None:
     response = _client(manager, api_keys=(USER,)).post("/generate", json={"inputs": "hi"})
     assert_error(response, 401, code="missing_api_key")
