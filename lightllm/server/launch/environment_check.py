@@ -49,23 +49,30 @@ class EnvVarReaders:
     cpu_only: bool = False
     # A flag that, when given, is used instead of the variable (its dest name).
     flag: Optional[str] = None
+    # Reads it at start, raising ValueError (one line naming it) for a bad value. None for the
+    # CPU-only ones: launch/sizing.py reads them once the device is known (CUDA does not read them).
+    check: Optional[Callable[[], object]] = None
 
 
 _MODEL_RANK_MODES = (RunMode.NORMAL.value,) + PD_NODE_MODES
 _CPU_RANKS = EnvVarReaders(_MODEL_RANK_MODES, cpu_only=True)
 
-# Who reads each variable of envs_utils.ENV_VARS (a test keeps the two tables' names equal).
+# Who reads each variable of envs_utils.ENV_VARS (a test keeps the two tables' names equal), in
+# the order their values are checked.
 ENV_VAR_READERS: Dict[str, EnvVarReaders] = {
+    "LIGHTLLM_API_KEY": EnvVarReaders(RUN_MODES, flag="api_key", check=lambda: api_keys_from_env("LIGHTLLM_API_KEY")),
+    "LIGHTLLM_ADMIN_API_KEY": EnvVarReaders(RUN_MODES, flag="admin_api_key",
+                                            check=lambda: api_keys_from_env("LIGHTLLM_ADMIN_API_KEY")),
+    "LIGHTLLM_PD_CLUSTER_KEY": EnvVarReaders(PD_RUN_MODES, flag="pd_cluster_key", check=pd_cluster_key_from_env),
+    "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": EnvVarReaders((RunMode.PREFILL.value,),
+                                                              check=pd_transfer_failure_probability),
+    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": EnvVarReaders((RunMode.PD_MASTER.value,),
+                                                                 check=pd_node_busy_retry_timeout_seconds),
+    "LIGHTLLM_IDLE_MALLOC_TRIM": EnvVarReaders(_MODEL_RANK_MODES, check=idle_malloc_trim_seconds),
+    "LIGHTLLM_STEP_TRACE": EnvVarReaders(_MODEL_RANK_MODES, check=step_trace_path),
     "LIGHTLLM_TORCH_THREADS": _CPU_RANKS,
     "LIGHTLLM_PREFILL_TORCH_THREADS": _CPU_RANKS,
     "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": _CPU_RANKS,
-    "LIGHTLLM_IDLE_MALLOC_TRIM": EnvVarReaders(_MODEL_RANK_MODES),
-    "LIGHTLLM_STEP_TRACE": EnvVarReaders(_MODEL_RANK_MODES),
-    "LIGHTLLM_API_KEY": EnvVarReaders(RUN_MODES, flag="api_key"),
-    "LIGHTLLM_ADMIN_API_KEY": EnvVarReaders(RUN_MODES, flag="admin_api_key"),
-    "LIGHTLLM_PD_CLUSTER_KEY": EnvVarReaders(PD_RUN_MODES, flag="pd_cluster_key"),
-    "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": EnvVarReaders((RunMode.PREFILL.value,)),
-    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": EnvVarReaders((RunMode.PD_MASTER.value,)),
 }
 
 # LIGHTLLM_* names the project's scripts read (not the server): not reported as unknown when set.
@@ -73,27 +80,14 @@ SCRIPT_ENV_VARS = {
     "LIGHTLLM_DEMO_MODEL_DIR": "scripts/start_1p1d.sh",
 }
 
-# How each device-independent variable is checked; each raises ValueError (one line naming the
-# variable) for a bad value. The CPU thread variables are checked where the device is known
-# (launch/sizing.py), since a CUDA server does not read them.
-_VALUE_CHECKS: Dict[str, Callable[[], object]] = {
-    "LIGHTLLM_API_KEY": lambda: api_keys_from_env("LIGHTLLM_API_KEY"),
-    "LIGHTLLM_ADMIN_API_KEY": lambda: api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"),
-    "LIGHTLLM_PD_CLUSTER_KEY": pd_cluster_key_from_env,
-    "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": pd_transfer_failure_probability,
-    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": pd_node_busy_retry_timeout_seconds,
-    "LIGHTLLM_IDLE_MALLOC_TRIM": idle_malloc_trim_seconds,
-    "LIGHTLLM_STEP_TRACE": step_trace_path,
-}
-
 
 def check_environment_values(run_mode: str) -> None:
     """Read every device-independent variable ``run_mode``'s processes read; raise ``ValueError``
     (one line naming it) for the first bad value, or for a variable a former release read."""
     refuse_replaced_env_vars()
-    for name, check in _VALUE_CHECKS.items():
-        if run_mode in ENV_VAR_READERS[name].run_modes:
-            check()
+    for readers in ENV_VAR_READERS.values():
+        if readers.check is not None and run_mode in readers.run_modes:
+            readers.check()
 
 
 def unread_variable_warnings(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> List[str]:
