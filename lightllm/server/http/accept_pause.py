@@ -9,7 +9,8 @@ was one line per pause: 60 lines in 12 s).
 from __future__ import annotations
 
 import logging
-from typing import Optional
+
+from lightllm.server.http.log_throttle import IntervalGate
 
 PAUSE_SECONDS = 0.2
 PAUSE_LOG_INTERVAL_SECONDS = 10.0
@@ -21,19 +22,15 @@ class AcceptPause:
     def __init__(self, logger: logging.Logger) -> None:
         self._logger = logger
         self.until = 0.0
-        self._logged_at: Optional[float] = None
-        self._not_logged = 0
+        self._log_gate = IntervalGate(PAUSE_LOG_INTERVAL_SECONDS)
 
     def start(self, reason: str, now: float) -> None:
         """Pause accepting from ``now`` (``reason``: the accept error), logging within the rate."""
-        self._not_logged += 1
-        if self._logged_at is None or now - self._logged_at >= PAUSE_LOG_INTERVAL_SECONDS:
-            earlier = self._not_logged - 1
+        earlier = self._log_gate.passes(now)
+        if earlier is not None:
             since = f" ({earlier} more pause{'s' if earlier != 1 else ''} since the last such line)" if earlier else ""
             self._logger.warning("cannot accept connections (%s); pausing accept for %gs%s", reason, PAUSE_SECONDS,
                                  since)
-            self._logged_at = now
-            self._not_logged = 0
         self.until = now + PAUSE_SECONDS
 
     def ends(self, now: float) -> bool:

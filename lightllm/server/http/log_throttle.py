@@ -4,7 +4,8 @@ uvicorn logs ``Invalid HTTP request received.`` for every malformed request, wit
 client's address: one client sending garbage wrote a line per connection (43 lines from one
 batch), while the front door's own refusals are summarised once per 10 s. :class:`LineThrottle`
 lets the first such line through, drops the repeats for the interval, and adds their count to
-the next line it lets through.
+the next line it lets through; the rule is :class:`IntervalGate`, which the front door's accept
+pauses (:mod:`lightllm.server.http.accept_pause`) log through too.
 """
 
 from __future__ import annotations
@@ -18,32 +19,42 @@ INVALID_REQUEST_LINE = "Invalid HTTP request received."
 THROTTLE_INTERVAL_SECONDS = 10.0
 
 
+class IntervalGate:
+    """Lets one event through per interval and counts the events it held back in between."""
+
+    def __init__(self, interval_s: float = THROTTLE_INTERVAL_SECONDS) -> None:
+        self._interval_s = interval_s
+        self._passed_at: Optional[float] = None
+        self._held = 0
+
+    def passes(self, now: float) -> Optional[int]:
+        """The number of events held back since the last one passed, when the event at ``now``
+        passes (the first always does); None when it is held back."""
+        if self._passed_at is not None and now - self._passed_at < self._interval_s:
+            self._held += 1
+            return None
+        held, self._held, self._passed_at = self._held, 0, now
+        return held
+
+
 class LineThrottle(logging.Filter):
     """A logging filter passing each of ``messages`` at most once per ``interval_s`` seconds."""
 
     def __init__(self, messages: FrozenSet[str], interval_s: float = THROTTLE_INTERVAL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self._messages = messages
-        self._interval_s = interval_s
+        self._gates: Dict[str, IntervalGate] = {message: IntervalGate(interval_s) for message in messages}
         self._clock = clock
-        self._passed_at: Dict[str, float] = {}
-        self._dropped: Dict[str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if message not in self._messages:
+        gate = self._gates.get(message)
+        if gate is None:
             return True
-        now = self._clock()
-        last: Optional[float] = self._passed_at.get(message)
-        if last is not None and now - last < self._interval_s:
-            self._dropped[message] = self._dropped.get(message, 0) + 1
-            return False
-        dropped = self._dropped.pop(message, 0)
-        if dropped:
-            record.msg, record.args = f"{message} ({dropped} more since the last such line)", ()
-        self._passed_at[message] = now
-        return True
+        held = gate.passes(self._clock())
+        if held:
+            record.msg, record.args = f"{message} ({held} more since the last such line)", ()
+        return held is not None
 
 
 def throttle_uvicorn_request_errors() -> None:
