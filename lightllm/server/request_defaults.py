@@ -84,13 +84,27 @@ def read_chat_template_flag(value: str) -> str:
         text, source = value, "the value"
     if not text.strip():
         raise ValueError(f"--chat_template {value}: the template is empty")
+    error = template_compile_error(text)
+    if error is not None:
+        raise ValueError(f"--chat_template: {source} {invalid_template(error)}") from error
+    return text
+
+
+def template_compile_error(text: str) -> Optional[jinja2.TemplateSyntaxError]:
+    """The error of compiling ``text`` as transformers renders chat templates; None when it compiles.
+
+    Compiled, not only parsed: an unknown filter or test is an error only at compile time.
+    """
     try:
-        # Compiled, not only parsed: an unknown filter or test is an error only at compile time.
         chat_template_environment().from_string(text)
     except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"--chat_template: {source} is not a valid Jinja template: {exc.message} "
-                         f"(line {exc.lineno})") from exc
-    return text
+        return exc
+    return None
+
+
+def invalid_template(exc: jinja2.TemplateSyntaxError) -> str:
+    """The words of every refusal of a template that does not compile: reason and line."""
+    return f"is not a valid Jinja template: {exc.message} (line {exc.lineno})"
 
 
 def resolve_eos_token_ids(args: argparse.Namespace, config: ModelConfig) -> List[int]:

@@ -21,7 +21,7 @@ import jinja2
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.prompt_length_probe import encode_within
-from lightllm.server.request_defaults import RequestDefaults, chat_template_environment
+from lightllm.server.request_defaults import RequestDefaults, invalid_template, template_compile_error
 from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
                                                 template_variables, unread_message, variable_param)
 
@@ -55,8 +55,7 @@ def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True, with
 def server_template_problem(exc: jinja2.TemplateSyntaxError, name: Optional[str] = None) -> str:
     """One line saying the server's chat template (``name``: one of several) does not compile, and how to replace it."""
     which = f"chat template {name!r}" if name is not None else "chat template"
-    return (f"the server's {which} is not a valid Jinja template: {exc.message} (line {exc.lineno}); "
-            "start the server with --chat_template to replace it")
+    return f"the server's {which} {invalid_template(exc)}; start the server with --chat_template to replace it"
 
 
 def check_checkpoint_templates(tokenizer: Any) -> Optional[str]:
@@ -64,14 +63,10 @@ def check_checkpoint_templates(tokenizer: Any) -> Optional[str]:
     that does not compile, or None. Checked at start: otherwise every chat request found it."""
     templates = getattr(tokenizer, "chat_template", None)
     named = templates.items() if isinstance(templates, dict) else [(None, templates)]
-    environment = chat_template_environment()
     for name, template in named:
-        if not isinstance(template, str):
-            continue
-        try:
-            environment.from_string(template)  # compiling also checks filter and test names
-        except jinja2.TemplateSyntaxError as exc:
-            return server_template_problem(exc, name)
+        error = template_compile_error(template) if isinstance(template, str) else None
+        if error is not None:
+            return server_template_problem(error, name)
     return None
 
 
@@ -173,7 +168,7 @@ def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_
     except jinja2.TemplateSyntaxError as exc:
         if (chat_template_kwargs or {}).get("chat_template"):
             raise ChatTemplateSyntaxError(
-                f"chat_template is not a valid Jinja template: {exc.message} (line {exc.lineno})") from exc
+                f"chat_template {invalid_template(exc)}") from exc
         # The server's own template: no chat can render, whatever the client sends.
         raise ServerChatTemplateError(server_template_problem(exc)) from exc
     except Exception as exc:
