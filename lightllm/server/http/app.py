@@ -65,6 +65,7 @@ from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
+from lightllm.server.http.retry_after import body_error_code, retry_after_headers
 from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.http.prompt_encoding import PromptEncoder
 from lightllm.server.http.service_routes import ServiceEndpoints
@@ -108,7 +109,7 @@ class NativeEndpoints:
         """Readiness (``/health``, ``/health/ready``) or liveness (``/health/live``), and LightLLM's names for
         them (``/healthz``, ``/readiness``, ``/liveness``); the front door answers the same."""
         status, body = health_answer(request.url.path, manager_readiness(self.manager))
-        return JSONResponse(body, status_code=status)
+        return JSONResponse(body, status_code=status, headers=retry_after_headers(status, body_error_code(body)))
 
     async def metrics(self) -> Response:
         """Prometheus metrics as produced by the manager."""

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lightllm.server.http.retry_after import retry_after_headers
 from lightllm.server.manager_errors import (
     DuplicateRequestIdError,
     ServerBusyError,
@@ -63,7 +64,8 @@ class APIError(Exception):
 
     def to_response(self) -> JSONResponse:
         """A JSON response carrying this error and its status code."""
-        return JSONResponse(self.to_dict(), status_code=self.status_code)
+        return JSONResponse(self.to_dict(), status_code=self.status_code,
+                            headers=retry_after_headers(self.status_code, self.code))
 
 
 def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

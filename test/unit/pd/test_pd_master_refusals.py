@@ -39,6 +39,8 @@ def _refused(cluster: Cluster, code: str) -> str:
     assert response.status_code == 503, response.text
     error = response.json()["error"]
     assert error["code"] == code, error
+    # A missing node or a busy one clears by itself; a node that fails its transfer set-up may not.
+    assert response.headers.get("retry-after") == {"pd_not_ready": "2", "server_busy": "1"}.get(code), code
     return error["message"]
 
 
