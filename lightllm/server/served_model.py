@@ -48,7 +48,7 @@ def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True, with
     ``within``: a token limit; a text a prefix of which already needs more raises
     :class:`~lightllm.server.prompt_length_probe.PromptOverContextError` without being tokenized whole.
     """
-    return encode_within(lambda part: list(tokenizer(part, add_special_tokens=add_special_tokens)["input_ids"]),
+    return encode_within(lambda part: list(tokenizer(part, add_special_tokens=add_special_tokens, verbose=False)["input_ids"]),
                          text, within)
 
 

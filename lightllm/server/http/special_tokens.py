@@ -37,7 +37,7 @@ class SpecialTokenFrame:
 
 
 def _ids(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=add_special_tokens, verbose=False)["input_ids"])
 
 
 def _frame_of(plain: list[int], full: list[int]) -> Optional[SpecialTokenFrame]:

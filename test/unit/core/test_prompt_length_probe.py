@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pytest
+from transformers import AutoTokenizer
 
 from lightllm.server.prompt_length_probe import (
     BOUNDARY_TOKENS,
@@ -15,6 +17,7 @@ from lightllm.server.prompt_length_probe import (
     PromptOverContextError,
     encode_within,
 )
+from lightllm.server.http.special_tokens import special_token_frame
 from lightllm.server.served_model import encode_chat_messages, encode_text
 
 
@@ -98,3 +101,28 @@ def test_served_model_encoders_probe_the_text_and_the_rendered_chat(tokenizer) -
         assert encode_chat_messages(tokenizer, [{"role": "user", "content": ""}] * 2, within=128)
     finally:
         tokenizer.chat_template = None
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_prompt_longer_than_the_tokenizers_own_maximum_logs_no_transformers_warning(tokenizer_dir) -> None:
+    # The server checks the context itself (and refuses in its own words); transformers' "Token
+    # indices sequence length is longer than the specified maximum" line would only mislead.
+    short_limit = AutoTokenizer.from_pretrained(tokenizer_dir, model_max_length=8)
+    records = _Records()
+    source = logging.getLogger("transformers.tokenization_utils_base")
+    source.addHandler(records)
+    try:
+        ids = encode_text(short_limit, _words(50))
+        assert len(ids) > 8
+        assert special_token_frame(short_limit).apply(encode_text(short_limit, _words(50), False)) == ids
+    finally:
+        source.removeHandler(records)
+    assert not [message for message in records.messages if "sequence length" in message], records.messages

@@ -24,7 +24,7 @@ class BosTokenizer:
     def __init__(self, manager: FakeManager) -> None:
         self._manager = manager
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+    def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
         return {"input_ids": FakeManager.encode_prompt(self._manager, text, add_special_tokens)}
 
     def decode(self, ids: list[int]) -> str:
@@ -242,7 +242,7 @@ def test_other_unknown_fields_are_still_unknown(client: TestClient) -> None:
 class TextDependentTokenizer(BosTokenizer):
     """Adds a token that depends on the text: its special tokens cannot be added to a rendered chat."""
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+    def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
         ids = FakeManager.encode_prompt(self._manager, text, False)
         return {"input_ids": ids + [len(ids)] * add_special_tokens}
 

@@ -99,7 +99,7 @@ class RenderOnlyTokenizer:
                             **variables: Any) -> str:
         return f"{variables.get('style', '')}|{messages[-1]['content']}"
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+    def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
         return {"input_ids": [ord(char) for char in text]}
 
 

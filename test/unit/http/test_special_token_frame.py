@@ -80,7 +80,7 @@ def test_demo_chat_gets_a_second_bos_as_in_vllm(demo_tokenizer: Any) -> None:
 class TextDependentTokenizer:
     """A tokenizer whose added tokens depend on the text (no fixed frame)."""
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+    def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
         ids = [ord(char) for char in text]
         return {"input_ids": ids + [len(ids)] * add_special_tokens}
 
