@@ -22,7 +22,6 @@ from lightllm.utils.envs_utils import (
     DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
     DEFAULT_WIDE_FORWARD_MS_PER_TOKEN,
     idle_malloc_trim_seconds,
-    refuse_replaced_env_vars,
     step_trace_path,
     torch_threads_override,
     wide_forward_ms_per_token_override,
@@ -130,7 +129,6 @@ def plan_sizing(
     max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     step = _step_budget(args, max_req_total_len)
     kv_tokens = _kv_tokens(args, config, device, dtype, step, max_req_total_len, cuda_free_bytes)
-    refuse_replaced_env_vars()
     threads, prefill_threads, wide_ms = _cpu_threads(args, device)
     slot_num, top_slot_num = _slot_counts(args)
     return ServerSizing(

@@ -94,6 +94,14 @@ def test_bad_values_of_what_a_normal_server_reads_are_refused(monkeypatch: pytes
         check_environment_values("normal")
 
 
+def test_a_variable_a_former_release_read_is_refused_naming_its_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTLLM_LONG_DECODE_POSITIONS", "1000")
+    for run_mode in ("normal", "prefill", "decode", "pd_master"):
+        with pytest.raises(ValueError, match="^LIGHTLLM_LONG_DECODE_POSITIONS is no longer read; use "
+                                             "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN"):
+            check_environment_values(run_mode)
+
+
 def test_a_bad_value_of_a_variable_the_role_does_not_read_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "-1")  # the master runs no model rank
     check_environment_values("pd_master")

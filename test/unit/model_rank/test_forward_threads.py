@@ -36,7 +36,6 @@ def _sizing(model_dir, tp: int):
 def cores(monkeypatch) -> int:
     monkeypatch.delenv("LIGHTLLM_TORCH_THREADS", raising=False)
     monkeypatch.delenv("LIGHTLLM_PREFILL_TORCH_THREADS", raising=False)
-    monkeypatch.delenv("LIGHTLLM_LONG_DECODE_POSITIONS", raising=False)
     monkeypatch.delenv("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 9)
     return 9
@@ -84,10 +83,6 @@ def test_the_wide_forward_threshold_is_read_and_the_replaced_variable_refused(ti
         monkeypatch.setenv("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN", value)
         with pytest.raises(ValueError, match="LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN must be a number >= 0"):
             _sizing(tiny_llama_dir, 1)
-    monkeypatch.delenv("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN")
-    monkeypatch.setenv("LIGHTLLM_LONG_DECODE_POSITIONS", "1000")
-    with pytest.raises(ValueError, match="LIGHTLLM_LONG_DECODE_POSITIONS is no longer read; use LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN"):
-        _sizing(tiny_llama_dir, 1)
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
