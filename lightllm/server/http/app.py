@@ -72,6 +72,7 @@ from lightllm.server.http.service_routes import ServiceEndpoints
 from lightllm.server.http.tokenize_models import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 from lightllm.server.http.tokenize_routes import TokenizeEndpoints
 from lightllm.server.request_manager import RequestManager, missing_request_manager_members
+from lightllm.utils.tokenizer_utils import tokenizer_special_ids
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +90,8 @@ class NativeEndpoints:
     def __init__(self, manager: RequestManager, encoder: PromptEncoder | None = None) -> None:
         self.manager = manager
         self.encoder = encoder or PromptEncoder(manager)
-        tokenizer_special = getattr(manager.tokenizer, "all_special_ids", None) or []
-        self._special_ids = frozenset(tokenizer_special) | frozenset(manager.eos_token_ids)
+        # Every id skip_special_tokens hides (added tokens flagged special too, as Llama 3's headers).
+        self._special_ids = tokenizer_special_ids(manager.tokenizer) | frozenset(manager.eos_token_ids)
 
     def router(self) -> APIRouter:
         """An APIRouter with ``/generate``, ``/generate_stream``, ``/health`` and ``/metrics``."""

@@ -234,28 +234,29 @@ class CompletionShaper:
         """Completion streams start directly with text."""
         return []
 
-    def _pieces(self, index: int, events: list[Any], with_prompt: bool) -> list[tuple[str, list[Any]]]:
-        """``(text, token records)`` in the order the choice's text is sent: the echoed prompt
-        (``with_prompt``, when echoing), then each output token with the text it released.
+    def _pieces(self, index: int, events: list[Any], with_prompt: bool) -> list[tuple[str, list[Any], bool]]:
+        """``(text, token records, whole)`` in the order the choice's text is sent: the echoed prompt
+        (``with_prompt``, when echoing; ``whole``: decoded on its own), then each output token with
+        the text it released.
 
         A streamed and a whole response are both built from these pieces, so their texts and
         ``text_offset`` lists agree.
         """
-        pieces: list[tuple[str, list[Any]]] = []
+        pieces: list[tuple[str, list[Any], bool]] = []
         if with_prompt and self._echo is not None and events:
             prompt_text, prompt_ids = self._echo[index // self._n]
-            pieces.append((prompt_text, self._formatter.prompt_tokens(prompt_ids, events[0])))
+            pieces.append((prompt_text, self._formatter.prompt_tokens(prompt_ids, events[0]), True))
         if not self._drop_output:
-            pieces += [(event.text, [event]) for event in events if event.token_id >= 0]
+            pieces += [(event.text, [event], False) for event in events if event.token_id >= 0]
         return pieces
 
-    def _logprobs(self, tracker: TextOffsets, pieces: list[tuple[str, list[Any]]]) -> dict[str, Any] | None:
+    def _logprobs(self, tracker: TextOffsets, pieces: list[tuple[str, list[Any], bool]]) -> dict[str, Any] | None:
         """The ``logprobs`` of ``pieces`` (None when not asked for), their offsets from ``tracker``."""
         if not self._with_logprobs:
             return None
-        records = [record for _, group in pieces for record in group]
-        offsets = [offset for text, group in pieces
-                   for offset in tracker.feed(text, [record.token_id for record in group])]
+        records = [record for _, group, _ in pieces for record in group]
+        offsets = [offset for text, group, whole in pieces
+                   for offset in tracker.feed(text, [record.token_id for record in group], whole)]
         return self._formatter.completion(records, offsets)
 
     def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
@@ -263,8 +264,8 @@ class CompletionShaper:
         first = index not in self._trackers
         tracker = self._trackers.setdefault(index, self._formatter.offset_tracker())
         pieces = self._pieces(index, [event], with_prompt=first)
-        text = "".join(piece_text for piece_text, _ in pieces)
-        has_tokens = any(group for _, group in pieces)
+        text = "".join(piece_text for piece_text, _, _ in pieces)
+        has_tokens = any(group for _, group, _ in pieces)
         if not text and event.finish_reason is None and not (self._with_logprobs and has_tokens):
             return []
         return [{"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
@@ -273,7 +274,7 @@ class CompletionShaper:
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
         """The whole choice of a non-streaming response."""
         pieces = self._pieces(index, events, with_prompt=True)
-        text = "".join(piece_text for piece_text, _ in pieces)
+        text = "".join(piece_text for piece_text, _, _ in pieces)
         logprobs = self._logprobs(self._formatter.offset_tracker(), pieces)
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": final_finish_reason(events),
                   "stop_reason": final_stop_reason(events)}

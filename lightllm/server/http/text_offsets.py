@@ -18,6 +18,8 @@ pieces in the same order, so the offsets are equal for the same tokens):
 * text held back while it may be the start of a stop string is placed where it will be sent; if
   the stop string completes and cuts it off, its tokens keep those positions, at or past the end
   of the text (a streamed offset cannot be taken back);
+* an echoed prompt is decoded apart from the completion, so a token-id prompt that ends inside a
+  character ends in U+FFFD and the completion's bytes do not finish that character;
 * the offsets never decrease.
 
 Where the text differs from the tokens' bytes in a way not foreseen here (a normalizer changed an
@@ -63,8 +65,12 @@ class TextOffsets:
         self._pending_tokens = 0
         self._floor = 0  # the last offset given
 
-    def feed(self, text: str, token_ids: Sequence[int]) -> list[int]:
-        """The offsets of ``token_ids``, sent with ``text`` (which may also hold earlier tokens' text)."""
+    def feed(self, text: str, token_ids: Sequence[int], whole: bool = False) -> list[int]:
+        """The offsets of ``token_ids``, sent with ``text`` (which may also hold earlier tokens' text).
+
+        ``whole``: ``text`` is these tokens decoded on their own (an echoed prompt), so a character
+        they leave unfinished is U+FFFD in it and the tokens after start a new one.
+        """
         self._tail += text
         self._known += len(text)
         offsets = []
@@ -75,6 +81,8 @@ class TextOffsets:
             lost = lost or not placed
         if offsets:
             self._floor = offsets[-1]
+        if whole and not lost and self._pending:
+            self._flush_pending()
         if lost:
             # The text sent with these tokens could not be matched with them; the tokens after
             # start after it, so one misplaced token does not shift all the following ones

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -67,6 +68,17 @@ def test_native_generate_shape(client: TestClient, manager: FakeManager) -> None
     params = manager.calls[0].params
     assert params.stop_sequences == ["END"] and params.do_sample is False and params.max_new_tokens == 5
     assert "details" not in client.post("/generate", json={"inputs": "hello"}).json()
+
+
+def test_native_special_flag_covers_added_special_tokens() -> None:
+    # Llama 3's header tokens are added tokens flagged special, not in all_special_ids: skip_special_tokens
+    # hides their text, so the record must say they are special.
+    manager = FakeManager()
+    manager.tokenizer.added_tokens_decoder = {20: SimpleNamespace(special=True), 21: SimpleNamespace(special=False)}
+    client = TestClient(create_app(manager), raise_server_exceptions=False)
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 5, "return_details": True}}
+    tokens = client.post("/generate", json=body).json()["details"]["tokens"]
+    assert [(token["id"], token["special"]) for token in tokens][:2] == [(20, True), (21, False)]
 
 
 def test_native_stream_shape(client: TestClient) -> None:

@@ -205,3 +205,20 @@ def test_a_tokenizer_of_unknown_kind_is_placed_by_the_text_each_token_released()
     tracker = TextOffsets(TokenBytes(FakeTokenizer()))
     assert [tracker.feed(text, [token_id]) for text, token_id in [(" w0", 20), ("", 21), (" w2", 22)]] == [
         [0], [3], [3]]
+
+
+def test_an_echoed_token_prompt_that_ends_inside_a_character_shifts_the_offsets_by_its_text(any_tokenizer):
+    """The echoed prompt is decoded apart from the completion: its unfinished character is U+FFFD,
+    so the completion's tokens sit where they sit without echo, after the prompt's text."""
+    pieces = _ids(any_tokenizer, "語")
+    cut = len(pieces) // 2 or 1
+    prompt = any_tokenizer("hello")["input_ids"] + pieces[:cut]
+    script = pieces[cut:] + _ids(any_tokenizer, "😀 ok")
+    client = _client(ScriptedTextManager(any_tokenizer, script))
+    alone, alone_chunks = _completion(client, prompt=prompt)
+    echoed, echoed_chunks = _completion(client, prompt=prompt, echo=True)
+    plain = _check_stream_matches(alone, alone_chunks)
+    shifted = _check_stream_matches(echoed, echoed_chunks)
+    prompt_text = echoed["text"][:len(echoed["text"]) - len(alone["text"])]
+    assert prompt_text.endswith("\ufffd") and echoed["text"] == prompt_text + alone["text"]
+    assert shifted[len(prompt):] == [offset + len(prompt_text) for offset in plain]
