@@ -233,6 +233,15 @@ class IncrementalDecoder:
         self.emitted = len(self.text)
         return piece
 
+    def finish_reason_after_flush(self, reason: str) -> str:
+        """The finish reason of a request that ended with ``reason``, once :meth:`flush` ran.
+
+        The U+FFFD of an unfinished character let out by the flush can complete a stop string
+        (``"\ufffd"``); the text is then cut there, so the request ended on that stop string
+        ("stop", with :attr:`stop_reason`), not on its length.  An abort or an error stays one.
+        """
+        return "stop" if self.stopped and reason in ("length", "stop") else reason
+
 
 
 def request_decoder(

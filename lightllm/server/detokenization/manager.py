@@ -131,6 +131,7 @@ class DetokenizationManager:
             tail = state.decoder.flush()
             if tail and events:
                 events[-1].text += tail
+            finish_reason = state.decoder.finish_reason_after_flush(finish_reason)
         if finish_reason is not None:
             state.finished = True
         if events or finish_reason is not None:

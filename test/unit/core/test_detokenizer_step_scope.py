@@ -70,3 +70,29 @@ def test_read_output_stops_at_the_named_length_and_hides_a_status_that_belongs_l
     finally:
         shm.close()
         shm.unlink()
+
+
+def _lead_byte_token(tokenizer) -> int:
+    """The byte-level token of 0xE4, a byte that starts a three-byte character and ends nothing."""
+    return next(token_id for token_id in range(len(tokenizer))
+                if tokenizer.convert_ids_to_tokens(token_id) == "ä")
+
+
+def test_a_stop_string_completed_by_the_end_of_an_unfinished_character_ends_as_a_stop(tiny_llama_dir, tmp_path) -> None:
+    # The last token starts a character the length limit leaves unfinished: the flush lets its
+    # byte out as U+FFFD, which completes the stop string "\ufffd". The text is cut there, so the
+    # request ended on that stop string: finish "stop", stop_reason the string (it said "length").
+    with detokenizer_rig(tiny_llama_dir, tmp_path, 1) as rig:
+        shm, manager, http = rig.shm, rig.manager, rig.http
+        tokenizer = manager.tokenizer
+        words = tokenizer.encode("plain words", add_special_tokens=False)
+        ids = words + [_lead_byte_token(tokenizer)]
+        params = SamplingParams(temperature=0, max_new_tokens=len(ids), ignore_eos=True, stop_sequences=["\ufffd"])
+        shm.write_request(0, 1, RequestSpec([5, 6], params))
+        for token_id in ids:
+            shm.publish_token(0, 1, token_id, -0.5)
+        assert shm.set_finish_status(0, 1, FINISH_LENGTH)
+        manager.handle(StepOutput([(1, 0, len(ids))], [(1, 0)]))
+        (output,) = _texts(http)
+        assert (output.finish_reason, output.stop_reason) == ("stop", "\ufffd")
+        assert "".join(event.text for event in output.tokens) == tokenizer.decode(words)

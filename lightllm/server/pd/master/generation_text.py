@@ -60,5 +60,6 @@ class GenerationText:
             event.text = ""
         if event.finish_reason:
             event.text += self._decoder.flush()
+            event.finish_reason = self._decoder.finish_reason_after_flush(event.finish_reason)
             if event.finish_reason == "stop":
                 event.stop_reason = self._decoder.stop_reason
