@@ -29,7 +29,7 @@ def comparison(tiny_llama_dir, tmp_path_factory):
         "--long-count", "3", "--long-len", "300", "--short-count", "3", "--short-len", "16", "--output-len", "4",
         "--strategies", ",".join(STRATEGIES),
         "--repeats", str(REPEATS), "--warmup", "1", "--settle", "0.1",
-        "--server-args", "--chunked_prefill_size 32 --batch_max_tokens 32 --max_total_token_num 8192",
+        "--server-args", "--chunked_prefill_size 32 --batch_max_tokens 32 --running_max_req_size 32 --max_total_token_num 8192",
         "--out-dir", str(out), "--seed", "5",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
@@ -54,7 +54,7 @@ def test_meta_records_how_the_run_was_made(comparison):
     assert meta["strategies"] == STRATEGIES and meta["baseline"] == "default"
     assert meta["repeats"] == REPEATS and meta["warmup"] == 1 and meta["seed"] == 5
     assert meta["server_args"] == [
-        "--chunked_prefill_size", "32", "--batch_max_tokens", "32", "--max_total_token_num", "8192"
+        "--chunked_prefill_size", "32", "--batch_max_tokens", "32", "--running_max_req_size", "32", "--max_total_token_num", "8192"
     ]
     assert meta["kv_tokens_added_by_runner"] is False
     assert "compare_strategies" in meta["command"] and "--server-args" in meta["command"]

@@ -63,6 +63,7 @@ def results(tiny_llama_dir, tmp_path_factory):
             tiny_llama_dir,
             tmp_path_factory.mktemp(strategy),
             ["--prefill_queue_strategy", strategy, "--chunked_prefill_size", "16", "--batch_max_tokens", "16",
+             "--running_max_req_size", "16",
              "--disable_dynamic_prompt_cache", "--max_total_token_num", "16384"],
         )
         try:

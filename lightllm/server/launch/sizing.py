@@ -197,6 +197,16 @@ def _step_budget(args: argparse.Namespace, max_req_total_len: int) -> StepBudget
     else:
         batch_max_tokens = max(max_req_total_len, 2048)
     chunk = batch_max_tokens if decode_node else args.chunked_prefill_size if chunked else None
+    mixed = args.run_mode == RunMode.NORMAL and chunked and not args.disable_mixed_batches
+    if mixed and batch_max_tokens < args.running_max_req_size:
+        # Every decoding row takes one token of a mixed step's budget: with more rows than the
+        # budget a waiting prompt gets no token until decodes finish (vLLM refuses the same).
+        raise ArgumentError(
+            f"with mixed batches (the default) each decoding request takes one token of a step's --batch_max_tokens, so "
+            f"--batch_max_tokens ({batch_max_tokens}) must be >= --running_max_req_size ({args.running_max_req_size}) "
+            "or a prompt would wait for decodes to finish; lower --running_max_req_size, raise --batch_max_tokens, "
+            "or give --disable_mixed_batches"
+        )
     if not chunked and batch_max_tokens < max_req_total_len:
         raise ArgumentError(
             f"with --disable_chunked_prefill every prompt must fit one forward: --batch_max_tokens ({batch_max_tokens}) "

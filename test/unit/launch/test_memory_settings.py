@@ -142,7 +142,7 @@ def test_reserved_memory_flag_is_validated_and_used_by_sizing(tiny_llama_dir):
     "flags, driver",
     [
         (["--chunked_prefill_size", "100000"], "--chunked_prefill_size or --max_req_total_len"),
-        (["--running_max_req_size", "100000000"], "--running_max_req_size"),
+        (["--running_max_req_size", "100000000", "--disable_mixed_batches"], "--running_max_req_size"),
         (["--batch_max_tokens", "30000000"], "--batch_max_tokens / --chunked_prefill_size"),
     ],
 )
@@ -197,3 +197,20 @@ def test_a_decode_node_sizes_its_reserve_for_decode_steps(tiny_llama_dir):
     ranks = build_process_configs(decode_args, decode, config, plan_layout(decode, "lightllm_test_dec", "/tmp/lightllm_test_dec"),
                                   nccl_port=29996, sampling_seed=resolve_sampling_seed(decode_args)).ranks
     assert (ranks[0].batch_max_tokens, ranks[0].chunked_prefill_size) == (64, 64)
+
+
+def test_mixed_batches_need_a_budget_of_at_least_one_token_per_running_request(tiny_llama_dir):
+    # Each decoding row takes a token of a mixed step's budget; with more rows than budget a
+    # prompt got no token until the decodes finished (69 s in an outside test), so it is refused.
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    parse = make_argument_parser().parse_args
+    base = ["--model_dir", str(tiny_llama_dir), "--max_total_token_num", "8192", "--batch_max_tokens", "64"]
+    with pytest.raises(ArgumentError, match=r"--batch_max_tokens \(64\) must be >= --running_max_req_size \(256\)"):
+        plan_sizing(parse(base), config, "cpu")
+    with pytest.raises(ArgumentError, match=r"--batch_max_tokens \(2048\) must be >= --running_max_req_size \(4096\)"):
+        plan_sizing(parse(base[:4] + ["--running_max_req_size", "4096"]), config, "cpu")
+    assert plan_sizing(parse(base + ["--running_max_req_size", "64"]), config, "cpu").batch_max_tokens == 64
+    assert plan_sizing(parse(base + ["--disable_mixed_batches"]), config, "cpu").batch_max_tokens == 64
+    # A prefill node runs no decode rows; a PD decode node no prefill.
+    prefill = parse(base + ["--run_mode", "prefill", "--pd_master_ip", "127.0.0.1"])
+    assert plan_sizing(prefill, config, "cpu").batch_max_tokens == 64
