@@ -117,6 +117,8 @@ class FakeManager:
             raise ValueError("request refused by the manager")
         if self.failure == "crash":
             raise RuntimeError("secret internal detail")
+        if self.failure == "nothing":
+            return  # as the manager ends a generation whose client left before its first event
         count = min(params.max_new_tokens, self.reply_len)
         for i in range(count):
             await asyncio.sleep(self.step_seconds)

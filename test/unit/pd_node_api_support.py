@@ -48,6 +48,8 @@ class ScriptedNodeManager:
         self.script: List[Any] = []
         # When set, the iterator waits on it after the scripted events (a request still running).
         self.hold = False
+        # When set, the iterator ends without an event once the master disconnects.
+        self.end_when_master_leaves = False
         self.calls: List[Dict[str, Any]] = []
         self.closed: List[int] = []
         self.setups: List[tuple] = []
@@ -79,6 +81,10 @@ class ScriptedNodeManager:
                 yield item
             if self.hold:
                 await asyncio.Event().wait()
+            while self.end_when_master_leaves and not await request.is_disconnected():
+                # As the node's manager ends a request whose master went away: sooner than the
+                # API's own first-event poll notices.
+                await asyncio.sleep(0.01)
         finally:
             self.closed.append(request_id)
 

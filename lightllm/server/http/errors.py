@@ -104,6 +104,15 @@ def server_busy(message: str, role: str | None = None) -> APIError:
     return APIError(503, message or "The server is busy; retry later", SERVICE_UNAVAILABLE, None, "server_busy", extra)
 
 
+def client_closed_request() -> APIError:
+    """The answer to a client that closed its connection before its first token (nginx's 499).
+
+    Nobody reads it; it tells the access log the request ended because its client left.
+    """
+    return APIError(499, "The client closed the request before its first token", INVALID_REQUEST, None,
+                    "client_closed_request")
+
+
 def internal_error() -> APIError:
     """A 500 error whose body deliberately carries no details of the failure."""
     return APIError(500, "Internal server error; see the server log", SERVER_ERROR, None, "internal_error")

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.http.errors import generation_failed, internal_error, manager_error
+from lightllm.server.http.errors import client_closed_request, generation_failed, internal_error, manager_error
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
 from lightllm.server.core.objs.request_spec import Priority, RequestSpec
 from lightllm.server.request_manager import RequestManager
@@ -99,6 +99,11 @@ class GenerationFanout:
             return
         await self.close()
         if isinstance(failure, StopAsyncIteration):
+            # The manager ends a generation without a finish only for a client that went away:
+            # an everyday event, not a server fault (nobody reads the answer; the access log does).
+            if self._request is not None and await self._request.is_disconnected():
+                logger.info("client went away before its first token; its generation ended")
+                raise client_closed_request()
             logger.warning("the request manager ended a generation before its first event")
             raise internal_error()
         if not isinstance(failure, Exception):

@@ -6,13 +6,15 @@ node service (``pd_node_api_support``).
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import time
 from typing import Any, Dict
 
 import httpx
 
-from pd_node_api_support import NodeApp, decode_body, lines, node, token
+from pd_node_api_support import NodeApp, decode_body, lines, node, prefill_body, token
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
 
 
@@ -99,3 +101,25 @@ def test_a_request_placed_again_under_a_live_id_replaces_the_previous_placement(
                 assert len(node.decode_streams) == 1
     finally:
         node.decode.hold = False
+
+
+def test_a_master_gone_as_the_request_ends_without_an_event_is_no_error(node: NodeApp, caplog) -> None:
+    # The master closes its stream (its client left) and the node's request ends with no event:
+    # an everyday event, answered 499 with an INFO line (it was two ERROR lines and a 500).
+    node.prefill.script = []
+    node.prefill.end_when_master_leaves = True
+    closed = len(node.prefill.closed)
+    payload = json.dumps(prefill_body(request_id=11)).encode()
+    host, port = node.prefill_url.removeprefix("http://").split(":")
+    try:
+        with caplog.at_level(logging.INFO, logger="lightllm.pd.node_api"):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(b"POST /pd/node/prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+                _wait(lambda: len(node.prefill.calls) > 0 and node.prefill.calls[-1]["request_id"] == 11,
+                      "the request to reach the node")
+            _wait(lambda: len(node.prefill.closed) > closed, "the node to end the request")
+            _wait(lambda: "went away before the first event" in caplog.text, "the node to log the master's leaving")
+    finally:
+        node.prefill.end_when_master_leaves = False
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING], caplog.text

@@ -226,6 +226,10 @@ class PdNodeEndpoints:
         if first is END or isinstance(first, BaseException):
             self.streams.discard(stream)
             await stream.close()
+            if first is END and await request.is_disconnected():
+                # The master gave up (its client left) as the request ended: nothing failed here.
+                logger.info("request %d: the master went away before the first event", body.request_id)
+                return Response(status_code=499)
             if first is END:
                 logger.error("request %d: the node produced no event", body.request_id)
                 first = RuntimeError("the node produced no event")
