@@ -58,7 +58,7 @@ from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_re
 from lightllm.server.http.native_models import NativeGenerateRequest
 from lightllm.server.http.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
-from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, json_logprob
+from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
 from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.planning import build_sampling_params, check_context_length, choice_jobs, encoded
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
@@ -170,20 +170,22 @@ class NativeEndpoints:
         body, fanout, jobs = await self._start(request)
         collected = await fanout.collect()
         parameters = body.parameters
+        # The prompt's cache hit as its first generation saw it, whichever generation best_of keeps.
+        first_cached = first_generation_cached(collected, jobs)[0]
         if parameters.candidates > parameters.n:
             collected, jobs = best_choices(collected, jobs, parameters.n)
         choices = [collected[index] for index in sorted(collected)]
         answers = [self._answer(events, parameters.return_details, parameters.logprobs is not None)
                    for events in choices]
         if len(answers) == 1:
-            return JSONResponse(answers[0])
+            return JSONResponse({**answers[0], "prompt_cache_len": first_cached})
         # n > 1: LightLLM's shape, one list entry per choice.
         merged: dict[str, Any] = {
             "generated_text": [answer["generated_text"][0] for answer in answers],
             "count_output_tokens": [answer["count_output_tokens"] for answer in answers],
             "finish_reason": [answer["finish_reason"] for answer in answers],
             "prompt_tokens": answers[0]["prompt_tokens"],
-            "prompt_cache_len": answers[0]["prompt_cache_len"],
+            "prompt_cache_len": first_cached,
         }
         if parameters.return_details:
             merged["tokens"] = [answer["tokens"] for answer in answers]

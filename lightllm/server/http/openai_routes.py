@@ -32,6 +32,7 @@ from lightllm.server.http.openai_shapes import (
     TokenLogprobFormatter,
     UsageTracker,
     best_choices,
+    first_generation_cached,
 )
 from lightllm.server.http.openapi import request_body
 from lightllm.server.http.planning import (
@@ -265,9 +266,11 @@ class OpenAIEndpoints:
             streamed.headers.update(id_header)
             return streamed
         collected = await fanout.collect()
+        prompt_cached = None
         if body.candidates > body.n:
+            prompt_cached = first_generation_cached(collected, jobs)
             collected, jobs = best_choices(collected, jobs, body.n)
-        usage = UsageTracker(jobs, shaper.counts_completion)
+        usage = UsageTracker(jobs, shaper.counts_completion, prompt_cached)
         choices = []
         for index in sorted(collected):
             for event in collected[index]:

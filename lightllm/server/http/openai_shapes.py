@@ -45,7 +45,10 @@ def final_stop_reason(events: list[Any]) -> int | str | None:
 class UsageTracker:
     """Token counts of a request: each prompt counted once, every choice's completion."""
 
-    def __init__(self, jobs: list[ChoiceJob], count_completion: bool = True) -> None:
+    def __init__(self, jobs: list[ChoiceJob], count_completion: bool = True,
+                 prompt_cached: dict[int, int] | None = None) -> None:
+        """``prompt_cached``: each prompt's cached tokens for the totals, by prompt index, when
+        they are not those of the first job listed (:func:`first_generation_cached`, for ``best_of``)."""
         # False when the generated tokens are dropped (echo with max_tokens 0).
         self._count_completion = count_completion
         owners: dict[int, int] = {}
@@ -53,6 +56,8 @@ class UsageTracker:
             owners.setdefault(job.prompt_index, job.index)
         # The first choice of each prompt reports that prompt's token counts in the totals.
         self._prompt_owner = set(owners.values())
+        self._owner_prompt = {index: prompt_index for prompt_index, index in owners.items()}
+        self._prompt_cached = prompt_cached
         # Each choice's own prompt counts (tokens, cached), known before any chunk: the jobs were
         # primed, which prefilled their prompts (chunks streamed with continuous usage report them
         # at once, the role chunk that precedes every token included).
@@ -67,9 +72,11 @@ class UsageTracker:
 
     def to_dict(self) -> dict[str, Any]:
         """The OpenAI ``usage`` object of the whole request."""
-        owned = [counts for index, counts in self._prompt.items() if index in self._prompt_owner]
-        return _usage(sum(tokens for tokens, _ in owned), sum(self._completion.values()),
-                      sum(cached for _, cached in owned))
+        owned = [(index, counts) for index, counts in self._prompt.items() if index in self._prompt_owner]
+        if self._prompt_cached is not None:
+            owned = [(index, (tokens, self._prompt_cached[self._owner_prompt[index]])) for index, (tokens, _) in owned]
+        return _usage(sum(tokens for _, (tokens, _) in owned), sum(self._completion.values()),
+                      sum(cached for _, (_, cached) in owned))
 
     def choice_dict(self, index: int) -> dict[str, Any]:
         """The ``usage`` of choice ``index`` alone: its prompt and its completion so far.
@@ -180,6 +187,21 @@ class TokenLogprobFormatter:
             entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in self._top(event)]
             content.append(entry)
         return {"content": content}
+
+
+def first_generation_cached(collected: dict[int, list[Any]], jobs: list[ChoiceJob]) -> dict[int, int]:
+    """Each prompt's cached tokens as its first generation saw them, by prompt index.
+
+    The other generations of a prompt (``n``, ``best_of``) run beside the first and may adopt
+    the prefix it computed; what a request reports as cached is the first one's, whichever
+    generation ``best_of`` keeps (else a never-seen prompt could report a hit, by sampling luck).
+    """
+    cached: dict[int, int] = {}
+    for job in sorted(jobs, key=lambda job: job.index):
+        if job.prompt_index not in cached:
+            events = collected.get(job.index) or []
+            cached[job.prompt_index] = events[-1].cached_tokens if events else job.cached_tokens
+    return cached
 
 
 def best_choices(collected: dict[int, list[Any]], jobs: list[ChoiceJob],
