@@ -19,6 +19,7 @@ import json
 import logging
 from typing import Any, Callable, Dict, Optional, Set
 
+import anyio
 import httpx
 
 from lightllm.server.http.auth import cluster_key_headers
@@ -113,6 +114,8 @@ class NodeStream:
         self._sink = sink
         self._task: Optional[asyncio.Task] = None
         self._cancel_requested = False
+        # The reader's cancel scope (see cancel()); None until the reader runs.
+        self._scope: Optional[anyio.CancelScope] = None
         self._released = released if released is not None else set()
         self._closer: Optional[asyncio.Task] = None
 
@@ -122,6 +125,13 @@ class NodeStream:
         return self
 
     async def _read(self) -> None:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            if self._cancel_requested:  # cancelled before the reader first ran
+                scope.cancel()
+            await self._read_lines()
+
+    async def _read_lines(self) -> None:
         url = f"http://{self.node.http_address}{self.path}"
         try:
             async with self._client.stream("POST", url, json=self._body) as response:
@@ -151,12 +161,18 @@ class NodeStream:
     def cancel(self) -> None:
         """Stop reading now; the reader closes the connection on its own (see :meth:`close`).
 
-        Cancels the reader once: a second cancellation would land inside its connection close
-        and leave the connection half closed.
+        Through the reader's anyio cancel scope, never ``Task.cancel()``: httpcore closes a
+        connection (and hands it back to the pool) inside anyio-shielded sections, which hold off
+        a scope's cancellation but not a task's. A task cancellation landing there (at the end of
+        a stream the node just ended, as the master reacts to its last line) cut the close short
+        and left the connection in the pool for good, the node's side closed (CLOSE-WAIT): one
+        file descriptor lost per such request.
         """
-        if self._task is not None and not self._task.done() and not self._cancel_requested:
-            self._cancel_requested = True
-            self._task.cancel()
+        if self._task is None or self._task.done() or self._cancel_requested:
+            return
+        self._cancel_requested = True
+        if self._scope is not None:
+            self._scope.cancel()
 
     def release(self, within_s: float) -> None:
         """Let the node end this stream by itself, within ``within_s`` seconds; its lines are dropped.
