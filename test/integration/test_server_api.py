@@ -281,6 +281,25 @@ def test_vllm_metrics_count_what_the_responses_report(tiny_server):
     assert dashboard_problems(dashboard, text) == []
 
 
+def test_a_prompt_logprobs_request_is_no_prefix_cache_query(tiny_server):
+    """It computes every prompt position and reads nothing from the cache: vLLM's hit rate
+    (hits / queries) must not count it."""
+    tiny_server.wait_idle()
+    _, before = _scrape(tiny_server.url)
+    httpx.post(f"{tiny_server.url}/v1/completions", timeout=60, json={
+        "model": tiny_server.model_name, "prompt": "score every token of this prompt", "max_tokens": 1,
+        "prompt_logprobs": 1}).raise_for_status()
+    tiny_server.wait_idle()
+    _, after = _scrape(tiny_server.url)
+
+    def delta(name: str) -> float:
+        return (_total(after, name, model_name=tiny_server.model_name)
+                - _total(before, name, model_name=tiny_server.model_name))
+
+    assert delta("vllm:prompt_tokens_total") > 0
+    assert delta("vllm:prefix_cache_queries_total") == 0 and delta("vllm:prefix_cache_hits_total") == 0
+
+
 def test_n_choices_count_their_prompt_once_per_choice(tiny_server):
     """With n > 1 the prompt is counted once per choice in the vLLM counters (as vLLM 0.32 counts it),
     once in the response's usage."""

@@ -56,6 +56,8 @@ class HttpServerConfig:
     served_model_names: List[str] = field(default_factory=list)
     # --generation_config's sampling defaults and --chat_template, resolved by the launcher.
     request_defaults: RequestDefaults = field(default_factory=RequestDefaults)
+    # Whether the ranks keep a prefix cache (plan.prefix_cache_enabled): what the metrics count as looked up.
+    prefix_cache: bool = True
 
 
 class HttpServerManager:
@@ -88,6 +90,7 @@ class HttpServerManager:
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
         self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)
+        self._prefix_cache = config.prefix_cache
         self._slots = RequestSlots(layout.slot_num, layout.top_slot_num, config.slot_wait_seconds)
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
@@ -330,7 +333,8 @@ class HttpServerManager:
                 raise
             started = time.perf_counter()
             pending.arrival_ns = time.monotonic_ns()
-            self.metrics.on_submit(prompt_len, pending.counting)
+            self.metrics.on_submit(prompt_len, pending.counting,
+                                   self._prefix_cache and spec.params.prompt_logprobs is None)
             finish_reason = None
             try:
                 await self.to_router.send_pyobj(NewRequest(request_id, slot))

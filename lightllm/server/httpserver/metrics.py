@@ -31,7 +31,8 @@ VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_waiting_requests": ("vllm:num_requests_waiting",),
     "lightllm_kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc",),
     "lightllm_preemptions": ("vllm:num_preemptions",),
-    "lightllm_prompt_tokens": ("vllm:prompt_tokens", "vllm:prefix_cache_queries"),
+    "lightllm_prompt_tokens": ("vllm:prompt_tokens",),
+    "lightllm_prefix_cache_queried_tokens": ("vllm:prefix_cache_queries",),
     "lightllm_cached_prompt_tokens": ("vllm:prefix_cache_hits",),
     "lightllm_generated_tokens": ("vllm:generation_tokens",),
     "lightllm_requests": ("vllm:request_success",),
@@ -192,6 +193,10 @@ class ServerMetrics:
         self.requests = Counter("lightllm_requests", "Finished requests", labels + ["finish_reason"], registry=measured)
         self.prompt_tokens = Counter("lightllm_prompt_tokens", "Prompt tokens received", labels, registry=measured)
         self.cached_tokens = Counter("lightllm_cached_prompt_tokens", "Prompt tokens served from the prefix cache", labels, registry=measured)
+        # Only prompts that read the cache: none with the cache off, nor a prompt_logprobs request
+        # (it computes every position), so hits / queries is the hit rate vLLM's dashboards show.
+        self.cache_queries = Counter("lightllm_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+                                     labels, registry=measured)
         self.generated_tokens = Counter("lightllm_generated_tokens", "Tokens generated", labels, registry=measured)
         self.ttft = Histogram("lightllm_time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=measured)
         self.tpot = Histogram("lightllm_time_per_output_token_seconds", "Gap between consecutive tokens", labels, buckets=_LATENCY_BUCKETS, registry=measured)
@@ -236,6 +241,7 @@ class ServerMetrics:
         self._e2e = self.e2e.labels(strategy)
         self._prompt = self.prompt_tokens.labels(strategy)
         self._cached = self.cached_tokens.labels(strategy)
+        self._cache_queries = self.cache_queries.labels(strategy)
         self._generated = self.generated_tokens.labels(strategy)
         self._request_prompt = self.request_prompt.labels(strategy)
         self._request_generation = self.request_generation.labels(strategy)
@@ -246,10 +252,17 @@ class ServerMetrics:
         self._request_prefill = self.request_prefill.labels(strategy)
         self._request_inference = self.request_inference.labels(strategy)
 
-    def on_submit(self, prompt_tokens: int, counting: RequestCounting = RequestCounting.FULL) -> None:
-        """A request was handed to the router (a decode node counts its prompt when the KV arrives)."""
+    def on_submit(self, prompt_tokens: int, counting: RequestCounting = RequestCounting.FULL,
+                  reads_cache: bool = True) -> None:
+        """A request was handed to the router (a decode node counts its prompt when the KV arrives).
+
+        ``reads_cache``: its prompt is looked up in the prefix cache (the cache is on and the
+        request asks no prompt_logprobs).
+        """
         if counting is RequestCounting.FULL:
             self._prompt.inc(prompt_tokens)
+            if reads_cache:
+                self._cache_queries.inc(prompt_tokens)
 
     def on_first_token(
         self, seconds: float, cached_tokens: int, counting: RequestCounting = RequestCounting.FULL,

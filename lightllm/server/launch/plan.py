@@ -197,5 +197,6 @@ def build_process_configs(
         slot_wait_seconds=args.slot_wait_seconds,
         max_new_tokens_default=args.max_new_tokens_default,
         request_defaults=request_defaults or RequestDefaults(),
+        prefix_cache=prefix_cache_enabled(args, model_config),
     )
     return ProcessConfigs(detokenization, router, ranks, http)

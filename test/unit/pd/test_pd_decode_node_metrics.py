@@ -53,6 +53,7 @@ def test_a_decoded_request_counts_its_prompt_and_only_the_tokens_decode_generate
     _run_on_decode(metrics, 3, "length")
     assert _value(metrics, "lightllm_requests_total", finish_reason="length") == 1
     assert _value(metrics, "lightllm_prompt_tokens_total") == 100
+    assert _value(metrics, "lightllm_prefix_cache_queried_tokens_total") == 0  # D looks nothing up
     # 3 tokens in the answer: P generated the first, D the other 2 (P + D = the master's 3).
     assert _value(metrics, "lightllm_generated_tokens_total") == 2
     assert _value(metrics, "lightllm_cached_prompt_tokens_total") == 0
@@ -69,7 +70,17 @@ def test_outside_a_decode_node_every_call_counts_as_before() -> None:
     metrics.on_finish("abort", 1, 1.0, prompt_tokens=100, first_token_seconds=0.1)
     assert _value(metrics, "lightllm_requests_total", finish_reason="abort") == 1
     assert _value(metrics, "lightllm_prompt_tokens_total") == 100
+    assert _value(metrics, "lightllm_prefix_cache_queried_tokens_total") == 100
     assert _value(metrics, "lightllm_generated_tokens_total") == 1
+
+
+def test_a_prompt_that_does_not_read_the_cache_is_no_cache_query() -> None:
+    # The cache off, or a prompt_logprobs request: the prompt counts, the hit rate's denominator does not.
+    metrics = ServerMetrics("default", None)
+    metrics.on_submit(100, reads_cache=False)
+    metrics.on_submit(30)
+    assert _value(metrics, "lightllm_prompt_tokens_total") == 130
+    assert _value(metrics, "lightllm_prefix_cache_queried_tokens_total") == 30
 
 
 @pytest.mark.parametrize("kind, counting", [(PD_KIND_NONE, RequestCounting.FULL),
@@ -125,7 +136,7 @@ def _manager_over(metrics: ServerMetrics) -> HttpServerManager:
     manager.shm = types.SimpleNamespace(write_request=lambda *args: None, scheduled_ns=lambda *args: 0)
     manager._pending, manager._live, manager._id_freed = {}, {}, {}
     manager._next_request_id, manager._active_generations, manager._backend_alive = 1, 0, True
-    manager.metrics = metrics
+    manager.metrics, manager._prefix_cache = metrics, True
     return manager
 
 

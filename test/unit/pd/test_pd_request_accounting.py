@@ -16,8 +16,8 @@ class RecordingMetrics:
     def __init__(self) -> None:
         self.calls: List[Tuple[str, Any]] = []
 
-    def on_submit(self, prompt_tokens: int) -> None:
-        self.calls.append(("submit", prompt_tokens))
+    def on_submit(self, prompt_tokens: int, reads_cache: bool = True) -> None:
+        self.calls.append(("submit", prompt_tokens) if reads_cache else ("submit_uncached", prompt_tokens))
 
     def on_first_token(self, seconds: float, cached_tokens: int) -> None:
         self.calls.append(("first", (seconds, cached_tokens)))
@@ -81,3 +81,9 @@ def test_the_end_is_observed_once_with_the_last_reason_and_a_busy_refusal_not_at
     busy.end("busy")
     busy.observe_end()
     assert refused.calls == [("submit", 3)]
+
+
+def test_a_prompt_logprobs_request_is_submitted_as_no_cache_lookup() -> None:
+    metrics = RecordingMetrics()
+    RequestAccounting(metrics, prompt_tokens=4, max_new_tokens=8, reads_cache=False)
+    assert metrics.calls[0] == ("submit_uncached", 4)

@@ -202,7 +202,8 @@ class PdMasterManager:
         run = RequestRun(request_id, request, high_priority=high_priority)
         self._runs[request_id] = run
         generation_started(request)
-        accounting = RequestAccounting(self.metrics.requests, len(prompt_ids), params.max_new_tokens)
+        accounting = RequestAccounting(self.metrics.requests, len(prompt_ids), params.max_new_tokens,
+                                       reads_cache=params.prompt_logprobs is None)
         log.debug("request %d: %d prompt tokens, max_new_tokens %d", request_id, len(prompt_ids), params.max_new_tokens)
         try:
             await run.watch_client()

@@ -38,7 +38,8 @@ class RequestAccounting:
             ``error``, ``abort`` or ``busy`` (None: not ended).
     """
 
-    def __init__(self, metrics: ServerMetrics, prompt_tokens: int, max_new_tokens: int) -> None:
+    def __init__(self, metrics: ServerMetrics, prompt_tokens: int, max_new_tokens: int,
+                 reads_cache: bool = True) -> None:
         self._metrics = metrics
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
@@ -48,7 +49,8 @@ class RequestAccounting:
         self.finish_reason: Optional[str] = None
         self._last_token_at: Optional[float] = None
         self._started = time.perf_counter()
-        metrics.on_submit(prompt_tokens)
+        # The prefill node looks the prompt up in its prefix cache unless it asks prompt_logprobs.
+        metrics.on_submit(prompt_tokens, reads_cache=reads_cache)
 
     @property
     def completion_tokens(self) -> int:
