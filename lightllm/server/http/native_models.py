@@ -24,7 +24,10 @@ from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, N
 INT32_MAX = 2**31 - 1
 _MULTIMODAL_KEYS = frozenset({"images", "audios"})
 # Sampling fields a request inherits from the checkpoint's generation_config.json when it leaves them out.
-_CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty")
+_CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# Each sampling field's value that changes nothing (no filter, no scaling): giving it asks for no
+# sampling, as in TGI, whose sampler runs only when a warper would change the distribution.
+_NEUTRAL_SAMPLING_VALUES = {"temperature": (1.0,), "top_p": (1.0,), "top_k": (-1, 0), "min_p": (0.0,)}
 
 
 class NativeParameters(NullMeansAbsent):
@@ -41,6 +44,7 @@ class NativeParameters(NullMeansAbsent):
     temperature: float | None = Field(default=None, **stored_bounds("temperature"))
     top_p: float | None = None
     top_k: int | None = Field(default=None, **stored_bounds("top_k"))
+    min_p: float | None = None
     repetition_penalty: float | None = Field(default=None, **stored_bounds("repetition_penalty"))
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -101,9 +105,10 @@ class NativeParameters(NullMeansAbsent):
     def sampling_fields(self, defaults: GenerationDefaults) -> dict[str, Any]:
         """SamplingParams keyword arguments over the checkpoint's ``defaults`` (max_new_tokens is resolved by the caller).
 
-        Without ``do_sample`` a request samples when it sets temperature, top_p or top_k (TGI's rule:
-        a sampling field is never silently ignored), else when the checkpoint's ``do_sample`` says
-        so, else it is greedy (LightLLM's default).
+        Without ``do_sample`` a request samples when it sets temperature, top_p, top_k or min_p to
+        a value that changes the distribution (TGI's rule: such a field is never silently ignored;
+        a neutral one, ``temperature`` 1 or ``top_k`` -1, asks for nothing), else when the
+        checkpoint's ``do_sample`` says so, else it is greedy (LightLLM's default).
         """
         fields = self.model_dump(exclude={"return_details", "max_new_tokens", "n", "best_of", "add_special_tokens",
                                           "exponential_decay_length_penalty", *NATIVE_CONSTRAINTS,
@@ -111,7 +116,8 @@ class NativeParameters(NullMeansAbsent):
         own = {name: getattr(self, name) for name in _CHECKPOINT_DEFAULTED if getattr(self, name) is not None}
         fields.update({**defaults.sampling_fields(), **own})
         if self.do_sample is None:
-            asks_to_sample = any(name in own for name in ("temperature", "top_p", "top_k"))
+            asks_to_sample = any(name in own and own[name] not in neutral
+                                 for name, neutral in _NEUTRAL_SAMPLING_VALUES.items())
             fields["do_sample"] = asks_to_sample or bool(defaults.do_sample)
         if self.exponential_decay_length_penalty is not None:
             fields["exponential_decay_start"], fields["exponential_decay_factor"] = self.exponential_decay_length_penalty

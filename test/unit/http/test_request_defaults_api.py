@@ -54,10 +54,16 @@ def test_without_a_checkpoint_value_the_server_defaults_hold(client: TestClient,
 def test_native_generate_is_greedy_unless_asked_to_sample(client: TestClient, manager: FakeManager) -> None:
     assert _native(client).status_code == 200
     assert manager.calls[-1].params.is_greedy
-    # A sampling field is never silently ignored: giving one samples (TGI's rule).
-    for field, value in (("temperature", 0.7), ("top_p", 0.9), ("top_k", 3)):
+    # A sampling field is never silently ignored: giving one that changes the distribution samples
+    # (TGI's rule); a neutral value (no filter, no scaling) asks for nothing and stays greedy.
+    for field, value in (("temperature", 0.7), ("top_p", 0.9), ("top_k", 3), ("min_p", 0.2)):
         assert _native(client, **{field: value}).status_code == 200
         assert manager.calls[-1].params.do_sample is True and not manager.calls[-1].params.is_greedy, field
+    for field, value in (("temperature", 1.0), ("top_p", 1.0), ("top_k", -1), ("top_k", 0), ("min_p", 0.0)):
+        assert _native(client, **{field: value}).status_code == 200
+        assert manager.calls[-1].params.is_greedy, (field, value)
+    assert _native(client, min_p=0.3, do_sample=True).status_code == 200
+    assert manager.calls[-1].params.min_p == 0.3
     assert _native(client, temperature=0.7, do_sample=False).status_code == 200
     assert manager.calls[-1].params.is_greedy
     assert _native(client, do_sample=True).status_code == 200
@@ -73,6 +79,12 @@ def test_native_generate_follows_the_checkpoint(checkpoint_client: TestClient, m
     manager.generation_defaults = GenerationDefaults(temperature=0.6, do_sample=False)
     assert _native(checkpoint_client).status_code == 200
     assert manager.calls[-1].params.is_greedy
+    # The checkpoint's min_p is inherited as on the OpenAI endpoints, and a request can turn it off.
+    manager.generation_defaults = GenerationDefaults(min_p=0.99, do_sample=True)
+    assert _native(checkpoint_client).status_code == 200
+    assert manager.calls[-1].params.min_p == 0.99
+    assert _native(checkpoint_client, min_p=0).status_code == 200
+    assert manager.calls[-1].params.min_p == 0
 
 
 def test_the_completion_length_default_order() -> None:
