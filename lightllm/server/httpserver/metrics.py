@@ -218,15 +218,19 @@ class ServerMetrics:
             registry=measured,
         )
         # From the moment rank 0 first schedules a request (its first prefill chunk is submitted).
-        self.request_queue = Histogram(
-            "lightllm_request_queue_seconds", "Time from submission to first scheduling", labels, buckets=_LATENCY_BUCKETS, registry=measured
-        )
-        self.request_prefill = Histogram(
-            "lightllm_request_prefill_seconds", "Time from first scheduling to the first token", labels, buckets=_LATENCY_BUCKETS, registry=measured
-        )
-        self.request_inference = Histogram(
-            "lightllm_request_inference_seconds", "Time from first scheduling to the end of the request", labels, buckets=_LATENCY_BUCKETS, registry=measured
-        )
+        # Only a server with ranks of its own sees that moment: a PD master exports none of the
+        # three rather than three histograms that stay empty (its nodes export theirs).
+        self._scheduled = stats is not None
+        if self._scheduled:
+            self.request_queue = Histogram(
+                "lightllm_request_queue_seconds", "Time from submission to first scheduling", labels, buckets=_LATENCY_BUCKETS, registry=measured
+            )
+            self.request_prefill = Histogram(
+                "lightllm_request_prefill_seconds", "Time from first scheduling to the first token", labels, buckets=_LATENCY_BUCKETS, registry=measured
+            )
+            self.request_inference = Histogram(
+                "lightllm_request_inference_seconds", "Time from first scheduling to the end of the request", labels, buckets=_LATENCY_BUCKETS, registry=measured
+            )
         if stats is not None:
             # None: a server without a backend of its own (a PD master) has no shared stats.
             measured.register(_SharedStatsCollector(stats, strategy))
@@ -248,9 +252,10 @@ class ServerMetrics:
         self._request_max_new_tokens = self.request_max_new_tokens.labels(strategy)
         self._request_decode = self.request_decode.labels(strategy)
         self._request_tpot = self.request_tpot.labels(strategy)
-        self._request_queue = self.request_queue.labels(strategy)
-        self._request_prefill = self.request_prefill.labels(strategy)
-        self._request_inference = self.request_inference.labels(strategy)
+        if self._scheduled:
+            self._request_queue = self.request_queue.labels(strategy)
+            self._request_prefill = self.request_prefill.labels(strategy)
+            self._request_inference = self.request_inference.labels(strategy)
 
     def on_submit(self, prompt_tokens: int, counting: RequestCounting = RequestCounting.FULL,
                   reads_cache: bool = True) -> None:
@@ -333,7 +338,7 @@ class ServerMetrics:
             self._request_decode.observe(decode)
             if token_gaps > 0:
                 self._request_tpot.observe(decode / token_gaps)
-        if queue_seconds is not None:
+        if queue_seconds is not None and self._scheduled:
             self._request_queue.observe(queue_seconds)
             self._request_inference.observe(max(0.0, seconds - queue_seconds))
             if first_token_seconds is not None:

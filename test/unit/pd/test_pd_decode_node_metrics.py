@@ -171,3 +171,15 @@ def test_the_manager_counts_a_request_as_its_spec_says(kind: int) -> None:
     asyncio.run(_generate(manager, kind, DetokenizedOutput(2, [], "abort", prompt_cache_len=0)))
     assert _value(metrics, "lightllm_requests_total", finish_reason="abort") == (0 if decode else 1)
     assert _value(metrics, "lightllm_prompt_tokens_total") == (3 if decode else 6)
+
+
+def test_a_server_without_ranks_exports_no_scheduling_histograms() -> None:
+    # A PD master never sees a request scheduled: vLLM dashboards pointed at it must find no
+    # series rather than three histograms that stay empty forever.
+    master = ServerMetrics("pd_master", None)
+    master.on_submit(10)
+    master.on_finish("length", 2, 1.0, prompt_tokens=10, first_token_seconds=0.1, queue_seconds=0.05)
+    text = master.render()[0].decode()
+    for name in ("request_queue", "request_prefill", "request_inference"):
+        assert f"lightllm_{name}_seconds" not in text and f"vllm:{name}_time_seconds" not in text, name
+    assert "vllm:e2e_request_latency_seconds_count" in text
