@@ -211,7 +211,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity; "
         "above 1 it overcommits and pauses requests when the KV cache runs out (a paused request gives its KV back and "
         "computes it again when it resumes, which it does once a finished request freed room: a burst that overflows the "
-        "cache at 2 computed about 4.6x its prompt tokens). "
+        "cache at 2 computed about 2-5x its prompt tokens, with or without the prefix cache). "
         "Not LightLLM's busy threshold of the same "
         "name (whose default 0.0 is refused here).",
     )

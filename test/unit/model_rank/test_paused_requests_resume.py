@@ -76,3 +76,32 @@ def test_no_request_starts_while_a_paused_one_waits_and_others_run() -> None:
             assert not waiting & {req.request_id for req in report.ordered}
             checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_paused_requests_resumed_together_do_not_share_the_same_room(seed: int) -> None:
+    # Twelve requests that each grow to half the cache (prompt + max_new_tokens = 1024 of 2048),
+    # as an outside pass sent them with the prefix cache off. Several paused ones resumed in one
+    # step, each seeing the same free room (resuming allocates nothing until they compute), ran
+    # dry together and paused again: 35-118x the prompts computed here (35-87x on a real server).
+    kv_tokens = 2048
+    backend = build_backend("normal")(
+        CostModelExecutor(load_profile("h100_qwen_0p8b")), TokenCountKvView(kv_tokens),
+        build_prefill_queue_strategy("default", OvertakeBoundSpec(2048, 0.15)), StepPlanner(2048, 1024), [],
+        kv_tokens)
+    rng = random.Random(seed)
+    prompts = 0
+    for request_id in range(12):
+        prompt_len = rng.randint(300, 800)
+        prompts += prompt_len
+        backend.join(InferReq(request_id, [0] * prompt_len, max_new_tokens=1024 - prompt_len,
+                              arrival_processed_prefill_tokens=backend.counter.snapshot()))
+    computed = finished = steps = 0
+    while backend.has_work:
+        report = backend.step()
+        computed += report.prefill_token_num
+        finished += len(report.finished)
+        steps += 1
+        assert steps < 20_000, "the burst did not drain"
+    assert finished == 12 and backend.kv.used == 0
+    assert computed < 6 * prompts, (computed, prompts)

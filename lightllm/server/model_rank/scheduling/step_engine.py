@@ -172,15 +172,19 @@ class StepEngine:
         ready: List[InferReq] = []
         append = ready.append
         still_paused = False
+        # Room promised to the requests resumed earlier in this pass: resuming only allocates
+        # when they compute, so each would otherwise see the same free room and all come back.
+        promised = 0
         # Module constants instead of enum attribute and property lookups: this loop runs over
         # every live request each step (a thousand at a full batch).
         for req in self.requests.values():
             state = req.state
             if state is _PAUSED:
                 waits_for_departure = running and self._paused_at.get(req.request_id, -1) == self._departures
-                if waits_for_departure or self.kv.allocatable_token_num() < req.total_len:
+                if waits_for_departure or self.kv.allocatable_token_num() - promised < req.total_len:
                     still_paused = True
                     continue
+                promised += req.total_len
                 self.kv.resume(req)
                 req.move_to(ReqState.PREFILLING)
                 self._paused_at.pop(req.request_id, None)
