@@ -224,9 +224,9 @@ def test_the_executor_runs_prefill_forwards_with_the_prefill_count_and_decode_wi
     forward = model.forward
 
     class RecordingSampler(Sampler):
-        def sample(self, logits, batch, model_logits=None):
+        def sample(self, logits, batch):
             sampled_with.append(torch.get_num_threads())
-            return super().sample(logits, batch, model_logits)
+            return super().sample(logits, batch)
 
     def recording_forward(batch, *args, **kwargs):
         seen.append((int(batch.input_ids.numel()), torch.get_num_threads()))
