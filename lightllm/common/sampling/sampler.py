@@ -41,8 +41,6 @@ preempted and recomputed is in another batch.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from lightllm.common.sampling.logit_processors import (
@@ -120,13 +118,8 @@ class Sampler:
         # u * total can round up to the total itself; the last token with mass is then the pick.
         return ids.clamp_(max=probs.shape[1] - 1)
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch,
-               model_logits: Optional[torch.Tensor] = None) -> SamplerOutput:
-        """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32).
-
-        ``model_logits``: the forward's logits when ``logits`` were masked before the sampler (a
-        structured-output grammar); raw logprobs are the model's own, before that mask too.
-        """
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """Choose one token per row of ``logits[B, V]`` (any float dtype; computed in float32)."""
         check_logits(logits, batch)
         # Every processor below works out of place, so this stays the forward's own logits.
         raw = logits.to(torch.float32)
@@ -154,8 +147,7 @@ class Sampler:
         if self._raw_logprobs:
             # A logit the forward overflowed to +inf is clamped as the greedy path does; a -inf
             # one is the model's own zero probability.
-            model = raw if model_logits is None else model_logits.to(torch.float32)
-            logprobs = torch.log_softmax(model.clamp(max=_FLOAT32_MAX), dim=-1)
+            logprobs = torch.log_softmax(raw.clamp(max=_FLOAT32_MAX), dim=-1)
         else:
             logprobs = torch.log_softmax(scaled, dim=-1)
 

@@ -61,22 +61,6 @@ def test_raw_logprobs_are_the_models_and_processed_ones_the_drawn_distributions(
     assert max(abs(a - b) for a, b in zip(raw_chosen, chosen)) > 0.1
 
 
-def test_raw_logprobs_of_a_grammar_constrained_request_are_the_models_own(raw_server, hf_model, tokenizer):
-    # The grammar's mask decides what is drawn; raw logprobs still describe the model, before it
-    # (they were the masked ones: -0.13 for a token transformers gives -8.8, -9999 alternatives).
-    body = {"model": raw_server.model_name, "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 3,
-            "guided_choice": ["yes", "no"], "return_tokens_as_token_ids": True}
-    logprobs = httpx.post(f"{raw_server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
-    ids = [int(token.split(":", 1)[1]) for token in logprobs["tokens"]]
-    raw = reference_logprobs(hf_model, tokenizer(PROMPT)["input_ids"], ids)
-    for row, token_id in enumerate(ids):
-        assert logprobs["token_logprobs"][row] == pytest.approx(float(raw[row, token_id]), abs=ATOL)
-        top = {int(key.split(":", 1)[1]): value for key, value in logprobs["top_logprobs"][row].items()}
-        values, top_ids = raw[row].topk(3)
-        assert sorted(top, key=lambda key: -top[key])[:3] == top_ids.tolist()
-        assert [top[key] for key in top_ids.tolist()] == pytest.approx(values.tolist(), abs=ATOL)
-
-
 def test_a_bad_logprobs_mode_is_refused_in_one_line(tiny_llama_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(tiny_llama_dir),
                            "--logprobs_mode", "raw_logits"], capture_output=True, text=True, timeout=60)

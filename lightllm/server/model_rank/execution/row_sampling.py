@@ -8,7 +8,7 @@ are broadcast, so the marker also tells the other ranks which requests to finish
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -37,17 +37,15 @@ def sampling_batch(logits: torch.Tensor, reqs: Sequence[InferReq], eos_token_ids
 
 
 def sample_rows(
-    sampler: Sampler, logits: torch.Tensor, reqs: Sequence[InferReq], eos_token_ids: Sequence[int],
-    model_logits: Optional[torch.Tensor] = None,
+    sampler: Sampler, logits: torch.Tensor, reqs: Sequence[InferReq], eos_token_ids: Sequence[int]
 ) -> Tuple[torch.Tensor, List[float], List[TopLogprobs]]:
     """Sample the whole batch; if that fails, each row alone, with ``FAILED_TOKEN`` for rows that fail.
 
-    ``model_logits``: the forward's logits before a grammar mask applied to ``logits`` (see
-    :meth:`Sampler.sample`). Returns the tokens, their logprobs and each row's requested top
-    alternatives (empty for rows that asked for none).
+    Returns the tokens, their logprobs and each row's requested top alternatives (empty for rows
+    that asked for none).
     """
     try:
-        out = sampler.sample(logits, sampling_batch(logits, reqs, eos_token_ids), model_logits)
+        out = sampler.sample(logits, sampling_batch(logits, reqs, eos_token_ids))
         return out.next_token_ids, out.logprobs.tolist(), [out.row_top_logprobs(r) for r in range(len(reqs))]
     except Exception:
         log.exception("sampling a batch of %d failed; retrying its requests one by one", len(reqs))
@@ -56,8 +54,7 @@ def sample_rows(
     tops: List[TopLogprobs] = []
     for row, req in enumerate(reqs):
         try:
-            own = None if model_logits is None else model_logits[row : row + 1]
-            out = sampler.sample(logits[row : row + 1], sampling_batch(logits, [req], eos_token_ids), own)
+            out = sampler.sample(logits[row : row + 1], sampling_batch(logits, [req], eos_token_ids))
             tokens.append(int(out.next_token_ids[0]))
             logprobs.append(float(out.logprobs[0]))
             tops.append(out.row_top_logprobs(0))

@@ -157,15 +157,13 @@ class TorchModelExecutor:
     def _sample(self, logits: torch.Tensor, reqs: List[InferReq], result: ExecutionResult) -> None:
         started = time.perf_counter()
         grammar_failed: set[int] = set()
-        model_logits = logits  # raw logprobs are the model's own, before the grammar's mask
         if self.grammar is not None:
             try:
                 logits, grammar_failed = self.grammar.mask(logits, reqs)
             except Exception:  # noqa: BLE001 - a broken grammar fails its requests, not the batch
                 log.exception("structured-output mask failed; finishing the constrained requests with an error")
                 grammar_failed = {r.request_id for r in reqs if self.grammar.constrained(r)}
-        tokens, logprobs, tops = sample_rows(self.sampler, logits, reqs, self.eos_token_ids,
-                                             None if model_logits is logits else model_logits)
+        tokens, logprobs, tops = sample_rows(self.sampler, logits, reqs, self.eos_token_ids)
         if self.token_sync is not None:
             tokens = self.token_sync(tokens)
         for req, token, logprob, top in zip(reqs, tokens.tolist(), logprobs, tops):
