@@ -61,6 +61,24 @@ def test_raw_logprobs_are_the_models_and_processed_ones_the_drawn_distributions(
     assert max(abs(a - b) for a, b in zip(raw_chosen, chosen)) > 0.1
 
 
+def test_a_grammar_masks_raw_logprobs_as_vllm_masks_them(raw_server, tiny_server):
+    # vLLM 0.32 applies the grammar's bitmask to the logits before its sampler computes raw
+    # logprobs: for a greedy constrained request raw and processed logprobs are the same
+    # renormalised distribution (a forbidden alternative is -inf, -9999.0 in JSON, in both).
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 3, "guided_choice": ["yes", "no"],
+            "return_tokens_as_token_ids": True}
+    answers = [httpx.post(f"{server.url}/v1/completions", json={**body, "model": server.model_name},
+                          timeout=60).json()["choices"][0]["logprobs"] for server in (raw_server, tiny_server)]
+    raw, processed = answers
+    assert raw["tokens"] == processed["tokens"]
+    assert raw["token_logprobs"] == pytest.approx(processed["token_logprobs"], abs=ATOL)
+    for raw_top, processed_top in zip(raw["top_logprobs"], processed["top_logprobs"]):
+        assert raw_top.keys() == processed_top.keys()
+        assert [raw_top[key] for key in raw_top] == pytest.approx([processed_top[key] for key in raw_top], abs=ATOL)
+    # Renormalised over the few tokens the grammar allows (the model's own are near -8 here).
+    assert all(value > -4.0 for value in raw["token_logprobs"])
+
+
 def test_a_bad_logprobs_mode_is_refused_in_one_line(tiny_llama_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(tiny_llama_dir),
                            "--logprobs_mode", "raw_logits"], capture_output=True, text=True, timeout=60)
