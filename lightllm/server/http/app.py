@@ -80,7 +80,7 @@ logger = logging.getLogger(__name__)
 NATIVE_DEFAULT_MAX_NEW_TOKENS = 16
 
 _NATIVE_NAMES = {name: f"parameters.{name}" for name in (
-    "temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
     "max_new_tokens", "min_new_tokens", "stop_token_ids", "ignore_eos", "do_sample", "logprobs", "stop_sequences")}
 
 
@@ -178,7 +178,11 @@ class NativeEndpoints:
         answers = [self._answer(events, parameters.return_details, parameters.logprobs is not None)
                    for events in choices]
         if len(answers) == 1:
-            return JSONResponse({**answers[0], "prompt_cache_len": first_cached})
+            # One answer for the request: its details report the prompt's hit as the top level does.
+            answer = {**answers[0], "prompt_cache_len": first_cached}
+            if "details" in answer:
+                answer["details"] = {**answer["details"], "prompt_cache_len": first_cached}
+            return JSONResponse(answer)
         # n > 1: LightLLM's shape, one list entry per choice.
         merged: dict[str, Any] = {
             "generated_text": [answer["generated_text"][0] for answer in answers],

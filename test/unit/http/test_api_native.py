@@ -137,6 +137,7 @@ def test_high_priority_request_reaches_manager(manager: FakeManager) -> None:
         ({"inputs": 5}, "inputs"),
         ({"parameters": {}}, "inputs"),
         ({"inputs": "hi", "parameters": {"top_p": 2.0}}, "parameters.top_p"),
+        ({"inputs": "hi", "parameters": {"min_p": 2.0}}, "parameters.min_p"),
         ({"inputs": "hi", "parameters": {"max_new_tokens": 0}}, "parameters.max_new_tokens"),
         ({"inputs": "hi", "parameters": {"temperature": -1}}, "parameters.temperature"),
         ({"inputs": "hi", "parameters": {"stop_token_ids": [100]}}, "parameters.stop_token_ids"),

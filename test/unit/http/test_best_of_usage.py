@@ -50,3 +50,7 @@ def test_generate_best_of_reports_the_first_generations_cache_hit() -> None:
         body = {"inputs": "hello", "parameters": {"max_new_tokens": 2, "n": n, "best_of": 3, "do_sample": True}}
         answer = _client().post("/generate", json=body).json()
         assert answer["prompt_cache_len"] == 0, (n, answer)
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 2, "best_of": 3, "do_sample": True,
+                                              "return_details": True}}
+    answer = _client().post("/generate", json=body).json()
+    assert answer["prompt_cache_len"] == answer["details"]["prompt_cache_len"] == 0, answer
