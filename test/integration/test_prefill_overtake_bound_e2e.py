@@ -61,7 +61,9 @@ def server(tiny_llama_dir, tmp_path_factory):
         tmp_path_factory.mktemp("bound"),
         ["--prefill_queue_strategy", "promote_shortest", "--prefill_max_overtake_tokens", str(W),
          "--prefill_overtake_fraction", "0",
-         "--chunked_prefill_size", str(BUDGET), "--batch_max_tokens", str(BUDGET), "--running_max_req_size", str(BUDGET),
+         # Every request in the rank's prefill queue at once (256 rows), so the strategy orders them
+         # all: a budget this small beside 256 rows needs separate decode forwards.
+         "--chunked_prefill_size", str(BUDGET), "--batch_max_tokens", str(BUDGET), "--disable_mixed_batches",
          "--disable_dynamic_prompt_cache", "--max_total_token_num", "16384"],
     )
     yield handle
