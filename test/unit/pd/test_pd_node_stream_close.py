@@ -62,18 +62,22 @@ def _open_connections(nodes: NodeStreams) -> int:
     return len(nodes._client._transport._pool.connections)
 
 
-@pytest.mark.parametrize("stop", ["cancel_on_each_line", "close_on_each_line", "cancel_at_random", "never"])
+@pytest.mark.parametrize("stop", ["cancel_on_each_line", "close_on_each_line", "cancel_at_random", "cancel_at_once",
+                                  "never"])
 def test_stopped_streams_leave_no_connection_open(node: NodeInfo, stop: str) -> None:
     async def run() -> int:
         nodes = NodeStreams()
         loop = asyncio.get_running_loop()
         rng = random.Random(7)
+        late: list[Any] = []
 
         async def one(index: int) -> None:
             ended = asyncio.Event()
-            holder: dict[str, Any] = {}
+            holder: dict[str, Any] = {"cancelled": False}
 
             def sink(payload: Any) -> None:
+                if holder["cancelled"]:
+                    late.append(payload)  # a line reached the sink after cancel()
                 if stop == "cancel_on_each_line":
                     loop.call_soon(holder["stream"].cancel)  # the master reacting to the line
                 elif stop == "close_on_each_line":
@@ -82,9 +86,13 @@ def test_stopped_streams_leave_no_connection_open(node: NodeInfo, stop: str) -> 
                     ended.set()
 
             holder["stream"] = nodes.stream(node, "/pd/node/decode", {"lines": 1 + index % 3}, sink)
-            if stop == "cancel_at_random":
+            if stop == "cancel_at_once":  # before the reader first runs
+                holder["stream"].cancel()
+                holder["cancelled"] = True
+            elif stop == "cancel_at_random":
                 await asyncio.sleep(rng.random() * 0.02)
                 holder["stream"].cancel()
+                holder["cancelled"] = True
             else:
                 await asyncio.wait_for(ended.wait(), 10) if stop == "never" else await asyncio.sleep(0.05)
             await holder["stream"].close()
@@ -93,6 +101,7 @@ def test_stopped_streams_leave_no_connection_open(node: NodeInfo, stop: str) -> 
         await asyncio.sleep(0.2)
         left = _open_connections(nodes)
         await nodes.aclose()
+        assert late == []
         return left
 
     assert asyncio.run(run()) == 0

@@ -168,6 +168,9 @@ class NodeStream:
         and left the connection in the pool for good, the node's side closed (CLOSE-WAIT): one
         file descriptor lost per such request.
         """
+        # A read whose data already arrived still completes under a scope's cancellation: its
+        # lines are dropped, so nothing reaches the sink once the stream is stopped.
+        self._sink = _drop
         if self._task is None or self._task.done() or self._cancel_requested:
             return
         self._cancel_requested = True
