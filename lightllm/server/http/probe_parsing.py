@@ -12,7 +12,7 @@ from http import HTTPStatus
 from typing import Any, Dict, List, Optional, Tuple
 
 from lightllm.server.http.health import PROBE_PATHS
-from lightllm.server.http.retry_after import body_error_code, retry_after_headers
+from lightllm.server.http.retry_after import body_error_code, retry_after_head_lines
 
 MAX_HEAD_BYTES = 16 * 1024  # uvicorn's h11 limit on a request head
 _HEALTH_PREFIXES = (b"GET /health", b"HEAD /health", b"GET /ping", b"HEAD /ping")
@@ -73,7 +73,7 @@ def head_headers(data: bytes) -> List[Tuple[bytes, bytes]]:
 def raw_response(status: int, body: Dict[str, Any], head_only: bool = False) -> bytes:
     """A complete HTTP/1.1 JSON answer that closes the connection."""
     payload = json.dumps(body).encode("utf-8")
-    extra = "".join(f"{name}: {value}\r\n" for name, value in retry_after_headers(status, body_error_code(body)).items())
+    extra = retry_after_head_lines(status, body_error_code(body))
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(payload)}\r\n{extra}connection: close\r\n\r\n").encode("ascii")
     return head if head_only else head + payload

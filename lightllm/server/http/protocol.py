@@ -38,7 +38,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
-from lightllm.server.http.retry_after import retry_after_headers
+from lightllm.server.http.retry_after import retry_after_head_lines
 from lightllm.server.http.server_options import HttpLimits
 
 # Long enough for a client on a fast link to finish sending a refused body and read the answer,
@@ -61,7 +61,7 @@ def raw_json_response(status: int, message: str, error_type: str, code: str) -> 
         f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
-        + "".join(f"{name}: {value}\r\n" for name, value in retry_after_headers(status, code).items())
+        + retry_after_head_lines(status, code)
         + "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body

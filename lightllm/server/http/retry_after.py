@@ -37,6 +37,11 @@ def retry_after_headers(status: int, code: Optional[str]) -> Dict[str, str]:
     return {} if seconds is None else {"retry-after": str(seconds)}
 
 
+def retry_after_head_lines(status: int, code: Optional[str]) -> str:
+    """The header lines (CRLF-ended) of :func:`retry_after_headers`, for an answer written as raw bytes."""
+    return "".join(f"{name}: {value}\r\n" for name, value in retry_after_headers(status, code).items())
+
+
 def body_error_code(body: Mapping[str, Any]) -> Optional[str]:
     """The ``code`` of an OpenAI error body ``{"error": {"code": ...}}``, or None for any other body."""
     error = body.get("error")
