@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.prompt_encoding import DaemonWorkers
+from lightllm.server.http.validation_errors import describe_validation_error
 
 # Real requests nest about five levels (messages -> content parts -> text); the limit leaves
 # room for clients that wrap values in extra objects while bounding the work per body.
@@ -60,22 +61,6 @@ _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?|[\[\]{}]|-?\d+(?:\.\d
 # A link from a container back to the root: (parent trail, parent container, the container).
 # The container's key or index is looked up only when an error is reported.
 _Trail = Optional[tuple]
-
-
-def describe_validation_error(error: Mapping[str, Any]) -> tuple[str, str | None]:
-    """Message and ``param`` of pydantic's ``error`` (fields known but refused say why in their own validators)."""
-    param = ".".join(str(part) for part in error.get("loc", ())) or None
-    kind = error.get("type")
-    if kind == "extra_forbidden":
-        return f"Unknown parameter '{param}'; it is not accepted by this endpoint", param
-    if kind == "missing":
-        return f"Missing required parameter '{param}'", param
-    message = str(error.get("msg", "invalid value"))
-    if kind == "value_error" and isinstance(error.get("ctx", {}).get("error"), ValueError):
-        message = str(error["ctx"]["error"])
-    if param is not None:
-        message = f"Invalid value for '{param}': {message}"
-    return message, param
 
 
 def _has_lone_surrogate(text: str) -> bool:
@@ -313,7 +298,7 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     try:
         body = model_cls.model_validate(data)
     except ValidationError as exc:
-        message, param = describe_validation_error(exc.errors(include_url=False)[0])
+        message, param = describe_validation_error(exc.errors(include_url=False), data)
         raise invalid_request(message, param) from None
     check_consistency = getattr(body, "check_consistency", None)
     if check_consistency is not None:

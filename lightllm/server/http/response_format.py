@@ -120,8 +120,14 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
         return _compile({"type": "object"}, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
-        if set(response_format) != {"type", "json_schema"} or not isinstance(spec, dict):
-            raise invalid_request("response_format json_schema needs a 'json_schema' object", "response_format")
+        if "json_schema" not in response_format:
+            raise invalid_request("response_format.json_schema is required when type is 'json_schema'",
+                                  "response_format.json_schema")
+        if not isinstance(spec, dict):
+            raise invalid_request("response_format.json_schema must be an object", "response_format.json_schema")
+        extra = sorted(set(response_format) - {"type", "json_schema"})
+        if extra:
+            raise invalid_request(f"unknown key(s) in response_format: {', '.join(extra)}", "response_format")
         unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
         if unknown:
             raise invalid_request(f"unknown key(s) in response_format.json_schema: {', '.join(unknown)}",

@@ -21,7 +21,7 @@ from typing import Any, Union
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from lightllm.server.http.base_models import NullMeansAbsent
-from lightllm.server.http.body import describe_validation_error
+from lightllm.server.http.validation_errors import describe_validation_error
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.openai_fields import MAX_CHAT_TEMPLATE_CHARS
@@ -87,7 +87,7 @@ class TokenizeChatRequest(NullMeansAbsent):
         except ValidationError as exc:
             # The fields were validated above with the same rules; should the chat endpoint's grow
             # stricter, its refusal is still a 400 naming the field, never a 500.
-            raise invalid_request(*describe_validation_error(exc.errors(include_url=False)[0])) from None
+            raise invalid_request(*describe_validation_error(exc.errors(include_url=False), values)) from None
         chat.check_consistency()
         self._chat = chat
 

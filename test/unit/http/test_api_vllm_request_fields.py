@@ -113,7 +113,7 @@ def test_completions_response_format_grammar_is_chats(client: TestClient, manage
 
 @pytest.mark.parametrize(("response_format", "param"), [
     ({"type": "xml"}, "response_format"),
-    ({"type": "json_schema"}, "response_format"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
     ({"type": "json_schema", "json_schema": {"name": "bad name", "schema": {}}}, "response_format.json_schema.name"),
     ({"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "nonsense"}}},
      "response_format.json_schema.schema"),
