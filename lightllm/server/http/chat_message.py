@@ -114,16 +114,18 @@ class ChatMessage(StrictModel):
             return "\n".join(part["text"] for part in self.content)
         return self.content or ""
 
-    def to_template_dict(self, content_parts: bool = False) -> dict[str, Any]:
+    def to_template_dict(self, content_parts: bool = False, developer_role: bool = False) -> dict[str, Any]:
         """The message as handed to the chat template.
 
-        ``developer`` is OpenAI's newer name for ``system``; most chat templates only know
-        the latter, so it is mapped.  Content sent as parts stays a list of parts when
+        ``developer`` is OpenAI's newer name for ``system``; it reaches the template as written when
+        ``developer_role`` (the template names it,
+        :func:`~lightllm.server.http.developer_role.template_names_developer_role`), else as
+        ``system``, the only one most templates know.  Content sent as parts stays a list of parts when
         ``content_parts`` (the template iterates over them,
         :func:`~lightllm.server.http.chat_content_format.wants_content_parts`); otherwise the
         texts are joined with newlines (separate parts are usually separate paragraphs), as vLLM does.
         """
-        role = "system" if self.role == "developer" else self.role
+        role = "system" if self.role == "developer" and not developer_role else self.role
         content = self.content if content_parts and isinstance(self.content, list) else self.text()
         message = {"role": role, "content": content}
         if self.name is not None:

@@ -126,6 +126,18 @@ def test_reasoning_effort_reaches_a_template_that_reads_it(trusting_client: Test
     assert manager.template_options["chat_template_kwargs"]["reasoning_effort"] == "high"
 
 
+def test_the_developer_role_reaches_a_template_that_names_it(trusting_client: TestClient,
+                                                             manager: FakeManager) -> None:
+    messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "go"}]
+    names_it = ("{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.content }}{% endfor %}")
+    assert chat(trusting_client, messages=messages, chat_template=names_it).status_code == 200
+    assert manager.chat_messages[-1][0] == {"role": "developer", "content": "be brief"}
+    # A template that knows only "system" gets it as system, as before.
+    plain = "{% for m in messages %}{{ m.role }}{{ m.content }}{% endfor %}"
+    assert chat(trusting_client, messages=messages, chat_template=plain).status_code == 200
+    assert manager.chat_messages[-1][0] == {"role": "system", "content": "be brief"}
+
+
 # ---------------------------------------------------------------- logit_bias, logprobs, truncation
 
 
