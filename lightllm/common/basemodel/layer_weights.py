@@ -65,8 +65,10 @@ class DecoderLayerWeights:
         inter = shard_range(config.intermediate_size, tp.rank, tp.world_size, "intermediate_size")
 
         hidden, q_width, kv_width = config.hidden_size, config.num_attention_heads * d, config.num_key_value_heads * d
-        q_source = "num_attention_heads x head_dim, hidden_size"
-        kv_source = "num_key_value_heads x head_dim, hidden_size"
+        # A key config.json lacks is named with the default it took, so a mismatch blames the default.
+        kv_heads_label, head_dim_label = config.field_label("num_key_value_heads"), config.field_label("head_dim")
+        q_source = f"num_attention_heads x {head_dim_label}, hidden_size"
+        kv_source = f"{kv_heads_label} x {head_dim_label}, hidden_size"
         mlp_source = "intermediate_size, hidden_size"
 
         def col(name: str, rows: slice, shape: tuple, source: str) -> torch.Tensor:
@@ -84,9 +86,9 @@ class DecoderLayerWeights:
         qkv_bias_tensor = None
         if qkv_bias:
             qkv_bias_tensor = torch.cat([
-                col(attn + "q_proj.bias", q_slice, (q_width,), "num_attention_heads x head_dim"),
-                col(attn + "k_proj.bias", kv_slice, (kv_width,), "num_key_value_heads x head_dim"),
-                col(attn + "v_proj.bias", kv_slice, (kv_width,), "num_key_value_heads x head_dim"),
+                col(attn + "q_proj.bias", q_slice, (q_width,), f"num_attention_heads x {head_dim_label}"),
+                col(attn + "k_proj.bias", kv_slice, (kv_width,), f"{kv_heads_label} x {head_dim_label}"),
+                col(attn + "v_proj.bias", kv_slice, (kv_width,), f"{kv_heads_label} x {head_dim_label}"),
             ])
         inter_width = config.intermediate_size
         gate_up = torch.cat([
@@ -103,11 +105,12 @@ class DecoderLayerWeights:
         return cls(
             input_norm=replicated("input_layernorm.weight", hidden, "hidden_size"),
             qkv=kernel(qkv, qkv_bias_tensor),
-            o=kernel(row(attn + "o_proj.weight", q_slice, (hidden, q_width), "hidden_size, num_attention_heads x head_dim")),
+            o=kernel(row(attn + "o_proj.weight", q_slice, (hidden, q_width),
+                         f"hidden_size, num_attention_heads x {head_dim_label}")),
             post_attention_norm=replicated("post_attention_layernorm.weight", hidden, "hidden_size"),
             gate_up=kernel(gate_up),
             down=kernel(row("mlp.down_proj.weight", inter, (hidden, inter_width), "hidden_size, intermediate_size")),
-            q_norm=replicated(attn + "q_norm.weight", d, "head_dim") if qk_norm else None,
-            k_norm=replicated(attn + "k_norm.weight", d, "head_dim") if qk_norm else None,
+            q_norm=replicated(attn + "q_norm.weight", d, head_dim_label) if qk_norm else None,
+            k_norm=replicated(attn + "k_norm.weight", d, head_dim_label) if qk_norm else None,
             o_bias=replicated(attn + "o_proj.bias", hidden, "hidden_size") if o_bias else None,
         )

@@ -2,25 +2,27 @@
 
 Checkpoints are written by transformers 4.x (``torch_dtype``, top-level ``rope_theta`` and
 ``rope_scaling``) and by 5.x (``dtype``, ``rope_parameters``), and by other tools that omit
-optional keys.  Everything downstream reads :class:`ModelConfig`, never the raw dict.
+optional keys, which take transformers' per-architecture defaults (:mod:`.architecture_defaults`);
+the RoPE keys are read by :mod:`.rope_config`.  Everything downstream reads :class:`ModelConfig`,
+never the raw dict.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from lightllm.common.basemodel.architecture_defaults import ArchitectureDefaults, architecture_defaults
 from lightllm.common.basemodel.generation_defaults import (GENERATION_CONFIG_FILE, GenerationDefaultsError,
                                                           read_generation_config)
+from lightllm.common.basemodel.model_config_error import ModelConfigError
+from lightllm.common.basemodel.rope_config import FACTOR_SCALED_ROPE_TYPES, RopeConfig, read_rope
 from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
 
 if TYPE_CHECKING:
     import torch
-
-log = logging.getLogger("lightllm.model_config")
 
 # Dtypes are kept as names here so that the processes that only plan (the launcher, the PD master)
 # read a checkpoint's config without importing torch; the model code turns a name into a torch
@@ -47,31 +49,6 @@ SUPPORTED_HIDDEN_ACTS = ("silu", "swish")
 # ``sliding_window`` tokens; this server runs full causal attention, which is the same
 # computation while a sequence fits in the window (see :attr:`ModelConfig.context_limit`).
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
-# transformers' defaults when a config.json leaves the key out.
-MISTRAL_DEFAULT_SLIDING_WINDOW = 4096
-QWEN_DEFAULT_SLIDING_WINDOW = 4096
-QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
-QWEN3_DEFAULT_HEAD_DIM = 128
-
-# The RoPE types this server computes, and the keys of each that transformers requires in
-# ``rope_scaling`` / ``rope_parameters`` beyond the type (its ``_validate_<type>_rope_parameters``;
-# ``rope_theta`` and llama3's ``original_max_position_embeddings`` it fills in from the config,
-# so they are optional here too).  transformers raises a bare KeyError for a missing one when it
-# reads the config, which here the detokenization process did, after every process had started.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
-REQUIRED_ROPE_KEYS = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-}
-# Types whose max_position_embeddings the factor stretches: vLLM multiplies its default context
-# by the factor for every rope type but su, longrope and llama3 (and yarn, from another base).
-FACTOR_SCALED_ROPE_TYPES = ("linear", "dynamic")
-
-
-class ModelConfigError(ValueError):
-    """The checkpoint's config.json is missing something we need or holds a bad value."""
 
 
 def dtype_name(dtype: Any) -> str:
@@ -106,28 +83,6 @@ def parse_dtype(name: Optional[str]) -> Optional["torch.dtype"]:
 
 
 @dataclass
-class RopeConfig:
-    """Rotary embedding parameters after merging the 4.x and 5.x spellings."""
-
-    theta: float = 10000.0
-    rope_type: str = "default"
-    factor: float = 1.0
-    original_max_position_embeddings: Optional[int] = None
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    partial_rotary_factor: float = 1.0
-
-    @property
-    def length_dependent(self) -> bool:
-        """Whether a token's rotation depends on its request's length (dynamic NTK), not only its position.
-
-        Then a key computed for one request is wrong for another of a different length, so such
-        keys cannot be shared through the prefix cache.
-        """
-        return self.rope_type == "dynamic"
-
-
-@dataclass
 class ModelConfig:
     """Architecture facts every decoder-only model in the registry needs."""
 
@@ -152,7 +107,15 @@ class ModelConfig:
     # The window of a checkpoint with sliding-window layers, None when every layer attends to
     # the whole sequence.
     sliding_window: Optional[int] = None
+    # Key -> where its value came from, for the keys config.json lacks that a shape can contradict
+    # (num_key_value_heads, head_dim): an error then blames the default, not the file.
+    defaulted: Dict[str, str] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def field_label(self, key: str) -> str:
+        """``key`` for an error message, with where its value came from when config.json lacks it."""
+        why = self.defaulted.get(key)
+        return key if why is None else f"{key} ({why})"
 
     @property
     def rope_context(self) -> int:
@@ -208,7 +171,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: Dict[str, Any]) -> "ModelConfig":
-        """Normalise a config dict as transformers 4.x or 5.x writes it."""
+        """Normalise a config dict as transformers 4.x or 5.x writes it.
+
+        A key it leaves out takes the value transformers' config class of its ``model_type`` gives
+        it (:mod:`~lightllm.common.basemodel.architecture_defaults`).
+        """
 
         def need(key: str) -> Any:
             if key not in raw or raw[key] is None:
@@ -217,14 +184,17 @@ class ModelConfig:
 
         heads = int(need("num_attention_heads"))
         hidden = int(need("hidden_size"))
-        kv_heads = int(raw.get("num_key_value_heads") or heads)
         model_type = str(need("model_type"))
-        # transformers' defaults when the key is missing: Qwen3 fixes 128, the others derive it.
-        head_dim = int(raw.get("head_dim") or (QWEN3_DEFAULT_HEAD_DIM if model_type == "qwen3" else hidden // heads))
+        defaults = architecture_defaults(model_type)
+        defaulted: Dict[str, str] = {}
+        kv_heads = _kv_heads(raw, defaults, heads, defaulted)
+        head_dim = _head_dim(raw, defaults, hidden, heads, defaulted)
         if heads % kv_heads != 0:
-            raise ModelConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+            note = f" ({defaulted['num_key_value_heads']})" if "num_key_value_heads" in defaulted else ""
+            raise ModelConfigError(
+                f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}{note}")
         num_layers = int(need("num_hidden_layers"))
-        hidden_act = str(raw.get("hidden_act") or "silu")
+        hidden_act = str(raw.get("hidden_act") or defaults.hidden_act)
         if hidden_act not in SUPPORTED_HIDDEN_ACTS:
             raise ModelConfigError(
                 f"hidden_act {hidden_act!r} is not supported: the MLP runs SwiGLU, whose activation is silu"
@@ -240,19 +210,46 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
-            rms_norm_eps=float(raw.get("rms_norm_eps") or 1e-6),
-            rope=_read_rope(raw),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(raw.get("max_position_embeddings") or defaults.max_position_embeddings),
+            rms_norm_eps=float(raw.get("rms_norm_eps") or defaults.rms_norm_eps),
+            rope=read_rope(raw, defaults.rope_theta),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", defaults.tie_word_embeddings)),
             # Qwen2's q/k/v biases come with the architecture (Qwen2Model), not with this key.
-            attention_bias=bool(raw.get("attention_bias", False)),
+            attention_bias=bool(raw.get("attention_bias", defaults.attention_bias)),
             hidden_act=hidden_act,
             dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_id_list(raw.get("eos_token_id"), "config.json: eos_token_id"),
-            sliding_window=_read_sliding_window(raw, model_type, num_layers),
+            sliding_window=_read_sliding_window(raw, model_type, defaults, num_layers),
+            defaulted=defaulted,
             raw=raw,
         )
+
+
+def _kv_heads(raw: Dict[str, Any], defaults: ArchitectureDefaults, heads: int, defaulted: Dict[str, str]) -> int:
+    """``num_key_value_heads`` as transformers reads it; a missing key is noted in ``defaulted``.
+
+    Missing, it takes the architecture's default (Mistral 8, Qwen2 / Qwen3 32, Llama
+    ``num_attention_heads``); null, every one of the four derives ``num_attention_heads``.
+    """
+    if "num_key_value_heads" in raw:
+        return int(raw["num_key_value_heads"] or heads)
+    kv_heads = heads if defaults.num_key_value_heads is None else defaults.num_key_value_heads
+    defaulted["num_key_value_heads"] = defaults.describe("num_key_value_heads", kv_heads)
+    return kv_heads
+
+
+def _head_dim(raw: Dict[str, Any], defaults: ArchitectureDefaults, hidden: int, heads: int,
+              defaulted: Dict[str, str]) -> int:
+    """``head_dim`` as transformers reads it: Qwen3 fixes 128 (noted in ``defaulted``), the others
+    derive it.  Null derives it too (Qwen3's config class refuses null)."""
+    if raw.get("head_dim"):
+        return int(raw["head_dim"])
+    if "head_dim" in raw or defaults.head_dim is None:
+        # Not noted: hidden_size / num_attention_heads is what most configs mean by leaving it out.
+        return hidden // heads
+    defaulted["head_dim"] = defaults.describe("head_dim", defaults.head_dim)
+    return defaults.head_dim
 
 
 def _as_id_list(value: Any, name: str) -> List[int]:
@@ -265,12 +262,13 @@ def _as_id_list(value: Any, name: str) -> List[int]:
     return list(values)
 
 
-def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) -> Optional[int]:
+def _read_sliding_window(raw: Dict[str, Any], model_type: str, defaults: ArchitectureDefaults,
+                         num_layers: int) -> Optional[int]:
     """The sliding window some layer attends with, or None when every layer attends fully.
 
     As transformers reads it: Qwen2 / Qwen3 slide only with ``use_sliding_window``, on the layers
     ``layer_types`` names (or, without it, the layers from ``max_window_layers`` on); Mistral
-    slides on every layer unless ``sliding_window`` is null (4096 when the key is missing). Llama's
+    slides on every layer unless ``sliding_window`` is null (``defaults``' window when the key is missing). Llama's
     attention never slides in transformers, but its KV cache does when the config carries a
     ``sliding_window`` (cached generation then sees only the window while a full forward sees
     everything), so such a window bounds the context too: within it both agree with this server.
@@ -283,16 +281,16 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
                 f"layer_types {unknown} are not supported; supported: {', '.join(SUPPORTED_LAYER_TYPES)}"
             )
     if model_type == "mistral":
-        window = raw.get("sliding_window", MISTRAL_DEFAULT_SLIDING_WINDOW)
+        window = raw.get("sliding_window", defaults.sliding_window)
         sliding = True  # transformers' Mistral slides on every layer whatever layer_types says
     elif model_type in ("qwen2", "qwen3"):
-        window = raw.get("sliding_window", QWEN_DEFAULT_SLIDING_WINDOW)
-        if not raw.get("use_sliding_window", False):
+        window = raw.get("sliding_window", defaults.sliding_window)
+        if not raw.get("use_sliding_window", defaults.use_sliding_window):
             return None
         if layer_types is not None:
             sliding = "sliding_attention" in layer_types
         else:
-            sliding = int(raw.get("max_window_layers", QWEN_DEFAULT_MAX_WINDOW_LAYERS)) < num_layers
+            sliding = int(raw.get("max_window_layers", defaults.max_window_layers)) < num_layers
     elif model_type == "llama":
         window = raw.get("sliding_window")
         # transformers' cache infers the layer kinds from the key when layer_types does not name them.
@@ -304,82 +302,3 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, num_layers: int) 
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ModelConfigError(f"sliding_window must be a positive integer or null, got {window!r}")
     return window
-
-
-def _rope_number(params: Dict[str, Any], key: str, source: str) -> float:
-    """``params[key]`` as a float; a value that is no number is refused naming ``source.key``."""
-    value = params[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelConfigError(f"config.json: {source}.{key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _read_rope(raw: Dict[str, Any]) -> RopeConfig:
-    """The rotary parameters as transformers reads them for Llama, Mistral, Qwen2 and Qwen3.
-
-    5.x keeps theta and scaling together in ``rope_parameters``, 4.x has ``rope_theta`` +
-    ``rope_scaling``.  A config with both (a 5.x config someone added ``rope_scaling`` to, as
-    model cards say to for YaRN or linear scaling) uses ``rope_scaling`` whole, as transformers
-    does; the theta then comes from it, else from the top-level ``rope_theta``, else 10000.
-    The type may be spelled ``rope_type`` or (4.x) ``type``.  A key the type requires
-    (:data:`REQUIRED_ROPE_KEYS`) that is missing or not a number is refused here, naming it,
-    where transformers raises a bare KeyError reading the config (or a TypeError computing with a
-    value that is no number).
-    """
-    scaling = dict(raw.get("rope_scaling") or {})
-    params = scaling or dict(raw.get("rope_parameters") or {})
-    source = "rope_scaling" if scaling else "rope_parameters"
-    if scaling and raw.get("rope_parameters"):
-        log.info("config.json has both rope_scaling and rope_parameters: rope_scaling is used, as transformers does")
-    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelConfigError(
-            f"unsupported rope type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
-    for key in REQUIRED_ROPE_KEYS[rope_type]:
-        if key not in params:
-            raise ModelConfigError(
-                f"config.json: {source}.{key} is missing; rope type {rope_type!r} requires "
-                f"{', '.join(REQUIRED_ROPE_KEYS[rope_type])} (as transformers does)"
-            )
-    numbers = {key: _rope_number(params, key, source) for key in REQUIRED_ROPE_KEYS[rope_type]}
-    factor = numbers.get("factor", 1.0)
-    if factor <= 0:
-        # transformers warns below 1 and divides by the factor: zero or less is no scaling at all.
-        raise ModelConfigError(f"config.json: {source}.factor must be positive, got {params['factor']!r}")
-    if factor < 1:
-        log.warning("config.json: %s.factor %g is below 1 (transformers warns too): RoPE positions are compressed "
-                    "and the default context shrinks to max_position_embeddings x %g", source, factor, factor)
-    if rope_type == "default" and "factor" in params:
-        log.warning("config.json: %s.factor is ignored with the default rope type, as transformers ignores it", source)
-    original_max = params.get("original_max_position_embeddings")
-    if rope_type == "llama3":
-        if "original_max_position_embeddings" in params and (
-                isinstance(original_max, bool) or not isinstance(original_max, int) or original_max < 1):
-            raise ModelConfigError(f"config.json: {source}.original_max_position_embeddings must be a positive "
-                                   f"integer, got {original_max!r} (leave it out to use max_position_embeddings)")
-        if numbers["high_freq_factor"] <= numbers["low_freq_factor"]:
-            log.warning("config.json: %s.high_freq_factor (%g) is not above low_freq_factor (%g); transformers "
-                        "warns too and computes it as given", source, numbers["high_freq_factor"],
-                        numbers["low_freq_factor"])
-    partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0)
-    if partial != 1.0:
-        # These architectures rotate the whole head: transformers ignores the factor for the
-        # default rope and cannot run the scaled ones with it (its tables then miss the head's width).
-        if rope_type != "default":
-            raise ModelConfigError(
-                f"partial_rotary_factor {partial:g} with rope type {rope_type!r}: Llama, Mistral, Qwen2 and Qwen3 rotate "
-                "the whole head (transformers cannot run this config either); remove partial_rotary_factor"
-            )
-        log.warning("config.json sets partial_rotary_factor %g: ignored, as transformers ignores it for this "
-                    "architecture (the whole head rotates)", partial)
-    defaults = RopeConfig()
-    return RopeConfig(
-        theta=float(theta),
-        rope_type=rope_type,
-        factor=factor,
-        original_max_position_embeddings=original_max,
-        low_freq_factor=numbers.get("low_freq_factor", defaults.low_freq_factor),
-        high_freq_factor=numbers.get("high_freq_factor", defaults.high_freq_factor),
-    )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig
 
-from lightllm.common.basemodel.model_config import (REQUIRED_ROPE_KEYS, SUPPORTED_ROPE_TYPES, ModelConfig,
-                                                    ModelConfigError)
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.rope_config import REQUIRED_ROPE_KEYS, SUPPORTED_ROPE_TYPES
 
 BASE = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=96, vocab_size=211, max_position_embeddings=64)
