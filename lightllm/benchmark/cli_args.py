@@ -268,19 +268,11 @@ def sequence_too_long(model_dir: str, lengths: Mapping[str, int], *, exact_atten
     context the checkpoint declares (``max_position_embeddings``, times the factor of ``linear``
     and ``dynamic`` RoPE scaling).
     """
+    from lightllm.benchmark.context_limit import ContextLimit
     from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 
     try:
         config = ModelConfig.from_dir(model_dir)
     except ModelConfigError as exc:
         return f"--model_dir {model_dir!r} holds no usable config.json: {exc}"
-    limit = config.context_limit if exact_attention else config.rope_context
-    total = sum(lengths.values())
-    if total <= limit:
-        return None
-    given = " plus ".join(f"{flag} {value}" for flag, value in lengths.items())
-    window = exact_attention and config.sliding_window is not None
-    scaled = config.rope_context != config.max_position_embeddings
-    source = ("max_position_embeddings" + (f" x its {config.rope.rope_type} rope factor" if scaled else "")
-              + (", or its sliding window," if window else ""))
-    return f"{given} is {total} tokens, more than the model's context of {limit} ({source} in {model_dir}/config.json)"
+    return ContextLimit.of_checkpoint(config, model_dir, exact_attention=exact_attention).refusal(lengths)

@@ -40,6 +40,11 @@ How a run is laid out (and why):
   The workload goes to the master, and everything else is the same. The logs are
   ``logs/server_<strategy>_{master,prefill,decode}.log``.
 
+A workload with a request longer than the servers' context (the checkpoint's, or a smaller
+``--max_req_total_len`` given to them) is refused in one line before any server starts: the servers
+would answer each such request with HTTP 400.  ``--ports FIRST-LAST`` confines every port the run
+gives its processes to that range (see :mod:`lightllm.benchmark.port_range`).
+
 A server that stops running mid-run ends the run with one ``error:`` line and exit status 1 after
 every server is stopped; the report is still written from the repeats every strategy completed
 (when there is one), marked as stopped early.  Ctrl-C or SIGTERM stops every server, also those
@@ -65,6 +70,7 @@ from typing import Any, Sequence
 from lightllm.benchmark.bench_serving import PROMPT_FORMATS
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
+    argument_type,
     checkpoint_dir,
     finite_float,
     given_flags,
@@ -79,8 +85,10 @@ from lightllm.benchmark.comparison_options import (
     check_out_dir,
 )
 from lightllm.benchmark.comparison_runner import ComparisonRunner, ServerLostError, run_comparison
+from lightllm.benchmark.port_range import PortRange
 from lightllm.benchmark.report_writer import plots_unavailable, render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
+from lightllm.benchmark.workload_context import check_workloads_fit
 from lightllm.benchmark.workloads import FIELD_HELP, WORKLOADS, WorkloadConfig, workloads_using
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.server_process import ServerRefusedError, ServerStartError
@@ -145,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Checked by binding a port there, as each launch will: before any prompt is built or server started.
     p.add_argument("--host", type=listen_host, default="127.0.0.1",
                    help="address the servers listen on: an IPv4 address or host name of this machine (default 127.0.0.1)")
+    p.add_argument("--ports", type=argument_type(PortRange.parse), default=None, metavar="FIRST-LAST",
+                   help="take every port the run gives its processes from this range (each checked free first): "
+                   "every server's or PD master's and node's HTTP port, each prefill node's --pd_transfer_port "
+                   "block and, with --tp above 1, each model process's --nccl_port (default: any free port, and "
+                   "the servers pick their other ports themselves)")
     # finite_float: inf or nan would pass the range checks and wait forever, or not at all.
     p.add_argument("--start-timeout", type=finite_float, default=300.0,
                    help="seconds a server may take to become healthy")
@@ -222,6 +235,8 @@ _PD_FLAG_STRINGS = ("master_args", "prefill_args", "decode_args")
 def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Constructor arguments of ``args.topology``; the PD flags are refused for the normal topology."""
     kwargs: dict[str, Any] = {"host": args.host, "start_timeout_s": args.start_timeout}
+    if args.ports is not None:
+        kwargs["ports"] = args.ports
     # An empty device list is a choice (hide every GPU); an empty flag string is the default.
     given = [flag for name, flag in _PD_ONLY_FLAGS.items()
              if getattr(args, name) is not None and (name not in _PD_FLAG_STRINGS or getattr(args, name))]
@@ -287,8 +302,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_workload_flags_apply([cfg.name for cfg in options.workloads], given_flags(parser, argv))
         options.validate()
         topology = make_topology(args.topology, **topology_kwargs(args))
-        for spec in options.server_specs():
+        specs = options.server_specs()
+        for spec in specs:
             topology.check_spec(spec)
+        check_workloads_fit(options.model_dir, options.workloads, range(options.seed, options.seed + options.repeats),
+                            topology.process_flags(specs[0]))
+        if args.ports is not None:
+            strategies = f"{len(specs)} strateg{'y' if len(specs) == 1 else 'ies'}"
+            args.ports.check_room(sum(topology.ports_needed(spec) for spec in specs),
+                                  f"--topology {args.topology} with {strategies}")
         check_out_dir(options.out_dir)  # last: it creates the directory
     except ValueError as exc:
         # The options name their fields (model_dir, settle_s); the user typed flags.

@@ -14,7 +14,7 @@ import dataclasses
 import signal
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Sequence
 
 # Flags the launcher sets itself; giving them again in extra_args would be ambiguous.
 RESERVED_FLAGS: tuple[str, ...] = ("--model_dir", "--prefill_queue_strategy", "--port", "--host", "--run_mode")
@@ -50,6 +50,20 @@ class ServerSpec:
     def has_flag(self, flag: str) -> bool:
         """Whether ``extra_args`` sets ``flag`` (as ``--flag value`` or ``--flag=value``)."""
         return any(a == flag or a.startswith(flag + "=") for a in self.extra_args)
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag value`` or ``--flag=value``; the last one), else ``None``.
+
+    The server refuses a flag given twice, so the last value is the only one a server it starts with.
+    """
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 class Deployment(abc.ABC):

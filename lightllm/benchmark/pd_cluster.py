@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import httpx
 
 from lightllm.benchmark.launch_guard import LaunchGuard
+from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_of_model_process
 from lightllm.benchmark.deployment import RESERVED_FLAGS, Deployment, ServerSpec
 from lightllm.benchmark.server_launcher import Topology, launch_concurrently, safe_label
 from lightllm.benchmark.server_process import ServerProcess
@@ -145,6 +146,9 @@ class PdTopology(Topology):
         prefill_devices / decode_devices: ``CUDA_VISIBLE_DEVICES`` of each node of that role on GPUs.
         prefill_args / decode_args: flags of every node of that role only, after the spec's extra
             flags (e.g. ``--prefill_max_overtake_tokens 64`` / ``--pd_max_segment_tokens 64``).
+        ports: the range every port of the cluster comes from: the master's and each node's HTTP
+            port, each prefill node's ``--pd_transfer_port`` block and, with more than one TP rank,
+            each node's ``--nccl_port`` (default: any free HTTP port, the nodes pick the others).
     """
 
     name = "1p1d"
@@ -160,6 +164,7 @@ class PdTopology(Topology):
         decode_devices: str | None = None,
         prefill_args: Sequence[str] = (),
         decode_args: Sequence[str] = (),
+        ports: PortRange | None = None,
     ) -> None:
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
@@ -174,6 +179,7 @@ class PdTopology(Topology):
                 raise ValueError(f"{role}_args must not set --pd_node_id: the {self.name} launcher names its "
                                  f"{self._count(role)} {role} nodes itself")
         self.devices = {"prefill": prefill_devices, "decode": decode_devices}
+        self.ports = ports
 
     def _count(self, role: str) -> int:
         return self.prefill_nodes if role == "prefill" else self.decode_nodes
@@ -182,6 +188,23 @@ class PdTopology(Topology):
         """The server flags of every process of this cluster for ``spec`` (see :func:`cluster_commands`)."""
         return cluster_commands(spec, self.master_args, self.host, master_port, self.prefill_nodes, self.decode_nodes,
                                 prefill_args=self.role_args["prefill"], decode_args=self.role_args["decode"])
+
+    def process_flags(self, spec: ServerSpec) -> dict[str, dict[str, tuple[str, ...]]]:
+        """The master's flags, and every node role's: the spec's extra flags, then the role's own."""
+        return {
+            "master": {"master_args": self.master_args},
+            **{role: {"extra_args": spec.extra_args, f"{role}_args": self.role_args[role]} for role in NODE_ROLES},
+        }
+
+    def _node_flags(self, spec: ServerSpec, role: str) -> list[str]:
+        """The flags a node of ``role`` reads its TP size and port flags from."""
+        return [*spec.extra_args, *self.role_args[role]]
+
+    def ports_needed(self, spec: ServerSpec) -> int:
+        """The master's port, and each node's (see :func:`~lightllm.benchmark.port_range.ports_of_model_process`)."""
+        return 1 + sum(self._count(role) * ports_of_model_process(self._node_flags(spec, role),
+                                                                  prefill_node=role == "prefill")
+                       for role in NODE_ROLES)
 
     def check_spec(self, spec: ServerSpec) -> None:
         """Refuse (one line), before any process starts, flags the launch would override or make ambiguous.
@@ -214,8 +237,18 @@ class PdTopology(Topology):
         # A launch of its own when the caller gives no guard: the node threads below must be
         # cancellable even when this runs in the main thread (a Ctrl-C lands there).
         guard = LaunchGuard() if guard is None else guard
-        master_port = free_port(self.host)
+        cluster = f"the {spec.strategy} cluster"
+        master_port = (free_port(self.host) if self.ports is None
+                       else self.ports.take(self.host, what=f"{cluster}'s master"))
         commands = self.commands(spec, master_port)
+        # Without a range each node's HTTP port is any free one (ServerProcess picks it).
+        node_ports: dict[str, int | None] = {name: None for name in commands if name != "master"}
+        if self.ports is not None:
+            for name in node_ports:
+                role, node = name.split("_")[0], f"{cluster}'s {name} node"
+                node_ports[name] = self.ports.take(self.host, what=node)
+                commands[name] += confined_port_flags(self.ports, self.host, self._node_flags(spec, role),
+                                                      prefill_node=role == "prefill", what=node)
         label = safe_label(spec.strategy)
         logs = {name: Path(log_dir) / f"server_{label}_{name}.log" for name in commands}
         nodes = [name for name in commands if name != "master"]
@@ -232,7 +265,7 @@ class PdTopology(Topology):
             # none: a failed or interrupted node start stops the others (launch_concurrently).
             node_starts = [
                 functools.partial(
-                    ServerProcess.start, commands[name], logs[name], host=self.host,
+                    ServerProcess.start, commands[name], logs[name], host=self.host, port=node_ports[name],
                     start_timeout_s=self.start_timeout_s, env=self._env(name.split("_")[0]), guard=guard,
                 )
                 for name in nodes
@@ -260,6 +293,7 @@ class PdTopology(Topology):
             "decode_args": list(self.role_args["decode"]),
             "prefill_devices": self.devices["prefill"],
             "decode_devices": self.devices["decode"],
+            **({} if self.ports is None else {"ports": str(self.ports)}),
         }
 
 

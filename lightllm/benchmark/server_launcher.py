@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 from lightllm.benchmark.deployment import Deployment, ServerSpec
 from lightllm.benchmark.launch_guard import LaunchCancelled, LaunchGuard
+from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_of_model_process
 from lightllm.benchmark.server_process import ServerProcess
 
 # How long the waiting thread blocks at a time while launch threads run: a wait that never
@@ -49,6 +50,20 @@ class Topology(abc.ABC):
         (:class:`~lightllm.benchmark.server_process.ServerRefusedError`).
         """
 
+    def process_flags(self, spec: ServerSpec) -> dict[str, dict[str, tuple[str, ...]]]:
+        """The flags each kind of process of a launch of ``spec`` gets, by the option that gives them.
+
+        Checks made before anything starts (the context a workload must fit, the ports a launch
+        needs) read a process's flags from here and name the option a flag came from.  One
+        server gets the spec's ``extra_args``.
+        """
+        return {"server": {"extra_args": spec.extra_args}}
+
+    def ports_needed(self, spec: ServerSpec) -> int:
+        """How many ports of a ``--ports`` range a launch of ``spec`` takes (one server: see
+        :func:`~lightllm.benchmark.port_range.ports_of_model_process`)."""
+        return ports_of_model_process(spec.extra_args)
+
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable description for reports."""
         return {"name": self.name}
@@ -59,24 +74,35 @@ def safe_label(text: str) -> str:
 
 
 class NormalTopology(Topology):
-    """One ``normal``-mode server (prefill and decode in the same process group)."""
+    """One ``normal``-mode server (prefill and decode in the same process group).
+
+    ``ports``: the range every port the server listens on comes from (default: any free port
+    for its HTTP listener, and the server picks its others itself).
+    """
 
     name = "normal"
 
-    def __init__(self, host: str = "127.0.0.1", start_timeout_s: float = 300.0) -> None:
+    def __init__(self, host: str = "127.0.0.1", start_timeout_s: float = 300.0, ports: PortRange | None = None) -> None:
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
         self.host = host
         self.start_timeout_s = start_timeout_s
+        self.ports = ports
 
     def launch(self, spec: ServerSpec, log_dir: Path, guard: LaunchGuard | None = None) -> ServerProcess:
         log_path = Path(log_dir) / f"server_{safe_label(spec.strategy)}.log"
+        args, port = spec.server_args(), None
+        if self.ports is not None:
+            what = f"the {spec.strategy} server"
+            port = self.ports.take(self.host, what=what)
+            args += confined_port_flags(self.ports, self.host, spec.extra_args, what=what)
         return ServerProcess.start(
-            spec.server_args(), log_path, host=self.host, start_timeout_s=self.start_timeout_s, guard=guard
+            args, log_path, host=self.host, port=port, start_timeout_s=self.start_timeout_s, guard=guard
         )
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "start_timeout_s": self.start_timeout_s}
+        ports = {} if self.ports is None else {"ports": str(self.ports)}
+        return {"name": self.name, "host": self.host, "start_timeout_s": self.start_timeout_s, **ports}
 
 
 def _stop_launched(futures: Sequence[Future]) -> None:

@@ -9,6 +9,8 @@ Engines: ``ours`` (``lightllm.server.api_server``, default flags plus ``--server
 ``vllm_default`` (vLLM as users start it: one core reserved for its front end) and
 ``vllm_every_core`` (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``).  vLLM is started and stopped with the
 peer scripts (``../shared/peer/serve_vllm.sh``); its virtual environment gives the client.
+``--ports FIRST-LAST`` takes each engine's HTTP port (and the ``--nccl_port`` of ours with
+``--tp`` above 1) from that range instead of any free port; vLLM's internal ports stay its own.
 
 Why every case has its own seed: the random dataset builds prompt ``i`` as a run of the
 vocabulary starting at a seeded offset, and with a fixed input length the offsets are the
@@ -32,8 +34,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, shell_words
+from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, output_file, shell_words
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
+from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_of_model_process
 from lightllm.benchmark.server_process import ServerProcess
 from lightllm.utils.process_utils import free_port
 
@@ -102,13 +105,18 @@ def read_client_result(path: Path, case: Case) -> Dict[str, float]:
 
 
 class EngineServer:
-    """One engine's server for the length of a ``with`` block."""
+    """One engine's server for the length of a ``with`` block.
+
+    ``ports``: the range its ports come from (default: any free port).
+    """
 
     def __init__(self, engine: str, model_dir: str, peer_dir: Path, scripts_dir: Path, server_args: Sequence[str],
-                 log_dir: Path) -> None:
+                 log_dir: Path, ports: Optional[PortRange] = None) -> None:
         self.engine, self.model_dir, self.peer_dir, self.scripts_dir = engine, model_dir, peer_dir, scripts_dir
         self.server_args, self.log_dir = list(server_args), log_dir
-        self.port = free_port()
+        self.port = free_port() if ports is None else ports.take("127.0.0.1", what=engine)
+        if ports is not None and engine == "ours":
+            self.server_args += confined_port_flags(ports, "127.0.0.1", self.server_args, what=engine)
         self._ours: Optional[ServerProcess] = None
 
     @property
@@ -201,9 +209,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="directory of serve_vllm.sh and stop_vllm.sh")
     parser.add_argument("--server_args", type=shell_words, default="", help="extra flags for our server, one shell-quoted string")
     parser.add_argument("--out", type=output_file, default=None, help="also write every run's metrics here (JSON)")
+    parser.add_argument("--ports", type=argument_type(PortRange.parse), default=None, metavar="FIRST-LAST",
+                        help="take each engine's HTTP port (and ours' --nccl_port with --tp above 1) from this range, "
+                        "each checked free first (default: any free port)")
     args = parser.parse_args(argv)
     try:
         cases, engines = parse_cases(args.cases), parse_engines(args.engines)
+        if args.ports is not None:
+            # Every engine run gets ports of its own, also a second run of the same engine.
+            ours = ports_of_model_process(shlex.split(args.server_args))
+            args.ports.check_room(sum(ours if engine == "ours" else 1 for engine in engines),
+                                  f"--engines {','.join(engines)}")
     except ValueError as error:
         parser.error(str(error))
     model_dir = str(Path(args.model_dir).resolve())
@@ -222,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             started = time.strftime("%H:%M:%S")
             try:
                 with EngineServer(engine, model_dir, Path(args.peer_dir), scripts, shlex.split(args.server_args),
-                                  work_dir) as server:
+                                  work_dir, args.ports) as server:
                     results = run_engine(server, cases, args.seed, vllm_bin, work_dir, index)
             except (RuntimeError, subprocess.CalledProcessError) as error:
                 print(f"side_by_side: {engine}: {error}", file=sys.stderr)

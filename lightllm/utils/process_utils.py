@@ -74,7 +74,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     candidates = ports_outside_ephemeral_range(read_ephemeral_range())
     for _ in range(min(len(candidates), 256)):
         port = _port_picker.choice(candidates)
-        if port not in _handed_out_ports and _can_bind(host, port):
+        if port not in _handed_out_ports and can_bind(host, port):
             _handed_out_ports.add(port)
             return port
     while True:
@@ -106,7 +106,7 @@ def ports_outside_ephemeral_range(ephemeral: Optional[Tuple[int, int]]) -> range
     return below if len(below) >= len(above) else above
 
 
-def _can_bind(host: str, port: int) -> bool:
+def can_bind(host: str, port: int) -> bool:
     """Whether a listener could bind ``host``:``port`` now; errors other than "taken" propagate."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:

@@ -21,6 +21,8 @@ ROLES = ("master", "prefill", "decode")
 # The prefill step's and the prefill queue's flags (a decode node refuses them), and a decode-only one.
 PREFILL_ARGS = ["--chunked_prefill_size", "32", "--batch_max_tokens", "32", "--prefill_max_overtake_tokens", "64"]
 DECODE_ARGS = ["--pd_max_segment_tokens", "64"]
+# Every port the run gives its processes comes from here (--ports; each is checked free first).
+PORTS = (43200, 43399)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def comparison(tiny_llama_dir, tmp_path_factory):
         "--prefill-args", " ".join(PREFILL_ARGS), "--decode-args", " ".join(DECODE_ARGS),
         "--master-args", "--pd_heartbeat_interval 1",
         "--bootstrap-resamples", "50", "--start-timeout", "240",
-        "--out-dir", str(out), "--seed", "3",
+        "--out-dir", str(out), "--seed", "3", "--ports", f"{PORTS[0]}-{PORTS[1]}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     logs = "".join(
@@ -84,6 +86,19 @@ def test_each_strategy_ran_on_its_own_prefill_node(comparison):
         prefill_log = (out / "logs" / f"server_{strategy}_prefill.log").read_text()
         assert f"prefill_queue_strategy={strategy}" in prefill_log
         assert "overtake_bound=64 + " in prefill_log  # the prefill-only flag took effect on the prefill node
+
+
+def test_every_port_the_run_gave_its_processes_is_in_the_range(comparison):
+    _, report = comparison
+    assert report["meta"]["topology"]["ports"] == f"{PORTS[0]}-{PORTS[1]}"
+    given = []
+    for server in report["meta"]["servers"].values():
+        for role, process in server["processes"].items():
+            command = process["command"]
+            flags = ["--port", "--pd_transfer_port"] if role == "prefill" else ["--port"]
+            given += [int(command[command.index(flag) + 1]) for flag in flags]
+    assert len(given) == len(set(given)) == 4 * len(STRATEGIES)
+    assert all(PORTS[0] <= port <= PORTS[1] for port in given), given
 
 
 def test_every_process_of_every_cluster_is_stopped(comparison):

@@ -50,7 +50,9 @@ def test_compare_strategies_refuses_server_args_the_launcher_owns(tiny_llama_dir
     (["--workload", "sustained", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
 ])
 def test_compare_strategies_refuses_before_any_server_starts(tiny_llama_dir, tmp_path, capsys, extra, message):
-    argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--out-dir", str(tmp_path / "out"), *extra]
+    # Lengths within the tiny model's context, so only the flag under test is wrong.
+    argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--long-len", "256",
+            "--out-dir", str(tmp_path / "out"), *extra]
     assert message in _refused(compare_strategies.main, argv, capsys)
     assert not (tmp_path / "out" / "logs").exists()  # no server was started
 
@@ -62,7 +64,7 @@ def test_bench_serving_refuses_a_negative_seed(tiny_llama_dir, capsys):
 
 def test_a_server_flag_the_server_refuses_ends_the_comparison_with_its_one_line(tiny_llama_dir, tmp_path, capsys):
     argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--long-count", "1", "--short-count", "1",
-            "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path / "out"), "--server-args", "--bogus_flag 1"]
+            "--long-len", "256", "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path / "out"), "--server-args", "--bogus_flag 1"]
     assert compare_strategies.main(argv) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "unrecognized arguments: --bogus_flag 1" in errors[0], errors
