@@ -76,6 +76,31 @@ def test_unknown_vllm_flags_name_what_to_use(capsys, flag, hint):
     assert hint in err
 
 
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        ("--dp", "--dp: data parallelism is not built in"),
+        ("--disable_log_stats", "--disable_log_stats: no periodic statistics are logged; /metrics exports them"),
+        ("--disable-log-stats", "--disable-log-stats: no periodic statistics are logged"),
+        ("--splitfuse_mode", "--splitfuse_mode: chunked prefill is on by default"),
+        ("--max_req_input_len", "--max_req_input_len: a prompt may use all of --max_req_total_len"),
+        ("--output_constraint_mode", "--output_constraint_mode: structured output"),
+        ("--nnodes", "--nnodes: one server runs on one machine"),
+        ("--quant_cfg", "--quant_cfg: quantization is not supported"),
+        ("--enable_fa3", "--enable_fa3: attention kernels are chosen with --attention_backend"),
+        # Either spelling finds the entry.
+        ("--enable-flashinfer-decode", "--enable-flashinfer-decode: attention kernels are chosen"),
+        ("--tensor_parallel_size", "--tensor_parallel_size: use --tp"),
+    ],
+)
+def test_unknown_lightllm_flags_name_what_to_use(capsys, flag, hint):
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(["--model_dir", "/m", flag, "x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and hint in err
+
+
 @pytest.mark.parametrize("argv, named", [
     (["--port", "8001", "--port", "8002"], "--port is given twice;"),
     (["--port=8001", "--port", "8002"], "--port is given twice;"),
