@@ -3,10 +3,11 @@
 Native endpoints
 ----------------
 ``POST /generate`` and ``POST /generate_stream`` take
-``{"inputs": str, "parameters": {...}, "high_priority_request": bool}`` (see
-:class:`~lightllm.server.http.native_models.NativeParameters` for ``parameters``; unknown keys,
-including the internal ``infer_high_priority``, are rejected with 400). ``high_priority_request``
-is honoured only from trusted clients and refused with 403 otherwise (:mod:`lightllm.server.http.auth`).
+``{"inputs": str | [int], "parameters": {...}, "high_priority_request": bool}`` (``inputs`` a
+text or its token ids; see :class:`~lightllm.server.http.native_models.NativeParameters` for
+``parameters``; unknown keys, including the internal ``infer_high_priority``, are rejected with
+400). ``high_priority_request`` is honoured only from trusted clients and refused with 403
+otherwise (:mod:`lightllm.server.http.auth`).
 
 ``/generate`` answers::
 
@@ -60,7 +61,8 @@ from lightllm.server.http.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
 from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
 from lightllm.server.http.openapi import install_request_schemas, request_body
-from lightllm.server.http.planning import build_sampling_params, check_context_length, choice_jobs, encoded
+from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_token_ids, choice_jobs,
+                                           encoded)
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
@@ -132,9 +134,7 @@ class NativeEndpoints:
             # would cost a top-logprob slot and change nothing.
             raise APIError(400, "parameters.logprobs is reported in the per-token details of /generate: "
                            "set parameters.return_details to true", param="parameters.logprobs")
-        options = {} if parameters.add_special_tokens else {"add_special_tokens": False}
-        prompt_ids = await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs",
-                                   self.manager.vocab_size)
+        prompt_ids = await self._prompt_ids(body)
         max_new = parameters.max_new_tokens
         if max_new is None:
             max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
@@ -146,6 +146,17 @@ class NativeEndpoints:
         fanout = GenerationFanout(self.manager, jobs, high_priority=body.high_priority_request, request=request)
         await fanout.start()
         return body, fanout, jobs
+
+    async def _prompt_ids(self, body: NativeGenerateRequest) -> list[int]:
+        """The prompt's token ids: ``inputs`` tokenized, or the ids it holds checked against the vocabulary."""
+        if isinstance(body.inputs, str):
+            options = {} if body.parameters.add_special_tokens else {"add_special_tokens": False}
+            return await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs",
+                                 self.manager.vocab_size)
+        # Token ids are used as given whatever add_special_tokens says, as /v1/completions (and vLLM,
+        # and LightLLM's HTTP manager) use a token-id prompt; a client that tokenized chose its BOS.
+        check_token_ids(body.inputs, self.manager.vocab_size, "inputs")
+        return list(body.inputs)
 
     def _token(self, event: Any) -> dict[str, Any]:
         """The fields every native token record has (stream events and details add their own)."""

@@ -7,6 +7,7 @@ unknown keys rejected with a 400 naming them), with LightLLM's own parameter nam
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -16,6 +17,7 @@ from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.openai_models import TOKEN_IDS_SCHEMA, integral_token_ids, is_token_id, is_token_list
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS, native_constraint_grammar
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, NullMeansAbsent, integral,
                                               stop_validator, stored_bounds)
@@ -28,6 +30,15 @@ _CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_p
 # Each sampling field's value that changes nothing (no filter, no scaling): giving it asks for no
 # sampling, as in TGI, whose sampler runs only when a warper would change the distribution.
 _NEUTRAL_SAMPLING_VALUES = {"temperature": (1.0,), "top_p": (1.0,), "top_k": (-1, 0), "min_p": (0.0,)}
+# ``inputs`` is typed ``Any`` (validated by hand, as /v1/completions' prompt): its schema for the OpenAPI document.
+_INPUTS_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1}, TOKEN_IDS_SCHEMA]}
+
+
+def _shown(value: Any) -> str:
+    """A refused JSON value for an error message: a scalar as written, a container or text by its type."""
+    if isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return {"string": "a string", "array": "an array", "object": "an object"}.get(json_type_name(value), "null")
 
 
 class NativeParameters(NullMeansAbsent):
@@ -128,17 +139,34 @@ class NativeParameters(NullMeansAbsent):
 class NativeGenerateRequest(NullMeansAbsent):
     """Body of ``/generate`` and ``/generate_stream``.
 
-    ``high_priority_request`` is the router admission flag; inference-side priority is
-    internal and cannot be set from here.
+    ``inputs`` is the prompt: a text, or its token ids (LightLLM's HTTP manager takes a list of
+    ints for clients that tokenize themselves), taken as /v1/completions takes a token-id prompt;
+    the vocabulary is checked with the served model. ``high_priority_request`` is the router
+    admission flag; inference-side priority is internal and cannot be set from here.
     """
 
-    inputs: str = Field(min_length=1)
+    inputs: Any = Field(json_schema_extra=_INPUTS_SCHEMA)
     parameters: NativeParameters = Field(default_factory=NativeParameters)
     high_priority_request: bool = False
     multimodal_params: dict[str, Any] | None = None
 
     def check_consistency(self) -> None:
         self.parameters.check_consistency()
+
+    @field_validator("inputs")
+    @classmethod
+    def _check_inputs(cls, value: Any) -> str | list[int]:
+        ids = integral_token_ids(value)
+        if isinstance(ids, (str, list)) and not ids:
+            raise ValueError("inputs must not be empty")
+        if isinstance(ids, str) or is_token_list(ids):
+            return ids
+        if isinstance(ids, list):
+            # A long id list is hard to search by eye: say which item is not an id.
+            index = next(index for index, item in enumerate(ids) if not is_token_id(item))
+            raise ValueError(f"inputs must be a string or a list of token ids (integers); item {index} is "
+                             f"{_shown(value[index])}")
+        raise ValueError(f"inputs must be a string or a list of token ids (integers), got {_shown(value)}")
 
     @field_validator("multimodal_params")
     @classmethod

@@ -36,12 +36,12 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 # JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _PROMPT_SCHEMA = {"anyOf": [
     {"type": "string", "minLength": 1},
     {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
-    _TOKEN_IDS,
-    {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS}]}
+    TOKEN_IDS_SCHEMA,
+    {"type": "array", "items": TOKEN_IDS_SCHEMA, "minItems": 1, "maxItems": MAX_PROMPTS}]}
 _FUNCTION_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "description": {"type": "string"},
     "parameters": {"type": "object"}, "strict": {"type": ["boolean", "null"]}},
@@ -251,7 +251,7 @@ class CompletionRequest(OpenAISamplingRequest):
     @field_validator("prompt")
     @classmethod
     def _check_prompt(cls, value: Any) -> list[str | list[int]]:
-        return normalize_completion_prompt(_integral_token_ids(value))
+        return normalize_completion_prompt(integral_token_ids(value))
 
     @field_validator("suffix")
     @classmethod
@@ -261,26 +261,36 @@ class CompletionRequest(OpenAISamplingRequest):
         return value
 
 
-def _integral_token_ids(value: Any) -> Any:
-    """A prompt with integral floats in its token-id lists made ints, as every integer field takes them."""
+def integral_token_ids(value: Any) -> Any:
+    """A prompt with integral floats in its token-id lists made ints, as every integer field takes them.
+
+    Shared with the native ``inputs`` (:mod:`lightllm.server.http.native_models`), so both endpoints
+    take the same token ids.
+    """
     if not isinstance(value, list):
         return value
     return [[integral(item) for item in entry] if isinstance(entry, list) else integral(entry) for entry in value]
 
 
-def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+def is_token_id(value: Any) -> bool:
+    """Whether ``value`` has a token id's type (an int, not a bool); the vocabulary is checked with the model."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_token_list(value: Any) -> bool:
+    """Whether ``value`` is a list of token ids (an empty one included: callers name that refusal)."""
+    return isinstance(value, list) and all(is_token_id(item) for item in value)
 
 
 def normalize_completion_prompt(value: Any) -> list[str | list[int]]:
     """Turn every accepted ``prompt`` form into a non-empty list of non-empty prompts."""
     if isinstance(value, str):
         prompts: list[Any] = [value]
-    elif _is_token_list(value) and value:
+    elif is_token_list(value) and value:
         prompts = [value]
     elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
         prompts = list(value)
-    elif isinstance(value, list) and value and all(_is_token_list(item) for item in value):
+    elif isinstance(value, list) and value and all(is_token_list(item) for item in value):
         prompts = list(value)
     elif isinstance(value, list) and not value:
         raise ValueError("prompt must not be empty")
