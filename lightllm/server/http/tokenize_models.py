@@ -87,7 +87,7 @@ class TokenizeChatRequest(NullMeansAbsent):
         except ValidationError as exc:
             # The fields were validated above with the same rules; should the chat endpoint's grow
             # stricter, its refusal is still a 400 naming the field, never a 500.
-            raise invalid_request(*describe_validation_error(exc.errors(include_url=False), values)) from None
+            raise invalid_request(*describe_validation_error(exc.errors(include_url=False))) from None
         chat.check_consistency()
         self._chat = chat
 

@@ -65,21 +65,44 @@ def describe_validation_error(errors: Sequence[Mapping[str, Any]], data: Any = N
 
 
 def _client_path(error: Mapping[str, Any], data: Any) -> tuple[str, ...]:
-    """The parts of ``error``'s location that lead through ``data``, and a missing field's name."""
+    """The parts of ``error``'s location that lead through ``data``, and a missing field's name.
+
+    A body key that happens to share an alternative's name (``{"str": ...}``) would lead the walk
+    past the value pydantic refused, so the path ends at the deepest value equal to the error's
+    ``input`` when there is one.
+    """
     loc = tuple(error.get("loc", ()))
     if data is None:
         return tuple(str(part) for part in loc)
     path: list[str] = []
     node = data
+    # Lengths of the path at which the node reached is the value pydantic refused.
+    at_input: list[int] = [0] if _same(node, error) else []
     for index, part in enumerate(loc):
         if isinstance(node, Mapping) and isinstance(part, str) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and -len(node) <= part < len(node):
             node = node[part]
         elif index == len(loc) - 1 and isinstance(node, Mapping) and error.get("type") in _NAMED_FIELD_TYPES:
-            pass
+            path.append(str(part))
+            return tuple(path)
         else:
             # The name of a union alternative pydantic tried: not a place in the body.
             continue
         path.append(str(part))
+        if _same(node, error):
+            at_input.append(len(path))
+    if error.get("type") not in _NAMED_FIELD_TYPES and at_input:
+        return tuple(path[:at_input[-1]])
     return tuple(path)
+
+
+def _same(node: Any, error: Mapping[str, Any]) -> bool:
+    """Whether ``node`` is the value ``error`` refused (equal in type and value: ``1 == True`` is not enough)."""
+    if "input" not in error:
+        return False
+    refused = error["input"]
+    try:
+        return type(node) is type(refused) and bool(node == refused)
+    except Exception:  # noqa: BLE001 - an exotic __eq__ only means "not provably the same value"
+        return False

@@ -70,3 +70,10 @@ def test_unknown_and_plain_fields_keep_their_sentences():
 def test_without_the_body_every_location_part_is_kept():
     error = {"type": "string_type", "loc": ("a", 0, "b"), "msg": "Input should be a valid string"}
     assert describe_validation_error([error]) == ("Invalid value for 'a.0.b': Input should be a valid string", "a.0.b")
+
+
+def test_a_body_key_named_like_an_alternative_does_not_hijack_the_path():
+    # {"str": "x"} is neither a string nor a list of parts; its key only shares the str alternative's name.
+    message, param = _describe({"content": {"str": "x"}})
+    assert param == "content"
+    assert message == "Invalid value for 'content': Input should be a string or a list"
