@@ -194,6 +194,9 @@ class ModelConfig:
             raise ModelConfigError(
                 f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}{note}")
         num_layers = int(need("num_hidden_layers"))
+        if not raw.get("max_position_embeddings"):
+            defaulted["max_position_embeddings"] = defaults.describe("max_position_embeddings",
+                                                                     defaults.max_position_embeddings)
         hidden_act = str(raw.get("hidden_act") or defaults.hidden_act)
         if hidden_act not in SUPPORTED_HIDDEN_ACTS:
             raise ModelConfigError(

@@ -62,6 +62,10 @@ def check_weight_files(args: argparse.Namespace) -> None:
 
 def log_checkpoint_limits(args: argparse.Namespace, model_config: ModelConfig, sizing: ServerSizing) -> None:
     """Say at start how the checkpoint's attention limits what this server does."""
+    if "max_position_embeddings" in model_config.defaulted and args.max_req_total_len is None:
+        # The context sizes the KV cache and the shared memory; a default nobody wrote deserves a line.
+        log.warning("requests are limited to %d tokens (max_position_embeddings %s); give --max_req_total_len to "
+                    "serve less", sizing.max_req_total_len, model_config.defaulted["max_position_embeddings"])
     if model_config.sliding_window is not None:
         log.info("the checkpoint's layers attend to a sliding window of %d tokens: requests are limited to "
                  "%d tokens, within which full attention computes the same", model_config.sliding_window,

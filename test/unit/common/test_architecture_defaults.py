@@ -132,8 +132,8 @@ def test_the_reader_gives_a_missing_key_transformers_value(model_type: str, key:
     assert got == expected, (model_type, key)
 
 
-def test_the_tester_s_defaults_max_context_and_kv_heads():
-    """The outside tester's configs: each architecture's max context and KV heads when the keys are missing."""
+def test_a_config_without_context_or_kv_heads_gets_each_architecture_s_values():
+    """Each architecture's max context and KV heads when config.json lacks both keys."""
     shape = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=32, intermediate_size=96, vocab_size=211)
     read = {model_type: ModelConfig.from_dict({**shape, "model_type": model_type})
             for model_type in SUPPORTED_MODEL_TYPES}
@@ -146,7 +146,29 @@ def test_the_tester_s_defaults_max_context_and_kv_heads():
     # Qwen2 dynamic NTK without max_position_embeddings rescales past 32768, not past 2048.
     dynamic = ModelConfig.from_dict({**shape, "model_type": "qwen2", "rope_scaling": {"type": "dynamic", "factor": 2}})
     assert dynamic.max_position_embeddings == 32768 and dynamic.rope_context == 65536
-    assert dynamic.defaulted == {"num_key_value_heads": "not in config.json; transformers' default for qwen2 is 32"}
+    assert dynamic.defaulted == {"num_key_value_heads": "not in config.json; transformers' default for qwen2 is 32",
+                                 "max_position_embeddings": "not in config.json; transformers' default for qwen2 is 32768"}
+
+
+def test_a_defaulted_context_is_said_at_start(caplog):
+    """A trimmed checkpoint's context went from 2048 to 32768 with the per-architecture defaults; the
+    KV cache and shared memory are sized from it, so the start says where the number came from."""
+    import types
+
+    from lightllm.server.launch.checkpoint_reading import log_checkpoint_limits
+
+    shape = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=32, intermediate_size=96, vocab_size=211)
+    config = ModelConfig.from_dict({**shape, "model_type": "qwen2"})
+    args = types.SimpleNamespace(max_req_total_len=None, disable_dynamic_prompt_cache=False)
+    with caplog.at_level("WARNING", logger="lightllm.server.launch.checkpoint_reading"):
+        log_checkpoint_limits(args, config, types.SimpleNamespace(max_req_total_len=32768))
+    assert ("requests are limited to 32768 tokens (max_position_embeddings not in config.json; transformers' "
+            "default for qwen2 is 32768)") in caplog.text
+    caplog.clear()
+    given = ModelConfig.from_dict({**shape, "model_type": "qwen2", "max_position_embeddings": 4096})
+    with caplog.at_level("WARNING", logger="lightllm.server.launch.checkpoint_reading"):
+        log_checkpoint_limits(args, given, types.SimpleNamespace(max_req_total_len=4096))
+    assert "max_position_embeddings" not in caplog.text
 
 
 def test_a_default_that_contradicts_the_heads_is_refused_naming_the_default():
@@ -214,7 +236,7 @@ def test_a_shape_that_contradicts_a_default_is_refused_naming_the_default(tmp_pa
 
 
 def test_qwen2_dynamic_ntk_without_max_position_embeddings_matches_transformers_past_2048_tokens(tmp_path):
-    """The tester's numerics case: rescaled from token 2049 on here, only past 32768 in transformers."""
+    """Rescaled from token 2049 on before the per-architecture defaults, only past 32768 in transformers."""
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     config = Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, rope_parameters=rope)
     model_dir = _save(Qwen2ForCausalLM(config), tmp_path / "qwen2_dynamic", drop="max_position_embeddings")
