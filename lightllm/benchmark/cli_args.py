@@ -185,12 +185,12 @@ def listen_host(text: str) -> str:
     """A host the tool's servers can listen on: an IPv4 address or host name that resolves to an
     address of this machine.
 
-    Checked the way the launch uses it (:func:`~lightllm.utils.process_utils.free_port` binds a
+    Checked the way the launch uses it (:func:`~lightllm.utils.free_ports.free_port` binds a
     port there), before anything starts: otherwise the first launch fails with a socket error's
     traceback after the prompts were built.
     """
     # Imported here: the other flags parse without zmq.
-    from lightllm.utils.process_utils import free_port
+    from lightllm.utils.free_ports import free_port
 
     if not text:
         raise argparse.ArgumentTypeError("must name a host, got ''")

@@ -42,7 +42,8 @@ How a run is laid out (and why):
 
 A workload with a request longer than the servers' context (the checkpoint's, or a smaller
 ``--max_req_total_len`` given to them) is refused in one line before any server starts: the servers
-would answer each such request with HTTP 400.  ``--ports FIRST-LAST`` confines every port the run
+would answer such a request with HTTP 400, or cut its output (then the run would measure other
+lengths than it reports).  ``--ports FIRST-LAST`` confines every port the run
 gives its processes to that range (see :mod:`lightllm.benchmark.port_range`).
 
 A server that stops running mid-run ends the run with one ``error:`` line and exit status 1 after
@@ -315,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         # The options name their fields (model_dir, settle_s); the user typed flags.
         parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
+    if args.ports is not None and args.ports.ephemeral_overlap_warning():
+        print(args.ports.ephemeral_overlap_warning(), file=sys.stderr)
     no_plots = plots_unavailable()
     if no_plots:
         # Said before the servers start, so whoever needs the PNGs can stop now, not after the run.

@@ -39,7 +39,7 @@ from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_
 from lightllm.benchmark.deployment import RESERVED_FLAGS, Deployment, ServerSpec
 from lightllm.benchmark.server_launcher import Topology, launch_concurrently, safe_label
 from lightllm.benchmark.server_process import ServerProcess
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 # Flags the cluster launcher sets itself on the nodes (besides ServerSpec's reserved ones).
 PD_RESERVED_FLAGS: tuple[str, ...] = ("--pd_master_ip", "--pd_master_port")

@@ -1,7 +1,7 @@
 """The ports a benchmark launcher gives its servers when they must stay in one range (``--ports FIRST-LAST``).
 
 Without a range a launcher picks any free port for each server's HTTP listener
-(:func:`~lightllm.utils.process_utils.free_port`) and the servers pick their other ports
+(:func:`~lightllm.utils.free_ports.free_port`) and the servers pick their other ports
 themselves.  On a shared host a tool may be allotted a range instead: then every port it gives a
 process comes from :class:`PortRange` (each checked free before use, none handed out twice), and
 the ports a server would otherwise pick itself (the TP rendezvous ``--nccl_port`` of a process of
@@ -14,15 +14,17 @@ from __future__ import annotations
 import random
 import re
 import threading
-from typing import Sequence
+from typing import Optional, Sequence
 
 from lightllm.benchmark.deployment import flag_value
 from lightllm.benchmark.server_process import ServerStartError
-from lightllm.utils.process_utils import can_bind
+from lightllm.utils.free_ports import can_bind, read_ephemeral_range
 
 # Ports below 1024 need privileges a benchmark should not have.
 LOWEST_PORT = 1024
 HIGHEST_PORT = 65535
+# The server's --nccl_host default: where a TP rendezvous listens unless the flags say otherwise.
+DEFAULT_NCCL_HOST = "127.0.0.1"
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
@@ -49,10 +51,10 @@ class PortRange:
 
     @classmethod
     def parse(cls, text: str) -> "PortRange":
-        """``"43200-43399"`` -> ``PortRange(43200, 43399)``; ``ValueError`` (one line) for anything else."""
+        """``"23200-23399"`` -> ``PortRange(23200, 23399)``; ``ValueError`` (one line) for anything else."""
         match = _RANGE.match(text)
         if match is None:
-            raise ValueError(f"must be FIRST-LAST, two integers (e.g. 43200-43399), got {text!r}")
+            raise ValueError(f"must be FIRST-LAST, two integers (e.g. 23200-23399), got {text!r}")
         return cls(int(match.group(1)), int(match.group(2)))
 
     def __len__(self) -> int:
@@ -60,6 +62,19 @@ class PortRange:
 
     def __str__(self) -> str:
         return f"{self.first}-{self.last}"
+
+    def ephemeral_overlap_warning(self, ephemeral: Optional[tuple[int, int]] = None) -> Optional[str]:
+        """One warning line when the range overlaps the kernel's ephemeral range (None otherwise).
+
+        A port there can be taken by any outgoing connection between its check and its server's bind
+        (:mod:`lightllm.utils.free_ports` says why), so a start may fail with "Address already in use".
+        """
+        first, last = ephemeral or read_ephemeral_range() or (0, -1)
+        if self.last < first or self.first > last:
+            return None
+        return (f"warning: --ports {self} overlaps the kernel's ephemeral port range {first}-{last}; an outgoing "
+                "connection may take one of its ports before the server binds it (a start then fails with "
+                f"'Address already in use'): a range below {first} avoids that")
 
     def check_room(self, needed: int, what: str) -> None:
         """Refuse (``ValueError``, one line) a range with fewer than ``needed`` ports for ``what``."""
@@ -109,15 +124,18 @@ def ports_of_model_process(flags: Sequence[str], *, prefill_node: bool = False) 
 
 def confined_port_flags(ports: PortRange, host: str, flags: Sequence[str], *, prefill_node: bool = False,
                         what: str = "a server") -> list[str]:
-    """The port flags to add to a model process with ``flags`` so that every port it listens on is in ``ports``.
+    """The port flags to add to a model process with ``flags`` so that every port it would pick is in ``ports``.
 
-    ``--nccl_port`` for a process of more than one TP rank, and for a prefill node its
-    ``--pd_transfer_port`` block (one port per rank), each unless ``flags`` set it already.
+    ``--nccl_port`` for a process of more than one TP rank (checked on its ``--nccl_host``, where
+    the rendezvous listens), and for a prefill node its ``--pd_transfer_port`` block (one port per
+    rank), each unless ``flags`` set it already.  The data connections torch.distributed opens
+    between ranks (TP, and a PD pair's KV transfer group) still listen on ports the kernel picks.
     """
     nccl, transfer = _own_ports(flags, prefill_node)
     extra: list[str] = []
     if nccl:
-        extra += ["--nccl_port", str(ports.take(host, what=f"{what}'s --nccl_port"))]
+        nccl_host = flag_value(flags, "--nccl_host") or DEFAULT_NCCL_HOST
+        extra += ["--nccl_port", str(ports.take(nccl_host, what=f"{what}'s --nccl_port"))]
     if transfer:
         extra += ["--pd_transfer_port", str(ports.take(host, transfer, what=f"{what}'s --pd_transfer_port"))]
     return extra

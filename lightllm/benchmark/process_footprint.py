@@ -37,7 +37,7 @@ import httpx
 from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, missing_module, output_file_in_new_dirs,
                                          positive_float, shell_words)
 from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 # Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
 # -> the module that process runs.

@@ -22,7 +22,7 @@ import httpx
 from lightllm.benchmark.deployment import Deployment
 from lightllm.benchmark.launch_guard import LaunchGuard
 from lightllm.benchmark.server_session import seconds_since_boot, session_listens_on, sweep_session
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 _LOG_TAIL_CHARS = 4000
 _POLL_S = 0.3

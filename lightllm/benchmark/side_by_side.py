@@ -38,7 +38,7 @@ from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, outpu
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_of_model_process
 from lightllm.benchmark.server_process import ServerProcess
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 ENGINES = ("ours", "vllm_default", "vllm_every_core")
 METRICS = ("duration", "output_throughput", "median_ttft_ms", "median_tpot_ms", "total_input_tokens", "completed")
@@ -222,6 +222,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                   f"--engines {','.join(engines)}")
     except ValueError as error:
         parser.error(str(error))
+    if args.ports is not None and args.ports.ephemeral_overlap_warning():
+        print(args.ports.ephemeral_overlap_warning(), file=sys.stderr)
     model_dir = str(Path(args.model_dir).resolve())
     if not Path(model_dir, "config.json").is_file():
         parser.error(f"--model_dir {args.model_dir}: no config.json there")

@@ -1,9 +1,10 @@
 """Whether every request of a comparison's workloads fits the context its servers would take.
 
 Checked before any server starts: a request whose prompt plus output tokens exceed the servers'
-``max_req_total_len`` is answered with HTTP 400, so a run of such a workload (the defaults: 48
-prompts of 16384 tokens) failed every one of them in every repeat, measured nothing and exited 1
-minutes later.  The servers' limit is derived as each process derives it (the checkpoint's context
+``max_req_total_len`` is answered with HTTP 400 when its prompt leaves no room (a run of the
+default 48 prompts of 16384 tokens on a 4096-token model failed every one of them in every
+repeat, measured nothing and exited 1 minutes later), and otherwise has its output cut to the
+room left, so the run would measure other lengths than it reports.  The servers' limit is derived as each process derives it (the checkpoint's context
 capped by a sliding window, or ``--max_req_total_len`` in the flags that reach it); the run takes
 the smallest, since a request passes through every process of a PD cluster.
 """
@@ -112,4 +113,17 @@ def check_workloads_fit(model_dir: str, workloads: Sequence[WorkloadConfig], see
         raise ValueError(f"workload {cfg.name} has a {worst.request_class} request of {worst.prompt_len} prompt "
                          f"tokens ({' + '.join(prompt)}) plus {worst.output_len} output tokens ({output}), "
                          f"{total} in all, more than {limit.name} of {limit.tokens} ({limit.source}); "
-                         f"every such request would fail with HTTP 400: {remedy}")
+                         f"{overflow_consequence(worst.prompt_len, worst.output_len, limit.tokens)}: {remedy}")
+
+
+def overflow_consequence(prompt_len: int, output_len: int, limit: int) -> str:
+    """What the servers' completions endpoint does with a request of these lengths past ``limit``.
+
+    It refuses a prompt that leaves no room and an output longer than the whole context, and cuts
+    any other output to the room the prompt leaves (as vLLM does): the run would then finish, but
+    measuring other lengths than the workload asks for.
+    """
+    if prompt_len >= limit or output_len > limit:
+        return "every such request would fail with HTTP 400"
+    return (f"the servers would cut such a request's output to {limit - prompt_len} tokens, so the run would not "
+            "measure the lengths asked for")

@@ -1,17 +1,15 @@
-"""Helpers shared by the server's child processes: readiness reports and zmq sockets."""
+"""Helpers shared by the server's child processes: signals, readiness reports and zmq sockets."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import random
 import signal
 import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional, Set, Tuple, Type
+from typing import Any, Callable, Tuple, Type
 
 import zmq
 
@@ -50,72 +48,6 @@ def start_resource_tracker_deaf_to_hangup() -> None:
         resource_tracker.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-# Where the kernel takes the ports of outgoing connections and of bind(0) from (Linux).
-EPHEMERAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
-# Ports below this are left to well-known and registered services.
-LOWEST_PICKED_PORT = 10000
-# Ports this process has handed out: each goes to one caller, even before the caller binds it.
-_handed_out_ports: Set[int] = set()
-_port_picker = random.SystemRandom()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago, for a listener started a little later.
-
-    The caller binds the port seconds later, often in another process (a server still importing
-    torch), so the port is drawn from outside the kernel's ephemeral range when there is room:
-    inside it, any outgoing connection or ``bind(0)`` on the machine (the gloo and NCCL rendezvous
-    of servers starting beside it) could take the port first and the listener would fail with
-    "Address already in use".  A port is never handed out twice by one process.  Raises
-    ``OSError`` when ``host`` is not an address of this machine.
-    """
-    candidates = ports_outside_ephemeral_range(read_ephemeral_range())
-    for _ in range(min(len(candidates), 256)):
-        port = _port_picker.choice(candidates)
-        if port not in _handed_out_ports and can_bind(host, port):
-            _handed_out_ports.add(port)
-            return port
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port not in _handed_out_ports:
-            _handed_out_ports.add(port)
-            return port
-
-
-def read_ephemeral_range(path: str = EPHEMERAL_RANGE_PATH) -> Optional[Tuple[int, int]]:
-    """The kernel's ephemeral port range (first, last), or None where it cannot be read."""
-    try:
-        with open(path, encoding="ascii") as handle:
-            first, last = (int(field) for field in handle.read().split())
-    except (OSError, ValueError):
-        return None
-    return first, last
-
-
-def ports_outside_ephemeral_range(ephemeral: Optional[Tuple[int, int]]) -> range:
-    """The larger of the port ranges at or above LOWEST_PICKED_PORT that ``ephemeral`` leaves free."""
-    if ephemeral is None:
-        return range(0)
-    first, last = ephemeral
-    below = range(LOWEST_PICKED_PORT, max(LOWEST_PICKED_PORT, first))
-    above = range(max(LOWEST_PICKED_PORT, last + 1), 65536)
-    return below if len(below) >= len(above) else above
-
-
-def can_bind(host: str, port: int) -> bool:
-    """Whether a listener could bind ``host``:``port`` now; errors other than "taken" propagate."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
-    return True
 
 
 def zmq_socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:

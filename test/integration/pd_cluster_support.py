@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 from server_process import ServerHandle
 
 START_TIMEOUT_SECONDS = 180

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import httpx
 
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 START_TIMEOUT_SECONDS = 180
 

@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 from server_process import start_server
 
 TEMPLATE = "{% for m in messages %}<<{{ m.role }}>> {{ m.content }}\n{% endfor %}<<assistant>>"

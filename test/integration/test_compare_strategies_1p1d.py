@@ -22,7 +22,7 @@ ROLES = ("master", "prefill", "decode")
 PREFILL_ARGS = ["--chunked_prefill_size", "32", "--batch_max_tokens", "32", "--prefill_max_overtake_tokens", "64"]
 DECODE_ARGS = ["--pd_max_segment_tokens", "64"]
 # Every port the run gives its processes comes from here (--ports; each is checked free first).
-PORTS = (43200, 43399)
+PORTS = (23200, 23399)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lightllm.utils.envs_utils import max_torch_threads
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 EXIT_INVALID_CONFIG = 2
 

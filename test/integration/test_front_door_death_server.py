@@ -17,7 +17,7 @@ import httpx
 
 from failure_clients import leftovers
 from front_door_killer import KILL_MARK
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 RUNNER = Path(__file__).with_name("front_door_killer.py")
 START_TIMEOUT_SECONDS = 180

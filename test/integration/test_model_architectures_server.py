@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
 from lightllm.utils.demo_model import generate_demo_model
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 from server_process import start_server, stream_token_ids
 
 WINDOW = 64

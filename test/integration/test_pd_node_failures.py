@@ -28,7 +28,7 @@ import pytest
 
 from pd_cluster_support import launch, wait_healthy
 from server_process import ServerHandle
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 NODE_ARGS = ["--max_total_token_num", "16384"]
 # How long the surviving side may take to serve or free everything after a failure.

@@ -21,7 +21,7 @@ from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerpr
 from lightllm.common.basemodel.model_config import ModelConfig
 from pd_membership_master import MembershipMaster
 from server_process import start_server
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 HEARTBEAT_S = 0.5
 EXIT_BOUND_S = 180

@@ -32,7 +32,7 @@ import pytest
 
 from pd_cluster_support import launch, wait_healthy
 from server_process import ServerHandle
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 PREFILL_TIMEOUT_S = 60
 MASTER_LEASE_S = PREFILL_TIMEOUT_S + 30  # plus the default --pd_transfer_timeout_seconds

@@ -20,7 +20,7 @@ import pytest
 
 from pd_cluster_support import launch, wait_healthy
 from server_process import ServerHandle, start_server
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 # The registry's drop bound (interval 2 s x (3 missed + 0.5)) with slack for a loaded machine;
 # it only keeps a broken build from hanging the suite.

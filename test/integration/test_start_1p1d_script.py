@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "start_1p1d.sh"
 READY_TIMEOUT_S = 240

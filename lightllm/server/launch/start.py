@@ -76,7 +76,8 @@ from lightllm.server.launch.child_watch import watch_children
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
-from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, free_port, start_resource_tracker_deaf_to_hangup
+from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, start_resource_tracker_deaf_to_hangup
+from lightllm.utils.free_ports import free_port
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 

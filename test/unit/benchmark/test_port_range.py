@@ -82,7 +82,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 @pytest.mark.parametrize("value, message", [
-    ("43200", "argument --ports: must be FIRST-LAST, two integers (e.g. 43200-43399), got '43200'"),
+    ("43200", "argument --ports: must be FIRST-LAST, two integers (e.g. 23200-23399), got '43200'"),
     ("80-100", "argument --ports: must be FIRST-LAST with 1024 <= FIRST <= LAST <= 65535, got 80-100"),
 ])
 def test_compare_strategies_refuses_a_bad_range_while_parsing(tmp_path, capsys, value, message):
@@ -286,3 +286,11 @@ def test_side_by_side_refuses_a_range_too_small_for_its_engines(tmp_path):
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--ports 43200-43201 holds 2 ports, fewer than the 3 --engines ours,vllm_default,ours needs" in done.stderr
+
+
+def test_a_range_in_the_kernels_ephemeral_range_is_warned_about():
+    warning = PortRange(43200, 43399).ephemeral_overlap_warning((32768, 60999))
+    assert warning is not None and warning.startswith("warning: --ports 43200-43399 overlaps")
+    assert "a range below 32768" in warning
+    assert PortRange(23200, 23399).ephemeral_overlap_warning((32768, 60999)) is None
+    assert PortRange(61000, 61100).ephemeral_overlap_warning((32768, 60999)) is None

@@ -71,6 +71,16 @@ def test_the_documented_1p1d_example_without_size_flags_is_refused_before_any_se
     assert not no_run and not (tmp_path / "out").exists()
 
 
+def test_a_request_the_servers_would_cut_is_refused_saying_so(tmp_path, capsys, no_run):
+    # 4000 + 128 > 4096: the completions endpoint would not refuse it, it would cut the output to 96
+    # tokens and the run would report lengths it did not measure.
+    argv = _argv(tmp_path, "--workload", "long_first", "--long-len", "4000", "--output-len", "128")
+    line = _refused(argv, capsys)
+    assert "4128 in all, more than the servers' context of 4096" in line, line
+    assert "the servers would cut such a request's output to 96 tokens" in line
+    assert "HTTP 400" not in line
+
+
 def test_the_same_run_with_lengths_that_fit_goes_on(tmp_path, no_run):
     argv = _argv(tmp_path, "--topology", "1p1d", "--workload", "long_first,interleaved,sustained,shared_prefix",
                  *FITTING, "--long-count", "8", "--prefix-tokens", "1024")

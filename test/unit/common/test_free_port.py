@@ -11,9 +11,8 @@ import socket
 
 import pytest
 
-from lightllm.utils import process_utils
-from lightllm.utils.process_utils import (LOWEST_PICKED_PORT, free_port, ports_outside_ephemeral_range,
-                                          read_ephemeral_range)
+from lightllm.utils import free_ports
+from lightllm.utils.free_ports import LOWEST_PICKED_PORT, free_port, ports_outside_ephemeral_range, read_ephemeral_range
 
 
 def test_ports_come_from_outside_the_kernels_ephemeral_range():
@@ -38,15 +37,15 @@ def test_a_port_taken_by_a_listener_is_not_handed_out(monkeypatch):
         listener.listen()
         taken = listener.getsockname()[1]
         # Only the taken port and one other are candidates.
-        monkeypatch.setattr(process_utils, "ports_outside_ephemeral_range",
+        monkeypatch.setattr(free_ports, "ports_outside_ephemeral_range",
                             lambda _ephemeral: range(taken, taken + 2) if taken < 65535 else range(taken - 1, taken + 1))
-        monkeypatch.setattr(process_utils, "_handed_out_ports", set())
+        monkeypatch.setattr(free_ports, "_handed_out_ports", set())
         for _ in range(20):
             assert free_port() != taken
 
 
 def test_without_room_outside_the_range_it_falls_back_to_the_kernels_choice(monkeypatch):
-    monkeypatch.setattr(process_utils, "read_ephemeral_range", lambda: (1024, 65535))
+    monkeypatch.setattr(free_ports, "read_ephemeral_range", lambda: (1024, 65535))
     port = free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))
@@ -65,3 +64,35 @@ def test_the_candidates_are_the_larger_side_of_the_range(ephemeral, expected):
 def test_an_address_of_no_interface_here_is_an_error_not_a_port():
     with pytest.raises(OSError):
         free_port("192.0.2.1")  # TEST-NET-1: documentation only, never local
+
+
+def test_an_ipv6_host_gets_a_port_it_can_bind():
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+        port = free_port("::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.bind(("::1", port))
+
+
+def test_threads_picking_at_once_never_get_the_same_port(monkeypatch):
+    import threading
+
+    # Few candidates, so that threads racing on one port would show.
+    monkeypatch.setattr(free_ports, "ports_outside_ephemeral_range", lambda _ephemeral: range(20000, 20040))
+    monkeypatch.setattr(free_ports, "_handed_out_ports", set())
+    picked: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def pick() -> None:
+        barrier.wait()
+        for _ in range(4):
+            picked.append(free_port())
+
+    threads = [threading.Thread(target=pick) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(picked) == 32 and len(set(picked)) == 32

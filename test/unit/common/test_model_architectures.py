@@ -21,7 +21,7 @@ from lightllm.models.model_types import SUPPORTED_MODEL_TYPES
 from lightllm.models.registry import MODEL_REGISTRY, load_model
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.sizing import resolve_max_req_total_len
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 # head_dim 24 is not hidden / heads (Qwen3 and Mistral Nemo name it explicitly).
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,

@@ -16,7 +16,7 @@ from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.basemodel.weight_loader import CheckpointError
 from lightllm.models.registry import load_model
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, vocab_size=211, max_position_embeddings=64)
 

@@ -21,7 +21,7 @@ from lightllm.server.http.listen_sockets import (
     bind_listeners,
     is_loopback,
 )
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 # Lines the launcher logs once it plans or loads the model.
 LOADING_MARKERS = ("starting: model=", "children ready", "serving on")

@@ -26,7 +26,7 @@ from api_fakes import FakeManager
 from lightllm.server.http.app import create_app
 from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout=0.6, body_timeout=0.6, keep_alive_timeout=5,
                     max_connections=12)

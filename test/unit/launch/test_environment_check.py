@@ -21,7 +21,7 @@ from lightllm.server.launch.environment_check import (
     unread_variable_warnings,
 )
 from lightllm.utils.envs_utils import ENV_VARS, REPLACED_ENV_VARS
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -20,7 +20,7 @@ import zmq
 from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests
 from lightllm.server.model_rank import command_channel
 from lightllm.server.model_rank.command_channel import FRAME_BYTES, MessageKind, TpCommandChannel
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 KEEPALIVE = 0.2  # seconds; short so an idle period of a second shows a few of them
 IDLE_SECONDS = 1.0  # how long rank 0 loops with nothing to do in the rank-level test

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightllm.server.model_rank.tp_rendezvous import open_rendezvous_store
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 
 def _probe_other_loopback(port: int) -> str:

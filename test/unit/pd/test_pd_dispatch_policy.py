@@ -29,7 +29,7 @@ from lightllm.server.pd.master.node_selector import (
 from lightllm.server.pd.protocol.membership import NodeLoad
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.utils.envs_utils import ENV_VARS, pd_node_busy_retry_timeout_seconds
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 ENV = "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"
 

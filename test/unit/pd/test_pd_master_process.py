@@ -17,7 +17,7 @@ import httpx
 from transformers import AutoTokenizer
 
 from pd_node_stand_in import Handoff, NodeStandIn, reference_tokens
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 
 def test_master_process_registration_health_and_a_request(tiny_llama_dir: Path, tmp_path: Path) -> None:

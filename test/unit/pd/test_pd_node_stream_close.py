@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from lightllm.server.pd.master.node_streams import STREAM_END, NodeStreams
 from lightllm.server.pd.protocol.node_info import NodeInfo
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 
 async def _decode(request: Request) -> StreamingResponse:

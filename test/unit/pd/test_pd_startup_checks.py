@@ -23,7 +23,7 @@ from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.pd_master import build_master
 from lightllm.server.http.listen_sockets import EXIT_INVALID_CONFIG
 from lightllm.server.launch.environment_check import check_environment_values
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 BUSY_ENV = "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"
 FAILURE_ENV = "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY"

@@ -24,7 +24,7 @@ import torch
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
 from lightllm.utils.one_line_errors import OneLineErrorParser, refuse_repeated_flags
-from lightllm.utils.process_utils import free_port
+from lightllm.utils.free_ports import free_port
 
 
 def _geometry(model_dir: Path) -> Dict[str, object]:
