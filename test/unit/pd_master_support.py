@@ -94,6 +94,16 @@ class Cluster:
             part.stop()
 
 
+def master_manager(model_dir: Path) -> Any:
+    """The manager of a PD master over ``model_dir`` with default flags, built as the launcher builds
+    it; no node joins, so it answers what needs none (refusals, tokenization)."""
+    args = make_argument_parser().parse_args(["--run_mode", "pd_master", "--model_dir", str(model_dir)])
+    validate_args(args, 0)
+    check_master_flags(args)
+    manager, _registry = build_master(args)
+    return manager
+
+
 @pytest.fixture(name="cluster")
 def cluster_fixture(tiny_llama_dir: Path) -> Iterator[Cluster]:
     """A registered :class:`Cluster` of the tiny model, stopped after the test.

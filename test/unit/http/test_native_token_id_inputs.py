@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, sse_events
+from pd_master_support import master_manager
 from lightllm.server.http.app import create_app
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
 
@@ -155,15 +156,7 @@ def test_openapi_describes_both_forms(client: TestClient) -> None:
 
 @pytest.fixture(scope="module")
 def pd_master(tiny_llama_dir: Path) -> Any:
-    from lightllm.server.launch.arg_parser import make_argument_parser
-    from lightllm.server.launch.args_check import validate_args
-    from lightllm.server.launch.pd_master import build_master, check_master_flags
-
-    args = make_argument_parser().parse_args(["--run_mode", "pd_master", "--model_dir", str(tiny_llama_dir)])
-    validate_args(args, 0)
-    check_master_flags(args)
-    manager, _registry = build_master(args)
-    return manager
+    return master_manager(tiny_llama_dir)
 
 
 def test_pd_master_takes_ids_as_given(pd_master: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,20 +15,15 @@ from fastapi.testclient import TestClient
 
 from lightllm.server.http.app import create_app
 from lightllm.server.http.prompt_encoding import PromptEncoder
-from lightllm.server.launch.arg_parser import make_argument_parser
-from lightllm.server.launch.args_check import validate_args
-from lightllm.server.launch.pd_master import build_master, check_master_flags
+
+from pd_master_support import master_manager
 
 MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure:"}]
 
 
 @pytest.fixture(scope="module")
 def pd_manager(tiny_llama_dir: Path) -> Any:
-    args = make_argument_parser().parse_args(["--run_mode", "pd_master", "--model_dir", str(tiny_llama_dir)])
-    validate_args(args, 0)
-    check_master_flags(args)
-    manager, _registry = build_master(args)
-    return manager
+    return master_manager(tiny_llama_dir)
 
 
 @pytest.mark.parametrize(("path", "fields", "param", "words"), [
