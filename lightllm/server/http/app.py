@@ -44,10 +44,10 @@ import logging
 from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.body import parse_body_off_loop
+from lightllm.server.http.cors import JsonErrorCorsMiddleware
 from lightllm.server.http.errors import (
     APIError,
     JSONErrorRoute,
@@ -305,7 +305,7 @@ def create_app(
     if options.allowed_origins:
         # Outside everything: a browser's preflight carries no API key and no body, and every
         # answer the app gives (a 401, a 400) needs the headers for the page to read it.
-        app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
+        app.add_middleware(JsonErrorCorsMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], max_age=600)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
                                   TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])

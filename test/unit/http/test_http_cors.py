@@ -40,6 +40,9 @@ def test_listed_origins_only_and_none_at_all(manager: FakeManager) -> None:
     assert listed.options("/v1/completions", headers=PREFLIGHT).headers["access-control-allow-origin"] == PAGE
     other = listed.options("/v1/completions", headers={**PREFLIGHT, "Origin": "https://evil.example"})
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    # In the API's error shape, like every other refusal (Starlette answers in plain text).
+    assert other.json()["error"]["code"] == "cors_preflight_refused"
+    assert "the origin is not in --allowed_origins" in other.json()["error"]["message"]
     off = _client(manager, ())
     assert off.options("/v1/completions", headers=PREFLIGHT).status_code == 405
     assert "access-control-allow-origin" not in off.post("/v1/completions", json=BODY, headers={"Origin": PAGE}).headers
