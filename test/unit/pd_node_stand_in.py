@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lightllm.server.pd.node.registration_client import PdNodeClient
 from lightllm.server.pd.protocol.node_info import NodeInfo
@@ -153,6 +153,7 @@ class NodeStandIn:
         self.prefill_delay = 0.0  # P: seconds before the first token
         self.first_line_delay = 0.0  # P: seconds between handing the token to D and sending its line
         self.refuse_setup = False  # answer transfer_setup with a 500
+        self.failed = False  # answer every request 503 server_failed (its model process died)
         self.setup_delay = 0.0  # seconds before answering transfer_setup (a node that is up but slow)
         self.lease_expires = False  # D: an error line (lease expired) right after reserving
         # P: after D took the first token, wait for cut_stream() and then break the stream
@@ -270,9 +271,15 @@ class NodeStandIn:
         path = "/pd/node/decode" if self.role == "decode" else "/pd/node/prefill"
 
         @app.post(path)
-        async def generate(request: Request) -> StreamingResponse:
+        async def generate(request: Request) -> Response:
             body = await request.json()
             self.bodies.append(body)
+            if self.failed:
+                # What a real node's supervisor answers once a child process died.
+                return JSONResponse({"error": {"message": "The server failed: child process model_rank0 exited; the "
+                                               "request was not completed, retry it on another server",
+                                               "type": "server_error", "param": None, "code": "server_failed"}},
+                                    status_code=503)
             lines = self._decode(body) if self.role == "decode" else self._prefill(body)
             return StreamingResponse(self._tracked(body["request_id"], lines, body["segment_index"]),
                                      media_type="application/x-ndjson")

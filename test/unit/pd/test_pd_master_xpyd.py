@@ -327,3 +327,35 @@ def test_a_killed_node_not_yet_dropped_is_passed_over_for_the_next_one(tiny_llam
         assert response.json()["error"]["code"] in ("pd_node_unreachable", "pd_transfer_setup_failed")
     finally:
         cluster.stop()
+
+
+def test_a_node_answering_that_it_failed_is_passed_over_and_gets_nothing_new(tiny_llama_dir: Path) -> None:
+    """A node whose model process died answers 503 server_failed until its HTTP server stops: the
+    master placed request after request on it (it answered fastest, so it looked least loaded) and
+    each failed although another decode node was free."""
+    cluster = Cluster(str(tiny_llama_dir), "--pd_heartbeat_interval", "30", prefills=1, decodes=2)
+    try:
+        (p0,) = cluster.prefills
+        d0, d1 = cluster.decodes
+        d0.report({"free_kv_tokens": 90000, "kv_capacity_tokens": 100000})
+        d1.report({"free_kv_tokens": 50000, "kv_capacity_tokens": 100000})
+        assert generate(cluster, "hello", 3).status_code == 200
+        assert prompts_seen(d0) == 1
+        d0.failed = True
+        prompt = "still served"
+        response = generate(cluster, prompt, 4)
+        assert response.status_code == 200, response.text
+        tokens = [token["id"] for token in response.json()["tokens"]]
+        assert tokens == reference_tokens(cluster.master.manager.encode_prompt(prompt), 4)
+        assert (prompts_seen(d0), prompts_seen(d1)) == (2, 1)
+        # Until it heartbeats again it takes nothing new, however free it reported itself.
+        for _ in range(3):
+            assert generate(cluster, prompt, 2).status_code == 200
+        assert (prompts_seen(d0), prompts_seen(d1)) == (2, 4)
+        # With no other decode node the client gets the failure, not a hang.
+        d1.failed = True
+        d0.report({"free_kv_tokens": 90000, "kv_capacity_tokens": 100000})  # back, and still failing
+        response = generate(cluster, prompt, 2)
+        assert response.status_code == 503
+    finally:
+        cluster.stop()

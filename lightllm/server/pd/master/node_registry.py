@@ -195,7 +195,8 @@ class NodeRegistry:
         return True
 
     def mark_refused(self, node: NodeInfo, why: str) -> None:
-        """The node's HTTP port refused a connection: nothing listens there, so its process is gone.
+        """The node's HTTP port refused a connection (nothing listens there, so its process is gone), or
+        the node answered that it is failing or stopping.
 
         It takes no new requests and counts against readiness at once, instead of until it misses
         its heartbeats (7 s by default), in which every request placed on it failed while /health

@@ -44,7 +44,8 @@ class NodeCallError(Exception):
     """A call to a node failed before, or instead of, a well-formed answer.
 
     Attributes: ``node`` (who), ``status`` (the HTTP status of an error answer, else None),
-    ``code`` (the node's error code, if it sent one) and ``unreachable`` (no answer at all).
+    ``code`` (the node's error code, if it sent one) and ``unreachable`` (no answer at all, or a
+    node answering that it fails or stops: either way it serves nothing new).
     """
 
     def __init__(self, node: NodeInfo, message: str, status: Optional[int] = None, code: Optional[str] = None,
@@ -76,6 +77,21 @@ def _call_failure(node: NodeInfo, path: str, exc: httpx.HTTPError, timeout: http
     return NodeCallError(node, f"{node.describe()} {why}", unreachable=True)
 
 
+# What a node answers while its process fails or stops (lightllm/server/launch/supervisor.py): it
+# will serve nothing new, so it is passed over as a node that refused the connection would be.
+NODE_STOPPING_CODES = frozenset({"server_failed", "server_shutting_down"})
+
+
+def _answer_failure(node: NodeInfo, response: httpx.Response, body: bytes, on_refused: "RefusalListener"
+                    ) -> NodeCallError:
+    """The :class:`NodeCallError` of a non-200 answer; a stopping node's is ``unreachable`` and told."""
+    message, code = _error_message(response, body)
+    stopping = response.status_code == 503 and code in NODE_STOPPING_CODES
+    if stopping:
+        on_refused(node, message)
+    return NodeCallError(node, message, response.status_code, code, unreachable=stopping)
+
+
 def _error_message(response: httpx.Response, body: bytes) -> tuple[str, Optional[str]]:
     try:
         error = json.loads(body)["error"]
@@ -88,7 +104,8 @@ def _drop(payload: Any) -> None:
     """The sink of a released stream: nobody reads its lines any more."""
 
 
-# Told of a node whose HTTP port refused a connection: ``(node, what the call saw)``.
+# Told of a node whose HTTP port refused a connection, or that answered it is failing or stopping:
+# ``(node, what the call saw)``.
 RefusalListener = Callable[[NodeInfo, str], None]
 
 
@@ -136,8 +153,7 @@ class NodeStream:
         try:
             async with self._client.stream("POST", url, json=self._body) as response:
                 if response.status_code != 200:
-                    message, code = _error_message(response, await response.aread())
-                    self._sink(NodeCallError(self.node, message, response.status_code, code))
+                    self._sink(_answer_failure(self.node, response, await response.aread(), self._on_refused))
                     return
                 async for line in response.aiter_lines():
                     if not line.strip():
@@ -260,8 +276,7 @@ class NodeStreams:
                 self._on_refused(node, str(failure))
             raise failure from None
         if response.status_code != 200:
-            message, code = _error_message(response, response.content)
-            raise NodeCallError(node, message, response.status_code, code)
+            raise _answer_failure(node, response, response.content, self._on_refused)
         try:
             answer = response.json()
         except ValueError:
