@@ -64,9 +64,3 @@ def rendering_template(tokenizer_template: Any, request_template: str | None, wi
         named = {item.get("name"): item.get("template") for item in tokenizer_template if isinstance(item, dict)}
         return rendering_template(named, None, with_tools)
     return tokenizer_template if isinstance(tokenizer_template, str) else None
-
-
-def wants_content_parts(tokenizer_template: Any, request_template: str | None, with_tools: bool) -> bool:
-    """True when content sent as parts should reach the template as parts (see the module docstring)."""
-    template = rendering_template(tokenizer_template, request_template, with_tools)
-    return template is not None and template_iterates_content(template)

@@ -122,7 +122,7 @@ class ChatMessage(StrictModel):
         :func:`~lightllm.server.http.developer_role.template_names_developer_role`), else as
         ``system``, the only one most templates know.  Content sent as parts stays a list of parts when
         ``content_parts`` (the template iterates over them,
-        :func:`~lightllm.server.http.chat_content_format.wants_content_parts`); otherwise the
+        :func:`~lightllm.server.http.chat_content_format.template_iterates_content`); otherwise the
         texts are joined with newlines (separate parts are usually separate paragraphs), as vLLM does.
         """
         role = "system" if self.role == "developer" and not developer_role else self.role

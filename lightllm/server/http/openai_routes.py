@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lightllm.server.http.body import parse_body_off_loop
-from lightllm.server.http.chat_content_format import rendering_template, wants_content_parts
+from lightllm.server.http.chat_content_format import rendering_template, template_iterates_content
 from lightllm.server.http.developer_role import template_names_developer_role
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, model_not_found,
                                          sse_error)
@@ -243,9 +243,9 @@ class OpenAIEndpoints:
         renders through here too, so both give the same ids).  ``keeps_end``: the prompt will be
         truncated from the left, so a long chat is tokenized whole rather than refused early."""
         tokenizer_template = getattr(self.manager.tokenizer, "chat_template", None)
-        content_parts = wants_content_parts(tokenizer_template, body.chat_template, bool(tool_plan.tools))
-        developer_role = template_names_developer_role(
-            rendering_template(tokenizer_template, body.chat_template, bool(tool_plan.tools)))
+        template = rendering_template(tokenizer_template, body.chat_template, bool(tool_plan.tools))
+        content_parts = template is not None and template_iterates_content(template)
+        developer_role = template_names_developer_role(template)
         messages = [message.to_template_dict(content_parts, developer_role) for message in body.messages]
         template_options = tool_plan.template_options(body.template_options())
         return self.encoder.encode_chat(messages, "messages", body.add_special_tokens, keeps_end, **template_options)

@@ -36,7 +36,6 @@ _STRUCTURED_ALWAYS_ON = ("structured output (response_format, guided_json, regul
                          "through llguidance; there is nothing to choose")
 FOREIGN_FLAG_HINTS: Dict[str, str] = {
     "--tensor-parallel-size": "use --tp",
-    "--tensor_parallel_size": "use --tp",
     "-tp": "use --tp",
     "--pipeline-parallel-size": "pipeline parallelism is not supported; use --tp",
     "-pp": "pipeline parallelism is not supported; use --tp",
@@ -47,15 +46,11 @@ FOREIGN_FLAG_HINTS: Dict[str, str] = {
     "--download-dir": _LOCAL_CHECKPOINT,
     "--revision": _LOCAL_CHECKPOINT,
     "--max-model-len": "use --max_req_total_len",
-    "--max_model_len": "use --max_req_total_len",
     "--served-model-name": "use --model_name",
-    "--served_model_name": "use --model_name",
     "--dtype": "use --data_type",
     "--kv-cache-dtype": "the KV cache is kept in --data_type",
     "--max-num-seqs": "use --running_max_req_size",
-    "--max_num_seqs": "use --running_max_req_size",
     "--max-num-batched-tokens": "use --batch_max_tokens",
-    "--max_num_batched_tokens": "use --batch_max_tokens",
     # vLLM's share counts the whole GPU, weights included; --mem_fraction is a share of what the
     # weights and --reserved_memory_gb leave, so the same number sizes a larger cache here.
     "--gpu-memory-utilization": "use --mem_fraction (a share of the memory left after the weights and "
@@ -66,10 +61,8 @@ FOREIGN_FLAG_HINTS: Dict[str, str] = {
     "--tokenizer-mode": "use --tokenizer_mode",
     "--seed": "use --sampling_seed",
     "--enable-chunked-prefill": _CHUNKED_ON,
-    "--enable_chunked_prefill": _CHUNKED_ON,
     "--no-enable-chunked-prefill": "use --disable_chunked_prefill",
     "--enable-prefix-caching": _PREFIX_CACHE_ON,
-    "--enable_prefix_caching": _PREFIX_CACHE_ON,
     "--use_dynamic_prompt_cache": _PREFIX_CACHE_ON,
     "--no-enable-prefix-caching": "use --disable_dynamic_prompt_cache",
     "--enable-auto-tool-choice": "tool_choice 'auto' works whenever --tool_call_parser is given",
@@ -83,7 +76,6 @@ FOREIGN_FLAG_HINTS: Dict[str, str] = {
     "--quant_type": _NO_QUANTIZATION,
     "--quantization": _NO_QUANTIZATION,
     "-q": _NO_QUANTIZATION,
-    "--trust_remote_code": _NO_REMOTE_CODE,
     "--trust-remote-code": _NO_REMOTE_CODE,
     "--enable_multimodal": _NO_MULTIMODAL,
     "--graph_max_batch_size": _NO_CUDA_GRAPHS,
@@ -102,7 +94,6 @@ FOREIGN_FLAG_HINTS: Dict[str, str] = {
     "--zmq_mode": "the server's processes talk over local IPC sockets; there is nothing to choose",
     "--httpserver_workers": "one HTTP process serves every client; tokenization runs on its worker threads",
     "--load_way": "weights are read from the safetensors files in --model_dir",
-    "--disable_log_stats": _NO_STATS_LOG,
     "--log_stats_interval": _NO_STATS_LOG,
     "--metric_gateway": _NO_METRICS_PUSH,
     "--job_name": _NO_METRICS_PUSH,
