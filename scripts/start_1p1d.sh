@@ -192,7 +192,7 @@ stop_all() {
             sleep 0.2
         done
         if alive "$pid"; then
-            echo "process $pid did not exit in time; killing its process group" >&2
+            echo "process $pid did not exit in time; killing its process group" >&3
             kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
         fi
         [ -n "$pid" ] && wait "$pid" 2>/dev/null
@@ -204,6 +204,9 @@ on_signal() {
     stop_all
     exit 0
 }
+# The script's own stderr, for its messages: the serving loop below discards fd 2 (see there),
+# and stop_all may run inside it.
+exec 3>&2
 trap on_signal INT TERM
 trap stop_all EXIT
 
@@ -258,18 +261,22 @@ Press Ctrl-C to stop all three.
 EOF
 
 # Serve until the master exits or a signal arrives; a node that exits is reported once (the
-# master drops it and answers 503 until a node of that role registers again).
+# master drops it and answers 503 until a node of that role registers again).  The loop's own
+# stderr is discarded: bash reports a background job killed by a signal there ("line N: PID
+# Killed ..."), beside the warning below, which goes to the script's stderr (fd 3).
 reported_prefill=0
 reported_decode=0
-while alive "$MASTER_PID"; do
-    if [ "$reported_prefill" = 0 ] && ! alive "$PREFILL_PID"; then
-        echo "warning: the prefill node exited (log $LOG_DIR/prefill.log)" >&2; reported_prefill=1
-    fi
-    if [ "$reported_decode" = 0 ] && ! alive "$DECODE_PID"; then
-        echo "warning: the decode node exited (log $LOG_DIR/decode.log)" >&2; reported_decode=1
-    fi
-    sleep 1
-done
+{
+    while alive "$MASTER_PID"; do
+        if [ "$reported_prefill" = 0 ] && ! alive "$PREFILL_PID"; then
+            echo "warning: the prefill node exited (log $LOG_DIR/prefill.log)" >&3; reported_prefill=1
+        fi
+        if [ "$reported_decode" = 0 ] && ! alive "$DECODE_PID"; then
+            echo "warning: the decode node exited (log $LOG_DIR/decode.log)" >&3; reported_decode=1
+        fi
+        sleep 1
+    done
+} 2>/dev/null
 echo "the master exited (log $LOG_DIR/master.log)" >&2
 show_tail master
 exit 1
