@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import httpx
 import uvicorn
@@ -27,6 +27,9 @@ class MembershipMaster:
 
     def __init__(self, heartbeat_interval_s: float, max_missed_heartbeats: int = 3) -> None:
         self.registry = NodeRegistry(heartbeat_interval_s=heartbeat_interval_s, max_missed_heartbeats=max_missed_heartbeats)
+        # (node id, reason) of every node the registry dropped, in order.
+        self.dropped: List[Tuple[str, str]] = []
+        self.registry.add_drop_listener(lambda info, reason: self.dropped.append((info.node_id, reason)))
         sweeper = ExpirySweeper(self.registry)
 
         @asynccontextmanager

@@ -143,9 +143,10 @@ def test_an_incompatible_node_is_refused_and_exits_non_zero(tiny_llama_dir, tmp_
         master.stop()
 
 
-def test_sigterm_drains_the_node_and_the_master_hears_it_at_once(tiny_llama_dir, tmp_path) -> None:
+def test_sigterm_drains_the_node_the_master_hears_it_at_once_and_it_leaves(tiny_llama_dir, tmp_path) -> None:
     # The master's interval is far longer than the test: only the drain's own heartbeat can
-    # bring "draining", and the exited node stays listed long enough to read it.
+    # bring "draining", and only the node's deregistration can drop it while the test runs (the
+    # master drops by deregistration only a node that reported draining).
     master = MembershipMaster(heartbeat_interval_s=300)
     try:
         node = start_server(tiny_llama_dir, tmp_path, [
@@ -156,7 +157,8 @@ def test_sigterm_drains_the_node_and_the_master_hears_it_at_once(tiny_llama_dir,
         finally:
             code = node.stop(signal.SIGTERM)
         assert code == 0, node.log()[-3000:]
-        assert master.wait_node("p7")["state"] == "draining", node.log()[-3000:]
+        assert master.dropped == [("p7", "it stopped (it deregistered on its way out)")], node.log()[-3000:]
+        assert master.nodes() == []
         assert "draining" in node.log()
     finally:
         master.stop()

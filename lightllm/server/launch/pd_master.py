@@ -4,7 +4,7 @@ It reads the tokenizer and ``config.json`` of ``--model_dir`` (no weights), keep
 registry (``--pd_heartbeat_interval``, ``--pd_max_missed_heartbeats``) with its expiry sweeper,
 and serves, on ``--host:--port``, the public API (native and OpenAI) through
 :class:`~lightllm.server.pd.master.manager.PdMasterManager` plus the membership endpoints
-(``/pd/register``, ``/pd/heartbeat``, ``/pd/nodes`` with each node's state, load, in-flight
+(``/pd/register``, ``/pd/heartbeat``, ``/pd/deregister``, ``/pd/nodes`` with each node's state, load, in-flight
 requests and transfer pairs) and a ``/health`` that is 503 ``pd_not_ready`` until a prefill and a
 decode node are alive and serving.  Any number of prefill and decode nodes may register; each
 request is placed on a (P, D) pair by load and prefix affinity

@@ -235,7 +235,8 @@ class PdNodeRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._starter
         if self.client is not None:
-            await self.client.stop()
+            # The lifespan ends only when the server stops: the node leaves the cluster for good.
+            await self.client.stop(leave=True)
 
     # --- what the node tells the master --------------------------------------------------------
     def report(self) -> Dict[str, Any]:

@@ -39,7 +39,8 @@ DROP_BOUND_S = INTERVAL_S * (MISSED + 0.5)
 class Master:
     """A membership-only PD master served by uvicorn in a thread (a fresh registry per start)."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        self.interval_s = interval_s
         self.port: Optional[int] = None
         self.dropped: List[Tuple[str, str, float]] = []
         self._server: Optional[uvicorn.Server] = None
@@ -51,7 +52,7 @@ class Master:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        registry = NodeRegistry(heartbeat_interval_s=INTERVAL_S, max_missed_heartbeats=MISSED)
+        registry = NodeRegistry(heartbeat_interval_s=self.interval_s, max_missed_heartbeats=MISSED)
         registry.add_drop_listener(lambda info, reason: self.dropped.append((info.node_id, reason, time.monotonic())))
         sweeper = ExpirySweeper(registry)
 
@@ -243,6 +244,60 @@ def test_heartbeats_and_registrations_carry_load_and_state(master: Master) -> No
             response = http.post("/pd/register", json={**node("d1", "decode", port=9200).to_dict(), **bad})
             assert response.status_code == 400 and response.json()["error"]["param"] == param
         assert [entry["node_id"] for entry in http.get("/pd/nodes").json()["nodes"]] == ["d0", "p0"]
+
+
+def test_a_drained_node_that_stops_leaves_at_once_and_a_serving_one_by_the_silence_rule() -> None:
+    """A cleanly stopped node stayed listed and counted for interval x missed heartbeats (about 6 s).
+
+    The interval here is 60 s, so nothing is dropped by silence while the test runs: a drop can
+    only come from the deregistration.
+    """
+    master = Master(interval_s=60.0)
+    master.start()
+    states = {"p0": "serving", "d0": "serving"}
+
+    def client(node_id: str, role: str, port: int) -> PdNodeClient:
+        return PdNodeClient(master.url, node(node_id, role, port=port), report=lambda: {"state": states[node_id]})
+
+    async def scenario() -> None:
+        prefill, decode = client("p0", "prefill", 9000), client("d0", "decode", 9100)
+        for each in (prefill, decode):
+            each.start()
+            await each.wait_registered(10)
+        states["d0"] = "draining"
+        decode.beat_now()
+        async with httpx.AsyncClient(base_url=master.url, trust_env=False) as http:
+            async def decode_draining() -> bool:
+                nodes = {n["node_id"]: n for n in (await http.get("/pd/nodes")).json()["nodes"]}
+                return nodes["d0"]["state"] == "draining"
+
+            await _until(decode_draining, 10, "the decode node's draining heartbeat")
+            await decode.stop(leave=True)
+            (node_id, reason, _), = master.dropped
+            assert node_id == "d0" and "deregistered" in reason
+            nodes = (await http.get("/pd/nodes")).json()
+            assert [n["node_id"] for n in nodes["nodes"]] == ["p0"]
+            assert nodes["missing"] == ["no decode node registered"]
+
+            # Not draining (a node restarted under the same id registers as serving): it stays.
+            await prefill.stop(leave=True)
+            assert [n["node_id"] for n in (await http.get("/pd/nodes")).json()["nodes"]] == ["p0"]
+            assert len(master.dropped) == 1
+
+            # The endpoint itself.
+            answer = (await http.post("/pd/deregister", json={"node_id": "p0"})).json()
+            assert answer["dropped"] is False and "is serving, not draining" in answer["message"]
+            answer = (await http.post("/pd/deregister", json={"node_id": "zz"})).json()
+            assert answer == {"node_id": "zz", "dropped": False,
+                              "message": "node 'zz' is not registered with this master"}
+            for body, param in [({}, "node_id"), ({"node_id": 3}, "node_id"), ({"node_id": "p0", "x": 1}, "x")]:
+                response = await http.post("/pd/deregister", json=body)
+                assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        master.stop()
 
 
 def test_registering_with_a_server_that_is_no_master_is_refused_saying_so() -> None:

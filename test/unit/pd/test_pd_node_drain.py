@@ -21,7 +21,7 @@ from lightllm.server.launch.pd_node import PdNodeRuntime
 from lightllm.server.launch.supervisor import Supervisor
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.pd.node.service import PdNodeService
-from lightllm.server.pd.protocol.membership import HEARTBEAT_PATH, STATE_KEY
+from lightllm.server.pd.protocol.membership import DEREGISTER_PATH, HEARTBEAT_PATH, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 
 from pd_membership_support import node
@@ -142,6 +142,9 @@ def test_sigterm_sets_draining_tells_the_master_at_once_and_then_drains() -> Non
     # manager's shutdown error where a busy answer belongs.
     assert order == ["refuse_new_requests (service draining)"]
     assert "wait_until_idle" in manager.calls and "fail_pending" not in manager.calls
+    # Stopped for good, the drained node deregistered (the master drops it at once, not after
+    # its silence bound).
+    assert master.bodies[DEREGISTER_PATH] == [{"node_id": "d0"}]
 
 
 def test_stop_listeners_run_once_and_also_when_the_stop_is_immediate() -> None:

@@ -25,7 +25,7 @@ from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.launch.pd_node import node_report
 from lightllm.server.pd.node.registration_client import PdNodeClient
 from lightllm.server.pd.node.service import PdNodeService
-from lightllm.server.pd.protocol.membership import HEARTBEAT_PATH, LOAD_KEY, REGISTER_PATH, STATE_KEY
+from lightllm.server.pd.protocol.membership import DEREGISTER_PATH, HEARTBEAT_PATH, LOAD_KEY, REGISTER_PATH, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 
 from pd_node_stand_in import ThreadServer
@@ -39,11 +39,12 @@ class RecordingMaster:
     """Answers registrations and heartbeats at ``interval_s`` and keeps every body it got."""
 
     def __init__(self, interval_s: float, old: bool = False, forget_at_heartbeat: int = 0) -> None:
-        self.bodies: Dict[str, List[Dict[str, Any]]] = {REGISTER_PATH: [], HEARTBEAT_PATH: []}
+        self.bodies: Dict[str, List[Dict[str, Any]]] = {REGISTER_PATH: [], HEARTBEAT_PATH: [], DEREGISTER_PATH: []}
         # Answer this heartbeat (1-based; 0: none) with 404 unknown_node, as a master that dropped the node.
         self.forget_at_heartbeat = forget_at_heartbeat
         app = FastAPI()
-        allowed = {REGISTER_PATH: set(NodeInfo.__dataclass_fields__), HEARTBEAT_PATH: {"node_id"}}
+        allowed = {REGISTER_PATH: set(NodeInfo.__dataclass_fields__), HEARTBEAT_PATH: {"node_id"},
+                   DEREGISTER_PATH: {"node_id"}}
         answer = {"master_id": "m1", "heartbeat_interval_s": interval_s, "max_missed_heartbeats": 3,
                   "cluster_key": False}
 
@@ -56,6 +57,8 @@ class RecordingMaster:
                          "param": unknown[0], "code": None}
                 return JSONResponse({"error": error}, status_code=400)
             self.bodies[path].append(body)
+            if path == DEREGISTER_PATH:
+                return JSONResponse({"node_id": body["node_id"], "dropped": True, "message": "left"})
             if path == HEARTBEAT_PATH and len(self.bodies[path]) == self.forget_at_heartbeat:
                 error = {"message": f"node {body['node_id']!r} is not registered", "type": "not_found_error",
                          "param": "node_id", "code": "unknown_node"}
@@ -64,6 +67,8 @@ class RecordingMaster:
 
         app.add_api_route(REGISTER_PATH, accept, methods=["POST"])
         app.add_api_route(HEARTBEAT_PATH, accept, methods=["POST"])
+        if not old:
+            app.add_api_route(DEREGISTER_PATH, accept, methods=["POST"])
         self.server = ThreadServer(app)
         self.url = f"http://127.0.0.1:{self.server.port}"
 

@@ -14,6 +14,10 @@ Endpoints of :func:`membership_router` (JSON in and out; errors in the project's
   (``serving`` or ``draining``); a bad value is a 400 naming the field.  200 with the same body
   as a registration; 404 ``unknown_node`` when the master does not know the node (it was
   dropped, or the master restarted): the node registers again.
+* ``POST /pd/deregister`` -- body ``{"node_id": str}``: a draining node that stops leaves the
+  live set at once.  200 ``{"node_id", "dropped": bool, "message"}``: ``dropped`` false (with the
+  reason in ``message``) for a node the master does not know or that is not draining (a node
+  restarted under the same id keeps its new incarnation); the silence rule drops it later anyway.
 * ``GET /pd/nodes`` -- ``{"ready", "missing", "master_id", "heartbeat_interval_s",
   "max_missed_heartbeats", "nodes": [registration + "heartbeats", "last_heartbeat_age_s",
   "state", "load", "load_age_s" + what the master adds per node (``node_details``: its
@@ -35,6 +39,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.errors import INVALID_REQUEST, NOT_FOUND, SERVICE_UNAVAILABLE, APIError, invalid_request
 from lightllm.server.pd.protocol.membership import (
+    DEREGISTER_PATH,
     HEARTBEAT_PATH,
     LOAD_KEY,
     NODES_PATH,
@@ -158,6 +163,21 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
             return APIError(404, message, NOT_FOUND, "node_id", UNKNOWN_NODE_CODE).to_response()
         return JSONResponse(accepted(node_id))
 
+    async def deregister(request: Request) -> Response:
+        try:
+            body = await _json_object(request)
+        except APIError as exc:
+            return exc.to_response()
+        unknown = sorted(set(body) - {"node_id"})
+        if unknown:
+            return invalid_request(f"unknown deregistration field(s): {', '.join(unknown)}", unknown[0]).to_response()
+        node_id = body.get("node_id")
+        if not isinstance(node_id, str) or not node_id:
+            return invalid_request(f"node_id must be a non-empty string, got {node_id!r}", "node_id").to_response()
+        why_not = registry.leave(node_id)
+        message = why_not if why_not is not None else f"node {node_id!r} left the cluster"
+        return JSONResponse({"node_id": node_id, "dropped": why_not is None, "message": message})
+
     async def nodes() -> Response:
         listed = registry.snapshot()
         if node_details is not None:
@@ -175,6 +195,7 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
 
     router.add_api_route(REGISTER_PATH, register, methods=["POST"])
     router.add_api_route(HEARTBEAT_PATH, heartbeat, methods=["POST"])
+    router.add_api_route(DEREGISTER_PATH, deregister, methods=["POST"])
     router.add_api_route(NODES_PATH, nodes, methods=["GET"])
     return router
 

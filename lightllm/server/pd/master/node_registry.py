@@ -226,6 +226,22 @@ class NodeRegistry:
         self._drop(state, reason)
         return True
 
+    def leave(self, node_id: str) -> Optional[str]:
+        """Drop a node that says it is stopping; None when dropped, else why it was not.
+
+        Only a node that reported ``draining`` leaves this way: every node drains before it
+        stops, and a node restarted under the same id (its new incarnation registers as serving,
+        replacing the old one) must not be dropped by the old process's farewell.
+        """
+        state = self._nodes.get(node_id)
+        if state is None:
+            return f"node {node_id!r} is not registered with this master"
+        if state.state != STATE_DRAINING:
+            return (f"{state.info.describe()} is {state.state}, not draining: a node leaves only after it "
+                    "drained (a restarted node's new incarnation stays)")
+        self._drop(state, "it stopped (it deregistered on its way out)")
+        return None
+
     def expire(self) -> List[NodeInfo]:
         """Drop every node silent for longer than :attr:`expiry_s`; returns the dropped nodes."""
         now = self._clock()

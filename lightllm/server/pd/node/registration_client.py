@@ -20,7 +20,8 @@ Every registration and heartbeat carries what ``report`` returns (the node's ``"
 refuses fields it does not know with a 400 naming the field; the client then leaves them out
 for that master (until it registers again, perhaps with an upgraded master) rather than losing
 it.  :meth:`PdNodeClient.beat_now` sends the next heartbeat at once (a node that starts to
-drain tells the master without waiting for the interval).
+drain tells the master without waiting for the interval), and ``stop(leave=True)`` deregisters
+a stopping node, so a drained node leaves the master's list at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from lightllm.server.http.auth import cluster_key_headers
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.protocol.membership import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEREGISTER_PATH,
     DEFAULT_MAX_MISSED_HEARTBEATS,
     HEARTBEAT_PATH,
     LOAD_KEY,
@@ -54,6 +56,10 @@ class NodeRegistrationRefused(RuntimeError):
         super().__init__(message)
         self.code = code
 
+
+# How long a stopping node waits for the master to take its deregistration: the stop must not
+# hang on a master that does not answer (the silence rule drops the node then).
+DEREGISTER_TIMEOUT_S = 2.0
 
 # The fields ``report`` may add; a 400 naming one of them comes from a master that predates it.
 REPORT_FIELDS = (LOAD_KEY, STATE_KEY)
@@ -191,13 +197,20 @@ class PdNodeClient:
         self._beat_owed = True
         self._wake.set()
 
-    async def stop(self) -> None:
-        """Stop heartbeating (the master drops the node after its bound) and close the client."""
+    async def stop(self, leave: bool = False) -> None:
+        """Stop heartbeating and close the client.
+
+        ``leave``: the node is stopping for good; a registered node then tells the master, which
+        drops it at once if it reported ``draining`` (else after its silence bound, as a node
+        that stopped without ``leave`` is).
+        """
         self._stop.set()
         self._wake.set()
         task, self._task = self._task, None
         if task is not None:
             await task
+        if leave and self.registered and self.refusal is None:
+            await self._deregister()
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -241,6 +254,23 @@ class PdNodeClient:
             except Exception as exc:  # noqa: BLE001 - stopping anyway; the master expires the node
                 logger.warning("%s: last heartbeat to PD master %s failed: %s", self.info.describe(), self.master_url,
                                exc)
+
+    async def _deregister(self) -> None:
+        assert self._http is not None
+        try:
+            response = await self._http.post(DEREGISTER_PATH, json={"node_id": self.info.node_id},
+                                             timeout=min(self.heartbeat_interval_s, DEREGISTER_TIMEOUT_S))
+        except (httpx.HTTPError, OSError) as exc:
+            logger.warning("%s: could not deregister from PD master %s (%s); it drops the node when its "
+                           "heartbeats stop", self.info.describe(), self.master_url, exc)
+            return
+        if response.status_code != 200:
+            # An older master has no such path (404): its silence rule drops the node instead.
+            logger.info("%s: PD master %s did not take the deregistration (%s)", self.info.describe(),
+                        self.master_url, _error_of(response)[0])
+            return
+        body = response.json()
+        logger.info("%s: %s", self.info.describe(), body.get("message") if isinstance(body, dict) else body)
 
     def _report_fields(self, path: str) -> Dict[str, Any]:
         if not self._report_on[path] or self._report is None:

@@ -19,6 +19,9 @@ from typing import Any, Dict, Optional, Tuple
 REGISTER_PATH = "/pd/register"
 HEARTBEAT_PATH = "/pd/heartbeat"
 NODES_PATH = "/pd/nodes"
+# A draining node that stops says so on its way out (body ``{"node_id": str}``), so it leaves the
+# master's list and counts at once instead of after the missed heartbeats.
+DEREGISTER_PATH = "/pd/deregister"
 
 # The error code of a heartbeat from a node the master does not know (it restarted or dropped
 # the node): the node registers again.
