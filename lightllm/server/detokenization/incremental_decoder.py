@@ -113,7 +113,11 @@ class IncrementalDecoder:
             return self._release()
         if token_id in self.shown_ids:
             # Skipped special tokens decode to nothing, so leaving this one out of the window
-            # changes no neighbour's text; its own text is appended whole.
+            # changes no neighbour's text; its own text is appended whole, after the bytes of a
+            # character still held back (no token after a special token completes it: the
+            # tokenizer decodes them as U+FFFD before the special token's text).
+            if self.read_offset < len(self.ids):
+                self._advance(self._text_after_window(len(self.ids)), len(self.ids))
             self.text += self.tokenizer.decode([token_id], skip_special_tokens=False)
             return self._release()
         self.ids.append(token_id)

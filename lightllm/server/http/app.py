@@ -61,8 +61,8 @@ from lightllm.server.http.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
 from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
 from lightllm.server.http.openapi import install_request_schemas, request_body
-from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_token_ids, choice_jobs,
-                                           encoded)
+from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_min_tokens_fit,
+                                           check_token_ids, choice_jobs, encoded)
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
@@ -138,6 +138,8 @@ class NativeEndpoints:
         max_new = parameters.max_new_tokens
         if max_new is None:
             max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
+            check_min_tokens_fit(len(prompt_ids), parameters.min_new_tokens, self.manager.max_req_total_len,
+                                 prompt_noun="prompt", min_param="parameters.min_new_tokens")
         values = {**parameters.sampling_fields(self.manager.generation_defaults), "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",

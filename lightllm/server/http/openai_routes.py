@@ -39,6 +39,7 @@ from lightllm.server.http.openapi import request_body
 from lightllm.server.http.planning import (
     build_sampling_params,
     check_token_ids,
+    check_min_tokens_fit,
     completion_room,
     choice_jobs,
     encoded,
@@ -159,6 +160,8 @@ class OpenAIEndpoints:
                 max_new = requested
             else:
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
+                check_min_tokens_fit(len(prompt_ids), body.min_tokens, self.manager.max_req_total_len,
+                                     prompt_noun=prompt_param, min_param="min_tokens")
             # Checked as the client sent them first (their own width and range), then fitted.
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
                                            public_names)

@@ -122,13 +122,24 @@ def completion_room(
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                        f"{max_new_tokens} completion tokens ({tokens_param}), more than the whole context. Please "
                        f"reduce {tokens_param}.", INVALID_REQUEST, tokens_param, "context_length_exceeded")
+    check_min_tokens_fit(prompt_len, min_new_tokens, limit, prompt_noun=prompt_noun, min_param="min_tokens")
+    return min(max_new_tokens, limit - prompt_len)
+
+
+def check_min_tokens_fit(prompt_len: int, min_new_tokens: int, limit: int, *, prompt_noun: str, min_param: str
+                         ) -> None:
+    """Refuse a minimum completion length the room beside the prompt cannot hold, naming ``min_param``.
+
+    Also where the client sent no maximum: the default length is cut to the room, and "must be
+    <= max_tokens (14)" would name a maximum the client never sent.
+    """
     room = limit - prompt_len
-    if min_new_tokens > room:
+    # A prompt that fills the context gets its own refusal (check_prompt_leaves_room), whatever the minimum.
+    if 0 < room < min_new_tokens:
         raise APIError(400, f"This model's maximum context length is {limit} tokens and the {prompt_noun} holds "
-                       f"{prompt_len}, which leaves room for {room} completion tokens, fewer than min_tokens "
-                       f"({min_new_tokens}). Please reduce the length of the {prompt_noun} or min_tokens.",
-                       INVALID_REQUEST, "min_tokens", "context_length_exceeded")
-    return min(max_new_tokens, room)
+                       f"{prompt_len}, which leaves room for {room} completion tokens, fewer than {min_param} "
+                       f"({min_new_tokens}). Please reduce the length of the {prompt_noun} or {min_param}.",
+                       INVALID_REQUEST, min_param, "context_length_exceeded")
 
 
 def choice_jobs(prompt_index: int, prompt_ids: list[int], params: SamplingParams, candidates: int) -> list[ChoiceJob]:

@@ -81,6 +81,20 @@ def test_shown_ids_keep_the_eos_text_while_other_special_tokens_are_skipped(tiny
     assert text.count(tokenizer.eos_token) == 1 and "<|im_end|>" in text
 
 
+def test_a_shown_eos_comes_after_the_bytes_of_an_unfinished_character(tiny_llama_dir):
+    # The EOS text went in front of the held-back bytes: "<|im_end|>\ufffd" where the tokenizer
+    # decodes "\ufffd<|im_end|>".
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    eos = tokenizer.eos_token_id
+    character = tokenizer("語", add_special_tokens=False)["input_ids"]
+    assert len(character) > 1 and tokenizer.decode(character[:1]) == "\ufffd"  # a byte token
+    for ids in (character[:1] + [eos], [tokenizer("hi", add_special_tokens=False)["input_ids"][0]] + character[:2] + [eos]):
+        decoder = IncrementalDecoder(tokenizer, [1], shown_ids=[eos])
+        pieces = [decoder.add(t) for t in ids] + [decoder.flush()]
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=False), pieces
+        assert pieces[-2].endswith(tokenizer.eos_token)
+
+
 def _decode_request(tokenizer, ids, eos_ids=(), **options):
     """Text and stop reason of ``ids`` under a request's options, as the detokenizer decodes them."""
     decoder = request_decoder(tokenizer, [1], SamplingParams(**options), list(eos_ids))

@@ -212,6 +212,17 @@ def test_max_tokens_cut_to_the_room_the_prompt_leaves(client: TestClient, manage
                          "min_tokens", "context_length_exceeded")
     assert f"room for {64 - prompt_len} completion tokens" in error["message"]
     assert completion(client, prompt="a b", max_tokens=64, min_tokens=64 - prompt_len).status_code == 200
+    # Without max_tokens the default length is cut to the room too: the refusal names min_tokens
+    # and the room, not a max_tokens the client never sent ("must be <= max_tokens (10)").
+    prompt = " ".join(["word"] * 50)
+    room = 64 - len(manager.encode_prompt(prompt))
+    assert 0 < room < 16
+    for response, param in [(completion(client, prompt=prompt, min_tokens=room + 1), "min_tokens"),
+                            (client.post("/generate", json={"inputs": prompt, "parameters": {"min_new_tokens": room + 1}}),
+                             "parameters.min_new_tokens")]:
+        error = assert_error(response, 400, param, "context_length_exceeded")
+        assert f"leaves room for {room} completion tokens, fewer than {param} ({room + 1})" in error["message"]
+    assert completion(client, prompt=prompt, min_tokens=room).status_code == 200
 
 
 # ---------------------------------------------------------------- manager failures
