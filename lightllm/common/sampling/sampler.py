@@ -18,16 +18,19 @@ Processing order (each step works on a float32 copy; the caller's logits are nev
    structured-output grammar that allows only them): then that row keeps them;
 4. greedy rows take the arg-max here;
 5. temperature scaling (of each logit's distance to its row's largest, so that a tiny
-   temperature cannot overflow the largest ones into a tie); the returned log-probabilities are
-   ``log_softmax`` of this scaled distribution (``processed_logprobs``, the default; with
-   ``raw_logprobs`` they are ``log_softmax`` of the logits as the forward returned them), i.e. *before* min-p / top-k / top-p filtering (greedy rows use temperature 1);
+   temperature cannot overflow the largest ones into a tie); with ``scaled_logprobs`` (the
+   default) the returned log-probabilities are ``log_softmax`` of this scaled distribution,
+   *before* min-p / top-k / top-p filtering (greedy rows use temperature 1); with
+   ``raw_logprobs`` of the logits as the forward returned them;
 6. min-p filtering (tokens less likely than ``min_p`` times the most likely one are dropped),
    then top-k then top-p filtering (:func:`apply_top_k_top_p`), in vLLM's order: top-p's
    nucleus is then taken from the distribution min-p left, renormalised (after top-p the
    nucleus of ``min_p = 0.2, top_p = 0.3`` kept 7 tokens where vLLM keeps 1); then inverse-CDF
    sampling picks the token: with ``u ~ U(0, 1)`` per row, the first token whose cumulative
    probability exceeds ``u`` (times the total) is chosen, which selects token ``i`` with
-   probability ``probs[i]``.
+   probability ``probs[i]``; with ``processed_logprobs`` (vLLM's meaning) the returned
+   log-probabilities are ``log_softmax`` of this filtered distribution (a greedy row's: of its
+   distribution at temperature 1, unfiltered, as vLLM reports greedy rows).
 
 Seeded rows draw ``u`` from their own generator, seeded from ``(seed, tokens generated so
 far)``, so the draw a request gets does not depend on which other requests share the batch. The
@@ -54,7 +57,7 @@ from lightllm.common.sampling.logit_processors import (
     top_k_top_p_filtered,
     within_float32,
 )
-from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS, RAW_LOGPROBS
+from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES, PROCESSED_LOGPROBS, RAW_LOGPROBS
 from lightllm.common.sampling.sampler_output import SamplerOutput
 from lightllm.common.sampling.sampling_batch import SamplingBatch
 
@@ -66,19 +69,20 @@ class Sampler:
 
     Unseeded rows draw randomness from a generator owned by this sampler (one per device,
     seeded with ``seed`` when given, otherwise from the OS entropy pool).  ``logprobs_mode``
-    says what the returned logprobs describe: ``processed_logprobs`` (default, as LightLLM) the
-    distribution the token was drawn from (bias, penalties, masks and temperature applied, before
-    top-k / top-p); ``raw_logprobs`` (vLLM's default) the model's own, ``log_softmax`` of the
-    logits as the forward returned them.
+    says what the returned logprobs describe (:mod:`~lightllm.common.sampling.logprobs_mode`):
+    ``scaled_logprobs`` (default, as LightLLM) bias, penalties, masks and temperature applied,
+    before min-p / top-k / top-p; ``processed_logprobs`` (vLLM's) the filtered distribution the
+    token was drawn from; ``raw_logprobs`` (vLLM's default) the model's own, ``log_softmax`` of
+    the logits as the forward returned them.
     """
 
-    def __init__(self, seed: int | None = None, logprobs_mode: str = PROCESSED_LOGPROBS) -> None:
+    def __init__(self, seed: int | None = None, logprobs_mode: str = DEFAULT_LOGPROBS_MODE) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
         self._seed = seed
-        self._raw_logprobs = logprobs_mode == RAW_LOGPROBS
+        self._logprobs_mode = logprobs_mode
         self._generators: dict[torch.device, torch.Generator] = {}
         # Re-seeded for every seeded row; reseeding resets its whole state, so reusing one
         # generator draws exactly what a fresh one would, without creating one per row.
@@ -144,7 +148,7 @@ class Sampler:
             finite = processed.clamp(max=_FLOAT32_MAX)
             row_max = finite.amax(dim=-1, keepdim=True).clamp(min=-_FLOAT32_MAX)
             scaled = within_float32((finite - row_max) / batch.temperatures[:, None], masked)
-        if self._raw_logprobs:
+        if self._logprobs_mode == RAW_LOGPROBS:
             # A logit the forward overflowed to +inf is clamped as the greedy path does; a -inf
             # one is the model's own zero probability.
             logprobs = torch.log_softmax(raw.clamp(max=_FLOAT32_MAX), dim=-1)
@@ -154,7 +158,10 @@ class Sampler:
         if batch.all_greedy:
             next_ids = greedy_ids
         else:
-            probs = top_k_top_p_filtered(min_p_filtered(scaled, batch), batch).softmax(dim=-1)
-            sampled_ids = self._draw(probs, batch)
+            filtered = top_k_top_p_filtered(min_p_filtered(scaled, batch), batch)
+            sampled_ids = self._draw(filtered.softmax(dim=-1), batch)
             next_ids = torch.where(batch.greedy_mask, greedy_ids, sampled_ids)
+            if self._logprobs_mode == PROCESSED_LOGPROBS:
+                # Greedy rows keep their unfiltered distribution (filters do not apply to them).
+                logprobs = torch.where(batch.greedy_mask[:, None], logprobs, torch.log_softmax(filtered, dim=-1))
         return SamplerOutput.from_logprobs(next_ids, logprobs, batch.top_logprobs_counts)

@@ -11,8 +11,8 @@ import torch
 class SamplerOutput:
     """Result of one sampling step.
 
-    ``logprobs`` are log-softmax values of the penalised, temperature-scaled distribution
-    (before top-k / top-p).  ``top_logprob_ids`` / ``top_logprobs`` have width
+    ``logprobs`` are log-softmax values of the distribution ``--logprobs_mode`` names (by
+    default the penalised, temperature-scaled one, before min-p / top-k / top-p).  ``top_logprob_ids`` / ``top_logprobs`` have width
     ``max(top_logprobs_counts)``; row ``i`` asked for ``top_logprobs_counts[i]`` of them.
     """
 

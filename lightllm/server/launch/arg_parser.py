@@ -14,7 +14,7 @@ import sys
 from types import MappingProxyType
 from typing import FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
-from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS
+from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.launch.flag_roles import (
     EVERY_ROLE,
@@ -286,11 +286,14 @@ def make_argument_parser() -> argparse.ArgumentParser:
     add_flag(
         group, "--logprobs_mode", roles=MODEL_ROLES,
         choices=LOGPROBS_MODES,
-        default=PROCESSED_LOGPROBS,
-        help="What returned logprobs describe. processed_logprobs (default, as LightLLM): the distribution each token "
-        "was drawn from, with logit_bias, penalties, masks and temperature applied (before top-k/top-p/min-p). "
+        default=DEFAULT_LOGPROBS_MODE,
+        help="What returned logprobs describe. scaled_logprobs (default, as LightLLM): the distribution after "
+        "logit_bias, penalties, masks and temperature, before min-p/top-k/top-p. processed_logprobs (as vLLM's "
+        "value of that name): the distribution each token was drawn from, after every processor and the "
+        "min-p/top-k/top-p filters, renormalised (a filtered token is -inf; greedy rows: unfiltered, temperature 1). "
         "raw_logprobs (vLLM's default): the model's own distribution, log_softmax of its logits, whatever the "
-        "sampling parameters. Prompt logprobs are always raw. PD prefill and decode nodes must agree (the master refuses a node that differs).",
+        "sampling parameters. vLLM's raw_logits and processed_logits are not offered (the API's fields are "
+        "log-probabilities). Prompt logprobs are always raw. PD prefill and decode nodes must agree (the master refuses a node that differs).",
     )
     add_flag(
         group, "--generation_config", roles=PUBLIC_API,

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from lightllm.common.sampling.logprobs_mode import PROCESSED_LOGPROBS
+from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
@@ -84,7 +84,7 @@ class ModelRankConfig:
     # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
     sampling_seed: int
     # --logprobs_mode: what returned logprobs describe (see common/sampling/logprobs_mode.py).
-    logprobs_mode: str = PROCESSED_LOGPROBS
+    logprobs_mode: str = DEFAULT_LOGPROBS_MODE
     torch_threads: Optional[int] = None  # short-context decode forwards and everything else
     # Threads a forward borrows when its estimated work is at least wide_forward_ms_per_token per
     # token it streams; None: torch_threads. See model_rank/execution/forward_threads.py.

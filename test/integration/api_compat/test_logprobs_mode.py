@@ -1,5 +1,6 @@
-"""``--logprobs_mode``: processed logprobs (default) describe the distribution a token was drawn from,
-raw ones (vLLM's default) the model's own; both checked against transformers on real servers."""
+"""``--logprobs_mode``: scaled logprobs (default) describe the distribution before the top-k / top-p /
+min-p filters, processed ones (vLLM's meaning) the filtered one a token was drawn from, raw ones (vLLM's
+default) the model's own; each checked against transformers on real servers."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ def raw_server(tiny_llama_dir, tmp_path_factory):
     """A server that reports raw logprobs."""
     handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
                           ["--max_total_token_num", "8192", "--logprobs_mode", "raw_logprobs"])
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def processed_server(tiny_llama_dir, tmp_path_factory):
+    """A server that reports processed logprobs (vLLM's meaning)."""
+    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
+                          ["--max_total_token_num", "8192", "--logprobs_mode", "processed_logprobs"])
     yield handle
     handle.stop()
 
@@ -59,6 +69,34 @@ def test_raw_logprobs_are_the_models_and_processed_ones_the_drawn_distributions(
             assert sorted(top, key=lambda key: -top[key])[:3] == top_ids.tolist()
             assert [top[key] for key in top_ids.tolist()] == pytest.approx(values.tolist(), abs=ATOL)
     assert max(abs(a - b) for a, b in zip(raw_chosen, chosen)) > 0.1
+
+
+def test_processed_logprobs_are_the_filtered_distribution_a_token_was_drawn_from(processed_server, hf_model,
+                                                                               tokenizer):
+    # As vLLM's processed_logprobs: after bias and temperature, the top-k filter, renormalised;
+    # a filtered alternative is -inf (-9999.0 in JSON).
+    prompt_ids = tokenizer(PROMPT)["input_ids"]
+    bias_id = int(hf_model(torch.tensor([prompt_ids])).logits[0, -1].argsort()[-2])
+    body = {**BODY, "model": processed_server.model_name, "logit_bias": {str(bias_id): 3.0}, "top_k": 3,
+            "logprobs": 4}
+    logprobs = httpx.post(f"{processed_server.url}/v1/completions", json=body, timeout=60).json()["choices"][0][
+        "logprobs"]
+    ids = [int(token.split(":", 1)[1]) for token in logprobs["tokens"]]
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt_ids + ids[:-1]])).logits[0, len(prompt_ids) - 1:].float()
+    logits[:, bias_id] += 3.0
+    scaled = logits / 0.5
+    kept = scaled.topk(3)
+    filtered = torch.full_like(scaled, float("-inf")).scatter(1, kept.indices, kept.values)
+    expected = torch.log_softmax(filtered, dim=-1)
+    for row, token_id in enumerate(ids):
+        assert token_id in kept.indices[row].tolist()
+        assert logprobs["token_logprobs"][row] == pytest.approx(float(expected[row, token_id]), abs=ATOL)
+        top = {int(key.split(":", 1)[1]): value for key, value in logprobs["top_logprobs"][row].items()}
+        best = sorted(top, key=lambda key: -top[key])
+        assert best[:3] == kept.indices[row].tolist()
+        assert [top[key] for key in best[:3]] == pytest.approx(expected[row, best[:3]].tolist(), abs=ATOL)
+        assert top[best[3]] == -9999.0
 
 
 def test_a_grammar_masks_raw_logprobs_as_vllm_masks_them(raw_server, tiny_server):

@@ -183,12 +183,41 @@ def test_raw_logprobs_are_the_logits_own_and_the_draw_is_unchanged():
     params = [SamplingParams(temperature=0.5, seed=row, logprobs=4, logit_bias={3: 5.0}, repetition_penalty=1.3)
               for row in range(6)]
     batch = build(params, outputs=[[3, 7]] * 6, vocab=40)
-    processed = Sampler(0).sample(logits, batch)
+    scaled = Sampler(0).sample(logits, batch)
     raw = Sampler(0, "raw_logprobs").sample(logits, batch)
-    assert torch.equal(processed.next_token_ids, raw.next_token_ids)
+    assert torch.equal(scaled.next_token_ids, raw.next_token_ids)
     expected = torch.log_softmax(logits, dim=-1).gather(1, raw.next_token_ids[:, None]).squeeze(1)
     assert torch.allclose(raw.logprobs, expected, atol=1e-6)
-    assert not torch.allclose(processed.logprobs, expected, atol=1e-2)
+    assert not torch.allclose(scaled.logprobs, expected, atol=1e-2)
     assert torch.equal(raw.top_logprob_ids, logits.topk(4).indices)
-    with pytest.raises(ValueError, match="logprobs_mode must be one of processed_logprobs, raw_logprobs"):
+    with pytest.raises(ValueError, match="logprobs_mode must be one of scaled_logprobs, processed_logprobs, raw_logprobs"):
         Sampler(0, "raw_logits")
+
+
+def test_processed_logprobs_are_the_filtered_distribution_the_token_was_drawn_from():
+    """vLLM's processed_logprobs: after every processor and the top-k / top-p / min-p filters, renormalised.
+
+    The server's default (scaled_logprobs, LightLLM's) stops before the filters; the value that
+    vLLM users pass by name meant the scaled one here before, so a top-k-filtered token kept a
+    finite logprob where vLLM reports -inf.
+    """
+    torch.manual_seed(5)
+    logits = torch.randn(8, 40) * 2
+    params = [SamplingParams(temperature=0.7, top_k=3, seed=row, logprobs=4, logit_bias={3: 5.0},
+                             repetition_penalty=1.3) for row in range(6)]
+    params += [SamplingParams(temperature=0, top_k=3, logprobs=4), SamplingParams(temperature=0.7, logprobs=4)]
+    batch = build(params, outputs=[[3, 7]] * 8, vocab=40)
+    scaled = Sampler(0).sample(logits, batch)
+    processed = Sampler(0, "processed_logprobs").sample(logits, batch)
+    assert torch.equal(scaled.next_token_ids, processed.next_token_ids)
+    # Top-k rows: the three kept tokens share the whole probability, the fourth alternative is -inf.
+    kept = scaled.top_logprobs[:6, :3]
+    normaliser = torch.logsumexp(kept, dim=-1)
+    assert torch.allclose(processed.top_logprobs[:6, :3], kept - normaliser[:, None], atol=1e-5)
+    assert torch.equal(processed.top_logprob_ids[:6, :3], scaled.top_logprob_ids[:6, :3])
+    assert torch.isneginf(processed.top_logprobs[:6, 3]).all()
+    assert torch.allclose(processed.logprobs[:6], scaled.logprobs[:6] - normaliser, atol=1e-5)
+    # A greedy row is reported unfiltered (as vLLM reports greedy rows); a row without filters
+    # is the same in both modes.
+    assert torch.allclose(processed.top_logprobs[6:], scaled.top_logprobs[6:], atol=1e-6)
+    assert torch.allclose(processed.logprobs[6:], scaled.logprobs[6:], atol=1e-6)

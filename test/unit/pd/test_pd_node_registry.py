@@ -83,10 +83,11 @@ def test_incompatible_node_is_refused_naming_every_mismatched_field() -> None:
     for field, value in [("num_layers", 4), ("num_kv_heads", 4), ("head_dim", 32), ("logprobs_mode", "raw_logprobs")]:
         with pytest.raises(RegistrationRefused, match=f"{field}: {value!r} !="):
             registry.register(node("d0", "decode", port=9100, **{field: value}))
-    # A registration without the field (an older node) is a processed one.
+    # A registration without the field (an older node) reports what the default reports (what
+    # an older node's processed_logprobs meant: vLLM's value of that name is another one now).
     body = node("d0", "decode", port=9100).to_dict()
     del body["logprobs_mode"]
-    assert NodeInfo.from_dict(body).logprobs_mode == "processed_logprobs"
+    assert NodeInfo.from_dict(body).logprobs_mode == "scaled_logprobs"
     assert [info.node_id for info in registry.alive()] == ["p0"]
     registry.register(node("d0", "decode", port=9100))
     assert registry.ready
@@ -180,6 +181,24 @@ def test_drop_listener_errors_do_not_keep_a_dead_node() -> None:
     assert registry.unregister("p0", "operator removed it")
     assert seen == ["p0"] and registry.alive() == []
     assert registry.unregister("p0", "again") is False
+
+
+def test_only_a_draining_node_leaves_by_deregistering() -> None:
+    registry = NodeRegistry(clock=FakeClock())
+    seen = []
+    registry.add_drop_listener(lambda info, reason: seen.append((info.node_id, reason)))
+    registry.register(node("d0", "decode"))
+    assert "is serving, not draining" in registry.leave("d0")
+    assert seen == [] and [info.node_id for info in registry.alive()] == ["d0"]
+    registry.heartbeat("d0", node_state="draining")
+    assert registry.leave("d0") is None
+    assert seen == [("d0", "it stopped (it deregistered on its way out)")] and registry.alive() == []
+    assert registry.leave("d0") == "node 'd0' is not registered with this master"
+    # A node restarted under the same id replaces its draining incarnation as serving: the old
+    # process's deregistration, arriving after, leaves the new one in place.
+    registry.register(node("d1", "decode"), node_state="draining")
+    registry.register(node("d1", "decode"))
+    assert registry.leave("d1") is not None and [info.node_id for info in registry.alive()] == ["d1"]
 
 
 def test_registry_arguments_are_checked() -> None:

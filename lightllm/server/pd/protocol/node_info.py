@@ -16,7 +16,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from lightllm.common.basemodel.kv_head_split import kv_head_split_problem
-from lightllm.common.sampling.logprobs_mode import LOGPROBS_MODES, PROCESSED_LOGPROBS
+from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 PREFILL = RunMode.PREFILL.value
@@ -108,7 +108,7 @@ class NodeInfo:
     checkpoint_fingerprint: str = ""
     eos_token_ids: Optional[List[int]] = None
     max_req_total_len: Optional[int] = None
-    logprobs_mode: str = PROCESSED_LOGPROBS
+    logprobs_mode: str = DEFAULT_LOGPROBS_MODE
 
     def __post_init__(self) -> None:
         self.validate()
