@@ -94,6 +94,7 @@ def run_child(
     ready_conn: Any,
     body: Callable[[Callable[[], None]], None],
     refused: Tuple[Type[BaseException], ...] = (),
+    consequential: Callable[[BaseException], bool] = lambda exc: False,
 ) -> None:
     """Run a child process body; report readiness or the start-up error to the parent.
 
@@ -102,7 +103,9 @@ def run_child(
     the types in ``refused`` (a setting the child found it cannot honour, such as a model rank's
     explicit kernel backend), ``("refused", "<message>")``, which the launcher prints as is and
     exits 2 on, as if it had checked the flag itself.  After readiness exceptions are logged and
-    the process exits non-zero so the parent's supervisor notices.
+    the process exits non-zero so the parent's supervisor notices; one that ``consequential``
+    says follows another process's death (a TP rank's collective whose peer rank died) is logged
+    as one warning line, its traceback at debug level: the supervisor's line names the cause.
     """
     ignore_group_stop_signals()
     _exit_with_parent()
@@ -122,6 +125,10 @@ def run_child(
         elif not state["ready"]:
             ready_conn.send(("error", f"{name}: {type(exc).__name__}: {exc}"))
             log.debug("start-up failure\n%s", traceback.format_exc())
+        elif consequential(exc):
+            log.warning("%s stopped: %s (another process it works with exited; the supervisor's line names it)",
+                        name, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            log.debug("%s", traceback.format_exc())
         else:
             log.error("%s crashed: %s\n%s", name, exc, traceback.format_exc())
         os._exit(1)

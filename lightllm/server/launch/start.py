@@ -68,6 +68,7 @@ from lightllm.server.launch.plan import (
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.router.manager import router_process_main
 from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entry
+from lightllm.server.launch.child_readiness import StartingChild, StartupError, wait_for_children_ready
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
 from lightllm.server.launch.checkpoint_reading import check_weight_files, log_checkpoint_limits, read_checkpoint
@@ -91,10 +92,6 @@ log = logging.getLogger("lightllm.api_start")
 READY_TIMEOUT_SECONDS = 900.0
 # How long children get to exit after the stop signal before they are killed.
 CHILD_STOP_SECONDS = 2.0
-
-
-class StartupError(RuntimeError):
-    """The server could not start; the message is one line for the user."""
 
 
 @dataclass
@@ -192,33 +189,21 @@ def start_processes(
     apply_child_malloc_env(os.environ)
     ctx = mp.get_context("spawn")
     try:
-        pending = []
+        pending: List[StartingChild] = []
 
         def spawn(name: str, target: Any, config: Any) -> None:
             parent_conn, child_conn = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=target, args=(config, child_conn), name=name, daemon=False)
             proc.start()
             procs.children.append((name, proc))
-            pending.append((name, proc, parent_conn))
+            pending.append(StartingChild(name, proc, parent_conn))
 
         # Only the ranks load torch (docs/EN/architecture.md, "Which process loads torch").
         spawn("detokenization", functools.partial(torch_free_entry, detokenization_process_main), configs.detokenization)
         spawn("router", functools.partial(torch_free_entry, router_process_main), configs.router)
         for rank_config in configs.ranks:
             spawn(f"model_rank{rank_config.rank}", model_rank_entry, rank_config)
-        for name, proc, conn in pending:
-            if not conn.poll(READY_TIMEOUT_SECONDS):
-                raise StartupError(f"{name} did not report ready within {READY_TIMEOUT_SECONDS:.0f}s")
-            try:
-                kind, detail = conn.recv()
-            except EOFError:
-                raise StartupError(f"{name} exited during start-up (exit code {proc.exitcode})") from None
-            if kind == "refused":
-                # A rank refused a setting it checks itself (an explicit kernel backend): the same
-                # one line and exit code as a flag the launcher refuses.
-                raise ArgumentError(detail)
-            if kind != "ready":
-                raise StartupError(detail)
+        wait_for_children_ready(pending, READY_TIMEOUT_SECONDS)
         log.info("children ready: %s", ", ".join(f"{name} pid={proc.pid}" for name, proc in procs.children))
     except BaseException:
         procs.shutdown()

@@ -43,6 +43,7 @@ from lightllm.server.model_rank.step_publisher import StepPublisher
 from lightllm.server.model_rank.step_trace import StepTrace
 from lightllm.server.model_rank.tp_rendezvous import open_rendezvous_store
 from lightllm.utils.log_utils import init_logging
+from lightllm.server.model_rank.tp_peer_loss import lost_tp_peer
 from lightllm.utils.process_utils import run_child, zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
@@ -182,4 +183,5 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
         mark_ready()
         rank.serve_forever()
 
-    run_child(f"model_rank{config.rank}", ready_conn, body, refused=(AttentionBackendError, LinearBackendError))
+    run_child(f"model_rank{config.rank}", ready_conn, body, refused=(AttentionBackendError, LinearBackendError),
+              consequential=lost_tp_peer)
