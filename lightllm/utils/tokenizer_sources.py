@@ -65,12 +65,46 @@ def tokenizer_sources(model_dir: str | Path) -> List[str]:
     return sorted(found)
 
 
+def _check_readable(directory: Path, sources: List[str]) -> None:
+    """Refuse a tokenizer serialization or configuration file that cannot be parsed, naming it.
+
+    A download cut short left a ``tokenizer.json`` that failed only in the detokenizer, after
+    every process started, as ``detokenization: KeyError: 'added_tokens'`` (the file named
+    nowhere).  The ``tokenizers`` library parses a serialization in milliseconds and imports no
+    torch; the configuration files must be JSON objects.
+    """
+    from tokenizers import Tokenizer
+
+    for name in sources:
+        path = directory / name
+        if name.endswith(".json") and name not in VOCABULARY_NAMES and "tekken" not in name:
+            try:
+                Tokenizer.from_file(str(path))
+            except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
+                raise TokenizerFilesError(f"{path} cannot be read as a tokenizer ({str(exc).splitlines()[0][:200]}); "
+                                          f"copy the model's tokenizer files into the directory again") from None
+    for name in (TOKENIZER_CONFIG, "special_tokens_map.json"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise TokenizerFilesError(f"{path} is not valid JSON ({exc}); copy the model's tokenizer files into the "
+                                      f"directory again") from None
+        if not isinstance(value, dict):
+            raise TokenizerFilesError(f"{path} must hold a JSON object, got {type(value).__name__}")
+
+
 def check_tokenizer_sources(model_dir: str | Path) -> None:
     """Raise :class:`TokenizerFilesError` (one line naming the directory and what was looked for)
-    when ``model_dir`` holds no file a tokenizer can be built from."""
-    if tokenizer_sources(model_dir):
-        return
+    when ``model_dir`` holds no file a tokenizer can be built from, or one naming the file when a
+    tokenizer serialization or configuration file there cannot be parsed."""
     directory = Path(model_dir)
+    sources = tokenizer_sources(model_dir)
+    if sources:
+        _check_readable(directory, sources)
+        return
     configured = [name for name in (TOKENIZER_CONFIG, "special_tokens_map.json") if (directory / name).is_file()]
     held = (f", and its {' and '.join(configured)} only configure{'s' if len(configured) == 1 else ''} one"
             if configured else "")

@@ -179,7 +179,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default=None,
         help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
         "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md). "
-        "Refused with --max_total_token_num, which fixes the size.",
+        "Refused with --max_total_token_num, which fixes the size. At most 1e6.",
     )
     add_flag(group, "--running_max_req_size", roles=MODEL_ROLES, type=int, default=256, help="Most requests in the running batch at once. With mixed batches (a normal server's default) at most --batch_max_tokens: each decoding request takes one token of a step's budget.")
     add_flag(group, "--max_req_total_len", roles=EVERY_ROLE, type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context as vLLM derives max_model_len: max_position_embeddings, times the factor of linear and dynamic RoPE scaling (not llama3's), at most a sliding window. A larger value is served with a warning (vLLM refuses it); beyond a sliding window it is refused.")

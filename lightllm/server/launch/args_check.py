@@ -36,6 +36,14 @@ MIN_REQUEST_BODY_BYTES = 1024
 _ORIGIN = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:]+(:[0-9]{1,5})?$")
 
 
+# Upper bounds of float flags that are multiplied into integers (bytes, characters): a finite
+# 1e300 overflowed to infinity there and the start failed with a traceback. Far beyond any use:
+# a reserve above the machine's memory is refused anyway (no room for the KV cache), and no
+# tokenizer's token stands for a thousandth of this many characters.
+MAX_RESERVED_MEMORY_GB = 1e6
+MAX_PROMPT_CHARS_PER_TOKEN = 1e6
+
+
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
     """Refuse flags given to a role that does not read them, then a PD process's bad master address or node id."""
     refuse_flags_not_read(args)
@@ -117,8 +125,9 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         raise ArgumentError("--slot_wait_seconds must be a positive, finite number of seconds, "
                             f"got {args.slot_wait_seconds}")
     chars = args.prompt_chars_per_token
-    if chars is not None and not chars >= 0:
-        raise ArgumentError(f"--prompt_chars_per_token must be >= 0 (0 turns the check off), got {chars}")
+    if chars is not None and not 0 <= chars <= MAX_PROMPT_CHARS_PER_TOKEN:
+        raise ArgumentError(f"--prompt_chars_per_token must be in [0, {MAX_PROMPT_CHARS_PER_TOKEN:g}] (0 turns the "
+                            f"check off), got {chars}")
     for name in ("api_key", "admin_api_key"):
         for key in getattr(args, name) or ():
             if not key.strip() or key != key.strip():
@@ -155,8 +164,9 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
             raise ArgumentError(f"--{name} must be positive, got {value}")
     if not 0 < args.mem_fraction <= 1:
         raise ArgumentError(f"--mem_fraction must be in (0, 1], got {args.mem_fraction}")
-    if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb < float("inf"):
-        raise ArgumentError(f"--reserved_memory_gb must be a finite number >= 0, got {args.reserved_memory_gb}")
+    if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb <= MAX_RESERVED_MEMORY_GB:
+        raise ArgumentError(f"--reserved_memory_gb must be in [0, {MAX_RESERVED_MEMORY_GB:g}] GiB, got "
+                            f"{args.reserved_memory_gb}")
     seed = args.sampling_seed
     if seed is not None and not 0 <= seed < 2**64:
         raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")

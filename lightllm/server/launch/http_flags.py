@@ -29,7 +29,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
         "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
-        "of the tokenizer's vocabulary; 0 turns the check off.",
+        "of the tokenizer's vocabulary; 0 turns the check off; at most 1e6.",
     )
     add_flag(
         group, "--http_header_timeout", roles=EVERY_ROLE,

@@ -140,7 +140,21 @@ def _refusal(model_dir: Path, *flags: str) -> str:
     return lines[0]
 
 
+def _cut_tokenizer_json(source: Path, tmp_path: Path) -> Path:
+    model_dir = copy_checkpoint(source, tmp_path / "cut_tokenizer")
+    (model_dir / "tokenizer.json").write_text("{}")  # as a download cut short, then "repaired" by hand
+    return model_dir
+
+
+def _garbage_tokenizer_config(source: Path, tmp_path: Path) -> Path:
+    model_dir = copy_checkpoint(source, tmp_path / "garbage_config")
+    (model_dir / "tokenizer_config.json").write_text("garbage")
+    return model_dir
+
+
 @pytest.mark.parametrize("build, message", [
+    (_cut_tokenizer_json, "/cut_tokenizer/tokenizer.json cannot be read as a tokenizer (Model missing."),
+    (_garbage_tokenizer_config, "/garbage_config/tokenizer_config.json is not valid JSON (Expecting value"),
     (_bin_only, "only safetensors checkpoints are supported, and it holds pytorch_model.bin"),
     (_missing_shard, "names 1 file(s) missing from"),
     (_truncated_shard, "/truncated_shard/model-00002-of-00002.safetensors is truncated: its safetensors header places "

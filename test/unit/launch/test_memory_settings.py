@@ -128,8 +128,14 @@ def test_cpu_reserve_covers_processes_activations_and_a_share_of_the_machine(tin
 
 def test_reserved_memory_flag_is_validated_and_used_by_sizing(tiny_llama_dir):
     parser = make_argument_parser()
-    with pytest.raises(ArgumentError, match="--reserved_memory_gb must be a finite number >= 0"):
-        validate_args(parser.parse_args(["--model_dir", "m", "--reserved_memory_gb", "-1"]))
+    for value in ("-1", "1e300", "1000001"):
+        # 1e300 is finite, but times a GiB it overflowed to infinity: a traceback at start.
+        with pytest.raises(ArgumentError, match=r"--reserved_memory_gb must be in \[0, 1e\+06\] GiB"):
+            validate_args(parser.parse_args(["--model_dir", "m", "--reserved_memory_gb", value]))
+    for value in ("-1", "1e308"):
+        with pytest.raises(ArgumentError, match=r"--prompt_chars_per_token must be in \[0, 1e\+06\]"):
+            validate_args(parser.parse_args(["--model_dir", "m", "--prompt_chars_per_token", value]))
+    validate_args(parser.parse_args(["--model_dir", "m", "--prompt_chars_per_token", "1e6", "--reserved_memory_gb", "1e6"]))
     config = ModelConfig.from_dir(tiny_llama_dir)
     args = parser.parse_args(["--model_dir", str(tiny_llama_dir), "--reserved_memory_gb", "100000"])
     with pytest.raises(ArgumentError, match="--reserved_memory_gb"):
