@@ -136,12 +136,18 @@ class NativeEndpoints:
                            "set parameters.return_details to true", param="parameters.logprobs")
         prompt_ids = await self._prompt_ids(body)
         max_new = parameters.max_new_tokens
+        min_beyond_room = False
         if max_new is None:
             max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
-            check_min_tokens_fit(len(prompt_ids), parameters.min_new_tokens, self.manager.max_req_total_len,
-                                 prompt_noun="prompt", min_param="parameters.min_new_tokens")
+            if parameters.min_new_tokens > max_new == self.manager.max_req_total_len - len(prompt_ids):
+                # The default length was cut to the room the prompt leaves: the room refuses
+                # min_new_tokens below, not a max_new_tokens the client never sent.
+                max_new, min_beyond_room = parameters.min_new_tokens, True
         values = {**parameters.sampling_fields(self.manager.generation_defaults), "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
+        if min_beyond_room:
+            check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,
+                                 prompt_noun="prompt", min_param="parameters.min_new_tokens")
         check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
                              prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
         jobs = choice_jobs(0, prompt_ids, params, parameters.candidates)

@@ -38,8 +38,8 @@ from lightllm.server.http.openai_shapes import (
 from lightllm.server.http.openapi import request_body
 from lightllm.server.http.planning import (
     build_sampling_params,
-    check_token_ids,
     check_min_tokens_fit,
+    check_token_ids,
     completion_room,
     choice_jobs,
     encoded,
@@ -153,6 +153,7 @@ class OpenAIEndpoints:
         tokens_param = body.max_tokens_param()
         jobs = []
         for prompt_index, prompt_ids in enumerate(prompts):
+            min_beyond_room = False
             if requested == 0:
                 # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
                 max_new = 1
@@ -160,11 +161,16 @@ class OpenAIEndpoints:
                 max_new = requested
             else:
                 max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
-                check_min_tokens_fit(len(prompt_ids), body.min_tokens, self.manager.max_req_total_len,
-                                     prompt_noun=prompt_param, min_param="min_tokens")
+                if body.min_tokens > max_new == self.manager.max_req_total_len - len(prompt_ids):
+                    # The default length was cut to the room the prompt leaves: the room refuses
+                    # min_tokens below, not a max_tokens the client never sent.
+                    max_new, min_beyond_room = body.min_tokens, True
             # Checked as the client sent them first (their own width and range), then fitted.
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
                                            public_names)
+            if min_beyond_room:
+                check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,
+                                     prompt_noun=prompt_param, min_param="min_tokens")
             if requested == 0:
                 if len(prompt_ids) >= self.manager.max_req_total_len:
                     raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then "

@@ -223,6 +223,8 @@ def test_max_tokens_cut_to_the_room_the_prompt_leaves(client: TestClient, manage
         error = assert_error(response, 400, param, "context_length_exceeded")
         assert f"leaves room for {room} completion tokens, fewer than {param} ({room + 1})" in error["message"]
     assert completion(client, prompt=prompt, min_tokens=room).status_code == 200
+    # Even a min_tokens above the whole context is about the room, and names min_tokens.
+    assert_error(completion(client, prompt=prompt, min_tokens=65), 400, "min_tokens", "context_length_exceeded")
 
 
 # ---------------------------------------------------------------- manager failures
