@@ -20,6 +20,7 @@ BODY_LIMIT = 8_000_000
 CHARS_PER_TOKEN = 2000  # the tiny model's 1024-token context: prompts over 2,048,000 characters are refused unread
 HEADER_TIMEOUT = 2.0
 MAX_CONNECTIONS = 24
+PREPARING_PER_CLIENT = 4
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,7 @@ def server(tiny_llama_dir, tmp_path_factory) -> Iterator[ServerHandle]:
         "--max_total_token_num", "16384", "--max_request_body_bytes", str(BODY_LIMIT),
         "--prompt_chars_per_token", str(CHARS_PER_TOKEN), "--http_header_timeout", str(HEADER_TIMEOUT),
         "--http_max_connections", str(MAX_CONNECTIONS), "--api_key", USER, "--admin_api_key", ADMIN,
+        "--http_max_preparing_per_client", str(PREPARING_PER_CLIENT),
     ])
     yield handle
     handle.stop()
@@ -160,6 +162,39 @@ def test_connection_cap(server):
             sock.close()
     time.sleep(0.3)
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_clients_requests_beyond_its_share_wait_and_other_clients_do_not(server):
+    """--http_max_preparing_per_client: one client pipelining on many connections had every request
+    in the event loop at once, and others waited seconds behind it.
+
+    The client's places are held by requests whose bodies are still coming (a request is being
+    prepared until it reaches the engine); its next request, even one answered 401, waits for a
+    place, while another client address is answered at once.
+    """
+    host, port = _address(server)
+    holders = [socket.create_connection((host, port)) for _ in range(PREPARING_PER_CLIENT)]
+    try:
+        for sock in holders:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + USER.encode()
+                         + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+        time.sleep(1.0)
+        waiting = socket.create_connection((host, port))
+        waiting.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        # Another client address (loopback is all 127/8) is served while the first one waits.
+        other = socket.create_connection((host, port), source_address=("127.0.0.2", 0))
+        other.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        other.settimeout(30)
+        assert other.recv(4096).startswith(b"HTTP/1.1 401")
+        other.close()
+        assert not select.select([waiting], [], [], 1.0)[0], "the request beyond the client's share was answered"
+        holders[0].sendall(b"{}")  # one body completes (a 400): its place passes to the waiting request
+        waiting.settimeout(30)
+        assert waiting.recv(4096).startswith(b"HTTP/1.1 401")
+        waiting.close()
+    finally:
+        for sock in holders:
+            sock.close()
 
 
 def first_answers(socks: list[socket.socket], wanted: int, within: float) -> list[bytes]:

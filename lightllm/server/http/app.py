@@ -64,6 +64,7 @@ from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_min_tokens_fit,
                                            check_token_ids, choice_jobs, encoded)
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
+from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
@@ -315,6 +316,11 @@ def create_app(
         # answer the app gives (a 401, a 400) needs the headers for the page to read it.
         app.add_middleware(JsonErrorCorsMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], max_age=600)
+    if options.limits.max_preparing_per_client > 0:
+        # Outermost: a client's flood of cheap requests (401s and preflights included) waits in its
+        # own line before any other middleware spends time on it.
+        app.add_middleware(ClientShareMiddleware, share=ClientShare(options.limits.max_preparing_per_client),
+                           book=app.state.preparing)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
                                   TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])
     return app

@@ -25,6 +25,9 @@ Scope = Dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
 ADMISSION_KEY = "lightllm.admission"
+# A request's place among its client's requests being prepared (lightllm/server/http/client_share.py):
+# its release, called once the request reaches the engine.
+CLIENT_SHARE_KEY = "lightllm.client_share"
 
 
 @dataclass
@@ -66,10 +69,18 @@ def _admission(request: Any) -> Admission | None:
 
 
 def generation_started(request: Any) -> None:
-    """Called by a request manager once a generation of ``request`` (the client's connection, or None) is counted."""
+    """Called by a request manager once a generation of ``request`` (the client's connection, or None) is counted.
+
+    The request stops counting as preparing, for the drain and for its client's share of the
+    requests being prepared (a stream does not hold that place while it generates).
+    """
     admission = _admission(request)
     if admission is not None:
         admission.release()
+    scope = getattr(request, "scope", None)
+    release = scope.get(CLIENT_SHARE_KEY) if isinstance(scope, dict) else None
+    if release is not None:
+        release()
 
 
 def admitted_before(request: Any, moment: float) -> bool:

@@ -29,6 +29,9 @@ RESERVE_SHARE = 8
 RESERVE_MIN_CONNECTIONS = 16
 # File descriptors kept free for the server's own sockets, shared memory and logs.
 RESERVED_FILE_DESCRIPTORS = 256
+# Requests of one client address being prepared at once (--http_max_preparing_per_client): with
+# two tokenizer threads, enough for a proxy's many clients to keep tokenization busy.
+DEFAULT_MAX_PREPARING_PER_CLIENT = 16
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class HttpLimits:
     max_connections: int = 2048
     # None: half of max_connections, so one client cannot take every connection.
     max_connections_per_client: Optional[int] = None
+    # Requests of one client address being prepared at once (lightllm/server/http/client_share.py); 0: no limit.
+    max_preparing_per_client: int = DEFAULT_MAX_PREPARING_PER_CLIENT
 
     def __post_init__(self) -> None:
         if self.max_connections_per_client is None:
@@ -134,6 +139,7 @@ class HttpServerOptions:
             keep_alive_timeout=args.http_keep_alive_timeout,
             max_connections=args.http_max_connections,
             max_connections_per_client=args.http_max_connections_per_client,
+            max_preparing_per_client=args.http_max_preparing_per_client,
         )
         return cls(limits=limits, auth=AuthPolicy.from_args(args),
                    tool_call_parser=args.tool_call_parser,

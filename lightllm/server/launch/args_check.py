@@ -117,6 +117,9 @@ def _validate_http_args(args: argparse.Namespace) -> None:
     if per_client is not None and not 0 < per_client <= args.http_max_connections:
         raise ArgumentError(f"--http_max_connections_per_client must be in 1..--http_max_connections "
                             f"({args.http_max_connections}), got {per_client}")
+    if args.http_max_preparing_per_client < 0:
+        raise ArgumentError(f"--http_max_preparing_per_client must be >= 0 (0: no limit), got "
+                            f"{args.http_max_preparing_per_client}")
     for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout"):
         value = getattr(args, name)
         if value is not None and not value > 0:

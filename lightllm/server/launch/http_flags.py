@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from lightllm.server.http.server_options import DEFAULT_MAX_PREPARING_PER_CLIENT
 from lightllm.server.launch.flag_roles import EVERY_ROLE, MODEL_ROLES, PUBLIC_API, add_flag
 from lightllm.utils.one_line_errors import finite_float
 
@@ -63,6 +64,15 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Most open connections from one client address; one more gets 503 too_many_client_connections at once. "
         "Default: half of --http_max_connections. Behind a proxy every client shares the proxy's address: raise it.",
+    )
+    add_flag(
+        group, "--http_max_preparing_per_client", roles=EVERY_ROLE,
+        type=int,
+        default=DEFAULT_MAX_PREPARING_PER_CLIENT,
+        help="Most requests of one client address being read, checked and tokenized at once; a request stops "
+        "counting when it reaches the engine (a stream does not count while it generates). Further ones wait "
+        "their turn, none is refused: one client pipelining cheap requests on many connections cannot take the "
+        "event loop from the others. 0: no limit. Health probes, /metrics and the PD cluster's /pd/ paths do not count.",
     )
     add_flag(
         group, "--api_key", roles=EVERY_ROLE,

@@ -77,6 +77,11 @@ def test_an_invalid_per_client_limit_is_refused_in_one_line(tiny_llama_dir: Path
     assert proc.returncode == EXIT_INVALID_CONFIG
     assert [line for line in _lines(proc) if line.startswith("error:")] == [
         "error: --http_max_connections_per_client must be in 1..--http_max_connections (8), got 9"]
+    proc = _launch(["--model_dir", str(tiny_llama_dir), "--port", str(free_port()),
+                    "--http_max_preparing_per_client", "-1"])
+    assert proc.returncode == EXIT_INVALID_CONFIG
+    assert [line for line in _lines(proc) if line.startswith("error:")] == [
+        "error: --http_max_preparing_per_client must be >= 0 (0: no limit), got -1"]
 
 
 def test_loopback_names_and_binding() -> None:

@@ -1,0 +1,164 @@
+"""A per-client limit on requests being prepared at once, so one client's flood cannot take the event loop.
+
+The connection caps bound how many connections a client holds, not how much work it sends down
+them: a client that pipelined cheap requests (``GET /v1/models``, or anything answered 401) on a
+thousand keep-alive connections, never reading the answers, had a thousand requests in the HTTP
+process's event loop at every moment, and another client's 8-token ``/generate`` took 3 to 10 s
+instead of 0.035 s. Every loop iteration served one request of each connection.
+
+:class:`ClientShareMiddleware` lets at most ``limit`` requests of one client address (the TCP
+peer) be *prepared* at once: read, checked, tokenized, answered when they never reach the engine.
+A request stops counting once it reaches the engine (:func:`~lightllm.server.http.in_flight.generation_started`
+releases its place, so a client's streams do not count however long they run) or when it ends.
+Further requests of that client wait their turn in arrival order; none is refused, and the
+others' requests never wait behind them. With two tokenizer threads, sixteen places per client
+already keep tokenization busy, so a proxy (every client behind it has its address) loses
+nothing to the default.
+
+Not gated: health probes, ``/metrics`` (an operator's scraper must not queue behind a flood from
+its own host) and the PD cluster's ``/pd/`` paths, whose long streams from the one master address
+never reach this node's engine through the public handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Deque, Dict, Optional
+
+from fastapi.responses import JSONResponse
+
+from lightllm.server.http.auth import CLUSTER_PATH_PREFIX
+from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.health import PROBE_PATHS
+from lightllm.server.http.in_flight import CLIENT_SHARE_KEY, PreparingRequests
+from lightllm.server.http.log_throttle import IntervalGate
+
+Scope = Dict[str, Any]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+
+METRICS_PATH = "/metrics"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ClientPlaces:
+    """One client address's requests being prepared and the ones waiting for a place."""
+
+    active: int = 0
+    waiting: Deque[asyncio.Future] = field(default_factory=collections.deque)
+
+
+class ClientShare:
+    """At most ``limit`` requests per client address at once; the rest wait in arrival order."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.limit = limit
+        self._clients: Dict[str, _ClientPlaces] = {}
+        self._told = IntervalGate()
+
+    def active(self, client: str) -> int:
+        """Requests of ``client`` holding a place now."""
+        places = self._clients.get(client)
+        return places.active if places is not None else 0
+
+    def waiting(self, client: str) -> int:
+        """Requests of ``client`` waiting for a place."""
+        places = self._clients.get(client)
+        return len(places.waiting) if places is not None else 0
+
+    async def enter(self, client: str) -> Callable[[], None]:
+        """Wait for a place of ``client``; returns its release (idempotent)."""
+        places = self._clients.setdefault(client, _ClientPlaces())
+        if places.active < self.limit and not places.waiting:
+            places.active += 1
+            return self._release_of(client)
+        self._tell(client)
+        turn = asyncio.get_running_loop().create_future()
+        places.waiting.append(turn)
+        try:
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self._release_of(client)()  # the place was handed over as the wait was cancelled
+            else:
+                places.waiting.remove(turn)
+                self._forget_if_idle(client)
+            raise
+        return self._release_of(client)
+
+    def _release_of(self, client: str) -> Callable[[], None]:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            places = self._clients[client]
+            while places.waiting:
+                turn = places.waiting.popleft()
+                if not turn.done():
+                    turn.set_result(None)  # the place passes to the next request, active unchanged
+                    return
+            places.active -= 1
+            self._forget_if_idle(client)
+
+        return release
+
+    def _forget_if_idle(self, client: str) -> None:
+        places = self._clients.get(client)
+        if places is not None and places.active == 0 and not places.waiting:
+            del self._clients[client]
+
+    def _tell(self, client: str) -> None:
+        held = self._told.passes(time.monotonic())
+        if held is not None:
+            more = f" ({held} more such wait(s) since the last line)" if held else ""
+            log.warning("client %s has %d requests being prepared; its next ones wait their turn "
+                        "(--http_max_preparing_per_client)%s", client, self.limit, more)
+
+
+def _gated(scope: Scope) -> bool:
+    path = scope.get("path", "")
+    return not (path in PROBE_PATHS or path == METRICS_PATH or path.startswith(CLUSTER_PATH_PREFIX))
+
+
+class ClientShareMiddleware:
+    """Runs each HTTP request of a client address inside one of its :class:`ClientShare` places.
+
+    ``book``: the server's :class:`PreparingRequests`; a request still waiting for its place when
+    the server stops serving gets the stop's 503 instead of the HTTP server's plain-text 500.
+    """
+
+    def __init__(self, app: ASGIApp, share: ClientShare, book: Optional[PreparingRequests] = None) -> None:
+        self.app = app
+        self.share = share
+        self.book = book
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or not _gated(scope):
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        try:
+            release = await self.share.enter(address)
+        except asyncio.CancelledError:
+            if self.book is None or self.book.closing is None:
+                raise
+            message, code = self.book.closing
+            await JSONResponse(error_body(message, SERVICE_UNAVAILABLE, None, code), status_code=503,
+                               headers={"connection": "close"})(scope, receive, send)
+            return
+        scope[CLIENT_SHARE_KEY] = release
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            release()
