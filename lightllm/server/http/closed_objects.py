@@ -16,7 +16,7 @@ one object's keys between them.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Iterator, Optional
 
 # Keywords whose value is one subschema, a list of them, or a map of names to them.
 _ONE_SCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
@@ -56,3 +56,44 @@ def _close(node: Any, closable: bool = True) -> None:
         if isinstance(node.get(key), dict):
             for item in node[key].values():
                 _close(item)
+
+
+def _subschemas(node: dict) -> Iterator[Any]:
+    """The schemas directly inside ``node`` (data keywords are not schemas)."""
+    for key in _ONE_SCHEMA:
+        if isinstance(node.get(key), dict):
+            yield node[key]
+    for key in _SCHEMA_LISTS + ("allOf",):
+        if isinstance(node.get(key), list):
+            yield from node[key]
+    for key in _SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            yield from node[key].values()
+
+
+def unkept_min_properties(schema: Any) -> Optional[str]:
+    """Why a ``minProperties`` of ``schema`` (closed as :func:`closed_objects` closes it) cannot be
+    kept, or None.
+
+    A grammar cannot keep the keys of an object distinct where they are not named: one that takes
+    other keys (``additionalProperties``, ``patternProperties``, no ``properties`` at all) may write
+    the same key twice, and a JSON parser keeps one of them, so ``{"a": 1, "a": 2}`` met
+    ``minProperties: 2`` in the grammar and has one property once parsed. Only the required named
+    keys are sure to be distinct.
+    """
+    if not isinstance(schema, dict):
+        return None
+    least = schema.get("minProperties")
+    open_keys = "properties" not in schema or any(schema.get(key, False) is not False for key in _OPENING_KEYWORDS)
+    if isinstance(least, int) and not isinstance(least, bool) and open_keys:
+        named = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = {key for key in schema.get("required") or () if key in named}
+        if least > len(required):
+            return (f"minProperties {least} on an object that takes keys it does not name cannot be guaranteed: "
+                    f"generated keys may repeat, and a JSON parser keeps one of each (only its {len(required)} "
+                    f"required named properties are sure to be distinct); require named properties instead")
+    for inner in _subschemas(schema):
+        reason = unkept_min_properties(inner)
+        if reason is not None:
+            return reason
+    return None

@@ -17,7 +17,7 @@ import re
 from typing import Any, Optional
 
 from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
-from lightllm.server.http.closed_objects import closed_objects
+from lightllm.server.http.closed_objects import closed_objects, unkept_min_properties
 from lightllm.server.http.errors import invalid_request
 
 
@@ -82,27 +82,32 @@ def _no_output_reason(grammar: str) -> Optional[str]:
     return None
 
 
-def _compile(schema: Any, param: str) -> str:
+def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
     import llguidance
 
     if not isinstance(schema, dict):
         raise invalid_request("the JSON schema must be an object", param)
+    schema = closed_objects(schema)
+    unkept = unkept_min_properties(schema)
+    if unkept is not None:
+        raise invalid_request(f"invalid {what}: {unkept}", param)
     try:
         # Compact JSON (no free whitespace between tokens): a weak or random model cannot stall in
         # endless whitespace, and a bounded schema always ends within a bounded number of tokens.
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema),
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema,
                                                                 defaults={"whitespace_flexible": False})
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
         raise invalid_request(f"invalid JSON schema: {str(exc) or type(exc).__name__}", param) from None
-    return validated_grammar(grammar, param, "JSON schema")
+    return validated_grammar(grammar, param, what)
 
 
-def compile_json_schema(schema: Any, param: str) -> str:
-    """An llguidance grammar for JSON valid under ``schema`` (compact); 400 naming ``param`` if unusable.
+def compile_json_schema(schema: Any, param: str, what: str = "JSON schema") -> str:
+    """An llguidance grammar for JSON valid under ``schema`` (compact); 400 naming ``param`` (and
+    ``what`` the schema is) if unusable.
 
     Shared with tool calling (:mod:`lightllm.server.http.tool_calls.request`), which forces calls this way.
     """
-    return _compile(schema, param)
+    return _compile(schema, param, what)
 
 
 # OpenAI's rule for a response format's name (as for a function's).

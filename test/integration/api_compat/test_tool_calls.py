@@ -69,6 +69,47 @@ def test_required_and_named_force_valid_calls(tool_client, tool_server):
         assert named.choices[0].message.tool_calls[0].function.name == "get_time"
 
 
+# What pydantic (and the openai SDK's pydantic_function_tool) emits for nested models, a tool that
+# refers to its own root, and a tool without parameters (OpenAI: no arguments).
+ADDRESS = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+           "additionalProperties": False}
+PERSON_PARAMS = {"type": "object", "$defs": {"Address": ADDRESS},
+                 "properties": {"home": {"$ref": "#/$defs/Address"},
+                                "visited": {"type": "array", "items": {"$ref": "#/$defs/Address"}, "maxItems": 2}},
+                 "required": ["home", "visited"], "additionalProperties": False}
+NODE_PARAMS = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                "child": {"$ref": "#"}},
+               "required": ["v"], "additionalProperties": False}
+REFERRING_TOOLS = [{"type": "function", "function": {"name": "person", "parameters": PERSON_PARAMS}},
+                   {"type": "function", "function": {"name": "node", "parameters": NODE_PARAMS}},
+                   {"type": "function", "function": {"name": "ping"}}]
+REFERRING_SCHEMAS = {"person": PERSON_PARAMS, "node": NODE_PARAMS,
+                     "ping": {"type": "object", "properties": {}, "additionalProperties": False}}
+
+
+def test_required_resolves_each_tools_own_references(tool_client, tool_server):
+    """tool_choice "required" wrapped every tool's schema in its own array: "#/$defs/Address" was refused
+    (a pointer of the wrapper) and "#" silently meant the array of calls."""
+    seen = set()
+    for seed in range(6):
+        for parallel in (True, False):
+            done = tool_client.chat.completions.create(
+                model=tool_server.model_name, messages=MESSAGES, tools=REFERRING_TOOLS, tool_choice="required",
+                parallel_tool_calls=parallel, seed=seed, temperature=1.0, max_tokens=200)
+            if done.choices[0].finish_reason != "tool_calls":
+                continue  # a random model may run out of tokens in a deep recursive call
+            for call in done.choices[0].message.tool_calls:
+                seen.add(call.function.name)
+                jsonschema.validate(json.loads(call.function.arguments), REFERRING_SCHEMAS[call.function.name])
+    assert seen, "no call completed within max_tokens"
+    # Named, a tool without parameters takes no arguments too (it was any object there).
+    for seed in (1, 2):
+        named = tool_client.chat.completions.create(
+            model=tool_server.model_name, messages=MESSAGES, tools=REFERRING_TOOLS, seed=seed, temperature=1.0,
+            max_tokens=16, tool_choice={"type": "function", "function": {"name": "ping"}})
+        assert named.choices[0].message.tool_calls[0].function.arguments == "{}"
+
+
 def test_required_and_named_stream_tool_call_deltas(tool_client, tool_server):
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         chunks = list(tool_client.chat.completions.create(

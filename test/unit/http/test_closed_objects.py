@@ -7,6 +7,7 @@ import llguidance
 import pytest
 
 from lightllm.server.http.closed_objects import closed_objects
+from lightllm.server.http.errors import APIError
 from lightllm.server.http.response_format import _byte_tokenizer, compile_json_schema, response_format_grammar
 
 # As pydantic writes a model's schema: no additionalProperties.
@@ -54,3 +55,29 @@ def test_data_keywords_are_not_rewritten_and_the_input_is_not_changed():
     assert closed["additionalProperties"] is False
     assert closed["properties"]["p"] == {"const": {"properties": {}}, "default": {"properties": {}}}
     assert "additionalProperties" not in schema
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
+    {"type": "object", "minProperties": 1},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": True,
+     "minProperties": 2},
+    {"type": "object", "properties": {"inner": {"type": "object", "patternProperties": {"^x": {}},
+                                                "minProperties": 1}}},
+])
+def test_a_min_properties_the_grammar_cannot_keep_is_refused(schema):
+    """Keys an object does not name may repeat in the output ({"":0,"":4} met minProperties 2 and parses
+    to one property), so a minimum beyond the required named keys cannot be promised."""
+    with pytest.raises(APIError) as refused:
+        compile_json_schema(schema, "response_format.json_schema.schema")
+    assert refused.value.param == "response_format.json_schema.schema"
+    assert "minProperties" in str(refused.value) and "may repeat" in str(refused.value)
+
+
+def test_a_min_properties_met_by_required_named_keys_or_a_closed_object_is_kept():
+    for schema in ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"], "additionalProperties": True, "minProperties": 2},
+                   {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "minProperties": 1}):
+        grammar = compile_json_schema(schema, "x")
+        assert _accepts(grammar, '{"a":1,"b":2}')

@@ -211,7 +211,12 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
           "tool_choice": "none"}, "tools.0.function.parameters", "object"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-          "properties": {"a": {"type": "nonsense"}}}}}], "tool_choice": "required"}, "tools", "invalid JSON schema"),
+          "properties": {"a": {"type": "nonsense"}}}}}], "tool_choice": "required"}, "tools.0.function.parameters",
+         "invalid JSON schema"),
+        # The tool whose own schema is unusable is named, not the whole list.
+        ({"tools": [WEATHER_TOOL, {"type": "function", "function": {"name": "g", "parameters": {"type": "object",
+          "properties": {"a": {"$ref": "#/$defs/Missing"}}}}}], "tool_choice": "required"},
+         "tools.1.function.parameters", "invalid JSON schema"),
         ({"tools": [{"type": "function", "function": {"name": "f", "extra": 1}}], "tool_choice": "none"},
          "tools.0.function", "extra"),
         ({"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},

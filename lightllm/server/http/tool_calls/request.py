@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightllm.server.http.body import json_type_name
-from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.errors import APIError, invalid_request
 from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.response_format import compile_json_schema
 from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
@@ -36,6 +36,10 @@ FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 CHOICE_MODES = ("none", "auto", "required")
 PARSER_FLAG = "--tool_call_parser"
+
+
+# The arguments of a function that declares no parameters: OpenAI's "empty parameter list".
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,14 @@ class FunctionTool:
 
     @property
     def parameters_schema(self) -> dict[str, Any]:
-        """The arguments' JSON schema (any object when the tool gives none).
+        """The arguments' JSON schema (no arguments, ``{}``, when the tool gives none, as OpenAI defines it).
 
         Always typed as an object: many clients leave ``"type"`` out of a function's schema, and
         a grammar built from such a schema as written would allow any JSON value (a number, a
         string), which cannot be a call's arguments.
         """
         if self.parameters is None:
-            return {"type": "object"}
+            return dict(NO_ARGUMENTS)
         return self.parameters if "type" in self.parameters else {"type": "object", **self.parameters}
 
 
@@ -146,14 +150,57 @@ def parse_tool_choice(value: Any, tools: list[FunctionTool], tools_given: bool =
 
 
 def required_schema(tools: list[FunctionTool], parallel: bool) -> dict[str, Any]:
-    """The JSON schema of ``tool_choice: "required"``: a non-empty array of calls of the given functions."""
+    """The JSON schema of ``tool_choice: "required"``: a non-empty array of calls of the given functions.
+
+    Each tool's schema sits in the root's ``$defs`` with its own references rewritten to point
+    there: written inline, a tool's ``#/$defs/Addr`` (what pydantic and the openai SDK's
+    ``pydantic_function_tool`` emit) named a path of the wrapper that does not exist, and ``#``
+    (a recursive tool) meant the wrapper's array of calls.
+    """
+    defs = {_tool_key(index): _rooted(tool.parameters_schema, _tool_key(index)) for index, tool in enumerate(tools)}
     variants = [{"type": "object",
-                 "properties": {"name": {"const": tool.name}, "parameters": tool.parameters_schema},
-                 "required": ["name", "parameters"], "additionalProperties": False} for tool in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+                 "properties": {"name": {"const": tool.name}, "parameters": {"$ref": f"#/$defs/{_tool_key(index)}"}},
+                 "required": ["name", "parameters"], "additionalProperties": False} for index, tool in enumerate(tools)]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}, "$defs": defs}
     if not parallel:
         schema["maxItems"] = 1
     return schema
+
+
+# Keys whose values are JSON data, not schemas: a "$ref" inside them is data and stays as written.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def _tool_key(index: int) -> str:
+    return f"tool_{index}"
+
+
+def _rooted(schema: Any, key: str) -> Any:
+    """``schema`` with every local reference (``#...``) rewritten to start at ``#/$defs/<key>``."""
+    if isinstance(schema, list):
+        return [_rooted(item, key) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rooted: dict[str, Any] = {}
+    for name, value in schema.items():
+        if name == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rooted[name] = f"#/$defs/{key}{value[1:]}"
+        elif name in _DATA_KEYWORDS:
+            rooted[name] = value
+        else:
+            rooted[name] = _rooted(value, key)
+    return rooted
+
+
+def required_grammar(tools: list[FunctionTool], parallel: bool) -> str:
+    """The grammar of ``tool_choice: "required"``; a 400 names the tool whose schema is unusable."""
+    try:
+        return compile_json_schema(required_schema(tools, parallel), "tools", "schema of the tools' calls")
+    except APIError:
+        # Name the tool when one alone is unusable; the combined schema's own problem (its size) otherwise.
+        for index, tool in enumerate(tools):
+            compile_json_schema(tool.parameters_schema, f"tools.{index}.function.parameters")
+        raise
 
 
 @dataclass
@@ -223,7 +270,7 @@ def plan_tool_calls(body: Any, parser_name: str | None) -> ToolPlan:
         plan.parser = make_parser(parser_name)
     elif mode == "required":
         plan.parser = ForcedCallParser()
-        plan.grammar = compile_json_schema(required_schema(tools, parallel), "tools")
+        plan.grammar = required_grammar(tools, parallel)
     elif mode == "named":
         tool = next(tool for tool in tools if tool.name == named)
         index = tools.index(tool)
