@@ -150,6 +150,7 @@ class NodeStandIn:
         self._stopped = False
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
+        self.fail_generation = False  # P: the request fails alone in the rank (error_kind generation_failed)
         self.prefill_delay = 0.0  # P: seconds before the first token
         self.first_line_delay = 0.0  # P: seconds between handing the token to D and sending its line
         self.refuse_setup = False  # answer transfer_setup with a 500
@@ -318,6 +319,11 @@ class NodeStandIn:
             yield _token(first, "length", self.cached_tokens, prompt_logprobs=None)
             return
         key = (body["request_id"], body["segment_index"])
+        if self.fail_generation:
+            # As a real node words a request its rank ended with an error (a grammar that failed).
+            yield _line({"event": "error", "error_kind": "generation_failed",
+                         "message": f"request {body['request_id']} failed on the node while generating"})
+            return
         if self.fail_transfer:
             yield _token(first, None, self.cached_tokens, prompt_logprobs=None)
             self.epoch = None  # its transfer group is gone until the next setup

@@ -45,3 +45,10 @@ def test_tokens_and_segment_ends_are_unchanged():
     assert end.kind == "segment_end"
     (only_end,) = _translated(_event(-1, "segment_limit"))
     assert only_end.kind == "segment_end"
+
+
+def test_a_request_the_rank_failed_alone_is_a_generation_failure_and_an_abort_stays_internal():
+    (failed,) = _translated(_event(-1, "error"))
+    assert (failed.kind, failed.error_kind) == ("error", "generation_failed")
+    (aborted,) = _translated(_event(-1, "abort"))
+    assert (aborted.kind, aborted.error_kind) == ("error", "internal")

@@ -37,6 +37,7 @@ from lightllm.server.pd.master.node_streams import NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup
 from lightllm.server.pd.master.request_accounting import BUSY, RequestAccounting
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
+from lightllm.server.pd.protocol.node_events import GENERATION_FAILED
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.http.in_flight import generation_started
@@ -213,6 +214,14 @@ class PdMasterManager:
         except ClientGone:
             accounting.end("abort")
             log.info("request %d: the client went away; aborted on the nodes", request_id)
+        except PdRequestFailed as exc:
+            accounting.end(self._failure_reason(request_id, exc))
+            if exc.code != GENERATION_FAILED:
+                raise
+            # The request failed alone on a healthy node: it ends as a normal server's does, with
+            # an error event (the client's 500 generation_failed), not as a failed node's 503.
+            yield GenerationEvent(request_id, -1, "", 0.0, "error", len(prompt_ids), accounting.cached_tokens,
+                                  accounting.completion_tokens)
         except Exception as exc:
             accounting.end(self._failure_reason(request_id, exc))
             raise

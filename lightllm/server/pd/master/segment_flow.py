@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Collection, Dict, Set, Tuple
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
 from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
 from lightllm.server.pd.master.metrics import MasterMetrics
+from lightllm.server.pd.protocol.node_events import GENERATION_FAILED
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
 from lightllm.server.pd.master.node_selector import NodeSelector
 from lightllm.server.pd.master.node_streams import DECODE_PATH, PREFILL_PATH, STREAM_END, NodeCallError, NodeStreams
@@ -94,6 +95,10 @@ def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str
         pairs.invalidate(pair.epoch, f"{pair.node(role).describe()} reported its KV transfer broken")
     transfer = broken or line.get("error_kind") in TRANSFER_ERROR_KINDS
     message = str(line.get("message") or "no message")
+    if line.get("error_kind") == GENERATION_FAILED:
+        # This request failed alone on a healthy node: the client gets a normal server's answer.
+        return PdRequestFailed(f"request {run.request_id}: {pair.node(role).describe()}: {message}",
+                               GENERATION_FAILED, GENERATION_FAILED)
     return PdRequestFailed(
         f"request {run.request_id}: {pair.node(role).describe()} failed: {message}",
         "pd_transfer_failed" if transfer else "pd_node_failed",

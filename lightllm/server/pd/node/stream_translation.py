@@ -11,7 +11,8 @@ import dataclasses
 from typing import List, Mapping, Optional
 
 from lightllm.server.core.objs.io_messages import PdNotice
-from lightllm.server.pd.protocol.node_events import BUSY, ERROR, HANDED_OFF, SEGMENT_END, TOKEN, PdNodeEvent
+from lightllm.server.pd.protocol.node_events import (BUSY, ERROR, GENERATION_FAILED, HANDED_OFF, SEGMENT_END, TOKEN,
+                                                     PdNodeEvent)
 from lightllm.server.pd.protocol.outcomes import CLIENT_FINISH_REASONS, node_outcome
 from lightllm.server.request_manager import GenerationEvent
 
@@ -58,7 +59,11 @@ def translate(
     if client_finish:
         return out
     outcome = node_outcome(reason)
-    if outcome is None:  # "error", "abort" (a stop string never ends a PD node's request: the master decides)
+    if outcome is None and reason == "error":
+        # The rank failed this request alone (a grammar that cannot go on, ...); the node serves on.
+        out.append(error_event(f"request {request_id} failed on the node while generating (see the node's log)",
+                               GENERATION_FAILED))
+    elif outcome is None:  # "abort" (a stop string never ends a PD node's request: the master decides)
         out.append(error_event(f"request {request_id} ended on the node: {reason}", "internal"))
     elif outcome.event == HANDED_OFF:
         out.append(_with_transfer(PdNodeEvent(HANDED_OFF), notices.get(NOTICE_TRANSFERRED)))

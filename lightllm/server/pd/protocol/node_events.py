@@ -18,8 +18,11 @@ SEGMENT_END = "segment_end"  # decode node: the segment ended (reason), the requ
 HANDED_OFF = "handed_off"  # prefill node: the decode node acknowledged the KV; P released it
 ERROR = "error"
 
-# PdNodeEvent.error_kind values.
-ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal")
+# PdNodeEvent.error_kind values. "generation_failed": the node's model rank ended this request alone
+# with an error (its grammar failed, ...): the node is healthy, the client gets what a normal
+# server answers (500 generation_failed), not a node failure.
+GENERATION_FAILED = "generation_failed"
+ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal", GENERATION_FAILED)
 
 
 @dataclass
