@@ -308,19 +308,20 @@ def create_app(
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)
     app.add_middleware(ApiKeyMiddleware, policy=options.auth)
-    # Outermost: a request counts for a graceful drain from its first byte (lightllm/server/http/in_flight.py).
-    app.state.preparing = PreparingRequests()
-    app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     if options.allowed_origins:
-        # Outside everything: a browser's preflight carries no API key and no body, and every
+        # Outside the key check: a browser's preflight carries no API key and no body, and every
         # answer the app gives (a 401, a 400) needs the headers for the page to read it.
         app.add_middleware(JsonErrorCorsMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], max_age=600)
+    app.state.preparing = PreparingRequests()
     if options.limits.max_preparing_per_client > 0:
-        # Outermost: a client's flood of cheap requests (401s and preflights included) waits in its
-        # own line before any other middleware spends time on it.
+        # Outside CORS and the key check: a client's flood of cheap requests (preflights and 401s
+        # included) waits in its own line before any of them spends time on it.
         app.add_middleware(ClientShareMiddleware, share=ClientShare(options.limits.max_preparing_per_client),
                            book=app.state.preparing)
+    # Outermost: a request counts for a graceful drain from its first byte, also while it waits
+    # for its client's share (lightllm/server/http/in_flight.py).
+    app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
                                   TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])
     return app

@@ -88,8 +88,11 @@ class ClientShare:
             if turn.done() and not turn.cancelled():
                 self._release_of(client)()  # the place was handed over as the wait was cancelled
             else:
-                places.waiting.remove(turn)
-                self._forget_if_idle(client)
+                # A release in the same loop turn may have dropped the cancelled turn already.
+                if turn in places.waiting:
+                    places.waiting.remove(turn)
+                if self._clients.get(client) is places:
+                    self._forget_if_idle(client)
             raise
         return self._release_of(client)
 

@@ -72,7 +72,9 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         help="Most requests of one client address being read, checked and tokenized at once; a request stops "
         "counting when it reaches the engine (a stream does not count while it generates). Further ones wait "
         "their turn, none is refused: one client pipelining cheap requests on many connections cannot take the "
-        "event loop from the others. 0: no limit. Health probes, /metrics and the PD cluster's /pd/ paths do not count.",
+        "event loop from the others. 0: no limit. Health probes, /metrics and the PD cluster's /pd/ paths do not count. "
+        "Behind a proxy every client shares the proxy's address: the default keeps the two tokenizer threads busy; "
+        "raise it if the proxy forwards request bodies slowly.",
     )
     add_flag(
         group, "--api_key", roles=EVERY_ROLE,

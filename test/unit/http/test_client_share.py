@@ -119,3 +119,73 @@ def test_a_request_that_reached_the_engine_gives_its_place_back() -> None:
             assert (await generating).json() == {"generated": True}
 
     asyncio.run(scenario())
+
+
+def test_a_waiter_cancelled_while_a_place_is_released_in_the_same_turn_is_just_cancelled() -> None:
+    """At shutdown the server cancels every request: a holder's release ran before the cancelled
+    waiter resumed, dropped its turn, and the waiter then raised ValueError (a plain-text 500)."""
+    async def scenario() -> None:
+        share = ClientShare(1)
+        holder = await share.enter("a")
+        waiter = asyncio.ensure_future(share.enter("a"))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        holder()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert share.active("a") == 0 and share.waiting("a") == 0
+        (await share.enter("a"))()  # the client is served again
+
+    asyncio.run(scenario())
+
+
+def test_requests_waiting_for_their_clients_share_when_a_drain_begins_are_served_and_counted() -> None:
+    """The share sat outside the admission: a request still waiting for its place when SIGTERM came
+    was admitted after it, refused as new (503), and the drain did not wait for it."""
+    from starlette.requests import Request
+
+    from lightllm.server.http.in_flight import AdmissionMiddleware
+    from lightllm.server.request_gate import RequestGate
+
+    book, gate, go, results = PreparingRequests(), RequestGate(), asyncio.Event(), []
+
+    async def app(scope, receive, send) -> None:
+        await go.wait()  # being read and tokenized
+        try:
+            gate.check(Request(scope))
+            results.append("started")
+        except Exception as exc:  # noqa: BLE001 - what the request would answer is what the test reads
+            results.append(f"refused: {exc}")
+
+    # The order create_app gives them: the admission outermost, the share inside it.
+    stack = AdmissionMiddleware(ClientShareMiddleware(app, ClientShare(1), book), book)
+    scope = {"type": "http", "path": "/generate", "method": "POST", "client": ("10.0.0.1", 1), "headers": []}
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        pass
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(stack(dict(scope), receive, send))
+        second = asyncio.ensure_future(stack(dict(scope), receive, send))  # waits for the client's one place
+        await asyncio.sleep(0.01)
+        gate.drain("The server is shutting down", "server_shutting_down")
+        assert book.count == 2  # the drain waits for both
+        go.set()
+        await asyncio.gather(first, second)
+        assert results == ["started", "started"] and book.count == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_app_admits_a_request_before_it_waits_for_its_clients_share() -> None:
+    from api_fakes import FakeManager
+
+    from lightllm.server.http.app import create_app
+    from lightllm.server.http.cors import JsonErrorCorsMiddleware
+    from lightllm.server.http.in_flight import AdmissionMiddleware
+
+    order = [entry.cls for entry in create_app(FakeManager()).user_middleware]  # outermost first
+    assert order[:3] == [AdmissionMiddleware, ClientShareMiddleware, JsonErrorCorsMiddleware]
