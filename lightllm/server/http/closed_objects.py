@@ -16,13 +16,10 @@ one object's keys between them.
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-# Keywords whose value is one subschema, a list of them, or a map of names to them.
-_ONE_SCHEMA = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
-               "unevaluatedItems", "unevaluatedProperties", "propertyNames")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+from lightllm.server.http.schema_positions import subschemas
+
 _OPENING_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
@@ -40,35 +37,11 @@ def _close(node: Any, closable: bool = True) -> None:
         return
     if closable and isinstance(node.get("properties"), dict) and not any(key in node for key in _OPENING_KEYWORDS):
         node["additionalProperties"] = False
-    if isinstance(node.get("allOf"), list):
-        # The branches of allOf describe one object together: each closed on its own keys would
-        # refuse the keys the others declare, so only what lies inside them is closed.
-        for item in node["allOf"]:
-            _close(item, closable=False)
-    for key in _ONE_SCHEMA:
-        if isinstance(node.get(key), dict):
-            _close(node[key])
-    for key in _SCHEMA_LISTS:
-        if isinstance(node.get(key), list):
-            for item in node[key]:
-                _close(item)
-    for key in _SCHEMA_MAPS:
-        if isinstance(node.get(key), dict):
-            for item in node[key].values():
-                _close(item)
-
-
-def _subschemas(node: dict) -> Iterator[Any]:
-    """The schemas directly inside ``node`` (data keywords are not schemas)."""
-    for key in _ONE_SCHEMA:
-        if isinstance(node.get(key), dict):
-            yield node[key]
-    for key in _SCHEMA_LISTS + ("allOf",):
-        if isinstance(node.get(key), list):
-            yield from node[key]
-    for key in _SCHEMA_MAPS:
-        if isinstance(node.get(key), dict):
-            yield from node[key].values()
+    # The branches of allOf describe one object together: each closed on its own keys would
+    # refuse the keys the others declare, so only what lies inside them is closed.
+    branches = node.get("allOf") if isinstance(node.get("allOf"), list) else []
+    for inner in subschemas(node):
+        _close(inner, closable=not any(inner is branch for branch in branches))
 
 
 def unkept_min_properties(schema: Any) -> Optional[str]:
@@ -79,7 +52,7 @@ def unkept_min_properties(schema: Any) -> Optional[str]:
     other keys (``additionalProperties``, ``patternProperties``, no ``properties`` at all) may write
     the same key twice, and a JSON parser keeps one of them, so ``{"a": 1, "a": 2}`` met
     ``minProperties: 2`` in the grammar and has one property once parsed. Only the required named
-    keys are sure to be distinct.
+    keys are sure to be distinct, and one key (a non-empty object parses to at least one).
     """
     if not isinstance(schema, dict):
         return None
@@ -88,11 +61,13 @@ def unkept_min_properties(schema: Any) -> Optional[str]:
     if isinstance(least, int) and not isinstance(least, bool) and open_keys:
         named = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = {key for key in schema.get("required") or () if key in named}
-        if least > len(required):
+        # Any generated pair is one key once parsed, so a minimum of one always holds.
+        if least > max(len(required), 1):
             return (f"minProperties {least} on an object that takes keys it does not name cannot be guaranteed: "
                     f"generated keys may repeat, and a JSON parser keeps one of each (only its {len(required)} "
-                    f"required named properties are sure to be distinct); require named properties instead")
-    for inner in _subschemas(schema):
+                    f"required named properties, or one key, are sure to be distinct); require named properties "
+                    f"instead")
+    for inner in subschemas(schema):
         reason = unkept_min_properties(inner)
         if reason is not None:
             return reason

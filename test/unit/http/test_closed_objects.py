@@ -59,11 +59,11 @@ def test_data_keywords_are_not_rewritten_and_the_input_is_not_changed():
 
 @pytest.mark.parametrize("schema", [
     {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2},
-    {"type": "object", "minProperties": 1},
+    {"type": "object", "minProperties": 2},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": True,
      "minProperties": 2},
     {"type": "object", "properties": {"inner": {"type": "object", "patternProperties": {"^x": {}},
-                                                "minProperties": 1}}},
+                                                "minProperties": 2}}},
 ])
 def test_a_min_properties_the_grammar_cannot_keep_is_refused(schema):
     """Keys an object does not name may repeat in the output ({"":0,"":4} met minProperties 2 and parses
@@ -78,6 +78,8 @@ def test_a_min_properties_met_by_required_named_keys_or_a_closed_object_is_kept(
     for schema in ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                     "required": ["a", "b"], "additionalProperties": True, "minProperties": 2},
                    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                    "minProperties": 1}):
+                    "minProperties": 1},
+                   # A non-empty dictionary (pydantic's Dict[...] = Field(min_length=1)): one key always holds.
+                   {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}):
         grammar = compile_json_schema(schema, "x")
-        assert _accepts(grammar, '{"a":1,"b":2}')
+        assert _accepts(grammar, '{"a":1,"b":2}') and not _accepts(grammar, '{}')

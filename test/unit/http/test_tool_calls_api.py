@@ -312,3 +312,23 @@ def test_official_client_and_langchain_read_tool_calls() -> None:
     for chunk in chunks[1:]:
         merged = merged + chunk
     assert merged.tool_calls[0]["args"] == {"city": "Paris"}
+
+
+def test_required_rewrites_references_at_schema_positions_only() -> None:
+    """A property named like a data keyword ("default", "enum") holds a schema whose references move
+    with the tool; a "default" keyword's value is data and stays; a root "$id" is dropped (llguidance
+    resolved the moved pointers against it)."""
+    from lightllm.server.http.tool_calls.request import FunctionTool, required_grammar, required_schema
+
+    address = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    schema = {"$id": "https://example.com/person", "type": "object", "$defs": {"Address": address},
+              "properties": {"default": {"$ref": "#/$defs/Address"},
+                             "enum": {"type": "array", "items": {"$ref": "#"}, "maxItems": 0},
+                             "note": {"type": "object", "default": {"$ref": "#/kept/as/data"}}},
+              "required": ["default", "enum"]}
+    wrapped = required_schema([FunctionTool("person", schema, {})], True)["$defs"]["tool_0"]
+    assert "$id" not in wrapped
+    assert wrapped["properties"]["default"] == {"$ref": "#/$defs/tool_0/$defs/Address"}
+    assert wrapped["properties"]["enum"]["items"] == {"$ref": "#/$defs/tool_0"}
+    assert wrapped["properties"]["note"]["default"] == {"$ref": "#/kept/as/data"}
+    assert required_grammar([FunctionTool("person", schema, {})], True)

@@ -28,6 +28,7 @@ from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import APIError, invalid_request
 from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.response_format import compile_json_schema
+from lightllm.server.http.schema_positions import map_subschemas
 from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
 
 # OpenAI's limits on tools and function names.
@@ -157,7 +158,7 @@ def required_schema(tools: list[FunctionTool], parallel: bool) -> dict[str, Any]
     ``pydantic_function_tool`` emit) named a path of the wrapper that does not exist, and ``#``
     (a recursive tool) meant the wrapper's array of calls.
     """
-    defs = {_tool_key(index): _rooted(tool.parameters_schema, _tool_key(index)) for index, tool in enumerate(tools)}
+    defs = {_tool_key(index): _embedded(tool.parameters_schema, _tool_key(index)) for index, tool in enumerate(tools)}
     variants = [{"type": "object",
                  "properties": {"name": {"const": tool.name}, "parameters": {"$ref": f"#/$defs/{_tool_key(index)}"}},
                  "required": ["name", "parameters"], "additionalProperties": False} for index, tool in enumerate(tools)]
@@ -167,8 +168,9 @@ def required_schema(tools: list[FunctionTool], parallel: bool) -> dict[str, Any]
     return schema
 
 
-# Keys whose values are JSON data, not schemas: a "$ref" inside them is data and stays as written.
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Root keywords a tool's schema loses in the wrapper's $defs: an "$id" there made llguidance resolve
+# the rewritten pointers against it (the tool compiled alone and was refused under "required").
+_ROOT_ONLY_KEYWORDS = ("$id", "$schema")
 
 
 def _tool_key(index: int) -> str:
@@ -176,19 +178,27 @@ def _tool_key(index: int) -> str:
 
 
 def _rooted(schema: Any, key: str) -> Any:
-    """``schema`` with every local reference (``#...``) rewritten to start at ``#/$defs/<key>``."""
-    if isinstance(schema, list):
-        return [_rooted(item, key) for item in schema]
+    """``schema`` with every local reference (``#...``) rewritten to start at ``#/$defs/<key>``.
+
+    Only schema positions are visited (:mod:`lightllm.server.http.schema_positions`): a property
+    named ``default`` or ``enum`` holds a schema whose references move too, while a ``default``
+    keyword's value is data and stays as written.
+    """
     if not isinstance(schema, dict):
         return schema
-    rooted: dict[str, Any] = {}
-    for name, value in schema.items():
-        if name == "$ref" and isinstance(value, str) and value.startswith("#"):
-            rooted[name] = f"#/$defs/{key}{value[1:]}"
-        elif name in _DATA_KEYWORDS:
-            rooted[name] = value
-        else:
-            rooted[name] = _rooted(value, key)
+    rooted = map_subschemas(schema, lambda inner: _rooted(inner, key))
+    reference = schema.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#"):
+        rooted["$ref"] = f"#/$defs/{key}{reference[1:]}"
+    return rooted
+
+
+def _embedded(schema: Any, key: str) -> Any:
+    """A tool's schema as it sits in the wrapper's ``$defs`` under ``key``."""
+    rooted = _rooted(schema, key)
+    if isinstance(rooted, dict):
+        for keyword in _ROOT_ONLY_KEYWORDS:
+            rooted.pop(keyword, None)
     return rooted
 
 

@@ -1,0 +1,46 @@
+"""Where a JSON schema holds other schemas, so that walks over a schema visit schemas only.
+
+A schema's ``const``, ``enum``, ``default`` and ``examples`` hold JSON data, and the keys of its
+``properties`` are property names: a property called ``default`` or ``$ref`` is not a keyword.
+Walks that close objects (:mod:`lightllm.server.http.closed_objects`) or rewrite references
+(:mod:`lightllm.server.http.tool_calls.request`) go through :func:`map_subschemas` so that they
+follow the same positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator
+
+# Keywords whose value is one subschema, a list of them, or a map of names to them.
+ONE_SCHEMA_KEYWORDS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
+                       "unevaluatedItems", "unevaluatedProperties", "propertyNames")
+SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def subschemas(node: Dict[str, Any]) -> Iterator[Any]:
+    """The schemas directly inside the schema ``node``."""
+    for key in ONE_SCHEMA_KEYWORDS:
+        if isinstance(node.get(key), dict):
+            yield node[key]
+    for key in SCHEMA_LIST_KEYWORDS:
+        if isinstance(node.get(key), list):
+            yield from node[key]
+    for key in SCHEMA_MAP_KEYWORDS:
+        if isinstance(node.get(key), dict):
+            yield from node[key].values()
+
+
+def map_subschemas(node: Dict[str, Any], change: Callable[[Any], Any]) -> Dict[str, Any]:
+    """A shallow copy of the schema ``node`` with ``change`` applied to each schema directly inside it."""
+    mapped = dict(node)
+    for key in ONE_SCHEMA_KEYWORDS:
+        if isinstance(node.get(key), dict):
+            mapped[key] = change(node[key])
+    for key in SCHEMA_LIST_KEYWORDS:
+        if isinstance(node.get(key), list):
+            mapped[key] = [change(item) for item in node[key]]
+    for key in SCHEMA_MAP_KEYWORDS:
+        if isinstance(node.get(key), dict):
+            mapped[key] = {name: change(item) for name, item in node[key].items()}
+    return mapped
