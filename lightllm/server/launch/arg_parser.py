@@ -293,7 +293,9 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "min-p/top-k/top-p filters, renormalised (a filtered token is -inf; greedy rows: unfiltered, temperature 1). "
         "raw_logprobs (vLLM's default): the model's own distribution, log_softmax of its logits, whatever the "
         "sampling parameters. vLLM's raw_logits and processed_logits are not offered (the API's fields are "
-        "log-probabilities). Prompt logprobs are always raw. PD prefill and decode nodes must agree (the master refuses a node that differs).",
+        "log-probabilities). Prompt logprobs are always raw. PD prefill and decode nodes must agree (the master refuses a node that differs). "
+        "Before scaled_logprobs had its name, processed_logprobs meant it: a launch line that passed processed_logprobs "
+        "for LightLLM's numbers now passes scaled_logprobs.",
     )
     add_flag(
         group, "--generation_config", roles=PUBLIC_API,

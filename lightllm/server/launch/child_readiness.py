@@ -45,7 +45,27 @@ def _exit_line(child: StartingChild) -> str:
 
 
 def _dead_peers(children: List[StartingChild], besides: StartingChild) -> List[StartingChild]:
-    return [child for child in children if child is not besides and _died(child) and child.process.exitcode != 0]
+    """Children other than ``besides`` that died without a word (a kill, the OOM killer).
+
+    One that reported an error of its own before it exited is not a cause: it likely failed
+    because of ``besides``'s failure, whose message is the one to read.
+    """
+    return [child for child in children
+            if child is not besides and _died(child) and child.process.exitcode != 0 and not _reported(child)]
+
+
+def _reported(child: StartingChild) -> bool:
+    """Whether the exited ``child`` sent a message (read here: the start fails anyway).
+
+    Its pipe reads as ready at its end too, so only reading tells a message from the end.
+    """
+    if not child.conn.poll(0):
+        return False
+    try:
+        child.conn.recv()
+    except (EOFError, OSError):
+        return False
+    return True
 
 
 def wait_for_children_ready(children: List[StartingChild], timeout_s: float,
@@ -57,12 +77,14 @@ def wait_for_children_ready(children: List[StartingChild], timeout_s: float,
     """
     deadline = time.monotonic() + timeout_s
     waiting: Dict[Any, StartingChild] = {child.conn: child for child in children}
+    # Every child is watched until all are ready: one that reported ready and then died (the
+    # router, say) would otherwise be noticed only at the timeout, under another child's name.
+    sentinels = {child.process.sentinel: child for child in children}
     while waiting:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             names = ", ".join(child.name for child in waiting.values())
             raise StartupError(f"{names} did not report ready within {timeout_s:.0f}s")
-        sentinels = {child.process.sentinel: child for child in waiting.values()}
         woken = connection.wait(list(waiting) + list(sentinels), timeout=remaining)
         # Messages first: a child that reported its error and then exited must be heard.
         for conn in [item for item in woken if item in waiting]:
@@ -80,7 +102,8 @@ def wait_for_children_ready(children: List[StartingChild], timeout_s: float,
             raise StartupError(_with_dead_peer(children, child, str(detail), grace_s))
         for sentinel in [item for item in woken if item in sentinels]:
             child = sentinels[sentinel]
-            if child.conn in waiting and not child.conn.poll(0):
+            if child.conn not in waiting or not child.conn.poll(0):
+                # Exited before everyone was ready: after its ready message, or without one.
                 raise StartupError(_exit_line(_joined(child)))
 
 

@@ -24,6 +24,7 @@ TIMEOUT_S = 120.0
 
 def report_ready(conn: Any) -> None:
     conn.send(("ready", None))
+    time.sleep(3600)  # serves on, as a ready child does
 
 
 def never_report(conn: Any) -> None:
@@ -119,5 +120,44 @@ def test_a_refusal_is_an_argument_error_and_a_silent_child_times_out() -> None:
     try:
         with pytest.raises(StartupError, match=r"^never_report0 did not report ready within 1s$"):
             wait_for_children_ready(children, 1.0)
+    finally:
+        _stop(children)
+
+
+def report_ready_then_exit(conn: Any) -> None:
+    conn.send(("ready", None))
+    os._exit(1)
+
+
+def report_own_error_then_exit(conn: Any) -> None:
+    conn.send(("error", "model_rank1: RuntimeError: Connection closed by peer"))
+    os._exit(1)
+
+
+def report_cause_then_exit(conn: Any) -> None:
+    conn.send(("error", "model_rank0: ValueError: shard model-00002 is truncated"))
+    time.sleep(0.3)
+    os._exit(1)
+
+
+def test_a_child_that_died_after_it_reported_ready_ends_the_wait_under_its_name() -> None:
+    children = _start([report_ready_then_exit, never_report])
+    try:
+        with pytest.raises(StartupError) as err:
+            wait_for_children_ready(children, TIMEOUT_S)
+        assert str(err.value) == "report_ready_then_exit0 exited during start-up (exit code 1)"
+    finally:
+        _stop(children)
+
+
+def test_the_first_error_is_the_cause_when_the_dying_peer_reported_its_own() -> None:
+    # Rank 0 reports the real cause and exits; rank 1's collective fails next and it reports that
+    # too: rank 1 is not the one to blame.
+    children = _start([report_cause_then_exit, report_own_error_then_exit])
+    try:
+        with pytest.raises(StartupError) as err:
+            wait_for_children_ready(children, TIMEOUT_S, grace_s=2.0)
+        assert "shard model-00002 is truncated" in str(err.value) or "Connection closed by peer" in str(err.value)
+        assert "exited during start-up" not in str(err.value)
     finally:
         _stop(children)

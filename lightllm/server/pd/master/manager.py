@@ -218,7 +218,7 @@ class PdMasterManager:
             accounting.end(self._failure_reason(request_id, exc))
             if exc.code != GENERATION_FAILED:
                 raise
-            # The request failed alone on a healthy node: it ends as a normal server's does, with
+            # The node's rank ended the request with an error: it ends as on a normal server, with
             # an error event (the client's 500 generation_failed), not as a failed node's 503.
             yield GenerationEvent(request_id, -1, "", 0.0, "error", len(prompt_ids), accounting.cached_tokens,
                                   accounting.completion_tokens)

@@ -96,7 +96,7 @@ def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str
     transfer = broken or line.get("error_kind") in TRANSFER_ERROR_KINDS
     message = str(line.get("message") or "no message")
     if line.get("error_kind") == GENERATION_FAILED:
-        # This request failed alone on a healthy node: the client gets a normal server's answer.
+        # The node's rank ended the request with an error: the client gets a normal server's answer.
         return PdRequestFailed(f"request {run.request_id}: {pair.node(role).describe()}: {message}",
                                GENERATION_FAILED, GENERATION_FAILED)
     return PdRequestFailed(

@@ -60,7 +60,8 @@ def translate(
         return out
     outcome = node_outcome(reason)
     if outcome is None and reason == "error":
-        # The rank failed this request alone (a grammar that cannot go on, ...); the node serves on.
+        # The rank ended the request with an error (a grammar that cannot go on, a failed forward),
+        # as a normal server's rank does: the client gets that server's answer.
         out.append(error_event(f"request {request_id} failed on the node while generating (see the node's log)",
                                GENERATION_FAILED))
     elif outcome is None:  # "abort" (a stop string never ends a PD node's request: the master decides)

@@ -18,9 +18,9 @@ SEGMENT_END = "segment_end"  # decode node: the segment ended (reason), the requ
 HANDED_OFF = "handed_off"  # prefill node: the decode node acknowledged the KV; P released it
 ERROR = "error"
 
-# PdNodeEvent.error_kind values. "generation_failed": the node's model rank ended this request alone
-# with an error (its grammar failed, ...): the node is healthy, the client gets what a normal
-# server answers (500 generation_failed), not a node failure.
+# PdNodeEvent.error_kind values. "generation_failed": the node's model rank ended the request with
+# an error (its grammar failed, a forward failed): the client gets what a normal server answers
+# then (500 generation_failed), not a failed-node 503 (a dead node process is reported otherwise).
 GENERATION_FAILED = "generation_failed"
 ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal", GENERATION_FAILED)
 
