@@ -249,3 +249,48 @@ def test_backend_loop_with_hrrn_accounts_every_submitted_token() -> None:
     # Step 1: request 2 has waited 0 tokens (score 0) and 1 is ahead; its 30 tokens do not fit
     # beside a 64-token chunk.  Step 2: 64/30 beats 128/200, so the short prompt runs.
     assert served == [1, 1, 2, 1, 1]
+
+
+def _prompt(prefix: int, suffix: List[int]) -> List[int]:
+    return list(range(prefix)) + suffix
+
+
+def test_a_chunk_repeating_one_planned_this_step_waits_to_take_it_from_the_cache() -> None:
+    """A burst of prompts with a long common prefix computed every chunk of the prefix once per request
+    the budget had room for (8 x a 1500-token prefix: 3.2 times the prefix)."""
+    planner = StepPlanner(2048, 1024, defer_repeated_chunks=True)
+    first = InferReq(request_id=1, prompt_ids=_prompt(1500, [7, 8]))
+    same = InferReq(request_id=2, prompt_ids=_prompt(1500, [9]))
+    other = InferReq(request_id=3, prompt_ids=[5] + _prompt(1499, [9]))
+    plan = planner.plan([], [first, same, other], 100_000)
+    assert chunks(plan) == [(1, 0, 1024), (3, 0, 1024)] and ids(plan.skipped) == [2]
+    # Next step the repeat has adopted the chunk (cur_kv_len 1024): it is deferred again only
+    # while the first request's next chunk covers its tokens.
+    same.cur_kv_len = first.cur_kv_len = 1024
+    plan = planner.plan([], [first, same], 100_000)
+    assert chunks(plan) == [(1, 1024, 478)] and ids(plan.skipped) == [2]
+    # Without a prefix cache to adopt from (the default), nothing is deferred.
+    plan = StepPlanner(2048, 1024).plan([], [first, same], 100_000)
+    assert chunks(plan) == [(1, 1024, 478), (2, 1024, 477)]
+
+
+def test_the_head_and_requests_that_cannot_take_cached_tokens_are_never_deferred() -> None:
+    planner = StepPlanner(2048, 1024, defer_repeated_chunks=True)
+    first = InferReq(request_id=1, prompt_ids=_prompt(1500, [7]))
+    # A request at another position, or whose whole next chunk is its last token (one token is
+    # always computed), runs now.
+    later = InferReq(request_id=2, prompt_ids=_prompt(1500, [7]), cur_kv_len=1024)
+    short = InferReq(request_id=3, prompt_ids=_prompt(1, []))
+    plan = planner.plan([], [first, later, short], 100_000)
+    assert ids(plan.skipped) == [] and [c[0] for c in chunks(plan)] == [1, 2, 3]
+
+
+def test_a_shared_prefix_that_ends_inside_the_chunk_defers_when_it_is_half_of_it() -> None:
+    planner = StepPlanner(2048, 1024, defer_repeated_chunks=True)
+    first = InferReq(request_id=1, prompt_ids=_prompt(1500, list(range(5000, 5020))), cur_kv_len=1024)
+    # 476 of its 496 tokens are the first request's: it waits and computes only its own 20 later.
+    mostly = InferReq(request_id=2, prompt_ids=_prompt(1500, list(range(6000, 6020))), cur_kv_len=1024)
+    # 76 of 496: not worth a step.
+    barely = InferReq(request_id=3, prompt_ids=_prompt(1100, list(range(7000, 7420))), cur_kv_len=1024)
+    plan = planner.plan([], [first, mostly, barely], 100_000)
+    assert [c[0] for c in chunks(plan)] == [1, 3] and ids(plan.skipped) == [2]

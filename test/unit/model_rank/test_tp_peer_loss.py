@@ -22,27 +22,30 @@ def _rank(rank: int, port: int, results: Any) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
     tensor = torch.ones(4)
-    dist.all_reduce(tensor)  # both alive: the group works
     if rank == 1:
+        dist.all_reduce(tensor)  # both alive: the group works
         os._exit(0)  # the peer goes away without a word, as a killed rank does
     try:
+        # The first collective may itself meet the peer's exit (it leaves as soon as its own part is done).
         for _ in range(50):
             dist.all_reduce(tensor)
-        results.put(("no error", ""))
+        results.send(("no error", ""))
     except Exception as exc:  # noqa: BLE001 - the failure is what the test reads
-        results.put((lost_tp_peer(exc), str(exc)[:300]))
+        # A pipe's send is done when it returns; a queue's feeder thread would die with os._exit.
+        results.send((lost_tp_peer(exc), str(exc)[:300]))
     os._exit(0)
 
 
 def test_a_collective_whose_peer_died_is_recognised() -> None:
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results, sender = ctx.Pipe(duplex=False)
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(rank, port, results), daemon=True) for rank in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(rank, port, sender), daemon=True) for rank in (0, 1)]
     for proc in procs:
         proc.start()
     try:
-        recognised, message = results.get(timeout=120)
+        assert results.poll(120), "rank 0 reported nothing"
+        recognised, message = results.recv()
     finally:
         for proc in procs:
             proc.join(30)

@@ -204,10 +204,14 @@ class StepEngine:
 
         A burst of prompts with a common prefix then computes the prefix about once instead of
         once per request.  Tokens a request that has produced nothing yet takes from the cache
-        count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).
+        count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).  A
+        request that has just finished its prompt publishes it once more, in its first decoding
+        step: its last chunk would otherwise reach the cache only when the request ends, and
+        the requests waiting for that chunk (the planner's ``defer_repeated_chunks``) would
+        compute it again.  Decoding requests are not visited after that (a lookup per token).
         """
         for req in ready:
-            if req.state is _DECODING:
+            if req.state is _DECODING and len(req.output_ids) != 1:
                 continue
             gained = self.kv.share_prefix(req)
             if gained and not req.output_ids:

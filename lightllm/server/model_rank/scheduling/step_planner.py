@@ -46,7 +46,8 @@ class StepPlan:
         prefill_chunks: selected prefill chunks, in queue order.
         prefill_token_num: tokens submitted in the prefill run mode: the chunk tokens, plus one
             per decode request when ``mixed`` (decodes ride in the prefill forward).
-        skipped: prefill requests not selected this step (token budget or KV).
+        skipped: prefill requests not selected this step (token budget or KV, or a chunk that
+            repeats one planned for another request: see ``defer_repeated_chunks``).
         kv_starved_decode: decode requests for which no KV token was left; the backend pauses
             or retracts them.
         mixed: whether decode requests are part of the prefill forward.
@@ -85,6 +86,12 @@ class StepPlanner:
         mixed: decode rows ride in the prefill forward: they share its token budget and count
             as submitted tokens (the seed's rule for a mixed batch), and the engine runs one
             forward instead of two.
+        defer_repeated_chunks: a request (other than the head) at least half of whose next chunk
+            is the same tokens, after the same prefix, as a chunk already planned this step waits
+            for the next step and takes those tokens from the prefix cache then (the engine shares
+            computed prefixes between steps). Without it a burst of prompts with a long common prefix
+            computed each chunk of the prefix once per request the step had room for (8 prompts
+            with a 1500-token prefix: 3.2 times the prefix). Only with a prefix cache.
     """
 
     def __init__(
@@ -92,6 +99,7 @@ class StepPlanner:
         batch_max_tokens: int,
         chunked_prefill_size: Optional[int] = None,
         mixed: bool = False,
+        defer_repeated_chunks: bool = False,
     ) -> None:
         _require_int(batch_max_tokens, "batch_max_tokens", minimum=1)
         if chunked_prefill_size is not None:
@@ -105,6 +113,7 @@ class StepPlanner:
         self.batch_max_tokens = batch_max_tokens
         self.chunked_prefill_size = chunked_prefill_size or None
         self.mixed = mixed
+        self.defer_repeated_chunks = defer_repeated_chunks
 
     def plan(
         self,
@@ -159,6 +168,9 @@ class StepPlanner:
             if need > token_budget or need > kv_left:
                 plan.skipped.append(req)
                 continue
+            if position > 0 and self.defer_repeated_chunks and _repeats_a_planned_chunk(req, need, plan.prefill_chunks):
+                plan.skipped.append(req)
+                continue
             plan.prefill_chunks.append(PrefillChunk(req=req, start=req.cur_kv_len, token_num=need))
             token_budget -= need
             kv_left -= need
@@ -171,6 +183,42 @@ class StepPlanner:
 
         plan.prefill_token_num = chunk_token_sum + (len(plan.decode_reqs) if mixed else 0)
         return plan
+
+
+def _repeats_a_planned_chunk(req: InferReq, need: int, chunks: Sequence[PrefillChunk]) -> bool:
+    """Whether ``req`` should take its next tokens from a chunk planned this step, once computed.
+
+    Another request's chunk starts where ``req`` stands, after the same prefix, and holds the
+    same tokens as at least half of the ``need`` tokens ``req`` would compute now (as far as
+    ``req`` may take tokens from the cache): next step ``req`` adopts them instead of computing
+    them again now. A smaller overlap is not worth the step ``req`` would wait.
+    """
+    start = req.cur_kv_len
+    for chunk in chunks:
+        end = min(chunk.end, req.cacheable_prefix_len)
+        if chunk.start != start or end - start < (need + 1) // 2:
+            continue
+        other = chunk.req
+        # A cheap probe before comparing the prefixes (prompts of a burst that share nothing
+        # part at their first token).
+        if req.token_at(start) != other.token_at(start) or req.token_slice(0, start) != other.token_slice(0, start):
+            continue
+        if _shared_run_end(req, other, start, end) - start >= (need + 1) // 2:
+            return True
+    return False
+
+
+def _shared_run_end(req: InferReq, other: InferReq, start: int, end: int) -> int:
+    """The end of the run of equal tokens of ``req`` and ``other`` from ``start`` (at most ``end``);
+    a binary search over slice comparisons, so a 1024-token chunk costs about ten of them."""
+    low, high = start, end
+    while low < high:
+        middle = (low + high + 1) // 2
+        if req.token_slice(start, middle) == other.token_slice(start, middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def submit_prefill(plan: StepPlan, counter: ProcessedPrefillTokenCounter) -> int:
