@@ -11,7 +11,7 @@ from lightllm.utils.tokenizer_sources import check_tokenizer_sources
 from lightllm.utils.torch_free import quiet_transformers_without_torch
 
 
-def _sentencepiece_modules_missing(model_dir: str) -> List[str]:
+def sentencepiece_packages_missing(model_dir: str) -> List[str]:
     """Packages transformers needs for a checkpoint whose only tokenizer is ``tokenizer.model``
     and that are not installed (empty when the checkpoint has a ``tokenizer.json`` too)."""
     directory = Path(model_dir)
@@ -48,7 +48,7 @@ def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=use_fast, local_files_only=True,
                                                   trust_remote_code=False)
     except Exception as exc:
-        missing = _sentencepiece_modules_missing(model_dir)
+        missing = sentencepiece_packages_missing(model_dir)
         if not missing:
             raise
         # transformers names the missing packages in a warning lines before, then fails on an

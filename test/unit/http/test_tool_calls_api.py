@@ -332,3 +332,11 @@ def test_required_rewrites_references_at_schema_positions_only() -> None:
     assert wrapped["properties"]["enum"]["items"] == {"$ref": "#/$defs/tool_0"}
     assert wrapped["properties"]["note"]["default"] == {"$ref": "#/kept/as/data"}
     assert required_grammar([FunctionTool("person", schema, {})], True)
+
+
+def test_a_null_description_is_left_out_as_every_null_field_is() -> None:
+    client, manager = make_client(["x"], parser=None)
+    tool = {"type": "function", "function": {"name": "f", "description": None, "parameters": None, "strict": None}}
+    assert chat(client, tools=[tool], tool_choice="none").status_code == 200
+    assert_error(chat(client, tools=[{"type": "function", "function": {"name": "f", "description": 3}}],
+                      tool_choice="none"), 400, "tools.0.function.description")

@@ -170,6 +170,23 @@ def test_the_launcher_refuses_unreadable_checkpoint_files_before_anything_starts
     assert message in line, line
 
 
+def test_a_sentencepiece_only_checkpoint_without_its_packages_is_refused_before_anything_starts(
+        tiny_llama_dir, tmp_path, monkeypatch):
+    """The detokenizer found the missing packages after the weights loaded and every process started."""
+    from lightllm.server.launch.checkpoint_reading import read_checkpoint
+    from lightllm.utils import tokenizer_utils
+
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "sentencepiece_only")
+    remove_tokenizer(model_dir)
+    (model_dir / "tokenizer.model").write_bytes(b"\x0a\x05hello")  # only its name is read at start
+    # This machine has both packages; the check is what reads their absence.
+    monkeypatch.setattr(tokenizer_utils, "_importable", lambda module: module != "google.protobuf")
+    args = make_argument_parser().parse_args(["--model_dir", str(model_dir)])
+    with pytest.raises(ValueError, match=r"has only a SentencePiece tokenizer.model \(no tokenizer.json\), which "
+                                         r"transformers reads with the protobuf package\(s\): pip install protobuf$"):
+        read_checkpoint(args)
+
+
 def test_the_pd_master_refuses_a_checkpoint_without_tokenizer_files(tiny_llama_dir, tmp_path):
     line = _refusal(_no_tokenizer(tiny_llama_dir, tmp_path), "--run_mode", "pd_master")
     assert line.startswith(f"error: no tokenizer files in {tmp_path / 'no_tokenizer'}: looked for tokenizer.json"), line

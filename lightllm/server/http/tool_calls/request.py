@@ -89,7 +89,8 @@ def parse_tools(value: Any) -> list[FunctionTool]:
                                   f"{param}.function.name")
         if any(tool.name == name for tool in tools):
             raise invalid_request(f"tools holds two functions named {name!r}", f"{param}.function.name")
-        if "description" in function and not isinstance(function["description"], str):
+        # null is leaving it out, as on every known field (OpenAI's SDKs send explicit nulls).
+        if function.get("description") is not None and not isinstance(function["description"], str):
             raise invalid_request(f"{param}.function.description must be a string", f"{param}.function.description")
         if "strict" in function and not isinstance(function["strict"], (bool, type(None))):
             raise invalid_request(f"{param}.function.strict must be a boolean", f"{param}.function.strict")
