@@ -113,6 +113,17 @@ def encode_chat_messages(
         raise UnreadMessageFieldError(
             f"messages[{named[0]}].name has no effect: this model's chat template does not read message names; "
             "omit name (or start the server with a --chat_template that uses it)", f"messages.{named[0]}.name")
+    if len(named) > 1:
+        # A template may read names for some roles only (a tool message's): one name it reads
+        # hid the ones it drops, so each is checked on its own (one render per named message).
+        for index in named:
+            alone = [_without_name(message) if position == index else message
+                     for position, message in enumerate(messages)]
+            if render(alone) == text:
+                role = messages[index].get("role")
+                raise UnreadMessageFieldError(
+                    f"messages[{index}].name has no effect: this model's chat template does not read the name of "
+                    f"a {role} message; omit it there", f"messages.{index}.name")
     _check_variables_read(tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
                           text)
     # The template writes BOS itself when it wants one; encode without adding another.

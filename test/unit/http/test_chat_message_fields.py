@@ -79,3 +79,15 @@ def test_a_name_the_template_ignores_is_refused(tokenizer) -> None:
     assert refused.value.param == "messages.1.name"
     reads_names = "{% for m in messages %}{{ m.name or m.role }}: {{ m.content }}\n{% endfor %}"
     assert _text(tokenizer, messages, reads_names) == "user: hi\nbob: yo\n"
+
+
+def test_a_name_dropped_for_its_role_is_refused_though_another_role_reads_names(tokenizer) -> None:
+    """A template that prints names of tool messages only: the tool's name hid the user's, which was
+    dropped without a word."""
+    tool_names = ("{% for m in messages %}{{ m.role }}{% if m.role == 'tool' %} {{ m.name }}{% endif %}: "
+                  "{{ m.content }}\n{% endfor %}")
+    messages = [{"role": "user", "content": "hi", "name": "alice"}, {"role": "tool", "content": "12", "name": "clock"}]
+    with pytest.raises(UnreadMessageFieldError, match=r"messages\[0\]\.name has no effect.*a user message") as refused:
+        _text(tokenizer, messages, tool_names)
+    assert refused.value.param == "messages.0.name"
+    assert _text(tokenizer, [{"role": "user", "content": "hi"}, messages[1]], tool_names) == "user: hi\ntool clock: 12\n"
