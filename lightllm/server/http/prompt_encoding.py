@@ -183,9 +183,13 @@ class PromptEncoder:
         them); ``add_special_tokens`` adds them as well, as vLLM's chat field of that name does.
         The character check counts the message texts (:func:`text_chars`); the prefix probe runs
         on the rendered chat, so a chat of many empty messages is refused from its template's text.
+        With ``keeps_end`` (``/tokenize``, ``truncate_prompt_tokens``) the rendered chat may exceed
+        the context but not the character bound: a template can expand a short chat without limit
+        (``{{ "x " * 10000000 }}`` in a trusted request template was tokenized whole, 26 s and
+        4.5 GB), and a text of more tokens than the bound's characters has more characters too.
         """
         self.check_chars(text_chars(messages), param, "messages", "the message texts have")
-        within = None if keeps_end else self._manager.max_req_total_len
+        within = self.max_chars if keeps_end else self._manager.max_req_total_len
 
         def encode() -> List[int]:
             ids = list(self._manager.encode_chat(messages, within=within, **template_options))
@@ -193,7 +197,7 @@ class PromptEncoder:
                 return ids
             return add_special_tokens_to(self._special_token_frame(), ids, "add_special_tokens")
 
-        return await self._run(encode, param, "messages")
+        return await self._run(encode, param, "messages", by_chars=keeps_end)
 
     @staticmethod
     async def on_tokenizer_thread(job: Callable[[], T]) -> T:
@@ -213,11 +217,17 @@ class PromptEncoder:
         return self._frame
 
     @staticmethod
-    async def _run(encode: Callable[[], Any], param: str, noun: str) -> List[int]:
+    async def _run(encode: Callable[[], Any], param: str, noun: str, by_chars: bool = False) -> List[int]:
+        """``encode()`` on a tokenizer thread; ``by_chars``: its limit is the character bound, not the context."""
         try:
             return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode())))
         except PromptOverContextError as exc:
-            message = (f"This model's maximum context length is {exc.limit} tokens, and the {noun} cannot fit: "
-                       f"its first {exc.prefix_chars} characters alone are {exc.prefix_tokens} tokens. "
-                       f"Please reduce the length of the {noun}.")
+            if by_chars:
+                message = (f"The {noun} as the chat template renders them are longer than the {exc.limit} characters "
+                           f"a prompt may have here (--prompt_chars_per_token): the first {exc.prefix_chars} "
+                           f"characters alone are {exc.prefix_tokens} tokens. Please reduce the length of the {noun}.")
+            else:
+                message = (f"This model's maximum context length is {exc.limit} tokens, and the {noun} cannot fit: "
+                           f"its first {exc.prefix_chars} characters alone are {exc.prefix_tokens} tokens. "
+                           f"Please reduce the length of the {noun}.")
             raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded") from None
