@@ -4,7 +4,9 @@ Clients often send a response's message back as history (``message.model_dump()`
 ``openai`` client), which carries every field of OpenAI's assistant message: ``refusal``,
 ``audio``, ``function_call`` and ``annotations`` as ``null`` when unused. Those nulls mean
 "absent". A refusal's text is the assistant's turn; the others are refused when set, since
-this server has nothing to render them with.
+this server has nothing to render them with. ``reasoning_content`` (or ``reasoning``) of an
+assistant turn reaches the template, as vLLM hands it on; a template that never mentions it would
+drop it, so such a chat is refused (:func:`~lightllm.server.http.chat_message.unread_reasoning`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class ChatMessage(StrictModel):
     audio: Any = None
     function_call: Any = None
     annotations: list[Any] | None = None
+    # A reasoning model's thinking of an earlier assistant turn, as vLLM returns it (under either
+    # name) and agent loops send it back; templates such as Qwen3's read ``reasoning_content``.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("role")
     @classmethod
@@ -108,6 +114,20 @@ class ChatMessage(StrictModel):
     def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
         return check_message_tool_calls(value)
 
+    @model_validator(mode="after")
+    def _reasoning_of_an_assistant(self) -> "ChatMessage":
+        given = [name for name in ("reasoning_content", "reasoning") if getattr(self, name) is not None]
+        if given and self.role != "assistant":
+            raise ValueError(f"{given[0]} belongs to assistant messages, not to a {self.role!r} message")
+        if len(given) == 2 and self.reasoning_content != self.reasoning:
+            raise ValueError("reasoning_content and reasoning are two names of one field: send one of them")
+        return self
+
+    @property
+    def reasoning_text(self) -> str | None:
+        """The turn's reasoning, under whichever name the client sent it."""
+        return self.reasoning_content if self.reasoning_content is not None else self.reasoning
+
     def text(self) -> str:
         """The content as one text: parts joined with newlines (usually separate paragraphs), as vLLM joins them."""
         if isinstance(self.content, list):
@@ -134,4 +154,25 @@ class ChatMessage(StrictModel):
             message["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
             message["tool_calls"] = template_tool_calls(self.tool_calls)
+        if self.reasoning_text is not None:
+            # Both names: templates read one or the other (vLLM hands them on the same way).
+            message["reasoning_content"] = message["reasoning"] = self.reasoning_text
         return message
+
+
+def unread_reasoning(messages: list[ChatMessage], template: str | None) -> tuple[str, str] | None:
+    """(message, param) of a 400 when a message carries reasoning that ``template`` never mentions.
+
+    A template that mentions it decides what to render (Qwen3's keeps only the turns after the
+    last user message: the others are dropped on purpose, as in vLLM); one that never mentions it
+    would drop every turn's reasoning without a word.
+    """
+    for index, message in enumerate(messages):
+        if message.reasoning_text is None:
+            continue
+        if template is None or "reasoning" not in template:
+            field = "reasoning_content" if message.reasoning_content is not None else "reasoning"
+            return (f"messages[{index}].{field} has no effect: this model's chat template does not read an "
+                    f"assistant turn's reasoning; omit it (or serve a --chat_template that uses it)",
+                    f"messages.{index}.{field}")
+    return None

@@ -29,11 +29,13 @@ MAX_PROMPTS = 64
 MAX_OPENAI_STOP = 16
 MAX_COMPLETION_LOGPROBS = 20  # OpenAI's legacy cap is 5; vLLM (and this server) allow 20
 MAX_CHAT_TOP_LOGPROBS = 20
-# apply_chat_template's own arguments: a template variable must not override them.
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+# apply_chat_template's own arguments: a template variable must not override them. Those the
+# request has fields for are set there; the others shape the call itself, which the server makes.
+REQUEST_FIELD_TEMPLATE_KWARGS = frozenset({
+    "messages", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message"})
+RESERVED_TEMPLATE_KWARGS = REQUEST_FIELD_TEMPLATE_KWARGS | frozenset({
+    "conversation", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 # JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
 TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -348,8 +350,15 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
                                   "continue_final_message")
         reserved = sorted(set(self.chat_template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
         if reserved:
-            raise invalid_request(f"chat_template_kwargs must not set {', '.join(reserved)}; use the request "
-                                  "fields instead", "chat_template_kwargs")
+            fields = [key for key in reserved if key in REQUEST_FIELD_TEMPLATE_KWARGS]
+            calls = [key for key in reserved if key not in REQUEST_FIELD_TEMPLATE_KWARGS]
+            why = "; ".join(part for part in (
+                f"{', '.join(fields)} {'is a request field' if len(fields) == 1 else 'are request fields'}: "
+                "set it there" if fields else "",
+                f"{', '.join(calls)} {'shapes' if len(calls) == 1 else 'shape'} the template call, which the "
+                "server makes" if calls else "") if part)
+            raise invalid_request(f"chat_template_kwargs must not set {', '.join(reserved)} ({why})",
+                                  "chat_template_kwargs")
         if self.top_logprobs and not self.logprobs:
             # 0 asks for no alternatives: vLLM's default, which its clients send without logprobs.
             raise invalid_request("top_logprobs requires logprobs to be true", "top_logprobs")

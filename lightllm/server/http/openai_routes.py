@@ -21,9 +21,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lightllm.server.http.body import parse_body_off_loop
 from lightllm.server.http.chat_content_format import rendering_template, template_iterates_content
+from lightllm.server.http.chat_message import unread_reasoning
 from lightllm.server.http.developer_role import template_names_developer_role
-from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, model_not_found,
-                                         sse_error)
+from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, invalid_request,
+                                         model_not_found, sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
 from lightllm.server.http.request_id_header import client_request_id
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
@@ -255,6 +256,9 @@ class OpenAIEndpoints:
         template = rendering_template(tokenizer_template, body.chat_template, bool(tool_plan.tools))
         content_parts = template is not None and template_iterates_content(template)
         developer_role = template_names_developer_role(template)
+        unread = unread_reasoning(body.messages, template)
+        if unread is not None:
+            raise invalid_request(*unread)
         messages = [message.to_template_dict(content_parts, developer_role) for message in body.messages]
         template_options = tool_plan.template_options(body.template_options())
         return self.encoder.encode_chat(messages, "messages", body.add_special_tokens, keeps_end, **template_options)

@@ -24,7 +24,7 @@ from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.validation_errors import describe_validation_error
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.openai_fields import MAX_CHAT_TEMPLATE_CHARS
+from lightllm.server.http.openai_fields import ChatTemplateFields
 from lightllm.server.http.openai_models import TOOLS_SCHEMA, ChatCompletionRequest
 
 # Field -> why it is refused when set (see the module docstring).
@@ -37,7 +37,7 @@ NO_EFFECT_CHAT_FIELDS: dict[str, str] = {
 
 # The chat fields /tokenize shares with /v1/chat/completions (same names, same defaults).
 _CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
-                "chat_template_kwargs", "tools")
+                "chat_template_kwargs", "tools", "documents", "reasoning_effort")
 
 
 class TokenizeCompletionRequest(NullMeansAbsent):
@@ -50,8 +50,9 @@ class TokenizeCompletionRequest(NullMeansAbsent):
     return_token_strs: bool = False
 
 
-class TokenizeChatRequest(NullMeansAbsent):
-    """``POST /tokenize`` of a chat, rendered as ``/v1/chat/completions`` renders it."""
+class TokenizeChatRequest(ChatTemplateFields):
+    """``POST /tokenize`` of a chat, rendered as ``/v1/chat/completions`` renders it (with the same
+    template fields: ``chat_template``, ``documents``, ``reasoning_effort``)."""
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -60,7 +61,6 @@ class TokenizeChatRequest(NullMeansAbsent):
     # As on /v1/chat/completions: the template writes the special tokens; true adds the tokenizer's too.
     add_special_tokens: bool = False
     return_token_strs: bool = False
-    chat_template: str | None = Field(default=None, min_length=1, max_length=MAX_CHAT_TEMPLATE_CHARS)
     chat_template_kwargs: dict[str, Any] | None = None
     # Checked (tools.N.function...) when the chat is rendered, as on /v1/chat/completions.
     tools: list[Any] | None = Field(default=None, json_schema_extra=TOOLS_SCHEMA)

@@ -91,3 +91,27 @@ def test_a_name_dropped_for_its_role_is_refused_though_another_role_reads_names(
         _text(tokenizer, messages, tool_names)
     assert refused.value.param == "messages.0.name"
     assert _text(tokenizer, [{"role": "user", "content": "hi"}, messages[1]], tool_names) == "user: hi\ntool clock: 12\n"
+
+
+QWEN3_LIKE = ("{% for m in messages %}<|{{ m.role }}|>{% if m.role == 'assistant' and m.reasoning_content %}"
+              "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{% endfor %}")
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_an_assistant_turns_reasoning_reaches_a_template_that_reads_it(manager, field: str) -> None:
+    """Agent loops replaying a reasoning model's turns send it back (vLLM returns it and hands it on);
+    it was refused as an unknown field."""
+    from lightllm.server.http.app import create_app
+    from lightllm.server.http.server_options import HttpServerOptions
+
+    trusting = TestClient(create_app(manager, HttpServerOptions(trust_request_chat_template=True)))
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", field: "add them"},
+                {"role": "user", "content": "and 3+3?"}]
+    assert chat(trusting, messages=messages, chat_template=QWEN3_LIKE).status_code == 200
+    sent = manager.chat_messages[-1][1]
+    assert sent["reasoning_content"] == sent["reasoning"] == "add them"
+    # A template that never mentions reasoning would drop it: refused, naming the field.
+    error = assert_error(chat(trusting, messages=messages, chat_template="{% for m in messages %}{{ m.content }}"
+                              "{% endfor %}"), 400, f"messages.1.{field}")
+    assert "does not read an assistant turn's reasoning" in error["message"]
+    assert_error(chat(trusting, messages=[{"role": "user", "content": "x", field: "y"}]), 400, "messages.0")

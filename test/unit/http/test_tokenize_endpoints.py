@@ -55,13 +55,15 @@ def _chat_prompt(client: TestClient, manager: FakeManager, **fields: Any) -> tup
     {"messages": PREFILL, "add_generation_prompt": False, "continue_final_message": True},
     {"messages": PREFILL, "add_generation_prompt": False},
     {"messages": USER, "chat_template_kwargs": {"enable_thinking": False}},
+    # The chat endpoint's template fields (a RAG template's documents were refused as unknown here).
+    {"messages": USER, "documents": [{"title": "A", "text": "B"}], "reasoning_effort": "low"},
     {"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                   *USER]},
     {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"x\"}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]},
-], ids=["plain", "continue_final_message", "no_generation_prompt", "template_kwargs", "parts_developer",
-        "tool_history"])
+], ids=["plain", "continue_final_message", "no_generation_prompt", "template_kwargs", "template_fields",
+        "parts_developer", "tool_history"])
 def test_chat_tokenize_gives_the_prompt_chat_completions_uses(client: TestClient, manager: FakeManager,
                                                              fields: dict[str, Any]) -> None:
     ids, messages, options = _chat_prompt(client, manager, **fields)
@@ -157,7 +159,7 @@ def test_token_strs(client: TestClient, manager: FakeManager) -> None:
     ({}, "prompt"),
     ({"messages": None}, "messages"),
     ({"messages": []}, "messages"),
-    ({"messages": USER, "documents": [{"text": "d"}]}, "documents"),
+    ({"messages": USER, "documents": [{"text": 3}]}, "documents.0.text"),
     ({"messages": USER, "tool_choice": "none"}, "tool_choice"),
     ({"prompt": 5}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"),
@@ -361,3 +363,11 @@ def test_pd_master_ping_is_its_own_health(pd_master: tuple[Any, TestClient]) -> 
         ping = client.request(method, "/ping")
         assert (ping.status_code, ping.json()) == (503, health.json())
     assert client.get("/version").json() == {"version": lightllm.__version__}
+
+
+def test_template_call_arguments_in_chat_template_kwargs_are_refused_saying_where_each_belongs(
+        client: TestClient) -> None:
+    error = assert_error(_tokenize(client, messages=USER, chat_template_kwargs={"documents": [], "tokenize": True}),
+                         400, "chat_template_kwargs")
+    assert error["message"] == ("chat_template_kwargs must not set documents, tokenize (documents is a request "
+                                "field: set it there; tokenize shapes the template call, which the server makes)")
