@@ -21,22 +21,23 @@ BODY = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.5, "seed": 7, "logpr
         "return_tokens_as_token_ids": True}
 
 
+def _server_in_mode(tiny_llama_dir, tmp_path_factory, mode: str):
+    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
+                          ["--max_total_token_num", "8192", "--logprobs_mode", mode])
+    yield handle
+    handle.stop()
+
+
 @pytest.fixture(scope="module")
 def raw_server(tiny_llama_dir, tmp_path_factory):
     """A server that reports raw logprobs."""
-    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
-                          ["--max_total_token_num", "8192", "--logprobs_mode", "raw_logprobs"])
-    yield handle
-    handle.stop()
+    yield from _server_in_mode(tiny_llama_dir, tmp_path_factory, "raw_logprobs")
 
 
 @pytest.fixture(scope="module")
 def processed_server(tiny_llama_dir, tmp_path_factory):
     """A server that reports processed logprobs (vLLM's meaning)."""
-    handle = start_server(tiny_llama_dir, tmp_path_factory.mktemp("logs"),
-                          ["--max_total_token_num", "8192", "--logprobs_mode", "processed_logprobs"])
-    yield handle
-    handle.stop()
+    yield from _server_in_mode(tiny_llama_dir, tmp_path_factory, "processed_logprobs")
 
 
 def _answer(server, bias_id: int) -> tuple[list[int], list[float], list[dict[int, float]]]:

@@ -37,5 +37,5 @@ def test_with_the_packages_present_the_loaders_own_error_stands(tmp_path, monkey
 
 
 def test_a_checkpoint_with_tokenizer_json_needs_nothing_more(tiny_llama_dir):
-    assert tokenizer_utils._sentencepiece_modules_missing(str(tiny_llama_dir)) == []
+    assert tokenizer_utils.sentencepiece_packages_missing(str(tiny_llama_dir)) == []
     assert load_tokenizer(str(tiny_llama_dir)) is not None
