@@ -65,17 +65,20 @@ def tokenizer_sources(model_dir: str | Path) -> List[str]:
     return sorted(found)
 
 
-def _check_readable(directory: Path, sources: List[str]) -> None:
-    """Refuse a tokenizer serialization or configuration file that cannot be parsed, naming it.
+def check_tokenizer_files_readable(model_dir: str | Path) -> None:
+    """Raise :class:`TokenizerFilesError` naming a tokenizer serialization or configuration file of
+    ``model_dir`` that cannot be parsed.
 
-    A download cut short left a ``tokenizer.json`` that failed only in the detokenizer, after
+    Called once, at start (the launcher's and the PD master's checkpoint read), not by each
+    process's tokenizer load, which parses the files anyway. A download cut short left a ``tokenizer.json`` that failed only in the detokenizer, after
     every process started, as ``detokenization: KeyError: 'added_tokens'`` (the file named
     nowhere).  The ``tokenizers`` library parses a serialization in milliseconds and imports no
     torch; the configuration files must be JSON objects.
     """
     from tokenizers import Tokenizer
 
-    for name in sources:
+    directory = Path(model_dir)
+    for name in tokenizer_sources(model_dir):
         path = directory / name
         if name.endswith(".json") and name not in VOCABULARY_NAMES and "tekken" not in name:
             try:
@@ -98,12 +101,9 @@ def _check_readable(directory: Path, sources: List[str]) -> None:
 
 def check_tokenizer_sources(model_dir: str | Path) -> None:
     """Raise :class:`TokenizerFilesError` (one line naming the directory and what was looked for)
-    when ``model_dir`` holds no file a tokenizer can be built from, or one naming the file when a
-    tokenizer serialization or configuration file there cannot be parsed."""
+    when ``model_dir`` holds no file a tokenizer can be built from."""
     directory = Path(model_dir)
-    sources = tokenizer_sources(model_dir)
-    if sources:
-        _check_readable(directory, sources)
+    if tokenizer_sources(model_dir):
         return
     configured = [name for name in (TOKENIZER_CONFIG, "special_tokens_map.json") if (directory / name).is_file()]
     held = (f", and its {' and '.join(configured)} only configure{'s' if len(configured) == 1 else ''} one"

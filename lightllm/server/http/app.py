@@ -62,7 +62,7 @@ from lightllm.server.http.openai_models import ChatCompletionRequest, Completion
 from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
 from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_min_tokens_fit,
-                                           check_token_ids, choice_jobs, encoded)
+                                           check_token_ids, choice_jobs, default_length_for, encoded)
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
@@ -139,11 +139,9 @@ class NativeEndpoints:
         max_new = parameters.max_new_tokens
         min_beyond_room = False
         if max_new is None:
-            max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS))
-            if parameters.min_new_tokens > max_new == self.manager.max_req_total_len - len(prompt_ids):
-                # The default length was cut to the room the prompt leaves: the room refuses
-                # min_new_tokens below, not a max_new_tokens the client never sent.
-                max_new, min_beyond_room = parameters.min_new_tokens, True
+            max_new, min_beyond_room = default_length_for(
+                max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
+                parameters.min_new_tokens, len(prompt_ids), self.manager.max_req_total_len)
         values = {**parameters.sampling_fields(self.manager.generation_defaults), "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         if min_beyond_room:

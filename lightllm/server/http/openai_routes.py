@@ -42,6 +42,7 @@ from lightllm.server.http.planning import (
     check_min_tokens_fit,
     check_token_ids,
     completion_room,
+    default_length_for,
     choice_jobs,
     encoded,
 )
@@ -161,11 +162,9 @@ class OpenAIEndpoints:
             elif requested is not None:
                 max_new = requested
             else:
-                max_new = max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS))
-                if body.min_tokens > max_new == self.manager.max_req_total_len - len(prompt_ids):
-                    # The default length was cut to the room the prompt leaves: the room refuses
-                    # min_tokens below, not a max_tokens the client never sent.
-                    max_new, min_beyond_room = body.min_tokens, True
+                max_new, min_beyond_room = default_length_for(
+                    max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS)),
+                    body.min_tokens, len(prompt_ids), self.manager.max_req_total_len)
             # Checked as the client sent them first (their own width and range), then fitted.
             params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
                                            public_names)

@@ -126,6 +126,18 @@ def completion_room(
     return min(max_new_tokens, limit - prompt_len)
 
 
+def default_length_for(default_max_new: int, min_new_tokens: int, prompt_len: int, limit: int) -> tuple[int, bool]:
+    """``(max_new_tokens, beyond_room)`` for a request that gave no maximum.
+
+    The default length is cut to the room the prompt leaves; a minimum above that cut is then
+    the room's problem (:func:`check_min_tokens_fit`, after the fields' own checks), not a
+    "must be <= max_tokens" about a maximum the client never sent: the minimum stands in for it.
+    """
+    if min_new_tokens > default_max_new == limit - prompt_len:
+        return min_new_tokens, True
+    return default_max_new, False
+
+
 def check_min_tokens_fit(prompt_len: int, min_new_tokens: int, limit: int, *, prompt_noun: str, min_param: str
                          ) -> None:
     """Refuse a minimum completion length the room beside the prompt cannot hold, naming ``min_param``.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from multiprocessing import connection
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from lightllm.server.argument_error import ArgumentError
 
@@ -125,5 +125,4 @@ def _with_dead_peer(children: List[StartingChild], failed: StartingChild, detail
         dead = _dead_peers(children, failed)
     if not dead:
         return detail
-    first: Optional[StartingChild] = _joined(dead[0])
-    return f"{_exit_line(first)}; then {detail}"
+    return f"{_exit_line(_joined(dead[0]))}; then {detail}"

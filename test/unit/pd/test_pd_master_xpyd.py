@@ -60,6 +60,14 @@ def nodes_of(cluster: Cluster) -> Dict[str, Dict[str, Any]]:
     return {entry["node_id"]: entry for entry in httpx.get(f"{cluster.master.url}/pd/nodes").json()["nodes"]}
 
 
+def assert_served_as_reference(cluster: Cluster, prompt: str, max_new_tokens: int) -> None:
+    """The cluster answers ``prompt`` with 200 and the stand-ins' reference tokens."""
+    response = generate(cluster, prompt, max_new_tokens)
+    assert response.status_code == 200, response.text
+    tokens = [token["id"] for token in response.json()["tokens"]]
+    assert tokens == reference_tokens(cluster.master.manager.encode_prompt(prompt), max_new_tokens)
+
+
 def prompts_seen(node: NodeStandIn) -> int:
     return len(node.bodies)
 
@@ -313,11 +321,8 @@ def test_a_killed_node_not_yet_dropped_is_passed_over_for_the_next_one(tiny_llam
         d0.stop()
         d1.stop()
         prompt = "still served"
-        response = generate(cluster, prompt, 4)
         # d0's stream, then p0's and d1's setups could not reach them: p1 and d2 took the request.
-        assert response.status_code == 200, response.text
-        tokens = [token["id"] for token in response.json()["tokens"]]
-        assert tokens == reference_tokens(cluster.master.manager.encode_prompt(prompt), 4)
+        assert_served_as_reference(cluster, prompt, 4)
         assert (prompts_seen(p1), prompts_seen(d2)) == (1, 1)
         assert {p0.node_id, d0.node_id, d1.node_id} <= set(nodes_of(cluster))  # not dropped yet
         # With no reachable decode node left the client gets the last node's failure.
@@ -343,10 +348,7 @@ def test_a_node_answering_that_it_failed_is_passed_over_and_gets_nothing_new(tin
         assert prompts_seen(d0) == 1
         d0.failed = True
         prompt = "still served"
-        response = generate(cluster, prompt, 4)
-        assert response.status_code == 200, response.text
-        tokens = [token["id"] for token in response.json()["tokens"]]
-        assert tokens == reference_tokens(cluster.master.manager.encode_prompt(prompt), 4)
+        assert_served_as_reference(cluster, prompt, 4)
         assert (prompts_seen(d0), prompts_seen(d1)) == (2, 1)
         # Until it heartbeats again it takes nothing new, however free it reported itself.
         for _ in range(3):

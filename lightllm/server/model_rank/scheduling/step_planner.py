@@ -195,8 +195,10 @@ def _repeats_a_planned_chunk(req: InferReq, need: int, chunks: Sequence[PrefillC
     """
     start = req.cur_kv_len
     for chunk in chunks:
+        if chunk.start != start:
+            continue
         end = min(chunk.end, req.cacheable_prefix_len)
-        if chunk.start != start or end - start < (need + 1) // 2:
+        if end - start < (need + 1) // 2:
             continue
         other = chunk.req
         # A cheap probe before comparing the prefixes (prompts of a burst that share nothing

@@ -214,17 +214,14 @@ class PdMasterManager:
         except ClientGone:
             accounting.end("abort")
             log.info("request %d: the client went away; aborted on the nodes", request_id)
-        except PdRequestFailed as exc:
+        except Exception as exc:
             accounting.end(self._failure_reason(request_id, exc))
-            if exc.code != GENERATION_FAILED:
+            if not (isinstance(exc, PdRequestFailed) and exc.code == GENERATION_FAILED):
                 raise
             # The node's rank ended the request with an error: it ends as on a normal server, with
             # an error event (the client's 500 generation_failed), not as a failed node's 503.
             yield GenerationEvent(request_id, -1, "", 0.0, "error", len(prompt_ids), accounting.cached_tokens,
                                   accounting.completion_tokens)
-        except Exception as exc:
-            accounting.end(self._failure_reason(request_id, exc))
-            raise
         except (GeneratorExit, asyncio.CancelledError):
             # The HTTP layer closed or cancelled the generation: its client went away mid-answer
             # (a closed stream, a torn-down response).  The finally below aborts it on the nodes.
