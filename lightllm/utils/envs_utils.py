@@ -37,7 +37,7 @@ ENV_VARS = {
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given; read as LIGHTLLM_API_KEY is.",
     "LIGHTLLM_IDLE_MALLOC_TRIM": "Seconds a model rank must be idle after work before it returns freed heap memory to the kernel (malloc_trim); 0: never; default " + f"{DEFAULT_IDLE_MALLOC_TRIM_SECONDS:g}.",
     "LIGHTLLM_STEP_TRACE": "A file path: rank 0 writes one CSV row per step that ran a forward (time, phases in ms, prompt tokens, decode rows, minor page faults; see lightllm/server/model_rank/step_trace.py), truncating the file at start; its directory must exist; default: no trace.",
-    "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (its payload is corrupted on the prefill side, so the decode side's checksum check refuses it); default 0.",
+    "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (the prefill side announces a wrong checksum for the intact payload, so the decode side's checksum check refuses it); default 0.",
     "LIGHTLLM_PD_CLUSTER_KEY": "The PD cluster's shared secret, used when --pd_cluster_key is not given (keeps it out of the process list); read by the PD master and the prefill and decode nodes only.",
     "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff (at most 1 s apart), when every prefill or decode node answers busy, so that a burst waits for KV as on a normal server; then the client gets HTTP 503 (code server_busy) naming the busy node role; default " + f"{DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS:g}" + ", 0: no retry, the 503 comes at once.",
 }

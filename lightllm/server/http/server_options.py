@@ -83,7 +83,7 @@ class AuthPolicy:
 
     @property
     def requires_key(self) -> bool:
-        """True when every endpoint but /health needs a key."""
+        """True when every endpoint but the health probes needs a key."""
         return bool(self.api_keys)
 
     @classmethod

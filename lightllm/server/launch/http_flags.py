@@ -81,7 +81,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=str,
         nargs="+",
         default=None,
-        help="Keys clients must send as 'Authorization: Bearer KEY' on every endpoint but /health (401 otherwise). "
+        help="Keys clients must send as 'Authorization: Bearer KEY' on every endpoint but the health probes (/health, /health/live, /health/ready, /healthz, /liveness, /readiness, /ping; 401 otherwise). "
         "Default: the comma-separated keys in LIGHTLLM_API_KEY, else no authentication.",
     )
     add_flag(
