@@ -34,15 +34,19 @@ def _token_text(value: Any) -> Optional[str]:
 
 def _token_id(model_dir: Path, text: str) -> Optional[int]:
     """The id of token ``text`` from the tokenizer files (added tokens first, then the model's vocabulary)."""
+    # Files of the wrong shape resolve nothing here: the launcher's file check refuses them by name.
     config = _read_json(model_dir / "tokenizer_config.json") or {}
-    for key, entry in (config.get("added_tokens_decoder") or {}).items():
+    decoder = config.get("added_tokens_decoder")
+    for key, entry in (decoder.items() if isinstance(decoder, dict) else ()):
         if _token_text(entry) == text and str(key).isdigit():
             return int(key)
     tokenizer = _read_json(model_dir / "tokenizer.json") or {}
-    for entry in tokenizer.get("added_tokens") or []:
+    added = tokenizer.get("added_tokens")
+    for entry in (added if isinstance(added, list) else ()):
         if isinstance(entry, dict) and entry.get("content") == text and isinstance(entry.get("id"), int):
             return entry["id"]
-    vocab = (tokenizer.get("model") or {}).get("vocab")
+    model = tokenizer.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict) and isinstance(vocab.get(text), int):
         return vocab[text]
     if isinstance(vocab, list):

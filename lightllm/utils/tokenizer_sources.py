@@ -65,40 +65,6 @@ def tokenizer_sources(model_dir: str | Path) -> List[str]:
     return sorted(found)
 
 
-def check_tokenizer_files_readable(model_dir: str | Path) -> None:
-    """Raise :class:`TokenizerFilesError` naming a tokenizer serialization or configuration file of
-    ``model_dir`` that cannot be parsed.
-
-    Called once, at start (the launcher's and the PD master's checkpoint read), not by each
-    process's tokenizer load, which parses the files anyway. A download cut short left a ``tokenizer.json`` that failed only in the detokenizer, after
-    every process started, as ``detokenization: KeyError: 'added_tokens'`` (the file named
-    nowhere).  The ``tokenizers`` library parses a serialization in milliseconds and imports no
-    torch; the configuration files must be JSON objects.
-    """
-    from tokenizers import Tokenizer
-
-    directory = Path(model_dir)
-    for name in tokenizer_sources(model_dir):
-        path = directory / name
-        if name.endswith(".json") and name not in VOCABULARY_NAMES and "tekken" not in name:
-            try:
-                Tokenizer.from_file(str(path))
-            except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
-                raise TokenizerFilesError(f"{path} cannot be read as a tokenizer ({str(exc).splitlines()[0][:200]}); "
-                                          f"copy the model's tokenizer files into the directory again") from None
-    for name in (TOKENIZER_CONFIG, "special_tokens_map.json"):
-        path = directory / name
-        if not path.is_file():
-            continue
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise TokenizerFilesError(f"{path} is not valid JSON ({exc}); copy the model's tokenizer files into the "
-                                      f"directory again") from None
-        if not isinstance(value, dict):
-            raise TokenizerFilesError(f"{path} must hold a JSON object, got {type(value).__name__}")
-
-
 def check_tokenizer_sources(model_dir: str | Path) -> None:
     """Raise :class:`TokenizerFilesError` (one line naming the directory and what was looked for)
     when ``model_dir`` holds no file a tokenizer can be built from."""

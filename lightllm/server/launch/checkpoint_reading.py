@@ -19,7 +19,8 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.model_types import check_model_type
 from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
-from lightllm.utils.tokenizer_sources import check_tokenizer_files_readable, check_tokenizer_sources
+from lightllm.utils.tokenizer_file_checks import check_tokenizer_files_readable
+from lightllm.utils.tokenizer_sources import check_tokenizer_sources
 from lightllm.utils.tokenizer_utils import sentencepiece_packages_missing
 
 log = logging.getLogger(__name__)
@@ -38,13 +39,13 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
     # and transformers' error then names neither the directory nor a file: refuse here (the PD
     # master, which loads it too, reads the checkpoint through this function).
     check_tokenizer_sources(args.model_dir)
-    check_tokenizer_files_readable(args.model_dir)
     missing = sentencepiece_packages_missing(args.model_dir)
     if missing:
         # Found here, not after the weights loaded and every process started (the detokenizer's error).
         raise ValueError(f"{args.model_dir} has only a SentencePiece tokenizer.model (no tokenizer.json), which "
                          f"transformers reads with the {' and '.join(missing)} package(s): pip install "
                          f"{' '.join(missing)}")
+    check_tokenizer_files_readable(args.model_dir, args.tokenizer_mode)
     request_defaults = RequestDefaults.from_args(args)
     resolve_eos_token_ids(args, model_config)
     warn_without_eos(args, model_config)
