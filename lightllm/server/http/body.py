@@ -9,7 +9,8 @@ Before any field is validated the decoded body must be a JSON object with no key
 one object (Python's JSON reader keeps the last value and drops the others silently), nested at most
 :data:`MAX_JSON_DEPTH` levels, every number in it must be finite (Python's JSON reader accepts
 ``NaN``, ``Infinity`` and overflowing literals such as ``1e999``, which standard JSON has no
-place for), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is
+place for, and reads a nonzero literal too small for a double, ``1e-400``, as 0: a temperature or
+bound that silently changed its meaning, even its sign for ``-1e-400``), and no string in it (key or value) may hold a lone UTF-16 surrogate (``"\\ud800"`` is
 valid JSON but not valid Unicode; tokenizers and UTF-8 encoders fail on it).  Every failure is a
 400 :class:`~lightllm.server.http.errors.APIError` naming the dotted field path
 (``messages.0.content``).  JSON that a field carries as text (tool-call arguments, a JSON schema
@@ -104,11 +105,34 @@ class StructureProblem:
     value: Any = None
 
 
+class UnderflowedNumber(float):
+    """A JSON number literal that is not zero but rounds to 0.0 as a double; remembers its text."""
+
+    literal: str
+
+    def __new__(cls, literal: str) -> "UnderflowedNumber":
+        number = super().__new__(cls, 0.0)
+        number.literal = literal
+        return number
+
+
+_NONZERO_MANTISSA = re.compile(r"-?0*\.?0*[1-9]")
+
+
+def read_json_float(literal: str) -> float:
+    """``json.loads``' ``parse_float``: the double of ``literal``, or an :class:`UnderflowedNumber` for a
+    nonzero literal that underflows to 0 (found by :func:`find_structure_problem`)."""
+    value = float(literal)
+    if value == 0.0 and _NONZERO_MANTISSA.match(literal.split("e")[0].split("E")[0]):
+        return UnderflowedNumber(literal)
+    return value
+
+
 def find_structure_problem(data: Any, check_strings: bool = True) -> StructureProblem | None:
     """The first reason ``data`` breaks the body's structural rules, or None.
 
     The rules: nested at most :data:`MAX_JSON_DEPTH` levels (``data`` itself being the first),
-    every number finite, no lone UTF-16 surrogate in a string or key (``check_strings`` False skips
+    every number finite and no nonzero literal read as 0 (:func:`read_json_float`), no lone UTF-16 surrogate in a string or key (``check_strings`` False skips
     that check: the caller knows the text has none).
 
     Walks iteratively, so a hostile value cannot exhaust the interpreter's stack here.  A body of
@@ -144,6 +168,8 @@ def find_structure_problem(data: Any, check_strings: bool = True) -> StructurePr
             elif kind is float:
                 if not isfinite(item):
                     return StructureProblem("number", _param(trail, container, item), item)
+            elif kind is UnderflowedNumber:
+                return StructureProblem("underflow", _param(trail, container, item), item.literal)
             elif kind is dict or kind is list or isinstance(item, (dict, list)):
                 push((item, depth + 1, (trail, container, item)))
     return None
@@ -167,6 +193,10 @@ def check_json_structure(data: Any, check_strings: bool = True) -> None:
         raise invalid_request(f"{where} contains a lone UTF-16 surrogate (not valid Unicode)", param)
     if problem.kind == "number":
         raise invalid_request(f"Invalid value for '{param}': must be finite, got {problem.value!r}", param)
+    if problem.kind == "underflow":
+        raise invalid_request(f"Invalid value for '{param}': {problem.value} is too close to 0 for a 64-bit float "
+                              "and would be read as 0; send 0 if that is what is meant",
+                              param)
     raise invalid_request(f"Invalid value for '{param}': the string contains a lone UTF-16 surrogate "
                           "(not valid Unicode)", param)
 
@@ -278,7 +308,7 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     """
     text = decode_body_text(raw)
     try:
-        data = json.loads(text, object_pairs_hook=object_with_unique_keys)
+        data = json.loads(text, object_pairs_hook=object_with_unique_keys, parse_float=read_json_float)
     except DuplicateKeyError as exc:
         raise invalid_request(f"The request body repeats the key {exc.key!r} in one object: which value to use "
                               "would be a guess, so send each field once") from None

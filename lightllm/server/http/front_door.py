@@ -252,7 +252,7 @@ class FrontDoor:
         # A complete head counts as much as one still arriving (probes included): the limit is on
         # the head, not on how it was sent; the loop's protocol applies it to the heads it reads.
         if (end if head_complete else len(data)) > MAX_HEAD_BYTES:
-            message = "Invalid HTTP request: malformed, or its head is larger than 16 KiB"
+            message = f"Invalid HTTP request: its head is larger than {MAX_HEAD_BYTES // 1024} KiB"
             self._finish(pending, 400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
             return
         path = health_path(data)

@@ -17,8 +17,14 @@ cap on open connections. :class:`GuardedH11Protocol` adds
   closing, so a client still sending its body reads the answer instead of a connection reset;
 * a request-head size limit of :data:`~lightllm.server.http.probe_parsing.MAX_HEAD_BYTES`
   (16 KiB) on every request of the connection, complete heads included (h11's own limit only
-  bounds a head that is still arriving);
-* a JSON body on uvicorn's own 400 for a malformed request.
+  bounds a head that is still arriving), applied by its connection
+  (:class:`~lightllm.server.http.head_limited_connection.HeadLimitedConnection`);
+* a JSON body on uvicorn's own 400 for a malformed request, naming what h11 refused;
+* a send deadline: a connection whose client accepts none of its answer for ``send_timeout``
+  seconds (the socket's buffers full, uvicorn's writes paused) is closed, which aborts its request.
+  The engine does not wait for a slow reader, so a client that stopped reading a stream had every
+  later token buffered for it (32 MiB for one ``n: 16`` stream with alternatives) until the
+  generation ended; nginx's ``send_timeout`` is the same rule, at the same 60 s default.
 
 The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
 """
@@ -29,7 +35,6 @@ import asyncio
 import http
 import json
 import logging
-import re
 import time
 from typing import Any, Callable, Optional
 
@@ -37,7 +42,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
-from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
+from lightllm.server.http.head_limited_connection import HeadLimitedConnection
+from lightllm.server.http.log_throttle import IntervalGate
 from lightllm.server.http.retry_after import retry_after_head_lines
 from lightllm.server.http.server_options import HttpLimits
 
@@ -47,12 +53,6 @@ LINGER_SECONDS = 2.0
 REFUSAL_LOG_INTERVAL_SECONDS = 10.0
 
 logger = logging.getLogger(__name__)
-
-# Where h11 ends a request head: a blank line, with or without its carriage return.
-_HEAD_END = re.compile(rb"\n\r?\n")
-# Empty lines before a request line (a client's stray CRLF after a body): RFC 9112 section 2.2.
-_LEADING_EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
-
 
 def raw_json_response(status: int, message: str, error_type: str, code: str) -> bytes:
     """A complete HTTP/1.1 response with an error body that closes the connection."""
@@ -65,93 +65,6 @@ def raw_json_response(status: int, message: str, error_type: str, code: str) -> 
         + "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
-
-
-class HeadLimitedConnection(h11.Connection):
-    """An h11 server connection that refuses every request head over ``MAX_HEAD_BYTES``, complete or not.
-
-    h11's ``max_incomplete_event_size`` is checked only while a head is incomplete, so a complete
-    head of any size that arrives in one read (up to 256 KiB from asyncio), or on a keep-alive
-    follow-up, would be parsed. This keeps the first ``MAX_HEAD_BYTES + 1`` bytes of each head
-    as they arrive and refuses the head once they show it is longer than the limit.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self._head = bytearray()  # the start of the next request head, at most MAX_HEAD_BYTES + 1 bytes
-        self._searched = 0  # bytes of _head already searched for the head's end
-        # True once bytes arrived after a complete request the client ended with Connection: close.
-        self.data_after_close = False
-
-    def receive_data(self, data: bytes) -> None:
-        """Feed bytes from the socket (``b""`` at end of input)."""
-        super().receive_data(data)
-        if self.their_state is h11.IDLE:
-            self._keep(data)
-
-    def start_next_cycle(self) -> None:
-        """Reset for the next request on this connection; bytes already received start its head."""
-        super().start_next_cycle()
-        self._head.clear()
-        self._searched = 0
-        self._keep(self.trailing_data[0])
-
-    def next_event(self) -> Any:
-        """The next h11 event; raises ``h11.RemoteProtocolError`` for a head over the limit."""
-        # The head's kept start mirrors h11's buffer while idle, so only a head that starts with a
-        # line end costs a look at the buffer (trailing_data copies it).
-        if self.their_state is h11.IDLE and self._head[:1] in (b"\r", b"\n"):
-            self._skip_empty_lines()
-            if self._head == b"\r" and self.trailing_data == (b"\r", False):
-                return h11.NEED_DATA  # an empty line's CR whose LF is still on its way
-        if self.their_state is h11.IDLE and self._head_too_large():
-            # uvicorn answers a RemoteProtocolError with its 400 (GuardedH11Protocol.send_400_response).
-            raise h11.RemoteProtocolError(f"request head larger than {MAX_HEAD_BYTES} bytes", error_status_hint=431)
-        state = self.their_state
-        try:
-            event = super().next_event()
-        except h11.RemoteProtocolError:
-            # h11 refuses bytes after a request sent with Connection: close (it expects EOF).
-            self.data_after_close = state is h11.MUST_CLOSE
-            raise
-        if isinstance(event, h11.Request):
-            self._head.clear()
-            self._searched = 0
-        return event
-
-    def _skip_empty_lines(self) -> None:
-        """Drop empty lines received where a request line is due (RFC 9112 section 2.2: ignore them).
-
-        Some clients end a POST body with a CRLF its Content-Length does not count; h11 refuses
-        a request that starts with an empty line, so the keep-alive connection got a 400 after its
-        200 (and the client's next request read that 400). h11 has no public way to drop buffered
-        bytes, so its receive buffer's own extraction is used; without it the line is refused as before.
-        """
-        extract = getattr(getattr(self, "_receive_buffer", None), "_extract", None)
-        if extract is None:
-            return
-        match = _LEADING_EMPTY_LINES.match(self.trailing_data[0])
-        if match is None:
-            return
-        extract(match.end())
-        # The head's size counts from the request line: its first bytes are the buffer's from here.
-        self._head.clear()
-        self._searched = 0
-        self._keep(self.trailing_data[0])
-
-    def _keep(self, data: bytes) -> None:
-        room = MAX_HEAD_BYTES + 1 - len(self._head)
-        if room > 0 and data:
-            self._head += data[:room]
-
-    def _head_too_large(self) -> bool:
-        # Resume two bytes back: the end of the head may straddle two reads.
-        end = _HEAD_END.search(self._head, max(0, self._searched - 2))
-        self._searched = len(self._head)
-        if end is not None:
-            self._searched = end.start()  # found again on the next call, until the request is parsed
-            return end.end() > MAX_HEAD_BYTES
-        return len(self._head) > MAX_HEAD_BYTES
 
 
 class _GuardedTransport:
@@ -184,6 +97,8 @@ class GuardedH11Protocol(H11Protocol):
     front_door_release: Optional[Callable[[], None]] = None
     _last_refusal_log = float("-inf")
     _refused_since_log = 0
+    # Stalled readers can be many; their closes are logged at most once per interval, counted.
+    _send_timeout_log = IntervalGate()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -192,6 +107,7 @@ class GuardedH11Protocol(H11Protocol):
         self._raw: Optional[asyncio.Transport] = None
         self._head_timer: Optional[asyncio.TimerHandle] = None
         self._linger_timer: Optional[asyncio.TimerHandle] = None
+        self._send_timer: Optional[asyncio.TimerHandle] = None
         self.lingering = False
         self._lost = False
         self._ignore_input = False
@@ -242,6 +158,7 @@ class GuardedH11Protocol(H11Protocol):
         if self.front_door_release is not None:
             self.front_door_release()
         self._cancel_head_timer()
+        self._cancel_send_timer()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
@@ -267,9 +184,9 @@ class GuardedH11Protocol(H11Protocol):
             # server does not read past a request that said close.
             self._ignore_input = True
             return
-        body = json.dumps(error_body(
-            "Invalid HTTP request: malformed, or its head is larger than 16 KiB", INVALID_REQUEST, None,
-            "invalid_http_request")).encode("utf-8")
+        reason = self.conn.refusal_reason or "malformed"
+        body = json.dumps(error_body(f"Invalid HTTP request: {reason}", INVALID_REQUEST, None,
+                                     "invalid_http_request")).encode("utf-8")
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
         self._cancel_head_timer()
@@ -327,6 +244,42 @@ class GuardedH11Protocol(H11Protocol):
         # uvicorn pauses reading while a request body waits to be consumed; the rest must drain.
         raw.resume_reading()
         self._linger_timer = self.loop.call_later(LINGER_SECONDS, raw.close)
+
+    # ------------------------------------------------------------------ send deadline
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None and not self._lost and self._raw is not None:
+            self._arm_send_timer(self._raw.get_write_buffer_size())
+
+    def _arm_send_timer(self, buffered: int) -> None:
+        # While writes are paused nothing is added to the buffer: it shrinks only as the client reads.
+        self._send_timer = self.loop.call_later(self.limits.send_timeout, self._on_send_timeout, buffered)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_send_timer()
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _on_send_timeout(self, buffered: int) -> None:
+        self._send_timer = None
+        if self._lost or self._raw is None:
+            return
+        now_buffered = self._raw.get_write_buffer_size()
+        if now_buffered < buffered:
+            self._arm_send_timer(now_buffered)  # the client read some: the count starts again
+            return
+        held = self._send_timeout_log.passes(self.loop.time())
+        if held is not None:
+            logger.info("closed a connection from %s that accepted none of its answer for %g seconds "
+                        "(--http_send_timeout); its request is aborted%s", self.client[0] if self.client else "?",
+                        self.limits.send_timeout, f" ({held} more since the last such line)" if held else "")
+        # close() would wait for the buffer to drain, which is what this client does not let happen.
+        self._raw.abort()
 
     # ------------------------------------------------------------------ request-head deadline
 

@@ -159,6 +159,10 @@ class RequestGuardMiddleware:
             except asyncio.TimeoutError:
                 text = (f"The request body did not arrive within {self.body_timeout:g} seconds "
                         "(--http_body_timeout)")
+                if "chunked" in (header(scope, b"transfer-encoding") or "").lower():
+                    # A whole body with bare-LF chunk lines looks like this too: say what to check.
+                    text += ("; it is sent chunked, and its last chunk (a 0 line and an empty line) did not arrive, "
+                             "or a chunk line did not end in CRLF")
                 await error_response(408, text, "request_timeout")(scope, receive, send)
                 return None
             if message["type"] == "http.disconnect":

@@ -43,6 +43,7 @@ class HttpLimits:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     keep_alive_timeout: float = 5.0
+    send_timeout: float = 60.0
     max_connections: int = 2048
     # None: half of max_connections, so one client cannot take every connection.
     max_connections_per_client: Optional[int] = None
@@ -137,6 +138,7 @@ class HttpServerOptions:
             header_timeout=args.http_header_timeout,
             body_timeout=args.http_body_timeout,
             keep_alive_timeout=args.http_keep_alive_timeout,
+            send_timeout=args.http_send_timeout,
             max_connections=args.http_max_connections,
             max_connections_per_client=args.http_max_connections_per_client,
             max_preparing_per_client=args.http_max_preparing_per_client,

@@ -120,7 +120,7 @@ def _validate_http_args(args: argparse.Namespace) -> None:
     if args.http_max_preparing_per_client < 0:
         raise ArgumentError(f"--http_max_preparing_per_client must be >= 0 (0: no limit), got "
                             f"{args.http_max_preparing_per_client}")
-    for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout"):
+    for name in ("http_header_timeout", "http_body_timeout", "http_keep_alive_timeout", "http_send_timeout"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ArgumentError(f"--{name} must be a positive number of seconds, got {value}")

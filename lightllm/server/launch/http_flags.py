@@ -52,6 +52,14 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         help="Seconds an idle keep-alive connection stays open between two requests. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     add_flag(
+        group, "--http_send_timeout", roles=EVERY_ROLE,
+        type=finite_float,
+        default=60.0,
+        help="Seconds a client may accept none of its answer (a stream it stopped reading: the socket's buffers full) "
+        "before its connection is closed and its request aborted; generation does not wait for a slow reader, so "
+        "the answer would otherwise be buffered until it ends. Any progress restarts the count. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+    )
+    add_flag(
         group, "--http_max_connections", roles=EVERY_ROLE,
         type=int,
         default=2048,

@@ -28,6 +28,7 @@ SECONDS_FLAGS: Tuple[str, ...] = (
     "http_header_timeout",
     "http_body_timeout",
     "http_keep_alive_timeout",
+    "http_send_timeout",
     "slot_wait_seconds",
     "pd_heartbeat_interval",
     "pd_reserve_lease_seconds",

@@ -240,6 +240,26 @@ def test_non_finite_numbers_are_refused_as_not_finite(client: TestClient, litera
     assert "must be finite" in assert_error(response, 400, "parameters.top_p")["message"]
 
 
+@pytest.mark.parametrize("literal", ["1e-400", "-1e-400", "0.5e-330", "12E-500"])
+def test_nonzero_numbers_a_double_reads_as_zero_are_refused(client: TestClient, literal: str) -> None:
+    """``json.loads`` read them as 0: greedy decoding for a temperature, even a negative one, accepted."""
+    raw = '{"model": "%s", "prompt": "hi", "temperature": %s, "max_tokens": 2}' % (MODEL, literal)
+    response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    error = assert_error(response, 400, "temperature")
+    assert error["message"] == (f"Invalid value for 'temperature': {literal} is too close to 0 for a 64-bit float "
+                                "and would be read as 0; send 0 if that is what is meant")
+    raw = '{"inputs": "hi", "parameters": {"temperature": %s}}' % literal
+    response = client.post("/generate", content=raw, headers={"content-type": "application/json"})
+    assert "would be read as 0" in assert_error(response, 400, "parameters.temperature")["message"]
+
+
+@pytest.mark.parametrize("literal", ["0", "0.0", "-0.0", "0e10", "0.000e-999", "1e-320"])
+def test_zero_and_subnormal_literals_keep_their_value(client: TestClient, literal: str) -> None:
+    raw = '{"model": "%s", "prompt": "hi", "temperature": %s, "max_tokens": 2}' % (MODEL, literal)
+    response = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert "would be read as 0" not in response.text
+
+
 # ---------------------------------------------------------------- OpenAPI
 
 

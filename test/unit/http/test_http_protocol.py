@@ -164,11 +164,43 @@ def test_a_stalled_body_gets_408(server_url: str) -> None:
     assert status == 408 and "--http_body_timeout" in error["message"]
 
 
+def test_a_chunked_body_with_bare_lf_chunk_lines_is_told_what_to_check(server_url: str) -> None:
+    """The whole body arrived; only its framing was wrong: the 408 must not say only that it never came."""
+    body = b'{"inputs": "hi"}'
+    with socket.create_connection(_address(server_url)) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\n" % len(body) + body + b"\n0\n\n")
+        status, error = _json_error(_read_until_closed(sock, 10))
+    assert status == 408 and error["message"].endswith(
+        "; it is sent chunked, and its last chunk (a 0 line and an empty line) did not arrive, or a chunk line did "
+        "not end in CRLF")
+
+
 def test_a_malformed_request_gets_a_json_400(server_url: str) -> None:
     with socket.create_connection(_address(server_url)) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         status, error = _json_error(_read_until_closed(sock, 10))
     assert status == 400 and error["code"] == "invalid_http_request"
+
+
+@pytest.mark.parametrize("head, reason", [
+    (b"GET /v1/models HTTP/1.1\r\n\r\n", "Missing mandatory Host: header"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "Found multiple Host: headers"),
+    (b"POST /generate HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+     "conflicting Content-Length headers"),
+    (b"POST /generate HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+    (b"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+     "Only Transfer-Encoding: chunked is supported"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: a\r\nfoo\r\n\r\n", "illegal header line: b'foo'"),
+    (b"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+     "illegal chunk header: b'zz\\r\\n'"),
+])
+def test_a_malformed_request_is_told_what_is_wrong(server_url: str, head: bytes, reason: str) -> None:
+    """Every parse error was "malformed, or its head is larger than 16 KiB", for heads of a few bytes."""
+    with socket.create_connection(_address(server_url)) as sock:
+        sock.sendall(head)
+        status, error = _json_error(_read_until_closed(sock, 10))
+    assert status == 400 and error["message"] == f"Invalid HTTP request: {reason}", error
 
 
 

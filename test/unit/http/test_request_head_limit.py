@@ -24,7 +24,8 @@ from lightllm.server.http.app import create_app
 from lightllm.server.http.front_door import FrontDoor
 from lightllm.server.http.listen_sockets import bind_listeners
 from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
-from lightllm.server.http.protocol import HeadLimitedConnection, guarded_protocol_class
+from lightllm.server.http.head_limited_connection import HeadLimitedConnection
+from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 
