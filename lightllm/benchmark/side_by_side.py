@@ -48,25 +48,35 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """``prompts`` requests of ``input_len`` tokens, each generating ``output_len`` tokens."""
+    """``prompts`` requests of ``input_len`` tokens, each generating ``output_len`` tokens.
+
+    With ``prefix_len`` every prompt starts with the same ``prefix_len`` tokens (the client's
+    ``--random-prefix-len``: a few-shot or system prompt) before its own ``input_len``.
+    """
 
     prompts: int
     input_len: int
     output_len: int
+    prefix_len: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.prompts}x{self.input_len}x{self.output_len}"
+        shared = f"{self.prefix_len}+" if self.prefix_len else ""
+        return f"{self.prompts}x{shared}{self.input_len}x{self.output_len}"
 
 
 def parse_cases(text: str) -> List[Case]:
-    """``"64x128x64,8x1024x8"`` -> cases; a malformed item raises ``ValueError`` naming it."""
+    """``"64x128x64,64x1024+128x64"`` -> cases (``PREFIX+INPUT``: a shared prefix); ``ValueError`` naming a bad item."""
     cases = []
     for item in text.split(","):
         parts = item.strip().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"case {item!r} is not PROMPTSxINPUTxOUTPUT with positive integers (e.g. 64x128x64)")
-        cases.append(Case(*(int(p) for p in parts)))
+        lengths = parts[1].split("+") if len(parts) == 3 else []
+        numbers = [parts[0], *lengths, parts[2]] if len(parts) == 3 and len(lengths) <= 2 else []
+        if not numbers or not all(p.isdigit() and int(p) > 0 for p in numbers):
+            raise ValueError(f"case {item!r} is not PROMPTSxINPUTxOUTPUT (or PROMPTSxPREFIX+INPUTxOUTPUT, a shared "
+                             "prefix) with positive integers (e.g. 64x128x64, 64x1024+128x64)")
+        prefix = int(lengths[0]) if len(lengths) == 2 else 0
+        cases.append(Case(int(parts[0]), int(lengths[-1]), int(parts[2]), prefix))
     if not cases:
         raise ValueError("--cases needs at least one case")
     return cases
@@ -90,6 +100,7 @@ def client_command(vllm_bin: Path, base_url: str, model_dir: str, case: Case, se
         "--random-output-len", str(case.output_len), "--num-prompts", str(case.prompts), "--ignore-eos",
         "--temperature", "0", "--seed", str(seed), "--request-rate", "inf", "--save-result",
         "--result-dir", str(result_dir), "--result-filename", result_name,
+        *(["--random-prefix-len", str(case.prefix_len)] if case.prefix_len else []),
     ]
 
 
@@ -199,7 +210,8 @@ def markdown_table(cases: Sequence[Case], runs: Sequence[Dict[str, object]]) -> 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.side_by_side", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True, help="checkpoint directory both engines serve")
-    parser.add_argument("--cases", required=True, help="comma-separated PROMPTSxINPUTxOUTPUT, e.g. 64x128x64,8x1024x8")
+    parser.add_argument("--cases", required=True, help="comma-separated PROMPTSxINPUTxOUTPUT, e.g. 64x128x64,8x1024x8; "
+                        "PROMPTSxPREFIX+INPUTxOUTPUT gives every prompt the same PREFIX tokens first (64x1024+128x64)")
     parser.add_argument("--engines", default="ours,vllm_every_core,vllm_default,ours",
                         help=f"run order, names from {', '.join(ENGINES)} (repeats allowed)")
     parser.add_argument("--seed", type=int, default=0, help="case i uses seed + i")

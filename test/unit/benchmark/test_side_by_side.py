@@ -39,7 +39,16 @@ def test_parse_cases_reads_prompts_input_output() -> None:
     assert Case(64, 128, 64).label == "64x128x64"
 
 
-@pytest.mark.parametrize("text", ["64x128", "64x0x8", "ax1x1", "", "64x128x64,"])
+def test_a_case_may_share_a_prefix_and_the_client_is_told() -> None:
+    case = parse_cases("64x1024+128x64")[0]
+    assert case == Case(64, 128, 64, prefix_len=1024) and case.label == "64x1024+128x64"
+    command = client_command(Path("/v/bin/vllm"), "http://127.0.0.1:1", "/m", case, 3, Path("/r"), "f.json")
+    assert command[command.index("--random-prefix-len") + 1] == "1024"
+    assert command[command.index("--random-input-len") + 1] == "128"
+    assert "--random-prefix-len" not in client_command(Path("/v"), "u", "/m", Case(8, 64, 8), 0, Path("/r"), "f")
+
+
+@pytest.mark.parametrize("text", ["64x128", "64x0x8", "ax1x1", "", "64x128x64,", "64x1+2+3x8", "64x0+128x8", "64x+128x8"])
 def test_parse_cases_names_the_bad_item(text: str) -> None:
     with pytest.raises(ValueError, match="PROMPTSxINPUTxOUTPUT"):
         parse_cases(text)
