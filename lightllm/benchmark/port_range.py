@@ -38,7 +38,9 @@ class PortRange:
     the free ports stay one run at the top of the range: a block of consecutive ports (a prefill
     node's transfer ports) fits wherever :meth:`check_room` counted room for it and no other program
     holds a port in the way, whatever order the launch threads ask in (ports drawn at random left
-    holes no block fitted into: one start in five of a 5-port range failed that way).
+    holes no block fitted into: one start in five of a 5-port range failed that way).  A range
+    belongs to one run: two runs given the same range both find its lowest ports free and race
+    for them (random order only made that rarer), so give concurrent runs disjoint ranges.
     """
 
     def __init__(self, first: int, last: int) -> None:

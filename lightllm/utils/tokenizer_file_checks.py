@@ -12,10 +12,9 @@ be parsed in one line naming it.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import fnmatch
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,11 +25,14 @@ from lightllm.utils.tokenizer_sources import (
     tokenizer_sources,
 )
 
-# Vocabulary models: SentencePiece protobufs or tiktoken rank files, whichever the class reads.
-VOCABULARY_MODEL_PATTERNS = ("*.model", "tokenizer.model.*", "*.spm", "*.tiktoken")
+# The vocabulary models transformers' tokenizer classes read (their vocab_files_names): SentencePiece
+# protobufs or tiktoken rank files.  Other *.model files (an old tokenizer.model.v1) are left alone.
+VOCABULARY_MODEL_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model",
+                          "tiktoken.model")
+VOCABULARY_MODEL_PATTERNS = ("*.tiktoken",)
 _LFS_POINTER = b"version https://git-lfs"
-# tiktoken rank files are large; a prefix of lines decides their format.
-_TIKTOKEN_LINES_CHECKED = 64
+# One line of a tiktoken rank file: a base64 token, a space, its rank.
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]*={0,2} \d+")
 _AGAIN = "copy the model's tokenizer files into the directory again"
 
 
@@ -50,6 +52,7 @@ def check_tokenizer_files_readable(model_dir: str | Path, tokenizer_mode: str = 
                   and "tekken" not in name and name != TOKENIZER_CONFIG]
     for name in serialized:
         path = directory / name
+        check_not_a_placeholder(path)
         try:
             Tokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
@@ -57,7 +60,7 @@ def check_tokenizer_files_readable(model_dir: str | Path, tokenizer_mode: str = 
                                       f"{_AGAIN}") from None
     if not serialized or tokenizer_mode == "slow":
         for name in sources:
-            if any(fnmatch.fnmatchcase(name, pattern) for pattern in VOCABULARY_MODEL_PATTERNS):
+            if name in VOCABULARY_MODEL_NAMES or any(fnmatch.fnmatchcase(name, p) for p in VOCABULARY_MODEL_PATTERNS):
                 check_vocabulary_model(directory / name)
     for name in (TOKENIZER_CONFIG, "special_tokens_map.json"):
         path = directory / name
@@ -72,14 +75,20 @@ def check_tokenizer_files_readable(model_dir: str | Path, tokenizer_mode: str = 
         check_added_tokens_decoder(path, value.get("added_tokens_decoder"))
 
 
-def check_vocabulary_model(path: Path) -> None:
-    """Refuse a SentencePiece / tiktoken model file that is empty, a Git LFS pointer, or neither format."""
+def check_not_a_placeholder(path: Path) -> bytes:
+    """The bytes of ``path``; refuses an empty file and a Git LFS pointer (a clone without ``git lfs pull``)."""
     data = path.read_bytes()
     if not data.strip():
         raise TokenizerFilesError(f"{path} is empty; {_AGAIN}")
     if data.startswith(_LFS_POINTER):
         raise TokenizerFilesError(f"{path} is a Git LFS pointer, not the file it points to; fetch it "
                                   "(git lfs pull) or copy the model's tokenizer files into the directory again")
+    return data
+
+
+def check_vocabulary_model(path: Path) -> None:
+    """Refuse a SentencePiece / tiktoken model file that is empty, a Git LFS pointer, or neither format."""
+    data = check_not_a_placeholder(path)
     if _is_tiktoken_ranks(data):
         return
     if path.name.endswith(".tiktoken"):
@@ -107,19 +116,14 @@ def check_added_tokens_decoder(path: Path, decoder: Any) -> None:
 
 
 def _is_tiktoken_ranks(data: bytes) -> bool:
-    """Whether ``data`` starts as a tiktoken rank file: lines of ``<base64 token> <integer rank>``."""
-    lines = [line for line in data.splitlines()[:_TIKTOKEN_LINES_CHECKED] if line.strip()]
-    if not lines:
-        return False
-    for line in lines:
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
-            return False
-        try:
-            base64.b64decode(parts[0], validate=True)
-        except (binascii.Error, ValueError):
-            return False
-    return True
+    """Whether every line of ``data`` is ``<base64 token> <integer rank>`` (a tiktoken rank file).
+
+    Every line, not a prefix: a download cut short ends inside a line, which tiktoken's loader
+    refuses (a few hundred thousand lines take milliseconds).
+    """
+    match = _TIKTOKEN_LINE.fullmatch
+    lines = [line for line in data.splitlines() if line.strip()]
+    return bool(lines) and all(match(line.strip()) for line in lines)
 
 
 def _sentencepiece_piece_count(data: bytes) -> Optional[int]:
@@ -131,7 +135,7 @@ def _sentencepiece_piece_count(data: bytes) -> Optional[int]:
     try:
         from google.protobuf.message import DecodeError
         from sentencepiece import sentencepiece_model_pb2
-    except ImportError:  # the missing packages are the launcher's own refusal, made before this check
+    except Exception:  # noqa: BLE001 - missing (the launcher's own refusal), or protobuf's VersionError
         return None
     model = sentencepiece_model_pb2.ModelProto()
     try:

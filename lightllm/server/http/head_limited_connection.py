@@ -15,6 +15,7 @@ from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
 
 # h11 quotes the offending bytes of a line it refuses; the 400 keeps a line's worth of them.
 MAX_REASON_CHARS = 160
+_H11_LINE_TOO_LONG = "Receive buffer too long"
 _BYTEARRAY = re.compile(r"bytearray\((b'.*'|b\".*\")\)", re.DOTALL)
 # Where h11 ends a request head: a blank line, with or without its carriage return.
 _HEAD_END = re.compile(rb"\n\r?\n")
@@ -24,6 +25,9 @@ _LEADING_EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
 
 def _readable_reason(text: str) -> str:
     """h11's error text with its ``bytearray(b'...')`` shown as the bytes, cut to a line's length."""
+    if text == _H11_LINE_TOO_LONG:
+        # h11's size limit, hit by a line after the head (ours comes first for heads).
+        return f"a chunk-size line or trailer is larger than {MAX_HEAD_BYTES // 1024} KiB"
     text = _BYTEARRAY.sub(r"\1", text) or "malformed"
     return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS] + "..."
 

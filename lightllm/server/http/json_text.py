@@ -7,7 +7,8 @@ the checks the body gets (:mod:`lightllm.server.http.body`): a lone ``\\ud800`` 
 the tokenizer, ``NaN`` passed as a number, and text nested a thousand levels overflowed the
 JSON reader's recursion (a 500).  :func:`parse_json_text` applies the body's rules to the
 string's own JSON: valid JSON, nested at most :data:`~lightllm.server.http.body.MAX_JSON_DEPTH`
-levels counted from the string's own top value, finite numbers, no lone surrogates, integers
+levels counted from the string's own top value, finite numbers (and none a double reads as 0
+though it is not), no lone surrogates, integers
 within Python's digit limit, and (unless the caller allows them) no key repeated in one object.
 Every failure is a 400 naming the field.
 """
@@ -18,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from lightllm.server.http.body import (MAX_JSON_DEPTH, DuplicateKeyError, find_structure_problem,
+from lightllm.server.http.body import (MAX_JSON_DEPTH, DuplicateKeyError, find_structure_problem, float_reader,
                                        object_with_unique_keys)
 from lightllm.server.http.errors import APIError, invalid_request
 
@@ -27,6 +28,7 @@ from lightllm.server.http.errors import APIError, invalid_request
 _PROBLEMS = {
     "deep": f"its JSON is nested more than {MAX_JSON_DEPTH} levels deep",
     "number": "its JSON holds a number that is not finite ({value!r}); JSON has no NaN or Infinity",
+    "underflow": "its JSON holds {value}, too close to 0 for a 64-bit float (it would be read as 0)",
     "string": "its JSON holds a string with a lone UTF-16 surrogate (not valid Unicode)",
     "key": "its JSON holds an object key with a lone UTF-16 surrogate (not valid Unicode)",
 }
@@ -44,7 +46,8 @@ def parse_json_text(text: str, param: str, unique_keys: bool = True) -> Any:
     arguments copied from a model's output, which a client sends back in the history.
     """
     try:
-        value = json.loads(text, object_pairs_hook=object_with_unique_keys if unique_keys else None)
+        value = json.loads(text, object_pairs_hook=object_with_unique_keys if unique_keys else None,
+                           parse_float=float_reader(text))
     except DuplicateKeyError as exc:
         raise _refuse(param, f"its JSON repeats the key {exc.key!r} in one object") from None
     except RecursionError:

@@ -20,11 +20,9 @@ cap on open connections. :class:`GuardedH11Protocol` adds
   bounds a head that is still arriving), applied by its connection
   (:class:`~lightllm.server.http.head_limited_connection.HeadLimitedConnection`);
 * a JSON body on uvicorn's own 400 for a malformed request, naming what h11 refused;
-* a send deadline: a connection whose client accepts none of its answer for ``send_timeout``
-  seconds (the socket's buffers full, uvicorn's writes paused) is closed, which aborts its request.
-  The engine does not wait for a slow reader, so a client that stopped reading a stream had every
-  later token buffered for it (32 MiB for one ``n: 16`` stream with alternatives) until the
-  generation ended; nginx's ``send_timeout`` is the same rule, at the same 60 s default.
+* a send deadline (:class:`~lightllm.server.http.send_deadline.SendDeadline`): a connection whose
+  client takes none of its answer for ``send_timeout`` seconds while uvicorn's writes are paused
+  is closed, which aborts a request still running on it.
 
 The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
 """
@@ -45,6 +43,7 @@ from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, er
 from lightllm.server.http.head_limited_connection import HeadLimitedConnection
 from lightllm.server.http.log_throttle import IntervalGate
 from lightllm.server.http.retry_after import retry_after_head_lines
+from lightllm.server.http.send_deadline import SendDeadline
 from lightllm.server.http.server_options import HttpLimits
 
 # Long enough for a client on a fast link to finish sending a refused body and read the answer,
@@ -53,6 +52,7 @@ LINGER_SECONDS = 2.0
 REFUSAL_LOG_INTERVAL_SECONDS = 10.0
 
 logger = logging.getLogger(__name__)
+
 
 def raw_json_response(status: int, message: str, error_type: str, code: str) -> bytes:
     """A complete HTTP/1.1 response with an error body that closes the connection."""
@@ -95,8 +95,8 @@ class GuardedH11Protocol(H11Protocol):
     front_door_data: bytes = b""
     front_door_deadline: Optional[float] = None
     front_door_release: Optional[Callable[[], None]] = None
-    _last_refusal_log = float("-inf")
-    _refused_since_log = 0
+    # A flood of connections (or of stalled readers) must not become a flood of log lines.
+    _refusal_log = IntervalGate(REFUSAL_LOG_INTERVAL_SECONDS)
     # Stalled readers can be many; their closes are logged at most once per interval, counted.
     _send_timeout_log = IntervalGate()
 
@@ -107,7 +107,7 @@ class GuardedH11Protocol(H11Protocol):
         self._raw: Optional[asyncio.Transport] = None
         self._head_timer: Optional[asyncio.TimerHandle] = None
         self._linger_timer: Optional[asyncio.TimerHandle] = None
-        self._send_timer: Optional[asyncio.TimerHandle] = None
+        self._send_deadline: Optional[SendDeadline] = None
         self.lingering = False
         self._lost = False
         self._ignore_input = False
@@ -158,7 +158,8 @@ class GuardedH11Protocol(H11Protocol):
         if self.front_door_release is not None:
             self.front_door_release()
         self._cancel_head_timer()
-        self._cancel_send_timer()
+        if self._send_deadline is not None:
+            self._send_deadline.stop()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
@@ -212,14 +213,10 @@ class GuardedH11Protocol(H11Protocol):
 
     @classmethod
     def _log_refusal(cls) -> None:
-        # A flood of connections must not become a flood of log lines: one line per interval.
-        now = asyncio.get_running_loop().time()
-        cls._refused_since_log += 1
-        if now - cls._last_refusal_log >= REFUSAL_LOG_INTERVAL_SECONDS:
-            logger.warning("refused %d connection(s) over --http_max_connections (%d)",
-                           cls._refused_since_log, cls.limits.max_connections)
-            cls._last_refusal_log = now
-            cls._refused_since_log = 0
+        held = cls._refusal_log.passes(asyncio.get_running_loop().time())
+        if held is not None:
+            logger.warning("refused %d connection(s) over --http_max_connections (%d)", held + 1,
+                           cls.limits.max_connections)
 
     def _refuse(self, answer: bytes) -> None:
         assert self._raw is not None
@@ -248,36 +245,28 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------------ send deadline
 
     def pause_writing(self) -> None:
+        """uvicorn's flow control, plus the send deadline: watched while the client takes nothing."""
         super().pause_writing()
-        if self._send_timer is None and not self._lost and self._raw is not None:
-            self._arm_send_timer(self._raw.get_write_buffer_size())
-
-    def _arm_send_timer(self, buffered: int) -> None:
-        # While writes are paused nothing is added to the buffer: it shrinks only as the client reads.
-        self._send_timer = self.loop.call_later(self.limits.send_timeout, self._on_send_timeout, buffered)
+        if self._send_deadline is None and self._raw is not None:
+            self._send_deadline = SendDeadline(self.loop, self._raw, self.limits.send_timeout, self._on_send_timeout)
+        if self._send_deadline is not None and not self._lost:
+            self._send_deadline.start()
 
     def resume_writing(self) -> None:
+        """uvicorn's flow control; the client took enough of the answer that the deadline stops."""
         super().resume_writing()
-        self._cancel_send_timer()
+        if self._send_deadline is not None:
+            self._send_deadline.stop()
 
-    def _cancel_send_timer(self) -> None:
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
-
-    def _on_send_timeout(self, buffered: int) -> None:
-        self._send_timer = None
+    def _on_send_timeout(self) -> None:
         if self._lost or self._raw is None:
-            return
-        now_buffered = self._raw.get_write_buffer_size()
-        if now_buffered < buffered:
-            self._arm_send_timer(now_buffered)  # the client read some: the count starts again
             return
         held = self._send_timeout_log.passes(self.loop.time())
         if held is not None:
-            logger.info("closed a connection from %s that accepted none of its answer for %g seconds "
-                        "(--http_send_timeout); its request is aborted%s", self.client[0] if self.client else "?",
-                        self.limits.send_timeout, f" ({held} more since the last such line)" if held else "")
+            logger.info("closed a connection from %s that took none of its answer for %g seconds "
+                        "(--http_send_timeout); a request still running on it is aborted%s",
+                        self.client[0] if self.client else "?", self.limits.send_timeout,
+                        f" ({held} more since the last such line)" if held else "")
         # close() would wait for the buffer to drain, which is what this client does not let happen.
         self._raw.abort()
 
@@ -305,4 +294,6 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_protocol_class(limits: HttpLimits) -> type[GuardedH11Protocol]:
     """A :class:`GuardedH11Protocol` subclass bound to ``limits`` (uvicorn instantiates the class itself)."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+    # Each server its own log gates, as its own limits.
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {
+        "limits": limits, "_refusal_log": IntervalGate(REFUSAL_LOG_INTERVAL_SECONDS), "_send_timeout_log": IntervalGate()})

@@ -56,7 +56,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=finite_float,
         default=60.0,
         help="Seconds a client may accept none of its answer (a stream it stopped reading: the socket's buffers full) "
-        "before its connection is closed and its request aborted; generation does not wait for a slow reader, so "
+        "before its connection is closed and a request still running on it aborted; generation does not wait for a slow reader, so "
         "the answer would otherwise be buffered until it ends. Any progress restarts the count. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     add_flag(

@@ -61,6 +61,29 @@ def test_a_tiktoken_rank_file_is_accepted(tiny_llama_dir, tmp_path):
         check_tokenizer_files_readable(model_dir)
 
 
+def test_a_tiktoken_file_cut_short_inside_a_line_is_refused(tiny_llama_dir, tmp_path):
+    """Only the first lines were looked at: a download cut off at the end passed, and tiktoken's loader failed late."""
+    ranks = "".join(f"{base64.b64encode(bytes([byte])).decode()} {byte}\n" for byte in range(256))
+    model_dir = _sentencepiece_only(tiny_llama_dir, tmp_path, (ranks + "SGVsbG8").encode())
+    with pytest.raises(TokenizerFilesError, match="is neither a SentencePiece model nor a tiktoken rank file"):
+        check_tokenizer_files_readable(model_dir)
+
+
+def test_a_serialization_that_is_a_git_lfs_pointer_says_so(tiny_llama_dir, tmp_path):
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "lfs_json")
+    (model_dir / "tokenizer.json").write_text(_LFS_POINTER)
+    with pytest.raises(TokenizerFilesError, match=r"tokenizer.json is a Git LFS pointer, not the file it points to; "
+                                                  r"fetch it \(git lfs pull\)"):
+        check_tokenizer_files_readable(model_dir)
+
+
+def test_a_model_file_no_tokenizer_class_reads_is_left_alone(tiny_llama_dir, tmp_path, sentencepiece_model):
+    model_dir = _sentencepiece_only(tiny_llama_dir, tmp_path, sentencepiece_model)
+    (model_dir / "tokenizer.model.v1").write_bytes(b"")  # an older copy beside the one in use
+    (model_dir / "reward.model").write_bytes(b"\x00\x01")
+    check_tokenizer_files_readable(model_dir)
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "tokenizer.model is empty; copy the model's tokenizer files into the directory again"),
     (b"\n \n", "tokenizer.model is empty"),

@@ -194,6 +194,8 @@ def test_a_malformed_request_gets_a_json_400(server_url: str) -> None:
     (b"GET /v1/models HTTP/1.1\r\nHost: a\r\nfoo\r\n\r\n", "illegal header line: b'foo'"),
     (b"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
      "illegal chunk header: b'zz\\r\\n'"),
+    (b"POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 20000,
+     "a chunk-size line or trailer is larger than 16 KiB"),
 ])
 def test_a_malformed_request_is_told_what_is_wrong(server_url: str, head: bytes, reason: str) -> None:
     """Every parse error was "malformed, or its head is larger than 16 KiB", for heads of a few bytes."""

@@ -53,8 +53,8 @@ class EndlessStream:
 
 
 @contextlib.contextmanager
-def _serving(app: EndlessStream) -> Iterator[int]:
-    limits = HttpLimits(send_timeout=SEND_TIMEOUT)
+def _serving(app: EndlessStream, send_timeout: float = SEND_TIMEOUT) -> Iterator[int]:
+    limits = HttpLimits(send_timeout=send_timeout)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=guarded_protocol_class(limits),
                             lifespan="off")
@@ -73,9 +73,9 @@ def _serving(app: EndlessStream) -> Iterator[int]:
         thread.join(10)
 
 
-def _stream_request(port: int) -> socket.socket:
+def _stream_request(port: int, receive_buffer: int = 4096) -> socket.socket:
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads little fills up at once
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)  # a client that reads little fills up
     sock.connect(("127.0.0.1", port))
     sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     return sock
@@ -110,5 +110,26 @@ def test_a_client_that_reads_is_not_cut():
             while time.monotonic() < stop:
                 received += len(sock.recv(65536))
             assert received > len(CHUNK) and not app.disconnected.is_set()
+        finally:
+            sock.close()
+
+
+def test_a_client_reading_slowly_keeps_its_stream():
+    """A reader far slower than the stream keeps it: its progress is seen in the kernel's send queue.
+
+    asyncio's own buffer moves into the kernel only when the socket turns writable, after about half
+    of a send queue of megabytes drained: watched alone it showed no progress for half a minute at
+    40 KB/s, and the deadline cut this client.
+    """
+    app = EndlessStream()
+    with _serving(app, send_timeout=2.0) as port:
+        sock = _stream_request(port, receive_buffer=2048)
+        try:
+            received = 0
+            stop = time.monotonic() + 10
+            while time.monotonic() < stop:
+                received += len(sock.recv(2048))  # about 40 KB/s
+                time.sleep(0.05)
+            assert received > 0 and not app.disconnected.is_set()
         finally:
             sock.close()
