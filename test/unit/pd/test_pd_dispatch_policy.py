@@ -346,6 +346,8 @@ def test_a_node_whose_port_refused_the_master_gets_nothing_new_until_it_heartbea
     registry.mark_refused(d0, "could not be reached: ConnectError")
     assert {selector.pick("decode").node_id for _ in range(4)} == {"d1"}
     assert registry.ready and registry.snapshot()[0]["refused_age_s"] == 0.0
+    # The node's own last report still says serving; the master's view is the serving field (and the gauge).
+    assert registry.snapshot()[0]["state"] == "serving" and registry.snapshot()[0]["serving"] is False
     registry.mark_refused(registry.get("d1"), "could not be reached: ConnectError")
     assert not registry.ready
     assert registry.missing() == ["no decode node takes new requests (d0 refused a connection, d1 refused a connection)"]
@@ -358,6 +360,7 @@ def test_a_node_whose_port_refused_the_master_gets_nothing_new_until_it_heartbea
     assert registry.heartbeat("d1")
     assert registry.ready and selector.pick("decode").node_id == "d1"
     assert [entry["refused_age_s"] for entry in registry.snapshot()] == [0.0, None, None]
+    assert [entry["serving"] for entry in registry.snapshot()] == [False, True, True]
     # A node the registry no longer knows is left alone.
     registry.unregister("d0", "test")
     registry.mark_refused(d0, "a late call")

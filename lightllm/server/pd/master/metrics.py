@@ -75,7 +75,7 @@ class _NodesCollector:
         yield gauge
         labels = ["node_id", "role"]
         serving = GaugeMetricFamily("lightllm_pd_node_serving", "1 while the PD node takes new requests, "
-                                    "0 while it drains", labels=labels)
+                                    "0 while it drains or after its port refused the master", labels=labels)
         in_flight = GaugeMetricFamily("lightllm_pd_node_in_flight_requests", "Requests the master placed on the "
                                       "PD node and has not seen leave it", labels=labels)
         loads = [(GaugeMetricFamily(name, text, labels=labels), field) for name, text, field in _LOAD_GAUGES]

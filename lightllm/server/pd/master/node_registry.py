@@ -329,8 +329,10 @@ class NodeRegistry:
 
     def snapshot(self) -> List[Dict[str, object]]:
         """Each live node's registration plus ``heartbeats``, ``last_heartbeat_age_s``, ``state``,
-        ``load`` (the last report, None before the first), ``load_age_s`` and ``refused_age_s``
-        (seconds since its port refused the master, None when it did not since its last heartbeat)."""
+        ``load`` (the last report, None before the first), ``load_age_s``, ``refused_age_s``
+        (seconds since its port refused the master, None when it did not since its last heartbeat)
+        and ``serving`` (whether it takes new requests: ``state`` is the node's own last report,
+        which a refused connection does not change)."""
         self.expire()
         now = self._clock()
         return [
@@ -342,6 +344,7 @@ class NodeRegistry:
                 "load": state.load.to_dict() if state.load is not None else None,
                 "load_age_s": round(now - state.load_at, 3) if state.load_at is not None else None,
                 "refused_age_s": round(now - state.refused_at, 3) if state.refused_at is not None else None,
+                "serving": state.serving,
             }
             for state in sorted(self._nodes.values(), key=lambda s: s.info.node_id)
         ]
