@@ -16,6 +16,7 @@ import functools
 import re
 from typing import Any, Optional
 
+from lightllm.common.sampling.grammar_limits import grammar_limits
 from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
 from lightllm.server.http.closed_objects import closed_objects, unkept_min_properties
 from lightllm.server.http.errors import invalid_request
@@ -32,7 +33,7 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
                               "fit (make it smaller)", param)
 
     try:
-        problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+        problem = llguidance.LLMatcher.validate_grammar(grammar, None, limits=grammar_limits())
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
         problem = str(exc) or type(exc).__name__
     if problem:
@@ -73,7 +74,7 @@ def _no_output_reason(grammar: str) -> Optional[str]:
     import llguidance.numpy as ll_numpy
 
     tokenizer = _byte_tokenizer()
-    matcher = llguidance.LLMatcher(tokenizer, grammar)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, limits=grammar_limits())
     if not matcher.is_error():
         bitmask = ll_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
         ll_numpy.fill_next_token_bitmask(matcher, bitmask, 0)

@@ -129,3 +129,29 @@ def test_a_grammar_that_fails_ends_its_request_alone_and_says_why(tiny_llama_dir
     assert "request 2: token" in caplog.text and "does not continue its structured-output grammar" in caplog.text
     assert statuses[3] == FINISH_ERROR and outputs[3] == []
     assert "request 3: its structured-output grammar allows no token after 0 output tokens" in caplog.text
+
+
+def test_an_ambiguous_grammar_ends_with_an_error_before_its_cost_takes_the_rank(tiny_llama_dir, caplog):
+    """``x: x x | x x x | "a" | "aa" | "b"`` needs more parser items with every token, and its mask cost grows with
+    them (112 ms a step after 450 tokens under llguidance's default limit), in the step every request
+    waits for: under the server's limit it ends after about a hundred tokens; a free request is untouched."""
+    import llguidance
+
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    prompt = tokenizer("Say a")["input_ids"]
+    free = SamplingParams(temperature=0, max_new_tokens=300, ignore_eos=True)
+    alone, _ = _run_one(model, free, prompt)
+    backend = _backend(model, GrammarConstraints(lambda: tokenizer))
+    backend.add_request(1, RequestSpec(prompt, free))
+    ambiguous = llguidance.grammar_from("lark", 'start: x\nx: x x | x x x | "a" | "aa" | "b"\n')
+    a = tokenizer.convert_tokens_to_ids("a")
+    # The bias keeps it on the one-byte token, the costliest path (a greedy model would end at once).
+    params = SamplingParams(temperature=0, max_new_tokens=300, min_new_tokens=300, grammar=ambiguous,
+                            logit_bias={a: 100.0})
+    backend.add_request(2, RequestSpec(prompt, params))
+    with caplog.at_level("WARNING", logger="lightllm.structured_output"):
+        outputs, statuses = _run(backend)
+    assert outputs[1] == alone
+    assert statuses[2] == FINISH_ERROR and 20 < len(outputs[2]) < 300
+    assert "Too many items" in caplog.text

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from lightllm.common.sampling.grammar_limits import grammar_limits
 from lightllm.server.model_rank.execution.grammar_vocabulary import grammar_tokenizer
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 
@@ -50,7 +51,7 @@ class GrammarConstraints:
         if matcher is None:
             import llguidance
 
-            matcher = llguidance.LLMatcher(self._tokenizer(), req.sampling.grammar)
+            matcher = llguidance.LLMatcher(self._tokenizer(), req.sampling.grammar, limits=grammar_limits())
             # A request prefilled again after a pause keeps its matcher; a new one starts here,
             # past the output earlier segments generated (the prompt's tail) and this one's.
             earlier = req.prompt_ids[len(req.prompt_ids) - req.generated_before:] if req.generated_before else []
