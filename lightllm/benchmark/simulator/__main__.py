@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--mixed-batches",
         action="store_true",
         help="run a normal node's decode rows inside its prefill forward, as the server does by default "
-        "(off here: the H100 profile was fitted to the seed's engine, which runs them as two forwards)",
+        "(off here: the H100 profile was fitted to the seed's engine, which runs them as two forwards; "
+        "refused when every mode run is 1p1d, whose nodes never mix)",
     )
     # Checked while parsing: a run of every seed cell takes a while to lose at the end.
     parser.add_argument("--json", dest="json_path", type=output_file, help="also write the results as JSON here")
@@ -247,6 +248,10 @@ def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dic
     if args.running_max_req_size < 1:
         raise ValueError(f"--running-max-req-size must be >= 1, got {args.running_max_req_size}")
     overtake_bound_from_cli(args)  # refuse bad values before any case runs
+    if args.mixed_batches and all(mode == "1p1d" for mode in modes):
+        raise ValueError("--mixed-batches changes nothing with --modes 1p1d: a PD pair runs no mixed batch (its "
+                         "prefill node never decodes, its decode node never prefills); add normal to --modes or "
+                         "drop --mixed-batches")
     if args.soak_hours is not None:
         cfg = _soak_config(args, profile, budgets, modes)
         soaks = run_soaks(profile, strategies, cfg)

@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of cells to simulate, each scenario/mode/budget (default: the seed's headline cells)",
     )
     parser.add_argument(
-        "--strategies", default="hrrn,promote_shortest", help="comma list of strategies compared with default"
+        "--strategies", default="hrrn,promote_shortest",
+        help="comma list of strategies compared with default (not default alone)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0; "
                         "refused when every cell's scenario has its arrivals at fixed times)")
@@ -215,6 +216,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--strategies must name some of {', '.join(available_strategy_names())}; "
                              f"got {args.strategies!r}")
         _refuse_repeats(strategies, "--strategies")
+        if strategies == ["default"]:
+            raise ValueError("--strategies names only default, which every row is compared with: each row would "
+                             "compare default with itself; name another strategy")
         if args.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {args.seed}")
         if "seed" in given_flags(parser, argv):

@@ -58,6 +58,12 @@ def cell_from_cli(args: argparse.Namespace, typed: Collection[str] = ()) -> Tupl
     return profile, scenario, args.mode, args.budget
 
 
+def scenario_label(scenario: ScenarioSpec, seed: int) -> str:
+    """How a refusal names the workload a sweep built: ``scenario long_first``, with the seed
+    (``scenario sustained (seed 3)``) where the scenario's arrivals are drawn from it."""
+    return f"scenario {scenario.name}" + (f" (seed {seed})" if scenario.reads_seed else "")
+
+
 # Most values one list flag may name (ranges expanded): in a sweep each value is at least one
 # simulation of the whole cell, so more is a typo (``1-1000000000/1``) rather than a sweep; it is
 # refused before the range is expanded, which would otherwise take all memory.

@@ -42,6 +42,7 @@ from lightllm.benchmark.simulator.cell_cli import (
     int_range_arg,
     refuse_repeats,
     run_cell_command,
+    scenario_label,
 )
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.engine import Simulator
@@ -156,6 +157,19 @@ def prefill_node_records(
     return sim.run().records
 
 
+def refuse_sparing_all(workload: Sequence[ScheduledRequest], source: str, spared: Sequence[int]) -> None:
+    """Raise ``ValueError`` naming ``--spared`` when a value spares every short prompt of ``workload``.
+
+    Such an order serves no prompt by its deadline, so its rows would equal ``default``.
+    ``source`` names the workload in the message (``scenario long_first``).
+    """
+    shorts = sum(1 for item in workload if item.request_class == SHORT)
+    every = [count for count in spared if count >= shorts]
+    if every:
+        raise ValueError(f"--spared {every[0]} spares all {shorts} short prompts of {source}: none would be served "
+                         f"by its deadline, so the rows would equal default; name values below {shorts}")
+
+
 def deadline_frontier(
     profile: CostProfile,
     scenario: ScenarioSpec,
@@ -265,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_range_arg,
         default="0,47",
         help="earliest short prompts left first come: LOW-HIGH/STEP ranges or a comma list of integers >= 0, "
-        f"at most {MAX_LIST_VALUES} values (default 0,47)",
+        f"at most {MAX_LIST_VALUES} values, each below the scenario's short prompts (default 0,47)",
     )
     add_overtake_bound_arguments(parser)
     return parser
@@ -275,6 +289,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
 
     def sweep(args, profile, scenario, mode, budget, bound) -> str:
+        refuse_sparing_all(scenario.build(args.seed), scenario_label(scenario, args.seed), args.spared)
         points = deadline_frontier(
             profile, scenario, mode, budget, args.due_ms, args.spared,
             overtake_bound=bound, seed=args.seed,

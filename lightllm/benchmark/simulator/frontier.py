@@ -34,6 +34,7 @@ from lightllm.benchmark.simulator.cell_cli import (
     add_cell_arguments,
     int_range_arg,
     run_cell_command,
+    scenario_label,
 )
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import case_metrics, simulate_workload
@@ -151,6 +152,29 @@ def earliest_short_ids(workload: Sequence[ScheduledRequest], count: int) -> List
     return [index for _, index in shorts[:count]]
 
 
+def refuse_idle_members(
+    workload: Sequence[ScheduledRequest], source: str, counts: Sequence[int], starts: Sequence[int]
+) -> None:
+    """Raise ``ValueError`` naming ``--counts`` or ``--starts`` when a member would measure nothing new.
+
+    A count above the workload's short prompts serves the same prompts as a count of all of them
+    (an identical row); a start at or beyond its prefill tokens releases nothing, since nothing
+    waits once they are all processed (a row equal to ``default``).  ``source`` names the
+    workload in the message (``scenario long_first``).
+    """
+    shorts = sum(1 for item in workload if item.request_class == SHORT)
+    above = [count for count in counts if count > shorts]
+    if above:
+        raise ValueError(f"--counts {above[0]} is above the {shorts} short prompts of {source}: it would serve "
+                         f"the same prompts as count {shorts}; name counts up to {shorts}")
+    prefill_tokens = sum(item.prompt_len for item in workload)
+    beyond = [start for start in starts if start >= prefill_tokens]
+    if beyond:
+        raise ValueError(f"--starts {beyond[0]} is at or beyond the {prefill_tokens} prefill tokens of {source}: "
+                         "nothing waits once they are all processed, so the order would equal default; name "
+                         f"starts below {prefill_tokens}")
+
+
 def frontier(
     profile: CostProfile,
     scenario: ScenarioSpec,
@@ -248,14 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_range_arg,
         default="40-140/10",
         help="short prompts served early: LOW-HIGH/STEP ranges or a comma list of integers >= 0, "
-        f"at most {MAX_LIST_VALUES} values (default 40-140/10)",
+        f"at most {MAX_LIST_VALUES} values, none above the scenario's short prompts (default 40-140/10)",
     )
     parser.add_argument(
         "--starts",
         type=int_range_arg,
         default="0,16384,32768",
         help="processed prefill tokens before the first is served: LOW-HIGH/STEP ranges or a comma list of "
-        f"integers >= 0, at most {MAX_LIST_VALUES} values (default 0,16384,32768)",
+        f"integers >= 0, at most {MAX_LIST_VALUES} values, each below the scenario's prefill tokens "
+        "(default 0,16384,32768)",
     )
     add_overtake_bound_arguments(parser)
     return parser
@@ -265,6 +290,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
 
     def sweep(args, profile, scenario, mode, budget, bound) -> str:
+        refuse_idle_members(scenario.build(args.seed), scenario_label(scenario, args.seed), args.counts, args.starts)
         points = frontier(
             profile, scenario, mode, budget, args.counts, args.starts,
             overtake_bound=bound, seed=args.seed,

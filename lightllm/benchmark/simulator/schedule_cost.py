@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
-        help=f"waiting requests, one cell per size, each at most {MAX_SIZE} "
+        help=f"waiting requests, one cell per size, each from 1 to {MAX_SIZE} "
         f"(default {' '.join(map(str, DEFAULT_SIZES))})",
     )
     parser.add_argument(
@@ -290,8 +290,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
             parser.error(f"{flag} names {repeated[0]} twice; name each once")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
-    if any(size < 0 or size > MAX_SIZE for size in args.sizes):
-        parser.error(f"--sizes must be within [0, {MAX_SIZE}], got {' '.join(map(str, args.sizes))}")
+    # A cell with no waiting request has no queue to order, select from or submit: a row of zeros.
+    if any(size < 1 or size > MAX_SIZE for size in args.sizes):
+        parser.error(f"--sizes must be within [1, {MAX_SIZE}], got {' '.join(map(str, args.sizes))}")
     if any(size < 1 or size > MAX_RUNNING for size in args.running):
         parser.error(f"--running must be within [1, {MAX_RUNNING}], got {' '.join(map(str, args.running))}")
     for flag in _ignored_flags(args.layout, given_flags(parser, argv)):
