@@ -38,6 +38,15 @@ class PromptOverContextError(ValueError):
         )
 
 
+class RenderedChatTooLongError(ValueError):
+    """A chat as its template renders it has more than ``limit`` characters (``chars``): refused before tokenizing."""
+
+    def __init__(self, limit: int, chars: int) -> None:
+        self.limit = limit
+        self.chars = chars
+        super().__init__(f"the chat as its template renders it has {chars} characters, more than {limit}")
+
+
 def encode_within(tokenize: Callable[[str], List[int]], text: str, limit: Optional[int]) -> List[int]:
     """``tokenize(text)``, refused with :class:`PromptOverContextError` once a prefix proves it exceeds ``limit``.
 

@@ -82,10 +82,12 @@ class RequestManager(Protocol):
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         within: Optional[int] = None,
+        max_chars: Optional[int] = None,
     ) -> List[int]:
         """Token ids of a chat rendered with the model's template; ``ValueError`` if it cannot be.
 
-        ``within``: as for :meth:`encode_prompt`, on the rendered chat.
+        ``within``: as for :meth:`encode_prompt`, on the rendered chat; ``max_chars``: a limit on the
+        rendered chat's characters (``RenderedChatTooLongError``), checked before it is tokenized.
         """
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

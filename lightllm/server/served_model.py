@@ -20,7 +20,7 @@ import jinja2
 
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.manager_errors import ServerChatTemplateError
-from lightllm.server.prompt_length_probe import encode_within
+from lightllm.server.prompt_length_probe import RenderedChatTooLongError, encode_within
 from lightllm.server.request_defaults import RequestDefaults, invalid_template, template_compile_error
 from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
                                                 template_variables, unread_message, variable_param)
@@ -83,10 +83,13 @@ def encode_chat_messages(
     continue_final_message: bool = False,
     chat_template_kwargs: Optional[Dict[str, Any]] = None,
     within: Optional[int] = None,
+    max_chars: Optional[int] = None,
 ) -> List[int]:
     """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be).
 
     ``within``: a token limit, as for :func:`encode_text` (the rendered text is what is probed).
+    ``max_chars``: a limit on the rendered text's characters, checked before it is tokenized
+    (:class:`~lightllm.server.prompt_length_probe.RenderedChatTooLongError`).
     """
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
@@ -126,6 +129,8 @@ def encode_chat_messages(
                     f"a {role} message; omit it there", f"messages.{index}.name")
     _check_variables_read(tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
                           text)
+    if max_chars is not None and len(text) > max_chars:
+        raise RenderedChatTooLongError(max_chars, len(text))
     # The template writes BOS itself when it wants one; encode without adding another.
     return encode_text(tokenizer, text, add_special_tokens=False, within=within)
 
@@ -270,10 +275,13 @@ class ServedModel:
         continue_final_message: bool = False,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         within: Optional[int] = None,
+        max_chars: Optional[int] = None,
     ) -> List[int]:
-        """Token ids of a chat rendered with the model's template (``within``: see :func:`encode_text`)."""
+        """Token ids of a chat rendered with the model's template (``within``, ``max_chars``: see
+        :func:`encode_chat_messages`)."""
         return encode_chat_messages(
-            self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs, within
+            self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs, within,
+            max_chars,
         )
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

@@ -17,7 +17,7 @@ from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.manager_errors import ServerBusyError
-from lightllm.server.prompt_length_probe import encode_within
+from lightllm.server.prompt_length_probe import RenderedChatTooLongError, encode_within
 
 MODEL = "tiny-test-model"
 BOS = 1
@@ -85,13 +85,16 @@ class FakeManager:
             lambda part: [BOS] * add_special_tokens + [10 + sum(map(ord, word)) % 80 for word in part.split()],
             text, within)
 
-    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
+    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None, max_chars: int | None = None,
                     **template_options: Any) -> list[int]:
         self.chat_messages.append(messages)
         self.template_options = template_options
         if any("BREAK_TEMPLATE" in message["content"] for message in messages):
             raise ValueError("chat template failed: unsupported message sequence")
-        return self.encode_prompt(" ".join(f"{m['role']}: {m['content']}" for m in messages), within=within)
+        text = " ".join(f"{m['role']}: {m['content']}" for m in messages)
+        if max_chars is not None and len(text) > max_chars:  # the served model's rule on its rendered text
+            raise RenderedChatTooLongError(max_chars, len(text))
+        return self.encode_prompt(text, within=within)
 
     async def start(self) -> None:
         pass

@@ -29,12 +29,12 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from lightllm.server.http.errors import APIError, INVALID_REQUEST
 from lightllm.server.http.special_tokens import SpecialTokenFrame, special_token_frame
 from lightllm.server.http.special_tokens import add_special_tokens as add_special_tokens_to
-from lightllm.server.prompt_length_probe import PromptOverContextError
+from lightllm.server.prompt_length_probe import PromptOverContextError, RenderedChatTooLongError
 from lightllm.server.request_manager import RequestManager
 
 log = logging.getLogger(__name__)
@@ -184,20 +184,24 @@ class PromptEncoder:
         The character check counts the message texts (:func:`text_chars`); the prefix probe runs
         on the rendered chat, so a chat of many empty messages is refused from its template's text.
         With ``keeps_end`` (``/tokenize``, ``truncate_prompt_tokens``) the rendered chat may exceed
-        the context but not the character bound: a template can expand a short chat without limit
-        (``{{ "x " * 10000000 }}`` in a trusted request template was tokenized whole, 26 s and
-        4.5 GB), and a text of more tokens than the bound's characters has more characters too.
+        the context but not the character bound, compared with the rendered text's characters
+        before it is tokenized: a template can expand a short chat without limit (``{{ "x " *
+        10000000 }}`` in a trusted request template was tokenized whole, 26 s and 4.5 GB), and
+        200,000 empty messages rendered 5.6 M characters (the bound, passed as a token limit,
+        let their 1.2 M tokens through: 14 s and 1.4 GB of the HTTP process).
         """
         self.check_chars(text_chars(messages), param, "messages", "the message texts have")
-        within = self.max_chars if keeps_end else self._manager.max_req_total_len
+        limits: Dict[str, Any] = {"within": self._manager.max_req_total_len}
+        if keeps_end:
+            limits = {"within": None, **({"max_chars": self.max_chars} if self.max_chars is not None else {})}
 
         def encode() -> List[int]:
-            ids = list(self._manager.encode_chat(messages, within=within, **template_options))
+            ids = list(self._manager.encode_chat(messages, **limits, **template_options))
             if not add_special_tokens:
                 return ids
             return add_special_tokens_to(self._special_token_frame(), ids, "add_special_tokens")
 
-        return await self._run(encode, param, "messages", by_chars=keeps_end)
+        return await self._run(encode, param, "messages")
 
     @staticmethod
     async def on_tokenizer_thread(job: Callable[[], T]) -> T:
@@ -217,17 +221,16 @@ class PromptEncoder:
         return self._frame
 
     @staticmethod
-    async def _run(encode: Callable[[], Any], param: str, noun: str, by_chars: bool = False) -> List[int]:
-        """``encode()`` on a tokenizer thread; ``by_chars``: its limit is the character bound, not the context."""
+    async def _run(encode: Callable[[], Any], param: str, noun: str) -> List[int]:
+        """``encode()`` on a tokenizer thread; a limit it reaches is a 400 naming ``param``."""
         try:
             return await asyncio.wrap_future(_WORKERS.submit(lambda: list(encode())))
         except PromptOverContextError as exc:
-            if by_chars:
-                message = (f"The {noun} as the chat template renders them are longer than the {exc.limit} characters "
-                           f"a prompt may have here (--prompt_chars_per_token): the first {exc.prefix_chars} "
-                           f"characters alone are {exc.prefix_tokens} tokens. Please reduce the length of the {noun}.")
-            else:
-                message = (f"This model's maximum context length is {exc.limit} tokens, and the {noun} cannot fit: "
-                           f"its first {exc.prefix_chars} characters alone are {exc.prefix_tokens} tokens. "
-                           f"Please reduce the length of the {noun}.")
-            raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded") from None
+            message = (f"This model's maximum context length is {exc.limit} tokens, and the {noun} cannot fit: "
+                       f"its first {exc.prefix_chars} characters alone are {exc.prefix_tokens} tokens. "
+                       f"Please reduce the length of the {noun}.")
+        except RenderedChatTooLongError as exc:
+            message = (f"The {noun} as the chat template renders them are {exc.chars} characters, longer than the "
+                       f"{exc.limit} characters a prompt may have here (--prompt_chars_per_token). Please reduce the "
+                       f"length of the {noun}.")
+        raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded") from None

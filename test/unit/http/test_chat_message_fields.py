@@ -115,3 +115,17 @@ def test_an_assistant_turns_reasoning_reaches_a_template_that_reads_it(manager, 
                               "{% endfor %}"), 400, f"messages.1.{field}")
     assert "does not read an assistant turn's reasoning" in error["message"]
     assert_error(chat(trusting, messages=[{"role": "user", "content": "x", field: "y"}]), 400, "messages.0")
+
+
+def test_a_rendered_chat_over_the_character_limit_is_refused_before_it_is_tokenized(tokenizer) -> None:
+    """/tokenize's character bound was passed as a token limit: 200,000 empty messages rendered 5.6 M
+    characters, whose 1.2 M tokens were under it (14 s and 1.4 GB of the HTTP process)."""
+    from lightllm.server.prompt_length_probe import RenderedChatTooLongError
+
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    messages = [{"role": "user", "content": ""}] * 100  # 600 characters rendered, no text of their own
+    ids = encode_chat_messages(tokenizer, messages, chat_template_kwargs={"chat_template": template}, max_chars=600)
+    assert tokenizer.decode(ids) == "<user>" * 100
+    with pytest.raises(RenderedChatTooLongError) as refused:
+        encode_chat_messages(tokenizer, messages, chat_template_kwargs={"chat_template": template}, max_chars=599)
+    assert (refused.value.limit, refused.value.chars) == (599, 600)

@@ -128,15 +128,16 @@ def test_a_chat_the_template_expands_beyond_the_character_bound_is_refused_not_t
     """The bound counted the message texts only: a trusted request template that expanded a short chat
     ({{ "x " * 10000000 }}) was tokenized whole (26 s, 4.5 GB). Beyond the context but within the
     bound, a chat is still counted, as vLLM counts it."""
-    client = TestClient(create_app(FakeManager(), HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=2))))
+    client = TestClient(create_app(FakeManager(), HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=8))))
     # Each message renders as two words ("user: m"), each one token: 40 messages are 80 tokens
-    # (beyond the 64-token context). Empty messages count no characters but render as "user:":
-    # 1000 of them render as 6000 characters, far beyond the 128-character bound.
+    # (beyond the 64-token context) in 319 characters (within the 512-character bound). Empty
+    # messages count no characters but render as "user:": 1000 of them render as 6999 characters.
     within = _tokenize(client, messages=[{"role": "user", "content": "m"}] * 40)
     assert within.status_code == 200 and within.json()["count"] == 81  # and the fake template's BOS
     error = assert_error(_tokenize(client, messages=[{"role": "user", "content": ""}] * 1000), 400, "messages",
                          "context_length_exceeded")
-    assert "as the chat template renders them are longer than the 128 characters" in error["message"]
+    assert ("The messages as the chat template renders them are 6999 characters, longer than the 512 characters a "
+            "prompt may have here (--prompt_chars_per_token)") in error["message"]
 
 
 def test_token_strs(client: TestClient, manager: FakeManager) -> None:
