@@ -69,6 +69,9 @@ class Backend(abc.ABC):
     accepts_token_ids: bool = False
     # True when the event that reports completion is the last one the client needs.
     stops_on_finish: bool = False
+    # Fields of the body (of the parameters, natively) the benchmark controls: those it sets and
+    # those that would override the output length it asks for.  --extra-body may not set them.
+    controlled_fields: tuple[str, ...] = ()
 
     def __init__(self, model: str | None, ignore_eos: bool = True, extra_body: dict[str, Any] | None = None) -> None:
         if self.needs_model and not model:
@@ -102,6 +105,7 @@ class LightLLMBackend(Backend):
     path = "/generate_stream"
     needs_model = False
     stops_on_finish = True
+    controlled_fields = ("max_new_tokens", "ignore_eos")
 
     def build_payload(self, request: RequestInput) -> dict[str, Any]:
         self.check_prompt(request.prompt)
@@ -122,6 +126,8 @@ class LightLLMBackend(Backend):
 
 class OpenAIBackend(Backend):
     """Shared parts of the OpenAI streaming APIs (usage chunk, ``[DONE]`` sentinel)."""
+
+    controlled_fields = ("model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "ignore_eos")
 
     def build_payload(self, request: RequestInput) -> dict[str, Any]:
         self.check_prompt(request.prompt)
@@ -188,6 +194,7 @@ class OpenAICompletionsBackend(OpenAIBackend):
     name = "openai-completions"
     path = "/v1/completions"
     accepts_token_ids = True
+    controlled_fields = (*OpenAIBackend.controlled_fields, "prompt")
 
     def _prompt_fields(self, prompt: str | list[int]) -> dict[str, Any]:
         return {"prompt": prompt}
@@ -205,6 +212,7 @@ class OpenAIChatBackend(OpenAIBackend):
 
     name = "openai-chat"
     path = "/v1/chat/completions"
+    controlled_fields = (*OpenAIBackend.controlled_fields, "messages")
 
     def _prompt_fields(self, prompt: str | list[int]) -> dict[str, Any]:
         return {"messages": [{"role": "user", "content": prompt}]}

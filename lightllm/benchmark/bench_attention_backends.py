@@ -7,12 +7,13 @@ backend, and prints decode tokens/s, milliseconds per step and the largest logit
 the Triton backend from the torch reference (Markdown; JSON too with ``--json``).
 
 It is the first thing to run on a GPU: the Triton kernels are verified on CPU only through
-Triton's interpreter, which proves them right but says nothing about their speed.
+Triton's interpreter, which proves them right but says nothing about their speed.  ``--device cpu``
+therefore runs only under ``TRITON_INTERPRET=1`` (a check that the two backends agree, not a
+timing) and is refused otherwise; the CPU backends are timed by ``bench_decode_attention``.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
@@ -22,14 +23,16 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import (OneLineErrorParser, argument_type, checkpoint_dir, non_negative_int,
+                                         output_file, sequence_too_long)
 from lightllm.common.basemodel.attention.selection import (
     AttentionBackendError,
     build_attention_backend,
     resolve_attention_backend,
+    triton_import_error,
 )
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.basemodel.model_config import parse_dtype
+from lightllm.common.basemodel.model_config import dtype_name, parse_dtype
 from lightllm.models.registry import load_model
 
 
@@ -71,35 +74,47 @@ def measure_backend(
     return {"backend": backend, "ms_per_step": median * 1e3, "decode_tokens_per_s": len(prompts) / median, "logits": first_logits}
 
 
+def _triton_refusal(device: str, exc: AttentionBackendError) -> str:
+    """Why the comparison cannot run, in this tool's terms (the selection names the server's flag)."""
+    if device == "cpu" and triton_import_error() is None:
+        # Comparing the CPU backends (torch, torch_compiled, cpp) is bench_decode_attention's job.
+        return ("--device cpu compares torch with Triton, whose kernels run on CPU only in Triton's interpreter: "
+                "set TRITON_INTERPRET=1 to check that the two agree (no timing), or time the CPU backends with "
+                "python -m lightllm.benchmark.bench_decode_attention")
+    return f"cannot run the Triton backend: {str(exc).replace('--attention_backend triton', 'it')}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run both backends and print the comparison."""
     parser = OneLineErrorParser(
         prog="python -m lightllm.benchmark.bench_attention_backends", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--context", type=int, default=1024, help="prompt tokens per request before decoding")
-    parser.add_argument("--decode-steps", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model_dir", required=True, type=checkpoint_dir, help="local checkpoint directory")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda; cpu only under TRITON_INTERPRET=1 (agreement, not speed)")
+    parser.add_argument("--dtype", type=argument_type(dtype_name), default="bfloat16", help="float32, bfloat16 or float16")
+    parser.add_argument("--batch", type=int, default=32, help="requests decoded together")
+    parser.add_argument("--context", type=int, default=1024,
+                        help="prompt tokens per request before decoding; with --decode-steps within the model's context")
+    parser.add_argument("--decode-steps", type=int, default=64, help="timed decode steps per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="prefill-and-decode runs per backend")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompts' token ids, >= 0")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     for name in ("batch", "context", "decode_steps", "repeats"):
         if getattr(args, name) <= 0:
             print(f"error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
             return 2
+    too_long = sequence_too_long(args.model_dir, {"--context": args.context, "--decode-steps": args.decode_steps})
+    if too_long:
+        print(f"error: {too_long}", file=sys.stderr)
+        return 2
     try:
         resolve_attention_backend("triton", args.device)
     except AttentionBackendError as exc:
-        print(f"error: cannot run the Triton backend: {exc}", file=sys.stderr)
+        print(f"error: {_triton_refusal(args.device, exc)}", file=sys.stderr)
         return 2
-    try:
-        dtype = parse_dtype(args.dtype)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    dtype = parse_dtype(args.dtype)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda was given but no CUDA device is visible", file=sys.stderr)
         return 2

@@ -28,10 +28,13 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import (OneLineErrorParser, argument_type, checkpoint_dir, non_negative_int,
+                                         output_file)
+from lightllm.benchmark.count_flags import positive_int
+from lightllm.benchmark.kernel_bench_context import context_refusal
 from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, build_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.basemodel.model_config import parse_dtype
+from lightllm.common.basemodel.model_config import dtype_name, parse_dtype
 from lightllm.models.registry import load_model
 
 PREFILL_REQUESTS_PER_FORWARD = 8  # bounds prefill activations at large batch x context
@@ -42,6 +45,11 @@ def _int_list(text: str) -> List[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
     return values
+
+
+def decode_tokens_added(backends: int, steps: int) -> int:
+    """Tokens :func:`measure_cell` appends to every sequence: a warm-up and ``steps`` per backend, and the probe."""
+    return backends * (steps + 1) + 1
 
 
 def measure_cell(
@@ -129,28 +137,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_decode_attention",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--model_dir", required=True, type=checkpoint_dir)
     parser.add_argument("--batches", type=_int_list, default=[1, 16, 64])
-    parser.add_argument("--contexts", type=_int_list, default=[128, 1024, 2048])
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per backend per cell")
+    parser.add_argument("--contexts", type=_int_list, default=[128, 1024, 2048],
+                        help="cached tokens per request; with the decode steps within the model's context")
+    parser.add_argument("--steps", type=positive_int, default=6, help="timed steps per backend per cell")
     parser.add_argument("--phase", choices=["decode", "prefill"], default="decode",
                         help="decode: one-token steps over cached contexts; prefill: forwards of fresh prompts")
     parser.add_argument("--backends", default="torch,torch_compiled", help="comma-separated; the first is the baseline")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--min-fused-context", type=int, default=None,
+    parser.add_argument("--dtype", type=argument_type(dtype_name), default="float32",
+                        help="float32, bfloat16 or float16")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads, >= 1 (default: torch's choice)")
+    parser.add_argument("--min-fused-context", type=non_negative_int, default=None,
                         help="override torch_compiled's threshold (requests x context) for its kernel; 0: always")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall: perf_counter; cpu: the calling thread's CPU time, with torch on one thread")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
     unknown = [n for n in names if n not in ATTENTION_BACKENDS or n in ("auto", "triton")]
     if unknown or not names:
         parser.error(f"--backends takes torch, torch_compiled and/or cpp, got {args.backends!r}")
-    if args.steps < 1:
-        parser.error("--steps must be >= 1")
+    if len(set(names)) < len(names):
+        parser.error(f"--backends names a backend twice: {args.backends!r}")
+    added = decode_tokens_added(len(names), args.steps) if args.phase == "decode" else 0
+    too_long = context_refusal(args.model_dir, "--contexts", max(args.contexts), added, "the decode steps append")
+    if too_long:
+        parser.error(too_long)
     if args.clock == "cpu":
         if args.threads not in (None, 1):
             parser.error("--clock cpu measures one thread; leave --threads unset or 1")

@@ -10,12 +10,13 @@ every backend. Timings are for reading, never for deciding a test.
 
 from __future__ import annotations
 
-import argparse
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser
+from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir
+from lightllm.benchmark.count_flags import positive_int
+from lightllm.benchmark.kernel_bench_context import context_refusal
 from lightllm.common.basemodel.attention.selection import build_attention_backend, resolve_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.linear_kernels import onednn_problem
@@ -90,15 +91,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command line."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_linear_backends",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model_dir", required=True)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rows", type=int, default=64, help="decode requests per step")
-    parser.add_argument("--context", type=int, default=160, help="cached positions per decode request")
-    parser.add_argument("--prefill", type=int, default=1024, help="prompt tokens of the prefill forward")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--model_dir", required=True, type=checkpoint_dir, help="local checkpoint directory")
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2], help="torch thread counts to time")
+    parser.add_argument("--rows", type=positive_int, default=64, help="decode requests per step")
+    parser.add_argument("--context", type=positive_int, default=160,
+                        help="cached positions per decode request; plus the decoded token within the model's context")
+    parser.add_argument("--prefill", type=positive_int, default=1024,
+                        help="prompt tokens of the prefill forward; within the model's context")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="runs per timing; the best is reported")
     args = parser.parse_args(argv)
-    if min(args.threads) < 1 or args.rows < 1 or args.context < 1 or args.prefill < 1 or args.repeats < 1:
-        parser.error("--threads, --rows, --context, --prefill and --repeats must be >= 1")
+    too_long = (context_refusal(args.model_dir, "--context", args.context, 1, "the decode step appends")
+                or context_refusal(args.model_dir, "--prefill", args.prefill))
+    if too_long:
+        parser.error(too_long)
     run(args.model_dir, args.threads, args.rows, args.context, args.prefill, args.repeats)
 
 

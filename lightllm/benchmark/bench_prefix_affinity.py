@@ -7,6 +7,10 @@ prompt namespace, runs a shared-prefix workload (few-shot prompts over a few tem
 multi-turn chats), and reads every prefill node's ``lightllm_prompt_tokens`` and
 ``lightllm_cached_prompt_tokens`` counters before and after: the hit rate is cached / prompt
 tokens over the measured run. Prints one JSON line per setting and writes them to ``--out``.
+
+Every flag is checked before a cluster starts (:mod:`lightllm.benchmark.prefix_affinity_flags`);
+``--ports FIRST-LAST`` confines every port of the clusters to that range.  A failure after a start
+is one ``error:`` line (exit 1) once every process is stopped.
 """
 
 from __future__ import annotations
@@ -15,17 +19,23 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
 from lightllm.benchmark.bench_serving import BenchmarkConfig, run_benchmark
-from lightllm.benchmark.deployment import ServerSpec, stop_servers_on_sigterm
-from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
-from lightllm.benchmark.workloads import WorkloadConfig
+from lightllm.benchmark.deployment import stop_servers_on_sigterm
+from lightllm.benchmark.prefix_affinity_flags import (
+    build_parser,
+    check_args,
+    cluster_topology,
+    node_spec,
+    workload_configs,
+)
+from lightllm.benchmark.server_process import ServerStartError
 
 
 def counter_total(metrics_text: str, name: str) -> float:
@@ -49,47 +59,22 @@ def _read(urls: Dict[str, str]) -> Dict[str, Tuple[float, float]]:
     return readings
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line flags."""
-    p = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_prefix_affinity", description=__doc__.split("\n")[0])
-    p.add_argument("--model_dir", required=True)
-    p.add_argument("--topology", default="2p1d", choices=sorted(name for name in TOPOLOGIES if name != "normal"))
-    p.add_argument("--affinity", default="256,0", help="comma-separated --pd_prefix_affinity_tokens values to compare")
-    p.add_argument("--kv-tokens", type=int, default=16384)
-    p.add_argument("--request-rate", type=float, default=3.0)
-    p.add_argument("--duration", type=float, default=30.0)
-    p.add_argument("--warmup-duration", type=float, default=5.0)
-    p.add_argument("--prefix-groups", type=int, default=4)
-    p.add_argument("--prefix-tokens", type=int, default=600)
-    p.add_argument("--short-len", type=int, default=60)
-    p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--chat-turns", type=int, default=4)
-    p.add_argument("--log-dir", type=output_dir, default="bench_results/prefix_affinity",
-                   help="directory of the clusters' logs (created if missing)")
-    p.add_argument("--out", type=output_file, default=None, help="JSON file of the results")
-    return p
-
-
 def run(args: argparse.Namespace) -> List[dict]:
     """Measure every affinity setting in turn; returns one result per setting."""
-    workload = dict(name="shared_prefix", request_rate=args.request_rate, long_fraction=0.0, long_len=args.prefix_tokens,
-                    short_len=args.short_len, output_len=args.output_len, prefix_groups=args.prefix_groups,
-                    prefix_tokens=args.prefix_tokens, chat_turns=args.chat_turns)
+    warm, measured = workload_configs(args)
+    spec = node_spec(args)
     results = []
-    for value in [int(v) for v in args.affinity.split(",")]:
-        topology = make_topology(args.topology, master_args=["--pd_prefix_affinity_tokens", str(value)])
-        spec = ServerSpec(model_dir=args.model_dir, strategy="default", extra_args=("--max_total_token_num", str(args.kv_tokens)))
+    for value in args.affinity:
         log_dir = Path(args.log_dir) / f"affinity_{value}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        cluster = topology.launch(spec, log_dir)
+        cluster = cluster_topology(args, value).launch(spec, log_dir)
         try:
             common = dict(base_url=cluster.base_url, tokenizer=args.model_dir, show_progress=False)
-            warm = WorkloadConfig(**workload, seed=1, duration_s=args.warmup_duration)
             asyncio.run(run_benchmark(BenchmarkConfig(**common, workload=warm, prompt_namespace="warmup")))
-            prefills = {name: process.base_url for name, process in cluster.processes.items() if name.startswith("prefill")}
+            prefills = {name: process.base_url for name, process in cluster.processes.items()
+                        if name.startswith("prefill")}
             before = _read(prefills)
-            summary = asyncio.run(run_benchmark(BenchmarkConfig(
-                **common, workload=WorkloadConfig(**workload, seed=0, duration_s=args.duration))))
+            summary = asyncio.run(run_benchmark(BenchmarkConfig(**common, workload=measured)))
             after = _read(prefills)
         finally:
             cluster.stop()
@@ -105,9 +90,24 @@ def run(args: argparse.Namespace) -> List[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command-line entry point."""
-    args = build_parser().parse_args(argv)
-    results = run(args)
+    """Command-line entry point: 0 after every setting ran, 1 when a cluster failed, 2 for a refused flag."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(parser, args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.ports is not None and args.ports.ephemeral_overlap_warning():
+        print(args.ports.ephemeral_overlap_warning(), file=sys.stderr)
+    try:
+        results = run(args)
+    except (ServerStartError, TimeoutError, httpx.HTTPError) as exc:
+        # Every cluster is stopped by now; the first line of a start failure names the node's log.
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; every server it started was stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

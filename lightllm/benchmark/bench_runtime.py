@@ -9,7 +9,6 @@ prompts, fp32, and prints a Markdown table (and JSON with ``--json``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import json
 import statistics
@@ -19,7 +18,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, sequence_too_long
+from lightllm.benchmark.cli_args import OneLineErrorParser, non_negative_int, output_file, sequence_too_long
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.registry import load_model
@@ -117,7 +116,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs per engine after one warm-up run; the median is reported (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompts' token ids, >= 0 (default 0)")
     parser.add_argument("--json", type=output_file, default=None, help="also write the results here (JSON)")
     args = parser.parse_args(argv)
     if min(args.batch, args.prompt_len, args.new_tokens, args.threads, args.repeats) < 1:

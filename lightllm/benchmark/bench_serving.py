@@ -35,7 +35,10 @@ from lightllm.benchmark.backends import (
 from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
                                          with_flag_names)
 from lightllm.benchmark.metrics import RequestRecord, format_summary, parse_slo, summarize, write_records_jsonl
+from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
+from lightllm.benchmark.server_probe import check_reachable, served_context
+from lightllm.benchmark.workload_context import check_workloads_within
 from lightllm.benchmark.workloads import (FIELD_HELP, WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload,
                                          workloads_using)
 
@@ -81,6 +84,14 @@ class BenchmarkConfig:
             raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
         if self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        # Merged last into every body, such a key would silently replace what the run asks for
+        # and reports (a max_tokens of 1 measured one-token outputs as the workload's lengths).
+        controlled = [key for key in self.extra_body if key in BACKENDS[self.backend].controlled_fields]
+        if controlled:
+            raise ValueError(f"extra_body must not set {', '.join(controlled)}: the benchmark sets "
+                             f"{'it' if len(controlled) == 1 else 'them'} itself for backend {self.backend} (the "
+                             "output length from the workload, the model from --model, ignore_eos from "
+                             "--no-ignore-eos, the prompt from the workload, streaming to time every token)")
         parse_slo(f"{k}:{v}" for k, v in self.slo.items())
 
 
@@ -237,7 +248,7 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
 # one-line refusals (the configs name their fields).
 _FIELD_FLAGS = {"request_timeout_s": "--request-timeout"}
 # Prompt flags that only some workloads can use: shared_prefix builds its own shared prefixes.
-_PROMPT_FLAG_WORKLOADS = {"shared_prefix_len": ("interleaved", "long_first", "sustained")}
+PROMPT_FLAG_WORKLOADS: dict[str, tuple[str, ...]] = {"shared_prefix_len": ("interleaved", "long_first", "sustained")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,7 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model name in the requests (default: the first id from GET /v1/models)")
     server.add_argument("--tokenizer", required=True, help="local directory of the served model's tokenizer")
     server.add_argument("--no-ignore-eos", action="store_true", help="do not ask the server to ignore EOS")
-    server.add_argument("--extra-body", default="{}", help="JSON object merged into every request body")
+    server.add_argument("--extra-body", default="{}",
+                        help="JSON object merged into every request body (the parameters, for --backend lightllm); "
+                        "not the fields the benchmark sets itself (max_tokens, model, ignore_eos, stream, the prompt)")
     server.add_argument("--request-timeout", type=positive_float, default=BenchmarkConfig.request_timeout_s,
                         help=f"seconds one request may take (default {BenchmarkConfig.request_timeout_s:g})")
     load = p.add_argument_group("workload (a flag the chosen --workload does not use is refused)")
@@ -302,22 +315,9 @@ def check_flags_apply(workload: str, given: dict[str, str]) -> None:
     """
     for field, flag in given.items():
         # Only the workload knobs (FIELD_HELP's keys) and the prompt flags above depend on the workload.
-        users = _PROMPT_FLAG_WORKLOADS.get(field) or (workloads_using(field) if field in FIELD_HELP else WORKLOADS)
+        users = PROMPT_FLAG_WORKLOADS.get(field) or (workloads_using(field) if field in FIELD_HELP else WORKLOADS)
         if workload not in users:
             raise ValueError(f"{flag} does not apply to --workload {workload} (it applies to {', '.join(users)})")
-
-
-def check_reachable(base_url: str, timeout_s: float = 10.0) -> str | None:
-    """Why the server at ``base_url`` cannot be reached, or None when it answers at all.
-
-    Checked before the tokenizer is loaded and the prompts are built (seconds for a real
-    tokenizer): any HTTP answer, even a 404, proves a server listens there.
-    """
-    try:
-        httpx.get(base_url.rstrip("/") + "/", timeout=timeout_s, trust_env=False)
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        return str(exc) or type(exc).__name__
-    return None
 
 
 def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
@@ -378,10 +378,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why is not None:
         print(f"error: cannot reach the server at {config.base_url} (--base-url): {why}", file=sys.stderr)
         return 1
+    limit = served_context(config.base_url, config.model, min(config.request_timeout_s, 10.0))
+    try:
+        if limit is not None:
+            check_workloads_within(limit, [config.workload], [config.workload.seed], servers="the server")
+    except ValueError as exc:
+        parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
     try:
         builder = PromptBuilder(load_tokenizer(config.tokenizer))
     except (ValueError, OSError) as exc:
         parser.error(f"--tokenizer {config.tokenizer!r} holds no tokenizer that loads: {exc}")
+    try:
+        check_prompt_room(config.workload, [config.workload.seed], builder.num_special_tokens,
+                          config.shared_prefix_len)
+    except ValueError as exc:
+        parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
     try:
         summary = asyncio.run(_run_cli(config, args.warmup_runs, builder))
     except httpx.HTTPError as exc:

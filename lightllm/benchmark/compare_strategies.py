@@ -43,8 +43,10 @@ How a run is laid out (and why):
 A workload with a request longer than the servers' context (the checkpoint's, or a smaller
 ``--max_req_total_len`` given to them) is refused in one line before any server starts: the servers
 would answer such a request with HTTP 400, or cut its output (then the run would measure other
-lengths than it reports).  ``--ports FIRST-LAST`` confines every port the run
-gives its processes to that range (see :mod:`lightllm.benchmark.port_range`).
+lengths than it reports).  So is a prompt the checkpoint's tokenizer cannot build
+(:mod:`lightllm.benchmark.prompt_room`), which would otherwise end the run after its servers
+started.  ``--ports FIRST-LAST`` confines every port the run gives its processes to that range
+(see :mod:`lightllm.benchmark.port_range`).
 
 A server that stops running mid-run ends the run with one ``error:`` line and exit status 1 after
 every server is stopped; the report is still written from the repeats every strategy completed
@@ -68,7 +70,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from lightllm.benchmark.bench_serving import PROMPT_FORMATS
+from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS, PROMPT_FORMATS, load_tokenizer
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
     argument_type,
@@ -87,6 +89,8 @@ from lightllm.benchmark.comparison_options import (
 )
 from lightllm.benchmark.comparison_runner import ComparisonRunner, ServerLostError, run_comparison
 from lightllm.benchmark.port_range import PortRange
+from lightllm.benchmark.prompt_room import check_prompt_room
+from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.report_writer import plots_unavailable, render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
 from lightllm.benchmark.workload_context import check_workloads_fit
@@ -186,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
         kind = type(field.default) if field.default is not None else int
         default = "" if field.default is None else f" (default {field.default:g})"
         load.add_argument(flag, dest=field.name, type=kind, default=field.default, help=FIELD_HELP[field.name] + default)
+    sharing = ", ".join(PROMPT_FLAG_WORKLOADS["shared_prefix_len"])
+    load.add_argument("--shared-prefix-len", type=int, default=0,
+                      help=f"tokens every prompt starts with, the same for all (default 0); only for --workload "
+                      f"{sharing} (shared_prefix shares prefixes its own way)")
     return p
 
 
@@ -212,6 +220,7 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> Comparis
         seed=args.seed,
         kv_tokens=args.kv_tokens,
         prompt_format=args.prompt_format,
+        shared_prefix_len=args.shared_prefix_len,
         max_concurrency=args.max_concurrency,
         request_timeout_s=args.request_timeout,
         bootstrap_resamples=args.bootstrap_resamples,
@@ -268,9 +277,12 @@ def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) 
     a flag some of the listed workloads read is fine (the flags apply to all of them).
     """
     for field, flag in given.items():
-        if field not in FIELD_HELP:
+        if field in PROMPT_FLAG_WORKLOADS:
+            users = PROMPT_FLAG_WORKLOADS[field]
+        elif field in FIELD_HELP:
+            users = workloads_using(field)
+        else:
             continue
-        users = workloads_using(field)
         if not set(workloads) & set(users):
             raise ValueError(f"{flag} does not apply to --workload {','.join(workloads)} (it applies to "
                              f"{', '.join(users)})")
@@ -293,6 +305,16 @@ def _pd_refusal_hint(topology: str, exc: Exception) -> str:
             "takes in --prefill-args or --decode-args, and the master's in --master-args)")
 
 
+def _prompt_builder(model_dir: str) -> PromptBuilder | None:
+    """The run's prompt builder, loaded before any server starts so that a prompt it cannot build
+    is refused first; None when the checkpoint's tokenizer does not load (the run then fails
+    loading it as before, before any server starts)."""
+    try:
+        return PromptBuilder(load_tokenizer(model_dir))
+    except (ValueError, OSError):
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns 1 if any measured request failed or a server failed, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -312,6 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             strategies = f"{len(specs)} strateg{'y' if len(specs) == 1 else 'ies'}"
             args.ports.check_room(sum(topology.ports_needed(spec) for spec in specs),
                                   f"--topology {args.topology} with {strategies}")
+        builder = _prompt_builder(options.model_dir)
+        if builder is not None:
+            for cfg in options.workloads:
+                check_prompt_room(cfg, range(options.seed, options.seed + options.repeats),
+                                  builder.num_special_tokens, options.shared_prefix_of(cfg))
         check_out_dir(options.out_dir)  # last: it creates the directory
     except ValueError as exc:
         # The options name their fields (model_dir, settle_s); the user typed flags.
@@ -324,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: the PNG plots will not be written: {no_plots}; report.json and report.md will be",
               file=sys.stderr)
     try:
-        report = run_comparison(options, topology)
+        report = run_comparison(options, topology, builder)
     except (ServerStartError, ServerLostError) as exc:
         # Every server is stopped by now; a ServerLostError's message says whether a report of
         # the completed repeats was written.

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from lightllm.benchmark.bench_serving import BenchmarkConfig
+from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS, BenchmarkConfig
 from lightllm.benchmark.deployment import ServerSpec
 from lightllm.benchmark.workloads import WorkloadConfig, build_workload
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
@@ -75,6 +75,7 @@ class ComparisonOptions:
     seed: int = 0
     kv_tokens: int = DEFAULT_KV_TOKENS
     prompt_format: str = "text"
+    shared_prefix_len: int = 0
     max_concurrency: int | None = None
     request_timeout_s: float = 3600.0
     bootstrap_resamples: int = 2000
@@ -124,6 +125,10 @@ class ComparisonOptions:
             raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
+        # Checked here, not by the bench_serving config below: a workload that shares prefixes its
+        # own way gets none, so that config may not see the value.
+        if self.shared_prefix_len < 0:
+            raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
         for workload in self.workloads:
             build_workload(workload)  # raises ValueError naming the bad knob
         self.benchmark_config("http://127.0.0.1", self.workloads[0], "check").validate()
@@ -145,6 +150,11 @@ class ComparisonOptions:
         server_args = tuple(self.effective_server_args())
         return [ServerSpec(self.model_dir, strategy, server_args) for strategy in self.strategies]
 
+    def shared_prefix_of(self, workload: WorkloadConfig) -> int:
+        """``shared_prefix_len`` for ``workload``: 0 for one that shares prefixes its own way
+        (shared_prefix), as every workload flag applies only to the workloads that read it."""
+        return self.shared_prefix_len if workload.name in PROMPT_FLAG_WORKLOADS["shared_prefix_len"] else 0
+
     def benchmark_config(
         self, base_url: str, workload: WorkloadConfig, namespace: str, output_jsonl: str | None = None
     ) -> BenchmarkConfig:
@@ -154,6 +164,7 @@ class ComparisonOptions:
             tokenizer=self.model_dir,
             workload=workload,
             prompt_format=self.prompt_format,
+            shared_prefix_len=self.shared_prefix_of(workload),
             max_concurrency=self.max_concurrency,
             request_timeout_s=self.request_timeout_s,
             prompt_namespace=namespace,

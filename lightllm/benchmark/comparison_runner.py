@@ -194,6 +194,7 @@ def run_comparison(
         "server_args": server_args,
         "kv_tokens_added_by_runner": server_args != list(options.server_args),
         "prompt_format": options.prompt_format,
+        "shared_prefix_len": options.shared_prefix_len,
         "max_concurrency": options.max_concurrency,
         "order": (
             "rotated: repeat r visits the strategies rotated left by r; "

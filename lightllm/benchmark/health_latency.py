@@ -8,7 +8,9 @@ that ends is replaced at once, so N stay open). The probe runs in a process of i
 Kubernetes probe, opens a fresh connection for every ``GET /health`` (``--probe_path`` to probe another
 path) and times it until the answer is read in full. ``--hold M`` opens M more connections from one
 source address (``--hold_source``, 127.0.0.2: another client than the streams), each sending one byte and then nothing, and replaces every one the server closes.
-The report is one JSON line: probe count, statuses, p50/p99/max latency in milliseconds.
+The report is one JSON line: probe count, statuses, p50/p99/max latency in milliseconds.  A run that
+measured nothing (no stream served, no held connection opened, no probe answered) prints one
+``error:`` line instead and exits 1, as does a server that cannot be reached or refuses to start.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import shlex
+import shutil
 import socket
 import statistics
 import sys
@@ -26,9 +30,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from lightllm.benchmark.cli_args import OneLineErrorParser
+from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, non_negative_float, non_negative_int,
+                                         positive_float, shell_words)
+from lightllm.benchmark.count_flags import positive_int
+
 
 PROBE_TIMEOUT_SECONDS = 10.0
+# Flags this tool gives the server it starts; --server_args setting them again would be ambiguous.
+_OWNED_SERVER_FLAGS = ("--model_dir", "--host", "--port")
 
 
 def _address(url: str) -> Tuple[str, int]:
@@ -174,46 +183,143 @@ def _raise_open_file_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else min(needed, hard), hard))
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run the measurement and print one JSON line."""
+def _http_url(text: str) -> str:
+    """``http://HOST[:PORT]``: the streams and the probe speak plain HTTP/1.1 on raw sockets (no TLS)."""
+    parts = urlsplit(text)
+    try:
+        parts.port  # raises ValueError for a port that is no number or out of range
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} has no valid port: {exc}") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"must be http://HOST[:PORT] (plain HTTP, no TLS), got {text!r}")
+    return text
+
+
+def _url_path(text: str) -> str:
+    """A request path: starts with ``/`` and holds no whitespace (it goes into the request line as is)."""
+    if not text.startswith("/") or any(char.isspace() for char in text):
+        raise argparse.ArgumentTypeError(f"must be a path starting with / and without spaces, got {text!r}")
+    return text
+
+
+def _check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks that need more than one flag (one-line refusal, exit 2), before any load is opened."""
+    if args.url and args.server_args:
+        parser.error("--server_args configures the server that --model_dir starts; with --url there is none")
+    for word in shlex.split(args.server_args):
+        if word.split("=", 1)[0] in _OWNED_SERVER_FLAGS:
+            parser.error(f"--server_args must not set {word.split('=', 1)[0]}: this tool sets it itself")
+    if args.hold:
+        try:
+            with socket.socket() as sock:
+                sock.bind((args.hold_source, 0))
+        except (OSError, UnicodeError, ValueError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc)
+            parser.error(f"--hold_source {args.hold_source!r}: no connection can be opened from there ({why})")
+
+
+def _reach_error(host: str, port: int) -> Optional[str]:
+    """Why no connection to ``host:port`` opens (None when one does)."""
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+
+
+def measured_nothing(args: argparse.Namespace, report: Dict[str, Any]) -> Optional[str]:
+    """Why a finished run measured nothing (None when it measured what it was asked to).
+
+    A run whose streams were all refused probed an idle server, and one whose probes all failed
+    timed no answer: either would otherwise print a report that looks like a measurement.
+    """
+    load = report["load"]
+    if args.streams and not load["ok"]:
+        return (f"no stream was served ({load['refused']} refused, {load['broken']} broken, "
+                f"{load['connect_errors']} connect errors): the probe latency would be that of an idle server")
+    if args.hold and not load["held"]:
+        return f"no held connection could be opened from --hold_source {args.hold_source}"
+    if report["probes"] and set(report["statuses"]) == {"0"}:
+        return f"none of the {report['probes']} probes got an answer: the server stopped answering"
+    return None
+
+
+def build_parser() -> OneLineErrorParser:
+    """The command line; every value is checked while it is parsed."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.health_latency", description=__doc__.split("\n", 1)[0])
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--url", help="a running server")
-    target.add_argument("--model_dir", help="start a server on this checkpoint for the measurement")
-    parser.add_argument("--server_args", default="", help="more flags for the started server (one string)")
-    parser.add_argument("--streams", type=int, default=400, help="streams kept open at once")
-    parser.add_argument("--hold", type=int, default=0, help="connections one client holds open (one byte each)")
+    target.add_argument("--url", type=_http_url, help="a running server, http://HOST[:PORT]")
+    target.add_argument("--model_dir", type=checkpoint_dir, help="start a server on this checkpoint for the measurement")
+    parser.add_argument("--server_args", type=shell_words, default="",
+                        help="more flags for the server --model_dir starts (one string; not --host nor --port)")
+    parser.add_argument("--streams", type=non_negative_int, default=400, help="streams kept open at once")
+    parser.add_argument("--hold", type=non_negative_int, default=0,
+                        help="connections one client holds open (one byte each)")
     parser.add_argument("--hold_source", default="127.0.0.2",
                         help="source address of the held connections (another client than the streams and the probe)")
-    parser.add_argument("--max_new_tokens", type=int, default=256, help="tokens per stream")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of probing")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds between opening the load and probing")
-    parser.add_argument("--probe_interval", type=float, default=0.1, help="seconds between two probes")
-    parser.add_argument("--probe_path", default="/health", help="path the probe GETs")
+    parser.add_argument("--max_new_tokens", type=positive_int, default=256, help="tokens per stream (>= 1)")
+    parser.add_argument("--duration", type=positive_float, default=60.0, help="seconds of probing (> 0)")
+    parser.add_argument("--warmup", type=non_negative_float, default=10.0,
+                        help="seconds between opening the load and probing (>= 0)")
+    parser.add_argument("--probe_interval", type=positive_float, default=0.1, help="seconds between two probes (> 0)")
+    parser.add_argument("--probe_path", type=_url_path, default="/health", help="path the probe GETs")
     parser.add_argument("--api_key", default=None, help="key the streams send")
     parser.add_argument("--control", action="store_true",
                         help="also probe a trivial responder in a process of its own after each probe: the machine's "
                         "own scheduling delay under the same load")
+    return parser
+
+
+def _start_server(args: argparse.Namespace, log_dir: Path) -> Tuple[Any, Optional[str]]:
+    """The server ``--model_dir`` asks for, or ``(None, error line)`` when it did not start."""
+    from lightllm.benchmark.server_process import ServerProcess, ServerRefusedError, ServerStartError, startup_error_line
+
+    log_path = log_dir / "server.log"
+    try:
+        return ServerProcess.start(["--model_dir", args.model_dir, *shlex.split(args.server_args)], log_path), None
+    except ServerStartError as exc:
+        if isinstance(exc, ServerRefusedError):
+            # Its one line says it all; the log would be a leftover nobody is pointed at.
+            refusal = (startup_error_line(log_path.read_text(errors="replace")) or str(exc)).removeprefix("error: ")
+            shutil.rmtree(log_dir, ignore_errors=True)
+            return None, f"the server refused to start: {refusal}"
+        # The first line names the log, which is kept for it.
+        return None, str(exc).splitlines()[0].rstrip(":")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the measurement and print one JSON line (exit 1, one ``error:`` line, when it measured nothing)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
+    _check_flags(parser, args)
     _raise_open_file_limit(args.streams + args.hold + 256)
     server = None
-    if args.model_dir:
-        from lightllm.benchmark.server_process import ServerProcess
-
-        extra = args.server_args.split()
-        server = ServerProcess.start(["--model_dir", args.model_dir, *extra],
-                                     Path(tempfile.mkdtemp(prefix="health_latency_")) / "server.log")
+    log_dir = Path(tempfile.mkdtemp(prefix="health_latency_")) if args.model_dir else None
+    if log_dir is not None:
+        server, failure = _start_server(args, log_dir)
+        if server is None:
+            print(f"error: {failure}", file=sys.stderr)
+            return 1
         url = server.base_url
     else:
         url = args.url
     host, port = _address(url)
     try:
+        why = _reach_error(host, port)
+        if why is not None:
+            print(f"error: cannot reach the server at {url}: {why}", file=sys.stderr)
+            return 1
         outcome = asyncio.run(_load(args, host, port))
     finally:
         if server is not None:
             server.stop()
+            shutil.rmtree(log_dir, ignore_errors=True)  # a server that started leaves nothing to read
     report = {"streams": args.streams, "hold": args.hold, "duration_s": args.duration,
               **summarize(outcome["results"]), "load": outcome["counts"]}
+    failure = measured_nothing(args, report)
+    if failure is not None:
+        print(f"error: {failure}", file=sys.stderr)
+        return 1
     if args.control:
         report["control"] = summarize(outcome["control"])
     print(json.dumps(report))

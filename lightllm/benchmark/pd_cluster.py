@@ -130,7 +130,7 @@ class PdCluster(Deployment):
         return {
             **super().describe(),
             "pid": self.processes["master"].pid,
-            "command": self.processes["prefill"].command,
+            "command": self.processes["master"].command,
             "processes": {name: self.processes[name].describe() for name in self.names},
         }
 

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -36,7 +37,9 @@ import httpx
 
 from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, missing_module, output_file_in_new_dirs,
                                          positive_float, shell_words)
+from lightllm.benchmark.footprint_report import READY_PATH, markdown_report
 from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
+from lightllm.benchmark.server_process import startup_error_line
 from lightllm.utils.free_ports import free_port
 
 # Process label (as lightllm.benchmark.process_memory labels it, trailing rank digits removed)
@@ -52,10 +55,11 @@ ENTRY_MODULES: Dict[str, str] = {
     "pd_master": "lightllm.server.launch.pd_master",
 }
 
+# Flags launch_and_measure gives the server; --server_args setting them again would be ambiguous.
+OWNED_SERVER_FLAGS = ("--model_dir", "--host", "--port")
 # Small enough for a 2-core CPU box: the KV pool is sized by this, and it is what the integration
 # tests start with.
 DEFAULT_SERVER_ARGS = "--max_total_token_num 4096"
-READY_PATH = "/health/ready"
 _PROC = Path("/proc")
 # libtorch.so, libtorch_cpu.so, libtorch_python.so, libtorch_cuda.so, versioned suffixes too.
 _LIBTORCH_RE = re.compile(r"^libtorch[A-Za-z0-9_]*\.so(\.[0-9]+)*$")
@@ -181,8 +185,24 @@ def snapshot(root_pid: int) -> List[ProcessFootprint]:
     return rows
 
 
-def _log_tail(path: Path, chars: int = 3000) -> str:
-    return _read(path)[-chars:] or "(empty log)"
+class FootprintStartError(RuntimeError):
+    """A launch that never became ready; ``refused`` when the server printed its one-line refusal.
+
+    The message is one line: the refusal itself (the log then adds nothing), or the exit code
+    or timeout with the log to read.
+    """
+
+    def __init__(self, message: str, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+def _start_failure(proc: subprocess.Popen, log_path: Path) -> FootprintStartError:
+    refusal = startup_error_line(_read(log_path))
+    if refusal is not None:
+        refusal = refusal.removeprefix("error: ")
+        return FootprintStartError(f"the server refused to start (exit code {proc.returncode}): {refusal}", True)
+    return FootprintStartError(f"the server exited with code {proc.returncode} during start-up (log {log_path})", False)
 
 
 def _stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> float:
@@ -205,7 +225,11 @@ def _stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> float:
 def launch_and_measure(
     model_dir: str, server_args: Sequence[str], log_path: Path, timeout_s: float = 300.0
 ) -> Dict[str, Any]:
-    """Start one server, time it to ``/health/ready`` == 200, snapshot its processes, stop it."""
+    """Start one server, time it to ``/health/ready`` == 200, snapshot its processes, stop it.
+
+    Raises:
+        FootprintStartError: the server exited or stayed unready (it is stopped by then).
+    """
     port = free_port()
     command = [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", model_dir,
                "--host", "127.0.0.1", "--port", str(port), *server_args]
@@ -221,8 +245,7 @@ def launch_and_measure(
         with httpx.Client(trust_env=False, timeout=2.0) as client:
             while time.monotonic() - t0 < timeout_s:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode} during start-up "
-                                       f"(log {log_path}):\n{_log_tail(log_path)}")
+                    raise _start_failure(proc, log_path)
                 try:
                     if client.get(url).status_code == 200:
                         ready_s = time.monotonic() - t0
@@ -232,8 +255,7 @@ def launch_and_measure(
                 # A short poll: the interval bounds the error of time-to-ready.
                 time.sleep(0.05)
         if ready_s is None:
-            raise RuntimeError(f"no 200 from {READY_PATH} within {timeout_s:.0f}s (log {log_path}):\n"
-                               f"{_log_tail(log_path)}")
+            raise FootprintStartError(f"no 200 from {READY_PATH} within {timeout_s:.0f}s (log {log_path})", False)
         processes = snapshot(proc.pid)
     finally:
         stop_s = _stop(proc)
@@ -284,49 +306,6 @@ def parse_entry_overrides(items: Sequence[str]) -> Dict[str, str]:
     return result
 
 
-def _mib(kib: Optional[int]) -> str:
-    return "-" if kib is None else f"{kib / 1024:.1f}"
-
-
-def _sec(value: Optional[float], digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def markdown_report(result: Dict[str, Any]) -> str:
-    """The JSON result as markdown: server ready time, one table of processes, one of imports."""
-    lines = [f"lightllm measured: `{result.get('lightllm_path', '?')}`", ""]
-    launches = result.get("launches", [])
-    if launches:
-        times = [l["time_to_ready_s"] for l in launches]
-        lines.append(f"Time to `{READY_PATH}` 200: median {statistics.median(times):.2f} s over "
-                     f"{len(times)} launch(es) ({', '.join(f'{t:.2f}' for t in times)}); "
-                     f"stop took {', '.join(_sec(l.get('stop_s')) for l in launches)} s.")
-        lines += ["", f"Processes (launch {len(launches)}, snapshot at ready):", "",
-                  "| label | pid | entry module | RSS MiB | anon MiB | maps libtorch "
-                  "| started after launch s | CPU s |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for p in launches[-1]["processes"]:
-            lines.append(f"| {p['label']} | {p['pid']} | {p['entry_module'] or '-'} | {_mib(p['rss_kib'])} | "
-                         f"{_mib(p['anon_kib'])} | {'yes' if p['maps_libtorch'] else 'no'} | "
-                         f"{_sec(p['started_after_launch_s'])} | {_sec(p['cpu_s'])} |")
-        total_rss = sum(p["rss_kib"] for p in launches[-1]["processes"])
-        total_anon = sum(p["anon_kib"] for p in launches[-1]["processes"])
-        lines.append(f"| **total** | | | {_mib(total_rss)} | {_mib(total_anon)} | | | |")
-    imports = result.get("imports", [])
-    if imports:
-        repeats = result.get("repeats", "?")
-        lines += ["", f"Cold import in a fresh interpreter (median of {repeats}):", "",
-                  "| label | module | import s | interpreter wall s | loads torch | modules loaded |",
-                  "|---|---|---|---|---|---|"]
-        for item in imports:
-            if "error" in item:
-                lines.append(f"| {item['label']} | {item['module']} | error: {' '.join(item['error'])} | | | |")
-                continue
-            lines.append(f"| {item['label']} | {item['module']} | {item['import_s']:.2f} | {item['wall_s']:.2f} | "
-                         f"{'yes' if item['loads_torch'] else 'no'} | {item['modules_loaded']} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.process_footprint", description=__doc__.splitlines()[0])
@@ -348,6 +327,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         overrides = parse_entry_overrides(args.entry)
     except ValueError as exc:
         parser.error(str(exc))
+    for word in shlex.split(args.server_args):
+        if word.split("=", 1)[0] in OWNED_SERVER_FLAGS:
+            parser.error(f"--server_args must not set {word.split('=', 1)[0]}: this tool sets it itself")
     # Before any launch: a typo would cost one and show up only as an error cell of the import table.
     for why in filter(None, (missing_module(module) for module in overrides.values())):
         parser.error(f"--entry: {why}")
@@ -370,7 +352,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     for i in range(args.launches):
         log_path = log_dir / f"server_{i}.log"
-        launch = launch_and_measure(args.model_dir, result["server_args"], log_path, args.timeout_s)
+        try:
+            launch = launch_and_measure(args.model_dir, result["server_args"], log_path, args.timeout_s)
+        except FootprintStartError as exc:
+            if exc.refused:  # the line says it all: no log directory is left behind unnamed
+                shutil.rmtree(log_dir, ignore_errors=True)
+            print(f"error: launch {i + 1}: {exc}", file=sys.stderr)
+            return 1
         print(f"launch {i + 1}: ready after {launch['time_to_ready_s']:.2f} s", flush=True)
         result["launches"].append(launch)
     result["time_to_ready_s"] = statistics.median(l["time_to_ready_s"] for l in result["launches"])
@@ -381,6 +369,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"import {module}: {item.get('import_s', 'error')}", flush=True)
     report = markdown_report(result)
     print(report)
+    print(f"server logs in {log_dir}")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

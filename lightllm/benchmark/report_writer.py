@@ -167,12 +167,17 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
         f"`{shlex.join(topology.get('decode_args', []))}`"
     ] if pd else []
     plots = [f"- Plots not written: {meta['plots_not_written']}"] if meta.get("plots_not_written") else []
+    # A shared prefix changes what every prompt costs, so a reader of the report must see it.
+    prefix = ([f"- Every prompt starts with the same {meta['shared_prefix_len']} tokens (--shared-prefix-len; "
+               "not the shared_prefix workload's, which shares prefixes its own way)"]
+              if meta.get("shared_prefix_len") else [])
     return stopped + [
         f"- Model: `{meta.get('model_dir')}`; topology: {topology.get('name', 'normal')}",
         f"- Strategies: {', '.join(meta['strategies'])} (baseline {meta['baseline']})",
         f"- Server args (identical for every strategy{'; every prefill and decode node' if pd else ''}): "
         f"`{shlex.join(meta.get('server_args', []))}`",
         *role_flags,
+        *prefix,
         *plots,
         f"- {meta['repeats']} measured repeat(s) in rotated order after {meta['warmup']} warm-up pass(es) "
         f"per strategy; seed {meta.get('seed')}",

@@ -19,76 +19,56 @@ with the same tokens, so a later case hits the prefix cache its predecessor fill
 engines: vLLM's CPU build caches prefixes by default too) and measures cached prefills, not
 the case it names.  Each case here uses seed ``--seed + its index``; the warm-up uses a seed
 no case uses.
+
+Whatever would fail only after an engine started is refused in one line first
+(:mod:`lightllm.benchmark.side_by_side_checks`).  A failure after a start is one ``error:`` line
+(exit 1) naming a log in the run's working directory, which is kept then (removed after a run
+that succeeded).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, output_file, shell_words
+from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, non_negative_int, output_file, shell_words
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_of_model_process
 from lightllm.benchmark.server_process import ServerProcess
+from lightllm.benchmark.side_by_side_cases import ENGINES, WARMUP_SEED_OFFSET, Case, parse_cases, parse_engines
+from lightllm.benchmark.side_by_side_checks import (
+    check_cases_fit,
+    check_client_lengths,
+    check_seeds,
+    check_server_args,
+)
+from lightllm.benchmark.special_tokens import tokenizer_special_tokens
 from lightllm.utils.free_ports import free_port
 
-ENGINES = ("ours", "vllm_default", "vllm_every_core")
 METRICS = ("duration", "output_throughput", "median_ttft_ms", "median_tpot_ms", "total_input_tokens", "completed")
-WARMUP_SEED_OFFSET = 1000  # far from every case's seed, so the warm-up's prompts share no prefix
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+# A traceback's exception line (pydantic_core.ValidationError: ...) or a tool's "error: ..." line.
+_ERROR_LINE = re.compile(r"^([\w.]*(Error|Exception)\b|error:)")
+# The names tests and callers import from here; the case parsing lives in side_by_side_cases.
+__all__ = ["ENGINES", "METRICS", "WARMUP_SEED_OFFSET", "Case", "EngineServer", "client_command", "main",
+           "markdown_table", "parse_cases", "parse_engines", "read_client_result", "run_engine"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """``prompts`` requests of ``input_len`` tokens, each generating ``output_len`` tokens.
-
-    With ``prefix_len`` every prompt starts with the same ``prefix_len`` tokens (the client's
-    ``--random-prefix-len``: a few-shot or system prompt) before its own ``input_len``.
-    """
-
-    prompts: int
-    input_len: int
-    output_len: int
-    prefix_len: int = 0
-
-    @property
-    def label(self) -> str:
-        shared = f"{self.prefix_len}+" if self.prefix_len else ""
-        return f"{self.prompts}x{shared}{self.input_len}x{self.output_len}"
-
-
-def parse_cases(text: str) -> List[Case]:
-    """``"64x128x64,64x1024+128x64"`` -> cases (``PREFIX+INPUT``: a shared prefix); ``ValueError`` naming a bad item."""
-    cases = []
-    for item in text.split(","):
-        parts = item.strip().split("x")
-        lengths = parts[1].split("+") if len(parts) == 3 else []
-        numbers = [parts[0], *lengths, parts[2]] if len(parts) == 3 and len(lengths) <= 2 else []
-        if not numbers or not all(p.isdigit() and int(p) > 0 for p in numbers):
-            raise ValueError(f"case {item!r} is not PROMPTSxINPUTxOUTPUT (or PROMPTSxPREFIX+INPUTxOUTPUT, a shared "
-                             "prefix) with positive integers (e.g. 64x128x64, 64x1024+128x64)")
-        prefix = int(lengths[0]) if len(lengths) == 2 else 0
-        cases.append(Case(int(parts[0]), int(lengths[-1]), int(parts[2]), prefix))
-    if not cases:
-        raise ValueError("--cases needs at least one case")
-    return cases
-
-
-def parse_engines(text: str) -> List[str]:
-    """Comma-separated engine names, in run order; repeats allowed (a second run of ours)."""
-    engines = [e.strip() for e in text.split(",") if e.strip()]
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown or not engines:
-        raise ValueError(f"--engines must list names from {', '.join(ENGINES)}; got {text!r}")
-    return engines
+def _error_line(text: str) -> str:
+    """The last error line of ``text`` (a traceback's exception line; else its last line), for a one-line error."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    return (errors or lines or ["(no output)"])[-1]
 
 
 def client_command(vllm_bin: Path, base_url: str, model_dir: str, case: Case, seed: int, result_dir: Path,
@@ -149,8 +129,8 @@ class EngineServer:
                     ["--model_dir", self.model_dir, "--model_name", self.model_dir, *self.server_args],
                     self.log_dir / f"ours_{self.port}.log", port=self.port,
                 )
-            except RuntimeError as error:  # the server was stopped; the message has its log's tail
-                raise RuntimeError(f"ours exited with no server ready: {error}") from None
+            except RuntimeError as error:  # the server was stopped; the message's first line names its log
+                raise RuntimeError(f"ours exited with no server ready: {str(error).splitlines()[0]}") from None
             return self
         # serve_vllm.sh returns once vLLM answers /health, or fails with its log's tail.
         started = subprocess.run(
@@ -159,7 +139,9 @@ class EngineServer:
         )
         if started.returncode != 0:
             self.__exit__()
-            raise RuntimeError(f"{self.engine} did not start: {started.stdout.strip()[-1500:]}")
+            log = self.log_dir / f"{self.engine}_{self.port}_start.log"
+            log.write_text(started.stdout)
+            raise RuntimeError(f"vLLM did not start: {_error_line(started.stdout)} (log {log})")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -175,18 +157,25 @@ def run_engine(server: EngineServer, cases: Sequence[Case], seed: int, vllm_bin:
                run_index: int) -> Dict[str, Dict[str, float]]:
     """Warm up, then every case once; metrics per case label."""
     warmup = Case(8, 64, 16)
-    subprocess.run(client_command(vllm_bin, server.base_url, server.model_dir, warmup, seed + WARMUP_SEED_OFFSET,
-                                  result_dir, f"warmup_{run_index}.json"), check=True, capture_output=True)
+    _run_client(client_command(vllm_bin, server.base_url, server.model_dir, warmup, seed + WARMUP_SEED_OFFSET,
+                               result_dir, f"warmup_{run_index}.json"), result_dir / f"warmup_{run_index}.log",
+                f"{server.engine} warm-up")
     results = {}
     for index, case in enumerate(cases):
         name = f"run{run_index}_{server.engine}_{case.label}.json"
-        done = subprocess.run(client_command(vllm_bin, server.base_url, server.model_dir, case, seed + index,
-                                             result_dir, name), capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"client failed on {server.engine} {case.label}: {done.stderr[-2000:]}")
+        _run_client(client_command(vllm_bin, server.base_url, server.model_dir, case, seed + index, result_dir, name),
+                    result_dir / f"run{run_index}_{server.engine}_{case.label}.log", f"{server.engine} {case.label}")
         results[case.label] = read_client_result(result_dir / name, case)
         print(f"{server.engine} {case.label}: {results[case.label]}", file=sys.stderr, flush=True)
     return results
+
+
+def _run_client(command: List[str], log: Path, what: str) -> None:
+    """Run the client with its output in ``log``; ``RuntimeError`` with its last line and the log's path."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log.write_text(done.stdout)
+    if done.returncode != 0:
+        raise RuntimeError(f"client failed on {what}: {_error_line(done.stdout)} (log {log})")
 
 
 def markdown_table(cases: Sequence[Case], runs: Sequence[Dict[str, object]]) -> str:
@@ -207,57 +196,91 @@ def markdown_table(cases: Sequence[Case], runs: Sequence[Dict[str, object]]) -> 
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def build_parser() -> OneLineErrorParser:
+    """The command-line flags."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.side_by_side", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", required=True, help="checkpoint directory both engines serve")
     parser.add_argument("--cases", required=True, help="comma-separated PROMPTSxINPUTxOUTPUT, e.g. 64x128x64,8x1024x8; "
-                        "PROMPTSxPREFIX+INPUTxOUTPUT gives every prompt the same PREFIX tokens first (64x1024+128x64)")
+                        "PROMPTSxPREFIX+INPUTxOUTPUT gives every prompt the same PREFIX tokens first (64x1024+128x64); "
+                        "PREFIX + INPUT + OUTPUT must fit the context of every engine")
     parser.add_argument("--engines", default="ours,vllm_every_core,vllm_default,ours",
                         help=f"run order, names from {', '.join(ENGINES)} (repeats allowed)")
-    parser.add_argument("--seed", type=int, default=0, help="case i uses seed + i")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help=f"case i uses seed + i, the warm-up seed + {WARMUP_SEED_OFFSET} (at most 2**32 - 1)")
     parser.add_argument("--peer_dir", default=os.path.join(tempfile.gettempdir(), "peer"),
                         help="where setup_vllm_cpu.sh put vLLM's virtual environment")
     parser.add_argument("--peer_scripts", default=str(_REPO_ROOT.parent / "shared" / "peer"),
                         help="directory of serve_vllm.sh and stop_vllm.sh")
-    parser.add_argument("--server_args", type=shell_words, default="", help="extra flags for our server, one shell-quoted string")
+    parser.add_argument("--server_args", type=shell_words, default="",
+                        help="extra flags for our server, one shell-quoted string (not the --model_dir, --model_name, "
+                        "--host, --port or --run_mode side_by_side sets)")
     parser.add_argument("--out", type=output_file, default=None, help="also write every run's metrics here (JSON)")
     parser.add_argument("--ports", type=argument_type(PortRange.parse), default=None, metavar="FIRST-LAST",
                         help="take each engine's HTTP port (and ours' --nccl_port with --tp above 1) from this range, "
                         "each checked free first (default: any free port)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_run(args: argparse.Namespace, model_dir: str) -> Tuple[List[Case], List[str]]:
+    """The cases and engines of the run; ``ValueError`` (one line) for anything it would fail on after a start."""
+    cases, engines = parse_cases(args.cases), parse_engines(args.engines)
+    server_args = shlex.split(args.server_args)
+    check_seeds(args.seed, cases)
+    check_server_args(server_args)
+    if args.ports is not None:
+        # Every engine run gets ports of its own, also a second run of the same engine.
+        ours = ports_of_model_process(server_args)
+        args.ports.check_room(sum(ours if engine == "ours" else 1 for engine in engines),
+                              f"--engines {','.join(engines)}")
+    if not Path(model_dir, "config.json").is_file():
+        raise ValueError(f"--model_dir {args.model_dir}: no config.json there")
+    check_cases_fit(model_dir, cases, engines, server_args)
     try:
-        cases, engines = parse_cases(args.cases), parse_engines(args.engines)
-        if args.ports is not None:
-            # Every engine run gets ports of its own, also a second run of the same engine.
-            ours = ports_of_model_process(shlex.split(args.server_args))
-            args.ports.check_room(sum(ours if engine == "ours" else 1 for engine in engines),
-                                  f"--engines {','.join(engines)}")
+        special_tokens = tokenizer_special_tokens(model_dir)
+    except ValueError:  # our server refuses such a checkpoint itself, in one line, at its start
+        special_tokens = None
+    if special_tokens is not None:
+        check_client_lengths(cases, special_tokens)
+    return cases, engines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point: 0 once every engine ran every case, 1 when one failed, 2 for a refused flag."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    model_dir = str(Path(args.model_dir).resolve())
+    try:
+        cases, engines = _check_run(args, model_dir)
     except ValueError as error:
         parser.error(str(error))
-    if args.ports is not None and args.ports.ephemeral_overlap_warning():
-        print(args.ports.ephemeral_overlap_warning(), file=sys.stderr)
-    model_dir = str(Path(args.model_dir).resolve())
-    if not Path(model_dir, "config.json").is_file():
-        parser.error(f"--model_dir {args.model_dir}: no config.json there")
     vllm_bin = Path(args.peer_dir) / "venv-vllm" / "bin" / "vllm"
     if not vllm_bin.is_file():
         parser.error(f"{vllm_bin} not found: run shared/peer/setup_vllm_cpu.sh first (the client is vLLM's)")
     scripts = Path(args.peer_scripts)
     if any(e != "ours" for e in engines) and not (scripts / "serve_vllm.sh").is_file():
         parser.error(f"--peer_scripts {scripts}: no serve_vllm.sh there")
+    # Said only once every flag passed, so a refusal stays the one line on stderr.
+    if args.ports is not None and args.ports.ephemeral_overlap_warning():
+        print(args.ports.ephemeral_overlap_warning(), file=sys.stderr)
     runs: List[Dict[str, object]] = []
-    with tempfile.TemporaryDirectory(prefix="side_by_side_") as work:
-        work_dir = Path(work)
+    # Removed only after a run that succeeded: a failure's message names a log in it.
+    work_dir = Path(tempfile.mkdtemp(prefix="side_by_side_"))
+    failed = False
+    try:
         for index, engine in enumerate(engines):
             started = time.strftime("%H:%M:%S")
             try:
                 with EngineServer(engine, model_dir, Path(args.peer_dir), scripts, shlex.split(args.server_args),
                                   work_dir, args.ports) as server:
                     results = run_engine(server, cases, args.seed, vllm_bin, work_dir, index)
-            except (RuntimeError, subprocess.CalledProcessError) as error:
-                print(f"side_by_side: {engine}: {error}", file=sys.stderr)
+            except RuntimeError as error:  # every engine is stopped by now
+                failed = True
+                print(f"error: {engine}: {error}; the run's logs are kept in {work_dir}", file=sys.stderr)
                 return 1
             runs.append({"engine": engine, "started": started, "results": results})
+    finally:
+        if not failed:
+            shutil.rmtree(work_dir, ignore_errors=True)
     print(markdown_table(cases, runs))
     if args.out:
         Path(args.out).write_text(json.dumps({"model_dir": model_dir, "seed": args.seed, "runs": runs}, indent=2))

@@ -4,9 +4,11 @@ Checked before any server starts: a request whose prompt plus output tokens exce
 ``max_req_total_len`` is answered with HTTP 400 when its prompt leaves no room (a run of the
 default 48 prompts of 16384 tokens on a 4096-token model failed every one of them in every
 repeat, measured nothing and exited 1 minutes later), and otherwise has its output cut to the
-room left, so the run would measure other lengths than it reports.  The servers' limit is derived as each process derives it (the checkpoint's context
-capped by a sliding window, or ``--max_req_total_len`` in the flags that reach it); the run takes
-the smallest, since a request passes through every process of a PD cluster.
+room left, so the run would measure other lengths than it reports.  The servers' limit is
+derived as each process derives it (the checkpoint's context capped by a sliding window, or
+``--max_req_total_len`` in the flags that reach it); the run takes the smallest, since a request
+passes through every process of a PD cluster.  ``bench_serving`` applies the same rule
+(:func:`check_workloads_within`) to the context a running server reports.
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ from lightllm.benchmark.workloads import LONG, SCHEDULE_FROM_SEED, ScheduledRequ
 ProcessFlags = Mapping[str, Mapping[str, Sequence[str]]]
 
 
-def longest_request(cfg: WorkloadConfig, seeds: Iterable[int]) -> ScheduledRequest:
-    """The request with the most prompt plus output tokens among the schedules of ``cfg`` with ``seeds``.
+def scheduled_requests(cfg: WorkloadConfig, seeds: Iterable[int]) -> list[ScheduledRequest]:
+    """Every request of the schedules of ``cfg`` with ``seeds``.
 
     Only the generators that draw their schedule from the seed (:data:`SCHEDULE_FROM_SEED`) are
     built once per seed; the others send the same lengths whatever the seed.
     """
     seeds = list(seeds) if cfg.name in SCHEDULE_FROM_SEED else [cfg.seed]
-    requests = [r for seed in seeds for r in build_workload(dataclasses.replace(cfg, seed=seed))]
-    return max(requests, key=lambda r: r.prompt_len + r.output_len)
+    return [r for seed in seeds for r in build_workload(dataclasses.replace(cfg, seed=seed))]
+
+
+def longest_request(cfg: WorkloadConfig, seeds: Iterable[int]) -> ScheduledRequest:
+    """The request with the most prompt plus output tokens among the schedules of ``cfg`` with ``seeds``."""
+    return max(scheduled_requests(cfg, seeds), key=lambda r: r.prompt_len + r.output_len)
 
 
 def length_fields(cfg: WorkloadConfig, request: ScheduledRequest) -> tuple[list[str], str]:
@@ -98,8 +104,21 @@ def check_workloads_fit(model_dir: str, workloads: Sequence[WorkloadConfig], see
         ValueError: one line naming the workload, the request's lengths and the fields setting them.
     """
     limit = servers_context(model_dir, processes)
-    if limit is None:
-        return
+    if limit is not None:
+        check_workloads_within(limit, workloads, seeds)
+
+
+def check_workloads_within(limit: ContextLimit, workloads: Sequence[WorkloadConfig], seeds: Iterable[int],
+                           servers: str = "the servers") -> None:
+    """Refuse a workload with a request longer than ``limit``, naming the fields to change.
+
+    The rule and wording of every tool that sends a workload: :func:`check_workloads_fit` with the
+    context it derives for the servers it starts, ``bench_serving`` with the one a running server
+    reports.  ``servers`` names who would cut the output ("the server" for a single one).
+
+    Raises:
+        ValueError: one line naming the workload, the request's lengths and the fields setting them.
+    """
     seeds = list(seeds)
     for cfg in workloads:
         worst = longest_request(cfg, seeds)
@@ -110,20 +129,21 @@ def check_workloads_fit(model_dir: str, workloads: Sequence[WorkloadConfig], see
         remedy = f"lower {', '.join(prompt)} or {output}"
         if limit.source.startswith("--max_req_total_len"):
             remedy += " (or raise that --max_req_total_len)"
+        consequence = overflow_consequence(worst.prompt_len, worst.output_len, limit.tokens, servers)
         raise ValueError(f"workload {cfg.name} has a {worst.request_class} request of {worst.prompt_len} prompt "
                          f"tokens ({' + '.join(prompt)}) plus {worst.output_len} output tokens ({output}), "
                          f"{total} in all, more than {limit.name} of {limit.tokens} ({limit.source}); "
-                         f"{overflow_consequence(worst.prompt_len, worst.output_len, limit.tokens)}: {remedy}")
+                         f"{consequence}: {remedy}")
 
 
-def overflow_consequence(prompt_len: int, output_len: int, limit: int) -> str:
+def overflow_consequence(prompt_len: int, output_len: int, limit: int, servers: str = "the servers") -> str:
     """What the servers' completions endpoint does with a request of these lengths past ``limit``.
 
     It refuses a prompt that leaves no room and an output longer than the whole context, and cuts
     any other output to the room the prompt leaves (as vLLM does): the run would then finish, but
-    measuring other lengths than the workload asks for.
+    measuring other lengths than the workload asks for.  ``servers`` names them in the sentence.
     """
     if prompt_len >= limit or output_len > limit:
         return "every such request would fail with HTTP 400"
-    return (f"the servers would cut such a request's output to {limit - prompt_len} tokens, so the run would not "
+    return (f"{servers} would cut such a request's output to {limit - prompt_len} tokens, so the run would not "
             "measure the lengths asked for")

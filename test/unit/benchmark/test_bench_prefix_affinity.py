@@ -25,6 +25,7 @@ def test_hit_rate_is_cached_over_prompt_tokens_of_the_measured_interval():
     assert hit_rate(after, after) == 0.0
 
 
-def test_parser_offers_only_pd_topologies():
-    args = build_parser().parse_args(["--model_dir", "/m"])
-    assert args.topology == "2p1d" and args.affinity == "256,0"
+def test_parser_offers_only_pd_topologies(tiny_llama_dir):
+    args = build_parser().parse_args(["--model_dir", str(tiny_llama_dir)])
+    assert args.topology == "2p1d" and args.affinity == [256, 0]
+    assert "normal" not in next(a for a in build_parser()._actions if a.dest == "topology").choices

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightllm.benchmark import process_footprint as pf
+from lightllm.benchmark.footprint_report import markdown_report
 
 MAPS = """\
 55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 123 /usr/bin/python3.11
@@ -86,7 +87,7 @@ def test_markdown_report_lists_processes_totals_and_imports() -> None:
             {"label": "pd_master", "module": "lightllm.gone", "error": ["ModuleNotFoundError: lightllm.gone"]},
         ],
     }
-    text = pf.markdown_report(result)
+    text = markdown_report(result)
     assert "median 11.00 s over 2 launch(es)" in text
     # The process table comes from the last launch: both rows and their sum.
     assert "| main | 100 | lightllm.server.api_server | 2.0 | 1.0 | yes | 1.50 | 2.25 |" in text

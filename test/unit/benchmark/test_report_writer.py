@@ -215,3 +215,10 @@ def test_write_report_without_any_ttft_skips_only_the_cdf(tmp_path):
     assert json.loads(open(paths["json"], encoding="utf-8").read())["files"] == {
         "json": "report.json", "markdown": "report.md", "throughput_long_first": "throughput_long_first.png"
     }
+
+
+def test_the_markdown_says_when_every_prompt_shared_a_prefix():
+    report = _report()
+    assert "--shared-prefix-len" not in render_markdown(report)
+    report["meta"]["shared_prefix_len"] = 32
+    assert "- Every prompt starts with the same 32 tokens (--shared-prefix-len" in render_markdown(report)

@@ -38,7 +38,7 @@ def no_run(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The calls that reached the run (where the servers would start)."""
     reached: list[Any] = []
 
-    def run_comparison(options: Any, topology: Any) -> None:
+    def run_comparison(options: Any, topology: Any, *_builder: Any) -> None:
         reached.append((options, topology))
         raise KeyboardInterrupt  # ends main() right there, as a Ctrl-C would
 

@@ -1,0 +1,61 @@
+"""What ``bench_serving`` asks a running server before it sends anything: whether it answers, and its context.
+
+Both are asked before the tokenizer is loaded and the prompts are built (seconds for a real
+tokenizer), so a run that cannot measure anything ends at once.
+
+``GET /v1/models`` lists each model with ``max_model_len`` (vLLM's field; ours is the server's
+``--max_req_total_len``).  A request past it is answered with HTTP 400, or has its output cut to
+the room its prompt leaves, so the run would report lengths it did not measure; the workload is
+refused before anything is sent (:func:`~lightllm.benchmark.workload_context.check_workloads_within`).
+A server that reports no context (another engine, an API without ``/v1/models``) is not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import httpx
+
+from lightllm.benchmark.context_limit import ContextLimit
+
+
+def check_reachable(base_url: str, timeout_s: float = 10.0) -> Optional[str]:
+    """Why the server at ``base_url`` cannot be reached, or None when it answers at all.
+
+    Any HTTP answer, even a 404, proves a server listens there.
+    """
+    try:
+        httpx.get(base_url.rstrip("/") + "/", timeout=timeout_s, trust_env=False)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _model_entry(listing: Any, model: Optional[str]) -> Optional[dict[str, Any]]:
+    """The entry of ``model`` in a ``/v1/models`` answer (the first one when ``model`` is None)."""
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(entries, list):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and (model is None or entry.get("id") == model):
+            return entry
+    return None
+
+
+def served_context(base_url: str, model: Optional[str], timeout_s: float = 10.0) -> Optional[ContextLimit]:
+    """The context the server at ``base_url`` reports for ``model`` (its first model when None).
+
+    ``None`` when it reports none: no ``/v1/models``, no such model, or no positive integer
+    ``max_model_len``; the run then goes on unchecked, as before.
+    """
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        answer = httpx.get(url, timeout=timeout_s, trust_env=False)
+        listing = answer.json() if answer.status_code == 200 else None
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+        return None
+    entry = _model_entry(listing, model)
+    tokens = None if entry is None else entry.get("max_model_len")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        return None
+    return ContextLimit(tokens, f"max_model_len of model {entry.get('id')!r} in {url}", "the server's context")

@@ -1,0 +1,163 @@
+"""bench_serving refuses, in one line (exit 2) before it sends anything, a run that would not measure
+what it reports: a prompt the builder cannot make, a request longer than the context the server
+reports, and an --extra-body key that would replace what the benchmark sets itself.
+
+The tester's repros: ``--short-len 1`` and ``--shared-prefix-len 100`` (with 64/8-token prompts)
+ended in a ValueError traceback; ``--long-len 1020 --output-len 10`` on a 1024-token server exited 0
+with 4-token outputs; ``--extra-body '{"max_tokens": 1}'`` exited 0 with 1-token outputs.  No server
+is started here: the server's answers are stand-ins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli_refusal_support import one_line_refusal
+from lightllm.benchmark import bench_serving, server_probe
+from lightllm.benchmark.bench_serving import BenchmarkConfig
+from lightllm.benchmark.context_limit import ContextLimit
+from lightllm.benchmark.server_probe import served_context
+from lightllm.benchmark.workloads import WorkloadConfig
+
+URL = "http://127.0.0.1:9"
+
+
+def _never(*_args: Any, **_kwargs: Any) -> None:
+    raise AssertionError("a request was about to be sent")
+
+
+@pytest.fixture
+def no_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server answers; nothing may be sent."""
+    monkeypatch.setattr(bench_serving, "check_reachable", lambda *_args: None)
+    monkeypatch.setattr(bench_serving, "_run_cli", _never)
+
+
+def _argv(tokenizer: Path, *extra: str) -> list[str]:
+    return ["--base-url", URL, "--model", "m", "--tokenizer", str(tokenizer), "--no-progress",
+            "--long-count", "2", "--short-count", "2", *extra]
+
+
+def _serves_context(monkeypatch: pytest.MonkeyPatch, tokens: int | None) -> None:
+    limit = None if tokens is None else ContextLimit(tokens, f"max_model_len of model 'm' in {URL}/v1/models",
+                                                     "the server's context")
+    monkeypatch.setattr(bench_serving, "served_context", lambda *_args: limit)
+
+
+# --- prompts the builder cannot make (finding 2) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--long-len", "8", "--short-len", "1", "--output-len", "2"], "--short-len"),
+    (["--long-len", "1", "--short-len", "8", "--output-len", "2"], "--long-len"),
+])
+def test_a_prompt_with_no_room_for_content_is_refused(tiny_llama_dir, monkeypatch, capsys, no_send, extra, flag):
+    _serves_context(monkeypatch, None)
+    line = one_line_refusal(bench_serving.main, _argv(tiny_llama_dir, *extra), capsys)
+    assert f"of 1 prompt tokens ({flag}), which leaves no room for content" in line, line
+    assert "so a prompt needs at least 2 tokens" in line and f"raise {flag} (" in line
+
+
+def test_a_shared_prefix_longer_than_a_prompt_is_refused(tiny_llama_dir, monkeypatch, capsys, no_send):
+    _serves_context(monkeypatch, None)
+    argv = _argv(tiny_llama_dir, "--long-len", "64", "--short-len", "8", "--output-len", "4",
+                 "--shared-prefix-len", "100")
+    line = one_line_refusal(bench_serving.main, argv, capsys)
+    assert line.startswith("error: --shared-prefix-len 100 leaves no token of its own to a short request of 8 prompt "
+                           "tokens (--short-len)"), line
+    assert "lower --shared-prefix-len below 7 or raise --short-len" in line
+    # The largest prefix the shortest prompt holds is accepted.
+    argv[argv.index("100")] = "6"
+    with pytest.raises(AssertionError, match="about to be sent"):
+        bench_serving.main(argv)
+
+
+# --- requests longer than the server's context (finding 3) -----------------------------------------
+
+
+def test_a_request_the_server_would_cut_is_refused_before_the_tokenizer_loads(tiny_llama_dir, monkeypatch, capsys,
+                                                                              no_send):
+    _serves_context(monkeypatch, 1024)
+    monkeypatch.setattr(bench_serving, "load_tokenizer", _never)
+    argv = _argv(tiny_llama_dir, "--long-len", "1020", "--short-len", "8", "--output-len", "10")
+    line = one_line_refusal(bench_serving.main, argv, capsys)
+    assert line.startswith("error: --workload long_first has a long request of 1020 prompt tokens (--long-len) plus "
+                           "10 output tokens (--output-len), 1030 in all, more than the server's context of 1024 "
+                           f"(max_model_len of model 'm' in {URL}/v1/models); the server would cut such a request's "
+                           "output to 4 tokens"), line
+    assert ": lower --long-len or --output-len (" in line
+
+
+def test_a_request_the_server_would_refuse_is_refused(tiny_llama_dir, monkeypatch, capsys, no_send):
+    _serves_context(monkeypatch, 1024)
+    line = one_line_refusal(bench_serving.main, _argv(tiny_llama_dir, "--long-len", "2000", "--output-len", "4"), capsys)
+    assert "every such request would fail with HTTP 400: lower --long-len or --output-len" in line, line
+
+
+def test_requests_that_fit_the_server_s_context_go_on(tiny_llama_dir, monkeypatch, no_send):
+    _serves_context(monkeypatch, 1024)
+    with pytest.raises(AssertionError, match="about to be sent"):
+        bench_serving.main(_argv(tiny_llama_dir, "--long-len", "1014", "--short-len", "8", "--output-len", "10"))
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch, status: int, body: Any) -> list[str]:
+    asked: list[str] = []
+
+    def get(url: str, **_kwargs: Any) -> httpx.Response:
+        asked.append(url)
+        return httpx.Response(status, json=body)
+
+    monkeypatch.setattr(server_probe.httpx, "get", get)
+    return asked
+
+
+def test_the_context_is_the_max_model_len_the_server_lists_for_the_model(monkeypatch):
+    listing = {"object": "list", "data": [{"id": "a", "max_model_len": 2048}, {"id": "b", "max_model_len": 1024}]}
+    asked = _answers(monkeypatch, 200, listing)
+    assert served_context(URL + "/", "b") == ContextLimit(1024, f"max_model_len of model 'b' in {URL}/v1/models",
+                                                          "the server's context")
+    assert served_context(URL, None).tokens == 2048  # no --model: the first, the one the requests name
+    assert asked == [URL + "/v1/models"] * 2
+
+
+@pytest.mark.parametrize("status, body", [
+    (404, {"detail": "Not Found"}),
+    (200, {"data": [{"id": "a"}]}),
+    (200, {"data": [{"id": "a", "max_model_len": 0}]}),
+    (200, {"data": [{"id": "a", "max_model_len": "1024"}]}),
+    (200, {"data": [{"id": "other", "max_model_len": 1024}]}),
+    (200, ["not", "an", "object"]),
+])
+def test_a_server_that_reports_no_context_is_not_checked(monkeypatch, status, body):
+    _answers(monkeypatch, status, body)
+    assert served_context(URL, "a") is None
+
+
+# --- --extra-body keys the benchmark sets itself (finding 6) ---------------------------------------
+
+
+@pytest.mark.parametrize("backend, body, keys", [
+    ("openai-completions", '{"max_tokens": 1}', "max_tokens"),
+    ("openai-completions", '{"temperature": 0, "prompt": "x", "stream": false}', "prompt, stream"),
+    ("openai-chat", '{"max_completion_tokens": 1}', "max_completion_tokens"),
+    ("openai-chat", '{"model": "other"}', "model"),
+    ("lightllm", '{"max_new_tokens": 1}', "max_new_tokens"),
+    ("lightllm", '{"ignore_eos": false}', "ignore_eos"),
+])
+def test_extra_body_keys_the_benchmark_sets_are_refused(tiny_llama_dir, capsys, no_send, backend, body, keys):
+    argv = _argv(tiny_llama_dir, "--backend", backend, "--long-len", "64", "--short-len", "8", "--output-len", "4",
+                 "--extra-body", body)
+    line = one_line_refusal(bench_serving.main, argv, capsys)
+    assert line.startswith(f"error: --extra-body must not set {keys}: the benchmark sets"), line
+    assert f"for backend {backend}" in line
+
+
+def test_other_extra_body_keys_are_sent():
+    config = BenchmarkConfig(tokenizer="/t", workload=WorkloadConfig(), extra_body={"temperature": 0.5, "top_k": 4})
+    config.validate()
+    # The native API nests its parameters: "model" there is no field the benchmark sets.
+    BenchmarkConfig(backend="lightllm", extra_body={"model": "x", "max_tokens": 2}).validate()
