@@ -18,12 +18,12 @@ from lightllm.benchmark.cli_args import (
     checkpoint_dir,
     comma_items,
     listen_host,
-    non_negative_int,
     output_dir,
     output_file,
     positive_float,
     with_flag_names,
 )
+from lightllm.benchmark.count_flags import positive_int
 from lightllm.benchmark.deployment import ServerSpec
 from lightllm.benchmark.port_range import PortRange
 from lightllm.benchmark.server_launcher import Topology
@@ -34,14 +34,6 @@ from lightllm.benchmark.workloads import WorkloadConfig, build_workload
 
 WARMUP_SEED = 1
 MEASURED_SEED = 0
-
-
-def _count(text: str) -> int:
-    """An integer >= 1 (a count or length of zero measures nothing)."""
-    value = non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
 
 
 def affinity_values(text: str) -> List[int]:
@@ -68,19 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--affinity", type=argument_type(affinity_values), default=[256, 0],
                    help="comma-separated distinct --pd_prefix_affinity_tokens values to compare, each >= 0 "
                    "(0: no affinity; default 256,0)")
-    p.add_argument("--kv-tokens", type=_count, default=16384,
+    p.add_argument("--kv-tokens", type=positive_int, default=16384,
                    help="--max_total_token_num of every node, at least the nodes' context (default 16384)")
     p.add_argument("--request-rate", type=positive_float, default=3.0, help="requests per second (default 3)")
     p.add_argument("--duration", type=positive_float, default=30.0, help="seconds of measured arrivals (default 30)")
     p.add_argument("--warmup-duration", type=positive_float, default=5.0,
                    help="seconds of unmeasured arrivals first, in another prompt namespace (default 5)")
-    p.add_argument("--prefix-groups", type=_count, default=4, help="few-shot templates (default 4)")
-    p.add_argument("--prefix-tokens", type=_count, default=600,
+    p.add_argument("--prefix-groups", type=positive_int, default=4, help="few-shot templates (default 4)")
+    p.add_argument("--prefix-tokens", type=positive_int, default=600,
                    help="tokens of a template or of a chat's first turn (default 600)")
-    p.add_argument("--short-len", type=_count, default=60,
+    p.add_argument("--short-len", type=positive_int, default=60,
                    help="tokens after a template, and added by each chat turn (default 60)")
-    p.add_argument("--output-len", type=_count, default=16, help="output tokens of every request (default 16)")
-    p.add_argument("--chat-turns", type=_count, default=4, help="turns before a chat closes (default 4)")
+    p.add_argument("--output-len", type=positive_int, default=16, help="output tokens of every request (default 16)")
+    p.add_argument("--chat-turns", type=positive_int, default=4, help="turns before a chat closes (default 4)")
     p.add_argument("--host", type=listen_host, default="127.0.0.1",
                    help="address every process of the cluster listens on (default 127.0.0.1)")
     p.add_argument("--ports", type=argument_type(PortRange.parse), default=None, metavar="FIRST-LAST",
