@@ -13,7 +13,6 @@ import errno
 import json
 import select
 import socket
-import threading
 import time
 from typing import Iterator
 
@@ -23,10 +22,10 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from api_fakes import FakeManager
+from uvicorn_in_thread import serving_in_thread
 from lightllm.server.http.app import create_app
 from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
-from lightllm.utils.free_ports import free_port
 
 LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout=0.6, body_timeout=0.6, keep_alive_timeout=5,
                     max_connections=12)
@@ -35,22 +34,9 @@ LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout=0.6, body_timeout=0
 @contextlib.contextmanager
 def _serving(manager: FakeManager, limits: HttpLimits) -> Iterator[str]:
     """A real uvicorn server of the app around ``manager`` on a free loopback port; yields its URL."""
-    port = free_port()
-    config = uvicorn.Config(create_app(manager, HttpServerOptions(limits=limits)), host="127.0.0.1", port=port,
-                            log_level="error", http=guarded_protocol_class(limits),
-                            timeout_keep_alive=limits.keep_alive_timeout)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    try:
+    app = create_app(manager, HttpServerOptions(limits=limits))
+    with serving_in_thread(app, limits, timeout_keep_alive=limits.keep_alive_timeout) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,15 @@ buffered for it until the generation ended (32 MiB for one ``n: 16`` stream with
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager
 
 import pytest
-import uvicorn
 
-from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits
-from lightllm.utils.free_ports import free_port
+from uvicorn_in_thread import serving_in_thread
 
 SEND_TIMEOUT = 0.5
 CHUNK = b"data: " + b"x" * 8186 + b"\n\n"
@@ -52,25 +49,8 @@ class EndlessStream:
             watcher.cancel()
 
 
-@contextlib.contextmanager
-def _serving(app: EndlessStream, send_timeout: float = SEND_TIMEOUT) -> Iterator[int]:
-    limits = HttpLimits(send_timeout=send_timeout)
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", http=guarded_protocol_class(limits),
-                            lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        server.force_exit = True
-        thread.join(10)
+def _serving(app: EndlessStream, send_timeout: float = SEND_TIMEOUT) -> ContextManager[int]:
+    return serving_in_thread(app, HttpLimits(send_timeout=send_timeout), lifespan="off")
 
 
 def _stream_request(port: int, receive_buffer: int = 4096) -> socket.socket:
