@@ -59,9 +59,6 @@ METRICS = ("duration", "output_throughput", "median_ttft_ms", "median_tpot_ms", 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 # A traceback's exception line (pydantic_core.ValidationError: ...) or a tool's "error: ..." line.
 _ERROR_LINE = re.compile(r"^([\w.]*(Error|Exception)\b|error:)")
-# The names tests and callers import from here; the case parsing lives in side_by_side_cases.
-__all__ = ["ENGINES", "METRICS", "WARMUP_SEED_OFFSET", "Case", "EngineServer", "client_command", "main",
-           "markdown_table", "parse_cases", "parse_engines", "read_client_result", "run_engine"]
 
 
 def _error_line(text: str) -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from lightllm.benchmark import side_by_side
-from lightllm.benchmark.side_by_side import Case, client_command, markdown_table, parse_cases, parse_engines, read_client_result
+from lightllm.benchmark.side_by_side import client_command, markdown_table, read_client_result
+from lightllm.benchmark.side_by_side_cases import Case, parse_cases, parse_engines
 
 FAKE_CLIENT = """#!{python}
 import json, sys
