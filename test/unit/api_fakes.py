@@ -139,6 +139,8 @@ class FakeManager:
                 finish = None
             if self.failure == "rank_error" and last:
                 finish = "error"  # the model rank finished the request with FINISH_ERROR
+            if self.failure == "grammar_failed" and last:
+                finish = "grammar_failed"  # its grammar could not go on (FINISH_GRAMMAR_FAILED)
             yield FakeEvent(len(self.calls), token_id, "" if i == 1 else f" w{i}", self.token_logprob, finish,
                             len(prompt_ids), self.cached_tokens, i + 1, top)
         if self.failure == "finish_marker":

@@ -150,7 +150,8 @@ class NodeStandIn:
         self._stopped = False
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
-        self.fail_generation = False  # P: the request fails alone in the rank (error_kind generation_failed)
+        # P: the error_kind of a request that ends alone in the rank ("generation_failed", "grammar_failed")
+        self.fail_generation = ""
         self.prefill_delay = 0.0  # P: seconds before the first token
         self.first_line_delay = 0.0  # P: seconds between handing the token to D and sending its line
         self.refuse_setup = False  # answer transfer_setup with a 500
@@ -320,8 +321,8 @@ class NodeStandIn:
             return
         key = (body["request_id"], body["segment_index"])
         if self.fail_generation:
-            # As a real node words a request its rank ended with an error (a grammar that failed).
-            yield _line({"event": "error", "error_kind": "generation_failed",
+            # As a real node words a request its rank ended with an error (or whose grammar could not go on).
+            yield _line({"event": "error", "error_kind": self.fail_generation,
                          "message": f"request {body['request_id']} failed on the node while generating"})
             return
         if self.fail_transfer:

@@ -133,6 +133,24 @@ def generation_failed() -> APIError:
     )
 
 
+def grammar_failed() -> APIError:
+    """A 400 error for a request whose structured-output grammar could not go on while it was generated.
+
+    The grammar is the client's input (``response_format``, ``structured_outputs``, ``guided_*``,
+    a forced tool call), so this is not a server failure: the same request fails again, and a
+    client that retries 500s must not.  llguidance's reason is in the server log with the request id.
+    """
+    return APIError(
+        400,
+        "This request's structured-output grammar could not go on while the output was generated: it can "
+        "never end (a recursive schema that requires nesting, say), or it nested deeper or grew more "
+        "ambiguous than the parser's limit allows; the server log names the reason",
+        INVALID_REQUEST,
+        None,
+        "grammar_failed",
+    )
+
+
 def manager_error(exc: Exception, param: str | None = None) -> APIError:
     """Translate an exception raised by the request manager into an :class:`APIError`.
 

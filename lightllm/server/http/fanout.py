@@ -21,19 +21,28 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.http.errors import client_closed_request, generation_failed, internal_error, manager_error
-from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
+from lightllm.server.http.errors import (APIError, client_closed_request, generation_failed, grammar_failed,
+                                         internal_error, manager_error)
+from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_GRAMMAR_FAILED, FINISH_REASON_NAMES
 from lightllm.server.core.objs.request_spec import Priority, RequestSpec
 from lightllm.server.request_manager import RequestManager
 
 logger = logging.getLogger(__name__)
 
-# The finish reason of a request the model rank could not process.
-ERROR_FINISH_REASON = FINISH_REASON_NAMES[FINISH_ERROR]
+# The finish reasons of a request the model rank could not finish, and the client's answer to each:
+# the server failed (500), or the request's own structured-output grammar could not go on (400).
+_FAILURE_ANSWERS = {
+    FINISH_REASON_NAMES[FINISH_ERROR]: generation_failed,
+    FINISH_REASON_NAMES[FINISH_GRAMMAR_FAILED]: grammar_failed,
+}
 
 
 def _is_error(event: Any) -> bool:
-    return getattr(event, "finish_reason", None) == ERROR_FINISH_REASON
+    return getattr(event, "finish_reason", None) in _FAILURE_ANSWERS
+
+
+def _failure_answer(event: Any) -> APIError:
+    return _FAILURE_ANSWERS[event.finish_reason]()
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -90,8 +99,8 @@ class GenerationFanout:
             await self.close()
             raise
         failure = next((item for item in firsts if isinstance(item, BaseException)), None)
-        if failure is None and any(_is_error(item) for item in firsts):
-            failure = generation_failed()
+        if failure is None:
+            failure = next((_failure_answer(item) for item in firsts if _is_error(item)), None)
         if failure is None:
             self._first = list(firsts)
             for job, first in zip(self._jobs, firsts):
@@ -120,7 +129,7 @@ class GenerationFanout:
                     # Tokens before the failure are delivered; then the client gets an error.
                     if event.token_id >= 0:
                         yield dataclasses.replace(event, finish_reason=None)
-                    yield generation_failed()
+                    yield _failure_answer(event)
                     return
                 yield event
                 if event.finish_reason is not None:

@@ -99,3 +99,34 @@ def test_native_generate_takes_lightllms_constraint_parameters(tiny_server):
                               ({"regular_constraint": "a+", "ignore_eos": True}, "parameters.ignore_eos")):
         refused = httpx.post(f"{url}/generate", timeout=60, json={"inputs": "x", "parameters": parameters})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+
+
+def test_a_schema_with_no_finite_output_is_the_clients_400_and_the_server_serves_on(tiny_server):
+    """An array of arrays that must each hold one more has no finite instance: the output nests until
+    the parser's per-token limit ends it.  That was a 500 generation_failed (a server fault, which
+    clients retry); it is the request's own schema, so a 400 grammar_failed, as a stream's error event too."""
+    endless = {"type": "array", "items": {"$ref": "#"}, "minItems": 1}
+    body = {"model": tiny_server.model_name, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "nest", "schema": endless}}}
+    answer = httpx.post(f"{tiny_server.url}/v1/chat/completions", timeout=120, json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "grammar_failed" and error["type"] == "invalid_request_error"
+    with httpx.stream("POST", f"{tiny_server.url}/v1/chat/completions", timeout=120,
+                      json={**body, "stream": True}) as stream:
+        if stream.status_code == 400:
+            # The tiny model may reach the limit before the first event is read: the stream then
+            # gets the same answer before it starts, as for any failure before the first token.
+            stream.read()
+            assert stream.json()["error"]["code"] == "grammar_failed"
+        else:
+            assert stream.status_code == 200
+            events = [line[len("data: "):] for line in stream.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "grammar_failed"
+            content = "".join(json.loads(event)["choices"][0]["delta"].get("content") or ""
+                              for event in events[:-2] if json.loads(event).get("choices"))
+            assert content.startswith("[[[")
+    fine = httpx.post(f"{tiny_server.url}/v1/chat/completions", timeout=60, json={
+        **body, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER_SCHEMA}}})
+    assert fine.status_code == 200, fine.text
+    assert fine.json()["choices"][0]["finish_reason"] == "stop"

@@ -194,6 +194,21 @@ def test_rank_error_ends_a_stream_with_an_error_event(client: TestClient, manage
     assert all(event["finished"] is False for event in native[:-1])
 
 
+def test_a_grammar_that_could_not_go_on_is_the_clients_400_not_a_server_failure(client: TestClient,
+                                                                                manager: FakeManager) -> None:
+    """A recursive schema that requires nesting was a 500 generation_failed: the same request always
+    fails again, and a client that retries 500s retried it for ever."""
+    manager.failure = "grammar_failed"
+    for response in (completion(client), chat(client), client.post("/generate", json={"inputs": "hi"})):
+        error = assert_error(response, 400, None, "grammar_failed")
+        assert error["type"] == "invalid_request_error" and "grammar" in error["message"]
+    events = sse_events(completion(client, stream=True))
+    assert [event["choices"][0]["text"] for event in events[:2]] == [" w0", " w2"]
+    assert events[-2]["error"]["code"] == "grammar_failed" and events[-1] == "[DONE]"
+    native = sse_events(client.post("/generate_stream", json={"inputs": "hi"}))
+    assert native[-1]["error"]["code"] == "grammar_failed"
+
+
 # ---------------------------------------------------------------- OpenAPI request bodies
 
 

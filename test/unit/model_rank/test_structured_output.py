@@ -14,7 +14,7 @@ from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import structured_grammar
-from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_STOP
+from lightllm.server.core.objs.finish_status import FINISH_GRAMMAR_FAILED, FINISH_STOP
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.admission import RequestRejected
 from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
@@ -125,9 +125,9 @@ def test_a_grammar_that_fails_ends_its_request_alone_and_says_why(tiny_llama_dir
     with caplog.at_level("WARNING", logger="lightllm.structured_output"):
         outputs, statuses = _run(backend)
     assert outputs[1] == alone
-    assert statuses[2] == FINISH_ERROR and len(outputs[2]) < 6
+    assert statuses[2] == FINISH_GRAMMAR_FAILED and len(outputs[2]) < 6
     assert "request 2: token" in caplog.text and "does not continue its structured-output grammar" in caplog.text
-    assert statuses[3] == FINISH_ERROR and outputs[3] == []
+    assert statuses[3] == FINISH_GRAMMAR_FAILED and outputs[3] == []
     assert "request 3: its structured-output grammar allows no token after 0 output tokens" in caplog.text
 
 
@@ -153,5 +153,5 @@ def test_an_ambiguous_grammar_ends_with_an_error_before_its_cost_takes_the_rank(
     with caplog.at_level("WARNING", logger="lightllm.structured_output"):
         outputs, statuses = _run(backend)
     assert outputs[1] == alone
-    assert statuses[2] == FINISH_ERROR and 20 < len(outputs[2]) < 300
+    assert statuses[2] == FINISH_GRAMMAR_FAILED and 20 < len(outputs[2]) < 300
     assert "Too many items" in caplog.text

@@ -128,7 +128,7 @@ def test_transfer_failure_mid_flow_ends_the_stream_with_an_error_and_resets_the_
 def test_a_request_that_fails_alone_on_a_healthy_node_gets_a_normal_servers_500(cluster: Cluster) -> None:
     """A grammar that failed in the prefill node's rank was a 503 pd_node_failed: it blamed a healthy
     node (load balancers take it out) and invited retries of a request that can never succeed."""
-    cluster.prefill.fail_generation = True
+    cluster.prefill.fail_generation = "generation_failed"
     response = generate(cluster, "hello", 4)
     assert response.status_code == 500, response.text
     assert response.json()["error"]["code"] == "generation_failed"
@@ -136,11 +136,24 @@ def test_a_request_that_fails_alone_on_a_healthy_node_gets_a_normal_servers_500(
                           json={"inputs": "hello", "parameters": {"max_new_tokens": 4}})
     # Before its first token a stream gets the same 500 (as on a normal server).
     assert streamed.status_code == 500 and streamed.json()["error"]["code"] == "generation_failed"
-    cluster.prefill.fail_generation = False
+    cluster.prefill.fail_generation = ""
     assert generate(cluster, "hello", 3).status_code == 200  # the node serves on
     metrics = httpx.get(f"{cluster.master.url}/metrics").text
     assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="generation_failed") == 2
     assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_error") == 0
+
+
+def test_a_grammar_that_could_not_go_on_on_a_node_gets_a_normal_servers_400(cluster: Cluster) -> None:
+    """The client's own grammar, not a failed node nor a server fault: what a normal server answers."""
+    cluster.prefill.fail_generation = "grammar_failed"
+    response = generate(cluster, "hello", 4)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "grammar_failed"
+    cluster.prefill.fail_generation = ""
+    assert generate(cluster, "hello", 3).status_code == 200
+    metrics = httpx.get(f"{cluster.master.url}/metrics").text
+    assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="grammar_failed") == 1
+    assert metric_value(metrics, "lightllm_requests_total", finish_reason="grammar_failed") == 1
 
 
 def test_failed_pair_setup_is_a_503_and_is_retried_by_the_next_request(cluster: Cluster) -> None:

@@ -50,5 +50,7 @@ def test_tokens_and_segment_ends_are_unchanged():
 def test_a_request_the_rank_failed_alone_is_a_generation_failure_and_an_abort_stays_internal():
     (failed,) = _translated(_event(-1, "error"))
     assert (failed.kind, failed.error_kind) == ("error", "generation_failed")
+    (grammar,) = _translated(_event(-1, "grammar_failed"))
+    assert (grammar.kind, grammar.error_kind) == ("error", "grammar_failed")
     (aborted,) = _translated(_event(-1, "abort"))
     assert (aborted.kind, aborted.error_kind) == ("error", "internal")

@@ -19,6 +19,10 @@ FINISH_SEGMENT_KV = 7  # KV ran out while decoding: the segment ends instead of 
 FINISH_SEGMENT_LIMIT = 8  # --pd_max_segment_tokens tokens generated in this segment
 # The prompt's KV never arrived intact (failed or timed-out transfer, broken group, lease expiry).
 FINISH_TRANSFER_FAILED = 9
+# The request's structured-output grammar could not go on (llguidance stopped it: a grammar that
+# can never end, nesting or ambiguity past the parser's per-token limit).  The client's input, not
+# a server fault: the client gets a 400 naming the grammar, not FINISH_ERROR's 500.
+FINISH_GRAMMAR_FAILED = 10
 
 FINISH_REASON_NAMES = {
     FINISH_NONE: None,
@@ -31,4 +35,5 @@ FINISH_REASON_NAMES = {
     FINISH_SEGMENT_KV: "segment_kv_pressure",
     FINISH_SEGMENT_LIMIT: "segment_limit",
     FINISH_TRANSFER_FAILED: "transfer_failed",
+    FINISH_GRAMMAR_FAILED: "grammar_failed",
 }

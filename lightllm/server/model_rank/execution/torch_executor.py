@@ -156,19 +156,25 @@ class TorchModelExecutor:
 
     def _sample(self, logits: torch.Tensor, reqs: List[InferReq], result: ExecutionResult) -> None:
         started = time.perf_counter()
+        # Two kinds of failure: llguidance saying a grammar cannot go on (the request's own input)
+        # and the mask code raising (a server fault; every constrained row of the batch fails).
         grammar_failed: set[int] = set()
+        mask_broken: set[int] = set()
         if self.grammar is not None:
             try:
                 logits, grammar_failed = self.grammar.mask(logits, reqs)
-            except Exception:  # noqa: BLE001 - a broken grammar fails its requests, not the batch
+            except Exception:  # noqa: BLE001 - a broken mask fails its requests, not the batch
                 log.exception("structured-output mask failed; finishing the constrained requests with an error")
-                grammar_failed = {r.request_id for r in reqs if self.grammar.constrained(r)}
+                mask_broken = {r.request_id for r in reqs if self.grammar.constrained(r)}
         tokens, logprobs, tops = sample_rows(self.sampler, logits, reqs, self.eos_token_ids)
         if self.token_sync is not None:
             tokens = self.token_sync(tokens)
         for req, token, logprob, top in zip(reqs, tokens.tolist(), logprobs, tops):
-            if token == FAILED_TOKEN or req.request_id in grammar_failed:
+            if token == FAILED_TOKEN or req.request_id in mask_broken:
                 result.failed.append(req)
+                continue
+            if req.request_id in grammar_failed:
+                result.grammar_failed.append(req)
                 continue
             grammar_end = self.grammar.accept(req, token) if self.grammar is not None else None
             result.sampled.append(SampledToken(req, token, logprob, top, grammar_end))

@@ -30,7 +30,7 @@ class SampledToken:
         logprob: its log-probability.
         top: the most likely alternatives ``(token_id, logprob)`` when the request asked for them.
         grammar_end: ``"stop"`` when the request's grammar is complete, ``"error"`` when the
-            token broke it, ``None`` otherwise (and for unconstrained requests).
+            grammar could not go on past the token, ``None`` otherwise (and for unconstrained requests).
     """
 
     req: InferReq
@@ -50,6 +50,8 @@ class ExecutionResult:
         failed: requests whose forward or sampling failed; the engine finishes them with an
             error.  When the whole forward failed this holds every request of the call and
             ``sampled`` is empty.
+        grammar_failed: requests whose structured-output grammar allows no next token (the
+            grammar's fault, not the server's); the engine finishes them with ``FINISH_GRAMMAR_FAILED``.
         prompt_logprobs: ``(request, entries)`` computed by this forward, for requests that
             asked for prompt logprobs.
         forward_seconds: time spent in the forward (virtual seconds in the simulator).
@@ -58,6 +60,7 @@ class ExecutionResult:
 
     sampled: List[SampledToken] = field(default_factory=list)
     failed: List[InferReq] = field(default_factory=list)
+    grammar_failed: List[InferReq] = field(default_factory=list)
     prompt_logprobs: List[Tuple[InferReq, List[PromptLogprobEntry]]] = field(default_factory=list)
     forward_seconds: float = 0.0
     sample_seconds: float = 0.0

@@ -30,7 +30,8 @@ from __future__ import annotations
 import time
 from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.core.objs.finish_status import (FINISH_ABORT, FINISH_ERROR, FINISH_GRAMMAR_FAILED, FINISH_LENGTH,
+                                                    FINISH_STOP)
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.kv_view import KvView
 from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult, ModelExecutor, SampledToken
@@ -291,7 +292,7 @@ class StepEngine:
         report.forward_seconds += result.forward_seconds
         report.post_seconds += result.sample_seconds
         report.prompt_logprobs.extend(result.prompt_logprobs)
-        failed = {id(req) for req in result.failed}
+        failed = {id(req) for req in result.failed + result.grammar_failed}
         for req, end in computed:
             if failed and id(req) in failed:
                 continue
@@ -300,6 +301,8 @@ class StepEngine:
                 req.move_to(ReqState.PREFILLING)
         for req in result.failed:
             self.finish(req, FINISH_ERROR, report)
+        for req in result.grammar_failed:
+            self.finish(req, FINISH_GRAMMAR_FAILED, report)
         for sampled in result.sampled:
             self.take_token(sampled, report)
 
@@ -315,7 +318,7 @@ class StepEngine:
         grammar_end = sampled.grammar_end
         if grammar_end is not None:
             if grammar_end == "error":
-                status = FINISH_ERROR
+                status = FINISH_GRAMMAR_FAILED
             elif grammar_end == "stop" and not status:
                 status = FINISH_STOP
         if status:

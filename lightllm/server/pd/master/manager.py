@@ -37,7 +37,7 @@ from lightllm.server.pd.master.node_streams import NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup
 from lightllm.server.pd.master.request_accounting import BUSY, RequestAccounting
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
-from lightllm.server.pd.protocol.node_events import GENERATION_FAILED
+from lightllm.server.pd.protocol.node_events import RANK_FAILURE_REASONS
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.http.in_flight import generation_started
@@ -216,12 +216,13 @@ class PdMasterManager:
             log.info("request %d: the client went away; aborted on the nodes", request_id)
         except Exception as exc:
             accounting.end(self._failure_reason(request_id, exc))
-            if not (isinstance(exc, PdRequestFailed) and exc.code == GENERATION_FAILED):
+            if not (isinstance(exc, PdRequestFailed) and exc.code in RANK_FAILURE_REASONS):
                 raise
-            # The node's rank ended the request with an error: it ends as on a normal server, with
-            # an error event (the client's 500 generation_failed), not as a failed node's 503.
-            yield GenerationEvent(request_id, -1, "", 0.0, "error", len(prompt_ids), accounting.cached_tokens,
-                                  accounting.completion_tokens)
+            # The node's rank ended the request (it failed, or its grammar could not go on): it ends
+            # as on a normal server, with that finish (the client's 500 generation_failed or 400
+            # grammar_failed), not as a failed node's 503.
+            yield GenerationEvent(request_id, -1, "", 0.0, RANK_FAILURE_REASONS[exc.code], len(prompt_ids),
+                                  accounting.cached_tokens, accounting.completion_tokens)
         except (GeneratorExit, asyncio.CancelledError):
             # The HTTP layer closed or cancelled the generation: its client went away mid-answer
             # (a closed stream, a torn-down response).  The finally below aborts it on the nodes.
@@ -313,6 +314,7 @@ class PdMasterManager:
         if isinstance(exc, PdRequestFailed):
             self.metrics.on_failure(exc.reason)
             log.warning("request %d failed (%s): %s", request_id, exc.code, exc)
+            return RANK_FAILURE_REASONS.get(exc.code, "error")
         elif isinstance(exc, ServerBusyError):
             self.metrics.on_refusal("server_busy")
             log.info("request %d refused: %s", request_id, exc)

@@ -41,7 +41,7 @@ from lightllm.server.pd.protocol.membership import NodeLoad
 MASTER_STRATEGY_LABEL = "pd_master"
 PHASES = ("reserve", "prefill", "transfer", "first_decode_token")
 RUN_FAILURE_REASONS = ("timeout", "node_error", "transfer_failed", "node_lost", "node_unreachable", "protocol",
-                       "stopped", "generation_failed")
+                       "stopped", "generation_failed", "grammar_failed")
 # The reason of a request refused with a 503, by its error code; any other code (the master
 # stopping or failing) counts as "stopped", like the requests in flight it ends then.
 REFUSAL_REASONS = {"pd_not_ready": "not_ready", "pd_transfer_setup_failed": "transfer_setup_failed",

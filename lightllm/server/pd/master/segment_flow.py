@@ -42,7 +42,7 @@ from typing import Any, AsyncIterator, Collection, Dict, Set, Tuple
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
 from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
 from lightllm.server.pd.master.metrics import MasterMetrics
-from lightllm.server.pd.protocol.node_events import GENERATION_FAILED
+from lightllm.server.pd.protocol.node_events import RANK_FAILURE_REASONS
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
 from lightllm.server.pd.master.node_selector import NodeSelector
 from lightllm.server.pd.master.node_streams import DECODE_PATH, PREFILL_PATH, STREAM_END, NodeCallError, NodeStreams
@@ -95,10 +95,12 @@ def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str
         pairs.invalidate(pair.epoch, f"{pair.node(role).describe()} reported its KV transfer broken")
     transfer = broken or line.get("error_kind") in TRANSFER_ERROR_KINDS
     message = str(line.get("message") or "no message")
-    if line.get("error_kind") == GENERATION_FAILED:
-        # The node's rank ended the request with an error: the client gets a normal server's answer.
+    rank_failure = line.get("error_kind")
+    if rank_failure in RANK_FAILURE_REASONS:
+        # The node's rank ended the request (a failure, or its grammar could not go on): the client
+        # gets a normal server's answer.
         return PdRequestFailed(f"request {run.request_id}: {pair.node(role).describe()}: {message}",
-                               GENERATION_FAILED, GENERATION_FAILED)
+                               rank_failure, rank_failure)
     return PdRequestFailed(
         f"request {run.request_id}: {pair.node(role).describe()} failed: {message}",
         "pd_transfer_failed" if transfer else "pd_node_failed",

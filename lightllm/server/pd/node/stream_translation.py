@@ -11,8 +11,8 @@ import dataclasses
 from typing import List, Mapping, Optional
 
 from lightllm.server.core.objs.io_messages import PdNotice
-from lightllm.server.pd.protocol.node_events import (BUSY, ERROR, GENERATION_FAILED, HANDED_OFF, SEGMENT_END, TOKEN,
-                                                     PdNodeEvent)
+from lightllm.server.pd.protocol.node_events import (BUSY, ERROR, GENERATION_FAILED, GRAMMAR_FAILED, HANDED_OFF,
+                                                     SEGMENT_END, TOKEN, PdNodeEvent)
 from lightllm.server.pd.protocol.outcomes import CLIENT_FINISH_REASONS, node_outcome
 from lightllm.server.request_manager import GenerationEvent
 
@@ -64,6 +64,10 @@ def translate(
         # as a normal server's rank does: the client gets that server's answer.
         out.append(error_event(f"request {request_id} failed on the node while generating (see the node's log)",
                                GENERATION_FAILED))
+    elif outcome is None and reason == GRAMMAR_FAILED:
+        # Its structured-output grammar could not go on: the client's input, answered as a normal server does.
+        out.append(error_event(f"request {request_id}: its structured-output grammar could not go on (see the "
+                               "node's log)", GRAMMAR_FAILED))
     elif outcome is None:  # "abort" (a stop string never ends a PD node's request: the master decides)
         out.append(error_event(f"request {request_id} ended on the node: {reason}", "internal"))
     elif outcome.event == HANDED_OFF:

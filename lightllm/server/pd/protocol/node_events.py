@@ -22,7 +22,13 @@ ERROR = "error"
 # an error (its grammar failed, a forward failed): the client gets what a normal server answers
 # then (500 generation_failed), not a failed-node 503 (a dead node process is reported otherwise).
 GENERATION_FAILED = "generation_failed"
-ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal", GENERATION_FAILED)
+# "grammar_failed": the request's structured-output grammar could not go on; the client gets what a
+# normal server answers then (400 grammar_failed).
+GRAMMAR_FAILED = "grammar_failed"
+# The error kinds of a request the node's rank ended, each also the finish reason it has on a normal server.
+RANK_FAILURE_REASONS = {GENERATION_FAILED: "error", GRAMMAR_FAILED: GRAMMAR_FAILED}
+ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal", GENERATION_FAILED,
+               GRAMMAR_FAILED)
 
 
 @dataclass
