@@ -48,7 +48,9 @@ class RequestManager(Protocol):
     Attributes: ``model_name`` (the id the API reports), ``served_model_names`` (every id a
     request's ``model`` may name), ``max_req_total_len`` (prompt + generated tokens of one
     request), ``vocab_size``, ``eos_token_ids``, ``tokenizer`` (for decoding token strings
-    in responses) and ``generation_defaults`` (the sampling fields a request inherits).  A
+    in responses), ``generation_defaults`` (the sampling fields a request inherits) and
+    ``max_generations_per_request`` (prompts x ``n``/``best_of`` one request may run; None: no
+    limit of the manager's own).  A
     manager that loaded a checkpoint may also have ``model_path`` (``--model_dir`` as an absolute path),
     which /v1/models reports as ``root``.
     """
@@ -60,6 +62,7 @@ class RequestManager(Protocol):
     eos_token_ids: List[int]
     tokenizer: Any
     generation_defaults: GenerationDefaults
+    max_generations_per_request: Optional[int]
 
     async def start(self) -> None:
         """Called once on the server's event loop before the first request."""

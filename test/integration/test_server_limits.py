@@ -247,3 +247,15 @@ def test_405_allow_and_415(server):
     ok = httpx.post(f"{server.url}/generate", content=json.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 1}}),
                     headers={**_auth(), "content-type": "application/json; charset=utf-8"}, timeout=30)
     assert ok.status_code == 200
+
+
+def test_one_request_may_hold_at_most_half_the_request_slots(server):
+    """64 prompts x n 16 took all 1024 request slots of a default server: another client's request
+    waited for the whole of it (73 s for 20 tokens each), or --slot_wait_seconds and then a 503."""
+    body = {"model": server.model_name, "prompt": ["p"] * 64, "n": 16, "max_tokens": 1}
+    answer = httpx.post(f"{server.url}/v1/completions", json=body, headers=_auth(), timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    # The default --running_max_req_size 256 makes 1024 slots: one request runs at most 512.
+    assert error["param"] == "n" and "1024 generations (64 prompts x n 16)" in error["message"]
+    assert "at most 512" in error["message"]

@@ -70,6 +70,7 @@ class FakeManager:
         self.eos_token_ids = [EOS]
         self.tokenizer = FakeTokenizer()
         self.generation_defaults = GenerationDefaults()
+        self.max_generations_per_request: int | None = None
         self.reply_len = 3
         self.step_seconds = 0.0  # how long each token takes
         self.cached_tokens = 2

@@ -147,6 +147,9 @@ class NodeStandIn:
         self.silent_after: Optional[int] = None  # D: hang after this many tokens of a segment
         self.hold_after: Optional[int] = None  # D: pause after this many tokens until release_hold()
         self._released = threading.Event()
+        # D: while cleared, a reservation waits before answering "reserved" (a decode node slow to reserve)
+        self.reservations_open = threading.Event()
+        self.reservations_open.set()
         self._stopped = False
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
@@ -238,6 +241,7 @@ class NodeStandIn:
         """Stop heartbeating and serving (its port then refuses connections, as a killed node's
         does); a second call does nothing."""
         self._released.set()
+        self.reservations_open.set()
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -346,6 +350,8 @@ class NodeStandIn:
         if refusal is not None:
             yield refusal
             return
+        while not self.reservations_open.is_set():
+            await asyncio.sleep(0.005)
         yield _line({"event": "reserved", "kv_start": 0})
         if self.lease_expires:
             await asyncio.sleep(0.1)

@@ -41,6 +41,7 @@ from lightllm.server.http.openai_shapes import (
 from lightllm.server.http.openapi import request_body
 from lightllm.server.http.planning import (
     build_sampling_params,
+    check_generation_count,
     check_min_tokens_fit,
     check_token_ids,
     completion_room,
@@ -195,6 +196,8 @@ class OpenAIEndpoints:
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
+        check_generation_count(len(body.prompt), body.candidates, self.manager.max_generations_per_request,
+                               "best_of" if body.best_of is not None else "n")
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):

@@ -94,6 +94,17 @@ def check_context_length(
     raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
 
 
+def check_generation_count(prompts: int, candidates: int, limit: int | None, candidates_param: str) -> None:
+    """Refuse a request of more generations (``prompts`` x ``candidates``) than one request may run
+    (``limit``, the manager's ``max_generations_per_request``; None: no limit of its own)."""
+    if limit is not None and prompts * candidates > limit:
+        raise APIError(400, f"this request asks for {prompts * candidates} generations ({prompts} prompts x "
+                       f"{candidates_param} {candidates}); one request may run at most {limit} (half of this server's "
+                       f"request slots, max(64, 4 x --running_max_req_size)), so that it leaves room for other "
+                       f"clients: send fewer prompts per request or a smaller {candidates_param}", INVALID_REQUEST,
+                       candidates_param)
+
+
 def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:
     """Refuse a prompt that fills the whole context: no completion length can fit beside it."""
     if prompt_len >= limit:

@@ -92,6 +92,9 @@ class HttpServerManager:
         self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)
         self._prefix_cache = config.prefix_cache
         self._slots = RequestSlots(layout.slot_num, layout.top_slot_num, config.slot_wait_seconds)
+        # Every generation of a request (its prompts x n or best_of) holds a request slot: one request
+        # may hold at most half of them, so it never locks every other client out of the server.
+        self.max_generations_per_request = layout.slot_num // 2
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
         # released (the router, ranks and detokenizer key their state by it until then); the

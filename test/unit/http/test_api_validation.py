@@ -171,6 +171,23 @@ def test_overlong_integer_literal_is_a_400(client: TestClient) -> None:
     assert assert_error(_raw_post(client, "/v1/completions", nested), 400, "x")
 
 
+# ---------------------------------------------------------------- generations per request
+
+
+def test_one_request_may_not_hold_more_generations_than_the_manager_allows(client: TestClient,
+                                                                          manager: FakeManager) -> None:
+    """64 prompts x n 16 took every request slot of a default server: other clients waited minutes."""
+    manager.max_generations_per_request = 8
+    prompts = ["a", "b", "c"]
+    error = assert_error(completion(client, prompt=prompts, n=3), 400, "n")
+    assert "9 generations (3 prompts x n 3)" in error["message"] and "at most 8" in error["message"]
+    error = assert_error(completion(client, prompt=prompts, n=2, best_of=3), 400, "best_of")
+    assert "(3 prompts x best_of 3)" in error["message"]
+    assert not manager.calls  # refused before anything ran
+    assert completion(client, prompt=prompts[:2], n=4).status_code == 200
+    assert len(manager.calls) == 8
+
+
 # ---------------------------------------------------------------- a request the rank finished with an error
 
 

@@ -361,3 +361,56 @@ def test_a_node_answering_that_it_failed_is_passed_over_and_gets_nothing_new(tin
         assert response.status_code == 503
     finally:
         cluster.stop()
+
+
+def test_a_prefill_node_dropped_while_the_decode_node_reserves_is_replaced_not_the_request_failed(
+        tiny_llama_dir: Path) -> None:
+    """A request waiting for D's reservation had already counted as depending on its chosen prefill
+    node: that node's drop failed it with 503 pd_node_lost although it never reached that node and
+    another prefill node was serving.  Placed again, it runs on the other prefill node."""
+    cluster = Cluster(str(tiny_llama_dir), "--pd_heartbeat_interval", "0.5", prefills=2, decodes=1)
+    try:
+        p0, p1 = cluster.prefills
+        p0.report({"queued_prefill_tokens": 0})
+        p1.report({"queued_prefill_tokens": 10000})
+        assert generate(cluster, "warm up", 3).status_code == 200
+        assert (prompts_seen(p0), prompts_seen(p1)) == (1, 0)
+        cluster.decode.reservations_open.clear()
+        prompt = "placed again"
+        thread, box = in_background(lambda: generate(cluster, prompt, 4))
+        wait_for(lambda: prompts_seen(cluster.decode) == 2, "the reservation reaching the decode node")
+        p0.go_silent()  # its heartbeats stop: the master drops it after 1.75 s
+        wait_for(lambda: p0.node_id not in nodes_of(cluster), "the prefill node's drop")
+        cluster.decode.reservations_open.set()
+        thread.join(60)
+        response = box["result"]
+        assert response.status_code == 200, response.text
+        prompt_ids = cluster.master.manager.encode_prompt(prompt)
+        assert [token["id"] for token in response.json()["details"]["tokens"]] == reference_tokens(prompt_ids, 4)
+        assert (prompts_seen(p0), prompts_seen(p1)) == (1, 1)
+        metrics = httpx.get(f"{cluster.master.url}/metrics").text
+        assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 0
+    finally:
+        cluster.stop()
+
+
+def test_a_request_whose_only_prefill_node_left_while_the_decode_node_reserved_gets_the_not_ready_answer(
+        tiny_llama_dir: Path) -> None:
+    cluster = Cluster(str(tiny_llama_dir), "--pd_heartbeat_interval", "0.5")
+    try:
+        assert generate(cluster, "warm up", 3).status_code == 200
+        cluster.decode.reservations_open.clear()
+        thread, box = in_background(lambda: generate(cluster, "nowhere to go", 4))
+        wait_for(lambda: prompts_seen(cluster.decode) == 2, "the reservation reaching the decode node")
+        cluster.prefill.go_silent()
+        wait_for(lambda: cluster.prefill.node_id not in nodes_of(cluster), "the prefill node's drop")
+        cluster.decode.reservations_open.set()
+        thread.join(60)
+        response = box["result"]
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        health = httpx.get(f"{cluster.master.url}/health")
+        # The answer /health gives now (the docs: 503 pd_not_ready while no prefill node is left).
+        assert error["code"] == "pd_not_ready" and error["message"] == health.json()["error"]["message"]
+    finally:
+        cluster.stop()

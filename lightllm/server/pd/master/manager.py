@@ -73,6 +73,9 @@ class PdMasterManager:
         self.eos_token_ids = list(model.eos_token_ids)
         self.tokenizer = model.tokenizer
         self.generation_defaults = model.generation_defaults
+        # The nodes' request slots are their own (not reported to the master): a node refuses, or
+        # queues, what it cannot hold; the request-level limits (64 prompts, n 16) still apply.
+        self.max_generations_per_request: Optional[int] = None
         self.registry = registry
         self.deadlines = deadlines
         self.setup_timeout_s = setup_timeout_s

@@ -321,11 +321,14 @@ class NodeRegistry:
         """At least one prefill and one decode node are alive and serving."""
         return not self.missing()
 
+    def not_ready_error(self) -> ServerUnavailableError:
+        """The 503 (code ``pd_not_ready``) naming what keeps the cluster from being ready."""
+        return ServerUnavailableError(f"The PD cluster is not ready: {'; '.join(self.missing())}", NOT_READY_CODE)
+
     def require_ready(self) -> None:
-        """Raise ``ServerUnavailableError`` (503, code ``pd_not_ready``) naming what is missing."""
-        missing = self.missing()
-        if missing:
-            raise ServerUnavailableError(f"The PD cluster is not ready: {'; '.join(missing)}", NOT_READY_CODE)
+        """Raise :meth:`not_ready_error` unless the cluster is ready."""
+        if not self.ready:
+            raise self.not_ready_error()
 
     def snapshot(self) -> List[Dict[str, object]]:
         """Each live node's registration plus ``heartbeats``, ``last_heartbeat_age_s``, ``state``,

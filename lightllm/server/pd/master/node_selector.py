@@ -173,6 +173,9 @@ class NodeSelector:
         return self.acquire(node, kv_tokens=kv_tokens)
 
     def _none_serving(self, role: str, exclude: Collection[str]) -> ServerUnavailableError:
+        if not exclude and not self.registry.ready:
+            # The cluster is not ready: the same answer /health and a request arriving now get.
+            return self.registry.not_ready_error()
         others = " other than " + ", ".join(sorted(exclude)) if exclude else ""
         alive = [info.node_id for info in self.registry.alive(role) if info.node_id not in exclude]
         if not alive:

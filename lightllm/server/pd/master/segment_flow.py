@@ -148,6 +148,12 @@ class SegmentFlow:
                 busy[answer.role][answer.node_id] = answer
                 role, failure, why = answer.role, answer, "busy"
             except (PdRequestFailed, PairSetupFailed) as exc:
+                if isinstance(exc, PdRequestFailed) and exc.reason == "node_lost" and exc.role == PREFILL:
+                    # The chosen prefill node left before it got the request (D's reservation was
+                    # freed as its stream closed): the next placement no longer sees it, and
+                    # answers pd_not_ready when no prefill node is left.
+                    log.info("request %d: %s; placing it again", run.request_id, exc)
+                    continue
                 unreachable = isinstance(exc, PairSetupFailed) or exc.reason == "node_unreachable"
                 if not unreachable or not exc.node_id or exc.role not in down:
                     raise
@@ -180,7 +186,9 @@ class SegmentFlow:
                 raise ServerUnavailableError("The PD cluster is not ready: a node left while the request was placed",
                                              NOT_READY_CODE)
             pair = await self.pairs.pair_for(prefill_node, decode_node)
-            run.nodes = {PREFILL: pair.prefill, DECODE: pair.decode}
+            # Until P is asked to prefill, the request needs only D: a prefill node dropped while D
+            # reserves (which may wait behind D's queue) is replaced below, not the request failed.
+            run.nodes = {DECODE: pair.decode}
             run.previous_decode = pair.decode
             common = {
                 "request_id": segment.request_id,
@@ -207,6 +215,12 @@ class SegmentFlow:
             if kind != "reserved" or isinstance(kv_start, bool) or not isinstance(kv_start, int):
                 raise _protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
             self.metrics.on_phase("reserve", time.monotonic() - started)
+            if self.selector.registry.get(pair.prefill.node_id) != pair.prefill:
+                raise PdRequestFailed(f"request {run.request_id}: the {PREFILL} {pair.prefill.describe()} left the PD "
+                                      "cluster while the decode node reserved KV", "pd_node_lost", "node_lost",
+                                      role=PREFILL, node_id=pair.prefill.node_id)
+            # From here the request needs P too (no await in between: a drop now fails it).
+            run.nodes[PREFILL] = pair.prefill
             body = {**common, "kv_start": kv_start, "infer_high_priority": segment.infer_high_priority}
             started = time.monotonic()
             run.prefill_stream = run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body, run.sink(PREFILL)))
