@@ -29,6 +29,7 @@ about 5 s (3.4 s inside the test suite), most of it drawing and writing the weig
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -99,7 +100,13 @@ def generate_demo_model(out_dir: str | Path, arch: str = "llama", size: str = "t
     write_json(out / "config.json", model_config(demo_arch, demo_size, SPECIAL_TOKENS))
     write_json(out / "generation_config.json", generation_config(SPECIAL_TOKENS))
     weights = init_demo_weights(demo_arch, demo_size, seed)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights_path = out / "model.safetensors"
+    save_file(weights, str(weights_path), metadata={"format": "pt"})
+    # safetensors writes its file owner-only (0600); the checkpoint is readable as the other files
+    # are (the umask's choice), so a server running as another user (a container's) can load it.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights_path, 0o666 & ~umask)
     return out
 
 

@@ -35,11 +35,11 @@ ENV_VARS = {
     "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": "A CPU forward runs with LIGHTLLM_PREFILL_TORCH_THREADS when its estimated work (matrix-product FLOPs and KV positions of this model, priced with rates measured at start-up) is at least this many milliseconds per token it streams; default " + f"{DEFAULT_WIDE_FORWARD_MS_PER_TOKEN:g}, 0: every forward wide, inf: only prefill forwards that stream nothing.",
     "LIGHTLLM_API_KEY": "Comma-separated API keys, used when --api_key is not given (keeps keys out of the process list); whitespace around a key and empty entries are dropped; a value holding no key (such as ',' or ' ') is refused at start; unset or empty: no keys.",
     "LIGHTLLM_ADMIN_API_KEY": "Comma-separated admin API keys, used when --admin_api_key is not given; read as LIGHTLLM_API_KEY is.",
-    "LIGHTLLM_IDLE_MALLOC_TRIM": "Seconds a model rank must be idle after work before it returns freed heap memory to the kernel (malloc_trim); 0: never; default " + f"{DEFAULT_IDLE_MALLOC_TRIM_SECONDS:g}.",
+    "LIGHTLLM_IDLE_MALLOC_TRIM": "Seconds a model rank must be idle after work before it returns freed heap memory to the kernel (malloc_trim); 0: never; at most 1e6; default " + f"{DEFAULT_IDLE_MALLOC_TRIM_SECONDS:g}.",
     "LIGHTLLM_STEP_TRACE": "A file path: rank 0 writes one CSV row per step that ran a forward (time, phases in ms, prompt tokens, decode rows, minor page faults; see lightllm/server/model_rank/step_trace.py), truncating the file at start; its directory must exist; default: no trace.",
     "LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY": "For tests: probability in [0, 1] that a PD KV transfer is made to fail (the prefill side announces a wrong checksum for the intact payload, so the decode side's checksum check refuses it); default 0.",
     "LIGHTLLM_PD_CLUSTER_KEY": "The PD cluster's shared secret, used when --pd_cluster_key is not given (keeps it out of the process list); read by the PD master and the prefill and decode nodes only.",
-    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff (at most 1 s apart), when every prefill or decode node answers busy, so that a burst waits for KV as on a normal server; then the client gets HTTP 503 (code server_busy) naming the busy node role; default " + f"{DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS:g}" + ", 0: no retry, the 503 comes at once.",
+    "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "Seconds the PD master keeps retrying, with exponential backoff (at most 1 s apart), when every prefill or decode node answers busy, so that a burst waits for KV as on a normal server; then the client gets HTTP 503 (code server_busy) naming the busy node role; default " + f"{DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS:g}" + ", 0: no retry, the 503 comes at once; at most 1e6.",
 }
 
 
@@ -100,13 +100,18 @@ def wide_forward_ms_per_token_override() -> Optional[float]:
     return _env_float("LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN", "a number >= 0 (or inf)", lambda v: v >= 0)
 
 
+# The longest wait in seconds, as for every seconds flag (lightllm.server.launch.seconds_flags,
+# which this module below the server package does not import): longer would overflow a poll.
+MAX_ENV_SECONDS = 1e6
+
+
 def idle_malloc_trim_seconds() -> float:
     """``LIGHTLLM_IDLE_MALLOC_TRIM`` as seconds of idleness before a trim: inf for 0 (never), the
     default when unset; anything but a finite number >= 0 is refused."""
     if not os.environ.get("LIGHTLLM_IDLE_MALLOC_TRIM"):
         return DEFAULT_IDLE_MALLOC_TRIM_SECONDS
-    seconds = _env_float("LIGHTLLM_IDLE_MALLOC_TRIM", "a finite number of seconds >= 0 (0: never trim)",
-                         lambda v: 0.0 <= v < float("inf"))
+    seconds = _env_float("LIGHTLLM_IDLE_MALLOC_TRIM", "a number of seconds from 0 (never trim) to 1e6",
+                         lambda v: 0.0 <= v <= MAX_ENV_SECONDS)
     return seconds if seconds > 0 else float("inf")
 
 
@@ -179,7 +184,8 @@ def pd_node_busy_retry_timeout_seconds() -> float:
     if not os.environ.get("LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS"):
         return DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS
     return _env_float(
-        "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "a finite number of seconds >= 0", lambda v: 0.0 <= v < float("inf")
+        "LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS", "a number of seconds from 0 (no retry) to 1e6",
+        lambda v: 0.0 <= v <= MAX_ENV_SECONDS
     )
 
 

@@ -40,6 +40,7 @@ from lightllm.benchmark.simulator.scenarios import (
 from lightllm.benchmark.simulator.soak import (
     MAX_SOAK_REQUESTS,
     SoakConfig,
+    expected_soak_requests,
     run_soaks,
     soak_size_problem,
 )
@@ -254,7 +255,13 @@ def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dic
                          "drop --mixed-batches")
     if args.soak_hours is not None:
         cfg = _soak_config(args, profile, budgets, modes)
-        soaks = run_soaks(profile, strategies, cfg)
+        expected = expected_soak_requests(profile, cfg)
+
+        def announce(strategy: str) -> None:
+            # A soak of hours takes minutes of wall time: say what runs, as the scenario cells do.
+            print(f"soaking {strategy}: {cfg.hours:g} simulated hours, about {expected:,.0f} requests", file=sys.stderr)
+
+        soaks = run_soaks(profile, strategies, cfg, on_start=announce)
         return soak_markdown(profile, cfg, soaks), soak_json(profile, cfg, soaks)
     ignored = [flag for name, flag in _SOAK_ONLY_FLAGS.items() if getattr(args, name) is not None]
     if ignored:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from lightllm.benchmark.metrics import percentile
 from lightllm.benchmark.simulator.cost_model import CostProfile
@@ -189,6 +189,12 @@ def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult
     )
 
 
-def run_soaks(profile: CostProfile, strategies: List[str], cfg: SoakConfig) -> List[SoakResult]:
-    """One soak run per strategy, all on the same arrival schedule."""
-    return [run_soak(profile, strategy, cfg) for strategy in strategies]
+def run_soaks(profile: CostProfile, strategies: List[str], cfg: SoakConfig,
+              on_start: Optional[Callable[[str], None]] = None) -> List[SoakResult]:
+    """One soak run per strategy, all on the same arrival schedule; ``on_start(strategy)`` before each."""
+    results = []
+    for strategy in strategies:
+        if on_start is not None:
+            on_start(strategy)
+        results.append(run_soak(profile, strategy, cfg))
+    return results

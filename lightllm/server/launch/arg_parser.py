@@ -224,7 +224,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
     )
     add_flag(group, "--disable_dynamic_prompt_cache", roles=MODEL_ROLES, action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
                        "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")
-    add_flag(group, "--schedule_time_interval", roles=MODEL_ROLES, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1e6.")
+    add_flag(group, "--schedule_time_interval", roles=MODEL_ROLES, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1: a request that arrives between two rank "
+            "steps may wait up to one round before it is admitted.")
     add_flag(
         group, "--prefill_queue_strategy", roles=PREFILL_QUEUE,
         type=str,

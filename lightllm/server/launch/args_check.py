@@ -30,6 +30,9 @@ from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 PD_HEARTBEAT_INTERVAL_RANGE = (0.5, 60.0)
 # The router's poll granularity (it waits in whole milliseconds).
 MIN_SCHEDULE_TIME_INTERVAL = 0.001
+# A request that arrives between two rank steps waits for the router's next round: at 1e6 s (the
+# former limit, that of every seconds flag) a request sent while another ran waited for all of it.
+MAX_SCHEDULE_TIME_INTERVAL = 1.0
 # The smallest body limit that still admits an ordinary request.
 MIN_REQUEST_BODY_BYTES = 1024
 # A browser origin as its Origin header spells it.
@@ -135,6 +138,11 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         for key in getattr(args, name) or ():
             if not key.strip() or key != key.strip():
                 raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
+    for model_name in args.model_name or ():
+        # A blank id served '' (/v1/models listed it, every request naming the model was a 404).
+        if not model_name.strip() or model_name != model_name.strip():
+            raise ArgumentError(f"--model_name values must be non-empty and carry no surrounding whitespace, "
+                                f"got {model_name!r}")
 
 
 def validate_device_args(args: argparse.Namespace, cuda_device_count: int) -> None:
@@ -165,6 +173,9 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ArgumentError(f"--{name} must be positive, got {value}")
+    if args.max_req_total_len == 1:
+        raise ArgumentError("--max_req_total_len 1 leaves no room for a completion beside a one-token prompt; "
+                            "give at least 2")
     if not 0 < args.mem_fraction <= 1:
         raise ArgumentError(f"--mem_fraction must be in (0, 1], got {args.mem_fraction}")
     if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb <= MAX_RESERVED_MEMORY_GB:
@@ -194,10 +205,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
                             f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction!r}")
     if args.router_max_wait_tokens < 0:
         raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
-    if args.schedule_time_interval < MIN_SCHEDULE_TIME_INTERVAL:
+    if not MIN_SCHEDULE_TIME_INTERVAL <= args.schedule_time_interval <= MAX_SCHEDULE_TIME_INTERVAL:
         # The router polls at most once a millisecond; less would only spin it on an idle server.
-        raise ArgumentError(f"--schedule_time_interval must be >= {MIN_SCHEDULE_TIME_INTERVAL:g} seconds, "
-                            f"got {args.schedule_time_interval!r}")
+        raise ArgumentError(f"--schedule_time_interval must be in [{MIN_SCHEDULE_TIME_INTERVAL:g}, "
+                            f"{MAX_SCHEDULE_TIME_INTERVAL:g}] seconds (a request arriving between two rank steps "
+                            f"waits up to one round to be admitted), got {args.schedule_time_interval!r}")
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
     if (args.batch_max_tokens is not None and not args.disable_chunked_prefill

@@ -4,7 +4,7 @@ A wait longer than the code can take does not wait longer: it crashes the thread
 epoll and zmq take a timeout of at most INT_MAX milliseconds (2**31 - 1 ms, about 24.8 days); an
 ``--http_header_timeout 1e7`` ended the front door's thread in ``selector.select`` with
 ``OverflowError`` while its port stayed open, and ``--schedule_time_interval 1e7`` the router in
-its zmq poll. One documented maximum, :data:`MAX_WAIT_SECONDS`, leaves room for the longest sum
+its zmq poll (that flag now has a range of its own, at most 1 s). One documented maximum, :data:`MAX_WAIT_SECONDS`, leaves room for the longest sum
 the code waits in one call: a PD reservation's lease, ``--pd_prefill_timeout_seconds`` plus
 ``--pd_transfer_timeout_seconds`` (2e6 s, still under INT_MAX ms).
 """
@@ -24,7 +24,6 @@ _AT_MOST = (f"must be at most {MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, 
 # Every seconds-valued flag of the parser (the lower bounds are checked with each flag's own rule).
 SECONDS_FLAGS: Tuple[str, ...] = (
     "graceful_shutdown_seconds",
-    "schedule_time_interval",
     "http_header_timeout",
     "http_body_timeout",
     "http_keep_alive_timeout",

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
+from lightllm.common.basemodel.attention.selection import attention_device_problem
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.request_defaults import RequestDefaults
@@ -285,6 +286,10 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         validate_device_args(args, facts.cuda_device_count)
         # The attention and linear backends are resolved by each rank (see the module docstring).
         device = resolve_device(args, facts)
+        backend_problem = attention_device_problem(args.attention_backend, device)
+        if backend_problem is not None:
+            # Refused before any child starts (the rank would refuse it seconds later, after its start-up).
+            raise ArgumentError(backend_problem)
         for line in cpu_only_variable_warnings(args.run_mode, device):
             log.warning("%s", line)
         sizing = plan_sizing(args, model_config, device, facts.cuda_free_bytes)

@@ -155,6 +155,9 @@ def _forward_threads(config: ModelRankConfig, model: Any) -> ForwardThreads:
         threads = ForwardThreads(narrow, wide, rule)
         if config.rank == 0:
             log.info("threads: %d, %d in a wide forward; %s", narrow, wide, rule.describe())
+    elif config.rank == 0 and narrow:
+        # One count for every forward (e.g. --tp 2 on two cores: one thread a rank either way).
+        log.info("threads: %d in every forward (no core to borrow for a wide one)", narrow)
     threads.apply()
     return threads
 

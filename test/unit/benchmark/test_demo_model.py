@@ -54,6 +54,13 @@ def test_writes_exactly_the_documented_files(tiny_dir: Path) -> None:
     assert sorted(p.name for p in tiny_dir.iterdir()) == sorted(DEMO_MODEL_FILES)
 
 
+def test_every_file_has_the_same_permissions(tiny_dir: Path) -> None:
+    """The weights were owner-only (safetensors' 0600) while the other files followed the umask: a
+    server running as another user (a container's) could read the tokenizer but not the weights."""
+    modes = {name: (tiny_dir / name).stat().st_mode & 0o777 for name in DEMO_MODEL_FILES}
+    assert len(set(modes.values())) == 1, modes
+
+
 def test_same_seed_gives_identical_bytes(tmp_path: Path, tiny_qwen2_dir: Path) -> None:
     again = generate_demo_model(tmp_path / "again", arch="qwen2", size="tiny", seed=0)
     for name in DEMO_MODEL_FILES:

@@ -254,3 +254,12 @@ def test_every_invalid_profile_names_the_file(content, message, tmp_path):
     path.write_text(json.dumps(content))
     with pytest.raises(ValueError, match=rf"^profile '{path}': .*{message}"):
         load_profile(str(path))
+
+
+def test_a_soak_says_which_strategy_it_runs_while_it_runs(capsys):
+    """The documented two-hour soak printed nothing for minutes (one to two on a quiet machine)."""
+    assert simulator_cli.main(["--soak-hours", "0.002", "--budget", "1024", "--modes", "normal",
+                               "--strategies", "default,hrrn"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("soaking ")]
+    assert [line.split(":")[0] for line in lines] == ["soaking default", "soaking hrrn"]
+    assert "0.002 simulated hours, about 91 requests" in lines[0]

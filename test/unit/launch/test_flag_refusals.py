@@ -329,3 +329,21 @@ def test_the_launcher_refuses_lpm_on_a_dynamic_ntk_checkpoint(dynamic_ntk_dir):
                    "--prefill_queue_strategy", "lpm")
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1].startswith("error: --prefill_queue_strategy lpm orders by prefix-cache hits")
+
+
+@pytest.mark.parametrize(
+    "argv, start",
+    [
+        # A blank id was served as '': every request naming the model got a 404.
+        (["--model_name", ""], "--model_name values must be non-empty and carry no surrounding whitespace, got ''"),
+        (["--model_name", "small", " small"], "--model_name values must be non-empty and carry no surrounding"),
+        # It started and then refused every request (a one-token prompt leaves no room).
+        (["--max_req_total_len", "1"], "--max_req_total_len 1 leaves no room for a completion"),
+    ],
+)
+def test_settings_that_could_never_serve_a_request_are_refused(argv, start):
+    assert _refusal(*argv).startswith(start)
+
+
+def test_the_smallest_serving_settings_are_accepted():
+    validate_args(parse_server_args(["--model_dir", "/m", "--model_name", "a b", "--max_req_total_len", "2"]))

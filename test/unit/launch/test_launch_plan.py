@@ -137,7 +137,8 @@ def test_top_logprobs_slots_must_be_positive(tiny_llama_dir, value) -> None:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--schedule_time_interval", "0"], "--schedule_time_interval must be >= 0.001 seconds, got 0"),
+    (["--schedule_time_interval", "0"], "--schedule_time_interval must be in [0.001, 1] seconds (a request arriving"),
+    (["--schedule_time_interval", "1.5"], "--schedule_time_interval must be in [0.001, 1] seconds"),
     (["--max_request_body_bytes", "10"], "--max_request_body_bytes must be at least 1024, got 10"),
 ])
 def test_degenerate_values_are_refused_instead_of_spinning_or_refusing_every_request(

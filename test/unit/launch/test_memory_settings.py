@@ -64,9 +64,13 @@ def test_the_idle_trim_waits_out_pauses_between_bursts_by_default(monkeypatch):
     assert idle_malloc_trim_seconds() == 2.5
     monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "0")
     assert idle_malloc_trim_seconds() == math.inf  # never
-    for value in ("off", "-1", "inf", "nan"):
+    monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", "1e6")
+    assert idle_malloc_trim_seconds() == 1e6
+    # 1e9: past the longest wait a poll can take, as for every seconds flag.
+    for value in ("off", "-1", "inf", "nan", "1e9"):
         monkeypatch.setenv("LIGHTLLM_IDLE_MALLOC_TRIM", value)
-        with pytest.raises(ValueError, match="LIGHTLLM_IDLE_MALLOC_TRIM must be a finite number of seconds >= 0"):
+        with pytest.raises(ValueError, match="LIGHTLLM_IDLE_MALLOC_TRIM must be a number of seconds from 0 "
+                                             r"\(never trim\) to 1e6"):
             idle_malloc_trim_seconds()
 
 

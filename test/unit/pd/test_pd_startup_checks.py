@@ -46,8 +46,12 @@ def _output_lines(proc: subprocess.CompletedProcess) -> List[str]:
 @pytest.mark.parametrize(
     ("run_mode", "env", "expected"),
     [
-        ("pd_master", {BUSY_ENV: "-1"}, f"error: {BUSY_ENV} must be a finite number of seconds >= 0, got '-1'"),
-        ("pd_master", {BUSY_ENV: "abc"}, f"error: {BUSY_ENV} must be a finite number of seconds >= 0, got 'abc'"),
+        ("pd_master", {BUSY_ENV: "-1"}, f"error: {BUSY_ENV} must be a number of seconds from 0 (no retry) to 1e6, "
+         "got '-1'"),
+        ("pd_master", {BUSY_ENV: "abc"}, f"error: {BUSY_ENV} must be a number of seconds from 0 (no retry) to 1e6, "
+         "got 'abc'"),
+        ("pd_master", {BUSY_ENV: "1e9"}, f"error: {BUSY_ENV} must be a number of seconds from 0 (no retry) to 1e6, "
+         "got '1e9'"),
         ("prefill", {FAILURE_ENV: "2"}, f"error: {FAILURE_ENV} must be a number in [0, 1], got '2'"),
         ("decode", {KEY_ENV: " "}, f"error: {KEY_ENV} must be non-empty and carry no surrounding whitespace "
                                     "(got 1 characters; value not shown)"),

@@ -31,6 +31,20 @@ def triton_import_error() -> str | None:
 _CXX_CANDIDATES = ("g++", "c++", "clang++")
 
 
+def attention_device_problem(requested: str, device: str) -> str | None:
+    """Why backend ``requested`` cannot run on ``device`` at all (one line), or None.
+
+    Needs nothing but the two names (and ``TRITON_INTERPRET``), so the launcher refuses such a
+    start before any child process exists; what needs triton or a compiler is the rank's to check.
+    """
+    if requested in ("cpp", "torch_compiled") and device != "cpu":
+        return f"--attention_backend {requested} runs on CPU only (the device is {device}); on CUDA use triton or torch"
+    if requested == "triton" and device != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return (f"--attention_backend triton needs a CUDA device (the device is {device}); "
+                "on CPU use --attention_backend torch (Triton runs on CPU only under TRITON_INTERPRET=1, for tests)")
+    return None
+
+
 def cpp_compiler() -> str | None:
     """Path of the C++ compiler inductor would use on CPU, or None when there is none."""
     for name in ([os.environ["CXX"]] if os.environ.get("CXX") else []) + list(_CXX_CANDIDATES):
@@ -72,9 +86,7 @@ def resolve_attention_backend(requested: str, device: str) -> str:
         return "torch"
     if requested == "cpp":
         if device != "cpu":
-            raise AttentionBackendError(
-                f"--attention_backend cpp runs on CPU only (the device is {device}); on CUDA use triton or torch"
-            )
+            raise AttentionBackendError(attention_device_problem(requested, device))
         compiler = cpp_compiler()
         if compiler is None:
             raise AttentionBackendError(
@@ -87,9 +99,7 @@ def resolve_attention_backend(requested: str, device: str) -> str:
         return "cpp"
     if requested == "torch_compiled":
         if device != "cpu":
-            raise AttentionBackendError(
-                f"--attention_backend torch_compiled runs on CPU only (the device is {device}); on CUDA use triton or torch"
-            )
+            raise AttentionBackendError(attention_device_problem(requested, device))
         if cpp_compiler() is None:
             raise AttentionBackendError(
                 "--attention_backend torch_compiled needs a C++ compiler for torch.compile (none of "

@@ -87,6 +87,8 @@ def test_server_refuses_triton_on_cpu_with_one_line(tiny_llama_dir):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error: --attention_backend triton needs a CUDA device"), proc.stderr
     assert "Traceback" not in proc.stderr
+    # Refused by the launcher before any child process (it was the rank's refusal, seconds in).
+    assert "child" not in proc.stderr and "shared memory" not in proc.stderr, proc.stderr
 
 
 def _run(model, prompts: List[List[int]]) -> List[torch.Tensor]:
