@@ -7,7 +7,6 @@ unknown keys rejected with a 400 naming them), with LightLLM's own parameter nam
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -17,7 +16,8 @@ from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
 from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.openai_models import TOKEN_IDS_SCHEMA, integral_token_ids, is_token_id, is_token_list
+from lightllm.server.http.completion_prompt import (TOKEN_IDS_SCHEMA, integral_token_ids, is_token_id, is_token_list,
+                                                   shown_json_value)
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS, native_constraint_grammar
 from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, NullMeansAbsent, integral,
                                               stop_validator, stored_bounds)
@@ -32,13 +32,6 @@ _CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_p
 _NEUTRAL_SAMPLING_VALUES = {"temperature": (1.0,), "top_p": (1.0,), "top_k": (-1, 0), "min_p": (0.0,)}
 # ``inputs`` is typed ``Any`` (validated by hand, as /v1/completions' prompt): its schema for the OpenAPI document.
 _INPUTS_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1}, TOKEN_IDS_SCHEMA]}
-
-
-def _shown(value: Any) -> str:
-    """A refused JSON value for an error message: a scalar as written, a container or text by its type."""
-    if isinstance(value, (bool, int, float)):
-        return json.dumps(value)
-    return {"string": "a string", "array": "an array", "object": "an object"}.get(json_type_name(value), "null")
 
 
 class NativeParameters(NullMeansAbsent):
@@ -165,8 +158,8 @@ class NativeGenerateRequest(NullMeansAbsent):
             # A long id list is hard to search by eye: say which item is not an id.
             index = next(index for index, item in enumerate(ids) if not is_token_id(item))
             raise ValueError(f"inputs must be a string or a list of token ids (integers); item {index} is "
-                             f"{_shown(value[index])}")
-        raise ValueError(f"inputs must be a string or a list of token ids (integers), got {_shown(value)}")
+                             f"{shown_json_value(value[index])}")
+        raise ValueError(f"inputs must be a string or a list of token ids (integers), got {shown_json_value(value)}")
 
     @field_validator("multimodal_params")
     @classmethod

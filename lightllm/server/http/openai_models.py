@@ -12,9 +12,10 @@ from pydantic import Field, field_validator
 
 from lightllm.common.sampling.storage_width import STORED_DTYPES, check_stored_int
 from lightllm.server.http.request_id_header import REQUEST_ID_MAX_LENGTH, REQUEST_ID_PATTERN
+from lightllm.server.http.completion_prompt import (MAX_PROMPTS, TOKEN_IDS_SCHEMA, integral_token_ids,
+                                                     normalize_completion_prompt)
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, StrictModel, integral, stop_validator,
-                                              stored_bounds)
+from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, stop_validator, stored_bounds
 from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_echo,
@@ -23,7 +24,6 @@ from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_ec
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.tool_calls.request import check_tool_messages
 
-MAX_PROMPTS = 64
 # OpenAI takes 4 stop strings; the native endpoint's 16 here, as lm-eval's code tasks send 5 or 6
 # (humaneval's `until`) and a stop string costs the detokenizer next to nothing.
 MAX_OPENAI_STOP = 16
@@ -38,7 +38,6 @@ RESERVED_TEMPLATE_KWARGS = REQUEST_FIELD_TEMPLATE_KWARGS | frozenset({
     "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 # JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
-TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _PROMPT_SCHEMA = {"anyOf": [
     {"type": "string", "minLength": 1},
     {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
@@ -261,48 +260,6 @@ class CompletionRequest(OpenAISamplingRequest):
         if value is not None:
             raise ValueError("suffix is not supported; send null")
         return value
-
-
-def integral_token_ids(value: Any) -> Any:
-    """A prompt with integral floats in its token-id lists made ints, as every integer field takes them.
-
-    Shared with the native ``inputs`` (:mod:`lightllm.server.http.native_models`), so both endpoints
-    take the same token ids.
-    """
-    if not isinstance(value, list):
-        return value
-    return [[integral(item) for item in entry] if isinstance(entry, list) else integral(entry) for entry in value]
-
-
-def is_token_id(value: Any) -> bool:
-    """Whether ``value`` has a token id's type (an int, not a bool); the vocabulary is checked with the model."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_token_list(value: Any) -> bool:
-    """Whether ``value`` is a list of token ids (an empty one included: callers name that refusal)."""
-    return isinstance(value, list) and all(is_token_id(item) for item in value)
-
-
-def normalize_completion_prompt(value: Any) -> list[str | list[int]]:
-    """Turn every accepted ``prompt`` form into a non-empty list of non-empty prompts."""
-    if isinstance(value, str):
-        prompts: list[Any] = [value]
-    elif is_token_list(value) and value:
-        prompts = [value]
-    elif isinstance(value, list) and value and all(isinstance(item, str) for item in value):
-        prompts = list(value)
-    elif isinstance(value, list) and value and all(is_token_list(item) for item in value):
-        prompts = list(value)
-    elif isinstance(value, list) and not value:
-        raise ValueError("prompt must not be empty")
-    else:
-        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
-    if len(prompts) > MAX_PROMPTS:
-        raise ValueError(f"prompt holds at most {MAX_PROMPTS} prompts, got {len(prompts)}")
-    if any(len(prompt) == 0 for prompt in prompts):
-        raise ValueError("prompt must not be empty")
-    return prompts
 
 
 class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):

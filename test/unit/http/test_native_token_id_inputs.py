@@ -90,6 +90,19 @@ def test_refused_as_v1_completions_refuses_the_same_ids(client: TestClient, mana
     assert manager.calls == []
 
 
+@pytest.mark.parametrize(("prompt", "words"), [
+    ([1, True], "item 1 is true"),
+    ([1, 2.5], "item 1 is 2.5"),
+    ([1, None], "item 1 is null"),
+    ([[1, 2], [3, True]], "prompt 1 item 1 is true"),
+    ([[1, 2], [3, {"id": 4}]], "prompt 1 item 1 is an object"),
+])
+def test_v1_completions_names_the_item_that_is_no_token_id_as_generate_does(client: TestClient, manager: FakeManager,
+                                                                           prompt: list[Any], words: str) -> None:
+    error = assert_error(client.post("/v1/completions", json={"model": MODEL, "prompt": prompt}), 400, "prompt")
+    assert error["message"].endswith(words), error["message"]
+
+
 def test_add_special_tokens_leaves_ids_as_given(client: TestClient, manager: FakeManager) -> None:
     # As /v1/completions (and vLLM, and LightLLM's HTTP manager): a client that tokenized chose its
     # special tokens, so the flag, which says how to tokenize a text, is accepted and the ids kept.
