@@ -147,6 +147,7 @@ class NodeStandIn:
         self.silent_after: Optional[int] = None  # D: hang after this many tokens of a segment
         self.hold_after: Optional[int] = None  # D: pause after this many tokens until release_hold()
         self._released = threading.Event()
+        self.request_slots: Optional[int] = None  # reported at registration (a real node's slot count)
         # D: while cleared, a reservation waits before answering "reserved" (a decode node slow to reserve)
         self.reservations_open = threading.Event()
         self.reservations_open.set()
@@ -210,7 +211,7 @@ class NodeStandIn:
                         num_layers=2, num_kv_heads=2, head_dim=16, tp_size=self._tp_size,
                         http_address=f"127.0.0.1:{self.server.port}",
                         kv_transfer_address=(f"127.0.0.1:{self.server.port % 65535 + 1}" if self.role == "prefill"
-                                             else ""))
+                                             else ""), request_slots=self.request_slots)
 
     def register(self) -> None:
         """Start registering and heartbeating (returns once registered)."""

@@ -124,6 +124,7 @@ def prepare_pd_node(
         eos_token_ids=resolve_eos_token_ids(args, model_config),
         max_req_total_len=sizing.max_req_total_len,
         logprobs_mode=args.logprobs_mode,
+        request_slots=sizing.slot_num,
     ), ports
 
 

@@ -414,3 +414,25 @@ def test_a_request_whose_only_prefill_node_left_while_the_decode_node_reserved_g
         assert error["code"] == "pd_not_ready" and error["message"] == health.json()["error"]["message"]
     finally:
         cluster.stop()
+
+
+def test_one_request_may_run_at_most_half_the_smallest_nodes_request_slots(tiny_llama_dir: Path) -> None:
+    """Each generation holds a request slot on its nodes: as on a normal server, one request of many
+    prompts x n must not take every slot of a node (every other client then waits for it)."""
+    cluster = Cluster(str(tiny_llama_dir), register=False, prefills=2)
+    try:
+        for node, slots in zip(cluster.prefills + cluster.decodes, (64, 8, 16)):
+            node.request_slots = slots
+            node.register()
+        body = {"model": cluster.master.manager.model_name, "prompt": ["a", "b", "c"], "max_tokens": 2}
+        refused = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "n": 2}, timeout=REQUEST_TIMEOUT)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "n" and "6 generations (3 prompts x n 2)" in error["message"]
+        assert "at most 4" in error["message"]  # half of p1's 8
+        served = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "prompt": ["a", "b"], "n": 2},
+                            timeout=REQUEST_TIMEOUT)
+        assert served.status_code == 200, served.text
+        assert len(served.json()["choices"]) == 4
+    finally:
+        cluster.stop()

@@ -73,9 +73,6 @@ class PdMasterManager:
         self.eos_token_ids = list(model.eos_token_ids)
         self.tokenizer = model.tokenizer
         self.generation_defaults = model.generation_defaults
-        # The nodes' request slots are their own (not reported to the master): a node refuses, or
-        # queues, what it cannot hold; the request-level limits (64 prompts, n 16) still apply.
-        self.max_generations_per_request: Optional[int] = None
         self.registry = registry
         self.deadlines = deadlines
         self.setup_timeout_s = setup_timeout_s
@@ -92,6 +89,13 @@ class PdMasterManager:
         self._runs: Dict[int, RequestRun] = {}
         self._next_request_id = 1
         self._gate = RequestGate()
+
+    @property
+    def max_generations_per_request(self) -> Optional[int]:
+        """Half the request slots of the node with the fewest (each generation holds one on its
+        nodes), as a normal server limits one request; None while no node reports its slots."""
+        slots = [info.request_slots for info in self.registry.alive() if info.request_slots is not None]
+        return min(slots) // 2 if slots else None
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

@@ -93,6 +93,9 @@ class NodeInfo:
             on any node, so it admits only nodes whose limit is at least its own.
         logprobs_mode: ``--logprobs_mode``; the prefill node reports the first token's logprob and
             the decode node the rest, so one answer's logprobs mean one thing only if both agree.
+        request_slots: the node's request slots (each generation a master sends it holds one); the
+            master lets one request run at most half the smallest node's, as a normal server does
+            with its own.  None when the registering process does not report it.
     """
 
     node_id: str
@@ -109,6 +112,7 @@ class NodeInfo:
     eos_token_ids: Optional[List[int]] = None
     max_req_total_len: Optional[int] = None
     logprobs_mode: str = DEFAULT_LOGPROBS_MODE
+    request_slots: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -151,6 +155,8 @@ class NodeInfo:
                                 f"got {eos!r}", "eos_token_ids")
         if self.max_req_total_len is not None:
             _check_positive_int("max_req_total_len", self.max_req_total_len)
+        if self.request_slots is not None:
+            _check_positive_int("request_slots", self.request_slots)
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise NodeInfoError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}",
                                 "logprobs_mode")
