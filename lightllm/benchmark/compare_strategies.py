@@ -93,7 +93,7 @@ from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.report_writer import plots_unavailable, render_markdown
 from lightllm.benchmark.topologies import TOPOLOGIES, make_topology
-from lightllm.benchmark.workload_context import check_workloads_fit
+from lightllm.benchmark.workload_context import check_workloads_fit, servers_context
 from lightllm.benchmark.workloads import FIELD_HELP, WORKLOADS, WorkloadConfig, workloads_using
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.server_process import ServerRefusedError, ServerStartError
@@ -270,6 +270,17 @@ def topology_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {**kwargs, **flags, "prefill_devices": args.prefill_devices, "decode_devices": args.decode_devices}
 
 
+def check_kv_tokens_hold_a_request(options: ComparisonOptions, processes: dict[str, dict[str, tuple[str, ...]]]) -> None:
+    """Refuse a ``--kv-tokens`` the servers would refuse at start (fewer than one request's context),
+    when the runner gives it (``--server-args`` without ``--max_total_token_num``)."""
+    if len(options.effective_server_args()) == len(options.server_args):
+        return  # --server-args sets the capacity; the servers check it against their context
+    limit = servers_context(options.model_dir, processes)
+    if limit is not None and options.kv_tokens < limit.tokens:
+        raise ValueError(f"--kv-tokens {options.kv_tokens} is fewer than {limit.name} of {limit.tokens} "
+                         f"({limit.source}): the servers refuse a KV cache that cannot hold one request")
+
+
 def check_workload_flags_apply(workloads: Sequence[str], given: dict[str, str]) -> None:
     """Refuse a typed workload flag that none of ``workloads`` reads (every run would ignore it).
 
@@ -330,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             topology.check_spec(spec)
         check_workloads_fit(options.model_dir, options.workloads, range(options.seed, options.seed + options.repeats),
                             topology.process_flags(specs[0]))
+        check_kv_tokens_hold_a_request(options, topology.process_flags(specs[0]))
         if args.ports is not None:
             strategies = f"{len(specs)} strateg{'y' if len(specs) == 1 else 'ies'}"
             args.ports.check_room(sum(topology.ports_needed(spec) for spec in specs),

@@ -162,3 +162,23 @@ def test_a_per_class_output_length_is_named_when_it_is_the_bad_one():
         build_workload(WorkloadConfig(name="long_first", output_len=0, long_output_len=4))
     # Both classes have their own length: output_len is read by neither.
     build_workload(WorkloadConfig(name="long_first", output_len=0, long_output_len=4, short_output_len=4))
+
+
+def test_kv_tokens_fewer_than_the_servers_context_are_refused_before_any_server(tiny_llama_dir, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """It started every server, which refused the KV cache naming --max_total_token_num, a flag the
+    user did not type (bench_prefix_affinity already refused it up front)."""
+    from lightllm.benchmark import compare_strategies
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the run was reached: prompts built and servers started")
+
+    monkeypatch.setattr(compare_strategies, "run_comparison", never)
+    argv = ["--model_dir", str(tiny_llama_dir), "--out-dir", str(tmp_path / "out"), "--workload", "long_first",
+            "--long-len", "30", "--short-len", "5", "--output-len", "2", "--kv-tokens", "10"]
+    with pytest.raises(SystemExit) as refused:
+        compare_strategies.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and len(err) == 1, err
+    assert "--kv-tokens 10 is fewer than" in err[0] and "--max_total_token_num" not in err[0], err[0]
+    assert not (tmp_path / "out").exists()
