@@ -68,6 +68,7 @@ from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
+from lightllm.server.http.unread_body import UnreadBodyCloseMiddleware
 from lightllm.server.http.retry_after import body_error_code, retry_after_headers
 from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.http.prompt_encoding import PromptEncoder
@@ -317,9 +318,11 @@ def create_app(
         # included) waits in its own line before any of them spends time on it.
         app.add_middleware(ClientShareMiddleware, share=ClientShare(options.limits.max_preparing_per_client),
                            book=app.state.preparing)
-    # Outermost: a request counts for a graceful drain from its first byte, also while it waits
+    # Outside every layer that waits: a request counts for a graceful drain from its first byte, also while it waits
     # for its client's share (lightllm/server/http/in_flight.py).
     app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
+    # Around everything that may answer before the guard reads the body (401, a CORS refusal, 503).
+    app.add_middleware(UnreadBodyCloseMiddleware)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
                                   TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])
     return app

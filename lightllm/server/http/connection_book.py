@@ -24,13 +24,20 @@ Refusal = Tuple[str, str]
 
 class ConnectionBook:
     """Places held per client address, by connections whose head is being read (in the normal
-    share or the reserve) and by connections the loop serves. Thread-safe."""
+    share or the reserve) and by connections the loop serves. Thread-safe.
+
+    A connection keeps the kind of place it entered with until it closes: one served from the
+    reserve still counts against the reserve, so the total stays within the cap plus the reserve
+    (counting reserve places only while heads were read let keyed clients open connections without
+    end: 60 held on a cap of 20 and a reserve of 16).
+    """
 
     def __init__(self, limits: HttpLimits) -> None:
         self.limits = limits
         self._lock = threading.Lock()
         self._by_peer: Dict[str, int] = {}
-        self._served = 0  # handed to the loop and not closed yet
+        self._served = 0  # entered the normal share, handed to the loop and not closed yet
+        self._served_reserve = 0  # the same, from the reserve
         self._pending_normal = 0
         self._pending_reserve = 0
         self._refusals: Dict[str, int] = {}
@@ -48,14 +55,14 @@ class ConnectionBook:
             if self._served + self._pending_normal < limits.max_connections:
                 self._pending_normal += 1
                 reserve = False
-            elif self._pending_reserve < limits.reserve_connections:
+            elif self._pending_reserve + self._served_reserve < limits.reserve_connections:
                 self._pending_reserve += 1
                 reserve = True
             else:
                 return False, self._refused(
                     "too_many_connections",
                     f"The server already holds its maximum of {limits.max_connections} connections "
-                    "(--http_max_connections); retry later")
+                    "(--http_max_connections) and its reserve; retry later")
             self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
         return reserve, None
 
@@ -66,15 +73,20 @@ class ConnectionBook:
                 self._pending_reserve -= 1
             else:
                 self._pending_normal -= 1
-            if served:
+            if served and reserve:
+                self._served_reserve += 1
+            elif served:
                 self._served += 1
             else:
                 self._release_peer(peer)
 
-    def release(self, peer: str) -> None:
-        """A connection served by the loop closed."""
+    def release(self, peer: str, reserve: bool) -> None:
+        """A connection served by the loop closed (``reserve``: it entered through the reserve)."""
         with self._lock:
-            self._served -= 1
+            if reserve:
+                self._served_reserve -= 1
+            else:
+                self._served -= 1
             self._release_peer(peer)
 
     def count_refusal(self, code: str) -> None:

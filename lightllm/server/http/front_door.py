@@ -339,13 +339,13 @@ class FrontDoor:
         loop = self._loop
         try:
             assert loop is not None
-            loop.call_soon_threadsafe(self._adopt, pending.sock, pending.peer, data, pending.deadline)
+            loop.call_soon_threadsafe(self._adopt, pending.sock, pending.peer, data, pending.deadline, pending.reserve)
         except (AssertionError, RuntimeError):  # the loop is closed
-            self.release(pending.peer)
+            self.release(pending.peer, pending.reserve)
             pending.sock.close()
 
-    def _adopt(self, sock: socket.socket, peer: str, data: bytes, deadline: float) -> None:
-        """On the loop: serve ``sock`` with a fresh protocol fed ``data`` first."""
+    def _adopt(self, sock: socket.socket, peer: str, data: bytes, deadline: float, reserve: bool) -> None:
+        """On the loop: serve ``sock`` with a fresh protocol fed ``data`` first (``reserve``: its place)."""
         assert self._loop is not None and self._make_protocol is not None
         released = False
 
@@ -353,7 +353,7 @@ class FrontDoor:
             nonlocal released
             if not released:
                 released = True
-                self.release(peer)
+                self.release(peer, reserve)
 
         def protocol() -> Any:
             proto = self._make_protocol()  # type: ignore[misc]
@@ -372,9 +372,9 @@ class FrontDoor:
 
         asyncio.ensure_future(connect())
 
-    def release(self, peer: str) -> None:
+    def release(self, peer: str, reserve: bool) -> None:
         """A connection served by the loop closed (called on the loop's thread)."""
-        self._book.release(peer)
+        self._book.release(peer, reserve)
 
 
 def open_front_door(args: Any) -> FrontDoor:

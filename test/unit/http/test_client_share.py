@@ -187,5 +187,8 @@ def test_the_app_admits_a_request_before_it_waits_for_its_clients_share() -> Non
     from lightllm.server.http.cors import JsonErrorCorsMiddleware
     from lightllm.server.http.in_flight import AdmissionMiddleware
 
+    from lightllm.server.http.unread_body import UnreadBodyCloseMiddleware
+
     order = [entry.cls for entry in create_app(FakeManager()).user_middleware]  # outermost first
-    assert order[:3] == [AdmissionMiddleware, ClientShareMiddleware, JsonErrorCorsMiddleware]
+    # The unread-body rule only marks answers: it is around everything and delays nothing.
+    assert order[:4] == [UnreadBodyCloseMiddleware, AdmissionMiddleware, ClientShareMiddleware, JsonErrorCorsMiddleware]

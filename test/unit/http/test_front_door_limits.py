@@ -267,3 +267,74 @@ def test_probe_recognition_of_bare_line_feeds() -> None:
     assert not may_be_health(b"GET /health HTTP/2.0\r\n")
     assert head_headers(b"GET / HTTP/1.1\nHost: x\r\nAuthorization: Bearer k\n\nbody: no") == [
         (b"host", b"x"), (b"authorization", b"Bearer k")]
+
+
+def _keyed_keep_alive(port: int, source: str) -> Tuple[socket.socket, int]:
+    """A keyed ``GET /v1/models`` that keeps its connection open; (the socket, the status)."""
+    sock = _connect(port, source)
+    sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return sock, int(head.split()[1])
+
+
+def test_connections_served_from_the_reserve_keep_holding_it(served) -> None:
+    """A keyed connection left the reserve's count once its head was read: keyed clients held 60
+    connections on a cap of 20 and a reserve of 16, past the open-file limit sized for both."""
+    _, port = served
+    held = _hold(port, 3) + _hold(port, 3, OTHER_PEER)  # the cap (6)
+    reserve = LIMITS.reserve_connections
+    keyed: List[socket.socket] = []
+    try:
+        for index in range(reserve):
+            sock, status = _keyed_keep_alive(port, f"127.0.1.{index + 1}")
+            keyed.append(sock)
+            assert status == 200, index
+        status, body = _request(port, "GET", "/v1/models", "127.0.2.1", KEY)
+        assert status == 503 and body["error"]["code"] == "too_many_connections"
+        keyed.pop().close()  # a reserve place comes back when its connection closes
+        deadline = time.monotonic() + 10
+        while _request(port, "GET", "/v1/models", "127.0.2.2", KEY)[0] != 200:
+            assert time.monotonic() < deadline, "a closed reserve connection still holds its place"
+            time.sleep(0.05)
+    finally:
+        for sock in held + keyed:
+            sock.close()
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 107374182400\r\n", b"Transfer-Encoding: chunked\r\n"])
+def test_an_answer_before_the_body_was_read_closes_the_connection(served, framing) -> None:
+    """A 401 left the body on a keep-alive connection and uvicorn read it with no size or time
+    limit: a client without a key streamed 22 GB in 15 s into a server with a small body limit."""
+    _, port = served
+    sock = _connect(port)
+    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing + b"\r\n")
+    closed = threading.Event()
+    chunk = (b"10000\r\n" + b"x" * 0x10000 + b"\r\n") if b"chunked" in framing else b"x" * 0x10000
+
+    def flood() -> None:
+        try:
+            while True:  # as much body as the server will take
+                sock.sendall(chunk)
+        except OSError:
+            closed.set()
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    try:
+        # Ends only when the server closes the connection; the bound only keeps a broken build from hanging.
+        assert closed.wait(60), "the server kept reading the body of a request it had answered"
+    finally:
+        sock.close()
+        sender.join(10)
