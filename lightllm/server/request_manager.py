@@ -50,7 +50,8 @@ class RequestManager(Protocol):
     request), ``vocab_size``, ``eos_token_ids``, ``tokenizer`` (for decoding token strings
     in responses), ``generation_defaults`` (the sampling fields a request inherits) and
     ``max_generations_per_request`` (prompts x ``n``/``best_of`` one request may run; None: no
-    limit of the manager's own).  A
+    limit of the manager's own) and ``max_top_logprob_generations_per_request`` (the same for a
+    request asking for top logprobs).  A
     manager that loaded a checkpoint may also have ``model_path`` (``--model_dir`` as an absolute path),
     which /v1/models reports as ``root``.
     """
@@ -63,6 +64,7 @@ class RequestManager(Protocol):
     tokenizer: Any
     generation_defaults: GenerationDefaults
     max_generations_per_request: Optional[int]
+    max_top_logprob_generations_per_request: Optional[int]
 
     async def start(self) -> None:
         """Called once on the server's event loop before the first request."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -104,9 +105,7 @@ def generate_demo_model(out_dir: str | Path, arch: str = "llama", size: str = "t
     save_file(weights, str(weights_path), metadata={"format": "pt"})
     # safetensors writes its file owner-only (0600); the checkpoint is readable as the other files
     # are (the umask's choice), so a server running as another user (a container's) can load it.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(weights_path, 0o666 & ~umask)
+    os.chmod(weights_path, stat.S_IMODE(os.stat(out / "config.json").st_mode))
     return out
 
 

@@ -71,6 +71,7 @@ class FakeManager:
         self.tokenizer = FakeTokenizer()
         self.generation_defaults = GenerationDefaults()
         self.max_generations_per_request: int | None = None
+        self.max_top_logprob_generations_per_request: int | None = None
         self.reply_len = 3
         self.step_seconds = 0.0  # how long each token takes
         self.cached_tokens = 2

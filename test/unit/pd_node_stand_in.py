@@ -148,9 +148,11 @@ class NodeStandIn:
         self.hold_after: Optional[int] = None  # D: pause after this many tokens until release_hold()
         self._released = threading.Event()
         self.request_slots: Optional[int] = None  # reported at registration (a real node's slot count)
-        # D: while cleared, a reservation waits before answering "reserved" (a decode node slow to reserve)
+        # D: while cleared, a reservation waits before answering "reserved" (a decode node slow to reserve),
+        # from the request body with this number on (1: every one)
         self.reservations_open = threading.Event()
         self.reservations_open.set()
+        self.hold_reservations_from = 1
         self._stopped = False
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
@@ -351,7 +353,7 @@ class NodeStandIn:
         if refusal is not None:
             yield refusal
             return
-        while not self.reservations_open.is_set():
+        while len(self.bodies) >= self.hold_reservations_from and not self.reservations_open.is_set():
             await asyncio.sleep(0.005)
         yield _line({"event": "reserved", "kv_start": 0})
         if self.lease_expires:

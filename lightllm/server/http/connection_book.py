@@ -26,10 +26,11 @@ class ConnectionBook:
     """Places held per client address, by connections whose head is being read (in the normal
     share or the reserve) and by connections the loop serves. Thread-safe.
 
-    A connection keeps the kind of place it entered with until it closes: one served from the
-    reserve still counts against the reserve, so the total stays within the cap plus the reserve
-    (counting reserve places only while heads were read let keyed clients open connections without
-    end: 60 held on a cap of 20 and a reserve of 16).
+    The reserve has two budgets of ``reserve_connections`` places each: heads being read (so a
+    probe is always read and answered, however many connections the reserve serves) and
+    connections served from it, which keep their place until they close (counting reserve places
+    only while heads were read let keyed clients open connections without end: 60 held on a cap
+    of 20 and a reserve of 16).
     """
 
     def __init__(self, limits: HttpLimits) -> None:
@@ -55,16 +56,21 @@ class ConnectionBook:
             if self._served + self._pending_normal < limits.max_connections:
                 self._pending_normal += 1
                 reserve = False
-            elif self._pending_reserve + self._served_reserve < limits.reserve_connections:
+            elif self._pending_reserve < limits.reserve_connections:
                 self._pending_reserve += 1
                 reserve = True
             else:
                 return False, self._refused(
                     "too_many_connections",
                     f"The server already holds its maximum of {limits.max_connections} connections "
-                    "(--http_max_connections) and its reserve; retry later")
+                    "(--http_max_connections); retry later")
             self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
         return reserve, None
+
+    def reserve_can_serve(self) -> bool:
+        """Whether a reserve connection with a key may be served: fewer than the reserve's size are."""
+        with self._lock:
+            return self._served_reserve < self.limits.reserve_connections
 
     def leave_front_door(self, peer: str, reserve: bool, served: bool) -> None:
         """A connection whose head was being read leaves: handed to the loop (``served``) or closed."""

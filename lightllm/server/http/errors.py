@@ -144,7 +144,8 @@ def grammar_failed() -> APIError:
         400,
         "This request's structured-output grammar could not go on while the output was generated: it can "
         "never end (a recursive schema that requires nesting, say), or it nested deeper or grew more "
-        "ambiguous than the parser's limit allows; the server log names the reason",
+        "ambiguous than the parser's limit allows; the server's log (behind a PD master, its node's) names the "
+        "reason",
         INVALID_REQUEST,
         None,
         "grammar_failed",

@@ -275,6 +275,12 @@ class FrontDoor:
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
                        "(--http_max_connections); retry later (requests with an API key are still served)")
             self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
+        elif pending.reserve and not self._book.reserve_can_serve():
+            self._book.count_refusal("too_many_connections")
+            message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
+                       f"(--http_max_connections) and serves {self.limits.reserve_connections} more from its reserve; "
+                       "retry later")
+            self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
         else:
             self._hand_off(pending, data)
 

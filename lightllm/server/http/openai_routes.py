@@ -196,8 +196,14 @@ class OpenAIEndpoints:
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
+        candidates_param = "best_of" if body.best_of is not None else "n"
         check_generation_count(len(body.prompt), body.candidates, self.manager.max_generations_per_request,
-                               "best_of" if body.best_of is not None else "n")
+                               candidates_param)
+        if (body.logprobs or 0) > 0 or (body.prompt_logprobs or 0) > 0:
+            # Each such generation also holds a top-logprob row (--top_logprobs_slots).
+            check_generation_count(len(body.prompt), body.candidates,
+                                   self.manager.max_top_logprob_generations_per_request, candidates_param,
+                                   "top-logprob rows (--top_logprobs_slots)")
         prompts = []
         for prompt in body.prompt:
             if isinstance(prompt, str):

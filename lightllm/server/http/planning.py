@@ -94,15 +94,18 @@ def check_context_length(
     raise APIError(400, message, INVALID_REQUEST, param, "context_length_exceeded")
 
 
-def check_generation_count(prompts: int, candidates: int, limit: int | None, candidates_param: str) -> None:
+def check_generation_count(prompts: int, candidates: int, limit: int | None, candidates_param: str,
+                           what: str = "request slots") -> None:
     """Refuse a request of more generations (``prompts`` x ``candidates``) than one request may run
-    (``limit``, the manager's ``max_generations_per_request``; None: no limit of its own)."""
-    if limit is not None and prompts * candidates > limit:
-        raise APIError(400, f"this request asks for {prompts * candidates} generations ({prompts} prompts x "
-                       f"{candidates_param} {candidates}); one request may run at most {limit} (half of this server's "
-                       f"request slots, max(64, 4 x --running_max_req_size)), so that it leaves room for other "
-                       f"clients: send fewer prompts per request or a smaller {candidates_param}", INVALID_REQUEST,
-                       candidates_param)
+    (``limit``: half of the server's ``what``; None: no limit of the manager's own).  The error names
+    the prompt count when one prompt per generation is already too many, else ``candidates_param``."""
+    if limit is None or prompts * candidates <= limit:
+        return
+    param = "prompt" if prompts > limit else candidates_param
+    fix = "send fewer prompts per request" + ("" if param == "prompt" else f" or a smaller {candidates_param}")
+    raise APIError(400, f"this request asks for {prompts * candidates} generations ({prompts} prompts x "
+                   f"{candidates_param} {candidates}); one request may run at most {limit} (half of the server's "
+                   f"{what}), so that it leaves room for other clients: {fix}", INVALID_REQUEST, param)
 
 
 def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:

@@ -156,7 +156,8 @@ def ensure_file_descriptors(limits: HttpLimits) -> None:
     Called once per process, by the front door, which accepts every connection.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = limits.max_connections + limits.reserve_connections + RESERVED_FILE_DESCRIPTORS
+    # The reserve holds heads being read and connections served from it, each up to its size.
+    needed = limits.max_connections + 2 * limits.reserve_connections + RESERVED_FILE_DESCRIPTORS
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         try:
@@ -166,8 +167,8 @@ def ensure_file_descriptors(limits: HttpLimits) -> None:
             pass
     if soft != resource.RLIM_INFINITY and soft < needed:
         log.warning(
-            "the open-file limit (%d) is below the %d files --http_max_connections %d needs (with its reserve of %d "
-            "connections and %d for the server's own files); connections beyond it fail at accept() instead of "
+            "the open-file limit (%d) is below the %d files --http_max_connections %d needs (with twice its reserve of "
+            "%d connections and %d for the server's own files); connections beyond it fail at accept() instead of "
             "getting a 503: raise 'ulimit -n' or lower --http_max_connections",
             soft, needed, limits.max_connections, limits.reserve_connections, RESERVED_FILE_DESCRIPTORS,
         )

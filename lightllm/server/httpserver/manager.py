@@ -95,6 +95,8 @@ class HttpServerManager:
         # Every generation of a request (its prompts x n or best_of) holds a request slot: one request
         # may hold at most half of them, so it never locks every other client out of the server.
         self.max_generations_per_request = layout.slot_num // 2
+        # The same for generations asking for top logprobs, which also hold a top-logprob row each.
+        self.max_top_logprob_generations_per_request = layout.top_slot_num // 2
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
         # released (the router, ranks and detokenizer key their state by it until then); the

@@ -34,8 +34,8 @@ def test_the_open_file_warning_counts_what_the_cap_needs(monkeypatch: pytest.Mon
     monkeypatch.setattr(resource, "setrlimit", lambda kind, value: (_ for _ in ()).throw(ValueError("no")))
     with caplog.at_level(logging.WARNING):
         ensure_file_descriptors(limits)
-    needed = 2048 + limits.reserve_connections + RESERVED_FILE_DESCRIPTORS
+    needed = 2048 + 2 * limits.reserve_connections + RESERVED_FILE_DESCRIPTORS
     [line] = [record.getMessage() for record in caplog.records]
     assert line.startswith(f"the open-file limit (400) is below the {needed} files --http_max_connections 2048 needs "
-                           f"(with its reserve of {limits.reserve_connections} connections and "
+                           f"(with twice its reserve of {limits.reserve_connections} connections and "
                            f"{RESERVED_FILE_DESCRIPTORS} for the server's own files)")

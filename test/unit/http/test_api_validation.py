@@ -183,9 +183,17 @@ def test_one_request_may_not_hold_more_generations_than_the_manager_allows(clien
     assert "9 generations (3 prompts x n 3)" in error["message"] and "at most 8" in error["message"]
     error = assert_error(completion(client, prompt=prompts, n=2, best_of=3), 400, "best_of")
     assert "(3 prompts x best_of 3)" in error["message"]
+    # One generation per prompt is already too many: the prompt count is what to change.
+    error = assert_error(completion(client, prompt=["p"] * 9), 400, "prompt")
+    assert error["message"].endswith("send fewer prompts per request")
+    # Generations asking for top logprobs also hold a top-logprob row each: half of those rows.
+    manager.max_top_logprob_generations_per_request = 2
+    error = assert_error(completion(client, prompt=prompts[:1], n=3, logprobs=1), 400, "n")
+    assert "at most 2 (half of the server's top-logprob rows (--top_logprobs_slots))" in error["message"]
     assert not manager.calls  # refused before anything ran
+    assert completion(client, prompt=prompts[:1], n=3, logprobs=0).status_code == 200
     assert completion(client, prompt=prompts[:2], n=4).status_code == 200
-    assert len(manager.calls) == 8
+    assert len(manager.calls) == 11
 
 
 # ---------------------------------------------------------------- a request the rank finished with an error

@@ -303,6 +303,9 @@ def test_connections_served_from_the_reserve_keep_holding_it(served) -> None:
             assert status == 200, index
         status, body = _request(port, "GET", "/v1/models", "127.0.2.1", KEY)
         assert status == 503 and body["error"]["code"] == "too_many_connections"
+        assert "serves 16 more from its reserve" in body["error"]["message"]
+        # A probe is still read and answered: heads being read have a reserve budget of their own.
+        assert _request(port, "GET", "/health", "127.0.2.3") == (200, {"status": "ok"})
         keyed.pop().close()  # a reserve place comes back when its connection closes
         deadline = time.monotonic() + 10
         while _request(port, "GET", "/v1/models", "127.0.2.2", KEY)[0] != 200:

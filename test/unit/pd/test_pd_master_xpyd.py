@@ -436,3 +436,32 @@ def test_one_request_may_run_at_most_half_the_smallest_nodes_request_slots(tiny_
         assert len(served.json()["choices"]) == 4
     finally:
         cluster.stop()
+
+
+def test_a_prefill_node_dropped_while_another_answered_busy_waits_for_the_busy_one(tiny_llama_dir: Path) -> None:
+    """p1 answered busy, p0 took the request and left while D reserved: the request was refused 503
+    pd_not_ready ("no prefill node other than p1 is alive", p1 being alive) instead of waiting for p1."""
+    cluster = Cluster(str(tiny_llama_dir), "--pd_heartbeat_interval", "0.5", prefills=2, decodes=1)
+    try:
+        p0, p1 = cluster.prefills
+        p1.report({"queued_prefill_tokens": 0})
+        p0.report({"queued_prefill_tokens": 10000})
+        assert generate(cluster, "warm up", 3).status_code == 200
+        assert (prompts_seen(p0), prompts_seen(p1)) == (0, 1)
+        p1.busy = True
+        cluster.decode.hold_reservations_from = 3  # the warm-up's and p1's reservations pass; p0's waits
+        cluster.decode.reservations_open.clear()
+        prompt = "waits for p1"
+        thread, box = in_background(lambda: generate(cluster, prompt, 4))
+        wait_for(lambda: prompts_seen(cluster.decode) == 3, "the reservation for p0 reaching the decode node")
+        p0.go_silent()
+        wait_for(lambda: p0.node_id not in nodes_of(cluster), "p0's drop")
+        p1.busy = False
+        cluster.decode.reservations_open.set()
+        thread.join(60)
+        response = box["result"]
+        assert response.status_code == 200, response.text
+        prompt_ids = cluster.master.manager.encode_prompt(prompt)
+        assert [token["id"] for token in response.json()["details"]["tokens"]] == reference_tokens(prompt_ids, 4)
+    finally:
+        cluster.stop()

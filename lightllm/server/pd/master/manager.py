@@ -97,6 +97,12 @@ class PdMasterManager:
         slots = [info.request_slots for info in self.registry.alive() if info.request_slots is not None]
         return min(slots) // 2 if slots else None
 
+    @property
+    def max_top_logprob_generations_per_request(self) -> Optional[int]:
+        """No limit of the master's own: the nodes do not report their top-logprob rows (a node
+        short of them answers busy after --slot_wait_seconds, as for a request slot)."""
+        return None
+
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the node client and the expiry sweeper on the serving loop."""

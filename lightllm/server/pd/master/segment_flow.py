@@ -148,21 +148,21 @@ class SegmentFlow:
                 busy[answer.role][answer.node_id] = answer
                 role, failure, why = answer.role, answer, "busy"
             except (PdRequestFailed, PairSetupFailed) as exc:
-                if isinstance(exc, PdRequestFailed) and exc.reason == "node_lost" and exc.role == PREFILL:
-                    # The chosen prefill node left before it got the request (D's reservation was
-                    # freed as its stream closed): the next placement no longer sees it, and
-                    # answers pd_not_ready when no prefill node is left.
-                    log.info("request %d: %s; placing it again", run.request_id, exc)
-                    continue
+                # A prefill node that left before it got the request (D's reservation was freed as
+                # its stream closed) is passed over like an unreachable one.
+                lost = isinstance(exc, PdRequestFailed) and exc.reason == "node_lost" and exc.role == PREFILL
                 unreachable = isinstance(exc, PairSetupFailed) or exc.reason == "node_unreachable"
-                if not unreachable or not exc.node_id or exc.role not in down:
+                if not (lost or unreachable) or not exc.node_id or exc.role not in down:
                     raise
                 down[exc.role].add(exc.node_id)
-                role, failure, why = exc.role, exc, "unusable"
+                role, failure, why = exc.role, exc, "left the cluster" if lost else "unusable"
             if not self.selector.candidates(role, exclude=set(busy[role]) | down[role]):
                 if busy[role] and not isinstance(failure, NodeBusy):
                     # Some node of the role was only busy: the busy policy may wait for it.
                     raise next(reversed(busy[role].values()))
+                if why == "left the cluster" and not self.selector.registry.ready:
+                    # No other node of the role: the answer /health gives now (pd_not_ready).
+                    raise self.selector.registry.not_ready_error()
                 raise failure
             log.info("request %d: %s node %s %s (%s); placing it on the next one", run.request_id, role,
                      getattr(failure, "node_id", ""), why, failure)
