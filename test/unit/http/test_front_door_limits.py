@@ -333,6 +333,15 @@ def test_an_answer_before_the_body_was_read_closes_the_connection(served, framin
         except OSError:
             closed.set()
 
+    with _connect(port) as plain:  # the answer itself: the key check's 401, marked to close the connection
+        plain.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 2\r\n\r\n{}")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = plain.recv(65536)
+            assert chunk, head
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 401") and b"connection: close" in head.lower(), head
     sender = threading.Thread(target=flood, daemon=True)
     sender.start()
     try:
