@@ -194,6 +194,7 @@ class ModelConfig:
             raise ModelConfigError(
                 f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}{note}")
         num_layers = int(need("num_hidden_layers"))
+        _refuse_unservable(raw)
         if not raw.get("max_position_embeddings"):
             defaulted["max_position_embeddings"] = defaults.describe("max_position_embeddings",
                                                                      defaults.max_position_embeddings)
@@ -265,6 +266,22 @@ def _as_id_list(value: Any, name: str) -> List[int]:
     return list(values)
 
 
+def _refuse_unservable(raw: Dict[str, Any]) -> None:
+    """Refuse a config this server would otherwise run wrongly without a word: quantized weights (the
+    key was never read: AWQ was refused as a missing tensor, FP8 upcast in silence) or a model that
+    is no causal LM (a sequence classifier's weights were served as one)."""
+    quantization = raw.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise ModelConfigError(f"quantization_config (quant_method {method!r}) is not supported: this server runs "
+                               "float checkpoints (float32, float16 or bfloat16); use the unquantized checkpoint")
+    architectures = raw.get("architectures")
+    if isinstance(architectures, list) and architectures and not any(
+            isinstance(name, str) and name.endswith("ForCausalLM") for name in architectures):
+        raise ModelConfigError(f"architectures {architectures} names no causal language model (...ForCausalLM): "
+                               "this server generates text with a causal LM head")
+
+
 def _read_sliding_window(raw: Dict[str, Any], model_type: str, defaults: ArchitectureDefaults,
                          num_layers: int) -> Optional[int]:
     """The sliding window some layer attends with, or None when every layer attends fully.
@@ -283,6 +300,9 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, defaults: Archite
             raise ModelConfigError(
                 f"layer_types {unknown} are not supported; supported: {', '.join(SUPPORTED_LAYER_TYPES)}"
             )
+        if len(layer_types) != num_layers:
+            # transformers refuses it too, but in the model rank, after every process started.
+            raise ModelConfigError(f"layer_types names {len(layer_types)} layers, but num_hidden_layers is {num_layers}")
     if model_type == "mistral":
         window = raw.get("sliding_window", defaults.sliding_window)
         sliding = True  # transformers' Mistral slides on every layer whatever layer_types says

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional
 
 import torch
@@ -20,6 +21,9 @@ from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.rotary import RotaryEmbedding
 from lightllm.common.basemodel.weight_loader import CheckpointError, SafetensorsCheckpoint
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+
+# The layer index of a decoder-layer tensor name, as every supported architecture writes it.
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class DecoderOnlyTransformer:
@@ -96,6 +100,13 @@ class DecoderOnlyTransformer:
         frequency buffers are derived from the config.
         """
         unread = [name for name in ckpt.unread() if not name.endswith("rotary_emb.inv_freq")]
+        extra_layers = sorted({int(match.group(1)) for match in map(_LAYER_INDEX.match, unread)
+                               if match and int(match.group(1)) >= self.config.num_hidden_layers})
+        if extra_layers:
+            raise CheckpointError(
+                f"checkpoint {ckpt.model_dir} holds layers {extra_layers[0]} to {extra_layers[-1]} beyond "
+                f"num_hidden_layers={self.config.num_hidden_layers}: config.json's layer count does not match the weights"
+            )
         if unread:
             shown = ", ".join(unread[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
             raise CheckpointError(

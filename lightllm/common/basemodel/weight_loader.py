@@ -16,6 +16,10 @@ class CheckpointError(CheckpointFilesError):
     """The checkpoint directory lacks a tensor, holds one of the wrong shape, or its files are inconsistent."""
 
 
+# safetensors' names of the float dtypes a weight may be stored in.
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+
+
 class SafetensorsCheckpoint:
     """Index of tensor name -> file for one checkpoint directory.
 
@@ -99,6 +103,11 @@ class SafetensorsCheckpoint:
         """:meth:`get` for a tensor of ``path`` (safetensors' own errors pass through)."""
         handle = self._handle(path)
         view = handle.get_slice(name)
+        stored_dtype = view.get_dtype()
+        if stored_dtype not in _FLOAT_DTYPES:
+            # An FP8 or integer weight would be cast to the serving dtype as if it held the values.
+            raise CheckpointError(f"checkpoint {self.model_dir}: tensor {name!r} is stored as {stored_dtype}: quantized "
+                                  "or integer weights are not supported (float32, float16 or bfloat16 only)")
         stored = tuple(view.get_shape())
         if shape is not None and stored != tuple(shape):
             raise CheckpointError(

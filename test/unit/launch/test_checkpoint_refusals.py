@@ -233,3 +233,54 @@ def test_the_tp_rule_and_the_refused_rope_types_are_documented():
             assert rope_type in guide, (lang, rope_type)
         memory = (ROOT / "docs" / lang / "memory.md").read_text()
         assert "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in memory and "get no warning" not in memory
+
+
+# --- checkpoints this server would otherwise run wrongly without a word ---------------------------
+
+
+@pytest.mark.parametrize("changes, message", [
+    # AWQ was refused as a missing tensor, FP8 with scales as "another architecture", and float
+    # weights under a quantization_config were served with the key ignored.
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}},
+     "quantization_config (quant_method 'awq') is not supported"),
+    ({"architectures": ["LlamaForSequenceClassification"]},
+     "architectures ['LlamaForSequenceClassification'] names no causal language model"),
+    # transformers refused it in the model rank, after every process had started.
+    ({"layer_types": ["full_attention"] * 3}, "layer_types names 3 layers, but num_hidden_layers is 2"),
+])
+def test_a_config_the_server_cannot_run_as_written_is_refused_naming_the_key(tiny_llama_dir, tmp_path, changes,
+                                                                              message):
+    from lightllm.common.basemodel.model_config import ModelConfigError
+
+    model_dir = _copy(tiny_llama_dir, tmp_path, "odd", **changes)
+    with pytest.raises(ModelConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        ModelConfig.from_dir(model_dir)
+
+
+def test_weights_of_more_layers_than_the_config_names_are_refused_naming_num_hidden_layers(tiny_llama_dir, tmp_path):
+    import torch
+
+    from lightllm.common.basemodel.weight_loader import CheckpointError
+    from lightllm.models.registry import load_model
+
+    layers = ModelConfig.from_dir(tiny_llama_dir).num_hidden_layers
+    model_dir = _copy(tiny_llama_dir, tmp_path, "fewer", num_hidden_layers=layers - 1)
+    with pytest.raises(CheckpointError, match=f"holds layers {layers - 1} to {layers - 1} beyond "
+                                              f"num_hidden_layers={layers - 1}: config.json's layer count"):
+        load_model(str(model_dir), dtype=torch.float32)
+
+
+def test_weights_stored_in_fp8_are_refused_not_upcast(tiny_llama_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from lightllm.common.basemodel.weight_loader import CheckpointError
+    from lightllm.models.registry import load_model
+
+    model_dir = _copy(tiny_llama_dir, tmp_path, "fp8")
+    weights = load_file(str(model_dir / "model.safetensors"))
+    name = next(key for key in weights if key.endswith("q_proj.weight"))
+    weights[name] = weights[name].to(torch.float8_e4m3fn)
+    save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"tensor '{name}' is stored as F8_E4M3: quantized or integer weights"):
+        load_model(str(model_dir), dtype=torch.float32)
