@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import List, Optional
 
@@ -21,6 +22,8 @@ from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.rotary import RotaryEmbedding
 from lightllm.common.basemodel.weight_loader import CheckpointError, SafetensorsCheckpoint
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+
+log = logging.getLogger("lightllm.model")
 
 # The layer index of a decoder-layer tensor name, as every supported architecture writes it.
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
@@ -124,6 +127,10 @@ class DecoderOnlyTransformer:
                             shape_source="vocab_size, hidden_size").to(self.device)
             if torch.equal(full, self.embed_weight):
                 full = self.embed_weight  # a tied head saved twice: keep one copy
+            elif self.config.tie_word_embeddings and self.tp.rank == 0:
+                # transformers warns of the same contradiction and likewise keeps the head.
+                log.warning("config.json ties the LM head to the embedding (tie_word_embeddings), but the checkpoint's "
+                            "%s differs from the embedding: the head is used, as transformers does", self.lm_head_name)
         elif self.config.tie_word_embeddings:
             full = self.embed_weight
         else:

@@ -284,3 +284,15 @@ def test_weights_stored_in_fp8_are_refused_not_upcast(tiny_llama_dir, tmp_path):
     save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=f"tensor '{name}' is stored as F8_E4M3: quantized or integer weights"):
         load_model(str(model_dir), dtype=torch.float32)
+
+
+def test_a_tied_config_whose_head_differs_from_the_embedding_is_warned_about(tiny_llama_dir, tmp_path, caplog):
+    import torch
+
+    from lightllm.models.registry import load_model
+
+    model_dir = _copy(tiny_llama_dir, tmp_path, "tied", tie_word_embeddings=True)
+    with caplog.at_level("WARNING", logger="lightllm.model"):
+        load_model(str(model_dir), dtype=torch.float32)
+    assert "ties the LM head to the embedding (tie_word_embeddings), but the checkpoint's lm_head.weight differs" in \
+        caplog.text
