@@ -255,6 +255,13 @@ def test_a_hung_peer_times_out_instead_of_hanging(pair) -> None:
     elapsed = time.monotonic() - started
     assert not result.ok and "timed out after 3 s" in result.reason, result
     assert TIMEOUT_S * 0.9 <= elapsed < TIMEOUT_S + 30
+    # The process reports the broken group after the results of the requests it held, so a poll
+    # may see the failed result before it: the next polls see the reason.
+    deadline = time.monotonic() + 30
+    while prefill.broken_reason is None:
+        assert time.monotonic() < deadline, "the broken group was not reported"
+        prefill.poll()
+        time.sleep(0.005)
     assert "timed out" in prefill.broken_reason
     restart_pair(prefill, decode)  # kills the stopped process
     sent, received = _transfer(prefill, decode, {602: (torch.arange(8), torch.arange(8))})
