@@ -8,6 +8,7 @@ decode stand-in holds its reservations (``reservations_open``) while a test drop
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Dict
 
 import httpx
 
@@ -26,6 +27,15 @@ def _warm_two_prefill_cluster(tiny_llama_dir: Path, preferred: int) -> Cluster:
     return cluster
 
 
+def _assert_served(cluster: Cluster, thread: Any, box: Dict[str, Any], prompt: str) -> None:
+    """The background request of ``prompt`` (4 tokens) ends served, with the reference tokens."""
+    thread.join(60)
+    response = box["result"]
+    assert response.status_code == 200, response.text
+    prompt_ids = cluster.master.manager.encode_prompt(prompt)
+    assert [token["id"] for token in response.json()["details"]["tokens"]] == reference_tokens(prompt_ids, 4)
+
+
 def test_a_prefill_node_dropped_while_the_decode_node_reserves_is_replaced_not_the_request_failed(
         tiny_llama_dir: Path) -> None:
     """A request waiting for D's reservation had already counted as depending on its chosen prefill
@@ -42,11 +52,7 @@ def test_a_prefill_node_dropped_while_the_decode_node_reserves_is_replaced_not_t
         p0.go_silent()  # its heartbeats stop: the master drops it after 1.75 s
         wait_for(lambda: p0.node_id not in nodes_of(cluster), "the prefill node's drop")
         cluster.decode.reservations_open.set()
-        thread.join(60)
-        response = box["result"]
-        assert response.status_code == 200, response.text
-        prompt_ids = cluster.master.manager.encode_prompt(prompt)
-        assert [token["id"] for token in response.json()["details"]["tokens"]] == reference_tokens(prompt_ids, 4)
+        _assert_served(cluster, thread, box, prompt)
         assert (prompts_seen(p0), prompts_seen(p1)) == (1, 1)
         metrics = httpx.get(f"{cluster.master.url}/metrics").text
         assert metric_value(metrics, "lightllm_pd_failed_requests_total", reason="node_lost") == 0
@@ -93,10 +99,6 @@ def test_a_prefill_node_dropped_while_another_answered_busy_waits_for_the_busy_o
         wait_for(lambda: p0.node_id not in nodes_of(cluster), "p0's drop")
         p1.busy = False
         cluster.decode.reservations_open.set()
-        thread.join(60)
-        response = box["result"]
-        assert response.status_code == 200, response.text
-        prompt_ids = cluster.master.manager.encode_prompt(prompt)
-        assert [token["id"] for token in response.json()["details"]["tokens"]] == reference_tokens(prompt_ids, 4)
+        _assert_served(cluster, thread, box, prompt)
     finally:
         cluster.stop()
