@@ -25,9 +25,11 @@ limits before a connection costs the loop anything:
   ``server_starting``), other requests 503 ``server_starting``; once uvicorn stops, 503
   ``server_shutting_down``.
 
-The thread's death by an exception is fatal (:mod:`.fatal_thread`): it closes its sockets and
-calls its death handler, before serving a SIGTERM to its own process (the launcher's start-up
-cleanup), then the supervisor's ``front_door_died`` (exit 1, as for a dead child).
+What each connection meets is decided by :mod:`.head_triage` from the bytes read so far; this
+module moves the bytes. The thread's death by an exception is fatal (:mod:`.fatal_thread`): it
+closes its sockets and calls its death handler, before serving a SIGTERM to its own process (the
+launcher's start-up cleanup), then the supervisor's ``front_door_died`` (exit 1, as for a dead
+child).
 """
 
 from __future__ import annotations
@@ -40,30 +42,23 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from lightllm.server.http.accept_pause import AcceptPause
-from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.connection_book import ConnectionBook
 from lightllm.server.http.fatal_thread import FatalThread, stop_own_process
+from lightllm.server.http.head_triage import (
+    Answer,
+    DoorState,
+    HandOff,
+    HeadTriage,
+    admission_refusal,
+    request_head_timeout,
+)
+from lightllm.server.http.health import LoopHeartbeat, Readiness, starting_readiness
 from lightllm.server.http.lingering_sockets import LINGER_KEY, LingeringSockets
+from lightllm.server.http.probe_parsing import raw_response
 from lightllm.server.http.protocol import LINGER_SECONDS
-from lightllm.server.http.health import (
-    LoopHeartbeat,
-    Readiness,
-    health_answer,
-    starting_readiness,
-    stopping_reason,
-)
-from lightllm.server.http.probe_parsing import (
-    MAX_HEAD_BYTES,
-    head_end,
-    head_headers,
-    health_path,
-    may_be_health,
-    raw_response,
-    request_line,
-)
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
 
 logger = logging.getLogger(__name__)
@@ -92,12 +87,9 @@ class FrontDoor:
     """
 
     def __init__(self, sockets: List[socket.socket], limits: HttpLimits, auth: AuthPolicy) -> None:
-        from lightllm.server.http.auth import KeySet
-
         self.sockets = sockets
         self.limits = limits
-        self._client_keys = KeySet((*auth.api_keys, *auth.admin_keys)) if auth.requires_key else None
-        self._cluster_key = KeySet([auth.cluster_key]) if auth.cluster_key else None
+        self._triage = HeadTriage(limits, auth)
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()  # guards the state, readiness and heartbeat below
         self._book = ConnectionBook(limits)
@@ -229,7 +221,7 @@ class FrontDoor:
         sock.setblocking(False)
         reserve, refusal = self._book.admit(peer)
         if refusal is not None:
-            self._answer_and_close(sock, 503, error_body(refusal[1], SERVICE_UNAVAILABLE, None, refusal[0]))
+            self._answer_and_close(sock, admission_refusal(refusal))
             return
         pending = _Pending(sock, peer, time.monotonic() + self.limits.header_timeout, reserve)
         self._pending[sock.fileno()] = pending
@@ -247,58 +239,18 @@ class FrontDoor:
             return
         pending.data += chunk
         data = bytes(pending.data)
-        end = head_end(data)
-        head_complete = end >= 0
-        # A complete head counts as much as one still arriving (probes included): the limit is on
-        # the head, not on how it was sent; the loop's protocol applies it to the heads it reads.
-        if (end if head_complete else len(data)) > MAX_HEAD_BYTES:
-            message = f"Invalid HTTP request: its head is larger than {MAX_HEAD_BYTES // 1024} KiB"
-            self._finish(pending, 400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
-            return
-        path = health_path(data)
-        if path is not None:
-            status, body = self._health(path)
-            self._finish(pending, status, body, head_only=data.startswith(b"HEAD "))
-            return
-        if may_be_health(data) or (pending.reserve and not head_complete):
-            return  # wait for the rest of the head
-        with self._lock:
-            state, readiness = self._state, self._readiness
-        if state == "starting":
-            self._finish(pending, 503, error_body("The server is starting (loading the model); retry later",
-                                                  SERVICE_UNAVAILABLE, None, "server_starting"))
-        elif state != "serving":
-            code, message = stopping_reason(readiness)
-            self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, code))
-        elif pending.reserve and not self._authenticated(data):
-            self._book.count_refusal("too_many_connections")
-            message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
-                       "(--http_max_connections); retry later (requests with an API key are still served)")
-            self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
-        elif pending.reserve and not self._book.reserve_can_serve():
-            self._book.count_refusal("too_many_connections")
-            message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
-                       f"(--http_max_connections) and serves {self.limits.reserve_connections} more from its reserve; "
-                       "retry later")
-            self._finish(pending, 503, error_body(message, SERVICE_UNAVAILABLE, None, "too_many_connections"))
-        else:
+        verdict = self._triage.verdict(data, pending.reserve, self._door_state, self._book.reserve_can_serve)
+        if isinstance(verdict, Answer):
+            if verdict.refusal is not None:
+                self._book.count_refusal(verdict.refusal)
+            self._finish(pending, verdict)
+        elif isinstance(verdict, HandOff):
             self._hand_off(pending, data)
+        # a Wait: the next read decides
 
-    def _health(self, path: str) -> Tuple[int, Dict[str, Any]]:
+    def _door_state(self) -> DoorState:
         with self._lock:
-            readiness, heartbeat = self._readiness, self._heartbeat
-        return health_answer(path, readiness, heartbeat)
-
-    def _authenticated(self, data: bytes) -> bool:
-        from lightllm.server.http.auth import CLUSTER_PATH_PREFIX, bearer_token
-
-        token = bearer_token({"headers": head_headers(data)})
-        line, _ = request_line(data)
-        parts = line.split(b" ")
-        path = parts[1].decode("latin-1") if len(parts) > 1 else ""
-        if self._cluster_key is not None and path.startswith(CLUSTER_PATH_PREFIX):
-            return self._cluster_key.contains(token)
-        return self._client_keys is not None and self._client_keys.contains(token)
+            return DoorState(self._state, self._readiness, self._heartbeat)
 
     def _expire(self, now: float) -> None:
         if self._accept_pause.ends(now):
@@ -306,9 +258,7 @@ class FrontDoor:
                 self._selector.register(sock, selectors.EVENT_READ, "listen")
         self._lingering.expire(now)
         for pending in [p for p in self._pending.values() if p.deadline <= now]:
-            message = (f"The request head (request line and headers) did not arrive within "
-                       f"{self.limits.header_timeout:g} seconds (--http_header_timeout)")
-            self._finish(pending, 408, error_body(message, INVALID_REQUEST, None, "request_timeout"))
+            self._finish(pending, request_head_timeout(self.limits.header_timeout))
 
     # ------------------------------------------------------------------ leaving the thread
 
@@ -321,11 +271,11 @@ class FrontDoor:
         self._forget(pending, served=False)
         pending.sock.close()
 
-    def _finish(self, pending: _Pending, status: int, body: Dict[str, Any], head_only: bool = False) -> None:
+    def _finish(self, pending: _Pending, answer: Answer) -> None:
         self._forget(pending, served=False)
-        self._answer_and_close(pending.sock, status, body, head_only)
+        self._answer_and_close(pending.sock, answer)
 
-    def _answer_and_close(self, sock: socket.socket, status: int, body: Dict[str, Any], head_only: bool = False) -> None:
+    def _answer_and_close(self, sock: socket.socket, answer: Answer) -> None:
         try:
             # Unread input would make close() reset the connection before the client reads the answer.
             while sock.recv(_READ_BYTES):
@@ -333,7 +283,7 @@ class FrontDoor:
         except OSError:
             pass
         try:
-            sock.send(raw_response(status, body, head_only))  # small: fits an empty socket buffer
+            sock.send(raw_response(answer.status, answer.body, answer.head_only))  # small: fits an empty socket buffer
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             sock.close()
