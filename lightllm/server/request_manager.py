@@ -41,6 +41,13 @@ class GenerationEvent:
     stop_reason: Optional[int | str] = None
 
 
+def generations_per_request(slots: int) -> int:
+    """Generations one request may run on ``slots`` places (request slots or top-logprob rows):
+    half, so one client leaves room for others, but at least one (``--top_logprobs_slots 1``
+    still serves a request asking for top logprobs)."""
+    return max(1, slots // 2)
+
+
 @runtime_checkable
 class RequestManager(Protocol):
     """What the HTTP layer needs from whoever runs its requests.

@@ -148,6 +148,7 @@ class NodeStandIn:
         self.hold_after: Optional[int] = None  # D: pause after this many tokens until release_hold()
         self._released = threading.Event()
         self.request_slots: Optional[int] = None  # reported at registration (a real node's slot count)
+        self.top_logprob_slots: Optional[int] = None  # the same for its top-logprob rows
         # D: while cleared, a reservation waits before answering "reserved" (a decode node slow to reserve),
         # from the request body with this number on (1: every one)
         self.reservations_open = threading.Event()
@@ -213,7 +214,8 @@ class NodeStandIn:
                         num_layers=2, num_kv_heads=2, head_dim=16, tp_size=self._tp_size,
                         http_address=f"127.0.0.1:{self.server.port}",
                         kv_transfer_address=(f"127.0.0.1:{self.server.port % 65535 + 1}" if self.role == "prefill"
-                                             else ""), request_slots=self.request_slots)
+                                             else ""), request_slots=self.request_slots,
+                        top_logprob_slots=self.top_logprob_slots)
 
     def register(self) -> None:
         """Start registering and heartbeating (returns once registered)."""

@@ -28,7 +28,7 @@ from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavai
 from lightllm.server.http.in_flight import generation_started
 from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.request_gate import RequestGate
-from lightllm.server.request_manager import GenerationEvent
+from lightllm.server.request_manager import GenerationEvent, generations_per_request
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.process_utils import zmq_socket
@@ -94,9 +94,9 @@ class HttpServerManager:
         self._slots = RequestSlots(layout.slot_num, layout.top_slot_num, config.slot_wait_seconds)
         # Every generation of a request (its prompts x n or best_of) holds a request slot: one request
         # may hold at most half of them, so it never locks every other client out of the server.
-        self.max_generations_per_request = layout.slot_num // 2
+        self.max_generations_per_request = generations_per_request(layout.slot_num)
         # The same for generations asking for top logprobs, which also hold a top-logprob row each.
-        self.max_top_logprob_generations_per_request = layout.top_slot_num // 2
+        self.max_top_logprob_generations_per_request = generations_per_request(layout.top_slot_num)
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
         # released (the router, ranks and detokenizer key their state by it until then); the

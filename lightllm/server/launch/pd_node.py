@@ -125,6 +125,7 @@ def prepare_pd_node(
         max_req_total_len=sizing.max_req_total_len,
         logprobs_mode=args.logprobs_mode,
         request_slots=sizing.slot_num,
+        top_logprob_slots=sizing.top_slot_num,
     ), ports
 
 

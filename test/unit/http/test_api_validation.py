@@ -306,3 +306,10 @@ def test_vllm_fields_at_their_defaults_are_taken_and_other_values_refused_saying
                               ("priority", 1, "--admin_api_key"), ("priority", False, "priority")]:
         error = assert_error(post(client, **{field: value}), 400, field)
         assert why in error["message"] and "vLLM's default" in error["message"], error
+
+
+def test_a_server_of_one_or_two_places_still_runs_one_generation_per_request() -> None:
+    from lightllm.server.request_manager import generations_per_request
+
+    # --top_logprobs_slots 1 gave a limit of 0: every request asking for top logprobs was refused.
+    assert [generations_per_request(places) for places in (1, 2, 3, 256, 1024)] == [1, 1, 1, 128, 512]

@@ -364,12 +364,13 @@ def test_a_node_answering_that_it_failed_is_passed_over_and_gets_nothing_new(tin
 
 
 def test_one_request_may_run_at_most_half_the_smallest_nodes_request_slots(tiny_llama_dir: Path) -> None:
-    """Each generation holds a request slot on its nodes: as on a normal server, one request of many
-    prompts x n must not take every slot of a node (every other client then waits for it)."""
+    """Each generation holds a request slot on its nodes (and a top-logprob row when it asks for
+    top logprobs): as on a normal server, one request of many prompts x n must not take every slot
+    of a node (every other client then waits for it)."""
     cluster = Cluster(str(tiny_llama_dir), register=False, prefills=2)
     try:
-        for node, slots in zip(cluster.prefills + cluster.decodes, (64, 8, 16)):
-            node.request_slots = slots
+        for node, slots, tops in zip(cluster.prefills + cluster.decodes, (64, 8, 16), (None, 32, 6)):
+            node.request_slots, node.top_logprob_slots = slots, tops
             node.register()
         body = {"model": cluster.master.manager.model_name, "prompt": ["a", "b", "c"], "max_tokens": 2}
         refused = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "n": 2}, timeout=REQUEST_TIMEOUT)
@@ -377,6 +378,12 @@ def test_one_request_may_run_at_most_half_the_smallest_nodes_request_slots(tiny_
         error = refused.json()["error"]
         assert error["param"] == "n" and "6 generations (3 prompts x n 2)" in error["message"]
         assert "at most 4" in error["message"]  # half of p1's 8
+        top_refused = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "prompt": list("abcd"), "logprobs": 1},
+                                 timeout=REQUEST_TIMEOUT)
+        assert top_refused.status_code == 400, top_refused.text
+        error = top_refused.json()["error"]
+        assert error["param"] == "prompt" and "at most 3" in error["message"]  # half of d0's 6 top-logprob rows
+        assert "top-logprob rows (--top_logprobs_slots)" in error["message"]
         served = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "prompt": ["a", "b"], "n": 2},
                             timeout=REQUEST_TIMEOUT)
         assert served.status_code == 200, served.text

@@ -33,6 +33,9 @@ def test_node_info_round_trips_and_refuses_bad_fields_by_name() -> None:
         ({"checkpoint_fingerprint": "XYZ"}, "checkpoint_fingerprint"),
         ({"checkpoint_fingerprint": 12}, "checkpoint_fingerprint"),
         ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
+        ({"request_slots": 0}, "request_slots"),
+        ({"top_logprob_slots": 0}, "top_logprob_slots"),
+        ({"top_logprob_slots": "8"}, "top_logprob_slots"),
     ]
     for override, param in cases:
         with pytest.raises(NodeInfoError) as err:

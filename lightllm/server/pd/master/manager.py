@@ -42,7 +42,7 @@ from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.http.in_flight import generation_started
 from lightllm.server.request_gate import RequestGate
-from lightllm.server.request_manager import GenerationEvent
+from lightllm.server.request_manager import GenerationEvent, generations_per_request
 from lightllm.server.pd.protocol.stream_lines import token_from_line
 from lightllm.server.served_model import ServedModel
 from lightllm.utils.async_polling import wait_until
@@ -94,14 +94,16 @@ class PdMasterManager:
     def max_generations_per_request(self) -> Optional[int]:
         """Half the request slots of the node with the fewest (each generation holds one on its
         nodes), as a normal server limits one request; None while no node reports its slots."""
-        slots = [info.request_slots for info in self.registry.alive() if info.request_slots is not None]
-        return min(slots) // 2 if slots else None
+        return self._half_of_smallest("request_slots")
 
     @property
     def max_top_logprob_generations_per_request(self) -> Optional[int]:
-        """No limit of the master's own: the nodes do not report their top-logprob rows (a node
-        short of them answers busy after --slot_wait_seconds, as for a request slot)."""
-        return None
+        """The same for a request asking for top logprobs, of the nodes' top-logprob rows."""
+        return self._half_of_smallest("top_logprob_slots")
+
+    def _half_of_smallest(self, field_name: str) -> Optional[int]:
+        counts = [getattr(info, field_name) for info in self.registry.alive() if getattr(info, field_name) is not None]
+        return generations_per_request(min(counts)) if counts else None
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

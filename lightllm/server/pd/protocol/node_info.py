@@ -96,6 +96,9 @@ class NodeInfo:
         request_slots: the node's request slots (each generation a master sends it holds one); the
             master lets one request run at most half the smallest node's, as a normal server does
             with its own.  None when the registering process does not report it.
+        top_logprob_slots: the node's top-logprob rows (``--top_logprobs_slots``; each generation
+            asking for top logprobs holds one); the master lets such a request run at most half the
+            smallest node's.  None when the registering process does not report it.
     """
 
     node_id: str
@@ -113,6 +116,7 @@ class NodeInfo:
     max_req_total_len: Optional[int] = None
     logprobs_mode: str = DEFAULT_LOGPROBS_MODE
     request_slots: Optional[int] = None
+    top_logprob_slots: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -155,8 +159,9 @@ class NodeInfo:
                                 f"got {eos!r}", "eos_token_ids")
         if self.max_req_total_len is not None:
             _check_positive_int("max_req_total_len", self.max_req_total_len)
-        if self.request_slots is not None:
-            _check_positive_int("request_slots", self.request_slots)
+        for name in ("request_slots", "top_logprob_slots"):
+            if getattr(self, name) is not None:
+                _check_positive_int(name, getattr(self, name))
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise NodeInfoError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}",
                                 "logprobs_mode")
