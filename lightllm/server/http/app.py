@@ -24,7 +24,7 @@ where ``tokens`` (top level, as LightLLM has it) and ``details`` are present onl
 ``/generate_stream`` sends one server-sent event per generated token::
 
     data: {"token": {"id", "text", "logprob", "special", "count_output_tokens", "prompt_tokens",
-                     "top_logprobs" (with parameters.logprobs)},
+                     "prompt_cache_len", "top_logprobs" (with parameters.logprobs)},
            "generated_text": null | full text (last event), "finished": bool,
            "finish_reason": null | str, "details": null | {...}}
 
@@ -247,7 +247,7 @@ class NativeEndpoints:
                 finished = event.finish_reason is not None
                 details = self._counts(event) if finished and body.parameters.return_details else None
                 token = {**self._token(event), "count_output_tokens": event.completion_tokens,
-                         "prompt_tokens": event.prompt_tokens}
+                         "prompt_tokens": event.prompt_tokens, "prompt_cache_len": event.cached_tokens}
                 if body.parameters.logprobs is not None:
                     token["top_logprobs"] = self._top_logprobs(event, True)
                 yield sse({"token": token, "generated_text": "".join(pieces) if finished else None,

@@ -85,7 +85,7 @@ def test_native_stream_shape(client: TestClient) -> None:
     events = sse_events(client.post("/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}}))
     assert "[DONE]" not in events and len(events) == 3
     assert events[0] == {"token": {"id": 20, "text": " w0", "logprob": -0.5, "special": False,
-                                   "count_output_tokens": 1, "prompt_tokens": 2},
+                                   "count_output_tokens": 1, "prompt_tokens": 2, "prompt_cache_len": 2},
                          "generated_text": None, "finished": False, "finish_reason": None, "details": None}
     last = events[-1]
     assert last["finished"] is True and last["finish_reason"] == "length"
