@@ -69,8 +69,15 @@ class ChatMessage(StrictModel):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ValueError(f"content part {index} has type {kind!r}; only 'text' parts are supported")
-            if set(part) != {"type", "text"} or not isinstance(part["text"], str):
-                raise ValueError(f"content part {index} must be {{'type': 'text', 'text': <string>}}")
+            extra = sorted(str(key) for key in set(part) - {"type", "text"})
+            if extra:
+                # Named, so a client that adds a field (Anthropic-style cache_control) sees which.
+                raise ValueError(f"content part {index} has field(s) this server does not accept: "
+                                 f"{', '.join(repr(key) for key in extra)}; a text part is "
+                                 "{'type': 'text', 'text': <string>}")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"content part {index} needs 'text' as a string, got "
+                                 f"{type(part.get('text')).__name__ if 'text' in part else 'none'}")
             parts.append({"type": "text", "text": part["text"]})
         return parts
 

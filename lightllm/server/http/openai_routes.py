@@ -48,6 +48,7 @@ from lightllm.server.http.planning import (
     default_length_for,
     choice_jobs,
     encoded,
+    prompt_noun,
 )
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import structured_grammar
@@ -158,6 +159,8 @@ class OpenAIEndpoints:
         tokens_param = body.max_tokens_param()
         jobs = []
         for prompt_index, prompt_ids in enumerate(prompts):
+            # With several prompts, errors name the one at fault (a batch of 64 from lm-eval).
+            noun = prompt_noun(prompt_param, prompt_index, len(prompts))
             min_beyond_room = False
             if requested == 0:
                 # echo with max_tokens 0: one token is generated (the prefill must finish) and dropped.
@@ -173,18 +176,18 @@ class OpenAIEndpoints:
                                            public_names)
             if min_beyond_room:
                 check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,
-                                     prompt_noun=prompt_param, min_param="min_tokens")
+                                     prompt_noun=noun, min_param="min_tokens")
             if requested == 0:
                 if len(prompt_ids) >= self.manager.max_req_total_len:
                     raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then "
-                                   f"dropped), so the {prompt_param} may hold at most "
+                                   f"dropped), so the {noun} may hold at most "
                                    f"{self.manager.max_req_total_len - 1} tokens on this server (--max_req_total_len "
                                    f"{self.manager.max_req_total_len}); it has {len(prompt_ids)}", INVALID_REQUEST,
                                    prompt_param, "context_length_exceeded")
             else:
                 # A default length already fits the room; a requested one is cut to it.
                 fitted = completion_room(len(prompt_ids), max_new, self.manager.max_req_total_len,
-                                         prompt_param=prompt_param, prompt_noun=prompt_param,
+                                         prompt_param=prompt_param, prompt_noun=noun,
                                          tokens_param=tokens_param, min_new_tokens=params.min_new_tokens)
                 if fitted != max_new:
                     params = replace(params, max_new_tokens=fitted)
@@ -205,16 +208,17 @@ class OpenAIEndpoints:
                                    self.manager.max_top_logprob_generations_per_request, candidates_param,
                                    "top-logprob rows (--top_logprobs_slots)")
         prompts = []
-        for prompt in body.prompt:
+        for index, prompt in enumerate(body.prompt):
+            noun = prompt_noun("prompt", index, len(body.prompt))
             if isinstance(prompt, str):
                 # Only a text prompt is tokenized; token ids are used as given, whatever add_special_tokens says.
                 options = {} if body.add_special_tokens else {"add_special_tokens": False}
                 keeps_end = body.truncate_prompt_tokens is not None
                 ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", keeps_end, **options), "prompt",
-                                    self.manager.vocab_size)
+                                    self.manager.vocab_size, noun=noun)
                 prompts.append(body.truncated(ids))
             else:
-                check_token_ids(prompt, self.manager.vocab_size, "prompt")
+                check_token_ids(prompt, self.manager.vocab_size, "prompt", noun=noun)
                 prompts.append(body.truncated(list(prompt)))
         # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
         prompt_logprobs = body.prompt_logprobs

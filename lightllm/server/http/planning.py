@@ -20,25 +20,32 @@ from lightllm.server.http.fanout import ChoiceJob
 _SAMPLING_FIELDS = frozenset(SamplingParams.__dataclass_fields__)
 
 
-async def encoded(pending: Awaitable[list[int]], param: str, vocab_size: int | None = None) -> list[int]:
+async def encoded(pending: Awaitable[list[int]], param: str, vocab_size: int | None = None,
+                  noun: str | None = None) -> list[int]:
     """Await a :class:`~lightllm.server.http.prompt_encoding.PromptEncoder` call for ``param``.
 
     A prompt the tokenizer refuses (``ValueError``), one with no tokens, and one holding a token
     beyond the model's ``vocab_size`` (a tokenizer with more tokens than the model reads) are 400s
-    naming ``param``.
+    naming ``param`` (messages name ``noun``, default ``param``: ``prompt 3`` of several).
     """
+    noun = noun or param
     try:
         ids = await pending
     except (ValueError, ServerChatTemplateError) as exc:
         raise manager_error(exc, param) from None
     if not ids:
-        raise APIError(400, f"{param} is empty after tokenization", param=param)
+        raise APIError(400, f"{noun} is empty after tokenization", param=param)
     if vocab_size is not None:
         beyond = first_outside_vocabulary(ids, vocab_size)
         if beyond is not None:
-            raise invalid_request(f"{param} holds a token the model cannot read: the tokenizer gave id {beyond}, "
+            raise invalid_request(f"{noun} holds a token the model cannot read: the tokenizer gave id {beyond}, "
                                   f"beyond the model's vocabulary [0, {vocab_size})", param)
     return ids
+
+
+def prompt_noun(param: str, index: int, count: int) -> str:
+    """How error messages name prompt ``index`` (from 0, as in the JSON list) of ``count``."""
+    return f"{param} {index}" if count > 1 else param
 
 
 def build_sampling_params(
@@ -71,11 +78,12 @@ def first_outside_vocabulary(token_ids: list[int], vocab_size: int) -> int | Non
     return next((token_id for token_id in token_ids if not 0 <= token_id < vocab_size), None)
 
 
-def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
-    """Reject token ids outside ``[0, vocab_size)``."""
+def check_token_ids(token_ids: list[int], vocab_size: int, param: str, noun: str | None = None) -> None:
+    """Reject token ids outside ``[0, vocab_size)`` (``noun``: which prompt of several, named first)."""
     token_id = first_outside_vocabulary(token_ids, vocab_size)
     if token_id is not None:
-        raise invalid_request(f"token id {token_id} is outside the vocabulary [0, {vocab_size})", param)
+        where = f"{noun}: " if noun and noun != param else ""
+        raise invalid_request(f"{where}token id {token_id} is outside the vocabulary [0, {vocab_size})", param)
 
 
 def check_context_length(
@@ -112,7 +120,7 @@ def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, 
     """Refuse a prompt that fills the whole context: no completion length can fit beside it."""
     if prompt_len >= limit:
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, the {prompt_noun} "
-                       f"hold{'s' if prompt_noun == 'prompt' else ''} {prompt_len} tokens, which leaves no room for "
+                       f"hold{'' if prompt_noun == 'messages' else 's'} {prompt_len} tokens, which leaves no room for "
                        f"a completion. Please reduce the length of the {prompt_noun}.", INVALID_REQUEST,
                        prompt_param, "context_length_exceeded")
 

@@ -193,6 +193,20 @@ def test_context_length_errors(client: TestClient, manager: FakeManager) -> None
                  "parameters.max_new_tokens", "context_length_exceeded")
 
 
+def test_errors_name_which_of_several_prompts_is_at_fault(client: TestClient) -> None:
+    long_prompt = " ".join(["word"] * 70)
+    error = assert_error(completion(client, prompt=["a b", long_prompt], max_tokens=4), 400, "prompt",
+                         "context_length_exceeded")
+    assert "However, the prompt 1 holds 71 tokens" in error["message"], error["message"]
+    error = assert_error(completion(client, prompt=[[1, 2], [3, 100]], max_tokens=4), 400, "prompt")
+    assert error["message"] == "prompt 1: token id 100 is outside the vocabulary [0, 100)"
+    error = assert_error(completion(client, prompt=["a", "b c", long_prompt], max_tokens=0, echo=True), 400, "prompt")
+    assert "so the prompt 2 may hold at most 63 tokens" in error["message"], error["message"]
+    # One prompt (or one in a list) is named as before.
+    error = assert_error(completion(client, prompt=[long_prompt], max_tokens=4), 400, "prompt")
+    assert "However, the prompt holds 71 tokens" in error["message"]
+
+
 def test_max_tokens_cut_to_the_room_the_prompt_leaves(client: TestClient, manager: FakeManager) -> None:
     manager.reply_len = 100
     prompt_len = len(manager.encode_prompt("a b"))

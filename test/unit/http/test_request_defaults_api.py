@@ -133,6 +133,21 @@ def test_content_parts_reach_the_template_in_the_form_it_reads(client: TestClien
     assert manager.chat_messages[-1][0]["content"] == expected
 
 
+@pytest.mark.parametrize("part, named", [
+    ({"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}, "'cache_control'"),
+    ({"type": "text"}, "needs 'text' as a string, got none"),
+    ({"type": "text", "text": 3}, "needs 'text' as a string, got int"),
+    ({"type": "image_url", "image_url": {"url": "x"}}, "type 'image_url'"),
+])
+def test_a_content_part_the_server_cannot_take_is_refused_naming_what(client: TestClient, part: Any,
+                                                                       named: str) -> None:
+    answer = chat(client, messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, part]}])
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "messages.0.content" and "content part 1" in error["message"]
+    assert named in error["message"], error["message"]
+
+
 # ---------------------------------------------------------------- tool parsers that read special tokens
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
