@@ -186,6 +186,22 @@ def available_profiles() -> List[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
 
 
+def _profile_file(name_or_path: str) -> Path:
+    """The file ``--profile`` names: a bundled profile's name first, else a path (any file name)."""
+    bundled = PROFILE_DIR / f"{name_or_path}.json"
+    if name_or_path and Path(name_or_path).name == name_or_path and bundled.is_file():
+        return bundled
+    candidate = Path(name_or_path)
+    if candidate.is_dir():
+        raise ValueError(f"profile {name_or_path!r} is a directory, not a profile file")
+    if not candidate.is_file():
+        raise ValueError(
+            f"profile {name_or_path!r} is neither a file nor a bundled profile; "
+            f"bundled: {', '.join(available_profiles()) or '(none)'}"
+        )
+    return candidate
+
+
 def load_profile(name_or_path: str | Path) -> CostProfile:
     """Load a bundled profile by name, or any profile JSON file by path.
 
@@ -193,14 +209,7 @@ def load_profile(name_or_path: str | Path) -> CostProfile:
         ValueError: one line naming the profile and what is wrong with it (no such file, a file
             that cannot be read, is not UTF-8 JSON, or holds an invalid profile).
     """
-    candidate = Path(name_or_path)
-    if candidate.suffix != ".json":
-        candidate = PROFILE_DIR / f"{name_or_path}.json"
-    if not candidate.is_file():
-        raise ValueError(
-            f"profile {str(name_or_path)!r} is neither a JSON file nor a bundled profile; "
-            f"bundled: {', '.join(available_profiles()) or '(none)'}"
-        )
+    candidate = _profile_file(str(name_or_path))
     try:
         text = candidate.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -263,3 +263,21 @@ def test_a_soak_says_which_strategy_it_runs_while_it_runs(capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("soaking ")]
     assert [line.split(":")[0] for line in lines] == ["soaking default", "soaking hrrn"]
     assert "0.002 simulated hours, about 91 requests" in lines[0]
+
+
+def test_a_profile_file_of_any_name_loads_and_a_directory_is_named(tmp_path, monkeypatch):
+    """A copy of a bundled profile under a name without `.json` was refused as 'neither a JSON file
+    nor a bundled profile', as were a directory and /etc/passwd, with one message for all three."""
+    monkeypatch.chdir(tmp_path)
+    copy = tmp_path / "okprof"
+    copy.write_text((PROFILE_DIR / "cpu_demo_small.json").read_text())
+    assert load_profile(str(copy)) == load_profile("cpu_demo_small")
+    assert load_profile("okprof") == load_profile("cpu_demo_small")  # a relative path in the working directory
+    with pytest.raises(ValueError, match=rf"^profile '{tmp_path}' is a directory, not a profile file$"):
+        load_profile(str(tmp_path))
+    text = tmp_path / "notes.txt"
+    text.write_text("not json")
+    with pytest.raises(ValueError, match=rf"^profile '{text}' is not valid JSON"):
+        load_profile(str(text))
+    with pytest.raises(ValueError, match="is neither a file nor a bundled profile; bundled: .*h100_qwen_0p8b"):
+        load_profile("no_such_profile")
