@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -29,16 +28,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import httpx
 
-from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, missing_module, output_file_in_new_dirs,
-                                         positive_float, shell_words)
+from lightllm.benchmark.cli_args import (OneLineErrorParser, argument_type, checkpoint_dir, missing_module,
+                                         output_file_in_new_dirs, positive_float, shell_words)
 from lightllm.benchmark.footprint_report import READY_PATH, markdown_report
-from lightllm.benchmark.process_memory import child_pids, read_memory, server_processes
+from lightllm.benchmark.port_range import PortRange, PortsExhaustedError, confined_port_flags, ports_of_model_process
+from lightllm.benchmark.process_snapshot import read_text_quietly, snapshot
 from lightllm.benchmark.server_process import startup_error_line
 from lightllm.utils.free_ports import free_port
 
@@ -60,9 +60,6 @@ OWNED_SERVER_FLAGS = ("--model_dir", "--host", "--port")
 # Small enough for a 2-core CPU box: the KV pool is sized by this, and it is what the integration
 # tests start with.
 DEFAULT_SERVER_ARGS = "--max_total_token_num 4096"
-_PROC = Path("/proc")
-# libtorch.so, libtorch_cpu.so, libtorch_python.so, libtorch_cuda.so, versioned suffixes too.
-_LIBTORCH_RE = re.compile(r"^libtorch[A-Za-z0-9_]*\.so(\.[0-9]+)*$")
 _IMPORT_SNIPPET = (
     "import importlib, json, sys, time\n"
     "t0 = time.perf_counter()\n"
@@ -74,115 +71,11 @@ _IMPORT_SNIPPET = (
 )
 
 
-def torch_libraries(maps_text: str) -> List[str]:
-    """Sorted distinct ``libtorch*.so`` file names mapped in a ``/proc/<pid>/maps`` text."""
-    found = set()
-    for line in maps_text.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) < 6:
-            continue  # anonymous mapping
-        path = parts[5].strip()
-        # A library replaced on disk while mapped still counts: the process holds the old copy.
-        if path.endswith(" (deleted)"):
-            path = path[: -len(" (deleted)")]
-        name = path.rsplit("/", 1)[-1]
-        if _LIBTORCH_RE.match(name):
-            found.add(name)
-    return sorted(found)
-
-
-@dataclass(frozen=True)
-class StatTimes:
-    """What ``/proc/<pid>/stat`` says about a process's age and CPU use, in clock ticks."""
-
-    ppid: int
-    utime: int
-    stime: int
-    starttime: int
-
-
-def parse_stat(text: str) -> StatTimes:
-    """Parse ``/proc/<pid>/stat``; raises ValueError when the text is too short."""
-    # The command name may hold spaces and parentheses; the fields after the last ')' are fixed.
-    rest = text[text.rfind(")") + 2 :].split()
-    if len(rest) < 20:
-        raise ValueError(f"not a /proc/<pid>/stat line: {text[:80]!r}")
-    return StatTimes(ppid=int(rest[1]), utime=int(rest[11]), stime=int(rest[12]), starttime=int(rest[19]))
-
-
 def entry_module_for(label: str, table: Dict[str, str] = ENTRY_MODULES) -> Optional[str]:
     """The entry module of a process label; ``model_rank3`` uses the ``model_rank`` entry."""
     if label in table:
         return table[label]
     return table.get(label.rstrip("0123456789"))
-
-
-@dataclass
-class ProcessFootprint:
-    """One process of the server tree at the moment it became ready."""
-
-    label: str
-    pid: int
-    entry_module: Optional[str]
-    rss_kib: int
-    anon_kib: int
-    file_kib: int
-    shmem_kib: int
-    maps_libtorch: bool
-    torch_libraries: List[str] = field(default_factory=list)
-    started_after_launch_s: Optional[float] = None  # relative to the launcher process's start
-    cpu_s: Optional[float] = None  # user + system CPU spent up to the snapshot
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tree(root_pid: int) -> List[Tuple[str, int]]:
-    """``(label, pid)`` of the launcher, its children and (labelled under the parent) deeper ones."""
-    result = list(server_processes(root_pid))
-    queue = [(label, pid) for label, pid in result if pid != root_pid]
-    while queue:
-        parent_label, parent = queue.pop(0)
-        for pid in child_pids(parent):
-            comm = _read(_PROC / str(pid) / "comm").strip() or "child"
-            item = (f"{parent_label}/{comm}", pid)
-            result.append(item)
-            queue.append(item)
-    return result
-
-
-def snapshot(root_pid: int) -> List[ProcessFootprint]:
-    """Footprint of every live process under ``root_pid`` (the launcher itself included)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    root_stat = parse_stat(_read(_PROC / str(root_pid) / "stat"))
-    rows = []
-    for label, pid in _tree(root_pid):
-        try:
-            memory = read_memory(pid)
-            stat = parse_stat(_read(_PROC / str(pid) / "stat"))
-        except (ProcessLookupError, ValueError):
-            continue  # exited between listing and reading
-        libs = torch_libraries(_read(_PROC / str(pid) / "maps"))
-        rows.append(
-            ProcessFootprint(
-                label=label,
-                pid=pid,
-                entry_module=entry_module_for(label),
-                rss_kib=memory.rss_kib,
-                anon_kib=memory.anon_kib,
-                file_kib=memory.file_kib,
-                shmem_kib=memory.shmem_kib,
-                maps_libtorch=bool(libs),
-                torch_libraries=libs,
-                started_after_launch_s=(stat.starttime - root_stat.starttime) / ticks,
-                cpu_s=(stat.utime + stat.stime) / ticks,
-            )
-        )
-    return rows
 
 
 class FootprintStartError(RuntimeError):
@@ -198,7 +91,7 @@ class FootprintStartError(RuntimeError):
 
 
 def _start_failure(proc: subprocess.Popen, log_path: Path) -> FootprintStartError:
-    refusal = startup_error_line(_read(log_path))
+    refusal = startup_error_line(read_text_quietly(log_path))
     if refusal is not None:
         refusal = refusal.removeprefix("error: ")
         return FootprintStartError(f"the server refused to start (exit code {proc.returncode}): {refusal}", True)
@@ -223,16 +116,25 @@ def _stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> float:
 
 
 def launch_and_measure(
-    model_dir: str, server_args: Sequence[str], log_path: Path, timeout_s: float = 300.0
+    model_dir: str, server_args: Sequence[str], log_path: Path, timeout_s: float = 300.0,
+    ports: Optional[PortRange] = None,
 ) -> Dict[str, Any]:
     """Start one server, time it to ``/health/ready`` == 200, snapshot its processes, stop it.
 
+    ``ports``: the range its HTTP port (and a TP rendezvous port) come from; None: any free port.
+
     Raises:
         FootprintStartError: the server exited or stayed unready (it is stopped by then).
+        PortsExhaustedError: ``ports`` has no free port left.
     """
-    port = free_port()
+    own_ports: List[str] = []
+    if ports is None:
+        port = free_port()
+    else:
+        port = ports.take("127.0.0.1")
+        own_ports = confined_port_flags(ports, "127.0.0.1", server_args)
     command = [sys.executable, "-m", "lightllm.server.api_server", "--model_dir", model_dir,
-               "--host", "127.0.0.1", "--port", str(port), *server_args]
+               "--host", "127.0.0.1", "--port", str(port), *server_args, *own_ports]
     url = f"http://127.0.0.1:{port}{READY_PATH}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log_file:
@@ -256,7 +158,7 @@ def launch_and_measure(
                 time.sleep(0.05)
         if ready_s is None:
             raise FootprintStartError(f"no 200 from {READY_PATH} within {timeout_s:.0f}s (log {log_path})", False)
-        processes = snapshot(proc.pid)
+        processes = snapshot(proc.pid, ENTRY_MODULES)
     finally:
         stop_s = _stop(proc)
     return {
@@ -320,6 +222,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--skip_imports", action="store_true", help="measure the server only, not the import costs")
     parser.add_argument("--entry", action="append", default=[], metavar="LABEL=MODULE",
                         help="override or add an ENTRY_MODULES item for this run (repeatable)")
+    parser.add_argument("--ports", type=argument_type(PortRange.parse), default=None, metavar="FIRST-LAST",
+                        help="take every launch's HTTP port (and --nccl_port at --tp above 1) from this range, "
+                        "each launch new ones; default: any free port")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.launches < 1:
         parser.error("--repeats and --launches must be >= 1")
@@ -330,6 +235,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for word in shlex.split(args.server_args):
         if word.split("=", 1)[0] in OWNED_SERVER_FLAGS:
             parser.error(f"--server_args must not set {word.split('=', 1)[0]}: this tool sets it itself")
+    if args.ports is not None:
+        try:
+            args.ports.check_room(args.launches * ports_of_model_process(shlex.split(args.server_args)),
+                                  f"--launches {args.launches}")
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.ports.ephemeral_overlap_warning():
+            print(args.ports.ephemeral_overlap_warning(), file=sys.stderr)
     # Before any launch: a typo would cost one and show up only as an error cell of the import table.
     for why in filter(None, (missing_module(module) for module in overrides.values())):
         parser.error(f"--entry: {why}")
@@ -353,7 +266,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for i in range(args.launches):
         log_path = log_dir / f"server_{i}.log"
         try:
-            launch = launch_and_measure(args.model_dir, result["server_args"], log_path, args.timeout_s)
+            launch = launch_and_measure(args.model_dir, result["server_args"], log_path, args.timeout_s, args.ports)
+        except PortsExhaustedError as exc:
+            shutil.rmtree(log_dir, ignore_errors=True)  # this launch wrote no log
+            print(f"error: launch {i + 1}: {exc}", file=sys.stderr)
+            return 1
         except FootprintStartError as exc:
             if exc.refused:  # the line says it all: no log directory is left behind unnamed
                 shutil.rmtree(log_dir, ignore_errors=True)

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from lightllm.benchmark import compare_strategies, pd_cluster, side_by_side
+from cli_refusal_support import one_line_refusal
+
+from lightllm.benchmark import compare_strategies, pd_cluster, process_footprint, side_by_side
 from lightllm.benchmark.deployment import ServerSpec, flag_value
 from lightllm.benchmark.port_range import (
     PortRange,
@@ -120,6 +122,20 @@ def test_the_cli_hands_the_range_to_the_topology_only_when_given(tmp_path):
     kwargs = compare_strategies.topology_kwargs(args)
     assert str(kwargs["ports"]) == "43200-43399"
     assert make_topology("2p1d", **kwargs).describe()["ports"] == "43200-43399"
+
+
+def test_process_footprint_takes_its_ports_from_the_range_it_is_given(tiny_llama_dir, tmp_path, capsys):
+    """It had no --ports: every launch took any free port, outside a tester's allotted range."""
+    first, last = _free_block(12)
+    ports = PortRange(first, last)
+    with pytest.raises(process_footprint.FootprintStartError):
+        # Refused by the server at once; its --port and --nccl_port (tp 2) came from the range.
+        process_footprint.launch_and_measure(str(tiny_llama_dir), ["--tp", "2", "--max_total_token_num", "abc"],
+                                             tmp_path / "server.log", 120.0, ports)
+    assert ports.take("127.0.0.1") == first + 2
+    argv = ["--model_dir", str(tiny_llama_dir), "--skip_imports", "--launches", "3", "--ports", f"{first}-{first + 1}"]
+    line = one_line_refusal(process_footprint.main, argv, capsys)
+    assert f"--ports {first}-{first + 1} holds 2 ports, fewer than the 3 --launches 3 needs" in line
 
 
 # --- the picker ---------------------------------------------------------------------------------------

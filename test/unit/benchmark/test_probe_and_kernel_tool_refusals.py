@@ -152,7 +152,7 @@ def test_process_footprint_keeps_the_log_it_names_after_a_crash(tiny_llama_dir, 
     log_dir.mkdir()
     monkeypatch.setattr(process_footprint.tempfile, "mkdtemp", lambda prefix: str(log_dir))
 
-    def crash(model_dir, server_args, log_path: Path, timeout_s):
+    def crash(model_dir, server_args, log_path: Path, timeout_s, ports):
         log_path.write_text("Segmentation fault\n")
         raise process_footprint.FootprintStartError(f"the server exited with code -11 (log {log_path})", False)
 

@@ -1,4 +1,4 @@
-"""The pure parts of lightllm.benchmark.process_footprint: maps/stat parsing, labels, the report."""
+"""The pure parts of lightllm.benchmark.process_footprint and process_snapshot: maps/stat parsing, labels, the report."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightllm.benchmark import process_footprint as pf
+from lightllm.benchmark import process_snapshot as ps
 from lightllm.benchmark.footprint_report import markdown_report
 
 MAPS = """\
@@ -25,34 +26,34 @@ MAPS = """\
 
 
 def test_torch_libraries_finds_each_mapped_libtorch_once() -> None:
-    assert pf.torch_libraries(MAPS) == ["libtorch.so.2", "libtorch_cpu.so", "libtorch_python.so"]
+    assert ps.torch_libraries(MAPS) == ["libtorch.so.2", "libtorch_cpu.so", "libtorch_python.so"]
 
 
 def test_torch_libraries_empty_without_torch() -> None:
     text = "\n".join(line for line in MAPS.splitlines() if "torch/lib/libtorch" not in line)
-    assert pf.torch_libraries(text) == []
-    assert pf.torch_libraries("") == []
+    assert ps.torch_libraries(text) == []
+    assert ps.torch_libraries("") == []
 
 
 def test_parse_stat_survives_parentheses_and_spaces_in_the_name() -> None:
     # Fields after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
     # utime stime cutime cstime priority nice threads itrealvalue starttime ...
     after = "S 42 1 1 0 -1 0 0 0 0 0 150 25 0 0 20 0 3 0 9000 0 0"
-    stat = pf.parse_stat(f"1234 (odd (name) x) {after}")
-    assert stat == pf.StatTimes(ppid=42, utime=150, stime=25, starttime=9000)
+    stat = ps.parse_stat(f"1234 (odd (name) x) {after}")
+    assert stat == ps.StatTimes(ppid=42, utime=150, stime=25, starttime=9000)
 
 
 def test_parse_stat_rejects_a_short_line() -> None:
     with pytest.raises(ValueError):
-        pf.parse_stat("1234 (python) S 1")
+        ps.parse_stat("1234 (python) S 1")
 
 
 def test_entry_module_for_maps_ranks_and_unknown_labels() -> None:
     table = {"main": "a.main", "model_rank": "a.rank"}
-    assert pf.entry_module_for("main", table) == "a.main"
-    assert pf.entry_module_for("model_rank3", table) == "a.rank"
-    assert pf.entry_module_for("model_rank12", table) == "a.rank"
-    assert pf.entry_module_for("resource_tracker", table) is None
+    assert ps.entry_module_for("main", table) == "a.main"
+    assert ps.entry_module_for("model_rank3", table) == "a.rank"
+    assert ps.entry_module_for("model_rank12", table) == "a.rank"
+    assert ps.entry_module_for("resource_tracker", table) is None
     # Every real entry is a dotted lightllm module so a moved path shows up as an import error.
     assert all(m.startswith("lightllm.") for m in pf.ENTRY_MODULES.values())
     assert {"main", "router", "detokenization", "model_rank"} <= set(pf.ENTRY_MODULES)
@@ -67,7 +68,7 @@ def test_parse_entry_overrides() -> None:
 
 
 def _row(label: str, rss: int, anon: int, torch: bool) -> dict:
-    return {"label": label, "pid": 100, "entry_module": pf.entry_module_for(label), "rss_kib": rss,
+    return {"label": label, "pid": 100, "entry_module": ps.entry_module_for(label, pf.ENTRY_MODULES), "rss_kib": rss,
             "anon_kib": anon, "file_kib": 0, "shmem_kib": 0, "maps_libtorch": torch, "torch_libraries": [],
             "started_after_launch_s": 1.5, "cpu_s": 2.25}
 
@@ -100,9 +101,9 @@ def test_markdown_report_lists_processes_totals_and_imports() -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_snapshot_of_this_process_reads_memory_and_maps() -> None:
-    rows = pf.snapshot(os.getpid())
+    rows = ps.snapshot(os.getpid(), pf.ENTRY_MODULES)
     me = rows[0]
     assert (me.label, me.pid) == ("main", os.getpid())
     assert me.rss_kib > 0 and me.started_after_launch_s == 0.0
     # Whatever the test run imported, the flag agrees with the maps file.
-    assert me.maps_libtorch == bool(pf.torch_libraries(Path("/proc/self/maps").read_text()))
+    assert me.maps_libtorch == bool(ps.torch_libraries(Path("/proc/self/maps").read_text()))
