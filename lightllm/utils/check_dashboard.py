@@ -1,9 +1,12 @@
 """Check that a Grafana dashboard only queries series a server exports.
 
 Every PromQL expression of the dashboard (panel targets and template variable queries) is
-read for its metric selectors (``name{...}``, and the metric of ``label_values(name, label)``)
-and its grouping labels (``by (...)``); each metric must be a sample name in the Prometheus
-exposition and each grouping label must be a label of one of the expression's metrics.
+read for the metrics it queries (``name{...}``, a bare ``name``, ``rate(name[5m])``, and the
+metric of ``label_values(name, label)``), the labels its matchers name, and its grouping labels
+(``by (...)``, ``on (...)``; :mod:`lightllm.utils.promql_names`): each metric must be a sample
+name in the Prometheus exposition, each matcher label a label of its metric (a matcher on a
+label the series lack leaves the panel empty), and each grouping label a label of one of the
+expression's metrics (``without``/``ignoring`` lists only drop labels, so they are not checked).
 
 Usage: ``python -m lightllm.utils.check_dashboard DASHBOARD.json URL_OR_FILE``
 (``URL_OR_FILE``: a ``/metrics`` URL or a saved exposition). Exit code 1 lists the problems.
@@ -12,7 +15,6 @@ Usage: ``python -m lightllm.utils.check_dashboard DASHBOARD.json URL_OR_FILE``
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set
@@ -20,10 +22,10 @@ from typing import Any, Dict, Iterator, List, Optional, Set
 from prometheus_client.parser import text_string_to_metric_families
 
 from lightllm.utils.one_line_errors import OneLineErrorParser
+from lightllm.utils.promql_names import expression_names
 
-_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
-_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)")
-_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+# Labels Prometheus adds to every series it scrapes, so no exposition shows them.
+SCRAPE_LABELS = frozenset({"job", "instance"})
 
 
 def exported_labels(exposition: str) -> Dict[str, Set[str]]:
@@ -60,22 +62,25 @@ def dashboard_problems(dashboard: Dict[str, Any], exposition: str) -> List[str]:
     if not expressions:
         problems.append("the dashboard has no PromQL expressions")
     for expr in expressions:
-        metrics = set(_SELECTOR.findall(expr))
-        for metric, label in _LABEL_VALUES.findall(expr):
-            metrics.add(metric)
+        names = expression_names(expr)
+        metrics = {selector.metric for selector in names.selectors} | {metric for metric, _ in names.label_values}
+        for metric, label in names.label_values:
             if metric in exported and label not in exported[metric]:
                 problems.append(f"{expr!r}: {metric} has no label {label!r}")
         if not metrics:
-            problems.append(f"{expr!r}: no metric selector (write name{{...}})")
+            problems.append(f"{expr!r}: names no metric")
         missing = sorted(m for m in metrics if m not in exported)
         problems.extend(f"{expr!r}: {m} is not exported" for m in missing)
+        for selector in names.selectors:
+            labels = exported.get(selector.metric, set(selector.labels)) | SCRAPE_LABELS
+            for label in sorted(set(selector.labels) - labels):
+                problems.append(f"{expr!r}: {selector.metric} has no label {label!r} (the matcher selects nothing)")
         known: Set[str] = set()
         for metric in metrics:
             known |= exported.get(metric, set())
-        for group in _GROUPING.findall(expr):
-            for label in filter(None, (part.strip() for part in group.split(","))):
-                if known and label not in known:
-                    problems.append(f"{expr!r}: grouping label {label!r} is on none of {sorted(metrics)}")
+        for keyword, label in names.grouping:
+            if known and label not in known | SCRAPE_LABELS:
+                problems.append(f"{expr!r}: grouping label {label!r} ({keyword}) is on none of {sorted(metrics)}")
     return problems
 
 
