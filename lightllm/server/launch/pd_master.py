@@ -197,4 +197,7 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
             args.pd_prefill_timeout_seconds, args.pd_decode_token_timeout_seconds, manager.deadlines.busy_retry_s,
         )
         run_uvicorn(server)
+    interruption = stop.startup_interruption()
+    if interruption is not None:
+        print(f"error: {interruption}", file=sys.stderr)
     return stop.exit_code(supervisor)

@@ -382,4 +382,7 @@ def _start_and_serve(
         exit_code = stop.exit_code(supervisor)
     finally:
         procs.shutdown()
+    interruption = stop.startup_interruption()
+    if interruption is not None:
+        print(f"error: {interruption}", file=sys.stderr)
     return exit_code

@@ -246,6 +246,7 @@ class StopOutsideServing:
     def __init__(self) -> None:
         self.server: Optional[uvicorn.Server] = None
         self.requested = False
+        self.signum: Optional[int] = None  # the first signal that landed here
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         # uvicorn takes over SIGINT and SIGTERM while it serves, not SIGHUP (a closed terminal,
@@ -255,6 +256,8 @@ class StopOutsideServing:
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         self.requested = True
+        if self.signum is None:
+            self.signum = signum
         if self.server is not None:
             self.server.should_exit = True
 
@@ -266,11 +269,19 @@ class StopOutsideServing:
             self._on_signal(signum, frame)
 
     def exit_code(self, supervisor: Supervisor) -> int:
-        """The launcher's exit status: the supervisor's, or 1 when the server never started on its own."""
+        """The launcher's exit status: the supervisor's, or 1 when the server never started serving
+        (on its own, or because a signal came first: the start-up was interrupted, as before the
+        children were ready; :meth:`startup_interruption` says so)."""
         code = supervisor.exit_code
-        if self.server is not None and not self.server.started and code == 0 and not self.requested:
+        if self.server is not None and not self.server.started and code == 0:
             return 1
         return code
+
+    def startup_interruption(self) -> Optional[str]:
+        """The line for a signal that came before the server served (None: it served, or no signal)."""
+        if self.signum is None or (self.server is not None and self.server.started):
+            return None
+        return f"interrupted by signal {self.signum} during start-up"
 
 
 def run_uvicorn(server: Any) -> None:
