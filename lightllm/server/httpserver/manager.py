@@ -20,6 +20,7 @@ from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutpu
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_checks import check_request_id
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, wants_top_rows
+from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.request_counting import RequestCounting
@@ -138,6 +139,13 @@ class HttpServerManager:
                     await self._handle_message(item)
                 except Exception:  # one bad message must not stop every stream
                     log.exception("failed to handle %s", type(item).__name__)
+
+    def _scheduled_ns_if_held(self, slot: int, request_id: int) -> int:
+        """When rank 0 first scheduled the request, 0 if it was not or the slot is no longer its."""
+        try:
+            return self.shm.scheduled_ns(slot, request_id)
+        except StaleRecordError:
+            return 0
 
     async def _handle_message(self, message: Any) -> None:
         if isinstance(message, DetokenizedOutput):
@@ -360,6 +368,10 @@ class HttpServerManager:
                     log.info("request %d: its client went away; aborting it", request_id)
             finally:
                 self._pending.pop(request_id, None)
+                if not pending.scheduled_ns and self._backend_alive:
+                    # Ended before its first output (aborted during its prefill): the slot is still
+                    # its own until the abort is processed, so the scheduling time can be read.
+                    pending.scheduled_ns = self._scheduled_ns_if_held(pending.slot, request_id)
                 if (finish_reason in (None, "abort") or pending.failure is not None) and self._backend_alive:
                     # Client went away, the stream was closed early or the server gives up on the
                     # request: stop the work (over zmq only; the slot may already be released).

@@ -68,7 +68,7 @@ _NOT_GAUGES = frozenset(PREFILL_WAIT_FIELDS) | frozenset(_COUNTER_FIELDS) | froz
 
 _COUNTER_DOCS = {
     "backend_steps": "Backend steps run",
-    "processed_prefill_tokens": "Prompt tokens prefilled by the backend",
+    "processed_prefill_tokens": "Tokens submitted in prefill forwards: prompt tokens plus the decode rows of mixed batches",
     "preemptions": "Requests paused to free KV cache (vLLM's preemptions)",
 }
 

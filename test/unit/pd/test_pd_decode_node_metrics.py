@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import types
-from typing import Any, Optional, Tuple
 
 import pytest
+from manager_metrics_support import manager_over
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.io_messages import DetokenizedOutput, TokenEvent
@@ -16,7 +15,6 @@ from lightllm.server.httpserver.manager import HttpServerManager
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.request_counting import RequestCounting
-from lightllm.server.request_gate import RequestGate
 
 DECODE = RequestCounting.DECODE_NODE_OWN_WORK
 
@@ -115,31 +113,6 @@ def test_a_pending_decode_request_counts_its_prompt_with_the_first_token_it_hand
     assert _value(metrics, "lightllm_requests_total", finish_reason="length") == 1
 
 
-class _Slots:
-    async def take(self, wait_seconds: Optional[float] = None, wants_top: bool = False) -> Tuple[int, int]:
-        return 0, -1
-
-    async def put(self, slot: int) -> None:
-        pass
-
-
-class _Router:
-    async def send_pyobj(self, message: Any) -> None:
-        pass
-
-
-def _manager_over(metrics: ServerMetrics) -> HttpServerManager:
-    """The manager's generate() over a slot pool, shared memory and router that accept everything."""
-    manager = HttpServerManager.__new__(HttpServerManager)
-    manager.vocab_size, manager.max_req_total_len = 100, 64
-    manager._gate, manager._slots, manager.to_router = RequestGate(), _Slots(), _Router()
-    manager.shm = types.SimpleNamespace(write_request=lambda *args: None, scheduled_ns=lambda *args: 0)
-    manager._pending, manager._live, manager._id_freed = {}, {}, {}
-    manager._next_request_id, manager._active_generations, manager._backend_alive = 1, 0, True
-    manager.metrics, manager._prefix_cache = metrics, True
-    return manager
-
-
 async def _generate(manager: HttpServerManager, kind: int, output: DetokenizedOutput) -> None:
     spec = RequestSpec.build([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=8), pd_kind=kind,
                              pd_epoch=0 if kind == PD_KIND_NONE else 1)
@@ -159,7 +132,7 @@ async def _generate(manager: HttpServerManager, kind: int, output: DetokenizedOu
 @pytest.mark.parametrize("kind", [PD_KIND_NONE, PD_KIND_DECODE])
 def test_the_manager_counts_a_request_as_its_spec_says(kind: int) -> None:
     metrics = ServerMetrics("default", None)
-    manager = _manager_over(metrics)
+    manager = manager_over(metrics)
     answer = DetokenizedOutput(1, [TokenEvent(i, "x", -0.1) for i in range(3)], "length", prompt_cache_len=2)
     asyncio.run(_generate(manager, kind, answer))
     decode = kind == PD_KIND_DECODE

@@ -96,9 +96,9 @@ def histogram_families(snapshot: Dict[str, int], strategy: str) -> Iterable[obje
         yield gauge
     for fields, bounds, scale, name, doc in (
         (TOKEN_FIELDS, WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_wait_tokens",
-         "Prefill wait from admission to first token, in processed prefill tokens"),
+         "Prefill wait from admission until the prompt is done (its first token), in processed prefill tokens"),
         (US_FIELDS, WAIT_US_BUCKETS, 1e6, "lightllm_prefill_wait_seconds",
-         "Prefill wait from admission to first token, in seconds"),
+         "Prefill wait from admission until the prompt is done (its first token), in seconds"),
         (OVERTAKEN_FIELDS, WAIT_TOKEN_BUCKETS, 1, "lightllm_prefill_overtaken_tokens",
          "Prefill tokens of later work served ahead of a request before its first token (what the bound limits)"),
     ):
