@@ -34,6 +34,10 @@ from lightllm.benchmark.metrics import RequestRecord
 
 Clock = Callable[[], float]
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+# Fields (of the body; natively, of the parameters) that ask for several generations per request.
+# Their tokens would come interleaved in the one stream the benchmark reads as one request's:
+# twice the output tokens, and TPOT and ITL mixing two generations.  --extra-body may not set them.
+MULTI_GENERATION_FIELDS: tuple[str, ...] = ("n", "best_of")
 
 
 @dataclasses.dataclass

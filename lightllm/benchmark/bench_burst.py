@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, refuse_repeated_flags
 
 
 async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int) -> Dict[str, float]:
@@ -49,6 +49,7 @@ def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int)
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000",
                         help="server to send the bursts to (default http://127.0.0.1:8000)")
@@ -65,6 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
         parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
     base_url = args.base_url.rstrip("/")

@@ -22,9 +22,9 @@ from typing import Any, Sequence
 
 import httpx
 
-from lightllm.benchmark.backends import BACKENDS, RequestInput, fetch_default_model
+from lightllm.benchmark.backends import BACKENDS, MULTI_GENERATION_FIELDS, RequestInput, fetch_default_model
 from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
-                                         with_flag_names)
+                                         refuse_repeated_flags, with_flag_names)
 from lightllm.benchmark.metrics import format_summary, parse_slo, summarize, write_records_jsonl
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
@@ -84,6 +84,11 @@ class BenchmarkConfig:
                              f"{'it' if len(controlled) == 1 else 'them'} itself for backend {self.backend} (the "
                              "output length from the workload, the model from --model, ignore_eos from "
                              "--no-ignore-eos, the prompt from the workload, streaming to time every token)")
+        several = [key for key in self.extra_body if key in MULTI_GENERATION_FIELDS]
+        if several:
+            raise ValueError(f"extra_body must not set {', '.join(several)}: the benchmark measures one generation "
+                             "per request, and several would stream interleaved as one (their tokens counted as "
+                             "one request's, TPOT and ITL mixing them)")
         parse_slo(f"{k}:{v}" for k, v in self.slo.items())
 
 
@@ -204,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--no-ignore-eos", action="store_true", help="do not ask the server to ignore EOS")
     server.add_argument("--extra-body", default="{}",
                         help="JSON object merged into every request body (the parameters, for --backend lightllm); "
-                        "not the fields the benchmark sets itself (max_tokens, model, ignore_eos, stream, the prompt)")
+                        "not the fields the benchmark sets itself (max_tokens, model, ignore_eos, stream, the prompt) "
+                        "nor n or best_of (one generation per request is measured)")
     server.add_argument("--request-timeout", type=positive_float, default=BenchmarkConfig.request_timeout_s,
                         help=f"seconds one request may take (default {BenchmarkConfig.request_timeout_s:g})")
     load = p.add_argument_group("workload (a flag the chosen --workload does not use is refused)")
@@ -229,9 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-concurrency", type=int, default=None,
                       help="most requests in flight at once (default: no limit, every request goes at its time)")
     out = p.add_argument_group("measurement and output")
-    out.add_argument(
-        "--slo", nargs="*", default=[], metavar="KEY:MS", help="e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e)"
-    )
+    out.add_argument("--slo", nargs="+", default=[], metavar="KEY:MS",
+                     help="latency limits that enable goodput, e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e, each once)")
     out.add_argument("--warmup-runs", type=int, default=0, help="full unmeasured runs with their own prompts first")
     # Checked while parsing: a run that cannot write its results loses them at the end.
     out.add_argument("--output-jsonl", type=output_file, default=None, help="write the raw per-request records here")
@@ -253,6 +258,10 @@ def check_flags_apply(workload: str, given: dict[str, str]) -> None:
         users = PROMPT_FLAG_WORKLOADS.get(field) or (workloads_using(field) if field in FIELD_HELP else WORKLOADS)
         if workload not in users:
             raise ValueError(f"{flag} does not apply to --workload {workload} (it applies to {', '.join(users)})")
+    # Every workload has both classes, so the per-class lengths together leave no request to --output-len.
+    if {"output_len", "long_output_len", "short_output_len"} <= given.keys():
+        raise ValueError(f"{given['output_len']} does not apply when {given['long_output_len']} and "
+                         f"{given['short_output_len']} are both given (each request has its class's length)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
@@ -295,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
     try:
         check_flags_apply(args.workload, given_flags(parser, argv))
         if args.warmup_runs < 0:

@@ -110,7 +110,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
         log.append({"path": "/v1/completions", **body})
         prompt = body["prompt"]
         prompt_tokens = len(prompt) if isinstance(prompt, list) else count(prompt)
-        return openai_stream(body["max_tokens"], prompt_tokens, chat=False)
+        # A stop sequence ends every completion after its first chunk (two tokens).
+        return openai_stream(2 if body.get("stop") else body["max_tokens"], prompt_tokens, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -308,7 +309,26 @@ def test_cli_end_to_end_with_warmup(server, tokenizer_dir, tmp_path, capsys) -> 
     assert summary["overall"]["slo_met"] == 8
     assert summary["config"]["workload"]["name"] == "interleaved"
     assert len(read_records_jsonl(records_path)) == 8
-    assert "ttft_ms p50" in capsys.readouterr().out
+    assert summary["overall"]["output_len_mismatch"] == 0
+    out = capsys.readouterr().out
+    assert "ttft_ms p50" in out and "warning" not in out
+
+
+def test_cli_warns_about_requests_that_ended_before_their_length(server, tokenizer_dir, tmp_path, capsys) -> None:
+    base_url, _ = server
+    summary_path = tmp_path / "s.json"
+    status = main([
+        "--base-url", base_url, "--tokenizer", str(tokenizer_dir), "--long-count", "1", "--short-count", "2",
+        "--long-len", "24", "--short-len", "6", "--output-len", "5", "--extra-body", '{"stop": ["t2"]}',
+        "--output-json", str(summary_path), "--no-progress",
+    ])
+    assert status == 0  # a stop sequence may be what the user wants measured: it is reported, not refused
+    summary = json.loads(summary_path.read_text())
+    assert summary["overall"]["output_len_mismatch"] == 3 and summary["classes"]["long"]["output_len_mismatch"] == 1
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: 3 of 3 completed requests generated a different number of output tokens than "
+                        "requested (a stop sequence, or EOS when it is not ignored, ended them); their latencies are "
+                        "not those of the requested lengths"]
 
 
 def test_cli_rejects_bad_arguments(tokenizer_dir) -> None:

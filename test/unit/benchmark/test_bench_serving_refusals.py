@@ -161,3 +161,41 @@ def test_other_extra_body_keys_are_sent():
     config.validate()
     # The native API nests its parameters: "model" there is no field the benchmark sets.
     BenchmarkConfig(backend="lightllm", extra_body={"model": "x", "max_tokens": 2}).validate()
+
+
+@pytest.mark.parametrize("backend, body, keys", [
+    ("openai-completions", '{"n": 2}', "n"),
+    ("openai-chat", '{"best_of": 2, "temperature": 0}', "best_of"),
+    ("lightllm", '{"n": 2, "best_of": 3}', "n, best_of"),
+])
+def test_extra_body_keys_that_ask_for_several_generations_are_refused(tiny_llama_dir, capsys, no_send, backend, body,
+                                                                       keys):
+    # {"n": 2} streamed two generations interleaved as one request: 16 output tokens for 8 asked.
+    argv = _argv(tiny_llama_dir, "--backend", backend, "--long-len", "64", "--short-len", "8", "--output-len", "4",
+                 "--extra-body", body)
+    line = one_line_refusal(bench_serving.main, argv, capsys)
+    assert line.startswith(f"error: --extra-body must not set {keys}: the benchmark measures one generation per "
+                           "request"), line
+
+
+# --- flags whose value the run would throw away -----------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed", "1", "--seed", "2"], "--seed is given twice; give it once, with all its values"),
+    (["--slo", "ttft:5000", "--slo", "tpot:1"], "--slo is given twice"),
+    (["--slo", "ttft:5000", "TTFT:1"], "--slo names 'ttft' twice; name each once"),
+    (["--slo"], "argument --slo: expected at least one argument"),
+    (["--long-output-len", "5", "--short-output-len", "5", "--output-len", "7"],
+     "--output-len does not apply when --long-output-len and --short-output-len are both given"),
+])
+def test_a_flag_whose_value_would_be_thrown_away_is_refused(tiny_llama_dir, capsys, no_send, extra, message):
+    line = one_line_refusal(bench_serving.main, _argv(tiny_llama_dir, "--long-len", "64", "--short-len", "8", *extra),
+                            capsys)
+    assert line.startswith(f"error: {message}"), line
+
+
+def test_output_len_still_sets_the_class_without_a_length_of_its_own(tiny_llama_dir, no_send):
+    with pytest.raises(AssertionError, match="about to be sent"):
+        bench_serving.main(_argv(tiny_llama_dir, "--long-len", "64", "--short-len", "8", "--long-output-len", "5",
+                                 "--output-len", "7", "--slo", "ttft:500", "tpot:50"))
