@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from canned_server import serve
 from lightllm.benchmark.backends import iter_sse_data
 from lightllm.benchmark.bench_serving import BenchmarkConfig, main, run_benchmark
 from lightllm.benchmark.metrics import read_records_jsonl
@@ -127,20 +124,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
 def server(tokenizer) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """Run the canned app with uvicorn on a free loopback port; yields (base_url, request log)."""
     log: list[dict[str, Any]] = []
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(make_app(tokenizer, log), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "canned server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", log
-    uv.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with serve(make_app(tokenizer, log)) as base_url:
+        yield base_url, log
 
 
 def _config(base_url: str, tokenizer_dir: Path, backend: str, **workload: Any) -> BenchmarkConfig:

@@ -199,3 +199,27 @@ def test_output_len_still_sets_the_class_without_a_length_of_its_own(tiny_llama_
     with pytest.raises(AssertionError, match="about to be sent"):
         bench_serving.main(_argv(tiny_llama_dir, "--long-len", "64", "--short-len", "8", "--long-output-len", "5",
                                  "--output-len", "7", "--slo", "ttft:500", "tpot:50"))
+
+
+@pytest.mark.parametrize("status, message", [
+    (401, "HTTP 401: Invalid API key"),
+    (500, "HTTP 500: Invalid API key"),
+])
+def test_a_server_that_refuses_the_listing_refuses_the_run(monkeypatch, status, message):
+    _answers(monkeypatch, status, {"error": {"message": "Invalid   API key", "type": "authentication_error"}})
+    with pytest.raises(server_probe.ServerRefused) as refused:
+        served_context(URL + "/", "a")
+    assert str(refused.value) == f"the server at {URL} refused /v1/models: {message}"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"detail": "Not allowed"}, "Not allowed"),
+    ({"error": "plain"}, "plain"),
+    ({"detail": [{"loc": ["x"]}]}, '[{"loc": ["x"]}]'),
+    ("<html>\nForbidden\n</html>", "<html> Forbidden </html>"),
+    ("", "Forbidden"),
+])
+def test_the_server_s_error_message_is_read_from_any_body(body, message):
+    response = (httpx.Response(403, json=body) if isinstance(body, dict)
+                else httpx.Response(403, content=body.encode()))
+    assert server_probe.http_refusal(response) == f"HTTP 403: {message}"
