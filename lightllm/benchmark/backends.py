@@ -31,9 +31,14 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 
 from lightllm.benchmark.metrics import RequestRecord
+from lightllm.benchmark.server_probe import refused_probe
 
 Clock = Callable[[], float]
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+# Fields (of the body; natively, of the parameters) that ask for several generations per request.
+# Their tokens would come interleaved in the one stream the benchmark reads as one request's:
+# twice the output tokens, and TPOT and ITL mixing two generations.  --extra-body may not set them.
+MULTI_GENERATION_FIELDS: tuple[str, ...] = ("n", "best_of")
 
 
 @dataclasses.dataclass
@@ -343,9 +348,15 @@ async def send_request(
 
 
 async def fetch_default_model(client: httpx.AsyncClient, base_url: str) -> str:
-    """The first model id listed by ``GET /v1/models``."""
+    """The first model id listed by ``GET /v1/models``.
+
+    Raises:
+        ServerRefused: the server answered with an HTTP error (its message in one line).
+        ValueError: it lists no model.
+    """
     response = await client.get(base_url.rstrip("/") + "/v1/models")
-    response.raise_for_status()
+    if response.status_code >= 400:
+        raise refused_probe(base_url, "/v1/models", response)
     models = response.json().get("data") or []
     if not models or "id" not in models[0]:
         raise ValueError(f"{base_url}/v1/models lists no model; pass --model explicitly")

@@ -5,12 +5,12 @@
 concurrently (token-id prompts of exact length, ``ignore_eos``) and reports output tokens/s per
 round.  Without streaming the client costs almost nothing per token, so on a small machine this
 isolates the engine from the per-token cost of SSE on both ends; ``bench_serving`` measures the
-streaming case with full latency metrics.
+streaming case with full latency metrics.  Every request, and the ``/v1/models`` probe before the
+first burst, carries ``--api-key`` (default ``OPENAI_API_KEY``) as ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -20,19 +20,28 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, refuse_repeated_flags
+from lightllm.benchmark.server_probe import (API_KEY_HELP, NO_LISTING_STATUSES, ServerRefused, auth_headers,
+                                             default_api_key, http_refusal, refused_probe)
 
 
-async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int) -> Dict[str, float]:
-    """One burst; returns completion tokens, seconds and tokens/s."""
+async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int,
+                    api_key: Optional[str] = None) -> Dict[str, float]:
+    """One burst; returns completion tokens, seconds and tokens/s.
+
+    Raises:
+        ServerRefused: a request was answered with an HTTP error (the server's message in one line).
+        httpx.HTTPError: a request got no answer.
+    """
     # httpx keeps at most 100 connections by default: a larger burst would go out 100 at a time.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=3600, trust_env=False, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=3600, trust_env=False, limits=limits, headers=auth_headers(api_key)) as client:
 
         async def one(prompt: List[int]) -> int:
             body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "temperature": 0}
             resp = await client.post(f"{base_url}/v1/completions", json=body)
-            resp.raise_for_status()
+            if resp.status_code >= 400:
+                raise ServerRefused(http_refusal(resp))
             return int(resp.json()["usage"]["completion_tokens"])
 
         started = time.perf_counter()
@@ -49,31 +58,41 @@ def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int)
 
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000",
                         help="server to send the bursts to (default http://127.0.0.1:8000)")
     parser.add_argument("--model", default=None, help="default: the first id from /v1/models")
+    parser.add_argument("--api-key", default=default_api_key(), help=API_KEY_HELP)
     parser.add_argument("--num-requests", type=int, default=128,
                         help="requests of one burst, all sent at once (default 128)")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="token ids of every prompt, drawn at random (default 128)")
     parser.add_argument("--output-len", type=int, default=64,
                         help="completion tokens of every request; EOS is ignored (default 64)")
-    parser.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [5, vocab)")
+    parser.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [5, vocab) (default 1000)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="bursts sent one after another, each with fresh prompts (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
         parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
     base_url = args.base_url.rstrip("/")
     try:
         # Reached before the first burst also with --model: a burst to no server ended in a traceback.
-        answer = httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False)
+        answer = httpx.get(f"{base_url}/v1/models", timeout=30, trust_env=False, headers=auth_headers(args.api_key))
+        # Also with --model: a server that refuses the probe (401 without its key) refuses every burst;
+        # one without /v1/models (404) may still serve the model named.
+        if answer.status_code >= 400 and not (args.model and answer.status_code in NO_LISTING_STATUSES):
+            raise refused_probe(base_url, "/v1/models", answer)
         model = args.model or answer.json()["data"][0]["id"]
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         print(f"error: cannot reach the server at {base_url} (--base-url): {exc}", file=sys.stderr)
+        return 1
+    except ServerRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 1
     except (ValueError, KeyError, IndexError, TypeError):
         print(f"error: {base_url}/v1/models lists no model; pass --model", file=sys.stderr)
@@ -82,9 +101,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for index in range(args.rounds):
         prompts = make_prompts(args.num_requests, args.prompt_len, args.vocab, args.seed, index)
         try:
-            result = asyncio.run(run_round(base_url, model, prompts, args.output_len))
-        except httpx.HTTPError as exc:
-            # httpx adds a second line (a link about the status) to a status error.
+            result = asyncio.run(run_round(base_url, model, prompts, args.output_len, args.api_key))
+        except (httpx.HTTPError, ServerRefused) as exc:
             why = (str(exc).splitlines() or [type(exc).__name__])[0]
             print(f"error: round {index} failed against {base_url}: {why}", file=sys.stderr)
             return 1
@@ -92,7 +110,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"round {index}: {result['completion_tokens']} tokens in {result['seconds']:.2f} s = {result['output_tokens_per_s']:.0f} tok/s")
     if args.output_json:
         with open(args.output_json, "w") as handle:
-            json.dump({"args": vars(args), "rounds": rounds}, handle, indent=2)
+            # A secret has no place in a results file; whether one was sent is what a reader needs.
+            recorded = {**vars(args), "api_key": "<given>" if args.api_key else None}
+            json.dump({"args": recorded, "rounds": rounds}, handle, indent=2)
     return 0
 
 

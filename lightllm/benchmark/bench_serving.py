@@ -22,14 +22,15 @@ from typing import Any, Sequence
 
 import httpx
 
-from lightllm.benchmark.backends import BACKENDS, RequestInput, fetch_default_model
+from lightllm.benchmark.backends import BACKENDS, MULTI_GENERATION_FIELDS, RequestInput, fetch_default_model
 from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
-                                         with_flag_names)
+                                         refuse_repeated_flags, with_flag_names)
 from lightllm.benchmark.metrics import format_summary, parse_slo, summarize, write_records_jsonl
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.benchmark.server_probe import check_reachable, served_context
+from lightllm.benchmark.server_probe import (API_KEY_HELP, ServerRefused, check_reachable, default_api_key,
+                                             served_context)
 from lightllm.benchmark.workload_context import check_workloads_within
 from lightllm.benchmark.workloads import (FIELD_HELP, WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload,
                                          workloads_using)
@@ -43,7 +44,9 @@ class BenchmarkConfig:
 
     ``workload.seed`` seeds both the schedule and the prompt contents; ``prompt_namespace``
     gives warm-up rounds prompts of their own so they do not warm the prefix cache for
-    the measured round. ``max_concurrency`` of ``None`` means unbounded.
+    the measured round. ``max_concurrency`` of ``None`` means unbounded. ``api_key`` is sent
+    as ``Authorization: Bearer`` with every request (none when ``None``); the summary does not
+    record it.
     """
 
     base_url: str = "http://127.0.0.1:8000"
@@ -61,6 +64,7 @@ class BenchmarkConfig:
     prompt_namespace: str = "measure"
     output_jsonl: str | None = None
     show_progress: bool = True
+    api_key: str | None = dataclasses.field(default=None, repr=False)
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
@@ -84,6 +88,11 @@ class BenchmarkConfig:
                              f"{'it' if len(controlled) == 1 else 'them'} itself for backend {self.backend} (the "
                              "output length from the workload, the model from --model, ignore_eos from "
                              "--no-ignore-eos, the prompt from the workload, streaming to time every token)")
+        several = [key for key in self.extra_body if key in MULTI_GENERATION_FIELDS]
+        if several:
+            raise ValueError(f"extra_body must not set {', '.join(several)}: the benchmark measures one generation "
+                             "per request, and several would stream interleaved as one (their tokens counted as "
+                             "one request's, TPOT and ITL mixing them)")
         parse_slo(f"{k}:{v}" for k, v in self.slo.items())
 
 
@@ -156,7 +165,7 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
         namespace=config.prompt_namespace,
         shared_prefix_len=config.shared_prefix_len,
     )
-    async with make_client(config.request_timeout_s) as client:
+    async with make_client(config.request_timeout_s, config.api_key) as client:
         model = config.model
         if model is None and BACKENDS[config.backend].needs_model:
             model = await fetch_default_model(client, config.base_url)
@@ -176,6 +185,8 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
     summary = summarize(records, config.slo)
     summary["model"] = model
     summary["config"] = dataclasses.asdict(config)
+    # A secret has no place in a results file; whether one was sent is what a reader needs.
+    summary["config"]["api_key"] = "<given>" if config.api_key else None
     return summary
 
 
@@ -200,11 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"API the requests use: {apis} (default {BenchmarkConfig.backend})")
     server.add_argument("--model", default=None,
                         help="model name in the requests (default: the first id from GET /v1/models)")
+    server.add_argument("--api-key", default=default_api_key(), help=API_KEY_HELP)
     server.add_argument("--tokenizer", required=True, help="local directory of the served model's tokenizer")
     server.add_argument("--no-ignore-eos", action="store_true", help="do not ask the server to ignore EOS")
     server.add_argument("--extra-body", default="{}",
                         help="JSON object merged into every request body (the parameters, for --backend lightllm); "
-                        "not the fields the benchmark sets itself (max_tokens, model, ignore_eos, stream, the prompt)")
+                        "not the fields the benchmark sets itself (max_tokens, model, ignore_eos, stream, the prompt) "
+                        "nor n or best_of (one generation per request is measured)")
     server.add_argument("--request-timeout", type=positive_float, default=BenchmarkConfig.request_timeout_s,
                         help=f"seconds one request may take (default {BenchmarkConfig.request_timeout_s:g})")
     load = p.add_argument_group("workload (a flag the chosen --workload does not use is refused)")
@@ -229,9 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--max-concurrency", type=int, default=None,
                       help="most requests in flight at once (default: no limit, every request goes at its time)")
     out = p.add_argument_group("measurement and output")
-    out.add_argument(
-        "--slo", nargs="*", default=[], metavar="KEY:MS", help="e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e)"
-    )
+    out.add_argument("--slo", nargs="+", default=[], metavar="KEY:MS",
+                     help="latency limits that enable goodput, e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e, each once)")
     out.add_argument("--warmup-runs", type=int, default=0, help="full unmeasured runs with their own prompts first")
     # Checked while parsing: a run that cannot write its results loses them at the end.
     out.add_argument("--output-jsonl", type=output_file, default=None, help="write the raw per-request records here")
@@ -253,6 +265,10 @@ def check_flags_apply(workload: str, given: dict[str, str]) -> None:
         users = PROMPT_FLAG_WORKLOADS.get(field) or (workloads_using(field) if field in FIELD_HELP else WORKLOADS)
         if workload not in users:
             raise ValueError(f"{flag} does not apply to --workload {workload} (it applies to {', '.join(users)})")
+    # Every workload has both classes, so the per-class lengths together leave no request to --output-len.
+    if {"output_len", "long_output_len", "short_output_len"} <= given.keys():
+        raise ValueError(f"{given['output_len']} does not apply when {given['long_output_len']} and "
+                         f"{given['short_output_len']} are both given (each request has its class's length)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
@@ -280,6 +296,7 @@ def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
         request_timeout_s=args.request_timeout,
         output_jsonl=args.output_jsonl,
         show_progress=not args.no_progress,
+        api_key=args.api_key or None,
     )
 
 
@@ -295,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_repeated_flags(parser, argv)
     try:
         check_flags_apply(args.workload, given_flags(parser, argv))
         if args.warmup_runs < 0:
@@ -309,11 +327,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_tokenizer_dir(config.tokenizer)
     except ValueError as exc:
         parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
-    why = check_reachable(config.base_url, min(config.request_timeout_s, 10.0))
+    probe_timeout_s = min(config.request_timeout_s, 10.0)
+    why = check_reachable(config.base_url, probe_timeout_s, config.api_key)
     if why is not None:
         print(f"error: cannot reach the server at {config.base_url} (--base-url): {why}", file=sys.stderr)
         return 1
-    limit = served_context(config.base_url, config.model, min(config.request_timeout_s, 10.0))
+    try:
+        limit = served_context(config.base_url, config.model, probe_timeout_s, config.api_key)
+    except ServerRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         if limit is not None:
             check_workloads_within(limit, [config.workload], [config.workload.seed], servers="the server")
@@ -330,8 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
     try:
         summary = asyncio.run(_run_cli(config, args.warmup_runs, builder))
+    except ValueError as exc:  # the server refused /v1/models (ServerRefused), or it lists no model
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except httpx.HTTPError as exc:
-        print(f"error: cannot reach the server at {config.base_url}: {exc}", file=sys.stderr)
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        print(f"error: cannot reach the server at {config.base_url}: {why}", file=sys.stderr)
         return 1
     print(format_summary(summary))
     if args.output_json:

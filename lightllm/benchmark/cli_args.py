@@ -10,7 +10,8 @@ A type here raises :class:`argparse.ArgumentTypeError`, so argparse prefixes the
 
 Checks that need more than one flag use the helpers after ``parse_args``: :func:`given_flags`
 (which flags were typed, so one the run would ignore can be refused), :func:`refuse_repeated_flags`
-(a flag typed twice, whose first value argparse would drop), :func:`with_flag_names`
+(a flag typed twice, whose first value argparse would drop), :func:`refuse_repeated_values` (a
+value a list flag names twice), :func:`with_flag_names`
 (a config object's ``ValueError`` with its field names given as the flags) and
 :func:`missing_module` (a module that cannot be found, found without importing it) and
 :func:`sequence_too_long` (prompt and output lengths the checkpoint's context cannot hold).
@@ -28,15 +29,15 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional, Sequence
 
 from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float, given_flags, refuse_repeated_flags
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "comma_items", "finite_float", "given_flags",
     "listen_host", "missing_module", "non_negative_float", "non_negative_int", "output_dir", "output_file",
-    "output_file_in_new_dirs", "positive_float", "refuse_repeated_flags", "sequence_too_long", "shell_words",
-    "with_flag_names",
+    "output_file_in_new_dirs", "positive_float", "refuse_repeated_flags", "refuse_repeated_values",
+    "sequence_too_long", "shell_words", "with_flag_names",
 ]
 
 
@@ -68,6 +69,20 @@ def comma_items(text: str) -> List[str]:
     if not all(items):
         raise ValueError(f"{text!r} has an empty item between commas")
     return items
+
+
+def refuse_repeated_values(values: Sequence[object], flag: str) -> None:
+    """Raise ``ValueError`` (``<flag> names <value> twice; name each once``) for a value named twice.
+
+    A value named twice would be run and printed twice, or, where the values are keys (``--slo
+    ttft:500 ttft:1``), one of them would silently win.  A list, not a set, holds what was seen,
+    so values need not be hashable.
+    """
+    seen: List[object] = []
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{flag} names {value!r} twice; name each once")
+        seen.append(value)
 
 
 def positive_float(text: str) -> float:

@@ -15,6 +15,10 @@ Definitions (per request, successful requests only):
   APIs, where a chunk may carry several tokens (see :mod:`lightllm.benchmark.backends`)
 * send lag = send_time - scheduled_time (client-side schedule deviation; all sent requests)
 
+A successful request whose ``output_tokens`` differ from its ``requested_output_tokens`` (a stop
+sequence or EOS ended it early) is counted in ``output_len_mismatch``: its latencies are real, but
+not those of the length the workload asked for, and :func:`format_summary` warns about it.
+
 Throughputs divide by the benchmark duration, last end time minus first send time over
 all requests, so per-class throughputs add up to the overall figure. Goodput counts the
 successful requests meeting every configured SLO per second of that duration.
@@ -28,6 +32,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from lightllm.benchmark.cli_args import refuse_repeated_values
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 SLO_KEYS: tuple[str, ...] = ("ttft", "tpot", "e2e")
@@ -127,13 +133,17 @@ def describe(values: Sequence[float], scale: float = 1.0) -> dict[str, float | i
 
 
 def parse_slo(specs: Iterable[str]) -> dict[str, float]:
-    """Parse ``["ttft:500", "tpot:50"]`` into ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds)."""
+    """Parse ``["ttft:500", "tpot:50"]`` into ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds).
+
+    A key named twice is refused: one of its limits would silently win.
+    """
     slo: dict[str, float] = {}
     for spec in specs:
         key, sep, value = spec.partition(":")
         key = key.strip().lower()
         if not sep or key not in SLO_KEYS:
             raise ValueError(f"slo entries must look like KEY:MS with KEY in {SLO_KEYS}, got {spec!r}")
+        refuse_repeated_values([*slo, key], "slo")
         try:
             limit = float(value)
         except ValueError:
@@ -184,12 +194,15 @@ def group_metrics(
     output_tokens = sum(r.output_tokens for r in done)
     itls = [gap for r in done for gap in r.inter_token_latencies]
     good = sum(meets_slo(r, slo) for r in done) if slo else None
+    # A requested length of 0 is a record that does not say what it asked for (hand-made, or older).
+    mismatched = sum(1 for r in done if r.requested_output_tokens and r.output_tokens != r.requested_output_tokens)
     return {
         "requests": len(records),
         "completed": len(done),
         "failed": len(records) - len(done),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
+        "output_len_mismatch": mismatched,
         "request_throughput": _rate(len(done), duration),
         "output_throughput": _rate(output_tokens, duration),
         "total_token_throughput": _rate(input_tokens + output_tokens, duration),
@@ -267,4 +280,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("slo_ms: " + ", ".join(f"{k}<={v:g}" for k, v in summary["slo_ms"].items()))
     for message, count in summary.get("errors", {}).items():
         lines.append(f"error x{count}: {message}")
+    mismatched, done = summary["overall"].get("output_len_mismatch"), summary["overall"]["completed"]
+    if mismatched:
+        lines.append(f"warning: {mismatched} of {done} completed requests generated a different number of output "
+                     "tokens than requested (a stop sequence, or EOS when it is not ignored, ended them); their "
+                     "latencies are not those of the requested lengths")
     return "\n".join(lines)

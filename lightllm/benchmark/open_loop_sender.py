@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from lightllm.benchmark.backends import RequestInput, encode_body, make_backend, send_request
 from lightllm.benchmark.metrics import RequestRecord
+from lightllm.benchmark.server_probe import auth_headers
 
 
 async def send_all(
@@ -65,11 +66,12 @@ async def send_all(
         progress.close()
 
 
-def make_client(request_timeout_s: float) -> httpx.AsyncClient:
+def make_client(request_timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
     """HTTP client with no connection cap (an open-loop benchmark must not queue in the pool).
 
-    Proxy environment variables are ignored: a proxy would distort every timing.
+    Proxy environment variables are ignored: a proxy would distort every timing.  ``api_key``
+    goes with every request the client sends (the model lookup and every measured request).
     """
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, 30.0))
-    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, headers=auth_headers(api_key))

@@ -8,24 +8,81 @@ tokenizer), so a run that cannot measure anything ends at once.
 the room its prompt leaves, so the run would report lengths it did not measure; the workload is
 refused before anything is sent (:func:`~lightllm.benchmark.workload_context.check_workloads_within`).
 A server that reports no context (another engine, an API without ``/v1/models``) is not checked.
+A server that answers ``/v1/models`` with an error (401 without its ``--api_key``) refuses the run
+(:class:`ServerRefused`): every request would get the same answer.
+
+The tools that talk to a running server send its API key the way vLLM's ``vllm bench serve``
+does: ``Authorization: Bearer <key>``, the key from ``--api-key`` or else ``OPENAI_API_KEY``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, Optional
 
 import httpx
 
 from lightllm.benchmark.context_limit import ContextLimit
 
+API_KEY_ENV = "OPENAI_API_KEY"
+API_KEY_HELP = (f"API key sent as 'Authorization: Bearer KEY' with every request (default: the {API_KEY_ENV} "
+                "environment variable, as vLLM's benchmark reads it; '' sends none)")
+# Statuses that say the server has no /v1/models (another engine's API), not that it refused us.
+NO_LISTING_STATUSES = (404, 405)
 
-def check_reachable(base_url: str, timeout_s: float = 10.0) -> Optional[str]:
-    """Why the server at ``base_url`` cannot be reached, or None when it answers at all.
 
-    Any HTTP answer, even a 404, proves a server listens there.
+class ServerRefused(ValueError):
+    """The server answered a request the tool must make with an HTTP error; the message is one line."""
+
+
+def default_api_key() -> Optional[str]:
+    """The key a tool sends when ``--api-key`` is not given: ``OPENAI_API_KEY``, if set and not empty."""
+    return os.environ.get(API_KEY_ENV) or None
+
+
+def auth_headers(api_key: Optional[str]) -> dict[str, str]:
+    """The header that carries ``api_key`` (none for no key or an empty one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def http_refusal(response: httpx.Response, limit: int = 500) -> str:
+    """``HTTP <status>: <the server's own message>`` on one line, from an error answer.
+
+    The message is the OpenAI error's ``error.message`` (our server's errors), a FastAPI
+    ``detail`` or a ``message``; else the body's text, else the status's reason.  httpx's own
+    status error says only the status, on two lines with a link, and drops what the server said.
     """
     try:
-        httpx.get(base_url.rstrip("/") + "/", timeout=timeout_s, trust_env=False)
+        body = json.loads(response.content or b"null")
+    except ValueError:
+        body = None
+    message: Any = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        if not message:
+            message = body.get("detail") or body.get("message")
+    if message and not isinstance(message, str):
+        message = json.dumps(message, ensure_ascii=False)
+    if not message:
+        message = response.content.decode("utf-8", "replace").strip() or response.reason_phrase
+    text = " ".join(str(message).split())
+    return f"HTTP {response.status_code}: {text[:limit]}"
+
+
+def refused_probe(base_url: str, path: str, response: httpx.Response) -> ServerRefused:
+    """The one-line refusal of a server that answered ``path`` with an HTTP error."""
+    return ServerRefused(f"the server at {base_url.rstrip('/')} refused {path}: {http_refusal(response)}")
+
+
+def check_reachable(base_url: str, timeout_s: float = 10.0, api_key: Optional[str] = None) -> Optional[str]:
+    """Why the server at ``base_url`` cannot be reached, or None when it answers at all.
+
+    Any HTTP answer, even a 404 or a 401, proves a server listens there.
+    """
+    try:
+        httpx.get(base_url.rstrip("/") + "/", timeout=timeout_s, trust_env=False, headers=auth_headers(api_key))
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         return str(exc) or type(exc).__name__
     return None
@@ -42,17 +99,27 @@ def _model_entry(listing: Any, model: Optional[str]) -> Optional[dict[str, Any]]
     return None
 
 
-def served_context(base_url: str, model: Optional[str], timeout_s: float = 10.0) -> Optional[ContextLimit]:
+def served_context(base_url: str, model: Optional[str], timeout_s: float = 10.0,
+                   api_key: Optional[str] = None) -> Optional[ContextLimit]:
     """The context the server at ``base_url`` reports for ``model`` (its first model when None).
 
-    ``None`` when it reports none: no ``/v1/models``, no such model, or no positive integer
-    ``max_model_len``; the run then goes on unchecked, as before.
+    ``None`` when it reports none: no ``/v1/models`` (404, 405), no such model, or no positive
+    integer ``max_model_len``; the run then goes on unchecked, as before.
+
+    Raises:
+        ServerRefused: the server answered with another HTTP error (401 for a missing or wrong
+            ``api_key``): the run would get the same answer to every request.
     """
     url = base_url.rstrip("/") + "/v1/models"
     try:
-        answer = httpx.get(url, timeout=timeout_s, trust_env=False)
+        answer = httpx.get(url, timeout=timeout_s, trust_env=False, headers=auth_headers(api_key))
+    except (httpx.HTTPError, httpx.InvalidURL):
+        return None
+    if answer.status_code >= 400 and answer.status_code not in NO_LISTING_STATUSES:
+        raise refused_probe(base_url, "/v1/models", answer)
+    try:
         listing = answer.json() if answer.status_code == 200 else None
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+    except ValueError:
         return None
     entry = _model_entry(listing, model)
     tokens = None if entry is None else entry.get("max_model_len")

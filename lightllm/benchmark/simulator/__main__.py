@@ -15,7 +15,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Collection, Dict, List, Optional, Sequence, Set
+from typing import Any, Collection, Dict, List, Optional, Sequence
 
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
@@ -23,6 +23,7 @@ from lightllm.benchmark.cli_args import (
     given_flags,
     output_file,
     refuse_repeated_flags,
+    refuse_repeated_values,
 )
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
@@ -56,15 +57,6 @@ def _csv(text: str, flag: str) -> List[str]:
         raise ValueError(f"{flag}: {exc}") from None
 
 
-def _refuse_repeats(values: Sequence[Any], flag: str) -> None:
-    """A value named twice would be simulated twice and printed twice: refuse it."""
-    seen: Set[Any] = set()
-    for value in values:
-        if value in seen:
-            raise ValueError(f"{flag} names {value!r} twice; name each once")
-        seen.add(value)
-
-
 def _names(text: str, flag: str, choices: Sequence[str]) -> List[str]:
     """The comma list ``text`` of ``flag``: at least one, each among ``choices``, none twice."""
     names = _csv(text, flag)
@@ -73,7 +65,7 @@ def _names(text: str, flag: str, choices: Sequence[str]) -> List[str]:
     for name in names:
         if name not in choices:
             raise ValueError(f"{flag} must name some of {', '.join(choices)}; got {name!r}")
-    _refuse_repeats(names, flag)
+    refuse_repeated_values(names, flag)
     return names
 
 
@@ -92,7 +84,7 @@ def _budgets(value: Optional[str]) -> List[int]:
         budgets.append(budget)
     if not budgets:
         raise ValueError(f"--budget must name at least one budget; got {value!r}")
-    _refuse_repeats(budgets, "--budget")
+    refuse_repeated_values(budgets, "--budget")
     return budgets
 
 

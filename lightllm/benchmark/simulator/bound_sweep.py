@@ -15,7 +15,7 @@ import math
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_flags
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_flags, refuse_repeated_values
 from lightllm.benchmark.simulator.bound_cli import server_limit_problem
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
@@ -126,17 +126,8 @@ def _parse_cells(text: str) -> List[Tuple[str, str, int]]:
         if int(budget) < 1:
             raise ValueError(f"--cells: cell budget must be >= 1; got {part!r}")
         cells.append((scenario, mode, int(budget)))
-    _refuse_repeats(cells, "--cells")
+    refuse_repeated_values(cells, "--cells")
     return cells
-
-
-def _refuse_repeats(values: Sequence[object], flag: str) -> None:
-    """A value named twice would be simulated (and printed) twice: refuse it."""
-    seen = []
-    for value in values:
-        if value in seen:
-            raise ValueError(f"{flag} names {value!r} twice; name each once")
-        seen.append(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,8 +196,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         bases = [_number(int, base, "--bases") for base in args.bases.split(",")]
         fractions = [_number(float, fraction, "--fractions") for fraction in args.fractions.split(",")]
-        _refuse_repeats(bases, "--bases")
-        _refuse_repeats(fractions, "--fractions")
+        refuse_repeated_values(bases, "--bases")
+        refuse_repeated_values(fractions, "--fractions")
         bounds = _bounds(bases, fractions)
         cells = _parse_cells(args.cells)
         profile = load_profile(args.profile)
@@ -215,7 +206,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if unknown or not strategies:
             raise ValueError(f"--strategies must name some of {', '.join(available_strategy_names())}; "
                              f"got {args.strategies!r}")
-        _refuse_repeats(strategies, "--strategies")
+        refuse_repeated_values(strategies, "--strategies")
         if strategies == ["default"]:
             raise ValueError("--strategies names only default, which every row is compared with: each row would "
                              "compare default with itself; name another strategy")

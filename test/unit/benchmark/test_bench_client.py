@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from canned_server import serve
 from lightllm.benchmark.backends import iter_sse_data
 from lightllm.benchmark.bench_serving import BenchmarkConfig, main, run_benchmark
 from lightllm.benchmark.metrics import read_records_jsonl
@@ -110,7 +107,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
         log.append({"path": "/v1/completions", **body})
         prompt = body["prompt"]
         prompt_tokens = len(prompt) if isinstance(prompt, list) else count(prompt)
-        return openai_stream(body["max_tokens"], prompt_tokens, chat=False)
+        # A stop sequence ends every completion after its first chunk (two tokens).
+        return openai_stream(2 if body.get("stop") else body["max_tokens"], prompt_tokens, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -126,20 +124,8 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
 def server(tokenizer) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """Run the canned app with uvicorn on a free loopback port; yields (base_url, request log)."""
     log: list[dict[str, Any]] = []
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(make_app(tokenizer, log), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "canned server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", log
-    uv.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with serve(make_app(tokenizer, log)) as base_url:
+        yield base_url, log
 
 
 def _config(base_url: str, tokenizer_dir: Path, backend: str, **workload: Any) -> BenchmarkConfig:
@@ -308,7 +294,26 @@ def test_cli_end_to_end_with_warmup(server, tokenizer_dir, tmp_path, capsys) -> 
     assert summary["overall"]["slo_met"] == 8
     assert summary["config"]["workload"]["name"] == "interleaved"
     assert len(read_records_jsonl(records_path)) == 8
-    assert "ttft_ms p50" in capsys.readouterr().out
+    assert summary["overall"]["output_len_mismatch"] == 0
+    out = capsys.readouterr().out
+    assert "ttft_ms p50" in out and "warning" not in out
+
+
+def test_cli_warns_about_requests_that_ended_before_their_length(server, tokenizer_dir, tmp_path, capsys) -> None:
+    base_url, _ = server
+    summary_path = tmp_path / "s.json"
+    status = main([
+        "--base-url", base_url, "--tokenizer", str(tokenizer_dir), "--long-count", "1", "--short-count", "2",
+        "--long-len", "24", "--short-len", "6", "--output-len", "5", "--extra-body", '{"stop": ["t2"]}',
+        "--output-json", str(summary_path), "--no-progress",
+    ])
+    assert status == 0  # a stop sequence may be what the user wants measured: it is reported, not refused
+    summary = json.loads(summary_path.read_text())
+    assert summary["overall"]["output_len_mismatch"] == 3 and summary["classes"]["long"]["output_len_mismatch"] == 1
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: 3 of 3 completed requests generated a different number of output tokens than "
+                        "requested (a stop sequence, or EOS when it is not ignored, ended them); their latencies are "
+                        "not those of the requested lengths"]
 
 
 def test_cli_rejects_bad_arguments(tokenizer_dir) -> None:

@@ -158,6 +158,27 @@ def test_parse_slo() -> None:
             parse_slo([bad])
 
 
+def test_an_slo_key_named_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="^slo names 'ttft' twice; name each once$"):
+        parse_slo(["ttft:5000", "tpot:50", "TTFT:1"])
+
+
+def test_outputs_of_another_length_than_requested_are_counted_and_warned_about() -> None:
+    records = _records()
+    summary = summarize(records)
+    assert summary["overall"]["output_len_mismatch"] == 0 and "warning" not in format_summary(summary)
+    records[0].output_tokens = 2  # a stop sequence ended it; the failed request is not counted
+    records[3].output_tokens = 1
+    unknown = RequestRecord(index=4, request_class="long", prompt_tokens=1, scheduled_time=0.0, send_time=0.0,
+                            first_token_time=0.1, token_times=[0.1], end_time=0.1, output_tokens=1)
+    summary = summarize([*records, unknown])  # a record that names no requested length is not counted
+    assert summary["overall"]["output_len_mismatch"] == 1
+    classes = summary["classes"]
+    assert (classes["short"]["output_len_mismatch"], classes["long"]["output_len_mismatch"]) == (1, 0)
+    assert format_summary(summary).splitlines()[-1].startswith(
+        "warning: 1 of 4 completed requests generated a different number of output tokens than requested")
+
+
 def test_duration_and_empty_summary() -> None:
     assert benchmark_duration([]) is None
     unsent = RequestRecord(index=0, request_class="short", prompt_tokens=1, scheduled_time=0.0)

@@ -161,3 +161,65 @@ def test_other_extra_body_keys_are_sent():
     config.validate()
     # The native API nests its parameters: "model" there is no field the benchmark sets.
     BenchmarkConfig(backend="lightllm", extra_body={"model": "x", "max_tokens": 2}).validate()
+
+
+@pytest.mark.parametrize("backend, body, keys", [
+    ("openai-completions", '{"n": 2}', "n"),
+    ("openai-chat", '{"best_of": 2, "temperature": 0}', "best_of"),
+    ("lightllm", '{"n": 2, "best_of": 3}', "n, best_of"),
+])
+def test_extra_body_keys_that_ask_for_several_generations_are_refused(tiny_llama_dir, capsys, no_send, backend, body,
+                                                                       keys):
+    # {"n": 2} streamed two generations interleaved as one request: 16 output tokens for 8 asked.
+    argv = _argv(tiny_llama_dir, "--backend", backend, "--long-len", "64", "--short-len", "8", "--output-len", "4",
+                 "--extra-body", body)
+    line = one_line_refusal(bench_serving.main, argv, capsys)
+    assert line.startswith(f"error: --extra-body must not set {keys}: the benchmark measures one generation per "
+                           "request"), line
+
+
+# --- flags whose value the run would throw away -----------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed", "1", "--seed", "2"], "--seed is given twice; give it once, with all its values"),
+    (["--slo", "ttft:5000", "--slo", "tpot:1"], "--slo is given twice"),
+    (["--slo", "ttft:5000", "TTFT:1"], "--slo names 'ttft' twice; name each once"),
+    (["--slo"], "argument --slo: expected at least one argument"),
+    (["--long-output-len", "5", "--short-output-len", "5", "--output-len", "7"],
+     "--output-len does not apply when --long-output-len and --short-output-len are both given"),
+])
+def test_a_flag_whose_value_would_be_thrown_away_is_refused(tiny_llama_dir, capsys, no_send, extra, message):
+    line = one_line_refusal(bench_serving.main, _argv(tiny_llama_dir, "--long-len", "64", "--short-len", "8", *extra),
+                            capsys)
+    assert line.startswith(f"error: {message}"), line
+
+
+def test_output_len_still_sets_the_class_without_a_length_of_its_own(tiny_llama_dir, no_send):
+    with pytest.raises(AssertionError, match="about to be sent"):
+        bench_serving.main(_argv(tiny_llama_dir, "--long-len", "64", "--short-len", "8", "--long-output-len", "5",
+                                 "--output-len", "7", "--slo", "ttft:500", "tpot:50"))
+
+
+@pytest.mark.parametrize("status, message", [
+    (401, "HTTP 401: Invalid API key"),
+    (500, "HTTP 500: Invalid API key"),
+])
+def test_a_server_that_refuses_the_listing_refuses_the_run(monkeypatch, status, message):
+    _answers(monkeypatch, status, {"error": {"message": "Invalid   API key", "type": "authentication_error"}})
+    with pytest.raises(server_probe.ServerRefused) as refused:
+        served_context(URL + "/", "a")
+    assert str(refused.value) == f"the server at {URL} refused /v1/models: {message}"
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"detail": "Not allowed"}, "Not allowed"),
+    ({"error": "plain"}, "plain"),
+    ({"detail": [{"loc": ["x"]}]}, '[{"loc": ["x"]}]'),
+    ("<html>\nForbidden\n</html>", "<html> Forbidden </html>"),
+    ("", "Forbidden"),
+])
+def test_the_server_s_error_message_is_read_from_any_body(body, message):
+    response = (httpx.Response(403, json=body) if isinstance(body, dict)
+                else httpx.Response(403, content=body.encode()))
+    assert server_probe.http_refusal(response) == f"HTTP 403: {message}"

@@ -234,3 +234,9 @@ def test_bench_burst_names_an_unreachable_server_in_one_line_also_with_a_model(c
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(err) == 1 and "Traceback" not in err[0], err
     assert err[0].startswith("error: cannot reach the server at http://127.0.0.1:9 (--base-url)")
+
+
+def test_bench_burst_refuses_a_flag_given_twice_before_reaching_the_server(capsys):
+    argv = ["--base-url", "http://127.0.0.1:9", "--seed", "1", "--seed", "2"]
+    line = one_line_refusal(bench_burst.main, argv, capsys)
+    assert line.startswith("error: --seed is given twice; give it once"), line

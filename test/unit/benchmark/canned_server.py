@@ -1,0 +1,37 @@
+"""A canned FastAPI app served by uvicorn on a free loopback port, for the benchmark clients' tests.
+
+The clients are tested against a small real HTTP server (not lightllm's own): real sockets, real
+streaming, answers the test chooses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Iterator
+
+import uvicorn
+from fastapi import FastAPI
+
+
+@contextlib.contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` on a free loopback port until the block ends; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "canned server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
