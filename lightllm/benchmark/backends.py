@@ -357,7 +357,13 @@ async def fetch_default_model(client: httpx.AsyncClient, base_url: str) -> str:
     response = await client.get(base_url.rstrip("/") + "/v1/models")
     if response.status_code >= 400:
         raise refused_probe(base_url, "/v1/models", response)
-    models = response.json().get("data") or []
-    if not models or "id" not in models[0]:
-        raise ValueError(f"{base_url}/v1/models lists no model; pass --model explicitly")
+    try:
+        listing = response.json()
+    except ValueError:
+        listing = None
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        # Not an OpenAI model list (another service on the port, a proxy's page): said, not a traceback.
+        raise ValueError(f"{base_url}/v1/models lists no model (answered {response.text[:120]!r}); "
+                         "pass --model explicitly")
     return str(models[0]["id"])

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from canned_server import serve
 from lightllm.benchmark import bench_burst, bench_serving
@@ -168,3 +168,17 @@ def test_bench_burst_shows_the_server_s_reason_for_a_400(keyed_server, capsys):
     line = _one_error_line(bench_burst.main, _burst_argv(base_url, "--api-key", KEY, prompt_len=5000), capsys)
     assert line == (f"error: round 0 failed against {base_url}: HTTP 400: This model's maximum context length is "
                     "4096 tokens. However, the prompt holds 5000 tokens.")
+
+
+@pytest.mark.parametrize("listing", ["[1, 2]", "<html>proxy</html>", '{"data": "m"}', '{"data": [1]}'])
+def test_bench_serving_names_a_model_list_that_is_not_one(listing, tokenizer_dir, capsys):
+    """Another service on the port (a proxy's page, a list): a TypeError/JSON traceback before."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return Response(listing, media_type="application/json")
+
+    with serve(app) as base_url:
+        line = _one_error_line(bench_serving.main, _serving_argv(base_url, tokenizer_dir), capsys)
+    assert f"{base_url}/v1/models lists no model" in line and "pass --model explicitly" in line, line
