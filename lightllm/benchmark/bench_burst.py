@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, refuse_repeated_flags
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.server_probe import (API_KEY_HELP, NO_LISTING_STATUSES, ServerRefused, auth_headers,
                                              default_api_key, http_refusal, refused_probe)
 
@@ -76,7 +76,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
         parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
     base_url = args.base_url.rstrip("/")

@@ -24,7 +24,7 @@ import httpx
 
 from lightllm.benchmark.backends import BACKENDS, MULTI_GENERATION_FIELDS, RequestInput, fetch_default_model
 from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
-                                         refuse_repeated_flags, with_flag_names)
+                                         with_flag_names)
 from lightllm.benchmark.metrics import format_summary, parse_slo, summarize, write_records_jsonl
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
@@ -312,7 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     try:
         check_flags_apply(args.workload, given_flags(parser, argv))
         if args.warmup_runs < 0:

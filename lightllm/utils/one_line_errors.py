@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any, Dict, Iterator, List, NoReturn, Sequence, Tuple
+import sys
+from typing import Any, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -18,7 +19,9 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     Subclasses add hints (for example what to use instead of an unknown flag) with :meth:`hints`.
     A shortened flag (``--profil``) is refused like any unknown one: argparse would guess it from
-    its prefix, and a guess that runs a minute of work is not what the user typed.
+    its prefix, and a guess that runs a minute of work is not what the user typed.  A flag typed
+    twice is refused too (:func:`refuse_repeated_flags`), unless it is repeatable by design
+    (``action="append"``, ``"count"``, ``"extend"``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -30,6 +33,13 @@ class OneLineErrorParser(argparse.ArgumentParser):
             # the flag's own refusal (finite_float: "must be a finite number").
             self._negative_number_matcher = re.compile(rf"{matcher.pattern}|^-(inf|infinity|nan)$", re.IGNORECASE)
 
+    def parse_known_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+                         namespace: Optional[argparse.Namespace] = None) -> Tuple[argparse.Namespace, List[str]]:
+        """argparse's parse, then the repeated-flag refusal on what was typed."""
+        parsed = super().parse_known_args(args, namespace)
+        refuse_repeated_flags(self, sys.argv[1:] if args is None else list(args))
+        return parsed
+
     def hints(self, message: str) -> List[str]:
         """Extra remarks for ``message``, put in parentheses after it (none here)."""
         return []
@@ -39,6 +49,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         hints = self.hints(message)
         why = f" ({'; '.join(hints)})" if hints else ""
         self.exit(2, f"error: {' '.join(message.split())}{why} (--help lists the flags)\n")
+
+
+# Actions whose flag collects every occurrence: typing it again adds, it does not replace.
+_REPEATABLE_ACTIONS = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
+                       argparse._ExtendAction)
 
 
 def finite_float(text: str) -> float:
@@ -57,11 +72,16 @@ def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) 
 
     argparse keeps the last value of a flag given twice and drops the first without a word
     (``--modes normal --modes 1p1d`` ran 1p1d only); a list flag takes all its values at once.
-    Both spellings of an option count as the same flag.  Call it after ``parse_args`` succeeded,
-    as :func:`given_flags`.
+    Both spellings of an option count as the same flag; an option repeatable by design
+    (``action="append"``, ``"count"``, ``"extend"``) may be typed again.  Every
+    :class:`OneLineErrorParser` calls it after its parse (``parse_args`` succeeded, as for
+    :func:`given_flags`).
     """
+    repeatable = {action.dest for action in parser._actions if isinstance(action, _REPEATABLE_ACTIONS)}
     seen: Dict[str, str] = {}
     for dest, option in _typed_options(parser, argv):
+        if dest in repeatable:
+            continue
         if dest in seen:
             also = "" if option == seen[dest] else f" (also as {option})"
             parser.error(f"{seen[dest]} is given twice{also}; give it once, with all its values")

@@ -22,7 +22,6 @@ from lightllm.benchmark.cli_args import (
     comma_items,
     given_flags,
     output_file,
-    refuse_repeated_flags,
     refuse_repeated_values,
 )
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
@@ -291,7 +290,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)  # the output paths are checked here, before the run
-    refuse_repeated_flags(parser, argv)
     try:
         markdown, document = run(args, given_flags(parser, argv))
     except ValueError as exc:

@@ -15,7 +15,7 @@ import math
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_flags, refuse_repeated_values
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_values
 from lightllm.benchmark.simulator.bound_cli import server_limit_problem
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
@@ -192,7 +192,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     try:
         bases = [_number(int, base, "--bases") for base in args.bases.split(",")]
         fractions = [_number(float, fraction, "--fractions") for fraction in args.fractions.split(",")]

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Callable, Collection, List, Optional, Tuple
 
-from lightllm.benchmark.cli_args import argument_type, comma_items, given_flags, refuse_repeated_flags
+from lightllm.benchmark.cli_args import argument_type, comma_items, given_flags
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv
@@ -128,7 +128,6 @@ def run_cell_command(
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     try:
         profile, scenario, mode, budget = cell_from_cli(args, given_flags(parser, argv))
         text = sweep(args, profile, scenario, mode, budget, overtake_bound_from_cli(args))

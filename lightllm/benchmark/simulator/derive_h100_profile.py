@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, refuse_repeated_flags
+from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.benchmark.simulator.runner import simulate_case
 from lightllm.benchmark.simulator.published import PUBLISHED_SEED_ABSOLUTE
@@ -219,7 +219,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     command = "python -m lightllm.benchmark.simulator.derive_h100_profile"
     profile = derive(command)
     path = profile.save(args.out)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, output_file, refuse_repeated_flags
+from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, output_file
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.common.basemodel.batch_generator import BatchGenerator, CachedSequence
 from lightllm.models.registry import load_model
@@ -279,7 +279,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     if args.threads < 1 or args.repeats < 1 or args.passes < 1:
         parser.error("--threads, --repeats and --passes must be >= 1")
     if args.max_total_token_num < 1:

@@ -39,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file, refuse_repeated_flags
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
     KV_VIEWS,
@@ -281,7 +281,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     for flag, values in (("--sizes", args.sizes), ("--running", args.running), ("--kv-view", args.kv_view),
                          ("--strategies", args.strategies or [])):
         # A value named twice would be measured and printed twice (or, for --kv-view, silently once).

@@ -29,7 +29,7 @@ from lightllm.server.launch.flag_roles import (
 )
 from lightllm.server.launch.http_flags import add_http_flags
 from lightllm.server.launch.one_line_parser import OneLineErrorParser
-from lightllm.utils.one_line_errors import finite_float, refuse_repeated_flags
+from lightllm.utils.one_line_errors import finite_float
 from lightllm.server.launch.pd_flags import add_pd_flags
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     MAX_PREFILL_OVERTAKE_FRACTION,
@@ -355,8 +355,6 @@ def parse_server_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespac
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_argument_parser()
     args = parser.parse_args(argv)
-    # argparse keeps a repeated flag's last value and drops the first without a word.
-    refuse_repeated_flags(parser, argv)
     shadow = make_argument_parser()
     for action in shadow._actions:  # every dest absent unless written
         action.default = argparse.SUPPRESS

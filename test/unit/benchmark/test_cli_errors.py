@@ -50,9 +50,11 @@ def test_compare_strategies_refuses_server_args_the_launcher_owns(tiny_llama_dir
     (["--workload", "sustained", "--seed", "-1"], "seed must be an integer >= 0, got -1"),
 ])
 def test_compare_strategies_refuses_before_any_server_starts(tiny_llama_dir, tmp_path, capsys, extra, message):
-    # Lengths within the tiny model's context, so only the flag under test is wrong.
-    argv = ["--model_dir", str(tiny_llama_dir), "--workload", "long_first", "--long-len", "256",
-            "--out-dir", str(tmp_path / "out"), *extra]
+    # Lengths within the tiny model's context, so only the flag under test is wrong (each flag
+    # once: the parser refuses one typed twice).
+    flags = {"--model_dir": str(tiny_llama_dir), "--workload": "long_first", "--long-len": "256",
+             "--out-dir": str(tmp_path / "out"), **dict(zip(extra[::2], extra[1::2]))}
+    argv = [item for pair in flags.items() for item in pair]
     assert message in _refused(compare_strategies.main, argv, capsys)
     assert not (tmp_path / "out" / "logs").exists()  # no server was started
 

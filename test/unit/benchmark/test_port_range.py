@@ -95,7 +95,7 @@ def test_compare_strategies_refuses_a_bad_range_while_parsing(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--ports", "43200-43202"], "--ports 43200-43202 holds 3 ports, fewer than the 4 --topology 1p1d with 1 "
+    (["--ports", "43200-43202", "--strategies", "default"], "--ports 43200-43202 holds 3 ports, fewer than the 4 --topology 1p1d with 1 "
                                  "strategy needs; give a wider range"),
     # Per cluster: master 1; prefill 1 + --nccl_port 1 + a --pd_transfer_port block of 2; decode 1 + 1.
     (["--ports", "43200-43209", "--server-args", "--tp 2", "--strategies", "default,hrrn"],
@@ -109,7 +109,7 @@ def test_compare_strategies_refuses_a_range_too_small_for_the_topology_before_an
 
     monkeypatch.setattr(compare_strategies, "run_comparison", never)
     argv = ["--model_dir", str(_model_dir(tmp_path)), "--workload", "long_first", "--out-dir", str(tmp_path / "out"),
-            "--topology", "1p1d", "--strategies", "default", *extra]
+            "--topology", "1p1d", *extra]
     assert message in _refused(argv, capsys)
     assert not (tmp_path / "out").exists()
 

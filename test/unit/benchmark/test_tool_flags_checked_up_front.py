@@ -14,9 +14,10 @@ import pytest
 from cli_refusal_support import one_line_refusal
 
 from lightllm.benchmark import (bench_burst, bench_hf_baseline, bench_runtime, bench_serving, compare_strategies,
-                                process_footprint)
+                                health_latency, process_footprint, side_by_side)
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, with_flag_names
 from lightllm.benchmark.simulator import schedule_cost
+from lightllm.utils import demo_model
 from lightllm.benchmark.workloads import COMMON_KNOBS, WORKLOAD_KNOBS, WORKLOADS, WorkloadConfig, build_workload
 
 TINY_CONTEXT = 1024  # max_position_embeddings of the tiny demo checkpoints
@@ -240,3 +241,35 @@ def test_bench_burst_refuses_a_flag_given_twice_before_reaching_the_server(capsy
     argv = ["--base-url", "http://127.0.0.1:9", "--seed", "1", "--seed", "2"]
     line = one_line_refusal(bench_burst.main, argv, capsys)
     assert line.startswith("error: --seed is given twice; give it once"), line
+
+
+# --- 7. a flag typed twice: refused by every tool's parser, not only by those that asked ------
+
+
+def test_the_project_parser_refuses_a_flag_typed_twice_unless_it_collects_values(capsys):
+    parser = OneLineErrorParser(prog="tool")
+    parser.add_argument("--seed", "-s", type=int)
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--entry", action="append")
+    parser.add_argument("-v", action="count")
+    assert parser.parse_args(["--entry", "a", "--entry", "b", "-v", "-v"]).entry == ["a", "b"]
+    for argv, line in ((["--seed", "1", "--seed=2"], "--seed is given twice"),
+                       (["--seed", "1", "-s", "2"], "--seed is given twice (also as -s)"),
+                       (["--quiet", "--quiet"], "--quiet is given twice")):
+        assert line in one_line_refusal(parser.parse_args, argv, capsys)
+
+
+@pytest.mark.parametrize("main, argv, flag", [
+    (process_footprint.main, ["--model_dir", "{model}", "--repeats", "1", "--repeats", "2"], "--repeats"),
+    (health_latency.main, ["--url", "http://127.0.0.1:1", "--duration", "1", "--duration", "2"], "--duration"),
+    (demo_model.main, ["--out", "{tmp}/m", "--size", "small", "--size", "medium"], "--size"),
+    (side_by_side.main, ["--model_dir", "{model}", "--cases", "1x8x2", "--seed", "1", "--seed", "2"],
+     "--seed"),
+])
+def test_tools_that_did_not_check_refuse_a_flag_typed_twice(main, argv, flag, tiny_llama_dir, tmp_path, monkeypatch,
+                                                            capsys):
+    """`--seed 1 --seed 2` ran with 2, without a word, in every tool but the few that checked."""
+    monkeypatch.setattr(process_footprint, "launch_and_measure", _never)
+    argv = [item.format(model=tiny_llama_dir, tmp=tmp_path) for item in argv]
+    assert one_line_refusal(main, argv, capsys).startswith(f"error: {flag} is given twice"), argv
+    assert not (tmp_path / "m").exists()

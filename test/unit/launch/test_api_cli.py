@@ -102,7 +102,7 @@ def test_a_flag_for_another_role_is_refused_even_at_its_default_value(run_mode, 
     with pytest.raises(ArgumentError, match=message):
         validate_args(parse_server_args(argv))
     # A library caller's namespace (no record of what was written) keeps the value rule.
-    validate_args(_parse(*argv))
+    validate_args(make_argument_parser().parse_args(argv))
 
 
 @pytest.mark.parametrize(

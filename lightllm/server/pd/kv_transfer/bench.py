@@ -23,7 +23,7 @@ import torch
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
-from lightllm.utils.one_line_errors import OneLineErrorParser, refuse_repeated_flags
+from lightllm.utils.one_line_errors import OneLineErrorParser
 from lightllm.utils.free_ports import free_port
 
 
@@ -106,7 +106,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    refuse_repeated_flags(parser, argv)
     if not (args.model_dir / "config.json").is_file():
         parser.error(f"--model_dir {args.model_dir} has no config.json")
     if args.tokens <= 0 or args.repeat <= 0 or min(args.page_sizes) <= 0:
