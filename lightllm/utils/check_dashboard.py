@@ -65,7 +65,7 @@ def dashboard_problems(dashboard: Dict[str, Any], exposition: str) -> List[str]:
         names = expression_names(expr)
         metrics = {selector.metric for selector in names.selectors} | {metric for metric, _ in names.label_values}
         for metric, label in names.label_values:
-            if metric in exported and label not in exported[metric]:
+            if metric in exported and label not in exported[metric] | SCRAPE_LABELS:
                 problems.append(f"{expr!r}: {metric} has no label {label!r}")
         if not metrics:
             problems.append(f"{expr!r}: names no metric")

@@ -16,7 +16,8 @@ _IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _NUMBER = re.compile(r"(?:0x[0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:[a-zA-Z]+[0-9]*)*")
 _VARIABLE = re.compile(r"\$(?:\{[^}]*\}|[a-zA-Z0-9_]+)")
 _MATCHER_LABEL = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
-_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)")
+# Grafana's variable query: label_values(metric, label) or label_values(metric{matchers}, label).
+_LABEL_VALUES = re.compile(r"label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^{}]*\})?\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)")
 # Words that are never metric names where they stand: binary operators, modifiers, literals and the
 # aggregation operators, which may be followed by ``by (...)`` before their parenthesis.
 _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
@@ -87,14 +88,19 @@ def _next_char(expr: str, index: int) -> Tuple[str, int]:
 def expression_names(expr: str) -> ExpressionNames:
     """The metrics, matcher labels and grouping labels ``expr`` names."""
     found = ExpressionNames()
-    for metric, label in _LABEL_VALUES.findall(expr):
+    for metric, matchers, label in _LABEL_VALUES.findall(expr):
         found.label_values.append((metric, label))
+        if matchers:
+            found.selectors.append(Selector(metric, _matcher_labels(matchers[1:-1])))
     expr = _LABEL_VALUES.sub(" ", expr)
     index = 0
     while index < len(expr):
         char = expr[index]
         if char in "\"'`":
             index = _skip_string(expr, index)
+        elif char == "#":  # a comment, to the end of the line
+            end = expr.find("\n", index)
+            index = len(expr) if end < 0 else end
         elif char == "[":  # a range or subquery duration
             index = _closing(expr, index, "[", "]") + 1
         elif char == "{":  # a selector with no metric name: {__name__=~"..."} or labels only
@@ -107,15 +113,18 @@ def expression_names(expr: str) -> ExpressionNames:
             index = match.end() if match else index + 1
         elif (match := _IDENT.match(expr, index)) is not None:
             word = match.group(0)
+            keyword = word.lower()  # PromQL's keywords and Inf/NaN are case-insensitive
             following, after = _next_char(expr, match.end())
             index = match.end()
-            if word in _LABEL_LISTS and following == "(":
+            if keyword in _LABEL_LISTS and following == "(":
                 end = _closing(expr, after, "(", ")")
-                if _LABEL_LISTS[word]:
+                if _LABEL_LISTS[keyword]:
                     labels = (part.strip() for part in expr[after + 1:end].split(","))
-                    found.grouping.extend((word, label) for label in labels if label)
+                    # A Grafana variable ($group, [[group]]) names its labels only when the panel renders.
+                    found.grouping.extend((keyword, label) for label in labels
+                                          if label and not label.startswith(("$", "[[")))
                 index = end + 1
-            elif word in _KEYWORDS or following == "(":
+            elif keyword in _KEYWORDS or following == "(":
                 continue  # an operator, a modifier or a function / aggregation name
             elif following == "{":
                 end = _closing(expr, after, "{", "}")

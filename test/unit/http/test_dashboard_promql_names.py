@@ -63,3 +63,21 @@ def test_a_query_the_server_cannot_answer_is_named(expr: str, problem: str) -> N
 ])
 def test_a_query_the_server_answers_passes(expr: str) -> None:
     assert _problems(expr) == []
+
+
+@pytest.mark.parametrize("expr", [
+    'label_values(vllm:num_requests_running{model_name="m"}, model_name)',  # a chained Grafana variable
+    "label_values(vllm:num_requests_running, instance)",
+    "sum(vllm:num_requests_running) BY (model_name)",
+    "vllm:num_requests_running > 0 AND vllm:prompt_tokens_total < Inf",
+    "vllm:num_requests_running > NaN",
+    "sum(vllm:num_requests_running) # the running requests",
+    "sum by ($group) (vllm:num_requests_running)",
+])
+def test_forms_real_dashboards_use_pass(expr: str) -> None:
+    assert _problems(expr) == []
+
+
+def test_a_chained_variable_query_checks_its_matchers_too() -> None:
+    problems = _problems('label_values(vllm:num_requests_running{zone="a"}, model_name)')
+    assert len(problems) == 1 and "has no label 'zone'" in problems[0], problems
