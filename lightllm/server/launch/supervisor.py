@@ -247,6 +247,9 @@ class StopOutsideServing:
         self.server: Optional[uvicorn.Server] = None
         self.requested = False
         self.signum: Optional[int] = None  # the first signal that landed here
+        # Whether that signal came before the server served: decided when it lands, since uvicorn
+        # may still mark the server started after it (it then serves nothing and stops).
+        self.before_serving = False
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         # uvicorn takes over SIGINT and SIGTERM while it serves, not SIGHUP (a closed terminal,
@@ -258,6 +261,7 @@ class StopOutsideServing:
         self.requested = True
         if self.signum is None:
             self.signum = signum
+            self.before_serving = self.server is None or not self.server.started
         if self.server is not None:
             self.server.should_exit = True
 
@@ -273,13 +277,12 @@ class StopOutsideServing:
         (on its own, or because a signal came first: the start-up was interrupted, as before the
         children were ready; :meth:`startup_interruption` says so)."""
         code = supervisor.exit_code
-        if self.server is not None and not self.server.started and code == 0:
-            return 1
-        return code
+        never_served = self.before_serving or (self.server is not None and not self.server.started)
+        return 1 if never_served and code == 0 else code
 
     def startup_interruption(self) -> Optional[str]:
         """The line for a signal that came before the server served (None: it served, or no signal)."""
-        if self.signum is None or (self.server is not None and self.server.started):
+        if self.signum is None or not self.before_serving:
             return None
         return f"interrupted by signal {self.signum} during start-up"
 

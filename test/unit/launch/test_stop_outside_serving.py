@@ -46,3 +46,39 @@ def test_no_signal_and_a_server_that_never_started_is_a_failed_start(stop) -> No
     stop.server = SimpleNamespace(started=False, should_exit=False)
     assert stop.startup_interruption() is None
     assert stop.exit_code(SimpleNamespace(exit_code=0)) == 1
+
+
+def test_a_signal_before_serving_stays_an_interruption_if_uvicorn_then_marks_the_server_started(stop) -> None:
+    """A signal between the launcher's last check and uvicorn's own handlers: uvicorn's start-up
+    still sets ``started`` and then serves nothing (review)."""
+    stop.server = SimpleNamespace(started=False, should_exit=False)
+    os.kill(os.getpid(), signal.SIGTERM)
+    stop.server.started = True
+    assert stop.startup_interruption() == "interrupted by signal 15 during start-up"
+    assert stop.exit_code(SimpleNamespace(exit_code=0)) == 1
+
+
+def test_a_real_uvicorn_server_that_served_and_drained_keeps_exit_0(stop) -> None:
+    """The drain path: the server started, a signal stops it, and uvicorn replays the signal here."""
+    import asyncio
+
+    import uvicorn
+
+    async def app(scope, receive, send):  # pragma: no cover - no request is sent
+        raise AssertionError("no request expected")
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    stop.server = server
+
+    async def serve_then_stop() -> None:
+        task = asyncio.ensure_future(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        server.should_exit = True
+        await task
+
+    asyncio.run(serve_then_stop())
+    assert server.started
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's replay of the signal that stopped it
+    assert stop.startup_interruption() is None
+    assert stop.exit_code(SimpleNamespace(exit_code=0)) == 0
