@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 
 from lightllm.benchmark.metrics import RequestRecord
-from lightllm.benchmark.server_probe import refused_probe
+from lightllm.benchmark.server_probe import NoModelListed, refused_probe
 
 Clock = Callable[[], float]
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -352,7 +352,7 @@ async def fetch_default_model(client: httpx.AsyncClient, base_url: str) -> str:
 
     Raises:
         ServerRefused: the server answered with an HTTP error (its message in one line).
-        ValueError: it lists no model.
+        NoModelListed: it lists no model (or answered something that is not a model list).
     """
     response = await client.get(base_url.rstrip("/") + "/v1/models")
     if response.status_code >= 400:
@@ -364,6 +364,6 @@ async def fetch_default_model(client: httpx.AsyncClient, base_url: str) -> str:
     models = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
         # Not an OpenAI model list (another service on the port, a proxy's page): said, not a traceback.
-        raise ValueError(f"{base_url}/v1/models lists no model (answered {response.text[:120]!r}); "
+        raise NoModelListed(f"{base_url}/v1/models lists no model (answered {response.text[:120]!r}); "
                          "pass --model explicitly")
     return str(models[0]["id"])

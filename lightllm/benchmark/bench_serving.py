@@ -29,8 +29,8 @@ from lightllm.benchmark.metrics import format_summary, parse_slo, summarize, wri
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.benchmark.server_probe import (API_KEY_HELP, ServerRefused, check_reachable, default_api_key,
-                                             served_context)
+from lightllm.benchmark.server_probe import (API_KEY_HELP, NoModelListed, ServerRefused, check_reachable,
+                                             default_api_key, served_context)
 from lightllm.benchmark.workload_context import check_workloads_within
 from lightllm.benchmark.workloads import (FIELD_HELP, WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload,
                                          workloads_using)
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
     try:
         summary = asyncio.run(_run_cli(config, args.warmup_runs, builder))
-    except ValueError as exc:  # the server refused /v1/models (ServerRefused), or it lists no model
+    except (ServerRefused, NoModelListed) as exc:  # /v1/models, asked for the default model
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except httpx.HTTPError as exc:

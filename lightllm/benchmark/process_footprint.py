@@ -268,8 +268,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             launch = launch_and_measure(args.model_dir, result["server_args"], log_path, args.timeout_s, args.ports)
         except PortsExhaustedError as exc:
-            shutil.rmtree(log_dir, ignore_errors=True)  # this launch wrote no log
-            print(f"error: launch {i + 1}: {exc}", file=sys.stderr)
+            if i == 0:
+                shutil.rmtree(log_dir, ignore_errors=True)  # no launch wrote a log
+                print(f"error: launch {i + 1}: {exc}", file=sys.stderr)
+            else:
+                print(f"error: launch {i + 1}: {exc} (earlier launches' logs in {log_dir})", file=sys.stderr)
             return 1
         except FootprintStartError as exc:
             if exc.refused:  # the line says it all: no log directory is left behind unnamed

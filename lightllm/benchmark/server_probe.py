@@ -36,6 +36,10 @@ class ServerRefused(ValueError):
     """The server answered a request the tool must make with an HTTP error; the message is one line."""
 
 
+class NoModelListed(ValueError):
+    """``GET /v1/models`` answered, but with no model list to take a default model from (one line)."""
+
+
 def default_api_key() -> Optional[str]:
     """The key a tool sends when ``--api-key`` is not given: ``OPENAI_API_KEY``, if set and not empty."""
     return os.environ.get(API_KEY_ENV) or None

@@ -33,10 +33,11 @@ class MasterUnderTest:
 
     def __init__(self, model_dir: str, *flags: str) -> None:
         parser = make_argument_parser()
-        args = parser.parse_args([
-            "--run_mode", "pd_master", "--model_dir", str(model_dir),
-            "--pd_heartbeat_interval", str(HEARTBEAT_S), "--pd_max_missed_heartbeats", str(MISSED), *flags,
-        ])
+        # The test's fast heartbeats unless ``flags`` sets them (a flag typed twice is refused).
+        defaults = [item for flag, value in (("--pd_heartbeat_interval", HEARTBEAT_S),
+                                              ("--pd_max_missed_heartbeats", MISSED))
+                    if flag not in flags for item in (flag, str(value))]
+        args = parser.parse_args(["--run_mode", "pd_master", "--model_dir", str(model_dir), *defaults, *flags])
         validate_args(args, 0)
         check_master_flags(args)
         self.manager, self.registry = build_master(args)

@@ -188,8 +188,11 @@ def available_profiles() -> List[str]:
 
 def _profile_file(name_or_path: str) -> Path:
     """The file ``--profile`` names: a bundled profile's name first, else a path (any file name)."""
+    if not name_or_path.strip():
+        raise ValueError(f"profile {name_or_path!r} is empty; name a bundled profile "
+                         f"({', '.join(available_profiles()) or 'none'}) or a profile file")
     bundled = PROFILE_DIR / f"{name_or_path}.json"
-    if name_or_path and Path(name_or_path).name == name_or_path and bundled.is_file():
+    if Path(name_or_path).name == name_or_path and bundled.is_file():
         return bundled
     candidate = Path(name_or_path)
     if candidate.is_dir():

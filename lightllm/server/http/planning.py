@@ -113,7 +113,7 @@ def check_generation_count(prompts: int, candidates: int, limit: int | None, can
     fix = "send fewer prompts per request" + ("" if param == "prompt" else f" or a smaller {candidates_param}")
     raise APIError(400, f"this request asks for {prompts * candidates} generations ({prompts} prompts x "
                    f"{candidates_param} {candidates}); one request may run at most {limit} (half of the server's "
-                   f"{what}), so that it leaves room for other clients: {fix}", INVALID_REQUEST, param)
+                   f"{what}, at least 1), so that it leaves room for other clients: {fix}", INVALID_REQUEST, param)
 
 
 def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:

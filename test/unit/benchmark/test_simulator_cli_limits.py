@@ -281,3 +281,5 @@ def test_a_profile_file_of_any_name_loads_and_a_directory_is_named(tmp_path, mon
         load_profile(str(text))
     with pytest.raises(ValueError, match="is neither a file nor a bundled profile; bundled: .*h100_qwen_0p8b"):
         load_profile("no_such_profile")
+    with pytest.raises(ValueError, match="^profile '' is empty; name a bundled profile"):
+        load_profile("")  # not the working directory

@@ -189,7 +189,7 @@ def test_one_request_may_not_hold_more_generations_than_the_manager_allows(clien
     # Generations asking for top logprobs also hold a top-logprob row each: half of those rows.
     manager.max_top_logprob_generations_per_request = 2
     error = assert_error(completion(client, prompt=prompts[:1], n=3, logprobs=1), 400, "n")
-    assert "at most 2 (half of the server's top-logprob rows (--top_logprobs_slots))" in error["message"]
+    assert "at most 2 (half of the server's top-logprob rows (--top_logprobs_slots), at least 1)" in error["message"]
     assert not manager.calls  # refused before anything ran
     assert completion(client, prompt=prompts[:1], n=3, logprobs=0).status_code == 200
     assert completion(client, prompt=prompts[:2], n=4).status_code == 200
