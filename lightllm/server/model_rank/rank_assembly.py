@@ -50,9 +50,11 @@ from lightllm.utils.tokenizer_utils import load_tokenizer
 log = logging.getLogger("lightllm.model_rank")
 
 
-def build_model_rank(config: ModelRankConfig) -> ModelRank:
+def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) -> ModelRank:
     """Build this process's rank from ``config``: device, TP group, model, KV cache, the start-up
-    forward, backend, and (rank 0) the sockets, the step publisher and the step trace."""
+    forward, backend, and (rank 0) the sockets, the step publisher and the step trace.
+
+    ``strict_attention``: the attention backend was named by the flag, not chosen by ``auto``."""
     is_leader = config.rank == 0
     device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
     if device.type == "cuda":
@@ -75,7 +77,8 @@ def build_model_rank(config: ModelRankConfig) -> ModelRank:
     channel = TpCommandChannel.open(config.rank, config.tp)
     model = load_model(
         config.model_dir, dtype=parse_dtype(config.dtype), device=device, tp=tp,
-        attention=build_attention_backend(config.attention_backend), linear_backend=config.linear_backend,
+        attention=build_attention_backend(config.attention_backend, strict_attention),
+        linear_backend=config.linear_backend,
     )
     threads = _forward_threads(config, model) if config.torch_threads else None
     kv_cache = model.new_kv_cache(config.max_total_token_num)
@@ -174,7 +177,7 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
             attention_backend=resolve_attention_backend(config.attention_backend, config.device),
             linear_backend=resolve_linear_backend(config.linear_backend, config.device, parse_dtype(config.dtype)),
         )
-        rank = build_model_rank(resolved)
+        rank = build_model_rank(resolved, strict_attention=config.attention_backend != "auto")
         log.info(
             "rank %d ready: attention_backend=%s linear_backend=%s %s kv_tokens=%d",
             config.rank,

@@ -131,6 +131,17 @@ def test_backend_takes_decode_and_short_chunks_and_gives_long_ones_to_the_prefil
     assert meta.cached_lens.tolist() == [30] and meta.new_lens.tolist() == [MAX_KERNEL_QUERIES + 1]
 
 
+def test_a_layout_without_a_kernel_variant_is_refused_when_cpp_was_asked_for_by_name() -> None:
+    """--attention_backend cpp with float16 started and ran every forward on SDPA while the log said
+    attention_backend=cpp (outside pass); only auto may fall back."""
+    strict = build_attention_backend("cpp", strict=True)
+    with pytest.raises(AttentionBackendError, match=r"^--attention_backend cpp: the kernel has no variant for "
+                                                    r"head_dim 32, 2 query heads per KV head, dtype float16 on cpu; "
+                                                    r"use --attention_backend auto or torch$"):
+        strict.warmup(q_heads=4, kv_heads=2, head_dim=32, dtype=torch.float16, device=torch.device("cpu"))
+    strict.warmup(q_heads=4, kv_heads=2, head_dim=32, dtype=torch.float32, device=torch.device("cpu"))
+
+
 def test_a_layout_without_a_kernel_variant_runs_on_sdpa_and_says_so(tiny_llama_dir, caplog):
     backend = build_attention_backend("cpp")
     with caplog.at_level(logging.WARNING, logger="lightllm.attention"):

@@ -20,6 +20,7 @@ from typing import Optional, Union
 import torch
 
 from lightllm.common.basemodel.attention.cpp_kernel_build import load_kernel_library
+from lightllm.common.basemodel.attention.selection import AttentionBackendError
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 
@@ -63,10 +64,15 @@ class CppSlotAttention(TorchSdpaAttention):
     which :meth:`warmup` logs.
     """
 
-    def __init__(self, compiler: str) -> None:
-        """Build (or load the cached build of) the kernel with ``compiler``."""
+    def __init__(self, compiler: str, strict: bool = False) -> None:
+        """Build (or load the cached build of) the kernel with ``compiler``.
+
+        ``strict`` (``--attention_backend cpp`` asked for by name): a model the kernel has no
+        variant for is refused at :meth:`warmup` instead of running on the fallback path.
+        """
         self._library = load_kernel_library(compiler)
         self._kernel_ok = True
+        self._strict = strict
 
     def layer_kernels(self) -> str:
         """The fused C++ layer ops (``cpp_layer_ops.cpp``), built into the same library as this kernel."""
@@ -77,11 +83,14 @@ class CppSlotAttention(TorchSdpaAttention):
         group = q_heads // max(kv_heads, 1)
         supported = bool(self._library.lightllm_slot_attention_supports(head_dim, group))
         self._kernel_ok = supported and dtype in _KV_DTYPE_CODES and device.type == "cpu"
-        if not self._kernel_ok:
-            log.warning(
-                "attention backend cpp: the kernel has no variant for head_dim %d, %d query heads per KV head, "
-                "dtype %s on %s; every forward uses gather + SDPA instead", head_dim, group, dtype, device,
-            )
+        if self._kernel_ok:
+            return
+        what = (f"the kernel has no variant for head_dim {head_dim}, {group} query heads per KV head, "
+                f"dtype {str(dtype).removeprefix('torch.')} on {device.type}")
+        if self._strict:
+            # Asked for by name: running every forward on another path would ignore the flag.
+            raise AttentionBackendError(f"--attention_backend cpp: {what}; use --attention_backend auto or torch")
+        log.warning("attention backend cpp: %s; every forward uses gather + SDPA instead", what)
 
     def prepare(
         self, batch: ForwardBatch, req_to_token: torch.Tensor

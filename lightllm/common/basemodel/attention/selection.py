@@ -136,8 +136,12 @@ def resolve_attention_backend(requested: str, device: str) -> str:
     return "triton"
 
 
-def build_attention_backend(name: str) -> AttentionBackend:
-    """An instance of the resolved backend ``name`` (``torch``, ``torch_compiled``, ``cpp`` or ``triton``)."""
+def build_attention_backend(name: str, strict: bool = False) -> AttentionBackend:
+    """An instance of the resolved backend ``name`` (``torch``, ``torch_compiled``, ``cpp`` or ``triton``).
+
+    ``strict``: the backend was asked for by name (not ``auto``), so a model it cannot run is
+    refused (:class:`AttentionBackendError`) rather than served on a fallback path.
+    """
     if name == "torch":
         from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 
@@ -152,7 +156,7 @@ def build_attention_backend(name: str) -> AttentionBackend:
         compiler = cpp_compiler()
         if compiler is None:
             raise AttentionBackendError("attention backend cpp needs a C++ compiler on PATH (or $CXX)")
-        return CppSlotAttention(compiler)
+        return CppSlotAttention(compiler, strict=strict)
     if name == "triton":
         # Imported only when chosen: the kernels are decorated at import, and whether Triton
         # compiles them or interprets them is fixed then.
