@@ -28,7 +28,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
+def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast", warn: bool = True) -> Any:
     """The Hugging Face tokenizer stored in ``model_dir``.
 
     Raises :class:`~lightllm.utils.tokenizer_sources.TokenizerFilesError` (one line) when the
@@ -56,11 +56,17 @@ def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast") -> Any:
         raise ValueError(f"{model_dir} has only a SentencePiece tokenizer.model (no tokenizer.json), which "
                          f"transformers reads with the {' and '.join(missing)} package(s): install them "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
-    if not use_fast and getattr(tokenizer, "is_fast", False):
+    if warn and not use_fast and getattr(tokenizer, "is_fast", False):
         # transformers falls back to the fast tokenizer when the checkpoint has no slow one.
         logging.getLogger(__name__).warning(
             "--tokenizer_mode slow: %s has no slow (Python) tokenizer; using its fast one", model_dir)
     return tokenizer
+
+
+def has_slow_tokenizer(model_dir: str) -> bool:
+    """Whether ``model_dir`` loads a slow (Python) tokenizer when asked for one (transformers
+    falls back to the fast one silently when the checkpoint has none)."""
+    return not getattr(load_tokenizer(model_dir, "slow", warn=False), "is_fast", False)
 
 
 def tokenizer_special_ids(tokenizer: Any) -> FrozenSet[int]:

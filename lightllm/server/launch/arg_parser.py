@@ -215,14 +215,15 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "above 1 it overcommits and pauses requests when the KV cache runs out (a paused request gives its KV back and "
         "computes it again when it resumes, which it does once a finished request freed room: a burst that overflows the "
         "cache at 2 computed about 2-5x its prompt tokens, with or without the prefix cache). "
-        "Not LightLLM's busy threshold of the same "
+        "At most 100. Not LightLLM's busy threshold of the same "
         "name (whose default 0.0 is refused here).",
     )
     add_flag(
         group, "--router_max_wait_tokens", roles=MODEL_ROLES,
         type=int,
         default=DEFAULT_ROUTER_MAX_WAIT_TOKENS,
-        help="Decode steps the router lets pass between two admission rounds while requests run.",
+        help="Decode steps the router lets pass between two admission rounds while requests run (0 to 1000: a new "
+        "request waits up to that many steps to join a running batch).",
     )
     add_flag(group, "--disable_dynamic_prompt_cache", roles=MODEL_ROLES, action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
                        "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")

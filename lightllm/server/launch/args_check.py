@@ -45,6 +45,10 @@ _ORIGIN = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:]+(:[0-9]{1,5})?$")
 # tokenizer's token stands for a thousandth of this many characters.
 MAX_RESERVED_MEMORY_GB = 1e6
 MAX_PROMPT_CHARS_PER_TOKEN = 1e6
+# Overcommit of admission: 100x the KV cache is far past where pausing and recomputing pays.
+MAX_ROUTER_TOKEN_RATIO = 100.0
+# Decode steps between admission rounds: beyond this a new request waits seconds behind a batch.
+MAX_ROUTER_MAX_WAIT_TOKENS = 1000
 
 
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
@@ -131,13 +135,19 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         raise ArgumentError("--slot_wait_seconds must be a positive, finite number of seconds, "
                             f"got {args.slot_wait_seconds}")
     chars = args.prompt_chars_per_token
-    if chars is not None and not 0 <= chars <= MAX_PROMPT_CHARS_PER_TOKEN:
-        raise ArgumentError(f"--prompt_chars_per_token must be in [0, {MAX_PROMPT_CHARS_PER_TOKEN:g}] (0 turns the "
-                            f"check off), got {chars}")
+    if chars is not None and not (chars == 0 or 1 <= chars <= MAX_PROMPT_CHARS_PER_TOKEN):
+        # A token stands for at least one character: below 1 the check refuses prompts that fit.
+        raise ArgumentError(f"--prompt_chars_per_token must be 0 (the check off) or in [1, "
+                            f"{MAX_PROMPT_CHARS_PER_TOKEN:g}] (every token is at least one character), got {chars}")
     for name in ("api_key", "admin_api_key"):
         for key in getattr(args, name) or ():
             if not key.strip() or key != key.strip():
                 raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
+            if "," in key:
+                # The environment variable's value is split at commas; the flag takes keys as separate
+                # words, so a copied variable value would become one key no client sends.
+                raise ArgumentError(f"--{name} values hold one key each: give several as separate words "
+                                    f"(--{name} KEY1 KEY2), not one comma-separated value")
     for model_name in args.model_name or ():
         # A blank id served '' (/v1/models listed it, every request naming the model was a 404).
         if not model_name.strip() or model_name != model_name.strip():
@@ -184,8 +194,9 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     seed = args.sampling_seed
     if seed is not None and not 0 <= seed < 2**64:
         raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")
-    if args.router_token_ratio <= 0:
-        raise ArgumentError(f"--router_token_ratio must be positive, got {args.router_token_ratio}")
+    if not 0 < args.router_token_ratio <= MAX_ROUTER_TOKEN_RATIO:
+        raise ArgumentError(f"--router_token_ratio must be in (0, {MAX_ROUTER_TOKEN_RATIO:g}] (above 1 it overcommits "
+                            f"the KV cache and pauses requests when it runs out), got {args.router_token_ratio}")
     if args.prefill_max_wait_tokens is not None:
         raise ArgumentError(
             "--prefill_max_wait_tokens was replaced by the overtaking bound: use --prefill_max_overtake_tokens and "
@@ -203,8 +214,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     if args.prefill_overtake_fraction > MAX_PREFILL_OVERTAKE_FRACTION:
         raise ArgumentError(f"--prefill_overtake_fraction must be at most {MAX_PREFILL_OVERTAKE_FRACTION:g} "
                             f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction!r}")
-    if args.router_max_wait_tokens < 0:
-        raise ArgumentError(f"--router_max_wait_tokens must be >= 0, got {args.router_max_wait_tokens}")
+    if not 0 <= args.router_max_wait_tokens <= MAX_ROUTER_MAX_WAIT_TOKENS:
+        # A new request waits this many decode steps of the running batch before it may join it.
+        raise ArgumentError(f"--router_max_wait_tokens must be in [0, {MAX_ROUTER_MAX_WAIT_TOKENS}] decode steps (a "
+                            f"new request waits up to that many steps to join a running batch), got "
+                            f"{args.router_max_wait_tokens}")
     if not MIN_SCHEDULE_TIME_INTERVAL <= args.schedule_time_interval <= MAX_SCHEDULE_TIME_INTERVAL:
         # The router polls at most once a millisecond; less would only spin it on an idle server.
         raise ArgumentError(f"--schedule_time_interval must be in [{MIN_SCHEDULE_TIME_INTERVAL:g}, "

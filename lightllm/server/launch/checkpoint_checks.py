@@ -7,10 +7,14 @@ PD master's served model), before any process starts; every refusal is one line 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Optional
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.flag_combinations import PREFIX_CACHE_STRATEGY
+
+if TYPE_CHECKING:
+    from lightllm.server.request_defaults import RequestDefaults
 
 
 def check_args_against_checkpoint(args: argparse.Namespace, model_config: ModelConfig, max_req_total_len: int) -> None:
@@ -31,3 +35,21 @@ def check_args_against_checkpoint(args: argparse.Namespace, model_config: ModelC
         raise ArgumentError(f"--max_new_tokens_default {default_new} leaves no room for a prompt within the "
                             f"{max_req_total_len}-token context (--max_req_total_len, prompt + generated tokens; "
                             f"default: the checkpoint's); give at most {max_req_total_len - 1}")
+
+
+def generation_default_beyond_context(request_defaults: "RequestDefaults", max_new_tokens_default: Optional[int],
+                                      max_req_total_len: int) -> Optional[str]:
+    """A warning line when the generation config's ``max_new_tokens`` cannot fit the context, or None.
+
+    Not refused, as ``--max_new_tokens_default`` is: a checkpoint's own file often names its full
+    trained length while ``--max_req_total_len`` serves less, and the default is cut to the room a
+    prompt leaves either way; the operator hears that it is.
+    """
+    generation = request_defaults.generation
+    if max_new_tokens_default is not None or generation.max_new_tokens is None:
+        return None
+    if generation.max_new_tokens < max_req_total_len:
+        return None
+    return (f"{generation.source}: max_new_tokens {generation.max_new_tokens} does not fit the "
+            f"{max_req_total_len}-token context (--max_req_total_len); a request without max_tokens gets what its "
+            f"prompt leaves (pass --max_new_tokens_default to choose another default)")

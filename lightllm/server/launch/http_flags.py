@@ -30,7 +30,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
         "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
-        "of the tokenizer's vocabulary; 0 turns the check off; at most 1e6.",
+        "of the tokenizer's vocabulary; 0 turns the check off; otherwise from 1 (a token is at least one character) to 1e6.",
     )
     add_flag(
         group, "--http_header_timeout", roles=EVERY_ROLE,
@@ -90,7 +90,8 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         help="Keys clients must send as 'Authorization: Bearer KEY' on every endpoint but the health probes (/health, /health/live, /health/ready, /healthz, /liveness, /readiness, /ping; 401 otherwise). "
-        "Default: the comma-separated keys in LIGHTLLM_API_KEY, else no authentication.",
+        "Several keys are separate words (a comma inside a key is refused). Default: the comma-separated keys in "
+        "LIGHTLLM_API_KEY, else no authentication.",
     )
     add_flag(
         group, "--admin_api_key", roles=EVERY_ROLE,

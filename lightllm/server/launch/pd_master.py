@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfigError
 from lightllm.server.launch.arg_parser import flag_names, flags_given, flags_read_by, server_flag_readers
-from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
+from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint, generation_default_beyond_context
 from lightllm.server.launch.checkpoint_reading import read_checkpoint
 from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
@@ -97,6 +97,9 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
     model_name, names = served_names(args.model_dir, args.model_name)
     max_len = resolve_max_req_total_len(args.max_req_total_len, config)
     check_args_against_checkpoint(args, config, max_len)
+    beyond = generation_default_beyond_context(request_defaults, args.max_new_tokens_default, max_len)
+    if beyond is not None:
+        log.warning("%s", beyond)
     return ServedModel(
         model_name=model_name,
         served_model_names=names,

@@ -267,7 +267,15 @@ def _cpu_threads(args: argparse.Namespace, device: str) -> Tuple[Optional[int], 
     # Prefill, compute-bound and nearly silent, borrows it.
     override = torch_threads_override()
     threads = override or max(1, (cores - 1) // args.tp)
-    prefill_threads = torch_threads_override("LIGHTLLM_PREFILL_TORCH_THREADS") or override or max(1, cores // args.tp)
+    prefill_override = torch_threads_override("LIGHTLLM_PREFILL_TORCH_THREADS")
+    prefill_threads = prefill_override or override or max(1, cores // args.tp)
+    if prefill_threads < threads:
+        # The wide forward borrows threads for work that pays for them; fewer would make every
+        # forward that counts as wide (prefill, long decode) slower than a plain one.
+        decode_source = "LIGHTLLM_TORCH_THREADS" if override else f"the default for {cores} CPUs and --tp {args.tp}"
+        raise ArgumentError(f"LIGHTLLM_PREFILL_TORCH_THREADS={prefill_override} is below the {threads} threads of "
+                            f"every forward ({decode_source}): the wide forwards' threads must be at least as many; "
+                            "raise it or leave it unset")
     override_ms = wide_forward_ms_per_token_override()
     return threads, prefill_threads, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN if override_ms is None else override_ms
 
