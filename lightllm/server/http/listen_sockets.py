@@ -9,6 +9,7 @@ uvicorn; binding the port as the first step of start-up makes that a one-line er
 from __future__ import annotations
 
 import ipaddress
+import errno
 import socket
 from typing import List
 
@@ -88,8 +89,7 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
                 sock.bind(address)
             except OSError as exc:
                 raise PortUnavailableError(
-                    f"cannot listen on {where} (--host/--port): {exc.strerror or exc}; "
-                    "is another server running on this port?") from None
+                    f"cannot listen on {where} (--host/--port): {exc.strerror or exc}; {_bind_hint(exc)}") from None
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
@@ -97,3 +97,12 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
             sock.close()
         raise
     return sockets
+
+
+def _bind_hint(exc: OSError) -> str:
+    """What to check for a failed bind: the cause differs with the error."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "--host must be an address of this machine (or 0.0.0.0 / :: for every interface)"
+    if exc.errno == errno.EACCES:
+        return "ports below 1024 need privileges; choose a higher --port"
+    return "is another server running on this port?"

@@ -11,6 +11,7 @@ import argparse
 from typing import List
 
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.run_mode import RunMode
 from lightllm.server.launch.arg_parser import flags_given
 
 # The strategy that orders by prefix-cache hits: without a prefix cache every request has none,
@@ -30,8 +31,9 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
     if args.disable_mixed_batches and args.disable_chunked_prefill:
         raise ArgumentError("--disable_mixed_batches does nothing with --disable_chunked_prefill (mixed batches need "
                             "chunked prefill, so none are run); give one of them")
-    if args.tp == 1:
-        # One rank opens no torch.distributed group, so nothing would listen at the rendezvous.
+    if args.tp == 1 and args.run_mode != RunMode.PD_MASTER:
+        # One rank opens no torch.distributed group, so nothing would listen at the rendezvous (a
+        # PD master has no ranks at all: the role check names these flags for it).
         given = flags_given(args, ["nccl_host", "nccl_port"])
         if given:
             one = len(given) == 1

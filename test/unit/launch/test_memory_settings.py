@@ -137,7 +137,7 @@ def test_reserved_memory_flag_is_validated_and_used_by_sizing(tiny_llama_dir):
         with pytest.raises(ArgumentError, match=r"--reserved_memory_gb must be in \[0, 1e\+06\] GiB"):
             validate_args(parser.parse_args(["--model_dir", "m", "--reserved_memory_gb", value]))
     for value in ("-1", "1e308"):
-        with pytest.raises(ArgumentError, match=r"--prompt_chars_per_token must be in \[0, 1e\+06\]"):
+        with pytest.raises(ArgumentError, match=r"--prompt_chars_per_token must be 0 \(the check off\) or in \[1, 1e\+06\]"):
             validate_args(parser.parse_args(["--model_dir", "m", "--prompt_chars_per_token", value]))
     validate_args(parser.parse_args(["--model_dir", "m", "--prompt_chars_per_token", "1e6", "--reserved_memory_gb", "1e6"]))
     config = ModelConfig.from_dir(tiny_llama_dir)

@@ -83,3 +83,24 @@ def test_a_generation_config_length_beyond_the_context_is_named(tiny_llama_dir, 
     assert generation_default_beyond_context(defaults, 16, 1024) is None  # the flag replaces the file's
     fits = RequestDefaults(generation=GenerationDefaults(max_new_tokens=1023, source="x"))
     assert generation_default_beyond_context(fits, None, 1024) is None
+
+
+def test_a_pd_master_hears_that_nccl_flags_are_the_nodes_not_to_raise_its_tp():
+    """The master was told to give --nccl_port "with --tp 2 or more", a flag it refuses itself."""
+    from lightllm.server.launch.pd_master import check_master_flags
+
+    args = parse_server_args(["--model_dir", "/m", "--run_mode", "pd_master", "--nccl_port", "23590"])
+    validate_args(args)
+    with pytest.raises(ValueError, match="^--nccl_port configures model nodes and does nothing on --run_mode "
+                                         "pd_master"):
+        check_master_flags(args)
+
+
+def test_an_address_this_machine_does_not_have_is_named_as_such():
+    """`--host 8.8.8.8` asked whether another server was running on the port."""
+    from lightllm.server.http.listen_sockets import PortUnavailableError, bind_listeners
+
+    with pytest.raises(PortUnavailableError) as refused:
+        bind_listeners("192.0.2.1", 23511)  # TEST-NET-1: never an address of this machine
+    message = str(refused.value)
+    assert "--host must be an address of this machine" in message and "another server" not in message, message

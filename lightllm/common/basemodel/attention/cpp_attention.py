@@ -20,7 +20,7 @@ from typing import Optional, Union
 import torch
 
 from lightllm.common.basemodel.attention.cpp_kernel_build import load_kernel_library
-from lightllm.common.basemodel.attention.selection import AttentionBackendError
+from lightllm.common.basemodel.attention.backend_error import AttentionBackendError
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 

@@ -7,16 +7,14 @@ import os
 import shutil
 from typing import TYPE_CHECKING, List
 
+from lightllm.common.basemodel.attention.backend_error import AttentionBackendError
+
 if TYPE_CHECKING:
     from lightllm.common.basemodel.attention.base import AttentionBackend
 
 log = logging.getLogger("lightllm.attention")
 
 ATTENTION_BACKENDS: List[str] = ["auto", "torch", "torch_compiled", "cpp", "triton"]
-
-
-class AttentionBackendError(ValueError):
-    """The requested backend cannot run here (message fits one line)."""
 
 
 def triton_import_error() -> str | None:
