@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from canned_server import serve
 from pd_membership_support import node
 from lightllm.server.http.errors import install_error_handlers
 from lightllm.server.pd.master.expiry_sweeper import ExpirySweeper
@@ -304,18 +305,8 @@ def test_registering_with_a_server_that_is_no_master_is_refused_saying_so() -> N
     """A --pd_master_port that points at a node (or anything else) answered "No route POST /pd/register"."""
     app = FastAPI()
     install_error_handlers(app)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
-    async def scenario() -> None:
+    async def scenario(url: str) -> None:
         client = PdNodeClient(url, node("p9", "prefill", port=9300))
         client.start()
         try:
@@ -326,12 +317,8 @@ def test_registering_with_a_server_that_is_no_master_is_refused_saying_so() -> N
         assert err.value.code == "not_a_pd_master"
         assert str(err.value).startswith(f"{url} is not a PD master") and "--pd_master_port" in str(err.value)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with serve(app) as url:
+        asyncio.run(scenario(url))
 
 
 def test_a_node_started_before_its_master_waits_for_it_without_calling_it_lost(caplog) -> None:

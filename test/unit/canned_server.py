@@ -1,4 +1,4 @@
-"""A canned FastAPI app served by uvicorn on a free loopback port, for the benchmark clients' tests.
+"""A FastAPI app served by uvicorn on a free loopback port, for tests of the clients that call it.
 
 The clients are tested against a small real HTTP server (not lightllm's own): real sockets, real
 streaming, answers the test chooses.
