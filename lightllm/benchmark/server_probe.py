@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import httpx
 
@@ -43,6 +43,24 @@ class NoModelListed(ValueError):
 def default_api_key() -> Optional[str]:
     """The key a tool sends when ``--api-key`` is not given: ``OPENAI_API_KEY``, if set and not empty."""
     return os.environ.get(API_KEY_ENV) or None
+
+
+def without_api_key(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of ``--api-key`` replaced by ``<given>``, for a command line a report records."""
+    shown: list[str] = []
+    hide_next = False
+    for token in argv:
+        if hide_next:
+            shown.append("<given>")
+            hide_next = False
+        elif token == "--api-key":
+            shown.append(token)
+            hide_next = True
+        elif token.startswith("--api-key="):
+            shown.append("--api-key=<given>")
+        else:
+            shown.append(token)
+    return shown
 
 
 def auth_headers(api_key: Optional[str]) -> dict[str, str]:

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import resource
 import shlex
 import sys
@@ -36,7 +35,11 @@ import httpx
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
-from lightllm.benchmark.soak_report import PhaseResult, memory_info, render_markdown, round_line
+from lightllm.benchmark.backends import fetch_default_model
+from lightllm.benchmark.server_probe import (API_KEY_HELP, NoModelListed, ServerRefused, auth_headers, default_api_key,
+                                             without_api_key)
+from lightllm.benchmark.soak_client import SoakClient, make_prompts
+from lightllm.benchmark.soak_report import memory_info, render_markdown, round_line
 from lightllm.utils.envs_utils import idle_malloc_trim_seconds
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -65,6 +68,7 @@ def make_parser() -> argparse.ArgumentParser:
     target.add_argument("--server-args", default="", help="extra flags for the started server, one shell-quoted string")
     target.add_argument("--base-url", default=None, help="target a running server instead (loopback only)")
     target.add_argument("--server-pid", type=int, default=None, help="main pid of the targeted server (for RSS)")
+    target.add_argument("--api-key", default=default_api_key(), help=API_KEY_HELP)
     target.add_argument("--log-dir", type=output_dir, default="soak_logs",
                         help="where the started server's log goes (created if missing)")
     load = parser.add_argument_group("load")
@@ -181,108 +185,6 @@ def resolve_vocab(args: argparse.Namespace) -> int:
     return args.vocab or served
 
 
-class SoakClient:
-    """Sends the phases of a round to one server."""
-
-    def __init__(self, base_url: str, model: str, args: argparse.Namespace):
-        self.base_url = base_url
-        self.model = model
-        self.args = args
-        # Idle connections are dropped before the server's keep-alive timeout (5 s by default)
-        # can close them under a request being sent, which would count as a spurious error.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
-        self.client = httpx.AsyncClient(timeout=args.request_timeout_s, limits=limits, trust_env=False)
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-    def _body(self, prompt: List[int], max_tokens: int, stream: bool) -> Dict[str, Any]:
-        return {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                "temperature": 0, "stream": stream}
-
-    async def _stream(self, prompt: List[int], max_tokens: int, stop_after: Optional[int], result: PhaseResult) -> None:
-        events = 0
-        try:
-            async with self.client.stream("POST", f"{self.base_url}/v1/completions",
-                                          json=self._body(prompt, max_tokens, True)) as resp:
-                if resp.status_code != 200:
-                    result.fail(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-                    return
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    if line.strip() == "data: [DONE]":
-                        break
-                    try:
-                        payload = json.loads(line[5:])
-                    except ValueError:
-                        result.fail(f"not JSON: {line}")
-                        return
-                    if isinstance(payload, dict) and "error" in payload:
-                        result.fail(line)
-                        return
-                    events += 1
-                    if stop_after is not None and events >= stop_after:
-                        break  # leaving the block closes the connection mid-stream
-            if stop_after is None and events == 0:
-                result.fail("stream ended without a token")
-            else:
-                result.ok += 1
-        except httpx.HTTPError as exc:
-            result.fail(f"{type(exc).__name__}: {exc}")
-
-    async def _complete(self, prompt: List[int], result: PhaseResult, gate: asyncio.Semaphore) -> None:
-        async with gate:
-            try:
-                resp = await self.client.post(f"{self.base_url}/v1/completions",
-                                              json=self._body(prompt, self.args.output_len, False))
-                if resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == self.args.output_len:
-                    result.ok += 1
-                else:
-                    result.fail(f"HTTP {resp.status_code}: {resp.text[:200]}")
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                result.fail(f"{type(exc).__name__}: {exc}")
-
-    async def run_phase(self, kind: str, prompts: List[List[int]]) -> PhaseResult:
-        """``streams``, ``aborts`` or ``requests`` over ``prompts``."""
-        result = PhaseResult(sent=len(prompts))
-        started = time.perf_counter()
-        if kind == "streams":
-            jobs = [self._stream(p, self.args.output_len, None, result) for p in prompts]
-        elif kind == "aborts":
-            jobs = [self._stream(p, self.args.abort_output_len, self.args.abort_after_events, result) for p in prompts]
-        else:
-            gate = asyncio.Semaphore(self.args.concurrency)
-            jobs = [self._complete(p, result, gate) for p in prompts]
-        await asyncio.gather(*jobs)
-        result.seconds = time.perf_counter() - started
-        return result
-
-    async def wait_idle(self) -> bool:
-        """Poll /metrics until nothing runs or waits; False when ``--idle-timeout-s`` passed."""
-        deadline = time.monotonic() + self.args.idle_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                text = (await self.client.get(f"{self.base_url}/metrics", timeout=10)).text
-                busy = sum(_metric(text, name) for name in ("lightllm_running_requests", "lightllm_waiting_requests"))
-                if busy == 0:
-                    return True
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-        return False
-
-
-def _metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
-def make_prompts(count: int, low: int, high: int, vocab: int, rng: random.Random) -> List[List[int]]:
-    """Random token-id prompts with lengths in [low, high] (fresh ids, so every round adds cache entries)."""
-    return [[rng.randrange(5, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
-
-
 def sample_memory(root_pid: int) -> Dict[str, Dict[str, int]]:
     """Memory of every live server process, keyed by label."""
     samples = {}
@@ -296,8 +198,8 @@ def sample_memory(root_pid: int) -> Dict[str, Dict[str, int]]:
 
 async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[str, Any]:
     """Run every round against a server; returns the report dictionary."""
-    async with httpx.AsyncClient(trust_env=False, timeout=30) as probe:
-        model = (await probe.get(f"{base_url}/v1/models")).json()["data"][0]["id"]
+    async with httpx.AsyncClient(trust_env=False, timeout=30, headers=auth_headers(args.api_key)) as probe:
+        model = await fetch_default_model(probe, base_url)
     client = SoakClient(base_url, model, args)
     rng = random.Random(args.seed)
     low, high = args.prompt_len
@@ -370,13 +272,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         # The server cannot be reached (or went away): one line, as for every refusal.
         print(f"error: cannot reach the server at {base_url}: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
+    except (ServerRefused, NoModelListed) as exc:  # /v1/models, asked for the model to soak (a 401 without --api-key)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         if server is not None:
             server.stop()
     if server is not None:
         report["shm_left_after_stop"] = shm_usage(prefix=f"lightllm_{root_pid}_")
-    report["command"] = "python -m lightllm.benchmark.soak_server " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    report["args"] = vars(args)
+    typed = without_api_key(argv if argv is not None else sys.argv[1:])
+    report["command"] = "python -m lightllm.benchmark.soak_server " + " ".join(shlex.quote(a) for a in typed)
+    # The key itself stays out of the report files.
+    report["args"] = {**vars(args), "api_key": "<given>" if args.api_key else None}
     report["machine"] = {**machine_info(), **memory_info()}
     report["git"] = git_info()
     markdown = render_markdown(report)
