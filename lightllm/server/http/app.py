@@ -61,8 +61,10 @@ from lightllm.server.http.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
 from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
 from lightllm.server.http.openapi import install_request_schemas, request_body
-from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_min_tokens_fit,
-                                           check_token_ids, choice_jobs, default_length_for, encoded)
+from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_generation_counts,
+                                           check_min_tokens_fit, check_token_ids, choice_jobs, default_length_for,
+                                           encoded)
+from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
@@ -150,6 +152,9 @@ class NativeEndpoints:
                                  prompt_noun="prompt", min_param="parameters.min_new_tokens")
         check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
                              prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
+        check_generation_counts(self.manager, 1, parameters.candidates,
+                                "parameters.best_of" if parameters.candidates > parameters.n else "parameters.n",
+                                wants_top_rows(params))
         jobs = choice_jobs(0, prompt_ids, params, parameters.candidates)
         fanout = GenerationFanout(self.manager, jobs, high_priority=body.high_priority_request, request=request)
         await fanout.start()

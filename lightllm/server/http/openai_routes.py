@@ -39,9 +39,10 @@ from lightllm.server.http.openai_shapes import (
     first_generation_cached,
 )
 from lightllm.server.http.openapi import request_body
+from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.planning import (
     build_sampling_params,
-    check_generation_count,
+    check_generation_counts,
     check_min_tokens_fit,
     check_token_ids,
     completion_room,
@@ -199,14 +200,10 @@ class OpenAIEndpoints:
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
-        candidates_param = "best_of" if body.best_of is not None else "n"
-        check_generation_count(len(body.prompt), body.candidates, self.manager.max_generations_per_request,
-                               candidates_param)
-        if (body.logprobs or 0) > 0 or (body.prompt_logprobs or 0) > 0:
-            # Each such generation also holds a top-logprob row (--top_logprobs_slots).
-            check_generation_count(len(body.prompt), body.candidates,
-                                   self.manager.max_top_logprob_generations_per_request, candidates_param,
-                                   "top-logprob rows (--top_logprobs_slots)")
+        # Before the prompts are tokenized: 64 of them are work to spare on a request refused anyway.
+        check_generation_counts(self.manager, len(body.prompt), body.candidates,
+                                "best_of" if body.best_of is not None else "n",
+                                (body.logprobs or 0) > 0 or (body.prompt_logprobs or 0) > 0)
         prompts = []
         for index, prompt in enumerate(body.prompt):
             noun = prompt_noun("prompt", index, len(body.prompt))
@@ -254,6 +251,8 @@ class OpenAIEndpoints:
         grammar = tool_plan.combine_grammar(structured_grammar(
             body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
+        check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
+                                wants_top_rows(jobs[0].params))
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
         shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text())

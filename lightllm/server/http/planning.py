@@ -116,6 +116,16 @@ def check_generation_count(prompts: int, candidates: int, limit: int | None, can
                    f"{what}, at least 1), so that it leaves room for other clients: {fix}", INVALID_REQUEST, param)
 
 
+def check_generation_counts(manager: Any, prompts: int, candidates: int, candidates_param: str,
+                            wants_top: bool) -> None:
+    """Both caps of one request (every endpoint): its generations hold request slots, and, when it asks
+    for top logprobs (``wants_top``), top-logprob rows too (``manager``: a RequestManager)."""
+    check_generation_count(prompts, candidates, manager.max_generations_per_request, candidates_param)
+    if wants_top:
+        check_generation_count(prompts, candidates, manager.max_top_logprob_generations_per_request, candidates_param,
+                               "top-logprob rows (--top_logprobs_slots)")
+
+
 def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:
     """Refuse a prompt that fills the whole context: no completion length can fit beside it."""
     if prompt_len >= limit:

@@ -196,6 +196,29 @@ def test_one_request_may_not_hold_more_generations_than_the_manager_allows(clien
     assert len(manager.calls) == 11
 
 
+def test_chat_and_generate_hold_to_the_same_caps(client: TestClient, manager: FakeManager) -> None:
+    """Only /v1/completions checked them: chat n 8 with top_logprobs on a PD master got a 503 from
+    the decode node (after the busy retry), a normal server with 2 rows served chat n 16 (outside pass)."""
+    manager.max_generations_per_request, manager.max_top_logprob_generations_per_request = 8, 2
+    messages = [{"role": "user", "content": "x"}]
+    error = assert_error(chat(client, messages=messages, n=9), 400, "n")
+    assert "9 generations (1 prompts x n 9)" in error["message"]
+    error = assert_error(chat(client, messages=messages, n=3, logprobs=True, top_logprobs=1), 400, "n")
+    assert "at most 2 (half of the server's top-logprob rows" in error["message"]
+    assert_error(chat(client, messages=messages, n=3, prompt_logprobs=1), 400, "n")
+    generate = {"inputs": "x", "parameters": {"n": 3, "best_of": 3, "do_sample": True, "logprobs": 1,
+                                              "return_details": True}}
+    error = assert_error(client.post("/generate", json=generate), 400, "parameters.n")
+    assert "at most 2" in error["message"]
+    generate["parameters"] = {**generate["parameters"], "n": 2}
+    assert_error(client.post("/generate", json=generate), 400, "parameters.best_of")
+    assert not manager.calls  # refused before anything ran
+    # Within the caps, or without top logprobs (logprobs true alone is the chosen token's, no row):
+    assert chat(client, messages=messages, n=3, logprobs=True).status_code == 200
+    assert chat(client, messages=messages, n=2, logprobs=True, top_logprobs=1).status_code == 200
+    assert client.post("/generate", json={"inputs": "x", "parameters": {"n": 2, "do_sample": True}}).status_code == 200
+
+
 # ---------------------------------------------------------------- a request the rank finished with an error
 
 
