@@ -10,6 +10,7 @@ import torch
 
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.plan import build_process_configs, plan_layout, resolve_sampling_seed
@@ -70,8 +71,14 @@ def test_torch_threads_sets_both_and_the_prefill_variable_only_prefill(tiny_llam
     _, sizing = _sizing(tiny_llama_dir, 1)
     assert (sizing.torch_threads, sizing.prefill_torch_threads) == (3, 5)
     monkeypatch.delenv("LIGHTLLM_TORCH_THREADS")
+    monkeypatch.setenv("LIGHTLLM_PREFILL_TORCH_THREADS", str(cores))
     _, sizing = _sizing(tiny_llama_dir, 1)
-    assert (sizing.torch_threads, sizing.prefill_torch_threads) == (cores - 1, 5)
+    assert (sizing.torch_threads, sizing.prefill_torch_threads) == (cores - 1, cores)
+    # Fewer wide threads than every forward has would make the wide forwards the narrow ones.
+    monkeypatch.setenv("LIGHTLLM_PREFILL_TORCH_THREADS", "5")
+    with pytest.raises(ArgumentError, match=rf"LIGHTLLM_PREFILL_TORCH_THREADS=5 is below the {cores - 1} threads of "
+                                            rf"every forward \(the default for {cores} CPUs and --tp 1\)"):
+        _sizing(tiny_llama_dir, 1)
 
 
 def test_the_wide_forward_threshold_is_read(tiny_llama_dir, cores, monkeypatch) -> None:
