@@ -58,7 +58,8 @@ class RequestManager(Protocol):
     in responses), ``generation_defaults`` (the sampling fields a request inherits) and
     ``max_generations_per_request`` (prompts x ``n``/``best_of`` one request may run; None: no
     limit of the manager's own) and ``max_top_logprob_generations_per_request`` (the same for a
-    request asking for top logprobs).  A
+    request asking for top logprobs), with ``generation_caps_source``, whose places they are half
+    of, as a refusal names them ("the server's", "the smallest PD node's").  A
     manager that loaded a checkpoint may also have ``model_path`` (``--model_dir`` as an absolute path),
     which /v1/models reports as ``root``.
     """
@@ -72,6 +73,7 @@ class RequestManager(Protocol):
     generation_defaults: GenerationDefaults
     max_generations_per_request: Optional[int]
     max_top_logprob_generations_per_request: Optional[int]
+    generation_caps_source: str
 
     async def start(self) -> None:
         """Called once on the server's event loop before the first request."""

@@ -72,6 +72,7 @@ class FakeManager:
         self.generation_defaults = GenerationDefaults()
         self.max_generations_per_request: int | None = None
         self.max_top_logprob_generations_per_request: int | None = None
+        self.generation_caps_source = "the server's"
         self.reply_len = 3
         self.step_seconds = 0.0  # how long each token takes
         self.cached_tokens = 2

@@ -103,7 +103,7 @@ def check_context_length(
 
 
 def check_generation_count(prompts: int, candidates: int, limit: int | None, candidates_param: str,
-                           what: str = "request slots") -> None:
+                           what: str = "request slots", whose: str = "the server's") -> None:
     """Refuse a request of more generations (``prompts`` x ``candidates``) than one request may run
     (``limit``: half of the server's ``what``; None: no limit of the manager's own).  The error names
     the prompt count when one prompt per generation is already too many, else ``candidates_param``."""
@@ -112,7 +112,7 @@ def check_generation_count(prompts: int, candidates: int, limit: int | None, can
     param = "prompt" if prompts > limit else candidates_param
     fix = "send fewer prompts per request" + ("" if param == "prompt" else f" or a smaller {candidates_param}")
     raise APIError(400, f"this request asks for {prompts * candidates} generations ({prompts} prompts x "
-                   f"{candidates_param} {candidates}); one request may run at most {limit} (half of the server's "
+                   f"{candidates_param} {candidates}); one request may run at most {limit} (half of {whose} "
                    f"{what}, at least 1), so that it leaves room for other clients: {fix}", INVALID_REQUEST, param)
 
 
@@ -120,10 +120,12 @@ def check_generation_counts(manager: Any, prompts: int, candidates: int, candida
                             wants_top: bool) -> None:
     """Both caps of one request (every endpoint): its generations hold request slots, and, when it asks
     for top logprobs (``wants_top``), top-logprob rows too (``manager``: a RequestManager)."""
-    check_generation_count(prompts, candidates, manager.max_generations_per_request, candidates_param)
+    whose = manager.generation_caps_source
+    check_generation_count(prompts, candidates, manager.max_generations_per_request, candidates_param,
+                           whose=whose)
     if wants_top:
         check_generation_count(prompts, candidates, manager.max_top_logprob_generations_per_request, candidates_param,
-                               "top-logprob rows (--top_logprobs_slots)")
+                               "top-logprob rows (--top_logprobs_slots)", whose)
 
 
 def check_prompt_leaves_room(prompt_len: int, limit: int, *, prompt_param: str, prompt_noun: str) -> None:

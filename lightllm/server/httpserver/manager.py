@@ -98,6 +98,7 @@ class HttpServerManager:
         self.max_generations_per_request = generations_per_request(layout.slot_num)
         # The same for generations asking for top logprobs, which also hold a top-logprob row each.
         self.max_top_logprob_generations_per_request = generations_per_request(layout.top_slot_num)
+        self.generation_caps_source = "the server's"
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
         # released (the router, ranks and detokenizer key their state by it until then); the

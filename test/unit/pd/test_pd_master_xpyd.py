@@ -383,7 +383,7 @@ def test_one_request_may_run_at_most_half_the_smallest_nodes_request_slots(tiny_
         assert top_refused.status_code == 400, top_refused.text
         error = top_refused.json()["error"]
         assert error["param"] == "prompt" and "at most 3" in error["message"]  # half of d0's 6 top-logprob rows
-        assert "top-logprob rows (--top_logprobs_slots)" in error["message"]
+        assert "half of the smallest PD node's top-logprob rows (--top_logprobs_slots)" in error["message"]
         served = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "prompt": ["a", "b"], "n": 2},
                             timeout=REQUEST_TIMEOUT)
         assert served.status_code == 200, served.text

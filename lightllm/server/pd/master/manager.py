@@ -96,6 +96,9 @@ class PdMasterManager:
         nodes), as a normal server limits one request; None while no node reports its slots."""
         return self._half_of_smallest("request_slots")
 
+    # The caps are half of the places of the node with the fewest; the master has none of its own.
+    generation_caps_source = "the smallest PD node's"
+
     @property
     def max_top_logprob_generations_per_request(self) -> Optional[int]:
         """The same for a request asking for top logprobs, of the nodes' top-logprob rows."""
