@@ -32,7 +32,7 @@ from lightllm.benchmark.cli_args import (OneLineErrorParser, argument_type, chec
                                          output_file)
 from lightllm.benchmark.count_flags import positive_int
 from lightllm.benchmark.kernel_bench_context import context_refusal
-from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, build_attention_backend
+from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, AttentionBackendError, build_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import dtype_name, parse_dtype
 from lightllm.models.registry import load_model
@@ -173,16 +173,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     dtype = parse_dtype(args.dtype)
-    backends = {name: build_attention_backend(name) for name in names}
+    # Named on the command line: a model the cpp kernel cannot run is refused, not timed on SDPA
+    # under the cpp label.
+    backends = {name: build_attention_backend(name, strict=True) for name in names}
     if args.min_fused_context is not None:
         for backend in backends.values():
             if hasattr(backend, "min_fused_context"):
                 backend.min_fused_context = args.min_fused_context
                 if args.min_fused_context == 0:
                     backend.min_fused_requests = 1
-    model = load_model(args.model_dir, dtype=dtype, attention=backends[names[0]])
-    for backend in backends.values():
-        backend.warmup(model.local_q_heads, model.local_kv_heads, model.head_dim, model.dtype, model.device)
+    try:
+        model = load_model(args.model_dir, dtype=dtype, attention=backends[names[0]])
+        for backend in backends.values():
+            backend.warmup(model.local_q_heads, model.local_kv_heads, model.head_dim, model.dtype, model.device)
+    except AttentionBackendError as exc:
+        parser.error(str(exc))
     rows = []
     header = "| batch | context | " + " | ".join(f"{n} ms/step" for n in names)
     header += " | speed-up |" if len(names) > 1 else " |"

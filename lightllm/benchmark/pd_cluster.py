@@ -230,8 +230,13 @@ class PdTopology(Topology):
             return None
         # On CPU both nodes share this machine's cores, so neither may borrow the front end's
         # core for prefill (forward_threads.py): one thread count for every forward, the
-        # standing (cores - 1) of a node that had the machine to itself.
-        return {"LIGHTLLM_TORCH_THREADS": str(max(1, (os.cpu_count() or 1) - 1))}
+        # standing (cores - 1) of a node that had the machine to itself, or fewer when the user
+        # set the wide forwards' count lower (the server refuses wide forwards narrower than it).
+        threads = max(1, (os.cpu_count() or 1) - 1)
+        wide = os.environ.get("LIGHTLLM_PREFILL_TORCH_THREADS", "").strip()
+        if wide.isdigit() and int(wide) >= 1:
+            threads = min(threads, int(wide))
+        return {"LIGHTLLM_TORCH_THREADS": str(threads)}
 
     def launch(self, spec: ServerSpec, log_dir: Path, guard: LaunchGuard | None = None) -> PdCluster:
         # A launch of its own when the caller gives no guard: the node threads below must be

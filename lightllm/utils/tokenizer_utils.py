@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Any, FrozenSet, List
+from typing import Any, FrozenSet, List, Optional
 
 from lightllm.utils.tokenizer_sources import check_tokenizer_sources
 from lightllm.utils.torch_free import quiet_transformers_without_torch
@@ -63,10 +63,19 @@ def load_tokenizer(model_dir: str, tokenizer_mode: str = "fast", warn: bool = Tr
     return tokenizer
 
 
-def has_slow_tokenizer(model_dir: str) -> bool:
-    """Whether ``model_dir`` loads a slow (Python) tokenizer when asked for one (transformers
-    falls back to the fast one silently when the checkpoint has none)."""
-    return not getattr(load_tokenizer(model_dir, "slow", warn=False), "is_fast", False)
+def slow_tokenizer_problem(model_dir: str) -> Optional[str]:
+    """Why ``--tokenizer_mode slow`` would serve ``model_dir`` with a fast tokenizer anyway, or None.
+
+    transformers falls back to the fast tokenizer silently when the checkpoint has no slow one,
+    and transformers 5 loads most tokenizer classes through their fast backend whatever is asked.
+    """
+    import transformers
+
+    tokenizer = load_tokenizer(model_dir, "slow", warn=False)
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    return (f"transformers {transformers.__version__} loads {model_dir}'s tokenizer ({type(tokenizer).__name__}) "
+            "through its fast backend even when asked for a slow (Python) one")
 
 
 def tokenizer_special_ids(tokenizer: Any) -> FrozenSet[int]:

@@ -88,8 +88,11 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
             try:
                 sock.bind(address)
             except OSError as exc:
+                # A name (localhost) may resolve to an address the machine lacks (::1 without IPv6).
+                resolved = "" if address[0] == bind_host else f", address {address[0]}"
                 raise PortUnavailableError(
-                    f"cannot listen on {where} (--host/--port): {exc.strerror or exc}; {_bind_hint(exc)}") from None
+                    f"cannot listen on {where} (--host/--port{resolved}): {exc.strerror or exc}; "
+                    f"{_bind_hint(exc, address[1])}") from None
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
@@ -99,10 +102,12 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
     return sockets
 
 
-def _bind_hint(exc: OSError) -> str:
+def _bind_hint(exc: OSError, port: int) -> str:
     """What to check for a failed bind: the cause differs with the error."""
     if exc.errno == errno.EADDRNOTAVAIL:
         return "--host must be an address of this machine (or 0.0.0.0 / :: for every interface)"
-    if exc.errno == errno.EACCES:
+    if exc.errno == errno.EACCES and 0 < port < 1024:
         return "ports below 1024 need privileges; choose a higher --port"
+    if exc.errno == errno.EACCES:
+        return "this process may not listen there"
     return "is another server running on this port?"

@@ -39,7 +39,6 @@ from lightllm.server.http.openai_shapes import (
     first_generation_cached,
 )
 from lightllm.server.http.openapi import request_body
-from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.planning import (
     build_sampling_params,
     check_generation_counts,
@@ -241,6 +240,10 @@ class OpenAIEndpoints:
         body = await parse_body_off_loop(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)
         self.check_request_template(body.chat_template)
+        # Before the template renders and the prompt is tokenized, as for completions.
+        wants_top = (bool(body.logprobs) and (body.top_logprobs or 0) > 0) or (body.prompt_logprobs or 0) > 0
+        check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
+                                wants_top)
         tool_plan = plan_tool_calls(body, self.tool_call_parser)
         if tool_plan.keeps_special_tokens:
             body.skip_special_tokens = False
@@ -251,8 +254,6 @@ class OpenAIEndpoints:
         grammar = tool_plan.combine_grammar(structured_grammar(
             body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
-        check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
-                                wants_top_rows(jobs[0].params))
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
         shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text())

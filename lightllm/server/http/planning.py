@@ -110,10 +110,14 @@ def check_generation_count(prompts: int, candidates: int, limit: int | None, can
     if limit is None or prompts * candidates <= limit:
         return
     param = "prompt" if prompts > limit else candidates_param
-    fix = "send fewer prompts per request" + ("" if param == "prompt" else f" or a smaller {candidates_param}")
-    raise APIError(400, f"this request asks for {prompts * candidates} generations ({prompts} prompts x "
-                   f"{candidates_param} {candidates}); one request may run at most {limit} (half of {whose} "
-                   f"{what}, at least 1), so that it leaves room for other clients: {fix}", INVALID_REQUEST, param)
+    if prompts == 1:  # chat, /generate, or one completion prompt: only the candidates can change
+        asked, fix = f"{candidates_param} {candidates}", f"use a smaller {candidates_param}"
+    else:
+        asked = f"{prompts} prompts x {candidates_param} {candidates}"
+        fix = "send fewer prompts per request" + ("" if param == "prompt" else f" or a smaller {candidates_param}")
+    raise APIError(400, f"this request asks for {prompts * candidates} generations ({asked}); one request may run "
+                   f"at most {limit} (half of {whose} {what}, at least 1), so that it leaves room for other "
+                   f"clients: {fix}", INVALID_REQUEST, param)
 
 
 def check_generation_counts(manager: Any, prompts: int, candidates: int, candidates_param: str,

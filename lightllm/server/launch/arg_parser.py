@@ -108,7 +108,8 @@ def make_argument_parser() -> argparse.ArgumentParser:
         type=str,
         choices=["fast", "slow", "auto"],
         default="fast",
-        help="Tokenizer implementation: fast (Rust tokenizers), slow (Python) or auto.",
+        help="Tokenizer implementation: fast (Rust tokenizers), slow (Python; refused at start when transformers "
+        "would load the fast one anyway, as transformers 5 does for most tokenizers) or auto.",
     )
     add_flag(
         group, "--tp", roles=MODEL_ROLES, type=int, default=1,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Optional
 
+from lightllm.common.basemodel.attention.cpp_kernel_support import cpp_kernel_problem
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.flag_combinations import PREFIX_CACHE_STRATEGY
@@ -53,3 +54,18 @@ def generation_default_beyond_context(request_defaults: "RequestDefaults", max_n
     return (f"{generation.source}: max_new_tokens {generation.max_new_tokens} does not fit the "
             f"{max_req_total_len}-token context (--max_req_total_len); a request without max_tokens gets what its "
             f"prompt leaves (pass --max_new_tokens_default to choose another default)")
+
+
+def check_attention_backend_fits(args: argparse.Namespace, model_config: ModelConfig, dtype_name: str) -> None:
+    """Refuse ``--attention_backend cpp`` named for a model its kernel has no variant for.
+
+    Before any process starts, not after every rank loaded its weights; ``auto`` runs such a model
+    on torch's path instead, so only the named backend is refused (the rank checks again against
+    the built library).
+    """
+    if args.attention_backend != "cpp":
+        return
+    problem = cpp_kernel_problem(model_config.num_attention_heads, model_config.num_key_value_heads,
+                                 model_config.head_dim, args.tp, dtype_name)
+    if problem is not None:
+        raise ArgumentError(problem)

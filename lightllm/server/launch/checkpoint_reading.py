@@ -21,7 +21,7 @@ from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
 from lightllm.utils.tokenizer_file_checks import check_tokenizer_files_readable
 from lightllm.utils.tokenizer_sources import check_tokenizer_sources
-from lightllm.utils.tokenizer_utils import has_slow_tokenizer, sentencepiece_packages_missing
+from lightllm.utils.tokenizer_utils import sentencepiece_packages_missing, slow_tokenizer_problem
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,11 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
                          f"transformers reads with the {' and '.join(missing)} package(s): pip install "
                          f"{' '.join(missing)}")
     check_tokenizer_files_readable(args.model_dir, args.tokenizer_mode)
-    if args.tokenizer_mode == "slow" and not has_slow_tokenizer(args.model_dir):
-        # transformers would load the fast one instead: the flag would be ignored.
-        raise ValueError(f"--tokenizer_mode slow: {args.model_dir} has no slow (Python) tokenizer, so the fast one "
-                         "would serve anyway; use --tokenizer_mode fast or auto")
+    slow_problem = slow_tokenizer_problem(args.model_dir) if args.tokenizer_mode == "slow" else None
+    if slow_problem is not None:
+        # The fast tokenizer would serve anyway: the flag would be ignored.
+        raise ValueError(f"--tokenizer_mode slow: {slow_problem}, so the fast one would serve anyway; use "
+                         "--tokenizer_mode fast or auto")
     request_defaults = RequestDefaults.from_args(args)
     resolve_eos_token_ids(args, model_config)
     warn_without_eos(args, model_config)

@@ -22,6 +22,7 @@ from cli_refusal_support import one_line_refusal
 from lightllm.benchmark import (bench_attention_backends, bench_decode_attention, bench_linear_backends, bench_runtime,
                                 health_latency, process_footprint)
 from lightllm.benchmark import server_process
+from lightllm.common.basemodel.attention.selection import cpp_compiler
 
 
 def _never(*args, **kwargs):
@@ -190,6 +191,15 @@ def test_bench_decode_attention_refuses_before_loading_the_model(extra, flag, ti
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     argv = ["--model_dir", str(tiny_llama_dir), "--contexts", "8", *extra]
     assert flag in one_line_refusal(bench_decode_attention.main, argv, capsys)
+
+
+@pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler on PATH")
+def test_bench_decode_attention_refuses_to_time_sdpa_under_the_cpp_label(tiny_llama_dir, monkeypatch, capsys) -> None:
+    """--backends torch,cpp --dtype float16 timed gather + SDPA in the cpp column (review)."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    argv = ["--model_dir", str(tiny_llama_dir), "--backends", "torch,cpp", "--dtype", "float16", "--contexts", "8"]
+    line = one_line_refusal(bench_decode_attention.main, argv, capsys)
+    assert "--attention_backend cpp: the kernel has no variant" in line and "float16" in line, line
 
 
 def test_bench_decode_attention_counts_the_decode_tokens_in_the_context(tiny_llama_dir, monkeypatch, capsys) -> None:

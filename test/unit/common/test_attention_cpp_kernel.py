@@ -244,3 +244,33 @@ def test_a_first_build_says_why_the_start_waits_and_a_cached_one_says_nothing(tm
     with caplog.at_level("INFO", logger="lightllm.cpp_kernel"):
         cpp_kernel_build.build_kernel(compiler)
     assert not caplog.records
+
+
+def test_the_launchers_support_table_is_the_built_kernels() -> None:
+    """The launcher refuses a model from a table, before anything loads; the built library decides at
+    the rank. They must agree, or one refuses what the other runs."""
+    from lightllm.common.basemodel.attention.cpp_kernel_support import cpp_kernel_supports
+
+    library = load_kernel_library(cpp_compiler())
+    for head_dim in range(1, 300):
+        for group in range(1, 20):
+            built = bool(library.lightllm_slot_attention_supports(head_dim, group))
+            assert cpp_kernel_supports(head_dim, group, "float32") == built, (head_dim, group)
+    assert not cpp_kernel_supports(32, 2, "float16") and cpp_kernel_supports(32, 2, "bfloat16")
+
+
+def test_cpp_named_for_a_model_it_cannot_run_is_refused_before_anything_starts(tiny_llama_dir) -> None:
+    from lightllm.common.basemodel.model_config import ModelConfig
+    from lightllm.server.argument_error import ArgumentError
+    from lightllm.server.launch.arg_parser import parse_server_args
+    from lightllm.server.launch.checkpoint_checks import check_attention_backend_fits
+
+    config = ModelConfig.from_dir(str(tiny_llama_dir))
+    for backend, dtype in (("cpp", "float32"), ("auto", "float16"), ("torch", "float16")):
+        check_attention_backend_fits(parse_server_args(["--model_dir", "/m", "--attention_backend", backend]),
+                                     config, dtype)
+    with pytest.raises(ArgumentError, match=r"^--attention_backend cpp: the kernel has no variant for head_dim "
+                                            rf"{config.head_dim}, .* dtype float16 .*use --attention_backend auto"):
+        check_attention_backend_fits(parse_server_args(["--model_dir", "/m", "--attention_backend", "cpp"]),
+                                     config, "float16")
+

@@ -202,7 +202,7 @@ def test_chat_and_generate_hold_to_the_same_caps(client: TestClient, manager: Fa
     manager.max_generations_per_request, manager.max_top_logprob_generations_per_request = 8, 2
     messages = [{"role": "user", "content": "x"}]
     error = assert_error(chat(client, messages=messages, n=9), 400, "n")
-    assert "9 generations (1 prompts x n 9)" in error["message"]
+    assert "9 generations (n 9)" in error["message"] and error["message"].endswith("use a smaller n")
     error = assert_error(chat(client, messages=messages, n=3, logprobs=True, top_logprobs=1), 400, "n")
     assert "at most 2 (half of the server's top-logprob rows" in error["message"]
     assert_error(chat(client, messages=messages, n=3, prompt_logprobs=1), 400, "n")

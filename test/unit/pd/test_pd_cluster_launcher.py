@@ -91,6 +91,10 @@ def test_cpu_nodes_sharing_the_machine_keep_one_thread_count_unless_the_user_set
     monkeypatch.delenv("LIGHTLLM_TORCH_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 6)
     assert topology._env("prefill") == topology._env("decode") == {"LIGHTLLM_TORCH_THREADS": "5"}
+    # The wide forwards' count set lower: every forward takes it too (the server refuses wide
+    # forwards narrower than the rest, naming a variable this user never set).
+    monkeypatch.setenv("LIGHTLLM_PREFILL_TORCH_THREADS", "2")
+    assert topology._env("prefill") == {"LIGHTLLM_TORCH_THREADS": "2"}
     monkeypatch.setenv("LIGHTLLM_TORCH_THREADS", "2")
     assert topology._env("prefill") is None  # the user's setting reaches both nodes unchanged
 
