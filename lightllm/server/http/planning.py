@@ -105,7 +105,7 @@ def check_context_length(
 def check_generation_count(prompts: int, candidates: int, limit: int | None, candidates_param: str,
                            what: str = "request slots", whose: str = "the server's") -> None:
     """Refuse a request of more generations (``prompts`` x ``candidates``) than one request may run
-    (``limit``: half of the server's ``what``; None: no limit of the manager's own).  The error names
+    (``limit``: half of ``whose`` ``what``, at least 1; None: no limit of the manager's own).  The error names
     the prompt count when one prompt per generation is already too many, else ``candidates_param``."""
     if limit is None or prompts * candidates <= limit:
         return

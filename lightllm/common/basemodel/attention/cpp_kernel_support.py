@@ -12,7 +12,7 @@ from typing import Optional
 
 from lightllm.common.basemodel.kv_head_split import kv_heads_per_rank
 
-# The head sizes the kernel is instantiated for (LIGHTLLM_FOR_EACH_HEAD_DIM in cpp_kernel_vector.h).
+# The head sizes the kernel is instantiated for (the head-dim list macro of cpp_kernel_vector.h).
 CPP_KERNEL_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 # Query heads per KV head it unrolls for: 1 to 8, and 16 (cpp_slot_attention.cpp).
 CPP_KERNEL_GROUPS = frozenset((*range(1, 9), 16))
