@@ -10,10 +10,11 @@ import contextlib
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Any, Dict, Iterator, List
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 
 @contextlib.contextmanager
@@ -35,3 +36,16 @@ def serve(app: FastAPI) -> Iterator[str]:
         uv.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def require_key(app: FastAPI, key: str, seen: List[Dict[str, Any]], message: str = "Missing API key") -> None:
+    """Answer every request without ``Authorization: Bearer key`` with a 401 in OpenAI's error shape,
+    as a server started with ``--api_key`` does; each request's path and header go to ``seen``."""
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        seen.append({"path": request.url.path, "authorization": request.headers.get("authorization")})
+        if request.headers.get("authorization") != f"Bearer {key}":
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                           "code": "missing_api_key"}}, status_code=401)
+        return await call_next(request)

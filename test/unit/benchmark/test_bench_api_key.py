@@ -17,7 +17,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from canned_server import serve
+from canned_server import require_key, serve
 from lightllm.benchmark import bench_burst, bench_serving
 
 KEY = "k-123"
@@ -32,13 +32,7 @@ def _error(message: str, status: int) -> JSONResponse:
 def make_app(log: list[dict[str, Any]]) -> FastAPI:
     """Every path needs ``Authorization: Bearer KEY``; a prompt past CONTEXT is answered 400."""
     app = FastAPI()
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        log.append({"path": request.url.path, "authorization": request.headers.get("authorization")})
-        if request.headers.get("authorization") != f"Bearer {KEY}":
-            return _error("Missing API key: send it as 'Authorization: Bearer <key>'", 401)
-        return await call_next(request)
+    require_key(app, KEY, log, "Missing API key: send it as 'Authorization: Bearer <key>'")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -8,9 +8,8 @@ import os
 from typing import Any, Dict, List
 
 import pytest
-from canned_server import serve
+from canned_server import require_key, serve
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from lightllm.benchmark import soak_server
 
@@ -20,14 +19,7 @@ KEY = "soak-key"
 def _keyed_app(seen: List[Dict[str, Any]]) -> FastAPI:
     """Answers like a keyed server: 401 without the key; an idle /metrics; completions of the asked length."""
     app = FastAPI()
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        seen.append({"path": request.url.path, "authorization": request.headers.get("authorization")})
-        if request.headers.get("authorization") != f"Bearer {KEY}":
-            return JSONResponse({"error": {"message": "Missing API key", "type": "invalid_request_error",
-                                           "param": None, "code": "missing_api_key"}}, status_code=401)
-        return await call_next(request)
+    require_key(app, KEY, seen)
 
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
