@@ -81,6 +81,8 @@ class AuthPolicy:
     admin_keys: Tuple[str, ...] = ()
     allow_public_priority: bool = False
     cluster_key: Optional[str] = None
+    # Where api_keys came from, for the refusals that name it: the flag or its environment variable.
+    api_key_source: str = "--api_key"
 
     @property
     def requires_key(self) -> bool:
@@ -95,12 +97,13 @@ class AuthPolicy:
         (:func:`~lightllm.utils.envs_utils.api_keys_from_env`): the launcher's one-line exit 2.
         """
         api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
+        api_key_source = "--api_key" if args.api_key else "LIGHTLLM_API_KEY"
         admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
         cluster_key = args.pd_cluster_key
         if cluster_key is None and args.run_mode in PD_RUN_MODES:
             cluster_key = pd_cluster_key_from_env()
         return cls(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority,
-                   cluster_key=cluster_key)
+                   cluster_key=cluster_key, api_key_source=api_key_source)
 
     def check_cluster(self, run_mode: str) -> None:
         """Refuse (``ValueError``, one line) a PD master or node with client keys but no cluster key.
@@ -111,7 +114,7 @@ class AuthPolicy:
         if run_mode in PD_RUN_MODES and self.api_keys and self.cluster_key is None:
             role = "a PD master" if run_mode == RunMode.PD_MASTER else f"a PD {run_mode} node"
             raise ValueError(
-                f"--api_key on {role} needs a cluster key for the cluster's own endpoints: set "
+                f"{self.api_key_source} on {role} needs a cluster key for the cluster's own endpoints: set "
                 f"{PD_CLUSTER_KEY_ENV} (or --pd_cluster_key) to the same secret on the master and every node"
             )
 

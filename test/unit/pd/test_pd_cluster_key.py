@@ -102,6 +102,15 @@ def test_client_keys_without_a_cluster_key_are_refused_on_pd_processes(run_mode:
     AuthPolicy(api_keys=(USER,)).check_cluster("normal")
 
 
+def test_the_cluster_key_refusal_names_where_the_client_keys_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LIGHTLLM_PD_CLUSTER_KEY", raising=False)
+    monkeypatch.setenv("LIGHTLLM_API_KEY", USER)
+    with pytest.raises(ValueError, match="^LIGHTLLM_API_KEY on a PD master needs a cluster key"):
+        AuthPolicy.from_args(_parse(["--run_mode", "pd_master"])).check_cluster("pd_master")
+    with pytest.raises(ValueError, match="^--api_key on a PD decode node needs a cluster key"):
+        AuthPolicy.from_args(_parse(["--run_mode", "decode", "--api_key", USER])).check_cluster("decode")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["--pd_cluster_key", "k"], "for PD clusters"),
