@@ -254,6 +254,14 @@ def _kv_tokens(args: argparse.Namespace, config: ModelConfig, device: str, dtype
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
             f"{max_req_total_len}); {remedy}"
         )
+    if args.batch_max_tokens is not None and not step.decode_node and args.batch_max_tokens > kv_tokens:
+        # A step's prompt tokens all need KV room: the planner would cut every step to the cache
+        # and the flag would promise a budget the server never runs.
+        raise ArgumentError(
+            f"--batch_max_tokens ({args.batch_max_tokens}) exceeds the KV cache ({kv_tokens} tokens, "
+            f"{'--max_total_token_num' if budget is None else 'sized from memory'}): no step can hold more prompt "
+            f"tokens than the cache; give at most {kv_tokens}"
+        )
     return kv_tokens
 
 

@@ -175,6 +175,21 @@ def test_a_kv_cache_larger_than_memory_is_refused_before_any_process_starts(tiny
     assert plan_sizing(args, config, "cpu").max_total_token_num == 8192
 
 
+def test_a_step_budget_beyond_the_kv_cache_is_refused(tiny_llama_dir):
+    # The planner cut every step to the cache: the flag promised a budget the server never ran.
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    parse = make_argument_parser().parse_args
+    base = ["--model_dir", str(tiny_llama_dir), "--max_req_total_len", "1024", "--max_total_token_num", "4096"]
+    with pytest.raises(ArgumentError, match=r"--batch_max_tokens \(8192\) exceeds the KV cache \(4096 tokens, "
+                                            r"--max_total_token_num\).*give at most 4096"):
+        plan_sizing(parse(base + ["--batch_max_tokens", "8192"]), config, "cpu")
+    assert plan_sizing(parse(base + ["--batch_max_tokens", "4096"]), config, "cpu").batch_max_tokens == 4096
+    # The default step budget is the planner's to cut, not the operator's promise.
+    small = plan_sizing(parse(["--model_dir", str(tiny_llama_dir), "--max_req_total_len", "1024",
+                               "--max_total_token_num", "1500"]), config, "cpu")
+    assert (small.batch_max_tokens, small.max_total_token_num) == (2048, 1500)
+
+
 def test_a_request_limit_past_the_trained_positions_is_warned_about(tiny_llama_dir, caplog):
     config = ModelConfig.from_dir(tiny_llama_dir)
     beyond = config.max_position_embeddings + 1
