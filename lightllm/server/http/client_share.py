@@ -11,7 +11,10 @@ peer) be *prepared* at once: read, checked, tokenized, answered when they never 
 A request stops counting once it reaches the engine (:func:`~lightllm.server.http.in_flight.generation_started`
 releases its place, so a client's streams do not count however long they run) or when it ends.
 Further requests of that client wait their turn in arrival order; none is refused, and the
-others' requests never wait behind them. With two tokenizer threads, sixteen places per client
+others' requests never wait behind them. A request whose body stops arriving steps aside
+(:class:`ClientPlace`, used by the request guard while it reads the body): its place goes to the
+client's next request while it waits for the rest, and it queues again once the body is in, so a
+client's stalled uploads cannot hold its places until their body deadline. With two tokenizer threads, sixteen places per client
 already keep tokenization busy, so a proxy (every client behind it has its address) loses
 nothing to the default.
 
@@ -128,6 +131,36 @@ class ClientShare:
                         "(--http_max_preparing_per_client)%s", client, self.limit, more)
 
 
+class ClientPlace:
+    """One request's place among its client's requests being prepared.
+
+    :meth:`release` gives it up (idempotent; once the request reaches the engine, or ends);
+    :meth:`retake` waits for a place again after a release (a request that stepped aside while its
+    body was slow to arrive).
+    """
+
+    def __init__(self, share: ClientShare, client: str, release: Callable[[], None]) -> None:
+        self._share = share
+        self._client = client
+        self._release: Optional[Callable[[], None]] = release
+
+    @property
+    def held(self) -> bool:
+        """True while the request holds a place."""
+        return self._release is not None
+
+    def release(self) -> None:
+        """Give the place to the client's next request (nothing when none is held)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    async def retake(self) -> None:
+        """Wait, in arrival order among the client's requests, for a place (at once when one is held)."""
+        if self._release is None:
+            self._release = await self._share.enter(self._client)
+
+
 def _gated(scope: Scope) -> bool:
     path = scope.get("path", "")
     return not (path in PROBE_PATHS or path == METRICS_PATH or path.startswith(CLUSTER_PATH_PREFIX))
@@ -160,8 +193,8 @@ class ClientShareMiddleware:
             await JSONResponse(error_body(message, SERVICE_UNAVAILABLE, None, code), status_code=503,
                                headers={"connection": "close"})(scope, receive, send)
             return
-        scope[CLIENT_SHARE_KEY] = release
+        place = scope[CLIENT_SHARE_KEY] = ClientPlace(self.share, address, release)
         try:
             await self.app(scope, receive, send)
         finally:
-            release()
+            place.release()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from fastapi.responses import JSONResponse
 
@@ -25,8 +25,8 @@ Scope = Dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
 ADMISSION_KEY = "lightllm.admission"
-# A request's place among its client's requests being prepared (lightllm/server/http/client_share.py):
-# its release, called once the request reaches the engine.
+# A request's place among its client's requests being prepared (lightllm/server/http/client_share.py's
+# ClientPlace), released once the request reaches the engine.
 CLIENT_SHARE_KEY = "lightllm.client_share"
 
 
@@ -41,11 +41,31 @@ class PreparingRequests:
 
     count: int = 0
     closing: Optional[Tuple[str, str]] = None
+    # One future per waiting request, on that request's loop (tests serve each request on a new one).
+    _waiters: List[asyncio.Future] = field(default_factory=list, repr=False)
 
     @property
     def idle(self) -> bool:
         """True when no request is between its arrival and its first generation."""
         return self.count == 0
+
+    def close(self, message: str, code: str) -> None:
+        """The server stops serving: every request still being prepared gets this 503 now."""
+        self.closing = (message, code)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_closed(self) -> None:
+        """Return once :meth:`close` was called (at once if it was)."""
+        if self.closing is not None:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._waiters.remove(waiter)
 
 
 @dataclass
@@ -78,9 +98,9 @@ def generation_started(request: Any) -> None:
     if admission is not None:
         admission.release()
     scope = getattr(request, "scope", None)
-    release = scope.get(CLIENT_SHARE_KEY) if isinstance(scope, dict) else None
-    if release is not None:
-        release()
+    place = scope.get(CLIENT_SHARE_KEY) if isinstance(scope, dict) else None
+    if place is not None:
+        place.release()
 
 
 def admitted_before(request: Any, moment: float) -> bool:
@@ -110,16 +130,33 @@ class AdmissionMiddleware:
             started = started or message.get("type") == "http.response.start"
             await send(message)
 
+        served = asyncio.ensure_future(self.app(scope, receive, sending))
+        closed = asyncio.ensure_future(self.book.wait_closed())
         try:
-            await self.app(scope, receive, sending)
+            await asyncio.wait({served, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not served.done() and admission.preparing and not started:
+                # The server stopped serving (the drain's deadline, a failure) while this request
+                # was still being prepared (its body arriving, waiting for its client's place,
+                # tokenizing): it ends now with the 503, not seconds later when the HTTP server
+                # cancels what is left.
+                served.cancel()
+            await served
         except asyncio.CancelledError:
-            # Cancelled by the HTTP server after the drain's deadline (a body still arriving): the
-            # client gets the drain's 503 rather than the server's plain-text 500, and the task
-            # ends, as the server asked.
+            # Cancelled here (above) or by the HTTP server after the drain's deadline: the client
+            # gets the drain's 503 rather than the server's plain-text 500, and the task ends.
+            if not served.done():
+                served.cancel()
+                await asyncio.wait({served})
             if self.book.closing is None or started:
                 raise
-            message, code = self.book.closing
-            await JSONResponse(error_body(message, SERVICE_UNAVAILABLE, None, code), status_code=503,
-                               headers={"connection": "close"})(scope, receive, send)
+            await closing_response(self.book.closing)(scope, receive, send)
         finally:
+            closed.cancel()
             admission.release()
+
+
+def closing_response(closing: Tuple[str, str]) -> JSONResponse:
+    """The 503 of a server that stopped serving, for a request it will not complete."""
+    message, code = closing
+    return JSONResponse(error_body(message, SERVICE_UNAVAILABLE, None, code), status_code=503,
+                        headers={"connection": "close"})

@@ -13,7 +13,10 @@
   without reading a byte; a body that grows past the limit while it arrives (chunked, or a lying
   length) gets ``413`` as soon as it does, so at most the limit is ever held; a body that does not
   arrive within the body timeout gets ``408``. Each of these answers closes the connection.
-  The endpoint then receives the body in one piece.
+  The endpoint then receives the body in one piece. A body that stops arriving for
+  :data:`STEP_ASIDE_SECONDS` gives up its request's place among its client's requests being
+  prepared while it waits (:class:`~lightllm.server.http.client_share.ClientPlace`) and takes one
+  again, in turn, once it is complete.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
 from lightllm.server.http.errors import INVALID_REQUEST, error_body
+from lightllm.server.http.in_flight import CLIENT_SHARE_KEY
 
 Scope = Dict[str, Any]
 Message = Dict[str, Any]
@@ -33,6 +37,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# How long a body may pause before its request lets the client's next request have its place: long
+# enough that a body crossing a network in several packets keeps it, short against the body deadline.
+STEP_ASIDE_SECONDS = 1.0
 PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -151,20 +158,29 @@ class RequestGuardMiddleware:
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> Optional[bytes]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.body_timeout
+        place = scope.get(CLIENT_SHARE_KEY)
+        stepped_aside = False
         chunks: List[bytes] = []
         size = 0
         while True:
+            message_arrives = asyncio.ensure_future(receive())
             try:
-                message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                text = (f"The request body did not arrive within {self.body_timeout:g} seconds "
-                        "(--http_body_timeout)")
-                if "chunked" in (header(scope, b"transfer-encoding") or "").lower():
-                    # A whole body with bare-LF chunk lines looks like this too: say what to check.
-                    text += ("; it is sent chunked, and its last chunk (a 0 line and an empty line) did not arrive, "
-                             "or a chunk line did not end in CRLF")
-                await error_response(408, text, "request_timeout")(scope, receive, send)
-                return None
+                while not message_arrives.done():
+                    wait = max(0.0, deadline - loop.time())
+                    if place is not None and place.held:
+                        wait = min(wait, STEP_ASIDE_SECONDS)
+                    await asyncio.wait({message_arrives}, timeout=wait)
+                    if message_arrives.done():
+                        break
+                    if loop.time() >= deadline:
+                        await self._body_timed_out(scope, receive, send)
+                        return None
+                    # Paused: the client's next request may have the place while the rest arrives.
+                    place.release()
+                    stepped_aside = True
+            finally:
+                message_arrives.cancel()
+            message = message_arrives.result()
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
@@ -175,7 +191,17 @@ class RequestGuardMiddleware:
             if chunk:
                 chunks.append(chunk)
             if not message.get("more_body", False):
+                if stepped_aside:
+                    await place.retake()
                 return b"".join(chunks)
+
+    async def _body_timed_out(self, scope: Scope, receive: Receive, send: Send) -> None:
+        text = f"The request body did not arrive within {self.body_timeout:g} seconds (--http_body_timeout)"
+        if "chunked" in (header(scope, b"transfer-encoding") or "").lower():
+            # A whole body with bare-LF chunk lines looks like this too: say what to check.
+            text += ("; it is sent chunked, and its last chunk (a 0 line and an empty line) did not arrive, "
+                     "or a chunk line did not end in CRLF")
+        await error_response(408, text, "request_timeout")(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = (f"The request body is larger than {self.max_body_bytes} bytes "

@@ -43,7 +43,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         group, "--http_body_timeout", roles=EVERY_ROLE,
         type=finite_float,
         default=60.0,
-        help="Seconds a client has to send a whole request body after its head; then 408 and the connection is closed. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        help="Seconds a client has to send a whole request body once the server starts reading it (after its head, or its turn among the client's requests being prepared); then 408 and the connection is closed. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
     add_flag(
         group, "--http_keep_alive_timeout", roles=EVERY_ROLE,

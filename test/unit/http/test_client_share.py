@@ -192,3 +192,103 @@ def test_the_app_admits_a_request_before_it_waits_for_its_clients_share() -> Non
     order = [entry.cls for entry in create_app(FakeManager()).user_middleware]  # outermost first
     # The unread-body rule only marks answers: it is around everything and delays nothing.
     assert order[:4] == [UnreadBodyCloseMiddleware, AdmissionMiddleware, ClientShareMiddleware, JsonErrorCorsMiddleware]
+
+
+def _body_stack(app, share: ClientShare, book: PreparingRequests):
+    from lightllm.server.http.in_flight import AdmissionMiddleware
+    from lightllm.server.http.request_guard import RequestGuardMiddleware
+
+    # The order create_app gives them, outermost first.
+    guarded = RequestGuardMiddleware(app, max_body_bytes=1 << 20, body_timeout=60)
+    return AdmissionMiddleware(ClientShareMiddleware(guarded, share, book), book)
+
+
+def _request_scope(client: str = "10.0.0.1") -> dict:
+    return {"type": "http", "path": "/generate", "method": "POST", "client": (client, 1), "headers": []}
+
+
+def _receiver(*parts: bytes, pause: asyncio.Event | None = None):
+    """A client sending ``parts``, waiting for ``pause`` (when given) before the last one."""
+    remaining = list(parts)
+
+    async def receive() -> dict:
+        if len(remaining) == 1 and pause is not None:
+            await pause.wait()
+        if not remaining:
+            await asyncio.Event().wait()  # nothing more: a connection that stays open
+        chunk = remaining.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(remaining)}
+
+    return receive
+
+
+def _recorder(into: list):
+    async def send(message: dict) -> None:
+        into.append(message)
+
+    return send
+
+
+def test_a_request_whose_body_stalls_lets_its_clients_next_request_have_its_place(monkeypatch) -> None:
+    """A stalled upload held its client's place until its body deadline (60 s): the 16 places of one
+    address behind a proxy were taken by 16 stalled uploads, and every other request waited 60 s."""
+    from lightllm.server.http import request_guard
+
+    monkeypatch.setattr(request_guard, "STEP_ASIDE_SECONDS", 0.05, raising=False)
+    bodies: list = []
+
+    async def app(scope, receive, send) -> None:
+        bodies.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario() -> None:
+        share, book = ClientShare(1), PreparingRequests()
+        stack = _body_stack(app, share, book)
+        rest, stalled_sent, next_sent = asyncio.Event(), [], []
+        stalled = asyncio.ensure_future(stack(_request_scope(), _receiver(b'{"in', b'puts": 1}', pause=rest),
+                                              _recorder(stalled_sent)))
+        await asyncio.sleep(0.01)
+        assert share.active("10.0.0.1") == 1
+        following = asyncio.ensure_future(stack(_request_scope(), _receiver(b'{"inputs": 2}'), _recorder(next_sent)))
+        await asyncio.wait_for(following, 10)  # served while the first body is still missing its end
+        assert not stalled.done() and bodies == [b'{"inputs": 2}']
+        assert share.active("10.0.0.1") == 0 and book.count == 1  # the drain still waits for it
+        rest.set()
+        await asyncio.wait_for(stalled, 30)
+        assert bodies == [b'{"inputs": 2}', b'{"inputs": 1}']  # whole, and prepared with a place again
+        assert [m.get("status") for m in stalled_sent + next_sent if m["type"] == "http.response.start"] == [200, 200]
+        assert share.active("10.0.0.1") == 0 and share.waiting("10.0.0.1") == 0 and book.count == 0
+
+    asyncio.run(scenario())
+
+
+def test_requests_still_being_prepared_get_the_503_as_soon_as_the_server_stops_serving() -> None:
+    """At the drain's deadline a request waiting for its client's place, or for the rest of its body,
+    was ended only when the HTTP server cancelled its task, 2 s later, logged at ERROR."""
+    import json
+
+    never = asyncio.Event()
+
+    async def app(scope, receive, send) -> None:
+        await receive()
+        await never.wait()  # being tokenized when the server stops
+
+    async def scenario() -> None:
+        share, book = ClientShare(1), PreparingRequests()
+        stack = _body_stack(app, share, book)
+        sent: dict = {"preparing": [], "waiting": [], "uploading": []}
+        tasks = [asyncio.ensure_future(stack(_request_scope(), _receiver(b"{}"), _recorder(sent["preparing"]))),
+                 asyncio.ensure_future(stack(_request_scope(), _receiver(b"{}"), _recorder(sent["waiting"]))),
+                 asyncio.ensure_future(stack(_request_scope("10.0.0.2"), _receiver(b"{", b"}", pause=never),
+                                             _recorder(sent["uploading"])))]
+        await asyncio.sleep(0.05)
+        assert book.count == 3 and share.waiting("10.0.0.1") == 1
+        book.close("The server is shutting down: the drain ended", "server_shutting_down")
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        for messages in sent.values():
+            assert messages[0]["status"] == 503
+            assert json.loads(messages[1]["body"])["error"]["code"] == "server_shutting_down"
+        assert book.count == 0 and share.active("10.0.0.1") == 0 and share.waiting("10.0.0.1") == 0
+
+    asyncio.run(scenario())
