@@ -21,8 +21,8 @@ from typing import Dict, List, Optional
 import httpx
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
-from lightllm.benchmark.server_probe import (API_KEY_HELP, NO_LISTING_STATUSES, ServerRefused, auth_headers,
-                                             default_api_key, http_refusal, refused_probe)
+from lightllm.benchmark.server_probe import NO_LISTING_STATUSES, ServerRefused, refused_probe
+from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, default_api_key, http_refusal
 
 
 async def run_round(base_url: str, model: str, prompts: List[List[int]], output_len: int,

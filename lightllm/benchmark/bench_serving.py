@@ -29,11 +29,11 @@ from lightllm.benchmark.metrics import format_summary, parse_slo, summarize, wri
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.benchmark.server_probe import (API_KEY_HELP, NoModelListed, ServerRefused, check_reachable,
-                                             default_api_key, served_context)
+from lightllm.benchmark.server_probe import NoModelListed, ServerRefused, check_reachable, served_context
 from lightllm.benchmark.workload_context import check_workloads_within
 from lightllm.benchmark.workloads import (FIELD_HELP, WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload,
                                          workloads_using)
+from lightllm.utils.http_client_support import API_KEY_HELP, default_api_key
 
 PROMPT_FORMATS: tuple[str, ...] = ("text", "ids")
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from lightllm.benchmark.backends import RequestInput, encode_body, make_backend, send_request
 from lightllm.benchmark.metrics import RequestRecord
-from lightllm.benchmark.server_probe import auth_headers
+from lightllm.utils.http_client_support import auth_headers
 
 
 async def send_all(

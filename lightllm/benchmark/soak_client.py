@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import httpx
 
-from lightllm.benchmark.server_probe import auth_headers
+from lightllm.utils.http_client_support import auth_headers
 from lightllm.benchmark.soak_report import PhaseResult
 
 

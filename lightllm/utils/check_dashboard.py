@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, default_api_key, http_refusal
 from lightllm.utils.one_line_errors import OneLineErrorParser
 from lightllm.utils.promql_names import expression_names
 
@@ -102,6 +103,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = OneLineErrorParser(prog="python -m lightllm.utils.check_dashboard", description=__doc__.splitlines()[0])
     parser.add_argument("dashboard", type=Path, help="Grafana dashboard JSON model")
     parser.add_argument("metrics", help="a /metrics URL or a file with a Prometheus text exposition")
+    parser.add_argument("--api-key", default=default_api_key(),
+                        help=API_KEY_HELP + "; /metrics needs it when the server was started with --api_key")
     args = parser.parse_args(argv)
     try:  # read first: a missing dashboard is named before any server is asked
         dashboard = _read_dashboard(args.dashboard)
@@ -111,9 +114,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         import httpx
 
         try:
-            exposition = httpx.get(args.metrics, timeout=10).text
-        except httpx.HTTPError as exc:
+            response = httpx.get(args.metrics, timeout=10, headers=auth_headers(args.api_key))
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             parser.error(f"cannot read metrics from {args.metrics}: {exc}")
+        if response.status_code != 200:
+            # A 401 (no or wrong --api-key) or a 503 (still loading) is not an exposition to parse.
+            parser.error(f"{args.metrics} answered {http_refusal(response)}")
+        exposition = response.text
     else:
         try:
             exposition = Path(args.metrics).read_text()

@@ -57,3 +57,38 @@ def test_a_readable_pair_is_still_checked(tmp_path, saved_metrics, capsys):
     path = tmp_path / "board.json"
     path.write_text(json.dumps(DASHBOARD))
     assert check_dashboard.main([str(path), saved_metrics]) == 0
+
+
+def test_a_keyed_or_starting_server_is_named_with_its_answer_and_the_key_is_sent(tmp_path, monkeypatch, capsys):
+    """The tool had no way to send a key and parsed a 401's (or a loading server's 503) JSON body as an
+    exposition: "not a Prometheus text exposition: Invalid labels: "error":{...}"."""
+    from canned_server import require_key, serve
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    dashboard = tmp_path / "dashboard.json"
+    dashboard.write_text(json.dumps(DASHBOARD))
+    seen: list = []
+    app = FastAPI()
+    require_key(app, "metrics-key", seen)
+    loading = {"now": False}
+
+    @app.get("/metrics")
+    async def metrics():
+        if loading["now"]:
+            return JSONResponse({"error": {"message": "The server is starting (loading the model); retry later",
+                                           "code": "server_starting"}}, status_code=503)
+        return PlainTextResponse(EXPOSITION)
+
+    with serve(app) as base:
+        url = base + "/metrics"
+        line = one_line_refusal(check_dashboard.main, [str(dashboard), url], capsys)
+        assert f"{url} answered HTTP 401: Missing API key" in line, line
+        assert check_dashboard.main([str(dashboard), url, "--api-key", "metrics-key"]) == 0
+        assert seen[-1]["authorization"] == "Bearer metrics-key"
+        monkeypatch.setenv("OPENAI_API_KEY", "metrics-key")  # the default, as the benchmark tools read it
+        assert check_dashboard.main([str(dashboard), url]) == 0
+        loading["now"] = True
+        line = one_line_refusal(check_dashboard.main, [str(dashboard), url], capsys)
+        assert "answered HTTP 503: The server is starting" in line, line
