@@ -46,6 +46,7 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from lightllm.server.http.absolute_form import AbsoluteFormMiddleware
 from lightllm.server.http.body import parse_body_off_loop
 from lightllm.server.http.cors import JsonErrorCorsMiddleware
 from lightllm.server.http.errors import (
@@ -328,6 +329,8 @@ def create_app(
     app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     # Around everything that may answer before the guard reads the body (401, a CORS refusal, 503).
     app.add_middleware(UnreadBodyCloseMiddleware)
+    # Outermost: every layer inside reads the path (the key check's exemptions, the share, the routes).
+    app.add_middleware(AbsoluteFormMiddleware)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
                                   TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])
     return app

@@ -183,6 +183,7 @@ def test_requests_waiting_for_their_clients_share_when_a_drain_begins_are_served
 def test_the_app_admits_a_request_before_it_waits_for_its_clients_share() -> None:
     from api_fakes import FakeManager
 
+    from lightllm.server.http.absolute_form import AbsoluteFormMiddleware
     from lightllm.server.http.app import create_app
     from lightllm.server.http.cors import JsonErrorCorsMiddleware
     from lightllm.server.http.in_flight import AdmissionMiddleware
@@ -191,7 +192,8 @@ def test_the_app_admits_a_request_before_it_waits_for_its_clients_share() -> Non
 
     order = [entry.cls for entry in create_app(FakeManager()).user_middleware]  # outermost first
     # The unread-body rule only marks answers: it is around everything and delays nothing.
-    assert order[:4] == [UnreadBodyCloseMiddleware, AdmissionMiddleware, ClientShareMiddleware, JsonErrorCorsMiddleware]
+    assert order[:5] == [AbsoluteFormMiddleware, UnreadBodyCloseMiddleware, AdmissionMiddleware, ClientShareMiddleware,
+                         JsonErrorCorsMiddleware]
 
 
 def _body_stack(app, share: ClientShare, book: PreparingRequests):

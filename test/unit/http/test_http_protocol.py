@@ -298,3 +298,23 @@ def _check_bytes_after_close(server_url: str) -> None:
                     sock.sendall(trailer)
                 raw = _read_until_closed(sock, 10)
             assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1 ") == 1, (trailer, together, raw[:200])
+
+
+def test_an_absolute_form_target_is_routed_by_its_path(server_url: str) -> None:
+    # RFC 9112 3.2.2: a server must accept it (a forward proxy's clients send it); it got 404
+    # "No route GET /http://x/v1/models".
+    def ask(head: bytes) -> bytes:
+        with socket.create_connection(_address(server_url), timeout=10) as sock:
+            sock.sendall(head)
+            return _read_until_closed(sock, 10)
+
+    models = ask(b"GET http://x/v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert models.startswith(b"HTTP/1.1 200") and b'"object":"list"' in models.replace(b" ", b""), models[:300]
+    health = ask(b"GET HTTPS://x:8000/health?probe=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert health.startswith(b"HTTP/1.1 200"), health[:300]
+    body = json.dumps({"inputs": "hi", "parameters": {"max_new_tokens": 2}}).encode()
+    generated = ask(b"POST http://127.0.0.1/generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert generated.startswith(b"HTTP/1.1 200"), generated[:300]
+    status, error = _json_error(ask(b"GET http://x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    assert status == 404 and "GET /" in error["message"]
