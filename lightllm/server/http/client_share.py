@@ -11,10 +11,12 @@ peer) be *prepared* at once: read, checked, tokenized, answered when they never 
 A request stops counting once it reaches the engine (:func:`~lightllm.server.http.in_flight.generation_started`
 releases its place, so a client's streams do not count however long they run) or when it ends.
 Further requests of that client wait their turn in arrival order; none is refused, and the
-others' requests never wait behind them. A request whose body stops arriving steps aside
-(:class:`ClientPlace`, used by the request guard while it reads the body): its place goes to the
-client's next request while it waits for the rest, and it queues again once the body is in, so a
-client's stalled uploads cannot hold its places until their body deadline. With two tokenizer threads, sixteen places per client
+others' requests never wait behind them. A request whose body is still arriving a second after
+the server began to read it steps aside (:class:`ClientPlace`, used by the request guard): its
+place goes to the client's next request while the rest arrives, and it queues again once the body
+is in, so up to ``limit`` stalled or slow uploads of a client do not hold its places until their
+body deadline. At most ``limit`` requests of a client stand aside at once (each buffers its body
+as it arrives); beyond them a slow upload keeps its place, as every upload did before. With two tokenizer threads, sixteen places per client
 already keep tokenization busy, so a proxy (every client behind it has its address) loses
 nothing to the default.
 
@@ -54,6 +56,8 @@ class _ClientPlaces:
 
     active: int = 0
     waiting: Deque[asyncio.Future] = field(default_factory=collections.deque)
+    # Requests that gave their place up while their body arrives (ClientPlace.step_aside).
+    aside: int = 0
 
 
 class ClientShare:
@@ -118,9 +122,33 @@ class ClientShare:
 
         return release
 
+    def aside(self, client: str) -> int:
+        """Requests of ``client`` standing aside while their bodies arrive."""
+        places = self._clients.get(client)
+        return places.aside if places is not None else 0
+
+    def stand_aside(self, client: str) -> bool:
+        """Count one more request of ``client`` standing aside; False when ``limit`` of them already do.
+
+        The cap bounds what one address may have buffered: the bodies of ``limit`` requests with
+        places plus ``limit`` standing aside, as the places alone bounded it before.
+        """
+        places = self._clients.get(client)
+        if places is None or places.aside >= self.limit:
+            return False
+        places.aside += 1
+        return True
+
+    def back_from_aside(self, client: str) -> None:
+        """One request of ``client`` no longer stands aside (it has a place again, or it ended)."""
+        places = self._clients.get(client)
+        if places is not None:
+            places.aside -= 1
+            self._forget_if_idle(client)
+
     def _forget_if_idle(self, client: str) -> None:
         places = self._clients.get(client)
-        if places is not None and places.active == 0 and not places.waiting:
+        if places is not None and places.active == 0 and not places.waiting and places.aside == 0:
             del self._clients[client]
 
     def _tell(self, client: str) -> None:
@@ -134,15 +162,16 @@ class ClientShare:
 class ClientPlace:
     """One request's place among its client's requests being prepared.
 
-    :meth:`release` gives it up (idempotent; once the request reaches the engine, or ends);
-    :meth:`retake` waits for a place again after a release (a request that stepped aside while its
-    body was slow to arrive).
+    :meth:`release` gives it up (idempotent; once the request reaches the engine, or ends). While
+    its body arrives a request may :meth:`step_aside`: its place goes to the client's next request,
+    and :meth:`retake` later waits for one again, behind the requests already waiting.
     """
 
     def __init__(self, share: ClientShare, client: str, release: Callable[[], None]) -> None:
         self._share = share
         self._client = client
         self._release: Optional[Callable[[], None]] = release
+        self._aside = False
 
     @property
     def held(self) -> bool:
@@ -150,15 +179,37 @@ class ClientPlace:
         return self._release is not None
 
     def release(self) -> None:
-        """Give the place to the client's next request (nothing when none is held)."""
+        """Give the place to the client's next request, and stop standing aside (nothing when neither)."""
+        self._give_place()
+        self._back()
+
+    def step_aside(self) -> bool:
+        """Give the place up while the body arrives; False (the place is kept) when as many of the
+        client's requests as it has places stand aside already."""
+        if self._release is None or not self._share.stand_aside(self._client):
+            return False
+        self._aside = True
+        self._give_place()
+        return True
+
+    async def retake(self) -> None:
+        """Wait for a place after :meth:`step_aside` (at once when one is held)."""
+        if self._release is not None:
+            return
+        try:
+            self._release = await self._share.enter(self._client)
+        finally:
+            self._back()
+
+    def _give_place(self) -> None:
         release, self._release = self._release, None
         if release is not None:
             release()
 
-    async def retake(self) -> None:
-        """Wait, in arrival order among the client's requests, for a place (at once when one is held)."""
-        if self._release is None:
-            self._release = await self._share.enter(self._client)
+    def _back(self) -> None:
+        if self._aside:
+            self._aside = False
+            self._share.back_from_aside(self._client)
 
 
 def _gated(scope: Scope) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from fastapi.responses import JSONResponse
 
@@ -34,53 +34,61 @@ CLIENT_SHARE_KEY = "lightllm.client_share"
 class PreparingRequests:
     """How many admitted requests have not started a generation yet (read by the supervisor's drain).
 
-    ``closing`` (message, code) is set when the server stops serving (the drain's deadline passed,
-    or a process failed): a request that has not answered by then (its body still arriving) is
-    cancelled by the HTTP server and gets that 503 instead of the server's plain-text 500.
+    :meth:`close` (the drain's deadline passed, or a process failed) sets ``closing`` (message,
+    code) and cancels every request still being prepared that has not begun its answer (its body
+    arriving, waiting for its client's place, tokenizing): each gets that 503 at once from the
+    admission middleware, instead of the HTTP server's cancellation seconds later (a plain-text
+    500, or the 503 late).
     """
 
     count: int = 0
     closing: Optional[Tuple[str, str]] = None
-    # One future per waiting request, on that request's loop (tests serve each request on a new one).
-    _waiters: List[asyncio.Future] = field(default_factory=list, repr=False)
+    _admissions: Set["Admission"] = field(default_factory=set, repr=False)
 
     @property
     def idle(self) -> bool:
         """True when no request is between its arrival and its first generation."""
         return self.count == 0
 
-    def close(self, message: str, code: str) -> None:
-        """The server stops serving: every request still being prepared gets this 503 now."""
+    def admit(self, arrived: float, task: Optional["asyncio.Task[Any]"] = None) -> "Admission":
+        """Count a new request as preparing; ``task`` is what :meth:`close` cancels (None: nothing)."""
+        admission = Admission(arrived, self, task)
+        self.count += 1
+        self._admissions.add(admission)
+        return admission
+
+    def close(self, message: str, code: str) -> int:
+        """The server stops serving: requests still being prepared end now with this 503; returns how many."""
         self.closing = (message, code)
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait_closed(self) -> None:
-        """Return once :meth:`close` was called (at once if it was)."""
-        if self.closing is not None:
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            self._waiters.remove(waiter)
+        ended = 0
+        for admission in list(self._admissions):
+            task = admission.task
+            if task is not None and not admission.answering and not task.done():
+                task.cancel()
+                ended += 1
+        return ended
 
 
-@dataclass
+@dataclass(eq=False)
 class Admission:
-    """One request's admission: when it arrived, and whether it still counts as preparing."""
+    """One request's admission: when it arrived, and whether it still counts as preparing.
+
+    ``task``: the request's task (cancelled by :meth:`PreparingRequests.close`); ``answering``: its
+    answer has begun (a 4xx being sent, ``/tokenize``), so it is left to finish.
+    """
 
     arrived: float
     book: PreparingRequests = field(repr=False)
+    task: Optional["asyncio.Task[Any]"] = field(default=None, repr=False)
     preparing: bool = True
+    answering: bool = False
 
     def release(self) -> None:
         """Stop counting the request as preparing (idempotent)."""
         if self.preparing:
             self.preparing = False
             self.book.count -= 1
+            self.book._admissions.discard(self)
 
 
 def _admission(request: Any) -> Admission | None:
@@ -120,38 +128,24 @@ class AdmissionMiddleware:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
-        admission = Admission(time.monotonic(), self.book)
-        self.book.count += 1
+        admission = self.book.admit(time.monotonic(), asyncio.current_task())
         scope[ADMISSION_KEY] = admission
-        started = False
 
         async def sending(message: Dict[str, Any]) -> None:
-            nonlocal started
-            started = started or message.get("type") == "http.response.start"
+            if message.get("type") == "http.response.start":
+                admission.answering = True
             await send(message)
 
-        served = asyncio.ensure_future(self.app(scope, receive, sending))
-        closed = asyncio.ensure_future(self.book.wait_closed())
         try:
-            await asyncio.wait({served, closed}, return_when=asyncio.FIRST_COMPLETED)
-            if not served.done() and admission.preparing and not started:
-                # The server stopped serving (the drain's deadline, a failure) while this request
-                # was still being prepared (its body arriving, waiting for its client's place,
-                # tokenizing): it ends now with the 503, not seconds later when the HTTP server
-                # cancels what is left.
-                served.cancel()
-            await served
+            await self.app(scope, receive, sending)
         except asyncio.CancelledError:
-            # Cancelled here (above) or by the HTTP server after the drain's deadline: the client
-            # gets the drain's 503 rather than the server's plain-text 500, and the task ends.
-            if not served.done():
-                served.cancel()
-                await asyncio.wait({served})
-            if self.book.closing is None or started:
+            # Cancelled by the book's close (the drain's deadline, a failure) or by the HTTP server
+            # at its own shutdown: the client gets the drain's 503 rather than the server's
+            # plain-text 500, and the task ends.
+            if self.book.closing is None or admission.answering:
                 raise
             await closing_response(self.book.closing)(scope, receive, send)
         finally:
-            closed.cancel()
             admission.release()
 
 

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 from fastapi.responses import JSONResponse
@@ -159,6 +160,9 @@ class RequestGuardMiddleware:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.body_timeout
         place = scope.get(CLIENT_SHARE_KEY)
+        # Counted from the start of reading, not from the last byte: a client dripping a byte a
+        # second would otherwise keep its place until the body deadline.
+        step_aside_at = loop.time() + STEP_ASIDE_SECONDS if place is not None else math.inf
         stepped_aside = False
         chunks: List[bytes] = []
         size = 0
@@ -166,18 +170,16 @@ class RequestGuardMiddleware:
             message_arrives = asyncio.ensure_future(receive())
             try:
                 while not message_arrives.done():
-                    wait = max(0.0, deadline - loop.time())
-                    if place is not None and place.held:
-                        wait = min(wait, STEP_ASIDE_SECONDS)
-                    await asyncio.wait({message_arrives}, timeout=wait)
+                    await asyncio.wait({message_arrives}, timeout=max(0.0, min(deadline, step_aside_at) - loop.time()))
                     if message_arrives.done():
                         break
                     if loop.time() >= deadline:
                         await self._body_timed_out(scope, receive, send)
                         return None
-                    # Paused: the client's next request may have the place while the rest arrives.
-                    place.release()
-                    stepped_aside = True
+                    # Still arriving: the client's next request may have the place meanwhile
+                    # (unless as many of its requests stand aside already; then it is kept).
+                    stepped_aside = place.step_aside()
+                    step_aside_at = math.inf
             finally:
                 message_arrives.cancel()
             message = message_arrives.result()
@@ -191,9 +193,31 @@ class RequestGuardMiddleware:
             if chunk:
                 chunks.append(chunk)
             if not message.get("more_body", False):
-                if stepped_aside:
-                    await place.retake()
+                if stepped_aside and not await self._place_again(place, receive):
+                    return None  # the client left while its request waited for a place
                 return b"".join(chunks)
+
+    @staticmethod
+    async def _place_again(place: Any, receive: Receive) -> bool:
+        """Wait for a place after standing aside, watching the connection; False when the client left.
+
+        Before standing aside existed a request waiting for a place had read nothing, and its
+        first ``receive`` on getting one reported the disconnect; with its body read, nothing
+        else would notice, and the endpoint would serve a client that is gone.
+        """
+        gone = asyncio.ensure_future(receive())  # after the whole body only a disconnect comes
+        back = asyncio.ensure_future(place.retake())
+        try:
+            await asyncio.wait({gone, back}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not back.done():
+                back.cancel()
+            await asyncio.wait({back})
+        if back.cancelled():
+            return False
+        back.result()
+        return True
 
     async def _body_timed_out(self, scope: Scope, receive: Receive, send: Send) -> None:
         text = f"The request body did not arrive within {self.body_timeout:g} seconds (--http_body_timeout)"

@@ -118,9 +118,7 @@ class Supervisor:
 
     def _fail_everything(self, what: str, after: str, backend_alive: bool) -> None:
         message = f"The server failed: {what}; the request was not completed, retry it on another server"
-        failed = self.preparing.count if self.preparing is not None else 0
-        if self.preparing is not None:
-            self.preparing.close(message, SERVER_FAILED)
+        failed = self.preparing.close(message, SERVER_FAILED) if self.preparing is not None else 0
         failed += self.manager.fail_pending(message, SERVER_FAILED, backend_alive=backend_alive)
         log.error("failed %d pending request(s) after %s", failed, after)
         self._exit_server()
@@ -170,9 +168,7 @@ class Supervisor:
         message = f"The server is shutting down: {reason}"
         # Requests still being prepared (a body arriving, waiting for their client's place,
         # tokenizing) get the same 503 at once, from the admission middleware.
-        failed = self.preparing.count if self.preparing is not None else 0
-        if self.preparing is not None:
-            self.preparing.close(message, SHUTTING_DOWN)
+        failed = self.preparing.close(message, SHUTTING_DOWN) if self.preparing is not None else 0
         failed += self.manager.fail_pending(message, SHUTTING_DOWN, backend_alive=True)
         if failed:
             log.warning("ended %d request(s) with an error at shutdown", failed)

@@ -294,3 +294,134 @@ def test_requests_still_being_prepared_get_the_503_as_soon_as_the_server_stops_s
         assert book.count == 0 and share.active("10.0.0.1") == 0 and share.waiting("10.0.0.1") == 0
 
     asyncio.run(scenario())
+
+
+def _dripping(parts: list, every_s: float):
+    """A client sending one part every ``every_s`` seconds (never pausing long between them)."""
+    async def receive() -> dict:
+        if not parts:
+            await asyncio.Event().wait()
+        await asyncio.sleep(every_s)
+        chunk = parts.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(parts)}
+
+    return receive
+
+
+def test_a_dripping_body_steps_aside_too_and_only_as_many_as_the_client_has_places(monkeypatch) -> None:
+    """The step aside was timed from the last byte: a client sending a byte every 0.9 s kept its place
+    until the body deadline. And every request standing aside buffers its body: their number is capped."""
+    from lightllm.server.http import request_guard
+
+    monkeypatch.setattr(request_guard, "STEP_ASIDE_SECONDS", 0.05, raising=False)
+    served: list = []
+
+    async def app(scope, receive, send) -> None:
+        served.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario() -> None:
+        share, book = ClientShare(1), PreparingRequests()
+        stack = _body_stack(app, share, book)
+        dripped = [b"{"] + [b" "] * 200 + [b"}"]
+        drip = asyncio.ensure_future(stack(_request_scope(), _dripping(dripped, 0.01), _recorder([])))
+        await asyncio.sleep(0.2)
+        assert share.aside("10.0.0.1") == 1 and share.active("10.0.0.1") == 0  # stepped aside while dripping
+        never = asyncio.Event()
+        stalled = asyncio.ensure_future(stack(_request_scope(), _receiver(b"{", b"}", pause=never), _recorder([])))
+        await asyncio.sleep(0.2)
+        # One client, one place: a second upload may not stand aside as well, so it keeps the place.
+        assert share.aside("10.0.0.1") == 1 and share.active("10.0.0.1") == 1
+        following = asyncio.ensure_future(stack(_request_scope(), _receiver(b'{"n": 3}'), _recorder([])))
+        await asyncio.sleep(0.1)
+        assert not following.done() and share.waiting("10.0.0.1") == 1
+        for _ in range(3000):  # until its body is complete: it then queues behind the following request
+            if not dripped:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert served == [] and not drip.done() and share.waiting("10.0.0.1") == 2
+        never.set()
+        await asyncio.wait_for(asyncio.gather(stalled, following, drip), 30)
+        assert served == [b"{}", b'{"n": 3}', b"{" + b" " * 200 + b"}"]
+        assert share.active("10.0.0.1") == share.aside("10.0.0.1") == share.waiting("10.0.0.1") == book.count == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_client_gone_while_its_request_waits_to_take_a_place_again_is_not_served(monkeypatch) -> None:
+    """With its body read, nothing noticed the disconnect: the endpoint tokenized and answered a
+    request whose client had left while it waited for a place."""
+    from lightllm.server.http import request_guard
+
+    monkeypatch.setattr(request_guard, "STEP_ASIDE_SECONDS", 0.05, raising=False)
+    calls: list = []
+    hold = asyncio.Event()
+
+    async def app(scope, receive, send) -> None:
+        calls.append((await receive())["body"])
+        await hold.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario() -> None:
+        share, book = ClientShare(1), PreparingRequests()
+        stack = _body_stack(app, share, book)
+        rest, left = asyncio.Event(), asyncio.Event()
+        parts = [b"{", b"}"]
+
+        async def leaving_client() -> dict:
+            if len(parts) == 1:
+                await rest.wait()
+            if parts:
+                chunk = parts.pop(0)
+                return {"type": "http.request", "body": chunk, "more_body": bool(parts)}
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        leaver = asyncio.ensure_future(stack(_request_scope(), leaving_client, _recorder(sent := [])))
+        await asyncio.sleep(0.2)  # stepped aside
+        holder = asyncio.ensure_future(stack(_request_scope(), _receiver(b'{"n": 2}'), _recorder([])))
+        await asyncio.sleep(0.05)
+        rest.set()  # its body is complete; it waits for the holder's place
+        await asyncio.sleep(0.05)
+        left.set()
+        await asyncio.wait_for(leaver, 30)
+        assert calls == [b'{"n": 2}'] and sent == []
+        hold.set()
+        await asyncio.wait_for(holder, 30)
+        assert share.active("10.0.0.1") == share.aside("10.0.0.1") == share.waiting("10.0.0.1") == book.count == 0
+
+    asyncio.run(scenario())
+
+
+def test_closing_the_book_ends_only_requests_that_have_not_begun_their_answer() -> None:
+    async def scenario() -> None:
+        book = PreparingRequests()
+        answering_sent, tokenizing_sent = [], []
+        release = asyncio.Event()
+
+        async def app(scope, receive, send) -> None:
+            if scope["path"] == "/tokenize":
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await release.wait()
+                await send({"type": "http.response.body", "body": b"done"})
+            else:
+                await release.wait()
+
+        from lightllm.server.http.in_flight import AdmissionMiddleware
+
+        stack = AdmissionMiddleware(app, book)
+        answering = asyncio.ensure_future(stack({**_request_scope(), "path": "/tokenize"}, _receiver(b"{}"),
+                                                _recorder(answering_sent)))
+        tokenizing = asyncio.ensure_future(stack(_request_scope(), _receiver(b"{}"), _recorder(tokenizing_sent)))
+        await asyncio.sleep(0.05)
+        assert book.close("The server is shutting down: x", "server_shutting_down") == 1
+        await asyncio.wait_for(tokenizing, 30)
+        assert tokenizing_sent[0]["status"] == 503
+        release.set()
+        await asyncio.wait_for(answering, 30)
+        assert [m.get("body") for m in answering_sent][-1] == b"done" and book.count == 0
+
+    asyncio.run(scenario())
