@@ -12,11 +12,12 @@ be parsed in one line naming it.
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from lightllm.utils.tokenizer_sources import (
     TOKENIZER_CONFIG,
@@ -127,7 +128,14 @@ def _is_tiktoken_ranks(data: bytes) -> bool:
 
 
 def _sentencepiece_piece_count(data: bytes) -> Optional[int]:
-    """The pieces of a SentencePiece model protobuf (0: not one); None when protobuf cannot be imported.
+    """The pieces of a SentencePiece model protobuf (0: not one); None when protobuf cannot be imported."""
+    pieces = sentencepiece_pieces(data)
+    return None if pieces is None else len(pieces)
+
+
+def sentencepiece_pieces(data: bytes) -> Optional[List[str]]:
+    """The pieces of a SentencePiece model protobuf, in id order ([]: not one); None when protobuf
+    cannot be imported.
 
     Parsed with the protobuf module sentencepiece ships, not the processor, which logs to stderr
     through absl when it fails.
@@ -141,5 +149,15 @@ def _sentencepiece_piece_count(data: bytes) -> Optional[int]:
     try:
         model.ParseFromString(data)
     except DecodeError:
-        return 0
-    return len(model.pieces)
+        return []
+    return [piece.piece for piece in model.pieces]
+
+
+def tiktoken_rank(data: bytes, token: bytes) -> Optional[int]:
+    """The rank (the id) of ``token`` in tiktoken rank file ``data``, or None when it has none."""
+    wanted = base64.b64encode(token)
+    for line in data.splitlines():
+        encoded, _, rank = line.strip().partition(b" ")
+        if encoded == wanted and rank.isdigit():
+            return int(rank)
+    return None

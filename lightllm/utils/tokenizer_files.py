@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from lightllm.utils.tokenizer_file_checks import sentencepiece_pieces, tiktoken_rank
+
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
     if not path.is_file():
@@ -40,6 +42,9 @@ def _token_id(model_dir: Path, text: str) -> Optional[int]:
     for key, entry in (decoder.items() if isinstance(decoder, dict) else ()):
         if _token_text(entry) == text and str(key).isdigit():
             return int(key)
+    if not (model_dir / "tokenizer.json").is_file():
+        # Then transformers builds the tokenizer from a vocabulary file of its class.
+        return _vocabulary_file_id(model_dir, text)
     tokenizer = _read_json(model_dir / "tokenizer.json") or {}
     added = tokenizer.get("added_tokens")
     for entry in (added if isinstance(added, list) else ()):
@@ -54,6 +59,39 @@ def _token_id(model_dir: Path, text: str) -> Optional[int]:
         for index, entry in enumerate(vocab):
             if isinstance(entry, list) and entry and entry[0] == text:
                 return index
+    return None
+
+
+def _vocabulary_file_id(model_dir: Path, text: str) -> Optional[int]:
+    """The id of ``text`` in the vocabulary files transformers reads without a ``tokenizer.json``.
+
+    Legacy ``added_tokens.json`` first, then a BPE ``vocab.json``, a WordPiece ``vocab.txt`` (the
+    line number) and a SentencePiece or tiktoken ``*.model`` / ``*.tiktoken`` (the piece's index,
+    the token's rank): a ChatML ``<|im_end|>`` kept in ``tokenizer.model`` only is an id too.
+    """
+    for name in ("added_tokens.json", "vocab.json"):
+        table = _read_json(model_dir / name) or {}
+        if isinstance(table.get(text), int):
+            return table[text]
+    vocab_txt = model_dir / "vocab.txt"
+    if vocab_txt.is_file():
+        try:
+            lines = vocab_txt.read_text(encoding="utf-8").split("\n")
+        except (OSError, UnicodeDecodeError):
+            lines = []
+        if text in lines:
+            return lines.index(text)
+    for path in sorted(model_dir.glob("*.model")) + sorted(model_dir.glob("*.tiktoken")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        rank = tiktoken_rank(data, text.encode("utf-8"))
+        if rank is not None:
+            return rank
+        pieces = sentencepiece_pieces(data) or []
+        if text in pieces:
+            return pieces.index(text)
     return None
 
 

@@ -123,6 +123,48 @@ def test_the_eos_id_resolves_from_every_place_a_tokenizer_keeps_it(tmp_path: Pat
     assert tokenizer_eos_token_id(tmp_path / "unknown") is None
 
 
+def _vocabulary_file_tokenizers(tmp_path: Path) -> dict[str, Path]:
+    """Tokenizers transformers builds from a vocabulary file alone (no tokenizer.json), each with
+    its ``eos_token`` only in that file."""
+    import sentencepiece
+
+    text = ["hello world, the end of a turn", "a chat that ends its turn"] * 20
+    made = {}
+    sp = tmp_path / "sentencepiece"
+    sp.mkdir()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(sp / "tokenizer"),
+                                             vocab_size=25, user_defined_symbols=["<|im_end|>"],
+                                             minloglevel=2)
+    _write(sp, "tokenizer_config.json", {"tokenizer_class": "LlamaTokenizer", "eos_token": "<|im_end|>"})
+    made["sentencepiece"] = sp
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    gpt2 = tmp_path / "vocab_json"
+    gpt2.mkdir()
+    bpe.model.save(str(gpt2))
+    _write(gpt2, "tokenizer_config.json", {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>"})
+    made["vocab.json"] = gpt2
+    bert = tmp_path / "vocab_txt"
+    bert.mkdir()
+    (bert / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world"]) + "\n")
+    _write(bert, "tokenizer_config.json", {"tokenizer_class": "BertTokenizer", "eos_token": "[SEP]"})
+    made["vocab.txt"] = bert
+    return made
+
+
+def test_the_eos_id_resolves_from_a_vocabulary_file_without_tokenizer_json(tmp_path: Path) -> None:
+    # It resolved only from tokenizer.json and added_tokens_decoder: a ChatML eos_token kept in
+    # tokenizer.model (or vocab.json, vocab.txt) was warned about and generation ran past it.
+    for kind, directory in _vocabulary_file_tokenizers(tmp_path).items():
+        expected = AutoTokenizer.from_pretrained(directory).eos_token_id
+        assert isinstance(expected, int), kind
+        assert tokenizer_eos_token_id(directory) == expected, kind
+    assert tokenizer_eos_token_id(_write(tmp_path / "absent", "tokenizer_config.json", {"eos_token": "<x>"})) is None
+
+
 def test_the_model_config_stops_at_the_tokenizer_eos_too(tmp_path: Path, tiny_llama_dir: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_llama_dir, model)
