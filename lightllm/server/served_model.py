@@ -60,14 +60,30 @@ def server_template_problem(exc: jinja2.TemplateSyntaxError, name: Optional[str]
 
 def check_checkpoint_templates(tokenizer: Any) -> Optional[str]:
     """The problem of the first of the tokenizer's chat templates (one, or a name -> template mapping)
-    that does not compile, or None. Checked at start: otherwise every chat request found it."""
+    that does not compile, or of named templates none of which is the default; None when there is
+    none. Checked at start: otherwise every chat request found it."""
     templates = getattr(tokenizer, "chat_template", None)
     named = templates.items() if isinstance(templates, dict) else [(None, templates)]
     for name, template in named:
         error = template_compile_error(template) if isinstance(template, str) else None
         if error is not None:
             return server_template_problem(error, name)
-    return None
+    return missing_default_template(templates)
+
+
+def missing_default_template(templates: Any) -> Optional[str]:
+    """The problem of named chat templates with none named ``default`` (None when not so).
+
+    transformers renders a chat with ``default``, or ``tool_use`` when the request has tools; with
+    neither it fails every chat without tools ("multiple chat templates with no default
+    specified"), which a client cannot fix: a request's template needs --trust_request_chat_template.
+    """
+    if not isinstance(templates, dict) or not templates or "default" in templates:
+        return None
+    names = ", ".join(repr(name) for name in templates)
+    return (f"the server's chat templates are named {names}, none of them 'default': a chat without tools has no "
+            f"template{'' if 'tool_use' in templates else ' (nor one with tools: no tool_use)'}; start the server "
+            "with --chat_template to give one")
 
 
 class ChatTemplateSyntaxError(ValueError):
@@ -173,6 +189,12 @@ def _check_variables_read(tokenizer: Any, messages: List[Dict[str, Any]], add_ge
 
 def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,
                  continue_final_message: bool, chat_template_kwargs: Optional[Dict[str, Any]]) -> str:
+    kwargs = chat_template_kwargs or {}
+    templates = getattr(tokenizer, "chat_template", None)
+    chooses = kwargs.get("chat_template") or (kwargs.get("tools") and isinstance(templates, dict) and "tool_use" in templates)
+    missing = None if chooses else missing_default_template(templates)
+    if missing is not None:
+        raise ServerChatTemplateError(missing)
     try:
         return tokenizer.apply_chat_template(
             messages,

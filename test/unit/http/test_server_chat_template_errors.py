@@ -65,3 +65,25 @@ def test_chat_template_flag_replaces_a_broken_checkpoint_template_without_a_warn
                              request_defaults=RequestDefaults(chat_template=GOOD))
     assert not [record for record in caplog.records if "chat template" in record.getMessage()]
     assert tokenizer.decode(served.encode_chat(MESSAGES)) == "hi"
+
+
+def test_named_templates_without_a_default_are_the_servers_problem_not_the_clients(tokenizer_dir: Any) -> None:
+    # Not caught at start, and every chat without tools got a 400 telling the client to pass a
+    # template, which a client may not do without --trust_request_chat_template.
+    TOOLS = "{% for t in tools %}{{ t['name'] }} {% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for named, with_tools in (({"rag": GOOD, "tool_use": TOOLS}, True), ({"rag": GOOD}, False)):
+        tokenizer = _tokenizer(tokenizer_dir, named)
+        problem = check_checkpoint_templates(tokenizer)
+        assert problem.startswith("the server's chat templates are named 'rag'") and "none of them 'default'" in problem
+        with pytest.raises(ServerChatTemplateError) as err:
+            encode_chat_messages(tokenizer, MESSAGES)
+        error = manager_error(err.value, "messages")
+        assert (error.status_code, error.code) == (500, "chat_template_invalid")
+        tools = {"tools": [{"name": "f"}]}
+        if with_tools:  # transformers picks tool_use for a chat with tools
+            assert tokenizer.decode(encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs=tools)) == "f hi"
+        else:
+            with pytest.raises(ServerChatTemplateError):
+                encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs=tools)
+        # A request naming one of them (a server that trusts request templates) is served.
+        assert tokenizer.decode(encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs={"chat_template": "rag"})) == "hi"
