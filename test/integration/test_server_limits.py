@@ -169,16 +169,17 @@ def test_a_clients_requests_beyond_its_share_wait_and_other_clients_do_not(serve
     in the event loop at once, and others waited seconds behind it.
 
     The client's places are held by requests whose bodies are still coming (a request is being
-    prepared until it reaches the engine); its next request, even one answered 401, waits for a
-    place, while another client address is answered at once.
+    prepared until it reaches the engine): as many of them as it has places stand aside after a
+    second (their bodies still read), and the next ones keep their places; its next request, even
+    one answered 401, then waits for a place, while another client address is answered at once.
     """
     host, port = _address(server)
-    holders = [socket.create_connection((host, port)) for _ in range(PREPARING_PER_CLIENT)]
+    holders = [socket.create_connection((host, port)) for _ in range(2 * PREPARING_PER_CLIENT)]
     try:
         for sock in holders:
             sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + USER.encode()
                          + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n")
-        time.sleep(1.0)
+        time.sleep(3.0)  # the first ones stood aside after a second, the next ones could not
         waiting = socket.create_connection((host, port))
         waiting.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         # Another client address (loopback is all 127/8) is served while the first one waits.
@@ -188,7 +189,8 @@ def test_a_clients_requests_beyond_its_share_wait_and_other_clients_do_not(serve
         assert other.recv(4096).startswith(b"HTTP/1.1 401")
         other.close()
         assert not select.select([waiting], [], [], 1.0)[0], "the request beyond the client's share was answered"
-        holders[0].sendall(b"{}")  # one body completes (a 400): its place passes to the waiting request
+        for sock in holders:  # the bodies complete (400s): a freed place passes to the waiting request first
+            sock.sendall(b"{}")
         waiting.settimeout(30)
         assert waiting.recv(4096).startswith(b"HTTP/1.1 401")
         waiting.close()
