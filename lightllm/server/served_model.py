@@ -262,7 +262,10 @@ class ServedModel:
             problem = check_checkpoint_templates(self.tokenizer)
             if problem is not None:
                 # Warned, not refused: completions and /generate do not need it.
-                log.warning("%s; until then every chat request fails with 500 chat_template_invalid", problem)
+                templates = getattr(self.tokenizer, "chat_template", None)
+                which = ("every chat without tools" if problem == missing_default_template(templates)
+                         and "tool_use" in templates else "every chat request")
+                log.warning("%s; until then %s fails with 500 chat_template_invalid", problem, which)
         self.check_eos_ids()
         size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else 0
         if size > self.vocab_size:

@@ -12,7 +12,6 @@ be parsed in one line naming it.
 
 from __future__ import annotations
 
-import base64
 import fnmatch
 import json
 import re
@@ -151,13 +150,3 @@ def sentencepiece_pieces(data: bytes) -> Optional[List[str]]:
     except DecodeError:
         return []
     return [piece.piece for piece in model.pieces]
-
-
-def tiktoken_rank(data: bytes, token: bytes) -> Optional[int]:
-    """The rank (the id) of ``token`` in tiktoken rank file ``data``, or None when it has none."""
-    wanted = base64.b64encode(token)
-    for line in data.splitlines():
-        encoded, _, rank = line.strip().partition(b" ")
-        if encoded == wanted and rank.isdigit():
-            return int(rank)
-    return None

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from lightllm.utils.tokenizer_file_checks import sentencepiece_pieces, tiktoken_rank
+from lightllm.utils.tokenizer_file_checks import sentencepiece_pieces
 
 
 def _read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -63,36 +63,38 @@ def _token_id(model_dir: Path, text: str) -> Optional[int]:
 
 
 def _vocabulary_file_id(model_dir: Path, text: str) -> Optional[int]:
-    """The id of ``text`` in the vocabulary files transformers reads without a ``tokenizer.json``.
+    """The id of ``text`` in the vocabulary file transformers reads without a ``tokenizer.json``.
 
-    Legacy ``added_tokens.json`` first, then a BPE ``vocab.json``, a WordPiece ``vocab.txt`` (the
-    line number) and a SentencePiece or tiktoken ``*.model`` / ``*.tiktoken`` (the piece's index,
-    the token's rank): a ChatML ``<|im_end|>`` kept in ``tokenizer.model`` only is an id too.
+    Only when the directory holds one vocabulary file (a BPE ``vocab.json``, a WordPiece
+    ``vocab.txt``, a SentencePiece ``*.model``), which is then the one its tokenizer class reads:
+    with several, the class decides which, and a guess could make generation stop at an ordinary
+    token (the HTTP process then warns that the tokenizer's ``eos_token`` is not among the ids).
+    A legacy ``added_tokens.json`` comes first. tiktoken rank files hold no special tokens (those
+    are added tokens), so they give none.
     """
-    for name in ("added_tokens.json", "vocab.json"):
-        table = _read_json(model_dir / name) or {}
-        if isinstance(table.get(text), int):
-            return table[text]
-    vocab_txt = model_dir / "vocab.txt"
-    if vocab_txt.is_file():
+    added = _read_json(model_dir / "added_tokens.json") or {}
+    if isinstance(added.get(text), int):
+        return added[text]
+    candidates = [path for path in (model_dir / "vocab.json", model_dir / "vocab.txt") if path.is_file()]
+    candidates += sorted(path for path in model_dir.glob("*.model") if path.is_file())
+    if len(candidates) != 1:
+        return None
+    path = candidates[0]
+    if path.name == "vocab.json":
+        table = _read_json(path) or {}
+        return table[text] if isinstance(table.get(text), int) else None
+    if path.name == "vocab.txt":
         try:
-            lines = vocab_txt.read_text(encoding="utf-8").split("\n")
+            lines = path.read_text(encoding="utf-8").split("\n")
         except (OSError, UnicodeDecodeError):
-            lines = []
-        if text in lines:
-            return lines.index(text)
-    for path in sorted(model_dir.glob("*.model")) + sorted(model_dir.glob("*.tiktoken")):
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        rank = tiktoken_rank(data, text.encode("utf-8"))
-        if rank is not None:
-            return rank
-        pieces = sentencepiece_pieces(data) or []
-        if text in pieces:
-            return pieces.index(text)
-    return None
+            return None
+        # transformers' WordPiece vocabulary keeps the last line of a token listed twice.
+        return len(lines) - 1 - lines[::-1].index(text) if text in lines else None
+    try:
+        pieces = sentencepiece_pieces(path.read_bytes()) or []
+    except OSError:
+        return None
+    return pieces.index(text) if text in pieces else None
 
 
 def tokenizer_eos_token_id(model_dir: str | Path) -> Optional[int]:

@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.health import LoopHeartbeat, Readiness, health_answer, stopping_reason
-from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES, head_end, head_headers, health_path, may_be_health, request_line
+from lightllm.server.http.probe_parsing import (MAX_HEAD_BYTES, head_end, head_headers, health_path, may_be_health,
+                                               request_line, target_path)
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
 
 
@@ -104,7 +105,7 @@ class HeadTriage:
         token = bearer_token({"headers": head_headers(data)})
         line, _ = request_line(data)
         parts = line.split(b" ")
-        path = parts[1].decode("latin-1") if len(parts) > 1 else ""
+        path = target_path(parts[1]) if len(parts) > 1 else ""
         if self._cluster_key is not None and path.startswith(CLUSTER_PATH_PREFIX):
             return self._cluster_key.contains(token)
         return self._client_keys is not None and self._client_keys.contains(token)

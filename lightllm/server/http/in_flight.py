@@ -65,6 +65,9 @@ class PreparingRequests:
             task = admission.task
             if task is not None and not admission.answering and not task.done():
                 task.cancel()
+                # Counted and cancelled once: a second close (a second signal after the drain's
+                # deadline, a failure during it) must not cancel its 503 as it is written.
+                self._admissions.discard(admission)
                 ended += 1
         return ended
 
@@ -127,6 +130,10 @@ class AdmissionMiddleware:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
+            return
+        if self.book.closing is not None:
+            # Arrived after the server stopped serving (pipelined, or handed over as it stopped).
+            await closing_response(self.book.closing)(scope, receive, send)
             return
         admission = self.book.admit(time.monotonic(), asyncio.current_task())
         scope[ADMISSION_KEY] = admission

@@ -11,6 +11,7 @@ import re
 from http import HTTPStatus
 from typing import Any, Dict, List, Optional, Tuple
 
+from lightllm.server.http.absolute_form import origin_form_path
 from lightllm.server.http.health import PROBE_PATHS
 from lightllm.server.http.retry_after import body_error_code, retry_after_head_lines
 
@@ -37,8 +38,15 @@ def _probe_target(line: bytes) -> Optional[str]:
     parts = line.split(b" ")
     if len(parts) != 3 or parts[0] not in (b"GET", b"HEAD") or not parts[2].startswith(b"HTTP/1."):
         return None
-    path = parts[1].split(b"?", 1)[0].decode("latin-1")
+    path = target_path(parts[1])
     return path if path in PROBE_PATHS else None
+
+
+def target_path(target: bytes) -> str:
+    """The path of a request target, without its query; an absolute-form target's own path
+    (as :class:`~lightllm.server.http.absolute_form.AbsoluteFormMiddleware` routes it)."""
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    return origin_form_path(path) or path
 
 
 def health_path(data: bytes) -> Optional[str]:

@@ -176,10 +176,11 @@ class RequestGuardMiddleware:
                     if loop.time() >= deadline:
                         await self._body_timed_out(scope, receive, send)
                         return None
-                    # Still arriving: the client's next request may have the place meanwhile
-                    # (unless as many of its requests stand aside already; then it is kept).
+                    # Still arriving: the client's next request may have the place meanwhile.
+                    # While as many of its requests stand aside already, it keeps the place and
+                    # tries again a second later (one of them may have ended by then).
                     stepped_aside = place.step_aside()
-                    step_aside_at = math.inf
+                    step_aside_at = math.inf if stepped_aside else loop.time() + STEP_ASIDE_SECONDS
             finally:
                 message_arrives.cancel()
             message = message_arrives.result()

@@ -165,6 +165,20 @@ def test_the_eos_id_resolves_from_a_vocabulary_file_without_tokenizer_json(tmp_p
     assert tokenizer_eos_token_id(_write(tmp_path / "absent", "tokenizer_config.json", {"eos_token": "<x>"})) is None
 
 
+def test_a_vocabulary_file_gives_the_eos_id_only_when_it_is_the_one_file_and_as_transformers_reads_it(
+        tmp_path: Path) -> None:
+    # A guessed id joins the end-of-sequence set: generation would stop at an ordinary token.
+    made = _vocabulary_file_tokenizers(tmp_path)
+    sp, gpt2, bert = made["sentencepiece"], made["vocab.json"], made["vocab.txt"]
+    shutil.copy(sp / "tokenizer.model", sp / "a_draft.model")  # which one the class reads is its choice
+    assert tokenizer_eos_token_id(sp) is None
+    (sp / "a_draft.model").unlink()
+    shutil.copy(gpt2 / "vocab.json", sp / "vocab.json")
+    assert tokenizer_eos_token_id(sp) is None
+    (bert / "vocab.txt").write_text("[PAD]\n[UNK]\n[SEP]\nhello\n[SEP]\nworld\n")
+    assert tokenizer_eos_token_id(bert) == AutoTokenizer.from_pretrained(bert).eos_token_id == 4
+
+
 def test_the_model_config_stops_at_the_tokenizer_eos_too(tmp_path: Path, tiny_llama_dir: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_llama_dir, model)

@@ -418,10 +418,59 @@ def test_closing_the_book_ends_only_requests_that_have_not_begun_their_answer() 
         tokenizing = asyncio.ensure_future(stack(_request_scope(), _receiver(b"{}"), _recorder(tokenizing_sent)))
         await asyncio.sleep(0.05)
         assert book.close("The server is shutting down: x", "server_shutting_down") == 1
+        assert book.close("The server is shutting down: x", "server_shutting_down") == 0  # counted once
         await asyncio.wait_for(tokenizing, 30)
         assert tokenizing_sent[0]["status"] == 503
+        # A request arriving after the close (pipelined on a kept-alive connection) gets it at once.
+        late_sent: list = []
+        await asyncio.wait_for(stack(_request_scope(), _receiver(b"{", b"}", pause=asyncio.Event()),
+                                     _recorder(late_sent)), 30)
+        assert late_sent[0]["status"] == 503
         release.set()
         await asyncio.wait_for(answering, 30)
         assert [m.get("body") for m in answering_sent][-1] == b"done" and book.count == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_kept_from_standing_aside_tries_again_once_another_no_longer_does(monkeypatch) -> None:
+    """Refused a stand-aside once (the client's stand-aside places all taken), a stalled upload kept
+    its place until its own body deadline, even after those places freed up."""
+    from lightllm.server.http import request_guard
+
+    monkeypatch.setattr(request_guard, "STEP_ASIDE_SECONDS", 0.05, raising=False)
+    served: list = []
+
+    async def app(scope, receive, send) -> None:
+        served.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario() -> None:
+        share, book = ClientShare(1), PreparingRequests()
+        stack = _body_stack(app, share, book)
+        leaves, sent_byte = asyncio.Event(), []
+
+        async def first_client() -> dict:  # one byte, then gone
+            if not sent_byte:
+                sent_byte.append(True)
+                return {"type": "http.request", "body": b"{", "more_body": True}
+            await leaves.wait()
+            return {"type": "http.disconnect"}
+
+        first = asyncio.ensure_future(stack(_request_scope(), first_client, _recorder([])))
+        await asyncio.sleep(0.2)
+        assert share.aside("10.0.0.1") == 1
+        second = asyncio.ensure_future(stack(_request_scope(), _receiver(b"{", b"}", pause=asyncio.Event()),
+                                             _recorder([])))
+        await asyncio.sleep(0.2)
+        assert share.active("10.0.0.1") == 1  # it could not stand aside: it keeps the place
+        following = asyncio.ensure_future(stack(_request_scope(), _receiver(b'{"n": 3}'), _recorder([])))
+        leaves.set()  # the first one ends: the second may stand aside now
+        await asyncio.wait_for(asyncio.gather(first, following), 10)
+        assert served == [b'{"n": 3}'] and share.aside("10.0.0.1") == 1 and not second.done()
+        second.cancel()
+        await asyncio.wait({second})
+        assert share.active("10.0.0.1") == share.aside("10.0.0.1") == share.waiting("10.0.0.1") == 0
 
     asyncio.run(scenario())

@@ -115,3 +115,14 @@ def test_the_timeout_and_admission_answers() -> None:
     refused = admission_refusal(("too_many_client_connections", "one client holds too many"))
     assert refused.status == 503 and refused.body["error"]["code"] == "too_many_client_connections"
     assert refused.refusal is None  # the connection book counted it when it refused
+
+
+def test_an_absolute_form_target_is_read_by_its_path_here_too() -> None:
+    # The app routes GET http://host/health/live by its path; the front door, which answers probes
+    # while the server starts or stops and judges the reserve's keys, read the whole URL.
+    for phase in ("starting", "stopping"):
+        verdict = _verdict(b"GET http://x:8000/health/live?probe=1 HTTP/1.1\r\n\r\n", phase=phase)
+        assert isinstance(verdict, Answer) and verdict.status == 200, phase
+    pd_head = b"POST HTTP://x/pd/register HTTP/1.1\r\nAuthorization: Bearer %s\r\n\r\n"
+    assert isinstance(_verdict(pd_head % b"cluster-key", reserve=True), HandOff)
+    assert isinstance(_verdict(pd_head % b"client-key", reserve=True), Answer)

@@ -67,7 +67,8 @@ def test_chat_template_flag_replaces_a_broken_checkpoint_template_without_a_warn
     assert tokenizer.decode(served.encode_chat(MESSAGES)) == "hi"
 
 
-def test_named_templates_without_a_default_are_the_servers_problem_not_the_clients(tokenizer_dir: Any) -> None:
+def test_named_templates_without_a_default_are_the_servers_problem_not_the_clients(
+        tokenizer_dir: Any, caplog: pytest.LogCaptureFixture) -> None:
     # Not caught at start, and every chat without tools got a 400 telling the client to pass a
     # template, which a client may not do without --trust_request_chat_template.
     TOOLS = "{% for t in tools %}{{ t['name'] }} {% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -75,6 +76,11 @@ def test_named_templates_without_a_default_are_the_servers_problem_not_the_clien
         tokenizer = _tokenizer(tokenizer_dir, named)
         problem = check_checkpoint_templates(tokenizer)
         assert problem.startswith("the server's chat templates are named 'rag'") and "none of them 'default'" in problem
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="lightllm.server.served_model"):
+            ServedModel("m", ["m"], tokenizer, vocab_size=1000, eos_token_ids=[1], max_req_total_len=64)
+        which = "every chat without tools" if with_tools else "every chat request"
+        assert f"{problem}; until then {which} fails with 500 chat_template_invalid" in caplog.text
         with pytest.raises(ServerChatTemplateError) as err:
             encode_chat_messages(tokenizer, MESSAGES)
         error = manager_error(err.value, "messages")
