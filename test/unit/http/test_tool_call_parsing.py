@@ -180,3 +180,17 @@ def test_a_call_of_an_undeclared_function_stays_content() -> None:
     assert [call.name for call in extraction.calls] == ["get_weather"] and extraction.content == "\n" + text
     assert_stream_agrees(lambda: ToolCallStream(HermesParser(), declared=declared), both, "\n" + text,
                          [("get_weather", '{"city": "Paris"}')])
+
+
+@pytest.mark.parametrize("arguments", ['{"a": NaN}', '{"a": -Infinity}', '{"a": "\\ud800"}', '{"a": 1e999}',
+                                       '"{\\"a\\": NaN}"'])
+def test_a_block_whose_arguments_a_client_could_not_send_back_stays_content(arguments: str) -> None:
+    # The call went out with finish_reason tool_calls, and the same arguments in the next turn's
+    # history were refused with a 400 (not JSON, or a number no double holds).
+    for parser, text in ((HermesParser(), f'<tool_call>\n{{"name": "add", "arguments": {arguments}}}\n</tool_call>'),
+                         (Llama3JsonParser(), f'{{"name": "add", "parameters": {arguments}}}')):
+        extraction = extract_calls(parser, text)
+        assert extraction.calls == [] and extraction.content == text
+        assert_stream_agrees(lambda: ToolCallStream(parser), text, text, [])
+    good = extract_calls(HermesParser(), '<tool_call>\n{"name": "add", "arguments": {"a": 1.5e300}}\n</tool_call>')
+    assert [(call.name, call.arguments) for call in good.calls] == [("add", '{"a": 1.5e300}')]

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightllm.server.http.body import find_structure_problem, float_reader
 from lightllm.server.http.tool_calls.json_scan import ARGUMENT_KEYS, CallObjectScanner, split_objects
 from lightllm.server.http.tool_calls.parsers import CALL, Segment, ToolCallParser
 
@@ -64,10 +65,14 @@ def parse_call_object(text: str) -> ParsedCall | None:
     try:
         # The first "name" and the first arguments key in the text count, as the scanner that
         # takes the arguments' own text reads them.
-        value = json.loads(text, object_pairs_hook=_first_of_each_key)
+        value = json.loads(text, object_pairs_hook=_first_of_each_key, parse_float=float_reader(text))
     except (ValueError, RecursionError):  # a model may nest deeper than the JSON reader goes
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    if find_structure_problem(value) is not None:
+        # NaN, Infinity, a number beyond a double or a lone surrogate: not JSON a client may send
+        # back as this call's arguments (the history check refuses it), so the block is text.
         return None
     key = next((key for key in value if key in ARGUMENT_KEYS), None)
     if key is None:
@@ -76,10 +81,12 @@ def parse_call_object(text: str) -> ParsedCall | None:
     if isinstance(arguments, str):
         # Some models write the arguments as a JSON string, as the OpenAI API itself does.
         try:
-            decoded = json.loads(arguments)
+            decoded = json.loads(arguments, parse_float=float_reader(arguments))
         except (ValueError, RecursionError):
             return None
-        return ParsedCall(value["name"], arguments) if isinstance(decoded, dict) else None
+        if not isinstance(decoded, dict) or find_structure_problem(decoded) is not None:
+            return None
+        return ParsedCall(value["name"], arguments)
     if not isinstance(arguments, dict):
         return None
     # The model's own text of the arguments, as a stream forwards it.
