@@ -246,6 +246,13 @@ class OpenAIEndpoints:
                                 wants_top)
         tool_plan = plan_tool_calls(body, self.tool_call_parser)
         if tool_plan.keeps_special_tokens:
+            if "skip_special_tokens" in body.model_fields_set and body.skip_special_tokens:
+                # Turned off below as vLLM does; a client that asked for it by name hears so.
+                raise invalid_request(
+                    f"skip_special_tokens true cannot hold with tool_choice auto and the {self.tool_call_parser} "
+                    "tool-call parser: its call markers may be special tokens, which the server must keep to read "
+                    "calls; leave skip_special_tokens out (it is turned off) or set tool_choice none",
+                    "skip_special_tokens")
             body.skip_special_tokens = False
         prompt_ids = await encoded(self.render_chat(body, tool_plan, body.truncate_prompt_tokens is not None),
                                    "messages", self.manager.vocab_size)
