@@ -150,11 +150,17 @@ def test_a_master_that_forgot_the_node_is_told_so_before_the_node_registers_agai
         await asyncio.sleep(0.3)  # the teardown takes a while: registering must wait for it
         seen.append(("done", len(master.bodies[REGISTER_PATH])))
 
+    def registered_after_the_teardown() -> bool:
+        return bool(seen) and seen[-1][0] == "done" and len(master.bodies[REGISTER_PATH]) > seen[-1][1]
+
     client = run_client_until(
         master, lambda: PdNodeClient(master.url, node("d0", "decode"), heartbeat_interval_s=0.1, on_master_forgot=forgot),
-        lambda: len(master.bodies[REGISTER_PATH]) >= 2, "a second registration")
-    assert seen == [("forgot", "node 'd0' is not registered", 1), ("done", 1)]
-    assert client.registrations == 2 and not client.master_lost
+        registered_after_the_teardown, "a registration after the forgotten node's teardown")
+    # On a loaded machine a 0.1 s heartbeat may also be missed and the node register again on its
+    # own before the master forgets it: what matters is that none comes during the teardown.
+    (first, message, before), done = seen
+    assert (first, message) == ("forgot", "node 'd0' is not registered") and done == ("done", before)
+    assert not client.master_lost
 
 
 def test_a_failing_report_does_not_stop_the_heartbeats() -> None:
