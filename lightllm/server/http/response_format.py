@@ -32,6 +32,10 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
         raise invalid_request(f"the {what} compiles to a grammar of {size} bytes; at most {GRAMMAR_BYTES} bytes "
                               "fit (make it smaller)", param)
 
+    crashing = _crashing_integer(grammar)
+    if crashing is not None:
+        raise invalid_request(f"invalid {what}: it holds the integer {crashing}, beyond what the grammar compiler "
+                              "is given (-2^62 to 2^64-1)", param)
     try:
         problem = llguidance.LLMatcher.validate_grammar(grammar, None, limits=grammar_limits())
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
@@ -83,11 +87,56 @@ def _no_output_reason(grammar: str) -> Optional[str]:
     return None
 
 
+# The integers the grammar compiler is given. Beyond 64 bits it failed with "Value is not JSON
+# serializable: <n>", naming neither the place nor the limit; an enum or const integer within 512
+# of -2^63 crashed the process (a segmentation fault in llguidance 1.9), so the lower end keeps a
+# wide margin.
+COMPILER_INTEGERS = range(-(2**62), 2**64)
+
+
+# A negative integer literal of 19 or more digits anywhere in a grammar's text (a Lark grammar's
+# embedded %json schema, or a JSON schema's compiled form): checked by value in _crashing_integer.
+_LONG_NEGATIVE_INTEGER = re.compile(r"-(\d{19,})")
+
+
+def _crashing_integer(grammar: str) -> Optional[int]:
+    """A negative integer in ``grammar``'s text at or below -2^62 (near -2^63 one crashed the compiler).
+
+    Read from the text, not parsed: such a literal inside a Lark string or regex is refused too,
+    which costs nothing real and keeps every way a grammar arrives covered.
+    """
+    for match in _LONG_NEGATIVE_INTEGER.finditer(grammar):
+        value = -int(match.group(1))
+        if value not in COMPILER_INTEGERS:
+            return value
+    return None
+
+
+def integer_beyond_compiler(schema: Any) -> Optional[tuple[str, int]]:
+    """The first integer in ``schema`` the grammar compiler cannot read, with its path; None when none."""
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((item, f"{path}.{key}" if path else str(key)) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}.{index}" if path else str(index))
+                         for index, item in reversed(list(enumerate(value))))
+        elif isinstance(value, int) and not isinstance(value, bool) and value not in COMPILER_INTEGERS:
+            return path, value
+    return None
+
+
 def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
     import llguidance
 
     if not isinstance(schema, dict):
         raise invalid_request("the JSON schema must be an object", param)
+    beyond = integer_beyond_compiler(schema)
+    if beyond is not None:
+        path, number = beyond
+        raise invalid_request(f"invalid {what}: the integer {number} at '{path}' is beyond what the grammar "
+                              "compiler is given (-2^62 to 2^64-1)", param)
     schema = closed_objects(schema)
     unkept = unkept_min_properties(schema)
     if unkept is not None:
