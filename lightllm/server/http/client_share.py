@@ -34,12 +34,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Deque, Dict, Optional
 
-from fastapi.responses import JSONResponse
-
 from lightllm.server.http.auth import CLUSTER_PATH_PREFIX
-from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.health import PROBE_PATHS
-from lightllm.server.http.in_flight import CLIENT_SHARE_KEY, PreparingRequests
+from lightllm.server.http.in_flight import CLIENT_SHARE_KEY, PreparingRequests, closing_response
 from lightllm.server.http.log_throttle import IntervalGate
 
 Scope = Dict[str, Any]
@@ -240,9 +237,7 @@ class ClientShareMiddleware:
         except asyncio.CancelledError:
             if self.book is None or self.book.closing is None:
                 raise
-            message, code = self.book.closing
-            await JSONResponse(error_body(message, SERVICE_UNAVAILABLE, None, code), status_code=503,
-                               headers={"connection": "close"})(scope, receive, send)
+            await closing_response(self.book.closing)(scope, receive, send)
             return
         place = scope[CLIENT_SHARE_KEY] = ClientPlace(self.share, address, release)
         try:
