@@ -13,10 +13,10 @@
   without reading a byte; a body that grows past the limit while it arrives (chunked, or a lying
   length) gets ``413`` as soon as it does, so at most the limit is ever held; a body that does not
   arrive within the body timeout gets ``408``. Each of these answers closes the connection.
-  The endpoint then receives the body in one piece. A body that stops arriving for
-  :data:`STEP_ASIDE_SECONDS` gives up its request's place among its client's requests being
-  prepared while it waits (:class:`~lightllm.server.http.client_share.ClientPlace`) and takes one
-  again, in turn, once it is complete.
+  The endpoint then receives the body in one piece. A body still arriving
+  :data:`STEP_ASIDE_SECONDS` after reading began gives up its request's place among its client's
+  requests being prepared while the rest arrives (:class:`~lightllm.server.http.client_share.ClientPlace`)
+  and takes one again, in turn, once it is complete.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-# How long a body may pause before its request lets the client's next request have its place: long
-# enough that a body crossing a network in several packets keeps it, short against the body deadline.
+# How long a body may take to arrive before its request lets the client's next request have its place:
+# long enough that a body crossing a network in several packets keeps it, short against the deadline.
 STEP_ASIDE_SECONDS = 1.0
 PROBED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
