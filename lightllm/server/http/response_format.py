@@ -20,6 +20,7 @@ from lightllm.common.sampling.grammar_limits import grammar_limits
 from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
 from lightllm.server.http.closed_objects import closed_objects, unkept_min_properties
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.number_bounds import unkept_number_range
 
 
 def validated_grammar(grammar: str, param: str, what: str) -> str:
@@ -137,6 +138,9 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
         path, number = beyond
         raise invalid_request(f"invalid {what}: the integer {number} at '{path}' is beyond what the grammar "
                               "compiler is given (-2^62 to 2^64-1)", param)
+    unkept_range = unkept_number_range(schema)
+    if unkept_range is not None:
+        raise invalid_request(f"invalid {what}: {unkept_range}", param)
     schema = closed_objects(schema)
     unkept = unkept_min_properties(schema)
     if unkept is not None:

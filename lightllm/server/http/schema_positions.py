@@ -9,7 +9,7 @@ follow the same positions.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 # Keywords whose value is one subschema, a list of them, or a map of names to them.
 ONE_SCHEMA_KEYWORDS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
@@ -20,15 +20,23 @@ SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions"
 
 def subschemas(node: Dict[str, Any]) -> Iterator[Any]:
     """The schemas directly inside the schema ``node``."""
+    for _place, inner in named_subschemas(node):
+        yield inner
+
+
+def named_subschemas(node: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
+    """The schemas directly inside the schema ``node``, each with its place (``properties.x``, ``anyOf.0``)."""
     for key in ONE_SCHEMA_KEYWORDS:
         if isinstance(node.get(key), dict):
-            yield node[key]
+            yield key, node[key]
     for key in SCHEMA_LIST_KEYWORDS:
         if isinstance(node.get(key), list):
-            yield from node[key]
+            for index, inner in enumerate(node[key]):
+                yield f"{key}.{index}", inner
     for key in SCHEMA_MAP_KEYWORDS:
         if isinstance(node.get(key), dict):
-            yield from node[key].values()
+            for name, inner in node[key].items():
+                yield f"{key}.{name}", inner
 
 
 def map_subschemas(node: Dict[str, Any], change: Callable[[Any], Any]) -> Dict[str, Any]:
