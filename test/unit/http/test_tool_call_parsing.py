@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from lightllm.server.http.tool_calls.callable_tools import CallableTools
 from lightllm.server.http.tool_calls.extraction import extract_calls
 from lightllm.server.http.tool_calls.json_scan import CallObjectScanner, split_objects
 from lightllm.server.http.tool_calls.parsers import ForcedCallParser, HermesParser, Llama3JsonParser
@@ -169,16 +170,16 @@ def test_deeply_nested_call_is_content_not_a_crash() -> None:
 
 def test_a_call_of_an_undeclared_function_stays_content() -> None:
     """OpenAI never names a function the request did not declare; such a block is the model's text."""
-    declared = frozenset({"get_weather"})
+    declared = CallableTools(frozenset({"get_weather"}))
     text = 'Let me see <tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'
-    extraction = extract_calls(HermesParser(), text, declared=declared)
+    extraction = extract_calls(HermesParser(), text, accepts=declared.accepts)
     assert extraction.calls == [] and extraction.content == text
-    assert_stream_agrees(lambda: ToolCallStream(HermesParser(), declared=declared), text, text, [])
+    assert_stream_agrees(lambda: ToolCallStream(HermesParser(), accepts=declared.accepts), text, text, [])
     # Declared calls in other blocks are still calls.
     both = PARIS + "\n" + text
-    extraction = extract_calls(HermesParser(), both, declared=declared)
+    extraction = extract_calls(HermesParser(), both, accepts=declared.accepts)
     assert [call.name for call in extraction.calls] == ["get_weather"] and extraction.content == "\n" + text
-    assert_stream_agrees(lambda: ToolCallStream(HermesParser(), declared=declared), both, "\n" + text,
+    assert_stream_agrees(lambda: ToolCallStream(HermesParser(), accepts=declared.accepts), both, "\n" + text,
                          [("get_weather", '{"city": "Paris"}')])
 
 

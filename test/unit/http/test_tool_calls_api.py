@@ -4,16 +4,13 @@ langchain-openai."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from api_fakes import MODEL, FakeEvent, FakeManager, assert_error, chat, sse_events
-from lightllm.server.http.app import create_app
-from lightllm.server.http.server_options import HttpServerOptions
+from api_fakes import MODEL, assert_error, chat, sse_events
+from scripted_manager import make_client
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -21,30 +18,6 @@ WEATHER_TOOL = {"type": "function", "function": {
 CLOCK_TOOL = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
 CALL_TEXT = ["Checking", " the weather.", "\n<tool", "_call>\n", '{"name": "get_', 'weather", "arg',
              'uments": {"city": ', '"Paris"}}', "\n</tool_call>"]
-
-
-class ScriptedManager(FakeManager):
-    """A FakeManager whose every generation yields the pieces of ``script`` and stops."""
-
-    def __init__(self, script: list[str], finish: str = "stop") -> None:
-        super().__init__()
-        self.script = script
-        self.finish = finish
-
-    async def generate(self, spec: Any, *, request: Any = None) -> AsyncIterator[FakeEvent]:
-        prompt_ids = list(spec.prompt_ids)
-        self.calls.append(type("Call", (), {"params": spec.params, "prompt_ids": prompt_ids})())
-        for position, piece in enumerate(self.script):
-            await asyncio.sleep(0)
-            finish = self.finish if position == len(self.script) - 1 else None
-            yield FakeEvent(len(self.calls), 20 + position, piece, -0.5, finish, len(prompt_ids), 0, position + 1, None)
-
-
-def make_client(script: list[str], parser: str | None = "hermes",
-                finish: str = "stop") -> tuple[TestClient, ScriptedManager]:
-    manager = ScriptedManager(script, finish)
-    app = create_app(manager, HttpServerOptions(tool_call_parser=parser))
-    return TestClient(app, raise_server_exceptions=False), manager
 
 
 def test_auto_call_non_streaming_and_template_arguments() -> None:

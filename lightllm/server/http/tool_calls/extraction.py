@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lightllm.server.http.body import find_structure_problem, float_reader
 from lightllm.server.http.tool_calls.json_scan import ARGUMENT_KEYS, CallObjectScanner, split_objects
@@ -127,10 +127,11 @@ class CallReader:
     So ``"Hi\\n<call>\\nDone"`` has the content ``"Hi\\nDone"``, and ``"Hi\\n<call>\\n"`` the content ``"Hi"``.
     """
 
-    def __init__(self, parser: ToolCallParser, parallel: bool = True, declared: frozenset[str] | None = None) -> None:
+    def __init__(self, parser: ToolCallParser, parallel: bool = True,
+                 accepts: Callable[[ParsedCall], bool] | None = None) -> None:
         self._segmenter = parser.segmenter()
         self._parallel = parallel
-        self._declared = declared
+        self._accepts = accepts
         self.calls_read = 0
         self._space = ""
         self._after_call = False
@@ -155,10 +156,10 @@ class CallReader:
     def _take(self, segment: Segment, reading: Reading) -> None:
         if segment.kind == CALL:
             calls = parse_call_block(segment.text)
-            if calls is not None and self._declared is not None and any(
-                    call.name not in self._declared for call in calls):
-                # A call of a function the request did not declare is no call a client can make:
-                # the block stays the model's text (OpenAI never names an undeclared tool).
+            if calls is not None and self._accepts is not None and not all(self._accepts(call) for call in calls):
+                # A call of a function the request did not declare is no call a client can make, nor
+                # a strict function's call whose arguments break its schema: the block stays the
+                # model's text (OpenAI never names an undeclared tool nor breaks a strict schema).
                 calls = None
             if calls is not None:
                 self._space, self._after_call = "", True
@@ -182,10 +183,10 @@ class CallReader:
 
 
 def extract_calls(parser: ToolCallParser, text: str, parallel: bool = True,
-                  declared: frozenset[str] | None = None) -> Extraction:
+                  accepts: Callable[[ParsedCall], bool] | None = None) -> Extraction:
     """Content and calls of a whole ``text`` in ``parser``'s format; ``parallel`` False keeps the first call only,
-    ``declared`` (the request's function names) makes a block calling any other function content."""
-    reader = CallReader(parser, parallel, declared)
+    a block holding a call that ``accepts`` (the request's tools: CallableTools.accepts) refuses is content."""
+    reader = CallReader(parser, parallel, accepts)
     readings = (reader.feed(text), reader.finish())
     calls = [call for reading in readings for call in reading.calls]
     if not calls:

@@ -27,6 +27,7 @@ from typing import Any
 from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import APIError, invalid_request
 from lightllm.server.http.json_text import parse_json_text
+from lightllm.server.http.tool_calls.callable_tools import CallableTools
 from lightllm.server.http.response_format import compile_json_schema
 from lightllm.server.http.schema_positions import map_subschemas
 from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
@@ -51,6 +52,8 @@ class FunctionTool:
     parameters: dict[str, Any] | None
     # The entry as the client sent it, for the chat template.
     spec: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # "strict": true: arguments valid under ``parameters`` (held to it under auto by CallableTools).
+    strict: bool = False
 
     @property
     def parameters_schema(self) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def parse_tools(value: Any) -> list[FunctionTool]:
         parameters = function.get("parameters")
         if parameters is not None:
             _check_parameters(parameters, f"{param}.function.parameters")
-        tools.append(FunctionTool(name, parameters, entry))
+        tools.append(FunctionTool(name, parameters, entry, strict=function.get("strict") is True))
     return tools
 
 
@@ -224,6 +227,7 @@ class ToolPlan:
     parallel: bool = True
     parser: ToolCallParser | None = None
     grammar: str | None = None
+    checked_tools: CallableTools | None = None
 
     @property
     def reads_calls(self) -> bool:
@@ -231,9 +235,12 @@ class ToolPlan:
         return self.mode in ("auto", "required", "named")
 
     @property
-    def declared(self) -> frozenset[str]:
-        """The names of the request's functions: a call of any other one is read as content."""
-        return frozenset(tool.name for tool in self.tools)
+    def callable_tools(self) -> CallableTools:
+        """The calls a client may receive: a call of an undeclared function, or a strict one's call with
+        arguments breaking its schema (under auto), is read as content."""
+        if self.checked_tools is None:
+            self.checked_tools = CallableTools(frozenset(tool.name for tool in self.tools))
+        return self.checked_tools
 
     @property
     def keeps_special_tokens(self) -> bool:
@@ -279,6 +286,8 @@ def plan_tool_calls(body: Any, parser_name: str | None) -> ToolPlan:
                                   f"started with {PARSER_FLAG}; send tool_choice 'required', 'none' or a named "
                                   "function instead", "tool_choice")
         plan.parser = make_parser(parser_name)
+        # Nothing forces a call written in free text: a strict tool's arguments are checked when read.
+        plan.checked_tools = CallableTools.for_tools(tools)
     elif mode == "required":
         plan.parser = ForcedCallParser()
         plan.grammar = required_grammar(tools, parallel)

@@ -14,7 +14,7 @@ def extract_for_plan(plan: ToolPlan, text: str) -> Extraction:
     """Content and calls of a whole generated text under ``plan`` (what its stream adds up to)."""
     if plan.mode == "named":
         return read_named_call(plan.named, text)
-    return extract_calls(plan.parser, text, plan.parallel, plan.declared)
+    return extract_calls(plan.parser, text, plan.parallel, plan.callable_tools.accepts)
 
 
 class ToolChatShaper(ChatShaper):
@@ -44,7 +44,7 @@ class ToolChatShaper(ChatShaper):
         if index not in self._streams:
             plan = self._plan
             self._streams[index] = (NamedCallStream(plan.named) if plan.mode == "named"
-                                    else ToolCallStream(plan.parser, plan.parallel, plan.declared))
+                                    else ToolCallStream(plan.parser, plan.parallel, plan.callable_tools.accepts))
         return self._streams[index]
 
     def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:

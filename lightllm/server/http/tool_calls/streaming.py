@@ -16,17 +16,18 @@ drop.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from lightllm.server.http.tool_calls.extraction import CallReader, Reading, read_named_call
+from lightllm.server.http.tool_calls.extraction import CallReader, ParsedCall, Reading, read_named_call
 from lightllm.server.http.tool_calls.parsers import ToolCallParser
 
 
 class ToolCallStream:
     """Delta fields of one choice's stream (one instance per choice)."""
 
-    def __init__(self, parser: ToolCallParser, parallel: bool = True, declared: frozenset[str] | None = None) -> None:
-        self._reader = CallReader(parser, parallel, declared)
+    def __init__(self, parser: ToolCallParser, parallel: bool = True,
+                 accepts: Callable[[ParsedCall], bool] | None = None) -> None:
+        self._reader = CallReader(parser, parallel, accepts)
         self.calls_announced = 0
 
     def feed(self, text: str) -> dict[str, Any]:

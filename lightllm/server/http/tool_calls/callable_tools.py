@@ -1,0 +1,63 @@
+"""Which parsed calls a request's client can receive as calls: declared functions, strict arguments kept.
+
+Under ``tool_choice: "auto"`` the model writes calls in free text, so nothing forces a call's
+name or arguments.  A call of a function the request did not declare stays content (OpenAI never
+names an undeclared tool).  A function declared with ``"strict": true`` promises arguments valid
+under its ``parameters`` (OpenAI's strict mode, objects closed as
+:mod:`lightllm.server.http.closed_objects` reads them); a block whose arguments break that schema
+stays content too, exactly as the model wrote it, rather than reach the client as a call it was
+promised would not happen.  Forced calls (``required``, a named function) are held to the schema by
+their grammar and need no check here.
+
+The check is JSON Schema validation (draft 2020-12 unless the schema names another, formats
+checked), not the forced grammar: that grammar fixes the order of properties, which a model writing
+freely need not keep.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional
+
+from lightllm.server.http.closed_objects import closed_objects
+from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.tool_calls.extraction import ParsedCall
+
+
+class CallableTools:
+    """The functions a request declared, and a validator for each strict one's arguments."""
+
+    def __init__(self, declared: frozenset[str], strict_validators: Optional[Mapping[str, Any]] = None) -> None:
+        self.declared = declared
+        self._strict = dict(strict_validators or {})
+
+    @classmethod
+    def for_tools(cls, tools: list[Any]) -> "CallableTools":
+        """From the request's function tools; a 400 names a strict tool whose schema is not a valid JSON schema."""
+        validators = {}
+        for index, tool in enumerate(tools):
+            if tool.strict:
+                validators[tool.name] = _validator(tool.parameters_schema, f"tools.{index}.function.parameters")
+        return cls(frozenset(tool.name for tool in tools), validators)
+
+    def accepts(self, call: ParsedCall) -> bool:
+        """True when ``call`` names a declared function and, for a strict one, its arguments are valid."""
+        if call.name not in self.declared:
+            return False
+        validator = self._strict.get(call.name)
+        if validator is None:
+            return True
+        # The arguments were read as JSON already (parse_call_object), so this cannot fail.
+        return validator.is_valid(json.loads(call.arguments))
+
+
+def _validator(schema: dict[str, Any], param: str) -> Any:
+    import jsonschema
+
+    closed = closed_objects(schema)
+    kind = jsonschema.validators.validator_for(closed, default=jsonschema.Draft202012Validator)
+    try:
+        kind.check_schema(closed)
+    except jsonschema.SchemaError as exc:
+        raise invalid_request(f"{param} is not a valid JSON schema: {exc.message}", param) from None
+    return kind(closed, format_checker=kind.FORMAT_CHECKER)

@@ -1,0 +1,77 @@
+"""A function declared ``"strict": true`` gets, under ``tool_choice: "auto"``, only calls whose arguments are
+valid under its schema; any other block stays content, as the model wrote it, in both a response and a stream."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from api_fakes import assert_error, chat, sse_events
+from scripted_manager import make_client
+
+ADD_TOOL = {"type": "function", "function": {
+    "name": "add", "strict": True,
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+
+
+def _call_text(arguments: str) -> list[str]:
+    return ["Adding.", "\n<tool_call>\n", '{"name": "add", "arguments": ', arguments, "}\n</tool_call>"]
+
+
+def _tool(strict: Any) -> dict[str, Any]:
+    tool = copy.deepcopy(ADD_TOOL)
+    tool["function"]["strict"] = strict
+    return tool
+
+
+def _answers(arguments: str, tool: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    client, _ = make_client(_call_text(arguments))
+    response = chat(client, tools=[tool])
+    assert response.status_code == 200, response.text
+    events = sse_events(chat(client, tools=[tool], stream=True))
+    return response.json()["choices"][0], [event["choices"][0] for event in events[:-1] if event["choices"]]
+
+
+def _streamed(deltas: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], str]:
+    content = "".join(choice["delta"].get("content") or "" for choice in deltas)
+    calls = [entry["function"] for choice in deltas for entry in choice["delta"].get("tool_calls", [])]
+    return content, calls, deltas[-1]["finish_reason"]
+
+
+@pytest.mark.parametrize("arguments", ['{"a": 1, "b": 2}', '{"b": 2, "a": 1}', '{ "a" : 1 ,"b":2.0 }'])
+def test_valid_arguments_are_a_call_in_any_property_order(arguments: str) -> None:
+    choice, deltas = _answers(arguments, ADD_TOOL)
+    assert choice["finish_reason"] == "tool_calls"
+    assert [call["function"] for call in choice["message"]["tool_calls"]] == [{"name": "add", "arguments": arguments}]
+    assert _streamed(deltas) == ("Adding.", [{"name": "add", "arguments": arguments}], "tool_calls")
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"a": "x", "b": 2}',      # a string for an integer
+    '{"a": 1}',                # a required property left out
+    '{"a": 1, "b": 2, "c": 3}',  # a key the schema does not list (objects are closed, as OpenAI's strict mode)
+])
+def test_arguments_breaking_a_strict_schema_stay_content(arguments: str) -> None:
+    text = "".join(_call_text(arguments))
+    choice, deltas = _answers(arguments, ADD_TOOL)
+    assert choice["finish_reason"] == "stop"
+    assert "tool_calls" not in choice["message"] or not choice["message"]["tool_calls"]
+    assert choice["message"]["content"] == text
+    assert _streamed(deltas) == (text, [], "stop")
+
+
+@pytest.mark.parametrize("strict", [False, None])
+def test_without_strict_the_arguments_are_not_checked(strict: Any) -> None:
+    choice, _ = _answers('{"a": "x", "b": 2}', _tool(strict))
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": "x", "b": 2}'
+
+
+def test_a_strict_schema_that_is_not_json_schema_is_refused_naming_it() -> None:
+    tool = _tool(True)
+    tool["function"]["parameters"]["properties"]["a"] = {"type": "integr"}
+    client, _ = make_client(_call_text('{"a": 1, "b": 2}'))
+    assert_error(chat(client, tools=[tool]), 400, "tools.0.function.parameters")
