@@ -38,8 +38,18 @@ class FakeEvent:
     stop_reason: int | str | None = None
 
 
+def fake_word_ids(text: str, add_special_tokens: bool = True) -> list[int]:
+    """The fake tokenizer's ids of ``text``."""
+    return [BOS] * add_special_tokens + [10 + sum(map(ord, word)) % 80 for word in text.split()]
+
+
 class FakeTokenizer:
+    """The fake word tokenizer: one token per word, BOS first when special tokens are added (as Llama's)."""
+
     all_special_ids = [0, BOS, EOS]
+
+    def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": fake_word_ids(text, add_special_tokens)}
 
     def decode(self, ids: list[int]) -> str:
         return "".join(f"<{token_id}>" for token_id in ids)
@@ -84,9 +94,7 @@ class FakeManager:
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
         # One token per word; the real prefix probe decides what a limit refuses.
-        return encode_within(
-            lambda part: [BOS] * add_special_tokens + [10 + sum(map(ord, word)) % 80 for word in part.split()],
-            text, within)
+        return encode_within(lambda part: fake_word_ids(part, add_special_tokens), text, within)
 
     def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None, max_chars: int | None = None,
                     **template_options: Any) -> list[int]:

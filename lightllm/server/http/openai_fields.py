@@ -31,6 +31,7 @@ from lightllm.common.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, STORED_DT
 from lightllm.server.http.vllm_text_fields import strict_bool
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import NullMeansAbsent, StrictModel
+from lightllm.server.http.special_tokens import SpecialTokenFrame
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
 
 MAX_METADATA_PAIRS = 16
@@ -124,11 +125,25 @@ class OpenAIPlatformFields(NullMeansAbsent):
         return {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
                 "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar}
 
-    def truncated(self, prompt_ids: list[int]) -> list[int]:
-        """The prompt cut to its last ``truncate_prompt_tokens`` tokens (vLLM keeps the end)."""
-        if self.truncate_prompt_tokens is None or len(prompt_ids) <= self.truncate_prompt_tokens:
+    def truncated(self, prompt_ids: list[int], frame: SpecialTokenFrame | None = None) -> list[int]:
+        """The prompt cut to its last ``truncate_prompt_tokens`` tokens (vLLM keeps the end).
+
+        ``frame``: the special tokens the tokenizer added around the prompt's text, which are kept
+        (vLLM truncates in the tokenizer, which adds them after cutting the text: Llama's BOS stays);
+        they count within ``truncate_prompt_tokens``.  Token-id prompts are cut as given.
+        """
+        keep = self.truncate_prompt_tokens
+        if keep is None or len(prompt_ids) <= keep:
             return prompt_ids
-        return prompt_ids[-self.truncate_prompt_tokens :]
+        if frame is None or not frame.frames(prompt_ids):
+            return prompt_ids[-keep:]
+        text_ids = prompt_ids[len(frame.prefix):len(prompt_ids) - len(frame.suffix)]
+        kept = keep - len(frame.prefix) - len(frame.suffix)
+        if kept < 0:
+            raise invalid_request(f"truncate_prompt_tokens must be at least {keep - kept} here: the tokenizer adds "
+                                  f"{keep - kept} special token(s) to the prompt, and they are kept",
+                                  "truncate_prompt_tokens")
+        return frame.apply(text_ids[len(text_ids) - kept:])
 
 
 class ChatTemplateFields(NullMeansAbsent):

@@ -51,6 +51,7 @@ from lightllm.server.http.planning import (
     prompt_noun,
 )
 from lightllm.server.http.response_format import response_format_grammar
+from lightllm.server.http.special_tokens import SpecialTokenFrame
 from lightllm.server.http.structured_params import structured_grammar
 from lightllm.server.http.token_bytes import TokenBytes
 from lightllm.server.http.prompt_encoding import PromptEncoder
@@ -114,6 +115,12 @@ class OpenAIEndpoints:
         if model not in served:
             raise model_not_found(model, served)
         return model
+
+    async def truncation_frame(self, body: Any, added: bool) -> SpecialTokenFrame | None:
+        """The special tokens a truncated prompt keeps: those the tokenizer added (``added``), else none."""
+        if body.truncate_prompt_tokens is None or not added:
+            return None
+        return await self.encoder.special_token_frame()
 
     def _model_card(self, model_id: str | None = None) -> dict[str, Any]:
         """A model entry shaped as vLLM shapes it (``vllm bench serve`` reads ``root``)."""
@@ -212,7 +219,8 @@ class OpenAIEndpoints:
                 keeps_end = body.truncate_prompt_tokens is not None
                 ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", keeps_end, **options), "prompt",
                                     self.manager.vocab_size, noun=noun)
-                prompts.append(body.truncated(ids))
+                frame = await self.truncation_frame(body, body.add_special_tokens)
+                prompts.append(body.truncated(ids, frame))
             else:
                 check_token_ids(prompt, self.manager.vocab_size, "prompt", noun=noun)
                 prompts.append(body.truncated(list(prompt)))
@@ -256,7 +264,7 @@ class OpenAIEndpoints:
             body.skip_special_tokens = False
         prompt_ids = await encoded(self.render_chat(body, tool_plan, body.truncate_prompt_tokens is not None),
                                    "messages", self.manager.vocab_size)
-        prompt_ids = body.truncated(prompt_ids)
+        prompt_ids = body.truncated(prompt_ids, await self.truncation_frame(body, body.add_special_tokens))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = tool_plan.combine_grammar(structured_grammar(
             body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))

@@ -213,6 +213,10 @@ class PromptEncoder:
         """
         return await asyncio.wrap_future(_WORKERS.submit(job))
 
+    async def special_token_frame(self) -> Optional[SpecialTokenFrame]:
+        """The special tokens the tokenizer adds around a text (None when they depend on the text)."""
+        return await asyncio.wrap_future(_WORKERS.submit(self._special_token_frame))
+
     def _special_token_frame(self) -> Optional[SpecialTokenFrame]:
         # Fixed for the tokenizer: read once (on a tokenizer thread), on the first request that needs it.
         if not self._frame_read:

@@ -35,6 +35,12 @@ class SpecialTokenFrame:
         """``ids`` (tokenized without special tokens) as the tokenizer would give them with."""
         return [*self.prefix, *ids, *self.suffix]
 
+    def frames(self, ids: list[int]) -> bool:
+        """True when ``ids`` begin with the prefix and end with the suffix (room for both)."""
+        edges = len(self.prefix) + len(self.suffix)
+        return len(ids) >= edges and tuple(ids[:len(self.prefix)]) == self.prefix \
+            and tuple(ids[len(ids) - len(self.suffix):]) == self.suffix
+
 
 def _ids(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens, verbose=False)["input_ids"])

@@ -63,8 +63,14 @@ def test_vllm_structured_output_parameters(tiny_server):
 
 def test_truncate_prompt_tokens_and_chat_template(tiny_server, tokenizer):
     text = " ".join(f"word{i}" for i in range(40))
-    done = _post(tiny_server, "/v1/completions", {"prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 7})
+    done = _post(tiny_server, "/v1/completions", {"prompt": text, "max_tokens": 0, "truncate_prompt_tokens": 7,
+                                                  "echo": True, "logprobs": 0, "return_tokens_as_token_ids": True})
     assert done["usage"]["prompt_tokens"] == 7
+    # As vLLM cuts it, in the tokenizer: the last tokens of the text, and the BOS the tokenizer adds.
+    tokenizer.truncation_side = "left"
+    expected = tokenizer(text, truncation=True, max_length=7)["input_ids"]
+    assert done["choices"][0]["logprobs"]["tokens"] == [f"token_id:{token_id}" for token_id in expected]
+    assert expected[0] == tokenizer.bos_token_id
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{{ extra }}"
     chat = _post(tiny_server, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1, "chat_template": template,

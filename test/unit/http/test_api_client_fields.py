@@ -160,7 +160,8 @@ def test_twenty_logprobs_on_both_endpoints(client: TestClient, manager: FakeMana
 def test_truncate_prompt_tokens_keeps_the_last_tokens(client: TestClient, manager: FakeManager) -> None:
     full = manager.encode_prompt("a b c d e f")
     data = completion(client, prompt="a b c d e f", truncate_prompt_tokens=3).json()
-    assert manager.calls[-1].prompt_ids == full[-3:]
+    # The BOS the tokenizer added stays, as in vLLM (which truncates in the tokenizer).
+    assert manager.calls[-1].prompt_ids == [full[0], *full[-2:]]
     assert data["usage"]["prompt_tokens"] == 3
     completion(client, prompt=[5, 6, 7], truncate_prompt_tokens=10)
     assert manager.calls[-1].prompt_ids == [5, 6, 7]

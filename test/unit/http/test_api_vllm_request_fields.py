@@ -77,9 +77,33 @@ def test_chat_add_special_tokens_adds_the_tokenizers_on_top(bos_client: TestClie
 
 
 def test_chat_add_special_tokens_counts_before_truncation(bos_client: TestClient, bos_manager: FakeManager) -> None:
-    # The prompt the model reads is cut to its last k tokens after the special tokens were added.
-    assert chat(bos_client, add_special_tokens=True, truncate_prompt_tokens=2).status_code == 200
-    assert len(bos_manager.calls[0].prompt_ids) == 2
+    # The prompt the model reads is its last k tokens, the added BOS kept among them (vLLM truncates
+    # in the tokenizer, which adds its special tokens after cutting the text).
+    long_chat = [{"role": "user", "content": "one two three four five"}]
+    assert chat(bos_client, messages=long_chat, add_special_tokens=True, truncate_prompt_tokens=2).status_code == 200
+    rendered = bos_manager.encode_chat(long_chat)
+    assert bos_manager.calls[0].prompt_ids == [BOS, rendered[-1]]
+    # Without added special tokens the chat is simply cut to its end.
+    assert chat(bos_client, messages=long_chat, truncate_prompt_tokens=2).status_code == 200
+    assert bos_manager.calls[1].prompt_ids == rendered[-2:]
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_a_truncated_text_prompt_keeps_the_bos_the_tokenizer_added(bos_client: TestClient, bos_manager: FakeManager,
+                                                                  keep: int) -> None:
+    prompt = "one two three four five six"
+    with_bos = bos_manager.encode_prompt(prompt)
+    assert with_bos[0] == BOS
+    response = completion(bos_client, prompt=prompt, truncate_prompt_tokens=keep)
+    assert response.status_code == 200, response.text
+    assert bos_manager.calls[0].prompt_ids == [BOS, *with_bos[len(with_bos) - (keep - 1):]]
+    assert response.json()["usage"]["prompt_tokens"] == keep
+    # Left out by add_special_tokens false, or given as token ids: the last k tokens as they are.
+    assert completion(bos_client, prompt=prompt, truncate_prompt_tokens=keep, add_special_tokens=False).status_code \
+        == 200
+    assert bos_manager.calls[1].prompt_ids == with_bos[1:][-keep:]
+    assert completion(bos_client, prompt=[with_bos], truncate_prompt_tokens=keep).status_code == 200
+    assert bos_manager.calls[2].prompt_ids == with_bos[-keep:]
 
 
 @pytest.mark.parametrize("send", [completion, chat])
