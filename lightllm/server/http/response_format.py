@@ -33,10 +33,10 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
         raise invalid_request(f"the {what} compiles to a grammar of {size} bytes; at most {GRAMMAR_BYTES} bytes "
                               "fit (make it smaller)", param)
 
-    crashing = _crashing_integer(grammar)
+    crashing = _crashing_number(grammar)
     if crashing is not None:
-        raise invalid_request(f"invalid {what}: it holds the integer {crashing}, beyond what the grammar compiler "
-                              "is given (-2^62 to 2^64-1)", param)
+        raise invalid_request(f"invalid {what}: it holds the number {crashing}, below what the grammar compiler "
+                              "is given (-2^62)", param)
     try:
         problem = llguidance.LLMatcher.validate_grammar(grammar, None, limits=grammar_limits())
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
@@ -88,33 +88,46 @@ def _no_output_reason(grammar: str) -> Optional[str]:
     return None
 
 
-# The integers the grammar compiler is given. Beyond 64 bits it failed with "Value is not JSON
-# serializable: <n>", naming neither the place nor the limit; an enum or const integer within 512
-# of -2^63 crashed the process (a segmentation fault in llguidance 1.9), so the lower end keeps a
-# wide margin.
-COMPILER_INTEGERS = range(-(2**62), 2**64)
+# The numbers a schema may hold: the grammar compiler reads every number as a 64-bit float, so an
+# integer beyond 2^53 comes out as another one (an enum of 9007199254740993 produced
+# 9007199254740992, a const of 2^64-1 produced 18446744073709552000) and an integer-typed value
+# beyond 64 bits is clamped (1e19 produced 9223372036854775807); a negative one near -2^63 in an
+# integer schema's enum or const, written as an integer or a float (-1e19), crashed the process
+# (a segmentation fault in llguidance 1.9).  Within +-2^53 every integer is exact.
+EXACT_NUMBER_LIMIT = 2**53
 
 
-# A negative integer literal of 19 or more digits anywhere in a grammar's text (a Lark grammar's
-# embedded %json schema, or a JSON schema's compiled form): checked by value in _crashing_integer.
-_LONG_NEGATIVE_INTEGER = re.compile(r"-(\d{19,})")
+# A negative number literal anywhere in a grammar's text (a Lark grammar's embedded %json schema):
+# checked by value in _crashing_number.
+_NEGATIVE_NUMBER = re.compile(r"-(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")
+
+# At or below this, a negative number in a grammar's text is refused (the crash began near -2^63).
+_CRASHING_BELOW = -(2**62)
 
 
-def _crashing_integer(grammar: str) -> Optional[int]:
-    """A negative integer in ``grammar``'s text at or below -2^62 (near -2^63 one crashed the compiler).
+def _crashing_number(grammar: str) -> Optional[str]:
+    """A negative number literal in ``grammar``'s text at or below -2^62 (near -2^63 one crashed the
+    compiler), as written; None when none.
 
     Read from the text, not parsed: such a literal inside a Lark string or regex is refused too,
     which costs nothing real and keeps every way a grammar arrives covered.
     """
-    for match in _LONG_NEGATIVE_INTEGER.finditer(grammar):
-        value = -int(match.group(1))
-        if value not in COMPILER_INTEGERS:
-            return value
+    for match in _NEGATIVE_NUMBER.finditer(grammar):
+        literal = match.group(1)
+        if len(literal) < 19 and "e" not in literal.lower():
+            continue  # short plain literals are far above the limit: skip the conversion
+        try:
+            value = -float(literal)
+        except (ValueError, OverflowError):
+            continue
+        if value <= _CRASHING_BELOW:
+            return "-" + literal
     return None
 
 
-def integer_beyond_compiler(schema: Any) -> Optional[tuple[str, int]]:
-    """The first integer in ``schema`` the grammar compiler cannot read, with its path; None when none."""
+def inexact_number(schema: Any) -> Optional[tuple[str, Any]]:
+    """The first number in ``schema`` beyond +-2^53 (which the grammar compiler would change), with its path;
+    None when none."""
     stack: list[tuple[Any, str]] = [(schema, "")]
     while stack:
         value, path = stack.pop()
@@ -123,7 +136,7 @@ def integer_beyond_compiler(schema: Any) -> Optional[tuple[str, int]]:
         elif isinstance(value, list):
             stack.extend((item, f"{path}.{index}" if path else str(index))
                          for index, item in reversed(list(enumerate(value))))
-        elif isinstance(value, int) and not isinstance(value, bool) and value not in COMPILER_INTEGERS:
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > EXACT_NUMBER_LIMIT:
             return path, value
     return None
 
@@ -133,11 +146,11 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
 
     if not isinstance(schema, dict):
         raise invalid_request("the JSON schema must be an object", param)
-    beyond = integer_beyond_compiler(schema)
+    beyond = inexact_number(schema)
     if beyond is not None:
         path, number = beyond
-        raise invalid_request(f"invalid {what}: the integer {number} at '{path}' is beyond what the grammar "
-                              "compiler is given (-2^62 to 2^64-1)", param)
+        raise invalid_request(f"invalid {what}: the number {number!r} at '{path}' is beyond what the grammar "
+                              "compiler keeps exact (-2^53 to 2^53: it reads numbers as 64-bit floats)", param)
     unkept_range = unkept_number_range(schema)
     if unkept_range is not None:
         raise invalid_request(f"invalid {what}: {unkept_range}", param)
