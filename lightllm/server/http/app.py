@@ -146,7 +146,10 @@ class NativeEndpoints:
             max_new, min_beyond_room = default_length_for(
                 max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
                 parameters.min_new_tokens, len(prompt_ids), self.manager.max_req_total_len)
-        values = {**parameters.sampling_fields(self.manager.generation_defaults), "max_new_tokens": max_new}
+        # sampling_fields compiles the request's grammar, which can take seconds: off the event loop.
+        fields = await self.encoder.on_tokenizer_thread(
+            lambda: parameters.sampling_fields(self.manager.generation_defaults))
+        values = {**fields, "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         if min_beyond_room:
             check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,

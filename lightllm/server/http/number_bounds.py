@@ -19,29 +19,18 @@ import math
 from fractions import Fraction
 from typing import Any, Iterator, Optional
 
-from lightllm.server.http.schema_positions import named_subschemas
+from lightllm.server.http.schema_positions import schemas_with_places
 
 _Bound = tuple[Fraction, bool, str, Any]  # value, exclusive, keyword, the value as the client wrote it
 
 
 def unkept_number_range(schema: Any) -> Optional[str]:
     """Why a number range somewhere in ``schema`` would not be kept by the compiled grammar, or None."""
-    for place, node in _schemas_with_places(schema, ""):
+    for place, node in schemas_with_places(schema):
         reason = _unkept_here(node, schema, f" at '{place}'" if place else "")
         if reason is not None:
             return reason
     return None
-
-
-def _schemas_with_places(node: Any, place: str) -> Iterator[tuple[str, dict]]:
-    stack = [(place, node)]
-    while stack:
-        here, current = stack.pop()
-        if not isinstance(current, dict):
-            continue
-        yield here, current
-        inner = [(f"{here}.{key}" if here else key, item) for key, item in named_subschemas(current)]
-        stack.extend(reversed(inner))
 
 
 def _unkept_here(node: dict, root: Any, where: str) -> Optional[str]:

@@ -228,8 +228,9 @@ class OpenAIEndpoints:
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
-        grammar = structured_grammar(body.structured_outputs, body.guided_fields(),
-                                     response_format_grammar(body.response_format))
+        # Compiling a grammar can take seconds (a large multipleOf, a long repetition): off the event loop.
+        grammar = await self.encoder.on_tokenizer_thread(lambda: structured_grammar(
+            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
@@ -252,7 +253,8 @@ class OpenAIEndpoints:
         wants_top = (bool(body.logprobs) and (body.top_logprobs or 0) > 0) or (body.prompt_logprobs or 0) > 0
         check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
                                 wants_top)
-        tool_plan = plan_tool_calls(body, self.tool_call_parser)
+        # Forced calls compile their tools' schemas: off the event loop, as every grammar.
+        tool_plan = await self.encoder.on_tokenizer_thread(lambda: plan_tool_calls(body, self.tool_call_parser))
         if tool_plan.keeps_special_tokens:
             if "skip_special_tokens" in body.model_fields_set and body.skip_special_tokens:
                 # Turned off below as vLLM does; a client that asked for it by name hears so.
@@ -266,8 +268,8 @@ class OpenAIEndpoints:
                                    "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids, await self.truncation_frame(body, body.add_special_tokens))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        grammar = tool_plan.combine_grammar(structured_grammar(
-            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
+        grammar = tool_plan.combine_grammar(await self.encoder.on_tokenizer_thread(lambda: structured_grammar(
+            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format))))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)

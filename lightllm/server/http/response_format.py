@@ -21,6 +21,7 @@ from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
 from lightllm.server.http.closed_objects import closed_objects, unkept_min_properties
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.number_bounds import unkept_number_range
+from lightllm.server.http.schema_cost import costly_multiple_of
 
 
 def validated_grammar(grammar: str, param: str, what: str) -> str:
@@ -151,6 +152,9 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
         path, number = beyond
         raise invalid_request(f"invalid {what}: the number {number!r} at '{path}' is beyond what the grammar "
                               "compiler keeps exact (-2^53 to 2^53: it reads numbers as 64-bit floats)", param)
+    costly = costly_multiple_of(schema)
+    if costly is not None:
+        raise invalid_request(f"invalid {what}: {costly}", param)
     unkept_range = unkept_number_range(schema)
     if unkept_range is not None:
         raise invalid_request(f"invalid {what}: {unkept_range}", param)

@@ -52,3 +52,15 @@ def map_subschemas(node: Dict[str, Any], change: Callable[[Any], Any]) -> Dict[s
         if isinstance(node.get(key), dict):
             mapped[key] = {name: change(item) for name, item in node[key].items()}
     return mapped
+
+
+def schemas_with_places(schema: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """Every schema in ``schema`` (itself first), each with its place (``""`` for ``schema`` itself)."""
+    stack: list = [("", schema)]
+    while stack:
+        here, current = stack.pop()
+        if not isinstance(current, dict):
+            continue
+        yield here, current
+        inner = [(f"{here}.{key}" if here else key, item) for key, item in named_subschemas(current)]
+        stack.extend(reversed(inner))

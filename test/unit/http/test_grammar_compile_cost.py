@@ -1,0 +1,81 @@
+"""Grammars are compiled off the event loop, and a ``multipleOf`` that would take the compiler seconds is refused.
+
+A schema's ``{"type": "integer", "multipleOf": 999983}`` took the grammar compiler 5 to 25 s; compiled
+on the event loop it held every other client of the HTTP process for that long (``/v1/models`` 18 s,
+an unrelated stream stalled 19 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_fakes import assert_error, chat, completion
+from lightllm.server.http.response_format import compile_json_schema
+from lightllm.server.http.schema_cost import costly_multiple_of
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "integer", "multipleOf": 999983}, "multipleOf 999983 would take the grammar compiler too long"),
+    ({"properties": {"n": {"type": "integer", "multipleOf": 2**24}}},
+     "multipleOf 16777216 at 'properties.n' would take"),
+    ({"type": "number", "multipleOf": 1234.567}, "multipleOf 1234.567 would take"),
+])
+def test_a_costly_multiple_of_is_refused_naming_it(schema: dict, message: str) -> None:
+    assert costly_multiple_of(schema) is not None
+    with pytest.raises(Exception) as refused:
+        compile_json_schema(schema, "response_format")
+    assert message in refused.value.message
+
+
+@pytest.mark.parametrize("divisor", [3000000, 99983, 0.01, 0.25, 65536, 1e-6])
+def test_cheap_divisors_compile(divisor: Any) -> None:
+    schema = {"type": "integer" if isinstance(divisor, int) else "number", "multipleOf": divisor}
+    assert costly_multiple_of(schema) is None
+    compile_json_schema(schema, "response_format")
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture()
+def compile_threads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records, for each grammar validated, whether it ran on a thread running an event loop."""
+    import llguidance
+
+    seen: list[bool] = []
+    validate = llguidance.LLMatcher.validate_grammar
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(_on_event_loop())
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar", staticmethod(recording))
+    return seen
+
+
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_every_endpoint_compiles_grammars_off_the_event_loop(client: TestClient, compile_threads: list[bool]) -> None:
+    assert completion(client, response_format=SCHEMA_FORMAT).status_code == 200
+    assert chat(client, response_format=SCHEMA_FORMAT).status_code == 200
+    assert chat(client, tools=[TOOL], tool_choice="required").status_code == 200
+    native = client.post("/generate", json={"inputs": "hi", "parameters": {"max_new_tokens": 2,
+                                                                         "regular_constraint": "[a-z]+"}})
+    assert native.status_code == 200, native.text
+    assert len(compile_threads) == 4 and not any(compile_threads)
+
+
+def test_a_refusal_from_a_worker_thread_is_still_a_400(client: TestClient) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "multipleOf": 999983}}}
+    assert_error(completion(client, response_format=bad), 400, "response_format.json_schema.schema")
