@@ -143,9 +143,9 @@ def grammar_failed() -> APIError:
     return APIError(
         400,
         "This request's structured-output grammar could not go on while the output was generated: it can "
-        "never end (a recursive schema that requires nesting, say), or it nested deeper or grew more "
-        "ambiguous than the parser's limit allows; the server's log (behind a PD master, its node's) names the "
-        "reason",
+        "never end (a recursive schema that requires nesting, say), it names a token the model's vocabulary "
+        "lacks (<[99999]>, <|nope|>), or it nested deeper or grew more ambiguous than the parser's limit allows; "
+        "the server's log (behind a PD master, its node's) names the reason",
         INVALID_REQUEST,
         None,
         "grammar_failed",

@@ -44,10 +44,17 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
         problem = str(exc) or type(exc).__name__
     if problem:
         raise invalid_request(f"invalid {what}: {problem.strip()}", param)
-    empty = _no_output_reason(grammar)
+    # Token references (<[300]>, <|im_end|>) name the model's vocabulary, which the check's byte
+    # vocabulary does not have: such a grammar is checked by the model rank's matcher alone, which
+    # ends a request it cannot start with a 400 grammar_failed.
+    empty = None if _TOKEN_REFERENCE.search(grammar) else _no_output_reason(grammar)
     if empty:
         raise invalid_request(f"the {what} admits no output at all ({empty})", param)
     return grammar
+
+
+# llguidance's Lark syntax for a token by id (<[300]>, <[0-99]>) or by special-token name (<|im_end|>).
+_TOKEN_REFERENCE = re.compile(r"<\[|<\|")
 
 
 class _ByteVocabulary:
@@ -85,7 +92,9 @@ def _no_output_reason(grammar: str) -> Optional[str]:
         bitmask = ll_numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
         ll_numpy.fill_next_token_bitmask(matcher, bitmask, 0)
     if matcher.is_error():
-        return (matcher.get_error() or "no token can start it").strip().splitlines()[0]
+        reason = (matcher.get_error() or "").strip().splitlines()[0] if matcher.get_error() else ""
+        # A bare internal name (llguidance's "NoExtensionBias") tells a client nothing.
+        return reason if " " in reason else "no text matches it"
     return None
 
 

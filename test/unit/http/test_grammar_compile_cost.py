@@ -79,3 +79,20 @@ def test_every_endpoint_compiles_grammars_off_the_event_loop(client: TestClient,
 def test_a_refusal_from_a_worker_thread_is_still_a_400(client: TestClient) -> None:
     bad = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "multipleOf": 999983}}}
     assert_error(completion(client, response_format=bad), 400, "response_format.json_schema.schema")
+
+
+@pytest.mark.parametrize("grammar", ['start: <[300]> "a"\n', "start: <|im_end|>\n", "start: <[0-4095]>*\n"])
+def test_token_references_are_left_to_the_vocabulary_that_has_them(grammar: str) -> None:
+    # The admission check's byte vocabulary has 257 tokens and no special ones: these were refused
+    # as admitting no output ("Token range end too large: 300") on a 4096-token model.
+    from lightllm.server.http.structured_params import structured_grammar
+
+    assert structured_grammar(None, {"guided_grammar": grammar})
+
+
+def test_an_empty_regular_expression_is_refused_in_words() -> None:
+    from lightllm.server.http.structured_params import structured_grammar
+
+    with pytest.raises(Exception) as refused:
+        structured_grammar(None, {"guided_regex": "[^\\s\\S]"})
+    assert refused.value.message.endswith("admits no output at all (no text matches it)")
