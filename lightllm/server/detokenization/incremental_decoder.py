@@ -269,5 +269,21 @@ def request_decoder(
         shown_ids=eos_token_ids if options.print_eos_token else (),
         min_tokens=options.min_new_tokens,
         ending_ids=ending,
-        stop_token_ids=[t for t in options.stop_token_ids if options.ignore_eos or t not in eos_token_ids],
+        stop_token_ids=reported_stop_ids(tokenizer, options, eos_token_ids),
     )
+
+
+def reported_stop_ids(tokenizer, options: TextOptions, eos_token_ids: Sequence[int]) -> list[int]:
+    """The ending ids a choice names as its ``stop_reason`` (vLLM's rule).
+
+    vLLM ends at the tokenizer's EOS with ``stop_reason`` null and treats every other end id, the
+    checkpoint's ``generation_config`` ones included, as a stop token id that names itself; with
+    ``ignore_eos`` only the request's own ``stop_token_ids`` end it, each naming itself.
+    """
+    if options.ignore_eos:
+        return list(options.stop_token_ids)
+    if options.print_eos_token:
+        # LightLLM's native option shows the EOS text; no OpenAI choice reports it.
+        return [t for t in options.stop_token_ids if t not in eos_token_ids]
+    primary = getattr(tokenizer, "eos_token_id", None)
+    return [t for t in dict.fromkeys([*options.stop_token_ids, *eos_token_ids]) if t != primary]

@@ -33,7 +33,8 @@ VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_preemptions": ("vllm:num_preemptions",),
     "lightllm_prompt_tokens": ("vllm:prompt_tokens",),
     "lightllm_prefix_cache_queried_tokens": ("vllm:prefix_cache_queries",),
-    "lightllm_cached_prompt_tokens": ("vllm:prefix_cache_hits",),
+    # vLLM counts the same tokens a second time, per finished request, as prompt_tokens_cached.
+    "lightllm_cached_prompt_tokens": ("vllm:prefix_cache_hits", "vllm:prompt_tokens_cached"),
     "lightllm_generated_tokens": ("vllm:generation_tokens",),
     "lightllm_requests": ("vllm:request_success",),
     "lightllm_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),

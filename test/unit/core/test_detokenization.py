@@ -117,6 +117,19 @@ def test_a_stop_token_id_ends_without_its_text_unless_asked_and_names_itself(tin
     assert text == tokenizer.decode(ids) and decoder.stop_reason == stop
 
 
+def test_a_generation_config_eos_names_itself_as_vllm_reports_it(tiny_llama_dir):
+    # vLLM ends at the tokenizer's EOS with stop_reason null; the checkpoint's other end ids
+    # (generation_config's eos_token_id list) are stop token ids there, and name themselves.
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    eos = tokenizer.eos_token_id
+    other = tokenizer("x", add_special_tokens=False)["input_ids"][0]
+    words = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    text, decoder = _decode_request(tokenizer, words + [other], [eos, other])
+    assert text == "hello" and decoder.stop_reason == other
+    _, decoder = _decode_request(tokenizer, words + [eos], [eos, other])
+    assert decoder.stop_reason is None
+
+
 def test_eos_text_is_dropped_even_unskipped_and_reports_no_stop_reason(tiny_llama_dir):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
     eos = tokenizer.eos_token_id

@@ -118,10 +118,9 @@ def _check_parameters(schema: Any, param: str) -> None:
 def parse_tool_choice(value: Any, tools: list[FunctionTool], tools_given: bool = False) -> tuple[str, str | None]:
     """``(mode, function name)`` of ``tool_choice``: mode is none/auto/required/named.
 
-    ``tools_given``: the request sent ``tools``, possibly empty. An empty list is no tools (vLLM
-    and OpenAI read it so; langchain's ``bind_tools([])`` sends it): ``auto`` then has nothing to
-    call and is ``none``, as in vLLM; ``required`` cannot be met, and where vLLM quietly answers
-    without a call it is refused here, as is a named function (vLLM refuses that one too).
+    ``tools_given``: the request sent ``tools``, possibly empty. An empty list is no tools (OpenAI
+    reads it so; langchain's ``bind_tools([])`` sends it; vLLM 0.32 refuses it): ``auto`` then has
+    nothing to call and is ``none``; ``required`` cannot be met and is refused, as is a named function.
     """
     if value is None:
         return ("auto" if tools else "none"), None
