@@ -74,21 +74,77 @@ class SoakConfig:
         return self.long_fraction * self.long_len + (1 - self.long_fraction) * self.short_len
 
 
-def estimate_capacity_rate(profile: CostProfile, cfg: SoakConfig) -> float:
-    """Requests per second at which prefill would be busy every step (a steady-state estimate).
+def _prefill_steps(prompt_len: int, budget: int) -> int:
+    """Steps one prompt holds the prefill head for: the planner gives the head at most ``budget``
+    tokens a step (the soak's chunk size equals its budget)."""
+    return -(-prompt_len // budget)
 
-    At capacity every step prefills a full ``budget`` of tokens (priced at the middle of a long
-    prompt), so ``budget / mean_prompt`` requests start per step; each then decodes for
-    ``output_len`` steps, so ``budget * output_len / mean_prompt`` requests decode in every
-    step (Little's law).  A PD prefill node has no decode forward.
+
+def capacity_bounds(profile: CostProfile, cfg: SoakConfig) -> Dict[str, float]:
+    """The most prompt tokens a step can start prefilling, at steady state, under each limit of the
+    simulated server.
+
+    A request the router admits keeps its running place (and its projected KV, prompt plus
+    output allowance) from admission until it leaves: ``_prefill_steps`` steps of prefill and then
+    ``output_len`` decode steps on a normal node; a PD prefill node hands it off after its first
+    token (its router counts one new token).  By Little's law, starting ``X`` requests per step
+    (``X x mean_prompt`` tokens) keeps ``X x residency`` of them running, so:
+
+    * ``prefill``: the tokens fit the ``budget`` (with mixed batches the decode rows ride in the
+      same budget, one token each);
+    * ``running``: ``X x mean residency`` fits ``running_max_req_size`` (``--running-max-req-size``);
+    * ``kv``: the residency-weighted projected KV of the running set fits the profile's KV cache,
+      which the router's admission sums.
     """
     mean_prompt = cfg.mean_prompt_len()
-    step_s = profile.prefill_seconds([(cfg.budget, cfg.budget + cfg.long_len // 2)])
+    pd_prefill = cfg.mode == "1p1d"
+    new_tokens = 1 if pd_prefill else cfg.output_len
+    decode_steps = 0 if pd_prefill else cfg.output_len
+    classes = [(cfg.long_fraction, cfg.long_len), (1 - cfg.long_fraction, cfg.short_len)]
+    residency = sum(share * (_prefill_steps(n, cfg.budget) + decode_steps) for share, n in classes)
+    kv_held = sum(share * (n + new_tokens) * (_prefill_steps(n, cfg.budget) + decode_steps) for share, n in classes)
+    decode_rows = cfg.output_len if cfg.mixed_batches and not pd_prefill else 0
+    return {
+        # Written as budget x a share, so that without decode rows it is the budget exactly.
+        "prefill": cfg.budget * (mean_prompt / (mean_prompt + decode_rows)),
+        "running": cfg.running_max_req_size / residency * mean_prompt,
+        "kv": profile.max_total_token_num / kv_held * mean_prompt,
+    }
+
+
+def estimate_capacity_rate(profile: CostProfile, cfg: SoakConfig) -> float:
+    """Requests per second the simulated server can sustain (a steady-state estimate).
+
+    ``T``, the prompt tokens started per step, is the smallest of :func:`capacity_bounds` (so the
+    prefill budget, the running-request cap and the KV cache all hold); the rate is
+    ``T / mean_prompt`` requests over the time of a step that prefills ``T`` tokens (priced at the
+    middle of a long prompt; its fixed cost paid in the share of steps that have a prefill, at most
+    all) and decodes ``T x output_len / mean_prompt`` requests (Little's law; at most the running
+    cap).  A PD prefill node has no decode forward; with mixed batches the decode rows are
+    one-token rows of the prefill forward.  When the prefill budget binds, every step prefills a
+    full ``budget``: the estimate of the documented default stream, unchanged since only the
+    budget was counted.
+    """
+    mean_prompt = cfg.mean_prompt_len()
+    tokens = min(capacity_bounds(profile, cfg).values())
+    prefill_tokens = max(1, round(tokens))
+    mean_prefill_steps = (cfg.long_fraction * _prefill_steps(cfg.long_len, cfg.budget)
+                          + (1 - cfg.long_fraction) * _prefill_steps(cfg.short_len, cfg.budget))
+    prefill_share = min(1.0, tokens / mean_prompt * mean_prefill_steps)
+    # A step without a prefill chunk skips the prefill forward's launch cost (and, with mixed
+    # batches, runs its decode rows as a decode forward instead).
+    step_s = (profile.prefill_seconds([(prefill_tokens, prefill_tokens + cfg.long_len // 2)])
+              - (1 - prefill_share) * profile.prefill_fixed_s)
     if cfg.mode != "1p1d":
-        decoding = max(1, round(cfg.budget * cfg.output_len / mean_prompt))
+        decoding = min(cfg.running_max_req_size, max(1, round(tokens * cfg.output_len / mean_prompt)))
         context = int(mean_prompt + cfg.output_len / 2)
-        step_s += profile.decode_seconds(decoding, decoding * context)
-    return cfg.budget / step_s / mean_prompt
+        decode_s = profile.decode_seconds(decoding, decoding * context)
+        if cfg.mixed_batches:
+            rows_s = profile.prefill_seconds([(1, context)] * decoding) - profile.prefill_fixed_s
+            step_s += prefill_share * rows_s + (1 - prefill_share) * decode_s
+        else:
+            step_s += decode_s
+    return tokens / step_s / mean_prompt
 
 
 def soak_request_rate(profile: CostProfile, cfg: SoakConfig) -> float:
