@@ -11,10 +11,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from pathlib import Path
 from typing import Any, Collection, Dict, List, Optional, Sequence
 
 from lightllm.benchmark.cli_args import (
@@ -24,6 +22,7 @@ from lightllm.benchmark.cli_args import (
     output_file,
     refuse_repeated_values,
 )
+from lightllm.benchmark.output_writing import print_report, refuse_same_output, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
@@ -286,19 +285,22 @@ def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dic
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """CLI entry point; bad arguments exit with status 2 and a one-line error."""
+    """CLI entry point; bad arguments exit with status 2 and a one-line error.
+
+    The output files are written before the report is printed: a reader that closes stdout
+    early (``| head -1``) ends the printing quietly, and a simulation of minutes is not lost.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)  # the output paths are checked here, before the run
     try:
+        refuse_same_output([("--json", args.json_path), ("--markdown", args.markdown_path)])
         markdown, document = run(args, given_flags(parser, argv))
+        json_text = strict_json(document) if args.json_path else ""
     except ValueError as exc:
         parser.error(str(exc))
-    print(markdown)
-    if args.markdown_path:
-        Path(args.markdown_path).write_text(markdown, encoding="utf-8")
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_outputs_or_exit(parser, [("--markdown", args.markdown_path, markdown), ("--json", args.json_path, json_text)])
+    print_report(markdown)
     return 0
 
 

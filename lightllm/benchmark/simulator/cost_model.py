@@ -177,7 +177,9 @@ class CostProfile:
     def save(self, path: str | Path) -> Path:
         """Write the profile as indented JSON and return the path."""
         out = Path(path)
-        out.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        # allow_nan=False: a NaN in the provenance would make a file no JSON reader takes.
+        out.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n",
+                       encoding="utf-8")
         return out
 
 

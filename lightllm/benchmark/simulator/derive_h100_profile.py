@@ -20,6 +20,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.benchmark.simulator.runner import simulate_case
 from lightllm.benchmark.simulator.published import PUBLISHED_SEED_ABSOLUTE
@@ -221,12 +222,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     command = "python -m lightllm.benchmark.simulator.derive_h100_profile"
     profile = derive(command)
-    path = profile.save(args.out)
-    print(f"wrote {path}")
-    for step in profile.provenance["derivation"]["steps"]:
-        print(" -", step)
-    for check in profile.provenance["derivation"]["checks"]:
-        print(" check:", check)
+    # Written before anything is printed, and a failure is one line naming --out (output_writing).
+    write_outputs_or_exit(parser, [("--out", args.out, strict_json(profile.to_dict()))])
+    lines = [f"wrote {args.out}"]
+    lines += [f" - {step}" for step in profile.provenance["derivation"]["steps"]]
+    lines += [f" check: {check}" for check in profile.provenance["derivation"]["checks"]]
+    print_report("\n".join(lines))
     return 0
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, output_file
+from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.common.basemodel.batch_generator import BatchGenerator, CachedSequence
 from lightllm.models.registry import load_model
@@ -319,10 +320,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         }
     }
     profile = fit_profile(samples, args.max_total_token_num, provenance)
-    path = profile.save(args.out)
-    print(f"wrote {path}")
-    print("coefficients:", {k: f"{v:.3e}" for k, v in profile.coefficients().items()})
-    print("residuals:", profile.provenance["fit"]["residuals"])
+    # Written before anything is printed, and a failure is one line naming --out (output_writing).
+    write_outputs_or_exit(parser, [("--out", args.out, strict_json(profile.to_dict()))])
+    print_report("\n".join([
+        f"wrote {args.out}",
+        f"coefficients: { {k: f'{v:.3e}' for k, v in profile.coefficients().items()} }",
+        f"residuals: {profile.provenance['fit']['residuals']}",
+    ]))
     return 0
 
 

@@ -31,7 +31,6 @@ deciding a test.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
+from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
     KV_VIEWS,
@@ -306,6 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
     freeze_startup_objects()
     rows: List[Union[ServerCostRow, CostRow]] = []
     saved: List[Dict[str, Any]] = []
+    report: List[str] = []  # printed once the JSON file is written
     if args.layout in ("both", "server"):
         server_rows = [
             row
@@ -320,25 +321,30 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
                 kv_view=kv_view,
             )
         ]
-        print(
+        report.append(
             "Server layout: waiting requests in the router, running ones in the engine (median / max per step, "
             "after the untimed intake of the requests that raise the router to N)"
         )
-        print(server_markdown_table(server_rows))
+        report.append(server_markdown_table(server_rows))
         rows.extend(server_rows)
         saved.extend({"layout": "server", **asdict(row)} for row in server_rows)
     if args.layout in ("both", "engine"):
         engine_rows = run(args.sizes, args.strategies, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
         if args.layout == "both":
-            print()
-        print("Engine-only layout: every waiting request inside the engine (median per step)")
-        print(markdown_table(engine_rows))
+            report.append("")
+        report.append("Engine-only layout: every waiting request inside the engine (median per step)")
+        report.append(markdown_table(engine_rows))
         rows.extend(engine_rows)
         saved.extend({"layout": "engine", **asdict(row)} for row in engine_rows)
+    # The JSON file first, then the tables: a reader that closes stdout early (``| head``) must
+    # not cost the file, and a file that cannot be written is one line naming --json.
     if args.json_path:
-        with open(args.json_path, "w", encoding="utf-8") as handle:
-            json.dump(saved, handle, indent=2)
-            handle.write("\n")
+        try:
+            json_text = strict_json(saved)
+        except ValueError as exc:
+            parser.error(f"--json: {exc}")
+        write_outputs_or_exit(parser, [("--json", args.json_path, json_text)])
+    print_report("\n".join(report))
     return rows
 
 
