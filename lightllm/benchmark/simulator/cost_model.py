@@ -38,13 +38,23 @@ COEFFICIENT_NAMES: Tuple[str, ...] = (
     "decode_per_kv_token_s",
 )
 
+# Largest coefficient a profile may hold, in seconds (per forward, request, token or token pair).
+# Real ones are milliseconds at most; an hour is already a typo, and 1e300 passed the finite
+# check while one step's time (times a 1024-token chunk) and the sums of the statistics overflowed
+# to inf and NaN, printed as nan and written as JSON no reader takes.  Under this cap and
+# MAX_KV_TOKENS a step stays below 1e28 s, and the statistics' sums and squares stay finite.
+MAX_COEFFICIENT_S = 3600.0
+# Largest KV cache a profile may hold (2**40 tokens, some thousand times the largest GPU's); a
+# larger integer in the file (1e200 written out) would overflow a step's attention term.
+MAX_KV_TOKENS = 1 << 40
+
 
 @dataclasses.dataclass(frozen=True)
 class CostProfile:
     """Step-cost coefficients of one model on one machine, plus its KV capacity.
 
     At least one of the three prefill coefficients must be above 0 (a free prefill forward makes
-    every TTFT 0 and the soak capacity infinite).
+    every TTFT 0 and the soak capacity infinite), and none above :data:`MAX_COEFFICIENT_S`.
 
     Attributes:
         name: profile name (the JSON file stem for bundled profiles).
@@ -77,16 +87,22 @@ class CostProfile:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+            if value > MAX_COEFFICIENT_S:
+                raise ValueError(f"{key} must be at most {MAX_COEFFICIENT_S:g} s, got {value!r}: step times of such "
+                                 "a profile overflow the clock and the statistics (inf and NaN)")
         if not (self.prefill_fixed_s or self.prefill_per_token_s or self.prefill_attention_s):
             # Every prefill forward would take no time: every TTFT on a prefill node is 0, a
             # comparison with default divides by 0, and no soak capacity can be estimated.
             raise ValueError("prefill_fixed_s, prefill_per_token_s and prefill_attention_s are all 0: prefill "
                              "forwards would cost nothing, so every TTFT would be 0 and no capacity can be "
                              "estimated; give prefill a cost")
+        if not isinstance(self.description, str):
+            # Reports print it as the profile's line of text; a number there is a mistake in the file.
+            raise ValueError(f"description must be a string, got {self.description!r}")
         if isinstance(self.max_total_token_num, bool) or not isinstance(self.max_total_token_num, int):
             raise ValueError(f"max_total_token_num must be an int, got {self.max_total_token_num!r}")
-        if self.max_total_token_num < 1:
-            raise ValueError(f"max_total_token_num must be >= 1, got {self.max_total_token_num}")
+        if not 1 <= self.max_total_token_num <= MAX_KV_TOKENS:
+            raise ValueError(f"max_total_token_num must be within [1, {MAX_KV_TOKENS}], got {self.max_total_token_num}")
 
     def prefill_seconds(self, chunks: Iterable[Tuple[int, int]]) -> float:
         """Duration of one prefill forward over ``chunks`` of ``(token_num, context_end)``.
