@@ -26,7 +26,7 @@ from lightllm.benchmark.output_writing import print_report, refuse_same_output, 
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
-from lightllm.benchmark.simulator.runner import check_fits_kv, run_matrix
+from lightllm.benchmark.simulator.runner import budget_refusal, check_fits_kv, run_matrix
 from lightllm.benchmark.simulator.scenarios import (
     MODES,
     SCENARIO_GROUPS,
@@ -243,6 +243,12 @@ def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dic
         raise ValueError("--mixed-batches changes nothing with --modes 1p1d: a PD pair runs no mixed batch (its "
                          "prefill node never decodes, its decode node never prefills); add normal to --modes or "
                          "drop --mixed-batches")
+    for budget in budgets:
+        # What the server refuses of --batch_max_tokens (the flag --budget stands for) is no setting to simulate.
+        problem = budget_refusal(profile, args.profile, budget, args.running_max_req_size,
+                                 mixed_normal_node=args.mixed_batches and "normal" in modes)
+        if problem is not None:
+            raise ValueError(problem)
     if args.soak_hours is not None:
         cfg = _soak_config(args, profile, budgets, modes)
         expected = expected_soak_requests(profile, cfg)

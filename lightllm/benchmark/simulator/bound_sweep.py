@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_values
 from lightllm.benchmark.simulator.bound_cli import server_limit_problem
 from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
-from lightllm.benchmark.simulator.runner import CostProfile, case_metrics, check_fits_kv, simulate_workload
+from lightllm.benchmark.simulator.runner import CostProfile, budget_refusal, case_metrics, check_fits_kv, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, refuse_unread_seed
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
@@ -213,6 +213,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--seed must be >= 0, got {args.seed}")
         if "seed" in given_flags(parser, argv):
             refuse_unread_seed([SCENARIOS[name] for name in dict.fromkeys(cell[0] for cell in cells)])
+        for scenario, mode, budget in cells:
+            problem = budget_refusal(profile, args.profile, budget,
+                                     budget_name=f"the budget of --cells {scenario}/{mode}/{budget}")
+            if problem is not None:
+                raise ValueError(problem)
         for scenario in sorted({cell[0] for cell in cells}):
             try:
                 check_fits_kv(profile, SCENARIOS[scenario].build(args.seed), f"scenario {scenario}")

@@ -10,7 +10,7 @@ from typing import Callable, Collection, List, Optional, Tuple
 from lightllm.benchmark.cli_args import argument_type, comma_items, given_flags
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
 from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
-from lightllm.benchmark.simulator.runner import check_fits_kv
+from lightllm.benchmark.simulator.runner import budget_refusal, check_fits_kv
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec, refuse_unread_seed
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
@@ -51,6 +51,9 @@ def cell_from_cli(args: argparse.Namespace, typed: Collection[str] = ()) -> Tupl
     if "seed" in typed:
         refuse_unread_seed([scenario])
     profile = load_profile(args.profile)
+    problem = budget_refusal(profile, args.profile, args.budget)
+    if problem is not None:
+        raise ValueError(problem)
     try:
         check_fits_kv(profile, scenario.build(args.seed), f"scenario {scenario.name}")
     except ValueError as exc:

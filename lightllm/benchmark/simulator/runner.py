@@ -70,6 +70,33 @@ def check_fits_kv(profile: CostProfile, workload: Sequence[ScheduledRequest], wh
         )
 
 
+def budget_refusal(profile: CostProfile, profile_flag: str, budget: int, running_max_req_size: Optional[int] = None,
+                   mixed_normal_node: bool = False, budget_name: str = "--budget") -> Optional[str]:
+    """Why the server would refuse this simulated node's sizing (None when it would not), in the
+    simulator's flags: the launch's rules (``lightllm/server/launch/sizing.py``) on
+    ``--batch_max_tokens``, which ``--budget`` stands for.
+
+    * ``--budget`` above the KV cache (the profile's ``max_total_token_num``): no step can hold
+      more prompt tokens than the cache, and the budget would promise a step the server never runs;
+    * on a normal node with mixed batches (``mixed_normal_node``), ``--budget`` below
+      ``running_max_req_size``: every decoding request takes one token of the step's budget, so
+      a waiting prompt could get no token until decodes finish.
+
+    ``budget_name`` is how the message names the budget (a tool that takes it in another flag).
+    """
+    kv_tokens = profile.max_total_token_num
+    if budget > kv_tokens:
+        return (f"{budget_name} ({budget}) exceeds the KV cache of --profile {profile_flag} ({kv_tokens} tokens): no step "
+                f"can hold more prompt tokens than the cache, and the server refuses such a --batch_max_tokens; give "
+                f"at most {kv_tokens}")
+    if mixed_normal_node and running_max_req_size is not None and budget < running_max_req_size:
+        return (f"with --mixed-batches each decoding request takes one token of a step's --budget, so --budget "
+                f"({budget}) must be >= --running-max-req-size ({running_max_req_size}) or a prompt would wait for "
+                "decodes to finish (the server refuses the same of --batch_max_tokens); lower "
+                "--running-max-req-size, raise --budget, or drop --mixed-batches")
+    return None
+
+
 def server_config(mode: str, budget: int, running_max_req_size: int, **extra: Any) -> SimServerConfig:
     """Config of the node that runs the strategy: ``batch_max_tokens = chunked_prefill_size = budget``."""
     check_choice(mode, MODES, "mode")
