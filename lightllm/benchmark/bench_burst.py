@@ -76,8 +76,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
-    if min(args.num_requests, args.prompt_len, args.output_len, args.rounds) < 1 or args.vocab <= 5:
-        parser.error("--num-requests, --prompt-len, --output-len and --rounds must be >= 1 and --vocab > 5")
+    # Each bad flag is named alone: one message for all four left the reader to find which.
+    for flag, value in (("--num-requests", args.num_requests), ("--prompt-len", args.prompt_len),
+                        ("--output-len", args.output_len), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if args.vocab <= 5:
+        parser.error(f"--vocab must be > 5 (prompt ids are drawn from [5, vocab)), got {args.vocab}")
     base_url = args.base_url.rstrip("/")
     try:
         # Reached before the first burst also with --model: a burst to no server ended in a traceback.

@@ -42,6 +42,7 @@ from lightllm.benchmark.simulator.soak import (
     expected_soak_requests,
     run_soaks,
     soak_size_problem,
+    soak_workload,
 )
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
@@ -159,6 +160,9 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
                                 advice="lower --soak-hours or the rate")
     if problem is not None:
         raise ValueError(problem)
+    # Drawn now (cheap next to simulating it) so an empty stream is refused in the flags' words.
+    soak_workload(profile, cfg, hours_name="--soak-hours", rate_source=source,
+                  advice=f"raise --soak-hours or {'--soak-rate' if args.soak_rate is not None else '--soak-load'}")
     return cfg
 
 

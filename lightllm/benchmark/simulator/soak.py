@@ -16,7 +16,7 @@ from lightllm.benchmark.metrics import percentile
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.benchmark.simulator.runner import check_choice, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SEED_RUNNING_MAX_REQ_SIZE
-from lightllm.benchmark.workloads import LONG, WorkloadConfig, build_workload
+from lightllm.benchmark.workloads import LONG, ScheduledRequest, WorkloadConfig, build_workload
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 
 
@@ -173,6 +173,39 @@ def soak_size_problem(profile: CostProfile, cfg: SoakConfig, hours_name: str = "
             f"per strategy, more than the {MAX_SOAK_REQUESTS:,} a soak run simulates; {advice}")
 
 
+def soak_workload(profile: CostProfile, cfg: SoakConfig, hours_name: str = "hours",
+                  rate_source: Optional[str] = None,
+                  advice: str = "lengthen hours or raise the rate") -> List[ScheduledRequest]:
+    """The soak stream of ``cfg`` (the same arrivals for every strategy).
+
+    Raises:
+        ValueError: the stream draws no request within the soak duration.  By default the
+            message names the fields (``hours``, ``request_rate``, ``load``); the command line
+            passes its flags' words instead (the workload generator's own message names
+            ``duration_s``, which no caller set).
+    """
+    rate = soak_request_rate(profile, cfg)
+    workload_cfg = WorkloadConfig(
+        name="sustained",
+        long_len=cfg.long_len,
+        short_len=cfg.short_len,
+        output_len=cfg.output_len,
+        long_fraction=cfg.long_fraction,
+        request_rate=rate,
+        duration_s=cfg.hours * 3600.0,
+        seed=cfg.seed,
+    )
+    try:
+        return build_workload(workload_cfg)
+    except ValueError as exc:
+        if "is empty" not in str(exc):
+            raise
+        if rate_source is None:
+            rate_source = "request_rate" if cfg.request_rate else f"load {cfg.load:g} x the estimated capacity"
+        raise ValueError(f"{hours_name} {cfg.hours:g} at {rate:.4g} req/s ({rate_source}) draws no request "
+                         f"(seed {cfg.seed}): the soak stream would be empty; {advice}") from None
+
+
 @dataclasses.dataclass
 class SoakResult:
     """Wait statistics of one strategy's soak run (seconds)."""
@@ -203,18 +236,7 @@ def run_soak(profile: CostProfile, strategy: str, cfg: SoakConfig) -> SoakResult
     if problem is not None:
         raise ValueError(problem)
     rate = soak_request_rate(profile, cfg)
-    workload = build_workload(
-        WorkloadConfig(
-            name="sustained",
-            long_len=cfg.long_len,
-            short_len=cfg.short_len,
-            output_len=cfg.output_len,
-            long_fraction=cfg.long_fraction,
-            request_rate=rate,
-            duration_s=cfg.hours * 3600.0,
-            seed=cfg.seed,
-        )
-    )
+    workload = soak_workload(profile, cfg)
     started = time.perf_counter()
     records, _ = simulate_workload(
         profile,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from lightllm.benchmark.simulator import __main__ as simulator_cli
 from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.benchmark.simulator import soak
 from lightllm.benchmark.simulator.soak import SoakConfig, estimate_capacity_rate, run_soak
+from simulator_test_support import assert_refused_in_one_line
 
 H100 = load_profile("h100_qwen_0p8b")
 
@@ -45,3 +47,18 @@ def test_seventy_percent_load_leaves_no_growing_backlog(overrides):
     result = run_soak(H100, "default", SoakConfig(hours=0.02, **overrides))
     assert result.p50_wait_s < 0.2
     assert result.max_wait_s < 3.0
+
+
+def test_an_empty_soak_stream_names_the_flags(capsys):
+    assert_refused_in_one_line(simulator_cli.main, ["--soak-hours", "0.0000001"],
+                               "--soak-hours 1e-07 at 12.58 req/s (the default load 0.7 x the capacity estimated from "
+                               "--profile h100_qwen_0p8b) draws no request (seed 0): the soak stream would be empty; "
+                               "raise --soak-hours or --soak-load", capsys)
+    assert_refused_in_one_line(simulator_cli.main, ["--soak-hours", "0.0000001", "--soak-rate", "2"],
+                               "(--soak-rate) draws no request (seed 0): the soak stream would be empty; raise "
+                               "--soak-hours or --soak-rate", capsys)
+
+
+def test_an_empty_soak_stream_names_the_fields_for_api_callers():
+    with pytest.raises(ValueError, match=r"^hours 1e-07 at 2 req/s \(request_rate\) draws no request"):
+        run_soak(H100, "default", SoakConfig(hours=1e-7, request_rate=2.0))

@@ -243,6 +243,19 @@ def test_bench_burst_refuses_a_flag_given_twice_before_reaching_the_server(capsy
     assert line.startswith("error: --seed is given twice; give it once"), line
 
 
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--prompt-len", "-1", "--prompt-len must be >= 1, got -1"),
+    ("--num-requests", "0", "--num-requests must be >= 1, got 0"),
+    ("--output-len", "0", "--output-len must be >= 1, got 0"),
+    ("--rounds", "0", "--rounds must be >= 1, got 0"),
+    ("--vocab", "5", "--vocab must be > 5"),
+])
+def test_bench_burst_names_the_one_bad_flag(flag, value, message, capsys):
+    """One message used to name all four count flags and --vocab, whichever was wrong."""
+    line = one_line_refusal(bench_burst.main, ["--base-url", "http://127.0.0.1:9", flag, value], capsys)
+    assert line.startswith(f"error: {message}"), line
+
 # --- 7. a flag typed twice: refused by every tool's parser, not only by those that asked ------
 
 
