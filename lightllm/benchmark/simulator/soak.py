@@ -21,9 +21,9 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
 
 
 # Most requests one strategy's soak run may send (rate x duration).  The documented runs send
-# 45,000 to 91,000 (one or two simulated hours at the H100 profile's 12.6 req/s), about 10 s of
-# wall time per 45,000 on a quiet machine; a million is some 22 simulated hours at that rate and
-# minutes per strategy.  Beyond it a run is a typo (``--soak-rate 1e12``) that would generate
+# 45,000 to 91,000 (one or two simulated hours at the H100 profile's 12.6 req/s), 17-21 s of
+# wall time per 45,000 on a quiet 2-core machine; a million is some 22 simulated hours at that
+# rate and several minutes per strategy.  Beyond it a run is a typo (``--soak-rate 1e12``) that would generate
 # requests until memory runs out.
 MAX_SOAK_REQUESTS = 1_000_000
 
