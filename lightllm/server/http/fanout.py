@@ -111,7 +111,8 @@ class GenerationFanout:
             # The manager ends a generation without a finish only for a client that went away:
             # an everyday event, not a server fault (nobody reads the answer; the access log does).
             if self._request is not None and await self._request.is_disconnected():
-                logger.info("client went away before its first token; its generation ended")
+                # Debug only: the request manager has logged the abort (one INFO line per request).
+                logger.debug("client went away before its first token; its generation ended")
                 raise client_closed_request()
             logger.warning("the request manager ended a generation before its first event")
             raise internal_error()
