@@ -34,10 +34,6 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
         raise invalid_request(f"the {what} compiles to a grammar of {size} bytes; at most {GRAMMAR_BYTES} bytes "
                               "fit (make it smaller)", param)
 
-    crashing = _crashing_number(grammar)
-    if crashing is not None:
-        raise invalid_request(f"invalid {what}: it holds the number {crashing}, below what the grammar compiler "
-                              "is given (-2^62)", param)
     try:
         problem = llguidance.LLMatcher.validate_grammar(grammar, None, limits=grammar_limits())
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
@@ -98,29 +94,53 @@ def _no_output_reason(grammar: str) -> Optional[str]:
     return None
 
 
-# The numbers a schema may hold: the grammar compiler reads every number as a 64-bit float, so an
-# integer beyond 2^53 comes out as another one (an enum of 9007199254740993 produced
-# 9007199254740992, a const of 2^64-1 produced 18446744073709552000) and an integer-typed value
-# beyond 64 bits is clamped (1e19 produced 9223372036854775807); a negative one near -2^63 in an
-# integer schema's enum or const, written as an integer or a float (-1e19), crashed the process
-# (a segmentation fault in llguidance 1.9).  Within +-2^53 every integer is exact.
+# The numbers a schema may hold.  The grammar compiler reads every number as a 64-bit float, so an
+# enum or const integer beyond 2^53 comes out as another one (9007199254740993 produced
+# 9007199254740992, 2^64-1 produced 18446744073709552000, an integer-typed 1e19 produced
+# 9223372036854775807), and one near -2^63 in an integer schema's enum or const, written as an
+# integer or a float (-1e19), crashed the process (a segmentation fault in llguidance 1.9).  A
+# bound only needs to be readable: beyond 64 bits the compiler failed naming neither the number
+# nor its place, so bounds keep -2^62 (a margin below the crash) to 2^64-1, which lets int64
+# bounds (OpenAPI's and protobuf's) through.
 EXACT_NUMBER_LIMIT = 2**53
+BOUND_NUMBERS = (-(2**62), 2**64 - 1)
+_DATA_KEYWORDS = ("enum", "const")
 
 
-# A negative number literal anywhere in a grammar's text (a Lark grammar's embedded %json schema):
-# checked by value in _crashing_number.
-_NEGATIVE_NUMBER = re.compile(r"-(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)")
+def inexact_number(schema: Any) -> Optional[tuple[str, Any, str]]:
+    """The first number in ``schema`` the grammar compiler would change or cannot read, with its path
+    and the range allowed there; None when none."""
+    stack: list[tuple[Any, str, bool]] = [(schema, "", False)]
+    while stack:
+        value, path, data = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((item, f"{path}.{key}" if path else str(key), data or key in _DATA_KEYWORDS)
+                         for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}.{index}" if path else str(index), data)
+                         for index, item in reversed(list(enumerate(value))))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if data and abs(value) > EXACT_NUMBER_LIMIT:
+                return path, value, "-2^53 to 2^53 in an enum or const: it reads numbers as 64-bit floats"
+            if not BOUND_NUMBERS[0] <= value <= BOUND_NUMBERS[1]:
+                return path, value, "-2^62 to 2^64-1"
+    return None
+
+
+# A negative number written alone in a Lark grammar's text (its embedded %json schema's enum or
+# const): checked by value in crashing_number.  Not one inside a word (a UUID's "-4e50").
+_NEGATIVE_NUMBER = re.compile(r"(?<![\w.])-(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)(?![\w.])")
 
 # At or below this, a negative number in a grammar's text is refused (the crash began near -2^63).
 _CRASHING_BELOW = -(2**62)
 
 
-def _crashing_number(grammar: str) -> Optional[str]:
-    """A negative number literal in ``grammar``'s text at or below -2^62 (near -2^63 one crashed the
-    compiler), as written; None when none.
+def crashing_number(grammar: str) -> Optional[str]:
+    """A negative number in a Lark grammar's text at or below -2^62 (near -2^63 one crashed the
+    compiler inside ``%json``), as written; None when none.
 
-    Read from the text, not parsed: such a literal inside a Lark string or regex is refused too,
-    which costs nothing real and keeps every way a grammar arrives covered.
+    Read from the text, not parsed: such a number in a Lark string or regex is refused too, which
+    costs nothing real and covers every way a %json block can be written.
     """
     for match in _NEGATIVE_NUMBER.finditer(grammar):
         literal = match.group(1)
@@ -135,22 +155,6 @@ def _crashing_number(grammar: str) -> Optional[str]:
     return None
 
 
-def inexact_number(schema: Any) -> Optional[tuple[str, Any]]:
-    """The first number in ``schema`` beyond +-2^53 (which the grammar compiler would change), with its path;
-    None when none."""
-    stack: list[tuple[Any, str]] = [(schema, "")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((item, f"{path}.{key}" if path else str(key)) for key, item in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend((item, f"{path}.{index}" if path else str(index))
-                         for index, item in reversed(list(enumerate(value))))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > EXACT_NUMBER_LIMIT:
-            return path, value
-    return None
-
-
 def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
     import llguidance
 
@@ -158,9 +162,9 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
         raise invalid_request("the JSON schema must be an object", param)
     beyond = inexact_number(schema)
     if beyond is not None:
-        path, number = beyond
+        path, number, allowed = beyond
         raise invalid_request(f"invalid {what}: the number {number!r} at '{path}' is beyond what the grammar "
-                              "compiler keeps exact (-2^53 to 2^53: it reads numbers as 64-bit floats)", param)
+                              f"compiler keeps ({allowed})", param)
     costly = costly_multiple_of(schema)
     if costly is not None:
         raise invalid_request(f"invalid {what}: {costly}", param)

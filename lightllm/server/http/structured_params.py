@@ -29,7 +29,7 @@ from typing import Any
 
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.json_text import parse_json_text
-from lightllm.server.http.response_format import compile_json_schema, validated_grammar
+from lightllm.server.http.response_format import compile_json_schema, crashing_number, validated_grammar
 
 MAX_CHOICES = 256
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -82,7 +82,12 @@ def _choice(value: Any, param: str) -> str:
 def _grammar(value: Any, param: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise invalid_request("grammar must be a non-empty string (llguidance Lark syntax)", param)
-    return validated_grammar(value, param, "grammar (llguidance Lark syntax expected)")
+    what = "grammar (llguidance Lark syntax expected)"
+    crashing = crashing_number(value)
+    if crashing is not None:
+        raise invalid_request(f"invalid {what}: it holds the number {crashing}, below what the grammar compiler "
+                              "is given (-2^62)", param)
+    return validated_grammar(value, param, what)
 
 
 def _json_object(value: Any, param: str) -> str:

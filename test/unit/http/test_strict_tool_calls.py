@@ -75,3 +75,28 @@ def test_a_strict_schema_that_is_not_json_schema_is_refused_naming_it() -> None:
     tool["function"]["parameters"]["properties"]["a"] = {"type": "integr"}
     client, _ = make_client(_call_text('{"a": 1, "b": 2}'))
     assert_error(chat(client, tools=[tool]), 400, "tools.0.function.parameters")
+
+
+@pytest.mark.parametrize(("parameters", "param"), [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]},
+     "tools.0.function.parameters"),
+    ({"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}, "required": ["a"]},
+     "tools.0.function.parameters"),
+])
+def test_a_strict_schema_the_compiler_refuses_is_a_400_not_a_500_when_a_call_is_read(parameters: dict,
+                                                                                     param: str) -> None:
+    tool = _tool(True)
+    tool["function"]["parameters"] = parameters
+    client, _ = make_client(_call_text('{"a": 1}'))
+    assert_error(chat(client, tools=[tool]), 400, param)
+
+
+def test_an_ecma_pattern_pythons_re_cannot_read_leaves_the_call_unchecked() -> None:
+    # \p{L} and named groups are ECMA-262 (the grammar compiler takes them); Python's re does not.
+    tool = _tool(True)
+    tool["function"]["parameters"] = {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "^\\p{L}+$"}, "b": {"type": "string", "pattern": "^(?<y>\\d{4})$"}},
+        "required": ["a", "b"]}
+    choice, deltas = _answers('{"a": "word", "b": "2024"}', tool)
+    assert choice["finish_reason"] == "tool_calls"
+    assert _streamed(deltas)[2] == "tool_calls"

@@ -17,11 +17,15 @@ freely need not keep.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Mapping, Optional
 
 from lightllm.server.http.closed_objects import closed_objects
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.response_format import compile_json_schema
 from lightllm.server.http.tool_calls.extraction import ParsedCall
+
+log = logging.getLogger(__name__)
 
 
 class CallableTools:
@@ -47,17 +51,29 @@ class CallableTools:
         validator = self._strict.get(call.name)
         if validator is None:
             return True
-        # The arguments were read as JSON already (parse_call_object), so this cannot fail.
-        return validator.is_valid(json.loads(call.arguments))
+        # The arguments were read as JSON already (parse_call_object), so loading cannot fail.
+        try:
+            return validator.is_valid(json.loads(call.arguments))
+        except Exception:  # noqa: BLE001 - what the validator cannot evaluate is not held against the call
+            # A pattern Python's re cannot read (\p{L}, (?<name>...): ECMA-262, which the grammar
+            # compiler takes) raises here; the schema compiled, so the call goes out unchecked.
+            log.debug("strict arguments of %s not checked: the validator failed", call.name, exc_info=True)
+            return True
 
 
 def _validator(schema: dict[str, Any], param: str) -> Any:
     import jsonschema
 
+    # The grammar compiler reads it first, as for a forced call: a reference to nowhere or to a
+    # remote document, and every keyword it refuses, is a 400 now rather than a failure when a
+    # call is read.
+    compile_json_schema(schema, param)
     closed = closed_objects(schema)
     kind = jsonschema.validators.validator_for(closed, default=jsonschema.Draft202012Validator)
     try:
-        kind.check_schema(closed)
+        # No format checks of the schema itself: "regex" would hold patterns to Python's re, which
+        # refuses ECMA-262 ones (\p{L}, named groups) that the grammar compiler takes.
+        kind.check_schema(closed, format_checker=None)
     except jsonschema.SchemaError as exc:
         raise invalid_request(f"{param} is not a valid JSON schema: {exc.message}", param) from None
     return kind(closed, format_checker=kind.FORMAT_CHECKER)
