@@ -29,6 +29,7 @@ from lightllm.server.run_mode import prefill_queue_description
 from lightllm.server.model_rank.command_channel import TpCommandChannel
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
+from lightllm.server.model_rank.execution.wide_forward_backoff import WideForwardBackoff
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.execution.startup_forward import run_startup_forward, startup_forward_lengths
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
@@ -155,7 +156,7 @@ def _forward_threads(config: ModelRankConfig, model: Any) -> ForwardThreads:
         rule = WideForwardRule(ForwardCostModel(shape, measure_rates(shape, parse_dtype(config.dtype), model.attention, model.head_dim,
                                                                 model.linear_backend)),
                                config.wide_forward_ms_per_token / 1000)
-        threads = ForwardThreads(narrow, wide, rule)
+        threads = ForwardThreads(narrow, wide, rule, WideForwardBackoff())
         if config.rank == 0:
             log.info("threads: %d, %d in a wide forward; %s", narrow, wide, rule.describe())
     elif config.rank == 0 and narrow:

@@ -24,12 +24,15 @@ flipped between wide and narrow from one start to the next).  On the ~100M-param
 2 ms per row) wide won by a third at 64 rows of ~160 positions.  Read as cost, T is about the
 front end's CPU time per streamed token (0.13 ms measured on a whole run: HTTP, detokenizer and
 router processes): with two threads the forward's work about halves, so borrowing the core pays
-once that half is larger than what it delays.
+once that half is larger than what it delays.  When other programs hold the cores, wide forwards
+run slower than narrow ones whatever the rule says: :mod:`wide_forward_backoff` finds it out from
+the forwards' own times and pauses them.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import ContextManager, Iterator, Optional
@@ -37,6 +40,7 @@ from typing import ContextManager, Iterator, Optional
 import torch
 
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel
+from lightllm.server.model_rank.execution.wide_forward_backoff import WideForwardBackoff
 from lightllm.utils.envs_utils import DEFAULT_WIDE_FORWARD_MS_PER_TOKEN  # defined beside its variable
 
 
@@ -100,6 +104,8 @@ class ForwardThreads:
     narrow: int
     wide: int
     rule: Optional[WideForwardRule] = None
+    # Pauses wide forwards while another program keeps the borrowed core busy.
+    backoff: Optional[WideForwardBackoff] = None
 
     def __post_init__(self) -> None:
         if self.narrow < 1 or self.wide < 1:
@@ -111,23 +117,34 @@ class ForwardThreads:
 
     def prefill_forward(self, new_tokens: int, attended_positions: int, finished_prompts: int) -> ContextManager[None]:
         """Context of a prefill forward (see :meth:`WideForwardRule.prefill_is_wide`)."""
-        if self.rule is None or self.rule.prefill_is_wide(new_tokens, attended_positions, finished_prompts):
-            return self._wide()
+        if self.rule is None:
+            return self._wide(None)
+        if self.rule.prefill_is_wide(new_tokens, attended_positions, finished_prompts):
+            return self._wide(self.rule.cost.prefill_seconds(new_tokens, attended_positions, finished_prompts))
         return nullcontext()
 
     def decode_forward(self, rows: int, context_positions: int) -> ContextManager[None]:
         """Context of a decode forward of ``rows`` requests over ``context_positions`` positions in all."""
         if self.rule is not None and self.rule.decode_is_wide(rows, context_positions):
-            return self._wide()
+            return self._wide(self.rule.cost.decode_seconds(rows, context_positions))
         return nullcontext()
 
     @contextmanager
-    def _wide(self) -> Iterator[None]:
+    def _wide(self, estimated_s: Optional[float]) -> Iterator[None]:
+        """A forward the rule wants wide; the backoff may keep it narrow (``estimated_s``: its work at the
+        narrow count, None when there is no rule to price it)."""
         if self.wide == self.narrow:
             yield
             return
-        torch.set_num_threads(self.wide)
+        backoff = self.backoff if estimated_s is not None else None
+        wide = backoff is None or backoff.runs_wide()
+        if wide:
+            torch.set_num_threads(self.wide)
+        started = time.perf_counter()
         try:
             yield
         finally:
-            torch.set_num_threads(self.narrow)
+            if wide:
+                torch.set_num_threads(self.narrow)
+            if backoff is not None:
+                backoff.record(wide, time.perf_counter() - started, estimated_s)
