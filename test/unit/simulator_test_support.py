@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Callable, List
 
 import pytest
 
-from lightllm.benchmark.simulator.cost_model import CostProfile
+from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 
 
 def make_profile(**overrides: float) -> CostProfile:
@@ -32,3 +34,12 @@ def assert_refused_in_one_line(main: Callable[[List[str]], int], argv: List[str]
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert message in err and "Traceback" not in err
+
+
+def bundled_profile_with_kv(directory: Path, name: str, kv_tokens: int) -> str:
+    """The bundled H100 profile's file with a KV cache of ``kv_tokens`` tokens, written under ``directory``."""
+    profile = json.loads((PROFILE_DIR / "h100_qwen_0p8b.json").read_text())
+    profile.update(name=name, max_total_token_num=kv_tokens)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(profile))
+    return str(path)

@@ -7,14 +7,13 @@ ignore a flag, or end in a traceback (IndexError, a stalled simulation, a cost-m
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
-from simulator_test_support import assert_refused_in_one_line
+from simulator_test_support import assert_refused_in_one_line, bundled_profile_with_kv
 
 from lightllm.benchmark.simulator import __main__ as simulator_cli
 from lightllm.benchmark.simulator import bound_sweep, deadline_frontier, frontier
-from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, load_profile
+from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv, simulate_workload
 from lightllm.benchmark.workloads import ScheduledRequest
 
@@ -24,11 +23,7 @@ _CELL = ["--scenario", "long_first", "--modes", "normal", "--budget", "1024", "-
 @pytest.fixture
 def tiny_kv_profile(tmp_path):
     """The bundled H100 profile with a KV cache smaller than the long_first scenario's 16K prompts."""
-    profile = json.loads((PROFILE_DIR / "h100_qwen_0p8b.json").read_text())
-    profile.update(name="tiny_kv", max_total_token_num=10000)
-    path = tmp_path / "tiny_kv.json"
-    path.write_text(json.dumps(profile))
-    return str(path)
+    return bundled_profile_with_kv(tmp_path, "tiny_kv", 10000)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -8,14 +8,12 @@ budget above the KV cache.
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from simulator_test_support import assert_refused_in_one_line
+from simulator_test_support import assert_refused_in_one_line, bundled_profile_with_kv
 
 from lightllm.benchmark.simulator import __main__ as simulator_cli
 from lightllm.benchmark.simulator import bound_sweep, frontier
-from lightllm.benchmark.simulator.cost_model import PROFILE_DIR
 
 _CELL = ["--scenario", "long_first", "--modes", "normal", "--strategies", "default"]
 
@@ -27,11 +25,7 @@ def _never(*args, **kwargs):
 @pytest.fixture
 def small_kv_profile(tmp_path):
     """The H100 profile with a 20,000-token KV cache (long_first's requests still fit)."""
-    profile = json.loads((PROFILE_DIR / "h100_qwen_0p8b.json").read_text())
-    profile.update(name="small_kv", max_total_token_num=20000)
-    path = tmp_path / "small_kv.json"
-    path.write_text(json.dumps(profile))
-    return str(path)
+    return bundled_profile_with_kv(tmp_path, "small_kv", 20000)
 
 
 @pytest.mark.parametrize("argv", [
