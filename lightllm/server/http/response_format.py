@@ -101,23 +101,28 @@ def _no_output_reason(grammar: str) -> Optional[str]:
 # integer or a float (-1e19), crashed the process (a segmentation fault in llguidance 1.9).  A
 # bound only needs to be readable: beyond 64 bits the compiler failed naming neither the number
 # nor its place, so bounds keep -2^62 (a margin below the crash) to 2^64-1, which lets int64
-# bounds (OpenAPI's and protobuf's) through.
+# maxima and uint64 bounds through (an int64 minimum, -2^63, is refused: the compiler cannot
+# build that range either).
 EXACT_NUMBER_LIMIT = 2**53
 BOUND_NUMBERS = (-(2**62), 2**64 - 1)
 _DATA_KEYWORDS = ("enum", "const")
+# Keywords whose keys are names (a property called "enum" is no enum).
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 def inexact_number(schema: Any) -> Optional[tuple[str, Any, str]]:
     """The first number in ``schema`` the grammar compiler would change or cannot read, with its path
     and the range allowed there; None when none."""
-    stack: list[tuple[Any, str, bool]] = [(schema, "", False)]
+    # (value, path, inside data, its keys are names)
+    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", False, False)]
     while stack:
-        value, path, data = stack.pop()
+        value, path, data, names = stack.pop()
         if isinstance(value, dict):
-            stack.extend((item, f"{path}.{key}" if path else str(key), data or key in _DATA_KEYWORDS)
+            stack.extend((item, f"{path}.{key}" if path else str(key),
+                          data or (not names and key in _DATA_KEYWORDS), not data and not names and key in _NAME_MAPS)
                          for key, item in reversed(value.items()))
         elif isinstance(value, list):
-            stack.extend((item, f"{path}.{index}" if path else str(index), data)
+            stack.extend((item, f"{path}.{index}" if path else str(index), data, False)
                          for index, item in reversed(list(enumerate(value))))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             if data and abs(value) > EXACT_NUMBER_LIMIT:

@@ -26,6 +26,7 @@ from lightllm.server.http.response_format import compile_json_schema, inexact_nu
     ({"type": "integer", "const": -9223372036854775808.0}, "const", -9223372036854775808.0),
     ({"type": ["integer", "string"], "enum": [-9.3e18]}, "enum.0", -9.3e18),
     ({"type": "integer", "enum": [1e300]}, "enum.0", 1e300),
+    ({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}, "minimum", -(2**63)),
 ])
 def test_a_number_the_compiler_would_change_is_refused_with_its_place(schema, path, number) -> None:
     assert inexact_number(schema)[:2] == (path, number)
@@ -39,7 +40,9 @@ def test_a_number_the_compiler_would_change_is_refused_with_its_place(schema, pa
 def test_numbers_within_2_to_the_53_and_booleans_pass() -> None:
     # Bounds only need to be readable: int64 bounds (OpenAPI's, protobuf's) compile.
     for schema in ({"enum": [-(2**53), 2**53, 0.1, -1.5e15]}, {"const": True}, {"type": "number", "maximum": 1e15},
-                   {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}):
+                   {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+                   # A property named like a keyword is a name, not an enum or const.
+                   {"properties": {"const": {"type": "integer", "maximum": 2**63 - 1}}}):
         assert inexact_number(schema) is None
         compile_json_schema(schema, "response_format")
 

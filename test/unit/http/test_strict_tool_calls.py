@@ -100,3 +100,17 @@ def test_an_ecma_pattern_pythons_re_cannot_read_leaves_the_call_unchecked() -> N
     choice, deltas = _answers('{"a": "word", "b": "2024"}', tool)
     assert choice["finish_reason"] == "tool_calls"
     assert _streamed(deltas)[2] == "tool_calls"
+
+
+@pytest.mark.parametrize("property_schema", [
+    {"type": "string", "enum": [f"city{index}" for index in range(1500)]},  # a grammar over 16 KiB
+    {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},  # a range the compiler would not keep
+    {"type": "integer", "enum": [1, 9007199254740993]},  # beyond what the compiler keeps exact
+])
+def test_limits_of_the_grammar_compiler_do_not_bind_a_strict_check(property_schema: dict) -> None:
+    # Under auto nothing is sampled from the schema's grammar: the arguments are validated as JSON.
+    tool = _tool(True)
+    tool["function"]["parameters"] = {"type": "object", "properties": {"a": property_schema}, "required": ["a"]}
+    good = {"string": '"city7"', "number": "0.25", "integer": "9007199254740993"}[property_schema["type"]]
+    choice, _ = _answers('{"a": %s}' % good, tool)
+    assert choice["finish_reason"] == "tool_calls"

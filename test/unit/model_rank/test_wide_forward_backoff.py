@@ -6,6 +6,8 @@ Driven by an injected clock and given forward times: no timing measured in the t
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads
@@ -29,7 +31,7 @@ def _forwards(backoff: WideForwardBackoff, machine: Machine, seconds: float) -> 
         wide = backoff.runs_wide()
         wall = machine.wide_s if wide else machine.narrow_s
         machine.now += wall
-        backoff.record(wide, wall, 0.010)
+        backoff.record("decode", wide, wall, 0.010)
         ran.append(wide)
     return ran
 
@@ -98,12 +100,31 @@ def test_the_forward_threads_run_narrow_while_paused() -> None:
         # Without a rule a forward has no estimate: the backoff cannot weigh it, so it runs wide.
         with threads.prefill_forward(4096, 0, 0):
             assert torch.get_num_threads() == 2
-        with threads._wide(0.01):
-            assert torch.get_num_threads() == 1
-        machine.now += 6
-        assert backoff._narrow and len(backoff._narrow) == 1
+        for _ in range(2):  # the first forward of a size is not counted
+            with threads._wide(0.01, "decode"):
+                assert torch.get_num_threads() == 1
+        assert list(backoff._rates) == [(False, "decode", -7)]
     finally:
         torch.set_num_threads(previous)
+
+
+def test_forwards_of_other_sizes_are_not_compared() -> None:
+    # Quiet machine, short and long forwards in turn: a short one's fixed costs make its seconds
+    # per estimated second many times a long one's, wide or narrow; comparing across sizes paused
+    # wide forwards here (the review's 23 false pauses).
+    machine = Machine()
+    backoff = _backoff(machine)
+    paused = 0
+    for index in range(4000):
+        long = index % 4 == 3
+        estimate = 0.9 if long else 0.0012
+        wide = backoff.runs_wide()
+        if not wide and backoff._state == "paused":
+            paused += 1
+        wall = (0.6 if wide else 0.95) if long else (0.006 if wide else 0.007)
+        machine.now += wall
+        backoff.record("prefill", wide, wall, estimate)
+    assert paused == 0
 
 
 def test_trials_of_long_forwards_wait_longer_so_they_cost_at_most_two_percent() -> None:
@@ -112,3 +133,16 @@ def test_trials_of_long_forwards_wait_longer_so_they_cost_at_most_two_percent() 
     ran = _forwards(_backoff(machine), machine, 100.0)
     narrow_time = ran.count(False) * machine.narrow_s
     assert 0 < narrow_time <= 0.02 * 100.0 + 2 * machine.narrow_s
+
+
+def test_the_log_never_ends_on_a_pause_that_is_over(caplog) -> None:
+    machine = Machine()
+    backoff = _backoff(machine)
+    with caplog.at_level(logging.INFO, logger="lightllm.model_rank"):
+        _forwards(backoff, machine, 3.0)
+        machine.wide_s = 0.060
+        _forwards(backoff, machine, 5.0)
+        machine.wide_s = 0.006
+        _forwards(backoff, machine, 30.0)
+    lines = [record.getMessage() for record in caplog.records if record.levelno == logging.INFO]
+    assert [line.split(":")[0] for line in lines] == ["wide forwards paused", "wide forwards resumed"]

@@ -22,7 +22,6 @@ from typing import Any, Mapping, Optional
 
 from lightllm.server.http.closed_objects import closed_objects
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.response_format import compile_json_schema
 from lightllm.server.http.tool_calls.extraction import ParsedCall
 
 log = logging.getLogger(__name__)
@@ -64,10 +63,12 @@ class CallableTools:
 def _validator(schema: dict[str, Any], param: str) -> Any:
     import jsonschema
 
-    # The grammar compiler reads it first, as for a forced call: a reference to nowhere or to a
-    # remote document, and every keyword it refuses, is a 400 now rather than a failure when a
-    # call is read.
-    compile_json_schema(schema, param)
+    # Only references are checked ahead: the grammar compiler's own limits (its size, numbers
+    # beyond 2^53, ranges it cannot keep) bind a grammar that samples, not this validation.
+    unresolved = _unresolved_reference(schema)
+    if unresolved is not None:
+        raise invalid_request(f"{param} holds the reference {unresolved!r}, which points nowhere in the schema "
+                              "(references to other documents are not fetched)", param)
     closed = closed_objects(schema)
     kind = jsonschema.validators.validator_for(closed, default=jsonschema.Draft202012Validator)
     try:
@@ -77,3 +78,37 @@ def _validator(schema: dict[str, Any], param: str) -> Any:
     except jsonschema.SchemaError as exc:
         raise invalid_request(f"{param} is not a valid JSON schema: {exc.message}", param) from None
     return kind(closed, format_checker=kind.FORMAT_CHECKER)
+
+
+def _unresolved_reference(schema: Any) -> Optional[str]:
+    """The first ``$ref`` in ``schema`` that is not a JSON pointer into it (``#``, ``#/$defs/x``), or None.
+
+    An anchor (``#name``) is left to the validator, which resolves it or leaves the call unchecked.
+    """
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            reference = node.get("$ref")
+            if isinstance(reference, str) and (not reference.startswith("#") or reference.startswith("#/")):
+                if _pointer_target(schema, reference) is None:
+                    return reference
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def _pointer_target(schema: Any, reference: str) -> Any:
+    if not reference.startswith("#"):
+        return None
+    target = schema
+    for token in reference[2:].split("/") if reference.startswith("#/") else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+            target = target[int(token)]
+        else:
+            return None
+    return target

@@ -120,17 +120,18 @@ class ForwardThreads:
         if self.rule is None:
             return self._wide(None)
         if self.rule.prefill_is_wide(new_tokens, attended_positions, finished_prompts):
-            return self._wide(self.rule.cost.prefill_seconds(new_tokens, attended_positions, finished_prompts))
+            return self._wide(self.rule.cost.prefill_seconds(new_tokens, attended_positions, finished_prompts),
+                              "prefill")
         return nullcontext()
 
     def decode_forward(self, rows: int, context_positions: int) -> ContextManager[None]:
         """Context of a decode forward of ``rows`` requests over ``context_positions`` positions in all."""
         if self.rule is not None and self.rule.decode_is_wide(rows, context_positions):
-            return self._wide(self.rule.cost.decode_seconds(rows, context_positions))
+            return self._wide(self.rule.cost.decode_seconds(rows, context_positions), "decode")
         return nullcontext()
 
     @contextmanager
-    def _wide(self, estimated_s: Optional[float]) -> Iterator[None]:
+    def _wide(self, estimated_s: Optional[float], kind: str = "prefill") -> Iterator[None]:
         """A forward the rule wants wide; the backoff may keep it narrow (``estimated_s``: its work at the
         narrow count, None when there is no rule to price it)."""
         if self.wide == self.narrow:
@@ -147,4 +148,4 @@ class ForwardThreads:
             if wide:
                 torch.set_num_threads(self.narrow)
             if backoff is not None:
-                backoff.record(wide, time.perf_counter() - started, estimated_s)
+                backoff.record(kind, wide, time.perf_counter() - started, estimated_s)
