@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
-from lightllm.server.http.schema_positions import subschemas
+from lightllm.server.http.schema_positions import local_reference_target, schemas_with_places, subschemas
 
 _OPENING_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
@@ -29,6 +29,12 @@ def closed_objects(schema: Any) -> Any:
     (``const``, ``enum``, ``default`` and ``examples`` hold data and are left as they are)."""
     copied = copy.deepcopy(schema)
     _close(copied)
+    # Schemas a local $ref reaches where no keyword holds them (OpenAPI's #/components/schemas/P)
+    # are closed too, as those under $defs are.
+    for _place, node in schemas_with_places(copied):
+        target = local_reference_target(copied, node.get("$ref"))
+        if isinstance(target, dict) and target is not copied:
+            _close(target)
     return copied
 
 

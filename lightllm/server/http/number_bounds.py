@@ -19,7 +19,7 @@ import math
 from fractions import Fraction
 from typing import Any, Iterator, Optional
 
-from lightllm.server.http.schema_positions import schemas_with_places
+from lightllm.server.http.schema_positions import local_reference_target, schemas_with_places
 
 _Bound = tuple[Fraction, bool, str, Any]  # value, exclusive, keyword, the value as the client wrote it
 
@@ -63,25 +63,10 @@ def _conjoined(node: dict, root: Any, seen: set[int]) -> Iterator[dict]:
     seen.add(id(node))
     yield node
     branches = node.get("allOf") if isinstance(node.get("allOf"), list) else []
-    target = _local_target(node.get("$ref"), root)
+    target = local_reference_target(root, node.get("$ref"))
     for inner in [*branches, target]:
         if isinstance(inner, dict):
             yield from _conjoined(inner, root, seen)
-
-
-def _local_target(reference: Any, root: Any) -> Any:
-    if not isinstance(reference, str) or not reference.startswith("#"):
-        return None
-    target = root
-    for token in reference[1:].split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, dict) and token in target:
-            target = target[token]
-        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
-            target = target[int(token)]
-        else:
-            return None
-    return target
 
 
 def _allows_fractions(node: dict) -> bool:

@@ -106,6 +106,7 @@ def _no_output_reason(grammar: str) -> Optional[str]:
 EXACT_NUMBER_LIMIT = 2**53
 BOUND_NUMBERS = (-(2**62), 2**64 - 1)
 _DATA_KEYWORDS = ("enum", "const")
+_ANNOTATIONS = ("default", "examples")
 # Keywords whose keys are names (a property called "enum" is no enum).
 _NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -113,18 +114,21 @@ _NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depend
 def inexact_number(schema: Any) -> Optional[tuple[str, Any, str]]:
     """The first number in ``schema`` the grammar compiler would change or cannot read, with its path
     and the range allowed there; None when none."""
-    # (value, path, inside data, its keys are names)
-    stack: list[tuple[Any, str, bool, bool]] = [(schema, "", False, False)]
+    # (value, path, inside data, its keys are names, inside an annotation)
+    stack: list[tuple[Any, str, bool, bool, bool]] = [(schema, "", False, False, False)]
     while stack:
-        value, path, data, names = stack.pop()
+        value, path, data, names, annotation = stack.pop()
         if isinstance(value, dict):
             stack.extend((item, f"{path}.{key}" if path else str(key),
-                          data or (not names and key in _DATA_KEYWORDS), not data and not names and key in _NAME_MAPS)
+                          data or (not names and key in _DATA_KEYWORDS), not data and not names and key in _NAME_MAPS,
+                          annotation or (not data and not names and key in _ANNOTATIONS))
                          for key, item in reversed(value.items()))
         elif isinstance(value, list):
-            stack.extend((item, f"{path}.{index}" if path else str(index), data, False)
+            stack.extend((item, f"{path}.{index}" if path else str(index), data, False, annotation)
                          for index, item in reversed(list(enumerate(value))))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            if annotation and isinstance(value, float):
+                continue  # default and examples are not compiled; the compiler reads any float there
             if data and abs(value) > EXACT_NUMBER_LIMIT:
                 return path, value, "-2^53 to 2^53 in an enum or const: it reads numbers as 64-bit floats"
             if not BOUND_NUMBERS[0] <= value <= BOUND_NUMBERS[1]:

@@ -55,12 +55,38 @@ def map_subschemas(node: Dict[str, Any], change: Callable[[Any], Any]) -> Dict[s
 
 
 def schemas_with_places(schema: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
-    """Every schema in ``schema`` (itself first), each with its place (``""`` for ``schema`` itself)."""
+    """Every schema in ``schema`` (itself first), each with its place (``""`` for ``schema`` itself).
+
+    A local ``$ref`` to a place no keyword holds (OpenAPI's ``#/components/schemas/P``) is followed
+    too, so that every schema the grammar compiler reaches is seen; each schema is given once.
+    """
+    seen: set = set()
     stack: list = [("", schema)]
     while stack:
         here, current = stack.pop()
-        if not isinstance(current, dict):
+        if not isinstance(current, dict) or id(current) in seen:
             continue
+        seen.add(id(current))
         yield here, current
         inner = [(f"{here}.{key}" if here else key, item) for key, item in named_subschemas(current)]
+        target = local_reference_target(schema, current.get("$ref"))
+        if isinstance(target, dict):
+            inner.append((current["$ref"][2:].replace("/", "."), target))
         stack.extend(reversed(inner))
+
+
+def local_reference_target(schema: Any, reference: Any) -> Any:
+    """What the JSON pointer ``reference`` (``#``, ``#/$defs/x``) points to in ``schema``; None when it is
+    not such a pointer or points nowhere."""
+    if not isinstance(reference, str) or not (reference == "#" or reference.startswith("#/")):
+        return None
+    target = schema
+    for token in reference[2:].split("/") if reference != "#" else []:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+            target = target[int(token)]
+        else:
+            return None
+    return target

@@ -83,3 +83,9 @@ def test_a_min_properties_met_by_required_named_keys_or_a_closed_object_is_kept(
                    {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}):
         grammar = compile_json_schema(schema, "x")
         assert _accepts(grammar, '{"a":1,"b":2}') and not _accepts(grammar, '{}')
+
+
+def test_a_schema_reached_through_an_openapi_reference_is_closed_as_a_definition_is() -> None:
+    schema = {"type": "object", "properties": {"p": {"$ref": "#/components/schemas/P"}},
+              "components": {"schemas": {"P": {"type": "object", "properties": {"q": {"type": "integer"}}}}}}
+    assert closed_objects(schema)["components"]["schemas"]["P"]["additionalProperties"] is False

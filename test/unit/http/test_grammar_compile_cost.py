@@ -96,3 +96,19 @@ def test_an_empty_regular_expression_is_refused_in_words() -> None:
     with pytest.raises(Exception) as refused:
         structured_grammar(None, {"guided_regex": "[^\\s\\S]"})
     assert refused.value.message.endswith("admits no output at all (no text matches it)")
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    # llguidance used the absolute value, and the cost bound did not look at it.
+    ({"type": "integer", "multipleOf": -999983}, "multipleOf -999983 must be greater than 0"),
+    ({"type": "number", "multipleOf": 0}, "multipleOf 0 must be greater than 0"),
+    # Each under the bound, together 52 s of compiling.
+    ({"properties": {f"p{index}": {"type": "integer", "multipleOf": 99983 - index} for index in range(20)}},
+     "the significant digits of the schema's multipleOf values add up to more than 100000"),
+    # Reached only through a $ref to a place no keyword holds.
+    ({"foo": {"type": "integer", "multipleOf": 999983}, "$ref": "#/foo"}, "multipleOf 999983 at 'foo' would take"),
+])
+def test_divisors_the_bound_missed_are_refused(schema: dict, message: str) -> None:
+    with pytest.raises(Exception) as refused:
+        compile_json_schema(schema, "response_format")
+    assert message in refused.value.message

@@ -79,3 +79,12 @@ def test_text_that_merely_looks_like_a_negative_number_is_not_refused(fields) ->
     from lightllm.server.http.structured_params import structured_grammar
 
     assert structured_grammar(None, fields)
+
+
+def test_annotations_hold_any_float() -> None:
+    # default and examples are not compiled (llguidance ignores them), but it must still read an
+    # integer there: beyond 64 bits it fails ("Value is not JSON serializable").
+    assert inexact_number({"examples": [10**25]})[:2] == ("examples.0", 10**25)
+    for schema in ({"type": "number", "default": 1e30}, {"type": "number", "examples": [1e25, 2**60]}):
+        assert inexact_number(schema) is None
+        compile_json_schema(schema, "response_format")

@@ -89,3 +89,14 @@ def test_an_unkept_range_is_a_400_naming_it_and_its_place(schema: dict, message:
 def test_ranges_the_compiler_keeps_compile(schema: dict) -> None:
     assert unkept_number_range(schema) is None
     compile_json_schema(schema, "response_format")
+
+
+def test_a_range_reached_through_an_openapi_reference_is_refused() -> None:
+    # OpenAPI keeps its schemas under #/components/schemas, where no keyword holds them; the
+    # compiler follows the $ref, so the check must too (llguidance took {"p": {"q": 0}} here).
+    schema = {"type": "object", "properties": {"p": {"$ref": "#/components/schemas/P"}}, "required": ["p"],
+              "components": {"schemas": {"P": {"type": "object", "required": ["q"], "properties": {
+                  "q": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}}}}}}
+    with pytest.raises(APIError) as refused:
+        compile_json_schema(schema, "response_format")
+    assert "at 'components.schemas.P.properties.q' cannot be kept" in refused.value.message

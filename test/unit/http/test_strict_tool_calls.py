@@ -114,3 +114,30 @@ def test_limits_of_the_grammar_compiler_do_not_bind_a_strict_check(property_sche
     good = {"string": '"city7"', "number": "0.25", "integer": "9007199254740993"}[property_schema["type"]]
     choice, _ = _answers('{"a": %s}' % good, tool)
     assert choice["finish_reason"] == "tool_calls"
+
+
+def _pattern_tool(pattern: str, **extra: Any) -> dict[str, Any]:
+    tool = _tool(True)
+    tool["function"]["parameters"] = {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern},
+                                                                       **extra}, "required": ["a", *extra]}
+    return tool
+
+
+def test_a_catastrophic_pattern_for_pythons_re_is_decided() -> None:
+    # ^(a+)+$ on 40 a's and a '!' takes Python's re about 2^40 steps: the HTTP process stalled for
+    # every client (27 characters: 7.5 s). The regex module decides it (a search that would still
+    # run past 50 ms leaves the keyword unchecked): no match, so the block stays content.
+    choice, _ = _answers('{"a": "%s!"}' % ("a" * 40), _pattern_tool("^(a+)+$"))
+    assert choice["finish_reason"] == "stop"
+
+
+def test_an_ecma_pattern_is_checked_and_does_not_turn_off_the_other_keywords() -> None:
+    tool = _pattern_tool("^\\p{L}+$", n={"type": "integer", "minimum": 0})
+    assert _answers('{"a": "word", "n": 3}', tool)[0]["finish_reason"] == "tool_calls"
+    assert _answers('{"a": "123", "n": 3}', tool)[0]["finish_reason"] == "stop"  # the pattern holds
+    assert _answers('{"a": "word", "n": -4}', tool)[0]["finish_reason"] == "stop"  # and so does minimum
+
+
+def test_digits_are_ascii_as_in_ecma_patterns() -> None:
+    assert _answers('{"a": "\\u0663\\u0664\\u0665"}', _pattern_tool("^\\d{3}$"))[0]["finish_reason"] == "stop"
+    assert _answers('{"a": "345"}', _pattern_tool("^\\d{3}$"))[0]["finish_reason"] == "tool_calls"

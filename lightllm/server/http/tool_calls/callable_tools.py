@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from lightllm.server.http.closed_objects import closed_objects
+from lightllm.server.http.schema_positions import local_reference_target
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.tool_calls.extraction import ParsedCall
 
@@ -71,6 +72,7 @@ def _validator(schema: dict[str, Any], param: str) -> Any:
                               "(references to other documents are not fetched)", param)
     closed = closed_objects(schema)
     kind = jsonschema.validators.validator_for(closed, default=jsonschema.Draft202012Validator)
+    kind = jsonschema.validators.extend(kind, {"pattern": _pattern})
     try:
         # No format checks of the schema itself: "regex" would hold patterns to Python's re, which
         # refuses ECMA-262 ones (\p{L}, named groups) that the grammar compiler takes.
@@ -78,6 +80,32 @@ def _validator(schema: dict[str, Any], param: str) -> Any:
     except jsonschema.SchemaError as exc:
         raise invalid_request(f"{param} is not a valid JSON schema: {exc.message}", param) from None
     return kind(closed, format_checker=kind.FORMAT_CHECKER)
+
+
+# The longest one ``pattern`` may take on one string: a pattern such as ^(a+)+$ on a string the
+# model wrote takes time doubling with each character (27 characters held the HTTP process 7.5 s).
+PATTERN_TIMEOUT_S = 0.05
+
+
+def _pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """JSON Schema's ``pattern`` through the ``regex`` module, not Python's ``re``.
+
+    ``regex`` reads what ECMA-262 patterns commonly hold and ``re`` refuses (``\\p{L}``,
+    ``(?<name>...)``), and stops a search after :data:`PATTERN_TIMEOUT_S`; ASCII classes, as
+    ECMA's ``\\d`` and ``\\w`` (``re``'s ``\\d`` took Arabic-Indic digits).  A pattern it cannot
+    read or a search that times out leaves this keyword unchecked, not the whole call.
+    """
+    import regex
+    from jsonschema import ValidationError
+
+    if not isinstance(instance, str) or not isinstance(pattern, str):
+        return
+    try:
+        found = regex.search(pattern, instance, flags=regex.ASCII, timeout=PATTERN_TIMEOUT_S)
+    except (regex.error, TimeoutError):
+        return
+    if found is None:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
 def _unresolved_reference(schema: Any) -> Optional[str]:
@@ -91,24 +119,9 @@ def _unresolved_reference(schema: Any) -> Optional[str]:
         if isinstance(node, dict):
             reference = node.get("$ref")
             if isinstance(reference, str) and (not reference.startswith("#") or reference.startswith("#/")):
-                if _pointer_target(schema, reference) is None:
+                if local_reference_target(schema, reference) is None:
                     return reference
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
     return None
-
-
-def _pointer_target(schema: Any, reference: str) -> Any:
-    if not reference.startswith("#"):
-        return None
-    target = schema
-    for token in reference[2:].split("/") if reference.startswith("#/") else []:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, dict) and token in target:
-            target = target[token]
-        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
-            target = target[int(token)]
-        else:
-            return None
-    return target
