@@ -2,14 +2,14 @@
 
 A schema's ``const``, ``enum``, ``default`` and ``examples`` hold JSON data, and the keys of its
 ``properties`` are property names: a property called ``default`` or ``$ref`` is not a keyword.
-Walks that close objects (:mod:`lightllm.server.http.closed_objects`) or rewrite references
-(:mod:`lightllm.server.http.tool_calls.request`) go through :func:`map_subschemas` so that they
+Walks that close objects (:mod:`lightllm.server.http.closed_objects`) and the checks of what the
+grammar compiler keeps go through :func:`subschemas` and :func:`schemas_with_places` so that they
 follow the same positions.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 # Keywords whose value is one subschema, a list of them, or a map of names to them.
 ONE_SCHEMA_KEYWORDS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
@@ -37,21 +37,6 @@ def named_subschemas(node: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
         if isinstance(node.get(key), dict):
             for name, inner in node[key].items():
                 yield f"{key}.{name}", inner
-
-
-def map_subschemas(node: Dict[str, Any], change: Callable[[Any], Any]) -> Dict[str, Any]:
-    """A shallow copy of the schema ``node`` with ``change`` applied to each schema directly inside it."""
-    mapped = dict(node)
-    for key in ONE_SCHEMA_KEYWORDS:
-        if isinstance(node.get(key), dict):
-            mapped[key] = change(node[key])
-    for key in SCHEMA_LIST_KEYWORDS:
-        if isinstance(node.get(key), list):
-            mapped[key] = [change(item) for item in node[key]]
-    for key in SCHEMA_MAP_KEYWORDS:
-        if isinstance(node.get(key), dict):
-            mapped[key] = {name: change(item) for name, item in node[key].items()}
-    return mapped
 
 
 def schemas_with_places(schema: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:

@@ -323,3 +323,21 @@ def test_skip_special_tokens_asked_for_by_name_is_refused_where_the_parser_needs
     assert "tool_choice auto" in refused.json()["error"]["message"] and manager.calls == []
     assert chat(client, tools=[WEATHER_TOOL]).status_code == 200  # left out: turned off, as vLLM does
     assert chat(client, tools=[WEATHER_TOOL], tool_choice="none", skip_special_tokens=True).status_code == 200
+
+
+def test_required_moves_references_where_no_keyword_holds_them_and_keeps_anchors() -> None:
+    # OpenAPI's components: P refers to Q there; both references move with the tool. An anchor
+    # names its place anywhere in the document and stays (it was turned into a pointer to nowhere).
+    from lightllm.server.http.tool_calls.request import FunctionTool, required_grammar, required_schema
+
+    openapi = {"type": "object", "properties": {"p": {"$ref": "#/components/schemas/P"}}, "required": ["p"],
+               "components": {"schemas": {"P": {"type": "object", "properties": {"q": {"$ref": "#/components/schemas/Q"}},
+                                                "required": ["q"]},
+                                          "Q": {"type": "integer"}}}}
+    anchored = {"type": "object", "$defs": {"A": {"$anchor": "word", "type": "string"}},
+                "properties": {"a": {"$ref": "#word"}}, "required": ["a"]}
+    wrapped = required_schema([FunctionTool("o", openapi, {}), FunctionTool("w", anchored, {})], True)["$defs"]
+    assert wrapped["tool_0"]["components"]["schemas"]["P"]["properties"]["q"] == {
+        "$ref": "#/$defs/tool_0/components/schemas/Q"}
+    assert wrapped["tool_1"]["properties"]["a"] == {"$ref": "#word"}
+    assert required_grammar([FunctionTool("o", openapi, {})], True)

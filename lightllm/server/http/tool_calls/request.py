@@ -29,7 +29,6 @@ from lightllm.server.http.errors import APIError, invalid_request
 from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.tool_calls.callable_tools import CallableTools
 from lightllm.server.http.response_format import compile_json_schema
-from lightllm.server.http.schema_positions import map_subschemas
 from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
 
 # OpenAI's limits on tools and function names.
@@ -180,19 +179,34 @@ def _tool_key(index: int) -> str:
     return f"tool_{index}"
 
 
-def _rooted(schema: Any, key: str) -> Any:
-    """``schema`` with every local reference (``#...``) rewritten to start at ``#/$defs/<key>``.
+# Keywords whose value is JSON data, and keywords whose keys are names (a property called
+# "default" holds a schema).
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
-    Only schema positions are visited (:mod:`lightllm.server.http.schema_positions`): a property
-    named ``default`` or ``enum`` holds a schema whose references move too, while a ``default``
-    keyword's value is data and stays as written.
+
+def _rooted(schema: Any, key: str, names: bool = False, data: bool = False) -> Any:
+    """``schema`` with every local JSON-pointer reference (``#``, ``#/...``) rewritten to start at
+    ``#/$defs/<key>``.
+
+    Everything but data is walked, places no keyword holds included (OpenAPI's
+    ``#/components/schemas``, which a reference reaches): a property named ``default`` or ``enum``
+    holds a schema whose references move too, while a ``default`` keyword's value is data and stays
+    as written.  An anchor (``#name``) names a place anywhere in the document and stays.
     """
+    if isinstance(schema, list):
+        return [_rooted(item, key, False, data) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    rooted = map_subschemas(schema, lambda inner: _rooted(inner, key))
-    reference = schema.get("$ref")
-    if isinstance(reference, str) and reference.startswith("#"):
-        rooted["$ref"] = f"#/$defs/{key}{reference[1:]}"
+    rooted = {}
+    for name, value in schema.items():
+        reference = not data and not names and name == "$ref" and isinstance(value, str)
+        if reference and (value == "#" or value.startswith("#/")):
+            rooted[name] = f"#/$defs/{key}{value[1:]}"
+        else:
+            inner_names = not data and not names and name in _NAME_MAPS
+            inner_data = data or (not names and name in _DATA_KEYWORDS)
+            rooted[name] = _rooted(value, key, inner_names, inner_data)
     return rooted
 
 
