@@ -22,6 +22,7 @@ from lightllm.server.http.closed_objects import closed_objects, unkept_min_prope
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.number_bounds import unkept_number_range
 from lightllm.server.http.schema_cost import costly_multiple_of
+from lightllm.server.http.schema_positions import ANNOTATION_KEYWORDS, DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
 
 
 def validated_grammar(grammar: str, param: str, what: str) -> str:
@@ -105,10 +106,6 @@ def _no_output_reason(grammar: str) -> Optional[str]:
 # build that range either).
 EXACT_NUMBER_LIMIT = 2**53
 BOUND_NUMBERS = (-(2**62), 2**64 - 1)
-_DATA_KEYWORDS = ("enum", "const")
-_ANNOTATIONS = ("default", "examples")
-# Keywords whose keys are names (a property called "enum" is no enum).
-_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 def inexact_number(schema: Any) -> Optional[tuple[str, Any, str]]:
@@ -120,8 +117,8 @@ def inexact_number(schema: Any) -> Optional[tuple[str, Any, str]]:
         value, path, data, names, annotation = stack.pop()
         if isinstance(value, dict):
             stack.extend((item, f"{path}.{key}" if path else str(key),
-                          data or (not names and key in _DATA_KEYWORDS), not data and not names and key in _NAME_MAPS,
-                          annotation or (not data and not names and key in _ANNOTATIONS))
+                          data or (not names and key in DATA_KEYWORDS), not data and not names and key in SCHEMA_MAP_KEYWORDS,
+                          annotation or (not data and not names and key in ANNOTATION_KEYWORDS))
                          for key, item in reversed(value.items()))
         elif isinstance(value, list):
             stack.extend((item, f"{path}.{index}" if path else str(index), data, False, annotation)

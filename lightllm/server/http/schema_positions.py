@@ -16,6 +16,9 @@ ONE_SCHEMA_KEYWORDS = ("items", "additionalItems", "contains", "not", "if", "the
                        "unevaluatedItems", "unevaluatedProperties", "propertyNames")
 SCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# Keywords whose value is JSON data: what a value must be, and annotations the compiler ignores.
+DATA_KEYWORDS = ("const", "enum")
+ANNOTATION_KEYWORDS = ("default", "examples")
 
 
 def subschemas(node: Dict[str, Any]) -> Iterator[Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import APIError, invalid_request
 from lightllm.server.http.json_text import parse_json_text
+from lightllm.server.http.schema_positions import ANNOTATION_KEYWORDS, DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
 from lightllm.server.http.tool_calls.callable_tools import CallableTools
 from lightllm.server.http.response_format import compile_json_schema
 from lightllm.server.http.tool_calls.parsers import ToolCallParser, ForcedCallParser, make_parser
@@ -179,12 +180,6 @@ def _tool_key(index: int) -> str:
     return f"tool_{index}"
 
 
-# Keywords whose value is JSON data, and keywords whose keys are names (a property called
-# "default" holds a schema).
-_DATA_KEYWORDS = ("const", "enum", "default", "examples")
-_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
 def _rooted(schema: Any, key: str, names: bool = False, data: bool = False) -> Any:
     """``schema`` with every local JSON-pointer reference (``#``, ``#/...``) rewritten to start at
     ``#/$defs/<key>``.
@@ -204,8 +199,8 @@ def _rooted(schema: Any, key: str, names: bool = False, data: bool = False) -> A
         if reference and (value == "#" or value.startswith("#/")):
             rooted[name] = f"#/$defs/{key}{value[1:]}"
         else:
-            inner_names = not data and not names and name in _NAME_MAPS
-            inner_data = data or (not names and name in _DATA_KEYWORDS)
+            inner_names = not data and not names and name in SCHEMA_MAP_KEYWORDS
+            inner_data = data or (not names and name in (*DATA_KEYWORDS, *ANNOTATION_KEYWORDS))
             rooted[name] = _rooted(value, key, inner_names, inner_data)
     return rooted
 
