@@ -114,6 +114,9 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     # vLLM extras.
     # logprobs name tokens ``token_id:<id>`` instead of their (possibly ambiguous) text.
     return_tokens_as_token_ids: bool = False
+    # The prompt's and every choice's token ids beside the text (vLLM's; RL trainers read them
+    # rather than re-tokenizing text, which need not round-trip): see token_ids.TokenIdShaper.
+    return_token_ids: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # Becomes the response id and appears in the server log.

@@ -54,6 +54,8 @@ from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.special_tokens import SpecialTokenFrame
 from lightllm.server.http.structured_params import structured_grammar
 from lightllm.server.http.token_bytes import TokenBytes
+from lightllm.server.http.response_shaper import ResponseShaper
+from lightllm.server.http.token_ids import TokenIdShaper
 from lightllm.server.http.prompt_encoding import PromptEncoder
 from lightllm.server.request_manager import RequestManager
 from lightllm.server.http.tool_calls.request import ToolPlan, plan_tool_calls
@@ -238,9 +240,11 @@ class OpenAIEndpoints:
             # A truncated prompt is echoed as the tokens that were used.
             echo = [(prompt if isinstance(prompt, str) and body.truncate_prompt_tokens is None
                      else self.manager.tokenizer.decode(ids), ids) for prompt, ids in zip(body.prompt, prompts)]
-        shaper = CompletionShaper(formatter, body.logprobs is not None, echo=echo, n=body.n,
-                                  drop_output=body.max_tokens == 0, prompt_logprobs=body.prompt_logprobs,
-                                  prompts=prompts)
+        shaper: ResponseShaper = CompletionShaper(
+            formatter, body.logprobs is not None, echo=echo, n=body.n, drop_output=body.max_tokens == 0,
+            prompt_logprobs=body.prompt_logprobs, prompts=prompts, every_token=body.return_token_ids)
+        if body.return_token_ids:
+            shaper = TokenIdShaper(shaper, prompts, body.n, prompt_in_choice=True)
         return await self._respond(request, body, model, jobs, shaper)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -273,9 +277,12 @@ class OpenAIEndpoints:
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
-        shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text())
-        shaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options) if tool_plan.reads_calls
-                  else ChatShaper(formatter, body.logprobs, **shaper_options))
+        shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text(),
+                              every_token=body.return_token_ids)
+        shaper: ResponseShaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options)
+                                  if tool_plan.reads_calls else ChatShaper(formatter, body.logprobs, **shaper_options))
+        if body.return_token_ids:
+            shaper = TokenIdShaper(shaper, [prompt_ids], body.n, prompt_in_choice=False)
         return await self._respond(request, body, model, jobs, shaper)
 
     def render_chat(self, body: ChatCompletionRequest, tool_plan: ToolPlan, keeps_end: bool) -> Awaitable[list[int]]:
@@ -295,7 +302,7 @@ class OpenAIEndpoints:
         return self.encoder.encode_chat(messages, "messages", body.add_special_tokens, keeps_end, **template_options)
 
     async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],
-                       shaper: "CompletionShaper | ChatShaper") -> Response:
+                       shaper: ResponseShaper) -> Response:
         """Start every job, then answer with one JSON body or a stream; ``model`` is the name to report."""
         given_id = client_request_id(request, body.request_id)
         response_id = f"{shaper.id_prefix}-{given_id or uuid.uuid4().hex}"
@@ -336,7 +343,7 @@ class OpenAIEndpoints:
 
     @staticmethod
     async def _stream(body: OpenAISamplingRequest, jobs: list[ChoiceJob], fanout: GenerationFanout,
-                      shaper: "CompletionShaper | ChatShaper", header: dict[str, Any]) -> AsyncIterator[bytes]:
+                      shaper: ResponseShaper, header: dict[str, Any]) -> AsyncIterator[bytes]:
         usage = UsageTracker(jobs, shaper.counts_completion)
         # With include_usage every chunk carries "usage": null except the final usage chunk;
         # with continuous usage every chunk carries its choice's counts so far (as vLLM: that
@@ -347,12 +354,12 @@ class OpenAIEndpoints:
             return {"usage": None} if body.include_usage else {}
 
         for opening in shaper.opening_choices([job.index for job in jobs]):
-            yield sse({**header, "choices": [opening], **tail(opening["index"])})
+            yield sse({**header, "choices": [opening], **shaper.chunk_fields(opening), **tail(opening["index"])})
         try:
             async for index, event in fanout.events():
                 usage.update(index, event)
                 for choice in shaper.stream_choices(index, event):
-                    yield sse({**header, "choices": [choice], **tail(index)})
+                    yield sse({**header, "choices": [choice], **shaper.chunk_fields(choice), **tail(index)})
         except APIError as error:
             yield sse_error(error)
         except Exception:  # noqa: BLE001 - the status line is sent; report in-band instead

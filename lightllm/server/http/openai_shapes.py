@@ -238,9 +238,11 @@ class CompletionShaper:
 
     def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
                  echo: list[tuple[str, list[int]]] | None = None, n: int = 1, drop_output: bool = False,
-                 prompt_logprobs: int | None = None, prompts: list[list[int]] | None = None) -> None:
+                 prompt_logprobs: int | None = None, prompts: list[list[int]] | None = None,
+                 every_token: bool = False) -> None:
         """``echo`` holds ``(prompt text, prompt ids)`` per prompt when the prompt is echoed;
-        ``drop_output`` leaves the generated tokens out (echo with ``max_tokens`` 0)."""
+        ``drop_output`` leaves the generated tokens out (echo with ``max_tokens`` 0); ``every_token``
+        streams a chunk for every output token, text or not (``return_token_ids``)."""
         self._formatter = formatter
         self._with_logprobs = with_logprobs
         self._echo = echo
@@ -248,6 +250,7 @@ class CompletionShaper:
         self._drop_output = drop_output
         self._prompt_logprobs = prompt_logprobs
         self._prompts = prompts or []
+        self._every_token = every_token
         # Per choice while streaming: its text_offset tracker (present once its first chunk was made).
         self._trackers: dict[int, TextOffsets] = {}
         self.counts_completion = not drop_output
@@ -288,7 +291,8 @@ class CompletionShaper:
         pieces = self._pieces(index, [event], with_prompt=first)
         text = "".join(piece_text for piece_text, _, _ in pieces)
         has_tokens = any(group for _, group, _ in pieces)
-        if not text and event.finish_reason is None and not (self._with_logprobs and has_tokens):
+        if not text and event.finish_reason is None and not ((self._with_logprobs or self._every_token)
+                                                                and has_tokens):
             return []
         return [{"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
                  "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
@@ -309,6 +313,10 @@ class CompletionShaper:
         """Top-level response fields besides the choices (none for completions)."""
         return {}
 
+    def chunk_fields(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """Top-level fields of the stream chunk carrying ``choice``, besides its header (none here)."""
+        return {}
+
 
 class ChatShaper:
     """Choice objects of ``/v1/chat/completions`` responses and ``chat.completion.chunk`` chunks."""
@@ -321,13 +329,15 @@ class ChatShaper:
 
     def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
                  prompt_logprobs: int | None = None, prompt_ids: list[int] | None = None,
-                 echo: str | None = None) -> None:
-        """``echo`` is the text vLLM's chat ``echo`` puts before every choice's content (None: no echo)."""
+                 echo: str | None = None, every_token: bool = False) -> None:
+        """``echo`` is the text vLLM's chat ``echo`` puts before every choice's content (None: no echo);
+        ``every_token`` streams a chunk for every output token, text or not (``return_token_ids``)."""
         self._formatter = formatter
         self._with_logprobs = with_logprobs
         self._prompt_logprobs = prompt_logprobs
         self._prompt_ids = prompt_ids or []
         self._echo = echo
+        self._every_token = every_token
 
     def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
         """vLLM puts chat's ``prompt_logprobs`` at the top level of the response."""
@@ -335,6 +345,10 @@ class ChatShaper:
             return {}
         return {"prompt_logprobs": self._formatter.vllm_prompt_logprobs(
             self._prompt_ids, collected[0][0], self._prompt_logprobs)}
+
+    def chunk_fields(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """Top-level fields of the stream chunk carrying ``choice``, besides its header (none here)."""
+        return {}
 
     def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
         """The chunks before any token: every choice's role, then (echo) every choice's echoed text.
@@ -350,7 +364,8 @@ class ChatShaper:
 
     def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
         """The chunk choices for one token (one chunk each); none for a token that adds nothing to send."""
-        if not event.text and event.finish_reason is None and not self._with_logprobs:
+        if not event.text and event.finish_reason is None and not self._with_logprobs \
+                and not (self._every_token and event.token_id >= 0):
             return []
         logprobs = self._formatter.chat([event]) if self._with_logprobs else None
         return [{"index": index, "delta": {"content": event.text}, "logprobs": logprobs,

@@ -71,7 +71,8 @@ class ToolChatShaper(ChatShaper):
                 delta["content"] = delta.get("content", "")
         if delta.get("content") is not None:
             self._content_sent.add(index)
-        if not delta and finish_reason is None and not self._with_logprobs:
+        if not delta and finish_reason is None and not self._with_logprobs \
+                and not (self._every_token and event.token_id >= 0):
             return []
         logprobs = self._formatter.chat([event]) if self._with_logprobs else None
         if finish_reason is not None and "tool_calls" in delta:
