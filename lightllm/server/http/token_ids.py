@@ -8,7 +8,7 @@ where they are.  Where the fields go follows vLLM 0.32's response models:
   tokens that chunk adds: concatenated over a stream they equal the whole response's list.
 * ``prompt_token_ids`` is on each choice for completions (each prompt of a batch has its own) and
   at the top level for chat (one prompt per request).  A stream sends it once per choice: on the
-  choice's first chunk (completions) or at the top level of its role chunk (chat).
+  choice's first chunk (completions, ``null`` on its later ones as in vLLM) or at the top level of its role chunk (chat).
 
 The ids are those generated, as the model rank sampled them: the tokens whose text a stop string
 trimmed (or held back while a stop string could still begin) are included, and so is the stop
@@ -67,8 +67,9 @@ class TokenIdShaper:
         (a tool-call answer's separate finish chunk) an empty list."""
         choices = self._inner.stream_choices(index, event)
         for position, choice in enumerate(choices):
-            if self._prompt_in_choice and index not in self._prompt_sent:
-                choice["prompt_token_ids"] = self._prompt_ids(index)
+            if self._prompt_in_choice:
+                # vLLM sends the key on every completions chunk: null after the choice's first.
+                choice["prompt_token_ids"] = None if index in self._prompt_sent else self._prompt_ids(index)
                 self._prompt_sent.add(index)
             choice["token_ids"] = self._generated([event]) if position == 0 else []
         return choices

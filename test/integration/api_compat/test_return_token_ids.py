@@ -40,7 +40,7 @@ def test_completion_ids_are_the_prompt_and_the_text(tiny_server, tokenizer):
     chunks = _stream(tiny_server, "/v1/completions", {**GREEDY, "prompt": PROMPT})
     choices = [chunk["choices"][0] for chunk in chunks if chunk["choices"]]
     assert choices[0]["prompt_token_ids"] == prompt_ids
-    assert all("prompt_token_ids" not in streamed for streamed in choices[1:])
+    assert all(streamed["prompt_token_ids"] is None for streamed in choices[1:])
     assert [token for streamed in choices for token in streamed["token_ids"]] == output_ids
     assert "".join(streamed["text"] for streamed in choices) == choice["text"]
 
