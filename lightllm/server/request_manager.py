@@ -123,6 +123,10 @@ class RequestManager(Protocol):
     def metrics_text(self) -> Tuple[bytes, str]:
         """Prometheus exposition and its content type."""
 
+    def on_request_params(self, n: int, prompts: int = 1) -> None:
+        """An API request's generations started: ``n`` choices for each of its ``prompts`` prompts
+        (the metrics observe ``n`` once per prompt, vLLM's ``request_params_n``)."""
+
 
 @runtime_checkable
 class SupervisedRequestManager(RequestManager, Protocol):

@@ -324,3 +324,54 @@ def test_n_choices_count_their_prompt_once_per_choice(tiny_server):
     assert 0 <= delta("vllm:prefix_cache_hits_total") <= prompts
     assert delta("vllm:generation_tokens_total") == 3 * 2 + 2 * 2
     assert delta("vllm:request_success_total", finished_reason="length") == 5
+
+
+def test_request_params_n_and_iteration_tokens_count_a_known_request_mix(tiny_server):
+    """vLLM's request_params_n gets one observation of n per prompt; iteration_tokens_total one
+    observation per engine step, of the tokens its forwards took in."""
+    model = {"model_name": tiny_server.model_name}
+    tiny_server.wait_idle()
+    _, before = _scrape(tiny_server.url)
+    # One request alone: a prefill step, then one decode step per further token.
+    single = httpx.post(f"{tiny_server.url}/v1/completions", timeout=60, json={
+        "model": tiny_server.model_name, "prompt": "a lone request for the step histogram", "max_tokens": 4,
+        "temperature": 0, "ignore_eos": True}).json()
+    tiny_server.wait_idle()
+    _, alone = _scrape(tiny_server.url)
+
+    def delta(name: str, start: list, end: list, **labels: str) -> float:
+        return _total(end, name, **model, **labels) - _total(start, name, **model, **labels)
+
+    computed = single["usage"]["prompt_tokens"] - delta("vllm:prefix_cache_hits_total", before, alone)
+    assert single["usage"]["completion_tokens"] == 4
+    assert delta("vllm:iteration_tokens_total_count", before, alone) == 4
+    assert delta("vllm:iteration_tokens_total_sum", before, alone) == computed + 3
+    assert delta("vllm:iteration_tokens_total_bucket", before, alone, le="1.0") == 3
+    assert delta("vllm:request_params_n_count", before, alone) == 1
+    assert delta("vllm:request_params_n_bucket", before, alone, le="1.0") == 1
+    # Two prompts with n=2, a chat with n=1, /generate with n=3.
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused")
+    kwargs = dict(model=tiny_server.model_name, max_tokens=3, extra_body={"ignore_eos": True})
+    out = client.completions.create(prompt=["first of two", "second of two"], n=2, temperature=0.8, seed=3, **kwargs)
+    assert len(out.choices) == 4
+    client.chat.completions.create(messages=[{"role": "user", "content": "one choice"}], temperature=0, **kwargs)
+    native = httpx.post(f"{tiny_server.url}/generate", timeout=60, json={
+        "inputs": "three choices", "parameters": {"n": 3, "max_new_tokens": 3, "ignore_eos": True}}).json()
+    assert len(native["generated_text"]) == 3
+    tiny_server.wait_idle()
+    _, after = _scrape(tiny_server.url)
+    assert delta("vllm:request_params_n_count", alone, after) == 4
+    assert delta("vllm:request_params_n_sum", alone, after) == 2 + 2 + 1 + 3
+    for bound, count in (("1.0", 1), ("2.0", 3), ("5.0", 4), ("20.0", 4), ("+Inf", 4)):
+        assert delta("vllm:request_params_n_bucket", alone, after, le=bound) == count, bound
+    assert delta("lightllm_request_params_n_count", alone, after) == 4
+    # Every token a forward took in is in one step: each generation's uncached prompt tokens and
+    # every generated token but its last (nothing was paused, so nothing was computed twice).
+    generations = sum(delta("vllm:request_success_total", alone, after, finished_reason=r) for r in ("stop", "length"))
+    assert generations == 4 + 1 + 3
+    fed = (delta("vllm:prompt_tokens_total", alone, after) - delta("vllm:prefix_cache_hits_total", alone, after)
+           + delta("vllm:generation_tokens_total", alone, after) - generations)
+    assert delta("vllm:num_preemptions_total", alone, after) == 0
+    assert delta("vllm:iteration_tokens_total_sum", alone, after) == fed
+    steps = delta("lightllm_backend_steps_total", alone, after)
+    assert 0 < delta("vllm:iteration_tokens_total_count", alone, after) <= steps

@@ -90,6 +90,8 @@ class FakeManager:
         self.failure: str | None = None
         self.healthy = True
         self.calls: list[GenerateCall] = []
+        # (n, prompts) of every on_request_params call: the requests whose generations started.
+        self.request_params: list[tuple[int, int]] = []
         self.chat_messages: list[list[dict[str, Any]]] = []
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
@@ -118,6 +120,9 @@ class FakeManager:
 
     def metrics_text(self) -> tuple[bytes, str]:
         return b"lightllm_requests_total 3\n", "text/plain; version=0.0.4; charset=utf-8"
+
+    def on_request_params(self, n: int, prompts: int = 1) -> None:
+        self.request_params.append((n, prompts))
 
     def default_max_new_tokens(self, prompt_len: int, fallback: int | None = None) -> int:
         return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)

@@ -162,6 +162,7 @@ class NativeEndpoints:
         jobs = choice_jobs(0, prompt_ids, params, parameters.candidates)
         fanout = GenerationFanout(self.manager, jobs, high_priority=body.high_priority_request, request=request)
         await fanout.start()
+        self.manager.on_request_params(parameters.n)  # accepted: vLLM's request_params_n
         return body, fanout, jobs
 
     async def _prompt_ids(self, body: NativeGenerateRequest) -> list[int]:

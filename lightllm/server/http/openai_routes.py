@@ -310,6 +310,8 @@ class OpenAIEndpoints:
             logger.info("request %s: %d generation(s)", response_id, len(jobs))
         fanout = GenerationFanout(self.manager, jobs, request=request)
         await fanout.start()
+        # Accepted: its n, once per prompt (vLLM's request_params_n).
+        self.manager.on_request_params(body.n, len({job.prompt_index for job in jobs}))
         header = {"id": response_id, "object": shaper.object_name,
                   "created": int(time.time()), "model": model}
         # The response's id as OpenAI's request-id header (the SDKs expose it as ``request_id``).

@@ -294,6 +294,10 @@ class HttpServerManager:
         """Whether the server accepts requests."""
         return self._gate.open and self._receiver is not None and not self._receiver.done()
 
+    def on_request_params(self, n: int, prompts: int = 1) -> None:
+        """An API request's generations started (see :meth:`RequestManager.on_request_params`)."""
+        self.metrics.on_request_params(n, prompts)
+
     def metrics_text(self) -> tuple[bytes, str]:
         """Prometheus exposition of this server's metrics."""
         return self.metrics.render()

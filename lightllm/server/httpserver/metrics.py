@@ -17,11 +17,14 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from lightllm.server.core.objs.finish_status import FINISH_REASON_NAMES
+from lightllm.server.core.objs.iteration_tokens_histogram import ITERATION_TOKEN_FIELDS, iteration_tokens_family
 from lightllm.server.core.objs.prefill_wait_histogram import PREFILL_WAIT_FIELDS, histogram_families
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.httpserver.request_counting import RequestCounting
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# vLLM's bounds for its histogram of the ``n`` request parameter.
+N_BUCKETS = (1, 2, 5, 10, 20)
 
 # Our family -> the vLLM families that carry the same data.  vLLM still exports
 # ``time_per_output_token_seconds`` as the old name of ``inter_token_latency_seconds``, and its
@@ -49,6 +52,8 @@ VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_request_inference_seconds": ("vllm:request_inference_time_seconds",),
     # vLLM exports the requested completion length under both names.
     "lightllm_request_max_new_tokens": ("vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"),
+    "lightllm_request_params_n": ("vllm:request_params_n",),
+    "lightllm_iteration_tokens": ("vllm:iteration_tokens_total",),
 }
 # vLLM's engine index: a server here is one engine.
 VLLM_ENGINE = "0"
@@ -65,7 +70,8 @@ _STEP_PHASE_FIELDS = {
 _COUNTER_FIELDS = ("backend_steps", "processed_prefill_tokens", "preemptions")
 
 # Snapshot fields that are not exported as live gauges (histograms and counters instead).
-_NOT_GAUGES = frozenset(PREFILL_WAIT_FIELDS) | frozenset(_COUNTER_FIELDS) | frozenset(_STEP_PHASE_FIELDS)
+_NOT_GAUGES = (frozenset(PREFILL_WAIT_FIELDS) | frozenset(ITERATION_TOKEN_FIELDS) | frozenset(_COUNTER_FIELDS)
+               | frozenset(_STEP_PHASE_FIELDS))
 
 _COUNTER_DOCS = {
     "backend_steps": "Backend steps run",
@@ -105,6 +111,7 @@ class _SharedStatsCollector:
             snapshot["waiting_requests"] += paused
         labels = ["strategy"]
         yield from histogram_families(snapshot, self.strategy)
+        yield from iteration_tokens_family(snapshot, self.strategy)
         for name, value in snapshot.items():
             if name in _NOT_GAUGES:
                 continue  # exposed as histograms above or as counters below
@@ -208,6 +215,10 @@ class ServerMetrics:
         self.request_max_new_tokens = Histogram(
             "lightllm_request_max_new_tokens", "Most tokens a request may generate (its max_tokens)", labels, buckets=lengths,
             registry=measured)
+        # Once per prompt of an accepted API request (its choices share it), as vLLM observes it
+        # once per request whatever its n.
+        self.request_params_n = Histogram("lightllm_request_params_n", "The n parameter of each request (choices asked per prompt)",
+                                          labels, buckets=N_BUCKETS, registry=measured)
         self.request_decode = Histogram(
             "lightllm_request_decode_seconds", "Time from a request's first token to its end", labels, buckets=_LATENCY_BUCKETS, registry=measured
         )
@@ -252,6 +263,7 @@ class ServerMetrics:
         self._request_generation = self.request_generation.labels(strategy)
         self._request_max_new_tokens = self.request_max_new_tokens.labels(strategy)
         self._request_decode = self.request_decode.labels(strategy)
+        self._request_params_n = self.request_params_n.labels(strategy)
         self._request_tpot = self.request_tpot.labels(strategy)
         if self._scheduled:
             self._request_queue = self.request_queue.labels(strategy)
@@ -269,6 +281,12 @@ class ServerMetrics:
             self._prompt.inc(prompt_tokens)
             if reads_cache:
                 self._cache_queries.inc(prompt_tokens)
+
+    def on_request_params(self, n: int, prompts: int = 1) -> None:
+        """An API request asking ``n`` choices for each of its ``prompts`` prompts was accepted
+        (its generations started): one observation of ``n`` per prompt."""
+        for _ in range(prompts):
+            self._request_params_n.observe(n)
 
     def on_first_token(
         self, seconds: float, cached_tokens: int, counting: RequestCounting = RequestCounting.FULL,

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from typing import Any, Dict, List, Tuple
 
+from lightllm.server.core.objs.iteration_tokens_histogram import IterationTokenCounts
 from lightllm.server.core.objs.io_messages import RequestsReleased, StepOutput
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
@@ -60,6 +61,9 @@ class StepPublisher:
         self.to_router = to_router
         self.steps = 0
         self.preemptions = 0  # requests paused for KV, cumulative (vLLM's preemptions)
+        # Tokens per step that ran a forward (vLLM's iteration_tokens_total); rank 0 alone
+        # publishes, so a TP group counts each step once.
+        self.iteration_tokens = IterationTokenCounts()
         # Messages for the HTTP process raised since the last StepOutput (see the module docstring).
         self._notices: List[Any] = []
 
@@ -83,6 +87,8 @@ class StepPublisher:
         started = time.perf_counter()
         self.steps += 1
         self.preemptions += len(report.paused)
+        if report.forward_token_num > 0:
+            self.iteration_tokens.observe(report.forward_token_num)
         self._stamp_first_scheduled(report)
         for req in report.prompt_cache_grown:  # before the first token, which reports it
             self.shm.set_prompt_cache_len(req.shm_index, req.request_id, req.prompt_cache_len)
@@ -173,4 +179,6 @@ class StepPublisher:
         stats.set("processed_prefill_tokens", self.backend.counter.value)
         stats.set("backend_steps", self.steps)
         for name, value in self.wait_tracker.fields().items():
+            stats.set(name, value)
+        for name, value in self.iteration_tokens.fields().items():
             stats.set(name, value)

@@ -136,8 +136,11 @@ def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> 
     outputs: Dict[int, List[int]] = {}
     handed: Dict[int, InferReq] = {}
     free_before = prefill.kv.allocatable_token_num()
+    # Tokens the steps' forwards took in (iteration_tokens_total), per node.
+    prefill_forward_tokens = decode_forward_tokens = 0
     while prefill.has_work:
         report = prefill.step()
+        prefill_forward_tokens += report.forward_token_num
         assert report.decode_batch_size == 0  # a prefill node never decodes
         for req in report.handoffs:
             assert req.state is ReqState.TRANSFERRING and len(req.output_ids) == 1
@@ -156,9 +159,15 @@ def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> 
     # Released into the prefix cache: everything is allocatable again.
     assert prefill.kv.allocatable_token_num() == free_before
     while decode.has_work:
-        for req, status in decode.step().finished:
+        report = decode.step()
+        decode_forward_tokens += report.forward_token_num
+        for req, status in report.finished:
             assert status == FINISH_LENGTH
             outputs[req.request_id] = list(req.output_ids)
+    # The prefill node computed each prompt once; the decode node fed every token but the last,
+    # and not the first token's prompt (it came with the KV).
+    assert prefill_forward_tokens == sum(len(p) for p in prompts)
+    assert decode_forward_tokens == len(prompts) * (max_new - 1)
     assert [outputs[i] for i in range(len(prompts))] == expected
 
 

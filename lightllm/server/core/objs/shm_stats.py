@@ -11,6 +11,7 @@ from typing import Dict
 
 import numpy as np
 
+from lightllm.server.core.objs.iteration_tokens_histogram import ITERATION_TOKEN_FIELDS
 from lightllm.server.core.objs.prefill_wait_histogram import PREFILL_WAIT_FIELDS
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
 
@@ -31,7 +32,7 @@ STAT_FIELDS = (
     "step_sample_us",  # rank 0, cumulative: sampling and finish checks
     "step_publish_us",  # rank 0, cumulative: shared-memory writes and messages
     "preemptions",  # rank 0, cumulative: requests paused to free KV cache
-) + PREFILL_WAIT_FIELDS  # rank 0: prefill waits (see prefill_wait_histogram.py)
+) + PREFILL_WAIT_FIELDS + ITERATION_TOKEN_FIELDS  # rank 0: prefill waits, tokens per step (histograms)
 
 
 class ShmStats(SharedArraySegment):

@@ -273,6 +273,7 @@ class StepEngine:
         chunks = [*decode_rows, *plan.prefill_chunks]
         self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
         report.prefill_token_num = submit_prefill(plan, self.counter)
+        report.forward_token_num += sum(chunk.token_num for chunk in chunks)
         self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
         result = self.executor.prefill(chunks)
         self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
@@ -281,6 +282,7 @@ class StepEngine:
         """One token for each decode request."""
         self.kv.reserve_many([(req, 1) for req in reqs])
         report.decode_batch_size = len(reqs)
+        report.forward_token_num += len(reqs)
         result = self.executor.decode(reqs)
         self.take_results(result, [(req, req.cur_kv_len + 1) for req in reqs], report)
 

@@ -33,6 +33,9 @@ class StepReport:
             admission order, then the prefill ones in the strategy's order.
         plan: the planner's selection (None when nothing was ready).
         prefill_token_num / decode_batch_size: work submitted.
+        forward_token_num: tokens the step's forwards took in: every prefill-chunk token plus one
+            per decode row (a mixed batch's decode rows once), what vLLM's
+            ``iteration_tokens_total`` histograms per step.
         schedule_seconds / forward_seconds / post_seconds: time per phase (forward time is
             virtual in the simulator).
     """
@@ -49,6 +52,7 @@ class StepReport:
     plan: Optional[StepPlan] = None
     prefill_token_num: int = 0
     decode_batch_size: int = 0
+    forward_token_num: int = 0
     schedule_seconds: float = 0.0
     forward_seconds: float = 0.0
     post_seconds: float = 0.0

@@ -193,6 +193,11 @@ class PdMasterManager:
         """Requests are accepted: a prefill and a decode node are alive and the master is not stopping."""
         return self._gate.open and self.registry.ready
 
+    def on_request_params(self, n: int, prompts: int = 1) -> None:
+        """An API request's generations started: the master, which the client sends it to, observes
+        its ``n`` (the nodes see single generations)."""
+        self.metrics.requests.on_request_params(n, prompts)
+
     def metrics_text(self) -> Tuple[bytes, str]:
         """Prometheus exposition of the master's metrics."""
         return self.metrics.render()
