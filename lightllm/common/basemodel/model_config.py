@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from lightllm.common.basemodel.architecture_defaults import ArchitectureDefaults, architecture_defaults
+from lightllm.common.basemodel.config_values import config_flag, config_float, config_integer
 from lightllm.common.basemodel.generation_defaults import (GENERATION_CONFIG_FILE, GenerationDefaultsError,
                                                           read_generation_config)
 from lightllm.common.basemodel.model_config_error import ModelConfigError
@@ -182,8 +183,12 @@ class ModelConfig:
                 raise ModelConfigError(f"config.json lacks required key {key!r}")
             return raw[key]
 
-        heads = int(need("num_attention_heads"))
-        hidden = int(need("hidden_size"))
+        def need_size(key: str) -> int:
+            need(key)
+            return config_integer(raw, key)
+
+        heads = need_size("num_attention_heads")
+        hidden = need_size("hidden_size")
         model_type = str(need("model_type"))
         defaults = architecture_defaults(model_type)
         defaulted: Dict[str, str] = {}
@@ -193,11 +198,14 @@ class ModelConfig:
             note = f" ({defaulted['num_key_value_heads']})" if "num_key_value_heads" in defaulted else ""
             raise ModelConfigError(
                 f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}{note}")
-        num_layers = int(need("num_hidden_layers"))
+        num_layers = need_size("num_hidden_layers")
         _refuse_unservable(raw)
-        if not raw.get("max_position_embeddings"):
-            defaulted["max_position_embeddings"] = defaults.describe("max_position_embeddings",
-                                                                     defaults.max_position_embeddings)
+        if "max_position_embeddings" in raw:
+            # Null too is refused: transformers' config class refuses it.
+            max_positions = config_integer(raw, "max_position_embeddings")
+        else:
+            max_positions = defaults.max_position_embeddings
+            defaulted["max_position_embeddings"] = defaults.describe("max_position_embeddings", max_positions)
         hidden_act = str(raw.get("hidden_act") or defaults.hidden_act)
         if hidden_act not in SUPPORTED_HIDDEN_ACTS:
             raise ModelConfigError(
@@ -207,19 +215,20 @@ class ModelConfig:
             raise ModelConfigError("mlp_bias is true: biases on the MLP projections are not supported")
         return cls(
             model_type=model_type,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=need_size("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=need_size("intermediate_size"),
             num_hidden_layers=num_layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            max_position_embeddings=int(raw.get("max_position_embeddings") or defaults.max_position_embeddings),
-            rms_norm_eps=float(raw.get("rms_norm_eps") or defaults.rms_norm_eps),
+            max_position_embeddings=max_positions,
+            # 0.0 is used as written, as transformers uses it (not replaced by the default).
+            rms_norm_eps=config_float(raw, "rms_norm_eps", defaults.rms_norm_eps, integers=False),
             rope=read_rope(raw, defaults.rope_theta),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", defaults.tie_word_embeddings)),
+            tie_word_embeddings=config_flag(raw, "tie_word_embeddings", defaults.tie_word_embeddings),
             # Qwen2's q/k/v biases come with the architecture (Qwen2Model), not with this key.
-            attention_bias=bool(raw.get("attention_bias", defaults.attention_bias)),
+            attention_bias=config_flag(raw, "attention_bias", defaults.attention_bias),
             hidden_act=hidden_act,
             dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
@@ -237,7 +246,7 @@ def _kv_heads(raw: Dict[str, Any], defaults: ArchitectureDefaults, heads: int, d
     ``num_attention_heads``); null, every one of the four derives ``num_attention_heads``.
     """
     if "num_key_value_heads" in raw:
-        return int(raw["num_key_value_heads"] or heads)
+        return heads if raw["num_key_value_heads"] is None else config_integer(raw, "num_key_value_heads")
     kv_heads = heads if defaults.num_key_value_heads is None else defaults.num_key_value_heads
     defaulted["num_key_value_heads"] = defaults.describe("num_key_value_heads", kv_heads)
     return kv_heads
@@ -247,8 +256,8 @@ def _head_dim(raw: Dict[str, Any], defaults: ArchitectureDefaults, hidden: int, 
               defaulted: Dict[str, str]) -> int:
     """``head_dim`` as transformers reads it: Qwen3 fixes 128 (noted in ``defaulted``), the others
     derive it.  Null derives it too (Qwen3's config class refuses null)."""
-    if raw.get("head_dim"):
-        return int(raw["head_dim"])
+    if raw.get("head_dim") is not None:
+        return config_integer(raw, "head_dim")
     if "head_dim" in raw or defaults.head_dim is None:
         # Not noted: hidden_size / num_attention_heads is what most configs mean by leaving it out.
         return hidden // heads
@@ -308,12 +317,14 @@ def _read_sliding_window(raw: Dict[str, Any], model_type: str, defaults: Archite
         sliding = True  # transformers' Mistral slides on every layer whatever layer_types says
     elif model_type in ("qwen2", "qwen3"):
         window = raw.get("sliding_window", defaults.sliding_window)
-        if not raw.get("use_sliding_window", defaults.use_sliding_window):
+        if not config_flag(raw, "use_sliding_window", defaults.use_sliding_window):
             return None
         if layer_types is not None:
             sliding = "sliding_attention" in layer_types
+        elif "max_window_layers" in raw:
+            sliding = config_integer(raw, "max_window_layers", minimum=0) < num_layers
         else:
-            sliding = int(raw.get("max_window_layers", defaults.max_window_layers)) < num_layers
+            sliding = defaults.max_window_layers < num_layers
     elif model_type == "llama":
         window = raw.get("sliding_window")
         # transformers' cache infers the layer kinds from the key when layer_types does not name them.

@@ -81,6 +81,9 @@ def read_rope(raw: Dict[str, Any], default_theta: float) -> RopeConfig:
     if scaling and raw.get("rope_parameters"):
         log.info("config.json has both rope_scaling and rope_parameters: rope_scaling is used, as transformers does")
     theta = params.get("rope_theta", raw.get("rope_theta", default_theta))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+        where = f"{source}.rope_theta" if "rope_theta" in params else "rope_theta"
+        raise ModelConfigError(f"config.json: {where} must be a positive number, got {theta!r}")
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelConfigError(
@@ -112,7 +115,12 @@ def read_rope(raw: Dict[str, Any], default_theta: float) -> RopeConfig:
             log.warning("config.json: %s.high_freq_factor (%g) is not above low_freq_factor (%g); transformers "
                         "warns too and computes it as given", source, numbers["high_freq_factor"],
                         numbers["low_freq_factor"])
-    partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) or 1.0)
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial is None:
+        partial = 1.0
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ModelConfigError(f"config.json: partial_rotary_factor must be a number in (0, 1], got {partial!r}")
+    partial = float(partial)
     if partial != 1.0:
         # These architectures rotate the whole head: transformers ignores the factor for the
         # default rope and cannot run the scaled ones with it (its tables then miss the head's width).
