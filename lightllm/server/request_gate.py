@@ -2,8 +2,9 @@
 
 Draining (a stop signal): requests that arrived before it may still start their generations
 (one being tokenized when the signal came is still in flight, see
-:mod:`lightllm.server.http.in_flight`); later ones get the refusal.  Closed (a failure): nothing
-starts any more.
+:mod:`lightllm.server.http.in_flight`), and so may a request the caller marks exempt (a PD node's
+continuation segment of a generation the cluster admitted earlier); later ones get the refusal.
+Closed (a failure, or the graceful period spent): nothing starts any more, exempt or not.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class RequestGate:
         self.refusal: Optional[ServerUnavailableError] = None
         # Requests admitted before this moment (time.monotonic()) may still start.
         self._admitted_until = float("-inf")
+        self._closed = False
 
     @property
     def open(self) -> bool:
@@ -38,8 +40,14 @@ class RequestGate:
         """Refuse every generation from now on, also of requests admitted earlier."""
         self.drain(message, code)
         self._admitted_until = float("-inf")
+        self._closed = True
 
-    def check(self, request: Any) -> None:
-        """Raise the refusal unless the gate is open or ``request`` (the client's connection) arrived before it."""
-        if self.refusal is not None and not admitted_before(request, self._admitted_until):
+    def check(self, request: Any, drain_exempt: bool = False) -> None:
+        """Raise the refusal unless the gate is open or ``request`` (the client's connection) arrived before it.
+
+        ``drain_exempt``: the request may start while the gate drains (not once it is closed).
+        """
+        if self.refusal is None or (drain_exempt and not self._closed):
+            return
+        if not admitted_before(request, self._admitted_until):
             raise self.refusal

@@ -42,7 +42,8 @@ class MasterUnderTest:
         check_master_flags(args)
         self.manager, self.registry = build_master(args)
         routers = [readiness_router(self.registry, refusal=self.manager.refusal),
-                   membership_router(self.registry, new_master_id(), node_details=self.manager.node_details)]
+                   membership_router(self.registry, new_master_id(), node_details=self.manager.node_details,
+                                     continuations=self.manager.continuations_pending)]
         self.server = ThreadServer(create_app(self.manager, HttpServerOptions.from_args(args), extra_routers=routers))
 
     @property

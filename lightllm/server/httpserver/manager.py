@@ -309,6 +309,7 @@ class HttpServerManager:
         request: Any = None,
         request_id: Optional[int] = None,
         slot_wait_seconds: Optional[float] = None,
+        drain_exempt: bool = False,
     ) -> AsyncIterator[GenerationEvent]:
         """Submit ``spec`` and yield one event per generated token (the last has finish_reason).
 
@@ -319,7 +320,8 @@ class HttpServerManager:
         the HTTP handlers never do.  The id (given, or this manager's next free one) is used
         unchanged by every process and in every event; a given id that is still in use raises
         ``DuplicateRequestIdError``.  ``slot_wait_seconds`` (None: --slot_wait_seconds) is how
-        long to wait for a free request slot.  Besides ``GenerationEvent`` values it yields the
+        long to wait for a free request slot.  ``drain_exempt`` lets the request start while the
+        server drains (a PD node's continuation segment), not once it refuses everything.  Besides ``GenerationEvent`` values it yields the
         items given to the request through :meth:`post` (none unless an inbox handler posts, as
         a PD node's service does with rank 0's notices).
         """
@@ -327,7 +329,7 @@ class HttpServerManager:
             raise ValueError(f"generate takes a RequestSpec, got {type(spec).__name__}")
         spec.check_fits(self.vocab_size, self.max_req_total_len)
         prompt_len = spec.prompt_len
-        self._gate.check(request)
+        self._gate.check(request, drain_exempt)
         request_id = self._claim_request_id(request_id)
         self._active_generations += 1
         # Counted here now, so a drain waiting for requests still being prepared sees no gap.

@@ -184,7 +184,8 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
 
     stop = StopOutsideServing()
     membership = membership_router(registry, new_master_id(), has_cluster_key=options.auth.cluster_key is not None,
-                                   node_details=manager.node_details)
+                                   node_details=manager.node_details,
+                                   continuations=manager.continuations_pending)
     routers = [readiness_router(registry, refusal=manager.refusal), membership]
     app = create_app(manager, options, extra_routers=routers)
     supervisor = Supervisor(manager, args.graceful_shutdown_seconds, app.state.preparing)

@@ -23,7 +23,10 @@ backend) plus:
 * draining: the first SIGTERM/SIGINT sets the node's state to ``"draining"`` and sends a
   heartbeat at once, so the master places nothing new here; new PD requests are answered busy
   while the held ones finish within ``--graceful_shutdown_seconds``, then the node exits as any
-  server does (:mod:`lightllm.server.launch.supervisor`).
+  server does (:mod:`lightllm.server.launch.supervisor`).  Continuation segments of generations
+  already streaming are still taken (the master sends them here only when no serving node of
+  the role is left), and the drain also waits until the master's heartbeat answer says none may
+  still come (``continuations_pending`` 0), within the same period.
 """
 
 from __future__ import annotations
@@ -199,6 +202,7 @@ class PdNodeRuntime:
         self._supervisor = supervisor
         if supervisor is not None:
             supervisor.add_stop_listener(self.start_draining)
+            supervisor.add_drain_hold(self.continuations_may_come)
         inner = app.router.lifespan_context
 
         @contextlib.asynccontextmanager
@@ -251,6 +255,10 @@ class PdNodeRuntime:
         log.info("%s: draining; telling the PD master", self.info.describe())
         if self.client is not None:
             self.client.beat_now()
+
+    def continuations_may_come(self) -> bool:
+        """The drain hold: the master may still send this draining node a continuation segment."""
+        return self.service.draining and self.client is not None and self.client.continuations_may_come()
 
     # --- the master client's callbacks (on the event loop) ---------------------------------------
     def master_lost(self, reason: str) -> None:

@@ -9,7 +9,9 @@ the loop with ``call_soon_threadsafe``.
 - A dead front door (its thread raised; :mod:`lightllm.server.http.front_door`): the same, since
   no connection can be accepted any more; it closed the listening sockets itself.
 - SIGTERM, SIGINT or SIGHUP: new requests get 503 at once, requests in flight may finish for up to
-  ``--graceful_shutdown_seconds``, the rest then fail with a 503 error; the exit code is 0.
+  ``--graceful_shutdown_seconds``, the rest then fail with a 503 error; the exit code is 0.  A
+  drain hold (:meth:`Supervisor.add_drain_hold`; a PD node's: continuation segments may still
+  come) keeps an idle server waiting too, within the same period.
   A second signal fails what is left at once.
 
 Either way uvicorn then waits at most :data:`CONNECTION_GRACE_SECONDS` for connections to
@@ -60,6 +62,24 @@ class Supervisor:
         self._drain: Optional[asyncio.Task] = None
         self._stopped_now = False
         self._stop_listeners: List[Callable[[], None]] = []
+        self._drain_holds: List[Callable[[], bool]] = []
+
+    def add_drain_hold(self, hold: Callable[[], bool]) -> None:
+        """A drain ends only once the manager is idle and ``hold()`` is False (within the graceful period).
+
+        ``hold`` is called on the event loop, often (it must be cheap); a request that starts while
+        it holds is waited for as well.
+        """
+        self._drain_holds.append(hold)
+
+    def _held(self) -> bool:
+        for hold in self._drain_holds:
+            try:
+                if hold():
+                    return True
+            except Exception:  # noqa: BLE001 - a broken hold must not keep the server from stopping
+                log.exception("drain hold failed")
+        return False
 
     def add_stop_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` on the event loop at the first stop signal, before new requests are refused."""
@@ -161,7 +181,14 @@ class Supervisor:
         deadline = time.monotonic() + seconds
         if self.preparing is not None and not await wait_until(lambda: self.preparing.idle, seconds):
             return False
-        return await self.manager.wait_until_idle(max(0.0, deadline - time.monotonic()))
+        while True:
+            if not await self.manager.wait_until_idle(max(0.0, deadline - time.monotonic())):
+                return False
+            if not self._held():
+                return True
+            # Held while idle: wait for the hold to end, then for what started meanwhile.
+            if not await wait_until(lambda: not self._held(), max(0.0, deadline - time.monotonic())):
+                return False
 
     def _stop_now(self, reason: str) -> None:
         self._stopped_now = True

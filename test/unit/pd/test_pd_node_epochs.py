@@ -62,7 +62,7 @@ class ScriptedHost:
         return True
 
     async def generate(self, spec: RequestSpec, *, request: Any = None, request_id: Optional[int] = None,
-                       slot_wait_seconds: Optional[float] = None):
+                       slot_wait_seconds: Optional[float] = None, drain_exempt: bool = False):
         assert request_id is not None
         self.submitted.append((request_id, spec))
         feed = self.feeds.setdefault(request_id, asyncio.Queue())

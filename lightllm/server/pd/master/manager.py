@@ -162,6 +162,19 @@ class PdMasterManager:
             "transfer_epochs": self.pairs.epochs_of(node_id) if self.pairs is not None else [],
         }
 
+    def continuations_pending(self, node_id: str) -> int:
+        """What a draining node's heartbeat answer says may still come to it (``continuations_pending``).
+
+        Continuation segments go to a draining node only while no serving node of its role is
+        left; then every generation in flight here may still need one, so the node's drain waits
+        for them (within its graceful period).  0 for a serving node or when a serving node of the
+        role takes them.
+        """
+        state = self.registry.state(node_id)
+        if state is None or state.serving or self.registry.serving(state.info.role):
+            return 0
+        return len(self._runs)
+
     def _on_node_dropped(self, info: NodeInfo, reason: str) -> None:
         failed = 0
         for run in list(self._runs.values()):

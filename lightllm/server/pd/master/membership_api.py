@@ -13,7 +13,10 @@ Endpoints of :func:`membership_router` (JSON in and out; errors in the project's
   :class:`~lightllm.server.pd.protocol.membership.NodeLoad` fields) and ``"state"``
   (``serving`` or ``draining``); a bad value is a 400 naming the field.  200 with the same body
   as a registration; 404 ``unknown_node`` when the master does not know the node (it was
-  dropped, or the master restarted): the node registers again.
+  dropped, or the master restarted): the node registers again.  Both answers carry
+  ``continuations_pending``: for a draining node, how many generations in flight may still send it
+  a continuation segment (while no serving node of its role is left; 0 otherwise), which its
+  drain waits for.
 * ``POST /pd/deregister`` -- body ``{"node_id": str}``: a draining node that stops leaves the
   live set at once.  200 ``{"node_id", "dropped": bool, "message"}``: ``dropped`` false (with the
   reason in ``message``) for a node the master does not know or that is not draining (a node
@@ -39,6 +42,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.errors import INVALID_REQUEST, NOT_FOUND, SERVICE_UNAVAILABLE, APIError, invalid_request
 from lightllm.server.pd.protocol.membership import (
+    CONTINUATIONS_PENDING_KEY,
     DEREGISTER_PATH,
     HEARTBEAT_PATH,
     LOAD_KEY,
@@ -55,6 +59,8 @@ from lightllm.server.pd.master.node_registry import NOT_READY_CODE, NodeRegistry
 
 # Per-node fields the master's request side adds to /pd/nodes (node id -> fields).
 NodeDetails = Callable[[str], Dict[str, Any]]
+# How many generations in flight may still send the node a continuation segment (node id -> count).
+PendingContinuations = Callable[[str], int]
 
 
 def _load_and_state(body: Dict[str, Any]) -> Tuple[Optional[NodeLoad], Optional[str]]:
@@ -110,13 +116,15 @@ def new_master_id() -> str:
 
 
 def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False,
-                      node_details: Optional[NodeDetails] = None) -> APIRouter:
+                      node_details: Optional[NodeDetails] = None,
+                      continuations: Optional[PendingContinuations] = None) -> APIRouter:
     """An APIRouter with the ``/pd/*`` membership endpoints over ``registry``.
 
     ``master_id`` (see :func:`new_master_id`) identifies this start of the master in every
     answer, so a node's log shows when it is talking to a restarted master.  ``has_cluster_key``
     tells the nodes whether the master sends a cluster key on its calls to them.
-    ``node_details`` adds the request side's fields to each node of ``GET /pd/nodes``.
+    ``node_details`` adds the request side's fields to each node of ``GET /pd/nodes``;
+    ``continuations`` gives a draining node's answers their ``continuations_pending``.
     """
     router = APIRouter()
 
@@ -127,6 +135,7 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
             "heartbeat_interval_s": registry.heartbeat_interval_s,
             "max_missed_heartbeats": registry.max_missed_heartbeats,
             "cluster_key": has_cluster_key,
+            CONTINUATIONS_PENDING_KEY: continuations(node_id) if continuations is not None else 0,
         }
 
     async def register(request: Request) -> Response:

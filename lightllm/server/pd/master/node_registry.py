@@ -18,7 +18,8 @@ Membership rules:
   empty and serving (older nodes).  Every load report bumps the node's ``load_version``, which
   lets the placement tell what it sent before a report (counted in it) from what it sent after.
 * The cluster is ready when at least one prefill and one decode node are alive and serving
-  (not draining): a draining node takes no new requests.
+  (not draining): a draining node takes no new requests (only continuation segments of
+  generations already streaming, when no serving node of its role is left: :meth:`NodeRegistry.draining`).
 
 Both numbers are constructor arguments; they will become the flags ``--pd_heartbeat_interval``
 and ``--pd_max_missed_heartbeats`` of :mod:`lightllm.server.launch.arg_parser` when the PD run modes are
@@ -291,6 +292,12 @@ class NodeRegistry:
         """Live ``role`` nodes that take new requests (not draining, no refused connection since their
         last heartbeat), sorted by node id."""
         return [info for info in self.alive(role) if self._nodes[info.node_id].serving]
+
+    def draining(self, role: str) -> List[NodeInfo]:
+        """Live ``role`` nodes that drain (and whose port did not refuse the master), sorted by node id:
+        they still take continuation segments of the generations admitted before."""
+        return [info for info in self.alive(role)
+                if self._nodes[info.node_id].state == STATE_DRAINING and self._nodes[info.node_id].refused_at is None]
 
     def missing(self) -> List[str]:
         """What keeps the cluster from being ready, e.g. ``["no decode node registered"]``."""

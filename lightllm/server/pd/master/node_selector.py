@@ -6,7 +6,9 @@ cannot know about those requests, and without them every request of a burst betw
 heartbeats would go to the same node.  A placement made before a report counts no more (the
 report includes it); one made after counts until it is released (the prefill node handed the
 KV off, the decode node's segment ended, or the request failed).  A node that has not reported
-yet counts as empty.  Nodes in state ``draining`` get nothing new.
+yet counts as empty.  Nodes in state ``draining`` get nothing new, except a continuation segment
+(its client is already streaming) when no serving node of the role is left: a draining node
+still takes those within its graceful period (``continuation=True``).
 
 Prefill (P): the fewest queued prefill tokens (``queued_prefill_tokens`` plus the prompt tokens
 placed since), with prefix affinity: a prompt of at least :data:`AFFINITY_PREFIX_TOKENS` tokens
@@ -130,18 +132,23 @@ class NodeSelector:
         self._tickets = itertools.count(1)
 
     # --- choosing -------------------------------------------------------------------------
-    def candidates(self, role: str, exclude: Collection[str] = ()) -> List[NodeInfo]:
-        """Serving ``role`` nodes not in ``exclude``, sorted by node id."""
-        return [info for info in self.registry.serving(role) if info.node_id not in exclude]
+    def candidates(self, role: str, exclude: Collection[str] = (), continuation: bool = False) -> List[NodeInfo]:
+        """Serving ``role`` nodes not in ``exclude``, sorted by node id; for a ``continuation``
+        segment, when none is left, the draining ones not in ``exclude``."""
+        nodes = [info for info in self.registry.serving(role) if info.node_id not in exclude]
+        if continuation and not nodes:
+            nodes = [info for info in self.registry.draining(role) if info.node_id not in exclude]
+        return nodes
 
     def pick(self, role: str, exclude: Collection[str] = (), prompt_ids: Optional[Sequence[int]] = None,
-             avoid: Collection[str] = ()) -> NodeInfo:
-        """The serving ``role`` node to use next, skipping node ids in ``exclude``.
+             avoid: Collection[str] = (), continuation: bool = False) -> NodeInfo:
+        """The serving ``role`` node to use next, skipping node ids in ``exclude`` (a draining one
+        for a ``continuation`` segment when no serving one is left, see :meth:`candidates`).
 
         ``prompt_ids`` (prefill) enables prefix affinity; ``avoid`` (decode) ranks those nodes
         last.  Raises ``ServerUnavailableError`` (code ``pd_not_ready``) when no node qualifies.
         """
-        nodes = self.candidates(role, exclude)
+        nodes = self.candidates(role, exclude, continuation)
         if not nodes:
             raise self._none_serving(role, exclude)
         turn = self._turn.get(role, 0)
@@ -162,12 +169,12 @@ class NodeSelector:
                                             estimates[info.node_id].running_requests))
 
     def place(self, role: str, prompt_ids: Sequence[int], kv_tokens: int, exclude: Collection[str] = (),
-              avoid: Collection[str] = ()) -> Placement:
+              avoid: Collection[str] = (), continuation: bool = False) -> Placement:
         """:meth:`pick` a node and :meth:`acquire` it for a request of ``prompt_ids``.
 
         ``kv_tokens``: the KV a decode node reserves for it (prompt plus tokens to generate).
         """
-        node = self.pick(role, exclude, prompt_ids if role == PREFILL else None, avoid)
+        node = self.pick(role, exclude, prompt_ids if role == PREFILL else None, avoid, continuation)
         if role == PREFILL:
             return self.acquire(node, prompt_tokens=len(prompt_ids))
         return self.acquire(node, kv_tokens=kv_tokens)

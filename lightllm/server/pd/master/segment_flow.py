@@ -156,7 +156,7 @@ class SegmentFlow:
                     raise
                 down[exc.role].add(exc.node_id)
                 role, failure, why = exc.role, exc, "left the cluster" if lost else "unusable"
-            if not self.selector.candidates(role, exclude=set(busy[role]) | down[role]):
+            if not self.selector.candidates(role, set(busy[role]) | down[role], segment.segment_index > 0):
                 if busy[role] and not isinstance(failure, NodeBusy):
                     # Some node of the role was only busy: the busy policy may wait for it.
                     raise next(reversed(busy[role].values()))
@@ -174,11 +174,14 @@ class SegmentFlow:
         try:
             kv_tokens = len(segment.prompt_ids) + segment.params.max_new_tokens
             # Both placements before the first await: concurrent requests see each other's.
+            # A continuation (its client is streaming) may go to a draining node when no serving one is left.
+            continuation = segment.segment_index > 0
             prefill = self.selector.place(PREFILL, segment.prompt_ids, kv_tokens,
-                                          exclude=set(busy[PREFILL]) | down[PREFILL])
+                                          exclude=set(busy[PREFILL]) | down[PREFILL], continuation=continuation)
             run.hold(PREFILL, prefill)
             decode = self.selector.place(DECODE, segment.prompt_ids, kv_tokens,
-                                         exclude=set(busy[DECODE]) | down[DECODE], avoid=avoid)
+                                         exclude=set(busy[DECODE]) | down[DECODE], avoid=avoid,
+                                         continuation=continuation)
             run.hold(DECODE, decode)
             prefill_node = self.selector.registry.get(prefill.node_id)
             decode_node = self.selector.registry.get(decode.node_id)

@@ -28,9 +28,10 @@ class PdNodeHost(Protocol):
 
     def generate(
         self, spec: RequestSpec, *, request: Any = None, request_id: Optional[int] = None,
-        slot_wait_seconds: Optional[float] = None,
+        slot_wait_seconds: Optional[float] = None, drain_exempt: bool = False,
     ) -> AsyncIterator[Any]:
-        """The request's events: ``GenerationEvent`` values and whatever was posted to it."""
+        """The request's events: ``GenerationEvent`` values and whatever was posted to it
+        (``drain_exempt``: it may start while the server drains, as a continuation segment)."""
 
     async def wait_request_id_free(self, request_id: int, timeout: float) -> bool:
         """Wait until ``request_id`` is no longer in use here; True if it is free."""

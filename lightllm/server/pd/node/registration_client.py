@@ -22,6 +22,11 @@ for that master (until it registers again, perhaps with an upgraded master) rath
 it.  :meth:`PdNodeClient.beat_now` sends the next heartbeat at once (a node that starts to
 drain tells the master without waiting for the interval), and ``stop(leave=True)`` deregisters
 a stopping node, so a drained node leaves the master's list at once.
+
+A draining node's answers carry ``continuations_pending``: how many generations in flight on the
+master may still send this node a continuation segment (0 once a serving node of its role takes
+them); :meth:`PdNodeClient.continuations_may_come` reads it, and while it is above 0 the client
+heartbeats every :data:`DRAIN_POLL_S` at most, so the drain ends soon after the last one.
 """
 
 from __future__ import annotations
@@ -44,9 +49,14 @@ from lightllm.server.pd.protocol.membership import (
     REGISTER_PATH,
     STATE_KEY,
     UNKNOWN_NODE_CODE,
+    CONTINUATIONS_PENDING_KEY,
+    STATE_DRAINING,
 )
 
 logger = logging.getLogger(__name__)
+
+# A draining node waiting for continuations the master may still send asks again this often.
+DRAIN_POLL_S = 0.25
 
 
 class NodeRegistrationRefused(RuntimeError):
@@ -163,6 +173,24 @@ class PdNodeClient:
         self._beat_owed = False
         self._task: Optional[asyncio.Task] = None
         self._http: Optional[httpx.AsyncClient] = None
+        # The state the last answered registration or heartbeat carried, and the master's
+        # count of generations that may still continue on this node (0 if it sent none).
+        self._state_sent: Optional[str] = None
+        self.answered_state: Optional[str] = None
+        self.continuations_pending = 0
+
+    def continuations_may_come(self) -> bool:
+        """Whether the master may still send this draining node a continuation segment.
+
+        True until the master answered a heartbeat that said the node drains with
+        ``continuations_pending`` 0; False once the master is lost (nothing would come) or the
+        client stopped.  A node that does not drain gets no such answer: call it while draining.
+        """
+        if self.master_lost or self._stop.is_set() or self.refusal is not None or not self.registered:
+            return False
+        if not self._report_on[HEARTBEAT_PATH]:
+            return False  # an older master: it learns no state, so it sends a draining node nothing
+        return self.answered_state != STATE_DRAINING or self.continuations_pending > 0
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -242,7 +270,10 @@ class PdNodeClient:
             if register_now:
                 await self._master_forgot()
                 continue
-            pause = self.heartbeat_interval_s - (time.monotonic() - beat_started)
+            interval = self.heartbeat_interval_s
+            if self._state_sent == STATE_DRAINING and self.continuations_pending > 0:
+                interval = min(interval, DRAIN_POLL_S)
+            pause = interval - (time.monotonic() - beat_started)
             try:
                 await asyncio.wait_for(self._wake.wait(), max(pause, 0.0))
             except asyncio.TimeoutError:
@@ -290,11 +321,13 @@ class PdNodeClient:
         """POST ``body`` plus the report fields; again without them if this master refuses them."""
         assert self._http is not None
         extra = self._report_fields(path)
+        self._state_sent = extra.get(STATE_KEY)
         response = await self._http.post(path, json={**body, **extra}, timeout=self.heartbeat_interval_s)
         if _refuses_report(response, extra):
             self._report_on[path] = False
             logger.warning("PD master %s does not take %s in %s (%s); leaving them out for this master",
                            self.master_url, ", ".join(sorted(extra)), path, _error_of(response)[0])
+            self._state_sent = None
             response = await self._http.post(path, json=body, timeout=self.heartbeat_interval_s)
         return response
 
@@ -350,6 +383,10 @@ class PdNodeClient:
     # --- master state ---------------------------------------------------------------------
     def _accepted(self, body: Dict[str, Any]) -> None:
         self._answered()
+        self.answered_state = self._state_sent
+        pending = body.get(CONTINUATIONS_PENDING_KEY)
+        # An older master sends none: it sends no continuation to a draining node either.
+        self.continuations_pending = pending if isinstance(pending, int) and not isinstance(pending, bool) else 0
         self.master_id = body.get("master_id")
         self.heartbeat_interval_s = float(body["heartbeat_interval_s"])
         if self._explicit_master_timeout is None:

@@ -19,8 +19,12 @@ request's own event stream.
   :class:`~lightllm.server.pd.protocol.node_events.PdNodeEvent` values (:func:`translate`).
   The request's epoch goes into its spec (``spec.pd.epoch``), so the ranks move its KV over
   that pair's handles.
-* :meth:`PdNodeService.start_draining` (the node got SIGTERM): new PD requests are answered
-  busy, naming the drain, while the ones already here finish.
+* :meth:`PdNodeService.start_draining` (the node got SIGTERM): new PD requests (first
+  segments) are answered busy, naming the drain, while the ones already here finish; a
+  continuation segment (``segment_index`` > 0: its client is already streaming) is still taken,
+  since the master sends one to a draining node only when no serving node of the role is left
+  (the node's drain waits for the master's word that none may still come, see
+  :mod:`lightllm.server.launch.pd_node`).
 * :attr:`PdNodeService.running_requests` and :attr:`PdNodeService.queued_prefill_tokens`: the
   node's share of the load its heartbeats report.
 
@@ -75,7 +79,8 @@ class PdNodeService:
     Attributes:
         epochs: the set-up transfer pairs, epoch -> why it broke (None while usable); a PD
             request runs only under an epoch in here that is not broken.
-        draining: set by :meth:`start_draining`; new PD requests are answered busy.
+        draining: set by :meth:`start_draining`; new PD requests are answered busy (continuation
+            segments are still taken).
 
     Args:
         host: the node's request manager (:class:`PdNodeHost`); the service registers its
@@ -146,11 +151,12 @@ class PdNodeService:
         return sorted(epoch for epoch, broken in self.epochs.items() if broken is None)
 
     def start_draining(self) -> None:
-        """Take no new PD requests from now on (they are answered busy); the held ones go on."""
+        """Take no new PD requests from now on (they are answered busy); the held ones go on, and
+        continuation segments of generations already streaming are still taken."""
         if not self.draining:
             self.draining = True
-            log.info("%s node draining: %d PD request(s) in flight, new ones are answered busy", self.role,
-                     self.running_requests)
+            log.info("%s node draining: %d PD request(s) in flight, new ones are answered busy (continuation "
+                     "segments are still taken)", self.role, self.running_requests)
 
     # --- lifecycle (on the server's event loop) --------------------------------------------------
     def start(self) -> None:
@@ -272,7 +278,7 @@ class PdNodeService:
 
         ``spec`` is the request as the node's wire body built it, its PD kind this node's role
         (``kv_start`` only on a prefill node); it runs with ``epoch`` as its ``spec.pd.epoch``.
-        A draining node answers "busy" at once; an epoch that is not set up here, or broken,
+        A draining node answers a first segment "busy" at once (a continuation segment runs); an epoch that is not set up here, or broken,
         is an "error" marked ``transfer_broken``.  Decode node: "reserved" (or "busy") first, then
         "token" events (the first is the prefill node's token, published here so the
         detokenizer has it), ending with a finish ("stop"/"length" on the last token),
@@ -281,7 +287,8 @@ class PdNodeService:
         frees its KV.  Bad arguments raise ``ValueError`` (or ``DuplicateRequestIdError``) when
         iteration starts, before any event.
         """
-        if self.draining:
+        continuation = isinstance(spec, RequestSpec) and spec.segment.segment_index > 0
+        if self.draining and not continuation:
             # Busy, not an error: the master places the request elsewhere (it learns the state
             # from the heartbeat too, but one may already be on its way).
             yield self._draining_busy(request_id)
@@ -309,7 +316,7 @@ class PdNodeService:
         # A prefill node's first event (its first token, or why there is none) ends the prefill.
         queued = 0 if decode else spec.prompt_len
         self._queued_prefill_tokens += queued
-        events = self._run(spec, request_id, request, decode)
+        events = self._run(spec, request_id, request, decode, continuation)
         try:
             async for event in events:
                 self._queued_prefill_tokens -= queued
@@ -325,13 +332,17 @@ class PdNodeService:
         return PdNodeEvent(BUSY, message=f"request {request_id}: this {self.role} node is draining "
                                          f"(shutting down) and takes no new requests")
 
-    async def _run(self, spec: RequestSpec, request_id: int, request: Any, decode: bool) -> AsyncIterator[PdNodeEvent]:
+    async def _run(self, spec: RequestSpec, request_id: int, request: Any, decode: bool,
+                   continuation: bool) -> AsyncIterator[PdNodeEvent]:
         # The previous segment of this request may still be releasing its slot here.
         await self.host.wait_request_id_free(request_id, SEGMENT_ID_REUSE_WAIT_S)
+        # A continuation's client is mid-answer: the server's drain lets it start (the drain waits
+        # for it, within its graceful period).
+        exempt = {"drain_exempt": True} if continuation else {}
         events = self.host.generate(
             spec, request=request, request_id=request_id,
             # A decode node answers busy at once when no request slot is free, never after a wait.
-            slot_wait_seconds=0.0 if decode else None,
+            slot_wait_seconds=0.0 if decode else None, **exempt,
         )
         notices: Dict[str, PdNotice] = {}
         first_token = True

@@ -38,8 +38,13 @@ TRANSFER_TEARDOWN_PATH = "/pd/node/transfer_teardown"
 LOAD_KEY = "load"
 STATE_KEY = "state"
 
+# The key of a registration/heartbeat answer to a draining node: how many generations in flight
+# on the master may still send it a continuation segment (0: none; its drain may end once idle).
+CONTINUATIONS_PENDING_KEY = "continuations_pending"
+
 # A node's state: "serving" takes new requests; "draining" (it got SIGTERM) finishes what it
-# holds and takes nothing new, so the master places nothing on it.
+# holds and takes no new request, so the master places nothing new on it (only continuation
+# segments of generations already streaming, when no serving node of its role is left).
 STATE_SERVING = "serving"
 STATE_DRAINING = "draining"
 NODE_STATES: Tuple[str, ...] = (STATE_SERVING, STATE_DRAINING)
