@@ -123,6 +123,7 @@ class GenerationFanout:
     async def _choice_items(self, slot: int) -> AsyncIterator[Any]:
         """One generation's items as :meth:`events` reads them: its events, then None at its end,
         or an exception (which ends the whole response)."""
+        event = None
         try:
             event = self._first[slot]
             while True:
@@ -138,7 +139,8 @@ class GenerationFanout:
                 event = await self._iterators[slot].__anext__()
         except StopAsyncIteration:
             # The manager stops without a finish event only when the client went away.
-            logger.info("generation for choice %d ended without a finish reason", self._jobs[slot].index)
+            logger.info("request %s: generation for choice %d ended without a finish reason (its client went away)",
+                        getattr(event, "request_id", "?"), self._jobs[slot].index)
         except Exception as exc:  # noqa: BLE001 - forwarded to the consumer, which reports it
             yield exc
             return

@@ -22,7 +22,14 @@ cap on open connections. :class:`GuardedH11Protocol` adds
 * a JSON body on uvicorn's own 400 for a malformed request, naming what h11 refused;
 * a send deadline (:class:`~lightllm.server.http.send_deadline.SendDeadline`): a connection whose
   client takes none of its answer for ``send_timeout`` seconds while uvicorn's writes are paused
-  is closed, which aborts a request still running on it.
+  is closed, which aborts a request still running on it;
+* no writes to a lost connection: once a send failed (the client reset the connection) asyncio
+  calls ``connection_lost`` only on the loop's next turn, and a response writing several chunks
+  in one turn (a PD master relaying a burst of a node's tokens) went on writing into the dead
+  transport, one ``socket.send() raised exception.`` warning (no request id) per write from the
+  fifth on.  The transport uvicorn sees drops such writes and marks the request's client
+  disconnected at once, so the application sees the disconnect (and aborts the request) as it
+  would after ``connection_lost``.
 
 The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
 """
@@ -76,6 +83,18 @@ class _GuardedTransport:
 
     def close(self) -> None:
         self._protocol.close_transport()
+
+    def write(self, data: Any) -> None:
+        if self._transport.is_closing():
+            self._protocol.client_lost_on_write()
+            return
+        self._transport.write(data)
+
+    def writelines(self, chunks: Any) -> None:
+        if self._transport.is_closing():
+            self._protocol.client_lost_on_write()
+            return
+        self._transport.writelines(chunks)
 
     def is_closing(self) -> bool:
         return self._protocol.lingering or self._transport.is_closing()
@@ -152,6 +171,15 @@ class GuardedH11Protocol(H11Protocol):
         if not self.lingering and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
             self._unset_keepalive_if_required()
             self._arm_head_timer()
+
+    def client_lost_on_write(self) -> None:
+        """A write found the transport closing (a send failed, or it was closed): the client is
+        gone for this response.  The cycle learns it now, as ``connection_lost`` will tell it on
+        the loop's next turn: its sends stop writing and its ``receive`` answers ``http.disconnect``."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not cycle.disconnected:
+            cycle.disconnected = True
+            cycle.message_event.set()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._lost = True
