@@ -63,6 +63,7 @@ class Supervisor:
         self._stopped_now = False
         self._stop_listeners: List[Callable[[], None]] = []
         self._drain_holds: List[Callable[[], bool]] = []
+        self._hold_failed = False
 
     def add_drain_hold(self, hold: Callable[[], bool]) -> None:
         """A drain ends only once the manager is idle and ``hold()`` is False (within the graceful period).
@@ -78,7 +79,9 @@ class Supervisor:
                 if hold():
                     return True
             except Exception:  # noqa: BLE001 - a broken hold must not keep the server from stopping
-                log.exception("drain hold failed")
+                if not self._hold_failed:  # polled: one traceback, not one per poll
+                    self._hold_failed = True
+                    log.exception("drain hold failed; it holds nothing")
         return False
 
     def add_stop_listener(self, listener: Callable[[], None]) -> None:

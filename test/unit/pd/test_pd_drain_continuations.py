@@ -165,3 +165,103 @@ def test_a_drain_hold_keeps_an_idle_server_until_it_clears() -> None:
         return seen
 
     assert asyncio.run(asyncio.wait_for(scenario(), 60)) == [False]
+
+
+# ---------------------------------------------------------------- review follow-ups
+
+
+def test_a_draining_prefill_node_gets_no_continuation_while_a_serving_one_exists_even_busy() -> None:
+    from pd_membership_support import FakeClock, node
+    from lightllm.server.pd.master.node_registry import NodeRegistry
+    from lightllm.server.pd.master.node_selector import NodeSelector
+
+    registry = NodeRegistry(clock=FakeClock())
+    registry.register(node("p0", "prefill", port=9500), node_state="draining")
+    registry.register(node("p1", "prefill", port=9510))
+    selector = NodeSelector(registry)
+    # p1 serves: the draining p0 was told no continuation comes (it may be gone), even while
+    # p1 is only busy (excluded for this attempt): the busy policy waits for p1 instead.
+    assert [info.node_id for info in selector.candidates("prefill", continuation=True)] == ["p1"]
+    assert selector.candidates("prefill", exclude={"p1"}, continuation=True) == []
+    # No prefill node serves any more: the draining one takes continuations, never new requests.
+    registry.heartbeat("p1", node_state="draining")
+    assert [info.node_id for info in selector.candidates("prefill", continuation=True)] == ["p0", "p1"]
+    assert selector.candidates("prefill") == []
+
+
+def _client() -> Any:
+    from pd_membership_support import node
+    from lightllm.server.pd.node.registration_client import PdNodeClient
+
+    client = PdNodeClient("http://127.0.0.1:1", node("p0", "prefill"), report=lambda: {"state": "draining"})
+    client.registered = True
+    return client
+
+
+def _answer(**extra: Any) -> Dict[str, Any]:
+    return {"master_id": "m", "heartbeat_interval_s": 2.0, "max_missed_heartbeats": 3, **extra}
+
+
+def test_the_node_client_waits_only_while_this_master_says_continuations_may_come() -> None:
+    client = _client()
+    assert client.continuations_may_come()  # the master has not heard of the drain yet
+    client.continuations.sent("draining")
+    client._accepted(_answer(continuations_pending=2))
+    assert client.continuations_may_come()
+    client._accepted(_answer(continuations_pending=0))
+    assert not client.continuations_may_come()
+    # An older master answers without the field: it sends a draining node nothing, so no wait.
+    client._accepted(_answer())
+    assert not client.continuations_may_come()
+    # A lost master sends nothing either.
+    client._accepted(_answer(continuations_pending=1))
+    client.master_lost = True
+    assert not client.continuations_may_come()
+
+
+def test_a_drain_hold_that_never_clears_ends_with_the_graceful_period() -> None:
+    import logging
+    import time
+
+    class Idle:
+        loop = None
+
+        def refuse_new_requests(self, message: str, code: str) -> None:
+            pass
+
+        def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
+            return 0
+
+        async def wait_until_idle(self, timeout: float) -> bool:
+            return True
+
+    failures: List[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "drain hold failed" in record.getMessage():
+                failures.append(record)
+
+    def broken() -> bool:
+        raise RuntimeError("broken hold")
+
+    async def scenario() -> float:
+        manager = Idle()
+        manager.loop = asyncio.get_running_loop()
+        supervisor = Supervisor(manager, graceful_shutdown_seconds=1)
+        supervisor.server = types.SimpleNamespace(should_exit=False)
+        supervisor.add_drain_hold(broken)
+        supervisor.add_drain_hold(lambda: True)  # the master keeps saying continuations may come
+        started = time.monotonic()
+        supervisor.stop_signal(15)
+        await until(lambda: supervisor.server.should_exit, "the graceful period to end the drain")
+        return time.monotonic() - started
+
+    handler = Collect()
+    logging.getLogger("lightllm").addHandler(handler)
+    try:
+        took = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        logging.getLogger("lightllm").removeHandler(handler)
+    assert 0.9 <= took < 10
+    assert len(failures) == 1  # polled many times, logged once

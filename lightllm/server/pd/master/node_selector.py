@@ -134,11 +134,16 @@ class NodeSelector:
     # --- choosing -------------------------------------------------------------------------
     def candidates(self, role: str, exclude: Collection[str] = (), continuation: bool = False) -> List[NodeInfo]:
         """Serving ``role`` nodes not in ``exclude``, sorted by node id; for a ``continuation``
-        segment, when none is left, the draining ones not in ``exclude``."""
-        nodes = [info for info in self.registry.serving(role) if info.node_id not in exclude]
-        if continuation and not nodes:
-            nodes = [info for info in self.registry.draining(role) if info.node_id not in exclude]
-        return nodes
+        segment, when no node of the role serves at all, the draining ones not in ``exclude``.
+
+        A serving node that is only excluded (it answered busy) keeps the draining ones out: the
+        master told them they wait for no continuation (``continuations_pending`` 0), so they
+        may be gone by now, and the busy policy waits for the serving one instead.
+        """
+        serving = self.registry.serving(role)
+        if continuation and not serving:
+            return [info for info in self.registry.draining(role) if info.node_id not in exclude]
+        return [info for info in serving if info.node_id not in exclude]
 
     def pick(self, role: str, exclude: Collection[str] = (), prompt_ids: Optional[Sequence[int]] = None,
              avoid: Collection[str] = (), continuation: bool = False) -> NodeInfo:
