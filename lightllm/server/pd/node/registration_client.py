@@ -23,10 +23,9 @@ it.  :meth:`PdNodeClient.beat_now` sends the next heartbeat at once (a node that
 drain tells the master without waiting for the interval), and ``stop(leave=True)`` deregisters
 a stopping node, so a drained node leaves the master's list at once.
 
-A draining node's answers carry ``continuations_pending``: how many generations in flight on the
-master may still send this node a continuation segment (0 once a serving node of its role takes
-them); :meth:`PdNodeClient.continuations_may_come` reads it, and while it is above 0 the client
-heartbeats every :data:`DRAIN_POLL_S` at most, so the drain ends soon after the last one.
+A draining node's answers carry ``continuations_pending``: whether the master may still send the
+node a continuation segment (:mod:`lightllm.server.pd.node.drain_continuations`);
+:meth:`PdNodeClient.continuations_may_come` reads it, and a draining node heartbeats more often.
 """
 
 from __future__ import annotations
@@ -45,56 +44,20 @@ from lightllm.server.pd.protocol.membership import (
     DEREGISTER_PATH,
     DEFAULT_MAX_MISSED_HEARTBEATS,
     HEARTBEAT_PATH,
-    LOAD_KEY,
     REGISTER_PATH,
     STATE_KEY,
     UNKNOWN_NODE_CODE,
-    CONTINUATIONS_PENDING_KEY,
-    STATE_DRAINING,
 )
+from lightllm.server.pd.node.drain_continuations import ContinuationsWatch
+# NodeRegistrationRefused is imported from here too (the client raises it).
+from lightllm.server.pd.node.master_answers import REPORT_FIELDS, NodeRegistrationRefused, error_of, refuses_report
 
 logger = logging.getLogger(__name__)
-
-# A draining node waiting for continuations the master may still send asks again this often.
-DRAIN_POLL_S = 0.25
-
-
-class NodeRegistrationRefused(RuntimeError):
-    """The master refused this node for good; ``code`` is the master's error code."""
-
-    def __init__(self, message: str, code: Optional[str]):
-        super().__init__(message)
-        self.code = code
 
 
 # How long a stopping node waits for the master to take its deregistration: the stop must not
 # hang on a master that does not answer (the silence rule drops the node then).
 DEREGISTER_TIMEOUT_S = 2.0
-
-# The fields ``report`` may add; a 400 naming one of them comes from a master that predates it.
-REPORT_FIELDS = (LOAD_KEY, STATE_KEY)
-
-
-def _error_of(response: httpx.Response) -> tuple[str, Optional[str]]:
-    """(message, code) of an error answer, tolerating a body that is not the project's shape."""
-    try:
-        error = response.json()["error"]
-        return str(error["message"]), error.get("code")
-    except Exception:  # noqa: BLE001 - a proxy's HTML error page is still an error
-        return f"HTTP {response.status_code}: {response.text[:200]}", None
-
-
-def _refuses_report(response: httpx.Response, sent: Mapping[str, Any]) -> bool:
-    """Whether the answer is a 400 about one of the report fields the body carried."""
-    if response.status_code != 400 or not sent:
-        return False
-    try:
-        param = response.json()["error"].get("param")
-    except Exception:  # noqa: BLE001 - not the project's error shape: not about our fields
-        return False
-    # "load" itself, or one of its fields ("load.free_kv_tokens") a master reads otherwise.
-    return isinstance(param, str) and param.split(".", 1)[0] in sent
-
 
 class PdNodeClient:
     """Keeps one node registered with the PD master and tells its owner about the master's state.
@@ -173,11 +136,8 @@ class PdNodeClient:
         self._beat_owed = False
         self._task: Optional[asyncio.Task] = None
         self._http: Optional[httpx.AsyncClient] = None
-        # The state the last answered registration or heartbeat carried, and the master's
-        # count of generations that may still continue on this node (0 if it sent none).
-        self._state_sent: Optional[str] = None
-        self.answered_state: Optional[str] = None
-        self.continuations_pending = 0
+        # What the master's answers said of continuation segments still to come (draining).
+        self.continuations = ContinuationsWatch()
 
     def continuations_may_come(self) -> bool:
         """Whether the master may still send this draining node a continuation segment.
@@ -190,7 +150,7 @@ class PdNodeClient:
             return False
         if not self._report_on[HEARTBEAT_PATH]:
             return False  # an older master: it learns no state, so it sends a draining node nothing
-        return self.answered_state != STATE_DRAINING or self.continuations_pending > 0
+        return self.continuations.may_come()
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -270,10 +230,7 @@ class PdNodeClient:
             if register_now:
                 await self._master_forgot()
                 continue
-            interval = self.heartbeat_interval_s
-            if self._state_sent == STATE_DRAINING and self.continuations_pending > 0:
-                interval = min(interval, DRAIN_POLL_S)
-            pause = interval - (time.monotonic() - beat_started)
+            pause = self.continuations.interval(self.heartbeat_interval_s) - (time.monotonic() - beat_started)
             try:
                 await asyncio.wait_for(self._wake.wait(), max(pause, 0.0))
             except asyncio.TimeoutError:
@@ -298,7 +255,7 @@ class PdNodeClient:
         if response.status_code != 200:
             # An older master has no such path (404): its silence rule drops the node instead.
             logger.info("%s: PD master %s did not take the deregistration (%s)", self.info.describe(),
-                        self.master_url, _error_of(response)[0])
+                        self.master_url, error_of(response)[0])
             return
         body = response.json()
         logger.info("%s: %s", self.info.describe(), body.get("message") if isinstance(body, dict) else body)
@@ -321,13 +278,13 @@ class PdNodeClient:
         """POST ``body`` plus the report fields; again without them if this master refuses them."""
         assert self._http is not None
         extra = self._report_fields(path)
-        self._state_sent = extra.get(STATE_KEY)
+        self.continuations.sent(extra.get(STATE_KEY))
         response = await self._http.post(path, json={**body, **extra}, timeout=self.heartbeat_interval_s)
-        if _refuses_report(response, extra):
+        if refuses_report(response, extra):
             self._report_on[path] = False
             logger.warning("PD master %s does not take %s in %s (%s); leaving them out for this master",
-                           self.master_url, ", ".join(sorted(extra)), path, _error_of(response)[0])
-            self._state_sent = None
+                           self.master_url, ", ".join(sorted(extra)), path, error_of(response)[0])
+            self.continuations.sent(None)
             response = await self._http.post(path, json=body, timeout=self.heartbeat_interval_s)
         return response
 
@@ -348,7 +305,7 @@ class PdNodeClient:
             logger.info("%s registered with PD master %s (master id %s)", self.info.describe(), self.master_url,
                         self.master_id)
             return
-        message, code = _error_of(response)
+        message, code = error_of(response)
         if response.status_code in (404, 405) and code in (None, "not_found", "method_not_allowed"):
             # Something answers there, but it has no registration endpoint: another server.
             message = (f"{self.master_url} is not a PD master (it has no {REGISTER_PATH}: {message}); point "
@@ -365,7 +322,7 @@ class PdNodeClient:
             self._accepted(response.json())
             self.heartbeats += 1
             return False
-        message, code = _error_of(response)
+        message, code = error_of(response)
         if response.status_code == 404 and code == UNKNOWN_NODE_CODE:
             # The master answered, so it is alive; it lost us (restart, or it dropped us).
             self._answered()
@@ -383,10 +340,7 @@ class PdNodeClient:
     # --- master state ---------------------------------------------------------------------
     def _accepted(self, body: Dict[str, Any]) -> None:
         self._answered()
-        self.answered_state = self._state_sent
-        pending = body.get(CONTINUATIONS_PENDING_KEY)
-        # An older master sends none: it sends no continuation to a draining node either.
-        self.continuations_pending = pending if isinstance(pending, int) and not isinstance(pending, bool) else 0
+        self.continuations.answered(body)
         self.master_id = body.get("master_id")
         self.heartbeat_interval_s = float(body["heartbeat_interval_s"])
         if self._explicit_master_timeout is None:
