@@ -136,23 +136,26 @@ def test_the_gate_lets_exempt_requests_start_while_draining_not_once_closed() ->
         pass
 
 
+class _IdleServer:
+    """A supervised server that is idle at once: only the drain hold can keep it up."""
+
+    loop = None
+
+    def refuse_new_requests(self, message: str, code: str) -> None:
+        pass
+
+    def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
+        return 0
+
+    async def wait_until_idle(self, timeout: float) -> bool:
+        return True
+
+
 def test_a_drain_hold_keeps_an_idle_server_until_it_clears() -> None:
-    class Idle:
-        loop = None
-
-        def refuse_new_requests(self, message: str, code: str) -> None:
-            pass
-
-        def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
-            return 0
-
-        async def wait_until_idle(self, timeout: float) -> bool:
-            return True
-
     held = {"on": True}
 
     async def scenario() -> List[bool]:
-        manager = Idle()
+        manager = _IdleServer()
         manager.loop = asyncio.get_running_loop()
         supervisor = Supervisor(manager, graceful_shutdown_seconds=30)
         supervisor.server = types.SimpleNamespace(should_exit=False)
@@ -223,18 +226,6 @@ def test_a_drain_hold_that_never_clears_ends_with_the_graceful_period() -> None:
     import logging
     import time
 
-    class Idle:
-        loop = None
-
-        def refuse_new_requests(self, message: str, code: str) -> None:
-            pass
-
-        def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
-            return 0
-
-        async def wait_until_idle(self, timeout: float) -> bool:
-            return True
-
     failures: List[logging.LogRecord] = []
 
     class Collect(logging.Handler):
@@ -246,7 +237,7 @@ def test_a_drain_hold_that_never_clears_ends_with_the_graceful_period() -> None:
         raise RuntimeError("broken hold")
 
     async def scenario() -> float:
-        manager = Idle()
+        manager = _IdleServer()
         manager.loop = asyncio.get_running_loop()
         supervisor = Supervisor(manager, graceful_shutdown_seconds=1)
         supervisor.server = types.SimpleNamespace(should_exit=False)
