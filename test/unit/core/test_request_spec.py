@@ -225,9 +225,10 @@ def test_a_pd_node_passes_the_wire_spec_whole_to_generate() -> None:
 
     decode = RequestSpec.build([1, 2, 3], _params(), segment_index=1, generated_before=1, pd_kind=PD_KIND_DECODE)
     assert asyncio.run(run(decode)) == []
-    # The request runs under the epoch of its pair (spec.pd.epoch), the rest of the spec as sent.
+    # The request runs under the epoch of its pair (spec.pd.epoch), the rest of the spec as sent;
+    # a continuation segment (segment_index 1) starts even while the node drains.
     assert calls == [(dataclasses.replace(decode, pd=dataclasses.replace(decode.pd, epoch=4)),
-                      {"request": None, "request_id": 12, "slot_wait_seconds": 0.0})]
+                      {"request": None, "request_id": 12, "slot_wait_seconds": 0.0, "drain_exempt": True})]
     # A spec of another kind (a prefill request, with its kv_start) never reaches a decode node's manager.
     with pytest.raises(ValueError, match="PD kind"):
         asyncio.run(run(RequestSpec.build([1, 2, 3], _params(), pd_kind=PD_KIND_PREFILL, kv_start=1)))
