@@ -63,7 +63,7 @@ def test_kv_limit_is_named_with_needed_and_free_tokens(model) -> None:
         decode.reserve_prefilled(2, RequestSpec(list(range(5, 55)), _greedy(30)))
     assert refused.value.limit == LIMIT_KV_TOKENS
     assert str(refused.value) == ("no KV to reserve: request 2 needs 80 KV tokens (prompt 50 + 30 to generate), "
-                                  "40 allocatable and not promised")
+                                  "40 allocatable and not promised; held: no other request takes the KV it waits for")
     assert list(decode.requests) == [1]
 
 
@@ -101,6 +101,21 @@ def test_rank0_sends_a_busy_notice_naming_the_limit_before_the_busy_finish(model
     assert words in notices[0].message
     report = backend.step()
     assert [(r.request_id, s) for r, s in report.finished if r.request_id == 2] == [(2, FINISH_BUSY)]
+
+
+def test_a_busy_notice_says_when_a_kv_hold_blocked_the_request(model) -> None:
+    # The first request refused for KV is held: a smaller one that would fit is told why it does not.
+    backend = _decode_backend(model, kv_tokens=100, rows=8)
+    messages: List[Any] = []
+    pd = DecodeRankTransfer(0, PdRankSettings(), _no_handle, notify=messages.append)
+    backend.reserve_prefilled(1, RequestSpec(list(range(5, 45)), _greedy(20)))  # 60 of 100
+    assert backend.kv.capacity_token_num() == 100
+    assert pd.reserve(backend, 2, -1, RequestSpec(list(range(5, 65)), _greedy(20))) is None  # needs 80
+    assert pd.reserve(backend, 3, -1, RequestSpec(list(range(5, 15)), _greedy(10))) is None  # needs 20
+    busy = {m.request_id: m.message for m in messages if isinstance(m, PdNotice) and m.kind == "busy"}
+    assert busy[2].endswith("40 allocatable and not promised; held: no other request takes the KV it waits for")
+    assert busy[3].endswith("40 allocatable and not promised, 40 of them held for request 2, refused earlier")
+    assert list(backend.requests) == [1]
 
 
 def _busy_finish(request_id: int) -> GenerationEvent:

@@ -39,6 +39,10 @@ class InferenceContext:
         evictable = self.radix_cache.evictable_token_num if self.radix_cache else 0
         return self.kv_cache.available + evictable
 
+    def capacity_token_num(self) -> int:
+        """The KV cache's slots (``--max_total_token_num``)."""
+        return self.kv_cache.size
+
     def max_requests(self) -> int:
         """The request manager's rows (``--running_max_req_size``)."""
         return self.req_manager.max_request_num

@@ -18,6 +18,24 @@ On a server the backend's :class:`~.pd_node_backend.TransferIntake` runs both ha
 reserves (with :meth:`DecodeBackend.segment_tokens` as the decode allowance) and starts
 receiving, and admits or fails the request on the agreed transfer result.
 
+A KV hold keeps a large request from starving behind small ones.  Every request that finishes
+frees KV, and a small reservation fits into it at once, so without a hold a large one could be
+refused for as long as small ones keep arriving.  So the first reservation refused for KV tokens
+becomes the node's *held* request (its id and the KV tokens it needs; one at a time): while the
+hold is live, another reservation is granted only if it leaves the held request's need unpromised
+(``free - held >= needed``, where ``free`` is allocatable and not promised), so small requests
+still use the KV beyond it but not the KV the held one waits for.  The held request is granted on
+one of its retries (the master retries a busy answer, :mod:`lightllm.server.pd.master.busy_retry`)
+once ``free`` reaches its need, which clears the hold.  A request blocked by a hold is told so in
+its refusal (``N of them held for request R, refused earlier``).  The master does not tell the
+node when a request gives up or is placed on another decode node, so a hold lives only while its
+request keeps asking: it expires once :data:`HOLD_STEPS` engine steps pass without the held
+request asking again.  A node holding no request runs no steps, so there the hold is not enforced
+(a stale one would block the node for good); it applies again once requests run.  Not held: a request needing more than
+the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it would never fit and the hold
+would block the node), nor a refusal for request slots (which is not about size).  Every decision
+counts steps and reservations, never time, so every TP rank decides the same.
+
 A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
 unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
 segment then ends with ``FINISH_SEGMENT_KV`` and the master continues it as a new segment,
@@ -28,6 +46,7 @@ node's first token included.  Both are constructor arguments.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Dict, Optional, Sequence
 
 from lightllm.server.core.objs.finish_status import (
@@ -52,6 +71,23 @@ if TYPE_CHECKING:
 # Which limit refused a reservation (KvReservationRefused.limit); the message names it too.
 LIMIT_KV_TOKENS = "kv_tokens"  # the KV cache cannot hold the prompt plus the segment's decode tokens
 LIMIT_REQUEST_SLOTS = "request_slots"  # every request row (--running_max_req_size) is in use
+
+# Engine steps a KV hold outlives its request's last ask.  The master retries a busy answer after
+# 50 ms, doubling up to 1 s (busy_retry.py), so a request still waiting asks again at least every
+# ~1 s plus one answer's round trip (a step or two); a GPU decode step takes 10-50 ms (20-100
+# steps a second; ~5 ms for a small model's small batch, and a stalled node polls every 20 ms),
+# a CPU step longer.  512 steps is over 2 s even at 4 ms a step, twice the longest gap, and a
+# stale hold (its request gave up or went to another decode node) ends after 5-25 s on a GPU.
+HOLD_STEPS = 512
+
+
+@dataclass
+class KvHold:
+    """The request a decode node keeps KV for (see the module docstring)."""
+
+    request_id: int
+    tokens: int  # the KV tokens its reservation needs
+    asked_step: int  # the node's step count when it last asked
 
 
 class KvReservationRefused(RuntimeError):
@@ -96,6 +132,20 @@ class DecodeBackend(PdNodeBackend):
         self.max_segment_tokens = max_segment_tokens
         # request id -> KV tokens its reservation was promised (prompt + decode allowance).
         self._promised: Dict[int, int] = {}
+        self.hold: Optional[KvHold] = None
+        self.steps = 0  # engine steps run: the KV hold's clock
+
+    def step(self) -> StepReport:
+        """One engine step (see :class:`~.pd_node_backend.PdNodeBackend`), counted for the KV hold."""
+        self.steps += 1
+        return super().step()
+
+    def live_hold(self) -> Optional[KvHold]:
+        """The KV hold, after dropping it if it expired (see the module docstring)."""
+        hold = self.hold
+        if hold is not None and self.steps - hold.asked_step > HOLD_STEPS:
+            self.hold = hold = None
+        return hold
 
     def segment_tokens(self, max_new_tokens: int) -> int:
         """What one segment of a request allowed ``max_new_tokens`` may generate here."""
@@ -112,6 +162,9 @@ class DecodeBackend(PdNodeBackend):
         Refused (:class:`KvReservationRefused`, nothing changes) when every request row is in
         use, or as :meth:`reserve_for` refuses.
         """
+        hold = self.live_hold()
+        if hold is not None and hold.request_id == request_id:
+            hold.asked_step = self.steps  # it still waits, whichever limit refuses it now
         rows = self.kv.max_requests()
         if len(self.requests) >= rows:
             raise KvReservationRefused(
@@ -127,16 +180,30 @@ class DecodeBackend(PdNodeBackend):
         (default ``max_new_tokens``; a PD node passes what one segment may generate) on top of
         what earlier reservations were promised and have not allocated yet: the prompt's slots
         are taken now, the decode tokens step by step, and a reservation must not be answered
-        with KV another one still counts on.
+        with KV another one still counts on.  While another request's KV hold is live it must
+        also leave that request's need unpromised; a refusal for KV may make ``req`` the held
+        request (see the module docstring).
         """
         needed = req.input_len + (req.max_new_tokens if decode_tokens is None else decode_tokens)
         free = self.kv.allocatable_token_num() - self.promised_token_num()
-        if free < needed:
-            raise KvReservationRefused(
-                f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
-                f"{needed - req.input_len} to generate), {free} allocatable and not promised",
-                LIMIT_KV_TOKENS,
-            )
+        hold = self.live_hold()
+        held = hold is not None and hold.request_id == req.request_id
+        # A node holding no request runs no step that could count the hold's expiry: not enforced there.
+        withheld = hold.tokens if hold is not None and not held and self.requests else 0
+        if free - withheld < needed:
+            reason = (f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
+                      f"{needed - req.input_len} to generate), {free} allocatable and not promised")
+            capacity = self.kv.capacity_token_num()
+            if hold is not None and withheld:
+                reason += f", {min(max(free, 0), withheld)} of them held for request {hold.request_id}, refused earlier"
+            elif needed > capacity:
+                reason += f"; more than the whole KV cache ({capacity} tokens), so it is not held"
+            elif hold is None or held:
+                self.hold = KvHold(req.request_id, needed, self.steps)
+                reason += "; held: no other request takes the KV it waits for"
+            raise KvReservationRefused(reason, LIMIT_KV_TOKENS)
+        if held:
+            self.hold = None
         self.join(req)
         self.kv.reserve(req, req.input_len - req.kv_slot_len)
         req.move_to(ReqState.TRANSFERRING)

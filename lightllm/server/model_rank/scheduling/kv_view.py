@@ -23,6 +23,9 @@ class KvView(Protocol):
     def allocatable_token_num(self) -> int:
         """Tokens that could be given to requests now (free plus evictable)."""
 
+    def capacity_token_num(self) -> int:
+        """Tokens the view holds in all (the KV cache's size): a request needing more never fits."""
+
     def max_requests(self) -> int:
         """Requests the view can hold at once (the server's request rows, ``--running_max_req_size``).
 
@@ -85,6 +88,10 @@ class TokenCountKvView:
     def allocatable_token_num(self) -> int:
         """Tokens that can be reserved now."""
         return self.capacity - self.used
+
+    def capacity_token_num(self) -> int:
+        """The ``capacity`` given to the constructor."""
+        return self.capacity
 
     def max_requests(self) -> int:
         """The request rows given to the constructor."""

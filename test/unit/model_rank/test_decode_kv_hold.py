@@ -1,0 +1,161 @@
+"""A decode node's KV hold: the first request refused for KV gets it before smaller ones take it.
+
+Plain scheduling objects (the simulator's cost executor and token-count KV view); the hold's
+clock is the backend's step count, so every TP rank decides the same.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from lightllm.benchmark.simulator.cost_executor import CostModelExecutor
+from lightllm.benchmark.simulator.cost_model import load_profile
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.model_rank.scheduling.decode_backend import (
+    HOLD_STEPS,
+    LIMIT_KV_TOKENS,
+    LIMIT_REQUEST_SLOTS,
+    DecodeBackend,
+    KvReservationRefused,
+)
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+
+
+def _backend(capacity: int, rows: int = 64) -> DecodeBackend:
+    return DecodeBackend(CostModelExecutor(load_profile("h100_qwen_0p8b")), TokenCountKvView(capacity, rows),
+                         build_prefill_queue_strategy("hrrn"), StepPlanner(256, 64), [], 4096)
+
+
+def _spec(prompt: int, new: int) -> RequestSpec:
+    return RequestSpec([7] * prompt, SamplingParams(max_new_tokens=new, ignore_eos=True))
+
+
+def _reserve(backend: DecodeBackend, request_id: int, prompt: int, new: int) -> InferReq:
+    return backend.reserve_prefilled(request_id, _spec(prompt, new))
+
+
+def _refused(backend: DecodeBackend, request_id: int, prompt: int, new: int) -> str:
+    with pytest.raises(KvReservationRefused) as refused:
+        _reserve(backend, request_id, prompt, new)
+    assert refused.value.limit == LIMIT_KV_TOKENS
+    assert request_id not in backend.requests
+    return str(refused.value)
+
+
+def _run_to_end(backend: DecodeBackend, *reqs: InferReq) -> None:
+    for req in reqs:
+        backend.admit_prefilled(req, 7)
+    for _ in range(1000):
+        if not any(r.request_id in backend.requests for r in reqs):
+            return
+        backend.step()
+    raise AssertionError("the requests did not finish")
+
+
+def test_the_held_request_gets_its_kv_before_smaller_ones_take_it() -> None:
+    backend = _backend(100)
+    first = _reserve(backend, 1, 40, 20)  # 60 of 100
+    assert _refused(backend, 2, 60, 20) == ("no KV to reserve: request 2 needs 80 KV tokens (prompt 60 + 20 to "
+                                           "generate), 40 allocatable and not promised; held: no other request "
+                                           "takes the KV it waits for")
+    # Without the hold this one would fit (20 <= 40) and keep the large one waiting.
+    assert _refused(backend, 3, 10, 10) == ("no KV to reserve: request 3 needs 20 KV tokens (prompt 10 + 10 to "
+                                           "generate), 40 allocatable and not promised, 40 of them held for "
+                                           "request 2, refused earlier")
+    _run_to_end(backend, first)
+    _reserve(backend, 3, 10, 10)  # 100 free: 20 beyond the held 80 (and the node holds no request)
+    _refused(backend, 4, 10, 10)  # 80 free, all of them held
+    _reserve(backend, 2, 60, 20)  # the held request's retry
+    assert backend.hold is None
+    assert sorted(backend.requests) == [2, 3]
+
+
+def test_smaller_requests_use_the_kv_beyond_the_held_need() -> None:
+    backend = _backend(300)
+    big = _reserve(backend, 1, 200, 50)
+    _refused(backend, 2, 100, 20)  # needs 120, 50 free: held
+    _run_to_end(backend, big)
+    granted: List[int] = []
+    for request_id in range(10, 20):
+        try:
+            _reserve(backend, request_id, 20, 10)
+            granted.append(request_id)
+        except KvReservationRefused as refused:
+            assert "120 of them held for request 2, refused earlier" in str(refused)
+    assert granted == list(range(10, 16))  # 6 x 30 = 180 = 300 - 120
+    _reserve(backend, 2, 100, 20)
+    assert backend.hold is None and backend.promised_token_num() == 6 * 10 + 20
+
+
+def test_a_hold_expires_once_its_request_stops_asking() -> None:
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)  # waits for its transfer: the node steps without freeing anything
+    _refused(backend, 2, 60, 20)
+    for _ in range(HOLD_STEPS // 2):
+        backend.step()
+    _refused(backend, 2, 60, 20)  # it asks again: the hold lives HOLD_STEPS steps from now
+    for _ in range(HOLD_STEPS):
+        backend.step()
+    assert "held for request 2" in _refused(backend, 3, 10, 10)
+    backend.step()  # HOLD_STEPS + 1 steps without an ask
+    _reserve(backend, 3, 10, 10)
+    assert backend.hold is None
+
+
+def test_a_refused_request_becomes_held_only_when_no_other_is() -> None:
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)
+    _refused(backend, 2, 60, 20)
+    assert "held for request 2" in _refused(backend, 3, 50, 20)
+    assert backend.hold is not None and (backend.hold.request_id, backend.hold.tokens) == (2, 80)
+
+
+def test_a_node_holding_no_request_does_not_enforce_the_hold() -> None:
+    backend = _backend(100)
+    first = _reserve(backend, 1, 40, 20)
+    _refused(backend, 2, 60, 20)
+    backend.transfer_failed(first)  # no step runs on an empty node to count the hold's expiry
+    backend.step()
+    assert not backend.requests
+    _reserve(backend, 3, 30, 20)  # 50 > 100 - 80: only fits while the hold is not enforced
+    assert backend.hold is not None and backend.hold.request_id == 2
+    assert "50 of them held for request 2, refused earlier" in _refused(backend, 4, 10, 10)
+
+
+def test_a_request_larger_than_the_kv_cache_is_not_held() -> None:
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)
+    assert _refused(backend, 2, 100, 50) == ("no KV to reserve: request 2 needs 150 KV tokens (prompt 100 + 50 to "
+                                            "generate), 40 allocatable and not promised; more than the whole KV "
+                                            "cache (100 tokens), so it is not held")
+    assert backend.hold is None
+    _reserve(backend, 3, 10, 10)
+
+
+def test_a_request_slot_refusal_holds_nothing() -> None:
+    backend = _backend(1000, rows=1)
+    _reserve(backend, 1, 10, 10)
+    with pytest.raises(KvReservationRefused) as refused:
+        _reserve(backend, 2, 10, 10)
+    assert refused.value.limit == LIMIT_REQUEST_SLOTS
+    assert backend.hold is None
+
+
+def test_the_held_request_refused_for_a_slot_still_counts_as_asking() -> None:
+    backend = _backend(200, rows=2)
+    first = _reserve(backend, 1, 100, 40)
+    _refused(backend, 2, 60, 20)
+    asked = backend.hold.asked_step
+    _run_to_end(backend, first)
+    _reserve(backend, 3, 10, 10)
+    _reserve(backend, 4, 10, 10)  # both rows in use
+    with pytest.raises(KvReservationRefused) as refused:
+        _reserve(backend, 2, 60, 20)
+    assert refused.value.limit == LIMIT_REQUEST_SLOTS
+    assert backend.steps > asked and backend.hold.asked_step == backend.steps
