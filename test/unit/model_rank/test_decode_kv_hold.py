@@ -72,7 +72,7 @@ def test_the_held_request_gets_its_kv_before_smaller_ones_take_it() -> None:
     _reserve(backend, 3, 10, 10)  # 100 free: 20 beyond the held 80 (and the node holds no request)
     _refused(backend, 4, 10, 10)  # 80 free, all of them held
     _reserve(backend, 2, 60, 20)  # the held request's retry
-    assert backend.hold is None
+    assert backend.hold is not None and backend.hold.request_id == 4  # refused next: held next
     assert sorted(backend.requests) == [2, 3]
 
 
@@ -90,7 +90,8 @@ def test_smaller_requests_use_the_kv_beyond_the_held_need() -> None:
             assert "120 of them held for request 2, refused earlier" in str(refused)
     assert granted == list(range(10, 16))  # 6 x 30 = 180 = 300 - 120
     _reserve(backend, 2, 100, 20)
-    assert backend.hold is None and backend.promised_token_num() == 6 * 10 + 20
+    assert backend.hold is not None and backend.hold.request_id == 16  # the first short refused
+    assert backend.promised_token_num() == 6 * 10 + 20
 
 
 def test_a_hold_expires_once_its_request_stops_asking() -> None:
@@ -159,3 +160,18 @@ def test_the_held_request_refused_for_a_slot_still_counts_as_asking() -> None:
         _reserve(backend, 2, 60, 20)
     assert refused.value.limit == LIMIT_REQUEST_SLOTS
     assert backend.steps > asked and backend.hold.asked_step == backend.steps
+
+
+def test_the_next_held_request_is_the_earliest_refused_that_still_asks() -> None:
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)  # waits for its transfer: the node steps without freeing anything
+    _refused(backend, 2, 60, 20)  # held
+    assert "held for request 2" in _refused(backend, 3, 50, 10)  # refused second: waits behind 2
+    assert "held for request 2" in _refused(backend, 4, 50, 20)  # refused third
+    for _ in range(HOLD_STEPS // 2):
+        backend.step()
+    assert "held for request 2" in _refused(backend, 4, 50, 20)  # 2 and 3 stop asking, 4 does not
+    for _ in range(HOLD_STEPS // 2 + 1):
+        backend.step()
+    assert "held: no other" in _refused(backend, 4, 50, 20)  # 2 and 3 expired: 4 is held
+    assert backend.hold is not None and (backend.hold.request_id, backend.hold.tokens) == (4, 70)

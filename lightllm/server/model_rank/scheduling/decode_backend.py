@@ -20,21 +20,25 @@ receiving, and admits or fails the request on the agreed transfer result.
 
 A KV hold keeps a large request from starving behind small ones.  Every request that finishes
 frees KV, and a small reservation fits into it at once, so without a hold a large one could be
-refused for as long as small ones keep arriving.  So the first reservation refused for KV tokens
-becomes the node's *held* request (its id and the KV tokens it needs; one at a time): while the
-hold is live, another reservation is granted only if it leaves the held request's need unpromised
-(``free - held >= needed``, where ``free`` is allocatable and not promised), so small requests
-still use the KV beyond it but not the KV the held one waits for.  The held request is granted on
-one of its retries (the master retries a busy answer, :mod:`lightllm.server.pd.master.busy_retry`)
-once ``free`` reaches its need, which clears the hold.  A request blocked by a hold is told so in
-its refusal (``N of them held for request R, refused earlier``).  The master does not tell the
-node when a request gives up or is placed on another decode node, so a hold lives only while its
-request keeps asking: it expires once :data:`HOLD_STEPS` engine steps pass without the held
-request asking again.  A node holding no request runs no steps, so there the hold is not enforced
-(a stale one would block the node for good); it applies again once requests run.  Not held: a request needing more than
-the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it would never fit and the hold
-would block the node), nor a refusal for request slots (which is not about size).  Every decision
-counts steps and reservations, never time, so every TP rank decides the same.
+refused for as long as small ones keep arriving.  So the node remembers the requests it refused
+for KV tokens (id and KV tokens needed), in the order of their first refusal, and holds KV for
+the first of them: while the hold is live, another reservation is granted only if it leaves the
+held request's need unpromised (``free - held >= needed``, where ``free`` is allocatable and not
+promised), so smaller requests still use the KV beyond it but not the KV the held one waits for.
+The held request is granted on one of its retries (the master retries a busy answer,
+:mod:`lightllm.server.pd.master.busy_retry`) once ``free`` reaches its need; the next one refused
+earliest is held then.  Ordering by first refusal, not by who asks next, matters: a request that
+waited long retries once a second, one just refused every 50 ms, and the latter would win the
+hold every time.  A request blocked by a hold is told so in its refusal (``N of them held for
+request R, refused earlier``).  The master does not tell the node when a request gives up or is
+placed on another decode node, so a request waits here only while it keeps asking: it is
+forgotten (and its hold expires) once :data:`HOLD_STEPS` engine steps pass without it asking
+again.  A node holding no request runs no steps, so there the hold is not enforced (a stale one
+would block the node for good); it applies again once requests run.  Never held: a request
+needing more than the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it would
+never fit and the hold would block the node), nor a refusal for request slots (which is not about
+size; a waiting request refused for a slot still counts as asking).  Every decision counts steps
+and reservations, never time, so every TP rank decides the same.
 
 A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
 unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
@@ -72,7 +76,7 @@ if TYPE_CHECKING:
 LIMIT_KV_TOKENS = "kv_tokens"  # the KV cache cannot hold the prompt plus the segment's decode tokens
 LIMIT_REQUEST_SLOTS = "request_slots"  # every request row (--running_max_req_size) is in use
 
-# Engine steps a KV hold outlives its request's last ask.  The master retries a busy answer after
+# Engine steps a request refused for KV (and its hold) outlive its last ask.  The master retries a busy answer after
 # 50 ms, doubling up to 1 s (busy_retry.py), so a request still waiting asks again at least every
 # ~1 s plus one answer's round trip (a step or two); a GPU decode step takes 10-50 ms (20-100
 # steps a second; ~5 ms for a small model's small batch, and a stalled node polls every 20 ms),
@@ -83,7 +87,7 @@ HOLD_STEPS = 512
 
 @dataclass
 class KvHold:
-    """The request a decode node keeps KV for (see the module docstring)."""
+    """A request a decode node refused for KV and that still asks; the earliest refused is held."""
 
     request_id: int
     tokens: int  # the KV tokens its reservation needs
@@ -132,7 +136,9 @@ class DecodeBackend(PdNodeBackend):
         self.max_segment_tokens = max_segment_tokens
         # request id -> KV tokens its reservation was promised (prompt + decode allowance).
         self._promised: Dict[int, int] = {}
-        self.hold: Optional[KvHold] = None
+        # Requests refused for KV that still ask, in the order of their first refusal: the first
+        # one is held (see the module docstring).
+        self._waiting: Dict[int, KvHold] = {}
         self.steps = 0  # engine steps run: the KV hold's clock
 
     def step(self) -> StepReport:
@@ -140,12 +146,17 @@ class DecodeBackend(PdNodeBackend):
         self.steps += 1
         return super().step()
 
+    @property
+    def hold(self) -> Optional[KvHold]:
+        """The held request: the first one refused for KV that still waits (expired or not)."""
+        return next(iter(self._waiting.values()), None)
+
     def live_hold(self) -> Optional[KvHold]:
-        """The KV hold, after dropping it if it expired (see the module docstring)."""
-        hold = self.hold
-        if hold is not None and self.steps - hold.asked_step > HOLD_STEPS:
-            self.hold = hold = None
-        return hold
+        """The KV hold, after forgetting waiting requests that stopped asking (see the module docstring)."""
+        waiting = self._waiting
+        for request_id in [r for r, w in waiting.items() if self.steps - w.asked_step > HOLD_STEPS]:
+            del waiting[request_id]
+        return self.hold
 
     def segment_tokens(self, max_new_tokens: int) -> int:
         """What one segment of a request allowed ``max_new_tokens`` may generate here."""
@@ -162,9 +173,9 @@ class DecodeBackend(PdNodeBackend):
         Refused (:class:`KvReservationRefused`, nothing changes) when every request row is in
         use, or as :meth:`reserve_for` refuses.
         """
-        hold = self.live_hold()
-        if hold is not None and hold.request_id == request_id:
-            hold.asked_step = self.steps  # it still waits, whichever limit refuses it now
+        waiting = self._waiting.get(request_id)
+        if waiting is not None:
+            waiting.asked_step = self.steps  # it still waits, whichever limit refuses it now
         rows = self.kv.max_requests()
         if len(self.requests) >= rows:
             raise KvReservationRefused(
@@ -194,16 +205,17 @@ class DecodeBackend(PdNodeBackend):
             reason = (f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
                       f"{needed - req.input_len} to generate), {free} allocatable and not promised")
             capacity = self.kv.capacity_token_num()
+            if needed <= capacity:  # it waits for the hold (one never fitting would block the node)
+                waiting = self._waiting.setdefault(req.request_id, KvHold(req.request_id, needed, self.steps))
+                waiting.tokens, waiting.asked_step = needed, self.steps
             if hold is not None and withheld:
                 reason += f", {min(max(free, 0), withheld)} of them held for request {hold.request_id}, refused earlier"
             elif needed > capacity:
                 reason += f"; more than the whole KV cache ({capacity} tokens), so it is not held"
-            elif hold is None or held:
-                self.hold = KvHold(req.request_id, needed, self.steps)
+            elif self.hold is not None and self.hold.request_id == req.request_id:
                 reason += "; held: no other request takes the KV it waits for"
             raise KvReservationRefused(reason, LIMIT_KV_TOKENS)
-        if held:
-            self.hold = None
+        self._waiting.pop(req.request_id, None)
         self.join(req)
         self.kv.reserve(req, req.input_len - req.kv_slot_len)
         req.move_to(ReqState.TRANSFERRING)
