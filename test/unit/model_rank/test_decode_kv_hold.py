@@ -69,7 +69,7 @@ def test_the_held_request_gets_its_kv_before_smaller_ones_take_it() -> None:
                                            "generate), 40 allocatable and not promised, 40 of them held for "
                                            "request 2, refused earlier")
     _run_to_end(backend, first)
-    _reserve(backend, 3, 10, 10)  # 100 free: 20 beyond the held 80 (and the node holds no request)
+    _reserve(backend, 3, 10, 10)  # 100 free: 20 beyond the held 80
     _refused(backend, 4, 10, 10)  # 80 free, all of them held
     _reserve(backend, 2, 60, 20)  # the held request's retry
     assert backend.hold is not None and backend.hold.request_id == 4  # refused next: held next
@@ -117,16 +117,18 @@ def test_a_refused_request_becomes_held_only_when_no_other_is() -> None:
     assert backend.hold is not None and (backend.hold.request_id, backend.hold.tokens) == (2, 80)
 
 
-def test_a_node_holding_no_request_does_not_enforce_the_hold() -> None:
+def test_an_empty_node_enforces_the_hold_too() -> None:
+    # A held need near the cache's size: small requests fit beside it only on an empty node, and
+    # one retrying every 50 ms would take the node each time it empties if the hold lapsed there.
     backend = _backend(100)
     first = _reserve(backend, 1, 40, 20)
-    _refused(backend, 2, 60, 20)
-    backend.transfer_failed(first)  # no step runs on an empty node to count the hold's expiry
+    _refused(backend, 2, 60, 30)  # needs 90: held
+    backend.transfer_failed(first)
     backend.step()
     assert not backend.requests
-    _reserve(backend, 3, 30, 20)  # 50 > 100 - 80: only fits while the hold is not enforced
-    assert backend.hold is not None and backend.hold.request_id == 2
-    assert "50 of them held for request 2, refused earlier" in _refused(backend, 4, 10, 10)
+    assert "100 allocatable and not promised, 90 of them held for request 2" in _refused(backend, 3, 10, 10)
+    _reserve(backend, 2, 60, 30)
+    assert sorted(backend.requests) == [2]
 
 
 def test_a_request_larger_than_the_kv_cache_is_not_held() -> None:
@@ -139,27 +141,57 @@ def test_a_request_larger_than_the_kv_cache_is_not_held() -> None:
     _reserve(backend, 3, 10, 10)
 
 
-def test_a_request_slot_refusal_holds_nothing() -> None:
-    backend = _backend(1000, rows=1)
-    _reserve(backend, 1, 10, 10)
+def _slot_refused(backend: DecodeBackend, request_id: int, prompt: int, new: int) -> str:
     with pytest.raises(KvReservationRefused) as refused:
-        _reserve(backend, 2, 10, 10)
+        _reserve(backend, request_id, prompt, new)
     assert refused.value.limit == LIMIT_REQUEST_SLOTS
-    assert backend.hold is None
+    return str(refused.value)
+
+
+def test_a_request_refused_for_a_slot_is_held_and_gets_the_next_slot() -> None:
+    # Rows, not KV, bind here: a freed row went to whichever small request asked first.
+    backend = _backend(1000, rows=2)
+    first = _reserve(backend, 1, 10, 10)
+    _reserve(backend, 2, 10, 10)
+    _slot_refused(backend, 3, 200, 50)  # the large one, refused for a row: held
+    assert backend.hold is not None and (backend.hold.request_id, backend.hold.tokens) == (3, 250)
+    _run_to_end(backend, first)  # a row frees
+    assert _slot_refused(backend, 4, 10, 10) == ("no request slot to reserve: 1 of 2 request slots "
+                                                 "(--running_max_req_size) are in use, the last one kept for "
+                                                 "request 3, refused earlier")
+    _reserve(backend, 3, 200, 50)
+    assert backend.hold is not None and backend.hold.request_id == 4  # refused next: held next
 
 
 def test_the_held_request_refused_for_a_slot_still_counts_as_asking() -> None:
     backend = _backend(200, rows=2)
-    first = _reserve(backend, 1, 100, 40)
-    _refused(backend, 2, 60, 20)
+    _reserve(backend, 1, 100, 40)
+    _reserve(backend, 5, 10, 10)  # both rows in use
+    _slot_refused(backend, 2, 60, 20)
     asked = backend.hold.asked_step
-    _run_to_end(backend, first)
-    _reserve(backend, 3, 10, 10)
-    _reserve(backend, 4, 10, 10)  # both rows in use
-    with pytest.raises(KvReservationRefused) as refused:
-        _reserve(backend, 2, 60, 20)
-    assert refused.value.limit == LIMIT_REQUEST_SLOTS
+    for _ in range(3):
+        backend.step()
+    _slot_refused(backend, 2, 60, 20)
     assert backend.steps > asked and backend.hold.asked_step == backend.steps
+
+
+def test_a_later_segment_needing_more_than_the_cache_is_forgotten() -> None:
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)
+    _refused(backend, 2, 60, 20)  # held at 80
+    assert "so it is not held" in _refused(backend, 2, 90, 20)  # the same id now needs 110 > 100
+    assert backend.hold is None
+    _reserve(backend, 3, 10, 10)
+
+
+def test_expired_entries_are_dropped_once_per_step() -> None:
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)
+    for request_id in range(2, 50):
+        _refused(backend, request_id, 60, 20)
+    for _ in range(HOLD_STEPS + 1):
+        backend.step()
+    assert backend.live_hold() is None and not backend._waiting
 
 
 def test_the_next_held_request_is_the_earliest_refused_that_still_asks() -> None:

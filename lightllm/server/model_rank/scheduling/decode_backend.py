@@ -33,12 +33,13 @@ hold every time.  A request blocked by a hold is told so in its refusal (``N of 
 request R, refused earlier``).  The master does not tell the node when a request gives up or is
 placed on another decode node, so a request waits here only while it keeps asking: it is
 forgotten (and its hold expires) once :data:`HOLD_STEPS` engine steps pass without it asking
-again.  A node holding no request runs no steps, so there the hold is not enforced (a stale one
-would block the node for good); it applies again once requests run.  Never held: a request
-needing more than the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it would
-never fit and the hold would block the node), nor a refusal for request slots (which is not about
-size; a waiting request refused for a slot still counts as asking).  Every decision counts steps
-and reservations, never time, so every TP rank decides the same.
+again.  The hold applies on a node running nothing too (a refused reservation makes the node
+run a step, so even there a stale hold expires).  Request rows are held the same way: a request
+refused for a row joins the same order, and while another request is held one row stays free
+for it (a freed row would otherwise go to whichever small request asks first).  Never held: a
+request needing more than the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it
+would never fit and the hold would block the node).  Every decision counts steps and
+reservations, never time, so every TP rank decides the same.
 
 A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
 unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
@@ -140,6 +141,7 @@ class DecodeBackend(PdNodeBackend):
         # one is held (see the module docstring).
         self._waiting: Dict[int, KvHold] = {}
         self.steps = 0  # engine steps run: the KV hold's clock
+        self._pruned_step = -1  # the step live_hold last dropped expired entries at
 
     def step(self) -> StepReport:
         """One engine step (see :class:`~.pd_node_backend.PdNodeBackend`), counted for the KV hold."""
@@ -153,10 +155,19 @@ class DecodeBackend(PdNodeBackend):
 
     def live_hold(self) -> Optional[KvHold]:
         """The KV hold, after forgetting waiting requests that stopped asking (see the module docstring)."""
-        waiting = self._waiting
-        for request_id in [r for r, w in waiting.items() if self.steps - w.asked_step > HOLD_STEPS]:
-            del waiting[request_id]
+        # An entry expires only as steps pass, so one scan per step is enough (not one per ask:
+        # thousands of refused requests would make every reservation a long scan).
+        if self._pruned_step != self.steps:
+            self._pruned_step = self.steps
+            waiting = self._waiting
+            for request_id in [r for r, w in waiting.items() if self.steps - w.asked_step > HOLD_STEPS]:
+                del waiting[request_id]
         return self.hold
+
+    def _remember_refused(self, request_id: int, needed: int) -> None:
+        """``request_id`` was refused and waits: keep its place (its first refusal) and mark it asking."""
+        waiting = self._waiting.setdefault(request_id, KvHold(request_id, needed, self.steps))
+        waiting.tokens, waiting.asked_step = needed, self.steps
 
     def segment_tokens(self, max_new_tokens: int) -> int:
         """What one segment of a request allowed ``max_new_tokens`` may generate here."""
@@ -173,15 +184,21 @@ class DecodeBackend(PdNodeBackend):
         Refused (:class:`KvReservationRefused`, nothing changes) when every request row is in
         use, or as :meth:`reserve_for` refuses.
         """
-        waiting = self._waiting.get(request_id)
-        if waiting is not None:
-            waiting.asked_step = self.steps  # it still waits, whichever limit refuses it now
+        hold = self.live_hold()
         rows = self.kv.max_requests()
-        if len(self.requests) >= rows:
-            raise KvReservationRefused(
-                f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use",
-                LIMIT_REQUEST_SLOTS,
-            )
+        # While another request is held, one request row stays free for it: a row that frees
+        # would otherwise go to whichever small request asks first, as KV did.
+        kept = 1 if hold is not None and hold.request_id != request_id else 0
+        if len(self.requests) >= rows - kept:
+            needed = spec.prompt_len + (spec.params.max_new_tokens if decode_tokens is None else decode_tokens)
+            if needed <= self.kv.capacity_token_num():
+                self._remember_refused(request_id, needed)  # it waits for a row: it keeps its place
+            reason = f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use"
+            if kept and len(self.requests) < rows:
+                reason = (f"no request slot to reserve: {len(self.requests)} of {rows} request slots "
+                          f"(--running_max_req_size) are in use, the last one kept for request "
+                          f"{hold.request_id}, refused earlier")  # type: ignore[union-attr]
+            raise KvReservationRefused(reason, LIMIT_REQUEST_SLOTS)
         return self.reserve_for(self.new_request(request_id, spec, shm_index), decode_tokens)
 
     def reserve_for(self, req: InferReq, decode_tokens: Optional[int] = None) -> InferReq:
@@ -199,15 +216,15 @@ class DecodeBackend(PdNodeBackend):
         free = self.kv.allocatable_token_num() - self.promised_token_num()
         hold = self.live_hold()
         held = hold is not None and hold.request_id == req.request_id
-        # A node holding no request runs no step that could count the hold's expiry: not enforced there.
-        withheld = hold.tokens if hold is not None and not held and self.requests else 0
+        withheld = hold.tokens if hold is not None and not held else 0
         if free - withheld < needed:
             reason = (f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
                       f"{needed - req.input_len} to generate), {free} allocatable and not promised")
             capacity = self.kv.capacity_token_num()
             if needed <= capacity:  # it waits for the hold (one never fitting would block the node)
-                waiting = self._waiting.setdefault(req.request_id, KvHold(req.request_id, needed, self.steps))
-                waiting.tokens, waiting.asked_step = needed, self.steps
+                self._remember_refused(req.request_id, needed)
+            else:
+                self._waiting.pop(req.request_id, None)  # a later segment of it may need more than before
             if hold is not None and withheld:
                 reason += f", {min(max(free, 0), withheld)} of them held for request {hold.request_id}, refused earlier"
             elif needed > capacity:
