@@ -23,7 +23,7 @@ from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.launch.pd_master import build_master, check_master_flags
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
 
-from pd_node_stand_in import HEARTBEAT_S, REQUEST_TIMEOUT, Handoff, NodeStandIn, ThreadServer
+from pd_node_stand_in import HEARTBEAT_S, REQUEST_TIMEOUT, Handoff, NodeStandIn, ThreadServer, reference_tokens
 
 MISSED = 3
 
@@ -135,3 +135,24 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} {labels} not exported")
+
+
+class StraddlingStop:
+    """A 4-character stop string whose halves come from the stand-ins' tokens on either side of a
+    token boundary: ``tokens`` the greedy tokens, ``full`` their text, ``boundary`` the boundary's
+    character offset, ``completes_at`` how many tokens it takes to complete the stop string."""
+
+    def __init__(self, cluster: "Cluster", prompt: str, max_tokens: int, after_tokens: int) -> None:
+        tokenizer = cluster.master.manager.tokenizer
+        self.tokens = reference_tokens(cluster.master.manager.encode_prompt(prompt), max_tokens)
+        pieces = [tokenizer.decode([token], skip_special_tokens=True) for token in self.tokens]
+        self.full = "".join(pieces)
+        self.boundary = len("".join(pieces[:after_tokens]))
+        self.stop = self.full[self.boundary - 2: self.boundary + 2]
+        assert len(self.stop) == 4 and self.full.find(self.stop) == self.boundary - 2, (self.full, self.stop)
+        self.completes_at = next(n for n in range(1, len(pieces) + 1)
+                                 if len("".join(pieces[:n])) >= self.boundary + 2)
+
+    def text(self, include: bool) -> str:
+        """The answer's text with or without the stop string (``include_stop_str_in_output``)."""
+        return self.full[: self.boundary + (2 if include else -2)]

@@ -18,6 +18,7 @@ import httpx
 from pd_master_support import (  # noqa: F401 - cluster_fixture is the "cluster" fixture
     REQUEST_TIMEOUT,
     Cluster,
+    StraddlingStop,
     cluster_fixture,
     generate,
     metric_value,
@@ -131,22 +132,16 @@ def test_master_decides_a_stop_string_that_straddles_segments_and_aborts_the_nod
     cluster.decode.segment_limit = 3  # segments of 4 tokens: P's first, then 3 on D
     cluster.decode.token_delay = 0.3  # the stopping segment is still generating when the master stops
     prompt = "hello there, general"
-    tokenizer = cluster.master.manager.tokenizer
-    tokens = reference_tokens(cluster.master.manager.encode_prompt(prompt), 40)
-    pieces = [tokenizer.decode([token], skip_special_tokens=True) for token in tokens]
-    full = "".join(pieces)
     # A 4-character stop string whose first half comes from segment 1 and second half from segment 2.
-    boundary = len("".join(pieces[:8]))
-    stop = full[boundary - 2: boundary + 2]
-    assert len(stop) == 4 and full.find(stop) == boundary - 2, (full, stop)
-    completes_at = next(n for n in range(1, len(pieces) + 1) if len("".join(pieces[:n])) >= boundary + 2)
+    straddling = StraddlingStop(cluster, prompt, 40, after_tokens=8)
+    stop, completes_at = straddling.stop, straddling.completes_at
     for request_id, include in ((1, False), (2, True)):
         response = httpx.post(f"{cluster.master.url}/v1/completions", timeout=REQUEST_TIMEOUT, json={
             "model": cluster.master.manager.model_name, "prompt": prompt, "max_tokens": 40, "stop": [stop],
             "include_stop_str_in_output": include})
         assert response.status_code == 200, response.text
         choice = response.json()["choices"][0]
-        assert choice["text"] == full[: boundary + (2 if include else -2)]
+        assert choice["text"] == straddling.text(include)
         assert choice["finish_reason"] == "stop"
         assert response.json()["usage"]["completion_tokens"] == completes_at
         last_segment = (completes_at - 1) // 4

@@ -12,7 +12,7 @@ import json
 
 import httpx
 
-from pd_master_support import REQUEST_TIMEOUT, Cluster, cluster_fixture  # noqa: F401 - the "cluster" fixture
+from pd_master_support import REQUEST_TIMEOUT, Cluster, StraddlingStop, cluster_fixture  # noqa: F401 - the "cluster" fixture
 from pd_node_stand_in import reference_tokens
 
 
@@ -41,18 +41,12 @@ def test_ids_span_every_segment_whole_and_streamed(cluster: Cluster) -> None:
 
 def test_stop_string_decided_by_the_master_keeps_its_tokens(cluster: Cluster) -> None:
     prompt = "hello there, general"
-    tokenizer = cluster.master.manager.tokenizer
-    tokens = reference_tokens(cluster.master.manager.encode_prompt(prompt), 20)
-    pieces = [tokenizer.decode([token], skip_special_tokens=True) for token in tokens]
-    full = "".join(pieces)
-    boundary = len("".join(pieces[:5]))
-    stop = full[boundary - 2: boundary + 2]
-    assert len(stop) == 4 and full.find(stop) == boundary - 2, (full, stop)
-    completes_at = next(n for n in range(1, len(pieces) + 1) if len("".join(pieces[:n])) >= boundary + 2)
+    straddling = StraddlingStop(cluster, prompt, 20, after_tokens=5)
+    tokens, stop, completes_at = straddling.tokens, straddling.stop, straddling.completes_at
     for include in (False, True):
         answer = _completion(cluster, prompt=prompt, max_tokens=20, stop=[stop],
                              include_stop_str_in_output=include).json()
         choice = answer["choices"][0]
-        assert choice["finish_reason"] == "stop" and choice["text"] == full[: boundary + (2 if include else -2)]
+        assert choice["finish_reason"] == "stop" and choice["text"] == straddling.text(include)
         # The same ids whether the stop string's text is kept or trimmed.
         assert choice["token_ids"] == tokens[:completes_at] and answer["usage"]["completion_tokens"] == completes_at
