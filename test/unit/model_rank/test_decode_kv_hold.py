@@ -117,18 +117,19 @@ def test_a_refused_request_becomes_held_only_when_no_other_is() -> None:
     assert backend.hold is not None and (backend.hold.request_id, backend.hold.tokens) == (2, 80)
 
 
-def test_an_empty_node_enforces_the_hold_too() -> None:
-    # A held need near the cache's size: small requests fit beside it only on an empty node, and
-    # one retrying every 50 ms would take the node each time it empties if the hold lapsed there.
-    backend = _backend(100)
+def test_a_node_running_nothing_does_not_enforce_the_hold() -> None:
+    # There a stale hold (its request gave up) would refuse large requests until HOLD_STEPS
+    # refusals ran steps.
+    backend = _backend(100, rows=2)
     first = _reserve(backend, 1, 40, 20)
     _refused(backend, 2, 60, 30)  # needs 90: held
     backend.transfer_failed(first)
     backend.step()
     assert not backend.requests
-    assert "100 allocatable and not promised, 90 of them held for request 2" in _refused(backend, 3, 10, 10)
-    _reserve(backend, 2, 60, 30)
-    assert sorted(backend.requests) == [2]
+    _reserve(backend, 3, 30, 20)  # 50 > 100 - 90: taken while nothing runs
+    assert backend.hold is not None and backend.hold.request_id == 2
+    # Something runs again: the hold applies (the last row is kept for request 2).
+    assert "the last one kept for request 2" in _slot_refused(backend, 4, 10, 10)
 
 
 def test_a_request_larger_than_the_kv_cache_is_not_held() -> None:

@@ -33,8 +33,9 @@ hold every time.  A request blocked by a hold is told so in its refusal (``N of 
 request R, refused earlier``).  The master does not tell the node when a request gives up or is
 placed on another decode node, so a request waits here only while it keeps asking: it is
 forgotten (and its hold expires) once :data:`HOLD_STEPS` engine steps pass without it asking
-again.  The hold applies on a node running nothing too (a refused reservation makes the node
-run a step, so even there a stale hold expires).  Request rows are held the same way: a request
+again.  A node running nothing does not enforce the hold: it runs a step only when it refuses a
+reservation, so a stale hold (its request gave up) would refuse every large request there for
+HOLD_STEPS refusals; the held request then competes for the emptied node as any other.  Request rows are held the same way: a request
 refused for a row joins the same order, and while another request is held one row stays free
 for it (a freed row would otherwise go to whichever small request asks first).  Never held: a
 request needing more than the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it
@@ -188,7 +189,7 @@ class DecodeBackend(PdNodeBackend):
         rows = self.kv.max_requests()
         # While another request is held, one request row stays free for it: a row that frees
         # would otherwise go to whichever small request asks first, as KV did.
-        kept = 1 if hold is not None and hold.request_id != request_id else 0
+        kept = 1 if hold is not None and hold.request_id != request_id and self.requests else 0
         if len(self.requests) >= rows - kept:
             needed = spec.prompt_len + (spec.params.max_new_tokens if decode_tokens is None else decode_tokens)
             if needed <= self.kv.capacity_token_num():
@@ -216,7 +217,8 @@ class DecodeBackend(PdNodeBackend):
         free = self.kv.allocatable_token_num() - self.promised_token_num()
         hold = self.live_hold()
         held = hold is not None and hold.request_id == req.request_id
-        withheld = hold.tokens if hold is not None and not held else 0
+        # Not on a node running nothing: see the module docstring.
+        withheld = hold.tokens if hold is not None and not held and self.requests else 0
         if free - withheld < needed:
             reason = (f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
                       f"{needed - req.input_len} to generate), {free} allocatable and not promised")
