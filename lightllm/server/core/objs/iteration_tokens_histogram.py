@@ -14,6 +14,8 @@ from typing import Dict, Iterable, List, Tuple
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from lightllm.server.core.objs.prefill_wait_histogram import bucket_increments
+
 ITERATION_TOKEN_BUCKETS: Tuple[int, ...] = (1,) + tuple(2**power for power in range(3, 15))
 
 _PREFIX = "iteration_tokens_"
@@ -34,11 +36,8 @@ class IterationTokenCounts:
 
     def observe(self, tokens: int) -> None:
         """One step that took ``tokens`` tokens into its forwards."""
-        counts = self._counts
-        for index, bound in enumerate(ITERATION_TOKEN_BUCKETS):
-            if tokens <= bound:
-                counts[index] += 1
-        counts[-1] += 1
+        self._counts = [count + step for count, step in
+                        zip(self._counts, bucket_increments(tokens, ITERATION_TOKEN_BUCKETS))]
         self._sum += tokens
 
     def fields(self) -> Dict[str, int]:
