@@ -16,7 +16,7 @@ from typing import Tuple
 
 from lightllm.common.basemodel.weight_headers import read_weight_headers
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.models.model_types import check_model_type
+from lightllm.models.model_types import architectures_mismatch, check_model_type
 from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
 from lightllm.utils.tokenizer_file_checks import check_tokenizer_files_readable
@@ -35,6 +35,9 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
         raise ValueError(f"--model_dir {args.model_dir}: no config.json there (not a Hugging Face checkpoint directory)")
     model_config = ModelConfig.from_dir(args.model_dir)
     check_model_type(model_config)
+    mismatch = architectures_mismatch(model_config)
+    if mismatch is not None:
+        log.warning("%s", mismatch)
     # The HTTP and detokenization processes load the tokenizer only after every process started,
     # and transformers' error then names neither the directory nor a file: refuse here (the PD
     # master, which loads it too, reads the checkpoint through this function).

@@ -296,3 +296,30 @@ def test_a_tied_config_whose_head_differs_from_the_embedding_is_warned_about(tin
         load_model(str(model_dir), dtype=torch.float32)
     assert "ties the LM head to the embedding (tie_word_embeddings), but the checkpoint's lm_head.weight differs" in \
         caplog.text
+
+
+def test_architectures_naming_another_family_than_model_type_is_warned_about(tiny_llama_dir, tmp_path, caplog):
+    # Served by model_type, as transformers loads it, but vLLM would build the other model.
+    from lightllm.server.launch.checkpoint_reading import read_checkpoint
+
+    model_dir = _copy(tiny_llama_dir, tmp_path, "named_mistral", architectures=["MistralForCausalLM"])
+    args = make_argument_parser().parse_args(["--model_dir", str(model_dir)])
+    with caplog.at_level("WARNING", logger="lightllm.server.launch.checkpoint_reading"):
+        assert read_checkpoint(args)[0].model_type == "llama"
+    assert ("config.json: architectures names MistralForCausalLM but model_type is 'llama': served as "
+            "LlamaForCausalLM (by model_type, as transformers' AutoModelForCausalLM loads it; vLLM goes by "
+            "architectures and would serve MistralForCausalLM)") in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lightllm.server.launch.checkpoint_reading"):
+        read_checkpoint(make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir)]))
+    assert "architectures names" not in caplog.text
+
+
+def test_the_causal_lm_classes_are_the_ones_transformers_builds():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from lightllm.models.model_types import CAUSAL_LM_CLASSES, SUPPORTED_MODEL_TYPES
+
+    assert sorted(CAUSAL_LM_CLASSES) == sorted(SUPPORTED_MODEL_TYPES)
+    for model_type, name in CAUSAL_LM_CLASSES.items():
+        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type] == name
