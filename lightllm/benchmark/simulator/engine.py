@@ -259,6 +259,7 @@ class Simulator:
         if not len(self.router):
             return  # nothing waits; admission would only re-sum the running set to return []
         backend = self.backend
+        backend.observe_time(self.clock)  # a decode node's KV hold runs on the simulated clock
         for router_req in self.router.admit_if_due(self.backend_steps, self.config.router_max_wait_tokens):
             spec = self._specs.pop(router_req.request_id)
             if isinstance(backend, DecodeBackend):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -192,7 +193,7 @@ class ModelRank:
                 self._screened[request_id] = spec
                 accepted.append((request_id, shm_index))
             if accepted:
-                screened.append(AddRequests(accepted))
+                screened.append(AddRequests(accepted, leader_time=time.monotonic()))
             if rejected:
                 screened.append(RejectRequests(rejected))
         return screened
@@ -207,6 +208,7 @@ class ModelRank:
         """Admit, reject and abort requests as the (screened) commands say; other commands go to the backend."""
         for command in commands:
             if isinstance(command, AddRequests):
+                self.backend.observe_time(command.leader_time)
                 for request_id, shm_index in command.requests:
                     self._admit(request_id, shm_index)
             elif isinstance(command, RejectRequests):

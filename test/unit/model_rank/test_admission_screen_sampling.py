@@ -8,6 +8,7 @@ memory record damaged after the HTTP side wrote a valid one.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -96,6 +97,11 @@ def test_rank0_screen_refuses_a_record_naming_ids_past_the_vocabulary(
     damage(shm.array[1])  # after the HTTP side built, checked and wrote a valid spec
     rank = ModelRank(_RankLimits(), shm, is_leader=True)  # rank 0's screen only: no process, no model
     with caplog.at_level("WARNING", logger="lightllm.model_rank"):
+        before = time.monotonic()
         commands = rank.screen([AddRequests([(100, 0), (101, 1), (102, 2)])])
-    assert commands == [AddRequests([(100, 0), (102, 2)]), RejectRequests([(101, 1)])]
+        after = time.monotonic()
+    assert [type(c) for c in commands] == [AddRequests, RejectRequests]
+    assert commands[0].requests == [(100, 0), (102, 2)] and commands[1] == RejectRequests([(101, 1)])
+    # Rank 0's clock travels with the requests, so every TP rank's time-based decisions agree.
+    assert before <= commands[0].leader_time <= after
     assert why in caplog.text, caplog.text

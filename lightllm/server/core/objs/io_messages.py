@@ -26,9 +26,14 @@ class AbortRequest:
 
 @dataclass
 class AddRequests:
-    """Router -> model rank 0: admit these ``(request_id, shm_index)`` pairs."""
+    """Router -> model rank 0: admit these ``(request_id, shm_index)`` pairs.
+
+    ``leader_time``: rank 0's ``time.monotonic()`` when it screened them (0.0 from the router),
+    sent on to every TP rank so that time-based decisions (a decode node's KV hold) agree.
+    """
 
     requests: List[Tuple[int, int]]
+    leader_time: float = 0.0
 
 
 @dataclass

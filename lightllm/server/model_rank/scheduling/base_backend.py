@@ -11,7 +11,8 @@ the same classes in virtual time.
 
 The rank loop calls, per iteration and identically on every TP rank:
 
-* :meth:`ModeBackend.intake` for each admitted request, :meth:`reject` / :meth:`abort` for the
+* :meth:`ModeBackend.observe_time` with rank 0's clock, then :meth:`ModeBackend.intake` for
+  each admitted request, :meth:`reject` / :meth:`abort` for the
   others, :meth:`on_command` for any other command;
 * :meth:`ModeBackend.poll` (work outside the step, e.g. a PD node's KV transfers);
 * :meth:`step` when :attr:`has_work`.
@@ -94,6 +95,14 @@ class ModeBackend(StepEngine, ABC):
         """
         log.error("a %s node ignores a %s command (a bug: no process of this node sends it): %.200r",
                   self.run_mode, type(command).__name__, command)
+
+    def observe_time(self, now: float) -> None:
+        """The agreed time moved to ``now``: rank 0's clock when it admitted the next requests.
+
+        The same value on every TP rank (it travels with the requests), so a mode deciding by
+        time decides alike everywhere; the simulator passes its virtual time.  Only a decode
+        node reads it (its KV hold); other modes ignore it.
+        """
 
     def poll(self) -> None:
         """Once per loop iteration, before the step: advance work outside the step (none here)."""

@@ -18,29 +18,18 @@ On a server the backend's :class:`~.pd_node_backend.TransferIntake` runs both ha
 reserves (with :meth:`DecodeBackend.segment_tokens` as the decode allowance) and starts
 receiving, and admits or fails the request on the agreed transfer result.
 
-A KV hold keeps a large request from starving behind small ones.  Every request that finishes
-frees KV, and a small reservation fits into it at once, so without a hold a large one could be
-refused for as long as small ones keep arriving.  So the node remembers the requests it refused
-for KV tokens (id and KV tokens needed), in the order of their first refusal, and holds KV for
-the first of them: while the hold is live, another reservation is granted only if it leaves the
-held request's need unpromised (``free - held >= needed``, where ``free`` is allocatable and not
-promised), so smaller requests still use the KV beyond it but not the KV the held one waits for.
-The held request is granted on one of its retries (the master retries a busy answer,
-:mod:`lightllm.server.pd.master.busy_retry`) once ``free`` reaches its need; the next one refused
-earliest is held then.  Ordering by first refusal, not by who asks next, matters: a request that
-waited long retries once a second, one just refused every 50 ms, and the latter would win the
-hold every time.  A request blocked by a hold is told so in its refusal (``N of them held for
-request R, refused earlier``).  The master does not tell the node when a request gives up or is
-placed on another decode node, so a request waits here only while it keeps asking: it is
-forgotten (and its hold expires) once :data:`HOLD_STEPS` engine steps pass without it asking
-again.  A node running nothing does not enforce the hold: it runs a step only when it refuses a
-reservation, so a stale hold (its request gave up) would refuse every large request there for
-HOLD_STEPS refusals; the held request then competes for the emptied node as any other.  Request rows are held the same way: a request
-refused for a row joins the same order, and while another request is held one row stays free
-for it (a freed row would otherwise go to whichever small request asks first).  Never held: a
-request needing more than the whole KV cache (:meth:`~.kv_view.KvView.capacity_token_num`; it
-would never fit and the hold would block the node).  Every decision counts steps and
-reservations, never time, so every TP rank decides the same.
+A KV hold (:mod:`.decode_kv_hold`) keeps a large request from starving behind small ones: the
+node remembers the requests it refused (for KV tokens or for a request row) in the order of
+their first refusal, in a :class:`~.decode_kv_hold.KvHoldLine`, and holds KV for the first of
+them not reserved here: while the hold is live, another reservation is granted only if it leaves
+the held request's need unpromised (``free - held >= needed``, where ``free`` is allocatable and
+not promised), so smaller requests still use the KV beyond it but not the KV the held one waits
+for, and one request row stays free for it.  The held request is granted on one of its retries
+(the master retries a busy answer) once ``free`` reaches its need; the next one in line is held
+then.  A request blocked by a hold is told so in its refusal (``N of them held for request R,
+refused earlier``).  Never held: a request needing more than the whole KV cache
+(:meth:`~.kv_view.KvView.capacity_token_num`; it would never fit and the hold would block the
+node).  The line's clock is rank 0's (:meth:`observe_time`), so every TP rank decides the same.
 
 A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
 unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
@@ -52,7 +41,6 @@ node's first token included.  Both are constructor arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Dict, Optional, Sequence
 
 from lightllm.server.core.objs.finish_status import (
@@ -61,6 +49,7 @@ from lightllm.server.core.objs.finish_status import (
     FINISH_SEGMENT_KV,
     FINISH_SEGMENT_LIMIT,
 )
+from lightllm.server.model_rank.scheduling.decode_kv_hold import KvHoldLine, WaitingRequest
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.kv_view import KvView
 from lightllm.server.model_rank.scheduling.model_executor import ModelExecutor
@@ -77,23 +66,6 @@ if TYPE_CHECKING:
 # Which limit refused a reservation (KvReservationRefused.limit); the message names it too.
 LIMIT_KV_TOKENS = "kv_tokens"  # the KV cache cannot hold the prompt plus the segment's decode tokens
 LIMIT_REQUEST_SLOTS = "request_slots"  # every request row (--running_max_req_size) is in use
-
-# Engine steps a request refused for KV (and its hold) outlive its last ask.  The master retries a busy answer after
-# 50 ms, doubling up to 1 s (busy_retry.py), so a request still waiting asks again at least every
-# ~1 s plus one answer's round trip (a step or two); a GPU decode step takes 10-50 ms (20-100
-# steps a second; ~5 ms for a small model's small batch, and a stalled node polls every 20 ms),
-# a CPU step longer.  512 steps is over 2 s even at 4 ms a step, twice the longest gap, and a
-# stale hold (its request gave up or went to another decode node) ends after 5-25 s on a GPU.
-HOLD_STEPS = 512
-
-
-@dataclass
-class KvHold:
-    """A request a decode node refused for KV and that still asks; the earliest refused is held."""
-
-    request_id: int
-    tokens: int  # the KV tokens its reservation needs
-    asked_step: int  # the node's step count when it last asked
 
 
 class KvReservationRefused(RuntimeError):
@@ -114,6 +86,7 @@ class DecodeBackend(PdNodeBackend):
     Args, after the :class:`~.pd_node_backend.PdNodeBackend` ones:
         end_segment_on_kv_pressure: end a KV-starved request's segment instead of pausing it.
         max_segment_tokens: end a segment after this many generated tokens (0: no limit).
+        hold_line: the KV hold's line of refused requests (default: a new one, :data:`~.decode_kv_hold.HOLD_SECONDS`).
     """
 
     run_mode: ClassVar[str] = "decode"
@@ -130,6 +103,7 @@ class DecodeBackend(PdNodeBackend):
         transfer: Optional[TransferIntake] = None,
         end_segment_on_kv_pressure: bool = False,
         max_segment_tokens: int = 0,
+        hold_line: Optional[KvHoldLine] = None,
     ) -> None:
         super().__init__(executor, kv, strategy, planner, eos_token_ids, max_req_total_len, transfer=transfer)
         if max_segment_tokens < 0:
@@ -138,37 +112,15 @@ class DecodeBackend(PdNodeBackend):
         self.max_segment_tokens = max_segment_tokens
         # request id -> KV tokens its reservation was promised (prompt + decode allowance).
         self._promised: Dict[int, int] = {}
-        # Requests refused for KV that still ask, in the order of their first refusal: the first
-        # one is held (see the module docstring).
-        self._waiting: Dict[int, KvHold] = {}
-        self.steps = 0  # engine steps run: the KV hold's clock
-        self._pruned_step = -1  # the step live_hold last dropped expired entries at
+        self.hold_line = hold_line if hold_line is not None else KvHoldLine()
 
-    def step(self) -> StepReport:
-        """One engine step (see :class:`~.pd_node_backend.PdNodeBackend`), counted for the KV hold."""
-        self.steps += 1
-        return super().step()
+    def observe_time(self, now: float) -> None:
+        """The agreed time (rank 0's clock, the same on every TP rank) moved to ``now``: the KV hold's clock."""
+        self.hold_line.observe(now)
 
-    @property
-    def hold(self) -> Optional[KvHold]:
-        """The held request: the first one refused for KV that still waits (expired or not)."""
-        return next(iter(self._waiting.values()), None)
-
-    def live_hold(self) -> Optional[KvHold]:
-        """The KV hold, after forgetting waiting requests that stopped asking (see the module docstring)."""
-        # An entry expires only as steps pass, so one scan per step is enough (not one per ask:
-        # thousands of refused requests would make every reservation a long scan).
-        if self._pruned_step != self.steps:
-            self._pruned_step = self.steps
-            waiting = self._waiting
-            for request_id in [r for r, w in waiting.items() if self.steps - w.asked_step > HOLD_STEPS]:
-                del waiting[request_id]
-        return self.hold
-
-    def _remember_refused(self, request_id: int, needed: int) -> None:
-        """``request_id`` was refused and waits: keep its place (its first refusal) and mark it asking."""
-        waiting = self._waiting.setdefault(request_id, KvHold(request_id, needed, self.steps))
-        waiting.tokens, waiting.asked_step = needed, self.steps
+    def held_request(self) -> Optional[WaitingRequest]:
+        """The request the KV hold is for now, if any (see the module docstring)."""
+        return self.hold_line.held(self.requests)
 
     def segment_tokens(self, max_new_tokens: int) -> int:
         """What one segment of a request allowed ``max_new_tokens`` may generate here."""
@@ -185,15 +137,15 @@ class DecodeBackend(PdNodeBackend):
         Refused (:class:`KvReservationRefused`, nothing changes) when every request row is in
         use, or as :meth:`reserve_for` refuses.
         """
-        hold = self.live_hold()
+        hold = self.held_request()
         rows = self.kv.max_requests()
         # While another request is held, one request row stays free for it: a row that frees
-        # would otherwise go to whichever small request asks first, as KV did.
-        kept = 1 if hold is not None and hold.request_id != request_id and self.requests else 0
+        # would otherwise go to whichever small request asks first, as KV would.
+        kept = 1 if hold is not None and hold.request_id != request_id else 0
         if len(self.requests) >= rows - kept:
             needed = spec.prompt_len + (spec.params.max_new_tokens if decode_tokens is None else decode_tokens)
             if needed <= self.kv.capacity_token_num():
-                self._remember_refused(request_id, needed)  # it waits for a row: it keeps its place
+                self.hold_line.refused(request_id, needed)  # it waits for a row: it keeps its place
             reason = f"no request slot to reserve: all {rows} request slots (--running_max_req_size) are in use"
             if kept and len(self.requests) < rows:
                 reason = (f"no request slot to reserve: {len(self.requests)} of {rows} request slots "
@@ -215,26 +167,26 @@ class DecodeBackend(PdNodeBackend):
         """
         needed = req.input_len + (req.max_new_tokens if decode_tokens is None else decode_tokens)
         free = self.kv.allocatable_token_num() - self.promised_token_num()
-        hold = self.live_hold()
-        held = hold is not None and hold.request_id == req.request_id
-        # Not on a node running nothing: see the module docstring.
-        withheld = hold.tokens if hold is not None and not held and self.requests else 0
+        hold = self.held_request()
+        withheld = hold.tokens if hold is not None and hold.request_id != req.request_id else 0
         if free - withheld < needed:
             reason = (f"no KV to reserve: request {req.request_id} needs {needed} KV tokens (prompt {req.input_len} + "
                       f"{needed - req.input_len} to generate), {free} allocatable and not promised")
             capacity = self.kv.capacity_token_num()
             if needed <= capacity:  # it waits for the hold (one never fitting would block the node)
-                self._remember_refused(req.request_id, needed)
+                self.hold_line.refused(req.request_id, needed)
             else:
-                self._waiting.pop(req.request_id, None)  # a later segment of it may need more than before
+                self.hold_line.leave(req.request_id)  # a later segment of it may need more than before
+            now_held = self.held_request()
             if hold is not None and withheld:
                 reason += f", {min(max(free, 0), withheld)} of them held for request {hold.request_id}, refused earlier"
             elif needed > capacity:
                 reason += f"; more than the whole KV cache ({capacity} tokens), so it is not held"
-            elif self.hold is not None and self.hold.request_id == req.request_id:
+            elif now_held is not None and now_held.request_id == req.request_id:
                 reason += "; held: no other request takes the KV it waits for"
             raise KvReservationRefused(reason, LIMIT_KV_TOKENS)
-        self._waiting.pop(req.request_id, None)
+        # Its place in line stays until its KV arrives: its prefill node may still answer busy.
+        self.hold_line.granted(req.request_id)
         self.join(req)
         self.kv.reserve(req, req.input_len - req.kv_slot_len)
         req.move_to(ReqState.TRANSFERRING)
@@ -261,6 +213,7 @@ class DecodeBackend(PdNodeBackend):
         """
         if req.state is not ReqState.TRANSFERRING or self.requests.get(req.request_id) is not req:
             raise ValueError(f"request {req.request_id} is not waiting for a transfer")
+        self.hold_line.leave(req.request_id)
         req.cur_kv_len = req.input_len
         req.output_ids.append(first_token)
         # Published like a sampled token (the detokenizer needs its text), even if the request ends here.

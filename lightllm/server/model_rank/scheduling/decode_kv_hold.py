@@ -1,0 +1,97 @@
+"""A decode node's KV hold: the request refused earliest gets the KV before later, smaller ones.
+
+Every request that finishes on a decode node frees KV, and a small reservation fits into it at
+once, so without a hold a large request could be refused for as long as small ones keep
+arriving.  :class:`KvHoldLine` is the line of requests the node refused that still ask, in the
+order of their first refusal; the first of them not reserved here now is held, and the backend
+(:class:`~.decode_backend.DecodeBackend`) grants another reservation only if it leaves the held
+request's need unpromised and, while the held request waits, keeps one request row for it.
+
+Ordering by first refusal, not by who asks next, matters: the master retries a busy answer
+after 50 ms, doubling up to 1 s (:mod:`lightllm.server.pd.master.busy_retry`), so a request
+that waited long asks once a second and one just refused every 50 ms; the latter would win
+every time.
+
+The master does not tell the node when a request gives up or is placed on another decode node,
+so a request stays in line only while it keeps asking: it leaves once :data:`HOLD_SECONDS` pass
+without an ask.  The clock is rank 0's, sent with the requests it admits
+(:attr:`~lightllm.server.core.objs.io_messages.AddRequests.leader_time`), so every TP rank
+decides the same; the simulator passes its virtual time.
+
+A request granted here keeps its place until its KV arrives: if its prefill node then answers
+busy, the master gives the reservation back and retries, and the request is still first in
+line when it asks again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Container, Dict, Optional
+
+# How long a refused request keeps its place without asking again.  The master asks again at
+# least every ~1 s (its longest backoff) plus an answer's round trip, which waits for the step
+# running when the ask arrives (up to a few hundred ms for a CPU decode step); 3 s is over
+# twice that, and a stale hold (its request gave up or went elsewhere) ends within 3 s.
+HOLD_SECONDS = 3.0
+
+
+@dataclass
+class WaitingRequest:
+    """A request the node refused that still asks."""
+
+    request_id: int
+    tokens: int  # the KV tokens its reservation needs
+    asked_at: float  # the agreed time of its last ask
+
+
+class KvHoldLine:
+    """Refused requests that still ask, in the order of their first refusal (see the module docstring).
+
+    Args:
+        hold_seconds: how long a request keeps its place without asking again.
+    """
+
+    def __init__(self, hold_seconds: float = HOLD_SECONDS) -> None:
+        if not hold_seconds > 0:
+            raise ValueError(f"hold_seconds must be > 0, got {hold_seconds}")
+        self.hold_seconds = hold_seconds
+        self.now = 0.0  # the agreed time: rank 0's clock as of the last requests it admitted
+        self._waiting: Dict[int, WaitingRequest] = {}
+        self._pruned_at = -1.0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._waiting
+
+    def observe(self, now: float) -> None:
+        """The agreed time moved to ``now`` (never backwards: a stale stamp changes nothing)."""
+        if now > self.now:
+            self.now = now
+
+    def held(self, reserved: Container[int] = ()) -> Optional[WaitingRequest]:
+        """The held request: the first one in line that is not ``reserved`` here now, after dropping the expired."""
+        # Entries expire only as the agreed time moves, so one scan per new time is enough (not
+        # one per ask: thousands of refused requests would make every reservation a long scan).
+        if self._pruned_at != self.now:
+            self._pruned_at = self.now
+            waiting, oldest = self._waiting, self.now - self.hold_seconds
+            for request_id in [r for r, w in waiting.items() if w.asked_at < oldest]:
+                del waiting[request_id]
+        return next((w for w in self._waiting.values() if w.request_id not in reserved), None)
+
+    def refused(self, request_id: int, tokens: int) -> None:
+        """``request_id`` was refused needing ``tokens``: it keeps its place (its first refusal) and counts as asking."""
+        waiting = self._waiting.setdefault(request_id, WaitingRequest(request_id, tokens, self.now))
+        waiting.tokens, waiting.asked_at = tokens, self.now
+
+    def granted(self, request_id: int) -> None:
+        """``request_id`` was granted: it counts as asking and keeps its place until :meth:`leave`."""
+        waiting = self._waiting.get(request_id)
+        if waiting is not None:
+            waiting.asked_at = self.now
+
+    def leave(self, request_id: int) -> None:
+        """``request_id`` no longer waits (its KV arrived, or it can never fit)."""
+        self._waiting.pop(request_id, None)
