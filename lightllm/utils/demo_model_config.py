@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List
 
-from lightllm.models.model_types import CAUSAL_LM_CLASSES
 from lightllm.utils.demo_tokenizer import DemoSpecialTokens
 
 ROPE_THETA = 10000.0
@@ -92,8 +91,12 @@ SIZES: Dict[str, DemoModelSize] = {
     ),
 }
 
-# The architectures a demo checkpoint can have: every served one, named as config.json names it.
-ARCHITECTURES: Dict[str, str] = dict(CAUSAL_LM_CLASSES)
+ARCHITECTURES: Dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 @dataclass(frozen=True)

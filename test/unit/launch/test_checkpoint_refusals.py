@@ -319,7 +319,9 @@ def test_the_causal_lm_classes_are_the_ones_transformers_builds():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from lightllm.models.model_types import CAUSAL_LM_CLASSES, SUPPORTED_MODEL_TYPES
+    from lightllm.utils.demo_model_config import ARCHITECTURES  # utils may not import models: a copy
 
     assert sorted(CAUSAL_LM_CLASSES) == sorted(SUPPORTED_MODEL_TYPES)
+    assert ARCHITECTURES == CAUSAL_LM_CLASSES
     for model_type, name in CAUSAL_LM_CLASSES.items():
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type] == name
