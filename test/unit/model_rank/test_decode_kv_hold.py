@@ -20,7 +20,7 @@ from lightllm.server.model_rank.scheduling.decode_backend import (
     DecodeBackend,
     KvReservationRefused,
 )
-from lightllm.server.model_rank.scheduling.decode_kv_hold import HOLD_SECONDS, KvHoldLine
+from lightllm.server.model_rank.scheduling.decode_kv_hold import HOLD_SECONDS, RELEASE_GRACE_SECONDS, KvHoldLine
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
@@ -233,12 +233,34 @@ def test_a_granted_request_keeps_its_place_until_its_kv_arrives() -> None:
     _run_to_end(backend, first)
     granted = _reserve(backend, 2, 60, 20)
     assert _held(backend).request_id == 3  # while 2 is reserved here, the next in line is held
+    backend.observe_time(HOLD_SECONDS + 5.0)  # a prompt queued long on its prefill node
+    assert "held: no other" in _refused(backend, 3, 50, 20)  # 3 is held (40 of 100 are 2's), 2 not forgotten
     backend.transfer_failed(granted)  # the reservation given back before any KV arrived
     backend.step()
+    backend.observe_time(HOLD_SECONDS + 5.5)
     assert "held for request 2" in _refused(backend, 3, 50, 20)  # 2 is first again
     granted = _reserve(backend, 2, 60, 20)
     backend.admit_prefilled(granted, 7)  # its KV arrived: it leaves the line
     assert 2 not in backend.hold_line and _held(backend).request_id == 3
+
+
+def test_a_reservation_ended_without_its_kv_keeps_the_place_only_briefly() -> None:
+    # The prefill node's first token ended the request, or its client left: the decode node
+    # cannot tell that from a busy prefill node, so it waits for a re-ask only a short grace.
+    backend = _backend(100)
+    first = _reserve(backend, 1, 40, 20)
+    backend.observe_time(10.0)
+    _refused(backend, 2, 60, 35)  # needs 95
+    _run_to_end(backend, first)
+    granted = _reserve(backend, 2, 60, 35)
+    backend.abort(2)
+    backend.transfer_failed(granted)
+    backend.step()
+    backend.observe_time(10.0 + RELEASE_GRACE_SECONDS - 0.01)
+    assert "95 of them held for request 2" in _refused(backend, 3, 10, 10)
+    backend.observe_time(10.0 + RELEASE_GRACE_SECONDS + 0.01)
+    _reserve(backend, 3, 10, 10)
+    assert 2 not in backend.hold_line
 
 
 def test_the_hold_line_refuses_a_nonpositive_hold() -> None:

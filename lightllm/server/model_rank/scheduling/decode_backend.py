@@ -120,7 +120,7 @@ class DecodeBackend(PdNodeBackend):
 
     def held_request(self) -> Optional[WaitingRequest]:
         """The request the KV hold is for now, if any (see the module docstring)."""
-        return self.hold_line.held(self.requests)
+        return self.hold_line.held()
 
     def segment_tokens(self, max_new_tokens: int) -> int:
         """What one segment of a request allowed ``max_new_tokens`` may generate here."""
@@ -231,6 +231,7 @@ class DecodeBackend(PdNodeBackend):
         """The transfer did not arrive: give the reservation back and fail the request with ``status``."""
         if req.state is not ReqState.TRANSFERRING or self.requests.get(req.request_id) is not req:
             raise ValueError(f"request {req.request_id} is not waiting for a transfer")
+        self.hold_line.released(req.request_id)
         self.finish(req, FINISH_ABORT if req.abort_requested else status)
 
     def finish_status(self, req: InferReq, token: int) -> int:

@@ -18,21 +18,29 @@ without an ask.  The clock is rank 0's, sent with the requests it admits
 (:attr:`~lightllm.server.core.objs.io_messages.AddRequests.leader_time`), so every TP rank
 decides the same; the simulator passes its virtual time.
 
-A request granted here keeps its place until its KV arrives: if its prefill node then answers
-busy, the master gives the reservation back and retries, and the request is still first in
-line when it asks again.
+A request granted here keeps its place while it is reserved (its reservation's lease bounds
+that) and for :data:`RELEASE_GRACE_SECONDS` after the reservation ends without its KV: if its
+prefill node answers busy, the master gives the reservation back and asks again within about a
+second, and the request is still first in line.  The same reservation also ends when the prefill
+node's first token finished the request or its client went away, and the node cannot tell these
+apart, so the grace is short: such a request holds the KV it needed for at most that long.  Its
+KV arriving takes it out of line.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Container, Dict, Optional
+from typing import Dict, Optional
 
 # How long a refused request keeps its place without asking again.  The master asks again at
 # least every ~1 s (its longest backoff) plus an answer's round trip, which waits for the step
 # running when the ask arrives (up to a few hundred ms for a CPU decode step); 3 s is over
 # twice that, and a stale hold (its request gave up or went elsewhere) ends within 3 s.
 HOLD_SECONDS = 3.0
+# How long a request keeps its place after its reservation ended without its KV: the master's
+# re-ask after a busy prefill node comes after its first backoffs (50, 100, 200 ms ...), under a
+# second; a request that finished at its prefill node holds the KV it needed this long at most.
+RELEASE_GRACE_SECONDS = 1.5
 
 
 @dataclass
@@ -42,6 +50,7 @@ class WaitingRequest:
     request_id: int
     tokens: int  # the KV tokens its reservation needs
     asked_at: float  # the agreed time of its last ask
+    reserved: bool = False  # granted here and waiting for its KV: it keeps its place, nothing is held for it
 
 
 class KvHoldLine:
@@ -70,27 +79,37 @@ class KvHoldLine:
         if now > self.now:
             self.now = now
 
-    def held(self, reserved: Container[int] = ()) -> Optional[WaitingRequest]:
-        """The held request: the first one in line that is not ``reserved`` here now, after dropping the expired."""
+    def held(self) -> Optional[WaitingRequest]:
+        """The held request: the first one in line not reserved here now, after dropping the expired."""
         # Entries expire only as the agreed time moves, so one scan per new time is enough (not
         # one per ask: thousands of refused requests would make every reservation a long scan).
         if self._pruned_at != self.now:
             self._pruned_at = self.now
             waiting, oldest = self._waiting, self.now - self.hold_seconds
-            for request_id in [r for r, w in waiting.items() if w.asked_at < oldest]:
+            for request_id in [r for r, w in waiting.items() if w.asked_at < oldest and not w.reserved]:
                 del waiting[request_id]
-        return next((w for w in self._waiting.values() if w.request_id not in reserved), None)
+        return next((w for w in self._waiting.values() if not w.reserved), None)
 
     def refused(self, request_id: int, tokens: int) -> None:
         """``request_id`` was refused needing ``tokens``: it keeps its place (its first refusal) and counts as asking."""
         waiting = self._waiting.setdefault(request_id, WaitingRequest(request_id, tokens, self.now))
-        waiting.tokens, waiting.asked_at = tokens, self.now
+        waiting.tokens, waiting.asked_at, waiting.reserved = tokens, self.now, False
 
     def granted(self, request_id: int) -> None:
-        """``request_id`` was granted: it counts as asking and keeps its place until :meth:`leave`."""
+        """``request_id`` was granted: it keeps its place, and holds nothing, while it is reserved."""
         waiting = self._waiting.get(request_id)
         if waiting is not None:
-            waiting.asked_at = self.now
+            waiting.asked_at, waiting.reserved = self.now, True
+
+    def released(self, request_id: int) -> None:
+        """``request_id``'s reservation ended without its KV: it keeps its place for :data:`RELEASE_GRACE_SECONDS`."""
+        waiting = self._waiting.get(request_id)
+        if waiting is not None and waiting.reserved:
+            waiting.reserved = False
+            # From the agreed time now, however long it was reserved (a prompt may queue long on
+            # its prefill node); that time moves with every ask, so it is late only when nobody asks.
+            waiting.asked_at = self.now - self.hold_seconds + RELEASE_GRACE_SECONDS
+            self._pruned_at = -1.0  # it may have expired already: the next held() looks again
 
     def leave(self, request_id: int) -> None:
         """``request_id`` no longer waits (its KV arrived, or it can never fit)."""
