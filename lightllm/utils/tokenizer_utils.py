@@ -69,9 +69,11 @@ def slow_tokenizer_problem(model_dir: str) -> Optional[str]:
     transformers falls back to the fast tokenizer silently when the checkpoint has no slow one,
     and transformers 5 loads most tokenizer classes through their fast backend whatever is asked.
     """
+    # Loaded first: the launcher keeps torch out, and transformers' first import must be the
+    # quiet one in load_tokenizer (else it advises that PyTorch was not found above the error).
+    tokenizer = load_tokenizer(model_dir, "slow", warn=False)
     import transformers
 
-    tokenizer = load_tokenizer(model_dir, "slow", warn=False)
     if not getattr(tokenizer, "is_fast", False):
         return None
     return (f"transformers {transformers.__version__} loads {model_dir}'s tokenizer ({type(tokenizer).__name__}) "

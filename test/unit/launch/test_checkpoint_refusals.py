@@ -325,3 +325,9 @@ def test_the_causal_lm_classes_are_the_ones_transformers_builds():
     assert ARCHITECTURES == CAUSAL_LM_CLASSES
     for model_type, name in CAUSAL_LM_CLASSES.items():
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type] == name
+
+
+def test_the_slow_tokenizer_refusal_is_its_line_alone(tiny_llama_dir):
+    # transformers' "PyTorch was not found" advice came above it: its first import in the
+    # torch-free launcher was not the quiet one.
+    assert _refusal(tiny_llama_dir, "--tokenizer_mode", "slow").startswith("error: --tokenizer_mode slow: transformers ")
