@@ -18,6 +18,8 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from lightllm.common.basemodel.linear_backend_fit import onednn_refusal, onednn_setting_problem
+
 LINEAR_BACKENDS: List[str] = ["auto", "torch", "onednn"]
 
 # The batch size oneDNN tunes the packed layout for; measured on the development VM, a layout
@@ -100,12 +102,11 @@ def onednn_problem(device: str, dtype: torch.dtype) -> Optional[str]:
     Beyond the build's flags, a small product is packed, run and compared with torch's, so a
     build whose oneDNN ops are missing or broken is caught at start-up, not at the first request.
     """
-    if device != "cpu":
-        return f"oneDNN projections run on CPU only (the device is {device})"
+    setting = onednn_setting_problem(device, str(dtype).replace("torch.", ""))
+    if setting is not None:
+        return setting
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
-    if dtype not in (torch.float32, torch.bfloat16):
-        return f"oneDNN projections take float32 or bfloat16 weights, not {str(dtype).replace('torch.', '')}"
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "this CPU has no bfloat16 support in oneDNN"
     generator = torch.Generator().manual_seed(0)
@@ -136,7 +137,7 @@ def resolve_linear_backend(requested: str, device: str, dtype: torch.dtype) -> s
         return "torch"
     problem = onednn_problem(device, dtype)
     if requested == "onednn" and problem is not None:
-        raise LinearBackendError(f"--linear_backend onednn cannot run here: {problem}; use --linear_backend torch")
+        raise LinearBackendError(onednn_refusal(problem))
     return "torch" if problem is not None else "onednn"
 
 

@@ -10,6 +10,7 @@ import argparse
 from typing import TYPE_CHECKING, Optional
 
 from lightllm.common.basemodel.attention.cpp_kernel_support import cpp_kernel_problem
+from lightllm.common.basemodel.linear_backend_fit import onednn_refusal, onednn_setting_problem
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.flag_combinations import PREFIX_CACHE_STRATEGY
@@ -69,3 +70,16 @@ def check_attention_backend_fits(args: argparse.Namespace, model_config: ModelCo
                                  model_config.head_dim, args.tp, dtype_name)
     if problem is not None:
         raise ArgumentError(problem)
+
+
+def check_linear_backend_fits(args: argparse.Namespace, device: str, dtype_name: str) -> None:
+    """Refuse ``--linear_backend onednn`` on a device or dtype oneDNN projections never take.
+
+    Before any process starts; the rank checks again what needs torch (the build's oneDNN).
+    ``auto`` takes torch's projections there instead, so only the named backend is refused.
+    """
+    if args.linear_backend != "onednn":
+        return
+    problem = onednn_setting_problem(device, dtype_name)
+    if problem is not None:
+        raise ArgumentError(onednn_refusal(problem))

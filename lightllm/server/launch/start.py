@@ -72,7 +72,7 @@ from lightllm.server.launch.child_entry import model_rank_entry, torch_free_entr
 from lightllm.server.launch.child_readiness import StartingChild, StartupError, wait_for_children_ready
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
 from lightllm.server.launch.checkpoint_checks import (check_args_against_checkpoint, check_attention_backend_fits,
-                                                     generation_default_beyond_context)
+                                                     check_linear_backend_fits, generation_default_beyond_context)
 from lightllm.server.launch.checkpoint_reading import check_weight_files, log_checkpoint_limits, read_checkpoint
 from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
 from lightllm.server.launch.child_watch import watch_children
@@ -296,6 +296,7 @@ def _prepare_and_serve(args: argparse.Namespace, front_door: "FrontDoor") -> int
         sizing = plan_sizing(args, model_config, device, facts.cuda_free_bytes)
         check_args_against_checkpoint(args, model_config, sizing.max_req_total_len)
         check_attention_backend_fits(args, model_config, sizing.dtype_name)
+        check_linear_backend_fits(args, device, sizing.dtype_name)
         beyond = generation_default_beyond_context(request_defaults, args.max_new_tokens_default,
                                                    sizing.max_req_total_len)
         if beyond is not None:

@@ -331,3 +331,10 @@ def test_the_slow_tokenizer_refusal_is_its_line_alone(tiny_llama_dir):
     # transformers' "PyTorch was not found" advice came above it: its first import in the
     # torch-free launcher was not the quiet one.
     assert _refusal(tiny_llama_dir, "--tokenizer_mode", "slow").startswith("error: --tokenizer_mode slow: transformers ")
+
+
+def test_onednn_in_float16_is_refused_before_anything_starts(tiny_llama_dir):
+    # The ranks refused it about 4 s after every process started.
+    assert _refusal(tiny_llama_dir, "--linear_backend", "onednn", "--data_type", "fp16") == (
+        "error: --linear_backend onednn cannot run here: oneDNN projections take float32 or bfloat16 weights, not "
+        "float16; use --linear_backend torch")
