@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import subprocess
@@ -71,3 +72,14 @@ def test_docs_build_without_warnings(lang: str, tmp_path: Path):
            str(ROOT / "docs" / lang), str(tmp_path / "html")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"sphinx-build -W failed for docs/{lang}:\n{proc.stderr}{proc.stdout}"
+
+
+@pytest.mark.parametrize("module", ["bench_serving", "compare_strategies"])
+@pytest.mark.parametrize("language", ["EN", "CN"])
+def test_every_flag_of_the_benchmark_tools_is_documented(module, language):
+    # Several flags were named only by --help; benchmark.md is where users look for them.
+    parser = importlib.import_module(f"lightllm.benchmark.{module}").build_parser()
+    text = (ROOT / "docs" / language / "benchmark.md").read_text(encoding="utf-8")
+    flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+    missing = [flag for flag in flags if flag != "--help" and not re.search(re.escape(flag) + r"(?![\w-])", text)]
+    assert missing == [], f"docs/{language}/benchmark.md does not name {module}'s {missing}"
