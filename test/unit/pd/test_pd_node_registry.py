@@ -267,3 +267,57 @@ def test_a_drop_listener_may_query_the_registry_while_several_nodes_expire() -> 
     clock.advance(7.0)
     assert [info.node_id for info in registry.expire()] == ["p0", "d0"]
     assert dropped == ["p0", "d0"] and registry.alive() == []
+
+
+def _swept(registry: NodeRegistry, clock: FakeClock, seconds: float, period: float = 1.0) -> None:
+    """``seconds`` pass on a running master: its sweeper checks every ``period``."""
+    for _ in range(round(seconds / period)):
+        clock.advance(period)
+        registry.expire()
+
+
+def test_a_stall_of_the_master_itself_does_not_count_against_the_nodes(caplog) -> None:
+    # The master's loop did not run for 8 s (blocked, or starved of CPU): the nodes' heartbeats
+    # of that time wait unread in its sockets, and they were dropped on resume with their requests.
+    clock = FakeClock()
+    dropped = []
+    registry = NodeRegistry(heartbeat_interval_s=2.0, max_missed_heartbeats=3, clock=clock,
+                            on_drop=lambda info, reason: dropped.append(info.node_id))
+    registry.register(node("p0", "prefill"))
+    registry.watch_for_stalls(1.0)
+    _swept(registry, clock, 1.0)  # p0's last heartbeat is 1 s old
+    clock.advance(8.0)  # no check ran: the master stalled for 7 s beyond its 1 s period
+    with caplog.at_level("WARNING", logger="lightllm.server.pd.master.stall_watch"):
+        assert registry.expire() == []
+    assert "its event loop did not run for 7.0 s beyond its 1 s expiry sweep" in caplog.text
+    assert registry.stall_watch.stalled_s == pytest.approx(7.0)
+    assert registry.heartbeat("p0")  # the heartbeat that waited during the stall
+    # A node that really stops is still dropped after interval x count of a running master.
+    _swept(registry, clock, 6.0)
+    assert dropped == []
+    _swept(registry, clock, 1.0)
+    assert dropped == ["p0"]
+
+
+def test_late_sweeps_within_the_jitter_and_a_master_without_a_sweeper_count_every_second() -> None:
+    clock = FakeClock()
+    registry = NodeRegistry(heartbeat_interval_s=2.0, max_missed_heartbeats=3, clock=clock)
+    registry.register(node("p0", "prefill"))
+    registry.watch_for_stalls(1.0)
+    for _ in range(5):
+        clock.advance(1.4)  # each sweep 0.4 s late: scheduling jitter, not a stall
+        registry.expire()
+    assert registry.stall_watch.stalled_s == 0.0
+    assert [info.node_id for info in registry.alive()] == []  # 7 s silent: dropped
+    unwatched = NodeRegistry(heartbeat_interval_s=2.0, max_missed_heartbeats=3, clock=clock)
+    unwatched.register(node("d0", "decode", port=9100))
+    clock.advance(6.5)
+    assert unwatched.alive() == []
+    with pytest.raises(ValueError, match="period_s must be > 0, got 0"):
+        unwatched.watch_for_stalls(0)
+
+
+def test_a_node_counts_the_master_lost_two_intervals_after_the_master_would_drop_it() -> None:
+    from lightllm.server.pd.protocol.membership import master_silence_bound_s
+
+    assert master_silence_bound_s(2.0, 3) == 10.0

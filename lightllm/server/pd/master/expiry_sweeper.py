@@ -2,7 +2,9 @@
 
 :class:`~.node_registry.NodeRegistry` also expires lazily on every query, but a node that dies
 while the master is idle must still be dropped on time so its in-flight requests fail within
-the bound; the sweeper checks every half heartbeat interval.
+the bound; the sweeper checks every half heartbeat interval.  Since a check is then due every
+period, the registry takes a longer gap between checks for a stall of the master itself and
+does not count it against the nodes (:meth:`~.node_registry.NodeRegistry.watch_for_stalls`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class ExpirySweeper:
         """Start sweeping on the running event loop (call from a coroutine, once)."""
         if self._task is not None:
             raise RuntimeError("the expiry sweeper is already running")
+        # From now on a check is due every period, so a longer gap is a stall of the master itself.
+        self.registry.watch_for_stalls(self.period_s)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="pd-node-expiry")
 
     async def stop(self) -> None:

@@ -45,6 +45,7 @@ from lightllm.server.pd.protocol.node_info import (
     compatibility_mismatches,
 )
 from lightllm.server.manager_errors import ServerUnavailableError
+from lightllm.server.pd.master.stall_watch import MasterStallWatch
 from lightllm.server.pd.protocol.membership import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_MAX_MISSED_HEARTBEATS,
@@ -124,6 +125,7 @@ class NodeRegistry:
         self._nodes: Dict[str, NodeState] = {}
         self._drop_listeners: List[DropListener] = [on_drop] if on_drop is not None else []
         self._admission = admission
+        self.stall_watch: Optional[MasterStallWatch] = None  # set once a sweeper checks (watch_for_stalls)
 
     # --- configuration --------------------------------------------------------------------
     @property
@@ -243,9 +245,24 @@ class NodeRegistry:
         self._drop(state, "it stopped (it deregistered on its way out)")
         return None
 
+    def watch_for_stalls(self, sweep_period_s: float) -> None:
+        """A sweeper now checks expiry every ``sweep_period_s``: silence while the master did not run is not counted.
+
+        From then on every check first adds the master's own stall since the last check
+        (:class:`~.stall_watch.MasterStallWatch`) to every node's last heartbeat.
+        """
+        self.stall_watch = MasterStallWatch(sweep_period_s, self._clock)
+
     def expire(self) -> List[NodeInfo]:
-        """Drop every node silent for longer than :attr:`expiry_s`; returns the dropped nodes."""
+        """Drop every node silent for longer than :attr:`expiry_s`; returns the dropped nodes.
+
+        Silence while the master itself did not run is not counted (:meth:`watch_for_stalls`).
+        """
         now = self._clock()
+        stalled = self.stall_watch.stall_before(now) if self.stall_watch is not None else 0.0
+        if stalled:
+            for state in self._nodes.values():
+                state.last_heartbeat += stalled
         silent = [state for state in self._nodes.values() if now - state.last_heartbeat > self.expiry_s]
         for state in silent:
             self._drop(

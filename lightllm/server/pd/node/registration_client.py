@@ -3,8 +3,8 @@
 A prefill or decode node runs one :class:`PdNodeClient`. It registers (retrying while the master
 is unreachable), then heartbeats at the interval the master sent back. Heartbeats go both ways:
 every answered heartbeat proves the master alive, so when no registration or heartbeat has been
-answered for ``master_timeout_s`` (default: the master's own bound, ``heartbeat_interval_s *
-max_missed_heartbeats``) the client calls ``on_master_lost`` once; the node can then fail the
+answered for ``master_timeout_s`` (default: :func:`master_silence_bound_s`, two intervals beyond
+the master's own bound) the client calls ``on_master_lost`` once; the node can then fail the
 requests the master sent it (a master that never answered yet is waited for with one warning:
 the node may start first). When the master answers again (a restarted master says
 ``unknown_node``, and the client registers again) ``on_master_back`` is called. A master that
@@ -47,6 +47,7 @@ from lightllm.server.pd.protocol.membership import (
     REGISTER_PATH,
     STATE_KEY,
     UNKNOWN_NODE_CODE,
+    master_silence_bound_s,
 )
 from lightllm.server.pd.node.drain_continuations import ContinuationsWatch
 # NodeRegistrationRefused is imported from here too (the client raises it).
@@ -68,7 +69,7 @@ class PdNodeClient:
         heartbeat_interval_s: pace of registration retries until the master answers; after
             that the master's interval is used.
         master_timeout_s: how long the master may stay silent before ``on_master_lost``; None:
-            ``heartbeat_interval_s * max_missed_heartbeats`` as the master sent them.
+            :func:`master_silence_bound_s` of the interval and count the master sent.
         on_master_lost / on_master_back: called (with a reason / without arguments) when the
             master becomes unreachable for longer than the bound, and when it answers again.
         on_refused: called with the refusal message when the master refuses the node.
@@ -105,7 +106,8 @@ class PdNodeClient:
         self.info = info
         self.heartbeat_interval_s = float(heartbeat_interval_s)
         self._explicit_master_timeout = master_timeout_s
-        self.master_timeout_s = master_timeout_s or heartbeat_interval_s * DEFAULT_MAX_MISSED_HEARTBEATS
+        self.master_timeout_s = master_timeout_s or master_silence_bound_s(heartbeat_interval_s,
+                                                                           DEFAULT_MAX_MISSED_HEARTBEATS)
         self._on_master_lost = on_master_lost
         self._on_master_back = on_master_back
         self._on_refused = on_refused
@@ -344,7 +346,7 @@ class PdNodeClient:
         self.master_id = body.get("master_id")
         self.heartbeat_interval_s = float(body["heartbeat_interval_s"])
         if self._explicit_master_timeout is None:
-            self.master_timeout_s = self.heartbeat_interval_s * int(body["max_missed_heartbeats"])
+            self.master_timeout_s = master_silence_bound_s(self.heartbeat_interval_s, int(body["max_missed_heartbeats"]))
 
     def _answered(self) -> None:
         self._last_answer = self._clock()

@@ -30,6 +30,19 @@ UNKNOWN_NODE_CODE = "unknown_node"
 DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
 DEFAULT_MAX_MISSED_HEARTBEATS = 3
 
+# Heartbeat intervals a node waits beyond the master's own bound before it counts the master
+# lost.  The master drops a node after ``interval x count`` without its heartbeat; were the node
+# to give up on the master after the same silence, one stall of the master's own (its heartbeats
+# unanswered: a blocked loop, a process starved of CPU) would make every node end its requests
+# at the moment the master, which does not count its own stalls, still keeps them.
+MASTER_SILENCE_EXTRA_BEATS = 2
+
+
+def master_silence_bound_s(heartbeat_interval_s: float, max_missed_heartbeats: int) -> float:
+    """Seconds of an unanswering master after which a node counts it lost (10 s by default)."""
+    return heartbeat_interval_s * (max_missed_heartbeats + MASTER_SILENCE_EXTRA_BEATS)
+
+
 # The master -> node call that drops one transfer pair's handles (its other node left):
 # ``{"epoch": E}`` -> 200 ``{"epoch": E, "known": bool}``, idempotent.
 TRANSFER_TEARDOWN_PATH = "/pd/node/transfer_teardown"
