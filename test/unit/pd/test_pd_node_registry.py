@@ -321,3 +321,19 @@ def test_a_node_counts_the_master_lost_two_intervals_after_the_master_would_drop
     from lightllm.server.pd.protocol.membership import master_silence_bound_s
 
     assert master_silence_bound_s(2.0, 3) == 10.0
+
+
+def test_the_expiry_sweeper_starts_the_stall_watch_at_its_period() -> None:
+    import asyncio
+
+    from lightllm.server.pd.master.expiry_sweeper import ExpirySweeper
+
+    registry = NodeRegistry(heartbeat_interval_s=2.0, clock=FakeClock())
+    sweeper = ExpirySweeper(registry)
+
+    async def run() -> None:
+        sweeper.start()
+        await sweeper.stop()
+
+    asyncio.run(run())
+    assert registry.stall_watch is not None and registry.stall_watch.period_s == 1.0
