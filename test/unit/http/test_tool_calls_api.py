@@ -201,6 +201,19 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
             {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
          "messages.0.tool_calls.0.function.arguments", "valid JSON"),
+        # OpenAI and vLLM require a history call's id and type; both were accepted when missing.
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "messages.0.tool_calls", "tool call 0 lacks 'id': it must be {'id': <string>, 'type': 'function'"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "messages.0.tool_calls", "tool call 0 lacks 'type'"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": None, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+         "messages.0.tool_calls", "tool call 0 lacks 'id'"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "type": "custom", "custom": {"name": "f", "input": "x"}}]}]},
+         "messages.0.tool_calls", "only function calls are supported"),
     ],
 )
 def test_tool_fields_refused_clearly(fields: dict[str, Any], param: str, words: str) -> None:

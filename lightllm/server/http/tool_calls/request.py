@@ -308,20 +308,34 @@ def plan_tool_calls(body: Any, parser_name: str | None) -> ToolPlan:
 
 # ------------------------------------------------------------------- tool calls in messages
 
+_CALL_KEYS = ("id", "type", "function")
+_CALL_SHAPE = "{'id': <string>, 'type': 'function', 'function': {'name': <string>, 'arguments': <JSON string>}}"
+
+
 def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | None:
     """An assistant message's ``tool_calls`` (OpenAI form), checked; ``ValueError`` names the problem."""
     if value is None:
         return None
     calls = []
     for index, call in enumerate(value):
-        if not isinstance(call, dict) or set(call) - {"id", "type", "function"} or call.get("type", "function") != \
-                "function" or not isinstance(call.get("function"), dict):
-            raise ValueError(f"tool call {index} must be {{'id': ..., 'type': 'function', 'function': "
-                             "{'name': ..., 'arguments': <JSON string>}}")
-        if "id" in call and not isinstance(call["id"], str):
-            raise ValueError(f"tool call {index} id must be a string")
+        # Every key is required, as OpenAI and vLLM require them: the id pairs the call with its tool
+        # message, and a client that sends the response's call back has all three.
+        if not isinstance(call, dict):
+            raise ValueError(f"tool call {index} is not an object: it must be {_CALL_SHAPE}")
+        if call.get("type") not in (None, "function"):
+            raise ValueError(f"tool call {index} has type {call['type']!r}: only function calls are supported, "
+                             f"{_CALL_SHAPE}")
+        missing = [key for key in _CALL_KEYS if call.get(key) is None]
+        unknown = sorted(str(key) for key in set(call) - set(_CALL_KEYS))
+        if missing or unknown:
+            problem = (f"lacks {', '.join(repr(key) for key in missing)}" if missing
+                       else f"has unknown key(s) {', '.join(repr(key) for key in unknown)}")
+            raise ValueError(f"tool call {index} {problem}: it must be {_CALL_SHAPE}")
+        if not isinstance(call["id"], str):
+            raise ValueError(f"tool call {index} id must be a string, got {json_type_name(call['id'])}")
         function = call["function"]
-        if set(function) - {"name", "arguments"} or not isinstance(function.get("name"), str) \
+        if not isinstance(function, dict) or set(function) - {"name", "arguments"} \
+                or not isinstance(function.get("name"), str) \
                 or not isinstance(function.get("arguments"), str):
             raise ValueError(f"tool call {index} function must be {{'name': <string>, 'arguments': <JSON string>}}")
         # The arguments' JSON is read by check_tool_messages, which knows the message's index for the 400.
@@ -347,11 +361,8 @@ def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for call in calls:
         function = call["function"]
         # Read before (check_tool_call_arguments), so json.loads cannot fail here.
-        entry = {"type": "function", "function": {"name": function["name"],
-                                                  "arguments": json.loads(function["arguments"])}}
-        if "id" in call:
-            entry["id"] = call["id"]
-        rendered.append(entry)
+        rendered.append({"id": call["id"], "type": "function",
+                         "function": {"name": function["name"], "arguments": json.loads(function["arguments"])}})
     return rendered
 
 
