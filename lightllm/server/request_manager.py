@@ -97,11 +97,13 @@ class RequestManager(Protocol):
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         within: Optional[int] = None,
         max_chars: Optional[int] = None,
+        check_tools_read: bool = True,
     ) -> List[int]:
         """Token ids of a chat rendered with the model's template; ``ValueError`` if it cannot be.
 
         ``within``: as for :meth:`encode_prompt`, on the rendered chat; ``max_chars``: a limit on the
         rendered chat's characters (``RenderedChatTooLongError``), checked before it is tokenized.
+        ``check_tools_read``: refuse tools the template does not render (false for a forced call).
         """
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

@@ -22,8 +22,9 @@ from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.prompt_length_probe import RenderedChatTooLongError, encode_within
 from lightllm.server.request_defaults import RequestDefaults, invalid_template, template_compile_error
+from lightllm.server.chat_render_checks import UnreadTemplateFieldError, check_names, check_tool_calls, check_tools
 from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
-                                                template_variables, unread_message, variable_param)
+                                                template_source, template_variables, unread_message, variable_param)
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +101,15 @@ def encode_chat_messages(
     chat_template_kwargs: Optional[Dict[str, Any]] = None,
     within: Optional[int] = None,
     max_chars: Optional[int] = None,
+    check_tools_read: bool = True,
 ) -> List[int]:
     """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be).
 
     ``within``: a token limit, as for :func:`encode_text` (the rendered text is what is probed).
     ``max_chars``: a limit on the rendered text's characters, checked before it is tokenized
     (:class:`~lightllm.server.prompt_length_probe.RenderedChatTooLongError`).
+    ``check_tools_read``: refuse ``tools`` (in ``chat_template_kwargs``) that the template does not
+    render; false when a forced call (``tool_choice`` required or named) uses them whatever the prompt says.
     """
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
@@ -115,9 +119,8 @@ def encode_chat_messages(
         # Checked before the first render: such an argument can make transformers fail the render.
         raise UnreadTemplateFieldError(call_argument_message(name), f"chat_template_kwargs.{name}")
 
-    def render(conversation: List[Dict[str, Any]]) -> str:
-        return _render_chat(tokenizer, conversation, add_generation_prompt, continue_final_message,
-                            chat_template_kwargs)
+    def render(conversation: List[Dict[str, Any]], kwargs: Optional[Dict[str, Any]] = chat_template_kwargs) -> str:
+        return _render_chat(tokenizer, conversation, add_generation_prompt, continue_final_message, kwargs)
 
     text = render(messages)
     printed = [index for index, message in enumerate(messages)
@@ -127,40 +130,17 @@ def encode_chat_messages(
         # as Python syntax (a tool message, in most templates that loop): give those their text.
         messages = [_joined_content(message) if index in printed else message for index, message in enumerate(messages)]
         text = render(messages)
-    named = [index for index, message in enumerate(messages) if message.get("name") is not None]
-    if named and render([_without_name(message) for message in messages]) == text:
-        raise UnreadMessageFieldError(
-            f"messages[{named[0]}].name has no effect: this model's chat template does not read message names; "
-            "omit name (or start the server with a --chat_template that uses it)", f"messages.{named[0]}.name")
-    if len(named) > 1:
-        # A template may read names for some roles only (a tool message's): one name it reads
-        # hid the ones it drops, so each is checked on its own (one render per named message).
-        for index in named:
-            alone = [_without_name(message) if position == index else message
-                     for position, message in enumerate(messages)]
-            if render(alone) == text:
-                role = messages[index].get("role")
-                raise UnreadMessageFieldError(
-                    f"messages[{index}].name has no effect: this model's chat template does not read the name of "
-                    f"a {role} message; omit it there", f"messages.{index}.name")
+    # Data the template may drop without a word: refused unless the rendered chat depends on it.
+    check_names(render, messages, chat_template_kwargs, text)
+    check_tool_calls(render, messages, chat_template_kwargs, text)
+    if check_tools_read:
+        check_tools(render, messages, chat_template_kwargs, text, template_source(tokenizer, chat_template_kwargs))
     _check_variables_read(tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
                           text)
     if max_chars is not None and len(text) > max_chars:
         raise RenderedChatTooLongError(max_chars, len(text))
     # The template writes BOS itself when it wants one; encode without adding another.
     return encode_text(tokenizer, text, add_special_tokens=False, within=within)
-
-
-class UnreadTemplateFieldError(ValueError):
-    """A request field the chat template never reads (``param`` names it): refused rather than dropped."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class UnreadMessageFieldError(UnreadTemplateFieldError):
-    """A message field (``name``) the chat template never reads."""
 
 
 def _check_variables_read(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,
@@ -216,10 +196,6 @@ def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_
 def _joined_content(message: Dict[str, Any]) -> Dict[str, Any]:
     # Parts joined with newlines, as a template that does not loop over them gets every message's.
     return {**message, "content": "\n".join(part["text"] for part in message["content"])}
-
-
-def _without_name(message: Dict[str, Any]) -> Dict[str, Any]:
-    return {key: value for key, value in message.items() if key != "name"}
 
 
 def default_max_new_tokens(
@@ -301,12 +277,13 @@ class ServedModel:
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         within: Optional[int] = None,
         max_chars: Optional[int] = None,
+        check_tools_read: bool = True,
     ) -> List[int]:
-        """Token ids of a chat rendered with the model's template (``within``, ``max_chars``: see
-        :func:`encode_chat_messages`)."""
+        """Token ids of a chat rendered with the model's template (``within``, ``max_chars``,
+        ``check_tools_read``: see :func:`encode_chat_messages`)."""
         return encode_chat_messages(
             self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs, within,
-            max_chars,
+            max_chars, check_tools_read,
         )
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

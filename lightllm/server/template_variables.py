@@ -13,9 +13,10 @@ not the same as "changes the prompt": ``enable_thinking: true`` under a template
 Only a template this module cannot parse (a custom tag) falls back to rendering the chat without
 the variable and comparing.
 
-Not checked: the template call's own arguments (a request's ``chat_template`` is the template
+Not checked here: the template call's own arguments (a request's ``chat_template`` is the template
 itself; ``tools`` also select a template and decide how the output is read), which the request
-model keeps out of ``chat_template_kwargs`` or which the call consumes.
+model keeps out of ``chat_template_kwargs`` or which the call consumes.  Tools a template does not
+render are refused by rendering without them (:mod:`lightllm.server.chat_render_checks`).
 """
 
 from __future__ import annotations
@@ -92,18 +93,25 @@ def _undeclared(source: str) -> FrozenSet[str]:
     return frozenset(jinja2.meta.find_undeclared_variables(_ENV.parse(source)))
 
 
-def template_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> Optional[FrozenSet[str]]:
-    """The variables the template rendering this chat reads; None when its source cannot be parsed here.
+def template_source(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The text of the template ``apply_chat_template`` renders this chat with; None when it cannot be told.
 
-    The template is the one ``apply_chat_template`` picks: the request's own (``chat_template``) or
-    the tokenizer's, the ``tool_use`` one of a set of named templates when tools are given.
+    The request's own (``chat_template``) or the tokenizer's, the ``tool_use`` one of a set of named
+    templates when tools are given.
     """
     kwargs = chat_template_kwargs or {}
     try:
         source = tokenizer.get_chat_template(kwargs.get("chat_template"), kwargs.get("tools"))
-    except Exception:  # noqa: BLE001 - a tokenizer without transformers' lookup: compare renders instead
+    except Exception:  # noqa: BLE001 - a tokenizer without transformers' lookup: its one template, if it has one
         source = kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)
-    if not isinstance(source, str):
+    return source if isinstance(source, str) else None
+
+
+def template_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> Optional[FrozenSet[str]]:
+    """The variables the template rendering this chat reads (:func:`template_source`); None when its
+    source cannot be told or parsed here."""
+    source = template_source(tokenizer, chat_template_kwargs)
+    if source is None:
         return None
     try:
         return _undeclared(source)

@@ -273,13 +273,14 @@ class HttpServerManager:
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         within: Optional[int] = None,
         max_chars: Optional[int] = None,
+        check_tools_read: bool = True,
     ) -> List[int]:
         """Token ids of a chat rendered with the checkpoint's chat template.
 
         ``chat_template_kwargs`` become variables of the template (vLLM's request extra).
         """
         return self.served.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
-                                       within, max_chars)
+                                       within, max_chars, check_tools_read)
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none (``--max_new_tokens_default``, else

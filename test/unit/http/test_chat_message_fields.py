@@ -12,7 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import assert_error, chat
-from lightllm.server.served_model import UnreadMessageFieldError, encode_chat_messages
+from lightllm.server.chat_render_checks import UnreadMessageFieldError
+from lightllm.server.served_model import encode_chat_messages
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
 

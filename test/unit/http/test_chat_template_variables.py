@@ -17,7 +17,8 @@ from api_fakes import FakeManager, assert_error, chat
 from lightllm.server import served_model
 from lightllm.server.http.app import create_app
 from lightllm.server.http.server_options import HttpServerOptions
-from lightllm.server.served_model import UnreadTemplateFieldError, encode_chat_messages
+from lightllm.server.chat_render_checks import UnreadTemplateFieldError
+from lightllm.server.served_model import encode_chat_messages
 
 PLAIN = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 RAG = "{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}" + PLAIN
@@ -66,9 +67,9 @@ def test_template_kwargs_the_template_reads_work_even_when_the_prompt_is_the_sam
 
 def test_what_the_renderer_itself_consumes_is_not_refused(tokenizer) -> None:
     # The request's own template and the tools arrive in the same keyword arguments; neither is a
-    # variable to check (a template that ignores tools is documented: it gets no tool descriptions).
+    # variable to check (tools a template does not render are refused by rendering without them:
+    # test_chat_tool_rendering).
     tool = {"type": "function", "function": {"name": "f"}}
-    assert _render(tokenizer, PLAIN, tools=[tool]) == "user: hi\n"
     assert _render(tokenizer, TOOLS, tools=[tool]).startswith("tools: 1\n")
 
 
@@ -162,9 +163,9 @@ def test_the_api_refuses_unread_documents_and_template_kwargs(rendering_client: 
     # reasoning_effort follows the same rule (test_api_client_fields: a template reading it gets it).
     error = assert_error(chat(client, reasoning_effort="low"), 400, "reasoning_effort")
     assert "chat template in use does not read it" in error["message"]
-    # Tools (tool_choice none: no parser needed) reach the template without being checked.
+    # Tools (tool_choice none: no parser needed) that this template does not render are refused alike.
     tool = {"type": "function", "function": {"name": "f"}}
-    assert chat(client, tools=[tool], tool_choice="none").status_code == 200
+    assert_error(chat(client, tools=[tool], tool_choice="none"), 400, "tools")
 
 
 @pytest.mark.parametrize("key", ["sanitize_control_tokens", "padding"])

@@ -257,11 +257,17 @@ class ToolPlan:
         return self.mode == "auto" and self.parser is not None and self.parser.reads_special_tokens
 
     def template_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """``encode_chat`` options with the tools added for the template (as ``apply_chat_template(tools=...)``)."""
+        """``encode_chat`` options with the tools added for the template (as ``apply_chat_template(tools=...)``).
+
+        A template that does not render them is refused under ``none`` and ``auto``, where the prompt is
+        all that tells the model of them; a forced call (``required``, named) uses them anyway, as its
+        grammar holds their names and schemas, so there they need not be rendered.
+        """
         if not self.tools:
             return options
         kwargs = {**(options.get("chat_template_kwargs") or {}), "tools": [tool.spec for tool in self.tools]}
-        return {**options, "chat_template_kwargs": kwargs}
+        forced = {"check_tools_read": False} if self.grammar is not None else {}
+        return {**options, "chat_template_kwargs": kwargs, **forced}
 
     def combine_grammar(self, other: str | None) -> str | None:
         """The request's grammar: the forced call's, or ``other`` (what response_format, structured_outputs or

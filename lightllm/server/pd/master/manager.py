@@ -193,10 +193,11 @@ class PdMasterManager:
 
     def encode_chat(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, chat_template_kwargs: Optional[Dict[str, Any]] = None,
-                    within: Optional[int] = None, max_chars: Optional[int] = None) -> List[int]:
+                    within: Optional[int] = None, max_chars: Optional[int] = None,
+                    check_tools_read: bool = True) -> List[int]:
         """Token ids of a chat rendered with the model's template."""
         return self.model.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
-                                      within, max_chars)
+                                      within, max_chars, check_tools_read)
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none."""

@@ -1,0 +1,111 @@
+"""Tools and a history's tool calls must reach the prompt: a chat template that renders neither would
+drop them without a word, so such a chat is refused (400 naming ``tools`` or
+``messages.N.tool_calls``), as an unread message ``name`` is.
+
+The rendering half runs the server's own ``encode_chat_messages`` with a real tokenizer; the HTTP half
+puts it behind the real app (the fake manager of ``api_fakes`` renders nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer
+
+from api_fakes import FakeManager, assert_error, chat
+from lightllm.server.chat_render_checks import UnreadMessageFieldError, UnreadTemplateFieldError
+from lightllm.server.http.app import create_app
+from lightllm.server.served_model import encode_chat_messages
+
+# Prints each message's role and content only (the outside tester's template).
+PLAIN = "{% for m in messages %}{{ m.role }}: {{ m.content }}|{% endfor %}"
+CALLS = ("{% for m in messages %}{{ m.role }}: {{ m.content }}{% for c in m.tool_calls or [] %} "
+         "[{{ c.function.name }}({{ c.function.arguments | tojson }})]{% endfor %}|{% endfor %}")
+TOOLS = "{% for t in tools or [] %}tool {{ t.function.name }}|{% endfor %}" + PLAIN
+TOOL = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+TEMPLATE_CALL = {"id": "c1", "type": "function", "function": {"name": "clock", "arguments": {}}}
+HISTORY = [{"role": "user", "content": "time?"}, {"role": "assistant", "content": None, "tool_calls": [TEMPLATE_CALL]},
+           {"role": "tool", "content": "12:00", "tool_call_id": "c1"}]
+USER = [{"role": "user", "content": "time?"}]
+
+
+def _text(tokenizer: Any, messages: list[dict[str, Any]], template: str, **options: Any) -> str:
+    kwargs = {"chat_template": template, **options.pop("kwargs", {})}
+    return tokenizer.decode(encode_chat_messages(tokenizer, messages, chat_template_kwargs=kwargs, **options))
+
+
+def test_tool_calls_the_template_does_not_render_are_refused(tokenizer) -> None:
+    with pytest.raises(UnreadMessageFieldError, match=r"messages\[1\]\.tool_calls has no effect") as refused:
+        _text(tokenizer, HISTORY, PLAIN)
+    assert refused.value.param == "messages.1.tool_calls"
+    assert _text(tokenizer, HISTORY, CALLS) == "user: time?|assistant:  [clock({})]|tool: 12:00|"
+
+
+def test_tools_the_template_does_not_render_are_refused_unless_a_call_is_forced(tokenizer) -> None:
+    with pytest.raises(UnreadTemplateFieldError, match="tools have no effect") as refused:
+        _text(tokenizer, USER, PLAIN, kwargs={"tools": [TOOL]})
+    assert refused.value.param == "tools"
+    assert _text(tokenizer, USER, TOOLS, kwargs={"tools": [TOOL]}) == "tool clock|user: time?|"
+    # A forced call (tool_choice required or named) holds the tools in its grammar: not refused.
+    assert _text(tokenizer, USER, PLAIN, kwargs={"tools": [TOOL]}, check_tools_read=False) == "user: time?|"
+
+
+def test_tools_are_checked_against_the_template_they_select(tokenizer_dir) -> None:
+    """With named templates the tools pick tool_use: comparing with a render by default (which differs
+    anyway) would pass tools that tool_use drops."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = {"default": "plain " + PLAIN, "tool_use": PLAIN}
+    with pytest.raises(UnreadTemplateFieldError, match="tools have no effect"):
+        encode_chat_messages(tokenizer, USER, chat_template_kwargs={"tools": [TOOL]})
+    tokenizer.chat_template = {"default": PLAIN, "tool_use": TOOLS}
+    ids = encode_chat_messages(tokenizer, USER, chat_template_kwargs={"tools": [TOOL]})
+    assert tokenizer.decode(ids) == "tool clock|user: time?|"
+
+
+def test_the_demo_checkpoints_template_renders_tools_and_tool_calls(tiny_llama_dir) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    ids = encode_chat_messages(tokenizer, HISTORY, chat_template_kwargs={"tools": [TOOL]})
+    text = tokenizer.decode(ids)
+    assert '"name": "clock"' in text and '<tool_call>\n{"name": "clock", "arguments": {}}' in text
+
+
+# ---------------------------------------------------------------- through the app
+
+
+class RenderingManager(FakeManager):
+    """The fake manager, rendering chats with a real tokenizer and the server's encode_chat_messages."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        self.chat_tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.max_req_total_len = 512
+
+    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
+                    **template_options: Any) -> list[int]:
+        return encode_chat_messages(self.chat_tokenizer, messages, within=within, **template_options)
+
+
+@pytest.fixture()
+def plain_client(tokenizer_dir) -> TestClient:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = PLAIN
+    return TestClient(create_app(RenderingManager(tokenizer)), raise_server_exceptions=False)
+
+
+def test_the_api_refuses_tools_and_tool_calls_the_template_drops(plain_client: TestClient) -> None:
+    client = plain_client
+    error = assert_error(chat(client, tools=[TOOL], tool_choice="none"), 400, "tools")
+    assert "does not render tools" in error["message"]
+    # The tester's request: /tokenize rendered the history without its call.
+    body = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
+    error = assert_error(client.post("/tokenize", json=body), 400, "messages.1.tool_calls")
+    assert "does not render an assistant turn's tool calls" in error["message"]
+    assert_error(client.post("/tokenize", json={"messages": USER, "tools": [TOOL]}), 400, "tools")
+    # Forced calls use the tools whatever the prompt says.
+    for choice in ("required", {"type": "function", "function": {"name": "clock"}}):
+        assert chat(client, tools=[TOOL], tool_choice=choice).status_code == 200
+
