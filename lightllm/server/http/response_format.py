@@ -200,6 +200,13 @@ def compile_json_schema(schema: Any, param: str, what: str = "JSON schema") -> s
     return _compile(schema, param, what)
 
 
+# vLLM's structural tags are xgrammar's own format (tags and triggers, and the newer "format"
+# objects: const_string, sequence, triggered_tags, ...), which llguidance does not read; building
+# them here would mean a second grammar language kept in step with xgrammar's.
+STRUCTURAL_TAG_REFUSAL = ("structural_tag is not supported: it is xgrammar's tag format, which this server's grammar "
+                          "backend (llguidance) does not read; constrain the output with a JSON schema, a regex or a "
+                          "Lark grammar instead")
+
 # OpenAI's rule for a response format's name (as for a function's).
 SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -239,5 +246,7 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
         if "schema" not in spec:
             raise invalid_request("response_format.json_schema.schema is required", "response_format.json_schema.schema")
         return _compile(spec["schema"], "response_format.json_schema.schema")
+    if kind == "structural_tag":
+        raise invalid_request(f"response_format type {STRUCTURAL_TAG_REFUSAL}", "response_format.type")
     raise invalid_request("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
                           "{'type': 'json_schema', 'json_schema': {...}}", "response_format")

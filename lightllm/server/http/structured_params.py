@@ -29,7 +29,8 @@ from typing import Any
 
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.json_text import parse_json_text
-from lightllm.server.http.response_format import compile_json_schema, crashing_number, validated_grammar
+from lightllm.server.http.response_format import (STRUCTURAL_TAG_REFUSAL, compile_json_schema, crashing_number,
+                                                  validated_grammar)
 
 MAX_CHOICES = 256
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -137,6 +138,8 @@ def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[s
     """
     asked: list[tuple[str, str, Any]] = []  # (param, kind, value)
     if structured_outputs is not None:
+        if structured_outputs.get("structural_tag") is not None:
+            raise invalid_request(STRUCTURAL_TAG_REFUSAL, "structured_outputs.structural_tag")
         unknown = sorted(set(structured_outputs) - set(STRUCTURED_KINDS))
         if unknown:
             raise invalid_request(f"unknown key(s) in structured_outputs: {', '.join(unknown)}; expected one of "

@@ -216,6 +216,18 @@ def test_bad_structured_output_params_are_refused(client: TestClient, fields: di
 
 
 @pytest.mark.parametrize(("fields", "param"), [
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}},
+     "response_format.type"),
+])
+def test_structural_tags_are_refused_saying_why(client: TestClient, fields: dict[str, Any], param: str) -> None:
+    """They were refused as an unknown key or an unknown response_format type, without the reason."""
+    for send in (chat, completion):
+        error = assert_error(send(client, **fields), 400, param)
+        assert "structural_tag is not supported" in error["message"] and "llguidance" in error["message"]
+
+
+@pytest.mark.parametrize(("fields", "param"), [
     ({"guided_regex": "[^\\s\\S]"}, "guided_regex"),
     ({"structured_outputs": {"grammar": 'start: /[^\\s\\S]/'}}, "structured_outputs.grammar"),
 ])
