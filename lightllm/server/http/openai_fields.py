@@ -63,7 +63,7 @@ class OpenAIPlatformFields(NullMeansAbsent):
     # vLLM's structured outputs (current and legacy spellings); see api_structured_params.
     structured_outputs: dict[str, Any] | None = Field(default=None, json_schema_extra=STRUCTURED_OUTPUTS_SCHEMA)
     guided_json: Any = Field(default=None, json_schema_extra=GUIDED_JSON_SCHEMA)
-    guided_regex: str | None = Field(default=None, min_length=1)
+    guided_regex: str | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_grammar: str | None = Field(default=None, min_length=1)
     store: Literal[False] | None = Field(default=None, description="Only false: this server stores no completions")

@@ -9,7 +9,7 @@ older releases, the flat ``guided_json`` / ``guided_regex`` / ``guided_choice`` 
   :func:`~lightllm.server.http.json_text.parse_json_text`), compact JSON output;
 * ``json_object``: ``true`` for any JSON object;
 * ``regex``: the output matches the regular expression (llguidance's regex syntax: Rust ``regex``
-  without look-around or back-references);
+  without look-around or back-references); ``""`` matches the empty text only;
 * ``choice``: the output is exactly one of the strings;
 * ``grammar``: a context-free grammar in llguidance's Lark syntax (vLLM's xgrammar backend takes
   GBNF instead; a GBNF grammar is refused as invalid Lark).
@@ -39,7 +39,7 @@ STRUCTURED_OUTPUTS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "json": GUIDED_JSON_SCHEMA,
-        "regex": {"type": "string", "minLength": 1},
+        "regex": {"type": "string"},
         "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
         "grammar": {"type": "string", "minLength": 1},
         "json_object": {"const": True},
@@ -59,8 +59,10 @@ def _json_schema(value: Any, param: str) -> str:
 def _regex(value: Any, param: str) -> str:
     import llguidance
 
-    if not isinstance(value, str) or not value:
-        raise invalid_request("the regular expression must be a non-empty string", param)
+    # "" is a regular expression too: it matches the empty text only, so the output ends at once
+    # (vLLM 0.32 answers it so); a grammar that matches nothing at all is refused below.
+    if not isinstance(value, str):
+        raise invalid_request("the regular expression must be a string", param)
     try:
         grammar = llguidance.LLMatcher.grammar_from_regex(value)
     except Exception as exc:  # noqa: BLE001

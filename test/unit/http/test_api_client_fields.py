@@ -185,6 +185,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(client: TestClient, manage
     {"structured_outputs": {"json": {"type": "array"}}},
     {"structured_outputs": {"json_object": True}},
     {"structured_outputs": {"grammar": 'start: "z"+'}},
+    # The empty regex matches the empty text (it was refused as "must be a non-empty string").
+    {"structured_outputs": {"regex": ""}},
+    {"guided_regex": ""},
 ])
 def test_structured_output_params_become_a_grammar(client: TestClient, manager: FakeManager,
                                                    fields: dict[str, Any]) -> None:

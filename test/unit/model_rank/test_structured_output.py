@@ -102,6 +102,20 @@ def test_a_finished_grammar_ends_with_the_servers_own_end_of_sequence_id(tiny_ll
 
 
 
+def test_an_empty_regex_ends_the_output_at_once_with_the_end_of_sequence_id(tiny_llama_dir):
+    """``regex: ""`` matches the empty text only (it was refused as "must be a non-empty string"; vLLM
+    answers it): the first token is the end-of-sequence id, even with min_tokens asking for more."""
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    eos = tokenizer.eos_token_id
+    grammar = structured_grammar({"regex": ""}, {}, None)
+    backend = _backend(model, GrammarConstraints(lambda: tokenizer, [eos]))
+    params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=20, min_new_tokens=5, grammar=grammar,
+                            logit_bias={eos: -100.0})
+    backend.add_request(1, RequestSpec(tokenizer("Say nothing")["input_ids"], params))
+    outputs, statuses = _run(backend)
+    assert statuses[1] == FINISH_STOP and outputs[1] == [eos]
+
 
 def test_a_grammar_that_fails_ends_its_request_alone_and_says_why(tiny_llama_dir, caplog):
     """A grammar that matches nothing (the HTTP process refuses it; a rank must cope anyway)
