@@ -52,11 +52,30 @@ class PredictionContent(StrictModel):
     content: str | list[dict[str, str]]
 
 
+# Longest logit_bias key read as a number: a token id needs 10 digits at most, and int() takes time
+# quadratic in the length of what it parses.
+_MAX_TOKEN_KEY_CHARS = 64
+# What int() reads, in ASCII (it also takes other scripts' digits, which the schema leaves out).
+_TOKEN_KEY_PATTERN = r"^\s*[+-]?[0-9](_?[0-9])*\s*$"
+
+
+def _token_id_key(key: str) -> int:
+    """A ``logit_bias`` key as the token id it names, read as vLLM reads it (Python's ``int()``: ``"05"``,
+    ``"+5"`` and ``" 5"`` are token 5); whether the id is in the vocabulary is checked with the
+    sampling parameters."""
+    try:
+        if len(key) > _MAX_TOKEN_KEY_CHARS:
+            raise ValueError(key)
+        return int(key)
+    except ValueError:
+        raise ValueError(f"logit_bias keys must be token ids (integers, such as \"5\"), got {key[:80]!r}") from None
+
+
 class OpenAIPlatformFields(NullMeansAbsent):
     """Fields both OpenAI endpoints accept besides the sampling parameters."""
 
     logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={
-        "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,9})$"},
+        "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"maxLength": _MAX_TOKEN_KEY_CHARS, "pattern": _TOKEN_KEY_PATTERN},
         "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT}})
     # vLLM: keep only the last k prompt tokens.
     truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
@@ -80,9 +99,14 @@ class OpenAIPlatformFields(NullMeansAbsent):
             return None
         if len(value) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias holds at most {MAX_LOGIT_BIAS} entries, got {len(value)}")
+        named: dict[int, str] = {}
         for key, bias in value.items():
-            if not key.isascii() or not key.isdigit() or (len(key) > 1 and key[0] == "0") or len(key) > 10:
-                raise ValueError(f"logit_bias keys must be token ids written as decimal integers, got {key!r}")
+            token_id = _token_id_key(key)
+            if token_id in named:
+                # Two spellings of one id ("5" and "05"): one bias would silently replace the other.
+                raise ValueError(f"logit_bias keys {named[token_id]!r} and {key!r} both name token {token_id}; "
+                                 "give each token one bias")
+            named[token_id] = key
             if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                 raise ValueError(f"logit_bias[{key}] must be in [-100, 100], got {bias}")
         return value

@@ -141,6 +141,21 @@ def test_the_developer_role_reaches_a_template_that_names_it(trusting_client: Te
 # ---------------------------------------------------------------- logit_bias, logprobs, truncation
 
 
+@pytest.mark.parametrize("key", ["0005", "+5", " 5", "5 ", "05"])
+def test_logit_bias_keys_are_read_as_python_int_reads_them(client: TestClient, manager: FakeManager, key: str) -> None:
+    """vLLM reads keys with int(): "0005", "+5" and " 5" are token 5 (they were refused as not decimal)."""
+    assert completion(client, logit_bias={key: -3}).status_code == 200
+    assert manager.calls[-1].params.logit_bias == {5: -3.0}
+
+
+def test_two_logit_bias_keys_naming_one_token_are_refused(client: TestClient) -> None:
+    # vLLM keeps the last one; one of the two biases would be dropped without a word.
+    error = assert_error(chat(client, logit_bias={"5": 1, "05": -1}), 400, "logit_bias")
+    assert "'5' and '05' both name token 5" in error["message"]
+    error = assert_error(chat(client, logit_bias={"5e0": 1}), 400, "logit_bias")
+    assert "must be token ids (integers" in error["message"]
+
+
 def test_logit_bias_reaches_the_sampling_params(client: TestClient, manager: FakeManager) -> None:
     assert completion(client, logit_bias={"5": 2, "7": -100.0}).status_code == 200
     assert manager.calls[-1].params.logit_bias == {5: 2.0, 7: -100.0}
@@ -148,7 +163,7 @@ def test_logit_bias_reaches_the_sampling_params(client: TestClient, manager: Fak
     assert manager.calls[-1].params.logit_bias == {}
     assert_error(chat(client, logit_bias={str(i): 1 for i in range(301)}), 400, "logit_bias")
     assert_error(chat(client, logit_bias={"-1": 1}), 400, "logit_bias")
-    assert_error(chat(client, logit_bias={"01": 1}), 400, "logit_bias")
+
 
 
 def test_twenty_logprobs_on_both_endpoints(client: TestClient, manager: FakeManager) -> None:
@@ -336,7 +351,9 @@ _ACCEPTED_BODIES = {
     "/v1/completions": [{"prompt": "x", "n": None, "logit_bias": {"5": -100}, "store": False, "metadata": None,
                          "service_tier": "auto", "truncate_prompt_tokens": 4, "structured_outputs": {"regex": "a"}},
                         # An integral float is an integer, to the server as to JSON Schema.
-                        {"prompt": "x", "max_tokens": 5.0, "n": 2.0, "seed": 1.0}],
+                        {"prompt": "x", "max_tokens": 5.0, "n": 2.0, "seed": 1.0},
+                        # logit_bias keys as int() reads them, as vLLM reads them.
+                        {"prompt": "x", "logit_bias": {" +05": 1}}],
     "/v1/chat/completions": [{"messages": [{"role": "user", "content": "x"}], "prediction": None, "documents": None,
                               "top_logprobs": 20, "logprobs": True, "reasoning_effort": None}],
 }
