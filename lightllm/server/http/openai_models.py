@@ -90,8 +90,10 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     n: int = Field(default=1, ge=1, le=MAX_N)
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
     stop: Any = Field(default=None, validate_default=True, json_schema_extra=STRING_OR_STRINGS_SCHEMA)
-    # 0 is allowed with completions' echo only (the prompt alone is returned).
-    max_tokens: int | None = Field(default=None, ge=0, **stored_bounds("max_new_tokens"))
+    # 0 is allowed with completions' echo only (the prompt alone is returned); below 0 is refused by
+    # _check_max_tokens with that whole rule (pydantic's "ge=0" message implied 0 would do).
+    max_tokens: int | None = Field(default=None, json_schema_extra={
+        "minimum": 0, **stored_bounds("max_new_tokens")["json_schema_extra"]})
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1, **stored_bounds("top_k"))
@@ -152,6 +154,18 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     def _check_vllm_default(cls, value: Any, info: Any) -> Any:
         return check_vllm_default(info.field_name, value)
 
+    @field_validator("max_tokens")
+    @classmethod
+    def _check_max_tokens(cls, value: int | None) -> int | None:
+        if value is not None and value < 0:
+            raise ValueError(f"max_tokens must be >= 1{cls._zero_max_tokens_rule()}, got {value}")
+        return value
+
+    @classmethod
+    def _zero_max_tokens_rule(cls) -> str:
+        # Only completions return the prompt alone; chat's echo repeats a message, not the prompt.
+        return " (0 is allowed only with echo=true)" if cls.ECHO_ALLOWS_ZERO_MAX_TOKENS else ""
+
     @field_validator("seed")
     @classmethod
     def _no_seed(cls, value: int | None) -> int | None:
@@ -177,9 +191,7 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         if self.best_of is not None and self.best_of < self.n:
             raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
         if self.max_tokens == 0 and not (self.ECHO_ALLOWS_ZERO_MAX_TOKENS and getattr(self, "echo", False)):
-            # Only completions return the prompt alone; chat's echo repeats a message, not the prompt.
-            why = " (0 is allowed only with echo=true)" if self.ECHO_ALLOWS_ZERO_MAX_TOKENS else ""
-            raise invalid_request(f"max_tokens must be >= 1{why}", "max_tokens")
+            raise invalid_request(f"max_tokens must be >= 1{self._zero_max_tokens_rule()}", "max_tokens")
         if self.prompt_logprobs is not None and self.stream:
             raise invalid_request("prompt_logprobs is not supported when streaming", "prompt_logprobs")
         if self.best_of is not None and self.best_of > self.n and self.stream:

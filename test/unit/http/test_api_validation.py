@@ -78,6 +78,15 @@ def test_zero_max_tokens_offers_echo_only_where_echo_exists(client: TestClient, 
     assert manager.calls == []
 
 
+def test_a_negative_max_tokens_is_refused_with_the_whole_rule(client: TestClient, manager: FakeManager) -> None:
+    """-1 said "greater than or equal to 0", and 0 was then refused too (it needs completions' echo)."""
+    completion_error = assert_error(completion(client, max_tokens=-1), 400, "max_tokens")
+    assert completion_error["message"].endswith("max_tokens must be >= 1 (0 is allowed only with echo=true), got -1")
+    chat_error = assert_error(chat(client, max_tokens=-1), 400, "max_tokens")
+    assert chat_error["message"].endswith("max_tokens must be >= 1, got -1")
+    assert manager.calls == []
+
+
 @pytest.mark.parametrize(
     ("parameters", "param"),
     [
