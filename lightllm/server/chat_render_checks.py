@@ -5,7 +5,9 @@ template as data; a template that never prints them (one writing only each messa
 content) renders the chat exactly as without them, so the request would be answered as if they had
 not been sent.  Each is refused instead, with a 400 naming it, as ``documents``,
 ``reasoning_effort`` and unread ``chat_template_kwargs`` keys are
-(:mod:`lightllm.server.template_variables`).
+(:mod:`lightllm.server.template_variables`).  ``tools`` only where the prompt is all they act
+through (tool_choice none): under auto they also pick which calls are read from the output, and a
+forced call holds them in its grammar.
 
 These are decided by rendering the chat without the data and comparing the text, not from the
 template's source: every template reads ``message`` (and through it ``message.name`` or
@@ -88,7 +90,8 @@ def check_tool_calls(render: Render, messages: List[Dict[str, Any]], kwargs: Opt
 
 def check_tools(render: Render, messages: List[Dict[str, Any]], kwargs: Optional[Dict[str, Any]], text: str,
                 source: Optional[str]) -> None:
-    """Refuse ``tools`` when the chat renders the same without them.
+    """Refuse ``tools`` when the chat renders the same without them (asked under tool_choice none only,
+    where the prompt is all they act through).
 
     ``source``: the template rendered with the tools (None when it cannot be told).  It is kept for
     the render without them: with a tokenizer's named templates the tools pick ``tool_use``, and
@@ -101,6 +104,7 @@ def check_tools(render: Render, messages: List[Dict[str, Any]], kwargs: Optional
         without["chat_template"] = source
     if _renders_as(render, messages, without, text):
         raise UnreadTemplateFieldError(
-            "tools have no effect: this model's chat template does not render tools, so the model would not be "
-            "told of them; omit tools (or start the server with a --chat_template that renders them); "
-            "tool_choice 'required' or a named function forces a call without them", "tools")
+            "tools have no effect with tool_choice 'none': this model's chat template does not render tools, so "
+            "the model would not be told of them, and no call is read from the output; omit tools, or send "
+            "tool_choice 'auto' (calls the model writes are read, as of tools described in a system message), "
+            "'required' or a named function", "tools")

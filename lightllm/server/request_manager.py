@@ -103,7 +103,7 @@ class RequestManager(Protocol):
 
         ``within``: as for :meth:`encode_prompt`, on the rendered chat; ``max_chars``: a limit on the
         rendered chat's characters (``RenderedChatTooLongError``), checked before it is tokenized.
-        ``check_tools_read``: refuse tools the template does not render (false for a forced call).
+        ``check_tools_read``: refuse tools the template does not render (true under tool_choice none only).
         """
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

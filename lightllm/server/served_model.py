@@ -109,7 +109,8 @@ def encode_chat_messages(
     ``max_chars``: a limit on the rendered text's characters, checked before it is tokenized
     (:class:`~lightllm.server.prompt_length_probe.RenderedChatTooLongError`).
     ``check_tools_read``: refuse ``tools`` (in ``chat_template_kwargs``) that the template does not
-    render; false when a forced call (``tool_choice`` required or named) uses them whatever the prompt says.
+    render; false where they act otherwise too (``tool_choice`` auto reads calls of them from the output,
+    a forced call holds them in its grammar) or nothing is generated (``/tokenize``).
     """
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):

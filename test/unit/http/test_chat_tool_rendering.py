@@ -1,6 +1,7 @@
-"""Tools and a history's tool calls must reach the prompt: a chat template that renders neither would
-drop them without a word, so such a chat is refused (400 naming ``tools`` or
-``messages.N.tool_calls``), as an unread message ``name`` is.
+"""A history's tool calls must reach the prompt: a chat template that does not render them would drop
+them without a word, so such a chat is refused (400 naming ``messages.N.tool_calls``), as an unread
+message ``name`` is.  So are ``tools`` under tool_choice none, where the prompt is all they act
+through; under auto they still decide which calls are read from the output.
 
 The rendering half runs the server's own ``encode_chat_messages`` with a real tokenizer; the HTTP half
 puts it behind the real app (the fake manager of ``api_fakes`` renders nothing).
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 from api_fakes import FakeManager, assert_error, chat
 from lightllm.server.chat_render_checks import UnreadMessageFieldError, UnreadTemplateFieldError
 from lightllm.server.http.app import create_app
+from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.served_model import encode_chat_messages
 
 # Prints each message's role and content only (the outside tester's template).
@@ -43,12 +45,12 @@ def test_tool_calls_the_template_does_not_render_are_refused(tokenizer) -> None:
     assert _text(tokenizer, HISTORY, CALLS) == "user: time?|assistant:  [clock({})]|tool: 12:00|"
 
 
-def test_tools_the_template_does_not_render_are_refused_unless_a_call_is_forced(tokenizer) -> None:
+def test_tools_the_template_does_not_render_are_refused_when_asked(tokenizer) -> None:
     with pytest.raises(UnreadTemplateFieldError, match="tools have no effect") as refused:
         _text(tokenizer, USER, PLAIN, kwargs={"tools": [TOOL]})
     assert refused.value.param == "tools"
     assert _text(tokenizer, USER, TOOLS, kwargs={"tools": [TOOL]}) == "tool clock|user: time?|"
-    # A forced call (tool_choice required or named) holds the tools in its grammar: not refused.
+    # Not asked (tool_choice auto, required, named; /tokenize): rendered without them.
     assert _text(tokenizer, USER, PLAIN, kwargs={"tools": [TOOL]}, check_tools_read=False) == "user: time?|"
 
 
@@ -92,20 +94,26 @@ class RenderingManager(FakeManager):
 def plain_client(tokenizer_dir) -> TestClient:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.chat_template = PLAIN
-    return TestClient(create_app(RenderingManager(tokenizer)), raise_server_exceptions=False)
+    options = HttpServerOptions(tool_call_parser="hermes")
+    return TestClient(create_app(RenderingManager(tokenizer), options), raise_server_exceptions=False)
 
 
 def test_the_api_refuses_tools_and_tool_calls_the_template_drops(plain_client: TestClient) -> None:
     client = plain_client
     error = assert_error(chat(client, tools=[TOOL], tool_choice="none"), 400, "tools")
-    assert "does not render tools" in error["message"]
+    assert "does not render tools" in error["message"] and "tool_choice 'none'" in error["message"]
     # The tester's request: /tokenize rendered the history without its call.
     body = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
     error = assert_error(client.post("/tokenize", json=body), 400, "messages.1.tool_calls")
     assert "does not render an assistant turn's tool calls" in error["message"]
     assert_error(client.post("/tokenize", json={"messages": USER, "tools": [TOOL]}), 400, "tools")
-    # Forced calls use the tools whatever the prompt says.
-    for choice in ("required", {"type": "function", "function": {"name": "clock"}}):
-        assert chat(client, tools=[TOOL], tool_choice=choice).status_code == 200
 
+
+@pytest.mark.parametrize("choice", [None, "auto", "required", {"type": "function", "function": {"name": "clock"}}])
+def test_tools_the_template_drops_are_accepted_where_they_still_act(plain_client: TestClient, choice: Any) -> None:
+    """auto reads calls of the tools from the output (a client may describe them in its own system
+    message, and vLLM parses such calls); a forced call holds them in its grammar.  auto was refused."""
+    fields = {"tools": [TOOL], **({"tool_choice": choice} if choice is not None else {})}
+    assert chat(plain_client, **fields).status_code == 200
+    assert chat(plain_client, stream=True, **fields).status_code == 200

@@ -259,15 +259,15 @@ class ToolPlan:
     def template_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """``encode_chat`` options with the tools added for the template (as ``apply_chat_template(tools=...)``).
 
-        A template that does not render them is refused under ``none`` and ``auto``, where the prompt is
-        all that tells the model of them; a forced call (``required``, named) uses them anyway, as its
-        grammar holds their names and schemas, so there they need not be rendered.
+        Tools the template does not render are refused under ``none`` only: there the prompt is all
+        they could act through.  Under ``auto`` they also decide which calls are read from the output
+        (a client may describe them in its own system message for a template without tool support,
+        and vLLM parses such calls), and a forced call (``required``, named) holds them in its grammar.
         """
         if not self.tools:
             return options
         kwargs = {**(options.get("chat_template_kwargs") or {}), "tools": [tool.spec for tool in self.tools]}
-        forced = {"check_tools_read": False} if self.grammar is not None else {}
-        return {**options, "chat_template_kwargs": kwargs, **forced}
+        return {**options, "chat_template_kwargs": kwargs, "check_tools_read": self.mode == "none"}
 
     def combine_grammar(self, other: str | None) -> str | None:
         """The request's grammar: the forced call's, or ``other`` (what response_format, structured_outputs or
