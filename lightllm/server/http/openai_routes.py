@@ -285,11 +285,13 @@ class OpenAIEndpoints:
             shaper = TokenIdShaper(shaper, [prompt_ids], body.n, prompt_in_choice=False)
         return await self._respond(request, body, model, jobs, shaper)
 
-    def render_chat(self, body: ChatCompletionRequest, tool_plan: ToolPlan, keeps_end: bool) -> Awaitable[list[int]]:
+    def render_chat(self, body: ChatCompletionRequest, tool_plan: ToolPlan, keeps_end: bool,
+                    generating: bool = True) -> Awaitable[list[int]]:
         """The chat's prompt ids, pending on a tokenizer thread: its messages in the shape the template
         wants, rendered with the request's template options and ``tool_plan``'s tools (``/tokenize``
         renders through here too, so both give the same ids).  ``keeps_end``: the prompt will be
-        truncated from the left, so a long chat is tokenized whole rather than refused early."""
+        truncated from the left, so a long chat is tokenized whole rather than refused early.
+        ``generating``: false for ``/tokenize`` (see :meth:`ToolPlan.template_options`)."""
         tokenizer_template = getattr(self.manager.tokenizer, "chat_template", None)
         template = rendering_template(tokenizer_template, body.chat_template, bool(tool_plan.tools))
         content_parts = template is not None and template_iterates_content(template)
@@ -298,7 +300,7 @@ class OpenAIEndpoints:
         if unread is not None:
             raise invalid_request(*unread)
         messages = [message.to_template_dict(content_parts, developer_role) for message in body.messages]
-        template_options = tool_plan.template_options(body.template_options())
+        template_options = tool_plan.template_options(body.template_options(), generating)
         return self.encoder.encode_chat(messages, "messages", body.add_special_tokens, keeps_end, **template_options)
 
     async def _respond(self, request: Request, body: OpenAISamplingRequest, model: str, jobs: list[ChoiceJob],

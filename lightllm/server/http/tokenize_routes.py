@@ -102,9 +102,11 @@ class TokenizeEndpoints:
         chat = body.chat_request()
         self.openai.check_request_template(chat.chat_template)
         # The template gets the tools whatever tool_choice says (there is none here): only what is
-        # done with the output depends on it, and /tokenize produces none.
+        # done with the output depends on it, and /tokenize produces none.  So tools the template
+        # does not render are not refused here (the chat endpoint refuses them under none only);
+        # a history's unrendered tool_calls are, as on the chat endpoint whatever tool_choice says.
         tools = parse_tools(chat.tools) if chat.tools is not None else []
-        return await _encoded(self.openai.render_chat(chat, ToolPlan(tools=tools), True), "messages")
+        return await _encoded(self.openai.render_chat(chat, ToolPlan(tools=tools), True, generating=False), "messages")
 
     async def _token_strs(self, ids: List[int]) -> List[Optional[str]]:
         """The vocabulary's spelling of each id (``Ġhello``, ``▁the``), as vLLM's ``token_strs``."""

@@ -107,7 +107,14 @@ def test_the_api_refuses_tools_and_tool_calls_the_template_drops(plain_client: T
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}
     error = assert_error(client.post("/tokenize", json=body), 400, "messages.1.tool_calls")
     assert "does not render an assistant turn's tool calls" in error["message"]
-    assert_error(client.post("/tokenize", json={"messages": USER, "tools": [TOOL]}), 400, "tools")
+
+
+def test_tokenize_renders_tools_the_template_drops_without_refusing_them(plain_client: TestClient) -> None:
+    """/tokenize has no tool_choice and generates nothing: it gives the ids the chat endpoint renders
+    (under auto, say) rather than the 400 it gave, which the chat endpoint gives under none only."""
+    with_tools = plain_client.post("/tokenize", json={"messages": USER, "tools": [TOOL]})
+    assert with_tools.status_code == 200, with_tools.text
+    assert with_tools.json()["tokens"] == plain_client.post("/tokenize", json={"messages": USER}).json()["tokens"]
 
 
 @pytest.mark.parametrize("choice", [None, "auto", "required", {"type": "function", "function": {"name": "clock"}}])

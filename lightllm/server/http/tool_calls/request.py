@@ -256,18 +256,20 @@ class ToolPlan:
         ``skip_special_tokens`` off for such parsers whenever tools may be called)."""
         return self.mode == "auto" and self.parser is not None and self.parser.reads_special_tokens
 
-    def template_options(self, options: dict[str, Any]) -> dict[str, Any]:
+    def template_options(self, options: dict[str, Any], generating: bool = True) -> dict[str, Any]:
         """``encode_chat`` options with the tools added for the template (as ``apply_chat_template(tools=...)``).
 
         Tools the template does not render are refused under ``none`` only: there the prompt is all
         they could act through.  Under ``auto`` they also decide which calls are read from the output
         (a client may describe them in its own system message for a template without tool support,
         and vLLM parses such calls), and a forced call (``required``, named) holds them in its grammar.
+        ``generating`` false (``/tokenize``, which has no ``tool_choice``): nothing is generated, so
+        nothing is refused for it; the ids are those the chat endpoint renders.
         """
         if not self.tools:
             return options
         kwargs = {**(options.get("chat_template_kwargs") or {}), "tools": [tool.spec for tool in self.tools]}
-        return {**options, "chat_template_kwargs": kwargs, "check_tools_read": self.mode == "none"}
+        return {**options, "chat_template_kwargs": kwargs, "check_tools_read": generating and self.mode == "none"}
 
     def combine_grammar(self, other: str | None) -> str | None:
         """The request's grammar: the forced call's, or ``other`` (what response_format, structured_outputs or
