@@ -57,6 +57,7 @@ def build_sampling_params(
     example ``max_new_tokens`` -> ``max_tokens``), both in ``param`` and in the message.
     """
     names = dict(public_names or {})
+    _check_logit_bias_ids(values.get("logit_bias"), vocab_size, names.get("logit_bias", "logit_bias"))
     try:
         params = SamplingParams(**values)
         params.validate(vocab_size)
@@ -71,6 +72,21 @@ def build_sampling_params(
         raise invalid_request("ignore_eos cannot be combined with structured output: the grammar decides where the "
                               "output ends (with an end-of-sequence token)", names.get("ignore_eos", "ignore_eos"))
     return params
+
+
+def _check_logit_bias_ids(logit_bias: Any, vocab_size: int, param: str) -> None:
+    """Refuse a ``logit_bias`` id outside ``[0, vocab_size)`` with one message, whatever the id.
+
+    Checked before SamplingParams is built: built without the vocabulary, it refused -1 as "outside
+    the vocabulary >= 0" and 2^31 and above by their 32-bit storage, naming no parameter.  Keys that
+    are not integers are left to SamplingParams, which says so.
+    """
+    if not isinstance(logit_bias, dict):
+        return
+    ids = [key for key in logit_bias if isinstance(key, int) and not isinstance(key, bool)]
+    outside = first_outside_vocabulary(ids, vocab_size)
+    if outside is not None:
+        raise invalid_request(f"{param} token id {outside} is outside the vocabulary [0, {vocab_size})", param)
 
 
 def first_outside_vocabulary(token_ids: list[int], vocab_size: int) -> int | None:

@@ -165,6 +165,14 @@ def test_logit_bias_reaches_the_sampling_params(client: TestClient, manager: Fak
     assert_error(chat(client, logit_bias={"-1": 1}), 400, "logit_bias")
 
 
+@pytest.mark.parametrize("key", ["-1", "100", "2147483647", "2147483648", "9" * 20])
+def test_logit_bias_ids_outside_the_vocabulary_get_one_message(client: TestClient, key: str) -> None:
+    """-1 said "outside the vocabulary >= 0" and 2^31 and above named their 32-bit storage with a null param."""
+    for send in (completion, chat):
+        error = assert_error(send(client, logit_bias={key: 1}), 400, "logit_bias")
+        assert error["message"] == f"logit_bias token id {int(key)} is outside the vocabulary [0, 100)"
+
+
 
 def test_twenty_logprobs_on_both_endpoints(client: TestClient, manager: FakeManager) -> None:
     assert completion(client, logprobs=20).status_code == 200
