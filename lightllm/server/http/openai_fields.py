@@ -55,8 +55,12 @@ class PredictionContent(StrictModel):
 # Longest logit_bias key read as a number: a token id needs 10 digits at most, and int() takes time
 # quadratic in the length of what it parses.
 _MAX_TOKEN_KEY_CHARS = 64
-# What int() reads, in ASCII (it also takes other scripts' digits, which the schema leaves out).
-_TOKEN_KEY_PATTERN = r"^\s*[+-]?[0-9](_?[0-9])*\s*$"
+# The schema's rule for a key, looser than int(): of ASCII, only what int() reads (digits, signs,
+# "_", white space), and any other character.  int() also reads other scripts' digits ("٣", "５")
+# and white space ("\xa0"), which JSON Schema's regular expressions cannot name portably (ECMA-262's
+# \d and \s are not Python's), so the schema lets every non-ASCII character through and the server
+# decides; it never refuses a key the server accepts.
+_TOKEN_KEY_PATTERN = r"^(?:[0-9+_ \t\n\x0b\x0c\r-]|[^\x00-\x7f])+$"
 
 
 def _token_id_key(key: str) -> int:

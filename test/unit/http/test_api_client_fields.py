@@ -10,6 +10,7 @@ a real server are tested in test/integration/api_compat/test_client_fields.py.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -342,7 +343,8 @@ _REFUSED_BODIES = {
     "/v1/completions": [
         {"prompt": ""}, {"prompt": []}, {"prompt": [""]}, {"prompt": [[]]}, {"prompt": "x", "stop": [""]},
         {"prompt": "x", "n": 0}, {"prompt": "x", "logprobs": 21}, {"prompt": "x", "logit_bias": {"1": 101}},
-        {"prompt": "x", "logit_bias": {"a": 1}}, {"prompt": "x", "truncate_prompt_tokens": 0},
+        {"prompt": "x", "logit_bias": {"a": 1}}, {"prompt": "x", "logit_bias": {"5.0": 1}},
+        {"prompt": "x", "logit_bias": {"0x5": 1}}, {"prompt": "x", "truncate_prompt_tokens": 0},
         {"prompt": "x", "store": True}, {"prompt": "x", "service_tier": "flex"},
         {"prompt": "x", "structured_outputs": {}}, {"prompt": "x", "guided_choice": []},
         {"prompt": ["x"] * 65}, {"prompt": "x", "foo": None}, {"prompt": "x", "max_tokens": 5.5},
@@ -361,10 +363,33 @@ _ACCEPTED_BODIES = {
                         # An integral float is an integer, to the server as to JSON Schema.
                         {"prompt": "x", "max_tokens": 5.0, "n": 2.0, "seed": 1.0},
                         # logit_bias keys as int() reads them, as vLLM reads them.
-                        {"prompt": "x", "logit_bias": {" +05": 1}}],
+                        {"prompt": "x", "logit_bias": {" +05": 1}},
+                        # int() reads other scripts' digits and white space: the schema lets them
+                        # through (its pattern was ASCII-only and refused them).
+                        {"prompt": "x", "logit_bias": {"\u0663": 1, "\uff15": 1, "\u00a07": 1, "1_0": 1,
+                                                       "\U0001d7d6": 1, "\u20029\u3000": 1}}],
     "/v1/chat/completions": [{"messages": [{"role": "user", "content": "x"}], "prediction": None, "documents": None,
                               "top_logprobs": 20, "logprobs": True, "reasoning_effort": None}],
 }
+
+
+def test_the_logit_bias_key_pattern_lets_through_every_ascii_character_int_reads(client: TestClient) -> None:
+    """The schema refuses only ASCII characters int() never reads in a key (so never a key the server
+    accepts); every other character is left to the server."""
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["CompletionRequest"]
+    pattern = re.compile(schema["properties"]["logit_bias"]["propertyNames"]["pattern"])
+
+    def int_reads(text: str) -> bool:
+        try:
+            int(text)
+        except ValueError:
+            return False
+        return True
+
+    for code in range(128):
+        char = chr(code)
+        read = any(int_reads(text) for text in (char + "5", "5" + char, "5" + char + "5"))
+        assert bool(pattern.fullmatch("5" + char + "5")) == read, repr(char)
 
 
 def test_openapi_schemas_agree_with_validation(client: TestClient) -> None:
