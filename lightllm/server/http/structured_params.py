@@ -35,18 +35,21 @@ from lightllm.server.http.response_format import (STRUCTURAL_TAG_REFUSAL, compil
 MAX_CHOICES = 256
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 GUIDED_JSON_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "object"}, {"type": "string", "minLength": 1}]}
+_KIND_SCHEMAS: dict[str, Any] = {
+    "json": GUIDED_JSON_SCHEMA,
+    "regex": {"type": "string"},
+    "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
+    "grammar": {"type": "string", "minLength": 1},
+    "json_object": {"const": True},
+}
+# null on any key is absent (structural_tag, refused when set, may only be null); exactly one kind is
+# given, or the field is null itself (the null branch: the others need an object).
 STRUCTURED_OUTPUTS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "json": GUIDED_JSON_SCHEMA,
-        "regex": {"type": "string"},
-        "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
-        "grammar": {"type": "string", "minLength": 1},
-        "json_object": {"const": True},
-    },
+    "properties": {**{kind: {"anyOf": [schema, {"type": "null"}]} for kind, schema in _KIND_SCHEMAS.items()},
+                   "structural_tag": {"type": "null"}},
     "additionalProperties": False,
-    "minProperties": 1,
-    "maxProperties": 1,
+    "oneOf": [{"type": "null"}, *({"type": "object", "required": [kind],
+                                   "properties": {kind: {"not": {"type": "null"}}}} for kind in STRUCTURED_KINDS)],
 }
 
 
@@ -142,11 +145,13 @@ def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[s
     if structured_outputs is not None:
         if structured_outputs.get("structural_tag") is not None:
             raise invalid_request(STRUCTURAL_TAG_REFUSAL, "structured_outputs.structural_tag")
-        unknown = sorted(set(structured_outputs) - set(STRUCTURED_KINDS))
+        # structural_tag is a known key (refused above when set): null there is absent, as on every field.
+        unknown = sorted(set(structured_outputs) - set(STRUCTURED_KINDS) - {"structural_tag"})
         if unknown:
             raise invalid_request(f"unknown key(s) in structured_outputs: {', '.join(unknown)}; expected one of "
                                   f"{', '.join(STRUCTURED_KINDS)}", "structured_outputs")
-        given = {kind: value for kind, value in structured_outputs.items() if value is not None}
+        given = {kind: value for kind, value in structured_outputs.items()
+                 if value is not None and kind != "structural_tag"}
         asked.extend((f"structured_outputs.{kind}", kind, value) for kind, value in given.items())
         if not given:
             raise invalid_request(f"structured_outputs needs one of {', '.join(STRUCTURED_KINDS)}", "structured_outputs")

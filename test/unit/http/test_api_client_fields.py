@@ -212,6 +212,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(client: TestClient, manage
     # The empty regex matches the empty text (it was refused as "must be a non-empty string").
     {"structured_outputs": {"regex": ""}},
     {"guided_regex": ""},
+    # null on a known key is absent, structural_tag's too (it was refused as an unknown key).
+    {"structured_outputs": {"structural_tag": None, "regex": "a"}},
+    {"structured_outputs": {"json": None, "regex": "a"}},
 ])
 def test_structured_output_params_become_a_grammar(client: TestClient, manager: FakeManager,
                                                    fields: dict[str, Any]) -> None:
@@ -228,6 +231,7 @@ def test_structured_output_params_become_a_grammar(client: TestClient, manager: 
     ({"guided_json": {"type": 5}}, "guided_json"),
     ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
     ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"structural_tag": None}}, "structured_outputs"),
     ({"structured_outputs": {"backend": "xgrammar"}}, "structured_outputs"),
     ({"structured_outputs": {"json_object": False}}, "structured_outputs.json_object"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
@@ -347,6 +351,9 @@ _REFUSED_BODIES = {
         {"prompt": "x", "logit_bias": {"0x5": 1}}, {"prompt": "x", "truncate_prompt_tokens": 0},
         {"prompt": "x", "store": True}, {"prompt": "x", "service_tier": "flex"},
         {"prompt": "x", "structured_outputs": {}}, {"prompt": "x", "guided_choice": []},
+        {"prompt": "x", "structured_outputs": {"structural_tag": None}},
+        {"prompt": "x", "structured_outputs": {"structural_tag": "{}", "regex": "a"}},
+        {"prompt": "x", "structured_outputs": {"regex": "a", "json_object": True}},
         {"prompt": ["x"] * 65}, {"prompt": "x", "foo": None}, {"prompt": "x", "max_tokens": 5.5},
     ],
     "/v1/chat/completions": [
@@ -364,6 +371,9 @@ _ACCEPTED_BODIES = {
                         {"prompt": "x", "max_tokens": 5.0, "n": 2.0, "seed": 1.0},
                         # logit_bias keys as int() reads them, as vLLM reads them.
                         {"prompt": "x", "logit_bias": {" +05": 1}},
+                        # null on a known key is absent, in the schema as on the server.
+                        {"prompt": "x", "structured_outputs": {"structural_tag": None, "regex": "a", "json": None}},
+                        {"prompt": "x", "structured_outputs": None},
                         # int() reads other scripts' digits and white space: the schema lets them
                         # through (its pattern was ASCII-only and refused them).
                         {"prompt": "x", "logit_bias": {"\u0663": 1, "\uff15": 1, "\u00a07": 1, "1_0": 1,
