@@ -158,13 +158,15 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     @classmethod
     def _check_max_tokens(cls, value: int | None) -> int | None:
         if value is not None and value < 0:
-            raise ValueError(f"max_tokens must be >= 1{cls._zero_max_tokens_rule()}, got {value}")
+            # The error formatter adds "Invalid value for 'max_tokens': ", as check_consistency does for 0.
+            raise ValueError(cls._max_tokens_rule(value))
         return value
 
     @classmethod
-    def _zero_max_tokens_rule(cls) -> str:
+    def _max_tokens_rule(cls, value: int) -> str:
         # Only completions return the prompt alone; chat's echo repeats a message, not the prompt.
-        return " (0 is allowed only with echo=true)" if cls.ECHO_ALLOWS_ZERO_MAX_TOKENS else ""
+        zero = " (0 is allowed only with echo=true)" if cls.ECHO_ALLOWS_ZERO_MAX_TOKENS else ""
+        return f"must be >= 1{zero}, got {value}"
 
     @field_validator("seed")
     @classmethod
@@ -191,7 +193,8 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         if self.best_of is not None and self.best_of < self.n:
             raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "best_of")
         if self.max_tokens == 0 and not (self.ECHO_ALLOWS_ZERO_MAX_TOKENS and getattr(self, "echo", False)):
-            raise invalid_request(f"max_tokens must be >= 1{self._zero_max_tokens_rule()}", "max_tokens")
+            # Worded as the field's own errors (-1, pydantic's), though it needs echo to decide.
+            raise invalid_request(f"Invalid value for 'max_tokens': {self._max_tokens_rule(0)}", "max_tokens")
         if self.prompt_logprobs is not None and self.stream:
             raise invalid_request("prompt_logprobs is not supported when streaming", "prompt_logprobs")
         if self.best_of is not None and self.best_of > self.n and self.stream:

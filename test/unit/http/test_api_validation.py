@@ -78,12 +78,17 @@ def test_zero_max_tokens_offers_echo_only_where_echo_exists(client: TestClient, 
     assert manager.calls == []
 
 
-def test_a_negative_max_tokens_is_refused_with_the_whole_rule(client: TestClient, manager: FakeManager) -> None:
-    """-1 said "greater than or equal to 0", and 0 was then refused too (it needs completions' echo)."""
-    completion_error = assert_error(completion(client, max_tokens=-1), 400, "max_tokens")
-    assert completion_error["message"].endswith("max_tokens must be >= 1 (0 is allowed only with echo=true), got -1")
-    chat_error = assert_error(chat(client, max_tokens=-1), 400, "max_tokens")
-    assert chat_error["message"].endswith("max_tokens must be >= 1, got -1")
+@pytest.mark.parametrize("value", [-1, 0])
+def test_max_tokens_below_one_is_refused_with_the_whole_rule(client: TestClient, manager: FakeManager,
+                                                               value: int) -> None:
+    """-1 said "greater than or equal to 0", and 0 was then refused too (it needs completions' echo).
+    Both are worded as the endpoint's other range errors (``Invalid value for 'temperature': ...``);
+    0 said "max_tokens must be >= 1" without that prefix or the value."""
+    completion_error = assert_error(completion(client, max_tokens=value), 400, "max_tokens")
+    assert completion_error["message"] == \
+        f"Invalid value for 'max_tokens': must be >= 1 (0 is allowed only with echo=true), got {value}"
+    chat_error = assert_error(chat(client, max_tokens=value), 400, "max_tokens")
+    assert chat_error["message"] == f"Invalid value for 'max_tokens': must be >= 1, got {value}"
     assert manager.calls == []
 
 
