@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from lightllm.server.http.base_models import StrictModel
-from lightllm.server.http.tool_calls.request import check_message_tool_calls, template_tool_calls
+from lightllm.server.http.tool_calls.history import check_message_tool_calls, template_tool_calls
 
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
 

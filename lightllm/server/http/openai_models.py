@@ -22,7 +22,7 @@ from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_ec
                                                    check_spaces_between_special_tokens, check_vllm_default,
                                                    strict_bool)
 from lightllm.server.http.chat_message import ChatMessage
-from lightllm.server.http.tool_calls.request import check_tool_messages
+from lightllm.server.http.tool_calls.history import check_tool_messages
 
 # OpenAI takes 4 stop strings; the native endpoint's 16 here, as lm-eval's code tasks send 5 or 6
 # (humaneval's `until`) and a stop string costs the detokenizer next to nothing.

@@ -1,5 +1,5 @@
-"""The tool fields of a chat request: ``tools``, ``tool_choice``, ``parallel_tool_calls`` and the
-tool-call history in ``messages``, checked with 400s that name the field.
+"""The tool fields of a chat request: ``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked
+with 400s that name the field (the tool-call history in ``messages``: :mod:`.history`).
 
 :func:`plan_tool_calls` turns them, with the server's ``--tool_call_parser``, into a
 :class:`ToolPlan`: what the chat template receives, which grammar (if any) constrains the
@@ -19,14 +19,11 @@ named function             structured output forces that function's arguments
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import APIError, invalid_request
-from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.schema_positions import ANNOTATION_KEYWORDS, DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
 from lightllm.server.http.tool_calls.callable_tools import CallableTools
 from lightllm.server.http.response_format import compile_json_schema
@@ -312,80 +309,3 @@ def plan_tool_calls(body: Any, parser_name: str | None) -> ToolPlan:
         index = tools.index(tool)
         plan.grammar = compile_json_schema(tool.parameters_schema, f"tools.{index}.function.parameters")
     return plan
-
-
-# ------------------------------------------------------------------- tool calls in messages
-
-_CALL_KEYS = ("id", "type", "function")
-_CALL_SHAPE = "{'id': <string>, 'type': 'function', 'function': {'name': <string>, 'arguments': <JSON string>}}"
-
-
-def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | None:
-    """An assistant message's ``tool_calls`` (OpenAI form), checked; ``ValueError`` names the problem."""
-    if value is None:
-        return None
-    calls = []
-    for index, call in enumerate(value):
-        # Every key is required, as OpenAI and vLLM require them: the id pairs the call with its tool
-        # message, and a client that sends the response's call back has all three.
-        if not isinstance(call, dict):
-            raise ValueError(f"tool call {index} is not an object: it must be {_CALL_SHAPE}")
-        if call.get("type") not in (None, "function"):
-            raise ValueError(f"tool call {index} has type {call['type']!r}: only function calls are supported, "
-                             f"{_CALL_SHAPE}")
-        missing = [key for key in _CALL_KEYS if call.get(key) is None]
-        unknown = sorted(str(key) for key in set(call) - set(_CALL_KEYS))
-        if missing or unknown:
-            problem = (f"lacks {', '.join(repr(key) for key in missing)}" if missing
-                       else f"has unknown key(s) {', '.join(repr(key) for key in unknown)}")
-            raise ValueError(f"tool call {index} {problem}: it must be {_CALL_SHAPE}")
-        if not isinstance(call["id"], str):
-            raise ValueError(f"tool call {index} id must be a string, got {json_type_name(call['id'])}")
-        function = call["function"]
-        if not isinstance(function, dict) or set(function) - {"name", "arguments"} \
-                or not isinstance(function.get("name"), str) \
-                or not isinstance(function.get("arguments"), str):
-            raise ValueError(f"tool call {index} function must be {{'name': <string>, 'arguments': <JSON string>}}")
-        # The arguments' JSON is read by check_tool_messages, which knows the message's index for the 400.
-        calls.append(call)
-    return calls
-
-
-def check_tool_call_arguments(calls: list[dict[str, Any]], param: str) -> None:
-    """Each call's ``function.arguments`` must be JSON text encoding an object, under the body's rules
-    (:func:`~lightllm.server.http.json_text.parse_json_text`); ``param`` is the ``tool_calls`` field's path."""
-    for index, call in enumerate(calls):
-        where = f"{param}.{index}.function.arguments"
-        # A repeated key is allowed: the model's own output may hold one, and clients send it back as history.
-        arguments = parse_json_text(call["function"]["arguments"], where, unique_keys=False)
-        if not isinstance(arguments, dict):
-            raise invalid_request(f"Invalid value for '{where}': the arguments must encode a JSON object, got "
-                                  f"{json_type_name(arguments)}", where)
-
-
-def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool calls as chat templates expect them (transformers' convention): arguments as a mapping."""
-    rendered = []
-    for call in calls:
-        function = call["function"]
-        # Read before (check_tool_call_arguments), so json.loads cannot fail here.
-        rendered.append({"id": call["id"], "type": "function",
-                         "function": {"name": function["name"], "arguments": json.loads(function["arguments"])}})
-    return rendered
-
-
-def check_tool_messages(messages: list[Any]) -> None:
-    """Tool-call fields only where they belong: ``tool_calls`` on assistant messages, ``tool_call_id`` (required)
-    on tool messages; and each call's arguments JSON text encoding an object."""
-    for index, message in enumerate(messages):
-        if message.tool_calls and message.role != "assistant":
-            raise invalid_request(f"messages[{index}].tool_calls is only allowed on assistant messages",
-                                  f"messages.{index}.tool_calls")
-        if message.tool_calls:
-            check_tool_call_arguments(message.tool_calls, f"messages.{index}.tool_calls")
-        if message.role == "tool" and not message.tool_call_id:
-            raise invalid_request(f"messages[{index}] has role 'tool' and needs tool_call_id",
-                                  f"messages.{index}.tool_call_id")
-        if message.tool_call_id is not None and message.role != "tool":
-            raise invalid_request(f"messages[{index}].tool_call_id is only allowed on tool messages",
-                                  f"messages.{index}.tool_call_id")
