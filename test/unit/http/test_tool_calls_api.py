@@ -42,6 +42,24 @@ def test_auto_call_non_streaming_and_template_arguments() -> None:
     assert manager.calls[-1].params.grammar is None
 
 
+def test_a_history_call_assembled_from_a_stream_keeps_its_index() -> None:
+    """A call built from streamed deltas carries their "index": accepted and not used (it was a 400;
+    vLLM accepts it).  The template gets the same call as without it."""
+    client, manager = make_client(["ok"])
+    call = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+    rendered = []
+    for sent in (call, {"index": 0, **call}, {"index": None, **call}):
+        messages = [{"role": "user", "content": "time?"}, {"role": "assistant", "content": None, "tool_calls": [sent]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+        response = chat(client, messages=messages, tools=[CLOCK_TOOL])
+        assert response.status_code == 200, response.text
+        rendered.append(manager.chat_messages[-1])
+    assert rendered[0] == rendered[1] == rendered[2]
+    messages[1]["tool_calls"] = [{"index": "0", **call}]
+    error = assert_error(chat(client, messages=messages, tools=[CLOCK_TOOL]), 400, "messages.1.tool_calls")
+    assert "tool call 0 index must be an integer" in error["message"]
+
+
 def test_auto_call_streaming_deltas() -> None:
     client, _ = make_client(CALL_TEXT)
     events = sse_events(chat(client, tools=[WEATHER_TOOL], stream=True))
@@ -214,6 +232,11 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
             {"id": "1", "type": "custom", "custom": {"name": "f", "input": "x"}}]}]},
          "messages.0.tool_calls", "only function calls are supported"),
+        # A key beside name and arguments would be dropped (the template gets those two): named, not just
+        # "must be {...}" (vLLM accepts and drops it).
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}", "strict": True}}]}]},
+         "messages.0.tool_calls", "tool call 0 function has unknown key(s) 'strict'"),
     ],
 )
 def test_tool_fields_refused_clearly(fields: dict[str, Any], param: str, words: str) -> None:

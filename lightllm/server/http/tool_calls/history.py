@@ -13,7 +13,11 @@ from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.json_text import parse_json_text
 
 _CALL_KEYS = ("id", "type", "function")
-_CALL_SHAPE = "{'id': <string>, 'type': 'function', 'function': {'name': <string>, 'arguments': <JSON string>}}"
+# Accepted and not used: a streamed call's position, left on a call a client assembled from the
+# stream's deltas (as vLLM accepts it).
+_UNUSED_CALL_KEYS = ("index",)
+_FUNCTION_SHAPE = "{'name': <string>, 'arguments': <JSON string>}"
+_CALL_SHAPE = f"{{'id': <string>, 'type': 'function', 'function': {_FUNCTION_SHAPE}}}"
 
 
 def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -30,18 +34,26 @@ def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | 
             raise ValueError(f"tool call {index} has type {call['type']!r}: only function calls are supported, "
                              f"{_CALL_SHAPE}")
         missing = [key for key in _CALL_KEYS if call.get(key) is None]
-        unknown = sorted(str(key) for key in set(call) - set(_CALL_KEYS))
+        unknown = sorted(str(key) for key in set(call) - set(_CALL_KEYS) - set(_UNUSED_CALL_KEYS))
         if missing or unknown:
             problem = (f"lacks {', '.join(repr(key) for key in missing)}" if missing
                        else f"has unknown key(s) {', '.join(repr(key) for key in unknown)}")
             raise ValueError(f"tool call {index} {problem}: it must be {_CALL_SHAPE}")
         if not isinstance(call["id"], str):
             raise ValueError(f"tool call {index} id must be a string, got {json_type_name(call['id'])}")
+        position = call.get("index")
+        if position is not None and (not isinstance(position, int) or isinstance(position, bool)):
+            raise ValueError(f"tool call {index} index must be an integer (a streamed call's position; it is not "
+                             f"used), got {json_type_name(position)}")
         function = call["function"]
-        if not isinstance(function, dict) or set(function) - {"name", "arguments"} \
-                or not isinstance(function.get("name"), str) \
+        extra = sorted(str(key) for key in set(function) - {"name", "arguments"}) if isinstance(function, dict) else []
+        if extra:
+            # Refused, not dropped (vLLM drops them): the template gets the name and arguments only.
+            raise ValueError(f"tool call {index} function has unknown key(s) {', '.join(map(repr, extra))}: it "
+                             f"must be {_FUNCTION_SHAPE}")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
                 or not isinstance(function.get("arguments"), str):
-            raise ValueError(f"tool call {index} function must be {{'name': <string>, 'arguments': <JSON string>}}")
+            raise ValueError(f"tool call {index} function must be {_FUNCTION_SHAPE}")
         # The arguments' JSON is read by check_tool_messages, which knows the message's index for the 400.
         calls.append(call)
     return calls
