@@ -131,6 +131,10 @@ def encode_chat_messages(
         # as Python syntax (a tool message, in most templates that loop): give those their text.
         messages = [_joined_content(message) if index in printed else message for index, message in enumerate(messages)]
         text = render(messages)
+    # Before the checks below, each of which may render the chat again: an over-long chat is refused
+    # after one render (two when its content parts were rendered again just above).
+    if max_chars is not None and len(text) > max_chars:
+        raise RenderedChatTooLongError(max_chars, len(text))
     # Data the template may drop without a word: refused unless the rendered chat depends on it.
     check_names(render, messages, chat_template_kwargs, text)
     check_tool_calls(render, messages, chat_template_kwargs, text)
@@ -138,8 +142,6 @@ def encode_chat_messages(
         check_tools(render, messages, chat_template_kwargs, text, template_source(tokenizer, chat_template_kwargs))
     _check_variables_read(tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
                           text)
-    if max_chars is not None and len(text) > max_chars:
-        raise RenderedChatTooLongError(max_chars, len(text))
     # The template writes BOS itself when it wants one; encode without adding another.
     return encode_text(tokenizer, text, add_special_tokens=False, within=within)
 

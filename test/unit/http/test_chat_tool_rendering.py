@@ -19,6 +19,8 @@ from api_fakes import FakeManager, assert_error, chat
 from lightllm.server.chat_render_checks import UnreadMessageFieldError, UnreadTemplateFieldError
 from lightllm.server.http.app import create_app
 from lightllm.server.http.server_options import HttpServerOptions
+from lightllm.server import served_model
+from lightllm.server.prompt_length_probe import RenderedChatTooLongError
 from lightllm.server.served_model import encode_chat_messages
 
 # Prints each message's role and content only (the outside tester's template).
@@ -52,6 +54,24 @@ def test_tools_the_template_does_not_render_are_refused_when_asked(tokenizer) ->
     assert _text(tokenizer, USER, TOOLS, kwargs={"tools": [TOOL]}) == "tool clock|user: time?|"
     # Not asked (tool_choice auto, required, named; /tokenize): rendered without them.
     assert _text(tokenizer, USER, PLAIN, kwargs={"tools": [TOOL]}, check_tools_read=False) == "user: time?|"
+
+
+def test_an_over_long_chat_is_refused_after_one_render(tokenizer, monkeypatch) -> None:
+    """The name, tool-call and tools checks each render the chat again: they ran first, so a chat over
+    the character bound was rendered four times before it was refused."""
+    renders = []
+    real_render = served_model._render_chat
+    monkeypatch.setattr(served_model, "_render_chat", lambda *args: renders.append(1) or real_render(*args))
+    template = "{% for t in tools or [] %}tool {{ t.function.name }}|{% endfor %}" + CALLS.replace(
+        "{{ m.role }}", "{{ m.role }}{{ m.name or '' }}")
+    messages = [{**HISTORY[0], "name": "ann"}, *HISTORY[1:]]
+    kwargs = {"chat_template": template, "tools": [TOOL]}
+    encode_chat_messages(tokenizer, messages, chat_template_kwargs=kwargs, max_chars=10_000)
+    assert len(renders) == 4  # the chat, without names, without tool calls, without tools
+    renders.clear()
+    with pytest.raises(RenderedChatTooLongError):
+        encode_chat_messages(tokenizer, messages, chat_template_kwargs=kwargs, max_chars=10)
+    assert len(renders) == 1
 
 
 def test_tools_are_checked_against_the_template_they_select(tokenizer_dir) -> None:
