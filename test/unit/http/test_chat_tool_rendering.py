@@ -15,7 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
-from api_fakes import FakeManager, assert_error, chat
+from api_fakes import assert_error, chat
+from chat_rendering_support import RenderingManager
 from lightllm.server.chat_render_checks import UnreadMessageFieldError, UnreadTemplateFieldError
 from lightllm.server.http.app import create_app
 from lightllm.server.http.server_options import HttpServerOptions
@@ -94,20 +95,6 @@ def test_the_demo_checkpoints_template_renders_tools_and_tool_calls(tiny_llama_d
 
 
 # ---------------------------------------------------------------- through the app
-
-
-class RenderingManager(FakeManager):
-    """The fake manager, rendering chats with a real tokenizer and the server's encode_chat_messages."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        super().__init__()
-        self.chat_tokenizer = tokenizer
-        self.vocab_size = len(tokenizer)
-        self.max_req_total_len = 512
-
-    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
-                    **template_options: Any) -> list[int]:
-        return encode_chat_messages(self.chat_tokenizer, messages, within=within, **template_options)
 
 
 @pytest.fixture()
