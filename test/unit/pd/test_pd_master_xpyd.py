@@ -113,6 +113,7 @@ def test_2p2d_placement_follows_reported_load_and_shows_it(tiny_llama_dir: Path)
         assert metric_value(metrics, "lightllm_pd_node_serving", node_id=d0.node_id) == 1
         assert metric_value(metrics, "lightllm_pd_node_in_flight_requests", node_id=d0.node_id) == 0
         assert metric_value(metrics, "lightllm_pd_nodes_alive", role="prefill") == 2
+        assert metric_value(metrics, "lightllm_pd_master_stalled_seconds_total") >= 0  # exported from the start
     finally:
         cluster.stop()
 

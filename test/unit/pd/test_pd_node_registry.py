@@ -337,3 +337,21 @@ def test_the_expiry_sweeper_starts_the_stall_watch_at_its_period() -> None:
 
     asyncio.run(run())
     assert registry.stall_watch is not None and registry.stall_watch.period_s == 1.0
+
+
+def test_stall_warnings_come_at_most_every_30_s_and_sum_up_the_ones_between(caplog) -> None:
+    from lightllm.server.pd.master.stall_watch import MasterStallWatch
+
+    clock = FakeClock()
+    watch = MasterStallWatch(1.0, clock)
+    with caplog.at_level("WARNING", logger="lightllm.server.pd.master.stall_watch"):
+        for _ in range(4):  # a machine short of CPU: a 2 s stall every 3 s
+            clock.advance(3.0)
+            assert watch.stall_before(clock()) == pytest.approx(2.0)
+        clock.advance(30.0)
+        watch.stall_before(clock())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "did not run for 2.0 s" in lines[0]
+    assert "did not run for 29.0 s beyond its 1 s expiry sweep (blocked, or the process got no CPU) (4 stalls, " \
+           "35.0 s in all, since the last such line)" in lines[1]
+    assert watch.stalled_s == pytest.approx(37.0)

@@ -20,6 +20,8 @@ exports its own).  The PD families:
   first token after dispatch), ``transfer`` (P's first token to D's echo of it: the KV moved and
   D admitted the request), ``first_decode_token`` (the echo to D's first generated token);
 * ``lightllm_pd_continuation_segments_total`` -- continuation segments dispatched;
+* ``lightllm_pd_master_stalled_seconds_total`` -- time the master's own event loop did not run
+  beyond its expiry sweep (:mod:`.stall_watch`; read at scrape time);
 * ``lightllm_pd_failed_requests_total{reason}`` -- requests that ended with an error: the
   failures of a request that ran (:data:`RUN_FAILURE_REASONS`) and the 503 refusals of one that
   could not start (:data:`REFUSAL_REASONS`, by the error code the client got).
@@ -30,7 +32,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Optional, Tuple
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from lightllm.server.httpserver.metrics import ServerMetrics
@@ -94,6 +96,10 @@ class _NodesCollector:
         yield in_flight
         for family, _ in loads:
             yield family
+        watch = self.registry.stall_watch
+        yield CounterMetricFamily("lightllm_pd_master_stalled_seconds", "Seconds the PD master's event loop did not "
+                                  "run beyond its expiry sweep (not counted against the nodes' heartbeats)",
+                                  value=watch.stalled_s if watch is not None else 0.0)
 
 
 class MasterMetrics:

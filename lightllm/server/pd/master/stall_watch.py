@@ -13,12 +13,15 @@ it out of the nodes' silence.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
 
 # A check later than its period by at most this much is ordinary scheduling jitter, not a stall.
 STALL_MIN_S = 0.5
+# At most one warning this often: on a machine short of CPU for minutes a late sweep comes every
+# few seconds, and one line per sweep would bury the log; the lines in between are summed up.
+WARN_EVERY_S = 30.0
 
 
 class MasterStallWatch:
@@ -35,7 +38,9 @@ class MasterStallWatch:
         self.period_s = period_s
         self._clock = clock
         self._last_check = clock()
-        self.stalled_s = 0.0  # every stall measured so far
+        self.stalled_s = 0.0  # every stall measured so far (lightllm_pd_master_stalled_seconds_total)
+        self._last_warned: Optional[float] = None
+        self._unwarned = (0, 0.0)  # stalls and seconds since the last warning
 
     def stall_before(self, now: float) -> float:
         """Seconds the master did not run since the last check (0.0 for none); ``now`` is this check."""
@@ -44,7 +49,13 @@ class MasterStallWatch:
         if stalled <= STALL_MIN_S:
             return 0.0
         self.stalled_s += stalled
+        count, seconds = self._unwarned[0] + 1, self._unwarned[1] + stalled
+        if self._last_warned is not None and now - self._last_warned < WARN_EVERY_S:
+            self._unwarned = (count, seconds)
+            return stalled
+        self._last_warned, self._unwarned = now, (0, 0.0)
+        more = f" ({count} stalls, {seconds:.1f} s in all, since the last such line)" if count > 1 else ""
         logger.warning("PD master: its event loop did not run for %.1f s beyond its %.2g s expiry sweep (blocked, "
-                       "or the process got no CPU); the nodes' heartbeats of that time wait unread, so it does "
-                       "not count against them", stalled, self.period_s)
+                       "or the process got no CPU)%s; the nodes' heartbeats of that time wait unread, so it does "
+                       "not count against them", stalled, self.period_s, more)
         return stalled
