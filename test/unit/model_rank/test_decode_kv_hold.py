@@ -20,7 +20,7 @@ from lightllm.server.model_rank.scheduling.decode_backend import (
     DecodeBackend,
     KvReservationRefused,
 )
-from lightllm.server.model_rank.scheduling.decode_kv_hold import HOLD_SECONDS, RELEASE_GRACE_SECONDS, KvHoldLine
+from lightllm.server.model_rank.scheduling.decode_kv_hold import HOLD_SECONDS, HOLD_STEPS, RELEASE_GRACE_SECONDS, KvHoldLine
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
@@ -50,6 +50,11 @@ def _refused(backend: DecodeBackend, request_id: int, prompt: int, new: int) -> 
 
 def _held(backend: DecodeBackend):
     return backend.held_request()
+
+
+def _steps(backend: DecodeBackend, count: int) -> None:
+    for _ in range(count):
+        backend.step()
 
 
 def _run_to_end(backend: DecodeBackend, *reqs: InferReq) -> None:
@@ -105,6 +110,7 @@ def test_a_hold_expires_once_its_request_stops_asking() -> None:
     _refused(backend, 2, 60, 20)
     backend.observe_time(10.0 + HOLD_SECONDS / 2)
     _refused(backend, 2, 60, 20)  # it asks again: the hold lives HOLD_SECONDS from now
+    _steps(backend, HOLD_STEPS + 1)
     backend.observe_time(10.0 + HOLD_SECONDS / 2 + HOLD_SECONDS)
     assert "held for request 2" in _refused(backend, 3, 10, 10)
     backend.observe_time(10.0 + HOLD_SECONDS / 2 + HOLD_SECONDS + 0.01)  # longer than HOLD_SECONDS without an ask
@@ -207,6 +213,7 @@ def test_expired_entries_are_dropped_when_the_clock_moves() -> None:
     for request_id in range(2, 50):
         _refused(backend, request_id, 60, 20)
     assert len(backend.hold_line) == 48
+    _steps(backend, HOLD_STEPS + 1)
     backend.observe_time(HOLD_SECONDS + 0.01)
     assert _held(backend) is None and len(backend.hold_line) == 0
 
@@ -216,6 +223,7 @@ def test_the_next_held_request_is_the_earliest_refused_that_still_asks() -> None
     _refused(backend, 2, 60, 20)  # held
     assert "held for request 2" in _refused(backend, 3, 50, 10)  # refused second: waits behind 2
     assert "held for request 2" in _refused(backend, 4, 50, 20)  # refused third
+    _steps(backend, HOLD_STEPS + 1)
     backend.observe_time(HOLD_SECONDS / 2)
     assert "held for request 2" in _refused(backend, 4, 50, 20)  # 2 and 3 stop asking, 4 does not
     backend.observe_time(HOLD_SECONDS + 0.01)
@@ -263,6 +271,34 @@ def test_a_reservation_ended_without_its_kv_keeps_the_place_only_briefly() -> No
     assert 2 not in backend.hold_line
 
 
+def test_a_held_request_keeps_its_place_while_slow_steps_delay_its_asks() -> None:
+    # Measured on 1P1D at load average 10: CPU steps of a second or more put a held request's
+    # asks 3.2 s apart, and with time alone it lost its place and waited 20 s more.
+    backend = _backend(100)
+    _reserve(backend, 1, 40, 20)  # a node running a request
+    backend.observe_time(1.0)
+    _refused(backend, 2, 60, 20)  # held
+    _steps(backend, HOLD_STEPS - 1)  # slow steps: fewer than HOLD_STEPS in the next 3.2 s
+    backend.observe_time(4.2)
+    assert "held for request 2" in _refused(backend, 3, 50, 20)
+    _steps(backend, 2)  # HOLD_STEPS + 1 since request 2 asked, and over HOLD_SECONDS: expired
+    assert "held: no other" in _refused(backend, 3, 50, 20)
+
+
+def test_a_node_running_nothing_ends_a_wait_by_time_alone() -> None:
+    backend = _backend(100)
+    first = _reserve(backend, 1, 40, 20)
+    backend.observe_time(1.0)
+    _refused(backend, 2, 60, 20)
+    backend.transfer_failed(first)
+    backend.step()
+    assert not backend.requests
+    backend.observe_time(1.0 + HOLD_SECONDS + 0.01)  # one step only, but nothing runs
+    _reserve(backend, 3, 50, 20)
+
+
 def test_the_hold_line_refuses_a_nonpositive_hold() -> None:
     with pytest.raises(ValueError, match="hold_seconds must be > 0, got 0"):
         KvHoldLine(0)
+    with pytest.raises(ValueError, match="hold_steps must be >= 0, got -1"):
+        KvHoldLine(hold_steps=-1)

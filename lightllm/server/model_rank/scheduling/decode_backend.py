@@ -29,7 +29,8 @@ for, and one request row stays free for it.  The held request is granted on one 
 then.  A request blocked by a hold is told so in its refusal (``N of them held for request R,
 refused earlier``).  Never held: a request needing more than the whole KV cache
 (:meth:`~.kv_view.KvView.capacity_token_num`; it would never fit and the hold would block the
-node).  The line's clock is rank 0's (:meth:`observe_time`), so every TP rank decides the same.
+node).  The line's clock is rank 0's (:meth:`observe_time`) and its engine steps, so every TP rank
+decides the same.
 
 A request paused here for lack of KV recomputes its prompt locally, like on a normal node,
 unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): the request's
@@ -118,9 +119,14 @@ class DecodeBackend(PdNodeBackend):
         """The agreed time (rank 0's clock, the same on every TP rank) moved to ``now``: the KV hold's clock."""
         self.hold_line.observe(now)
 
+    def step(self) -> StepReport:
+        """One engine step (see :class:`~.pd_node_backend.PdNodeBackend`), counted by the KV hold."""
+        self.hold_line.observe_step()
+        return super().step()
+
     def held_request(self) -> Optional[WaitingRequest]:
         """The request the KV hold is for now, if any (see the module docstring)."""
-        return self.hold_line.held()
+        return self.hold_line.held(idle=not self.requests)
 
     def segment_tokens(self, max_new_tokens: int) -> int:
         """What one segment of a request allowed ``max_new_tokens`` may generate here."""

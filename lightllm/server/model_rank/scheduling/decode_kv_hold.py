@@ -14,9 +14,14 @@ every time.
 
 The master does not tell the node when a request gives up or is placed on another decode node,
 so a request stays in line only while it keeps asking: it leaves once :data:`HOLD_SECONDS` pass
-without an ask.  The clock is rank 0's, sent with the requests it admits
-(:attr:`~lightllm.server.core.objs.io_messages.AddRequests.leader_time`), so every TP rank
-decides the same; the simulator passes its virtual time.
+without an ask and, on a node running requests, :data:`HOLD_STEPS` engine steps too.  Time alone
+was too short on a loaded machine: an ask waits for the step running when it arrives, and with
+CPU steps of a second or more the asks of a held request came 3.2 s apart, so it lost its place
+and waited 20 s more (1P1D at load average 10).  Steps alone cannot end a stale hold on a node
+running nothing, which steps only when it refuses.  The clock is rank 0's, sent with the
+requests it admits (:attr:`~lightllm.server.core.objs.io_messages.AddRequests.leader_time`), and
+steps are counted alike everywhere, so every TP rank decides the same; the simulator passes its
+virtual time.
 
 A request granted here keeps its place while it is reserved (its reservation's lease bounds
 that) and for :data:`RELEASE_GRACE_SECONDS` after the reservation ends without its KV: if its
@@ -37,6 +42,12 @@ from typing import Dict, Optional
 # running when the ask arrives (up to a few hundred ms for a CPU decode step); 3 s is over
 # twice that, and a stale hold (its request gave up or went elsewhere) ends within 3 s.
 HOLD_SECONDS = 3.0
+# Engine steps that must also pass on a node running requests.  Between two asks of a waiting
+# request come the master's backoff (at most 1 s) and the path of the ask into the rank loop,
+# which waits for the step running then (a few steps at most): under 1 s / step + 4 steps,
+# so 16 covers every step of 0.1 s or longer, and for shorter steps the 3 s dominate.  A stale
+# hold ends after max(3 s, 16 steps): 8 s with CPU steps of half a second.
+HOLD_STEPS = 16
 # How long a request keeps its place after its reservation ended without its KV: the master's
 # re-ask after a busy prefill node comes after its first backoffs (50, 100, 200 ms ...), under a
 # second; a request that finished at its prefill node holds the KV it needed this long at most.
@@ -50,6 +61,7 @@ class WaitingRequest:
     request_id: int
     tokens: int  # the KV tokens its reservation needs
     asked_at: float  # the agreed time of its last ask
+    asked_step: int  # the node's step count at its last ask
     reserved: bool = False  # granted here and waiting for its KV: it keeps its place, nothing is held for it
 
 
@@ -58,15 +70,20 @@ class KvHoldLine:
 
     Args:
         hold_seconds: how long a request keeps its place without asking again.
+        hold_steps: the engine steps that must pass too on a node running requests.
     """
 
-    def __init__(self, hold_seconds: float = HOLD_SECONDS) -> None:
+    def __init__(self, hold_seconds: float = HOLD_SECONDS, hold_steps: int = HOLD_STEPS) -> None:
         if not hold_seconds > 0:
             raise ValueError(f"hold_seconds must be > 0, got {hold_seconds}")
+        if hold_steps < 0:
+            raise ValueError(f"hold_steps must be >= 0, got {hold_steps}")
         self.hold_seconds = hold_seconds
+        self.hold_steps = hold_steps
         self.now = 0.0  # the agreed time: rank 0's clock as of the last requests it admitted
+        self.steps = 0  # the node's engine steps
         self._waiting: Dict[int, WaitingRequest] = {}
-        self._pruned_at = -1.0
+        self._pruned_at: Optional[tuple] = None  # (time, steps, idle) of the last scan for expired entries
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -79,27 +96,37 @@ class KvHoldLine:
         if now > self.now:
             self.now = now
 
-    def held(self) -> Optional[WaitingRequest]:
-        """The held request: the first one in line not reserved here now, after dropping the expired."""
-        # Entries expire only as the agreed time moves, so one scan per new time is enough (not
-        # one per ask: thousands of refused requests would make every reservation a long scan).
-        if self._pruned_at != self.now:
-            self._pruned_at = self.now
-            waiting, oldest = self._waiting, self.now - self.hold_seconds
-            for request_id in [r for r, w in waiting.items() if w.asked_at < oldest and not w.reserved]:
+    def observe_step(self) -> None:
+        """The node ran an engine step."""
+        self.steps += 1
+
+    def held(self, idle: bool = False) -> Optional[WaitingRequest]:
+        """The held request: the first one in line not reserved here now, after dropping the expired.
+
+        ``idle``: the node runs nothing, so only time ends a wait (see the module docstring).
+        """
+        # Entries expire only as the time or the steps move, so one scan per new (time, steps)
+        # is enough (not one per ask: thousands of refused requests would make every
+        # reservation a long scan).
+        key = (self.now, self.steps, idle)
+        if self._pruned_at != key:
+            self._pruned_at = key
+            waiting, oldest, last_step = self._waiting, self.now - self.hold_seconds, self.steps - self.hold_steps
+            for request_id in [r for r, w in waiting.items()
+                               if w.asked_at < oldest and (idle or w.asked_step < last_step) and not w.reserved]:
                 del waiting[request_id]
         return next((w for w in self._waiting.values() if not w.reserved), None)
 
     def refused(self, request_id: int, tokens: int) -> None:
         """``request_id`` was refused needing ``tokens``: it keeps its place (its first refusal) and counts as asking."""
-        waiting = self._waiting.setdefault(request_id, WaitingRequest(request_id, tokens, self.now))
-        waiting.tokens, waiting.asked_at, waiting.reserved = tokens, self.now, False
+        waiting = self._waiting.setdefault(request_id, WaitingRequest(request_id, tokens, self.now, self.steps))
+        waiting.tokens, waiting.asked_at, waiting.asked_step, waiting.reserved = tokens, self.now, self.steps, False
 
     def granted(self, request_id: int) -> None:
         """``request_id`` was granted: it keeps its place, and holds nothing, while it is reserved."""
         waiting = self._waiting.get(request_id)
         if waiting is not None:
-            waiting.asked_at, waiting.reserved = self.now, True
+            waiting.asked_at, waiting.asked_step, waiting.reserved = self.now, self.steps, True
 
     def released(self, request_id: int) -> None:
         """``request_id``'s reservation ended without its KV: it keeps its place for :data:`RELEASE_GRACE_SECONDS`."""
@@ -109,7 +136,8 @@ class KvHoldLine:
             # From the agreed time now, however long it was reserved (a prompt may queue long on
             # its prefill node); that time moves with every ask, so it is late only when nobody asks.
             waiting.asked_at = self.now - self.hold_seconds + RELEASE_GRACE_SECONDS
-            self._pruned_at = -1.0  # it may have expired already: the next held() looks again
+            waiting.asked_step = self.steps - self.hold_steps  # the grace is time alone
+            self._pruned_at = None  # it may have expired already: the next held() looks again
 
     def leave(self, request_id: int) -> None:
         """``request_id`` no longer waits (its KV arrived, or it can never fit)."""
