@@ -29,7 +29,12 @@ cap on open connections. :class:`GuardedH11Protocol` adds
   transport, one ``socket.send() raised exception.`` warning (no request id) per write from the
   fifth on.  The transport uvicorn sees drops such writes and marks the request's client
   disconnected at once, so the application sees the disconnect (and aborts the request) as it
-  would after ``connection_lost``.
+  would after ``connection_lost``;
+* a bounded end to an answer still being sent when the server stops: uvicorn waits its
+  graceful-shutdown timeout for it, then cancels the request's task mid-write (a stream cut
+  mid-event, an "Exception in ASGI application" traceback); such a connection is closed at
+  :data:`SHUTDOWN_CLOSE_SHARE` of that timeout instead, which the request handles as its
+  client's disconnect, with one log line.
 
 The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
 """
@@ -57,6 +62,9 @@ from lightllm.server.http.server_options import HttpLimits
 # short enough that a refused client cannot hold the socket.
 LINGER_SECONDS = 2.0
 REFUSAL_LOG_INTERVAL_SECONDS = 10.0
+# The share of uvicorn's graceful-shutdown timeout after which a connection whose answer is
+# still being sent is closed: the rest leaves the request time to end before uvicorn's cancel.
+SHUTDOWN_CLOSE_SHARE = 0.5
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +126,7 @@ class GuardedH11Protocol(H11Protocol):
     _refusal_log = IntervalGate(REFUSAL_LOG_INTERVAL_SECONDS)
     # Stalled readers can be many; their closes are logged at most once per interval, counted.
     _send_timeout_log = IntervalGate()
+    _shutdown_close_log = IntervalGate()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -205,6 +214,28 @@ class GuardedH11Protocol(H11Protocol):
             self.close_transport(force=True)
             return
         super().shutdown()
+        # uvicorn lets an answer still being sent finish for its graceful-shutdown timeout, then
+        # cancels the request's task: the stream stopped mid-event and the log got an "Exception
+        # in ASGI application" traceback for a routine stop.  Closing the connection a little
+        # earlier ends the request as a client disconnect, which it handles.
+        grace = self.config.timeout_graceful_shutdown
+        if grace is not None and self._raw is not None and self._answer_unsent():
+            self.loop.call_later(grace * SHUTDOWN_CLOSE_SHARE, self._close_unsent_answer)
+
+    def _answer_unsent(self) -> bool:
+        return not self._lost and self.cycle is not None and not self.cycle.response_complete
+
+    def _close_unsent_answer(self) -> None:
+        if not self._answer_unsent() or self._raw is None:
+            return
+        held = self._shutdown_close_log.passes(self.loop.time())
+        if held is not None:
+            logger.warning("closed a connection from %s whose answer was still being sent when the server stopped "
+                           "(its client had not read it); the answer ends where it stood%s",
+                           self.client[0] if self.client else "?",
+                           f" ({held} more since the last such line)" if held else "")
+        # close() would wait for the buffer to drain, which is what this client does not let happen.
+        self._raw.abort()
 
     def send_400_response(self, msg: str) -> None:
         if self.conn.data_after_close:
@@ -324,4 +355,5 @@ def guarded_protocol_class(limits: HttpLimits) -> type[GuardedH11Protocol]:
     """A :class:`GuardedH11Protocol` subclass bound to ``limits`` (uvicorn instantiates the class itself)."""
     # Each server its own log gates, as its own limits.
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {
-        "limits": limits, "_refusal_log": IntervalGate(REFUSAL_LOG_INTERVAL_SECONDS), "_send_timeout_log": IntervalGate()})
+        "limits": limits, "_refusal_log": IntervalGate(REFUSAL_LOG_INTERVAL_SECONDS), "_send_timeout_log": IntervalGate(),
+        "_shutdown_close_log": IntervalGate()})
