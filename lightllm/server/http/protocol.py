@@ -33,8 +33,9 @@ cap on open connections. :class:`GuardedH11Protocol` adds
 * a bounded end to an answer still being sent when the server stops: uvicorn waits its
   graceful-shutdown timeout for it, then cancels the request's task mid-write (a stream cut
   mid-event, an "Exception in ASGI application" traceback); such a connection is closed at
-  :data:`SHUTDOWN_CLOSE_SHARE` of that timeout instead, which the request handles as its
-  client's disconnect, with one log line.
+  :data:`SHUTDOWN_CLOSE_SHARE` of that timeout when its client takes nothing, or just before
+  the timeout ends when it is still reading, which the request handles as its client's
+  disconnect, with one log line.
 
 The body deadline is enforced where the body is read (:mod:`lightllm.server.http.request_guard`).
 """
@@ -63,8 +64,13 @@ from lightllm.server.http.server_options import HttpLimits
 LINGER_SECONDS = 2.0
 REFUSAL_LOG_INTERVAL_SECONDS = 10.0
 # The share of uvicorn's graceful-shutdown timeout after which a connection whose answer is
-# still being sent is closed: the rest leaves the request time to end before uvicorn's cancel.
+# still being sent is closed when its client takes nothing (its writes are paused).  A client
+# still reading keeps its connection until SHUTDOWN_CANCEL_MARGIN_S before the timeout ends
+# (checked every SHUTDOWN_RECHECK_S), which leaves the request time to end as a disconnect
+# before uvicorn cancels it (0.1 s after the timeout).
 SHUTDOWN_CLOSE_SHARE = 0.5
+SHUTDOWN_CANCEL_MARGIN_S = 0.2
+SHUTDOWN_RECHECK_S = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -220,18 +226,23 @@ class GuardedH11Protocol(H11Protocol):
         # earlier ends the request as a client disconnect, which it handles.
         grace = self.config.timeout_graceful_shutdown
         if grace is not None and self._raw is not None and self._answer_unsent():
-            self.loop.call_later(grace * SHUTDOWN_CLOSE_SHARE, self._close_unsent_answer)
+            last = self.loop.time() + max(grace * SHUTDOWN_CLOSE_SHARE, grace - SHUTDOWN_CANCEL_MARGIN_S)
+            self.loop.call_later(grace * SHUTDOWN_CLOSE_SHARE, self._close_unsent_answer, last)
 
     def _answer_unsent(self) -> bool:
         return not self._lost and self.cycle is not None and not self.cycle.response_complete
 
-    def _close_unsent_answer(self) -> None:
+    def _close_unsent_answer(self, last: float) -> None:
         if not self._answer_unsent() or self._raw is None:
+            return
+        if not self.flow.write_paused and self.loop.time() < last:
+            # The client is taking the answer: let it go on until just before uvicorn's cancel.
+            self.loop.call_later(SHUTDOWN_RECHECK_S, self._close_unsent_answer, last)
             return
         held = self._shutdown_close_log.passes(self.loop.time())
         if held is not None:
             logger.warning("closed a connection from %s whose answer was still being sent when the server stopped "
-                           "(its client had not read it); the answer ends where it stood%s",
+                           "(its client had not read it in time); the answer ends where it stood%s",
                            self.client[0] if self.client else "?",
                            f" ({held} more since the last such line)" if held else "")
         # close() would wait for the buffer to drain, which is what this client does not let happen.

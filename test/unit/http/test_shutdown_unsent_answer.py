@@ -76,4 +76,53 @@ def test_an_answer_still_being_sent_at_shutdown_ends_as_a_disconnect_before_uvic
     app, took = asyncio.run(_stop_while_sending())
     assert app.ended_by == {"type": "http.disconnect"}
     assert GRACE_S * SHUTDOWN_CLOSE_SHARE - 0.05 <= took < GRACE_S
-    assert "whose answer was still being sent when the server stopped (its client had not read it)" in caplog.text
+    assert "whose answer was still being sent when the server stopped (its client had not read it in time)" in caplog.text
+
+
+class PausingStream:
+    """An ASGI app that sends one small chunk, then waits to be released before it ends its answer."""
+
+    def __init__(self) -> None:
+        self.sent_first = asyncio.Event()
+        self.release = asyncio.Event()
+        self.completed = False
+        self.protocol: Any = None
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        self.sent_first.set()
+        await self.release.wait()
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        self.completed = not self.protocol.cycle.disconnected
+
+
+async def _stop_while_client_reads() -> PausingStream:
+    server_sock, client_sock = socket.socketpair()
+    app = PausingStream()
+    config = uvicorn.Config(app, log_level="error", lifespan="off", proxy_headers=False, timeout_graceful_shutdown=1.0)
+    config.load()
+    protocol = guarded_protocol_class(HttpLimits())(config=config, server_state=ServerState(), app_state={})
+    app.protocol = protocol
+    loop = asyncio.get_running_loop()
+    await loop.connect_accepted_socket(lambda: protocol, server_sock)
+    client_sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")  # uvicorn runs the app
+    await asyncio.wait_for(app.sent_first.wait(), 10)
+    protocol.shutdown()
+    await asyncio.sleep(0.6)  # past the first check (0.5 s): its writes are not paused, so it keeps going
+    assert not protocol._lost
+    app.release.set()
+    for _ in range(100):
+        if app.completed or protocol._lost:
+            break
+        await asyncio.sleep(0.01)
+    client_sock.close()
+    return app
+
+
+def test_a_client_still_taking_its_answer_keeps_its_connection_until_just_before_uvicorns_cancel(caplog):
+    caplog.set_level(logging.WARNING, logger="lightllm.server.http.protocol")
+    app = asyncio.run(_stop_while_client_reads())
+    assert app.completed
+    assert "still being sent" not in caplog.text
