@@ -44,10 +44,11 @@ from typing import Dict, Optional
 HOLD_SECONDS = 3.0
 # Engine steps that must also pass on a node running requests.  Between two asks of a waiting
 # request come the master's backoff (at most 1 s) and the path of the ask into the rank loop,
-# which waits for the step running then (a few steps at most): under 1 s / step + 4 steps,
-# so 16 covers every step of 0.1 s or longer, and for shorter steps the 3 s dominate.  A stale
-# hold ends after max(3 s, 16 steps): 8 s with CPU steps of half a second.
-HOLD_STEPS = 16
+# which waits for the step running then (a few steps at most): under 1 s / step + 4 steps.
+# The steps matter only where 10 steps outlast 3 s (steps over 0.3 s), and there the gap is
+# under 1 / 0.3 + 4 = 7.3 steps; for shorter steps the gap is under 1 s + 4 steps < 3 s.
+# A stale hold ends after max(3 s, 10 steps): 5 s with CPU steps of half a second.
+HOLD_STEPS = 10
 # How long a request keeps its place after its reservation ended without its KV: the master's
 # re-ask after a busy prefill node comes after its first backoffs (50, 100, 200 ms ...), under a
 # second; a request that finished at its prefill node holds the KV it needed this long at most.
@@ -113,7 +114,7 @@ class KvHoldLine:
             self._pruned_at = key
             waiting, oldest, last_step = self._waiting, self.now - self.hold_seconds, self.steps - self.hold_steps
             for request_id in [r for r, w in waiting.items()
-                               if w.asked_at < oldest and (idle or w.asked_step < last_step) and not w.reserved]:
+                               if w.asked_at < oldest and (idle or w.asked_step <= last_step) and not w.reserved]:
                 del waiting[request_id]
         return next((w for w in self._waiting.values() if not w.reserved), None)
 
