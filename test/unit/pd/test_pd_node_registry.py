@@ -355,3 +355,20 @@ def test_stall_warnings_come_at_most_every_30_s_and_sum_up_the_ones_between(capl
     assert "did not run for 29.0 s beyond its 1 s expiry sweep (blocked, or the process got no CPU) (4 stalls, " \
            "35.0 s in all, since the last such line)" in lines[1]
     assert watch.stalled_s == pytest.approx(37.0)
+
+
+def test_stall_warnings_held_back_are_logged_once_their_interval_passed(caplog) -> None:
+    # Stalls that stopped (the machine recovered) were never logged: the summary waited for a next stall.
+    from lightllm.server.pd.master.stall_watch import MasterStallWatch
+
+    clock = FakeClock()
+    watch = MasterStallWatch(1.0, clock)
+    with caplog.at_level("WARNING", logger="lightllm.server.pd.master.stall_watch"):
+        for _ in range(4):
+            clock.advance(3.0)
+            watch.stall_before(clock())
+        for _ in range(30):  # a running master again: a check every second
+            clock.advance(1.0)
+            watch.stall_before(clock())
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "stalled 3 more time(s), 6.0 s in all, since the last such line" in lines[1]

@@ -47,6 +47,7 @@ class MasterStallWatch:
         stalled = now - self._last_check - self.period_s
         self._last_check = now
         if stalled <= STALL_MIN_S:
+            self._flush_unwarned(now)
             return 0.0
         self.stalled_s += stalled
         count, seconds = self._unwarned[0] + 1, self._unwarned[1] + stalled
@@ -59,3 +60,12 @@ class MasterStallWatch:
                        "or the process got no CPU)%s; the nodes' heartbeats of that time wait unread, so it does "
                        "not count against them", stalled, self.period_s, more)
         return stalled
+
+    def _flush_unwarned(self, now: float) -> None:
+        """Log the stalls held back since the last warning once its interval passed (they may be the last)."""
+        count, seconds = self._unwarned
+        if not count or self._last_warned is None or now - self._last_warned < WARN_EVERY_S:
+            return
+        self._last_warned, self._unwarned = now, (0, 0.0)
+        logger.warning("PD master: its event loop stalled %d more time(s), %.1f s in all, since the last such line "
+                       "(blocked, or the process got no CPU); not counted against the nodes", count, seconds)
