@@ -46,18 +46,25 @@ class EndlessStream:
                 return
 
 
-async def _stop_while_sending() -> tuple[EndlessStream, float]:
+async def _serve(app: Any, grace_s: float, receive_buffer: int = 0) -> tuple[Any, socket.socket]:
+    """``app`` behind the real protocol over a socketpair, one streaming request sent (uvicorn runs the app)."""
     server_sock, client_sock = socket.socketpair()
-    client_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    app = EndlessStream()
+    if receive_buffer:
+        client_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     config = uvicorn.Config(app, log_level="error", lifespan="off", proxy_headers=False,
-                            timeout_graceful_shutdown=GRACE_S)
+                            timeout_graceful_shutdown=grace_s)
     config.load()
     protocol = guarded_protocol_class(HttpLimits())(config=config, server_state=ServerState(), app_state={})
     app.protocol = protocol
+    await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, server_sock)
+    client_sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    return protocol, client_sock
+
+
+async def _stop_while_sending() -> tuple[EndlessStream, float]:
+    app = EndlessStream()
+    protocol, client_sock = await _serve(app, GRACE_S, receive_buffer=4096)
     loop = asyncio.get_running_loop()
-    await loop.connect_accepted_socket(lambda: protocol, server_sock)
-    client_sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")  # uvicorn runs the app
     await asyncio.wait_for(app.writes_paused.wait(), 10)
     started = loop.time()
     protocol.shutdown()  # what uvicorn's Server.shutdown calls on every connection
@@ -99,15 +106,8 @@ class PausingStream:
 
 
 async def _stop_while_client_reads() -> PausingStream:
-    server_sock, client_sock = socket.socketpair()
     app = PausingStream()
-    config = uvicorn.Config(app, log_level="error", lifespan="off", proxy_headers=False, timeout_graceful_shutdown=1.0)
-    config.load()
-    protocol = guarded_protocol_class(HttpLimits())(config=config, server_state=ServerState(), app_state={})
-    app.protocol = protocol
-    loop = asyncio.get_running_loop()
-    await loop.connect_accepted_socket(lambda: protocol, server_sock)
-    client_sock.sendall(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")  # uvicorn runs the app
+    protocol, client_sock = await _serve(app, 1.0)
     await asyncio.wait_for(app.sent_first.wait(), 10)
     protocol.shutdown()
     await asyncio.sleep(0.6)  # past the first check (0.5 s): its writes are not paused, so it keeps going
