@@ -107,10 +107,19 @@ def read_rope(raw: Dict[str, Any], default_theta: float) -> RopeConfig:
         log.warning("config.json: %s.factor is ignored with the default rope type, as transformers ignores it", source)
     original_max = params.get("original_max_position_embeddings")
     if rope_type == "llama3":
-        if "original_max_position_embeddings" in params and (
-                isinstance(original_max, bool) or not isinstance(original_max, int) or original_max < 1):
-            raise ModelConfigError(f"config.json: {source}.original_max_position_embeddings must be a positive "
-                                   f"integer, got {original_max!r} (leave it out to use max_position_embeddings)")
+        original_source = f"{source}.original_max_position_embeddings"
+        given = "original_max_position_embeddings" in params
+        if "original_max_position_embeddings" in raw:
+            # transformers gives a top-level value priority over the rope dict's for llama3 (its
+            # "Phi3 exception" in standardize_rope_params), so the top-level one is the length used.
+            top_level = raw["original_max_position_embeddings"]
+            if given and original_max != top_level:
+                log.warning("config.json: original_max_position_embeddings %r (top level) is used for llama3 RoPE, "
+                            "not %s %r, as transformers does", top_level, original_source, original_max)
+            original_max, original_source, given = top_level, "original_max_position_embeddings", True
+        if given and (isinstance(original_max, bool) or not isinstance(original_max, int) or original_max < 1):
+            raise ModelConfigError(f"config.json: {original_source} must be a positive integer, got "
+                                   f"{original_max!r} (leave it out to use max_position_embeddings)")
         if numbers["high_freq_factor"] <= numbers["low_freq_factor"]:
             log.warning("config.json: %s.high_freq_factor (%g) is not above low_freq_factor (%g); transformers "
                         "warns too and computes it as given", source, numbers["high_freq_factor"],

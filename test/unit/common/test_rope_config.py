@@ -4,7 +4,9 @@ requires them) and the context it declares (as vLLM derives its default ``max_mo
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.common.basemodel.rope_config import REQUIRED_ROPE_KEYS, SUPPORTED_ROPE_TYPES
@@ -95,3 +97,32 @@ def test_a_sliding_window_still_bounds_a_scaled_context():
     raw = {**BASE, "rope_parameters": COMPLETE["linear"], "sliding_window": 100}
     cfg = ModelConfig.from_dict(raw)
     assert (cfg.rope_context, cfg.context_limit) == (128, 100)
+
+
+@pytest.mark.parametrize("nested", [None, 32, 16])
+def test_llama3_takes_a_top_level_original_max_position_embeddings_first_as_transformers(nested):
+    """transformers' standardize_rope_params gives a top-level value priority for llama3 (Phi3-style
+    configs); the server used only the rope dict's and computed other frequencies (an outside
+    tester's checkpoint: logprobs 6.6 apart from transformers)."""
+    rope = {k: v for k, v in COMPLETE["llama3"].items() if k != "original_max_position_embeddings"}
+    if nested is not None:
+        rope["original_max_position_embeddings"] = nested
+    raw = {**BASE, "rope_parameters": rope, "original_max_position_embeddings": 16}
+    assert ModelConfig.from_dict(raw).rope.original_max_position_embeddings == 16
+    # transformers applies the top-level value when it computes the frequencies (the config it
+    # builds may still show the rope dict's): they equal those of a rope dict saying 16.
+    spelled_out = {**BASE, "rope_parameters": {**rope, "original_max_position_embeddings": 16}}
+    compute = ROPE_INIT_FUNCTIONS["llama3"]
+    assert torch.equal(compute(LlamaConfig(**raw), "cpu")[0], compute(LlamaConfig(**spelled_out), "cpu")[0])
+
+
+def test_a_top_level_original_max_position_embeddings_is_refused_naming_it_when_unusable():
+    raw = {**BASE, "rope_parameters": COMPLETE["llama3"], "original_max_position_embeddings": None}
+    with pytest.raises(ModelConfigError, match=r"^config.json: original_max_position_embeddings must be a positive "):
+        ModelConfig.from_dict(raw)
+
+
+def test_a_top_level_original_max_position_embeddings_changes_nothing_for_dynamic():
+    """Only llama3 (and the types refused here) read it in transformers; dynamic keeps max_position_embeddings."""
+    raw = {**BASE, "rope_parameters": COMPLETE["dynamic"], "original_max_position_embeddings": 16}
+    assert ModelConfig.from_dict(raw).rope.original_max_position_embeddings is None
