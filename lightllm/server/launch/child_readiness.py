@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from multiprocessing import connection
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 from lightllm.server.argument_error import ArgumentError
 
@@ -44,27 +44,31 @@ def _exit_line(child: StartingChild) -> str:
     return f"{child.name} exited during start-up (exit code {child.process.exitcode})"
 
 
-def _dead_peers(children: List[StartingChild], besides: StartingChild) -> List[StartingChild]:
+def _dead_peers(children: List[StartingChild], besides: StartingChild, said: Set[str]) -> List[StartingChild]:
     """Children other than ``besides`` that died without a word (a kill, the OOM killer).
 
     One that reported an error of its own before it exited is not a cause: it likely failed
-    because of ``besides``'s failure, whose message is the one to read.
+    because of ``besides``'s failure, whose message is the one to read.  ``said`` holds the names
+    of the children whose message was read here already (a second read finds only the pipe's end).
     """
     return [child for child in children
-            if child is not besides and _died(child) and child.process.exitcode != 0 and not _reported(child)]
+            if child is not besides and _died(child) and child.process.exitcode != 0 and not _reported(child, said)]
 
 
-def _reported(child: StartingChild) -> bool:
+def _reported(child: StartingChild, said: Set[str]) -> bool:
     """Whether the exited ``child`` sent a message (read here: the start fails anyway).
 
     Its pipe reads as ready at its end too, so only reading tells a message from the end.
     """
+    if child.name in said:
+        return True
     if not child.conn.poll(0):
         return False
     try:
         child.conn.recv()
     except (EOFError, OSError):
         return False
+    said.add(child.name)
     return True
 
 
@@ -116,13 +120,16 @@ def _joined(child: StartingChild) -> StartingChild:
 def _with_dead_peer(children: List[StartingChild], failed: StartingChild, detail: str, grace_s: float) -> str:
     """``failed``'s error, after the line of a child that died (the likely cause), if one did."""
     deadline = time.monotonic() + grace_s
-    dead: List[StartingChild] = _dead_peers(children, failed)
-    while not dead and time.monotonic() < deadline:
+    said: Set[str] = set()
+    while True:
+        # The living are listed before the dead are counted: a peer that dies in between is
+        # counted, and one that dies after is still waited for (its sentinel wakes the wait).
         others = [child.process.sentinel for child in children if child is not failed and not _died(child)]
-        if not others:
+        dead = _dead_peers(children, failed, said)
+        remaining = deadline - time.monotonic()
+        if dead or not others or remaining <= 0:
             break
-        connection.wait(others, timeout=max(0.0, deadline - time.monotonic()))
-        dead = _dead_peers(children, failed)
+        connection.wait(others, timeout=remaining)
     if not dead:
         return detail
     return f"{_exit_line(_joined(dead[0]))}; then {detail}"

@@ -45,6 +45,17 @@ def report_peer_error(conn: Any) -> None:
     time.sleep(3600)
 
 
+def report_error_then_exit_later(conn: Any) -> None:
+    time.sleep(1.0)
+    conn.send(("error", "model_rank1: RuntimeError: Connection closed by peer"))
+    os._exit(1)
+
+
+def die_killed_much_later(conn: Any) -> None:
+    time.sleep(4.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def report_refusal(conn: Any) -> None:
     conn.send(("refused", "--linear_backend onednn: not available here"))
 
@@ -94,6 +105,19 @@ def test_an_error_caused_by_a_dead_peer_names_the_dead_one_first() -> None:
         with pytest.raises(StartupError) as err:
             wait_for_children_ready(children, TIMEOUT_S, grace_s=TIMEOUT_S)
         assert str(err.value) == ("die_killed_later1 exited during start-up (exit code -9); then model_rank0: "
+                                  "RuntimeError: Connection closed by peer")
+    finally:
+        _stop(children)
+
+
+def test_a_peer_that_reported_its_own_error_is_not_named_when_another_dies_later() -> None:
+    # The peer's message was read when it exited; a later look read only its pipe's end and took it
+    # for a child that died without a word, naming it instead of the one killed.
+    children = _start([report_peer_error, report_error_then_exit_later, die_killed_much_later])
+    try:
+        with pytest.raises(StartupError) as err:
+            wait_for_children_ready(children, TIMEOUT_S, grace_s=TIMEOUT_S)
+        assert str(err.value) == ("die_killed_much_later2 exited during start-up (exit code -9); then model_rank0: "
                                   "RuntimeError: Connection closed by peer")
     finally:
         _stop(children)
