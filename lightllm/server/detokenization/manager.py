@@ -17,6 +17,7 @@ from lightllm.server.core.objs.io_messages import (
     TokenEvent,
 )
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_REASON_NAMES
+from lightllm.server.core.objs.shm_heartbeats import beat_of
 from lightllm.server.detokenization.incremental_decoder import IncrementalDecoder, request_decoder
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
@@ -25,6 +26,10 @@ from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.utils.gc_tuning import freeze_startup_objects
 
 log = logging.getLogger("lightllm.detokenization")
+
+# The longest wait for a message: an idle detokenizer still completes an iteration (and beats for
+# the watchdog, --watchdog_timeout) this often.
+IDLE_WAKE_MS = 1000
 
 
 @dataclass
@@ -59,6 +64,8 @@ class DetokenizationManager:
         self.to_http = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.http_address, bind=False)
         self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
         self.shm = layout.open_requests()
+        # This process's field of the watchdog's heartbeats (a no-op when it is not watched).
+        self.beat = beat_of(layout.open_heartbeat("detokenization"))
         self.requests: Dict[int, _RequestText] = {}
         # The current step's messages to the HTTP process, sent together at the end of the step.
         self._outbox: List[Union[DetokenizedOutput, SlotReleased, Any]] = []
@@ -145,10 +152,13 @@ class DetokenizationManager:
                                                   prompt_logprobs, stop_reason))
 
     def serve_forever(self) -> None:
-        """Process messages as they come."""
+        """Process messages as they come, beating once per message or idle second."""
         freeze_startup_objects()
+        beat, inbox = self.beat, self.inbox
         while True:
-            self.handle(self.inbox.recv_pyobj())
+            beat()
+            if inbox.poll(IDLE_WAKE_MS):
+                self.handle(inbox.recv_pyobj())
 
 
 def detokenization_process_main(config: DetokenizationConfig, ready_conn: Any) -> None:

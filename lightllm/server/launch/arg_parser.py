@@ -31,6 +31,7 @@ from lightllm.server.launch.http_flags import add_http_flags
 from lightllm.server.launch.one_line_parser import OneLineErrorParser
 from lightllm.utils.one_line_errors import finite_float
 from lightllm.server.launch.pd_flags import add_pd_flags
+from lightllm.server.launch.watchdog import DEFAULT_WATCHDOG_TIMEOUT_SECONDS, MIN_WATCHDOG_TIMEOUT_SECONDS
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     MAX_PREFILL_OVERTAKE_FRACTION,
     MAX_PREFILL_OVERTAKE_TOKENS,
@@ -160,6 +161,12 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once."
         " At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
     )
+    add_flag(group, "--watchdog_timeout", roles=MODEL_ROLES, type=finite_float, default=DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
+             help="Hang detection (SGLang's --watchdog-timeout): a child process (model rank, router, detokenizer) whose main "
+             "loop completes no iteration for this many seconds is taken for hung, and the server ends as when a child dies: "
+             "every request fails with 503 server_failed, exit code 1. A step longer than this (a huge prefill on a slow CPU, a "
+             f"first-time kernel compile) counts as a hang too. 0 turns it off; else at least {MIN_WATCHDOG_TIMEOUT_SECONDS:g} "
+             "(an idle TP rank's loop beats every 5-6 s), at most 1e6. Refused on the PD master, which runs no model.")
 
     group = parser.add_argument_group("memory and batching")
     add_flag(

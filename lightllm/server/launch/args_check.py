@@ -21,6 +21,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
     MAX_PREFILL_OVERTAKE_TOKENS,
 )
 from lightllm.server.launch.seconds_flags import check_seconds_flags
+from lightllm.server.launch.watchdog import MIN_WATCHDOG_TIMEOUT_SECONDS
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
@@ -226,6 +227,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
                             f"waits up to one round to be admitted), got {args.schedule_time_interval!r}")
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
+    watchdog = args.watchdog_timeout
+    if watchdog != 0 and not MIN_WATCHDOG_TIMEOUT_SECONDS <= watchdog < float("inf"):
+        # Below the minimum a healthy idle TP rank, which hears from rank 0 every 5 s, would be taken for hung.
+        raise ArgumentError(f"--watchdog_timeout must be 0 (off) or at least {MIN_WATCHDOG_TIMEOUT_SECONDS:g} seconds "
+                            f"(an idle TP rank's loop completes an iteration only every 5-6 s), got {watchdog!r}")
     if (args.batch_max_tokens is not None and not args.disable_chunked_prefill
             and args.chunked_prefill_size > args.batch_max_tokens and not flags_given(args, ["chunked_prefill_size"])):
         # Users of vLLM and LightLLM set the step budget alone: the default chunk follows it down

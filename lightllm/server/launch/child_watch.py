@@ -1,7 +1,9 @@
 """The launcher's watch over its child processes and multiprocessing's resource tracker.
 
 A child that exits on its own is reported at once (the supervisor then fails every request and
-stops the server).  The resource tracker is kept alive while the server runs.
+stops the server); so is one whose heartbeat went stale (``--watchdog_timeout``, checked by a
+:class:`~lightllm.server.launch.watchdog.Watchdog` every round of 0.2 s).  The resource tracker is
+kept alive while the server runs.
 
 The tracker is the process that unlinks the server's shared memory if the main process is killed
 (SIGKILL, the OOM killer).  It is not one of the server's children in the supervisor's sense (it
@@ -25,8 +27,9 @@ import threading
 import warnings
 from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from lightllm.server.launch.watchdog import Stall, Watchdog
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.stale_resources import SHM_DIR, shm_segment_prefix
 
@@ -69,13 +72,21 @@ def restart_tracker() -> None:
 
 
 def watch_children(children: Sequence[Tuple[str, BaseProcess]], stopping: threading.Event,
-                   on_death: Any) -> threading.Thread:
+                   on_death: Any, watchdog: Optional[Watchdog] = None,
+                   on_stall: Optional[Callable[[List[Stall], float], None]] = None) -> threading.Thread:
     """A thread that calls ``on_death(name, exitcode)`` as soon as any of ``children`` exits on its own.
 
-    It watches until ``stopping`` is set (the launcher sets it before stopping them on purpose).
+    With a ``watchdog`` (armed here: call this once the children are ready) it calls
+    ``on_stall(stalls, timeout_seconds)`` when live children made no progress for its timeout.
+    Either call is the last: the thread then ends.  It watches until ``stopping`` is set (the
+    launcher sets it before stopping them on purpose).
 
     It also replaces multiprocessing's resource tracker if that dies (:func:`restart_tracker`).
     """
+    if watchdog is not None and on_stall is None:
+        raise ValueError("a watchdog needs on_stall")
+    if watchdog is not None:
+        watchdog.arm()
 
     def run() -> None:
         watched = list(children)
@@ -94,6 +105,12 @@ def watch_children(children: Sequence[Tuple[str, BaseProcess]], stopping: thread
                 if not proc.is_alive():
                     on_death(name, proc.exitcode)
                     return
+            # After the deaths: a child that died is reported dead, not silent.
+            stalls = watchdog.stalled() if watchdog is not None else []
+            # Checked again: the launcher unmaps the heartbeats only after it set ``stopping``.
+            if stalls and not stopping.is_set():
+                on_stall(stalls, watchdog.timeout_seconds)
+                return
 
     thread = threading.Thread(target=run, name="child-watch", daemon=True)
     thread.start()

@@ -13,7 +13,7 @@ import os
 import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.detokenization.manager import DetokenizationConfig
@@ -64,13 +64,22 @@ def check_ipc_path_room(temp_dir: str, ipc_prefix: str) -> None:
             "to a shorter directory")
 
 
-def plan_layout(sizing: ServerSizing, shm_tag: str, ipc_dir: str) -> ServerLayout:
+def child_process_names(tp: int) -> Tuple[str, ...]:
+    """The server's child processes by the names the launcher gives them (its log, the watchdog)."""
+    return ("detokenization", "router", *(f"model_rank{rank}" for rank in range(tp)))
+
+
+def plan_layout(sizing: ServerSizing, shm_tag: str, ipc_dir: str,
+                heartbeat_processes: Sequence[str] = ()) -> ServerLayout:
     """The layout of one server whose segments are named after ``shm_tag`` and whose zmq
-    sockets live in ``ipc_dir``."""
+    sockets live in ``ipc_dir``; ``heartbeat_processes``: the children the watchdog watches
+    (:func:`child_process_names`; none with ``--watchdog_timeout 0``)."""
     address = {name: f"ipc://{ipc_dir}/{name}.sock" for name in IPC_SOCKET_NAMES}
     return ServerLayout(
         shm_req_name=f"{shm_tag}_req",
         shm_stats_name=f"{shm_tag}_stats",
+        heartbeat_processes=tuple(heartbeat_processes),
+        shm_heartbeat_name=f"{shm_tag}_beat" if heartbeat_processes else "",
         slot_num=sizing.slot_num,
         top_slot_num=sizing.top_slot_num,
         max_req_total_len=sizing.max_req_total_len,

@@ -24,6 +24,7 @@ _AT_MOST = (f"must be at most {MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, 
 # Every seconds-valued flag of the parser (the lower bounds are checked with each flag's own rule).
 SECONDS_FLAGS: Tuple[str, ...] = (
     "graceful_shutdown_seconds",
+    "watchdog_timeout",
     "http_header_timeout",
     "http_body_timeout",
     "http_keep_alive_timeout",

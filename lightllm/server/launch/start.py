@@ -3,8 +3,9 @@
 The main process owns the shared-memory segments and runs the HTTP server; it builds the one
 :class:`~lightllm.server.server_layout.ServerLayout` and every process config
 (:mod:`lightllm.server.launch.plan`), spawns the detokenization process, the router and one
-model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit.  If a child dies
-every request fails with an error and the server exits non-zero; SIGTERM drains (see
+model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit
+(:mod:`lightllm.server.launch.server_processes`).  If a child dies, or makes no progress for ``--watchdog_timeout``
+seconds (:mod:`lightllm.server.launch.watchdog`), every request fails with an error and the server exits non-zero; SIGTERM drains (see
 :mod:`lightllm.server.launch.supervisor`).  Resources left by a killed server are removed at start.
 A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its PD
 service around the HTTP manager, its control endpoints and master registration
@@ -25,14 +26,10 @@ import functools
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
 import tempfile
-import threading
-import time
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.attention.selection import attention_device_problem
@@ -47,8 +44,6 @@ from lightllm.server.launch.environment_check import (
 from lightllm.server.launch.args_check import validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import parse_server_args
-from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.http.listen_sockets import (
@@ -62,6 +57,7 @@ from lightllm.server.http.listen_sockets import (
 from lightllm.server.launch.plan import (
     build_process_configs,
     check_ipc_path_room,
+    child_process_names,
     overtake_bound_from_args,
     plan_layout,
     resolve_sampling_seed,
@@ -76,10 +72,11 @@ from lightllm.server.launch.checkpoint_checks import (check_args_against_checkpo
 from lightllm.server.launch.checkpoint_reading import check_weight_files, log_checkpoint_limits, read_checkpoint
 from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
 from lightllm.server.launch.child_watch import watch_children
+from lightllm.server.launch.server_processes import ServerProcesses
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
-from lightllm.utils.process_utils import CHILD_STOP_SIGNAL, start_resource_tracker_deaf_to_hangup
+from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.free_ports import free_port
 from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
@@ -92,51 +89,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("lightllm.api_start")
 
 READY_TIMEOUT_SECONDS = 900.0
-# How long children get to exit after the stop signal before they are killed.
-CHILD_STOP_SECONDS = 2.0
-
-
-@dataclass
-class ServerProcesses:
-    """The children and shared resources of a running server."""
-
-    children: List[Tuple[str, mp.process.BaseProcess]] = field(default_factory=list)
-    shm_req: Optional[ShmReqBuffer] = None
-    shm_stats: Optional[ShmStats] = None
-    ipc_dir: Optional[str] = None
-    # Set before children are stopped on purpose, so their exits are not reported as failures.
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-    def shutdown(self) -> None:
-        """Stop every child and remove every shared resource (idempotent)."""
-        self.stopping.set()
-        if self.children:
-            log.info("stopping child processes")
-        for _, proc in self.children:
-            if proc.is_alive() and proc.pid is not None:
-                try:
-                    os.kill(proc.pid, CHILD_STOP_SIGNAL)  # children ignore SIGTERM (process_utils)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + CHILD_STOP_SECONDS
-        for _, proc in self.children:
-            proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for _, proc in self.children:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-        self.children.clear()
-        for segment in (self.shm_req, self.shm_stats):
-            if segment is not None:
-                segment.close()
-                segment.unlink()
-        self.shm_req = self.shm_stats = None
-        if self.ipc_dir:
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
-            self.ipc_dir = None
-            log.info("children stopped; shared memory and IPC folder removed")
-
-
 def resolve_device(args: argparse.Namespace, facts: DeviceFacts) -> str:
     """``cpu`` or ``cuda`` from ``--device`` and what is available (``facts``: see :mod:`.device_probe`)."""
     if args.device == "cpu":
@@ -164,7 +116,8 @@ def start_processes(
     # Both names carry this process's pid so a later server can tell when their owner is gone.
     tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
     procs.ipc_dir = tempfile.mkdtemp(prefix=ipc_dir_prefix())
-    layout = plan_layout(sizing, tag, procs.ipc_dir)
+    layout = plan_layout(sizing, tag, procs.ipc_dir,
+                         child_process_names(args.tp) if args.watchdog_timeout > 0 else ())
     log.info("%s", describe_shm_use(layout))
     try:
         # After the stale segments are gone (their space is free again), before ours exist.
@@ -174,6 +127,8 @@ def start_processes(
         raise
     procs.shm_req = layout.open_requests(create=True)
     procs.shm_stats = layout.open_stats(create=True)
+    procs.shm_heartbeats = layout.open_heartbeats(create=True)
+    procs.heartbeat_processes = layout.heartbeat_processes
     sampling_seed = resolve_sampling_seed(args)
     if args.sampling_seed is None:
         log.info("sampling seed %d drawn at start (pass --sampling_seed %d to repeat this start's sampling)",
@@ -380,7 +335,8 @@ def _start_and_serve(
                                                 front_door=front_door)
         if pd_node is not None:
             pd_node.attach(app, server, supervisor)
-        watch_children(procs.children, procs.stopping, supervisor.child_died)
+        watch_children(procs.children, procs.stopping, supervisor.child_died,
+                       watchdog=procs.watchdog(args.watchdog_timeout), on_stall=supervisor.children_stalled)
         if not stop.requested:
             log.info("serving on http://%s (%s)", display_address(args.host, args.port),
                      prefill_queue_description(args.run_mode, args.prefill_queue_strategy,

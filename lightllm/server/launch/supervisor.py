@@ -6,6 +6,9 @@ the loop with ``call_soon_threadsafe``.
 
 - A dead child: every pending request fails at once with a 503 error (an error event for streams
   already under way), new requests get 503, and uvicorn stops; the exit code is 1.
+- A hung child (no progress for ``--watchdog_timeout`` seconds, :mod:`lightllm.server.launch.watchdog`):
+  the same as a dead one; the launcher's shutdown then kills it (SIGKILL ends a stopped process too).
+  It may come during a drain: the drain then ends at once, with exit code 1.
 - A dead front door (its thread raised; :mod:`lightllm.server.http.front_door`): the same, since
   no connection can be accepted any more; it closed the listening sockets itself.
 - SIGTERM, SIGINT or SIGHUP: new requests get 503 at once, requests in flight may finish for up to
@@ -26,10 +29,11 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 import uvicorn
 
+from lightllm.server.launch.watchdog import Stall, describe_stalls
 from lightllm.utils.async_polling import wait_until
 from lightllm.utils.gc_tuning import freeze_startup_objects
 
@@ -118,6 +122,17 @@ class Supervisor:
         log.error("child process %s exited unexpectedly (exit code %s); failing every request and shutting down", name, exitcode)
         self._call_on_loop(self._fail_everything, f"its {name} process exited unexpectedly (exit code {exitcode})",
                            f"{name} exited", False)
+
+    # --- children made no progress (called from the watcher thread) -----------------------------
+    def children_stalled(self, stalls: Sequence[Stall], timeout_seconds: float) -> None:
+        """As :meth:`child_died`, for live children that made no progress for ``timeout_seconds`` (the watchdog)."""
+        if not self._mark_failed():
+            return
+        what = describe_stalls(stalls, timeout_seconds)
+        log.error("child process%s %s; failing every request and shutting down", "es" if len(stalls) > 1 else "", what)
+        # Nothing is sent to the children: the hung one would never read it.
+        self._call_on_loop(self._fail_everything, f"its child process{'es' if len(stalls) > 1 else ''} {what}",
+                           f"{', '.join(stall.name for stall in stalls)} made no progress", False)
 
     # --- the front door's thread died (called from that thread) ----------------------------------
     def front_door_died(self, cause: str) -> None:

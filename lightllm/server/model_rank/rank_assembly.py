@@ -116,9 +116,11 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
         **mode_settings,
     )
     shm = config.layout.open_requests()
+    # Named as the launcher names this process (launch/plan.py child_process_names).
+    heartbeat = config.layout.open_heartbeat(f"model_rank{config.rank}")
     if not is_leader:
         return ModelRank(backend, shm, is_leader=False, channel=channel,
-                         idle_trim_seconds=config.idle_malloc_trim_seconds)
+                         idle_trim_seconds=config.idle_malloc_trim_seconds, heartbeat=heartbeat)
     layout = config.layout
     zmq_ctx = zmq.Context()  # its sockets keep it alive
     inbox = zmq_socket(zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
@@ -130,7 +132,8 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
     publisher.start(config.max_total_token_num)
     return ModelRank(backend, shm, is_leader=True, channel=channel, inbox=inbox, publisher=publisher,
                      wait_tracker=wait_tracker, idle_trim_seconds=config.idle_malloc_trim_seconds,
-                     step_trace=StepTrace(config.step_trace_path) if config.step_trace_path else None)
+                     step_trace=StepTrace(config.step_trace_path) if config.step_trace_path else None,
+                     heartbeat=heartbeat)
 
 
 def _gather_objects(value: Any) -> List[Any]:

@@ -38,6 +38,7 @@ import zmq
 
 from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests
 from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_heartbeats import HeartbeatStamp, beat_of
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.model_rank.command_channel import MessageKind, TpCommandChannel
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
@@ -84,6 +85,8 @@ class ModelRank:
         wait_tracker: rank 0's prefill-wait metrics, fed at admission.
         idle_trim_seconds: idle seconds before freed heap memory goes back to the kernel (inf: never).
         step_trace: rank 0's per-step trace (``LIGHTLLM_STEP_TRACE``), or None.
+        heartbeat: this rank's field of the watchdog's heartbeats (``--watchdog_timeout``), stamped
+            once per loop iteration; None: not watched.
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class ModelRank:
         wait_tracker: Optional[PrefillWaitTracker] = None,
         idle_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS,
         step_trace: Optional[StepTrace] = None,
+        heartbeat: Optional[HeartbeatStamp] = None,
     ) -> None:
         self.backend = backend
         self.idle_trim_seconds = idle_trim_seconds
@@ -108,6 +112,7 @@ class ModelRank:
         self.inbox = inbox
         self.publisher = publisher
         self.wait_tracker = wait_tracker
+        self.heartbeat = heartbeat
         self._stop_requested = False
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
@@ -235,11 +240,18 @@ class ModelRank:
                 self.wait_tracker.on_arrival(req)
 
     def serve_forever(self) -> None:
-        """The rank's main loop."""
+        """The rank's main loop; it beats once per iteration (a step, or an idle wait).
+
+        Idle, rank 0's iterations are at most ``LEADER_IDLE_WAKE_MS`` apart and the other ranks'
+        one keep-alive period of the command channel (5 s), far below the watchdog's minimum
+        timeout (lightllm/server/launch/watchdog.py); busy, one step apart.
+        """
         # Freed activation memory goes back to the kernel once the rank has been idle a while.
         trimmer = IdleMallocTrimmer(self.idle_trim_seconds)
         freeze_startup_objects()
+        beat = beat_of(self.heartbeat)
         while True:
+            beat()
             commands = self.receive_commands()
             if commands is None:
                 return

@@ -20,6 +20,7 @@ from lightllm.server.core.objs.io_messages import (
     RequestsReleased,
     StepOutput,
 )
+from lightllm.server.core.objs.shm_heartbeats import beat_of
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.req_queue.queue_registry import build_req_queue
@@ -61,6 +62,8 @@ class RouterManager:
         self.to_detokenization = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.detokenization_address, bind=False)
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
+        # This process's field of the watchdog's heartbeats (a no-op when it is not watched).
+        self.beat = beat_of(layout.open_heartbeat("router"))
         self.queue = build_req_queue(
             config.run_mode,
             int(layout.max_total_token_num * config.router_token_ratio),
@@ -118,12 +121,14 @@ class RouterManager:
             self.to_model.send_pyobj(AddRequests([(r.request_id, r.shm_index) for r in admitted]))
 
     def serve_forever(self) -> None:
-        """Poll for messages and run admission rounds."""
+        """Poll for messages and run admission rounds (a heartbeat per round: at most 1 s apart while idle)."""
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         timeout_ms = max(1, int(self.config.schedule_time_interval * 1000))
         freeze_startup_objects()
+        beat = self.beat
         while True:
+            beat()
             events = dict(poller.poll(timeout_ms))
             if self.inbox in events:
                 while True:

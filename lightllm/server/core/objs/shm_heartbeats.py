@@ -1,0 +1,94 @@
+"""When each watched child process last completed an iteration of its main loop (the watchdog's input).
+
+One float64 per watched process, in the order of the layout's ``heartbeat_processes``
+(``detokenization``, ``router``, ``model_rank0`` ... ``model_rank<tp-1>``), holding the
+``time.monotonic()`` of its last beat; 0.0 until its first.  ``time.monotonic()`` is
+CLOCK_MONOTONIC, one clock for the whole machine on Linux, so a value written by one process
+compares with the launcher's own reading.
+
+Who writes which field
+----------------------
+* Each watched process writes its own field and no other, through the :class:`HeartbeatStamp` it
+  gets from :meth:`~lightllm.server.server_layout.ServerLayout.open_heartbeat`, once per iteration
+  of its main loop: the router per admission round (at most ``--schedule_time_interval``, 1 s,
+  apart while idle), the detokenizer per message or idle second, a model rank per step or idle
+  wait (rank 0 wakes every second while idle, the other ranks at each keep-alive of the TP
+  command channel, every 5 s).  A beat is a single aligned 8-byte store, so the reader never
+  sees half of one (aligned 64-bit stores are atomic on x86-64 and aarch64) and a beat costs
+  well under a microsecond.
+* The launcher creates the segment zeroed before any child starts and only reads it afterwards:
+  its child watcher (:mod:`lightllm.server.launch.child_watch`) compares each field with the
+  clock about five times a second (:mod:`lightllm.server.launch.watchdog` decides what is stale).
+
+With ``--watchdog_timeout 0`` the layout watches no process: there is no segment and no beat.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from lightllm.server.core.objs.shared_segment import SharedArraySegment
+
+NEVER_BEAT = 0.0
+
+
+class ShmHeartbeats(SharedArraySegment):
+    """The heartbeat fields of ``count`` processes in a shared-memory segment."""
+
+    def __init__(self, name: str, count: int, create: bool):
+        if count <= 0:
+            raise ValueError(f"a heartbeat block holds at least one process, got {count}")
+        super().__init__(name, np.dtype(np.float64), count, create)
+        if create:
+            self.array[:] = NEVER_BEAT
+        self.count = count
+
+    @staticmethod
+    def segment_bytes(count: int) -> int:
+        """Bytes of a block of ``count`` fields (for the launcher's /dev/shm check)."""
+        return np.dtype(np.float64).itemsize * count
+
+    def last_beat(self, slot: int) -> float:
+        """The monotonic time of process ``slot``'s last beat (:data:`NEVER_BEAT` before its first, or
+        once :meth:`close` unmapped the block: the launcher's watcher may read while the server stops)."""
+        array = self.array
+        return NEVER_BEAT if array is None else float(array[slot])
+
+    def snapshot(self) -> List[float]:
+        """Every field, in slot order."""
+        return [float(value) for value in self.array]
+
+    def stamp(self, slot: int, clock: Callable[[], float] = time.monotonic) -> "HeartbeatStamp":
+        """The writer of field ``slot`` (give it to the one process that owns the field)."""
+        if not 0 <= slot < self.count:
+            raise IndexError(f"heartbeat slot {slot} outside 0..{self.count - 1}")
+        return HeartbeatStamp(self, slot, clock)
+
+
+class HeartbeatStamp:
+    """One process's field of a :class:`ShmHeartbeats` block: :meth:`beat` stores the clock in it.
+
+    The stamp keeps the block mapped for the life of the process that holds it.
+    """
+
+    def __init__(self, block: ShmHeartbeats, slot: int, clock: Callable[[], float] = time.monotonic):
+        self._block = block
+        self._array = block.array
+        self._slot = slot
+        self._clock = clock
+
+    def beat(self) -> None:
+        """Record that this process's main loop just completed an iteration."""
+        self._array[self._slot] = self._clock()
+
+
+def _no_beat() -> None:
+    """A process nobody watches has nothing to record."""
+
+
+def beat_of(stamp: Optional[HeartbeatStamp]) -> Callable[[], None]:
+    """``stamp.beat``, or a no-op for a process that is not watched (``stamp`` None), so loops call it unconditionally."""
+    return stamp.beat if stamp is not None else _no_beat

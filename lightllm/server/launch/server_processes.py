@@ -1,0 +1,80 @@
+"""The children and shared resources of a running server, and how they are stopped and removed.
+
+:func:`lightllm.server.launch.start.start_processes` fills a :class:`ServerProcesses` as it creates
+the shared memory and spawns the children; the launcher calls :meth:`ServerProcesses.shutdown`
+whatever way the server ends (a drain, a dead or hung child, a failed start).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from lightllm.server.core.objs.shm_heartbeats import ShmHeartbeats
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
+from lightllm.server.core.objs.shm_stats import ShmStats
+from lightllm.server.launch.watchdog import Watchdog
+from lightllm.utils.process_utils import CHILD_STOP_SIGNAL
+
+log = logging.getLogger("lightllm.api_start")
+
+# How long children get to exit after the stop signal before they are killed.
+CHILD_STOP_SECONDS = 2.0
+
+
+@dataclass
+class ServerProcesses:
+    """The children and shared resources of a running server."""
+
+    children: List[Tuple[str, mp.process.BaseProcess]] = field(default_factory=list)
+    shm_req: Optional[ShmReqBuffer] = None
+    shm_stats: Optional[ShmStats] = None
+    # The children's heartbeats (None with --watchdog_timeout 0), and who beats in which field.
+    shm_heartbeats: Optional[ShmHeartbeats] = None
+    heartbeat_processes: Tuple[str, ...] = ()
+    ipc_dir: Optional[str] = None
+    # Set before children are stopped on purpose, so their exits are not reported as failures.
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def shutdown(self) -> None:
+        """Stop every child and remove every shared resource (idempotent)."""
+        self.stopping.set()
+        if self.children:
+            log.info("stopping child processes")
+        for _, proc in self.children:
+            if proc.is_alive() and proc.pid is not None:
+                try:
+                    os.kill(proc.pid, CHILD_STOP_SIGNAL)  # children ignore SIGTERM (process_utils)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + CHILD_STOP_SECONDS
+        for _, proc in self.children:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for _, proc in self.children:
+            if proc.is_alive():
+                # SIGKILL also ends a stopped (SIGSTOP) child, which holds its SIGUSR1 until continued.
+                proc.kill()
+                proc.join(timeout=5)
+        self.children.clear()
+        for segment in (self.shm_req, self.shm_stats, self.shm_heartbeats):
+            if segment is not None:
+                segment.close()
+                segment.unlink()
+        self.shm_req = self.shm_stats = self.shm_heartbeats = None
+        if self.ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
+            log.info("children stopped; shared memory and IPC folder removed")
+
+    def watchdog(self, timeout_seconds: float) -> Optional[Watchdog]:
+        """The check of the children's heartbeats (``--watchdog_timeout``), or None when none is watched."""
+        block = self.shm_heartbeats
+        if block is None or timeout_seconds <= 0:
+            return None
+        return Watchdog(timeout_seconds, self.heartbeat_processes, block.last_beat)
