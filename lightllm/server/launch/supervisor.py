@@ -185,9 +185,10 @@ class Supervisor:
     async def _drain_then_exit(self) -> None:
         seconds = self.graceful_shutdown_seconds
         if await self._wait_until_idle(seconds):
-            # After a second signal the wait ends because _stop_now ended the requests: that
-            # already logged what it ended and started the exit.
-            if not self._stopped_now:
+            # After a second signal the wait ends because _stop_now ended the requests, after a
+            # dead or hung child because the failure did: either already logged what it ended and
+            # started the exit.
+            if not self._stopped_now and not self._failed:
                 log.info("every request finished; shutting down")
                 self._exit_server()
         else:

@@ -1,0 +1,82 @@
+"""The supervisor's answer to the watchdog: hung children end the server as dead ones do, a drain included."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import types
+from typing import List, Optional, Tuple
+
+from lightllm.server.launch.supervisor import SERVER_FAILED, SHUTTING_DOWN, Supervisor
+from lightllm.server.launch.watchdog import Stall
+
+
+class OneRequestInFlight:
+    """The supervisor's request manager: one request that ends only when failed."""
+
+    def __init__(self) -> None:
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.refused: Optional[str] = None
+        self.failed: List[Tuple[str, str, bool]] = []
+        self._idle = asyncio.Event()
+
+    def refuse_new_requests(self, message: str, code: str) -> None:
+        self.refused = code
+
+    def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
+        self.failed.append((message, code, backend_alive))
+        self._idle.set()
+        return 1
+
+    async def wait_until_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+def _run(drain_first: bool, caplog) -> Tuple[Supervisor, OneRequestInFlight]:
+    async def scenario() -> Tuple[Supervisor, OneRequestInFlight]:
+        manager = OneRequestInFlight()
+        manager.loop = asyncio.get_running_loop()
+        supervisor = Supervisor(manager, graceful_shutdown_seconds=600)
+        supervisor.server = types.SimpleNamespace(should_exit=False)
+        if drain_first:
+            supervisor.stop_signal(signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            assert not supervisor.server.should_exit  # draining: the request may still finish
+        # Called from the watcher thread in the server; the hand-over to the loop is the same.
+        supervisor.children_stalled([Stall("model_rank1", 16.4), Stall("model_rank0", 15.2)], 15.0)
+        supervisor.child_died("model_rank1", -9)  # the launcher's SIGKILL of the hung rank: not a second failure
+        for _ in range(200):
+            if supervisor.server.should_exit:
+                break
+            await asyncio.sleep(0.01)
+        return supervisor, manager
+
+    with caplog.at_level(logging.INFO, logger="lightllm.supervisor"):
+        return asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_hung_children_fail_every_request_with_server_failed_naming_them(caplog):
+    supervisor, manager = _run(False, caplog)
+    assert supervisor.server.should_exit and supervisor.exit_code == 1
+    (message, code, backend_alive), = manager.failed
+    assert code == SERVER_FAILED and not backend_alive
+    assert message.startswith("The server failed: its child processes model_rank1 (16 s) and model_rank0 (15 s) made "
+                              "no progress (--watchdog_timeout 15); the request was not completed"), message
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors[0] == ("child processes model_rank1 (16 s) and model_rank0 (15 s) made no progress "
+                         "(--watchdog_timeout 15); failing every request and shutting down")
+    assert not any("exited unexpectedly" in line for line in errors)
+
+
+def test_a_hang_during_a_drain_ends_the_drain_at_once_with_exit_code_1(caplog):
+    supervisor, manager = _run(True, caplog)
+    assert manager.refused == SHUTTING_DOWN
+    assert supervisor.server.should_exit and supervisor.exit_code == 1
+    assert [code for _, code, _ in manager.failed] == [SERVER_FAILED]
+    # The drain's wait ended because the failure ended the request, not because it finished.
+    assert "every request finished; shutting down" not in [r.getMessage() for r in caplog.records]
