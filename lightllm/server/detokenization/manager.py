@@ -152,12 +152,13 @@ class DetokenizationManager:
                                                   prompt_logprobs, stop_reason))
 
     def serve_forever(self) -> None:
-        """Process messages as they come, beating once per message or idle second."""
+        """Process messages as they come, beating before and right after each wait (at most a second)."""
         freeze_startup_objects()
         beat, inbox = self.beat, self.inbox
         while True:
             beat()
             if inbox.poll(IDLE_WAKE_MS):
+                beat()  # the message's handling counts from the end of the wait
                 self.handle(inbox.recv_pyobj())
 
 

@@ -240,11 +240,12 @@ class ModelRank:
                 self.wait_tracker.on_arrival(req)
 
     def serve_forever(self) -> None:
-        """The rank's main loop; it beats once per iteration (a step, or an idle wait).
+        """The rank's main loop; it beats before and right after each wait for commands.
 
-        Idle, rank 0's iterations are at most ``LEADER_IDLE_WAKE_MS`` apart and the other ranks'
-        one keep-alive period of the command channel (5 s), far below the watchdog's minimum
-        timeout (lightllm/server/launch/watchdog.py); busy, one step apart.
+        The beat after the wait starts the step's count: a step may run for the whole watchdog
+        timeout (lightllm/server/launch/watchdog.py), however long the wait before it was.  Idle,
+        the waits end at most ``LEADER_IDLE_WAKE_MS`` apart on rank 0 and one keep-alive period of
+        the command channel (5 s) apart on the other ranks, far below the watchdog's minimum.
         """
         # Freed activation memory goes back to the kernel once the rank has been idle a while.
         trimmer = IdleMallocTrimmer(self.idle_trim_seconds)
@@ -253,6 +254,7 @@ class ModelRank:
         while True:
             beat()
             commands = self.receive_commands()
+            beat()  # the wait is over: what follows is this iteration's work
             if commands is None:
                 return
             self.apply(commands)

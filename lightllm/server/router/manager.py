@@ -121,7 +121,7 @@ class RouterManager:
             self.to_model.send_pyobj(AddRequests([(r.request_id, r.shm_index) for r in admitted]))
 
     def serve_forever(self) -> None:
-        """Poll for messages and run admission rounds (a heartbeat per round: at most 1 s apart while idle)."""
+        """Poll for messages and run admission rounds, beating before and right after each wait (at most 1 s)."""
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         timeout_ms = max(1, int(self.config.schedule_time_interval * 1000))
@@ -130,6 +130,7 @@ class RouterManager:
         while True:
             beat()
             events = dict(poller.poll(timeout_ms))
+            beat()  # the round's work counts from the end of the wait
             if self.inbox in events:
                 while True:
                     try:

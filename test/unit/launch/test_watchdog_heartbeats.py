@@ -1,9 +1,10 @@
 """The heartbeats behind ``--watchdog_timeout``: real shared memory, real processes, the launcher's watcher.
 
-Each watched child stamps its own field of the heartbeat segment once per loop iteration; the
-launcher's child watcher reports a live child whose stamp went stale.  Here a real spawned process
-beats through the same :class:`HeartbeatStamp` the server's children use and is stopped with
-SIGSTOP; a model rank's loop, built from fakes as in the other rank tests, beats once per iteration.
+Each watched child stamps its own field of the heartbeat segment before and right after each
+blocking wait of its main loop; the launcher's child watcher reports a live child whose stamp went
+stale.  Here a real spawned process beats through the same :class:`HeartbeatStamp` the server's
+children use and is stopped with SIGSTOP; the loops of a model rank, the router and the
+detokenizer, built from fakes, beat around their waits, so the work after a wait counts from its end.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from lightllm.server.launch.plan import child_process_names
 from lightllm.server.launch.watchdog import Stall, Watchdog
 from lightllm.server.server_layout import ServerLayout
 
-DETECTION_BOUND_SECONDS = 20.0  # generous: the check itself runs every 0.2 s
+# Far above the 20 ms between the healthy child's beats, even on a loaded shared machine (with 1 s a
+# healthy child descheduled for a second was reported).
+TIMEOUT_SECONDS = 4.0
+DETECTION_BOUND_SECONDS = TIMEOUT_SECONDS + 20.0  # generous: the check itself runs every 0.2 s
 
 
 def _layout(watched: Tuple[str, ...]) -> ServerLayout:
@@ -40,6 +44,17 @@ def _beat_forever(layout: ServerLayout, name: str) -> None:
     while True:
         beat()
         time.sleep(0.02)
+
+
+def _wait_until_stopped(pid: int, bound_seconds: float = 10.0) -> None:
+    """Until the kernel shows ``pid`` stopped (a SIGSTOP takes effect when the process next runs)."""
+    deadline = time.monotonic() + bound_seconds
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
 
 
 def test_the_launcher_plans_one_field_per_child_and_none_with_the_watchdog_off():
@@ -79,6 +94,7 @@ def test_the_watcher_reports_a_stopped_child_by_name_and_not_the_one_that_still_
                                        for name in names]
     stopping = threading.Event()
     reported: List[Tuple[List[Stall], float]] = []
+    reported_at: List[float] = []
     died: List[Any] = []
     got = threading.Event()
     try:
@@ -91,14 +107,18 @@ def test_the_watcher_reports_a_stopped_child_by_name_and_not_the_one_that_still_
 
         def on_stall(stalls: List[Stall], timeout: float) -> None:
             reported.append((stalls, timeout))
+            reported_at.append(time.monotonic())
             got.set()
 
-        watchdog = Watchdog(1.0, names, block.last_beat)  # the CLI's minimum does not bind the check itself
+        watchdog = Watchdog(TIMEOUT_SECONDS, names, block.last_beat)  # the CLI's minimum does not bind the check
         watch_children(children, stopping, lambda name, code: died.append((name, code)), watchdog, on_stall)
-        stopped_at = time.monotonic()
-        os.kill(children[1][1].pid, signal.SIGSTOP)
+        stopped = children[1][1].pid
+        os.kill(stopped, signal.SIGSTOP)
+        _wait_until_stopped(stopped)
+        last_beat = block.last_beat(1)  # final: the child beats no more
         assert got.wait(DETECTION_BOUND_SECONDS), "the stopped child was not reported"
-        assert time.monotonic() - stopped_at >= 1.0 - 0.25  # not before its timeout (one round of slack)
+        # Not before its timeout, counted from its last beat (the clock is the machine's, as in the server).
+        assert reported_at[0] - last_beat >= TIMEOUT_SECONDS
     finally:
         stopping.set()
         for _, proc in children:
@@ -108,7 +128,8 @@ def test_the_watcher_reports_a_stopped_child_by_name_and_not_the_one_that_still_
         block.close()
         block.unlink()
     (stalls, timeout), = reported
-    assert timeout == 1.0 and [stall.name for stall in stalls] == ["model_rank0"] and stalls[0].silent_seconds > 1.0
+    assert timeout == TIMEOUT_SECONDS and [stall.name for stall in stalls] == ["model_rank0"]
+    assert stalls[0].silent_seconds > TIMEOUT_SECONDS
     assert died == []
 
 
@@ -138,7 +159,7 @@ class _Counter:
         return float(self.count)
 
 
-def test_a_model_rank_beats_once_per_loop_iteration_while_idle():
+def test_a_model_rank_beats_before_and_after_each_wait_while_idle():
     from lightllm.server.model_rank.rank_process import ModelRank
 
     layout = _layout(("model_rank0",))
@@ -150,8 +171,113 @@ def test_a_model_rank_beats_once_per_loop_iteration_while_idle():
         rank = ModelRank(backend, None, is_leader=True, inbox=inbox, heartbeat=block.stamp(0, clock))
         inbox.rank = rank
         rank.serve_forever()  # five idle iterations, then the stop
-        # One beat before each of the five waits, and one before the iteration that stops.
-        assert inbox.polls == 5 and block.last_beat(0) == 6.0
+        # One beat before and one after each of the five waits, and both for the iteration that stops.
+        assert inbox.polls == 5 and block.last_beat(0) == 12.0
     finally:
         block.close()
         block.unlink()
+
+
+# --- a step's silence counts from the end of the wait before it ----------------------------------
+# Before, each loop beat only before its blocking wait: the stamp dated from the wait's start, so a
+# TP follower's step had up to the 5 s keep-alive period less than --watchdog_timeout.
+
+
+class _TestClock:
+    """A monotonic clock the fakes below move: waits and steps take its time, not the test's."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _LoopEnd(Exception):
+    """Raised by a fake to leave a ``serve_forever`` that has no stop of its own."""
+
+
+def _recorder(clock: _TestClock, beats: List[float]):
+    return lambda: beats.append(clock.now)
+
+
+def test_a_tp_follower_s_step_counts_from_the_end_of_its_wait_for_rank_0():
+    from lightllm.server.model_rank.command_channel import MessageKind, TpMessage
+    from lightllm.server.model_rank.rank_process import ModelRank
+
+    clock, beats, seen = _TestClock(), [], []
+
+    class SlowChannel:
+        """Rank 0 sends a step after one keep-alive period of silence, then the shutdown."""
+
+        messages = [TpMessage(MessageKind.STEP, []), TpMessage(MessageKind.SHUTDOWN)]
+
+        def receive(self) -> TpMessage:
+            clock.advance(5.0)
+            return self.messages.pop(0)
+
+    def step():
+        seen.append(clock.now - beats[-1])  # this rank's silence as the step begins
+        clock.advance(2.0)
+        return SimpleNamespace(did_work=True)
+
+    backend = SimpleNamespace(has_work=True, has_outside_work=False, poll=lambda: None, step=step)
+    heartbeat = SimpleNamespace(beat=_recorder(clock, beats))
+    ModelRank(backend, None, is_leader=False, channel=SlowChannel(), heartbeat=heartbeat).serve_forever()
+    assert seen == [0.0]
+
+
+def test_the_router_s_round_counts_from_the_end_of_its_poll(monkeypatch):
+    from lightllm.server.router import manager as router_manager
+
+    clock, beats, seen = _TestClock(), [], []
+
+    class SlowPoller:
+        def register(self, socket: Any, flags: int) -> None:
+            pass
+
+        def poll(self, timeout_ms: int) -> list:
+            clock.advance(timeout_ms / 1000)  # nothing came for the whole interval
+            return []
+
+    def admit() -> None:
+        seen.append(clock.now - beats[-1])
+        if len(seen) == 2:
+            raise _LoopEnd
+
+    monkeypatch.setattr(router_manager.zmq, "Poller", SlowPoller)
+    router = object.__new__(router_manager.RouterManager)
+    router.config = SimpleNamespace(schedule_time_interval=1.0)
+    router.inbox, router.beat, router.admit = object(), _recorder(clock, beats), admit
+    router.stats = SimpleNamespace(set=lambda name, value: None)
+    router.queue = type("Queue", (list,), {"running": []})()
+    with pytest.raises(_LoopEnd):
+        router.serve_forever()
+    assert seen == [0.0, 0.0]
+
+
+def test_the_detokenizer_s_message_counts_from_the_end_of_its_wait():
+    from lightllm.server.detokenization.manager import DetokenizationManager
+
+    clock, beats, seen = _TestClock(), [], []
+
+    class SlowInbox:
+        def poll(self, timeout_ms: int) -> bool:
+            clock.advance(0.9)  # the message came just before the idle wake
+            return True
+
+        def recv_pyobj(self) -> str:
+            return "message"
+
+    def handle(message: Any) -> None:
+        seen.append(clock.now - beats[-1])
+        raise _LoopEnd
+
+    detokenizer = object.__new__(DetokenizationManager)
+    detokenizer.inbox, detokenizer.beat, detokenizer.handle = SlowInbox(), _recorder(clock, beats), handle
+    with pytest.raises(_LoopEnd):
+        detokenizer.serve_forever()
+    assert seen == [0.0]

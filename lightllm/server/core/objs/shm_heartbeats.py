@@ -1,21 +1,22 @@
-"""When each watched child process last completed an iteration of its main loop (the watchdog's input).
+"""When each watched child process last showed progress in its main loop (the watchdog's input).
 
 One float64 per watched process, in the order of the layout's ``heartbeat_processes``
-(``detokenization``, ``router``, ``model_rank0`` ... ``model_rank<tp-1>``), holding the
-``time.monotonic()`` of its last beat; 0.0 until its first.  ``time.monotonic()`` is
-CLOCK_MONOTONIC, one clock for the whole machine on Linux, so a value written by one process
-compares with the launcher's own reading.
+(the launcher's :func:`~lightllm.server.launch.plan.child_process_names`: ``detokenization``,
+``router``, ``model_rank0`` ... ``model_rank<tp-1>``), holding the ``time.monotonic()`` of its
+last beat; 0.0 until its first.  ``time.monotonic()`` is CLOCK_MONOTONIC, one clock for the whole
+machine on Linux, so a value written by one process compares with the launcher's own reading.
 
 Who writes which field
 ----------------------
 * Each watched process writes its own field and no other, through the :class:`HeartbeatStamp` it
-  gets from :meth:`~lightllm.server.server_layout.ServerLayout.open_heartbeat`, once per iteration
-  of its main loop: the router per admission round (at most ``--schedule_time_interval``, 1 s,
-  apart while idle), the detokenizer per message or idle second, a model rank per step or idle
-  wait (rank 0 wakes every second while idle, the other ranks at each keep-alive of the TP
-  command channel, every 5 s).  A beat is a single aligned 8-byte store, so the reader never
-  sees half of one (aligned 64-bit stores are atomic on x86-64 and aarch64) and a beat costs
-  well under a microsecond.
+  gets from :meth:`~lightllm.server.server_layout.ServerLayout.open_heartbeat`, before and right
+  after each blocking wait of its main loop, so the work that follows a wait (a step, an
+  admission round, a message) may last the whole timeout: the router around each poll (at most
+  ``--schedule_time_interval``, 1 s), the detokenizer around each wait for a message (at most a
+  second), a model rank around each wait for commands (rank 0 wakes every second while idle,
+  the other ranks at each keep-alive of the TP command channel, every 5 s).  A beat is a single
+  aligned 8-byte store, so the reader never sees half of one (aligned 64-bit stores are atomic
+  on x86-64 and aarch64) and a beat costs well under a microsecond.
 * The launcher creates the segment zeroed before any child starts and only reads it afterwards:
   its child watcher (:mod:`lightllm.server.launch.child_watch`) compares each field with the
   clock about five times a second (:mod:`lightllm.server.launch.watchdog` decides what is stale).
@@ -81,7 +82,7 @@ class HeartbeatStamp:
         self._clock = clock
 
     def beat(self) -> None:
-        """Record that this process's main loop just completed an iteration."""
+        """Record that this process's main loop is making progress (just before or after a wait)."""
         self._array[self._slot] = self._clock()
 
 
