@@ -29,7 +29,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from lightllm.server.launch.watchdog import Stall, Watchdog
+from lightllm.server.launch.watchdog import WATCH_ROUND_SECONDS, Stall, Watchdog
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.stale_resources import SHM_DIR, shm_segment_prefix
 
@@ -95,7 +95,7 @@ def watch_children(children: Sequence[Tuple[str, BaseProcess]], stopping: thread
         while not stopping.is_set():
             # A process's sentinel becomes readable the moment it exits; the timeout only bounds
             # how late a shutdown in progress is noticed.
-            multiprocessing.connection.wait([proc.sentinel for _, proc in watched], timeout=0.2)
+            multiprocessing.connection.wait([proc.sentinel for _, proc in watched], timeout=WATCH_ROUND_SECONDS)
             if stopping.is_set():
                 return
             rounds += 1

@@ -8,6 +8,7 @@ test/integration/test_watchdog_server.py.
 
 from __future__ import annotations
 
+import logging
 from typing import List
 
 import pytest
@@ -18,8 +19,10 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.pd_master import check_master_flags
 from lightllm.server.launch.watchdog import (
     DEFAULT_WATCHDOG_TIMEOUT_SECONDS,
+    GAP_WARNING_INTERVAL_SECONDS,
     MIN_WATCHDOG_TIMEOUT_SECONDS,
-    WATCHER_PAUSE_SECONDS,
+    WATCH_ROUND_SECONDS,
+    WATCHER_GAP_SECONDS,
     Stall,
     Watchdog,
     describe_stalls,
@@ -111,7 +114,7 @@ def test_several_stalled_processes_come_longest_silence_first():
     assert stalls[0].silent_seconds > stalls[2].silent_seconds
 
 
-def test_a_pause_of_the_launcher_itself_restarts_the_count_instead_of_blaming_the_children():
+def test_a_pause_of_the_launcher_itself_is_not_counted_against_the_children():
     """Ctrl-Z then fg (or a frozen VM) stops every process of the server: the watcher resumes with
     every stamp minutes old, though no child hung."""
     clock = Clock()
@@ -119,21 +122,85 @@ def test_a_pause_of_the_launcher_itself_restarts_the_count_instead_of_blaming_th
     watchdog = _watchdog(clock, beats)
     watchdog.arm()
     beats[0] = clock.now
-    clock.advance(600.0)  # nobody ran, the watcher included
+    clock.advance(600.0)  # nobody ran, the watcher included: all but its one round is credited
     assert watchdog.stalled() == []
-    # A child that does not resume is still caught, one timeout later.
-    assert _advance_checking(clock, watchdog, 19.8) == []
-    assert [s.name for s in _advance_checking(clock, watchdog, 0.4)] == ["p0"]
+    # A child that does not resume is still caught once the watcher saw it silent for the timeout.
+    assert _advance_checking(clock, watchdog, 19.6) == []
+    stalls = _advance_checking(clock, watchdog, 0.4)
+    assert [s.name for s in stalls] == ["p0"] and stalls[0].silent_seconds == pytest.approx(20.2)
 
 
-def test_a_late_watcher_round_below_the_pause_threshold_does_not_restart_the_count():
+def test_a_late_watcher_round_below_the_gap_threshold_is_not_credited():
     clock = Clock()
     beats = [clock.now]
     watchdog = _watchdog(clock, beats)
     watchdog.arm()
-    assert _advance_checking(clock, watchdog, 16.0) == []
-    clock.advance(WATCHER_PAUSE_SECONDS - 0.5)  # a slow round, not a pause
+    assert _advance_checking(clock, watchdog, 19.2) == []
+    clock.advance(WATCHER_GAP_SECONDS - 0.1)  # a slow round, not a gap
     assert [s.name for s in watchdog.stalled()] == ["p0"]
+
+
+def test_repeated_watcher_gaps_do_not_hide_a_hung_child(caplog):
+    """Before, any round over 5 s late restarted every count: a launcher held for 6 s once per
+    timeout hid a hung child for ever.  Now only the gaps are credited, and they are logged."""
+    clock = Clock()
+    beats = [0.0, 0.0]  # p0 beats every round it is watched, p1 hangs after its first beat
+    watchdog = _watchdog(clock, beats, timeout=20.1)  # not a multiple of the rounds: no float ties
+    watchdog.arm()
+    beats[:] = [clock.now, clock.now]
+    hung_at = clock.now
+    caught: List[Stall] = []
+    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+        for _ in range(20):  # 9 s of rounds, then the watcher is held for 6 s (wall silence 15 s)
+            for _ in range(45):
+                clock.advance(0.2)
+                beats[0] = clock.now
+                caught = watchdog.stalled()
+                if caught:
+                    break
+            if caught:
+                break
+            clock.advance(6.0)
+    assert [s.name for s in caught] == ["p1"], "the hung child was never reported"
+    # Reported once the watcher itself saw it silent for the timeout: after two gaps, 6 s credited each
+    # (the round that ends a gap comes 6.2 s after the previous one; one round of it is the watcher's).
+    assert caught[0].silent_seconds == pytest.approx(20.2)
+    assert clock.now - hung_at == pytest.approx(20.2 + 2 * (6.0 + 0.2 - WATCH_ROUND_SECONDS))
+    lines = [r.getMessage() for r in caplog.records if "child watcher did not run" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("the launcher's child watcher did not run for 6.0 s (1 gap, "), lines
+
+
+def test_the_credited_gaps_are_summed_into_one_warning_per_interval(caplog):
+    clock = Clock()
+    beats = [0.0]
+    watchdog = _watchdog(clock, beats, timeout=1000.0)
+    watchdog.arm()
+    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+        for gap in (3.2, 2.2, 4.2, 1.7):  # 3, 2, 4 and 1.5 s credited, each gap 5 s of rounds apart
+            clock.advance(gap)
+            beats[0] = clock.now
+            watchdog.stalled()
+            _advance_checking(clock, watchdog, 5.0)
+        # The last three were held back; they go out once the interval since the first line passed.
+        _advance_checking(clock, watchdog, GAP_WARNING_INTERVAL_SECONDS)
+    lines = [r.getMessage() for r in caplog.records if "child watcher did not run" in r.getMessage()]
+    assert [line.split(": a paused")[0] for line in lines] == [
+        "the launcher's child watcher did not run for 3.0 s (1 gap, the longest 3.0 s",
+        "the launcher's child watcher did not run for 7.5 s (3 gaps, the longest 4.0 s"]
+    assert lines[0].endswith("not counted toward --watchdog_timeout 1000 (one such line per 30 s at most)")
+
+
+def test_a_gap_a_process_beat_in_is_credited_only_from_its_beat():
+    clock = Clock()
+    beats = [clock.now]
+    watchdog = _watchdog(clock, beats)
+    watchdog.arm()
+    clock.advance(10.0)
+    beats[0] = clock.now - 4.0  # the child beat during the gap, then hung
+    assert watchdog.stalled() == []  # 4 s after its beat, all of them credited
+    assert _advance_checking(clock, watchdog, 19.8) == []
+    stalls = _advance_checking(clock, watchdog, 0.4)
+    assert [s.name for s in stalls] == ["p0"] and stalls[0].silent_seconds == pytest.approx(20.2)
 
 
 def test_the_timeout_must_be_positive():
@@ -161,7 +228,7 @@ def test_the_minimum_is_well_above_the_longest_idle_silence_of_every_watched_loo
     follower = KEEPALIVE_SECONDS + LEADER_IDLE_WAKE_MS / 1000  # rank 0 checks its keep-alive once per idle wake
     longest = max(follower, LEADER_IDLE_WAKE_MS / 1000, IDLE_WAKE_MS / 1000, MAX_SCHEDULE_TIME_INTERVAL)
     assert MIN_WATCHDOG_TIMEOUT_SECONDS >= 2 * longest
-    assert MIN_WATCHDOG_TIMEOUT_SECONDS > WATCHER_PAUSE_SECONDS
+    assert MIN_WATCHDOG_TIMEOUT_SECONDS > 10 * WATCHER_GAP_SECONDS > 10 * WATCH_ROUND_SECONDS
     assert DEFAULT_WATCHDOG_TIMEOUT_SECONDS >= 10 * MIN_WATCHDOG_TIMEOUT_SECONDS
 
 
