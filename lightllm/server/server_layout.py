@@ -79,9 +79,16 @@ class ServerLayout:
         return ShmHeartbeats(self.shm_heartbeat_name, len(self.heartbeat_processes), create=create)
 
     def open_heartbeat(self, process_name: str) -> Optional[HeartbeatStamp]:
-        """The writer of ``process_name``'s own heartbeat field; None when that process is not watched."""
-        if process_name not in self.heartbeat_processes:
+        """The writer of ``process_name``'s own heartbeat field; None when no process is watched.
+
+        Raises ValueError when processes are watched but not this one: a child whose name the layout
+        does not know would never beat and be taken for hung one timeout after the start.
+        """
+        if not self.heartbeat_processes:
             return None
+        if process_name not in self.heartbeat_processes:
+            raise ValueError(f"no heartbeat field for process {process_name!r}: the layout watches "
+                             f"{', '.join(self.heartbeat_processes)}")
         block = self.open_heartbeats()
         assert block is not None
         return block.stamp(self.heartbeat_processes.index(process_name))

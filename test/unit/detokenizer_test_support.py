@@ -41,7 +41,7 @@ def detokenizer_rig(model_dir: Path, tmp_path: Path, slots: int) -> Iterator[Det
     router.bind(addresses["router"])
     layout = ServerLayout(shm.name, "unused_stats", slots, 64, 64, addresses["router"], "unused_rank0",
                           addresses["detok"], addresses["http"])
-    manager = DetokenizationManager(DetokenizationConfig(str(model_dir), "auto", layout, "warning"))
+    manager = DetokenizationManager(DetokenizationConfig(str(model_dir), "auto", layout, "warning", "detokenization"))
     try:
         yield DetokenizerRig(shm, manager, http, router)
     finally:

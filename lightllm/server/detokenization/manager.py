@@ -40,6 +40,8 @@ class DetokenizationConfig:
     tokenizer_mode: str
     layout: ServerLayout
     log_level: str
+    # This process's name (its log, its heartbeat field): the launcher's, launch/plan.py child_process_names.
+    process_name: str
     # The model's EOS ids, whose text a request with print_eos_token keeps.
     eos_token_ids: List[int] = field(default_factory=list)
 
@@ -65,7 +67,7 @@ class DetokenizationManager:
         self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, layout.router_address, bind=False)
         self.shm = layout.open_requests()
         # This process's field of the watchdog's heartbeats (a no-op when it is not watched).
-        self.beat = beat_of(layout.open_heartbeat("detokenization"))
+        self.beat = beat_of(layout.open_heartbeat(config.process_name))
         self.requests: Dict[int, _RequestText] = {}
         # The current step's messages to the HTTP process, sent together at the end of the step.
         self._outbox: List[Union[DetokenizedOutput, SlotReleased, Any]] = []
@@ -171,4 +173,4 @@ def detokenization_process_main(config: DetokenizationConfig, ready_conn: Any) -
         mark_ready()
         manager.serve_forever()
 
-    run_child("detokenization", ready_conn, body)
+    run_child(config.process_name, ready_conn, body)

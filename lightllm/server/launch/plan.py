@@ -65,7 +65,9 @@ def check_ipc_path_room(temp_dir: str, ipc_prefix: str) -> None:
 
 
 def child_process_names(tp: int) -> Tuple[str, ...]:
-    """The server's child processes by the names the launcher gives them (its log, the watchdog)."""
+    """The server's child processes, in spawn order, by their one name: the launcher's log and spawn, the
+    child's own log and ``/proc`` name, its heartbeat field (the watchdog).  :func:`build_process_configs`
+    hands each child its name in its config; nothing else spells them."""
     return ("detokenization", "router", *(f"model_rank{rank}" for rank in range(tp)))
 
 
@@ -152,11 +154,12 @@ def build_process_configs(
     ``transfer_ports`` (a prefill node's held block) gives each rank its listening socket.
     """
     eos = resolve_eos_token_ids(args, model_config)
+    detokenization_name, router_name, *rank_names = child_process_names(args.tp)
     run_mode = args.run_mode
     pd_settings = pd_rank_settings(args) if run_mode in PD_NODE_MODES else PdRankSettings()
     detokenization = DetokenizationConfig(
         model_dir=args.model_dir, tokenizer_mode=args.tokenizer_mode, layout=layout, log_level=args.log_level,
-        eos_token_ids=eos,
+        process_name=detokenization_name, eos_token_ids=eos,
     )
     overtake_bound = overtake_bound_from_args(args)
     router = RouterConfig(
@@ -166,12 +169,13 @@ def build_process_configs(
         router_max_wait_tokens=args.router_max_wait_tokens,
         schedule_time_interval=args.schedule_time_interval,
         log_level=args.log_level,
+        process_name=router_name,
         prefill_overtake_bound=overtake_bound,
         run_mode=run_mode,
     )
     ranks = [
         ModelRankConfig(
-            rank=rank, tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
+            rank=rank, process_name=rank_names[rank], tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
             nccl_host=args.nccl_host, nccl_port=nccl_port, layout=layout,
             running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
             chunked_prefill_size=sizing.chunked_prefill_size,

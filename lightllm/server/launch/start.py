@@ -148,7 +148,8 @@ def start_processes(
     try:
         pending: List[StartingChild] = []
 
-        def spawn(name: str, target: Any, config: Any) -> None:
+        def spawn(target: Any, config: Any) -> None:
+            name = config.process_name  # launch/plan.py child_process_names, as the layout's heartbeat fields
             parent_conn, child_conn = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=target, args=(config, child_conn), name=name, daemon=False)
             proc.start()
@@ -156,10 +157,10 @@ def start_processes(
             pending.append(StartingChild(name, proc, parent_conn))
 
         # Only the ranks load torch (docs/EN/architecture.md, "Which process loads torch").
-        spawn("detokenization", functools.partial(torch_free_entry, detokenization_process_main), configs.detokenization)
-        spawn("router", functools.partial(torch_free_entry, router_process_main), configs.router)
+        spawn(functools.partial(torch_free_entry, detokenization_process_main), configs.detokenization)
+        spawn(functools.partial(torch_free_entry, router_process_main), configs.router)
         for rank_config in configs.ranks:
-            spawn(f"model_rank{rank_config.rank}", model_rank_entry, rank_config)
+            spawn(model_rank_entry, rank_config)
         wait_for_children_ready(pending, READY_TIMEOUT_SECONDS)
         log.info("children ready: %s", ", ".join(f"{name} pid={proc.pid}" for name, proc in procs.children))
     except BaseException:

@@ -116,8 +116,7 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
         **mode_settings,
     )
     shm = config.layout.open_requests()
-    # Named as the launcher names this process (launch/plan.py child_process_names).
-    heartbeat = config.layout.open_heartbeat(f"model_rank{config.rank}")
+    heartbeat = config.layout.open_heartbeat(config.process_name)
     if not is_leader:
         return ModelRank(backend, shm, is_leader=False, channel=channel,
                          idle_trim_seconds=config.idle_malloc_trim_seconds, heartbeat=heartbeat)
@@ -194,5 +193,5 @@ def model_rank_process_main(config: ModelRankConfig, ready_conn: Any) -> None:
         mark_ready()
         rank.serve_forever()
 
-    run_child(f"model_rank{config.rank}", ready_conn, body, refused=(AttentionBackendError, LinearBackendError),
+    run_child(config.process_name, ready_conn, body, refused=(AttentionBackendError, LinearBackendError),
               consequential=lost_tp_peer)

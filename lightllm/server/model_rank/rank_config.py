@@ -62,6 +62,8 @@ class ModelRankConfig:
     """Everything a rank needs (picklable for spawn)."""
 
     rank: int
+    # This process's name (its log, its heartbeat field): the launcher's, launch/plan.py child_process_names.
+    process_name: str
     tp: int
     model_dir: str
     dtype: str

@@ -43,6 +43,8 @@ class RouterConfig:
     router_max_wait_tokens: int
     schedule_time_interval: float
     log_level: str
+    # This process's name (its log, its heartbeat field): the launcher's, launch/plan.py child_process_names.
+    process_name: str
     # The prefill-queue overtaking bound: admission limits how far the high-priority lane may
     # overtake a normal request by the same rule (None: the defaults).
     prefill_overtake_bound: Optional[OvertakeBoundSpec] = None
@@ -63,7 +65,7 @@ class RouterManager:
         self.shm = layout.open_requests()
         self.stats = layout.open_stats()
         # This process's field of the watchdog's heartbeats (a no-op when it is not watched).
-        self.beat = beat_of(layout.open_heartbeat("router"))
+        self.beat = beat_of(layout.open_heartbeat(config.process_name))
         self.queue = build_req_queue(
             config.run_mode,
             int(layout.max_total_token_num * config.router_token_ratio),
@@ -151,4 +153,4 @@ def router_process_main(config: RouterConfig, ready_conn: Any) -> None:
         mark_ready()
         manager.serve_forever()
 
-    run_child("router", ready_conn, body)
+    run_child(config.process_name, ready_conn, body)

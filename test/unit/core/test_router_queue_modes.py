@@ -93,7 +93,7 @@ def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, 
     rank0.bind(layout.model_rank0_address)
     router = RouterManager(RouterConfig(layout, running_max_req_size=8, router_token_ratio=1.0,
                                         router_max_wait_tokens=100, schedule_time_interval=0.01,
-                                        log_level="warning", run_mode=run_mode))
+                                        log_level="warning", process_name="router", run_mode=run_mode))
     try:
         kind = PD_KIND_DECODE if run_mode == "decode" else PD_KIND_NONE
         for slot, rid in enumerate((1, 2)):

@@ -13,7 +13,13 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser, parse_server_args
-from lightllm.server.launch.plan import ProcessConfigs, build_process_configs, plan_layout, resolve_sampling_seed
+from lightllm.server.launch.plan import (
+    ProcessConfigs,
+    build_process_configs,
+    child_process_names,
+    plan_layout,
+    resolve_sampling_seed,
+)
 from lightllm.server.launch.sizing import plan_sizing
 
 
@@ -30,7 +36,8 @@ def _start(args) -> ProcessConfigs:
     """What one server start decides (the launcher's steps up to spawning)."""
     model_config = ModelConfig.from_dir(args.model_dir)
     sizing = plan_sizing(args, model_config, "cpu")
-    layout = plan_layout(sizing, "lightllm_test_plan", "/tmp/lightllm_test_plan")
+    watched = child_process_names(args.tp) if args.watchdog_timeout > 0 else ()
+    layout = plan_layout(sizing, "lightllm_test_plan", "/tmp/lightllm_test_plan", watched)
     return build_process_configs(args, sizing, model_config, layout, nccl_port=29999,
                                  sampling_seed=resolve_sampling_seed(args))
 
@@ -145,3 +152,15 @@ def test_degenerate_values_are_refused_instead_of_spinning_or_refusing_every_req
         tiny_llama_dir, flags, message) -> None:
     with pytest.raises(ArgumentError, match=re.escape(message)):
         _args(tiny_llama_dir, *flags)
+
+
+def test_each_child_gets_its_one_name_the_launcher_spawns_it_and_the_watchdog_watches_it_by(tiny_llama_dir) -> None:
+    """Before, the names were spelled in four places: a drift left a child without a heartbeat field,
+    and the watchdog took it for hung one timeout after the start."""
+    configs = _start(_args(tiny_llama_dir))
+    names = (configs.detokenization.process_name, configs.router.process_name,
+             *(rank.process_name for rank in configs.ranks))
+    assert names == child_process_names(2) == ("detokenization", "router", "model_rank0", "model_rank1")
+    assert configs.router.layout.heartbeat_processes == names
+    off = _start(_args(tiny_llama_dir, "--watchdog_timeout", "0"))
+    assert off.router.process_name == "router" and off.router.layout.heartbeat_processes == ()

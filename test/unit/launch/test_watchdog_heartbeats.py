@@ -78,7 +78,10 @@ def test_a_child_s_beats_land_in_its_own_field_only():
         stamp.beat()
         assert block.snapshot()[0] == NEVER_BEAT and block.snapshot()[2] == NEVER_BEAT
         assert before <= block.last_beat(1) <= time.monotonic()
-        assert layout.open_heartbeat("model_rank5") is None  # not a child of this server
+        # Not a child of this server: refused at once (it would never beat and be taken for hung).
+        with pytest.raises(ValueError, match=r"^no heartbeat field for process 'model_rank5': the layout watches "
+                                             r"detokenization, router, model_rank0$"):
+            layout.open_heartbeat("model_rank5")
     finally:
         block.close()
         block.unlink()
