@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
-import socket
 import threading
 import time
 import traceback
@@ -61,9 +61,40 @@ def zmq_socket(ctx: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Soc
     return sock
 
 
+# prctl(2) option: the signal this process gets when the thread that started it exits.
+PR_SET_PDEATHSIG = 1
+
+
+def arm_parent_death_signal() -> bool:
+    """Have the kernel SIGKILL this process the moment its parent dies (Linux); False where it cannot.
+
+    The kernel ties the signal to the *thread* that started this process, not to its parent process:
+    start such a child only from a thread that lives as long as its process (the launcher spawns its
+    children from its main thread; a model rank its KV transfer processes from its step loop).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _exit_with_parent() -> None:
-    # A child must not outlive a parent that was killed without cleaning up.
-    parent = os.getppid()
+    """A child must not outlive a parent that was killed without cleaning up.
+
+    The parent-death signal ends it at once, even while it is stopped (SIGSTOP) or holds the GIL in
+    C code: such a child kept multiprocessing's resource tracker's pipe open, so a SIGKILLed
+    launcher's shared memory stayed in /dev/shm until the child was killed too.  The thread that
+    checks the parent every second stays for systems without ``prctl``.
+    """
+    # The launcher's pid, as its spawn (a direct fork and exec) passed it: None when not started by
+    # multiprocessing, and then nothing is tied to a parent but the watch below.
+    spawner = multiprocessing.parent_process()
+    parent = spawner.pid if spawner is not None else os.getppid()
+    if spawner is not None and arm_parent_death_signal() and os.getppid() != parent:
+        os._exit(1)  # the parent died before the signal was armed: nothing would ever deliver it
 
     def watch() -> None:
         while True:

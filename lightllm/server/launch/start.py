@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
@@ -111,6 +112,10 @@ def start_processes(
 
     ``transfer_ports``: a prefill node's held KV transfer ports (each rank gets its socket).
     """
+    if threading.current_thread() is not threading.main_thread():
+        # Each child asks the kernel for SIGKILL when the thread that started it exits
+        # (utils/process_utils.py run_child): only the main thread lives as long as the launcher.
+        raise RuntimeError("the server's children are started from the launcher's main thread")
     procs = ServerProcesses()
     remove_stale_resources()
     # Both names carry this process's pid so a later server can tell when their owner is gone.
@@ -144,6 +149,7 @@ def start_processes(
     # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
     # they are set before spawning (user values win).
     apply_child_malloc_env(os.environ)
+    # spawn: each child is the launcher's own (a fork and exec), which its parent-death signal relies on.
     ctx = mp.get_context("spawn")
     try:
         pending: List[StartingChild] = []
