@@ -175,7 +175,8 @@ def build_process_configs(
     )
     ranks = [
         ModelRankConfig(
-            rank=rank, process_name=rank_names[rank], tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name, device=sizing.device,
+            rank=rank, process_name=rank_names[rank], tp=args.tp, model_dir=args.model_dir, dtype=sizing.dtype_name,
+            device=sizing.device,
             nccl_host=args.nccl_host, nccl_port=nccl_port, layout=layout,
             running_max_req_size=args.running_max_req_size, batch_max_tokens=sizing.batch_max_tokens,
             chunked_prefill_size=sizing.chunked_prefill_size,

@@ -45,12 +45,15 @@ def describe_shm_use(layout: ServerLayout) -> str:
     """One line with each segment's size and what sets it, for the start-up log."""
     sizes = layout.shm_segment_bytes()
     total = sum(sizes.values())
-    return (
+    line = (
         f"shared memory: {format_bytes(total)} in all: request records {format_bytes(sizes['request records'])} "
         f"({layout.slot_num} slots x {layout.max_req_total_len} tokens), top-logprob rows "
         f"{format_bytes(sizes['top-logprob rows'])} ({layout.top_slot_num} slots), counters "
         f"{format_bytes(sizes['counters'])}"
     )
+    if "heartbeats" in sizes:  # --watchdog_timeout: one field per watched child
+        line += f", heartbeats {format_bytes(sizes['heartbeats'])} ({', '.join(layout.heartbeat_processes)})"
+    return line
 
 
 def check_shm_capacity(layout: ServerLayout, free_bytes: Optional[int], shm_dir: Path = SHM_DIR) -> None:

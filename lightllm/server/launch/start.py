@@ -3,9 +3,10 @@
 The main process owns the shared-memory segments and runs the HTTP server; it builds the one
 :class:`~lightllm.server.server_layout.ServerLayout` and every process config
 (:mod:`lightllm.server.launch.plan`), spawns the detokenization process, the router and one
-model process per TP rank, waits until each reports ready, and tears everything down (children, segments, socket files) on exit
-(:mod:`lightllm.server.launch.server_processes`).  If a child dies, or makes no progress for ``--watchdog_timeout``
-seconds (:mod:`lightllm.server.launch.watchdog`), every request fails with an error and the server exits non-zero; SIGTERM drains (see
+model process per TP rank, waits until each reports ready, and tears everything down (children,
+segments, socket files) on exit (:mod:`lightllm.server.launch.server_processes`).  If a child dies,
+or makes no progress for ``--watchdog_timeout`` seconds (:mod:`lightllm.server.launch.watchdog`),
+every request fails with an error and the server exits non-zero; SIGTERM drains (see
 :mod:`lightllm.server.launch.supervisor`).  Resources left by a killed server are removed at start.
 A PD prefill or decode node (``--run_mode prefill|decode``) starts the same tree plus its PD
 service around the HTTP manager, its control endpoints and master registration

@@ -129,8 +129,8 @@ class Watchdog:
         count, total, longest = self._unlogged
         if count == 0 or (self._warned_at is not None and now - self._warned_at < GAP_WARNING_INTERVAL_SECONDS):
             return
-        log.warning("the launcher's child watcher did not run for %.1f s (%d gap%s, the longest %.1f s: a paused server "
-                    "or an overloaded machine); that time is not counted toward --watchdog_timeout %g "
+        log.warning("the launcher's child watcher did not run for %.1f s (%d gap%s, the longest %.1f s: a paused "
+                    "server or an overloaded machine); that time is not counted toward --watchdog_timeout %g "
                     "(one such line per %g s at most)", total, count, "" if count == 1 else "s", longest,
                     self.timeout_seconds, GAP_WARNING_INTERVAL_SECONDS)
         self._unlogged = (0, 0.0, 0.0)

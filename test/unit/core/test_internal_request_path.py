@@ -62,7 +62,8 @@ class Pipeline:
         self.router = RouterManager(RouterConfig(self.layout, running_max_req_size=8, router_token_ratio=1.0,
                                                  router_max_wait_tokens=1, schedule_time_interval=0.01,
                                                  log_level="warning", process_name="router"))
-        self.detok = DetokenizationManager(DetokenizationConfig(model_dir, "auto", self.layout, "warning", "detokenization"))
+        self.detok = DetokenizationManager(DetokenizationConfig(model_dir, "auto", self.layout, "warning",
+                                                                "detokenization"))
         self.http = HttpServerManager(HttpServerConfig(
             model_dir=model_dir, model_name="tiny", tokenizer_mode="auto", layout=self.layout,
             vocab_size=ModelConfig.from_dir(model_dir).vocab_size,

@@ -177,7 +177,10 @@ def test_bound_flags_at_their_limits_are_accepted_and_publish_to_the_stats_block
     import os
 
     from lightllm.server.core.objs.shm_stats import ShmStats
-    from lightllm.server.launch.arg_parser import MAX_PREFILL_OVERTAKE_FRACTION, MAX_PREFILL_OVERTAKE_TOKENS
+    from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
+        MAX_PREFILL_OVERTAKE_FRACTION,
+        MAX_PREFILL_OVERTAKE_TOKENS,
+    )
     from lightllm.server.launch.plan import overtake_bound_from_args
     from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,15 @@ def test_the_start_up_log_line_names_each_segment() -> None:
     line = describe_shm_use(_layout(4096))
     assert line.startswith("shared memory: 259.6 MiB in all: request records 99.6 MiB (1024 slots x 4096 tokens), "
                            "top-logprob rows 160.0 MiB (256 slots), counters")
+    assert "heartbeats" not in line  # --watchdog_timeout 0: no such segment
+
+
+def test_the_start_up_log_line_names_the_heartbeats_it_counts() -> None:
+    watched = replace(_layout(4096), heartbeat_processes=("detokenization", "router", "model_rank0"),
+                      shm_heartbeat_name="lightllm_test_cap_beat")
+    line = describe_shm_use(watched)
+    assert line.endswith(", heartbeats 24 B (detokenization, router, model_rank0)"), line
+    assert watched.shm_segment_bytes()["heartbeats"] == 24
 
 
 def _free_port() -> int:

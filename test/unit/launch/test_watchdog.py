@@ -213,7 +213,8 @@ def test_the_description_names_each_process_and_its_silence():
         "model_rank1 made no progress for 301 s (--watchdog_timeout 300)"
     assert describe_stalls([Stall("model_rank1", 17.0), Stall("model_rank0", 16.2)], 15.0) == \
         "model_rank1 (17 s) and model_rank0 (16 s) made no progress (--watchdog_timeout 15)"
-    assert describe_stalls([Stall("a", 20), Stall("b", 19), Stall("c", 18)], 15.0).startswith("a (20 s), b (19 s) and c")
+    several = describe_stalls([Stall("a", 20), Stall("b", 19), Stall("c", 18)], 15.0)
+    assert several.startswith("a (20 s), b (19 s) and c")
 
 
 # --- the minimum is above every watched loop's idle silence -------------------------------------

@@ -91,5 +91,5 @@ def _no_beat() -> None:
 
 
 def beat_of(stamp: Optional[HeartbeatStamp]) -> Callable[[], None]:
-    """``stamp.beat``, or a no-op for a process that is not watched (``stamp`` None), so loops call it unconditionally."""
+    """``stamp.beat``, or a no-op for a process that is not watched (``stamp`` None): loops call it unconditionally."""
     return stamp.beat if stamp is not None else _no_beat
