@@ -20,14 +20,14 @@ from lightllm.utils.envs_utils import ENV_VARS
 HEADERS = {
     "EN": (
         "# Server arguments\n\n"
-        "Generated from `lightllm/server/launch/arg_parser.py` (with `http_flags.py` and `pd_flags.py`) by `python -m lightllm.server.launch.args_doc`; "
+        "Generated from `lightllm/server/launch/arg_parser.py` (with `batching_flags.py`, `http_flags.py` and `pd_flags.py`) by `python -m lightllm.server.launch.args_doc`; "
         "do not edit by hand.\n\n"
         "Launch: `python -m lightllm.server.api_server --model_dir DIR [flags]`.\n\n"
         "The read-by column names the run modes (`--run_mode`) that read each flag; any other refuses it at start.\n\n"
     ),
     "CN": (
         "# 服务启动参数\n\n"
-        "本页由 `python -m lightllm.server.launch.args_doc` 从 `lightllm/server/launch/arg_parser.py`（及 `http_flags.py`、`pd_flags.py`）自动生成，请勿手工修改。"
+        "本页由 `python -m lightllm.server.launch.args_doc` 从 `lightllm/server/launch/arg_parser.py`（及 `batching_flags.py`、`http_flags.py`、`pd_flags.py`）自动生成，请勿手工修改。"
         "参数说明沿用解析器中的英文帮助文本。\n\n"
         "启动方式：`python -m lightllm.server.api_server --model_dir DIR [参数]`。\n\n"
         "“读取角色”一列列出读取该参数的运行模式（`--run_mode`）；其他模式在启动时拒绝该参数。\n\n"
