@@ -26,6 +26,8 @@ log = logging.getLogger("lightllm.api_start")
 
 # How long children get to exit after the stop signal before they are killed.
 CHILD_STOP_SECONDS = 2.0
+# How long the shutdown waits for the child watcher to end before it unmaps the shared memory.
+WATCHER_JOIN_SECONDS = 2.0
 
 
 @dataclass
@@ -39,6 +41,8 @@ class ServerProcesses:
     shm_heartbeats: Optional[ShmHeartbeats] = None
     heartbeat_processes: Tuple[str, ...] = ()
     ipc_dir: Optional[str] = None
+    # The child watcher (launch/child_watch.py), which reads the heartbeats: joined before they are unmapped.
+    watcher: Optional[threading.Thread] = None
     # Set before children are stopped on purpose, so their exits are not reported as failures.
     stopping: threading.Event = field(default_factory=threading.Event)
 
@@ -62,9 +66,19 @@ class ServerProcesses:
                 proc.kill()
                 proc.join(timeout=5)
         self.children.clear()
+        watcher = self.watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            # It sees ``stopping`` within one round (0.2 s); a read of the heartbeats in progress ends first.
+            watcher.join(timeout=WATCHER_JOIN_SECONDS)
+        self.watcher = None
         for segment in (self.shm_req, self.shm_stats, self.shm_heartbeats):
             if segment is not None:
-                segment.close()
+                try:
+                    segment.close()
+                except BufferError:
+                    # Another thread still reads through a view of it (the mapping goes with that view);
+                    # the name is removed all the same, so nothing stays in /dev/shm.
+                    log.debug("shared-memory segment %s still in use by a reader; unlinking it anyway", segment.name)
                 segment.unlink()
         self.shm_req = self.shm_stats = self.shm_heartbeats = None
         if self.ipc_dir:

@@ -343,8 +343,9 @@ def _start_and_serve(
                                                 front_door=front_door)
         if pd_node is not None:
             pd_node.attach(app, server, supervisor)
-        watch_children(procs.children, procs.stopping, supervisor.child_died,
-                       watchdog=procs.watchdog(args.watchdog_timeout), on_stall=supervisor.children_stalled)
+        procs.watcher = watch_children(procs.children, procs.stopping, supervisor.child_died,
+                                       watchdog=procs.watchdog(args.watchdog_timeout),
+                                       on_stall=supervisor.children_stalled)
         if not stop.requested:
             log.info("serving on http://%s (%s)", display_address(args.host, args.port),
                      prefill_queue_description(args.run_mode, args.prefill_queue_strategy,

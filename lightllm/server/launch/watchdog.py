@@ -15,12 +15,17 @@ kernel compile, a huge prefill forward on a slow CPU) looks like a hang.  Hence 
 (SGLang's ``--watchdog-timeout``), far above any step the server is built to run, and
 :data:`MIN_WATCHDOG_TIMEOUT_SECONDS`, far above the longest silence of an *idle* watched loop.
 
-When the watcher itself did not run (a round more than :data:`WATCHER_GAP_SECONDS` late: the
-launcher paused with Ctrl-Z, a frozen virtual machine, an overloaded host), the children may or may
-not have run meanwhile; it cannot know, so that time is not counted against them: it is subtracted
-from each child's silence (only the part after the child's last beat).  A hung child is therefore
-reported once the watcher itself saw it silent for the timeout, however often the watcher is held
-up; the credited gaps are logged, one warning per :data:`GAP_WARNING_INTERVAL_SECONDS` at most.
+When the watcher itself did not run (more than :data:`WATCHER_GAP_SECONDS` between two of its
+checks, which are :data:`WATCH_ROUND_SECONDS` apart normally: the launcher paused with Ctrl-Z, a
+frozen virtual machine, an overloaded host), the children may or may not have run meanwhile; it
+cannot know, so the part of the interval beyond :data:`WATCHER_GAP_SECONDS` is not counted against
+them: it is subtracted from each child's silence (only the part after the child's last beat).  At
+most :data:`WATCHER_GAP_SECONDS` of each interval between checks is counted, so a hung child is
+reported however often the watcher is held up, and with the checks a steady ``T`` seconds apart
+(``T`` over 1 s) at most about ``timeout * T / 1 s`` after its last beat (1.1 times the timeout
+for checks 1.1 s apart); no later for checks up to 1 s apart.  The report gives the real silence
+and how much of it was not counted; the credited time is logged, one warning per
+:data:`GAP_WARNING_INTERVAL_SECONDS` at most (and at once when a stall is reported).
 
 The check is pure (a clock and a reader of the stamps are injected), so tests drive it with
 their own clock.
@@ -31,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -47,7 +52,7 @@ MIN_WATCHDOG_TIMEOUT_SECONDS = 15.0
 # How often the child watcher checks (launch/child_watch.py waits this long for a child's exit).
 WATCH_ROUND_SECONDS = 0.2
 # A check that comes more than this after the previous one means the watcher did not run in
-# between: everything beyond its one round is credited to the children (see the module docstring).
+# between: the part of the interval beyond this is credited to the children (the module docstring).
 WATCHER_GAP_SECONDS = 1.0
 # The credited gaps are summed into one warning at most this often.
 GAP_WARNING_INTERVAL_SECONDS = 30.0
@@ -55,10 +60,15 @@ GAP_WARNING_INTERVAL_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class Stall:
-    """A watched process and how long it has made no progress (seconds, not counting the watcher's gaps)."""
+    """A watched process that made no progress for longer than the timeout.
+
+    ``silent_seconds`` is the real time since its last beat (or the arming); ``credited_seconds``
+    the part of it not counted, because the watcher itself did not run (the module docstring).
+    """
 
     name: str
     silent_seconds: float
+    credited_seconds: float = 0.0
 
 
 class Watchdog:
@@ -72,7 +82,9 @@ class Watchdog:
 
     A process is judged from :meth:`arm` on (the children's readiness): one that has not beaten
     since counts from then, so the time it took to reach its loop is not held against it.  Its
-    silence leaves out the watcher's own gaps (the module docstring).
+    silence leaves out the watcher's own gaps (the module docstring): the credited seconds are one
+    running total, and each process's share is the total now less the total at its last beat, so a
+    check costs the same however long a process has been silent.
     """
 
     def __init__(self, timeout_seconds: float, names: Sequence[str], last_beat: Callable[[int], float],
@@ -85,8 +97,11 @@ class Watchdog:
         self._clock = clock
         self._armed_at: Optional[float] = None
         self._last_check: Optional[float] = None
-        # The spans in which the watcher did not run, oldest first; dropped once every process beat after them.
-        self._gaps: List[Tuple[float, float]] = []
+        # Every second credited since the arming (only grows), and for each process the time of the
+        # last beat seen and the part of the total that came before it (credits nothing to it).
+        self._credited = 0.0
+        self._since: List[float] = []
+        self._credited_before: List[float] = []
         # Credited gaps not logged yet (their count, their sum, the longest), and when the last warning went out.
         self._unlogged = (0, 0.0, 0.0)
         self._warned_at: Optional[float] = None
@@ -94,6 +109,9 @@ class Watchdog:
     def arm(self) -> None:
         """Start judging from now (call once every watched child reported ready)."""
         self._armed_at = self._last_check = self._clock()
+        self._credited = 0.0
+        self._since = [self._armed_at] * len(self.names)
+        self._credited_before = [0.0] * len(self.names)
 
     def stalled(self) -> List[Stall]:
         """The processes silent for longer than the timeout, longest silence first; [] before :meth:`arm`."""
@@ -101,48 +119,60 @@ class Watchdog:
             return []
         now = self._clock()
         assert self._last_check is not None
-        if now - self._last_check > WATCHER_GAP_SECONDS:
-            # The watcher itself did not run: credit everything after the round it should have run.
-            start = self._last_check + WATCH_ROUND_SECONDS
-            self._gaps.append((start, now))
+        # The watcher did not run for the part of the interval beyond the threshold: credit that part,
+        # taken as the end of the interval (from ``gap_start`` to now).
+        gap = max(0.0, now - self._last_check - WATCHER_GAP_SECONDS)
+        gap_start = now - gap
+        if gap > 0:
             count, total, longest = self._unlogged
-            self._unlogged = (count + 1, total + now - start, max(longest, now - start))
+            self._unlogged = (count + 1, total + gap, max(longest, gap))
+        self._credited += gap
         self._last_check = now
-        self._log_gaps(now)
         stalls = []
-        oldest = now
         for slot, name in enumerate(self.names):
             since = max(self._last_beat(slot), self._armed_at)
-            oldest = min(oldest, since)
-            silent = now - since - self._credit_after(since)
-            if silent > self.timeout_seconds:
-                stalls.append(Stall(name, silent))
-        # A gap that ended before every process's last beat credits nobody any more.
-        self._gaps = [gap for gap in self._gaps if gap[1] > oldest]
+            if since != self._since[slot]:
+                # A beat since the last check: this check's gap counts for it only after the beat.
+                self._since[slot] = since
+                self._credited_before[slot] = self._credited - max(0.0, min(gap, now - max(since, gap_start)))
+            silent = now - since
+            credited = self._credited - self._credited_before[slot]
+            if silent - credited > self.timeout_seconds:
+                stalls.append(Stall(name, silent, credited))
+        # A stall ends the server: the gaps held back for the next warning go out now.
+        self._log_gaps(now, force=bool(stalls))
         return sorted(stalls, key=lambda stall: -stall.silent_seconds)
 
-    def _credit_after(self, since: float) -> float:
-        """The watcher's gaps after ``since`` (a gap a process beat in counts from the beat)."""
-        return sum(end - max(start, since) for start, end in self._gaps if end > since)
-
-    def _log_gaps(self, now: float) -> None:
+    def _log_gaps(self, now: float, force: bool = False) -> None:
         count, total, longest = self._unlogged
-        if count == 0 or (self._warned_at is not None and now - self._warned_at < GAP_WARNING_INTERVAL_SECONDS):
+        if count == 0 or (not force and self._warned_at is not None
+                          and now - self._warned_at < GAP_WARNING_INTERVAL_SECONDS):
             return
-        log.warning("the launcher's child watcher did not run for %.1f s (%d gap%s, the longest %.1f s: a paused "
-                    "server or an overloaded machine); that time is not counted toward --watchdog_timeout %g "
-                    "(one such line per %g s at most)", total, count, "" if count == 1 else "s", longest,
-                    self.timeout_seconds, GAP_WARNING_INTERVAL_SECONDS)
+        log.warning("the launcher's child watcher did not run for %.1f s beyond %g s between its checks (%d gap%s, "
+                    "the longest %.1f s: a paused server or an overloaded machine); that time is not counted toward "
+                    "--watchdog_timeout %g (one such line per %g s at most)", total, WATCHER_GAP_SECONDS, count,
+                    "" if count == 1 else "s", longest, self.timeout_seconds, GAP_WARNING_INTERVAL_SECONDS)
         self._unlogged = (0, 0.0, 0.0)
         self._warned_at = now
 
 
+def _silence(stall: Stall) -> str:
+    """``16 s``, or ``1516 s, 1216 s of it not counted: the watcher was held up``."""
+    text = f"{stall.silent_seconds:.0f} s"
+    if stall.credited_seconds >= 0.5:
+        text += f", {stall.credited_seconds:.0f} s of it not counted: the watcher was held up"
+    return text
+
+
 def describe_stalls(stalls: Sequence[Stall], timeout_seconds: float) -> str:
-    """``model_rank1 made no progress for 16 s (--watchdog_timeout 15)``; several: each with its silence."""
+    """``model_rank1 made no progress for 16 s (--watchdog_timeout 15)``; several: each with its silence.
+
+    The silence is the real time since the last beat; the part not counted (the watcher held up) follows it.
+    """
     if not stalls:
         raise ValueError("no stall to describe")
     flag = f"(--watchdog_timeout {timeout_seconds:g})"
     if len(stalls) == 1:
-        return f"{stalls[0].name} made no progress for {stalls[0].silent_seconds:.0f} s {flag}"
-    named = [f"{stall.name} ({stall.silent_seconds:.0f} s)" for stall in stalls]
+        return f"{stalls[0].name} made no progress for {_silence(stalls[0])} {flag}"
+    named = [f"{stall.name} ({_silence(stall)})" for stall in stalls]
     return f"{', '.join(named[:-1])} and {named[-1]} made no progress {flag}"

@@ -122,12 +122,15 @@ def test_a_pause_of_the_launcher_itself_is_not_counted_against_the_children():
     watchdog = _watchdog(clock, beats)
     watchdog.arm()
     beats[0] = clock.now
-    clock.advance(600.0)  # nobody ran, the watcher included: all but its one round is credited
+    clock.advance(600.0)  # nobody ran, the watcher included: all but the threshold's 1 s is credited
     assert watchdog.stalled() == []
-    # A child that does not resume is still caught once the watcher saw it silent for the timeout.
-    assert _advance_checking(clock, watchdog, 19.6) == []
+    # A child that does not resume is still caught once the watcher counted it silent for the timeout;
+    # the stall gives the real silence and the part not counted.
+    assert _advance_checking(clock, watchdog, 18.8) == []
     stalls = _advance_checking(clock, watchdog, 0.4)
-    assert [s.name for s in stalls] == ["p0"] and stalls[0].silent_seconds == pytest.approx(20.2)
+    assert [s.name for s in stalls] == ["p0"]
+    assert stalls[0].silent_seconds == pytest.approx(600.0 + 19.2)
+    assert stalls[0].credited_seconds == pytest.approx(600.0 - WATCHER_GAP_SECONDS)
 
 
 def test_a_late_watcher_round_below_the_gap_threshold_is_not_credited():
@@ -162,12 +165,16 @@ def test_repeated_watcher_gaps_do_not_hide_a_hung_child(caplog):
                 break
             clock.advance(6.0)
     assert [s.name for s in caught] == ["p1"], "the hung child was never reported"
-    # Reported once the watcher itself saw it silent for the timeout: after two gaps, 6 s credited each
-    # (the round that ends a gap comes 6.2 s after the previous one; one round of it is the watcher's).
-    assert caught[0].silent_seconds == pytest.approx(20.2)
-    assert clock.now - hung_at == pytest.approx(20.2 + 2 * (6.0 + 0.2 - WATCH_ROUND_SECONDS))
+    # Reported once the watcher counted it silent for the timeout: after two gaps, 5.2 s credited each
+    # (the round that ends a gap comes 6.2 s after the previous one; 1 s of it is counted).
+    credited = 2 * (6.0 + 0.2 - WATCHER_GAP_SECONDS)
+    assert caught[0].credited_seconds == pytest.approx(credited)
+    assert caught[0].silent_seconds == pytest.approx(clock.now - hung_at)
+    assert clock.now - hung_at == pytest.approx(20.2 + credited)
     lines = [r.getMessage() for r in caplog.records if "child watcher did not run" in r.getMessage()]
-    assert len(lines) == 1 and lines[0].startswith("the launcher's child watcher did not run for 6.0 s (1 gap, "), lines
+    # The first gap's line, then the second's, held back by the interval, flushed as the stall is reported.
+    assert [line.split(" (")[0] for line in lines] == [
+        "the launcher's child watcher did not run for 5.2 s beyond 1 s between its checks"] * 2, lines
 
 
 def test_the_credited_gaps_are_summed_into_one_warning_per_interval(caplog):
@@ -176,7 +183,7 @@ def test_the_credited_gaps_are_summed_into_one_warning_per_interval(caplog):
     watchdog = _watchdog(clock, beats, timeout=1000.0)
     watchdog.arm()
     with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
-        for gap in (3.2, 2.2, 4.2, 1.7):  # 3, 2, 4 and 1.5 s credited, each gap 5 s of rounds apart
+        for gap in (4.0, 3.0, 5.0, 2.5):  # 3, 2, 4 and 1.5 s credited, each gap 5 s of rounds apart
             clock.advance(gap)
             beats[0] = clock.now
             watchdog.stalled()
@@ -185,8 +192,8 @@ def test_the_credited_gaps_are_summed_into_one_warning_per_interval(caplog):
         _advance_checking(clock, watchdog, GAP_WARNING_INTERVAL_SECONDS)
     lines = [r.getMessage() for r in caplog.records if "child watcher did not run" in r.getMessage()]
     assert [line.split(": a paused")[0] for line in lines] == [
-        "the launcher's child watcher did not run for 3.0 s (1 gap, the longest 3.0 s",
-        "the launcher's child watcher did not run for 7.5 s (3 gaps, the longest 4.0 s"]
+        "the launcher's child watcher did not run for 3.0 s beyond 1 s between its checks (1 gap, the longest 3.0 s",
+        "the launcher's child watcher did not run for 7.5 s beyond 1 s between its checks (3 gaps, the longest 4.0 s"]
     assert lines[0].endswith("not counted toward --watchdog_timeout 1000 (one such line per 30 s at most)")
 
 
@@ -197,10 +204,65 @@ def test_a_gap_a_process_beat_in_is_credited_only_from_its_beat():
     watchdog.arm()
     clock.advance(10.0)
     beats[0] = clock.now - 4.0  # the child beat during the gap, then hung
-    assert watchdog.stalled() == []  # 4 s after its beat, all of them credited
+    assert watchdog.stalled() == []  # 4 s after its beat, all of them credited (the gap's last 9 s are)
     assert _advance_checking(clock, watchdog, 19.8) == []
     stalls = _advance_checking(clock, watchdog, 0.4)
-    assert [s.name for s in stalls] == ["p0"] and stalls[0].silent_seconds == pytest.approx(20.2)
+    assert [s.name for s in stalls] == ["p0"]
+    assert stalls[0].silent_seconds == pytest.approx(24.2) and stalls[0].credited_seconds == pytest.approx(4.0)
+
+
+def test_a_beat_early_in_a_gap_is_credited_only_for_the_gap_s_part_after_it():
+    """Of a gap, the part beyond the threshold is credited, taken as its end: a beat in the counted
+    first second gets the whole credit, one later only the part after it."""
+    clock = Clock()
+    beats = [clock.now, clock.now]
+    watchdog = _watchdog(clock, beats)
+    watchdog.arm()
+    start = clock.now
+    clock.advance(10.0)  # 9 s credited, from start + 1 to start + 10
+    beats[:] = [start + 0.5, start + 7.0]
+    watchdog.stalled()
+    assert watchdog._credited - watchdog._credited_before[0] == pytest.approx(9.0)
+    assert watchdog._credited - watchdog._credited_before[1] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("interval", [1.1, 2.0, 0.9])
+def test_a_watcher_steadily_late_still_reports_a_hang_within_timeout_times_interval(interval):
+    """Before, each check more than 1 s after the previous one had all but one 0.2 s round credited:
+    checks 1.01 s apart reported a hang at 300 s after 1516 s, 2 s apart after 3000 s, and 1 s was a
+    cliff.  Now only the part beyond 1 s is: detection by about timeout * interval / 1 s."""
+    clock = Clock()
+    beats = [clock.now]
+    timeout = 300.0
+    watchdog = _watchdog(clock, beats, timeout=timeout)
+    watchdog.arm()
+    hung_at = clock.now
+    stalls: List[Stall] = []
+    while not stalls and clock.now - hung_at < 20 * timeout:
+        clock.advance(interval)
+        stalls = watchdog.stalled()
+    assert [s.name for s in stalls] == ["p0"]
+    bound = timeout * max(interval, WATCHER_GAP_SECONDS) / WATCHER_GAP_SECONDS
+    assert bound <= clock.now - hung_at <= bound + 2 * interval
+    assert stalls[0].silent_seconds == pytest.approx(clock.now - hung_at)
+    assert stalls[0].silent_seconds - stalls[0].credited_seconds == pytest.approx(
+        timeout, abs=WATCHER_GAP_SECONDS + 1e-6)
+
+
+def test_a_check_costs_the_same_however_long_a_process_is_silent():
+    """The credited time is one running total: nothing grows with the gaps of a silent process."""
+    clock = Clock()
+    beats = [clock.now, clock.now]
+    watchdog = _watchdog(clock, beats, timeout=1e9)
+    watchdog.arm()
+    for _ in range(1000):
+        clock.advance(2.0)
+        beats[0] = clock.now
+        watchdog.stalled()
+    assert not hasattr(watchdog, "_gaps")
+    assert watchdog._credited == pytest.approx(1000.0)
+    assert watchdog._credited - watchdog._credited_before[1] == pytest.approx(1000.0)
+    assert watchdog._credited - watchdog._credited_before[0] == 0.0
 
 
 def test_the_timeout_must_be_positive():
@@ -215,6 +277,15 @@ def test_the_description_names_each_process_and_its_silence():
         "model_rank1 (17 s) and model_rank0 (16 s) made no progress (--watchdog_timeout 15)"
     several = describe_stalls([Stall("a", 20), Stall("b", 19), Stall("c", 18)], 15.0)
     assert several.startswith("a (20 s), b (19 s) and c")
+
+
+def test_the_description_gives_the_real_silence_and_the_part_not_counted():
+    assert describe_stalls([Stall("model_rank0", 1516.2, 1216.0)], 300.0) == \
+        "model_rank0 made no progress for 1516 s, 1216 s of it not counted: the watcher was held up " \
+        "(--watchdog_timeout 300)"
+    assert describe_stalls([Stall("a", 40.0, 20.0), Stall("b", 16.0, 0.2)], 15.0) == \
+        "a (40 s, 20 s of it not counted: the watcher was held up) and b (16 s) made no progress " \
+        "(--watchdog_timeout 15)"
 
 
 # --- the minimum is above every watched loop's idle silence -------------------------------------

@@ -284,3 +284,44 @@ def test_the_detokenizer_s_message_counts_from_the_end_of_its_wait():
     with pytest.raises(_LoopEnd):
         detokenizer.serve_forever()
     assert seen == [0.0]
+
+
+
+def test_the_shutdown_waits_for_the_watcher_s_read_before_unmapping_the_heartbeats():
+    """The watcher may be reading a heartbeat while the launcher shuts down: with numpy 1 the view it
+    held made ``SharedMemory.close`` raise ``BufferError`` (the segments stayed in /dev/shm), with
+    numpy 2 the read went to unmapped memory.  The shutdown joins the watcher before it unmaps."""
+    from lightllm.server.launch.server_processes import ServerProcesses
+
+    layout = _layout(child_process_names(1))
+    block = layout.open_heartbeats(create=True)
+    layout.open_heartbeat("router").beat()
+    stamped = block.last_beat(1)
+    procs = ServerProcesses(shm_heartbeats=block, heartbeat_processes=child_process_names(1))
+    read: List[float] = []
+
+    def watcher() -> None:  # a round that began its read just as the shutdown started
+        procs.stopping.wait()
+        time.sleep(0.3)
+        read.append(block.last_beat(1))
+
+    procs.watcher = threading.Thread(target=watcher, daemon=True)
+    procs.watcher.start()
+    procs.shutdown()
+    assert read == [stamped] and stamped != NEVER_BEAT
+    assert not os.path.exists(f"/dev/shm/{layout.shm_heartbeat_name}")
+    assert block.last_beat(1) == NEVER_BEAT  # unmapped: the read keeps no view and sees nothing
+
+
+def test_a_segment_still_in_use_is_unlinked_all_the_same(monkeypatch):
+    from lightllm.server.launch.server_processes import ServerProcesses
+
+    layout = _layout(child_process_names(1))
+    block = layout.open_heartbeats(create=True)
+
+    def close() -> None:
+        raise BufferError("cannot close exported pointers exist")
+
+    monkeypatch.setattr(block, "close", close)
+    ServerProcesses(shm_heartbeats=block, heartbeat_processes=child_process_names(1)).shutdown()
+    assert not os.path.exists(f"/dev/shm/{layout.shm_heartbeat_name}")

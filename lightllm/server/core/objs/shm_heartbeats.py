@@ -26,6 +26,7 @@ With ``--watchdog_timeout 0`` the layout watches no process: there is no segment
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Callable, List, Optional
 
@@ -34,6 +35,8 @@ import numpy as np
 from lightllm.server.core.objs.shared_segment import SharedArraySegment
 
 NEVER_BEAT = 0.0
+# One field, read straight from the segment's buffer (native byte order, as numpy writes it).
+_FIELD = struct.Struct("=d")
 
 
 class ShmHeartbeats(SharedArraySegment):
@@ -54,9 +57,19 @@ class ShmHeartbeats(SharedArraySegment):
 
     def last_beat(self, slot: int) -> float:
         """The monotonic time of process ``slot``'s last beat (:data:`NEVER_BEAT` before its first, or
-        once :meth:`close` unmapped the block: the launcher's watcher may read while the server stops)."""
-        array = self.array
-        return NEVER_BEAT if array is None else float(array[slot])
+        once :meth:`close` unmapped the block: the launcher's watcher may read while the server stops).
+
+        It keeps no view of the segment: a numpy view held across the read (a thread switch) made a
+        concurrent :meth:`close` raise ``BufferError``, and the server's segments were left behind.
+        The read itself is one C call, under the GIL.
+        """
+        buf = self._shm.buf  # None once closed
+        if buf is None:
+            return NEVER_BEAT
+        try:
+            return _FIELD.unpack_from(buf, slot * _FIELD.size)[0]
+        except ValueError:  # released by a close between the two lines
+            return NEVER_BEAT
 
     def snapshot(self) -> List[float]:
         """Every field, in slot order."""

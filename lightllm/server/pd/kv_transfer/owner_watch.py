@@ -16,31 +16,21 @@ to its peer.  Two mechanisms, because either alone has a gap:
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import threading
 import time
 
-# prctl(2) option: the signal this process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
+from lightllm.utils.process_utils import arm_parent_death_signal
+
 # How often the fallback thread checks for its owner.
 OWNER_CHECK_S = 0.2
-
-
-def _arm_death_signal() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the watch thread alone
 
 
 def exit_with_owner(owner_pid: int) -> None:
     """End this process (exit code 0) once process ``owner_pid``, its parent, is gone; 0: no watch."""
     if owner_pid <= 0:
         return
-    _arm_death_signal()
+    arm_parent_death_signal()  # False where prctl is missing (not Linux): the watch thread alone
     if os.getppid() != owner_pid:
         # The owner died before the signal was armed: nothing would ever deliver it.
         os._exit(0)
