@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.convertors import Convertor, register_url_convertor
 
 from lightllm.server.http.answer_size import large_answer
 from lightllm.server.http.body import parse_body_off_loop
@@ -66,6 +66,21 @@ logger = logging.getLogger(__name__)
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+class _ModelIdConvertor(Convertor[str]):
+    """A ``/v1/models/{model_id}`` segment: like Starlette's ``path`` (slashes allowed), but never empty."""
+
+    regex = ".+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("model_id", _ModelIdConvertor())
+
+
 class OpenAIEndpoints:
     """The OpenAI-compatible handlers bound to one request manager."""
 
@@ -97,7 +112,9 @@ class OpenAIEndpoints:
         """An APIRouter with every OpenAI route."""
         router = APIRouter(route_class=JSONErrorRoute)
         router.add_api_route("/v1/models", self.list_models, methods=["GET"])
-        router.add_api_route("/v1/models/{model_id:path}", self.get_model, methods=["GET"])
+        # model_id: a path (a served name may hold '/'), never empty: /v1/models/ is an unknown path for
+        # every method (with {model_id:path} it matched, so DELETE got a 405 advertising GET, and GET a 404).
+        router.add_api_route("/v1/models/{model_id:model_id}", self.get_model, methods=["GET"])
         router.add_api_route("/v1/completions", self.completions, methods=["POST"],
                              openapi_extra=request_body(CompletionRequest, streams=True))
         router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
@@ -146,9 +163,6 @@ class OpenAIEndpoints:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         """``GET /v1/models/{id}``: the model card, or 404 for any other id."""
-        if not model_id:
-            # /v1/models/ is a path of its own (no redirect to /v1/models), and unknown as such.
-            raise StarletteHTTPException(404)
         served = self.served_names()
         if model_id not in served:
             raise model_not_found(model_id, served)

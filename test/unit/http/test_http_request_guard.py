@@ -102,6 +102,15 @@ def test_405_lists_the_allowed_methods(client: TestClient) -> None:
     assert client.delete(f"/v1/models/{MODEL}").headers["allow"] == "GET"
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD", "DELETE", "PUT", "OPTIONS", "POST"])
+def test_a_path_no_resource_has_is_a_404_for_every_method(client: TestClient, method: str) -> None:
+    """/v1/models/ names no model: a 405 advertising GET (while GET itself is a 404) sent clients astray."""
+    response = client.request(method, "/v1/models/")
+    assert response.status_code == 404 and "allow" not in response.headers
+    if method != "HEAD":
+        assert response.json()["error"]["code"] == "not_found"
+
+
 @pytest.mark.parametrize("path", ["/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"])
 def test_non_json_bodies_get_415(client: TestClient, manager: FakeManager, path: str) -> None:
     body = json.dumps({"model": MODEL, "inputs": "hi", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}]})
