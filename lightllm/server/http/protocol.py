@@ -20,6 +20,14 @@ cap on open connections. :class:`GuardedH11Protocol` adds
   bounds a head that is still arriving), applied by its connection
   (:class:`~lightllm.server.http.head_limited_connection.HeadLimitedConnection`);
 * a JSON body on uvicorn's own 400 for a malformed request, naming what h11 refused;
+* an answer after a half-close: a client that shuts down its sending side after a complete
+  ``GET``/``HEAD``/``OPTIONS`` request (``nc -N``, HTTP/1.0 scripts) may still read, so the
+  connection stays open until the requests read before the EOF are answered, then closes.
+  asyncio closed it on the EOF, and this app's middleware yields to the loop before answering,
+  so such clients got nothing (stock uvicorn answers them when the handler wins the race).  A
+  client that closed altogether fails the write; one that reads nothing meets the send
+  deadline.  A generation request after a half-close is its client gone, as in uvicorn and
+  vLLM: it is aborted;
 * a send deadline (:class:`~lightllm.server.http.send_deadline.SendDeadline`): a connection whose
   client takes none of its answer for ``send_timeout`` seconds while uvicorn's writes are paused
   is closed, which aborts a request still running on it;
@@ -71,6 +79,9 @@ REFUSAL_LOG_INTERVAL_SECONDS = 10.0
 SHUTDOWN_CLOSE_SHARE = 0.5
 SHUTDOWN_CANCEL_MARGIN_S = 0.2
 SHUTDOWN_RECHECK_S = 0.05
+# Requests answered after their client half-closed its sending side: the safe methods (RFC 9110
+# section 9.2.1), none of which generates here.  A POST is a client gone (its generation aborted).
+HALF_CLOSE_ANSWERED_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +156,7 @@ class GuardedH11Protocol(H11Protocol):
         self.lingering = False
         self._lost = False
         self._ignore_input = False
+        self._half_closed = False  # the client shut down its sending side; what it sent is still answered
 
     # ------------------------------------------------------------------ connection life
 
@@ -176,7 +188,18 @@ class GuardedH11Protocol(H11Protocol):
     def eof_received(self) -> Optional[bool]:
         if self.lingering and self._raw is not None:
             self._raw.close()
+        elif self._answers_after_half_close():
+            # Kept open for the answer, closed after it (on_response_complete): see the module docstring.
+            self._half_closed = True
+            return True
+        # Anything else (a generation request, a request still arriving) is a client gone:
+        # asyncio closes the connection, and a running generation is aborted.
         return super().eof_received()
+
+    def _answers_after_half_close(self) -> bool:
+        cycle = self.cycle
+        return (cycle is not None and not cycle.response_complete and not cycle.disconnected
+                and not cycle.more_body and cycle.scope["method"] in HALF_CLOSE_ANSWERED_METHODS)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -186,6 +209,10 @@ class GuardedH11Protocol(H11Protocol):
         if not self.lingering and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
             self._unset_keepalive_if_required()
             self._arm_head_timer()
+        if self._half_closed and not self._answers_after_half_close() and self._raw is not None:
+            # Nothing more comes: the requests read before the EOF are answered, up to one that
+            # generates (a client gone, as that EOF would have made it), then the connection closes.
+            self._raw.close()
 
     def client_lost_on_write(self) -> None:
         """A write found the transport closing (a send failed, or it was closed): the client is
