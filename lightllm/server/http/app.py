@@ -48,7 +48,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lightllm.server.http.absolute_form import AbsoluteFormMiddleware
 from lightllm.server.http.body import parse_body_off_loop
-from lightllm.server.http.cors import JsonErrorCorsMiddleware
+from lightllm.server.http.cors import JsonErrorCorsMiddleware, cors_options
 from lightllm.server.http.errors import (
     APIError,
     JSONErrorRoute,
@@ -317,11 +317,11 @@ def create_app(
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)
     app.add_middleware(ApiKeyMiddleware, policy=options.auth)
-    if options.allowed_origins:
+    cors = cors_options(options.allowed_origins)
+    if cors is not None:
         # Outside the key check: a browser's preflight carries no API key and no body, and every
         # answer the app gives (a 401, a 400) needs the headers for the page to read it.
-        app.add_middleware(JsonErrorCorsMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], max_age=600)
+        app.add_middleware(JsonErrorCorsMiddleware, **cors)
     app.state.preparing = PreparingRequests()
     if options.limits.max_preparing_per_client > 0:
         # Outside CORS and the key check: a client's flood of cheap requests (preflights and 401s

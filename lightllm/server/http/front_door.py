@@ -18,6 +18,10 @@ limits before a connection costs the loop anything:
   (:data:`~lightllm.server.http.health.PROBE_PATHS`) is answered here, whatever the loop is
   doing; every other connection is handed to the loop with the bytes read so far, and the
   request-head deadline (``--http_header_timeout``) keeps running from its arrival;
+* what it answers is what the app would: a probe head the protocol's parser refuses gets that
+  parser's 400, a probe the app would refuse or one followed by a pipelined request goes to the
+  loop, and every answer to a request carries the CORS headers of the app's CORS layer
+  (``allowed_origins``, :mod:`.cors`);
 * an answer the front door gives itself (a probe, a refusal, a 408) is followed by reading and
   discarding the client's input until it closes (:mod:`.lingering_sockets`), so a client refused
   before it sent its request reads the 503 instead of a connection reset;
@@ -42,7 +46,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lightllm.server.http.accept_pause import AcceptPause
 from lightllm.server.http.connection_book import ConnectionBook
@@ -86,10 +90,12 @@ class FrontDoor:
     loop, once uvicorn runs), :meth:`stop_serving` (uvicorn shuts down), :meth:`close`.
     """
 
-    def __init__(self, sockets: List[socket.socket], limits: HttpLimits, auth: AuthPolicy) -> None:
+    def __init__(self, sockets: List[socket.socket], limits: HttpLimits, auth: AuthPolicy,
+                 allowed_origins: Sequence[str] = ()) -> None:
         self.sockets = sockets
         self.limits = limits
-        self._triage = HeadTriage(limits, auth)
+        # allowed_origins (--allowed_origins): the app's CORS policy, which this thread's answers follow too.
+        self._triage = HeadTriage(limits, auth, allowed_origins)
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()  # guards the state, readiness and heartbeat below
         self._book = ConnectionBook(limits)
@@ -283,7 +289,8 @@ class FrontDoor:
         except OSError:
             pass
         try:
-            sock.send(raw_response(answer.status, answer.body, answer.head_only))  # small: fits an empty socket buffer
+            # Small: fits an empty socket buffer.
+            sock.send(raw_response(answer.status, answer.body, answer.head_only, answer.headers))
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             sock.close()
@@ -343,7 +350,7 @@ def open_front_door(args: Any) -> FrontDoor:
 
     options = HttpServerOptions.from_args(args)
     ensure_file_descriptors(options.limits)
-    door = FrontDoor(bind_listeners(args.host, args.port), options.limits, options.auth)
+    door = FrontDoor(bind_listeners(args.host, args.port), options.limits, options.auth, options.allowed_origins)
     # Until the supervisor takes over (SupervisedServer), a dead front door ends the start-up the
     # way a stop signal does, with the launcher's cleanup; the model may take minutes to load.
     door.set_death_handler(stop_own_process)

@@ -3,19 +3,28 @@
 Kept apart from the thread and selector that move bytes (:mod:`.front_door`) so that the rules a
 connection meets before the event loop sees it read in one place and can be tested without a
 socket. One call per read: the answer is to wait for more bytes, to answer here (a probe, a
-refusal, an oversized head) or to hand the connection to the loop.
+refusal, an oversized head) or to hand the connection to the loop. What it answers is what the app
+would answer: a probe's head is read with the loop's own HTTP parser (:mod:`.head_check`), and an
+answer to a request carries the headers of the app's CORS layer (:mod:`.cors`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
+import h11
+
+from lightllm.server.http.cors import CorsHeaders
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.head_check import invalid_request_body, parse_head
 from lightllm.server.http.health import LoopHeartbeat, Readiness, health_answer, stopping_reason
 from lightllm.server.http.probe_parsing import (MAX_HEAD_BYTES, head_end, head_headers, health_path, may_be_health,
                                                request_line, target_path)
+from lightllm.server.http.request_guard import header_refusal
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
+
+HeaderPairs = Tuple[Tuple[bytes, bytes], ...]
 
 
 @dataclass(frozen=True)
@@ -25,12 +34,14 @@ class Wait:
 
 @dataclass(frozen=True)
 class Answer:
-    """Answer here and close; ``refusal`` (a code) is counted in the refusal log when set."""
+    """Answer here and close; ``refusal`` (a code) is counted in the refusal log when set; ``headers``:
+    the CORS headers the app would have put on it (none for a head the app never reads as a request)."""
 
     status: int
     body: Dict[str, Any]
     head_only: bool = False
     refusal: Optional[str] = None
+    headers: HeaderPairs = ()
 
 
 @dataclass(frozen=True)
@@ -51,14 +62,16 @@ class DoorState:
 
 
 class HeadTriage:
-    """Decides a connection's :data:`Verdict` from its head's bytes; holds the key sets it checks."""
+    """Decides a connection's :data:`Verdict` from its head's bytes; holds the key sets it checks and
+    the app's CORS policy (``allowed_origins``: ``--allowed_origins``) its answers follow."""
 
-    def __init__(self, limits: HttpLimits, auth: AuthPolicy) -> None:
+    def __init__(self, limits: HttpLimits, auth: AuthPolicy, allowed_origins: Sequence[str] = ()) -> None:
         from lightllm.server.http.auth import KeySet
 
         self.limits = limits
         self._client_keys = KeySet((*auth.api_keys, *auth.admin_keys)) if auth.requires_key else None
         self._cluster_key = KeySet([auth.cluster_key]) if auth.cluster_key else None
+        self._cors = CorsHeaders(allowed_origins)
 
     def verdict(self, data: bytes, reserve: bool, state: Callable[[], DoorState],
                 reserve_can_serve: Callable[[], bool]) -> Verdict:
@@ -71,32 +84,65 @@ class HeadTriage:
         # A complete head counts as much as one still arriving (probes included): the limit is on
         # the head, not on how it was sent; the loop's protocol applies it to the heads it reads.
         if (end if head_complete else len(data)) > MAX_HEAD_BYTES:
-            message = f"Invalid HTTP request: its head is larger than {MAX_HEAD_BYTES // 1024} KiB"
-            return Answer(400, error_body(message, INVALID_REQUEST, None, "invalid_http_request"))
+            return Answer(400, invalid_request_body(f"its head is larger than {MAX_HEAD_BYTES // 1024} KiB"))
         path = health_path(data)
         if path is not None:
-            now = state()
-            status, body = health_answer(path, now.readiness, now.heartbeat)
-            return Answer(status, body, head_only=data.startswith(b"HEAD "))
-        if may_be_health(data) or (reserve and not head_complete):
+            probe = self._probe(data, path, reserve, state)
+            if probe is not None:
+                return probe
+        elif may_be_health(data) or (reserve and not head_complete):
             return Wait()
         now = state()
+        if now.phase != "serving" and not head_complete:
+            return Wait()  # its answer carries the CORS headers of its Origin: read the whole head first
         if now.phase == "starting":
-            return Answer(503, error_body("The server is starting (loading the model); retry later",
-                                          SERVICE_UNAVAILABLE, None, "server_starting"))
+            return self._answer(503, error_body("The server is starting (loading the model); retry later",
+                                                SERVICE_UNAVAILABLE, None, "server_starting"), data)
         if now.phase != "serving":
             code, message = stopping_reason(now.readiness)
-            return Answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code))
+            return self._answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code), data)
         if reserve and not self.authenticated(data):
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
                        "(--http_max_connections); retry later (requests with an API key are still served)")
-            return self._full(message)
+            return self._full(message, data)
         if reserve and not reserve_can_serve():
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
                        f"(--http_max_connections) and serves {self.limits.reserve_connections} more from its "
                        "reserve; retry later")
-            return self._full(message)
+            return self._full(message, data)
         return HandOff()
+
+    def _probe(self, data: bytes, path: str, reserve: bool, state: Callable[[], DoorState]) -> Optional[Verdict]:
+        """The verdict for a complete probe head; None when the app would not serve it as a probe
+        (it refuses one of its headers), so it takes the path of any other request."""
+        head = parse_head(data)
+        if head is None:
+            return None
+        if head.request is None:
+            # What the loop's protocol answers the same bytes (it sends no CORS headers either).
+            return Answer(400, invalid_request_body(head.refusal or "malformed"))
+        request = head.request
+        method = request.method.decode("ascii")
+        scope = {"type": "http", "method": method, "path": path, "headers": list(request.headers),
+                 "query_string": request.target.partition(b"?")[2]}
+        if header_refusal(scope) is not None:
+            return None
+        now = state()
+        if head.rest and now.phase == "serving" and not reserve:
+            # More follows the probe (pipelined requests, a body): the loop serves them all in turn;
+            # answered here, they would be cut off by the probe's close.
+            return HandOff()
+        status, body = health_answer(path, now.readiness, now.heartbeat)
+        return Answer(status, body, head_only=method == "HEAD", headers=self._cors_headers(request))
+
+    def _cors_headers(self, request: h11.Request) -> HeaderPairs:
+        return tuple(self._cors.for_request(request.method.decode("ascii"), list(request.headers)))
+
+    def _answer(self, status: int, body: Dict[str, Any], data: bytes, refusal: Optional[str] = None) -> Answer:
+        """An answer to the complete head in ``data``, with the CORS headers the app would add to it."""
+        head = parse_head(data) if self._cors.enabled else None
+        headers = self._cors_headers(head.request) if head is not None and head.request is not None else ()
+        return Answer(status, body, refusal=refusal, headers=headers)
 
     def authenticated(self, data: bytes) -> bool:
         """True if the head carries a client key, or the cluster key on a ``/pd/`` path."""
@@ -110,10 +156,9 @@ class HeadTriage:
             return self._cluster_key.contains(token)
         return self._client_keys is not None and self._client_keys.contains(token)
 
-    @staticmethod
-    def _full(message: str) -> Answer:
+    def _full(self, message: str, data: bytes) -> Answer:
         code = "too_many_connections"
-        return Answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code), refusal=code)
+        return self._answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code), data, refusal=code)
 
 
 def request_head_timeout(seconds: float) -> Answer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from http import HTTPStatus
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightllm.server.http.absolute_form import origin_form_path
 from lightllm.server.http.health import PROBE_PATHS
@@ -78,10 +78,12 @@ def head_headers(data: bytes) -> List[Tuple[bytes, bytes]]:
     return headers
 
 
-def raw_response(status: int, body: Dict[str, Any], head_only: bool = False) -> bytes:
-    """A complete HTTP/1.1 JSON answer that closes the connection."""
+def raw_response(status: int, body: Dict[str, Any], head_only: bool = False,
+                 headers: Sequence[Tuple[bytes, bytes]] = ()) -> bytes:
+    """A complete HTTP/1.1 JSON answer that closes the connection; ``headers``: more header lines (CORS)."""
     payload = json.dumps(body).encode("utf-8")
     extra = retry_after_head_lines(status, body_error_code(body))
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(payload)}\r\n{extra}connection: close\r\n\r\n").encode("ascii")
+            f"content-length: {len(payload)}\r\n{extra}").encode("ascii")
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"connection: close\r\n\r\n"
     return head if head_only else head + payload

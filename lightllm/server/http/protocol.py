@@ -61,6 +61,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.head_check import invalid_request_body
 from lightllm.server.http.head_limited_connection import HeadLimitedConnection
 from lightllm.server.http.log_throttle import IntervalGate
 from lightllm.server.http.retry_after import retry_after_head_lines
@@ -282,9 +283,7 @@ class GuardedH11Protocol(H11Protocol):
             # server does not read past a request that said close.
             self._ignore_input = True
             return
-        reason = self.conn.refusal_reason or "malformed"
-        body = json.dumps(error_body(f"Invalid HTTP request: {reason}", INVALID_REQUEST, None,
-                                     "invalid_http_request")).encode("utf-8")
+        body = json.dumps(invalid_request_body(self.conn.refusal_reason or "malformed")).encode("utf-8")
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
         self._cancel_head_timer()

@@ -67,11 +67,11 @@ def test_an_oversized_head_is_a_400_naming_the_limit() -> None:
 
 def test_probes_are_answered_here_in_every_phase_and_head_gets_no_body() -> None:
     for phase in ("starting", "serving", "stopping"):
-        verdict = _verdict(b"GET /health HTTP/1.1\r\n\r\n", phase=phase)
+        verdict = _verdict(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", phase=phase)
         assert isinstance(verdict, Answer) and not verdict.head_only
-    head = _verdict(b"HEAD /health HTTP/1.1\r\n\r\n")
+    head = _verdict(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
     assert isinstance(head, Answer) and head.head_only and head.refusal is None
-    starting = _verdict(b"GET /health HTTP/1.1\r\n\r\n", readiness=starting_readiness)
+    starting = _verdict(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", readiness=starting_readiness)
     assert isinstance(starting, Answer) and starting.status == 503
 
 
@@ -121,7 +121,7 @@ def test_an_absolute_form_target_is_read_by_its_path_here_too() -> None:
     # The app routes GET http://host/health/live by its path; the front door, which answers probes
     # while the server starts or stops and judges the reserve's keys, read the whole URL.
     for phase in ("starting", "stopping"):
-        verdict = _verdict(b"GET http://x:8000/health/live?probe=1 HTTP/1.1\r\n\r\n", phase=phase)
+        verdict = _verdict(b"GET http://x:8000/health/live?probe=1 HTTP/1.1\r\nHost: x\r\n\r\n", phase=phase)
         assert isinstance(verdict, Answer) and verdict.status == 200, phase
     pd_head = b"POST HTTP://x/pd/register HTTP/1.1\r\nAuthorization: Bearer %s\r\n\r\n"
     assert isinstance(_verdict(pd_head % b"cluster-key", reserve=True), HandOff)
