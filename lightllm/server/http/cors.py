@@ -14,6 +14,7 @@ layer, run on the same request, so they are what the app would have sent.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Coroutine, Dict, List, Optional, Sequence, Tuple
 
 from starlette.datastructures import Headers
@@ -27,6 +28,7 @@ _WHAT = {"origin": "the origin is not in --allowed_origins", "method": "the meth
          "headers": "a requested header is not allowed", "private-network": "private network access is not allowed"}
 
 HeaderList = List[Tuple[bytes, bytes]]
+logger = logging.getLogger(__name__)
 
 
 def cors_options(allowed_origins: Sequence[str]) -> Optional[Dict[str, Any]]:
@@ -80,6 +82,7 @@ class CorsHeaders:
     def __init__(self, allowed_origins: Sequence[str]) -> None:
         options = cors_options(allowed_origins)
         self._layer = None if options is None else JsonErrorCorsMiddleware(_answer_without_headers, **options)
+        self._failure_logged = False
 
     @property
     def enabled(self) -> bool:
@@ -87,9 +90,23 @@ class CorsHeaders:
         return self._layer is not None
 
     def for_request(self, method: str, headers: Sequence[Tuple[bytes, bytes]]) -> HeaderList:
-        """What the layer puts on an answer (with no ``Vary`` of its own) to ``method`` with request ``headers``."""
+        """What the layer puts on an answer (with no ``Vary`` of its own) to ``method`` with request ``headers``.
+
+        Never raises: a failure of the layer (a Starlette version it was not tried with) gives no
+        headers and is logged once; CORS headers are never worth a front door.
+        """
         if self._layer is None:
             return []
+        try:
+            return self._added(method, headers)
+        except Exception:  # noqa: BLE001 - any failure of the layer
+            if not self._failure_logged:
+                self._failure_logged = True
+                logger.exception("the CORS layer failed on a front door answer; answering without CORS headers")
+            return []
+
+    def _added(self, method: str, headers: Sequence[Tuple[bytes, bytes]]) -> HeaderList:
+        assert self._layer is not None
         scope = {"type": "http", "method": method, "headers": [(name.lower(), value) for name, value in headers]}
         added: HeaderList = []
 
@@ -99,5 +116,13 @@ class CorsHeaders:
         async def receive() -> Dict[str, Any]:
             return {"type": "http.disconnect"}
 
-        _run_at_once(self._layer.simple_response(scope, receive, keep, request_headers=Headers(scope=scope)))
+        request_headers = Headers(scope=scope)
+        if (request_headers.get("origin") is not None and method == "OPTIONS"
+                and "access-control-request-method" in request_headers):
+            # Shaped as a preflight: the headers of a plain answer (the layer's own call would answer it).
+            _run_at_once(self._layer.simple_response(scope, receive, keep, request_headers=request_headers))
+        else:
+            # The layer's own entry, as the app runs it: a request without Origin passes Starlette 0.x's
+            # layer untouched (its simple_response would fail on it), and gets Vary: Origin from 1.x's.
+            _run_at_once(self._layer(scope, receive, keep))
         return added

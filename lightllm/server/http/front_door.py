@@ -19,14 +19,15 @@ limits before a connection costs the loop anything:
   doing; every other connection is handed to the loop with the bytes read so far, and the
   request-head deadline (``--http_header_timeout``) keeps running from its arrival;
 * what it answers is what the app would: a probe head the protocol's parser refuses gets that
-  parser's 400, a probe the app would refuse or one followed by a pipelined request goes to the
-  loop, and every answer to a request carries the CORS headers of the app's CORS layer
+  parser's 400, a probe the app would refuse, one followed by a pipelined request or one whose
+  head is too large to parse here cheaply (:func:`~.head_check.small_head`) goes to the loop, and every answer to a request carries the CORS headers of the app's CORS layer
   (``allowed_origins``, :mod:`.cors`);
 * an answer the front door gives itself (a probe, a refusal, a 408) is followed by reading and
   discarding the client's input until it closes (:mod:`.lingering_sockets`), so a client refused
   before it sent its request reads the 503 instead of a connection reset;
 * while the model loads the port already listens: probes get their answer (live 200, ready 503
-  ``server_starting``), other requests 503 ``server_starting``; once uvicorn stops, 503
+  ``server_starting``), other requests 503 ``server_starting`` once their head is complete (or
+  their client half-closes before it is; 408 if it does not arrive in time); once uvicorn stops, 503
   ``server_shutting_down``.
 
 What each connection meets is decided by :mod:`.head_triage` from the bytes read so far; this
@@ -241,7 +242,12 @@ class FrontDoor:
         except OSError:
             chunk = b""
         if not chunk:
-            self._drop(pending)
+            # The client sent all it will: a partial head gets the 503 while starting or stopping.
+            answer = self._triage.at_eof(bytes(pending.data), pending.reserve, self._door_state)
+            if answer is None:
+                self._drop(pending)
+            else:
+                self._finish(pending, answer)
             return
         pending.data += chunk
         data = bytes(pending.data)

@@ -20,6 +20,17 @@ from lightllm.server.http.errors import INVALID_REQUEST, error_body
 from lightllm.server.http.head_limited_connection import HeadLimitedConnection
 
 
+# The heads the front door reads with the parser: a real probe's is a few hundred bytes; a larger one
+# (16 KiB of tiny headers took the parser 8 ms) would hold up every probe behind it.
+SMALL_HEAD_BYTES = 2048
+SMALL_HEAD_LINES = 32  # header lines
+
+
+def small_head(data: bytes, end: int) -> bool:
+    """True if the complete head ending at ``end`` in ``data`` is small enough to be parsed on the front door."""
+    return end <= SMALL_HEAD_BYTES and data.count(b"\n", 0, end) <= SMALL_HEAD_LINES + 2
+
+
 @dataclass(frozen=True)
 class ParsedHead:
     """A complete head as the protocol reads it: the request, or why it answers 400."""

@@ -17,10 +17,10 @@ import h11
 
 from lightllm.server.http.cors import CorsHeaders
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
-from lightllm.server.http.head_check import invalid_request_body, parse_head
+from lightllm.server.http.head_check import invalid_request_body, parse_head, small_head
 from lightllm.server.http.health import LoopHeartbeat, Readiness, health_answer, stopping_reason
-from lightllm.server.http.probe_parsing import (MAX_HEAD_BYTES, head_end, head_headers, health_path, may_be_health,
-                                               request_line, target_path)
+from lightllm.server.http.probe_parsing import (MAX_HEAD_BYTES, cors_request_headers, head_end, head_headers,
+                                               health_path, may_be_health, request_line, target_path)
 from lightllm.server.http.request_guard import header_refusal
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
 
@@ -95,12 +95,8 @@ class HeadTriage:
         now = state()
         if now.phase != "serving" and not head_complete:
             return Wait()  # its answer carries the CORS headers of its Origin: read the whole head first
-        if now.phase == "starting":
-            return self._answer(503, error_body("The server is starting (loading the model); retry later",
-                                                SERVICE_UNAVAILABLE, None, "server_starting"), data)
         if now.phase != "serving":
-            code, message = stopping_reason(now.readiness)
-            return self._answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code), data)
+            return self._unavailable(now, data)
         if reserve and not self.authenticated(data):
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections "
                        "(--http_max_connections); retry later (requests with an API key are still served)")
@@ -112,9 +108,40 @@ class HeadTriage:
             return self._full(message, data)
         return HandOff()
 
+    def at_eof(self, data: bytes, reserve: bool, state: Callable[[], DoorState]) -> Optional[Answer]:
+        """The answer to a client that closed its sending side after ``data``, an incomplete head; None: drop it.
+
+        While the server starts or stops, the 503 a complete head would get (as it got on its first
+        bytes before the front door waited for whole heads); a probe's beginning, or a connection
+        in the reserve, is dropped, as ever.
+        """
+        if not data or reserve or may_be_health(data):
+            return None
+        now = state()
+        return None if now.phase == "serving" else self._unavailable(now, data)
+
+    def _unavailable(self, now: DoorState, data: bytes) -> Answer:
+        """The 503 while the server starts (``starting``) or stops (any later phase)."""
+        if now.phase == "starting":
+            return self._answer(503, error_body("The server is starting (loading the model); retry later",
+                                                SERVICE_UNAVAILABLE, None, "server_starting"), data)
+        code, message = stopping_reason(now.readiness)
+        return self._answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code), data)
+
     def _probe(self, data: bytes, path: str, reserve: bool, state: Callable[[], DoorState]) -> Optional[Verdict]:
         """The verdict for a complete probe head; None when the app would not serve it as a probe
         (it refuses one of its headers), so it takes the path of any other request."""
+        end = head_end(data)
+        if not small_head(data, end):
+            # Too large to parse here without holding up every probe behind it: the loop's protocol
+            # reads it, if there is a loop to take it; otherwise answered as a probe unparsed.
+            now = state()
+            if now.phase == "serving" and not reserve:
+                return HandOff()
+            status, body = health_answer(path, now.readiness, now.heartbeat)
+            method, headers = cors_request_headers(data)
+            cors = tuple(self._cors.for_request(method, headers))
+            return Answer(status, body, head_only=method == "HEAD", headers=cors)
         head = parse_head(data)
         if head is None:
             return None
@@ -128,7 +155,8 @@ class HeadTriage:
         if header_refusal(scope) is not None:
             return None
         now = state()
-        if head.rest and now.phase == "serving" and not reserve:
+        # Empty lines before a request are ignored (RFC 9112 2.2): a stray CRLF is not a pipelined request.
+        if head.rest.strip(b"\r\n") and now.phase == "serving" and not reserve:
             # More follows the probe (pipelined requests, a body): the loop serves them all in turn;
             # answered here, they would be cut off by the probe's close.
             return HandOff()
@@ -139,9 +167,17 @@ class HeadTriage:
         return tuple(self._cors.for_request(request.method.decode("ascii"), list(request.headers)))
 
     def _answer(self, status: int, body: Dict[str, Any], data: bytes, refusal: Optional[str] = None) -> Answer:
-        """An answer to the complete head in ``data``, with the CORS headers the app would add to it."""
-        head = parse_head(data) if self._cors.enabled else None
-        headers = self._cors_headers(head.request) if head is not None and head.request is not None else ()
+        """An answer to the head in ``data``, with the CORS headers the app would add to it (a small
+        complete head read by the parser: none if it refuses it; any other by its Origin lines)."""
+        headers: HeaderPairs = ()
+        if self._cors.enabled:
+            end = head_end(data)
+            if end >= 0 and small_head(data, end):
+                head = parse_head(data)
+                if head is not None and head.request is not None:
+                    headers = self._cors_headers(head.request)
+            else:
+                headers = tuple(self._cors.for_request(*cors_request_headers(data)))
         return Answer(status, body, refusal=refusal, headers=headers)
 
     def authenticated(self, data: bytes) -> bool:

@@ -104,6 +104,63 @@ def test_requests_pipelined_behind_a_probe_go_to_the_loop_while_it_serves() -> N
     assert isinstance(_verdict(pipelined, ("*",), phase="starting"), Answer)
 
 
+def test_a_large_probe_head_is_read_by_the_loop() -> None:
+    many = b"GET /health/live HTTP/1.1\r\nHost: x\r\n" + b"a: b\r\n" * 2000 + b"\r\n"  # 12 KiB of tiny headers
+    long = b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 3000 + b"\r\n\r\n"
+    malformed = b"GET /health/live HTTP/1.1\r\n" + b"a: b\r\n" * 2000 + b"\r\n"  # no Host: the loop's 400
+    for head in (many, long, malformed):
+        assert isinstance(_verdict(head, ("*",)), HandOff)
+        # No loop to take it (or a reserve place): answered as a probe, its CORS headers from its Origin.
+        starting = _verdict(head[:-2] + b"Origin: " + PAGE.encode() + b"\r\n\r\n", (PAGE,), phase="starting")
+        assert isinstance(starting, Answer) and starting.status == 200
+        assert _cors(starting.headers)["access-control-allow-origin"] == PAGE
+        assert isinstance(_verdict(head, ("*",), reserve=True), Answer)
+
+
+def test_a_stray_line_end_after_a_probe_is_no_pipelined_request() -> None:
+    for rest in (b"\r\n", b"\n", b"\r\n\r\n"):
+        verdict = _verdict(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + rest, ("*",))
+        assert isinstance(verdict, Answer) and verdict.status == 200, rest
+    assert isinstance(_verdict(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n\r\nG", ("*",)), HandOff)
+
+
+def test_a_partial_head_closed_while_starting_or_stopping_gets_the_503() -> None:
+    triage = HeadTriage(LIMITS, AuthPolicy(), (PAGE,))
+    partial = b"POST /generate HTTP/1.1\r\nHost: x\r\nOrigin: " + PAGE.encode() + b"\r\nContent-Le"
+    for phase, code in (("starting", "server_starting"), ("stopping", "server_shutting_down")):
+        readiness = starting_readiness if phase == "starting" else (lambda: None)
+        answer = triage.at_eof(partial, False, lambda: DoorState(phase, readiness, None))
+        assert isinstance(answer, Answer) and answer.status == 503 and answer.body["error"]["code"] == code
+        assert _cors(answer.headers)["access-control-allow-origin"] == PAGE
+    serving = lambda: DoorState("serving", lambda: None, None)  # noqa: E731
+    assert triage.at_eof(partial, False, serving) is None  # as ever: the loop would have had it
+    starting = lambda: DoorState("starting", starting_readiness, None)  # noqa: E731
+    assert triage.at_eof(b"GET /heal", False, starting) is None and triage.at_eof(b"", False, starting) is None
+
+
+def test_a_failing_cors_layer_never_stops_the_front_door(monkeypatch: pytest.MonkeyPatch) -> None:
+    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, AuthPolicy(), (PAGE,))
+
+    def fail(*args, **kwargs):
+        raise KeyError("Origin")  # as Starlette 0.x's layer did on a request without Origin
+
+    monkeypatch.setattr(door._triage._cors._layer, "send", fail)
+    monkeypatch.setattr(door._triage._cors._layer, "simple_response", fail)
+    door.start()
+    try:
+        for origin in (None, PAGE, None):
+            [(status, headers, _)] = _answers(door.port, b"GET /health/live HTTP/1.1\r\nHost: x\r\n"
+                                             + _origin_line(origin) + b"\r\n")
+            assert status == 200 and _cors(headers) == {}
+        with socket.create_connection(("127.0.0.1", door.port), timeout=10) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")
+            sock.shutdown(socket.SHUT_WR)
+            assert b" 503 " in sock.recv(65536).split(b"\r\n", 1)[0]
+        assert door._thread.is_alive()
+    finally:
+        door.close()
+
+
 # ---------------------------------------------------------------- on real sockets
 
 
