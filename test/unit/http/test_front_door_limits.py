@@ -15,16 +15,13 @@ import time
 from typing import Iterator, List, Tuple
 
 import pytest
-import uvicorn
 
 from api_fakes import FakeManager
-from lightllm.server.http.app import create_app
+from uvicorn_in_thread import serving_behind_front_door
 from lightllm.server.http.front_door import FrontDoor
 from lightllm.server.http.probe_parsing import head_headers, health_path, may_be_health
-from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 from lightllm.server.http.listen_sockets import bind_listeners
-from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 
 KEY = "front-door-test-key"
 LIMITS = HttpLimits(header_timeout=20, body_timeout=5, keep_alive_timeout=5, max_connections=6,
@@ -48,21 +45,8 @@ pytestmark = pytest.mark.skipif(not _can_bind_other_peer(), reason="127.0.0.2 is
 def served() -> Iterator[Tuple[FrontDoor, int]]:
     """A front door serving the app on a free port; yields it and the port."""
     options = HttpServerOptions(limits=LIMITS, auth=AuthPolicy(api_keys=(KEY,)))
-    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, options.auth)
-    door.start()
-    manager = FakeManager()
-    config = uvicorn.Config(create_app(manager, options), log_level="error", http=guarded_protocol_class(LIMITS))
-    server = SupervisedServer(config, Supervisor(manager, 0), front_door=door)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not door.serving:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield door, door.port
-    server.should_exit = True
-    thread.join(10)
-    door.close()
+    with serving_behind_front_door(FakeManager(), options) as door:
+        yield door, door.port
 
 
 def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:

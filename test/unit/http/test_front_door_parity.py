@@ -8,23 +8,19 @@ same request as the second on a keep-alive connection is answered by the app.  B
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager
+from uvicorn_in_thread import serving_behind_front_door
 from lightllm.server.http.app import create_app
 from lightllm.server.http.front_door import FrontDoor
 from lightllm.server.http.head_triage import Answer, DoorState, HandOff, HeadTriage
 from lightllm.server.http.health import starting_readiness
 from lightllm.server.http.listen_sockets import bind_listeners
-from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
-from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 
 PAGE = "https://a.example"
 OTHER = "https://b.example"
@@ -167,22 +163,8 @@ def test_a_failing_cors_layer_never_stops_the_front_door(monkeypatch: pytest.Mon
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
     """A front door serving the app (CORS for PAGE only, no keys) on a free port."""
-    options = HttpServerOptions(limits=LIMITS, allowed_origins=(PAGE,))
-    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, options.auth, options.allowed_origins)
-    door.start()
-    manager = FakeManager()
-    config = uvicorn.Config(create_app(manager, options), log_level="error", http=guarded_protocol_class(LIMITS))
-    server = SupervisedServer(config, Supervisor(manager, 0), front_door=door)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not door.serving:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield door.port
-    server.should_exit = True
-    thread.join(10)
-    door.close()
+    with serving_behind_front_door(FakeManager(), HttpServerOptions(limits=LIMITS, allowed_origins=(PAGE,))) as door:
+        yield door.port
 
 
 def _answers(port: int, data: bytes) -> List[Tuple[int, List[Tuple[bytes, bytes]], bytes]]:

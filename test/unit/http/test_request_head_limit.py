@@ -11,23 +11,17 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import time
 from typing import Iterator
 
 import h11
 import pytest
-import uvicorn
 
 from api_fakes import FakeManager
-from lightllm.server.http.app import create_app
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.listen_sockets import bind_listeners
+from uvicorn_in_thread import serving_behind_front_door
 from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
 from lightllm.server.http.head_limited_connection import HeadLimitedConnection
-from lightllm.server.http.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
-from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 
 LIMITS = HttpLimits(header_timeout=20, body_timeout=5, keep_alive_timeout=5, max_connections=20,
                     max_connections_per_client=20)
@@ -112,22 +106,8 @@ def test_follow_up_heads_are_limited_too() -> None:
 @pytest.fixture(scope="module")
 def door_port() -> Iterator[int]:
     """The app behind a front door, as ``api_server`` serves it; yields the port."""
-    options = HttpServerOptions(limits=LIMITS, auth=AuthPolicy())
-    door = FrontDoor(bind_listeners("127.0.0.1", 0), LIMITS, options.auth)
-    door.start()
-    manager = FakeManager()
-    config = uvicorn.Config(create_app(manager, options), log_level="error", http=guarded_protocol_class(LIMITS))
-    server = SupervisedServer(config, Supervisor(manager, 0), front_door=door)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not door.serving:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield door.port
-    server.should_exit = True
-    thread.join(10)
-    door.close()
+    with serving_behind_front_door(FakeManager(), HttpServerOptions(limits=LIMITS, auth=AuthPolicy())) as door:
+        yield door.port
 
 
 def _exchange(port: int, *parts: bytes, pause: float = 0.3) -> bytes:

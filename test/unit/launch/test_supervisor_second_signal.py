@@ -6,39 +6,14 @@ import asyncio
 import logging
 import signal
 import types
-from typing import Optional
 
+from supervisor_test_support import RequestsInFlight
 from lightllm.server.launch.supervisor import SHUTTING_DOWN, Supervisor
 
 
-class TwoRequestsInFlight:
-    """The supervisor's request manager: two requests that end only when failed."""
-
-    def __init__(self) -> None:
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self.refused: Optional[str] = None
-        self.failed_with: Optional[str] = None
-        self._idle = asyncio.Event()
-
-    def refuse_new_requests(self, message: str, code: str) -> None:
-        self.refused = code
-
-    def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
-        self.failed_with = code
-        self._idle.set()
-        return 2
-
-    async def wait_until_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-
 def test_second_signal_logs_the_ended_requests_not_that_every_request_finished(caplog):
-    async def scenario() -> TwoRequestsInFlight:
-        manager = TwoRequestsInFlight()
+    async def scenario() -> RequestsInFlight:
+        manager = RequestsInFlight(2)
         manager.loop = asyncio.get_running_loop()
         supervisor = Supervisor(manager, graceful_shutdown_seconds=30)
         supervisor.server = types.SimpleNamespace(should_exit=False)
@@ -55,7 +30,7 @@ def test_second_signal_logs_the_ended_requests_not_that_every_request_finished(c
 
     with caplog.at_level(logging.INFO, logger="lightllm.supervisor"):
         manager = asyncio.run(asyncio.wait_for(scenario(), 30))
-    assert manager.refused == SHUTTING_DOWN and manager.failed_with == SHUTTING_DOWN
+    assert manager.refused == SHUTTING_DOWN and [code for _, code, _ in manager.failed] == [SHUTTING_DOWN]
     messages = [record.getMessage() for record in caplog.records]
     assert "ended 2 request(s) with an error at shutdown" in messages
     assert "every request finished; shutting down" not in messages

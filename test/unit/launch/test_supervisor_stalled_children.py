@@ -6,40 +6,16 @@ import asyncio
 import logging
 import signal
 import types
-from typing import List, Optional, Tuple
+from typing import Tuple
 
+from supervisor_test_support import RequestsInFlight
 from lightllm.server.launch.supervisor import SERVER_FAILED, SHUTTING_DOWN, Supervisor
 from lightllm.server.launch.watchdog import Stall
 
 
-class OneRequestInFlight:
-    """The supervisor's request manager: one request that ends only when failed."""
-
-    def __init__(self) -> None:
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self.refused: Optional[str] = None
-        self.failed: List[Tuple[str, str, bool]] = []
-        self._idle = asyncio.Event()
-
-    def refuse_new_requests(self, message: str, code: str) -> None:
-        self.refused = code
-
-    def fail_pending(self, message: str, code: str, backend_alive: bool) -> int:
-        self.failed.append((message, code, backend_alive))
-        self._idle.set()
-        return 1
-
-    async def wait_until_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-
-def _run(drain_first: bool, caplog) -> Tuple[Supervisor, OneRequestInFlight]:
-    async def scenario() -> Tuple[Supervisor, OneRequestInFlight]:
-        manager = OneRequestInFlight()
+def _run(drain_first: bool, caplog) -> Tuple[Supervisor, RequestsInFlight]:
+    async def scenario() -> Tuple[Supervisor, RequestsInFlight]:
+        manager = RequestsInFlight(1)
         manager.loop = asyncio.get_running_loop()
         supervisor = Supervisor(manager, graceful_shutdown_seconds=600)
         supervisor.server = types.SimpleNamespace(should_exit=False)
