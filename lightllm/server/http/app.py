@@ -111,6 +111,9 @@ class NativeEndpoints:
             router.add_api_route(path, self.health, methods=["GET"])
             router.add_api_route(path, self.health, methods=["HEAD"], include_in_schema=False)
         router.add_api_route("/metrics", self.metrics, methods=["GET"])
+        # HEAD beside GET on every read-only path (RFC 9110 9.1: general-purpose servers support it;
+        # monitors and proxies check a path with it); HEAD is left out of the schema, as on /health.
+        router.add_api_route("/metrics", self.metrics, methods=["HEAD"], include_in_schema=False)
         return router
 
     async def health(self, request: Request) -> Response:

@@ -112,9 +112,11 @@ class OpenAIEndpoints:
         """An APIRouter with every OpenAI route."""
         router = APIRouter(route_class=JSONErrorRoute)
         router.add_api_route("/v1/models", self.list_models, methods=["GET"])
+        router.add_api_route("/v1/models", self.list_models, methods=["HEAD"], include_in_schema=False)
         # model_id: a path (a served name may hold '/'), never empty: /v1/models/ is an unknown path for
         # every method (with {model_id:path} it matched, so DELETE got a 405 advertising GET, and GET a 404).
         router.add_api_route("/v1/models/{model_id:model_id}", self.get_model, methods=["GET"])
+        router.add_api_route("/v1/models/{model_id:model_id}", self.get_model, methods=["HEAD"], include_in_schema=False)
         router.add_api_route("/v1/completions", self.completions, methods=["POST"],
                              openapi_extra=request_body(CompletionRequest, streams=True))
         router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],

@@ -29,6 +29,7 @@ class ServiceEndpoints:
         """An APIRouter with ``GET /version`` and ``GET``/``HEAD``/``POST /ping``."""
         router = APIRouter(route_class=JSONErrorRoute)
         router.add_api_route(VERSION_PATH, self.version, methods=["GET"])
+        router.add_api_route(VERSION_PATH, self.version, methods=["HEAD"], include_in_schema=False)
         # One route per method, so each has an OpenAPI operation id of its own.
         for method in ("GET", "POST"):
             router.add_api_route(PING_PATH, self.ping, methods=[method])

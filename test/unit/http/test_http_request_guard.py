@@ -99,7 +99,17 @@ def test_405_lists_the_allowed_methods(client: TestClient) -> None:
     assert_error(response, 405, code="method_not_allowed")
     assert response.headers["allow"] == "GET, HEAD"
     assert client.get("/v1/chat/completions").headers["allow"] == "POST"
-    assert client.delete(f"/v1/models/{MODEL}").headers["allow"] == "GET"
+    assert client.delete(f"/v1/models/{MODEL}").headers["allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("path", ["/v1/models", f"/v1/models/{MODEL}", "/metrics", "/version"])
+def test_every_read_only_path_answers_head_as_its_get_without_a_body(client: TestClient, path: str) -> None:
+    """RFC 9110 9.1: a general-purpose server supports HEAD; it was a 405 'Allow: GET' on these paths."""
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert client.head("/v1/models/no-such-model").status_code == 404
+    assert client.post(path).headers["allow"] == "GET, HEAD"
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "DELETE", "PUT", "OPTIONS", "POST"])

@@ -66,6 +66,10 @@ def test_without_a_cluster_key_cluster_paths_follow_the_client_key_rule() -> Non
     assert _client(open_app, None).get("/pd/nodes").status_code == 200
     keyed = _app(AuthPolicy(api_keys=(USER,)))
     assert_error(_client(keyed, None).get("/pd/nodes"), 401, code="missing_api_key")
+    # HEAD as on every read-only path: GET's status and headers without the body, the same key rule.
+    head = _client(open_app, None).head("/pd/nodes")
+    assert head.status_code == 200 and head.content == b""
+    assert _client(keyed, None).head("/pd/nodes").status_code == 401
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -206,6 +206,7 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
     router.add_api_route(HEARTBEAT_PATH, heartbeat, methods=["POST"])
     router.add_api_route(DEREGISTER_PATH, deregister, methods=["POST"])
     router.add_api_route(NODES_PATH, nodes, methods=["GET"])
+    router.add_api_route(NODES_PATH, nodes, methods=["HEAD"], include_in_schema=False)
     return router
 
 
