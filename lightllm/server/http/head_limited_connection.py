@@ -1,5 +1,5 @@
 """The h11 connection of the guarded HTTP/1.1 protocol: a request-head size limit on every head,
-complete or not, and the reason h11 refused a request, for the 400 to name.
+complete or not, HTTP/1.x request lines only, and the reason a request was refused, for the answer to name.
 
 Split from :mod:`lightllm.server.http.protocol`, which answers what this connection refuses.
 """
@@ -49,6 +49,8 @@ class HeadLimitedConnection(h11.Connection):
         self.data_after_close = False
         # What h11 found wrong with the request (its error's text), for the 400 to name.
         self.refusal_reason: Optional[str] = None
+        # The status of that refusal's answer: 400, or 505 for a version other than HTTP/1.x.
+        self.refusal_status = 400
 
     def receive_data(self, data: bytes) -> None:
         """Feed bytes from the socket (``b""`` at end of input)."""
@@ -86,7 +88,21 @@ class HeadLimitedConnection(h11.Connection):
         if isinstance(event, h11.Request):
             self._head.clear()
             self._searched = 0
+            self._check_version(event.http_version)
         return event
+
+    def _check_version(self, version: bytes) -> None:
+        """Refuse a request line of another major version than 1 (RFC 9110 section 15.6.6: 505).
+
+        h11 parses any ``HTTP/d.d``: an ``HTTP/2.0`` or ``HTTP/0.9`` request line was served as
+        HTTP/1.1, whose framing the client may not be using (an HTTP/2 client sends a binary
+        preface, not a request line; a 0.9 client expects no status line).
+        """
+        if not version.startswith(b"1."):
+            self.refusal_status = 505
+            self.refusal_reason = (f"HTTP/{version.decode('ascii', 'replace')} is not supported; "
+                                   "this server speaks HTTP/1.1 (and 1.0)")
+            raise h11.RemoteProtocolError(self.refusal_reason, error_status_hint=505)
 
     def _skip_empty_lines(self) -> None:
         """Drop empty lines received where a request line is due (RFC 9112 section 2.2: ignore them).

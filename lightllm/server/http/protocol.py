@@ -287,7 +287,9 @@ class GuardedH11Protocol(H11Protocol):
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
         self._cancel_head_timer()
-        self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
+        status = self.conn.refusal_status
+        reason = http.HTTPStatus(status).phrase.encode("ascii")
+        self.transport.write(self.conn.send(h11.Response(status_code=status, headers=headers, reason=reason)))
         self.transport.write(self.conn.send(h11.Data(data=body)))
         self.transport.write(self.conn.send(h11.EndOfMessage()))
         # The rest of an oversized head may still be arriving: closing with it unread would reset

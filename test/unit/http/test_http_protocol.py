@@ -192,6 +192,26 @@ def test_a_malformed_request_is_told_what_is_wrong(server_url: str, head: bytes,
 
 
 
+@pytest.mark.parametrize("version", ["2.0", "3.0", "0.9"])
+def test_a_request_line_of_another_http_version_gets_505(server_url: str, version: str) -> None:
+    """h11 parses any HTTP/d.d: an HTTP/2.0 request line was answered as if it were HTTP/1.1."""
+    with socket.create_connection(_address(server_url)) as sock:
+        sock.sendall(f"GET /v1/models HTTP/{version}\r\nHost: a\r\n\r\n".encode())
+        answer = _read_until_closed(sock, 10)
+    status, error = _json_error(answer)
+    assert answer.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n")
+    assert status == 505 and error["message"] == (
+        f"Invalid HTTP request: HTTP/{version} is not supported; this server speaks HTTP/1.1 (and 1.0)")
+
+
+def test_http_1_0_and_later_1_x_minor_versions_are_served(server_url: str) -> None:
+    for version in ("1.0", "1.1", "1.2"):
+        with socket.create_connection(_address(server_url)) as sock:
+            sock.sendall(f"GET /v1/models HTTP/{version}\r\nHost: a\r\nConnection: close\r\n\r\n".encode())
+            answer = _read_until_closed(sock, 10)
+        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 200 OK", (version, answer[:200])
+
+
 class _PeerGoneTransport(asyncio.Transport):
     """A connection whose peer reset it between the answer's write and the half-close (a real race
     on a busy machine: the client read the 400 and closed first)."""
