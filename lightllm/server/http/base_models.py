@@ -109,6 +109,11 @@ class StrictModel(BaseModel):
         """Cross-field checks that pydantic field validators cannot name a param for."""
 
 
+# Keywords that refuse null whatever the anyOf beside them allows (the others constrain only the
+# types they name: maximum, items, propertyNames ...).
+_NULL_REFUSING_KEYWORDS = frozenset({"type", "const", "enum", "allOf", "oneOf", "not", "$ref"})
+
+
 def _nullable_optional_properties(schema: dict[str, Any]) -> None:
     """Mark every optional property nullable: the models drop null fields before validating."""
     required = set(schema.get("required", ()))
@@ -116,7 +121,9 @@ def _nullable_optional_properties(schema: dict[str, Any]) -> None:
         if name in required:
             continue
         options = prop.get("anyOf")
-        if options is not None:
+        # A keyword beside the anyOf that null fails (a field's extra schema, "type": "array" on
+        # tools) would refuse the null the anyOf allows: such a property is wrapped whole below.
+        if options is not None and not _NULL_REFUSING_KEYWORDS & prop.keys():
             if {"type": "null"} not in options:
                 options.append({"type": "null"})
             continue
