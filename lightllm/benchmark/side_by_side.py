@@ -49,8 +49,10 @@ from lightllm.benchmark.side_by_side_cases import ENGINES, WARMUP_SEED_OFFSET, C
 from lightllm.benchmark.side_by_side_checks import (
     check_cases_fit,
     check_client_lengths,
+    check_peer_runs,
     check_seeds,
     check_server_args,
+    exit_description,
 )
 from lightllm.benchmark.special_tokens import tokenizer_special_tokens
 from lightllm.utils.free_ports import free_port
@@ -172,7 +174,8 @@ def _run_client(command: List[str], log: Path, what: str) -> None:
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log.write_text(done.stdout)
     if done.returncode != 0:
-        raise RuntimeError(f"client failed on {what}: {_error_line(done.stdout)} (log {log})")
+        said = _error_line(done.stdout) if done.stdout.strip() else f"it {exit_description(done.returncode)}"
+        raise RuntimeError(f"client failed on {what}: {said} (log {log})")
 
 
 def markdown_table(cases: Sequence[Case], runs: Sequence[Dict[str, object]]) -> str:
@@ -253,6 +256,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     vllm_bin = Path(args.peer_dir) / "venv-vllm" / "bin" / "vllm"
     if not vllm_bin.is_file():
         parser.error(f"{vllm_bin} not found: run shared/peer/setup_vllm_cpu.sh first (the client is vLLM's)")
+    try:
+        check_peer_runs(vllm_bin)
+    except ValueError as error:
+        parser.error(str(error))
     scripts = Path(args.peer_scripts)
     if any(e != "ours" for e in engines) and not (scripts / "serve_vllm.sh").is_file():
         parser.error(f"--peer_scripts {scripts}: no serve_vllm.sh there")

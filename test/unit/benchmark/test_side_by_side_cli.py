@@ -114,9 +114,7 @@ def test_a_server_that_refuses_to_start_leaves_its_log_named_and_readable(tmp_pa
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{not json")
-    client = tmp_path / "peer" / "venv-vllm" / "bin" / "vllm"
-    client.parent.mkdir(parents=True)
-    client.write_text("#!/bin/sh\nexit 1\n")
+    _fake_peer(tmp_path / "peer", '[ "$1" = --version ] && exit 0; exit 1')
     status = side_by_side.main(["--model_dir", str(model_dir), "--engines", "ours", "--cases", "2x8x4",
                                 "--peer_dir", str(tmp_path / "peer")])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
@@ -127,3 +125,35 @@ def test_a_server_that_refuses_to_start_leaves_its_log_named_and_readable(tmp_pa
         assert log.parent == kept and "config.json" in log.read_text()
     finally:
         shutil.rmtree(kept, ignore_errors=True)
+
+
+def _fake_peer(peer_dir: Path, script: str) -> Path:
+    """A ``venv-vllm/bin/vllm`` under ``peer_dir`` that runs ``script`` (sh)."""
+    vllm = peer_dir / "venv-vllm" / "bin" / "vllm"
+    vllm.parent.mkdir(parents=True)
+    vllm.write_text("#!/bin/sh\n" + script + "\n")
+    vllm.chmod(vllm.stat().st_mode | stat.S_IXUSR)
+    return vllm
+
+
+def test_a_peer_this_cpu_cannot_run_is_refused_before_any_engine(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    """vLLM's CPU build dies of SIGILL at import on a CPU without AVX-512: that was "client failed:
+    (no output)" at the first warm-up, after our server had loaded."""
+    _fake_peer(tmp_path, "kill -ILL $$")
+    line = _refusal(["--cases", "2x8x4", "--peer_dir", str(tmp_path)], tiny_llama_dir, monkeypatch, capsys)
+    assert "vllm --version died of SIGILL, an illegal instruction: the build uses CPU instructions this machine lacks" in line, line
+    assert "nothing can be measured with it" in line, line
+
+
+def test_a_peer_that_fails_says_its_last_line(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    _fake_peer(tmp_path, "echo 'ImportError: no module named vllm._C'; exit 3")
+    line = _refusal(["--cases", "2x8x4", "--peer_dir", str(tmp_path)], tiny_llama_dir, monkeypatch, capsys)
+    assert "--version exited with 3: ImportError: no module named vllm._C;" in line, line
+
+
+def test_a_client_that_dies_silently_is_named_by_its_end(tmp_path):
+    script = tmp_path / "client"
+    script.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(RuntimeError, match=r"client failed on warm-up: it died of SIGSEGV \(log "):
+        side_by_side._run_client([str(script)], tmp_path / "client.log", "warm-up")
