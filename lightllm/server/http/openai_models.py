@@ -284,7 +284,10 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, **stored_bounds("max_new_tokens"))
+    # Below 1 is refused by _check_max_completion_tokens in max_tokens' words (pydantic's own
+    # "Input should be greater than or equal to 1" read unlike max_tokens' "must be >= 1, got 0").
+    max_completion_tokens: int | None = Field(default=None, json_schema_extra={
+        "minimum": 1, **stored_bounds("max_new_tokens")["json_schema_extra"]})
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     # Checked (with the server's --tool_call_parser) by lightllm.server.http.tool_calls.request.plan_tool_calls.
@@ -302,6 +305,13 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     echo: bool = False
     # vLLM's (reasoning text left out of the answer): only true, see VLLM_DEFAULT_ONLY_FIELDS.
     include_reasoning: Literal[True] = True
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _check_max_completion_tokens(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"must be >= 1, got {value}")
+        return value
 
     @field_validator("include_reasoning", mode="before")
     @classmethod

@@ -92,6 +92,15 @@ def test_max_tokens_below_one_is_refused_with_the_whole_rule(client: TestClient,
     assert manager.calls == []
 
 
+@pytest.mark.parametrize("value", [-1, 0])
+def test_max_completion_tokens_below_one_reads_as_max_tokens(client: TestClient, manager: FakeManager,
+                                                             value: int) -> None:
+    """It said pydantic's "Input should be greater than or equal to 1" beside max_tokens' wording."""
+    error = assert_error(chat(client, max_completion_tokens=value), 400, "max_completion_tokens")
+    assert error["message"] == f"Invalid value for 'max_completion_tokens': must be >= 1, got {value}"
+    assert manager.calls == []
+
+
 @pytest.mark.parametrize(
     ("parameters", "param"),
     [
