@@ -210,14 +210,21 @@ class StepEngine:
         step: its last chunk would otherwise reach the cache only when the request ends, and
         the requests waiting for that chunk (the planner's ``defer_repeated_chunks``) would
         compute it again.  Decoding requests are not visited after that (a lookup per token).
+
+        Every visited request is looked at twice: all publish (and adopt) first, then each adopts
+        what requests visited after it published.  In one pass a request deferred for a chunk
+        planned for a request after it in admission order (a strategy ordered that one first) looked
+        before the chunk was published, and then computed the same tokens itself a step later.
         """
-        for req in ready:
-            if req.state is _DECODING and len(req.output_ids) != 1:
-                continue
-            gained = self.kv.share_prefix(req)
-            if gained and not req.output_ids:
-                req.prompt_cache_len = min(req.input_len, req.prompt_cache_len + gained)
-                report.prompt_cache_grown.append(req)
+        visited = [req for req in ready if req.state is not _DECODING or len(req.output_ids) == 1]
+        grown: Dict[int, InferReq] = {}
+        for _ in range(2):
+            for req in visited:
+                gained = self.kv.share_prefix(req)
+                if gained and not req.output_ids:
+                    req.prompt_cache_len = min(req.input_len, req.prompt_cache_len + gained)
+                    grown[req.request_id] = req
+        report.prompt_cache_grown.extend(grown.values())
 
     def classify(self, ready: List[InferReq]) -> ClassifiedRequests:
         """Split ``ready`` into decode and prefill requests with this mode's classifier.
@@ -268,7 +275,10 @@ class StepEngine:
         run them in one forward, take the results.
 
         The strategy's overtaking bound is charged here, when the step is submitted, so it sees
-        exactly the prefill work that ran (on every TP rank alike); decode rows overtake nobody.
+        exactly the prefill work that ran (on every TP rank alike); decode rows overtake nobody,
+        and a deferred request (its chunk fit, it waits to take it from the cache) is not charged:
+        the budget it left went to others by its own choice, and it advances by those tokens next
+        step as if it had computed them.
         """
         chunks = [*decode_rows, *plan.prefill_chunks]
         self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])

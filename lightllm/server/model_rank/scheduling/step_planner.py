@@ -46,8 +46,9 @@ class StepPlan:
         prefill_chunks: selected prefill chunks, in queue order.
         prefill_token_num: tokens submitted in the prefill run mode: the chunk tokens, plus one
             per decode request when ``mixed`` (decodes ride in the prefill forward).
-        skipped: prefill requests not selected this step (token budget or KV, or a chunk that
-            repeats one planned for another request: see ``defer_repeated_chunks``).
+        skipped: prefill requests not selected this step for lack of token budget or KV.
+        deferred: prefill requests that fit but wait a step because their chunk repeats one
+            planned for another request (``defer_repeated_chunks``): they take it from the cache.
         kv_starved_decode: decode requests for which no KV token was left; the backend pauses
             or retracts them.
         mixed: whether decode requests are part of the prefill forward.
@@ -57,6 +58,7 @@ class StepPlan:
     prefill_chunks: List[PrefillChunk] = field(default_factory=list)
     prefill_token_num: int = 0
     skipped: List[InferReq] = field(default_factory=list)
+    deferred: List[InferReq] = field(default_factory=list)
     kv_starved_decode: List[InferReq] = field(default_factory=list)
     mixed: bool = False
 
@@ -169,7 +171,7 @@ class StepPlanner:
                 plan.skipped.append(req)
                 continue
             if position > 0 and self.defer_repeated_chunks and _repeats_a_planned_chunk(req, need, plan.prefill_chunks):
-                plan.skipped.append(req)
+                plan.deferred.append(req)
                 continue
             plan.prefill_chunks.append(PrefillChunk(req=req, start=req.cur_kv_len, token_num=need))
             token_budget -= need
