@@ -25,7 +25,7 @@ from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.run_mode import prefill_queue_description
+from lightllm.server.run_mode import RunMode, prefill_queue_description
 from lightllm.server.model_rank.command_channel import TpCommandChannel
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
@@ -106,7 +106,8 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
         context,
         build_prefill_queue_strategy(config.prefill_queue_strategy, config.prefill_overtake_bound),
         StepPlanner(config.batch_max_tokens, config.chunked_prefill_size, mixed=config.mixed_batches,
-                    defer_repeated_chunks=config.use_prefix_cache),
+                    defer_repeated_chunks=config.use_prefix_cache,
+                    prompt_ends_cached_next_step=config.run_mode != RunMode.PREFILL),
         Sampler(config.sampling_seed, config.logprobs_mode),
         config.eos_token_ids,
         config.max_req_total_len,

@@ -211,8 +211,8 @@ class StepEngine:
         the requests waiting for that chunk (the planner's ``defer_repeated_chunks``) would
         compute it again.  Decoding requests are not visited after that (a lookup per token).
 
-        Every visited request is looked at twice: all publish (and adopt) first, then each adopts
-        what requests visited after it published.  In one pass a request deferred for a chunk
+        Every visited request is looked at twice: in the first pass each publishes (and adopts
+        what those before it published), in the second each adopts what those after it published.  In one pass a request deferred for a chunk
         planned for a request after it in admission order (a strategy ordered that one first) looked
         before the chunk was published, and then computed the same tokens itself a step later.
         """
@@ -276,15 +276,15 @@ class StepEngine:
 
         The strategy's overtaking bound is charged here, when the step is submitted, so it sees
         exactly the prefill work that ran (on every TP rank alike); decode rows overtake nobody,
-        and a deferred request (its chunk fit, it waits to take it from the cache) is not charged:
-        the budget it left went to others by its own choice, and it advances by those tokens next
-        step as if it had computed them.
+        and a request deferred for the chunk of a request ahead of it in default's order (its
+        chunk fit; it takes those tokens from the cache next step) is not charged.
         """
         chunks = [*decode_rows, *plan.prefill_chunks]
         self.kv.reserve_many([(chunk.req, chunk.token_num) for chunk in chunks])
         report.prefill_token_num = submit_prefill(plan, self.counter)
         report.forward_token_num += sum(chunk.token_num for chunk in chunks)
-        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped)
+        self.strategy.charge([(chunk.req, chunk.token_num) for chunk in plan.prefill_chunks], plan.skipped,
+                             plan.deferred)
         result = self.executor.prefill(chunks)
         self.take_results(result, [(chunk.req, chunk.end) for chunk in chunks], report)
 

@@ -14,7 +14,7 @@ the processed-prefill-token counter by exactly that amount; nothing is recounted
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
@@ -47,8 +47,9 @@ class StepPlan:
         prefill_token_num: tokens submitted in the prefill run mode: the chunk tokens, plus one
             per decode request when ``mixed`` (decodes ride in the prefill forward).
         skipped: prefill requests not selected this step for lack of token budget or KV.
-        deferred: prefill requests that fit but wait a step because their chunk repeats one
-            planned for another request (``defer_repeated_chunks``): they take it from the cache.
+        deferred: ``(request, owner)`` for each prefill request that fit but waits a step because
+            its chunk repeats one planned for ``owner`` (``defer_repeated_chunks``): it takes those
+            tokens from the cache next step.
         kv_starved_decode: decode requests for which no KV token was left; the backend pauses
             or retracts them.
         mixed: whether decode requests are part of the prefill forward.
@@ -58,7 +59,7 @@ class StepPlan:
     prefill_chunks: List[PrefillChunk] = field(default_factory=list)
     prefill_token_num: int = 0
     skipped: List[InferReq] = field(default_factory=list)
-    deferred: List[InferReq] = field(default_factory=list)
+    deferred: List[Tuple[InferReq, InferReq]] = field(default_factory=list)
     kv_starved_decode: List[InferReq] = field(default_factory=list)
     mixed: bool = False
 
@@ -94,6 +95,11 @@ class StepPlanner:
             computed prefixes between steps). Without it a burst of prompts with a long common prefix
             computed each chunk of the prefix once per request the step had room for (8 prompts
             with a 1500-token prefix: 3.2 times the prefix). Only with a prefix cache.
+        prompt_ends_cached_next_step: whether a chunk that completes its owner's prompt reaches
+            the prefix cache by the next step (the owner publishes it in its first decoding
+            step). Not on a PD prefill node, where the owner's KV goes to a decode node and
+            reaches the cache only when that node acknowledges it: a request waiting for such a
+            chunk could wait step after step for nothing.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class StepPlanner:
         chunked_prefill_size: Optional[int] = None,
         mixed: bool = False,
         defer_repeated_chunks: bool = False,
+        prompt_ends_cached_next_step: bool = True,
     ) -> None:
         _require_int(batch_max_tokens, "batch_max_tokens", minimum=1)
         if chunked_prefill_size is not None:
@@ -116,6 +123,7 @@ class StepPlanner:
         self.chunked_prefill_size = chunked_prefill_size or None
         self.mixed = mixed
         self.defer_repeated_chunks = defer_repeated_chunks
+        self.prompt_ends_cached_next_step = prompt_ends_cached_next_step
 
     def plan(
         self,
@@ -170,8 +178,11 @@ class StepPlanner:
             if need > token_budget or need > kv_left:
                 plan.skipped.append(req)
                 continue
-            if position > 0 and self.defer_repeated_chunks and _repeats_a_planned_chunk(req, need, plan.prefill_chunks):
-                plan.deferred.append(req)
+            owner = None
+            if position > 0 and self.defer_repeated_chunks:
+                owner = _repeated_chunk_owner(req, need, plan.prefill_chunks, self.prompt_ends_cached_next_step)
+            if owner is not None:
+                plan.deferred.append((req, owner))
                 continue
             plan.prefill_chunks.append(PrefillChunk(req=req, start=req.cur_kv_len, token_num=need))
             token_budget -= need
@@ -187,17 +198,21 @@ class StepPlanner:
         return plan
 
 
-def _repeats_a_planned_chunk(req: InferReq, need: int, chunks: Sequence[PrefillChunk]) -> bool:
-    """Whether ``req`` should take its next tokens from a chunk planned this step, once computed.
+def _repeated_chunk_owner(req: InferReq, need: int, chunks: Sequence[PrefillChunk],
+                          prompt_ends_cached_next_step: bool) -> Optional[InferReq]:
+    """The request of a chunk planned this step that ``req`` should take its next tokens from, or None.
 
     Another request's chunk starts where ``req`` stands, after the same prefix, and holds the
     same tokens as at least half of the ``need`` tokens ``req`` would compute now (as far as
     ``req`` may take tokens from the cache): next step ``req`` adopts them instead of computing
-    them again now. A smaller overlap is not worth the step ``req`` would wait.
+    them again now. A smaller overlap is not worth the step ``req`` would wait, and a chunk that
+    completes its owner's prompt is not waited for where the prompt is not cached next step.
     """
     start = req.cur_kv_len
     for chunk in chunks:
         if chunk.start != start:
+            continue
+        if not prompt_ends_cached_next_step and chunk.end >= chunk.req.input_len:
             continue
         end = min(chunk.end, req.cacheable_prefix_len)
         if end - start < (need + 1) // 2:
@@ -208,8 +223,8 @@ def _repeats_a_planned_chunk(req: InferReq, need: int, chunks: Sequence[PrefillC
         if req.token_at(start) != other.token_at(start) or req.token_slice(0, start) != other.token_slice(0, start):
             continue
         if _shared_run_end(req, other, start, end) - start >= (need + 1) // 2:
-            return True
-    return False
+            return other
+    return None
 
 
 def _shared_run_end(req: InferReq, other: InferReq, start: int, end: int) -> int:

@@ -69,10 +69,12 @@ class PrefillQueueStrategy(ABC):
         self._check_permutation(prefill_reqs, ordered_prefill)
         return self.overtake_bound.apply(ordered_prefill)
 
-    def charge(self, served: Sequence[Tuple[InferReq, int]], unserved: Sequence[InferReq]) -> None:
+    def charge(self, served: Sequence[Tuple[InferReq, int]], unserved: Sequence[InferReq],
+               deferred: Sequence[Tuple[InferReq, InferReq]] = ()) -> None:
         """Account for a submitted prefill step: ``served`` (request, chunk tokens), ``unserved``
-        the prefill requests it skipped (see :meth:`OvertakeBound.charge`)."""
-        self.overtake_bound.charge(served, unserved)
+        the prefill requests it skipped, ``deferred`` (request, owner) those that wait for the
+        owner's chunk (see :meth:`OvertakeBound.charge`)."""
+        self.overtake_bound.charge(served, unserved, deferred)
 
     @abstractmethod
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:

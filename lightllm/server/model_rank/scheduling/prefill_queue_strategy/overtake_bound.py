@@ -170,14 +170,22 @@ class OvertakeBound:
                 result.append(req)
         return result
 
-    def charge(self, served: Sequence[Tuple[InferReq, int]], unserved: Sequence[InferReq]) -> None:
+    def charge(self, served: Sequence[Tuple[InferReq, int]], unserved: Sequence[InferReq],
+               deferred: Sequence[Tuple[InferReq, InferReq]] = ()) -> None:
         """Charge each unserved waiting request the tokens ``served`` gave to requests behind it.
 
-        Call once per submitted prefill step with its chunks (request, tokens) and the prefill
-        requests it skipped.  A request that got a chunk is not charged: it advanced by as much as
-        a step gives one request, so the others' tokens did not delay it.  With the bound disabled
-        the tokens are still counted (for /metrics) but nobody is protected.
+        Call once per submitted prefill step with its chunks (request, tokens), the prefill
+        requests it skipped, and ``deferred``: (request, owner) for each request that waits to
+        take the owner's chunk from the prefix cache.  A request that got a chunk is not charged:
+        it advanced by as much as a step gives one request, so the others' tokens did not delay
+        it.  Nor is one deferred for the chunk of a request ahead of it in default's order, which
+        default defers the same way (its chunk fit; it takes at least half of it from the cache
+        next step); one deferred for later work is charged as skipped, or a strategy ordering
+        later arrivals that repeat its chunks first could defer it step after step unprotected.
+        With the bound disabled the tokens are still counted (for /metrics) but nobody is protected.
         """
+        if deferred:
+            unserved = [*unserved, *(req for req, owner in deferred if default_key(owner) > default_key(req))]
         if not served or not unserved:
             return
         keyed = sorted((default_key(req), tokens) for req, tokens in served)
