@@ -25,6 +25,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.scheduling.step_engine import StepEngine
 from lightllm.server.model_rank.scheduling.request_state import ReqState
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.scheduling.step_report import StepReport
 
 MAX_LEN = 20_000
 
@@ -175,3 +176,27 @@ def test_on_a_pd_prefill_node_later_requests_sharing_a_prefix_do_not_stall_an_ea
         if first.state is not ReqState.WAITING and first.state is not ReqState.PREFILLING:
             break
     assert first.cur_kv_len == len(prompt) and deferred == 0
+
+
+def test_a_resumed_request_publishes_the_chunk_that_ends_its_recompute() -> None:
+    """A request paused under KV pressure recomputes its prompt and outputs when it resumes; its last
+    chunk ends it back in decoding with several outputs, which share_prefixes did not visit, so that
+    chunk reached the cache only when the request ended. A request deferred for it adopted nothing
+    and computed the shared tokens itself a step later (uncharged: its owner is ahead of it)."""
+    engine, executor = _engine("default", 2048, 1024)
+    prompt = list(range(1, 2001))
+    owner = InferReq(request_id=1, prompt_ids=prompt, max_new_tokens=50)
+    _join(engine, [owner])
+    while len(owner.output_ids) < 5:
+        engine.step()
+    engine._pause(owner, StepReport())  # what pause_starved does when KV runs out
+    engine.kv.clear_prefix_cache()  # and its cached tokens evicted meanwhile
+    engine.step()  # it resumes and recomputes its first chunk
+    assert owner.cur_kv_len == 1024
+    later = InferReq(request_id=2, prompt_ids=prompt + list(range(50_000, 50_500)), max_new_tokens=1)
+    _join(engine, [later])
+    plan = engine.step().plan
+    assert [(req.request_id, other.request_id) for req, other in plan.deferred] == [(2, 1)]
+    while not later.output_ids:
+        engine.step()
+    assert later.prompt_cache_len == 2000 and _computed(executor, 2) == [(2000, 500)]

@@ -91,6 +91,9 @@ class StepEngine:
         # Tokens requests received between steps (a decode node's first token, sampled by the
         # prefill node); the next step reports them ahead of its own, for the same reason.
         self._carried: List[Tuple[InferReq, int, float]] = []
+        # Requests whose prompt (or, after a pause, prompt and outputs) was completed by the last
+        # step's forward: share_prefixes publishes their last chunk in the next step.
+        self._prompt_completed: set[int] = set()
         # Requests that have left, and how many had left when each paused request paused: a
         # paused request waits for room freed by a departure (see resume_paused).
         self._departures = 0
@@ -206,17 +209,23 @@ class StepEngine:
         A burst of prompts with a common prefix then computes the prefix about once instead of
         once per request.  Tokens a request that has produced nothing yet takes from the cache
         count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).  A
-        request that has just finished its prompt publishes it once more, in its first decoding
-        step: its last chunk would otherwise reach the cache only when the request ends, and
-        the requests waiting for that chunk (the planner's ``defer_repeated_chunks``) would
-        compute it again.  Decoding requests are not visited after that (a lookup per token).
+        request whose last forward completed its prompt publishes it once more, in the next step
+        (its first decoding step, or the first after the recompute of a paused request; on a PD
+        decode node, the first step after its prompt's KV arrived): its last
+        chunk would otherwise reach the cache only when the request ends, and the requests
+        waiting for that chunk (the planner's ``defer_repeated_chunks``) would wait for nothing
+        and compute it again.  Decoding requests are not visited after that (a lookup per token).
 
         Every visited request is looked at twice: in the first pass each publishes (and adopts
-        what those before it published), in the second each adopts what those after it published.  In one pass a request deferred for a chunk
-        planned for a request after it in admission order (a strategy ordered that one first) looked
-        before the chunk was published, and then computed the same tokens itself a step later.
+        what those before it published), in the second each adopts what those after it
+        published.  In one pass a request deferred for a chunk planned for a request after it in
+        admission order (a strategy ordered that one first) looked before the chunk was
+        published, and then computed the same tokens itself a step later.
         """
-        visited = [req for req in ready if req.state is not _DECODING or len(req.output_ids) == 1]
+        completed, self._prompt_completed = self._prompt_completed, set()
+        # One output: also a PD decode node's request in its first step, its prompt's KV just received.
+        visited = [req for req in ready
+                   if req.state is not _DECODING or len(req.output_ids) == 1 or req.request_id in completed]
         grown: Dict[int, InferReq] = {}
         for _ in range(2):
             for req in visited:
@@ -336,6 +345,7 @@ class StepEngine:
         if status:
             self.finish(req, status, report)
         elif req.state is not _DECODING:
+            self._prompt_completed.add(req.request_id)
             self.on_prompt_done(req, report)
 
     def finish_status(self, req: InferReq, token: int) -> int:
