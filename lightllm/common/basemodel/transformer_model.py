@@ -173,8 +173,11 @@ class DecoderOnlyTransformer:
         rows = batch.logit_index
         if rows is None and not batch.all_logits:
             rows = batch.last_token_index
-        if rows is not None and rows.shape[0] == num_tokens:
-            rows = None  # decode: every row gets logits
+        if rows is not None and batch.logit_index is None and rows.shape[0] == num_tokens:
+            # A decode: every request's last token is every row.  Only then: a logit_index as
+            # long as the batch (a prompt-logprob chunk's last row listed twice beside chunks
+            # that want one row of several) is not every row in order.
+            rows = None
         last_layer = len(self.layers) - 1
         # ``hidden`` is the residual stream: the embedding's fresh output, updated in place.
         mlp_out: Optional[torch.Tensor] = None  # added to the residual by the next norm

@@ -48,3 +48,20 @@ def test_logit_rows_equal_the_rows_of_a_full_forward(request, arch_dir, backend)
     assert torch.allclose(last_rows, every_row[[34, 67]], atol=1e-5, rtol=1e-5)
     chosen = torch.tensor([0, 10, 34, 40, 67])
     assert torch.allclose(_prefill(model, all_logits=False, logit_index=chosen), every_row[chosen], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_as_many_logit_rows_as_tokens_are_still_the_rows_asked_for(tiny_llama_dir, backend):
+    """A forward whose ``logit_index`` had exactly one entry per token took it for a decode and
+    returned every row in order: a batch of a prompt-logprob chunk (its last position listed twice,
+    as a prompt row and as the row it samples from) beside a chunk after a cached prefix (one row
+    for several tokens) can have that many, and then a whole chunk's logits were handed to the
+    wrong positions (an outside tester's concurrent echo/prompt_logprobs requests with a shared
+    prefix: wrong greedy tokens and logprobs off by up to 7.7, no error)."""
+    model = load_model(str(tiny_llama_dir), dtype=torch.float32, attention=build_attention_backend(backend))
+    every_row = _prefill(model, all_logits=True)
+    # The first chunk's 35 rows, its last (34) twice, then the second chunk's 32 rows and its last:
+    # 68 entries for 68 tokens, and not 0..67.
+    chosen = torch.tensor([*range(35), 34, *range(35, 66), 67])
+    assert chosen.shape[0] == every_row.shape[0] and not torch.equal(chosen, torch.arange(68))
+    assert torch.allclose(_prefill(model, all_logits=False, logit_index=chosen), every_row[chosen], atol=1e-5, rtol=1e-5)
