@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from lightllm.common.basemodel.attention.slot_attention_kernel import compiled_slot_attention
-from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta
+from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention, _SdpaMeta, context_slots
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 
 # Prefill batches whose longest chunk has at most this many tokens go through the in-place
@@ -94,9 +94,11 @@ class TorchCompiledAttention(TorchSdpaAttention):
             return super().prepare(batch, req_to_token)
         device = batch.input_ids.device
         rows = batch.req_rows
+        lens = batch.seq_lens
         if size < 2:
             rows = rows.expand(2)  # a duplicate row; its output is dropped
-        slots = req_to_token[rows, :length]
+            lens = lens * 2
+        slots = context_slots(req_to_token, rows, lens, length)
         if batch.is_decode:
             # A fresh tensor, as in the prefill branch: compiled code guards on whether an
             # input is a view, and a mismatch would recompile.

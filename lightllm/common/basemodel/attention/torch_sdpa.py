@@ -13,6 +13,23 @@ from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 
 
+def context_slots(req_to_token: torch.Tensor, rows: torch.Tensor, lens: List[int], length: int) -> torch.Tensor:
+    """``[len(rows), length]`` KV slots of each request's context, its padding past ``lens`` pointing
+    at the request's own first slot.
+
+    A row's entries past its length still name the slots of the row's earlier occupants, freed or
+    reused since, holding whatever was written last.  Masked attention weighs them 0, but 0 x inf
+    is NaN: an overflowed value left there by another request turned a short request's output into
+    NaN whenever it was batched with a longer one.  Its own first slot is part of its context.
+    """
+    slots = req_to_token[rows, :length]
+    if min(lens) < length:
+        lens_t = torch.tensor(lens, dtype=torch.int64, device=slots.device)
+        padding = torch.arange(length, device=slots.device)[None, :] >= lens_t[:, None]
+        slots = torch.where(padding, slots[:, :1], slots)
+    return slots
+
+
 @dataclass
 class _PrefillGroup:
     """Requests whose chunks have the same cached length and new length: one SDPA call."""
@@ -64,7 +81,7 @@ class TorchSdpaAttention(AttentionBackend):
                 lens = seq_lens[rows]
                 length = max(lens)
                 # index_select on flat slots is several times faster than 2-D advanced indexing.
-                slots = req_to_token[batch.req_rows[rows], :length].reshape(-1)
+                slots = context_slots(req_to_token, batch.req_rows[rows], lens, length).reshape(-1)
                 mask = None
                 if min(lens) != length:
                     lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
