@@ -7,6 +7,27 @@ from dataclasses import dataclass, field
 import torch
 
 
+def ranked_top(logprobs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, ids)`` of each row's ``width`` largest entries, ties in token-id order.
+
+    ``topk`` orders tied values as its kernel happens to visit them, which changed with the
+    other rows of the batch: tokens a grammar forbids (all at -9999.0) filled a request's
+    remaining top logprobs with different tokens alone and beside other requests.  A row whose
+    first ``width + 1`` values hold a tie is ranked by a stable sort instead (ties are rare
+    otherwise, so the sort runs on few rows).
+    """
+    vocab = logprobs.shape[-1]
+    reach = min(width + 1, vocab)
+    values, ids = logprobs.topk(reach, dim=-1)
+    tied = (values[:, 1:] == values[:, :-1]).any(dim=1) if reach > 1 else None
+    if tied is not None and bool(tied.any()):
+        rows = tied.nonzero().squeeze(1)
+        sorted_values, sorted_ids = torch.sort(logprobs[rows], dim=-1, descending=True, stable=True)
+        values[rows] = sorted_values[:, :reach]
+        ids[rows] = sorted_ids[:, :reach]
+    return values[:, :width], ids[:, :width]
+
+
 @dataclass
 class SamplerOutput:
     """Result of one sampling step.
@@ -42,7 +63,7 @@ class SamplerOutput:
         top_values: torch.Tensor | None = None
         top_ids: torch.Tensor | None = None
         if width > 0:
-            top_values, top_ids = logprobs.topk(width, dim=-1)
+            top_values, top_ids = ranked_top(logprobs, width)
         return cls(
             next_token_ids=next_token_ids,
             logprobs=chosen,

@@ -14,6 +14,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.sampling.sampler_output import ranked_top
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 
 # (position, logprob, top alternatives, rank of the prompt token in the full distribution)
@@ -75,7 +76,7 @@ def prompt_logprob_entries(req: InferReq, logits: torch.Tensor, positions: List[
     chosen = chosen_column.squeeze(1).tolist()
     count = min(int(req.sampling.prompt_logprobs), logprobs.shape[1])
     if count > 0:
-        values, ids = logprobs.topk(count, dim=-1)
+        values, ids = ranked_top(logprobs, count)
         tops = [list(zip(row_ids, row_values)) for row_ids, row_values in zip(ids.tolist(), values.tolist())]
     else:
         tops = [[] for _ in positions]
