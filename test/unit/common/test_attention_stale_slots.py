@@ -1,4 +1,4 @@
-"""A request's attention never reads KV slots outside its own context, even weighted 0.
+"""A request's attention never reads KV slots outside its own context.
 
 A request row's entries past its length still name the slots of the row's earlier occupants,
 freed or reused since.  Batched with a longer request, a short one's decode gathered them as

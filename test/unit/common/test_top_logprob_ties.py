@@ -45,3 +45,27 @@ def test_a_row_lists_the_same_alternatives_alone_and_in_any_batch() -> None:
 def test_a_width_beyond_the_vocabulary_ranks_every_token() -> None:
     values, ids = ranked_top(torch.tensor([[0.0, -1.0, 0.0]]), 3)
     assert ids.tolist() == [[0, 2, 1]] and values.tolist() == [[0.0, 0.0, -1.0]]
+
+
+def _reference(logprobs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row sorted whole, ties by id (what ranked_top gives without sorting the vocabulary)."""
+    values, ids = torch.sort(logprobs, dim=-1, descending=True, stable=True)
+    return values[:, :width], ids[:, :width]
+
+
+def test_ranked_top_equals_a_whole_stable_sort_on_rows_full_of_ties() -> None:
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        vocab = int(torch.randint(2, 300, (1,), generator=generator))
+        rows = int(torch.randint(1, 9, (1,), generator=generator))
+        # Few distinct values, -inf (filtered tokens) and -9999 (forbidden ones) among them.
+        levels = torch.tensor([0.0, -0.5, -1.0, -9999.0, float("-inf")])
+        pick = torch.randint(0, len(levels), (rows, vocab), generator=generator)
+        logprobs = levels[pick]
+        if trial % 3 == 0:  # some rows without ties
+            logprobs[0] = torch.randn(vocab, generator=generator)
+        width = int(torch.randint(1, vocab + 3, (1,), generator=generator))
+        got = ranked_top(logprobs, width)
+        expected = _reference(logprobs, width)
+        assert torch.equal(got[1], expected[1]), (trial, width)
+        assert torch.equal(got[0], expected[0]), (trial, width)

@@ -97,7 +97,7 @@ class TorchCompiledAttention(TorchSdpaAttention):
         lens = batch.seq_lens
         if size < 2:
             rows = rows.expand(2)  # a duplicate row; its output is dropped
-            lens = lens * 2
+            lens = [lens[0], lens[0]]
         slots = context_slots(req_to_token, rows, lens, length)
         if batch.is_decode:
             # A fresh tensor, as in the prefill branch: compiled code guards on whether an
