@@ -98,7 +98,7 @@ class TorchCompiledAttention(TorchSdpaAttention):
         if size < 2:
             rows = rows.expand(2)  # a duplicate row; its output is dropped
             lens = [lens[0], lens[0]]
-        slots = context_slots(req_to_token, rows, lens, length)
+        slots, _ = context_slots(req_to_token, rows, lens, length)  # the kernel masks by position
         if batch.is_decode:
             # A fresh tensor, as in the prefill branch: compiled code guards on whether an
             # input is a view, and a mismatch would recompile.

@@ -13,9 +13,12 @@ from lightllm.common.basemodel.attention.base import AttentionBackend
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 
 
-def context_slots(req_to_token: torch.Tensor, rows: torch.Tensor, lens: List[int], length: int) -> torch.Tensor:
+def context_slots(
+    req_to_token: torch.Tensor, rows: torch.Tensor, lens: List[int], length: int
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``[len(rows), length]`` KV slots of each request's context, its padding past ``lens`` pointing
-    at the request's own first slot.
+    at the request's own first slot, and the ``[len(rows), length]`` mask of the positions inside
+    the context (None when no request is padded).
 
     A row's entries past its length still name the slots of the row's earlier occupants, freed or
     reused since, holding whatever was written last.  Masked attention weighs them 0, but 0 x inf
@@ -23,11 +26,11 @@ def context_slots(req_to_token: torch.Tensor, rows: torch.Tensor, lens: List[int
     NaN whenever it was batched with a longer one.  Its own first slot is part of its context.
     """
     slots = req_to_token[rows, :length]
-    if min(lens) < length:
-        lens_t = torch.tensor(lens, dtype=torch.int64, device=slots.device)
-        padding = torch.arange(length, device=slots.device)[None, :] >= lens_t[:, None]
-        slots = torch.where(padding, slots[:, :1], slots)
-    return slots
+    if min(lens) >= length:
+        return slots, None
+    lens_t = torch.tensor(lens, dtype=torch.int64, device=slots.device)
+    inside = torch.arange(length, device=slots.device)[None, :] < lens_t[:, None]
+    return torch.where(inside, slots, slots[:, :1]), inside
 
 
 @dataclass
@@ -81,12 +84,9 @@ class TorchSdpaAttention(AttentionBackend):
                 lens = seq_lens[rows]
                 length = max(lens)
                 # index_select on flat slots is several times faster than 2-D advanced indexing.
-                slots = context_slots(req_to_token, batch.req_rows[rows], lens, length).reshape(-1)
-                mask = None
-                if min(lens) != length:
-                    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
-                    mask = (torch.arange(length, device=device)[None, :] < lens_t[:, None])[:, None, None, :]
-                chunks.append(_DecodeChunk(rows, slots, length, mask))
+                slots, inside = context_slots(req_to_token, batch.req_rows[rows], lens, length)
+                mask = None if inside is None else inside[:, None, None, :]
+                chunks.append(_DecodeChunk(rows, slots.reshape(-1), length, mask))
             return _SdpaMeta(True, [], chunks)
         shapes: Dict[Tuple[int, int], List[Tuple[int, int]]] = defaultdict(list)
         token_start = 0
