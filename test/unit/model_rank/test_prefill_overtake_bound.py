@@ -296,6 +296,23 @@ def test_bad_bound_settings_are_rejected(kwargs, message) -> None:
         SimServerConfig(overtake_bound=OvertakeBoundSpec(**kwargs))
 
 
+@given(
+    base=st.integers(0, 10**6),
+    hundredths=st.integers(0, 1000),
+    ahead=st.integers(0, 10**15),
+)
+def test_allowance_floors_the_fraction_as_written(base: int, hundredths: int, ahead: int) -> None:
+    """floor(fraction x ahead) of the decimal the operator wrote, not of its binary neighbour."""
+    fraction = float(f"{hundredths // 100}.{hundredths % 100:02d}")
+    assert OvertakeBoundSpec(base, fraction).allowance(ahead) == base + (hundredths * ahead) // 100
+
+
+def test_allowance_is_exact_where_binary_floating_point_is_not() -> None:
+    assert int(0.29 * 100) == 28  # the float product falls one token short
+    assert OvertakeBoundSpec(0, 0.29).allowance(100) == 29
+    assert OvertakeBoundSpec(0, 0.1).allowance(10**17) == 10**16
+
+
 @st.composite
 def prioritised_streams(draw):
     """Arrivals per step with PD-style priorities: some requests are continuation segments."""

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -63,6 +64,9 @@ class OvertakeBoundSpec:
     base_tokens: int = DEFAULT_PREFILL_MAX_OVERTAKE_TOKENS
     fraction: float = DEFAULT_PREFILL_OVERTAKE_FRACTION
     enabled: bool = True
+    # The fraction as the decimal it was written as (0.29 is 29/100), so that floor(fraction x
+    # ahead) is exact: in binary floating point 0.29 x 100 is 28.999..., one token short.
+    _exact_fraction: Fraction = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.base_tokens, bool) or not isinstance(self.base_tokens, int) or self.base_tokens < 0:
@@ -73,6 +77,7 @@ class OvertakeBoundSpec:
             raise ValueError(f"prefill_overtake_fraction must be a finite number >= 0, got {self.fraction!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"enabled must be a bool, got {self.enabled!r}")
+        object.__setattr__(self, "_exact_fraction", Fraction(repr(float(self.fraction))))
 
     @classmethod
     def off(cls) -> "OvertakeBoundSpec":
@@ -81,7 +86,7 @@ class OvertakeBoundSpec:
 
     def allowance(self, ahead_tokens: int) -> int:
         """Tokens of later work a request with ``ahead_tokens`` of FCFS wait may be overtaken by."""
-        return self.base_tokens + int(self.fraction * ahead_tokens)
+        return self.base_tokens + math.floor(self._exact_fraction * ahead_tokens)
 
     def describe(self) -> str:
         """One line for logs: the formula with its numbers."""
