@@ -36,6 +36,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     OvertakeBound,
     OvertakeBoundSpec,
+    default_key,
 )
 from lightllm.server.model_rank.scheduling.processed_token_counter import ProcessedPrefillTokenCounter
 from lightllm.server.model_rank.scheduling.request_classifier import NO_DECODE_CLASSIFIER
@@ -267,6 +268,29 @@ def test_charge_counts_only_later_work_in_steps_that_skipped_the_request() -> No
     bound.charge([(first, 100), (third, 40)], [second])
     assert second.overtake.overtaken_tokens == 40  # the elder's chunk does not count
     assert third.overtake.overtaken_tokens == 0  # never skipped
+
+
+def test_a_request_first_ordered_after_later_arrivals_keeps_its_arrival_place() -> None:
+    """A decode from the start (prefix hit) that comes back to prefill after a pause is numbered
+    between its neighbours in arrival order, so later arrivals' chunks are charged to it."""
+    bound = OvertakeBound(OvertakeBoundSpec(150, 0.0))
+    first, resumed, twin, later = _req(1, 300), _req(2, 200), _req(3, 100), _req(4, 100)
+    bound.bind([first, later])
+    bound.bind([first, resumed, twin, later])
+    keys = [default_key(req) for req in (first, resumed, twin, later)]
+    assert keys == sorted(keys) and len(set(keys)) == 4
+    assert (resumed.overtake.ahead_tokens, twin.overtake.ahead_tokens) == (300, 500)
+    bound.charge([(later, 100)], [resumed, twin, first])
+    assert [r.overtake.overtaken_tokens for r in (first, resumed, twin)] == [100, 100, 100]
+    bound.charge([(twin, 60)], [resumed])
+    assert resumed.overtake.overtaken_tokens == 160 and resumed.overtake.protected
+    assert bound.apply([later, twin, resumed]) == [resumed, later, twin]
+    # At the head of the list too, and the next newcomer still takes the next integer.
+    head = _req(5, 10)
+    newest = _req(6, 10)
+    bound.bind([head, first, resumed, twin, later, newest])
+    assert default_key(head) < default_key(first) and default_key(newest) > default_key(later)
+    assert isinstance(newest.overtake.seq, int)
 
 
 def test_default_is_unchanged_by_the_bound() -> None:

@@ -8,6 +8,8 @@ it lives in its own module so that the request record does not import the strate
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import Union
 
 
 @dataclass
@@ -15,7 +17,8 @@ class OvertakeRecord:
     """What the bound keeps on one request (``InferReq.overtake``); written only by the bound.
 
     Attributes:
-        seq: arrival sequence number on this rank (the second half of the default key).
+        seq: arrival sequence number on this rank (the second half of the default key); a
+            fraction between its neighbours' for a request first ordered after later arrivals.
         ahead_tokens: the FCFS wait when first seen: pending prompt tokens ahead in default's order.
         allowance: ``base_tokens + floor(fraction * ahead_tokens)``.
         overtaken_tokens: tokens given to requests behind it in default's order in steps that
@@ -23,7 +26,7 @@ class OvertakeRecord:
         protected: set once ``overtaken_tokens >= allowance``; never cleared.
     """
 
-    seq: int
+    seq: Union[int, Fraction]
     ahead_tokens: int
     allowance: int
     overtaken_tokens: int = 0
