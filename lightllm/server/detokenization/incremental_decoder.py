@@ -33,8 +33,9 @@ class IncrementalDecoder:
     Stop strings: text that could be the start of a stop string is held back; when a stop
     string appears, the text before it (and the stop string itself with
     ``include_stop_str``) is released and the decoder reports the hit.  As in vLLM, stop strings
-    count only from the ``min_tokens``-th output token on: one that ends in the text of an
-    earlier token does not stop the request.
+    count only after ``min_tokens`` output tokens, where stop token ids may first be sampled too:
+    one that ends in the text of the ``min_tokens``-th token or an earlier one does not stop the
+    request (it may begin there).
 
     ``ending_ids`` are the tokens that end the request when sampled (its stop token ids, and
     the EOS ids unless it ignores EOS): their own text is left out unless ``include_stop_str``
@@ -105,7 +106,7 @@ class IncrementalDecoder:
         if self.stopped:
             return ""
         self.outputs += 1
-        if self.outputs == self.min_tokens:
+        if self.outputs == self.min_tokens + 1:
             self._stop_floor = len(self.text)
         if token_id in self._stop_token_ids:
             self.stop_reason = token_id
@@ -171,7 +172,7 @@ class IncrementalDecoder:
 
     def _release(self) -> str:
         if self.stop_sequences:
-            found = self._find_stop() if self.outputs >= self.min_tokens else None
+            found = self._find_stop() if self.outputs > self.min_tokens else None
             if found is not None:
                 hit, stop = found
                 self.stopped = True

@@ -152,14 +152,28 @@ def test_stop_strings_count_only_from_min_tokens_on(tiny_llama_dir):
     first_end = next(i for i in range(len(ids)) if "STOP" in tokenizer.decode(ids[: i + 1]))
     text, decoder = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64)
     assert text == "ab " and decoder.stop_reason == "STOP"
-    # The first STOP ends in the text of an earlier token than the min_tokens-th: the second one stops.
-    text, decoder = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
-                                    min_new_tokens=first_end + 2)
-    assert text == "ab STOP cd " and decoder.stop_reason == "STOP"
-    # A stop string ending in the min_tokens-th token's own text counts.
+    # As in vLLM, a stop string counts only if it ends after the min_tokens-th token's text (where
+    # a stop token id may first be sampled): the first STOP ends in token first_end + 1's text.
+    for min_new_tokens in (first_end + 1, first_end + 2):
+        text, decoder = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
+                                        min_new_tokens=min_new_tokens)
+        assert text == "ab STOP cd " and decoder.stop_reason == "STOP"
+    # One ending in the next token's text counts.
     text, _ = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
-                              min_new_tokens=first_end + 1)
+                              min_new_tokens=first_end)
     assert text == "ab "
+
+
+def test_a_stop_string_may_begin_in_the_min_tokens_th_token(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    ids = tokenizer("ab STOP cd", add_special_tokens=False)["input_ids"]
+    pieces = [tokenizer.decode(ids[: i + 1]) for i in range(len(ids))]
+    ends = next(i for i in range(len(ids)) if "STOP" in pieces[i])
+    starts = next(i for i in range(len(ids)) if pieces[i].endswith(("S", " S", "ST", " ST", "STO", " STO")))
+    assert starts < ends  # the stop string spans tokens in this tokenizer
+    text, decoder = _decode_request(tokenizer, ids, stop_sequences=["STOP"], max_new_tokens=64,
+                                    min_new_tokens=starts + 1)
+    assert text == "ab " and decoder.stop_reason == "STOP"
 
 
 def test_a_run_of_invalid_bytes_keeps_the_window_small_and_the_text_whole(tokenizer):
