@@ -109,6 +109,13 @@ class RequestManager(Protocol):
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
         """max_new_tokens for a request that gives none (``fallback``: the endpoint's default)."""
 
+    def structured_output_problem(self) -> Optional[str]:
+        """Why the model's tokenizer cannot run structured-output grammars, or None when it can.
+
+        May block the first time (it builds the grammar engine's view of the tokenizer): the HTTP
+        layer calls it on a tokenizer thread, only for requests that carry a grammar.
+        """
+
     def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[GenerationEvent]:
         """Run one generation of ``spec``: its events, the last one with a ``finish_reason``.
 

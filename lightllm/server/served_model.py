@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jinja2
 
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
+from lightllm.server.grammar_tokenizer_check import GrammarTokenizerCheck
 from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.prompt_length_probe import RenderedChatTooLongError, encode_within
 from lightllm.server.request_defaults import RequestDefaults, invalid_template, template_compile_error
@@ -232,6 +233,7 @@ class ServedModel:
     request_defaults: RequestDefaults = field(default_factory=RequestDefaults)
     # --model_dir as an absolute path: a model card's ``root`` (vLLM reports its --model there).
     model_path: str = ""
+    grammar_check: GrammarTokenizerCheck = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.request_defaults.chat_template is not None:
@@ -246,6 +248,7 @@ class ServedModel:
                          and "tool_use" in templates else "every chat request")
                 log.warning("%s; until then %s fails with 500 chat_template_invalid", problem, which)
         self.check_eos_ids()
+        self.grammar_check = GrammarTokenizerCheck(self.tokenizer, self.eos_token_ids)
         size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else 0
         if size > self.vocab_size:
             log.warning("the tokenizer has %d tokens and the model reads %d: a prompt holding one of the others is "
@@ -294,3 +297,6 @@ class ServedModel:
         return default_max_new_tokens(self.max_req_total_len, prompt_len, self.max_new_tokens_default, fallback,
                                       self.generation_defaults.max_new_tokens)
 
+    def structured_output_problem(self) -> Optional[str]:
+        """Why grammars cannot run with this tokenizer (None: they can); see :class:`GrammarTokenizerCheck`."""
+        return self.grammar_check.problem()

@@ -127,6 +127,10 @@ class FakeManager:
     def default_max_new_tokens(self, prompt_len: int, fallback: int | None = None) -> int:
         return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)
 
+    def structured_output_problem(self) -> str | None:
+        # The fake's grammars never reach a matcher; the real check runs in the integration tests.
+        return None
+
     async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[FakeEvent]:
         prompt_ids, params = list(spec.prompt_ids), spec.params
         self.calls.append(GenerateCall(prompt_ids, params, spec.priority.high_priority_request, request, spec))

@@ -77,6 +77,7 @@ from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.http.prompt_encoding import PromptEncoder
 from lightllm.server.http.service_routes import ServiceEndpoints
 from lightllm.server.http.tokenize_models import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from lightllm.server.http.structured_params import NATIVE_CONSTRAINTS, usable_grammar
 from lightllm.server.http.tokenize_routes import TokenizeEndpoints
 from lightllm.server.request_manager import RequestManager, missing_request_manager_members
 from lightllm.utils.tokenizer_utils import tokenizer_special_ids
@@ -150,8 +151,14 @@ class NativeEndpoints:
                 max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
                 parameters.min_new_tokens, len(prompt_ids), self.manager.max_req_total_len)
         # sampling_fields compiles the request's grammar, which can take seconds: off the event loop.
-        fields = await self.encoder.on_tokenizer_thread(
-            lambda: parameters.sampling_fields(self.manager.generation_defaults))
+        def compiled_fields() -> dict:
+            fields = parameters.sampling_fields(self.manager.generation_defaults)
+            asked = [name for name in NATIVE_CONSTRAINTS if getattr(parameters, name) is not None]
+            if asked:
+                usable_grammar(self.manager, fields["grammar"], f"parameters.{asked[0]}")
+            return fields
+
+        fields = await self.encoder.on_tokenizer_thread(compiled_fields)
         values = {**fields, "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         if min_beyond_room:

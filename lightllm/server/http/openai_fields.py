@@ -153,6 +153,13 @@ class OpenAIPlatformFields(NullMeansAbsent):
         return {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
                 "guided_choice": self.guided_choice, "guided_grammar": self.guided_grammar}
 
+    def structured_output_param(self) -> str:
+        """The field that asked for structured output (the request asks one way at most)."""
+        if self.structured_outputs is not None:
+            return "structured_outputs"
+        given = [name for name, value in self.guided_fields().items() if value is not None]
+        return given[0] if given else "response_format"
+
     def truncated(self, prompt_ids: list[int], frame: SpecialTokenFrame | None = None) -> list[int]:
         """The prompt cut to its last ``truncate_prompt_tokens`` tokens (vLLM keeps the end).
 

@@ -52,7 +52,7 @@ from lightllm.server.http.planning import (
 )
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.special_tokens import SpecialTokenFrame
-from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.http.structured_params import structured_grammar, usable_grammar
 from lightllm.server.http.token_bytes import TokenBytes
 from lightllm.server.http.response_shaper import ResponseShaper
 from lightllm.server.http.token_ids import TokenIdShaper
@@ -247,8 +247,9 @@ class OpenAIEndpoints:
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
         # Compiling a grammar can take seconds (a large multipleOf, a long repetition): off the event loop.
-        grammar = await self.encoder.on_tokenizer_thread(lambda: structured_grammar(
-            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)))
+        grammar = await self.encoder.on_tokenizer_thread(lambda: usable_grammar(self.manager, structured_grammar(
+            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)),
+            body.structured_output_param()))
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
@@ -290,6 +291,9 @@ class OpenAIEndpoints:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = tool_plan.combine_grammar(await self.encoder.on_tokenizer_thread(lambda: structured_grammar(
             body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format))))
+        if grammar is not None:
+            asked = "tool_choice" if tool_plan.grammar is not None else body.structured_output_param()
+            await self.encoder.on_tokenizer_thread(lambda: usable_grammar(self.manager, grammar, asked))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)

@@ -163,3 +163,15 @@ def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[s
     asked.append(("response_format", "", None))
     _refuse_a_second(asked)
     return response_format_grammar
+
+
+def usable_grammar(manager: Any, grammar: str | None, param: str) -> str | None:
+    """``grammar``, or a 400 naming ``param`` when it is set and the manager's model cannot run
+    grammars (``manager``: a RequestManager; blocking the first time: call on a tokenizer thread)."""
+    if grammar is None:
+        return None
+    problem = manager.structured_output_problem()
+    if problem is not None:
+        raise invalid_request(f"structured output is not available for this model: the grammar engine "
+                              f"(llguidance) cannot read its tokenizer ({problem})", param)
+    return grammar

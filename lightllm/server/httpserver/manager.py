@@ -287,6 +287,10 @@ class HttpServerManager:
         ``fallback``, else the rest of the context; see :func:`~lightllm.server.served_model.default_max_new_tokens`)."""
         return self.served.default_max_new_tokens(prompt_len, fallback)
 
+    def structured_output_problem(self) -> Optional[str]:
+        """Why this model cannot run structured-output grammars (None: it can); blocks the first time."""
+        return self.served.structured_output_problem()
+
     def refusal(self) -> Optional[ServerUnavailableError]:
         """The error new requests get while the server refuses them (draining, failed); None otherwise."""
         return self._gate.refusal

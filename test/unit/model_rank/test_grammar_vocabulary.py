@@ -10,7 +10,7 @@ import llguidance
 import llguidance.torch as ll_torch
 import pytest
 
-from lightllm.server.model_rank.execution.grammar_vocabulary import grammar_tokenizer
+from lightllm.common.sampling.grammar_vocabulary import grammar_tokenizer
 from lightllm.utils.tokenizer_utils import load_tokenizer, tokenizer_special_ids
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 
 from lightllm.common.sampling.grammar_limits import grammar_limits
-from lightllm.server.model_rank.execution.grammar_vocabulary import grammar_tokenizer
+from lightllm.common.sampling.grammar_vocabulary import grammar_tokenizer
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 
 log = logging.getLogger("lightllm.structured_output")

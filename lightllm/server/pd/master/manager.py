@@ -203,6 +203,10 @@ class PdMasterManager:
         """max_new_tokens for a request that gives none."""
         return self.model.default_max_new_tokens(prompt_len, fallback)
 
+    def structured_output_problem(self) -> Optional[str]:
+        """Why this model cannot run structured-output grammars (None: it can); blocks the first time."""
+        return self.model.structured_output_problem()
+
     def health(self) -> bool:
         """Requests are accepted: a prefill and a decode node are alive and the master is not stopping."""
         return self._gate.open and self.registry.ready
