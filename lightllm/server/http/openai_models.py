@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from lightllm.common.sampling.sampling_params import MAX_SEED
 from lightllm.common.sampling.storage_width import STORED_DTYPES, check_stored_int
 from lightllm.server.http.request_id_header import REQUEST_ID_MAX_LENGTH, REQUEST_ID_PATTERN
 from lightllm.server.http.completion_prompt import (MAX_PROMPTS, TOKEN_IDS_SCHEMA, integral_token_ids,
@@ -171,6 +172,9 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     @field_validator("seed")
     @classmethod
     def _no_seed(cls, value: int | None) -> int | None:
+        if value is not None and value > MAX_SEED:
+            # Said here: the sampling check's range would leave out the -1 these endpoints take.
+            raise ValueError(f"must be -1 (no seed) or in [0, 2**63 - 1], got {value}")
         return None if value == -1 else value
 
     @field_validator("spaces_between_special_tokens", mode="before")

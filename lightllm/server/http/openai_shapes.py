@@ -137,8 +137,11 @@ class TokenLogprobFormatter:
             if event.logprob is None:  # the first prompt token has nothing to be predicted from
                 top.append(None)
                 continue
-            alternatives = {self.token_text(token_id): value for token_id, value in self._top(event)}
-            alternatives.setdefault(tokens[-1], json_logprob(event.logprob))
+            # The chosen token first, then the alternatives best first, as vLLM orders the dict (a
+            # client may read the first key as the chosen token).
+            alternatives = {tokens[-1]: json_logprob(event.logprob)}
+            for token_id, value in self._top(event):
+                alternatives.setdefault(self.token_text(token_id), value)
             top.append(alternatives)
         return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
                 "top_logprobs": top, "text_offset": list(offsets)}
@@ -159,15 +162,18 @@ class TokenLogprobFormatter:
         result: list[Any] = [None]
         for token_id, logprob, top, *rank in computed:
             ranked = sorted(top.items(), key=lambda item: -item[1])[:count]
-            entry = {str(alt_id): {"logprob": json_logprob(value), "rank": position + 1,
-                                   "decoded_token": self._tokenizer.decode([alt_id])}
-                     for position, (alt_id, value) in enumerate(ranked)}
-            # The prompt token's rank in the whole distribution, computed on the model rank
-            # (1 + the number of tokens with a strictly greater logprob), as vLLM reports it.
+            # The prompt token first, then the alternatives best first, as vLLM orders the dict.
+            # Its rank is its rank in the whole distribution, computed on the model rank (1 + the
+            # number of tokens with a strictly greater logprob), as vLLM reports it; where none was
+            # published its place among the alternatives gives it.
             own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None,
                    "decoded_token": self._tokenizer.decode([token_id])}
-            if own["rank"] is not None or str(token_id) not in entry:
-                entry[str(token_id)] = own
+            entry = {str(token_id): own}
+            for position, (alt_id, value) in enumerate(ranked):
+                if alt_id == token_id and own["rank"] is None:
+                    own["rank"] = position + 1
+                entry.setdefault(str(alt_id), {"logprob": json_logprob(value), "rank": position + 1,
+                                               "decoded_token": self._tokenizer.decode([alt_id])})
             result.append(entry)
         return result
 

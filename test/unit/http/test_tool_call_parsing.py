@@ -153,6 +153,18 @@ def test_required_array_and_named_stream() -> None:
     assert_stream_agrees(lambda: NamedCallStream("f"), '{"a":', '{"a":', [])
 
 
+def test_a_required_array_cut_anywhere_is_content() -> None:
+    """Cut after a complete object (``[{...},``, ``[{...},{...}``), the array was not finished and a
+    client could not tell its calls were cut: content, as vLLM reads it (the whole text as a list)."""
+    text = '[{"name":"a","parameters":{"x":1}}, {"name":"b","parameters":{}}]'
+    for end in range(1, len(text)):
+        cut = text[:end]
+        extraction = extract_calls(ForcedCallParser(), cut)
+        assert (extraction.content, extraction.calls) == (cut, []), cut
+    assert_stream_agrees(lambda: ToolCallStream(ForcedCallParser()), text[:36], text[:36], [])
+    assert len(extract_calls(ForcedCallParser(), text + "\n").calls) == 2
+
+
 def test_scanner_reads_name_and_raw_arguments() -> None:
     scanner = CallObjectScanner()
     result = scanner.feed('{"parameters": {"s": "}{"}, "name": "late"} trailing')

@@ -20,6 +20,7 @@ same answer.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from typing import Callable, NamedTuple
 
@@ -163,8 +164,15 @@ class LeadingCallSegmenter(Segmenter):
         return [content(rest)] if rest else []
 
 
-class AllCallSegmenter(Segmenter):
-    """The whole text is one call block (structured output forced the format)."""
+class ArraySegmenter(Segmenter):
+    """The whole text is one call block if it is a whole JSON array (structured output forced the
+    format); anything else is content.
+
+    The grammar makes a finished output a whole array, so only a generation cut off (by
+    ``max_tokens``) is not: ``[{...},{...},`` holds two complete objects, but the model had not
+    finished its list, and a client could not tell the calls it gets were cut; vLLM, which reads
+    the whole text as a list of calls, returns it as content too.
+    """
 
     def __init__(self) -> None:
         self._pieces: list[str] = []
@@ -175,7 +183,13 @@ class AllCallSegmenter(Segmenter):
 
     def finish(self) -> list[Segment]:
         rest, self._pieces = "".join(self._pieces), []
-        return [Segment(CALL, rest, rest)] if rest else []
+        if not rest:
+            return []
+        try:
+            whole = isinstance(json.loads(rest), list)
+        except (ValueError, RecursionError):
+            whole = False
+        return [Segment(CALL, rest, rest) if whole else content(rest)]
 
 
 class ToolCallParser(ABC):
@@ -220,7 +234,7 @@ class ForcedCallParser(ToolCallParser):
     name = "required"
 
     def segmenter(self) -> Segmenter:
-        return AllCallSegmenter()
+        return ArraySegmenter()
 
 
 TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {
