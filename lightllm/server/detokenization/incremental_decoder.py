@@ -74,8 +74,8 @@ class IncrementalDecoder:
         self.shown_ids = frozenset(shown_ids) if skip_special_tokens else frozenset()
         self.min_tokens = min_tokens
         self.outputs = 0  # output tokens added
-        # A stop string must end beyond this many characters of text (the text before the
-        # min_tokens-th token).
+        # A stop string must end beyond this many characters of text (the text up to and
+        # including the min_tokens-th token's, as vLLM counts it).
         self._stop_floor = 0
         self._hidden_ids = frozenset() if include_stop_str else frozenset(ending_ids)
         self._stop_token_ids = frozenset(stop_token_ids)

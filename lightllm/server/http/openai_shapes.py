@@ -137,11 +137,13 @@ class TokenLogprobFormatter:
             if event.logprob is None:  # the first prompt token has nothing to be predicted from
                 top.append(None)
                 continue
-            # The chosen token first, then the alternatives best first, as vLLM orders the dict (a
-            # client may read the first key as the chosen token).
+            # The chosen token first, then the alternatives best first, as vLLM builds the dict (a
+            # client may read the first key as the chosen token); tokens of the same text (byte
+            # tokens all read U+FFFD) share one key, in the first one's place with the last one's
+            # logprob, as vLLM's one pass over them leaves it.
             alternatives = {tokens[-1]: json_logprob(event.logprob)}
             for token_id, value in self._top(event):
-                alternatives.setdefault(self.token_text(token_id), value)
+                alternatives[self.token_text(token_id)] = value
             top.append(alternatives)
         return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
                 "top_logprobs": top, "text_offset": list(offsets)}

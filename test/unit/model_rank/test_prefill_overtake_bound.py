@@ -271,26 +271,38 @@ def test_charge_counts_only_later_work_in_steps_that_skipped_the_request() -> No
 
 
 def test_a_request_first_ordered_after_later_arrivals_keeps_its_arrival_place() -> None:
-    """A decode from the start (prefix hit) that comes back to prefill after a pause is numbered
-    between its neighbours in arrival order, so later arrivals' chunks are charged to it."""
+    """Requests are numbered as the backend takes them in, so one that first waits for prefill after
+    later arrivals (a decode from the start, its prefix hit leaving one token, sent back to prefill
+    by a pause) keeps its place in default's order, whoever else left the list meanwhile."""
     bound = OvertakeBound(OvertakeBoundSpec(150, 0.0))
-    first, resumed, twin, later = _req(1, 300), _req(2, 200), _req(3, 100), _req(4, 100)
-    bound.bind([first, later])
-    bound.bind([first, resumed, twin, later])
-    keys = [default_key(req) for req in (first, resumed, twin, later)]
-    assert keys == sorted(keys) and len(set(keys)) == 4
-    assert (resumed.overtake.ahead_tokens, twin.overtake.ahead_tokens) == (300, 500)
-    bound.charge([(later, 100)], [resumed, twin, first])
-    assert [r.overtake.overtaken_tokens for r in (first, resumed, twin)] == [100, 100, 100]
-    bound.charge([(twin, 60)], [resumed])
-    assert resumed.overtake.overtaken_tokens == 160 and resumed.overtake.protected
-    assert bound.apply([later, twin, resumed]) == [resumed, later, twin]
-    # At the head of the list too, and the next newcomer still takes the next integer.
-    head = _req(5, 10)
-    newest = _req(6, 10)
-    bound.bind([head, first, resumed, twin, later, newest])
-    assert default_key(head) < default_key(first) and default_key(newest) > default_key(later)
-    assert isinstance(newest.overtake.seq, int)
+    first, early, middle, resumed, later = _req(1, 300), _req(2, 50), _req(3, 60), _req(4, 200), _req(5, 100)
+    for req in (first, early, middle, resumed, later):
+        bound.number(req)  # the step engine's join
+    bound.bind([first, early, middle, later])  # `resumed` is decoding
+    bound.bind([first, later])  # `early` and `middle` prefilled and are decoding too
+    bound.bind([first, resumed, later])  # `resumed` was paused back to prefill
+    bound.bind([first, middle, resumed, later])  # and so was `middle`
+    keys = [default_key(req) for req in (first, early, middle, resumed, later)]
+    assert keys == sorted(keys) and len(set(keys)) == 5
+    assert resumed.overtake.ahead_tokens == 300
+    bound.charge([(resumed, 100), (later, 100)], [middle])
+    assert middle.overtake.overtaken_tokens == 200  # both arrived after it
+    bound.charge([(later, 60)], [resumed])
+    assert resumed.overtake.overtaken_tokens == 60
+    bound.charge([(later, 100)], [resumed])
+    assert resumed.overtake.protected
+    assert bound.apply([later, resumed]) == [resumed, later]
+
+
+def test_the_step_engine_numbers_requests_as_it_takes_them_in() -> None:
+    strategy = build_prefill_queue_strategy("hrrn", OvertakeBoundSpec(150, 0.0))
+    reqs = [_req(i, 10) for i in range(3)]
+    for req in reversed(reqs):
+        strategy.admit(req)
+    assert [req.overtake.seq for req in reqs] == [2, 1, 0]
+    assert all(req.overtake.allowance is None for req in reqs)  # until they wait for prefill
+    strategy.order(reqs, 0)
+    assert [req.overtake.seq for req in reqs] == [2, 1, 0] and reqs[0].overtake.allowance == 150
 
 
 def test_default_is_unchanged_by_the_bound() -> None:

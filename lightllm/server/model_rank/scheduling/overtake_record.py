@@ -8,8 +8,7 @@ it lives in its own module so that the request record does not import the strate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Union
+from typing import Optional
 
 
 @dataclass
@@ -17,17 +16,18 @@ class OvertakeRecord:
     """What the bound keeps on one request (``InferReq.overtake``); written only by the bound.
 
     Attributes:
-        seq: arrival sequence number on this rank (the second half of the default key); a
-            fraction between its neighbours' for a request first ordered after later arrivals.
-        ahead_tokens: the FCFS wait when first seen: pending prompt tokens ahead in default's order.
-        allowance: ``base_tokens + floor(fraction * ahead_tokens)``.
+        seq: arrival sequence number on this rank (the second half of the default key), given
+            when the backend takes the request in.
+        ahead_tokens: the FCFS wait when first waiting for prefill: pending prompt tokens ahead
+            in default's order (None until then).
+        allowance: ``base_tokens + floor(fraction * ahead_tokens)`` (None until then).
         overtaken_tokens: tokens given to requests behind it in default's order in steps that
             gave it nothing, so far.
         protected: set once ``overtaken_tokens >= allowance``; never cleared.
     """
 
-    seq: Union[int, Fraction]
-    ahead_tokens: int
-    allowance: int
+    seq: int
+    ahead_tokens: Optional[int] = None
+    allowance: Optional[int] = None
     overtaken_tokens: int = 0
     protected: bool = False

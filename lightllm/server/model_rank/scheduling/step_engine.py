@@ -101,13 +101,15 @@ class StepEngine:
 
     # --- membership ----------------------------------------------------------------------------
     def join(self, req: InferReq) -> None:
-        """Take in a new request: it joins the live set and the KV view attaches its cached prefix."""
+        """Take in a new request: it joins the live set, the KV view attaches its cached prefix and
+        the strategy numbers its arrival."""
         if req.request_id in self.requests:
             raise ValueError(f"request {req.request_id} is already running")
         if req.state is not ReqState.WAITING:
             raise ValueError(f"request {req.request_id} must join in state waiting, not {req.state.value}")
         self.kv.attach(req)
         self.requests[req.request_id] = req
+        self.strategy.admit(req)
 
     def abort(self, request_id: int) -> None:
         """Ask for a request to end; it is released at the start of the next step.

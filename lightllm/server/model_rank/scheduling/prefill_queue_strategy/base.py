@@ -44,6 +44,10 @@ class PrefillQueueStrategy(ABC):
     def __init__(self, overtake_bound: Optional[OvertakeBoundSpec] = None) -> None:
         self.overtake_bound = OvertakeBound(overtake_bound)
 
+    def admit(self, req: InferReq) -> None:
+        """Note a request as the backend takes it in (its arrival number for the overtaking bound)."""
+        self.overtake_bound.number(req)
+
     def order(self, prefill_reqs: Sequence[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
         """Return ``prefill_reqs`` in the order the step planner should consider them.
 

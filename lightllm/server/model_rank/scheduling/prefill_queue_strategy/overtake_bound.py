@@ -34,7 +34,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.overtake_record import OvertakeRecord
@@ -52,8 +52,6 @@ DEFAULT_PREFILL_OVERTAKE_FRACTION = 0.15
 MAX_PREFILL_OVERTAKE_TOKENS = 10**12
 MAX_PREFILL_OVERTAKE_FRACTION = 1000.0
 
-# An arrival sequence number: an int, or a fraction for a request numbered between two others.
-SeqNumber = Union[int, Fraction]
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ class OvertakeBoundSpec:
         return f"{self.base_tokens} + {self.fraction:g} x FCFS wait"
 
 
-def default_key(req: InferReq) -> Tuple[int, SeqNumber]:
+def default_key(req: InferReq) -> Tuple[int, int]:
     """The request's place in ``default``'s order: inference priority, then arrival."""
     return (req.infer_high_priority, req.overtake.seq)
 
@@ -121,61 +119,40 @@ class OvertakeBound:
         """Whether the bound reorders anything."""
         return self.spec.enabled
 
+    def number(self, req: InferReq) -> None:
+        """Give ``req`` the next arrival number, once: the step engine calls this as the backend
+        takes the request in, so requests are numbered in the order every TP rank received them,
+        also one that starts as a decode (a prefix hit left it one token) and reaches the prefill
+        list only later, after a pause."""
+        if req.overtake is None:
+            req.overtake = OvertakeRecord(self._next_seq)
+            self._next_seq += 1
+
     def bind(self, arrival_order: Sequence[InferReq]) -> None:
-        """Give every request seen for the first time its sequence number and allowance.
+        """Give every request waiting for prefill for the first time its allowance.
 
         ``arrival_order`` is the waiting prefill requests in the order the backend received them.
         A newcomer's FCFS wait counts every waiting request ahead of it in default's order: the
-        same-priority ones received before it and every one of a higher priority.
+        same-priority ones received before it and every one of a higher priority.  A request not
+        numbered yet (no engine took it in: a direct caller) is numbered here, in that order.
         """
-        if all(req.overtake is not None for req in arrival_order):
+        if all(req.overtake is not None and req.overtake.allowance is not None for req in arrival_order):
             return
         class_totals: Dict[int, int] = {}
         for req in arrival_order:
             prio = req.infer_high_priority
             class_totals[prio] = class_totals.get(prio, 0) + req.pending_token_num
-        later_seq = self._next_bound_seqs(arrival_order)
-        earlier_seq: Optional[SeqNumber] = None
         running: Dict[int, int] = {}
-        for index, req in enumerate(arrival_order):
+        for req in arrival_order:
             prio = req.infer_high_priority
             before = running.get(prio, 0)
-            if req.overtake is None:
-                ahead = before + sum(total for p, total in class_totals.items() if p < prio)
-                allowance = self.spec.allowance(ahead)
-                seq = self._seq_between(earlier_seq, later_seq[index])
-                req.overtake = OvertakeRecord(seq, ahead, allowance, protected=self.enabled and allowance == 0)
-            earlier_seq = req.overtake.seq
+            self.number(req)
+            record = req.overtake
+            if record.allowance is None:
+                record.ahead_tokens = before + sum(total for p, total in class_totals.items() if p < prio)
+                record.allowance = self.spec.allowance(record.ahead_tokens)
+                record.protected = self.enabled and record.allowance == 0
             running[prio] = before + req.pending_token_num
-
-    def _seq_between(self, earlier: Optional[SeqNumber], later: Optional[SeqNumber]) -> SeqNumber:
-        """A sequence number after ``earlier`` and before ``later`` (the bound neighbours in arrival order).
-
-        A newcomer is almost always the latest arrival and takes the next integer.  One that
-        arrives in the middle of the list is a request the strategy never ordered before: it was
-        a decode from the start (a prefix hit left it one token) and came back to prefill after a
-        pause; numbering it now would put it behind requests received after it, in the bound's
-        idea of default's order though not in default's, so it takes a number between its
-        neighbours' instead.
-        """
-        if later is None:
-            seq = self._next_seq
-            self._next_seq += 1
-            return seq
-        low = Fraction(earlier) if earlier is not None else Fraction(later) - 1
-        return (low + later) / 2
-
-    @staticmethod
-    def _next_bound_seqs(arrival_order: Sequence[InferReq]) -> List[Optional[SeqNumber]]:
-        """For each position, the sequence number of the first already-bound request after it."""
-        result: List[Optional[SeqNumber]] = [None] * len(arrival_order)
-        following: Optional[SeqNumber] = None
-        for index in range(len(arrival_order) - 1, -1, -1):
-            result[index] = following
-            record = arrival_order[index].overtake
-            if record is not None:
-                following = record.seq
-        return result
 
     def apply(self, strategy_order: Sequence[InferReq]) -> List[InferReq]:
         """Return ``strategy_order`` with each protected request pulled in front of everything
