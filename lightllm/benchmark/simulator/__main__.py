@@ -138,7 +138,7 @@ def _soak_config(args: argparse.Namespace, profile: CostProfile, budgets: List[i
     if need > profile.max_total_token_num:
         raise ValueError(
             f"--soak-long-len {long_len}: a request needs {need} KV tokens (prompt + {defaults.output_len} output), "
-            f"more than the {profile.max_total_token_num} of --profile {profile.name}"
+            f"more than the {profile.max_total_token_num} of --profile {args.profile}"
         )
     cfg = SoakConfig(
         hours=args.soak_hours,

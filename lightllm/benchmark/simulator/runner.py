@@ -64,7 +64,7 @@ def check_fits_kv(profile: CostProfile, workload: Sequence[ScheduledRequest], wh
     worst = max(workload, key=lambda r: r.prompt_len + r.output_len, default=None)
     if worst is not None and worst.prompt_len + worst.output_len > profile.max_total_token_num:
         raise ValueError(
-            f"the KV cache of profile {profile.name} holds {profile.max_total_token_num} tokens, but a request of "
+            f"the profile's KV cache holds {profile.max_total_token_num} tokens, but a request of "
             f"{what} needs {worst.prompt_len + worst.output_len}: its {worst.prompt_len}-token prompt plus "
             f"{worst.output_len} output tokens"
         )

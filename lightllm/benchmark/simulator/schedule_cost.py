@@ -297,10 +297,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
     for flag in _ignored_flags(args.layout, given_flags(parser, argv)):
         parser.error(f"{flag} applies to the {'server' if args.layout == 'engine' else 'engine-only'} layout, "
                      f"which --layout {args.layout} does not run")
-    if args.server_repeats < 1 or args.server_warmup < 0:
-        parser.error("--server-repeats must be >= 1 and --server-warmup >= 0")
-    if args.repeats < 1 or args.warmup < 0:
-        parser.error("--repeats must be >= 1 and --warmup >= 0")
+    for flag, value, least in (("--server-repeats", args.server_repeats, 1), ("--server-warmup", args.server_warmup, 0),
+                               ("--repeats", args.repeats, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
     # As every server process does once it has started (``gc_tuning``): the objects that exist by
     # now leave the collector's full scans, so a step's max is not one scan of every module.
     freeze_startup_objects()

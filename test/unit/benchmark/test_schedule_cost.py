@@ -205,3 +205,16 @@ def test_bad_server_layout_arguments_are_rejected() -> None:
         schedule_cost_server.ServerLayout("default", running=2, kv_view="slots")
     with pytest.raises(SystemExit):
         schedule_cost.main(["--layout", "server", "--kv-view", "slots"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layout", "engine", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--layout", "engine", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    (["--layout", "server", "--server-repeats", "0"], "--server-repeats must be >= 1, got 0"),
+    (["--layout", "server", "--server-warmup", "-2"], "--server-warmup must be >= 0, got -2"),
+])
+def test_a_bad_count_is_refused_naming_its_own_flag(argv: List[str], message: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        schedule_cost.main(argv)
+    assert message in capsys.readouterr().err

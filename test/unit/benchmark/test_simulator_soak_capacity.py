@@ -8,6 +8,8 @@ simulator's clock), not wall time.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lightllm.benchmark.simulator import __main__ as simulator_cli
@@ -62,3 +64,14 @@ def test_an_empty_soak_stream_names_the_flags(capsys):
 def test_an_empty_soak_stream_names_the_fields_for_api_callers():
     with pytest.raises(ValueError, match=r"^hours 1e-07 at 2 req/s \(request_rate\) draws no request"):
         run_soak(H100, "default", SoakConfig(hours=1e-7, request_rate=2.0))
+
+
+def test_a_soak_run_writes_its_json_and_markdown(tmp_path, capsys):
+    """The overtaking bound's spec is written as its parameters (a cached exact fraction beside
+    them once made the JSON writer fail after the whole run, writing nothing)."""
+    out_json, out_md = tmp_path / "soak.json", tmp_path / "soak.md"
+    simulator_cli.main(["--soak-hours", "0.002", "--strategies", "default", "--json", str(out_json),
+                        "--markdown", str(out_md)])
+    document = json.loads(out_json.read_text())
+    assert document["results"] and out_md.read_text().strip()
+    assert "_exact_fraction" not in out_json.read_text()

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from fractions import Fraction
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -65,9 +66,6 @@ class OvertakeBoundSpec:
     base_tokens: int = DEFAULT_PREFILL_MAX_OVERTAKE_TOKENS
     fraction: float = DEFAULT_PREFILL_OVERTAKE_FRACTION
     enabled: bool = True
-    # The fraction as the decimal it was written as (0.29 is 29/100), so that floor(fraction x
-    # ahead) is exact: in binary floating point 0.29 x 100 is 28.999..., one token short.
-    _exact_fraction: Fraction = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.base_tokens, bool) or not isinstance(self.base_tokens, int) or self.base_tokens < 0:
@@ -78,12 +76,18 @@ class OvertakeBoundSpec:
             raise ValueError(f"prefill_overtake_fraction must be a finite number >= 0, got {self.fraction!r}")
         if not isinstance(self.enabled, bool):
             raise ValueError(f"enabled must be a bool, got {self.enabled!r}")
-        object.__setattr__(self, "_exact_fraction", Fraction(repr(float(self.fraction))))
 
     @classmethod
     def off(cls) -> "OvertakeBoundSpec":
         """The bound disabled (strategies may overtake without limit)."""
         return cls(enabled=False)
+
+    @cached_property
+    def _exact_fraction(self) -> Fraction:
+        # The fraction as the decimal it was written as (0.29 is 29/100), so that floor(fraction
+        # x ahead) is exact: in binary floating point 0.29 x 100 is 28.999..., one token short.
+        # Not a field: the spec's fields are its parameters, which reports write out as they are.
+        return Fraction(repr(float(self.fraction)))
 
     def allowance(self, ahead_tokens: int) -> int:
         """Tokens of later work a request with ``ahead_tokens`` of FCFS wait may be overtaken by."""
