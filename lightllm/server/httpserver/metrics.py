@@ -26,9 +26,10 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 # vLLM's bounds for its histogram of the ``n`` request parameter.
 N_BUCKETS = (1, 2, 5, 10, 20)
 
-# Our family -> the vLLM families that carry the same data.  vLLM still exports
-# ``time_per_output_token_seconds`` as the old name of ``inter_token_latency_seconds``, and its
-# prefix-cache counters count prompt tokens looked up and found.
+# Our family -> the vLLM families that carry the same data.  ``time_per_output_token_seconds`` is
+# the older vLLM name of ``inter_token_latency_seconds`` (0.32 no longer exports it; dashboards
+# built on older versions still query it), and vLLM's prefix-cache counters count prompt tokens
+# looked up and found.
 VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_running_requests": ("vllm:num_requests_running",),
     "lightllm_waiting_requests": ("vllm:num_requests_waiting",),
@@ -55,6 +56,8 @@ VLLM_NAMES: Dict[str, Tuple[str, ...]] = {
     "lightllm_request_params_n": ("vllm:request_params_n",),
     "lightllm_iteration_tokens": ("vllm:iteration_tokens_total",),
 }
+# vLLM's finish reason for output its repetition detector stopped (exported at 0, never counted).
+VLLM_REPETITION_REASON = "repetition"
 # vLLM's engine index: a server here is one engine.
 VLLM_ENGINE = "0"
 # vLLM spells the finish label ``finished_reason``; it has no strategy label.
@@ -251,6 +254,9 @@ class ServerMetrics:
         for reason in FINISH_REASON_NAMES.values():
             if reason is not None:
                 self.requests.labels(strategy, reason)
+        # vLLM's reason for output its repetition detector cut off: no such detector runs here,
+        # so it stays 0, but a vLLM panel or alert on it finds its series.
+        self.requests.labels(strategy, VLLM_REPETITION_REASON)
         # Label lookups cost more than the observations: bind every child once.
         self._ttft = self.ttft.labels(strategy)
         self._tpot = self.tpot.labels(strategy)

@@ -147,7 +147,8 @@ class StepPublisher:
             updates[req.request_id] = (req.request_id, req.shm_index, length)
 
     def _stamp_first_scheduled(self, report: StepReport) -> None:
-        """Publish when each request was first selected (vLLM's queue time ends there).
+        """Publish when each request was first selected (vLLM's queue time ends there): when the
+        step's plan was made, before its forwards, so the first chunk's forward counts as prefill.
 
         Written before any of the step's tokens, so the HTTP side has it with the first output.
         A prompt whose prefix-cache hit leaves one token runs as decode work, so both lists count.
@@ -155,12 +156,11 @@ class StepPublisher:
         plan = report.plan
         if plan is None:
             return
-        now = 0
+        selected = report.selected_ns or time.monotonic_ns()
         for req in itertools.chain(plan.decode_reqs, plan.prefill_reqs):
             if not req.scheduled_ns:
-                now = now or time.monotonic_ns()
-                req.scheduled_ns = now
-                self.shm.set_scheduled_ns(req.shm_index, req.request_id, now)
+                req.scheduled_ns = selected
+                self.shm.set_scheduled_ns(req.shm_index, req.request_id, selected)
 
     def _add_time(self, field: str, seconds: float) -> None:
         self.stats.set(field, self.stats.get(field) + int(seconds * 1e6))

@@ -150,6 +150,7 @@ class StepEngine:
             ordered_prefill = self.order(classified.prefill)
             report.ordered = classified.decode + ordered_prefill
             plan = self.select(classified.decode, ordered_prefill)
+            report.selected_ns = time.monotonic_ns()
         report.plan = plan
         if plan is not None:
             self.pause_starved(plan, report)

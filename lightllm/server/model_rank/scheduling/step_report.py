@@ -32,6 +32,8 @@ class StepReport:
         ordered: this step's ready requests as offered to the planner: the decode ones in
             admission order, then the prefill ones in the strategy's order.
         plan: the planner's selection (None when nothing was ready).
+        selected_ns: CLOCK_MONOTONIC ns when the plan was made, before its forwards (0: no plan);
+            a request first selected this step was scheduled then (vLLM's queue time ends there).
         prefill_token_num / decode_batch_size: work submitted.
         forward_token_num: tokens the step's forwards took in: every prefill-chunk token plus one
             per decode row (a mixed batch's decode rows once), what vLLM's
@@ -50,6 +52,7 @@ class StepReport:
     prompt_cache_grown: List[InferReq] = field(default_factory=list)
     ordered: List[InferReq] = field(default_factory=list)
     plan: Optional[StepPlan] = None
+    selected_ns: int = 0
     prefill_token_num: int = 0
     decode_batch_size: int = 0
     forward_token_num: int = 0
