@@ -50,6 +50,8 @@ MAX_PROMPT_CHARS_PER_TOKEN = 1e6
 MAX_ROUTER_TOKEN_RATIO = 100.0
 # Decode steps between admission rounds: beyond this a new request waits seconds behind a batch.
 MAX_ROUTER_MAX_WAIT_TOKENS = 1000
+# Tokens per KV page on the PD wire (int32's largest: far beyond any context).
+MAX_PD_KV_PAGE_SIZE = 2**31 - 1
 
 
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
@@ -82,6 +84,9 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
     for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):
         if getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.pd_kv_page_size > MAX_PD_KV_PAGE_SIZE:
+        # Each transfer's header carries it as an int64; beyond any context a page is one request anyway.
+        raise ArgumentError(f"--pd_kv_page_size must be at most {MAX_PD_KV_PAGE_SIZE} tokens, got {args.pd_kv_page_size}")
     for name in ("pd_heartbeat_interval", "pd_reserve_lease_seconds", "pd_transfer_timeout_seconds",
                  "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds"):
         value = getattr(args, name)
@@ -106,6 +111,10 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
 
 
 def _validate_http_args(args: argparse.Namespace) -> None:
+    problem = host_problem(args.host)
+    if problem:
+        # An empty one ("--host $HOST" with HOST unset) would listen on every interface.
+        raise ArgumentError(f"--host {args.host!r}: {problem}; 0.0.0.0 or :: listens on every interface")
     for name in ("max_request_body_bytes", "http_max_connections"):
         value = getattr(args, name)
         if value is not None and value <= 0:

@@ -11,6 +11,7 @@ import argparse
 from typing import List
 
 from lightllm.server.launch.flag_roles import (
+    ADMISSION,
     EVERY_ROLE,
     MIXED_BATCHES,
     MODEL_ROLES,
@@ -91,7 +92,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
         "node never prefills).",
     )
     add_flag(
-        group, "--router_token_ratio", roles=MODEL_ROLES,
+        group, "--router_token_ratio", roles=ADMISSION,
         type=finite_float,
         default=1.0,
         help="Admission admits requests while projected KV use (held + expected tokens) stays under this share of capacity; "
@@ -102,7 +103,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
         "name (whose default 0.0 is refused here).",
     )
     add_flag(
-        group, "--router_max_wait_tokens", roles=MODEL_ROLES,
+        group, "--router_max_wait_tokens", roles=ADMISSION,
         type=int,
         default=DEFAULT_ROUTER_MAX_WAIT_TOKENS,
         help="Decode steps the router lets pass between two admission rounds while requests run (0 to 1000: a new "
@@ -110,7 +111,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(group, "--disable_dynamic_prompt_cache", roles=MODEL_ROLES, action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
                        "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")
-    add_flag(group, "--schedule_time_interval", roles=MODEL_ROLES, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1: a request that arrives between two rank "
+    add_flag(group, "--schedule_time_interval", roles=ADMISSION, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1: a request that arrives between two rank "
             "steps may wait up to one round before it is admitted.")
     add_flag(
         group, "--prefill_queue_strategy", roles=PREFILL_QUEUE,

@@ -59,6 +59,9 @@ PUBLIC_API = FlagReaders((_NORMAL, _MASTER), reason="public_api")
 PREFILL_QUEUE = FlagReaders((_NORMAL, _PREFILL), reason="prefill_queue")
 # The prefill step's budget: a decode node's forwards are decode steps only.
 PREFILL_STEP = FlagReaders((_NORMAL, _PREFILL), reason="prefill_step")
+# The router's admission limits and cadence: a decode node's router admits every arrival at once
+# (its rank reserves KV for it or answers busy at once).
+ADMISSION = FlagReaders((_NORMAL, _PREFILL), reason="admission")
 # Mixed prefill/decode batches: only a normal server both prefills and decodes.
 MIXED_BATCHES = FlagReaders((_NORMAL,), reason="mixed_batches")
 PD_CLUSTER = FlagReaders((_PREFILL, _DECODE, _MASTER))

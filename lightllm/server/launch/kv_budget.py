@@ -60,11 +60,18 @@ class ActivationEstimate:
         """The whole estimate."""
         return self.hidden + self.logits + self.scores
 
-    def largest_driver(self) -> str:
-        """The flags behind the largest term, as an operator would lower them."""
+    def largest_driver(self, chunked: bool = True) -> str:
+        """The flags behind the largest term, as an operator would lower them (``chunked`` False:
+        --disable_chunked_prefill, where a prompt runs whole and no chunk size can be lowered)."""
         if self.decode_node:
             terms = {"--running_max_req_size": self.hidden + self.logits,
                      "--running_max_req_size or --max_req_total_len": self.scores}
+        elif not chunked:
+            terms = {
+                "--batch_max_tokens": self.hidden,
+                "--running_max_req_size": self.logits,
+                "--max_req_total_len (with --disable_chunked_prefill a prompt runs whole)": self.scores,
+            }
         else:
             terms = {
                 "--batch_max_tokens / --chunked_prefill_size": self.hidden,

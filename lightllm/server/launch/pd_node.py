@@ -104,9 +104,15 @@ def prepare_pd_node(
             if args.pd_transfer_port + args.tp - 1 > 65535:
                 raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP "
                                     "ranks (rank r uses port + r)")
-            if args.pd_transfer_port <= args.port < args.pd_transfer_port + args.tp:
+            block = range(args.pd_transfer_port, args.pd_transfer_port + args.tp)
+            if args.port in block:
                 raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps the HTTP --port {args.port}")
-        ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=args.port)
+            if args.tp > 1 and args.nccl_port in block:
+                raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} overlaps --nccl_port {args.nccl_port} "
+                                    f"(the TP rendezvous; rank r's KV transfer uses port + r, {block.start}.."
+                                    f"{block.stop - 1})")
+        rendezvous = args.nccl_port if args.tp > 1 else None
+        ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=(args.port, rendezvous))
         args.pd_transfer_port = ports.base
         transfer_address = f"{host}:{ports.base}"
     role = args.run_mode

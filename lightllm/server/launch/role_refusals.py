@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Tuple
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import flag_names, flags_given, server_flag_readers
 from lightllm.server.launch.flag_roles import (
+    ADMISSION,
     DECODE_NODES,
     MIXED_BATCHES,
     PD_MASTER_ONLY,
@@ -62,9 +63,16 @@ def _prefill_step(names: List[str], readers: FlagReaders, run_mode: str) -> str:
             f"{_them(names)} to the prefill node")
 
 
+def _admission(names: List[str], readers: FlagReaders, run_mode: str) -> str:
+    return (f"{_listed(names)}: a decode node's router admits every arrival at once (its rank reserves KV for it "
+            f"or answers busy at once), so there are no admission limits or rounds to set; give {_them(names)} to "
+            "the prefill node")
+
+
 def _mixed_batches(names: List[str], readers: FlagReaders, run_mode: str) -> str:
-    return (f"{_listed(names)}: a prefill node never decodes (each request leaves it after its first token), so it "
-            f"runs no mixed batches; give {_them(names)} to a normal server")
+    why = ("a prefill node never decodes (each request leaves it after its first token)" if run_mode == RunMode.PREFILL
+           else "a decode node never prefills a prompt (it receives the KV)")
+    return f"{_listed(names)}: {why}, so it runs no mixed batches; give {_them(names)} to a normal server"
 
 
 def _public_api(names: List[str], readers: FlagReaders, run_mode: str) -> str:
@@ -73,13 +81,30 @@ def _public_api(names: List[str], readers: FlagReaders, run_mode: str) -> str:
             f"{_them(names)} to the master, not to a {run_mode} node")
 
 
+def _roles_phrase(readers: FlagReaders) -> str:
+    names = [_ROLE_NAMES[role] for role in readers.ordered()]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{listed} (--run_mode {' or '.join(readers.ordered())})"
+
+
+def _where_read(names: List[str]) -> str:
+    """Which roles read each of ``names``: "give it to ..." for one kind, flag by flag for several."""
+    readers = server_flag_readers()
+    kinds: Dict[FlagReaders, List[str]] = {}
+    for name in names:
+        kinds.setdefault(readers[name], []).append(name)
+    if len(kinds) == 1:
+        return f"give {_them(names)} to {_roles_phrase(readers[names[0]])}"
+    return "give " + ", ".join(f"{_listed(group)} to {_roles_phrase(kind)}" for kind, group in kinds.items())
+
+
 _Refusal = Callable[[List[str], FlagReaders, str], str]
 # What a PD node says about the flags it does not read, by their readers (flag_roles), in the
 # order it reports them (the first kind given is refused); the kinds common to both nodes last.
 _NODE_REFUSALS: Dict[str, Tuple[Tuple[Tuple[FlagReaders, ...], _Refusal], ...]] = {
     RunMode.PREFILL.value: (((DECODE_NODES,), _read_elsewhere), ((MIXED_BATCHES,), _mixed_batches)),
     RunMode.DECODE.value: (((WIRE_PAGE_SIZE,), _wire_page_size), ((PREFILL_QUEUE,), _prefill_queue),
-                     ((PREFILL_STEP, MIXED_BATCHES), _prefill_step)),
+                     ((PREFILL_STEP,), _prefill_step), ((MIXED_BATCHES,), _mixed_batches), ((ADMISSION,), _admission)),
 }
 _EVERY_NODE_REFUSES = (((PD_MASTER_ONLY,), _read_elsewhere), ((PUBLIC_API,), _public_api))
 
@@ -114,8 +139,8 @@ def refuse_flags_not_read(args: argparse.Namespace) -> None:
         # Every flag a normal server does not read configures a PD cluster.
         given = _flags_not_read(args, run_mode)
         if given:
-            raise ArgumentError(f"{_listed(given)} configure{'s' if len(given) == 1 else ''} "
-                                f"PD clusters and do{'es' if len(given) == 1 else ''} nothing on --run_mode {run_mode}; "
-                                "give them with --run_mode pd_master, prefill or decode (docs/EN/pd_deployment.md)")
+            one = len(given) == 1
+            raise ArgumentError(f"{_listed(given)} configure{'s' if one else ''} PD clusters and do{'es' if one else ''} "
+                                f"nothing on --run_mode {run_mode}; {_where_read(given)} (docs/EN/pd_deployment.md)")
     elif run_mode in PD_NODE_MODES:
         _check_node_flag_roles(args, run_mode)

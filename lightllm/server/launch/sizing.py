@@ -246,7 +246,8 @@ def _kv_tokens(args: argparse.Namespace, config: ModelConfig, device: str, dtype
             assert budget.activations is not None
             remedy = (
                 f"the reserve ({budget.reserve / GIB:.2f} GiB) is mostly the estimated activations of one forward, "
-                f"driven by {budget.activations.largest_driver()}: lower it, or set --reserved_memory_gb"
+                f"driven by {budget.activations.largest_driver(chunked=step.chunk is not None)}: lower it, or set "
+                "--reserved_memory_gb"
             )
         else:
             remedy = "lower --max_req_total_len or --reserved_memory_gb, or give more memory"

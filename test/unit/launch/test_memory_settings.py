@@ -164,6 +164,18 @@ def test_a_reserve_eaten_by_the_activation_estimate_names_the_flag_behind_it(tin
     assert f"driven by {driver}: lower it, or set --reserved_memory_gb" in str(refused.value)
 
 
+def test_without_chunks_the_refusal_names_no_chunk_size(tiny_llama_dir):
+    # --chunked_prefill_size is refused beside --disable_chunked_prefill, so it is no remedy there.
+    config = ModelConfig.from_dir(tiny_llama_dir)
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--max_req_total_len", "400000",
+                                              "--disable_chunked_prefill"])
+    with pytest.raises(ArgumentError, match="estimated activations of one forward") as refused:
+        plan_sizing(args, config, "cpu")
+    assert ("driven by --max_req_total_len (with --disable_chunked_prefill a prompt runs whole): lower it"
+            in str(refused.value))
+    assert "--chunked_prefill_size" not in str(refused.value)
+
+
 def test_a_kv_cache_larger_than_memory_is_refused_before_any_process_starts(tiny_llama_dir):
     config = ModelConfig.from_dir(tiny_llama_dir)
     args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--max_total_token_num", str(10**12)])

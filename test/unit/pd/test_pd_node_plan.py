@@ -59,6 +59,10 @@ def test_flags_given_are_used_and_a_prefill_node_holds_its_ports(tiny_llama_dir)
 @pytest.mark.parametrize("flags, fragment", [
     (["--pd_transfer_port", "8000", "--port", "8000"], "overlaps the HTTP --port"),
     (["--pd_transfer_port", "65535", "--tp", "2"], "leaves no room for 2 TP ranks"),
+    # Rank 1's transfer port is the rendezvous: it failed after the children started (EADDRINUSE).
+    (["--pd_transfer_port", "23660", "--tp", "2", "--nccl_port", "23661"],
+     r"--pd_transfer_port 23660 overlaps --nccl_port 23661 \(the TP rendezvous; rank r's KV transfer uses port \+ r"),
+    (["--pd_transfer_port", "23660", "--tp", "2", "--nccl_port", "23660"], "overlaps --nccl_port 23660"),
 ])
 def test_impossible_transfer_ports_are_refused(tiny_llama_dir, flags, fragment) -> None:
     args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--run_mode", "prefill", *flags])

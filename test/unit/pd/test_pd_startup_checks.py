@@ -145,6 +145,23 @@ def _validate(argv: List[str]) -> None:
         # The flags of one refusal are listed in the parser's order (as --help and server_args.md list them).
         (["--run_mode", "decode", "--trust_request_chat_template", "--max_new_tokens_default", "8"],
          "--max_new_tokens_default, --trust_request_chat_template configure the public API"),
+        # A decode node's router admits every arrival at once: the admission flags did nothing there.
+        (["--run_mode", "decode", "--router_token_ratio", "5", "--router_max_wait_tokens", "9"],
+         "--router_token_ratio, --router_max_wait_tokens: a decode node's router admits every arrival at once"),
+        (["--run_mode", "decode", "--schedule_time_interval", "0.5"], "--schedule_time_interval: a decode node's router"),
+        (["--run_mode", "decode", "--disable_mixed_batches"],
+         "--disable_mixed_batches: a decode node never prefills a prompt (it receives the KV), so it runs no mixed "
+         "batches; give it to a normal server"),
+        # Each flag is sent where it is read, in the singular for one.
+        (["--pd_max_segment_tokens", "8"], "--pd_max_segment_tokens configures PD clusters and does nothing on "
+                                           "--run_mode normal; give it to decode nodes (--run_mode decode)"),
+        (["--pd_master_port", "9", "--pd_kv_page_size", "64"],
+         "--pd_master_port, --pd_kv_page_size configure PD clusters and do nothing on --run_mode normal; give "
+         "--pd_master_port to prefill nodes and decode nodes (--run_mode prefill or decode), --pd_kv_page_size to "
+         "prefill nodes (--run_mode prefill)"),
+        (["--run_mode", "prefill", "--pd_kv_page_size", str(2**31)], "--pd_kv_page_size must be at most 2147483647"),
+        (["--host", ""], "--host '': not an IP address or a host name"),
+        (["--run_mode", "pd_master", "--host", ""], "--host '': not an IP address or a host name"),
         (["--run_mode", "decode", "--pd_node_id", ""], "--pd_node_id must be 1-128 characters"),
         (["--run_mode", "decode", "--pd_node_id", "d 0"], "--pd_node_id must be 1-128 characters"),
     ],
@@ -160,7 +177,8 @@ def test_pd_flags_each_role_reads_are_accepted() -> None:
                "--pd_max_segment_tokens", "8", "--pd_heartbeat_interval", "1"])
     # --pd_kv_page_size is the prefill side's (a decode node follows each transfer's header).
     _validate(["--run_mode", "prefill", "--pd_node_id", "p.0", "--pd_transfer_port", "29500",
-               "--pd_transfer_timeout_seconds", "5", "--pd_kv_page_size", "64"])
+               "--pd_transfer_timeout_seconds", "5", "--pd_kv_page_size", "64", "--router_token_ratio", "2",
+               "--router_max_wait_tokens", "9", "--schedule_time_interval", "0.5"])
     _validate(["--run_mode", "pd_master", "--pd_max_missed_heartbeats", "5", "--pd_prefill_timeout_seconds", "5"])
 
 

@@ -64,8 +64,9 @@ def test_a_taken_port_is_named() -> None:
         held.close()
 
 
-def test_a_free_block_never_contains_the_http_port(monkeypatch) -> None:
-    # The kernel's first free port is made to be the HTTP port itself (free: it was just ours);
+@pytest.mark.parametrize("given", ["http", "rendezvous"])
+def test_a_free_block_never_contains_the_http_or_rendezvous_port(monkeypatch, given: str) -> None:
+    # The kernel's first free port is made to be the avoided port itself (free: it was just ours);
     # a block starting there is let go and the next one taken.
     http_port = TransferPortBlock.reserve("127.0.0.1", 1)
     http_port.close()
@@ -78,7 +79,8 @@ def test_a_free_block_never_contains_the_http_port(monkeypatch) -> None:
         return real_listen(host, port)
 
     monkeypatch.setattr(transfer_ports, "_listen", first_offer_overlaps)
-    block = TransferPortBlock.reserve("127.0.0.1", 2, avoid=http_port.base)
+    avoid = (http_port.base, None) if given == "http" else (None, http_port.base)
+    block = TransferPortBlock.reserve("127.0.0.1", 2, avoid=avoid)
     assert offered and offered[0].fileno() == -1  # the overlapping offer was closed
     assert http_port.base not in (block.base, block.base + 1)
     block.close()

@@ -14,7 +14,7 @@ pd/kv_transfer/store_host.py), so no one else can take it.
 from __future__ import annotations
 
 import socket
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.listen_sockets import PortUnavailableError
@@ -60,15 +60,17 @@ class TransferPortBlock:
         self.base = sockets[0].getsockname()[1]  # TP rank 0's port
 
     @classmethod
-    def reserve(cls, host: str, count: int, base: Optional[int] = None, avoid: Optional[int] = None
+    def reserve(cls, host: str, count: int, base: Optional[int] = None, avoid: Iterable[Optional[int]] = ()
                 ) -> "TransferPortBlock":
         """Bind ``base`` .. ``base + count - 1`` on ``host`` (a free block when ``base`` is None).
 
-        A free block never contains ``avoid`` (the HTTP port, not yet bound at this point).
+        A free block never contains a port of ``avoid`` (the HTTP port and the rendezvous port,
+        not yet bound at this point; None entries are skipped).
         Raises ``PortUnavailableError`` (an ``ArgumentError``; exit code 3) naming the port when a given
         block is taken.
         """
         host = bind_host(host)
+        avoided = [port for port in avoid if port is not None]
         if base is not None:
             try:
                 return cls(_listen_range(host, base, count))
@@ -83,7 +85,7 @@ class TransferPortBlock:
                 raise ArgumentError(f"cannot listen on {host} for the KV transfer: {exc.strerror or exc}") from None
             base = first.getsockname()[1]
             try:
-                if base + count - 1 <= 65535 and not base <= (avoid or 0) < base + count:
+                if base + count - 1 <= 65535 and not any(base <= port < base + count for port in avoided):
                     return cls([first, *_listen_range(host, base + 1, count - 1)])
             except OSError:
                 pass
