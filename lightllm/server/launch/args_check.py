@@ -12,7 +12,7 @@ import re
 from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.arg_parser import flags_given, server_flag_readers
+from lightllm.server.launch.arg_parser import flags_given
 from lightllm.server.launch.flag_combinations import check_flag_combinations
 from lightllm.server.launch.host_names import host_problem
 from lightllm.server.launch.role_refusals import refuse_flags_not_read
@@ -50,7 +50,8 @@ MAX_PROMPT_CHARS_PER_TOKEN = 1e6
 MAX_ROUTER_TOKEN_RATIO = 100.0
 # Decode steps between admission rounds: beyond this a new request waits seconds behind a batch.
 MAX_ROUTER_MAX_WAIT_TOKENS = 1000
-# Tokens per KV page on the PD wire (int32's largest: far beyond any context).
+# Tokens per KV page on the PD wire: 2**31 - 1, far beyond any context (the transfer header
+# carries it as an int64, which a larger flag value could overflow).
 MAX_PD_KV_PAGE_SIZE = 2**31 - 1
 
 
@@ -77,15 +78,13 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
             raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
     # Refused here, before the role checks, in words of its own; the master refuses every node
     # flag itself, naming the role that takes it (pd_master.py).
-    if (args.pd_transfer_port is not None and args.run_mode != RunMode.PD_MASTER
-            and args.run_mode not in server_flag_readers()["pd_transfer_port"]):
+    if args.pd_transfer_port is not None and args.run_mode == RunMode.DECODE:
         raise ArgumentError("--pd_transfer_port is for prefill nodes (--run_mode prefill); a decode node joins the "
                             "port the master gives it")
     for name in ("pd_kv_page_size", "pd_max_missed_heartbeats"):
         if getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
     if args.pd_kv_page_size > MAX_PD_KV_PAGE_SIZE:
-        # Each transfer's header carries it as an int64; beyond any context a page is one request anyway.
         raise ArgumentError(f"--pd_kv_page_size must be at most {MAX_PD_KV_PAGE_SIZE} tokens, got {args.pd_kv_page_size}")
     for name in ("pd_heartbeat_interval", "pd_reserve_lease_seconds", "pd_transfer_timeout_seconds",
                  "pd_prefill_timeout_seconds", "pd_decode_token_timeout_seconds"):
@@ -111,10 +110,11 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
 
 
 def _validate_http_args(args: argparse.Namespace) -> None:
-    problem = host_problem(args.host)
-    if problem:
-        # An empty one ("--host $HOST" with HOST unset) would listen on every interface.
-        raise ArgumentError(f"--host {args.host!r}: {problem}; 0.0.0.0 or :: listens on every interface")
+    if not args.host.strip():
+        # "--host $HOST" with HOST unset listened on every interface.  Anything else is left to the
+        # bind, which names what it cannot listen on (a name /etc/hosts knows need not be RFC 1123).
+        raise ArgumentError(f"--host {args.host!r} is empty: give an address or host name to listen on (0.0.0.0 or "
+                            ":: listens on every interface)")
     for name in ("max_request_body_bytes", "http_max_connections"):
         value = getattr(args, name)
         if value is not None and value <= 0:

@@ -100,19 +100,21 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
         "computes it again when it resumes, which it does once a finished request freed room: a burst that overflows the "
         "cache at 2 computed about 2-5x its prompt tokens, with or without the prefix cache). "
         "At most 100. Not LightLLM's busy threshold of the same "
-        "name (whose default 0.0 is refused here).",
+        "name (whose default 0.0 is refused here). Refused on a PD decode node (its router admits every arrival at once).",
     )
     add_flag(
         group, "--router_max_wait_tokens", roles=ADMISSION,
         type=int,
         default=DEFAULT_ROUTER_MAX_WAIT_TOKENS,
         help="Decode steps the router lets pass between two admission rounds while requests run (0 to 1000: a new "
-        "request waits up to that many steps to join a running batch).",
+        "request waits up to that many steps to join a running batch). Refused on a PD decode node (its router admits every "
+        "arrival at once).",
     )
     add_flag(group, "--disable_dynamic_prompt_cache", roles=MODEL_ROLES, action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
                        "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")
     add_flag(group, "--schedule_time_interval", roles=ADMISSION, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1: a request that arrives between two rank "
-            "steps may wait up to one round before it is admitted.")
+            "steps may wait up to one round before it is admitted. Refused on a PD decode node (its router admits every "
+            "arrival at once).")
     add_flag(
         group, "--prefill_queue_strategy", roles=PREFILL_QUEUE,
         type=str,

@@ -68,9 +68,10 @@ class ActivationEstimate:
                      "--running_max_req_size or --max_req_total_len": self.scores}
         elif not chunked:
             terms = {
-                "--batch_max_tokens": self.hidden,
+                # Whole prompts: --batch_max_tokens may not go below --max_req_total_len.
+                "--max_req_total_len (with --disable_chunked_prefill a prompt runs whole; --batch_max_tokens "
+                "follows it)": self.hidden + self.scores,
                 "--running_max_req_size": self.logits,
-                "--max_req_total_len (with --disable_chunked_prefill a prompt runs whole)": self.scores,
             }
         else:
             terms = {

@@ -121,14 +121,23 @@ def _check_node_flag_roles(args: argparse.Namespace, run_mode: str) -> None:
     if not refused:
         return
     readers = server_flag_readers()
+    # Every kind given is named at once (one line, its refusals one after another), so a
+    # command line is put right in one go.
+    refusals: List[str] = []
+    worded: List[str] = []
     for kinds, refusal in _NODE_REFUSALS[run_mode] + _EVERY_NODE_REFUSES:
         given = [name for name in refused if readers[name] in kinds]
         if given:
-            raise ArgumentError(refusal(given, readers[given[0]], run_mode))
-    # A kind without words of its own: the flags read by the same roles as the first one.
-    first = readers[refused[0]]
-    raise ArgumentError(_read_elsewhere([name for name in refused if readers[name].roles == first.roles], first,
-                                        run_mode))
+            refusals.append(refusal(given, readers[given[0]], run_mode))
+            worded.extend(given)
+    # Kinds without words of their own: the flags read by the same roles, group by group.
+    rest = [name for name in refused if name not in worded]
+    while rest:
+        first = readers[rest[0]]
+        group = [name for name in rest if readers[name].roles == first.roles]
+        refusals.append(_read_elsewhere(group, first, run_mode))
+        rest = [name for name in rest if name not in group]
+    raise ArgumentError("; ".join(refusals))
 
 
 def refuse_flags_not_read(args: argparse.Namespace) -> None:

@@ -47,7 +47,8 @@ def test_unknown_strategy_is_rejected_listing_valid_ones(capsys):
         (["--running_max_req_size", "-1"], "--running_max_req_size must be positive"),
         (["--port", "70000"], "--port must be in 1..65535"),
         (["--run_mode", "decode", "--pd_transfer_port", "29500"], "--pd_transfer_port is for prefill nodes"),
-        (["--pd_transfer_port", "29500"], "--pd_transfer_port is for prefill nodes"),
+        (["--pd_transfer_port", "29500"], "--pd_transfer_port configures PD clusters and does nothing on --run_mode "
+                                          "normal; give it to prefill nodes (--run_mode prefill)"),
     ],
 )
 def test_impossible_combinations_raise_one_line_errors(argv, message):

@@ -171,8 +171,8 @@ def test_without_chunks_the_refusal_names_no_chunk_size(tiny_llama_dir):
                                               "--disable_chunked_prefill"])
     with pytest.raises(ArgumentError, match="estimated activations of one forward") as refused:
         plan_sizing(args, config, "cpu")
-    assert ("driven by --max_req_total_len (with --disable_chunked_prefill a prompt runs whole): lower it"
-            in str(refused.value))
+    assert ("driven by --max_req_total_len (with --disable_chunked_prefill a prompt runs whole; --batch_max_tokens "
+            "follows it): lower it" in str(refused.value))
     assert "--chunked_prefill_size" not in str(refused.value)
 
 

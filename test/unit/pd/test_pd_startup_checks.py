@@ -160,8 +160,16 @@ def _validate(argv: List[str]) -> None:
          "--pd_master_port to prefill nodes and decode nodes (--run_mode prefill or decode), --pd_kv_page_size to "
          "prefill nodes (--run_mode prefill)"),
         (["--run_mode", "prefill", "--pd_kv_page_size", str(2**31)], "--pd_kv_page_size must be at most 2147483647"),
-        (["--host", ""], "--host '': not an IP address or a host name"),
-        (["--run_mode", "pd_master", "--host", ""], "--host '': not an IP address or a host name"),
+        (["--host", ""], "--host '' is empty: give an address or host name to listen on"),
+        (["--run_mode", "pd_master", "--host", " "], "--host ' ' is empty"),
+        (["--pd_transfer_port", "9000"], "--pd_transfer_port configures PD clusters and does nothing on --run_mode "
+                                         "normal; give it to prefill nodes (--run_mode prefill)"),
+        # Every kind of flag a decode node does not read is named at once.
+        (["--run_mode", "decode", "--chunked_prefill_size", "8", "--disable_mixed_batches", "--router_token_ratio", "2"],
+         "--chunked_prefill_size: a decode node never prefills a prompt (it receives the KV; its forwards are decode "
+         "steps of at most --running_max_req_size rows), so there is no prefill step to shape; give it to the prefill "
+         "node; --disable_mixed_batches: a decode node never prefills a prompt (it receives the KV), so it runs no "
+         "mixed batches; give it to a normal server; --router_token_ratio: a decode node's router"),
         (["--run_mode", "decode", "--pd_node_id", ""], "--pd_node_id must be 1-128 characters"),
         (["--run_mode", "decode", "--pd_node_id", "d 0"], "--pd_node_id must be 1-128 characters"),
     ],
