@@ -29,10 +29,13 @@ class SlotPool:
         """Create the wait condition; called on the event loop that will use the pool."""
         self._changed = asyncio.Condition()
 
-    async def take(self, wait_seconds: Optional[float] = None) -> int:
+    async def take(self, wait_seconds: Optional[float] = None, bound: Optional[float] = None) -> int:
         """A free slot index; raises ``ServerBusyError`` after the wait bound (``wait_seconds``,
-        default the pool's; 0: only a slot free now), or the failure."""
+        default the pool's; 0: only a slot free now), or the failure.  ``bound``: the whole wait
+        the busy answer names, when ``wait_seconds`` is what is left of a wait shared with another
+        pool."""
         wait = self._wait_seconds if wait_seconds is None else wait_seconds
+        stated = wait if bound is None else bound
         async with self._changed:
             try:
                 if not self._free and self._failure is None:  # wait_for(..., 0) would not even look
@@ -42,7 +45,7 @@ class SlotPool:
             except asyncio.TimeoutError as exc:
                 # Names the limit hit, so a busy answer says which one (a PD decode node's KV and
                 # request-row limits are named by its model rank).
-                waited = f" and none became free within {wait:g} s" if wait > 0 else ""
+                waited = f" and none became free within {stated:g} s" if stated > 0 else ""
                 raise ServerBusyError(
                     f"server is busy: all {self._slot_num} {self._what} are in use{waited}"
                 ) from exc
@@ -101,7 +104,7 @@ class RequestSlots:
         deadline = time.monotonic() + wait
         top = await self._tops.take(wait)
         try:
-            slot = await self._requests.take(max(0.0, deadline - time.monotonic()))
+            slot = await self._requests.take(max(0.0, deadline - time.monotonic()), bound=wait)
         except BaseException:
             await self._tops.put(top)
             raise
