@@ -289,11 +289,10 @@ class OpenAIEndpoints:
                                    "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids, await self.truncation_frame(body, body.add_special_tokens))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        grammar = tool_plan.combine_grammar(await self.encoder.on_tokenizer_thread(lambda: structured_grammar(
-            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format))))
-        if grammar is not None:
-            asked = "tool_choice" if tool_plan.grammar is not None else body.structured_output_param()
-            await self.encoder.on_tokenizer_thread(lambda: usable_grammar(self.manager, grammar, asked))
+        asked = "tool_choice" if tool_plan.grammar is not None else body.structured_output_param()
+        grammar = await self.encoder.on_tokenizer_thread(lambda: usable_grammar(self.manager, tool_plan.combine_grammar(
+            structured_grammar(body.structured_outputs, body.guided_fields(),
+                               response_format_grammar(body.response_format))), asked))
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)
