@@ -12,6 +12,7 @@ import pytest
 from simulator_test_support import make_profile
 
 from lightllm.benchmark.simulator.__main__ import main as cli_main
+from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.benchmark.simulator.published import (
     METRIC_LABELS,
     PUBLISHED_COMPARISONS,
@@ -201,3 +202,17 @@ def test_cli_prints_the_sign_table_for_a_seed_cell(tmp_path: Path, capsys: pytes
                      r"[+-]\d+\.\d% \| (yes|no) \|", printed)
     compared = json.loads(out_json.read_text())["published_vs_simulated"]
     assert len(compared) == 12 and all(c["scenario"] == "interleaved" for c in compared)
+
+
+def test_absolute_comparison_follows_the_seed_profiles_numbers_not_its_name() -> None:
+    """A copy of the bundled H100 profile with other costs keeps the name but is not the H100."""
+    results = _synthetic_results(LEVELS)
+    heading = "compared only under `--profile h100_qwen_0p8b`"
+    bundled = load_profile("h100_qwen_0p8b")
+    assert heading not in full_report_markdown(bundled, results, seed=0)
+    renamed = dataclasses.replace(bundled, name="my_copy")
+    assert heading not in full_report_markdown(renamed, results, seed=0)
+    edited = dataclasses.replace(bundled, prefill_per_token_s=bundled.prefill_per_token_s * 2)
+    assert heading in full_report_markdown(edited, results, seed=0)
+    smaller = dataclasses.replace(bundled, max_total_token_num=bundled.max_total_token_num // 2)
+    assert heading in full_report_markdown(smaller, results, seed=0)
