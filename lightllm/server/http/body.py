@@ -339,7 +339,8 @@ def parse_body(raw: bytes, model_cls: type[ModelT]) -> ModelT:
     try:
         body = model_cls.model_validate(data)
     except ValidationError as exc:
-        message, param = describe_validation_error(exc.errors(include_url=False), data)
+        message, param = describe_validation_error(exc.errors(include_url=False), data,
+                                                   getattr(model_cls, "REFUSED_FIELD_REASONS", None))
         raise invalid_request(message, param) from None
     check_consistency = getattr(body, "check_consistency", None)
     if check_consistency is not None:

@@ -31,10 +31,13 @@ _EXPECTED_TYPES = {
 _NAMED_FIELD_TYPES = ("missing", "extra_forbidden")
 
 
-def describe_validation_error(errors: Sequence[Mapping[str, Any]], data: Any = None) -> tuple[str, Optional[str]]:
+def describe_validation_error(errors: Sequence[Mapping[str, Any]], data: Any = None,
+                              refused_reasons: Optional[Mapping[str, str]] = None) -> tuple[str, Optional[str]]:
     """Message and ``param`` for pydantic's ``errors`` of validating ``data`` (the decoded body).
 
     Without ``data`` every location part is taken as written (a body-less check).
+    ``refused_reasons`` gives, for top-level fields the schema leaves out on purpose, the reason a
+    refusal of one states instead of calling it unknown.
     """
     if not errors:
         return "invalid request", None
@@ -44,6 +47,8 @@ def describe_validation_error(errors: Sequence[Mapping[str, Any]], data: Any = N
     same_place = [other for other_path, other in located if other_path == path]
     param = ".".join(path) or None
     kind = error.get("type")
+    if kind == "extra_forbidden" and refused_reasons and param in refused_reasons:
+        return f"'{param}' is not supported: {refused_reasons[param]}", param
     if kind == "extra_forbidden":
         return f"Unknown parameter '{param}'; it is not accepted by this endpoint", param
     if kind == "missing":

@@ -70,6 +70,23 @@ def test_platform_fields_refused_with_reason(client: TestClient, fields: dict[st
         assert "one tier" in error["message"]
 
 
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("prompt_cache_retention", "24h", "how long OpenAI keeps cached prefixes"),
+    ("prompt_cache_options", {}, "cache breakpoints"),
+    ("verbosity", "low", "chat_template_kwargs"),
+    ("moderation", {}, "runs none"),
+])
+@pytest.mark.parametrize("send", [chat, completion])
+def test_platform_fields_without_a_meaning_here_say_why(client: TestClient, send: Any, field: str, value: Any,
+                                                        words: str) -> None:
+    """api_compatibility.md's platform table gives each refused field its reason; so does the 400."""
+    error = assert_error(send(client, **{field: value}), 400, field)
+    assert error["message"].startswith(f"'{field}' is not supported: ") and words in error["message"]
+    # Nested, the name means nothing special: the plain unknown-key refusal.
+    nested = assert_error(chat(client, stream=True, stream_options={field: value}), 400, f"stream_options.{field}")
+    assert "Unknown parameter" in nested["message"]
+
+
 def test_platform_fields_accepted_with_their_meaning(client: TestClient, manager: FakeManager) -> None:
     accepted = {"store": False, "service_tier": "auto", "metadata": {"team": "a"}, "user": "u1",
                 "prediction": {"type": "content", "content": "expected text"}, "safety_identifier": "h-1",

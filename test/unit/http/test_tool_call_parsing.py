@@ -207,3 +207,14 @@ def test_a_block_whose_arguments_a_client_could_not_send_back_stays_content(argu
         assert_stream_agrees(lambda: ToolCallStream(parser), text, text, [])
     good = extract_calls(HermesParser(), '<tool_call>\n{"name": "add", "arguments": {"a": 1.5e300}}\n</tool_call>')
     assert [(call.name, call.arguments) for call in good.calls] == [("add", '{"a": 1.5e300}')]
+
+
+@pytest.mark.parametrize("block", [
+    '{"name": "a", "parameters": {"x": 1}}; {"name": "b"}',
+    '{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}',
+    '[{"name": "a", "parameters": {"x": 1}}, {"name": "b"}]',
+])
+def test_hermes_reads_the_documented_call_forms(block: str) -> None:
+    """api_compatibility.md: either parser reads "parameters" for "arguments" and several objects per block."""
+    text = f"<tool_call>{block}</tool_call>"
+    assert_stream_agrees(lambda: ToolCallStream(HermesParser()), text, None, [("a", '{"x": 1}'), ("b", "{}")])

@@ -197,6 +197,13 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice",
          "tools is empty"),
         ({"tools": [{"type": "retrieval"}]}, "tools.0", "function tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0", "function tools"),
+        # A function's own key written beside "type" (the Responses API's layout) is named, not
+        # blamed on the tool's type.
+        ({"tools": [{"type": "function", "function": {"name": "f"}, "strict": True}], "tool_choice": "none"},
+         "tools.0", "unknown key(s) in tools.0: strict; strict belongs inside tools.0.function"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}, "extra": 2}], "tool_choice": "none"},
+         "tools.0", "unknown key(s) in tools.0: extra"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name", "letters"),
         ({"tools": [WEATHER_TOOL, WEATHER_TOOL], "tool_choice": "none"}, "tools.1.function.name", "two functions"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],

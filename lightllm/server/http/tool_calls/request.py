@@ -74,9 +74,16 @@ def parse_tools(value: Any) -> list[FunctionTool]:
     tools: list[FunctionTool] = []
     for index, entry in enumerate(value):
         param = f"tools.{index}"
-        if not isinstance(entry, dict) or entry.get("type") != "function" or set(entry) != {"type", "function"}:
+        if not isinstance(entry, dict) or entry.get("type") != "function" or "function" not in entry:
             raise invalid_request(f"{param} must be {{'type': 'function', 'function': {{...}}}}; only function tools "
                                   "are supported", param)
+        unknown = sorted(set(entry) - {"type", "function"})
+        if unknown:
+            # Other APIs (OpenAI's Responses) write a function's own keys beside "type"; here they
+            # belong inside "function", and a key left there would otherwise be dropped unread.
+            misplaced = [key for key in unknown if key in _FUNCTION_KEYS]
+            hint = f"; {', '.join(misplaced)} belongs inside {param}.function" if misplaced else ""
+            raise invalid_request(f"unknown key(s) in {param}: {', '.join(unknown)}{hint}", param)
         function = entry["function"]
         if not isinstance(function, dict):
             raise invalid_request(f"{param}.function must be an object", f"{param}.function")
