@@ -18,8 +18,8 @@ import pytest
 from failure_clients import alive, child_pids, leftovers, payload, run_client, wait_all_ended
 from server_process import start_server
 
-GRACE_SECONDS = 3.0
-SHORT = 32  # tokens: done long before the deadline
+GRACE_SECONDS = 8.0  # generous: a short request must finish within it on a loaded 2-core CI machine
+SHORT = 16  # tokens: done long before the deadline
 LONG = 3500  # tokens: far beyond the deadline on the small model
 
 
