@@ -8,10 +8,11 @@ runtime benchmark.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Collection, List, Optional, Sequence
 
 import torch
 
+from lightllm.common.basemodel import generator_inputs
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.req_manager import ReqManager
@@ -28,22 +29,47 @@ class CachedSequence:
 
 
 class BatchGenerator:
-    """Prefill (whole or chunked) and greedy decode of a batch on one model."""
+    """Prefill (whole or chunked) and greedy decode of a batch on one model.
 
-    def __init__(self, model: DecoderOnlyTransformer, kv_cache_size: int, max_request_num: int = 64, max_sequence_length: Optional[int] = None):
+    Arguments are checked before a request row or KV slot is reserved, and a call that fails
+    gives back what it took, so the generator stays usable after an error.  Not thread-safe:
+    give each thread its own generator (generators may share one model).
+    """
+
+    def __init__(self, model: DecoderOnlyTransformer, kv_cache_size: int, max_request_num: int = 64,
+                 max_sequence_length: Optional[int] = None):
+        """``max_sequence_length`` (prompt + output) defaults to, and may not exceed, the model's
+        context limit: its position range, or its sliding window when that is shorter (full
+        attention computes a windowed model exactly only within the window)."""
+        kv_cache_size = generator_inputs.count("kv_cache_size", kv_cache_size)
+        max_request_num = generator_inputs.count("max_request_num", max_request_num)
+        limit = model.config.context_limit
+        if max_sequence_length is None:
+            max_len = limit
+        else:
+            max_len = generator_inputs.count("max_sequence_length", max_sequence_length)
+            if max_len > limit:
+                raise ValueError(f"max_sequence_length {max_len} exceeds the model's context limit {limit} "
+                                 "(its position range or sliding window): longer sequences are not computed exactly")
         self.model = model
         self.kv_cache = model.new_kv_cache(kv_cache_size)
-        max_len = max_sequence_length or model.config.context_limit
         self.req_manager = ReqManager(max_request_num, max_len, device=model.device)
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest sequence (prompt + output) this generator computes."""
+        return self.req_manager.max_sequence_length
 
     def start(self, token_ids: Sequence[int]) -> CachedSequence:
         """Register a sequence (takes a request row; nothing is computed yet)."""
-        return CachedSequence(self.req_manager.alloc_row(), list(token_ids))
+        ids = generator_inputs.token_list("token_ids", token_ids, self.model.vocab_size, self.max_sequence_length)
+        return CachedSequence(self.req_manager.alloc_row(), ids)
 
     def forward(self, seqs: Sequence[CachedSequence], new_lens: Sequence[int], all_logits: bool = False) -> torch.Tensor:
         """Compute the next ``new_lens[i]`` uncached tokens of each sequence; returns logits."""
+        new_lens = self._checked_new_lens(seqs, new_lens)
         chunks = [s.token_ids[s.cached_len : s.cached_len + n] for s, n in zip(seqs, new_lens)]
-        slots = self.kv_cache.alloc(sum(len(c) for c in chunks))
+        slots = self.kv_cache.alloc(sum(new_lens))
         decode_step = all(len(c) == 1 for c in chunks)
         if decode_step:
             # One indexed write instead of one slice write per sequence.
@@ -64,6 +90,26 @@ class BatchGenerator:
             seq.cached_len += len(chunk)
         return logits
 
+    def _checked_new_lens(self, seqs: Sequence[CachedSequence], new_lens: Sequence[int]) -> List[int]:
+        """``new_lens`` as ints, each within its sequence's uncached tokens and the length bound."""
+        if len(seqs) != len(new_lens):
+            raise ValueError(f"{len(seqs)} sequences but {len(new_lens)} new_lens")
+        if not seqs:
+            raise ValueError("forward needs at least one sequence")
+        if len({id(seq) for seq in seqs}) != len(seqs):
+            raise ValueError("a sequence appears twice in one forward")
+        checked = []
+        for index, (seq, new_len) in enumerate(zip(seqs, new_lens)):
+            new_len = generator_inputs.count(f"new_lens[{index}]", new_len)
+            uncached = len(seq.token_ids) - seq.cached_len
+            if new_len > uncached:
+                raise ValueError(f"new_lens[{index}] is {new_len}, but sequence {index} has {uncached} uncached tokens")
+            if seq.cached_len + new_len > self.max_sequence_length:
+                raise ValueError(f"sequence {index} would reach {seq.cached_len + new_len} tokens, more than "
+                                 f"max_sequence_length {self.max_sequence_length}")
+            checked.append(new_len)
+        return checked
+
     def release(self, seq: CachedSequence) -> None:
         """Free the sequence's slots and row."""
         if seq.slots:
@@ -71,19 +117,41 @@ class BatchGenerator:
         seq.slots.clear()
         self.req_manager.free_row(seq.row)
 
-    def greedy_generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> List[List[int]]:
-        """Greedy continuation of every prompt: one batched prefill, then batched decode steps."""
-        seqs = [self.start(p) for p in prompts]
+    def greedy_generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                        stop_token_ids: Optional[Collection[int]] = None) -> List[List[int]]:
+        """Greedy continuation of every prompt: one batched prefill, then batched decode steps.
+
+        Each prompt gets ``max_new_tokens`` tokens; the model's EOS does not end it (as vLLM's
+        ``ignore_eos``) unless ``stop_token_ids`` is given (``model.config.eos_token_ids``, say):
+        then a continuation ends with the first of them it produces, kept as its last token.
+        Every prompt and its ``max_new_tokens`` must fit in ``max_sequence_length``, and there
+        must be a free request row for each.
+        """
+        max_new_tokens = generator_inputs.count("max_new_tokens", max_new_tokens)
+        checked = generator_inputs.prompt_lists(prompts, self.model.vocab_size, self.max_sequence_length,
+                                                max_new_tokens)
+        stops = generator_inputs.stop_set(stop_token_ids, self.model.vocab_size)
+        if len(checked) > self.req_manager.available:
+            raise ValueError(f"{len(checked)} prompts but {self.req_manager.available} free request rows "
+                             f"(max_request_num {self.req_manager.max_request_num})")
+        if not checked:
+            return []
+        seqs: List[CachedSequence] = []
         try:
-            logits = self.forward(seqs, [len(p) for p in prompts])
-            outputs: List[List[int]] = [[] for _ in prompts]
+            for prompt in checked:
+                seqs.append(self.start(prompt))
+            outputs: List[List[int]] = [[] for _ in checked]
+            active = list(range(len(seqs)))
+            logits = self.forward(seqs, [len(p) for p in checked])
             for step in range(max_new_tokens):
                 next_ids = logits.argmax(dim=-1).tolist()
-                for seq, out, tok in zip(seqs, outputs, next_ids):
-                    out.append(tok)
-                    seq.token_ids.append(tok)
-                if step + 1 < max_new_tokens:
-                    logits = self.forward(seqs, [1] * len(seqs))
+                for index, tok in zip(active, next_ids):
+                    outputs[index].append(tok)
+                    seqs[index].token_ids.append(tok)
+                active = [index for index, tok in zip(active, next_ids) if tok not in stops]
+                if not active or step + 1 == max_new_tokens:
+                    break
+                logits = self.forward([seqs[index] for index in active], [1] * len(active))
             return outputs
         finally:
             for seq in seqs:

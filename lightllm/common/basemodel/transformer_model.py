@@ -64,7 +64,9 @@ class DecoderOnlyTransformer:
         linear_backend: str = "torch",
     ):
         self.config = config
-        self.dtype = dtype or parse_dtype(config.dtype)  # the config keeps the name (torch-free)
+        # The config keeps the name (torch-free); a dtype given here is checked against the same
+        # served set (float32, float16, bfloat16), names ("bf16") included.
+        self.dtype = parse_dtype(dtype if dtype is not None else config.dtype)
         self.device = torch.device(device)
         self.tp = tp or TensorParallelGroup()
         self.attention = attention or TorchSdpaAttention()

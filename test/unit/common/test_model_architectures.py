@@ -54,7 +54,7 @@ def _prompts():
 
 
 def _our_logits(model, prompts):
-    gen = BatchGenerator(model, 1024, max_sequence_length=256)
+    gen = BatchGenerator(model, 1024, max_sequence_length=min(256, model.config.context_limit))
     return gen.forward([gen.start(p) for p in prompts], [len(p) for p in prompts], all_logits=True)
 
 
