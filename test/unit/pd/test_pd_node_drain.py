@@ -77,6 +77,31 @@ def test_a_request_the_manager_refuses_after_the_drain_began_is_busy_too() -> No
     assert [e.kind for e in events] == ["busy"] and "draining" in events[0].message
 
 
+def test_a_request_the_graceful_deadline_ends_before_its_first_token_is_busy_naming_the_deadline() -> None:
+    # A prefill still queued when --graceful_shutdown_seconds ran out: its client has seen nothing,
+    # so the master places it elsewhere; the message says it was ended, not that it was new.
+    host = ScriptedHost()
+    deadline = "The server is shutting down: the request did not finish within the graceful shutdown period (3s)"
+
+    async def ended_at_the_deadline(spec_: Any, **kwargs: Any):
+        service.start_draining()
+        raise ServerUnavailableError(deadline, "server_shutting_down")
+        yield  # an async generator
+
+    host.generate = ended_at_the_deadline
+    service = PdNodeService(host, "prefill", 1.0, "ipc:///unused")
+    service.epochs[1] = None
+
+    async def scenario() -> List[Any]:
+        return [event async for event in service.generate(spec(PD_KIND_PREFILL), request_id=7, epoch=1)]
+
+    (event,) = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert event.kind == "busy"
+    assert event.message == ("request 7: this prefill node is draining (shutting down) and ended it before its "
+                             f"first token: {deadline}")
+    assert "no new requests" not in event.message
+
+
 class DrainingManager(ScriptedHost):
     """The supervisor's side of the request manager, recording the order of the calls."""
 

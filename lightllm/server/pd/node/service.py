@@ -366,9 +366,12 @@ class PdNodeService:
                 yield PdNodeEvent(BUSY, message=f"request {request_id}: {exc}")
             except ServerUnavailableError as exc:
                 if self.draining and not sent_any:
-                    # Accepted just before the drain began and refused by the manager since:
-                    # nothing ran, so the master may place it elsewhere.
-                    yield self._draining_busy(request_id)
+                    # Accepted just before the drain began and refused by the manager since, or
+                    # still waiting for its first token when the graceful period ran out: the
+                    # client has seen nothing, so the master may place it elsewhere.  The message
+                    # says which (a request already running here is no "new" one).
+                    yield PdNodeEvent(BUSY, message=f"request {request_id}: this {self.role} node is draining "
+                                                    f"(shutting down) and ended it before its first token: {exc}")
                 else:
                     yield error_event(f"request {request_id}: {exc}", "internal")
         finally:
