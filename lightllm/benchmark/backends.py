@@ -8,12 +8,24 @@ event on the benchmark clock and turn the outcome into a :class:`RequestRecord`.
 What a timestamp stands for differs by API, and so does what ITL measures:
 
 * native ``/generate_stream`` (:class:`LightLLMBackend`): one event per generated token, so
-  ``token_times`` holds one stamp per token and ITL is per token;
+  ``token_times`` holds one stamp per token and ITL is per token.  A finish event that carries no
+  token (``"id": -1``, which the server sends when it ends a request with nothing more to say, as
+  on an abort) gets no stamp;
 * OpenAI APIs (:class:`OpenAIBackend`): one stamp per streamed chunk that carries output (text,
   token logprobs, or the finish).  A server may merge tokens into one chunk (LightLLM sends a
   token that ends inside a UTF-8 character together with the next one) and may end with a
   chunk of empty text that carries only the finish; ITL is then per chunk, and each gap is a
   real wait the client saw.  The usage chunk and ``[DONE]`` carry no output and get no stamp.
+
+Output tokens are the count the server reports (``count_output_tokens`` natively, the usage chunk's
+``completion_tokens`` for the OpenAI APIs) and the record says so (``output_tokens_source`` of
+``"server"``).  Without one they are counted from the stream (``"stream"``): exact natively, one
+event per token, but only a count of chunks for the OpenAI APIs, so the response's text is kept
+(:attr:`RequestRecord.generated_text`) for ``bench_serving`` to count with the tokenizer instead.
+
+A response the server ended with a finish reason meaning it gave up (:data:`GAVE_UP_FINISH_REASONS`)
+is a failed request, whatever it streamed before: its record keeps the reason in ``finish_reason``
+and in its error.
 
 TTFT is the first stamp; E2E ends at the last stamp (the last output the client received), not
 at ``[DONE]`` or the usage chunk that follow it: those are protocol trailers, and ending there
@@ -30,8 +42,7 @@ from typing import Any, AsyncIterator, Callable
 
 import httpx
 
-from lightllm.benchmark.metrics import RequestRecord
-from lightllm.benchmark.server_probe import NoModelListed, refused_probe
+from lightllm.benchmark.metrics import COUNT_FROM_SERVER, COUNT_FROM_STREAM, RequestRecord
 
 Clock = Callable[[], float]
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -39,6 +50,11 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-strea
 # Their tokens would come interleaved in the one stream the benchmark reads as one request's:
 # twice the output tokens, and TPOT and ITL mixing two generations.  --extra-body may not set them.
 MULTI_GENERATION_FIELDS: tuple[str, ...] = ("n", "best_of")
+# Finish reasons that say the server gave up on a request rather than finished it: "abort" (our
+# server: a request it ended without finishing it, such as one its scheduler dropped; vLLM: an
+# aborted request) and "error" (vLLM's name for a failed request; ours sends an error event).  Its latencies would be
+# those of a cut-off output, so such a request counts as failed.
+GAVE_UP_FINISH_REASONS: tuple[str, ...] = ("abort", "error")
 
 
 @dataclasses.dataclass
@@ -59,6 +75,9 @@ class StreamState:
 
     token_times: list[float] = dataclasses.field(default_factory=list)
     finished: bool = False
+    finish_reason: str | None = None
+    # The generated text, collected where the stream's events are not one token each (OpenAI).
+    text_parts: list[str] = dataclasses.field(default_factory=list)
     usage_output_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     end_time: float | None = None
@@ -74,6 +93,8 @@ class Backend(abc.ABC):
     accepts_token_ids: bool = False
     # True when the event that reports completion is the last one the client needs.
     stops_on_finish: bool = False
+    # True when every stamped event is one generated token, so counting them counts the tokens.
+    one_token_per_event: bool = False
     # Fields of the body (of the parameters, natively) the benchmark controls: those it sets and
     # those that would override the output length it asks for.  --extra-body may not set them.
     controlled_fields: tuple[str, ...] = ()
@@ -110,6 +131,7 @@ class LightLLMBackend(Backend):
     path = "/generate_stream"
     needs_model = False
     stops_on_finish = True
+    one_token_per_event = True
     controlled_fields = ("max_new_tokens", "ignore_eos")
 
     def build_payload(self, request: RequestInput) -> dict[str, Any]:
@@ -119,11 +141,19 @@ class LightLLMBackend(Backend):
         return {"inputs": request.prompt, "parameters": parameters}
 
     def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
-        if data.get("token") is not None:
-            state.token_times.append(now)
+        token = data.get("token")
+        if token is not None:
+            token_id = token.get("id") if isinstance(token, dict) else None
+            # A negative id marks a finish that carries no token: no output arrived with it, so
+            # it gets no stamp (it would add a token, an ITL gap and time to E2E that are not there).
+            if not (isinstance(token_id, int) and token_id < 0):
+                state.token_times.append(now)
+            count = token.get("count_output_tokens") if isinstance(token, dict) else None
+            if isinstance(count, int) and not isinstance(count, bool):
+                state.usage_output_tokens = count
         if data.get("finished"):
             state.finished = True
-            state.usage_output_tokens = len(state.token_times)
+            state.finish_reason = data.get("finish_reason")
 
     def is_complete(self, state: StreamState, saw_done: bool) -> bool:
         return state.finished
@@ -180,8 +210,11 @@ class OpenAIBackend(Backend):
         # between them are what the client waited (see the module docstring for ITL's meaning).
         if any(self._carries_output(choice) for choice in choices):
             state.token_times.append(now)
-        if any(choice.get("finish_reason") for choice in choices):
-            state.finished = True
+        for choice in choices:
+            state.text_parts.append(self._chunk_text(choice))
+            if choice.get("finish_reason"):
+                state.finished = True
+                state.finish_reason = choice["finish_reason"]
         usage = data.get("usage")
         if usage:
             if usage.get("completion_tokens") is not None:
@@ -329,13 +362,14 @@ async def send_request(
     record.token_times = state.token_times
     if state.token_times:
         record.first_token_time = state.token_times[0]
-    record.output_tokens = (
-        state.usage_output_tokens if state.usage_output_tokens is not None else len(state.token_times)
-    )
+    _count_output(backend, state, record)
     if state.usage_prompt_tokens is not None:
         record.prompt_tokens = state.usage_prompt_tokens
+    record.finish_reason = state.finish_reason
     if state.error is None and not backend.is_complete(state, saw_done):
         state.error = "stream ended before the response was complete"
+    if state.error is None and state.finish_reason in GAVE_UP_FINISH_REASONS:
+        state.error = f"the server gave up on the request (finish_reason {state.finish_reason!r})"
     if state.error is None and not state.token_times:
         state.error = "no output token received"
     record.error = state.error
@@ -347,23 +381,13 @@ async def send_request(
     return record
 
 
-async def fetch_default_model(client: httpx.AsyncClient, base_url: str) -> str:
-    """The first model id listed by ``GET /v1/models``.
-
-    Raises:
-        ServerRefused: the server answered with an HTTP error (its message in one line).
-        NoModelListed: it lists no model (or answered something that is not a model list).
-    """
-    response = await client.get(base_url.rstrip("/") + "/v1/models")
-    if response.status_code >= 400:
-        raise refused_probe(base_url, "/v1/models", response)
-    try:
-        listing = response.json()
-    except ValueError:
-        listing = None
-    models = listing.get("data") if isinstance(listing, dict) else None
-    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
-        # Not an OpenAI model list (another service on the port, a proxy's page): said, not a traceback.
-        raise NoModelListed(f"{base_url}/v1/models lists no model (answered {response.text[:120]!r}); "
-                         "pass --model explicitly")
-    return str(models[0]["id"])
+def _count_output(backend: Backend, state: StreamState, record: RequestRecord) -> None:
+    """Set the record's output tokens, and where they came from, from what the stream said."""
+    if state.usage_output_tokens is not None:
+        record.output_tokens, record.output_tokens_source = state.usage_output_tokens, COUNT_FROM_SERVER
+        return
+    record.output_tokens, record.output_tokens_source = len(state.token_times), COUNT_FROM_STREAM
+    if not backend.one_token_per_event:
+        # A chunk may carry several tokens: keep the text so the run can count them (see
+        # bench_serving.count_unreported_output).
+        record.generated_text = "".join(state.text_parts)

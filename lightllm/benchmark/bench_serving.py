@@ -22,14 +22,16 @@ from typing import Any, Sequence
 
 import httpx
 
-from lightllm.benchmark.backends import BACKENDS, MULTI_GENERATION_FIELDS, RequestInput, fetch_default_model
+from lightllm.benchmark.backends import BACKENDS, MULTI_GENERATION_FIELDS, RequestInput
 from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
                                          with_flag_names)
-from lightllm.benchmark.metrics import format_summary, parse_slo, summarize, write_records_jsonl
+from lightllm.benchmark.metrics import (COUNT_FROM_STREAM, COUNT_FROM_TOKENIZER, RequestRecord, format_summary,
+                                        parse_slo, summarize, write_records_jsonl)
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
-from lightllm.benchmark.server_probe import NoModelListed, ServerRefused, check_reachable, served_context
+from lightllm.benchmark.server_probe import (NoModelListed, ServerRefused, UnknownModel, check_reachable,
+                                             fetch_default_model, served_context)
 from lightllm.benchmark.workload_context import check_workloads_within
 from lightllm.benchmark.workloads import (FIELD_HELP, WORKLOADS, ScheduledRequest, WorkloadConfig, build_workload,
                                          workloads_using)
@@ -146,6 +148,22 @@ def prepare_requests(
     return requests
 
 
+def count_unreported_output(records: Sequence[RequestRecord], builder: PromptBuilder) -> None:
+    """Count with the tokenizer the output of every response whose server reported no token count.
+
+    Such a record counted the chunks it received, and a server may pack several tokens into one
+    (halving the count); its generated text, counted as vLLM's benchmark counts it (no special
+    tokens added), is the better estimate.  The record says so (``output_tokens_source``
+    ``"tokenizer"``), and the text is dropped.  Done after the run, so tokenizing never delays
+    the timing of a request still in flight.
+    """
+    for record in records:
+        if record.generated_text is not None and record.output_tokens_source == COUNT_FROM_STREAM:
+            record.output_tokens = builder.count_tokens(record.generated_text)
+            record.output_tokens_source = COUNT_FROM_TOKENIZER
+        record.generated_text = None
+
+
 async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None = None) -> dict[str, Any]:
     """Run one benchmark and return its JSON-serialisable summary.
 
@@ -180,6 +198,7 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
             max_concurrency=config.max_concurrency,
             show_progress=config.show_progress,
         )
+    count_unreported_output(records, builder)
     if config.output_jsonl:
         write_records_jsonl(config.output_jsonl, records)
     summary = summarize(records, config.slo)
@@ -210,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--backend", choices=sorted(BACKENDS), default=BenchmarkConfig.backend,
                         help=f"API the requests use: {apis} (default {BenchmarkConfig.backend})")
     server.add_argument("--model", default=None,
-                        help="model name in the requests (default: the first id from GET /v1/models)")
+                        help="model name in the requests (default: the first id from GET /v1/models); a name "
+                        "the server does not list is refused when it lists several models")
     server.add_argument("--api-key", default=default_api_key(), help=API_KEY_HELP)
     server.add_argument("--tokenizer", required=True, help="local directory of the served model's tokenizer")
     server.add_argument("--no-ignore-eos", action="store_true", help="do not ask the server to ignore EOS")
@@ -336,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except UnknownModel as exc:
+        # A flag the server cannot serve, said before the tokenizer loads: a usage error.
+        parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
     try:
         if limit is not None:
             check_workloads_within(limit, [config.workload], [config.workload.seed], servers="the server")

@@ -15,9 +15,16 @@ Definitions (per request, successful requests only):
   APIs, where a chunk may carry several tokens (see :mod:`lightllm.benchmark.backends`)
 * send lag = send_time - scheduled_time (client-side schedule deviation; all sent requests)
 
+A request the server ended with a finish reason meaning it gave up (``abort``, ``error``) is a
+failed request (see :mod:`lightllm.benchmark.backends`); every record keeps its ``finish_reason``.
 A successful request whose ``output_tokens`` differ from its ``requested_output_tokens`` (a stop
-sequence or EOS ended it early) is counted in ``output_len_mismatch``: its latencies are real, but
-not those of the length the workload asked for, and :func:`format_summary` warns about it.
+sequence or EOS ended it early, or a length limit of the server's) is counted in
+``output_len_mismatch``, and its finish reason in ``output_len_mismatch_finish_reasons``: its
+latencies are real, but not those of the length the workload asked for, and :func:`format_summary`
+warns about it, naming the finish reasons.  ``output_tokens_source`` says where each record's
+count came from (``server``, ``stream`` or ``tokenizer``); the completed requests counted by the
+client's tokenizer (a server that reported no count) are ``output_tokens_from_tokenizer``, and
+:func:`format_summary` says so.
 
 Throughputs divide by the benchmark duration, last end time minus first send time over
 all requests, so per-class throughputs add up to the overall figure. Goodput counts the
@@ -37,6 +44,12 @@ from lightllm.benchmark.cli_args import refuse_repeated_values
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 SLO_KEYS: tuple[str, ...] = ("ttft", "tpot", "e2e")
+UNREPORTED_FINISH = "unreported"
+# Where a record's output token count came from (RequestRecord.output_tokens_source).
+COUNT_FROM_SERVER, COUNT_FROM_STREAM, COUNT_FROM_TOKENIZER = "server", "stream", "tokenizer"
+# What ended a request early, by finish reason, for the output-length warning.
+_FINISH_MEANINGS = {"stop": "a stop sequence, or EOS when it is not ignored",
+                    "length": "a length limit of the server's, such as its context"}
 
 
 @dataclasses.dataclass
@@ -54,6 +67,13 @@ class RequestRecord:
     output_tokens: int = 0
     requested_output_tokens: int = 0
     error: str | None = None
+    finish_reason: str | None = None
+    # "server": the count the server reported; "stream": counted from the stream's events (one per
+    # token natively); "tokenizer": the generated text counted by the client's tokenizer.
+    output_tokens_source: str | None = None
+    # The generated text of a response whose server reported no token count, kept in memory only
+    # until the run counts its tokens: written out, the records would grow to the outputs' size.
+    generated_text: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def success(self) -> bool:
@@ -96,8 +116,10 @@ class RequestRecord:
         return None if self.send_time is None else self.send_time - self.scheduled_time
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (one JSONL line)."""
-        return dataclasses.asdict(self)
+        """JSON-serialisable form (one JSONL line), without the in-memory ``generated_text``."""
+        data = dataclasses.asdict(self)
+        del data["generated_text"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RequestRecord":
@@ -195,14 +217,16 @@ def group_metrics(
     itls = [gap for r in done for gap in r.inter_token_latencies]
     good = sum(meets_slo(r, slo) for r in done) if slo else None
     # A requested length of 0 is a record that does not say what it asked for (hand-made, or older).
-    mismatched = sum(1 for r in done if r.requested_output_tokens and r.output_tokens != r.requested_output_tokens)
+    mismatched = [r for r in done if r.requested_output_tokens and r.output_tokens != r.requested_output_tokens]
     return {
         "requests": len(records),
         "completed": len(done),
         "failed": len(records) - len(done),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
-        "output_len_mismatch": mismatched,
+        "output_tokens_from_tokenizer": sum(1 for r in done if r.output_tokens_source == COUNT_FROM_TOKENIZER),
+        "output_len_mismatch": len(mismatched),
+        "output_len_mismatch_finish_reasons": _finish_reason_counts(mismatched),
         "request_throughput": _rate(len(done), duration),
         "output_throughput": _rate(output_tokens, duration),
         "total_token_throughput": _rate(input_tokens + output_tokens, duration),
@@ -214,6 +238,15 @@ def group_metrics(
         "e2e_ms": describe([r.e2e for r in done], 1e3),
         "send_lag_ms": describe([r.send_lag for r in records if r.send_lag is not None], 1e3),
     }
+
+
+def _finish_reason_counts(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """How many of ``records`` ended with each finish reason (``unreported`` where none came)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        reason = r.finish_reason or UNREPORTED_FINISH
+        counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = None) -> dict[str, Any]:
@@ -280,9 +313,19 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("slo_ms: " + ", ".join(f"{k}<={v:g}" for k, v in summary["slo_ms"].items()))
     for message, count in summary.get("errors", {}).items():
         lines.append(f"error x{count}: {message}")
-    mismatched, done = summary["overall"].get("output_len_mismatch"), summary["overall"]["completed"]
+    overall = summary["overall"]
+    mismatched, done = overall.get("output_len_mismatch"), overall["completed"]
     if mismatched:
+        reasons = overall.get("output_len_mismatch_finish_reasons") or {}
+        ended = "; ".join(f"finish_reason {reason} x{count}" + (f": {_FINISH_MEANINGS[reason]}"
+                                                               if reason in _FINISH_MEANINGS else "")
+                          for reason, count in reasons.items())
         lines.append(f"warning: {mismatched} of {done} completed requests generated a different number of output "
-                     "tokens than requested (a stop sequence, or EOS when it is not ignored, ended them); their "
-                     "latencies are not those of the requested lengths")
+                     f"tokens than requested ({ended or 'finish reasons not recorded'}); their latencies are not "
+                     "those of the requested lengths")
+    counted = overall.get("output_tokens_from_tokenizer")
+    if counted:
+        lines.append(f"note: the server reported no output token count for {counted} of {done} completed requests; "
+                     "their output tokens are the generated text counted by the client's tokenizer (records: "
+                     "output_tokens_source \"tokenizer\"), which can differ from the tokens the server generated")
     return "\n".join(lines)

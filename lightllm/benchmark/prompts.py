@@ -71,7 +71,9 @@ class PromptBuilder:
     independent random content so prefix caches do not share work between requests,
     and ``namespace`` separates prompt families built with the same seed (e.g. warm-up
     rounds versus the measured round). A shared prefix of ``shared_prefix_len`` tokens,
-    identical for every prompt with the same seed, can be requested on purpose.
+    identical for every prompt with the same seed and namespace, can be requested on purpose;
+    prompts of another namespace or seed get another prefix, so a warm-up round (or an earlier
+    repeat) never fills the prefix cache with the measured prompts' prefix.
 
     Args:
         tokenizer: a ``transformers`` tokenizer (``AutoTokenizer.from_pretrained``).
@@ -93,15 +95,20 @@ class PromptBuilder:
         """Special tokens the tokenizer adds around a single text (e.g. 1 for BOS)."""
         return self._num_special
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` alone, without the special tokens (BOS) a prompt would get."""
+        return len(self._encode(text, add_special_tokens=False))
+
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, clean_up_tokenization_spaces=False)
 
-    def _shared_prefix(self, seed: int, length: int) -> list[int]:
-        # Seeded without the namespace or index so every prompt gets the same prefix.
-        return [int(i) for i in _rng(seed, "shared-prefix").choice(self._candidates, length)]
+    def _shared_prefix(self, seed: int, namespace: str, length: int) -> list[int]:
+        # Seeded without the index, so every prompt of one pass gets the same prefix, but with the
+        # namespace: a warm-up pass built with the measured pass's seed must not cache its prefix.
+        return [int(i) for i in _rng(seed, namespace, "shared-prefix").choice(self._candidates, length)]
 
     def _group_stream(self, seed: int, namespace: str, group: int, length: int) -> list[int]:
         # Drawn in fixed blocks so the stream for a shorter length is a prefix of a longer one
@@ -154,7 +161,7 @@ class PromptBuilder:
             )
         rng = _rng(seed, namespace, index)
         content_len = length - self._num_special
-        prefix = self._shared_prefix(seed, shared_prefix_len) if shared_prefix_len else []
+        prefix = self._shared_prefix(seed, namespace, shared_prefix_len) if shared_prefix_len else []
         if prefix_group >= 0 and prefix_len:
             prefix = self._group_stream(seed, namespace, prefix_group, min(prefix_len, content_len))
         content = prefix + [int(i) for i in rng.choice(self._candidates, content_len - len(prefix))]

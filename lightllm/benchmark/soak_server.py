@@ -35,8 +35,7 @@ import httpx
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
-from lightllm.benchmark.backends import fetch_default_model
-from lightllm.benchmark.server_probe import NoModelListed, ServerRefused
+from lightllm.benchmark.server_probe import NoModelListed, ServerRefused, fetch_default_model
 from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, default_api_key, without_api_key
 from lightllm.benchmark.soak_client import SoakClient, make_prompts
 from lightllm.benchmark.soak_report import memory_info, render_markdown, round_line

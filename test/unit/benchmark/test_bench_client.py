@@ -70,7 +70,7 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    def openai_stream(n: int, prompt_tokens: int, chat: bool):
+    def openai_stream(n: int, prompt_tokens: int, chat: bool, finish: str = "length"):
         def chunk(text: str | None, finish: str | None = None) -> dict[str, Any]:
             choice = {"index": 0, "finish_reason": finish}
             choice.update({"delta": {} if text is None else {"content": text}} if chat else {"text": text or ""})
@@ -91,10 +91,10 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
                 pieces = ["t0t1", "t2", LOGPROB_ONLY, "t4", "t5", "t6", ""]
             for i, piece in enumerate(pieces):
                 last = i == len(pieces) - 1
-                yield _sse(chunk(piece, "length" if last and not chat else None))
+                yield _sse(chunk(piece, finish if last and not chat else None))
                 await asyncio.sleep(0.001)
             if chat:
-                yield _sse(chunk(None, "length"))
+                yield _sse(chunk(None, finish))
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
             yield _sse({"id": "x", "choices": [], "usage": usage})
             yield _sse("[DONE]")
@@ -108,7 +108,9 @@ def make_app(tokenizer, log: list[dict[str, Any]]) -> FastAPI:
         prompt = body["prompt"]
         prompt_tokens = len(prompt) if isinstance(prompt, list) else count(prompt)
         # A stop sequence ends every completion after its first chunk (two tokens).
-        return openai_stream(2 if body.get("stop") else body["max_tokens"], prompt_tokens, chat=False)
+        stopped = bool(body.get("stop"))
+        return openai_stream(2 if stopped else body["max_tokens"], prompt_tokens, chat=False,
+                             finish="stop" if stopped else "length")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -312,8 +314,9 @@ def test_cli_warns_about_requests_that_ended_before_their_length(server, tokeniz
     assert summary["overall"]["output_len_mismatch"] == 3 and summary["classes"]["long"]["output_len_mismatch"] == 1
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: 3 of 3 completed requests generated a different number of output tokens than "
-                        "requested (a stop sequence, or EOS when it is not ignored, ended them); their latencies are "
-                        "not those of the requested lengths"]
+                        "requested (finish_reason stop x3: a stop sequence, or EOS when it is not ignored); their "
+                        "latencies are not those of the requested lengths"]
+    assert summary["overall"]["output_len_mismatch_finish_reasons"] == {"stop": 3}
 
 
 def test_cli_rejects_bad_arguments(tokenizer_dir) -> None:

@@ -137,3 +137,28 @@ def test_prefix_groups_share_their_stream_and_chat_turns_extend(builder) -> None
     warm = prepare_requests(schedule, builder, prompt_format="ids", seed=3, namespace="warmup-0")
     grouped = [i for i, item in enumerate(schedule) if item.prefix_group >= 0]
     assert all(warm[i].prompt[1:9] != requests[i].prompt[1:9] for i in grouped[:5])
+
+
+def test_a_shared_prefix_is_shared_within_a_pass_only(builder) -> None:
+    # compare_strategies builds its warm-up with the first repeat's seed and a namespace of its own
+    # ("<workload>-warmup-<k>"), and each repeat with seed + r ("<workload>-repeat-<r>"); bench_serving
+    # its warm-ups as "warmup-<k>" and the measured pass as "measure".  Before, the shared prefix
+    # ignored the namespace, so a warm-up filled the cache with repeat 0's prefix.
+    schedule = long_first(WorkloadConfig(long_count=2, short_count=4, long_len=60, short_len=24))
+
+    def pass_of(namespace: str, seed: int) -> list[list[int]]:
+        requests = prepare_requests(schedule, builder, prompt_format="ids", seed=seed, namespace=namespace,
+                                    shared_prefix_len=12)
+        return [r.prompt for r in requests]
+
+    def common(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    passes = [pass_of("long_first-warmup-0", 7), pass_of("long_first-repeat-0", 7), pass_of("long_first-repeat-1", 8),
+              pass_of("warmup-0", 7), pass_of("measure", 7)]
+    bos = builder.num_special_tokens
+    for i, first in enumerate(passes):
+        # Within one pass the prefix is shared (merges can only touch the token at the seam).
+        assert min(common(a, b) for a in first for b in first) >= bos + 11
+        for second in passes[i + 1:]:
+            assert max(common(a, b) for a in first for b in second) == bos
