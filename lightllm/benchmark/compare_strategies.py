@@ -168,17 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a server may take to become healthy")
     p.add_argument("--out-dir", required=True,
                    help="directory of the report, the raw runs and the server logs (created if missing)")
-    p.add_argument("--seed", type=int, default=0, help="repeat r uses workload seed SEED + r; also seeds the bootstrap")
+    p.add_argument("--seed", type=int, default=0, help="repeat r uses workload seed SEED + r")
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text",
                    help="text: prompts are sent as text; ids: as token ids (default text)")
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="most requests in flight at once (default: no limit, requests go at their scheduled times)")
     p.add_argument("--request-timeout", type=finite_float, default=3600.0,
                    help="seconds one request may take (default 3600)")
-    p.add_argument("--bootstrap-resamples", type=int, default=2000,
-                   help="bootstrap resamples behind each confidence interval (default 2000)")
+    # Still parsed, so a command line written for the former bootstrap interval is told why the flag
+    # is gone instead of getting argparse's bare "unrecognized arguments".
+    p.add_argument("--bootstrap-resamples", default=None, metavar="N",
+                   help="no longer used: the intervals are Student-t intervals, which draw no resamples; "
+                   "refused with that reason")
     p.add_argument("--confidence", type=float, default=0.95,
-                   help="confidence level of the intervals on the paired ratios, a fraction in (0, 1) (default 0.95)")
+                   help="confidence level of the paired Student-t intervals on the per-repeat log ratios, a "
+                   "fraction in (0, 1) (default 0.95)")
     p.add_argument("--sequential-start", action="store_true",
                    help="start the servers one after another instead of together (start-up is never measured)")
     p.add_argument("--settle", type=finite_float, default=1.0,
@@ -199,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> ComparisonOptions:
     """Translate parsed CLI arguments into :class:`ComparisonOptions`."""
+    if args.bootstrap_resamples is not None:
+        raise ValueError("--bootstrap-resamples no longer applies: the intervals are paired Student-t intervals "
+                         "on the per-repeat log ratios, which draw no resamples; drop the flag")
     knobs = {f.name: getattr(args, f.name) for f in _WORKLOAD_FIELDS}
     names = [n.strip() for n in args.workload.split(",") if n.strip()]
     for name in names:
@@ -223,7 +230,6 @@ def options_from_args(args: argparse.Namespace, argv: Sequence[str]) -> Comparis
         shared_prefix_len=args.shared_prefix_len,
         max_concurrency=args.max_concurrency,
         request_timeout_s=args.request_timeout,
-        bootstrap_resamples=args.bootstrap_resamples,
         confidence=args.confidence,
         settle_s=args.settle,
         parallel_start=not args.sequential_start,

@@ -89,9 +89,7 @@ def analyze_runs(
     baseline: str,
     *,
     metrics: Sequence[ComparisonMetric] = COMPARISON_METRICS,
-    resamples: int = 2000,
     confidence: float = 0.95,
-    seed: int = 0,
 ) -> dict[str, Any]:
     """Per-repeat values, medians over repeats and paired changes vs ``baseline``.
 
@@ -111,9 +109,7 @@ def analyze_runs(
     medians = {name: {key: median_or_none(v) for key, v in per.items()} for name, per in values.items()}
     changes = {
         name: {
-            m.key: paired_change(
-                values[name][m.key], values[baseline][m.key], resamples=resamples, confidence=confidence, seed=seed
-            ).to_dict()
+            m.key: paired_change(values[name][m.key], values[baseline][m.key], confidence=confidence).to_dict()
             for m in metrics
         }
         for name in summaries

@@ -78,7 +78,6 @@ class ComparisonOptions:
     shared_prefix_len: int = 0
     max_concurrency: int | None = None
     request_timeout_s: float = 3600.0
-    bootstrap_resamples: int = 2000
     confidence: float = 0.95
     settle_s: float = 1.0
     parallel_start: bool = True
@@ -89,8 +88,7 @@ class ComparisonOptions:
         """Raise ValueError naming the first invalid field."""
         if not self.model_dir or not os.path.isdir(self.model_dir):
             raise ValueError(f"model_dir must be an existing directory, got {self.model_dir!r}")
-        # Refused here, not at the end: the seed also seeds the bootstrap, which runs only after
-        # every server was measured.
+        # Refused here, not when the first repeat's prompts are built after every server started.
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if not self.workloads:
@@ -121,8 +119,6 @@ class ComparisonOptions:
                              f"got {self.settle_s:g}")
         if not math.isfinite(self.request_timeout_s):
             raise ValueError(f"request_timeout_s must be a finite number of seconds, got {self.request_timeout_s}")
-        if self.bootstrap_resamples < 1:
-            raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
         # Checked here, not by the bench_serving config below: a workload that shares prefixes its

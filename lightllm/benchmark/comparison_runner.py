@@ -24,6 +24,7 @@ from lightllm.benchmark.bench_serving import load_tokenizer, run_benchmark
 from lightllm.benchmark.comparison_metrics import analyze_runs, rotated_order
 from lightllm.benchmark.comparison_options import ComparisonOptions
 from lightllm.benchmark.metrics import read_records_jsonl
+from lightllm.benchmark.paired_stats import INTERVAL_METHOD
 from lightllm.benchmark.prompts import PromptBuilder
 from lightllm.benchmark.report_writer import write_json, write_report
 from lightllm.benchmark.run_environment import git_info, machine_info
@@ -200,7 +201,7 @@ def run_comparison(
             "rotated: repeat r visits the strategies rotated left by r; "
             "all servers stay up, one is measured at a time"
         ),
-        "bootstrap": {"resamples": options.bootstrap_resamples, "confidence": options.confidence, "seed": options.seed},
+        "interval": {"method": INTERVAL_METHOD, "confidence": options.confidence},
         "topology": topology.describe(),
         "git": git_info(),
         "machine": machine_info(),
@@ -252,9 +253,7 @@ def _workload_section(options: ComparisonOptions, workload: WorkloadConfig, warm
     analysis = analyze_runs(
         {s: [e["summary"] for e in entries] for s, entries in runs.items()},
         options.baseline,
-        resamples=options.bootstrap_resamples,
         confidence=options.confidence,
-        seed=options.seed,
     )
     section = {
         "workload": dataclasses.asdict(workload),

@@ -3,7 +3,7 @@
 The report is a plain dict (what ``compare_strategies`` builds)::
 
     {"meta": {"model_dir", "strategies", "baseline", "repeats", "warmup", "seed",
-              "server_args", "command", "git", "machine", "bootstrap", ...},
+              "server_args", "command", "git", "machine", "interval", ...},
      "workloads": {NAME: {"workload": WorkloadConfig fields,
                           "values":  {strategy: {metric_key: [per repeat]}},
                           "medians": {strategy: {metric_key: median}},
@@ -80,10 +80,17 @@ def format_percent(value: float | None) -> str:
 
 
 def format_change(change: Mapping[str, Any] | None) -> str:
-    """``-9.1% [-13.9, -6.3] n=3`` from a PairedChange dict (n: the pairs it rests on); a dash without pairs."""
+    """``-9.1% [-13.9, -6.3] n=3`` from a PairedChange dict (n: the pairs it rests on); a dash without pairs.
+
+    One pair has no interval: ``+5.0% [no interval] n=1``.
+    """
     if not change or change.get("percent") is None:
         return "-"
-    text = f"{change['percent']:+.1f}% [{change['ci_low_percent']:+.1f}, {change['ci_high_percent']:+.1f}]"
+    if change.get("ci_low_percent") is None or change.get("ci_high_percent") is None:
+        interval = "no interval"
+    else:
+        interval = f"{change['ci_low_percent']:+.1f}, {change['ci_high_percent']:+.1f}"
+    text = f"{change['percent']:+.1f}% [{interval}]"
     return text + (f" n={change['pairs']}" if change.get("pairs") is not None else "")
 
 
@@ -97,12 +104,13 @@ def change_confidence(changes: Mapping[str, Mapping[str, Any]], default: float =
 
 
 def _few_pairs_note(changes: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """A warning when an interval rests on one or two pairs, where the bootstrap cannot estimate anything."""
+    """A warning when a change rests on one or two pairs: no interval, or one too wide to tell much."""
     pairs = [c.get("pairs") for per in changes.values() for c in per.values() if c and c.get("percent") is not None]
     if not pairs or min(pairs) > 2:
         return []
-    return ["", "With n=1 the interval is the point estimate itself, and with n=2 it is at most the range of the "
-            "two ratios: neither is a confidence interval. Measure more repeats before relying on it."]
+    return ["", "With n=1 there is no interval (one ratio has no spread to estimate), and with n=2 the interval "
+            "rests on one degree of freedom (t = 12.7 at 95%), so it is very wide. Measure more repeats before "
+            "relying on a change."]
 
 
 def _output_lens(cfg: Mapping[str, Any]) -> str:
@@ -153,7 +161,7 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
     if git.get("dirty"):
         commit += " (uncommitted changes)"
     machine = meta.get("machine") or {}
-    boot = meta.get("bootstrap") or {}
+    interval = meta.get("interval") or {}
     stopped = (
         [f"- **Stopped early**: {meta['stopped_early']}. Only repeats every strategy completed are reported; "
          "workloads after that were not run."]
@@ -187,8 +195,8 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
         "",
         f"Absolute values are medians over repeats (a P95 is the median of the per-repeat P95s). "
         f"\"Change vs {meta['baseline']}\" is the mean of per-repeat paired log ratios converted to percent; "
-        f"the interval is a {100 * boot.get('confidence', 0.95):g}% percentile bootstrap over repeats "
-        f"({boot.get('resamples', 2000)} resamples, seed {boot.get('seed', 0)}); the "
+        f"the interval is the {100 * interval.get('confidence', 0.95):g}% paired Student-t interval of that mean "
+        "(mean +- t(n-1) * sd / sqrt(n) over the n paired repeats, converted to percent the same way); the "
         f"\"Throughput vs {meta['baseline']}\" column is that estimate for output tokens/s. "
         "For latencies negative is better, for throughput positive is better.",
     ]
@@ -305,8 +313,10 @@ def plot_throughput(
     if others:
         changes = [section["changes"][s]["output_throughput"] for s in others]
         points = [c["percent"] if c["percent"] is not None else 0.0 for c in changes]
-        err_low = [p - c["ci_low_percent"] if c["percent"] is not None else 0.0 for p, c in zip(points, changes)]
-        err_high = [c["ci_high_percent"] - p if c["percent"] is not None else 0.0 for p, c in zip(points, changes)]
+        # No whisker where there is no interval (no pairs, or a single one).
+        err_low = [p - c["ci_low_percent"] if c["ci_low_percent"] is not None else 0.0 for p, c in zip(points, changes)]
+        err_high = [c["ci_high_percent"] - p if c["ci_high_percent"] is not None else 0.0
+                    for p, c in zip(points, changes)]
         ax2 = fig.add_subplot(1, 2, 2)
         colors = ["tab:green" if p >= 0 else "tab:red" for p in points]
         ax2.bar(others, points, yerr=[err_low, err_high], capsize=6, color=colors, alpha=0.8)
@@ -314,7 +324,7 @@ def plot_throughput(
         ax2.set_ylabel(f"change vs {baseline} (%)")
         confidence = change_confidence({s: section["changes"][s] for s in others})
         pairs = sorted({c["pairs"] for c in changes})
-        ax2.set_title(f"paired change (whiskers: {100 * confidence:g}% bootstrap interval, "
+        ax2.set_title(f"paired change (whiskers: {100 * confidence:g}% Student-t interval, "
                       f"n={'/'.join(map(str, pairs))} pairs)")
         ax2.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title)

@@ -330,7 +330,7 @@ def build_workload(cfg: WorkloadConfig) -> list[ScheduledRequest]:
         raise ValueError(
             f"workload name must be one of {sorted(WORKLOADS)}, got {cfg.name!r}"
         ) from None
-    # Checked for every workload, not only those that draw from it: the seed also seeds the
-    # prompts and a comparison's bootstrap, which would otherwise refuse it only at the end.
+    # Checked for every workload, not only those that draw their schedule from it: the seed also
+    # seeds every workload's prompts, and one rule for all keeps a seed valid for every workload.
     _require_positive_int("seed", cfg.seed, allow_zero=True)
     return generator(cfg)

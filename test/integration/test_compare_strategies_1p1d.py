@@ -37,7 +37,7 @@ def comparison(tiny_llama_dir, tmp_path_factory):
         "--server-args", "--max_total_token_num 4096",
         "--prefill-args", " ".join(PREFILL_ARGS), "--decode-args", " ".join(DECODE_ARGS),
         "--master-args", "--pd_heartbeat_interval 1",
-        "--bootstrap-resamples", "50", "--start-timeout", "240",
+        "--start-timeout", "240",
         "--out-dir", str(out), "--seed", "3", "--ports", f"{PORTS[0]}-{PORTS[1]}",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)

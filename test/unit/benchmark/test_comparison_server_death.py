@@ -74,7 +74,6 @@ def test_a_server_dying_mid_run_reports_the_completed_repeats(tiny_llama_dir, tm
         repeats=2,
         warmup=0,
         kv_tokens=4096,
-        bootstrap_resamples=50,
         settle_s=0.0,
     )
     # Repeat 0 visits default then hrrn; repeat 1 starts with hrrn, whose server dies there.

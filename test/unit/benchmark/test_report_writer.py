@@ -9,6 +9,7 @@ import math
 import pytest
 
 from lightllm.benchmark.comparison_metrics import analyze_runs
+from lightllm.benchmark.paired_stats import INTERVAL_METHOD
 from lightllm.benchmark.report_writer import (
     describe_workload,
     format_change,
@@ -44,7 +45,7 @@ def _report(failed_hrrn=0, confidence=0.95, repeats=2):
     }
     section = {
         "workload": dataclasses.asdict(WorkloadConfig(name="long_first")),
-        **analyze_runs(summaries, "default", resamples=200, seed=0, confidence=confidence),
+        **analyze_runs(summaries, "default", confidence=confidence),
     }
     meta = {
         "model_dir": "/models/demo",
@@ -57,7 +58,7 @@ def _report(failed_hrrn=0, confidence=0.95, repeats=2):
         "command": "python -m lightllm.benchmark.compare_strategies --model_dir /models/demo",
         "git": {"commit": "abc123", "dirty": True},
         "machine": {"cpu_count": 2, "torch": "2.x", "platform": "Linux"},
-        "bootstrap": {"resamples": 200, "confidence": confidence, "seed": 0},
+        "interval": {"method": INTERVAL_METHOD, "confidence": confidence},
         "topology": {"name": "normal"},
     }
     return {"meta": meta, "workloads": {"long_first": section}}
@@ -110,16 +111,20 @@ def test_markdown_has_the_change_table_with_intervals():
 def test_the_interval_label_follows_the_configured_confidence_and_names_its_pairs():
     text = render_markdown(_report(confidence=0.5, repeats=3))
     assert "Change vs default [50% CI] (n: paired repeats the interval rests on)" in text
-    assert "[95% CI]" not in text and "a 50% percentile bootstrap" in text
+    assert "[95% CI]" not in text and "the 50% paired Student-t interval of that mean" in text
     hrrn_row = next(line for line in text.splitlines() if line.startswith("| hrrn |") and "[" in line)
     assert all(cell.strip().endswith("n=3") for cell in hrrn_row.strip("|").split("|")[1:])
-    # Three pairs: a bootstrap, not just the point or the range of the ratios, so no warning.
-    assert "neither is a confidence interval" not in text
+    # Three pairs: an interval on two degrees of freedom, no warning.
+    assert "Measure more repeats" not in text
 
 
-def test_one_or_two_pairs_are_flagged_as_no_confidence_interval():
-    assert "with n=2 it is at most the range of the two ratios" in render_markdown(_report(repeats=2))
-    assert "With n=1 the interval is the point estimate itself" in render_markdown(_report(repeats=1))
+def test_one_or_two_pairs_are_flagged():
+    two = render_markdown(_report(repeats=2))
+    assert "with n=2 the interval rests on one degree of freedom (t = 12.7 at 95%), so it is very wide" in two
+    one = render_markdown(_report(repeats=1))
+    assert "With n=1 there is no interval (one ratio has no spread to estimate)" in one
+    hrrn_row = next(line for line in one.splitlines() if line.startswith("| hrrn |") and "[" in line)
+    assert all(cell.strip().endswith("[no interval] n=1") for cell in hrrn_row.strip("|").split("|")[1:])
 
 
 def test_a_run_that_stopped_early_says_so():

@@ -177,7 +177,7 @@ def test_process_footprint_refuses_an_entry_module_that_cannot_be_found(
     (["--settle", "-1"], "--settle must be >= 0"),
     (["--request-timeout", "0"], "--request-timeout must be > 0"),
     (["--kv-tokens", "0"], "--kv-tokens must be >= 1"),
-    (["--bootstrap-resamples", "0"], "--bootstrap-resamples must be >= 1"),
+    (["--bootstrap-resamples", "50"], "--bootstrap-resamples no longer applies"),
     (["--max-concurrency", "0"], "--max-concurrency must be > 0"),
     (["--workload", "long_first,long_first"], "--workload must not repeat"),
     (["--strategies", "default,default"], "--strategies must not repeat"),
