@@ -47,8 +47,8 @@ def measure_backend(
     """Median decode timing of ``backend`` plus the logits of its first decode step (for the diff)."""
     model = load_model(model_dir, dtype=dtype, device=device, attention=build_attention_backend(backend))
     context = len(prompts[0])
-    runner = BatchGenerator(model, kv_cache_size=len(prompts) * (context + steps + 1), max_request_num=len(prompts),
-                            max_sequence_length=context + steps + 1)
+    runner = BatchGenerator(model, kv_cache_size=len(prompts) * (context + steps), max_request_num=len(prompts),
+                            max_sequence_length=context + steps)
     step_seconds: List[float] = []
     first_logits: Optional[torch.Tensor] = None
     for _ in range(repeats):

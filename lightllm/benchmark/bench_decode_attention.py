@@ -60,8 +60,8 @@ def measure_cell(
     prompts = [torch.randint(5, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(batch)]
     names = list(backends)
     total_steps = len(names) * (steps + 1) + 1
-    runner = BatchGenerator(model, kv_cache_size=batch * (context + total_steps + 1), max_request_num=batch,
-                            max_sequence_length=context + total_steps + 1)
+    runner = BatchGenerator(model, kv_cache_size=batch * (context + total_steps), max_request_num=batch,
+                            max_sequence_length=context + total_steps)
     model.attention = backends[names[0]]
     seqs = [runner.start(p) for p in prompts]
     for first in range(0, batch, PREFILL_REQUESTS_PER_FORWARD):

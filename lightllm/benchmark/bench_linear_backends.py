@@ -73,7 +73,7 @@ def run(model_dir: str, threads: Sequence[int], rows: int, context: int, prefill
         for count in threads:
             torch.set_num_threads(count)
             generator = BatchGenerator(model, rows * (context + 2) + prefill + 16, max_request_num=rows,
-                                       max_sequence_length=max(context, prefill) + 8)
+                                       max_sequence_length=max(context + 1, prefill))
             row = {
                 "backend": backend, "threads": count,
                 "decode_ms": decode_seconds(generator, rows, context, repeats) * 1e3,

@@ -38,6 +38,7 @@ from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, outp
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
 from lightllm.common.basemodel.batch_generator import BatchGenerator, CachedSequence
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
 from lightllm.models.registry import load_model
 from lightllm.utils.demo_model import generate_demo_model
 
@@ -47,6 +48,8 @@ PREFILL_POINTS = ((64, (64, 1024, 2048)), (256, (256, 1024, 2048)), (512, (512, 
 BATCHED_PREFILL = (4, 256, (256, 1024))  # sequences side by side, chunk, chunk ends
 DECODE_POINTS = ((128, (1, 4, 8, 16)), (1024, (1, 4, 8, 16)), (2048, (1, 4, 8)))  # (context, batch sizes)
 PROMPT_LEN = 2048
+# The longest sequence the points build (the 2048-token prompt plus decode steps), with room to spare.
+MEASURED_LENGTH = PROMPT_LEN + 64
 BUILD_CHUNK = 1024  # untimed forwards that bring sequences to a context use this size
 
 # One sample: kind, feature tuple, seconds.  Prefill features: (token_sum, sum(t * end));
@@ -233,7 +236,7 @@ def measure(model_dir: Path, repeats: int, passes: int, clock: Callable[[], floa
     """
     model = load_model(str(model_dir))
     vocab = model.config.vocab_size
-    gen = BatchGenerator(model, kv_cache_size=40_000, max_request_num=24, max_sequence_length=PROMPT_LEN + 64)
+    gen = BatchGenerator(model, kv_cache_size=40_000, max_request_num=24, max_sequence_length=MEASURED_LENGTH)
     warm = gen.start(list(range(256)))
     gen.forward([warm], [256])
     gen.release(warm)
@@ -286,6 +289,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--max-total-token-num must be >= 1, got {args.max_total_token_num}")
     if args.clock == "thread_cpu" and args.threads != 1:
         parser.error("--clock thread_cpu measures one thread; use --threads 1 or --clock wall")
+    if args.model_dir:
+        try:
+            window = ModelConfig.from_dir(args.model_dir).sliding_window
+        except ModelConfigError as exc:
+            parser.error(f"--model-dir {args.model_dir}: {exc}")
+        if window is not None and window < MEASURED_LENGTH:
+            # The library computes a windowed model exactly only within its window.
+            parser.error(f"--model-dir {args.model_dir} has a sliding window of {window} tokens; the measured "
+                         f"sequences reach {MEASURED_LENGTH}: give a checkpoint without one or with a longer one")
     torch.set_num_threads(args.threads)
     # The effective settings, not just what was typed, so the fit can be repeated exactly.
     command = (

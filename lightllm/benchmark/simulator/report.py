@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from lightllm.benchmark.simulator.cost_model import CostProfile, load_profile
+from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile, load_profile
 from lightllm.benchmark.simulator.published_report import (
     compared_json,
     published_changes_markdown,
@@ -81,7 +81,12 @@ def models_seed_hardware(profile: CostProfile) -> bool:
     Judged by its coefficients and KV capacity, not its name: a copy of the bundled file with
     other numbers keeps the bundled name inside it, and its virtual times are not the H100's.
     """
-    seed = load_profile(SEED_HARDWARE_PROFILE)
+    try:
+        # The bundled file itself (never a file of that name in the working directory); a report
+        # must not fail at the end of a run because a trimmed install lacks it.
+        seed = load_profile(PROFILE_DIR / f"{SEED_HARDWARE_PROFILE}.json")
+    except ValueError:
+        return False
     return (profile.coefficients() == seed.coefficients()
             and profile.max_total_token_num == seed.max_total_token_num)
 

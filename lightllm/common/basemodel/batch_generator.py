@@ -14,6 +14,7 @@ import torch
 
 from lightllm.common.basemodel import generator_inputs
 from lightllm.common.basemodel.forward_batch import ForwardBatch
+from lightllm.common.kv_cache_mem_manager.token_allocator import KVCacheExhaustedError
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.common.req_manager import ReqManager
 
@@ -38,19 +39,21 @@ class BatchGenerator:
 
     def __init__(self, model: DecoderOnlyTransformer, kv_cache_size: int, max_request_num: int = 64,
                  max_sequence_length: Optional[int] = None):
-        """``max_sequence_length`` (prompt + output) defaults to, and may not exceed, the model's
-        context limit: its position range, or its sliding window when that is shorter (full
-        attention computes a windowed model exactly only within the window)."""
+        """``max_sequence_length`` (prompt + output) defaults to the model's context limit: its
+        position range, or its sliding window when that is shorter.  As the server's
+        ``--max_req_total_len``, it may pass the position range (positions the model was not
+        trained for are computed all the same) but not a sliding window: full attention computes
+        a windowed model exactly only within the window."""
         kv_cache_size = generator_inputs.count("kv_cache_size", kv_cache_size)
         max_request_num = generator_inputs.count("max_request_num", max_request_num)
-        limit = model.config.context_limit
         if max_sequence_length is None:
-            max_len = limit
+            max_len = model.config.context_limit
         else:
             max_len = generator_inputs.count("max_sequence_length", max_sequence_length)
-            if max_len > limit:
-                raise ValueError(f"max_sequence_length {max_len} exceeds the model's context limit {limit} "
-                                 "(its position range or sliding window): longer sequences are not computed exactly")
+            window = model.config.sliding_window
+            if window is not None and max_len > window:
+                raise ValueError(f"max_sequence_length {max_len} exceeds the model's sliding window of {window} "
+                                 "tokens: full attention matches the model only within the window")
         self.model = model
         self.kv_cache = model.new_kv_cache(kv_cache_size)
         self.req_manager = ReqManager(max_request_num, max_len, device=model.device)
@@ -69,23 +72,37 @@ class BatchGenerator:
         """Compute the next ``new_lens[i]`` uncached tokens of each sequence; returns logits."""
         new_lens = self._checked_new_lens(seqs, new_lens)
         chunks = [s.token_ids[s.cached_len : s.cached_len + n] for s, n in zip(seqs, new_lens)]
+        for index, chunk in enumerate(chunks):
+            # Callers append to token_ids directly (decode loops, benchmarks): the ids are checked
+            # here, as start() checks a prompt's, before a slot is taken.
+            generator_inputs.check_new_tokens(f"sequence {index}'s new tokens", chunk, self.model.vocab_size)
         slots = self.kv_cache.alloc(sum(new_lens))
-        decode_step = all(len(c) == 1 for c in chunks)
-        if decode_step:
-            # One indexed write instead of one slice write per sequence.
-            self.req_manager.set_next_slots([s.row for s in seqs], [s.cached_len for s in seqs], slots)
-        offset = 0
-        for seq, chunk in zip(seqs, chunks):
-            part = slots[offset : offset + len(chunk)]
-            if not decode_step:
-                self.req_manager.set_slots(seq.row, seq.cached_len, part)
-            seq.slots.append(part)
-            offset += len(chunk)
-        batch = ForwardBatch.build(
-            chunks, [s.cached_len for s in seqs], [s.row for s in seqs], slots, self.model.device, all_logits,
-            rope_lengths=[len(s.token_ids) for s in seqs],
-        )
-        logits = self.model.forward(batch, self.kv_cache, self.req_manager.req_to_token)
+        added = 0
+        try:
+            decode_step = all(len(c) == 1 for c in chunks)
+            if decode_step:
+                # One indexed write instead of one slice write per sequence.
+                self.req_manager.set_next_slots([s.row for s in seqs], [s.cached_len for s in seqs], slots)
+            offset = 0
+            for seq, chunk in zip(seqs, chunks):
+                part = slots[offset : offset + len(chunk)]
+                if not decode_step:
+                    self.req_manager.set_slots(seq.row, seq.cached_len, part)
+                seq.slots.append(part)
+                added += 1
+                offset += len(chunk)
+            batch = ForwardBatch.build(
+                chunks, [s.cached_len for s in seqs], [s.row for s in seqs], slots, self.model.device, all_logits,
+                rope_lengths=[len(s.token_ids) for s in seqs],
+            )
+            logits = self.model.forward(batch, self.kv_cache, self.req_manager.req_to_token)
+        except BaseException:
+            # Nothing was computed: the sequences stay as they were and the slots go back, so a
+            # failed forward (out of memory, an interrupt) can be retried or released cleanly.
+            for seq in seqs[:added]:
+                seq.slots.pop()
+            self.kv_cache.free(slots)
+            raise
         for seq, chunk in zip(seqs, chunks):
             seq.cached_len += len(chunk)
         return logits
@@ -125,7 +142,8 @@ class BatchGenerator:
         ``ignore_eos``) unless ``stop_token_ids`` is given (``model.config.eos_token_ids``, say):
         then a continuation ends with the first of them it produces, kept as its last token.
         Every prompt and its ``max_new_tokens`` must fit in ``max_sequence_length``, and there
-        must be a free request row for each.
+        must be a free request row for each and KV slots for all of them at their longest
+        (``KVCacheExhaustedError`` before any forward otherwise).
         """
         max_new_tokens = generator_inputs.count("max_new_tokens", max_new_tokens)
         checked = generator_inputs.prompt_lists(prompts, self.model.vocab_size, self.max_sequence_length,
@@ -134,6 +152,12 @@ class BatchGenerator:
         if len(checked) > self.req_manager.available:
             raise ValueError(f"{len(checked)} prompts but {self.req_manager.available} free request rows "
                              f"(max_request_num {self.req_manager.max_request_num})")
+        # The last token is sampled, never computed: each prompt holds at most len + max_new_tokens - 1 slots.
+        needed = sum(len(prompt) + max_new_tokens - 1 for prompt in checked)
+        if needed > self.kv_cache.available:
+            raise KVCacheExhaustedError(f"these prompts and max_new_tokens {max_new_tokens} need up to {needed} KV "
+                                        f"slots, but {self.kv_cache.available} of {self.kv_cache.size} are free "
+                                        "(kv_cache_size)")
         if not checked:
             return []
         seqs: List[CachedSequence] = []

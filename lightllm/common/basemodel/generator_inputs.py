@@ -30,17 +30,42 @@ def count(name: str, value: Any, minimum: int = 1) -> int:
     return number
 
 
-def _is_ordered_collection(value: Any) -> bool:
-    """A list, tuple, numpy array or 1-D tensor: sized, iterable, ordered, and not text."""
-    if isinstance(value, (str, bytes, dict, set, frozenset)):
-        return False
-    return hasattr(value, "__len__") and hasattr(value, "__iter__")
+def _array_items(name: str, value: Any, ndim: int) -> Optional[list]:
+    """A numpy array or torch tensor as a Python list (one transfer, not one per element), its
+    number of dimensions and integer dtype checked; None for anything else."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None or dtype is None or not hasattr(value, "tolist"):
+        return None
+    if len(shape) != ndim:
+        raise TypeError(f"{name} must have {ndim} dimension{'s' if ndim > 1 else ''}, got shape {tuple(shape)}")
+    kind = getattr(dtype, "kind", None)  # numpy: "i"/"u" integers, "b" bool
+    integral = kind in ("i", "u") if kind is not None else (not dtype.is_floating_point and not dtype.is_complex
+                                                           and dtype != _torch_bool())
+    if not integral:
+        raise TypeError(f"{name} must hold integers, got dtype {dtype}")
+    return value.tolist()
+
+
+def _torch_bool() -> Any:
+    import torch  # only reached for a tensor, so torch is already loaded
+
+    return torch.bool
+
+
+def _items(name: str, value: Any, ndim: int, what: str) -> list:
+    """``value``'s items: a list or tuple as given, an array or tensor converted."""
+    items = _array_items(name, value, ndim)
+    if items is not None:
+        return items
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
 
 
 def token_list(name: str, value: Any, vocab_size: int, max_length: int) -> List[int]:
     """``value`` as a non-empty list of token ids in ``[0, vocab_size)``, at most ``max_length`` long."""
-    if not _is_ordered_collection(value):
-        raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}")
+    value = _items(name, value, 1, "a list of token ids")
     if len(value) == 0:
         raise ValueError(f"{name} is empty: a sequence needs at least one token")
     if len(value) > max_length:
@@ -56,8 +81,7 @@ def token_list(name: str, value: Any, vocab_size: int, max_length: int) -> List[
 
 def prompt_lists(prompts: Any, vocab_size: int, max_length: int, max_new_tokens: int) -> List[List[int]]:
     """Every prompt checked, with room for ``max_new_tokens`` after it within ``max_length``."""
-    if not _is_ordered_collection(prompts):
-        raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    prompts = _items("prompts", prompts, 2, "a list of token-id lists")
     checked: List[List[int]] = []
     for index, prompt in enumerate(prompts):
         ids = token_list(f"prompts[{index}]", prompt, vocab_size, max_length)
@@ -72,12 +96,27 @@ def stop_set(stop_token_ids: Optional[Any], vocab_size: int) -> frozenset[int]:
     """``stop_token_ids`` as a set of ids in the vocabulary (None: no stop, every prompt runs to the end)."""
     if stop_token_ids is None:
         return frozenset()
-    if isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__"):
-        raise TypeError(f"stop_token_ids must be a collection of token ids, got {type(stop_token_ids).__name__}")
+    items = _array_items("stop_token_ids", stop_token_ids, 1)
+    if items is None:
+        if not isinstance(stop_token_ids, (list, tuple, set, frozenset)):
+            raise TypeError(f"stop_token_ids must be a collection of token ids, got {type(stop_token_ids).__name__}")
+        items = list(stop_token_ids)
     ids = set()
-    for token in stop_token_ids:
+    for token in items:
         token_id = integer("stop_token_ids entries", token)
         if not 0 <= token_id < vocab_size:
             raise ValueError(f"stop_token_ids holds {token_id}, outside the vocabulary [0, {vocab_size})")
         ids.add(token_id)
     return frozenset(ids)
+
+
+def check_new_tokens(name: str, ids: List[Any], vocab_size: int) -> None:
+    """Raise unless every id of a forward's chunk is an int in ``[0, vocab_size)``.
+
+    Runs on every forward (benchmarks time forwards), so plain in-range ints pass in one C-speed
+    sweep; anything else gets :func:`token_list`'s message.
+    """
+    if ids and all(type(token) is int for token in ids) and 0 <= min(ids) and max(ids) < vocab_size:
+        return
+    token_list(name, ids, vocab_size, len(ids))
+

@@ -16,7 +16,7 @@ about a field lives here with its reason:
   output: accepted and not used), ``metadata`` (client bookkeeping: accepted, bounded as OpenAI
   bounds it, not used); ``prompt_cache_retention``, ``prompt_cache_options``, ``verbosity`` and
   ``moderation`` are not fields of the schema (their meaning cannot hold here), so they are refused
-  as unknown, with the reason in :data:`REFUSED_PLATFORM_FIELDS`.
+  as unknown; on chat, where OpenAI offers them, with the reason in :data:`REFUSED_PLATFORM_FIELDS`.
 * Chat only: ``chat_template`` and ``documents`` go to the chat template as in vLLM;
   ``reasoning_effort`` is a template variable too. ``documents`` and ``reasoning_effort`` are
   refused when the template never reads them (:mod:`lightllm.server.template_variables`).
@@ -24,7 +24,7 @@ about a field lives here with its reason:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -45,8 +45,9 @@ MAX_DOCUMENTS = 64
 ACCEPTED_SERVICE_TIERS = ("auto", "default")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 _INT32_MAX = int(np.iinfo(STORED_DTYPES["max_new_tokens"]).max)
-# OpenAI fields whose meaning cannot hold on this server, with the reason the refusal gives (the
-# openai client offers them, so a bare "unknown parameter" would leave its user guessing).
+# OpenAI chat fields whose meaning cannot hold on this server, with the reason the refusal gives
+# (the openai client offers them for chat completions, so a bare "unknown parameter" would leave
+# its user guessing; legacy completions has none of them, so there they are unknown fields).
 REFUSED_PLATFORM_FIELDS: Mapping[str, str] = {
     "prompt_cache_retention": "it sets how long OpenAI keeps cached prefixes; here the prefix cache keeps "
                               "prefixes while KV memory allows, so a retention asked for could not be honoured",
@@ -90,9 +91,6 @@ def _token_id_key(key: str) -> int:
 
 class OpenAIPlatformFields(NullMeansAbsent):
     """Fields both OpenAI endpoints accept besides the sampling parameters."""
-
-    # Read by the body parser: why these unknown top-level fields are refused.
-    REFUSED_FIELD_REASONS: ClassVar[Mapping[str, str]] = REFUSED_PLATFORM_FIELDS
 
     logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={
         "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"maxLength": _MAX_TOKEN_KEY_CHARS, "pattern": _TOKEN_KEY_PATTERN},

@@ -6,7 +6,7 @@ parameter names and limits plus the vLLM extras that common clients send.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import Field, field_validator
 
@@ -18,7 +18,7 @@ from lightllm.server.http.completion_prompt import (MAX_PROMPTS, TOKEN_IDS_SCHEM
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, stop_validator, stored_bounds
 from lightllm.server.http.base_models import NullMeansAbsent
-from lightllm.server.http.openai_fields import ChatTemplateFields, OpenAIPlatformFields
+from lightllm.server.http.openai_fields import REFUSED_PLATFORM_FIELDS, ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_echo,
                                                    check_spaces_between_special_tokens, check_vllm_default,
                                                    strict_bool)
@@ -286,6 +286,9 @@ class CompletionRequest(OpenAISamplingRequest):
 
 class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
     """``POST /v1/chat/completions``."""
+
+    # Read by the body parser: why these unknown top-level fields are refused.
+    REFUSED_FIELD_REASONS: ClassVar[Mapping[str, str]] = REFUSED_PLATFORM_FIELDS
 
     messages: list[ChatMessage] = Field(min_length=1)
     # Below 1 is refused by _check_max_completion_tokens in max_tokens' words (pydantic's own

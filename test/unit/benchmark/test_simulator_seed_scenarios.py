@@ -216,3 +216,14 @@ def test_absolute_comparison_follows_the_seed_profiles_numbers_not_its_name() ->
     assert heading in full_report_markdown(edited, results, seed=0)
     smaller = dataclasses.replace(bundled, max_total_token_num=bundled.max_total_token_num // 2)
     assert heading in full_report_markdown(smaller, results, seed=0)
+
+
+def test_a_report_without_the_bundled_seed_profile_still_prints(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A trimmed install lacking the H100 file: the report skips the absolute comparison, never fails."""
+    from lightllm.benchmark.simulator import report
+
+    monkeypatch.setattr(report, "PROFILE_DIR", tmp_path)
+    (tmp_path.parent / "h100_qwen_0p8b").mkdir(exist_ok=True)  # a same-named path elsewhere is not read
+    monkeypatch.chdir(tmp_path.parent)
+    markdown = full_report_markdown(make_profile(), _synthetic_results(LEVELS), seed=0)
+    assert "compared only under `--profile h100_qwen_0p8b`" in markdown

@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.model_config import ModelConfigError
+from lightllm.common.kv_cache_mem_manager.token_allocator import KVCacheExhaustedError
 from lightllm.models.registry import load_model
 
 VOCAB = 97
@@ -83,8 +84,6 @@ def test_edge_calls_that_are_not_errors(model: Any) -> None:
 
 @pytest.mark.parametrize(("kwargs", "error", "words"), [
     (dict(max_sequence_length=0), ValueError, "max_sequence_length must be at least 1, got 0"),
-    (dict(max_sequence_length=CONTEXT + 1), ValueError,
-     f"max_sequence_length {CONTEXT + 1} exceeds the model's context limit {CONTEXT}"),
     (dict(kv_cache_size=10.5), TypeError, "kv_cache_size must be an integer, got float 10.5"),
     (dict(kv_cache_size="8"), TypeError, "kv_cache_size must be an integer, got str"),
     (dict(max_request_num=0), ValueError, "max_request_num must be at least 1"),
@@ -93,6 +92,62 @@ def test_construction_refuses_bad_sizes(model: Any, kwargs: dict, error: type, w
     with pytest.raises(error, match=None) as raised:
         BatchGenerator(model, **{"kv_cache_size": 64, **kwargs})
     assert words in str(raised.value)
+
+
+def test_max_sequence_length_may_pass_the_position_range_but_not_a_sliding_window(tmp_path: Path,
+                                                                                 model: Any) -> None:
+    # As the server's --max_req_total_len: untrained positions are computed, a window is not honoured.
+    assert BatchGenerator(model, 64, max_sequence_length=CONTEXT * 2).max_sequence_length == CONTEXT * 2
+    torch.manual_seed(0)
+    config = MistralConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=48, vocab_size=VOCAB, max_position_embeddings=CONTEXT, sliding_window=16)
+    MistralForCausalLM(config).save_pretrained(tmp_path / "windowed")
+    windowed = load_model(str(tmp_path / "windowed"), dtype=torch.float32)
+    assert BatchGenerator(windowed, 64).max_sequence_length == 16
+    with pytest.raises(ValueError, match="max_sequence_length 17 exceeds the model's sliding window of 16 tokens"):
+        BatchGenerator(windowed, 64, max_sequence_length=17)
+
+
+def test_arrays_and_tensors_are_token_ids_when_they_hold_integers(model: Any) -> None:
+    gen = BatchGenerator(model, kv_cache_size=4 * CONTEXT, max_request_num=4)
+    expected = gen.greedy_generate([[1, 7, 9], [3, 4, 5]], 3)
+    assert gen.greedy_generate(np.array([[1, 7, 9], [3, 4, 5]]), 3) == expected
+    assert gen.greedy_generate(torch.tensor([[1, 7, 9], [3, 4, 5]]), 3) == expected
+    assert gen.greedy_generate([torch.tensor([1, 7, 9]), np.array([3, 4, 5], dtype=np.uint16)], 3) == expected
+    for prompts, words in (([torch.tensor([True, False])], "prompts[0] must hold integers, got dtype torch.bool"),
+                           ([np.array([1.0, 2.0])], "prompts[0] must hold integers, got dtype float64"),
+                           ([torch.tensor(5)], "prompts[0] must have 1 dimension, got shape ()"),
+                           (np.array([1, 2]), "prompts must have 2 dimensions, got shape (2,)")):
+        with pytest.raises(TypeError) as raised:
+            gen.greedy_generate(prompts, 2)
+        assert words in str(raised.value)
+    with pytest.raises(TypeError, match=r"stop_token_ids must have 1 dimension, got shape \(\)"):
+        gen.greedy_generate([[1, 2]], 2, stop_token_ids=np.array(2))
+    assert _free(gen) == (4 * CONTEXT, 4)
+
+
+def test_kv_room_is_checked_before_the_prefill(model: Any) -> None:
+    gen = BatchGenerator(model, kv_cache_size=40, max_request_num=4)
+    # 20 + 3 - 1 twice: 44 slots at the longest, 40 in the cache.
+    with pytest.raises(KVCacheExhaustedError, match="need up to 44 KV slots, but 40 of 40 are free"):
+        gen.greedy_generate([[5] * 20, [6] * 20], 3)
+    assert _free(gen) == (40, 4)
+    # 19 + 2 and 17 + 2: 40 slots, exactly the cache.
+    assert [len(out) for out in gen.greedy_generate([[5] * 19, [6] * 17], 3)] == [3, 3]
+
+
+def test_a_forward_that_fails_gives_its_slots_back(model: Any) -> None:
+    gen = BatchGenerator(model, kv_cache_size=64, max_request_num=2)
+    seq = gen.start([1, 2, 3])
+    gen.forward([seq], [3])
+    seq.token_ids.append(VOCAB + 5)  # appended by hand, as decode loops and benchmarks do
+    with pytest.raises(ValueError, match=rf"sequence 0's new tokens\[0\] is {VOCAB + 5}, outside the vocabulary"):
+        gen.forward([seq], [1])
+    assert gen.kv_cache.available == 61 and seq.cached_len == 3 and len(seq.slots) == 1
+    seq.token_ids[-1] = 7
+    gen.forward([seq], [1])
+    gen.release(seq)
+    assert _free(gen) == (64, 2)
 
 
 def test_forward_checks_new_lens_before_reserving(model: Any) -> None:

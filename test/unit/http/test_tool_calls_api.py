@@ -197,7 +197,11 @@ def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -
         ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice",
          "tools is empty"),
         ({"tools": [{"type": "retrieval"}]}, "tools.0", "function tools"),
-        ({"tools": [{"type": "function"}]}, "tools.0", "function tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0", "tools.0 lacks 'function'"),
+        # The Responses API's flat layout is named as such.
+        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools.0",
+         "tools.0 lacks 'function'; a function tool is {'type': 'function', 'function': {'name': ..., "
+         "'parameters': ...}}: name, parameters belong inside it"),
         # A function's own key written beside "type" (the Responses API's layout) is named, not
         # blamed on the tool's type.
         ({"tools": [{"type": "function", "function": {"name": "f"}, "strict": True}], "tool_choice": "none"},

@@ -74,7 +74,13 @@ def parse_tools(value: Any) -> list[FunctionTool]:
     tools: list[FunctionTool] = []
     for index, entry in enumerate(value):
         param = f"tools.{index}"
-        if not isinstance(entry, dict) or entry.get("type") != "function" or "function" not in entry:
+        if isinstance(entry, dict) and entry.get("type") == "function" and "function" not in entry:
+            # OpenAI's Responses API writes a function tool flat: {"type": "function", "name": ...}.
+            flat = sorted(set(entry) & _FUNCTION_KEYS)
+            hint = f": {', '.join(flat)} belong{'s' if len(flat) == 1 else ''} inside it" if flat else ""
+            raise invalid_request(f"{param} lacks 'function'; a function tool is {{'type': 'function', 'function': "
+                                  f"{{'name': ..., 'parameters': ...}}}}{hint}", param)
+        if not isinstance(entry, dict) or entry.get("type") != "function":
             raise invalid_request(f"{param} must be {{'type': 'function', 'function': {{...}}}}; only function tools "
                                   "are supported", param)
         unknown = sorted(set(entry) - {"type", "function"})

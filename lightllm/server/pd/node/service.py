@@ -368,10 +368,10 @@ class PdNodeService:
                 if self.draining and not sent_any:
                     # Accepted just before the drain began and refused by the manager since, or
                     # still waiting for its first token when the graceful period ran out: the
-                    # client has seen nothing, so the master may place it elsewhere.  The message
-                    # says which (a request already running here is no "new" one).
+                    # client has seen nothing, so the master may place it elsewhere.  The manager's
+                    # own message says which of the two it was.
                     yield PdNodeEvent(BUSY, message=f"request {request_id}: this {self.role} node is draining "
-                                                    f"(shutting down) and ended it before its first token: {exc}")
+                                                    f"(shutting down): {exc}")
                 else:
                     yield error_event(f"request {request_id}: {exc}", "internal")
         finally:
