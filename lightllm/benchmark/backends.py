@@ -52,8 +52,9 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-strea
 MULTI_GENERATION_FIELDS: tuple[str, ...] = ("n", "best_of")
 # Finish reasons that say the server gave up on a request rather than finished it: "abort" (our
 # server: a request it ended without finishing it, such as one its scheduler dropped; vLLM: an
-# aborted request) and "error" (vLLM's name for a failed request; ours sends an error event).  Its latencies would be
-# those of a cut-off output, so such a request counts as failed.
+# aborted request) and "error" (the engine's name for a failed request: vLLM and our server both
+# turn it into an error event before it reaches a stream, so it is guarded against, not expected).
+# Its latencies would be those of a cut-off output, so such a request counts as failed.
 GAVE_UP_FINISH_REASONS: tuple[str, ...] = ("abort", "error")
 
 
@@ -257,8 +258,11 @@ class OpenAIChatBackend(OpenAIBackend):
 
     def _chunk_text(self, choice: dict[str, Any]) -> str:
         delta = choice.get("delta") or {}
-        # Reasoning models stream their thinking separately; it is generated output too.
-        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+        # Reasoning models stream their thinking separately; it is generated output too.  vLLM
+        # 0.32 names it "reasoning", older servers "reasoning_content"; one of them, never both (a
+        # server sending both names carries the same text twice).
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        return (delta.get("content") or "") + reasoning
 
 
 BACKENDS: dict[str, type[Backend]] = {

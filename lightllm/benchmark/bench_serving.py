@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text",
                       help="text: prompts are sent as text; ids: as token ids (openai-completions only) (default text)")
     load.add_argument("--shared-prefix-len", type=int, default=0,
-                      help="tokens every prompt starts with, the same for all (default 0); not with --workload "
+                      help="tokens every prompt starts with, the same for every prompt of one pass (each warm-up and repeat has its own; default 0); not with --workload "
                       "shared_prefix, which shares prefixes its own way")
     load.add_argument("--max-concurrency", type=int, default=None,
                       help="most requests in flight at once (default: no limit, every request goes at its time)")
@@ -352,7 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot reach the server at {config.base_url} (--base-url): {why}", file=sys.stderr)
         return 1
     try:
-        limit = served_context(config.base_url, config.model, probe_timeout_s, config.api_key)
+        # A backend that sends no model name (native /generate_stream) is served the first model.
+        named = config.model if BACKENDS[config.backend].needs_model else None
+        limit = served_context(config.base_url, named, probe_timeout_s, config.api_key)
     except ServerRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         load.add_argument(flag, dest=field.name, type=kind, default=field.default, help=FIELD_HELP[field.name] + default)
     sharing = ", ".join(PROMPT_FLAG_WORKLOADS["shared_prefix_len"])
     load.add_argument("--shared-prefix-len", type=int, default=0,
-                      help=f"tokens every prompt starts with, the same for all (default 0); only for --workload "
+                      help=f"tokens every prompt starts with, the same for every prompt of one pass (each warm-up and repeat has its own; default 0); only for --workload "
                       f"{sharing} (shared_prefix shares prefixes its own way)")
     return p
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS, BenchmarkConfig
 from lightllm.benchmark.deployment import ServerSpec
+from lightllm.benchmark.student_t import student_t_quantile
 from lightllm.benchmark.workloads import WorkloadConfig, build_workload
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
 
@@ -121,6 +122,11 @@ class ComparisonOptions:
             raise ValueError(f"request_timeout_s must be a finite number of seconds, got {self.request_timeout_s}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
+        try:
+            # 0.5 + c/2 rounds to 1 for c within 1e-16 of 1: no quantile, found here and not after the run.
+            student_t_quantile(0.5 + self.confidence / 2.0, 1)
+        except ValueError:
+            raise ValueError(f"confidence {self.confidence!r} is too close to 1 for a t interval") from None
         # Checked here, not by the bench_serving config below: a workload that shares prefixes its
         # own way gets none, so that config may not see the value.
         if self.shared_prefix_len < 0:

@@ -41,7 +41,8 @@ class PairedChange:
 
     ``percent`` is ``None`` when no repeat had both values (``pairs == 0``);
     ``ci_low_percent`` and ``ci_high_percent`` also with one pair, which has no spread to
-    estimate. ``log_ratios`` holds ``ln(candidate / baseline)`` per usable repeat, in repeat
+    estimate; ``ci_high_percent`` alone is ``None`` for an upper end beyond the float range
+    (unbounded). ``log_ratios`` holds ``ln(candidate / baseline)`` per usable repeat, in repeat
     order; ``repeats_used`` their repeat indexes; ``method`` names how the interval was computed.
     """
 
@@ -63,9 +64,22 @@ class PairedChange:
         return data
 
 
+# Beyond this log ratio exp() leaves the float range: an interval end there is unbounded.
+_LARGEST_LOG_RATIO = math.log(float(np.finfo(np.float64).max) / 100.0)
+
+
 def log_ratio_to_percent(value: float) -> float:
     """Convert a (mean) natural-log ratio into a percent change: ``100 * (exp(v) - 1)``."""
     return 100.0 * math.expm1(value)
+
+
+def _interval_end_percent(value: float) -> float | None:
+    """An interval end as a percent; ``None`` for an upper end too large for a float.
+
+    Two repeats far apart at a high ``--confidence`` (t is 636 at 99.9% with two repeats) give
+    an upper end beyond any float: it is reported as unbounded, not as a crash after the run.
+    """
+    return None if value > _LARGEST_LOG_RATIO else log_ratio_to_percent(value)
 
 
 def _check_positive(name: str, index: int, value: float) -> None:
@@ -147,7 +161,8 @@ def paired_change(
         return PairedChange(0, None, None, None, None, confidence, (), ())
     mean = float(ratios.mean())
     interval = t_mean_interval(ratios, confidence)
-    low, high = (None, None) if interval is None else (log_ratio_to_percent(x) for x in interval)
+    low, high = (None, None) if interval is None else (log_ratio_to_percent(interval[0]),
+                                                        _interval_end_percent(interval[1]))
     return PairedChange(
         pairs=int(ratios.size),
         mean_log_ratio=mean,

@@ -79,6 +79,10 @@ def format_percent(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
 
+# Longest whisker the throughput plot of paired changes draws, in percent points.
+_WHISKER_CAP = 500.0
+
+
 def format_change(change: Mapping[str, Any] | None) -> str:
     """``-9.1% [-13.9, -6.3] n=3`` from a PairedChange dict (n: the pairs it rests on); a dash without pairs.
 
@@ -86,8 +90,10 @@ def format_change(change: Mapping[str, Any] | None) -> str:
     """
     if not change or change.get("percent") is None:
         return "-"
-    if change.get("ci_low_percent") is None or change.get("ci_high_percent") is None:
+    if change.get("ci_low_percent") is None:
         interval = "no interval"
+    elif change.get("ci_high_percent") is None:
+        interval = f"{change['ci_low_percent']:+.1f}, unbounded"
     else:
         interval = f"{change['ci_low_percent']:+.1f}, {change['ci_high_percent']:+.1f}"
     text = f"{change['percent']:+.1f}% [{interval}]"
@@ -176,8 +182,9 @@ def _meta_lines(meta: Mapping[str, Any]) -> list[str]:
     ] if pd else []
     plots = [f"- Plots not written: {meta['plots_not_written']}"] if meta.get("plots_not_written") else []
     # A shared prefix changes what every prompt costs, so a reader of the report must see it.
-    prefix = ([f"- Every prompt starts with the same {meta['shared_prefix_len']} tokens (--shared-prefix-len; "
-               "not the shared_prefix workload's, which shares prefixes its own way)"]
+    prefix = ([f"- Every prompt of a pass starts with the same {meta['shared_prefix_len']} tokens "
+               "(--shared-prefix-len; each warm-up and repeat has its own; not the shared_prefix workload's, "
+               "which shares prefixes its own way)"]
               if meta.get("shared_prefix_len") else [])
     return stopped + [
         f"- Model: `{meta.get('model_dir')}`; topology: {topology.get('name', 'normal')}",
@@ -313,10 +320,13 @@ def plot_throughput(
     if others:
         changes = [section["changes"][s]["output_throughput"] for s in others]
         points = [c["percent"] if c["percent"] is not None else 0.0 for c in changes]
-        # No whisker where there is no interval (no pairs, or a single one).
-        err_low = [p - c["ci_low_percent"] if c["ci_low_percent"] is not None else 0.0 for p, c in zip(points, changes)]
-        err_high = [c["ci_high_percent"] - p if c["ci_high_percent"] is not None else 0.0
-                    for p, c in zip(points, changes)]
+        # No whisker where there is no interval (no pairs, or a single one); whiskers are drawn at
+        # most _WHISKER_CAP points long, so one very wide interval (two repeats far apart) does
+        # not squash every bar, and an unbounded end is drawn at the cap.
+        err_low = [min(p - c["ci_low_percent"], _WHISKER_CAP) if c["ci_low_percent"] is not None else 0.0
+                   for p, c in zip(points, changes)]
+        err_high = [(_WHISKER_CAP if c["ci_high_percent"] is None else min(c["ci_high_percent"] - p, _WHISKER_CAP))
+                    if c["ci_low_percent"] is not None else 0.0 for p, c in zip(points, changes)]
         ax2 = fig.add_subplot(1, 2, 2)
         colors = ["tab:green" if p >= 0 else "tab:red" for p in points]
         ax2.bar(others, points, yerr=[err_low, err_high], capsize=6, color=colors, alpha=0.8)

@@ -191,3 +191,18 @@ def test_the_native_backend_reads_the_server_s_count_and_skips_a_tokenless_finis
                      "finish_reason": "abort"}, 3.0, state)
     assert (state.usage_output_tokens, state.token_times) == (3, [0.0, 1.0, 2.0])
     assert (state.finished, state.finish_reason) == (True, "abort")
+
+
+@pytest.mark.parametrize("name", ["reasoning", "reasoning_content"])
+def test_chat_reasoning_chunks_are_output_under_either_name(name: str) -> None:
+    # vLLM 0.32 streams a reasoning model's thinking as delta.reasoning; older servers as
+    # reasoning_content.  Either is output: stamped, and counted by the tokenizer fallback.
+    from lightllm.benchmark.backends import OpenAIChatBackend
+
+    backend, state = OpenAIChatBackend("m"), StreamState()
+    chunks = [{"role": "assistant", "content": ""}, {name: "let me think"}, {name: " more"}, {"content": "ok"}]
+    for when, delta in enumerate(chunks):
+        finish = "stop" if when == len(chunks) - 1 else None
+        backend.consume({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}, float(when), state)
+    assert state.token_times == [1.0, 2.0, 3.0]
+    assert "".join(state.text_parts) == "let me think moreok"

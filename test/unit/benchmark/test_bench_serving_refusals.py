@@ -161,6 +161,15 @@ def test_bench_serving_refuses_an_unlisted_model_up_front(tiny_llama_dir, monkey
                            "name one of them"), line
 
 
+def test_the_native_backend_sends_no_model_name_so_none_is_refused(tiny_llama_dir, monkeypatch, capsys, no_send):
+    # --backend lightllm never sends --model: the first listed model's context is checked instead.
+    _answers(monkeypatch, 200, {"data": [{"id": "a", "max_model_len": 1024}, {"id": "b", "max_model_len": 4096}]})
+    argv = _argv(tiny_llama_dir, "--backend", "lightllm", "--long-len", "1020", "--short-len", "8",
+                 "--output-len", "10")  # --model m
+    line = one_line_refusal(bench_serving.main, argv, capsys)
+    assert "more than the server's context of 1024 (max_model_len of model 'a'" in line, line
+
+
 def test_bench_serving_checks_an_alias_against_the_only_model_s_context(tiny_llama_dir, monkeypatch, capsys, no_send):
     _answers(monkeypatch, 200, {"data": [{"id": "small", "max_model_len": 1024}]})
     argv = _argv(tiny_llama_dir, "--long-len", "1020", "--short-len", "8", "--output-len", "10")  # --model m

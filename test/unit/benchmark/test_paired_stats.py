@@ -151,3 +151,24 @@ def test_to_dict_is_json_serialisable():
     assert decoded["repeats_used"] == [0, 2]
     assert decoded["method"] == INTERVAL_METHOD and decoded["confidence"] == 0.95
     assert len(decoded["log_ratios"]) == 2
+
+
+def test_an_upper_end_beyond_the_float_range_is_unbounded_not_a_crash() -> None:
+    # Two repeats far apart at 99.99%: t is about 6366, the upper end exp(>709) overflows a float.
+    change = paired_change([1.0, 1.35], [1.0, 1.0], confidence=0.9999)
+    assert change.ci_high_percent is None and change.ci_low_percent is not None
+    assert change.percent == pytest.approx(100 * (math.sqrt(1.35) - 1))
+    json.dumps(change.to_dict(), allow_nan=False)  # strict JSON, as report.json is written
+    from lightllm.benchmark.report_writer import format_change
+
+    assert format_change(change.to_dict()).endswith(", unbounded] n=2")
+
+
+def test_a_confidence_too_close_to_one_is_refused_before_the_run(tmp_path) -> None:
+    from lightllm.benchmark.comparison_options import ComparisonOptions
+    from lightllm.benchmark.workloads import WorkloadConfig
+
+    options = ComparisonOptions(model_dir=str(tmp_path), workloads=[WorkloadConfig(name="long_first")],
+                                out_dir=str(tmp_path / "out"), confidence=0.9999999999999999)
+    with pytest.raises(ValueError, match="too close to 1 for a t interval"):
+        options.validate()

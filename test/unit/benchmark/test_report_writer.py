@@ -226,4 +226,4 @@ def test_the_markdown_says_when_every_prompt_shared_a_prefix():
     report = _report()
     assert "--shared-prefix-len" not in render_markdown(report)
     report["meta"]["shared_prefix_len"] = 32
-    assert "- Every prompt starts with the same 32 tokens (--shared-prefix-len" in render_markdown(report)
+    assert "- Every prompt of a pass starts with the same 32 tokens (--shared-prefix-len" in render_markdown(report)
