@@ -4,6 +4,12 @@ A server's IPC socket folder (``<tmp>/lightllm-<pid>-<random>``) and shared-memo
 (``/dev/shm/lightllm_<pid>_<random>_<kind>``) carry the launcher's pid.  A launcher killed with
 SIGKILL cannot remove them; the next server started on the machine removes every one whose
 owner pid no longer runs.  Resources of a live process (or of another user) are left alone.
+
+One live pid is not an owner, though: this process's own.  In a container the server is PID 1
+at every start, so a killed server's leftovers carry the pid the new server has.  Pids are unique
+among live processes, so a resource named with this process's pid that this process did not
+create (see :func:`new_shm_tag` and :func:`make_ipc_dir`, which record what it creates) was made
+by a process that is gone, and is removed too.
 """
 
 from __future__ import annotations
@@ -14,13 +20,18 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Set
 
 log = logging.getLogger("lightllm.stale_resources")
 
 SHM_DIR = Path("/dev/shm")
 _IPC_DIR = re.compile(r"^lightllm-(\d+)-")
 _SHM_SEGMENT = re.compile(r"^lightllm_(\d+)_")
+
+# Names (segment tags, IPC folder names) this process created: never stale while it runs, even
+# though their pid is the one a dead container predecessor's leftovers carry too.
+_OWN_SHM_TAGS: Set[str] = set()
+_OWN_IPC_DIRS: Set[str] = set()
 
 
 def ipc_dir_prefix(pid: Optional[int] = None) -> str:
@@ -31,6 +42,31 @@ def ipc_dir_prefix(pid: Optional[int] = None) -> str:
 def shm_segment_prefix(pid: Optional[int] = None) -> str:
     """Prefix of the shared-memory segment names of the launcher ``pid`` (default: this process)."""
     return f"lightllm_{os.getpid() if pid is None else pid}_"
+
+
+def new_shm_tag() -> str:
+    """A fresh segment name tag of this process (``lightllm_<pid>_<random>``), recorded as its own."""
+    import uuid
+
+    tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
+    _OWN_SHM_TAGS.add(tag)
+    return tag
+
+
+def make_ipc_dir() -> str:
+    """Create this process's IPC socket folder in the temporary directory, recorded as its own."""
+    path = tempfile.mkdtemp(prefix=ipc_dir_prefix())
+    _OWN_IPC_DIRS.add(os.path.basename(path))
+    return path
+
+
+def own_shm_tags() -> Set[str]:
+    """The segment tags this process created (see :func:`new_shm_tag`)."""
+    return set(_OWN_SHM_TAGS)
+
+
+def _created_here(name: str) -> bool:
+    return name in _OWN_IPC_DIRS or any(name.startswith(f"{tag}_") for tag in _OWN_SHM_TAGS)
 
 
 def pid_is_running(pid: int) -> bool:
@@ -60,6 +96,10 @@ def _stale_owner(path: Path, pattern: re.Pattern) -> Optional[int]:
     except OSError:
         return None
     pid = int(match.group(1))
+    if pid == os.getpid():
+        # Our pid but not our name: a dead process's that had this pid (a container's PID 1).
+        return None if _created_here(path.name) else pid
+    # A live child of ours is not treated as gone: it may be another server this program started.
     return None if pid_is_running(pid) else pid
 
 

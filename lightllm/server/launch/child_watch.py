@@ -31,7 +31,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from lightllm.server.launch.watchdog import WATCH_ROUND_SECONDS, Stall, Watchdog
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
-from lightllm.utils.stale_resources import SHM_DIR, shm_segment_prefix
+from lightllm.utils.stale_resources import SHM_DIR, own_shm_tags
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -49,9 +49,12 @@ def tracker_alive() -> bool:
 
 def own_segment_names() -> List[str]:
     """The names (as the tracker records them, with the leading ``/``) of this server's segments."""
-    prefix = shm_segment_prefix()
+    # The tags this process created, not its pid prefix: a dead same-pid server's names share that.
+    prefixes = tuple(f"{tag}_" for tag in own_shm_tags())
+    if not prefixes:
+        return []
     try:
-        return sorted(f"/{path.name}" for path in SHM_DIR.iterdir() if path.name.startswith(prefix))
+        return sorted(f"/{path.name}" for path in SHM_DIR.iterdir() if path.name.startswith(prefixes))
     except OSError:
         return []
 

@@ -31,7 +31,6 @@ import signal
 import sys
 import tempfile
 import threading
-import uuid
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from lightllm.common.basemodel.attention.selection import attention_device_problem
@@ -80,7 +79,7 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.free_ports import free_port
-from lightllm.utils.stale_resources import ipc_dir_prefix, remove_stale_resources, shm_segment_prefix
+from lightllm.utils.stale_resources import ipc_dir_prefix, make_ipc_dir, new_shm_tag, remove_stale_resources
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 
 if TYPE_CHECKING:
@@ -118,10 +117,13 @@ def start_processes(
         # (utils/process_utils.py run_child): only the main thread lives as long as the launcher.
         raise RuntimeError("the server's children are started from the launcher's main thread")
     procs = ServerProcesses()
+    # run_server ran it before its first child; again here for callers that come straight here
+    # (it never removes what this process created, so a second call is harmless).
     remove_stale_resources()
-    # Both names carry this process's pid so a later server can tell when their owner is gone.
-    tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
-    procs.ipc_dir = tempfile.mkdtemp(prefix=ipc_dir_prefix())
+    # Both names carry this process's pid so a later server can tell when their owner is gone;
+    # both are recorded as this process's own (a same-pid leftover of a dead container isn't).
+    tag = new_shm_tag()
+    procs.ipc_dir = make_ipc_dir()
     layout = plan_layout(sizing, tag, procs.ipc_dir,
                          child_process_names(args.tp) if args.watchdog_timeout > 0 else ())
     log.info("%s", describe_shm_use(layout))
@@ -226,6 +228,9 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         return EXIT_INVALID_CONFIG
     warn_if_reachable_without_key(args, auth)
     if args.run_mode != RunMode.PD_MASTER:  # the master keeps no shared memory
+        # Before this process's first child (the tracker, the device probe): in a fresh container a
+        # child could otherwise take the dead server's pid, and a live pid's resources are kept.
+        remove_stale_resources()
         start_resource_tracker_deaf_to_hangup()
     try:
         return _prepare_and_serve(args, front_door)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightllm.utils.stale_resources import ipc_dir_prefix, pid_is_running, remove_stale_resources, shm_segment_prefix
+from lightllm.utils.stale_resources import (ipc_dir_prefix, make_ipc_dir, new_shm_tag, pid_is_running,
+                                            remove_stale_resources, shm_segment_prefix)
 
 
 def _dead_pid() -> int:
@@ -27,9 +28,9 @@ def test_only_resources_of_dead_owners_are_removed(tmp_path: Path) -> None:
     (stale_dir / "router.sock").write_bytes(b"")
     stale_segment = shm_dir / f"{shm_segment_prefix(dead)}1234abcd_req"
     stale_segment.write_bytes(b"x")
-    live_dir = temp_dir / f"{ipc_dir_prefix()}abc"
+    live_dir = temp_dir / f"{ipc_dir_prefix(os.getppid())}abc"
     live_dir.mkdir()
-    live_segment = shm_dir / f"{shm_segment_prefix()}1234abcd_req"
+    live_segment = shm_dir / f"{shm_segment_prefix(os.getppid())}1234abcd_req"
     live_segment.write_bytes(b"x")
     # Names without an owner pid (older servers, other programs) are never touched.
     foreign = [temp_dir / "lightllm-xyz", shm_dir / "lightllm_notapid_req", shm_dir / f"other_{dead}_x"]
@@ -44,6 +45,34 @@ def test_only_resources_of_dead_owners_are_removed(tmp_path: Path) -> None:
     assert live_dir.exists() and live_segment.exists()
     assert all(path.exists() for path in foreign)
     assert remove_stale_resources(str(temp_dir), shm_dir) == []
+
+
+def test_leftovers_with_this_process_pid_but_not_its_names_are_removed(tmp_path: Path, monkeypatch) -> None:
+    # A container's server is PID 1 at every start: the killed one's leftovers carry our pid.
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # gettempdir() reads TMPDIR again
+    temp_dir, shm_dir = tmp_path / "tmp", tmp_path / "shm"
+    temp_dir.mkdir()
+    shm_dir.mkdir()
+    predecessor_dir = temp_dir / f"{ipc_dir_prefix()}zz9old"
+    predecessor_dir.mkdir()
+    predecessor_segment = shm_dir / f"{shm_segment_prefix()}0ld0ld00_req"
+    predecessor_segment.write_bytes(b"x")
+    own_dir = Path(make_ipc_dir())
+    assert own_dir.parent == temp_dir
+    own_segments = [shm_dir / f"{new_shm_tag()}_{kind}" for kind in ("req", "stats")]
+    for segment in own_segments:
+        segment.write_bytes(b"x")
+    # A live process other than this one (our parent) still owns its resources.
+    live_segment = shm_dir / f"{shm_segment_prefix(os.getppid())}1234abcd_req"
+    live_segment.write_bytes(b"x")
+
+    removed = remove_stale_resources(str(temp_dir), shm_dir)
+
+    assert sorted(removed) == sorted([str(predecessor_dir), str(predecessor_segment)])
+    assert own_dir.exists() and all(segment.exists() for segment in own_segments) and live_segment.exists()
+    assert remove_stale_resources(str(temp_dir), shm_dir) == []
+    own_dir.rmdir()
 
 
 def test_pid_is_running() -> None:
