@@ -4,7 +4,8 @@ Everything here happens before any process starts, so a checkpoint this server c
 unknown ``model_type``, a broken ``generation_config.json``, an EOS id outside the vocabulary, a
 chat template that does not compile, no tokenizer files, weights that are not safetensors, a shard
 the index names missing, a weight file that is truncated or not safetensors, an index assigning a
-tensor to a shard that does not hold it) ends the start with one line naming the problem.
+tensor to a shard that does not hold it, a file this user cannot read or a dangling link) ends the start
+with one line naming the problem.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Tuple
 from lightllm.common.basemodel.weight_headers import read_weight_headers
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.models.model_types import architectures_mismatch, check_model_type
+from lightllm.server.launch.checkpoint_access import checkpoint_access_problem
 from lightllm.server.launch.sizing import ServerSizing
+from lightllm.server.run_mode import RunMode
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids, warn_without_eos
 from lightllm.utils.tokenizer_file_checks import check_tokenizer_files_readable
 from lightllm.utils.tokenizer_sources import check_tokenizer_sources
@@ -31,6 +34,10 @@ def read_checkpoint(args: argparse.Namespace) -> Tuple[ModelConfig, RequestDefau
     # Named by the flag the user typed: the config reader's own message names only a path.
     if not os.path.isdir(args.model_dir):
         raise ValueError(f"--model_dir {args.model_dir}: no such directory (a local checkpoint directory is needed)")
+    # Before any parser opens a file: their OSErrors were tracebacks (or "no config.json there").
+    problem = checkpoint_access_problem(args.model_dir, weights=args.run_mode != RunMode.PD_MASTER)
+    if problem is not None:
+        raise ValueError(problem)
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         raise ValueError(f"--model_dir {args.model_dir}: no config.json there (not a Hugging Face checkpoint directory)")
     model_config = ModelConfig.from_dir(args.model_dir)

@@ -6,6 +6,7 @@ and a ``--tp`` that does not divide the heads (KV heads are replicated when ``--
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, wei
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.checkpoint_access import checkpoint_access_problem
 from lightllm.server.launch.kv_budget import replicated_kv_weight_bytes
 from lightllm.server.launch.sizing import plan_sizing, resolve_max_req_total_len
 
@@ -128,6 +130,55 @@ def _no_tokenizer(tiny_llama_dir: Path, tmp_path: Path) -> Path:
     model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "no_tokenizer")
     remove_tokenizer(model_dir)
     return model_dir
+
+
+def _hf_snapshot(source: Path, tmp_path: Path, missing_blob: str) -> Path:
+    """A Hugging Face cache layout: the snapshot's files link to ``../../blobs/<name>``; one blob is gone."""
+    repo = tmp_path / "models--org--tiny"
+    snapshot = repo / "snapshots" / "abc123"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file():
+            blob = repo / "blobs" / f"blob-{path.name}"
+            shutil.copyfile(path, blob)
+            (snapshot / path.name).symlink_to(f"../../blobs/{blob.name}")
+    (repo / "blobs" / f"blob-{missing_blob}").unlink()
+    return snapshot
+
+
+def _dangling_weights(source: Path, tmp_path: Path) -> Path:
+    return _hf_snapshot(source, tmp_path, "model.safetensors")
+
+
+def _dangling_tokenizer(source: Path, tmp_path: Path) -> Path:
+    return _hf_snapshot(source, tmp_path, "tokenizer.json")
+
+
+def _dangling_config(source: Path, tmp_path: Path) -> Path:
+    return _hf_snapshot(source, tmp_path, "config.json")
+
+
+@pytest.mark.parametrize("build, name", [(_dangling_weights, "model.safetensors"),
+                                         (_dangling_tokenizer, "tokenizer.json"),
+                                         (_dangling_config, "config.json")])
+def test_a_dangling_link_is_refused_in_one_line_naming_it_and_its_target(tiny_llama_dir, tmp_path, build, name):
+    model_dir = build(tiny_llama_dir, tmp_path)
+    line = _refusal(model_dir, "--device", "cpu")
+    assert f"{model_dir}/{name} is a dangling link to ../../blobs/blob-{name} (" in line
+    assert f"models--org--tiny/blobs/blob-{name} does not exist)" in line
+
+
+def test_what_cannot_be_opened_is_named(tiny_llama_dir, tmp_path) -> None:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "fifo")
+    (model_dir / "tokenizer.json").unlink()
+    os.mkfifo(model_dir / "tokenizer.json")
+    assert checkpoint_access_problem(model_dir) == f"{model_dir}/tokenizer.json is not a regular file"
+    assert checkpoint_access_problem(tiny_llama_dir) is None
+    # A PD master reads no weights: a missing blob there is not its concern.
+    weights_gone = _dangling_weights(tiny_llama_dir, tmp_path)
+    assert checkpoint_access_problem(weights_gone, weights=False) is None
+    assert "model.safetensors is a dangling link" in checkpoint_access_problem(weights_gone)
 
 
 def _refusal(model_dir: Path, *flags: str) -> str:
