@@ -45,10 +45,45 @@ class OneLineErrorParser(argparse.ArgumentParser):
         return []
 
     def error(self, message: str) -> NoReturn:
-        """Print ``error: message`` on one line and exit 2, as argparse's usage errors do."""
+        """Print ``error: message`` on one line and exit 2, as argparse's usage errors do.
+
+        The words argparse lists as unrecognized are printed as flag names only
+        (:func:`without_values`): a misspelled key flag's value is the key itself.
+        """
         hints = self.hints(message)
         why = f" ({'; '.join(hints)})" if hints else ""
-        self.exit(2, f"error: {' '.join(message.split())}{why} (--help lists the flags)\n")
+        self.exit(2, f"error: {without_values(' '.join(message.split()))}{why} (--help lists the flags)\n")
+
+
+_UNRECOGNIZED = re.compile(r"^(.*unrecognized arguments: )(.*)$")
+
+
+def without_values(message: str) -> str:
+    """argparse's ``unrecognized arguments: ...`` message with only the flags' names in it.
+
+    ``--api-key supersecret`` (vLLM's spelling of ``--api_key``), ``--api_ke=secret`` or
+    ``--admin-api-key secret`` would otherwise print the key on the terminal and in the logs
+    that capture it; any word not starting with ``-`` may be such a value, so each is left out
+    and only counted.  Other messages are returned unchanged.
+    """
+    match = _UNRECOGNIZED.match(message)
+    if match is None:
+        return message
+    flags, values = [], 0
+    for word in match.group(2).split():
+        if word.startswith("-") and len(word) > 1:
+            name, _, value = word.partition("=")
+            flags.append(name)
+            values += 1 if value else 0
+        else:
+            values += 1
+    counted = f"{values} value{'s' if values != 1 else ''}"
+    named = " ".join(flags)
+    if not values:
+        return f"{match.group(1)}{named}"
+    if named:
+        return f"{match.group(1)}{named} (and {counted}, not shown: one may be a key)"
+    return f"{match.group(1)}{counted} (not shown: one may be a key)"
 
 
 # Actions whose flag collects every occurrence: typing it again adds, it does not replace.

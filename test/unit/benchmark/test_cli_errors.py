@@ -69,7 +69,7 @@ def test_a_server_flag_the_server_refuses_ends_the_comparison_with_its_one_line(
             "--long-len", "256", "--repeats", "1", "--warmup", "0", "--out-dir", str(tmp_path / "out"), "--server-args", "--bogus_flag 1"]
     assert compare_strategies.main(argv) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "unrecognized arguments: --bogus_flag 1" in errors[0], errors
+    assert len(errors) == 1 and "unrecognized arguments: --bogus_flag (and 1 value, not shown" in errors[0], errors
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -347,3 +347,19 @@ def test_settings_that_could_never_serve_a_request_are_refused(argv, start):
 
 def test_the_smallest_serving_settings_are_accepted():
     validate_args(parse_server_args(["--model_dir", "/m", "--model_name", "a b", "--max_req_total_len", "2"]))
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--api-key", "supersecret"], "--api-key (and 1 value, not shown: one may be a key) (--api-key: use --api_key)"),
+    (["--admin-api-key", "supersecret"], "--admin-api-key (and 1 value, not shown"),
+    (["--api_ke", "supersecret"], "--api_ke (and 1 value, not shown"),
+    (["--api-key=supersecret"], "--api-key (and 1 value, not shown"),
+    (["--pd-cluster-key", "supersecret", "--no-such-flag"], "--pd-cluster-key --no-such-flag (and 1 value, not shown"),
+    (["supersecret"], "unrecognized arguments: 1 value (not shown: one may be a key)"),
+])
+def test_an_unknown_flag_is_named_without_its_value(argv, named):
+    # vLLM's --api-key spelling printed the key on the terminal (and in whatever log captured it).
+    done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", "/m", *argv],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert named in done.stderr and "supersecret" not in done.stderr + done.stdout, done.stderr

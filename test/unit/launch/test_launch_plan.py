@@ -105,7 +105,7 @@ def test_float_flags_refuse_non_finite_values_while_parsing(flag, value, capsys)
 def test_foreign_flags_are_refused_naming_the_equivalent(capsys) -> None:
     # No prefix matching (--max_new_tokens is not --max_new_tokens_default), and LightLLM's or
     # vLLM's spelling gets this server's flag named.
-    for argv, expected in ((["--max_new_tokens", "64"], "unrecognized arguments: --max_new_tokens 64"),
+    for argv, expected in ((["--max_new_tokens", "64"], "unrecognized arguments: --max_new_tokens (and 1 value, not shown"),
                            (["--tensor-parallel-size", "2"], "--tensor-parallel-size: use --tp"),
                            (["--mode", "triton_int8kv"], "--mode: quantization and kernel modes are not supported")):
         with pytest.raises(SystemExit):
