@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable, Tuple, Type
+from typing import Any, Callable, Optional, Tuple, Type
 
 import zmq
 
@@ -20,6 +20,24 @@ import zmq
 # SIGINT and SIGTERM, and the main process stops one with this signal, whose default action ends
 # the process as SIGTERM's did.
 CHILD_STOP_SIGNAL = signal.SIGUSR1
+
+
+def describe_exit_code(exitcode: Optional[int]) -> str:
+    """``exit code N``, or for a child killed by a signal its name (``killed by SIGBUS, exit code -7``).
+
+    multiprocessing reports a signal death as a negative exit code, which few readers decode; a
+    SIGBUS of a server child is almost always a shared-memory page that could not be backed.
+    """
+    if exitcode is None or exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"killed by signal {-exitcode}, exit code {exitcode}"
+    if -exitcode == signal.SIGBUS:
+        return (f"killed by {name}, exit code {exitcode}: a shared-memory page could not be backed, usually because "
+                "/dev/shm ran out of space (docs/EN/memory.md, Shared memory)")
+    return f"killed by {name}, exit code {exitcode}"
 
 
 def ignore_group_stop_signals() -> None:

@@ -103,6 +103,24 @@ def _stale_owner(path: Path, pattern: re.Pattern) -> Optional[int]:
     return None if pid_is_running(pid) else pid
 
 
+def live_segments_of_others(shm_dir: Path = SHM_DIR) -> List[Path]:
+    """Segments in ``shm_dir`` of other running servers (any user): not this process's, not stale."""
+    found: List[Path] = []
+    try:
+        entries = list(shm_dir.iterdir())
+    except OSError:
+        return found
+    for path in entries:
+        match = _SHM_SEGMENT.match(path.name)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        # Our pid: ours, or a dead same-pid server's (stale, see the module docstring).
+        if pid != os.getpid() and pid_is_running(pid):
+            found.append(path)
+    return found
+
+
 def remove_stale_resources(temp_dir: Optional[str] = None, shm_dir: Path = SHM_DIR) -> List[str]:
     """Remove IPC folders and shared-memory segments of dead launchers; returns what was removed."""
     removed: List[str] = []

@@ -6,6 +6,11 @@ whatever their size.  But once traffic touches more than ``/dev/shm`` holds (a c
 the middle of a request.  The launcher therefore compares the segments' full size with the
 free space before it creates them and refuses to start, in one line naming the flags that size
 them, when they would not fit.  A machine without ``/dev/shm`` (not Linux) is not checked.
+
+The free space counts only pages already touched, so a second server on the same ``/dev/shm``
+saw the first one's untouched pages as free, passed this check, and both died of SIGBUS under
+load.  The untouched part of other running servers' segments (size minus allocated blocks) is
+therefore taken off the free space first.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.stale_resources import SHM_DIR
+from lightllm.utils.stale_resources import SHM_DIR, live_segments_of_others
 
 log = logging.getLogger("lightllm.shm_capacity")
 
@@ -56,21 +61,42 @@ def describe_shm_use(layout: ServerLayout) -> str:
     return line
 
 
+def untouched_bytes_of_others(shm_dir: Path = SHM_DIR) -> Tuple[int, List[Path]]:
+    """Bytes other running servers' segments in ``shm_dir`` may still take as they are touched, and those segments."""
+    pending, segments = 0, []
+    for path in live_segments_of_others(shm_dir):
+        try:
+            stats = path.stat()
+        except OSError:
+            continue  # its server stopped since the listing
+        untouched = max(0, stats.st_size - stats.st_blocks * 512)  # st_blocks counts 512-byte units
+        if untouched:
+            pending += untouched
+            segments.append(path)
+    return pending, segments
+
+
 def check_shm_capacity(layout: ServerLayout, free_bytes: Optional[int], shm_dir: Path = SHM_DIR) -> None:
-    """Raise :class:`ArgumentError` (one line) when ``layout``'s segments need more than ``free_bytes``.
+    """Raise :class:`ArgumentError` (one line) when ``layout``'s segments need more than ``shm_dir`` can give.
 
     ``free_bytes``: the free space of ``shm_dir`` (:func:`shm_free_bytes`); None skips the check.
+    Other running servers' untouched pages (:func:`untouched_bytes_of_others`) are not free.
     """
     if free_bytes is None:
         return
     sizes = layout.shm_segment_bytes()
     total = sum(sizes.values())
-    if total <= free_bytes:
+    pending, others = untouched_bytes_of_others(shm_dir)
+    if total <= free_bytes - pending:
         return
+    promised = ""
+    if pending:
+        promised = (f", of which {format_bytes(pending)} is the untouched part of {len(others)} segment(s) of other "
+                    f"running servers there (they take it as their requests arrive)")
     raise ArgumentError(
         f"the server's shared memory needs {format_bytes(total)} (request records "
         f"{format_bytes(sizes['request records'])}, top-logprob rows {format_bytes(sizes['top-logprob rows'])}) "
-        f"but {shm_dir} has {format_bytes(free_bytes)} free; lower --max_req_total_len "
+        f"but {shm_dir} has {format_bytes(free_bytes)} free{promised}; lower --max_req_total_len "
         f"({layout.max_req_total_len}), --running_max_req_size (sets the {layout.slot_num} request slots) or "
         f"--top_logprobs_slots ({layout.top_slot_num}), or give {shm_dir} more space (docker: --shm-size)"
     )

@@ -36,6 +36,7 @@ import uvicorn
 from lightllm.server.launch.watchdog import Stall, describe_stalls
 from lightllm.utils.async_polling import wait_until
 from lightllm.utils.gc_tuning import freeze_startup_objects
+from lightllm.utils.process_utils import describe_exit_code
 
 if TYPE_CHECKING:
     from lightllm.server.http.front_door import FrontDoor
@@ -119,8 +120,9 @@ class Supervisor:
         """Fail every request and stop serving with exit code 1."""
         if not self._mark_failed():
             return
-        log.error("child process %s exited unexpectedly (exit code %s); failing every request and shutting down", name, exitcode)
-        self._call_on_loop(self._fail_everything, f"its {name} process exited unexpectedly (exit code {exitcode})",
+        how = describe_exit_code(exitcode)
+        log.error("child process %s exited unexpectedly (%s); failing every request and shutting down", name, how)
+        self._call_on_loop(self._fail_everything, f"its {name} process exited unexpectedly ({how})",
                            f"{name} exited", False)
 
     # --- children made no progress (called from the watcher thread) -----------------------------

@@ -5,7 +5,10 @@ The free space is injected; nothing fills /dev/shm.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
@@ -19,9 +22,10 @@ from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.launch import start
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.args_check import validate_args
-from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, shm_free_bytes
+from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, format_bytes, shm_free_bytes
 from lightllm.server.launch.sizing import plan_sizing
 from lightllm.server.server_layout import ServerLayout
+from lightllm.utils.stale_resources import shm_segment_prefix
 
 GIB = 1 << 30
 
@@ -47,11 +51,36 @@ def test_a_long_context_no_longer_maps_twenty_gib() -> None:
     assert sum(_layout(131072, top_slot_num=64).shm_segment_bytes().values()) < 4 * GIB
 
 
-def test_enough_free_space_passes_and_an_unreadable_dir_is_not_checked() -> None:
+def test_enough_free_space_passes_and_an_unreadable_dir_is_not_checked(tmp_path) -> None:
     layout = _layout(4096)
     total = sum(layout.shm_segment_bytes().values())
-    check_shm_capacity(layout, total)
+    # An empty directory: other servers' segments in the real /dev/shm would take their share.
+    check_shm_capacity(layout, total, tmp_path)
     check_shm_capacity(layout, None)
+
+
+def test_other_running_servers_untouched_pages_are_not_free(tmp_path) -> None:
+    # Two servers on one /dev/shm each passed the check (statvfs counts touched pages only), then
+    # both died of SIGBUS under load.
+    layout = _layout(4096)
+    total = sum(layout.shm_segment_bytes().values())
+    other = tmp_path / f"{shm_segment_prefix(os.getppid())}abcd1234_req"  # our parent runs: a live owner
+    with open(other, "wb") as handle:
+        handle.write(b"x" * 8192)  # touched pages: already off the free space, not counted again
+        handle.truncate(GIB)
+    untouched = GIB - other.stat().st_blocks * 512
+    assert untouched > GIB - (1 << 20)
+    # A dead server's segment (removed at start anyway) is nobody's promise.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(tmp_path / f"{shm_segment_prefix(dead.pid)}abcd1234_req", "wb") as handle:
+        handle.truncate(4 * GIB)
+    check_shm_capacity(layout, total + untouched, tmp_path)
+    with pytest.raises(ArgumentError) as refused:
+        check_shm_capacity(layout, total + untouched - 1, tmp_path)
+    message = str(refused.value)
+    assert "1 segment(s) of other running servers there (they take it as their requests arrive)" in message
+    assert f"of which {format_bytes(untouched)} is the untouched part" in message
 
 
 def test_too_little_free_space_is_one_line_naming_the_sizes_and_the_flags() -> None:

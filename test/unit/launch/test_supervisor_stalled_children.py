@@ -56,3 +56,44 @@ def test_a_hang_during_a_drain_ends_the_drain_at_once_with_exit_code_1(caplog):
     assert [code for _, code, _ in manager.failed] == [SERVER_FAILED]
     # The drain's wait ended because the failure ended the request, not because it finished.
     assert "every request finished; shutting down" not in [r.getMessage() for r in caplog.records]
+
+
+def _died_of_sigbus() -> int:
+    """The exit code multiprocessing reports for a child killed by SIGBUS (as a full /dev/shm kills one)."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_kill_self_with_sigbus)
+    child.start()
+    child.join()
+    return child.exitcode
+
+
+def _kill_self_with_sigbus() -> None:
+    import os
+
+    os.kill(os.getpid(), signal.SIGBUS)
+
+
+def test_a_child_killed_by_a_signal_is_named_by_it_and_sigbus_points_at_dev_shm(caplog):
+    exitcode = _died_of_sigbus()
+
+    async def scenario() -> RequestsInFlight:
+        manager = RequestsInFlight(1)
+        manager.loop = asyncio.get_running_loop()
+        supervisor = Supervisor(manager, graceful_shutdown_seconds=600)
+        supervisor.server = types.SimpleNamespace(should_exit=False)
+        supervisor.child_died("model_rank0", exitcode)
+        for _ in range(200):
+            if supervisor.server.should_exit:
+                break
+            await asyncio.sleep(0.01)
+        return manager
+
+    with caplog.at_level(logging.INFO, logger="lightllm.supervisor"):
+        manager = asyncio.run(asyncio.wait_for(scenario(), 30))
+    why = ("killed by SIGBUS, exit code -7: a shared-memory page could not be backed, usually because /dev/shm ran "
+           "out of space (docs/EN/memory.md, Shared memory)")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors[0] == f"child process model_rank0 exited unexpectedly ({why}); failing every request and shutting down"
+    (message, code, _), = manager.failed
+    assert code == SERVER_FAILED and f"its model_rank0 process exited unexpectedly ({why})" in message
