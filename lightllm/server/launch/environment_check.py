@@ -75,6 +75,12 @@ ENV_VAR_READERS: Dict[str, EnvVarReaders] = {
     "LIGHTLLM_WIDE_FORWARD_MS_PER_TOKEN": _CPU_RANKS,
 }
 
+# Variables LightLLM reads that this server does not, and what does their job here: a user arriving
+# with LightLLM's environment is told the flag, not only that the name is unknown.
+FOREIGN_ENV_HINTS: Dict[str, str] = {
+    "LIGHTLLM_LOG_LEVEL": "use --log_level (debug, info, warning, error)",
+}
+
 # LIGHTLLM_* names the project's scripts read (not the server): not reported as unknown when set.
 SCRIPT_ENV_VARS = {
     "LIGHTLLM_DEMO_MODEL_DIR": "scripts/start_1p1d.sh",
@@ -102,7 +108,9 @@ def unread_variable_warnings(args: argparse.Namespace, environ: Optional[Mapping
         if name in REPLACED_ENV_VARS or name in SCRIPT_ENV_VARS:
             continue  # refused at start / read by a script, not the server
         readers = ENV_VAR_READERS.get(name)
-        if readers is None:
+        if name in FOREIGN_ENV_HINTS:
+            warnings.append(f"{name} is set but only LightLLM reads it, not this server: {FOREIGN_ENV_HINTS[name]}")
+        elif readers is None:
             close = difflib.get_close_matches(name, list(ENV_VARS), n=1, cutoff=0.8)
             hint = f" (did you mean {close[0]}?)" if close else ""
             warnings.append(f"{name} is set but no LIGHTLLM_* variable of that name is read{hint}; "

@@ -30,6 +30,16 @@ CHILD_STOP_SECONDS = 2.0
 WATCHER_JOIN_SECONDS = 2.0
 
 
+def closing_line(children: bool, segments: bool, ipc_dir: bool) -> str:
+    """The shutdown's log line saying what it stopped and removed (empty when there was nothing)."""
+    removed = " and ".join(what for what, there in (("shared memory", segments), ("IPC folder", ipc_dir)) if there)
+    if children:
+        return f"children stopped; {removed} removed" if removed else "children stopped"
+    if removed:
+        return f"{removed} removed (no child process had started)"
+    return ""
+
+
 @dataclass
 class ServerProcesses:
     """The children and shared resources of a running server."""
@@ -49,6 +59,9 @@ class ServerProcesses:
     def shutdown(self) -> None:
         """Stop every child and remove every shared resource (idempotent)."""
         self.stopping.set()
+        # What there was to stop and remove, for the closing log line (a refused start had no child).
+        had_children = bool(self.children)
+        had_segments = any(segment is not None for segment in (self.shm_req, self.shm_stats, self.shm_heartbeats))
         if self.children:
             log.info("stopping child processes")
         for _, proc in self.children:
@@ -81,10 +94,13 @@ class ServerProcesses:
                     log.debug("shared-memory segment %s still in use by a reader; unlinking it anyway", segment.name)
                 segment.unlink()
         self.shm_req = self.shm_stats = self.shm_heartbeats = None
+        had_ipc_dir = bool(self.ipc_dir)
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
             self.ipc_dir = None
-            log.info("children stopped; shared memory and IPC folder removed")
+        line = closing_line(had_children, had_segments, had_ipc_dir)
+        if line:
+            log.info("%s", line)
 
     def watchdog(self, timeout_seconds: float) -> Optional[Watchdog]:
         """The check of the children's heartbeats (``--watchdog_timeout``), or None when none is watched."""

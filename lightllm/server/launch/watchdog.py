@@ -56,6 +56,10 @@ WATCH_ROUND_SECONDS = 0.2
 WATCHER_GAP_SECONDS = 1.0
 # The credited gaps are summed into one warning at most this often.
 GAP_WARNING_INTERVAL_SECONDS = 30.0
+# Gaps shorter than this are credited but not warned about: a round a few hundred ms late is a
+# loaded machine's scheduling noise (a 2-core VM logged "0.0 s beyond 1 s"), and half a second is
+# under 4% of the shortest --watchdog_timeout (15 s), so it cannot move a verdict an operator reads.
+GAP_WARNING_MIN_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class Watchdog:
         # taken as the end of the interval (from ``gap_start`` to now).
         gap = max(0.0, now - self._last_check - WATCHER_GAP_SECONDS)
         gap_start = now - gap
-        if gap > 0:
+        if gap >= GAP_WARNING_MIN_SECONDS:
             count, total, longest = self._unlogged
             self._unlogged = (count + 1, total + gap, max(longest, gap))
         self._credited += gap

@@ -5,6 +5,7 @@ The free space is injected; nothing fills /dev/shm.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -134,6 +135,20 @@ def test_start_up_refuses_before_any_segment_or_child_exists(tiny_llama_dir, mon
     with pytest.raises(ArgumentError, match="but /dev/shm has 4.0 KiB free"):
         start.start_processes(args, sizing, ModelConfig.from_dir(args.model_dir))
     assert created == []
+
+
+def test_a_refused_start_logs_what_it_removed_and_no_children_stopped(tiny_llama_dir, monkeypatch, caplog) -> None:
+    # It logged "children stopped; shared memory and IPC folder removed" though nothing had started.
+    monkeypatch.setattr(start, "shm_free_bytes", lambda: 4096)
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--device", "cpu",
+                                              "--max_total_token_num", "512", "--max_req_total_len", "256"])
+    validate_args(args, 0)
+    sizing = plan_sizing(args, ModelConfig.from_dir(args.model_dir), "cpu")
+    with caplog.at_level(logging.INFO, logger="lightllm.api_start"), pytest.raises(ArgumentError):
+        start.start_processes(args, sizing, ModelConfig.from_dir(args.model_dir))
+    lines = [r.getMessage() for r in caplog.records if r.name == "lightllm.api_start"]
+    assert "IPC folder removed (no child process had started)" in lines, lines
+    assert not any("children stopped" in line or "stopping child" in line for line in lines), lines
 
 
 def test_the_server_exits_2_with_one_line(tiny_llama_dir, monkeypatch, capsys) -> None:

@@ -197,6 +197,26 @@ def test_the_credited_gaps_are_summed_into_one_warning_per_interval(caplog):
     assert lines[0].endswith("not counted toward --watchdog_timeout 1000 (one such line per 30 s at most)")
 
 
+def test_a_gap_under_half_a_second_is_credited_but_not_warned_about(caplog):
+    # A 2-core VM logged "did not run for 0.0 s beyond 1 s": any late round was a warning.
+    clock = Clock()
+    beats = [0.0]
+    watchdog = _watchdog(clock, beats, timeout=1000.0)
+    watchdog.arm()
+    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+        for late in (1e-6, 0.3, 0.49):
+            clock.advance(WATCHER_GAP_SECONDS + late)
+            watchdog.stalled()
+            _advance_checking(clock, watchdog, GAP_WARNING_INTERVAL_SECONDS + 1)
+        assert not [r for r in caplog.records if "child watcher did not run" in r.getMessage()]
+        assert watchdog._credited == pytest.approx(1e-6 + 0.3 + 0.49)
+        clock.advance(WATCHER_GAP_SECONDS + 0.5)  # watchdog.py GAP_WARNING_MIN_SECONDS
+        watchdog.stalled()
+    lines = [r.getMessage() for r in caplog.records if "child watcher did not run" in r.getMessage()]
+    assert [line.split(" (")[0] for line in lines] == [
+        "the launcher's child watcher did not run for 0.5 s beyond 1 s between its checks"], lines
+
+
 def test_a_gap_a_process_beat_in_is_credited_only_from_its_beat():
     clock = Clock()
     beats = [clock.now]
