@@ -56,6 +56,10 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 _UNRECOGNIZED = re.compile(r"^(.*unrecognized arguments: )(.*)$")
+# What a flag's name looks like (this project's flags are all --long; -h is argparse's).
+_FLAG_NAME = re.compile(r"^(--[A-Za-z][A-Za-z0-9_-]*|-[A-Za-z])$")
+# Flags whose value is a secret: the word after one is never shown, whatever it looks like.
+_SECRET_FLAG = re.compile(r"key|token|secret|password", re.IGNORECASE)
 
 
 def without_values(message: str) -> str:
@@ -70,13 +74,18 @@ def without_values(message: str) -> str:
     if match is None:
         return message
     flags, values = [], 0
+    after_secret_flag = False
     for word in match.group(2).split():
-        if word.startswith("-") and len(word) > 1:
-            name, _, value = word.partition("=")
+        name, _, value = word.partition("=")
+        # A key may itself start with "-" (token_urlsafe's alphabet has it), so only a word shaped
+        # like a flag name counts as one, and never the word after a flag named for a secret.
+        if not after_secret_flag and _FLAG_NAME.match(name):
             flags.append(name)
             values += 1 if value else 0
+            after_secret_flag = not value and _SECRET_FLAG.search(name) is not None
         else:
             values += 1
+            after_secret_flag = False
     counted = f"{values} value{'s' if values != 1 else ''}"
     named = " ".join(flags)
     if not values:

@@ -5,11 +5,11 @@ A server's IPC socket folder (``<tmp>/lightllm-<pid>-<random>``) and shared-memo
 SIGKILL cannot remove them; the next server started on the machine removes every one whose
 owner pid no longer runs.  Resources of a live process (or of another user) are left alone.
 
-One live pid is not an owner, though: this process's own.  In a container the server is PID 1
-at every start, so a killed server's leftovers carry the pid the new server has.  Pids are unique
-among live processes, so a resource named with this process's pid that this process did not
-create (see :func:`new_shm_tag` and :func:`make_ipc_dir`, which record what it creates) was made
-by a process that is gone, and is removed too.
+Resources named with this process's own pid are never removed, even those it did not create
+(:func:`new_shm_tag` and :func:`make_ipc_dir` record what it creates): in a container the server
+is PID 1 at every start, so they may be a killed predecessor's, but two containers sharing one
+``/dev/shm`` (those of one Kubernetes pod) are both PID 1 too, and a pid cannot tell a dead
+predecessor from a live sibling.  docs/EN/failure_handling.md says how to clear a pod's leftovers.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ SHM_DIR = Path("/dev/shm")
 _IPC_DIR = re.compile(r"^lightllm-(\d+)-")
 _SHM_SEGMENT = re.compile(r"^lightllm_(\d+)_")
 
-# Names (segment tags, IPC folder names) this process created: never stale while it runs, even
-# though their pid is the one a dead container predecessor's leftovers carry too.
+# Names (segment tags, IPC folder names) this process created: the resource tracker registers
+# these, not everything that carries this process's pid.
 _OWN_SHM_TAGS: Set[str] = set()
 _OWN_IPC_DIRS: Set[str] = set()
 
@@ -65,10 +65,6 @@ def own_shm_tags() -> Set[str]:
     return set(_OWN_SHM_TAGS)
 
 
-def _created_here(name: str) -> bool:
-    return name in _OWN_IPC_DIRS or any(name.startswith(f"{tag}_") for tag in _OWN_SHM_TAGS)
-
-
 def pid_is_running(pid: int) -> bool:
     """Whether ``pid`` is a running process (a zombie counts as gone, it holds nothing)."""
     if pid <= 0:
@@ -97,8 +93,9 @@ def _stale_owner(path: Path, pattern: re.Pattern) -> Optional[int]:
         return None
     pid = int(match.group(1))
     if pid == os.getpid():
-        # Our pid but not our name: a dead process's that had this pid (a container's PID 1).
-        return None if _created_here(path.name) else pid
+        # Ours, or a same-pid server's in another pid namespace sharing this directory (two
+        # containers of one pod are both PID 1): never removed, even when not created here.
+        return None
     # A live child of ours is not treated as gone: it may be another server this program started.
     return None if pid_is_running(pid) else pid
 

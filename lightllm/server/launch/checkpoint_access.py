@@ -10,14 +10,23 @@ one line naming the file and what is wrong with it, before any child process sta
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Set
 
-# The files of a Hugging Face checkpoint the launcher, its children or transformers read: configs
-# and tokenizer serializations (*.json), weights, SentencePiece / tiktoken vocabularies, BPE merges
-# and WordPiece vocabularies (*.txt), chat templates (*.jinja).  Others (a README) are never opened.
-READ_SUFFIXES = (".json", ".safetensors", ".model", ".tiktoken", ".txt", ".jinja")
+# The files of a Hugging Face checkpoint the launcher, its children or transformers read: the
+# configs, the tokenizer's serializations and vocabularies, the chat template.  Other files a
+# checkpoint often carries (LICENSE.txt, trainer_state.json, Mistral's params.json) are never
+# opened, so a broken one must not refuse the start.
+READ_NAMES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+    "chat_template.json", "chat_template.jinja", "model.safetensors.index.json",
+})
+# SentencePiece and tiktoken vocabularies go by many names (tokenizer.model, spiece.model).
+READ_SUFFIXES = (".model", ".tiktoken")
+WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
 def _why(exc: OSError) -> str:
@@ -29,29 +38,36 @@ def _why(exc: OSError) -> str:
 def checkpoint_access_problem(model_dir: str | Path, weights: bool = True) -> Optional[str]:
     """One line naming the first path of ``model_dir`` this process cannot read, or ``None``.
 
-    ``model_dir`` itself must be listable and searchable; each top-level file with a name in
-    :data:`READ_SUFFIXES` (``*.safetensors`` only when ``weights``: a PD master loads none) must
-    open for reading.  A symbolic link whose target is missing is named with that target.
+    ``model_dir`` itself must be listable and searchable; each top-level file the server reads
+    (:data:`READ_NAMES`, :data:`READ_SUFFIXES`, chat templates, and the weights when ``weights``:
+    the shards the index names, or every ``*.safetensors`` without one; a PD master loads none)
+    must open for reading.  A symbolic link whose target is missing is named with that target.
     """
     directory = Path(model_dir)
     try:
         entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
     except OSError as exc:
         return f"--model_dir {model_dir}: the directory cannot be read ({_why(exc)})"
+    names = {entry.name for entry in entries}
+    shards = _indexed_shards(directory) if weights and WEIGHTS_INDEX in names else None
     for entry in entries:
         name = entry.name
-        if not name.endswith(READ_SUFFIXES) or (name.endswith(".safetensors") and not weights):
+        if not _read_by_the_server(name, weights, shards):
             continue
         path = directory / name
-        if entry.is_symlink() and not path.exists():
-            # exists() follows the link: a dangling one (an HF snapshot whose blob is gone) lands here.
-            try:
-                target = os.readlink(path)
-            except OSError:
-                target = "?"
-            resolved = (directory / target) if not os.path.isabs(target) else Path(target)
-            return (f"{path} is a dangling link to {target} ({os.path.normpath(resolved)} does not exist); "
-                    "download or copy the file again")
+        try:
+            os.stat(path)  # follows links: a dangling one, or a loop, fails here
+        except OSError as exc:
+            if entry.is_symlink() and exc.errno == errno.ENOENT:
+                # An HF cache snapshot whose blob is gone (or was never downloaded).
+                try:
+                    target = os.readlink(path)
+                except OSError:
+                    target = "?"
+                resolved = (directory / target) if not os.path.isabs(target) else Path(target)
+                return (f"{path} is a dangling link to {target} ({os.path.normpath(resolved)} does not exist); "
+                        "download or copy the file again")
+            return f"{path} cannot be read ({_why(exc)})"
         if path.is_dir():
             continue
         if not path.is_file():
@@ -67,3 +83,24 @@ def checkpoint_access_problem(model_dir: str | Path, weights: bool = True) -> Op
         except OSError as exc:
             return f"{path} cannot be read ({_why(exc)})"
     return None
+
+
+def _read_by_the_server(name: str, weights: bool, shards: Optional[Set[str]]) -> bool:
+    """Whether the server opens the top-level file ``name`` (see :data:`READ_NAMES`)."""
+    if name.endswith(".safetensors"):
+        # With an index, only the shards it names are loaded (a consolidated copy beside them is not).
+        return weights and (shards is None or name in shards)
+    return name in READ_NAMES or name.endswith(READ_SUFFIXES) or (name.startswith("chat_template")
+                                                                 and name.endswith(".jinja"))
+
+
+def _indexed_shards(directory: Path) -> Optional[Set[str]]:
+    """The shard files the weights index names; None when it cannot be read as one (the index's
+    own check, and the loader, name that problem)."""
+    try:
+        weight_map = json.loads((directory / WEIGHTS_INDEX).read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(weight_map, dict):
+        return None
+    return {str(shard) for shard in weight_map.values()}

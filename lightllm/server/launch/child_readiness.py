@@ -17,6 +17,7 @@ from multiprocessing import connection
 from typing import Any, Dict, List, Set
 
 from lightllm.server.argument_error import ArgumentError
+from lightllm.utils.process_utils import describe_exit_code
 
 # How long an error a child reports waits for news of another child's death, which then comes
 # first in the message (a rank's collective fails within milliseconds of its peer's death).
@@ -41,7 +42,7 @@ def _died(child: StartingChild) -> bool:
 
 
 def _exit_line(child: StartingChild) -> str:
-    return f"{child.name} exited during start-up (exit code {child.process.exitcode})"
+    return f"{child.name} exited during start-up ({describe_exit_code(child.process.exitcode)})"
 
 
 def _dead_peers(children: List[StartingChild], besides: StartingChild, said: Set[str]) -> List[StartingChild]:

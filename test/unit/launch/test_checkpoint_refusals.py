@@ -181,6 +181,30 @@ def test_what_cannot_be_opened_is_named(tiny_llama_dir, tmp_path) -> None:
     assert "model.safetensors is a dangling link" in checkpoint_access_problem(weights_gone)
 
 
+def test_files_the_server_never_reads_are_not_checked(tiny_llama_dir, tmp_path) -> None:
+    # A checkpoint's LICENSE.txt, a training run's trainer_state.json or Mistral's params.json are
+    # never opened: a broken one must not refuse the start.
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "extras")
+    for name in ("LICENSE.txt", "trainer_state.json", "params.json"):
+        (model_dir / name).symlink_to(f"/nonexistent/{name}")
+    assert checkpoint_access_problem(model_dir) is None
+    # A link loop where the server reads is named as what it is.
+    (model_dir / "merges.txt").symlink_to("merges.txt")
+    assert checkpoint_access_problem(model_dir) == (f"{model_dir}/merges.txt cannot be read "
+                                                    "(Too many levels of symbolic links)")
+
+
+def test_with_an_index_only_the_shards_it_names_are_checked(tiny_llama_dir, tmp_path) -> None:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "sharded")
+    shard_in_two(model_dir)
+    (model_dir / "consolidated.safetensors").symlink_to("/nonexistent/consolidated.safetensors")
+    assert checkpoint_access_problem(model_dir) is None
+    shard = sorted(set(json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"].values()))[0]
+    (model_dir / shard).unlink()
+    (model_dir / shard).symlink_to("/nonexistent/shard")
+    assert f"{model_dir}/{shard} is a dangling link to /nonexistent/shard" in checkpoint_access_problem(model_dir)
+
+
 def _refusal(model_dir: Path, *flags: str) -> str:
     """The launcher's one error line for ``model_dir`` (asserting exit code 2, that line alone, nothing started)."""
     done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir),

@@ -93,7 +93,7 @@ def test_a_child_killed_while_an_earlier_one_is_waited_for_ends_the_wait() -> No
     try:
         with pytest.raises(StartupError) as err:
             wait_for_children_ready(children, TIMEOUT_S)
-        assert str(err.value) == "die_killed2 exited during start-up (exit code -9)"
+        assert str(err.value) == "die_killed2 exited during start-up (killed by SIGKILL, exit code -9)"
     finally:
         _stop(children)
 
@@ -104,7 +104,7 @@ def test_an_error_caused_by_a_dead_peer_names_the_dead_one_first() -> None:
     try:
         with pytest.raises(StartupError) as err:
             wait_for_children_ready(children, TIMEOUT_S, grace_s=TIMEOUT_S)
-        assert str(err.value) == ("die_killed_later1 exited during start-up (exit code -9); then model_rank0: "
+        assert str(err.value) == ("die_killed_later1 exited during start-up (killed by SIGKILL, exit code -9); then model_rank0: "
                                   "RuntimeError: Connection closed by peer")
     finally:
         _stop(children)
@@ -117,7 +117,7 @@ def test_a_peer_that_reported_its_own_error_is_not_named_when_another_dies_later
     try:
         with pytest.raises(StartupError) as err:
             wait_for_children_ready(children, TIMEOUT_S, grace_s=TIMEOUT_S)
-        assert str(err.value) == ("die_killed_much_later2 exited during start-up (exit code -9); then model_rank0: "
+        assert str(err.value) == ("die_killed_much_later2 exited during start-up (killed by SIGKILL, exit code -9); then model_rank0: "
                                   "RuntimeError: Connection closed by peer")
     finally:
         _stop(children)

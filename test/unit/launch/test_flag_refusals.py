@@ -356,6 +356,10 @@ def test_the_smallest_serving_settings_are_accepted():
     (["--api-key=supersecret"], "--api-key (and 1 value, not shown"),
     (["--pd-cluster-key", "supersecret", "--no-such-flag"], "--pd-cluster-key --no-such-flag (and 1 value, not shown"),
     (["supersecret"], "unrecognized arguments: 1 value (not shown: one may be a key)"),
+    # A key may start with "-" (token_urlsafe's alphabet has it): still a value, never a flag name.
+    (["--api-key", "-Xsupersecret"], "--api-key (and 1 value, not shown"),
+    (["--api-key", "--supersecret"], "--api-key (and 1 value, not shown"),
+    (["-supersecret"], "unrecognized arguments: 1 value (not shown: one may be a key)"),
 ])
 def test_an_unknown_flag_is_named_without_its_value(argv, named):
     # vLLM's --api-key spelling printed the key on the terminal (and in whatever log captured it).

@@ -80,8 +80,8 @@ def test_other_running_servers_untouched_pages_are_not_free(tmp_path) -> None:
     with pytest.raises(ArgumentError) as refused:
         check_shm_capacity(layout, total + untouched - 1, tmp_path)
     message = str(refused.value)
-    assert "1 segment(s) of other running servers there (they take it as their requests arrive)" in message
-    assert f"of which {format_bytes(untouched)} is the untouched part" in message
+    assert "the untouched part of their 1 segment(s), written as their requests arrive)" in message
+    assert f"and other running servers there may still take {format_bytes(untouched)} of it" in message
 
 
 def test_too_little_free_space_is_one_line_naming_the_sizes_and_the_flags() -> None:
