@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -54,3 +56,13 @@ def remove_tokenizer(model_dir: Path) -> None:
     """Delete the checkpoint's tokenizer files."""
     for name in TOKENIZER_FILES:
         (model_dir / name).unlink(missing_ok=True)
+
+
+def launcher_refusal(model_dir: Path, *flags: str) -> str:
+    """The launcher's one error line for ``model_dir`` (asserting exit code 2, that line alone, nothing started)."""
+    done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir),
+                           "--port", "18646", *flags], capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "starting: model=" not in done.stderr and "Traceback" not in done.stderr
+    return lines[0]

@@ -6,20 +6,17 @@ and a ``--tp`` that does not divide the heads (KV heads are replicated when ``--
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from checkpoint_damage_support import copy_checkpoint, misassign_first_tensor, remove_tokenizer, shard_in_two, truncate
+from checkpoint_damage_support import (copy_checkpoint, launcher_refusal, misassign_first_tensor, remove_tokenizer,
+                                      shard_in_two, truncate)
 from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, weight_files
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import make_argument_parser
-from lightllm.server.launch.checkpoint_access import checkpoint_access_problem
 from lightllm.server.launch.kv_budget import replicated_kv_weight_bytes
 from lightllm.server.launch.sizing import plan_sizing, resolve_max_req_total_len
 
@@ -132,89 +129,6 @@ def _no_tokenizer(tiny_llama_dir: Path, tmp_path: Path) -> Path:
     return model_dir
 
 
-def _hf_snapshot(source: Path, tmp_path: Path, missing_blob: str) -> Path:
-    """A Hugging Face cache layout: the snapshot's files link to ``../../blobs/<name>``; one blob is gone."""
-    repo = tmp_path / "models--org--tiny"
-    snapshot = repo / "snapshots" / "abc123"
-    (repo / "blobs").mkdir(parents=True)
-    snapshot.mkdir(parents=True)
-    for path in sorted(source.iterdir()):
-        if path.is_file():
-            blob = repo / "blobs" / f"blob-{path.name}"
-            shutil.copyfile(path, blob)
-            (snapshot / path.name).symlink_to(f"../../blobs/{blob.name}")
-    (repo / "blobs" / f"blob-{missing_blob}").unlink()
-    return snapshot
-
-
-def _dangling_weights(source: Path, tmp_path: Path) -> Path:
-    return _hf_snapshot(source, tmp_path, "model.safetensors")
-
-
-def _dangling_tokenizer(source: Path, tmp_path: Path) -> Path:
-    return _hf_snapshot(source, tmp_path, "tokenizer.json")
-
-
-def _dangling_config(source: Path, tmp_path: Path) -> Path:
-    return _hf_snapshot(source, tmp_path, "config.json")
-
-
-@pytest.mark.parametrize("build, name", [(_dangling_weights, "model.safetensors"),
-                                         (_dangling_tokenizer, "tokenizer.json"),
-                                         (_dangling_config, "config.json")])
-def test_a_dangling_link_is_refused_in_one_line_naming_it_and_its_target(tiny_llama_dir, tmp_path, build, name):
-    model_dir = build(tiny_llama_dir, tmp_path)
-    line = _refusal(model_dir, "--device", "cpu")
-    assert f"{model_dir}/{name} is a dangling link to ../../blobs/blob-{name} (" in line
-    assert f"models--org--tiny/blobs/blob-{name} does not exist)" in line
-
-
-def test_what_cannot_be_opened_is_named(tiny_llama_dir, tmp_path) -> None:
-    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "fifo")
-    (model_dir / "tokenizer.json").unlink()
-    os.mkfifo(model_dir / "tokenizer.json")
-    assert checkpoint_access_problem(model_dir) == f"{model_dir}/tokenizer.json is not a regular file"
-    assert checkpoint_access_problem(tiny_llama_dir) is None
-    # A PD master reads no weights: a missing blob there is not its concern.
-    weights_gone = _dangling_weights(tiny_llama_dir, tmp_path)
-    assert checkpoint_access_problem(weights_gone, weights=False) is None
-    assert "model.safetensors is a dangling link" in checkpoint_access_problem(weights_gone)
-
-
-def test_files_the_server_never_reads_are_not_checked(tiny_llama_dir, tmp_path) -> None:
-    # A checkpoint's LICENSE.txt, a training run's trainer_state.json or Mistral's params.json are
-    # never opened: a broken one must not refuse the start.
-    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "extras")
-    for name in ("LICENSE.txt", "trainer_state.json", "params.json"):
-        (model_dir / name).symlink_to(f"/nonexistent/{name}")
-    assert checkpoint_access_problem(model_dir) is None
-    # A link loop where the server reads is named as what it is.
-    (model_dir / "merges.txt").symlink_to("merges.txt")
-    assert checkpoint_access_problem(model_dir) == (f"{model_dir}/merges.txt cannot be read "
-                                                    "(Too many levels of symbolic links)")
-
-
-def test_with_an_index_only_the_shards_it_names_are_checked(tiny_llama_dir, tmp_path) -> None:
-    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "sharded")
-    shard_in_two(model_dir)
-    (model_dir / "consolidated.safetensors").symlink_to("/nonexistent/consolidated.safetensors")
-    assert checkpoint_access_problem(model_dir) is None
-    shard = sorted(set(json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"].values()))[0]
-    (model_dir / shard).unlink()
-    (model_dir / shard).symlink_to("/nonexistent/shard")
-    assert f"{model_dir}/{shard} is a dangling link to /nonexistent/shard" in checkpoint_access_problem(model_dir)
-
-
-def _refusal(model_dir: Path, *flags: str) -> str:
-    """The launcher's one error line for ``model_dir`` (asserting exit code 2, that line alone, nothing started)."""
-    done = subprocess.run([sys.executable, "-m", "lightllm.server.api_server", "--model_dir", str(model_dir),
-                           "--port", "18646", *flags], capture_output=True, text=True, timeout=120)
-    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    assert "starting: model=" not in done.stderr and "Traceback" not in done.stderr
-    return lines[0]
-
-
 def _cut_tokenizer_json(source: Path, tmp_path: Path) -> Path:
     model_dir = copy_checkpoint(source, tmp_path / "cut_tokenizer")
     (model_dir / "tokenizer.json").write_text("{}")  # as a download cut short, then "repaired" by hand
@@ -241,7 +155,7 @@ def _garbage_tokenizer_config(source: Path, tmp_path: Path) -> Path:
 def test_the_launcher_refuses_unreadable_checkpoint_files_before_anything_starts(tiny_llama_dir, tmp_path, build,
                                                                                  message):
     # --max_total_token_num: the KV budget, which sizes the weights, is not what finds them.
-    line = _refusal(build(tiny_llama_dir, tmp_path), "--device", "cpu", "--max_total_token_num", "4096")
+    line = launcher_refusal(build(tiny_llama_dir, tmp_path), "--device", "cpu", "--max_total_token_num", "4096")
     assert message in line, line
 
 
@@ -263,7 +177,7 @@ def test_a_sentencepiece_only_checkpoint_without_its_packages_is_refused_before_
 
 
 def test_the_pd_master_refuses_a_checkpoint_without_tokenizer_files(tiny_llama_dir, tmp_path):
-    line = _refusal(_no_tokenizer(tiny_llama_dir, tmp_path), "--run_mode", "pd_master")
+    line = launcher_refusal(_no_tokenizer(tiny_llama_dir, tmp_path), "--run_mode", "pd_master")
     assert line.startswith(f"error: no tokenizer files in {tmp_path / 'no_tokenizer'}: looked for tokenizer.json"), line
 
 
@@ -405,11 +319,11 @@ def test_the_causal_lm_classes_are_the_ones_transformers_builds():
 def test_the_slow_tokenizer_refusal_is_its_line_alone(tiny_llama_dir):
     # transformers' "PyTorch was not found" advice came above it: its first import in the
     # torch-free launcher was not the quiet one.
-    assert _refusal(tiny_llama_dir, "--tokenizer_mode", "slow").startswith("error: --tokenizer_mode slow: transformers ")
+    assert launcher_refusal(tiny_llama_dir, "--tokenizer_mode", "slow").startswith("error: --tokenizer_mode slow: transformers ")
 
 
 def test_onednn_in_float16_is_refused_before_anything_starts(tiny_llama_dir):
     # The ranks refused it about 4 s after every process started.
-    assert _refusal(tiny_llama_dir, "--linear_backend", "onednn", "--data_type", "fp16") == (
+    assert launcher_refusal(tiny_llama_dir, "--linear_backend", "onednn", "--data_type", "fp16") == (
         "error: --linear_backend onednn cannot run here: oneDNN projections take float32 or bfloat16 weights, not "
         "float16; use --linear_backend torch")
