@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lightllm.benchmark.comparison_metrics import COMPARISON_METRICS
 from lightllm.benchmark.markdown_table import md_table
+from lightllm.benchmark.student_t import student_t_quantile
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -114,9 +115,11 @@ def _few_pairs_note(changes: Mapping[str, Mapping[str, Any]]) -> list[str]:
     pairs = [c.get("pairs") for per in changes.values() for c in per.values() if c and c.get("percent") is not None]
     if not pairs or min(pairs) > 2:
         return []
+    confidence = change_confidence(changes)
+    t = student_t_quantile(0.5 + confidence / 2.0, 1)
     return ["", "With n=1 there is no interval (one ratio has no spread to estimate), and with n=2 the interval "
-            "rests on one degree of freedom (t = 12.7 at 95%), so it is very wide. Measure more repeats before "
-            "relying on a change."]
+            f"rests on one degree of freedom (t = {t:.3g} at {100 * confidence:g}%), so it is very wide. Measure "
+            "more repeats before relying on a change."]
 
 
 def _output_lens(cfg: Mapping[str, Any]) -> str:

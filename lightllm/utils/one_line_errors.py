@@ -56,10 +56,14 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 _UNRECOGNIZED = re.compile(r"^(.*unrecognized arguments: )(.*)$")
-# What a flag's name looks like (this project's flags are all --long; -h is argparse's).
-_FLAG_NAME = re.compile(r"^(--[A-Za-z][A-Za-z0-9_-]*|-[A-Za-z])$")
-# Flags whose value is a secret: the word after one is never shown, whatever it looks like.
-_SECRET_FLAG = re.compile(r"key|token|secret|password", re.IGNORECASE)
+# What a flag's name looks like: lower case, as every flag of this project and of vLLM is (-h is
+# argparse's).  A key that starts with "-" almost always has upper case or digits in its first
+# letters, so it is not taken for a flag.
+_FLAG_NAME = re.compile(r"^(--[a-z][a-z0-9_-]*|-[a-z])$")
+# Flags whose value is a secret (--api-key, --admin_api_key, --hf-token, ...): the word after one
+# is never shown, whatever it looks like.  By the name's last word, so --skip-tokenizer-init or
+# --return-tokens-as-token-ids are not taken for one.
+_SECRET_FLAG = re.compile(r"[-_](key|keys|token|tokens|secret|password)$|^--(key|token|secret|password)$")
 
 
 def without_values(message: str) -> str:

@@ -112,7 +112,8 @@ def live_segments_of_others(shm_dir: Path = SHM_DIR) -> List[Path]:
         if match is None:
             continue
         pid = int(match.group(1))
-        # Our pid: ours, or a dead same-pid server's (stale, see the module docstring).
+        # Our pid: ours, or a same-pid server's in another pid namespace (never judged; see the
+        # module docstring), so not counted as another live server's either.
         if pid != os.getpid() and pid_is_running(pid):
             found.append(path)
     return found

@@ -72,10 +72,9 @@ class BatchGenerator:
         """Compute the next ``new_lens[i]`` uncached tokens of each sequence; returns logits."""
         new_lens = self._checked_new_lens(seqs, new_lens)
         chunks = [s.token_ids[s.cached_len : s.cached_len + n] for s, n in zip(seqs, new_lens)]
-        for index, chunk in enumerate(chunks):
-            # Callers append to token_ids directly (decode loops, benchmarks): the ids are checked
-            # here, as start() checks a prompt's, before a slot is taken.
-            generator_inputs.check_new_tokens(f"sequence {index}'s new tokens", chunk, self.model.vocab_size)
+        # Callers append to token_ids directly (decode loops, benchmarks): the ids are checked
+        # here, as start() checks a prompt's, before a slot is taken.
+        generator_inputs.check_new_tokens(chunks, self.model.vocab_size)
         slots = self.kv_cache.alloc(sum(new_lens))
         added = 0
         try:

@@ -9,6 +9,8 @@ argument, before anything is reserved.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any, List, Optional
 
 
@@ -58,8 +60,8 @@ def _items(name: str, value: Any, ndim: int, what: str) -> list:
     items = _array_items(name, value, ndim)
     if items is not None:
         return items
-    if isinstance(value, (list, tuple)):
-        return list(value)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return list(value)  # a list, tuple, range, deque, array.array ...
     raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
 
 
@@ -110,13 +112,15 @@ def stop_set(stop_token_ids: Optional[Any], vocab_size: int) -> frozenset[int]:
     return frozenset(ids)
 
 
-def check_new_tokens(name: str, ids: List[Any], vocab_size: int) -> None:
-    """Raise unless every id of a forward's chunk is an int in ``[0, vocab_size)``.
+def check_new_tokens(chunks: List[List[Any]], vocab_size: int) -> None:
+    """Raise unless every id of a forward's chunks is an int in ``[0, vocab_size)``.
 
-    Runs on every forward (benchmarks time forwards), so plain in-range ints pass in one C-speed
-    sweep; anything else gets :func:`token_list`'s message.
+    Runs on every forward, inside the benchmarks' timed regions, so plain in-range ints pass in
+    one sweep over all chunks with no per-sequence work; anything else gets :func:`token_list`'s
+    message naming the sequence.
     """
-    if ids and all(type(token) is int for token in ids) and 0 <= min(ids) and max(ids) < vocab_size:
+    ids = list(chain.from_iterable(chunks))
+    if ids and set(map(type, ids)) == {int} and 0 <= min(ids) and max(ids) < vocab_size:
         return
-    token_list(name, ids, vocab_size, len(ids))
-
+    for index, chunk in enumerate(chunks):
+        token_list(f"sequence {index}'s new tokens", chunk, vocab_size, len(chunk))

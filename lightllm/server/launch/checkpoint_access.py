@@ -10,23 +10,28 @@ one line naming the file and what is wrong with it, before any child process sta
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 from pathlib import Path
-from typing import Optional, Set
+from typing import List, Optional, Set
+
+from lightllm.utils.tokenizer_sources import TOKENIZER_CONFIG, VOCABULARY_NAMES, VOCABULARY_PATTERNS
 
 # The files of a Hugging Face checkpoint the launcher, its children or transformers read: the
-# configs, the tokenizer's serializations and vocabularies, the chat template.  Other files a
-# checkpoint often carries (LICENSE.txt, trainer_state.json, Mistral's params.json) are never
-# opened, so a broken one must not refuse the start.
+# configs, the tokenizer's serializations and vocabularies (the names and patterns tokenizer
+# detection uses, plus a serialization tokenizer_config.json's fast_tokenizer_files names), BPE
+# merges, chat templates (also those in additional_chat_templates/, which transformers opens),
+# and the weights by the loader's rule.  Other files a checkpoint often carries (LICENSE.txt,
+# trainer_state.json, Mistral's params.json or consolidated.safetensors) are never opened, so a
+# broken one must not refuse the start.
 READ_NAMES = frozenset({
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
-    "chat_template.json", "chat_template.jinja", "model.safetensors.index.json",
+    "config.json", "generation_config.json", "tokenizer.json", TOKENIZER_CONFIG, "special_tokens_map.json",
+    "added_tokens.json", "merges.txt", "chat_template.json", "chat_template.jinja", *VOCABULARY_NAMES,
 })
-# SentencePiece and tiktoken vocabularies go by many names (tokenizer.model, spiece.model).
-READ_SUFFIXES = (".model", ".tiktoken")
+TEMPLATE_DIR = "additional_chat_templates"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+SINGLE_WEIGHTS = "model.safetensors"
 
 
 def _why(exc: OSError) -> str:
@@ -38,69 +43,94 @@ def _why(exc: OSError) -> str:
 def checkpoint_access_problem(model_dir: str | Path, weights: bool = True) -> Optional[str]:
     """One line naming the first path of ``model_dir`` this process cannot read, or ``None``.
 
-    ``model_dir`` itself must be listable and searchable; each top-level file the server reads
-    (:data:`READ_NAMES`, :data:`READ_SUFFIXES`, chat templates, and the weights when ``weights``:
-    the shards the index names, or every ``*.safetensors`` without one; a PD master loads none)
-    must open for reading.  A symbolic link whose target is missing is named with that target.
+    ``model_dir`` itself must be listable and searchable; each file the server reads (see
+    :data:`READ_NAMES`; the weights only when ``weights``: a PD master loads none) must open for
+    reading.  A symbolic link whose target is missing is named with that target.
     """
     directory = Path(model_dir)
     try:
-        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        names = sorted(entry.name for entry in os.scandir(directory))
     except OSError as exc:
         return f"--model_dir {model_dir}: the directory cannot be read ({_why(exc)})"
-    names = {entry.name for entry in entries}
-    shards = _indexed_shards(directory) if weights and WEIGHTS_INDEX in names else None
-    for entry in entries:
-        name = entry.name
-        if not _read_by_the_server(name, weights, shards):
-            continue
-        path = directory / name
+    read = [name for name in names if _is_tokenizer_or_config(name, directory)]
+    if weights:
+        read += _weight_names(directory, names)
+    if TEMPLATE_DIR in names:
         try:
-            os.stat(path)  # follows links: a dangling one, or a loop, fails here
+            # A dangling link there transformers skips; one it finds but cannot read fails it.
+            read += sorted(f"{TEMPLATE_DIR}/{entry.name}" for entry in os.scandir(directory / TEMPLATE_DIR)
+                           if entry.name.endswith(".jinja") and os.path.exists(entry.path))
         except OSError as exc:
-            if entry.is_symlink() and exc.errno == errno.ENOENT:
-                # An HF cache snapshot whose blob is gone (or was never downloaded).
-                try:
-                    target = os.readlink(path)
-                except OSError:
-                    target = "?"
-                resolved = (directory / target) if not os.path.isabs(target) else Path(target)
-                return (f"{path} is a dangling link to {target} ({os.path.normpath(resolved)} does not exist); "
-                        "download or copy the file again")
-            return f"{path} cannot be read ({_why(exc)})"
-        if path.is_dir():
-            continue
-        if not path.is_file():
-            # A FIFO would block the open below for good; no parser reads one either.
-            return f"{path} is not a regular file"
-        # os.access answers from the permission bits for this user; the open catches what the bits
-        # do not show (an ACL, a mount that refuses reads).
-        if not os.access(path, os.R_OK):
-            return f"{path} cannot be read (permission denied for this user (uid {os.getuid()}))"
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            return f"{path} cannot be read ({_why(exc)})"
+            return f"{directory / TEMPLATE_DIR} cannot be read ({_why(exc)})"
+    for name in read:
+        problem = _file_problem(directory, directory / name)
+        if problem is not None:
+            return problem
     return None
 
 
-def _read_by_the_server(name: str, weights: bool, shards: Optional[Set[str]]) -> bool:
-    """Whether the server opens the top-level file ``name`` (see :data:`READ_NAMES`)."""
-    if name.endswith(".safetensors"):
-        # With an index, only the shards it names are loaded (a consolidated copy beside them is not).
-        return weights and (shards is None or name in shards)
-    return name in READ_NAMES or name.endswith(READ_SUFFIXES) or (name.startswith("chat_template")
-                                                                 and name.endswith(".jinja"))
-
-
-def _indexed_shards(directory: Path) -> Optional[Set[str]]:
-    """The shard files the weights index names; None when it cannot be read as one (the index's
-    own check, and the loader, name that problem)."""
+def _file_problem(directory: Path, path: Path) -> Optional[str]:
+    """Why ``path`` cannot be opened for reading, or None."""
     try:
-        weight_map = json.loads((directory / WEIGHTS_INDEX).read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError):
+        os.stat(path)  # follows links: a dangling one, or a loop, fails here
+    except OSError as exc:
+        if path.is_symlink() and exc.errno == errno.ENOENT:
+            # An HF cache snapshot whose blob is gone (or was never downloaded).
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            resolved = (path.parent / target) if not os.path.isabs(target) else Path(target)
+            return (f"{path} is a dangling link to {target} ({os.path.normpath(resolved)} does not exist); "
+                    "download or copy the file again")
+        return f"{path} cannot be read ({_why(exc)})"
+    if path.is_dir():
         return None
-    if not isinstance(weight_map, dict):
-        return None
-    return {str(shard) for shard in weight_map.values()}
+    if not path.is_file():
+        # A FIFO would block the open below for good; no parser reads one either.
+        return f"{path} is not a regular file"
+    # os.access answers from the permission bits for this user; the open catches what the bits
+    # do not show (an ACL, a mount that refuses reads).
+    if not os.access(path, os.R_OK):
+        return f"{path} cannot be read (permission denied for this user (uid {os.getuid()}))"
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"{path} cannot be read ({_why(exc)})"
+    return None
+
+
+def _is_tokenizer_or_config(name: str, directory: Path) -> bool:
+    """Whether the server reads the top-level non-weight file ``name``."""
+    if name in READ_NAMES or any(fnmatch.fnmatch(name, pattern) for pattern in VOCABULARY_PATTERNS):
+        return True
+    if name.startswith("chat_template") and name.endswith(".jinja"):
+        return True
+    return name in _fast_tokenizer_files(directory)
+
+
+def _fast_tokenizer_files(directory: Path) -> Set[str]:
+    """The serializations tokenizer_config.json's ``fast_tokenizer_files`` names (transformers reads them)."""
+    try:
+        config = json.loads((directory / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    listed = config.get("fast_tokenizer_files") if isinstance(config, dict) else None
+    return {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
+
+
+def _weight_names(directory: Path, names: List[str]) -> List[str]:
+    """The weight files the loader reads (its rule: the index's shards, else model.safetensors
+    alone, else every *.safetensors); an index it cannot read is left to the loader's check."""
+    if WEIGHTS_INDEX in names:
+        try:
+            weight_map = json.loads((directory / WEIGHTS_INDEX).read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, ValueError, AttributeError):
+            return [WEIGHTS_INDEX]
+        if not isinstance(weight_map, dict):
+            return [WEIGHTS_INDEX]
+        return [WEIGHTS_INDEX, *sorted({str(shard) for shard in weight_map.values()} & set(names))]
+    if SINGLE_WEIGHTS in names:
+        return [SINGLE_WEIGHTS]
+    return [name for name in names if name.endswith(".safetensors")]

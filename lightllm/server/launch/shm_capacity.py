@@ -91,8 +91,9 @@ def check_shm_capacity(layout: ServerLayout, free_bytes: Optional[int], shm_dir:
         return
     promised = ""
     if pending:
-        promised = (f", and other running servers there may still take {format_bytes(pending)} of it (the untouched "
-                    f"part of their {len(others)} segment(s), written as their requests arrive)")
+        share = "of it" if pending <= free_bytes else "(more than is free)"
+        promised = (f", and other running servers there may still take {format_bytes(pending)} {share} (the "
+                    f"untouched part of their {len(others)} segment(s), written as their requests arrive)")
     raise ArgumentError(
         f"the server's shared memory needs {format_bytes(total)} (request records "
         f"{format_bytes(sizes['request records'])}, top-logprob rows {format_bytes(sizes['top-logprob rows'])}) "

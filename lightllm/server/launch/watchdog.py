@@ -109,6 +109,7 @@ class Watchdog:
         self._credited_before: List[float] = []
         # Credited gaps not logged yet (their count, their sum, the longest), and when the last warning went out.
         self._unlogged = (0, 0.0, 0.0)
+        self._gaps_since = self._clock()  # when the gaps summed in _unlogged began to be summed
         self._warned_at: Optional[float] = None
 
     def arm(self) -> None:
@@ -128,6 +129,10 @@ class Watchdog:
         # taken as the end of the interval (from ``gap_start`` to now).
         gap = max(0.0, now - self._last_check - WATCHER_GAP_SECONDS)
         gap_start = now - gap
+        if self._unlogged[1] < GAP_WARNING_MIN_SECONDS and now - self._gaps_since >= GAP_WARNING_INTERVAL_SECONDS:
+            # Scattered small gaps too few to warn about in one interval are forgotten, so that
+            # hours apart they do not add up to a warning about nothing.
+            self._unlogged, self._gaps_since = (0, 0.0, 0.0), now
         if gap > 0:
             count, total, longest = self._unlogged
             self._unlogged = (count + 1, total + gap, max(longest, gap))
@@ -159,7 +164,7 @@ class Watchdog:
                     "the longest %.1f s: a paused server or an overloaded machine); that time is not counted toward "
                     "--watchdog_timeout %g (one such line per %g s at most)", total, WATCHER_GAP_SECONDS, count,
                     "" if count == 1 else "s", longest, self.timeout_seconds, GAP_WARNING_INTERVAL_SECONDS)
-        self._unlogged = (0, 0.0, 0.0)
+        self._unlogged, self._gaps_since = (0, 0.0, 0.0), now
         self._warned_at = now
 
 

@@ -86,3 +86,35 @@ def test_with_an_index_only_the_shards_it_names_are_checked(tiny_llama_dir, tmp_
     (model_dir / shard).unlink()
     (model_dir / shard).symlink_to("/nonexistent/shard")
     assert f"{model_dir}/{shard} is a dangling link to /nonexistent/shard" in checkpoint_access_problem(model_dir)
+
+
+def test_the_weights_are_checked_by_the_loader_s_rule(tiny_llama_dir, tmp_path) -> None:
+    # Without an index the loader reads model.safetensors alone: a consolidated copy beside it is
+    # never opened (Mistral repositories carry one), so a broken one must not refuse the start.
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "consolidated")
+    (model_dir / "consolidated.safetensors").symlink_to("/nonexistent/consolidated.safetensors")
+    assert checkpoint_access_problem(model_dir) is None
+
+
+def test_tokenizer_files_found_by_name_pattern_or_config_are_checked(tiny_llama_dir, tmp_path) -> None:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "named")
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["fast_tokenizer_files"] = ["tokenizer-fast.json"]
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    (model_dir / "tokenizer-fast.json").symlink_to("/nonexistent/fast")
+    assert "tokenizer-fast.json is a dangling link" in checkpoint_access_problem(model_dir)
+    (model_dir / "tokenizer-fast.json").unlink()
+    (model_dir / "tokenizer.model.v3").symlink_to("/nonexistent/v3")
+    assert "tokenizer.model.v3 is a dangling link" in checkpoint_access_problem(model_dir)
+
+
+def test_additional_chat_templates_are_checked_when_transformers_would_open_them(tiny_llama_dir, tmp_path) -> None:
+    model_dir = copy_checkpoint(tiny_llama_dir, tmp_path / "templates")
+    templates = model_dir / "additional_chat_templates"
+    templates.mkdir()
+    (templates / "gone.jinja").symlink_to("/nonexistent/gone.jinja")  # transformers skips it
+    assert checkpoint_access_problem(model_dir) is None
+    (templates / "tool_use.jinja").unlink(missing_ok=True)
+    os.mkfifo(templates / "tool_use.jinja")
+    assert checkpoint_access_problem(model_dir) == f"{templates}/tool_use.jinja is not a regular file"
+

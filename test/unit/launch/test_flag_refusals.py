@@ -360,6 +360,11 @@ def test_the_smallest_serving_settings_are_accepted():
     (["--api-key", "-Xsupersecret"], "--api-key (and 1 value, not shown"),
     (["--api-key", "--supersecret"], "--api-key (and 1 value, not shown"),
     (["-supersecret"], "unrecognized arguments: 1 value (not shown: one may be a key)"),
+    (["--api_ke", "--Zk3supersecret"], "--api_ke (and 1 value, not shown"),
+    (["--api-key", "k1", "--Zsupersecret"], "--api-key (and 2 values, not shown"),
+    # Names that merely contain "token" are not secret flags: the next flag is still named.
+    (["--return-tokens-as-token-ids", "--max-num-seqs", "8"],
+     "--return-tokens-as-token-ids --max-num-seqs (and 1 value, not shown"),
 ])
 def test_an_unknown_flag_is_named_without_its_value(argv, named):
     # vLLM's --api-key spelling printed the key on the terminal (and in whatever log captured it).

@@ -82,6 +82,10 @@ def test_other_running_servers_untouched_pages_are_not_free(tmp_path) -> None:
     message = str(refused.value)
     assert "the untouched part of their 1 segment(s), written as their requests arrive)" in message
     assert f"and other running servers there may still take {format_bytes(untouched)} of it" in message
+    # Promised space beyond what is free is said as such, not as a part larger than the whole.
+    with pytest.raises(ArgumentError) as refused:
+        check_shm_capacity(layout, untouched // 2, tmp_path)
+    assert f"may still take {format_bytes(untouched)} (more than is free)" in str(refused.value)
 
 
 def test_too_little_free_space_is_one_line_naming_the_sizes_and_the_flags() -> None:

@@ -217,6 +217,20 @@ def test_late_rounds_summing_under_half_a_second_are_credited_but_not_warned_abo
     assert "(4 gaps, the longest 0.3 s" in lines[0]
 
 
+def test_small_gaps_an_interval_apart_do_not_add_up_to_a_warning(caplog):
+    clock = Clock()
+    beats = [0.0]
+    watchdog = _watchdog(clock, beats, timeout=1000.0)
+    watchdog.arm()
+    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+        for _ in range(4):  # 0.3 s late once per 31 s: 1.2 s in all, never 0.5 s within an interval
+            clock.advance(WATCHER_GAP_SECONDS + 0.3)
+            watchdog.stalled()
+            _advance_checking(clock, watchdog, GAP_WARNING_INTERVAL_SECONDS + 1)
+    assert not [r for r in caplog.records if "child watcher did not run" in r.getMessage()]
+    assert watchdog._credited == pytest.approx(1.2)
+
+
 def test_a_watcher_steadily_a_little_late_is_warned_about(caplog):
     # 0.4 s late at every round credits about 29% of the time: no single gap is large, the sum is.
     clock = Clock()
