@@ -6,7 +6,7 @@ SIGKILL cannot remove them; the next server started on the machine removes every
 owner pid no longer runs.  Resources of a live process (or of another user) are left alone.
 
 Resources named with this process's own pid are never removed, even those it did not create
-(:func:`new_shm_tag` and :func:`make_ipc_dir` record what it creates): in a container the server
+(:func:`new_shm_tag` records the segment tags it creates): in a container the server
 is PID 1 at every start, so they may be a killed predecessor's, but two containers sharing one
 ``/dev/shm`` (those of one Kubernetes pod) are both PID 1 too, and a pid cannot tell a dead
 predecessor from a live sibling.  docs/EN/failure_handling.md says how to clear a pod's leftovers.
@@ -28,10 +28,9 @@ SHM_DIR = Path("/dev/shm")
 _IPC_DIR = re.compile(r"^lightllm-(\d+)-")
 _SHM_SEGMENT = re.compile(r"^lightllm_(\d+)_")
 
-# Names (segment tags, IPC folder names) this process created: the resource tracker registers
-# these, not everything that carries this process's pid.
+# Segment tags this process created: the resource tracker registers these, not everything that
+# carries this process's pid.
 _OWN_SHM_TAGS: Set[str] = set()
-_OWN_IPC_DIRS: Set[str] = set()
 
 
 def ipc_dir_prefix(pid: Optional[int] = None) -> str:
@@ -54,10 +53,8 @@ def new_shm_tag() -> str:
 
 
 def make_ipc_dir() -> str:
-    """Create this process's IPC socket folder in the temporary directory, recorded as its own."""
-    path = tempfile.mkdtemp(prefix=ipc_dir_prefix())
-    _OWN_IPC_DIRS.add(os.path.basename(path))
-    return path
+    """Create this process's IPC socket folder in the temporary directory."""
+    return tempfile.mkdtemp(prefix=ipc_dir_prefix())
 
 
 def own_shm_tags() -> Set[str]:

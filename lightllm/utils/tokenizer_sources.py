@@ -41,7 +41,8 @@ class TokenizerFilesError(ValueError):
     """The checkpoint directory has no file a tokenizer can be built from."""
 
 
-def _tokenizer_config(directory: Path) -> dict[str, Any]:
+def read_tokenizer_config(directory: Path) -> dict[str, Any]:
+    """``tokenizer_config.json`` of ``directory`` as a dict ({} when absent or unreadable)."""
     try:
         value = json.loads((directory / TOKENIZER_CONFIG).read_text())
     except (OSError, UnicodeDecodeError, ValueError):
@@ -55,7 +56,7 @@ def tokenizer_sources(model_dir: str | Path) -> List[str]:
     A byte-level tokenizer class named by ``tokenizer_config.json`` counts as that file.
     """
     directory = Path(model_dir)
-    config = _tokenizer_config(directory)
+    config = read_tokenizer_config(directory)
     if config.get("tokenizer_class") in FILELESS_CLASSES:
         return [TOKENIZER_CONFIG]
     serialized = config.get("fast_tokenizer_files")

@@ -42,17 +42,11 @@ def _array_items(name: str, value: Any, ndim: int) -> Optional[list]:
     if len(shape) != ndim:
         raise TypeError(f"{name} must have {ndim} dimension{'s' if ndim > 1 else ''}, got shape {tuple(shape)}")
     kind = getattr(dtype, "kind", None)  # numpy: "i"/"u" integers, "b" bool
-    integral = kind in ("i", "u") if kind is not None else (not dtype.is_floating_point and not dtype.is_complex
-                                                           and dtype != _torch_bool())
+    # torch dtypes print as torch.int64, torch.uint8 ... (torch.bool and floats do not match).
+    integral = kind in ("i", "u") if kind is not None else str(dtype).startswith(("torch.int", "torch.uint"))
     if not integral:
         raise TypeError(f"{name} must hold integers, got dtype {dtype}")
     return value.tolist()
-
-
-def _torch_bool() -> Any:
-    import torch  # only reached for a tensor, so torch is already loaded
-
-    return torch.bool
 
 
 def _items(name: str, value: Any, ndim: int, what: str) -> list:

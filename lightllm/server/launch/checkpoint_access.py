@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import json
 import os
 from pathlib import Path
 from typing import List, Optional, Set
 
-from lightllm.utils.tokenizer_sources import TOKENIZER_CONFIG, VOCABULARY_NAMES, VOCABULARY_PATTERNS
+from lightllm.common.basemodel.checkpoint_files import INDEX_FILE, SINGLE_FILE, CheckpointFilesError, read_weight_map
+from lightllm.utils.tokenizer_sources import (TOKENIZER_CONFIG, VOCABULARY_NAMES, VOCABULARY_PATTERNS,
+                                              read_tokenizer_config)
 
 # The files of a Hugging Face checkpoint the launcher, its children or transformers read: the
 # configs, the tokenizer's serializations and vocabularies (the names and patterns tokenizer
@@ -30,8 +31,6 @@ READ_NAMES = frozenset({
     "added_tokens.json", "merges.txt", "chat_template.json", "chat_template.jinja", *VOCABULARY_NAMES,
 })
 TEMPLATE_DIR = "additional_chat_templates"
-WEIGHTS_INDEX = "model.safetensors.index.json"
-SINGLE_WEIGHTS = "model.safetensors"
 
 
 def _why(exc: OSError) -> str:
@@ -52,7 +51,8 @@ def checkpoint_access_problem(model_dir: str | Path, weights: bool = True) -> Op
         names = sorted(entry.name for entry in os.scandir(directory))
     except OSError as exc:
         return f"--model_dir {model_dir}: the directory cannot be read ({_why(exc)})"
-    read = [name for name in names if _is_tokenizer_or_config(name, directory)]
+    fast_files = _fast_tokenizer_files(directory)
+    read = [name for name in names if _is_tokenizer_or_config(name, fast_files)]
     if weights:
         read += _weight_names(directory, names)
     if TEMPLATE_DIR in names:
@@ -101,36 +101,32 @@ def _file_problem(directory: Path, path: Path) -> Optional[str]:
     return None
 
 
-def _is_tokenizer_or_config(name: str, directory: Path) -> bool:
+def _is_tokenizer_or_config(name: str, fast_files: Set[str]) -> bool:
     """Whether the server reads the top-level non-weight file ``name``."""
-    if name in READ_NAMES or any(fnmatch.fnmatch(name, pattern) for pattern in VOCABULARY_PATTERNS):
+    if name in READ_NAMES or name in fast_files:
         return True
-    if name.startswith("chat_template") and name.endswith(".jinja"):
+    if any(fnmatch.fnmatch(name, pattern) for pattern in VOCABULARY_PATTERNS):
         return True
-    return name in _fast_tokenizer_files(directory)
+    return name.startswith("chat_template") and name.endswith(".jinja")
 
 
 def _fast_tokenizer_files(directory: Path) -> Set[str]:
     """The serializations tokenizer_config.json's ``fast_tokenizer_files`` names (transformers reads them)."""
-    try:
-        config = json.loads((directory / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
-    listed = config.get("fast_tokenizer_files") if isinstance(config, dict) else None
+    listed = read_tokenizer_config(directory).get("fast_tokenizer_files")
     return {name for name in listed if isinstance(name, str)} if isinstance(listed, list) else set()
 
 
 def _weight_names(directory: Path, names: List[str]) -> List[str]:
-    """The weight files the loader reads (its rule: the index's shards, else model.safetensors
-    alone, else every *.safetensors); an index it cannot read is left to the loader's check."""
-    if WEIGHTS_INDEX in names:
+    """The weight files the loader reads (its rule, :func:`weight_files`: the index's shards, else
+    model.safetensors alone, else every *.safetensors); an index it cannot read is left to the
+    loader's check, which names the problem."""
+    if INDEX_FILE in names:
         try:
-            weight_map = json.loads((directory / WEIGHTS_INDEX).read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, ValueError, AttributeError):
-            return [WEIGHTS_INDEX]
-        if not isinstance(weight_map, dict):
-            return [WEIGHTS_INDEX]
-        return [WEIGHTS_INDEX, *sorted({str(shard) for shard in weight_map.values()} & set(names))]
-    if SINGLE_WEIGHTS in names:
-        return [SINGLE_WEIGHTS]
+            weight_map = read_weight_map(directory)
+        except (CheckpointFilesError, OSError):
+            weight_map = None
+        shards = set(weight_map.values()) if weight_map else set()
+        return [INDEX_FILE, *sorted(shards & set(names))]
+    if SINGLE_FILE in names:
+        return [SINGLE_FILE]
     return [name for name in names if name.endswith(".safetensors")]

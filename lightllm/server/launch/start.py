@@ -117,11 +117,8 @@ def start_processes(
         # (utils/process_utils.py run_child): only the main thread lives as long as the launcher.
         raise RuntimeError("the server's children are started from the launcher's main thread")
     procs = ServerProcesses()
-    # run_server ran it before its first child; again here for callers that come straight here
-    # (it never removes what this process created, so a second call is harmless).
-    remove_stale_resources()
-    # Both names carry this process's pid so a later server can tell when their owner is gone;
-    # both are recorded as this process's own (a same-pid leftover of a dead container isn't).
+    # Both names carry this process's pid so a later server can tell when their owner is gone
+    # (run_server removed dead owners' leftovers before this process's first child).
     tag = new_shm_tag()
     procs.ipc_dir = make_ipc_dir()
     layout = plan_layout(sizing, tag, procs.ipc_dir,
