@@ -9,7 +9,7 @@ this module still runs without it (:func:`plots_unavailable` says why there are 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, List, Mapping, Sequence, Tuple
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -43,6 +43,41 @@ def _new_figure(figsize: tuple[float, float]) -> "Figure":
 
 # Longest whisker the throughput plot of paired changes draws, in percent points.
 _WHISKER_CAP = 500.0
+
+
+def change_whiskers(
+    points: Sequence[float], changes: Sequence[Mapping[str, Any]],
+) -> Tuple[List[float], List[float], List[List[Tuple[int, str]]]]:
+    """Whisker lengths below and above each paired change, and the labels of those cut short.
+
+    No whisker where there is no interval (no pairs, or a single one). Whiskers are drawn at most
+    ``_WHISKER_CAP`` points long, so one very wide interval (two repeats far apart) does not squash
+    every bar; a whisker cut there, or an unbounded end, gets a label ``(sign, text)`` saying
+    where the interval ends (+1 above the bar, -1 below).
+    """
+    err_low: List[float] = []
+    err_high: List[float] = []
+    capped: List[List[Tuple[int, str]]] = []
+    for point, change in zip(points, changes):
+        low, high = change["ci_low_percent"], change["ci_high_percent"]
+        labels: List[Tuple[int, str]] = []
+        if low is None:
+            err_low.append(0.0)
+            err_high.append(0.0)
+            capped.append(labels)
+            continue
+        err_low.append(min(point - low, _WHISKER_CAP))
+        if point - low > _WHISKER_CAP:
+            labels.append((-1, f"to {low:+.0f}%"))
+        if high is None:
+            err_high.append(_WHISKER_CAP)
+            labels.append((1, "unbounded"))
+        else:
+            err_high.append(min(high - point, _WHISKER_CAP))
+            if high - point > _WHISKER_CAP:
+                labels.append((1, f"to {high:+.0f}%"))
+        capped.append(labels)
+    return err_low, err_high, capped
 
 
 def plot_ttft_cdf(ttft_ms: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path, title: str) -> Path:
@@ -103,17 +138,19 @@ def plot_throughput(
     if others:
         changes = [section["changes"][s]["output_throughput"] for s in others]
         points = [c["percent"] if c["percent"] is not None else 0.0 for c in changes]
-        # No whisker where there is no interval (no pairs, or a single one); whiskers are drawn at
-        # most _WHISKER_CAP points long, so one very wide interval (two repeats far apart) does
-        # not squash every bar, and an unbounded end is drawn at the cap.
-        err_low = [min(p - c["ci_low_percent"], _WHISKER_CAP) if c["ci_low_percent"] is not None else 0.0
-                   for p, c in zip(points, changes)]
-        err_high = [(_WHISKER_CAP if c["ci_high_percent"] is None else min(c["ci_high_percent"] - p, _WHISKER_CAP))
-                    if c["ci_low_percent"] is not None else 0.0 for p, c in zip(points, changes)]
+        err_low, err_high, capped = change_whiskers(points, changes)
         ax2 = fig.add_subplot(1, 2, 2)
         colors = ["tab:green" if p >= 0 else "tab:red" for p in points]
         ax2.bar(others, points, yerr=[err_low, err_high], capsize=6, color=colors, alpha=0.8)
         ax2.axhline(0.0, color="black", linewidth=0.8)
+        if any(capped):
+            ax2.margins(y=0.12)  # room for the labels inside the axes
+        for x, (point, ends) in enumerate(zip(points, capped)):
+            # A capped whisker looks like a bounded one: say where the interval really ends.
+            for sign, text in ends:
+                ax2.annotate(text, (x, point + sign * _WHISKER_CAP), ha="center", fontsize="small",
+                             va="bottom" if sign > 0 else "top", textcoords="offset points",
+                             xytext=(0, 4 * sign))
         ax2.set_ylabel(f"change vs {baseline} (%)")
         pairs = sorted({c["pairs"] for c in changes})
         ax2.set_title(f"paired change (whiskers: {100 * confidence:g}% Student-t interval, "

@@ -10,6 +10,7 @@ import pytest
 
 from lightllm.benchmark.comparison_metrics import analyze_runs
 from lightllm.benchmark.paired_stats import INTERVAL_METHOD
+from lightllm.benchmark.report_plots import change_whiskers, plot_throughput
 from lightllm.benchmark.report_writer import (
     describe_workload,
     format_change,
@@ -227,3 +228,22 @@ def test_the_markdown_says_when_every_prompt_shared_a_prefix():
     assert "--shared-prefix-len" not in render_markdown(report)
     report["meta"]["shared_prefix_len"] = 32
     assert "- Every prompt of a pass starts with the same 32 tokens (--shared-prefix-len" in render_markdown(report)
+
+
+def test_throughput_whiskers_cut_at_the_cap_say_where_the_interval_ends(tmp_path):
+    def change(low, high):
+        return {"percent": 0.0, "ci_low_percent": low, "ci_high_percent": high, "pairs": 2}
+
+    changes = [change(-5.0, 4.0), change(-900.0, 1200.0), change(-20.0, None), change(None, None)]
+    points = [1.0, 10.0, 3.0, 0.0]
+    low, high, labels = change_whiskers(points, changes)
+    assert low == [6.0, 500.0, 23.0, 0.0] and high == [3.0, 500.0, 500.0, 0.0]
+    # Only the cut whiskers are labelled, with the interval's real end; an unbounded end says so.
+    assert labels == [[], [(-1, "to -900%"), (1, "to +1200%")], [(1, "unbounded")], []]
+    section = {
+        "values": {s: {"output_throughput": [10.0, 12.0]} for s in ("default", "a", "b", "c", "d")},
+        "medians": {s: {"output_throughput": 11.0} for s in ("default", "a", "b", "c", "d")},
+        "changes": {s: {"output_throughput": dict(c, percent=p)} for s, c, p in zip("abcd", changes, points)},
+    }
+    path = plot_throughput(section, ["default", "a", "b", "c", "d"], "default", tmp_path / "t.png", "t")
+    assert path.read_bytes()[:4] == b"\x89PNG"
