@@ -71,6 +71,9 @@ class InferReq:
     cur_kv_len: int = 0
     kv_slot_len: int = 0
     prompt_cache_len: int = 0
+    # Whether the request ever gave its KV back: its cached-token count is then final (see
+    # StepEngine.share_prefixes), as vLLM counts cache hits at a request's first scheduling only.
+    was_paused: bool = False
     state: ReqState = ReqState.WAITING
     # Set by the client or by the rank; the step releases it at its start (never mid-forward).
     abort_requested: bool = False

@@ -210,8 +210,9 @@ class StepEngine:
         """Prefilling requests publish their computed tokens and adopt longer cached prefixes.
 
         A burst of prompts with a common prefix then computes the prefix about once instead of
-        once per request.  Tokens a request that has produced nothing yet takes from the cache
-        count as its cached prompt tokens (``prompt_cache_len``, reported as cached usage).  A
+        once per request.  Tokens a request that has produced nothing yet (and never paused) takes
+        from the cache count as its cached prompt tokens (``prompt_cache_len``, reported as cached
+        usage).  A
         request whose last forward completed its prompt publishes it once more, in the next step
         (its first decoding step, or the first after the recompute of a paused request; on a PD
         decode node, the first step after its prompt's KV arrived): its last
@@ -233,8 +234,11 @@ class StepEngine:
         for _ in range(2):
             for req in visited:
                 gained = self.kv.share_prefix(req)
-                if gained and not req.output_ids:
-                    req.prompt_cache_len = min(req.input_len, req.prompt_cache_len + gained)
+                # After a pause the request recomputes what it lost, partly from the cache: those
+                # tokens were counted (or computed) once already, and adding them again reported
+                # a whole prompt as cached.  The last prompt token is never cached.
+                if gained and not req.output_ids and not req.was_paused:
+                    req.prompt_cache_len = min(req.input_len - 1, req.prompt_cache_len + gained)
                     grown[req.request_id] = req
         report.prompt_cache_grown.extend(grown.values())
 
@@ -381,6 +385,7 @@ class StepEngine:
     # --- internals -----------------------------------------------------------------------------
     def _pause(self, req: InferReq, report: StepReport) -> None:
         self.kv.pause(req)
+        req.was_paused = True
         req.move_to(ReqState.PAUSED)
         self._paused_at[req.request_id] = self._departures
         report.paused.append(req)

@@ -1,0 +1,74 @@
+"""The cached prompt tokens a request reports (``prompt_cache_len``, usage ``cached_tokens``)."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from lightllm.server.model_rank.scheduling.infer_req import InferReq
+from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
+from lightllm.server.model_rank.scheduling.request_state import ReqState
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+from lightllm.server.model_rank.scheduling.step_engine import StepEngine
+from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.scheduling.step_report import StepReport
+
+from prefill_queue_test_support import NoForward, make_req
+
+
+class PublishedPrefixKvView(TokenCountKvView):
+    """A "cache" holding the first ``published[request_id]`` tokens of a prompt: a prefilling
+    request adopts them (as other requests' published chunks), and a pause loses everything."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.published: Dict[int, int] = {}
+
+    def share_prefix(self, req: InferReq) -> int:
+        level = min(self.published.get(req.request_id, 0), req.cacheable_prefix_len)
+        if level <= req.cur_kv_len:
+            return 0
+        gained = level - req.cur_kv_len
+        self.used += level - req.kv_slot_len if level > req.kv_slot_len else 0
+        req.cur_kv_len = req.kv_slot_len = level
+        return gained
+
+
+def _engine(kv: PublishedPrefixKvView) -> StepEngine:
+    return StepEngine(NoForward(), kv, build_prefill_queue_strategy("default"),
+                      StepPlanner(batch_max_tokens=1, chunked_prefill_size=1), eos_token_ids=[],
+                      max_req_total_len=1 << 20)
+
+
+def test_tokens_adopted_again_after_a_pause_are_not_counted_twice():
+    kv = PublishedPrefixKvView()
+    engine = _engine(kv)
+    req = make_req(1, 100)
+    engine.join(req)
+    kv.published[1] = 60
+    engine.share_prefixes([req], StepReport())
+    assert req.prompt_cache_len == 60
+    # KV ran out: the request gave its 60 tokens back, and the cache evicted them.
+    engine._pause(req, StepReport())
+    engine.kv.resume(req)
+    req.move_to(ReqState.PREFILLING)
+    # Another request computed the prompt meanwhile: the paused one adopts 99 tokens on resuming.
+    kv.published[1] = 100
+    engine.share_prefixes([req], StepReport())
+    assert req.cur_kv_len == 99
+    # Its count stays what it was at its first scheduling (vLLM's rule), not 60 + 99 (which,
+    # capped at the prompt, reported the whole prompt as cached).
+    assert req.prompt_cache_len == 60
+
+
+def test_the_last_prompt_token_is_never_counted_as_cached():
+    kv = PublishedPrefixKvView()
+    engine = _engine(kv)
+    req = make_req(1, 50)
+    engine.join(req)
+    kv.published[1] = 30
+    engine.share_prefixes([req], StepReport())
+    # A view whose gains add up past the prompt (none should, but the count must hold anyway).
+    kv.published[1] = 50
+    req.cur_kv_len = req.kv_slot_len = 10
+    engine.share_prefixes([req], StepReport())
+    assert req.prompt_cache_len == 49
