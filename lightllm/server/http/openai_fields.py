@@ -174,6 +174,16 @@ class OpenAIPlatformFields(NullMeansAbsent):
         given = [name for name, value in self.guided_fields().items() if value is not None]
         return given[0] if given else "response_format"
 
+    def check_truncation(self, context_len: int) -> None:
+        """A 400 naming ``truncate_prompt_tokens`` when it keeps more than the context leaves for a
+        prompt (vLLM refuses one above the context up front, naming the field): refused later as
+        a too-long ``prompt``, the message pointed at the input the client had asked to cut."""
+        keep = self.truncate_prompt_tokens
+        if keep is not None and keep >= context_len:
+            raise invalid_request(f"truncate_prompt_tokens ({keep}) must be below the context length "
+                                  f"({context_len} tokens): a prompt cut to it leaves no room for the completion",
+                                  "truncate_prompt_tokens")
+
     def truncated(self, prompt_ids: list[int], frame: SpecialTokenFrame | None = None) -> list[int]:
         """The prompt cut to its last ``truncate_prompt_tokens`` tokens (vLLM keeps the end).
 

@@ -224,6 +224,7 @@ class OpenAIEndpoints:
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
+        body.check_truncation(self.manager.max_req_total_len)
         # Before the prompts are tokenized: 64 of them are work to spare on a request refused anyway.
         check_generation_counts(self.manager, len(body.prompt), body.candidates,
                                 "best_of" if body.best_of is not None else "n",
@@ -270,6 +271,7 @@ class OpenAIEndpoints:
         body = await parse_body_off_loop(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)
         self.check_request_template(body.chat_template)
+        body.check_truncation(self.manager.max_req_total_len)
         # Before the template renders and the prompt is tokenized, as for completions.
         wants_top = (bool(body.logprobs) and (body.top_logprobs or 0) > 0) or (body.prompt_logprobs or 0) > 0
         check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",

@@ -106,6 +106,19 @@ def test_a_truncated_text_prompt_keeps_the_bos_the_tokenizer_added(bos_client: T
     assert bos_manager.calls[2].prompt_ids == with_bos[-keep:]
 
 
+def test_truncate_prompt_tokens_beyond_the_context_is_refused_by_name(client: TestClient, manager: FakeManager) -> None:
+    # The fake serves a 64-token context: a prompt cut to 64 leaves no room, whatever it holds.
+    too_long = [5 + i % 90 for i in range(100)]
+    for send in (lambda **kw: completion(client, prompt=[too_long], **kw),
+                 lambda **kw: chat(client, messages=[{"role": "user", "content": "hi"}], **kw)):
+        for keep in (64, 300):
+            error = assert_error(send(truncate_prompt_tokens=keep), 400, "truncate_prompt_tokens")
+            assert f"({keep})" in error["message"] and "64 tokens" in error["message"]
+    assert not manager.calls
+    assert completion(client, prompt=[too_long], truncate_prompt_tokens=63, max_tokens=1).status_code == 200
+    assert manager.calls[0].prompt_ids == too_long[-63:]
+
+
 @pytest.mark.parametrize("send", [completion, chat])
 @pytest.mark.parametrize("value", ["yes", 1, [True]])
 def test_add_special_tokens_must_be_a_boolean(client: TestClient, send: Any, value: Any) -> None:
