@@ -1,36 +1,126 @@
-"""Names of a server's temporary resources, and removal of those left by a killed server.
+"""A server's temporary resources: their names, who owns them, and removal of those left by a killed server.
 
-A server's IPC socket folder (``<tmp>/lightllm-<pid>-<random>``) and shared-memory segments
-(``/dev/shm/lightllm_<pid>_<random>_<kind>``) carry the launcher's pid.  A launcher killed with
-SIGKILL cannot remove them; the next server started on the machine removes every one whose
-owner pid no longer runs.  Resources of a live process (or of another user) are left alone.
+A server's resources outside its processes form two groups, each named after the launcher's pid and a
+random part, and each owned through a lock file of its own:
 
-Resources named with this process's own pid are never removed, even those it did not create
-(:func:`new_shm_tag` records the segment tags it creates): in a container the server
-is PID 1 at every start, so they may be a killed predecessor's, but two containers sharing one
-``/dev/shm`` (those of one Kubernetes pod) are both PID 1 too, and a pid cannot tell a dead
-predecessor from a live sibling.  docs/EN/failure_handling.md says how to clear a pod's leftovers.
+- the IPC socket folder ``<tmp>/lightllm-<pid>-<random>``, owned through ``<tmp>/lightllm-<pid>-<random>.owner``;
+- the shared-memory segments ``/dev/shm/lightllm_<pid>_<random>_<kind>``, owned through
+  ``/dev/shm/lightllm_<pid>_<random>_owner``.
+
+Ownership is a lock, not the pid in the name.  The launcher creates a group's lock file before
+anything else of the group (:func:`claim_shm_tag`, :func:`create_ipc_dir`) and holds an exclusive
+``flock`` on it for its whole life.  The kernel keeps a flock on the file itself and lets it go only
+when the holder is gone, however it ended and whatever PID namespace it ran in; so a starting
+server that can take a group's lock (``LOCK_EX | LOCK_NB``) knows its owner is dead, and one that
+cannot knows it lives.  A pid could not tell either: in a container the server is PID 1 at every
+start, so a killed predecessor's ``lightllm_1_*`` carried the new server's own pid and were never
+removed, while a server in another PID namespace sharing the directory (another container) carried
+a pid not running here, and its live segments were removed under it.  Now both are judged by their
+lock: the predecessor's is free (removed), the live one's is held (kept).
+
+Removal holds the lock it took: the segments (or the folder) first, the lock file last.  A second
+server cleaning up at the same time either fails to take the lock or takes it on a file no longer
+at its name (checked), and leaves the group alone.  A creator that loses its new lock file to a
+cleaner in the instant before it locks it does the same check and starts over with a new name.
+
+Only the launcher holds the lock: the descriptor is close-on-exec and the children are spawned, so
+none inherits it.  The launcher outlives its children in a normal stop; when it is killed they die
+with it (``PR_SET_PDEATHSIG``, :mod:`lightllm.utils.process_utils`), so a group whose lock is free
+is at most a few milliseconds away from having no process at all, and removing a segment's name
+leaves a mapping a dying child still has intact.  Lock files are readable by every user (empty; a
+flock needs no write access), so the capacity check can tell another user's live server too.  The
+segments' lock file is registered with multiprocessing's resource tracker like the segments, so a
+killed launcher leaves nothing in ``/dev/shm`` when the tracker survives it.
+
+Groups without a lock file (made by an older version of the server, or on a file system without
+flock) are judged by the pid as before: removed when it no longer runs here and is not this
+process's own.  Only this user's resources are ever removed, and never a group this process created.
 """
 
 from __future__ import annotations
 
+import enum
+import fcntl
 import logging
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 log = logging.getLogger("lightllm.stale_resources")
 
 SHM_DIR = Path("/dev/shm")
-_IPC_DIR = re.compile(r"^lightllm-(\d+)-")
-_SHM_SEGMENT = re.compile(r"^lightllm_(\d+)_")
+# Length of a group name's random part (the IPC socket path check in launch/plan.py counts it).
+RANDOM_CHARS = 8
+# Tries for a fresh lock file name: only a cleaner taking the new file in the instant before its
+# creator locks it, or an existing name, costs one.
+_CREATE_TRIES = 16
 
-# Segment tags this process created: the resource tracker registers these, not everything that
-# carries this process's pid.
-_OWN_SHM_TAGS: Set[str] = set()
+
+@dataclass(frozen=True)
+class _Naming:
+    """How one kind of group is named: ``pattern``'s group 1 is the group's name, group 2 its pid."""
+
+    pattern: "re.Pattern[str]"
+    lock_suffix: str
+
+
+_IPC = _Naming(re.compile(r"^(lightllm-(\d+)-.*?)(?:\.owner)?$"), ".owner")
+_SHM = _Naming(re.compile(r"^(lightllm_(\d+)_[^_]*)"), "_owner")
+
+# Names of the groups this process created (segment tags, IPC folder names): never removed by it.
+_OWN_GROUPS: Set[str] = set()
+
+
+class OwnerLock:
+    """This process's held lock on one of its resource groups (see the module docstring)."""
+
+    def __init__(self, name: str, lock_path: Path, fd: Optional[int], tracked: bool) -> None:
+        self.name = name  # the segments' tag, or the IPC folder's name
+        self.lock_path = lock_path
+        self._fd = fd  # None: no flock on this file system, the group is judged by its pid
+        self._tracked = tracked
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock is still held (not released, and taken at all)."""
+        return self._fd is not None
+
+    def tracker_name(self) -> Optional[str]:
+        """The lock file's name as multiprocessing's resource tracker has it, None when not tracked."""
+        return f"/{self.lock_path.name}" if self._tracked and self._fd is not None else None
+
+    def release(self) -> None:
+        """Remove the lock file, then let the lock go (idempotent).
+
+        Call it after the group's other resources are gone: while the file exists and is held,
+        nobody removes them.
+        """
+        fd, self._fd = self._fd, None
+        _HELD.pop(self.name, None)
+        if fd is None:
+            return
+        try:
+            if _still_named(fd, self.lock_path):
+                self.lock_path.unlink()
+        except OSError as exc:
+            log.warning("could not remove the owner lock %s: %s", self.lock_path, exc)
+        if self._tracked:
+            from multiprocessing import resource_tracker
+
+            resource_tracker.unregister(f"/{self.lock_path.name}", "shared_memory")
+        os.close(fd)
+
+
+# The held locks, so that their descriptors stay open for the process's life whoever keeps the
+# OwnerLock (an int descriptor is never closed by the garbage collector, but a lost one could not
+# be released at a normal stop).
+_HELD: Dict[str, OwnerLock] = {}
 
 
 def ipc_dir_prefix(pid: Optional[int] = None) -> str:
@@ -43,23 +133,84 @@ def shm_segment_prefix(pid: Optional[int] = None) -> str:
     return f"lightllm_{os.getpid() if pid is None else pid}_"
 
 
-def new_shm_tag() -> str:
-    """A fresh segment name tag of this process (``lightllm_<pid>_<random>``), recorded as its own."""
-    import uuid
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a cleaner may have removed it)."""
+    try:
+        opened, named = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
 
-    tag = f"{shm_segment_prefix()}{uuid.uuid4().hex[:8]}"
-    _OWN_SHM_TAGS.add(tag)
-    return tag
+
+def _create_locked(folder: Path, naming: _Naming, prefix: str) -> Tuple[str, Path, Optional[int]]:
+    """A new group name in ``folder`` and its lock file, created and locked; the descriptor is
+    None where the file system has no flock (the file is then removed again)."""
+    for _ in range(_CREATE_TRIES):
+        name = f"{prefix}{secrets.token_hex(RANDOM_CHARS // 2)}"
+        path = folder / f"{name}{naming.lock_suffix}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: any user's starting server may test it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # a cleaner took it before us; it removes the file
+            continue
+        except OSError as exc:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            log.warning("no flock in %s (%s): its resources are judged by their pid, as an older server's", folder, exc)
+            return name, path, None
+        if _still_named(fd, path):
+            return name, path, fd
+        os.close(fd)  # a cleaner took it and removed it before we locked it
+    raise OSError(f"could not create an owner lock file in {folder}")
 
 
-def make_ipc_dir() -> str:
-    """Create this process's IPC socket folder in the temporary directory."""
-    return tempfile.mkdtemp(prefix=ipc_dir_prefix())
+def claim_shm_tag(shm_dir: Path = SHM_DIR) -> OwnerLock:
+    """A fresh segment name tag of this process (``lightllm_<pid>_<random>``, the lock's ``name``),
+    owned through its lock file, created and locked before any segment of it exists."""
+    tag, path, fd = _create_locked(shm_dir, _SHM, shm_segment_prefix())
+    tracked = fd is not None and shm_dir == SHM_DIR  # the tracker removes names in /dev/shm only
+    if tracked:
+        from multiprocessing import resource_tracker
+
+        # So that a killed launcher's tracker removes the lock file with the segments.
+        resource_tracker.register(f"/{path.name}", "shared_memory")
+    return _record(OwnerLock(tag, path, fd, tracked))
+
+
+def create_ipc_dir(temp_dir: Optional[str] = None) -> Tuple[str, OwnerLock]:
+    """Create this process's IPC socket folder in ``temp_dir`` (default: the temporary directory)
+    after its lock file; returns the folder's path and the lock."""
+    folder = Path(temp_dir or tempfile.gettempdir())
+    name, path, fd = _create_locked(folder, _IPC, ipc_dir_prefix())
+    lock = _record(OwnerLock(name, path, fd, tracked=False))
+    try:
+        os.mkdir(folder / name, 0o700)
+    except BaseException:
+        lock.release()
+        raise
+    return str(folder / name), lock
+
+
+def _record(lock: OwnerLock) -> OwnerLock:
+    _OWN_GROUPS.add(lock.name)
+    if lock.held:
+        _HELD[lock.name] = lock
+    return lock
 
 
 def own_shm_tags() -> Set[str]:
-    """The segment tags this process created (see :func:`new_shm_tag`)."""
-    return set(_OWN_SHM_TAGS)
+    """The segment tags this process created (see :func:`claim_shm_tag`)."""
+    return {name for name in _OWN_GROUPS if _SHM.pattern.match(name)}
+
+
+def held_shm_locks() -> List[OwnerLock]:
+    """This process's held segment owner locks."""
+    return [lock for lock in _HELD.values() if _SHM.pattern.match(lock.name)]
 
 
 def pid_is_running(pid: int) -> bool:
@@ -79,66 +230,153 @@ def pid_is_running(pid: int) -> bool:
     return state != "Z"
 
 
-def _stale_owner(path: Path, pattern: re.Pattern) -> Optional[int]:
-    match = pattern.match(path.name)
-    if match is None:
-        return None
+class _Lock(enum.Enum):
+    HELD = "held by a live process"
+    FREE = "taken here: the owner is dead"
+    REMOVED = "removed since it was listed"
+    MISSING = "no lock file: judged by the pid"
+    UNKNOWN = "cannot be tested: judged by the pid"
+
+
+@dataclass
+class _Group:
+    name: str
+    pid: int
+    lock: Path
+    members: List[Path] = field(default_factory=list)  # everything of the group but its lock file
+
+
+def _entries(folder: Path) -> List[Path]:
     try:
-        if path.lstat().st_uid != os.getuid():
-            return None
+        return list(folder.iterdir())
     except OSError:
-        return None
-    pid = int(match.group(1))
-    if pid == os.getpid():
-        # Ours, or a same-pid server's in another pid namespace sharing this directory (two
-        # containers of one pod are both PID 1): never removed, even when not created here.
-        return None
-    # A live child of ours is not treated as gone: it may be another server this program started.
-    return None if pid_is_running(pid) else pid
+        return []
+
+
+def _group_name(path: Path, naming: _Naming) -> Optional[str]:
+    match = naming.pattern.match(path.name)
+    return None if match is None else match.group(1)
+
+
+def _groups(folder: Path, naming: _Naming) -> List[_Group]:
+    """The groups whose names appear in ``folder`` (a group may show only its lock file, or lack it)."""
+    groups: Dict[str, _Group] = {}
+    for path in _entries(folder):
+        match = naming.pattern.match(path.name)
+        if match is None:
+            continue
+        name = match.group(1)
+        group = groups.setdefault(name, _Group(name, int(match.group(2)), folder / f"{name}{naming.lock_suffix}"))
+        if path.name != group.lock.name:
+            group.members.append(path)
+    return list(groups.values())
+
+
+def _try_lock(path: Path) -> Tuple[_Lock, Optional[int]]:
+    """Try to take ``path``'s lock without waiting; the descriptor (to close) when it was taken."""
+    try:
+        # O_NONBLOCK: a FIFO under a lock's name must not hang the start.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _Lock.MISSING, None
+    except OSError:
+        return _Lock.UNKNOWN, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return _Lock.UNKNOWN, None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return _Lock.HELD, None
+    except OSError:
+        os.close(fd)
+        return _Lock.UNKNOWN, None
+    if not _still_named(fd, path):
+        os.close(fd)
+        return _Lock.REMOVED, None
+    return _Lock.FREE, fd
+
+
+def _owner_lives(group: _Group) -> bool:
+    """Whether ``group``'s owner runs (any user, any PID namespace); a probe leaves a live owner's lock alone."""
+    state, fd = _try_lock(group.lock)
+    if fd is not None:
+        os.close(fd)  # a flock belongs to this descriptor alone: closing it touches nobody else's
+    if state is _Lock.HELD:
+        return True
+    if state in (_Lock.MISSING, _Lock.UNKNOWN):
+        # Our pid: a same-pid server's in another namespace or our own leftover, not another live server.
+        return group.pid != os.getpid() and pid_is_running(group.pid)
+    return False
 
 
 def live_segments_of_others(shm_dir: Path = SHM_DIR) -> List[Path]:
-    """Segments in ``shm_dir`` of other running servers (any user): not this process's, not stale."""
+    """Segments in ``shm_dir`` of other running servers (any user, any PID namespace): not this process's."""
     found: List[Path] = []
-    try:
-        entries = list(shm_dir.iterdir())
-    except OSError:
-        return found
-    for path in entries:
-        match = _SHM_SEGMENT.match(path.name)
-        if match is None:
-            continue
-        pid = int(match.group(1))
-        # Our pid: ours, or a same-pid server's in another pid namespace (never judged; see the
-        # module docstring), so not counted as another live server's either.
-        if pid != os.getpid() and pid_is_running(pid):
-            found.append(path)
+    for group in _groups(shm_dir, _SHM):
+        if group.name not in _OWN_GROUPS and group.members and _owner_lives(group):
+            found.extend(group.members)
     return found
 
 
+def _mine(path: Path) -> bool:
+    try:
+        return path.lstat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> bool:
+    """Remove ``path`` (a folder with its contents); False when it was not there or could not be."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        return False  # another starting server removed it first
+    except OSError as exc:
+        log.warning("could not remove stale %s: %s", path, exc)
+        return False
+    return True
+
+
+def _remove_if_stale(group: _Group, naming: _Naming) -> List[str]:
+    """Remove ``group`` when its owner is dead and it is this user's; returns what was removed."""
+    try:
+        lock_uid = group.lock.lstat().st_uid
+    except FileNotFoundError:
+        # No lock file: an older server's group, judged by the pid as then (never our own pid).
+        if group.pid == os.getpid() or pid_is_running(group.pid):
+            return []
+        return [str(path) for path in group.members if _mine(path) and _remove(path)]
+    except OSError:
+        return []
+    if lock_uid != os.getuid():
+        return []  # another user's
+    state, fd = _try_lock(group.lock)
+    if fd is None:
+        return []  # held by its live owner (any namespace), removed since the listing, or untestable
+    try:
+        # Listed again under the lock: nothing of a dead owner's can appear any more.
+        members = [path for path in _entries(group.lock.parent) if path != group.lock
+                   and _group_name(path, naming) == group.name]
+        removed = [str(path) for path in members if _mine(path) and _remove(path)]
+        if _remove(group.lock):  # last, while held: see the module docstring
+            removed.append(str(group.lock))
+        return removed
+    finally:
+        os.close(fd)
+
+
 def remove_stale_resources(temp_dir: Optional[str] = None, shm_dir: Path = SHM_DIR) -> List[str]:
-    """Remove IPC folders and shared-memory segments of dead launchers; returns what was removed."""
+    """Remove the IPC folders and shared-memory segments of dead launchers; returns what was removed."""
     removed: List[str] = []
-    candidates = [(Path(temp_dir or tempfile.gettempdir()), _IPC_DIR), (shm_dir, _SHM_SEGMENT)]
-    for folder, pattern in candidates:
-        try:
-            entries = list(folder.iterdir())
-        except OSError:
-            continue
-        for path in entries:
-            if _stale_owner(path, pattern) is None:
-                continue
-            try:
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-            except FileNotFoundError:
-                continue  # another starting server removed it first
-            except OSError as exc:
-                log.warning("could not remove stale %s: %s", path, exc)
-                continue
-            removed.append(str(path))
+    for folder, naming in ((Path(temp_dir or tempfile.gettempdir()), _IPC), (shm_dir, _SHM)):
+        for group in _groups(folder, naming):
+            if group.name not in _OWN_GROUPS:
+                removed.extend(_remove_if_stale(group, naming))
     if removed:
         log.info("removed %d resource(s) left by killed servers: %s", len(removed), ", ".join(removed))
     return removed

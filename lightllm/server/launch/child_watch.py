@@ -31,7 +31,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from lightllm.server.launch.watchdog import WATCH_ROUND_SECONDS, Stall, Watchdog
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
-from lightllm.utils.stale_resources import SHM_DIR, own_shm_tags
+from lightllm.utils.stale_resources import SHM_DIR, held_shm_locks, own_shm_tags
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -53,8 +53,11 @@ def own_segment_names() -> List[str]:
     prefixes = tuple(f"{tag}_" for tag in own_shm_tags())
     if not prefixes:
         return []
+    # Not the owner lock files: they are no segments (restart_tracker registers them apart).
+    locks = {lock.lock_path.name for lock in held_shm_locks()}
     try:
-        return sorted(f"/{path.name}" for path in SHM_DIR.iterdir() if path.name.startswith(prefixes))
+        return sorted(f"/{path.name}" for path in SHM_DIR.iterdir()
+                      if path.name.startswith(prefixes) and path.name not in locks)
     except OSError:
         return []
 
@@ -70,7 +73,9 @@ def restart_tracker() -> None:
         # multiprocessing's own "died unexpectedly, relaunching" warning: the line above says it.
         warnings.simplefilter("ignore", UserWarning)
         start_resource_tracker_deaf_to_hangup()
-    for name in names:
+    # The segments' owner lock files too, so that a later kill leaves nothing in /dev/shm.
+    owner_names = [name for name in (lock.tracker_name() for lock in held_shm_locks()) if name is not None]
+    for name in names + owner_names:
         resource_tracker.register(name, "shared_memory")
 
 

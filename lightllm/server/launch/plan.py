@@ -26,6 +26,7 @@ from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_
 from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
+from lightllm.utils.stale_resources import RANDOM_CHARS
 
 # Drawn seeds stay below 2**63 so they print and pass through any signed 64-bit field.
 SAMPLING_SEED_BITS = 63
@@ -45,8 +46,6 @@ def resolve_sampling_seed(args: argparse.Namespace) -> int:
 IPC_SOCKET_NAMES = ("router", "rank0", "detok", "http")
 # zmq's limit for an ipc:// path: a Unix socket address holds 107 bytes and a terminating NUL.
 MAX_IPC_PATH_BYTES = 107
-# tempfile.mkdtemp's random part of a folder name.
-_MKDTEMP_SUFFIX_CHARS = 8
 
 
 def check_ipc_path_room(temp_dir: str, ipc_prefix: str) -> None:
@@ -56,7 +55,7 @@ def check_ipc_path_room(temp_dir: str, ipc_prefix: str) -> None:
     its shared memory and loaded the model, and a child then failed binding its socket.
     """
     longest = max(len(f"{name}.sock") for name in IPC_SOCKET_NAMES)
-    path_bytes = len(os.fsencode(temp_dir)) + 1 + len(ipc_prefix) + _MKDTEMP_SUFFIX_CHARS + 1 + longest
+    path_bytes = len(os.fsencode(temp_dir)) + 1 + len(ipc_prefix) + RANDOM_CHARS + 1 + longest
     if path_bytes > MAX_IPC_PATH_BYTES:
         raise ValueError(
             f"the temporary directory {temp_dir!r} (TMPDIR) is too deep for the server's IPC sockets: their paths "

@@ -21,6 +21,7 @@ from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.launch.watchdog import Watchdog
 from lightllm.utils.process_utils import CHILD_STOP_SIGNAL
+from lightllm.utils.stale_resources import OwnerLock
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -51,6 +52,10 @@ class ServerProcesses:
     shm_heartbeats: Optional[ShmHeartbeats] = None
     heartbeat_processes: Tuple[str, ...] = ()
     ipc_dir: Optional[str] = None
+    # The held owner locks of the segments and of the IPC folder (utils/stale_resources.py):
+    # each is released after what it owns is removed, so no starting server removes it under us.
+    shm_owner: Optional[OwnerLock] = None
+    ipc_owner: Optional[OwnerLock] = None
     # The child watcher (launch/child_watch.py), which reads the heartbeats: joined before they are unmapped.
     watcher: Optional[threading.Thread] = None
     # Set before children are stopped on purpose, so their exits are not reported as failures.
@@ -94,10 +99,16 @@ class ServerProcesses:
                     log.debug("shared-memory segment %s still in use by a reader; unlinking it anyway", segment.name)
                 segment.unlink()
         self.shm_req = self.shm_stats = self.shm_heartbeats = None
+        if self.shm_owner is not None:
+            self.shm_owner.release()
+            self.shm_owner = None
         had_ipc_dir = bool(self.ipc_dir)
         if self.ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
             self.ipc_dir = None
+        if self.ipc_owner is not None:
+            self.ipc_owner.release()
+            self.ipc_owner = None
         line = closing_line(had_children, had_segments, had_ipc_dir)
         if line:
             log.info("%s", line)

@@ -79,7 +79,7 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.free_ports import free_port
-from lightllm.utils.stale_resources import ipc_dir_prefix, make_ipc_dir, new_shm_tag, remove_stale_resources
+from lightllm.utils.stale_resources import claim_shm_tag, create_ipc_dir, ipc_dir_prefix, remove_stale_resources
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 
 if TYPE_CHECKING:
@@ -117,11 +117,12 @@ def start_processes(
         # (utils/process_utils.py run_child): only the main thread lives as long as the launcher.
         raise RuntimeError("the server's children are started from the launcher's main thread")
     procs = ServerProcesses()
-    # Both names carry this process's pid so a later server can tell when their owner is gone
-    # (run_server removed dead owners' leftovers before this process's first child).
-    tag = new_shm_tag()
-    procs.ipc_dir = make_ipc_dir()
-    layout = plan_layout(sizing, tag, procs.ipc_dir,
+    # Each group's owner lock is created and held before the group itself, so a later server
+    # removes it only once this process is gone, whatever its PID namespace (utils/stale_resources.py;
+    # run_server removed dead owners' leftovers before this process's first child).
+    procs.shm_owner = claim_shm_tag()
+    procs.ipc_dir, procs.ipc_owner = create_ipc_dir()
+    layout = plan_layout(sizing, procs.shm_owner.name, procs.ipc_dir,
                          child_process_names(args.tp) if args.watchdog_timeout > 0 else ())
     log.info("%s", describe_shm_use(layout))
     try:
@@ -225,8 +226,9 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         return EXIT_INVALID_CONFIG
     warn_if_reachable_without_key(args, auth)
     if args.run_mode != RunMode.PD_MASTER:  # the master keeps no shared memory
-        # Before this process's first child (the tracker, the device probe): in a fresh container a
-        # child could otherwise take the dead server's pid, and a live pid's resources are kept.
+        # Before this process's first child (the tracker, the device probe): a group's owner lock
+        # decides, but an older server's group (no lock file) is judged by its pid, and in a fresh
+        # container a child could otherwise take the dead server's pid.
         remove_stale_resources()
         start_resource_tracker_deaf_to_hangup()
     try:

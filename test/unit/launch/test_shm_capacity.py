@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import traceback
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,8 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, format_bytes, shm_free_bytes
 from lightllm.server.launch.sizing import plan_sizing
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.stale_resources import shm_segment_prefix
+from lightllm.utils.stale_resources import SHM_DIR, ipc_dir_prefix, own_shm_tags, shm_segment_prefix
+from owner_lock_support import dead_pid, hold, kill, rename_pid
 
 GIB = 1 << 30
 
@@ -86,6 +88,25 @@ def test_other_running_servers_untouched_pages_are_not_free(tmp_path) -> None:
     with pytest.raises(ArgumentError) as refused:
         check_shm_capacity(layout, untouched // 2, tmp_path)
     assert f"may still take {format_bytes(untouched)} (more than is free)" in str(refused.value)
+
+
+def test_a_live_server_in_another_pid_namespace_is_counted(tmp_path) -> None:
+    # Its pid is not running here (it was not counted, and two containers sharing /dev/shm each
+    # passed the check), but it holds its owner lock: its untouched pages are promised.
+    layout = _layout(4096)
+    total = sum(layout.shm_segment_bytes().values())
+    shm_dir, temp_dir = tmp_path / "shm", tmp_path / "tmp"
+    shm_dir.mkdir()
+    temp_dir.mkdir()
+    proc, printed = hold(shm_dir, temp_dir)  # a 1 GiB sparse _req segment, untouched
+    try:
+        rename_pid(shm_dir, temp_dir, proc.pid, printed, dead_pid())
+        with pytest.raises(ArgumentError, match=r"the untouched part of their 1 segment\(s\)"):
+            check_shm_capacity(layout, total + GIB // 2, shm_dir)
+    finally:
+        kill(proc)
+    # Killed: its lock is free, and a dead server's segments are nobody's promise.
+    check_shm_capacity(layout, total, shm_dir)
 
 
 def test_too_little_free_space_is_one_line_naming_the_sizes_and_the_flags() -> None:
@@ -148,11 +169,16 @@ def test_a_refused_start_logs_what_it_removed_and_no_children_stopped(tiny_llama
                                               "--max_total_token_num", "512", "--max_req_total_len", "256"])
     validate_args(args, 0)
     sizing = plan_sizing(args, ModelConfig.from_dir(args.model_dir), "cpu")
+    tags_before = own_shm_tags()
     with caplog.at_level(logging.INFO, logger="lightllm.api_start"), pytest.raises(ArgumentError):
         start.start_processes(args, sizing, ModelConfig.from_dir(args.model_dir))
     lines = [r.getMessage() for r in caplog.records if r.name == "lightllm.api_start"]
     assert "IPC folder removed (no child process had started)" in lines, lines
     assert not any("children stopped" in line or "stopping child" in line for line in lines), lines
+    # The owner lock files went too (created before the segments and the folder, removed after them).
+    (tag,) = own_shm_tags() - tags_before
+    assert not list(SHM_DIR.glob(f"{tag}_*"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"{ipc_dir_prefix()}*"))
 
 
 def test_the_server_exits_2_with_one_line(tiny_llama_dir, monkeypatch, capsys) -> None:

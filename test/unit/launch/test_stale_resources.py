@@ -1,38 +1,118 @@
-"""Removal of IPC folders and shared-memory segments whose owner pid no longer runs."""
+"""Removal of IPC folders and shared-memory segments whose owner is gone, judged by the owner's lock.
+
+The groups are made by real processes through the real functions (owner_lock_support.py) in
+temporary directories standing for ``/dev/shm`` and the temp dir; another PID namespace's server
+is such a group renamed to carry a pid that is not running here, or our own.  Where ``unshare``
+works without privileges, one test runs the holder in a real PID namespace.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
-import sys
 from pathlib import Path
+from typing import List, Tuple
 
-from lightllm.utils.stale_resources import (ipc_dir_prefix, make_ipc_dir, new_shm_tag, pid_is_running,
+import pytest
+
+from lightllm.server.launch.server_processes import ServerProcesses
+from lightllm.utils.stale_resources import (claim_shm_tag, create_ipc_dir, ipc_dir_prefix, pid_is_running,
                                             remove_stale_resources, shm_segment_prefix)
+from owner_lock_support import dead_pid, hold, kill, rename_pid
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_only_resources_of_dead_owners_are_removed(tmp_path: Path) -> None:
+def _dirs(tmp_path: Path) -> Tuple[Path, Path]:
     temp_dir, shm_dir = tmp_path / "tmp", tmp_path / "shm"
     temp_dir.mkdir()
     shm_dir.mkdir()
-    dead = _dead_pid()
+    return temp_dir, shm_dir
+
+
+def _names(folder: Path) -> List[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+def test_a_live_owner_keeps_its_group_whatever_pid_its_name_carries(tmp_path: Path) -> None:
+    # Another PID namespace's live server (its pid not running here), and a same-pid live sibling
+    # (containers of one pod are both PID 1): the pid said "dead" and "ours", the lock says "live".
+    temp_dir, shm_dir = _dirs(tmp_path)
+    dead = dead_pid()
+    holders = []
+    for pid in (dead, os.getpid()):
+        proc, printed = hold(shm_dir, temp_dir)
+        holders.append(proc)
+        rename_pid(shm_dir, temp_dir, proc.pid, printed, pid)
+    before = (_names(temp_dir), _names(shm_dir))
+    assert len(before[0]) == 4 and len(before[1]) == 8  # folder + lock, 3 segments + lock, twice
+    assert any(name.startswith(shm_segment_prefix(dead)) for name in before[1])
+
+    assert remove_stale_resources(str(temp_dir), shm_dir) == []
+    assert (_names(temp_dir), _names(shm_dir)) == before
+
+    # Killed: the kernel let the locks go, and everything goes, the lock files last.
+    for proc in holders:
+        kill(proc)
+    removed = remove_stale_resources(str(temp_dir), shm_dir)
+    assert sorted(removed) == sorted([str(temp_dir / name) for name in before[0]] +
+                                     [str(shm_dir / name) for name in before[1]])
+    assert _names(temp_dir) == [] and _names(shm_dir) == []
+    assert remove_stale_resources(str(temp_dir), shm_dir) == []
+
+
+def test_a_same_pid_leftover_with_a_free_lock_is_removed(tmp_path: Path) -> None:
+    # A container's killed server: PID 1 again at the next start, its lock file held by nobody.
+    temp_dir, shm_dir = _dirs(tmp_path)
+    segments = [shm_dir / f"{shm_segment_prefix()}0ld0ld00_{kind}" for kind in ("req", "stats")]
+    shm_lock = shm_dir / f"{shm_segment_prefix()}0ld0ld00_owner"
+    folder = temp_dir / f"{ipc_dir_prefix()}0ld0ld00"
+    folder_lock = temp_dir / f"{folder.name}.owner"
+    folder.mkdir()
+    for path in (*segments, shm_lock, folder / "router.sock", folder_lock):
+        path.write_bytes(b"")
+
+    removed = remove_stale_resources(str(temp_dir), shm_dir)
+
+    assert sorted(removed) == sorted(str(path) for path in (*segments, shm_lock, folder, folder_lock))
+    # Each group's lock file goes after the rest of it.
+    assert removed.index(str(folder_lock)) > removed.index(str(folder))
+    assert all(removed.index(str(shm_lock)) > removed.index(str(segment)) for segment in segments)
+    assert _names(temp_dir) == [] and _names(shm_dir) == []
+
+
+def test_children_do_not_hold_the_lock(tmp_path: Path) -> None:
+    # The launcher alone holds it: a child it started (with every inheritable descriptor) does not
+    # keep a killed launcher's group alive.
+    temp_dir, shm_dir = _dirs(tmp_path)
+    proc, (_, _, child) = hold(shm_dir, temp_dir, "child")
+    try:
+        proc.kill()  # the holder alone: the child runs in a session of its own
+        proc.wait(30)
+        proc.stdout.close()
+        assert pid_is_running(int(child))
+        assert len(remove_stale_resources(str(temp_dir), shm_dir)) == 6
+    finally:
+        os.kill(int(child), signal.SIGKILL)
+
+
+def test_groups_without_a_lock_file_follow_the_pid_rule(tmp_path: Path) -> None:
+    # Made by an older server: removed when their pid no longer runs, never with our own pid.
+    temp_dir, shm_dir = _dirs(tmp_path)
+    dead = dead_pid()
     assert not pid_is_running(dead)
     stale_dir = temp_dir / f"{ipc_dir_prefix(dead)}abc"
     (stale_dir / "sub").mkdir(parents=True)
     (stale_dir / "router.sock").write_bytes(b"")
     stale_segment = shm_dir / f"{shm_segment_prefix(dead)}1234abcd_req"
     stale_segment.write_bytes(b"x")
-    live_dir = temp_dir / f"{ipc_dir_prefix(os.getppid())}abc"
-    live_dir.mkdir()
-    live_segment = shm_dir / f"{shm_segment_prefix(os.getppid())}1234abcd_req"
-    live_segment.write_bytes(b"x")
-    # Names without an owner pid (older servers, other programs) are never touched.
+    kept = [temp_dir / f"{ipc_dir_prefix(os.getppid())}abc", temp_dir / f"{ipc_dir_prefix()}zz9old"]
+    for folder in kept:
+        folder.mkdir()
+    kept += [shm_dir / f"{shm_segment_prefix(pid)}1234abcd_req" for pid in (os.getppid(), os.getpid())]
+    for segment in kept[2:]:
+        segment.write_bytes(b"x")
+    # Names without an owner pid (other programs) are never touched.
     foreign = [temp_dir / "lightllm-xyz", shm_dir / "lightllm_notapid_req", shm_dir / f"other_{dead}_x"]
     foreign[0].mkdir()
     foreign[1].write_bytes(b"x")
@@ -41,46 +121,60 @@ def test_only_resources_of_dead_owners_are_removed(tmp_path: Path) -> None:
     removed = remove_stale_resources(str(temp_dir), shm_dir)
 
     assert sorted(removed) == sorted([str(stale_dir), str(stale_segment)])
-    assert not stale_dir.exists() and not stale_segment.exists()
-    assert live_dir.exists() and live_segment.exists()
-    assert all(path.exists() for path in foreign)
+    assert all(path.exists() for path in kept + foreign)
     assert remove_stale_resources(str(temp_dir), shm_dir) == []
 
 
-def test_resources_with_this_process_pid_are_never_removed(tmp_path: Path, monkeypatch) -> None:
-    # A container's server is PID 1 at every start, so a killed one's leftovers carry our pid; but
-    # so do the live resources of a sibling container (PID 1 in its own namespace) sharing this
-    # /dev/shm, and a pid cannot tell them apart: both stay (failure_handling.md says how to clear).
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    monkeypatch.setattr("tempfile.tempdir", None)  # gettempdir() reads TMPDIR again
-    temp_dir, shm_dir = tmp_path / "tmp", tmp_path / "shm"
-    temp_dir.mkdir()
-    shm_dir.mkdir()
-    predecessor_dir = temp_dir / f"{ipc_dir_prefix()}zz9old"
-    predecessor_dir.mkdir()
-    predecessor_segment = shm_dir / f"{shm_segment_prefix()}0ld0ld00_req"
-    predecessor_segment.write_bytes(b"x")
-    own_dir = Path(make_ipc_dir())
-    assert own_dir.parent == temp_dir
-    own_segments = [shm_dir / f"{new_shm_tag()}_{kind}" for kind in ("req", "stats")]
-    for segment in own_segments:
+def test_this_process_groups_are_kept_and_removed_at_a_normal_stop(tmp_path: Path) -> None:
+    temp_dir, shm_dir = _dirs(tmp_path)
+    owner = claim_shm_tag(shm_dir)
+    assert owner.name.startswith(shm_segment_prefix()) and owner.lock_path == shm_dir / f"{owner.name}_owner"
+    segments = [shm_dir / f"{owner.name}_{kind}" for kind in ("req", "stats")]
+    for segment in segments:
         segment.write_bytes(b"x")
-    # A live process other than this one (our parent) still owns its resources.
-    live_segment = shm_dir / f"{shm_segment_prefix(os.getppid())}1234abcd_req"
-    live_segment.write_bytes(b"x")
+    ipc_dir, ipc_owner = create_ipc_dir(str(temp_dir))
+    assert Path(ipc_dir).parent == temp_dir and Path(ipc_dir).name.startswith(ipc_dir_prefix())
+    assert ipc_owner.lock_path == temp_dir / f"{Path(ipc_dir).name}.owner"
+    assert (ipc_owner.lock_path.stat().st_mode & 0o777) == 0o644  # any user's server may test it
 
-    removed = remove_stale_resources(str(temp_dir), shm_dir)
-
-    assert removed == []
-    assert predecessor_dir.exists() and predecessor_segment.exists()
-    assert own_dir.exists() and all(segment.exists() for segment in own_segments) and live_segment.exists()
     assert remove_stale_resources(str(temp_dir), shm_dir) == []
-    own_dir.rmdir()
-    predecessor_dir.rmdir()
+    assert len(_names(shm_dir)) == 3 and len(_names(temp_dir)) == 2
+
+    for segment in segments:
+        segment.unlink()  # what the segments' own close does at a stop
+    ServerProcesses(ipc_dir=ipc_dir, shm_owner=owner, ipc_owner=ipc_owner).shutdown()
+    assert _names(shm_dir) == [] and _names(temp_dir) == []
+    assert not owner.held and not ipc_owner.held
+    owner.release()  # idempotent
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(["unshare", "-rpf", "--mount-proc", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_server_in_another_pid_namespace(tmp_path: Path) -> None:
+    if not _unshare_works():
+        pytest.skip("unshare -rpf needs privileges here")
+    temp_dir, shm_dir = _dirs(tmp_path)
+    proc, (tag, ipc_name, _) = hold(shm_dir, temp_dir, prefix=("unshare", "-rpf", "--mount-proc"))
+    try:
+        # PID 1 there; here PID 1 is someone else (and runs): the pid could never tell.
+        assert tag.startswith(shm_segment_prefix(1)) and ipc_name.startswith(ipc_dir_prefix(1))
+        assert remove_stale_resources(str(temp_dir), shm_dir) == []
+    finally:
+        kill(proc)
+    assert len(remove_stale_resources(str(temp_dir), shm_dir)) == 6
+    assert _names(temp_dir) == [] and _names(shm_dir) == []
 
 
 def test_pid_is_running() -> None:
     assert pid_is_running(os.getpid())
     assert pid_is_running(1)
     assert not pid_is_running(0)
-    assert not pid_is_running(_dead_pid())
+    assert not pid_is_running(dead_pid())
