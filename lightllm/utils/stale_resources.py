@@ -20,21 +20,33 @@ lock: the predecessor's is free (removed), the live one's is held (kept).
 
 Removal holds the lock it took: the segments (or the folder) first, the lock file last.  A second
 server cleaning up at the same time either fails to take the lock or takes it on a file no longer
-at its name (checked), and leaves the group alone.  A creator that loses its new lock file to a
-cleaner in the instant before it locks it does the same check and starts over with a new name.
+at its name (checked), and leaves the group alone.  A creator that finds its new lock file locked
+by someone else in the instant before it locks it (a cleaner, or another server's capacity probe,
+which takes a free lock for a moment and removes nothing) removes the file itself while it is still
+at its name, and starts over with a new name.
 
 Only the launcher holds the lock: the descriptor is close-on-exec and the children are spawned, so
 none inherits it.  The launcher outlives its children in a normal stop; when it is killed they die
 with it (``PR_SET_PDEATHSIG``, :mod:`lightllm.utils.process_utils`), so a group whose lock is free
 is at most a few milliseconds away from having no process at all, and removing a segment's name
-leaves a mapping a dying child still has intact.  Lock files are readable by every user (empty; a
-flock needs no write access), so the capacity check can tell another user's live server too.  The
-segments' lock file is registered with multiprocessing's resource tracker like the segments, so a
-killed launcher leaves nothing in ``/dev/shm`` when the tracker survives it.
+leaves a mapping a dying child still has intact.  The segments' lock file is registered with
+multiprocessing's resource tracker like the segments, so a killed launcher leaves nothing in
+``/dev/shm`` when the tracker survives it.
 
-Groups without a lock file (made by an older version of the server, or on a file system without
-flock) are judged by the pid as before: removed when it no longer runs here and is not this
-process's own.  Only this user's resources are ever removed, and never a group this process created.
+Lock files are readable by their owner alone (0600): a process of another user could otherwise
+open one and take or hold its lock (a blocking ``flock`` queued on a live server's lock even gets
+it the moment the launcher dies), and keep a dead server's group from ever being removed.  So
+another user's server cannot test our locks, and its capacity check judges our groups by the pid
+rule below (a server of ours in another PID namespace is not counted there).  And a lock file whose
+owner is not the owner of the group's members is no lock of theirs (another user may create a file
+at a name in our group that has none, such as an older server's): those members are judged by the
+pid rule too.
+
+The pid rule judges groups without a lock file (made by an older version of the server, or on a file
+system without flock) and groups whose lock cannot be tested (flock refused, or not a regular file
+at the lock's name; a warning names the directory once): such a group is removed when its pid no
+longer runs here and is not this process's own, and counted as live otherwise.  Only this user's
+resources are ever removed, and never a group this process created.
 """
 
 from __future__ import annotations
@@ -57,8 +69,10 @@ log = logging.getLogger("lightllm.stale_resources")
 SHM_DIR = Path("/dev/shm")
 # Length of a group name's random part (the IPC socket path check in launch/plan.py counts it).
 RANDOM_CHARS = 8
-# Tries for a fresh lock file name: only a cleaner taking the new file in the instant before its
-# creator locks it, or an existing name, costs one.
+# Owner lock files are their owner's alone (see the module docstring).
+LOCK_FILE_MODE = 0o600
+# Tries for a fresh lock file name: only someone holding the new file's lock in the instant before
+# its creator locks it, or an existing name, costs one.
 _CREATE_TRIES = 16
 
 
@@ -149,14 +163,19 @@ def _create_locked(folder: Path, naming: _Naming, prefix: str) -> Tuple[str, Pat
         name = f"{prefix}{secrets.token_hex(RANDOM_CHARS // 2)}"
         path = folder / f"{name}{naming.lock_suffix}"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, LOCK_FILE_MODE)
         except FileExistsError:
             continue
         try:
-            os.fchmod(fd, 0o644)  # whatever the umask: any user's starting server may test it
+            # Whatever the umask: no other user may open it, so none can take or hold the lock.
+            os.fchmod(fd, LOCK_FILE_MODE)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)  # a cleaner took it before us; it removes the file
+            # A cleaner (which removes the file) or a capacity probe (which removes nothing) has it
+            # for a moment: the file is ours (O_EXCL), and an empty lock file must not stay behind.
+            if _still_named(fd, path):
+                path.unlink(missing_ok=True)
+            os.close(fd)
             continue
         except OSError as exc:
             os.close(fd)
@@ -233,9 +252,17 @@ def pid_is_running(pid: int) -> bool:
 class _Lock(enum.Enum):
     HELD = "held by a live process"
     FREE = "taken here: the owner is dead"
-    REMOVED = "removed since it was listed"
-    MISSING = "no lock file: judged by the pid"
-    UNKNOWN = "cannot be tested: judged by the pid"
+    REMOVED = "removed or replaced since it was listed"
+    MISSING = "no lock file: judged by the pid rule"
+    FOREIGN = "another owner's file than the group's: no lock of the group, judged by the pid rule"
+    UNREADABLE = "another user's lock file, closed to us: judged by the pid rule"
+    UNKNOWN = "cannot be tested (no flock, or not a regular file): judged by the pid rule, as without a lock file"
+
+
+# The lock states under which a group is judged by its pid, as one without a lock file.
+_BY_PID = frozenset({_Lock.MISSING, _Lock.FOREIGN, _Lock.UNREADABLE, _Lock.UNKNOWN})
+# Directories whose untestable lock was already reported: one warning each per process.
+_WARNED_DIRS: Set[Path] = set()
 
 
 @dataclass
@@ -272,51 +299,90 @@ def _groups(folder: Path, naming: _Naming) -> List[_Group]:
     return list(groups.values())
 
 
-def _try_lock(path: Path) -> Tuple[_Lock, Optional[int]]:
-    """Try to take ``path``'s lock without waiting; the descriptor (to close) when it was taken."""
+def _untestable(path: Path, why: object) -> _Lock:
+    """UNKNOWN, with a warning naming ``path``'s directory the first time in this process."""
+    if path.parent not in _WARNED_DIRS:
+        _WARNED_DIRS.add(path.parent)
+        log.warning("cannot test the owner lock %s (%s): groups in %s whose lock cannot be tested are judged by "
+                    "their pid, as those without a lock file", path, why, path.parent)
+    return _Lock.UNKNOWN
+
+
+def _try_lock(path: Path, owner_uid: Optional[int] = None) -> Tuple[_Lock, Optional[int], Optional[int]]:
+    """Try to take ``path``'s lock without waiting: its state, the descriptor (to close) when it was
+    taken, and the lock file's owner uid when known.
+
+    ``owner_uid``: the owner of the group's members, when known; a lock file of another owner is
+    no lock of theirs (FOREIGN) and is not opened.
+    """
     try:
-        # O_NONBLOCK: a FIFO under a lock's name must not hang the start.
+        named = os.lstat(path)
+    except FileNotFoundError:
+        return _Lock.MISSING, None, None
+    except OSError as exc:
+        return _untestable(path, exc), None, None
+    uid = named.st_uid
+    if owner_uid is not None and uid != owner_uid:
+        return _Lock.FOREIGN, None, uid
+    if not stat.S_ISREG(named.st_mode):
+        return _untestable(path, "not a regular file"), None, uid
+    try:
+        # O_NONBLOCK: a FIFO put there since the lstat must not hang the start.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return _Lock.MISSING, None
-    except OSError:
-        return _Lock.UNKNOWN, None
+        return _Lock.REMOVED, None, uid
+    except PermissionError as exc:
+        # Another user's lock file is theirs alone (0600): documented, not worth a warning.
+        return (_Lock.UNREADABLE if uid != os.getuid() else _untestable(path, exc)), None, uid
+    except OSError as exc:
+        return _untestable(path, exc), None, uid
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino):
             os.close(fd)
-            return _Lock.UNKNOWN, None
+            return _Lock.REMOVED, None, uid
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        return _Lock.HELD, None
-    except OSError:
+        return _Lock.HELD, None, uid
+    except OSError as exc:
         os.close(fd)
-        return _Lock.UNKNOWN, None
+        return _untestable(path, exc), None, uid
     if not _still_named(fd, path):
         os.close(fd)
-        return _Lock.REMOVED, None
-    return _Lock.FREE, fd
+        return _Lock.REMOVED, None, uid
+    return _Lock.FREE, fd, uid
 
 
-def _owner_lives(group: _Group) -> bool:
-    """Whether ``group``'s owner runs (any user, any PID namespace); a probe leaves a live owner's lock alone."""
-    state, fd = _try_lock(group.lock)
-    if fd is not None:
-        os.close(fd)  # a flock belongs to this descriptor alone: closing it touches nobody else's
-    if state is _Lock.HELD:
-        return True
-    if state in (_Lock.MISSING, _Lock.UNKNOWN):
-        # Our pid: a same-pid server's in another namespace or our own leftover, not another live server.
-        return group.pid != os.getpid() and pid_is_running(group.pid)
-    return False
+def _lives_by_pid(pid: int) -> bool:
+    """The pid rule in the capacity check: a group's owner runs when its pid runs here and is not
+    this process's own (our pid in a name is a same-pid server's in another namespace or our own
+    leftover: not counted, though never removed either, see :func:`_remove_by_pid`)."""
+    return pid != os.getpid() and pid_is_running(pid)
 
 
 def live_segments_of_others(shm_dir: Path = SHM_DIR) -> List[Path]:
-    """Segments in ``shm_dir`` of other running servers (any user, any PID namespace): not this process's."""
+    """Segments in ``shm_dir`` of other running servers (any user, any PID namespace): not this process's.
+
+    A free lock taken here is let go at once (a flock belongs to that descriptor alone: closing it
+    touches nobody else's).  Where the lock says nothing of a segment (no lock file, another
+    owner's file, another user's lock closed to us, untestable), the pid rule judges it.
+    """
     found: List[Path] = []
     for group in _groups(shm_dir, _SHM):
-        if group.name not in _OWN_GROUPS and group.members and _owner_lives(group):
-            found.extend(group.members)
+        if group.name in _OWN_GROUPS or not group.members:
+            continue
+        state, fd, lock_uid = _try_lock(group.lock)
+        if fd is not None:
+            os.close(fd)
+        for member in group.members:
+            try:
+                member_uid = member.lstat().st_uid
+            except OSError:
+                continue  # its server removed it since the listing
+            judged = state if lock_uid is None or member_uid == lock_uid else _Lock.FOREIGN
+            if judged is _Lock.HELD or (judged in _BY_PID and _lives_by_pid(group.pid)):
+                found.append(member)
     return found
 
 
@@ -342,22 +408,26 @@ def _remove(path: Path) -> bool:
     return True
 
 
-def _remove_if_stale(group: _Group, naming: _Naming) -> List[str]:
-    """Remove ``group`` when its owner is dead and it is this user's; returns what was removed."""
-    try:
-        lock_uid = group.lock.lstat().st_uid
-    except FileNotFoundError:
-        # No lock file: an older server's group, judged by the pid as then (never our own pid).
-        if group.pid == os.getpid() or pid_is_running(group.pid):
-            return []
-        return [str(path) for path in group.members if _mine(path) and _remove(path)]
-    except OSError:
+def _remove_by_pid(group: _Group) -> List[str]:
+    """The pid rule's removal: this user's part of ``group`` when its pid no longer runs and is not
+    this process's own (a same-pid server's in another namespace, perhaps live), a lock file there last."""
+    if group.pid == os.getpid() or pid_is_running(group.pid):
         return []
-    if lock_uid != os.getuid():
-        return []  # another user's
-    state, fd = _try_lock(group.lock)
+    removed = [str(path) for path in group.members if _mine(path) and _remove(path)]
+    if _mine(group.lock) and _remove(group.lock):  # an untestable one of ours, not another user's
+        removed.append(str(group.lock))
+    return removed
+
+
+def _remove_if_stale(group: _Group, naming: _Naming) -> List[str]:
+    """Remove this user's part of ``group`` when its owner is dead; returns what was removed."""
+    state, fd, _ = _try_lock(group.lock, os.getuid())
+    if state in _BY_PID:
+        # No lock of ours to go by: an older server's group, one on a file system without flock, or a
+        # file another user put at the lock's name (which must not keep our leftovers forever).
+        return _remove_by_pid(group)
     if fd is None:
-        return []  # held by its live owner (any namespace), removed since the listing, or untestable
+        return []  # held by its live owner (any namespace), or removed since the listing
     try:
         # Listed again under the lock: nothing of a dead owner's can appear any more.
         members = [path for path in _entries(group.lock.parent) if path != group.lock

@@ -5,17 +5,28 @@ launcher does, in directories standing for ``/dev/shm`` and the temp dir, and ho
 until it is killed.  A server in another PID namespace looks, from here, like a group whose name
 carries a pid that is not running (or our own) while a live process holds its lock:
 :func:`rename_pid` renames a holder's names so (a rename keeps the file, and the lock is on the file).
+
+Another user is played by a forked child that drops root for ``nobody`` (:func:`as_another_user`,
+:func:`held_by_another_user`; root only: this Python may not be executable by ``nobody``, so the
+child is forked, not started), in directories every user may enter (:func:`shared_dirs`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Sequence, Tuple
+
+import pytest
 
 import lightllm
 from lightllm.utils.stale_resources import ipc_dir_prefix, pid_is_running, shm_segment_prefix
@@ -91,3 +102,98 @@ def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+# The other user of the cross-user tests.
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
+
+
+@contextlib.contextmanager
+def shared_dirs() -> Iterator[Tuple[Path, Path]]:
+    """A temp dir and a shm dir (sticky and open to every user, as /tmp and /dev/shm) that another
+    user can reach: pytest's tmp_path is root's alone."""
+    root = Path(tempfile.mkdtemp(prefix="owner-lock-test-"))
+    try:
+        root.chmod(0o755)
+        temp_dir, shm_dir = root / "tmp", root / "shm"
+        for folder in (temp_dir, shm_dir):
+            folder.mkdir()
+            folder.chmod(0o1777)
+        yield temp_dir, shm_dir
+    finally:
+        shutil.rmtree(root)
+
+
+def _become_nobody() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def as_another_user(work: Callable[[], Any]) -> Any:
+    """What ``work`` returns when run as ``nobody``, in a forked child (its exception, re-raised here
+    as an AssertionError naming it)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(read)
+            _become_nobody()
+            result = ("ok", work())
+        except BaseException as exc:  # reported to the parent, whatever it is
+            result = ("error", repr(exc))
+        try:
+            with os.fdopen(write, "wb") as out:
+                pickle.dump(result, out)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind != "ok":
+        raise AssertionError(f"as user {NOBODY}: {value}")
+    return value
+
+
+def open_fails_for_another_user(path: Path) -> bool:
+    """Whether ``nobody`` is refused opening ``path`` for reading (a flock needs no more)."""
+    def try_open() -> bool:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        except PermissionError:
+            return True
+        return False
+
+    return as_another_user(try_open)
+
+
+@contextlib.contextmanager
+def held_by_another_user(paths: Sequence[Path]) -> Iterator[None]:
+    """``nobody`` creates the files ``paths`` (its own) and holds a flock on each until the block ends."""
+    ready_read, ready_write = os.pipe()
+    stop_read, stop_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(ready_read)
+            os.close(stop_write)
+            _become_nobody()
+            for path in paths:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(ready_write, b"1")
+            os.read(stop_read, 1)  # until the parent closes its end
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    os.close(stop_read)
+    try:
+        assert os.read(ready_read, 1) == b"1", "the other user's holder failed"
+        yield
+    finally:
+        os.close(stop_write)
+        os.close(ready_read)
+        os.waitpid(pid, 0)

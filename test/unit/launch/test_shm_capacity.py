@@ -27,8 +27,9 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, format_bytes, shm_free_bytes
 from lightllm.server.launch.sizing import plan_sizing
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.stale_resources import SHM_DIR, ipc_dir_prefix, own_shm_tags, shm_segment_prefix
-from owner_lock_support import dead_pid, hold, kill, rename_pid
+from lightllm.utils.stale_resources import (SHM_DIR, ipc_dir_prefix, live_segments_of_others, own_shm_tags,
+                                            shm_segment_prefix)
+from owner_lock_support import as_another_user, dead_pid, hold, kill, needs_root, rename_pid, shared_dirs
 
 GIB = 1 << 30
 
@@ -107,6 +108,24 @@ def test_a_live_server_in_another_pid_namespace_is_counted(tmp_path) -> None:
         kill(proc)
     # Killed: its lock is free, and a dead server's segments are nobody's promise.
     check_shm_capacity(layout, total, shm_dir)
+
+
+@needs_root
+def test_another_user_s_server_judges_our_live_server_by_its_pid() -> None:
+    # Our lock files are ours alone (another user could otherwise hold them), so another user's
+    # check cannot test them: it counts our live server while its pid runs there, and not once
+    # the name carries a pid that does not (a server of ours in another PID namespace): the
+    # documented limit.
+    with shared_dirs() as (temp_dir, shm_dir):
+        proc, printed = hold(shm_dir, temp_dir)
+        try:
+            segments = as_another_user(lambda: [path.name for path in live_segments_of_others(shm_dir)])
+            assert sorted(segments) == sorted(f"{printed[0]}_{kind}" for kind in ("req", "req_top", "stats"))
+            rename_pid(shm_dir, temp_dir, proc.pid, printed, dead_pid())
+            assert as_another_user(lambda: live_segments_of_others(shm_dir)) == []
+            assert len(live_segments_of_others(shm_dir)) == 3  # this user's check still sees the lock held
+        finally:
+            kill(proc)
 
 
 def test_too_little_free_space_is_one_line_naming_the_sizes_and_the_flags() -> None:
