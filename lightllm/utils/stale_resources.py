@@ -201,6 +201,24 @@ def claim_shm_tag(shm_dir: Path = SHM_DIR) -> OwnerLock:
     return _record(OwnerLock(tag, path, fd, tracked))
 
 
+def ipc_temp_dir() -> str:
+    """The temporary directory the IPC folder goes to: Python's choice, ``$TMPDIR`` when usable.
+
+    Python passes over a ``$TMPDIR`` that is missing or not writable and falls back to ``/tmp``
+    (then ``/var/tmp``, ``/usr/tmp``, the working directory) without a word: that is logged as a
+    warning here.  :class:`ValueError` (one line) when no candidate is usable.
+    """
+    try:
+        chosen = tempfile.gettempdir()
+    except FileNotFoundError as exc:  # Python's own "No usable temporary directory found in [...]"
+        raise ValueError(f"no temporary directory for the server's IPC folder: {exc}; set TMPDIR to a writable "
+                         "directory") from exc
+    wanted = os.environ.get("TMPDIR")
+    if wanted and os.path.abspath(wanted) != chosen:
+        log.warning("TMPDIR=%s is not a writable directory: the server's IPC folder goes to %s instead", wanted, chosen)
+    return chosen
+
+
 def create_ipc_dir(temp_dir: Optional[str] = None) -> Tuple[str, OwnerLock]:
     """Create this process's IPC socket folder in ``temp_dir`` (default: the temporary directory)
     after its lock file; returns the folder's path and the lock."""

@@ -79,7 +79,8 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.free_ports import free_port
-from lightllm.utils.stale_resources import claim_shm_tag, create_ipc_dir, ipc_dir_prefix, remove_stale_resources
+from lightllm.utils.stale_resources import (SHM_DIR, claim_shm_tag, create_ipc_dir, ipc_dir_prefix, ipc_temp_dir,
+                                            remove_stale_resources)
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 
 if TYPE_CHECKING:
@@ -101,6 +102,28 @@ def resolve_device(args: argparse.Namespace, facts: DeviceFacts) -> str:
     return "cpu"
 
 
+def claim_server_resources(procs: ServerProcesses) -> None:
+    """Create the segments' owner lock and the IPC folder (with its lock) into ``procs``.
+
+    Each group's owner lock is created and held before the group itself, so a later server removes
+    it only once this process is gone, whatever its PID namespace (utils/stale_resources.py;
+    run_server removed dead owners' leftovers before this process's first child).  A directory that
+    cannot take them (missing, read-only, full) is a :class:`StartupError` in one line; what was
+    claimed before stays in ``procs`` for its shutdown.
+    """
+    try:
+        procs.shm_owner = claim_shm_tag()
+    except OSError as exc:
+        raise StartupError(f"cannot create the server's shared-memory owner lock in {SHM_DIR}: "
+                           f"{exc.strerror or exc}") from exc
+    temp_dir = tempfile.gettempdir()
+    try:
+        procs.ipc_dir, procs.ipc_owner = create_ipc_dir(temp_dir)
+    except OSError as exc:
+        raise StartupError(f"cannot create the server's IPC folder in {temp_dir} (the temporary directory, TMPDIR): "
+                           f"{exc.strerror or exc}; set TMPDIR to a writable directory with free space") from exc
+
+
 def start_processes(
     args: argparse.Namespace,
     sizing: ServerSizing,
@@ -117,35 +140,33 @@ def start_processes(
         # (utils/process_utils.py run_child): only the main thread lives as long as the launcher.
         raise RuntimeError("the server's children are started from the launcher's main thread")
     procs = ServerProcesses()
-    # Each group's owner lock is created and held before the group itself, so a later server
-    # removes it only once this process is gone, whatever its PID namespace (utils/stale_resources.py;
-    # run_server removed dead owners' leftovers before this process's first child).
-    procs.shm_owner = claim_shm_tag()
-    procs.ipc_dir, procs.ipc_owner = create_ipc_dir()
-    layout = plan_layout(sizing, procs.shm_owner.name, procs.ipc_dir,
-                         child_process_names(args.tp) if args.watchdog_timeout > 0 else ())
-    log.info("%s", describe_shm_use(layout))
     try:
+        claim_server_resources(procs)
+        layout = plan_layout(sizing, procs.shm_owner.name, procs.ipc_dir,
+                             child_process_names(args.tp) if args.watchdog_timeout > 0 else ())
+        log.info("%s", describe_shm_use(layout))
         # After the stale segments are gone (their space is free again), before ours exist.
         check_shm_capacity(layout, shm_free_bytes())
-    except ArgumentError:
+        procs.shm_req = layout.open_requests(create=True)
+        procs.shm_stats = layout.open_stats(create=True)
+        procs.shm_heartbeats = layout.open_heartbeats(create=True)
+        procs.heartbeat_processes = layout.heartbeat_processes
+        sampling_seed = resolve_sampling_seed(args)
+        if args.sampling_seed is None:
+            log.info("sampling seed %d drawn at start (pass --sampling_seed %d to repeat this start's sampling)",
+                     sampling_seed, sampling_seed)
+        else:
+            log.info("sampling seed %d (--sampling_seed)", sampling_seed)
+        configs = build_process_configs(
+            args, sizing, model_config, layout, request_defaults=request_defaults,
+            nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
+            transfer_ports=transfer_ports,
+        )
+    except BaseException:
+        # No child yet: what was claimed goes now. A held lock would otherwise stay until this
+        # process exits (a caller may go on), and the tracker would report it as leaked.
         procs.shutdown()
         raise
-    procs.shm_req = layout.open_requests(create=True)
-    procs.shm_stats = layout.open_stats(create=True)
-    procs.shm_heartbeats = layout.open_heartbeats(create=True)
-    procs.heartbeat_processes = layout.heartbeat_processes
-    sampling_seed = resolve_sampling_seed(args)
-    if args.sampling_seed is None:
-        log.info("sampling seed %d drawn at start (pass --sampling_seed %d to repeat this start's sampling)",
-                 sampling_seed, sampling_seed)
-    else:
-        log.info("sampling seed %d (--sampling_seed)", sampling_seed)
-    configs = build_process_configs(
-        args, sizing, model_config, layout, request_defaults=request_defaults,
-        nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
-        transfer_ports=transfer_ports,
-    )
     # Large activations stay in the heap (no page faults per forward) but a rare peak is given
     # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
     # they are set before spawning (user values win).
@@ -215,7 +236,8 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         auth.check_cluster(args.run_mode)
         if args.run_mode != RunMode.PD_MASTER:  # the master runs no model ranks (and refuses the nccl flags)
             check_nccl_rendezvous(args)
-            check_ipc_path_room(tempfile.gettempdir(), ipc_dir_prefix())
+            # Python falls back from an unusable TMPDIR without a word: said here, before anything loads.
+            check_ipc_path_room(ipc_temp_dir(), ipc_dir_prefix())
         # Before anything loads: a taken port is a one-line error within a second, not after the model.
         front_door = open_front_door(args)
     except PortUnavailableError as exc:
