@@ -108,8 +108,9 @@ def server_processes(root_pid: int) -> List[Tuple[str, int]]:
     return result
 
 
-def shm_usage(root: str = "/dev/shm", prefix: str = "") -> Dict[str, int]:
-    """Bytes and files under ``root`` (only names starting with ``prefix`` when given)."""
+def shm_usage(root: str = "/dev/shm", prefix: str = "", skip_suffix: str = "") -> Dict[str, int]:
+    """Bytes and files under ``root`` (only names starting with ``prefix`` when given, none ending
+    with ``skip_suffix`` when given)."""
     total = files = 0
     try:
         entries = list(os.scandir(root))
@@ -117,6 +118,8 @@ def shm_usage(root: str = "/dev/shm", prefix: str = "") -> Dict[str, int]:
         return {"bytes": 0, "files": 0}
     for entry in entries:
         if prefix and not entry.name.startswith(prefix):
+            continue
+        if skip_suffix and entry.name.endswith(skip_suffix):
             continue
         try:
             stat = entry.stat(follow_symlinks=False)

@@ -81,7 +81,8 @@ def render_markdown(report: Dict[str, Any]) -> str:
     )
     left = report.get("shm_left_after_stop")
     if left is not None:
-        lines.append(f"Shared-memory segments of the server left after it stopped: {left['files']}.")
+        owner = " Its owner lock file was left too." if report.get("shm_owner_lock_left_after_stop") else ""
+        lines.append(f"Shared-memory segments of the server left after it stopped: {left['files']}.{owner}")
     if report.get("stopped_early"):
         lines.append(f"Stopped early: {report['stopped_early']}.")
     for entry in rounds:

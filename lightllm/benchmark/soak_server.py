@@ -40,6 +40,7 @@ from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, defau
 from lightllm.benchmark.soak_client import SoakClient, make_prompts
 from lightllm.benchmark.soak_report import memory_info, render_markdown, round_line
 from lightllm.utils.envs_utils import idle_malloc_trim_seconds
+from lightllm.utils.stale_resources import SHM_DIR, SHM_LOCK_SUFFIX, shm_segment_prefix
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 SETTLE_PAST_TRIM_S = 3.0  # idle seconds a memory sample waits beyond the rank's idle heap trim
@@ -195,6 +196,15 @@ def sample_memory(root_pid: int) -> Dict[str, Dict[str, int]]:
     return samples
 
 
+def server_shm_usage(root_pid: int, root: str = str(SHM_DIR)) -> Dict[str, int]:
+    """Bytes and number of the segments in ``root`` of the server whose launcher is ``root_pid``.
+
+    They are named after the launcher's pid; the segments' owner lock file shares that prefix but
+    is no segment (empty, and one per server), so it is not counted.
+    """
+    return shm_usage(root, prefix=shm_segment_prefix(root_pid), skip_suffix=SHM_LOCK_SUFFIX)
+
+
 async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[str, Any]:
     """Run every round against a server; returns the report dictionary."""
     async with httpx.AsyncClient(trust_env=False, timeout=30, headers=auth_headers(args.api_key)) as probe:
@@ -202,8 +212,8 @@ async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[s
     client = SoakClient(base_url, model, args)
     rng = random.Random(args.seed)
     low, high = args.prompt_len
-    own_shm = f"lightllm_{root_pid}_"  # the launcher names its segments after its pid
-    report: Dict[str, Any] = {"start": {"memory": sample_memory(root_pid), "shm": shm_usage(prefix=own_shm)}, "rounds": []}
+    report: Dict[str, Any] = {"start": {"memory": sample_memory(root_pid), "shm": server_shm_usage(root_pid)},
+                              "rounds": []}
     began = time.monotonic()
     try:
         for index in range(args.rounds):
@@ -217,7 +227,7 @@ async def soak(base_url: str, root_pid: int, args: argparse.Namespace) -> Dict[s
             idle = await client.wait_idle()
             await asyncio.sleep(args.settle_s)
             entry = {"round": index + 1, "phases": phases, "went_idle": idle,
-                     "memory": sample_memory(root_pid), "shm": shm_usage(prefix=own_shm), "shm_all": shm_usage()}
+                     "memory": sample_memory(root_pid), "shm": server_shm_usage(root_pid), "shm_all": shm_usage()}
             report["rounds"].append(entry)
             print(round_line(entry), flush=True)
     finally:
@@ -278,7 +288,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if server is not None:
             server.stop()
     if server is not None:
-        report["shm_left_after_stop"] = shm_usage(prefix=f"lightllm_{root_pid}_")
+        report["shm_left_after_stop"] = server_shm_usage(root_pid)
+        # Not a segment, but left behind all the same when the stop did not finish its cleanup.
+        report["shm_owner_lock_left_after_stop"] = any(
+            SHM_DIR.glob(f"{shm_segment_prefix(root_pid)}*{SHM_LOCK_SUFFIX}"))
     typed = without_api_key(argv if argv is not None else sys.argv[1:])
     report["command"] = "python -m lightllm.benchmark.soak_server " + " ".join(shlex.quote(a) for a in typed)
     # The key itself stays out of the report files.

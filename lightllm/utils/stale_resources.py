@@ -69,6 +69,8 @@ log = logging.getLogger("lightllm.stale_resources")
 SHM_DIR = Path("/dev/shm")
 # Length of a group name's random part (the IPC socket path check in launch/plan.py counts it).
 RANDOM_CHARS = 8
+# What follows a segment tag in the name of the segments' owner lock file (no segment itself).
+SHM_LOCK_SUFFIX = "_owner"
 # Owner lock files are their owner's alone (see the module docstring).
 LOCK_FILE_MODE = 0o600
 # Tries for a fresh lock file name: only someone holding the new file's lock in the instant before
@@ -85,7 +87,7 @@ class _Naming:
 
 
 _IPC = _Naming(re.compile(r"^(lightllm-(\d+)-.*?)(?:\.owner)?$"), ".owner")
-_SHM = _Naming(re.compile(r"^(lightllm_(\d+)_[^_]*)"), "_owner")
+_SHM = _Naming(re.compile(r"^(lightllm_(\d+)_[^_]*)"), SHM_LOCK_SUFFIX)
 
 # Names of the groups this process created (segment tags, IPC folder names): never removed by it.
 _OWN_GROUPS: Set[str] = set()

@@ -17,7 +17,7 @@ from lightllm.benchmark.process_memory import (
     shm_usage,
 )
 from lightllm.benchmark.soak_report import render_markdown
-from lightllm.benchmark.soak_server import parse_args
+from lightllm.benchmark.soak_server import parse_args, server_shm_usage
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS
 
 
@@ -108,6 +108,18 @@ def test_shm_usage_counts_only_matching_files(tmp_path):
     assert shm_usage(str(tmp_path / "missing")) == {"bytes": 0, "files": 0}
 
 
+def test_the_server_s_segments_are_counted_without_its_owner_lock_file(tmp_path):
+    # The launcher's lock file shares its segments' prefix; it is no segment (the count was one too many).
+    tag = f"lightllm_{os.getpid()}_0a1b2c3d"
+    for kind in ("req", "req_top", "stats"):
+        (tmp_path / f"{tag}_{kind}").write_bytes(b"x" * 10000)
+    (tmp_path / f"{tag}_owner").write_bytes(b"")
+    (tmp_path / f"lightllm_{os.getpid() + 1}_0a1b2c3d_req").write_bytes(b"x")  # another server's
+    usage = server_shm_usage(os.getpid(), str(tmp_path))
+    assert usage["files"] == 3
+    assert usage["bytes"] == shm_usage(str(tmp_path), prefix=tag)["bytes"] > 0  # the lock file holds nothing
+
+
 def test_leak_criterion_compares_last_round_with_first():
     rounds = [{"rank": 1000, "http": 400}, {"rank": 1200, "http": 400}, {"rank": 1049, "http": 421}]
     verdicts = {v.label: v for v in leak_verdicts(rounds, 0.05)}
@@ -136,3 +148,7 @@ def test_markdown_report_has_a_row_per_process_and_the_verdict():
     assert "| model_rank0 | 1 | 2 | 4 | +100.0% GREW |" in text
     assert "| 1 | 10/10 (0, 1.5) | — | — | yes | 2.0 (2) |" in text
     assert "**fails**" in text
+    assert "left after it stopped" not in text  # a server it did not start
+    stopped = render_markdown({"rounds": rounds, "verdicts": verdicts, "shm_left_after_stop": {"bytes": 0, "files": 0},
+                               "shm_owner_lock_left_after_stop": True})
+    assert "Shared-memory segments of the server left after it stopped: 0. Its owner lock file was left too." in stopped
