@@ -171,6 +171,10 @@ def _create_locked(folder: Path, naming: _Naming, prefix: str) -> Tuple[str, Pat
         try:
             # Whatever the umask: no other user may open it, so none can take or hold the lock.
             os.fchmod(fd, LOCK_FILE_MODE)
+        except OSError as exc:
+            # A file system without modes (some FUSE/CIFS mounts): the lock still works.
+            log.warning("could not make the owner lock file %s private (%s)", path, exc)
+        try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             # A cleaner (which removes the file) or a capacity probe (which removes nothing) has it
@@ -216,7 +220,7 @@ def ipc_temp_dir() -> str:
         raise ValueError(f"no temporary directory for the server's IPC folder: {exc}; set TMPDIR to a writable "
                          "directory") from exc
     wanted = os.environ.get("TMPDIR")
-    if wanted and os.path.abspath(wanted) != chosen:
+    if wanted and os.path.abspath(wanted) != os.path.abspath(chosen):
         log.warning("TMPDIR=%s is not a writable directory: the server's IPC folder goes to %s instead", wanted, chosen)
     return chosen
 
@@ -353,7 +357,7 @@ def _try_lock(path: Path, owner_uid: Optional[int] = None) -> Tuple[_Lock, Optio
         return _Lock.REMOVED, None, uid
     except PermissionError as exc:
         # Another user's lock file is theirs alone (0600): documented, not worth a warning.
-        return (_Lock.UNREADABLE if uid != os.getuid() else _untestable(path, exc)), None, uid
+        return (_Lock.UNREADABLE if uid != os.geteuid() else _untestable(path, exc)), None, uid
     except OSError as exc:
         return _untestable(path, exc), None, uid
     try:
@@ -408,7 +412,7 @@ def live_segments_of_others(shm_dir: Path = SHM_DIR) -> List[Path]:
 
 def _mine(path: Path) -> bool:
     try:
-        return path.lstat().st_uid == os.getuid()
+        return path.lstat().st_uid == os.geteuid()
     except OSError:
         return False
 
@@ -441,7 +445,7 @@ def _remove_by_pid(group: _Group) -> List[str]:
 
 def _remove_if_stale(group: _Group, naming: _Naming) -> List[str]:
     """Remove this user's part of ``group`` when its owner is dead; returns what was removed."""
-    state, fd, _ = _try_lock(group.lock, os.getuid())
+    state, fd, _ = _try_lock(group.lock, os.geteuid())
     if state in _BY_PID:
         # No lock of ours to go by: an older server's group, one on a file system without flock, or a
         # file another user put at the lock's name (which must not keep our leftovers forever).

@@ -159,15 +159,27 @@ def as_another_user(work: Callable[[], Any]) -> Any:
 
 
 def open_fails_for_another_user(path: Path) -> bool:
-    """Whether ``nobody`` is refused opening ``path`` for reading (a flock needs no more)."""
+    """Whether ``nobody`` is refused opening ``path`` for reading (a flock needs no more).
+
+    A readable file beside it must open: a refusal on the way to the folder (a temp dir
+    ``nobody`` cannot enter) would otherwise pass for the file's own mode.
+    """
+    probe = path.parent / f"{path.name}.reachable"
+    probe.touch(mode=0o644)
+    probe.chmod(0o644)
+
     def try_open() -> bool:
+        os.close(os.open(probe, os.O_RDONLY | os.O_NONBLOCK))  # raises if the folder is out of reach
         try:
             os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
         except PermissionError:
             return True
         return False
 
-    return as_another_user(try_open)
+    try:
+        return as_another_user(try_open)
+    finally:
+        probe.unlink()
 
 
 @contextlib.contextmanager

@@ -162,17 +162,17 @@ def start_processes(
             nccl_port=args.nccl_port or free_port(args.nccl_host), sampling_seed=sampling_seed,
             transfer_ports=transfer_ports,
         )
+        # Large activations stay in the heap (no page faults per forward) but a rare peak is given
+        # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
+        # they are set before spawning (user values win).
+        apply_child_malloc_env(os.environ)
+        # spawn: each child is the launcher's own (a fork and exec), which its parent-death signal relies on.
+        ctx = mp.get_context("spawn")
     except BaseException:
         # No child yet: what was claimed goes now. A held lock would otherwise stay until this
         # process exits (a caller may go on), and the tracker would report it as leaked.
         procs.shutdown()
         raise
-    # Large activations stay in the heap (no page faults per forward) but a rare peak is given
-    # back; lightllm/utils/malloc_tuning.py has the numbers. Children read these at start, so
-    # they are set before spawning (user values win).
-    apply_child_malloc_env(os.environ)
-    # spawn: each child is the launcher's own (a fork and exec), which its parent-death signal relies on.
-    ctx = mp.get_context("spawn")
     try:
         pending: List[StartingChild] = []
 
