@@ -50,9 +50,11 @@ def _close(node: Any, closable: bool = True) -> None:
         _close(inner, closable=not any(inner is branch for branch in branches))
 
 
-def unkept_min_properties(schema: Any) -> Optional[str]:
+def unkept_min_properties(schema: Any, open_by_default: bool = False) -> Optional[str]:
     """Why a ``minProperties`` of ``schema`` (closed as :func:`closed_objects` closes it) cannot be
-    kept, or None.
+    kept, or None.  ``open_by_default``: ``schema`` is read by JSON Schema's own rule, where an
+    object without ``additionalProperties`` takes other keys (a Lark grammar's ``%json`` blocks,
+    which are not closed).
 
     A grammar cannot keep the keys of an object distinct where they are not named: one that takes
     other keys (``additionalProperties``, ``patternProperties``, no ``properties`` at all) may write
@@ -63,7 +65,8 @@ def unkept_min_properties(schema: Any) -> Optional[str]:
     if not isinstance(schema, dict):
         return None
     least = schema.get("minProperties")
-    open_keys = "properties" not in schema or any(schema.get(key, False) is not False for key in _OPENING_KEYWORDS)
+    open_keys = ("properties" not in schema or any(schema.get(key, False) is not False for key in _OPENING_KEYWORDS)
+                 or (open_by_default and not any(key in schema for key in _OPENING_KEYWORDS)))
     if isinstance(least, int) and not isinstance(least, bool) and open_keys:
         named = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = {key for key in schema.get("required") or () if key in named}
@@ -74,7 +77,7 @@ def unkept_min_properties(schema: Any) -> Optional[str]:
                     f"required named properties, or one key, are sure to be distinct); require named properties "
                     f"instead")
     for inner in subschemas(schema):
-        reason = unkept_min_properties(inner)
+        reason = unkept_min_properties(inner, open_by_default)
         if reason is not None:
             return reason
     return None

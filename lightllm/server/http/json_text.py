@@ -16,8 +16,9 @@ Every failure is a 400 naming the field.
 from __future__ import annotations
 
 import json
+import re
 import sys
-from typing import Any
+from typing import Any, Callable, Optional, TypeVar
 
 from lightllm.server.http.body import (MAX_JSON_DEPTH, DuplicateKeyError, find_structure_problem, float_reader,
                                        object_with_unique_keys)
@@ -46,21 +47,57 @@ def parse_json_text(text: str, param: str, unique_keys: bool = True) -> Any:
     arguments copied from a model's output, which a client sends back in the history.
     """
     try:
-        value = json.loads(text, object_pairs_hook=object_with_unique_keys if unique_keys else None,
-                           parse_float=float_reader(text))
-    except DuplicateKeyError as exc:
-        raise _refuse(param, f"its JSON repeats the key {exc.key!r} in one object") from None
-    except RecursionError:
-        raise _refuse(param, f"its JSON is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        value = _read(lambda: json.loads(text, object_pairs_hook=object_with_unique_keys if unique_keys else None,
+                                         parse_float=float_reader(text)), param, "")
     except json.JSONDecodeError as exc:
         raise _refuse(param, f"it is not valid JSON ({exc})") from None
+    _check_structure(value, param, "")
+    return value
+
+
+def parse_json_at(text: str, start: int, param: str, where: str) -> Optional[tuple[Any, int]]:
+    """The JSON value that begins at ``start`` of ``text`` (after JSON white space) and the index
+    where it ends, under the body's rules (no key repeated); None where no JSON value begins there.
+
+    For JSON embedded in other text (a Lark grammar's ``%json`` blocks), which ends where its value
+    does.  A value that breaks the rules is a 400 naming ``param``, ``where`` saying which part of
+    it ("the %json block at line 3: ").
+    """
+    begin = _JSON_SPACE.match(text, start).end()
+    decoder = json.JSONDecoder(object_pairs_hook=object_with_unique_keys, parse_float=float_reader(text))
+    try:
+        value, end = _read(lambda: decoder.raw_decode(text, begin), param, where)
+    except json.JSONDecodeError:
+        return None
+    _check_structure(value, param, where)
+    return value, end
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_T = TypeVar("_T")
+
+
+def _read(decode: Callable[[], _T], param: str, where: str) -> _T:
+    """What ``decode`` reads with json (400 naming ``param`` for a repeated key, deep nesting or an
+    integer too long to read); json's syntax errors are the caller's."""
+    try:
+        return decode()
+    except DuplicateKeyError as exc:
+        raise _refuse(param, f"{where}its JSON repeats the key {exc.key!r} in one object") from None
+    except RecursionError:
+        raise _refuse(param, f"{where}its JSON is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except json.JSONDecodeError:
+        raise
     except ValueError:
-        # json.loads' one other ValueError: an integer longer than Python's digit limit.
-        raise _refuse(param, f"its JSON holds an integer written with more than {sys.get_int_max_str_digits()} "
-                             "digits") from None
+        # json's one other ValueError: an integer longer than Python's digit limit.
+        raise _refuse(param, f"{where}its JSON holds an integer written with more than "
+                             f"{sys.get_int_max_str_digits()} digits") from None
+
+
+def _check_structure(value: Any, param: str, where: str) -> None:
+    """400 naming ``param`` unless ``value`` keeps the body's structural rules (depth, finite numbers, Unicode)."""
     problem = find_structure_problem(value)
     if problem is not None:
         # The path of a container nested too deep is the long chain of keys leading to it: left out.
-        where = f" (at '{problem.path}')" if problem.path and problem.kind != "deep" else ""
-        raise _refuse(param, _PROBLEMS[problem.kind].format(value=problem.value) + where)
-    return value
+        place = f" (at '{problem.path}')" if problem.path and problem.kind != "deep" else ""
+        raise _refuse(param, where + _PROBLEMS[problem.kind].format(value=problem.value) + place)

@@ -29,12 +29,7 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
     """``grammar`` if it fits, llguidance accepts it and it admits some output; else a 400 naming ``param``."""
     import llguidance
 
-    size = len(grammar.encode())
-    if size > GRAMMAR_BYTES:
-        # Checked here, where the field it came from is known (the request holds no "grammar" field).
-        raise invalid_request(f"the {what} compiles to a grammar of {size} bytes; at most {GRAMMAR_BYTES} bytes "
-                              "fit (make it smaller)", param)
-
+    check_grammar_size(grammar, param, what)
     try:
         problem = llguidance.LLMatcher.validate_grammar(grammar, None, limits=grammar_limits())
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer
@@ -48,6 +43,15 @@ def validated_grammar(grammar: str, param: str, what: str) -> str:
     if empty:
         raise invalid_request(f"the {what} admits no output at all ({empty})", param)
     return grammar
+
+
+def check_grammar_size(grammar: str, param: str, what: str) -> None:
+    """400 naming ``param`` when ``grammar`` is larger than the request's record holds."""
+    size = len(grammar.encode())
+    if size > GRAMMAR_BYTES:
+        # Checked here, where the field it came from is known (the request holds no "grammar" field).
+        raise invalid_request(f"the {what} compiles to a grammar of {size} bytes; at most {GRAMMAR_BYTES} bytes "
+                              "fit (make it smaller)", param)
 
 
 # llguidance's Lark syntax for a token by id (<[300]>, <[0-99]>) or by special-token name (<|im_end|>).
@@ -133,6 +137,15 @@ def inexact_number(schema: Any) -> Optional[tuple[str, Any, str]]:
     return None
 
 
+def inexact_number_problem(schema: Any) -> Optional[str]:
+    """:func:`inexact_number`'s finding in words, or None."""
+    beyond = inexact_number(schema)
+    if beyond is None:
+        return None
+    path, number, allowed = beyond
+    return f"the number {number!r} at '{path}' is beyond what the grammar compiler keeps ({allowed})"
+
+
 # A negative number written alone in a Lark grammar's text (its embedded %json schema's enum or
 # const): checked by value in crashing_number.  Not one inside a word (a UUID's "-4e50").
 _NEGATIVE_NUMBER = re.compile(r"(?<![\w.])-(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)(?![\w.])")
@@ -166,11 +179,9 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
 
     if not isinstance(schema, dict):
         raise invalid_request("the JSON schema must be an object", param)
-    beyond = inexact_number(schema)
+    beyond = inexact_number_problem(schema)
     if beyond is not None:
-        path, number, allowed = beyond
-        raise invalid_request(f"invalid {what}: the number {number!r} at '{path}' is beyond what the grammar "
-                              f"compiler keeps ({allowed})", param)
+        raise invalid_request(f"invalid {what}: {beyond}", param)
     costly = costly_multiple_of(schema)
     if costly is not None:
         raise invalid_request(f"invalid {what}: {costly}", param)

@@ -10,7 +10,7 @@ request costing seconds of a core per compile is refused rather than served.
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from lightllm.server.http.schema_positions import schemas_with_places
 
@@ -25,22 +25,35 @@ def costly_multiple_of(schema: Any) -> Optional[str]:
     one of two million (52 s of compiling measured).  A divisor must be above 0, as JSON Schema
     says (llguidance silently used the absolute value of a negative one, escaping this bound).
     """
+    return costly_multiple_of_all([("", schema)], "the schema's")
+
+
+def costly_multiple_of_all(schemas: Iterable[tuple[str, Any]], whose: str) -> Optional[str]:
+    """Why the ``multipleOf`` keywords of ``schemas``, compiled into one grammar, are refused, or None.
+
+    ``schemas`` pairs each schema with the words saying where it stands (a Lark grammar's ``%json``
+    blocks: "the %json block at line 3"; "" for a schema given alone); ``whose`` names them all in
+    the message ("the schema's").  One grammar builds every block's automata, so the bound is on
+    their sum over all the schemas, as over one schema's keywords.
+    """
     total = 0
-    for place, node in schemas_with_places(schema):
-        value = node.get("multipleOf")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        where = f" at '{place}'" if place else ""
-        if not value > 0:
-            return f"multipleOf {value!r}{where} must be greater than 0"
-        significand = _significand(value)
-        if significand is None:
-            continue
-        total += significand
-        if total > MULTIPLE_OF_SIGNIFICAND_LIMIT:
-            return (f"multipleOf {value!r}{where} would take the grammar compiler too long to build (the "
-                    f"significant digits of the schema's multipleOf values add up to more than "
-                    f"{MULTIPLE_OF_SIGNIFICAND_LIMIT}; trailing zeros cost nothing)")
+    for label, schema in schemas:
+        within = f" in {label}" if label else ""
+        for place, node in schemas_with_places(schema):
+            value = node.get("multipleOf")
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            where = (f" at '{place}'" if place else "") + within
+            if not value > 0:
+                return f"multipleOf {value!r}{where} must be greater than 0"
+            significand = _significand(value)
+            if significand is None:
+                continue
+            total += significand
+            if total > MULTIPLE_OF_SIGNIFICAND_LIMIT:
+                return (f"multipleOf {value!r}{where} would take the grammar compiler too long to build (the "
+                        f"significant digits of {whose} multipleOf values add up to more than "
+                        f"{MULTIPLE_OF_SIGNIFICAND_LIMIT}; trailing zeros cost nothing)")
     return None
 
 

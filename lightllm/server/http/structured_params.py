@@ -12,7 +12,8 @@ older releases, the flat ``guided_json`` / ``guided_regex`` / ``guided_choice`` 
   without look-around or back-references); ``""`` matches the empty text only;
 * ``choice``: the output is exactly one of the strings;
 * ``grammar``: a context-free grammar in llguidance's Lark syntax (vLLM's xgrammar backend takes
-  GBNF instead; a GBNF grammar is refused as invalid Lark).
+  GBNF instead; a GBNF grammar is refused as invalid Lark); its ``%json`` blocks get a schema's
+  checks (:mod:`lightllm.server.http.lark_json`).
 
 LightLLM's native ``/generate`` parameters ``regular_constraint``, ``guided_grammar`` and
 ``guided_json`` map onto ``regex``, ``grammar`` and ``json`` (:func:`native_constraint_grammar`).
@@ -29,8 +30,9 @@ from typing import Any
 
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.json_text import parse_json_text
-from lightllm.server.http.response_format import (STRUCTURAL_TAG_REFUSAL, compile_json_schema, crashing_number,
-                                                  validated_grammar)
+from lightllm.server.http.lark_json import lark_grammar_problem
+from lightllm.server.http.response_format import (STRUCTURAL_TAG_REFUSAL, check_grammar_size, compile_json_schema,
+                                                  crashing_number, validated_grammar)
 
 MAX_CHOICES = 256
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -93,6 +95,11 @@ def _grammar(value: Any, param: str) -> str:
     if crashing is not None:
         raise invalid_request(f"invalid {what}: it holds the number {crashing}, below what the grammar compiler "
                               "is given (-2^62)", param)
+    # Sized first: the %json blocks are read from text the record can hold, no more.
+    check_grammar_size(value, param, what)
+    problem = lark_grammar_problem(value, param)
+    if problem is not None:
+        raise invalid_request(f"invalid {what}: {problem}", param)
     return validated_grammar(value, param, what)
 
 
