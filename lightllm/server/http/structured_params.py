@@ -19,8 +19,9 @@ LightLLM's native ``/generate`` parameters ``regular_constraint``, ``guided_gram
 ``guided_json`` map onto ``regex``, ``grammar`` and ``json`` (:func:`native_constraint_grammar`).
 
 A request may constrain its output one way only: two constraints (``guided_regex`` with
-``response_format``, say) are refused.  vLLM's backend and whitespace options are not accepted
-(there is one backend, and JSON is always compact).
+``response_format``, say) are refused.  vLLM's options beside the constraint
+(``disable_any_whitespace`` ...) are accepted at their defaults and where the server already does
+what they ask (:mod:`lightllm.server.http.structured_options`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lightllm.server.http.json_text import parse_json_text
 from lightllm.server.http.lark_json import lark_grammar_problem
 from lightllm.server.http.response_format import (STRUCTURAL_TAG_REFUSAL, check_grammar_size, compile_json_schema,
                                                   crashing_number, validated_grammar)
+from lightllm.server.http.structured_options import OPTION_SCHEMAS, STRUCTURED_OPTIONS, check_structured_options
 
 MAX_CHOICES = 256
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -45,10 +47,11 @@ _KIND_SCHEMAS: dict[str, Any] = {
     "json_object": {"const": True},
 }
 # null on any key is absent (structural_tag, refused when set, may only be null); exactly one kind is
-# given, or the field is null itself (the null branch: the others need an object).
+# given, or the field is null itself (the null branch: the others need an object).  vLLM's options
+# take the values the server accepts whatever the kind.
 STRUCTURED_OUTPUTS_SCHEMA: dict[str, Any] = {
     "properties": {**{kind: {"anyOf": [schema, {"type": "null"}]} for kind, schema in _KIND_SCHEMAS.items()},
-                   "structural_tag": {"type": "null"}},
+                   "structural_tag": {"type": "null"}, **OPTION_SCHEMAS},
     "additionalProperties": False,
     "oneOf": [{"type": "null"}, *({"type": "object", "required": [kind],
                                    "properties": {kind: {"not": {"type": "null"}}}} for kind in STRUCTURED_KINDS)],
@@ -153,15 +156,17 @@ def structured_grammar(structured_outputs: dict[str, Any] | None, guided: dict[s
         if structured_outputs.get("structural_tag") is not None:
             raise invalid_request(STRUCTURAL_TAG_REFUSAL, "structured_outputs.structural_tag")
         # structural_tag is a known key (refused above when set): null there is absent, as on every field.
-        unknown = sorted(set(structured_outputs) - set(STRUCTURED_KINDS) - {"structural_tag"})
+        unknown = sorted(set(structured_outputs) - set(STRUCTURED_KINDS) - {"structural_tag", *STRUCTURED_OPTIONS})
         if unknown:
             raise invalid_request(f"unknown key(s) in structured_outputs: {', '.join(unknown)}; expected one of "
                                   f"{', '.join(STRUCTURED_KINDS)}", "structured_outputs")
         given = {kind: value for kind, value in structured_outputs.items()
-                 if value is not None and kind != "structural_tag"}
+                 if kind in STRUCTURED_KINDS and value is not None}
         asked.extend((f"structured_outputs.{kind}", kind, value) for kind, value in given.items())
         if not given:
             raise invalid_request(f"structured_outputs needs one of {', '.join(STRUCTURED_KINDS)}", "structured_outputs")
+        # Checked before compiling: a refused option costs no grammar build.
+        check_structured_options(structured_outputs, next(iter(given)) if len(given) == 1 else None)
     for name, value in guided.items():
         if value is not None:
             asked.append((name, name.removeprefix("guided_"), value))

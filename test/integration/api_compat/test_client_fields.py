@@ -5,9 +5,10 @@ ranks against transformers, the vLLM metrics labels and series, and vLLM's /toke
 
 from __future__ import annotations
 
-import re
-
+import json
 import os
+import re
+import time
 
 import httpx
 
@@ -59,6 +60,31 @@ def test_vllm_structured_output_parameters(tiny_server):
                                                       "structured_outputs": {"regex": "[A-Z]{3}-[0-9]{2}"}})
         assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", done["choices"][0]["text"])
         assert done["choices"][0]["finish_reason"] == "stop"
+
+
+def test_vllm_structured_outputs_options_and_json_blocks(tiny_server):
+    """vLLM's request model dumped with exclude_none=True sends its structured-output options at their defaults
+    (refused as unknown keys before); a costly multipleOf inside a Lark grammar's %json block is refused at once,
+    as the same schema is elsewhere (it was served after about 26 s of compiling)."""
+    schema = {"type": "object", "properties": {"n": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+              "required": ["n"]}
+    for path, body in (("/v1/completions", {"prompt": "Data:"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Data"}]})):
+        for seed in (1, 2):
+            done = _post(tiny_server, path, {**body, "max_tokens": 48, "temperature": 1.0, "seed": seed,
+                                             "structured_outputs": {
+                                                 "json": schema, "disable_any_whitespace": True,
+                                                 "disable_additional_properties": False, "_backend_was_auto": False}})
+            choice = done["choices"][0]
+            text = choice["text"] if "text" in choice else choice["message"]["content"]
+            assert choice["finish_reason"] == "stop" and set(json.loads(text)) == {"n"}
+            assert not any(char.isspace() for char in text), text
+        started = time.monotonic()
+        costly = httpx.post(f"{tiny_server.url}{path}", timeout=60, json={
+            "model": tiny_server.model_name, **body, "max_tokens": 1,
+            "guided_grammar": 'start: %json {"type": "integer", "multipleOf": 999983}'})
+        assert costly.status_code == 400 and costly.json()["error"]["param"] == "guided_grammar", costly.text
+        assert "multipleOf 999983" in costly.json()["error"]["message"] and time.monotonic() - started < 5
 
 
 def test_truncate_prompt_tokens_and_chat_template(tiny_server, tokenizer):

@@ -326,6 +326,10 @@ _REFUSED_BODIES = {
         {"prompt": "x", "structured_outputs": {"structural_tag": None}},
         {"prompt": "x", "structured_outputs": {"structural_tag": "{}", "regex": "a"}},
         {"prompt": "x", "structured_outputs": {"regex": "a", "json_object": True}},
+        {"prompt": "x", "structured_outputs": {"regex": "a", "_backend": "xgrammar"}},
+        {"prompt": "x", "structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
+        {"prompt": "x", "structured_outputs": {"regex": "a", "disable_additional_properties": True}},
+        {"prompt": "x", "structured_outputs": {"regex": "a", "_backend_was_auto": "no"}},
         {"prompt": ["x"] * 65}, {"prompt": "x", "foo": None}, {"prompt": "x", "max_tokens": 5.5},
     ],
     "/v1/chat/completions": [
@@ -346,6 +350,11 @@ _ACCEPTED_BODIES = {
                         # null on a known key is absent, in the schema as on the server.
                         {"prompt": "x", "structured_outputs": {"structural_tag": None, "regex": "a", "json": None}},
                         {"prompt": "x", "structured_outputs": None},
+                        # vLLM's own request model, dumped with exclude_none=True, sends its options.
+                        {"prompt": "x", "structured_outputs": {
+                            "json": {"type": "integer"}, "disable_any_whitespace": False,
+                            "disable_additional_properties": False, "_backend_was_auto": False,
+                            "whitespace_pattern": None}},
                         # int() reads other scripts' digits and white space: the schema lets them
                         # through (its pattern was ASCII-only and refused them).
                         {"prompt": "x", "logit_bias": {"\u0663": 1, "\uff15": 1, "\u00a07": 1, "1_0": 1,
