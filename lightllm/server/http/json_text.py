@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from lightllm.server.http.body import (MAX_JSON_DEPTH, DuplicateKeyError, find_structure_problem, float_reader,
                                        object_with_unique_keys)
-from lightllm.server.http.errors import APIError, invalid_request
+from lightllm.server.http.errors import invalid_request
 
 
 # find_structure_problem's kinds, as what the text does wrong.
@@ -35,8 +35,9 @@ _PROBLEMS = {
 }
 
 
-def _refuse(param: str, problem: str) -> APIError:
-    return invalid_request(f"Invalid value for '{param}': {problem}", param)
+def _lead(param: str) -> str:
+    """How a refusal of the field ``param``'s JSON text begins, as the body's own refusals do."""
+    return f"Invalid value for '{param}': "
 
 
 def parse_json_text(text: str, param: str, unique_keys: bool = True) -> Any:
@@ -48,28 +49,29 @@ def parse_json_text(text: str, param: str, unique_keys: bool = True) -> Any:
     """
     try:
         value = _read(lambda: json.loads(text, object_pairs_hook=object_with_unique_keys if unique_keys else None,
-                                         parse_float=float_reader(text)), param, "")
+                                         parse_float=float_reader(text)), param, _lead(param))
     except json.JSONDecodeError as exc:
-        raise _refuse(param, f"it is not valid JSON ({exc})") from None
-    _check_structure(value, param, "")
+        raise invalid_request(f"{_lead(param)}it is not valid JSON ({exc})", param) from None
+    _check_structure(value, param, _lead(param))
     return value
 
 
-def parse_json_at(text: str, start: int, param: str, where: str) -> Optional[tuple[Any, int]]:
+def parse_json_at(text: str, start: int, param: str, lead: str) -> Optional[tuple[Any, int]]:
     """The JSON value that begins at ``start`` of ``text`` (after JSON white space) and the index
     where it ends, under the body's rules (no key repeated); None where no JSON value begins there.
 
     For JSON embedded in other text (a Lark grammar's ``%json`` blocks), which ends where its value
-    does.  A value that breaks the rules is a 400 naming ``param``, ``where`` saying which part of
-    it ("the %json block at line 3: ").
+    does.  A value that breaks the rules is a 400 naming ``param`` whose message begins with ``lead``
+    (the text the embedding field's own refusals begin with, and which part of it this value is:
+    "invalid grammar (...): the %json block at line 3, column 1: ").
     """
     begin = _JSON_SPACE.match(text, start).end()
     decoder = json.JSONDecoder(object_pairs_hook=object_with_unique_keys, parse_float=float_reader(text))
     try:
-        value, end = _read(lambda: decoder.raw_decode(text, begin), param, where)
+        value, end = _read(lambda: decoder.raw_decode(text, begin), param, lead)
     except json.JSONDecodeError:
         return None
-    _check_structure(value, param, where)
+    _check_structure(value, param, lead)
     return value, end
 
 
@@ -77,27 +79,28 @@ _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 _T = TypeVar("_T")
 
 
-def _read(decode: Callable[[], _T], param: str, where: str) -> _T:
-    """What ``decode`` reads with json (400 naming ``param`` for a repeated key, deep nesting or an
-    integer too long to read); json's syntax errors are the caller's."""
+def _read(decode: Callable[[], _T], param: str, lead: str) -> _T:
+    """What ``decode`` reads with json (400 naming ``param``, its message beginning with ``lead``, for a
+    repeated key, deep nesting or an integer too long to read); json's syntax errors are the caller's."""
     try:
         return decode()
     except DuplicateKeyError as exc:
-        raise _refuse(param, f"{where}its JSON repeats the key {exc.key!r} in one object") from None
+        raise invalid_request(f"{lead}its JSON repeats the key {exc.key!r} in one object", param) from None
     except RecursionError:
-        raise _refuse(param, f"{where}its JSON is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise invalid_request(f"{lead}its JSON is nested more than {MAX_JSON_DEPTH} levels deep", param) from None
     except json.JSONDecodeError:
         raise
     except ValueError:
         # json's one other ValueError: an integer longer than Python's digit limit.
-        raise _refuse(param, f"{where}its JSON holds an integer written with more than "
-                             f"{sys.get_int_max_str_digits()} digits") from None
+        raise invalid_request(f"{lead}its JSON holds an integer written with more than "
+                              f"{sys.get_int_max_str_digits()} digits", param) from None
 
 
-def _check_structure(value: Any, param: str, where: str) -> None:
-    """400 naming ``param`` unless ``value`` keeps the body's structural rules (depth, finite numbers, Unicode)."""
+def _check_structure(value: Any, param: str, lead: str) -> None:
+    """400 naming ``param`` (the message beginning with ``lead``) unless ``value`` keeps the body's
+    structural rules (depth, finite numbers, Unicode)."""
     problem = find_structure_problem(value)
     if problem is not None:
         # The path of a container nested too deep is the long chain of keys leading to it: left out.
         place = f" (at '{problem.path}')" if problem.path and problem.kind != "deep" else ""
-        raise _refuse(param, where + _PROBLEMS[problem.kind].format(value=problem.value) + place)
+        raise invalid_request(lead + _PROBLEMS[problem.kind].format(value=problem.value) + place, param)

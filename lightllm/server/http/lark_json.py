@@ -18,10 +18,18 @@ its objects keep JSON Schema's rule (open unless ``additionalProperties`` says o
 
 llguidance's lexer reads ``%json`` and then one JSON value (after JSON white space), so a block
 may hold nested braces and strings with braces in them, and the text after the value is Lark
-again.  Every ``%json`` in the text is tried, wherever it stands: one inside a Lark string, regex
-or comment is checked too when a JSON value follows it (text there seldom reads as JSON; a
-commented-out schema refused costs an edit, a block this check missed costs seconds per compile).
-Where no JSON value follows, the text is not a block, or it is one llguidance refuses itself.
+again.  The grammar is scanned the way that lexer reads it: a ``%json`` inside a Lark string
+(``"..."``, its ``i`` flag), a regex (``/.../`` and its flags), a comment (``//`` or ``#`` to the end of
+the line), a token reference (``<|im_end|>``) or a block's own JSON is text, not a block, and is not
+checked (``start: "%json NaN"`` was refused for a NaN llguidance never reads).  Where the scan and
+the lexer could part (a string holding a tab, a reference holding white space), the lexer stops
+with an error, so the grammar is refused either way.  Where no JSON value follows ``%json``, the
+text is not a block, or it is one llguidance refuses itself.
+
+A block's refusal begins as every refusal of the grammar does (``invalid grammar (llguidance Lark
+syntax expected): the %json block at line 1, column 8: ...``), and its schema's top-level
+``x-guidance`` options are held to the rule of :mod:`lightllm.server.http.guidance_options` (white
+space allowed: a block keeps llguidance's whitespace rule).
 """
 
 from __future__ import annotations
@@ -30,13 +38,20 @@ import re
 from typing import Any, Optional
 
 from lightllm.server.http.closed_objects import unkept_min_properties
+from lightllm.server.http.guidance_options import guidance_options_problem
 from lightllm.server.http.json_text import parse_json_at
 from lightllm.server.http.number_bounds import unkept_number_range
 from lightllm.server.http.response_format import inexact_number_problem
 from lightllm.server.http.schema_cost import costly_multiple_of_all
 
+# What the grammar's error messages call a Lark grammar (the start of every refusal of one).
+LARK_GRAMMAR = "grammar (llguidance Lark syntax expected)"
+
+# The keyword, and the lexemes of llguidance's Lark inside which "%json" is text (a string on one
+# line with backslash escapes; a comment; a regex, which may span lines; a token reference).  Each
+# alternative stops at its own closing character, a newline or a "<", so the scan is linear.
 # llguidance reads "%json" even as the start of a longer word ("%jsonx {...}" fails as bad JSON).
-_JSON_KEYWORD = re.compile(r"%json")
+_LEXEME = re.compile(r'%json|"(?:\\.|[^"\\\n])*"|//[^\n]*|#[^\n]*|/(?:\\.|[^/\\])+/|<[^<>\n]*>')
 
 # A grammar whose text begins with "{" (after JSON white space) is llguidance's JSON grammar format
 # (TopLevelGrammar): its "json_schema" entries would reach the compiler unchecked, and vLLM takes
@@ -45,7 +60,14 @@ JSON_FORMAT_REFUSAL = ("text beginning with '{' is read by llguidance as its JSO
                        "accepted here (its JSON schemas would skip the checks a schema gets): write the grammar in "
                        "Lark, with a JSON schema as a %json block")
 
-_CHECKS = (inexact_number_problem, unkept_number_range,
+
+def _guidance_problem(schema: Any) -> Optional[str]:
+    """Why the block's ``x-guidance`` options are refused (white space allowed), or None."""
+    problem = guidance_options_problem(schema)
+    return None if problem is None else problem[1]
+
+
+_CHECKS = (_guidance_problem, inexact_number_problem, unkept_number_range,
            lambda schema: unkept_min_properties(schema, open_by_default=True))
 
 
@@ -53,17 +75,23 @@ def json_blocks(grammar: str, param: str) -> list[tuple[str, Any]]:
     """Every ``%json`` block of ``grammar``: where it stands ("the %json block at line 2, column 4")
     and its schema; a block breaking the JSON rules is a 400 naming ``param``."""
     blocks: list[tuple[str, Any]] = []
-    line, counted = 1, 0
-    for match in _JSON_KEYWORD.finditer(grammar):
+    line, counted, position = 1, 0, 0
+    while True:
+        match = _LEXEME.search(grammar, position)
+        if match is None:
+            return blocks
+        position = match.end()
+        if match.group() != "%json":
+            continue  # a string, regex, comment or reference: "%json" there is text
         # Lines counted from the previous block on: each character is looked at once.
         line += grammar.count("\n", counted, match.start())
         line_start = grammar.rfind("\n", 0, match.start()) + 1
         counted = match.start()
         label = f"the %json block at line {line}, column {match.start() - line_start + 1}"
-        read = parse_json_at(grammar, match.end(), param, f"{label}: ")
+        read = parse_json_at(grammar, match.end(), param, f"invalid {LARK_GRAMMAR}: {label}: ")
         if read is not None:
             blocks.append((label, read[0]))
-    return blocks
+            position = read[1]  # the block's JSON is not Lark: its strings may hold "%json"
 
 
 def lark_grammar_problem(grammar: str, param: str) -> Optional[str]:

@@ -7,7 +7,9 @@ the output to a JSON object, ``json_schema`` to JSON valid under the given schem
 ``strict`` mode: an object listing its properties takes no others unless the schema says so,
 :mod:`lightllm.server.http.closed_objects`); both become an llguidance grammar that the model rank applies as a token mask
 (:mod:`lightllm.server.model_rank.execution.structured_output`).  A schema the
-grammar compiler cannot use is a 400 naming ``response_format.json_schema.schema``.
+grammar compiler cannot use is a 400 naming ``response_format.json_schema.schema``.  Every schema
+compiled here has its top-level ``x-guidance`` (llguidance's own options) held to
+:mod:`lightllm.server.http.guidance_options`' rule first.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lightllm.common.sampling.grammar_limits import grammar_limits
 from lightllm.common.sampling.storage_width import GRAMMAR_BYTES
 from lightllm.server.http.closed_objects import closed_objects, unkept_min_properties
 from lightllm.server.http.errors import invalid_request
+from lightllm.server.http.guidance_options import check_guidance_options
 from lightllm.server.http.number_bounds import unkept_number_range
 from lightllm.server.http.schema_cost import costly_multiple_of
 from lightllm.server.http.schema_positions import ANNOTATION_KEYWORDS, DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
@@ -179,6 +182,8 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
 
     if not isinstance(schema, dict):
         raise invalid_request("the JSON schema must be an object", param)
+    # Checked first: the options decide how llguidance reads every keyword checked below.
+    check_guidance_options(schema, param, what)
     beyond = inexact_number_problem(schema)
     if beyond is not None:
         raise invalid_request(f"invalid {what}: {beyond}", param)
@@ -195,6 +200,7 @@ def _compile(schema: Any, param: str, what: str = "JSON schema") -> str:
     try:
         # Compact JSON (no free whitespace between tokens): a weak or random model cannot stall in
         # endless whitespace, and a bounded schema always ends within a bounded number of tokens.
+        # A schema's own x-guidance whitespace_flexible true (checked above) overrides this default.
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema,
                                                                 defaults={"whitespace_flexible": False})
     except Exception as exc:  # noqa: BLE001 - the compiler's message is the client's answer

@@ -31,7 +31,7 @@ from typing import Any
 
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.json_text import parse_json_text
-from lightllm.server.http.lark_json import lark_grammar_problem
+from lightllm.server.http.lark_json import LARK_GRAMMAR, lark_grammar_problem
 from lightllm.server.http.response_format import (STRUCTURAL_TAG_REFUSAL, check_grammar_size, compile_json_schema,
                                                   crashing_number, validated_grammar)
 from lightllm.server.http.structured_options import OPTION_SCHEMAS, STRUCTURED_OPTIONS, check_structured_options
@@ -93,7 +93,7 @@ def _choice(value: Any, param: str) -> str:
 def _grammar(value: Any, param: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise invalid_request("grammar must be a non-empty string (llguidance Lark syntax)", param)
-    what = "grammar (llguidance Lark syntax expected)"
+    what = LARK_GRAMMAR
     crashing = crashing_number(value)
     if crashing is not None:
         raise invalid_request(f"invalid {what}: it holds the number {crashing}, below what the grammar compiler "

@@ -4,6 +4,9 @@
 26 s: about 10 s of compiling in the HTTP process and again in the model rank, stalling other
 clients), while the same schema as ``guided_json``, ``response_format`` or a tool's parameters
 was refused at once naming ``multipleOf``: the grammar's text was only scanned for negative numbers.
+Then every "%json" in the text was read as a block, one inside a Lark string, regex or comment too
+(``start: "%json NaN"`` was refused for a NaN llguidance never reads); the scan now reads the blocks
+llguidance's lexer reads, checked against it here.
 
 The app is the real ``create_app`` over ``api_fakes``' scripted manager, and the grammar compiler
 is the real llguidance; a refusal must come before the compiler is reached, which the
@@ -136,3 +139,74 @@ def test_a_json_block_past_the_size_limit_is_not_read(compiler_tripwire: list[st
     with pytest.raises(APIError) as refused:
         structured_grammar(None, {"guided_grammar": grammar})
     assert "at most" in refused.value.message and "repeats the key" not in refused.value.message
+
+
+# A schema llguidance refuses ("Unimplemented keys") if and only if it reads it as a block.
+_NOT = '%json {"not": {}}'
+
+
+@pytest.mark.parametrize(("grammar", "block"), [
+    (f"start: {_NOT}", True),
+    ('start: "%json {\\"not\\": {}}"', False),
+    ('start: "%json {\\"not\\": {}}"i', False),
+    ('start: "a" // ' + _NOT, False),
+    ("# " + _NOT + '\nstart: "a"', False),
+    ('start: %json {"description": "' + _NOT.replace('"', '\\"') + '"}', False),
+    ('start: %regex {"substring_words": "' + _NOT.replace('"', '\\"') + '"}', False),
+    # What ends a string, regex, comment or token reference, and what does not.
+    ('start: "a\\"" ' + _NOT, True),
+    ('start: "a\\\\" ' + _NOT, True),
+    ('start: "a/" ' + _NOT, True),
+    ('start: "#" ' + _NOT, True),
+    ('start: /a"/ ' + _NOT, True),
+    ('start: /a\\/b/ ' + _NOT, True),
+    ('start: /a#b/i' + _NOT, True),
+    ('// c "\nstart: ' + _NOT, True),
+    ('start: <|x"|> ' + _NOT, True),
+    ('start: "%lark {" ' + _NOT, True),
+    ('start: %json {"description": "x"} ' + _NOT, True),
+])
+def test_the_scan_reads_the_blocks_llguidance_reads(grammar: str, block: bool) -> None:
+    """Checked against llguidance's own lexer: a "%json" in a Lark string, regex, comment or a block's
+    JSON is text (``start: "%json NaN"`` was refused for a NaN llguidance never reads)."""
+    import llguidance
+
+    from lightllm.server.http.lark_json import json_blocks
+
+    problem = llguidance.LLMatcher.validate_grammar(grammar, None) or ""
+    assert ("Unimplemented keys" in problem) is block, problem
+    assert ({"not": {}} in [schema for _, schema in json_blocks(grammar, "guided_grammar")]) is block
+
+
+@pytest.mark.parametrize("grammar", [
+    'start: "%json NaN"',
+    'start: /%json 99999999999999999999/',
+    'start: "%json {\\"a\\": 1, \\"a\\": 2}"',
+    '// start: %json {"type": "integer", "multipleOf": 999983}\nstart: "a"',
+    'start: %json {"type": "string", "description": "%json NaN"}',
+])
+def test_json_that_is_not_a_block_is_not_checked(client: TestClient, manager: FakeManager, grammar: str) -> None:
+    assert completion(client, guided_grammar=grammar).status_code == 200
+    assert manager.calls[-1].params.grammar == grammar
+
+
+@pytest.mark.parametrize(("block", "message"), [
+    ('{"type": "integer", "type": "string"}', "its JSON repeats the key 'type' in one object"),
+    ('{"type": "number", "maximum": NaN}', "its JSON holds a number that is not finite (nan)"),
+    ('{"type": "integer", "multipleOf": 999983}', "multipleOf 999983 in the %json block"),
+    # A block's own llguidance options, held to the rule every schema is (white space allowed).
+    ('{"type": "array", "uniqueItems": true, "x-guidance": {"lenient": true}}',
+     "x-guidance.lenient true is refused: it makes llguidance drop the schema keywords"),
+    ('{"type": "array", "x-guidance": {"item_separator": ";"}}', "x-guidance.item_separator ';' is refused"),
+])
+def test_a_block_refusal_begins_as_every_grammar_refusal(client: TestClient, compiler_tripwire: list[str],
+                                                         block: str, message: str) -> None:
+    error = assert_error(completion(client, guided_grammar=f"start: a\na: %json {block}"), 400, "guided_grammar")
+    assert error["message"].startswith("invalid grammar (llguidance Lark syntax expected): "), error
+    assert message in error["message"], error
+    assert compiler_tripwire == []
+
+
+def test_a_block_may_ask_for_json_white_space(client: TestClient) -> None:
+    grammar = 'start: %json {"type": "array", "x-guidance": {"whitespace_flexible": true, "item_separator": ", "}}'
+    assert completion(client, guided_grammar=grammar).status_code == 200

@@ -32,8 +32,10 @@ SENDS = [completion, chat]
     {**VLLM_DUMP, "whitespace_pattern": None, "_backend": None, "structural_tag": None},
     {"json": {"type": "integer"}, "disable_any_whitespace": None, "disable_additional_properties": None,
      "_backend_was_auto": None},
-    # vLLM's bookkeeping, which its own request model drops on input: either value.
+    # vLLM's bookkeeping, which its own request model drops on input (init=False fields): any value.
     {**VLLM_DUMP, "_backend_was_auto": True},
+    {**VLLM_DUMP, "_backend": "xgrammar", "_backend_was_auto": True},
+    {**VLLM_DUMP, "_backend": "guidance"},
 ])
 def test_vllm_default_options_are_accepted(client: TestClient, manager: FakeManager, send: Any,
                                            structured_outputs: dict[str, Any]) -> None:
@@ -77,16 +79,15 @@ def test_disable_any_whitespace_is_what_json_does_here(client: TestClient, manag
      "the regex constraint sets its own white space"),
     ({"grammar": 'start: %json {"type": "object"}', "disable_any_whitespace": True},
      "structured_outputs.disable_any_whitespace", "a Lark %json block keeps llguidance's rule"),
-    # A schema's own llguidance options override the compact ones.
+    # A schema's own llguidance options override the compact ones (test_guidance_options has the rest).
     ({"json": {"type": "object", "x-guidance": {"whitespace_flexible": True}}, "disable_any_whitespace": True},
-     "structured_outputs.disable_any_whitespace", "the schema's x-guidance options let llguidance write white space"),
-    ({"json": '{"type": "object", "x-guidance": {"item_separator": ", "}}', "disable_any_whitespace": True},
-     "structured_outputs.disable_any_whitespace", "x-guidance item_separator ', ' holds white space"),
+     "structured_outputs.json.x-guidance.whitespace_flexible",
+     "x-guidance.whitespace_flexible true cannot be applied: structured_outputs.disable_any_whitespace true"),
     ({**VLLM_DUMP, "disable_additional_properties": True}, "structured_outputs.disable_additional_properties",
      "would also close patternProperties objects and allOf branches"),
     ({**VLLM_DUMP, "whitespace_pattern": "[ ]?"}, "structured_outputs.whitespace_pattern",
      "no white space between tokens here"),
-    ({**VLLM_DUMP, "_backend": "xgrammar"}, "structured_outputs._backend", "this server has one backend (llguidance)"),
+    ({**VLLM_DUMP, "_backend": 5}, "structured_outputs._backend", "must be a string"),
     ({**VLLM_DUMP, "disable_any_whitespace": "false"}, "structured_outputs.disable_any_whitespace",
      "must be true or false"),
     ({**VLLM_DUMP, "_backend_was_auto": 0}, "structured_outputs._backend_was_auto", "must be true or false"),

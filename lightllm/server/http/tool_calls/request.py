@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightllm.server.http.errors import APIError, invalid_request
+from lightllm.server.http.guidance_options import check_guidance_options
 from lightllm.server.http.schema_positions import ANNOTATION_KEYWORDS, DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
 from lightllm.server.http.tool_calls.callable_tools import CallableTools
 from lightllm.server.http.response_format import compile_json_schema
@@ -123,6 +124,8 @@ def _check_parameters(schema: Any, param: str) -> None:
         raise invalid_request(f"{param} must describe an object (type 'object'), got type {kind!r}", param)
     if "properties" in schema and not isinstance(schema["properties"], dict):
         raise invalid_request(f"{param}.properties must be an object", f"{param}.properties")
+    # Whatever tool_choice is: one rule for a schema's llguidance options wherever a schema is read.
+    check_guidance_options(schema, param)
 
 
 def parse_tool_choice(value: Any, tools: list[FunctionTool], tools_given: bool = False) -> tuple[str, str | None]:
@@ -181,6 +184,10 @@ def required_schema(tools: list[FunctionTool], parallel: bool) -> dict[str, Any]
     return schema
 
 
+# Why a tool's x-guidance may only repeat the compact layout under tool_choice "required".
+REQUIRED_LAYOUT = ("under tool_choice 'required' the tools' schemas are compiled inside one schema, and llguidance "
+                   "reads x-guidance only at that schema's root, not in a tool's")
+
 # Root keywords a tool's schema loses in the wrapper's $defs: an "$id" there made llguidance resolve
 # the rewritten pointers against it (the tool compiled alone and was refused under "required").
 _ROOT_ONLY_KEYWORDS = ("$id", "$schema")
@@ -226,6 +233,11 @@ def _embedded(schema: Any, key: str) -> Any:
 
 def required_grammar(tools: list[FunctionTool], parallel: bool) -> str:
     """The grammar of ``tool_choice: "required"``; a 400 names the tool whose schema is unusable."""
+    for index, tool in enumerate(tools):
+        # Each tool's schema sits in the wrapper's $defs, where llguidance does not read x-guidance:
+        # an option that would change the output could not be applied.
+        check_guidance_options(tool.parameters_schema, f"tools.{index}.function.parameters",
+                               compact_because=REQUIRED_LAYOUT)
     try:
         return compile_json_schema(required_schema(tools, parallel), "tools", "schema of the tools' calls")
     except APIError:
