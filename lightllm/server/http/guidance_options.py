@@ -30,6 +30,7 @@ exactly ``","`` and ``":"``.  Each refusal names the option's path and says why.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Optional
 
@@ -91,7 +92,7 @@ def _option_problem(name: str, value: Any, compact_because: Optional[str]) -> Op
     if name not in _ACCEPTED:
         kind = "llguidance's option" if name in _LLGUIDANCE_OTHERS else "not one of llguidance's options"
         return (f"is not accepted here ({kind}): the server takes whitespace_flexible, item_separator, key_separator, "
-                "lenient (false) and coerce_one_of (false) only")
+                "lenient (false), coerce_one_of (false) and whitespace_pattern (null) only")
     if name == "whitespace_flexible":
         if not isinstance(value, bool):
             return "must be true or false"
@@ -107,8 +108,16 @@ def _option_problem(name: str, value: Any, compact_because: Optional[str]) -> Op
     # whitespace_pattern: llguidance writes whatever it matches between tokens (null: its default).
     if value is None:
         return None
-    return (f"{value!r} is refused: llguidance would write any text the pattern matches between tokens, so the "
+    return (f"{_json(value)} is refused: llguidance would write any text the pattern matches between tokens, so the "
             "output need not be JSON; send null or omit it (whitespace_flexible true allows JSON's white space)")
+
+
+def _json(value: Any) -> str:
+    """``value`` as the client wrote it (JSON: ``false``, ``","``), not as Python prints it."""
+    try:
+        return json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _separator_problem(name: str, value: Any, compact_because: Optional[str]) -> Optional[str]:
@@ -117,8 +126,8 @@ def _separator_problem(name: str, value: Any, compact_because: Optional[str]) ->
         return "must be a string"
     compact = _COMPACT_SEPARATORS[name]
     if compact_because is not None and value != compact:
-        return f"{value!r} cannot be applied: {compact_because}; send {compact!r} or omit it"
+        return f"{_json(value)} cannot be applied: {compact_because}; send {_json(compact)} or omit it"
     if not _SEPARATORS[name].fullmatch(value):
-        return (f"{value!r} is refused: the output would not be JSON; JSON's separator is {compact!r}, with white "
+        return (f"{_json(value)} is refused: the output would not be JSON; JSON's separator is {_json(compact)}, with white "
                 "space (space, tab, newline, carriage return) around it if any")
     return None

@@ -49,9 +49,12 @@ LARK_GRAMMAR = "grammar (llguidance Lark syntax expected)"
 
 # The keyword, and the lexemes of llguidance's Lark inside which "%json" is text (a string on one
 # line with backslash escapes; a comment; a regex, which may span lines; a token reference).  Each
-# alternative stops at its own closing character, a newline or a "<", so the scan is linear.
-# llguidance reads "%json" even as the start of a longer word ("%jsonx {...}" fails as bad JSON).
-_LEXEME = re.compile(r'%json|"(?:\\.|[^"\\\n])*"|//[^\n]*|#[^\n]*|/(?:\\.|[^/\\])+/|<[^<>\n]*>')
+# alternative stops at its own closing character, a newline or a "<".  A quote or slash that opens
+# no string or regex is the lexer's error (it lexes the whole text before compiling any block), so
+# the scan stops there: retrying from each such opener was quadratic (a 16 KiB grammar of '/\'
+# took seconds).  llguidance reads "%json" even as the start of a longer word ("%jsonx {...}"
+# fails as bad JSON).
+_LEXEME = re.compile(r'%json|"(?:\\.|[^"\\\n])*"|//[^\n]*|#[^\n]*|/(?:\\.|[^/\\])+/|<[^<>\n]*>|["/]')
 
 # A grammar whose text begins with "{" (after JSON white space) is llguidance's JSON grammar format
 # (TopLevelGrammar): its "json_schema" entries would reach the compiler unchecked, and vLLM takes
@@ -81,6 +84,8 @@ def json_blocks(grammar: str, param: str) -> list[tuple[str, Any]]:
         if match is None:
             return blocks
         position = match.end()
+        if match.group() in ('"', "/"):
+            return blocks  # an opener that never closes: llguidance refuses the grammar before any block
         if match.group() != "%json":
             continue  # a string, regex, comment or reference: "%json" there is text
         # Lines counted from the previous block on: each character is looked at once.

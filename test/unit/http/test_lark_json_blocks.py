@@ -178,6 +178,30 @@ def test_the_scan_reads_the_blocks_llguidance_reads(grammar: str, block: bool) -
     assert ({"not": {}} in [schema for _, schema in json_blocks(grammar, "guided_grammar")]) is block
 
 
+@pytest.mark.parametrize("opener", ['/\\', '"\\'])
+def test_an_opener_that_never_closes_ends_the_scan(monkeypatch: pytest.MonkeyPatch, opener: str) -> None:
+    """Each quote or slash opening no string or regex was scanned to the end again (a 16 KiB grammar of
+    them took seconds); llguidance's lexer refuses the grammar there, before compiling any block, so
+    the scan stops: the blocks after it are never compiled."""
+    import llguidance
+
+    from lightllm.server.http import lark_json
+
+    grammar = 'start: "a" ' + opener * 8187 + '\nb: %json {"type": "integer", "multipleOf": 999983}'
+    searches = []
+    lexeme = lark_json._LEXEME
+
+    class CountingLexeme:
+        def search(self, text: str, position: int) -> Any:
+            searches.append(position)
+            return lexeme.search(text, position)
+
+    monkeypatch.setattr(lark_json, "_LEXEME", CountingLexeme())
+    assert lark_json.json_blocks(grammar, "guided_grammar") == []
+    assert len(searches) <= 3
+    assert "lexer error" in (llguidance.LLMatcher.validate_grammar(grammar, None) or "").lower()
+
+
 @pytest.mark.parametrize("grammar", [
     'start: "%json NaN"',
     'start: /%json 99999999999999999999/',
@@ -197,7 +221,7 @@ def test_json_that_is_not_a_block_is_not_checked(client: TestClient, manager: Fa
     # A block's own llguidance options, held to the rule every schema is (white space allowed).
     ('{"type": "array", "uniqueItems": true, "x-guidance": {"lenient": true}}',
      "x-guidance.lenient true is refused: it makes llguidance drop the schema keywords"),
-    ('{"type": "array", "x-guidance": {"item_separator": ";"}}', "x-guidance.item_separator ';' is refused"),
+    ('{"type": "array", "x-guidance": {"item_separator": ";"}}', 'x-guidance.item_separator ";" is refused'),
 ])
 def test_a_block_refusal_begins_as_every_grammar_refusal(client: TestClient, compiler_tripwire: list[str],
                                                          block: str, message: str) -> None:
