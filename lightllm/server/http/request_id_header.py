@@ -34,7 +34,7 @@ def client_request_id(request: Any, body_request_id: str | None) -> str | None:
     if len(values) > 1:
         raise invalid_request(f"the X-Request-Id header is sent {len(values)} times; send it once", "X-Request-Id")
     value = values[0]
-    if len(value) > REQUEST_ID_MAX_LENGTH or not _CLIENT_ID.match(value):
+    if len(value) > REQUEST_ID_MAX_LENGTH or not _CLIENT_ID.fullmatch(value):
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise invalid_request(f"the X-Request-Id header {shown!r} is not a request id: use 1 to 128 letters, digits "
                               "or '._:-'", "X-Request-Id")

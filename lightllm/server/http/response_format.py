@@ -251,7 +251,7 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
         if unknown:
             raise invalid_request(f"unknown key(s) in response_format.json_schema: {', '.join(unknown)}",
                                   "response_format.json_schema")
-        if not isinstance(spec.get("name"), str) or not SCHEMA_NAME.match(spec["name"]):
+        if not isinstance(spec.get("name"), str) or not SCHEMA_NAME.fullmatch(spec["name"]):
             raise invalid_request("response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-' "
                                   "(OpenAI's rule)", "response_format.json_schema.name")
         if spec.get("strict") is not None and not isinstance(spec["strict"], bool):

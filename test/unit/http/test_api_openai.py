@@ -282,6 +282,9 @@ def test_chat_logprobs_shape(client: TestClient, manager: FakeManager) -> None:
          "response_format.json_schema.name"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}}},
          "response_format.json_schema.name"),
+        # "$" also matches before a final newline: the whole name must fit the pattern (OpenAI's rule).
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "name\n", "schema": {}}}},
+         "response_format.json_schema.name"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "strict": "yes"}}},
          "response_format.json_schema.strict"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "description": 5}}},
