@@ -66,7 +66,7 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
         if problem:
             raise ArgumentError(f"--pd_master_ip {args.pd_master_ip!r}: {problem}")
     node_id = args.pd_node_id
-    if node_id is not None and not NODE_ID_PATTERN.match(node_id):
+    if node_id is not None and not NODE_ID_PATTERN.fullmatch(node_id):
         raise ArgumentError("--pd_node_id must be 1-128 characters of letters, digits and '._:-' starting with a "
                             f"letter or digit, got {node_id!r}")
 
@@ -123,7 +123,7 @@ def _validate_http_args(args: argparse.Namespace) -> None:
     if "*" in origins and len(origins) > 1:
         raise ArgumentError("--allowed_origins: '*' already allows every origin; give it alone or list origins")
     for origin in origins:
-        if origin != "*" and not _ORIGIN.match(origin):
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
             raise ArgumentError(f"--allowed_origins: {origin!r} is not an origin (scheme://host[:port], no path or "
                                 "trailing slash, e.g. https://app.example.com)")
     body_limit = args.max_request_body_bytes

@@ -30,7 +30,7 @@ def host_problem(host: str) -> Optional[str]:
         pass
     if text != host:
         return "not an IPv6 address inside the brackets"
-    if not _HOST_NAME.match(host):
+    if not _HOST_NAME.fullmatch(host):
         return "not an IP address or a host name (letters, digits, '-' and '.', at most 253 characters)"
     return None
 

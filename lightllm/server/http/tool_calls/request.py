@@ -98,7 +98,7 @@ def parse_tools(value: Any) -> list[FunctionTool]:
         if unknown:
             raise invalid_request(f"unknown key(s) in {param}.function: {', '.join(unknown)}", f"{param}.function")
         name = function.get("name")
-        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
             raise invalid_request(f"{param}.function.name must be 1 to 64 letters, digits, '_' or '-'",
                                   f"{param}.function.name")
         if any(tool.name == name for tool in tools):

@@ -52,7 +52,7 @@ def _check_address(name: str, value: object) -> str:
     if not isinstance(value, str) or ":" not in value:
         raise NodeInfoError(f"{name} must be 'host:port', got {value!r}", name)
     host, _, port = value.rpartition(":")
-    if not host or not _HOST.match(host):
+    if not host or not _HOST.fullmatch(host):
         raise NodeInfoError(f"{name} must be 'host:port' with a host name or IP address, got {value!r}", name)
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise NodeInfoError(f"{name} must be 'host:port' with a port in [1, 65535], got {value!r}", name)
@@ -123,7 +123,7 @@ class NodeInfo:
 
     def validate(self) -> None:
         """Raise :class:`NodeInfoError` naming the first invalid field."""
-        if not isinstance(self.node_id, str) or not NODE_ID_PATTERN.match(self.node_id):
+        if not isinstance(self.node_id, str) or not NODE_ID_PATTERN.fullmatch(self.node_id):
             raise NodeInfoError(
                 f"node_id must be 1-128 characters of letters, digits and '._:-' starting with a letter "
                 f"or digit, got {self.node_id!r}",
@@ -149,7 +149,7 @@ class NodeInfo:
             # Nothing would listen there: a decode node's ranks connect to the prefill node's.
             raise NodeInfoError(f"kv_transfer_address must be empty for a decode node (it hosts no transfer "
                                 f"group), got {self.kv_transfer_address!r}", "kv_transfer_address")
-        if not isinstance(self.checkpoint_fingerprint, str) or not _FINGERPRINT.match(self.checkpoint_fingerprint):
+        if not isinstance(self.checkpoint_fingerprint, str) or not _FINGERPRINT.fullmatch(self.checkpoint_fingerprint):
             raise NodeInfoError(f"checkpoint_fingerprint must be empty or 1-64 hex digits, got "
                                 f"{self.checkpoint_fingerprint!r}", "checkpoint_fingerprint")
         eos = self.eos_token_ids

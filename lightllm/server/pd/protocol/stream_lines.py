@@ -58,7 +58,7 @@ class TransferSetupBody(_StrictBody):
     @field_validator("prefill_transfer_address")
     @classmethod
     def _address(cls, value: str) -> str:
-        match = _ADDRESS.match(value)
+        match = _ADDRESS.fullmatch(value)
         if match is None or not 1 <= int(match.group("port")) <= 65535:
             raise ValueError(f"must be 'host:port' with a port in [1, 65535], got {value!r}")
         return value
