@@ -351,3 +351,47 @@ def test_busy_decode_node_gives_503_at_once_when_asked_and_retries_by_default(ti
         assert pd.master.metric("lightllm_pd_busy_retries_total") >= 1
     finally:
         pd.stop()
+
+
+def test_n_choices_ended_by_their_first_token_are_answered_when_their_reservations_do_not_fit_together(
+        tiny_llama_dir, tmp_path_factory):
+    """The decode node's KV holds one choice's reservation at a time.  A choice whose first token
+    ends it must release its reservation before its token leaves the master: the API waits for
+    every choice's first token before answering, so the old master, which released it only when
+    asked for the choice's next event, left the second choice answered busy until the retry gave
+    up (and every other request waited behind it)."""
+    limit = ["--max_req_total_len", "560"]
+    pd = start_cluster(tiny_llama_dir, tmp_path_factory.mktemp("pd_n_first_token"),
+                       decode_args=["--max_total_token_num", "600", *limit], prefill_args=limit, master_args=limit,
+                       master_env={"LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS": "30"})
+    url = f"{pd.master.url}/v1/completions"
+    prompt = [5 + (37 * i) % 1000 for i in range(400)]  # two reservations of 401 > 600 KV tokens
+    try:
+        # Its KV moves to D, so D's prefix cache holds the prompt: the choices below reserve with
+        # kv_start = prompt - 1 (almost nothing would need to move), as in the report.
+        warm = httpx.post(url, timeout=120, json={"model": pd.master.model_name, "prompt": prompt, "max_tokens": 2,
+                                                  "temperature": 0, "logprobs": 1,
+                                                  "return_tokens_as_token_ids": True})
+        assert warm.status_code == 200, warm.text
+        first = int(warm.json()["choices"][0]["logprobs"]["tokens"][0].split(":")[1])
+        one = httpx.post(url, timeout=120, json={"model": pd.master.model_name, "prompt": prompt, "max_tokens": 1,
+                                                 "n": 2, "temperature": 0})
+        assert one.status_code == 200, one.text
+        assert [c["finish_reason"] for c in one.json()["choices"]] == ["length", "length"]
+        assert one.json()["usage"]["completion_tokens"] == 2
+        stopped = httpx.post(url, timeout=120, json={"model": pd.master.model_name, "prompt": prompt, "max_tokens": 20,
+                                                     "n": 2, "temperature": 0, "stop_token_ids": [first],
+                                                     "stream": True})
+        assert stopped.status_code == 200, stopped.text
+        events = [json.loads(line[len("data: "):]) for line in stopped.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert "error" not in events[-1], events[-1]
+        finishes = {c["index"]: c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]}
+        assert finishes == {0: "stop", 1: "stop"}
+        # Nothing is left reserved on D (its ranks free a closed reservation between steps).
+        deadline = time.monotonic() + 30
+        while pd.nodes["decode"].metric("lightllm_kv_promised_tokens") != 0:
+            assert time.monotonic() < deadline, "a reservation is still held on the decode node"
+            time.sleep(0.2)
+    finally:
+        pd.stop()

@@ -6,11 +6,12 @@ register and heartbeat with the real :class:`PdNodeClient` and answer
 NDJSON lines.  They "generate" with a deterministic function of the whole sequence
 (:func:`next_token`), so a request split into continuation segments must give exactly the tokens
 of :func:`reference_tokens`; the "KV transfer" is P handing its first token to D through a
-thread-safe :class:`Handoff`.  Their knobs (busy, a per-segment token limit, going silent, a
-broken transfer) are attributes the tests set.  A stand-in keeps one transfer epoch per peer, as
-a real node does, and records the ``transfer_teardown`` calls it gets; :meth:`NodeStandIn.report`
-sends the master a heartbeat with a load and state of the test's choice (the stand-ins' periodic
-heartbeats carry none, so the master's view of a node's load changes only when a test says so).
+thread-safe :class:`Handoff`.  Their knobs (busy, a limit of held reservations, a per-segment
+token limit, going silent, a broken transfer) are attributes the tests set.  A stand-in keeps
+one transfer epoch per peer, as a real node does, and records the ``transfer_teardown`` calls it
+gets; :meth:`NodeStandIn.report` sends the master a heartbeat with a load and state of the
+test's choice (the stand-ins' periodic heartbeats carry none, so the master's view of a node's
+load changes only when a test says so).
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ class NodeStandIn:
         self.reservations_open = threading.Event()
         self.reservations_open.set()
         self.hold_reservations_from = 1
+        # D: answer busy while this many reservations are held (None: no limit), as a real decode
+        # node whose KV holds that many requests; a reservation is held while its stream is open.
+        self.max_reservations: Optional[int] = None
+        self.open_reservations = 0
         self._stopped = False
         self.cached_tokens = 3
         self.fail_transfer = False  # P: an error line (transfer_broken) after the first token
@@ -325,8 +330,11 @@ class NodeStandIn:
         prompt, max_new = body["prompt_ids"], body["params"]["max_new_tokens"]
         await asyncio.sleep(self.prefill_delay)
         first = next_token(prompt)
-        if max_new == 1:
-            yield _token(first, "length", self.cached_tokens, prompt_logprobs=None)
+        if max_new == 1 or first in body["params"].get("stop_token_ids", []):
+            # The first token ends the request here (nothing moves to D), as a real node's rank
+            # finishes it on the length or on a stop token.
+            finish = "length" if max_new == 1 else "stop"
+            yield _token(first, finish, self.cached_tokens, prompt_logprobs=None)
             return
         key = (body["request_id"], body["segment_index"])
         if self.fail_generation:
@@ -352,9 +360,21 @@ class NodeStandIn:
 
     async def _decode(self, body: Dict[str, Any]):
         refusal = self._refusal(body, self.busy_message)
+        full = self.max_reservations is not None and self.open_reservations >= self.max_reservations
+        if refusal is None and full:
+            refusal = _line({"event": "busy", "message": f"no KV: {self.open_reservations} reservation(s) held"})
         if refusal is not None:
             yield refusal
             return
+        # Held until the stream ends, by itself or because the master closed it (its finally).
+        self.open_reservations += 1
+        try:
+            async for line in self._decode_reserved(body):
+                yield line
+        finally:
+            self.open_reservations -= 1
+
+    async def _decode_reserved(self, body: Dict[str, Any]):
         while len(self.bodies) >= self.hold_reservations_from and not self.reservations_open.is_set():
             await asyncio.sleep(0.005)
         yield _line({"event": "reserved", "kv_start": 0})

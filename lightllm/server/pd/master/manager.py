@@ -14,7 +14,8 @@ a busy node 503 ``server_busy`` naming the role (after the bounded retry of
 ``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS`` when positive); a node failure, a deadline or a
 node dropped from the cluster 503 (an error event when the stream already started).  Closing a
 request's generation (the client went away) closes its node streams, which aborts it on the
-nodes and frees its KV.
+nodes and frees its KV; a generation that ends closes them before its last event is handed on,
+so nothing on the nodes waits for its caller to read on (:meth:`PdMasterManager._release_nodes`).
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ class PdMasterManager:
             await run.watch_client()
             async with contextlib.aclosing(self._segments(run, prompt_ids, params, accounting)) as events:
                 async for event in events:
+                    if event.finish_reason is not None:
+                        await self._release_nodes(run)
                     yield event
         except ClientGone:
             accounting.end("abort")
@@ -262,6 +265,7 @@ class PdMasterManager:
             # The node's rank ended the request (it failed, or its grammar could not go on): it ends
             # as on a normal server, with that finish (the client's 500 generation_failed or 400
             # grammar_failed), not as a failed node's 503.
+            await self._release_nodes(run)
             yield GenerationEvent(request_id, -1, "", 0.0, RANK_FAILURE_REASONS[exc.code], len(prompt_ids),
                                   accounting.cached_tokens, accounting.completion_tokens)
         except (GeneratorExit, asyncio.CancelledError):
@@ -277,6 +281,21 @@ class PdMasterManager:
             self._runs.pop(request_id, None)
             accounting.observe_end()
             await run.close_streams()
+
+    @staticmethod
+    async def _release_nodes(run: RequestRun) -> None:
+        """Close the request's node streams (aborting what still runs there, freeing its KV and
+        reservations) before its last event is handed on.
+
+        The caller may never ask for anything after a generation's last event: the API's fan-out
+        of ``n`` choices waits for every choice's first event before reading on, and stops reading
+        a choice at its finish until every choice has finished.  What the nodes still hold for a
+        finished generation (D's reservation of a request P finished, a generation the master
+        ended on a stop string) must not wait for that: another choice of the same request may
+        need that KV, and would be answered busy until it is freed.  Idempotent: the ``finally``
+        of :meth:`generate` closes again whatever is left.
+        """
+        await run.close_streams()
 
     async def _segments(self, run: RequestRun, prompt_ids: List[int], params: SamplingParams,
                         accounting: RequestAccounting) -> AsyncIterator[GenerationEvent]:

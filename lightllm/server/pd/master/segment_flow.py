@@ -11,7 +11,8 @@ For a segment (:mod:`.continuation`) of a request the master
 3. opens ``P /pd/node/prefill`` with that ``kv_start`` and the segment's inference priority;
    P answers the first token -- deadline ``--pd_prefill_timeout_seconds`` -- or ``busy``
    (the reservation on D is closed);
-4. hands P's first token to the client at once; when it finishes the request nothing moves;
+4. hands P's first token to the client at once; when it finishes the request nothing moves,
+   and both streams are closed (D's reservation freed) before the token is handed on;
 5. reads D's stream (deadline per event ``--pd_decode_token_timeout_seconds``): the first token
    is D's echo of P's (checked, not shown), then D's tokens until a finish, ``segment_end``
    (the master continues with a new segment) or ``error``.  P's ``handed_off`` or D's echo,
@@ -287,11 +288,16 @@ class SegmentFlow:
         run.segment_end = None
         pair, first = await self._dispatch(run, segment, avoid)
         got_first = time.monotonic()
-        yield first
         if first.get("finish_reason"):
             run.segment_end = SegmentEnd.FINISHED
-            await run.close_streams()  # D's reservation is freed: no KV moves
+            # D's reservation is freed before the token is handed on, not once the caller asks
+            # for more: a caller may never ask past a generation's last event (the API's fan-out
+            # of n choices waits for every choice's first event first), and another choice of
+            # the same request may wait for this very KV (it answers busy until it is freed).
+            await run.close_streams()
+            yield first
             return
+        yield first
         handed_off = False
 
         def done_with_prefill() -> None:
