@@ -286,9 +286,10 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
         decode.pd.close()
 
 
-def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(model) -> None:
+def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(model, caplog) -> None:
     """The master closes D's stream when P's first token already ended the request: no KV comes,
-    and the reservation must not hold its KV until the lease runs out."""
+    and the reservation must not hold its KV until the lease runs out.  The node logs the cancel
+    once, naming the request once (it read "request 3: request 3: receive cancelled ...")."""
     decode = Node(model, "decode", PdRankSettings(reserve_lease_s=300.0), kv_tokens=256)
     prefill = Node(model, "prefill", PdRankSettings(), kv_tokens=512)
     _setup(prefill, decode, epoch=8)
@@ -298,9 +299,12 @@ def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(
         assert decode.backend.intake(3, RequestSpec.build(list(range(5, 45)), params, pd_kind=PD_KIND_DECODE,
                                                           pd_epoch=8)) is not None
         assert decode.backend.kv.allocatable_token_num() < free
-        decode.backend.abort(3)
-        _run((decode,), lambda: 3 in decode.finished, timeout_s=30)  # well before the 300 s lease
+        with caplog.at_level("INFO", logger="lightllm.pd_rank"):
+            decode.backend.abort(3)
+            _run((decode,), lambda: 3 in decode.finished, timeout_s=30)  # well before the 300 s lease
         assert decode.finished[3] == FINISH_ABORT
+        cancels = [r.getMessage() for r in caplog.records if "cancelled" in r.getMessage()]
+        assert len(cancels) == 1 and cancels[0].startswith("request 3: receive cancelled"), cancels
         assert decode.backend.kv.allocatable_token_num() == free
         # The pair still works: a later request's KV moves as usual.
         prompt = list(range(10, 40))

@@ -285,7 +285,8 @@ class PdRankTransfer(ABC, Generic[BackendT]):
         if outcome.ok:
             self._notify(PdNotice(request_id, "transferred", seconds=outcome.seconds, nbytes=outcome.nbytes))
         elif outcome.error_kind == ERROR_TRANSFER_CANCELLED:
-            log.info("request %d: %s", request_id, outcome.reason)  # asked for by the request's own end
+            # Asked for by the request's own end; the reason already names the request.
+            log.info("%s", outcome.reason)
         else:
             log.warning("request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
             self._notify(PdNotice(request_id, "transfer_failed", error_kind=outcome.error_kind, message=outcome.reason))
