@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from lightllm.common.sampling.ranges import NumberRange
 from lightllm.common.sampling.storage_width import (
     GRAMMAR_BYTES,
     MAX_LOGIT_BIAS,
@@ -53,6 +54,30 @@ MIN_DECAY_FACTOR = 1.0
 MAX_DECAY_FACTOR = 10.0
 # OpenAI's bound on a logit_bias value.
 LOGIT_BIAS_LIMIT = 100.0
+
+_PENALTY_RANGE = NumberRange(-PENALTY_LIMIT, PENALTY_LIMIT)
+_LOGPROBS_RANGE = NumberRange(0, MAX_TOP_LOGPROBS)
+# The range of every bounded number (an item of stop_token_ids for the list): validate checks these,
+# and the HTTP request schemas publish them (lightllm.server.http.base_models.sampling_bounds).
+SAMPLING_RANGES: dict[str, NumberRange] = {
+    "temperature": NumberRange(0.0),
+    "top_p": NumberRange(0.0, 1.0, exclusive_minimum=True),
+    "min_p": NumberRange(0.0, 1.0),
+    # -1 and 0 disable top-k; every k from 1 keeps the k most likely tokens.
+    "top_k": NumberRange(-1),
+    "repetition_penalty": NumberRange(0.0, exclusive_minimum=True),
+    "presence_penalty": _PENALTY_RANGE,
+    "frequency_penalty": _PENALTY_RANGE,
+    "seed": NumberRange(0, MAX_SEED),
+    "max_new_tokens": NumberRange(1),
+    "min_new_tokens": NumberRange(0),
+    "logprobs": _LOGPROBS_RANGE,
+    "prompt_logprobs": _LOGPROBS_RANGE,
+    # Each id; the vocabulary bounds it from above once the model is known.
+    "stop_token_ids": NumberRange(0),
+    "exponential_decay_factor": NumberRange(MIN_DECAY_FACTOR, MAX_DECAY_FACTOR),
+    "exponential_decay_start": NumberRange(0),
+}
 
 
 class SamplingParamError(ValueError):
@@ -77,6 +102,17 @@ def _check_int(name: str, value: Any) -> int:
     if not _is_int(value):
         raise SamplingParamError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     return value
+
+
+def _check_range(name: str, value: float, shown: Any, range_text: str | None = None) -> None:
+    """Refuse ``value`` outside ``name``'s range, quoting the client's ``shown`` value.
+
+    ``range_text``: the range in other words where :meth:`NumberRange.describe` would read worse
+    (``-1 or 0 (disabled) or >= 1`` for top_k).
+    """
+    bounds = SAMPLING_RANGES[name]
+    if not bounds.holds(value):
+        raise SamplingParamError(f"{name} must be {range_text or bounds.describe()}, got {shown}")
 
 
 @dataclass
@@ -153,43 +189,25 @@ class SamplingParams:
         if vocab_size is not None and (not _is_int(vocab_size) or vocab_size <= 0):
             raise SamplingParamError(f"vocab_size must be a positive integer, got {vocab_size!r}")
 
-        temperature = _check_number("temperature", self.temperature)
-        if temperature < 0:
-            raise SamplingParamError(f"temperature must be >= 0, got {self.temperature}")
-
-        top_p = _check_number("top_p", self.top_p)
-        if not 0.0 < top_p <= 1.0:
-            raise SamplingParamError(f"top_p must be in (0, 1], got {self.top_p}")
-
-        min_p = _check_number("min_p", self.min_p)
-        if not 0.0 <= min_p <= 1.0:
-            raise SamplingParamError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("temperature", "top_p", "min_p"):
+            _check_range(name, _check_number(name, getattr(self, name)), getattr(self, name))
 
         top_k = _check_int("top_k", self.top_k)
-        if top_k < -1:
-            raise SamplingParamError(f"top_k must be -1 or 0 (disabled) or >= 1, got {top_k}")
+        _check_range("top_k", top_k, top_k, "-1 or 0 (disabled) or >= 1")
 
-        repetition_penalty = _check_number("repetition_penalty", self.repetition_penalty)
-        if repetition_penalty <= 0:
-            raise SamplingParamError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = _check_number(name, getattr(self, name))
-            if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
-                raise SamplingParamError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            _check_range(name, _check_number(name, getattr(self, name)), getattr(self, name))
 
         if self.seed is not None:
             seed = _check_int("seed", self.seed)
-            if not 0 <= seed <= MAX_SEED:
-                raise SamplingParamError(f"seed must be in [0, 2**63 - 1], got {seed}")
+            # 2**63 - 1 as a power: describe() would print it as 9.22337e+18.
+            _check_range("seed", seed, seed, "in [0, 2**63 - 1]")
 
         max_new_tokens = _check_int("max_new_tokens", self.max_new_tokens)
-        if max_new_tokens < 1:
-            raise SamplingParamError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        _check_range("max_new_tokens", max_new_tokens, max_new_tokens)
 
         min_new_tokens = _check_int("min_new_tokens", self.min_new_tokens)
-        if min_new_tokens < 0:
-            raise SamplingParamError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
+        _check_range("min_new_tokens", min_new_tokens, min_new_tokens)
         if min_new_tokens > max_new_tokens:
             raise SamplingParamError(
                 f"min_new_tokens must be <= max_new_tokens ({max_new_tokens}), got {min_new_tokens}"
@@ -207,8 +225,7 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 count = _check_int(name, getattr(self, name))
-                if not 0 <= count <= MAX_TOP_LOGPROBS:
-                    raise SamplingParamError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {count}")
+                _check_range(name, count, count)
 
         self._validate_exponential_decay()
 
@@ -223,14 +240,10 @@ class SamplingParams:
 
     def _validate_exponential_decay(self) -> None:
         factor = _check_number("exponential_decay_factor", self.exponential_decay_factor)
-        if not MIN_DECAY_FACTOR <= factor <= MAX_DECAY_FACTOR:
-            raise SamplingParamError(
-                f"exponential_decay_factor must be in [{MIN_DECAY_FACTOR:g}, {MAX_DECAY_FACTOR:g}], got {self.exponential_decay_factor}"
-            )
+        _check_range("exponential_decay_factor", factor, self.exponential_decay_factor)
         if self.exponential_decay_start is not None:
             start = _check_int("exponential_decay_start", self.exponential_decay_start)
-            if start < 0:
-                raise SamplingParamError(f"exponential_decay_start must be >= 0, got {start}")
+            _check_range("exponential_decay_start", start, start)
 
     def _validate_stop_token_ids(self, vocab_size: int | None) -> None:
         if not isinstance(self.stop_token_ids, list):
@@ -244,8 +257,7 @@ class SamplingParams:
         for token_id in self.stop_token_ids:
             if not _is_int(token_id):
                 raise SamplingParamError(f"stop_token_ids must contain integers, got {token_id!r}")
-            if token_id < 0:
-                raise SamplingParamError(f"stop_token_ids must be >= 0, got {token_id}")
+            _check_range("stop_token_ids", token_id, token_id)
             if vocab_size is not None and token_id >= vocab_size:
                 raise SamplingParamError(
                     f"stop_token_ids must be < vocab_size ({vocab_size}), got {token_id}"

@@ -23,31 +23,93 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lightllm.common.sampling import STORED_DTYPES
+from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, STORED_DTYPES
+from lightllm.common.sampling.sampling_params import SAMPLING_RANGES
 
 # Most choices (``n`` and ``best_of``) a request may ask for, on every endpoint.
 MAX_N = 16
 
-# JSON schema of the stop fields (typed ``Any``, validated by hand), for the OpenAPI document.
-STRING_OR_STRINGS_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1},
-                                     {"type": "array", "items": {"type": "string", "minLength": 1}}, {"type": "null"}]}
+# What the 32-bit float rule (storage_width.check_stored_float) refuses besides the maximum: JSON
+# Schema has no keyword for "0, or at least this in magnitude", so the schema says it in words
+# (an exclusiveMinimum of 0 would let 1e-39 through, a minimum of the float32 tiny would refuse
+# values just below it that round up to it).
+FLOAT32_RULE = (f"Stored as a 32-bit float: a value other than 0 must be at least "
+                f"{float(np.finfo(np.float32).tiny)!r} in magnitude (a smaller one, such as 1e-39, would "
+                "become 0 or a subnormal and is refused)")
+
+
+def string_or_strings_schema(limit: int) -> dict[str, Any]:
+    """JSON schema of a stop field (typed ``Any``, validated by hand by :func:`stop_validator` with
+    the same ``limit``), for the OpenAPI document."""
+    return {"anyOf": [{"type": "string", "minLength": 1},
+                      {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": limit},
+                      {"type": "null"}]}
+
+
+def null_only(description: str) -> Callable[[dict[str, Any]], None]:
+    """``json_schema_extra`` of an optional field whose one accepted value is null (its type stays
+    ``str | None`` or the like, so another value still gets the type error or the refusal it gets)."""
+
+    def publish(schema: dict[str, Any]) -> None:
+        schema.pop("anyOf", None)
+        schema.update({"type": "null", "description": description})
+
+    return publish
+
+
+def _width_maximum(name: str) -> int | float:
+    dtype = STORED_DTYPES[name]
+    if np.issubdtype(dtype, np.floating):
+        return float(np.finfo(dtype).max)
+    return int(np.iinfo(dtype).max)
 
 
 def stored_bounds(name: str) -> dict[str, Any]:
-    """Schema bounds of a number whose limit is the width it is stored in.
+    """Schema bounds of a number whose limit is the width it is stored in (and, for a float, the
+    32-bit float rule in words).
 
     Documentation only: SamplingParams.validate enforces the limit (the one place every API
     shares), so the OpenAPI document tells fuzzers and client generators the same thing.
     """
-    dtype = STORED_DTYPES[name]
-    if np.issubdtype(dtype, np.floating):
-        return {"json_schema_extra": {"maximum": float(np.finfo(dtype).max)}}
-    return {"json_schema_extra": {"maximum": int(np.iinfo(dtype).max)}}
+    extra: dict[str, Any] = {"maximum": _width_maximum(name)}
+    if np.issubdtype(STORED_DTYPES[name], np.floating):
+        extra["description"] = FLOAT32_RULE
+    return {"json_schema_extra": extra}
+
+
+def sampling_bounds(name: str) -> dict[str, Any]:
+    """Schema bounds of a sampling number the request hands to SamplingParams unchecked: its range
+    (:data:`SAMPLING_RANGES`, the object validate checks it against) within its stored width.
+
+    Documentation only, as :func:`stored_bounds`: the native endpoints leave the check (and its
+    message) to SamplingParams, so the schema reads the bounds from the same place.
+    """
+    extra = stored_bounds(name)["json_schema_extra"]
+    keywords = SAMPLING_RANGES[name].json_schema()
+    if "maximum" in keywords:
+        keywords["maximum"] = min(keywords["maximum"], extra["maximum"])
+    return {"json_schema_extra": {**extra, **keywords}}
+
+
+def max_tokens_field(minimum: int, description: str | None = None) -> Any:
+    """An OpenAI ``max_tokens`` field: ``minimum`` is the least value the endpoint takes (0 where
+    echo may ask for the prompt alone), published here and checked by the request model itself,
+    whose message says the whole rule (pydantic's "ge" message would not)."""
+    return Field(default=None, description=description, json_schema_extra={
+        "minimum": minimum, **stored_bounds("max_new_tokens")["json_schema_extra"]})
+
+
+# JSON schema keywords of a stop_token_ids list (the list itself may be null where the field is optional).
+STOP_TOKEN_IDS_SCHEMA: dict[str, Any] = {
+    "maxItems": MAX_STOP_TOKEN_IDS,
+    "items": {"type": "integer", **SAMPLING_RANGES["stop_token_ids"].json_schema(),
+              "maximum": _width_maximum("stop_token_ids")},
+}
 
 
 def integral(value: Any) -> Any:
@@ -120,6 +182,8 @@ def _nullable_optional_properties(schema: dict[str, Any]) -> None:
     for name, prop in schema.get("properties", {}).items():
         if name in required:
             continue
+        if prop.get("type") == "null":
+            continue  # a field that takes only null (suffix) says so already
         options = prop.get("anyOf")
         # A keyword beside the anyOf that null fails (a field's extra schema, "type": "array" on
         # tools) would refuse the null the anyOf allows: such a property is wrapped whole below.

@@ -16,15 +16,16 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from lightllm.server.http.base_models import StrictModel
-from lightllm.server.http.tool_calls.history import check_message_tool_calls, template_tool_calls
+from lightllm.server.http.tool_calls.history import TOOL_CALL_SCHEMA, check_message_tool_calls, template_tool_calls
 
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
 
 # JSON schemas of the fields typed ``Any`` (validated by hand), for the OpenAPI document.
 _CONTENT_SCHEMA = {"anyOf": [
     {"type": "string"},
-    {"type": "array", "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                                "required": ["type", "text"], "additionalProperties": False}},
+    {"type": "array", "minItems": 1,
+     "items": {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+               "required": ["type", "text"], "additionalProperties": False}},
     {"type": "null"},
 ]}
 
@@ -36,12 +37,15 @@ class ChatMessage(StrictModel):
     content: Any = Field(default=None, json_schema_extra=_CONTENT_SCHEMA)
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[Any] | None = None
-    # OpenAI's assistant-message fields (see the module docstring).
+    tool_calls: list[Any] | None = Field(default=None, json_schema_extra={
+        "anyOf": [{"type": "array", "items": TOOL_CALL_SCHEMA}, {"type": "null"}]})
+    # OpenAI's assistant-message fields (see the module docstring); the schema states the one value
+    # each refused field takes (its type stays loose, so a value gets the refusal that says why).
     refusal: str | None = None
-    audio: Any = None
-    function_call: Any = None
-    annotations: list[Any] | None = None
+    audio: Any = Field(default=None, json_schema_extra={"type": "null"})
+    function_call: Any = Field(default=None, json_schema_extra={"type": "null"})
+    annotations: list[Any] | None = Field(default=None, json_schema_extra={
+        "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]})
     # A reasoning model's thinking of an earlier assistant turn, as vLLM returns it (under either
     # name) and agent loops send it back; templates such as Qwen3's read ``reasoning_content``.
     reasoning_content: str | None = None

@@ -19,8 +19,8 @@ from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.completion_prompt import (TOKEN_IDS_SCHEMA, integral_token_ids, is_token_id, is_token_list,
                                                    shown_json_value)
 from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS, native_constraint_grammar
-from lightllm.server.http.base_models import (MAX_N, STRING_OR_STRINGS_SCHEMA, NullMeansAbsent, integral,
-                                              stop_validator, stored_bounds)
+from lightllm.server.http.base_models import (MAX_N, STOP_TOKEN_IDS_SCHEMA, NullMeansAbsent, integral,
+                                              sampling_bounds, stop_validator, string_or_strings_schema)
 
 
 INT32_MAX = 2**31 - 1
@@ -37,7 +37,8 @@ _INPUTS_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1}, TOKEN_IDS_SCHEMA
 class NativeParameters(NullMeansAbsent):
     """``parameters`` of LightLLM's ``/generate`` and ``/generate_stream``.
 
-    Names follow SamplingParams; range checks happen there. ``logprobs`` is the number of
+    Names follow SamplingParams; range checks happen there (with their messages), and the schema
+    publishes the ranges that check reads (:func:`sampling_bounds`). ``logprobs`` is the number of
     top alternatives per token reported in ``details`` (stream events carry the chosen
     token's logprob regardless).
     """
@@ -45,21 +46,22 @@ class NativeParameters(NullMeansAbsent):
     # None: see sampling_fields (LightLLM's greedy default, unless the request or the checkpoint asks to sample).
     do_sample: bool | None = None
     # None: the checkpoint's generation_config.json value, else SamplingParams' default.
-    temperature: float | None = Field(default=None, **stored_bounds("temperature"))
-    top_p: float | None = None
-    top_k: int | None = Field(default=None, **stored_bounds("top_k"))
-    min_p: float | None = None
-    repetition_penalty: float | None = Field(default=None, **stored_bounds("repetition_penalty"))
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = Field(default=None, **stored_bounds("seed"))
-    max_new_tokens: int | None = Field(default=None, **stored_bounds("max_new_tokens"))
-    min_new_tokens: int = Field(default=0, **stored_bounds("min_new_tokens"))
-    stop_sequences: Any = Field(default=None, validate_default=True, json_schema_extra=STRING_OR_STRINGS_SCHEMA)
-    stop_token_ids: list[int] = Field(default_factory=list)
+    temperature: float | None = Field(default=None, **sampling_bounds("temperature"))
+    top_p: float | None = Field(default=None, **sampling_bounds("top_p"))
+    top_k: int | None = Field(default=None, **sampling_bounds("top_k"))
+    min_p: float | None = Field(default=None, **sampling_bounds("min_p"))
+    repetition_penalty: float | None = Field(default=None, **sampling_bounds("repetition_penalty"))
+    presence_penalty: float = Field(default=0.0, **sampling_bounds("presence_penalty"))
+    frequency_penalty: float = Field(default=0.0, **sampling_bounds("frequency_penalty"))
+    seed: int | None = Field(default=None, **sampling_bounds("seed"))
+    max_new_tokens: int | None = Field(default=None, **sampling_bounds("max_new_tokens"))
+    min_new_tokens: int = Field(default=0, **sampling_bounds("min_new_tokens"))
+    stop_sequences: Any = Field(default=None, validate_default=True,
+                                json_schema_extra=string_or_strings_schema(MAX_STOP_SEQUENCES))
+    stop_token_ids: list[int] = Field(default_factory=list, json_schema_extra=STOP_TOKEN_IDS_SCHEMA)
     ignore_eos: bool = False
     return_details: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, **sampling_bounds("logprobs"))
     # LightLLM's own parameters.
     n: int = Field(default=1, ge=1, le=MAX_N)
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -72,11 +74,13 @@ class NativeParameters(NullMeansAbsent):
     # LightLLM's structured output: a regular expression, a grammar (llguidance's Lark syntax;
     # LightLLM's xgrammar backend takes GBNF) or a JSON schema (an object or a string holding one).
     regular_constraint: str | None = None
-    guided_grammar: str | None = None
+    # Not Field(min_length=1): "" is refused by the grammar check, with its own message.
+    guided_grammar: str | None = Field(default=None, json_schema_extra={"minLength": 1})
     guided_json: Any = Field(default=None, json_schema_extra=GUIDED_JSON_SCHEMA)
     exponential_decay_length_penalty: Any = Field(default=None, json_schema_extra={
-        "type": "array", "prefixItems": [{"type": "integer", "minimum": 0}, {"type": "number", "minimum": 1, "maximum": 10}],
-        "minItems": 2, "maxItems": 2})
+        "type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [
+            {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+            {"type": "number", "minimum": MIN_DECAY_FACTOR, "maximum": MAX_DECAY_FACTOR}]})
 
     _check_stop = stop_validator("stop_sequences", MAX_STOP_SEQUENCES)
 

@@ -32,9 +32,9 @@ from pydantic import Field, field_validator
 from lightllm.common.sampling import LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, STORED_DTYPES
 from lightllm.server.http.vllm_text_fields import strict_bool
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import NullMeansAbsent, StrictModel
+from lightllm.server.http.base_models import FLOAT32_RULE, NullMeansAbsent, StrictModel
 from lightllm.server.http.special_tokens import SpecialTokenFrame
-from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
+from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, MAX_CHOICES, STRUCTURED_OUTPUTS_SCHEMA
 
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
@@ -94,14 +94,17 @@ class OpenAIPlatformFields(NullMeansAbsent):
 
     logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={
         "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"maxLength": _MAX_TOKEN_KEY_CHARS, "pattern": _TOKEN_KEY_PATTERN},
-        "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT}})
+        "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT,
+                                 "description": FLOAT32_RULE}})
     # vLLM: keep only the last k prompt tokens.
     truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     # vLLM's structured outputs (current and legacy spellings); see api_structured_params.
     structured_outputs: dict[str, Any] | None = Field(default=None, json_schema_extra=STRUCTURED_OUTPUTS_SCHEMA)
     guided_json: Any = Field(default=None, json_schema_extra=GUIDED_JSON_SCHEMA)
     guided_regex: str | None = None
-    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    # The other bounds are checked when the choice is compiled (structured_params._choice), with its messages.
+    guided_choice: list[str] | None = Field(default=None, min_length=1, json_schema_extra={
+        "maxItems": MAX_CHOICES, "items": {"type": "string", "minLength": 1}})
     guided_grammar: str | None = Field(default=None, min_length=1)
     store: Literal[False] | None = Field(default=None, description="Only false: this server stores no completions")
     service_tier: Literal["auto", "default"] | None = None

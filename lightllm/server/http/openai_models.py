@@ -16,7 +16,9 @@ from lightllm.server.http.request_id_header import REQUEST_ID_MAX_LENGTH, REQUES
 from lightllm.server.http.completion_prompt import (MAX_PROMPTS, TOKEN_IDS_SCHEMA, integral_token_ids,
                                                      normalize_completion_prompt)
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.base_models import MAX_N, STRING_OR_STRINGS_SCHEMA, stop_validator, stored_bounds
+from lightllm.server.http.response_format import RESPONSE_FORMAT_SCHEMA
+from lightllm.server.http.base_models import (FLOAT32_RULE, MAX_N, STOP_TOKEN_IDS_SCHEMA, max_tokens_field,
+                                              null_only, stop_validator, stored_bounds, string_or_strings_schema)
 from lightllm.server.http.base_models import NullMeansAbsent
 from lightllm.server.http.openai_fields import REFUSED_PLATFORM_FIELDS, ChatTemplateFields, OpenAIPlatformFields
 from lightllm.server.http.vllm_text_fields import (chat_echo_text, check_chat_echo,
@@ -90,23 +92,23 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
-    stop: Any = Field(default=None, validate_default=True, json_schema_extra=STRING_OR_STRINGS_SCHEMA)
-    # 0 is allowed with completions' echo only (the prompt alone is returned); below 0 is refused by
-    # _check_max_tokens with that whole rule (pydantic's "ge=0" message implied 0 would do).
-    max_tokens: int | None = Field(default=None, json_schema_extra={
-        "minimum": 0, **stored_bounds("max_new_tokens")["json_schema_extra"]})
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: Any = Field(default=None, validate_default=True, json_schema_extra=string_or_strings_schema(MAX_OPENAI_STOP))
+    # Below 1 is refused by _check_max_tokens and check_consistency with the whole rule (pydantic's
+    # "ge" message would not say it); CompletionRequest lowers the published minimum to 0 (echo).
+    max_tokens: int | None = max_tokens_field(1)
+    # The 32-bit float rule of each float (the width check of SamplingParams) is stated in words.
+    temperature: float | None = Field(default=None, ge=0, le=2, description=FLOAT32_RULE)
+    top_p: float | None = Field(default=None, gt=0, le=1, description=FLOAT32_RULE)
     top_k: int | None = Field(default=None, ge=-1, **stored_bounds("top_k"))
-    min_p: float | None = Field(default=None, ge=0, le=1)
+    min_p: float | None = Field(default=None, ge=0, le=1, description=FLOAT32_RULE)
     # -1 means no seed, as vLLM reads it (UIs send it for "random").
     seed: int | None = Field(default=None, ge=-1, **stored_bounds("seed"))
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, description=FLOAT32_RULE)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, description=FLOAT32_RULE)
     repetition_penalty: float | None = Field(default=None, gt=0, **stored_bounds("repetition_penalty"))
     min_tokens: int = Field(default=0, ge=0, **stored_bounds("min_new_tokens"))
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, json_schema_extra=STOP_TOKEN_IDS_SCHEMA)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -128,7 +130,7 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     # Logprobs of every prompt token with this many alternatives (vLLM), from the prefill forward.
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     # OpenAI's structured output (both endpoints, as vLLM accepts it on completions too).
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = Field(default=None, json_schema_extra=RESPONSE_FORMAT_SCHEMA)
     # vLLM's; only true (the default): see check_spaces_between_special_tokens.
     spaces_between_special_tokens: Literal[True] = Field(
         default=True, description="Only true: the fast tokenizers this server decodes with put no spaces between "
@@ -264,9 +266,12 @@ class CompletionRequest(OpenAISamplingRequest):
     ECHO_ALLOWS_ZERO_MAX_TOKENS: ClassVar[bool] = True
 
     prompt: Any = Field(json_schema_extra=_PROMPT_SCHEMA)
+    max_tokens: int | None = max_tokens_field(0, "0 only with echo: the prompt alone is returned")
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
-    suffix: str | None = None
+    # Typed str so a number still gets pydantic's type error; the schema says the one value taken.
+    suffix: str | None = Field(default=None, json_schema_extra=null_only(
+        "Only null: this server does not generate text to fit before a suffix"))
     # vLLM's: a text prompt is tokenized with the special tokens (BOS) the tokenizer adds; token-id
     # prompts are used as given either way.
     add_special_tokens: bool = True

@@ -227,6 +227,21 @@ STRUCTURAL_TAG_REFUSAL = ("structural_tag is not supported: it is xgrammar's tag
 # OpenAI's rule for a response format's name (as for a function's).
 SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
+# The shapes response_format_grammar accepts, for the OpenAPI document (one of them, no other keys):
+# a field's json_schema_extra, replacing pydantic's "any object or null".
+RESPONSE_FORMAT_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "null"}, {"oneOf": [
+    *({"type": "object", "required": ["type"], "properties": {"type": {"const": kind}}, "additionalProperties": False}
+      for kind in ("text", "json_object")),
+    {"type": "object", "required": ["type", "json_schema"], "additionalProperties": False, "properties": {
+        "type": {"const": "json_schema"},
+        "json_schema": {"type": "object", "required": ["name", "schema"], "additionalProperties": False, "properties": {
+            "name": {"type": "string", "pattern": SCHEMA_NAME.pattern},
+            "schema": {"type": "object", "description": "A JSON schema the output follows (compiled when the "
+                                                        "request arrives; one the compiler cannot use is a 400)"},
+            "strict": {"type": ["boolean", "null"]},
+            "description": {"type": ["string", "null"]}}}}},
+]}]}
+
 
 def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
     """The grammar ``response_format`` asks for, or None for free text; 400 for anything else."""

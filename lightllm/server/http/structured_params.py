@@ -42,7 +42,7 @@ GUIDED_JSON_SCHEMA: dict[str, Any] = {"anyOf": [{"type": "object"}, {"type": "st
 _KIND_SCHEMAS: dict[str, Any] = {
     "json": GUIDED_JSON_SCHEMA,
     "regex": {"type": "string"},
-    "choice": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_CHOICES},
+    "choice": {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_CHOICES},
     "grammar": {"type": "string", "minLength": 1},
     "json_object": {"const": True},
 }

@@ -18,6 +18,16 @@ _CALL_KEYS = ("id", "type", "function")
 _UNUSED_CALL_KEYS = ("index",)
 _FUNCTION_SHAPE = "{'name': <string>, 'arguments': <JSON string>}"
 _CALL_SHAPE = f"{{'id': <string>, 'type': 'function', 'function': {_FUNCTION_SHAPE}}}"
+# The shape check_message_tool_calls accepts, for the OpenAPI document: every key required and
+# not null (null counts as missing), index the one optional key.
+TOOL_CALL_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": list(_CALL_KEYS), "additionalProperties": False, "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string"},
+                                    "arguments": {"type": "string", "description": "JSON text encoding an object"}}},
+        "index": {"type": ["integer", "null"], "description": "A streamed call's position; not used"}}}
 
 
 def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | None:
