@@ -104,10 +104,10 @@ class NativeEndpoints:
     def router(self) -> APIRouter:
         """An APIRouter with ``/generate``, ``/generate_stream``, ``/health`` and ``/metrics``."""
         router = APIRouter(route_class=JSONErrorRoute)
-        body = request_body(NativeGenerateRequest)
+        body = request_body(NativeGenerateRequest, asks_priority=True)
         router.add_api_route("/generate", self.generate, methods=["POST"], openapi_extra=body)
         router.add_api_route("/generate_stream", self.generate_stream, methods=["POST"],
-                             openapi_extra=request_body(NativeGenerateRequest, streams="always"))
+                             openapi_extra=request_body(NativeGenerateRequest, streams="always", asks_priority=True))
         for path in sorted(HEALTH_PATHS):
             router.add_api_route(path, self.health, methods=["GET"])
             router.add_api_route(path, self.health, methods=["HEAD"], include_in_schema=False)
@@ -346,5 +346,5 @@ def create_app(
     # Outermost: every layer inside reads the path (the key check's exemptions, the share, the routes).
     app.add_middleware(AbsoluteFormMiddleware)
     install_request_schemas(app, [NativeGenerateRequest, CompletionRequest, ChatCompletionRequest,
-                                  TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest])
+                                  TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest], options.auth)
     return app

@@ -41,7 +41,25 @@ PUBLIC_PATHS = PROBE_PATHS  # /health, /health/live, /health/ready, their LightL
 CLUSTER_PATH_PREFIX = "/pd/"
 AUTHENTICATION_ERROR = "authentication_error"
 PERMISSION_ERROR = "permission_error"
+PRIORITY_NOT_ALLOWED = "priority_not_allowed"
 _PRIORITY_ALLOWED = "lightllm_priority_allowed"
+# What key_guard answers: the key a path needs.
+API_KEY_GUARD = "api_key"
+CLUSTER_KEY_GUARD = "cluster_key"
+
+
+def key_guard(policy: AuthPolicy, path: str) -> Optional[str]:
+    """The key a request to ``path`` must carry under ``policy``, or None when it needs none.
+
+    :data:`CLUSTER_KEY_GUARD` on a PD cluster path when a cluster key is set; :data:`API_KEY_GUARD`
+    (an API or an admin key) on every other path but the probes when API keys are set.  The
+    middleware decides by it, and so does the OpenAPI document's ``security``, so the two agree.
+    """
+    if policy.cluster_key and path.startswith(CLUSTER_PATH_PREFIX):
+        return CLUSTER_KEY_GUARD
+    if policy.requires_key and path not in PUBLIC_PATHS:
+        return API_KEY_GUARD
+    return None
 
 
 def _digest(key: str) -> bytes:
@@ -123,7 +141,8 @@ class ApiKeyMiddleware:
             await refusal(scope, receive, send)
             return
         token = bearer_token(scope)
-        if self._cluster_key and str(scope.get("path", "")).startswith(CLUSTER_PATH_PREFIX):
+        guard = key_guard(self.policy, str(scope.get("path", "")))
+        if guard == CLUSTER_KEY_GUARD:
             if not self._cluster_key.contains(token):
                 await _cluster_key_refusal(token)(scope, receive, send)
                 return
@@ -131,7 +150,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         is_admin = self._admin_keys.contains(token)
-        if self.policy.requires_key and scope.get("path") not in PUBLIC_PATHS and not is_admin:
+        if guard == API_KEY_GUARD and not is_admin:
             if token is None:
                 response = _unauthorized("Missing API key: send it as 'Authorization: Bearer <key>'",
                                          "missing_api_key", 'Bearer realm="lightllm"')
@@ -159,5 +178,5 @@ def check_priority_allowed(request: Request, requested: Any) -> None:
         "server with --allow_public_priority",
         PERMISSION_ERROR,
         "high_priority_request",
-        "priority_not_allowed",
+        PRIORITY_NOT_ALLOWED,
     )
