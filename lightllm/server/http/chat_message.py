@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from lightllm.server.http.base_models import StrictModel
 from lightllm.server.http.tool_calls.history import TOOL_CALL_SCHEMA, check_message_tool_calls, template_tool_calls
@@ -108,16 +108,28 @@ class ChatMessage(StrictModel):
                              "message without them")
         return None
 
+    # The checks that read another field of the message (role, content) are field validators of the
+    # field they refuse, which has been validated after those (info.data holds them), so the 400
+    # names messages.N.refusal and not the whole message.  A field missing from info.data failed
+    # its own check, which is the error reported.
+
+    @field_validator("refusal")
+    @classmethod
+    def _check_refusal(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        role = info.data.get("role")
+        if role is not None and role != "assistant":
+            raise ValueError(f"refusal belongs to assistant messages, not to a {role!r} message")
+        if info.data.get("content") not in (None, ""):
+            raise ValueError("a message with a refusal has no content: send one of the two")
+        return value
+
     @model_validator(mode="after")
     def _refusal_as_content(self) -> "ChatMessage":
         # A refusal is what the assistant said in that turn, and the template renders it as such.
-        if self.refusal is None:
-            return self
-        if self.role != "assistant":
-            raise ValueError(f"refusal belongs to assistant messages, not to a {self.role!r} message")
-        if self.content not in (None, ""):
-            raise ValueError("a message with a refusal has no content: send one of the two")
-        self.content, self.refusal = self.refusal, None
+        if self.refusal is not None:
+            self.content, self.refusal = self.refusal, None
         return self
 
     @field_validator("tool_calls")
@@ -125,14 +137,19 @@ class ChatMessage(StrictModel):
     def _check_tool_calls(cls, value: list[Any] | None) -> list[dict[str, Any]] | None:
         return check_message_tool_calls(value)
 
-    @model_validator(mode="after")
-    def _reasoning_of_an_assistant(self) -> "ChatMessage":
-        given = [name for name in ("reasoning_content", "reasoning") if getattr(self, name) is not None]
-        if given and self.role != "assistant":
-            raise ValueError(f"{given[0]} belongs to assistant messages, not to a {self.role!r} message")
-        if len(given) == 2 and self.reasoning_content != self.reasoning:
+    @field_validator("reasoning_content", "reasoning")
+    @classmethod
+    def _reasoning_of_an_assistant(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        role = info.data.get("role")
+        if role is not None and role != "assistant":
+            raise ValueError(f"{info.field_name} belongs to assistant messages, not to a {role!r} message")
+        # reasoning comes after reasoning_content, so the conflict is reported on it.
+        other = info.data.get("reasoning_content") if info.field_name == "reasoning" else None
+        if other is not None and other != value:
             raise ValueError("reasoning_content and reasoning are two names of one field: send one of them")
-        return self
+        return value
 
     @property
     def reasoning_text(self) -> str | None:

@@ -42,14 +42,26 @@ def test_a_refusal_is_the_assistant_turn(client: TestClient, manager) -> None:
     (_dumped_assistant(audio={"id": "a1"}), "audio"),
     (_dumped_assistant(function_call={"name": "clock", "arguments": "{}"}), "function_call"),
     (_dumped_assistant(annotations=[{"type": "url_citation"}]), "annotations"),
-    (_dumped_assistant(refusal="no", content="yes", tool_calls=None), None),
-    ({"role": "user", "content": "x", "refusal": "no"}, None),
+    # The refusal's own checks name the field, not the whole message (they read role and content).
+    (_dumped_assistant(refusal="no", content="yes", tool_calls=None), "refusal"),
+    ({"role": "user", "content": "x", "refusal": "no"}, "refusal"),
 ])
-def test_assistant_fields_with_values_are_refused(client: TestClient, message: dict[str, Any],
-                                                  field: str | None) -> None:
-    error = assert_error(chat(client, messages=[{"role": "user", "content": "x"}, message]), 400,
-                         "messages.1" + (f".{field}" if field else ""))
-    assert (field or "refusal") in error["message"]
+def test_assistant_fields_with_values_are_refused(client: TestClient, message: dict[str, Any], field: str) -> None:
+    error = assert_error(chat(client, messages=[{"role": "user", "content": "x"}, message]), 400, f"messages.1.{field}")
+    assert error["message"].startswith(f"Invalid value for 'messages.1.{field}': ") and field in error["message"]
+
+
+@pytest.mark.parametrize("field", ["refusal", "reasoning_content", "reasoning"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_an_assistant_field_on_a_user_message_is_named_by_the_refusal(client: TestClient, path: str,
+                                                                     field: str) -> None:
+    """The refusal named the message (``messages.0``), not the field the client has to remove."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi", field: "x"}]}
+    if path != "/tokenize":
+        body["max_tokens"] = 1
+    error = assert_error(client.post(path, json=body), 400, f"messages.0.{field}")
+    assert error["message"] == (f"Invalid value for 'messages.0.{field}': {field} belongs to assistant messages, "
+                                "not to a 'user' message")
 
 
 # ---------------------------------------------------------------- rendering
@@ -115,7 +127,13 @@ def test_an_assistant_turns_reasoning_reaches_a_template_that_reads_it(manager, 
     error = assert_error(chat(trusting, messages=messages, chat_template="{% for m in messages %}{{ m.content }}"
                               "{% endfor %}"), 400, f"messages.1.{field}")
     assert "does not read an assistant turn's reasoning" in error["message"]
-    assert_error(chat(trusting, messages=[{"role": "user", "content": "x", field: "y"}]), 400, "messages.0")
+    error = assert_error(chat(trusting, messages=[{"role": "user", "content": "x", field: "y"}]), 400,
+                         f"messages.0.{field}")
+    assert error["message"] == (f"Invalid value for 'messages.0.{field}': {field} belongs to assistant messages, "
+                                "not to a 'user' message")
+    # Two names of one field with two texts: the later name is the one refused.
+    both = {"role": "assistant", "content": "4", "reasoning_content": "a", "reasoning": "b"}
+    assert_error(chat(trusting, messages=[{"role": "user", "content": "x"}, both]), 400, "messages.1.reasoning")
 
 
 def test_a_rendered_chat_over_the_character_limit_is_refused_before_it_is_tokenized(tokenizer) -> None:
