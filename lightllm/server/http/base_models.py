@@ -28,7 +28,7 @@ from typing import Any, Callable, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, STORED_DTYPES
+from lightllm.common.sampling import MAX_STOP_TOKEN_IDS, STOP_SEQUENCES_BYTES, STORED_DTYPES
 from lightllm.common.sampling.sampling_params import SAMPLING_RANGES
 
 # Most choices (``n`` and ``best_of``) a request may ask for, on every endpoint.
@@ -45,10 +45,13 @@ FLOAT32_RULE = (f"Stored as a 32-bit float: a value other than 0 must be at leas
 
 def string_or_strings_schema(limit: int) -> dict[str, Any]:
     """JSON schema of a stop field (typed ``Any``, validated by hand by :func:`stop_validator` with
-    the same ``limit``), for the OpenAPI document."""
+    the same ``limit``), for the OpenAPI document; the byte limit of the shared-memory record
+    (SamplingParams' check) has no keyword over a list, so the description states it."""
     return {"anyOf": [{"type": "string", "minLength": 1},
                       {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": limit},
-                      {"type": "null"}]}
+                      {"type": "null"}],
+            "description": f"At most {limit} non-empty strings, together at most {STOP_SEQUENCES_BYTES} bytes "
+                           "JSON-encoded"}
 
 
 def null_only(description: str) -> Callable[[dict[str, Any]], None]:

@@ -196,6 +196,18 @@ def test_the_32_bit_float_rule_is_stated_where_no_keyword_can_state_it(
     assert "1.1754943508222875e-38" in model["properties"][field]["description"]
 
 
+@pytest.mark.parametrize(("path", "body", "model", "field"), [
+    ("/v1/completions", _with(_COMPLETION, stop=["x" * 600, "y" * 600]), "CompletionRequest", "stop"),
+    ("/generate", _native(stop_sequences=["x" * 600, "y" * 600]), "NativeParameters", "stop_sequences"),
+])
+def test_the_stop_strings_byte_limit_is_stated(client: TestClient, document: dict[str, Any], path: str,
+                                               body: dict[str, Any], model: str, field: str) -> None:
+    """Two 600-character strings fit every keyword and not the 1024 bytes the record holds."""
+    param = f"parameters.{field}" if path == "/generate" else field
+    assert "1024 bytes" in assert_error(client.post(path, json=body), 400, param)["message"]
+    assert "1024 bytes" in document["components"]["schemas"][model]["properties"][field]["description"]
+
+
 def test_suffix_and_max_tokens_publish_what_each_endpoint_takes(document: dict[str, Any]) -> None:
     schemas = document["components"]["schemas"]
     assert {key: value for key, value in schemas["CompletionRequest"]["properties"]["suffix"].items()
