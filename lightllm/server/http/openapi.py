@@ -12,7 +12,7 @@ statuses the server answers with (all carrying the ``ErrorResponse`` body of
 :mod:`lightllm.server.http.errors`; ``/generate`` and ``/generate_stream`` the 403 of a priority
 asked for without the right to it), a streaming route's 200 lists ``text/event-stream``
 next to ``application/json`` (``/generate_stream``, which always streams, only the former), the
-health probes list their 503 (and no 401: they need no key), and ``/metrics`` its plain-text
+health probes list their 503, an operation lists a 401 only where a key is asked for, and ``/metrics`` its plain-text
 exposition.  The document is built for the server's :class:`AuthPolicy`: with API keys (or a PD
 cluster key) it declares HTTP bearer schemes and marks each operation that needs one, as
 :func:`~lightllm.server.http.auth.key_guard` decides for the middleware.
@@ -55,7 +55,7 @@ ERROR_SCHEMA: dict[str, Any] = {
 # _PROBE_ERRORS); the others by method.
 _INTERNAL_ERROR = "Internal error (the details are in the server log)"
 _ERRORS_ALL = {
-    "401": "Missing or wrong API key (only when the server runs with --api_key)",
+    "401": "Missing or wrong key (the operation's security names which)",
     "500": _INTERNAL_ERROR,
 }
 _ERRORS_POST = {
@@ -134,8 +134,12 @@ def _errors_of(path: str, method: str, asks_priority: bool, policy: AuthPolicy) 
     if method == "post":
         # Everyone may ask for priority on a server started with --allow_public_priority: no 403 there.
         refused_priority = _ERRORS_PRIORITY if asks_priority and not policy.allow_public_priority else {}
-        return {**_ERRORS_ALL, **_ERRORS_POST, **refused_priority}
-    return {**_ERRORS_ALL, **(_ERRORS_GET_ITEM if "{" in path else {})}
+        errors = {**_ERRORS_ALL, **_ERRORS_POST, **refused_priority}
+    else:
+        errors = {**_ERRORS_ALL, **(_ERRORS_GET_ITEM if "{" in path else {})}
+    if key_guard(policy, path) is None:
+        errors.pop("401")  # the key check never answers where no key is asked for
+    return errors
 
 
 def _describe_success(path: str, responses: dict[str, Any]) -> None:

@@ -123,3 +123,9 @@ def test_a_cluster_key_guards_the_pd_paths_alone() -> None:
     assert "security" not in document["paths"]["/v1/models"]["get"]
     assert client.get("/pd/nodes").status_code == 401
     assert client.get("/pd/nodes", headers={"Authorization": "Bearer c"}).status_code == 200
+
+
+def test_401_is_listed_exactly_where_a_key_is_asked_for(document: dict[str, Any]) -> None:
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert ("401" in operation["responses"]) is bool(operation.get("security")), (path, method)

@@ -48,13 +48,13 @@ def test_a_history_call_assembled_from_a_stream_keeps_its_index() -> None:
     client, manager = make_client(["ok"])
     call = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
     rendered = []
-    for sent in (call, {"index": 0, **call}, {"index": None, **call}):
+    for sent in (call, {"index": 0, **call}, {"index": None, **call}, {"index": 1.0, **call}):
         messages = [{"role": "user", "content": "time?"}, {"role": "assistant", "content": None, "tool_calls": [sent]},
                     {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
         response = chat(client, messages=messages, tools=[CLOCK_TOOL])
         assert response.status_code == 200, response.text
         rendered.append(manager.chat_messages[-1])
-    assert rendered[0] == rendered[1] == rendered[2]
+    assert rendered[0] == rendered[1] == rendered[2] == rendered[3]
     messages[1]["tool_calls"] = [{"index": "0", **call}]
     error = assert_error(chat(client, messages=messages, tools=[CLOCK_TOOL]), 400, "messages.1.tool_calls")
     assert "tool call 0 index must be an integer" in error["message"]

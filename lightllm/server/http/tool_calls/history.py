@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lightllm.server.http.base_models import integral
 from lightllm.server.http.body import json_type_name
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.json_text import parse_json_text
@@ -51,7 +52,7 @@ def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | 
             raise ValueError(f"tool call {index} {problem}: it must be {_CALL_SHAPE}")
         if not isinstance(call["id"], str):
             raise ValueError(f"tool call {index} id must be a string, got {json_type_name(call['id'])}")
-        position = call.get("index")
+        position = integral(call.get("index"))  # 1.0 is 1, as in every integer field
         if position is not None and (not isinstance(position, int) or isinstance(position, bool)):
             raise ValueError(f"tool call {index} index must be an integer (a streamed call's position; it is not "
                              f"used), got {json_type_name(position)}")
