@@ -36,7 +36,7 @@ from typing import Any, Optional, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.prompt_encoding import DaemonWorkers
+from lightllm.utils.daemon_workers import DaemonWorkers
 from lightllm.server.http.validation_errors import describe_validation_error
 
 # Real requests nest about five levels (messages -> content parts -> text); the limit leaves

@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
-from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from lightllm.server.http.errors import APIError, INVALID_REQUEST
@@ -36,6 +33,7 @@ from lightllm.server.http.special_tokens import SpecialTokenFrame, special_token
 from lightllm.server.http.special_tokens import add_special_tokens as add_special_tokens_to
 from lightllm.server.prompt_length_probe import PromptOverContextError, RenderedChatTooLongError
 from lightllm.server.request_manager import RequestManager
+from lightllm.utils.daemon_workers import DaemonWorkers
 
 log = logging.getLogger(__name__)
 
@@ -43,45 +41,6 @@ T = TypeVar("T")
 
 CHARS_PER_TOKEN_MARGIN = 4
 TOKENIZER_THREADS = 2
-
-
-class DaemonWorkers:
-    """A fixed pool of daemon threads running jobs in order.
-
-    Unlike ``ThreadPoolExecutor``, whose threads the interpreter joins at exit after they have run
-    every queued job, a tokenization in progress (or queued) never delays the server's shutdown.
-    Threads start with the first job. A job whose future was cancelled (its client left) is skipped.
-    """
-
-    def __init__(self, count: int, name: str) -> None:
-        self._count = count
-        self._name = name
-        self._jobs: "queue.SimpleQueue[tuple[Future, Callable[[], Any]]]" = queue.SimpleQueue()
-        self._started = False
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], Any]) -> Future:
-        """Queue ``job``; its result or exception lands in the returned future."""
-        with self._lock:
-            if not self._started:
-                for index in range(self._count):
-                    threading.Thread(target=self._work, name=f"{self._name}-{index}", daemon=True).start()
-                self._started = True
-        future: Future = Future()
-        self._jobs.put((future, job))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            future, job = self._jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
 
 
 # One pool per process: the HTTP server has one app, and tests build many.
