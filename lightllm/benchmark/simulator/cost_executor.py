@@ -7,7 +7,7 @@ token values, so the engine makes the same decisions as with the real model.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -42,6 +42,14 @@ class CostModelExecutor:
         seconds = self.profile.decode_seconds(len(reqs), sum(req.cur_kv_len + 1 for req in reqs))
         self.last_decode_seconds = seconds
         return ExecutionResult(sampled=[SampledToken(r, SAMPLED_TOKEN_ID, 0.0) for r in reqs], forward_seconds=seconds)
+
+    def start_grammar(self, req: InferReq) -> None:
+        """Nothing to compile: the simulator runs no grammar (a server refuses such requests here,
+        ``grammar_enabled`` being False; a test joining one directly sees it held until released)."""
+
+    def grammars_compiled(self, request_ids: Sequence[int]) -> List[int]:
+        """No compiles: every request counts as compiled."""
+        return list(request_ids)
 
     def forget(self, req: InferReq) -> None:
         """No per-request state."""

@@ -14,6 +14,13 @@ Admission is screened on rank 0 before the broadcast: a request whose shared-mem
 not read back as a valid request becomes a :class:`RejectRequests` entry, so every rank finishes
 it with an error and none of them runs it.
 
+A constrained request's grammar compiles on each rank's compile thread from intake on, and the
+request is held out of the steps meanwhile (vLLM's ``WAITING_FOR_FSM``); which requests may run
+is rank 0's decision like any other: once its compile has ended, rank 0 adds a
+:class:`GrammarsReady` command to the iteration's list, so every rank releases them before the
+same step.  Until then rank 0 polls (``IDLE_POLL_MS``) when nothing else runs, and does not wait
+at all once a compile has ended.
+
 The loop is the same in every run mode: each admitted request goes to ``backend.intake``, any
 command it does not know to ``backend.on_command``, and ``backend.poll`` runs once per
 iteration.  A PD node's backend carries the rank's KV transfer (:mod:`.pd_transfer`) behind
@@ -52,7 +59,8 @@ from lightllm.utils.malloc_tuning import IdleMallocTrimmer
 log = logging.getLogger("lightllm.model_rank")
 
 # Rank 0's inbox wait while requests are running but the last step could do nothing (all
-# paused) or KV transfers are in flight: short, since only time or a transfer result unblocks them.
+# paused, or held for their grammar's compile) or KV transfers are in flight: short, since only
+# time, a transfer result or a finished compile unblocks them.
 IDLE_POLL_MS = 20
 # Rank 0's longest inbox wait with nothing running: a message ends it at once, so this only bounds
 # how late the idle-time duties run (giving freed memory back, noticing a broken KV transfer).
@@ -68,6 +76,14 @@ class RejectRequests:
     """
 
     requests: List[Tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class GrammarsReady:
+    """Rank 0 -> every rank, inside the broadcast command list: these held requests' grammars
+    compiled on rank 0 (or failed to, which their first mask reports); they may be scheduled now."""
+
+    request_ids: List[int] = field(default_factory=list)
 
 
 class ModelRank:
@@ -144,6 +160,9 @@ class ModelRank:
                 except zmq.Again:
                     break
         commands = self.screen(commands)
+        compiled = self.backend.grammars_compiled()
+        if compiled:
+            commands.append(GrammarsReady(compiled))
         if self.channel is not None:
             # With no commands the ranks' state is what it was after the last step, so rank 0's
             # own view tells whether the others have anything to run in this iteration.
@@ -160,6 +179,8 @@ class ModelRank:
     def _inbox_wait_ms(self) -> int:
         """Rank 0: how long to wait for the first message of this iteration."""
         if self.backend.has_work and self._last_step_did_work:
+            return 0
+        if self.backend.grammars_compiled():  # a held request can run at once
             return 0
         # A stalled batch (all requests paused) or transfers in flight are polled, not spun on.
         if self._ranks_busy():
@@ -222,6 +243,8 @@ class ModelRank:
             elif isinstance(command, AbortRequests):
                 for request_id in command.request_ids:
                     self.backend.abort(request_id)
+            elif isinstance(command, GrammarsReady):
+                self.backend.grammars_ready(command.request_ids)
             else:
                 self.backend.on_command(command)
 

@@ -130,3 +130,40 @@ def test_a_schema_with_no_finite_output_is_the_clients_400_and_the_server_serves
         **body, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER_SCHEMA}}})
     assert fine.status_code == 200, fine.text
     assert fine.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def _running_requests(metrics: str) -> float:
+    """The router's count of requests admitted to the model rank, from a /metrics page."""
+    found = re.search(r"^lightllm_running_requests(?:\{[^}]*\})? (\S+)$", metrics, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_plain_request_is_not_held_up_by_a_grammar_compiling_on_the_rank(tiny_server):
+    """``multipleOf: 99991`` takes about a second to compile.  The rank compiled it in its step, once
+    per choice, and every other request waited for the step: a plain request sent while the choices
+    were on the rank ended after their tokens.  Now the compile runs on a thread, once, and only the
+    constrained request waits for it.  Decided by the order of events, not by durations: the plain
+    request is sent once the router has admitted both choices to the rank, and must end first."""
+    costly = {"model": tiny_server.model_name, "prompt": "x", "guided_json": {"type": "integer", "multipleOf": 99991},
+              "n": 2, "max_tokens": 1, "temperature": 1, "seed": 1}
+    plain = {"model": tiny_server.model_name, "prompt": "hello", "max_tokens": 2, "ignore_eos": True,
+             "temperature": 0}
+
+    async def race() -> tuple:
+        ended = []
+        async with httpx.AsyncClient(base_url=tiny_server.url, timeout=300) as client:
+            async def send(name: str, body: dict) -> httpx.Response:
+                answer = await client.post("/v1/completions", json=body)
+                ended.append(name)
+                return answer
+
+            constrained = asyncio.create_task(send("constrained", costly))
+            while not constrained.done() and _running_requests((await client.get("/metrics")).text) < 2:
+                await asyncio.sleep(0.01)
+            free = await send("plain", plain)
+            return ended, free, await constrained
+
+    ended, free, constrained = asyncio.run(race())
+    assert free.status_code == 200 and constrained.status_code == 200, (free.text, constrained.text)
+    assert ended == ["plain", "constrained"]
+    assert [choice["text"].isdigit() for choice in constrained.json()["choices"]] == [True, True]

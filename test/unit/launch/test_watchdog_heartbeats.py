@@ -169,7 +169,8 @@ def test_a_model_rank_beats_before_and_after_each_wait_while_idle():
     block = layout.open_heartbeats(create=True)
     try:
         clock = _Counter()
-        backend = SimpleNamespace(has_work=False, has_outside_work=False, poll=lambda: None)
+        backend = SimpleNamespace(has_work=False, has_outside_work=False, poll=lambda: None,
+                                  grammars_compiled=list)
         inbox = _IdleInbox(iterations=5)
         rank = ModelRank(backend, None, is_leader=True, inbox=inbox, heartbeat=block.stamp(0, clock))
         inbox.rank = rank

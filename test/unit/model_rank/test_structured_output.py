@@ -17,13 +17,14 @@ from lightllm.server.http.structured_params import structured_grammar
 from lightllm.server.core.objs.finish_status import FINISH_GRAMMAR_FAILED, FINISH_STOP
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.admission import RequestRejected
-from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.server.core.objs.request_spec import RequestSpec
+
+from grammar_test_support import run_releasing_grammars
 
 SCHEMA = {"type": "object", "properties": {"flag": {"type": "boolean"}, "pick": {"enum": ["a", "b"]}},
           "required": ["flag", "pick"], "additionalProperties": False}
@@ -36,11 +37,7 @@ def _backend(model, grammar):
 
 
 def _run(backend):
-    outputs, statuses = {}, {}
-    while backend.has_work:
-        for req, status in backend.step().finished:
-            outputs[req.request_id], statuses[req.request_id] = list(req.output_ids), status
-    return outputs, statuses
+    return run_releasing_grammars(backend)
 
 
 def test_constrained_rows_follow_the_schema_and_free_rows_do_not_change(tiny_llama_dir):

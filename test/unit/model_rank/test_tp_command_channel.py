@@ -20,6 +20,7 @@ import zmq
 from lightllm.server.core.objs.io_messages import AbortRequests, AddRequests
 from lightllm.server.model_rank import command_channel
 from lightllm.server.model_rank.command_channel import FRAME_BYTES, MessageKind, TpCommandChannel
+from lightllm.server.model_rank.rank_process import GrammarsReady
 from lightllm.utils.free_ports import free_port
 
 KEEPALIVE = 0.2  # seconds; short so an idle period of a second shows a few of them
@@ -40,7 +41,7 @@ STEPS: List[List[Any]] = [
     [],
     [AbortRequests([7]), AddRequests([(9, 2)])],
     [AbortRequests([8]), BIG],
-    [AbortRequests([9])],
+    [AbortRequests([9]), GrammarsReady([10, 11])],
 ]
 
 
@@ -76,7 +77,8 @@ def _rank(rank: int) -> Any:
     from lightllm.server.model_rank.rank_process import ModelRank
 
     # The command loop only; no model, no shared memory.
-    return ModelRank(SimpleNamespace(has_work=False, has_outside_work=False), None, is_leader=rank == 0,
+    backend = SimpleNamespace(has_work=False, has_outside_work=False, grammars_compiled=list)
+    return ModelRank(backend, None, is_leader=rank == 0,
                      channel=TpCommandChannel.open(rank, 2, timeout=TEST_TIMEOUT, keepalive_seconds=KEEPALIVE))
 
 

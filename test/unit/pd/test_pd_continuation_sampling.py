@@ -19,6 +19,7 @@ import httpx
 import pytest
 import torch
 
+from grammar_test_support import run_releasing_grammars
 from pd_master_support import Cluster
 from pd_node_stand_in import reference_tokens
 from lightllm.common.req_manager import ReqManager
@@ -111,11 +112,7 @@ def _run(model, requests: Dict[int, tuple], grammar: Any = None) -> Dict[int, Li
     for request_id, (prompt, params, before) in requests.items():
         spec = RequestSpec.build(prompt, params, segment_index=int(before > 0), generated_before=before)
         backend.add_request(request_id, spec)
-    outputs: Dict[int, List[int]] = {}
-    while backend.has_work:
-        for req, _ in backend.step().finished:
-            outputs[req.request_id] = list(req.output_ids)
-    return outputs
+    return run_releasing_grammars(backend)[0]
 
 
 def test_a_request_split_at_k_tokens_continues_like_the_unsplit_one(model) -> None:

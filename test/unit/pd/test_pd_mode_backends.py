@@ -9,11 +9,13 @@ moves the same bytes between the two nodes' KV caches.
 
 from __future__ import annotations
 
+import json
 from typing import Dict, List
 
 import pytest
 import torch
 
+from grammar_test_support import run_releasing_grammars, step_releasing_grammars
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
@@ -33,6 +35,9 @@ from lightllm.server.model_rank.scheduling.backend_registry import (
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
+from lightllm.server.http.response_format import response_format_grammar
+from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.server.model_rank.scheduling.request_state import InvalidTransition, ReqState
 from lightllm.server.core.objs.request_spec import RequestSpec
 
@@ -169,6 +174,36 @@ def test_prefill_then_fake_transfer_then_decode_matches_a_normal_node(model) -> 
     assert prefill_forward_tokens == sum(len(p) for p in prompts)
     assert decode_forward_tokens == len(prompts) * (max_new - 1)
     assert [outputs[i] for i in range(len(prompts))] == expected
+
+
+def test_a_constrained_request_through_prefill_and_decode_nodes_matches_a_normal_node(model, tiny_llama_dir) -> None:
+    """Both nodes hold the request until its grammar is ready (the decode node compiles from its
+    reservation on, while the KV moves); the decode node's matcher continues past the prefill
+    node's first token (a fresh one would start the JSON again), so the output is the normal node's."""
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    schema = {"type": "object", "properties": {"flag": {"type": "boolean"}, "pick": {"enum": ["a", "b"]}},
+              "required": ["flag", "pick"], "additionalProperties": False}
+    grammar = response_format_grammar({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    spec = RequestSpec(tokenizer("Give me JSON")["input_ids"],
+                       SamplingParams(temperature=1.0, seed=7, max_new_tokens=40, grammar=grammar))
+    normal = _backend(model, "normal", grammar=GrammarConstraints(lambda: tokenizer))
+    normal.add_request(1, spec)
+    full = run_releasing_grammars(normal)[0][1]
+    assert json.loads(tokenizer.decode(full, skip_special_tokens=True))["pick"] in ("a", "b")
+    prefill = _backend(model, "prefill", grammar=GrammarConstraints(lambda: tokenizer))
+    decode = _backend(model, "decode", grammar=GrammarConstraints(lambda: tokenizer))
+    prefill.add_request(1, spec)
+    assert prefill.requests[1].grammar_held
+    handed: List[InferReq] = []
+    while not handed:
+        handed = step_releasing_grammars(prefill).handoffs
+    dst = decode.reserve_prefilled(1, spec)
+    assert dst.grammar_held
+    fake_transfer(prefill.kv, handed[0], decode.kv, dst)
+    assert decode.admit_prefilled(dst, handed[0].output_ids[0]) == 0
+    prefill.transfer_done(1, ok=True)
+    assert decode.requests[1].grammar_held and not decode.step().ordered  # admitted, still held
+    assert run_releasing_grammars(decode)[0][1] == full
 
 
 def test_decode_reservation_is_refused_at_once_when_kv_is_short(model) -> None:

@@ -132,6 +132,15 @@ class TorchModelExecutor:
                 self._sample(logits, list(reqs), result)
         return result
 
+    def start_grammar(self, req: InferReq) -> None:
+        """Start compiling ``req``'s grammar on the compile thread (see :class:`GrammarConstraints`)."""
+        if self.grammar is not None:
+            self.grammar.start(req)
+
+    def grammars_compiled(self, request_ids: Sequence[int]) -> List[int]:
+        """Those of ``request_ids`` whose grammar compile has ended on this rank; never waits."""
+        return self.grammar.compiled(request_ids) if self.grammar is not None else list(request_ids)
+
     def forget(self, req: InferReq) -> None:
         """Drop the request's grammar matcher."""
         if self.grammar is not None:

@@ -77,6 +77,9 @@ class InferReq:
     state: ReqState = ReqState.WAITING
     # Set by the client or by the rank; the step releases it at its start (never mid-forward).
     abort_requested: bool = False
+    # A constrained request whose grammar compiles (from join) until rank 0 marks it ready on
+    # every rank: no step plans it meanwhile, so no step waits for a compile (see step_engine.py).
+    grammar_held: bool = False
     strategy_state: Dict[str, Any] = field(default_factory=dict)
     overtake: Optional[OvertakeRecord] = None
     sampling: Optional["SamplingParams"] = None

@@ -70,7 +70,8 @@ class ModelExecutor(Protocol):
     """Runs the forwards the step engine planned (see the module docstring).
 
     ``vocab_size`` and ``grammar_enabled`` feed the admission check (token ids in range,
-    structured output available).
+    structured output available); :meth:`start_grammar` and :meth:`grammars_compiled` serve the
+    engine's grammar hold (a constrained request waits for its compile, the others do not).
     """
 
     vocab_size: int
@@ -81,6 +82,15 @@ class ModelExecutor(Protocol):
 
     def decode(self, reqs: Sequence[InferReq]) -> ExecutionResult:
         """Compute the one pending token of each request and sample the next."""
+
+    def start_grammar(self, req: InferReq) -> None:
+        """``req``, a constrained request, joined: start compiling its grammar without waiting for it.
+
+        Only called where ``grammar_enabled`` (admission refuses constrained requests elsewhere).
+        """
+
+    def grammars_compiled(self, request_ids: Sequence[int]) -> List[int]:
+        """Those of ``request_ids`` whose grammar compile has ended here (well or not); never waits."""
 
     def forget(self, req: InferReq) -> None:
         """``req`` left the engine: drop any per-request state (grammar matchers, ...)."""

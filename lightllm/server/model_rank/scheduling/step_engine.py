@@ -1,9 +1,9 @@
 """One scheduling step, in plain Python: the part of a model rank that decides what runs.
 
     filter   -> release aborted requests
-    resume   -> paused requests rejoin once the KV cache could hold them; requests still
-                prefilling share their computed prompt tokens through the prefix cache and pick
-                up what other requests computed meanwhile
+    resume   -> paused requests rejoin once the KV cache could hold them (a constrained request
+                only runs once its grammar is ready); requests still prefilling share their
+                computed prompt tokens through the prefix cache and pick up what others computed
     classify -> the mode's classifier splits the ready requests into decode and prefill, once,
                 so the strategy and the planner cannot disagree about which is which
     order    -> the prefill-queue strategy orders the prefill requests (decode ones keep
@@ -110,6 +110,9 @@ class StepEngine:
         self.kv.attach(req)
         self.requests[req.request_id] = req
         self.strategy.admit(req)
+        if req.sampling is not None and req.sampling.grammar is not None:
+            req.grammar_held = True  # until every rank marks its grammar ready (ModeBackend.grammars_ready)
+            self.executor.start_grammar(req)
 
     def abort(self, request_id: int) -> None:
         """Ask for a request to end; it is released at the start of the next step.
@@ -172,10 +175,12 @@ class StepEngine:
         starved them again, and under an over-committing admission, ``router_token_ratio`` > 1,
         requests were paused and computed anew over and over: about 10x a burst's prompt tokens).
         Requests that computed nothing yet (``WAITING``) do not start while one waits and started
-        requests run, since they would take that room.  With nothing running, the rule is off.
+        requests run, since they would take that room.  With nothing running (a request held for
+        its grammar runs nothing), the rule is off.
         """
         # Looked at only while some request is paused: otherwise this step has no paused one to hold.
-        running = bool(self._paused_at) and any(req.state in _SCHEDULABLE_STATES for req in self.requests.values())
+        running = bool(self._paused_at) and any(
+            req.state in _SCHEDULABLE_STATES and not req.grammar_held for req in self.requests.values())
         ready: List[InferReq] = []
         append = ready.append
         still_paused = False
@@ -185,7 +190,7 @@ class StepEngine:
         # Module constants instead of enum attribute and property lookups: this loop runs over
         # every live request each step (a thousand at a full batch).
         for req in self.requests.values():
-            state = req.state
+            state = None if req.grammar_held else req.state  # held for its grammar: neither resumed nor planned
             if state is _PAUSED:
                 waits_for_departure = running and self._paused_at.get(req.request_id, -1) == self._departures
                 if waits_for_departure or self.kv.allocatable_token_num() - promised < req.total_len:
