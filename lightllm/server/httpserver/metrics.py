@@ -105,13 +105,15 @@ class _SharedStatsCollector:
     def collect(self) -> Iterable[Metric]:
         snapshot = dict(self.stats.snapshot())
         # The router counts every request it handed to the ranks as running; a request paused for
-        # KV memory holds none and waits to resume, which vLLM (whose names these gauges also carry)
-        # counts as waiting. The two values are written by different processes at different
-        # moments, so the move is clamped.
-        paused = min(snapshot.get("paused_requests", 0), snapshot.get("running_requests", 0))
-        if paused > 0:
-            snapshot["running_requests"] -= paused
-            snapshot["waiting_requests"] += paused
+        # KV memory holds none and waits to resume, and one held until its grammar compiled has not
+        # started: vLLM (whose names these gauges also carry) counts both as waiting (preempted,
+        # WAITING_FOR_FSM). The values are written by different processes at different moments,
+        # so the move is clamped.
+        stalled = snapshot.get("paused_requests", 0) + snapshot.get("grammar_held_requests", 0)
+        stalled = min(stalled, snapshot.get("running_requests", 0))
+        if stalled > 0:
+            snapshot["running_requests"] -= stalled
+            snapshot["waiting_requests"] += stalled
         labels = ["strategy"]
         yield from histogram_families(snapshot, self.strategy)
         yield from iteration_tokens_family(snapshot, self.strategy)

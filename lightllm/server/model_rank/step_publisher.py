@@ -175,6 +175,7 @@ class StepPublisher:
         # A decode node's free KV for its PD master is what no reservation was promised.
         stats.set("kv_promised_tokens", self.backend.promised_token_num())
         stats.set("paused_requests", sum(1 for r in self.backend.requests.values() if r.is_paused))
+        stats.set("grammar_held_requests", sum(1 for r in self.backend.requests.values() if r.grammar_held))
         stats.set("preemptions", self.preemptions)
         stats.set("processed_prefill_tokens", self.backend.counter.value)
         stats.set("backend_steps", self.steps)

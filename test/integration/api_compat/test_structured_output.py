@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import random
 import re
 
 import httpx
@@ -132,38 +134,56 @@ def test_a_schema_with_no_finite_output_is_the_clients_400_and_the_server_serves
     assert fine.json()["choices"][0]["finish_reason"] == "stop"
 
 
-def _running_requests(metrics: str) -> float:
-    """The router's count of requests admitted to the model rank, from a /metrics page."""
-    found = re.search(r"^lightllm_running_requests(?:\{[^}]*\})? (\S+)$", metrics, re.MULTILINE)
+def _metric(page: str, name: str) -> float:
+    """One series of a /metrics page (0 when the server does not export it)."""
+    found = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", page, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 
-def test_a_plain_request_is_not_held_up_by_a_grammar_compiling_on_the_rank(tiny_server):
-    """``multipleOf: 99991`` takes about a second to compile.  The rank compiled it in its step, once
-    per choice, and every other request waited for the step: a plain request sent while the choices
-    were on the rank ended after their tokens.  Now the compile runs on a thread, once, and only the
-    constrained request waits for it.  Decided by the order of events, not by durations: the plain
-    request is sent once the router has admitted both choices to the rank, and must end first."""
-    costly = {"model": tiny_server.model_name, "prompt": "x", "guided_json": {"type": "integer", "multipleOf": 99991},
+# Divisors near the HTTP process's multipleOf limit (100000) take the compiler about a second. Each
+# test run takes its own, never a value another request to the server used: a grammar compiled
+# before is cached on the rank, and its requests are not held at all.
+_DIVISORS = itertools.count(random.SystemRandom().randrange(90_001, 99_000) | 1)
+
+
+def test_a_constrained_request_waits_for_its_grammar_off_the_step_while_the_rank_runs_on(tiny_server):
+    """The rank compiled a grammar inside its step (once per choice), so every other request waited
+    for it: a plain request sent during an n=16 request of multipleOf 99991 took 20 s.  Now the
+    compile runs on the rank's compile thread and only its own request is held meanwhile.
+
+    What decides is the server's own report, not which request ends first (that is a race between
+    the compile and the plain request's steps): while /metrics shows both choices held for their
+    grammar (and counts them as waiting, as vLLM counts WAITING_FOR_FSM), the rank's step counter
+    goes on rising, which a step busy compiling cannot do.  A fresh grammar compiles for about a
+    second, the length of the window polled every 20 ms.  A plain request sent then, and the
+    constrained one, are answered as usual."""
+    divisor = next(_DIVISORS)
+    costly = {"model": tiny_server.model_name, "prompt": "x", "guided_json": {"type": "integer", "multipleOf": divisor},
               "n": 2, "max_tokens": 1, "temperature": 1, "seed": 1}
     plain = {"model": tiny_server.model_name, "prompt": "hello", "max_tokens": 2, "ignore_eos": True,
              "temperature": 0}
 
-    async def race() -> tuple:
-        ended = []
+    async def watch() -> tuple:
+        held_pages = []
         async with httpx.AsyncClient(base_url=tiny_server.url, timeout=300) as client:
-            async def send(name: str, body: dict) -> httpx.Response:
-                answer = await client.post("/v1/completions", json=body)
-                ended.append(name)
-                return answer
+            constrained = asyncio.create_task(client.post("/v1/completions", json=costly))
+            while not constrained.done():
+                page = (await client.get("/metrics")).text
+                if _metric(page, "lightllm_grammar_held_requests") == 2:
+                    held_pages.append(page)
+                    steps = [_metric(held, "lightllm_backend_steps_total") for held in held_pages]
+                    if steps[-1] > steps[0]:
+                        break
+                await asyncio.sleep(0.02)
+            free = await client.post("/v1/completions", json=plain)
+            return held_pages, free, await constrained
 
-            constrained = asyncio.create_task(send("constrained", costly))
-            while not constrained.done() and _running_requests((await client.get("/metrics")).text) < 2:
-                await asyncio.sleep(0.01)
-            free = await send("plain", plain)
-            return ended, free, await constrained
-
-    ended, free, constrained = asyncio.run(race())
+    held_pages, free, constrained = asyncio.run(watch())
+    steps = [_metric(page, "lightllm_backend_steps_total") for page in held_pages]
+    assert len(steps) >= 2 and steps[-1] > steps[0], f"no step ran while both choices were held: {steps}"
+    for page in held_pages:
+        assert _metric(page, "vllm:num_requests_waiting") >= 2
     assert free.status_code == 200 and constrained.status_code == 200, (free.text, constrained.text)
-    assert ended == ["plain", "constrained"]
-    assert [choice["text"].isdigit() for choice in constrained.json()["choices"]] == [True, True]
+    assert free.json()["usage"]["completion_tokens"] == 2
+    # One token of an integer: digits, or the minus sign of a negative one.
+    assert [bool(re.fullmatch(r"-|-?[0-9]+", choice["text"])) for choice in constrained.json()["choices"]] == [True] * 2

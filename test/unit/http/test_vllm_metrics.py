@@ -266,3 +266,22 @@ def test_paused_requests_count_as_waiting_not_running(stats: ShmStats) -> None:
     families = _families(ServerMetrics("hrrn", stats, "tiny-model", max_len=512))
     assert _value(families["vllm:num_requests_running"], "vllm:num_requests_running") == 0
     assert _value(families["vllm:num_requests_waiting"], "vllm:num_requests_waiting") == 19
+
+
+def test_requests_held_for_their_grammar_count_as_waiting_not_running(stats: ShmStats) -> None:
+    """A constrained request held on the rank until its grammar compiled has not started: vLLM counts
+    it as waiting (WAITING_FOR_FSM), as it counts a paused one."""
+    stats.set("running_requests", 10)
+    stats.set("waiting_requests", 1)
+    stats.set("paused_requests", 3)
+    stats.set("grammar_held_requests", 4)
+    families = _families(ServerMetrics("hrrn", stats, "tiny-model", max_len=512))
+    for running, waiting in (("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                             ("lightllm_running_requests", "lightllm_waiting_requests")):
+        assert _value(families[running], running) == 3
+        assert _value(families[waiting], waiting) == 8
+    assert _value(families["lightllm_grammar_held_requests"], "lightllm_grammar_held_requests") == 4
+    stats.set("grammar_held_requests", 9)  # read at another moment than the router's count: clamped
+    families = _families(ServerMetrics("hrrn", stats, "tiny-model", max_len=512))
+    assert _value(families["vllm:num_requests_running"], "vllm:num_requests_running") == 0
+    assert _value(families["vllm:num_requests_waiting"], "vllm:num_requests_waiting") == 11

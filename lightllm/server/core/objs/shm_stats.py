@@ -25,6 +25,7 @@ STAT_FIELDS = (
     "kv_allocatable_tokens",  # rank 0: free + evictable prefix-cache slots
     "kv_promised_tokens",  # rank 0: decode node's reservations' KV still to allocate (0 elsewhere)
     "paused_requests",  # rank 0
+    "grammar_held_requests",  # rank 0: held until their grammar compiled (vLLM's WAITING_FOR_FSM)
     "backend_steps",  # rank 0
     "processed_prefill_tokens",  # rank 0
     "step_schedule_us",  # rank 0, cumulative: filter/order/select
