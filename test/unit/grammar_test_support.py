@@ -14,12 +14,13 @@ MAX_STEPS = 20_000
 
 
 def step_releasing_grammars(backend: Any) -> Any:
-    """One loop iteration: release the held requests whose compile ended (rank 0's ``GrammarsReady``), then step.
+    """One loop iteration: release the held requests whose compile ended, or end those whose compile
+    raised (rank 0's ``GrammarsReady``), then step.
 
     While only held requests live the step does nothing; a short sleep then stands for the rank
     loop's poll, so a compile on the other thread is not starved by a spinning test.
     """
-    backend.grammars_ready(backend.grammars_compiled())
+    backend.grammars_ready(*backend.grammars_compiled())
     report = backend.step()
     if not report.did_work and any(req.grammar_held for req in backend.requests.values()):
         time.sleep(0.001)

@@ -7,7 +7,7 @@ token values, so the engine makes the same decisions as with the real model.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 from lightllm.benchmark.simulator.cost_model import CostProfile
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -47,9 +47,9 @@ class CostModelExecutor:
         """Nothing to compile: the simulator runs no grammar (a server refuses such requests here,
         ``grammar_enabled`` being False; a test joining one directly sees it held until released)."""
 
-    def grammars_compiled(self, request_ids: Sequence[int]) -> List[int]:
-        """No compiles: every request counts as compiled."""
-        return list(request_ids)
+    def grammars_compiled(self, request_ids: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """No compiles: every request counts as compiled, none failed."""
+        return list(request_ids), []
 
     def forget(self, req: InferReq) -> None:
         """No per-request state."""

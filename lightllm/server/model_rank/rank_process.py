@@ -18,8 +18,8 @@ A constrained request's grammar compiles on each rank's compile thread from inta
 request is held out of the steps meanwhile (vLLM's ``WAITING_FOR_FSM``); which requests may run
 is rank 0's decision like any other: once its compile has ended, rank 0 adds a
 :class:`GrammarsReady` command to the iteration's list, so every rank releases them before the
-same step.  Until then rank 0 polls (``IDLE_POLL_MS``) when nothing else runs, and does not wait
-at all once a compile has ended.
+same step (or, where rank 0's compile raised, finishes them with an error).  Until then rank 0
+polls (``IDLE_POLL_MS``) when nothing else runs, and does not wait at all once a compile has ended.
 
 The loop is the same in every run mode: each admitted request goes to ``backend.intake``, any
 command it does not know to ``backend.on_command``, and ``backend.poll`` runs once per
@@ -80,10 +80,13 @@ class RejectRequests:
 
 @dataclass
 class GrammarsReady:
-    """Rank 0 -> every rank, inside the broadcast command list: these held requests' grammars
-    compiled on rank 0 (or failed to, which their first mask reports); they may be scheduled now."""
+    """Rank 0 -> every rank, inside the broadcast command list: the held requests whose grammar
+    compile ended on rank 0.  ``request_ids`` compiled there and may be scheduled now; ``failed``
+    raised there and every rank finishes them with an error (rank 0's outcome is every rank's: a
+    compile may raise on one rank only)."""
 
     request_ids: List[int] = field(default_factory=list)
+    failed: List[int] = field(default_factory=list)
 
 
 class ModelRank:
@@ -160,9 +163,9 @@ class ModelRank:
                 except zmq.Again:
                     break
         commands = self.screen(commands)
-        compiled = self.backend.grammars_compiled()
-        if compiled:
-            commands.append(GrammarsReady(compiled))
+        compiled, failed = self.backend.grammars_compiled()
+        if compiled or failed:
+            commands.append(GrammarsReady(compiled, failed))
         if self.channel is not None:
             # With no commands the ranks' state is what it was after the last step, so rank 0's
             # own view tells whether the others have anything to run in this iteration.
@@ -180,7 +183,7 @@ class ModelRank:
         """Rank 0: how long to wait for the first message of this iteration."""
         if self.backend.has_work and self._last_step_did_work:
             return 0
-        if self.backend.grammars_compiled():  # a held request can run at once
+        if any(self.backend.grammars_compiled()):  # a held request can run (or end) at once
             return 0
         # A stalled batch (all requests paused) or transfers in flight are polled, not spun on.
         if self._ranks_busy():
@@ -244,7 +247,7 @@ class ModelRank:
                 for request_id in command.request_ids:
                     self.backend.abort(request_id)
             elif isinstance(command, GrammarsReady):
-                self.backend.grammars_ready(command.request_ids)
+                self.backend.grammars_ready(command.request_ids, command.failed)
             else:
                 self.backend.on_command(command)
 

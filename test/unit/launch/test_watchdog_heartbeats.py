@@ -170,7 +170,7 @@ def test_a_model_rank_beats_before_and_after_each_wait_while_idle():
     try:
         clock = _Counter()
         backend = SimpleNamespace(has_work=False, has_outside_work=False, poll=lambda: None,
-                                  grammars_compiled=list)
+                                  grammars_compiled=lambda: ([], []))
         inbox = _IdleInbox(iterations=5)
         rank = ModelRank(backend, None, is_leader=True, inbox=inbox, heartbeat=block.stamp(0, clock))
         inbox.rank = rank

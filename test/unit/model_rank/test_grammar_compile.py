@@ -24,10 +24,11 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_GRAMMAR_FAILED, FINISH_LENGTH, FINISH_STOP
+from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.model_rank.execution.grammar_compiler import GrammarCompiler
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
@@ -88,7 +89,7 @@ def _busy(workers: DaemonWorkers) -> Iterator[None]:
 
 def _wait_compiled(backend: Any, request_id: int) -> None:
     deadline = time.monotonic() + WAIT_SECONDS
-    while request_id not in backend.grammars_compiled():
+    while request_id not in backend.grammars_compiled()[0]:
         assert time.monotonic() < deadline, f"request {request_id}'s grammar never compiled"
         time.sleep(0.01)
 
@@ -130,6 +131,38 @@ def test_distinct_grammars_compile_apart_and_the_least_recently_used_is_evicted_
         GrammarConstraints(lambda: tokenizer, cache_size=0)
 
 
+def test_a_compile_is_cancelled_only_once_no_request_waits_for_it_and_only_before_it_runs():
+    """Two requests of a grammar wait for one compile: the first leaving cancels nothing; the last
+    leaving cancels it while it is queued (the thread never runs it), not once it has started."""
+    workers = DaemonWorkers(1, "test-grammar")
+    built, started, finish = [], threading.Event(), threading.Event()
+
+    def build(grammar: str) -> str:
+        built.append(grammar)
+        if grammar == "slow":
+            started.set()
+            finish.wait(WAIT_SECONDS)
+        return grammar.upper()
+
+    compiler = GrammarCompiler(build, workers=workers)
+    with _busy(workers):
+        queued = compiler.acquire("queued")
+        assert compiler.acquire("queued") is queued
+        compiler.release("queued", queued)
+        assert not queued.cancelled() and "queued" in compiler
+        compiler.release("queued", queued)
+        assert queued.cancelled() and "queued" not in compiler and compiler.cancelled == 1
+        slow = compiler.acquire("slow")
+    assert started.wait(WAIT_SECONDS)
+    compiler.release("slow", slow)  # running: it goes on, and its template stays cached
+    finish.set()
+    assert slow.result(WAIT_SECONDS) == "SLOW" and compiler.cancelled == 1
+    assert compiler.acquire("slow") is slow
+    again = compiler.acquire("queued")  # cancelled earlier: compiled anew, cleanly
+    assert again is not queued and again.result(WAIT_SECONDS) == "QUEUED"
+    assert built == ["slow", "queued"] and compiler.builds == 3
+
+
 # --- the hold -------------------------------------------------------------------------------------
 def test_a_constrained_request_waits_for_grammars_ready_while_a_free_one_runs(model, tokenizer):
     workers = DaemonWorkers(1, "test-grammar")
@@ -140,7 +173,7 @@ def test_a_constrained_request_waits_for_grammars_ready_while_a_free_one_runs(mo
         backend.add_request(2, RequestSpec(prompt, _constrained(seed=1)))
         free_tokens = []
         while 1 in backend.requests:  # the free request runs to its end meanwhile
-            assert backend.grammars_compiled() == []
+            assert backend.grammars_compiled() == ([], [])
             report = backend.step()
             assert 2 not in {req.request_id for req in report.ordered}
             free_tokens += [token for req, token, _ in report.tokens if req.request_id == 1]
@@ -156,26 +189,38 @@ def test_a_constrained_request_waits_for_grammars_ready_while_a_free_one_runs(mo
     _assert_valid(tokenizer, outputs[2])
 
 
-def test_an_abort_releases_a_request_held_for_its_grammar(model, tokenizer):
+def test_an_abort_releases_a_held_request_and_cancels_the_compile_no_one_waits_for(model, tokenizer):
+    """Compiles of requests that left (clients gone) must not hold up the one compile thread: a queued
+    compile whose last waiter leaves is cancelled and uncached, and the grammar compiles anew later."""
     workers = DaemonWorkers(1, "test-grammar")
     constraints = GrammarConstraints(lambda: tokenizer, workers=workers)
     backend = _backend(model, constraints)
     prompt = tokenizer("Give me JSON")["input_ids"]
+    abandoned = [structured_grammar({"regex": f"{letter}+"}, {}, None) for letter in "wxyz"]
     with _busy(workers):
         backend.add_request(1, RequestSpec(prompt, _constrained(seed=1)))
+        backend.add_request(2, RequestSpec(prompt, _constrained(seed=2)))  # the same grammar: one compile
+        for request_id, grammar in enumerate(abandoned, start=3):
+            backend.add_request(request_id, RequestSpec(prompt, SamplingParams(max_new_tokens=4, grammar=grammar)))
         assert not backend.step().did_work
         backend.abort(1)
+        backend.step()
+        assert constraints.compiler.cancelled == 0 and GRAMMAR in constraints.compiler  # request 2 still waits
+        for request_id in range(2, 7):
+            backend.abort(request_id)
         report = backend.step()
-        assert [(req.request_id, status) for req, status in report.finished] == [(1, FINISH_ABORT)]
-        assert not backend.has_work
-        assert constraints.compiled([1]) == [1]  # nothing of it is left waiting, though its compile is queued
-    # The compile still ran; its template serves the next request of that grammar.
-    backend.add_request(2, RequestSpec(prompt, _constrained(seed=2)))
+        assert sorted((req.request_id, status) for req, status in report.finished) == \
+            [(request_id, FINISH_ABORT) for request_id in range(2, 7)]
+        assert not backend.has_work and constraints.compiled([2]) == ([2], [])  # nothing of it is left waiting
+        assert constraints.compiler.cancelled == 5 and len(constraints.compiler) == 0
+        # A request arriving now is the next in line: none of the five compiles will run before it.
+        backend.add_request(7, RequestSpec(prompt, _constrained(seed=7)))
     outputs, statuses = run_releasing_grammars(backend)
-    assert statuses[2] == FINISH_STOP and constraints.compiler.builds == 1
+    assert statuses[7] == FINISH_STOP and constraints.compiler.builds == 6
+    _assert_valid(tokenizer, outputs[7])
 
 
-def test_a_compile_that_raises_fails_its_request_alone_and_a_later_one_compiles_again(model, tokenizer, caplog):
+def test_a_compile_that_raises_ends_its_request_alone_with_a_server_error_then_compiles_again(model, tokenizer, caplog):
     loads = []
 
     def tokenizer_once_unreadable() -> Any:
@@ -192,7 +237,9 @@ def test_a_compile_that_raises_fails_its_request_alone_and_a_later_one_compiles_
     with caplog.at_level("WARNING", logger="lightllm.structured_output"):
         outputs, statuses = run_releasing_grammars(backend)
     assert statuses[1] == FINISH_LENGTH and len(outputs[1]) == FREE.max_new_tokens
-    assert statuses[2] == FINISH_GRAMMAR_FAILED and outputs[2] == []
+    # The server's fault, not the grammar's (llguidance reports a bad grammar without raising):
+    # FINISH_ERROR, the client's 500 generation_failed, not FINISH_GRAMMAR_FAILED's 400.
+    assert statuses[2] == FINISH_ERROR and outputs[2] == []
     assert "request 2: its structured-output grammar could not be compiled on this rank (tokenizer.json went away)" \
         in caplog.text
     # A failed compile is not cached: the next request of the grammar compiles it again, and runs.
@@ -259,7 +306,7 @@ def test_rank0_polls_while_a_grammar_compiles_then_sends_grammars_ready_at_once(
     commands = rank.receive_commands()
     assert inbox.waits[-1] == 0 and commands == [GrammarsReady([1])]
     rank.apply(commands)
-    assert backend.step().did_work and backend.grammars_compiled() == []
+    assert backend.step().did_work and backend.grammars_compiled() == ([], [])
 
 
 def test_every_rank_releases_a_request_when_rank0_says_so_though_its_own_compile_still_runs(model, tokenizer):
@@ -283,7 +330,7 @@ def test_every_rank_releases_a_request_when_rank0_says_so_though_its_own_compile
                 break
             commands = leader.receive_commands()
             if any(isinstance(command, GrammarsReady) for command in commands):
-                assert follower_backend.grammars_compiled() == []  # the follower's compile has not run
+                assert follower_backend.grammars_compiled() == ([], [])  # the follower's compile has not run
                 # Opened while the follower may be waiting for it in its step (or before): either way.
                 threading.Timer(0.05, gate.set).start()
             for rank in (leader, follower):

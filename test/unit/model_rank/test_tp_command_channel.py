@@ -41,7 +41,7 @@ STEPS: List[List[Any]] = [
     [],
     [AbortRequests([7]), AddRequests([(9, 2)])],
     [AbortRequests([8]), BIG],
-    [AbortRequests([9]), GrammarsReady([10, 11])],
+    [AbortRequests([9]), GrammarsReady([10, 11], failed=[12])],
 ]
 
 
@@ -77,7 +77,7 @@ def _rank(rank: int) -> Any:
     from lightllm.server.model_rank.rank_process import ModelRank
 
     # The command loop only; no model, no shared memory.
-    backend = SimpleNamespace(has_work=False, has_outside_work=False, grammars_compiled=list)
+    backend = SimpleNamespace(has_work=False, has_outside_work=False, grammars_compiled=lambda: ([], []))
     return ModelRank(backend, None, is_leader=rank == 0,
                      channel=TpCommandChannel.open(rank, 2, timeout=TEST_TIMEOUT, keepalive_seconds=KEEPALIVE))
 

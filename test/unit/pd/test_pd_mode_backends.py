@@ -10,6 +10,7 @@ moves the same bytes between the two nodes' KV caches.
 from __future__ import annotations
 
 import json
+import time
 from typing import Dict, List
 
 import pytest
@@ -204,6 +205,32 @@ def test_a_constrained_request_through_prefill_and_decode_nodes_matches_a_normal
     prefill.transfer_done(1, ok=True)
     assert decode.requests[1].grammar_held and not decode.step().ordered  # admitted, still held
     assert run_releasing_grammars(decode)[0][1] == full
+
+
+def test_a_decode_node_ends_a_request_whose_compile_raised_only_once_its_kv_arrived(model, tiny_llama_dir) -> None:
+    """A compile raising on rank 0 ends the request with FINISH_ERROR on every rank, but a decode node's
+    request waits for its KV first: ended at once, it would free KV a transfer still writes into."""
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+
+    def unreadable() -> None:
+        raise OSError("tokenizer.json went away")
+
+    grammar = response_format_grammar({"type": "json_schema",
+                                       "json_schema": {"name": "s", "schema": {"type": "boolean"}}})
+    spec = RequestSpec(tokenizer("Give me JSON")["input_ids"], SamplingParams(max_new_tokens=8, grammar=grammar))
+    constraints = GrammarConstraints(unreadable)
+    decode = _backend(model, "decode", grammar=constraints)
+    dst = decode.reserve_prefilled(1, spec)
+    deadline = time.monotonic() + 60
+    while constraints.compiled([1]) != ([], [1]):  # the compile raised on this rank 0
+        assert time.monotonic() < deadline, "the compile never ended"
+        time.sleep(0.01)
+    assert decode.grammars_compiled() == ([], []) and not decode.step().finished  # its KV is still moving
+    assert decode.admit_prefilled(dst, tokenizer.convert_tokens_to_ids("true")) == 0
+    assert decode.grammars_compiled() == ([], [1])
+    decode.grammars_ready(*decode.grammars_compiled())
+    assert [(req.request_id, status) for req, status in decode.step().finished] == [(1, FINISH_ERROR)]
+    assert not decode.has_work
 
 
 def test_decode_reservation_is_refused_at_once_when_kv_is_short(model) -> None:

@@ -13,13 +13,21 @@ grammar, so 16 of them take no more memory than one).  A compile runs on a daemo
 template comes back in a ``Future``: llguidance releases the GIL while it builds, so a compile
 overlaps the rank's forwards instead of stopping them, and the request it is for waits for it
 (``StepEngine``'s grammar hold) while the others run.
+
+The requests waiting for a compile are counted (:meth:`GrammarCompiler.acquire` and
+:meth:`~GrammarCompiler.release`): a compile that no live request needs any more (its clients left)
+and that has not started is cancelled and dropped from the cache, so the one compile thread does
+not spend seconds on it while the compiles of requests still there queue behind.  Every TP rank
+counts the same requests (they join and leave alike), and a cancelled compile is one no live
+request waits for, so no scheduling decision depends on it; only whether the next request of that
+grammar finds it cached may differ between ranks, which rank 0's ``GrammarsReady`` already covers.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from concurrent.futures import CancelledError, Future
+from typing import Any, Callable, Dict, Optional
 
 from lightllm.utils.daemon_workers import DaemonWorkers
 
@@ -34,8 +42,22 @@ GRAMMAR_CACHE_SIZE = 32
 # takes it off the loop; more would take more cores from the rank's own forward and sampling
 # threads on a host whose CPUs serve them (and the HTTP process's validation compiles).  Compiles
 # run in arrival order, so grammars become ready in the order their requests came; the price is
-# that a new grammar queued behind a costly one waits for it too (only its own request waits).
+# that a new grammar queued behind a costly one waits for it too (only its own request waits), and
+# that compiles nobody waits for any more must be cancelled (GrammarCompiler.release).
 COMPILE_THREADS = 1
+
+
+def compile_error(future: Future) -> Optional[BaseException]:
+    """The exception a finished compile raised, or None; waits for a compile still running.
+
+    Read without re-raising it: a pyo3 ``PanicException`` (a ``BaseException``, as llguidance's Rust
+    panics surface) is a failed compile like any other, and must not escape the rank's loop from
+    wherever the future happens to be read.  A cancelled compile counts as failed (no request that
+    reads it should have let it be cancelled).
+    """
+    if future.cancelled():
+        return CancelledError()
+    return future.exception()
 
 
 class GrammarCompiler:
@@ -46,8 +68,9 @@ class GrammarCompiler:
         capacity: distinct grammars kept (least recently asked for evicted first).
         workers: the thread(s) that compile; default: a pool of :data:`COMPILE_THREADS` of its own.
 
-    :meth:`compile` is called from the rank's loop only, so the cache needs no lock; the futures
-    it hands out are thread-safe.
+    :meth:`compile`, :meth:`acquire` and :meth:`release` are called from the rank's loop only, so
+    the cache needs no lock; the futures it hands out are thread-safe (``Future.cancel`` and the
+    compile thread's start of a job exclude each other).
     """
 
     def __init__(self, build: Callable[[str], Any], capacity: int = GRAMMAR_CACHE_SIZE,
@@ -58,8 +81,12 @@ class GrammarCompiler:
         self.capacity = capacity
         self._workers = workers if workers is not None else DaemonWorkers(COMPILE_THREADS, "lightllm-grammar")
         self._cache: "OrderedDict[str, Future]" = OrderedDict()
-        # Compiles started (cache misses), for tests and diagnostics.
+        # Live requests waiting for each compile (acquire .. release), by future: an evicted grammar
+        # compiled again gets a new future, whose waiters must not be mixed with the old one's.
+        self._waiters: Dict[Future, int] = {}
+        # Compiles started (cache misses) and cancelled before they ran, for tests and diagnostics.
         self.builds = 0
+        self.cancelled = 0
 
     def compile(self, grammar: str) -> Future:
         """The future template of ``grammar``: the cached one (finished or still compiling), or a new compile.
@@ -68,7 +95,7 @@ class GrammarCompiler:
         failure, a later one compiles again (a failure such as running out of memory may pass).
         """
         future = self._cache.get(grammar)
-        if future is not None and not (future.done() and future.exception() is not None):
+        if future is not None and not (future.done() and compile_error(future) is not None):
             self._cache.move_to_end(grammar)
             return future
         future = self._workers.submit(lambda: self._build(grammar))
@@ -78,6 +105,29 @@ class GrammarCompiler:
         while len(self._cache) > self.capacity:
             self._cache.popitem(last=False)
         return future
+
+    def acquire(self, grammar: str) -> Future:
+        """:meth:`compile`, counting one more live request that waits for the compile until :meth:`release`."""
+        future = self.compile(grammar)
+        self._waiters[future] = self._waiters.get(future, 0) + 1
+        return future
+
+    def release(self, grammar: str, future: Future) -> None:
+        """A request that took ``future`` from :meth:`acquire` no longer waits for it (it took its matcher, or left).
+
+        When none waits any more and the compile has not started, it is cancelled (the compile
+        thread skips it) and dropped from the cache: a later request of ``grammar`` compiles it
+        anew.  A compile already running or finished stays cached for the next request.
+        """
+        left = self._waiters.get(future, 0) - 1
+        if left > 0:
+            self._waiters[future] = left
+            return
+        self._waiters.pop(future, None)
+        if future.cancel():  # False once the compile thread has taken it (or it ended)
+            self.cancelled += 1
+            if self._cache.get(grammar) is future:
+                del self._cache[grammar]
 
     def __len__(self) -> int:
         return len(self._cache)

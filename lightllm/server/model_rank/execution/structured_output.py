@@ -18,6 +18,14 @@ on the compile thread, and the request is not scheduled before rank 0's compile 
 (``GrammarsReady``, see ``rank_process.py``).  Another TP rank whose own compile of the same
 grammar is still running waits for it where it takes the matcher; every rank takes it in the
 same step, so they wait at the same point and stay in step.
+
+A compile that raises is a server fault (llguidance does not raise on a bad grammar: it returns a
+matcher in error, which the first mask reports as the request's ``grammar_failed``), and it may
+raise on one rank only (its tokenizer file unreadable for a moment).  So rank 0 decides: a
+request whose compile raised on rank 0 is listed as failed in ``GrammarsReady`` and every rank
+finishes it with ``FINISH_ERROR``; a rank whose own compile raised while rank 0's succeeded cannot
+follow rank 0's tokens for it and raises :class:`GrammarCompileFailed` out of the step, which
+stops the rank as a forward failure under tensor parallelism does.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import torch
 
 from lightllm.common.sampling.grammar_limits import grammar_limits
 from lightllm.common.sampling.grammar_vocabulary import grammar_tokenizer
-from lightllm.server.model_rank.execution.grammar_compiler import GRAMMAR_CACHE_SIZE, GrammarCompiler
+from lightllm.server.model_rank.execution.grammar_compiler import GRAMMAR_CACHE_SIZE, GrammarCompiler, compile_error
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.utils.daemon_workers import DaemonWorkers
 
@@ -39,6 +47,20 @@ log = logging.getLogger("lightllm.structured_output")
 
 # Bit positions of one int32 word of llguidance's packed token bitmask.
 _BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarCompileFailed(RuntimeError):
+    """A request's grammar compile raised on this rank although rank 0 released the request.
+
+    Rank 0 releases a request only once its own compile succeeded, so this rank would have to
+    sample a token rank 0 chose under a grammar it does not have: the ranks cannot stay in step,
+    and the rank stops (see the module docstring).
+    """
+
+    def __init__(self, request_id: int, cause: BaseException) -> None:
+        super().__init__(f"request {request_id}: its structured-output grammar could not be compiled on this rank "
+                         f"though rank 0 compiled it ({str(cause) or type(cause).__name__})")
+        self.request_id = request_id
 
 
 class GrammarConstraints:
@@ -62,8 +84,9 @@ class GrammarConstraints:
         # it meanwhile (another TP rank's first mask), and it must be built once.
         self._tokenizer_lock = threading.Lock()
         self.compiler = GrammarCompiler(self._build, cache_size, workers)
-        # request id -> its grammar's template, from intake until its matcher is taken.
-        self._compiles: Dict[int, Future] = {}
+        # request id -> (its grammar, the compile of its template), from intake until its matcher is
+        # taken or it leaves; each entry counts as one waiter of the compile (GrammarCompiler.acquire).
+        self._compiles: Dict[int, Tuple[str, Future]] = {}
         self._matchers: Dict[int, Any] = {}
 
     def _tokenizer(self) -> Any:
@@ -80,23 +103,35 @@ class GrammarConstraints:
 
     def start(self, req: InferReq) -> None:
         """``req`` joined the rank: start compiling its grammar (cached: nothing to do); never waits."""
-        if self.constrained(req) and req.request_id not in self._matchers:
-            self._compiles[req.request_id] = self.compiler.compile(req.sampling.grammar)
+        if self.constrained(req) and req.request_id not in self._matchers and req.request_id not in self._compiles:
+            grammar = req.sampling.grammar
+            self._compiles[req.request_id] = (grammar, self.compiler.acquire(grammar))
 
-    def compiled(self, request_ids: Sequence[int]) -> List[int]:
-        """Those of ``request_ids`` whose compile has ended here, well or not (a failure shows in
-        the request's first mask); never waits.  A request with no compile in flight counts as compiled."""
-        compiles = self._compiles
-        return [request_id for request_id in request_ids
-                if request_id not in compiles or compiles[request_id].done()]
+    def compiled(self, request_ids: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """Those of ``request_ids`` whose compile has ended here: ``(succeeded, raised)``, each in
+        the given order; never waits.  A request with no compile in flight counts as succeeded."""
+        succeeded: List[int] = []
+        raised: List[int] = []
+        for request_id in request_ids:
+            entry = self._compiles.get(request_id)
+            if entry is None:
+                succeeded.append(request_id)
+            elif entry[1].done():
+                (raised if compile_error(entry[1]) is not None else succeeded).append(request_id)
+        return succeeded, raised
 
     def _matcher(self, req: InferReq) -> Any:
         matcher = self._matchers.get(req.request_id)
         if matcher is None:
-            compile_ = self._compiles.pop(req.request_id, None)
-            if compile_ is None:  # a caller that never started it (its own engine, a test)
-                compile_ = self.compiler.compile(req.sampling.grammar)
-            # Rank 0 gets here after its compile ended; another rank may wait for its own here.
+            if req.request_id not in self._compiles:  # a caller that never started it (its own engine, a test)
+                self.start(req)
+            grammar, compile_ = self._compiles.pop(req.request_id)
+            # Rank 0 gets here after its compile succeeded; another rank may wait for its own here
+            # (before the release: a compile still queued with no other waiter would be cancelled).
+            error = compile_error(compile_)
+            self.compiler.release(grammar, compile_)
+            if error is not None:
+                raise GrammarCompileFailed(req.request_id, error) from error
             matcher = compile_.result().deep_copy()
             # A request prefilled again after a pause keeps its matcher; a new one starts here,
             # past the output earlier segments generated (the prompt's tail) and this one's.
@@ -115,10 +150,11 @@ class GrammarConstraints:
         """``logits`` with tokens the grammar forbids at ``-inf`` on constrained rows (a copy if
         any), and the ids of the requests whose grammar failed while computing its mask.
 
-        A grammar fails there when its compile failed on this rank, or when it allows no next
-        token at all (one that can never end runs into llguidance's limits, or a text the grammar
-        cannot continue): its request ends with an error, logged with the reason, instead of
-        sampling from an empty row.
+        A grammar fails there when it allows no next token at all (one that can never end runs
+        into llguidance's limits, or a text the grammar cannot continue, or one llguidance could
+        not parse): its request ends with an error, logged with the reason, instead of sampling
+        from an empty row.  A compile that raised on this rank raises :class:`GrammarCompileFailed`
+        (rank 0 finished the requests whose compile raised there before any mask).
         """
         rows = [row for row, req in enumerate(reqs) if self.constrained(req)]
         if not rows:
@@ -128,13 +164,9 @@ class GrammarConstraints:
         import llguidance.numpy as ll_numpy
 
         failed: Set[int] = set()
-        matchers = [self._matcher_or_failure(reqs[row], failed) for row in rows]
-        if all(matcher is None for matcher in matchers):  # no tokenizer view may exist (it failed to load)
-            return logits, failed
+        matchers = [self._matcher(reqs[row]) for row in rows]
         packed = ll_numpy.allocate_token_bitmask(len(rows), self._tokenizer().vocab_size)
         for index, (row, matcher) in enumerate(zip(rows, matchers)):
-            if matcher is None:
-                continue
             ll_numpy.fill_next_token_bitmask(matcher, packed, index)
             if matcher.is_error():
                 req = reqs[row]
@@ -153,16 +185,6 @@ class GrammarConstraints:
         masked[row_index] = masked[row_index].masked_fill(~allowed.to(logits.device), float("-inf"))
         return masked, failed
 
-    def _matcher_or_failure(self, req: InferReq, failed: Set[int]) -> Any:
-        """``req``'s matcher, or None (its id added to ``failed``, the reason logged) when its compile failed."""
-        try:
-            return self._matcher(req)
-        except Exception as exc:  # noqa: BLE001 - the request's compile failed: it alone ends
-            failed.add(req.request_id)
-            log.warning("request %d: its structured-output grammar could not be compiled on this rank (%s); "
-                        "finishing it with an error", req.request_id, str(exc) or type(exc).__name__)
-            return None
-
     def accept(self, req: InferReq, token: int) -> Optional[str]:
         """Advance ``req``'s matcher; returns "stop" when the grammar ended, "error" when it failed."""
         if not self.constrained(req):
@@ -180,6 +202,17 @@ class GrammarConstraints:
 
     def forget_request(self, request_id: int) -> None:
         """Drop the matcher (or the compile it waits for) of a request that left; no-op for
-        unconstrained ones.  A compile in flight goes on: its template is cached for the next request."""
+        unconstrained ones.  A compile no other live request waits for and not started yet is
+        cancelled; one running goes on, its template cached for the next request.  A compile that
+        raised is logged here, on each rank where it did, once per request that asked for it."""
         self._matchers.pop(request_id, None)
-        self._compiles.pop(request_id, None)
+        entry = self._compiles.pop(request_id, None)
+        if entry is None:
+            return
+        grammar, compile_ = entry
+        error = compile_error(compile_) if compile_.done() else None
+        if error is not None:
+            log.error("request %d: its structured-output grammar could not be compiled on this rank (%s)",
+                      request_id, str(error) or type(error).__name__,
+                      exc_info=(type(error), error, error.__traceback__))
+        self.compiler.release(grammar, compile_)

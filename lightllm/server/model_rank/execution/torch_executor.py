@@ -3,7 +3,9 @@
 One request never takes the rank down: a request whose sampling fails (``row_sampling.py``) or
 whose structured-output mask fails is returned as failed and the rest of the batch goes on.
 Under tensor parallelism rank 0's sampled tokens are broadcast, and a failed row travels as
-token ``-1``, so every rank fails the same requests.  A failing forward pass fails the requests
+token ``-1``, so every rank fails the same requests; a rank whose own mask failed where rank 0's
+did not cannot follow rank 0's token under a grammar it has no matcher for, and raises (as does a
+grammar compile that raised on this rank only: ``GrammarCompileFailed``).  A failing forward pass fails the requests
 of that batch on a single rank; with several ranks it cannot be recovered (their collectives
 would be out of step) and is raised, as is a forward that keeps failing step after step (the
 model or device is broken, not a request).
@@ -29,7 +31,7 @@ from lightllm.server.model_rank.scheduling.model_executor import ExecutionResult
 from lightllm.server.model_rank.execution.prompt_logprobs import collect_prompt_logprobs, prefill_logit_rows
 from lightllm.server.model_rank.execution.row_sampling import FAILED_TOKEN, sample_rows
 from lightllm.server.model_rank.scheduling.step_planner import PrefillChunk
-from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
+from lightllm.server.model_rank.execution.structured_output import GrammarCompileFailed, GrammarConstraints
 
 TokenSync = Callable[[torch.Tensor], torch.Tensor]
 
@@ -137,9 +139,10 @@ class TorchModelExecutor:
         if self.grammar is not None:
             self.grammar.start(req)
 
-    def grammars_compiled(self, request_ids: Sequence[int]) -> List[int]:
-        """Those of ``request_ids`` whose grammar compile has ended on this rank; never waits."""
-        return self.grammar.compiled(request_ids) if self.grammar is not None else list(request_ids)
+    def grammars_compiled(self, request_ids: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """Those of ``request_ids`` whose grammar compile has ended on this rank, ``(succeeded,
+        raised)``; never waits."""
+        return self.grammar.compiled(request_ids) if self.grammar is not None else (list(request_ids), [])
 
     def forget(self, req: InferReq) -> None:
         """Drop the request's grammar matcher."""
@@ -172,16 +175,24 @@ class TorchModelExecutor:
         if self.grammar is not None:
             try:
                 logits, grammar_failed = self.grammar.mask(logits, reqs)
+            except GrammarCompileFailed:
+                raise  # rank 0 released the request with its grammar compiled: this rank cannot follow
             except Exception:  # noqa: BLE001 - a broken mask fails its requests, not the batch
                 log.exception("structured-output mask failed; finishing the constrained requests with an error")
                 mask_broken = {r.request_id for r in reqs if self.grammar.constrained(r)}
         tokens, logprobs, tops = sample_rows(self.sampler, logits, reqs, self.eos_token_ids)
+        if mask_broken:  # travels as a failed row, so under TP rank 0's mask decides for every rank
+            broken_rows = [row for row, req in enumerate(reqs) if req.request_id in mask_broken]
+            tokens[torch.tensor(broken_rows, device=tokens.device)] = FAILED_TOKEN
         if self.token_sync is not None:
             tokens = self.token_sync(tokens)
         for req, token, logprob, top in zip(reqs, tokens.tolist(), logprobs, tops):
-            if token == FAILED_TOKEN or req.request_id in mask_broken:
+            if token == FAILED_TOKEN:
                 result.failed.append(req)
                 continue
+            if req.request_id in mask_broken:
+                raise RuntimeError(f"request {req.request_id}: the structured-output mask failed on this rank but "
+                                   "not on rank 0, whose token this rank cannot follow without the grammar")
             if req.request_id in grammar_failed:
                 result.grammar_failed.append(req)
                 continue

@@ -13,7 +13,7 @@ The rank loop calls, per iteration and identically on every TP rank:
 
 * :meth:`ModeBackend.observe_time` with rank 0's clock, then :meth:`ModeBackend.intake` for
   each admitted request, :meth:`reject` / :meth:`abort` for the
-  others, :meth:`grammars_ready` for the constrained requests whose grammar compiled on rank 0
+  others, :meth:`grammars_ready` for the constrained requests whose grammar compile ended on rank 0
   (rank 0 asks :meth:`grammars_compiled` which those are), :meth:`on_command` for any other command;
 * :meth:`ModeBackend.poll` (work outside the step, e.g. a PD node's KV transfers);
 * :meth:`step` when :attr:`has_work`.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, List, Optional, Sequence, Tuple
 
 from lightllm.server.core.objs.finish_status import FINISH_ERROR
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
@@ -87,25 +87,42 @@ class ModeBackend(StepEngine, ABC):
         self._ended.append((req, status))
 
     # --- the grammar hold (see StepEngine.join) ---------------------------------------------------
-    def grammars_compiled(self) -> List[int]:
-        """Rank 0: the held requests, in admission order, whose grammar compile has ended here (well
-        or not); never waits.  Rank 0 sends them to every rank as one ``GrammarsReady`` command."""
-        if not self.executor.grammar_enabled:  # no constrained request is admitted
-            return []
-        held = [request_id for request_id, req in self.requests.items() if req.grammar_held]
-        return self.executor.grammars_compiled(held) if held else []
+    def grammars_compiled(self) -> Tuple[List[int], List[int]]:
+        """Rank 0: the held requests whose grammar compile has ended here, ``(succeeded, raised)``,
+        each in admission order; never waits.  Rank 0 sends them to every rank as one
+        ``GrammarsReady`` command.
 
-    def grammars_ready(self, request_ids: Sequence[int]) -> None:
-        """Every rank, from rank 0's ``GrammarsReady``: these requests may be scheduled from now on.
+        A decode node's request whose KV is still arriving (``TRANSFERRING``) waits for it: one
+        whose compile raised must not end (and free its KV) while a transfer writes into that KV,
+        as an abort waits too; released during the transfer it could not run anyway."""
+        if not self.executor.grammar_enabled:  # no constrained request is admitted
+            return [], []
+        held = [request_id for request_id, req in self.requests.items()
+                if req.grammar_held and req.state is not ReqState.TRANSFERRING]
+        return self.executor.grammars_compiled(held) if held else ([], [])
+
+    def grammars_ready(self, request_ids: Sequence[int], failed: Sequence[int] = ()) -> None:
+        """Every rank, from rank 0's ``GrammarsReady``: ``request_ids`` may be scheduled from now on,
+        and ``failed``, whose compile raised on rank 0, end with ``FINISH_ERROR`` (in the next step's report).
 
         Rank 0 decides for all ranks, so every rank plans them in the same step; a rank whose own
         compile is still running waits for it where it takes the matcher, at the same point as the
-        others.  A request that left meanwhile (an abort in the same command list) is skipped.
+        others.  A compile that raises is a server fault, not the request's (llguidance reports a
+        bad grammar as a matcher in error, not by raising), hence the 500 ``generation_failed``
+        of ``FINISH_ERROR`` rather than the client's 400 ``grammar_failed``; and it may raise on
+        one rank only, so rank 0's outcome is every rank's.  A request that left meanwhile (an
+        abort in the same command list) is skipped.
         """
         for request_id in request_ids:
             req = self.requests.get(request_id)
             if req is not None:
                 req.grammar_held = False
+        for request_id in failed:
+            req = self.requests.get(request_id)
+            if req is not None:
+                log.warning("request %d: its structured-output grammar could not be compiled on rank 0; finishing "
+                            "it with an error", request_id)
+                self.finish(req, FINISH_ERROR)
 
     # --- the rank loop's hooks for work outside the step (none by default) -------------------------
     def on_command(self, command: Any) -> None:

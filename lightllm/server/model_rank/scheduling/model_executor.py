@@ -89,8 +89,9 @@ class ModelExecutor(Protocol):
         Only called where ``grammar_enabled`` (admission refuses constrained requests elsewhere).
         """
 
-    def grammars_compiled(self, request_ids: Sequence[int]) -> List[int]:
-        """Those of ``request_ids`` whose grammar compile has ended here (well or not); never waits."""
+    def grammars_compiled(self, request_ids: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """Those of ``request_ids`` whose grammar compile has ended here, as ``(succeeded, raised)``
+        (each in the given order); never waits."""
 
     def forget(self, req: InferReq) -> None:
         """``req`` left the engine: drop any per-request state (grammar matchers, ...)."""

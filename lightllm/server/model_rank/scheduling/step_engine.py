@@ -102,17 +102,17 @@ class StepEngine:
     # --- membership ----------------------------------------------------------------------------
     def join(self, req: InferReq) -> None:
         """Take in a new request: it joins the live set, the KV view attaches its cached prefix and
-        the strategy numbers its arrival."""
+        the strategy numbers its arrival; a constrained one is held while its grammar compiles."""
         if req.request_id in self.requests:
             raise ValueError(f"request {req.request_id} is already running")
         if req.state is not ReqState.WAITING:
             raise ValueError(f"request {req.request_id} must join in state waiting, not {req.state.value}")
+        if req.sampling is not None and req.sampling.grammar is not None:
+            self.executor.start_grammar(req)  # first: if it raises, the rejected request left no trace
+            req.grammar_held = True  # until every rank marks its grammar ready (ModeBackend.grammars_ready)
         self.kv.attach(req)
         self.requests[req.request_id] = req
         self.strategy.admit(req)
-        if req.sampling is not None and req.sampling.grammar is not None:
-            req.grammar_held = True  # until every rank marks its grammar ready (ModeBackend.grammars_ready)
-            self.executor.start_grammar(req)
 
     def abort(self, request_id: int) -> None:
         """Ask for a request to end; it is released at the start of the next step.
