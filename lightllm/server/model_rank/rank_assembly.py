@@ -112,7 +112,9 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
         config.eos_token_ids,
         config.max_req_total_len,
         token_sync=_broadcast_tokens if config.tp > 1 else None,
-        grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir), config.eos_token_ids),
+        # TP ranks keep every compile they took in (grammar_compiler.py: a cancel is each rank's own timing).
+        grammar=GrammarConstraints(lambda: load_tokenizer(config.model_dir), config.eos_token_ids,
+                                   cancel_abandoned=config.tp == 1),
         threads=threads,
         **mode_settings,
     )

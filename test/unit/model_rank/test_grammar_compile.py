@@ -163,6 +163,21 @@ def test_a_compile_is_cancelled_only_once_no_request_waits_for_it_and_only_befor
     assert built == ["slow", "queued"] and compiler.builds == 3
 
 
+def test_tensor_parallel_ranks_keep_every_compile_they_took_in():
+    """Under TP whether a compile has started is each rank's own timing: one rank cancelling a compile
+    another had cached left the next request of that grammar compiling in the lagging rank's step
+    while every rank waited.  With cancel_abandoned off, a compile nobody waits for still runs and
+    stays cached."""
+    workers = DaemonWorkers(1, "test-grammar-tp")
+    compiler = GrammarCompiler(lambda grammar: grammar.upper(), workers=workers, cancel_abandoned=False)
+    with _busy(workers):
+        queued = compiler.acquire("queued")
+        compiler.release("queued", queued)
+        assert not queued.cancelled() and "queued" in compiler
+    assert queued.result(WAIT_SECONDS) == "QUEUED" and compiler.cancelled == 0
+    assert compiler.acquire("queued") is queued and compiler.builds == 1
+
+
 # --- the hold -------------------------------------------------------------------------------------
 def test_a_constrained_request_waits_for_grammars_ready_while_a_free_one_runs(model, tokenizer):
     workers = DaemonWorkers(1, "test-grammar")
@@ -348,3 +363,38 @@ def test_every_rank_releases_a_request_when_rank0_says_so_though_its_own_compile
         gate.set()
     assert not follower_backend.has_work and sorted(outputs) == [1, 2]
     _assert_valid(tokenizer, outputs[1])
+
+
+def test_a_request_whose_join_fails_gives_its_compile_back():
+    """The compile starts first in join; when attaching the request's KV then fails (the request is
+    rejected), the compile loses that waiter, so it can still be cancelled and leaves no entry."""
+    from lightllm.common.sampling import SamplingParams
+    from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
+    from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
+    from lightllm.server.model_rank.scheduling.step_engine import StepEngine
+    from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
+    from prefill_queue_test_support import NoForward, make_req
+
+    class GrammarNoForward(NoForward):
+        def __init__(self) -> None:
+            self.started: list = []
+            self.forgotten: list = []
+
+        def start_grammar(self, req) -> None:
+            self.started.append(req.request_id)
+
+        def forget(self, req) -> None:
+            self.forgotten.append(req.request_id)
+
+    class FullRows(TokenCountKvView):
+        def attach(self, req) -> None:
+            raise RuntimeError("all request rows are in use")
+
+    executor = GrammarNoForward()
+    engine = StepEngine(executor, FullRows(1 << 10), build_prefill_queue_strategy("default"),
+                        StepPlanner(batch_max_tokens=8), eos_token_ids=[], max_req_total_len=1 << 10)
+    req = make_req(1, 4)
+    req.sampling = SamplingParams(max_new_tokens=2, grammar='start: "a"')
+    with pytest.raises(RuntimeError, match="request rows"):
+        engine.join(req)
+    assert executor.started == [1] and executor.forgotten == [1] and not engine.requests

@@ -17,10 +17,12 @@ overlaps the rank's forwards instead of stopping them, and the request it is for
 The requests waiting for a compile are counted (:meth:`GrammarCompiler.acquire` and
 :meth:`~GrammarCompiler.release`): a compile that no live request needs any more (its clients left)
 and that has not started is cancelled and dropped from the cache, so the one compile thread does
-not spend seconds on it while the compiles of requests still there queue behind.  Every TP rank
-counts the same requests (they join and leave alike), and a cancelled compile is one no live
-request waits for, so no scheduling decision depends on it; only whether the next request of that
-grammar finds it cached may differ between ranks, which rank 0's ``GrammarsReady`` already covers.
+not spend seconds on it while the compiles of requests still there queue behind.  Only with one
+rank: whether a compile has started depends on each rank's own thread, so under tensor
+parallelism one rank could cancel a compile another had started and cached; a request of that
+grammar coming back would then be released by rank 0 (cached there) and compiled by the other
+rank inside its step, with every rank waiting for it.  TP ranks therefore compile every grammar
+they took in, in the same order.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class GrammarCompiler:
     """
 
     def __init__(self, build: Callable[[str], Any], capacity: int = GRAMMAR_CACHE_SIZE,
-                 workers: Optional[DaemonWorkers] = None) -> None:
+                 workers: Optional[DaemonWorkers] = None, cancel_abandoned: bool = True) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._build = build
@@ -84,6 +86,8 @@ class GrammarCompiler:
         # Live requests waiting for each compile (acquire .. release), by future: an evicted grammar
         # compiled again gets a new future, whose waiters must not be mixed with the old one's.
         self._waiters: Dict[Future, int] = {}
+        # False under tensor parallelism (see the module docstring): every rank keeps every compile.
+        self.cancel_abandoned = cancel_abandoned
         # Compiles started (cache misses) and cancelled before they ran, for tests and diagnostics.
         self.builds = 0
         self.cancelled = 0
@@ -124,7 +128,7 @@ class GrammarCompiler:
             self._waiters[future] = left
             return
         self._waiters.pop(future, None)
-        if future.cancel():  # False once the compile thread has taken it (or it ended)
+        if self.cancel_abandoned and future.cancel():  # False once the compile thread has taken it (or it ended)
             self.cancelled += 1
             if self._cache.get(grammar) is future:
                 del self._cache[grammar]

@@ -71,10 +71,13 @@ class GrammarConstraints:
         eos_token_ids: the server's end-of-sequence ids.
         cache_size: distinct grammars kept compiled (see :data:`GRAMMAR_CACHE_SIZE`).
         workers: the compile thread; default: one of this instance's own (tests pass theirs).
+        cancel_abandoned: cancel a compile no live request waits for any more (one rank only: see
+            :mod:`~lightllm.server.model_rank.execution.grammar_compiler`).
     """
 
     def __init__(self, tokenizer_loader: Callable[[], Any], eos_token_ids: Sequence[int] = (),
-                 cache_size: int = GRAMMAR_CACHE_SIZE, workers: Optional[DaemonWorkers] = None):
+                 cache_size: int = GRAMMAR_CACHE_SIZE, workers: Optional[DaemonWorkers] = None,
+                 cancel_abandoned: bool = True):
         self._tokenizer_loader = tokenizer_loader
         # The server's end-of-sequence ids (--eos_id or the checkpoint's): a finished grammar ends
         # the output with one of them, not only with the tokenizer's own eos_token.
@@ -83,7 +86,7 @@ class GrammarConstraints:
         # The compile thread builds the tokenizer view with the first grammar; the loop may ask for
         # it meanwhile (another TP rank's first mask), and it must be built once.
         self._tokenizer_lock = threading.Lock()
-        self.compiler = GrammarCompiler(self._build, cache_size, workers)
+        self.compiler = GrammarCompiler(self._build, cache_size, workers, cancel_abandoned)
         # request id -> (its grammar, the compile of its template), from intake until its matcher is
         # taken or it leaves; each entry counts as one waiter of the compile (GrammarCompiler.acquire).
         self._compiles: Dict[int, Tuple[str, Future]] = {}

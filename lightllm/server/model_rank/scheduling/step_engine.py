@@ -110,7 +110,11 @@ class StepEngine:
         if req.sampling is not None and req.sampling.grammar is not None:
             self.executor.start_grammar(req)  # first: if it raises, the rejected request left no trace
             req.grammar_held = True  # until every rank marks its grammar ready (ModeBackend.grammars_ready)
-        self.kv.attach(req)
+        try:
+            self.kv.attach(req)
+        except BaseException:
+            self.executor.forget(req)  # the rejected request's compile has no waiter any more
+            raise
         self.requests[req.request_id] = req
         self.strategy.admit(req)
 
