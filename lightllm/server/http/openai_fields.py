@@ -178,14 +178,14 @@ class OpenAIPlatformFields(NullMeansAbsent):
         return given[0] if given else "response_format"
 
     def check_truncation(self, context_len: int) -> None:
-        """A 400 naming ``truncate_prompt_tokens`` when it keeps more than the context leaves for a
-        prompt (vLLM refuses one above the context up front, naming the field): refused later as
-        a too-long ``prompt``, the message pointed at the input the client had asked to cut."""
+        """A 400 naming ``truncate_prompt_tokens`` above the context length, whatever the prompt (vLLM
+        refuses it up front, naming the field): refused later as a too-long ``prompt``, the message
+        pointed at the input the client had asked to cut.  The context length itself is taken (a
+        client's way of saying "cut to the model"); a prompt cut to it is then refused as too long."""
         keep = self.truncate_prompt_tokens
-        if keep is not None and keep >= context_len:
-            raise invalid_request(f"truncate_prompt_tokens ({keep}) must be below the context length "
-                                  f"({context_len} tokens): a prompt cut to it leaves no room for the completion",
-                                  "truncate_prompt_tokens")
+        if keep is not None and keep > context_len:
+            raise invalid_request(f"truncate_prompt_tokens ({keep}) cannot be greater than the context length "
+                                  f"({context_len} tokens)", "truncate_prompt_tokens")
 
     def truncated(self, prompt_ids: list[int], frame: SpecialTokenFrame | None = None) -> list[int]:
         """The prompt cut to its last ``truncate_prompt_tokens`` tokens (vLLM keeps the end).

@@ -111,10 +111,13 @@ def test_truncate_prompt_tokens_beyond_the_context_is_refused_by_name(client: Te
     too_long = [5 + i % 90 for i in range(100)]
     for send in (lambda **kw: completion(client, prompt=[too_long], **kw),
                  lambda **kw: chat(client, messages=[{"role": "user", "content": "hi"}], **kw)):
-        for keep in (64, 300):
+        for keep in (65, 300):
             error = assert_error(send(truncate_prompt_tokens=keep), 400, "truncate_prompt_tokens")
             assert f"({keep})" in error["message"] and "64 tokens" in error["message"]
     assert not manager.calls
+    # The context length itself is taken, as vLLM takes it: a short prompt is not cut at all.
+    assert completion(client, prompt=[too_long[:5]], truncate_prompt_tokens=64, max_tokens=1).status_code == 200
+    manager.calls.clear()
     assert completion(client, prompt=[too_long], truncate_prompt_tokens=63, max_tokens=1).status_code == 200
     assert manager.calls[0].prompt_ids == too_long[-63:]
 

@@ -39,6 +39,12 @@ def _engine(kv: PublishedPrefixKvView) -> StepEngine:
                       max_req_total_len=1 << 20)
 
 
+def _pause_and_resume(engine: StepEngine, req: InferReq) -> None:
+    """KV ran out: the request gives its KV back (and the cache evicts it); later it resumes."""
+    engine._pause(req, StepReport())
+    engine.resume_paused()
+
+
 def test_tokens_adopted_again_after_a_pause_are_not_counted_twice():
     kv = PublishedPrefixKvView()
     engine = _engine(kv)
@@ -47,10 +53,9 @@ def test_tokens_adopted_again_after_a_pause_are_not_counted_twice():
     kv.published[1] = 60
     engine.share_prefixes([req], StepReport())
     assert req.prompt_cache_len == 60
-    # KV ran out: the request gave its 60 tokens back, and the cache evicted them.
-    engine._pause(req, StepReport())
-    engine.kv.resume(req)
-    req.move_to(ReqState.PREFILLING)
+    req.cur_kv_len = req.kv_slot_len = 80  # it computed 20 tokens of its own
+    _pause_and_resume(engine, req)
+    assert req.state is ReqState.PREFILLING
     # Another request computed the prompt meanwhile: the paused one adopts 99 tokens on resuming.
     kv.published[1] = 100
     engine.share_prefixes([req], StepReport())
@@ -58,6 +63,22 @@ def test_tokens_adopted_again_after_a_pause_are_not_counted_twice():
     # Its count stays what it was at its first scheduling (vLLM's rule), not 60 + 99 (which,
     # capped at the prompt, reported the whole prompt as cached).
     assert req.prompt_cache_len == 60
+
+
+def test_a_request_paused_before_computing_counts_its_hits_when_it_resumes():
+    """A stalled step pauses the newest holder even if it only holds cached tokens: it was never
+    scheduled, so the hits it gets on resuming are its first scheduling's, counted once."""
+    kv = PublishedPrefixKvView()
+    engine = _engine(kv)
+    req = make_req(1, 100)
+    engine.join(req)
+    kv.published[1] = 10
+    engine.share_prefixes([req], StepReport())
+    _pause_and_resume(engine, req)
+    assert req.prompt_cache_len == 0  # the 10 went with the evicted KV
+    kv.published[1] = 100
+    engine.share_prefixes([req], StepReport())
+    assert req.cur_kv_len == 99 and req.prompt_cache_len == 99
 
 
 def test_the_last_prompt_token_is_never_counted_as_cached():

@@ -202,6 +202,8 @@ class StepEngine:
                     continue
                 promised += req.total_len
                 self.kv.resume(req)
+                if not req.cache_count_final:
+                    req.prompt_cache_len = req.cur_kv_len  # what the cache gives it now, as at a join
                 req.move_to(ReqState.PREFILLING)
                 self._paused_at.pop(req.request_id, None)
                 state = req.state
@@ -219,8 +221,8 @@ class StepEngine:
         """Prefilling requests publish their computed tokens and adopt longer cached prefixes.
 
         A burst of prompts with a common prefix then computes the prefix about once instead of
-        once per request.  Tokens a request that has produced nothing yet (and never paused) takes
-        from the cache count as its cached prompt tokens (``prompt_cache_len``, reported as cached
+        once per request.  Tokens a request that has produced nothing yet (and whose count is not final,
+        see ``InferReq.cache_count_final``) takes from the cache count as its cached prompt tokens (``prompt_cache_len``, reported as cached
         usage).  A
         request whose last forward completed its prompt publishes it once more, in the next step
         (its first decoding step, or the first after the recompute of a paused request; on a PD
@@ -246,7 +248,7 @@ class StepEngine:
                 # After a pause the request recomputes what it lost, partly from the cache: those
                 # tokens were counted (or computed) once already, and adding them again reported
                 # a whole prompt as cached.  The last prompt token is never cached.
-                if gained and not req.output_ids and not req.was_paused:
+                if gained and not req.output_ids and not req.cache_count_final:
                     req.prompt_cache_len = min(req.input_len - 1, req.prompt_cache_len + gained)
                     grown[req.request_id] = req
         report.prompt_cache_grown.extend(grown.values())
@@ -393,8 +395,11 @@ class StepEngine:
 
     # --- internals -----------------------------------------------------------------------------
     def _pause(self, req: InferReq, report: StepReport) -> None:
+        # Beyond its cached count it computed some of its prompt: its first scheduling is over.  One
+        # holding only cached tokens (a stalled step pauses the newest holder, even a waiting one)
+        # counts its hits again when it resumes.
+        req.cache_count_final = req.cache_count_final or req.cur_kv_len > req.prompt_cache_len
         self.kv.pause(req)
-        req.was_paused = True
         req.move_to(ReqState.PAUSED)
         self._paused_at[req.request_id] = self._departures
         report.paused.append(req)

@@ -21,7 +21,8 @@ class LongestPrefixMatchStrategy(PrefillQueueStrategy):
 
     The cached length is ``prompt_cache_len``: the prompt tokens the radix prefix cache matched
     when the backend received the request, grown at each step by what the request adopts from
-    prompts other requests have just computed (``share_prefixes``), so a waiting request can move
+    prompts other requests have just computed (``share_prefixes``; fixed once a request pauses after
+    computing part of its prompt), so a waiting request can move
     ahead of earlier arrivals as its prefix gets computed.  More cached tokens go first; equal ones keep their
     arrival order (first come, first served), as ``default`` would.  Like every strategy it runs
     under the overtaking bound, which matters here: a request that shares nothing with the cache
