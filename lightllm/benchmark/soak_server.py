@@ -40,7 +40,7 @@ from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, defau
 from lightllm.benchmark.soak_client import SoakClient, make_prompts
 from lightllm.benchmark.soak_report import memory_info, render_markdown, round_line
 from lightllm.utils.envs_utils import idle_malloc_trim_seconds
-from lightllm.utils.stale_resources import SHM_DIR, SHM_LOCK_SUFFIX, shm_segment_prefix
+from lightllm.utils.owner_locks import SHM_DIR, SHM_LOCK_SUFFIX, shm_segment_prefix
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 SETTLE_PAST_TRIM_S = 3.0  # idle seconds a memory sample waits beyond the rank's idle heap trim

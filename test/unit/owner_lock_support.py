@@ -29,14 +29,15 @@ from typing import Any, Callable, Iterator, List, Sequence, Tuple
 import pytest
 
 import lightllm
-from lightllm.utils.stale_resources import ipc_dir_prefix, pid_is_running, shm_segment_prefix
+from lightllm.utils.owner_locks import ipc_dir_prefix, shm_segment_prefix
+from lightllm.utils.stale_resources import pid_is_running
 
 # argv: shm dir, temp dir, and "child" to start a child (with every inheritable descriptor, in a
 # session of its own) first.
 HOLDER = """
 import subprocess, sys, time
 from pathlib import Path
-from lightllm.utils.stale_resources import claim_shm_tag, create_ipc_dir
+from lightllm.utils.owner_locks import claim_shm_tag, create_ipc_dir
 shm_dir, temp_dir = Path(sys.argv[1]), sys.argv[2]
 owner = claim_shm_tag(shm_dir)
 with open(shm_dir / f"{owner.name}_req", "wb") as segment:

@@ -31,7 +31,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from lightllm.server.launch.watchdog import WATCH_ROUND_SECONDS, Stall, Watchdog
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
-from lightllm.utils.stale_resources import SHM_DIR, held_shm_locks, own_shm_tags
+from lightllm.utils.owner_locks import SHM_DIR, held_shm_locks, own_shm_tags
 
 log = logging.getLogger("lightllm.api_start")
 

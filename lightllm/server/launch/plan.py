@@ -26,7 +26,7 @@ from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_
 from lightllm.server.run_mode import PD_NODE_MODES
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
-from lightllm.utils.stale_resources import RANDOM_CHARS
+from lightllm.utils.owner_locks import RANDOM_CHARS
 
 # Drawn seeds stay below 2**63 so they print and pass through any signed 64-bit field.
 SAMPLING_SEED_BITS = 63

@@ -21,7 +21,7 @@ from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.launch.watchdog import Watchdog
 from lightllm.utils.process_utils import CHILD_STOP_SIGNAL
-from lightllm.utils.stale_resources import OwnerLock
+from lightllm.utils.owner_locks import OwnerLock
 
 log = logging.getLogger("lightllm.api_start")
 
@@ -52,7 +52,7 @@ class ServerProcesses:
     shm_heartbeats: Optional[ShmHeartbeats] = None
     heartbeat_processes: Tuple[str, ...] = ()
     ipc_dir: Optional[str] = None
-    # The held owner locks of the segments and of the IPC folder (utils/stale_resources.py):
+    # The held owner locks of the segments and of the IPC folder (utils/owner_locks.py):
     # each is released after what it owns is removed, so no starting server removes it under us.
     shm_owner: Optional[OwnerLock] = None
     ipc_owner: Optional[OwnerLock] = None

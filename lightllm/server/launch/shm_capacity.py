@@ -22,7 +22,8 @@ from typing import List, Optional, Tuple
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.stale_resources import SHM_DIR, live_segments_of_others
+from lightllm.utils.owner_locks import SHM_DIR
+from lightllm.utils.stale_resources import live_segments_of_others
 
 log = logging.getLogger("lightllm.shm_capacity")
 

@@ -79,8 +79,8 @@ from lightllm.utils.log_utils import init_logging
 from lightllm.utils.malloc_tuning import apply_child_malloc_env
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.free_ports import free_port
-from lightllm.utils.stale_resources import (SHM_DIR, claim_shm_tag, create_ipc_dir, ipc_dir_prefix, ipc_temp_dir,
-                                            remove_stale_resources)
+from lightllm.utils.owner_locks import SHM_DIR, claim_shm_tag, create_ipc_dir, ipc_dir_prefix, ipc_temp_dir
+from lightllm.utils.stale_resources import remove_stale_resources
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def claim_server_resources(procs: ServerProcesses) -> None:
     """Create the segments' owner lock and the IPC folder (with its lock) into ``procs``.
 
     Each group's owner lock is created and held before the group itself, so a later server removes
-    it only once this process is gone, whatever its PID namespace (utils/stale_resources.py;
+    it only once this process is gone, whatever its PID namespace (utils/owner_locks.py;
     run_server removed dead owners' leftovers before this process's first child).  A directory that
     cannot take them (missing, read-only, full) is a :class:`StartupError` in one line; what was
     claimed before stays in ``procs`` for its shutdown.

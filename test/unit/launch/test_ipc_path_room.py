@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from lightllm.server.launch.plan import IPC_SOCKET_NAMES, MAX_IPC_PATH_BYTES, check_ipc_path_room
-from lightllm.utils.stale_resources import ipc_dir_prefix
+from lightllm.utils.owner_locks import ipc_dir_prefix
 
 LONGEST_NAME = max((f"{name}.sock" for name in IPC_SOCKET_NAMES), key=len)
 

@@ -27,8 +27,8 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.shm_capacity import check_shm_capacity, describe_shm_use, format_bytes, shm_free_bytes
 from lightllm.server.launch.sizing import plan_sizing
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.stale_resources import (SHM_DIR, ipc_dir_prefix, live_segments_of_others, own_shm_tags,
-                                            shm_segment_prefix)
+from lightllm.utils.owner_locks import SHM_DIR, ipc_dir_prefix, own_shm_tags, shm_segment_prefix
+from lightllm.utils.stale_resources import live_segments_of_others
 from owner_lock_support import as_another_user, dead_pid, hold, kill, needs_root, rename_pid, shared_dirs
 
 GIB = 1 << 30

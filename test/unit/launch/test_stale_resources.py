@@ -23,8 +23,8 @@ from typing import Any, List, Tuple
 import pytest
 
 from lightllm.server.launch.server_processes import ServerProcesses
-from lightllm.utils.stale_resources import (claim_shm_tag, create_ipc_dir, ipc_dir_prefix, live_segments_of_others,
-                                            pid_is_running, remove_stale_resources, shm_segment_prefix)
+from lightllm.utils.owner_locks import claim_shm_tag, create_ipc_dir, ipc_dir_prefix, shm_segment_prefix
+from lightllm.utils.stale_resources import live_segments_of_others, pid_is_running, remove_stale_resources
 from owner_lock_support import (dead_pid, held_by_another_user, hold, kill, needs_root, open_fails_for_another_user,
                                 rename_pid, shared_dirs)
 

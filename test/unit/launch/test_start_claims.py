@@ -24,7 +24,7 @@ from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.child_readiness import StartupError
 from lightllm.server.launch.sizing import ServerSizing, plan_sizing
-from lightllm.utils.stale_resources import SHM_DIR, held_shm_locks, ipc_temp_dir, own_shm_tags
+from lightllm.utils.owner_locks import SHM_DIR, held_shm_locks, ipc_temp_dir, own_shm_tags
 
 
 def _start_inputs(model_dir: Path) -> Tuple[argparse.Namespace, ServerSizing, ModelConfig]:
