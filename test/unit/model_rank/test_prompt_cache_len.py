@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.kv_view import TokenCountKvView
@@ -33,10 +33,15 @@ class PublishedPrefixKvView(TokenCountKvView):
         return gained
 
 
-def _engine(kv: PublishedPrefixKvView) -> StepEngine:
-    return StepEngine(NoForward(), kv, build_prefill_queue_strategy("default"),
-                      StepPlanner(batch_max_tokens=1, chunked_prefill_size=1), eos_token_ids=[],
-                      max_req_total_len=1 << 20)
+def _joined(prompt_len: int) -> Tuple[PublishedPrefixKvView, StepEngine, InferReq]:
+    """An engine over a fresh "cache", and request 1 of ``prompt_len`` tokens joined to it."""
+    kv = PublishedPrefixKvView()
+    engine = StepEngine(NoForward(), kv, build_prefill_queue_strategy("default"),
+                        StepPlanner(batch_max_tokens=1, chunked_prefill_size=1), eos_token_ids=[],
+                        max_req_total_len=1 << 20)
+    req = make_req(1, prompt_len)
+    engine.join(req)
+    return kv, engine, req
 
 
 def _pause_and_resume(engine: StepEngine, req: InferReq) -> None:
@@ -46,10 +51,7 @@ def _pause_and_resume(engine: StepEngine, req: InferReq) -> None:
 
 
 def test_tokens_adopted_again_after_a_pause_are_not_counted_twice():
-    kv = PublishedPrefixKvView()
-    engine = _engine(kv)
-    req = make_req(1, 100)
-    engine.join(req)
+    kv, engine, req = _joined(100)
     kv.published[1] = 60
     engine.share_prefixes([req], StepReport())
     assert req.prompt_cache_len == 60
@@ -68,10 +70,7 @@ def test_tokens_adopted_again_after_a_pause_are_not_counted_twice():
 def test_a_request_paused_before_computing_counts_its_hits_when_it_resumes():
     """A stalled step pauses the newest holder even if it only holds cached tokens: it was never
     scheduled, so the hits it gets on resuming are its first scheduling's, counted once."""
-    kv = PublishedPrefixKvView()
-    engine = _engine(kv)
-    req = make_req(1, 100)
-    engine.join(req)
+    kv, engine, req = _joined(100)
     kv.published[1] = 10
     engine.share_prefixes([req], StepReport())
     _pause_and_resume(engine, req)
@@ -82,10 +81,7 @@ def test_a_request_paused_before_computing_counts_its_hits_when_it_resumes():
 
 
 def test_the_last_prompt_token_is_never_counted_as_cached():
-    kv = PublishedPrefixKvView()
-    engine = _engine(kv)
-    req = make_req(1, 50)
-    engine.join(req)
+    kv, engine, req = _joined(50)
     kv.published[1] = 30
     engine.share_prefixes([req], StepReport())
     # A view whose gains add up past the prompt (none should, but the count must hold anyway).
