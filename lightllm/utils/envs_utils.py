@@ -13,6 +13,10 @@ from typing import Callable, List, Optional
 # here, with the variable, so the launcher sizes threads without importing the rank's torch code.
 DEFAULT_WIDE_FORWARD_MS_PER_TOKEN = 0.15
 
+# vLLM's variable for its API key, which this server does not read: refused when it would be the
+# only key (a deployment moved from vLLM would serve without authentication), else warned about.
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+
 # LIGHTLLM_IDLE_MALLOC_TRIM's default: seconds a model rank stays idle before it returns freed
 # heap memory to the kernel. The pages come back as page faults in the next forward (a burst of
 # eight 1024-token prompts on the medium model faulted 35-54 thousand pages after a 3 s pause with
@@ -137,6 +141,21 @@ def step_trace_path() -> Optional[str]:
     return path
 
 
+def key_character_problem(key: str) -> Optional[str]:
+    """Why ``key`` (an API, admin or cluster key) cannot be sent as typed in an HTTP header, or None.
+
+    A header carries bytes that the server reads as Latin-1 while a key is compared as UTF-8, and
+    clients such as httpx (the ``openai`` package's) refuse to send anything beyond ASCII: a key
+    with any other character could never be matched.  The message never shows the key.
+    """
+    for position, char in enumerate(key, 1):
+        if not " " <= char <= "~":
+            kind = "a control character" if char < " " or char == "\x7f" else "a character beyond ASCII"
+            return (f"keys must be printable ASCII (letters, digits, punctuation, spaces), as an HTTP header "
+                    f"carries them; character {position} of one is {kind} (value not shown)")
+    return None
+
+
 def api_keys_from_env(name: str) -> List[str]:
     """The comma-separated keys in environment variable ``name``; none when it is unset or empty.
 
@@ -152,6 +171,10 @@ def api_keys_from_env(name: str) -> List[str]:
     if not keys:
         raise ValueError(f"{name} holds no key: its comma-separated keys must be non-empty "
                          f"({len(raw)} character{'' if len(raw) == 1 else 's'}, value not shown); unset it for no keys")
+    for key in keys:
+        problem = key_character_problem(key)
+        if problem is not None:
+            raise ValueError(f"{name}: {problem}")
     return keys
 
 
@@ -202,4 +225,7 @@ def pd_cluster_key_from_env() -> Optional[str]:
     if not raw.strip() or raw != raw.strip():
         raise ValueError("LIGHTLLM_PD_CLUSTER_KEY must be non-empty and carry no surrounding whitespace "
                          f"(got {len(raw)} characters; value not shown)")
+    problem = key_character_problem(raw)
+    if problem is not None:
+        raise ValueError(f"LIGHTLLM_PD_CLUSTER_KEY: {problem}")
     return raw

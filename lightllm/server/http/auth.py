@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from fastapi import Request
@@ -46,6 +47,11 @@ _PRIORITY_ALLOWED = "lightllm_priority_allowed"
 # What key_guard answers: the key a path needs.
 API_KEY_GUARD = "api_key"
 CLUSTER_KEY_GUARD = "cluster_key"
+
+
+# "<scheme> <token>" once the header's outer whitespace is gone: spaces or tabs between the two.
+HTTP_WHITESPACE = " \t"
+_SCHEME_AND_TOKEN = re.compile(r"([^ \t]+)[ \t]+(.+)", re.DOTALL)
 
 
 def key_guard(policy: AuthPolicy, path: str) -> Optional[str]:
@@ -70,15 +76,17 @@ def bearer_token(scope: Scope) -> Optional[str]:
     """The token of an ``Authorization: Bearer <token>`` header, or None.
 
     The scheme is case-insensitive (RFC 7235: ``bearer``, ``BEARER`` and ``Bearer`` are the same)
-    and may be followed by any run of spaces or tabs; the token itself is compared exactly.
+    and may be followed by any run of spaces or tabs; the token itself is compared exactly.  Only
+    spaces and tabs separate (HTTP's whitespace): ``str.split()`` would also take a no-break space
+    or a control character read from the header's Latin-1 bytes.
     """
     value = header(scope, b"authorization")
     if value is None:
         return None
-    parts = value.split(None, 1)
-    if len(parts) != 2 or parts[0].lower() != "bearer":
+    parts = _SCHEME_AND_TOKEN.fullmatch(value.strip(HTTP_WHITESPACE))
+    if parts is None or parts[1].lower() != "bearer":
         return None
-    return parts[1].strip()
+    return parts[2]
 
 
 class KeySet:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
-from lightllm.utils.envs_utils import api_keys_from_env, pd_cluster_key_from_env
+from lightllm.utils.envs_utils import VLLM_API_KEY_ENV, api_keys_from_env, pd_cluster_key_from_env
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,16 @@ class AuthPolicy:
         """Keys from the flags; a flag not given falls back to its environment variable.
 
         Raises ``ValueError`` naming the variable when it is set but holds an empty key
-        (:func:`~lightllm.utils.envs_utils.api_keys_from_env`): the launcher's one-line exit 2.
+        (:func:`~lightllm.utils.envs_utils.api_keys_from_env`), or when vLLM's ``VLLM_API_KEY`` is
+        set and no key is: the launcher's one-line exit 2.
         """
         api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
+        if not api_keys and os.environ.get(VLLM_API_KEY_ENV):
+            # A deployment moved from vLLM keeps its variable; ignored, the API would be open.
+            raise ValueError(f"{VLLM_API_KEY_ENV} is set, but this server reads its API keys from --api_key or "
+                             "LIGHTLLM_API_KEY (comma-separated), not from vLLM's variable, and would serve without "
+                             "authentication: set LIGHTLLM_API_KEY to the same key, or unset "
+                             f"{VLLM_API_KEY_ENV} to serve without keys")
         api_key_source = "--api_key" if args.api_key else "LIGHTLLM_API_KEY"
         admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
         cluster_key = args.pd_cluster_key
@@ -106,11 +114,17 @@ class AuthPolicy:
                    cluster_key=cluster_key, api_key_source=api_key_source)
 
     def check_cluster(self, run_mode: str) -> None:
-        """Refuse (``ValueError``, one line) a PD master or node with client keys but no cluster key.
+        """Refuse (``ValueError``, one line) a PD master or node with client keys but no cluster key,
+        or with a cluster key that is also a client key.
 
         Its nodes (or its master) could not call the ``/pd/`` endpoints: client keys do not open
         them, and leaving them open would let any client with a key join the cluster.
         """
+        if self.cluster_key is not None and self.cluster_key in self.api_keys + self.admin_keys:
+            # Whoever holds that client key could register a node and be sent the cluster's prompts.
+            raise ValueError("the PD cluster key (--pd_cluster_key or LIGHTLLM_PD_CLUSTER_KEY) is also an API or "
+                             "admin key: client keys must not open the cluster's /pd/ endpoints; give the cluster "
+                             "a secret of its own (the same on the master and every node)")
         if run_mode in PD_RUN_MODES and self.api_keys and self.cluster_key is None:
             role = "a PD master" if run_mode == RunMode.PD_MASTER else f"a PD {run_mode} node"
             raise ValueError(

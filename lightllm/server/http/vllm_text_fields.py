@@ -38,7 +38,8 @@ VLLM_DEFAULT_ONLY_FIELDS: dict[str, tuple[Any, str]] = {
     "use_beam_search": (False, "beam search is not supported (sample with n or best_of instead)"),
     "length_penalty": (1.0, "length_penalty only weighs beams, and beam search is not supported"),
     "priority": (0, "per-request priority is not supported on the OpenAI endpoints (vLLM needs --scheduling-policy "
-                    "priority for it); priority here comes with the API key: see --admin_api_key"),
+                    "priority for it); admission priority exists on the native "
+                    "/generate and /generate_stream only: high_priority_request, for --admin_api_key holders"),
     "allowed_token_ids": (None, "restricting sampling to a list of token ids needs per-request sampling state the "
                                 "model rank does not keep (logit_bias can favour or ban up to 300 single tokens)"),
     "bad_words": ([], "banning words is not supported: it needs per-request sampling state the model rank does not "

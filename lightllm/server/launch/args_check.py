@@ -23,6 +23,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
 from lightllm.server.launch.seconds_flags import check_seconds_flags
 from lightllm.server.launch.watchdog import MIN_WATCHDOG_TIMEOUT_SECONDS
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
+from lightllm.utils.envs_utils import key_character_problem
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
 
@@ -106,6 +107,9 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
             raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
         if not key.strip() or key != key.strip():
             raise ArgumentError("--pd_cluster_key must be non-empty and carry no surrounding whitespace")
+        problem = key_character_problem(key)
+        if problem is not None:
+            raise ArgumentError(f"--pd_cluster_key: {problem}")
     _check_pd_flag_roles(args)
 
 
@@ -158,6 +162,9 @@ def _validate_http_args(args: argparse.Namespace) -> None:
                 # words, so a copied variable value would become one key no client sends.
                 raise ArgumentError(f"--{name} values hold one key each: give several as separate words "
                                     f"(--{name} KEY1 KEY2), not one comma-separated value")
+            problem = key_character_problem(key)
+            if problem is not None:
+                raise ArgumentError(f"--{name}: {problem}")
     for model_name in args.model_name or ():
         # A blank id served '' (/v1/models listed it, every request naming the model was a 404).
         if not model_name.strip() or model_name != model_name.strip():

@@ -26,6 +26,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RUN_MODES, RunMode
 from lightllm.utils.envs_utils import (
     ENV_VARS,
+    VLLM_API_KEY_ENV,
     REPLACED_ENV_VARS,
     api_keys_from_env,
     idle_malloc_trim_seconds,
@@ -120,6 +121,10 @@ def unread_variable_warnings(args: argparse.Namespace, environ: Optional[Mapping
                             f"(read by: {', '.join(readers.run_modes)}); it has no effect here")
         elif readers.flag is not None and getattr(args, readers.flag) is not None:
             warnings.append(f"{name} is set but --{readers.flag} was given, which is used instead")
+    if environ.get(VLLM_API_KEY_ENV) and (args.api_key or environ.get("LIGHTLLM_API_KEY")):
+        # Without a key of ours the start is refused instead (AuthPolicy.from_args).
+        warnings.append(f"{VLLM_API_KEY_ENV} is set but not read: the API keys are those of "
+                        f"{'--api_key' if args.api_key else 'LIGHTLLM_API_KEY'}")
     return warnings
 
 

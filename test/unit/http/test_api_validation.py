@@ -353,7 +353,7 @@ def test_vllm_fields_at_their_defaults_are_taken_and_other_values_refused_saying
     assert post(client, length_penalty=1, priority=0.0, use_beam_search=None).status_code == 200
     for field, value, why in [("use_beam_search", True, "beam search is not supported"),
                               ("use_beam_search", 0, "beam search"), ("length_penalty", 0.8, "only weighs beams"),
-                              ("priority", 1, "--admin_api_key"), ("priority", False, "priority")]:
+                              ("priority", 1, "native /generate and /generate_stream only"), ("priority", False, "priority")]:
         error = assert_error(post(client, **{field: value}), 400, field)
         assert why in error["message"] and "vLLM's default" in error["message"], error
 

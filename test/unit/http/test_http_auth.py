@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from api_fakes import MODEL, FakeManager, assert_error
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.environment_check import unread_variable_warnings
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.http.app import create_app
 from lightllm.server.http.auth import KeySet, bearer_token
@@ -36,10 +37,14 @@ def test_key_set_matches_only_its_keys() -> None:
     [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("Bearer", None), ("abc", None),
      # RFC 7235: the scheme is case-insensitive; a tab separates it as well as a space.
      ("BEARER abc", "abc"), ("bEaReR abc", "abc"), ("bearer\tabc", "abc"), (" Bearer \t abc", "abc"),
-     ("Bearer  ", None), ("Bearerabc", None), ("Bearer abc def", "abc def")],
+     ("Bearer  ", None), ("Bearerabc", None), ("Bearer abc def", "abc def"),
+     # Only spaces and tabs separate, and only they are stripped: a no-break space, a Latin-1
+     # "next line" or a control character read from the header bytes is part of a word.
+     ("Bearer\xa0abc", None), ("Bearer\x85abc", None), ("Bearer\x1cabc", None), ("\xa0Bearer abc", None),
+     ("Bearer abc\xa0", "abc\xa0"), ("Bearer \x1cabc", "\x1cabc")],
 )
 def test_bearer_token_parsing(value: str, token: str | None) -> None:
-    assert bearer_token({"headers": [(b"authorization", value.encode())]}) == token
+    assert bearer_token({"headers": [(b"authorization", value.encode("latin-1"))]}) == token
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/metrics", "/openapi.json", f"/v1/models/{MODEL}"])
@@ -145,10 +150,42 @@ def test_keys_come_from_flags_or_environment(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize(
     "argv",
-    [["--api_key", " padded "], ["--admin_api_key", ""], ["--http_header_timeout", "0"],
+    [["--api_key", " padded "], ["--admin_api_key", ""], ["--api_key", "k\u00e9y"], ["--admin_api_key", "a\tb"],
+     ["--http_header_timeout", "0"],
      ["--http_body_timeout", "-1"], ["--max_request_body_bytes", "0"], ["--http_max_connections", "0"],
      ["--prompt_chars_per_token", "-2"], ["--http_keep_alive_timeout", "0"]],
 )
 def test_bad_http_flags_are_refused(argv: list[str]) -> None:
-    with pytest.raises(ArgumentError, match=argv[0]):
+    with pytest.raises(ArgumentError, match=argv[0]) as err:
         validate_args(_parse(argv), cuda_device_count=0)
+    if argv[0].endswith("api_key") and argv[1].strip() == argv[1] != "":
+        assert argv[1] not in str(err.value) and "printable ASCII" in str(err.value)
+
+
+@pytest.mark.parametrize(("value", "position", "kind"), [("k\u00e9y", 2, "character beyond ASCII"), ("ok,b\x7fd", 2, "control character")])
+def test_a_key_no_client_can_send_is_refused_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str,
+                                                                   position: int, kind: str) -> None:
+    monkeypatch.setenv("LIGHTLLM_API_KEY", value)
+    with pytest.raises(ValueError, match=f"^LIGHTLLM_API_KEY: .*character {position} of one is a {kind}") as err:
+        HttpServerOptions.from_args(_parse([]))
+    assert value.split(",")[-1] not in str(err.value)
+
+
+def test_vllm_api_key_alone_stops_the_start_and_beside_a_key_is_only_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LIGHTLLM_API_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    # Ignored, the server would serve without authentication although the operator set a key.
+    with pytest.raises(ValueError, match="^VLLM_API_KEY is set, but this server reads its API keys from --api_key") as err:
+        HttpServerOptions.from_args(_parse([]))
+    assert "from-vllm" not in str(err.value)
+    assert unread_variable_warnings(_parse([])) == []  # the refusal says it
+    assert HttpServerOptions.from_args(_parse(["--api_key", "ours"])).auth.api_keys == ("ours",)
+    assert unread_variable_warnings(_parse(["--api_key", "ours"])) == [
+        "VLLM_API_KEY is set but not read: the API keys are those of --api_key"]
+    monkeypatch.setenv("LIGHTLLM_API_KEY", "ours")
+    assert HttpServerOptions.from_args(_parse([])).auth.api_keys == ("ours",)
+    assert unread_variable_warnings(_parse([])) == [
+        "VLLM_API_KEY is set but not read: the API keys are those of LIGHTLLM_API_KEY"]
+    monkeypatch.delenv("LIGHTLLM_API_KEY")
+    monkeypatch.setenv("VLLM_API_KEY", "")  # empty: unset, as every reader treats it
+    assert not HttpServerOptions.from_args(_parse([])).auth.requires_key

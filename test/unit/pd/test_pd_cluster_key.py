@@ -85,12 +85,13 @@ def test_the_key_comes_from_the_flag_or_the_environment_on_pd_processes_only(mon
     assert AuthPolicy.from_args(_parse(["--run_mode", "prefill"])).cluster_key is None
 
 
-@pytest.mark.parametrize("value", ["  ", " from-env ", "key\n"])
+@pytest.mark.parametrize("value", ["  ", " from-env ", "key\n", "in\u00e4ner"])
 def test_a_blank_or_padded_environment_key_is_refused_without_showing_it(monkeypatch: pytest.MonkeyPatch,
                                                                           value: str) -> None:
     # Taken as "no key", a blank value would silently leave the cluster's endpoints open.
     monkeypatch.setenv("LIGHTLLM_PD_CLUSTER_KEY", value)
-    with pytest.raises(ValueError, match="LIGHTLLM_PD_CLUSTER_KEY must be non-empty and carry no surrounding") as err:
+    refusal = "printable ASCII" if value.strip() == value else "must be non-empty and carry no surrounding"
+    with pytest.raises(ValueError, match=f"LIGHTLLM_PD_CLUSTER_KEY.*{refusal}") as err:
         AuthPolicy.from_args(_parse(["--run_mode", "decode"]))
     assert value.strip() == "" or value.strip() not in str(err.value)
     # The flag, when given, is the key: the variable is not read.
@@ -106,6 +107,17 @@ def test_client_keys_without_a_cluster_key_are_refused_on_pd_processes(run_mode:
     AuthPolicy(api_keys=(USER,)).check_cluster("normal")
 
 
+@pytest.mark.parametrize("run_mode", ["pd_master", "prefill", "decode"])
+@pytest.mark.parametrize("keys", [{"api_keys": (USER, CLUSTER)}, {"api_keys": (USER,), "admin_keys": (CLUSTER,)},
+                                  {"admin_keys": (CLUSTER,)}])
+def test_a_cluster_key_that_is_also_a_client_key_is_refused(run_mode: str, keys: dict) -> None:
+    # That client key would open /pd/register: its holder could join as a node and be sent prompts.
+    with pytest.raises(ValueError, match="cluster key .* is also an API or admin key") as err:
+        AuthPolicy(cluster_key=CLUSTER, **keys).check_cluster(run_mode)
+    assert CLUSTER not in str(err.value)
+    AuthPolicy(cluster_key=CLUSTER + "x", **keys).check_cluster(run_mode)
+
+
 def test_the_cluster_key_refusal_names_where_the_client_keys_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LIGHTLLM_PD_CLUSTER_KEY", raising=False)
     monkeypatch.setenv("LIGHTLLM_API_KEY", USER)
@@ -119,7 +131,8 @@ def test_the_cluster_key_refusal_names_where_the_client_keys_came_from(monkeypat
     ("argv", "message"),
     [(["--pd_cluster_key", "k"], "for PD clusters"),
      (["--run_mode", "decode", "--pd_cluster_key", " k"], "surrounding whitespace"),
-     (["--run_mode", "pd_master", "--pd_cluster_key", ""], "non-empty")],
+     (["--run_mode", "pd_master", "--pd_cluster_key", ""], "non-empty"),
+     (["--run_mode", "prefill", "--pd_cluster_key", "cl\u00fcster"], "character 3 of one is a character beyond ASCII")],
 )
 def test_bad_cluster_key_flags_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(ArgumentError, match=message):
