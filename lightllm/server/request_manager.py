@@ -129,6 +129,15 @@ class RequestManager(Protocol):
     def health(self) -> bool:
         """Whether requests are accepted."""
 
+    def check_admission(self, request: Any = None) -> None:
+        """Raise the ``ServerUnavailableError`` :meth:`generate` would raise for ``request`` (the
+        client's connection) now: draining and it arrived after the stop signal, or failed.
+
+        The HTTP handlers ask first, so a request arriving during a drain is refused before it
+        is parsed, tokenized or its grammar checked (seconds of work on a queue that requests
+        still in flight wait on), and :meth:`generate` still decides for the ones that pass.
+        """
+
     def metrics_text(self) -> Tuple[bytes, str]:
         """Prometheus exposition and its content type."""
 

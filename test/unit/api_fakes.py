@@ -18,6 +18,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.manager_errors import ServerBusyError
 from lightllm.server.prompt_length_probe import RenderedChatTooLongError, encode_within
+from lightllm.server.request_gate import RequestGate
 
 MODEL = "tiny-test-model"
 BOS = 1
@@ -89,6 +90,8 @@ class FakeManager:
         self.token_logprob = -0.5
         self.failure: str | None = None
         self.healthy = True
+        # The real gate: drain() it to refuse requests that arrive from then on, as the manager's.
+        self.gate = RequestGate()
         self.calls: list[GenerateCall] = []
         # (n, prompts) of every on_request_params call: the requests whose generations started.
         self.request_params: list[tuple[int, int]] = []
@@ -118,6 +121,9 @@ class FakeManager:
     def health(self) -> bool:
         return self.healthy
 
+    def check_admission(self, request: Any = None) -> None:
+        self.gate.check(request)
+
     def metrics_text(self) -> tuple[bytes, str]:
         return b"lightllm_requests_total 3\n", "text/plain; version=0.0.4; charset=utf-8"
 
@@ -133,6 +139,7 @@ class FakeManager:
 
     async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[FakeEvent]:
         prompt_ids, params = list(spec.prompt_ids), spec.params
+        self.gate.check(request)
         self.calls.append(GenerateCall(prompt_ids, params, spec.priority.high_priority_request, request, spec))
         if self.failure == "busy":
             raise ServerBusyError("no free request slot")

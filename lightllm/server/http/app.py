@@ -68,7 +68,7 @@ from lightllm.server.http.planning import (build_sampling_params, check_context_
 from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
-from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests
+from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests, check_admission
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
 from lightllm.server.http.unread_body import UnreadBodyCloseMiddleware
@@ -130,6 +130,7 @@ class NativeEndpoints:
 
     async def _start(self, request: Request, stream: bool = False
                      ) -> tuple[NativeGenerateRequest, GenerationFanout, list[ChoiceJob]]:
+        check_admission(self.manager, request)
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), NativeGenerateRequest)
         check_priority_allowed(request, body.high_priority_request)

@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from fastapi.responses import JSONResponse
 
-from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body, manager_error
+from lightllm.server.manager_errors import ServerUnavailableError
 
 Scope = Dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
@@ -112,6 +113,16 @@ def generation_started(request: Any) -> None:
     place = scope.get(CLIENT_SHARE_KEY) if isinstance(scope, dict) else None
     if place is not None:
         place.release()
+
+
+def check_admission(manager: Any, request: Any) -> None:
+    """The 503 a generation request gets at once when ``manager`` refuses it now (draining and it
+    arrived after the signal, or failed), before its body is parsed, its prompt tokenized or its
+    grammar checked: work on the tokenizer threads that requests still in flight wait on."""
+    try:
+        manager.check_admission(request)
+    except ServerUnavailableError as exc:
+        raise manager_error(exc) from None
 
 
 def admitted_before(request: Any, moment: float) -> bool:

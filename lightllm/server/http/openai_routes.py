@@ -28,6 +28,7 @@ from lightllm.server.http.developer_role import template_names_developer_role
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, invalid_request,
                                          model_not_found, sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.http.in_flight import check_admission
 from lightllm.server.http.request_id_header import client_request_id
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
 from lightllm.server.http.openai_shapes import (
@@ -221,6 +222,7 @@ class OpenAIEndpoints:
 
     async def completions(self, request: Request) -> Response:
         """``POST /v1/completions``."""
+        check_admission(self.manager, request)
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
@@ -267,6 +269,7 @@ class OpenAIEndpoints:
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
+        check_admission(self.manager, request)
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)

@@ -295,6 +295,10 @@ class HttpServerManager:
         """The error new requests get while the server refuses them (draining, failed); None otherwise."""
         return self._gate.refusal
 
+    def check_admission(self, request: Any = None) -> None:
+        """See :meth:`RequestManager.check_admission`."""
+        self._gate.check(request)
+
     def health(self) -> bool:
         """Whether the server accepts requests."""
         return self._gate.open and self._receiver is not None and not self._receiver.done()

@@ -216,10 +216,12 @@ class Supervisor:
         message = f"The server is shutting down: {reason}"
         # Requests still being prepared (a body arriving, waiting for their client's place,
         # tokenizing) get the same 503 at once, from the admission middleware.
-        failed = self.preparing.close(message, SHUTTING_DOWN) if self.preparing is not None else 0
-        failed += self.manager.fail_pending(message, SHUTTING_DOWN, backend_alive=True)
-        if failed:
-            log.warning("ended %d request(s) with an error at shutdown", failed)
+        preparing = self.preparing.close(message, SHUTTING_DOWN) if self.preparing is not None else 0
+        # The manager counts generations: a request with n choices (or best_of) runs that many.
+        running = self.manager.fail_pending(message, SHUTTING_DOWN, backend_alive=True)
+        if preparing or running:
+            log.warning("ended with an error at shutdown: %d generation(s) running (a request runs one per "
+                        "choice) and %d request(s) still being prepared", running, preparing)
         self._exit_server()
 
 

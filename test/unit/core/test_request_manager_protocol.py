@@ -23,5 +23,5 @@ def test_create_app_names_what_an_incomplete_manager_lacks() -> None:
     del partial.served_model_names
     with pytest.raises(TypeError, match="Partial lacks served_model_names"):
         create_app(partial)
-    with pytest.raises(TypeError, match="object lacks default_max_new_tokens, encode_chat, encode_prompt"):
+    with pytest.raises(TypeError, match="object lacks check_admission, default_max_new_tokens, encode_chat, encode_prompt"):
         create_app(object())

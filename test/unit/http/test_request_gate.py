@@ -9,7 +9,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from fastapi.testclient import TestClient
 
+from api_fakes import MODEL, FakeManager, assert_error
 from lightllm.server.http.in_flight import (ADMISSION_KEY, Admission, AdmissionMiddleware, PreparingRequests,
                                             generation_started)
 from lightllm.server.manager_errors import ServerUnavailableError
@@ -62,3 +64,23 @@ def test_a_request_counts_as_preparing_until_its_first_generation_or_its_end() -
     with pytest.raises(RuntimeError):
         asyncio.run(AdmissionMiddleware(failing, book)({"type": "http", "method": "POST"}, None, None))
     assert book.idle
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "guided_json": {"type": "integer", "multipleOf": 99991}}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}),
+    ("/generate_stream", {"inputs": "hi"}),
+    # Not even read: a malformed body gets the drain's 503, not its 400.
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}),
+])
+def test_a_generation_request_arriving_during_a_drain_is_refused_before_any_work(
+        client: TestClient, manager: FakeManager, path: str, body: dict) -> None:
+    # Before, the refusal came only when the request reached the manager, after its parse, tokenization
+    # and grammar check: seconds in the tokenizer threads' queue behind requests still in flight.
+    manager.gate.drain("The server is shutting down and takes no new requests", "server_shutting_down")
+    error = assert_error(client.post(path, json=body), 503, None)
+    assert error["code"] == "server_shutting_down" and "takes no new requests" in error["message"]
+    assert manager.calls == [] and manager.chat_messages == []
+    # The endpoints that generate nothing keep answering through the drain.
+    assert client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}).status_code == 200

@@ -32,5 +32,6 @@ def test_second_signal_logs_the_ended_requests_not_that_every_request_finished(c
         manager = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert manager.refused == SHUTTING_DOWN and [code for _, code, _ in manager.failed] == [SHUTTING_DOWN]
     messages = [record.getMessage() for record in caplog.records]
-    assert "ended 2 request(s) with an error at shutdown" in messages
+    assert ("ended with an error at shutdown: 2 generation(s) running (a request runs one per choice) and 0 "
+            "request(s) still being prepared") in messages
     assert "every request finished; shutting down" not in messages

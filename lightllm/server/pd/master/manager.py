@@ -208,6 +208,10 @@ class PdMasterManager:
         """Why this model cannot run structured-output grammars (None: it can); blocks the first time."""
         return self.model.structured_output_problem()
 
+    def check_admission(self, request: Any = None) -> None:
+        """See :meth:`RequestManager.check_admission`."""
+        self._gate.check(request)
+
     def health(self) -> bool:
         """Requests are accepted: a prefill and a decode node are alive and the master is not stopping."""
         return self._gate.open and self.registry.ready
