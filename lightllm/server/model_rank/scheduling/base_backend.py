@@ -86,7 +86,7 @@ class ModeBackend(StepEngine, ABC):
         req.move_to(ReqState.FINISHED)
         self._ended.append((req, status))
 
-    # --- the grammar hold (see StepEngine.join) ---------------------------------------------------
+    # --- the grammar hold (see RequestMembership.join) ---------------------------------------------
     def grammars_compiled(self) -> Tuple[List[int], List[int]]:
         """Rank 0: the held requests whose grammar compile has ended here, ``(succeeded, raised)``,
         each in admission order; never waits.  Rank 0 sends them to every rank as one

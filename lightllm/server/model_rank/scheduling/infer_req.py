@@ -72,8 +72,8 @@ class InferReq:
     kv_slot_len: int = 0
     prompt_cache_len: int = 0
     # Whether its cached-token count is final: set when the request gives back KV it had computed
-    # (StepEngine._pause), as vLLM counts cache hits at a request's first scheduling only; what it
-    # recomputes after that, partly from the cache, was counted (or computed) once already.
+    # (RequestMembership._pause), as vLLM counts cache hits at a request's first scheduling only;
+    # what it recomputes after that, partly from the cache, was counted (or computed) once already.
     cache_count_final: bool = False
     state: ReqState = ReqState.WAITING
     # Set by the client or by the rank; the step releases it at its start (never mid-forward).

@@ -20,6 +20,8 @@ The engine imports no torch: it sees requests, a :class:`~.kv_view.KvView` and a
 torch executor; the scheduling simulator plugs in a token count and a cost model, so both run
 exactly this code.  Mode backends (``backend_registry.py``) are subclasses that change the
 classifier and the hooks :meth:`StepEngine.on_prompt_done` and :meth:`StepEngine.can_pause`.
+Who is in the batch (joining, aborts, pauses and resumes, departures, a constrained request held
+for its grammar) is :class:`~.request_membership.RequestMembership`, which the engine extends.
 
 Every TP rank runs the same engine over the same requests, so every decision here must be
 deterministic: no wall clock, no randomness, ties by admission order or request id.
@@ -28,7 +30,7 @@ deterministic: no wall clock, no randomness, ties by admission order or request 
 from __future__ import annotations
 
 import time
-from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import ClassVar, Dict, List, Sequence, Tuple
 
 from lightllm.server.core.objs.finish_status import (FINISH_ABORT, FINISH_ERROR, FINISH_GRAMMAR_FAILED, FINISH_LENGTH,
                                                     FINISH_STOP)
@@ -42,6 +44,7 @@ from lightllm.server.model_rank.scheduling.request_classifier import (
     ClassifiedRequests,
     RequestClassifier,
 )
+from lightllm.server.model_rank.scheduling.request_membership import RequestMembership
 from lightllm.server.model_rank.scheduling.step_planner import PrefillChunk, StepPlan, StepPlanner, submit_prefill
 from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.model_rank.scheduling.request_state import ReqState
@@ -53,7 +56,7 @@ _DECODING = ReqState.DECODING
 _SCHEDULABLE_STATES = tuple(state for state in ReqState if state.schedulable)
 
 
-class StepEngine:
+class StepEngine(RequestMembership):
     """Runs the live requests of one rank, one step at a time (see the module docstring).
 
     Args:
@@ -76,66 +79,14 @@ class StepEngine:
         eos_token_ids: Sequence[int],
         max_req_total_len: int,
     ) -> None:
-        self.executor = executor
-        self.kv = kv
-        self.strategy = strategy
+        super().__init__(executor, kv, strategy)
         self.planner = planner
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_req_total_len = max_req_total_len
         self.counter = ProcessedPrefillTokenCounter()
-        # Live requests in admission order (the order ``resume`` and the strategies start from).
-        self.requests: Dict[int, InferReq] = {}
-        # Requests that ended between steps (rejected, finished on hand-in or hand-off); the next
-        # step reports them, so the caller publishes every finish from one place.
-        self._ended: List[Tuple[InferReq, int]] = []
-        # Tokens requests received between steps (a decode node's first token, sampled by the
-        # prefill node); the next step reports them ahead of its own, for the same reason.
-        self._carried: List[Tuple[InferReq, int, float]] = []
         # Requests whose prompt (or, after a pause, prompt and outputs) was completed by the last
         # step's forward: share_prefixes publishes their last chunk in the next step.
         self._prompt_completed: set[int] = set()
-        # Requests that have left, and how many had left when each paused request paused: a
-        # paused request waits for room freed by a departure (see resume_paused).
-        self._departures = 0
-        self._paused_at: Dict[int, int] = {}
-
-    # --- membership ----------------------------------------------------------------------------
-    def join(self, req: InferReq) -> None:
-        """Take in a new request: it joins the live set, the KV view attaches its cached prefix and
-        the strategy numbers its arrival; a constrained one is held while its grammar compiles."""
-        if req.request_id in self.requests:
-            raise ValueError(f"request {req.request_id} is already running")
-        if req.state is not ReqState.WAITING:
-            raise ValueError(f"request {req.request_id} must join in state waiting, not {req.state.value}")
-        if req.sampling is not None and req.sampling.grammar is not None:
-            self.executor.start_grammar(req)  # first: if it raises, the rejected request left no trace
-            req.grammar_held = True  # until every rank marks its grammar ready (ModeBackend.grammars_ready)
-        try:
-            self.kv.attach(req)
-        except BaseException:
-            self.executor.forget(req)  # the rejected request's compile has no waiter any more
-            raise
-        self.requests[req.request_id] = req
-        self.strategy.admit(req)
-
-    def abort(self, request_id: int) -> None:
-        """Ask for a request to end; it is released at the start of the next step.
-
-        A request whose KV is being transferred ends when the transfer does (its KV must not be
-        reused while another process reads or writes it).
-        """
-        req = self.requests.get(request_id)
-        if req is not None:
-            req.abort_requested = True
-
-    def carry_token(self, req: InferReq, token_id: int, logprob: float = 0.0) -> None:
-        """Report ``token_id``, which ``req`` received between steps, first in the next step's tokens."""
-        self._carried.append((req, token_id, logprob))
-
-    @property
-    def has_work(self) -> bool:
-        """Whether any request is live or an ended request or carried token still has to be reported."""
-        return bool(self.requests) or bool(self._ended) or bool(self._carried)
 
     # --- the step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
@@ -201,11 +152,7 @@ class StepEngine:
                     still_paused = True
                     continue
                 promised += req.total_len
-                self.kv.resume(req)
-                if not req.cache_count_final:
-                    req.prompt_cache_len = req.cur_kv_len  # what the cache gives it now, as at a join
-                req.move_to(ReqState.PREFILLING)
-                self._paused_at.pop(req.request_id, None)
+                self._resume(req)
                 state = req.state
             if state in _SCHEDULABLE_STATES:
                 append(req)
@@ -380,10 +327,6 @@ class StepEngine:
             return FINISH_LENGTH
         return 0
 
-    def finish(self, req: InferReq, status: int, report: Optional[StepReport] = None) -> None:
-        """Release ``req`` with ``status``; reported in ``report``, or in the next step's report."""
-        self._leave(req, ReqState.FINISHED, status, report.finished if report is not None else self._ended)
-
     # --- hooks of the mode backends ------------------------------------------------------------
     def on_prompt_done(self, req: InferReq, report: StepReport) -> None:
         """The prompt (or a paused request's recompute) is done and the request goes on: decode it."""
@@ -392,23 +335,3 @@ class StepEngine:
     def can_pause(self, req: InferReq) -> bool:
         """Whether ``req``'s KV may be taken back to let others run."""
         return req.state.schedulable
-
-    # --- internals -----------------------------------------------------------------------------
-    def _pause(self, req: InferReq, report: StepReport) -> None:
-        # Beyond its cached count it computed some of its prompt: its first scheduling is over.  One
-        # holding only cached tokens (a stalled step pauses the newest holder, even a waiting one)
-        # counts its hits again when it resumes.
-        req.cache_count_final = req.cache_count_final or req.cur_kv_len > req.prompt_cache_len
-        self.kv.pause(req)
-        req.move_to(ReqState.PAUSED)
-        self._paused_at[req.request_id] = self._departures
-        report.paused.append(req)
-
-    def _leave(self, req: InferReq, state: ReqState, status: int, finished: List[Tuple[InferReq, int]]) -> None:
-        req.move_to(state)
-        self.kv.release(req)
-        del self.requests[req.request_id]
-        self._paused_at.pop(req.request_id, None)
-        self._departures += 1
-        self.executor.forget(req)
-        finished.append((req, status))
