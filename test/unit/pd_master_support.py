@@ -23,7 +23,8 @@ from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.launch.pd_master import build_master, check_master_flags
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
 
-from pd_node_stand_in import HEARTBEAT_S, REQUEST_TIMEOUT, Handoff, NodeStandIn, ThreadServer, reference_tokens
+from pd_node_stand_in import HEARTBEAT_S, REQUEST_TIMEOUT, Handoff, NodeStandIn, reference_tokens
+from uvicorn_in_thread import ThreadServer
 
 MISSED = 3
 

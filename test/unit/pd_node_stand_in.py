@@ -1,9 +1,9 @@
 """Prefill/decode node stand-ins that speak the PD node contract, for the PD master's tests.
 
-The stand-ins are small FastAPI apps served by uvicorn on loopback (:class:`ThreadServer`) that
-register and heartbeat with the real :class:`PdNodeClient` and answer
-``/pd/node/transfer_setup``, ``/pd/node/decode`` and ``/pd/node/prefill`` with the contract's
-NDJSON lines.  They "generate" with a deterministic function of the whole sequence
+The stand-ins are small FastAPI apps served by uvicorn on loopback
+(:class:`~uvicorn_in_thread.ThreadServer`) that register and heartbeat with the real
+:class:`PdNodeClient` and answer ``/pd/node/transfer_setup``, ``/pd/node/decode`` and
+``/pd/node/prefill`` with the contract's NDJSON lines.  They "generate" with a deterministic function of the whole sequence
 (:func:`next_token`), so a request split into continuation segments must give exactly the tokens
 of :func:`reference_tokens`; the "KV transfer" is P handing its first token to D through a
 thread-safe :class:`Handoff`.  Their knobs (busy, a limit of held reservations, a per-segment
@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lightllm.server.pd.node.registration_client import PdNodeClient
 from lightllm.server.pd.protocol.node_info import NodeInfo
+from uvicorn_in_thread import ThreadServer
 
 HEARTBEAT_S = 0.5
 # Generous: a loaded machine can be slow to answer, and every test bounds its own waits.
@@ -49,44 +48,6 @@ def reference_tokens(prompt: List[int], max_new_tokens: int) -> List[int]:
         sequence.append(token)
         out.append(token)
     return out
-
-
-class ThreadServer:
-    """A FastAPI app served by uvicorn in a thread on a free loopback port."""
-
-    def __init__(self, app: FastAPI) -> None:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self._sock = sock
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self._thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-
-    def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.serve(sockets=[self._sock]))
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def call(self, coro: Any, timeout: float = 10) -> Any:
-        """Run ``coro`` on the server's loop and wait for its result."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
 
 
 class Handoff:

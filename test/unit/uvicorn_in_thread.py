@@ -1,14 +1,18 @@
-"""A real uvicorn server on a free loopback port, in a thread of the test process, for the length of a ``with``
-(alone, or behind the front door as ``api_server`` serves it)."""
+"""A real uvicorn server on a free loopback port, in a thread of the test process: for the length of a ``with``
+(alone, or behind the front door as ``api_server`` serves it), or as a :class:`ThreadServer` a test stops
+itself, with its own event loop to run coroutines on (the PD master and node stand-ins)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import uvicorn
+from fastapi import FastAPI
 
 from lightllm.server.http.app import create_app
 from lightllm.server.http.front_door import FrontDoor
@@ -59,3 +63,41 @@ def serving_behind_front_door(manager: Any, options: HttpServerOptions) -> Itera
         server.should_exit = True
         thread.join(10)
         door.close()
+
+
+class ThreadServer:
+    """A FastAPI app served by uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, app: FastAPI) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self._thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.server.serve(sockets=[self._sock]))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def call(self, coro: Any, timeout: float = 10) -> Any:
+        """Run ``coro`` on the server's loop and wait for its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()

@@ -17,8 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager, assert_error
-from pd_node_stand_in import ThreadServer
 from pd_membership_support import node
+from uvicorn_in_thread import ThreadServer
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser

@@ -28,9 +28,9 @@ from lightllm.server.pd.node.service import PdNodeService
 from lightllm.server.pd.protocol.membership import DEREGISTER_PATH, HEARTBEAT_PATH, LOAD_KEY, REGISTER_PATH, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 
-from pd_node_stand_in import ThreadServer
 from pd_membership_support import node
 from test_pd_node_epochs import ScriptedHost, token
+from uvicorn_in_thread import ThreadServer
 
 LOAD_NAMES = {"queued_prefill_tokens", "running_requests", "free_kv_tokens", "kv_capacity_tokens"}
 
