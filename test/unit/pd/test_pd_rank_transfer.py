@@ -2,7 +2,7 @@
 
 Two ranks in one process, the way a prefill node's rank and a decode node's rank run them: each
 backend carries its side's PdRankTransfer and the test drives only the backend's hooks, as the rank loop does
-(``intake``, ``poll``, ``step``, ``on_command``):
+(``intake``, ``poll``, ``step``, ``on_command``; the ranks are ``pd_rank_node_support.py``'s nodes):
 transfer setup per epoch (several pairs on one prefill rank, and their teardown), the decode side
 reserving first (or answering busy), the prefill side sending [kv_start, prompt_len) with its first token in the header after the step that handed the
 request off, and each side acting on polled results.  Greedy outputs must equal a normal node's,
@@ -13,16 +13,13 @@ give the KV back.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict
 
 import pytest
 import torch
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
-from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import (
     FINISH_ABORT,
@@ -33,31 +30,13 @@ from lightllm.server.core.objs.finish_status import (
     FINISH_SEGMENT_LIMIT,
     FINISH_TRANSFER_FAILED,
 )
-from lightllm.server.core.objs.io_messages import (
-    PdChannelBroken,
-    PdNotice,
-    PdSetupDone,
-    PdTransferSetup,
-    PdTransferTeardown,
-)
+from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdTransferTeardown
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
-from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferStoreHost
-from lightllm.server.pd.node.transfer_ports import TransferPortBlock
-from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.backend_registry import KvReservationRefused
-from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
-from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
-from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
-from lightllm.server.model_rank.pd_transfer.base import PdRankTransfer
-from lightllm.server.model_rank.pd_transfer.decode import DecodeRankTransfer
-from lightllm.server.model_rank.pd_transfer.prefill import PrefillRankTransfer
 from lightllm.server.model_rank.rank_config import PdRankSettings
 from lightllm.server.core.objs.request_spec import RequestSpec
 
-
-MAX_LEN = 400
-# The transfer side each node role builds, as pd_backend_settings picks it.
-TRANSFER_OF_ROLE: Dict[str, type[PdRankTransfer]] = {"prefill": PrefillRankTransfer, "decode": DecodeRankTransfer}
+from pd_rank_node_support import Node, backend_for, run_until, set_up_pair, submit
 
 
 @pytest.fixture(scope="module")
@@ -65,94 +44,12 @@ def model(tiny_llama_dir):
     return load_model(str(tiny_llama_dir), dtype=torch.float32)
 
 
-def _backend(model, run_mode: str, kv_tokens: int = 2048, prefix_cache: bool = True, **mode_settings: Any):
-    cache = model.new_kv_cache(kv_tokens)
-    cache.share_buffers()
-    context = InferenceContext(cache, ReqManager(8, MAX_LEN + 1), use_prefix_cache=prefix_cache)
-    if run_mode == "decode":
-        mode_settings.setdefault("end_segment_on_kv_pressure", True)  # as a PD decode node's rank builds it
-    return build_rank_backend(run_mode, model, context, build_prefill_queue_strategy("hrrn"),
-                              StepPlanner(64, 32), Sampler(0), [2], MAX_LEN, **mode_settings)
-
-
-class Node:
-    """One PD rank: its backend carrying its PdRankTransfer, and what rank 0 would have told the HTTP process."""
-
-    def __init__(self, model, role: str, settings: PdRankSettings, kv_tokens: int = 2048, **mode_settings: Any):
-        self.messages: List[Any] = []
-        self.pd = TRANSFER_OF_ROLE[role](0, settings, self._make_handle, notify=self.messages.append)
-        self.backend = _backend(model, role, kv_tokens, transfer=self.pd, **mode_settings)
-        self.tokens: Dict[int, List[int]] = {}
-        self.finished: Dict[int, int] = {}
-
-    def _make_handle(self, role: str, host: str, port: int, group_name: str,
-                     store_host: Optional[TransferStoreHost]) -> KVTransferHandle:
-        s = self.pd.settings
-        return KVTransferHandle(role, self.backend.kv.kv_cache, host, port, page_size=s.page_size,
-                                timeout_s=s.transfer_timeout_s, connect_timeout_s=s.connect_timeout_s,
-                                receive_wait_s=s.lease_for(0.0), group_name=group_name, store_host=store_host)
-
-    def iterate(self) -> None:
-        """What the rank loop does once: poll (transfer results), step (hand-offs go out with it), publish."""
-        self.backend.poll()
-        if not self.backend.has_work:
-            return
-        report = self.backend.step()
-        for req, token, _ in report.tokens:
-            self.tokens.setdefault(req.request_id, []).append(token)
-        for req, status in report.finished:
-            self.finished[req.request_id] = status
-
-    def notices(self, request_id: int) -> Dict[str, PdNotice]:
-        return {m.kind: m for m in self.messages if isinstance(m, PdNotice) and m.request_id == request_id}
-
-
-def _setup(prefill: Node, decode: Node, epoch: int) -> None:
-    settings = prefill.pd.settings
-    if settings.listen_socket is None:  # held like a prefill node holds its port from start-up
-        settings.listen_socket = TransferPortBlock.reserve("127.0.0.1", 1).socket_for(0)
-        settings.transfer_port = settings.listen_socket.getsockname()[1]
-    port = settings.transfer_port
-    prefill.backend.on_command(PdTransferSetup(epoch))
-    decode.backend.on_command(PdTransferSetup(epoch, "127.0.0.1", port))
-    for node in (prefill, decode):
-        assert node.messages[-1] == PdSetupDone(epoch, "")
-        handle = node.pd.handle_for(epoch)
-        assert handle.wait_ready(90), handle.broken_reason
-
-
-def _submit(prefill: Node, decode: Node, request_id: int, prompt: List[int], params: SamplingParams,
-            epoch: Optional[int] = None) -> Optional[int]:
-    """Reserve on D first, then prefill on P from D's kv_start; None when D answered busy.
-
-    ``epoch``: the pair the request runs on (default: the one both nodes set up last).
-    """
-    if epoch is None:
-        epoch = decode.pd.epochs[-1]
-    spec = RequestSpec.build(prompt, params, pd_kind=PD_KIND_DECODE, pd_epoch=epoch)
-    if decode.backend.intake(request_id, spec) is None:
-        return None
-    kv_start = decode.notices(request_id)["reserved"].kv_start
-    prefill.backend.intake(request_id, RequestSpec.build(prompt, params, pd_kind=PD_KIND_PREFILL, kv_start=kv_start,
-                                                         pd_epoch=epoch))
-    return kv_start
-
-
-def _run(nodes: Tuple[Node, ...], done, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, [(n.finished, n.pd.in_flight) for n in nodes]
-        for node in nodes:
-            node.iterate()
-        time.sleep(0.002)
-
-
 @pytest.fixture(scope="module")
 def pair(model):
     settings = dict(page_size=16, transfer_timeout_s=20.0, connect_timeout_s=60.0)
     prefill = Node(model, "prefill", PdRankSettings(**settings))
     decode = Node(model, "decode", PdRankSettings(**settings, reserve_lease_s=30.0))
-    _setup(prefill, decode, epoch=1)
+    set_up_pair(prefill, decode, epoch=1)
     yield prefill, decode
     prefill.pd.close()
     decode.pd.close()
@@ -169,10 +66,10 @@ def test_greedy_outputs_through_the_rank_plumbing_equal_a_normal_node(model, pai
     params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
     kv_starts = {}
     for rid in range(3):
-        kv_starts[rid] = _submit(prefill, decode, rid, prompts[rid], params)
-    _run((prefill, decode), lambda: all(r in decode.finished for r in range(3)))
-    kv_starts[3] = _submit(prefill, decode, 3, prompts[3], params)
-    _run((prefill, decode), lambda: 3 in decode.finished and 3 in prefill.finished)
+        kv_starts[rid] = submit(prefill, decode, rid, prompts[rid], params)
+    run_until((prefill, decode), lambda: all(r in decode.finished for r in range(3)))
+    kv_starts[3] = submit(prefill, decode, 3, prompts[3], params)
+    run_until((prefill, decode), lambda: 3 in decode.finished and 3 in prefill.finished)
     assert [kv_starts[r] for r in range(3)] == [0, 0, 0]
     assert kv_starts[3] == len(prompts[3]) - 1  # only the last prompt position moved
     for rid in range(4):
@@ -182,7 +79,7 @@ def test_greedy_outputs_through_the_rank_plumbing_equal_a_normal_node(model, pai
         assert prefill.finished[rid] == FINISH_HANDED_OFF and decode.finished[rid] == FINISH_LENGTH
         sent, received = prefill.notices(rid)["transferred"], decode.notices(rid)["transferred"]
         assert sent.nbytes == received.nbytes == (len(prompts[rid]) - kv_starts[rid]) * prefill.backend.kv.kv_cache.token_bytes()
-    _run((prefill, decode), lambda: not prefill.backend.has_work and not decode.backend.has_work)
+    run_until((prefill, decode), lambda: not prefill.backend.has_work and not decode.backend.has_work)
     assert prefill.backend.kv.allocatable_token_num() == p_free
     assert decode.backend.kv.allocatable_token_num() == d_free
 
@@ -196,7 +93,7 @@ def test_one_prefill_rank_serves_two_decode_nodes_and_a_teardown_drops_only_its_
     nodes = (prefill, *decodes.values())
     try:
         for epoch, decode in decodes.items():
-            _setup(prefill, decode, epoch)
+            set_up_pair(prefill, decode, epoch)
         assert prefill.pd.epochs == [21, 22]
         ports = {prefill.pd.handle_for(e).store_port for e in decodes}
         assert ports == {prefill.pd.store_host.port}
@@ -207,8 +104,8 @@ def test_one_prefill_rank_serves_two_decode_nodes_and_a_teardown_drops_only_its_
         params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
         epoch_of = {rid: 21 + rid % 2 for rid in range(len(prompts))}  # interleaved between the peers
         for rid, prompt in enumerate(prompts):
-            assert _submit(prefill, decodes[epoch_of[rid]], rid, prompt, params, epoch=epoch_of[rid]) == 0
-        _run(nodes, lambda: all(rid in decodes[e].finished and rid in prefill.finished for rid, e in epoch_of.items()))
+            assert submit(prefill, decodes[epoch_of[rid]], rid, prompt, params, epoch=epoch_of[rid]) == 0
+        run_until(nodes, lambda: all(rid in decodes[e].finished and rid in prefill.finished for rid, e in epoch_of.items()))
         token_bytes = prefill.backend.kv.kv_cache.token_bytes()
         for rid, epoch in epoch_of.items():
             decode, other = decodes[epoch], decodes[43 - epoch]
@@ -222,14 +119,14 @@ def test_one_prefill_rank_serves_two_decode_nodes_and_a_teardown_drops_only_its_
                                                                  pd_epoch=21)) is not None
         prefill.backend.on_command(PdTransferTeardown(21))
         assert prefill.pd.epochs == [22]
-        _run(nodes, lambda: 10 in decodes[21].finished)
+        run_until(nodes, lambda: 10 in decodes[21].finished)
         assert decodes[21].finished[10] == FINISH_TRANSFER_FAILED
         assert decodes[21].notices(10)["transfer_failed"].error_kind == "transfer_broken"
         # The decode node learnt it from the pair's closing announcement and reports that pair only.
         assert [m.epoch for m in decodes[21].messages if isinstance(m, PdChannelBroken)] == [21]
         prefill.backend.intake(11, RequestSpec.build(prompts[1], params, pd_kind=PD_KIND_PREFILL, pd_epoch=21))
-        assert _submit(prefill, decodes[22], 12, prompts[2], params, epoch=22) is not None
-        _run(nodes, lambda: 11 in prefill.finished and 12 in decodes[22].finished and 12 in prefill.finished)
+        assert submit(prefill, decodes[22], 12, prompts[2], params, epoch=22) is not None
+        run_until(nodes, lambda: 11 in prefill.finished and 12 in decodes[22].finished and 12 in prefill.finished)
         assert prefill.finished[11] == FINISH_TRANSFER_FAILED
         assert prefill.notices(11)["transfer_failed"].error_kind == "transfer_broken"
         assert "epoch 21 is not set up" in prefill.notices(11)["transfer_failed"].message
@@ -247,12 +144,12 @@ def test_segment_limit_ends_the_segment_after_its_tokens(model) -> None:
     prefill = Node(model, "prefill", PdRankSettings(**settings), kv_tokens=512)
     decode = Node(model, "decode", PdRankSettings(**settings, reserve_lease_s=30.0), kv_tokens=512,
                   max_segment_tokens=4)
-    _setup(prefill, decode, epoch=2)
+    set_up_pair(prefill, decode, epoch=2)
     try:
         prompt = list(range(10, 40))
         expected = BatchGenerator(model, 4096).greedy_generate([prompt], 10)[0]
-        _submit(prefill, decode, 20, prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
-        _run((prefill, decode), lambda: 20 in decode.finished)
+        submit(prefill, decode, 20, prompt, SamplingParams(temperature=0, max_new_tokens=10, ignore_eos=True))
+        run_until((prefill, decode), lambda: 20 in decode.finished)
         assert decode.finished[20] == FINISH_SEGMENT_LIMIT
         assert decode.tokens[20] == expected[:4]
         # The reservation was for the segment's 4 tokens, not for max_new_tokens' 10.
@@ -265,7 +162,7 @@ def test_segment_limit_ends_the_segment_after_its_tokens(model) -> None:
 def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
     decode = Node(model, "decode", PdRankSettings(reserve_lease_s=0.5), kv_tokens=256)
     prefill = Node(model, "prefill", PdRankSettings(), kv_tokens=512)
-    _setup(prefill, decode, epoch=7)
+    set_up_pair(prefill, decode, epoch=7)
     try:
         free = decode.backend.kv.allocatable_token_num()
         params = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
@@ -277,7 +174,7 @@ def test_a_lease_that_expires_fails_the_request_and_frees_its_kv(model) -> None:
         assert decode.backend.intake(2, busy) is None
         decode.iterate()
         assert decode.finished[2] == FINISH_BUSY
-        _run((decode,), lambda: 1 in decode.finished, timeout_s=30)  # P never sends
+        run_until((decode,), lambda: 1 in decode.finished, timeout_s=30)  # P never sends
         assert decode.finished[1] == FINISH_TRANSFER_FAILED
         assert decode.notices(1)["transfer_failed"].error_kind == "lease_expired"
         assert decode.backend.kv.allocatable_token_num() == free
@@ -292,7 +189,7 @@ def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(
     once, naming the request once (it read "request 3: request 3: receive cancelled ...")."""
     decode = Node(model, "decode", PdRankSettings(reserve_lease_s=300.0), kv_tokens=256)
     prefill = Node(model, "prefill", PdRankSettings(), kv_tokens=512)
-    _setup(prefill, decode, epoch=8)
+    set_up_pair(prefill, decode, epoch=8)
     try:
         free = decode.backend.kv.allocatable_token_num()
         params = SamplingParams(temperature=0, max_new_tokens=1, ignore_eos=True)
@@ -301,7 +198,7 @@ def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(
         assert decode.backend.kv.allocatable_token_num() < free
         with caplog.at_level("INFO", logger="lightllm.pd_rank"):
             decode.backend.abort(3)
-            _run((decode,), lambda: 3 in decode.finished, timeout_s=30)  # well before the 300 s lease
+            run_until((decode,), lambda: 3 in decode.finished, timeout_s=30)  # well before the 300 s lease
         assert decode.finished[3] == FINISH_ABORT
         cancels = [r.getMessage() for r in caplog.records if "cancelled" in r.getMessage()]
         assert len(cancels) == 1 and cancels[0].startswith("request 3: receive cancelled"), cancels
@@ -309,8 +206,8 @@ def test_an_aborted_reservation_gives_its_kv_back_without_waiting_for_the_lease(
         # The pair still works: a later request's KV moves as usual.
         prompt = list(range(10, 40))
         expected = BatchGenerator(model, 4096).greedy_generate([prompt], 3)[0]
-        _submit(prefill, decode, 4, prompt, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
-        _run((prefill, decode), lambda: 4 in decode.finished)
+        submit(prefill, decode, 4, prompt, SamplingParams(temperature=0, max_new_tokens=3, ignore_eos=True))
+        run_until((prefill, decode), lambda: 4 in decode.finished)
         assert decode.tokens[4] == expected
     finally:
         prefill.pd.close()
@@ -323,7 +220,7 @@ def test_without_a_setup_a_handoff_fails_as_transfer_broken(model) -> None:
     prefill.backend.intake(5, RequestSpec.build(list(range(5, 30)), SamplingParams(temperature=0, max_new_tokens=4,
                                                                                    ignore_eos=True),
                                                 pd_kind=PD_KIND_PREFILL))
-    _run((prefill,), lambda: 5 in prefill.finished, timeout_s=30)
+    run_until((prefill,), lambda: 5 in prefill.finished, timeout_s=30)
     assert prefill.tokens[5] and prefill.finished[5] == FINISH_TRANSFER_FAILED
     assert prefill.notices(5)["transfer_failed"].error_kind == "transfer_broken"
     assert prefill.backend.kv.allocatable_token_num() == free
@@ -341,7 +238,7 @@ def test_a_node_takes_requests_of_its_own_pd_kind_only(model, role: str, kind: i
 
 def test_the_decode_nodes_first_token_leads_the_next_steps_tokens(model) -> None:
     """The token from the transfer header is reported by the engine, ahead of the step's own."""
-    decode = _backend(model, "decode", kv_tokens=256)
+    decode = backend_for(model, "decode", kv_tokens=256)
     params = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
     req = decode.reserve_prefilled(1, RequestSpec(list(range(10, 20)), params))
     assert decode.admit_prefilled(req, 77) == 0
@@ -352,7 +249,7 @@ def test_the_decode_nodes_first_token_leads_the_next_steps_tokens(model) -> None
 
 
 def test_decode_backend_ends_the_segment_under_kv_pressure_instead_of_pausing(model) -> None:
-    decode = _backend(model, "decode", kv_tokens=64, prefix_cache=False)
+    decode = backend_for(model, "decode", kv_tokens=64, prefix_cache=False)
     params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
     # Each is promised 5 decode tokens but may take 40: the cache (64) is over-committed.
     reqs = [decode.reserve_prefilled(rid, RequestSpec(list(range(10 + rid, 20 + rid)), params), decode_tokens=5)
