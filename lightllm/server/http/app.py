@@ -68,6 +68,7 @@ from lightllm.server.http.planning import (build_sampling_params, check_context_
 from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
+from lightllm.server.http.grammar_thread import on_grammar_thread
 from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests, check_admission
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
@@ -151,7 +152,7 @@ class NativeEndpoints:
             max_new, min_beyond_room = default_length_for(
                 max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
                 parameters.min_new_tokens, len(prompt_ids), self.manager.max_req_total_len)
-        # sampling_fields compiles the request's grammar, which can take seconds: off the event loop.
+        # sampling_fields compiles the request's grammar, which can take seconds: on the grammar thread.
         def compiled_fields() -> dict:
             fields = parameters.sampling_fields(self.manager.generation_defaults)
             asked = [name for name in NATIVE_CONSTRAINTS if getattr(parameters, name) is not None]
@@ -159,7 +160,8 @@ class NativeEndpoints:
                 usable_grammar(self.manager, fields["grammar"], f"parameters.{asked[0]}")
             return fields
 
-        fields = await self.encoder.on_tokenizer_thread(compiled_fields)
+        constrained = any(getattr(parameters, name) is not None for name in NATIVE_CONSTRAINTS)
+        fields = await on_grammar_thread(compiled_fields) if constrained else compiled_fields()
         values = {**fields, "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         if min_beyond_room:

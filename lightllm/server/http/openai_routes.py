@@ -28,6 +28,7 @@ from lightllm.server.http.developer_role import template_names_developer_role
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, invalid_request,
                                          model_not_found, sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.http.grammar_thread import on_grammar_thread, openai_request_grammar
 from lightllm.server.http.in_flight import check_admission
 from lightllm.server.http.request_id_header import client_request_id
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
@@ -51,9 +52,7 @@ from lightllm.server.http.planning import (
     encoded,
     prompt_noun,
 )
-from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.special_tokens import SpecialTokenFrame
-from lightllm.server.http.structured_params import structured_grammar, usable_grammar
 from lightllm.server.http.token_bytes import TokenBytes
 from lightllm.server.http.response_shaper import ResponseShaper
 from lightllm.server.http.token_ids import TokenIdShaper
@@ -249,10 +248,7 @@ class OpenAIEndpoints:
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
-        # Compiling a grammar can take seconds (a large multipleOf, a long repetition): off the event loop.
-        grammar = await self.encoder.on_tokenizer_thread(lambda: usable_grammar(self.manager, structured_grammar(
-            body.structured_outputs, body.guided_fields(), response_format_grammar(body.response_format)),
-            body.structured_output_param()))
+        grammar = await openai_request_grammar(self.manager, body)
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
@@ -279,8 +275,9 @@ class OpenAIEndpoints:
         wants_top = (bool(body.logprobs) and (body.top_logprobs or 0) > 0) or (body.prompt_logprobs or 0) > 0
         check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
                                 wants_top)
-        # Forced calls compile their tools' schemas: off the event loop, as every grammar.
-        tool_plan = await self.encoder.on_tokenizer_thread(lambda: plan_tool_calls(body, self.tool_call_parser))
+        # Forced calls compile their tools' schemas: on the grammar thread, as every grammar.
+        tool_plan = (await on_grammar_thread(lambda: plan_tool_calls(body, self.tool_call_parser))
+                     if body.tools is not None else plan_tool_calls(body, self.tool_call_parser))
         if tool_plan.keeps_special_tokens:
             if "skip_special_tokens" in body.model_fields_set and body.skip_special_tokens:
                 # Turned off below as vLLM does; a client that asked for it by name hears so.
@@ -294,10 +291,7 @@ class OpenAIEndpoints:
                                    "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids, await self.truncation_frame(body, body.add_special_tokens))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        asked = "tool_choice" if tool_plan.grammar is not None else body.structured_output_param()
-        grammar = await self.encoder.on_tokenizer_thread(lambda: usable_grammar(self.manager, tool_plan.combine_grammar(
-            structured_grammar(body.structured_outputs, body.guided_fields(),
-                               response_format_grammar(body.response_format))), asked))
+        grammar = await openai_request_grammar(self.manager, body, tool_plan)
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)

@@ -81,6 +81,13 @@ def _byte_tokenizer() -> Any:
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()))
 
 
+# Grammars whose no-output check is remembered.  The check builds a matcher, up to a second for a
+# costly one, and clients resend the same schema with every request; a grammar is at most 16 KiB,
+# so the cache holds at most a few MiB of text.
+CHECKED_GRAMMARS_CACHED = 256
+
+
+@functools.lru_cache(maxsize=CHECKED_GRAMMARS_CACHED)
 def _no_output_reason(grammar: str) -> Optional[str]:
     """llguidance's reason when ``grammar`` cannot even begin (it matches no text, not even the
     empty one), else None.  Without this check such a request reaches the model rank, whose

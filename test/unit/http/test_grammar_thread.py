@@ -1,0 +1,61 @@
+"""Grammar checks run on their own thread: a plain request never waits behind another client's
+costly check, and a grammar checked before is not checked again."""
+
+from __future__ import annotations
+
+import threading
+
+from fastapi.testclient import TestClient
+
+from api_fakes import MODEL, FakeManager
+from lightllm.server.http import grammar_thread
+from lightllm.server.http.response_format import _no_output_reason, compile_json_schema
+
+
+def _hold_the_grammar_thread() -> tuple[threading.Event, threading.Event]:
+    """Occupy the grammar thread until the returned release event is set (a check that takes long);
+    the second event is set once the thread is free again."""
+    started, release, freed = threading.Event(), threading.Event(), threading.Event()
+
+    def costly_check() -> None:
+        started.set()
+        release.wait(60)
+        freed.set()
+
+    grammar_thread._WORKERS.submit(costly_check)
+    assert started.wait(30)
+    return release, freed
+
+
+def test_plain_requests_and_tokenize_do_not_wait_behind_a_grammar_check(client: TestClient,
+                                                                       manager: FakeManager) -> None:
+    # Before, grammar checks shared the two tokenizer threads: twelve costly ones held a plain
+    # request 13 s.  Here the grammar thread stays busy for the whole test: were any plain request
+    # queued behind it, it would not answer until release (after the asserts).
+    release, freed = _hold_the_grammar_thread()
+    try:
+        for path, body in [
+            ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
+            ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "response_format": None}),
+            ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+            ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}),
+            ("/tokenize", {"model": MODEL, "prompt": "hi"}),
+        ]:
+            assert client.post(path, json=body).status_code == 200, path
+        assert not freed.is_set()  # every answer above came while the grammar thread was held
+    finally:
+        release.set()
+    # A constrained request is checked on the grammar thread, once it is free.
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "guided_regex": "[ab]+"}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert manager.calls[-1].params.grammar is not None
+
+
+def test_a_grammar_is_checked_once_and_then_remembered() -> None:
+    schema = {"type": "object", "properties": {"grammar_thread_test": {"type": "integer", "multipleOf": 7}}}
+    grammar = compile_json_schema(schema, "guided_json")
+    before = _no_output_reason.cache_info()
+    assert compile_json_schema(schema, "guided_json") == grammar
+    after = _no_output_reason.cache_info()
+    # The matcher build (up to a second for a costly schema) is not repeated for the same grammar.
+    assert after.hits == before.hits + 1 and after.misses == before.misses
