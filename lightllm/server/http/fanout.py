@@ -135,6 +135,10 @@ class GenerationFanout:
                     return
                 yield event
                 if event.finish_reason is not None:
+                    # Closed now, not with the whole request: its manager counts it as running (the
+                    # metrics, a drain) and times it until its generation is closed, and the other
+                    # choices of an n > 1 request may run long after this one.
+                    await _close_generation(self._iterators[slot])
                     break
                 event = await self._iterators[slot].__anext__()
         except StopAsyncIteration:
@@ -207,13 +211,19 @@ class GenerationFanout:
                 pass
         self._tasks = []
         for iterator in self._iterators:
-            closer = getattr(iterator, "aclose", None)
-            if closer is not None:
-                try:
-                    await closer()
-                except Exception:  # noqa: BLE001 - closing must not mask the real outcome
-                    logger.exception("closing a generation failed")
+            await _close_generation(iterator)
         self._iterators = []
+
+
+async def _close_generation(iterator: Any) -> None:
+    """Close one ``manager.generate`` iterator (the manager aborts it unless it finished); closing
+    it again does nothing."""
+    closer = getattr(iterator, "aclose", None)
+    if closer is not None:
+        try:
+            await closer()
+        except Exception:  # noqa: BLE001 - closing must not mask the real outcome
+            logger.exception("closing a generation failed")
 
 
 def sse_response(stream: AsyncIterator[bytes], fanout: GenerationFanout) -> StreamingResponse:
