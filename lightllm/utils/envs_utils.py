@@ -141,19 +141,39 @@ def step_trace_path() -> Optional[str]:
     return path
 
 
-def key_character_problem(key: str) -> Optional[str]:
-    """Why ``key`` (an API, admin or cluster key) cannot be sent as typed in an HTTP header, or None.
+def key_character_problem(key: str, ascii_only: bool = False) -> Optional[str]:
+    """Why ``key`` (an API, admin or cluster key) can never match as sent in an HTTP header, or None.
 
-    A header carries bytes that the server reads as Latin-1 while a key is compared as UTF-8, and
-    clients such as httpx (the ``openai`` package's) refuse to send anything beyond ASCII: a key
-    with any other character could never be matched.  The message never shows the key.
+    The server reads a header's bytes as Latin-1 (as vLLM does): a key holding a character beyond
+    U+00FF could never arrive, nor can a control character other than a tab travel in a header.
+    ``ascii_only``: a key the server itself sends with httpx (the PD cluster key), which refuses
+    anything beyond ASCII.  The message never shows the key.
     """
     for position, char in enumerate(key, 1):
-        if not " " <= char <= "~":
-            kind = "a control character" if char < " " or char == "\x7f" else "a character beyond ASCII"
-            return (f"keys must be printable ASCII (letters, digits, punctuation, spaces), as an HTTP header "
-                    f"carries them; character {position} of one is {kind} (value not shown)")
+        if (char < " " and char != "\t") or char == "\x7f":
+            kind = "a control character (only a tab may travel in an HTTP header)"
+        elif char > ("~" if ascii_only else "\xff"):
+            kind = ("a character beyond ASCII (the cluster sends its key with httpx, which sends ASCII only)"
+                    if ascii_only else "a character beyond Latin-1, which an HTTP header cannot carry")
+        else:
+            continue
+        return f"character {position} of the key is {kind} (value not shown)"
     return None
+
+
+def key_character_warning(key: str) -> Optional[str]:
+    """A warning for a key that matches only from some clients, or None: a Latin-1 letter beyond
+    ASCII (``é``) arrives from clients that send headers as Latin-1 (``requests``, ``curl``), but
+    httpx, and so the ``openai`` package, refuses to send it."""
+    if any(char > "~" for char in key):
+        return ("holds a character beyond ASCII: clients that send headers as Latin-1 (requests, curl) can "
+                "send it, but httpx and so the openai package cannot (value not shown)")
+    return None
+
+
+def numbered_key(index: int, count: int) -> str:
+    """``key 2 of 3`` (or ``the key`` when there is one), naming a key without showing it."""
+    return "the key" if count == 1 else f"key {index} of {count}"
 
 
 def api_keys_from_env(name: str) -> List[str]:
@@ -171,10 +191,10 @@ def api_keys_from_env(name: str) -> List[str]:
     if not keys:
         raise ValueError(f"{name} holds no key: its comma-separated keys must be non-empty "
                          f"({len(raw)} character{'' if len(raw) == 1 else 's'}, value not shown); unset it for no keys")
-    for key in keys:
+    for index, key in enumerate(keys, 1):
         problem = key_character_problem(key)
         if problem is not None:
-            raise ValueError(f"{name}: {problem}")
+            raise ValueError(f"{name} ({numbered_key(index, len(keys))}): {problem}")
     return keys
 
 
@@ -225,7 +245,7 @@ def pd_cluster_key_from_env() -> Optional[str]:
     if not raw.strip() or raw != raw.strip():
         raise ValueError("LIGHTLLM_PD_CLUSTER_KEY must be non-empty and carry no surrounding whitespace "
                          f"(got {len(raw)} characters; value not shown)")
-    problem = key_character_problem(raw)
+    problem = key_character_problem(raw, ascii_only=True)
     if problem is not None:
         raise ValueError(f"LIGHTLLM_PD_CLUSTER_KEY: {problem}")
     return raw

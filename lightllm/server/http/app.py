@@ -161,7 +161,7 @@ class NativeEndpoints:
             return fields
 
         constrained = any(getattr(parameters, name) is not None for name in NATIVE_CONSTRAINTS)
-        fields = await on_grammar_thread(compiled_fields) if constrained else compiled_fields()
+        fields = await on_grammar_thread(compiled_fields, request) if constrained else compiled_fields()
         values = {**fields, "max_new_tokens": max_new}
         params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
         if min_beyond_room:
@@ -343,7 +343,7 @@ def create_app(
                            book=app.state.preparing)
     # Outside every layer that waits: a request counts for a graceful drain from its first byte, also while it waits
     # for its client's share (lightllm/server/http/in_flight.py).
-    app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
+    app.add_middleware(AdmissionMiddleware, book=app.state.preparing, manager=manager)
     # Around everything that may answer before the guard reads the body (401, a CORS refusal, 503).
     app.add_middleware(UnreadBodyCloseMiddleware)
     # Outermost: every layer inside reads the path (the key check's exemptions, the share, the routes).

@@ -131,12 +131,23 @@ def admitted_before(request: Any, moment: float) -> bool:
     return admission is not None and admission.arrived < moment
 
 
-class AdmissionMiddleware:
-    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends."""
+# The endpoints that start generations: refused on arrival while the server drains.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream"})
 
-    def __init__(self, app: ASGIApp, book: PreparingRequests) -> None:
+
+class AdmissionMiddleware:
+    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends.
+
+    ``manager`` (the request manager): a generation request arriving while it refuses new ones
+    (draining, failed) gets its 503 here, before it waits for its client's place (a client with
+    many requests being prepared) or its body is read; :func:`check_admission` in the handlers
+    asks again for paths this set does not name.
+    """
+
+    def __init__(self, app: ASGIApp, book: PreparingRequests, manager: Any = None) -> None:
         self.app = app
         self.book = book
+        self.manager = manager
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
@@ -146,6 +157,12 @@ class AdmissionMiddleware:
             # Arrived after the server stopped serving (pipelined, or handed over as it stopped).
             await closing_response(self.book.closing)(scope, receive, send)
             return
+        if self.manager is not None and scope.get("path") in GENERATION_PATHS:
+            try:
+                self.manager.check_admission(None)  # arriving now: after any drain began
+            except ServerUnavailableError as exc:
+                await closing_response((str(exc), exc.code or "server_unavailable"))(scope, receive, send)
+                return
         admission = self.book.admit(time.monotonic(), asyncio.current_task())
         scope[ADMISSION_KEY] = admission
 

@@ -28,7 +28,7 @@ from lightllm.server.http.developer_role import template_names_developer_role
 from lightllm.server.http.errors import (INVALID_REQUEST, APIError, JSONErrorRoute, internal_error, invalid_request,
                                          model_not_found, sse_error)
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
-from lightllm.server.http.grammar_thread import on_grammar_thread, openai_request_grammar
+from lightllm.server.http.grammar_thread import openai_request_grammar, planned_tool_calls
 from lightllm.server.http.in_flight import check_admission
 from lightllm.server.http.request_id_header import client_request_id
 from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
@@ -58,7 +58,7 @@ from lightllm.server.http.response_shaper import ResponseShaper
 from lightllm.server.http.token_ids import TokenIdShaper
 from lightllm.server.http.prompt_encoding import PromptEncoder
 from lightllm.server.request_manager import RequestManager
-from lightllm.server.http.tool_calls.request import ToolPlan, plan_tool_calls
+from lightllm.server.http.tool_calls.request import ToolPlan
 from lightllm.server.http.tool_calls.shaper import ToolChatShaper
 
 logger = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ class OpenAIEndpoints:
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
-        grammar = await openai_request_grammar(self.manager, body)
+        grammar = await openai_request_grammar(self.manager, body, request=request)
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids)
         echo = None
@@ -276,8 +276,7 @@ class OpenAIEndpoints:
         check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
                                 wants_top)
         # Forced calls compile their tools' schemas: on the grammar thread, as every grammar.
-        tool_plan = (await on_grammar_thread(lambda: plan_tool_calls(body, self.tool_call_parser))
-                     if body.tools is not None else plan_tool_calls(body, self.tool_call_parser))
+        tool_plan = await planned_tool_calls(self.manager, body, self.tool_call_parser, request)
         if tool_plan.keeps_special_tokens:
             if "skip_special_tokens" in body.model_fields_set and body.skip_special_tokens:
                 # Turned off below as vLLM does; a client that asked for it by name hears so.
@@ -291,7 +290,7 @@ class OpenAIEndpoints:
                                    "messages", self.manager.vocab_size)
         prompt_ids = body.truncated(prompt_ids, await self.truncation_frame(body, body.add_special_tokens))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        grammar = await openai_request_grammar(self.manager, body, tool_plan)
+        grammar = await openai_request_grammar(self.manager, body, tool_plan, request)
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
                                           body.return_tokens_as_token_ids)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
-from lightllm.utils.envs_utils import VLLM_API_KEY_ENV, api_keys_from_env, pd_cluster_key_from_env
+from lightllm.utils.envs_utils import (VLLM_API_KEY_ENV, api_keys_from_env, key_character_warning, numbered_key,
+                                      pd_cluster_key_from_env)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class AuthPolicy:
     cluster_key: Optional[str] = None
     # Where api_keys came from, for the refusals that name it: the flag or its environment variable.
     api_key_source: str = "--api_key"
+    admin_key_source: str = "--admin_api_key"
 
     @property
     def requires_key(self) -> bool:
@@ -96,22 +98,35 @@ class AuthPolicy:
 
         Raises ``ValueError`` naming the variable when it is set but holds an empty key
         (:func:`~lightllm.utils.envs_utils.api_keys_from_env`), or when vLLM's ``VLLM_API_KEY`` is
-        set and no key is: the launcher's one-line exit 2.
+        set and no key is on a server that serves the public API (not a PD node): the launcher's
+        one-line exit 2.
         """
         api_keys = tuple(args.api_key) if args.api_key else tuple(api_keys_from_env("LIGHTLLM_API_KEY"))
-        if not api_keys and os.environ.get(VLLM_API_KEY_ENV):
-            # A deployment moved from vLLM keeps its variable; ignored, the API would be open.
+        if not api_keys and os.environ.get(VLLM_API_KEY_ENV) and args.run_mode not in PD_NODE_MODES:
+            # A deployment moved from vLLM keeps its variable; ignored, the API would be open.  A PD
+            # node serves no public API (its cluster key guards it): there it is only named as unread.
             raise ValueError(f"{VLLM_API_KEY_ENV} is set, but this server reads its API keys from --api_key or "
                              "LIGHTLLM_API_KEY (comma-separated), not from vLLM's variable, and would serve without "
                              "authentication: set LIGHTLLM_API_KEY to the same key, or unset "
                              f"{VLLM_API_KEY_ENV} to serve without keys")
         api_key_source = "--api_key" if args.api_key else "LIGHTLLM_API_KEY"
         admin_keys = tuple(args.admin_api_key or api_keys_from_env("LIGHTLLM_ADMIN_API_KEY"))
+        admin_key_source = "--admin_api_key" if args.admin_api_key else "LIGHTLLM_ADMIN_API_KEY"
         cluster_key = args.pd_cluster_key
         if cluster_key is None and args.run_mode in PD_RUN_MODES:
             cluster_key = pd_cluster_key_from_env()
         return cls(api_keys=api_keys, admin_keys=admin_keys, allow_public_priority=args.allow_public_priority,
-                   cluster_key=cluster_key, api_key_source=api_key_source)
+                   cluster_key=cluster_key, api_key_source=api_key_source, admin_key_source=admin_key_source)
+
+    def key_warnings(self) -> list[str]:
+        """One line per client key that only some clients can send (see ``key_character_warning``)."""
+        lines = []
+        for source, keys in ((self.api_key_source, self.api_keys), (self.admin_key_source, self.admin_keys)):
+            for index, key in enumerate(keys, 1):
+                warning = key_character_warning(key)
+                if warning is not None:
+                    lines.append(f"{source} ({numbered_key(index, len(keys))}) {warning}")
+        return lines
 
     def check_cluster(self, run_mode: str) -> None:
         """Refuse (``ValueError``, one line) a PD master or node with client keys but no cluster key,

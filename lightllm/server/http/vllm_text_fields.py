@@ -39,7 +39,8 @@ VLLM_DEFAULT_ONLY_FIELDS: dict[str, tuple[Any, str]] = {
     "length_penalty": (1.0, "length_penalty only weighs beams, and beam search is not supported"),
     "priority": (0, "per-request priority is not supported on the OpenAI endpoints (vLLM needs --scheduling-policy "
                     "priority for it); admission priority exists on the native "
-                    "/generate and /generate_stream only: high_priority_request, for --admin_api_key holders"),
+                    "/generate and /generate_stream only: high_priority_request, for trusted clients (an "
+                    "--admin_api_key holder, or anyone under --allow_public_priority)"),
     "allowed_token_ids": (None, "restricting sampling to a list of token ids needs per-request sampling state the "
                                 "model rank does not keep (logit_bias can favour or ban up to 300 single tokens)"),
     "bad_words": ([], "banning words is not supported: it needs per-request sampling state the model rank does not "

@@ -253,8 +253,8 @@ class HttpServerManager:
         self._gate.close(message, code)
         self._backend_alive = self._backend_alive and backend_alive
         # Requests still waiting for a slot fail too.
-        self._slots.fail(failure)
-        return sum(pending.fail(failure) for pending in list(self._pending.values()))
+        waiting = self._slots.fail(failure)
+        return waiting + sum(pending.fail(failure) for pending in list(self._pending.values()))
 
     async def wait_until_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for every request to end; True if they all did."""

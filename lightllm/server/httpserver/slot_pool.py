@@ -24,6 +24,7 @@ class SlotPool:
         self._changed: Optional[asyncio.Condition] = None
         # Set by fail(): every waiting and later take() raises it.
         self._failure: Optional[ServerUnavailableError] = None
+        self._waiting = 0  # take() calls waiting for a slot now
 
     def start(self) -> None:
         """Create the wait condition; called on the event loop that will use the pool."""
@@ -39,9 +40,13 @@ class SlotPool:
         async with self._changed:
             try:
                 if not self._free and self._failure is None:  # wait_for(..., 0) would not even look
-                    await asyncio.wait_for(
-                        self._changed.wait_for(lambda: bool(self._free) or self._failure is not None), wait
-                    )
+                    self._waiting += 1
+                    try:
+                        await asyncio.wait_for(
+                            self._changed.wait_for(lambda: bool(self._free) or self._failure is not None), wait
+                        )
+                    finally:
+                        self._waiting -= 1
             except asyncio.TimeoutError as exc:
                 # Names the limit hit, so a busy answer says which one (a PD decode node's KV and
                 # request-row limits are named by its model rank).
@@ -59,11 +64,12 @@ class SlotPool:
             self._free.append(slot)
             self._changed.notify()
 
-    def fail(self, failure: ServerUnavailableError) -> None:
-        """Make every waiting and later :meth:`take` raise ``failure``."""
+    def fail(self, failure: ServerUnavailableError) -> int:
+        """Make every waiting and later :meth:`take` raise ``failure``; returns how many were waiting."""
         self._failure = failure
         if self._changed is not None:
             asyncio.ensure_future(self._wake_all())
+        return self._waiting
 
     async def _wake_all(self) -> None:
         async with self._changed:
@@ -118,7 +124,7 @@ class RequestSlots:
             await self._tops.put(top)
         await self._requests.put(slot)
 
-    def fail(self, failure: ServerUnavailableError) -> None:
-        """Make every waiting and later :meth:`take` raise ``failure``."""
-        self._requests.fail(failure)
-        self._tops.fail(failure)
+    def fail(self, failure: ServerUnavailableError) -> int:
+        """Make every waiting and later :meth:`take` raise ``failure``; returns how many were waiting
+        (a request waits for its top-logprob slot, then for its request slot: it is counted once)."""
+        return self._requests.fail(failure) + self._tops.fail(failure)

@@ -23,7 +23,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound
 from lightllm.server.launch.seconds_flags import check_seconds_flags
 from lightllm.server.launch.watchdog import MIN_WATCHDOG_TIMEOUT_SECONDS
 from lightllm.server.run_mode import PD_NODE_MODES, PD_RUN_MODES, RunMode
-from lightllm.utils.envs_utils import key_character_problem
+from lightllm.utils.envs_utils import key_character_problem, numbered_key
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
 
@@ -107,7 +107,7 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
             raise ArgumentError("--pd_cluster_key is for PD clusters: give it with --run_mode pd_master, prefill or decode")
         if not key.strip() or key != key.strip():
             raise ArgumentError("--pd_cluster_key must be non-empty and carry no surrounding whitespace")
-        problem = key_character_problem(key)
+        problem = key_character_problem(key, ascii_only=True)
         if problem is not None:
             raise ArgumentError(f"--pd_cluster_key: {problem}")
     _check_pd_flag_roles(args)
@@ -154,7 +154,8 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--prompt_chars_per_token must be 0 (the check off) or in [1, "
                             f"{MAX_PROMPT_CHARS_PER_TOKEN:g}] (every token is at least one character), got {chars}")
     for name in ("api_key", "admin_api_key"):
-        for key in getattr(args, name) or ():
+        keys = getattr(args, name) or ()
+        for index, key in enumerate(keys, 1):
             if not key.strip() or key != key.strip():
                 raise ArgumentError(f"--{name} values must be non-empty and carry no surrounding whitespace")
             if "," in key:
@@ -164,7 +165,7 @@ def _validate_http_args(args: argparse.Namespace) -> None:
                                     f"(--{name} KEY1 KEY2), not one comma-separated value")
             problem = key_character_problem(key)
             if problem is not None:
-                raise ArgumentError(f"--{name}: {problem}")
+                raise ArgumentError(f"--{name} ({numbered_key(index, len(keys))}): {problem}")
     for model_name in args.model_name or ():
         # A blank id served '' (/v1/models listed it, every request naming the model was a 404).
         if not model_name.strip() or model_name != model_name.strip():

@@ -121,10 +121,14 @@ def unread_variable_warnings(args: argparse.Namespace, environ: Optional[Mapping
                             f"(read by: {', '.join(readers.run_modes)}); it has no effect here")
         elif readers.flag is not None and getattr(args, readers.flag) is not None:
             warnings.append(f"{name} is set but --{readers.flag} was given, which is used instead")
-    if environ.get(VLLM_API_KEY_ENV) and (args.api_key or environ.get("LIGHTLLM_API_KEY")):
-        # Without a key of ours the start is refused instead (AuthPolicy.from_args).
-        warnings.append(f"{VLLM_API_KEY_ENV} is set but not read: the API keys are those of "
-                        f"{'--api_key' if args.api_key else 'LIGHTLLM_API_KEY'}")
+    if environ.get(VLLM_API_KEY_ENV):
+        if args.run_mode in PD_NODE_MODES:
+            warnings.append(f"{VLLM_API_KEY_ENV} is set but not read: a PD {args.run_mode} node serves no public "
+                            "API (its /pd/ paths take the cluster key)")
+        elif args.api_key or environ.get("LIGHTLLM_API_KEY"):
+            # Without a key of ours the start is refused instead (AuthPolicy.from_args).
+            warnings.append(f"{VLLM_API_KEY_ENV} is set but not read: the API keys are those of "
+                            f"{'--api_key' if args.api_key else 'LIGHTLLM_API_KEY'}")
     return warnings
 
 

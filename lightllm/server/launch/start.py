@@ -234,6 +234,8 @@ def run_server(argv: Optional[List[str]] = None) -> int:
 
         auth = AuthPolicy.from_args(args)
         auth.check_cluster(args.run_mode)
+        for line in auth.key_warnings():
+            log.warning("%s", line)
         if args.run_mode != RunMode.PD_MASTER:  # the master runs no model ranks (and refuses the nccl flags)
             check_nccl_rendezvous(args)
             # Python falls back from an unusable TMPDIR without a word: said here, before anything loads.

@@ -3,13 +3,20 @@ costly check, and a grammar checked before is not checked again."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+
+import pytest
 
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager
 from lightllm.server.http import grammar_thread
+from lightllm.server.http.errors import APIError
 from lightllm.server.http.response_format import _no_output_reason, compile_json_schema
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
 
 def _hold_the_grammar_thread() -> tuple[threading.Event, threading.Event]:
@@ -37,11 +44,16 @@ def test_plain_requests_and_tokenize_do_not_wait_behind_a_grammar_check(client: 
         for path, body in [
             ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
             ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "response_format": None}),
+            ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "response_format": {"type": "text"}}),
             ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+            # Tools that force no call compile nothing: neither does the plan wait for the grammar thread.
+            ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                      "tools": [TOOL], "tool_choice": "none"}),
+            ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": []}),
             ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}),
             ("/tokenize", {"model": MODEL, "prompt": "hi"}),
         ]:
-            assert client.post(path, json=body).status_code == 200, path
+            assert client.post(path, json=body).status_code == 200, (path, body)
         assert not freed.is_set()  # every answer above came while the grammar thread was held
     finally:
         release.set()
@@ -59,3 +71,22 @@ def test_a_grammar_is_checked_once_and_then_remembered() -> None:
     after = _no_output_reason.cache_info()
     # The matcher build (up to a second for a costly schema) is not repeated for the same grammar.
     assert after.hits == before.hits + 1 and after.misses == before.misses
+
+
+def test_a_client_that_leaves_takes_its_queued_check_off_the_grammar_thread() -> None:
+    class GoneClient:
+        async def is_disconnected(self) -> bool:
+            return True
+
+    ran = threading.Event()
+    release, freed = _hold_the_grammar_thread()
+    try:
+        with pytest.raises(APIError) as refused:
+            asyncio.run(grammar_thread.on_grammar_thread(ran.set, GoneClient()))
+        assert refused.value.status_code == 499
+    finally:
+        release.set()
+    assert freed.wait(30)
+    # The next job runs after the cancelled one would have: it was skipped, not run late.
+    asyncio.run(grammar_thread.on_grammar_thread(lambda: None))
+    assert not ran.is_set()

@@ -5,6 +5,7 @@ nothing starts.  The admission middleware counts a request as preparing until it
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from types import SimpleNamespace
 
@@ -73,14 +74,42 @@ def test_a_request_counts_as_preparing_until_its_first_generation_or_its_end() -
     ("/generate_stream", {"inputs": "hi"}),
     # Not even read: a malformed body gets the drain's 503, not its 400.
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}),
+    ("/generate", {"inputs": "hi", "parameters": {"max_new_tokens": -1}}),
+    ("/generate_stream", "not JSON at all"),
 ])
 def test_a_generation_request_arriving_during_a_drain_is_refused_before_any_work(
-        client: TestClient, manager: FakeManager, path: str, body: dict) -> None:
+        client: TestClient, manager: FakeManager, path: str, body: dict | str) -> None:
     # Before, the refusal came only when the request reached the manager, after its parse, tokenization
     # and grammar check: seconds in the tokenizer threads' queue behind requests still in flight.
     manager.gate.drain("The server is shutting down and takes no new requests", "server_shutting_down")
-    error = assert_error(client.post(path, json=body), 503, None)
+    response = client.post(path, content=body) if isinstance(body, str) else client.post(path, json=body)
+    error = assert_error(response, 503, None)
     assert error["code"] == "server_shutting_down" and "takes no new requests" in error["message"]
     assert manager.calls == [] and manager.chat_messages == []
     # The endpoints that generate nothing keep answering through the drain.
     assert client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}).status_code == 200
+
+
+def test_the_drain_refusal_does_not_wait_for_the_clients_place() -> None:
+    # A client (or a proxy, which every client shares) with its places all taken by requests being
+    # prepared: a request it sends after the signal is refused at once, not after a place frees.
+    from lightllm.server.http.app import create_app
+    from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
+
+    manager = FakeManager()
+    app = create_app(manager, HttpServerOptions(limits=HttpLimits(max_preparing_per_client=1)))
+    client = TestClient(app, raise_server_exceptions=False)
+    share = next(layer.kwargs["share"] for layer in app.user_middleware if "share" in layer.kwargs)
+    held = asyncio.run(share.enter("testclient"))  # the client's only place, held by "another request"
+    answers: list = []
+    try:
+        manager.gate.drain("The server is shutting down and takes no new requests", "server_shutting_down")
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        sender = threading.Thread(target=lambda: answers.append(client.post("/v1/completions", json=body)))
+        sender.start()
+        sender.join(30)  # a hang guard: before, the request waited for the place held here
+        assert answers, "the request waited for its client's place"
+    finally:
+        held()
+    error = assert_error(answers[0], 503, None)
+    assert error["code"] == "server_shutting_down" and manager.calls == []
