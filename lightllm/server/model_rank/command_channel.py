@@ -11,7 +11,16 @@ would diverge.  :class:`TpCommandChannel` carries those commands over a gloo gro
   idle server runs no collectives and no polling loop on those ranks;
 * a gloo receive gives up after the group's timeout, so an idle rank 0 sends a small keep-alive
   every :data:`KEEPALIVE_SECONDS`; the timeout then only fires when rank 0 is truly gone or hung;
-* shutdown is a message too, so the other ranks leave their loop instead of timing out.
+* shutdown is a message too, so the other ranks leave their loop instead of timing out;
+* :meth:`TpCommandChannel.wait_for_ranks` is the one collective that carries no message: every
+  rank calls it at the same point, and it returns once all of them got there.
+
+A send returns once every other rank has taken the message in (gloo's broadcast root waits for
+each receiver to post its receive), not once they have applied it: rank 0 may run a step and
+publish it while another rank still admits the same requests.  A step that sampled keeps them
+together (its forward's collectives need every rank), and where no such step does, the rank loop
+waits with :meth:`~TpCommandChannel.wait_for_ranks` (:mod:`.record_read_fence`: rank 0 publishes
+no request's finish before every rank has read that request's shared-memory record).
 
 The group is gloo even when the model's group is NCCL: a follower's pending receive is then a
 CPU socket wait, and NCCL never sees a collective it has to hold open.  With TP = 1 there is no
@@ -41,10 +50,11 @@ import torch.distributed as dist
 # enough that the other ranks still wake now and then (they give freed memory back then) and long
 # enough that an idle server costs a few collectives a minute instead of fifty a second.
 KEEPALIVE_SECONDS = 5.0
-# A receive (or rank 0's send, which waits for the receivers) that waits this long concludes that
-# the other side is gone or hung and fails; the supervisor then stops the server.  Far above the
-# keep-alive period so only a rank that stopped looping gets there, and above the launcher's
-# start-up wait (900 s) because one rank may reach its loop long before another loads its shard.
+# A receive (or rank 0's send, which waits for the receivers to take the message, or a
+# wait_for_ranks) that waits this long concludes that the other side is gone or hung and fails;
+# the supervisor then stops the server.  Far above the keep-alive period so only a rank that
+# stopped looping gets there, and above the launcher's start-up wait (900 s) because one rank may
+# reach its loop long before another loads its shard.
 CHANNEL_TIMEOUT = timedelta(minutes=30)
 # The first frame of every message; a step's few commands fit, so one broadcast carries them.
 FRAME_BYTES = 4096
@@ -97,6 +107,7 @@ class TpCommandChannel:
         self._last_send = clock()
         # Messages sent (rank 0) or received (the others) by kind, for tests and diagnostics.
         self.counts: Dict[MessageKind, int] = {kind: 0 for kind in MessageKind}
+        self.waits = 0  # calls of wait_for_ranks, likewise
 
     @classmethod
     def open(
@@ -152,6 +163,16 @@ class TpCommandChannel:
             dist.broadcast(rest, src=0, group=self.group)
         self._last_send = self._clock()
         self.counts[kind] += 1
+
+    # --- every rank ----------------------------------------------------------------------------
+    def wait_for_ranks(self) -> None:
+        """Return once every rank of the group has called this (a barrier on the channel's group).
+
+        Every rank must call it at the same point of the same loop iteration: it shares the
+        group with the messages, whose order it must not cross.
+        """
+        dist.barrier(group=self.group)
+        self.waits += 1
 
     # --- the other ranks ------------------------------------------------------------------------
     def receive(self) -> TpMessage:

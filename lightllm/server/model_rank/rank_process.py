@@ -12,7 +12,11 @@ idle, when the other ranks block in the channel.
 
 Admission is screened on rank 0 before the broadcast: a request whose shared-memory record does
 not read back as a valid request becomes a :class:`RejectRequests` entry, so every rank finishes
-it with an error and none of them runs it.
+it with an error and none of them runs it.  The other ranks read an admitted request's record
+themselves as they apply the command, possibly after rank 0 has stepped on; so with TP > 1 a
+:class:`~.record_read_fence.RecordReadFence` holds the publication of a step that finishes a
+request no forward has shown every rank to have read yet, until every rank has (the HTTP side
+frees the record once rank 0 publishes the finish).
 
 A constrained request's grammar compiles on each rank's compile thread from intake on, and the
 request is held out of the steps meanwhile (vLLM's ``WAITING_FOR_FSM``); which requests may run
@@ -49,6 +53,7 @@ from lightllm.server.core.objs.shm_heartbeats import HeartbeatStamp, beat_of
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.model_rank.command_channel import MessageKind, TpCommandChannel
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
+from lightllm.server.model_rank.record_read_fence import RecordReadFence
 from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.step_publisher import StepPublisher
 from lightllm.server.model_rank.step_trace import StepTrace
@@ -136,6 +141,9 @@ class ModelRank:
         self._last_step_did_work = False
         # Rank 0's screened reads of admitted records, reused by apply() instead of reading again.
         self._screened: Dict[int, RequestSpec] = {}
+        # With TP > 1: every rank's record reads end before rank 0 publishes those requests' finish.
+        self.read_fence: Optional[RecordReadFence] = (
+            RecordReadFence(channel.wait_for_ranks) if channel is not None else None)
 
     def receive_commands(self) -> Optional[List[Any]]:
         """This iteration's commands, the same list in the same order on every rank; None: stop.
@@ -238,6 +246,8 @@ class ModelRank:
         for command in commands:
             if isinstance(command, AddRequests):
                 self.backend.observe_time(command.leader_time)
+                if self.read_fence is not None:
+                    self.read_fence.admitted(request_id for request_id, _ in command.requests)
                 for request_id, shm_index in command.requests:
                     self._admit(request_id, shm_index)
             elif isinstance(command, RejectRequests):
@@ -255,8 +265,11 @@ class ModelRank:
         try:
             req = self.backend.intake(request_id, self._read_request(request_id, shm_index), shm_index)
         except Exception:  # noqa: BLE001 - one request must not stop the rank
-            # Every rank reads the same record into the same state, so all of them take this
-            # branch together and stay in step.
+            # Every rank takes this branch together and stays in step: each has the same spec
+            # (rank 0 from its screen, the others from the same record, which is still the
+            # request's while they read it: rank 0 publishes no finish before, RecordReadFence)
+            # and the same state to admit it into.  Only a fault of one rank's own (a compile
+            # thread that cannot start) takes it there alone, like any fault of one rank.
             log.exception("admitting request %d failed; finishing it with an error", request_id)
             self.backend.reject(request_id, shm_index)
             return
@@ -298,6 +311,8 @@ class ModelRank:
             self._last_step_did_work = report.did_work
             if trace is not None:
                 trace.stepped()
+            if self.read_fence is not None:  # on every rank: they all wait here, or none does
+                self.read_fence.before_publish(report)
             if self.publisher is not None:
                 self.publisher.publish(report)
             if trace is not None:

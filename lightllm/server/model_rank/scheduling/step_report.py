@@ -64,3 +64,12 @@ class StepReport:
     def did_work(self) -> bool:
         """Whether any forward ran."""
         return self.prefill_token_num > 0 or self.decode_batch_size > 0
+
+    @property
+    def sampled(self) -> bool:
+        """Whether this step's forward sampled a token (one received between steps does not count).
+
+        Under TP, rank 0 then read on the host a result every rank's forward contributed to
+        (see :mod:`lightllm.server.model_rank.record_read_fence`).
+        """
+        return len(self.tokens) > self.carried_tokens
