@@ -6,8 +6,12 @@ Instruction-tuned checkpoints are published with the sampling settings they were
 LightLLM all use them for a request that does not set the field itself; this module reads them,
 torch-free, so the launcher can refuse a bad file in one line before any process starts.
 
-Only the keys present in the file count (transformers' class defaults, such as ``top_k`` 50,
-are not the checkpoint's choice).  ``do_sample`` is LightLLM's native switch: it decides whether
+The keys are the ones vLLM takes from the file (``get_diff_sampling_param``): ``temperature``,
+``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty``,
+``frequency_penalty`` and ``max_new_tokens``; every one of them is applied here too, and any other
+key of the file (``num_beams``, ``typical_p`` ...) is ignored by vLLM and here alike.  Only the keys
+present in the file count (transformers' class defaults, such as ``top_k`` 50, are not the
+checkpoint's choice).  ``do_sample`` is LightLLM's native switch: it decides whether
 a ``/generate`` request without ``do_sample`` samples at all; the OpenAI endpoints ignore it, as
 vLLM does.
 """
@@ -20,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from lightllm.common.sampling.sampling_params import SamplingParamError, SamplingParams
+from lightllm.common.sampling.sampling_params import SAMPLING_RANGES, SamplingParamError, SamplingParams
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 # --generation_config values besides a directory.
@@ -41,6 +45,8 @@ class GenerationDefaults:
     top_k: Optional[int] = None
     min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
     max_new_tokens: Optional[int] = None
     do_sample: Optional[bool] = None
     # The file they came from ("" when none was read), for the start-up log.
@@ -61,7 +67,10 @@ class GenerationDefaults:
         return f"requests without their own value use {given} (from {self.source})"
 
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# The SamplingParams fields a file may default (vLLM's list, less max_new_tokens, which is resolved
+# against the context by the caller).
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty")
 
 
 def _number(path: Path, key: str, value: Any) -> float:
@@ -99,6 +108,14 @@ def _checked(path: Path, raw: Dict[str, Any]) -> Dict[str, Any]:
         values["repetition_penalty"] = _number(path, "repetition_penalty", raw["repetition_penalty"])
         if values["repetition_penalty"] <= 0:
             raise GenerationDefaultsError(f"{path}: repetition_penalty must be > 0, got {raw['repetition_penalty']!r}")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if raw.get(key) is not None:
+            values[key] = _number(path, key, raw[key])
+            # The OpenAI range every request is held to (vLLM would fail each request inheriting
+            # a value outside it; refusing at start names the file instead).
+            bounds = SAMPLING_RANGES[key]
+            if not bounds.holds(values[key]):
+                raise GenerationDefaultsError(f"{path}: {key} must be {bounds.describe()}, got {raw[key]!r}")
     if raw.get("max_new_tokens") is not None:
         values["max_new_tokens"] = _integer(path, "max_new_tokens", raw["max_new_tokens"])
         if values["max_new_tokens"] < 1:

@@ -26,7 +26,8 @@ from lightllm.server.http.base_models import (MAX_N, STOP_TOKEN_IDS_SCHEMA, Null
 INT32_MAX = 2**31 - 1
 _MULTIMODAL_KEYS = frozenset({"images", "audios"})
 # Sampling fields a request inherits from the checkpoint's generation_config.json when it leaves them out.
-_CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_CHECKPOINT_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                         "frequency_penalty")
 # Each sampling field's value that changes nothing (no filter, no scaling): giving it asks for no
 # sampling, as in TGI, whose sampler runs only when a warper would change the distribution.
 _NEUTRAL_SAMPLING_VALUES = {"temperature": (1.0,), "top_p": (1.0,), "top_k": (-1, 0), "min_p": (0.0,)}
@@ -51,8 +52,8 @@ class NativeParameters(NullMeansAbsent):
     top_k: int | None = Field(default=None, **sampling_bounds("top_k"))
     min_p: float | None = Field(default=None, **sampling_bounds("min_p"))
     repetition_penalty: float | None = Field(default=None, **sampling_bounds("repetition_penalty"))
-    presence_penalty: float = Field(default=0.0, **sampling_bounds("presence_penalty"))
-    frequency_penalty: float = Field(default=0.0, **sampling_bounds("frequency_penalty"))
+    presence_penalty: float | None = Field(default=None, **sampling_bounds("presence_penalty"))
+    frequency_penalty: float | None = Field(default=None, **sampling_bounds("frequency_penalty"))
     seed: int | None = Field(default=None, **sampling_bounds("seed"))
     max_new_tokens: int | None = Field(default=None, **sampling_bounds("max_new_tokens"))
     min_new_tokens: int = Field(default=0, **sampling_bounds("min_new_tokens"))

@@ -181,8 +181,10 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default="auto",
         help="Where sampling defaults come from for a request that leaves a field out: 'auto' reads the "
         "checkpoint's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
-        "max_new_tokens; do_sample for /generate), as vLLM's default and LightLLM do; 'none' uses the server's "
-        "own defaults; a directory reads its generation_config.json. The values in effect are logged at start.",
+        "presence_penalty, frequency_penalty, max_new_tokens: the keys vLLM reads; do_sample for /generate), as "
+        "vLLM's default and LightLLM do; 'none' uses the server's own defaults; a directory reads its "
+        "generation_config.json. A value outside the range a request may send is refused at start, naming the file "
+        "and key. The values in effect are logged at start.",
     )
     add_flag(
         group, "--chat_template", roles=PUBLIC_API,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -38,6 +39,18 @@ def test_only_the_keys_the_file_sets_are_defaults(tmp_path: Path) -> None:
     assert "temperature=0.7" in defaults.describe() and str(directory) in defaults.describe()
 
 
+def test_every_key_vllm_takes_from_the_file_is_a_default(tmp_path: Path) -> None:
+    # presence_penalty and frequency_penalty were dropped without a word; vLLM applies them.
+    directory = _write(tmp_path, "generation_config.json", {"presence_penalty": 1.9, "frequency_penalty": -1.5,
+                                                            "max_new_tokens": 5, "num_beams": 4})
+    defaults = read_generation_defaults(directory)
+    assert defaults.sampling_fields() == {"presence_penalty": 1.9, "frequency_penalty": -1.5}
+    assert "presence_penalty=1.9" in defaults.describe() and "frequency_penalty=-1.5" in defaults.describe()
+    vllm_keys = {"repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p",
+                 "min_p", "max_new_tokens"}
+    assert vllm_keys == {field.name for field in dataclasses.fields(GenerationDefaults)} - {"do_sample", "source"}
+
+
 def test_a_checkpoint_without_the_file_or_keys_has_no_defaults(tmp_path: Path) -> None:
     assert read_generation_defaults(tmp_path) == GenerationDefaults()
     only_eos = _write(tmp_path / "eos", "generation_config.json", {"eos_token_id": 2, "do_sample": False})
@@ -51,6 +64,9 @@ def test_a_checkpoint_without_the_file_or_keys_has_no_defaults(tmp_path: Path) -
     ({"repetition_penalty": 0}, "repetition_penalty"), ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"do_sample": "yes"}, "do_sample"), ({"temperature": True}, "temperature"),
     ({"temperature": 1e39}, "temperature"), ({"top_k": 99999999999}, "top_k"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in \\[-2, 2\\]"), ({"presence_penalty": "x"}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty must be in \\[-2, 2\\]"), ({"frequency_penalty": True}, "frequency_penalty"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
 ])
 def test_a_value_no_request_could_send_is_refused_naming_file_and_key(tmp_path: Path, raw: dict, named: str) -> None:
     directory = _write(tmp_path, "generation_config.json", raw)

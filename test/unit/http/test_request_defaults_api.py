@@ -17,7 +17,8 @@ from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.served_model import default_max_new_tokens
 
 CHECKPOINT = GenerationDefaults(temperature=0.25, top_p=0.8, top_k=5, min_p=0.05, repetition_penalty=1.5,
-                                max_new_tokens=7, do_sample=True, source="generation_config.json")
+                                presence_penalty=1.25, frequency_penalty=-0.5, max_new_tokens=7, do_sample=True,
+                                source="generation_config.json")
 
 
 def _native(client: TestClient, **parameters: Any) -> Any:
@@ -37,6 +38,10 @@ def test_openai_requests_inherit_the_fields_they_leave_out(checkpoint_client: Te
     params = manager.calls[-1].params
     assert (params.temperature, params.top_p, params.top_k, params.min_p, params.repetition_penalty) == (
         0.25, 0.8, 5, 0.05, 1.5)
+    # vLLM applies the file's presence_penalty and frequency_penalty too; they were dropped.
+    assert (params.presence_penalty, params.frequency_penalty) == (1.25, -0.5)
+    assert send(checkpoint_client, presence_penalty=0, frequency_penalty=0.5).status_code == 200
+    assert (manager.calls[-1].params.presence_penalty, manager.calls[-1].params.frequency_penalty) == (0, 0.5)
     # do_sample is /generate's switch; an OpenAI request samples by its temperature alone (vLLM).
     assert params.do_sample is None
     assert send(checkpoint_client, temperature=0, top_k=-1).status_code == 200
@@ -47,8 +52,10 @@ def test_openai_requests_inherit_the_fields_they_leave_out(checkpoint_client: Te
 def test_without_a_checkpoint_value_the_server_defaults_hold(client: TestClient, manager: FakeManager) -> None:
     assert completion(client).status_code == 200
     params = manager.calls[-1].params
-    assert (params.temperature, params.top_p, params.top_k, params.min_p, params.repetition_penalty) == (
-        1.0, 1.0, -1, 0.0, 1.0)
+    assert (params.temperature, params.top_p, params.top_k, params.min_p, params.repetition_penalty,
+            params.presence_penalty, params.frequency_penalty) == (1.0, 1.0, -1, 0.0, 1.0, 0.0, 0.0)
+    assert _native(client).status_code == 200
+    assert (manager.calls[-1].params.presence_penalty, manager.calls[-1].params.frequency_penalty) == (0.0, 0.0)
 
 
 def test_native_generate_is_greedy_unless_asked_to_sample(client: TestClient, manager: FakeManager) -> None:
@@ -74,6 +81,9 @@ def test_native_generate_follows_the_checkpoint(checkpoint_client: TestClient, m
     assert _native(checkpoint_client).status_code == 200
     params = manager.calls[-1].params
     assert params.do_sample is True and (params.temperature, params.top_k, params.repetition_penalty) == (0.25, 5, 1.5)
+    assert (params.presence_penalty, params.frequency_penalty) == (1.25, -0.5)
+    assert _native(checkpoint_client, presence_penalty=0.0, frequency_penalty=2).status_code == 200
+    assert (manager.calls[-1].params.presence_penalty, manager.calls[-1].params.frequency_penalty) == (0.0, 2)
     assert _native(checkpoint_client, temperature=0.9, do_sample=False).status_code == 200
     assert manager.calls[-1].params.is_greedy and manager.calls[-1].params.temperature == 0.9
     manager.generation_defaults = GenerationDefaults(temperature=0.6, do_sample=False)
