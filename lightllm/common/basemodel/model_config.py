@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 
 from lightllm.common.basemodel.architecture_defaults import ArchitectureDefaults, architecture_defaults
+from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, weight_files
 from lightllm.common.basemodel.config_values import config_flag, config_float, config_integer
 from lightllm.common.basemodel.generation_defaults import (GENERATION_CONFIG_FILE, GenerationDefaultsError,
                                                           read_generation_config)
 from lightllm.common.basemodel.model_config_error import ModelConfigError
 from lightllm.common.basemodel.rope_config import FACTOR_SCALED_ROPE_TYPES, RopeConfig, read_rope
+from lightllm.common.basemodel.safetensors_header import FLOAT_DTYPE_NAMES, read_safetensors_header
 from lightllm.utils.tokenizer_files import tokenizer_eos_token_id
 
 if TYPE_CHECKING:
@@ -41,6 +43,14 @@ _DTYPE_NAMES = {
 
 # Bytes per element of each canonical dtype (what torch's ``dtype.itemsize`` says).
 DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# config.json's dtype keys, in the order transformers reads them (``dtype`` wins over ``torch_dtype``).
+DTYPE_KEYS = ("dtype", "torch_dtype")
+# Dtypes this server does not run that ``--data_type auto`` serves in the nearest one it does: a
+# float64 checkpoint in float32 (vLLM, whose auto narrows float32 too, falls back to its platform's
+# first dtype, bfloat16 on GPUs; this server's auto keeps float32 checkpoints in float32, so float64
+# goes no further than float32).
+_AUTO_FALLBACK_DTYPES = {"float64": "float32", "double": "float32"}
 
 # The decoder template's MLP is SwiGLU: transformers spells its activation "silu" or "swish".
 # Any other activation would run as SiLU and give wrong output, so it is refused.
@@ -101,8 +111,10 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     hidden_act: str
-    # Canonical name (float32, bfloat16, float16): parse_dtype gives the torch dtype.
-    dtype: str
+    # What --data_type auto serves (before the CPU rule), as a canonical name (float32, bfloat16,
+    # float16; parse_dtype gives the torch dtype), or None when it cannot choose (see dtype_problem);
+    # read through the ``dtype`` property, which refuses then.
+    auto_dtype: Optional[str]
     bos_token_id: Optional[int]
     eos_token_ids: List[int] = field(default_factory=list)
     # The window of a checkpoint with sliding-window layers, None when every layer attends to
@@ -112,6 +124,23 @@ class ModelConfig:
     # (num_key_value_heads, head_dim): an error then blames the default, not the file.
     defaulted: Dict[str, str] = field(default_factory=dict)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    # Where auto_dtype came from ("config.json's torch_dtype", "the weights' safetensors headers" ...).
+    dtype_source: str = ""
+    # A warning for --data_type auto: the checkpoint's dtype is one this server serves in another.
+    dtype_note: Optional[str] = None
+    # Why --data_type auto cannot choose (one line naming config.json's key and --data_type).
+    dtype_problem: Optional[str] = None
+
+    @property
+    def dtype(self) -> str:
+        """The dtype ``--data_type auto`` serves (before the CPU rule); ModelConfigError when none can be chosen.
+
+        An explicit ``--data_type`` never asks, so a checkpoint whose config names a dtype this server
+        does not run is still served in the one given.
+        """
+        if self.auto_dtype is None:
+            raise ModelConfigError(self.dtype_problem or "the checkpoint's dtype is unknown: give --data_type")
+        return self.auto_dtype
 
     def field_label(self, key: str) -> str:
         """``key`` for an error message, with where its value came from when config.json lacks it."""
@@ -155,8 +184,13 @@ class ModelConfig:
             raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
         # Multimodal / nested configs keep the language model under text_config.
         if "text_config" in raw and "hidden_size" not in raw:
-            raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
+            # The root's dtype first, as vLLM reads it (transformers 5 writes a composite config's there).
+            raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type")),
+                   **{key: raw[key] for key in DTYPE_KEYS if raw.get(key) is not None}}
         cfg = cls.from_dict(raw)
+        if not any(raw.get(key) is not None for key in DTYPE_KEYS):
+            # config.json names no dtype: the weights' (transformers' dtype="auto" and vLLM read them too).
+            _take_weights_dtype(cfg, model_dir)
         try:
             gen = read_generation_config(model_dir)
         except GenerationDefaultsError as exc:
@@ -213,7 +247,7 @@ class ModelConfig:
             )
         if raw.get("mlp_bias"):
             raise ModelConfigError("mlp_bias is true: biases on the MLP projections are not supported")
-        return cls(
+        cfg = cls(
             model_type=model_type,
             vocab_size=need_size("vocab_size"),
             hidden_size=hidden,
@@ -230,13 +264,81 @@ class ModelConfig:
             # Qwen2's q/k/v biases come with the architecture (Qwen2Model), not with this key.
             attention_bias=config_flag(raw, "attention_bias", defaults.attention_bias),
             hidden_act=hidden_act,
-            dtype=dtype_name(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
+            # transformers' default when config.json names none; from_dir then reads the weights'.
+            auto_dtype="float32",
+            dtype_source="float32, transformers' default (config.json names no dtype)",
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_id_list(raw.get("eos_token_id"), "config.json: eos_token_id"),
             sliding_window=_read_sliding_window(raw, model_type, defaults, num_layers),
             defaulted=defaulted,
             raw=raw,
         )
+        _take_config_dtype(cfg, raw)
+        return cfg
+
+
+def _set_auto_dtype(cfg: ModelConfig, value: Any, source: str) -> None:
+    """Record ``value`` (a dtype as config.json writes it) as what ``--data_type auto`` serves, or why it cannot."""
+    cfg.dtype_source = source
+    key = value.replace("torch.", "").lower() if isinstance(value, str) else None
+    if key in _DTYPE_NAMES:
+        cfg.auto_dtype = _DTYPE_NAMES[key]
+    elif key in _AUTO_FALLBACK_DTYPES:
+        cfg.auto_dtype = _AUTO_FALLBACK_DTYPES[key]
+        cfg.dtype_note = (f"{source} is {value!r}, which this server does not run: --data_type auto serves it in "
+                          f"{cfg.auto_dtype} (give --data_type to choose another)")
+    else:
+        cfg.auto_dtype = None
+        cfg.dtype_problem = (f"{source} is {value!r}, a dtype this server cannot serve (it runs float32, bfloat16 "
+                             f"and float16): give --data_type float32, bfloat16 or float16")
+
+
+def _take_config_dtype(cfg: ModelConfig, raw: Dict[str, Any]) -> None:
+    """config.json's dtype (``dtype``, else ``torch_dtype``), when it names one (else the default stays)."""
+    for key in DTYPE_KEYS:
+        value = raw.get(key)
+        if value is not None:
+            _set_auto_dtype(cfg, value, f"config.json's {key}")
+            return
+
+
+def weight_dtypes(model_dir: str | Path) -> Optional[Set[str]]:
+    """The dtypes (safetensors names: ``BF16``, ``F32`` ...) of ``model_dir``'s weight files, from their
+    headers alone (no tensor data); None when the files cannot be read (the launcher refuses them by name)."""
+    try:
+        headers = [read_safetensors_header(path) for path in weight_files(model_dir)]
+    except (CheckpointFilesError, OSError):
+        return None
+    return {entry.dtype for header in headers for entry in header.tensors.values()}
+
+
+def _take_weights_dtype(cfg: ModelConfig, model_dir: str | Path) -> None:
+    """The weights' floating dtype for a config.json that names none (float32 when no weights can be read).
+
+    One floating dtype is taken as it is; several are served in the one that holds them all, as vLLM
+    chooses (float16 with bfloat16: float32).  Only when the weights cannot be read (a PD master
+    needs none; the launcher refuses unreadable ones by name) does transformers' float32 default apply.
+    """
+    found = weight_dtypes(model_dir)
+    if found is None:
+        return  # from_dict's float32 stays
+    floats = {FLOAT_DTYPE_NAMES[name] for name in found if name in FLOAT_DTYPE_NAMES}
+    source = "the weights' dtype (safetensors headers; config.json names none)"
+    if not floats:
+        cfg.dtype_source = source
+        cfg.auto_dtype = None
+        cfg.dtype_problem = (f"config.json names no dtype and the weights hold no float32, bfloat16 or float16 tensor "
+                             f"(their dtypes: {', '.join(sorted(found)) or 'none'}): give --data_type float32, "
+                             f"bfloat16 or float16")
+        return
+    if len(floats) == 1:
+        chosen = next(iter(floats))
+    else:
+        # The narrowest dtype every one casts to without loss (float16 and bfloat16 hold neither the other).
+        chosen = "float64" if "float64" in floats else "float32"
+        source = f"the dtype holding all of the weights' ({', '.join(sorted(floats))}; safetensors headers; " \
+                 f"config.json names none)"
+    _set_auto_dtype(cfg, chosen, source)
 
 
 def _kv_heads(raw: Dict[str, Any], defaults: ArchitectureDefaults, heads: int, defaulted: Dict[str, str]) -> int:

@@ -34,6 +34,10 @@ DTYPE_BITS: Dict[str, int] = {
     "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }
 
+# The floating dtypes the weight loader reads, each cast to the serving dtype (an FP8 or integer
+# weight is refused there), with the names config.json gives them.
+FLOAT_DTYPE_NAMES: Dict[str, str] = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
 # An interrupted download or copy leaves such a file.
 _REDOWNLOAD = "download or copy the file again"
 

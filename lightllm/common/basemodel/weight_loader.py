@@ -9,6 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lightllm.common.basemodel.checkpoint_files import INDEX_FILE, SINGLE_FILE, CheckpointFilesError, read_weight_map
+from lightllm.common.basemodel.safetensors_header import FLOAT_DTYPE_NAMES
 from lightllm.common.basemodel.weight_headers import read_weight_headers
 
 
@@ -16,8 +17,8 @@ class CheckpointError(CheckpointFilesError):
     """The checkpoint directory lacks a tensor, holds one of the wrong shape, or its files are inconsistent."""
 
 
-# safetensors' names of the float dtypes a weight may be stored in.
-_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+# safetensors' names of the float dtypes a weight may be stored in (the launcher's planning reads the same).
+_FLOAT_DTYPES = frozenset(FLOAT_DTYPE_NAMES)
 
 
 class SafetensorsCheckpoint:

@@ -100,7 +100,10 @@ def make_argument_parser() -> argparse.ArgumentParser:
         type=str,
         choices=["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
         default="auto",
-        help="Weight and KV dtype; auto takes the checkpoint's dtype (float32 on CPU for float16 checkpoints).",
+        help="Weight and KV dtype. auto takes config.json's dtype (dtype, else torch_dtype), else the weights' from their "
+             "safetensors headers (as transformers and vLLM do); float16 is served in float32 on CPU; a float64 "
+             "config is served in float32 with a warning; a dtype it cannot serve (int8 ...) is refused at start. "
+             "An explicit value always wins over config.json.",
     )
     add_flag(group, "--device", roles=MODEL_ROLES, type=str, choices=["auto", "cpu", "cuda"], default="auto", help="Where the model runs.")
     add_flag(

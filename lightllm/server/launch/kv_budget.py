@@ -21,9 +21,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from lightllm.common.basemodel.checkpoint_files import weight_files
 from lightllm.common.basemodel.kv_head_split import kv_heads_per_rank
 from lightllm.common.basemodel.model_config import ModelConfig, dtype_itemsize
+from lightllm.common.basemodel.safetensors_header import FLOAT_DTYPE_NAMES
+from lightllm.common.basemodel.weight_headers import read_weight_headers
 
 log = logging.getLogger("lightllm.kv_budget")
 
@@ -144,10 +145,26 @@ def _meminfo_bytes(field: str) -> int:
     return 0
 
 
-def weights_bytes(model_dir: str, checkpoint_dtype: Any, serving_dtype: Any) -> int:
-    """Size of the checkpoint's tensors once loaded at ``serving_dtype`` (dtypes by name or torch dtype)."""
-    stored = sum(p.stat().st_size for p in weight_files(model_dir))
-    return int(stored * dtype_itemsize(serving_dtype) / dtype_itemsize(checkpoint_dtype))
+def weights_bytes(model_dir: str, serving_dtype: Any) -> int:
+    """Size of the checkpoint's tensors once loaded at ``serving_dtype`` (a name or torch dtype).
+
+    Counted from the safetensors headers (never the tensor data): each floating tensor at
+    ``serving_dtype``, any other as stored.  config.json's dtype is not asked: it may name none,
+    one this server does not run, or another than the weights'.
+    """
+    size = dtype_itemsize(serving_dtype)
+    total = 0
+    for header in read_weight_headers(model_dir).values():
+        for entry in header.tensors.values():
+            stored = entry.end - entry.begin
+            if entry.dtype in FLOAT_DTYPE_NAMES:
+                elements = 1
+                for dim in entry.shape:
+                    elements *= dim
+                total += elements * size
+            else:
+                total += stored
+    return total
 
 
 def replicated_kv_weight_bytes(config: ModelConfig, tp: int, serving_dtype: Any) -> int:
@@ -210,7 +227,7 @@ def plan_kv_budget(
 
     ``serving_dtype``: a name or torch dtype; ``cuda_free_bytes``: the device's free memory on CUDA.
     """
-    weights = weights_bytes(model_dir, config.dtype, serving_dtype)
+    weights = weights_bytes(model_dir, serving_dtype)
     weights += replicated_kv_weight_bytes(config, tp, serving_dtype)
     if device == "cpu":
         ranks_here = tp  # every rank shares the machine's memory

@@ -149,12 +149,21 @@ def plan_sizing(
 
 
 def _serving_dtype(args: argparse.Namespace, config: ModelConfig, device: str) -> str:
-    """``--data_type``, or the checkpoint's dtype (float32 for a float16 checkpoint on CPU)."""
+    """``--data_type``, or the checkpoint's dtype (float32 for a float16 checkpoint on CPU).
+
+    An explicit ``--data_type`` wins over whatever config.json says; ``auto`` takes config.json's
+    dtype, else the weights' (:attr:`ModelConfig.dtype`), and refuses (ModelConfigError, one line)
+    a checkpoint whose dtype this server cannot serve.
+    """
     if args.data_type != "auto":
         return dtype_name(args.data_type)
-    if device == "cpu" and config.dtype == "float16":
+    checkpoint = config.dtype
+    if config.dtype_note is not None:
+        log.warning("%s", config.dtype_note)
+    log.info("--data_type auto takes %s from %s", checkpoint, config.dtype_source)
+    if device == "cpu" and checkpoint == "float16":
         return "float32"  # half-precision matmuls are slow or missing on CPU
-    return config.dtype
+    return checkpoint
 
 
 def _check_tp_split(args: argparse.Namespace, config: ModelConfig) -> None:

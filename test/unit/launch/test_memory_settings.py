@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
@@ -101,10 +103,19 @@ def test_budget_is_never_negative_and_follows_the_rule():
     assert KVBudget(available=GIB, weights=GIB, reserve=GIB, mem_fraction=0.9).kv_bytes == 0
 
 
-def test_weights_are_counted_at_the_serving_dtype(tiny_llama_dir):
-    stored = sum(p.stat().st_size for p in tiny_llama_dir.glob("*.safetensors"))
-    assert weights_bytes(str(tiny_llama_dir), torch.float32, torch.float32) == stored
-    assert weights_bytes(str(tiny_llama_dir), torch.bfloat16, torch.float32) == 2 * stored
+def test_weights_are_counted_at_the_serving_dtype(tiny_llama_dir, tmp_path):
+    # From the headers: the tensors' data, without the header itself.
+    data = sum(t.numel() * t.element_size() for t in load_file(tiny_llama_dir / "model.safetensors").values())
+    assert weights_bytes(str(tiny_llama_dir), torch.float32) == data
+    assert weights_bytes(str(tiny_llama_dir), "bfloat16") == data // 2
+    # Stored in bfloat16 while config.json says float32: the weights' own dtype counts (it was
+    # config.json's, so a float32 serving estimate was half the memory the weights take).
+    model_dir = tmp_path / "bf16"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    tensors = {name: t.to(torch.bfloat16) for name, t in load_file(model_dir / "model.safetensors").items()}
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    assert ModelConfig.from_dir(model_dir).dtype == "float32"
+    assert weights_bytes(str(model_dir), torch.float32) == data
 
 
 def test_activation_estimate_grows_with_the_batch_and_shrinks_with_tp(tiny_llama_dir):

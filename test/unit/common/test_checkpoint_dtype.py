@@ -1,0 +1,116 @@
+"""The dtype ``--data_type auto`` takes from a checkpoint, compared with transformers' ``dtype="auto"``:
+config.json's ``dtype`` (else ``torch_dtype``), else the weights' from their safetensors headers (a
+sharded checkpoint through its index), and config.json dtypes this server does not run (float64
+served in float32 with a note; anything else refused in one line naming the key and --data_type)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.models.registry import load_model
+
+BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+            vocab_size=211, max_position_embeddings=64)
+
+
+def _save(tmp_path: Path, name: str, weights: torch.dtype, config_dtype: Optional[str] = None,
+          max_shard_size: Optional[str] = None) -> Path:
+    """A random Llama saved by transformers in ``weights``; config.json's dtype keys replaced by
+    ``config_dtype`` (both keys, as transformers 5 writes them) or removed when it is None."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**BASE)).to(weights)
+    out = tmp_path / name
+    model.save_pretrained(out, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    config = json.loads((out / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    if config_dtype is not None:
+        config.update(dtype=config_dtype, torch_dtype=config_dtype)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def _transformers_auto_dtype(model_dir: Path) -> str:
+    return str(AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").dtype).replace("torch.", "")
+
+
+@pytest.mark.parametrize("weights", [torch.bfloat16, torch.float16, torch.float32])
+def test_without_a_config_dtype_the_weights_dtype_is_taken_as_transformers_takes_it(tmp_path, weights):
+    # It was float32 whatever the weights were: a bf16 checkpoint was served at twice its memory.
+    model_dir = _save(tmp_path, "no_dtype", weights)
+    config = ModelConfig.from_dir(model_dir)
+    assert config.dtype == _transformers_auto_dtype(model_dir) == str(weights).replace("torch.", "")
+    assert "safetensors headers" in config.dtype_source and config.dtype_note is None
+    assert load_model(str(model_dir)).dtype == weights
+
+
+def test_a_sharded_checkpoint_is_read_through_its_index(tmp_path):
+    model_dir = _save(tmp_path, "sharded", torch.bfloat16, max_shard_size="20KB")
+    assert len(list(model_dir.glob("*.safetensors"))) > 1 and (model_dir / "model.safetensors.index.json").is_file()
+    assert ModelConfig.from_dir(model_dir).dtype == _transformers_auto_dtype(model_dir) == "bfloat16"
+
+
+def test_weights_of_two_half_dtypes_are_served_in_the_one_holding_both(tmp_path):
+    # vLLM's rule (common_broadcastable_dtype): neither 16-bit dtype holds the other, float32 holds both.
+    model_dir = _save(tmp_path, "mixed", torch.bfloat16)
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.float16)
+    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = ModelConfig.from_dir(model_dir)
+    assert config.dtype == "float32" and "bfloat16, float16" in config.dtype_source
+
+
+def test_a_config_dtype_still_wins_over_the_weights(tmp_path):
+    model_dir = _save(tmp_path, "config_says", torch.bfloat16, config_dtype="float32")
+    config = ModelConfig.from_dir(model_dir)
+    assert config.dtype == _transformers_auto_dtype(model_dir) == "float32"
+    assert config.dtype_source == "config.json's dtype"
+    # Without weights to read (a PD master's directory), transformers' float32 default.
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    shutil.copy(_save(tmp_path, "bf16", torch.bfloat16) / "config.json", no_weights / "config.json")
+    assert ModelConfig.from_dir(no_weights).dtype == "float32"
+
+
+def test_a_float64_config_is_served_in_float32_with_a_note_naming_the_key(tmp_path):
+    # It was refused ("unsupported dtype 'float64'"), naming neither config.json nor a way out.
+    model_dir = _save(tmp_path, "f64", torch.float32, config_dtype="float64")
+    config = ModelConfig.from_dir(model_dir)
+    assert config.dtype == "float32"
+    assert config.dtype_note.startswith("config.json's dtype is 'float64'") and "--data_type" in config.dtype_note
+    loaded = load_model(str(model_dir))
+    assert loaded.dtype == torch.float32
+
+
+@pytest.mark.parametrize("value", ["int8", "bogus", "float8_e4m3fn", 16])
+def test_a_config_dtype_that_cannot_be_served_is_refused_only_when_auto_asks(tmp_path, value):
+    model_dir = _save(tmp_path, "bad", torch.float32)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["torch_dtype"] = value
+    (model_dir / "config.json").write_text(json.dumps(config))
+    config = ModelConfig.from_dir(model_dir)  # reading it is no refusal: --data_type may choose
+    with pytest.raises(ModelConfigError) as caught:
+        config.dtype
+    message = str(caught.value)
+    assert message.startswith(f"config.json's torch_dtype is {value!r}") and "--data_type" in message
+    assert "\n" not in message
+    with pytest.raises(ModelConfigError, match="config.json's torch_dtype"):
+        load_model(str(model_dir))
+    assert load_model(str(model_dir), dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_a_composite_config_takes_the_root_dtype(tmp_path):
+    model_dir = _save(tmp_path, "composite", torch.float32)
+    text = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llava", "dtype": "bfloat16",
+                                                       "text_config": text}))
+    assert ModelConfig.from_dir(model_dir).dtype == "bfloat16"
