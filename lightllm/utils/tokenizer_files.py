@@ -97,12 +97,25 @@ def _vocabulary_file_id(model_dir: Path, text: str) -> Optional[int]:
     return pieces.index(text) if text in pieces else None
 
 
+def tokenizer_eos_token_text(model_dir: str | Path) -> Optional[str]:
+    """The tokenizer's ``eos_token`` text as transformers' ``from_pretrained`` settles it (None: none).
+
+    transformers (5.x, ``PreTrainedTokenizerBase._from_pretrained``) reads ``special_tokens_map.json``
+    only when ``tokenizer_config.json`` has no ``added_tokens_decoder`` (a file saved before those
+    existed), and then every key the map has replaces the config's, null included; with an
+    ``added_tokens_decoder`` the map is not read at all.  The two files often disagree (a chat
+    fine-tune edits one), so the order decides where generation stops.
+    """
+    directory = Path(model_dir)
+    config = _read_json(directory / "tokenizer_config.json") or {}
+    if "added_tokens_decoder" not in config:
+        special = _read_json(directory / "special_tokens_map.json") or {}
+        if "eos_token" in special:
+            return _token_text(special["eos_token"])
+    return _token_text(config.get("eos_token"))
+
+
 def tokenizer_eos_token_id(model_dir: str | Path) -> Optional[int]:
     """The id of the tokenizer's ``eos_token`` (None when the files name none or it cannot be resolved)."""
-    directory = Path(model_dir)
-    text = None
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        text = _token_text((_read_json(directory / name) or {}).get("eos_token"))
-        if text is not None:
-            break
-    return None if text is None else _token_id(directory, text)
+    text = tokenizer_eos_token_text(model_dir)
+    return None if text is None else _token_id(Path(model_dir), text)

@@ -126,17 +126,80 @@ def test_the_eos_id_read_from_files_is_the_one_transformers_reads(tmp_path: Path
 def test_the_eos_id_resolves_from_every_place_a_tokenizer_keeps_it(tmp_path: Path) -> None:
     unigram = _unigram_tokenizer(tmp_path / "unigram")
     assert tokenizer_eos_token_id(unigram) == AutoTokenizer.from_pretrained(unigram).eos_token_id
-    # Only in special_tokens_map.json, as an AddedToken dict, found through added_tokens_decoder.
+    # Only in special_tokens_map.json, as an AddedToken dict (read: no added_tokens_decoder).
     bpe = _bpe_tokenizer(tmp_path / "bpe", "<|im_end|>", ["<|endoftext|>", "<|im_end|>"])
     config = json.loads((bpe / "tokenizer_config.json").read_text())
     config.pop("eos_token")
-    config["added_tokens_decoder"] = {"1": {"content": "<|im_end|>", "special": True}}
+    config.pop("added_tokens_decoder", None)
     (bpe / "tokenizer_config.json").write_text(json.dumps(config))
     _write(bpe, "special_tokens_map.json", {"eos_token": {"content": "<|im_end|>", "lstrip": False}})
-    assert tokenizer_eos_token_id(bpe) == 1
+    assert tokenizer_eos_token_id(bpe) == AutoTokenizer.from_pretrained(bpe).eos_token_id == 1
+    # Found through added_tokens_decoder when tokenizer_config.json names it (the map is then unread).
+    config["eos_token"] = "<|im_end|>"
+    config["added_tokens_decoder"] = {"1": {"content": "<|im_end|>", "special": True}}
+    (bpe / "tokenizer_config.json").write_text(json.dumps(config))
+    assert tokenizer_eos_token_id(bpe) == AutoTokenizer.from_pretrained(bpe).eos_token_id == 1
     assert tokenizer_eos_token_id(tmp_path / "nothing") is None
     _write(tmp_path / "unknown", "tokenizer_config.json", {"eos_token": "<never>"})
     assert tokenizer_eos_token_id(tmp_path / "unknown") is None
+
+
+_DECODER = {str(index): {"content": text, "special": True}
+            for index, text in enumerate(["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"])}
+_ABSENT = object()
+
+
+@pytest.mark.parametrize("config_eos, map_eos, decoder", [
+    ("</s>", "</s>", False),            # both files agree
+    ("<|im_end|>", "</s>", False),      # they disagree: the map replaces the config (was: the config's)
+    ("<|im_end|>", "</s>", True),       # with added_tokens_decoder the map is not read
+    ("</s>", "<|im_end|>", False),
+    ("</s>", "<|im_end|>", True),
+    ("<|im_end|>", _ABSENT, False),     # only one file names it
+    (_ABSENT, "<|im_end|>", False),
+    (_ABSENT, "<|im_end|>", True),      # the map unread: no eos_token at all
+    ("<|im_end|>", None, False),        # the map's null replaces the config's too
+    (None, "<|im_end|>", False),
+    ("<|im_end|>", "map without the key", False),
+])
+def test_the_eos_token_is_the_one_transformers_settles_on_when_the_files_disagree(
+        tiny_llama_dir: Path, tmp_path: Path, config_eos: object, map_eos: object, decoder: bool) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("eos_token")
+    if config_eos is not _ABSENT:
+        config["eos_token"] = config_eos
+    if decoder:
+        config["added_tokens_decoder"] = _DECODER
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    special = json.loads((model / "special_tokens_map.json").read_text())
+    special.pop("eos_token")
+    if map_eos is not _ABSENT and map_eos != "map without the key":
+        special["eos_token"] = map_eos
+    if map_eos is _ABSENT:
+        (model / "special_tokens_map.json").unlink()
+    else:
+        (model / "special_tokens_map.json").write_text(json.dumps(special))
+    assert tokenizer_eos_token_id(model) == AutoTokenizer.from_pretrained(model).eos_token_id
+
+
+def test_a_config_without_eos_ids_stops_where_the_tokenizer_does(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    # The tester's case: config.json's eos_token_id null, none in generation_config.json, and the
+    # tokenizer files disagreeing (no added_tokens_decoder). The server stopped at <|im_end|>, the
+    # tokenizer (and so vLLM) at </s>.
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["eos_token_id"] = None
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    tokenizer_config["eos_token"] = "<|im_end|>"
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    assert tokenizer.eos_token == "</s>"
+    assert ModelConfig.from_dir(model).eos_token_ids == [tokenizer.eos_token_id]
 
 
 def _vocabulary_file_tokenizers(tmp_path: Path) -> dict[str, Path]:
