@@ -269,7 +269,10 @@ class ModelRank:
             # (rank 0 from its screen, the others from the same record, which is still the
             # request's while they read it: rank 0 publishes no finish before, RecordReadFence)
             # and the same state to admit it into.  Only a fault of one rank's own (a compile
-            # thread that cannot start) takes it there alone, like any fault of one rank.
+            # thread that cannot start) takes it there alone, like any fault of one rank: the
+            # ranks then disagree about the request, and when its end is the fence's to wait for,
+            # one rank waits in the fence's barrier while the other does not, so the group
+            # stalls until the watchdog (--watchdog_timeout) stops the server with an error.
             log.exception("admitting request %d failed; finishing it with an error", request_id)
             self.backend.reject(request_id, shm_index)
             return

@@ -22,7 +22,9 @@ published.
 Every rank runs a :class:`RecordReadFence` over the same commands and the same step reports, so
 every rank decides alike whether to wait and all of them join the wait.  Steps that sampled, and
 steps that finish no request admitted since the last sampling one, cost nothing; with TP = 1 the
-rank builds no fence.
+rank builds no fence.  "Alike" assumes the ranks agree on every request: an admission that fails on
+one rank alone (a fault of its own, see ``ModelRank._admit``) can leave one rank in the barrier and
+the other waiting for commands, a stall the watchdog (``--watchdog_timeout``) ends with an error.
 """
 
 from __future__ import annotations

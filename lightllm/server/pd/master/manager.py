@@ -291,12 +291,13 @@ class PdMasterManager:
         """Close the request's node streams (aborting what still runs there, freeing its KV and
         reservations) before its last event is handed on.
 
-        The caller may never ask for anything after a generation's last event: the API's fan-out
-        of ``n`` choices waits for every choice's first event before reading on, and stops reading
-        a choice at its finish until every choice has finished.  What the nodes still hold for a
-        finished generation (D's reservation of a request P finished, a generation the master
-        ended on a stop string) must not wait for that: another choice of the same request may
-        need that KV, and would be answered busy until it is freed.  Idempotent: the ``finally``
+        The caller may ask for nothing after a generation's last event, or only later: the API's
+        fan-out of ``n`` choices waits for every choice's first event before reading on (and
+        closes a choice once its finish is read), and a single choice's generation is closed only
+        when its consumer reads on.  What the nodes still hold for a finished generation (D's
+        reservation of a request P finished, a generation the master ended on a stop string) must
+        not wait for that: another choice of the same request may need that KV, and would be
+        answered busy until it is freed.  Idempotent: the ``finally``
         of :meth:`generate` closes again whatever is left.
         """
         await run.close_streams()
