@@ -163,11 +163,13 @@ def key_character_problem(key: str, ascii_only: bool = False) -> Optional[str]:
 
 def key_character_warning(key: str) -> Optional[str]:
     """A warning for a key that matches only from some clients, or None: a Latin-1 letter beyond
-    ASCII (``é``) arrives from clients that send headers as Latin-1 (``requests``, ``curl``), but
+    ASCII (``é``) arrives from clients that encode headers as Latin-1 (Python's ``requests`` and
+    ``http.client``); curl sends the bytes it is given (UTF-8 from most terminals: no match), and
     httpx, and so the ``openai`` package, refuses to send it."""
     if any(char > "~" for char in key):
-        return ("holds a character beyond ASCII: clients that send headers as Latin-1 (requests, curl) can "
-                "send it, but httpx and so the openai package cannot (value not shown)")
+        return ("holds a character beyond ASCII: clients that encode headers as Latin-1 (Python's requests and "
+                "http.client) can send it, but curl sends it as typed (UTF-8 from most terminals, which does not "
+                "match) and httpx, so the openai package, cannot send it (value not shown)")
     return None
 
 

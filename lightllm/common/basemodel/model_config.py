@@ -184,9 +184,14 @@ class ModelConfig:
             raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
         # Multimodal / nested configs keep the language model under text_config.
         if "text_config" in raw and "hidden_size" not in raw:
-            # The root's dtype first, as vLLM reads it (transformers 5 writes a composite config's there).
-            raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type")),
-                   **{key: raw[key] for key in DTYPE_KEYS if raw.get(key) is not None}}
+            # The root's dtype first, as vLLM reads it (transformers 5 writes a composite config's there):
+            # a root naming either key replaces both of text_config's (a root torch_dtype must not lose
+            # to a text_config dtype, which reads before torch_dtype).
+            text = raw["text_config"]
+            root_dtype = {key: raw[key] for key in DTYPE_KEYS if raw.get(key) is not None}
+            if root_dtype:
+                text = {key: value for key, value in text.items() if key not in DTYPE_KEYS}
+            raw = {**text, "model_type": raw["text_config"].get("model_type", raw.get("model_type")), **root_dtype}
         cfg = cls.from_dict(raw)
         if not any(raw.get(key) is not None for key in DTYPE_KEYS):
             # config.json names no dtype: the weights' (transformers' dtype="auto" and vLLM read them too).
@@ -328,8 +333,8 @@ def _take_weights_dtype(cfg: ModelConfig, model_dir: str | Path) -> None:
         cfg.dtype_source = source
         cfg.auto_dtype = None
         cfg.dtype_problem = (f"config.json names no dtype and the weights hold no float32, bfloat16 or float16 tensor "
-                             f"(their dtypes: {', '.join(sorted(found)) or 'none'}): give --data_type float32, "
-                             f"bfloat16 or float16")
+                             f"(their dtypes: {', '.join(sorted(found)) or 'none'}): integer or quantized weights "
+                             f"are not supported, whatever --data_type says")
         return
     if len(floats) == 1:
         chosen = next(iter(floats))

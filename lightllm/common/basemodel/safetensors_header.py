@@ -135,6 +135,10 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
         header = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointFilesError(f"{path}: its safetensors header is not valid JSON ({exc}); {_REDOWNLOAD}") from None
+    except RecursionError:
+        # Nested thousands deep (no real header is): the parser gives up rather than read it.
+        raise CheckpointFilesError(f"{path}: its safetensors header is not a readable safetensors header (JSON "
+                                   f"nested too deep to read); {_REDOWNLOAD}") from None
     if not isinstance(header, dict):
         raise CheckpointFilesError(f"{path}: its safetensors header is a JSON {type(header).__name__}, not an object "
                                    f"of tensors")

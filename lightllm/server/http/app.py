@@ -69,7 +69,8 @@ from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
 from lightllm.server.http.grammar_thread import on_grammar_thread
-from lightllm.server.http.in_flight import AdmissionMiddleware, PreparingRequests, check_admission
+from lightllm.server.http.in_flight import (AdmissionMiddleware, DrainRefusalMiddleware, PreparingRequests,
+                                            check_admission)
 from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
 from lightllm.server.http.request_guard import RequestGuardMiddleware
 from lightllm.server.http.unread_body import UnreadBodyCloseMiddleware
@@ -329,6 +330,8 @@ def create_app(
     # Added last = runs first: keys are checked before any body byte is read.
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
                        body_timeout=options.limits.body_timeout)
+    # Inside the key check and CORS, before the body is read: a drain's 503 for a generation request.
+    app.add_middleware(DrainRefusalMiddleware, manager=manager)
     app.add_middleware(ApiKeyMiddleware, policy=options.auth)
     cors = cors_options(options.allowed_origins)
     if cors is not None:
@@ -340,10 +343,10 @@ def create_app(
         # Outside CORS and the key check: a client's flood of cheap requests (preflights and 401s
         # included) waits in its own line before any of them spends time on it.
         app.add_middleware(ClientShareMiddleware, share=ClientShare(options.limits.max_preparing_per_client),
-                           book=app.state.preparing)
+                           book=app.state.preparing, manager=manager)
     # Outside every layer that waits: a request counts for a graceful drain from its first byte, also while it waits
     # for its client's share (lightllm/server/http/in_flight.py).
-    app.add_middleware(AdmissionMiddleware, book=app.state.preparing, manager=manager)
+    app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     # Around everything that may answer before the guard reads the body (401, a CORS refusal, 503).
     app.add_middleware(UnreadBodyCloseMiddleware)
     # Outermost: every layer inside reads the path (the key check's exemptions, the share, the routes).

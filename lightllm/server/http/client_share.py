@@ -36,7 +36,7 @@ from typing import Any, Awaitable, Callable, Deque, Dict, Optional
 
 from lightllm.server.http.auth import CLUSTER_PATH_PREFIX
 from lightllm.server.http.health import PROBE_PATHS
-from lightllm.server.http.in_flight import CLIENT_SHARE_KEY, PreparingRequests, closing_response
+from lightllm.server.http.in_flight import CLIENT_SHARE_KEY, PreparingRequests, closing_response, refused_on_arrival
 from lightllm.server.http.log_throttle import IntervalGate
 
 Scope = Dict[str, Any]
@@ -219,15 +219,19 @@ class ClientShareMiddleware:
 
     ``book``: the server's :class:`PreparingRequests`; a request still waiting for its place when
     the server stops serving gets the stop's 503 instead of the HTTP server's plain-text 500.
+    ``manager``: a generation request it refuses on arrival (draining) goes on without a place, to
+    get that 503 from ``DrainRefusalMiddleware`` at once rather than after its client's other requests.
     """
 
-    def __init__(self, app: ASGIApp, share: ClientShare, book: Optional[PreparingRequests] = None) -> None:
+    def __init__(self, app: ASGIApp, share: ClientShare, book: Optional[PreparingRequests] = None,
+                 manager: Any = None) -> None:
         self.app = app
         self.share = share
         self.book = book
+        self.manager = manager
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or not _gated(scope):
+        if scope.get("type") != "http" or not _gated(scope) or refused_on_arrival(self.manager, scope) is not None:
             await self.app(scope, receive, send)
             return
         client = scope.get("client")

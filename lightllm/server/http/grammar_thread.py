@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from lightllm.server.http.errors import client_closed_request
 from lightllm.server.http.response_format import response_format_grammar
-from lightllm.server.http.structured_params import structured_grammar, usable_grammar
+from lightllm.server.http.structured_params import STRUCTURED_KINDS, structured_grammar, usable_grammar
 from lightllm.utils.daemon_workers import DaemonWorkers
 
 if TYPE_CHECKING:
@@ -66,7 +66,9 @@ def _forces_a_call(body: Any) -> bool:
 def _asks_structured_output(body: Any) -> bool:
     """Whether the request's structured-output fields ask for a grammar (``response_format`` text does not)."""
     response_format = body.response_format
-    return (body.structured_outputs is not None
+    structured = body.structured_outputs
+    # Only a kind compiles: options alone (or null kinds) are refused at once, inline.
+    return ((isinstance(structured, dict) and any(structured.get(kind) is not None for kind in STRUCTURED_KINDS))
             or any(value is not None for value in body.guided_fields().values())
             or (isinstance(response_format, dict) and response_format.get("type") != "text"))
 

@@ -135,19 +135,42 @@ def admitted_before(request: Any, moment: float) -> bool:
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream"})
 
 
+def refused_on_arrival(manager: Any, scope: Scope) -> Optional[ServerUnavailableError]:
+    """The refusal a generation request arriving now gets from ``manager`` (draining, failed), else None."""
+    if manager is None or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
+        return None
+    try:
+        manager.check_admission(None)  # arriving now: after any drain began
+    except ServerUnavailableError as exc:
+        return exc
+    return None
+
+
+class DrainRefusalMiddleware:
+    """A generation request arriving while ``manager`` refuses new ones gets its 503 before its body
+    is read: inside the API-key check and CORS (a client without a valid key gets its 401, a
+    browser can read the answer), and once the client share let it through without a place
+    (``ClientShareMiddleware`` does not hold such a request back).  :func:`check_admission` in the
+    handlers asks again for paths :data:`GENERATION_PATHS` does not name."""
+
+    def __init__(self, app: ASGIApp, manager: Any) -> None:
+        self.app = app
+        self.manager = manager
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        refusal = refused_on_arrival(self.manager, scope) if scope.get("type") == "http" else None
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await closing_response((str(refusal), refusal.code or "server_unavailable"))(scope, receive, send)
+
+
 class AdmissionMiddleware:
-    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends.
+    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends."""
 
-    ``manager`` (the request manager): a generation request arriving while it refuses new ones
-    (draining, failed) gets its 503 here, before it waits for its client's place (a client with
-    many requests being prepared) or its body is read; :func:`check_admission` in the handlers
-    asks again for paths this set does not name.
-    """
-
-    def __init__(self, app: ASGIApp, book: PreparingRequests, manager: Any = None) -> None:
+    def __init__(self, app: ASGIApp, book: PreparingRequests) -> None:
         self.app = app
         self.book = book
-        self.manager = manager
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
@@ -157,12 +180,6 @@ class AdmissionMiddleware:
             # Arrived after the server stopped serving (pipelined, or handed over as it stopped).
             await closing_response(self.book.closing)(scope, receive, send)
             return
-        if self.manager is not None and scope.get("path") in GENERATION_PATHS:
-            try:
-                self.manager.check_admission(None)  # arriving now: after any drain began
-            except ServerUnavailableError as exc:
-                await closing_response((str(exc), exc.code or "server_unavailable"))(scope, receive, send)
-                return
         admission = self.book.admit(time.monotonic(), asyncio.current_task())
         scope[ADMISSION_KEY] = admission
 

@@ -16,6 +16,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError
+from lightllm.common.basemodel.safetensors_header import read_safetensors_header
 from lightllm.models.registry import load_model
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
@@ -114,3 +116,31 @@ def test_a_composite_config_takes_the_root_dtype(tmp_path):
     (model_dir / "config.json").write_text(json.dumps({"model_type": "llava", "dtype": "bfloat16",
                                                        "text_config": text}))
     assert ModelConfig.from_dir(model_dir).dtype == "bfloat16"
+    # A root torch_dtype wins over text_config's dtype too (dtype is read before torch_dtype, so
+    # merging both kept text_config's), as transformers' AutoConfig and vLLM read the root.
+    text["dtype"] = "bfloat16"
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llava", "torch_dtype": "float32",
+                                                       "text_config": text}))
+    assert ModelConfig.from_dir(model_dir).dtype == "float32"
+
+
+def test_integer_weights_are_refused_whatever_data_type_says(tmp_path):
+    model_dir = _save(tmp_path, "int8", torch.float32)
+    save_file({name: tensor.to(torch.int8) for name, tensor in load_file(model_dir / "model.safetensors").items()},
+              model_dir / "model.safetensors")
+    problem = ModelConfig.from_dir(model_dir).dtype_problem
+    # It advised a --data_type, which then failed in the model rank on the first int8 tensor.
+    assert "integer or quantized weights are not supported, whatever --data_type says" in problem
+
+
+def test_a_header_nested_too_deep_is_a_one_line_refusal(tmp_path):
+    model_dir = _save(tmp_path, "deep", torch.float32)
+    header = b"[" * 200000 + b"]" * 200000
+    (model_dir / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    # json.loads raised RecursionError, a traceback out of ModelConfig.from_dir.  Now the file is
+    # unreadable as any bad header is: the config takes no dtype from it, and the launcher's weight
+    # check refuses the file in one line naming it.
+    assert ModelConfig.from_dir(model_dir).dtype == "float32"
+    with pytest.raises(CheckpointFilesError, match="nested too deep to read") as refused:
+        read_safetensors_header(model_dir / "model.safetensors")
+    assert "\n" not in str(refused.value) and "model.safetensors" in str(refused.value)

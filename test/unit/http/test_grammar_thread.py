@@ -54,6 +54,9 @@ def test_plain_requests_and_tokenize_do_not_wait_behind_a_grammar_check(client: 
             ("/tokenize", {"model": MODEL, "prompt": "hi"}),
         ]:
             assert client.post(path, json=body).status_code == 200, (path, body)
+        # Options without a kind compile nothing: refused at once, not after the queue.
+        options_only = {"model": MODEL, "prompt": "hi", "structured_outputs": {"disable_any_whitespace": True}}
+        assert client.post("/v1/completions", json=options_only).status_code == 400
         assert not freed.is_set()  # every answer above came while the grammar thread was held
     finally:
         release.set()

@@ -180,8 +180,9 @@ def test_keys_that_some_clients_can_send_are_taken_and_named_in_a_warning(monkey
     options = HttpServerOptions.from_args(_parse(["--admin_api_key", "a\tb"]))
     assert options.auth.api_keys == ("plain", "k\u00e9y") and options.auth.admin_keys == ("a\tb",)
     assert options.auth.key_warnings() == [
-        "LIGHTLLM_API_KEY (key 2 of 2) holds a character beyond ASCII: clients that send headers as Latin-1 "
-        "(requests, curl) can send it, but httpx and so the openai package cannot (value not shown)"]
+        "LIGHTLLM_API_KEY (key 2 of 2) holds a character beyond ASCII: clients that encode headers as Latin-1 "
+        "(Python's requests and http.client) can send it, but curl sends it as typed (UTF-8 from most terminals, "
+        "which does not match) and httpx, so the openai package, cannot send it (value not shown)"]
     validate_args(_parse(["--api_key", "k\u00e9y", "a\tb"]), cuda_device_count=0)
     keys = KeySet(["k\u00e9y", "a\tb"])
     assert keys.contains(bearer_token({"headers": [(b"authorization", b"Bearer k\xe9y")]}))

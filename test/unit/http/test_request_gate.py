@@ -113,3 +113,22 @@ def test_the_drain_refusal_does_not_wait_for_the_clients_place() -> None:
         held()
     error = assert_error(answers[0], 503, None)
     assert error["code"] == "server_shutting_down" and manager.calls == []
+
+
+def test_the_drain_refusal_comes_after_the_key_check_and_carries_cors_headers() -> None:
+    from lightllm.server.http.app import create_app
+    from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
+
+    manager = FakeManager()
+    client = TestClient(create_app(manager, HttpServerOptions(auth=AuthPolicy(api_keys=("secret",)))),
+                        raise_server_exceptions=False)
+    manager.gate.drain("The server is shutting down and takes no new requests", "server_shutting_down")
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    # A client without a valid key learns nothing of the server's state: its key is what is wrong.
+    assert_error(client.post("/v1/completions", json=body), 401, None, "missing_api_key")
+    assert_error(client.post("/v1/completions", json=body, headers={"authorization": "Bearer wrong"}), 401, None,
+                 "invalid_api_key")
+    answer = client.post("/v1/completions", json=body,
+                         headers={"authorization": "Bearer secret", "origin": "https://app.example.com"})
+    assert_error(answer, 503, None, "server_shutting_down")
+    assert answer.headers.get("access-control-allow-origin") == "*"  # a browser page can read it
