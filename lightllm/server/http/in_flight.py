@@ -135,12 +135,26 @@ def admitted_before(request: Any, moment: float) -> bool:
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream"})
 
 
+@dataclass(frozen=True)
+class _ScopeRequest:
+    """A request seen by its ASGI scope alone, as :func:`admitted_before` reads a request."""
+
+    scope: Scope
+
+
 def refused_on_arrival(manager: Any, scope: Scope) -> Optional[ServerUnavailableError]:
-    """The refusal a generation request arriving now gets from ``manager`` (draining, failed), else None."""
+    """The refusal ``manager`` gives this generation request now (draining and it arrived after the
+    signal, or failed), else None.
+
+    The arrival is the request's :class:`Admission` (its first byte, from the outer
+    :class:`AdmissionMiddleware`): a request that arrived before the drain began but reaches this
+    check after it (it waited for its client's place, its head came in slowly) is in flight, and
+    may still start.  Without an admission it counts as arriving now.
+    """
     if manager is None or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
         return None
     try:
-        manager.check_admission(None)  # arriving now: after any drain began
+        manager.check_admission(_ScopeRequest(scope))
     except ServerUnavailableError as exc:
         return exc
     return None

@@ -132,3 +132,29 @@ def test_the_drain_refusal_comes_after_the_key_check_and_carries_cors_headers() 
                          headers={"authorization": "Bearer secret", "origin": "https://app.example.com"})
     assert_error(answer, 503, None, "server_shutting_down")
     assert answer.headers.get("access-control-allow-origin") == "*"  # a browser page can read it
+
+
+def test_a_request_that_arrived_before_the_drain_starts_after_waiting_for_its_place() -> None:
+    # In flight when the signal came (waiting for its client's place): it may still start, as
+    # failure_handling.md's drain says; the drain's early refusal is for requests arriving after it.
+    from lightllm.server.http.app import create_app
+    from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
+
+    manager = FakeManager()
+    app = create_app(manager, HttpServerOptions(limits=HttpLimits(max_preparing_per_client=1)))
+    share = next(layer.kwargs["share"] for layer in app.user_middleware if "share" in layer.kwargs)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        held = client.portal.call(share.enter, "testclient")
+        answers: list = []
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        sender = threading.Thread(target=lambda: answers.append(client.post("/v1/completions", json=body)))
+        sender.start()
+        for _ in range(3000):  # until the request waits for the place (a hang guard, not a timing)
+            if client.portal.call(share.waiting, "testclient"):
+                break
+            time.sleep(0.01)
+        assert client.portal.call(share.waiting, "testclient") == 1
+        manager.gate.drain("The server is shutting down and takes no new requests", "server_shutting_down")
+        client.portal.call(held)
+        sender.join(30)
+        assert answers and answers[0].status_code == 200, answers and answers[0].text
