@@ -39,6 +39,8 @@ def read_weight_map(model_dir: str | Path) -> Dict[str, str] | None:
         weight_map = json.loads(index_path.read_text()).get("weight_map")
     except (ValueError, AttributeError) as exc:
         raise CheckpointFilesError(f"{index_path} is not a safetensors index ({exc})") from None
+    except RecursionError:
+        raise CheckpointFilesError(f"{index_path} is not a safetensors index (JSON nested too deep to read)") from None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointFilesError(f"{index_path} has no weight_map of tensor names to file names")
     return weight_map

@@ -142,6 +142,8 @@ def read_generation_config(directory: str | Path) -> Dict[str, Any]:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GenerationDefaultsError(f"{path} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise GenerationDefaultsError(f"{path} is not valid JSON (nested too deep to read)") from None
     if not isinstance(raw, dict):
         raise GenerationDefaultsError(f"{path} must hold a JSON object, got {type(raw).__name__}")
     return raw

@@ -180,10 +180,17 @@ class ModelConfig:
             raise ModelConfigError(f"no config.json in model directory {model_dir}")
         try:
             raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
+        except ValueError as exc:  # JSON or UTF-8
+            raise ModelConfigError(f"{path} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ModelConfigError(f"{path} is not a readable config (JSON nested too deep to read)") from None
+        if not isinstance(raw, dict):
+            raise ModelConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
         # Multimodal / nested configs keep the language model under text_config.
         if "text_config" in raw and "hidden_size" not in raw:
+            if not isinstance(raw["text_config"], dict):
+                raise ModelConfigError(f"{path}: text_config must be a JSON object, got "
+                                       f"{type(raw['text_config']).__name__}")
             # The root's dtype first, as vLLM reads it (transformers 5 writes a composite config's there):
             # a root naming either key replaces both of text_config's (a root torch_dtype must not lose
             # to a text_config dtype, which reads before torch_dtype).
@@ -332,9 +339,12 @@ def _take_weights_dtype(cfg: ModelConfig, model_dir: str | Path) -> None:
     if not floats:
         cfg.dtype_source = source
         cfg.auto_dtype = None
-        cfg.dtype_problem = (f"config.json names no dtype and the weights hold no float32, bfloat16 or float16 tensor "
-                             f"(their dtypes: {', '.join(sorted(found)) or 'none'}): integer or quantized weights "
-                             f"are not supported, whatever --data_type says")
+        if not found:
+            cfg.dtype_problem = "config.json names no dtype and the weight files hold no tensors"
+        else:
+            cfg.dtype_problem = (f"config.json names no dtype and the weights hold no float32, bfloat16 or float16 "
+                                 f"tensor (their dtypes: {', '.join(sorted(found))}): integer or quantized weights "
+                                 f"are not supported, whatever --data_type says")
         return
     if len(floats) == 1:
         chosen = next(iter(floats))

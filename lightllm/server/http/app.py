@@ -344,7 +344,7 @@ def create_app(
         # included) waits in its own line before any of them spends time on it.
         app.add_middleware(ClientShareMiddleware, share=ClientShare(options.limits.max_preparing_per_client),
                            book=app.state.preparing, manager=manager)
-    # Outside every layer that waits: a request counts for a graceful drain from its first byte, also while it waits
+    # Outside every layer that waits: a request counts for a graceful drain from its head's arrival, also while it waits
     # for its client's share (lightllm/server/http/in_flight.py).
     app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     # Around everything that may answer before the guard reads the body (401, a CORS refusal, 503).

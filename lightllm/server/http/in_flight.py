@@ -146,9 +146,9 @@ def refused_on_arrival(manager: Any, scope: Scope) -> Optional[ServerUnavailable
     """The refusal ``manager`` gives this generation request now (draining and it arrived after the
     signal, or failed), else None.
 
-    The arrival is the request's :class:`Admission` (its first byte, from the outer
+    The arrival is the request's :class:`Admission` (its head received, from the outer
     :class:`AdmissionMiddleware`): a request that arrived before the drain began but reaches this
-    check after it (it waited for its client's place, its head came in slowly) is in flight, and
+    check after it (it waited for its client's place) is in flight, and
     may still start.  Without an admission it counts as arriving now.
     """
     if manager is None or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:

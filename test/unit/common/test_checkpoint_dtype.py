@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
-from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError
+from lightllm.common.basemodel.checkpoint_files import CheckpointFilesError, read_weight_map
 from lightllm.common.basemodel.safetensors_header import read_safetensors_header
 from lightllm.models.registry import load_model
 
@@ -144,3 +144,22 @@ def test_a_header_nested_too_deep_is_a_one_line_refusal(tmp_path):
     with pytest.raises(CheckpointFilesError, match="nested too deep to read") as refused:
         read_safetensors_header(model_dir / "model.safetensors")
     assert "\n" not in str(refused.value) and "model.safetensors" in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json", "generation_config.json"])
+def test_json_files_nested_too_deep_are_one_line_refusals(tmp_path, name):
+    model_dir = _save(tmp_path, "deep_json", torch.float32)
+    (model_dir / name).write_text("[" * 200000 + "]" * 200000)
+    # A RecursionError traceback before: only the header reader caught it.
+    with pytest.raises(ValueError, match="nested too deep") as refused:
+        ModelConfig.from_dir(model_dir)
+        read_weight_map(model_dir)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("raw", [[1, 2], {"text_config": None, "model_type": "llava"}])
+def test_a_config_that_is_not_an_object_where_one_is_needed_is_refused(tmp_path, raw):
+    model_dir = _save(tmp_path, "shape", torch.float32)
+    (model_dir / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError, match="must (hold|be) a JSON object"):
+        ModelConfig.from_dir(model_dir)
