@@ -32,7 +32,7 @@ from lightllm.common.basemodel.attention.selection import (
     triton_import_error,
 )
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.basemodel.model_config import dtype_name, parse_dtype
+from lightllm.common.basemodel.serving_dtype import dtype_name, parse_dtype
 from lightllm.models.registry import load_model
 
 

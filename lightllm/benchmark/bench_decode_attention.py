@@ -34,7 +34,7 @@ from lightllm.benchmark.count_flags import positive_int
 from lightllm.benchmark.kernel_bench_context import context_refusal
 from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, AttentionBackendError, build_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.basemodel.model_config import dtype_name, parse_dtype
+from lightllm.common.basemodel.serving_dtype import dtype_name, parse_dtype
 from lightllm.models.registry import load_model
 
 PREFILL_REQUESTS_PER_FORWARD = 8  # bounds prefill activations at large batch x context

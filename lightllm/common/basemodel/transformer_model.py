@@ -17,7 +17,8 @@ from lightllm.common.basemodel.layer_ops import rms_norm
 from lightllm.common.basemodel.layer_ops_select import build_layer_ops
 from lightllm.common.basemodel.layer_weights import DecoderLayerWeights
 from lightllm.common.basemodel.linear_kernels import build_linear
-from lightllm.common.basemodel.model_config import ModelConfig, parse_dtype
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.serving_dtype import parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup, shard_range
 from lightllm.common.basemodel.rotary import RotaryEmbedding
 from lightllm.common.basemodel.weight_loader import CheckpointError, SafetensorsCheckpoint

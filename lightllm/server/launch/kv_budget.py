@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from lightllm.common.basemodel.kv_head_split import kv_heads_per_rank
-from lightllm.common.basemodel.model_config import ModelConfig, dtype_itemsize
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.serving_dtype import dtype_itemsize
 from lightllm.common.basemodel.safetensors_header import FLOAT_DTYPE_NAMES
 from lightllm.common.basemodel.weight_headers import read_weight_headers
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_heads_per_rank
-from lightllm.common.basemodel.model_config import ModelConfig, dtype_name
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.serving_dtype import dtype_name
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
 from lightllm.server.run_mode import RunMode

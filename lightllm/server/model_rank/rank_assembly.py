@@ -20,7 +20,7 @@ import zmq
 
 from lightllm.common.basemodel.attention.selection import AttentionBackendError, build_attention_backend, resolve_attention_backend
 from lightllm.common.basemodel.linear_kernels import LinearBackendError, resolve_linear_backend
-from lightllm.common.basemodel.model_config import parse_dtype
+from lightllm.common.basemodel.serving_dtype import parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling.sampler import Sampler

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from lightllm.common.basemodel.batch_generator import BatchGenerator
-from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError, parse_dtype
+from lightllm.common.basemodel.model_config import ModelConfig, ModelConfigError
+from lightllm.common.basemodel.serving_dtype import parse_dtype
 from lightllm.common.basemodel.parallel import TensorParallelGroup
 from lightllm.common.basemodel.weight_loader import CheckpointError
 from lightllm.models.registry import load_model
