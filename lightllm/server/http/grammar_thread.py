@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
+from lightllm.server.http.client_presence import result_unless_gone
 from lightllm.server.http.errors import client_closed_request
 from lightllm.server.http.response_format import response_format_grammar
 from lightllm.server.http.structured_params import STRUCTURED_KINDS, structured_grammar, usable_grammar
@@ -48,14 +49,11 @@ async def on_grammar_thread(job: Callable[[], T], request: Any = None) -> T:
     waiting = asyncio.wrap_future(future)
     if request is None:
         return await waiting
-    while True:
-        done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_SECONDS)
-        if done:
-            return waiting.result()
-        if await request.is_disconnected():
-            future.cancel()
-            waiting.cancel()
-            raise client_closed_request()
+    done, result = await result_unless_gone(waiting, request, DISCONNECT_POLL_SECONDS)
+    if not done:
+        future.cancel()  # the job itself: skipped if it is still queued
+        raise client_closed_request()
+    return result
 
 
 def _forces_a_call(body: Any) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Set, Union
 
 from fastapi import Request
 
+from lightllm.server.http.client_presence import result_unless_gone
 from lightllm.server.pd.protocol.node_events import PdNodeEvent
 
 logger = logging.getLogger("lightllm.pd.node_api")
@@ -126,14 +127,8 @@ async def first_item(stream: NodeStream, request: Request) -> Any:
     node's first token may wait in the queue for long, and a master that gave up meanwhile must
     not leave the request running.
     """
-    getter = asyncio.ensure_future(stream.next())
-    while True:
-        done, _ = await asyncio.wait({getter}, timeout=FIRST_EVENT_POLL_SECONDS)
-        if done:
-            return getter.result()
-        if await request.is_disconnected():
-            getter.cancel()
-            return None
+    done, item = await result_unless_gone(asyncio.ensure_future(stream.next()), request, FIRST_EVENT_POLL_SECONDS)
+    return item if done else None
 
 
 async def watch_disconnect(stream: NodeStream, request: Request) -> None:
