@@ -58,6 +58,11 @@ def _load_average() -> list[float] | None:
         return None
 
 
+# How long a server whose connection failed may take to show its exit before it counts as alive
+# but not answering.
+_EXIT_GRACE_S = 2.0
+
+
 class ComparisonRunner:
     """Runs the warm-up passes and rotated measured repeats against already started servers."""
 
@@ -83,7 +88,12 @@ class ComparisonRunner:
             summary = asyncio.run(run_benchmark(config, self.builder))
         except httpx.HTTPError as exc:
             # Requests record their own failures; what raises is the run's set-up (the model
-            # name query), which fails when the server is gone.
+            # name query), which fails when the server is gone.  A server killed a moment ago can
+            # close its socket before its exit can be collected, so its death gets a short while to
+            # show: "stopped running" names the logs to read, "stopped answering" cannot.
+            deadline = time.monotonic() + _EXIT_GRACE_S
+            while deployment.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
             self._check_alive(strategy, f"during {namespace}")
             raise ServerLostError(f"the {strategy} server at {deployment.base_url} stopped answering "
                                   f"(during {namespace}): {type(exc).__name__}: {exc}") from None

@@ -56,8 +56,10 @@ class KillingPromptBuilder(PromptBuilder):
             self.killed = _server_pid(self.strategy)
             os.kill(self.killed, signal.SIGKILL)
             deadline = time.monotonic() + _KILL_WAIT_S
-            # Dead for the runner once it is a zombie waiting for its parent (this process).
-            while Path(f"/proc/{self.killed}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
+            # Dead for the runner once waitpid reports it.  Its /proc state reads "Z" earlier, as soon
+            # as the main thread exited while other threads still tear down, and waitpid (the runner's
+            # Popen.poll) reports nothing until the last one did; WNOWAIT leaves it for that poll.
+            while os.waitid(os.P_PID, self.killed, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 assert time.monotonic() < deadline, "the killed server did not exit"
                 time.sleep(0.05)
         return super().build(index, length, **kwargs)
