@@ -43,6 +43,15 @@ DTYPE_KEYS = ("dtype", "torch_dtype")
 # goes no further than float32).
 _AUTO_FALLBACK_DTYPES = {"float64": "float32", "double": "float32"}
 
+
+def auto_dtype_on(checkpoint: str, device: str) -> str:
+    """The dtype ``--data_type auto`` serves a ``checkpoint``-dtype model in on ``device`` ("cpu", "cuda").
+
+    float16 runs as float32 on CPU, where half-precision matmuls are slow or missing; bfloat16 stays.
+    """
+    return "float32" if device == "cpu" and checkpoint == "float16" else checkpoint
+
+
 def dtype_name(dtype: Any) -> str:
     """The canonical name (``float32``, ``bfloat16``, ``float16``) of a dtype name or torch dtype.
 

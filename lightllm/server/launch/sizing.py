@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_heads_per_rank
 from lightllm.common.basemodel.model_config import ModelConfig
-from lightllm.common.basemodel.serving_dtype import dtype_name
+from lightllm.common.basemodel.serving_dtype import auto_dtype_on, dtype_name
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
 from lightllm.server.run_mode import RunMode
@@ -162,9 +162,7 @@ def _serving_dtype(args: argparse.Namespace, config: ModelConfig, device: str) -
     if config.dtype_note is not None:
         log.warning("%s", config.dtype_note)
     log.info("--data_type auto takes %s from %s", checkpoint, config.dtype_source)
-    if device == "cpu" and checkpoint == "float16":
-        return "float32"  # half-precision matmuls are slow or missing on CPU
-    return checkpoint
+    return auto_dtype_on(checkpoint, device)
 
 
 def _check_tp_split(args: argparse.Namespace, config: ModelConfig) -> None:

@@ -3,7 +3,8 @@
     python -m lightllm.server.pd.kv_transfer.bench --model_dir /tmp/demo_small \
         --tokens 4096 --page_sizes 64 256 1024 --repeat 5
 
-Reads layers, KV heads, head dim and dtype from the checkpoint's ``config.json``, moves
+Reads layers, KV heads, head dim and dtype as the server does (``config.json``, and the weights'
+dtype where it names none; float16 as float32 on CPU, like ``--data_type auto``), moves
 ``--tokens`` tokens from scattered slots of a "prefill" cache into scattered slots of a
 "decode" cache ``--repeat`` times per page size, and prints the median seconds from the
 prefill side's export to the decode side's acknowledgement.
@@ -12,7 +13,6 @@ prefill side's export to the decode side's acknowledgement.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,25 +21,24 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from lightllm.common.basemodel.model_config import ModelConfig
+from lightllm.common.basemodel.model_config_error import ModelConfigError
+from lightllm.common.basemodel.serving_dtype import auto_dtype_on, dtype_name, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
 from lightllm.utils.one_line_errors import OneLineErrorParser
 from lightllm.utils.free_ports import free_port
 
 
-def _geometry(model_dir: Path) -> Dict[str, object]:
-    """The KV cache's shape and dtype from ``model_dir/config.json`` (``KeyError`` for a missing key)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    dtype_name = config.get("torch_dtype") or config.get("dtype") or "float32"
-    dtype = getattr(torch, str(dtype_name), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype {dtype_name!r} is not a torch dtype")
+def _geometry(model_dir: Path, data_type: str = "auto") -> Dict[str, object]:
+    """The KV cache's shape and dtype as a CPU server with this ``--data_type`` keeps them (ModelConfigError)."""
+    config = ModelConfig.from_dir(model_dir)
+    dtype = auto_dtype_on(config.dtype, "cpu") if data_type == "auto" else dtype_name(data_type)
     return {
-        "num_layers": config["num_hidden_layers"],
-        "kv_heads": config.get("num_key_value_heads", heads),
-        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-        "dtype": dtype,
+        "num_layers": config.num_hidden_layers,
+        "kv_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "dtype": parse_dtype(dtype),
     }
 
 
@@ -53,9 +52,11 @@ def _wait(handle: KVTransferHandle, request_id: int, timeout_s: float = 120.0):
     raise TimeoutError(f"request {request_id} not done within {timeout_s} s")
 
 
-def measure(model_dir: Path, tokens: int, page_sizes: List[int], repeat: int) -> List[Dict[str, float]]:
+def measure(
+    model_dir: Path, tokens: int, page_sizes: List[int], repeat: int, data_type: str = "auto"
+) -> List[Dict[str, float]]:
     """Median transfer seconds (and per 1K tokens) for each page size."""
-    geometry = _geometry(model_dir)
+    geometry = _geometry(model_dir, data_type)
     source = KVCacheMemoryManager(tokens * 2, device="cpu", shareable=True, **geometry)
     target = KVCacheMemoryManager(tokens * 2, device="cpu", shareable=True, **geometry)
     source.k_buffer.normal_()
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--page_sizes", type=int, nargs="+", default=[64, 256, 1024],
                         help="tokens per page, each page size measured once (default 64 256 1024)")
     parser.add_argument("--repeat", type=int, default=5, help="timed transfers per page size")
+    parser.add_argument("--data_type", choices=["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
+                        default="auto", help="KV dtype, as the server's --data_type (auto: the checkpoint's, "
+                        "float16 as float32 on CPU)")
     return parser
 
 
@@ -113,14 +117,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if len(set(args.page_sizes)) != len(args.page_sizes):
         parser.error(f"--page_sizes names a page size twice ({' '.join(map(str, args.page_sizes))}); name each once")
     try:
-        geometry = _geometry(args.model_dir)
-    except (ValueError, KeyError, TypeError, OSError, ZeroDivisionError) as exc:
-        # A config.json that is not JSON, lacks a shape key or names no torch dtype.
-        why = f"no {exc} key" if isinstance(exc, KeyError) else str(exc)
-        parser.error(f"--model_dir {args.model_dir}: config.json gives no KV geometry ({why})")
+        geometry = _geometry(args.model_dir, args.data_type)
+    except ModelConfigError as exc:
+        parser.error(f"--model_dir {args.model_dir}: no KV geometry ({exc})")
     print(f"geometry: {geometry}, {args.tokens} tokens per transfer, median of {args.repeat}")
     print(f"{'page_size':>9} {'MiB':>7} {'ms':>8} {'ms/1K tok':>10} {'MiB/s':>8}")
-    for row in measure(args.model_dir, args.tokens, args.page_sizes, args.repeat):
+    for row in measure(args.model_dir, args.tokens, args.page_sizes, args.repeat, args.data_type):
         print(f"{row['page_size']:>9} {row['mib']:>7.1f} {row['seconds'] * 1000:>8.1f} "
               f"{row['seconds_per_1k'] * 1000:>10.2f} {row['mib_per_s']:>8.1f}")
 
