@@ -9,7 +9,6 @@ a one-at-a-time server would see it.  Metrics use the same code as the serving b
 
 from __future__ import annotations
 
-import argparse
 import os
 import json
 import sys

@@ -15,7 +15,6 @@ Timings are for reading, never for deciding a test.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 

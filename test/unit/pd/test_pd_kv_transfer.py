@@ -8,6 +8,7 @@ clear failure within the bound, and a restarted pair must work again.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -177,8 +178,9 @@ def test_a_header_without_reservation_is_refused_and_the_pair_keeps_working(pair
     assert sent[203].ok and received[203].ok and prefill.broken_reason is None
 
 
-def test_a_cancelled_receive_ends_at_once_and_a_late_header_for_it_is_refused(pair) -> None:
+def test_a_cancelled_receive_ends_at_once_and_a_late_header_for_it_is_refused(pair, caplog) -> None:
     source, target, prefill, decode = pair
+    caplog.set_level(logging.DEBUG, logger=KVTransferHandle.__module__)
     untouched = target.k_buffer[:, 30:32].clone()
     decode.receive(211, [30, 31], wait_s=300)
     decode.cancel_receive(211)
@@ -190,6 +192,11 @@ def test_a_cancelled_receive_ends_at_once_and_a_late_header_for_it_is_refused(pa
     sent, received = _transfer(prefill, decode, {212: (torch.tensor([4, 5]), torch.tensor([22, 23]))})
     assert sent[212].ok and received[212].ok and prefill.broken_reason is None
     assert torch.equal(target.k_buffer[:, 30:32], untouched)  # nothing was written for the cancelled receive
+    # The decode side's refusal of the late header reached its owner, which had its result already:
+    # a race of every client leaving as its prefill ends, not a warning ("result for unknown request").
+    late = [r for r in caplog.records if "request 211" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in late] == [
+        (logging.DEBUG, "request 211: KV refused after its receive ended")]
 
 
 def test_a_head_dim_mismatch_fails_the_transfer_cleanly() -> None:

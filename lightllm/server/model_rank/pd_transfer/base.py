@@ -288,7 +288,10 @@ class PdRankTransfer(ABC, Generic[BackendT]):
             # Asked for by the request's own end; the reason already names the request.
             log.info("%s", outcome.reason)
         else:
-            log.warning("request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
+            # A request aborted while its transfer ran (its client left as its prefill ended) fails
+            # it as a matter of course: the peer has already let the request go.
+            level = logging.INFO if req.abort_requested else logging.WARNING
+            log.log(level, "request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
             self._notify(PdNotice(request_id, "transfer_failed", error_kind=outcome.error_kind, message=outcome.reason))
         self._conclude(backend, req, outcome)
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.announce import AnnouncementWatcher
-from lightllm.server.pd.kv_transfer.bounded_wait import first_line, wait_work
+from lightllm.server.pd.kv_transfer.bounded_wait import wait_work
 from lightllm.server.pd.kv_transfer.protocol import DECODE_RANK, PREFILL_RANK, Link
 from lightllm.server.pd.kv_transfer.store_host import generation_key, generation_prefix
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig

@@ -339,7 +339,10 @@ class KVTransferHandle:
 
     def _finish(self, result: TransferResult) -> None:
         if self._in_flight.pop(result.request_id, None) is None:
-            logger.warning("KV transfer result for unknown request %s dropped", result.request_id)
+            if result.unreserved:  # its receive ended first and was reported then
+                logger.debug("request %s: KV refused after its receive ended", result.request_id)
+            else:
+                logger.warning("KV transfer result for unknown request %s dropped", result.request_id)
             return
         self._results.append(result)
 

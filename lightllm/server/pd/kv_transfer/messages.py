@@ -96,7 +96,9 @@ class TransferResult:
     ``first_token`` (decode side, ok results) is the prefill node's first token from the header.
     ``expired`` (decode side) marks a receive whose KV did not start arriving within its wait
     (a PD reservation's lease ran out); ``cancelled`` one given up by :class:`CancelReceive` or
-    :class:`CancelSend` before it started.
+    :class:`CancelSend` before it started.  ``unreserved`` (decode side) marks KV refused because
+    no receive waited for it: the receive had already ended (cancelled or expired, and reported
+    so) when the prefill side sent, a race of every request that ends as its transfer begins.
     """
 
     request_id: int
@@ -107,6 +109,7 @@ class TransferResult:
     first_token: int = -1
     expired: bool = False
     cancelled: bool = False
+    unreserved: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Every wait on the group is bounded by ``timeout_s``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -161,7 +161,8 @@ def receive_kv(
         code, detail = OK, ""
     link.send(link.code_message(code), PREFILL_RANK, TAG_VERDICT, f"the verdict on request {request_id} to be sent")
     if code != OK:
-        return _failed(request_id, start, 0, code, "refused", f": {detail}" if detail else "")
+        refused = _failed(request_id, start, 0, code, "refused", f": {detail}" if detail else "")
+        return replace(refused, unreserved=code == REFUSED_UNKNOWN_REQUEST)
     code = _receive_pages(link, cache, header, torch.from_numpy(slots))
     link.send(link.code_message(code), PREFILL_RANK, TAG_ACK, f"the acknowledgement of request {request_id} to be sent")
     if code != OK:
