@@ -131,3 +131,20 @@ def test_tools_the_template_drops_are_accepted_where_they_still_act(plain_client
     fields = {"tools": [TOOL], **({"tool_choice": choice} if choice is not None else {})}
     assert chat(plain_client, **fields).status_code == 200
     assert chat(plain_client, stream=True, **fields).status_code == 200
+
+
+def test_a_tools_null_fields_render_as_left_out(tokenizer_dir) -> None:
+    """OpenAI's SDKs and pydantic dumps send a function's unset fields as null; the docs read null as
+    absent on every known field, so the prompt must be the one without them (it held "description":
+    null, "parameters": null, "strict": null, tokens that leaving them out does not put there)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = "{{ tools | tojson }}" + PLAIN
+    client = TestClient(create_app(RenderingManager(tokenizer), HttpServerOptions()), raise_server_exceptions=False)
+    bare = {"type": "function", "function": {"name": "f"}}
+    nulls = {"type": "function", "function": {"name": "f", "description": None, "parameters": None, "strict": None}}
+    rendered = []
+    for tool in (bare, nulls):
+        answer = client.post("/tokenize", json={"messages": USER, "tools": [tool]})
+        assert answer.status_code == 200, answer.text
+        rendered.append(tokenizer.decode(answer.json()["tokens"]))
+    assert rendered[0] == rendered[1] == '[{"type": "function", "function": {"name": "f"}}]user: time?|'

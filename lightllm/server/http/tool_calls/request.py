@@ -48,7 +48,7 @@ class FunctionTool:
 
     name: str
     parameters: dict[str, Any] | None
-    # The entry as the client sent it, for the chat template.
+    # The entry as the client sent it, less its function's null fields, for the chat template.
     spec: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # "strict": true: arguments valid under ``parameters`` (held to it under auto by CallableTools).
     strict: bool = False
@@ -111,7 +111,10 @@ def parse_tools(value: Any) -> list[FunctionTool]:
         parameters = function.get("parameters")
         if parameters is not None:
             _check_parameters(parameters, f"{param}.function.parameters")
-        tools.append(FunctionTool(name, parameters, entry, strict=function.get("strict") is True))
+        # The template sees a null field as absent too: rendered as written, "description": null would
+        # put words in the prompt that leaving it out does not.
+        spec = {"type": "function", "function": {key: value for key, value in function.items() if value is not None}}
+        tools.append(FunctionTool(name, parameters, spec, strict=function.get("strict") is True))
     return tools
 
 
