@@ -12,21 +12,16 @@ from prefill_queue_test_support import ids, make_req
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
-from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
-    ShortestWithinSlackStrategy,
-    build_prefill_queue_strategy,
-)
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import ShortestWithinSlackStrategy
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.shortest_within_slack import StepClock
 
 NAME = "shortest_within_slack"
 
 
 def _strategy(slack_fraction: float = 0.05, min_slack_steps: int = 2) -> ShortestWithinSlackStrategy:
-    strategy = build_prefill_queue_strategy(NAME, OvertakeBoundSpec.off())  # only the strategy's own order
-    assert isinstance(strategy, ShortestWithinSlackStrategy)
-    strategy.slack_fraction = slack_fraction
-    strategy.min_slack_steps = min_slack_steps
-    return strategy
+    # Only the strategy's own order: the overtaking bound off.
+    return ShortestWithinSlackStrategy(OvertakeBoundSpec.off(), slack_fraction=slack_fraction,
+                                       min_slack_steps=min_slack_steps)
 
 
 def _order(strategy: ShortestWithinSlackStrategy, reqs: Sequence[InferReq], processed: int) -> List[int]:

@@ -189,9 +189,9 @@ def test_whole_runs_match_reference(
     params: Tuple[float, int, int],
 ) -> None:
     """Step by step: same permutation, same bound metadata, with the queue served in that order."""
-    strategies = (ReferenceSlackStrategy(), ShortestWithinSlackStrategy())
-    for strategy in strategies:
-        strategy.slack_fraction, strategy.min_slack_steps, strategy.patience_steps = params
+    fraction, min_steps, patience = params
+    tuning = dict(slack_fraction=fraction, min_slack_steps=min_steps, patience_steps=patience)
+    strategies = (ReferenceSlackStrategy(**tuning), ShortestWithinSlackStrategy(**tuning))
     queue = _build(initial, 0, 0)
     queues = (queue, copy.deepcopy(queue))
     processed = 0

@@ -86,7 +86,8 @@ class ShortestWithinSlackStrategy(PrefillQueueStrategy):
     it, they are promoted only when the oldest has waited ``patience_steps`` steps; otherwise the
     base order is returned unchanged.
 
-    Class attributes (the defaults, chosen with the simulator, ``docs/EN/results.md``):
+    Args (the defaults were chosen with the simulator, ``docs/EN/results.md``):
+        overtake_bound: the bound every strategy keeps (``None``: the defaults).
         slack_fraction: share of the backlog a request may be delayed by.
         min_slack_steps: slack of every request, in steps, even when the backlog is small.
         patience_steps: steps a promotable request waits for company before a partly filled
@@ -94,12 +95,19 @@ class ShortestWithinSlackStrategy(PrefillQueueStrategy):
     """
 
     name = "shortest_within_slack"
-    slack_fraction = 0.05
-    min_slack_steps = 2
-    patience_steps = 4
 
-    def __init__(self, overtake_bound: Optional[OvertakeBoundSpec] = None) -> None:
+    def __init__(
+        self,
+        overtake_bound: Optional[OvertakeBoundSpec] = None,
+        *,
+        slack_fraction: float = 0.05,
+        min_slack_steps: int = 2,
+        patience_steps: int = 4,
+    ) -> None:
         super().__init__(overtake_bound)
+        self.slack_fraction = slack_fraction
+        self.min_slack_steps = min_slack_steps
+        self.patience_steps = patience_steps
         self.clock = StepClock()
 
     def order_prefill(self, prefill_reqs: List[InferReq], processed_prefill_tokens: int) -> List[InferReq]:
