@@ -363,8 +363,9 @@ class ServerMetrics:
         if first_token_seconds is not None:
             decode = max(0.0, seconds - first_token_seconds)
             self._request_decode.observe(decode)
-            if token_gaps > 0:
-                self._request_tpot.observe(decode / token_gaps)
+            # A one-token answer has no gap: 0, as vLLM records it, so the _count is every request
+            # that got a first token, as vLLM's is.
+            self._request_tpot.observe(decode / token_gaps if token_gaps > 0 else 0.0)
         if queue_seconds is not None and self._scheduled:
             self._request_queue.observe(queue_seconds)
             self._request_inference.observe(max(0.0, seconds - queue_seconds))

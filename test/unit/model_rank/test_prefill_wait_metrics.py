@@ -72,14 +72,16 @@ def test_metrics_expose_wait_histograms_and_longest_wait_per_strategy() -> None:
         families = {f.name: f for f in text_string_to_metric_families(body.decode())}
         hist = families["lightllm_prefill_wait_tokens"]
         samples = {(s.name, s.labels.get("le")): s.value for s in hist.samples}
-        assert samples[("lightllm_prefill_wait_tokens_bucket", "1024")] == 0
-        assert samples[("lightllm_prefill_wait_tokens_bucket", "4096")] == 2
+        # le spelled as prometheus_client spells every other histogram's bounds (it read "1024").
+        assert samples[("lightllm_prefill_wait_tokens_bucket", "1024.0")] == 0
+        assert samples[("lightllm_prefill_wait_tokens_bucket", "4096.0")] == 2
         assert samples[("lightllm_prefill_wait_tokens_count", None)] == 2
         assert samples[("lightllm_prefill_wait_tokens_sum", None)] == 4000
         assert all(s.labels["strategy"] == "hrrn" for s in hist.samples)
         seconds = {(s.name, s.labels.get("le")): s.value for s in families["lightllm_prefill_wait_seconds"].samples}
         assert seconds[("lightllm_prefill_wait_seconds_bucket", "0.25")] == 2
         assert seconds[("lightllm_prefill_wait_seconds_bucket", "0.1")] == 0
+        assert seconds[("lightllm_prefill_wait_seconds_bucket", "1.0")] == 2
         assert families["lightllm_prefill_wait_longest_tokens"].samples[0].value == 2000
         assert abs(families["lightllm_prefill_wait_longest_seconds"].samples[0].value - 0.2) < 1e-6
         # The raw bucket fields are not repeated as gauges.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 # Upper bounds (inclusive) of the token buckets: powers of two from 256 to 4M, so that requests near
 # the default overtaking allowance (2048 + 0.15 x FCFS wait) fall in buckets of their own (with
@@ -104,11 +105,9 @@ def histogram_families(snapshot: Dict[str, int], strategy: str) -> Iterable[obje
     ):
         family = HistogramMetricFamily(name, doc, labels=["strategy"])
         *bound_fields, inf_field, sum_field = fields
-        buckets = [(_format_bound(b / scale), snapshot.get(f, 0)) for b, f in zip(bounds, bound_fields)]
+        # Bounds spelled as prometheus_client spells every other histogram's ("1.0", "256.0"):
+        # Prometheus compares le as text, so a selector or a join on le must find one spelling.
+        buckets = [(floatToGoString(b / scale), snapshot.get(f, 0)) for b, f in zip(bounds, bound_fields)]
         buckets.append(("+Inf", snapshot.get(inf_field, 0)))
         family.add_metric([strategy], buckets, sum_value=snapshot.get(sum_field, 0) / scale)
         yield family
-
-
-def _format_bound(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(value)
