@@ -30,8 +30,11 @@ class _Backend:
 
 
 class _Req:
+    """What the transfer side reads of an InferReq."""
+
     def __init__(self, request_id: int):
         self.request_id = request_id
+        self.abort_requested = False
 
 
 def test_tp_ranks_act_only_on_results_every_rank_has_and_fail_if_any_failed() -> None:
