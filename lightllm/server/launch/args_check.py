@@ -13,6 +13,18 @@ from typing import Optional
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import flags_given
+from lightllm.server.launch.flag_bounds import (
+    MAX_PD_KV_PAGE_SIZE,
+    MAX_PROMPT_CHARS_PER_TOKEN,
+    MAX_RESERVED_MEMORY_GB,
+    MAX_ROUTER_MAX_WAIT_TOKENS,
+    MAX_ROUTER_TOKEN_RATIO,
+    MAX_SCHEDULE_TIME_INTERVAL,
+    MIN_REQUEST_BODY_BYTES,
+    MIN_SCHEDULE_TIME_INTERVAL,
+    PD_HEARTBEAT_INTERVAL_RANGE,
+    PORT_RANGE,
+)
 from lightllm.server.launch.flag_combinations import check_flag_combinations
 from lightllm.server.launch.host_names import host_problem
 from lightllm.server.launch.role_refusals import refuse_flags_not_read
@@ -27,33 +39,15 @@ from lightllm.utils.envs_utils import key_character_problem, numbered_key
 from lightllm.server.pd.protocol.node_info import NODE_ID_PATTERN
 
 
-# How often the master hears from each node: below this a loaded node's heartbeat misses the
-# window and healthy nodes are dropped; above it a dead node goes unnoticed for minutes.
-PD_HEARTBEAT_INTERVAL_RANGE = (0.5, 60.0)
-# The router's poll granularity (it waits in whole milliseconds).
-MIN_SCHEDULE_TIME_INTERVAL = 0.001
-# A request that arrives between two rank steps waits for the router's next round: at 1e6 s (the
-# former limit, that of every seconds flag) a request sent while another ran waited for all of it.
-MAX_SCHEDULE_TIME_INTERVAL = 1.0
-# The smallest body limit that still admits an ordinary request.
-MIN_REQUEST_BODY_BYTES = 1024
 # A browser origin as its Origin header spells it.
 _ORIGIN = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:]+(:[0-9]{1,5})?$")
 
 
-# Upper bounds of float flags that are multiplied into integers (bytes, characters): a finite
-# 1e300 overflowed to infinity there and the start failed with a traceback. Far beyond any use:
-# a reserve above the machine's memory is refused anyway (no room for the KV cache), and no
-# tokenizer's token stands for a thousandth of this many characters.
-MAX_RESERVED_MEMORY_GB = 1e6
-MAX_PROMPT_CHARS_PER_TOKEN = 1e6
-# Overcommit of admission: 100x the KV cache is far past where pausing and recomputing pays.
-MAX_ROUTER_TOKEN_RATIO = 100.0
-# Decode steps between admission rounds: beyond this a new request waits seconds behind a batch.
-MAX_ROUTER_MAX_WAIT_TOKENS = 1000
-# Tokens per KV page on the PD wire: 2**31 - 1, far beyond any context (the transfer header
-# carries it as an int64, which a larger flag value could overflow).
-MAX_PD_KV_PAGE_SIZE = 2**31 - 1
+def _check_port(name: str, value: Optional[int]) -> None:
+    """Refuse ``--name`` outside :data:`PORT_RANGE` (None: not given, nothing to check)."""
+    low, high = PORT_RANGE
+    if value is not None and not low <= value <= high:
+        raise ArgumentError(f"--{name} must be in {low}..{high}, got {value}")
 
 
 def _check_pd_flag_roles(args: argparse.Namespace) -> None:
@@ -74,9 +68,7 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
 
 def _validate_pd_args(args: argparse.Namespace) -> None:
     for name in ("pd_master_port", "pd_transfer_port"):
-        value = getattr(args, name)
-        if value is not None and not 0 < value < 65536:
-            raise ArgumentError(f"--{name} must be in 1..65535, got {value}")
+        _check_port(name, getattr(args, name))
     # Refused here, before the role checks, in words of its own; the master refuses every node
     # flag itself, naming the role that takes it (pd_master.py).
     if args.pd_transfer_port is not None and args.run_mode == RunMode.DECODE:
@@ -267,13 +259,10 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     if default_new is not None and default_new < 1:
         raise ArgumentError(f"--max_new_tokens_default must be >= 1, got {default_new}")
     _validate_http_args(args)
-    if not 0 < args.port < 65536:
-        raise ArgumentError(f"--port must be in 1..65535, got {args.port}")
+    _check_port("port", args.port)
     nccl_port = args.nccl_port
-    if nccl_port is not None:
-        if not 0 < nccl_port < 65536:
-            raise ArgumentError(f"--nccl_port must be in 1..65535, got {nccl_port}")
-        if nccl_port == args.port:
-            raise ArgumentError(f"--nccl_port ({nccl_port}) must differ from --port: the HTTP server listens there")
+    _check_port("nccl_port", nccl_port)
+    if nccl_port is not None and nccl_port == args.port:
+        raise ArgumentError(f"--nccl_port ({nccl_port}) must differ from --port: the HTTP server listens there")
     if cuda_device_count is not None:
         validate_device_args(args, cuda_device_count)

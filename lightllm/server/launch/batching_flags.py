@@ -8,7 +8,6 @@ A part of the one argument parser (:mod:`lightllm.server.launch.arg_parser`), ke
 from __future__ import annotations
 
 import argparse
-from typing import List
 
 from lightllm.server.launch.flag_roles import (
     ADMISSION,
@@ -19,27 +18,28 @@ from lightllm.server.launch.flag_roles import (
     PREFILL_STEP,
     add_flag,
 )
+from lightllm.server.launch.flag_bounds import (
+    MAX_RESERVED_MEMORY_GB,
+    MAX_ROUTER_MAX_WAIT_TOKENS,
+    MAX_ROUTER_TOKEN_RATIO,
+    MAX_SCHEDULE_TIME_INTERVAL,
+    MIN_SCHEDULE_TIME_INTERVAL,
+    as_written,
+)
+# Imported at the top: the scheduling core needs no torch or triton (test_torch_free_processes
+# imports it with torch refused), so `--help` needs nothing optional.
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
+    DEFAULT_PREFILL_QUEUE_STRATEGY,
+    available_strategy_names,
+)
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
+    DEFAULT_PREFILL_MAX_OVERTAKE_TOKENS,
+    DEFAULT_PREFILL_OVERTAKE_FRACTION,
     MAX_PREFILL_OVERTAKE_FRACTION,
     MAX_PREFILL_OVERTAKE_TOKENS,
 )
 from lightllm.server.router.req_queue.base_queue import DEFAULT_ROUTER_MAX_WAIT_TOKENS
 from lightllm.utils.one_line_errors import finite_float
-
-
-def _strategy_names() -> List[str]:
-    # Imported lazily so `--help` works even while optional parts fail to import.
-    from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
-
-    return available_strategy_names()
-
-
-def _default_overtake_bound():
-    from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
-        OvertakeBoundSpec,
-    )
-
-    return OvertakeBoundSpec()
 
 
 def add_batching_flags(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="GiB of available memory (GPU: per device) kept out of the KV cache for activations, the server's other "
         "processes and the rest of the machine; default: an estimate from the model and batch sizes (see docs memory.md). "
-        "Refused with --max_total_token_num, which fixes the size. At most 1e6.",
+        f"Refused with --max_total_token_num, which fixes the size. At most {as_written(MAX_RESERVED_MEMORY_GB)}.",
     )
     add_flag(group, "--running_max_req_size", roles=MODEL_ROLES, type=int, default=256, help="Most requests in the running batch at once. With mixed batches (a normal server's default) at most --batch_max_tokens: each decoding request takes one token of a step's budget.")
     add_flag(group, "--max_req_total_len", roles=EVERY_ROLE, type=int, default=None, help="Most prompt + generated tokens per request; default: the model's context as vLLM derives max_model_len: max_position_embeddings, times the factor of linear and dynamic RoPE scaling (not llama3's), at most a sliding window. A larger value is served with a warning (vLLM refuses it); beyond a sliding window it is refused.")
@@ -99,27 +99,30 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
         "above 1 it overcommits and pauses requests when the KV cache runs out (a paused request gives its KV back and "
         "computes it again when it resumes, which it does once a finished request freed room: a burst that overflows the "
         "cache at 2 computed about 2-5x its prompt tokens, with or without the prefix cache). "
-        "At most 100. Not LightLLM's busy threshold of the same "
+        f"At most {as_written(MAX_ROUTER_TOKEN_RATIO)}. Not LightLLM's busy threshold of the same "
         "name (whose default 0.0 is refused here). Refused on a PD decode node (its router admits every arrival at once).",
     )
     add_flag(
         group, "--router_max_wait_tokens", roles=ADMISSION,
         type=int,
         default=DEFAULT_ROUTER_MAX_WAIT_TOKENS,
-        help="Decode steps the router lets pass between two admission rounds while requests run (0 to 1000: a new "
+        help="Decode steps the router lets pass between two admission rounds while requests run "
+        f"(0 to {MAX_ROUTER_MAX_WAIT_TOKENS}: a new "
         "request waits up to that many steps to join a running batch). Refused on a PD decode node (its router admits every "
         "arrival at once).",
     )
     add_flag(group, "--disable_dynamic_prompt_cache", roles=MODEL_ROLES, action="store_true", help="Turn off the radix prefix cache (refused with --prefill_queue_strategy lpm, which orders by its hits). "
                        "A checkpoint whose RoPE scales with the request's length (dynamic NTK) runs without it anyway.")
-    add_flag(group, "--schedule_time_interval", roles=ADMISSION, type=finite_float, default=0.03, help="Seconds between router admission rounds, 0.001 to 1: a request that arrives between two rank "
+    add_flag(group, "--schedule_time_interval", roles=ADMISSION, type=finite_float, default=0.03, help="Seconds between router admission rounds, "
+            f"{as_written(MIN_SCHEDULE_TIME_INTERVAL)} to {as_written(MAX_SCHEDULE_TIME_INTERVAL)}: "
+            "a request that arrives between two rank "
             "steps may wait up to one round before it is admitted. Refused on a PD decode node (its router admits every "
             "arrival at once).")
     add_flag(
         group, "--prefill_queue_strategy", roles=PREFILL_QUEUE,
         type=str,
-        choices=_strategy_names(),
-        default="default",
+        choices=available_strategy_names(),
+        default=DEFAULT_PREFILL_QUEUE_STRATEGY,
         help="Order of the prefill queue each step: default (FCFS by inference priority), promote_shortest, hrrn, "
         "lpm (most prefix-cached prompt tokens first; refused when the prefix cache is off: --disable_dynamic_prompt_cache "
         "or a dynamic-NTK checkpoint), shortest_within_slack (shortest first while every "
@@ -129,7 +132,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(
         group, "--prefill_max_overtake_tokens", roles=PREFILL_QUEUE,
         type=int,
-        default=_default_overtake_bound().base_tokens,
+        default=DEFAULT_PREFILL_MAX_OVERTAKE_TOKENS,
         help="Overtaking bound of every prefill-queue strategy: a request may be overtaken by at most this many "
         "prefill tokens of work that default's order puts behind it, plus --prefill_overtake_fraction times its FCFS "
         "wait (the prefill work ahead of it when it arrived); then it is served before all such work. The step "
@@ -142,7 +145,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(
         group, "--prefill_overtake_fraction", roles=PREFILL_QUEUE,
         type=finite_float,
-        default=_default_overtake_bound().fraction,
+        default=DEFAULT_PREFILL_OVERTAKE_FRACTION,
         help="Share of a request's FCFS wait that later work may add to it on top of --prefill_max_overtake_tokens; "
         f"at most {MAX_PREFILL_OVERTAKE_FRACTION:g} (beyond, it limits nothing; for no bound use "
         "--disable_prefill_overtake_bound, with which this flag is refused).",

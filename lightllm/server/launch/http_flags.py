@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from lightllm.server.http.server_options import DEFAULT_MAX_PREPARING_PER_CLIENT
+from lightllm.server.launch.flag_bounds import MAX_PROMPT_CHARS_PER_TOKEN, MIN_REQUEST_BODY_BYTES, as_written
 from lightllm.server.launch.flag_roles import EVERY_ROLE, MODEL_ROLES, PUBLIC_API, add_flag
 from lightllm.utils.one_line_errors import finite_float
 
@@ -22,7 +23,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="Largest request body; a larger one is answered 413 while it is read (chunked bodies too). "
-        "Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len; at least 1024.",
+        f"Default: the larger of 8 MiB and 64 bytes per token of --max_req_total_len; at least {MIN_REQUEST_BODY_BYTES}.",
     )
     add_flag(
         group, "--prompt_chars_per_token", roles=EVERY_ROLE,
@@ -30,7 +31,8 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Most characters one prompt token may stand for: a prompt longer than --max_req_total_len times this "
         "is refused (400 context_length_exceeded) before it is tokenized. Default: 4 times the longest token "
-        "of the tokenizer's vocabulary; 0 turns the check off; otherwise from 1 (a token is at least one character) to 1e6.",
+        "of the tokenizer's vocabulary; 0 turns the check off; otherwise from 1 (a token is at least one character) to "
+        f"{as_written(MAX_PROMPT_CHARS_PER_TOKEN)}.",
     )
     add_flag(
         group, "--http_header_timeout", roles=EVERY_ROLE,

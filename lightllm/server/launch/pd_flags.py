@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from lightllm.server.launch.flag_bounds import PD_HEARTBEAT_INTERVAL_RANGE, as_written
 from lightllm.server.launch.flag_roles import (
     DECODE_NODES,
     PD_CLUSTER,
@@ -44,7 +45,8 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
         "LIGHTLLM_PD_CLUSTER_KEY, else those endpoints are open (keep the cluster on a private network).",
     )
     add_flag(group, "--pd_kv_page_size", roles=WIRE_PAGE_SIZE, type=int, default=256, help="Prefill nodes: tokens of KV per page on the prefill -> decode wire; each transfer's header carries it, and a decode node follows the header (the flag is refused there).")
-    add_flag(group, "--pd_heartbeat_interval", roles=PD_CLUSTER, type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration), 0.5 to 60. Prefill/decode nodes: the pace of their registration retries until the master answers (then they beat at the master's interval).")
+    add_flag(group, "--pd_heartbeat_interval", roles=PD_CLUSTER, type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration), "
+             f"{as_written(PD_HEARTBEAT_INTERVAL_RANGE[0])} to {as_written(PD_HEARTBEAT_INTERVAL_RANGE[1])}. Prefill/decode nodes: the pace of their registration retries until the master answers (then they beat at the master's interval).")
     add_flag(group, "--pd_max_missed_heartbeats", roles=PD_MASTER_ONLY, type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail (time the master itself did not run is not counted); nodes count a master that does not answer for two intervals more as lost. Times --pd_heartbeat_interval at most 1e6 seconds.")
     add_flag(
         group, "--pd_prefix_affinity_tokens", roles=PD_MASTER_ONLY,

@@ -46,6 +46,7 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
 from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.flag_bounds import PORT_RANGE
 from lightllm.server.launch.host_names import bare_host, url_host
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
@@ -101,7 +102,7 @@ def prepare_pd_node(
     transfer_address = ""
     if args.run_mode == RunMode.PREFILL:
         if args.pd_transfer_port is not None:
-            if args.pd_transfer_port + args.tp - 1 > 65535:
+            if args.pd_transfer_port + args.tp - 1 > PORT_RANGE[1]:
                 raise ArgumentError(f"--pd_transfer_port {args.pd_transfer_port} leaves no room for {args.tp} TP "
                                     "ranks (rank r uses port + r)")
             block = range(args.pd_transfer_port, args.pd_transfer_port + args.tp)
