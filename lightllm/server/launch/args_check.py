@@ -177,8 +177,31 @@ def validate_device_args(args: argparse.Namespace, cuda_device_count: int) -> No
         raise ArgumentError("--device cuda was given but no CUDA device is visible")
 
 
+def chunked_prefill_size_for(args: argparse.Namespace) -> Optional[int]:
+    """The ``--chunked_prefill_size`` the server uses: the flag's value, except that a default chunk
+    above ``--batch_max_tokens`` follows the budget down.
+
+    Users of vLLM and LightLLM set the step budget alone: the default chunk follows it down rather
+    than refusing a flag they never typed. A chunk the user typed is kept (and refused when too large).
+    """
+    if (args.batch_max_tokens is not None and not args.disable_chunked_prefill
+            and args.chunked_prefill_size > args.batch_max_tokens and not flags_given(args, ["chunked_prefill_size"])):
+        return args.batch_max_tokens
+    return args.chunked_prefill_size
+
+
+def resolve_args(args: argparse.Namespace) -> None:
+    """Write into ``args`` the values its flags imply but do not hold (:func:`chunked_prefill_size_for`).
+
+    The start-up code calls it after :func:`validate_args`, which checks the same values and writes
+    nothing; what reads ``args`` afterwards (the sizing, every process's config) sees them resolved.
+    """
+    args.chunked_prefill_size = chunked_prefill_size_for(args)
+
+
 def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = None) -> None:
-    """Raise :class:`ArgumentError` (one line) for settings that cannot work together.
+    """Raise :class:`ArgumentError` (one line) for settings that cannot work together; ``args`` is not changed
+    (:func:`resolve_args` fills in the values its flags imply).
 
     ``cuda_device_count``: when given, :func:`validate_device_args` runs too.
     """
@@ -241,14 +264,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         # Below the minimum a healthy idle TP rank, which hears from rank 0 every 5 s, would be taken for hung.
         raise ArgumentError(f"--watchdog_timeout must be 0 (off) or at least {MIN_WATCHDOG_TIMEOUT_SECONDS:g} seconds "
                             f"(an idle TP rank's loop completes an iteration only every 5-6 s), got {watchdog!r}")
-    if (args.batch_max_tokens is not None and not args.disable_chunked_prefill
-            and args.chunked_prefill_size > args.batch_max_tokens and not flags_given(args, ["chunked_prefill_size"])):
-        # Users of vLLM and LightLLM set the step budget alone: the default chunk follows it down
-        # rather than refusing a flag they never typed.
-        args.chunked_prefill_size = args.batch_max_tokens
-    if args.batch_max_tokens is not None and not args.disable_chunked_prefill and args.chunked_prefill_size > args.batch_max_tokens:
+    # Checked as resolve_args will set it: a default chunk above the budget is no error.
+    chunk = chunked_prefill_size_for(args)
+    if args.batch_max_tokens is not None and not args.disable_chunked_prefill and chunk > args.batch_max_tokens:
         raise ArgumentError(
-            f"--chunked_prefill_size ({args.chunked_prefill_size}) cannot exceed --batch_max_tokens ({args.batch_max_tokens})"
+            f"--chunked_prefill_size ({chunk}) cannot exceed --batch_max_tokens ({args.batch_max_tokens})"
         )
     if args.disable_chunked_prefill and flags_given(args, ["chunked_prefill_size"]):
         raise ArgumentError("--chunked_prefill_size does nothing with --disable_chunked_prefill (every prompt is "

@@ -42,7 +42,7 @@ from lightllm.server.launch.environment_check import (
     cpu_only_variable_warnings,
     unread_variable_warnings,
 )
-from lightllm.server.launch.args_check import validate_args, validate_device_args
+from lightllm.server.launch.args_check import resolve_args, validate_args, validate_device_args
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, read_device_facts
 from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.detokenization.manager import detokenization_process_main
@@ -225,6 +225,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     try:
         # The GPU count is checked once the device probe answered (_prepare_and_serve).
         validate_args(args)
+        resolve_args(args)
         # The LIGHTLLM_* variables this role reads: a bad one is a one-line exit 2, not failed requests.
         check_environment_values(args.run_mode)
         for line in unread_variable_warnings(args):

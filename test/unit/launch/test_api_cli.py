@@ -8,7 +8,7 @@ import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.launch.args_check import validate_args
+from lightllm.server.launch.args_check import resolve_args, validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser, parse_server_args
 from lightllm.server.launch.pd_master import check_master_flags
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
@@ -126,9 +126,12 @@ def test_prefill_step_flags_are_refused_where_no_such_step_runs(run_mode, flags,
 def test_a_smaller_step_budget_alone_brings_the_default_chunk_down_with_it():
     args = parse_server_args(["--model_dir", "/m", "--batch_max_tokens", "512"])
     validate_args(args)
+    assert args.chunked_prefill_size == 1024  # the check writes nothing: resolve_args does
+    resolve_args(args)
     assert (args.batch_max_tokens, args.chunked_prefill_size) == (512, 512)
     args = parse_server_args(["--model_dir", "/m", "--batch_max_tokens", "4096"])
     validate_args(args)
+    resolve_args(args)
     assert args.chunked_prefill_size == 1024
     # A chunk the user typed is never changed: too large for the budget is still refused.
     with pytest.raises(ArgumentError, match=r"--chunked_prefill_size \(1024\) cannot exceed --batch_max_tokens \(512\)"):
