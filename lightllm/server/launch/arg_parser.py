@@ -30,7 +30,7 @@ from lightllm.server.launch.one_line_parser import OneLineErrorParser
 from lightllm.utils.one_line_errors import finite_float
 from lightllm.server.launch.pd_flags import add_pd_flags
 from lightllm.server.launch.watchdog import DEFAULT_WATCHDOG_TIMEOUT_SECONDS, MIN_WATCHDOG_TIMEOUT_SECONDS
-from lightllm.server.run_mode import RUN_MODES
+from lightllm.server.run_mode import RUN_MODES, RunMode
 
 
 class DefaultsInHelpFormatter(argparse.HelpFormatter):
@@ -62,7 +62,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         group, "--run_mode", roles=EVERY_ROLE,
         type=str,
         choices=list(RUN_MODES),
-        default="normal",
+        default=RunMode.NORMAL.value,
         help="normal: one server runs prefill and decode. PD disaggregation (docs/*/pd_deployment.md): "
         "pd_master serves the public API and loads no weights; prefill and decode start nodes that "
         "register with the master at --pd_master_ip:--pd_master_port.",

@@ -19,6 +19,7 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.detokenization.manager import DetokenizationConfig
 from lightllm.server.httpserver.manager import HttpServerConfig
 from lightllm.server.pd.node.transfer_ports import TransferPortBlock
+from lightllm.server.pd.transfer_defaults import connect_timeout_for
 from lightllm.server.router.manager import RouterConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings
@@ -104,7 +105,7 @@ def pd_rank_settings(args: argparse.Namespace) -> PdRankSettings:
         transfer_host=args.host,
         transfer_port=args.pd_transfer_port or 0,
         transfer_timeout_s=args.pd_transfer_timeout_seconds,
-        connect_timeout_s=max(60.0, args.pd_transfer_timeout_seconds),
+        connect_timeout_s=connect_timeout_for(args.pd_transfer_timeout_seconds),
         reserve_lease_s=args.pd_reserve_lease_seconds,
         max_segment_tokens=args.pd_max_segment_tokens,
     )

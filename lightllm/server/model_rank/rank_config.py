@@ -11,6 +11,11 @@ from typing import List, Optional
 
 from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
+from lightllm.server.pd.transfer_defaults import (
+    DEFAULT_PD_KV_PAGE_SIZE,
+    DEFAULT_PD_TRANSFER_TIMEOUT_S,
+    connect_timeout_for,
+)
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.envs_utils import DEFAULT_IDLE_MALLOC_TRIM_SECONDS, DEFAULT_WIDE_FORWARD_MS_PER_TOKEN
 
@@ -30,11 +35,11 @@ class PdRankSettings:
     :meth:`lease_for`.
     """
 
-    page_size: int = 256
+    page_size: int = DEFAULT_PD_KV_PAGE_SIZE
     transfer_host: str = "127.0.0.1"  # prefill node: where its groups meet
     transfer_port: int = 0  # prefill node: rank r hosts at transfer_port + r
-    transfer_timeout_s: float = 30.0
-    connect_timeout_s: float = 60.0
+    transfer_timeout_s: float = DEFAULT_PD_TRANSFER_TIMEOUT_S
+    connect_timeout_s: float = connect_timeout_for(DEFAULT_PD_TRANSFER_TIMEOUT_S)
     reserve_lease_s: Optional[float] = None
     max_segment_tokens: int = 0  # 0: no limit
     # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
@@ -85,6 +90,13 @@ class ModelRankConfig:
     # Seed of the generator unseeded requests sample from; the same on every TP rank, drawn fresh
     # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
     sampling_seed: int
+    # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
+    # as it starts, since the launcher imports no torch. Required, as the run mode is: a default
+    # here would be a second one beside the parser's.
+    attention_backend: str
+    linear_backend: str
+    # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
+    run_mode: str
     # --logprobs_mode: what returned logprobs describe (see common/sampling/logprobs_mode.py).
     logprobs_mode: str = DEFAULT_LOGPROBS_MODE
     torch_threads: Optional[int] = None  # short-context decode forwards and everything else
@@ -96,12 +108,6 @@ class ModelRankConfig:
     idle_malloc_trim_seconds: float = DEFAULT_IDLE_MALLOC_TRIM_SECONDS
     # Rank 0 writes a per-step trace here (LIGHTLLM_STEP_TRACE; None: no trace).
     step_trace_path: Optional[str] = None
-    # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
-    # as it starts, since the launcher imports no torch.
-    attention_backend: str = "torch"
-    linear_backend: str = "torch"
-    # --run_mode: "normal", or a PD node's "prefill" / "decode" (with the transfer settings).
-    run_mode: str = "normal"
     pd: PdRankSettings = field(default_factory=PdRankSettings)
 
     @property

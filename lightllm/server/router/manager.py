@@ -25,6 +25,7 @@ from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.req_queue.queue_registry import build_req_queue
 from lightllm.server.router.req_queue.router_req import RouterReq
+from lightllm.server.run_mode import RunMode
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
 from lightllm.utils.process_utils import run_child, zmq_socket
@@ -49,7 +50,7 @@ class RouterConfig:
     # overtake a normal request by the same rule (None: the defaults).
     prefill_overtake_bound: Optional[OvertakeBoundSpec] = None
     # --run_mode: picks the admission queue (build_req_queue).
-    run_mode: str = "normal"
+    run_mode: str = RunMode.NORMAL.value
 
 
 class RouterManager:

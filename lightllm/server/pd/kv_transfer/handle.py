@@ -36,6 +36,11 @@ import torch
 import torch.multiprocessing as torch_mp
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.pd.transfer_defaults import (
+    CONNECT_TIMEOUT_FLOOR_S,
+    DEFAULT_PD_KV_PAGE_SIZE,
+    DEFAULT_PD_TRANSFER_TIMEOUT_S,
+)
 from lightllm.server.pd.kv_transfer.held_commands import HeldCommands
 from lightllm.server.pd.kv_transfer.messages import (
     CancelReceive,
@@ -84,9 +89,9 @@ class KVTransferHandle:
         kv_cache: KVCacheMemoryManager,
         store_addr: str,
         store_port: int,
-        page_size: int = 256,
-        timeout_s: float = 30.0,
-        connect_timeout_s: float = 60.0,
+        page_size: int = DEFAULT_PD_KV_PAGE_SIZE,
+        timeout_s: float = DEFAULT_PD_TRANSFER_TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_FLOOR_S,
         receive_wait_s: float = 60.0,
         group_name: str = "lightllm-kv",
         store_host: Optional[TransferStoreHost] = None,
