@@ -24,9 +24,10 @@ from lightllm.server.router.manager import RouterConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids
-from lightllm.server.run_mode import PD_NODE_MODES
+from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
+from lightllm.utils.envs_utils import pd_transfer_failure_probability
 from lightllm.utils.owner_locks import RANDOM_CHARS
 
 # Drawn seeds stay below 2**63 so they print and pass through any signed 64-bit field.
@@ -98,7 +99,9 @@ def pd_rank_settings(args: argparse.Namespace) -> PdRankSettings:
 
     ``--pd_transfer_port`` is resolved (a free block of TP ports when not given) by the node
     launch before the plan, so the ranks and the registration agree on it; a prefill rank's
-    listening socket is added per rank by :func:`build_process_configs`.
+    listening socket is added per rank by :func:`build_process_configs`.  A prefill node's injected
+    transfer failure probability is read from its variable here, once (the environment check
+    refused a bad value at start-up; a decode node does not read it).
     """
     return PdRankSettings(
         page_size=args.pd_kv_page_size,
@@ -108,6 +111,8 @@ def pd_rank_settings(args: argparse.Namespace) -> PdRankSettings:
         connect_timeout_s=connect_timeout_for(args.pd_transfer_timeout_seconds),
         reserve_lease_s=args.pd_reserve_lease_seconds,
         max_segment_tokens=args.pd_max_segment_tokens,
+        transfer_failure_probability=(
+            pd_transfer_failure_probability() if args.run_mode == RunMode.PREFILL else 0.0),
     )
 
 

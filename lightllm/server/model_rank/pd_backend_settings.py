@@ -42,7 +42,7 @@ def pd_backend_settings(
             side, kv_cache, host, port, page_size=settings.page_size, timeout_s=settings.transfer_timeout_s,
             # Every reservation passes its own lease (DecodeRankTransfer.reserve); this is only the fallback.
             connect_timeout_s=settings.connect_timeout_s, receive_wait_s=settings.lease_for(0.0),
-            group_name=group_name, store_host=store_host,
+            group_name=group_name, store_host=store_host, failure_probability=settings.transfer_failure_probability,
         )
 
     if role == RunMode.PREFILL:

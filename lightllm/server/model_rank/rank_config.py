@@ -42,6 +42,10 @@ class PdRankSettings:
     connect_timeout_s: float = connect_timeout_for(DEFAULT_PD_TRANSFER_TIMEOUT_S)
     reserve_lease_s: Optional[float] = None
     max_segment_tokens: int = 0  # 0: no limit
+    # Prefill node: LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY (for tests), read once where the
+    # launcher builds these settings, after its start-up check of the value (launch/plan.py
+    # pd_rank_settings); a transfer process started later gets this value, not the variable's.
+    transfer_failure_probability: float = 0.0
     # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
     # start-up (pd/transfer_ports.py); the rank serves its one transfer store on it, which every
     # pair's transfer processes join (pd/kv_transfer/store_host.py).

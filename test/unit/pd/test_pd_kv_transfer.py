@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
+from lightllm.server.launch.arg_parser import make_argument_parser
+from lightllm.server.launch.plan import pd_rank_settings
 from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferHeader
 from lightllm.utils.envs_utils import pd_transfer_failure_probability
 
@@ -213,20 +215,40 @@ def test_a_head_dim_mismatch_fails_the_transfer_cleanly() -> None:
         decode.close()
 
 
-def test_injected_failures_fail_every_transfer_until_restarted_without(pair, monkeypatch) -> None:
-    source, target, prefill, decode = pair
+def test_the_failure_probability_is_read_once_into_a_prefill_node_s_settings(monkeypatch) -> None:
+    parse = make_argument_parser().parse_args
+    node = ["--model_dir", "m", "--pd_master_ip", "127.0.0.1", "--run_mode"]
+    monkeypatch.setenv("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY", "0.25")
+    assert pd_rank_settings(parse([*node, "prefill"])).transfer_failure_probability == 0.25
+    # A decode node neither reads nor checks it (it sends no KV).
+    monkeypatch.setenv("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY", "1.5")
+    assert pd_rank_settings(parse([*node, "decode"])).transfer_failure_probability == 0.0
+
+
+def test_injected_failures_fail_every_transfer_of_the_handles_given_them(monkeypatch) -> None:
+    # The variable reaches the handle as a prefill node's ranks get it: read once into PdRankSettings.
     monkeypatch.setenv("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY", "1.0")
-    restart_pair(prefill, decode)
-    moves = {400 + i: (torch.arange(i, i + 40), torch.arange(200 + 40 * i, 240 + 40 * i)) for i in range(3)}
-    sent, received = _transfer(prefill, decode, moves)
-    for request_id in moves:
-        assert not sent[request_id].ok and "payload checksum mismatch (injected failure" in sent[request_id].reason
-        assert not received[request_id].ok and "checksum mismatch" in received[request_id].reason
-    monkeypatch.setenv("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY", "0")
-    restart_pair(prefill, decode)
-    sent, received = _transfer(prefill, decode, {410: (torch.arange(50), torch.arange(300, 350))})
-    assert sent[410].ok and received[410].ok
-    assert torch.equal(target.export_slots(torch.arange(300, 350)), source.export_slots(torch.arange(50)))
+    settings = pd_rank_settings(make_argument_parser().parse_args(
+        ["--model_dir", "m", "--pd_master_ip", "127.0.0.1", "--run_mode", "prefill"]))
+    source, target = _filled(), _cache()
+    prefill, decode = start_pair(source, target, page_size=PAGE, timeout_s=TIMEOUT_S,
+                                 failure_probability=settings.transfer_failure_probability)
+    try:
+        moves = {400 + i: (torch.arange(i, i + 40), torch.arange(200 + 40 * i, 240 + 40 * i)) for i in range(3)}
+        sent, received = _transfer(prefill, decode, moves)
+        for request_id in moves:
+            assert not sent[request_id].ok and "payload checksum mismatch (injected failure" in sent[request_id].reason
+            assert not received[request_id].ok and "checksum mismatch" in received[request_id].reason
+        # A restarted transfer process keeps the value it was given: the variable is not read again.
+        monkeypatch.setenv("LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY", "0")
+        restart_pair(prefill, decode)
+        sent, received = _transfer(prefill, decode, {410: (torch.arange(50), torch.arange(300, 350))})
+        assert not sent[410].ok and not received[410].ok
+    finally:
+        prefill.close()
+        decode.close()
+    with pytest.raises(ValueError, match=r"failure probability must be in \[0, 1\], got 1.5"):
+        KVTransferHandle("prefill", _cache(), "127.0.0.1", 1, failure_probability=1.5)
 
 
 def test_a_peer_killed_mid_transfer_fails_the_other_side_within_the_bound(pair) -> None:

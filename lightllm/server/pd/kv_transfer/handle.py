@@ -58,7 +58,6 @@ from lightllm.server.pd.kv_transfer.pipe_writer import PipeWriter
 from lightllm.server.pd.kv_transfer.store_host import TransferStoreHost
 from lightllm.server.pd.kv_transfer.transfer_config import TransferConfig
 from lightllm.server.pd.kv_transfer.worker import run_transfer_process
-from lightllm.utils.envs_utils import pd_transfer_failure_probability
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 logger = logging.getLogger(__name__)
@@ -81,6 +80,9 @@ class KVTransferHandle:
     arriving within ``receive_wait_s``.  Both sides must pass the same ``group_name`` (the prefix
     of the pair's store keys).  ``announce_wait_s`` bounds each of the decode side's waits for the
     next announced transfer (renewed while idle; a dead prefill node ends it at once).
+    ``failure_probability``: the share of a prefill side's transfers made to fail, for tests
+    (``LIGHTLLM_PD_TRANSFER_FAILURE_PROBABILITY``, read once into
+    :class:`~lightllm.server.model_rank.rank_config.PdRankSettings`); the decode side ignores it.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class KVTransferHandle:
         group_name: str = "lightllm-kv",
         store_host: Optional[TransferStoreHost] = None,
         announce_wait_s: float = 30.0,
+        failure_probability: float = 0.0,
     ):
         if role not in ROLES:
             raise ValueError(f"KV transfer role must be one of {ROLES}, got {role!r}")
@@ -105,6 +108,8 @@ class KVTransferHandle:
             raise ValueError(f"KV transfer page size must be positive, got {page_size}")
         if timeout_s <= 0 or connect_timeout_s <= 0 or receive_wait_s <= 0 or announce_wait_s <= 0:
             raise ValueError("KV transfer timeouts must be positive")
+        if not 0.0 <= failure_probability <= 1.0:
+            raise ValueError(f"KV transfer failure probability must be in [0, 1], got {failure_probability!r}")
         self.role = role
         self._view = kv_cache.transfer_view()
         self._store_addr = store_addr
@@ -113,6 +118,8 @@ class KVTransferHandle:
         self._connect_timeout_s = connect_timeout_s
         self._receive_wait_s = receive_wait_s
         self._announce_wait_s = announce_wait_s
+        # Only the sending (prefill) side corrupts a payload.
+        self._failure_probability = failure_probability if role == RunMode.PREFILL else 0.0
         self._group_name = group_name
         self._store_host = store_host
         self._owns_store_host = False
@@ -253,10 +260,8 @@ class KVTransferHandle:
             # Counted before the process starts, so a decode side restarted after this call
             # follows the new group, never the keys the old one left.
             generation = host.next_generation(self._group_name)
-        # Only the sending (prefill) side corrupts a payload; the launcher checked the value at start-up.
-        failure_probability = pd_transfer_failure_probability() if self.role == RunMode.PREFILL else 0.0
         config = TransferConfig(self.role, store_addr, store_port, self._group_name, generation,
-                                self._page_size, self._timeout_s, self._connect_timeout_s, failure_probability,
+                                self._page_size, self._timeout_s, self._connect_timeout_s, self._failure_probability,
                                 self._announce_wait_s, owner_pid=os.getpid())
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(target=run_transfer_process, args=(config, child, self._view),
