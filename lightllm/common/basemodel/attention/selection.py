@@ -8,6 +8,7 @@ import shutil
 from typing import TYPE_CHECKING, List
 
 from lightllm.common.basemodel.attention.backend_error import AttentionBackendError
+from lightllm.utils.triton_interpret import triton_interpret_requested
 
 if TYPE_CHECKING:
     from lightllm.common.basemodel.attention.base import AttentionBackend
@@ -32,14 +33,13 @@ _CXX_CANDIDATES = ("g++", "c++", "clang++")
 def attention_device_problem(requested: str, device: str) -> str | None:
     """Why backend ``requested`` cannot run on ``device`` at all (one line), or None.
 
-    Needs nothing but the two names (and ``TRITON_INTERPRET``, read with the truthy spellings triton's
-    own knob takes), so the launcher refuses such a start before any child process exists; what
+    Needs nothing but the two names (and ``TRITON_INTERPRET``, read by the rule the rank's kernels use:
+    :mod:`lightllm.utils.triton_interpret`), so the launcher refuses such a start before any child process exists; what
     needs triton or a compiler is the rank's to check.
     """
     if requested in ("cpp", "torch_compiled") and device != "cpu":
         return f"--attention_backend {requested} runs on CPU only (the device is {device}); on CUDA use triton or torch"
-    interpret = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on", "y")
-    if requested == "triton" and device != "cuda" and not interpret:
+    if requested == "triton" and device != "cuda" and not triton_interpret_requested():
         return (f"--attention_backend triton needs a CUDA device (the device is {device}); "
                 "on CPU use --attention_backend torch (Triton runs on CPU only under TRITON_INTERPRET=1, for tests)")
     return None

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
+from lightllm.utils.triton_interpret import triton_interpret_requested
+
 
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    knobs = getattr(triton, "knobs", None)  # triton < 3.4 has no knobs and reads the variable itself
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    The launcher's rule (:mod:`lightllm.utils.triton_interpret`), so that a start it let through
+    with ``--attention_backend triton`` on CPU runs the kernels in the interpreter here.
+    """
+    return triton_interpret_requested()
 
 
 def dot_in_fp32(dtype: torch.dtype) -> bool:
