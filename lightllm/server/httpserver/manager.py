@@ -330,9 +330,11 @@ class HttpServerManager:
         unchanged by every process and in every event; a given id that is still in use raises
         ``DuplicateRequestIdError``.  ``slot_wait_seconds`` (None: --slot_wait_seconds) is how
         long to wait for a free request slot.  ``drain_exempt`` lets the request start while the
-        server drains (a PD node's continuation segment), not once it refuses everything.  Besides ``GenerationEvent`` values it yields the
-        items given to the request through :meth:`post` (none unless an inbox handler posts, as
-        a PD node's service does with rank 0's notices).
+        server drains (a PD node's continuation segment), not once it refuses everything.
+
+        Besides ``GenerationEvent`` values it yields the items given to the request through
+        :meth:`post` (none unless an inbox handler posts, as a PD node's service does with rank
+        0's notices).
         """
         if not isinstance(spec, RequestSpec):
             raise ValueError(f"generate takes a RequestSpec, got {type(spec).__name__}")

@@ -47,7 +47,7 @@ class PdRankSettings:
     # pd_rank_settings); a transfer process started later gets this value, not the variable's.
     transfer_failure_probability: float = 0.0
     # Prefill node: this rank's socket listening on transfer_port + rank, held by the node from
-    # start-up (pd/transfer_ports.py); the rank serves its one transfer store on it, which every
+    # start-up (pd/node/transfer_ports.py); the rank serves its one transfer store on it, which every
     # pair's transfer processes join (pd/kv_transfer/store_host.py).
     listen_socket: Optional[socket.socket] = None
 
@@ -92,7 +92,7 @@ class ModelRankConfig:
     eos_token_ids: List[int]
     log_level: str
     # Seed of the generator unseeded requests sample from; the same on every TP rank, drawn fresh
-    # at each start unless --sampling_seed fixes it (see launch_plan.resolve_sampling_seed).
+    # at each start unless --sampling_seed fixes it (see launch/plan.py resolve_sampling_seed).
     sampling_seed: int
     # As requested (--attention_backend / --linear_backend, "auto" included): the rank resolves them
     # as it starts, since the launcher imports no torch. Required, as the run mode is: a default

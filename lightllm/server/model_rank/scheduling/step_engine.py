@@ -168,10 +168,10 @@ class StepEngine(RequestMembership):
         """Prefilling requests publish their computed tokens and adopt longer cached prefixes.
 
         A burst of prompts with a common prefix then computes the prefix about once instead of
-        once per request.  Tokens a request that has produced nothing yet (and whose count is not final,
-        see ``InferReq.cache_count_final``) takes from the cache count as its cached prompt tokens (``prompt_cache_len``, reported as cached
-        usage).  A
-        request whose last forward completed its prompt publishes it once more, in the next step
+        once per request.  Tokens a request that has produced nothing yet (and whose count is not
+        final, see ``InferReq.cache_count_final``) takes from the cache count as its cached prompt
+        tokens (``prompt_cache_len``, reported as cached usage).  A request whose last forward
+        completed its prompt publishes it once more, in the next step
         (its first decoding step, or the first after the recompute of a paused request; on a PD
         decode node, the first step after its prompt's KV arrived): its last
         chunk would otherwise reach the cache only when the request ends, and the requests

@@ -1,6 +1,6 @@
 """The wire format of a PD node's control endpoints: request bodies in, NDJSON lines out.
 
-Bodies (see docs/EN/pd_deployment.md and the node endpoints in :mod:`.node_api`) are parsed
+Bodies (see docs/EN/pd_deployment.md and the node endpoints in :mod:`lightllm.server.pd.node.api`) are parsed
 strictly: every field has its exact JSON type (no ``"1"`` for ``1``, no ``true`` for ``1``),
 unknown fields are refused by name, and ``params`` holds
 :class:`~lightllm.common.sampling.SamplingParams` fields under their own names.  A request body
