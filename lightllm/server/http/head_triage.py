@@ -18,7 +18,7 @@ import h11
 from lightllm.server.http.cors import CorsHeaders
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
 from lightllm.server.http.head_check import invalid_request_body, parse_head, small_head
-from lightllm.server.http.health import LoopHeartbeat, Readiness, health_answer, stopping_reason
+from lightllm.server.http.health import STARTING_MESSAGE, LoopHeartbeat, Readiness, health_answer, stopping_reason
 from lightllm.server.http.probe_parsing import (MAX_HEAD_BYTES, cors_request_headers, head_end, head_headers,
                                                health_path, may_be_health, request_line, target_path)
 from lightllm.server.http.request_guard import header_refusal
@@ -123,7 +123,7 @@ class HeadTriage:
     def _unavailable(self, now: DoorState, data: bytes) -> Answer:
         """The 503 while the server starts (``starting``) or stops (any later phase)."""
         if now.phase == "starting":
-            return self._answer(503, error_body("The server is starting (loading the model); retry later",
+            return self._answer(503, error_body(STARTING_MESSAGE,
                                                 SERVICE_UNAVAILABLE, None, "server_starting"), data)
         code, message = stopping_reason(now.readiness)
         return self._answer(503, error_body(message, SERVICE_UNAVAILABLE, None, code), data)

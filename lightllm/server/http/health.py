@@ -50,6 +50,8 @@ def probe_meaning(path: str) -> str:
 LOOP_STALL_SECONDS = 30.0
 LOOP_TICK_SECONDS = 1.0
 STARTING_CODE = "server_starting"
+# Every role's start-up answer: a PD master loads a tokenizer, not a model, so the message names neither.
+STARTING_MESSAGE = "The server is starting; retry later"
 FAILED_CODE = "server_failed"
 
 # None: ready; else (code, message) of the 503.
@@ -83,7 +85,7 @@ def manager_readiness_refusal(manager: Any) -> Readiness:
 
 def starting_readiness() -> Optional[Tuple[str, str]]:
     """Readiness before the server serves: not ready, it is starting."""
-    return STARTING_CODE, "The server is starting (loading the model); retry later"
+    return STARTING_CODE, STARTING_MESSAGE
 
 
 class LoopHeartbeat:
