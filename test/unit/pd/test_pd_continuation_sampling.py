@@ -30,7 +30,8 @@ from lightllm.models.registry import load_model
 from lightllm.server.http.body import parse_body
 from lightllm.server.http.errors import APIError
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
-from lightllm.server.pd.protocol.stream_lines import DecodeBody, PrefillBody, request_spec_of
+from lightllm.server.pd.node.request_bodies import request_spec_of
+from lightllm.server.pd.protocol.stream_lines import DecodeBody, PrefillBody
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend

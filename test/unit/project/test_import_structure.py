@@ -58,3 +58,11 @@ def test_pd_master_and_nodes_meet_only_in_the_protocol():
                       if (source.startswith(master) and target.startswith(node))
                       or (source.startswith(node) and target.startswith(master)))
     assert crossing == []
+
+
+def test_pd_protocol_imports_nothing_of_the_http_layer():
+    # The wire contract is shared by master and nodes; turning a body into a 400 is the node's part.
+    protocol, http = "lightllm.server.pd.protocol", "lightllm.server.http"
+    crossing = sorted((source, target) for source, targets in EDGES.items() if source.startswith(protocol)
+                      for target in targets if target.startswith(http))
+    assert crossing == []

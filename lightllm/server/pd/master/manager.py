@@ -36,7 +36,7 @@ from lightllm.server.pd.master.node_registry import NodeRegistry
 from lightllm.server.pd.master.node_selector import AFFINITY_PREFIX_TOKENS, NodeSelector
 from lightllm.server.pd.master.node_streams import NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup
-from lightllm.server.pd.master.request_accounting import BUSY, RequestAccounting
+from lightllm.server.pd.master.request_accounting import FINISH_REASON_BUSY, RequestAccounting
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
 from lightllm.server.pd.protocol.node_events import RANK_FAILURE_REASONS
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
@@ -383,7 +383,7 @@ class PdMasterManager:
         elif isinstance(exc, ServerBusyError):
             self.metrics.on_refusal("server_busy")
             log.info("request %d refused: %s", request_id, exc)
-            return BUSY  # refused, not run: not a finished request (but a failed one)
+            return FINISH_REASON_BUSY  # refused, not run: not a finished request (but a failed one)
         elif isinstance(exc, ServerUnavailableError):
             self.metrics.on_refusal(exc.code)
             log.warning("request %d refused (%s): %s", request_id, exc.code, exc)

@@ -16,8 +16,9 @@ from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.request_manager import GenerationEvent
 
 # The finish reason of a request a node refused busy: it never ran, so it is not a finished
-# request in the metrics (the refusal counts it as a failed one).
-BUSY = "busy"
+# request in the metrics (the refusal counts it as a failed one).  Not the node's ``busy`` stream
+# event (pd.protocol.node_events.BUSY), though both are spelled the same.
+FINISH_REASON_BUSY = "busy"
 
 
 class RequestAccounting:
@@ -86,7 +87,7 @@ class RequestAccounting:
 
     def observe_end(self) -> None:
         """Observe the request's end in the metrics (not ended: an abort); a busy refusal is not observed."""
-        if self.finish_reason == BUSY:
+        if self.finish_reason == FINISH_REASON_BUSY:
             return
         self._metrics.on_finish(
             self.finish_reason or "abort", self.completion_tokens, time.perf_counter() - self._started,

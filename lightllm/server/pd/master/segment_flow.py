@@ -43,8 +43,20 @@ from typing import Any, AsyncIterator, Collection, Dict, Set, Tuple
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
 from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
 from lightllm.server.pd.master.metrics import MasterMetrics
-from lightllm.server.pd.protocol.node_events import RANK_FAILURE_REASONS
+from lightllm.server.pd.protocol.node_events import (
+    BUSY,
+    ERROR,
+    HANDED_OFF,
+    LEASE_EXPIRED,
+    RANK_FAILURE_REASONS,
+    RESERVED,
+    SEGMENT_END,
+    TOKEN,
+    TRANSFER_BROKEN,
+    TRANSFER_FAILED,
+)
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
+from lightllm.server.pd.protocol.stream_lines import DecodeBody, NodeLine, body_fields, read_line
 from lightllm.server.pd.master.node_selector import NodeSelector
 from lightllm.server.pd.master.node_streams import DECODE_PATH, PREFILL_PATH, STREAM_END, NodeCallError, NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup, PairSetupFailed, TransferPair
@@ -87,16 +99,36 @@ class PhaseDeadlines:
 # ``pd_transfer_failed``.  An expired lease is one: the KV did not arrive within the lease (the
 # master's own, so past its prefill wait plus the hand-off margin, or a shorter one the decode
 # node's --pd_reserve_lease_seconds set).
-TRANSFER_ERROR_KINDS = frozenset({"transfer_failed", "transfer_broken", "lease_expired"})
+TRANSFER_ERROR_KINDS = frozenset({TRANSFER_FAILED, TRANSFER_BROKEN, LEASE_EXPIRED})
 
 
-def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str, line: Dict[str, Any]) -> PdRequestFailed:
-    broken = bool(line.get("transfer_broken"))
+def decode_body(run: RequestRun, segment: ContinuationSegment, epoch: int, lease_s: float) -> DecodeBody:
+    """The decode node's body of ``segment`` on the pair of ``epoch`` (its reservation held ``lease_s``).
+
+    Every field is set here, none left to the model's default: the contract test checks that the
+    master decides each field the node reads.
+    """
+    return DecodeBody(
+        request_id=segment.request_id,
+        prompt_ids=segment.prompt_ids,
+        params=segment.params.to_dict(),
+        segment_index=segment.segment_index,
+        generated_before=segment.generated_before,
+        epoch=epoch,
+        # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
+        # as a trusted client's priority request (the nodes' overtaking bound still applies).
+        high_priority_request=run.high_priority or segment.segment_index > 0,
+        reserve_lease_seconds=lease_s,
+    )
+
+
+def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str, line: NodeLine) -> PdRequestFailed:
+    broken = line.transfer_broken
     if broken:
         pairs.invalidate(pair.epoch, f"{pair.node(role).describe()} reported its KV transfer broken")
-    transfer = broken or line.get("error_kind") in TRANSFER_ERROR_KINDS
-    message = str(line.get("message") or "no message")
-    rank_failure = line.get("error_kind")
+    transfer = broken or line.error_kind in TRANSFER_ERROR_KINDS
+    message = line.message or "no message"
+    rank_failure = line.error_kind
     if rank_failure in RANK_FAILURE_REASONS:
         # The node's rank ended the request (a failure, or its grammar could not go on): the client
         # gets a normal server's answer.
@@ -110,9 +142,9 @@ def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str
     )
 
 
-def _protocol_error(run: RequestRun, pair: TransferPair, role: str, expected: str, line: Dict[str, Any]) -> PdRequestFailed:
+def _protocol_error(run: RequestRun, pair: TransferPair, role: str, expected: str, line: NodeLine) -> PdRequestFailed:
     return PdRequestFailed(
-        f"request {run.request_id}: {pair.node(role).describe()} sent {line!r} where {expected} was expected",
+        f"request {run.request_id}: {pair.node(role).describe()} sent {line.fields!r} where {expected} was expected",
         "pd_node_failed", "protocol",
     )
 
@@ -133,7 +165,7 @@ class SegmentFlow:
         return BusyRetryPolicy(timeout_s=self.deadlines.busy_retry_s, on_retry=self.metrics.on_retry)
 
     async def _dispatch_once(self, run: RequestRun, segment: ContinuationSegment,
-                             avoid: Collection[str]) -> tuple[TransferPair, Dict[str, Any]]:
+                             avoid: Collection[str]) -> Tuple[TransferPair, NodeLine]:
         """Place and start the segment, moving on to the next best node of a role when the chosen
         one answers busy, cannot be reached or cannot be set up (nothing reached the client yet).
 
@@ -169,7 +201,7 @@ class SegmentFlow:
                      getattr(failure, "node_id", ""), why, failure)
 
     async def _try_pair(self, run: RequestRun, segment: ContinuationSegment, busy: Dict[str, Dict[str, NodeBusy]],
-                        down: Dict[str, Set[str]], avoid: Collection[str]) -> Tuple[TransferPair, Dict[str, Any]]:
+                        down: Dict[str, Set[str]], avoid: Collection[str]) -> Tuple[TransferPair, NodeLine]:
         if run.failure is not None:  # failed while waiting to retry a busy node
             raise run.failure
         try:
@@ -194,29 +226,17 @@ class SegmentFlow:
             # reserves (which may wait behind D's queue) is replaced below, not the request failed.
             run.nodes = {DECODE: pair.decode}
             run.previous_decode = pair.decode
-            common = {
-                "request_id": segment.request_id,
-                "prompt_ids": segment.prompt_ids,
-                "params": segment.params.to_dict(),
-                "segment_index": segment.segment_index,
-                "generated_before": segment.generated_before,
-                "epoch": pair.epoch,
-                # A continuation's client is mid-answer: both nodes admit it ahead of new requests,
-                # as a trusted client's priority request (the nodes' overtaking bound still applies).
-                "high_priority_request": run.high_priority or segment.segment_index > 0,
-            }
             started = time.monotonic()
-            reserve = {**common, "reserve_lease_seconds": self.deadlines.reserve_lease_s}
-            run.track(self.nodes.stream(pair.decode, DECODE_PATH, reserve, run.sink(DECODE)))
-            line = await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer")
-            kind = line.get("event")
-            if kind == "busy":
+            reserve = decode_body(run, segment, pair.epoch, self.deadlines.reserve_lease_s)
+            run.track(self.nodes.stream(pair.decode, DECODE_PATH, body_fields(reserve), run.sink(DECODE)))
+            line = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer"))
+            if line.kind == BUSY:
                 self.metrics.on_busy(DECODE)
-                raise NodeBusy(DECODE, str(line.get("message") or "no KV or request slot free"), pair.decode.node_id)
-            if kind == "error":
+                raise NodeBusy(DECODE, line.message or "no KV or request slot free", pair.decode.node_id)
+            if line.kind == ERROR:
                 raise _node_error(run, self.pairs, pair, DECODE, line)
-            kv_start = line.get("kv_start")
-            if kind != "reserved" or isinstance(kv_start, bool) or not isinstance(kv_start, int):
+            kv_start = line.kv_start
+            if line.kind != RESERVED or kv_start is None:
                 raise _protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
             self.metrics.on_phase("reserve", time.monotonic() - started)
             if self.selector.registry.get(pair.prefill.node_id) != pair.prefill:
@@ -225,9 +245,10 @@ class SegmentFlow:
                                       role=PREFILL, node_id=pair.prefill.node_id)
             # From here the request needs P too (no await in between: a drop now fails it).
             run.nodes[PREFILL] = pair.prefill
-            body = {**common, "kv_start": kv_start, "infer_high_priority": segment.infer_high_priority}
+            body = reserve.prefill_body(kv_start=kv_start, infer_high_priority=segment.infer_high_priority)
             started = time.monotonic()
-            run.prefill_stream = run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body, run.sink(PREFILL)))
+            run.prefill_stream = run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body_fields(body),
+                                                             run.sink(PREFILL)))
 
             def watch_decode(payload: Any) -> None:
                 # D failing while P prefills (it died, its lease expired) ends the request now,
@@ -238,19 +259,18 @@ class SegmentFlow:
                     # read, which decide whether it came too early.
                     run.keep(DECODE, payload)
                     return
-                event = run.check(DECODE, payload, "echo of the first token")
-                if event.get("event") == "error":
+                event = read_line(run.check(DECODE, payload, "echo of the first token"))
+                if event.kind == ERROR:
                     raise _node_error(run, self.pairs, pair, DECODE, event)
                 run.keep(DECODE, payload)
 
-            line = await run.next(PREFILL, self.deadlines.prefill_s, "first token", watch_decode)
-            kind = line.get("event")
-            if kind == "busy":
+            line = read_line(await run.next(PREFILL, self.deadlines.prefill_s, "first token", watch_decode))
+            if line.kind == BUSY:
                 self.metrics.on_busy(PREFILL)
-                raise NodeBusy(PREFILL, str(line.get("message") or "its queue is full"), pair.prefill.node_id)
-            if kind == "error":
+                raise NodeBusy(PREFILL, line.message or "its queue is full", pair.prefill.node_id)
+            if line.kind == ERROR:
                 raise _node_error(run, self.pairs, pair, PREFILL, line)
-            if kind != "token" or not isinstance(line.get("token_id"), int):
+            if not line.is_token:
                 raise _protocol_error(run, pair, PREFILL, "the first token", line)
             self.metrics.on_phase("prefill", time.monotonic() - started)
             return pair, line
@@ -259,10 +279,10 @@ class SegmentFlow:
             raise
 
     async def _dispatch(self, run: RequestRun, segment: ContinuationSegment,
-                        avoid: Collection[str]) -> tuple[TransferPair, Dict[str, Any]]:
+                        avoid: Collection[str]) -> Tuple[TransferPair, NodeLine]:
         retried_broken = False
 
-        async def attempt() -> tuple[TransferPair, Dict[str, Any]]:
+        async def attempt() -> Tuple[TransferPair, NodeLine]:
             nonlocal retried_broken
             try:
                 return await self._dispatch_once(run, segment, avoid)
@@ -288,16 +308,16 @@ class SegmentFlow:
         run.segment_end = None
         pair, first = await self._dispatch(run, segment, avoid)
         got_first = time.monotonic()
-        if first.get("finish_reason"):
+        if first.finish_reason:
             run.segment_end = SegmentEnd.FINISHED
             # D's reservation is freed before the token is handed on, not once the caller asks
             # for more: a caller may never ask past a generation's last event (the API's fan-out
             # of n choices waits for every choice's first event first), and another choice of
             # the same request may wait for this very KV (it answers busy until it is freed).
             await run.close_streams()
-            yield first
+            yield first.fields
             return
-        yield first
+        yield first.fields
         handed_off = False
 
         def done_with_prefill() -> None:
@@ -316,50 +336,51 @@ class SegmentFlow:
                 return
             if isinstance(payload, NodeCallError):
                 raise PdRequestFailed(f"request {run.request_id}: {payload}", "pd_node_unreachable", "node_unreachable")
-            kind = payload.get("event")
-            if kind == "handed_off":
+            line = read_line(payload)
+            if line.kind == HANDED_OFF:
                 done_with_prefill()
-            elif kind == "error":
-                raise _node_error(run, self.pairs, pair, PREFILL, payload)
+            elif line.kind == ERROR:
+                raise _node_error(run, self.pairs, pair, PREFILL, line)
             else:
-                raise _protocol_error(run, pair, PREFILL, "handed_off or error", payload)
+                raise _protocol_error(run, pair, PREFILL, "handed_off or error", line)
 
-        echo = await run.next(DECODE, self.deadlines.decode_token_s, "echo of the first token (KV transfer)", on_prefill)
-        if echo.get("event") == "error":
+        echo = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "echo of the first token (KV transfer)",
+                                        on_prefill))
+        if echo.kind == ERROR:
             raise _node_error(run, self.pairs, pair, DECODE, echo)
-        if echo.get("event") != "token" or echo.get("token_id") != first["token_id"]:
-            raise _protocol_error(run, pair, DECODE, f"the echo of the prefill node's first token {first['token_id']}", echo)
+        if echo.kind != TOKEN or echo.token_id != first.token_id:
+            raise _protocol_error(run, pair, DECODE, f"the echo of the prefill node's first token {first.token_id}",
+                                  echo)
         # D echoes P's token only once both sides agreed the KV arrived: from here D needs nothing
         # of P, whether or not P's handed_off line has reached the master yet (P may be busy or
         # die before sending it; the request must not fail with it).
         done_with_prefill()
         echoed = time.monotonic()
         self.metrics.on_phase("transfer", echoed - got_first)
-        if echo.get("finish_reason"):
+        if echo.finish_reason:
             run.segment_end = SegmentEnd.FINISHED
-            yield {**echo, "token_id": -1, "text": ""}
+            yield echo.without_token()
             return
         first_decode = True
         while True:
-            line = await run.next(DECODE, self.deadlines.decode_token_s, "next token", on_prefill)
-            kind = line.get("event")
-            if kind == "token" and isinstance(line.get("token_id"), int):
+            line = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "next token", on_prefill))
+            if line.is_token:
                 if first_decode:
                     first_decode = False
                     self.metrics.on_phase("first_decode_token", time.monotonic() - echoed)
-                yield line
-                if line.get("finish_reason"):
+                yield line.fields
+                if line.finish_reason:
                     run.segment_end = SegmentEnd.FINISHED
                     return
-            elif kind == "segment_end":
+            elif line.kind == SEGMENT_END:
                 try:
-                    run.segment_end = SegmentEnd(line.get("reason"))
+                    run.segment_end = SegmentEnd(line.reason)
                 except ValueError:
                     raise _protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line) from None
                 if run.segment_end is SegmentEnd.FINISHED:
                     raise _protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line)
                 return
-            elif kind == "error":
+            elif line.kind == ERROR:
                 raise _node_error(run, self.pairs, pair, DECODE, line)
             else:
                 raise _protocol_error(run, pair, DECODE, "a token, segment_end or error event", line)

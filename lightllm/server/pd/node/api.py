@@ -52,10 +52,11 @@ from lightllm.server.http.errors import (
     manager_error,
 )
 from lightllm.server.core.objs.request_spec import RequestSpec
-from lightllm.server.pd.protocol.node_events import PdNodeEvent
+from lightllm.server.pd.protocol.node_events import BUSY, ERROR, HANDED_OFF, SEGMENT_END, TOKEN, PdNodeEvent
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.pd.node.metrics import PdNodeMetrics
 from lightllm.server.pd.node.open_streams import END, GONE, NodeStream, PdStreams, first_item, watch_disconnect
+from lightllm.server.pd.node.request_bodies import request_spec_of
 from lightllm.server.pd.protocol.membership import TRANSFER_TEARDOWN_PATH
 from lightllm.server.pd.protocol.stream_lines import (
     NDJSON_MEDIA_TYPE,
@@ -65,7 +66,6 @@ from lightllm.server.pd.protocol.stream_lines import (
     error_fields,
     event_line,
     ndjson,
-    request_spec_of,
 )
 from lightllm.server.run_mode import RunMode
 
@@ -79,7 +79,7 @@ ROLE_PATHS = {"decode": DECODE_PATH, "prefill": PREFILL_PATH}
 PUBLIC_GENERATION_PATHS = ("/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions")
 PD_NODE_CODE = "pd_node_not_public"
 # Events after which a node stream ends (a finishing token ends it when the iterator ends).
-_LAST_KINDS = frozenset({"busy", "segment_end", "error", "handed_off"})
+_LAST_KINDS = frozenset({BUSY, SEGMENT_END, ERROR, HANDED_OFF})
 
 __all__ = ["PdNodeControl", "PdNodeEndpoints", "TransferTeardownBody", "pd_node_router",
            "public_api_refusal_router"]
@@ -222,7 +222,7 @@ class PdNodeEndpoints:
             return Response(status_code=499)
         if isinstance(first, ServerBusyError):
             # No free request slot: a busy answer at once, as for no free KV (the master may retry).
-            first = PdNodeEvent(kind="busy", message=str(first) or "no free request slot")
+            first = PdNodeEvent(kind=BUSY, message=str(first) or "no free request slot")
         if first is END or isinstance(first, BaseException):
             self.streams.discard(stream)
             await stream.close()
@@ -252,7 +252,7 @@ class PdNodeEndpoints:
                 yield event_line(item, with_prompt_logprobs=self.is_prefill)
                 if item.kind in _LAST_KINDS:
                     return
-                ended = item.kind == "token" and item.token is not None and item.token.finish_reason is not None
+                ended = item.kind == TOKEN and item.token is not None and item.token.finish_reason is not None
                 item = await stream.next()
                 if item is GONE:  # the master closed the stream: the request is stopped, its KV freed
                     return

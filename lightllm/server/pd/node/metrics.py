@@ -20,14 +20,22 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from lightllm.server.pd.protocol.node_events import PdNodeEvent
+from lightllm.server.pd.protocol.node_events import (
+    BUSY,
+    ERROR,
+    LEASE_EXPIRED,
+    SEGMENT_END,
+    TRANSFER_BROKEN,
+    TRANSFER_FAILED,
+    PdNodeEvent,
+)
 from lightllm.server.pd.protocol.outcomes import SEGMENT_END_REASONS
 
 TRANSFER_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # 4 KiB to 4 GiB in factors of 4: a few tokens of a tiny model up to long prompts of large ones.
 TRANSFER_BYTES_BUCKETS = tuple(float(4096 * 4**power) for power in range(11))
 # Error kinds (PdNodeEvent.error_kind) that count as a failed transfer.
-FAILED_TRANSFER_KINDS = frozenset({"transfer_failed", "transfer_broken"})
+FAILED_TRANSFER_KINDS = frozenset({TRANSFER_FAILED, TRANSFER_BROKEN})
 
 
 class PdNodeMetrics:
@@ -69,12 +77,12 @@ class PdNodeMetrics:
             self.transfer_seconds.observe(event.transfer_seconds)
             self.transfer_bytes.observe(event.transfer_bytes)
         kind = event.kind
-        if kind == "busy":
+        if kind == BUSY:
             self.busy_answers.inc()
-        elif kind == "segment_end":
+        elif kind == SEGMENT_END:
             self.segment_ends.labels(self.role, event.reason or "unknown").inc()
-        elif kind == "error":
+        elif kind == ERROR:
             if event.error_kind in FAILED_TRANSFER_KINDS:
                 self.failed_transfers.inc()
-            elif event.error_kind == "lease_expired":
+            elif event.error_kind == LEASE_EXPIRED:
                 self.expired_leases.inc()

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Set, Union
 from fastapi import Request
 
 from lightllm.server.http.client_presence import result_unless_gone
-from lightllm.server.pd.protocol.node_events import PdNodeEvent
+from lightllm.server.pd.protocol.node_events import ERROR, PdNodeEvent
 
 logger = logging.getLogger("lightllm.pd.node_api")
 
@@ -64,7 +64,7 @@ class NodeStream:
 
     def fail(self, message: str) -> None:
         """End the stream with an error line and stop the request (called on the event loop)."""
-        self._queue.put_nowait(PdNodeEvent(kind="error", message=message, error_kind="internal"))
+        self._queue.put_nowait(PdNodeEvent(kind=ERROR, message=message, error_kind="internal"))
         self._pump.cancel()
 
     async def close(self) -> None:

@@ -17,7 +17,14 @@ BUSY = "busy"  # decode node: no KV or request slot to reserve; answered at once
 SEGMENT_END = "segment_end"  # decode node: the segment ended (reason), the request goes on elsewhere
 HANDED_OFF = "handed_off"  # prefill node: the decode node acknowledged the KV; P released it
 ERROR = "error"
+# Every kind a stream line may carry (its "event" key); the master reads nothing else.
+NODE_EVENT_KINDS = frozenset({RESERVED, TOKEN, BUSY, SEGMENT_END, HANDED_OFF, ERROR})
 
+# PdNodeEvent.error_kind values of the KV transfer: it failed, the decode node's reservation lease
+# ran out before the KV arrived, or the pair's transfer group broke (the master sets it up again).
+TRANSFER_FAILED = "transfer_failed"
+LEASE_EXPIRED = "lease_expired"
+TRANSFER_BROKEN = "transfer_broken"
 # PdNodeEvent.error_kind values. "generation_failed": the node's model rank ended the request with
 # an error (its grammar failed, a forward failed): the client gets what a normal server answers
 # then (500 generation_failed), not a failed-node 503 (a dead node process is reported otherwise).
@@ -27,7 +34,7 @@ GENERATION_FAILED = "generation_failed"
 GRAMMAR_FAILED = "grammar_failed"
 # The error kinds of a request the node's rank ended, each also the finish reason it has on a normal server.
 RANK_FAILURE_REASONS = {GENERATION_FAILED: "error", GRAMMAR_FAILED: GRAMMAR_FAILED}
-ERROR_KINDS = ("transfer_failed", "lease_expired", "transfer_broken", "epoch", "internal", GENERATION_FAILED,
+ERROR_KINDS = (TRANSFER_FAILED, LEASE_EXPIRED, TRANSFER_BROKEN, "epoch", "internal", GENERATION_FAILED,
                GRAMMAR_FAILED)
 
 
