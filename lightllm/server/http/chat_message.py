@@ -4,7 +4,8 @@ Clients often send a response's message back as history (``message.model_dump()`
 ``openai`` client), which carries every field of OpenAI's assistant message: ``refusal``,
 ``audio``, ``function_call`` and ``annotations`` as ``null`` when unused. Those nulls mean
 "absent". A refusal's text is the assistant's turn; the others are refused when set, since
-this server has nothing to render them with. ``reasoning_content`` (or ``reasoning``) of an
+this server has nothing to render them with.  The SDK's own ``parsed`` (its parse helpers' copy
+of the content) is accepted beside the content it repeats. ``reasoning_content`` (or ``reasoning``) of an
 assistant turn reaches the template, as vLLM hands it on; a template that never mentions it would
 drop it, so such a chat is refused (:func:`~lightllm.server.http.chat_message.unread_reasoning`).
 """
@@ -50,6 +51,11 @@ class ChatMessage(StrictModel):
     # name) and agent loops send it back; templates such as Qwen3's read ``reasoning_content``.
     reasoning_content: str | None = None
     reasoning: str | None = None
+    # The openai SDK's parse()/stream() helpers return the content parsed into the response_format's
+    # model as well (ParsedChatCompletionMessage.parsed), and a dumped message carries it: a repeat
+    # of the content the template renders, accepted beside that content and not used.
+    parsed: Any = Field(default=None, json_schema_extra={
+        "description": "The openai SDK's parse of an assistant turn's content; accepted beside it, not used"})
 
     @field_validator("role")
     @classmethod
@@ -150,6 +156,20 @@ class ChatMessage(StrictModel):
         if other is not None and other != value:
             raise ValueError("reasoning_content and reasoning are two names of one field: send one of them")
         return value
+
+    @field_validator("parsed")
+    @classmethod
+    def _parsed_beside_its_content(cls, value: Any, info: ValidationInfo) -> None:
+        if value is None:
+            return None
+        role = info.data.get("role")
+        if role is not None and role != "assistant":
+            raise ValueError(f"parsed belongs to assistant messages, not to a {role!r} message")
+        if "content" in info.data and not isinstance(info.data["content"], str):
+            # Nothing else would carry the turn: parsed is never rendered.
+            raise ValueError("parsed (the openai SDK's parse of the content) is not used: send the turn's text "
+                             "as content")
+        return None
 
     @property
     def reasoning_text(self) -> str | None:

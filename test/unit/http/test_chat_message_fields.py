@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from openai.types.chat import ParsedChatCompletionMessage, ParsedFunctionToolCall
+from openai.types.chat.parsed_function_tool_call import ParsedFunction
 
 from api_fakes import assert_error, chat
 from lightllm.server.chat_render_checks import UnreadMessageFieldError
@@ -29,6 +31,33 @@ def test_a_dumped_response_message_is_taken_as_history(client: TestClient, manag
                 {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
     assert chat(client, messages=messages).status_code == 200
     assert "refusal" not in manager.chat_messages[-1][1] and manager.chat_messages[-1][1]["tool_calls"]
+
+
+def test_a_message_of_the_sdks_parse_helpers_is_taken_as_history(client: TestClient, manager) -> None:
+    """client.chat.completions.parse() and .stream() return ParsedChatCompletionMessage, whose dump adds
+    ``parsed`` (the content parsed into the response_format's model) and each call's
+    ``parsed_arguments``: repeats of what the template renders, accepted and not used (both were 400s)."""
+    answer = ParsedChatCompletionMessage(role="assistant", content='{"a": 1}', parsed={"a": 1})
+    calls = ParsedChatCompletionMessage(role="assistant", content=None, parsed=None, tool_calls=[
+        ParsedFunctionToolCall(id="c1", type="function",
+                               function=ParsedFunction(name="clock", arguments="{}", parsed_arguments={}))])
+    messages = [{"role": "user", "content": "x"}, answer.model_dump(), {"role": "user", "content": "time?"},
+                calls.model_dump(), {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    assert chat(client, messages=messages).status_code == 200
+    rendered = manager.chat_messages[-1]
+    assert rendered[1] == {"role": "assistant", "content": '{"a": 1}'}
+    assert rendered[3]["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "clock",
+                                                                                       "arguments": {}}}]
+
+
+@pytest.mark.parametrize(("message", "says"), [
+    ({"role": "user", "content": "x", "parsed": {"a": 1}}, "parsed belongs to assistant messages"),
+    (_dumped_assistant(tool_calls=None, parsed={"a": 1}), "send the turn's text as content"),
+])
+def test_parsed_without_the_content_it_repeats_is_refused(client: TestClient, message: dict[str, Any],
+                                                          says: str) -> None:
+    error = assert_error(chat(client, messages=[{"role": "user", "content": "x"}, message]), 400, "messages.1.parsed")
+    assert says in error["message"]
 
 
 def test_a_refusal_is_the_assistant_turn(client: TestClient, manager) -> None:

@@ -17,6 +17,9 @@ _CALL_KEYS = ("id", "type", "function")
 # Accepted and not used: a streamed call's position, left on a call a client assembled from the
 # stream's deltas (as vLLM accepts it).
 _UNUSED_CALL_KEYS = ("index",)
+# Accepted and not used: the openai SDK's parse()/stream() helpers add the arguments parsed into the
+# tool's pydantic model, a repeat of ``arguments`` (which the template renders).
+_UNUSED_FUNCTION_KEYS = ("parsed_arguments",)
 _FUNCTION_SHAPE = "{'name': <string>, 'arguments': <JSON string>}"
 _CALL_SHAPE = f"{{'id': <string>, 'type': 'function', 'function': {_FUNCTION_SHAPE}}}"
 # The shape check_message_tool_calls accepts, for the OpenAPI document: every key required and
@@ -27,7 +30,9 @@ TOOL_CALL_SCHEMA: dict[str, Any] = {
         "type": {"const": "function"},
         "function": {"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
                      "properties": {"name": {"type": "string"},
-                                    "arguments": {"type": "string", "description": "JSON text encoding an object"}}},
+                                    "arguments": {"type": "string", "description": "JSON text encoding an object"},
+                                    "parsed_arguments": {"description": "The openai SDK's parse of arguments; "
+                                                                        "not used"}}},
         "index": {"type": ["integer", "null"], "description": "A streamed call's position; not used"}}}
 
 
@@ -57,7 +62,8 @@ def check_message_tool_calls(value: list[Any] | None) -> list[dict[str, Any]] | 
             raise ValueError(f"tool call {index} index must be an integer (a streamed call's position; it is not "
                              f"used), got {json_type_name(position)}")
         function = call["function"]
-        extra = sorted(str(key) for key in set(function) - {"name", "arguments"}) if isinstance(function, dict) else []
+        known = {"name", "arguments", *_UNUSED_FUNCTION_KEYS}
+        extra = sorted(str(key) for key in set(function) - known) if isinstance(function, dict) else []
         if extra:
             # Refused, not dropped (vLLM drops them): the template gets the name and arguments only.
             raise ValueError(f"tool call {index} function has unknown key(s) {', '.join(map(repr, extra))}: it "
