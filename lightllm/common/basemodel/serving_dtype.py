@@ -32,6 +32,9 @@ _DTYPE_NAMES = {
     "half": "float16",
 }
 
+# What --data_type accepts (the server's flag, and the tools that size a KV cache as the server does).
+DATA_TYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+
 # Bytes per element of each canonical dtype (what torch's ``dtype.itemsize`` says).
 DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 

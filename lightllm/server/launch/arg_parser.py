@@ -14,6 +14,7 @@ import sys
 from types import MappingProxyType
 from typing import FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
+from lightllm.common.basemodel.serving_dtype import DATA_TYPE_CHOICES
 from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES
 from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.launch.flag_roles import (
@@ -98,7 +99,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
     add_flag(
         group, "--data_type", roles=MODEL_ROLES,
         type=str,
-        choices=["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
+        choices=list(DATA_TYPE_CHOICES),
         default="auto",
         help="Weight and KV dtype. auto takes config.json's dtype (dtype, else torch_dtype), else the weights' from their "
              "safetensors headers (as transformers and vLLM do); float16 is served in float32 on CPU; a float64 "

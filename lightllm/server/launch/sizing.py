@@ -17,6 +17,7 @@ from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_he
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.serving_dtype import auto_dtype_on, dtype_name
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import chunked_prefill_size_for
 from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
 from lightllm.server.run_mode import RunMode
 from lightllm.utils.envs_utils import (
@@ -204,7 +205,9 @@ def _step_budget(args: argparse.Namespace, max_req_total_len: int) -> StepBudget
         batch_max_tokens = max(args.chunked_prefill_size, 2048)
     else:
         batch_max_tokens = max(max_req_total_len, 2048)
-    chunk = batch_max_tokens if decode_node else args.chunked_prefill_size if chunked else None
+    # The chunk the server uses (a default one follows a smaller budget down), also for a caller
+    # that validated the flags without resolving them.
+    chunk = batch_max_tokens if decode_node else chunked_prefill_size_for(args) if chunked else None
     mixed = args.run_mode == RunMode.NORMAL and chunked and not args.disable_mixed_batches
     if mixed and batch_max_tokens < args.running_max_req_size:
         # Every decoding row takes one token of a mixed step's budget: with more rows than the

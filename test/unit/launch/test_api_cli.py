@@ -123,6 +123,16 @@ def test_prefill_step_flags_are_refused_where_no_such_step_runs(run_mode, flags,
         validate_args(parse_server_args(argv))
 
 
+def test_a_plan_from_validated_flags_takes_the_chunk_the_server_uses(tiny_llama_dir):
+    """Sizing reads the chunk through chunked_prefill_size_for, so a caller that validated the flags
+    without resolve_args (a tool checking flags) plans the chunk the server runs, not 1024 > 512."""
+    args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--batch_max_tokens", "512",
+                                              "--max_total_token_num", "8192"])
+    validate_args(args)
+    sizing = plan_sizing(args, ModelConfig.from_dir(tiny_llama_dir), "cpu")
+    assert (sizing.batch_max_tokens, sizing.chunked_prefill_size) == (512, 512)
+
+
 def test_a_smaller_step_budget_alone_brings_the_default_chunk_down_with_it():
     args = parse_server_args(["--model_dir", "/m", "--batch_max_tokens", "512"])
     validate_args(args)

@@ -12,7 +12,10 @@ from prefill_queue_test_support import ids, make_req
 
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
-from lightllm.server.model_rank.scheduling.prefill_queue_strategy import ShortestWithinSlackStrategy
+from lightllm.server.model_rank.scheduling.prefill_queue_strategy import (
+    ShortestWithinSlackStrategy,
+    build_prefill_queue_strategy,
+)
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.shortest_within_slack import StepClock
 
 NAME = "shortest_within_slack"
@@ -26,6 +29,12 @@ def _strategy(slack_fraction: float = 0.05, min_slack_steps: int = 2) -> Shortes
 
 def _order(strategy: ShortestWithinSlackStrategy, reqs: Sequence[InferReq], processed: int) -> List[int]:
     return ids(strategy.order(reqs, processed))
+
+
+def test_the_registry_builds_it_with_the_published_tuning() -> None:
+    strategy = build_prefill_queue_strategy(NAME)
+    assert isinstance(strategy, ShortestWithinSlackStrategy)
+    assert (strategy.slack_fraction, strategy.min_slack_steps, strategy.patience_steps) == (0.05, 2, 4)
 
 
 def test_step_clock_counts_an_unfilled_step_as_a_full_one() -> None:

@@ -167,8 +167,9 @@ def test_requests_arrive_byte_exact_in_their_slots_only(pair) -> None:
     assert torch.equal(target.export_slots(dst), source.export_slots(src))
 
 
-def test_a_header_without_reservation_is_refused_and_the_pair_keeps_working(pair) -> None:
+def test_a_header_without_reservation_is_refused_and_the_pair_keeps_working(pair, caplog) -> None:
     source, target, prefill, decode = pair
+    caplog.set_level(logging.DEBUG, logger=KVTransferHandle.__module__)
     prefill.send(201, [1, 2, 3])
     result = collect(prefill, 1)[201]
     assert not result.ok
@@ -178,6 +179,9 @@ def test_a_header_without_reservation_is_refused_and_the_pair_keeps_working(pair
     assert not result.ok and "no KV arrived from the prefill side within 0.5 s" in result.reason
     sent, received = _transfer(prefill, decode, {203: (torch.tensor([4, 5]), torch.tensor([20, 21]))})
     assert sent[203].ok and received[203].ok and prefill.broken_reason is None
+    # Request 201 was never the decode side's (no receive ever waited for it): its refusal is a warning.
+    stray = [(r.levelno, r.getMessage()) for r in caplog.records if "request 201" in r.getMessage()]
+    assert stray == [(logging.WARNING, "KV transfer result for unknown request 201 dropped")]
 
 
 def test_a_cancelled_receive_ends_at_once_and_a_late_header_for_it_is_refused(pair, caplog) -> None:

@@ -289,7 +289,8 @@ class PdRankTransfer(ABC, Generic[BackendT]):
             log.info("%s", outcome.reason)
         else:
             # A request aborted while its transfer ran (its client left as its prefill ended) fails
-            # it as a matter of course: the peer has already let the request go.
+            # it as a matter of course on either side, whatever the failure: the peer has already
+            # let the request go, and nobody waits for the KV.
             level = logging.INFO if req.abort_requested else logging.WARNING
             log.log(level, "request %d: KV transfer failed (%s): %s", request_id, outcome.error_kind, outcome.reason)
             self._notify(PdNotice(request_id, "transfer_failed", error_kind=outcome.error_kind, message=outcome.reason))

@@ -23,7 +23,7 @@ import torch
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.model_config_error import ModelConfigError
-from lightllm.common.basemodel.serving_dtype import auto_dtype_on, dtype_name, parse_dtype
+from lightllm.common.basemodel.serving_dtype import DATA_TYPE_CHOICES, auto_dtype_on, dtype_name, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
 from lightllm.utils.one_line_errors import OneLineErrorParser
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--page_sizes", type=int, nargs="+", default=[64, 256, 1024],
                         help="tokens per page, each page size measured once (default 64 256 1024)")
     parser.add_argument("--repeat", type=int, default=5, help="timed transfers per page size")
-    parser.add_argument("--data_type", choices=["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
+    parser.add_argument("--data_type", choices=DATA_TYPE_CHOICES,
                         default="auto", help="KV dtype, as the server's --data_type (auto: the checkpoint's, "
                         "float16 as float32 on CPU)")
     return parser

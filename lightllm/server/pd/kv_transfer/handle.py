@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -63,6 +64,9 @@ from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 logger = logging.getLogger(__name__)
 
 ROLES = PD_NODE_MODES
+# How many reported requests a handle remembers, to tell a late refusal of one from a stray result:
+# far more than can end between a cancel and the peer's header for it.
+_ENDED_REMEMBERED = 4096
 
 
 class KVTransferHandle:
@@ -129,6 +133,8 @@ class KVTransferHandle:
         self._writer: Optional[PipeWriter] = None
         self._held = HeldCommands()  # requests kept back until the process is ready
         self._in_flight: dict = {}  # request id -> bytes announced (0 until known)
+        # The latest requests whose result was reported: a late refusal of one of them is expected.
+        self._ended: "OrderedDict[int, None]" = OrderedDict()
         self._results: List[TransferResult] = []
         self._stats: Optional[TransferStats] = None
         self.ready = False
@@ -349,11 +355,15 @@ class KVTransferHandle:
 
     def _finish(self, result: TransferResult) -> None:
         if self._in_flight.pop(result.request_id, None) is None:
-            if result.unreserved:  # its receive ended first and was reported then
+            if result.unreserved and result.request_id in self._ended:
+                # Its receive ended first (cancelled, expired) and was reported then.
                 logger.debug("request %s: KV refused after its receive ended", result.request_id)
-            else:
+            else:  # a request this handle never had: worth a look
                 logger.warning("KV transfer result for unknown request %s dropped", result.request_id)
             return
+        self._ended[result.request_id] = None
+        if len(self._ended) > _ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
         self._results.append(result)
 
     def _fail_in_flight(self, reason: str) -> None:

@@ -1,6 +1,7 @@
 """The wire format of a PD node's control endpoints: request bodies in, NDJSON lines out.
 
-Both sides use this module only: the master builds its bodies as these models and reads every
+Both sides use this module only: the master builds its segment bodies (decode and prefill) as
+these models and reads every
 line through :func:`read_line`, the node parses the same models and writes its lines with
 :func:`event_line`, so a field or an event kind renamed on one side fails the tests of both.
 

@@ -7,7 +7,7 @@ import pytest
 
 from lightllm.common.basemodel.attention.selection import attention_device_problem
 from lightllm.common.basemodel.triton_kernel.launch_utils import interpreting
-from lightllm.utils.triton_interpret import triton_interpret_requested
+from lightllm.utils.triton_interpret import triton_interpret_requested, true_values
 
 # What triton's getenv_bool takes as true (any case, nothing stripped) and what it does not.
 TRUE = ["1", "true", "TRUE", "True", "on", "ON", "yes", "y", "Y", "tRuE"]
@@ -38,3 +38,13 @@ def test_the_rule_is_the_installed_triton_s(monkeypatch, value: str) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", value)
     # Read on every access (test_triton_backend.py relies on the same).
     assert bool(knobs.runtime.interpret) is triton_interpret_requested()
+
+
+@pytest.mark.parametrize("version, value, expected", [
+    ("3.1.0", "1", True), ("3.3.1", "1", True), ("3.2.0", "true", False), ("3.3.1", "yes", False),
+    ("3.4.0", "true", True), ("3.9.0", "Y", True), ("4.0.0", "on", True), (None, "true", True),
+])
+def test_a_triton_before_3_4_reads_only_1(version, value: str, expected: bool) -> None:
+    """Triton 3.1-3.3 (requirements-gpu.txt allows them) compared the variable to "1": there ``true``
+    must not count, or the launcher would let a CPU server through to kernels that compile."""
+    assert (value.lower() in true_values(version)) is expected
