@@ -31,6 +31,8 @@ from lightllm.server.launch.one_line_parser import OneLineErrorParser
 from lightllm.utils.one_line_errors import finite_float
 from lightllm.server.launch.pd_flags import add_pd_flags
 from lightllm.server.launch.watchdog import DEFAULT_WATCHDOG_TIMEOUT_SECONDS, MIN_WATCHDOG_TIMEOUT_SECONDS
+from lightllm.server.launch.flag_bounds import as_written
+from lightllm.server.launch.seconds_flags import MAX_WAIT_SECONDS, SECONDS_LIMIT_HELP
 from lightllm.server.run_mode import RUN_MODES, RunMode
 
 
@@ -138,7 +140,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="On SIGTERM/SIGINT/SIGHUP: new requests get 503 at once, requests in flight may finish for at most this many "
         "seconds, then the rest end with an error and the server exits 0; 0 stops at once. A second signal stops at once."
-        " At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        " " + SECONDS_LIMIT_HELP,
     )
     add_flag(
         group, "--watchdog_timeout", roles=MODEL_ROLES,
@@ -149,7 +151,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "503 server_failed, exit code 1. Each child's main loop beats before and after each wait for work, so one "
         "step may take up to this long; a longer one (a huge prefill on a slow CPU, a first-time kernel compile) "
         f"counts as a hang. 0 turns it off; else at least {MIN_WATCHDOG_TIMEOUT_SECONDS:g} (an idle TP rank's loop "
-        "beats every 5-6 s), at most 1e6. Refused on the PD master, which runs no model.",
+        f"beats every 5-6 s), at most {as_written(MAX_WAIT_SECONDS)}. Refused on the PD master, which runs no model.",
     )
 
     add_batching_flags(parser)

@@ -12,6 +12,7 @@ import argparse
 from lightllm.server.http.server_options import DEFAULT_MAX_PREPARING_PER_CLIENT
 from lightllm.server.launch.flag_bounds import MAX_PROMPT_CHARS_PER_TOKEN, MIN_REQUEST_BODY_BYTES, as_written
 from lightllm.server.launch.flag_roles import EVERY_ROLE, MODEL_ROLES, PUBLIC_API, add_flag
+from lightllm.server.launch.seconds_flags import SECONDS_LIMIT_HELP
 from lightllm.utils.one_line_errors import finite_float
 
 
@@ -39,19 +40,19 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=finite_float,
         default=10.0,
         help="Seconds a client has to send a whole request head (request line and headers), counted from its "
-        "connection or from the first byte of a follow-up request; then 408 and the connection is closed. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        "connection or from the first byte of a follow-up request; then 408 and the connection is closed. " + SECONDS_LIMIT_HELP,
     )
     add_flag(
         group, "--http_body_timeout", roles=EVERY_ROLE,
         type=finite_float,
         default=60.0,
-        help="Seconds a client has to send a whole request body once the server starts reading it (after its head, or its turn among the client's requests being prepared); then 408 and the connection is closed. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        help="Seconds a client has to send a whole request body once the server starts reading it (after its head, or its turn among the client's requests being prepared); then 408 and the connection is closed. " + SECONDS_LIMIT_HELP,
     )
     add_flag(
         group, "--http_keep_alive_timeout", roles=EVERY_ROLE,
         type=finite_float,
         default=5.0,
-        help="Seconds an idle keep-alive connection stays open between two requests. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        help="Seconds an idle keep-alive connection stays open between two requests. " + SECONDS_LIMIT_HELP,
     )
     add_flag(
         group, "--http_send_timeout", roles=EVERY_ROLE,
@@ -59,7 +60,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="Seconds a client may accept none of its answer (a stream it stopped reading: the socket's buffers full) "
         "before its connection is closed and a request still running on it aborted; generation does not wait for a slow reader, so "
-        "the answer would otherwise be buffered until it ends. Any progress restarts the count. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        "the answer would otherwise be buffered until it ends. Any progress restarts the count. " + SECONDS_LIMIT_HELP,
     )
     add_flag(
         group, "--http_max_connections", roles=EVERY_ROLE,
@@ -117,7 +118,7 @@ def add_http_flags(parser: argparse.ArgumentParser) -> None:
         type=finite_float,
         default=600.0,
         help="Seconds a request waits for a free request slot (every slot is taken by requests in flight) before "
-        "it is refused with 503 server_busy. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.",
+        "it is refused with 503 server_busy. " + SECONDS_LIMIT_HELP,
     )
     add_flag(
         group, "--allow_public_priority", roles=EVERY_ROLE,

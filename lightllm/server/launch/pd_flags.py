@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from lightllm.server.launch.flag_bounds import PD_HEARTBEAT_INTERVAL_RANGE, as_written
+from lightllm.server.launch.seconds_flags import MAX_WAIT_SECONDS, SECONDS_LIMIT_HELP
 from lightllm.server.launch.flag_roles import (
     DECODE_NODES,
     PD_CLUSTER,
@@ -49,7 +50,7 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
     add_flag(group, "--pd_kv_page_size", roles=WIRE_PAGE_SIZE, type=int, default=DEFAULT_PD_KV_PAGE_SIZE, help="Prefill nodes: tokens of KV per page on the prefill -> decode wire; each transfer's header carries it, and a decode node follows the header (the flag is refused there).")
     add_flag(group, "--pd_heartbeat_interval", roles=PD_CLUSTER, type=finite_float, default=2.0, help="PD master: seconds between node heartbeats (sent to nodes at registration), "
              f"{as_written(PD_HEARTBEAT_INTERVAL_RANGE[0])} to {as_written(PD_HEARTBEAT_INTERVAL_RANGE[1])}. Prefill/decode nodes: the pace of their registration retries until the master answers (then they beat at the master's interval).")
-    add_flag(group, "--pd_max_missed_heartbeats", roles=PD_MASTER_ONLY, type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail (time the master itself did not run is not counted); nodes count a master that does not answer for two intervals more as lost. Times --pd_heartbeat_interval at most 1e6 seconds.")
+    add_flag(group, "--pd_max_missed_heartbeats", roles=PD_MASTER_ONLY, type=int, default=3, help="PD master: a node silent for this many heartbeat intervals is dropped and its requests fail (time the master itself did not run is not counted); nodes count a master that does not answer for two intervals more as lost. Times --pd_heartbeat_interval at most " + f"{as_written(MAX_WAIT_SECONDS)} seconds.")
     add_flag(
         group, "--pd_prefix_affinity_tokens", roles=PD_MASTER_ONLY,
         type=int,
@@ -59,10 +60,10 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
         "the least loaded one's; shorter prompts are only balanced by load. 0: no affinity, load only.",
     )
     add_flag(group, "--pd_reserve_lease_seconds", roles=DECODE_NODES, type=finite_float, default=None, help="Decode nodes: upper bound on the lease of a KV reservation (a reservation whose prompt KV has not started arriving within its lease is freed and its request fails with pd_transfer_failed). Default: no bound; each reservation's lease is the master's (its --pd_prefill_timeout_seconds plus --pd_transfer_timeout_seconds), "
-             f"or {as_written(DEFAULT_RESERVE_LEASE_S)} s for a reservation that carries none (formerly the default for every reservation). At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    add_flag(group, "--pd_transfer_timeout_seconds", roles=PD_CLUSTER, type=finite_float, default=DEFAULT_PD_TRANSFER_TIMEOUT_S, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced. PD master: bound on each node's answer to a transfer setup, and with --pd_prefill_timeout_seconds the lease of a KV reservation. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    add_flag(group, "--pd_prefill_timeout_seconds", roles=PD_MASTER_ONLY, type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token. At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
-    add_flag(group, "--pd_decode_token_timeout_seconds", roles=PD_MASTER_ONLY, type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token). At most 1e6 seconds (about 11.6 days), the limit of every seconds flag.")
+             f"or {as_written(DEFAULT_RESERVE_LEASE_S)} s for a reservation that carries none (formerly the default for every reservation). " + SECONDS_LIMIT_HELP)
+    add_flag(group, "--pd_transfer_timeout_seconds", roles=PD_CLUSTER, type=finite_float, default=DEFAULT_PD_TRANSFER_TIMEOUT_S, help="Prefill/decode nodes: bound on every wait of a KV transfer on its peer; a transfer past it fails and the transfer process is replaced. PD master: bound on each node's answer to a transfer setup, and with --pd_prefill_timeout_seconds the lease of a KV reservation. " + SECONDS_LIMIT_HELP)
+    add_flag(group, "--pd_prefill_timeout_seconds", roles=PD_MASTER_ONLY, type=finite_float, default=600.0, help="PD master: most seconds from dispatch to the prefill node's first token. " + SECONDS_LIMIT_HELP)
+    add_flag(group, "--pd_decode_token_timeout_seconds", roles=PD_MASTER_ONLY, type=finite_float, default=120.0, help="PD master: most seconds between two events of the decode node's stream (the reservation, the first and every later token). " + SECONDS_LIMIT_HELP)
     add_flag(
         group, "--pd_max_segment_tokens", roles=DECODE_NODES,
         type=int,

@@ -15,11 +15,15 @@ import argparse
 from typing import Tuple
 
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.flag_bounds import as_written
 
 # About 11.6 days; see the module docstring for why not more.
 MAX_WAIT_SECONDS = 1e6
-_AT_MOST = (f"must be at most {MAX_WAIT_SECONDS:,.0f} seconds (about 11.6 days, the longest wait the server's event "
+_DAYS = f"about {MAX_WAIT_SECONDS / 86400:.1f} days"
+_AT_MOST = (f"must be at most {MAX_WAIT_SECONDS:,.0f} seconds ({_DAYS}, the longest wait the server's event "
             "loops and polls can take)")
+# The sentence every seconds flag's help ends with (the flags' docs are generated from it).
+SECONDS_LIMIT_HELP = f"At most {as_written(MAX_WAIT_SECONDS)} seconds ({_DAYS}), the limit of every seconds flag."
 
 # Every seconds-valued flag of the parser (the lower bounds are checked with each flag's own rule).
 SECONDS_FLAGS: Tuple[str, ...] = (
