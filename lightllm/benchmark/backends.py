@@ -136,12 +136,18 @@ class LightLLMBackend(Backend):
     controlled_fields = ("max_new_tokens", "ignore_eos")
 
     def build_payload(self, request: RequestInput) -> dict[str, Any]:
+        """``{"inputs": ..., "parameters": ...}`` with the output length, ``ignore_eos`` and ``--extra-body``.
+
+        Raises:
+            ValueError: the prompt is token ids, which this backend does not send.
+        """
         self.check_prompt(request.prompt)
         parameters = {"max_new_tokens": request.output_len, "ignore_eos": self.ignore_eos}
         parameters.update(self.extra_body)
         return {"inputs": request.prompt, "parameters": parameters}
 
     def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
+        """Stamp an event that carries a token (a negative-id finish carries none); note its count and the finish."""
         token = data.get("token")
         if token is not None:
             token_id = token.get("id") if isinstance(token, dict) else None
@@ -157,6 +163,7 @@ class LightLLMBackend(Backend):
             state.finish_reason = data.get("finish_reason")
 
     def is_complete(self, state: StreamState, saw_done: bool) -> bool:
+        """Complete once an event said ``finished``; the native stream has no ``[DONE]``, so ``saw_done`` is unused."""
         return state.finished
 
 
@@ -166,6 +173,11 @@ class OpenAIBackend(Backend):
     controlled_fields = ("model", "max_tokens", "max_completion_tokens", "stream", "stream_options", "ignore_eos")
 
     def build_payload(self, request: RequestInput) -> dict[str, Any]:
+        """The streaming body with ``max_tokens`` and a usage chunk, then the prompt fields and ``--extra-body``.
+
+        Raises:
+            ValueError: the prompt is token ids and the API takes only text.
+        """
         self.check_prompt(request.prompt)
         payload: dict[str, Any] = {
             "model": self.model,
@@ -206,6 +218,7 @@ class OpenAIBackend(Backend):
         return bool(self._chunk_text(choice)) or bool(choice.get("finish_reason")) or self._chunk_tokens(choice)
 
     def consume(self, data: dict[str, Any], now: float, state: StreamState) -> None:
+        """One stamp per chunk that carries output; collect its text, the finish and the usage chunk's counts."""
         choices = data.get("choices") or []
         # One stamp per chunk that carries output, whatever number of tokens it merged: the gaps
         # between them are what the client waited (see the module docstring for ITL's meaning).
@@ -224,6 +237,7 @@ class OpenAIBackend(Backend):
                 state.usage_prompt_tokens = int(usage["prompt_tokens"])
 
     def is_complete(self, state: StreamState, saw_done: bool) -> bool:
+        """Complete once the ``data: [DONE]`` sentinel arrived: the usage chunk comes after the finish."""
         return saw_done
 
 

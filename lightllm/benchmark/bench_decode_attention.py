@@ -35,6 +35,7 @@ from lightllm.benchmark.kernel_bench_context import context_refusal
 from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, AttentionBackendError, build_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.serving_dtype import dtype_name, parse_dtype
+from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.models.registry import load_model
 
 PREFILL_REQUESTS_PER_FORWARD = 8  # bounds prefill activations at large batch x context
@@ -53,7 +54,7 @@ def decode_tokens_added(backends: int, steps: int) -> int:
 
 
 def measure_cell(
-    model, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
+    model: DecoderOnlyTransformer, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
 ) -> Dict[str, float]:
     """Median ms per decode step of each backend, plus the logit difference between them."""
     gen = torch.Generator().manual_seed(seed)
@@ -96,7 +97,7 @@ def measure_cell(
 
 
 def measure_prefill_cell(
-    model, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
+    model: DecoderOnlyTransformer, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
 ) -> Dict[str, float]:
     """Median ms per prefill forward (``batch`` fresh prompts of ``context`` tokens) of each backend."""
     gen = torch.Generator().manual_seed(seed)

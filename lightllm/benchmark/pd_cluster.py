@@ -111,22 +111,27 @@ class PdCluster(Deployment):
 
     @property
     def base_url(self) -> str:
+        """The master's URL: clients send every request to the master."""
         return self.processes["master"].base_url
 
     @property
     def log_paths(self) -> list[Path]:
+        """Each process's log, in :attr:`names` order."""
         return [self.processes[name].log_paths[0] for name in self.names]
 
     def is_alive(self) -> bool:
+        """True while the master and every node run."""
         return all(process.is_alive() for process in self.processes.values())
 
     def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the decode nodes, then the prefill nodes, then the master (each as :meth:`ServerProcess.stop`)."""
         # Nodes first, so the master never reports them dropped while it still serves; each
         # stop() is SIGTERM, a bounded wait, then SIGKILL of its process group.
         for name in reversed(self.names):
             self.processes[name].stop(timeout_s)
 
     def describe(self) -> dict[str, Any]:
+        """The deployment's facts, the master's pid and command, and every process's own description."""
         return {
             **super().describe(),
             "pid": self.processes["master"].pid,
@@ -239,6 +244,10 @@ class PdTopology(Topology):
         return {"LIGHTLLM_TORCH_THREADS": str(threads)}
 
     def launch(self, spec: ServerSpec, log_dir: Path, guard: LaunchGuard | None = None) -> PdCluster:
+        """Start the master and every node of ``spec`` at once; return when the master counts every node alive.
+
+        All or none: a failed or cancelled start stops whatever had started, then re-raises.
+        """
         # A launch of its own when the caller gives no guard: the node threads below must be
         # cancellable even when this runs in the main thread (a Ctrl-C lands there).
         guard = LaunchGuard() if guard is None else guard
@@ -287,6 +296,7 @@ class PdTopology(Topology):
         return PdCluster(started)
 
     def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description for reports: node counts, host, timeout, flags and devices per role."""
         return {
             "name": self.name,
             "prefill_nodes": self.prefill_nodes,

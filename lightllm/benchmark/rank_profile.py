@@ -89,6 +89,7 @@ class RankProfile:
 
     @property
     def busy(self) -> int:
+        """Samples of every phase together (the idle ones left out)."""
         return sum(self.phases.values())
 
     def rows(self) -> List[Tuple[str, int, float]]:
@@ -134,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Print the profile of the py-spy raw file named in ``argv`` as a Markdown table; returns the exit code.
+
+    An unreadable or malformed file, or one without a busy sample, exits with a one-line message.
+    """
     args = build_parser().parse_args(argv)
     try:
         with open(args.raw) as raw:

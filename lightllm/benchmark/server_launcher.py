@@ -70,6 +70,7 @@ class Topology(abc.ABC):
 
 
 def safe_label(text: str) -> str:
+    """``text`` (a strategy name) with each run of characters unsafe in a file name as ``_``; ``server`` if empty."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "server"
 
 
@@ -90,6 +91,7 @@ class NormalTopology(Topology):
         self.ports = ports
 
     def launch(self, spec: ServerSpec, log_dir: Path, guard: LaunchGuard | None = None) -> ServerProcess:
+        """Start one server for ``spec``, logging to ``server_<strategy>.log``; return once it serves."""
         log_path = Path(log_dir) / f"server_{safe_label(spec.strategy)}.log"
         args, port = spec.server_args(), None
         if self.ports is not None:
@@ -101,6 +103,7 @@ class NormalTopology(Topology):
         )
 
     def describe(self) -> dict[str, Any]:
+        """JSON-serialisable description for reports: host, start timeout and the port range, if any."""
         ports = {} if self.ports is None else {"ports": str(self.ports)}
         return {"name": self.name, "host": self.host, "start_timeout_s": self.start_timeout_s, **ports}
 

@@ -202,10 +202,12 @@ class ServerProcess(Deployment):
 
     @property
     def base_url(self) -> str:
+        """``http://HOST:PORT`` of this server's HTTP listener."""
         return self._url
 
     @property
     def log_paths(self) -> list[Path]:
+        """The one log file, holding the stdout and stderr of the server and of the processes it starts."""
         return [self._log_path]
 
     @property
@@ -219,6 +221,7 @@ class ServerProcess(Deployment):
         return self._poll()
 
     def is_alive(self) -> bool:
+        """True while the main process runs."""
         return self._poll() is None
 
     def log_text(self) -> str:
@@ -234,6 +237,10 @@ class ServerProcess(Deployment):
                 pass
 
     def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM, up to ``timeout_s`` seconds for the exit, then SIGKILL of the process group; idempotent.
+
+        The first call also ends what is left of the server's session (children of a server killed or crashed).
+        """
         if self._poll() is None:
             self.terminate()
             try:
@@ -254,4 +261,5 @@ class ServerProcess(Deployment):
             sweep_session(self._proc.pid, self._exited_at)
 
     def describe(self) -> dict[str, Any]:
+        """The deployment's facts plus the main process's pid and the command line."""
         return {**super().describe(), "pid": self._proc.pid, "command": self.command}

@@ -111,6 +111,7 @@ class EngineServer:
 
     @property
     def base_url(self) -> str:
+        """The engine's URL on the loopback port picked for it."""
         return f"http://127.0.0.1:{self.port}"
 
     def _peer_env(self) -> Dict[str, str]:

@@ -24,6 +24,7 @@ class Case:
 
     @property
     def label(self) -> str:
+        """``PROMPTSxINPUTxOUTPUT`` (``PROMPTSxPREFIX+INPUTxOUTPUT`` with a shared prefix), as ``--cases`` writes it."""
         shared = f"{self.prefix_len}+" if self.prefix_len else ""
         return f"{self.prompts}x{shared}{self.input_len}x{self.output_len}"
 

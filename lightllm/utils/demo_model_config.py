@@ -30,6 +30,7 @@ class DemoModelSize:
 
     @property
     def head_dim(self) -> int:
+        """Per-head width: ``hidden_size`` over ``num_attention_heads``."""
         return self.hidden_size // self.num_attention_heads
 
     def num_parameters(self, arch: DemoArch) -> int:
@@ -107,14 +108,17 @@ class DemoArch:
 
     @property
     def qkv_bias(self) -> bool:
+        """Whether q/k/v have biases (Qwen2 only)."""
         return self.name == "qwen2"
 
     @property
     def tie_word_embeddings(self) -> bool:
+        """Whether the LM head is the embedding (Qwen2 and Qwen3)."""
         return self.name in ("qwen2", "qwen3")
 
     @property
     def qk_norm(self) -> bool:
+        """Whether q and k have per-head RMSNorms (Qwen3 only)."""
         return self.name == "qwen3"
 
 

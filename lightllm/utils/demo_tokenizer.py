@@ -49,18 +49,22 @@ class DemoSpecialTokens:
 
     @property
     def pad_id(self) -> int:
+        """Token id of the padding token."""
         return self.id_of(self.pad)
 
     @property
     def bos_id(self) -> int:
+        """Token id of the beginning-of-sequence token."""
         return self.id_of(self.bos)
 
     @property
     def eos_id(self) -> int:
+        """Token id of the end-of-sequence token."""
         return self.id_of(self.eos)
 
     @property
     def im_end_id(self) -> int:
+        """Token id of ``<|im_end|>``, which ends a chat turn."""
         return self.id_of(self.im_end)
 
 

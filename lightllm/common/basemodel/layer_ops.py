@@ -66,9 +66,11 @@ class TritonLayerOps(TorchLayerOps):
     def add_rms_norm(
         self, residual: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor, eps: float
     ) -> torch.Tensor:
+        """As the parent (``residual += delta`` in place, then the norm), in one Triton kernel."""
         if delta is None:
             return self._add_rms_norm(residual, None, weight, eps)
         return self._add_rms_norm(delta, residual, weight, eps)
 
     def apply_rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """As the parent, rotating ``x`` in place with the Triton kernel; returns ``x``."""
         return self._apply_rotary(x, cos, sin)

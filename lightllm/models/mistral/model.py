@@ -13,7 +13,9 @@ class MistralModel(DecoderOnlyTransformer):
     """
 
     def uses_qkv_bias(self, config: ModelConfig) -> bool:
-        return False  # transformers' Mistral has no attention biases, whatever the config says
+        """Never: transformers' Mistral has no attention biases, whatever the config says."""
+        return False
 
     def uses_o_bias(self, config: ModelConfig) -> bool:
+        """Never (as :meth:`uses_qkv_bias`)."""
         return False

@@ -9,7 +9,9 @@ class Qwen2Model(DecoderOnlyTransformer):
     the LM head is the embedding when ``tie_word_embeddings`` is set."""
 
     def uses_qkv_bias(self, config: ModelConfig) -> bool:
+        """Always: Qwen2 has q/k/v biases whatever ``attention_bias`` says."""
         return True
 
     def uses_o_bias(self, config: ModelConfig) -> bool:
+        """Never: Qwen2's ``o_proj`` has no bias."""
         return False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Protocol, Sequence, Tuple
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
 PROMPT_CONTEXT_TOKENS = 4
 # Tokens that may hold the bytes of one unfinished UTF-8 character (it has at most 4 bytes).
@@ -49,7 +49,7 @@ class IncrementalDecoder:
 
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         prompt_ids: Sequence[int],
         stop_sequences: Sequence[str] = (),
         skip_special_tokens: bool = True,
@@ -250,7 +250,7 @@ class IncrementalDecoder:
 
 
 def request_decoder(
-    tokenizer, prompt_ids: Sequence[int], options: TextOptions, eos_token_ids: Sequence[int]
+    tokenizer: Any, prompt_ids: Sequence[int], options: TextOptions, eos_token_ids: Sequence[int]
 ) -> IncrementalDecoder:
     """The decoder of one request's output text from its options.
 
@@ -274,7 +274,7 @@ def request_decoder(
     )
 
 
-def reported_stop_ids(tokenizer, options: TextOptions, eos_token_ids: Sequence[int]) -> list[int]:
+def reported_stop_ids(tokenizer: Any, options: TextOptions, eos_token_ids: Sequence[int]) -> list[int]:
     """The ending ids a choice names as its ``stop_reason`` (vLLM's rule).
 
     vLLM ends at the tokenizer's EOS with ``stop_reason`` null and treats every other end id, the

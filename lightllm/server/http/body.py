@@ -301,6 +301,11 @@ class DuplicateKeyError(ValueError):
 
 
 def object_with_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` ``object_pairs_hook``: the object as a dict, refusing a key written twice.
+
+    Raises:
+        DuplicateKeyError: naming the first repeated key.
+    """
     data = dict(pairs)
     if len(data) != len(pairs):
         seen: set[str] = set()

@@ -188,6 +188,10 @@ class JSONErrorRoute(APIRoute):
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The route's handler, answering an unexpected exception with a logged 500 JSON error.
+
+        API errors and the HTTP and validation exceptions pass on to their own handlers.
+        """
         handler = super().get_route_handler()
 
         async def guarded(request: Request) -> Response:

@@ -40,6 +40,7 @@ class FatalThread:
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
+        """Start the thread; call :meth:`set_death_handler` to hear of its death."""
         self.thread.start()
 
     def set_death_handler(self, handler: DeathHandler) -> None:

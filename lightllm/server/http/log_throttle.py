@@ -47,6 +47,8 @@ class LineThrottle(logging.Filter):
         self._clock = clock
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Pass a throttled message at most once per interval, telling how many were held back since the
+        last one passed (the record's text is rewritten); other messages always pass."""
         message = record.getMessage()
         gate = self._gates.get(message)
         if gate is None:

@@ -103,6 +103,7 @@ class NativeParameters(NullMeansAbsent):
         return (start, float(factor))
 
     def check_consistency(self) -> None:
+        """Refuse ``best_of`` below ``n`` (a 400 naming ``parameters.best_of``)."""
         if self.best_of is not None and self.best_of < self.n:
             raise invalid_request(f"best_of ({self.best_of}) must be >= n ({self.n})", "parameters.best_of")
 
@@ -149,6 +150,7 @@ class NativeGenerateRequest(NullMeansAbsent):
     multimodal_params: dict[str, Any] | None = None
 
     def check_consistency(self) -> None:
+        """The parameters' cross-field checks."""
         self.parameters.check_consistency()
 
     @field_validator("inputs")

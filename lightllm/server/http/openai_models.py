@@ -185,6 +185,8 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         return check_spaces_between_special_tokens(value)
 
     def check_consistency(self) -> None:
+        """Refuse ``stream_options`` without ``stream`` (an empty object is dropped), continuous usage without
+        ``include_usage``, and ``best_of`` below ``n``; each a 400 naming the field."""
         if self.stream_options is not None and not self.stream:
             if self.stream_options.model_fields_set:
                 raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
@@ -331,6 +333,9 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         return check_vllm_default("include_reasoning", value)
 
     def check_consistency(self) -> None:
+        """The shared checks, then the chat ones: ``max_tokens`` beside ``max_completion_tokens``,
+        ``continue_final_message``, reserved ``chat_template_kwargs``, ``top_logprobs`` without ``logprobs``,
+        missing contents, tool messages and ``echo``; each a 400 naming the field."""
         super().check_consistency()
         if self.max_completion_tokens is not None and self.max_tokens is not None:
             # max_completion_tokens sets the limit, so SamplingParams never sees max_tokens; the
@@ -373,6 +378,7 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         return chat_echo_text(self.messages[-1].role, self.messages[-1].text())
 
     def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` when given (it wins over ``max_tokens``), else ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def template_options(self) -> dict[str, Any]:
@@ -388,8 +394,10 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         return options
 
     def max_tokens_param(self) -> str:
+        """The field :meth:`requested_max_tokens` read its limit from."""
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def public_names(self) -> dict[str, str]:
+        """As the parent, and ``logprobs`` is named ``top_logprobs`` (chat's count of alternatives)."""
         # Chat asks for the number of alternatives with top_logprobs; logprobs is its switch.
         return {**super().public_names(), "logprobs": "top_logprobs"}

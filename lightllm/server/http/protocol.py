@@ -162,6 +162,8 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------------ connection life
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Wrap the transport, refuse with a 503 a connection over the cap (unless the front door handed it
+        over), arm the head deadline and replay the bytes the front door already read."""
         # The front door has counted a connection it hands over against its own limits.
         over_cap = self.front_door_release is None and len(self.connections) >= self.limits.max_connections
         self._raw = transport
@@ -178,6 +180,7 @@ class GuardedH11Protocol(H11Protocol):
             self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
+        """Feed h11 (not while lingering or ignoring input); the head deadline runs while a request head is due."""
         if self.lingering or self._ignore_input:
             return  # input after a final answer, or after a request that said close, is not read
         super().data_received(data)
@@ -187,6 +190,8 @@ class GuardedH11Protocol(H11Protocol):
             self._cancel_head_timer()
 
     def eof_received(self) -> Optional[bool]:
+        """The client's EOF: keep the connection open while an answer to a request read before it is owed,
+        else close it (a running generation is then aborted as for a client gone)."""
         if self.lingering and self._raw is not None:
             self._raw.close()
         elif self._answers_after_half_close():
@@ -203,6 +208,8 @@ class GuardedH11Protocol(H11Protocol):
                 and not cycle.more_body and cycle.scope["method"] in HALF_CLOSE_ANSWERED_METHODS)
 
     def on_response_complete(self) -> None:
+        """After an answer: re-arm the head deadline for a pipelined head still arriving, and close a
+        half-closed connection that owes no more answers."""
         super().on_response_complete()
         # A pipelined request whose head is still incomplete gets the same deadline, and the idle
         # keep-alive timer uvicorn just armed no longer applies: the connection is not idle, and
@@ -225,6 +232,7 @@ class GuardedH11Protocol(H11Protocol):
             cycle.message_event.set()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        """Release the front door's count, cancel this connection's timers, then let uvicorn clean up."""
         self._lost = True
         if self.front_door_release is not None:
             self.front_door_release()
@@ -244,6 +252,8 @@ class GuardedH11Protocol(H11Protocol):
         return False
 
     def shutdown(self) -> None:
+        """uvicorn's graceful shutdown; a lingering connection closes at once, and an answer its client is not
+        reading is cut before uvicorn would cancel the request."""
         if self.lingering:
             self.close_transport(force=True)
             return
@@ -277,6 +287,8 @@ class GuardedH11Protocol(H11Protocol):
         self._raw.abort()
 
     def send_400_response(self, msg: str) -> None:
+        """Answer an unparsable request with a JSON 400 (505 for an HTTP version other than 1.x), then linger
+        before closing; bytes after a request that said close get no answer and are no longer read."""
         if self.conn.data_after_close:
             # The request before them is complete and its answer is owed: a 400 here went out in
             # its place (the generation ran, its client never saw it).  RFC 9112 section 9.6: the

@@ -31,7 +31,7 @@ from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
 from lightllm.server.pd.protocol.node_info import NodeInfo
-from lightllm.server.pd.master.node_registry import NodeRegistry
+from lightllm.server.pd.master.node_registry import AdmissionCheck, NodeRegistry
 from lightllm.server.pd.master.segment_flow import PhaseDeadlines
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 from lightllm.server.served_model import ServedModel, served_names
@@ -113,7 +113,7 @@ def build_served_model(args: argparse.Namespace) -> ServedModel:
     )
 
 
-def served_model_admission(model: ServedModel):
+def served_model_admission(model: ServedModel) -> AdmissionCheck:
     """A registry admission check: a node must serve one of the master's model names, stop at its EOS
     ids and take requests as long as the master admits."""
 

@@ -95,6 +95,8 @@ class CppSlotAttention(TorchSdpaAttention):
     def prepare(
         self, batch: ForwardBatch, req_to_token: torch.Tensor
     ) -> Union[_KernelMeta, _PrefillKernelMeta, _SdpaMeta]:
+        """The kernel's slot table and query positions; the parent's gather + SDPA metadata when the kernel
+        cannot run this model, and the tiled prefill kernel for chunks longer than :data:`MAX_KERNEL_QUERIES`."""
         if not self._kernel_ok:
             return super().prepare(batch, req_to_token)
         longest_chunk = max(batch.new_lens)
@@ -119,6 +121,12 @@ class CppSlotAttention(TorchSdpaAttention):
         v_cache: torch.Tensor,
         meta: Union[_KernelMeta, _PrefillKernelMeta, _SdpaMeta],
     ) -> torch.Tensor:
+        """Attention through the kernel :meth:`prepare` chose (the parent's path for its metadata).
+
+        Raises:
+            ValueError: a K or V cache layer is not contiguous.
+            RuntimeError: the kernel refused its arguments.
+        """
         if isinstance(meta, _SdpaMeta):
             return super().forward(q, k_cache, v_cache, meta)
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):

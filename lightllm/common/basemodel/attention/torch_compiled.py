@@ -85,6 +85,8 @@ class TorchCompiledAttention(TorchSdpaAttention):
         self.min_fused_requests = min_fused_requests
 
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> Union[_SlotMeta, _SdpaMeta]:
+        """Slot-table metadata for the compiled kernel; the parent's gather + SDPA metadata for a batch too small
+        to gain from it or a prefill chunk longer than :data:`FUSED_MAX_QUERIES`."""
         new_lens = batch.new_lens
         longest_chunk = max(new_lens)
         size = len(new_lens)
@@ -115,6 +117,7 @@ class TorchCompiledAttention(TorchSdpaAttention):
     def forward(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Union[_SlotMeta, _SdpaMeta]
     ) -> torch.Tensor:
+        """Attention through the compiled kernel, or the parent's path for metadata :meth:`prepare` left to it."""
         if isinstance(meta, _SdpaMeta):
             return super().forward(q, k_cache, v_cache, meta)
         tokens, q_heads, head_dim = q.shape

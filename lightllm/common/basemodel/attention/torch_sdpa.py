@@ -75,6 +75,8 @@ class TorchSdpaAttention(AttentionBackend):
     """
 
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> _SdpaMeta:
+        """Slot indices (and key masks) per decode chunk of :data:`DECODE_CHUNK_REQUESTS` requests, or per prefill
+        group of equal (cached, new) lengths."""
         device = batch.input_ids.device
         seq_lens = batch.seq_lens
         if batch.is_decode:
@@ -107,6 +109,7 @@ class TorchSdpaAttention(AttentionBackend):
         return _SdpaMeta(False, groups, [])
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: _SdpaMeta) -> torch.Tensor:
+        """Gather each chunk's or group's K/V from the cache and run SDPA on it."""
         gqa = q.shape[1] != k_cache.shape[1]
         kv_shape = k_cache.shape[1:]
         if meta.is_decode:

@@ -41,6 +41,7 @@ class TritonAttention(AttentionBackend):
         return "triton"
 
     def prepare(self, batch: ForwardBatch, req_to_token: torch.Tensor) -> _TritonMeta:
+        """The index tensors the kernels read, on the model's device, built once per forward."""
         device = batch.input_ids.device
 
         def ints(values: Sequence[int]) -> torch.Tensor:
@@ -57,6 +58,7 @@ class TritonAttention(AttentionBackend):
         )
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: _TritonMeta) -> torch.Tensor:
+        """The decode or the context attention kernel, reading K/V in place through ``req_to_token``."""
         if meta.is_decode:
             return decode_attention(q, k_cache, v_cache, meta.req_to_token, meta.req_rows, meta.seq_lens)
         return context_attention(

@@ -81,6 +81,7 @@ class TaggedSegmenter(Segmenter):
         self._tail = ""
 
     def feed(self, text: str) -> list[Segment]:
+        """Content up to each start tag and each call up to its end tag; a possible partial tag is held back."""
         segments: list[Segment] = []
         while text:
             text = self._feed_call(text, segments) if self._in_call else self._feed_content(text, segments)
@@ -118,6 +119,7 @@ class TaggedSegmenter(Segmenter):
         return text[cut + len(self._end):]
 
     def finish(self) -> list[Segment]:
+        """An unclosed call block (its ``raw`` without the end tag), or the held-back content."""
         if self._in_call:
             body = "".join(self._call)
             self._in_call, self._call, self._tail = False, [], ""
@@ -138,6 +140,7 @@ class LeadingCallSegmenter(Segmenter):
         self._body = 0
 
     def feed(self, text: str) -> list[Segment]:
+        """Content as it comes once the text is known not to start with a call; nothing while it may or does."""
         if self._kind == CONTENT:
             return [content(text)] if text else []
         self._pieces.append(text)
@@ -158,6 +161,7 @@ class LeadingCallSegmenter(Segmenter):
         return []
 
     def finish(self) -> list[Segment]:
+        """The whole text as one call block when it started one, else what is left as content."""
         rest, self._pieces = "".join(self._pieces), []
         if self._kind == CALL:
             return [Segment(CALL, rest[self._body:], rest)]
@@ -178,10 +182,12 @@ class ArraySegmenter(Segmenter):
         self._pieces: list[str] = []
 
     def feed(self, text: str) -> list[Segment]:
+        """Nothing: whether the text is an array is known only at the end."""
         self._pieces.append(text)
         return []
 
     def finish(self) -> list[Segment]:
+        """The whole text as one call block when it parses as a JSON array, else as content."""
         rest, self._pieces = "".join(self._pieces), []
         if not rest:
             return []
@@ -215,6 +221,7 @@ class HermesParser(ToolCallParser):
     end_tag = "</tool_call>"
 
     def segmenter(self) -> Segmenter:
+        """Calls between ``<tool_call>`` and ``</tool_call>``."""
         return TaggedSegmenter(self.start_tag, self.end_tag)
 
 
@@ -225,6 +232,7 @@ class Llama3JsonParser(ToolCallParser):
     python_tag = "<|python_tag|>"
 
     def segmenter(self) -> Segmenter:
+        """One call block when the text starts (after white space) with ``<|python_tag|>`` or ``{``."""
         return LeadingCallSegmenter(self.python_tag)
 
 
@@ -234,6 +242,7 @@ class ForcedCallParser(ToolCallParser):
     name = "required"
 
     def segmenter(self) -> Segmenter:
+        """The whole text as one array of calls."""
         return ArraySegmenter()
 
 

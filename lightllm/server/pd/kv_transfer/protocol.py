@@ -66,9 +66,11 @@ class Link:
     receives_pending: int = 0  # posted and not waited for
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int, what: str) -> None:
+        """Send ``tensor`` to rank ``peer`` and wait for it; ``ChannelFault`` naming ``what`` after ``timeout_s``."""
         wait_work(dist.isend(tensor, peer, tag=tag), self.timeout_s, what, self.polled)
 
     def post_recv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        """Post a receive into ``tensor`` from rank ``peer`` without waiting; finish it with :meth:`wait_recv`."""
         work = dist.irecv(tensor, peer, tag=tag)
         self.receives_posted += 1
         self.receives_pending += 1
@@ -82,9 +84,11 @@ class Link:
             self.receives_pending -= 1
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int, what: str) -> None:
+        """Receive into ``tensor`` from rank ``peer``, waiting as :meth:`send` does."""
         self.wait_recv(self.post_recv(tensor, peer, tag), what)
 
     def code_message(self, code: int) -> torch.Tensor:
+        """A ``[code, 0]`` int64 message on the wire device (``code``: OK or a refusal/failure code)."""
         return torch.tensor([code, 0], dtype=torch.int64, device=self.device)
 
 

@@ -24,6 +24,7 @@ NOTICE_BUSY = "busy"
 
 
 def error_event(message: str, error_kind: str, transfer_broken: bool = False) -> PdNodeEvent:
+    """An ERROR stream event of ``error_kind``; ``transfer_broken`` makes the master set the (P, D) pair up again."""
     return PdNodeEvent(ERROR, message=message, error_kind=error_kind, transfer_broken=transfer_broken)
 
 
