@@ -16,7 +16,7 @@ Definitions (per request, successful requests only):
 * send lag = send_time - scheduled_time (client-side schedule deviation; all sent requests)
 
 A request the server ended with a finish reason meaning it gave up (``abort``, ``error``) is a
-failed request (see :mod:`lightllm.benchmark.backends`); every record keeps its ``finish_reason``.
+failed request (see :mod:`lightllm.benchmark.stream_request`); every record keeps its ``finish_reason``.
 A successful request whose ``output_tokens`` differ from its ``requested_output_tokens`` (a stop
 sequence or EOS ended it early, or a length limit of the server's) is counted in
 ``output_len_mismatch``, and its finish reason in ``output_len_mismatch_finish_reasons``: its

@@ -14,8 +14,9 @@ from typing import Any, Sequence
 import httpx
 from tqdm import tqdm
 
-from lightllm.benchmark.backends import RequestInput, encode_body, make_backend, send_request
+from lightllm.benchmark.backends import RequestInput, make_backend
 from lightllm.benchmark.metrics import RequestRecord
+from lightllm.benchmark.stream_request import encode_body, send_request
 from lightllm.utils.http_client_support import auth_headers
 
 

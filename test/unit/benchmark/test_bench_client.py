@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from canned_server import serve
-from lightllm.benchmark.backends import iter_sse_data
 from lightllm.benchmark.bench_serving import BenchmarkConfig, main, run_benchmark
 from lightllm.benchmark.metrics import read_records_jsonl
+from lightllm.benchmark.stream_request import iter_sse_data
 from lightllm.benchmark.workloads import WorkloadConfig
 
 # Requested output lengths that make the canned server misbehave in a specific way.
