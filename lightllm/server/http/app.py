@@ -59,7 +59,8 @@ from lightllm.server.http.errors import (
 from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
 from lightllm.server.http.native_models import NativeGenerateRequest
 from lightllm.server.http.openai_routes import OpenAIEndpoints
-from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest
+from lightllm.server.http.chat_completion_request import ChatCompletionRequest
+from lightllm.server.http.openai_models import CompletionRequest
 from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
 from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_generation_counts,

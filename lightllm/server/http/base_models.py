@@ -13,8 +13,8 @@ A :class:`NullMeansAbsent` model reads ``"field": null`` as the field left out, 
 field (OpenAI's SDKs and many clients send explicit nulls, and so do LightLLM clients built on
 ``dict`` defaults); an unknown field is still refused whatever its value.
 
-The schemas themselves are in :mod:`lightllm.server.http.openai_models` and
-:mod:`lightllm.server.http.native_models`; the checks that need the served model (vocabulary,
+The schemas themselves are in :mod:`lightllm.server.http.openai_models`,
+:mod:`lightllm.server.http.chat_completion_request` and :mod:`lightllm.server.http.native_models`; the checks that need the served model (vocabulary,
 context length) are in :mod:`lightllm.server.http.planning`.
 """
 

@@ -1,6 +1,7 @@
 """OpenAI platform fields and vLLM extras shared by the OpenAI request schemas.
 
-The schemas in :mod:`lightllm.server.http.openai_models` inherit these fields, so each decision
+The schemas in :mod:`lightllm.server.http.openai_models` and
+:mod:`lightllm.server.http.chat_completion_request` inherit these fields, so each decision
 about a field lives here with its reason:
 
 * ``null`` means the same as leaving a field out, on every known field (OpenAI's SDKs and many

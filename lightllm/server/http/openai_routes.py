@@ -31,7 +31,8 @@ from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_re
 from lightllm.server.http.grammar_thread import openai_request_grammar, planned_tool_calls
 from lightllm.server.http.in_flight import check_admission
 from lightllm.server.http.request_id_header import client_request_id
-from lightllm.server.http.openai_models import ChatCompletionRequest, CompletionRequest, OpenAISamplingRequest
+from lightllm.server.http.chat_completion_request import ChatCompletionRequest
+from lightllm.server.http.openai_models import CompletionRequest, OpenAISamplingRequest
 from lightllm.server.http.openai_shapes import (
     ChatShaper,
     CompletionShaper,

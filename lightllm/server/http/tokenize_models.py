@@ -25,7 +25,7 @@ from lightllm.server.http.validation_errors import describe_validation_error
 from lightllm.server.http.chat_message import ChatMessage
 from lightllm.server.http.errors import invalid_request
 from lightllm.server.http.openai_fields import ChatTemplateFields
-from lightllm.server.http.openai_models import TOOLS_SCHEMA, ChatCompletionRequest
+from lightllm.server.http.chat_completion_request import TOOLS_SCHEMA, ChatCompletionRequest
 
 # Field -> why it is refused when set (see the module docstring).
 NO_EFFECT_CHAT_FIELDS: dict[str, str] = {
