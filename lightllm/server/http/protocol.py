@@ -35,9 +35,10 @@ cap on open connections. :class:`GuardedH11Protocol` adds
   calls ``connection_lost`` only on the loop's next turn, and a response writing several chunks
   in one turn (a PD master relaying a burst of a node's tokens) went on writing into the dead
   transport, one ``socket.send() raised exception.`` warning (no request id) per write from the
-  fifth on.  The transport uvicorn sees drops such writes and marks the request's client
-  disconnected at once, so the application sees the disconnect (and aborts the request) as it
-  would after ``connection_lost``;
+  fifth on.  The transport uvicorn sees
+  (:class:`~lightllm.server.http.guarded_transport.GuardedTransport`) drops such writes and marks
+  the request's client disconnected at once, so the application sees the disconnect (and aborts
+  the request) as it would after ``connection_lost``;
 * a bounded end to an answer still being sent when the server stops: uvicorn waits its
   graceful-shutdown timeout for it, then cancels the request's task mid-write (a stream cut
   mid-event, an "Exception in ASGI application" traceback); such a connection is closed at
@@ -61,6 +62,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lightllm.server.http.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, error_body
+from lightllm.server.http.guarded_transport import GuardedTransport
 from lightllm.server.http.head_check import invalid_request_body
 from lightllm.server.http.head_limited_connection import HeadLimitedConnection
 from lightllm.server.http.log_throttle import IntervalGate
@@ -98,35 +100,6 @@ def raw_json_response(status: int, message: str, error_type: str, code: str) -> 
         + "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
-
-
-class _GuardedTransport:
-    """The transport uvicorn sees: ``close`` goes through the protocol, which may linger first."""
-
-    def __init__(self, transport: asyncio.Transport, protocol: "GuardedH11Protocol") -> None:
-        self._transport = transport
-        self._protocol = protocol
-
-    def close(self) -> None:
-        self._protocol.close_transport()
-
-    def write(self, data: Any) -> None:
-        if self._transport.is_closing():
-            self._protocol.client_lost_on_write()
-            return
-        self._transport.write(data)
-
-    def writelines(self, chunks: Any) -> None:
-        if self._transport.is_closing():
-            self._protocol.client_lost_on_write()
-            return
-        self._transport.writelines(chunks)
-
-    def is_closing(self) -> bool:
-        return self._protocol.lingering or self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -167,7 +140,7 @@ class GuardedH11Protocol(H11Protocol):
         # The front door has counted a connection it hands over against its own limits.
         over_cap = self.front_door_release is None and len(self.connections) >= self.limits.max_connections
         self._raw = transport
-        super().connection_made(_GuardedTransport(transport, self))  # type: ignore[arg-type]
+        super().connection_made(GuardedTransport(transport, self))  # type: ignore[arg-type]
         if over_cap:
             self._log_refusal()
             message = (f"The server already holds its maximum of {self.limits.max_connections} connections; "
