@@ -7,6 +7,7 @@ runtime benchmark.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Collection, List, Optional, Sequence
 
@@ -41,9 +42,9 @@ class BatchGenerator:
                  max_sequence_length: Optional[int] = None):
         """``max_sequence_length`` (prompt + output) defaults to the model's context limit: its
         position range, or its sliding window when that is shorter.  As the server's
-        ``--max_req_total_len``, it may pass the position range (positions the model was not
-        trained for are computed all the same) but not a sliding window: full attention computes
-        a windowed model exactly only within the window."""
+        ``--max_req_total_len``, it may pass the position range with a warning (positions the model
+        was not trained for are computed all the same) but not a sliding window (ValueError): full
+        attention computes a windowed model exactly only within the window."""
         kv_cache_size = generator_inputs.count("kv_cache_size", kv_cache_size)
         max_request_num = generator_inputs.count("max_request_num", max_request_num)
         if max_sequence_length is None:
@@ -54,6 +55,11 @@ class BatchGenerator:
             if window is not None and max_len > window:
                 raise ValueError(f"max_sequence_length {max_len} exceeds the model's sliding window of {window} "
                                  "tokens: full attention matches the model only within the window")
+            context = model.config.rope_context
+            if max_len > context:
+                warnings.warn(f"max_sequence_length {max_len} exceeds the model's context of {context} tokens: "
+                              f"output past position {context} is outside what the model was trained or scaled for",
+                              stacklevel=2)
         self.model = model
         self.kv_cache = model.new_kv_cache(kv_cache_size)
         self.req_manager = ReqManager(max_request_num, max_len, device=model.device)

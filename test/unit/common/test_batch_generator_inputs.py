@@ -96,8 +96,11 @@ def test_construction_refuses_bad_sizes(model: Any, kwargs: dict, error: type, w
 
 def test_max_sequence_length_may_pass_the_position_range_but_not_a_sliding_window(tmp_path: Path,
                                                                                  model: Any) -> None:
-    # As the server's --max_req_total_len: untrained positions are computed, a window is not honoured.
-    assert BatchGenerator(model, 64, max_sequence_length=CONTEXT * 2).max_sequence_length == CONTEXT * 2
+    # As the server's --max_req_total_len: untrained positions are computed, with a warning (there was
+    # none, and the docs said such a length was refused); a window is not honoured.
+    with pytest.warns(UserWarning, match=f"max_sequence_length {CONTEXT * 2} exceeds the model's context of "
+                                         f"{CONTEXT} tokens: output past position {CONTEXT} is outside"):
+        assert BatchGenerator(model, 64, max_sequence_length=CONTEXT * 2).max_sequence_length == CONTEXT * 2
     torch.manual_seed(0)
     config = MistralConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                            intermediate_size=48, vocab_size=VOCAB, max_position_embeddings=CONTEXT, sliding_window=16)
