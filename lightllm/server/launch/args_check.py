@@ -199,16 +199,9 @@ def resolve_args(args: argparse.Namespace) -> None:
     args.chunked_prefill_size = chunked_prefill_size_for(args)
 
 
-def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = None) -> None:
-    """Raise :class:`ArgumentError` (one line) for settings that cannot work together; ``args`` is not changed
-    (:func:`resolve_args` fills in the values its flags imply).
-
-    ``cuda_device_count``: when given, :func:`validate_device_args` runs too.
-    """
-    if not args.model_dir:
-        # The master reads the tokenizer and config from it (and loads no weights).
-        raise ArgumentError("--model_dir is required")
-    _validate_pd_args(args)
+def _validate_sizes(args: argparse.Namespace) -> None:
+    """Refuse a non-positive size, a ``--max_req_total_len`` with no room for a completion, and a memory
+    share outside its range."""
     for name in ("tp", "running_max_req_size", "chunked_prefill_size"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -224,12 +217,17 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     if args.reserved_memory_gb is not None and not 0 <= args.reserved_memory_gb <= MAX_RESERVED_MEMORY_GB:
         raise ArgumentError(f"--reserved_memory_gb must be in [0, {MAX_RESERVED_MEMORY_GB:g}] GiB, got "
                             f"{args.reserved_memory_gb}")
+
+
+def _validate_sampling_seed(args: argparse.Namespace) -> None:
+    """Refuse a ``--sampling_seed`` outside the unsigned 64-bit range."""
     seed = args.sampling_seed
     if seed is not None and not 0 <= seed < 2**64:
         raise ArgumentError(f"--sampling_seed must be in [0, 2**64), got {seed}")
-    if not 0 < args.router_token_ratio <= MAX_ROUTER_TOKEN_RATIO:
-        raise ArgumentError(f"--router_token_ratio must be in (0, {MAX_ROUTER_TOKEN_RATIO:g}] (above 1 it overcommits "
-                            f"the KV cache and pauses requests when it runs out), got {args.router_token_ratio}")
+
+
+def _validate_overtake_bound(args: argparse.Namespace) -> None:
+    """Refuse the replaced ``--prefill_max_wait_tokens`` and an overtaking bound outside what rank 0 can publish."""
     if args.prefill_max_wait_tokens is not None:
         raise ArgumentError(
             "--prefill_max_wait_tokens was replaced by the overtaking bound: use --prefill_max_overtake_tokens and "
@@ -247,6 +245,15 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     if args.prefill_overtake_fraction > MAX_PREFILL_OVERTAKE_FRACTION:
         raise ArgumentError(f"--prefill_overtake_fraction must be at most {MAX_PREFILL_OVERTAKE_FRACTION:g} "
                             f"(for no bound use --disable_prefill_overtake_bound), got {args.prefill_overtake_fraction!r}")
+
+
+def _validate_scheduling(args: argparse.Namespace) -> None:
+    """Refuse router settings outside their ranges: the token ratio, the overtaking bound, the wait before
+    joining a running batch and the polling interval (checked in that order)."""
+    if not 0 < args.router_token_ratio <= MAX_ROUTER_TOKEN_RATIO:
+        raise ArgumentError(f"--router_token_ratio must be in (0, {MAX_ROUTER_TOKEN_RATIO:g}] (above 1 it overcommits "
+                            f"the KV cache and pauses requests when it runs out), got {args.router_token_ratio}")
+    _validate_overtake_bound(args)
     if not 0 <= args.router_max_wait_tokens <= MAX_ROUTER_MAX_WAIT_TOKENS:
         # A new request waits this many decode steps of the running batch before it may join it.
         raise ArgumentError(f"--router_max_wait_tokens must be in [0, {MAX_ROUTER_MAX_WAIT_TOKENS}] decode steps (a "
@@ -257,6 +264,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         raise ArgumentError(f"--schedule_time_interval must be in [{MIN_SCHEDULE_TIME_INTERVAL:g}, "
                             f"{MAX_SCHEDULE_TIME_INTERVAL:g}] seconds (a request arriving between two rank steps "
                             f"waits up to one round to be admitted), got {args.schedule_time_interval!r}")
+
+
+def _validate_shutdown_and_watchdog(args: argparse.Namespace) -> None:
+    """Refuse a negative or infinite ``--graceful_shutdown_seconds`` and a ``--watchdog_timeout`` that would
+    take an idle rank for hung."""
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
     watchdog = args.watchdog_timeout
@@ -264,6 +276,11 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
         # Below the minimum a healthy idle TP rank, which hears from rank 0 every 5 s, would be taken for hung.
         raise ArgumentError(f"--watchdog_timeout must be 0 (off) or at least {MIN_WATCHDOG_TIMEOUT_SECONDS:g} seconds "
                             f"(an idle TP rank's loop completes an iteration only every 5-6 s), got {watchdog!r}")
+
+
+def _validate_chunked_prefill(args: argparse.Namespace) -> None:
+    """Refuse a chunk above ``--batch_max_tokens`` (as :func:`resolve_args` will set it) and a chunk given
+    with chunking off."""
     # Checked as resolve_args will set it: a default chunk above the budget is no error.
     chunk = chunked_prefill_size_for(args)
     if args.batch_max_tokens is not None and not args.disable_chunked_prefill and chunk > args.batch_max_tokens:
@@ -273,16 +290,44 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     if args.disable_chunked_prefill and flags_given(args, ["chunked_prefill_size"]):
         raise ArgumentError("--chunked_prefill_size does nothing with --disable_chunked_prefill (every prompt is "
                             "prefilled in one piece); give one of them")
-    check_flag_combinations(args)
-    check_seconds_flags(args)
+
+
+def _validate_max_new_tokens_default(args: argparse.Namespace) -> None:
+    """Refuse a ``--max_new_tokens_default`` below one token."""
     default_new = args.max_new_tokens_default
     if default_new is not None and default_new < 1:
         raise ArgumentError(f"--max_new_tokens_default must be >= 1, got {default_new}")
-    _validate_http_args(args)
+
+
+def _validate_ports(args: argparse.Namespace) -> None:
+    """Refuse ``--port`` or ``--nccl_port`` outside :data:`PORT_RANGE`, and the two on one port."""
     _check_port("port", args.port)
     nccl_port = args.nccl_port
     _check_port("nccl_port", nccl_port)
     if nccl_port is not None and nccl_port == args.port:
         raise ArgumentError(f"--nccl_port ({nccl_port}) must differ from --port: the HTTP server listens there")
+
+
+def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = None) -> None:
+    """Raise :class:`ArgumentError` (one line) for settings that cannot work together; ``args`` is not changed
+    (:func:`resolve_args` fills in the values its flags imply).
+
+    The checks run in a fixed order and the first that fails is the one reported.
+    ``cuda_device_count``: when given, :func:`validate_device_args` runs too.
+    """
+    if not args.model_dir:
+        # The master reads the tokenizer and config from it (and loads no weights).
+        raise ArgumentError("--model_dir is required")
+    _validate_pd_args(args)
+    _validate_sizes(args)
+    _validate_sampling_seed(args)
+    _validate_scheduling(args)
+    _validate_shutdown_and_watchdog(args)
+    _validate_chunked_prefill(args)
+    check_flag_combinations(args)
+    check_seconds_flags(args)
+    _validate_max_new_tokens_default(args)
+    _validate_http_args(args)
+    _validate_ports(args)
     if cuda_device_count is not None:
         validate_device_args(args, cuda_device_count)
