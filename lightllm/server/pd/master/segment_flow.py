@@ -35,10 +35,11 @@ segment produced anything the segment is dispatched once more on the new pair.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Collection, Dict, Set, Tuple
+from typing import Any, AsyncIterator, Callable, Collection, Dict, Set, Tuple
 
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
 from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
@@ -202,81 +203,110 @@ class SegmentFlow:
 
     async def _try_pair(self, run: RequestRun, segment: ContinuationSegment, busy: Dict[str, Dict[str, NodeBusy]],
                         down: Dict[str, Set[str]], avoid: Collection[str]) -> Tuple[TransferPair, NodeLine]:
+        """Steps 1-3 on one choice of nodes: place, reserve on D, prefill on P; returns the pair and P's first token.
+
+        On any failure the segment's streams are closed before it propagates.
+        """
         if run.failure is not None:  # failed while waiting to retry a busy node
             raise run.failure
         try:
-            kv_tokens = len(segment.prompt_ids) + segment.params.max_new_tokens
-            # Both placements before the first await: concurrent requests see each other's.
-            # A continuation (its client is streaming) may go to a draining node when no serving one is left.
-            continuation = segment.segment_index > 0
-            prefill = self.selector.place(PREFILL, segment.prompt_ids, kv_tokens,
-                                          exclude=set(busy[PREFILL]) | down[PREFILL], continuation=continuation)
-            run.hold(PREFILL, prefill)
-            decode = self.selector.place(DECODE, segment.prompt_ids, kv_tokens,
-                                         exclude=set(busy[DECODE]) | down[DECODE], avoid=avoid,
-                                         continuation=continuation)
-            run.hold(DECODE, decode)
-            prefill_node = self.selector.registry.get(prefill.node_id)
-            decode_node = self.selector.registry.get(decode.node_id)
-            if prefill_node is None or decode_node is None:
-                raise ServerUnavailableError("The PD cluster is not ready: a node left while the request was placed",
-                                             NOT_READY_CODE)
-            pair = await self.pairs.pair_for(prefill_node, decode_node)
-            # Until P is asked to prefill, the request needs only D: a prefill node dropped while D
-            # reserves (which may wait behind D's queue) is replaced below, not the request failed.
-            run.nodes = {DECODE: pair.decode}
-            run.previous_decode = pair.decode
-            started = time.monotonic()
-            reserve = decode_body(run, segment, pair.epoch, self.deadlines.reserve_lease_s)
-            run.track(self.nodes.stream(pair.decode, DECODE_PATH, body_fields(reserve), run.sink(DECODE)))
-            line = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer"))
-            if line.kind == BUSY:
-                self.metrics.on_busy(DECODE)
-                raise NodeBusy(DECODE, line.message or "no KV or request slot free", pair.decode.node_id)
-            if line.kind == ERROR:
-                raise _node_error(run, self.pairs, pair, DECODE, line)
-            kv_start = line.kv_start
-            if line.kind != RESERVED or kv_start is None:
-                raise _protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
-            self.metrics.on_phase("reserve", time.monotonic() - started)
-            if self.selector.registry.get(pair.prefill.node_id) != pair.prefill:
-                raise PdRequestFailed(f"request {run.request_id}: the {PREFILL} {pair.prefill.describe()} left the PD "
-                                      "cluster while the decode node reserved KV", "pd_node_lost", "node_lost",
-                                      role=PREFILL, node_id=pair.prefill.node_id)
-            # From here the request needs P too (no await in between: a drop now fails it).
-            run.nodes[PREFILL] = pair.prefill
-            body = reserve.prefill_body(kv_start=kv_start, infer_high_priority=segment.infer_high_priority)
-            started = time.monotonic()
-            run.prefill_stream = run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body_fields(body),
-                                                             run.sink(PREFILL)))
-
-            def watch_decode(payload: Any) -> None:
-                # D failing while P prefills (it died, its lease expired) ends the request now,
-                # not after P's first token; D's ordinary lines wait for their turn.
-                if payload is STREAM_END and run.has_buffered(DECODE):
-                    # D has the token from P's KV header and may finish its whole segment before
-                    # P's line reaches the master: its end of stream follows lines still to be
-                    # read, which decide whether it came too early.
-                    run.keep(DECODE, payload)
-                    return
-                event = read_line(run.check(DECODE, payload, "echo of the first token"))
-                if event.kind == ERROR:
-                    raise _node_error(run, self.pairs, pair, DECODE, event)
-                run.keep(DECODE, payload)
-
-            line = read_line(await run.next(PREFILL, self.deadlines.prefill_s, "first token", watch_decode))
-            if line.kind == BUSY:
-                self.metrics.on_busy(PREFILL)
-                raise NodeBusy(PREFILL, line.message or "its queue is full", pair.prefill.node_id)
-            if line.kind == ERROR:
-                raise _node_error(run, self.pairs, pair, PREFILL, line)
-            if not line.is_token:
-                raise _protocol_error(run, pair, PREFILL, "the first token", line)
-            self.metrics.on_phase("prefill", time.monotonic() - started)
-            return pair, line
+            pair = await self._place(run, segment, busy, down, avoid)
+            reserve, kv_start = await self._reserve_decode(run, segment, pair)
+            first = await self._prefill_first_token(run, segment, pair, reserve, kv_start)
+            return pair, first
         except BaseException:
             await run.close_streams()
             raise
+
+    async def _place(self, run: RequestRun, segment: ContinuationSegment, busy: Dict[str, Dict[str, NodeBusy]],
+                     down: Dict[str, Set[str]], avoid: Collection[str]) -> TransferPair:
+        """Step 1: hold a prefill and a decode node (none in ``busy`` or ``down``) and set their pair up."""
+        kv_tokens = len(segment.prompt_ids) + segment.params.max_new_tokens
+        # Both placements before the first await: concurrent requests see each other's.
+        # A continuation (its client is streaming) may go to a draining node when no serving one is left.
+        continuation = segment.segment_index > 0
+        prefill = self.selector.place(PREFILL, segment.prompt_ids, kv_tokens,
+                                      exclude=set(busy[PREFILL]) | down[PREFILL], continuation=continuation)
+        run.hold(PREFILL, prefill)
+        decode = self.selector.place(DECODE, segment.prompt_ids, kv_tokens,
+                                     exclude=set(busy[DECODE]) | down[DECODE], avoid=avoid,
+                                     continuation=continuation)
+        run.hold(DECODE, decode)
+        prefill_node = self.selector.registry.get(prefill.node_id)
+        decode_node = self.selector.registry.get(decode.node_id)
+        if prefill_node is None or decode_node is None:
+            raise ServerUnavailableError("The PD cluster is not ready: a node left while the request was placed",
+                                         NOT_READY_CODE)
+        return await self.pairs.pair_for(prefill_node, decode_node)
+
+    async def _reserve_decode(self, run: RequestRun, segment: ContinuationSegment,
+                              pair: TransferPair) -> Tuple[DecodeBody, int]:
+        """Step 2: open D's stream with the reservation's lease; returns the body sent and D's ``kv_start``.
+
+        Raises :class:`NodeBusy` when D answers busy, else a failure for an error or an unexpected line.
+        """
+        # Until P is asked to prefill, the request needs only D: a prefill node dropped while D
+        # reserves (which may wait behind D's queue) is replaced (:meth:`_prefill_first_token`), not the
+        # request failed.
+        run.nodes = {DECODE: pair.decode}
+        run.previous_decode = pair.decode
+        started = time.monotonic()
+        reserve = decode_body(run, segment, pair.epoch, self.deadlines.reserve_lease_s)
+        run.track(self.nodes.stream(pair.decode, DECODE_PATH, body_fields(reserve), run.sink(DECODE)))
+        line = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "KV reservation answer"))
+        if line.kind == BUSY:
+            self.metrics.on_busy(DECODE)
+            raise NodeBusy(DECODE, line.message or "no KV or request slot free", pair.decode.node_id)
+        if line.kind == ERROR:
+            raise _node_error(run, self.pairs, pair, DECODE, line)
+        kv_start = line.kv_start
+        if line.kind != RESERVED or kv_start is None:
+            raise _protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
+        self.metrics.on_phase("reserve", time.monotonic() - started)
+        return reserve, kv_start
+
+    async def _prefill_first_token(self, run: RequestRun, segment: ContinuationSegment, pair: TransferPair,
+                                   reserve: DecodeBody, kv_start: int) -> NodeLine:
+        """Step 3: open P's stream from D's ``kv_start`` and read P's first token, watching D's stream meanwhile.
+
+        Raises :class:`NodeBusy` when P answers busy, else a failure for P gone from the cluster, an
+        error from either node or an unexpected line.
+        """
+        if self.selector.registry.get(pair.prefill.node_id) != pair.prefill:
+            raise PdRequestFailed(f"request {run.request_id}: the {PREFILL} {pair.prefill.describe()} left the PD "
+                                  "cluster while the decode node reserved KV", "pd_node_lost", "node_lost",
+                                  role=PREFILL, node_id=pair.prefill.node_id)
+        # From here the request needs P too (no await in between: a drop now fails it).
+        run.nodes[PREFILL] = pair.prefill
+        body = reserve.prefill_body(kv_start=kv_start, infer_high_priority=segment.infer_high_priority)
+        started = time.monotonic()
+        run.prefill_stream = run.track(self.nodes.stream(pair.prefill, PREFILL_PATH, body_fields(body),
+                                                         run.sink(PREFILL)))
+
+        def watch_decode(payload: Any) -> None:
+            # D failing while P prefills (it died, its lease expired) ends the request now,
+            # not after P's first token; D's ordinary lines wait for their turn.
+            if payload is STREAM_END and run.has_buffered(DECODE):
+                # D has the token from P's KV header and may finish its whole segment before
+                # P's line reaches the master: its end of stream follows lines still to be
+                # read, which decide whether it came too early.
+                run.keep(DECODE, payload)
+                return
+            event = read_line(run.check(DECODE, payload, "echo of the first token"))
+            if event.kind == ERROR:
+                raise _node_error(run, self.pairs, pair, DECODE, event)
+            run.keep(DECODE, payload)
+
+        line = read_line(await run.next(PREFILL, self.deadlines.prefill_s, "first token", watch_decode))
+        if line.kind == BUSY:
+            self.metrics.on_busy(PREFILL)
+            raise NodeBusy(PREFILL, line.message or "its queue is full", pair.prefill.node_id)
+        if line.kind == ERROR:
+            raise _node_error(run, self.pairs, pair, PREFILL, line)
+        if not line.is_token:
+            raise _protocol_error(run, pair, PREFILL, "the first token", line)
+        self.metrics.on_phase("prefill", time.monotonic() - started)
+        return line
 
     async def _dispatch(self, run: RequestRun, segment: ContinuationSegment,
                         avoid: Collection[str]) -> Tuple[TransferPair, NodeLine]:
@@ -361,6 +391,18 @@ class SegmentFlow:
             run.segment_end = SegmentEnd.FINISHED
             yield echo.without_token()
             return
+        async with contextlib.aclosing(self._decode_tokens(run, pair, echoed, on_prefill)) as tokens:
+            async for fields in tokens:
+                yield fields
+
+    async def _decode_tokens(self, run: RequestRun, pair: TransferPair, echoed: float,
+                             on_prefill: Callable[[Any], None]) -> AsyncIterator[Dict[str, Any]]:
+        """Step 5 past D's echo: yield D's token lines until a finish, ``segment_end`` or ``error``; sets
+        ``run.segment_end``.
+
+        ``echoed``: when the echo was read (the first decode token's phase is timed from it);
+        ``on_prefill``: what a line of P's stream read meanwhile does.
+        """
         first_decode = True
         while True:
             line = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "next token", on_prefill))
@@ -384,4 +426,3 @@ class SegmentFlow:
                 raise _node_error(run, self.pairs, pair, DECODE, line)
             else:
                 raise _protocol_error(run, pair, DECODE, "a token, segment_end or error event", line)
-
