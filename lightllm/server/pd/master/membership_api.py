@@ -115,44 +115,61 @@ def new_master_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False,
-                      node_details: Optional[NodeDetails] = None,
-                      continuations: Optional[PendingContinuations] = None) -> APIRouter:
-    """An APIRouter with the ``/pd/*`` membership endpoints over ``registry``.
+class MembershipEndpoints:
+    """The ``/pd/*`` membership endpoints over one registry, one method a route (see the module docstring).
 
-    ``master_id`` (see :func:`new_master_id`) identifies this start of the master in every
-    answer, so a node's log shows when it is talking to a restarted master.  ``has_cluster_key``
-    tells the nodes whether the master sends a cluster key on its calls to them.
-    ``node_details`` adds the request side's fields to each node of ``GET /pd/nodes``;
-    ``continuations`` gives a draining node's answers their ``continuations_pending``.
+    The route methods carry comments, not docstrings: FastAPI would put a docstring in the
+    OpenAPI schema as the route's description.
     """
-    router = APIRouter()
 
-    def accepted(node_id: str) -> Dict[str, Any]:
+    def __init__(self, registry: NodeRegistry, master_id: str, has_cluster_key: bool = False,
+                 node_details: Optional[NodeDetails] = None,
+                 continuations: Optional[PendingContinuations] = None) -> None:
+        self.registry = registry
+        self.master_id = master_id
+        self.has_cluster_key = has_cluster_key
+        self.node_details = node_details
+        self.continuations = continuations
+
+    def router(self) -> APIRouter:
+        """An APIRouter with ``POST /pd/register``, ``/pd/heartbeat`` and ``/pd/deregister``, and
+        ``GET``/``HEAD /pd/nodes``."""
+        router = APIRouter()
+        router.add_api_route(REGISTER_PATH, self.register, methods=["POST"])
+        router.add_api_route(HEARTBEAT_PATH, self.heartbeat, methods=["POST"])
+        router.add_api_route(DEREGISTER_PATH, self.deregister, methods=["POST"])
+        router.add_api_route(NODES_PATH, self.nodes, methods=["GET"])
+        router.add_api_route(NODES_PATH, self.nodes, methods=["HEAD"], include_in_schema=False)
+        return router
+
+    def _accepted(self, node_id: str) -> Dict[str, Any]:
+        """The body of a 200 answer to a registration or a heartbeat of ``node_id``."""
         return {
             "node_id": node_id,
-            "master_id": master_id,
-            "heartbeat_interval_s": registry.heartbeat_interval_s,
-            "max_missed_heartbeats": registry.max_missed_heartbeats,
-            "cluster_key": has_cluster_key,
-            CONTINUATIONS_PENDING_KEY: continuations(node_id) if continuations is not None else 0,
+            "master_id": self.master_id,
+            "heartbeat_interval_s": self.registry.heartbeat_interval_s,
+            "max_missed_heartbeats": self.registry.max_missed_heartbeats,
+            "cluster_key": self.has_cluster_key,
+            CONTINUATIONS_PENDING_KEY: self.continuations(node_id) if self.continuations is not None else 0,
         }
 
-    async def register(request: Request) -> Response:
+    # POST /pd/register
+    async def register(self, request: Request) -> Response:
         try:
             body = await _json_object(request)
             load, state = _load_and_state(body)
             info = NodeInfo.from_dict(body)
-            registry.register(info, load, state)
+            self.registry.register(info, load, state)
         except APIError as exc:
             return exc.to_response()
         except NodeInfoError as exc:
             return invalid_request(str(exc), exc.param, "invalid_node_info").to_response()
         except RegistrationRefused as exc:
             return APIError(409, str(exc), INVALID_REQUEST, None, exc.code).to_response()
-        return JSONResponse(accepted(info.node_id))
+        return JSONResponse(self._accepted(info.node_id))
 
-    async def heartbeat(request: Request) -> Response:
+    # POST /pd/heartbeat
+    async def heartbeat(self, request: Request) -> Response:
         try:
             body = await _json_object(request)
             unknown = sorted(set(body) - {"node_id", LOAD_KEY, STATE_KEY})
@@ -164,15 +181,16 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
         node_id = body.get("node_id")
         if not isinstance(node_id, str) or not node_id:
             return invalid_request(f"node_id must be a non-empty string, got {node_id!r}", "node_id").to_response()
-        if not registry.heartbeat(node_id, load, state):
+        if not self.registry.heartbeat(node_id, load, state):
             message = (
                 f"node {node_id!r} is not registered with this master (it was dropped or the master "
                 f"restarted); register again"
             )
             return APIError(404, message, NOT_FOUND, "node_id", UNKNOWN_NODE_CODE).to_response()
-        return JSONResponse(accepted(node_id))
+        return JSONResponse(self._accepted(node_id))
 
-    async def deregister(request: Request) -> Response:
+    # POST /pd/deregister
+    async def deregister(self, request: Request) -> Response:
         try:
             body = await _json_object(request)
         except APIError as exc:
@@ -183,31 +201,39 @@ def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: b
         node_id = body.get("node_id")
         if not isinstance(node_id, str) or not node_id:
             return invalid_request(f"node_id must be a non-empty string, got {node_id!r}", "node_id").to_response()
-        why_not = registry.leave(node_id)
+        why_not = self.registry.leave(node_id)
         message = why_not if why_not is not None else f"node {node_id!r} left the cluster"
         return JSONResponse({"node_id": node_id, "dropped": why_not is None, "message": message})
 
-    async def nodes() -> Response:
-        listed = registry.snapshot()
-        if node_details is not None:
-            listed = [{**entry, **node_details(str(entry["node_id"]))} for entry in listed]
+    # GET and HEAD /pd/nodes
+    async def nodes(self) -> Response:
+        listed = self.registry.snapshot()
+        if self.node_details is not None:
+            listed = [{**entry, **self.node_details(str(entry["node_id"]))} for entry in listed]
         return JSONResponse(
             {
-                "ready": registry.ready,
-                "missing": registry.missing(),
-                "master_id": master_id,
-                "heartbeat_interval_s": registry.heartbeat_interval_s,
-                "max_missed_heartbeats": registry.max_missed_heartbeats,
+                "ready": self.registry.ready,
+                "missing": self.registry.missing(),
+                "master_id": self.master_id,
+                "heartbeat_interval_s": self.registry.heartbeat_interval_s,
+                "max_missed_heartbeats": self.registry.max_missed_heartbeats,
                 "nodes": listed,
             }
         )
 
-    router.add_api_route(REGISTER_PATH, register, methods=["POST"])
-    router.add_api_route(HEARTBEAT_PATH, heartbeat, methods=["POST"])
-    router.add_api_route(DEREGISTER_PATH, deregister, methods=["POST"])
-    router.add_api_route(NODES_PATH, nodes, methods=["GET"])
-    router.add_api_route(NODES_PATH, nodes, methods=["HEAD"], include_in_schema=False)
-    return router
+
+def membership_router(registry: NodeRegistry, master_id: str, has_cluster_key: bool = False,
+                      node_details: Optional[NodeDetails] = None,
+                      continuations: Optional[PendingContinuations] = None) -> APIRouter:
+    """An APIRouter with the ``/pd/*`` membership endpoints over ``registry`` (:class:`MembershipEndpoints`).
+
+    ``master_id`` (see :func:`new_master_id`) identifies this start of the master in every
+    answer, so a node's log shows when it is talking to a restarted master.  ``has_cluster_key``
+    tells the nodes whether the master sends a cluster key on its calls to them.
+    ``node_details`` adds the request side's fields to each node of ``GET /pd/nodes``;
+    ``continuations`` gives a draining node's answers their ``continuations_pending``.
+    """
+    return MembershipEndpoints(registry, master_id, has_cluster_key, node_details, continuations).router()
 
 
 def readiness_router(registry: NodeRegistry, path: str = "/health",
