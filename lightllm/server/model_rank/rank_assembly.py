@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,8 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.run_mode import RunMode, prefill_queue_description
+from lightllm.server.core.objs.shm_heartbeats import HeartbeatStamp
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.model_rank.command_channel import TpCommandChannel
 from lightllm.server.model_rank.execution.forward_cost import ForwardCostModel, ForwardShape, measure_rates
 from lightllm.server.model_rank.execution.forward_threads import ForwardThreads, WideForwardRule
@@ -38,6 +40,7 @@ from lightllm.server.model_rank.pd_backend_settings import pd_backend_settings
 from lightllm.server.model_rank.prefill_wait_tracker import PrefillWaitTracker
 from lightllm.server.model_rank.rank_config import ModelRankConfig
 from lightllm.server.model_rank.rank_process import ModelRank
+from lightllm.server.model_rank.scheduling.backend_registry import ModeBackend
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_prefill_queue_strategy
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.step_publisher import StepPublisher
@@ -57,22 +60,8 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
 
     ``strict_attention``: the attention backend was named by the flag, not chosen by ``auto``."""
     is_leader = config.rank == 0
-    device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
-    tp = TensorParallelGroup(config.rank, config.tp)
-    if config.tp > 1:
-        store = open_rendezvous_store(config.nccl_host, config.nccl_port, config.rank, config.tp, timedelta(hours=24))
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            store=store,
-            rank=config.rank,
-            world_size=config.tp,
-            timeout=timedelta(hours=24),
-        )
-        tp.group = dist.group.WORLD
+    device = _init_device(config)
+    tp = _init_tp_group(config, device)
     # Created right after the model group, while every rank is at the same point of start-up
     # (creating a group is collective); None with TP = 1.
     channel = TpCommandChannel.open(config.rank, config.tp)
@@ -93,14 +82,59 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
         notify=(lambda message: publishers[0].notify(message)) if is_leader else None,
     )
     req_manager = ReqManager(config.running_max_req_size, config.max_req_total_len + 1, device=device)
+    _run_startup_forward(config, model, kv_cache, req_manager, threads)
+    context = InferenceContext(kv_cache, req_manager, use_prefix_cache=config.use_prefix_cache)
+    backend = _build_backend(config, model, context, threads, mode_settings)
+    shm = config.layout.open_requests()
+    heartbeat = config.layout.open_heartbeat(config.process_name)
+    if not is_leader:
+        return ModelRank(backend, shm, is_leader=False, channel=channel,
+                         idle_trim_seconds=config.idle_malloc_trim_seconds, heartbeat=heartbeat)
+    return _build_leader_rank(config, backend, shm, context, channel, heartbeat, publishers)
+
+
+def _init_device(config: ModelRankConfig) -> torch.device:
+    """This rank's device (``cuda:<rank>`` made current, or the CPU); torch's thread count is set when given."""
+    device = torch.device(config.device if config.device == "cpu" else f"cuda:{config.rank}")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    return device
+
+
+def _init_tp_group(config: ModelRankConfig, device: torch.device) -> TensorParallelGroup:
+    """This rank's place in the TP group; with TP > 1 it joins the process group through the rendezvous
+    store (NCCL on a GPU, gloo on the CPU)."""
+    tp = TensorParallelGroup(config.rank, config.tp)
+    if config.tp > 1:
+        store = open_rendezvous_store(config.nccl_host, config.nccl_port, config.rank, config.tp, timedelta(hours=24))
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            store=store,
+            rank=config.rank,
+            world_size=config.tp,
+            timeout=timedelta(hours=24),
+        )
+        tp.group = dist.group.WORLD
+    return tp
+
+
+def _run_startup_forward(config: ModelRankConfig, model: Any, kv_cache: Any, req_manager: ReqManager,
+                         threads: Optional[ForwardThreads]) -> None:
+    """Run the budget-sized start-up forward (rank 0 logs its size and time)."""
     lengths = startup_forward_lengths(config.batch_max_tokens, config.chunked_prefill_size, config.max_req_total_len,
                                       config.running_max_req_size, kv_cache.available)
     seconds = run_startup_forward(model, kv_cache, req_manager, lengths, threads)
-    if is_leader:
+    if config.rank == 0:
         log.info("start-up forward: %d prompt tokens in %d request%s, %.0f ms", sum(lengths), len(lengths),
                  "" if len(lengths) == 1 else "s", seconds * 1000)
-    context = InferenceContext(kv_cache, req_manager, use_prefix_cache=config.use_prefix_cache)
-    backend = build_rank_backend(
+
+
+def _build_backend(config: ModelRankConfig, model: Any, context: InferenceContext, threads: Optional[ForwardThreads],
+                   mode_settings: Dict[str, Any]) -> ModeBackend:
+    """The run mode's backend over ``context``: queue strategy, step planner, sampler and grammar constraints."""
+    return build_rank_backend(
         config.run_mode,
         model,
         context,
@@ -118,11 +152,13 @@ def build_model_rank(config: ModelRankConfig, strict_attention: bool = False) ->
         threads=threads,
         **mode_settings,
     )
-    shm = config.layout.open_requests()
-    heartbeat = config.layout.open_heartbeat(config.process_name)
-    if not is_leader:
-        return ModelRank(backend, shm, is_leader=False, channel=channel,
-                         idle_trim_seconds=config.idle_malloc_trim_seconds, heartbeat=heartbeat)
+
+
+def _build_leader_rank(config: ModelRankConfig, backend: ModeBackend, shm: ShmReqBuffer, context: InferenceContext,
+                       channel: Optional[TpCommandChannel], heartbeat: Optional[HeartbeatStamp],
+                       publishers: List[StepPublisher]) -> ModelRank:
+    """Rank 0's loop: its sockets, the step publisher (started, and appended to ``publishers`` for the
+    notices bound to it late), the prefill wait tracker and the step trace."""
     layout = config.layout
     zmq_ctx = zmq.Context()  # its sockets keep it alive
     inbox = zmq_socket(zmq_ctx, zmq.PULL, layout.model_rank0_address, bind=True)
