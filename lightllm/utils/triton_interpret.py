@@ -33,12 +33,18 @@ def true_values(triton_version: Optional[str]) -> tuple[str, ...]:
     return TRITON_INTERPRET_TRUE_VALUES
 
 
+# The distributions that install the ``triton`` module: PyPI's, and PyTorch's own builds (nightly, ROCm).
+_TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm")
+
+
 @functools.lru_cache(maxsize=1)
 def _installed_triton_version() -> Optional[str]:
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    for name in _TRITON_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def triton_interpret_requested(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -84,7 +84,8 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         return check_vllm_default("include_reasoning", value)
 
     def check_consistency(self) -> None:
-        """The shared checks, then the chat ones: ``max_tokens`` beside ``max_completion_tokens``,
+        """The shared checks, then the chat ones: a ``max_tokens`` beside ``max_completion_tokens`` that
+        would be refused alone (both are accepted, ``max_completion_tokens`` wins),
         ``continue_final_message``, reserved ``chat_template_kwargs``, ``top_logprobs`` without ``logprobs``,
         missing contents, tool messages and ``echo``; each a 400 naming the field."""
         super().check_consistency()

@@ -165,7 +165,7 @@ class ChatMessage(StrictModel):
         role = info.data.get("role")
         if role is not None and role != "assistant":
             raise ValueError(f"parsed belongs to assistant messages, not to a {role!r} message")
-        if "content" in info.data and not isinstance(info.data["content"], str):
+        if "content" in info.data and info.data["content"] is None:
             # Nothing else would carry the turn: parsed is never rendered.
             raise ValueError("parsed (the openai SDK's parse of the content) is not used: send the turn's text "
                              "as content")

@@ -33,21 +33,25 @@ class GuardedTransport:
         self._protocol = protocol
 
     def close(self) -> None:
+        """Close through the owner, which may linger instead of closing at once."""
         self._protocol.close_transport()
 
     def write(self, data: Any) -> None:
+        """Write ``data``; on a closing transport drop it and tell the owner its client is lost."""
         if self._transport.is_closing():
             self._protocol.client_lost_on_write()
             return
         self._transport.write(data)
 
     def writelines(self, chunks: Any) -> None:
+        """Write ``chunks``; on a closing transport drop them and tell the owner its client is lost."""
         if self._transport.is_closing():
             self._protocol.client_lost_on_write()
             return
         self._transport.writelines(chunks)
 
     def is_closing(self) -> bool:
+        """True while the owner lingers (the answer is sent, the socket not yet closed) or the transport closes."""
         return self._protocol.lingering or self._transport.is_closing()
 
     def __getattr__(self, name: str) -> Any:

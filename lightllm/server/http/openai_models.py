@@ -163,8 +163,10 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         return check_spaces_between_special_tokens(value)
 
     def check_consistency(self) -> None:
-        """Refuse ``stream_options`` without ``stream`` (an empty object is dropped), continuous usage without
-        ``include_usage``, and ``best_of`` below ``n``; each a 400 naming the field."""
+        """The checks that read two fields or more, each a 400 naming the field: among them ``stream_options``
+        without ``stream`` (an empty object is dropped), continuous usage without ``include_usage``,
+        ``best_of`` below ``n`` or above it with ``stream``, ``max_tokens`` 0 without ``echo`` and
+        ``prompt_logprobs`` with ``stream``."""
         if self.stream_options is not None and not self.stream:
             if self.stream_options.model_fields_set:
                 raise invalid_request("stream_options is only allowed when stream is true", "stream_options")

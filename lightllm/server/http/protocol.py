@@ -163,8 +163,8 @@ class GuardedH11Protocol(H11Protocol):
             self._cancel_head_timer()
 
     def eof_received(self) -> Optional[bool]:
-        """The client's EOF: keep the connection open while an answer to a request read before it is owed,
-        else close it (a running generation is then aborted as for a client gone)."""
+        """The client's EOF: keep the connection open while the answer to a GET, HEAD or OPTIONS request
+        read before it is owed, else close it (a running generation is then aborted as for a client gone)."""
         if self.lingering and self._raw is not None:
             self._raw.close()
         elif self._answers_after_half_close():

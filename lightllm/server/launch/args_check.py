@@ -200,8 +200,8 @@ def resolve_args(args: argparse.Namespace) -> None:
 
 
 def _validate_sizes(args: argparse.Namespace) -> None:
-    """Refuse a non-positive size, a ``--max_req_total_len`` with no room for a completion, and a memory
-    share outside its range."""
+    """Refuse a non-positive size, a ``--max_req_total_len`` with no room for a completion, a memory
+    share outside its range and a ``--reserved_memory_gb`` outside its range."""
     for name in ("tp", "running_max_req_size", "chunked_prefill_size"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ArgumentError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -267,8 +267,8 @@ def _validate_scheduling(args: argparse.Namespace) -> None:
 
 
 def _validate_shutdown_and_watchdog(args: argparse.Namespace) -> None:
-    """Refuse a negative or infinite ``--graceful_shutdown_seconds`` and a ``--watchdog_timeout`` that would
-    take an idle rank for hung."""
+    """Refuse a negative or infinite ``--graceful_shutdown_seconds``, and a ``--watchdog_timeout`` that is
+    infinite or would take an idle rank for hung (0 turns it off)."""
     if not 0 <= args.graceful_shutdown_seconds < float("inf"):
         raise ArgumentError(f"--graceful_shutdown_seconds must be a finite number >= 0, got {args.graceful_shutdown_seconds}")
     watchdog = args.watchdog_timeout

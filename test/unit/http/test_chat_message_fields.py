@@ -50,6 +50,12 @@ def test_a_message_of_the_sdks_parse_helpers_is_taken_as_history(client: TestCli
                                                                                        "arguments": {}}}]
 
 
+def test_parsed_beside_content_given_as_parts_is_accepted(client: TestClient, manager) -> None:
+    parts = {"role": "assistant", "content": [{"type": "text", "text": '{"a": 1}'}], "parsed": {"a": 1}}
+    assert chat(client, messages=[{"role": "user", "content": "x"}, parts, {"role": "user", "content": "y"}]).status_code == 200
+    assert manager.chat_messages[-1][1] == {"role": "assistant", "content": '{"a": 1}'}
+
+
 @pytest.mark.parametrize(("message", "says"), [
     ({"role": "user", "content": "x", "parsed": {"a": 1}}, "parsed belongs to assistant messages"),
     (_dumped_assistant(tool_calls=None, parsed={"a": 1}), "send the turn's text as content"),

@@ -361,6 +361,7 @@ class KVTransferHandle:
             else:  # a request this handle never had: worth a look
                 logger.warning("KV transfer result for unknown request %s dropped", result.request_id)
             return
+        self._ended.pop(result.request_id, None)  # a reused id counts from its latest end
         self._ended[result.request_id] = None
         if len(self._ended) > _ENDED_REMEMBERED:
             self._ended.popitem(last=False)

@@ -205,7 +205,7 @@ class SegmentFlow:
                         down: Dict[str, Set[str]], avoid: Collection[str]) -> Tuple[TransferPair, NodeLine]:
         """Steps 1-3 on one choice of nodes: place, reserve on D, prefill on P; returns the pair and P's first token.
 
-        On any failure the segment's streams are closed before it propagates.
+        On any failure past placement the segment's streams are closed before it propagates.
         """
         if run.failure is not None:  # failed while waiting to retry a busy node
             raise run.failure
