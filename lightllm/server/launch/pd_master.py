@@ -32,7 +32,7 @@ from lightllm.server.pd.master.manager import PdMasterManager
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.master.node_registry import AdmissionCheck, NodeRegistry
-from lightllm.server.pd.master.segment_flow import PhaseDeadlines
+from lightllm.server.pd.master.phase_deadlines import PhaseDeadlines
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.utils.envs_utils import pd_node_busy_retry_timeout_seconds

@@ -29,7 +29,7 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.plan import pd_rank_settings
 from lightllm.server.model_rank.rank_config import DEFAULT_RESERVE_LEASE_S, PdRankSettings
-from lightllm.server.pd.master.segment_flow import PhaseDeadlines
+from lightllm.server.pd.master.phase_deadlines import PhaseDeadlines
 
 from pd_master_support import REQUEST_TIMEOUT, Cluster, sse_events
 from pd_node_api_support import NodeApp, decode_body, node, prefill_body  # noqa: F401 - node is a fixture

@@ -39,7 +39,8 @@ from lightllm.server.pd.master.pair_setup import PairSetup
 from lightllm.server.pd.master.request_accounting import FINISH_REASON_BUSY, RequestAccounting
 from lightllm.server.pd.master.request_run import ClientGone, PdRequestFailed, RequestRun
 from lightllm.server.pd.protocol.node_events import RANK_FAILURE_REASONS
-from lightllm.server.pd.master.segment_flow import PhaseDeadlines, SegmentFlow
+from lightllm.server.pd.master.phase_deadlines import PhaseDeadlines
+from lightllm.server.pd.master.segment_flow import SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
 from lightllm.server.http.in_flight import generation_started
 from lightllm.server.request_gate import RequestGate

@@ -4,7 +4,7 @@ For a segment (:mod:`.continuation`) of a request the master
 
 1. places it: a prefill node and a decode node (:mod:`.node_selector`), and makes sure their
    pair is set up (:mod:`.pair_setup`);
-2. opens ``D /pd/node/decode`` with the reservation's lease (:attr:`PhaseDeadlines.reserve_lease_s`:
+2. opens ``D /pd/node/decode`` with the reservation's lease (:attr:`.phase_deadlines.PhaseDeadlines.reserve_lease_s`:
    how long the master itself waits for the KV); D answers ``reserved`` (its prefix-cache hit as
    ``kv_start``), ``busy`` (at once; :class:`~.busy_retry.NodeBusy`) or ``error`` -- deadline
    ``--pd_decode_token_timeout_seconds``;
@@ -38,24 +38,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Collection, Dict, Set, Tuple
 
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy, NodeBusy
 from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentEnd
 from lightllm.server.pd.master.metrics import MasterMetrics
-from lightllm.server.pd.protocol.node_events import (
-    BUSY,
-    ERROR,
-    HANDED_OFF,
-    LEASE_EXPIRED,
-    RANK_FAILURE_REASONS,
-    RESERVED,
-    SEGMENT_END,
-    TOKEN,
-    TRANSFER_BROKEN,
-    TRANSFER_FAILED,
-)
+from lightllm.server.pd.master.node_failures import node_error, protocol_error
+from lightllm.server.pd.master.phase_deadlines import PhaseDeadlines
+from lightllm.server.pd.protocol.node_events import BUSY, ERROR, HANDED_OFF, RESERVED, SEGMENT_END, TOKEN
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
 from lightllm.server.pd.protocol.stream_lines import DecodeBody, NodeLine, body_fields, read_line
 from lightllm.server.pd.master.node_selector import NodeSelector
@@ -66,41 +56,6 @@ from lightllm.server.pd.master.node_registry import NOT_READY_CODE
 from lightllm.server.manager_errors import ServerUnavailableError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PhaseDeadlines:
-    """Seconds the master waits for each node answer (the ``--pd_*_timeout_seconds`` flags).
-
-    ``busy_retry_s``: how long busy answers are retried (``LIGHTLLM_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS``,
-    read once when the master starts; 0: no retry).  ``handoff_s``: how long a prefill node's
-    stream may stay open after the decode node confirmed the KV, for its ``handed_off`` line
-    (``--pd_transfer_timeout_seconds``: the prefill side's own bound on the acknowledgement).
-    """
-
-    prefill_s: float
-    decode_token_s: float
-    busy_retry_s: float = 0.0
-    handoff_s: float = 30.0
-
-    @property
-    def reserve_lease_s(self) -> float:
-        """The lease the master asks a decode node to hold a segment's reservation for.
-
-        The reservation is made before the prefill node is asked, so its lease must cover the
-        whole prefill wait (a request queued on a busy prefill node is not lost while the master
-        still waits for it: the master's ``pd_timeout`` fires first) plus the hand-off margin
-        for the KV to start arriving after the first token.  It only fires first when the
-        master is gone or broken, or the KV does not start moving within the margin.
-        """
-        return self.prefill_s + self.handoff_s
-
-
-# ``error_kind`` values of an error line (optional) that mean the KV transfer failed: code
-# ``pd_transfer_failed``.  An expired lease is one: the KV did not arrive within the lease (the
-# master's own, so past its prefill wait plus the hand-off margin, or a shorter one the decode
-# node's --pd_reserve_lease_seconds set).
-TRANSFER_ERROR_KINDS = frozenset({TRANSFER_FAILED, TRANSFER_BROKEN, LEASE_EXPIRED})
 
 
 def decode_body(run: RequestRun, segment: ContinuationSegment, epoch: int, lease_s: float) -> DecodeBody:
@@ -120,33 +75,6 @@ def decode_body(run: RequestRun, segment: ContinuationSegment, epoch: int, lease
         # as a trusted client's priority request (the nodes' overtaking bound still applies).
         high_priority_request=run.high_priority or segment.segment_index > 0,
         reserve_lease_seconds=lease_s,
-    )
-
-
-def _node_error(run: RequestRun, pairs: PairSetup, pair: TransferPair, role: str, line: NodeLine) -> PdRequestFailed:
-    broken = line.transfer_broken
-    if broken:
-        pairs.invalidate(pair.epoch, f"{pair.node(role).describe()} reported its KV transfer broken")
-    transfer = broken or line.error_kind in TRANSFER_ERROR_KINDS
-    message = line.message or "no message"
-    rank_failure = line.error_kind
-    if rank_failure in RANK_FAILURE_REASONS:
-        # The node's rank ended the request (a failure, or its grammar could not go on): the client
-        # gets a normal server's answer.
-        return PdRequestFailed(f"request {run.request_id}: {pair.node(role).describe()}: {message}",
-                               rank_failure, rank_failure)
-    return PdRequestFailed(
-        f"request {run.request_id}: {pair.node(role).describe()} failed: {message}",
-        "pd_transfer_failed" if transfer else "pd_node_failed",
-        "transfer_failed" if transfer else "node_error",
-        transfer_broken=broken,
-    )
-
-
-def _protocol_error(run: RequestRun, pair: TransferPair, role: str, expected: str, line: NodeLine) -> PdRequestFailed:
-    return PdRequestFailed(
-        f"request {run.request_id}: {pair.node(role).describe()} sent {line.fields!r} where {expected} was expected",
-        "pd_node_failed", "protocol",
     )
 
 
@@ -258,10 +186,10 @@ class SegmentFlow:
             self.metrics.on_busy(DECODE)
             raise NodeBusy(DECODE, line.message or "no KV or request slot free", pair.decode.node_id)
         if line.kind == ERROR:
-            raise _node_error(run, self.pairs, pair, DECODE, line)
+            raise node_error(run, self.pairs, pair, DECODE, line)
         kv_start = line.kv_start
         if line.kind != RESERVED or kv_start is None:
-            raise _protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
+            raise protocol_error(run, pair, DECODE, "a reserved, busy or error event", line)
         self.metrics.on_phase("reserve", time.monotonic() - started)
         return reserve, kv_start
 
@@ -294,7 +222,7 @@ class SegmentFlow:
                 return
             event = read_line(run.check(DECODE, payload, "echo of the first token"))
             if event.kind == ERROR:
-                raise _node_error(run, self.pairs, pair, DECODE, event)
+                raise node_error(run, self.pairs, pair, DECODE, event)
             run.keep(DECODE, payload)
 
         line = read_line(await run.next(PREFILL, self.deadlines.prefill_s, "first token", watch_decode))
@@ -302,9 +230,9 @@ class SegmentFlow:
             self.metrics.on_busy(PREFILL)
             raise NodeBusy(PREFILL, line.message or "its queue is full", pair.prefill.node_id)
         if line.kind == ERROR:
-            raise _node_error(run, self.pairs, pair, PREFILL, line)
+            raise node_error(run, self.pairs, pair, PREFILL, line)
         if not line.is_token:
-            raise _protocol_error(run, pair, PREFILL, "the first token", line)
+            raise protocol_error(run, pair, PREFILL, "the first token", line)
         self.metrics.on_phase("prefill", time.monotonic() - started)
         return line
 
@@ -370,16 +298,16 @@ class SegmentFlow:
             if line.kind == HANDED_OFF:
                 done_with_prefill()
             elif line.kind == ERROR:
-                raise _node_error(run, self.pairs, pair, PREFILL, line)
+                raise node_error(run, self.pairs, pair, PREFILL, line)
             else:
-                raise _protocol_error(run, pair, PREFILL, "handed_off or error", line)
+                raise protocol_error(run, pair, PREFILL, "handed_off or error", line)
 
         echo = read_line(await run.next(DECODE, self.deadlines.decode_token_s, "echo of the first token (KV transfer)",
                                         on_prefill))
         if echo.kind == ERROR:
-            raise _node_error(run, self.pairs, pair, DECODE, echo)
+            raise node_error(run, self.pairs, pair, DECODE, echo)
         if echo.kind != TOKEN or echo.token_id != first.token_id:
-            raise _protocol_error(run, pair, DECODE, f"the echo of the prefill node's first token {first.token_id}",
+            raise protocol_error(run, pair, DECODE, f"the echo of the prefill node's first token {first.token_id}",
                                   echo)
         # D echoes P's token only once both sides agreed the KV arrived: from here D needs nothing
         # of P, whether or not P's handed_off line has reached the master yet (P may be busy or
@@ -418,11 +346,11 @@ class SegmentFlow:
                 try:
                     run.segment_end = SegmentEnd(line.reason)
                 except ValueError:
-                    raise _protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line) from None
+                    raise protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line) from None
                 if run.segment_end is SegmentEnd.FINISHED:
-                    raise _protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line)
+                    raise protocol_error(run, pair, DECODE, "a segment_end reason kv_pressure or segment_limit", line)
                 return
             elif line.kind == ERROR:
-                raise _node_error(run, self.pairs, pair, DECODE, line)
+                raise node_error(run, self.pairs, pair, DECODE, line)
             else:
-                raise _protocol_error(run, pair, DECODE, "a token, segment_end or error event", line)
+                raise protocol_error(run, pair, DECODE, "a token, segment_end or error event", line)
