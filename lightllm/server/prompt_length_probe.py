@@ -1,6 +1,6 @@
 """Refusing a prompt that cannot fit the context from a prefix of it, before tokenizing all of it.
 
-The HTTP layer's character pre-check (:mod:`lightllm.server.http.prompt_encoding`) is a proof that
+The HTTP layer's character pre-check (:mod:`lightllm.server.http.generation.prompt_encoding`) is a proof that
 holds for every prompt, so it must allow the longest characters any token can stand for (hundreds
 per token); ordinary text has three to five.  A prompt of a million characters passes it and
 would then keep a tokenizer thread busy for seconds (and every other client's tokenization queued

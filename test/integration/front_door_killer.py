@@ -12,7 +12,7 @@ KILL_MARK = b"/__kill_the_front_door__"
 
 
 def _arm() -> None:
-    from lightllm.server.http.front_door import FrontDoor
+    from lightllm.server.http.transport.front_door import FrontDoor
 
     original = FrontDoor._on_readable
 

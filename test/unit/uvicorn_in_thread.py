@@ -15,9 +15,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from lightllm.server.http.app import create_app
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.listen_sockets import bind_listeners
-from lightllm.server.http.protocol import guarded_protocol_class
+from lightllm.server.http.transport.front_door import FrontDoor
+from lightllm.server.http.transport.listen_sockets import bind_listeners
+from lightllm.server.http.transport.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
 from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 from lightllm.utils.free_ports import free_port

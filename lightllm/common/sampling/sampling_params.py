@@ -58,7 +58,7 @@ LOGIT_BIAS_LIMIT = 100.0
 _PENALTY_RANGE = NumberRange(-PENALTY_LIMIT, PENALTY_LIMIT)
 _LOGPROBS_RANGE = NumberRange(0, MAX_TOP_LOGPROBS)
 # The range of every bounded number (an item of stop_token_ids for the list): validate checks these,
-# and the HTTP request schemas publish them (lightllm.server.http.base_models.sampling_bounds).
+# and the HTTP request schemas publish them (lightllm.server.http.validation.base_models.sampling_bounds).
 SAMPLING_RANGES: dict[str, NumberRange] = {
     "temperature": NumberRange(0.0),
     "top_p": NumberRange(0.0, 1.0, exclusive_minimum=True),

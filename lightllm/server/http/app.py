@@ -7,7 +7,7 @@ Native endpoints
 text or its token ids; see :class:`~lightllm.server.http.native_models.NativeParameters` for
 ``parameters``; unknown keys, including the internal ``infer_high_priority``, are rejected with
 400). ``high_priority_request`` is honoured only from trusted clients and refused with 403
-otherwise (:mod:`lightllm.server.http.auth`).
+otherwise (:mod:`lightllm.server.http.middleware.auth`).
 
 ``/generate`` answers::
 
@@ -32,9 +32,9 @@ where ``tokens`` (top level, as LightLLM has it) and ``details`` are present onl
 stream has no ``[DONE]`` sentinel; ``finished`` marks the end.
 
 Service endpoints: ``GET /health`` and ``/health/ready`` (readiness: 200 ``{"status": "ok"}`` or 503),
-``GET /health/live`` (liveness, see :mod:`lightllm.server.http.health`), ``GET /metrics``, and vLLM's
-``GET /version`` and ``GET``/``POST /ping`` (:mod:`lightllm.server.http.service_routes`).  vLLM's
-``POST /tokenize`` and ``POST /detokenize`` are in :mod:`lightllm.server.http.tokenize_routes`.
+``GET /health/live`` (liveness, see :mod:`lightllm.server.http.service.health`), ``GET /metrics``, and vLLM's
+``GET /version`` and ``GET``/``POST /ping`` (:mod:`lightllm.server.http.service.service_routes`).  vLLM's
+``POST /tokenize`` and ``POST /detokenize`` are in :mod:`lightllm.server.http.tokenize.tokenize_routes`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from lightllm.server.http.absolute_form import AbsoluteFormMiddleware
-from lightllm.server.http.body import parse_body_off_loop
-from lightllm.server.http.cors import JsonErrorCorsMiddleware, cors_options
+from lightllm.server.http.middleware.absolute_form import AbsoluteFormMiddleware
+from lightllm.server.http.validation.body import parse_body_off_loop
+from lightllm.server.http.middleware.cors import JsonErrorCorsMiddleware, cors_options
 from lightllm.server.http.errors import (
     APIError,
     JSONErrorRoute,
@@ -56,32 +56,34 @@ from lightllm.server.http.errors import (
     internal_error,
     sse_error,
 )
-from lightllm.server.http.fanout import ChoiceJob, GenerationFanout, sse, sse_response
+from lightllm.server.http.generation.fanout import ChoiceJob, GenerationFanout, sse, sse_response
 from lightllm.server.http.native_models import NativeGenerateRequest
-from lightllm.server.http.openai_routes import OpenAIEndpoints
-from lightllm.server.http.chat_completion_request import ChatCompletionRequest
-from lightllm.server.http.openai_models import CompletionRequest
-from lightllm.server.http.openai_shapes import best_choices, final_finish_reason, first_generation_cached, json_logprob
+from lightllm.server.http.openai.openai_routes import OpenAIEndpoints
+from lightllm.server.http.openai.chat_completion_request import ChatCompletionRequest
+from lightllm.server.http.openai.openai_models import CompletionRequest
+from lightllm.server.http.openai.openai_shapes import (best_choices, final_finish_reason, first_generation_cached,
+                                                       json_logprob)
 from lightllm.server.http.openapi import install_request_schemas, request_body
-from lightllm.server.http.planning import (build_sampling_params, check_context_length, check_generation_counts,
-                                           check_min_tokens_fit, check_token_ids, choice_jobs, default_length_for,
-                                           encoded)
+from lightllm.server.http.generation.planning import (build_sampling_params, check_context_length,
+                                                      check_generation_counts, check_min_tokens_fit, check_token_ids,
+                                                      choice_jobs, default_length_for, encoded)
 from lightllm.server.core.objs.shm_req_layout import wants_top_rows
-from lightllm.server.http.auth import ApiKeyMiddleware, check_priority_allowed
-from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
-from lightllm.server.http.grammar_thread import on_grammar_thread
-from lightllm.server.http.in_flight import (AdmissionMiddleware, DrainRefusalMiddleware, PreparingRequests,
-                                            check_admission)
-from lightllm.server.http.health import HEALTH_PATHS, health_answer, manager_readiness
-from lightllm.server.http.request_guard import RequestGuardMiddleware
-from lightllm.server.http.unread_body import UnreadBodyCloseMiddleware
+from lightllm.server.http.middleware.auth import ApiKeyMiddleware, check_priority_allowed
+from lightllm.server.http.middleware.client_share import ClientShare, ClientShareMiddleware
+from lightllm.server.http.openai.grammar_thread import on_grammar_thread
+from lightllm.server.http.middleware.in_flight import (AdmissionMiddleware, DrainRefusalMiddleware, PreparingRequests,
+                                                       check_admission)
+from lightllm.server.http.service.health import HEALTH_PATHS, health_answer, manager_readiness
+from lightllm.server.http.middleware.request_guard import RequestGuardMiddleware
+from lightllm.server.http.middleware.unread_body import UnreadBodyCloseMiddleware
 from lightllm.server.http.retry_after import body_error_code, retry_after_headers
 from lightllm.server.http.server_options import HttpServerOptions
-from lightllm.server.http.prompt_encoding import PromptEncoder
-from lightllm.server.http.service_routes import ServiceEndpoints
-from lightllm.server.http.tokenize_models import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
-from lightllm.server.http.structured_params import NATIVE_CONSTRAINTS, usable_grammar
-from lightllm.server.http.tokenize_routes import TokenizeEndpoints
+from lightllm.server.http.generation.prompt_encoding import PromptEncoder
+from lightllm.server.http.service.service_routes import ServiceEndpoints
+from lightllm.server.http.tokenize.tokenize_models import (DetokenizeRequest, TokenizeChatRequest,
+                                                           TokenizeCompletionRequest)
+from lightllm.server.http.structured.structured_params import NATIVE_CONSTRAINTS, usable_grammar
+from lightllm.server.http.tokenize.tokenize_routes import TokenizeEndpoints
 from lightllm.server.request_manager import RequestManager, missing_request_manager_members
 from lightllm.utils.tokenizer_utils import tokenizer_special_ids
 
@@ -346,7 +348,7 @@ def create_app(
         app.add_middleware(ClientShareMiddleware, share=ClientShare(options.limits.max_preparing_per_client),
                            book=app.state.preparing, manager=manager)
     # Outside every layer that waits: a request counts for a graceful drain from its head's arrival, also while it waits
-    # for its client's share (lightllm/server/http/in_flight.py).
+    # for its client's share (lightllm/server/http/middleware/in_flight.py).
     app.add_middleware(AdmissionMiddleware, book=app.state.preparing)
     # Around everything that may answer before the guard reads the body (401, a CORS refusal, 503).
     app.add_middleware(UnreadBodyCloseMiddleware)

@@ -5,7 +5,7 @@ client's address: one client sending garbage wrote a line per connection (43 lin
 batch), while the front door's own refusals are summarised once per 10 s. :class:`LineThrottle`
 lets the first such line through, drops the repeats for the interval, and adds their count to
 the next line it lets through; the rule is :class:`IntervalGate`, which the front door's accept
-pauses (:mod:`lightllm.server.http.accept_pause`) log through too.
+pauses (:mod:`lightllm.server.http.transport.accept_pause`) log through too.
 """
 
 from __future__ import annotations

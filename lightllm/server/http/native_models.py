@@ -1,6 +1,6 @@
 """Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints.
 
-Strict like every request schema (:class:`~lightllm.server.http.base_models.StrictModel`: no coercion,
+Strict like every request schema (:class:`~lightllm.server.http.validation.base_models.StrictModel`: no coercion,
 unknown keys rejected with a 400 naming them), with LightLLM's own parameter names and defaults;
 ``null`` is the same as leaving a field out, on every field (as on the OpenAI endpoints).
 """
@@ -14,13 +14,14 @@ from pydantic import Field, field_validator
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.common.sampling import MAX_STOP_SEQUENCES
 from lightllm.common.sampling.sampling_params import MAX_DECAY_FACTOR, MIN_DECAY_FACTOR
-from lightllm.server.http.body import json_type_name
+from lightllm.server.http.validation.body import json_type_name
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.completion_prompt import (TOKEN_IDS_SCHEMA, integral_token_ids, is_token_id, is_token_list,
-                                                   shown_json_value)
-from lightllm.server.http.structured_params import GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS, native_constraint_grammar
-from lightllm.server.http.base_models import (MAX_N, STOP_TOKEN_IDS_SCHEMA, NullMeansAbsent, integral,
-                                              sampling_bounds, stop_validator, string_or_strings_schema)
+from lightllm.server.http.generation.completion_prompt import (TOKEN_IDS_SCHEMA, integral_token_ids, is_token_id,
+                                                               is_token_list, shown_json_value)
+from lightllm.server.http.structured.structured_params import (GUIDED_JSON_SCHEMA, NATIVE_CONSTRAINTS,
+                                                               native_constraint_grammar)
+from lightllm.server.http.validation.base_models import (MAX_N, STOP_TOKEN_IDS_SCHEMA, NullMeansAbsent, integral,
+                                                         sampling_bounds, stop_validator, string_or_strings_schema)
 
 
 INT32_MAX = 2**31 - 1

@@ -15,7 +15,7 @@ next to ``application/json`` (``/generate_stream``, which always streams, only t
 health probes list their 503, an operation lists a 401 only where a key is asked for, and ``/metrics`` its plain-text
 exposition.  The document is built for the server's :class:`AuthPolicy`: with API keys (or a PD
 cluster key) it declares HTTP bearer schemes and marks each operation that needs one, as
-:func:`~lightllm.server.http.auth.key_guard` decides for the middleware.
+:func:`~lightllm.server.http.middleware.auth.key_guard` decides for the middleware.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterable
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from lightllm.server.http.auth import (API_KEY_GUARD, CLUSTER_KEY_GUARD, PERMISSION_ERROR, PRIORITY_NOT_ALLOWED,
-                                       key_guard)
-from lightllm.server.http.health import LIVE_PATH, PROBE_PATHS, probe_meaning
+from lightllm.server.http.middleware.auth import (API_KEY_GUARD, CLUSTER_KEY_GUARD, PERMISSION_ERROR,
+                                                  PRIORITY_NOT_ALLOWED, key_guard)
+from lightllm.server.http.service.health import LIVE_PATH, PROBE_PATHS, probe_meaning
 from lightllm.server.http.server_options import AuthPolicy
 
 _REF_TEMPLATE = "#/components/schemas/{model}"

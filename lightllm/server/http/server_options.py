@@ -26,7 +26,7 @@ MIB = 1 << 20
 BODY_BYTES_PER_CONTEXT_TOKEN = 64
 MIN_DEFAULT_BODY_BYTES = 8 * MIB
 # Beyond --http_max_connections, an eighth more (at least 16) connections may be read to find
-# health probes and requests with an API key among them (see lightllm/server/http/front_door.py).
+# health probes and requests with an API key among them (see lightllm/server/http/transport/front_door.py).
 RESERVE_SHARE = 8
 RESERVE_MIN_CONNECTIONS = 16
 # File descriptors kept free for the server's own sockets, shared memory and logs.
@@ -49,7 +49,8 @@ class HttpLimits:
     max_connections: int = 2048
     # None: half of max_connections, so one client cannot take every connection.
     max_connections_per_client: Optional[int] = None
-    # Requests of one client address being prepared at once (lightllm/server/http/client_share.py); 0: no limit.
+    # Requests of one client address being prepared at once
+    # (lightllm/server/http/middleware/client_share.py); 0: no limit.
     max_preparing_per_client: int = DEFAULT_MAX_PREPARING_PER_CLIENT
 
     def __post_init__(self) -> None:

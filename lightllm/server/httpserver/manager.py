@@ -26,7 +26,7 @@ from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.request_counting import RequestCounting
 from lightllm.server.httpserver.slot_pool import RequestSlots
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
-from lightllm.server.http.in_flight import generation_started
+from lightllm.server.http.middleware.in_flight import generation_started
 from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.request_gate import RequestGate
 from lightllm.server.request_manager import GenerationEvent, generations_per_request

@@ -16,7 +16,7 @@ from typing import FrozenSet, Iterable, List, Mapping, Optional, Sequence
 
 from lightllm.common.basemodel.serving_dtype import DATA_TYPE_CHOICES
 from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES
-from lightllm.server.http.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
+from lightllm.server.http.openai.tool_calls.parsers import TOOL_CALL_PARSER_NAMES
 from lightllm.server.launch.flag_roles import (
     EVERY_ROLE,
     MODEL_ROLES,

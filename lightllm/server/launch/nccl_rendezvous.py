@@ -13,7 +13,7 @@ import errno
 import socket
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.http.listen_sockets import PortUnavailableError
+from lightllm.server.http.transport.listen_sockets import PortUnavailableError
 from lightllm.server.launch.host_names import bare_host, host_problem
 
 

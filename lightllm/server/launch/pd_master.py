@@ -40,7 +40,7 @@ from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 if TYPE_CHECKING:
-    from lightllm.server.http.front_door import FrontDoor
+    from lightllm.server.http.transport.front_door import FrontDoor
 
 log = logging.getLogger("lightllm.pd_master")
 
@@ -167,8 +167,8 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
     # One line per node call would drown the request log lines (each names its request id).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from lightllm.server.http.server_options import HttpServerOptions
-    from lightllm.server.http.uvicorn_config import build_uvicorn_config
-    from lightllm.server.http.listen_sockets import display_address
+    from lightllm.server.http.transport.uvicorn_config import build_uvicorn_config
+    from lightllm.server.http.transport.listen_sockets import display_address
 
     try:
         check_master_flags(args)
@@ -178,7 +178,7 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from lightllm.server.http.app import create_app
-    from lightllm.server.http.health import SampledReadiness, manager_readiness_refusal
+    from lightllm.server.http.service.health import SampledReadiness, manager_readiness_refusal
     from lightllm.server.pd.master.membership_api import readiness_problem
     from lightllm.server.launch.supervisor import StopOutsideServing, SupervisedServer, Supervisor, run_uvicorn
 

@@ -47,7 +47,7 @@ from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, r
 from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
-from lightllm.server.http.listen_sockets import (
+from lightllm.server.http.transport.listen_sockets import (
     EXIT_FAILED,
     EXIT_INVALID_CONFIG,
     EXIT_PORT_UNAVAILABLE,
@@ -84,7 +84,7 @@ from lightllm.utils.stale_resources import remove_stale_resources
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode, prefill_queue_description
 
 if TYPE_CHECKING:
-    from lightllm.server.http.front_door import FrontDoor
+    from lightllm.server.http.transport.front_door import FrontDoor
     from lightllm.server.http.server_options import AuthPolicy
     from lightllm.server.pd.protocol.node_info import NodeInfo
 
@@ -218,7 +218,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     Run it in a process that called :func:`lightllm.utils.torch_free.keep_torch_out` first
     (``python -m lightllm.server.api_server`` does): it serves HTTP for the server's life.
 
-    Exit codes: :mod:`lightllm.server.http.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
+    Exit codes: :mod:`lightllm.server.http.transport.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
     """
     args = parse_server_args(argv)
     init_logging(args.log_level)
@@ -230,7 +230,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
         check_environment_values(args.run_mode)
         for line in unread_variable_warnings(args):
             log.warning("%s", line)
-        from lightllm.server.http.front_door import open_front_door
+        from lightllm.server.http.transport.front_door import open_front_door
         from lightllm.server.http.server_options import AuthPolicy
 
         auth = AuthPolicy.from_args(args)
@@ -352,7 +352,7 @@ def _start_and_serve(
     from lightllm.server.http.app import create_app
     from lightllm.server.httpserver.manager import HttpServerManager
     from lightllm.server.http.server_options import HttpServerOptions
-    from lightllm.server.http.uvicorn_config import build_uvicorn_config
+    from lightllm.server.http.transport.uvicorn_config import build_uvicorn_config
     from lightllm.server.launch.supervisor import StopOutsideServing, Supervisor, SupervisedServer, run_uvicorn
 
     exit_code = 0

@@ -9,7 +9,7 @@ the loop with ``call_soon_threadsafe``.
 - A hung child (no progress for ``--watchdog_timeout`` seconds, :mod:`lightllm.server.launch.watchdog`):
   the same as a dead one; the launcher's shutdown then kills it (SIGKILL ends a stopped process too).
   It may come during a drain: the drain then ends at once, with exit code 1.
-- A dead front door (its thread raised; :mod:`lightllm.server.http.front_door`): the same, since
+- A dead front door (its thread raised; :mod:`lightllm.server.http.transport.front_door`): the same, since
   no connection can be accepted any more; it closed the listening sockets itself.
 - SIGTERM, SIGINT or SIGHUP: new requests get 503 at once, requests in flight may finish for up to
   ``--graceful_shutdown_seconds``, the rest then fail with a 503 error; the exit code is 0.  A
@@ -39,9 +39,9 @@ from lightllm.utils.gc_tuning import freeze_startup_objects
 from lightllm.utils.process_utils import describe_exit_code
 
 if TYPE_CHECKING:
-    from lightllm.server.http.front_door import FrontDoor
-    from lightllm.server.http.in_flight import PreparingRequests
-    from lightllm.server.http.health import Readiness
+    from lightllm.server.http.transport.front_door import FrontDoor
+    from lightllm.server.http.middleware.in_flight import PreparingRequests
+    from lightllm.server.http.service.health import Readiness
 
 log = logging.getLogger("lightllm.supervisor")
 
@@ -242,7 +242,7 @@ class SupervisedServer(uvicorn.Server):
         self.supervisor = supervisor
         self.front_door = front_door
         if front_door is not None:
-            from lightllm.server.http.health import manager_readiness
+            from lightllm.server.http.service.health import manager_readiness
 
             readiness = readiness or manager_readiness(supervisor.manager)
             # From here on a dead front door fails the server as a dead child does (called at
@@ -267,7 +267,7 @@ class SupervisedServer(uvicorn.Server):
             return config.http_protocol_class(config=config, server_state=state, app_state=app_state,  # type: ignore[call-arg]
                                               _loop=loop)
 
-        from lightllm.server.http.health import SampledReadiness
+        from lightllm.server.http.service.health import SampledReadiness
 
         assert self.readiness is not None
         if isinstance(self.readiness, SampledReadiness):

@@ -17,7 +17,7 @@ from lightllm.server.prompt_length_probe import (
     PromptOverContextError,
     encode_within,
 )
-from lightllm.server.http.special_tokens import special_token_frame
+from lightllm.server.http.generation.special_tokens import special_token_frame
 from lightllm.server.served_model import encode_chat_messages, encode_text
 
 

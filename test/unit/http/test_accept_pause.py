@@ -7,7 +7,7 @@ import resource
 
 import pytest
 
-from lightllm.server.http.accept_pause import PAUSE_LOG_INTERVAL_SECONDS, PAUSE_SECONDS, AcceptPause
+from lightllm.server.http.transport.accept_pause import PAUSE_LOG_INTERVAL_SECONDS, PAUSE_SECONDS, AcceptPause
 from lightllm.server.http.server_options import RESERVED_FILE_DESCRIPTORS, HttpLimits, ensure_file_descriptors
 
 

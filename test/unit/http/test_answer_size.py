@@ -8,9 +8,9 @@ from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager, completion
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.http import answer_size
-from lightllm.server.http.answer_size import OFF_LOOP_ENTRIES, answer_entries, large_answer
-from lightllm.server.http.fanout import ChoiceJob
+from lightllm.server.http.openai import answer_size
+from lightllm.server.http.openai.answer_size import OFF_LOOP_ENTRIES, answer_entries, large_answer
+from lightllm.server.http.generation.fanout import ChoiceJob
 
 
 def _job(prompt_len: int, logprobs: int | None = None, prompt_logprobs: int | None = None) -> ChoiceJob:

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager, assert_error, chat, completion
 from lightllm.server.http.app import create_app
-from lightllm.server.http.chat_completion_request import ChatCompletionRequest
-from lightllm.server.http.openai_models import CompletionRequest
+from lightllm.server.http.openai.chat_completion_request import ChatCompletionRequest
+from lightllm.server.http.openai.openai_models import CompletionRequest
 from lightllm.server.http.server_options import HttpServerOptions
 
 

@@ -1,6 +1,6 @@
 """Request-body decoding: UTF-8 only, field names for very deep nesting, and large bodies off the event loop.
 
-Unit tests of :mod:`lightllm.server.http.body` (the endpoints' answers to the same bodies are in
+Unit tests of :mod:`lightllm.server.http.validation.body` (the endpoints' answers to the same bodies are in
 test_api_validation.py).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from lightllm.server.http import body as body_module
-from lightllm.server.http.body import (
+from lightllm.server.http.validation import body as body_module
+from lightllm.server.http.validation.body import (
     MAX_JSON_DEPTH,
     OFF_LOOP_BODY_BYTES,
     check_json_structure,

@@ -12,14 +12,14 @@ from typing import Any, Callable, List
 
 import pytest
 
-from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
-from lightllm.server.http.in_flight import PreparingRequests
+from lightllm.server.http.middleware.client_share import ClientShare, ClientShareMiddleware
+from lightllm.server.http.middleware.in_flight import PreparingRequests
 
 
 @pytest.fixture
 def quick_step_aside(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bodies step aside after 0.05 s instead of a second (raising=False: fails, not errors, on old code)."""
-    monkeypatch.setattr("lightllm.server.http.request_guard.STEP_ASIDE_SECONDS", 0.05, raising=False)
+    monkeypatch.setattr("lightllm.server.http.middleware.request_guard.STEP_ASIDE_SECONDS", 0.05, raising=False)
 
 
 def _recording_app(into: List[bytes]) -> Callable[..., Any]:
@@ -33,8 +33,8 @@ def _recording_app(into: List[bytes]) -> Callable[..., Any]:
 
 
 def _body_stack(app, share: ClientShare, book: PreparingRequests):
-    from lightllm.server.http.in_flight import AdmissionMiddleware
-    from lightllm.server.http.request_guard import RequestGuardMiddleware
+    from lightllm.server.http.middleware.in_flight import AdmissionMiddleware
+    from lightllm.server.http.middleware.request_guard import RequestGuardMiddleware
 
     # The order create_app gives them, outermost first.
     guarded = RequestGuardMiddleware(app, max_body_bytes=1 << 20, body_timeout=60)
@@ -229,7 +229,7 @@ def test_closing_the_book_ends_only_requests_that_have_not_begun_their_answer() 
             else:
                 await release.wait()
 
-        from lightllm.server.http.in_flight import AdmissionMiddleware
+        from lightllm.server.http.middleware.in_flight import AdmissionMiddleware
 
         stack = AdmissionMiddleware(app, book)
         answering = asyncio.ensure_future(stack({**_request_scope(), "path": "/tokenize"}, _receiver(b"{}"),

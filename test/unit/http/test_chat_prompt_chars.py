@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
 from lightllm.server.http.app import create_app
-from lightllm.server.http.prompt_encoding import text_chars
+from lightllm.server.http.generation.prompt_encoding import text_chars
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
 
 # FakeManager: max_req_total_len 64; 2 characters per token: at most 128 characters of text.

@@ -52,10 +52,10 @@ def _call(app: Any, path: str, body: dict[str, Any], client_leaves: bool) -> int
 def test_a_client_gone_before_its_first_token_gets_499_and_no_warning(path, body, caplog) -> None:
     manager = FakeManager()
     manager.failure = "nothing"
-    with caplog.at_level(logging.DEBUG, logger="lightllm.server.http.fanout"):
+    with caplog.at_level(logging.DEBUG, logger="lightllm.server.http.generation.fanout"):
         assert _call(create_app(manager), path, body, client_leaves=True) == 499
     # Debug only: the request manager's INFO line says it once (two INFO lines per request before).
-    levels = {record.levelno for record in caplog.records if record.name == "lightllm.server.http.fanout"}
+    levels = {record.levelno for record in caplog.records if record.name == "lightllm.server.http.generation.fanout"}
     assert levels == {logging.DEBUG}, caplog.text
 
 
@@ -63,6 +63,6 @@ def test_a_generation_that_ends_with_nothing_while_its_client_waits_is_still_a_5
     manager = FakeManager()
     manager.failure = "nothing"
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 3}
-    with caplog.at_level(logging.INFO, logger="lightllm.server.http.fanout"):
+    with caplog.at_level(logging.INFO, logger="lightllm.server.http.generation.fanout"):
         assert _call(create_app(manager), "/v1/completions", body, client_leaves=False) == 500
     assert "ended a generation before its first event" in caplog.text

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from lightllm.server.http.client_share import ClientShare, ClientShareMiddleware
-from lightllm.server.http.in_flight import PreparingRequests, generation_started
+from lightllm.server.http.middleware.client_share import ClientShare, ClientShareMiddleware
+from lightllm.server.http.middleware.in_flight import PreparingRequests, generation_started
 
 
 def test_places_are_per_client_and_handed_over_in_arrival_order() -> None:
@@ -144,7 +144,7 @@ def test_requests_waiting_for_their_clients_share_when_a_drain_begins_are_served
     was admitted after it, refused as new (503), and the drain did not wait for it."""
     from starlette.requests import Request
 
-    from lightllm.server.http.in_flight import AdmissionMiddleware
+    from lightllm.server.http.middleware.in_flight import AdmissionMiddleware
     from lightllm.server.request_gate import RequestGate
 
     book, gate, go, results = PreparingRequests(), RequestGate(), asyncio.Event(), []
@@ -183,12 +183,12 @@ def test_requests_waiting_for_their_clients_share_when_a_drain_begins_are_served
 def test_the_app_admits_a_request_before_it_waits_for_its_clients_share() -> None:
     from api_fakes import FakeManager
 
-    from lightllm.server.http.absolute_form import AbsoluteFormMiddleware
+    from lightllm.server.http.middleware.absolute_form import AbsoluteFormMiddleware
     from lightllm.server.http.app import create_app
-    from lightllm.server.http.cors import JsonErrorCorsMiddleware
-    from lightllm.server.http.in_flight import AdmissionMiddleware
+    from lightllm.server.http.middleware.cors import JsonErrorCorsMiddleware
+    from lightllm.server.http.middleware.in_flight import AdmissionMiddleware
 
-    from lightllm.server.http.unread_body import UnreadBodyCloseMiddleware
+    from lightllm.server.http.middleware.unread_body import UnreadBodyCloseMiddleware
 
     order = [entry.cls for entry in create_app(FakeManager()).user_middleware]  # outermost first
     # The unread-body rule only marks answers: it is around everything and delays nothing.

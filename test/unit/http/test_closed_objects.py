@@ -6,9 +6,10 @@ from __future__ import annotations
 import llguidance
 import pytest
 
-from lightllm.server.http.closed_objects import closed_objects
+from lightllm.server.http.structured.closed_objects import closed_objects
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.response_format import _byte_tokenizer, compile_json_schema, response_format_grammar
+from lightllm.server.http.structured.response_format import (_byte_tokenizer, compile_json_schema,
+                                                             response_format_grammar)
 
 # As pydantic writes a model's schema: no additionalProperties.
 PERSON = {"properties": {"name": {"title": "Name", "type": "string"}, "age": {"type": "integer"}},

@@ -8,8 +8,8 @@ from typing import Any, AsyncIterator
 
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
-from lightllm.server.http.fanout import GenerationFanout
-from lightllm.server.http.planning import choice_jobs
+from lightllm.server.http.generation.fanout import GenerationFanout
+from lightllm.server.http.generation.planning import choice_jobs
 from lightllm.server.request_manager import GenerationEvent
 
 

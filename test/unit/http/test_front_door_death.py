@@ -18,9 +18,9 @@ import uvicorn
 
 from api_fakes import FakeManager
 from lightllm.server.http.app import create_app
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.listen_sockets import bind_listeners
-from lightllm.server.http.protocol import guarded_protocol_class
+from lightllm.server.http.transport.front_door import FrontDoor
+from lightllm.server.http.transport.listen_sockets import bind_listeners
+from lightllm.server.http.transport.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 from lightllm.server.launch.supervisor import SERVER_FAILED, SupervisedServer, Supervisor
 
@@ -66,7 +66,7 @@ def test_a_dead_thread_logs_its_cause_closes_the_port_and_calls_the_handler(capl
     causes: List[str] = []
     called = threading.Event()
     door.set_death_handler(lambda cause: (causes.append(cause), called.set()))
-    with caplog.at_level(logging.ERROR, logger="lightllm.server.http.front_door"):
+    with caplog.at_level(logging.ERROR, logger="lightllm.server.http.transport.front_door"):
         door.start()
         assert called.wait(BOUND_SECONDS), "the death handler was not called"
     try:

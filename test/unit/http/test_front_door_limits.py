@@ -18,10 +18,10 @@ import pytest
 
 from api_fakes import FakeManager
 from uvicorn_in_thread import serving_behind_front_door
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.probe_parsing import head_headers, health_path, may_be_health
+from lightllm.server.http.transport.front_door import FrontDoor
+from lightllm.server.http.transport.probe_parsing import head_headers, health_path, may_be_health
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
-from lightllm.server.http.listen_sockets import bind_listeners
+from lightllm.server.http.transport.listen_sockets import bind_listeners
 
 KEY = "front-door-test-key"
 LIMITS = HttpLimits(header_timeout=20, body_timeout=5, keep_alive_timeout=5, max_connections=6,

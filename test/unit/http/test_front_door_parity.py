@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 from api_fakes import FakeManager
 from uvicorn_in_thread import serving_behind_front_door
 from lightllm.server.http.app import create_app
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.head_triage import Answer, DoorState, HandOff, HeadTriage
-from lightllm.server.http.health import starting_readiness
-from lightllm.server.http.listen_sockets import bind_listeners
+from lightllm.server.http.transport.front_door import FrontDoor
+from lightllm.server.http.transport.head_triage import Answer, DoorState, HandOff, HeadTriage
+from lightllm.server.http.service.health import starting_readiness
+from lightllm.server.http.transport.listen_sockets import bind_listeners
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 
 PAGE = "https://a.example"

@@ -14,7 +14,7 @@ from typing import List
 
 import pytest
 
-from lightllm.server.http.listen_sockets import (
+from lightllm.server.http.transport.listen_sockets import (
     EXIT_INVALID_CONFIG,
     EXIT_PORT_UNAVAILABLE,
     PortUnavailableError,

@@ -13,8 +13,8 @@ def test_grammars_are_checked_without_torch() -> None:
         from lightllm.utils.torch_free import keep_torch_out
         assert keep_torch_out()
         from lightllm.server.http.errors import APIError
-        from lightllm.server.http.response_format import compile_json_schema
-        from lightllm.server.http.structured_params import _regex
+        from lightllm.server.http.structured.response_format import compile_json_schema
+        from lightllm.server.http.structured.structured_params import _regex
         assert compile_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}, "tools")
         assert _regex("<tool_call>\\\\{", "guided_regex")
         try:

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import assert_error, chat, completion
-from lightllm.server.http.response_format import compile_json_schema
-from lightllm.server.http.schema_cost import costly_multiple_of
+from lightllm.server.http.structured.response_format import compile_json_schema
+from lightllm.server.http.structured.schema_cost import costly_multiple_of
 
 
 @pytest.mark.parametrize(("schema", "message"), [
@@ -85,13 +85,13 @@ def test_a_refusal_from_a_worker_thread_is_still_a_400(client: TestClient) -> No
 def test_token_references_are_left_to_the_vocabulary_that_has_them(grammar: str) -> None:
     # The admission check's byte vocabulary has 257 tokens and no special ones: these were refused
     # as admitting no output ("Token range end too large: 300") on a 4096-token model.
-    from lightllm.server.http.structured_params import structured_grammar
+    from lightllm.server.http.structured.structured_params import structured_grammar
 
     assert structured_grammar(None, {"guided_grammar": grammar})
 
 
 def test_an_empty_regular_expression_is_refused_in_words() -> None:
-    from lightllm.server.http.structured_params import structured_grammar
+    from lightllm.server.http.structured.structured_params import structured_grammar
 
     with pytest.raises(Exception) as refused:
         structured_grammar(None, {"guided_regex": "[^\\s\\S]"})

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager
-from lightllm.server.http import grammar_thread
+from lightllm.server.http.openai import grammar_thread
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.response_format import _no_output_reason, compile_json_schema
+from lightllm.server.http.structured.response_format import _no_output_reason, compile_json_schema
 
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

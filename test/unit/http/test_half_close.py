@@ -18,7 +18,7 @@ import uvicorn
 
 from api_fakes import MODEL, FakeManager
 from lightllm.server.http.app import create_app
-from lightllm.server.http.protocol import guarded_protocol_class
+from lightllm.server.http.transport.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
 
 LIMITS = HttpLimits(header_timeout=5, body_timeout=5, keep_alive_timeout=5, send_timeout=2)

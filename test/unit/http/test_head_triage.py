@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from lightllm.server.http.head_triage import (
+from lightllm.server.http.transport.head_triage import (
     Answer,
     DoorState,
     HandOff,
@@ -13,8 +13,8 @@ from lightllm.server.http.head_triage import (
     admission_refusal,
     request_head_timeout,
 )
-from lightllm.server.http.health import starting_readiness
-from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES, cors_request_headers
+from lightllm.server.http.service.health import starting_readiness
+from lightllm.server.http.transport.probe_parsing import MAX_HEAD_BYTES, cors_request_headers
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
 
 LIMITS = HttpLimits(max_connections=20)

@@ -13,7 +13,7 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.environment_check import unread_variable_warnings
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.http.app import create_app
-from lightllm.server.http.auth import KeySet, bearer_token
+from lightllm.server.http.middleware.auth import KeySet, bearer_token
 from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
 
 USER, ADMIN = "user-key-1", "admin-key-1"
@@ -126,7 +126,7 @@ def test_the_auth_scheme_is_case_insensitive_for_every_kind_of_key(manager: Fake
 
 def test_the_front_door_reads_the_scheme_as_the_app_does() -> None:
     # The accept thread decides from the raw head whether a keyed client may pass a full server.
-    from lightllm.server.http.probe_parsing import head_headers
+    from lightllm.server.http.transport.probe_parsing import head_headers
 
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: bearer the-key\r\n\r\n"
     assert bearer_token({"headers": head_headers(head)}) == "the-key"

@@ -24,7 +24,7 @@ from uvicorn.server import ServerState
 from api_fakes import FakeManager
 from uvicorn_in_thread import serving_in_thread
 from lightllm.server.http.app import create_app
-from lightllm.server.http.protocol import guarded_protocol_class
+from lightllm.server.http.transport.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
 
 LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout=0.6, body_timeout=0.6, keep_alive_timeout=5,

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
 from lightllm.server.http.app import create_app
-from lightllm.server.http.request_guard import RequestGuardMiddleware, is_json_content_type
+from lightllm.server.http.middleware.request_guard import RequestGuardMiddleware, is_json_content_type
 from lightllm.server.http.server_options import MIB, HttpLimits, HttpServerOptions
-from lightllm.server.http.prompt_encoding import PromptEncoder, longest_token_chars
+from lightllm.server.http.generation.prompt_encoding import PromptEncoder, longest_token_chars
 
 
 @pytest.mark.parametrize(

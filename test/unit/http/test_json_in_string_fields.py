@@ -14,9 +14,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error, chat, completion
-from lightllm.server.http.body import MAX_JSON_DEPTH
+from lightllm.server.http.validation.body import MAX_JSON_DEPTH
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.json_text import parse_json_text
+from lightllm.server.http.validation.json_text import parse_json_text
 
 LONE_SURROGATE = json.dumps({"x": "\ud800"})  # the text {"x": "\ud800"}: valid JSON, not valid Unicode
 ARGUMENTS = "messages.1.tool_calls.0.function.arguments"

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager, assert_error, chat, completion
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.http.structured.structured_params import structured_grammar
 
 COSTLY = 'start: %json {"type": "integer", "multipleOf": 999983}'
 
@@ -171,7 +171,7 @@ def test_the_scan_reads_the_blocks_llguidance_reads(grammar: str, block: bool) -
     JSON is text (``start: "%json NaN"`` was refused for a NaN llguidance never reads)."""
     import llguidance
 
-    from lightllm.server.http.lark_json import json_blocks
+    from lightllm.server.http.structured.lark_json import json_blocks
 
     problem = llguidance.LLMatcher.validate_grammar(grammar, None) or ""
     assert ("Unimplemented keys" in problem) is block, problem
@@ -185,7 +185,7 @@ def test_an_opener_that_never_closes_ends_the_scan(monkeypatch: pytest.MonkeyPat
     the scan stops: the blocks after it are never compiled."""
     import llguidance
 
-    from lightllm.server.http import lark_json
+    from lightllm.server.http.structured import lark_json
 
     grammar = 'start: "a" ' + opener * 8187 + '\nb: %json {"type": "integer", "multipleOf": 999983}'
     searches = []

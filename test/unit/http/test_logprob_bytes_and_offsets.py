@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeTokenizer, sse_events
 from lightllm.server.http.app import create_app
-from lightllm.server.http.text_offsets import TextOffsets
-from lightllm.server.http.token_bytes import BYTE_FALLBACK, BYTE_LEVEL, METASPACE, TEXT, TokenBytes
+from lightllm.server.http.openai.text_offsets import TextOffsets
+from lightllm.server.http.openai.token_bytes import BYTE_FALLBACK, BYTE_LEVEL, METASPACE, TEXT, TokenBytes
 from logprob_text_support import ScriptedTextManager, byte_fallback_tokenizer, metaspace_tokenizer
 
 # CJK and emoji the small vocabularies lack: they come out as byte tokens, several per character.

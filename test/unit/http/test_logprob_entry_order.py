@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from lightllm.server.http.openai_shapes import TokenLogprobFormatter
-from lightllm.server.http.token_bytes import TokenBytes
+from lightllm.server.http.openai.openai_shapes import TokenLogprobFormatter
+from lightllm.server.http.openai.token_bytes import TokenBytes
 from lightllm.utils.tokenizer_utils import load_tokenizer
 
 

@@ -11,7 +11,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from lightllm.server.http.health import PROBE_PATHS
+from lightllm.server.http.service.health import PROBE_PATHS
 
 
 def test_openapi_lists_error_bodies_and_event_streams(client: TestClient) -> None:

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from api_fakes import FakeManager
 from lightllm.server.http.app import create_app
-from lightllm.server.http.health import PROBE_PATHS
+from lightllm.server.http.service.health import PROBE_PATHS
 from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}

@@ -14,10 +14,10 @@ from typing import List
 
 import pytest
 
-from lightllm.server.http import connection_book
-from lightllm.server.http.connection_book import ConnectionBook
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.listen_sockets import bind_listeners
+from lightllm.server.http.transport import connection_book
+from lightllm.server.http.transport.connection_book import ConnectionBook
+from lightllm.server.http.transport.front_door import FrontDoor
+from lightllm.server.http.transport.listen_sockets import bind_listeners
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
 
 INTERVAL = 0.5
@@ -38,7 +38,7 @@ class _Lines(logging.Handler):
 def lines(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(connection_book, "_LOG_INTERVAL_SECONDS", INTERVAL)
     handler = _Lines()
-    logger = logging.getLogger("lightllm.server.http.front_door")
+    logger = logging.getLogger("lightllm.server.http.transport.front_door")
     logger.addHandler(handler)
     yield handler.lines
     logger.removeHandler(handler)

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from api_fakes import FakeManager, assert_error, chat, completion
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.http.app import create_app
-from lightllm.server.http.chat_content_format import rendering_template, template_iterates_content
+from lightllm.server.http.openai.chat_content_format import rendering_template, template_iterates_content
 from lightllm.server.http.server_options import HttpServerOptions
 from lightllm.server.served_model import default_max_new_tokens
 

@@ -19,8 +19,8 @@ import pytest
 
 from api_fakes import FakeManager
 from uvicorn_in_thread import serving_behind_front_door
-from lightllm.server.http.probe_parsing import MAX_HEAD_BYTES
-from lightllm.server.http.head_limited_connection import HeadLimitedConnection
+from lightllm.server.http.transport.probe_parsing import MAX_HEAD_BYTES
+from lightllm.server.http.transport.head_limited_connection import HeadLimitedConnection
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 
 LIMITS = HttpLimits(header_timeout=20, body_timeout=5, keep_alive_timeout=5, max_connections=20,

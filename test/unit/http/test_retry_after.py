@@ -7,10 +7,10 @@ import socket
 import pytest
 
 from lightllm.server.http.errors import SERVICE_UNAVAILABLE, APIError, error_body, manager_error, server_busy
-from lightllm.server.http.front_door import FrontDoor
-from lightllm.server.http.listen_sockets import bind_listeners
-from lightllm.server.http.probe_parsing import raw_response
-from lightllm.server.http.protocol import raw_json_response
+from lightllm.server.http.transport.front_door import FrontDoor
+from lightllm.server.http.transport.listen_sockets import bind_listeners
+from lightllm.server.http.transport.probe_parsing import raw_response
+from lightllm.server.http.transport.protocol import raw_json_response
 from lightllm.server.http.retry_after import RETRY_AFTER_SECONDS, body_error_code, retry_after_seconds
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.response_format import compile_json_schema, inexact_number
+from lightllm.server.http.structured.response_format import compile_json_schema, inexact_number
 
 
 @pytest.mark.parametrize(("schema", "path", "number"), [
@@ -55,7 +55,7 @@ def test_numbers_within_2_to_the_53_and_booleans_pass() -> None:
 def test_a_lark_grammar_embedding_such_a_number_is_refused_before_the_compiler_sees_it(grammar) -> None:
     # One /v1/completions request with this guided_grammar ended the whole server (no answer, the
     # health port gone, shared memory left behind).
-    from lightllm.server.http.structured_params import structured_grammar
+    from lightllm.server.http.structured.structured_params import structured_grammar
 
     with pytest.raises(APIError) as refused:
         structured_grammar(None, {"guided_grammar": grammar})
@@ -63,7 +63,7 @@ def test_a_lark_grammar_embedding_such_a_number_is_refused_before_the_compiler_s
 
 
 def test_a_lark_grammar_with_ordinary_negative_numbers_compiles() -> None:
-    from lightllm.server.http.structured_params import structured_grammar
+    from lightllm.server.http.structured.structured_params import structured_grammar
 
     assert structured_grammar(None, {"guided_grammar": 'start: %json {"type": "integer", "minimum": -1e15}'})
 
@@ -76,7 +76,7 @@ def test_a_lark_grammar_with_ordinary_negative_numbers_compiles() -> None:
 ])
 def test_text_that_merely_looks_like_a_negative_number_is_not_refused(fields) -> None:
     # A UUID's "-4e50" read as -4e50 refused about one random UUID in twenty.
-    from lightllm.server.http.structured_params import structured_grammar
+    from lightllm.server.http.structured.structured_params import structured_grammar
 
     assert structured_grammar(None, fields)
 

@@ -2,7 +2,7 @@
 
 llguidance 1.9 compiles ``exclusiveMinimum: 0, maximum: 0.5`` to a grammar that takes ``0``: sampled
 answers broke the schema the server promised to keep.  The tests below check both halves of the
-claim in :mod:`lightllm.server.http.number_bounds` against the compiler itself: what is refused is
+claim in :mod:`lightllm.server.http.structured.number_bounds` against the compiler itself: what is refused is
 let out by the compiler, and what passes is kept by it (so a fixed compiler fails them, and the
 refusal can go).
 """
@@ -16,8 +16,8 @@ from fractions import Fraction
 import pytest
 
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.number_bounds import unkept_number_range
-from lightllm.server.http.response_format import _byte_tokenizer, compile_json_schema
+from lightllm.server.http.structured.number_bounds import unkept_number_range
+from lightllm.server.http.structured.response_format import _byte_tokenizer, compile_json_schema
 
 _CANDIDATES = [str(value) for value in range(-3, 4)] + ["-0", "-0.5", "0.5", "1.5", "-1.5", "2.25", "-2.25"]
 

@@ -5,7 +5,7 @@ uvicorn's shutdown calls each connection's ``shutdown()``, waits its graceful-sh
 the answers still being sent, then cancels their tasks ("Exception in ASGI application" with a
 CancelledError traceback; a stream cut mid-event).  An outside test saw it for a client that read
 nothing of a 3 MB stream at a SIGTERM's deadline.  The test drives the real
-:class:`~lightllm.server.http.protocol.GuardedH11Protocol` over a socketpair whose client reads
+:class:`~lightllm.server.http.transport.protocol.GuardedH11Protocol` over a socketpair whose client reads
 nothing, so the server's writes pause with an answer unsent.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict
 import uvicorn
 from uvicorn.server import ServerState
 
-from lightllm.server.http.protocol import SHUTDOWN_CLOSE_SHARE, guarded_protocol_class
+from lightllm.server.http.transport.protocol import SHUTDOWN_CLOSE_SHARE, guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits
 
 GRACE_S = 0.4
@@ -79,7 +79,7 @@ async def _ended(app: EndlessStream) -> None:
 
 
 def test_an_answer_still_being_sent_at_shutdown_ends_as_a_disconnect_before_uvicorns_cancel(caplog):
-    caplog.set_level(logging.WARNING, logger="lightllm.server.http.protocol")
+    caplog.set_level(logging.WARNING, logger="lightllm.server.http.transport.protocol")
     app, took = asyncio.run(_stop_while_sending())
     assert app.ended_by == {"type": "http.disconnect"}
     assert GRACE_S * SHUTDOWN_CLOSE_SHARE - 0.05 <= took < GRACE_S
@@ -122,7 +122,7 @@ async def _stop_while_client_reads() -> PausingStream:
 
 
 def test_a_client_still_taking_its_answer_keeps_its_connection_until_just_before_uvicorns_cancel(caplog):
-    caplog.set_level(logging.WARNING, logger="lightllm.server.http.protocol")
+    caplog.set_level(logging.WARNING, logger="lightllm.server.http.transport.protocol")
     app = asyncio.run(_stop_while_client_reads())
     assert app.completed
     assert "still being sent" not in caplog.text

@@ -1,6 +1,6 @@
 """``add_special_tokens: true`` on chat adds exactly what the tokenizer adds to a text.
 
-:func:`~lightllm.server.http.special_tokens.special_token_frame` reads the ids a tokenizer puts around
+:func:`~lightllm.server.http.generation.special_tokens.special_token_frame` reads the ids a tokenizer puts around
 a text; applied to a rendered chat tokenized without them it must give what vLLM gets by tokenizing
 the rendered text with ``add_special_tokens=True``.  Checked on trained fast tokenizers with the
 post-processors checkpoints use (Llama's BOS template, BERT's, RoBERTa's, none) and on the demo
@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.special_tokens import SpecialTokenFrame, add_special_tokens, special_token_frame
+from lightllm.server.http.generation.special_tokens import SpecialTokenFrame, add_special_tokens, special_token_frame
 from lightllm.utils.demo_model import generate_demo_model
 
 TEXTS = ["", "a", "the quick brown fox", "<s> inside </s> the text", "<s>", "  spaces\n\nand lines  ", "你好世界 ünï"]

@@ -50,7 +50,7 @@ def _accepts(grammar: str, text: str) -> bool:
     """Whether llguidance's matcher for ``grammar`` takes ``text`` whole, byte by byte."""
     import llguidance
 
-    from lightllm.server.http.response_format import _byte_tokenizer
+    from lightllm.server.http.structured.response_format import _byte_tokenizer
 
     matcher = llguidance.LLMatcher(_byte_tokenizer(), grammar)
     return matcher.consume_tokens(list(text.encode())) and not matcher.is_error() and matcher.is_accepting()

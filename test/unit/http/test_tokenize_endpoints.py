@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 import lightllm
 from api_fakes import BOS, MODEL, FakeManager, FakeTokenizer, assert_error
 from lightllm.server.http.app import create_app
-from lightllm.server.http.health import PROBE_PATHS, health_answer
-from lightllm.server.http.probe_parsing import health_path, may_be_health
+from lightllm.server.http.service.health import PROBE_PATHS, health_answer
+from lightllm.server.http.transport.probe_parsing import health_path, may_be_health
 from lightllm.server.http.server_options import AuthPolicy, HttpLimits, HttpServerOptions
 
 ROOT = Path(__file__).resolve().parents[3]

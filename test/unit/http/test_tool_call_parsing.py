@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from lightllm.server.http.tool_calls.callable_tools import CallableTools
-from lightllm.server.http.tool_calls.extraction import extract_calls
-from lightllm.server.http.tool_calls.json_scan import CallObjectScanner, split_objects
-from lightllm.server.http.tool_calls.parsers import ForcedCallParser, HermesParser, Llama3JsonParser
-from lightllm.server.http.tool_calls.streaming import NamedCallStream, ToolCallStream
+from lightllm.server.http.openai.tool_calls.callable_tools import CallableTools
+from lightllm.server.http.openai.tool_calls.extraction import extract_calls
+from lightllm.server.http.openai.tool_calls.json_scan import CallObjectScanner, split_objects
+from lightllm.server.http.openai.tool_calls.parsers import ForcedCallParser, HermesParser, Llama3JsonParser
+from lightllm.server.http.openai.tool_calls.streaming import NamedCallStream, ToolCallStream
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Pa\\"ris }", "days": [1, {"x": 2}]}}'
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

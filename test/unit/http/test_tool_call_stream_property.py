@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 import pytest
 
-from lightllm.server.http.tool_calls.extraction import Extraction, extract_calls, read_named_call
-from lightllm.server.http.tool_calls.parsers import (TOOL_CALL_PARSERS, ForcedCallParser, HermesParser,
-                                                     Llama3JsonParser, ToolCallParser)
-from lightllm.server.http.tool_calls.streaming import NamedCallStream, ToolCallStream
+from lightllm.server.http.openai.tool_calls.extraction import Extraction, extract_calls, read_named_call
+from lightllm.server.http.openai.tool_calls.parsers import (TOOL_CALL_PARSERS, ForcedCallParser, HermesParser,
+                                                            Llama3JsonParser, ToolCallParser)
+from lightllm.server.http.openai.tool_calls.streaming import NamedCallStream, ToolCallStream
 
 VALID_OBJECTS = [
     '{"name": "get_weather", "arguments": {"city": "Paris"}}',

@@ -170,7 +170,7 @@ def test_required_and_named_use_the_grammar_path() -> None:
 
 def test_a_forced_call_is_an_object_even_when_the_schema_leaves_the_type_out() -> None:
     """Clients often send a function's parameters without "type"; the grammar must still force an object."""
-    from lightllm.server.http.tool_calls.request import parse_tools
+    from lightllm.server.http.openai.tool_calls.request import parse_tools
 
     untyped = {"type": "function", "function": {"name": "add", "parameters": {
         "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
@@ -338,7 +338,7 @@ def test_required_rewrites_references_at_schema_positions_only() -> None:
     """A property named like a data keyword ("default", "enum") holds a schema whose references move
     with the tool; a "default" keyword's value is data and stays; a root "$id" is dropped (llguidance
     resolved the moved pointers against it)."""
-    from lightllm.server.http.tool_calls.request import FunctionTool, required_grammar, required_schema
+    from lightllm.server.http.openai.tool_calls.request import FunctionTool, required_grammar, required_schema
 
     address = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     schema = {"$id": "https://example.com/person", "type": "object", "$defs": {"Address": address},
@@ -375,7 +375,7 @@ def test_skip_special_tokens_asked_for_by_name_is_refused_where_the_parser_needs
 def test_required_moves_references_where_no_keyword_holds_them_and_keeps_anchors() -> None:
     # OpenAPI's components: P refers to Q there; both references move with the tool. An anchor
     # names its place anywhere in the document and stays (it was turned into a pointer to nowhere).
-    from lightllm.server.http.tool_calls.request import FunctionTool, required_grammar, required_schema
+    from lightllm.server.http.openai.tool_calls.request import FunctionTool, required_grammar, required_schema
 
     openapi = {"type": "object", "properties": {"p": {"$ref": "#/components/schemas/P"}}, "required": ["p"],
                "components": {"schemas": {"P": {"type": "object", "properties": {"q": {"$ref": "#/components/schemas/Q"}},

@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Union
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lightllm.server.http.validation_errors import describe_validation_error
+from lightllm.server.http.validation.validation_errors import describe_validation_error
 
 
 class Part(BaseModel):

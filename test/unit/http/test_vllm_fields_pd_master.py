@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lightllm.server.http.app import create_app
-from lightllm.server.http.prompt_encoding import PromptEncoder
+from lightllm.server.http.generation.prompt_encoding import PromptEncoder
 
 from pd_master_support import master_manager
 

@@ -5,7 +5,7 @@ asyncio's socket transport tells the protocol ``connection_lost`` only on the lo
 after a send failed; until then each further write just counts, and from the fifth on logs that
 warning (no request id).  A PD master relaying a burst of a node's tokens to a client that reset
 its connection wrote a chunk per token in one turn and filled its log with them.  The test drives
-the real :class:`~lightllm.server.http.protocol.GuardedH11Protocol` with a real asyncio socket
+the real :class:`~lightllm.server.http.transport.protocol.GuardedH11Protocol` with a real asyncio socket
 transport over a socketpair whose peer is closed before the response starts, so the first write
 fails deterministically (EPIPE) and the rest of the burst comes in the same turn.
 """
@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict
 import uvicorn
 from uvicorn.server import ServerState
 
-from lightllm.server.http.protocol import guarded_protocol_class
+from lightllm.server.http.transport.protocol import guarded_protocol_class
 from lightllm.server.http.server_options import HttpLimits
 
 BURST = 20  # chunks written in one loop turn after the peer went away (asyncio warns from the 5th on)

@@ -99,7 +99,7 @@ def test_a_pd_master_hears_that_nccl_flags_are_the_nodes_not_to_raise_its_tp():
 
 def test_an_address_this_machine_does_not_have_is_named_as_such():
     """`--host 8.8.8.8` asked whether another server was running on the port."""
-    from lightllm.server.http.listen_sockets import PortUnavailableError, bind_listeners
+    from lightllm.server.http.transport.listen_sockets import PortUnavailableError, bind_listeners
 
     with pytest.raises(PortUnavailableError) as refused:
         bind_listeners("192.0.2.1", 0)  # TEST-NET-1: never an address of this machine

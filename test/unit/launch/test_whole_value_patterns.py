@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.errors import APIError
-from lightllm.server.http.tool_calls.request import parse_tools
+from lightllm.server.http.openai.tool_calls.request import parse_tools
 from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.host_names import host_problem

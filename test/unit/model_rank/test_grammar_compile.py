@@ -26,8 +26,8 @@ from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
 from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.core.objs.request_spec import RequestSpec
-from lightllm.server.http.response_format import response_format_grammar
-from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.http.structured.response_format import response_format_grammar
+from lightllm.server.http.structured.structured_params import structured_grammar
 from lightllm.server.model_rank.execution.grammar_compiler import GrammarCompiler
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints

@@ -25,7 +25,7 @@ from lightllm.models.registry import load_model
 from lightllm.server.core.objs.io_messages import AddRequests
 from lightllm.server.core.objs.finish_status import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from lightllm.server.core.objs.request_spec import RequestSpec
-from lightllm.server.http.response_format import response_format_grammar
+from lightllm.server.http.structured.response_format import response_format_grammar
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.execution.structured_output import GrammarCompileFailed, GrammarConstraints
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext

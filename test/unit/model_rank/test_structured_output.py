@@ -12,8 +12,8 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.http.response_format import response_format_grammar
-from lightllm.server.http.structured_params import structured_grammar
+from lightllm.server.http.structured.response_format import response_format_grammar
+from lightllm.server.http.structured.structured_params import structured_grammar
 from lightllm.server.core.objs.finish_status import FINISH_GRAMMAR_FAILED, FINISH_STOP
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.admission import RequestRejected

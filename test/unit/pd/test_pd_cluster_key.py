@@ -24,7 +24,7 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.http.errors import install_error_handlers
 from lightllm.server.http.app import create_app
-from lightllm.server.http.auth import ApiKeyMiddleware
+from lightllm.server.http.middleware.auth import ApiKeyMiddleware
 from lightllm.server.http.server_options import AuthPolicy, HttpServerOptions
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id
 from lightllm.server.pd.node.registration_client import NodeRegistrationRefused, PdNodeClient

@@ -27,7 +27,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.common.sampling.sampling_batch import SamplingBatch
 from lightllm.models.registry import load_model
-from lightllm.server.http.body import parse_body
+from lightllm.server.http.validation.body import parse_body
 from lightllm.server.http.errors import APIError
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.pd.node.request_bodies import request_spec_of
@@ -37,7 +37,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
-from lightllm.server.http.response_format import response_format_grammar
+from lightllm.server.http.structured.response_format import response_format_grammar
 from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.server.core.objs.request_spec import RequestSpec, RequestSpecError
 

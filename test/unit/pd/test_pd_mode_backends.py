@@ -37,7 +37,7 @@ from lightllm.server.model_rank.scheduling.prefill_queue_strategy import build_p
 from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
-from lightllm.server.http.response_format import response_format_grammar
+from lightllm.server.http.structured.response_format import response_format_grammar
 from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.server.model_rank.scheduling.request_state import InvalidTransition, ReqState
 from lightllm.server.core.objs.request_spec import RequestSpec

@@ -15,7 +15,7 @@ from typing import Any, Dict, Set
 import pytest
 
 from lightllm.common.sampling import SamplingParams
-from lightllm.server.http.body import parse_body
+from lightllm.server.http.validation.body import parse_body
 from lightllm.server.pd.master import segment_flow
 from lightllm.server.pd.master.continuation import SegmentEnd, first_segment, next_segment
 from lightllm.server.pd.master.request_run import RequestRun

@@ -2,7 +2,7 @@
 
 Building an ``llguidance.LLMatcher`` compiles its grammar against the tokenizer: well under a
 millisecond for most JSON schemas, 0.9 to 1.4 s for the costliest schema the HTTP process lets
-through (an integer ``multipleOf`` near the limit of ``lightllm/server/http/schema_cost.py``).
+through (an integer ``multipleOf`` near the limit of ``lightllm/server/http/structured/schema_cost.py``).
 Built in the step, as matchers once were, that cost was paid once per request (each of ``n``
 choices is a request of its own) while every other request waited for the step: an ``n=16``
 request of ``multipleOf: 99991`` held a plain request sent during it for 20 s.

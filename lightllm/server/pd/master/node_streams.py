@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional, Set
 import anyio
 import httpx
 
-from lightllm.server.http.auth import cluster_key_headers
+from lightllm.server.http.middleware.auth import cluster_key_headers
 from lightllm.server.pd.protocol.node_info import NodeInfo
 
 logger = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from lightllm.server.http.body import parse_body, parse_body_off_loop
+from lightllm.server.http.validation.body import parse_body, parse_body_off_loop
 from lightllm.server.http.errors import (
     INVALID_REQUEST,
     NOT_FOUND,

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Set, Union
 
 from fastapi import Request
 
-from lightllm.server.http.client_presence import result_unless_gone
+from lightllm.server.http.generation.client_presence import result_unless_gone
 from lightllm.server.pd.protocol.node_events import ERROR, PdNodeEvent
 
 logger = logging.getLogger("lightllm.pd.node_api")

@@ -37,7 +37,7 @@ from typing import Any, Awaitable, Callable, Dict, Mapping, Optional
 
 import httpx
 
-from lightllm.server.http.auth import cluster_key_headers
+from lightllm.server.http.middleware.auth import cluster_key_headers
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.protocol.membership import (
     DEFAULT_HEARTBEAT_INTERVAL_S,

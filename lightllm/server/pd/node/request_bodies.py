@@ -14,7 +14,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec, RequestSpecError
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.http.errors import invalid_request
-from lightllm.server.http.planning import build_sampling_params
+from lightllm.server.http.generation.planning import build_sampling_params
 from lightllm.server.pd.protocol.stream_lines import DecodeBody, PrefillBody
 
 _SAMPLING_FIELDS = tuple(SamplingParams.__dataclass_fields__)

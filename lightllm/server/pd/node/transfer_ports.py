@@ -17,7 +17,7 @@ import socket
 from typing import Iterable, List, Optional
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.http.listen_sockets import PortUnavailableError
+from lightllm.server.http.transport.listen_sockets import PortUnavailableError
 from lightllm.utils.wildcard_hosts import bind_host
 
 _PORT_BLOCK_TRIES = 64

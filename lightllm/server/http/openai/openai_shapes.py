@@ -1,0 +1,395 @@
+"""Shapes of OpenAI responses: logprob lists, usage, choice objects, ``best_of`` selection.
+
+Pure functions of the generation events the request manager yields, so the endpoints in
+:mod:`lightllm.server.http.openai.openai_routes` stay a thin layer of parsing, planning and streaming.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lightllm.server.http.generation.fanout import ChoiceJob
+from lightllm.server.http.openai.text_offsets import TextOffsets
+from lightllm.server.http.openai.token_bytes import TokenBytes
+
+
+def json_logprob(value: float | None) -> float | None:
+    """A logprob that JSON can carry: -inf/NaN (a masked token) become OpenAI's -9999.0."""
+    if value is None:
+        return None
+    return value if math.isfinite(value) else -9999.0
+
+
+@dataclass
+class PromptToken:
+    """A prompt token shaped like a generation event, for echo with logprobs."""
+
+    token_id: int
+    text: str
+    logprob: float | None
+    top_logprobs: dict[int, float] | None
+
+
+def final_finish_reason(events: list[Any]) -> str:
+    """The finish reason of a collected choice; a generation cut off without one was aborted."""
+    return events[-1].finish_reason or "abort"
+
+
+def final_stop_reason(events: list[Any]) -> int | str | None:
+    """vLLM's ``stop_reason`` of a collected choice: the stop string or stop token id that ended it."""
+    return events[-1].stop_reason if events else None
+
+
+class UsageTracker:
+    """Token counts of a request: each prompt counted once, every choice's completion."""
+
+    def __init__(self, jobs: list[ChoiceJob], count_completion: bool = True,
+                 prompt_cached: dict[int, int] | None = None) -> None:
+        """``prompt_cached``: each prompt's cached tokens for the totals, by prompt index, when
+        they are not those of the first job listed (:func:`first_generation_cached`, for ``best_of``)."""
+        # False when the generated tokens are dropped (echo with max_tokens 0).
+        self._count_completion = count_completion
+        owners: dict[int, int] = {}
+        for job in jobs:
+            owners.setdefault(job.prompt_index, job.index)
+        # The first choice of each prompt reports that prompt's token counts in the totals.
+        self._prompt_owner = set(owners.values())
+        self._owner_prompt = {index: prompt_index for prompt_index, index in owners.items()}
+        self._prompt_cached = prompt_cached
+        # Each choice's own prompt counts (tokens, cached), known before any chunk: the jobs were
+        # primed, which prefilled their prompts (chunks streamed with continuous usage report them
+        # at once, the role chunk that precedes every token included).
+        self._prompt: dict[int, tuple[int, int]] = {job.index: (len(job.prompt_ids), job.cached_tokens)
+                                                    for job in jobs}
+        self._completion: dict[int, int] = {}
+
+    def update(self, index: int, event: Any) -> None:
+        """Record the counts carried by ``event`` of choice ``index``."""
+        self._completion[index] = event.completion_tokens if self._count_completion else 0
+        self._prompt[index] = (event.prompt_tokens, event.cached_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI ``usage`` object of the whole request."""
+        owned = [(index, counts) for index, counts in self._prompt.items() if index in self._prompt_owner]
+        if self._prompt_cached is not None:
+            owned = [(index, (tokens, self._prompt_cached[self._owner_prompt[index]])) for index, (tokens, _) in owned]
+        return _usage(sum(tokens for _, (tokens, _) in owned), sum(self._completion.values()),
+                      sum(cached for _, (_, cached) in owned))
+
+    def choice_dict(self, index: int) -> dict[str, Any]:
+        """The ``usage`` of choice ``index`` alone: its prompt and its completion so far.
+
+        What vLLM's ``continuous_usage_stats`` chunks carry, each in its choice's chunk.
+        """
+        tokens, cached = self._prompt[index]
+        return _usage(tokens, self._completion.get(index, 0), cached)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+class TokenLogprobFormatter:
+    """Turns per-token logprobs into the completions or chat ``logprobs`` shapes."""
+
+    def __init__(self, token_bytes: TokenBytes, top_count: int, tokens_as_ids: bool = False) -> None:
+        # The server's one table (its routes own it): a token's bytes are worked out once.
+        self._table = token_bytes
+        self._tokenizer = token_bytes.tokenizer
+        self._top_count = top_count
+        self._tokens_as_ids = tokens_as_ids
+
+    def offset_tracker(self) -> TextOffsets:
+        """A fresh :class:`TextOffsets` for one choice's ``text_offset``."""
+        return TextOffsets(self._table)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token on its own, or ``token_id:<id>`` (vLLM's
+        ``return_tokens_as_token_ids``, for tokens whose text alone is ambiguous).
+
+        Events with a negative ``token_id`` are finish markers that carry no token; they
+        are left out of every logprobs list.
+        """
+        if self._tokens_as_ids:
+            return f"token_id:{token_id}"
+        return self._table.text(token_id)
+
+    def _top(self, event: Any) -> list[tuple[int, float]]:
+        ranked = sorted((event.top_logprobs or {}).items(), key=lambda item: -item[1])
+        return [(token_id, json_logprob(value)) for token_id, value in ranked[: self._top_count]]
+
+    def completion(self, events: list[Any], offsets: list[int]) -> dict[str, Any]:
+        """Legacy completions logprobs; the sampled token is always among ``top_logprobs``.
+
+        ``events`` are token records (no finish markers); ``offsets`` their ``text_offset``
+        (:class:`TextOffsets`).
+        """
+        tokens, top = [], []
+        for event in events:
+            tokens.append(self.token_text(event.token_id))
+            if event.logprob is None:  # the first prompt token has nothing to be predicted from
+                top.append(None)
+                continue
+            # The chosen token first, then the alternatives best first, as vLLM builds the dict (a
+            # client may read the first key as the chosen token); tokens of the same text (byte
+            # tokens all read U+FFFD) share one key, in the first one's place with the last one's
+            # logprob, as vLLM's one pass over them leaves it.
+            alternatives = {tokens[-1]: json_logprob(event.logprob)}
+            for token_id, value in self._top(event):
+                alternatives[self.token_text(token_id)] = value
+            top.append(alternatives)
+        return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
+                "top_logprobs": top, "text_offset": list(offsets)}
+
+    def prompt_tokens(self, prompt_ids: list[int], first_event: Any) -> list["PromptToken"]:
+        """The prompt as logprob records for echo (the first token's logprob is None)."""
+        computed = getattr(first_event, "prompt_logprobs", None) or []
+        records = [PromptToken(prompt_ids[0], self._tokenizer.decode([prompt_ids[0]]), None, None)]
+        for position, token_id in enumerate(prompt_ids[1:]):
+            logprob, top = (computed[position][1], computed[position][2]) if position < len(computed) else (None, None)
+            records.append(PromptToken(token_id, self._tokenizer.decode([token_id]), logprob, top))
+        return records
+
+    def vllm_prompt_logprobs(self, prompt_ids: list[int], first_event: Any, count: int) -> list[Any]:
+        """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank,
+        decoded_token}}`` holding the prompt token and the ``count`` most likely alternatives."""
+        computed = getattr(first_event, "prompt_logprobs", None) or []
+        result: list[Any] = [None]
+        for token_id, logprob, top, *rank in computed:
+            ranked = sorted(top.items(), key=lambda item: -item[1])[:count]
+            # The prompt token first, then the alternatives best first, as vLLM orders the dict.
+            # Its rank is its rank in the whole distribution, computed on the model rank (1 + the
+            # number of tokens with a strictly greater logprob), as vLLM reports it; where none was
+            # published its place among the alternatives gives it.
+            own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None,
+                   "decoded_token": self._tokenizer.decode([token_id])}
+            entry = {str(token_id): own}
+            for position, (alt_id, value) in enumerate(ranked):
+                if alt_id == token_id and own["rank"] is None:
+                    own["rank"] = position + 1
+                entry.setdefault(str(alt_id), {"logprob": json_logprob(value), "rank": position + 1,
+                                               "decoded_token": self._tokenizer.decode([alt_id])})
+            result.append(entry)
+        return result
+
+    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        # ``bytes`` are the token's own bytes (also with token_id:<id> names), so joining those of
+        # consecutive tokens rebuilds a character split over them, as OpenAI documents the field.
+        return {"token": self.token_text(token_id), "logprob": json_logprob(logprob),
+                "bytes": list(self._table.raw(token_id))}
+
+    def chat(self, events: list[Any]) -> dict[str, Any]:
+        """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+        content = []
+        for event in events:
+            if event.token_id < 0:
+                continue
+            entry = self._chat_entry(event.token_id, event.logprob)
+            entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in self._top(event)]
+            content.append(entry)
+        return {"content": content}
+
+
+def first_generation_cached(collected: dict[int, list[Any]], jobs: list[ChoiceJob]) -> dict[int, int]:
+    """Each prompt's cached tokens as its first generation saw them, by prompt index.
+
+    The other generations of a prompt (``n``, ``best_of``) run beside the first and may adopt
+    the prefix it computed; what a request reports as cached is the first one's, whichever
+    generation ``best_of`` keeps (else a never-seen prompt could report a hit, by sampling luck).
+    """
+    cached: dict[int, int] = {}
+    for job in sorted(jobs, key=lambda job: job.index):
+        if job.prompt_index not in cached:
+            events = collected.get(job.index) or []
+            cached[job.prompt_index] = events[-1].cached_tokens if events else job.cached_tokens
+    return cached
+
+
+def best_choices(collected: dict[int, list[Any]], jobs: list[ChoiceJob],
+                 n: int) -> tuple[dict[int, list[Any]], list[ChoiceJob]]:
+    """Keep the ``n`` generations of each prompt with the highest cumulative logprob (``best_of``).
+
+    The kept ones are renumbered ``prompt_index * n + rank``, most likely first, as vLLM orders them.
+    """
+
+    def score(events: list[Any]) -> float:
+        total = sum(event.logprob for event in events if event.token_id >= 0)
+        return total if math.isfinite(total) else -math.inf
+
+    by_prompt: dict[int, list[ChoiceJob]] = {}
+    for job in jobs:
+        by_prompt.setdefault(job.prompt_index, []).append(job)
+    kept: dict[int, list[Any]] = {}
+    kept_jobs: list[ChoiceJob] = []
+    for prompt_index, candidates in sorted(by_prompt.items()):
+        ranked = sorted(candidates, key=lambda job: -score(collected[job.index]))[:n]
+        for rank, job in enumerate(ranked):
+            index = prompt_index * n + rank
+            kept[index] = collected[job.index]
+            kept_jobs.append(replace(job, index=index))
+    return kept, kept_jobs
+
+
+class CompletionShaper:
+    """Choice objects of ``/v1/completions`` (``text_completion``) responses and chunks."""
+
+    id_prefix = "cmpl"
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
+                 echo: list[tuple[str, list[int]]] | None = None, n: int = 1, drop_output: bool = False,
+                 prompt_logprobs: int | None = None, prompts: list[list[int]] | None = None,
+                 every_token: bool = False) -> None:
+        """``echo`` holds ``(prompt text, prompt ids)`` per prompt when the prompt is echoed;
+        ``drop_output`` leaves the generated tokens out (echo with ``max_tokens`` 0); ``every_token``
+        streams a chunk for every output token, text or not (``return_token_ids``)."""
+        self._formatter = formatter
+        self._with_logprobs = with_logprobs
+        self._echo = echo
+        self._n = n
+        self._drop_output = drop_output
+        self._prompt_logprobs = prompt_logprobs
+        self._prompts = prompts or []
+        self._every_token = every_token
+        # Per choice while streaming: its text_offset tracker (present once its first chunk was made).
+        self._trackers: dict[int, TextOffsets] = {}
+        self.counts_completion = not drop_output
+
+    def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Completion streams start directly with text."""
+        return []
+
+    def _pieces(self, index: int, events: list[Any], with_prompt: bool) -> list[tuple[str, list[Any], bool]]:
+        """``(text, token records, whole)`` in the order the choice's text is sent: the echoed prompt
+        (``with_prompt``, when echoing; ``whole``: decoded on its own), then each output token with
+        the text it released.
+
+        A streamed and a whole response are both built from these pieces, so their texts and
+        ``text_offset`` lists agree.
+        """
+        pieces: list[tuple[str, list[Any], bool]] = []
+        if with_prompt and self._echo is not None and events:
+            prompt_text, prompt_ids = self._echo[index // self._n]
+            pieces.append((prompt_text, self._formatter.prompt_tokens(prompt_ids, events[0]), True))
+        if not self._drop_output:
+            pieces += [(event.text, [event], False) for event in events if event.token_id >= 0]
+        return pieces
+
+    def _logprobs(self, tracker: TextOffsets, pieces: list[tuple[str, list[Any], bool]]) -> dict[str, Any] | None:
+        """The ``logprobs`` of ``pieces`` (None when not asked for), their offsets from ``tracker``."""
+        if not self._with_logprobs:
+            return None
+        records = [record for _, group, _ in pieces for record in group]
+        offsets = [offset for text, group, whole in pieces
+                   for offset in tracker.feed(text, [record.token_id for record in group], whole)]
+        return self._formatter.completion(records, offsets)
+
+    def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
+        """The chunk choices for one token (one chunk each); none for a token that adds nothing to send."""
+        first = index not in self._trackers
+        tracker = self._trackers.setdefault(index, self._formatter.offset_tracker())
+        pieces = self._pieces(index, [event], with_prompt=first)
+        text = "".join(piece_text for piece_text, _, _ in pieces)
+        has_tokens = any(group for _, group, _ in pieces)
+        if not text and event.finish_reason is None and not ((self._with_logprobs or self._every_token)
+                                                                and has_tokens):
+            return []
+        return [{"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
+                 "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
+
+    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The whole choice of a non-streaming response."""
+        pieces = self._pieces(index, events, with_prompt=True)
+        text = "".join(piece_text for piece_text, _, _ in pieces)
+        logprobs = self._logprobs(self._formatter.offset_tracker(), pieces)
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": final_finish_reason(events),
+                  "stop_reason": final_stop_reason(events)}
+        if self._prompt_logprobs is not None and events:
+            choice["prompt_logprobs"] = self._formatter.vllm_prompt_logprobs(
+                self._prompts[index // self._n], events[0], self._prompt_logprobs)
+        return choice
+
+    def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
+        """Top-level response fields besides the choices (none for completions)."""
+        return {}
+
+    def chunk_fields(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """Top-level fields of the stream chunk carrying ``choice``, besides its header (none here)."""
+        return {}
+
+
+class ChatShaper:
+    """Choice objects of ``/v1/chat/completions`` responses and ``chat.completion.chunk`` chunks."""
+
+    id_prefix = "chatcmpl"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    counts_completion = True
+
+    def __init__(self, formatter: TokenLogprobFormatter, with_logprobs: bool, *,
+                 prompt_logprobs: int | None = None, prompt_ids: list[int] | None = None,
+                 echo: str | None = None, every_token: bool = False) -> None:
+        """``echo`` is the text vLLM's chat ``echo`` puts before every choice's content (None: no echo);
+        ``every_token`` streams a chunk for every output token, text or not (``return_token_ids``)."""
+        self._formatter = formatter
+        self._with_logprobs = with_logprobs
+        self._prompt_logprobs = prompt_logprobs
+        self._prompt_ids = prompt_ids or []
+        self._echo = echo
+        self._every_token = every_token
+
+    def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
+        """vLLM puts chat's ``prompt_logprobs`` at the top level of the response."""
+        if self._prompt_logprobs is None or not collected.get(0):
+            return {}
+        return {"prompt_logprobs": self._formatter.vllm_prompt_logprobs(
+            self._prompt_ids, collected[0][0], self._prompt_logprobs)}
+
+    def chunk_fields(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """Top-level fields of the stream chunk carrying ``choice``, besides its header (none here)."""
+        return {}
+
+    def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
+        """The chunks before any token: every choice's role, then (echo) every choice's echoed text.
+
+        As vLLM streams them: the echo is a content delta of its own, sent only when not empty.
+        """
+        openings = [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None} for index in indices]
+        if self._echo:
+            openings += [{"index": index, "delta": {"content": self._echo}, "logprobs": None, "finish_reason": None}
+                         for index in indices]
+        return openings
+
+    def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
+        """The chunk choices for one token (one chunk each); none for a token that adds nothing to send."""
+        if not event.text and event.finish_reason is None and not self._with_logprobs \
+                and not (self._every_token and event.token_id >= 0):
+            return []
+        logprobs = self._formatter.chat([event]) if self._with_logprobs else None
+        return [{"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
+                 "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
+
+    def generated_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The choice as generated, before ``echo`` (subclasses read tool calls from it)."""
+        return {"index": index, "message": {"role": "assistant", "content": "".join(event.text for event in events)},
+                "logprobs": self._formatter.chat(events) if self._with_logprobs else None,
+                "finish_reason": final_finish_reason(events), "stop_reason": final_stop_reason(events)}
+
+    def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
+        """The whole choice of a non-streaming response."""
+        choice = self.generated_choice(index, events)
+        if self._echo is not None:
+            # vLLM's rule: with echo the content is the echoed text plus the content (a null content,
+            # such as beside tool calls, counts as empty), so it is always a string.
+            choice["message"]["content"] = self._echo + (choice["message"]["content"] or "")
+        return choice
