@@ -7,8 +7,10 @@ or the PD master's). Nothing in this package loads torch. Its rooms, from the to
 room imports one above it; ``test/unit/project/test_import_structure.py`` keeps them on floors):
 
 * ``app``: the FastAPI application and the native ``/generate`` endpoints, wiring every layer and
-  route below; ``native_models``: the native endpoints' request schemas.
-* :mod:`.tokenize`: vLLM's ``/tokenize`` and ``/detokenize``.
+  route below.
+* :mod:`.tokenize`: vLLM's ``/tokenize`` and ``/detokenize``, and LightLLM's ``/tokens``.
+* ``native_sampling``: a native body's ``parameters`` as checked sampling parameters (``/generate``
+  and ``/tokens``); ``native_models``: the native endpoints' request schemas.
 * :mod:`.openai`: the OpenAI-compatible endpoints: request models, routes, response shapes, tool
   calls, and the grammar thread the structured-output checks run on.
 * :mod:`.transport`: the connection side under the app: the listening sockets, the front door that

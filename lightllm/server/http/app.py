@@ -58,22 +58,22 @@ from lightllm.server.http.errors import (
 )
 from lightllm.server.http.generation.fanout import ChoiceJob, GenerationFanout, sse, sse_response
 from lightllm.server.http.native_models import NativeGenerateRequest
+from lightllm.server.http.native_sampling import NATIVE_DEFAULT_MAX_NEW_TOKENS, native_sampling_params
 from lightllm.server.http.openai.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai.chat_completion_request import ChatCompletionRequest
 from lightllm.server.http.openai.openai_models import CompletionRequest
 from lightllm.server.http.openai.openai_shapes import (best_choices, final_finish_reason, first_generation_cached,
                                                        json_logprob)
 from lightllm.server.http.openapi import install_request_schemas, request_body
-from lightllm.server.http.generation.planning import (build_sampling_params, check_context_length,
+from lightllm.server.http.generation.planning import (check_context_length,
                                                       check_generation_counts, check_min_tokens_fit, check_token_ids,
                                                       choice_jobs, default_length_for, encoded)
 from lightllm.server.core.objs.shm_req_layout import wants_top_rows
 from lightllm.server.http.middleware.auth import ApiKeyMiddleware, check_priority_allowed
 from lightllm.server.http.middleware.client_share import ClientShare, ClientShareMiddleware
-from lightllm.server.http.openai.grammar_thread import on_grammar_thread
 from lightllm.server.http.middleware.in_flight import (AdmissionMiddleware, DrainRefusalMiddleware, PreparingRequests,
                                                        check_admission)
-from lightllm.server.http.service.health import HEALTH_PATHS, health_answer, manager_readiness
+from lightllm.server.http.service.health import HEALTH_PATHS, POST_PROBE_PATHS, health_answer, manager_readiness
 from lightllm.server.http.middleware.request_guard import RequestGuardMiddleware
 from lightllm.server.http.middleware.unread_body import UnreadBodyCloseMiddleware
 from lightllm.server.http.retry_after import body_error_code, retry_after_headers
@@ -82,19 +82,11 @@ from lightllm.server.http.generation.prompt_encoding import PromptEncoder
 from lightllm.server.http.service.service_routes import ServiceEndpoints
 from lightllm.server.http.tokenize.tokenize_models import (DetokenizeRequest, TokenizeChatRequest,
                                                            TokenizeCompletionRequest)
-from lightllm.server.http.structured.structured_params import NATIVE_CONSTRAINTS, usable_grammar
 from lightllm.server.http.tokenize.tokenize_routes import TokenizeEndpoints
 from lightllm.server.request_manager import RequestManager, missing_request_manager_members
 from lightllm.utils.tokenizer_utils import tokenizer_special_ids
 
 logger = logging.getLogger(__name__)
-
-# LightLLM's default for a /generate request without max_new_tokens.
-NATIVE_DEFAULT_MAX_NEW_TOKENS = 16
-
-_NATIVE_NAMES = {name: f"parameters.{name}" for name in (
-    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-    "max_new_tokens", "min_new_tokens", "stop_token_ids", "ignore_eos", "do_sample", "logprobs", "stop_sequences")}
 
 
 class NativeEndpoints:
@@ -116,6 +108,8 @@ class NativeEndpoints:
         for path in sorted(HEALTH_PATHS):
             router.add_api_route(path, self.health, methods=["GET"])
             router.add_api_route(path, self.health, methods=["HEAD"], include_in_schema=False)
+        for path in sorted(POST_PROBE_PATHS):
+            router.add_api_route(path, self.health, methods=["POST"])
         router.add_api_route("/metrics", self.metrics, methods=["GET"])
         # HEAD beside GET on every read-only path (RFC 9110 9.1: general-purpose servers support it;
         # monitors and proxies check a path with it); HEAD is left out of the schema, as on /health.
@@ -156,18 +150,7 @@ class NativeEndpoints:
             max_new, min_beyond_room = default_length_for(
                 max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
                 parameters.min_new_tokens, len(prompt_ids), self.manager.max_req_total_len)
-        # sampling_fields compiles the request's grammar, which can take seconds: on the grammar thread.
-        def compiled_fields() -> dict:
-            fields = parameters.sampling_fields(self.manager.generation_defaults)
-            asked = [name for name in NATIVE_CONSTRAINTS if getattr(parameters, name) is not None]
-            if asked:
-                usable_grammar(self.manager, fields["grammar"], f"parameters.{asked[0]}")
-            return fields
-
-        constrained = any(getattr(parameters, name) is not None for name in NATIVE_CONSTRAINTS)
-        fields = await on_grammar_thread(compiled_fields, request) if constrained else compiled_fields()
-        values = {**fields, "max_new_tokens": max_new}
-        params = build_sampling_params(values, self.manager.vocab_size, _NATIVE_NAMES)
+        params = await native_sampling_params(self.manager, parameters, max_new, request)
         if min_beyond_room:
             check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,
                                  prompt_noun="prompt", min_param="parameters.min_new_tokens")

@@ -1,4 +1,4 @@
-"""Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints.
+"""Request schemas of LightLLM's native ``/generate`` and ``/generate_stream`` endpoints (and its ``/tokens``).
 
 Strict like every request schema (:class:`~lightllm.server.http.validation.base_models.StrictModel`: no coercion,
 unknown keys rejected with a 400 naming them), with LightLLM's own parameter names and defaults;
@@ -172,19 +172,46 @@ class NativeGenerateRequest(NullMeansAbsent):
     @field_validator("multimodal_params")
     @classmethod
     def _check_multimodal(cls, value: dict[str, Any] | None) -> None:
-        # LightLLM's clients send {"images": [], "audios": []} with text-only requests; those
-        # empty lists mean nothing, any other key is unknown and any content is unsupported.
-        if not value:
-            return None
-        unknown = sorted(key for key in value if key not in _MULTIMODAL_KEYS)
-        if unknown:
-            raise ValueError(f"unknown multimodal_params key(s) {unknown}; LightLLM's are {sorted(_MULTIMODAL_KEYS)}")
-        for key, items in value.items():
-            if items is None or items == []:
-                continue
-            if isinstance(items, list):
-                raise ValueError("multimodal inputs are not supported by this server")
-            # 0, false, "" and {} are empty too, but not lists: a client sending them has a bug to hear about.
-            raise ValueError(f"multimodal_params.{key} must be a list (an empty one: multimodal inputs are not "
-                             f"supported by this server), got {json_type_name(items)}")
+        return checked_multimodal_params(value)
+
+
+class NativeTokenCountRequest(NullMeansAbsent):
+    """Body of LightLLM's ``/tokens``: how many prompt tokens ``text`` is, as ``/generate`` counts it.
+
+    ``parameters`` and ``multimodal_params`` are checked as ``/generate`` checks them (LightLLM
+    validates them there too), so a body ``/generate`` refuses for them is refused here with the
+    same 400; ``parameters.add_special_tokens`` is the one that changes the count.
+    """
+
+    text: str
+    parameters: NativeParameters = Field(default_factory=NativeParameters)
+    multimodal_params: dict[str, Any] | None = None
+
+    def check_consistency(self) -> None:
+        """The parameters' cross-field checks, as on ``/generate``."""
+        self.parameters.check_consistency()
+
+    @field_validator("multimodal_params")
+    @classmethod
+    def _check_multimodal(cls, value: dict[str, Any] | None) -> None:
+        return checked_multimodal_params(value)
+
+
+def checked_multimodal_params(value: dict[str, Any] | None) -> None:
+    """``multimodal_params`` of a native body: only LightLLM's empty forms (a ``ValueError`` otherwise)."""
+    # LightLLM's clients send {"images": [], "audios": []} with text-only requests; those
+    # empty lists mean nothing, any other key is unknown and any content is unsupported.
+    if not value:
         return None
+    unknown = sorted(key for key in value if key not in _MULTIMODAL_KEYS)
+    if unknown:
+        raise ValueError(f"unknown multimodal_params key(s) {unknown}; LightLLM's are {sorted(_MULTIMODAL_KEYS)}")
+    for key, items in value.items():
+        if items is None or items == []:
+            continue
+        if isinstance(items, list):
+            raise ValueError("multimodal inputs are not supported by this server")
+        # 0, false, "" and {} are empty too, but not lists: a client sending them has a bug to hear about.
+        raise ValueError(f"multimodal_params.{key} must be a list (an empty one: multimodal inputs are not "
+                         f"supported by this server), got {json_type_name(items)}")
+    return None

@@ -12,7 +12,7 @@
 * ``/ping`` (vLLM's SageMaker probe, :mod:`lightllm.server.http.service.service_routes`): the same answer as
   ``/health``; it is a probe too (:data:`PROBE_PATHS`), so it needs no key and the front door answers it.
 
-``HEAD`` is accepted on each. The answers come from :func:`health_answer`, used both by the front
+``HEAD`` is accepted on each, and ``POST`` on LightLLM's ``/liveness`` and ``/readiness`` (as LightLLM serves them). The answers come from :func:`health_answer`, used both by the front
 door (:mod:`lightllm.server.http.transport.front_door`, which answers a probe on a fresh connection in a thread
 of its own, without waiting for the busy event loop) and by the app's routes (a probe sent on a
 keep-alive connection after other requests).
@@ -32,6 +32,8 @@ READY_PATH = "/health/ready"
 # configurations written for LightLLM keep working.
 PROBE_ALIASES = {"/healthz": HEALTH_PATH, "/liveness": LIVE_PATH, "/readiness": READY_PATH}
 HEALTH_PATHS = frozenset({HEALTH_PATH, LIVE_PATH, READY_PATH, *PROBE_ALIASES})
+# LightLLM also serves these two on POST, so a probe written for it may use that method.
+POST_PROBE_PATHS = frozenset({"/liveness", "/readiness"})
 # SageMaker's probe, which vLLM serves (GET and POST): it means /health. Kept out of HEALTH_PATHS,
 # whose routes the native endpoints register, because its route replays the app's own /health
 # (a PD master's included) rather than computing an answer of its own.

@@ -15,7 +15,13 @@ the work.
 tokens kept).  Ids outside ``[0, vocab_size)`` and lists longer than the context are a 400 naming
 ``tokens``.
 
-Both follow the OpenAI endpoints' ``model`` rule (missing, null or ``""``: the served model; an
+``/tokens`` (LightLLM's, ``GET`` or ``POST``) answers ``{"ntokens"}``: how many tokens ``/generate``
+would count as the prompt of ``inputs`` = ``text`` with the same ``parameters`` (its
+``add_special_tokens``), the character bound included and the context not; ``parameters`` and
+``multimodal_params`` are checked as ``/generate`` checks them (their values, grammars included),
+as LightLLM checks them there.
+
+``/tokenize`` and ``/detokenize`` follow the OpenAI endpoints' ``model`` rule (missing, null or ``""``: the served model; an
 unknown name: 404) and need the API key when the server has one.
 """
 
@@ -30,6 +36,8 @@ from lightllm.server.http.validation.body import parse_body_off_loop
 from lightllm.server.http.errors import JSONErrorRoute, invalid_request, manager_error
 from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.http.openai.openai_routes import OpenAIEndpoints
+from lightllm.server.http.native_models import NativeTokenCountRequest
+from lightllm.server.http.native_sampling import NATIVE_DEFAULT_MAX_NEW_TOKENS, native_sampling_params
 from lightllm.server.http.openapi import request_body, request_body_any
 from lightllm.server.http.generation.planning import check_token_ids
 from lightllm.server.http.generation.prompt_encoding import PromptEncoder
@@ -40,10 +48,12 @@ from lightllm.server.request_manager import RequestManager
 
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
+# LightLLM's token count (GET and POST, as LightLLM serves it).
+TOKEN_COUNT_PATH = "/tokens"
 
 
 class TokenizeEndpoints:
-    """``/tokenize`` and ``/detokenize`` over one manager's tokenizer.
+    """``/tokenize``, ``/detokenize`` and LightLLM's ``/tokens`` over one manager's tokenizer.
 
     ``openai``: the server's OpenAI endpoints, whose ``model`` and request-template rules these
     share, so that both answer a request the same way.
@@ -55,12 +65,16 @@ class TokenizeEndpoints:
         self.openai = openai
 
     def router(self) -> APIRouter:
-        """An APIRouter with ``POST /tokenize`` and ``POST /detokenize``."""
+        """An APIRouter with ``POST /tokenize``, ``POST /detokenize`` and ``GET``/``POST /tokens``."""
         router = APIRouter(route_class=JSONErrorRoute)
         router.add_api_route(TOKENIZE_PATH, self.tokenize, methods=["POST"],
                              openapi_extra=request_body_any(TokenizeCompletionRequest, TokenizeChatRequest))
         router.add_api_route(DETOKENIZE_PATH, self.detokenize, methods=["POST"],
                              openapi_extra=request_body(DetokenizeRequest))
+        # One route per method, so each has an OpenAPI operation id of its own.
+        for method in ("GET", "POST"):
+            router.add_api_route(TOKEN_COUNT_PATH, self.count_tokens, methods=[method],
+                                 openapi_extra=request_body(NativeTokenCountRequest))
         return router
 
     async def tokenize(self, request: Request) -> Response:
@@ -91,6 +105,20 @@ class TokenizeEndpoints:
         tokens = list(body.tokens)
         text = await self.encoder.on_tokenizer_thread(lambda: tokenizer.decode(tokens))
         return JSONResponse({"prompt": text})
+
+    async def count_tokens(self, request: Request) -> Response:
+        """LightLLM's ``/tokens``: ``{"ntokens"}`` of ``text``, as ``/generate`` would count its prompt."""
+        body = await parse_body_off_loop(await request.body(), NativeTokenCountRequest)
+        parameters = body.parameters
+        # Checked as /generate checks them; no generation runs, so a max_new_tokens left out needs only
+        # to leave min_new_tokens room (/generate's default is cut to the prompt's room instead).
+        max_new = parameters.max_new_tokens
+        if max_new is None:
+            max_new = max(NATIVE_DEFAULT_MAX_NEW_TOKENS, parameters.min_new_tokens or 0)
+        await native_sampling_params(self.manager, parameters, max_new, request)
+        options = {} if body.parameters.add_special_tokens else {"add_special_tokens": False}
+        ids = await _encoded(self.encoder.encode_prompt(body.text, "text", True, **options), "text")
+        return JSONResponse({"ntokens": len(ids)})
 
     async def _prompt_ids(self, body: TokenizeCompletionRequest) -> List[int]:
         """The prompt's ids as /v1/completions encodes a text prompt."""
