@@ -3,8 +3,11 @@
 ``create_app`` and the endpoint classes (native, OpenAI) depend on :class:`RequestManager`, not
 on a concrete manager: the HTTP process's :class:`~lightllm.server.httpserver.manager.HttpServerManager`
 implements it for a normal server, and a PD master's manager can serve the same API by
-implementing it too.  :class:`SupervisedRequestManager` adds what the launcher's supervisor needs
-for shutdown and child failure.  Errors a manager raises are the types of
+implementing it too.  What either knows of the model it serves is one member, ``served``
+(:class:`ServedModelView`, which :class:`~lightllm.server.served_model.ServedModel` implements);
+what stays on the manager is its own: running requests, its generation caps, health, metrics.
+:class:`SupervisedRequestManager` adds what the launcher's supervisor needs for shutdown and
+child failure.  Errors a manager raises are the types of
 :mod:`lightllm.server.manager_errors`.
 
 This module imports no shared memory, zmq or torch.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, get_type_hints, runtime_checkable
 
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.core.objs.request_spec import RequestSpec
@@ -49,18 +52,17 @@ def generations_per_request(slots: int) -> int:
 
 
 @runtime_checkable
-class RequestManager(Protocol):
-    """What the HTTP layer needs from whoever runs its requests.
+class ServedModelView(Protocol):
+    """What the HTTP layer reads of the model a manager serves: a request manager's ``served``.
+
+    :class:`~lightllm.server.served_model.ServedModel` implements it, and both managers serve one;
+    test doubles give their own (a word tokenizer, scripted chat rendering).
 
     Attributes: ``model_name`` (the id the API reports), ``served_model_names`` (every id a
     request's ``model`` may name), ``max_req_total_len`` (prompt + generated tokens of one
     request), ``vocab_size``, ``eos_token_ids``, ``tokenizer`` (for decoding token strings
-    in responses), ``generation_defaults`` (the sampling fields a request inherits) and
-    ``max_generations_per_request`` (prompts x ``n``/``best_of`` one request may run; None: no
-    limit of the manager's own) and ``max_top_logprob_generations_per_request`` (the same for a
-    request asking for top logprobs), with ``generation_caps_source``, whose places they are half
-    of, as a refusal names them ("the server's", "the smallest PD node's").  A
-    manager that loaded a checkpoint may also have ``model_path`` (``--model_dir`` as an absolute path),
+    in responses) and ``generation_defaults`` (the sampling fields a request inherits).  A model
+    loaded from a checkpoint may also have ``model_path`` (``--model_dir`` as an absolute path),
     which /v1/models reports as ``root``.
     """
 
@@ -71,15 +73,6 @@ class RequestManager(Protocol):
     eos_token_ids: List[int]
     tokenizer: Any
     generation_defaults: GenerationDefaults
-    max_generations_per_request: Optional[int]
-    max_top_logprob_generations_per_request: Optional[int]
-    generation_caps_source: str
-
-    async def start(self) -> None:
-        """Called once on the server's event loop before the first request."""
-
-    async def stop(self) -> None:
-        """Called once on the server's event loop after the last request."""
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
         """Token ids of a text prompt (may block: the HTTP layer calls it in a worker thread).
@@ -115,6 +108,30 @@ class RequestManager(Protocol):
         May block the first time (it builds the grammar engine's view of the tokenizer): the HTTP
         layer calls it on a tokenizer thread, only for requests that carry a grammar.
         """
+
+
+@runtime_checkable
+class RequestManager(Protocol):
+    """What the HTTP layer needs from whoever runs its requests.
+
+    Attributes: ``served`` (the model it serves: names, tokenizer, limits and the encoding of
+    prompts and chats, :class:`ServedModelView`), ``max_generations_per_request`` (prompts x
+    ``n``/``best_of`` one request may run; None: no limit of the manager's own) and
+    ``max_top_logprob_generations_per_request`` (the same for a request asking for top logprobs),
+    with ``generation_caps_source``, whose places they are half of, as a refusal names them ("the
+    server's", "the smallest PD node's").
+    """
+
+    served: ServedModelView
+    max_generations_per_request: Optional[int]
+    max_top_logprob_generations_per_request: Optional[int]
+    generation_caps_source: str
+
+    async def start(self) -> None:
+        """Called once on the server's event loop before the first request."""
+
+    async def stop(self) -> None:
+        """Called once on the server's event loop after the last request."""
 
     def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[GenerationEvent]:
         """Run one generation of ``spec``: its events, the last one with a ``finish_reason``.
@@ -164,11 +181,23 @@ class SupervisedRequestManager(RequestManager, Protocol):
 
 
 def missing_request_manager_members(manager: object, protocol: type = RequestManager) -> List[str]:
-    """Names of ``protocol``'s attributes and methods that ``manager`` lacks (empty: none)."""
-    names = set(getattr(protocol, "__annotations__", {}))
-    for cls in protocol.__mro__:
+    """Names of ``protocol``'s attributes and methods that ``manager`` lacks (empty: none).
+
+    A member typed with a protocol (``served``: :class:`ServedModelView`) is checked in turn: what
+    the manager's object lacks is named under it (``served.encode_prompt``).
+    """
+    members: Dict[str, Any] = {}
+    for cls in reversed(protocol.__mro__):
         if cls is object or cls is Protocol or not getattr(cls, "_is_protocol", False):
             continue
-        names.update(name for name, value in vars(cls).items() if callable(value) and not name.startswith("_"))
-        names.update(getattr(cls, "__annotations__", {}))
-    return sorted(name for name in names if not hasattr(manager, name))
+        members.update((name, None) for name, value in vars(cls).items()
+                       if callable(value) and not name.startswith("_"))
+        members.update(get_type_hints(cls))
+    missing = []
+    for name in sorted(members):
+        if not hasattr(manager, name):
+            missing.append(name)
+        elif getattr(members[name], "_is_protocol", False):
+            missing.extend(f"{name}.{inner}" for inner in missing_request_manager_members(getattr(manager, name),
+                                                                                          members[name]))
+    return missing

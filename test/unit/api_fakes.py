@@ -65,13 +65,10 @@ class GenerateCall:
     spec: RequestSpec
 
 
-class FakeManager:
-    """Test double for HttpServerManager: a word tokenizer and scripted generations.
-
-    Each generation yields ``min(max_new_tokens, reply_len)`` tokens with text ``" w<i>"``
-    (token 1 has empty text, like a partial UTF-8 character); it finishes with "length"
-    when max_new_tokens cut it short, else "stop".
-    """
+class FakeServed:
+    """The fake manager's served model (``manager.served``): the word tokenizer, small limits, and
+    chats rendered as ``role: content`` words; it records the chats it renders (``chat_messages``)
+    and the template options of the last one (``template_options``)."""
 
     def __init__(self) -> None:
         self.model_name = MODEL
@@ -81,20 +78,6 @@ class FakeManager:
         self.eos_token_ids = [EOS]
         self.tokenizer = FakeTokenizer()
         self.generation_defaults = GenerationDefaults()
-        self.max_generations_per_request: int | None = None
-        self.max_top_logprob_generations_per_request: int | None = None
-        self.generation_caps_source = "the server's"
-        self.reply_len = 3
-        self.step_seconds = 0.0  # how long each token takes
-        self.cached_tokens = 2
-        self.token_logprob = -0.5
-        self.failure: str | None = None
-        self.healthy = True
-        # The real gate: drain() it to refuse requests that arrive from then on, as the manager's.
-        self.gate = RequestGate()
-        self.calls: list[GenerateCall] = []
-        # (n, prompts) of every on_request_params call: the requests whose generations started.
-        self.request_params: list[tuple[int, int]] = []
         self.chat_messages: list[list[dict[str, Any]]] = []
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
@@ -111,6 +94,39 @@ class FakeManager:
         if max_chars is not None and len(text) > max_chars:  # the served model's rule on its rendered text
             raise RenderedChatTooLongError(max_chars, len(text))
         return self.encode_prompt(text, within=within)
+
+    def default_max_new_tokens(self, prompt_len: int, fallback: int | None = None) -> int:
+        return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)
+
+    def structured_output_problem(self) -> str | None:
+        # The fake's grammars never reach a matcher; the real check runs in the integration tests.
+        return None
+
+
+class FakeManager:
+    """Test double for HttpServerManager: a word tokenizer and scripted generations.
+
+    ``served`` (default a :class:`FakeServed`) is the model it serves.  Each generation yields
+    ``min(max_new_tokens, reply_len)`` tokens with text ``" w<i>"`` (token 1 has empty text, like a
+    partial UTF-8 character); it finishes with "length" when max_new_tokens cut it short, else "stop".
+    """
+
+    def __init__(self, served: FakeServed | None = None) -> None:
+        self.served = served if served is not None else FakeServed()
+        self.max_generations_per_request: int | None = None
+        self.max_top_logprob_generations_per_request: int | None = None
+        self.generation_caps_source = "the server's"
+        self.reply_len = 3
+        self.step_seconds = 0.0  # how long each token takes
+        self.cached_tokens = 2
+        self.token_logprob = -0.5
+        self.failure: str | None = None
+        self.healthy = True
+        # The real gate: drain() it to refuse requests that arrive from then on, as the manager's.
+        self.gate = RequestGate()
+        self.calls: list[GenerateCall] = []
+        # (n, prompts) of every on_request_params call: the requests whose generations started.
+        self.request_params: list[tuple[int, int]] = []
 
     async def start(self) -> None:
         pass
@@ -129,13 +145,6 @@ class FakeManager:
 
     def on_request_params(self, n: int, prompts: int = 1) -> None:
         self.request_params.append((n, prompts))
-
-    def default_max_new_tokens(self, prompt_len: int, fallback: int | None = None) -> int:
-        return min(8 if fallback is None else fallback, self.max_req_total_len - prompt_len)
-
-    def structured_output_problem(self) -> str | None:
-        # The fake's grammars never reach a matcher; the real check runs in the integration tests.
-        return None
 
     async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[FakeEvent]:
         prompt_ids, params = list(spec.prompt_ids), spec.params

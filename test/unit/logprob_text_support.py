@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from api_fakes import FakeEvent, FakeManager, GenerateCall
+from api_fakes import FakeEvent, FakeManager, FakeServed, GenerateCall
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.detokenization.incremental_decoder import request_decoder
 
@@ -59,6 +59,24 @@ def _saved(tok: Tokenizer, directory: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(directory))
 
 
+class ScriptedTextServed(FakeServed):
+    """The served model of :class:`ScriptedTextManager`: a real tokenizer, chats as their contents joined."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.max_req_total_len = 512
+        self.eos_token_ids = [tokenizer.eos_token_id]
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
+                    **template_options: Any) -> list[int]:
+        return self.encode_prompt(" ".join(message["content"] for message in messages))
+
+
 class ScriptedTextManager(FakeManager):
     """A request manager on a real tokenizer: every generation yields the token ids of ``script``
     (then EOS when ``end_with_eos``), each with the text the real detokenizer releases for it.
@@ -68,25 +86,14 @@ class ScriptedTextManager(FakeManager):
 
     def __init__(self, tokenizer: Any, script: list[int], alternatives: list[int] = (),
                  end_with_eos: bool = False) -> None:
-        super().__init__()
-        self.tokenizer = tokenizer
-        self.vocab_size = len(tokenizer)
-        self.max_req_total_len = 512
-        self.eos_token_ids = [tokenizer.eos_token_id]
+        super().__init__(ScriptedTextServed(tokenizer))
         self.script = list(script) + ([tokenizer.eos_token_id] if end_with_eos else [])
         self.alternatives = list(alternatives)
-
-    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: int | None = None) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-
-    def encode_chat(self, messages: list[dict[str, Any]], within: int | None = None,
-                    **template_options: Any) -> list[int]:
-        return self.encode_prompt(" ".join(message["content"] for message in messages))
 
     async def generate(self, spec: RequestSpec, *, request: Any = None) -> AsyncIterator[FakeEvent]:
         prompt_ids, params = list(spec.prompt_ids), spec.params
         self.calls.append(GenerateCall(prompt_ids, params, spec.priority.high_priority_request, request, spec))
-        decoder = request_decoder(self.tokenizer, prompt_ids, params, self.eos_token_ids)
+        decoder = request_decoder(self.served.tokenizer, prompt_ids, params, self.served.eos_token_ids)
         ids = self.script[:params.max_new_tokens]
         for position, token_id in enumerate(ids):
             text = decoder.add(token_id)
@@ -97,7 +104,8 @@ class ScriptedTextManager(FakeManager):
             if params.logprobs:
                 top = {alt: -1.0 - rank for rank, alt in enumerate(self.alternatives[:params.logprobs - 1])}
                 top[token_id] = -0.5
-            finish = ("stop" if decoder.stopped or token_id in self.eos_token_ids else "length") if last else None
+            stopped = decoder.stopped or token_id in self.served.eos_token_ids
+            finish = ("stop" if stopped else "length") if last else None
             yield FakeEvent(len(self.calls), token_id, text, -0.5, finish, len(prompt_ids), 0, position + 1, top,
                             decoder.stop_reason if last else None)
             if last:

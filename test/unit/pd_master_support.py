@@ -82,7 +82,7 @@ class Cluster:
         """Start one more stand-in of ``role`` (registered unless ``register`` is False)."""
         nodes = self.prefills if role == "prefill" else self.decodes
         node_id = f"{role}-standin" if not nodes else f"{role[0]}{len(nodes)}"
-        node = NodeStandIn(role, self.master.url, self.handoff, self.master.manager.model_name, node_id=node_id)
+        node = NodeStandIn(role, self.master.url, self.handoff, self.master.manager.served.model_name, node_id=node_id)
         nodes.append(node)
         if register:
             node.register()
@@ -144,8 +144,8 @@ class StraddlingStop:
     character offset, ``completes_at`` how many tokens it takes to complete the stop string."""
 
     def __init__(self, cluster: "Cluster", prompt: str, max_tokens: int, after_tokens: int) -> None:
-        tokenizer = cluster.master.manager.tokenizer
-        self.tokens = reference_tokens(cluster.master.manager.encode_prompt(prompt), max_tokens)
+        tokenizer = cluster.master.manager.served.tokenizer
+        self.tokens = reference_tokens(cluster.master.manager.served.encode_prompt(prompt), max_tokens)
         pieces = [tokenizer.decode([token], skip_special_tokens=True) for token in self.tokens]
         self.full = "".join(pieces)
         self.boundary = len("".join(pieces[:after_tokens]))

@@ -96,7 +96,7 @@ class NativeEndpoints:
         self.manager = manager
         self.encoder = encoder or PromptEncoder(manager)
         # Every id skip_special_tokens hides (added tokens flagged special too, as Llama 3's headers).
-        self._special_ids = tokenizer_special_ids(manager.tokenizer) | frozenset(manager.eos_token_ids)
+        self._special_ids = tokenizer_special_ids(manager.served.tokenizer) | frozenset(manager.served.eos_token_ids)
 
     def router(self) -> APIRouter:
         """An APIRouter with ``/generate``, ``/generate_stream``, ``/health`` and ``/metrics``."""
@@ -148,13 +148,13 @@ class NativeEndpoints:
         min_beyond_room = False
         if max_new is None:
             max_new, min_beyond_room = default_length_for(
-                max(1, self.manager.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
-                parameters.min_new_tokens, len(prompt_ids), self.manager.max_req_total_len)
+                max(1, self.manager.served.default_max_new_tokens(len(prompt_ids), NATIVE_DEFAULT_MAX_NEW_TOKENS)),
+                parameters.min_new_tokens, len(prompt_ids), self.manager.served.max_req_total_len)
         params = await native_sampling_params(self.manager, parameters, max_new, request)
         if min_beyond_room:
-            check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,
+            check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.served.max_req_total_len,
                                  prompt_noun="prompt", min_param="parameters.min_new_tokens")
-        check_context_length(len(prompt_ids), max_new, self.manager.max_req_total_len, prompt_param="inputs",
+        check_context_length(len(prompt_ids), max_new, self.manager.served.max_req_total_len, prompt_param="inputs",
                              prompt_noun="prompt", tokens_param="parameters.max_new_tokens")
         check_generation_counts(self.manager, 1, parameters.candidates,
                                 "parameters.best_of" if parameters.candidates > parameters.n else "parameters.n",
@@ -170,10 +170,10 @@ class NativeEndpoints:
         if isinstance(body.inputs, str):
             options = {} if body.parameters.add_special_tokens else {"add_special_tokens": False}
             return await encoded(self.encoder.encode_prompt(body.inputs, "inputs", **options), "inputs",
-                                 self.manager.vocab_size)
+                                 self.manager.served.vocab_size)
         # Token ids are used as given whatever add_special_tokens says, as /v1/completions (and vLLM,
         # and LightLLM's HTTP manager) use a token-id prompt; a client that tokenized chose its BOS.
-        check_token_ids(body.inputs, self.manager.vocab_size, "inputs")
+        check_token_ids(body.inputs, self.manager.served.vocab_size, "inputs")
         return list(body.inputs)
 
     def _token(self, event: Any) -> dict[str, Any]:
@@ -314,7 +314,8 @@ def create_app(
     app.include_router(TokenizeEndpoints(manager, encoder, openai).router())
     app.include_router(ServiceEndpoints().router())
     # Added last = runs first: keys are checked before any body byte is read.
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=options.limits.body_limit(manager.max_req_total_len),
+    app.add_middleware(RequestGuardMiddleware,
+                       max_body_bytes=options.limits.body_limit(manager.served.max_req_total_len),
                        body_timeout=options.limits.body_timeout)
     # Inside the key check and CORS, before the body is read: a drain's 503 for a generation request.
     app.add_middleware(DrainRefusalMiddleware, manager=manager)

@@ -29,7 +29,7 @@ async def native_sampling_params(manager: Any, parameters: NativeParameters, max
     take seconds); without one everything runs here.
     """
     def compiled_fields() -> dict:
-        fields = parameters.sampling_fields(manager.generation_defaults)
+        fields = parameters.sampling_fields(manager.served.generation_defaults)
         asked = [name for name in NATIVE_CONSTRAINTS if getattr(parameters, name) is not None]
         if asked:
             usable_grammar(manager, fields["grammar"], f"parameters.{asked[0]}")
@@ -37,4 +37,4 @@ async def native_sampling_params(manager: Any, parameters: NativeParameters, max
 
     constrained = any(getattr(parameters, name) is not None for name in NATIVE_CONSTRAINTS)
     fields = await on_grammar_thread(compiled_fields, request) if constrained else compiled_fields()
-    return build_sampling_params({**fields, "max_new_tokens": max_new_tokens}, manager.vocab_size, NATIVE_NAMES)
+    return build_sampling_params({**fields, "max_new_tokens": max_new_tokens}, manager.served.vocab_size, NATIVE_NAMES)

@@ -13,26 +13,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type
 
-import zmq
-import zmq.asyncio
-
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased, StepTexts
 from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
 from lightllm.server.core.objs.shm_req_checks import check_request_id
 from lightllm.server.core.objs.shm_req_layout import NO_REQUEST, wants_top_rows
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
+from lightllm.server.core.objs.shm_stats import ShmStats
 from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.httpserver.pending_request import PendingRequest
 from lightllm.server.httpserver.request_counting import RequestCounting
 from lightllm.server.httpserver.slot_pool import RequestSlots
+from lightllm.server.httpserver.sockets import HttpSockets
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
 from lightllm.server.http.middleware.in_flight import generation_started
 from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.request_gate import RequestGate
-from lightllm.server.request_manager import GenerationEvent, generations_per_request
+from lightllm.server.request_manager import GenerationEvent, ServedModelView, generations_per_request
 from lightllm.server.served_model import ServedModel, served_names
 from lightllm.server.server_layout import ServerLayout
-from lightllm.utils.process_utils import zmq_socket
 from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.utils.async_polling import wait_until
 
@@ -68,36 +67,34 @@ class HttpServerManager:
     mode adds on top (a PD node's service, :mod:`lightllm.server.pd.node.service`) composes
     around it: :meth:`add_inbox_handler` hands it the inbox messages of its own types and
     :meth:`post` puts a message into one request's event stream, so this class has no mode
-    branch of its own.
+    branch of its own.  It builds none of its parts: :meth:`from_config` builds a server's (the
+    tokenizer, shared memory, metrics, slot pools and sockets) and hands them to the constructor.
     """
 
-    def __init__(self, config: HttpServerConfig):
-        self.config = config
-        self.model_name = config.model_name
-        # --model_dir as an absolute path: /v1/models' ``root`` (where vLLM reports its --model).
-        self.model_path = os.path.abspath(config.model_dir)
-        # Names a request's ``model`` may use (served_names says which).
-        _, names = served_names(config.model_dir, config.served_model_names or None)
-        self.served_model_names = list(dict.fromkeys([config.model_name, *names]))
-        layout = config.layout
-        self.max_req_total_len = layout.max_req_total_len
-        self.vocab_size = config.vocab_size
-        self.eos_token_ids = list(config.eos_token_ids)
-        self.tokenizer = load_tokenizer(config.model_dir, config.tokenizer_mode)
-        self.served = ServedModel(self.model_name, self.served_model_names, self.tokenizer, self.vocab_size,
-                                  self.eos_token_ids, self.max_req_total_len, config.max_new_tokens_default,
-                                  config.request_defaults, model_path=self.model_path)
-        self.generation_defaults = self.served.generation_defaults
-        self.shm = layout.open_requests()
-        self.stats = layout.open_stats()
-        self.metrics = ServerMetrics(config.prefill_queue_strategy, self.stats, config.model_name, layout.max_req_total_len)
-        self._prefix_cache = config.prefix_cache
-        self._slots = RequestSlots(layout.slot_num, layout.top_slot_num, config.slot_wait_seconds)
+    def __init__(self, served: ServedModelView, shm: ShmReqBuffer, metrics: ServerMetrics, slots: RequestSlots,
+                 sockets: HttpSockets, *, prefix_cache: bool = True, stats: Optional[ShmStats] = None) -> None:
+        """A manager over the parts it runs on (:meth:`from_config` builds them for a server).
+
+        ``served``: the model it serves (the HTTP layer reads it; :meth:`generate` checks a spec
+        against its vocabulary and context length).  ``shm``: the shared-memory request records.
+        ``metrics``: what /metrics renders.  ``slots``: the free request slots and top-logprob rows,
+        whose counts set the generation caps.  ``sockets``: opened by :meth:`start`, closed by
+        :meth:`stop`.  ``prefix_cache``: whether the ranks keep a prefix cache (what the metrics
+        count as looked up).  ``stats``: the shared counters ``metrics`` reads, held here for
+        whoever closes them.
+        """
+        self.served = served
+        self.shm = shm
+        self.stats = stats
+        self.metrics = metrics
+        self.sockets = sockets
+        self._prefix_cache = prefix_cache
+        self._slots = slots
         # Every generation of a request (its prompts x n or best_of) holds a request slot: one request
         # may hold at most half of them, so it never locks every other client out of the server.
-        self.max_generations_per_request = generations_per_request(layout.slot_num)
+        self.max_generations_per_request = generations_per_request(slots.slot_num)
         # The same for generations asking for top logprobs, which also hold a top-logprob row each.
-        self.max_top_logprob_generations_per_request = generations_per_request(layout.top_slot_num)
+        self.max_top_logprob_generations_per_request = generations_per_request(slots.top_slot_num)
         self.generation_caps_source = "the server's"
         self._pending: Dict[int, PendingRequest] = {}
         # Every request id in use, from the moment generate() claims it until its slot is
@@ -116,13 +113,31 @@ class HttpServerManager:
         self._backend_alive = True
         self._active_generations = 0
 
+    @classmethod
+    def from_config(cls, config: HttpServerConfig) -> "HttpServerManager":
+        """The HTTP process's manager: loads the tokenizer, maps the request records and counters
+        the launcher created, and builds the metrics and slot pools of ``config``."""
+        # Names a request's ``model`` may use (served_names says which).
+        _, names = served_names(config.model_dir, config.served_model_names or None)
+        layout = config.layout
+        served = ServedModel(config.model_name, list(dict.fromkeys([config.model_name, *names])),
+                             load_tokenizer(config.model_dir, config.tokenizer_mode), config.vocab_size,
+                             list(config.eos_token_ids), layout.max_req_total_len, config.max_new_tokens_default,
+                             config.request_defaults,
+                             # --model_dir as an absolute path: /v1/models' ``root`` (where vLLM reports its --model).
+                             model_path=os.path.abspath(config.model_dir))
+        shm = layout.open_requests()
+        stats = layout.open_stats()
+        metrics = ServerMetrics(config.prefill_queue_strategy, stats, config.model_name, layout.max_req_total_len)
+        slots = RequestSlots(layout.slot_num, layout.top_slot_num, config.slot_wait_seconds)
+        sockets = HttpSockets(layout.router_address, layout.http_address)
+        return cls(served, shm, metrics, slots, sockets, prefix_cache=config.prefix_cache, stats=stats)
+
     # --- lifecycle (called from the FastAPI lifespan) ----------------------------------------
     async def start(self) -> None:
         """Open sockets and start the receiver task."""
         self.loop = asyncio.get_running_loop()
-        self.zmq_ctx = zmq.asyncio.Context()
-        self.to_router = zmq_socket(self.zmq_ctx, zmq.PUSH, self.config.layout.router_address, bind=False)
-        self.inbox = zmq_socket(self.zmq_ctx, zmq.PULL, self.config.layout.http_address, bind=True)
+        self.sockets.open()
         self._slots.start()
         self._receiver = asyncio.create_task(self._receive_loop())
 
@@ -130,11 +145,11 @@ class HttpServerManager:
         """Stop receiving and close sockets."""
         if self._receiver is not None:
             self._receiver.cancel()
-        self.zmq_ctx.destroy(linger=0)
+        self.sockets.close()
 
     async def _receive_loop(self) -> None:
         while True:
-            message = await self.inbox.recv_pyobj()
+            message = await self.sockets.inbox.recv_pyobj()
             for item in message.messages if isinstance(message, StepTexts) else (message,):
                 try:
                     await self._handle_message(item)
@@ -261,36 +276,6 @@ class HttpServerManager:
         return await wait_until(lambda: self._active_generations == 0, timeout)
 
     # --- the API layer's interface ---------------------------------------------------------------
-    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
-        """Token ids of ``text``, by default with the special tokens (BOS) the checkpoint's tokenizer adds."""
-        return self.served.encode_prompt(text, add_special_tokens, within)
-
-    def encode_chat(
-        self,
-        messages: List[Dict[str, Any]],
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template_kwargs: Optional[Dict[str, Any]] = None,
-        within: Optional[int] = None,
-        max_chars: Optional[int] = None,
-        check_tools_read: bool = True,
-    ) -> List[int]:
-        """Token ids of a chat rendered with the checkpoint's chat template.
-
-        ``chat_template_kwargs`` become variables of the template (vLLM's request extra).
-        """
-        return self.served.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
-                                       within, max_chars, check_tools_read)
-
-    def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
-        """max_new_tokens for a request that gives none (``--max_new_tokens_default``, else
-        ``fallback``, else the rest of the context; see :func:`~lightllm.server.served_model.default_max_new_tokens`)."""
-        return self.served.default_max_new_tokens(prompt_len, fallback)
-
-    def structured_output_problem(self) -> Optional[str]:
-        """Why this model cannot run structured-output grammars (None: it can); blocks the first time."""
-        return self.served.structured_output_problem()
-
     def refusal(self) -> Optional[ServerUnavailableError]:
         """The error new requests get while the server refuses them (draining, failed); None otherwise."""
         return self._gate.refusal
@@ -338,7 +323,7 @@ class HttpServerManager:
         """
         if not isinstance(spec, RequestSpec):
             raise ValueError(f"generate takes a RequestSpec, got {type(spec).__name__}")
-        spec.check_fits(self.vocab_size, self.max_req_total_len)
+        spec.check_fits(self.served.vocab_size, self.served.max_req_total_len)
         prompt_len = spec.prompt_len
         self._gate.check(request, drain_exempt)
         request_id = self._claim_request_id(request_id)
@@ -369,7 +354,7 @@ class HttpServerManager:
                                    self._prefix_cache and spec.params.prompt_logprobs is None)
             finish_reason = None
             try:
-                await self.to_router.send_pyobj(NewRequest(request_id, slot))
+                await self.sockets.to_router.send_pyobj(NewRequest(request_id, slot))
                 events = pending.events(request, started, self.metrics)
                 try:
                     async for event in events:
@@ -393,7 +378,7 @@ class HttpServerManager:
                 if (finish_reason in (None, "abort") or pending.failure is not None) and self._backend_alive:
                     # Client went away, the stream was closed early or the server gives up on the
                     # request: stop the work (over zmq only; the slot may already be released).
-                    await self.to_router.send_pyobj(AbortRequest(request_id))
+                    await self.sockets.to_router.send_pyobj(AbortRequest(request_id))
                 self.metrics.on_finish(
                     finish_reason or "abort",
                     pending.completion_tokens,

@@ -87,6 +87,8 @@ class RequestSlots:
     """
 
     def __init__(self, slot_num: int, top_slot_num: int, wait_seconds: float):
+        self.slot_num = slot_num
+        self.top_slot_num = top_slot_num
         self._requests = SlotPool(slot_num, wait_seconds)
         self._tops = SlotPool(top_slot_num, wait_seconds, "shared-memory top-logprob slots (--top_logprobs_slots)")
         self._top_slot_num = top_slot_num

@@ -196,9 +196,10 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
     if not stop.requested:
         log.info(
             "PD master serving %s on http://%s (max_req_total_len=%d, heartbeat %gs x %d, prefill timeout %gs, "
-            "decode token timeout %gs, busy retry %gs)", manager.model_name, display_address(args.host, args.port),
-            manager.max_req_total_len, registry.heartbeat_interval_s, registry.max_missed_heartbeats,
-            args.pd_prefill_timeout_seconds, args.pd_decode_token_timeout_seconds, manager.deadlines.busy_retry_s,
+            "decode token timeout %gs, busy retry %gs)", manager.served.model_name,
+            display_address(args.host, args.port), manager.served.max_req_total_len, registry.heartbeat_interval_s,
+            registry.max_missed_heartbeats, args.pd_prefill_timeout_seconds, args.pd_decode_token_timeout_seconds,
+            manager.deadlines.busy_retry_s,
         )
         run_uvicorn(server)
     interruption = stop.startup_interruption()

@@ -358,7 +358,7 @@ def _start_and_serve(
     exit_code = 0
     stop = StopOutsideServing()
     try:
-        manager = HttpServerManager(http_config)
+        manager = HttpServerManager.from_config(http_config)
         http_options = HttpServerOptions.from_args(args)
         pd_node = None
         if pd_node_info is not None:

@@ -64,7 +64,7 @@ class Pipeline:
                                                  log_level="warning", process_name="router"))
         self.detok = DetokenizationManager(DetokenizationConfig(model_dir, "auto", self.layout, "warning",
                                                                 "detokenization"))
-        self.http = HttpServerManager(HttpServerConfig(
+        self.http = HttpServerManager.from_config(HttpServerConfig(
             model_dir=model_dir, model_name="tiny", tokenizer_mode="auto", layout=self.layout,
             vocab_size=ModelConfig.from_dir(model_dir).vocab_size,
             eos_token_ids=[2], prefill_queue_strategy="default", slot_wait_seconds=5.0,
@@ -208,7 +208,7 @@ def test_generate_checks_the_spec_once_against_the_served_model(pipeline: Pipeli
         await http.start()
         try:
             with pytest.raises(RequestSpecError, match="prompt_ids"):
-                await http.generate(_spec([5, http.vocab_size])).__anext__()
+                await http.generate(_spec([5, http.served.vocab_size])).__anext__()
             with pytest.raises(RequestSpecError, match="max_req_total_len"):
                 await http.generate(RequestSpec([5] * 10, SamplingParams(max_new_tokens=MAX_LEN))).__anext__()
             with pytest.raises(ValueError, match="RequestSpec"):

@@ -20,8 +20,8 @@ def test_create_app_names_what_an_incomplete_manager_lacks() -> None:
         pass
 
     partial = Partial()
-    del partial.served_model_names
-    with pytest.raises(TypeError, match="Partial lacks served_model_names"):
+    del partial.served.served_model_names
+    with pytest.raises(TypeError, match="Partial lacks served.served_model_names"):
         create_app(partial)
-    with pytest.raises(TypeError, match="object lacks check_admission, default_max_new_tokens, encode_chat, encode_prompt"):
+    with pytest.raises(TypeError, match="object lacks check_admission, generate, generation_caps_source, health"):
         create_app(object())

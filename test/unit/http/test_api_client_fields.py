@@ -133,7 +133,7 @@ def test_chat_template_and_documents_reach_the_template(trusting_client: TestCli
     docs = [{"title": "a", "text": "b"}]
     assert chat(client, chat_template="{{ messages }}", documents=docs,
                 chat_template_kwargs={"flag": True}).status_code == 200
-    assert manager.template_options["chat_template_kwargs"] == {"flag": True, "chat_template": "{{ messages }}",
+    assert manager.served.template_options["chat_template_kwargs"] == {"flag": True, "chat_template": "{{ messages }}",
                                                                 "documents": docs}
     assert_error(chat(client, chat_template_kwargs={"chat_template": "x"}), 400, "chat_template_kwargs")
 
@@ -142,7 +142,7 @@ def test_reasoning_effort_reaches_a_template_that_reads_it(trusting_client: Test
     client = trusting_client
     template = "{{ reasoning_effort }}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert chat(client, chat_template=template, reasoning_effort="high").status_code == 200
-    assert manager.template_options["chat_template_kwargs"]["reasoning_effort"] == "high"
+    assert manager.served.template_options["chat_template_kwargs"]["reasoning_effort"] == "high"
 
 
 def test_the_developer_role_reaches_a_template_that_names_it(trusting_client: TestClient,
@@ -150,11 +150,11 @@ def test_the_developer_role_reaches_a_template_that_names_it(trusting_client: Te
     messages = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "go"}]
     names_it = ("{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.content }}{% endfor %}")
     assert chat(trusting_client, messages=messages, chat_template=names_it).status_code == 200
-    assert manager.chat_messages[-1][0] == {"role": "developer", "content": "be brief"}
+    assert manager.served.chat_messages[-1][0] == {"role": "developer", "content": "be brief"}
     # A template that knows only "system" gets it as system, as before.
     plain = "{% for m in messages %}{{ m.role }}{{ m.content }}{% endfor %}"
     assert chat(trusting_client, messages=messages, chat_template=plain).status_code == 200
-    assert manager.chat_messages[-1][0] == {"role": "system", "content": "be brief"}
+    assert manager.served.chat_messages[-1][0] == {"role": "system", "content": "be brief"}
 
 
 # ---------------------------------------------------------------- logit_bias, logprobs, truncation
@@ -200,7 +200,7 @@ def test_twenty_logprobs_on_both_endpoints(client: TestClient, manager: FakeMana
 
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens(client: TestClient, manager: FakeManager) -> None:
-    full = manager.encode_prompt("a b c d e f")
+    full = manager.served.encode_prompt("a b c d e f")
     data = completion(client, prompt="a b c d e f", truncate_prompt_tokens=3).json()
     # The BOS the tokenizer added stays, as in vLLM (which truncates in the tokenizer).
     assert manager.calls[-1].prompt_ids == [full[0], *full[-2:]]

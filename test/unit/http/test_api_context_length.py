@@ -46,7 +46,7 @@ def test_errors_name_which_of_several_prompts_is_at_fault(client: TestClient) ->
 
 def test_max_tokens_cut_to_the_room_the_prompt_leaves(client: TestClient, manager: FakeManager) -> None:
     manager.reply_len = 100
-    prompt_len = len(manager.encode_prompt("a b"))
+    prompt_len = len(manager.served.encode_prompt("a b"))
     for max_tokens in (64 - prompt_len, 64 - prompt_len + 1, 64):
         data = completion(client, prompt="a b", max_tokens=max_tokens).json()
         assert manager.calls[-1].params.max_new_tokens == 64 - prompt_len
@@ -66,7 +66,7 @@ def test_max_tokens_cut_to_the_room_the_prompt_leaves(client: TestClient, manage
     # Without max_tokens the default length is cut to the room too: the refusal names min_tokens
     # and the room, not a max_tokens the client never sent ("must be <= max_tokens (10)").
     prompt = " ".join(["word"] * 50)
-    room = 64 - len(manager.encode_prompt(prompt))
+    room = 64 - len(manager.served.encode_prompt(prompt))
     assert 0 < room < 16
     for response, param in [(completion(client, prompt=prompt, min_tokens=room + 1), "min_tokens"),
                             (client.post("/generate", json={"inputs": prompt, "parameters": {"min_new_tokens": room + 1}}),

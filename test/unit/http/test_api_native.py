@@ -74,7 +74,8 @@ def test_native_special_flag_covers_added_special_tokens() -> None:
     # Llama 3's header tokens are added tokens flagged special, not in all_special_ids: skip_special_tokens
     # hides their text, so the record must say they are special.
     manager = FakeManager()
-    manager.tokenizer.added_tokens_decoder = {20: SimpleNamespace(special=True), 21: SimpleNamespace(special=False)}
+    manager.served.tokenizer.added_tokens_decoder = {20: SimpleNamespace(special=True),
+                                                     21: SimpleNamespace(special=False)}
     client = TestClient(create_app(manager), raise_server_exceptions=False)
     body = {"inputs": "hello", "parameters": {"max_new_tokens": 5, "return_details": True}}
     tokens = client.post("/generate", json=body).json()["details"]["tokens"]
@@ -164,7 +165,7 @@ def test_native_lightllm_parameters(client: TestClient, manager: FakeManager) ->
         "input_penalty": True, "presence_penalty": 0.5}}).json()
     assert len(answer["generated_text"]) == 2 and len(answer["tokens"]) == 2
     assert answer["finish_reason"] == ["stop", "stop"] and answer["count_output_tokens"] == [3, 3]
-    assert all(call.prompt_ids == manager.encode_prompt("hi there", add_special_tokens=False)
+    assert all(call.prompt_ids == manager.served.encode_prompt("hi there", add_special_tokens=False)
                for call in manager.calls)
     # Each choice is a request of its own (and counts its prompt, as vLLM counts it once per sequence).
     assert len(manager.calls) == 2 and manager.calls[0].spec is not manager.calls[1].spec

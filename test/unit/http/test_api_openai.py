@@ -29,7 +29,7 @@ def test_completion_response_shape(client: TestClient, manager: FakeManager) -> 
     params = manager.calls[0].params
     assert params.stop_sequences == ["END"]
     assert params.max_new_tokens == 5 and params.temperature == 0.5 and params.seed == 7
-    assert manager.calls[0].prompt_ids == manager.encode_prompt("hello there")
+    assert manager.calls[0].prompt_ids == manager.served.encode_prompt("hello there")
     assert manager.calls[0].high_priority is False
 
 
@@ -227,7 +227,7 @@ def test_chat_response_shape(client: TestClient, manager: FakeManager) -> None:
     assert data["choices"] == [{"index": 0, "message": {"role": "assistant", "content": " w0 w2"},
                                 "logprobs": None, "finish_reason": "stop", "stop_reason": None}]
     assert data["usage"]["completion_tokens"] == 3
-    assert manager.chat_messages[0] == [{"role": "system", "content": "be brief"},
+    assert manager.served.chat_messages[0] == [{"role": "system", "content": "be brief"},
                                         {"role": "user", "content": "a\nb"},
                                         {"role": "assistant", "content": ""}, {"role": "user", "content": "go"}]
     assert manager.calls[0].params.max_new_tokens == 6

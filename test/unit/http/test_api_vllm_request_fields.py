@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api_fakes import BOS, FakeManager, assert_error, chat, completion
+from api_fakes import BOS, FakeManager, FakeServed, assert_error, chat, completion
 from lightllm.server.http.app import create_app
 
 
@@ -21,11 +21,11 @@ class BosTokenizer:
 
     all_special_ids = [0, BOS, 2]
 
-    def __init__(self, manager: FakeManager) -> None:
-        self._manager = manager
+    def __init__(self, served: FakeServed) -> None:
+        self._served = served
 
     def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": FakeManager.encode_prompt(self._manager, text, add_special_tokens)}
+        return {"input_ids": FakeServed.encode_prompt(self._served, text, add_special_tokens)}
 
     def decode(self, ids: list[int]) -> str:
         return "".join(f"<{token_id}>" for token_id in ids)
@@ -34,7 +34,7 @@ class BosTokenizer:
 @pytest.fixture()
 def bos_manager() -> FakeManager:
     manager = FakeManager()
-    manager.tokenizer = BosTokenizer(manager)
+    manager.served.tokenizer = BosTokenizer(manager.served)
     return manager
 
 
@@ -51,7 +51,7 @@ def test_completions_add_special_tokens_switches_the_bos(client: TestClient, man
     explicit = completion(client, prompt="hello there", add_special_tokens=True)
     without = completion(client, prompt="hello there", add_special_tokens=False)
     assert [response.status_code for response in (default, explicit, without)] == [200, 200, 200]
-    with_bos = manager.encode_prompt("hello there")
+    with_bos = manager.served.encode_prompt("hello there")
     assert [call.prompt_ids for call in manager.calls] == [with_bos, with_bos, with_bos[1:]]
     # usage.prompt_tokens counts what was sent to the model.
     assert default.json()["usage"]["prompt_tokens"] == len(with_bos)
@@ -69,7 +69,7 @@ def test_chat_add_special_tokens_adds_the_tokenizers_on_top(bos_client: TestClie
     explicit = chat(bos_client, add_special_tokens=False)
     added = chat(bos_client, add_special_tokens=True)
     assert [response.status_code for response in (default, explicit, added)] == [200, 200, 200]
-    rendered = bos_manager.encode_chat([{"role": "user", "content": "hi"}])
+    rendered = bos_manager.served.encode_chat([{"role": "user", "content": "hi"}])
     # The default is what the server always did (the rendered chat as the manager tokenized it);
     # true adds the tokenizer's BOS on top, as vLLM does even when the template wrote one.
     assert [call.prompt_ids for call in bos_manager.calls] == [rendered, rendered, [BOS, *rendered]]
@@ -81,7 +81,7 @@ def test_chat_add_special_tokens_counts_before_truncation(bos_client: TestClient
     # in the tokenizer, which adds its special tokens after cutting the text).
     long_chat = [{"role": "user", "content": "one two three four five"}]
     assert chat(bos_client, messages=long_chat, add_special_tokens=True, truncate_prompt_tokens=2).status_code == 200
-    rendered = bos_manager.encode_chat(long_chat)
+    rendered = bos_manager.served.encode_chat(long_chat)
     assert bos_manager.calls[0].prompt_ids == [BOS, rendered[-1]]
     # Without added special tokens the chat is simply cut to its end.
     assert chat(bos_client, messages=long_chat, truncate_prompt_tokens=2).status_code == 200
@@ -92,7 +92,7 @@ def test_chat_add_special_tokens_counts_before_truncation(bos_client: TestClient
 def test_a_truncated_text_prompt_keeps_the_bos_the_tokenizer_added(bos_client: TestClient, bos_manager: FakeManager,
                                                                   keep: int) -> None:
     prompt = "one two three four five six"
-    with_bos = bos_manager.encode_prompt(prompt)
+    with_bos = bos_manager.served.encode_prompt(prompt)
     assert with_bos[0] == BOS
     response = completion(bos_client, prompt=prompt, truncate_prompt_tokens=keep)
     assert response.status_code == 200, response.text
@@ -283,12 +283,12 @@ class TextDependentTokenizer(BosTokenizer):
     """Adds a token that depends on the text: its special tokens cannot be added to a rendered chat."""
 
     def __call__(self, text: str, add_special_tokens: bool = True, verbose: bool = True) -> dict[str, list[int]]:
-        ids = FakeManager.encode_prompt(self._manager, text, False)
+        ids = FakeServed.encode_prompt(self._served, text, False)
         return {"input_ids": ids + [len(ids)] * add_special_tokens}
 
 
 def test_chat_add_special_tokens_refused_when_the_tokenizer_has_no_fixed_frame(bos_manager: FakeManager) -> None:
-    bos_manager.tokenizer = TextDependentTokenizer(bos_manager)
+    bos_manager.served.tokenizer = TextDependentTokenizer(bos_manager.served)
     client = TestClient(create_app(bos_manager), raise_server_exceptions=False)
     error = assert_error(chat(client, add_special_tokens=True), 400, "add_special_tokens")
     assert "depend on the text" in error["message"]

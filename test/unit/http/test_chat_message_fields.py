@@ -30,7 +30,7 @@ def test_a_dumped_response_message_is_taken_as_history(client: TestClient, manag
     messages = [{"role": "user", "content": "time?"}, _dumped_assistant(),
                 {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
     assert chat(client, messages=messages).status_code == 200
-    assert "refusal" not in manager.chat_messages[-1][1] and manager.chat_messages[-1][1]["tool_calls"]
+    assert "refusal" not in manager.served.chat_messages[-1][1] and manager.served.chat_messages[-1][1]["tool_calls"]
 
 
 def test_a_message_of_the_sdks_parse_helpers_is_taken_as_history(client: TestClient, manager) -> None:
@@ -44,7 +44,7 @@ def test_a_message_of_the_sdks_parse_helpers_is_taken_as_history(client: TestCli
     messages = [{"role": "user", "content": "x"}, answer.model_dump(), {"role": "user", "content": "time?"},
                 calls.model_dump(), {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
     assert chat(client, messages=messages).status_code == 200
-    rendered = manager.chat_messages[-1]
+    rendered = manager.served.chat_messages[-1]
     assert rendered[1] == {"role": "assistant", "content": '{"a": 1}'}
     assert rendered[3]["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "clock",
                                                                                        "arguments": {}}}]
@@ -53,7 +53,7 @@ def test_a_message_of_the_sdks_parse_helpers_is_taken_as_history(client: TestCli
 def test_parsed_beside_content_given_as_parts_is_accepted(client: TestClient, manager) -> None:
     parts = {"role": "assistant", "content": [{"type": "text", "text": '{"a": 1}'}], "parsed": {"a": 1}}
     assert chat(client, messages=[{"role": "user", "content": "x"}, parts, {"role": "user", "content": "y"}]).status_code == 200
-    assert manager.chat_messages[-1][1] == {"role": "assistant", "content": '{"a": 1}'}
+    assert manager.served.chat_messages[-1][1] == {"role": "assistant", "content": '{"a": 1}'}
 
 
 @pytest.mark.parametrize(("message", "says"), [
@@ -70,7 +70,7 @@ def test_a_refusal_is_the_assistant_turn(client: TestClient, manager) -> None:
     messages = [{"role": "user", "content": "x"}, _dumped_assistant(refusal="I can't", tool_calls=None),
                 {"role": "user", "content": "ok"}]
     assert chat(client, messages=messages).status_code == 200
-    assert manager.chat_messages[-1][1]["content"] == "I can't"
+    assert manager.served.chat_messages[-1][1]["content"] == "I can't"
 
 
 @pytest.mark.parametrize(("message", "field"), [
@@ -156,7 +156,7 @@ def test_an_assistant_turns_reasoning_reaches_a_template_that_reads_it(manager, 
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", field: "add them"},
                 {"role": "user", "content": "and 3+3?"}]
     assert chat(trusting, messages=messages, chat_template=QWEN3_LIKE).status_code == 200
-    sent = manager.chat_messages[-1][1]
+    sent = manager.served.chat_messages[-1][1]
     assert sent["reasoning_content"] == sent["reasoning"] == "add them"
     # A template that never mentions reasoning would drop it: refused, naming the field.
     error = assert_error(chat(trusting, messages=messages, chat_template="{% for m in messages %}{{ m.content }}"

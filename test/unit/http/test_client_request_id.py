@@ -65,7 +65,7 @@ def test_an_empty_model_means_the_served_one(client: TestClient) -> None:
 
 def test_a_model_card_root_is_the_checkpoint_path(manager: FakeManager) -> None:
     # `vllm bench serve` without --model loads its tokenizer from the card's root.
-    manager.model_path = "/models/tiny-llama"
+    manager.served.model_path = "/models/tiny-llama"
     client = TestClient(create_app(manager), raise_server_exceptions=False)
     [card] = client.get("/v1/models").json()["data"]
     assert card["id"] == MODEL and card["root"] == "/models/tiny-llama"

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from api_fakes import FakeManager, assert_error, chat, completion
+from api_fakes import FakeManager, FakeServed, assert_error, chat, completion
 from lightllm.server.grammar_tokenizer_check import GrammarTokenizerCheck
 from lightllm.server.http.app import create_app
 from lightllm.server.served_model import ServedModel
@@ -49,20 +49,20 @@ def test_the_served_model_asks_its_own_tokenizer(tiny_llama_dir: Path) -> None:
     assert served.structured_output_problem() is None
 
 
-class UnreadableTokenizerManager(FakeManager):
-    """The fake manager of a model whose tokenizer the grammar engine cannot read."""
+class UnreadableTokenizerServed(FakeServed):
+    """The fake served model of a tokenizer the grammar engine cannot read."""
 
     def structured_output_problem(self) -> str | None:
         return "can't determine decoder type: WordPiece"
 
 
 @pytest.fixture()
-def unreadable() -> UnreadableTokenizerManager:
-    return UnreadableTokenizerManager()
+def unreadable() -> FakeManager:
+    return FakeManager(UnreadableTokenizerServed())
 
 
 @pytest.fixture()
-def unreadable_client(unreadable: UnreadableTokenizerManager) -> TestClient:
+def unreadable_client(unreadable: FakeManager) -> TestClient:
     return TestClient(create_app(unreadable), raise_server_exceptions=False)
 
 
@@ -82,7 +82,7 @@ _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "o
     ],
 )
 def test_openai_requests_with_a_grammar_are_refused_naming_their_field(
-        unreadable_client: TestClient, unreadable: UnreadableTokenizerManager, send, fields, param) -> None:
+        unreadable_client: TestClient, unreadable: FakeManager, send, fields, param) -> None:
     response = send(unreadable_client, **fields)
     assert_error(response, 400, param=param)
     assert "cannot read its tokenizer" in response.json()["error"]["message"]
@@ -92,7 +92,7 @@ def test_openai_requests_with_a_grammar_are_refused_naming_their_field(
 
 
 def test_native_requests_with_a_constraint_are_refused_naming_it(
-        unreadable_client: TestClient, unreadable: UnreadableTokenizerManager) -> None:
+        unreadable_client: TestClient, unreadable: FakeManager) -> None:
     response = unreadable_client.post("/generate", json={"inputs": "hi", "parameters": {"regular_constraint": "[a-z]+"}})
     assert_error(response, 400, param="parameters.regular_constraint")
     assert not unreadable.calls

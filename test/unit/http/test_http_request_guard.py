@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api_fakes import MODEL, FakeManager, assert_error
+from api_fakes import MODEL, FakeManager, FakeServed, assert_error
 from lightllm.server.http.app import create_app
 from lightllm.server.http.middleware.request_guard import RequestGuardMiddleware, is_json_content_type
 from lightllm.server.http.server_options import MIB, HttpLimits, HttpServerOptions
@@ -148,7 +148,7 @@ def test_body_limit_default_follows_the_context_length() -> None:
     assert HttpLimits(max_body_bytes=1000).body_limit(1 << 20) == 1000
 
 
-class _CountingManager(FakeManager):
+class _CountingServed(FakeServed):
     def __init__(self) -> None:
         super().__init__()
         self.encoded: list[str] = []
@@ -158,8 +158,12 @@ class _CountingManager(FakeManager):
         return super().encode_prompt(text, **options)
 
 
+def _counting_manager() -> FakeManager:
+    return FakeManager(_CountingServed())
+
+
 def test_obviously_long_prompts_are_refused_before_tokenizing() -> None:
-    manager = _CountingManager()  # max_req_total_len 64, at most 2 characters per token: 128 characters
+    manager = _counting_manager()  # max_req_total_len 64, at most 2 characters per token: 128 characters
     client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=2))))
     cases = [
         ("/generate", {"inputs": "a" * 129}, "inputs"),
@@ -170,12 +174,12 @@ def test_obviously_long_prompts_are_refused_before_tokenizing() -> None:
     for path, body, param in cases:
         error = assert_error(client.post(path, json=body), 400, param, "context_length_exceeded")
         assert "characters" in error["message"]
-    assert manager.encoded == ["ok"] and manager.chat_messages == [] and manager.calls == []
+    assert manager.served.encoded == ["ok"] and manager.served.chat_messages == [] and manager.calls == []
     assert client.post("/generate", json={"inputs": "a" * 128}).status_code == 200
 
 
 def test_the_check_can_be_turned_off() -> None:
-    manager = _CountingManager()
+    manager = _counting_manager()
     client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=0))))
     assert client.post("/generate", json={"inputs": "a" * 10_000}).status_code == 200
 
@@ -190,7 +194,7 @@ def test_default_bound_never_refuses_a_prompt_that_fits(tokenizer) -> None:
 
 
 def test_tokenization_runs_off_the_event_loop() -> None:
-    class BlockingManager(FakeManager):
+    class BlockingServed(FakeServed):
         def __init__(self) -> None:
             super().__init__()
             self.entered = threading.Event()
@@ -203,23 +207,23 @@ def test_tokenization_runs_off_the_event_loop() -> None:
                 raise AssertionError("the tokenizer blocked the event loop")
             return super().encode_prompt(text, **options)
 
-    manager = BlockingManager()
-    encoder = PromptEncoder(manager, chars_per_token=4)
+    served = BlockingServed()
+    encoder = PromptEncoder(FakeManager(served), chars_per_token=4)
 
     async def scenario() -> list[int]:
         task = asyncio.create_task(encoder.encode_prompt("hello world", "inputs"))
-        while not manager.entered.is_set():
+        while not served.entered.is_set():
             await asyncio.sleep(0.01)
         assert not task.done()
-        manager.release.set()
+        served.release.set()
         return await task
 
-    assert asyncio.run(scenario()) == FakeManager().encode_prompt("hello world")
+    assert asyncio.run(scenario()) == FakeServed().encode_prompt("hello world")
 
 
 def test_prompts_a_prefix_proves_too_long_are_refused_before_tokenizing_whole() -> None:
     """Far under the character bound, far over the context: refused from a prefix, naming the field."""
-    manager = _CountingManager()  # max_req_total_len 64: the first probe is 512 characters
+    manager = _counting_manager()  # max_req_total_len 64: the first probe is 512 characters
     client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=0))))
     words = "w " * 5000  # one token per word
     cases = [

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import pytest
 from fastapi.testclient import TestClient
 
-from api_fakes import MODEL, FakeManager, assert_error, sse_events
+from api_fakes import MODEL, FakeManager, FakeServed, assert_error, sse_events
 from pd_master_support import master_manager
 from lightllm.server.http.app import create_app
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
@@ -23,8 +23,8 @@ PATHS = ("/generate", "/generate_stream")
 TEXT = "hello there"
 
 
-class _EncodeCountingManager(FakeManager):
-    """A FakeManager that records every text it is asked to tokenize."""
+class _EncodeCountingServed(FakeServed):
+    """A FakeServed that records every text it is asked to tokenize."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,7 +38,7 @@ class _EncodeCountingManager(FakeManager):
 @pytest.mark.parametrize("path", PATHS)
 def test_text_and_its_ids_reach_the_manager_and_answer_alike(client: TestClient, manager: FakeManager,
                                                              path: str) -> None:
-    ids = manager.encode_prompt(TEXT)
+    ids = manager.served.encode_prompt(TEXT)
     parameters = {"max_new_tokens": 3, "return_details": True}
     answers = [client.post(path, json={"inputs": inputs, "parameters": parameters}) for inputs in (TEXT, ids)]
     assert [answer.status_code for answer in answers] == [200, 200]
@@ -106,7 +106,7 @@ def test_v1_completions_names_the_item_that_is_no_token_id_as_generate_does(clie
 def test_add_special_tokens_leaves_ids_as_given(client: TestClient, manager: FakeManager) -> None:
     # As /v1/completions (and vLLM, and LightLLM's HTTP manager): a client that tokenized chose its
     # special tokens, so the flag, which says how to tokenize a text, is accepted and the ids kept.
-    ids = manager.encode_prompt(TEXT, add_special_tokens=False)
+    ids = manager.served.encode_prompt(TEXT, add_special_tokens=False)
     for add in (True, False):
         body = {"inputs": ids, "parameters": {"max_new_tokens": 2, "add_special_tokens": add}}
         assert client.post("/generate", json=body).status_code == 200
@@ -119,12 +119,12 @@ def test_add_special_tokens_leaves_ids_as_given(client: TestClient, manager: Fak
 
 
 def test_ids_are_neither_tokenized_nor_bounded_by_characters() -> None:
-    manager = _EncodeCountingManager()  # max_req_total_len 64: 2 characters per token allow 128 characters
+    manager = FakeManager(_EncodeCountingServed())  # max_req_total_len 64: 2 characters per token allow 128 characters
     client = TestClient(create_app(manager, HttpServerOptions(limits=HttpLimits(prompt_chars_per_token=2))))
     # 60 ids written as JSON take 240 characters, more than the 128 the bound allows a text: it is about text.
     ids = [99] * 60
     assert client.post("/generate", json={"inputs": ids, "parameters": {"max_new_tokens": 4}}).status_code == 200
-    assert manager.encoded == [] and manager.calls[0].prompt_ids == ids
+    assert manager.served.encoded == [] and manager.calls[0].prompt_ids == ids
 
 
 def test_context_length_counts_the_ids(client: TestClient, manager: FakeManager) -> None:
@@ -141,7 +141,7 @@ def test_context_length_counts_the_ids(client: TestClient, manager: FakeManager)
 
 
 def test_n_best_of_and_details_with_ids(client: TestClient, manager: FakeManager) -> None:
-    ids = manager.encode_prompt(TEXT)
+    ids = manager.served.encode_prompt(TEXT)
     body = {"inputs": ids, "parameters": {"n": 2, "best_of": 3, "return_details": True, "max_new_tokens": 3}}
     answer = client.post("/generate", json=body).json()
     assert len(manager.calls) == 3 and all(call.prompt_ids == ids for call in manager.calls)
@@ -188,10 +188,10 @@ def test_pd_master_takes_ids_as_given(pd_master: Any, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(pd_master, "generate", recording)
     client = TestClient(create_app(pd_master), raise_server_exceptions=False)
-    ids = pd_master.tokenizer(TEXT)["input_ids"]
+    ids = pd_master.served.tokenizer(TEXT)["input_ids"]
     for inputs in (TEXT, ids):
         assert client.post("/generate", json={"inputs": inputs, "parameters": {"max_new_tokens": 2}}).status_code == 503
     assert [list(spec.prompt_ids) for spec in specs] == [ids, ids]
-    vocab = pd_master.vocab_size
+    vocab = pd_master.served.vocab_size
     error = assert_error(client.post("/generate", json={"inputs": [1, vocab]}), 400, "inputs")
     assert f"[0, {vocab})" in error["message"] and len(specs) == 2

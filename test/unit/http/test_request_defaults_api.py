@@ -27,7 +27,7 @@ def _native(client: TestClient, **parameters: Any) -> Any:
 
 @pytest.fixture()
 def checkpoint_client(manager: FakeManager) -> TestClient:
-    manager.generation_defaults = CHECKPOINT
+    manager.served.generation_defaults = CHECKPOINT
     return TestClient(create_app(manager), raise_server_exceptions=False)
 
 
@@ -86,11 +86,11 @@ def test_native_generate_follows_the_checkpoint(checkpoint_client: TestClient, m
     assert (manager.calls[-1].params.presence_penalty, manager.calls[-1].params.frequency_penalty) == (0.0, 2)
     assert _native(checkpoint_client, temperature=0.9, do_sample=False).status_code == 200
     assert manager.calls[-1].params.is_greedy and manager.calls[-1].params.temperature == 0.9
-    manager.generation_defaults = GenerationDefaults(temperature=0.6, do_sample=False)
+    manager.served.generation_defaults = GenerationDefaults(temperature=0.6, do_sample=False)
     assert _native(checkpoint_client).status_code == 200
     assert manager.calls[-1].params.is_greedy
     # The checkpoint's min_p is inherited as on the OpenAI endpoints, and a request can turn it off.
-    manager.generation_defaults = GenerationDefaults(min_p=0.99, do_sample=True)
+    manager.served.generation_defaults = GenerationDefaults(min_p=0.99, do_sample=True)
     assert _native(checkpoint_client).status_code == 200
     assert manager.calls[-1].params.min_p == 0.99
     assert _native(checkpoint_client, min_p=0).status_code == 200
@@ -136,11 +136,11 @@ def test_which_templates_iterate_over_content() -> None:
 ])
 def test_content_parts_reach_the_template_in_the_form_it_reads(client: TestClient, manager: FakeManager,
                                                                template: str, expected: Any) -> None:
-    manager.tokenizer.chat_template = template
+    manager.served.tokenizer.chat_template = template
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
-    manager.encode_chat = lambda messages, **options: (manager.chat_messages.append(messages), [1, 2])[1]
+    manager.served.encode_chat = lambda messages, **options: (manager.served.chat_messages.append(messages), [1, 2])[1]
     assert chat(client, messages=[{"role": "user", "content": parts}]).status_code == 200
-    assert manager.chat_messages[-1][0]["content"] == expected
+    assert manager.served.chat_messages[-1][0]["content"] == expected
 
 
 @pytest.mark.parametrize("part, named", [
@@ -178,7 +178,7 @@ def test_a_hermes_parser_sees_special_tokens(manager: FakeManager, parser: str, 
 
 def test_a_prompt_the_tokenizer_maps_beyond_the_vocabulary_names_the_field(client: TestClient,
                                                                            manager: FakeManager) -> None:
-    manager.vocab_size = 50  # "zzzzz" is token 60 to the fake tokenizer
+    manager.served.vocab_size = 50  # "zzzzz" is token 60 to the fake tokenizer
     error = assert_error(completion(client, prompt="zzzzz"), 400, "prompt")
     assert "beyond the model's vocabulary [0, 50)" in error["message"]
     assert_error(chat(client, messages=[{"role": "user", "content": "zzzzz"}]), 400, "messages")

@@ -85,7 +85,7 @@ def test_a_generation_request_arriving_during_a_drain_is_refused_before_any_work
     response = client.post(path, content=body) if isinstance(body, str) else client.post(path, json=body)
     error = assert_error(response, 503, None)
     assert error["code"] == "server_shutting_down" and "takes no new requests" in error["message"]
-    assert manager.calls == [] and manager.chat_messages == []
+    assert manager.calls == [] and manager.served.chat_messages == []
     # The endpoints that generate nothing keep answering through the drain.
     assert client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}).status_code == 200
 

@@ -45,7 +45,7 @@ def _by_choice(chunks: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
 def test_completion_ids_per_choice_beside_unchanged_text(client: TestClient, manager: FakeManager) -> None:
     plain = completion(client, n=2).json()
     answer = completion(client, n=2, return_token_ids=True).json()
-    prompt_ids = manager.encode_prompt("hello there")
+    prompt_ids = manager.served.encode_prompt("hello there")
     for choice, before in zip(answer["choices"], plain["choices"]):
         assert choice["prompt_token_ids"] == prompt_ids and choice["token_ids"] == GENERATED
         assert {key: value for key, value in choice.items() if not key.endswith("token_ids")} == before
@@ -72,7 +72,7 @@ def test_non_boolean_is_refused_naming_the_field(client: TestClient, value: Any)
 
 def test_several_prompts_each_choice_has_its_own_prompt(client: TestClient, manager: FakeManager) -> None:
     answer = completion(client, prompt=["one two", "three"], n=2, return_token_ids=True).json()
-    first, second = manager.encode_prompt("one two"), manager.encode_prompt("three")
+    first, second = manager.served.encode_prompt("one two"), manager.served.encode_prompt("three")
     assert [choice["prompt_token_ids"] for choice in answer["choices"]] == [first, first, second, second]
     assert all(choice["token_ids"] == GENERATED for choice in answer["choices"])
     ids = completion(client, prompt=[[5, 6, 7], [8]], return_token_ids=True).json()
@@ -83,7 +83,7 @@ def test_completion_stream_prompt_once_per_choice_and_token_deltas(client: TestC
     chunks = _chunks(completion(client, prompt=["one two", "three"], n=2, stream=True, return_token_ids=True,
                                 stream_options={"include_usage": True}))
     assert chunks[-1]["choices"] == [] and "prompt_token_ids" not in chunks[-1]  # the usage chunk
-    first, second = manager.encode_prompt("one two"), manager.encode_prompt("three")
+    first, second = manager.served.encode_prompt("one two"), manager.served.encode_prompt("three")
     prompts = {0: first, 1: first, 2: second, 3: second}
     grouped = _by_choice(chunks)
     assert sorted(grouped) == [0, 1, 2, 3]
@@ -98,7 +98,7 @@ def test_completion_stream_prompt_once_per_choice_and_token_deltas(client: TestC
 
 
 def test_completion_echo_keeps_the_prompt_text_and_ids_apart(client: TestClient, manager: FakeManager) -> None:
-    prompt_ids = manager.encode_prompt("hello there")
+    prompt_ids = manager.served.encode_prompt("hello there")
     choice = completion(client, echo=True, return_token_ids=True).json()["choices"][0]
     # The echoed prompt is in the text (vLLM 0.32 drops it there with return_token_ids), not in token_ids.
     assert choice["text"] == "hello there w0 w2"
@@ -122,8 +122,8 @@ def test_completion_logprobs_and_ids_agree(client: TestClient) -> None:
 def test_best_of_keeps_the_ids_of_the_returned_choices(client: TestClient, manager: FakeManager) -> None:
     answer = completion(client, prompt=["one", "two"], n=1, best_of=3, return_token_ids=True).json()
     assert [choice["index"] for choice in answer["choices"]] == [0, 1]
-    assert [choice["prompt_token_ids"] for choice in answer["choices"]] == [manager.encode_prompt("one"),
-                                                                             manager.encode_prompt("two")]
+    assert [choice["prompt_token_ids"] for choice in answer["choices"]] == [manager.served.encode_prompt("one"),
+                                                                             manager.served.encode_prompt("two")]
     assert all(choice["token_ids"] == GENERATED for choice in answer["choices"])
 
 

@@ -44,7 +44,7 @@ def _chat_prompt(client: TestClient, manager: FakeManager, **fields: Any) -> tup
     """What /v1/chat/completions gave the manager: prompt ids, rendered messages, template options."""
     response = client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, **fields})
     assert response.status_code == 200, response.text
-    return manager.calls[-1].prompt_ids, manager.chat_messages[-1], manager.template_options
+    return manager.calls[-1].prompt_ids, manager.served.chat_messages[-1], manager.served.template_options
 
 
 # ---------------------------------------------------------------- /tokenize: the same ids as generation
@@ -70,21 +70,21 @@ def test_chat_tokenize_gives_the_prompt_chat_completions_uses(client: TestClient
     answer = _tokenize(client, model=MODEL, **fields)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert body == {"count": len(ids), "max_model_len": manager.max_req_total_len, "tokens": ids, "token_strs": None}
+    assert body == {"count": len(ids), "max_model_len": manager.served.max_req_total_len, "tokens": ids, "token_strs": None}
     # The manager rendered the same messages with the same template options.
-    assert manager.chat_messages[-1] == messages and manager.template_options == options
+    assert manager.served.chat_messages[-1] == messages and manager.served.template_options == options
 
 
 def test_chat_tokenize_passes_the_tools_to_the_template(client: TestClient, manager: FakeManager) -> None:
     # Without --tool_call_parser the chat endpoint takes tools with tool_choice "none" (the template
     # still gets them); /tokenize has no tool_choice and renders them the same way.
     _chat_prompt(client, manager, messages=USER, tools=TOOLS, tool_choice="none")
-    options = manager.template_options
+    options = manager.served.template_options
     assert options["chat_template_kwargs"]["tools"] == TOOLS
     assert _tokenize(client, messages=USER, tools=TOOLS).status_code == 200
     # The same rendering; only the refusal of tools the template drops is the chat endpoint's own
     # (under none: /tokenize generates nothing).
-    assert manager.template_options == {**options, "check_tools_read": False}
+    assert manager.served.template_options == {**options, "check_tools_read": False}
     assert_error(_tokenize(client, messages=USER, tools=[{"type": "function", "function": {"name": "bad name"}}]),
                  400, "tools.0.function.name")
 
@@ -92,7 +92,7 @@ def test_chat_tokenize_passes_the_tools_to_the_template(client: TestClient, mana
 @pytest.mark.parametrize("special", [True, False])
 def test_completion_tokenize_is_encode_prompt(client: TestClient, manager: FakeManager, special: bool) -> None:
     prompt = "hello there general kenobi"
-    expected = manager.encode_prompt(prompt, add_special_tokens=special)
+    expected = manager.served.encode_prompt(prompt, add_special_tokens=special)
     assert (expected[0] == BOS) is special
     body = _tokenize(client, prompt=prompt, add_special_tokens=special).json()
     assert body == {"count": len(expected), "max_model_len": 64, "tokens": expected, "token_strs": None}
@@ -145,7 +145,7 @@ def test_a_chat_the_template_expands_beyond_the_character_bound_is_refused_not_t
 def test_token_strs(client: TestClient, manager: FakeManager) -> None:
     # The fake tokenizer has no vocabulary strings: refused naming the field, not answered with nulls.
     assert_error(_tokenize(client, prompt="a b", return_token_strs=True), 400, "return_token_strs")
-    manager.tokenizer = SpellingTokenizer()
+    manager.served.tokenizer = SpellingTokenizer()
     body = _tokenize(client, prompt="a b", return_token_strs=True).json()
     assert body["token_strs"] == [f"tok{token_id}" for token_id in body["tokens"]]
     chat = _tokenize(client, messages=USER, return_token_strs=True).json()
@@ -207,10 +207,10 @@ def test_a_request_template_follows_the_chat_endpoints_trust_rule(manager: FakeM
     assert "--trust_request_chat_template" in assert_error(refused, 400, "chat_template")["message"]
     trusting = TestClient(create_app(manager, HttpServerOptions(trust_request_chat_template=True)))
     assert _tokenize(trusting, messages=USER, chat_template=template).status_code == 200
-    tokenized = manager.template_options
+    tokenized = manager.served.template_options
     assert tokenized["chat_template_kwargs"]["chat_template"] == template
     _chat_prompt(trusting, manager, messages=USER, chat_template=template)
-    assert manager.template_options == tokenized
+    assert manager.served.template_options == tokenized
 
 
 @pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
@@ -259,7 +259,7 @@ def test_detokenize_refuses_ids_outside_the_vocabulary_and_bad_types(client: Tes
 
 
 def test_detokenize_is_bounded_by_the_context_length(client: TestClient, manager: FakeManager) -> None:
-    limit = manager.max_req_total_len
+    limit = manager.served.max_req_total_len
     assert client.post("/detokenize", json={"tokens": [3] * limit}).status_code == 200
     error = assert_error(client.post("/detokenize", json={"tokens": [3] * (limit + 1)}), 400, "tokens")
     assert f"({limit})" in error["message"]
@@ -341,12 +341,12 @@ def pd_master(tiny_llama_dir: Path) -> tuple[Any, TestClient]:
 
 def test_pd_master_tokenizes_with_the_checkpoint_tokenizer(pd_master: tuple[Any, TestClient]) -> None:
     manager, client = pd_master
-    tokenizer = manager.tokenizer
+    tokenizer = manager.served.tokenizer
     text = tokenizer.apply_chat_template(PREFILL, tokenize=False, add_generation_prompt=True)
     expected = tokenizer(text, add_special_tokens=False)["input_ids"]
     body = client.post("/tokenize", json={"messages": PREFILL, "return_token_strs": True}).json()
     assert body["tokens"] == expected and body["count"] == len(expected)
-    assert body["max_model_len"] == manager.max_req_total_len
+    assert body["max_model_len"] == manager.served.max_req_total_len
     assert body["token_strs"] == tokenizer.convert_ids_to_tokens(expected)
     # add_special_tokens adds the tokenizer's BOS on top of the template's, as on /v1/chat/completions.
     added = client.post("/tokenize", json={"messages": PREFILL, "add_special_tokens": True}).json()["tokens"]
@@ -355,7 +355,7 @@ def test_pd_master_tokenizes_with_the_checkpoint_tokenizer(pd_master: tuple[Any,
     ids = client.post("/tokenize", json={"prompt": prompt, "add_special_tokens": False}).json()["tokens"]
     assert ids == tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert client.post("/detokenize", json={"tokens": ids}).json() == {"prompt": prompt}
-    assert_error(client.post("/detokenize", json={"tokens": [manager.vocab_size]}), 400, "tokens")
+    assert_error(client.post("/detokenize", json={"tokens": [manager.served.vocab_size]}), 400, "tokens")
 
 
 def test_pd_master_ping_is_its_own_health(pd_master: tuple[Any, TestClient]) -> None:

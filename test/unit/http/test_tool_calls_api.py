@@ -35,8 +35,8 @@ def test_auto_call_non_streaming_and_template_arguments() -> None:
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert choice["message"]["content"] == "Checking the weather."
     # The template gets the tools and the history's arguments as a mapping (transformers' convention).
-    assert manager.template_options["chat_template_kwargs"]["tools"] == [WEATHER_TOOL, CLOCK_TOOL]
-    rendered = manager.chat_messages[-1]
+    assert manager.served.template_options["chat_template_kwargs"]["tools"] == [WEATHER_TOOL, CLOCK_TOOL]
+    rendered = manager.served.chat_messages[-1]
     assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
     assert rendered[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
     assert manager.calls[-1].params.grammar is None
@@ -53,7 +53,7 @@ def test_a_history_call_assembled_from_a_stream_keeps_its_index() -> None:
                     {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
         response = chat(client, messages=messages, tools=[CLOCK_TOOL])
         assert response.status_code == 200, response.text
-        rendered.append(manager.chat_messages[-1])
+        rendered.append(manager.served.chat_messages[-1])
     assert rendered[0] == rendered[1] == rendered[2] == rendered[3]
     messages[1]["tool_calls"] = [{"index": "0", **call}]
     error = assert_error(chat(client, messages=messages, tools=[CLOCK_TOOL]), 400, "messages.1.tool_calls")
@@ -150,7 +150,7 @@ def test_no_call_and_tool_choice_none() -> None:
     client, manager = make_client(CALL_TEXT, parser=None)
     none = chat(client, tools=[WEATHER_TOOL], tool_choice="none").json()["choices"][0]
     assert none["message"]["content"] == "".join(CALL_TEXT) and "tool_calls" not in none["message"]
-    assert manager.template_options["chat_template_kwargs"]["tools"] == [WEATHER_TOOL]
+    assert manager.served.template_options["chat_template_kwargs"]["tools"] == [WEATHER_TOOL]
 
 
 def test_required_and_named_use_the_grammar_path() -> None:
@@ -267,7 +267,7 @@ def test_an_empty_tools_list_is_no_tools(choice: dict[str, Any]) -> None:
     message = response.json()["choices"][0]["message"]
     # Plain content: the call-shaped text is not read as a call, and no tools reach the template.
     assert "tool_calls" not in message and "<tool_call>" in message["content"]
-    assert "tools" not in (manager.template_options.get("chat_template_kwargs") or {})
+    assert "tools" not in (manager.served.template_options.get("chat_template_kwargs") or {})
     assert manager.calls[-1].params.grammar is None
 
 

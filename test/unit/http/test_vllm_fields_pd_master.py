@@ -51,7 +51,7 @@ def test_pd_master_refuses_as_a_server_does(pd_manager: Any, path: str, fields: 
 
 
 def test_pd_master_tokenizes_with_and_without_special_tokens(pd_manager: Any) -> None:
-    tokenizer = pd_manager.tokenizer
+    tokenizer = pd_manager.served.tokenizer
     encoder = PromptEncoder(pd_manager)
     prompt = asyncio.run(encoder.encode_prompt("hello world", "prompt"))
     bare = asyncio.run(encoder.encode_prompt("hello world", "prompt", add_special_tokens=False))

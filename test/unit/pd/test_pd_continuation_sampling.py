@@ -208,7 +208,7 @@ def test_the_master_sends_each_segment_its_generated_before(tiny_llama_dir) -> N
     cluster = Cluster(str(tiny_llama_dir))
     try:
         cluster.decode.segment_limit = 2  # P's first token + 2 from D: segments of 3, 3, 2
-        prompt_ids = cluster.master.manager.encode_prompt("a long story")
+        prompt_ids = cluster.master.manager.served.encode_prompt("a long story")
         response = httpx.post(f"{cluster.master.url}/generate", timeout=30,
                               json={"inputs": "a long story", "parameters": {"max_new_tokens": 8}})
         assert response.status_code == 200, response.text

@@ -64,7 +64,7 @@ def test_a_streaming_request_continues_on_the_only_prefill_node_while_it_drains(
     events = out["events"]
     assert all("error" not in event for event in events), events
     tokens = [event["token"]["id"] for event in events if event.get("token")]
-    prompt = cluster.master.manager.encode_prompt("a long story")
+    prompt = cluster.master.manager.served.encode_prompt("a long story")
     assert tokens == reference_tokens(prompt, 12)
     assert pending == 1
     assert [body["segment_index"] for body in cluster.prefill.bodies][1:] != []  # continued on the draining P

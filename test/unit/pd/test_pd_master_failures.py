@@ -202,7 +202,7 @@ def _stream_with_prefill_lost(cluster: Cluster, lose_prefill: Callable[[], None]
     """Stream 12 tokens while D pauses after three: ``lose_prefill`` runs in the pause, then D goes
     on.  Returns the client's events, checked to be every reference token with no error."""
     cluster.decode.hold_after = 3
-    prompt_ids = cluster.master.manager.encode_prompt("hello")
+    prompt_ids = cluster.master.manager.served.encode_prompt("hello")
     received: List[Dict[str, Any]] = []
     with httpx.stream("POST", f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
                       json={"inputs": "hello", "parameters": {"max_new_tokens": 12}}) as response:

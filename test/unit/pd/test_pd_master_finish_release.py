@@ -57,7 +57,7 @@ def plain_cluster_fixture(tiny_llama_dir: Path) -> Iterator[Cluster]:
 
 
 def _first_token(cluster: Cluster, prompt: str = PROMPT) -> int:
-    return reference_tokens(cluster.master.manager.encode_prompt(prompt), 1)[0]
+    return reference_tokens(cluster.master.manager.served.encode_prompt(prompt), 1)[0]
 
 
 @pytest.mark.parametrize("ending", ["max_tokens_1", "stop_token_streamed"])
@@ -65,7 +65,7 @@ def test_n_choices_whose_first_token_ends_each_get_answered_when_only_one_reserv
         one_reservation_cluster: Cluster, ending: str) -> None:
     cluster = one_reservation_cluster
     first = _first_token(cluster)
-    body: Dict[str, Any] = {"model": cluster.master.manager.model_name, "prompt": PROMPT, "n": 2,
+    body: Dict[str, Any] = {"model": cluster.master.manager.served.model_name, "prompt": PROMPT, "n": 2,
                             "temperature": 0}
     if ending == "max_tokens_1":
         body["max_tokens"] = 1
@@ -95,7 +95,7 @@ def _stream_events(response: httpx.Response) -> List[Dict[str, Any]]:
 
 
 def _spec(cluster: Cluster, max_new_tokens: int, **params: Any) -> RequestSpec:
-    prompt_ids = cluster.master.manager.encode_prompt(PROMPT)
+    prompt_ids = cluster.master.manager.served.encode_prompt(PROMPT)
     return RequestSpec(prompt_ids, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, **params))
 
 
@@ -178,9 +178,9 @@ def test_n_choices_that_finish_on_decode_still_get_every_token(one_reservation_c
     (the second one reserves once D ended the first)."""
     cluster = one_reservation_cluster
     response = httpx.post(f"{cluster.master.url}/v1/completions", timeout=REQUEST_TIMEOUT, json={
-        "model": cluster.master.manager.model_name, "prompt": PROMPT, "n": 2, "max_tokens": 4, "temperature": 0})
+        "model": cluster.master.manager.served.model_name, "prompt": PROMPT, "n": 2, "max_tokens": 4, "temperature": 0})
     assert response.status_code == 200, response.text
-    expected = cluster.master.manager.tokenizer.decode(
-        reference_tokens(cluster.master.manager.encode_prompt(PROMPT), 4), skip_special_tokens=True)
+    expected = cluster.master.manager.served.tokenizer.decode(
+        reference_tokens(cluster.master.manager.served.encode_prompt(PROMPT), 4), skip_special_tokens=True)
     assert [(c["text"], c["finish_reason"]) for c in response.json()["choices"]] == [(expected, "length")] * 2
     assert response.json()["usage"]["completion_tokens"] == 8

@@ -57,7 +57,7 @@ def test_node_that_stops_at_other_eos_ids_is_refused(tiny_llama_dir: Path) -> No
     """The nodes decide where generation stops and the master what text it shows for it."""
     cluster = Cluster(str(tiny_llama_dir), register=False)
     try:
-        master_eos = sorted(set(cluster.master.manager.eos_token_ids))
+        master_eos = sorted(set(cluster.master.manager.served.eos_token_ids))
         body = {**cluster.decode.info().to_dict(), "eos_token_ids": [5]}
         response = httpx.post(f"{cluster.master.url}/pd/register", json=body)
         assert response.status_code == 409 and response.json()["error"]["code"] == "incompatible_node"
@@ -75,7 +75,7 @@ def test_node_that_takes_shorter_requests_than_the_master_admits_is_refused(tiny
     --max_req_total_len would refuse valid requests with a 400, whichever node they drew."""
     cluster = Cluster(str(tiny_llama_dir), register=False)
     try:
-        limit = cluster.master.manager.max_req_total_len
+        limit = cluster.master.manager.served.max_req_total_len
         body = {**cluster.decode.info().to_dict(), "max_req_total_len": limit - 1}
         response = httpx.post(f"{cluster.master.url}/pd/register", json=body)
         assert response.status_code == 409 and response.json()["error"]["code"] == "incompatible_node"

@@ -29,14 +29,14 @@ from pd_node_stand_in import reference_tokens
 
 def test_normal_flow_tokens_in_order_echo_dropped_usage_once(cluster: Cluster) -> None:
     prompt = "hello there, general"
-    prompt_ids = cluster.master.manager.encode_prompt(prompt)
+    prompt_ids = cluster.master.manager.served.encode_prompt(prompt)
     expected = reference_tokens(prompt_ids, 6)
     response = generate(cluster, prompt, 6)
     assert response.status_code == 200, response.text
     answer = response.json()
     assert [token["id"] for token in answer["tokens"]] == expected  # P's first, then D's; the echo dropped
     # The master decodes the text from the token ids itself (the stand-ins' "text" is ignored).
-    expected_text = cluster.master.manager.tokenizer.decode(expected, skip_special_tokens=True)
+    expected_text = cluster.master.manager.served.tokenizer.decode(expected, skip_special_tokens=True)
     assert answer["generated_text"] == [expected_text]
     assert answer["count_output_tokens"] == 6 and answer["prompt_tokens"] == len(prompt_ids)
     assert answer["finish_reason"] == "length" and answer["prompt_cache_len"] == cluster.prefill.cached_tokens
@@ -51,7 +51,7 @@ def test_normal_flow_tokens_in_order_echo_dropped_usage_once(cluster: Cluster) -
 
     # Streaming, OpenAI shape: the same tokens, usage counted once; the next request gets the next id.
     response = httpx.post(f"{cluster.master.url}/v1/completions", timeout=REQUEST_TIMEOUT, json={
-        "model": cluster.master.manager.model_name, "prompt": prompt, "max_tokens": 6, "stream": True,
+        "model": cluster.master.manager.served.model_name, "prompt": prompt, "max_tokens": 6, "stream": True,
         "stream_options": {"include_usage": True}})
     assert response.status_code == 200, response.text
     events = [event for event in (json.loads(line[6:]) for line in response.text.splitlines()
@@ -78,7 +78,7 @@ def test_normal_flow_tokens_in_order_echo_dropped_usage_once(cluster: Cluster) -
 
 
 def test_context_length_refused_like_a_normal_server(cluster: Cluster) -> None:
-    limit = cluster.master.manager.max_req_total_len
+    limit = cluster.master.manager.served.max_req_total_len
     response = generate(cluster, "hello", limit)
     assert response.status_code == 400
     assert "This model's maximum context length is" in response.json()["error"]["message"]
@@ -88,7 +88,7 @@ def test_context_length_refused_like_a_normal_server(cluster: Cluster) -> None:
 def test_segment_end_continues_with_prompt_plus_generated(cluster: Cluster) -> None:
     cluster.decode.segment_limit = 2
     prompt = "a long story"
-    prompt_ids = cluster.master.manager.encode_prompt(prompt)
+    prompt_ids = cluster.master.manager.served.encode_prompt(prompt)
     expected = reference_tokens(prompt_ids, 8)
     response = httpx.post(f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
                           json={"inputs": prompt, "parameters": {"max_new_tokens": 8}})
@@ -118,7 +118,7 @@ def test_a_decode_segment_that_ends_before_the_prefill_line_arrives_is_not_a_fai
     cluster.decode.segment_limit = 2
     cluster.prefill.first_line_delay = 0.3
     prompt = "a quick segment"
-    expected = reference_tokens(cluster.master.manager.encode_prompt(prompt), 8)
+    expected = reference_tokens(cluster.master.manager.served.encode_prompt(prompt), 8)
     response = httpx.post(f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
                           json={"inputs": prompt, "parameters": {"max_new_tokens": 8}})
     events = sse_events(response)
@@ -137,7 +137,7 @@ def test_master_decides_a_stop_string_that_straddles_segments_and_aborts_the_nod
     stop, completes_at = straddling.stop, straddling.completes_at
     for request_id, include in ((1, False), (2, True)):
         response = httpx.post(f"{cluster.master.url}/v1/completions", timeout=REQUEST_TIMEOUT, json={
-            "model": cluster.master.manager.model_name, "prompt": prompt, "max_tokens": 40, "stop": [stop],
+            "model": cluster.master.manager.served.model_name, "prompt": prompt, "max_tokens": 40, "stop": [stop],
             "include_stop_str_in_output": include})
         assert response.status_code == 200, response.text
         choice = response.json()["choices"][0]

@@ -32,7 +32,7 @@ def _assert_served(cluster: Cluster, thread: Any, box: Dict[str, Any], prompt: s
     thread.join(60)
     response = box["result"]
     assert response.status_code == 200, response.text
-    prompt_ids = cluster.master.manager.encode_prompt(prompt)
+    prompt_ids = cluster.master.manager.served.encode_prompt(prompt)
     assert [token["id"] for token in response.json()["details"]["tokens"]] == reference_tokens(prompt_ids, 4)
 
 

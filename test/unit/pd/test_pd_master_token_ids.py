@@ -17,7 +17,7 @@ from pd_node_stand_in import reference_tokens
 
 
 def _completion(cluster: Cluster, **fields: object) -> httpx.Response:
-    body = {"model": cluster.master.manager.model_name, "return_token_ids": True, **fields}
+    body = {"model": cluster.master.manager.served.model_name, "return_token_ids": True, **fields}
     response = httpx.post(f"{cluster.master.url}/v1/completions", json=body, timeout=REQUEST_TIMEOUT)
     assert response.status_code == 200, response.text
     return response
@@ -26,7 +26,7 @@ def _completion(cluster: Cluster, **fields: object) -> httpx.Response:
 def test_ids_span_every_segment_whole_and_streamed(cluster: Cluster) -> None:
     cluster.decode.segment_limit = 2  # segments of 3 tokens: P's first, then 2 on D
     prompt = "a long story"
-    prompt_ids = cluster.master.manager.encode_prompt(prompt)
+    prompt_ids = cluster.master.manager.served.encode_prompt(prompt)
     expected = reference_tokens(prompt_ids, 8)
     choice = _completion(cluster, prompt=prompt, max_tokens=8).json()["choices"][0]
     assert choice["prompt_token_ids"] == prompt_ids and choice["token_ids"] == expected

@@ -65,7 +65,7 @@ def assert_served_as_reference(cluster: Cluster, prompt: str, max_new_tokens: in
     response = generate(cluster, prompt, max_new_tokens)
     assert response.status_code == 200, response.text
     tokens = [token["id"] for token in response.json()["tokens"]]
-    assert tokens == reference_tokens(cluster.master.manager.encode_prompt(prompt), max_new_tokens)
+    assert tokens == reference_tokens(cluster.master.manager.served.encode_prompt(prompt), max_new_tokens)
 
 
 def prompts_seen(node: NodeStandIn) -> int:
@@ -123,7 +123,7 @@ def test_prefix_affinity_sends_shared_prefix_prompts_to_one_prefill_node_until_i
     cluster = Cluster(str(tiny_llama_dir), prefills=2)
     try:
         system = "shared system prompt " * 30
-        assert len(cluster.master.manager.encode_prompt(system)) > AFFINITY_PREFIX_TOKENS
+        assert len(cluster.master.manager.served.encode_prompt(system)) > AFFINITY_PREFIX_TOKENS
         for i in range(4):
             assert generate(cluster, f"{system}question {i}", 2).status_code == 200
         counts = sorted(prompts_seen(n) for n in cluster.prefills)
@@ -202,7 +202,7 @@ def test_a_dropped_decode_node_fails_only_its_request_and_its_pairs_are_torn_dow
         for thread, _ in runs:
             thread.join(60)
         results = [box["result"] for _, box in runs]
-        encoded = [cluster.master.manager.encode_prompt(prompt) for prompt in prompts]
+        encoded = [cluster.master.manager.served.encode_prompt(prompt) for prompt in prompts]
         for prompt_ids, events in zip(encoded, results):
             if prompt_ids == victim_prompt:
                 error = events[-1]["error"]
@@ -251,7 +251,7 @@ def test_a_node_joining_mid_traffic_gets_work(cluster: Cluster) -> None:
     assert [s["epoch"] for s in joined.setups] == [2] and [s["epoch"] for s in cluster.prefill.setups] == [1, 2]
     cluster.decode.release_hold()
     first.join(60)
-    prompt_ids = cluster.master.manager.encode_prompt("long running")
+    prompt_ids = cluster.master.manager.served.encode_prompt("long running")
     assert [event["token"]["id"] for event in box["result"]] == reference_tokens(prompt_ids, 6)
 
 
@@ -266,7 +266,7 @@ def test_a_continuation_moves_to_another_decode_node_when_its_decode_node_is_bus
         prompt = "a long story"
         response = generate(cluster, prompt, 8)
         assert response.status_code == 200, response.text
-        prompt_ids = cluster.master.manager.encode_prompt(prompt)
+        prompt_ids = cluster.master.manager.served.encode_prompt(prompt)
         assert [token["id"] for token in response.json()["tokens"]] == reference_tokens(prompt_ids, 8)
         assert [body["segment_index"] for body in best.bodies] == [0, 1]  # tried first, answered busy
         assert [body["segment_index"] for body in other.bodies] == [1]
@@ -373,7 +373,7 @@ def test_one_request_may_run_at_most_half_the_smallest_nodes_request_slots(tiny_
         for node, slots, tops in zip(cluster.prefills + cluster.decodes, (64, 8, 16), (None, 32, 6)):
             node.request_slots, node.top_logprob_slots = slots, tops
             node.register()
-        body = {"model": cluster.master.manager.model_name, "prompt": ["a", "b", "c"], "max_tokens": 2}
+        body = {"model": cluster.master.manager.served.model_name, "prompt": ["a", "b", "c"], "max_tokens": 2}
         refused = httpx.post(f"{cluster.master.url}/v1/completions", json={**body, "n": 2}, timeout=REQUEST_TIMEOUT)
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]

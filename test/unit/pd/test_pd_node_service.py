@@ -2,9 +2,9 @@
 
 Rank 0's notices travel in its step output stream, so they reach the HTTP process ahead of the
 tokens or finish they explain.  Here the real ``HttpServerManager`` dispatch (its inbox handler
-hook and ``post``) and the real ``PendingRequest`` queue carry them to a
-:class:`PdNodeService`; only the submission (shared memory, router) is left out.  The rank's
-side of the one path (the step publisher and the detokenizer keeping notices ahead of the
+hook and ``post``), its ``generate`` and the real ``PendingRequest`` queue carry them to a
+:class:`PdNodeService`; only the shared memory, slots and router it submits to are doubles.  The
+rank's side of the one path (the step publisher and the detokenizer keeping notices ahead of the
 step's texts) is checked at the end.
 """
 
@@ -22,6 +22,7 @@ from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.finish_status import FINISH_LENGTH
 from lightllm.server.core.objs.io_messages import (
     DetokenizedOutput,
+    NewRequest,
     PdChannelBroken,
     PdNotice,
     PdSetupDone,
@@ -33,7 +34,7 @@ from lightllm.server.core.objs.io_messages import (
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_PREFILL
 from lightllm.server.httpserver.manager import HttpServerManager
-from lightllm.server.httpserver.pending_request import PendingRequest
+from lightllm.server.httpserver.metrics import ServerMetrics
 from lightllm.server.model_rank.step_publisher import StepPublisher
 from lightllm.server.model_rank.scheduling.step_report import StepReport
 from lightllm.server.pd.node.service import PdNodeService
@@ -41,39 +42,22 @@ from lightllm.server.pd.protocol.outcomes import NODE_OUTCOMES, SEGMENT_END_REAS
 from lightllm.server.pd.master.continuation import SegmentEnd
 
 from detokenizer_test_support import detokenizer_rig
+from manager_metrics_support import manager_over
 from step_publisher_test_support import publisher_over
 
 REQUEST_ID = 41
 
 
-class _Metrics:
-    def on_first_token(self, *args: Any) -> None:
-        pass
-
-    def on_next_token(self, *args: Any) -> None:
-        pass
-
-
 def _manager() -> HttpServerManager:
-    """The manager's inbox dispatch and request streams; generate() submits to nothing but a queue."""
-    manager = HttpServerManager.__new__(HttpServerManager)
-    manager._pending, manager._inbox_handlers, manager._live, manager._id_freed = {}, [], {}, {}
-    manager.shm = types.SimpleNamespace(scheduled_ns=lambda slot, request_id: 1)
-    manager.vocab_size, manager.max_req_total_len = 100, 64
-    manager.submitted = []
+    """The manager's inbox dispatch, request streams and generate() over doubles of its records
+    (rank 0 scheduled every request), slots and router (``manager.sockets.to_router.sent``)."""
+    shm = types.SimpleNamespace(write_request=lambda *args: None, scheduled_ns=lambda slot, request_id: 1)
+    return manager_over(ServerMetrics("default", None), shm)
 
-    async def generate(spec: RequestSpec, *, request: Any = None, request_id: Optional[int] = None,
-                       slot_wait_seconds: Optional[float] = None):
-        manager.submitted.append((request_id, slot_wait_seconds))
-        pending = manager._pending[request_id] = PendingRequest(spec.prompt_len, 0)
-        try:
-            async for event in pending.events(None, 0.0, _Metrics()):
-                yield event
-        finally:
-            del manager._pending[request_id]
 
-    manager.generate = generate
-    return manager
+def _submitted(manager: HttpServerManager) -> List[int]:
+    """The ids of the requests the manager sent to the router."""
+    return [message.request_id for message in manager.sockets.to_router.sent if isinstance(message, NewRequest)]
 
 
 def _spec(kind: int) -> RequestSpec:
@@ -104,7 +88,7 @@ def _run(role: str, steps: List[List[Any]]) -> List[Any]:
                 events.append(event)
 
         reader = asyncio.create_task(read())
-        while REQUEST_ID not in manager._pending:
+        while REQUEST_ID not in _submitted(manager):
             await asyncio.sleep(0)
         for step in steps:
             for message in step:  # the manager's receive loop, one StepTexts at a time
@@ -221,7 +205,7 @@ def test_transfer_setup_waits_for_rank0s_answer_and_a_broken_channel_fails_new_r
 
     event = asyncio.run(first_event())
     assert (event.kind, event.error_kind, event.transfer_broken) == ("error", "transfer_broken", True)
-    assert manager.submitted == []  # refused before reaching the manager
+    assert _submitted(manager) == []  # refused before reaching the manager
 
 
 def test_one_table_names_every_pd_outcome_for_both_ends() -> None:

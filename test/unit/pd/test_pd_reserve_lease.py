@@ -136,7 +136,7 @@ def test_the_master_sends_its_lease_with_every_reservation(tiny_llama_dir: Path)
     try:
         cluster.decode.segment_limit = 2  # continuation segments reserve again: each needs the lease
         prompt = "a story in segments"
-        expected = reference_tokens(cluster.master.manager.encode_prompt(prompt), 7)
+        expected = reference_tokens(cluster.master.manager.served.encode_prompt(prompt), 7)
         response = httpx.post(f"{cluster.master.url}/generate_stream", timeout=REQUEST_TIMEOUT,
                               json={"inputs": prompt, "parameters": {"max_new_tokens": 7}})
         assert [event["token"]["id"] for event in sse_events(response)] == expected

@@ -9,15 +9,43 @@ from __future__ import annotations
 import asyncio
 import types
 
+from manager_metrics_support import manager_over
+
+from lightllm.common.sampling import SamplingParams
+from lightllm.server.core.objs.io_messages import NewRequest
+from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.httpserver.manager import HttpServerManager
+from lightllm.server.httpserver.metrics import ServerMetrics
+
+
+async def _submit_and_leave(manager: HttpServerManager, request_id: int) -> None:
+    """Submit ``request_id`` and leave before its first token: its id stays live until its slot's release."""
+    spec = RequestSpec.build([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=8))
+    events = manager.generate(spec, request_id=request_id)
+    first = asyncio.ensure_future(events.__anext__())
+    sent = manager.sockets.to_router.sent
+    while not any(isinstance(message, NewRequest) and message.request_id == request_id for message in sent):
+        await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await events.aclose()
 
 
 def _manager_with_live(request_ids) -> HttpServerManager:
-    # Only the live-id table and the release path matter to this wait; the rest is not built.
-    manager = HttpServerManager.__new__(HttpServerManager)
-    manager._live = {request_id: 3 for request_id in request_ids}
-    manager._id_freed = {}
-    manager.shm = types.SimpleNamespace(release=lambda slot, request_id: False)  # the slot stays out of the pool
+    """A manager whose ``request_ids`` were submitted on slot 3 and not yet released.
+
+    Its records keep nothing and free no slot on release (the slot stays out of the pool); only the
+    live ids and the release path matter to this wait.
+    """
+    shm = types.SimpleNamespace(write_request=lambda *args: None, scheduled_ns=lambda *args: 0,
+                                release=lambda slot, request_id: False)
+    manager = manager_over(ServerMetrics("default", None), shm, slot=3)
+
+    async def submit() -> None:
+        for request_id in request_ids:
+            await _submit_and_leave(manager, request_id)
+
+    asyncio.run(submit())
     return manager
 
 

@@ -86,19 +86,19 @@ def text_chars(messages: List[dict]) -> int:
 class PromptEncoder:
     """Encodes prompts and chats for a request manager: pre-check on the loop, tokenizer in a worker thread.
 
-    ``chars_per_token`` None derives the bound from the manager's tokenizer; 0 turns the pre-check off.
+    ``chars_per_token`` None derives the bound from the served model's tokenizer; 0 turns the pre-check off.
     """
 
     def __init__(self, manager: RequestManager, chars_per_token: Optional[float] = None) -> None:
         self._manager = manager
         if chars_per_token is None:
-            longest = longest_token_chars(manager.tokenizer)
+            longest = longest_token_chars(manager.served.tokenizer)
             if longest is None:
                 log.warning("the tokenizer exposes no vocabulary: prompts are not length-checked before "
                             "tokenizing; set --prompt_chars_per_token to enable the check")
             chars_per_token = None if longest is None else float(CHARS_PER_TOKEN_MARGIN * longest)
         self.chars_per_token = chars_per_token or None
-        limit = manager.max_req_total_len
+        limit = manager.served.max_req_total_len
         self.max_chars: Optional[int] = None if self.chars_per_token is None else int(limit * self.chars_per_token)
         self._frame: Optional[SpecialTokenFrame] = None
         self._frame_read = False
@@ -110,7 +110,7 @@ class PromptEncoder:
         """
         if self.max_chars is None or chars <= self.max_chars:
             return
-        limit = self._manager.max_req_total_len
+        limit = self._manager.served.max_req_total_len
         counted = counted or f"the {noun} has"
         message = (
             f"This model's maximum context length is {limit} tokens, and {counted} {chars} characters: "
@@ -126,18 +126,19 @@ class PromptEncoder:
         whole prompt is tokenized (:mod:`lightllm.server.prompt_length_probe`), unless
         ``keeps_end``: the request keeps only the end of its prompt (``truncate_prompt_tokens``),
         so an over-long one is tokenized whole.  ``options`` (``add_special_tokens``) go to the
-        manager's ``encode_prompt`` as given.
+        served model's ``encode_prompt`` (``manager.served``) as given.
         """
         self.check_chars(len(text), param, "prompt")
-        within = None if keeps_end else self._manager.max_req_total_len
-        return await self._run(lambda: self._manager.encode_prompt(text, within=within, **options), param, "prompt")
+        within = None if keeps_end else self._manager.served.max_req_total_len
+        return await self._run(lambda: self._manager.served.encode_prompt(text, within=within, **options), param,
+                               "prompt")
 
     async def encode_chat(self, messages: List[dict], param: str = "messages", add_special_tokens: bool = False,
                           keeps_end: bool = False, **template_options: Any) -> List[int]:
         """Token ids of a chat rendered by its template, refused like :meth:`encode_prompt`.
 
         ``template_options`` (``add_generation_prompt``, ``continue_final_message``,
-        ``chat_template_kwargs``) go to the manager's ``encode_chat`` as given.  The manager
+        ``chat_template_kwargs``) go to the served model's ``encode_chat`` as given.  It
         tokenizes the rendered text without the tokenizer's special tokens (the template writes
         them); ``add_special_tokens`` adds them as well, as vLLM's chat field of that name does.
         The character check counts the message texts (:func:`text_chars`); the prefix probe runs
@@ -150,12 +151,12 @@ class PromptEncoder:
         let their 1.2 M tokens through: 14 s and 1.4 GB of the HTTP process).
         """
         self.check_chars(text_chars(messages), param, "messages", "the message texts have")
-        limits: Dict[str, Any] = {"within": self._manager.max_req_total_len}
+        limits: Dict[str, Any] = {"within": self._manager.served.max_req_total_len}
         if keeps_end:
             limits = {"within": None, **({"max_chars": self.max_chars} if self.max_chars is not None else {})}
 
         def encode() -> List[int]:
-            ids = list(self._manager.encode_chat(messages, **limits, **template_options))
+            ids = list(self._manager.served.encode_chat(messages, **limits, **template_options))
             if not add_special_tokens:
                 return ids
             return add_special_tokens_to(self._special_token_frame(), ids, "add_special_tokens")
@@ -179,7 +180,7 @@ class PromptEncoder:
     def _special_token_frame(self) -> Optional[SpecialTokenFrame]:
         # Fixed for the tokenizer: read once (on a tokenizer thread), on the first request that needs it.
         if not self._frame_read:
-            self._frame = special_token_frame(self._manager.tokenizer)
+            self._frame = special_token_frame(self._manager.served.tokenizer)
             self._frame_read = True
         return self._frame
 

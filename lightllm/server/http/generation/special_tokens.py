@@ -2,8 +2,8 @@
 
 vLLM renders a chat with its template and tokenizes the text with ``add_special_tokens`` (default
 false: the template writes BOS itself; true adds the tokenizer's BOS/EOS on top of it).  The
-request manager's ``encode_chat`` tokenizes the rendered text without them, so the HTTP layer adds
-them here, where both a normal server and a PD master answer the same way.
+served model's ``encode_chat`` (a request manager's ``served``) tokenizes the rendered text without
+them, so the HTTP layer adds them here, where both a normal server and a PD master answer the same way.
 
 The tokens a tokenizer adds come from its post-processor (a fast tokenizer's ``TemplateProcessing``,
 ``BertProcessing``, ``RobertaProcessing``; a slow one's ``build_inputs_with_special_tokens``): a

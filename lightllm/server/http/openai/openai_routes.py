@@ -96,7 +96,7 @@ class OpenAIEndpoints:
         # --trust_request_chat_template: whether a request may bring its own template.
         self.trust_request_chat_template = trust_request_chat_template
         # Every token's raw bytes (logprob ``bytes``, ``text_offset``), worked out once per server.
-        self.token_bytes = TokenBytes(manager.tokenizer)
+        self.token_bytes = TokenBytes(manager.served.tokenizer)
 
     def check_request_template(self, template: str | None) -> None:
         """Refuse a request's own ``chat_template`` unless the server trusts its clients with one.
@@ -126,13 +126,13 @@ class OpenAIEndpoints:
 
     def served_names(self) -> list[str]:
         """Every name a request's ``model`` may use (the first is the one /v1/models reports)."""
-        return list(getattr(self.manager, "served_model_names", None) or [self.manager.model_name])
+        return list(getattr(self.manager.served, "served_model_names", None) or [self.manager.served.model_name])
 
     def check_model(self, model: str | None) -> str:
         """The model name to answer with: the requested one if served (a missing or empty one
         means the served model, as in vLLM), else a 404 naming the served names."""
         if not model:
-            return self.manager.model_name
+            return self.manager.served.model_name
         served = self.served_names()
         if model not in served:
             raise model_not_found(model, served)
@@ -146,9 +146,9 @@ class OpenAIEndpoints:
 
     def _model_card(self, model_id: str | None = None) -> dict[str, Any]:
         """A model entry shaped as vLLM shapes it (``vllm bench serve`` reads ``root``)."""
-        model_id = model_id or self.manager.model_name
+        model_id = model_id or self.manager.served.model_name
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "lightllm",
-                "root": self.model_root(), "parent": None, "max_model_len": self.manager.max_req_total_len,
+                "root": self.model_root(), "parent": None, "max_model_len": self.manager.served.max_req_total_len,
                 "permission": [{"id": f"modelperm-{model_id}", "object": "model_permission", "created": self.created,
                                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
@@ -158,7 +158,7 @@ class OpenAIEndpoints:
         """``root`` of a model card: where the checkpoint was loaded from, as vLLM reports its
         ``--model`` (``vllm bench serve`` without ``--model`` loads its tokenizer from it); the
         served name where this process loaded none (a PD master)."""
-        return getattr(self.manager, "model_path", None) or self.manager.model_name
+        return getattr(self.manager.served, "model_path", None) or self.manager.served.model_name
 
     async def list_models(self) -> dict[str, Any]:
         """``GET /v1/models``: the single served model."""
@@ -178,8 +178,8 @@ class OpenAIEndpoints:
         # The same for every prompt; only the completion length may depend on the prompt's.
         requested = body.requested_max_tokens()
         # The checkpoint's generation_config.json values for the fields the request leaves out (vLLM's default).
-        fields = {**self.manager.generation_defaults.sampling_fields(), **body.sampling_fields(), "logprobs": logprobs,
-                  "prompt_logprobs": prompt_logprobs,
+        fields = {**self.manager.served.generation_defaults.sampling_fields(), **body.sampling_fields(),
+                  "logprobs": logprobs, "prompt_logprobs": prompt_logprobs,
                   "grammar": grammar}
         public_names = body.public_names()
         tokens_param = body.max_tokens_param()
@@ -195,24 +195,24 @@ class OpenAIEndpoints:
                 max_new = requested
             else:
                 max_new, min_beyond_room = default_length_for(
-                    max(1, self.manager.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS)),
-                    body.min_tokens, len(prompt_ids), self.manager.max_req_total_len)
+                    max(1, self.manager.served.default_max_new_tokens(len(prompt_ids), body.DEFAULT_MAX_TOKENS)),
+                    body.min_tokens, len(prompt_ids), self.manager.served.max_req_total_len)
             # Checked as the client sent them first (their own width and range), then fitted.
-            params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.vocab_size,
+            params = build_sampling_params({**fields, "max_new_tokens": max_new}, self.manager.served.vocab_size,
                                            public_names)
             if min_beyond_room:
-                check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.max_req_total_len,
+                check_min_tokens_fit(len(prompt_ids), params.min_new_tokens, self.manager.served.max_req_total_len,
                                      prompt_noun=noun, min_param="min_tokens")
             if requested == 0:
-                if len(prompt_ids) >= self.manager.max_req_total_len:
+                limit = self.manager.served.max_req_total_len
+                if len(prompt_ids) >= limit:
                     raise APIError(400, f"echo with max_tokens 0 still runs the prompt to its first token (then "
-                                   f"dropped), so the {noun} may hold at most "
-                                   f"{self.manager.max_req_total_len - 1} tokens on this server (--max_req_total_len "
-                                   f"{self.manager.max_req_total_len}); it has {len(prompt_ids)}", INVALID_REQUEST,
+                                   f"dropped), so the {noun} may hold at most {limit - 1} tokens on this server "
+                                   f"(--max_req_total_len {limit}); it has {len(prompt_ids)}", INVALID_REQUEST,
                                    prompt_param, "context_length_exceeded")
             else:
                 # A default length already fits the room; a requested one is cut to it.
-                fitted = completion_room(len(prompt_ids), max_new, self.manager.max_req_total_len,
+                fitted = completion_room(len(prompt_ids), max_new, self.manager.served.max_req_total_len,
                                          prompt_param=prompt_param, prompt_noun=noun,
                                          tokens_param=tokens_param, min_new_tokens=params.min_new_tokens)
                 if fitted != max_new:
@@ -226,7 +226,7 @@ class OpenAIEndpoints:
         # A large body is decoded on a worker thread so other clients are not stalled behind it.
         body = await parse_body_off_loop(await request.body(), CompletionRequest)
         model = self.check_model(body.model)
-        body.check_truncation(self.manager.max_req_total_len)
+        body.check_truncation(self.manager.served.max_req_total_len)
         # Before the prompts are tokenized: 64 of them are work to spare on a request refused anyway.
         check_generation_counts(self.manager, len(body.prompt), body.candidates,
                                 "best_of" if body.best_of is not None else "n",
@@ -239,11 +239,11 @@ class OpenAIEndpoints:
                 options = {} if body.add_special_tokens else {"add_special_tokens": False}
                 keeps_end = body.truncate_prompt_tokens is not None
                 ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", keeps_end, **options), "prompt",
-                                    self.manager.vocab_size, noun=noun)
+                                    self.manager.served.vocab_size, noun=noun)
                 frame = await self.truncation_frame(body, body.add_special_tokens)
                 prompts.append(body.truncated(ids, frame))
             else:
-                check_token_ids(prompt, self.manager.vocab_size, "prompt", noun=noun)
+                check_token_ids(prompt, self.manager.served.vocab_size, "prompt", noun=noun)
                 prompts.append(body.truncated(list(prompt)))
         # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
         prompt_logprobs = body.prompt_logprobs
@@ -256,7 +256,7 @@ class OpenAIEndpoints:
         if body.echo:
             # A truncated prompt is echoed as the tokens that were used.
             echo = [(prompt if isinstance(prompt, str) and body.truncate_prompt_tokens is None
-                     else self.manager.tokenizer.decode(ids), ids) for prompt, ids in zip(body.prompt, prompts)]
+                     else self.manager.served.tokenizer.decode(ids), ids) for prompt, ids in zip(body.prompt, prompts)]
         shaper: ResponseShaper = CompletionShaper(
             formatter, body.logprobs is not None, echo=echo, n=body.n, drop_output=body.max_tokens == 0,
             prompt_logprobs=body.prompt_logprobs, prompts=prompts, every_token=body.return_token_ids)
@@ -271,7 +271,7 @@ class OpenAIEndpoints:
         body = await parse_body_off_loop(await request.body(), ChatCompletionRequest)
         model = self.check_model(body.model)
         self.check_request_template(body.chat_template)
-        body.check_truncation(self.manager.max_req_total_len)
+        body.check_truncation(self.manager.served.max_req_total_len)
         # Before the template renders and the prompt is tokenized, as for completions.
         wants_top = (bool(body.logprobs) and (body.top_logprobs or 0) > 0) or (body.prompt_logprobs or 0) > 0
         check_generation_counts(self.manager, 1, body.candidates, "best_of" if body.best_of is not None else "n",
@@ -288,7 +288,7 @@ class OpenAIEndpoints:
                     "skip_special_tokens")
             body.skip_special_tokens = False
         prompt_ids = await encoded(self.render_chat(body, tool_plan, body.truncate_prompt_tokens is not None),
-                                   "messages", self.manager.vocab_size)
+                                   "messages", self.manager.served.vocab_size)
         prompt_ids = body.truncated(prompt_ids, await self.truncation_frame(body, body.add_special_tokens))
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar = await openai_request_grammar(self.manager, body, tool_plan, request)
@@ -310,7 +310,7 @@ class OpenAIEndpoints:
         renders through here too, so both give the same ids).  ``keeps_end``: the prompt will be
         truncated from the left, so a long chat is tokenized whole rather than refused early.
         ``generating``: false for ``/tokenize`` (see :meth:`ToolPlan.template_options`)."""
-        tokenizer_template = getattr(self.manager.tokenizer, "chat_template", None)
+        tokenizer_template = getattr(self.manager.served.tokenizer, "chat_template", None)
         template = rendering_template(tokenizer_template, body.chat_template, bool(tool_plan.tools))
         content_parts = template is not None and template_iterates_content(template)
         developer_role = template_names_developer_role(template)

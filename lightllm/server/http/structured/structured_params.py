@@ -183,7 +183,7 @@ def usable_grammar(manager: Any, grammar: str | None, param: str) -> str | None:
     grammars (``manager``: a RequestManager; blocking the first time: call on a tokenizer thread)."""
     if grammar is None:
         return None
-    problem = manager.structured_output_problem()
+    problem = manager.served.structured_output_problem()
     if problem is not None:
         raise invalid_request(f"structured output is not available for this model: the grammar engine "
                               f"(llguidance) cannot read its tokenizer ({problem})", param)

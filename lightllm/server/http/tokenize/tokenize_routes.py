@@ -87,21 +87,21 @@ class TokenizeEndpoints:
         else:
             ids = await self._prompt_ids(body)
         token_strs = await self._token_strs(ids) if body.return_token_strs else None
-        return JSONResponse({"count": len(ids), "max_model_len": self.manager.max_req_total_len, "tokens": ids,
+        return JSONResponse({"count": len(ids), "max_model_len": self.manager.served.max_req_total_len, "tokens": ids,
                              "token_strs": token_strs})
 
     async def detokenize(self, request: Request) -> Response:
         """``POST /detokenize``."""
         body = await parse_body_off_loop(await request.body(), DetokenizeRequest)
         self.openai.check_model(body.model)
-        limit = self.manager.max_req_total_len
+        limit = self.manager.served.max_req_total_len
         if len(body.tokens) > limit:
             # No request can hold more ids than the context, and the bound keeps one body from
             # holding a tokenizer thread for long.
             raise invalid_request(f"tokens holds {len(body.tokens)} ids, more than the model's context length "
                                   f"({limit})", "tokens")
-        check_token_ids(body.tokens, self.manager.vocab_size, "tokens")
-        tokenizer = self.manager.tokenizer
+        check_token_ids(body.tokens, self.manager.served.vocab_size, "tokens")
+        tokenizer = self.manager.served.tokenizer
         tokens = list(body.tokens)
         text = await self.encoder.on_tokenizer_thread(lambda: tokenizer.decode(tokens))
         return JSONResponse({"prompt": text})
@@ -138,7 +138,7 @@ class TokenizeEndpoints:
 
     async def _token_strs(self, ids: List[int]) -> List[Optional[str]]:
         """The vocabulary's spelling of each id (``Ġhello``, ``▁the``), as vLLM's ``token_strs``."""
-        convert = getattr(self.manager.tokenizer, "convert_ids_to_tokens", None)
+        convert = getattr(self.manager.served.tokenizer, "convert_ids_to_tokens", None)
         if convert is None:
             raise invalid_request("return_token_strs is not supported: this model's tokenizer does not spell out "
                                   "its tokens", "return_token_strs")

@@ -56,31 +56,24 @@ class PdMasterManager:
     """The PD master's :class:`~lightllm.server.request_manager.SupervisedRequestManager`.
 
     Args:
-        model: the served model (names, tokenizer, limits).
+        served: the served model (names, tokenizer, limits): the HTTP layer reads it, and the
+            master tokenizes, checks specs and decodes text with it.
         registry: the master's live node set (its drop listener fails requests on a lost node).
         deadlines: per-phase deadlines of node answers.
         setup_timeout_s: bound on each node's answer to a transfer setup.
         affinity_prefix_tokens: ``--pd_prefix_affinity_tokens`` (0: place prefills by load only).
     """
 
-    def __init__(self, model: ServedModel, registry: NodeRegistry, deadlines: PhaseDeadlines, setup_timeout_s: float,
+    def __init__(self, served: ServedModel, registry: NodeRegistry, deadlines: PhaseDeadlines, setup_timeout_s: float,
                  cluster_key: Optional[str] = None, affinity_prefix_tokens: int = AFFINITY_PREFIX_TOKENS) -> None:
-        self.model = model
+        self.served = served
         self.cluster_key = cluster_key
-        self.model_name = model.model_name
-        self.served_model_names = list(model.served_model_names)
-        self.model_path = model.model_path
-        self.max_req_total_len = model.max_req_total_len
-        self.vocab_size = model.vocab_size
-        self.eos_token_ids = list(model.eos_token_ids)
-        self.tokenizer = model.tokenizer
-        self.generation_defaults = model.generation_defaults
         self.registry = registry
         self.deadlines = deadlines
         self.setup_timeout_s = setup_timeout_s
         self.selector = NodeSelector(registry, affinity_prefix_tokens=affinity_prefix_tokens)
         registry.add_drop_listener(self.selector.forget)
-        self.metrics = MasterMetrics(registry, model.model_name, model.max_req_total_len,
+        self.metrics = MasterMetrics(registry, served.model_name, served.max_req_total_len,
                                      in_flight=self.selector.in_flight)
         registry.add_drop_listener(self._on_node_dropped)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -189,26 +182,6 @@ class PdMasterManager:
             log.warning("failed %d request(s) in flight on %s", failed, info.describe())
 
     # --- the API layer's interface -------------------------------------------------------------
-    def encode_prompt(self, text: str, add_special_tokens: bool = True, within: Optional[int] = None) -> List[int]:
-        """Token ids of a text prompt."""
-        return self.model.encode_prompt(text, add_special_tokens, within)
-
-    def encode_chat(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, chat_template_kwargs: Optional[Dict[str, Any]] = None,
-                    within: Optional[int] = None, max_chars: Optional[int] = None,
-                    check_tools_read: bool = True) -> List[int]:
-        """Token ids of a chat rendered with the model's template."""
-        return self.model.encode_chat(messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
-                                      within, max_chars, check_tools_read)
-
-    def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:
-        """max_new_tokens for a request that gives none."""
-        return self.model.default_max_new_tokens(prompt_len, fallback)
-
-    def structured_output_problem(self) -> Optional[str]:
-        """Why this model cannot run structured-output grammars (None: it can); blocks the first time."""
-        return self.model.structured_output_problem()
-
     def check_admission(self, request: Any = None) -> None:
         """See :meth:`RequestManager.check_admission`."""
         self._gate.check(request)
@@ -235,7 +208,7 @@ class PdMasterManager:
         tokens (:class:`~.request_accounting.RequestAccounting`) and maps its failures to
         metrics (:meth:`_failure_reason`).
         """
-        spec.check_fits(self.vocab_size, self.max_req_total_len)
+        spec.check_fits(self.served.vocab_size, self.served.max_req_total_len)
         prompt_ids, params, high_priority = list(spec.prompt_ids), spec.params, spec.priority.high_priority_request
         self._gate.check(request)
         try:
@@ -311,7 +284,7 @@ class PdMasterManager:
         stop string it completes ends the request here, whichever segment it straddles.
         """
         request_id = run.request_id
-        text = GenerationText(self.tokenizer, prompt_ids, params, self.eos_token_ids)
+        text = GenerationText(self.served.tokenizer, prompt_ids, params, self.served.eos_token_ids)
         segment = first_segment(request_id, prompt_ids, params)
         while True:
             async with contextlib.aclosing(self._segment_events(run, segment, text, accounting)) as events:

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable, Optional, Protocol, Tuple, Type
 
 from lightllm.server.core.objs.request_spec import INT32_MAX, RequestSpec
+from lightllm.server.request_manager import ServedModelView
 
 
 class PdNodeHost(Protocol):
     """What the service needs of the node's request manager (``HttpServerManager`` provides it)."""
 
-    vocab_size: int
-    max_req_total_len: int
+    served: ServedModelView  # its ``vocab_size`` and ``max_req_total_len`` bound a node request's spec
     metrics: Any  # ``.measured``: the registry the node's /metrics renders
 
     def add_inbox_handler(self, message_types: Tuple[Type[Any], ...], handler: Callable[[Any], None]) -> None:

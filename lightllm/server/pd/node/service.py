@@ -115,12 +115,12 @@ class PdNodeService:
     @property
     def vocab_size(self) -> int:
         """The served model's vocabulary size (a request body's token ids are checked against it)."""
-        return self.host.vocab_size
+        return self.host.served.vocab_size
 
     @property
     def max_req_total_len(self) -> int:
         """The longest prompt plus generation a request may have here."""
-        return self.host.max_req_total_len
+        return self.host.served.max_req_total_len
 
     @property
     def metrics_registry(self) -> Any:
