@@ -24,7 +24,7 @@ from lightllm.benchmark.cli_args import (
 )
 from lightllm.benchmark.output_writing import print_report, refuse_same_output, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments, overtake_bound_from_cli
-from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.cost_model import DEFAULT_PROFILE, CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.report import full_report_markdown, results_json, soak_json, soak_markdown
 from lightllm.benchmark.simulator.runner import budget_refusal, check_fits_kv, run_matrix
 from lightllm.benchmark.simulator.scenarios import (
@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--profile",
-        default="h100_qwen_0p8b",
-        help=f"bundled profile ({', '.join(available_profiles())}) or a profile JSON path",
+        default=DEFAULT_PROFILE,
+        help=f"bundled profile ({', '.join(available_profiles())}) or a profile JSON path (default {DEFAULT_PROFILE})",
     )
     parser.add_argument(
         "--scenario",

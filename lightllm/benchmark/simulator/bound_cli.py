@@ -44,8 +44,23 @@ def server_limit_problem(server_name: str, value: Union[int, float]) -> Optional
     return None
 
 
+# The former waiting bound's flag: refused naming its replacement, as the server refuses its own.
+REPLACED_WAIT_FLAG_MESSAGE = ("--prefill-max-wait-tokens was replaced by the overtaking bound: use "
+                              "--prefill-max-overtake-tokens and --prefill-overtake-fraction "
+                              "(or --disable-prefill-overtake-bound)")
+
+
+class _RefuseReplacedWaitFlag(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: Optional[str] = None) -> None:
+        parser.error(REPLACED_WAIT_FLAG_MESSAGE)
+
+
 def add_overtake_bound_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--prefill-max-overtake-tokens``, ``--prefill-overtake-fraction`` and the off switch."""
+    """Add ``--prefill-max-overtake-tokens``, ``--prefill-overtake-fraction`` and the off switch
+    (and the replaced ``--prefill-max-wait-tokens``, refused naming them)."""
+    parser.add_argument("--prefill-max-wait-tokens", nargs="?", action=_RefuseReplacedWaitFlag, metavar="N",
+                        help="replaced by the two flags below and refused (the former waiting bound)")
     default = OvertakeBoundSpec()
     # Defaults are filled in by overtake_bound_from_cli: None tells a typed value from none.
     parser.add_argument(

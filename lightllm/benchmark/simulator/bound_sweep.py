@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_values
 from lightllm.benchmark.simulator.bound_cli import server_limit_problem
-from lightllm.benchmark.simulator.cost_model import available_profiles, load_profile
+from lightllm.benchmark.simulator.cost_model import DEFAULT_PROFILE, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, budget_refusal, case_metrics, check_fits_kv, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, refuse_unread_seed
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy import available_strategy_names
@@ -139,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--profile",
-        default="h100_qwen_0p8b",
-        help=f"bundled profile ({', '.join(available_profiles())}) or a profile JSON path (default h100_qwen_0p8b)",
+        default=DEFAULT_PROFILE,
+        help=f"bundled profile ({', '.join(available_profiles())}) or a profile JSON path (default {DEFAULT_PROFILE})",
     )
     parser.add_argument(
         "--bases",

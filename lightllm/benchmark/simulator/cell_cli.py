@@ -9,7 +9,7 @@ from typing import Callable, Collection, List, Optional, Tuple
 
 from lightllm.benchmark.cli_args import argument_type, comma_items, given_flags
 from lightllm.benchmark.simulator.bound_cli import overtake_bound_from_cli
-from lightllm.benchmark.simulator.cost_model import CostProfile, available_profiles, load_profile
+from lightllm.benchmark.simulator.cost_model import DEFAULT_PROFILE, CostProfile, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import budget_refusal, check_fits_kv
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, ScenarioSpec, refuse_unread_seed
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
@@ -19,8 +19,8 @@ def add_cell_arguments(parser: argparse.ArgumentParser, default_mode: str) -> No
     """Add ``--profile``, ``--scenario``, ``--mode``, ``--budget`` and ``--seed``."""
     parser.add_argument(
         "--profile",
-        default="h100_qwen_0p8b",
-        help=f"bundled profile ({', '.join(available_profiles())}) or a JSON path",
+        default=DEFAULT_PROFILE,
+        help=f"bundled profile ({', '.join(available_profiles())}) or a profile JSON path (default {DEFAULT_PROFILE})",
     )
     parser.add_argument(
         "--scenario", default="long_then_stream", help=f"one of {', '.join(SCENARIOS)} (default long_then_stream)"

@@ -199,6 +199,10 @@ class CostProfile:
         return out
 
 
+# The bundled profile every simulator command runs on when --profile is not given: the seed's hardware.
+DEFAULT_PROFILE = "h100_qwen_0p8b"
+
+
 def available_profiles() -> List[str]:
     """Names of the bundled profiles (``profiles/*.json``)."""
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))

@@ -106,3 +106,19 @@ def test_bound_values_with_the_bound_off_are_refused_as_the_server_refuses_them(
 ])
 def test_the_yardsticks_refuse_repeated_values_and_ignored_bound_values(tool, argv, message, capsys):
     assert_refused_in_one_line(tool, argv, message, capsys)
+
+
+@pytest.mark.parametrize("tool, argv", [
+    (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens", "65536"]),
+    (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens=0"]),
+    (frontier.main, ["--counts", "50", "--starts", "0", "--prefill-max-wait-tokens"]),
+    (deadline_frontier.main, ["--due-ms", "2000", "--prefill-max-wait-tokens", "1"]),
+])
+def test_the_replaced_waiting_bound_flag_is_refused_naming_its_replacement(tool, argv, capsys):
+    # As the server refuses --prefill_max_wait_tokens (it was a bare "unrecognized arguments" here).
+    assert_refused_in_one_line(tool, argv, "--prefill-max-wait-tokens was replaced by the overtaking bound: use "
+                               "--prefill-max-overtake-tokens and --prefill-overtake-fraction", capsys)
+
+
+def test_the_profile_help_names_the_default():
+    assert "(default h100_qwen_0p8b)" in " ".join(simulator_cli.build_parser().format_help().split())
