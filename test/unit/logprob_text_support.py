@@ -2,8 +2,9 @@
 request manager that generates scripted token ids with their text from the real detokenizer.
 
 The tokenizers are built here from the Hugging Face ``tokenizers`` library (nothing downloaded):
-byte-fallback as Llama 2 / Mistral have it (``▁`` word marks, ``<0xNN>`` byte tokens) and metaspace
-without byte tokens.  The byte-level BPE one is the suite's ``tokenizer`` fixture (conftest.py).
+byte-fallback as Llama 2 / Mistral have it (``▁`` word marks, ``<0xNN>`` byte tokens; marked by the
+normalizer, or by a ``Metaspace`` pre-tokenizer as transformers 5 loads Llama's), metaspace without
+byte tokens, and BERT-style WordPiece.  The byte-level BPE one is the suite's ``tokenizer`` fixture (conftest.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,44 @@ def byte_fallback_tokenizer(directory: Path) -> Any:
                                      decoders.Strip(" ", 1, 0)])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     return _saved(tok, directory)
+
+
+def sentencepiece_tokenizer(directory: Path) -> Any:
+    """A Llama-style byte-fallback tokenizer as transformers 5 loads Llama's: the word marks come from
+    a ``Metaspace`` pre-tokenizer (not the normalizer), ``<0xNN>`` byte tokens, BOS added, and the
+    decoder that strips the space of a first mark (``▁hello`` alone decodes to ``hello``)."""
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, limit_alphabet=60, show_progress=False)
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trained.train_from_iterator(CORPUS, trainer)
+    learned = trained.get_vocab()
+    vocab = {token: index for index, token in enumerate(SPECIALS + [f"<0x{b:02X}>" for b in range(256)])}
+    for token in sorted(learned, key=learned.get):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(merge) for merge in json.loads(trained.to_str())["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = trained.pre_tokenizer
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    return _saved(tok, directory)
+
+
+def wordpiece_tokenizer(directory: Path) -> Any:
+    """A BERT-style tokenizer: lowercasing normalizer, a pre-tokenizer that drops whitespace, WordPiece
+    pieces (``##`` continues a word: a word outside the vocabulary is ``l ##e ##a ...``), ``[CLS]`` first."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="[CLS]", eos_token="[SEP]", unk_token="[UNK]",
+                                   pad_token="[PAD]")
+    fast.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(str(directory))
 
 
 def metaspace_tokenizer(directory: Path) -> Any:
@@ -81,7 +120,8 @@ class ScriptedTextManager(FakeManager):
     """A request manager on a real tokenizer: every generation yields the token ids of ``script``
     (then EOS when ``end_with_eos``), each with the text the real detokenizer releases for it.
 
-    Every token carries top logprobs: itself first, then the tokens of ``alternatives``.
+    Every token carries top logprobs: itself first, then the tokens of ``alternatives``; the first one
+    carries the prompt's logprobs (each prompt token alone) when the request asks for them.
     """
 
     def __init__(self, tokenizer: Any, script: list[int], alternatives: list[int] = (),
@@ -104,9 +144,12 @@ class ScriptedTextManager(FakeManager):
             if params.logprobs:
                 top = {alt: -1.0 - rank for rank, alt in enumerate(self.alternatives[:params.logprobs - 1])}
                 top[token_id] = -0.5
-            stopped = decoder.stopped or token_id in self.served.eos_token_ids
-            finish = ("stop" if stopped else "length") if last else None
-            yield FakeEvent(len(self.calls), token_id, text, -0.5, finish, len(prompt_ids), 0, position + 1, top,
-                            decoder.stop_reason if last else None)
+            finish = ("stop" if decoder.stopped or token_id in self.served.eos_token_ids else "length") if last else None
+            event = FakeEvent(len(self.calls), token_id, text, -0.5, finish, len(prompt_ids), 0, position + 1, top,
+                              decoder.stop_reason if last else None)
+            if position == 0 and params.prompt_logprobs is not None:
+                # Prompt positions 1.. as the request manager gives them: (id, logprob, top, rank).
+                event.prompt_logprobs = [(prompt_id, -0.5, {prompt_id: -0.5}, 1) for prompt_id in prompt_ids[1:]]
+            yield event
             if last:
                 return

@@ -60,7 +60,9 @@ def test_chat_top_logprobs_plain_and_streamed(client, tiny_server, hf_model, tok
     # Without the switch tokens are their text; bytes are the token's own (whole characters here).
     texts = client.chat.completions.create(**kwargs, extra_body={"ignore_eos": True}).choices[0].logprobs.content
     for row, entry in enumerate(texts):
-        assert entry.token == tokenizer.decode([output_ids[row]])
+        alone = tokenizer.decode([output_ids[row]])
+        # vLLM's strings: a token holding part of a character is "" or, completing it, the character.
+        assert entry.token == alone or (alone.endswith("\ufffd") and not entry.token.endswith("\ufffd"))
         if "\ufffd" not in entry.token:
             assert bytes(entry.bytes) == entry.token.encode("utf-8")
         assert entry.top_logprobs[0].token == entry.token

@@ -16,7 +16,7 @@ from api_fakes import MODEL, FakeTokenizer, sse_events
 from lightllm.server.http.app import create_app
 from lightllm.server.http.openai.text_offsets import TextOffsets
 from lightllm.server.http.openai.token_bytes import BYTE_FALLBACK, BYTE_LEVEL, METASPACE, TEXT, TokenBytes
-from logprob_text_support import ScriptedTextManager, byte_fallback_tokenizer, metaspace_tokenizer
+from logprob_text_support import ScriptedTextManager, byte_fallback_tokenizer, metaspace_tokenizer, wordpiece_tokenizer
 
 # CJK and emoji the small vocabularies lack: they come out as byte tokens, several per character.
 OUTPUT = " 語😀 the fox 字🎉ok"
@@ -85,10 +85,13 @@ def test_chat_bytes_rebuild_characters_split_over_tokens(any_tokenizer):
     entries = choice["logprobs"]["content"]
     assert b"".join(bytes(entry["bytes"]) for entry in entries) == content.encode("utf-8")
     for token_id, entry in zip(script, entries):
-        # The token text stays the token decoded on its own (U+FFFD for part of a character).
-        assert entry["token"] == any_tokenizer.decode([token_id])
+        # The token text is vLLM's (test_logprob_token_strings.py): the token decoded on its own, but
+        # for part of a character "" until the token that completes it, which carries the character.
+        alone = any_tokenizer.decode([token_id])
+        assert entry["token"] == alone or (alone.endswith("\ufffd") and entry["token"] in ("", *"語😀字🎉"))
         assert entry["top_logprobs"][0]["bytes"] == entry["bytes"]
-        assert entry["top_logprobs"][1] == {"token": "\ufffd", "logprob": -1.0, "bytes": [0xC3]}
+        # Nothing sampled before it starts the character the alternative 0xC3 starts: "", its bytes its own.
+        assert entry["top_logprobs"][1] == {"token": "", "logprob": -1.0, "bytes": [0xC3]}
     streamed = [entry for chunk in _chunks(client, "/v1/chat/completions", body)
                 if chunk["logprobs"] for entry in chunk["logprobs"]["content"]]
     assert streamed == entries
@@ -198,6 +201,47 @@ def test_a_metaspace_echo_matches_the_prompt_without_its_first_space(meta_tokeni
     prompt = meta_tokenizer("hello world")["input_ids"]
     assert table.raw(prompt[0]) == b" hello"  # the token's own bytes keep its word mark
     assert TextOffsets(table).feed("hello world", prompt) == [0, 5]
+
+
+@pytest.fixture(scope="module")
+def wp_tokenizer(tmp_path_factory) -> Any:
+    return wordpiece_tokenizer(tmp_path_factory.mktemp("wordpiece"))
+
+
+def test_wordpiece_pieces_of_an_echoed_prompt_are_at_their_characters(wp_tokenizer):
+    """The outside report: ' leading' echoed as [CLS] l ##e ##a ##d ##ing got offsets [0, 0, 2, 2, 2, 2]:
+    a piece decoded alone keeps its '##', which is not in the text.  Only the pre-tokenizer dropped
+    whitespace here (nothing normalized), so every piece is placed exactly."""
+    assert TokenBytes(wp_tokenizer).kind == TEXT
+    client = _client(ScriptedTextManager(wp_tokenizer, _ids(wp_tokenizer, "ok")))
+    for prompt in (" leading", "  two  spaces ", "jumps overlazy  doggo"):
+        ids = wp_tokenizer(prompt)["input_ids"]
+        pieces = wp_tokenizer.convert_ids_to_tokens(ids)
+        assert pieces[0] == "[CLS]" and any(piece.startswith("##") for piece in pieces), pieces
+        whole = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "echo": True, "max_tokens": 0,
+                                                      "logprobs": 0}).json()["choices"][0]
+        assert whole["text"] == prompt and whole["logprobs"]["tokens"] == pieces
+        offsets = whole["logprobs"]["text_offset"]
+        assert offsets[0] == 0
+        # Each piece at its own first character (the prompt's whitespace belongs to no token).
+        for piece, offset in zip(pieces[1:], offsets[1:]):
+            word = piece.removeprefix("##")
+            assert prompt[offset:offset + len(word)] == word, (prompt, pieces, offsets)
+    ids = wp_tokenizer(" leading")["input_ids"]
+    assert TextOffsets(TokenBytes(wp_tokenizer)).feed(" leading", ids, whole=True) == list(range(len(ids)))
+    spaced = wp_tokenizer("  two  spaces ")["input_ids"]
+    assert TextOffsets(TokenBytes(wp_tokenizer)).feed("  two  spaces ", spaced, whole=True) == [
+        0, 2, 3, 4, 7, 8, 9, 10, 11, 12]
+
+
+def test_wordpiece_generated_pieces_follow_their_word(wp_tokenizer):
+    """Generated, a word's first token carries the space the decoder puts before it; the '##' pieces
+    after it are at their characters."""
+    script = _ids(wp_tokenizer, "ok leading ok")
+    whole, chunks = _completion(_client(ScriptedTextManager(wp_tokenizer, script)), max_tokens=len(script))
+    offsets = _check_stream_matches(whole, chunks)
+    assert whole["text"] == " ok leading ok"
+    assert offsets == [0, 3, 5, 6, 7, 8, 9, 10, 11]
 
 
 def test_a_tokenizer_of_unknown_kind_is_placed_by_the_text_each_token_released():

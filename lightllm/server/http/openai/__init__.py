@@ -8,6 +8,6 @@
   which the native endpoints use too; it sits here because it also checks the grammars of
   :mod:`.tool_calls`).
 * Response shapes: ``response_shaper`` (the shaper interface), ``openai_shapes``, ``token_ids``,
-  ``token_bytes``, ``text_offsets``, ``answer_size`` (when a whole answer is built off the loop).
+  ``token_bytes``, ``token_strings``, ``text_offsets``, ``answer_size`` (when a whole answer is built off the loop).
 * :mod:`.tool_calls`: tool calling on chat completions.
 """

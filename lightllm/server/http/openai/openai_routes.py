@@ -55,6 +55,7 @@ from lightllm.server.http.generation.planning import (
 )
 from lightllm.server.http.generation.special_tokens import SpecialTokenFrame
 from lightllm.server.http.openai.token_bytes import TokenBytes
+from lightllm.server.http.openai.token_strings import TokenStrings
 from lightllm.server.http.openai.response_shaper import ResponseShaper
 from lightllm.server.http.openai.token_ids import TokenIdShaper
 from lightllm.server.http.generation.prompt_encoding import PromptEncoder
@@ -97,6 +98,8 @@ class OpenAIEndpoints:
         self.trust_request_chat_template = trust_request_chat_template
         # Every token's raw bytes (logprob ``bytes``, ``text_offset``), worked out once per server.
         self.token_bytes = TokenBytes(manager.served.tokenizer)
+        # Every token's logprob string (vLLM's), worked out once per server where it can be.
+        self.token_strings = TokenStrings(self.token_bytes)
 
     def check_request_template(self, template: str | None) -> None:
         """Refuse a request's own ``chat_template`` unless the server trusts its clients with one.
@@ -251,7 +254,8 @@ class OpenAIEndpoints:
             prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
         grammar = await openai_request_grammar(self.manager, body, request=request)
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
-        formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids)
+        formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids,
+                                          self.token_strings)
         echo = None
         if body.echo:
             # A truncated prompt is echoed as the tokens that were used.
@@ -294,7 +298,7 @@ class OpenAIEndpoints:
         grammar = await openai_request_grammar(self.manager, body, tool_plan, request)
         jobs = self._plan_jobs(body, [prompt_ids], logprobs, "messages", body.prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.top_logprobs or 0,
-                                          body.return_tokens_as_token_ids)
+                                          body.return_tokens_as_token_ids, self.token_strings)
         shaper_options = dict(prompt_logprobs=body.prompt_logprobs, prompt_ids=prompt_ids, echo=body.echo_text(),
                               every_token=body.return_token_ids)
         shaper: ResponseShaper = (ToolChatShaper(tool_plan, formatter, body.logprobs, **shaper_options)

@@ -7,12 +7,14 @@ Pure functions of the generation events the request manager yields, so the endpo
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Optional, Sequence
 
 from lightllm.server.http.generation.fanout import ChoiceJob
 from lightllm.server.http.openai.text_offsets import TextOffsets
 from lightllm.server.http.openai.token_bytes import TokenBytes
+from lightllm.server.http.openai.token_strings import CONTEXT_TOKENS, TokenStrings, sampled_context
 
 
 def json_logprob(value: float | None) -> float | None:
@@ -24,12 +26,17 @@ def json_logprob(value: float | None) -> float | None:
 
 @dataclass
 class PromptToken:
-    """A prompt token shaped like a generation event, for echo with logprobs."""
+    """A prompt token shaped like a generation event, for echo with logprobs.
+
+    ``context``: the prompt tokens its string and its alternatives' are mended after (see
+    :mod:`~lightllm.server.http.openai.token_strings`); None for the first prompt token, which is
+    named by its decode alone, as vLLM names it.
+    """
 
     token_id: int
-    text: str
     logprob: float | None
     top_logprobs: dict[int, float] | None
+    context: Optional[tuple[int, ...]]
 
 
 def final_finish_reason(events: list[Any]) -> str:
@@ -99,10 +106,11 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> di
 class TokenLogprobFormatter:
     """Turns per-token logprobs into the completions or chat ``logprobs`` shapes."""
 
-    def __init__(self, token_bytes: TokenBytes, top_count: int, tokens_as_ids: bool = False) -> None:
-        # The server's one table (its routes own it): a token's bytes are worked out once.
+    def __init__(self, token_bytes: TokenBytes, top_count: int, tokens_as_ids: bool = False,
+                 token_strings: TokenStrings | None = None) -> None:
+        # The server's tables (its routes own them): a token's bytes and string are worked out once.
         self._table = token_bytes
-        self._tokenizer = token_bytes.tokenizer
+        self._strings = token_strings if token_strings is not None else TokenStrings(token_bytes)
         self._top_count = top_count
         self._tokens_as_ids = tokens_as_ids
 
@@ -110,30 +118,51 @@ class TokenLogprobFormatter:
         """A fresh :class:`TextOffsets` for one choice's ``text_offset``."""
         return TextOffsets(self._table)
 
-    def token_text(self, token_id: int) -> str:
-        """The text of one token on its own, or ``token_id:<id>`` (vLLM's
-        ``return_tokens_as_token_ids``, for tokens whose text alone is ambiguous).
+    @staticmethod
+    def sampled_context() -> "deque[int]":
+        """A fresh record of one choice's last sampled tokens, for the strings of its next ones."""
+        return sampled_context()
+
+    def token_text(self, token_id: int, context: Optional[Sequence[int]] = ()) -> str:
+        """The string of one token after the sampled tokens ``context`` (vLLM's, see
+        :mod:`~lightllm.server.http.openai.token_strings`; None: the token decoded alone), or
+        ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``, for tokens whose text alone is
+        ambiguous).
 
         Events with a negative ``token_id`` are finish markers that carry no token; they
         are left out of every logprobs list.
         """
         if self._tokens_as_ids:
             return f"token_id:{token_id}"
-        return self._table.text(token_id)
+        if context is None:
+            return self._strings.decoded(token_id)
+        return self._strings.at(token_id, context)
+
+    def _context_of(self, event: Any, sampled: "deque[int]") -> Optional[tuple[int, ...]]:
+        """The tokens ``event``'s strings are mended after; a generated token joins ``sampled``."""
+        if isinstance(event, PromptToken):
+            return event.context
+        context = tuple(sampled)
+        sampled.append(event.token_id)
+        return context
 
     def _top(self, event: Any) -> list[tuple[int, float]]:
         ranked = sorted((event.top_logprobs or {}).items(), key=lambda item: -item[1])
         return [(token_id, json_logprob(value)) for token_id, value in ranked[: self._top_count]]
 
-    def completion(self, events: list[Any], offsets: list[int]) -> dict[str, Any]:
+    def completion(self, events: list[Any], offsets: list[int],
+                   sampled: "deque[int] | None" = None) -> dict[str, Any]:
         """Legacy completions logprobs; the sampled token is always among ``top_logprobs``.
 
         ``events`` are token records (no finish markers); ``offsets`` their ``text_offset``
-        (:class:`TextOffsets`).
+        (:class:`TextOffsets`); ``sampled`` the choice's earlier sampled tokens (a stream keeps
+        one per choice; None: ``events`` are the first).
         """
+        sampled = sampled if sampled is not None else sampled_context()
         tokens, top = [], []
         for event in events:
-            tokens.append(self.token_text(event.token_id))
+            context = self._context_of(event, sampled)
+            tokens.append(self.token_text(event.token_id, context))
             if event.logprob is None:  # the first prompt token has nothing to be predicted from
                 top.append(None)
                 continue
@@ -143,7 +172,7 @@ class TokenLogprobFormatter:
             # logprob, as vLLM's one pass over them leaves it.
             alternatives = {tokens[-1]: json_logprob(event.logprob)}
             for token_id, value in self._top(event):
-                alternatives[self.token_text(token_id)] = value
+                alternatives[self.token_text(token_id, context)] = value
             top.append(alternatives)
         return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
                 "top_logprobs": top, "text_offset": list(offsets)}
@@ -151,10 +180,10 @@ class TokenLogprobFormatter:
     def prompt_tokens(self, prompt_ids: list[int], first_event: Any) -> list["PromptToken"]:
         """The prompt as logprob records for echo (the first token's logprob is None)."""
         computed = getattr(first_event, "prompt_logprobs", None) or []
-        records = [PromptToken(prompt_ids[0], self._tokenizer.decode([prompt_ids[0]]), None, None)]
+        records = [PromptToken(prompt_ids[0], None, None, None)]
         for position, token_id in enumerate(prompt_ids[1:]):
             logprob, top = (computed[position][1], computed[position][2]) if position < len(computed) else (None, None)
-            records.append(PromptToken(token_id, self._tokenizer.decode([token_id]), logprob, top))
+            records.append(PromptToken(token_id, logprob, top, prompt_context(prompt_ids, position + 1)))
         return records
 
     def vllm_prompt_logprobs(self, prompt_ids: list[int], first_event: Any, count: int) -> list[Any]:
@@ -162,39 +191,53 @@ class TokenLogprobFormatter:
         decoded_token}}`` holding the prompt token and the ``count`` most likely alternatives."""
         computed = getattr(first_event, "prompt_logprobs", None) or []
         result: list[Any] = [None]
-        for token_id, logprob, top, *rank in computed:
+        strings = self._strings
+        for index, (token_id, logprob, top, *rank) in enumerate(computed):
+            # Strings as vLLM gives them, whatever return_tokens_as_token_ids says.
+            context = prompt_context(prompt_ids, index + 1)
             ranked = sorted(top.items(), key=lambda item: -item[1])[:count]
             # The prompt token first, then the alternatives best first, as vLLM orders the dict.
             # Its rank is its rank in the whole distribution, computed on the model rank (1 + the
             # number of tokens with a strictly greater logprob), as vLLM reports it; where none was
             # published its place among the alternatives gives it.
             own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None,
-                   "decoded_token": self._tokenizer.decode([token_id])}
+                   "decoded_token": strings.at(token_id, context)}
             entry = {str(token_id): own}
             for position, (alt_id, value) in enumerate(ranked):
                 if alt_id == token_id and own["rank"] is None:
                     own["rank"] = position + 1
                 entry.setdefault(str(alt_id), {"logprob": json_logprob(value), "rank": position + 1,
-                                               "decoded_token": self._tokenizer.decode([alt_id])})
+                                               "decoded_token": strings.at(alt_id, context)})
             result.append(entry)
         return result
 
-    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+    def _chat_entry(self, token_id: int, logprob: float, context: tuple[int, ...]) -> dict[str, Any]:
         # ``bytes`` are the token's own bytes (also with token_id:<id> names), so joining those of
         # consecutive tokens rebuilds a character split over them, as OpenAI documents the field.
-        return {"token": self.token_text(token_id), "logprob": json_logprob(logprob),
+        return {"token": self.token_text(token_id, context), "logprob": json_logprob(logprob),
                 "bytes": list(self._table.raw(token_id))}
 
-    def chat(self, events: list[Any]) -> dict[str, Any]:
-        """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    def chat(self, events: list[Any], sampled: "deque[int] | None" = None) -> dict[str, Any]:
+        """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``; ``sampled`` as
+        for :meth:`completion`."""
+        sampled = sampled if sampled is not None else sampled_context()
         content = []
         for event in events:
             if event.token_id < 0:
                 continue
-            entry = self._chat_entry(event.token_id, event.logprob)
-            entry["top_logprobs"] = [self._chat_entry(token_id, value) for token_id, value in self._top(event)]
+            context = self._context_of(event, sampled)
+            entry = self._chat_entry(event.token_id, event.logprob, context)
+            entry["top_logprobs"] = [self._chat_entry(token_id, value, context)
+                                     for token_id, value in self._top(event)]
             content.append(entry)
         return {"content": content}
+
+
+def prompt_context(prompt_ids: Sequence[int], position: int) -> tuple[int, ...]:
+    """The prompt tokens the strings at prompt ``position`` (1 on) are mended after: up to 4 before
+    it, the first prompt token never among them (vLLM reads them from its prompt logprobs, whose
+    first entry is null)."""
+    return tuple(prompt_ids[max(1, position - CONTEXT_TOKENS):position])
 
 
 def first_generation_cached(collected: dict[int, list[Any]], jobs: list[ChoiceJob]) -> dict[int, int]:
@@ -259,8 +302,10 @@ class CompletionShaper:
         self._prompt_logprobs = prompt_logprobs
         self._prompts = prompts or []
         self._every_token = every_token
-        # Per choice while streaming: its text_offset tracker (present once its first chunk was made).
+        # Per choice while streaming: its text_offset tracker (present once its first chunk was made)
+        # and its last sampled tokens (for the strings of the next ones).
         self._trackers: dict[int, TextOffsets] = {}
+        self._sampled: dict[int, deque[int]] = {}
         self.counts_completion = not drop_output
 
     def opening_choices(self, indices: list[int]) -> list[dict[str, Any]]:
@@ -283,26 +328,29 @@ class CompletionShaper:
             pieces += [(event.text, [event], False) for event in events if event.token_id >= 0]
         return pieces
 
-    def _logprobs(self, tracker: TextOffsets, pieces: list[tuple[str, list[Any], bool]]) -> dict[str, Any] | None:
-        """The ``logprobs`` of ``pieces`` (None when not asked for), their offsets from ``tracker``."""
+    def _logprobs(self, tracker: TextOffsets, pieces: list[tuple[str, list[Any], bool]],
+                  sampled: "deque[int] | None" = None) -> dict[str, Any] | None:
+        """The ``logprobs`` of ``pieces`` (None when not asked for), their offsets from ``tracker``,
+        their strings after the sampled tokens ``sampled`` (None: the choice's first)."""
         if not self._with_logprobs:
             return None
         records = [record for _, group, _ in pieces for record in group]
         offsets = [offset for text, group, whole in pieces
                    for offset in tracker.feed(text, [record.token_id for record in group], whole)]
-        return self._formatter.completion(records, offsets)
+        return self._formatter.completion(records, offsets, sampled)
 
     def stream_choices(self, index: int, event: Any) -> list[dict[str, Any]]:
         """The chunk choices for one token (one chunk each); none for a token that adds nothing to send."""
         first = index not in self._trackers
         tracker = self._trackers.setdefault(index, self._formatter.offset_tracker())
+        sampled = self._sampled.setdefault(index, self._formatter.sampled_context())
         pieces = self._pieces(index, [event], with_prompt=first)
         text = "".join(piece_text for piece_text, _, _ in pieces)
         has_tokens = any(group for _, group, _ in pieces)
         if not text and event.finish_reason is None and not ((self._with_logprobs or self._every_token)
                                                                 and has_tokens):
             return []
-        return [{"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces),
+        return [{"index": index, "text": text, "logprobs": self._logprobs(tracker, pieces, sampled),
                  "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
 
     def final_choice(self, index: int, events: list[Any]) -> dict[str, Any]:
@@ -346,6 +394,13 @@ class ChatShaper:
         self._prompt_ids = prompt_ids or []
         self._echo = echo
         self._every_token = every_token
+        # Per choice while streaming: its last sampled tokens (for the strings of the next ones).
+        self._sampled: dict[int, deque[int]] = {}
+
+    def stream_logprobs(self, index: int, event: Any) -> dict[str, Any]:
+        """The chat ``logprobs`` of one streamed token of choice ``index``."""
+        sampled = self._sampled.setdefault(index, self._formatter.sampled_context())
+        return self._formatter.chat([event], sampled)
 
     def response_extras(self, collected: dict[int, list[Any]]) -> dict[str, Any]:
         """vLLM puts chat's ``prompt_logprobs`` at the top level of the response."""
@@ -375,7 +430,7 @@ class ChatShaper:
         if not event.text and event.finish_reason is None and not self._with_logprobs \
                 and not (self._every_token and event.token_id >= 0):
             return []
-        logprobs = self._formatter.chat([event]) if self._with_logprobs else None
+        logprobs = self.stream_logprobs(index, event) if self._with_logprobs else None
         return [{"index": index, "delta": {"content": event.text}, "logprobs": logprobs,
                  "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}]
 

@@ -20,6 +20,9 @@ pieces in the same order, so the offsets are equal for the same tokens):
   of the text (a streamed offset cannot be taken back);
 * an echoed prompt is decoded apart from the completion, so a token-id prompt that ends inside a
   character ends in U+FFFD and the completion's bytes do not finish that character;
+* whitespace the pre-tokenizer dropped (WordPiece) is the client's in an echoed prompt: each token
+  is at its own first character (a ``##`` piece that continues a word too); in generated text the
+  space the decoder puts before a word goes with the word's first token;
 * the offsets never decrease.
 
 Where the text differs from the tokens' bytes in a way not foreseen here (a normalizer changed an
@@ -76,7 +79,7 @@ class TextOffsets:
         offsets = []
         lost = False
         for token_id in token_ids:
-            offset, placed = self._place(token_id)
+            offset, placed = self._place(token_id, whole)
             offsets.append(offset)
             lost = lost or not placed
         if offsets:
@@ -116,15 +119,15 @@ class TextOffsets:
             return False
         return text.startswith(known)
 
-    def _place(self, token_id: int) -> tuple[int, bool]:
+    def _place(self, token_id: int, whole: bool) -> tuple[int, bool]:
         """The token's offset before clamping, and whether it could be placed."""
         if token_id in self._table.special_ids:
             return self._place_special(self._table.text(token_id))
         if not self._table.knows_bytes:
-            text = self._table.text(token_id)
+            text = self._table.text_in_word(token_id)
             if REPLACEMENT in text:  # part of a character: where it lands is not known
                 return self._pos, False
-            return self._place_text(text, partial=False)
+            return self._place_text(text, partial=False, whole=whole)
         raw = self._table.raw(token_id)
         if not raw:
             return self._pos, True
@@ -140,7 +143,7 @@ class TextOffsets:
         self._pending = buffer[used:]
         if not text:
             return offset, True
-        return self._place_text(text, partial=True)
+        return self._place_text(text, partial=True, whole=whole)
 
     def _place_special(self, content: str) -> tuple[int, bool]:
         """A special token is in the text only when the request keeps special tokens."""
@@ -172,8 +175,11 @@ class TextOffsets:
         self._pos += self._pending_width()
         self._pending, self._pending_tokens = b"", 0
 
-    def _place_text(self, text: str, partial: bool) -> tuple[int, bool]:
-        """Match ``text``, a token's characters, with the text at the current position."""
+    def _place_text(self, text: str, partial: bool, whole: bool = False) -> tuple[int, bool]:
+        """Match ``text``, a token's characters, with the text at the current position.
+
+        ``whole``: the text is an echoed prompt, whose whitespace is the client's, not a token's.
+        """
         at = self._pos
         if self._agrees(at, text, partial):
             self._pos = at + len(text)
@@ -194,9 +200,11 @@ class TextOffsets:
                 self._pos = at + len(trimmed)
                 return at, True
         if head.isspace() and not text[0].isspace():
-            # A space the decoder puts between words (WordPiece-like tokenizers) goes with the word.
+            # Whitespace the pre-tokenizer dropped (WordPiece-like tokenizers).  In generated text
+            # the decoder puts a space before the word's token, so it goes with the word; in an
+            # echoed prompt it is the client's, and the word is at its own first character.
             after = at + self._run(at, str.isspace)
             if self._agrees(after, text, partial):
                 self._pos = after + len(text)
-                return at, True
+                return (after if whole else at), True
         return at, False

@@ -106,6 +106,18 @@ def tokenizer_kind(tokenizer: Any) -> tuple[str, str]:
     return TEXT, ""
 
 
+def continuation_prefix(tokenizer: Any) -> str:
+    """The prefix of a WordPiece decoder's word-continuing pieces (``##``), or "" for other decoders.
+
+    Decoded on its own such a piece keeps it (``##ing``); in a text it is glued to the piece before.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    for part in _parts(_component(getattr(backend, "decoder", None)) if backend is not None else None):
+        if part.get("type") == "WordPiece":
+            return part.get("prefix") or "##"
+    return ""
+
+
 class TokenBytes:
     """The raw bytes of one tokenizer's tokens, worked out once per token id."""
 
@@ -113,8 +125,10 @@ class TokenBytes:
         self.tokenizer = tokenizer
         self.kind, self._mark = tokenizer_kind(tokenizer)
         self.special_ids = tokenizer_special_ids(tokenizer)
+        self._continuing = continuation_prefix(tokenizer)
         self._bytes: dict[int, bytes] = {}
         self._texts: dict[int, str] = {}
+        self._inner: dict[int, str] = {}
 
     @property
     def knows_bytes(self) -> bool:
@@ -126,6 +140,20 @@ class TokenBytes:
         text = self._texts.get(token_id)
         if text is None:
             text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def text_in_word(self, token_id: int) -> str:
+        """The token's text as it reads in a decoded text: :meth:`text`, less the prefix of a WordPiece
+        piece that continues a word (``##ing`` reads ``ing``)."""
+        text = self._inner.get(token_id)
+        if text is None:
+            text = self.text(token_id)
+            prefix = self._continuing
+            if prefix and len(text) > len(prefix) and text.startswith(prefix):
+                piece = self._piece(token_id)
+                if piece is not None and piece.startswith(prefix):
+                    text = text[len(prefix):]
+            self._inner[token_id] = text
         return text
 
     def raw(self, token_id: int) -> bytes:

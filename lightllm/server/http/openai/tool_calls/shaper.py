@@ -74,7 +74,7 @@ class ToolChatShaper(ChatShaper):
         if not delta and finish_reason is None and not self._with_logprobs \
                 and not (self._every_token and event.token_id >= 0):
             return []
-        logprobs = self._formatter.chat([event]) if self._with_logprobs else None
+        logprobs = self.stream_logprobs(index, event) if self._with_logprobs else None
         if finish_reason is not None and "tool_calls" in delta:
             return [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None, "stop_reason": None},
                     {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason,
