@@ -27,30 +27,26 @@ SPECIALS = ["<unk>", "<s>", "</s>"]
 def byte_fallback_tokenizer(directory: Path) -> Any:
     """A SentencePiece-style BPE tokenizer: word-start marks, characters outside the vocabulary as
     ``<0xNN>`` byte tokens, BOS added, and Llama 2's decoder (which strips the space of the first mark)."""
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, limit_alphabet=60, show_progress=False)
-    trained = Tokenizer(models.BPE(unk_token="<unk>"))
-    trained.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    trained.train_from_iterator(CORPUS, trainer)
-    learned = trained.get_vocab()
-    vocab = {token: index for index, token in enumerate(SPECIALS + [f"<0x{b:02X}>" for b in range(256)])}
-    for token in sorted(learned, key=learned.get):
-        vocab.setdefault(token, len(vocab))
-    merges = [tuple(merge) for merge in json.loads(trained.to_str())["model"]["merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-    tok.normalizer = trained.normalizer
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-    return _saved(tok, directory)
+    marks = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    return _byte_fallback_bpe(directory, normalizer=marks)
 
 
 def sentencepiece_tokenizer(directory: Path) -> Any:
     """A Llama-style byte-fallback tokenizer as transformers 5 loads Llama's: the word marks come from
     a ``Metaspace`` pre-tokenizer (not the normalizer), ``<0xNN>`` byte tokens, BOS added, and the
     decoder that strips the space of a first mark (``▁hello`` alone decodes to ``hello``)."""
+    return _byte_fallback_bpe(directory, pre_tokenizer=pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"))
+
+
+def _byte_fallback_bpe(directory: Path, normalizer: Any = None, pre_tokenizer: Any = None) -> Any:
+    """A BPE trained on CORPUS with ``<0xNN>`` byte tokens, its word marks made by ``normalizer`` or
+    ``pre_tokenizer`` (the two ways Llama-style tokenizer files spell them)."""
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, limit_alphabet=60, show_progress=False)
     trained = Tokenizer(models.BPE(unk_token="<unk>"))
-    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    if normalizer is not None:
+        trained.normalizer = normalizer
+    if pre_tokenizer is not None:
+        trained.pre_tokenizer = pre_tokenizer
     trained.train_from_iterator(CORPUS, trainer)
     learned = trained.get_vocab()
     vocab = {token: index for index, token in enumerate(SPECIALS + [f"<0x{b:02X}>" for b in range(256)])}
@@ -58,7 +54,10 @@ def sentencepiece_tokenizer(directory: Path) -> Any:
         vocab.setdefault(token, len(vocab))
     merges = [tuple(merge) for merge in json.loads(trained.to_str())["model"]["merges"]]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-    tok.pre_tokenizer = trained.pre_tokenizer
+    if normalizer is not None:
+        tok.normalizer = trained.normalizer
+    if pre_tokenizer is not None:
+        tok.pre_tokenizer = trained.pre_tokenizer
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
