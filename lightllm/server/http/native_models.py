@@ -178,9 +178,11 @@ class NativeGenerateRequest(NullMeansAbsent):
 class NativeTokenCountRequest(NullMeansAbsent):
     """Body of LightLLM's ``/tokens``: how many prompt tokens ``text`` is, as ``/generate`` counts it.
 
-    ``parameters`` and ``multimodal_params`` are checked as ``/generate`` checks them (LightLLM
-    validates them there too), so a body ``/generate`` refuses for them is refused here with the
-    same 400; ``parameters.add_special_tokens`` is the one that changes the count.
+    ``parameters`` and ``multimodal_params`` are checked as ``/generate`` checks their names and
+    values (LightLLM validates them there too), so a value ``/generate`` refuses is refused here with
+    the same 400; what depends on the answer (``logprobs`` needing ``return_details``, the ``n`` /
+    ``best_of`` caps on free slots) is not, as nothing is generated.
+    ``parameters.add_special_tokens`` is the one that changes the count.
     """
 
     text: str

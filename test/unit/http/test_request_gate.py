@@ -158,3 +158,21 @@ def test_a_request_that_arrived_before_the_drain_starts_after_waiting_for_its_pl
         client.portal.call(held)
         sender.join(30)
         assert answers and answers[0].status_code == 200, answers and answers[0].text
+
+
+@pytest.mark.parametrize("path", ["/ping", "/liveness", "/readiness"])
+def test_a_probes_post_is_not_admitted_and_answers_as_its_get_after_the_book_closes(path: str) -> None:
+    book = PreparingRequests()
+    seen = []
+
+    async def app(scope, receive, send) -> None:
+        seen.append((ADMISSION_KEY in scope, book.count))
+
+    async def run(method: str) -> None:
+        await AdmissionMiddleware(app, book)({"type": "http", "method": method, "path": path}, None, None)
+
+    asyncio.run(run("POST"))
+    book.close("The server stopped serving", "server_shutting_down")
+    asyncio.run(run("POST"))  # reaches the probe's route, as a GET does, instead of the closing 503
+    asyncio.run(run("GET"))
+    assert seen == [(False, 0)] * 3

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 from fastapi.responses import JSONResponse
 
 from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body, manager_error
+from lightllm.server.http.service.health import PROBE_PATHS
 from lightllm.server.manager_errors import ServerUnavailableError
 
 Scope = Dict[str, Any]
@@ -180,14 +181,18 @@ class DrainRefusalMiddleware:
 
 
 class AdmissionMiddleware:
-    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends."""
+    """Gives each ``POST`` an :class:`Admission` counted in ``book`` until it starts generating or ends.
+
+    A probe's ``POST`` (``/ping``, LightLLM's ``/liveness`` and ``/readiness``) is not a request to
+    admit: it passes as its ``GET`` does, so both methods answer alike during a drain or after a failure.
+    """
 
     def __init__(self, app: ASGIApp, book: PreparingRequests) -> None:
         self.app = app
         self.book = book
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("method") != "POST":
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") in PROBE_PATHS:
             await self.app(scope, receive, send)
             return
         if self.book.closing is not None:
