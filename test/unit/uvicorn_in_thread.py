@@ -18,6 +18,7 @@ from lightllm.server.http.app import create_app
 from lightllm.server.http.transport.front_door import FrontDoor
 from lightllm.server.http.transport.listen_sockets import bind_listeners
 from lightllm.server.http.transport.protocol import guarded_protocol_class
+from lightllm.server.http.transport.uvicorn_config import CLIENT_ADDRESS_SETTINGS
 from lightllm.server.http.server_options import HttpLimits, HttpServerOptions
 from lightllm.server.launch.supervisor import SupervisedServer, Supervisor
 from lightllm.utils.free_ports import free_port
@@ -49,7 +50,8 @@ def serving_behind_front_door(manager: Any, options: HttpServerOptions) -> Itera
     it (the door built from ``options``' limits, keys and CORS origins); yields the door (its ``port``)."""
     door = FrontDoor(bind_listeners("127.0.0.1", 0), options.limits, options.auth, options.allowed_origins)
     door.start()
-    config = uvicorn.Config(create_app(manager, options), log_level="error", http=guarded_protocol_class(options.limits))
+    config = uvicorn.Config(create_app(manager, options), log_level="error", http=guarded_protocol_class(options.limits),
+                            **CLIENT_ADDRESS_SETTINGS)
     server = SupervisedServer(config, Supervisor(manager, 0), front_door=door)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

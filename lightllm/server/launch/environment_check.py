@@ -8,7 +8,9 @@ Two duties, both before anything is loaded:
   warning line naming why: a name no release reads (a typo, with the closest known name), a
   variable this run mode does not read (``LIGHTLLM_TORCH_THREADS`` on a PD master), one a flag
   given on the command line replaces (``LIGHTLLM_API_KEY`` with ``--api_key``), or a CPU-only
-  variable on a CUDA device.
+  variable on a CUDA device; so do two foreign variables a user may expect to work here:
+  ``VLLM_API_KEY`` where this server's keys are used instead, and uvicorn's ``FORWARDED_ALLOW_IPS``
+  (this server never trusts ``X-Forwarded-For``: a client is its connection's peer address).
 
 Warnings rather than refusals: the environment is shared by every process an operator starts
 (a PD master and its nodes often inherit one exported set), so a variable meant for another
@@ -82,6 +84,14 @@ FOREIGN_ENV_HINTS: Dict[str, str] = {
     "LIGHTLLM_LOG_LEVEL": "use --log_level (debug, info, warning, error)",
 }
 
+# uvicorn's list of proxies whose X-Forwarded-For it trusts: this server turns that rewriting off (a
+# client is its socket's peer address), so the variable is not read; a start with it set is told so.
+FORWARDED_ALLOW_IPS_ENV = "FORWARDED_ALLOW_IPS"
+FORWARDED_ALLOW_IPS_WARNING = (
+    f"{FORWARDED_ALLOW_IPS_ENV} is set but not read: this server never trusts X-Forwarded-For; a client is the "
+    "address of its connection (behind a proxy, the proxy's), and the per-client limits count that address "
+    "(docs/EN/limits_and_auth.md, Client address)")
+
 # LIGHTLLM_* names the project's scripts read (not the server): not reported as unknown when set.
 SCRIPT_ENV_VARS = {
     "LIGHTLLM_DEMO_MODEL_DIR": "scripts/start_1p1d.sh",
@@ -129,6 +139,8 @@ def unread_variable_warnings(args: argparse.Namespace, environ: Optional[Mapping
             # Without a key of ours the start is refused instead (AuthPolicy.from_args).
             warnings.append(f"{VLLM_API_KEY_ENV} is set but not read: the API keys are those of "
                             f"{'--api_key' if args.api_key else 'LIGHTLLM_API_KEY'}")
+    if environ.get(FORWARDED_ALLOW_IPS_ENV):
+        warnings.append(FORWARDED_ALLOW_IPS_WARNING)
     return warnings
 
 

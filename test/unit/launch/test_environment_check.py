@@ -87,6 +87,13 @@ def test_replaced_and_script_variables_are_left_to_their_own_handling() -> None:
     assert unread_variable_warnings(_args(), environ=environ) == []
 
 
+def test_uvicorn_s_forwarded_allow_ips_is_named_as_not_read() -> None:
+    # The server never trusts X-Forwarded-For (proxy_headers off): the variable would be silently ignored.
+    for mode in ("normal", "pd_master"):
+        [line] = unread_variable_warnings(_args("--run_mode", mode), environ={"FORWARDED_ALLOW_IPS": "*"})
+        assert line.startswith("FORWARDED_ALLOW_IPS is set but not read: this server never trusts X-Forwarded-For")
+
+
 def test_cpu_thread_variables_are_named_on_cuda_only() -> None:
     environ = {"LIGHTLLM_TORCH_THREADS": "2", "LIGHTLLM_IDLE_MALLOC_TRIM": "5"}
     assert cpu_only_variable_warnings("normal", "cpu", environ) == []
