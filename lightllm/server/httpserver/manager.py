@@ -368,7 +368,9 @@ class HttpServerManager:
                     raise pending.failure
                 if finish_reason is None:
                     finish_reason = "abort"  # the client went away
-                    log.info("request %d: its client went away; aborting it", request_id)
+                    # Debug: the HTTP layer logs the departure once per API request, with the count
+                    # of its generations (one request may run hundreds); /metrics counts each abort.
+                    log.debug("request %d: its client went away; aborting it", request_id)
             finally:
                 self._pending.pop(request_id, None)
                 if not pending.scheduled_ns and self._backend_alive:

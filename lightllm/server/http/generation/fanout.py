@@ -4,6 +4,11 @@ Each choice of a request (every prompt times ``n``) is one ``manager.generate`` 
 :class:`GenerationFanout` runs them concurrently and merges their token events.  Every call is
 primed (its first event awaited) before any response byte is sent, so a request the manager
 refuses still gets a proper 400/503 status even when streaming.
+
+A client that leaves gets one INFO line per API request here, with the number of its generations
+that were aborted (:meth:`GenerationFanout.client_left`); the request manager logs each aborted
+generation at debug only, since one request may run hundreds (32 prompts times ``n`` 16).  The
+aborts are counted on ``/metrics`` as ``finish_reason="abort"`` either way.
 """
 
 from __future__ import annotations
@@ -67,11 +72,16 @@ class GenerationFanout:
     """Runs one ``manager.generate`` per job concurrently and merges their events."""
 
     def __init__(self, manager: RequestManager, jobs: list[ChoiceJob], *, high_priority: bool = False,
-                 request: Request | None = None) -> None:
+                 request: Request | None = None, label: str | None = None) -> None:
         self._manager = manager
         self._jobs = jobs
         self._high_priority = high_priority
         self._request = request
+        # How the departure line names the request: its response id when the route has one.
+        self._label = label
+        # Slots whose generation finished (a finish reason arrived): not aborted when the client leaves.
+        self._finished: set[int] = set()
+        self._left = False
         self._iterators: list[Any] = []
         self._first: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -101,6 +111,8 @@ class GenerationFanout:
         failure = next((item for item in firsts if isinstance(item, BaseException)), None)
         if failure is None:
             failure = next((_failure_answer(item) for item in firsts if _is_error(item)), None)
+        self._finished.update(slot for slot, item in enumerate(firsts)
+                              if getattr(item, "finish_reason", None) is not None)
         if failure is None:
             self._first = list(firsts)
             for job, first in zip(self._jobs, firsts):
@@ -111,8 +123,7 @@ class GenerationFanout:
             # The manager ends a generation without a finish only for a client that went away:
             # an everyday event, not a server fault (nobody reads the answer; the access log does).
             if self._request is not None and await self._request.is_disconnected():
-                # Debug only: the request manager has logged the abort (one INFO line per request).
-                logger.debug("client went away before its first token; its generation ended")
+                self.client_left()
                 raise client_closed_request()
             logger.warning("the request manager ended a generation before its first event")
             raise internal_error()
@@ -135,6 +146,7 @@ class GenerationFanout:
                     return
                 yield event
                 if event.finish_reason is not None:
+                    self._finished.add(slot)
                     # Closed now, not with the whole request: its manager counts it as running (the
                     # metrics, a drain) and times it until its generation is closed, and the other
                     # choices of an n > 1 request may run long after this one.
@@ -143,8 +155,9 @@ class GenerationFanout:
                 event = await self._iterators[slot].__anext__()
         except StopAsyncIteration:
             # The manager stops without a finish event only when the client went away.
-            logger.info("request %s: generation for choice %d ended without a finish reason (its client went away)",
-                        getattr(event, "request_id", "?"), self._jobs[slot].index)
+            logger.debug("request %s: generation for choice %d ended without a finish reason (its client went away)",
+                         getattr(event, "request_id", "?"), self._jobs[slot].index)
+            self.client_left()
         except Exception as exc:  # noqa: BLE001 - forwarded to the consumer, which reports it
             yield exc
             return
@@ -200,6 +213,23 @@ class GenerationFanout:
             await self.close()
         return collected
 
+    def client_left(self) -> None:
+        """Log, once per API request, that its client went away and how many of its generations are
+        aborted (those without a finish reason yet); nothing when every one had finished."""
+        if self._left:
+            return
+        self._left = True
+        aborted = len(self._jobs) - len(self._finished)
+        if aborted <= 0:
+            return
+        if self._label is not None:
+            name = f"request {self._label}"
+        else:
+            path = self._request.scope.get("path", "?") if self._request is not None else "?"
+            name = f"a {path} request"
+        logger.info("%s: its client went away; aborting %d of its %d generation%s", name, aborted, len(self._jobs),
+                    "" if len(self._jobs) == 1 else "s")
+
     async def close(self) -> None:
         """Stop pumping and close every generation (the manager aborts unfinished ones)."""
         for task in self._tasks:
@@ -238,6 +268,11 @@ def sse_response(stream: AsyncIterator[bytes], fanout: GenerationFanout) -> Stre
         try:
             async for chunk in stream:
                 yield chunk
+        except (GeneratorExit, asyncio.CancelledError):
+            # The response was torn down mid-stream: its client went away (the server's own
+            # failures arrive as exceptions of the stream instead).
+            fanout.client_left()
+            raise
         finally:
             await fanout.close()
 

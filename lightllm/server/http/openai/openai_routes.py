@@ -332,7 +332,7 @@ class OpenAIEndpoints:
         response_id = f"{shaper.id_prefix}-{given_id or uuid.uuid4().hex}"
         if given_id is not None:
             logger.info("request %s: %d generation(s)", response_id, len(jobs))
-        fanout = GenerationFanout(self.manager, jobs, request=request)
+        fanout = GenerationFanout(self.manager, jobs, request=request, label=response_id)
         await fanout.start()
         # Accepted: its n, once per prompt (vLLM's request_params_n).
         self.manager.on_request_params(body.n, len({job.prompt_index for job in jobs}))

@@ -235,7 +235,8 @@ class PdMasterManager:
                     yield event
         except ClientGone:
             accounting.end("abort")
-            log.info("request %d: the client went away; aborted on the nodes", request_id)
+            # Debug: the HTTP layer logs the departure once per API request (with its generation count).
+            log.debug("request %d: the client went away; aborted on the nodes", request_id)
         except Exception as exc:
             accounting.end(self._failure_reason(request_id, exc))
             if not (isinstance(exc, PdRequestFailed) and exc.code in RANK_FAILURE_REASONS):
@@ -251,7 +252,7 @@ class PdMasterManager:
             # (a closed stream, a torn-down response).  The finally below aborts it on the nodes.
             if accounting.finish_reason is None:  # a close after the last event is the normal end, not a departure
                 run.client_gone = True
-                log.info("request %d: the client went away (response closed); aborting it on the nodes", request_id)
+                log.debug("request %d: the client went away (response closed); aborting it on the nodes", request_id)
             raise
         finally:
             # Bookkeeping before the first await: a cancelled caller may not get past it.
