@@ -10,6 +10,7 @@ only the checkpoint's tokenizer files (through :func:`~lightllm.utils.tokenizer_
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from lightllm.server.grammar_tokenizer_check import GrammarTokenizerCheck
 from lightllm.server.manager_errors import ServerChatTemplateError
 from lightllm.server.prompt_length_probe import RenderedChatTooLongError, encode_within
 from lightllm.server.request_defaults import RequestDefaults, invalid_template, template_compile_error
+from lightllm.server.request_template_cache import request_template_render
 from lightllm.server.chat_render_checks import UnreadTemplateFieldError, check_names, check_tool_calls, check_tools
 from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
                                                 template_source, template_variables, unread_message, variable_param)
@@ -179,14 +181,18 @@ def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_
     missing = None if chooses else missing_default_template(templates)
     if missing is not None:
         raise ServerChatTemplateError(missing)
+    # A request's own template is compiled for this render only: transformers' LRU of compiled
+    # templates would keep it (and the constants Jinja folded into it) after the request.
+    scope = request_template_render() if kwargs.get("chat_template") else contextlib.nullcontext()
     try:
-        return tokenizer.apply_chat_template(
-            messages,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **(chat_template_kwargs or {}),
-        )
+        with scope:
+            return tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}),
+            )
     except jinja2.TemplateSyntaxError as exc:
         if (chat_template_kwargs or {}).get("chat_template"):
             raise ChatTemplateSyntaxError(

@@ -29,6 +29,7 @@ import jinja2
 import jinja2.meta
 
 from lightllm.server.request_defaults import chat_template_environment
+from lightllm.server.request_template_cache import cached_unless_request
 
 # Variables that are request fields of their own (named so in a 400); any other key came in
 # chat_template_kwargs.
@@ -88,9 +89,13 @@ def call_argument_message(name: str) -> str:
             "the chat template; the server renders chats with its own arguments, so it is not supported here")
 
 
-@functools.lru_cache(maxsize=_TEMPLATE_CACHE)
-def _undeclared(source: str) -> FrozenSet[str]:
+def _parse_undeclared(source: str) -> FrozenSet[str]:
     return frozenset(jinja2.meta.find_undeclared_variables(_ENV.parse(source)))
+
+
+# Cached for the server's templates; a request's own chat_template is parsed each time and kept
+# nowhere (request_template_cache).
+_undeclared = cached_unless_request(_parse_undeclared, maxsize=_TEMPLATE_CACHE)
 
 
 def template_source(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, Any]]) -> Optional[str]:
@@ -114,7 +119,7 @@ def template_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, 
     if source is None:
         return None
     try:
-        return _undeclared(source)
+        return _undeclared(source, request_template=bool((chat_template_kwargs or {}).get("chat_template")))
     except jinja2.TemplateError:
         return None
 

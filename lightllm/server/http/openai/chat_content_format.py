@@ -9,13 +9,13 @@ newlines for the others (a list printed as a string would put Python's list synt
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jinja2
 import jinja2.nodes
 
 from lightllm.server.request_defaults import chat_template_environment
+from lightllm.server.request_template_cache import cached_unless_request
 
 
 def _is_content(node: jinja2.nodes.Node) -> bool:
@@ -33,8 +33,7 @@ def _unfiltered(node: jinja2.nodes.Node) -> jinja2.nodes.Node:
     return node
 
 
-@functools.lru_cache(maxsize=64)
-def template_iterates_content(template: str) -> bool:
+def _iterates_content(template: str) -> bool:
     """True when ``template`` has a for-loop over some value's ``content``: ``x.content`` or ``x['content']``,
     through filters, or through a variable set to it (``{% set c = m['content'] %}{% for p in c %}``)."""
     try:
@@ -49,6 +48,11 @@ def template_iterates_content(template: str) -> bool:
         if _is_content(source) or (isinstance(source, jinja2.nodes.Name) and source.name in aliases):
             return True
     return False
+
+
+# template_iterates_content(template, request_template=False): cached for the server's templates; a
+# request's own (request_template=True) is parsed each time and kept nowhere (request_template_cache).
+template_iterates_content = cached_unless_request(_iterates_content, maxsize=64)
 
 
 def rendering_template(tokenizer_template: Any, request_template: str | None, with_tools: bool) -> str | None:

@@ -316,8 +316,10 @@ class OpenAIEndpoints:
         ``generating``: false for ``/tokenize`` (see :meth:`ToolPlan.template_options`)."""
         tokenizer_template = getattr(self.manager.served.tokenizer, "chat_template", None)
         template = rendering_template(tokenizer_template, body.chat_template, bool(tool_plan.tools))
-        content_parts = template is not None and template_iterates_content(template)
-        developer_role = template_names_developer_role(template)
+        # A request's own template is parsed for this request only, not kept in the parse caches.
+        own = body.chat_template is not None
+        content_parts = template is not None and template_iterates_content(template, request_template=own)
+        developer_role = template_names_developer_role(template, request_template=own)
         unread = unread_reasoning(body.messages, template)
         if unread is not None:
             raise invalid_request(*unread)
