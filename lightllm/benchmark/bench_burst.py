@@ -20,7 +20,9 @@ from typing import Dict, List, Optional
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, http_url, non_negative_int, output_file
+from lightllm.benchmark.interrupts import interruptible
+from lightllm.benchmark.output_writing import write_outputs_or_exit
 from lightllm.benchmark.server_probe import NO_LISTING_STATUSES, ServerRefused, refused_probe
 from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, default_api_key, http_refusal
 
@@ -56,11 +58,12 @@ def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int)
     return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(num)]
 
 
+@interruptible("the rounds that finished were printed; --output-json was not written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_burst", description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000",
+    parser.add_argument("--base-url", type=http_url, default="http://127.0.0.1:8000",
                         help="server to send the bursts to (default http://127.0.0.1:8000)")
     parser.add_argument("--model", default=None, help="default: the first id from /v1/models")
     parser.add_argument("--api-key", default=default_api_key(), help=API_KEY_HELP)
@@ -73,7 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [5, vocab) (default 1000)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="bursts sent one after another, each with fresh prompts (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompts' token ids, >= 0 (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the rounds here (JSON)")
     args = parser.parse_args(argv)
     # Each bad flag is named alone: one message for all four left the reader to find which.
@@ -112,11 +115,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 1
         rounds.append(result)
         print(f"round {index}: {result['completion_tokens']} tokens in {result['seconds']:.2f} s = {result['output_tokens_per_s']:.0f} tok/s")
-    if args.output_json:
-        with open(args.output_json, "w") as handle:
-            # A secret has no place in a results file; whether one was sent is what a reader needs.
-            recorded = {**vars(args), "api_key": "<given>" if args.api_key else None}
-            json.dump({"args": recorded, "rounds": rounds}, handle, indent=2)
+    # A secret has no place in a results file; whether one was sent is what a reader needs.
+    recorded = {**vars(args), "api_key": "<given>" if args.api_key else None}
+    # The rounds are printed already; a file that cannot be written is one line naming the flag and path.
+    write_outputs_or_exit(parser, [("--output-json", args.output_json,
+                                    json.dumps({"args": recorded, "rounds": rounds}, indent=2))])
     return 0
 
 

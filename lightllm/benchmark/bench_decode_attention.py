@@ -28,8 +28,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import (OneLineErrorParser, argument_type, checkpoint_dir, non_negative_int,
-                                         output_file)
+from lightllm.benchmark.cli_args import (OneLineErrorParser, argument_type, checkpoint_dir, comma_items,
+                                         non_negative_int, output_file)
 from lightllm.benchmark.count_flags import positive_int
 from lightllm.benchmark.kernel_bench_context import context_refusal
 from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, AttentionBackendError, build_attention_backend
@@ -42,7 +42,10 @@ PREFILL_REQUESTS_PER_FORWARD = 8  # bounds prefill activations at large batch x 
 
 
 def _int_list(text: str) -> List[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
+    try:
+        values = [int(v) for v in comma_items(text)]
+    except ValueError:  # not integers, or an empty item: the refusal below names the flag and the text
+        values = []
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
     return values

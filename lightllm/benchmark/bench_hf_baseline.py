@@ -17,8 +17,10 @@ from typing import List, Optional
 
 import torch
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_file, sequence_too_long
+from lightllm.benchmark.cli_args import OneLineErrorParser, non_negative_int, output_file, sequence_too_long
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.metrics import RequestRecord, format_summary, summarize
+from lightllm.benchmark.output_writing import write_outputs_or_exit
 
 
 class _TokenTimes:
@@ -72,6 +74,7 @@ def run(model_dir: str, num_requests: int, prompt_len: int, output_len: int, see
     return records
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_hf_baseline", description=__doc__.splitlines()[0])
@@ -83,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "(default 128)")
     parser.add_argument("--output-len", type=int, default=64, help="tokens generated per request, greedy (default 64)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts' token ids (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompts' token ids, >= 0 (default 0)")
     parser.add_argument("--output-json", type=output_file, default=None, help="also write the summary here (JSON)")
     args = parser.parse_args(argv)
     if min(args.num_requests, args.prompt_len, args.output_len, args.threads) < 1:
@@ -98,9 +101,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     summary = summarize(run(args.model_dir, args.num_requests, args.prompt_len, args.output_len, args.seed))
     print(format_summary(summary))
-    if args.output_json:
-        with open(args.output_json, "w") as handle:
-            json.dump(summary, handle, indent=2)
+    write_outputs_or_exit(parser, [("--output-json", args.output_json, json.dumps(summary, indent=2))])
     return 0
 
 

@@ -23,10 +23,13 @@ from typing import Any, Sequence
 import httpx
 
 from lightllm.benchmark.backends import BACKENDS, MULTI_GENERATION_FIELDS, RequestInput
-from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, output_file, positive_float,
-                                         with_flag_names)
+from lightllm.benchmark.cli_args import (OneLineErrorParser, finite_float, given_flags, http_url, non_negative_int,
+                                         output_file, positive_float, with_flag_names)
+from lightllm.benchmark.count_flags import positive_int
+from lightllm.benchmark.interrupts import report_interrupted
 from lightllm.benchmark.metrics import (COUNT_FROM_STREAM, COUNT_FROM_TOKENIZER, RequestRecord, format_summary,
-                                        parse_slo, summarize, write_records_jsonl)
+                                        parse_slo, records_jsonl, summarize, write_records_jsonl)
+from lightllm.benchmark.output_writing import print_report, refuse_same_output, write_output, write_outputs_or_exit
 from lightllm.benchmark.open_loop_sender import make_client, send_all
 from lightllm.benchmark.prompt_room import check_prompt_room
 from lightllm.benchmark.prompts import PromptBuilder
@@ -77,7 +80,7 @@ class BenchmarkConfig:
         if self.prompt_format == "ids" and not BACKENDS[self.backend].accepts_token_ids:
             raise ValueError(f"prompt_format 'ids' is not supported by backend {self.backend!r}")
         if self.max_concurrency is not None and self.max_concurrency <= 0:
-            raise ValueError(f"max_concurrency must be > 0 or None, got {self.max_concurrency}")
+            raise ValueError(f"max_concurrency must be >= 1 (or None: no limit), got {self.max_concurrency}")
         if self.shared_prefix_len < 0:
             raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
         if self.request_timeout_s <= 0:
@@ -164,12 +167,15 @@ def count_unreported_output(records: Sequence[RequestRecord], builder: PromptBui
         record.generated_text = None
 
 
-async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None = None) -> dict[str, Any]:
+async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None = None, *,
+                        finished: list[RequestRecord] | None = None, write_records: bool = True) -> dict[str, Any]:
     """Run one benchmark and return its JSON-serialisable summary.
 
     ``builder`` may be passed to reuse a tokenizer scan across runs; otherwise the
     tokenizer is loaded from ``config.tokenizer``. Raw records go to
-    ``config.output_jsonl`` when set.
+    ``config.output_jsonl`` when set, unless ``write_records`` is False (the caller writes them).
+    ``finished`` gets each request's record as the request ends, so a caller that is
+    interrupted still has the records of the requests that finished.
     """
     config.validate()
     if builder is None:
@@ -197,9 +203,10 @@ async def run_benchmark(config: BenchmarkConfig, builder: PromptBuilder | None =
             extra_body=config.extra_body,
             max_concurrency=config.max_concurrency,
             show_progress=config.show_progress,
+            finished=finished,
         )
     count_unreported_output(records, builder)
-    if config.output_jsonl:
+    if config.output_jsonl and write_records:
         write_records_jsonl(config.output_jsonl, records)
     summary = summarize(records, config.slo)
     summary["model"] = model
@@ -222,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m lightllm.benchmark.bench_serving", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     server = p.add_argument_group("server")
-    server.add_argument("--base-url", default=BenchmarkConfig.base_url,
+    server.add_argument("--base-url", type=http_url, default=BenchmarkConfig.base_url,
                         help=f"server to measure, checked to answer before the tokenizer loads "
                         f"(default {BenchmarkConfig.base_url})")
     apis = ", ".join(f"{name} ({cls.path})" for name, cls in sorted(BACKENDS.items()))
@@ -259,15 +266,19 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--shared-prefix-len", type=int, default=0,
                       help="tokens every prompt starts with, the same for every prompt of one pass (each warm-up and repeat has its own; default 0); not with --workload "
                       "shared_prefix, which shares prefixes its own way")
-    load.add_argument("--max-concurrency", type=int, default=None,
+    load.add_argument("--max-concurrency", type=positive_int, default=None,
                       help="most requests in flight at once (default: no limit, every request goes at its time)")
     out = p.add_argument_group("measurement and output")
     out.add_argument("--slo", nargs="+", default=[], metavar="KEY:MS",
                      help="latency limits that enable goodput, e.g. ttft:500 tpot:50 (keys ttft, tpot, e2e, each once)")
-    out.add_argument("--warmup-runs", type=int, default=0, help="full unmeasured runs with their own prompts first")
+    out.add_argument("--warmup-runs", type=non_negative_int, default=0,
+                     help="full unmeasured runs with their own prompts first (default 0)")
     # Checked while parsing: a run that cannot write its results loses them at the end.
-    out.add_argument("--output-jsonl", type=output_file, default=None, help="write the raw per-request records here")
-    out.add_argument("--output-json", type=output_file, default=None, help="write the summary here (JSON)")
+    out.add_argument("--output-jsonl", type=output_file, default=None,
+                     help="write the raw per-request records here (after the summary is printed; on Ctrl-C, those of "
+                     "the requests that finished)")
+    out.add_argument("--output-json", type=output_file, default=None,
+                     help="write the summary here (JSON; not the same file as --output-jsonl)")
     out.add_argument("--no-progress", action="store_true", help="do not show a progress bar of the requests")
     return p
 
@@ -320,26 +331,65 @@ def config_from_args(args: argparse.Namespace) -> BenchmarkConfig:
     )
 
 
-async def _run_cli(config: BenchmarkConfig, warmup_runs: int, builder: PromptBuilder) -> dict[str, Any]:
+async def _run_cli(config: BenchmarkConfig, warmup_runs: int, builder: PromptBuilder,
+                   finished: list[RequestRecord]) -> dict[str, Any]:
     for k in range(warmup_runs):
         warmup = dataclasses.replace(config, prompt_namespace=f"warmup-{k}", output_jsonl=None)
         await run_benchmark(warmup, builder)
-    return await run_benchmark(config, builder)
+    return await run_benchmark(config, builder, finished=finished, write_records=False)
+
+
+@dataclasses.dataclass
+class _CliRun:
+    """What a Ctrl-C finds of a command-line run: the measured requests that finished so far."""
+
+    output_jsonl: str | None = None
+    builder: PromptBuilder | None = None
+    measuring: bool = False
+    finished: list[RequestRecord] = dataclasses.field(default_factory=list)
+
+    def interrupted(self) -> int:
+        """Write the finished records to ``--output-jsonl`` (or say why not) in one
+        ``error: interrupted; ...`` line; 130."""
+        if not self.measuring:
+            return report_interrupted("nothing was measured" + (", --output-jsonl was not written"
+                                                                if self.output_jsonl else ""))
+        if not self.output_jsonl:
+            return report_interrupted(f"{len(self.finished)} measured requests had finished; nothing was written")
+        if not self.finished:
+            return report_interrupted(f"no measured request had finished; --output-jsonl {self.output_jsonl!r} "
+                                      "was not written")
+        records = sorted(self.finished, key=lambda record: record.index)
+        if self.builder is not None:
+            count_unreported_output(records, self.builder)
+        try:
+            write_output("--output-jsonl", self.output_jsonl, records_jsonl(records))
+        except ValueError as exc:
+            return report_interrupted(str(exc))
+        return report_interrupted(f"the records of the {len(records)} measured requests that finished were written "
+                                  f"to --output-jsonl {self.output_jsonl!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the process exit status (1 if any request failed)."""
+    """CLI entry point; returns the process exit status (1 if any request failed, 130 on Ctrl-C)."""
+    run = _CliRun()
+    try:
+        return _main(argv, run)
+    except KeyboardInterrupt:
+        return run.interrupted()
+
+
+def _main(argv: Sequence[str] | None, run: _CliRun) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         check_flags_apply(args.workload, given_flags(parser, argv))
-        if args.warmup_runs < 0:
-            raise ValueError(f"warmup_runs must be >= 0, got {args.warmup_runs}")
         for name in ("output_len", "long_output_len", "short_output_len"):
             value = getattr(args, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+        refuse_same_output([("--output-jsonl", args.output_jsonl), ("--output-json", args.output_json)])
         config = config_from_args(args)
         config.validate()
         build_workload(config.workload)  # every workload value checked before anything is sent
@@ -375,8 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           config.shared_prefix_len)
     except ValueError as exc:
         parser.error(with_flag_names(parser, str(exc), _FIELD_FLAGS))
+    run.output_jsonl, run.builder, run.measuring = args.output_jsonl, builder, True
     try:
-        summary = asyncio.run(_run_cli(config, args.warmup_runs, builder))
+        summary = asyncio.run(_run_cli(config, args.warmup_runs, builder, run.finished))
     except (ServerRefused, NoModelListed) as exc:  # /v1/models, asked for the default model
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -384,10 +435,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = (str(exc).splitlines() or [type(exc).__name__])[0]
         print(f"error: cannot reach the server at {config.base_url}: {why}", file=sys.stderr)
         return 1
-    print(format_summary(summary))
-    if args.output_json:
-        with open(args.output_json, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, ensure_ascii=False)
+    # The summary first: a file that cannot be written (a full disk) must not take the run's
+    # result with it; the first such file is then one line naming its flag and path (exit 2).
+    print_report(format_summary(summary))
+    write_outputs_or_exit(parser, [("--output-jsonl", args.output_jsonl, records_jsonl(sorted(run.finished, key=lambda r: r.index))),
+                                   ("--output-json", args.output_json,
+                                    json.dumps(summary, indent=2, ensure_ascii=False))])
     return 1 if summary["overall"]["failed"] else 0
 
 

@@ -29,13 +29,14 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, Collection, List, Mapping, Optional, Sequence
+from urllib.parse import urlsplit
 
 from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float, given_flags, refuse_repeated_flags
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "comma_items", "finite_float", "given_flags",
-    "listen_host", "missing_module", "non_negative_float", "non_negative_int", "output_dir", "output_file",
+    "http_url", "listen_host", "missing_module", "non_negative_float", "non_negative_int", "output_dir", "output_file",
     "output_file_in_new_dirs", "positive_float", "refuse_repeated_flags", "refuse_repeated_values",
     "sequence_too_long", "shell_words", "with_flag_names",
 ]
@@ -187,6 +188,28 @@ def output_dir(text: str) -> str:
         if why is not None:
             raise argparse.ArgumentTypeError(f"{text!r} cannot be created: {why}")
     return text
+
+
+def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
+    """``SCHEME://HOST[:PORT]`` of a running server, one of ``schemes``, with a valid port if one is given.
+
+    Checked while parsing: ``http://127.0.0.1:99999`` (no such port) was otherwise tried and
+    reported as "Connection refused", which says the server is down, not that the URL is wrong.
+    """
+    parts = urlsplit(text)
+    try:
+        parts.port  # raises ValueError for a port that is no number or out of range
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} has no valid port: {exc}") from None
+    if parts.scheme not in schemes or not parts.hostname:
+        shape = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
+        raise argparse.ArgumentTypeError(f"must be {shape}, got {text!r}")
+    return text
+
+
+def http_url(text: str) -> str:
+    """:func:`server_url` over HTTP or HTTPS."""
+    return server_url(text)
 
 
 def checkpoint_dir(text: str) -> str:

@@ -70,6 +70,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from lightllm.benchmark.count_flags import positive_int
 from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS, PROMPT_FORMATS, load_tokenizer
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
@@ -127,17 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload", required=True,
         help=f"workload name(s), comma-separated, from {sorted(WORKLOADS)}; the flags below apply to all",
     )
-    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names")
-    p.add_argument("--baseline", default="default", help="strategy the others are compared with")
-    p.add_argument("--repeats", type=int, default=3, help="measured repeats (rotated order)")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured full passes per strategy and workload")
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names (default %(default)s)")
+    p.add_argument("--baseline", default="default", help="strategy the others are compared with (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="measured repeats (rotated order; default %(default)s)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured full passes per strategy and workload (default %(default)s)")
     p.add_argument(
         "--server-args", default="",
         help="flags given to every server, as one shell-quoted string (use --server-args=--flag for a lone flag); "
         "on a PD topology to every prefill and decode node (not the master), so only flags both roles accept",
     )
     p.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS,
-                   help="--max_total_token_num added to every server unless --server-args sets it")
+                   help="--max_total_token_num added to every server unless --server-args sets it (default %(default)s)")
     p.add_argument(
         "--topology", choices=sorted(TOPOLOGIES), default="normal",
         help="normal: one server per strategy; 1p1d: one PD cluster per strategy (master with --master-args + "
@@ -165,13 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "the servers pick their other ports themselves)")
     # finite_float: inf or nan would pass the range checks and wait forever, or not at all.
     p.add_argument("--start-timeout", type=finite_float, default=300.0,
-                   help="seconds a server may take to become healthy")
+                   help="seconds a server may take to become healthy (default %(default)g)")
     p.add_argument("--out-dir", required=True,
                    help="directory of the report, the raw runs and the server logs (created if missing)")
-    p.add_argument("--seed", type=int, default=0, help="repeat r uses workload seed SEED + r")
+    p.add_argument("--seed", type=int, default=0, help="repeat r uses workload seed SEED + r (default %(default)s)")
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text",
                    help="text: prompts are sent as text; ids: as token ids (default text)")
-    p.add_argument("--max-concurrency", type=int, default=None,
+    p.add_argument("--max-concurrency", type=positive_int, default=None,
                    help="most requests in flight at once (default: no limit, requests go at their scheduled times)")
     p.add_argument("--request-timeout", type=finite_float, default=3600.0,
                    help="seconds one request may take (default 3600)")

@@ -21,6 +21,7 @@ import json
 import multiprocessing as mp
 import shlex
 import shutil
+import signal
 import socket
 import statistics
 import sys
@@ -30,9 +31,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, non_negative_float, non_negative_int,
-                                         positive_float, shell_words)
+from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, given_flags, non_negative_float,
+                                         non_negative_int, positive_float, server_url, shell_words)
 from lightllm.benchmark.count_flags import positive_int
+from lightllm.benchmark.interrupts import interruptible
 
 
 PROBE_TIMEOUT_SECONDS = 10.0
@@ -65,6 +67,8 @@ def probe_once(host: str, port: int, path: str, timeout: float = PROBE_TIMEOUT_S
 
 def _probe_loop(host: str, port: int, path: str, interval: float, duration: float, conn: Any,
                 control_port: Optional[int] = None) -> None:
+    # A Ctrl-C reaches the whole process group: the parent stops this process (no traceback of its own).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     results: List[Tuple[int, float]] = []
     control: List[Tuple[int, float]] = []
     end = time.monotonic() + duration
@@ -80,6 +84,7 @@ def _probe_loop(host: str, port: int, path: str, interval: float, duration: floa
 def _control_server(sock: socket.socket) -> None:
     """A trivial responder in a process of its own: what a probe costs on this machine right now."""
     answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopped by the parent, as the prober
     while True:
         client, _ = sock.accept()
         with client:
@@ -141,20 +146,25 @@ async def _load(args: argparse.Namespace, host: str, port: int) -> Dict[str, Any
     await asyncio.sleep(args.warmup)
     ctx = mp.get_context("spawn")
     control_port = None
-    if args.control:
-        listener = socket.create_server(("127.0.0.1", 0))
-        control_port = listener.getsockname()[1]
-        control = ctx.Process(target=_control_server, args=(listener,), daemon=True)
-        control.start()
-    parent, child = ctx.Pipe(duplex=False)
-    prober = ctx.Process(
-        target=_probe_loop, args=(host, port, args.probe_path, args.probe_interval, args.duration, child, control_port))
-    prober.start()
-    loop = asyncio.get_running_loop()
-    results, control_results = await loop.run_in_executor(None, parent.recv)
-    prober.join()
-    if args.control:
-        control.terminate()
+    children = []
+    try:
+        if args.control:
+            listener = socket.create_server(("127.0.0.1", 0))
+            control_port = listener.getsockname()[1]
+            children.append(ctx.Process(target=_control_server, args=(listener,), daemon=True))
+            children[-1].start()
+        parent, child = ctx.Pipe(duplex=False)
+        children.append(ctx.Process(target=_probe_loop, args=(host, port, args.probe_path, args.probe_interval,
+                                                              args.duration, child, control_port)))
+        children[-1].start()
+        loop = asyncio.get_running_loop()
+        results, control_results = await loop.run_in_executor(None, parent.recv)
+    finally:
+        # Also on Ctrl-C: no prober nor control responder is left behind.
+        for process in children:
+            if process.is_alive():
+                process.terminate()
+            process.join()
     stop.set()
     for task in tasks:
         task.cancel()
@@ -185,14 +195,10 @@ def _raise_open_file_limit(needed: int) -> None:
 
 def _http_url(text: str) -> str:
     """``http://HOST[:PORT]``: the streams and the probe speak plain HTTP/1.1 on raw sockets (no TLS)."""
-    parts = urlsplit(text)
     try:
-        parts.port  # raises ValueError for a port that is no number or out of range
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} has no valid port: {exc}") from None
-    if parts.scheme != "http" or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"must be http://HOST[:PORT] (plain HTTP, no TLS), got {text!r}")
-    return text
+        return server_url(text, ("http",))
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (plain HTTP, no TLS)") from None
 
 
 def _url_path(text: str) -> str:
@@ -202,10 +208,12 @@ def _url_path(text: str) -> str:
     return text
 
 
-def _check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: List[str]) -> None:
     """The checks that need more than one flag (one-line refusal, exit 2), before any load is opened."""
     if args.url and args.server_args:
         parser.error("--server_args configures the server that --model_dir starts; with --url there is none")
+    if not args.hold and given_flags(parser, argv).get("hold_source"):
+        parser.error("--hold_source is the source address of the --hold connections; with --hold 0 none is held")
     for word in shlex.split(args.server_args):
         if word.split("=", 1)[0] in _OWNED_SERVER_FLAGS:
             parser.error(f"--server_args must not set {word.split('=', 1)[0]}: this tool sets it itself")
@@ -256,7 +264,8 @@ def build_parser() -> OneLineErrorParser:
     parser.add_argument("--hold", type=non_negative_int, default=0,
                         help="connections one client holds open (one byte each)")
     parser.add_argument("--hold_source", default="127.0.0.2",
-                        help="source address of the held connections (another client than the streams and the probe)")
+                        help="source address of the held connections (another client than the streams and the probe; "
+                        "default %(default)s; only with --hold)")
     parser.add_argument("--max_new_tokens", type=positive_int, default=256, help="tokens per stream (>= 1)")
     parser.add_argument("--duration", type=positive_float, default=60.0, help="seconds of probing (> 0)")
     parser.add_argument("--warmup", type=non_negative_float, default=10.0,
@@ -287,11 +296,13 @@ def _start_server(args: argparse.Namespace, log_dir: Path) -> Tuple[Any, Optiona
         return None, str(exc).splitlines()[0].rstrip(":")
 
 
+@interruptible("every server it started was stopped; nothing was measured")
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the measurement and print one JSON line (exit 1, one ``error:`` line, when it measured nothing)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    _check_flags(parser, args)
+    _check_flags(parser, args, argv)
     _raise_open_file_limit(args.streams + args.hold + 256)
     server = None
     log_dir = Path(tempfile.mkdtemp(prefix="health_latency_")) if args.model_dir else None

@@ -267,11 +267,14 @@ def summarize(records: Sequence[RequestRecord], slo: dict[str, float] | None = N
     }
 
 
+def records_jsonl(records: Iterable[RequestRecord]) -> str:
+    """The JSONL text of ``records``: one JSON object per request."""
+    return "".join(json.dumps(record.to_dict(), ensure_ascii=False) + "\n" for record in records)
+
+
 def write_records_jsonl(path: str | Path, records: Iterable[RequestRecord]) -> None:
     """Write one JSON object per request."""
-    with open(path, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+    Path(path).write_text(records_jsonl(records), encoding="utf-8")
 
 
 def read_records_jsonl(path: str | Path) -> list[RequestRecord]:

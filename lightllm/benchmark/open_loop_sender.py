@@ -31,8 +31,12 @@ async def send_all(
     extra_body: dict[str, Any] | None = None,
     max_concurrency: int | None = None,
     show_progress: bool = False,
+    finished: list[RequestRecord] | None = None,
 ) -> list[RequestRecord]:
     """Send every request at its scheduled time (open loop) and return records in index order.
+
+    ``finished``, when given, gets each record as its request ends (in the order they end): what
+    a caller interrupted before the end still has.
 
     Bodies are encoded before the clock starts so serialization does not skew sends.
     With ``max_concurrency`` a request past its time waits for a free slot; its record
@@ -57,6 +61,8 @@ async def send_all(
             async with limiter:
                 record = await send_request(client, base_url, backend, request, clock, body)
         progress.update(1)
+        if finished is not None:
+            finished.append(record)
         return record
 
     coroutines = [run_one(r, b) for r, b in zip(requests, bodies)]

@@ -33,7 +33,9 @@ from urllib.parse import urlparse
 
 import httpx
 
-from lightllm.benchmark.cli_args import OneLineErrorParser, output_dir, output_file
+from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, non_negative_int, output_dir, output_file
+from lightllm.benchmark.interrupts import report_interrupted
+from lightllm.benchmark.output_writing import print_report, refuse_same_output, write_outputs_or_exit
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
 from lightllm.benchmark.server_probe import NoModelListed, ServerRefused, fetch_default_model
 from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, default_api_key, without_api_key
@@ -65,12 +67,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="python -m lightllm.benchmark.soak_server", description=__doc__.splitlines()[0])
     target = parser.add_argument_group("server")
     target.add_argument("--model_dir", default=None, help="start a server on this checkpoint (loopback, free port)")
-    target.add_argument("--server-args", default="", help="extra flags for the started server, one shell-quoted string")
+    target.add_argument("--server-args", default="",
+                        help="extra flags for the server --model_dir starts, one shell-quoted string (not with --base-url)")
     target.add_argument("--base-url", default=None, help="target a running server instead (loopback only)")
     target.add_argument("--server-pid", type=int, default=None, help="main pid of the targeted server (for RSS)")
     target.add_argument("--api-key", default=default_api_key(), help=API_KEY_HELP)
     target.add_argument("--log-dir", type=output_dir, default="soak_logs",
-                        help="where the started server's log goes (created if missing)")
+                        help="where the server --model_dir starts writes its log (created if missing; default "
+                        "soak_logs; not with --base-url)")
     load = parser.add_argument_group("load")
     load.add_argument("--rounds", type=_bounded("--rounds", 2, 20), default=3,
                       help="rounds, 2 to 20; the first is the warm-up the others are compared with (default 3)")
@@ -93,7 +97,7 @@ def make_parser() -> argparse.ArgumentParser:
     load.add_argument("--vocab", type=_bounded("--vocab", 6, 10_000_000), default=None,
                       help="prompt ids from [5, vocab); default and upper bound: the served model's vocab_size "
                            "(config.json of --model_dir, or of the --model_dir the --server-pid process was started with)")
-    load.add_argument("--seed", type=int, default=0, help="seed of the prompts (default 0)")
+    load.add_argument("--seed", type=non_negative_int, default=0, help="seed of the prompts, >= 0 (default 0)")
     bounds = parser.add_argument_group("bounds and output")
     bounds.add_argument("--request-timeout-s", type=float, default=600.0, help="seconds one request may take (default 600)")
     bounds.add_argument("--idle-timeout-s", type=float, default=300.0, help="most seconds to wait for the server to go idle")
@@ -104,17 +108,25 @@ def make_parser() -> argparse.ArgumentParser:
     bounds.add_argument("--tolerance", type=float, default=0.05, help="allowed RSS growth, last round vs first")
     # Checked while parsing: a soak takes minutes to lose at the end.
     bounds.add_argument("--output-json", type=output_file, default=None, help="also write the report here (JSON)")
-    bounds.add_argument("--output-md", type=output_file, default=None, help="also write the report here (Markdown)")
+    bounds.add_argument("--output-md", type=output_file, default=None,
+                        help="also write the report here (Markdown; not the same file as --output-json)")
     return parser
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Parse and cross-check arguments (exits with a one-line error on bad input)."""
     parser = make_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if (args.model_dir is None) == (args.base_url is None):
         parser.error("give exactly one of --model_dir (start a server) or --base-url (target one)")
     if args.base_url is not None:
+        # Only the server --model_dir starts has flags and a log: with --base-url they would be ignored.
+        for dest in ("server_args", "log_dir"):
+            flag = given_flags(parser, argv).get(dest)
+            if flag is not None:
+                parser.error(f"{flag} only goes with --model_dir (it configures the server this tool starts; "
+                             "--base-url targets a running one)")
         host = urlparse(args.base_url).hostname
         if host not in LOOPBACK_HOSTS:
             parser.error(f"--base-url must be a loopback address ({', '.join(LOOPBACK_HOSTS)}), got host {host!r}")
@@ -136,6 +148,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         args.settle_s = SETTLE_PAST_TRIM_S + (trim_s if trim_s != float("inf") else 0.0)
     if args.settle_s < 0 or args.tolerance < 0:
         parser.error("--settle-s and --tolerance must be >= 0")
+    try:
+        refuse_same_output([("--output-json", args.output_json), ("--output-md", args.output_md)])
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.streams + args.aborts + args.requests == 0:
         parser.error("nothing to send: --streams, --aborts and --requests are all 0")
     if args.server_pid is not None and (args.server_pid < 1 or not Path(f"/proc/{args.server_pid}").exists()):
@@ -251,7 +267,15 @@ def _raise_fd_limit() -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """CLI entry point; exit code 0 when the leak criterion holds and no request failed."""
+    """CLI entry point; exit code 0 when the leak criterion holds and no request failed (130 on Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # The server this tool started, if any, was stopped as the interrupt unwound (finally below).
+        return report_interrupted("every server it started was stopped; no report was written")
+
+
+def _main(argv: Optional[List[str]]) -> int:
     args = parse_args(argv)
     try:
         args.vocab = resolve_vocab(args)  # before a server starts: minutes to lose otherwise
@@ -299,11 +323,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     report["machine"] = {**machine_info(), **memory_info()}
     report["git"] = git_info()
     markdown = render_markdown(report)
-    print(markdown)
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(report, indent=2))
-    if args.output_md:
-        Path(args.output_md).write_text(markdown)
+    # The report first: a file that cannot be written is then one line naming its flag and path.
+    print_report(markdown)
+    write_outputs_or_exit(make_parser(), [("--output-json", args.output_json, json.dumps(report, indent=2)),
+                                          ("--output-md", args.output_md, markdown)])
     return 0 if report["criterion_holds"] and report["errors"] == 0 else 1
 
 

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", required=True, type=_directory_name, help="directory to write the checkpoint into")
-    parser.add_argument("--arch", default="llama", choices=sorted(ARCHITECTURES), help="model architecture")
+    parser.add_argument("--arch", default="llama", choices=sorted(ARCHITECTURES), help="model architecture (default %(default)s)")
     parser.add_argument("--size", default="tiny", choices=list(SIZES), help="size preset (default tiny; listed below)")
     parser.add_argument("--seed", default=0, type=int, help="seed for the random weights (default 0)")
     return parser
@@ -139,7 +139,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         out = generate_demo_model(args.out, arch=args.arch, size=args.size, seed=args.seed)
     except ValueError as exc:
-        parser.error(str(exc))
+        # The function names its parameters (out_dir, seed); the user typed flags.
+        from lightllm.benchmark.cli_args import with_flag_names
+
+        parser.error(with_flag_names(parser, str(exc), {"out_dir": "--out"}))
     except OSError as exc:
         parser.exit(1, f"error: cannot write {args.out}: {exc}\n")
     print(out)

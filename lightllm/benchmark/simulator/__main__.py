@@ -15,6 +15,7 @@ import math
 import sys
 from typing import Any, Collection, Dict, List, Optional, Sequence
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
     comma_items,
@@ -294,6 +295,7 @@ def run(args: argparse.Namespace, typed: Collection[str] = ()) -> tuple[str, Dic
     return full_report_markdown(profile, results, args.seed), results_json(profile, results, args.seed)
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error.
 

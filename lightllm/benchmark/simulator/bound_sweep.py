@@ -15,6 +15,7 @@ import math
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_values
 from lightllm.benchmark.simulator.bound_cli import server_limit_problem
 from lightllm.benchmark.simulator.cost_model import DEFAULT_PROFILE, available_profiles, load_profile
@@ -163,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--strategies", default="hrrn,promote_shortest",
-        help="comma list of strategies compared with default (not default alone)",
+        help="comma list of strategies compared with default (not default itself; default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0; "
                         "refused when every cell's scenario has its arrivals at fixed times)")
@@ -187,6 +188,7 @@ def _bounds(bases: Sequence[int], fractions: Sequence[float]) -> List[OvertakeBo
     return [OvertakeBoundSpec.off()] + [OvertakeBoundSpec(base, fraction) for base in bases for fraction in fractions]
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -206,9 +208,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--strategies must name some of {', '.join(available_strategy_names())}; "
                              f"got {args.strategies!r}")
         refuse_repeated_values(strategies, "--strategies")
-        if strategies == ["default"]:
-            raise ValueError("--strategies names only default, which every row is compared with: each row would "
-                             "compare default with itself; name another strategy")
+        if "default" in strategies:
+            raise ValueError("--strategies names default, which every row is compared with: its rows would "
+                             "compare default with itself; name the other strategies only")
         if args.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {args.seed}")
         if "seed" in given_flags(parser, argv):

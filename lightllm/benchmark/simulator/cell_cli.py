@@ -30,7 +30,7 @@ def add_cell_arguments(parser: argparse.ArgumentParser, default_mode: str) -> No
         "--budget", type=int, default=1024, help="prefill budget: batch_max_tokens = chunked_prefill_size (default 1024)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (refused with "
-                        "a scenario whose arrivals are at fixed times)")
+                        "a scenario whose arrivals are at fixed times; default %(default)s)")
 
 
 def cell_from_cli(args: argparse.Namespace, typed: Collection[str] = ()) -> Tuple[CostProfile, ScenarioSpec, str, int]:
@@ -73,10 +73,15 @@ def scenario_label(scenario: ScenarioSpec, seed: int) -> str:
 MAX_LIST_VALUES = 1000
 
 
-def int_range(text: str) -> List[int]:
-    """``"40-140/10"`` -> 40, 50, ..., 140; ``"0,16384"`` -> 0, 16384 (every value >= 0).
+class _BadStep(Exception):
+    """A range's STEP below 1 (told apart from a value that is no integer)."""
 
-    At most :data:`MAX_LIST_VALUES` values in all; a range that holds no value (``140-40``) is
+
+def int_range(text: str) -> List[int]:
+    """``"40-140/10"`` -> 40, 50, ..., 140; ``"40-45"`` (no ``/STEP``: step 1) -> 40, ..., 45;
+    ``"0,16384"`` -> 0, 16384 (every value >= 0).
+
+    A STEP below 1 is refused naming the step.  At most :data:`MAX_LIST_VALUES` values in all; a range that holds no value (``140-40``) is
     refused rather than dropped.
     """
     spans: List[range] = []
@@ -84,13 +89,19 @@ def int_range(text: str) -> List[int]:
     for part in comma_items(text):
         try:
             if "-" in part:
-                span, _, step = part.partition("/")
+                span, slash, step_text = part.partition("/")
                 low, _, high = span.partition("-")
-                values = range(int(low), int(high) + 1, int(step or 1))
+                step = int(step_text) if slash else 1
+                if step < 1:
+                    raise _BadStep(step)
+                values = range(int(low), int(high) + 1, step)
             else:
                 values = range(int(part), int(part) + 1)
+        except _BadStep as bad:
+            raise ValueError(f"the range {part!r} has STEP {bad.args[0]}; LOW-HIGH/STEP needs STEP >= 1") from None
         except ValueError:
-            raise ValueError(f"expected integers, LOW-HIGH/STEP ranges or a comma list, got {part!r}") from None
+            raise ValueError(f"expected integers, LOW-HIGH/STEP ranges (LOW-HIGH: step 1) or a comma list, "
+                             f"got {part!r}") from None
         if not values:
             raise ValueError(f"the range {part!r} holds no value (LOW-HIGH/STEP needs LOW <= HIGH and STEP >= 1)")
         spans.append(values)

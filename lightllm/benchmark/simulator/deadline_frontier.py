@@ -33,6 +33,7 @@ import math
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, comma_items
@@ -278,13 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--spared",
         type=int_range_arg,
         default="0,47",
-        help="earliest short prompts left first come: LOW-HIGH/STEP ranges or a comma list of integers >= 0, "
+        help="earliest short prompts left first come: LOW-HIGH/STEP ranges (LOW-HIGH: step 1) or a comma list of integers >= 0, "
         f"at most {MAX_LIST_VALUES} values, each below the scenario's short prompts (default 0,47)",
     )
     add_overtake_bound_arguments(parser)
     return parser
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
 

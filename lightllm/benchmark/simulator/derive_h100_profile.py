@@ -19,6 +19,7 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; a bad flag, or one given twice, exits with status 2 and a one-line error."""
     argv = list(sys.argv[1:] if argv is None else argv)

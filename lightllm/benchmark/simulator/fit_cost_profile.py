@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, checkpoint_dir, output_file
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; a bad flag, or one given twice, exits with status 2 and a one-line error."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -27,6 +27,7 @@ import dataclasses
 import sys
 from typing import Dict, List, Optional, Sequence, Set, Union
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.benchmark.simulator.cell_cli import (
@@ -271,14 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--counts",
         type=int_range_arg,
         default="40-140/10",
-        help="short prompts served early: LOW-HIGH/STEP ranges or a comma list of integers >= 0, "
+        help="short prompts served early: LOW-HIGH/STEP ranges (LOW-HIGH: step 1) or a comma list of integers >= 0, "
         f"at most {MAX_LIST_VALUES} values, none above the scenario's short prompts (default 40-140/10)",
     )
     parser.add_argument(
         "--starts",
         type=int_range_arg,
         default="0,16384,32768",
-        help="processed prefill tokens before the first is served: LOW-HIGH/STEP ranges or a comma list of "
+        help="processed prefill tokens before the first is served: LOW-HIGH/STEP ranges (LOW-HIGH: step 1) or a comma list of "
         f"integers >= 0, at most {MAX_LIST_VALUES} values, each below the scenario's prefill tokens "
         "(default 0,16384,32768)",
     )
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point; bad arguments exit with status 2 and a one-line error."""
 

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.schedule_cost_server import (
@@ -254,11 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategies", nargs="+", choices=available_strategy_names(),
         help="prefill-queue strategies to measure (default: all registered)",
     )
-    parser.add_argument("--repeats", type=int, default=5, help="engine-only: timed steps per cell (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="engine-only: untimed steps first")
-    parser.add_argument("--server-repeats", type=int, default=30, help="server layout: timed steps per cell")
+    parser.add_argument("--repeats", type=int, default=5, help="engine-only: timed steps per cell (median; default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=2, help="engine-only: untimed steps first (default %(default)s)")
+    parser.add_argument("--server-repeats", type=int, default=30, help="server layout: timed steps per cell (default %(default)s)")
     parser.add_argument(
-        "--server-warmup", type=int, default=1500, help="server layout: steps run before timing (to a steady state)"
+        "--server-warmup", type=int, default=1500, help="server layout: steps run before timing (to a steady state; default %(default)s)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated requests (default 0)")
     # Checked while parsing: the measurement takes about a minute to lose at the end.
@@ -272,6 +273,7 @@ def _ignored_flags(layout: str, given: Dict[str, str]) -> List[str]:
     return [flag for dest, flag in given.items() if dest in unread]
 
 
+@interruptible("nothing was written")
 def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, CostRow]]:
     """Command line: print the tables (server layout first), optionally write the rows as JSON.
 
@@ -349,4 +351,5 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Union[ServerCostRow, Cost
 
 
 if __name__ == "__main__":
-    main()
+    status = main()
+    sys.exit(status if isinstance(status, int) else 0)

@@ -40,7 +40,7 @@ def _keyed_app(seen: List[Dict[str, Any]]) -> FastAPI:
 
 def _argv(base_url: str, tmp_path, *extra: str) -> List[str]:
     return ["--base-url", base_url, "--server-pid", str(os.getpid()), "--rounds", "2", "--streams", "0",
-            "--aborts", "0", "--requests", "2", "--vocab", "100", "--settle-s", "0", "--log-dir", str(tmp_path),
+            "--aborts", "0", "--requests", "2", "--vocab", "100", "--settle-s", "0",
             "--output-json", str(tmp_path / "soak.json"), *extra]
 
 

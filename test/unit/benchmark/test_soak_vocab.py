@@ -62,7 +62,7 @@ def test_a_vocab_beyond_the_models_is_refused_before_starting(tiny_llama_dir, tm
 
 def test_an_unknown_vocabulary_needs_the_flag(tmp_path, no_start, capsys):
     # This test process was not started with --model_dir: nothing tells the served vocabulary.
-    argv = ["--base-url", "http://127.0.0.1:1", "--server-pid", str(os.getpid()), "--log-dir", str(tmp_path / "l")]
+    argv = ["--base-url", "http://127.0.0.1:1", "--server-pid", str(os.getpid())]
     line = one_line_refusal(soak_server.main, argv, capsys)
     assert line.startswith("error: --vocab is needed: the served model's vocabulary size is unknown"), line
     assert resolve_vocab(parse_args([*argv, "--vocab", "50"])) == 50

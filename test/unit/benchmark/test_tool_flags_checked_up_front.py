@@ -178,7 +178,7 @@ def test_process_footprint_refuses_an_entry_module_that_cannot_be_found(
     (["--request-timeout", "0"], "--request-timeout must be > 0"),
     (["--kv-tokens", "0"], "--kv-tokens must be >= 1"),
     (["--bootstrap-resamples", "50"], "--bootstrap-resamples no longer applies"),
-    (["--max-concurrency", "0"], "--max-concurrency must be > 0"),
+    (["--max-concurrency", "0"], "argument --max-concurrency: must be an integer >= 1, got 0"),
     (["--workload", "long_first,long_first"], "--workload must not repeat"),
     (["--strategies", "default,default"], "--strategies must not repeat"),
     (["--server-args", "--port 9"], "--server-args must not set --port"),

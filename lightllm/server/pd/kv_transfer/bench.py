@@ -26,6 +26,7 @@ from lightllm.common.basemodel.model_config_error import ModelConfigError
 from lightllm.common.basemodel.serving_dtype import DATA_TYPE_CHOICES, auto_dtype_on, dtype_name, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
+from lightllm.benchmark.interrupts import interruptible
 from lightllm.utils.one_line_errors import OneLineErrorParser
 from lightllm.utils.free_ports import free_port
 
@@ -50,6 +51,23 @@ def _wait(handle: KVTransferHandle, request_id: int, timeout_s: float = 120.0):
                 return result
         time.sleep(0.0005)
     raise TimeoutError(f"request {request_id} not done within {timeout_s} s")
+
+
+def cache_bytes(tokens: int, geometry: Dict[str, object]) -> int:
+    """Bytes :func:`measure` allocates: two caches (prefill, decode) of ``2 * tokens`` slots, K and V."""
+    per_token = geometry["num_layers"] * geometry["kv_heads"] * geometry["head_dim"] * 2
+    return 2 * 2 * tokens * per_token * torch.empty((), dtype=geometry["dtype"]).element_size()
+
+
+def available_memory_bytes() -> Optional[int]:
+    """``MemAvailable`` of /proc/meminfo (None where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def measure(
@@ -95,17 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", type=Path, required=True,
                         help="checkpoint whose config.json gives the KV geometry")
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per transfer")
+    parser.add_argument("--tokens", type=int, default=4096,
+                        help="tokens per transfer; both caches hold twice as many, which must fit this machine's "
+                        "available memory (default %(default)s)")
     parser.add_argument("--page_sizes", type=int, nargs="+", default=[64, 256, 1024],
-                        help="tokens per page, each page size measured once (default 64 256 1024)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed transfers per page size")
+                        help="tokens per page, each page size measured once; a page size above --tokens moves one "
+                        "partial page, as --tokens itself would (default %(default)s)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed transfers per page size (default %(default)s)")
     parser.add_argument("--data_type", choices=DATA_TYPE_CHOICES,
                         default="auto", help="KV dtype, as the server's --data_type (auto: the checkpoint's, "
-                        "float16 as float32 on CPU)")
+                        "float16 as float32 on CPU) (default %(default)s)")
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+@interruptible("every transfer process it started was stopped; nothing was measured in full")
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; a bad flag or checkpoint exits with status 2 and a one-line error."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -120,12 +142,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         geometry = _geometry(args.model_dir, args.data_type)
     except ModelConfigError as exc:
         parser.error(f"--model_dir {args.model_dir}: no KV geometry ({exc})")
+    # Refused before anything is allocated: an oversized --tokens ended in torch's out-of-memory traceback.
+    needed, available = cache_bytes(args.tokens, geometry), available_memory_bytes()
+    if available is not None and needed > available:
+        parser.error(f"--tokens {args.tokens} needs {needed / 2**30:.1f} GiB for the two caches (2 x {2 * args.tokens} "
+                     f"slots of this model's KV); this machine has {available / 2**30:.1f} GiB available")
     print(f"geometry: {geometry}, {args.tokens} tokens per transfer, median of {args.repeat}")
+    larger = [size for size in args.page_sizes if size > args.tokens]
+    if larger:
+        print(f"note: page size {', '.join(map(str, larger))} is above --tokens {args.tokens}: each transfer is one "
+              "partial page, as with a page size of --tokens")
     print(f"{'page_size':>9} {'MiB':>7} {'ms':>8} {'ms/1K tok':>10} {'MiB/s':>8}")
     for row in measure(args.model_dir, args.tokens, args.page_sizes, args.repeat, args.data_type):
         print(f"{row['page_size']:>9} {row['mib']:>7.1f} {row['seconds'] * 1000:>8.1f} "
-              f"{row['seconds_per_1k'] * 1000:>10.2f} {row['mib_per_s']:>8.1f}")
+              f"{row['seconds_per_1k'] * 1000:>10.2f} {row['mib_per_s']:>8.1f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
