@@ -56,11 +56,17 @@ class _RefuseReplacedWaitFlag(argparse.Action):
         parser.error(REPLACED_WAIT_FLAG_MESSAGE)
 
 
+def add_replaced_wait_flag(parser: argparse.ArgumentParser, help_text: str = "replaced by the two flags below and "
+                           "refused (the former waiting bound)") -> None:
+    """Add the former ``--prefill-max-wait-tokens``, refused with :data:`REPLACED_WAIT_FLAG_MESSAGE` in any form."""
+    parser.add_argument("--prefill-max-wait-tokens", nargs="?", action=_RefuseReplacedWaitFlag, metavar="N",
+                        help=help_text)
+
+
 def add_overtake_bound_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--prefill-max-overtake-tokens``, ``--prefill-overtake-fraction`` and the off switch
     (and the replaced ``--prefill-max-wait-tokens``, refused naming them)."""
-    parser.add_argument("--prefill-max-wait-tokens", nargs="?", action=_RefuseReplacedWaitFlag, metavar="N",
-                        help="replaced by the two flags below and refused (the former waiting bound)")
+    add_replaced_wait_flag(parser)
     default = OvertakeBoundSpec()
     # Defaults are filled in by overtake_bound_from_cli: None tells a typed value from none.
     parser.add_argument(

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_values
-from lightllm.benchmark.simulator.bound_cli import server_limit_problem
+from lightllm.benchmark.simulator.bound_cli import add_replaced_wait_flag, server_limit_problem
 from lightllm.benchmark.simulator.cost_model import DEFAULT_PROFILE, available_profiles, load_profile
 from lightllm.benchmark.simulator.runner import CostProfile, budget_refusal, case_metrics, check_fits_kv, simulate_workload
 from lightllm.benchmark.simulator.scenarios import MODES, SCENARIOS, refuse_unread_seed
@@ -168,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0; "
                         "refused when every cell's scenario has its arrivals at fixed times)")
+    add_replaced_wait_flag(parser, "replaced by --bases and --fractions (the overtaking bound) and refused")
     return parser
 
 

@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from lightllm.benchmark.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
+from lightllm.benchmark.simulator.bound_cli import add_replaced_wait_flag
 from lightllm.benchmark.simulator.schedule_cost_server import (
     DEFAULT_RUNNING,
     KV_VIEWS,
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated requests (default 0)")
     # Checked while parsing: the measurement takes about a minute to lose at the end.
     parser.add_argument("--json", dest="json_path", type=output_file, help="also write the rows to this file (JSON)")
+    add_replaced_wait_flag(parser, "the former waiting bound, refused (the cells run under the default overtaking bound)")
     return parser
 
 

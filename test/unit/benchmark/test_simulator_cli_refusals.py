@@ -12,7 +12,7 @@ import pytest
 from simulator_test_support import assert_refused_in_one_line, bundled_profile_with_kv
 
 from lightllm.benchmark.simulator import __main__ as simulator_cli
-from lightllm.benchmark.simulator import bound_sweep, deadline_frontier, frontier
+from lightllm.benchmark.simulator import bound_sweep, deadline_frontier, frontier, schedule_cost
 from lightllm.benchmark.simulator.cost_model import load_profile
 from lightllm.benchmark.simulator.runner import check_fits_kv, simulate_workload
 from lightllm.benchmark.workloads import ScheduledRequest
@@ -113,6 +113,8 @@ def test_the_yardsticks_refuse_repeated_values_and_ignored_bound_values(tool, ar
     (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens=0"]),
     (frontier.main, ["--counts", "50", "--starts", "0", "--prefill-max-wait-tokens"]),
     (deadline_frontier.main, ["--due-ms", "2000", "--prefill-max-wait-tokens", "1"]),
+    (bound_sweep.main, ["--cells", "long_first/normal/1024", "--prefill-max-wait-tokens", "65536"]),
+    (schedule_cost.main, ["--prefill-max-wait-tokens", "65536"]),
 ])
 def test_the_replaced_waiting_bound_flag_is_refused_naming_its_replacement(tool, argv, capsys):
     # As the server refuses --prefill_max_wait_tokens (it was a bare "unrecognized arguments" here).
