@@ -58,7 +58,7 @@ def make_prompts(num: int, length: int, vocab: int, seed: int, round_index: int)
     return [[rng.randrange(5, vocab) for _ in range(length)] for _ in range(num)]
 
 
-@interruptible("the rounds that finished were printed; --output-json was not written")
+@interruptible("the rounds that finished were printed; --output-json, if given, was not written (or not whole)")
 def main(argv: Optional[List[str]] = None) -> int:
     """CLI entry point."""
     argv = list(sys.argv[1:] if argv is None else argv)

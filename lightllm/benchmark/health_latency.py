@@ -133,6 +133,10 @@ async def _hold_forever(host: str, port: int, source: str, stop: asyncio.Event, 
             writer.close()
 
 
+class ProberEnded(Exception):
+    """The probe process ended without its results."""
+
+
 async def _load(args: argparse.Namespace, host: str, port: int) -> Dict[str, Any]:
     body = json.dumps({"inputs": "The quick brown fox", "parameters": {
         "max_new_tokens": args.max_new_tokens, "ignore_eos": True}}).encode()
@@ -157,8 +161,14 @@ async def _load(args: argparse.Namespace, host: str, port: int) -> Dict[str, Any
         children.append(ctx.Process(target=_probe_loop, args=(host, port, args.probe_path, args.probe_interval,
                                                               args.duration, child, control_port)))
         children[-1].start()
+        # Only the prober holds the write end now: when it ends (its results sent, or stopped on Ctrl-C)
+        # the read below returns or fails instead of blocking the executor thread, and with it the exit.
+        child.close()
         loop = asyncio.get_running_loop()
-        results, control_results = await loop.run_in_executor(None, parent.recv)
+        try:
+            results, control_results = await loop.run_in_executor(None, parent.recv)
+        except EOFError:
+            raise ProberEnded("the probe process ended without sending its results (see its output above)") from None
     finally:
         # Also on Ctrl-C: no prober nor control responder is left behind.
         for process in children:
@@ -320,7 +330,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if why is not None:
             print(f"error: cannot reach the server at {url}: {why}", file=sys.stderr)
             return 1
-        outcome = asyncio.run(_load(args, host, port))
+        try:
+            outcome = asyncio.run(_load(args, host, port))
+        except ProberEnded as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     finally:
         if server is not None:
             server.stop()

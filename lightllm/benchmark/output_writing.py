@@ -2,13 +2,15 @@
 
 A tool that simulates or measures for minutes must not lose its result at the last moment:
 
-* the files are written before anything is printed, so a reader that closes stdout early
-  (``| head -1``) cannot stop them being written;
+* the simulator tools write their files before anything is printed, so a reader that closes
+  stdout early (``| head -1``) cannot stop them being written; the tools that measure a live
+  server (bench_serving, bench_burst, bench_hf_baseline, soak_server) print their summary first,
+  so a file that then cannot be written loses nothing already shown;
 * a file that cannot be written (a full disk: ``--json /dev/full``) is a one-line error naming
   the flag and the path, not an OSError traceback;
 * JSON is strict (``allow_nan=False``): NaN and Infinity are not JSON, and a reader such as
   ``jq`` refuses the whole file;
-* a closed stdout ends the printing quietly, the files being already written.
+* a closed stdout ends the printing quietly (for the simulator tools, the files being already written).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ refuses is refused here too, in one line, rather than simulated until the allowa
 from __future__ import annotations
 
 import argparse
-from typing import Dict, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from lightllm.benchmark.cli_args import non_negative_float, non_negative_int
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
@@ -44,23 +44,32 @@ def server_limit_problem(server_name: str, value: Union[int, float]) -> Optional
     return None
 
 
-# The former waiting bound's flag: refused naming its replacement, as the server refuses its own.
-REPLACED_WAIT_FLAG_MESSAGE = ("--prefill-max-wait-tokens was replaced by the overtaking bound: use "
-                              "--prefill-max-overtake-tokens and --prefill-overtake-fraction "
-                              "(or --disable-prefill-overtake-bound)")
+# The former waiting bound's flag: refused naming what replaced it on the command at hand, as the
+# server refuses its own.
+REPLACED_WAIT_FLAG_PREFIX = "--prefill-max-wait-tokens was replaced by the overtaking bound: "
+BOUND_FLAGS_REPLACEMENT = ("use --prefill-max-overtake-tokens and --prefill-overtake-fraction "
+                           "(or --disable-prefill-overtake-bound)")
 
 
 class _RefuseReplacedWaitFlag(argparse.Action):
+    """Refuses the flag in any form with ``REPLACED_WAIT_FLAG_PREFIX`` + the command's ``replacement``."""
+
+    def __init__(self, *args: Any, replacement: str = BOUND_FLAGS_REPLACEMENT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replacement = replacement
+
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: Optional[str] = None) -> None:
-        parser.error(REPLACED_WAIT_FLAG_MESSAGE)
+        parser.error(REPLACED_WAIT_FLAG_PREFIX + self.replacement)
 
 
-def add_replaced_wait_flag(parser: argparse.ArgumentParser, help_text: str = "replaced by the two flags below and "
-                           "refused (the former waiting bound)") -> None:
-    """Add the former ``--prefill-max-wait-tokens``, refused with :data:`REPLACED_WAIT_FLAG_MESSAGE` in any form."""
+def add_replaced_wait_flag(parser: argparse.ArgumentParser, replacement: str = BOUND_FLAGS_REPLACEMENT,
+                           help_text: str = "replaced by the two flags below and refused (the former waiting bound)"
+                           ) -> None:
+    """Add the former ``--prefill-max-wait-tokens``, refused in any form naming ``replacement``: what this
+    command offers instead (its own flags; the bound flags by default)."""
     parser.add_argument("--prefill-max-wait-tokens", nargs="?", action=_RefuseReplacedWaitFlag, metavar="N",
-                        help=help_text)
+                        replacement=replacement, help=help_text)
 
 
 def add_overtake_bound_arguments(parser: argparse.ArgumentParser) -> None:

@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sustained workloads' arrivals (default 0; "
                         "refused when every cell's scenario has its arrivals at fixed times)")
-    add_replaced_wait_flag(parser, "replaced by --bases and --fractions (the overtaking bound) and refused")
+    add_replaced_wait_flag(parser, "sweep the overtaking bound with --bases and --fractions",
+                           "replaced by --bases and --fractions (the overtaking bound) and refused")
     return parser
 
 

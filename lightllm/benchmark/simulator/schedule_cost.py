@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated requests (default 0)")
     # Checked while parsing: the measurement takes about a minute to lose at the end.
     parser.add_argument("--json", dest="json_path", type=output_file, help="also write the rows to this file (JSON)")
-    add_replaced_wait_flag(parser, "the former waiting bound, refused (the cells run under the default overtaking bound)")
+    add_replaced_wait_flag(parser, "this command's cells run under the default overtaking bound, which it does not vary",
+                           "the former waiting bound, refused (the cells run under the default overtaking bound)")
     return parser
 
 

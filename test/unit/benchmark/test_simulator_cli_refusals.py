@@ -108,18 +108,24 @@ def test_the_yardsticks_refuse_repeated_values_and_ignored_bound_values(tool, ar
     assert_refused_in_one_line(tool, argv, message, capsys)
 
 
-@pytest.mark.parametrize("tool, argv", [
-    (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens", "65536"]),
-    (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens=0"]),
-    (frontier.main, ["--counts", "50", "--starts", "0", "--prefill-max-wait-tokens"]),
-    (deadline_frontier.main, ["--due-ms", "2000", "--prefill-max-wait-tokens", "1"]),
-    (bound_sweep.main, ["--cells", "long_first/normal/1024", "--prefill-max-wait-tokens", "65536"]),
-    (schedule_cost.main, ["--prefill-max-wait-tokens", "65536"]),
+_BOUND_FLAGS = "use --prefill-max-overtake-tokens and --prefill-overtake-fraction"
+
+
+@pytest.mark.parametrize("tool, argv, replacement", [
+    (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens", "65536"], _BOUND_FLAGS),
+    (simulator_cli.main, [*_CELL, "--prefill-max-wait-tokens=0"], _BOUND_FLAGS),
+    (frontier.main, ["--counts", "50", "--starts", "0", "--prefill-max-wait-tokens"], _BOUND_FLAGS),
+    (deadline_frontier.main, ["--due-ms", "2000", "--prefill-max-wait-tokens", "1"], _BOUND_FLAGS),
+    # Commands without the bound flags name what they have instead.
+    (bound_sweep.main, ["--cells", "long_first/normal/1024", "--prefill-max-wait-tokens", "65536"],
+     "sweep the overtaking bound with --bases and --fractions"),
+    (schedule_cost.main, ["--prefill-max-wait-tokens", "65536"],
+     "this command's cells run under the default overtaking bound, which it does not vary"),
 ])
-def test_the_replaced_waiting_bound_flag_is_refused_naming_its_replacement(tool, argv, capsys):
+def test_the_replaced_waiting_bound_flag_is_refused_naming_its_replacement(tool, argv, replacement, capsys):
     # As the server refuses --prefill_max_wait_tokens (it was a bare "unrecognized arguments" here).
-    assert_refused_in_one_line(tool, argv, "--prefill-max-wait-tokens was replaced by the overtaking bound: use "
-                               "--prefill-max-overtake-tokens and --prefill-overtake-fraction", capsys)
+    assert_refused_in_one_line(tool, argv, "--prefill-max-wait-tokens was replaced by the overtaking bound: "
+                               + replacement, capsys)
 
 
 def test_the_profile_help_names_the_default():

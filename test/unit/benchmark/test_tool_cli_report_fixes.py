@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -100,6 +102,9 @@ def test_health_latency_stops_its_prober_on_ctrl_c(monkeypatch) -> None:
         def recv(self):
             raise KeyboardInterrupt  # Ctrl-C while the prober runs
 
+        def close(self):
+            pass
+
     context = argparse.Namespace(Process=Process, Pipe=lambda duplex: (End(), End()))
     monkeypatch.setattr(health_latency.mp, "get_context", lambda _name: context)
     args = argparse.Namespace(max_new_tokens=1, api_key=None, streams=0, hold=0, hold_source="127.0.0.2", warmup=0,
@@ -107,6 +112,57 @@ def test_health_latency_stops_its_prober_on_ctrl_c(monkeypatch) -> None:
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(health_latency._load(args, "127.0.0.1", 9))
     assert len(started) == 1 and not any(process.alive for process in started)
+
+
+def _hold_the_pipe(connection: Any) -> None:
+    """A prober that holds its pipe and never answers."""
+    time.sleep(3600)
+
+
+def test_health_latency_ends_on_ctrl_c_while_it_waits_for_the_probers_results(monkeypatch) -> None:
+    # The real pipe and a real process that never answers: the wait for its results must end once
+    # the prober is stopped (the parent held the pipe's write end, so the read never saw its end and
+    # asyncio.run waited for that thread forever).
+    real = health_latency.mp.get_context("spawn")
+    started = []
+
+    def process(target, args, **_kwargs):
+        # The prober's arguments hold the pipe's write end (index 5), as the real prober's do.
+        started.append(real.Process(target=_hold_the_pipe, args=(args[5],)))
+        return started[-1]
+
+    monkeypatch.setattr(health_latency.mp, "get_context", lambda _name: argparse.Namespace(Process=process,
+                                                                                            Pipe=real.Pipe))
+    args = argparse.Namespace(max_new_tokens=1, api_key=None, streams=0, hold=0, hold_source="127.0.0.2", warmup=0,
+                              control=False, probe_path="/health", probe_interval=0.1, duration=1)
+    outcome = []
+
+    async def interrupted() -> None:
+        task = asyncio.ensure_future(health_latency._load(args, "127.0.0.1", 9))
+        while not task.done() and not (started and started[-1].is_alive()):
+            await asyncio.sleep(0.01)
+        task.cancel()  # what asyncio.run does with the main task on Ctrl-C
+        try:
+            await task
+        except asyncio.CancelledError as exc:
+            # Kept, as asyncio.run keeps the KeyboardInterrupt it raises: its traceback holds _load's frame.
+            outcome.append(exc)
+
+    runner = threading.Thread(target=asyncio.run, args=(interrupted(),), daemon=True)
+    runner.start()
+    runner.join(120)  # a bound on a hang, not a timing: it ends in well under a second
+    assert not runner.is_alive() and [type(exc) for exc in outcome] == [asyncio.CancelledError]
+    assert not started[-1].is_alive()
+
+
+def test_health_latency_says_so_when_the_prober_ends_without_results(monkeypatch) -> None:
+    real = health_latency.mp.get_context("spawn")
+    monkeypatch.setattr(health_latency.mp, "get_context", lambda _name: argparse.Namespace(
+        Process=lambda **_kwargs: real.Process(target=time.sleep, args=(0,)), Pipe=real.Pipe))
+    args = argparse.Namespace(max_new_tokens=1, api_key=None, streams=0, hold=0, hold_source="127.0.0.2", warmup=0,
+                              control=False, probe_path="/health", probe_interval=0.1, duration=1)
+    with pytest.raises(health_latency.ProberEnded, match="ended without sending its results"):
+        asyncio.run(health_latency._load(args, "127.0.0.1", 9))
 
 
 # --- item 8: bound_sweep --strategies with default in a list --------------------------------------

@@ -13,6 +13,7 @@ prefill side's export to the decode side's acknowledgement.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ from lightllm.common.basemodel.model_config_error import ModelConfigError
 from lightllm.common.basemodel.serving_dtype import DATA_TYPE_CHOICES, auto_dtype_on, dtype_name, parse_dtype
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
+from lightllm.server.pd.kv_transfer.protocol import MAX_PAGES_IN_FLIGHT, PIPELINE_BYTES
 from lightllm.benchmark.interrupts import interruptible
 from lightllm.utils.one_line_errors import OneLineErrorParser
 from lightllm.utils.free_ports import free_port
@@ -57,6 +59,30 @@ def cache_bytes(tokens: int, geometry: Dict[str, object]) -> int:
     """Bytes :func:`measure` allocates: two caches (prefill, decode) of ``2 * tokens`` slots, K and V."""
     per_token = geometry["num_layers"] * geometry["kv_heads"] * geometry["head_dim"] * 2
     return 2 * 2 * tokens * per_token * torch.empty((), dtype=geometry["dtype"]).element_size()
+
+
+def peak_bytes(tokens: int, page_sizes: List[int], geometry: Dict[str, object]) -> int:
+    """Memory :func:`measure` holds at its peak, an upper estimate: the two caches, a copy of one
+    cache buffer while ``share_memory_`` moves it, and the largest page size's buffers (the
+    receiver's pages in flight and two on the sender's side)."""
+    caches = cache_bytes(tokens, geometry)
+    slot_bytes = caches // (2 * 2 * tokens)  # one token's K and V
+    pages = 0
+    for page_size in page_sizes:
+        page_bytes = min(page_size, tokens) * slot_bytes
+        page_count = -(-tokens // page_size)
+        depth = max(2, min(MAX_PAGES_IN_FLIGHT, PIPELINE_BYTES // max(page_bytes, 1), page_count))
+        pages = max(pages, (depth + 2) * page_bytes)
+    return caches + caches // 4 + pages
+
+
+def shared_memory_free_bytes() -> Optional[int]:
+    """Free bytes of /dev/shm, where the shared caches live (None where it cannot be read)."""
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
 
 
 def available_memory_bytes() -> Optional[int]:
@@ -143,10 +169,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ModelConfigError as exc:
         parser.error(f"--model_dir {args.model_dir}: no KV geometry ({exc})")
     # Refused before anything is allocated: an oversized --tokens ended in torch's out-of-memory traceback.
-    needed, available = cache_bytes(args.tokens, geometry), available_memory_bytes()
+    needed, available = peak_bytes(args.tokens, args.page_sizes, geometry), available_memory_bytes()
     if available is not None and needed > available:
-        parser.error(f"--tokens {args.tokens} needs {needed / 2**30:.1f} GiB for the two caches (2 x {2 * args.tokens} "
-                     f"slots of this model's KV); this machine has {available / 2**30:.1f} GiB available")
+        parser.error(f"--tokens {args.tokens} needs about {needed / 2**30:.1f} GiB at its peak (the two caches of 2 x "
+                     f"{2 * args.tokens} slots of this model's KV, a copy while they are shared, the page buffers); "
+                     f"this machine has {available / 2**30:.1f} GiB available")
+    shared, shm_free = cache_bytes(args.tokens, geometry), shared_memory_free_bytes()
+    if shm_free is not None and shared > shm_free:
+        parser.error(f"--tokens {args.tokens} needs {shared / 2**30:.1f} GiB of shared memory for the two caches; "
+                     f"/dev/shm has {shm_free / 2**30:.1f} GiB free (a container's default is 64 MiB: raise --shm-size)")
     print(f"geometry: {geometry}, {args.tokens} tokens per transfer, median of {args.repeat}")
     larger = [size for size in args.page_sizes if size > args.tokens]
     if larger:
