@@ -196,3 +196,24 @@ def test_strings_are_worked_out_once_per_id_and_mended_only_for_split_characters
     counting.calls = 0
     assert [strings.at(chars[0], before) for before in (words, chars, words[1:] + chars[:1])] == ["", "", ""]
     assert counting.calls == 0  # its decode was kept above
+
+
+def test_the_chosen_token_among_the_alternatives_is_keyed_once_as_by_vllm(sp_tokenizer):
+    """vLLM keys a position by token id (the chosen token first), then by string: the chosen byte met
+    again among the alternatives is not written again, so a better alternative of the same string
+    ("" for a byte that starts a character) keeps its logprob ([{'': -1.0}], not -2.0)."""
+    from types import SimpleNamespace
+
+    from lightllm.server.http.openai.openai_shapes import TokenLogprobFormatter
+
+    e5, e8 = _byte(sp_tokenizer, 0xE5), _byte(sp_tokenizer, 0xE8)
+    formatter = TokenLogprobFormatter(TokenBytes(sp_tokenizer), 2)
+    event = SimpleNamespace(token_id=e8, logprob=-2.0, top_logprobs={e5: -1.0, e8: -2.0})
+    assert formatter.completion([event], [0])["top_logprobs"] == [{"": -1.0}]
+    # The same for an echoed prompt token (its alternatives mended after the prompt before it).
+    first = SimpleNamespace(prompt_logprobs=[(e8, -2.0, {e5: -1.0, e8: -2.0}, 2)])
+    records = formatter.prompt_tokens([1, e8], first)
+    assert formatter.completion(records, [0, 0])["top_logprobs"] == [None, {"": -1.0}]
+    # Chat keeps a list: both alternatives, best first.
+    assert [(alt["token"], alt["logprob"]) for alt in formatter.chat([event])["content"][0]["top_logprobs"]] == [
+        ("", -1.0), ("", -2.0)]

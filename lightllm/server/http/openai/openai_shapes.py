@@ -169,10 +169,13 @@ class TokenLogprobFormatter:
             # The chosen token first, then the alternatives best first, as vLLM builds the dict (a
             # client may read the first key as the chosen token); tokens of the same text (byte
             # tokens all read U+FFFD) share one key, in the first one's place with the last one's
-            # logprob, as vLLM's one pass over them leaves it.
+            # logprob, as vLLM's one pass over them leaves it.  vLLM keys a position by token id
+            # first, so the chosen token met again among the alternatives is not written again: a
+            # better alternative of the same text keeps its logprob.
             alternatives = {tokens[-1]: json_logprob(event.logprob)}
             for token_id, value in self._top(event):
-                alternatives[self.token_text(token_id, context)] = value
+                if token_id != event.token_id:
+                    alternatives[self.token_text(token_id, context)] = value
             top.append(alternatives)
         return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
                 "top_logprobs": top, "text_offset": list(offsets)}
