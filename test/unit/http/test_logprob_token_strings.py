@@ -217,3 +217,67 @@ def test_the_chosen_token_among_the_alternatives_is_keyed_once_as_by_vllm(sp_tok
     # Chat keeps a list: both alternatives, best first.
     assert [(alt["token"], alt["logprob"]) for alt in formatter.chat([event])["content"][0]["top_logprobs"]] == [
         ("", -1.0), ("", -2.0)]
+
+
+def _exact_string(tokenizer: Any, token_id: int, context: list[int]) -> str:
+    """vLLM 0.32's string of a token after the sampled tokens ``context``, every decode made (the
+    reference the skipped decodes must agree with)."""
+    text = tokenizer.decode([token_id])
+    if not text.endswith("\ufffd"):
+        return text
+    for count in range(1, min(len(context), 4) + 1):
+        before = context[-count:]
+        joined = tokenizer.decode(before + [token_id])
+        if joined.endswith("\ufffd"):
+            continue
+        whole = count
+        while whole > 0 and tokenizer.decode([before[whole - 1]]).endswith("\ufffd"):
+            whole -= 1
+        prefix = tokenizer.decode(before[:whole]) if whole else ""
+        return joined[len(prefix):] if joined.startswith(prefix) else joined
+    return ""
+
+
+def test_a_cjk_run_with_byte_alternatives_costs_one_decode_per_completing_token(sp_tokenizer):
+    """A CJK answer as byte tokens with 19 continuation-byte alternatives per token: each decode the
+    bytes show would end in U+FFFD is left out, so besides each id's own decode a character costs one
+    decode for its last byte and one per alternative there (every decode of the loop, up to 4 per
+    token and alternative plus the decodes of the tokens before, made it about 20 times as many)."""
+    from types import SimpleNamespace
+
+    from lightllm.server.http.openai.openai_shapes import TokenLogprobFormatter
+
+    class Counting:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.calls = inner, 0
+
+        def decode(self, ids: Any, **options: Any) -> str:
+            self.calls += 1
+            return self.inner.decode(ids, **options)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    text = "語言模型很好用"
+    script = [_byte(sp_tokenizer, value) for value in text.encode("utf-8")]
+    alternatives = [_byte(sp_tokenizer, value) for value in range(0x80, 0x80 + 19)]
+    ranked = {alt: -1.0 - rank for rank, alt in enumerate(alternatives)}
+    events = [SimpleNamespace(token_id=token_id, logprob=-0.5, top_logprobs={**ranked, token_id: -0.5})
+              for token_id in script]
+    counting = Counting(sp_tokenizer)
+    formatter = TokenLogprobFormatter(TokenBytes(counting), 20)
+    result = formatter.completion(events, [0] * len(events))
+    assert "".join(result["tokens"]) == text
+    chat = formatter.chat(events)["content"]
+    for position, event in enumerate(events):
+        context = script[max(0, position - 4):position]
+        ranked = sorted(event.top_logprobs.items(), key=lambda item: -item[1])
+        expected = [_exact_string(sp_tokenizer, token_id, context) for token_id, _ in ranked]
+        assert [entry["token"] for entry in chat[position]["top_logprobs"]] == expected
+        assert result["tokens"][position] == _exact_string(sp_tokenizer, event.token_id, context)
+    own = len(set(script) | set(alternatives))  # each id decoded on its own once
+    assert counting.calls <= own + len(text) * (1 + len(alternatives))
+    # Every string is kept: the same answer again costs no decode.
+    calls = counting.calls
+    formatter.completion(events, [0] * len(events))
+    assert counting.calls == calls

@@ -138,6 +138,15 @@ class TokenLogprobFormatter:
             return self._strings.decoded(token_id)
         return self._strings.at(token_id, context)
 
+    def token_texts(self, token_ids: Sequence[int], context: Optional[Sequence[int]]) -> list[str]:
+        """:meth:`token_text` of each of ``token_ids`` after the same ``context`` (a position's
+        sampled token and its alternatives: the position's work is done once for them all)."""
+        if self._tokens_as_ids:
+            return [f"token_id:{token_id}" for token_id in token_ids]
+        if context is None:
+            return [self._strings.decoded(token_id) for token_id in token_ids]
+        return self._strings.at_all(token_ids, context)
+
     def _context_of(self, event: Any, sampled: "deque[int]") -> Optional[tuple[int, ...]]:
         """The tokens ``event``'s strings are mended after; a generated token joins ``sampled``."""
         if isinstance(event, PromptToken):
@@ -162,20 +171,23 @@ class TokenLogprobFormatter:
         tokens, top = [], []
         for event in events:
             context = self._context_of(event, sampled)
-            tokens.append(self.token_text(event.token_id, context))
             if event.logprob is None:  # the first prompt token has nothing to be predicted from
+                tokens.append(self.token_text(event.token_id, context))
                 top.append(None)
                 continue
+            ranked = self._top(event)
+            texts = self.token_texts([event.token_id, *(token_id for token_id, _ in ranked)], context)
+            tokens.append(texts[0])
             # The chosen token first, then the alternatives best first, as vLLM builds the dict (a
             # client may read the first key as the chosen token); tokens of the same text (byte
             # tokens all read U+FFFD) share one key, in the first one's place with the last one's
             # logprob, as vLLM's one pass over them leaves it.  vLLM keys a position by token id
             # first, so the chosen token met again among the alternatives is not written again: a
             # better alternative of the same text keeps its logprob.
-            alternatives = {tokens[-1]: json_logprob(event.logprob)}
-            for token_id, value in self._top(event):
+            alternatives = {texts[0]: json_logprob(event.logprob)}
+            for (token_id, value), text in zip(ranked, texts[1:]):
                 if token_id != event.token_id:
-                    alternatives[self.token_text(token_id, context)] = value
+                    alternatives[text] = value
             top.append(alternatives)
         return {"tokens": tokens, "token_logprobs": [json_logprob(event.logprob) for event in events],
                 "top_logprobs": top, "text_offset": list(offsets)}
@@ -203,22 +215,21 @@ class TokenLogprobFormatter:
             # Its rank is its rank in the whole distribution, computed on the model rank (1 + the
             # number of tokens with a strictly greater logprob), as vLLM reports it; where none was
             # published its place among the alternatives gives it.
-            own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None,
-                   "decoded_token": strings.at(token_id, context)}
+            texts = strings.at_all([token_id, *(alt_id for alt_id, _ in ranked)], context)
+            own = {"logprob": json_logprob(logprob), "rank": rank[0] if rank else None, "decoded_token": texts[0]}
             entry = {str(token_id): own}
-            for position, (alt_id, value) in enumerate(ranked):
+            for position, ((alt_id, value), text) in enumerate(zip(ranked, texts[1:])):
                 if alt_id == token_id and own["rank"] is None:
                     own["rank"] = position + 1
                 entry.setdefault(str(alt_id), {"logprob": json_logprob(value), "rank": position + 1,
-                                               "decoded_token": strings.at(alt_id, context)})
+                                               "decoded_token": text})
             result.append(entry)
         return result
 
-    def _chat_entry(self, token_id: int, logprob: float, context: tuple[int, ...]) -> dict[str, Any]:
+    def _chat_entry(self, token_id: int, logprob: float, text: str) -> dict[str, Any]:
         # ``bytes`` are the token's own bytes (also with token_id:<id> names), so joining those of
         # consecutive tokens rebuilds a character split over them, as OpenAI documents the field.
-        return {"token": self.token_text(token_id, context), "logprob": json_logprob(logprob),
-                "bytes": list(self._table.raw(token_id))}
+        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(self._table.raw(token_id))}
 
     def chat(self, events: list[Any], sampled: "deque[int] | None" = None) -> dict[str, Any]:
         """Chat logprobs: ``{"content": [{token, logprob, bytes, top_logprobs}]}``; ``sampled`` as
@@ -229,9 +240,11 @@ class TokenLogprobFormatter:
             if event.token_id < 0:
                 continue
             context = self._context_of(event, sampled)
-            entry = self._chat_entry(event.token_id, event.logprob, context)
-            entry["top_logprobs"] = [self._chat_entry(token_id, value, context)
-                                     for token_id, value in self._top(event)]
+            ranked = self._top(event)
+            texts = self.token_texts([event.token_id, *(token_id for token_id, _ in ranked)], context)
+            entry = self._chat_entry(event.token_id, event.logprob, texts[0])
+            entry["top_logprobs"] = [self._chat_entry(token_id, value, text)
+                                     for (token_id, value), text in zip(ranked, texts[1:])]
             content.append(entry)
         return {"content": content}
 
