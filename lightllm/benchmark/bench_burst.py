@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 import httpx
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, http_url, non_negative_int, output_file
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.output_writing import write_outputs_or_exit
 from lightllm.benchmark.server_probe import NO_LISTING_STATUSES, ServerRefused, refused_probe
 from lightllm.utils.http_client_support import API_KEY_HELP, auth_headers, default_api_key, http_refusal

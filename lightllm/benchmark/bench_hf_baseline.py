@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, non_negative_int, output_file, sequence_too_long
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.metrics import RequestRecord, format_summary, summarize
 from lightllm.benchmark.output_writing import write_outputs_or_exit
 

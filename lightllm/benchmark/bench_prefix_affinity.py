@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import httpx
 
-from lightllm.benchmark.bench_serving import BenchmarkConfig, run_benchmark
+from lightllm.benchmark.serving_run import BenchmarkConfig, run_benchmark
 from lightllm.benchmark.deployment import stop_servers_on_sigterm
 from lightllm.benchmark.prefix_affinity_flags import (
     build_parser,

@@ -24,7 +24,6 @@ import importlib.machinery
 import importlib.util
 import ipaddress
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -32,7 +31,8 @@ from pathlib import Path
 from typing import Callable, Collection, List, Mapping, Optional, Sequence
 from urllib.parse import urlsplit
 
-from lightllm.utils.one_line_errors import OneLineErrorParser, finite_float, given_flags, refuse_repeated_flags
+from lightllm.utils.one_line_errors import (OneLineErrorParser, finite_float, given_flags, refuse_repeated_flags,
+                                            with_flag_names)
 
 __all__ = [
     "OneLineErrorParser", "argument_type", "checkpoint_dir", "comma_items", "finite_float", "given_flags",
@@ -248,28 +248,6 @@ def listen_host(text: str) -> str:
         why = getattr(exc, "strerror", None) or str(exc)
         raise argparse.ArgumentTypeError(f"no server can listen on {text!r} here: {why}") from None
     return text
-
-
-# A snake_case name (``long_count``) that is not part of a flag (``--max_total_token_num``) nor
-# of a quoted value the user typed (``'promote_shortest'``).
-_FIELD_NAME = re.compile(r"(?<![-\w'\"])[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
-_LEADING_WORD = re.compile(r"^[a-z][a-z0-9]*\b")
-
-
-def with_flag_names(parser: argparse.ArgumentParser, message: str, aliases: Optional[Mapping[str, str]] = None) -> str:
-    """``message`` of a ``ValueError`` raised by a config object, its field names given as the flags.
-
-    Config objects name their fields (``long_count must be >= 0``), which is right for a caller
-    of the API, but a command line must name what the user typed (``--long-count must be >= 0``).
-    Every snake_case name that is an option's ``dest`` (or a key of ``aliases``: fields whose
-    flag has another name, ``settle_s`` -> ``--settle``) is replaced, and so is a one-word
-    field opening the message (``seed must be``); other single words are left alone, since
-    ``seed`` or ``workload`` in the middle of a sentence is usually just the word.
-    """
-    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
-    flags.update(aliases or {})
-    message = _FIELD_NAME.sub(lambda match: flags.get(match.group(0), match.group(0)), message)
-    return _LEADING_WORD.sub(lambda match: flags.get(match.group(0), match.group(0)), message, count=1)
 
 
 def missing_module(name: str) -> Optional[str]:

@@ -71,7 +71,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lightllm.benchmark.count_flags import positive_int
-from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS, PROMPT_FORMATS, load_tokenizer
+from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS
+from lightllm.benchmark.serving_run import PROMPT_FORMATS, load_tokenizer
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
     argument_type,

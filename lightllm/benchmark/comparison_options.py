@@ -12,7 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS, BenchmarkConfig
+from lightllm.benchmark.bench_serving import PROMPT_FLAG_WORKLOADS
+from lightllm.benchmark.serving_run import BenchmarkConfig
 from lightllm.benchmark.deployment import ServerSpec
 from lightllm.benchmark.student_t import student_t_quantile
 from lightllm.benchmark.workloads import WorkloadConfig, build_workload

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from lightllm.benchmark.bench_serving import load_tokenizer, run_benchmark
+from lightllm.benchmark.serving_run import load_tokenizer, run_benchmark
 from lightllm.benchmark.comparison_metrics import analyze_runs, rotated_order
 from lightllm.benchmark.comparison_options import ComparisonOptions
 from lightllm.benchmark.metrics import read_records_jsonl

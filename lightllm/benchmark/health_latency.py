@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, given_flags, non_negative_float,
                                          non_negative_int, positive_float, server_url, shell_words)
 from lightllm.benchmark.count_flags import positive_int
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 
 
 PROBE_TIMEOUT_SECONDS = 10.0

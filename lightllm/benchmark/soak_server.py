@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 import httpx
 
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, non_negative_int, output_dir, output_file
-from lightllm.benchmark.interrupts import report_interrupted
+from lightllm.utils.interrupts import report_interrupted
 from lightllm.benchmark.output_writing import print_report, refuse_same_output, write_outputs_or_exit
 from lightllm.benchmark.process_memory import leak_verdicts, read_memory, server_processes, shm_usage
 from lightllm.benchmark.server_probe import NoModelListed, ServerRefused, fetch_default_model

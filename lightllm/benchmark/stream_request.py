@@ -152,5 +152,5 @@ def _count_output(backend: Backend, state: StreamState, record: RequestRecord) -
     record.output_tokens, record.output_tokens_source = len(state.token_times), COUNT_FROM_STREAM
     if not backend.one_token_per_event:
         # A chunk may carry several tokens: keep the text so the run can count them (see
-        # bench_serving.count_unreported_output).
+        # serving_run.count_unreported_output).
         record.generated_text = "".join(state.text_parts)

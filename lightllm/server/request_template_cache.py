@@ -33,6 +33,7 @@ def request_template_render() -> Iterator[None]:
     """While it is open, transformers compiles chat templates on this thread without its cache
     (renders are synchronous, on the calling thread: the tokenizer threads render one chat each);
     when it closes, the templates compiled meanwhile are released at once (:func:`_release`)."""
+    _install_once()
     if not hasattr(_state, "compiled"):
         _state.compiled = []
     _state.depth = getattr(_state, "depth", 0) + 1
@@ -101,4 +102,15 @@ def _install() -> bool:
     return True
 
 
-INSTALLED = _install()
+_installed: list = []
+_install_lock = threading.Lock()
+
+
+def _install_once() -> bool:
+    """:func:`_install` on the first request-template render, not at import: the HTTP process's entry
+    modules import no transformers (``test_torch_free_processes``); the tokenizer loads it later."""
+    if not _installed:
+        with _install_lock:
+            if not _installed:
+                _installed.append(_install())
+    return _installed[0]

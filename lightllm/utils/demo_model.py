@@ -49,7 +49,7 @@ from lightllm.utils.demo_model_config import (
 )
 from lightllm.utils.demo_tokenizer import SPECIAL_TOKENS, train_demo_tokenizer, write_tokenizer_files
 from lightllm.utils.demo_weights import init_demo_weights
-from lightllm.utils.one_line_errors import OneLineErrorParser
+from lightllm.utils.one_line_errors import OneLineErrorParser, with_flag_names
 
 MAX_SEED = 2**64 - 1  # torch.Generator seeds are unsigned 64-bit
 
@@ -140,8 +140,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = generate_demo_model(args.out, arch=args.arch, size=args.size, seed=args.seed)
     except ValueError as exc:
         # The function names its parameters (out_dir, seed); the user typed flags.
-        from lightllm.benchmark.cli_args import with_flag_names
-
         parser.error(with_flag_names(parser, str(exc), {"out_dir": "--out"}))
     except OSError as exc:
         parser.exit(1, f"error: cannot write {args.out}: {exc}\n")

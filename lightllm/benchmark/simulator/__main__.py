@@ -15,7 +15,7 @@ import math
 import sys
 from typing import Any, Collection, Dict, List, Optional, Sequence
 
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.cli_args import (
     OneLineErrorParser,
     comma_items,

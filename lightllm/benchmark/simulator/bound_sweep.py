@@ -15,7 +15,7 @@ import math
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, refuse_repeated_values
 from lightllm.benchmark.simulator.bound_cli import add_replaced_wait_flag, server_limit_problem
 from lightllm.benchmark.simulator.cost_model import DEFAULT_PROFILE, available_profiles, load_profile

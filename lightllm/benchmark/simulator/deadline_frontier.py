@@ -33,7 +33,7 @@ import math
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.metrics import RequestRecord, percentile
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser, argument_type, comma_items

@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional
 
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, output_file
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.cost_model import PROFILE_DIR, CostProfile

@@ -27,7 +27,7 @@ import dataclasses
 import sys
 from typing import Dict, List, Optional, Sequence, Set, Union
 
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.simulator.bound_cli import add_overtake_bound_arguments
 from lightllm.benchmark.cli_args import OneLineErrorParser
 from lightllm.benchmark.simulator.cell_cli import (

@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.benchmark.cli_args import OneLineErrorParser, given_flags, output_file
 from lightllm.benchmark.output_writing import print_report, strict_json, write_outputs_or_exit
 from lightllm.benchmark.simulator.bound_cli import add_replaced_wait_flag

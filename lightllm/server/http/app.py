@@ -62,8 +62,8 @@ from lightllm.server.http.native_sampling import NATIVE_DEFAULT_MAX_NEW_TOKENS, 
 from lightllm.server.http.openai.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai.chat_completion_request import ChatCompletionRequest
 from lightllm.server.http.openai.openai_models import CompletionRequest
-from lightllm.server.http.openai.openai_shapes import (best_choices, final_finish_reason, first_generation_cached,
-                                                       json_logprob)
+from lightllm.server.http.openai.logprob_formatter import json_logprob
+from lightllm.server.http.openai.openai_shapes import best_choices, final_finish_reason, first_generation_cached
 from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.generation.planning import (check_context_length,
                                                       check_generation_counts, check_min_tokens_fit, check_token_ids,

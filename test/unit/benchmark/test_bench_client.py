@@ -18,7 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from canned_server import serve
-from lightllm.benchmark.bench_serving import BenchmarkConfig, main, run_benchmark
+from lightllm.benchmark.bench_serving import main
+from lightllm.benchmark.serving_run import BenchmarkConfig, run_benchmark
 from lightllm.benchmark.metrics import read_records_jsonl
 from lightllm.benchmark.stream_request import iter_sse_data
 from lightllm.benchmark.workloads import WorkloadConfig

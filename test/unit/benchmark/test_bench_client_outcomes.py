@@ -19,7 +19,8 @@ from fastapi.responses import StreamingResponse
 
 from canned_server import serve
 from lightllm.benchmark.backends import LightLLMBackend, StreamState
-from lightllm.benchmark.bench_serving import BenchmarkConfig, main, run_benchmark
+from lightllm.benchmark.bench_serving import main
+from lightllm.benchmark.serving_run import BenchmarkConfig, run_benchmark
 from lightllm.benchmark.metrics import format_summary, read_records_jsonl
 from lightllm.benchmark.workloads import WorkloadConfig
 

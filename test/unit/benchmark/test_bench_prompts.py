@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from lightllm.benchmark.bench_serving import prepare_requests
+from lightllm.benchmark.serving_run import prepare_requests
 from lightllm.benchmark.prompts import PromptBuilder, PromptLengthError
 from lightllm.benchmark.workloads import WorkloadConfig, long_first
 
@@ -115,7 +115,7 @@ def test_prepare_requests_text_and_ids(builder) -> None:
 
 
 def test_prefix_groups_share_their_stream_and_chat_turns_extend(builder) -> None:
-    from lightllm.benchmark.bench_serving import prepare_requests
+    from lightllm.benchmark.serving_run import prepare_requests
     from lightllm.benchmark.workloads import WorkloadConfig, build_workload
 
     cfg = WorkloadConfig(name="shared_prefix", request_rate=20.0, duration_s=6.0, long_len=120, short_len=16,

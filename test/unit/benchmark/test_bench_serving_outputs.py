@@ -19,7 +19,7 @@ import pytest
 
 from canned_server import serve
 from cli_refusal_support import one_line_refusal
-from lightllm.benchmark import bench_serving
+from lightllm.benchmark import bench_serving, serving_run
 from lightllm.benchmark.metrics import RequestRecord, read_records_jsonl
 from test_bench_client_outcomes import make_app
 
@@ -96,7 +96,7 @@ def _interrupt(main_argv: list[str], capsys) -> str:
 
 def test_ctrl_c_writes_the_records_of_the_requests_that_finished(server, tokenizer_dir, tmp_path, capsys,
                                                                  monkeypatch) -> None:
-    monkeypatch.setattr(bench_serving, "send_all", _interrupted_after([2, 0]))
+    monkeypatch.setattr(serving_run, "send_all", _interrupted_after([2, 0]))
     records, summary = tmp_path / "records.jsonl", tmp_path / "summary.json"
     line = _interrupt(_argv(server, tokenizer_dir, "--output-jsonl", str(records), "--output-json", str(summary)),
                       capsys)
@@ -107,7 +107,7 @@ def test_ctrl_c_writes_the_records_of_the_requests_that_finished(server, tokeniz
 
 def test_ctrl_c_before_any_request_finished_says_nothing_was_written(server, tokenizer_dir, tmp_path, capsys,
                                                                      monkeypatch) -> None:
-    monkeypatch.setattr(bench_serving, "send_all", _interrupted_after([]))
+    monkeypatch.setattr(serving_run, "send_all", _interrupted_after([]))
     records = tmp_path / "records.jsonl"
     line = _interrupt(_argv(server, tokenizer_dir, "--output-jsonl", str(records)), capsys)
     assert "no measured request had finished; --output-jsonl" in line and "was not written" in line

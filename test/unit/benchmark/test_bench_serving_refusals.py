@@ -18,7 +18,7 @@ import pytest
 
 from cli_refusal_support import one_line_refusal
 from lightllm.benchmark import bench_serving, server_probe
-from lightllm.benchmark.bench_serving import BenchmarkConfig
+from lightllm.benchmark.serving_run import BenchmarkConfig
 from lightllm.benchmark.context_limit import ContextLimit
 from lightllm.benchmark.server_probe import served_context
 from lightllm.benchmark.workloads import WorkloadConfig

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lightllm.benchmark.bench_serving import load_tokenizer
+from lightllm.benchmark.serving_run import load_tokenizer
 from lightllm.benchmark.comparison_options import ComparisonOptions
 from lightllm.benchmark.comparison_runner import ServerLostError, run_comparison
 from lightllm.benchmark.prompts import Prompt, PromptBuilder

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from lightllm.server.http.openai.openai_shapes import TokenLogprobFormatter
+from lightllm.server.http.openai.logprob_formatter import TokenLogprobFormatter
 from lightllm.server.http.openai.token_bytes import TokenBytes
 from lightllm.utils.tokenizer_utils import load_tokenizer
 

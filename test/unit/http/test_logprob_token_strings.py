@@ -164,22 +164,25 @@ def test_prompt_logprobs_and_echo_name_prompt_tokens_after_the_prompt(sp_tokeniz
     assert bare["logprobs"]["tokens"][:2] == ["hello", " "]
 
 
+
+class _CountingTokenizer:
+    """A tokenizer that counts its decode calls (the strings are computed on the event loop)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def decode(self, ids: Any, **options: Any) -> str:
+        self.calls += 1
+        return self.inner.decode(ids, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
 def test_strings_are_worked_out_once_per_id_and_mended_only_for_split_characters(sp_tokenizer):
     """Computed on the event loop per token: a token is decoded once, mending costs decodes only for
     tokens ending in U+FFFD, and a mended string is kept for the same earlier tokens."""
 
-    class Counting:
-        def __init__(self, inner: Any) -> None:
-            self.inner, self.calls = inner, 0
-
-        def decode(self, ids: Any, **options: Any) -> str:
-            self.calls += 1
-            return self.inner.decode(ids, **options)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-    counting = Counting(sp_tokenizer)
+    counting = _CountingTokenizer(sp_tokenizer)
     strings = TokenStrings(TokenBytes(counting))
     words = _ids(sp_tokenizer, "hello world ok")
     for _ in range(50):
@@ -204,7 +207,7 @@ def test_the_chosen_token_among_the_alternatives_is_keyed_once_as_by_vllm(sp_tok
     ("" for a byte that starts a character) keeps its logprob ([{'': -1.0}], not -2.0)."""
     from types import SimpleNamespace
 
-    from lightllm.server.http.openai.openai_shapes import TokenLogprobFormatter
+    from lightllm.server.http.openai.logprob_formatter import TokenLogprobFormatter
 
     e5, e8 = _byte(sp_tokenizer, 0xE5), _byte(sp_tokenizer, 0xE8)
     formatter = TokenLogprobFormatter(TokenBytes(sp_tokenizer), 2)
@@ -234,7 +237,10 @@ def _exact_string(tokenizer: Any, token_id: int, context: list[int]) -> str:
         while whole > 0 and tokenizer.decode([before[whole - 1]]).endswith("\ufffd"):
             whole -= 1
         prefix = tokenizer.decode(before[:whole]) if whole else ""
-        return joined[len(prefix):] if joined.startswith(prefix) else joined
+        common = 0
+        while common < min(len(prefix), len(joined)) and prefix[common] == joined[common]:
+            common += 1
+        return joined[common:]  # past the common start (all of the prefix when joined starts with it)
     return ""
 
 
@@ -245,18 +251,7 @@ def test_a_cjk_run_with_byte_alternatives_costs_one_decode_per_completing_token(
     token and alternative plus the decodes of the tokens before, made it about 20 times as many)."""
     from types import SimpleNamespace
 
-    from lightllm.server.http.openai.openai_shapes import TokenLogprobFormatter
-
-    class Counting:
-        def __init__(self, inner: Any) -> None:
-            self.inner, self.calls = inner, 0
-
-        def decode(self, ids: Any, **options: Any) -> str:
-            self.calls += 1
-            return self.inner.decode(ids, **options)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
+    from lightllm.server.http.openai.logprob_formatter import TokenLogprobFormatter
 
     text = "語言模型很好用"
     script = [_byte(sp_tokenizer, value) for value in text.encode("utf-8")]
@@ -264,7 +259,7 @@ def test_a_cjk_run_with_byte_alternatives_costs_one_decode_per_completing_token(
     ranked = {alt: -1.0 - rank for rank, alt in enumerate(alternatives)}
     events = [SimpleNamespace(token_id=token_id, logprob=-0.5, top_logprobs={**ranked, token_id: -0.5})
               for token_id in script]
-    counting = Counting(sp_tokenizer)
+    counting = _CountingTokenizer(sp_tokenizer)
     formatter = TokenLogprobFormatter(TokenBytes(counting), 20)
     result = formatter.completion(events, [0] * len(events))
     assert "".join(result["tokens"]) == text
@@ -281,3 +276,18 @@ def test_a_cjk_run_with_byte_alternatives_costs_one_decode_per_completing_token(
     calls = counting.calls
     formatter.completion(events, [0] * len(events))
     assert counting.calls == calls
+
+
+def test_the_per_context_work_is_bounded_where_nothing_is_decoded(sp_tokenizer, monkeypatch):
+    # A continuation byte after ASCII text is "" without a decode, so no mended string is kept;
+    # the per-context bytes were kept anyway and grew with every new context (an outside review).
+    from lightllm.server.http.openai import token_strings
+
+    monkeypatch.setattr(token_strings, "_CORRECTED_CACHE", 8)
+    strings = TokenStrings(TokenBytes(sp_tokenizer))
+    words = _ids(sp_tokenizer, "hello world ok fine good")[1:]
+    continuation = _byte(sp_tokenizer, 0x80)
+    for first in words:
+        for second in words:
+            strings.at_all([words[0], continuation], [first, second, first, second])
+    assert len(strings._contexts) <= 8 and len(strings._corrected) == 0

@@ -7,7 +7,7 @@
 * Routes: ``openai_routes``; ``grammar_thread`` (the one thread structured-output checks run on,
   which the native endpoints use too; it sits here because it also checks the grammars of
   :mod:`.tool_calls`).
-* Response shapes: ``response_shaper`` (the shaper interface), ``openai_shapes``, ``token_ids``,
+* Response shapes: ``response_shaper`` (the shaper interface), ``openai_shapes``, ``logprob_formatter``, ``token_ids``,
   ``token_bytes``, ``token_strings``, ``text_offsets``, ``answer_size`` (when a whole answer is built off the loop).
 * :mod:`.tool_calls`: tool calling on chat completions.
 """

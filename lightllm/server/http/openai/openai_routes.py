@@ -33,10 +33,10 @@ from lightllm.server.http.middleware.in_flight import check_admission
 from lightllm.server.http.openai.request_id_header import client_request_id
 from lightllm.server.http.openai.chat_completion_request import ChatCompletionRequest
 from lightllm.server.http.openai.openai_models import CompletionRequest, OpenAISamplingRequest
+from lightllm.server.http.openai.logprob_formatter import TokenLogprobFormatter
 from lightllm.server.http.openai.openai_shapes import (
     ChatShaper,
     CompletionShaper,
-    TokenLogprobFormatter,
     UsageTracker,
     best_choices,
     first_generation_cached,

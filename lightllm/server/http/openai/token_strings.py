@@ -260,6 +260,10 @@ class TokenStrings:
             for token_id in reversed(context):
                 joined = (self._table.raw(token_id) + joined)[-5:]
                 tails.append(joined)
+            if len(self._contexts) >= _CORRECTED_CACHE:
+                # Kept for every context met, even where nothing was then decoded (a continuation
+                # byte after ASCII): bounded on its own, not only with the mended strings.
+                self._contexts.clear()
             known = self._contexts[context] = (tails, [None, None, None, None])
         return known
 

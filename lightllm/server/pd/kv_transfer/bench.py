@@ -28,7 +28,7 @@ from lightllm.common.basemodel.serving_dtype import DATA_TYPE_CHOICES, auto_dtyp
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.pd.kv_transfer.handle import KVTransferHandle
 from lightllm.server.pd.kv_transfer.protocol import MAX_PAGES_IN_FLIGHT, PIPELINE_BYTES
-from lightllm.benchmark.interrupts import interruptible
+from lightllm.utils.interrupts import interruptible
 from lightllm.utils.one_line_errors import OneLineErrorParser
 from lightllm.utils.free_ports import free_port
 
