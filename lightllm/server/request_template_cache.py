@@ -102,15 +102,9 @@ def _install() -> bool:
     return True
 
 
-_installed: list = []
-_install_lock = threading.Lock()
-
-
+@functools.lru_cache(maxsize=1)
 def _install_once() -> bool:
     """:func:`_install` on the first request-template render, not at import: the HTTP process's entry
-    modules import no transformers (``test_torch_free_processes``); the tokenizer loads it later."""
-    if not _installed:
-        with _install_lock:
-            if not _installed:
-                _installed.append(_install())
-    return _installed[0]
+    modules import no transformers (``test_torch_free_processes``); the tokenizer loads it later.
+    (Two first renders at once may both run :func:`_install`, which is idempotent.)"""
+    return _install()
