@@ -2,7 +2,8 @@
 
 Draining (a stop signal): requests that arrived before it may still start their generations
 (one being tokenized when the signal came is still in flight, see
-:mod:`lightllm.server.http.middleware.in_flight`), and so may a request the caller marks exempt (a PD node's
+:mod:`lightllm.server.http.middleware.in_flight`; the gate reads the arrival through
+:mod:`lightllm.server.admission_scope`), and so may a request the caller marks exempt (a PD node's
 continuation segment of a generation the cluster admitted earlier); later ones get the refusal.
 Closed (a failure, or the graceful period spent): nothing starts any more, exempt or not.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from lightllm.server.http.middleware.in_flight import admitted_before
+from lightllm.server.admission_scope import admitted_before
 from lightllm.server.manager_errors import ServerUnavailableError
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Type
 
+from lightllm.server.admission_scope import generation_started
 from lightllm.server.core.objs.io_messages import AbortRequest, DetokenizedOutput, NewRequest, SlotReleased, StepTexts
 from lightllm.server.core.objs.request_spec import RequestSpec
 from lightllm.server.core.objs.shm_req_buffer import ShmReqBuffer
@@ -26,7 +27,6 @@ from lightllm.server.httpserver.request_counting import RequestCounting
 from lightllm.server.httpserver.slot_pool import RequestSlots
 from lightllm.server.httpserver.sockets import HttpSockets
 from lightllm.server.manager_errors import DuplicateRequestIdError, ServerUnavailableError
-from lightllm.server.http.middleware.in_flight import generation_started
 from lightllm.server.request_defaults import RequestDefaults
 from lightllm.server.request_gate import RequestGate
 from lightllm.server.request_manager import GenerationEvent, ServedModelView, generations_per_request

@@ -9,7 +9,8 @@ import pytest
 from fastapi import FastAPI, Request
 
 from lightllm.server.http.middleware.client_share import ClientShare, ClientShareMiddleware
-from lightllm.server.http.middleware.in_flight import PreparingRequests, generation_started
+from lightllm.server.admission_scope import generation_started
+from lightllm.server.http.middleware.in_flight import PreparingRequests
 
 
 def test_places_are_per_client_and_handed_over_in_arrival_order() -> None:

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api_fakes import MODEL, FakeManager, assert_error
-from lightllm.server.http.middleware.in_flight import (ADMISSION_KEY, Admission, AdmissionMiddleware, PreparingRequests,
-                                                       generation_started)
+from lightllm.server.admission_scope import ADMISSION_KEY, generation_started
+from lightllm.server.http.middleware.in_flight import Admission, AdmissionMiddleware, PreparingRequests
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.request_gate import RequestGate
 

@@ -9,7 +9,7 @@ instead of 0.035 s. Every loop iteration served one request of each connection.
 :class:`ClientShareMiddleware` lets at most ``limit`` requests of one client address (the TCP
 peer) be *prepared* at once: read, checked, tokenized, answered when they never reach the engine.
 A request stops counting once it reaches the engine
-(:func:`~lightllm.server.http.middleware.in_flight.generation_started` releases its place, so a
+(:func:`~lightllm.server.admission_scope.generation_started` releases its place, so a
 client's streams do not count however long they run) or when it ends.
 Further requests of that client wait their turn in arrival order; none is refused, and the
 others' requests never wait behind them. A request whose body is still arriving a second after
@@ -37,8 +37,8 @@ from typing import Any, Awaitable, Callable, Deque, Dict, Optional
 
 from lightllm.server.http.middleware.auth import CLUSTER_PATH_PREFIX
 from lightllm.server.http.service.health import PROBE_PATHS
-from lightllm.server.http.middleware.in_flight import (CLIENT_SHARE_KEY, PreparingRequests, closing_response,
-                                                       refused_on_arrival)
+from lightllm.server.admission_scope import CLIENT_SHARE_KEY
+from lightllm.server.http.middleware.in_flight import PreparingRequests, closing_response, refused_on_arrival
 from lightllm.server.http.log_throttle import IntervalGate
 
 Scope = Dict[str, Any]

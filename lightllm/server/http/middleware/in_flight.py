@@ -5,9 +5,11 @@ which for a long prompt takes seconds, and the manager does not know about it ye
 waited only for the manager's generations would end the server under such a request, whose
 client would then get uvicorn's plain-text 500 instead of an answer.  The middleware here gives
 every ``POST`` a :class:`Admission` in its scope; the request counts as *preparing* until the
-manager starts its first generation (:func:`generation_started`) or the request ends.  A drain
-waits for both counts, and a request admitted before the server began to refuse new ones may
-still start its generations (:func:`admitted_before`).
+manager starts its first generation (:func:`~lightllm.server.admission_scope.generation_started`)
+or the request ends.  A drain waits for both counts, and a request admitted before the server began
+to refuse new ones may still start its generations
+(:func:`~lightllm.server.admission_scope.admitted_before`).  The scope keys and those two hooks are
+in :mod:`lightllm.server.admission_scope`, below both this layer and the request managers that call them.
 """
 
 from __future__ import annotations
@@ -19,17 +21,13 @@ from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from fastapi.responses import JSONResponse
 
+from lightllm.server.admission_scope import ADMISSION_KEY
 from lightllm.server.http.errors import SERVICE_UNAVAILABLE, error_body, manager_error
 from lightllm.server.http.service.health import PROBE_PATHS
 from lightllm.server.manager_errors import ServerUnavailableError
 
 Scope = Dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
-
-ADMISSION_KEY = "lightllm.admission"
-# A request's place among its client's requests being prepared (lightllm/server/http/middleware/client_share.py's
-# ClientPlace), released once the request reaches the engine.
-CLIENT_SHARE_KEY = "lightllm.client_share"
 
 
 @dataclass
@@ -96,26 +94,6 @@ class Admission:
             self.book._admissions.discard(self)
 
 
-def _admission(request: Any) -> Admission | None:
-    scope = getattr(request, "scope", None)
-    return scope.get(ADMISSION_KEY) if isinstance(scope, dict) else None
-
-
-def generation_started(request: Any) -> None:
-    """Called by a request manager once a generation of ``request`` (the client's connection, or None) is counted.
-
-    The request stops counting as preparing, for the drain and for its client's share of the
-    requests being prepared (a stream does not hold that place while it generates).
-    """
-    admission = _admission(request)
-    if admission is not None:
-        admission.release()
-    scope = getattr(request, "scope", None)
-    place = scope.get(CLIENT_SHARE_KEY) if isinstance(scope, dict) else None
-    if place is not None:
-        place.release()
-
-
 def check_admission(manager: Any, request: Any) -> None:
     """The 503 a generation request gets at once when ``manager`` refuses it now (draining and it
     arrived after the signal, or failed), before its body is parsed, its prompt tokenized or its
@@ -126,19 +104,14 @@ def check_admission(manager: Any, request: Any) -> None:
         raise manager_error(exc) from None
 
 
-def admitted_before(request: Any, moment: float) -> bool:
-    """True when ``request`` arrived before ``moment`` (``time.monotonic()``); False without an admission."""
-    admission = _admission(request)
-    return admission is not None and admission.arrived < moment
-
-
 # The endpoints that start generations: refused on arrival while the server drains.
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate", "/generate_stream"})
 
 
 @dataclass(frozen=True)
 class _ScopeRequest:
-    """A request seen by its ASGI scope alone, as :func:`admitted_before` reads a request."""
+    """A request seen by its ASGI scope alone, as :func:`~lightllm.server.admission_scope.admitted_before`
+    reads a request."""
 
     scope: Scope
 

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
 from lightllm.server.http.errors import INVALID_REQUEST, error_body
-from lightllm.server.http.middleware.in_flight import CLIENT_SHARE_KEY
+from lightllm.server.admission_scope import CLIENT_SHARE_KEY
 
 Scope = Dict[str, Any]
 Message = Dict[str, Any]

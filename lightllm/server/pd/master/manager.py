@@ -42,7 +42,7 @@ from lightllm.server.pd.protocol.node_events import RANK_FAILURE_REASONS
 from lightllm.server.pd.master.phase_deadlines import PhaseDeadlines
 from lightllm.server.pd.master.segment_flow import SegmentFlow
 from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableError
-from lightllm.server.http.middleware.in_flight import generation_started
+from lightllm.server.admission_scope import generation_started
 from lightllm.server.request_gate import RequestGate
 from lightllm.server.request_manager import GenerationEvent, generations_per_request
 from lightllm.server.pd.protocol.stream_lines import token_from_line
