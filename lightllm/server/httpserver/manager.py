@@ -1,4 +1,10 @@
-"""HttpServerManager: tokenization, request submission, and ending requests on shutdown or failure.
+"""HttpServerManager: submitting a tokenized request to the router, streaming its events back, and
+ending requests on shutdown or failure.
+
+Requests arrive already tokenized (a :class:`~lightllm.server.core.objs.request_spec.RequestSpec`):
+the HTTP layer's :class:`~lightllm.server.http.generation.prompt_encoding.PromptEncoder` encodes
+prompts. The manager only loads the tokenizer into the served model (:meth:`HttpServerManager.from_config`)
+for the HTTP layer to use.
 
 A request's own state and event stream live in :mod:`.pending_request`; the free slots in
 :mod:`.slot_pool`.
