@@ -33,7 +33,7 @@ from lightllm.server.launch.watchdog import WATCH_ROUND_SECONDS, Stall, Watchdog
 from lightllm.utils.process_utils import start_resource_tracker_deaf_to_hangup
 from lightllm.utils.owner_locks import SHM_DIR, held_shm_locks, own_shm_tags
 
-log = logging.getLogger("lightllm.api_start")
+log = logging.getLogger(__name__)
 
 
 def tracker_watchable() -> bool:

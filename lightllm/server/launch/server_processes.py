@@ -23,7 +23,7 @@ from lightllm.server.launch.watchdog import Watchdog
 from lightllm.utils.process_utils import CHILD_STOP_SIGNAL
 from lightllm.utils.owner_locks import OwnerLock
 
-log = logging.getLogger("lightllm.api_start")
+log = logging.getLogger(__name__)
 
 # How long children get to exit after the stop signal before they are killed.
 CHILD_STOP_SECONDS = 2.0

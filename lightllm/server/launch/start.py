@@ -88,7 +88,7 @@ if TYPE_CHECKING:
     from lightllm.server.http.server_options import AuthPolicy
     from lightllm.server.pd.protocol.node_info import NodeInfo
 
-log = logging.getLogger("lightllm.api_start")
+log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 900.0
 def resolve_device(args: argparse.Namespace, facts: DeviceFacts) -> str:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
-log = logging.getLogger("lightllm.api_start")
+log = logging.getLogger(__name__)
 
 # SGLang's default: far above a step the server runs (a start-up forward of the whole step budget
 # runs before the ranks report ready, so the first-time compiles of the usual shapes are done then).

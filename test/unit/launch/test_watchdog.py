@@ -153,7 +153,7 @@ def test_repeated_watcher_gaps_do_not_hide_a_hung_child(caplog):
     beats[:] = [clock.now, clock.now]
     hung_at = clock.now
     caught: List[Stall] = []
-    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+    with caplog.at_level(logging.WARNING, logger="lightllm.server.launch.watchdog"):
         for _ in range(20):  # 9 s of rounds, then the watcher is held for 6 s (wall silence 15 s)
             for _ in range(45):
                 clock.advance(0.2)
@@ -182,7 +182,7 @@ def test_the_credited_gaps_are_summed_into_one_warning_per_interval(caplog):
     beats = [0.0]
     watchdog = _watchdog(clock, beats, timeout=1000.0)
     watchdog.arm()
-    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+    with caplog.at_level(logging.WARNING, logger="lightllm.server.launch.watchdog"):
         for gap in (4.0, 3.0, 5.0, 2.5):  # 3, 2, 4 and 1.5 s credited, each gap 5 s of rounds apart
             clock.advance(gap)
             beats[0] = clock.now
@@ -203,7 +203,7 @@ def test_late_rounds_summing_under_half_a_second_are_credited_but_not_warned_abo
     beats = [0.0]
     watchdog = _watchdog(clock, beats, timeout=1000.0)
     watchdog.arm()
-    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+    with caplog.at_level(logging.WARNING, logger="lightllm.server.launch.watchdog"):
         for late in (1e-6, 0.2, 0.29):
             clock.advance(WATCHER_GAP_SECONDS + late)
             watchdog.stalled()
@@ -222,7 +222,7 @@ def test_small_gaps_an_interval_apart_do_not_add_up_to_a_warning(caplog):
     beats = [0.0]
     watchdog = _watchdog(clock, beats, timeout=1000.0)
     watchdog.arm()
-    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+    with caplog.at_level(logging.WARNING, logger="lightllm.server.launch.watchdog"):
         for _ in range(4):  # 0.3 s late once per 31 s: 1.2 s in all, never 0.5 s within an interval
             clock.advance(WATCHER_GAP_SECONDS + 0.3)
             watchdog.stalled()
@@ -237,7 +237,7 @@ def test_a_watcher_steadily_a_little_late_is_warned_about(caplog):
     beats = [0.0]
     watchdog = _watchdog(clock, beats, timeout=1000.0)
     watchdog.arm()
-    with caplog.at_level(logging.WARNING, logger="lightllm.api_start"):
+    with caplog.at_level(logging.WARNING, logger="lightllm.server.launch.watchdog"):
         for _ in range(3):
             clock.advance(WATCHER_GAP_SECONDS + 0.4)
             watchdog.stalled()

@@ -112,7 +112,7 @@ def test_a_master_gone_as_the_request_ends_without_an_event_is_no_error(node: No
     payload = json.dumps(prefill_body(request_id=11)).encode()
     host, port = node.prefill_url.removeprefix("http://").split(":")
     try:
-        with caplog.at_level(logging.INFO, logger="lightllm.pd.node_api"):
+        with caplog.at_level(logging.INFO, logger="lightllm.server.pd.node.api"):
             with socket.create_connection((host, int(port)), timeout=10) as sock:
                 sock.sendall(b"POST /pd/node/prefill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                              + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)

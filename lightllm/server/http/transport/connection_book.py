@@ -14,6 +14,9 @@ from typing import Dict, Optional, Tuple
 
 from lightllm.server.http.server_options import HttpLimits
 
+# The front door's logger, not this module's: the refused-connection lines are the front door's
+# behaviour, logged under its name before this ledger moved out of front_door.py, so a logging
+# config or filter that names the front door still catches them.
 logger = logging.getLogger("lightllm.server.http.transport.front_door")
 
 _LOG_INTERVAL_SECONDS = 10.0

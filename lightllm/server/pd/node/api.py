@@ -69,7 +69,7 @@ from lightllm.server.pd.protocol.stream_lines import (
 )
 from lightllm.server.run_mode import RunMode
 
-logger = logging.getLogger("lightllm.pd.node_api")
+logger = logging.getLogger(__name__)
 
 TRANSFER_SETUP_PATH = "/pd/node/transfer_setup"
 DECODE_PATH = "/pd/node/decode"

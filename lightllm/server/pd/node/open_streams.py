@@ -18,7 +18,7 @@ from fastapi import Request
 from lightllm.server.http.generation.client_presence import result_unless_gone
 from lightllm.server.pd.protocol.node_events import ERROR, PdNodeEvent
 
-logger = logging.getLogger("lightllm.pd.node_api")
+logger = logging.getLogger(__name__)
 
 # A stream's last item: its events ended.
 END = object()
