@@ -15,7 +15,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from lightllm.server.http.transport.listen_sockets import EXIT_INVALID_CONFIG
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG
 from lightllm.utils.free_ports import free_port
 from server_process import start_server
 

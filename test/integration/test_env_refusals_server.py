@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG
 from lightllm.utils.envs_utils import max_torch_threads
 from lightllm.utils.free_ports import free_port
-
-EXIT_INVALID_CONFIG = 2
 
 
 def _launch(model_dir: Path, env: dict) -> subprocess.CompletedProcess:

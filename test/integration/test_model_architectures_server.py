@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lightllm.server.http.transport.listen_sockets import EXIT_INVALID_CONFIG
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG
 from lightllm.utils.demo_model import generate_demo_model
 from lightllm.utils.free_ports import free_port
 from server_process import start_server, stream_token_ids

@@ -27,6 +27,7 @@ from lightllm.common.basemodel.model_config import ModelConfigError
 from lightllm.server.launch.arg_parser import flag_names, flags_given, flags_read_by, server_flag_readers
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint, generation_default_beyond_context
 from lightllm.server.launch.checkpoint_reading import read_checkpoint
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG
 from lightllm.server.launch.sizing import resolve_max_req_total_len
 from lightllm.server.pd.master.manager import PdMasterManager
 from lightllm.server.pd.master.membership_api import membership_router, new_master_id, readiness_router
@@ -176,7 +177,7 @@ def run_pd_master(args: argparse.Namespace, front_door: Optional["FrontDoor"] = 
         manager, registry = build_master(args, options.auth.cluster_key)
     except (ModelConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID_CONFIG
     from lightllm.server.http.app import create_app
     from lightllm.server.http.service.health import SampledReadiness, manager_readiness_refusal
     from lightllm.server.pd.master.membership_api import readiness_problem

@@ -46,6 +46,7 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
 from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.exit_codes import EXIT_FAILED
 from lightllm.server.launch.flag_bounds import PORT_RANGE
 from lightllm.server.launch.host_names import bare_host, url_host
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
@@ -62,8 +63,6 @@ from lightllm.utils.wildcard_hosts import is_wildcard
 
 log = logging.getLogger("lightllm.pd.node")
 
-# Exit code of a node the master refused (as for any other failed start).
-REFUSED_EXIT_CODE = 1
 _SERVING_POLL_SECONDS = 0.05
 
 
@@ -299,6 +298,7 @@ class PdNodeRuntime:
         print(f"error: the PD master at {self.master_url} refused {self.info.describe()}: {message}",
               file=sys.stderr, flush=True)
         if self._supervisor is not None:
-            self._supervisor.exit_code = REFUSED_EXIT_CODE
+            # A node the master refused exits as any other failed start does.
+            self._supervisor.exit_code = EXIT_FAILED
         if self._server is not None:
             self._server.should_exit = True

@@ -47,14 +47,8 @@ from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, r
 from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.detokenization.manager import detokenization_process_main
 from lightllm.server.httpserver.manager import HttpServerConfig
-from lightllm.server.http.transport.listen_sockets import (
-    EXIT_FAILED,
-    EXIT_INVALID_CONFIG,
-    EXIT_PORT_UNAVAILABLE,
-    PortUnavailableError,
-    display_address,
-    is_loopback,
-)
+from lightllm.server.http.transport.listen_sockets import PortUnavailableError, display_address, is_loopback
+from lightllm.server.launch.exit_codes import EXIT_FAILED, EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE, EXIT_STOPPED
 from lightllm.server.launch.plan import (
     build_process_configs,
     check_ipc_path_room,
@@ -218,7 +212,7 @@ def run_server(argv: Optional[List[str]] = None) -> int:
     Run it in a process that called :func:`lightllm.utils.torch_free.keep_torch_out` first
     (``python -m lightllm.server.api_server`` does): it serves HTTP for the server's life.
 
-    Exit codes: :mod:`lightllm.server.http.transport.listen_sockets` (``EXIT_*``) and docs/*/failure_handling.md.
+    Exit codes: :mod:`lightllm.server.launch.exit_codes` (``EXIT_*``) and docs/*/failure_handling.md.
     """
     args = parse_server_args(argv)
     init_logging(args.log_level)
@@ -355,7 +349,7 @@ def _start_and_serve(
     from lightllm.server.http.transport.uvicorn_config import build_uvicorn_config
     from lightllm.server.launch.supervisor import StopOutsideServing, Supervisor, SupervisedServer, run_uvicorn
 
-    exit_code = 0
+    exit_code = EXIT_STOPPED
     stop = StopOutsideServing()
     try:
         manager = HttpServerManager.from_config(http_config)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 import uvicorn
 
+from lightllm.server.launch.exit_codes import EXIT_FAILED, EXIT_STOPPED
 from lightllm.server.launch.watchdog import Stall, describe_stalls
 from lightllm.utils.async_polling import wait_until
 from lightllm.utils.gc_tuning import freeze_startup_objects
@@ -60,7 +61,7 @@ class Supervisor:
         # The app's requests not yet handed to the manager (parsed, tokenized): a drain waits for them too.
         self.preparing = preparing
         self.server: Optional[uvicorn.Server] = None
-        self.exit_code = 0
+        self.exit_code = EXIT_STOPPED
         self._lock = threading.Lock()
         self._failed = False
         self._signals = 0
@@ -153,7 +154,7 @@ class Supervisor:
             if self._failed:
                 return False
             self._failed = True
-        self.exit_code = 1
+        self.exit_code = EXIT_FAILED
         return True
 
     def _fail_everything(self, what: str, after: str, backend_alive: bool) -> None:
@@ -328,7 +329,7 @@ class StopOutsideServing:
         children were ready; :meth:`startup_interruption` says so)."""
         code = supervisor.exit_code
         never_served = self.before_serving or (self.server is not None and not self.server.started)
-        return 1 if never_served and code == 0 else code
+        return EXIT_FAILED if never_served and code == EXIT_STOPPED else code
 
     def startup_interruption(self) -> Optional[str]:
         """The line for a signal that came before the server served (None: it served, or no signal)."""
@@ -340,8 +341,9 @@ class StopOutsideServing:
 def run_uvicorn(server: Any) -> None:
     """``server.run()``; uvicorn's own exit on a failed start (``sys.exit(3)``) is logged, not passed on.
 
-    The launcher's exit code then says the server never started (``EXIT_FAILED`` in :mod:`lightllm.server.launch.start`), and exit
-    code 3 keeps its one meaning: a port that could not be bound.
+    The launcher's exit code then says the server never started (``EXIT_FAILED`` in
+    :mod:`lightllm.server.launch.exit_codes`), and exit code 3 keeps its one meaning: a port that
+    could not be bound.
     """
     try:
         server.run()

@@ -14,13 +14,8 @@ from typing import List
 
 import pytest
 
-from lightllm.server.http.transport.listen_sockets import (
-    EXIT_INVALID_CONFIG,
-    EXIT_PORT_UNAVAILABLE,
-    PortUnavailableError,
-    bind_listeners,
-    is_loopback,
-)
+from lightllm.server.http.transport.listen_sockets import PortUnavailableError, bind_listeners, is_loopback
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE
 from lightllm.utils.free_ports import free_port
 
 # Lines the launcher logs once it plans or loads the model.

@@ -18,7 +18,8 @@ import pytest
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.http.transport.listen_sockets import EXIT_PORT_UNAVAILABLE, PortUnavailableError
+from lightllm.server.http.transport.listen_sockets import PortUnavailableError
+from lightllm.server.launch.exit_codes import EXIT_PORT_UNAVAILABLE
 from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint

@@ -20,7 +20,7 @@ from typing import Dict, List
 import pytest
 
 from lightllm.server.launch.device_probe import DeviceFacts, DeviceProbeError, parse_answer, torch_build_has_gpu
-from lightllm.server.http.transport.listen_sockets import EXIT_INVALID_CONFIG
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG
 from lightllm.utils.free_ports import free_port
 
 # The entry module of each process that must not load torch (spawned children also re-run the

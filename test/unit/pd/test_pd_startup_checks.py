@@ -21,7 +21,7 @@ from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.arg_parser import make_argument_parser
 from lightllm.server.launch.pd_master import build_master
-from lightllm.server.http.transport.listen_sockets import EXIT_INVALID_CONFIG
+from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG
 from lightllm.server.launch.environment_check import check_environment_values
 from lightllm.utils.free_ports import free_port
 

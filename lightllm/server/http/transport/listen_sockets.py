@@ -1,8 +1,9 @@
-"""The server's exit codes, and the HTTP listening sockets bound before anything loads.
+"""The HTTP listening sockets, bound before anything loads.
 
 A server started on a port that is taken used to load the whole model first and then fail in
-uvicorn; binding the port as the first step of start-up makes that a one-line error and exit code
-:data:`EXIT_PORT_UNAVAILABLE` within a second. The sockets are then served by the front door
+uvicorn; binding the port as the first step of start-up makes that a one-line error within a
+second (:class:`PortUnavailableError`, which the launcher turns into exit code 3, its
+``EXIT_PORT_UNAVAILABLE``). The sockets are then served by the front door
 (:mod:`lightllm.server.http.transport.front_door`) for the server's whole life.
 """
 
@@ -14,12 +15,6 @@ import socket
 from typing import List
 
 from lightllm.server.argument_error import ArgumentError
-
-# The exit codes of ``python -m lightllm.server.api_server`` (docs/*/failure_handling.md lists them).
-EXIT_STOPPED = 0  # stopped by SIGTERM/SIGINT (after the drain)
-EXIT_FAILED = 1  # a child process died (while serving or loading), or start-up failed after the checks
-EXIT_INVALID_CONFIG = 2  # refused before anything started: flags, model config, keys (one line `error: ...`)
-EXIT_PORT_UNAVAILABLE = 3  # a port it must listen on is taken or cannot be bound (one line naming it)
 
 # Matches uvicorn's default: connections the kernel completes before the front door accepts them.
 LISTEN_BACKLOG = 2048
