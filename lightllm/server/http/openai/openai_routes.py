@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.convertors import Convertor, register_url_convertor
+from starlette.convertors import CONVERTOR_TYPES, Convertor, register_url_convertor
 
 from lightllm.server.http.openai.answer_size import large_answer
 from lightllm.server.http.validation.body import parse_body_off_loop
@@ -68,6 +68,11 @@ logger = logging.getLogger(__name__)
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+# The convertor's name in Starlette's table, which every app of the process shares: prefixed so it
+# cannot take the place of (or be taken by) another library's "model_id".
+MODEL_ID_CONVERTOR = "lightllm_model_id"
+
+
 class _ModelIdConvertor(Convertor[str]):
     """A ``/v1/models/{model_id}`` segment: like Starlette's ``path`` (slashes allowed), but never empty."""
 
@@ -80,7 +85,15 @@ class _ModelIdConvertor(Convertor[str]):
         return value
 
 
-register_url_convertor("model_id", _ModelIdConvertor())
+def register_model_id_convertor() -> None:
+    """Make :data:`MODEL_ID_CONVERTOR` usable in route paths (idempotent).
+
+    Starlette's convertor table is process-wide, so this runs when a router needs it
+    (:meth:`OpenAIEndpoints.router`), not when the module is imported: importing the HTTP layer
+    (a tool, a test, the torch-free check) leaves Starlette as it was.
+    """
+    if not isinstance(CONVERTOR_TYPES.get(MODEL_ID_CONVERTOR), _ModelIdConvertor):
+        register_url_convertor(MODEL_ID_CONVERTOR, _ModelIdConvertor())
 
 
 class OpenAIEndpoints:
@@ -114,13 +127,15 @@ class OpenAIEndpoints:
 
     def router(self) -> APIRouter:
         """An APIRouter with every OpenAI route."""
+        register_model_id_convertor()
         router = APIRouter(route_class=JSONErrorRoute)
         router.add_api_route("/v1/models", self.list_models, methods=["GET"])
         router.add_api_route("/v1/models", self.list_models, methods=["HEAD"], include_in_schema=False)
         # model_id: a path (a served name may hold '/'), never empty: /v1/models/ is an unknown path for
         # every method (with {model_id:path} it matched, so DELETE got a 405 advertising GET, and GET a 404).
-        router.add_api_route("/v1/models/{model_id:model_id}", self.get_model, methods=["GET"])
-        router.add_api_route("/v1/models/{model_id:model_id}", self.get_model, methods=["HEAD"], include_in_schema=False)
+        model_path = f"/v1/models/{{model_id:{MODEL_ID_CONVERTOR}}}"
+        router.add_api_route(model_path, self.get_model, methods=["GET"])
+        router.add_api_route(model_path, self.get_model, methods=["HEAD"], include_in_schema=False)
         router.add_api_route("/v1/completions", self.completions, methods=["POST"],
                              openapi_extra=request_body(CompletionRequest, streams=True))
         router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
