@@ -34,7 +34,8 @@ _IMPORT_THEN_BUILD = textwrap.dedent("""
     endpoints.router()
     first = dict(CONVERTOR_TYPES)
     endpoints.router()
-    print(json.dumps({"before": before, "after_import": after_import, "added": sorted(set(CONVERTOR_TYPES) - set(before)),
+    added = sorted(set(CONVERTOR_TYPES) - set(before))
+    print(json.dumps({"before": before, "after_import": after_import, "added": added,
                       "same_after_second_router": CONVERTOR_TYPES == first
                       and all(CONVERTOR_TYPES[name] is first[name] for name in first)}))
 """)
