@@ -26,7 +26,7 @@ from lightllm.server.launch.flag_bounds import (
     PORT_RANGE,
 )
 from lightllm.server.launch.flag_combinations import check_flag_combinations
-from lightllm.server.launch.host_names import host_problem
+from lightllm.utils.host_names import host_problem
 from lightllm.server.launch.role_refusals import refuse_flags_not_read
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     MAX_PREFILL_OVERTAKE_FRACTION,

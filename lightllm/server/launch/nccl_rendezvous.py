@@ -14,7 +14,7 @@ import socket
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.transport.listen_sockets import PortUnavailableError
-from lightllm.server.launch.host_names import bare_host, host_problem
+from lightllm.utils.host_names import bare_host, host_problem
 
 
 def check_nccl_rendezvous(args: argparse.Namespace) -> None:

@@ -48,7 +48,7 @@ from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.exit_codes import EXIT_FAILED
 from lightllm.server.launch.flag_bounds import PORT_RANGE
-from lightllm.server.launch.host_names import bare_host, url_host
+from lightllm.utils.host_names import bare_host, url_host
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient

@@ -260,7 +260,7 @@ def test_a_pd_master_address_that_is_no_host_is_refused_at_start(address):
 
 
 def test_pd_master_addresses_of_every_kind_reach_a_url():
-    from lightllm.server.launch.host_names import bare_host, url_host
+    from lightllm.utils.host_names import bare_host, url_host
 
     for address, url in [("::1", "[::1]"), ("[::1]", "[::1]"), ("10.0.0.7", "10.0.0.7"), ("master-0.pd", "master-0.pd")]:
         validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", "prefill", "--pd_master_ip", address]))

@@ -11,7 +11,7 @@ from lightllm.server.http.errors import APIError
 from lightllm.server.http.openai.tool_calls.request import parse_tools
 from lightllm.server.launch.arg_parser import parse_server_args
 from lightllm.server.launch.args_check import validate_args
-from lightllm.server.launch.host_names import host_problem
+from lightllm.utils.host_names import host_problem
 from lightllm.server.pd.protocol.stream_lines import TransferSetupBody
 
 
