@@ -2,7 +2,9 @@
 
 ``--pd_master_ip`` may be an IPv4 or IPv6 address (with or without the brackets a URL puts
 around IPv6) or a DNS host name; it is checked at start-up, since a node otherwise registers
-with a URL it cannot build and says nothing until it stops.
+with a URL it cannot build and says nothing until it stops.  The PD contract's ``host:port``
+(:mod:`lightllm.server.pd.protocol.host_port`) holds its hosts to the same rule, so it lives
+here, below both.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def host_problem(host: str) -> Optional[str]:
         return "not an IPv6 address inside the brackets"
     if not _HOST_NAME.fullmatch(host):
         return "not an IP address or a host name (letters, digits, '-' and '.', at most 253 characters)"
+    if host.rstrip(".").rpartition(".")[2].isdigit():
+        # "10.0.0.256" or "1234": meant as an IPv4 address and not a valid one (no top-level
+        # domain is all digits, RFC 3696 2), and "1234" would even resolve, as 0.0.4.210.
+        return "not an IPv4 address (four numbers of 0-255), and no host name (its last label is not all digits)"
     return None
 
 

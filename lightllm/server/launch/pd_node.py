@@ -49,6 +49,7 @@ from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.exit_codes import EXIT_FAILED
 from lightllm.server.launch.flag_bounds import PORT_RANGE
 from lightllm.utils.host_names import bare_host, url_host
+from lightllm.server.pd.protocol.host_port import HostPortError, format_host_port
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient
@@ -97,6 +98,12 @@ def prepare_pd_node(
     that cannot work.
     """
     host = advertised_host(args)
+    try:
+        # Written before any port is bound: a host the master could not read back fails here.
+        http_address = format_host_port(host, args.port)
+    except HostPortError as exc:
+        raise ArgumentError(f"--host {args.host!r}: this node would advertise its address as {host!r}, which "
+                            f"the master cannot use: {exc}") from None
     ports: Optional[TransferPortBlock] = None
     transfer_address = ""
     if args.run_mode == RunMode.PREFILL:
@@ -114,12 +121,13 @@ def prepare_pd_node(
         rendezvous = args.nccl_port if args.tp > 1 else None
         ports = TransferPortBlock.reserve(args.host, args.tp, args.pd_transfer_port, avoid=(args.port, rendezvous))
         args.pd_transfer_port = ports.base
-        transfer_address = f"{host}:{ports.base}"
+        transfer_address = format_host_port(host, ports.base)
     role = args.run_mode
     # The first served name, as the HTTP side reports it (build_process_configs uses the same rule).
     model_name = args.model_name[0] if args.model_name else Path(args.model_dir.rstrip("/")).name
     return NodeInfo(
-        node_id=args.pd_node_id or f"{role}-{host}:{args.port}",
+        # The bare host: NODE_ID_PATTERN has no brackets ("decode-fd00::1:8100").
+        node_id=args.pd_node_id or f"{role}-{bare_host(host)}:{args.port}",
         role=role,
         model_name=model_name,
         dtype=sizing.dtype_name,
@@ -127,7 +135,7 @@ def prepare_pd_node(
         num_kv_heads=model_config.num_key_value_heads,
         head_dim=model_config.head_dim,
         tp_size=args.tp,
-        http_address=f"{host}:{args.port}",
+        http_address=http_address,
         kv_transfer_address=transfer_address,
         checkpoint_fingerprint=checkpoint_fingerprint(args.model_dir),
         eos_token_ids=resolve_eos_token_ids(args, model_config),

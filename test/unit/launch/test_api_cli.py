@@ -251,7 +251,7 @@ def test_a_model_dir_without_a_checkpoint_is_refused_naming_the_flag(tmp_path):
         read_checkpoint(make_argument_parser().parse_args(["--model_dir", str(tmp_path)]))
 
 
-@pytest.mark.parametrize("address", ["", "not a host!", "[node1]", "node_1", "a" * 64 + ".example.com"])
+@pytest.mark.parametrize("address", ["", "not a host!", "[node1]", "node_1", "a" * 64 + ".example.com", "10.0.0.256"])
 def test_a_pd_master_address_that_is_no_host_is_refused_at_start(address):
     """A node built its registration URL from it and retried forever, or (an IPv6 literal) failed
     silently and printed a traceback only when stopped."""

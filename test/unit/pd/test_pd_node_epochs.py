@@ -158,6 +158,22 @@ def test_two_peers_are_set_up_side_by_side_and_requests_run_under_their_own_epoc
     assert [event.token.token_id for event in result["events"]] == [11, 12]
 
 
+def test_a_decode_node_sends_its_ranks_the_bare_ipv6_host(rank0) -> None:
+    """The setup command carries the prefill node's host as a socket takes it: the ranks connect to
+    ``fd00::7`` (``"[fd00::7]"`` resolves to nothing, and the join timed out)."""
+    host = ScriptedHost()
+    service = PdNodeService(host, "decode", 5.0, rank0.address)
+
+    async def scenario() -> PdTransferSetup:
+        service.start()
+        try:
+            return await set_up(service, host, rank0, 3, "[fd00::7]:7000")
+        finally:
+            service.stop()
+
+    command = asyncio.run(scenario())
+    assert (command.peer_host, command.peer_port) == ("fd00::7", 7000)
+
 def test_a_broken_pair_refuses_only_its_own_requests() -> None:
     host = ScriptedHost()
     service = PdNodeService(host, "prefill", 5.0, "ipc:///unused")

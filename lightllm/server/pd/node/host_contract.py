@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator, Callable, Optional, Protocol, Tuple, Type
 
 from lightllm.server.core.objs.request_spec import INT32_MAX, RequestSpec
+from lightllm.server.pd.protocol.host_port import HostPortError, parse_host_port
 from lightllm.server.request_manager import ServedModelView
 
 
@@ -37,12 +38,18 @@ class PdNodeHost(Protocol):
         """Wait until ``request_id`` is no longer in use here; True if it is free."""
 
 
-def parse_transfer_address(address: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ``ValueError`` naming the address when it is not one."""
-    host, sep, port = str(address).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"prefill_transfer_address must be host:port, got {address!r}")
-    return host, int(port)
+def parse_transfer_address(address: object) -> Tuple[str, int]:
+    """The prefill node's ``host:port`` -> ``(host, port)``, the host as a socket takes it.
+
+    The contract's one rule (:func:`~lightllm.server.pd.protocol.host_port.parse_host_port`):
+    ``[fd00::1]:7000`` gives ``("fd00::1", 7000)``, since the ranks connect to the host with
+    plain sockets and ``TCPStore``, which resolve no bracketed name.  ``ValueError`` naming the
+    field when ``address`` is not one.
+    """
+    try:
+        return parse_host_port(address)
+    except HostPortError as exc:
+        raise ValueError(f"prefill_transfer_address {exc}") from None
 
 
 def check_epoch(epoch: Any) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from lightllm.common.basemodel.kv_head_split import kv_head_split_problem
 from lightllm.common.sampling.logprobs_mode import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES
+from lightllm.server.pd.protocol.host_port import HostPortError, parse_host_port
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 
 PREFILL = RunMode.PREFILL.value
@@ -36,7 +37,6 @@ NODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$")
 # More end-of-sequence ids than any checkpoint names; bounds a registration body.
 MAX_EOS_TOKEN_IDS = 64
 _FINGERPRINT = re.compile(r"^[0-9a-f]{0,64}$")
-_HOST = re.compile(r"^[A-Za-z0-9.\-]+$|^\[[0-9A-Fa-f:.]+\]$")
 
 
 class NodeInfoError(ValueError):
@@ -48,14 +48,11 @@ class NodeInfoError(ValueError):
 
 
 def _check_address(name: str, value: object) -> str:
-    """``host:port`` with a plausible host and a port in [1, 65535] (IPv6 hosts in brackets)."""
-    if not isinstance(value, str) or ":" not in value:
-        raise NodeInfoError(f"{name} must be 'host:port', got {value!r}", name)
-    host, _, port = value.rpartition(":")
-    if not host or not _HOST.fullmatch(host):
-        raise NodeInfoError(f"{name} must be 'host:port' with a host name or IP address, got {value!r}", name)
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise NodeInfoError(f"{name} must be 'host:port' with a port in [1, 65535], got {value!r}", name)
+    """``value`` if it is a ``host:port`` of the contract (:func:`~.host_port.parse_host_port`)."""
+    try:
+        parse_host_port(value)
+    except HostPortError as exc:
+        raise NodeInfoError(f"{name} {exc}", name) from None
     return value
 
 
@@ -78,7 +75,8 @@ class NodeInfo:
         num_kv_heads: KV heads of the whole model (before the TP split).
         head_dim: size of one KV head.
         tp_size: tensor-parallel ranks of the node.
-        http_address: ``host:port`` of the node's HTTP/control endpoint (the master calls it).
+        http_address: ``host:port`` of the node's HTTP/control endpoint (the master calls it); an
+            IPv6 host in brackets (:mod:`~.host_port`, as for ``kv_transfer_address``).
         kv_transfer_address: a prefill node's ``host:port``, where the transfer groups of its
             pairs meet (rank r at port + r); empty for a decode node, which hosts none.
         checkpoint_fingerprint: digest of the node's weights

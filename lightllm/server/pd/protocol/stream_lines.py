@@ -29,13 +29,13 @@ object keys would turn the ids into strings).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lightllm.server.core.objs.shm_req_checks import check_request_id
+from lightllm.server.pd.protocol.host_port import parse_host_port
 from lightllm.server.pd.protocol.node_events import (
     BUSY,
     ERROR,
@@ -50,15 +50,17 @@ from lightllm.server.request_manager import GenerationEvent
 
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
 
-_ADDRESS = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})$")
-
 
 class _StrictBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TransferSetupBody(_StrictBody):
-    """``POST /pd/node/transfer_setup``: (re)build this node's KV transfer handles for ``epoch``."""
+    """``POST /pd/node/transfer_setup``: (re)build this node's KV transfer handles for ``epoch``.
+
+    ``prefill_transfer_address`` is the prefill node's registered ``kv_transfer_address``, a
+    ``host:port`` of :mod:`~lightllm.server.pd.protocol.host_port` (an IPv6 host in brackets).
+    """
 
     epoch: int = Field(ge=0)
     peer_node_id: str = Field(min_length=1, max_length=128)
@@ -67,9 +69,7 @@ class TransferSetupBody(_StrictBody):
     @field_validator("prefill_transfer_address")
     @classmethod
     def _address(cls, value: str) -> str:
-        match = _ADDRESS.fullmatch(value)
-        if match is None or not 1 <= int(match.group("port")) <= 65535:
-            raise ValueError(f"must be 'host:port' with a port in [1, 65535], got {value!r}")
+        parse_host_port(value)  # a HostPortError is a ValueError: pydantic reports it under the field
         return value
 
 
