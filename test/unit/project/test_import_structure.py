@@ -7,6 +7,7 @@ file circles and a room circle in ``lightllm/server/``; these tests keep them fr
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,18 @@ def test_pd_protocol_imports_nothing_of_the_http_layer():
     crossing = sorted((source, target) for source, targets in EDGES.items() if source.startswith(protocol)
                       for target in targets if target.startswith(http))
     assert crossing == []
+
+
+def test_pd_endpoint_paths_are_named_only_in_the_protocol():
+    """Master and nodes each named the node control paths once more: a path renamed on one side
+    would have answered 404 only when the two ran together."""
+    pd = PACKAGE / "server" / "pd"
+    named = sorted(
+        f"{path.relative_to(PACKAGE.parent)}: {target.id}"
+        for path in pd.rglob("*.py") if "protocol" not in path.relative_to(pd).parts
+        for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        and node.value.value.startswith("/pd/")
+        for target in node.targets if isinstance(target, ast.Name)
+    )
+    assert named == []

@@ -27,10 +27,6 @@ from lightllm.server.pd.protocol.node_info import NodeInfo
 
 logger = logging.getLogger(__name__)
 
-TRANSFER_SETUP_PATH = "/pd/node/transfer_setup"
-DECODE_PATH = "/pd/node/decode"
-PREFILL_PATH = "/pd/node/prefill"
-
 # Handed to the sink when a stream ended normally (the node closed it).
 STREAM_END = object()
 

@@ -28,8 +28,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from lightllm.server.manager_errors import ServerUnavailableError
 from lightllm.server.pd.master.node_registry import NodeRegistry
-from lightllm.server.pd.master.node_streams import TRANSFER_SETUP_PATH, NodeCallError, NodeStreams
-from lightllm.server.pd.protocol.membership import TRANSFER_TEARDOWN_PATH
+from lightllm.server.pd.master.node_streams import NodeCallError, NodeStreams
+from lightllm.server.pd.protocol.membership import TRANSFER_SETUP_PATH, TRANSFER_TEARDOWN_PATH
 from lightllm.server.pd.protocol.node_info import PREFILL, NodeInfo
 
 logger = logging.getLogger(__name__)

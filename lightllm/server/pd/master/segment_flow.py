@@ -45,11 +45,12 @@ from lightllm.server.pd.master.continuation import ContinuationSegment, SegmentE
 from lightllm.server.pd.master.metrics import MasterMetrics
 from lightllm.server.pd.master.node_failures import node_error, protocol_error
 from lightllm.server.pd.master.phase_deadlines import PhaseDeadlines
+from lightllm.server.pd.protocol.membership import DECODE_PATH, PREFILL_PATH
 from lightllm.server.pd.protocol.node_events import BUSY, ERROR, HANDED_OFF, RESERVED, SEGMENT_END, TOKEN
 from lightllm.server.pd.protocol.node_info import DECODE, PREFILL
 from lightllm.server.pd.protocol.stream_lines import DecodeBody, NodeLine, body_fields, read_line
 from lightllm.server.pd.master.node_selector import NodeSelector
-from lightllm.server.pd.master.node_streams import DECODE_PATH, PREFILL_PATH, STREAM_END, NodeCallError, NodeStreams
+from lightllm.server.pd.master.node_streams import STREAM_END, NodeCallError, NodeStreams
 from lightllm.server.pd.master.pair_setup import PairSetup, PairSetupFailed, TransferPair
 from lightllm.server.pd.master.request_run import PdRequestFailed, RequestRun
 from lightllm.server.pd.master.node_registry import NOT_READY_CODE

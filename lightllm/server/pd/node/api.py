@@ -57,7 +57,7 @@ from lightllm.server.manager_errors import ServerBusyError, ServerUnavailableErr
 from lightllm.server.pd.node.metrics import PdNodeMetrics
 from lightllm.server.pd.node.open_streams import END, GONE, NodeStream, PdStreams, first_item, watch_disconnect
 from lightllm.server.pd.node.request_bodies import request_spec_of
-from lightllm.server.pd.protocol.membership import TRANSFER_TEARDOWN_PATH
+from lightllm.server.pd.protocol.membership import ROLE_PATHS, TRANSFER_SETUP_PATH, TRANSFER_TEARDOWN_PATH
 from lightllm.server.pd.protocol.stream_lines import (
     NDJSON_MEDIA_TYPE,
     DecodeBody,
@@ -71,10 +71,6 @@ from lightllm.server.run_mode import RunMode
 
 logger = logging.getLogger(__name__)
 
-TRANSFER_SETUP_PATH = "/pd/node/transfer_setup"
-DECODE_PATH = "/pd/node/decode"
-PREFILL_PATH = "/pd/node/prefill"
-ROLE_PATHS = {"decode": DECODE_PATH, "prefill": PREFILL_PATH}
 # The public generation endpoints a PD node refuses.
 PUBLIC_GENERATION_PATHS = ("/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions")
 PD_NODE_CODE = "pd_node_not_public"

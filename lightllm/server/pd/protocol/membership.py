@@ -1,5 +1,5 @@
 """How a node joins the master: the membership endpoints, their refusal code, the heartbeat defaults
-and the load and state a node reports.
+and the load and state a node reports; and the paths of the node control endpoints the master calls.
 
 Both sides read these: the master serves the paths (:mod:`lightllm.server.pd.master.membership_api`)
 and expires silent nodes by the heartbeat rule; a node's registration client calls the paths and
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Optional, Tuple
+
+from lightllm.server.run_mode import RunMode
 
 REGISTER_PATH = "/pd/register"
 HEARTBEAT_PATH = "/pd/heartbeat"
@@ -43,9 +45,18 @@ def master_silence_bound_s(heartbeat_interval_s: float, max_missed_heartbeats: i
     return heartbeat_interval_s * (max_missed_heartbeats + MASTER_SILENCE_EXTRA_BEATS)
 
 
+# The node control endpoints the master calls (served by lightllm.server.pd.node.api), named once
+# here so the master's client and the node's routes cannot drift apart.
+# ``{"epoch", "peer_node_id", "prefill_transfer_address"}`` -> ``{"epoch"}`` once rank 0 applied it.
+TRANSFER_SETUP_PATH = "/pd/node/transfer_setup"
 # The master -> node call that drops one transfer pair's handles (its other node left):
 # ``{"epoch": E}`` -> 200 ``{"epoch": E, "known": bool}``, idempotent.
 TRANSFER_TEARDOWN_PATH = "/pd/node/transfer_teardown"
+# One segment of a request, answered with an NDJSON stream (protocol.stream_lines); each role
+# serves its own path only.
+DECODE_PATH = "/pd/node/decode"
+PREFILL_PATH = "/pd/node/prefill"
+ROLE_PATHS: Dict[str, str] = {RunMode.DECODE.value: DECODE_PATH, RunMode.PREFILL.value: PREFILL_PATH}
 
 # The optional keys of a heartbeat (and registration) body.
 LOAD_KEY = "load"
