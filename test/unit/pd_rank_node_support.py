@@ -85,10 +85,11 @@ def set_up_pair(prefill: Node, decode: Node, epoch: int) -> None:
         settings.listen_socket = TransferPortBlock.reserve("127.0.0.1", 1).socket_for(0)
         settings.transfer_port = settings.listen_socket.getsockname()[1]
     port = settings.transfer_port
-    prefill.backend.on_command(PdTransferSetup(epoch))
-    decode.backend.on_command(PdTransferSetup(epoch, "127.0.0.1", port))
-    for node in (prefill, decode):
-        assert node.messages[-1] == PdSetupDone(epoch, "")
+    # Each attempt numbered as the node's HTTP process numbers it; rank 0's answer carries it back.
+    prefill.backend.on_command(PdTransferSetup(epoch, setup_id=2 * epoch + 1))
+    decode.backend.on_command(PdTransferSetup(epoch, "127.0.0.1", port, setup_id=2 * epoch + 2))
+    for node, setup_id in ((prefill, 2 * epoch + 1), (decode, 2 * epoch + 2)):
+        assert node.messages[-1] == PdSetupDone(epoch, "", setup_id)
         handle = node.pd.handle_for(epoch)
         assert handle.wait_ready(90), handle.broken_reason
 

@@ -10,6 +10,7 @@ the test feeds them their events.  The endpoint's cluster-key guard is checked o
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -119,7 +120,7 @@ async def set_up(service: PdNodeService, host: ScriptedHost, rank0: Rank0, epoch
     """One transfer setup that rank 0 confirms; returns the command rank 0 received."""
     setup = asyncio.create_task(service.transfer_setup(epoch, peer))
     command = await rank0.receive()
-    host.handler(PdSetupDone(epoch))
+    host.handler(PdSetupDone(epoch, setup_id=command.setup_id))
     await setup
     return command
 
@@ -152,7 +153,8 @@ def test_two_peers_are_set_up_side_by_side_and_requests_run_under_their_own_epoc
             service.stop()
 
     result = asyncio.run(scenario())
-    assert result["commands"] == [PdTransferSetup(7, "10.0.0.1", 7000), PdTransferSetup(8, "10.0.0.2", 7100)]
+    assert [(c.epoch, c.peer_host, c.peer_port) for c in result["commands"]] == [(7, "10.0.0.1", 7000),
+                                                                                (8, "10.0.0.2", 7100)]
     assert result["epochs"] == {7: None, 8: None}  # the second setup left the first pair alone
     assert [(request_id, s.pd.epoch) for request_id, s in host.submitted] == [(1, 7), (2, 8)]
     assert [event.token.token_id for event in result["events"]] == [11, 12]
@@ -283,8 +285,68 @@ def test_a_setup_without_an_answer_is_torn_down_on_rank0(rank0) -> None:
         finally:
             service.stop()
 
-    assert asyncio.run(scenario()) == [PdTransferSetup(9), PdTransferTeardown(9)]
+    setup, teardown = asyncio.run(scenario())
+    assert (setup.epoch, setup.peer_host, teardown) == (9, "", PdTransferTeardown(9))
     assert service.epochs == {}
+
+
+def test_a_late_answer_to_a_given_up_setup_does_not_complete_a_later_setup_of_its_epoch(rank0, caplog) -> None:
+    """The first setup of epoch 5 times out (torn down on rank 0); a second setup of epoch 5 follows
+    (a restarted master numbers its epochs from 0 again).  Rank 0's late answer to the first, a
+    failure here, must neither fail nor complete the second: only the second's own answer does."""
+    host = ScriptedHost()
+    service = PdNodeService(host, "decode", 0.3, rank0.address)
+
+    async def scenario() -> Dict[str, Any]:
+        service.start()
+        try:
+            with pytest.raises(RuntimeError, match="no answer"):
+                await service.transfer_setup(5, "10.0.0.1:7000")
+            first, teardown = await rank0.receive(), await rank0.receive()
+            service.setup_timeout_seconds = 5.0
+            later = asyncio.create_task(service.transfer_setup(5, "10.0.0.2:7000"))
+            second = await rank0.receive()
+            with caplog.at_level(logging.DEBUG, logger="lightllm.pd.node.service"):
+                host.handler(PdSetupDone(5, "KV transfer setup failed on rank 0: old peer gone", first.setup_id))
+            await asyncio.sleep(0.05)
+            waited_past_the_stale_answer = not later.done()
+            host.handler(PdSetupDone(5, "", second.setup_id))
+            await later
+            return {"first": first, "teardown": teardown, "second": second, "epochs": dict(service.epochs),
+                    "waited": waited_past_the_stale_answer}
+        finally:
+            service.stop()
+
+    result = asyncio.run(scenario())
+    assert result["teardown"] == PdTransferTeardown(5)
+    assert result["first"].setup_id != result["second"].setup_id
+    assert result["waited"]  # the stale answer resolved nothing
+    assert result["epochs"] == {5: None}  # set up by its own answer, not failed by the stale one
+    assert f"dropped rank 0's answer to KV transfer setup {result['first'].setup_id} of epoch 5" in caplog.text
+
+
+def test_an_answer_to_no_setup_is_dropped(rank0) -> None:
+    """Rank 0's answer naming an attempt this process never made (or an id-less one) changes nothing."""
+    host = ScriptedHost()
+    service = PdNodeService(host, "prefill", 5.0, rank0.address)
+
+    async def scenario() -> Dict[int, Optional[str]]:
+        service.start()
+        try:
+            setup = asyncio.create_task(service.transfer_setup(2, ""))
+            command = await rank0.receive()
+            host.handler(PdSetupDone(2))  # no id
+            host.handler(PdSetupDone(2, "", command.setup_id + 1))  # another attempt's
+            host.handler(PdSetupDone(3, "", command.setup_id))  # another epoch's
+            await asyncio.sleep(0.05)
+            assert not setup.done()
+            host.handler(PdSetupDone(2, "", command.setup_id))
+            await setup
+            return dict(service.epochs)
+        finally:
+            service.stop()
+
+    assert asyncio.run(scenario()) == {2: None}
 
 
 @pytest.mark.parametrize("epoch", [-1, True, 2**31, "3"])

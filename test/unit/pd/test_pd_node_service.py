@@ -165,22 +165,23 @@ def test_transfer_setup_waits_for_rank0s_answer_and_a_broken_channel_fails_new_r
     rank0.bind(address)
     service = PdNodeService(manager, "decode", 5.0, address)
 
-    async def answer(done: PdSetupDone) -> PdTransferSetup:
+    async def answer(error: str = "") -> PdTransferSetup:
+        """Rank 0's answer to the setup it received (its epoch and attempt echoed)."""
         while not rank0.poll(0):
             await asyncio.sleep(0.01)
         command = rank0.recv_pyobj()
-        await manager._handle_message(done)
+        await manager._handle_message(PdSetupDone(command.epoch, error, command.setup_id))
         return command
 
     async def scenario() -> Dict[str, Any]:
         service.start()
         try:
             setup = asyncio.create_task(service.transfer_setup(4, "10.0.0.2:7000"))
-            command = await answer(PdSetupDone(4))
+            command = await answer()
             await setup
             result: Dict[str, Any] = {"command": command, "epochs": dict(service.epochs)}
             refused = asyncio.create_task(service.transfer_setup(5, "10.0.0.2:7000"))
-            await answer(PdSetupDone(5, "rank 1 could not connect"))
+            await answer("rank 1 could not connect")
             with pytest.raises(RuntimeError, match="rank 1 could not connect"):
                 await refused
             result["epochs_after_refusal"] = dict(service.epochs)
@@ -192,7 +193,7 @@ def test_transfer_setup_waits_for_rank0s_answer_and_a_broken_channel_fails_new_r
         result = asyncio.run(scenario())
     finally:
         ctx.destroy(linger=0)
-    assert result["command"] == PdTransferSetup(4, "10.0.0.2", 7000)
+    assert (result["command"].epoch, result["command"].peer_host, result["command"].peer_port) == (4, "10.0.0.2", 7000)
     # A refused setup of another epoch leaves the set-up one as it was.
     assert result["epochs"] == {4: None} and result["epochs_after_refusal"] == {4: None}
 

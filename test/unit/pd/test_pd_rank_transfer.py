@@ -30,7 +30,7 @@ from lightllm.server.core.objs.finish_status import (
     FINISH_SEGMENT_LIMIT,
     FINISH_TRANSFER_FAILED,
 )
-from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdTransferTeardown
+from lightllm.server.core.objs.io_messages import PdChannelBroken, PdNotice, PdTransferSetup, PdTransferTeardown
 from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE, PD_KIND_PREFILL
 from lightllm.server.model_rank.scheduling.backend_registry import KvReservationRefused
 from lightllm.server.model_rank.rank_config import PdRankSettings
@@ -224,6 +224,16 @@ def test_without_a_setup_a_handoff_fails_as_transfer_broken(model) -> None:
     assert prefill.tokens[5] and prefill.finished[5] == FINISH_TRANSFER_FAILED
     assert prefill.notices(5)["transfer_failed"].error_kind == "transfer_broken"
     assert prefill.backend.kv.allocatable_token_num() == free
+
+
+def test_a_refused_setup_is_answered_with_its_attempts_id(model) -> None:
+    """The node's HTTP process matches rank 0's answer to its attempt by this id (a refusal too)."""
+    decode = Node(model, "decode", PdRankSettings(), kv_tokens=256)
+    decode.backend.on_command(PdTransferSetup(4, "", 0, setup_id=17))
+    answer = decode.messages[-1]
+    assert (answer.epoch, answer.setup_id) == (4, 17)
+    assert "a decode node needs the prefill transfer address" in answer.error
+    assert decode.pd.handle_for(4) is None
 
 
 @pytest.mark.parametrize(("role", "kind"), [("prefill", PD_KIND_NONE), ("prefill", PD_KIND_DECODE),

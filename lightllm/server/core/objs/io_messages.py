@@ -122,12 +122,18 @@ class PdTransferSetup:
     handles for ``epoch``; the handles of other epochs (pairs) are not touched.
 
     Prefill node: each rank's pair meets in the rank's one store at its own transfer port + rank
-    (``peer_host`` and ``peer_port`` unused).  Decode node: each rank joins ``peer_host:peer_port + rank``.
+    (``peer_host`` and ``peer_port`` unused).  Decode node: each rank joins ``peer_host:peer_port + rank``
+    (``peer_host`` bare, as a socket takes it: ``fd00::1``, not ``[fd00::1]``).
+
+    ``setup_id`` names this attempt (the HTTP process numbers its setups from 1; 0: none), and
+    rank 0's :class:`PdSetupDone` carries it back: an answer to an attempt the HTTP process gave
+    up on must not complete a later attempt of the same epoch.
     """
 
     epoch: int
     peer_host: str = ""
     peer_port: int = 0
+    setup_id: int = 0
 
 
 @dataclass
@@ -145,10 +151,11 @@ class PdTransferTeardown:
 @dataclass
 class PdSetupDone:
     """Model rank 0 -> HTTP (a step output notice): the handles of ``epoch`` were started
-    (``error`` empty) or not."""
+    (``error`` empty) or not, by the :class:`PdTransferSetup` whose ``setup_id`` it echoes."""
 
     epoch: int
     error: str = ""
+    setup_id: int = 0
 
 
 @dataclass

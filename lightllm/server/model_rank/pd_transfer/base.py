@@ -182,7 +182,8 @@ class PdRankTransfer(ABC, Generic[BackendT]):
         except Exception as exc:  # noqa: BLE001 - reported to whoever asked for the setup
             log.exception("rank %d: KV transfer setup for epoch %d failed", self.rank, epoch)
             error = f"KV transfer setup failed on rank {self.rank}: {exc}"
-        self._notify(PdSetupDone(epoch, error))
+        # The attempt's id goes back with the answer: the HTTP process matches it to its waiter.
+        self._notify(PdSetupDone(epoch, error, command.setup_id))
 
     @abstractmethod
     def _pair_address(self, command: PdTransferSetup) -> Tuple[str, int, Optional[TransferStoreHost]]:

@@ -8,7 +8,9 @@ registers an inbox handler for rank 0's PD messages and posts a request's notice
 request's own event stream.
 
 * :meth:`PdNodeService.transfer_setup` sends :class:`PdTransferSetup` to model rank 0 (which
-  hands it to every rank) and waits for rank 0's :class:`PdSetupDone`.  A node holds one
+  hands it to every rank) and waits for rank 0's :class:`PdSetupDone` of that attempt (each
+  attempt has its own ``setup_id``, which the answer echoes; an answer to an attempt given up
+  on is dropped, so it cannot complete a later setup of the same epoch).  A node holds one
   transfer pair per connected peer, each named by the master's ``epoch``; setting one up leaves
   the others alone, and :meth:`PdNodeService.transfer_teardown` drops one
   (:class:`PdTransferTeardown`); :meth:`PdNodeService.teardown_all` drops them all (the master
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 from typing import Any, AsyncIterator, Dict, List, Optional, Set, Tuple, Type
 
@@ -104,7 +107,12 @@ class PdNodeService:
         # Setups of one epoch run one at a time; different epochs (different peers) may overlap,
         # so a peer that is slow to connect does not hold up the others.  epoch -> (lock, users).
         self._setup_locks: Dict[int, Tuple[asyncio.Lock, List[int]]] = {}
-        self._setup_waiters: Dict[int, asyncio.Future] = {}
+        # epoch -> (setup_id, waiter) of the setup waiting for rank 0.  An epoch alone does not
+        # name an attempt: a setup that timed out may still be answered after a later setup of
+        # the same epoch began (a restarted master numbers its epochs from 0 again), and that
+        # answer says nothing about the later one.  Ids start at 1 (0: a command without one).
+        self._setup_waiters: Dict[int, Tuple[int, asyncio.Future]] = {}
+        self._setup_ids = itertools.count(1)
         # The load this process knows: PD requests it holds, and (prefill node) the prompt
         # tokens of those that have not produced their first token yet.
         self._running: Set[object] = set()
@@ -175,9 +183,16 @@ class PdNodeService:
     def on_message(self, message: Any) -> None:
         """Apply one of rank 0's PD messages; a request's notice goes into its own event stream."""
         if isinstance(message, PdSetupDone):
-            waiter = self._setup_waiters.pop(message.epoch, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(message)
+            waiting = self._setup_waiters.get(message.epoch)
+            if waiting is None or waiting[0] != message.setup_id:
+                # Expected after a timeout or a teardown during a setup: the waiter is gone.
+                log.debug("dropped rank 0's answer to KV transfer setup %d of epoch %d: no longer awaited "
+                          "(awaiting: %s)", message.setup_id, message.epoch,
+                          f"setup {waiting[0]}" if waiting else "none")
+                return
+            del self._setup_waiters[message.epoch]
+            if not waiting[1].done():
+                waiting[1].set_result(message)
         elif isinstance(message, PdChannelBroken):
             # Only that pair is broken; the node's other peers keep transferring.
             if message.epoch in self.epochs and self.epochs[message.epoch] is None:
@@ -205,20 +220,22 @@ class PdNodeService:
             raise RuntimeError("the PD node service is not started (no socket to model rank 0)")
         async with self._epoch_lock(epoch):
             waiter = asyncio.get_running_loop().create_future()
-            self._setup_waiters[epoch] = waiter
+            setup_id = next(self._setup_ids)
+            self._setup_waiters[epoch] = (setup_id, waiter)
             # A replaced pair's requests fail from now on (its handles are being restarted).
             self.epochs.pop(epoch, None)
             try:
-                await self._to_rank0.send_pyobj(PdTransferSetup(epoch, host, port))
+                await self._to_rank0.send_pyobj(PdTransferSetup(epoch, host, port, setup_id))
                 done: PdSetupDone = await asyncio.wait_for(waiter, self.setup_timeout_seconds)
             except asyncio.TimeoutError:
                 # Rank 0 may still finish it later: the teardown, queued behind the setup, keeps
-                # a pair nobody uses from holding its handles.
+                # a pair nobody uses from holding its handles (and its late answer is dropped).
                 await self._to_rank0.send_pyobj(PdTransferTeardown(epoch))
                 raise RuntimeError(f"KV transfer setup for epoch {epoch} got no answer from model rank 0 "
                                    f"within {self.setup_timeout_seconds:g} s") from None
             finally:
-                self._setup_waiters.pop(epoch, None)
+                if self._setup_waiters.get(epoch, (0, None))[1] is waiter:
+                    del self._setup_waiters[epoch]
             if done.error:
                 raise RuntimeError(done.error)
             self.epochs[epoch] = None
@@ -233,7 +250,8 @@ class PdNodeService:
         check_epoch(epoch)
         if self._to_rank0 is None:
             raise RuntimeError("the PD node service is not started (no socket to model rank 0)")
-        waiter = self._setup_waiters.get(epoch)
+        waiting = self._setup_waiters.get(epoch)
+        waiter = waiting[1] if waiting is not None else None
         known = epoch in self.epochs or waiter is not None
         self.epochs.pop(epoch, None)
         if waiter is not None and not waiter.done():
