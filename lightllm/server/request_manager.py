@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, get_type_hints, runtime_checkable
+from typing import AbstractSet, Any, AsyncIterator, Dict, List, Optional, Protocol, Tuple, get_type_hints, runtime_checkable
 
 from lightllm.common.basemodel.generation_defaults import GenerationDefaults
 from lightllm.server.core.objs.request_spec import RequestSpec
@@ -91,12 +91,15 @@ class ServedModelView(Protocol):
         within: Optional[int] = None,
         max_chars: Optional[int] = None,
         check_tools_read: bool = True,
+        implied_variables: AbstractSet[str] = frozenset(),
     ) -> List[int]:
         """Token ids of a chat rendered with the model's template; ``ValueError`` if it cannot be.
 
         ``within``: as for :meth:`encode_prompt`, on the rendered chat; ``max_chars``: a limit on the
         rendered chat's characters (``RenderedChatTooLongError``), checked before it is tokenized.
         ``check_tools_read``: refuse tools the template does not render (true under tool_choice none only).
+        ``implied_variables``: keys of ``chat_template_kwargs`` the server set from a request field
+        (``enable_thinking`` from ``reasoning_effort``), never refused as unread on their own.
         """
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

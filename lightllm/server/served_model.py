@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence
 
 import jinja2
 
@@ -27,7 +27,8 @@ from lightllm.server.request_defaults import RequestDefaults, invalid_template, 
 from lightllm.server.request_template_cache import request_template_render
 from lightllm.server.chat_render_checks import UnreadTemplateFieldError, check_names, check_tool_calls, check_tools
 from lightllm.server.template_variables import (call_argument_keys, call_argument_message, checked_variables,
-                                                template_source, template_variables, unread_message, variable_param)
+                                                implied_readers, template_source, template_variables, unread_message,
+                                                variable_param)
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def encode_chat_messages(
     within: Optional[int] = None,
     max_chars: Optional[int] = None,
     check_tools_read: bool = True,
+    implied_variables: AbstractSet[str] = frozenset(),
 ) -> List[int]:
     """Token ids of a chat rendered with the tokenizer's chat template (``ValueError`` if it cannot be).
 
@@ -114,6 +116,8 @@ def encode_chat_messages(
     ``check_tools_read``: refuse ``tools`` (in ``chat_template_kwargs``) that the template does not
     render; false where they act otherwise too (``tool_choice`` auto reads calls of them from the output,
     a forced call holds them in its grammar) or nothing is generated (``/tokenize``).
+    ``implied_variables``: keys of ``chat_template_kwargs`` the server set from a request field
+    (``enable_thinking`` from ``reasoning_effort``), not the client: see :func:`_check_variables_read`.
     """
     # A request's own template (vLLM's chat_template field) arrives in chat_template_kwargs.
     if not getattr(tokenizer, "chat_template", None) and not (chat_template_kwargs or {}).get("chat_template"):
@@ -144,33 +148,37 @@ def encode_chat_messages(
     if check_tools_read:
         check_tools(render, messages, chat_template_kwargs, text, template_source(tokenizer, chat_template_kwargs))
     _check_variables_read(tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs,
-                          text)
+                          text, implied_variables)
     # The template writes BOS itself when it wants one; encode without adding another.
     return encode_text(tokenizer, text, add_special_tokens=False, within=within)
 
 
 def _check_variables_read(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,
                           continue_final_message: bool, chat_template_kwargs: Optional[Dict[str, Any]],
-                          text: str) -> None:
+                          text: str, implied_variables: AbstractSet[str] = frozenset()) -> None:
     """Refuse ``documents``, ``reasoning_effort`` or a ``chat_template_kwargs`` key the template never reads.
 
     Read from the template's source (:mod:`lightllm.server.template_variables`), so nothing is
     rendered again unless the source cannot be parsed; then a variable without which the chat
     renders the same (``text``) is the one refused.  Nothing is done when no such variable is given.
+    ``implied_variables`` (set by the server from a field) are not checked on their own: the field
+    that set them is read when the template reads its own variable or any of them
+    (``reasoning_effort`` under a template that reads only ``enable_thinking`` works, as in vLLM).
     """
-    names = checked_variables(tokenizer, chat_template_kwargs)
+    names = [name for name in checked_variables(tokenizer, chat_template_kwargs) if name not in implied_variables]
     if not names:
         return
     read = template_variables(tokenizer, chat_template_kwargs)
     for name in names:
+        readers = implied_readers(name, implied_variables)
         if read is not None:
-            unread = name not in read
+            unread = not any(reader in read for reader in readers)
         else:
-            without = {key: value for key, value in (chat_template_kwargs or {}).items() if key != name}
+            without = {key: value for key, value in (chat_template_kwargs or {}).items() if key not in readers}
             unread = _render_chat(tokenizer, messages, add_generation_prompt, continue_final_message,
                                   without) == text
         if unread:
-            raise UnreadTemplateFieldError(unread_message(name), variable_param(name))
+            raise UnreadTemplateFieldError(unread_message(name, readers, chat_template_kwargs), variable_param(name))
 
 
 def _render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_prompt: bool,
@@ -290,12 +298,13 @@ class ServedModel:
         within: Optional[int] = None,
         max_chars: Optional[int] = None,
         check_tools_read: bool = True,
+        implied_variables: AbstractSet[str] = frozenset(),
     ) -> List[int]:
         """Token ids of a chat rendered with the model's template (``within``, ``max_chars``,
-        ``check_tools_read``: see :func:`encode_chat_messages`)."""
+        ``check_tools_read``, ``implied_variables``: see :func:`encode_chat_messages`)."""
         return encode_chat_messages(
             self.tokenizer, messages, add_generation_prompt, continue_final_message, chat_template_kwargs, within,
-            max_chars, check_tools_read,
+            max_chars, check_tools_read, implied_variables,
         )
 
     def default_max_new_tokens(self, prompt_len: int, fallback: Optional[int] = None) -> int:

@@ -13,6 +13,10 @@ not the same as "changes the prompt": ``enable_thinking: true`` under a template
 Only a template this module cannot parse (a custom tag) falls back to rendering the chat without
 the variable and comparing.
 
+A variable the server sets itself from a request field (``enable_thinking`` from
+``reasoning_effort``, :data:`IMPLIED_VARIABLES`) is not the client's and is never refused on its
+own; the field counts as read when the template reads the field's variable or one it set.
+
 Not checked here: the template call's own arguments (a request's ``chat_template`` is the template
 itself; ``tools`` also select a template and decide how the output is read), which the request
 model keeps out of ``chat_template_kwargs`` or which the call consumes.  Tools a template does not
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import AbstractSet, Any, Dict, FrozenSet, List, Optional, Sequence
 
 import jinja2
 import jinja2.meta
@@ -34,6 +38,9 @@ from lightllm.server.request_template_cache import cached_unless_request
 # Variables that are request fields of their own (named so in a 400); any other key came in
 # chat_template_kwargs.
 FIELD_VARIABLES = ("documents", "reasoning_effort")
+# Variables the server sets from a request field (variable -> that field) unless chat_template_kwargs
+# sets them (vLLM 0.32: reasoning_effort sets enable_thinking; ChatTemplateFields.implied_template_variables).
+IMPLIED_VARIABLES: Dict[str, str] = {"enable_thinking": "reasoning_effort"}
 # Arguments of apply_chat_template that are not template variables, whatever the tokenizer.
 _CALL_ARGUMENTS = frozenset({"chat_template", "tools"})
 _TEMPLATE_CACHE = 32
@@ -124,12 +131,32 @@ def template_variables(tokenizer: Any, chat_template_kwargs: Optional[Dict[str, 
         return None
 
 
-def unread_message(name: str) -> str:
-    """The 400's message for a variable the template never reads."""
+def implied_readers(name: str, implied: AbstractSet[str]) -> List[str]:
+    """The variables through which field variable ``name`` reaches the template: itself and those of
+    ``implied`` (the server set them) that it sets; it has an effect when the template reads any."""
+    return [name, *(variable for variable in sorted(implied) if IMPLIED_VARIABLES.get(variable) == name)]
+
+
+def unread_message(name: str, readers: Sequence[str] = (), chat_template_kwargs: Optional[Dict[str, Any]] = None) -> str:
+    """The 400's message for a variable the template never reads.
+
+    ``readers``: the variables through which it would have reached the template
+    (:func:`implied_readers`; itself alone when empty).  ``chat_template_kwargs``: what the
+    client's own keys were, to say when one of them kept the field from setting a variable.
+    """
     if name == "documents":
         return ("documents has no effect: the chat template in use does not read documents (it is not a RAG "
                 "template); omit documents (or start the server with a --chat_template that uses them)")
     if name == "reasoning_effort":
+        if "enable_thinking" in readers:
+            return ("reasoning_effort has no effect on this model: the chat template in use reads neither "
+                    "reasoning_effort nor enable_thinking (which reasoning_effort sets), so it is not a reasoning "
+                    "model; omit it")
+        if "enable_thinking" in (chat_template_kwargs or {}):
+            # The client's enable_thinking replaced the one reasoning_effort would set.
+            return ("reasoning_effort has no effect here: the chat template in use does not read reasoning_effort, "
+                    "and enable_thinking, which reasoning_effort would set, is given in chat_template_kwargs; omit "
+                    "reasoning_effort (or leave enable_thinking to it)")
         return ("reasoning_effort has no effect on this model: the chat template in use does not read it (it is not "
                 "a reasoning model); omit it")
     return (f"{variable_param(name)} has no effect: the chat template in use does not read a variable named "

@@ -147,9 +147,10 @@ def test_the_api_refuses_unread_documents_and_template_kwargs(rendering_client: 
     assert chat(client, documents=DOCS, chat_template=RAG).status_code == 200
     assert_error(chat(client, chat_template=PLAIN, chat_template_kwargs={"enable_thinking": False}), 400,
                  "chat_template_kwargs.enable_thinking")
-    # reasoning_effort follows the same rule (test_api_client_fields: a template reading it gets it).
-    error = assert_error(chat(client, reasoning_effort="low"), 400, "reasoning_effort")
-    assert "chat template in use does not read it" in error["message"]
+    # reasoning_effort follows the same rule (test_api_client_fields: a template reading it gets it),
+    # counting the enable_thinking it sets: THINKING reads that, so it is taken (see the tests below).
+    error = assert_error(chat(client, reasoning_effort="low", chat_template=PLAIN), 400, "reasoning_effort")
+    assert "reads neither reasoning_effort nor enable_thinking" in error["message"]
     # Tools (tool_choice none: no parser needed) that this template does not render are refused alike.
     tool = {"type": "function", "function": {"name": "f"}}
     assert_error(chat(client, tools=[tool], tool_choice="none"), 400, "tools")
@@ -166,3 +167,93 @@ def test_render_call_arguments_in_template_kwargs_are_refused_naming_them(tokeni
     error = _refused(tokenizer, PLAIN, **{key: True})
     assert error.param == f"chat_template_kwargs.{key}"
     assert "argument of transformers' apply_chat_template" in str(error)
+
+
+# ---------------------------------------------------------------- reasoning_effort sets enable_thinking
+
+# Reads both variables, as the outside tester's template does.
+EFFORT_AND_THINKING = ("{% if enable_thinking %}THINK {% endif %}{% if reasoning_effort %}E={{ reasoning_effort }} "
+                       "{% endif %}" + PLAIN)
+# Reads only enable_thinking (Gemma-style opt-in: no thinking unless asked).
+THINKING_ONLY = "{% if enable_thinking %}THINK {% endif %}" + PLAIN
+
+
+@pytest.fixture()
+def effort_manager(tokenizer_dir) -> RenderingManager:
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = THINKING
+    return RenderingManager(tokenizer)
+
+
+@pytest.fixture()
+def effort_client(effort_manager: RenderingManager) -> TestClient:
+    return TestClient(create_app(effort_manager, HttpServerOptions(trust_request_chat_template=True)),
+                      raise_server_exceptions=False)
+
+
+def _prompt_text(client: TestClient, manager: RenderingManager, **fields: Any) -> str:
+    """The prompt the chat endpoint rendered for ``fields`` (the manager records its ids)."""
+    response = chat(client, **fields)
+    assert response.status_code == 200, response.text
+    return manager.served.chat_tokenizer.decode(manager.calls[-1].prompt_ids)
+
+
+@pytest.mark.parametrize(("effort", "thinks"), [("none", False), ("minimal", True), ("low", True), ("medium", True),
+                                                ("high", True), ("xhigh", True), ("max", True)])
+def test_reasoning_effort_also_sets_enable_thinking_as_vllm_does(effort_client: TestClient,
+                                                                 effort_manager: RenderingManager, effort: str,
+                                                                 thinks: bool) -> None:
+    """vLLM 0.32 passes enable_thinking = (reasoning_effort != "none") beside reasoning_effort; only
+    reasoning_effort reached the template ("E=high user: hi" where vLLM renders "THINK E=high ..."),
+    and xhigh and max (vLLM's values) were refused."""
+    text = _prompt_text(effort_client, effort_manager, chat_template=EFFORT_AND_THINKING, reasoning_effort=effort)
+    assert text == ("THINK " if thinks else "") + f"E={effort} user: hi\n"
+
+
+def test_reasoning_effort_works_through_a_template_that_reads_only_enable_thinking(
+        effort_client: TestClient, effort_manager: RenderingManager) -> None:
+    # It was refused as "not a reasoning model": the check now counts the enable_thinking it sets.
+    assert _prompt_text(effort_client, effort_manager, chat_template=THINKING_ONLY, reasoning_effort="low") == \
+        "THINK user: hi\n"
+    assert _prompt_text(effort_client, effort_manager, chat_template=THINKING_ONLY, reasoning_effort="none") == "user: hi\n"
+    # Qwen3's test (only false changes the prompt) reads it too: "none" turns thinking off.
+    assert _prompt_text(effort_client, effort_manager, reasoning_effort="none") == "user: hi\n<no-think>"
+    # /tokenize renders the chat the same way.
+    response = effort_client.post("/tokenize", json={"messages": MESSAGES, "chat_template": THINKING_ONLY,
+                                                     "reasoning_effort": "high"})
+    assert effort_manager.served.chat_tokenizer.decode(response.json()["tokens"]) == "THINK user: hi\n"
+
+
+def test_the_clients_enable_thinking_wins_over_the_one_reasoning_effort_sets(
+        effort_client: TestClient, effort_manager: RenderingManager) -> None:
+    text = _prompt_text(effort_client, effort_manager, chat_template=EFFORT_AND_THINKING, reasoning_effort="high",
+                        chat_template_kwargs={"enable_thinking": False})
+    assert text == "E=high user: hi\n"
+    # Then reasoning_effort reaches the template only as itself: one that does not read it is no use.
+    error = assert_error(chat(effort_client, chat_template=THINKING_ONLY, reasoning_effort="high",
+                              chat_template_kwargs={"enable_thinking": True}), 400, "reasoning_effort")
+    assert "enable_thinking, which reasoning_effort would set, is given in chat_template_kwargs" in error["message"]
+    # A template reading neither refuses reasoning_effort, naming both variables.
+    error = assert_error(chat(effort_client, chat_template=PLAIN, reasoning_effort="high"), 400, "reasoning_effort")
+    assert "reads neither reasoning_effort nor enable_thinking" in error["message"]
+
+
+class ThinkingRenderOnlyTokenizer(RenderOnlyTokenizer):
+    """A Python template (nothing to parse) that reads only enable_thinking."""
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = False,
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            **variables: Any) -> str:
+        return f"{'T' if variables.get('enable_thinking') else ''}|{messages[-1]['content']}"
+
+
+def test_an_unparsable_template_reading_enable_thinking_takes_reasoning_effort() -> None:
+    tokenizer = ThinkingRenderOnlyTokenizer()
+    kwargs = {"reasoning_effort": "high", "enable_thinking": True}
+    ids = encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs=kwargs,
+                               implied_variables=frozenset({"enable_thinking"}))
+    assert ids == [ord(char) for char in "T|hi"]
+    # Given by the client, enable_thinking is its own; reasoning_effort then changes nothing.
+    with pytest.raises(UnreadTemplateFieldError) as refused:
+        encode_chat_messages(tokenizer, MESSAGES, chat_template_kwargs=kwargs)
+    assert refused.value.param == "reasoning_effort"

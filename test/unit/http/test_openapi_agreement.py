@@ -60,7 +60,8 @@ _REFUSED_BODIES = {
         {"messages": [{"role": "robot", "content": "x"}]},
         {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21, "logprobs": True},
         {"messages": [{"role": "user", "content": "x"}], "chat_template": ""},
-        {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"},
+        # Not among vLLM 0.32's values ("xhigh" and "max" are: accepted below).
+        {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"},
     ],
 }
 _ACCEPTED_BODIES = {
@@ -85,7 +86,8 @@ _ACCEPTED_BODIES = {
                         {"prompt": "x", "logit_bias": {"\u0663": 1, "\uff15": 1, "\u00a07": 1, "1_0": 1,
                                                        "\U0001d7d6": 1, "\u20029\u3000": 1}}],
     "/v1/chat/completions": [{"messages": [{"role": "user", "content": "x"}], "prediction": None, "documents": None,
-                              "top_logprobs": 20, "logprobs": True, "reasoning_effort": None}],
+                              "top_logprobs": 20, "logprobs": True, "reasoning_effort": None},
+                             {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}],
 }
 
 

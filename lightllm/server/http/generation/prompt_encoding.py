@@ -138,7 +138,8 @@ class PromptEncoder:
         """Token ids of a chat rendered by its template, refused like :meth:`encode_prompt`.
 
         ``template_options`` (``add_generation_prompt``, ``continue_final_message``,
-        ``chat_template_kwargs``) go to the served model's ``encode_chat`` as given.  It
+        ``chat_template_kwargs``, ``implied_variables``, ``check_tools_read``) go to the served
+        model's ``encode_chat`` as given.  It
         tokenizes the rendered text without the tokenizer's special tokens (the template writes
         them); ``add_special_tokens`` adds them as well, as vLLM's chat field of that name does.
         The character check counts the message texts (:func:`text_chars`); the prefix probe runs

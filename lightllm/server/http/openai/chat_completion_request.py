@@ -134,15 +134,21 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def template_options(self) -> dict[str, Any]:
-        """Chat-template options that differ from the defaults (for ``encode_chat``)."""
+        """Chat-template options that differ from the defaults (for ``encode_chat``): the template
+        variables (the client's ``chat_template_kwargs``, the fields', and ``enable_thinking`` that
+        ``reasoning_effort`` sets unless the client did) and which of them the server set."""
         options: dict[str, Any] = {}
         if not self.add_generation_prompt:
             options["add_generation_prompt"] = False
         if self.continue_final_message:
             options["continue_final_message"] = True
-        variables = {**(self.chat_template_kwargs or {}), **self.template_variables()}
+        implied = self.implied_template_variables(self.chat_template_kwargs)
+        variables = {**(self.chat_template_kwargs or {}), **self.template_variables(), **implied}
         if variables:
             options["chat_template_kwargs"] = variables
+        if implied:
+            # Set by the server, not the client: a template that does not read them is no reason to refuse.
+            options["implied_variables"] = frozenset(implied)
         return options
 
     def max_tokens_param(self) -> str:

@@ -19,8 +19,12 @@ about a field lives here with its reason:
   ``moderation`` are not fields of the schema (their meaning cannot hold here), so they are refused
   as unknown; on chat, where OpenAI offers them, with the reason in :data:`REFUSED_PLATFORM_FIELDS`.
 * Chat only: ``chat_template`` and ``documents`` go to the chat template as in vLLM;
-  ``reasoning_effort`` is a template variable too. ``documents`` and ``reasoning_effort`` are
-  refused when the template never reads them (:mod:`lightllm.server.template_variables`).
+  ``reasoning_effort`` is a template variable too, and also sets ``enable_thinking`` (true unless
+  ``"none"``) when ``chat_template_kwargs`` does not, as vLLM 0.32 does for templates that turn
+  thinking on only when asked (:meth:`ChatTemplateFields.implied_template_variables`).
+  ``documents`` and ``reasoning_effort`` are refused when the template never reads them
+  (``reasoning_effort`` counts as read when the template reads ``enable_thinking`` it set;
+  :mod:`lightllm.server.template_variables`).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ MAX_METADATA_VALUE_CHARS = 512
 MAX_CHAT_TEMPLATE_CHARS = 65536
 MAX_DOCUMENTS = 64
 ACCEPTED_SERVICE_TIERS = ("auto", "default")
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+# vLLM 0.32's whole set ("max" is DeepSeek V4's, beyond OpenAI's list).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _INT32_MAX = int(np.iinfo(STORED_DTYPES["max_new_tokens"]).max)
 # OpenAI chat fields whose meaning cannot hold on this server, with the reason the refusal gives
 # (the openai client offers them for chat completions, so a bare "unknown parameter" would leave
@@ -214,7 +219,7 @@ class ChatTemplateFields(NullMeansAbsent):
 
     chat_template: str | None = Field(default=None, min_length=1, max_length=MAX_CHAT_TEMPLATE_CHARS)
     documents: list[dict[str, str]] | None = Field(default=None, max_length=MAX_DOCUMENTS)
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
     @field_validator("reasoning_effort", mode="before")
     @classmethod
@@ -234,3 +239,16 @@ class ChatTemplateFields(NullMeansAbsent):
         if self.reasoning_effort is not None:
             variables["reasoning_effort"] = self.reasoning_effort
         return variables
+
+    def implied_template_variables(self, chat_template_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Template variables these fields set besides their own, unless ``chat_template_kwargs`` sets them.
+
+        vLLM 0.32's rule: ``reasoning_effort`` also sets ``enable_thinking`` (false for ``"none"``,
+        else true), since templates such as Gemma's think only when ``enable_thinking`` says so and
+        would otherwise ignore an effort the client asked for.  The client's own ``enable_thinking``
+        wins.  The server sets these, not the client, so a template that does not read them is no
+        reason to refuse the request (:func:`lightllm.server.template_variables.implied_readers`).
+        """
+        if self.reasoning_effort is None or "enable_thinking" in (chat_template_kwargs or {}):
+            return {}
+        return {"enable_thinking": self.reasoning_effort != "none"}
