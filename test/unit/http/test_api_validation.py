@@ -352,10 +352,14 @@ def test_vllm_fields_at_their_defaults_are_taken_and_other_values_refused_saying
     assert post(client, **defaults).status_code == 200
     assert post(client, length_penalty=1, priority=0.0, use_beam_search=None).status_code == 200
     for field, value, why in [("use_beam_search", True, "beam search is not supported"),
-                              ("use_beam_search", 0, "beam search"), ("length_penalty", 0.8, "only weighs beams"),
-                              ("priority", 1, "native /generate and /generate_stream only"), ("priority", False, "priority")]:
+                              ("length_penalty", 0.8, "only weighs beams"),
+                              ("priority", 1, "native /generate and /generate_stream only")]:
         error = assert_error(post(client, **{field: value}), 400, field)
         assert why in error["message"] and "vLLM's default" in error["message"], error
+    # A value of another type is a type error (test_api_vllm_request_fields), not "not supported".
+    for field, value in [("use_beam_search", 0), ("priority", False)]:
+        error = assert_error(post(client, **{field: value}), 400, field)
+        assert "Input should be a valid" in error["message"] and "vLLM's default" not in error["message"], error
 
 
 def test_a_server_of_one_or_two_places_still_runs_one_generation_per_request() -> None:

@@ -240,10 +240,9 @@ def test_vllm_fields_at_their_default_are_accepted(client: TestClient, send: Any
 @pytest.mark.parametrize("send", [completion, chat])
 @pytest.mark.parametrize(("name", "value", "why"), [
     ("allowed_token_ids", [5, 6], "not supported"), ("allowed_token_ids", [], "not supported"),
-    ("bad_words", ["foo"], "not supported"), ("bad_words", "foo", "not supported"),
-    ("return_weight_versions", True, "weight versions"), ("return_weight_versions", 0, "weight versions"),
-    ("routed_experts_prompt_start", 3, "routed-expert"), ("routed_experts_prompt_start", False, "routed-expert"),
-    ("return_token_offsets", True, "render endpoints"), ("mm_payload", "none", "render endpoints")])
+    ("bad_words", ["foo"], "not supported"), ("return_weight_versions", True, "weight versions"),
+    ("routed_experts_prompt_start", 3, "routed-expert"), ("return_token_offsets", True, "render endpoints"),
+    ("mm_payload", "none", "render endpoints")])
 def test_vllm_fields_at_other_values_say_why_they_are_refused(client: TestClient, manager: FakeManager, send: Any,
                                                               name: str, value: Any, why: str) -> None:
     error = assert_error(send(client, **{name: value}), 400, name)
@@ -253,11 +252,32 @@ def test_vllm_fields_at_other_values_say_why_they_are_refused(client: TestClient
     assert manager.calls == []
 
 
+@pytest.mark.parametrize("send", [completion, chat])
+@pytest.mark.parametrize(("name", "value", "kind"), [
+    ("use_beam_search", 0, "boolean"), ("use_beam_search", "false", "boolean"), ("length_penalty", "1", "number"),
+    ("length_penalty", True, "number"), ("priority", False, "integer"), ("priority", 0.5, "integer"),
+    ("priority", "0", "integer"), ("bad_words", "foo", "list"), ("bad_words", [1], "string"),
+    ("allowed_token_ids", "5", "list"), ("allowed_token_ids", [True], "integer"),
+    ("return_weight_versions", 0, "boolean"), ("routed_experts_prompt_start", False, "integer"),
+    ("return_token_offsets", "no", "boolean"), ("mm_payload", 1, "string")])
+def test_vllm_fields_of_another_type_are_type_errors(client: TestClient, manager: FakeManager, send: Any, name: str,
+                                                     value: Any, kind: str) -> None:
+    """A value of the wrong JSON type reads as the type error every other field gives (use_beam_search: 0
+    read "only false, vLLM's default, is accepted: beam search is not supported")."""
+    error = assert_error(send(client, **{name: value}), 400, name)
+    assert f"Input should be a valid {kind}" in error["message"], error
+    assert "not supported" not in error["message"] and "vLLM's default" not in error["message"], error
+    assert manager.calls == []
+
+
 def test_include_reasoning_true_only(client: TestClient) -> None:
     assert chat(client, include_reasoning=True).status_code == 200
     assert chat(client, include_reasoning=None).status_code == 200
     error = assert_error(chat(client, include_reasoning=False), 400, "include_reasoning")
     assert "no reasoning parser" in error["message"]
+    # Another type is a type error (it read as "leaving reasoning out is not supported").
+    error = assert_error(chat(client, include_reasoning=1), 400, "include_reasoning")
+    assert "Input should be a valid boolean" in error["message"] and "reasoning parser" not in error["message"]
     # A chat field: completions do not know it.
     assert_error(completion(client, include_reasoning=True), 400, "include_reasoning")
 

@@ -17,7 +17,9 @@
   for nothing (``use_beam_search`` false, ``length_penalty`` 1, ``priority`` 0, ``bad_words`` [],
   ``allowed_token_ids`` null, ``include_reasoning`` true, ``return_weight_versions`` false,
   ``routed_experts_prompt_start`` 0, ``return_token_offsets`` false, ``mm_payload`` "tensors").
-  Any other value asks for what this server does not do and is refused saying why.
+  Any other value of the field's type asks for what this server does not do and is refused
+  saying why; a value of another type (``use_beam_search: 0``, ``include_reasoning: 1``) is a
+  type error naming the field, as on every other field, not a "not supported".
   ``allowed_token_ids`` and ``bad_words`` need per-request sampling state in the model rank that
   this server does not have.
 """
@@ -59,9 +61,51 @@ VLLM_DEFAULT_ONLY_FIELDS: dict[str, tuple[Any, str]] = {
 }
 
 
+# The JSON type vLLM's request models give each of VLLM_DEFAULT_ONLY_FIELDS (a value of another
+# type is a type error, whatever it would mean).
+VLLM_DEFAULT_ONLY_TYPES: dict[str, str] = {
+    "use_beam_search": "boolean", "length_penalty": "number", "priority": "integer",
+    "allowed_token_ids": "list of integers", "bad_words": "list of strings", "include_reasoning": "boolean",
+    "return_weight_versions": "boolean", "routed_experts_prompt_start": "integer", "return_token_offsets": "boolean",
+    "mm_payload": "string",
+}
+
+
+def _is_integer(value: Any) -> bool:
+    # An integral float is an integer, as on every integer field of the API (5.0 is 5); a bool is not.
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float)
+                                                                        and value.is_integer())
+
+
+def _type_error(kind: str, value: Any) -> str | None:
+    """The type error of ``value`` for a field of JSON type ``kind`` (None when it has that type),
+    worded as pydantic words those of the other fields."""
+    if kind == "boolean":
+        return None if isinstance(value, bool) else "Input should be a valid boolean"
+    if kind == "integer":
+        return None if _is_integer(value) else "Input should be a valid integer"
+    if kind == "number":
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else \
+            "Input should be a valid number"
+    if kind == "string":
+        return None if isinstance(value, str) else "Input should be a valid string"
+    if not isinstance(value, list):
+        return "Input should be a valid list"
+    item_kind = kind.removeprefix("list of ").removesuffix("s")
+    for index, item in enumerate(value):
+        problem = _type_error(item_kind, item)
+        if problem is not None:
+            return f"item {index}: {problem}"
+    return None
+
+
 def check_vllm_default(field: str, value: Any) -> Any:
-    """``value`` when it is vLLM's default for ``field`` (or null), else a 400 saying why not."""
+    """``value`` when it is vLLM's default for ``field`` (or null), else a 400: a type error for a
+    value of another type than the field's, else saying why the value is not supported."""
     default, why = VLLM_DEFAULT_ONLY_FIELDS[field]
+    problem = None if value is None else _type_error(VLLM_DEFAULT_ONLY_TYPES[field], value)
+    if problem is not None:
+        raise ValueError(problem)
     # A bool is an int to Python: false is not priority 0, nor 0 use_beam_search false.
     if value is None or (isinstance(value, bool) == isinstance(default, bool) and value == default):
         return list(default) if isinstance(default, list) else default
