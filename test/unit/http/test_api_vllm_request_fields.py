@@ -270,6 +270,29 @@ def test_vllm_fields_of_another_type_are_type_errors(client: TestClient, manager
     assert manager.calls == []
 
 
+@pytest.mark.parametrize(("send", "fields"), [
+    (completion, {}), (completion, {"logprobs": None}), (completion, {"prompt_logprobs": 1}),
+    (completion, {"echo": True}), (chat, {}), (chat, {"logprobs": False}), (chat, {"prompt_logprobs": 1}),
+    (chat, {"logprobs": None, "top_logprobs": 0})])
+def test_return_tokens_as_token_ids_without_logprobs_is_refused(client: TestClient, manager: FakeManager, send: Any,
+                                                                fields: dict[str, Any]) -> None:
+    """It only names the tokens of logprobs (prompt_logprobs keep their strings, as in vLLM): asked
+    without logprobs it was accepted and did nothing."""
+    error = assert_error(send(client, return_tokens_as_token_ids=True, **fields), 400, "return_tokens_as_token_ids")
+    assert "logprobs" in error["message"] and "asks for no logprobs" in error["message"]
+    assert manager.calls == []
+
+
+def test_return_tokens_as_token_ids_with_logprobs_names_tokens(client: TestClient) -> None:
+    choice = completion(client, logprobs=0, return_tokens_as_token_ids=True).json()["choices"][0]
+    assert all(token.startswith("token_id:") for token in choice["logprobs"]["tokens"])
+    choice = chat(client, logprobs=True, return_tokens_as_token_ids=True).json()["choices"][0]
+    assert all(entry["token"].startswith("token_id:") for entry in choice["logprobs"]["content"])
+    # false asks for nothing, with or without logprobs.
+    assert completion(client, return_tokens_as_token_ids=False).status_code == 200
+    assert chat(client, return_tokens_as_token_ids=False).status_code == 200
+
+
 def test_include_reasoning_true_only(client: TestClient) -> None:
     assert chat(client, include_reasoning=True).status_code == 200
     assert chat(client, include_reasoning=None).status_code == 200

@@ -47,6 +47,7 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
 
     # Read by the body parser: why these unknown top-level fields are refused.
     REFUSED_FIELD_REASONS: ClassVar[Mapping[str, str]] = REFUSED_PLATFORM_FIELDS
+    LOGPROBS_ASK: ClassVar[str] = "logprobs: true"
 
     messages: list[ChatMessage] = Field(min_length=1)
     # Below 1 is refused by _check_max_completion_tokens in max_tokens' words (pydantic's own
@@ -122,6 +123,10 @@ class ChatCompletionRequest(OpenAISamplingRequest, ChatTemplateFields):
                                       f"messages.{index}.content")
         check_tool_messages(self.messages)
         check_chat_echo(self.echo, self.add_generation_prompt, self.messages[-1].role)
+
+    def asks_token_logprobs(self) -> bool:
+        """``logprobs`` true (chat's switch; ``top_logprobs`` only counts alternatives)."""
+        return self.logprobs
 
     def echo_text(self) -> str | None:
         """What ``echo`` puts before every choice's content (None without echo); see :func:`chat_echo_text`."""

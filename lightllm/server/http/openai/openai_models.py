@@ -69,6 +69,8 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
     # Whether echo with max_tokens 0 (the prompt alone) is offered: completions only, as in vLLM.
     ECHO_ALLOWS_ZERO_MAX_TOKENS: ClassVar[bool] = False
+    # How this endpoint asks for token logprobs, in the 400 of a field that needs them.
+    LOGPROBS_ASK: ClassVar[str] = "logprobs"
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -167,8 +169,8 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
     def check_consistency(self) -> None:
         """The checks that read two fields or more, each a 400 naming the field: among them ``stream_options``
         without ``stream`` (an empty object is dropped), continuous usage without ``include_usage``,
-        ``best_of`` below ``n`` or above it with ``stream``, ``max_tokens`` 0 without ``echo`` and
-        ``prompt_logprobs`` with ``stream``."""
+        ``best_of`` below ``n`` or above it with ``stream``, ``max_tokens`` 0 without ``echo``,
+        ``prompt_logprobs`` with ``stream`` and ``return_tokens_as_token_ids`` without logprobs."""
         if self.stream_options is not None and not self.stream:
             if self.stream_options.model_fields_set:
                 raise invalid_request("stream_options is only allowed when stream is true", "stream_options")
@@ -190,6 +192,17 @@ class OpenAISamplingRequest(OpenAIPlatformFields):
         if self.best_of is not None and self.best_of > self.n and self.stream:
             raise invalid_request("best_of > n is not supported when streaming (the best choices are known "
                                   "only at the end)", "best_of")
+        if self.return_tokens_as_token_ids and not self.asks_token_logprobs():
+            # It only renames the tokens of logprobs (prompt_logprobs keep their strings, as in
+            # vLLM): without logprobs it would silently do nothing.
+            raise invalid_request(f"return_tokens_as_token_ids needs {self.LOGPROBS_ASK}: it names the tokens of "
+                                  "logprobs token_id:<id>, and this request asks for no logprobs (prompt_logprobs "
+                                  "keep their text strings, as in vLLM); ask for logprobs or drop it",
+                                  "return_tokens_as_token_ids")
+
+    def asks_token_logprobs(self) -> bool:
+        """Whether the request asks for the logprobs of its tokens (each endpoint's own field)."""
+        return False
 
     @property
     def include_usage(self) -> bool:
@@ -248,6 +261,7 @@ class CompletionRequest(OpenAISamplingRequest):
 
     DEFAULT_MAX_TOKENS: ClassVar[int | None] = 16  # as OpenAI and vLLM
     ECHO_ALLOWS_ZERO_MAX_TOKENS: ClassVar[bool] = True
+    LOGPROBS_ASK: ClassVar[str] = "logprobs (0 or more)"
 
     prompt: Any = Field(json_schema_extra=_PROMPT_SCHEMA)
     max_tokens: int | None = max_tokens_field(0, "0 only with echo: the prompt alone is returned")
@@ -271,3 +285,7 @@ class CompletionRequest(OpenAISamplingRequest):
         if value is not None:
             raise ValueError("suffix is not supported; send null")
         return value
+
+    def asks_token_logprobs(self) -> bool:
+        """``logprobs`` given (0 asks for the tokens' own logprobs, with no alternatives)."""
+        return self.logprobs is not None
