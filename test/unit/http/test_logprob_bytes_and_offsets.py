@@ -16,7 +16,8 @@ from api_fakes import MODEL, FakeTokenizer, sse_events
 from lightllm.server.http.app import create_app
 from lightllm.server.http.openai.text_offsets import TextOffsets
 from lightllm.server.http.openai.token_bytes import BYTE_FALLBACK, BYTE_LEVEL, METASPACE, TEXT, TokenBytes
-from logprob_text_support import ScriptedTextManager, byte_fallback_tokenizer, metaspace_tokenizer, wordpiece_tokenizer
+from logprob_text_support import (ScriptedTextManager, byte_fallback_tokenizer, metaspace_tokenizer,
+                                  sentencepiece_tokenizer, wordpiece_tokenizer)
 
 # CJK and emoji the small vocabularies lack: they come out as byte tokens, several per character.
 OUTPUT = " 語😀 the fox 字🎉ok"
@@ -266,3 +267,52 @@ def test_an_echoed_token_prompt_that_ends_inside_a_character_shifts_the_offsets_
     prompt_text = echoed["text"][:len(echoed["text"]) - len(alone["text"])]
     assert prompt_text.endswith("\ufffd") and echoed["text"] == prompt_text + alone["text"]
     assert shifted[len(prompt):] == [offset + len(prompt_text) for offset in plain]
+
+
+@pytest.fixture(scope="module")
+def sp_tokenizer(tmp_path_factory) -> Any:
+    return sentencepiece_tokenizer(tmp_path_factory.mktemp("sentencepiece"))
+
+
+@pytest.fixture(params=["byte_level", "sentencepiece"])
+def bos_word_tokenizer(request, tokenizer, sp_tokenizer) -> Any:
+    """A tokenizer that adds BOS and keeps "fox" and "jumps" whole words, one of each word-mark kind."""
+    return tokenizer if request.param == "byte_level" else sp_tokenizer
+
+
+def test_a_truncated_echo_shows_the_tokens_used_as_an_uncut_echo_shows_them(bos_word_tokenizer):
+    """truncate_prompt_tokens with echo: the prompt is echoed as the tokens that ran (the BOS the
+    tokenizer added and the text's last tokens), without BOS's text, as an uncut echo has none:
+    "<s> fox jumps" started the text with BOS's text, and its offsets counted it."""
+    tok = bos_word_tokenizer
+    prompt = "the quick brown fox jumps"
+    used = tok(prompt)["input_ids"]
+    assert tok.convert_ids_to_tokens(used)[0] == "<s>" and tok.decode(used[-2:]).strip() == "fox jumps"
+    script = _ids(tok, " ok")
+    client = _client(ScriptedTextManager(tok, script))
+    uncut, _ = _completion(client, prompt=prompt, echo=True, max_tokens=len(script))
+    output = uncut["text"][len(prompt):]
+    whole, chunks = _completion(client, prompt=prompt, echo=True, truncate_prompt_tokens=3, max_tokens=len(script))
+    offsets = _check_stream_matches(whole, chunks)
+    # The kept tokens' own text: the end of the client's prompt (less a first word mark's space).
+    shown = tok.decode(used[-2:])
+    assert whole["text"] == shown + output and "<s>" not in whole["text"] and prompt.endswith(shown.lstrip())
+    uncut_tokens = uncut["logprobs"]["tokens"]
+    assert whole["logprobs"]["tokens"][:3] == [uncut_tokens[0], *uncut_tokens[len(used) - 2:len(used)]]
+    # BOS where the text begins, as in the uncut echo; each kept token at its text.
+    assert offsets[:3] == [0, 0, shown.index(" jumps")] and offsets[3] == len(shown)
+    # A limit the prompt fits in cuts nothing: the client's text, as without truncate_prompt_tokens
+    # (it was decoded: "<s> the quick ...").
+    roomy, _ = _completion(client, prompt=prompt, echo=True, truncate_prompt_tokens=64, max_tokens=len(script))
+    assert roomy == uncut and roomy["text"] == prompt + output
+
+
+def test_a_truncated_echo_equals_the_echo_of_the_kept_text_sent_whole(sp_tokenizer):
+    """Where the kept tokens are what their text tokenizes to (a Metaspace tokenizer: "fox jumps" is
+    BOS ▁fox ▁jumps either way), the cut prompt's echo is that text's echo: text, tokens, offsets."""
+    client = _client(ScriptedTextManager(sp_tokenizer, _ids(sp_tokenizer, " ok")))
+    assert sp_tokenizer("the quick brown fox jumps")["input_ids"][-2:] == sp_tokenizer("fox jumps")["input_ids"][1:]
+    cut, _ = _completion(client, prompt="the quick brown fox jumps", echo=True, truncate_prompt_tokens=3)
+    sent, _ = _completion(client, prompt="fox jumps", echo=True)
+    assert cut == sent
+    assert cut["text"] == "fox jumps ok" and cut["logprobs"]["text_offset"] == [0, 0, 3, 9]

@@ -35,6 +35,13 @@ class SpecialTokenFrame:
         """``ids`` (tokenized without special tokens) as the tokenizer would give them with."""
         return [*self.prefix, *ids, *self.suffix]
 
+    def strip(self, ids: list[int]) -> list[int]:
+        """``ids`` without the prefix and suffix when they :meth:`frames` them, else as given: the
+        text's own ids of a prompt tokenized with special tokens."""
+        if not self.frames(ids):
+            return ids
+        return ids[len(self.prefix):len(ids) - len(self.suffix)]
+
     def frames(self, ids: list[int]) -> bool:
         """True when ``ids`` begin with the prefix and end with the suffix (room for both)."""
         edges = len(self.prefix) + len(self.suffix)

@@ -250,6 +250,8 @@ class OpenAIEndpoints:
                                 "best_of" if body.best_of is not None else "n",
                                 (body.logprobs or 0) > 0 or (body.prompt_logprobs or 0) > 0)
         prompts = []
+        # What echo shows of each prompt: a text as sent, or ids to decode (see _echo_texts).
+        echo_sources: list[str | list[int]] = []
         for index, prompt in enumerate(body.prompt):
             noun = prompt_noun("prompt", index, len(body.prompt))
             if isinstance(prompt, str):
@@ -259,10 +261,16 @@ class OpenAIEndpoints:
                 ids = await encoded(self.encoder.encode_prompt(prompt, "prompt", keeps_end, **options), "prompt",
                                     self.manager.served.vocab_size, noun=noun)
                 frame = await self.truncation_frame(body, body.add_special_tokens)
-                prompts.append(body.truncated(ids, frame))
+                kept = body.truncated(ids, frame)
+                prompts.append(kept)
+                if len(kept) == len(ids):
+                    echo_sources.append(prompt)
+                else:
+                    echo_sources.append(frame.strip(kept) if frame is not None else kept)
             else:
                 check_token_ids(prompt, self.manager.served.vocab_size, "prompt", noun=noun)
                 prompts.append(body.truncated(list(prompt)))
+                echo_sources.append(prompts[-1])
         # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
         prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:
@@ -271,17 +279,26 @@ class OpenAIEndpoints:
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids,
                                           self.token_strings)
-        echo = None
-        if body.echo:
-            # A truncated prompt is echoed as the tokens that were used.
-            echo = [(prompt if isinstance(prompt, str) and body.truncate_prompt_tokens is None
-                     else self.manager.served.tokenizer.decode(ids), ids) for prompt, ids in zip(body.prompt, prompts)]
+        echo = list(zip(await self._echo_texts(echo_sources), prompts)) if body.echo else None
         shaper: ResponseShaper = CompletionShaper(
             formatter, body.logprobs is not None, echo=echo, n=body.n, drop_output=body.max_tokens == 0,
             prompt_logprobs=body.prompt_logprobs, prompts=prompts, every_token=body.return_token_ids)
         if body.return_token_ids:
             shaper = TokenIdShaper(shaper, prompts, body.n, prompt_in_choice=True)
         return await self._respond(request, body, model, jobs, shaper)
+
+    async def _echo_texts(self, sources: list[str | list[int]]) -> list[str]:
+        """The text ``echo`` puts before each prompt's choices: a text prompt as the client sent it; one
+        ``truncate_prompt_tokens`` cut as the tokens that were used (so its echoed logprobs and
+        ``text_offset`` describe the text shown), decoded without the special tokens the tokenizer
+        added around it, which an uncut text prompt's echo does not show either (BOS keeps its
+        logprob entry at offset 0); a token-id prompt decoded, cut or not (its special tokens are ids
+        the client sent).  Decoded on the tokenizer threads: a long prompt takes milliseconds."""
+        tokenizer = self.manager.served.tokenizer
+        if all(isinstance(source, str) for source in sources):
+            return list(sources)
+        return await self.encoder.on_tokenizer_thread(
+            lambda: [source if isinstance(source, str) else tokenizer.decode(source) for source in sources])
 
     async def chat_completions(self, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
