@@ -164,6 +164,44 @@ def test_prompt_logprobs_and_echo_name_prompt_tokens_after_the_prompt(sp_tokeniz
     assert bare["logprobs"]["tokens"][:2] == ["hello", " "]
 
 
+def test_echo_with_logprobs_puts_the_prompt_logprobs_on_every_choice(sp_tokenizer):
+    """vLLM 0.32 computes the prompt's logprobs for echo with logprobs (its prompt_logprobs is logprobs
+    unless given) and puts them on every choice as prompt_logprobs; the choices here had none."""
+    manager = ScriptedTextManager(sp_tokenizer, _ids(sp_tokenizer, "ok"))
+    client = _client(manager)
+    base = {"model": MODEL, "prompt": "hello world", "max_tokens": 1}
+
+    def choices(**fields: Any) -> list[dict[str, Any]]:
+        response = client.post("/v1/completions", json={**base, **fields})
+        assert response.status_code == 200, response.text
+        return response.json()["choices"]
+
+    asked = choices(prompt_logprobs=1)[0]["prompt_logprobs"]
+    assert asked[0] is None and len(asked) == len(sp_tokenizer("hello world")["input_ids"])
+    # The same shape as asked for by prompt_logprobs, on each choice, also with the prompt alone.
+    assert [choice["prompt_logprobs"] for choice in choices(echo=True, logprobs=1, n=2)] == [asked, asked]
+    assert manager.calls[-1].params.prompt_logprobs == 1
+    assert choices(echo=True, logprobs=1, max_tokens=0)[0]["prompt_logprobs"] == asked
+    # logprobs 0 computes the prompt tokens' own logprobs: an empty list of alternatives each.
+    assert choices(echo=True, logprobs=0)[0]["prompt_logprobs"] == asked
+    # An explicit prompt_logprobs sets how many, for the echo too (vLLM: it wins over logprobs; the
+    # larger of the two was computed here).
+    assert choices(echo=True, logprobs=3, prompt_logprobs=1)[0]["prompt_logprobs"] == asked
+    assert manager.calls[-1].params.prompt_logprobs == 1
+    choices(echo=True, logprobs=1, prompt_logprobs=2)
+    assert manager.calls[-1].params.prompt_logprobs == 2
+    # Echo without logprobs, or logprobs without echo, computes no prompt logprobs.
+    for fields in ({"echo": True}, {"logprobs": 1}):
+        assert "prompt_logprobs" not in choices(**fields)[0]
+        assert manager.calls[-1].params.prompt_logprobs is None
+    # Streamed, chunks carry no prompt_logprobs (vLLM's stream choices have no such field); the
+    # echoed prompt's logprobs come with the text as before.
+    events = sse_events(client.post("/v1/completions", json={**base, "echo": True, "logprobs": 1, "stream": True}))
+    chunks = [event["choices"][0] for event in events[:-1] if event["choices"]]
+    assert all("prompt_logprobs" not in chunk for chunk in chunks)
+    assert chunks[0]["logprobs"]["tokens"][:3] == ["<s>", " hello", " world"]
+
+
 
 class _CountingTokenizer:
     """A tokenizer that counts its decode calls (the strings are computed on the event loop)."""

@@ -289,3 +289,13 @@ class CompletionRequest(OpenAISamplingRequest):
     def asks_token_logprobs(self) -> bool:
         """``logprobs`` given (0 asks for the tokens' own logprobs, with no alternatives)."""
         return self.logprobs is not None
+
+    def prompt_logprob_count(self) -> int | None:
+        """The alternatives each prompt position's logprobs carry (None: none are computed), vLLM 0.32's
+        rule: ``prompt_logprobs`` when given, else ``logprobs`` with ``echo`` (the echoed prompt's
+        logprobs are the prompt's).  The count also sets the echoed prompt tokens' alternatives, so an
+        explicit ``prompt_logprobs`` below ``logprobs`` gives them fewer, as in vLLM; every choice
+        reports them as ``prompt_logprobs`` too."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None

@@ -271,10 +271,9 @@ class OpenAIEndpoints:
                 check_token_ids(prompt, self.manager.served.vocab_size, "prompt", noun=noun)
                 prompts.append(body.truncated(list(prompt)))
                 echo_sources.append(prompts[-1])
-        # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward.
-        prompt_logprobs = body.prompt_logprobs
-        if body.echo and body.logprobs is not None:
-            prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+        # echo with logprobs reports the prompt's own logprobs, computed in the prefill forward (vLLM's
+        # rule for how many alternatives: prompt_logprobs when given, else logprobs).
+        prompt_logprobs = body.prompt_logprob_count()
         grammar = await openai_request_grammar(self.manager, body, request=request)
         jobs = self._plan_jobs(body, prompts, body.logprobs, "prompt", prompt_logprobs, grammar)
         formatter = TokenLogprobFormatter(self.token_bytes, body.logprobs or 0, body.return_tokens_as_token_ids,
@@ -282,7 +281,7 @@ class OpenAIEndpoints:
         echo = list(zip(await self._echo_texts(echo_sources), prompts)) if body.echo else None
         shaper: ResponseShaper = CompletionShaper(
             formatter, body.logprobs is not None, echo=echo, n=body.n, drop_output=body.max_tokens == 0,
-            prompt_logprobs=body.prompt_logprobs, prompts=prompts, every_token=body.return_token_ids)
+            prompt_logprobs=prompt_logprobs, prompts=prompts, every_token=body.return_token_ids)
         if body.return_token_ids:
             shaper = TokenIdShaper(shaper, prompts, body.n, prompt_in_choice=True)
         return await self._respond(request, body, model, jobs, shaper)
