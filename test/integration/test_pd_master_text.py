@@ -164,3 +164,65 @@ def test_a_stop_token_in_a_later_segment_ends_like_a_normal_server(cluster, norm
     ours = _send_all(cluster.master.url, requests)
     assert ours == _send_all(normal.url, requests)
     assert all(got["finish"] == "stop" and got["count"] == at + 1 and got["stop_reason"] == ids[at] for got in ours)
+
+
+# What two servers answering the same requests need not agree on: the prefix-cache hits (the
+# requests run concurrently and share a prompt, so which finds the other's is timing).
+_CACHE_KEYS = frozenset({"prompt_cache_len", "prompt_tokens_details"})
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` less :data:`_CACHE_KEYS`, with every float replaced by a marker: logprobs depend
+    on the batch a token was computed in (rounding), which two servers do not share; their places
+    and number must agree."""
+    if isinstance(value, float):
+        return "<float>"
+    if isinstance(value, dict):
+        return {key: _comparable(item) for key, item in value.items() if key not in _CACHE_KEYS}
+    if isinstance(value, list):
+        return [_comparable(item) for item in value]
+    return value
+
+
+def _answer_without_ids(path: str, status: int, text: str) -> Any:
+    """An answer as the client reads it (a stream's chunks in order), :func:`_comparable`, less
+    what differs between any two servers (an OpenAI response's id and time)."""
+    assert status == 200, text
+    if path == "/generate":
+        return _comparable(json.loads(text))
+    chunks = ([json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+              if text.startswith("data:") else [json.loads(text)])
+    return [_comparable({key: item for key, item in chunk.items() if key not in ("id", "created")})
+            for chunk in chunks]
+
+
+def test_a_grammar_completed_at_a_segment_boundary_ends_like_a_normal_server(cluster, normal):
+    # A normal server finishes a request whose structured-output grammar can go no further.  The
+    # decode node must finish it too when that token is also its segment's last (a continuation
+    # would add an end-of-sequence token: one more token, a logprob and a stop_reason), and the
+    # prefill node when it is a segment's first token.  The tiny model writes one token per digit.
+    lengths = {1: "the prefill node's first token", SEGMENT_TOKENS: "the first segment's last token",
+               SEGMENT_TOKENS + 1: "a continuation's first token", 2 * SEGMENT_TOKENS: "a continuation's last token"}
+    requests: List[Tuple[str, Dict[str, Any]]] = []
+    for digits in lengths:
+        requests.append(("/generate", {"inputs": "x=", "parameters": {
+            "max_new_tokens": MAX_TOKENS, "do_sample": False, "regular_constraint": f"[0-9]{{{digits}}}",
+            "return_details": True}}))
+    for stream in (False, True):
+        requests.append(("/v1/completions", {"model": normal.model_name, "prompt": "x=", "max_tokens": MAX_TOKENS,
+                                             "temperature": 0, "logprobs": 1, "stream": stream,
+                                             "structured_outputs": {"regex": f"[0-9]{{{SEGMENT_TOKENS}}}"},
+                                             **({"stream_options": {"include_usage": True}} if stream else {})}))
+
+    async def run(url: str) -> List[Any]:
+        async with httpx.AsyncClient(timeout=180) as client:
+            async def one(path: str, body: Dict[str, Any]) -> Any:
+                response = await client.post(f"{url}{path}", json=body)
+                return _answer_without_ids(path, response.status_code, response.text)
+
+            return await asyncio.gather(*(one(path, body) for path, body in requests))
+
+    expected = asyncio.run(run(normal.url))
+    for answer, (digits, where) in zip(expected, lengths.items()):  # the premise: the grammar ends on that token
+        assert answer["count_output_tokens"] == digits and answer["finish_reason"] == "stop", (where, answer)
+    assert asyncio.run(run(cluster.master.url)) == expected

@@ -22,7 +22,8 @@ from lightllm.common.req_manager import ReqManager
 from lightllm.common.sampling import SamplingParams
 from lightllm.common.sampling.sampler import Sampler
 from lightllm.models.registry import load_model
-from lightllm.server.core.objs.finish_status import FINISH_ABORT, FINISH_ERROR, FINISH_HANDED_OFF, FINISH_LENGTH
+from lightllm.server.core.objs.finish_status import (FINISH_ABORT, FINISH_ERROR, FINISH_HANDED_OFF, FINISH_LENGTH,
+                                                    FINISH_SEGMENT_LIMIT, FINISH_STOP)
 from lightllm.server.model_rank.kv_cache.infer_context import InferenceContext
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.backend_registry import (
@@ -38,6 +39,7 @@ from lightllm.server.model_rank.execution.rank_backend import build_rank_backend
 from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.model_rank.execution.structured_output import GrammarConstraints
 from lightllm.server.http.structured.response_format import response_format_grammar
+from lightllm.server.http.structured.structured_params import native_constraint_grammar
 from lightllm.utils.tokenizer_utils import load_tokenizer
 from lightllm.server.model_rank.scheduling.request_state import InvalidTransition, ReqState
 from lightllm.server.core.objs.request_spec import RequestSpec
@@ -205,6 +207,61 @@ def test_a_constrained_request_through_prefill_and_decode_nodes_matches_a_normal
     prefill.transfer_done(1, ok=True)
     assert decode.requests[1].grammar_held and not decode.step().ordered  # admitted, still held
     assert run_releasing_grammars(decode)[0][1] == full
+
+
+def _handed_off_and_decoded(model, tokenizer, spec: RequestSpec, max_segment_tokens: int) -> tuple:
+    """``spec`` as request 1 through a prefill node and a decode node that ends segments after
+    ``max_segment_tokens`` tokens: its decode-node output and finish status."""
+    prefill = _backend(model, "prefill", grammar=GrammarConstraints(lambda: tokenizer))
+    decode = _backend(model, "decode", grammar=GrammarConstraints(lambda: tokenizer),
+                      max_segment_tokens=max_segment_tokens)
+    prefill.add_request(1, spec)
+    handed: List[InferReq] = []
+    while not handed:
+        report = step_releasing_grammars(prefill)
+        assert not report.finished, "the prefill node finished the request instead of handing it off"
+        handed = report.handoffs
+    dst = decode.reserve_prefilled(1, spec)
+    fake_transfer(prefill.kv, handed[0], decode.kv, dst)
+    assert decode.admit_prefilled(dst, handed[0].output_ids[0]) == 0
+    prefill.transfer_done(1, ok=True)
+    outputs, statuses = run_releasing_grammars(decode)
+    return outputs[1], statuses[1]
+
+
+@pytest.mark.parametrize("regex", ["[0-9]{3}", "(yes|no|maybe)"])
+def test_a_grammar_completed_on_a_segments_last_token_finishes_the_request(model, tiny_llama_dir, regex) -> None:
+    """A normal server finishes a request whose grammar can go no further (``stop``); a decode
+    node whose segment limit falls on that same token must finish it too, not end the segment:
+    the master would continue it, and the prefill node could only sample an end-of-sequence
+    token under the finished grammar (one token more than the normal server's answer)."""
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    grammar = native_constraint_grammar({"regular_constraint": regex})
+    spec = RequestSpec(tokenizer("x=")["input_ids"], SamplingParams(temperature=0, max_new_tokens=10, grammar=grammar))
+    normal = _backend(model, "normal", grammar=GrammarConstraints(lambda: tokenizer))
+    normal.add_request(1, spec)
+    outputs, statuses = run_releasing_grammars(normal)
+    full, status = outputs[1], statuses[1]
+    assert status == FINISH_STOP and 2 <= len(full) < 10, (full, status)  # the grammar ended it on the decode node
+    assert _handed_off_and_decoded(model, tokenizer, spec, max_segment_tokens=len(full)) == (full, FINISH_STOP)
+    # A limit before the grammar's end still ends the segment there, unfinished.
+    assert _handed_off_and_decoded(model, tokenizer, spec, max_segment_tokens=len(full) - 1) == (
+        full[:-1], FINISH_SEGMENT_LIMIT)
+
+
+def test_a_grammar_completed_by_the_prefill_nodes_first_token_finishes_there(model, tiny_llama_dir) -> None:
+    """A grammar the prefill node's first token completes ends the request on the prefill node
+    (``stop``, no hand-off), as a normal server ends it after that token."""
+    tokenizer = load_tokenizer(str(tiny_llama_dir))
+    grammar = native_constraint_grammar({"regular_constraint": "[0-9]"})
+    spec = RequestSpec(tokenizer("x=")["input_ids"], SamplingParams(temperature=0, max_new_tokens=10, grammar=grammar))
+    normal = _backend(model, "normal", grammar=GrammarConstraints(lambda: tokenizer))
+    normal.add_request(1, spec)
+    expected = run_releasing_grammars(normal)
+    prefill = _backend(model, "prefill", grammar=GrammarConstraints(lambda: tokenizer))
+    prefill.add_request(1, spec)
+    outputs, statuses = run_releasing_grammars(prefill)
+    assert (outputs, statuses) == expected and statuses == {1: FINISH_STOP} and len(outputs[1]) == 1
 
 
 def test_a_decode_node_ends_a_request_whose_compile_raised_only_once_its_kv_arrived(model, tiny_llama_dir) -> None:

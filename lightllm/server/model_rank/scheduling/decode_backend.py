@@ -37,7 +37,8 @@ unless ``end_segment_on_kv_pressure`` is set (a PD decode node's rank sets it): 
 segment then ends with ``FINISH_SEGMENT_KV`` and the master continues it as a new segment,
 since recomputing a prompt is the prefill node's work.  With ``max_segment_tokens`` > 0 a
 segment also ends (``FINISH_SEGMENT_LIMIT``) once it generated that many tokens, the prefill
-node's first token included.  Both are constructor arguments.
+node's first token included, unless that token also finishes the request by the normal stop rules
+(a completed structured-output grammar among them).  Both are constructor arguments.
 """
 
 from __future__ import annotations
@@ -240,9 +241,15 @@ class DecodeBackend(PdNodeBackend):
         self.hold_line.released(req.request_id)
         self.finish(req, FINISH_ABORT if req.abort_requested else status)
 
-    def finish_status(self, req: InferReq, token: int) -> int:
-        """The normal stop rules, then the per-segment token limit."""
-        status = super().finish_status(req, token)
+    def finish_status(self, req: InferReq, token: int, grammar_end: Optional[str] = None) -> int:
+        """The normal stop rules, then the per-segment token limit.
+
+        A structured-output grammar the token completed is one of the normal rules: the request
+        finishes (``stop``), as on a normal server, even on the segment's last token.  Reported
+        as a segment end instead, the master would send a continuation whose prefill node could only
+        sample an end-of-sequence token, one token more than a normal server's answer.
+        """
+        status = super().finish_status(req, token, grammar_end)
         if not status and self.max_segment_tokens > 0 and len(req.output_ids) >= self.max_segment_tokens:
             return FINISH_SEGMENT_LIMIT
         return status

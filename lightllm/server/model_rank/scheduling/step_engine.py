@@ -30,7 +30,7 @@ deterministic: no wall clock, no randomness, ties by admission order or request 
 from __future__ import annotations
 
 import time
-from typing import ClassVar, Dict, List, Sequence, Tuple
+from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from lightllm.server.core.objs.finish_status import (FINISH_ABORT, FINISH_ERROR, FINISH_GRAMMAR_FAILED, FINISH_LENGTH,
                                                     FINISH_STOP)
@@ -300,21 +300,24 @@ class StepEngine(RequestMembership):
         report.tokens.append((req, token, sampled.logprob))
         if sampled.top:
             report.top_logprobs[req.request_id] = sampled.top
-        status = self.finish_status(req, token)
-        grammar_end = sampled.grammar_end
-        if grammar_end is not None:
-            if grammar_end == "error":
-                status = FINISH_GRAMMAR_FAILED
-            elif grammar_end == "stop" and not status:
-                status = FINISH_STOP
+        status = self.finish_status(req, token, sampled.grammar_end)
         if status:
             self.finish(req, status, report)
         elif req.state is not _DECODING:
             self._prompt_completed.add(req.request_id)
             self.on_prompt_done(req, report)
 
-    def finish_status(self, req: InferReq, token: int) -> int:
-        """Finish status after ``token`` was appended (0 while the request goes on)."""
+    def finish_status(self, req: InferReq, token: int, grammar_end: Optional[str] = None) -> int:
+        """Finish status after ``token`` was appended (0 while the request goes on).
+
+        ``grammar_end`` is the token's :attr:`~.model_executor.SampledToken.grammar_end`: a
+        grammar that could not go on fails the request whatever else holds; one the token
+        completed stops it unless a stop token or the length ended it first.  The grammar's end
+        is one of these rules, not a later override, so that a mode backend that adds its own
+        end after them (a PD decode node's segment limit) sees a complete grammar as finished.
+        """
+        if grammar_end == "error":
+            return FINISH_GRAMMAR_FAILED
         params = req.sampling
         if params is not None:
             if token in params.stop_token_ids:
@@ -325,6 +328,8 @@ class StepEngine(RequestMembership):
         output_len = len(req.output_ids)
         if output_len >= req.max_new_tokens or len(req.prompt_ids) + output_len >= self.max_req_total_len:
             return FINISH_LENGTH
+        if grammar_end == "stop":
+            return FINISH_STOP
         return 0
 
     # --- hooks of the mode backends ------------------------------------------------------------
