@@ -226,3 +226,24 @@ def test_a_grammar_completed_at_a_segment_boundary_ends_like_a_normal_server(clu
     for answer, (digits, where) in zip(expected, lengths.items()):  # the premise: the grammar ends on that token
         assert answer["count_output_tokens"] == digits and answer["finish_reason"] == "stop", (where, answer)
     assert asyncio.run(run(cluster.master.url)) == expected
+
+
+def test_n_choices_report_the_smallest_cache_hit_among_them(cluster, normal):
+    # Each choice of an n > 1 request is a generation of its own, and one prefilled after a sibling
+    # computed the prompt adopts that prefix.  On a normal server choice 0 joins first and computes;
+    # through the master any choice may reach the prefill node first, choice 0 included.  The
+    # request's usage reports the smallest hit of its choices, which leaves the siblings' work out
+    # on both (and is choice 0's on the normal server); each choice's continuous usage keeps its own.
+    words = ["Quartz", "Violet", "Harbor", "Juniper", "Falcon", "Ember", "Walnut", "Cobalt"]
+    for server, first_is_smallest in ((cluster.master, False), (normal, True)):
+        for word in words:
+            body = {"model": normal.model_name, "prompt": f"{word} {server is normal} zz yy xx", "max_tokens": 3,
+                    "temperature": 0.9, "n": 3, "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            text = httpx.post(f"{server.url}/v1/completions", json=body, timeout=180).text
+            chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+            own = {chunk["choices"][0]["index"]: chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+                   for chunk in chunks[:-1]}
+            reported = chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert sorted(own) == [0, 1, 2] and reported == min(own.values()), (server.url, word, own, reported)
+            assert not first_is_smallest or own[0] == reported, (word, own)

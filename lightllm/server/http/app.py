@@ -63,7 +63,7 @@ from lightllm.server.http.openai.openai_routes import OpenAIEndpoints
 from lightllm.server.http.openai.chat_completion_request import ChatCompletionRequest
 from lightllm.server.http.openai.openai_models import CompletionRequest
 from lightllm.server.http.openai.logprob_formatter import json_logprob
-from lightllm.server.http.openai.openai_shapes import best_choices, final_finish_reason, first_generation_cached
+from lightllm.server.http.openai.openai_shapes import best_choices, final_finish_reason, smallest_cached_tokens
 from lightllm.server.http.openapi import install_request_schemas, request_body
 from lightllm.server.http.generation.planning import (check_context_length,
                                                       check_generation_counts, check_min_tokens_fit, check_token_ids,
@@ -199,8 +199,9 @@ class NativeEndpoints:
         body, fanout, jobs = await self._start(request)
         collected = await fanout.collect()
         parameters = body.parameters
-        # The prompt's cache hit as its first generation saw it, whichever generation best_of keeps.
-        first_cached = first_generation_cached(collected, jobs)[0]
+        # The prompt's cache hit as the request reports it (the smallest of its generations', the
+        # siblings' work left out), over every generation run, whichever ones best_of keeps.
+        prompt_cached = smallest_cached_tokens(collected, jobs)[0]
         if parameters.candidates > parameters.n:
             collected, jobs = best_choices(collected, jobs, parameters.n)
         choices = [collected[index] for index in sorted(collected)]
@@ -208,9 +209,9 @@ class NativeEndpoints:
                    for events in choices]
         if len(answers) == 1:
             # One answer for the request: its details report the prompt's hit as the top level does.
-            answer = {**answers[0], "prompt_cache_len": first_cached}
+            answer = {**answers[0], "prompt_cache_len": prompt_cached}
             if "details" in answer:
-                answer["details"] = {**answer["details"], "prompt_cache_len": first_cached}
+                answer["details"] = {**answer["details"], "prompt_cache_len": prompt_cached}
             return JSONResponse(answer)
         # n > 1: LightLLM's shape, one list entry per choice.
         merged: dict[str, Any] = {
@@ -218,7 +219,7 @@ class NativeEndpoints:
             "count_output_tokens": [answer["count_output_tokens"] for answer in answers],
             "finish_reason": [answer["finish_reason"] for answer in answers],
             "prompt_tokens": answers[0]["prompt_tokens"],
-            "prompt_cache_len": first_cached,
+            "prompt_cache_len": prompt_cached,
         }
         if parameters.return_details:
             merged["tokens"] = [answer["tokens"] for answer in answers]

@@ -39,7 +39,7 @@ from lightllm.server.http.openai.openai_shapes import (
     CompletionShaper,
     UsageTracker,
     best_choices,
-    first_generation_cached,
+    smallest_cached_tokens,
 )
 from lightllm.server.http.openapi import request_body
 from lightllm.server.http.generation.planning import (
@@ -381,7 +381,7 @@ class OpenAIEndpoints:
         collected = await fanout.collect()
         prompt_cached = None
         if body.candidates > body.n:
-            prompt_cached = first_generation_cached(collected, jobs)
+            prompt_cached = smallest_cached_tokens(collected, jobs)
             collected, jobs = best_choices(collected, jobs, body.n)
 
         def answer() -> Response:

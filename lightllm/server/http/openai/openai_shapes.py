@@ -33,15 +33,17 @@ class UsageTracker:
     def __init__(self, jobs: list[ChoiceJob], count_completion: bool = True,
                  prompt_cached: dict[int, int] | None = None) -> None:
         """``prompt_cached``: each prompt's cached tokens for the totals, by prompt index, when
-        they are not those of the first job listed (:func:`first_generation_cached`, for ``best_of``)."""
+        they are not the smallest of the jobs listed (:func:`smallest_cached_tokens` over every
+        generation ``best_of`` ran, of which only the kept ones are listed)."""
         # False when the generated tokens are dropped (echo with max_tokens 0).
         self._count_completion = count_completion
         owners: dict[int, int] = {}
         for job in jobs:
             owners.setdefault(job.prompt_index, job.index)
-        # The first choice of each prompt reports that prompt's token counts in the totals.
+        # The first choice of each prompt reports that prompt's token count in the totals.
         self._prompt_owner = set(owners.values())
         self._owner_prompt = {index: prompt_index for prompt_index, index in owners.items()}
+        self._choice_prompt = {job.index: job.prompt_index for job in jobs}
         self._prompt_cached = prompt_cached
         # Each choice's own prompt counts (tokens, cached), known before any chunk: the jobs were
         # primed, which prefilled their prompts (chunks streamed with continuous usage report them
@@ -56,17 +58,25 @@ class UsageTracker:
         self._prompt[index] = (event.prompt_tokens, event.cached_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        """The OpenAI ``usage`` object of the whole request."""
-        owned = [(index, counts) for index, counts in self._prompt.items() if index in self._prompt_owner]
-        if self._prompt_cached is not None:
-            owned = [(index, (tokens, self._prompt_cached[self._owner_prompt[index]])) for index, (tokens, _) in owned]
-        return _usage(sum(tokens for _, (tokens, _) in owned), sum(self._completion.values()),
-                      sum(cached for _, (_, cached) in owned))
+        """The OpenAI ``usage`` object of the whole request.
+
+        Each prompt's cached tokens are the smallest hit among its choices (see
+        :func:`smallest_cached_tokens` for why not the first choice's)."""
+        cached = self._prompt_cached
+        if cached is None:
+            cached = {}
+            for index, (_, hit) in self._prompt.items():
+                prompt_index = self._choice_prompt[index]
+                cached[prompt_index] = min(hit, cached.get(prompt_index, hit))
+        owned = [tokens for index, (tokens, _) in self._prompt.items() if index in self._prompt_owner]
+        return _usage(sum(owned), sum(self._completion.values()),
+                      sum(cached[self._owner_prompt[index]] for index in self._prompt_owner))
 
     def choice_dict(self, index: int) -> dict[str, Any]:
         """The ``usage`` of choice ``index`` alone: its prompt and its completion so far.
 
-        What vLLM's ``continuous_usage_stats`` chunks carry, each in its choice's chunk.
+        What vLLM's ``continuous_usage_stats`` chunks carry, each in its choice's chunk; the
+        cached tokens are this choice's own hit (which may include what a sibling computed).
         """
         tokens, cached = self._prompt[index]
         return _usage(tokens, self._completion.get(index, 0), cached)
@@ -81,18 +91,25 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> di
     }
 
 
-def first_generation_cached(collected: dict[int, list[Any]], jobs: list[ChoiceJob]) -> dict[int, int]:
-    """Each prompt's cached tokens as its first generation saw them, by prompt index.
+def smallest_cached_tokens(collected: dict[int, list[Any]], jobs: list[ChoiceJob]) -> dict[int, int]:
+    """Each prompt's cached tokens as a request reports them: the smallest hit among the prompt's
+    generations (``n``, ``best_of``), by prompt index.
 
-    The other generations of a prompt (``n``, ``best_of``) run beside the first and may adopt
-    the prefix it computed; what a request reports as cached is the first one's, whichever
-    generation ``best_of`` keeps (else a never-seen prompt could report a hit, by sampling luck).
+    Each generation is a request of its own to the server, and one that reaches the prefix cache
+    after a sibling computed the prompt adopts that prefix: a never-seen prompt would report a
+    hit by timing (or, for ``best_of``, by which generation is kept).  The smallest hit leaves the
+    siblings' work out.  On a normal server it is, in practice, generation 0's: they are submitted
+    in order, so generation 0 joins the rank first (its prefix lookup precedes any sibling's
+    work) and the prefill-queue strategies keep equal prompts in arrival order (it computes the
+    prompt, the others adopt it).  Through a PD master each generation is prefilled on its own,
+    after its decode node's reservation, and any of them may reach the prefill node first, so
+    generation 0's hit could include a sibling's work; the smallest gives both the same answer.
     """
     cached: dict[int, int] = {}
-    for job in sorted(jobs, key=lambda job: job.index):
-        if job.prompt_index not in cached:
-            events = collected.get(job.index) or []
-            cached[job.prompt_index] = events[-1].cached_tokens if events else job.cached_tokens
+    for job in jobs:
+        events = collected.get(job.index) or []
+        hit = events[-1].cached_tokens if events else job.cached_tokens
+        cached[job.prompt_index] = min(hit, cached.get(job.prompt_index, hit))
     return cached
 
 
