@@ -60,7 +60,7 @@ from lightllm.server.pd.node.transfer_ports import TransferPortBlock
 from lightllm.server.launch.plan import pd_rank_settings
 from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.run_mode import RunMode
-from lightllm.utils.wildcard_hosts import is_wildcard
+from lightllm.utils.wildcard_hosts import bind_host, is_wildcard
 
 log = logging.getLogger("lightllm.pd.node")
 
@@ -68,21 +68,34 @@ _SERVING_POLL_SECONDS = 0.05
 
 
 def advertised_host(args: argparse.Namespace) -> str:
-    """The host the master and the peer node reach this node at.
+    """The host the master and the peer node reach this node at (bare: an IPv6 address without brackets).
 
-    ``--host`` unless it is a wildcard; then the local address of the route to the master.
+    ``--host`` unless it is a wildcard; then the local address of the route to the master, in
+    the master's address family: an IPv6 master (``::1``, or a name resolving only to IPv6) is
+    reached from an IPv6 address, which an IPv4 probe socket cannot even try.  ``0.0.0.0`` (and
+    the empty host, whose transfer ports bind ``0.0.0.0``) listens on IPv4 only, so only an IPv4
+    route is asked for there; ``::`` listens on both (a dual-stack socket), so either family is.
+    The caller writes the address in the contract's form (:func:`format_host_port` brackets IPv6).
     """
     if not is_wildcard(args.host):
         return args.host
+    master = bare_host(args.pd_master_ip)
+    ipv4_only = ":" not in bind_host(args.host)
+    family = socket.AF_INET if ipv4_only else socket.AF_UNSPEC
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        # A host name may resolve to either family: the first answer is the one a client of the
+        # master would use (getaddrinfo's order), so the route probed is the one it would take.
+        found, _, _, _, address = socket.getaddrinfo(master, args.pd_master_port, family, socket.SOCK_DGRAM)[0]
+        with socket.socket(found, socket.SOCK_DGRAM) as probe:
             # A UDP "connect" sends nothing; it only picks the interface that routes to the master.
-            probe.connect((bare_host(args.pd_master_ip), args.pd_master_port))
+            probe.connect(address)
             return probe.getsockname()[0]
-    except OSError as exc:
+    except OSError as exc:  # socket.gaierror included: a name that does not resolve (in this family)
+        where = "every IPv4 interface" if ipv4_only else "every interface"
+        other = " (or --host ::, which listens on IPv6 too)" if ipv4_only else ""
         raise ArgumentError(
-            f"--host {args.host!r} listens everywhere and no route to --pd_master_ip {args.pd_master_ip!r} "
-            f"tells which address to advertise ({exc}); pass --host with this node's address"
+            f"--host {args.host!r} listens on {where} and no route to --pd_master_ip {args.pd_master_ip!r} "
+            f"tells which address to advertise ({exc}); pass --host with this node's address{other}"
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 
 import pytest
 
@@ -77,3 +78,42 @@ def test_a_wildcard_host_advertises_the_route_to_the_master() -> None:
     assert advertised_host(args) == "127.0.0.1"
     args.host = "10.1.2.3"
     assert advertised_host(args) == "10.1.2.3"
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+
+
+@needs_ipv6
+@pytest.mark.parametrize("master", ["::1", "[::1]"])
+def test_a_wildcard_host_advertises_its_ipv6_route_to_an_ipv6_master(tiny_llama_dir, master: str) -> None:
+    """The route is probed in the master's family: an IPv4 probe socket cannot connect to ::1 at all,
+    and the node stopped with "no route to --pd_master_ip"."""
+    args = make_argument_parser().parse_args(["--model_dir", "x", "--host", "::", "--pd_master_ip", master])
+    assert advertised_host(args) == "::1"
+    _, _, info, _ = _prepare(tiny_llama_dir, "--run_mode", "decode", "--host", "::", "--port", "8100",
+                             "--pd_master_ip", master)
+    assert info.http_address == "[::1]:8100"  # bracketed, as the master reads it back
+    assert info.node_id == "decode-::1:8100"
+
+
+def test_an_ipv6_wildcard_host_advertises_its_ipv4_route_to_an_ipv4_master() -> None:
+    # "::" listens on a dual-stack socket, so an IPv4 master reaches it at its IPv4 address.
+    args = make_argument_parser().parse_args(["--model_dir", "x", "--host", "::", "--pd_master_ip", "127.0.0.1"])
+    assert advertised_host(args) == "127.0.0.1"
+
+
+def test_an_ipv4_wildcard_host_with_an_ipv6_master_is_refused_naming_the_flags() -> None:
+    # 0.0.0.0 listens on IPv4 only: an IPv6 address it advertised would not answer.
+    args = make_argument_parser().parse_args(["--model_dir", "x", "--host", "0.0.0.0", "--pd_master_ip", "::1"])
+    with pytest.raises(ArgumentError, match=r"^--host '0\.0\.0\.0' listens on every IPv4 interface and no route "
+                                            r"to --pd_master_ip '::1'.*or --host ::"):
+        advertised_host(args)
