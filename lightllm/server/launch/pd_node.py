@@ -62,7 +62,7 @@ from lightllm.server.launch.sizing import ServerSizing
 from lightllm.server.run_mode import RunMode
 from lightllm.utils.wildcard_hosts import bind_host, is_wildcard
 
-log = logging.getLogger("lightllm.pd.node")
+log = logging.getLogger(__name__)
 
 _SERVING_POLL_SECONDS = 0.05
 

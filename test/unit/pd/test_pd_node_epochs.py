@@ -306,7 +306,7 @@ def test_a_late_answer_to_a_given_up_setup_does_not_complete_a_later_setup_of_it
             service.setup_timeout_seconds = 5.0
             later = asyncio.create_task(service.transfer_setup(5, "10.0.0.2:7000"))
             second = await rank0.receive()
-            with caplog.at_level(logging.DEBUG, logger="lightllm.pd.node.service"):
+            with caplog.at_level(logging.DEBUG, logger="lightllm.server.pd.node.service"):
                 host.handler(PdSetupDone(5, "KV transfer setup failed on rank 0: old peer gone", first.setup_id))
             await asyncio.sleep(0.05)
             waited_past_the_stale_answer = not later.done()

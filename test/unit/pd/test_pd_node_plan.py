@@ -117,3 +117,12 @@ def test_an_ipv4_wildcard_host_with_an_ipv6_master_is_refused_naming_the_flags()
     with pytest.raises(ArgumentError, match=r"^--host '0\.0\.0\.0' listens on every IPv4 interface and no route "
                                             r"to --pd_master_ip '::1'.*or --host ::"):
         advertised_host(args)
+
+
+def test_the_pd_node_modules_log_under_their_module_names() -> None:
+    # A logger name that is no module's cannot be found from the code, nor configured by package.
+    from lightllm.server.launch import pd_node
+    from lightllm.server.pd.node import service
+
+    assert pd_node.log.name == pd_node.__name__
+    assert service.log.name == service.__name__

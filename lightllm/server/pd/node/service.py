@@ -65,7 +65,7 @@ from lightllm.server.pd.node.stream_translation import error_event, translate
 from lightllm.server.run_mode import PD_NODE_MODES, RunMode
 from lightllm.utils.process_utils import zmq_socket
 
-log = logging.getLogger("lightllm.pd.node.service")
+log = logging.getLogger(__name__)
 
 # What rank 0 sends this process about PD (inside its step output stream).
 RANK0_PD_MESSAGES: Tuple[Type[Any], ...] = (PdSetupDone, PdNotice, PdChannelBroken)
