@@ -1,10 +1,11 @@
-"""Host names as flags give them and as URLs need them.
+"""Host names as flags give them and as URLs need them, and the one rule for which hosts are taken.
 
-``--pd_master_ip`` may be an IPv4 or IPv6 address (with or without the brackets a URL puts
-around IPv6) or a DNS host name; it is checked at start-up, since a node otherwise registers
-with a URL it cannot build and says nothing until it stops.  The PD contract's ``host:port``
-(:mod:`lightllm.server.pd.protocol.host_port`) holds its hosts to the same rule, so it lives
-here, below both.
+``--pd_master_ip`` and ``--nccl_host`` may be an IPv4 or IPv6 address (with or without the
+brackets a URL puts around IPv6) or a DNS host name; they are checked at start-up, since a node
+otherwise registers with a URL it cannot build and says nothing until it stops.  The PD
+contract's ``host:port`` (:mod:`lightllm.server.pd.protocol.host_port`) reads its host part with
+the same :func:`host_problem` (it only adds that an IPv6 host there must be bracketed), so a
+host one accepts the other accepts, for the same reason; the rule lives here, below both.
 """
 
 from __future__ import annotations
@@ -23,15 +24,29 @@ def bare_host(host: str) -> str:
 
 
 def host_problem(host: str) -> Optional[str]:
-    """Why ``host`` is not an IP address or a DNS host name (None when it is one)."""
-    text = bare_host(host)
+    """Why ``host`` is not a host this project takes (None when it is one).
+
+    Taken: an IPv4 address, an IPv6 address (bare, or in URL brackets), a DNS host name.
+    Refused: an IPv6 address with a zone, anything but an IPv6 address in brackets, unbalanced
+    brackets, and anything else that is neither an address nor a host name.
+    """
+    bracketed = len(host) >= 2 and host.startswith("[") and host.endswith("]")
+    if not bracketed and ("[" in host or "]" in host):
+        return "unbalanced brackets"
+    text = host[1:-1] if bracketed else host
+    if "%" in text and _is_ipv6(text.partition("%")[0]):
+        # Python's ipaddress (and httpx) take "fe80::1%eth0", but the zone names an interface
+        # of one machine: another machine given this address has no such interface to use.
+        return ("an IPv6 address with a zone (%...): the zone names a network interface of one machine, so the "
+                "address means nothing on another; give a global or unique-local address")
     try:
-        ipaddress.ip_address(text)
-        return None
+        address = ipaddress.ip_address(text)
     except ValueError:
-        pass
-    if text != host:
-        return "not an IPv6 address inside the brackets"
+        address = None
+    if bracketed:
+        return None if address is not None and address.version == 6 else "only an IPv6 address goes in brackets"
+    if address is not None:
+        return None
     if not _HOST_NAME.fullmatch(host):
         return "not an IP address or a host name (letters, digits, '-' and '.', at most 253 characters)"
     if host.rstrip(".").rpartition(".")[2].isdigit():
@@ -39,6 +54,15 @@ def host_problem(host: str) -> Optional[str]:
         # domain is all digits, RFC 3696 2), and "1234" would even resolve, as 0.0.4.210.
         return "not an IPv4 address (four numbers of 0-255), and no host name (its last label is not all digits)"
     return None
+
+
+def _is_ipv6(text: str) -> bool:
+    """Whether ``text`` is an IPv6 address (without a zone)."""
+    try:
+        ipaddress.IPv6Address(text)
+        return True
+    except ValueError:
+        return False
 
 
 def url_host(host: str) -> str:

@@ -9,6 +9,7 @@ kept the brackets, so a decode node could not join a prefill node on IPv6: every
 
 from __future__ import annotations
 
+import re
 import socket
 from datetime import timedelta
 from typing import Any, Callable, Dict
@@ -25,6 +26,7 @@ from lightllm.server.pd.node.host_contract import parse_transfer_address
 from lightllm.server.pd.protocol.host_port import HostPortError, format_host_port, parse_host_port
 from lightllm.server.pd.protocol.node_info import NodeInfo, NodeInfoError
 from lightllm.server.pd.protocol.stream_lines import TransferSetupBody
+from lightllm.utils.host_names import host_problem
 
 ACCEPTED = {
     "10.0.0.1:7000": ("10.0.0.1", 7000),
@@ -42,6 +44,7 @@ REFUSED = {
     "[node-1]:80": "only an IPv6 address goes in brackets",
     "[]:80": "only an IPv6 address goes in brackets",
     "[fe80::1%eth0]:80": "zone",
+    "1.2.3.4]:80": "unbalanced brackets",
     "[::1:80": "unbalanced brackets",
     "10.0.0.256:80": "not an IPv4 address",
     "1234:80": "not an IPv4 address",
@@ -67,6 +70,41 @@ def test_ipv4_host_names_and_bracketed_ipv6_are_read_with_a_bare_host(value: str
 def test_anything_else_is_refused_saying_why(value: str, fragment: str) -> None:
     with pytest.raises(HostPortError, match=fragment):
         parse_host_port(value)
+
+
+# Hosts as a flag gives them (--pd_master_ip, --nccl_host): None where taken, else the reason.
+HOSTS = {
+    "10.0.0.1": None, "node-1.example": None, "localhost": None, "::1": None, "[::1]": None,
+    "fd00::1": None, "[fd00::1]": None, "::ffff:10.0.0.1": None,
+    "fe80::1%eth0": "zone", "[fe80::1%eth0]": "zone", "[1.2.3.4]": "only an IPv6 address goes in brackets",
+    "[node-1]": "only an IPv6 address goes in brackets", "[]": "only an IPv6 address goes in brackets",
+    "[::1": "unbalanced brackets", "::1]": "unbalanced brackets", "10.0.0.256": "not an IPv4 address",
+    "1234": "not an IPv4 address", "node_1": "not an IP address or a host name",
+}
+
+
+@pytest.mark.parametrize("host, refused", HOSTS.items())
+def test_the_flags_and_the_host_port_contract_take_the_same_hosts_for_the_same_reasons(host: str, refused) -> None:
+    """host_problem (the flags) took "fe80::1%eth0" and "[1.2.3.4]", which every host:port reader refused."""
+    # The host as host:port carries it: an IPv6 address bracketed, anything else as given.
+    written = f"[{host}]:7000" if ":" in host and "[" not in host and "]" not in host else f"{host}:7000"
+    problem = host_problem(host)
+    if refused is None:
+        assert problem is None
+        assert parse_host_port(written) == (host.strip("[]"), 7000)
+        assert format_host_port(host, 7000) == written
+        return
+    assert problem is not None and re.search(refused, problem)
+    with pytest.raises(HostPortError) as read:
+        parse_host_port(written)
+    assert f"({problem})" in str(read.value)  # the same words, from the same rule
+    with pytest.raises(HostPortError, match=re.escape(problem)):
+        format_host_port(host, 7000)
+
+
+def test_the_zone_reason_says_why_it_is_refused() -> None:
+    # Not "cannot be put in a URL": httpx reads http://[fe80::1%eth0]:8000/ fine.
+    assert "the zone names a network interface of one machine" in host_problem("fe80::1%eth0")
 
 
 def test_a_non_string_is_refused() -> None:

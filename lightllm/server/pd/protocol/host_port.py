@@ -10,16 +10,15 @@ them (a socket is given ``fd00::1``; ``[fd00::1]`` resolves to nothing).
 The rule, strict on purpose since a bad address otherwise surfaces only as a connect that times
 out on another machine:
 
-* the host is an IPv4 address, a DNS host name (:func:`~lightllm.utils.host_names.host_problem`),
-  or an IPv6 address in brackets; an IPv6 address without brackets is refused (which colon
-  starts the port?), and so is an IPv6 address with a zone (``%eth0``: it cannot be put in a URL
-  as written) or anything else in brackets;
+* the host is one :func:`~lightllm.utils.host_names.host_problem` takes (an IPv4 address, a DNS
+  host name, or an IPv6 address in brackets; no zone, ``%eth0``, since it names an interface of
+  one machine, and nothing else in brackets), with one addition: an IPv6 address without
+  brackets is refused (which colon starts the port?);
 * the port is a decimal number in [1, 65535], written without sign or leading zeros.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Tuple
 
@@ -36,17 +35,6 @@ class HostPortError(ValueError):
     """A value that is not a ``host:port`` of the PD contract; the message says what is wrong."""
 
 
-def _ipv6_problem(text: str) -> str:
-    """Why ``text`` (found inside brackets) is not an IPv6 address a URL can carry ("" when it is one)."""
-    if "%" in text:
-        return "an IPv6 address with a zone, %..., cannot be put in a URL"
-    try:
-        ipaddress.IPv6Address(text)
-    except ValueError:
-        return "only an IPv6 address goes in brackets"
-    return ""
-
-
 def parse_host_port(value: object) -> Tuple[str, int]:
     """``host:port`` -> ``(host, port)``, the host bare (``[::1]:7000`` -> ``("::1", 7000)``).
 
@@ -57,19 +45,13 @@ def parse_host_port(value: object) -> Tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         raise HostPortError(f"must be 'host:port' (e.g. {_EXAMPLES}), got {value!r}")
-    if host.startswith("[") or host.endswith("]"):
-        bracketed = len(host) >= 2 and host.startswith("[") and host.endswith("]")
-        bare = host[1:-1] if bracketed else ""
-        problem = _ipv6_problem(bare) if bracketed else "unbalanced brackets"
-        if problem:
-            raise HostPortError(f"must be 'host:port' with a valid host ({problem}), got {value!r}")
-    elif ":" in host:
+    if ":" in host and "[" not in host and "]" not in host:
         raise HostPortError(f"must be 'host:port' with an IPv6 host in brackets (e.g. [fd00::1]:7000), got {value!r}")
-    else:
-        bare = host
-        problem = host_problem(host)
-        if problem:
-            raise HostPortError(f"must be 'host:port' with a valid host ({problem}), got {value!r}")
+    # The flags' rule (--pd_master_ip, --nccl_host), so a host one takes the other takes too.
+    problem = host_problem(host)
+    if problem:
+        raise HostPortError(f"must be 'host:port' with a valid host ({problem}), got {value!r}")
+    bare = bare_host(host)
     if not _PORT.fullmatch(port) or not PORT_MIN <= int(port) <= PORT_MAX:
         raise HostPortError(f"must be 'host:port' with a port in [{PORT_MIN}, {PORT_MAX}] (decimal, no leading "
                             f"zeros), got {value!r}")
@@ -82,6 +64,10 @@ def format_host_port(host: str, port: int) -> str:
     ``host`` may be bare or already bracketed.  Raises :class:`HostPortError` for a pair the
     parser would refuse, so a node cannot advertise an address its peers cannot read.
     """
+    problem = host_problem(host)
+    if problem:
+        # Checked on ``host`` as given: "[1.2.3.4]" unbracketed would read as a valid "1.2.3.4".
+        raise HostPortError(f"host {host!r}: {problem}")
     bare = bare_host(host)
     text = f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
     parse_host_port(text)
