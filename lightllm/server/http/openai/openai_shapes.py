@@ -104,6 +104,8 @@ def smallest_cached_tokens(collected: dict[int, list[Any]], jobs: list[ChoiceJob
     prompt, the others adopt it).  Through a PD master each generation is prefilled on its own,
     after its decode node's reservation, and any of them may reach the prefill node first, so
     generation 0's hit could include a sibling's work; the smallest gives both the same answer.
+    The minimum is per prompt: different prompts of one batched request are separate prompts (as
+    in vLLM, where each is its own request), so one may report a hit on another's computation.
     """
     cached: dict[int, int] = {}
     for job in jobs:
