@@ -39,6 +39,7 @@ from lightllm.benchmark.port_range import PortRange, confined_port_flags, ports_
 from lightllm.benchmark.deployment import RESERVED_FLAGS, Deployment, ServerSpec
 from lightllm.benchmark.server_launcher import Topology, launch_concurrently, safe_label
 from lightllm.benchmark.server_process import ServerProcess
+from lightllm.server.pd.protocol.membership import NODES_PATH
 from lightllm.utils.free_ports import free_port
 
 # Flags the cluster launcher sets itself on the nodes (besides ServerSpec's reserved ones).
@@ -320,7 +321,7 @@ def _wait_for_nodes(master_url: str, count: int, deadline: float, guard: LaunchG
     while True:
         guard.check()
         try:
-            answer = httpx.get(f"{master_url}/pd/nodes", headers=headers, timeout=5)
+            answer = httpx.get(f"{master_url}{NODES_PATH}", headers=headers, timeout=5)
             if answer.status_code == 200 and len(answer.json().get("nodes", [])) >= count:
                 return
         except httpx.HTTPError:

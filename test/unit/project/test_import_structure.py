@@ -69,16 +69,78 @@ def test_pd_protocol_imports_nothing_of_the_http_layer():
     assert crossing == []
 
 
+# The namespace, no path: the key guard (http/middleware/auth.py) holds every path under it to the
+# cluster key.  It stays in the http layer: pd imports http, so http importing pd/protocol for it
+# would put the two rooms in a circle.
+CLUSTER_PREFIX = "/pd/"
+
+
+def _docstrings(tree: ast.AST) -> set:
+    """The ids of the docstring constants of ``tree`` (module, class and function), which may name paths."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def pd_paths_outside_the_protocol(package: Path) -> list:
+    """``file:line: '/pd/...'`` for every string constant outside ``server/pd/protocol`` naming a PD path.
+
+    Every constant counts (an inline literal, a class or annotated attribute, an f-string's text
+    part, a default argument), not only module-level assignments; docstrings only describe.
+    """
+    protocol = package / "server" / "pd" / "protocol"
+    named = []
+    for path in sorted(package.rglob("*.py")):
+        if protocol in path.parents:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = _docstrings(tree)
+        named.extend(f"{path.relative_to(package.parent)}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                     and node.value.startswith("/pd/") and node.value != CLUSTER_PREFIX
+                     and id(node) not in docstrings)
+    return named
+
+
 def test_pd_endpoint_paths_are_named_only_in_the_protocol():
     """Master and nodes each named the node control paths once more: a path renamed on one side
     would have answered 404 only when the two ran together."""
-    pd = PACKAGE / "server" / "pd"
-    named = sorted(
-        f"{path.relative_to(PACKAGE.parent)}: {target.id}"
-        for path in pd.rglob("*.py") if "protocol" not in path.relative_to(pd).parts
-        for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, ast.Assign)
-        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-        and node.value.value.startswith("/pd/")
-        for target in node.targets if isinstance(target, ast.Name)
-    )
-    assert named == []
+    assert pd_paths_outside_the_protocol(PACKAGE) == []
+
+
+def test_the_path_scan_finds_a_path_however_it_is_written(tmp_path):
+    """The scan read only module-level plain assignments, so an inline literal passed unseen."""
+    module = tmp_path / "lightllm" / "server" / "pd" / "node" / "calls.py"
+    module.parent.mkdir(parents=True)
+    module.write_text('''"""Calls /pd/heartbeat (a docstring: not counted)."""
+PLAIN = "/pd/a"
+TYPED: str = "/pd/b"
+
+
+class Client:
+    """Posts to /pd/register."""
+    path = "/pd/c"
+
+    def call(self, node_id, where="/pd/d"):
+        """Calls /pd/e."""
+        return post("/pd/f", f"/pd/g/{node_id}", prefix="/pd/")
+''', encoding="utf-8")
+    (tmp_path / "lightllm" / "server" / "pd" / "protocol").mkdir()
+    (tmp_path / "lightllm" / "server" / "pd" / "protocol" / "paths.py").write_text('HEARTBEAT = "/pd/heartbeat"\n')
+    found = [entry.rpartition(": ")[2] for entry in pd_paths_outside_the_protocol(tmp_path / "lightllm")]
+    assert found == ["'/pd/a'", "'/pd/b'", "'/pd/c'", "'/pd/d'", "'/pd/f'", "'/pd/g/'"]
+
+
+def test_every_protocol_path_is_under_the_prefix_the_cluster_key_guards():
+    # The prefix is named in the http layer (see CLUSTER_PREFIX): a path moved out of it would be
+    # open to client keys and closed to the nodes' cluster key.
+    from lightllm.server.http.middleware.auth import CLUSTER_PATH_PREFIX
+    from lightllm.server.pd.protocol import membership
+
+    paths = [value for name, value in vars(membership).items() if name.endswith("_PATH")]
+    assert CLUSTER_PATH_PREFIX == CLUSTER_PREFIX and len(paths) >= 8
+    assert [path for path in paths if not path.startswith(CLUSTER_PATH_PREFIX)] == []
