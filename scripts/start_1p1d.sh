@@ -39,7 +39,8 @@ Flags after -- go to the prefill node only (e.g. -- --prefill_queue_strategy hrr
 Options (environment variable in brackets):
   --model_dir DIR        checkpoint served by all three [PD_MODEL_DIR]; default: the tiny demo model,
                          generated into \$LIGHTLLM_DEMO_MODEL_DIR ($DEMO_DIR) if missing
-  --host HOST            listen address of all three [PD_HOST] ($HOST)
+  --host HOST            listen address of all three [PD_HOST] ($HOST); IPv6 bare or in brackets (::1, [::1]);
+                         with a wildcard (0.0.0.0, ::) the nodes reach the master on 127.0.0.1 or ::1
   --master_port N        the master's HTTP port, the public API [PD_MASTER_PORT] ($MASTER_PORT)
   --prefill_port N       the prefill node's HTTP port [PD_PREFILL_PORT] ($PREFILL_PORT)
   --decode_port N        the decode node's HTTP port [PD_DECODE_PORT] ($DECODE_PORT)
@@ -100,6 +101,22 @@ for pair in "start_timeout:$START_TIMEOUT" "stop_timeout:$STOP_TIMEOUT"; do
     name="${pair%%:*}"; value="${pair#*:}"
     [[ "$value" =~ ^[0-9]+$ ]] && [ "$value" -ge 1 ] || die "--$name must be a whole number of seconds >= 1, got '$value'"
 done
+
+# An IPv6 --host may come bare (::1) or in URL brackets ([::1]); the servers are given it bare and
+# every URL below brackets it (http://[::1]:8100): "http://::1:8100" is no URL curl can parse.
+case "$HOST" in
+    \[*\]) HOST="${HOST:1:${#HOST}-2}"
+           [[ "$HOST" == *:* ]] || die "--host [$HOST]: only an IPv6 address goes in brackets" ;;
+    *\[*|*\]*) die "--host $HOST: unbalanced brackets" ;;
+esac
+# The address the nodes and this script reach the master on: a wildcard (0.0.0.0, ::) is where a
+# server listens, not an address to connect to, so they use the loopback of the same family.
+case "$HOST" in
+    0.0.0.0) REACH_HOST=127.0.0.1 ;;
+    ::|0:0:0:0:0:0:0:0) REACH_HOST=::1 ;;
+    *) REACH_HOST="$HOST" ;;
+esac
+if [[ "$REACH_HOST" == *:* ]]; then REACH_URL_HOST="[$REACH_HOST]"; else REACH_URL_HOST="$REACH_HOST"; fi
 
 # The node flags are shell-quoted strings; split them the way a shell would (no expansion).
 read_flags() {
@@ -211,7 +228,8 @@ trap on_signal INT TERM
 trap stop_all EXIT
 
 http_status() {
-    curl -s -o /dev/null -w '%{http_code}' --noproxy '*' --max-time 2 "$1" 2>/dev/null || echo 000
+    # -g: the brackets of an IPv6 URL are the address's, not curl's URL globbing.
+    curl -g -s -o /dev/null -w '%{http_code}' --noproxy '*' --max-time 2 "$1" 2>/dev/null || echo 000
 }
 
 show_tail() {
@@ -220,13 +238,13 @@ show_tail() {
 }
 
 SERVER=("$PYTHON" -m lightllm.server.api_server --model_dir "$MODEL_DIR" --host "$HOST")
-MASTER_URL="http://$HOST:$MASTER_PORT"
+MASTER_URL="http://$REACH_URL_HOST:$MASTER_PORT"
 
 start_process MASTER_PID master "" "${SERVER[@]}" --run_mode pd_master --port "$MASTER_PORT" "${MASTER_FLAGS[@]}"
 start_process PREFILL_PID prefill "$PREFILL_DEVICES" "${SERVER[@]}" --run_mode prefill --port "$PREFILL_PORT" \
-    --pd_master_ip "$HOST" --pd_master_port "$MASTER_PORT" "${NODE_FLAGS[@]}" "${PREFILL_EXTRA[@]}"
+    --pd_master_ip "$REACH_HOST" --pd_master_port "$MASTER_PORT" "${NODE_FLAGS[@]}" "${PREFILL_EXTRA[@]}"
 start_process DECODE_PID decode "$DECODE_DEVICES" "${SERVER[@]}" --run_mode decode --port "$DECODE_PORT" \
-    --pd_master_ip "$HOST" --pd_master_port "$MASTER_PORT" "${NODE_FLAGS[@]}" "${DECODE_FLAGS[@]}"
+    --pd_master_ip "$REACH_HOST" --pd_master_port "$MASTER_PORT" "${NODE_FLAGS[@]}" "${DECODE_FLAGS[@]}"
 echo "started master (pid $MASTER_PID), prefill node (pid $PREFILL_PID), decode node (pid $DECODE_PID); logs in $LOG_DIR"
 echo "waiting up to ${START_TIMEOUT}s for $MASTER_URL/health to answer 200 (both nodes registered)"
 
@@ -254,9 +272,9 @@ cat <<EOF
   public API (PD master): $MASTER_URL   e.g. curl $MASTER_URL/generate -H 'Content-Type: application/json' -d '{"inputs": "Hello", "parameters": {"max_new_tokens": 16}}'
   OpenAI API:             $MASTER_URL/v1
   readiness / nodes:      $MASTER_URL/health   $MASTER_URL/pd/nodes
-  metrics:                $MASTER_URL/metrics   http://$HOST:$PREFILL_PORT/metrics   http://$HOST:$DECODE_PORT/metrics
-  prefill node:           http://$HOST:$PREFILL_PORT   (log $LOG_DIR/prefill.log)
-  decode node:            http://$HOST:$DECODE_PORT   (log $LOG_DIR/decode.log)
+  metrics:                $MASTER_URL/metrics   http://$REACH_URL_HOST:$PREFILL_PORT/metrics   http://$REACH_URL_HOST:$DECODE_PORT/metrics
+  prefill node:           http://$REACH_URL_HOST:$PREFILL_PORT   (log $LOG_DIR/prefill.log)
+  decode node:            http://$REACH_URL_HOST:$DECODE_PORT   (log $LOG_DIR/decode.log)
 Press Ctrl-C to stop all three.
 EOF
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from lightllm.utils.free_ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "start_1p1d.sh"
 
@@ -36,6 +43,8 @@ def test_help_lists_every_option():
         (["--", "--pd_master_port", "5"], "--pd_master_port is set by the script"),
         (["--model_dir"], "--model_dir needs a value"),
         (["--bogus"], "unknown option --bogus"),
+        (["--host", "[127.0.0.1]"], "only an IPv6 address goes in brackets"),
+        (["--host", "[::1"], "unbalanced brackets"),
     ],
 )
 def test_bad_options_are_refused(args, message, tmp_path):
@@ -49,3 +58,76 @@ def test_bad_options_are_refused(args, message, tmp_path):
 def test_missing_model_dir_is_refused(tmp_path):
     proc = _run("--model_dir", str(tmp_path / "missing"))
     assert proc.returncode == 2 and "is not a directory" in proc.stderr
+
+
+# A stand-in for "python -m lightllm.server.api_server": prints its argv (into the script's log of
+# that process) and answers 200 to every GET on its --host/--port, in that host's address family.
+_STUB_SERVER = r'''
+import http.server, socket, sys
+argv = sys.argv[1:]
+print("ARGV", " ".join(argv), flush=True)
+host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+class Server(http.server.HTTPServer):
+    address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+Server((host, port), Handler).serve_forever()
+'''
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    stub = tmp_path / "stub_server.py"
+    stub.write_text(_STUB_SERVER)
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\nif [ "$1" = -m ] && [ "$2" = lightllm.server.api_server ]; then\n'
+                    f'  shift 2; exec {sys.executable} {stub} "$@"\nfi\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("host, listen, reach", [("::1", "::1", "::1"), ("[::1]", "::1", "::1"), ("::", "::", "::1")])
+def test_an_ipv6_host_gets_bracketed_urls_and_a_reachable_master_ip(host, listen, reach, tmp_path):
+    """--host ::1 (or [::1], or ::) reaches ready: the script polled http://::1:PORT, no URL curl parses,
+    and gave the nodes --pd_master_ip ::, a wildcard to listen on and no address to reach."""
+    master, prefill, decode = free_port(), free_port(), free_port()
+    log_dir = tmp_path / "logs"
+    out_path = tmp_path / "script.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPT), "--model_dir", str(tmp_path), "--log_dir", str(log_dir), "--host", host,
+             "--master_port", str(master), "--prefill_port", str(prefill), "--decode_port", str(decode),
+             "--start_timeout", "20", "--stop_timeout", "5"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYTHON": str(_fake_python(tmp_path))},
+        )
+    try:
+        deadline = time.monotonic() + 40
+        while "cluster ready" not in out_path.read_text():
+            assert proc.poll() is None, out_path.read_text()
+            assert time.monotonic() < deadline, out_path.read_text()
+            time.sleep(0.2)
+        text = out_path.read_text()
+        for port in (master, prefill, decode):
+            assert f"http://[{reach}]:{port}" in text
+        assert f"http://{reach}:" not in text
+        for role in ("master", "prefill", "decode"):
+            assert f"--host {listen} " in (log_dir / f"{role}.log").read_text()
+        for role in ("prefill", "decode"):
+            assert f"--pd_master_ip {reach} " in (log_dir / f"{role}.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, out_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
