@@ -149,3 +149,27 @@ def test_the_store_serves_a_copy_of_the_held_socket_so_the_port_outlives_it() ->
             KVTransferHandle("decode", _cache(), "127.0.0.1", block.base, store_host=again)
     finally:
         block.close()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_an_ipv6_host_bare_or_bracketed_listens_and_a_taken_port_is_named_bracketed(host: str) -> None:
+    """A prefill node with --host [::1] exited 3: the bracketed host went to getaddrinfo as a name."""
+    block = TransferPortBlock.reserve(host, 1)
+    try:
+        assert block.socket_for(0).family == socket.AF_INET6
+        with socket.create_connection(("::1", block.base), timeout=5):
+            pass
+        with pytest.raises(ArgumentError, match=rf"cannot listen on \[::1\]:{block.base}: "):
+            TransferPortBlock.reserve(host, 1, block.base)
+    finally:
+        block.close()

@@ -18,6 +18,7 @@ from typing import Iterable, List, Optional
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.transport.listen_sockets import PortUnavailableError
+from lightllm.utils.host_names import bare_host, url_host
 from lightllm.utils.wildcard_hosts import bind_host
 
 _PORT_BLOCK_TRIES = 64
@@ -69,20 +70,23 @@ class TransferPortBlock:
         Raises ``PortUnavailableError`` (an ``ArgumentError``; exit code 3) naming the port when a given
         block is taken.
         """
-        host = bind_host(host)
+        # getaddrinfo and bind take an IPv6 address bare: "[::1]" (a --host the servers accept) is
+        # no name they resolve.
+        host = bare_host(bind_host(host))
+        shown = url_host(host)  # "[::1]:18615", not the ambiguous "::1:18615"
         avoided = [port for port in avoid if port is not None]
         if base is not None:
             try:
                 return cls(_listen_range(host, base, count))
             except OSError as exc:
                 ports = f"{base}" if count == 1 else f"{base}..{base + count - 1} (TP rank r uses port + r)"
-                raise PortUnavailableError(f"--pd_transfer_port {base}: cannot listen on {host}:{ports}: "
+                raise PortUnavailableError(f"--pd_transfer_port {base}: cannot listen on {shown}:{ports}: "
                                     f"{exc.strerror or exc}") from None
         for _ in range(_PORT_BLOCK_TRIES):
             try:
                 first = _listen(host, 0)  # held while the rest of the block is tried
             except OSError as exc:
-                raise ArgumentError(f"cannot listen on {host} for the KV transfer: {exc.strerror or exc}") from None
+                raise ArgumentError(f"cannot listen on {shown} for the KV transfer: {exc.strerror or exc}") from None
             base = first.getsockname()[1]
             try:
                 if base + count - 1 <= 65535 and not any(base <= port < base + count for port in avoided):
@@ -90,7 +94,7 @@ class TransferPortBlock:
             except OSError:
                 pass
             first.close()
-        raise ArgumentError(f"found no {count} consecutive free ports on {host}; pass --pd_transfer_port")
+        raise ArgumentError(f"found no {count} consecutive free ports on {shown}; pass --pd_transfer_port")
 
     def socket_for(self, rank: int) -> socket.socket:
         """TP rank ``rank``'s listening socket."""
