@@ -7,7 +7,8 @@ The stream load runs on this process's event loop (raw HTTP/1.1, one connection 
 that ends is replaced at once, so N stay open). The probe runs in a process of its own and, like a
 Kubernetes probe, opens a fresh connection for every ``GET /health`` (``--probe_path`` to probe another
 path) and times it until the answer is read in full. ``--hold M`` opens M more connections from one
-source address (``--hold_source``, 127.0.0.2: another client than the streams), each sending one byte and then nothing, and replaces every one the server closes.
+source address (``--hold_source``; 127.0.0.2 against an IPv4 server: another client than the streams), each sending one byte and then nothing, and replaces every one the server closes.
+IPv6 has no second loopback address, so against an IPv6 server ``--hold`` needs ``--hold_source``.
 The report is one JSON line: probe count, statuses, p50/p99/max latency in milliseconds.  A run that
 measured nothing (no stream served, no held connection opened, no probe answered) prints one
 ``error:`` line instead and exits 1, as does a server that cannot be reached or refuses to start.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import multiprocessing as mp
 import shlex
@@ -40,6 +42,9 @@ from lightllm.utils.interrupts import interruptible
 PROBE_TIMEOUT_SECONDS = 10.0
 # Flags this tool gives the server it starts; --server_args setting them again would be ambiguous.
 _OWNED_SERVER_FLAGS = ("--model_dir", "--host", "--port")
+# The held connections' source against an IPv4 server: a second loopback address, so the server
+# counts them as another client than the streams and the probe (from 127.0.0.1).
+_IPV4_HOLD_SOURCE = "127.0.0.2"
 
 
 def _address(url: str) -> Tuple[str, int]:
@@ -228,18 +233,51 @@ def _check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, argv
         if word.split("=", 1)[0] in _OWNED_SERVER_FLAGS:
             parser.error(f"--server_args must not set {word.split('=', 1)[0]}: this tool sets it itself")
     if args.hold:
-        try:
-            with socket.socket() as sock:
-                sock.bind((args.hold_source, 0))
-        except (OSError, UnicodeError, ValueError) as exc:
-            why = getattr(exc, "strerror", None) or str(exc)
-            parser.error(f"--hold_source {args.hold_source!r}: no connection can be opened from there ({why})")
+        _check_hold_source(parser, args)
 
 
-def _reach_error(host: str, port: int) -> Optional[str]:
-    """Why no connection to ``host:port`` opens (None when one does)."""
+def _ip_version(host: str) -> Optional[int]:
+    """4 or 6 for an IP address, None for a host name."""
     try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS):
+        return ipaddress.ip_address(host).version
+    except ValueError:
+        return None
+
+
+def _check_hold_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill in the default ``--hold_source`` for the server's address family, and refuse one it cannot use.
+
+    A source of the other family than the server opens no connection at all: the run used to take
+    its full duration and only then say that no held connection could be opened.
+    """
+    # --model_dir starts its server on 127.0.0.1 (ServerProcess's default host).
+    server_host = _address(args.url)[0] if args.url else "127.0.0.1"
+    server_version = _ip_version(server_host)
+    if args.hold_source is None:
+        if server_version == 6:
+            parser.error(f"--hold against an IPv6 server ({args.url}) needs --hold_source: IPv6 has no second loopback "
+                         f"address like IPv4's {_IPV4_HOLD_SOURCE}; give an IPv6 address of this machine (::1 is "
+                         f"the streams' own)")
+        args.hold_source = _IPV4_HOLD_SOURCE
+    source_version = _ip_version(args.hold_source)
+    if server_version is not None and source_version is not None and server_version != source_version:
+        parser.error(f"--hold_source {args.hold_source} is an IPv{source_version} address and the server "
+                     f"({args.url or server_host}) an IPv{server_version} one: give an IPv{server_version} source")
+    try:
+        # The family of the source itself: socket.socket() is IPv4 and refused every IPv6 source.
+        family = socket.getaddrinfo(args.hold_source, 0, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family) as sock:
+            sock.bind((args.hold_source, 0))
+    except (OSError, UnicodeError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        parser.error(f"--hold_source {args.hold_source!r}: no connection can be opened from there ({why})")
+
+
+def _reach_error(host: str, port: int, source: Optional[str] = None) -> Optional[str]:
+    """Why no connection to ``host:port`` (from address ``source``, if given) opens (None when one does)."""
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_SECONDS,
+                                      source_address=None if source is None else (source, 0)):
             return None
     except OSError as exc:
         return exc.strerror or str(exc) or type(exc).__name__
@@ -273,9 +311,10 @@ def build_parser() -> OneLineErrorParser:
     parser.add_argument("--streams", type=non_negative_int, default=400, help="streams kept open at once")
     parser.add_argument("--hold", type=non_negative_int, default=0,
                         help="connections one client holds open (one byte each)")
-    parser.add_argument("--hold_source", default="127.0.0.2",
+    parser.add_argument("--hold_source", default=None,
                         help="source address of the held connections (another client than the streams and the probe; "
-                        "default %(default)s; only with --hold)")
+                        f"only with --hold); default {_IPV4_HOLD_SOURCE} against an IPv4 server, and required against "
+                        "an IPv6 one (IPv6 has no second loopback address)")
     parser.add_argument("--max_new_tokens", type=positive_int, default=256, help="tokens per stream (>= 1)")
     parser.add_argument("--duration", type=positive_float, default=60.0, help="seconds of probing (> 0)")
     parser.add_argument("--warmup", type=non_negative_float, default=10.0,
@@ -329,6 +368,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         why = _reach_error(host, port)
         if why is not None:
             print(f"error: cannot reach the server at {url}: {why}", file=sys.stderr)
+            return 1
+        # Checked before the run: a source that reaches nothing used to be found out only after it.
+        why = _reach_error(host, port, args.hold_source) if args.hold else None
+        if why is not None:
+            print(f"error: no held connection can be opened from --hold_source {args.hold_source} to {url}: {why}",
+                  file=sys.stderr)
             return 1
         try:
             outcome = asyncio.run(_load(args, host, port))

@@ -62,6 +62,43 @@ def test_health_latency_refuses_values_that_measure_nothing(argv, flag, monkeypa
     assert flag in one_line_refusal(health_latency.main, argv, capsys)
 
 
+def _ipv6_listener() -> socket.socket:
+    try:
+        sock = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    return sock
+
+
+@pytest.mark.parametrize("source, message", [
+    (None, "--hold against an IPv6 server (http://[::1]:PORT) needs --hold_source"),
+    ("127.0.0.2", "--hold_source 127.0.0.2 is an IPv4 address and the server (http://[::1]:PORT) an IPv6 one"),
+])
+def test_health_latency_hold_against_ipv6_needs_an_ipv6_source_up_front(source, message, monkeypatch, capsys) -> None:
+    """The default 127.0.0.2 reached no IPv6 server, and that was said only after the full run."""
+    monkeypatch.setattr(health_latency, "_load", _never)
+    with _ipv6_listener() as listener:
+        url = f"http://[::1]:{listener.getsockname()[1]}"
+        argv = ["--url", url, "--hold", "1", *([] if source is None else ["--hold_source", source])]
+        line = one_line_refusal(health_latency.main, argv, capsys)
+    assert message.replace("http://[::1]:PORT", url) in line
+
+
+def test_health_latency_holds_from_an_ipv6_source(monkeypatch, capsys) -> None:
+    """--hold_source ::1 was refused ("Address family for hostname not supported"): the check bound an IPv4 socket."""
+    reached = []
+
+    async def load(args, host, port):
+        reached.append((args.hold_source, host))
+        raise health_latency.ProberEnded("stopped here")
+
+    monkeypatch.setattr(health_latency, "_load", load)
+    with _ipv6_listener() as listener:
+        assert health_latency.main(["--url", f"http://[::1]:{listener.getsockname()[1]}", "--hold", "1",
+                                    "--hold_source", "::1"]) == 1
+    assert reached == [("::1", "::1")]
+
+
 @pytest.mark.parametrize("server_args", ["--port 8000", "--host=0.0.0.0", "--model_dir /x"])
 def test_health_latency_refuses_server_flags_it_sets_itself(server_args, tiny_llama_dir, monkeypatch, capsys) -> None:
     monkeypatch.setattr(server_process.ServerProcess, "start", _never)
