@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import socket
 
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.transport.listen_sockets import PortUnavailableError
-from lightllm.utils.host_names import bare_host, host_problem
+from lightllm.utils.host_names import bare_host, host_problem, url_host
 
 
 def check_nccl_rendezvous(args: argparse.Namespace) -> None:
@@ -29,6 +30,11 @@ def check_nccl_rendezvous(args: argparse.Namespace) -> None:
     problem = host_problem(host)
     if problem:
         raise ArgumentError(f"--nccl_host {host!r}: {problem}")
+    if _is_unspecified(bare_host(host)):
+        # torch's TCP store binds what it is given: a wildcard opens the rendezvous (which takes
+        # no key) on every interface, where the ranks only ever connect on this machine.
+        raise ArgumentError(f"--nccl_host {host!r} is a wildcard: the rendezvous store would listen on every "
+                            "interface; give the address the ranks reach it on (e.g. 127.0.0.1 or ::1)")
     # With one rank there is no rendezvous: the port is never listened on, so it may be taken.
     port = (args.nccl_port or 0) if args.tp > 1 else 0
     try:
@@ -44,8 +50,16 @@ def check_nccl_rendezvous(args: argparse.Namespace) -> None:
         except OSError as exc:
             if port and exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 raise PortUnavailableError(
-                    f"cannot listen on {host}:{args.nccl_port} (--nccl_port): {exc.strerror or exc}; is another "
+                    f"cannot listen on {url_host(bare_host(host))}:{args.nccl_port} (--nccl_port): {exc.strerror or exc}; is another "
                     "server or torch.distributed job using it? Give another --nccl_port, or none for a free one"
                 ) from None
             raise PortUnavailableError(f"--nccl_host {host!r}: cannot listen there ({exc.strerror or exc}); the "
                                        "model ranks meet on this machine, so give one of its addresses") from None
+
+
+def _is_unspecified(host: str) -> bool:
+    """Whether ``host`` (bare) is an any-address (0.0.0.0, ::, or another spelling of either)."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False

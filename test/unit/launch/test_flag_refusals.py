@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import re
 import socket
 import subprocess
 import sys
@@ -278,6 +279,28 @@ def test_a_taken_nccl_port_exits_3_naming_the_flag_before_anything_starts(tmp_pa
                                         "use; is another server or torch.distributed job using it? Give another "
                                         "--nccl_port, or none for a free one"], done.stderr
 
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]", "0:0:0:0:0:0:0:0"])
+def test_a_wildcard_nccl_host_is_refused_naming_why(host):
+    """--nccl_host :: was taken, and the rendezvous store then listened on every interface."""
+    with pytest.raises(ArgumentError, match=rf"^--nccl_host '{re.escape(host)}' is a wildcard: the rendezvous store "
+                                            "would listen on every interface; give the address the ranks reach it on"):
+        check_nccl_rendezvous(parse_server_args(["--model_dir", "/m", "--tp", "2", "--nccl_host", host]))
+
+
+def test_a_taken_ipv6_nccl_port_is_named_bracketed():
+    """'cannot listen on ::1:18600' read as host ::1:18600 with no port; --host's error brackets it."""
+    try:
+        holder = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with holder:
+        taken = holder.getsockname()[1]
+        for host in ("::1", "[::1]"):
+            with pytest.raises(PortUnavailableError, match=rf"^cannot listen on \[::1\]:{taken} \(--nccl_port\)"):
+                check_nccl_rendezvous(parse_server_args(["--model_dir", "/m", "--tp", "2", "--nccl_host", host,
+                                                         "--nccl_port", str(taken)]))
 
 # --- 11: a default max_new_tokens that leaves no room for a prompt -----------------------------
 
