@@ -83,6 +83,9 @@ def test_loopback_names_and_binding() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("[::1]")
     assert is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.0.0.1")
+    # IPv4-mapped: judged by the IPv4 part (Python's is_loopback is False for all of them).
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("[::ffff:127.0.0.1]")
+    assert not is_loopback("::ffff:10.0.0.1") and not is_loopback("::ffff:0.0.0.0")
     sockets = bind_listeners("127.0.0.1", 0)
     try:
         assert len(sockets) == 1 and sockets[0].getsockname()[0] == "127.0.0.1"

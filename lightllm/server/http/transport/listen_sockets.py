@@ -32,7 +32,7 @@ def is_loopback(host: str) -> bool:
     if name in _LOOPBACK_NAMES:
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        return _is_loopback_address(name)
     except ValueError:
         pass
     if not name:
@@ -41,7 +41,18 @@ def is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    return bool(infos) and all(_is_loopback_address(info[4][0].split("%")[0]) for info in infos)
+
+
+def _is_loopback_address(text: str) -> bool:
+    """Whether the IP address ``text`` is a loopback one (``ValueError`` when it is no address).
+
+    An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is its IPv4 part: Python's ``is_loopback``
+    is False for every one of them, which warned "beyond loopback" for a loopback listener.
+    """
+    address = ipaddress.ip_address(text)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def display_address(host: str, port: int) -> str:
