@@ -372,3 +372,15 @@ def test_stall_warnings_held_back_are_logged_once_their_interval_passed(caplog) 
             watch.stall_before(clock())
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "stalled 3 more time(s), 6.0 s in all, since the last such line" in lines[1]
+
+
+def test_the_registration_log_names_a_transfer_address_for_a_prefill_node_only(caplog) -> None:
+    """Every decode node was logged with "kv transfer at )": it has no transfer address."""
+    registry = NodeRegistry(clock=FakeClock())
+    with caplog.at_level("INFO", logger="lightllm.server.pd.master.node_registry"):
+        registry.register(node("p0", "prefill"))
+        registry.register(node("d0", "decode", port=9100))
+    lines = [record.getMessage() for record in caplog.records if "registered" in record.getMessage()]
+    assert len(lines) == 2
+    assert "kv transfer at " in lines[0] and "kv transfer at )" not in lines[0]
+    assert "kv transfer" not in lines[1] and lines[1].endswith("tp 1)"), lines[1]

@@ -178,8 +178,11 @@ class NodeRegistry:
         state = NodeState(info, registered_at=now, last_heartbeat=now)
         self._nodes[info.node_id] = state
         self._report(state, load, node_state)
-        logger.info("PD %s registered (model %s, dtype %s, tp %d, kv transfer at %s)", info.describe(),
-                    info.model_name, info.dtype, info.tp_size, info.kv_transfer_address)
+        # Only a prefill node hosts transfer groups; a decode node's address is empty, and the log
+        # read "kv transfer at )" for every one of them.
+        transfer = f", kv transfer at {info.kv_transfer_address}" if info.role == PREFILL else ""
+        logger.info("PD %s registered (model %s, dtype %s, tp %d%s)", info.describe(),
+                    info.model_name, info.dtype, info.tp_size, transfer)
         return state
 
     def heartbeat(self, node_id: str, load: Optional[NodeLoad] = None, node_state: Optional[str] = None) -> bool:
