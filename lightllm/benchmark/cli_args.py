@@ -197,6 +197,11 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
     reported as "Connection refused", which says the server is down, not that the URL is wrong.
     """
     parts = urlsplit(text)
+    bracketed = _unbracketed_ipv6(parts.netloc.rpartition("@")[2])
+    if bracketed is not None:
+        # Else urlsplit reads "::1:18610" as host "" and port ":1:18610", and says the port is no integer.
+        raise argparse.ArgumentTypeError(f"{text!r}: put an IPv6 address in brackets: "
+                                         f"{parts.scheme or 'http'}://{bracketed}")
     try:
         parts.port  # raises ValueError for a port that is no number or out of range
     except ValueError as exc:
@@ -205,6 +210,22 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
         shape = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
         raise argparse.ArgumentTypeError(f"must be {shape}, got {text!r}")
     return text
+
+
+def _unbracketed_ipv6(host_port: str) -> Optional[str]:
+    """``host_port`` with its IPv6 address bracketed when it is one left bare (``::1:8000`` ->
+    ``[::1]:8000``); None when it is no bare IPv6 address (a name, IPv4, or already bracketed)."""
+    if host_port.startswith("[") or host_port.count(":") < 2:
+        return None
+    # "::1:8000" is also a whole IPv6 address; a URL means a port there, so that reading comes first.
+    for host, port in (host_port.rpartition(":")[::2], (host_port, "")):
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            continue
+        if not port or port.isdigit():
+            return f"[{host}]" + (f":{port}" if port else "")
+    return None
 
 
 def http_url(text: str) -> str:

@@ -293,3 +293,19 @@ def test_bench_attention_backends_on_cpu_says_what_it_needs(tiny_llama_dir, monk
     assert bench_attention_backends.main(_attention_argv(tiny_llama_dir)) == 2
     line = _one_error_line(capsys)
     assert "TRITON_INTERPRET=1" in line and "bench_decode_attention" in line and "--attention_backend" not in line
+
+
+@pytest.mark.parametrize("main, flag", [
+    ("bench_serving", "--base-url"), ("bench_burst", "--base-url"), ("health_latency", "--url"),
+])
+@pytest.mark.parametrize("url, fixed", [
+    ("http://::1:18610", "http://[::1]:18610"),
+    ("http://2001:db8::5", "http://[2001:db8::5]"),
+])
+def test_an_unbracketed_ipv6_url_is_refused_saying_to_bracket_it(main, flag, url, fixed, capsys) -> None:
+    """It was refused with "Port could not be cast to integer value as ':1:18610'", naming no cause."""
+    import importlib
+
+    tool = importlib.import_module(f"lightllm.benchmark.{main}")
+    line = one_line_refusal(tool.main, [flag, url], capsys)
+    assert f"argument {flag}: {url!r}: put an IPv6 address in brackets: {fixed}" in line, line
