@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ipv6_support import needs_ipv6_loopback
 from lightllm.utils.free_ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "start_1p1d.sh"
@@ -86,16 +86,8 @@ def _fake_python(tmp_path: Path) -> Path:
     return fake
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as sock:
-            sock.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@needs_ipv6_loopback
 @pytest.mark.parametrize("host, listen, reach", [("::1", "::1", "::1"), ("[::1]", "::1", "::1"), ("::", "::", "::1")])
 def test_an_ipv6_host_gets_bracketed_urls_and_a_reachable_master_ip(host, listen, reach, tmp_path):
     """--host ::1 (or [::1], or ::) reaches ready: the script polled http://::1:PORT, no URL curl parses,

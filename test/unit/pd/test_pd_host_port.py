@@ -10,13 +10,13 @@ kept the brackets, so a decode node could not join a prefill node on IPv6: every
 from __future__ import annotations
 
 import re
-import socket
 from datetime import timedelta
 from typing import Any, Callable, Dict
 
 import pytest
 from pydantic import ValidationError
 
+from ipv6_support import needs_ipv6_loopback
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import make_argument_parser
@@ -155,19 +155,9 @@ def test_a_refused_registration_address_names_its_field() -> None:
         parse_transfer_address("fd00::1:7000")
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
-needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
-
-
-@needs_ipv6
+@needs_ipv6_loopback
 def test_a_transfer_store_on_ipv6_is_joined_through_the_advertised_address() -> None:
     """The repro: a store listening on ::1, reached from ``[::1]:port`` as the decode node reads it."""
     dist = pytest.importorskip("torch.distributed")
@@ -180,7 +170,7 @@ def test_a_transfer_store_on_ipv6_is_joined_through_the_advertised_address() -> 
     assert server.get("joined") == b"yes"
 
 
-@needs_ipv6
+@needs_ipv6_loopback
 def test_a_node_on_an_ipv6_host_advertises_bracketed_addresses(tiny_llama_dir) -> None:
     args = make_argument_parser().parse_args(["--model_dir", str(tiny_llama_dir), "--run_mode", "prefill",
                                               "--host", "::1", "--port", "8100"])

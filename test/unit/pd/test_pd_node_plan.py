@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
+from ipv6_support import needs_ipv6_loopback
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import make_argument_parser
@@ -80,19 +80,9 @@ def test_a_wildcard_host_advertises_the_route_to_the_master() -> None:
     assert advertised_host(args) == "10.1.2.3"
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
-needs_ipv6 = pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
-
-
-@needs_ipv6
+@needs_ipv6_loopback
 @pytest.mark.parametrize("master", ["::1", "[::1]"])
 def test_a_wildcard_host_advertises_its_ipv6_route_to_an_ipv6_master(tiny_llama_dir, master: str) -> None:
     """The route is probed in the master's family: an IPv4 probe socket cannot connect to ::1 at all,

@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 
+from ipv6_support import needs_ipv6_loopback
 from lightllm.common.kv_cache_mem_manager.mem_manager import KVCacheMemoryManager
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.pd.kv_transfer import KVTransferHandle, TransferStoreHost
@@ -151,16 +152,8 @@ def test_the_store_serves_a_copy_of_the_held_socket_so_the_port_outlives_it() ->
         block.close()
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as sock:
-            sock.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
-
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+@needs_ipv6_loopback
 @pytest.mark.parametrize("host", ["::1", "[::1]"])
 def test_an_ipv6_host_bare_or_bracketed_listens_and_a_taken_port_is_named_bracketed(host: str) -> None:
     """A prefill node with --host [::1] exited 3: the bracketed host went to getaddrinfo as a name."""
