@@ -1,11 +1,13 @@
 """Host names as flags give them and as URLs need them, and the one rule for which hosts are taken.
 
 ``--pd_master_ip`` and ``--nccl_host`` may be an IPv4 or IPv6 address (with or without the
-brackets a URL puts around IPv6) or a DNS host name; they are checked at start-up, since a node
-otherwise registers with a URL it cannot build and says nothing until it stops.  The PD
-contract's ``host:port`` (:mod:`lightllm.server.pd.protocol.host_port`) reads its host part with
-the same :func:`host_problem` (it only adds that an IPv6 host there must be bracketed), so a
-host one accepts the other accepts, for the same reason; the rule lives here, below both.
+brackets a URL puts around IPv6, and with a zone such as ``%eth0``) or a DNS host name; they are
+checked at start-up, since a node otherwise registers with a URL it cannot build and says nothing
+until it stops.  The PD contract's ``host:port`` (:mod:`lightllm.server.pd.protocol.host_port`)
+reads its host part with the same :func:`host_problem`, less the zone (and it adds that an IPv6
+host there must be bracketed): an address a node advertises is dialled from other machines,
+where its zone names no interface, while ``--pd_master_ip`` is dialled by the node itself and
+``--nccl_host`` is an address of this machine, so a zone there means what it says.
 """
 
 from __future__ import annotations
@@ -17,28 +19,36 @@ from typing import Optional
 # A DNS host name: dot-separated labels of letters, digits and inner hyphens (RFC 1123).
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
 
+# The zone of a scoped IPv6 address: an interface name (eth0, enp3s0.100) or index.
+_ZONE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
 
 def bare_host(host: str) -> str:
     """``host`` without the URL brackets an IPv6 address may be given in (``[::1]`` -> ``::1``)."""
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def host_problem(host: str) -> Optional[str]:
+def host_problem(host: str, allow_zone: bool = False) -> Optional[str]:
     """Why ``host`` is not a host this project takes (None when it is one).
 
-    Taken: an IPv4 address, an IPv6 address (bare, or in URL brackets), a DNS host name.
-    Refused: an IPv6 address with a zone, anything but an IPv6 address in brackets, unbalanced
-    brackets, and anything else that is neither an address nor a host name.
+    Taken: an IPv4 address, an IPv6 address (bare, or in URL brackets), a DNS host name; an IPv6
+    address with a zone (``fe80::1%eth0``) only with ``allow_zone``, for a host this machine
+    dials or listens on itself (``--pd_master_ip``, ``--nccl_host``), never for one it tells
+    another machine.  Refused: anything but an IPv6 address in brackets, unbalanced brackets, and
+    anything else that is neither an address nor a host name.
     """
     bracketed = len(host) >= 2 and host.startswith("[") and host.endswith("]")
     if not bracketed and ("[" in host or "]" in host):
         return "unbalanced brackets"
     text = host[1:-1] if bracketed else host
-    if "%" in text and _is_ipv6(text.partition("%")[0]):
+    if not allow_zone and "%" in text and _is_ipv6(text.partition("%")[0]):
         # Python's ipaddress (and httpx) take "fe80::1%eth0", but the zone names an interface
         # of one machine: another machine given this address has no such interface to use.
         return ("an IPv6 address with a zone (%...): the zone names a network interface of one machine, so the "
                 "address means nothing on another; give a global or unique-local address")
+    if "%" in text and not _ZONE.fullmatch(text.partition("%")[2]):
+        # ipaddress takes any text after "%"; a zone is an interface name or index.
+        return "an IPv6 zone (after %) must be an interface name or index (letters, digits, '.', '_', '-')"
     try:
         address = ipaddress.ip_address(text)
     except ValueError:

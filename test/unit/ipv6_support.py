@@ -5,7 +5,9 @@ CI machines and containers may run without IPv6; those tests skip there instead 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+from typing import Optional
 
 import pytest
 
@@ -21,3 +23,22 @@ def has_ipv6_loopback() -> bool:
 
 
 needs_ipv6_loopback = pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
+
+
+def link_local_address() -> Optional[str]:
+    """A link-local IPv6 address of this machine with its zone (``fe80::1%eth0``), or None.
+
+    Read from Linux's /proc/net/if_inet6 (address, index, prefix, scope 0x20 = link, flags, name).
+    """
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as table:
+            rows = [line.split() for line in table]
+    except OSError:
+        return None
+    for row in rows:
+        if len(row) == 6 and row[3] == "20":
+            return f"{ipaddress.IPv6Address(bytes.fromhex(row[0]))}%{row[5]}"
+    return None
+
+
+needs_link_local = pytest.mark.skipif(link_local_address() is None, reason="no link-local IPv6 address here")

@@ -96,7 +96,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
              "divide or be a multiple of num_key_value_heads (refused at start otherwise): each rank holds a share of "
              "the KV heads, or, when --tp exceeds num_key_value_heads, a replica of one (as vLLM does).",
     )
-    add_flag(group, "--nccl_host", roles=MODEL_ROLES, type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine; rank 0's rendezvous store listens on it alone, not on every interface, so a wildcard (0.0.0.0, ::) is refused; checked at start: one that does not resolve or cannot be listened on exits 3). Refused with --tp 1, whose one rank opens no rendezvous.")
+    add_flag(group, "--nccl_host", roles=MODEL_ROLES, type=str, default="127.0.0.1", help="Rendezvous address of torch.distributed (an address of this machine, IPv6 bracketed or not, a link-local one with its zone naming the interface; rank 0's rendezvous store listens on it alone, not on every interface, so a wildcard (0.0.0.0, ::) is refused; checked at start: one that does not resolve or cannot be listened on exits 3). Refused with --tp 1, whose one rank opens no rendezvous.")
     add_flag(group, "--nccl_port", roles=MODEL_ROLES, type=int, default=None, help="Rendezvous port of torch.distributed; default: a free port. A taken port is refused at start (exit 3). Refused with --tp 1, whose one rank opens no rendezvous (LightLLM launch lines often pass one at any --tp: drop it when --tp is 1). Only the rendezvous uses it: the ranks' own connections (gloo on CPU, NCCL on GPU) take further ephemeral ports.")
     add_flag(
         group, "--data_type", roles=MODEL_ROLES,

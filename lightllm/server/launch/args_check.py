@@ -57,7 +57,8 @@ def _check_pd_flag_roles(args: argparse.Namespace) -> None:
     if run_mode not in PD_RUN_MODES:
         return
     if run_mode in PD_NODE_MODES:
-        problem = host_problem(args.pd_master_ip)
+        # The node dials the master itself, so a zone (fe80::1%eth0) names one of its own interfaces.
+        problem = host_problem(args.pd_master_ip, allow_zone=True)
         if problem:
             raise ArgumentError(f"--pd_master_ip {args.pd_master_ip!r}: {problem}")
     node_id = args.pd_node_id

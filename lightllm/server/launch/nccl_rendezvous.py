@@ -27,7 +27,8 @@ def check_nccl_rendezvous(args: argparse.Namespace) -> None:
     this check and the rendezvous still fails there, but an operator's mistake is caught here.
     """
     host = args.nccl_host
-    problem = host_problem(host)
+    # An address of this machine, listened on and dialled here alone: a zone names its interface.
+    problem = host_problem(host, allow_zone=True)
     if problem:
         raise ArgumentError(f"--nccl_host {host!r}: {problem}")
     if _is_unspecified(bare_host(host)):

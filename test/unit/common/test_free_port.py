@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from ipv6_support import link_local_address, needs_link_local
 
 from lightllm.utils import free_ports
 from lightllm.utils.free_ports import LOWEST_PICKED_PORT, free_port, ports_outside_ephemeral_range, read_ephemeral_range
@@ -96,3 +97,13 @@ def test_threads_picking_at_once_never_get_the_same_port(monkeypatch):
     for thread in threads:
         thread.join()
     assert len(picked) == 32 and len(set(picked)) == 32
+
+
+@needs_link_local
+def test_a_link_local_host_with_its_zone_gets_a_port():
+    """A zoned --nccl_host with no --nccl_port ended start-up with a traceback: bind(("fe80::1%eth0",
+    port)) drops the zone and fails with EINVAL; getaddrinfo's sockaddr carries it as the scope id."""
+    host = link_local_address()
+    for spelling in (host, f"[{host}]"):
+        port = free_port(spelling)
+        assert free_ports.can_bind(spelling, port)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ipv6_support import link_local_address, needs_link_local
 
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
@@ -26,6 +27,7 @@ from lightllm.server.launch.args_check import validate_args
 from lightllm.server.launch.checkpoint_checks import check_args_against_checkpoint
 from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
 from lightllm.server.launch.seconds_flags import MAX_WAIT_SECONDS, SECONDS_FLAGS
+from lightllm.utils.free_ports import free_port
 
 
 def _refusal(*argv: str) -> str:
@@ -396,3 +398,15 @@ def test_an_unknown_flag_is_named_without_its_value(argv, named):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert named in done.stderr and "supersecret" not in done.stderr + done.stdout, done.stderr
+
+
+@needs_link_local
+def test_a_link_local_nccl_host_with_its_zone_is_taken_and_given_a_port():
+    """A zone names an interface of this machine, where the ranks meet: it was refused as meaningless
+    "on another machine", and start-up's free port for it raised EINVAL."""
+    host = link_local_address()
+    for spelling in (host, f"[{host}]"):
+        args = parse_server_args(["--model_dir", "/m", "--tp", "2", "--nccl_host", spelling])
+        check_nccl_rendezvous(args)
+        args.nccl_port = free_port(spelling)  # as start.py picks one when --nccl_port is not given
+        check_nccl_rendezvous(args)

@@ -107,6 +107,17 @@ def test_the_zone_reason_says_why_it_is_refused() -> None:
     assert "the zone names a network interface of one machine" in host_problem("fe80::1%eth0")
 
 
+@pytest.mark.parametrize("host", ["fe80::1%eth0", "[fe80::1%eth0]", "fe80::1%2"])
+def test_a_zone_is_taken_where_this_machine_dials_or_listens_and_refused_in_an_advertised_address(host: str) -> None:
+    """--pd_master_ip and --nccl_host are used on this machine, where the zone names its interface;
+    they were refused with the reason that holds only for an address told to another machine."""
+    assert host_problem(host, allow_zone=True) is None
+    with pytest.raises(HostPortError, match="zone"):
+        format_host_port(host, 7000)
+    with pytest.raises(HostPortError, match="zone"):
+        parse_host_port(f"[{host.strip('[]')}]:7000")
+
+
 def test_a_non_string_is_refused() -> None:
     with pytest.raises(HostPortError, match="string"):
         parse_host_port(7000)

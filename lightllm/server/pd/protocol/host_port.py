@@ -10,9 +10,10 @@ them (a socket is given ``fd00::1``; ``[fd00::1]`` resolves to nothing).
 The rule, strict on purpose since a bad address otherwise surfaces only as a connect that times
 out on another machine:
 
-* the host is one :func:`~lightllm.utils.host_names.host_problem` takes (an IPv4 address, a DNS
-  host name, or an IPv6 address in brackets; no zone, ``%eth0``, since it names an interface of
-  one machine, and nothing else in brackets), with one addition: an IPv6 address without
+* the host is one :func:`~lightllm.utils.host_names.host_problem` takes without ``allow_zone``
+  (an IPv4 address, a DNS host name, or an IPv6 address in brackets; no zone, ``%eth0``, since it
+  names an interface of one machine and the address is dialled from others, and nothing else in
+  brackets), with one addition: an IPv6 address without
   brackets is refused (which colon starts the port?);
 * the port is a decimal number in [1, 65535], written without sign or leading zeros.
 """
@@ -47,7 +48,8 @@ def parse_host_port(value: object) -> Tuple[str, int]:
         raise HostPortError(f"must be 'host:port' (e.g. {_EXAMPLES}), got {value!r}")
     if ":" in host and "[" not in host and "]" not in host:
         raise HostPortError(f"must be 'host:port' with an IPv6 host in brackets (e.g. [fd00::1]:7000), got {value!r}")
-    # The flags' rule (--pd_master_ip, --nccl_host), so a host one takes the other takes too.
+    # The flags' rule (--pd_master_ip, --nccl_host) less the zone they take: this host is dialled
+    # from other machines, where the zone names no interface.
     problem = host_problem(host)
     if problem:
         raise HostPortError(f"must be 'host:port' with a valid host ({problem}), got {value!r}")
