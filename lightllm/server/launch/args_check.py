@@ -112,6 +112,13 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         # bind, which names what it cannot listen on (a name /etc/hosts knows need not be RFC 1123).
         raise ArgumentError(f"--host {args.host!r} is empty: give an address or host name to listen on (0.0.0.0 or "
                             ":: listens on every interface)")
+    if "[" in args.host or "]" in args.host:
+        # The listener strips one pair of brackets, so "[1.2.3.4]" served, while a PD node stopped
+        # saying it "would advertise" a host the master cannot use: refused alike for every role.
+        problem = host_problem(args.host, allow_zone=True)
+        if problem:
+            raise ArgumentError(f"--host {args.host!r}: {problem} (only an IPv6 address goes in brackets, as [::1])"
+                                if problem == "unbalanced brackets" else f"--host {args.host!r}: {problem}")
     for name in ("max_request_body_bytes", "http_max_connections"):
         value = getattr(args, name)
         if value is not None and value <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -294,3 +295,21 @@ def test_a_negative_infinity_or_nan_gets_the_flags_own_refusal(value, capsys):
         f"error: argument --prefill_overtake_fraction: must be a finite number, got '{value}'")
     # Negative numbers still parse as values, and flags still as flags.
     assert parse_server_args(["--model_dir", "/m", "--router_token_ratio", "-0.5"]).router_token_ratio == -0.5
+
+
+@pytest.mark.parametrize("run_mode", ["normal", "prefill", "decode", "pd_master"])
+@pytest.mark.parametrize("host, reason", [
+    ("[1.2.3.4]", "only an IPv6 address goes in brackets"), ("[node-1]", "only an IPv6 address goes in brackets"),
+    ("[::1", r"unbalanced brackets \(only an IPv6 address goes in brackets"), ("::1]", "unbalanced brackets"),
+    ("[[::1]]", "only an IPv6 address goes in brackets"),
+])
+def test_a_bracketed_host_that_is_no_ipv6_address_is_refused_for_every_role(run_mode, host, reason):
+    """"--host [1.2.3.4]" served as a normal server but stopped a PD node saying it "would advertise"
+    an address the master cannot use."""
+    with pytest.raises(ArgumentError, match=rf"^--host {re.escape(repr(host))}: {reason}"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, "--host", host]))
+
+
+@pytest.mark.parametrize("host", ["[::1]", "[::]", "[fe80::1%eth0]", "::1", "node-1"])
+def test_a_bracketed_ipv6_host_is_taken(host):
+    validate_args(parse_server_args(["--model_dir", "/m", "--host", host]))
