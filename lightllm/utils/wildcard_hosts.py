@@ -7,20 +7,30 @@ must advertise a routable address instead.
 
 from __future__ import annotations
 
-from typing import Tuple
-
-# "" is uvicorn's and argparse's empty host; "[::]" is the URL spelling of IPv6's wildcard.
-WILDCARD_HOSTS: Tuple[str, ...] = ("", "0.0.0.0", "::", "[::]")
+import ipaddress
 
 
 def is_wildcard(host: str) -> bool:
-    """Whether ``host`` means every interface."""
-    return host in WILDCARD_HOSTS
+    """Whether ``host`` means every interface: "" (uvicorn's and argparse's empty host) or an
+    unspecified address in any spelling, bare or in URL brackets (0.0.0.0, ::, [::], ::0, 0:0:0:0:0:0:0:0).
+
+    One rule, ipaddress's ``is_unspecified`` (as ``--nccl_host``'s check reads it): a list of
+    spellings missed "::0" and "0::", which a PD node then advertised as its address.
+    """
+    if host == "":
+        return True
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return ipaddress.ip_address(bare).is_unspecified
+    except ValueError:
+        return False
 
 
 def bind_host(host: str) -> str:
-    """``host`` as ``socket.bind`` takes it (a wildcard in its address form)."""
-    return {"": "0.0.0.0", "[::]": "::"}.get(host, host)
+    """``host`` as ``socket.bind`` takes it (a wildcard in its address form: 0.0.0.0 or ::)."""
+    if not is_wildcard(host):
+        return host
+    return "::" if ":" in host else "0.0.0.0"
 
 
 def loopback_for(host: str) -> str:

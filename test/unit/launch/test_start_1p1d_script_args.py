@@ -45,6 +45,9 @@ def test_help_lists_every_option():
         (["--bogus"], "unknown option --bogus"),
         (["--host", "[127.0.0.1]"], "only an IPv6 address goes in brackets"),
         (["--host", "[::1"], "unbalanced brackets"),
+        # One pair is stripped; what is left used to pass and stop the nodes later, less clearly.
+        (["--host", "[::1]]"], "--host: only one IPv6 address in one pair of brackets, got '::1]'"),
+        (["--host", "[[::1]"], "--host: only one IPv6 address in one pair of brackets, got '[::1'"),
     ],
 )
 def test_bad_options_are_refused(args, message, tmp_path):
@@ -88,10 +91,22 @@ def _fake_python(tmp_path: Path) -> Path:
 
 
 @needs_ipv6_loopback
-@pytest.mark.parametrize("host, listen, reach", [("::1", "::1", "::1"), ("[::1]", "::1", "::1"), ("::", "::", "::1")])
+@pytest.mark.parametrize("host, listen, reach", [("::1", "::1", "::1"), ("[::1]", "::1", "::1"), ("::", "::", "::1"),
+                                                 ("::0", "::0", "::1"), ("[0::]", "0::", "::1")])
 def test_an_ipv6_host_gets_bracketed_urls_and_a_reachable_master_ip(host, listen, reach, tmp_path):
     """--host ::1 (or [::1], or ::) reaches ready: the script polled http://::1:PORT, no URL curl parses,
-    and gave the nodes --pd_master_ip ::, a wildcard to listen on and no address to reach."""
+    and gave the nodes --pd_master_ip ::, a wildcard to listen on and no address to reach (and "::0"
+    or "0::", spellings its list of wildcards missed, as they were)."""
+    _start_and_check(host, listen, reach, tmp_path)
+
+
+def test_an_ipv4_wildcard_host_has_the_nodes_dial_ipv4_loopback(tmp_path):
+    """--host 0.0.0.0 is where the servers listen; the nodes and the script reach the master on 127.0.0.1."""
+    _start_and_check("0.0.0.0", "0.0.0.0", "127.0.0.1", tmp_path)
+
+
+def _start_and_check(host: str, listen: str, reach: str, tmp_path: Path) -> None:
+    """Run the script with the stub servers until ready; check what it listened on and dialled."""
     master, prefill, decode = free_port(), free_port(), free_port()
     log_dir = tmp_path / "logs"
     out_path = tmp_path / "script.out"
@@ -110,9 +125,11 @@ def test_an_ipv6_host_gets_bracketed_urls_and_a_reachable_master_ip(host, listen
             assert time.monotonic() < deadline, out_path.read_text()
             time.sleep(0.2)
         text = out_path.read_text()
+        reach_url = f"[{reach}]" if ":" in reach else reach
         for port in (master, prefill, decode):
-            assert f"http://[{reach}]:{port}" in text
-        assert f"http://{reach}:" not in text
+            assert f"http://{reach_url}:{port}" in text
+        if ":" in reach:
+            assert f"http://{reach}:" not in text
         for role in ("master", "prefill", "decode"):
             assert f"--host {listen} " in (log_dir / f"{role}.log").read_text()
         for role in ("prefill", "decode"):
