@@ -24,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import ipaddress
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -195,37 +196,52 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
 
     Checked while parsing: ``http://127.0.0.1:99999`` (no such port) was otherwise tried and
     reported as "Connection refused", which says the server is down, not that the URL is wrong.
+    A password in the URL's userinfo is masked in every refusal (they reach logs and terminals).
     """
-    parts = urlsplit(text)
-    bracketed = _unbracketed_ipv6(parts.netloc.rpartition("@")[2])
-    if bracketed is not None:
+    shown = _masked_password(text)
+    shape = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # "http://[::1:8000": unbalanced brackets
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a URL ({exc}); must be {shape}") from None
+    # The scheme first: advice on the host of a URL refused anyway for its scheme misleads.
+    if parts.scheme not in schemes:
+        raise argparse.ArgumentTypeError(f"must be {shape}, got {shown!r}")
+    if _is_unbracketed_ipv6(parts.netloc.rpartition("@")[2]):
         # Else urlsplit reads "::1:18610" as host "" and port ":1:18610", and says the port is no integer.
-        raise argparse.ArgumentTypeError(f"{text!r}: put an IPv6 address in brackets: "
-                                         f"{parts.scheme or 'http'}://{bracketed}")
+        # No rebuilt URL is offered: which colon starts the port is what the brackets decide.
+        raise argparse.ArgumentTypeError(f"{shown!r}: put the IPv6 address in brackets (as in "
+                                         f"{parts.scheme}://[::1]:8000)")
     try:
         parts.port  # raises ValueError for a port that is no number or out of range
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} has no valid port: {exc}") from None
-    if parts.scheme not in schemes or not parts.hostname:
-        shape = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
-        raise argparse.ArgumentTypeError(f"must be {shape}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port: {exc}") from None
+    if not parts.hostname:
+        raise argparse.ArgumentTypeError(f"must be {shape}, got {shown!r}")
     return text
 
 
-def _unbracketed_ipv6(host_port: str) -> Optional[str]:
-    """``host_port`` with its IPv6 address bracketed when it is one left bare (``::1:8000`` ->
-    ``[::1]:8000``); None when it is no bare IPv6 address (a name, IPv4, or already bracketed)."""
+# "SCHEME://USER:PASSWORD@": the password, up to the "@" that ends the userinfo (no "/" before it).
+_USERINFO_PASSWORD = re.compile(r"^([^/]*//[^/@:]*:)[^/@]*@")
+
+
+def _masked_password(text: str) -> str:
+    """``text`` with the password of its userinfo replaced by ``***`` (``http://u:***@host``)."""
+    return _USERINFO_PASSWORD.sub(r"\1***@", text, count=1)
+
+
+def _is_unbracketed_ipv6(host_port: str) -> bool:
+    """Whether ``host_port`` (a URL's netloc less userinfo) is a bare IPv6 address, with or without
+    a trailing ``:PORT`` (``::1:8000``, ``2001:db8::5``), rather than a name, IPv4 or bracketed."""
     if host_port.startswith("[") or host_port.count(":") < 2:
-        return None
-    # "::1:8000" is also a whole IPv6 address; a URL means a port there, so that reading comes first.
-    for host, port in (host_port.rpartition(":")[::2], (host_port, "")):
+        return False
+    for host in (host_port, host_port.rpartition(":")[0]):
         try:
             ipaddress.IPv6Address(host.partition("%")[0])
+            return True
         except ValueError:
             continue
-        if not port or port.isdigit():
-            return f"[{host}]" + (f":{port}" if port else "")
-    return None
+    return False
 
 
 def http_url(text: str) -> str:

@@ -298,14 +298,31 @@ def test_bench_attention_backends_on_cpu_says_what_it_needs(tiny_llama_dir, monk
 @pytest.mark.parametrize("main, flag", [
     ("bench_serving", "--base-url"), ("bench_burst", "--base-url"), ("health_latency", "--url"),
 ])
-@pytest.mark.parametrize("url, fixed", [
-    ("http://::1:18610", "http://[::1]:18610"),
-    ("http://2001:db8::5", "http://[2001:db8::5]"),
-])
-def test_an_unbracketed_ipv6_url_is_refused_saying_to_bracket_it(main, flag, url, fixed, capsys) -> None:
-    """It was refused with "Port could not be cast to integer value as ':1:18610'", naming no cause."""
+@pytest.mark.parametrize("url", ["http://::1:18610", "http://2001:db8::5", "http://::1:99999"])
+def test_an_unbracketed_ipv6_url_is_refused_saying_to_bracket_it(main, flag, url, capsys) -> None:
+    """It was refused with "Port could not be cast to integer value as ':1:18610'", naming no cause;
+    then with a rebuilt URL that could carry an invalid port ("http://[::1]:99999")."""
     import importlib
 
     tool = importlib.import_module(f"lightllm.benchmark.{main}")
     line = one_line_refusal(tool.main, [flag, url], capsys)
-    assert f"argument {flag}: {url!r}: put an IPv6 address in brackets: {fixed}" in line, line
+    assert f"argument {flag}: {url!r}: put the IPv6 address in brackets (as in http://[::1]:8000)" in line, line
+
+
+@pytest.mark.parametrize("url, message", [
+    # The scheme first: "https://::1:8000" was told to use "https://[::1]:8000", then refused for https.
+    ("https://::1:8000", "must be http://HOST[:PORT], got 'https://::1:8000'"),
+    # The password in userinfo was repeated in the refusal.
+    ("http://user:s3cret@::1:8000/v1", "'http://user:***@::1:8000/v1': put the IPv6 address in brackets"),
+    ("http://user:s3cret@host:99999", "'http://user:***@host:99999' has no valid port"),
+    ("ftp://user:s3cret@host", "must be http://HOST[:PORT], got 'ftp://user:***@host'"),
+    ("http://user:s3cret@[::1:8000", "'http://user:***@[::1:8000' is not a URL"),
+])
+def test_server_url_checks_the_scheme_first_and_masks_passwords(url, message) -> None:
+    import argparse
+
+    from lightllm.benchmark.cli_args import server_url
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        server_url(url, ("http",))
+    assert message in str(refused.value) and "s3cret" not in str(refused.value)
