@@ -166,3 +166,31 @@ def test_an_ipv6_host_bare_or_bracketed_listens_and_a_taken_port_is_named_bracke
             TransferPortBlock.reserve(host, 1, block.base)
     finally:
         block.close()
+
+
+@needs_ipv6_loopback
+@pytest.mark.parametrize("host", ["::", "::0"])
+def test_an_ipv6_wildcard_transfer_port_takes_ipv4_too(host: str, monkeypatch) -> None:
+    """advertised_host tells an IPv4 master an IPv4 address for --host ::, but the transfer socket
+    left IPV6_V6ONLY to the kernel: with net.ipv6.bindv6only=1 it took IPv6 connections only."""
+    set_before_bind = []
+
+    class Recording(socket.socket):
+        # This machine's default may already be 0: what matters is that _listen sets it itself.
+        def setsockopt(self, level, option, value, *rest):
+            set_before_bind.append((level, option, value))
+            return super().setsockopt(level, option, value, *rest)
+
+    monkeypatch.setattr(socket, "socket", Recording)
+    with transfer_ports._listen(host, 0) as sock:
+        assert (socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0) in set_before_bind
+        assert sock.family == socket.AF_INET6
+        assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+        with socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=5):
+            pass
+
+
+@needs_ipv6_loopback
+def test_a_specific_ipv6_transfer_port_is_left_as_the_kernel_sets_it() -> None:
+    with transfer_ports._listen("::1", 0) as sock:
+        assert sock.family == socket.AF_INET6

@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.http.transport.listen_sockets import PortUnavailableError
 from lightllm.utils.host_names import bare_host, url_host
-from lightllm.utils.wildcard_hosts import bind_host
+from lightllm.utils.wildcard_hosts import bind_host, is_wildcard
 
 _PORT_BLOCK_TRIES = 64
 _LISTEN_BACKLOG = 64
@@ -32,6 +32,10 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         # A node restarted on its port must not wait out the old one's TIME_WAIT connections.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and is_wildcard(host):
+            # "::" is advertised as listening on both families (pd_node.advertised_host may hand an
+            # IPv4 master an IPv4 transfer address); with net.ipv6.bindv6only=1 it would be IPv6 only.
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, port))
         sock.listen(_LISTEN_BACKLOG)
     except BaseException:
