@@ -46,7 +46,7 @@ def host_problem(host: str, allow_zone: bool = False) -> Optional[str]:
         # of one machine: another machine given this address has no such interface to use.
         return ("an IPv6 address with a zone (%...): the zone names a network interface of one machine, so the "
                 "address means nothing on another; give a global or unique-local address")
-    if "%" in text and not _ZONE.fullmatch(text.partition("%")[2]):
+    if "%" in text and _is_ipv6(text.partition("%")[0]) and not _ZONE.fullmatch(text.partition("%")[2]):
         # ipaddress takes any text after "%"; a zone is an interface name or index.
         return "an IPv6 zone (after %) must be an interface name or index (letters, digits, '.', '_', '-')"
     try:

@@ -118,6 +118,11 @@ def test_a_zone_is_taken_where_this_machine_dials_or_listens_and_refused_in_an_a
         parse_host_port(f"[{host.strip('[]')}]:7000")
 
 
+def test_a_percent_sign_outside_an_ipv6_address_is_read_as_a_bad_name_not_a_bad_zone() -> None:
+    assert "IPv6 zone" in host_problem("fe80::1%a b", allow_zone=True)
+    assert host_problem("foo%bar", allow_zone=True).startswith("not an IP address or a host name")
+
+
 def test_a_non_string_is_refused() -> None:
     with pytest.raises(HostPortError, match="string"):
         parse_host_port(7000)
