@@ -64,15 +64,22 @@ class CppSlotAttention(TorchSdpaAttention):
     which :meth:`warmup` logs.
     """
 
-    def __init__(self, compiler: str, strict: bool = False) -> None:
+    def __init__(self, compiler: str, strict: bool = False, tiled_prefill: Optional[bool] = None) -> None:
         """Build (or load the cached build of) the kernel with ``compiler``.
 
         ``strict`` (``--attention_backend cpp`` asked for by name): a model the kernel has no
         variant for is refused at :meth:`warmup` instead of running on the fallback path.
+        ``tiled_prefill``: whether chunks longer than :data:`MAX_KERNEL_QUERIES` run on the tiled
+        prefill kernel; None (the server's choice) takes it where the build has AVX-512
+        (``lightllm_prefill_attention_wide_registers``) and gives them to gather + SDPA elsewhere,
+        where the kernel's register blocks spill and it ran several times slower.
         """
         self._library = load_kernel_library(compiler)
         self._kernel_ok = True
         self._strict = strict
+        if tiled_prefill is None:
+            tiled_prefill = bool(self._library.lightllm_prefill_attention_wide_registers())
+        self.tiled_prefill = tiled_prefill
 
     def layer_kernels(self) -> str:
         """The fused C++ layer ops (``cpp_layer_ops.cpp``), built into the same library as this kernel."""
@@ -84,6 +91,10 @@ class CppSlotAttention(TorchSdpaAttention):
         supported = bool(self._library.lightllm_slot_attention_supports(head_dim, group))
         self._kernel_ok = supported and dtype in _KV_DTYPE_CODES and device.type == "cpu"
         if self._kernel_ok:
+            if not self.tiled_prefill:
+                log.info("attention backend cpp: prefill chunks over %d tokens run on gather + SDPA (this build of "
+                         "the tiled prefill kernel has no AVX-512, where it runs several times slower)",
+                         MAX_KERNEL_QUERIES)
             return
         what = (f"the kernel has no variant for head_dim {head_dim}, {group} query heads per KV head, "
                 f"dtype {str(dtype).removeprefix('torch.')} on {device.type}")
@@ -96,13 +107,17 @@ class CppSlotAttention(TorchSdpaAttention):
         self, batch: ForwardBatch, req_to_token: torch.Tensor
     ) -> Union[_KernelMeta, _PrefillKernelMeta, _SdpaMeta]:
         """The kernel's slot table and query positions; the parent's gather + SDPA metadata when the kernel
-        cannot run this model, and the tiled prefill kernel for chunks longer than :data:`MAX_KERNEL_QUERIES`."""
+        cannot run this model, and for chunks longer than :data:`MAX_KERNEL_QUERIES` the tiled prefill kernel
+        (or the parent's path, without :attr:`tiled_prefill`)."""
         if not self._kernel_ok:
             return super().prepare(batch, req_to_token)
         longest_chunk = max(batch.new_lens)
+        long_prefill = not batch.is_decode and longest_chunk > MAX_KERNEL_QUERIES
+        if long_prefill and not self.tiled_prefill:
+            return super().prepare(batch, req_to_token)
         length = max(batch.seq_lens)
         slots = req_to_token[batch.req_rows, :length].contiguous()
-        if not batch.is_decode and longest_chunk > MAX_KERNEL_QUERIES:
+        if long_prefill:
             new_lens = torch.tensor(batch.new_lens, dtype=torch.int64)
             token_starts = torch.cumsum(new_lens, 0) - new_lens
             return _PrefillKernelMeta(slots, token_starts, new_lens, torch.tensor(batch.start_lens, dtype=torch.int64))

@@ -169,6 +169,8 @@ def load_kernel_library(compiler: str) -> ctypes.CDLL:
         ]
         library.lightllm_slot_attention_supports.restype = ctypes.c_int
         library.lightllm_slot_attention_supports.argtypes = [i64, i64]
+        library.lightllm_prefill_attention_wide_registers.restype = ctypes.c_int
+        library.lightllm_prefill_attention_wide_registers.argtypes = []
         library.lightllm_prefill_attention.restype = ctypes.c_int
         library.lightllm_prefill_attention.argtypes = [
             pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64, i64, i64,

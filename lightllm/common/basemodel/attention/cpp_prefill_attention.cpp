@@ -301,6 +301,19 @@ int dispatch(int64_t head_dim, const float* q, const KV* k, const KV* v, const i
 
 extern "C" {
 
+// 1 when this build keeps the register blocks in registers (AVX-512: 32 registers of 16 floats),
+// 0 otherwise.  Built for AVX2 (16 registers of 8 floats) the 16 accumulators of 16 floats spill
+// to memory in every step of the inner loop, and the kernel ran 6-10x slower than torch's gather
+// + SDPA on a 2-core AVX2 VM (a 1000-token prefill of the small demo model: 0.67-1.0 s against
+// 0.10-0.12 s per forward); cpp_attention.py then gives long chunks to that path.
+int lightllm_prefill_attention_wide_registers() {
+#if defined(__AVX512F__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 // Returns 0 on success, 1 for an unsupported head_dim, 2 for a group below 1, 3 for a bad dtype,
 // 4 when a request's chunk ends past its slot row (cached_lens + new_lens > context).
 // kv_dtype: 0 float32, 1 bfloat16.
