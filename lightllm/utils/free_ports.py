@@ -45,7 +45,7 @@ def free_port(host: str = "127.0.0.1") -> int:
                 return port
         while True:
             with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind(_sockaddr(host, 0))
+                sock.bind(_sockaddr(host, 0, family))
                 port = sock.getsockname()[1]
             if port not in _handed_out_ports:
                 _handed_out_ports.add(port)
@@ -57,13 +57,15 @@ def address_family(host: str) -> int:
     return socket.getaddrinfo(_bare(host), None, type=socket.SOCK_STREAM)[0][0]
 
 
-def _sockaddr(host: str, port: int) -> tuple:
-    """``host``:``port`` as ``bind`` takes it, resolved by getaddrinfo.
+def _sockaddr(host: str, port: int, family: Optional[int] = None) -> tuple:
+    """``host``:``port`` as ``bind`` takes it on a socket of ``family``, resolved by getaddrinfo.
 
     A (host, port) pair loses an IPv6 zone: ``bind(("fe80::1%eth0", port))`` fails with EINVAL,
-    while getaddrinfo's sockaddr carries the zone as its scope id.
+    while getaddrinfo's sockaddr carries the zone as its scope id.  Resolved in ``family`` (any
+    when None), so a host of the other family raises ``socket.gaierror`` (an ``OSError``) rather
+    than handing an IPv6 sockaddr to an IPv4 socket, whose ``bind`` raises ``TypeError``.
     """
-    return socket.getaddrinfo(_bare(host), port, type=socket.SOCK_STREAM)[0][4]
+    return socket.getaddrinfo(_bare(host), port, family or 0, socket.SOCK_STREAM)[0][4]
 
 
 def _bare(host: str) -> str:
@@ -95,7 +97,7 @@ def can_bind(host: str, port: int, family: Optional[int] = None) -> bool:
     """Whether a listener could bind ``host``:``port`` now; errors other than "taken" propagate."""
     with socket.socket(family or address_family(host), socket.SOCK_STREAM) as sock:
         try:
-            sock.bind(_sockaddr(host, port))
+            sock.bind(_sockaddr(host, port, family))
         except OSError as exc:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 return False

@@ -107,3 +107,10 @@ def test_a_link_local_host_with_its_zone_gets_a_port():
     for spelling in (host, f"[{host}]"):
         port = free_port(spelling)
         assert free_ports.can_bind(spelling, port)
+
+
+def test_a_host_of_another_family_than_asked_is_an_oserror():
+    """can_bind("::1", port, AF_INET) handed the IPv6 sockaddr to an IPv4 socket, whose bind raised
+    TypeError, which no caller (they catch OSError) expected."""
+    with pytest.raises(OSError):
+        free_ports.can_bind("::1", 0, socket.AF_INET)
