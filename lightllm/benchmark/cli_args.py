@@ -199,11 +199,15 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
     A password in the URL's userinfo is masked in every refusal (they reach logs and terminals).
     """
     shown = _masked_password(text)
+    # urlsplit's messages quote parts of the URL ("... integer value as 's3cr'" for
+    # "http://u:s3cr?t@h:1"): they are shown only for a URL with no password in it.
+    masked = shown != text
     shape = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
     try:
         parts = urlsplit(text)
     except ValueError as exc:  # "http://[::1:8000": unbalanced brackets
-        raise argparse.ArgumentTypeError(f"{shown!r} is not a URL ({exc}); must be {shape}") from None
+        why = "" if masked else f" ({exc})"
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a URL{why}; must be {shape}") from None
     # The scheme first: advice on the host of a URL refused anyway for its scheme misleads.
     if parts.scheme not in schemes:
         raise argparse.ArgumentTypeError(f"must be {shape}, got {shown!r}")
@@ -215,19 +219,36 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
     try:
         parts.port  # raises ValueError for a port that is no number or out of range
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port: {exc}") from None
+        why = "" if masked else f": {exc}"
+        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port (a number in 0..65535){why}") from None
     if not parts.hostname:
         raise argparse.ArgumentTypeError(f"must be {shape}, got {shown!r}")
     return text
 
 
-# "SCHEME://USER:PASSWORD@": the password, up to the "@" that ends the userinfo (no "/" before it).
-_USERINFO_PASSWORD = re.compile(r"^([^/]*//[^/@:]*:)[^/@]*@")
+# A scheme and the slashes after it ("http://", or the typo "http:/"); one slash at least, so
+# that "user:pw@host" (no scheme) is not read as scheme "user".
+_SCHEME_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/+")
 
 
 def _masked_password(text: str) -> str:
-    """``text`` with the password of its userinfo replaced by ``***`` (``http://u:***@host``)."""
-    return _USERINFO_PASSWORD.sub(r"\1***@", text, count=1)
+    """``text`` with the password of its userinfo replaced by ``***`` (``http://u:***@host``).
+
+    The userinfo is read as everything before the last ``@``, not as ``urlsplit`` reads it (up to
+    the last ``@`` before the first ``/``, ``?`` or ``#``): a password may hold those characters
+    (``user:s3c/ret@host``) or an ``@`` (``user:p@ss@host``), and is then shown, whole or in part,
+    in the very refusal that says the URL is wrong.  A server URL has no ``@`` in its path, so
+    masking too much where one does beats leaking a password into logs and terminals.
+    """
+    head, at, tail = text.rpartition("@")
+    if not at:
+        return text
+    scheme = _SCHEME_PREFIX.match(head)
+    start = scheme.end() if scheme else 0
+    user, colon, _password = head[start:].partition(":")
+    if not colon:
+        return text  # a user name alone: no password to hide
+    return f"{head[:start]}{user}:***@{tail}"
 
 
 def _is_unbracketed_ipv6(host_port: str) -> bool:
