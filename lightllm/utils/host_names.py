@@ -5,9 +5,10 @@ brackets a URL puts around IPv6, and with a zone such as ``%eth0``) or a DNS hos
 checked at start-up, since a node otherwise registers with a URL it cannot build and says nothing
 until it stops.  The PD contract's ``host:port`` (:mod:`lightllm.server.pd.protocol.host_port`)
 reads its host part with the same :func:`host_problem`, less the zone (and it adds that an IPv6
-host there must be bracketed): an address a node advertises is dialled from other machines,
-where its zone names no interface, while ``--pd_master_ip`` is dialled by the node itself and
-``--nccl_host`` is an address of this machine, so a zone there means what it says.
+host there must be bracketed, and refuses IPv6 link-local addresses): an address a node
+advertises is dialled from other machines, where its zone names no interface (and a link-local
+address without its zone cannot be dialled at all), while ``--pd_master_ip`` is dialled by the
+node itself and ``--nccl_host`` is an address of this machine, so a zone there means what it says.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def host_problem(host: str, allow_zone: bool = False) -> Optional[str]:
     Taken: an IPv4 address, an IPv6 address (bare, or in URL brackets), a DNS host name; an IPv6
     address with a zone (``fe80::1%eth0``) only with ``allow_zone``, for a host this machine
     dials or listens on itself (``--pd_master_ip``, ``--nccl_host``), never for one it tells
-    another machine.  Refused: anything but an IPv6 address in brackets, unbalanced brackets, and
-    anything else that is neither an address nor a host name.
+    another machine; for the same reason, without ``allow_zone`` an IPv6 link-local address
+    (``fe80::/10``) is refused even without a zone.  Refused: anything but an IPv6 address in
+    brackets, unbalanced brackets, a zone in its URL escaping (``%25eth0``), and anything else
+    that is neither an address nor a host name.
     """
     bracketed = len(host) >= 2 and host.startswith("[") and host.endswith("]")
     if not bracketed and ("[" in host or "]" in host):
@@ -46,13 +49,25 @@ def host_problem(host: str, allow_zone: bool = False) -> Optional[str]:
         # of one machine: another machine given this address has no such interface to use.
         return ("an IPv6 address with a zone (%...): the zone names a network interface of one machine, so the "
                 "address means nothing on another; give a global or unique-local address")
-    if "%" in text and _is_ipv6(text.partition("%")[0]) and not _ZONE.fullmatch(text.partition("%")[2]):
-        # ipaddress takes any text after "%"; a zone is an interface name or index.
-        return "an IPv6 zone (after %) must be an interface name or index (letters, digits, '.', '_', '-')"
+    if "%" in text and _is_ipv6(text.partition("%")[0]):
+        zone = text.partition("%")[2]
+        if not _ZONE.fullmatch(zone):
+            # ipaddress takes any text after "%"; a zone is an interface name or index.
+            return "an IPv6 zone (after %) must be an interface name or index (letters, digits, '.', '_', '-')"
+        if zone.startswith("25") and not zone.isdigit():
+            # "fe80::1%25eth0" is how a URL writes zone eth0 (RFC 6874): taken as written, the
+            # zone is "25eth0", an interface no machine has, and the failure came only at the
+            # first connect.  An all-digit zone is an interface index ("%25" may be index 25).
+            return "an IPv6 zone starting %25 (write the zone as %eth0 on the command line; %25 is its URL escaping)"
     try:
         address = ipaddress.ip_address(text)
     except ValueError:
         address = None
+    if not allow_zone and isinstance(address, ipaddress.IPv6Address) and address.is_link_local:
+        # Unique on one link only: a peer dials it through the interface its zone names, and an
+        # advertised address carries no zone (the check above), so connect fails with EINVAL.
+        # (A --host :: node reaching a link-local master learns such an address from its route.)
+        return "a link-local address cannot be dialled from another machine; give a global or unique-local address"
     if bracketed:
         return None if address is not None and address.version == 6 else "only an IPv6 address goes in brackets"
     if address is not None:

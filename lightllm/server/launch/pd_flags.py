@@ -28,7 +28,7 @@ from lightllm.utils.one_line_errors import finite_float
 def add_pd_flags(parser: argparse.ArgumentParser) -> None:
     """Add the "PD disaggregation" group to ``parser``."""
     group = parser.add_argument_group("PD disaggregation")
-    add_flag(group, "--pd_master_ip", roles=PD_NODES, type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with: an IPv4 or IPv6 address (bracketed or not; a link-local one with its zone naming the interface of this node to dial it through) or a host name.")
+    add_flag(group, "--pd_master_ip", roles=PD_NODES, type=str, default="127.0.0.1", help="Prefill/decode nodes: address of the PD master to register with: an IPv4 or IPv6 address (bracketed or not; a link-local one with its zone naming the interface of this node to dial it through, and then a routable --host, since a wildcard --host would advertise this node's link-local address, which no peer can dial) or a host name.")
     add_flag(group, "--pd_master_port", roles=PD_NODES, type=int, default=1212, help="Prefill/decode nodes: HTTP port of the PD master (the master's own --port).")
     add_flag(group, "--pd_node_id", roles=PD_NODES, type=str, default=None, help="Prefill/decode nodes: this node's unique name in the cluster; default: ROLE-HOST:PORT.")
     add_flag(

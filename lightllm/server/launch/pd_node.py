@@ -115,8 +115,12 @@ def prepare_pd_node(
         # Written before any port is bound: a host the master could not read back fails here.
         http_address = format_host_port(host, args.port)
     except HostPortError as exc:
+        # A wildcard --host advertises the address of its route to the master, which for a
+        # link-local master is link-local too: only a --host naming the address helps there.
+        fix = (f" (--host {args.host} advertises the address its route to --pd_master_ip leaves from; pass --host "
+               "with a routable address of this node)" if is_wildcard(args.host) else "")
         raise ArgumentError(f"--host {args.host!r}: this node would advertise its address as {host!r}, which "
-                            f"the master cannot use: {exc}") from None
+                            f"the master cannot use: {exc}{fix}") from None
     ports: Optional[TransferPortBlock] = None
     transfer_address = ""
     if args.run_mode == RunMode.PREFILL:

@@ -258,6 +258,8 @@ def test_a_model_dir_without_a_checkpoint_is_refused_naming_the_flag(tmp_path):
     # As the PD contract's host:port refuses them (pd/protocol/host_port.py): one rule for both.
     ("[node1]", "only an IPv6 address goes in brackets"), ("[1.2.3.4]", "only an IPv6 address goes in brackets"),
     ("fe80::1%", "an IPv6 zone .* must be an interface name"), ("fe80::1%e th0", "an IPv6 zone"),
+    # The zone as a URL escapes it: read as zone "25eth0", it failed only when the node dialled.
+    ("fe80::1%25eth0", r"an IPv6 zone starting %25 \(write the zone as %eth0 on the command line"),
 ])
 def test_a_pd_master_address_that_is_no_host_is_refused_at_start(address, reason):
     """A node built its registration URL from it and retried forever, or (an IPv6 literal) failed

@@ -76,7 +76,10 @@ def test_anything_else_is_refused_saying_why(value: str, fragment: str) -> None:
 HOSTS = {
     "10.0.0.1": None, "node-1.example": None, "localhost": None, "::1": None, "[::1]": None,
     "fd00::1": None, "[fd00::1]": None, "::ffff:10.0.0.1": None,
-    "fe80::1%eth0": "zone", "[fe80::1%eth0]": "zone", "[1.2.3.4]": "only an IPv6 address goes in brackets",
+    "fe80::1%eth0": "zone", "[fe80::1%eth0]": "zone",
+    # Without its zone a link-local address names no interface to dial it through: connect raises EINVAL.
+    "fe80::fc:ff:fe00:1": "^a link-local address cannot be dialled", "[fe80::1]": "^a link-local address cannot be dialled",
+    "[1.2.3.4]": "only an IPv6 address goes in brackets",
     "[node-1]": "only an IPv6 address goes in brackets", "[]": "only an IPv6 address goes in brackets",
     "[::1": "unbalanced brackets", "::1]": "unbalanced brackets", "10.0.0.256": "not an IPv4 address",
     "1234": "not an IPv4 address", "node_1": "not an IP address or a host name",
@@ -116,6 +119,21 @@ def test_a_zone_is_taken_where_this_machine_dials_or_listens_and_refused_in_an_a
         format_host_port(host, 7000)
     with pytest.raises(HostPortError, match="zone"):
         parse_host_port(f"[{host.strip('[]')}]:7000")
+
+
+def test_a_link_local_address_is_taken_where_this_machine_dials_or_listens() -> None:
+    # Its zone is this machine's to give (or its default); only an advertised address refuses it.
+    assert host_problem("fe80::1", allow_zone=True) is None and host_problem("[fe80::1]", allow_zone=True) is None
+    # Not an IPv4 link-local address, which routes without a zone.
+    assert host_problem("169.254.1.1") is None
+
+
+@pytest.mark.parametrize("host", ["fe80::1%25eth0", "[fe80::1%25eth0]", "fe80::1%25en0"])
+def test_a_zone_in_its_url_escaping_is_refused_saying_how_to_write_it(host: str) -> None:
+    """"%25eth0" was taken as zone "25eth0", an interface no machine has, and failed only on connect."""
+    assert "write the zone as %eth0 on the command line; %25 is its URL escaping" in host_problem(host, allow_zone=True)
+    # An all-digit zone is an interface index, whatever its digits.
+    assert host_problem("fe80::1%25", allow_zone=True) is None and host_problem("fe80::1%251", allow_zone=True) is None
 
 
 def test_a_percent_sign_outside_an_ipv6_address_is_read_as_a_bad_name_not_a_bad_zone() -> None:

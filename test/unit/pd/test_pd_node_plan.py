@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 
 import pytest
 
-from ipv6_support import needs_ipv6_loopback
+from ipv6_support import link_local_address, needs_ipv6_loopback, needs_link_local
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.server.argument_error import ArgumentError
 from lightllm.server.launch.arg_parser import make_argument_parser
@@ -93,6 +94,19 @@ def test_a_wildcard_host_advertises_its_ipv6_route_to_an_ipv6_master(tiny_llama_
                              "--pd_master_ip", master)
     assert info.http_address == "[::1]:8100"  # bracketed, as the master reads it back
     assert info.node_id == "decode-::1:8100"
+
+
+@needs_link_local
+def test_a_wildcard_host_facing_a_link_local_master_is_refused_naming_host(tiny_llama_dir) -> None:
+    """--host :: with --pd_master_ip fe80::X%eth0 advertised this node's link-local address without
+    its zone ([fe80::...]:8100), which the master took and nobody could dial (EINVAL)."""
+    master = link_local_address()
+    args = make_argument_parser().parse_args(["--model_dir", "x", "--host", "::", "--pd_master_ip", master])
+    assert ipaddress.IPv6Address(advertised_host(args)).is_link_local  # the route to the master's link
+    with pytest.raises(ArgumentError, match=r"^--host '::': this node would advertise its address as 'fe80:.*a "
+                                            r"link-local address cannot be dialled from another machine.*pass --host "
+                                            r"with a routable address of this node\)$"):
+        _prepare(tiny_llama_dir, "--run_mode", "decode", "--host", "::", "--port", "8100", "--pd_master_ip", master)
 
 
 def test_an_ipv6_wildcard_host_advertises_its_ipv4_route_to_an_ipv4_master() -> None:
