@@ -111,16 +111,20 @@ case "$HOST" in
 esac
 # One pair is stripped above; "[::1]]" or "[[::1]" would leave one the nodes refuse later, less clearly.
 [[ "$HOST" != *[\[\]]* ]] || die "--host: only one IPv6 address in one pair of brackets, got '$HOST'"
-# The address the nodes and this script reach the master on: a wildcard (0.0.0.0, ::, or any other
-# spelling of either, as lightllm/utils/wildcard_hosts.py reads them: ipaddress's is_unspecified) is
-# where a server listens, not an address to connect to, so they use the loopback of the same family.
-REACH_HOST="$("$PYTHON" -c 'import ipaddress, sys
-try:
-    address = ipaddress.ip_address(sys.argv[1])
-except ValueError:
-    address = None
-print(("::1" if address.version == 6 else "127.0.0.1") if address and address.is_unspecified else sys.argv[1])' "$HOST")" \
-    || die "--host '$HOST': cannot run $PYTHON to read it"
+# The address the nodes and this script reach the master on: a wildcard is where a server listens,
+# not an address to connect to, so they use the loopback of the same family. Wildcards as
+# lightllm/utils/wildcard_hosts.py reads them (ipaddress's is_unspecified): 0.0.0.0, and an IPv6
+# address of zeros in any spelling (::, ::0, 0::, 0:0:0:0:0:0:0:0), a zone aside. Read in bash:
+# asking $PYTHON ran it before any server, and a $PYTHON that never returns then hung the script
+# past --start_timeout (its own test's stand-in does exactly that).
+UNZONED_HOST="${HOST%%\%*}"
+if [[ "$UNZONED_HOST" == 0.0.0.0 ]]; then
+    REACH_HOST=127.0.0.1
+elif [[ "$UNZONED_HOST" =~ ^[0:]+$ && ( "$UNZONED_HOST" == *::* || "$UNZONED_HOST" == *:*:*:*:*:*:*:* ) ]]; then
+    REACH_HOST=::1
+else
+    REACH_HOST="$HOST"
+fi
 if [[ "$REACH_HOST" == *:* ]]; then REACH_URL_HOST="[$REACH_HOST]"; else REACH_URL_HOST="$REACH_HOST"; fi
 
 # The node flags are shell-quoted strings; split them the way a shell would (no expansion).
