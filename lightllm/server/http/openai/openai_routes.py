@@ -18,9 +18,9 @@ from typing import Any, AsyncIterator, Awaitable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.convertors import CONVERTOR_TYPES, Convertor, register_url_convertor
 
 from lightllm.server.http.openai.answer_size import large_answer
+from lightllm.server.http.openai.model_id_path import MODEL_ID_CONVERTOR, register_model_id_convertor
 from lightllm.server.http.validation.body import parse_body_off_loop
 from lightllm.server.http.openai.chat_content_format import rendering_template, template_iterates_content
 from lightllm.server.http.openai.chat_message import unread_reasoning
@@ -66,34 +66,6 @@ from lightllm.server.http.openai.tool_calls.shaper import ToolChatShaper
 logger = logging.getLogger(__name__)
 
 SSE_DONE = b"data: [DONE]\n\n"
-
-
-# The convertor's name in Starlette's table, which every app of the process shares: prefixed so it
-# cannot take the place of (or be taken by) another library's "model_id".
-MODEL_ID_CONVERTOR = "lightllm_model_id"
-
-
-class _ModelIdConvertor(Convertor[str]):
-    """A ``/v1/models/{model_id}`` segment: like Starlette's ``path`` (slashes allowed), but never empty."""
-
-    regex = ".+"
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-def register_model_id_convertor() -> None:
-    """Make :data:`MODEL_ID_CONVERTOR` usable in route paths (idempotent).
-
-    Starlette's convertor table is process-wide, so this runs when a router needs it
-    (:meth:`OpenAIEndpoints.router`), not when the module is imported: importing the HTTP layer
-    (a tool, a test, the torch-free check) leaves Starlette as it was.
-    """
-    if not isinstance(CONVERTOR_TYPES.get(MODEL_ID_CONVERTOR), _ModelIdConvertor):
-        register_url_convertor(MODEL_ID_CONVERTOR, _ModelIdConvertor())
 
 
 class OpenAIEndpoints:
