@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import multiprocessing as mp
 import shlex
@@ -36,15 +35,13 @@ from urllib.parse import urlsplit
 from lightllm.benchmark.cli_args import (OneLineErrorParser, checkpoint_dir, given_flags, non_negative_float,
                                          non_negative_int, positive_float, server_url, shell_words)
 from lightllm.benchmark.count_flags import positive_int
+from lightllm.benchmark.hold_source import IPV4_HOLD_SOURCE, check_hold_source
 from lightllm.utils.interrupts import interruptible
 
 
 PROBE_TIMEOUT_SECONDS = 10.0
 # Flags this tool gives the server it starts; --server_args setting them again would be ambiguous.
 _OWNED_SERVER_FLAGS = ("--model_dir", "--host", "--port")
-# The held connections' source against an IPv4 server: a second loopback address, so the server
-# counts them as another client than the streams and the probe (from 127.0.0.1).
-_IPV4_HOLD_SOURCE = "127.0.0.2"
 
 
 def _address(url: str) -> Tuple[str, int]:
@@ -233,44 +230,8 @@ def _check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, argv
         if word.split("=", 1)[0] in _OWNED_SERVER_FLAGS:
             parser.error(f"--server_args must not set {word.split('=', 1)[0]}: this tool sets it itself")
     if args.hold:
-        _check_hold_source(parser, args)
-
-
-def _ip_version(host: str) -> Optional[int]:
-    """4 or 6 for an IP address, None for a host name."""
-    try:
-        return ipaddress.ip_address(host).version
-    except ValueError:
-        return None
-
-
-def _check_hold_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Fill in the default ``--hold_source`` for the server's address family, and refuse one it cannot use.
-
-    A source of the other family than the server opens no connection at all: the run used to take
-    its full duration and only then say that no held connection could be opened.
-    """
-    # --model_dir starts its server on 127.0.0.1 (ServerProcess's default host).
-    server_host = _address(args.url)[0] if args.url else "127.0.0.1"
-    server_version = _ip_version(server_host)
-    if args.hold_source is None:
-        if server_version == 6:
-            parser.error(f"--hold against an IPv6 server ({args.url}) needs --hold_source: IPv6 has no second loopback "
-                         f"address like IPv4's {_IPV4_HOLD_SOURCE}; give an IPv6 address of this machine (::1 is "
-                         f"the streams' own)")
-        args.hold_source = _IPV4_HOLD_SOURCE
-    source_version = _ip_version(args.hold_source)
-    if server_version is not None and source_version is not None and server_version != source_version:
-        parser.error(f"--hold_source {args.hold_source} is an IPv{source_version} address and the server "
-                     f"({args.url or server_host}) an IPv{server_version} one: give an IPv{server_version} source")
-    try:
-        # The family of the source itself: socket.socket() is IPv4 and refused every IPv6 source.
-        family = socket.getaddrinfo(args.hold_source, 0, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family) as sock:
-            sock.bind((args.hold_source, 0))
-    except (OSError, UnicodeError, ValueError) as exc:
-        why = getattr(exc, "strerror", None) or str(exc)
-        parser.error(f"--hold_source {args.hold_source!r}: no connection can be opened from there ({why})")
+        # --model_dir starts its server on 127.0.0.1 (ServerProcess's default host).
+        check_hold_source(parser, args, _address(args.url)[0] if args.url else "127.0.0.1")
 
 
 def _reach_error(host: str, port: int, source: Optional[str] = None) -> Optional[str]:
@@ -313,7 +274,7 @@ def build_parser() -> OneLineErrorParser:
                         help="connections one client holds open (one byte each)")
     parser.add_argument("--hold_source", default=None,
                         help="source address of the held connections (another client than the streams and the probe; "
-                        f"only with --hold); default {_IPV4_HOLD_SOURCE} against an IPv4 server, and required against "
+                        f"only with --hold); default {IPV4_HOLD_SOURCE} against an IPv4 server, and required against "
                         "an IPv6 one (IPv6 has no second loopback address)")
     parser.add_argument("--max_new_tokens", type=positive_int, default=256, help="tokens per stream (>= 1)")
     parser.add_argument("--duration", type=positive_float, default=60.0, help="seconds of probing (> 0)")
