@@ -16,6 +16,8 @@ import socket
 import threading
 from typing import Optional, Set, Tuple
 
+from lightllm.utils.host_names import bare_host
+
 # Where the kernel takes the ports of outgoing connections and of bind(0) from (Linux).
 EPHEMERAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 # Ports below this are left to well-known and registered services.
@@ -54,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def address_family(host: str) -> int:
     """``AF_INET`` or ``AF_INET6``: the family of ``host``'s first address (``OSError`` if it does not resolve)."""
-    return socket.getaddrinfo(_bare(host), None, type=socket.SOCK_STREAM)[0][0]
+    return socket.getaddrinfo(bare_host(host), None, type=socket.SOCK_STREAM)[0][0]
 
 
 def _sockaddr(host: str, port: int, family: Optional[int] = None) -> tuple:
@@ -65,12 +67,7 @@ def _sockaddr(host: str, port: int, family: Optional[int] = None) -> tuple:
     when None), so a host of the other family raises ``socket.gaierror`` (an ``OSError``) rather
     than handing an IPv6 sockaddr to an IPv4 socket, whose ``bind`` raises ``TypeError``.
     """
-    return socket.getaddrinfo(_bare(host), port, family or 0, socket.SOCK_STREAM)[0][4]
-
-
-def _bare(host: str) -> str:
-    # "[::1]" is how a URL writes an IPv6 address; sockets take it without the brackets.
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return socket.getaddrinfo(bare_host(host), port, family or 0, socket.SOCK_STREAM)[0][4]
 
 
 def read_ephemeral_range(path: str = EPHEMERAL_RANGE_PATH) -> Optional[Tuple[int, int]]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from lightllm.utils.host_names import bare_host
+
 
 def is_wildcard(host: str) -> bool:
     """Whether ``host`` means every interface: "" (uvicorn's and argparse's empty host) or an
@@ -19,7 +21,7 @@ def is_wildcard(host: str) -> bool:
     """
     if host == "":
         return True
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bare = bare_host(host)
     try:
         return ipaddress.ip_address(bare).is_unspecified
     except ValueError:
