@@ -35,6 +35,7 @@ from lightllm.benchmark.simulator.sim_types import SimArrival, SimResult, SimSer
 from lightllm.benchmark.workloads import ScheduledRequest
 from lightllm.common.sampling import SamplingParams
 from lightllm.server.core.objs.request_spec import RequestSpec
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_PREFILL
 from lightllm.server.model_rank.scheduling.infer_req import InferReq
 from lightllm.server.model_rank.scheduling.backend_registry import DecodeBackend, ModeBackend, PrefillBackend, build_backend
 from lightllm.server.model_rank.scheduling.decode_backend import KvReservationRefused
@@ -48,7 +49,7 @@ from lightllm.server.model_rank.scheduling.step_planner import StepPlanner
 from lightllm.server.pd.master.busy_retry import BusyRetryPolicy
 from lightllm.server.router.req_queue.base_queue import ReqQueue
 from lightllm.server.router.req_queue.queue_registry import build_req_queue
-from lightllm.server.router.req_queue.router_req import RouterReq
+from lightllm.server.router.req_queue.router_req import RouterReq, reserved_new_tokens
 from lightllm.utils.envs_utils import DEFAULT_PD_NODE_BUSY_RETRY_TIMEOUT_SECONDS
 
 # Simulated requests have no per-request length cap beyond their own max_new_tokens.
@@ -251,8 +252,9 @@ class Simulator:
             self._specs[request_id] = spec
             router_req = RouterReq.from_spec(request_id, -1, spec)
             if self.config.run_mode == "prefill":
-                # A prefill node's router holds a request for its prompt and first token only.
-                router_req.max_new_tokens = 1
+                # The simulator's specs carry no PD placement: reserve what the server's router
+                # reserves for a prefill node's request.
+                router_req.max_new_tokens = reserved_new_tokens(spec.params.max_new_tokens, PD_KIND_PREFILL)
             self.router.append(router_req)
 
     def _admit(self) -> None:

@@ -24,7 +24,7 @@ from lightllm.server.core.objs.shm_heartbeats import beat_of
 from lightllm.server.core.objs.shm_req_views import StaleRecordError
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.router.req_queue.queue_registry import build_req_queue
-from lightllm.server.router.req_queue.router_req import RouterReq
+from lightllm.server.router.req_queue.router_req import RouterReq, reserved_new_tokens
 from lightllm.server.run_mode import RunMode
 from lightllm.server.server_layout import ServerLayout
 from lightllm.utils.log_utils import init_logging
@@ -107,7 +107,7 @@ class RouterManager:
             request_id=message.request_id,
             shm_index=message.shm_index,
             input_len=fields.prompt_len,
-            max_new_tokens=fields.max_new_tokens,
+            max_new_tokens=reserved_new_tokens(fields.max_new_tokens, fields.pd_kind),
             high_priority_request=fields.high_priority_request,
         ))
 

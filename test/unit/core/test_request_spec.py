@@ -117,8 +117,11 @@ def test_check_fits_holds_the_model_dependent_checks() -> None:
 def test_the_router_and_the_rank_views_read_the_spec() -> None:
     spec = _full_spec()
     router = RouterReq.from_spec(9, 3, spec)
+    # A prefill node's request reserves KV for its first token only (later ones live on the decode node).
     assert (router.request_id, router.shm_index, router.input_len, router.max_new_tokens,
-            router.high_priority_request) == (9, 3, 4, 4, True)
+            router.high_priority_request) == (9, 3, 4, 1, True)
+    normal = RouterReq.from_spec(9, 3, dataclasses.replace(spec, pd=PdPlacement()))
+    assert (normal.max_new_tokens, normal.projected_token_num) == (4, 8)
     req = InferReq.from_spec(9, spec, shm_index=3, arrival_processed_prefill_tokens=40)
     assert (req.prompt_ids, req.max_new_tokens, req.infer_high_priority, req.generated_before) == (
         [5, 6, 7, 8], 4, -3, 2)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Any, Iterator, Tuple
+
 import pytest
 from router_queue_test_support import router_req as _req
 
@@ -69,18 +72,13 @@ def test_the_queue_keeps_the_cadence_bookkeeping_itself():
     assert [r.request_id for r in decode.admit_if_due(0, 1000)] == [5]  # never waits for the cadence
 
 
-@pytest.mark.parametrize(("run_mode", "at_once"), [("decode", True), ("normal", False)])
-def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, at_once):
-    """The same RouterManager: a decode node's arrival goes to rank 0 while another request runs
-    and the cadence is not due, a normal node's waits for the cadence."""
+@contextmanager
+def _router_shell(tmp_path, run_mode: str) -> Iterator[Tuple[Any, Any, Any]]:
+    """A RouterManager of ``run_mode`` over fresh segments: yields (router, shm, rank 0's socket)."""
     import uuid
 
     import zmq
 
-    from lightllm.common.sampling import SamplingParams
-    from lightllm.server.core.objs.io_messages import AddRequests, NewRequest
-    from lightllm.server.core.objs.request_spec import RequestSpec
-    from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE
     from lightllm.server.router.manager import RouterConfig, RouterManager
     from lightllm.server.server_layout import ServerLayout
 
@@ -95,6 +93,27 @@ def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, 
                                         router_max_wait_tokens=100, schedule_time_interval=0.01,
                                         log_level="warning", process_name="router", run_mode=run_mode))
     try:
+        yield router, shm, rank0
+    finally:
+        router.zmq_ctx.destroy(linger=0)
+        router.shm.close()
+        router.stats.close()
+        ctx.destroy(linger=0)
+        for segment in (shm, stats):
+            segment.close()
+            segment.unlink()
+
+
+@pytest.mark.parametrize(("run_mode", "at_once"), [("decode", True), ("normal", False)])
+def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, at_once):
+    """The same RouterManager: a decode node's arrival goes to rank 0 while another request runs
+    and the cadence is not due, a normal node's waits for the cadence."""
+    from lightllm.common.sampling import SamplingParams
+    from lightllm.server.core.objs.io_messages import AddRequests, NewRequest
+    from lightllm.server.core.objs.request_spec import RequestSpec
+    from lightllm.server.core.objs.shm_req_layout import PD_KIND_DECODE, PD_KIND_NONE
+
+    with _router_shell(tmp_path, run_mode) as (router, shm, rank0):
         kind = PD_KIND_DECODE if run_mode == "decode" else PD_KIND_NONE
         for slot, rid in enumerate((1, 2)):
             shm.write_request(slot, rid, RequestSpec.build([5] * 8, SamplingParams(max_new_tokens=4), pd_kind=kind))
@@ -108,14 +127,25 @@ def test_the_router_shell_sends_what_its_modes_queue_admits(tmp_path, run_mode, 
             assert list(router.queue.running) == [1, 2] and len(router.queue) == 0
         else:
             assert list(router.queue.running) == [1] and len(router.queue) == 1
-    finally:
-        router.zmq_ctx.destroy(linger=0)
-        router.shm.close()
-        router.stats.close()
-        ctx.destroy(linger=0)
-        for segment in (shm, stats):
-            segment.close()
-            segment.unlink()
+
+
+@pytest.mark.parametrize(("run_mode", "pd_kind_name", "reserved"), [
+    ("prefill", "PD_KIND_PREFILL", 8 + 1),  # the decode node holds every later token's KV
+    ("normal", "PD_KIND_NONE", 8 + 50),
+])
+def test_a_prefill_nodes_router_reserves_kv_for_the_prompt_and_first_token_only(tmp_path, run_mode,
+                                                                                 pd_kind_name, reserved):
+    from lightllm.common.sampling import SamplingParams
+    from lightllm.server.core.objs import shm_req_layout
+    from lightllm.server.core.objs.io_messages import NewRequest
+    from lightllm.server.core.objs.request_spec import RequestSpec
+
+    with _router_shell(tmp_path, run_mode) as (router, shm, _rank0):
+        spec = RequestSpec.build([5] * 8, SamplingParams(max_new_tokens=50),
+                                 pd_kind=getattr(shm_req_layout, pd_kind_name))
+        shm.write_request(0, 1, spec)
+        router.handle(NewRequest(1, 0))
+        assert router.queue.remove_waiting(1).projected_token_num == reserved
 
 
 def test_the_start_up_lines_name_a_prefill_queue_only_where_there_is_one() -> None:

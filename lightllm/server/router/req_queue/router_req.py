@@ -5,8 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Tuple
 
+from lightllm.server.core.objs.shm_req_layout import PD_KIND_PREFILL
+
 if TYPE_CHECKING:
     from lightllm.server.core.objs.request_spec import RequestSpec
+
+
+def reserved_new_tokens(max_new_tokens: int, pd_kind: int) -> int:
+    """The new tokens whose KV admission reserves room for on this node.
+
+    A PD prefill node computes the prompt and samples only the first token, which it hands to
+    the decode node with the prompt's KV; every later token's KV lives on the decode node.
+    Reserving the client's whole ``max_new_tokens`` there would hold room the node never uses,
+    and where KV binds, admission (first come, first served) would wait for that room instead
+    of admitting work the strategies could order.
+    """
+    return 1 if pd_kind == PD_KIND_PREFILL else max_new_tokens
 
 
 @dataclass
@@ -16,7 +30,8 @@ class RouterReq:
     The router process reads them from the request's record (``ShmReqBuffer.admission_fields``,
     so admission never copies a prompt); code that holds the spec builds one with
     :meth:`from_spec`.  The inference-side priority is not here: admission does not order by
-    it, and the model rank reads it with the rest of the spec.
+    it, and the model rank reads it with the rest of the spec.  ``max_new_tokens`` is what this
+    node reserves KV for (:func:`reserved_new_tokens`): 1 on a PD prefill node.
     """
 
     request_id: int
@@ -28,7 +43,8 @@ class RouterReq:
     @classmethod
     def from_spec(cls, request_id: int, shm_index: int, spec: "RequestSpec") -> "RouterReq":
         """The admission view of ``spec``."""
-        return cls(request_id, shm_index, spec.prompt_len, spec.params.max_new_tokens,
+        return cls(request_id, shm_index, spec.prompt_len,
+                   reserved_new_tokens(spec.params.max_new_tokens, spec.pd.kind),
                    spec.priority.high_priority_request)
 
     @property
