@@ -17,6 +17,7 @@ from lightllm.common.basemodel.kv_head_split import kv_head_split_problem, kv_he
 from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.serving_dtype import auto_dtype_on, dtype_name
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.arg_parser import flags_given
 from lightllm.server.launch.args_check import chunked_prefill_size_for
 from lightllm.server.launch.kv_budget import GIB, available_memory_bytes, kv_bytes_per_token, plan_kv_budget
 from lightllm.server.run_mode import RunMode
@@ -131,6 +132,7 @@ def plan_sizing(
     max_req_total_len = resolve_max_req_total_len(args.max_req_total_len, config)
     step = _step_budget(args, max_req_total_len)
     kv_tokens = _kv_tokens(args, config, device, dtype, step, max_req_total_len, cuda_free_bytes)
+    step = _default_budget_within_kv(args, step, kv_tokens)
     threads, prefill_threads, wide_ms = _cpu_threads(args, device)
     slot_num, top_slot_num = _slot_counts(args)
     return ServerSizing(
@@ -224,6 +226,25 @@ def _step_budget(args: argparse.Namespace, max_req_total_len: int) -> StepBudget
             f"must be >= --max_req_total_len ({max_req_total_len})"
         )
     return StepBudget(batch_max_tokens, chunk, decode_node)
+
+
+def _default_budget_within_kv(args: argparse.Namespace, step: StepBudget, kv_tokens: int) -> StepBudget:
+    """The default ``--batch_max_tokens`` cut to a smaller KV cache (an explicit one above it is refused).
+
+    No step can hold more prompt tokens than the cache, so a larger default would name a budget
+    the planner never runs (and the overtaking bound's B with it).  The cut stops at
+    ``--running_max_req_size`` with mixed batches (each decoding row takes a token of the budget)
+    and at a chunk the user typed; a default chunk follows the budget down.
+    """
+    if args.batch_max_tokens is not None or step.decode_node or step.batch_max_tokens <= kv_tokens:
+        return step
+    typed_chunk = step.chunk is not None and bool(flags_given(args, ["chunked_prefill_size"]))
+    mixed = args.run_mode == RunMode.NORMAL and step.chunk is not None and not args.disable_mixed_batches
+    budget = max(kv_tokens, args.running_max_req_size if mixed else 0, step.chunk if typed_chunk else 0)
+    if budget >= step.batch_max_tokens:
+        return step
+    chunk = step.chunk if step.chunk is None or typed_chunk else min(step.chunk, budget)
+    return StepBudget(budget, chunk, step.decode_node)
 
 
 def _kv_tokens(args: argparse.Namespace, config: ModelConfig, device: str, dtype: str, step: StepBudget,

@@ -207,10 +207,18 @@ def test_a_step_budget_beyond_the_kv_cache_is_refused(tiny_llama_dir):
                                             r"--max_total_token_num\).*give at most 4096"):
         plan_sizing(parse(base + ["--batch_max_tokens", "8192"]), config, "cpu")
     assert plan_sizing(parse(base + ["--batch_max_tokens", "4096"]), config, "cpu").batch_max_tokens == 4096
-    # The default step budget is the planner's to cut, not the operator's promise.
-    small = plan_sizing(parse(["--model_dir", str(tiny_llama_dir), "--max_req_total_len", "1024",
-                               "--max_total_token_num", "1500"]), config, "cpu")
-    assert (small.batch_max_tokens, small.max_total_token_num) == (2048, 1500)
+    # The default step budget (2048) follows a smaller cache down, and a default chunk follows it...
+    small_kv = ["--model_dir", str(tiny_llama_dir), "--max_req_total_len", "512", "--max_total_token_num", "600"]
+    small = plan_sizing(parse(small_kv), config, "cpu")
+    assert (small.batch_max_tokens, small.chunked_prefill_size, small.max_total_token_num) == (600, 600, 600)
+    # ...but not below the rows of a mixed step, nor below a chunk the operator typed.
+    rows = plan_sizing(parse(small_kv + ["--running_max_req_size", "1000"]), config, "cpu")
+    assert (rows.batch_max_tokens, rows.chunked_prefill_size) == (1000, 1000)
+    typed = plan_sizing(parse(small_kv + ["--chunked_prefill_size", "800"]), config, "cpu")
+    assert (typed.batch_max_tokens, typed.chunked_prefill_size) == (800, 800)
+    unmixed = plan_sizing(parse(small_kv + ["--running_max_req_size", "1000", "--disable_mixed_batches"]), config, "cpu")
+    assert unmixed.batch_max_tokens == 600
+    assert plan_sizing(parse(small_kv[:4] + ["--max_total_token_num", "4096"]), config, "cpu").batch_max_tokens == 2048
 
 
 def test_a_request_limit_past_the_trained_positions_is_warned_about(tiny_llama_dir, caplog):
