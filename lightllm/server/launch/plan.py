@@ -24,7 +24,7 @@ from lightllm.server.router.manager import RouterConfig
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import OvertakeBoundSpec
 from lightllm.server.model_rank.rank_config import ModelRankConfig, PdRankSettings
 from lightllm.server.request_defaults import RequestDefaults, resolve_eos_token_ids
-from lightllm.server.run_mode import PD_NODE_MODES, RunMode
+from lightllm.server.run_mode import PD_NODE_MODES, PREFILLING_MODES, RunMode
 from lightllm.server.server_layout import ServerLayout
 from lightllm.server.launch.sizing import ServerSizing
 from lightllm.utils.envs_utils import pd_transfer_failure_probability
@@ -131,6 +131,20 @@ def overtake_bound_from_args(args: argparse.Namespace) -> OvertakeBoundSpec:
     if args.disable_prefill_overtake_bound:
         return OvertakeBoundSpec.off()
     return OvertakeBoundSpec(args.prefill_max_overtake_tokens, float(args.prefill_overtake_fraction))
+
+
+def overtake_bound_caveat(args: argparse.Namespace) -> Optional[str]:
+    """A start-up warning where the flags void the overtaking bound for some requests, else None.
+
+    Above ``--router_token_ratio 1`` admission overcommits the KV cache and a request can be paused
+    for lack of it; the bound assumes the cache never stops the head, so a paused request is not
+    covered, while the start-up line and ``/metrics`` still show the bound as on.
+    """
+    if (args.run_mode not in PREFILLING_MODES or args.disable_prefill_overtake_bound
+            or args.router_token_ratio <= 1):
+        return None
+    return (f"--router_token_ratio {args.router_token_ratio:g} overcommits the KV cache: a request paused for lack "
+            "of KV is not covered by the prefill overtaking bound (it holds for requests the cache never stops)")
 
 
 def prefix_cache_enabled(args: argparse.Namespace, model_config: ModelConfig) -> bool:

@@ -53,6 +53,7 @@ from lightllm.server.launch.plan import (
     build_process_configs,
     check_ipc_path_room,
     child_process_names,
+    overtake_bound_caveat,
     overtake_bound_from_args,
     plan_layout,
     resolve_sampling_seed,
@@ -330,6 +331,10 @@ def _start_and_serve(
         prefill_queue_description(args.run_mode, args.prefill_queue_strategy, overtake_bound_from_args(args).describe()),
         sizing.max_total_token_num, sizing.max_req_total_len,
     )
+    caveat = overtake_bound_caveat(args)
+    if caveat is not None:
+        log.warning("%s", caveat)
+
     def stop_during_startup(signum: int, frame: Any) -> None:
         # Raising here unwinds start_processes, whose cleanup stops children and unlinks memory.
         raise StartupError(f"interrupted by signal {signum} during start-up")

@@ -315,3 +315,21 @@ def test_a_bracketed_host_that_is_no_ipv6_address_is_refused_for_every_role(run_
 @pytest.mark.parametrize("host", ["[::1]", "[::]", "[fe80::1%eth0]", "::1", "node-1"])
 def test_a_bracketed_ipv6_host_is_taken(host):
     validate_args(parse_server_args(["--model_dir", "/m", "--host", host]))
+
+
+@pytest.mark.parametrize(("argv", "warned"), [
+    (["--router_token_ratio", "2"], True),
+    (["--router_token_ratio", "1"], False),
+    (["--router_token_ratio", "2", "--disable_prefill_overtake_bound"], False),
+    (["--router_token_ratio", "2", "--run_mode", "prefill", "--pd_master_ip", "127.0.0.1"], True),
+])
+def test_an_overcommitted_kv_cache_is_warned_to_void_the_bound_for_paused_requests(argv, warned):
+    from lightllm.server.launch.plan import overtake_bound_caveat
+
+    args = parse_server_args(["--model_dir", "/m", *argv])
+    validate_args(args)
+    caveat = overtake_bound_caveat(args)
+    assert (caveat is not None) == warned
+    if warned:
+        assert caveat.startswith("--router_token_ratio 2 overcommits the KV cache: a request paused for lack of KV "
+                                 "is not covered by the prefill overtaking bound")
