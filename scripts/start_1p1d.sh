@@ -69,6 +69,48 @@ need_value() {
     [ "$#" -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"
 }
 
+# Print the loopback address a client on this machine reaches a server listening on host $1 at
+# (127.0.0.1 or ::1), or nothing when $1 is no wildcard. Wildcards as lightllm/utils/wildcard_hosts.py
+# reads them (ipaddress's is_unspecified, as Python 3.11 parses an address): "", 0.0.0.0, and an
+# IPv6 address of zeros in any spelling (::, ::0, 0::, 0:0:0:0:0:0:0:0, ::0.0.0.0 with its last two
+# groups written as IPv4, 0:0:0:0:0:0:0.0.0.0), with or without a zone (%eth0: one or more
+# characters, no % or /), bare or in URL brackets ([::]). Read in bash: asking $PYTHON ran it
+# before any server, and a $PYTHON that never returns then hung the script past --start_timeout
+# (its own test's stand-in does exactly that).
+wildcard_loopback() {
+    local host="$1" addr zone group count=0
+    local -a groups
+    # "" is one ("--host ''" listens everywhere), "[]" none: the brackets are taken off after.
+    [[ -n "$host" ]] || { echo 127.0.0.1; return 0; }
+    [[ "$host" == \[*\] ]] && host="${host:1:${#host}-2}"
+    [[ "$host" != 0.0.0.0 ]] || { echo 127.0.0.1; return 0; }
+    addr="${host%%\%*}"
+    if [[ "$addr" != "$host" ]]; then
+        zone="${host#*%}"
+        [[ -n "$zone" && "$zone" != *[%/]* ]] || return 0
+    fi
+    # A dotted IPv4 tail is the last two groups: only 0.0.0.0 (no leading zeros) is two of zeros.
+    [[ "$addr" == *:0.0.0.0 ]] && addr="${addr%0.0.0.0}0:0"
+    [[ "$addr" =~ ^[0:]+$ ]] || return 0
+    if [[ "$addr" == *::* ]]; then
+        # One "::" (standing for one group or more); a single ":" at either end is no address.
+        [[ "$addr" != *::*::* && "$addr" != *:::* && "$addr" != :[!:]* && "$addr" != *[!:]: ]] || return 0
+        IFS=: read -r -a groups <<< "$addr"
+        for group in "${groups[@]}"; do
+            [ -z "$group" ] && continue
+            [ "${#group}" -le 4 ] || return 0
+            count=$((count + 1))
+        done
+        [ "$count" -le 7 ] || return 0
+    else
+        [[ "$addr" =~ ^0{1,4}(:0{1,4}){7}$ ]] || return 0
+    fi
+    echo ::1
+}
+
+# Sourced (as its tests do, to call wildcard_loopback): define the functions, start nothing.
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
+
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --model_dir) need_value "$@"; MODEL_DIR="$2"; shift 2 ;;
@@ -112,19 +154,9 @@ esac
 # One pair is stripped above; "[::1]]" or "[[::1]" would leave one the nodes refuse later, less clearly.
 [[ "$HOST" != *[\[\]]* ]] || die "--host: only one IPv6 address in one pair of brackets, got '$HOST'"
 # The address the nodes and this script reach the master on: a wildcard is where a server listens,
-# not an address to connect to, so they use the loopback of the same family. Wildcards as
-# lightllm/utils/wildcard_hosts.py reads them (ipaddress's is_unspecified): 0.0.0.0, and an IPv6
-# address of zeros in any spelling (::, ::0, 0::, 0:0:0:0:0:0:0:0), a zone aside. Read in bash:
-# asking $PYTHON ran it before any server, and a $PYTHON that never returns then hung the script
-# past --start_timeout (its own test's stand-in does exactly that).
-UNZONED_HOST="${HOST%%\%*}"
-if [[ "$UNZONED_HOST" == 0.0.0.0 ]]; then
-    REACH_HOST=127.0.0.1
-elif [[ "$UNZONED_HOST" =~ ^[0:]+$ && ( "$UNZONED_HOST" == *::* || "$UNZONED_HOST" == *:*:*:*:*:*:*:* ) ]]; then
-    REACH_HOST=::1
-else
-    REACH_HOST="$HOST"
-fi
+# not an address to connect to, so they use the loopback of the same family (wildcard_loopback).
+REACH_HOST="$(wildcard_loopback "$HOST")"
+[ -n "$REACH_HOST" ] || REACH_HOST="$HOST"
 if [[ "$REACH_HOST" == *:* ]]; then REACH_URL_HOST="[$REACH_HOST]"; else REACH_URL_HOST="$REACH_HOST"; fi
 
 # The node flags are shell-quoted strings; split them the way a shell would (no expansion).

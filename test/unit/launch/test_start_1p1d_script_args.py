@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 
 from ipv6_support import needs_ipv6_loopback
 from lightllm.utils.free_ports import free_port
+from lightllm.utils.wildcard_hosts import is_wildcard, loopback_for
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "start_1p1d.sh"
 
@@ -90,13 +93,63 @@ def _fake_python(tmp_path: Path) -> Path:
 
 
 
+# Hosts, wildcards and not, in the spellings an operator might write (the test adds bracketed and zoned forms).
+_HOST_SPELLINGS = [
+    "", "0", "0.0.0.0", "00.0.0.0", "0.0.0.00", "0.0.0.1", "127.0.0.1", "1.2.3.4", "localhost", "0x0", "0.0.0.0.0",
+    "::", ":::", "::::", ":", "::0", "0::", "0::0", "::0:0", "0:0::0:0", "0000::", "00000::", "::00000", "::1", "1::",
+    "::01", "0:0:0:0:0:0:0:0", "0000:0000:0000:0000:0000:0000:0000:0000", "0:0:0:0:0:0:0", "0:0:0:0:0:0:0:0:0",
+    "0:0:0:0:0:0:0:1", "0::0:0:0:0:0:0", "0::0:0:0:0:0:0:0", ":0::", "::0:", ":0:0:0:0:0:0:0:0", "0:0:0:0:0:0:0:0:",
+    "0::0::0", "::0.0.0.0", "::0.0.0.1", "::ffff:0.0.0.0", "::ffff:0:0", "0:0:0:0:0:0:0.0.0.0", "0:0:0:0:0:0:0:0.0.0.0",
+    "0:0:0:0:0:0.0.0.0", "::0:0.0.0.0", "0::0.0.0.0", ":0.0.0.0", "::00.0.0.0", "::0.0.0.00", "::0.0.0", "0.0.0.0::",
+    "fe80::1", "fd00::", "::a", "[", "]", "[]", "[[::]]",
+]
+_ZONES = ["", "%eth0", "%1", "%", "%%", "%a%b", "%a/b", "% x", "%25eth0"]
+
+
+def _host_spellings() -> list:
+    """Every spelling above bare and bracketed, with and without zones; then generated groups of zeros."""
+    spellings = {f"{b}{h}{z}{e}" for h in _HOST_SPELLINGS for z in _ZONES for b, e in (("", ""), ("[", "]"))}
+    rng = random.Random(1212)
+    groups = ["", "", "0", "0", "00", "0000", "00000", "1", "0.0.0.0", "0.0.0.1"]
+    for count in range(1, 11):
+        for _ in range(150):
+            spellings.add(":".join(rng.choice(groups) for _ in range(count)))
+    spellings.update(":".join(p) for n in range(2, 10) for p in itertools.product(["", "0"], repeat=n))
+    return sorted(spellings)
+
+
+def test_the_scripts_wildcards_are_those_of_wildcard_hosts():
+    """The script's wildcard rule (read in bash) and lightllm.utils.wildcard_hosts.is_wildcard agree on every spelling.
+
+    The bash test took zeros and colons only, so "::0.0.0.0", "0:0:0:0:0:0:0.0.0.0" and "[::0.0.0.0]", which
+    is_wildcard calls wildcards, were advertised as http://[::0.0.0.0]:PORT instead of reached on [::1].
+    """
+    spellings = _host_spellings()
+    assert all("\t" not in h and "\x01" not in h for h in spellings)
+    proc = subprocess.run(
+        ["bash", "-c", f'source "{SCRIPT}"; for h; do printf "%s\\t" "$h"; wildcard_loopback "$h" || exit 1; printf "\\x01"; done',
+         "_", *spellings],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    got = {}
+    for line in proc.stdout.split("\x01")[:-1]:  # host TAB (loopback NL, or nothing) \x01
+        host, _, reach = line.rpartition("\t")
+        got[host] = reach.rstrip("\n")
+    assert sorted(got) == spellings
+    wrong = {h: got[h] for h in spellings if got[h] != (loopback_for(h.strip("[]")) if is_wildcard(h) else "")}
+    assert not wrong, wrong
+    assert sum(1 for h in spellings if is_wildcard(h)) > 100  # the comparison covers many wildcards
+
+
 @needs_ipv6_loopback
 @pytest.mark.parametrize("host, listen, reach", [("::1", "::1", "::1"), ("[::1]", "::1", "::1"), ("::", "::", "::1"),
-                                                 ("::0", "::0", "::1"), ("[0::]", "0::", "::1")])
+                                                 ("::0", "::0", "::1"), ("[0::]", "0::", "::1"),
+                                                 ("::0.0.0.0", "::0.0.0.0", "::1"),
+                                                 ("[0:0:0:0:0:0:0.0.0.0]", "0:0:0:0:0:0:0.0.0.0", "::1")])
 def test_an_ipv6_host_gets_bracketed_urls_and_a_reachable_master_ip(host, listen, reach, tmp_path):
     """--host ::1 (or [::1], or ::) reaches ready: the script polled http://::1:PORT, no URL curl parses,
     and gave the nodes --pd_master_ip ::, a wildcard to listen on and no address to reach (and "::0"
-    or "0::", spellings its list of wildcards missed, as they were)."""
+    or "0::", spellings its list of wildcards missed, as they were; and "::0.0.0.0", which its bash rule missed)."""
     _start_and_check(host, listen, reach, tmp_path)
 
 
