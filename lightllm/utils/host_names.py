@@ -44,20 +44,26 @@ def host_problem(host: str, allow_zone: bool = False) -> Optional[str]:
     if not bracketed and ("[" in host or "]" in host):
         return "unbalanced brackets"
     text = host[1:-1] if bracketed else host
-    if not allow_zone and "%" in text and _is_ipv6(text.partition("%")[0]):
-        # Python's ipaddress (and httpx) take "fe80::1%eth0", but the zone names an interface
-        # of one machine: another machine given this address has no such interface to use.
-        return ("an IPv6 address with a zone (%...): the zone names a network interface of one machine, so the "
-                "address means nothing on another; give a global or unique-local address")
     if "%" in text and _is_ipv6(text.partition("%")[0]):
         zone = text.partition("%")[2]
+        # "fe80::1%25eth0" is how a URL writes zone eth0 (RFC 6874): taken as written, the zone is
+        # "25eth0", an interface no machine has, and the failure came only at the first connect.
+        # An all-digit zone is an interface index ("%25" may be index 25).  Said wherever a host
+        # is read, a zone taken there or not: where none is, the zone reason alone hid the slip.
+        url_escaped = zone.startswith("25") and not zone.isdigit()
+        if not allow_zone:
+            # Python's ipaddress (and httpx) take "fe80::1%eth0", but the zone names an interface
+            # of one machine: another machine given this address has no such interface to use.
+            reason = ("the zone names a network interface of one machine, so the address means nothing on another; "
+                      "give a global or unique-local address")
+            if url_escaped:
+                return (f"an IPv6 zone starting %25 (%25 is its URL escaping: a host writes zone {zone[2:]} as "
+                        f"%{zone[2:]}), and no address with a zone is taken here: {reason}")
+            return f"an IPv6 address with a zone (%...): {reason}"
         if not _ZONE.fullmatch(zone):
             # ipaddress takes any text after "%"; a zone is an interface name or index.
             return "an IPv6 zone (after %) must be an interface name or index (letters, digits, '.', '_', '-')"
-        if zone.startswith("25") and not zone.isdigit():
-            # "fe80::1%25eth0" is how a URL writes zone eth0 (RFC 6874): taken as written, the
-            # zone is "25eth0", an interface no machine has, and the failure came only at the
-            # first connect.  An all-digit zone is an interface index ("%25" may be index 25).
+        if url_escaped:
             return "an IPv6 zone starting %25 (write the zone as %eth0 on the command line; %25 is its URL escaping)"
     try:
         address = ipaddress.ip_address(text)

@@ -71,7 +71,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         "register with the master at --pd_master_ip:--pd_master_port.",
     )
     add_flag(group, "--host", roles=EVERY_ROLE, type=str, default="127.0.0.1",
-             help="HTTP listen address (an IPv6 address bracketed or not; nothing else in brackets); 0.0.0.0: every IPv4 address, '::': every IPv6 and IPv4 address (dual stack).")
+             help="HTTP listen address (an IPv6 address bracketed or not; nothing else in brackets; a link-local one with its zone naming the interface, e.g. fe80::1%%eth0, though not on a prefill or decode node, which advertises its --host to the master); 0.0.0.0: every IPv4 address, '::': every IPv6 and IPv4 address (dual stack).")
     add_flag(group, "--port", roles=EVERY_ROLE, type=int, default=8000, help="HTTP listen port.")
     add_flag(group, "--model_dir", roles=EVERY_ROLE, type=str, default=None, help="Local Hugging Face checkpoint directory.")
     add_flag(

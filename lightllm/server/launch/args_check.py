@@ -27,6 +27,8 @@ from lightllm.server.launch.flag_bounds import (
 )
 from lightllm.server.launch.flag_combinations import check_flag_combinations
 from lightllm.utils.host_names import host_problem
+from lightllm.utils.wildcard_hosts import is_wildcard
+from lightllm.server.pd.protocol.host_port import HostPortError, format_host_port
 from lightllm.server.launch.role_refusals import refuse_flags_not_read
 from lightllm.server.model_rank.scheduling.prefill_queue_strategy.overtake_bound import (
     MAX_PREFILL_OVERTAKE_FRACTION,
@@ -106,15 +108,45 @@ def _validate_pd_args(args: argparse.Namespace) -> None:
     _check_pd_flag_roles(args)
 
 
+def advertised_http_address(args: argparse.Namespace, host: str) -> str:
+    """The ``host:port`` a PD node registers as its HTTP endpoint: ``host`` (what it advertises,
+    :func:`~lightllm.server.launch.pd_node.advertised_host`) and ``--port``.
+
+    Raises :class:`ArgumentError` naming ``--host`` for a host the master could not use.
+    """
+    try:
+        return format_host_port(host, args.port)
+    except HostPortError as exc:
+        # A wildcard --host advertises the address of its route to the master, which for a
+        # link-local master is link-local too: only a --host naming the address helps there.
+        fix = (f" (--host {args.host} advertises the address its route to --pd_master_ip leaves from; pass --host "
+               "with a routable address of this node)" if is_wildcard(args.host) else "")
+        raise ArgumentError(f"--host {args.host!r}: this node would advertise its address as {host!r}, which "
+                            f"the master cannot use: {exc}{fix}") from None
+
+
+def _validate_advertised_host(args: argparse.Namespace) -> None:
+    """A PD node advertises a --host that is no wildcard as given: one the master cannot use is refused here.
+
+    Checked again once a wildcard is resolved (pd_node.prepare_pd_node); here, a link-local
+    --host failed at the bind first (EINVAL, "is another server running on this port?"), and one
+    with a zone only after the model's config was read.
+    """
+    if args.run_mode in PD_NODE_MODES and not is_wildcard(args.host):
+        advertised_http_address(args, args.host)
+
+
 def _validate_http_args(args: argparse.Namespace) -> None:
     if not args.host.strip():
         # "--host $HOST" with HOST unset listened on every interface.  Anything else is left to the
         # bind, which names what it cannot listen on (a name /etc/hosts knows need not be RFC 1123).
         raise ArgumentError(f"--host {args.host!r} is empty: give an address or host name to listen on (0.0.0.0 or "
                             ":: listens on every interface)")
-    if "[" in args.host or "]" in args.host:
+    if any(mark in args.host for mark in "[]:%"):
         # The listener strips one pair of brackets, so "[1.2.3.4]" served, while a PD node stopped
         # saying it "would advertise" a host the master cannot use: refused alike for every role.
+        # No host name has ':' or '%', so an IPv6 address (and its zone) is read by the flags' rule
+        # bracketed or not: "fe80::1%25eth0" got "cannot resolve it", not the %25 hint.
         problem = host_problem(args.host, allow_zone=True)
         if problem:
             raise ArgumentError(f"--host {args.host!r}: {problem} (only an IPv6 address goes in brackets, as [::1])"
@@ -337,5 +369,6 @@ def validate_args(args: argparse.Namespace, cuda_device_count: Optional[int] = N
     _validate_max_new_tokens_default(args)
     _validate_http_args(args)
     _validate_ports(args)
+    _validate_advertised_host(args)
     if cuda_device_count is not None:
         validate_device_args(args, cuda_device_count)

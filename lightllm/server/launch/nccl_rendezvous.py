@@ -14,7 +14,7 @@ import ipaddress
 import socket
 
 from lightllm.server.argument_error import ArgumentError
-from lightllm.server.http.transport.listen_sockets import PortUnavailableError
+from lightllm.server.http.transport.listen_sockets import PortUnavailableError, link_local_zone_hint
 from lightllm.utils.host_names import bare_host, host_problem, url_host
 
 
@@ -54,8 +54,9 @@ def check_nccl_rendezvous(args: argparse.Namespace) -> None:
                     f"cannot listen on {url_host(bare_host(host))}:{args.nccl_port} (--nccl_port): {exc.strerror or exc}; is another "
                     "server or torch.distributed job using it? Give another --nccl_port, or none for a free one"
                 ) from None
-            raise PortUnavailableError(f"--nccl_host {host!r}: cannot listen there ({exc.strerror or exc}); the "
-                                       "model ranks meet on this machine, so give one of its addresses") from None
+            hint = link_local_zone_hint(address, "--nccl_host") if exc.errno == errno.EINVAL else ""
+            raise PortUnavailableError(f"--nccl_host {host!r}: cannot listen there ({exc.strerror or exc}); " + (
+                hint or "the model ranks meet on this machine, so give one of its addresses")) from None
 
 
 def _is_unspecified(host: str) -> bool:

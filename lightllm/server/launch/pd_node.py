@@ -46,10 +46,11 @@ from lightllm.common.basemodel.model_config import ModelConfig
 from lightllm.common.basemodel.checkpoint_fingerprint import checkpoint_fingerprint
 from lightllm.server.request_defaults import resolve_eos_token_ids
 from lightllm.server.argument_error import ArgumentError
+from lightllm.server.launch.args_check import advertised_http_address
 from lightllm.server.launch.exit_codes import EXIT_FAILED
 from lightllm.server.launch.flag_bounds import PORT_RANGE
 from lightllm.utils.host_names import bare_host, url_host
-from lightllm.server.pd.protocol.host_port import HostPortError, format_host_port
+from lightllm.server.pd.protocol.host_port import format_host_port
 from lightllm.server.pd.protocol.membership import LOAD_KEY, STATE_KEY
 from lightllm.server.pd.protocol.node_info import NodeInfo
 from lightllm.server.pd.node.registration_client import PdNodeClient
@@ -111,16 +112,8 @@ def prepare_pd_node(
     that cannot work.
     """
     host = advertised_host(args)
-    try:
-        # Written before any port is bound: a host the master could not read back fails here.
-        http_address = format_host_port(host, args.port)
-    except HostPortError as exc:
-        # A wildcard --host advertises the address of its route to the master, which for a
-        # link-local master is link-local too: only a --host naming the address helps there.
-        fix = (f" (--host {args.host} advertises the address its route to --pd_master_ip leaves from; pass --host "
-               "with a routable address of this node)" if is_wildcard(args.host) else "")
-        raise ArgumentError(f"--host {args.host!r}: this node would advertise its address as {host!r}, which "
-                            f"the master cannot use: {exc}{fix}") from None
+    # Written before the PD ports are bound: a host the master could not read back fails here.
+    http_address = advertised_http_address(args, host)
     ports: Optional[TransferPortBlock] = None
     transfer_address = ""
     if args.run_mode == RunMode.PREFILL:

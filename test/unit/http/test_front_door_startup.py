@@ -6,6 +6,7 @@ model: that the process stopped before loading is checked on its output lines, n
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -14,7 +15,10 @@ from typing import List
 
 import pytest
 
+from ipv6_support import link_local_address, needs_ipv6_loopback, needs_link_local
 from lightllm.server.http.transport.listen_sockets import PortUnavailableError, bind_listeners, is_loopback
+from lightllm.server.launch.arg_parser import parse_server_args
+from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
 from lightllm.server.launch.exit_codes import EXIT_INVALID_CONFIG, EXIT_PORT_UNAVAILABLE
 from lightllm.utils.free_ports import free_port
 
@@ -92,6 +96,33 @@ def test_loopback_names_and_binding() -> None:
     finally:
         for sock in sockets:
             sock.close()
+
+
+@needs_ipv6_loopback
+def test_a_link_local_host_without_its_zone_is_told_to_name_the_interface() -> None:
+    """bind refuses fe80::X without a zone with EINVAL, which said "is another server running on this port?"."""
+    with pytest.raises(PortUnavailableError) as refused:
+        bind_listeners("fe80::1:2:3:4", 0)
+    message = str(refused.value)
+    assert message.startswith("cannot listen on [fe80::1:2:3:4]:0 (--host/--port): Invalid argument; a link-local "
+                              "address needs its zone, the interface it is on (as --host fe80::1:2:3:4%eth0 for eth0), "
+                              "but no interface of this machine has fe80::1:2:3:4"), message
+    assert "another server" not in message
+
+
+@needs_link_local
+def test_a_link_local_host_of_this_machine_without_its_zone_is_given_the_zone_to_write() -> None:
+    host, _, zone = link_local_address().partition("%")
+    for spelling in (host, f"[{host}]"):
+        with pytest.raises(PortUnavailableError, match=re.escape(
+                f"Invalid argument; a link-local address is listened on through its interface, written as its zone: "
+                f"--host {host}%{zone}")):
+            bind_listeners(spelling, 0)
+    args = parse_server_args(["--model_dir", "/m", "--tp", "2", "--nccl_host", host])
+    with pytest.raises(PortUnavailableError, match=re.escape(f"cannot listen there (Invalid argument); a link-local "
+                                                             f"address is listened on through its interface, written "
+                                                             f"as its zone: --nccl_host {host}%{zone}")):
+        check_nccl_rendezvous(args)
 
 
 @pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")

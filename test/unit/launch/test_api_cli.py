@@ -312,6 +312,55 @@ def test_a_bracketed_host_that_is_no_ipv6_address_is_refused_for_every_role(run_
         validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, "--host", host]))
 
 
+_URL_ESCAPED_ZONE = r"an IPv6 zone starting %25 \(write the zone as %eth0 on the command line; %25 is its URL escaping\)$"
+
+
+@pytest.mark.parametrize("run_mode", ["normal", "prefill", "decode", "pd_master"])
+@pytest.mark.parametrize("host", ["fe80::1%25eth0", "[fe80::1%25eth0]", "fd00::1%25en0"])
+def test_a_host_with_its_zone_in_url_escaping_is_refused_with_the_hint_bracketed_or_not(run_mode, host):
+    """"--host fe80::1%25eth0" (no brackets) got "cannot resolve it to an address to listen on: Name
+    or service not known" (exit 3): only a bracketed --host was read by the flags' rule."""
+    with pytest.raises(ArgumentError, match=rf"^--host {re.escape(repr(host))}: {_URL_ESCAPED_ZONE}"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, "--host", host]))
+
+
+@pytest.mark.parametrize("flag, run_mode", [("--pd_master_ip", "prefill"), ("--pd_master_ip", "decode")])
+@pytest.mark.parametrize("host", ["fe80::1%25eth0", "[fe80::1%25eth0]"])
+def test_the_url_escaped_zone_hint_is_the_same_for_the_master_address(flag, run_mode, host):
+    with pytest.raises(ArgumentError, match=rf"^{flag} {re.escape(repr(host))}: {_URL_ESCAPED_ZONE}"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, flag, host]))
+
+
+@pytest.mark.parametrize("host", ["fe80::1%25eth0", "[fe80::1%25eth0]"])
+def test_the_url_escaped_zone_hint_is_the_same_for_the_rendezvous_address(host):
+    from lightllm.server.launch.nccl_rendezvous import check_nccl_rendezvous
+
+    with pytest.raises(ArgumentError, match=rf"^--nccl_host {re.escape(repr(host))}: {_URL_ESCAPED_ZONE}"):
+        check_nccl_rendezvous(parse_server_args(["--model_dir", "/m", "--tp", "2", "--nccl_host", host]))
+
+
+@pytest.mark.parametrize("run_mode", ["prefill", "decode"])
+@pytest.mark.parametrize("host, reason", [
+    ("fe80::1", "a link-local address cannot be dialled from another machine"),
+    ("[fe80::1]", "a link-local address cannot be dialled from another machine"),
+    ("fe80::1%eth0", r"an IPv6 address with a zone \(%\.\.\.\)"),
+])
+def test_a_pd_nodes_link_local_host_is_refused_at_start_zone_or_not(run_mode, host, reason):
+    """A node advertises its --host: a link-local one without a zone failed at the bind with EINVAL,
+    reported as "is another server running on this port?" (exit 3), and one with a zone only after
+    the model's config was read; both are the one-line refusal of an address the master cannot use."""
+    with pytest.raises(ArgumentError, match=rf"^--host {re.escape(repr(host))}: this node would advertise its "
+                                            rf"address as .*which the master cannot use: host .*: {reason}"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, "--host", host]))
+
+
+@pytest.mark.parametrize("run_mode", ["normal", "pd_master"])
+def test_a_link_local_host_is_left_to_the_bind_where_it_is_not_advertised(run_mode):
+    # As --pd_master_ip and --nccl_host: the zone is this machine's to give; the bind says what is missing.
+    for host in ("fe80::1", "fe80::1%eth0", "[fe80::1%eth0]"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, "--host", host]))
+
+
 @pytest.mark.parametrize("host", ["[::1]", "[::]", "[fe80::1%eth0]", "::1", "node-1"])
 def test_a_bracketed_ipv6_host_is_taken(host):
     validate_args(parse_server_args(["--model_dir", "/m", "--host", host]))

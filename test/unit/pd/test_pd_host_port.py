@@ -136,6 +136,23 @@ def test_a_zone_in_its_url_escaping_is_refused_saying_how_to_write_it(host: str)
     assert host_problem("fe80::1%25", allow_zone=True) is None and host_problem("fe80::1%251", allow_zone=True) is None
 
 
+@pytest.mark.parametrize("host", ["fe80::1%25eth0", "[fe80::1%25eth0]", "fd00::1%25en0"])
+def test_a_zone_in_its_url_escaping_is_named_in_an_advertised_address_too(host: str) -> None:
+    """parse_host_port("[fe80::1%25eth0]:7") said only that an advertised address takes no zone: the
+    %25 slip, which the docs say is named everywhere, was named only where a zone is taken."""
+    zone = host.strip("[]").partition("%25")[2]
+    problem = host_problem(host)
+    assert problem.startswith(f"an IPv6 zone starting %25 (%25 is its URL escaping: a host writes zone {zone} as "
+                              f"%{zone}), and no address with a zone is taken here")
+    assert "the zone names a network interface of one machine" in problem
+    with pytest.raises(HostPortError, match=re.escape(problem)):
+        parse_host_port(f"[{host.strip('[]')}]:7")
+    with pytest.raises(HostPortError, match=re.escape(problem)):
+        format_host_port(host, 7)
+    # An all-digit zone is an interface index: refused as any zone is, with no word of %25.
+    assert "%25" not in host_problem("fe80::1%25")
+
+
 def test_a_percent_sign_outside_an_ipv6_address_is_read_as_a_bad_name_not_a_bad_zone() -> None:
     assert "IPv6 zone" in host_problem("fe80::1%a b", allow_zone=True)
     assert host_problem("foo%bar", allow_zone=True).startswith("not an IP address or a host name")

@@ -98,7 +98,7 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
                 resolved = "" if address[0] == bind_host else f", address {address[0]}"
                 raise PortUnavailableError(
                     f"cannot listen on {where} (--host/--port{resolved}): {exc.strerror or exc}; "
-                    f"{_bind_hint(exc, address[1])}") from None
+                    f"{_bind_hint(exc, address)}") from None
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
@@ -108,12 +108,51 @@ def bind_listeners(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> List[
     return sockets
 
 
-def _bind_hint(exc: OSError, port: int) -> str:
-    """What to check for a failed bind: the cause differs with the error."""
+def _bind_hint(exc: OSError, address: tuple) -> str:
+    """What to check for a failed bind of ``address`` (a socket address): the cause differs with the error."""
+    port = address[1]
     if exc.errno == errno.EADDRNOTAVAIL:
         return "--host must be an address of this machine (or 0.0.0.0 / :: for every interface)"
     if exc.errno == errno.EACCES and 0 < port < 1024:
         return "ports below 1024 need privileges; choose a higher --port"
     if exc.errno == errno.EACCES:
         return "this process may not listen there"
+    if exc.errno == errno.EINVAL:
+        # Not a taken port: the address cannot be listened on as written. "--host fe80::1" said
+        # "is another server running on this port?".
+        return link_local_zone_hint(address, "--host") or "--host is no address this machine can listen on as written"
     return "is another server running on this port?"
+
+
+def link_local_zone_hint(address: tuple, flag: str) -> str:
+    """For an IPv6 link-local socket ``address`` without a zone (which bind refuses with EINVAL), how
+    to write it with one, naming the interfaces of this machine that have it; "" for any other address.
+
+    A link-local address is unique on one link only, so the kernel needs the interface (the zone,
+    ``fe80::1%eth0``) to listen on it.
+    """
+    if len(address) < 4 or address[3]:
+        return ""
+    try:
+        if not ipaddress.IPv6Address(address[0]).is_link_local:
+            return ""
+    except ValueError:
+        return ""
+    host = address[0]
+    try:
+        interfaces = socket.if_nameindex()
+    except OSError:
+        interfaces = []
+    zones = []
+    for index, name in interfaces:
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+                probe.bind((host, 0, 0, index))
+            zones.append(name)
+        except OSError:
+            continue
+    if zones:
+        return ("a link-local address is listened on through its interface, written as its zone: "
+                + " or ".join(f"{flag} {host}%{zone}" for zone in zones))
+    return (f"a link-local address needs its zone, the interface it is on (as {flag} {host}%eth0 for eth0), but no "
+            f"interface of this machine has {host}")
