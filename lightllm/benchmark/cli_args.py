@@ -216,11 +216,18 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
         # No rebuilt URL is offered: which colon starts the port is what the brackets decide.
         raise argparse.ArgumentTypeError(f"{shown!r}: put the IPv6 address in brackets (as in "
                                          f"{parts.scheme}://[::1]:8000)")
+    valid = "a number in 1..65535"
     try:
-        parts.port  # raises ValueError for a port that is no number or out of range
+        port = parts.port  # raises ValueError for a port that is no number or out of range
     except ValueError as exc:
-        why = "" if masked else f": {exc}"
-        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port (a number in 0..65535){why}") from None
+        # urlsplit's "Port out of range 0-65535" would contradict the range above.
+        why = "" if masked or "out of range" in str(exc) else f": {exc}"
+        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port ({valid}){why}") from None
+    if port == 0:
+        # urlsplit takes port 0, no server's port: the tool then reported "Connection refused",
+        # which says the server is down, not that the URL is wrong.
+        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port ({valid}): port 0 is no port a server "
+                                         "listens on")
     if not parts.hostname:
         raise argparse.ArgumentTypeError(f"must be {shape}, got {shown!r}")
     return text

@@ -309,6 +309,35 @@ def test_an_unbracketed_ipv6_url_is_refused_saying_to_bracket_it(main, flag, url
     assert f"argument {flag}: {url!r}: put the IPv6 address in brackets (as in http://[::1]:8000)" in line, line
 
 
+@pytest.mark.parametrize("main, flag", [
+    ("bench_serving", "--base-url"), ("bench_burst", "--base-url"), ("health_latency", "--url"),
+])
+@pytest.mark.parametrize("url", ["http://127.0.0.1:0", "http://[::1]:00", "http://localhost:0/v1"])
+def test_port_0_is_refused_while_parsing(main, flag, url, capsys) -> None:
+    """"--url http://127.0.0.1:0" passed and was reported as "Connection refused" (the server down),
+    the very thing server_url checks the port for; its message offered 0..65535."""
+    import importlib
+
+    tool = importlib.import_module(f"lightllm.benchmark.{main}")
+    line = one_line_refusal(tool.main, [flag, url], capsys)
+    assert (f"argument {flag}: {url!r} has no valid port (a number in 1..65535): port 0 is no port a server "
+            "listens on") in line, line
+
+
+def test_an_out_of_range_port_is_refused_with_one_range() -> None:
+    import argparse
+
+    from lightllm.benchmark.cli_args import server_url
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        server_url("http://127.0.0.1:65536")
+    # Not also urlsplit's "Port out of range 0-65535".
+    assert str(refused.value) == "'http://127.0.0.1:65536' has no valid port (a number in 1..65535)"
+    assert server_url("http://127.0.0.1:1") == "http://127.0.0.1:1"
+    assert server_url("http://127.0.0.1:65535") == "http://127.0.0.1:65535"
+    assert server_url("http://127.0.0.1") == "http://127.0.0.1"
+
+
 @pytest.mark.parametrize("url, message", [
     # The scheme first: "https://::1:8000" was told to use "https://[::1]:8000", then refused for https.
     ("https://::1:8000", "must be http://HOST[:PORT], got 'https://::1:8000'"),
