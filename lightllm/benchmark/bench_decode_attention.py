@@ -3,8 +3,10 @@
 ``python -m lightllm.benchmark.bench_decode_attention --model_dir DIR [--batches 1,16,64
 --contexts 128,1024,2048 --steps 6 --backends torch,torch_compiled,cpp --dtype float32]`` prefills
 ``batch`` random prompts of ``context`` tokens once per grid cell, then runs decode steps that
-alternate between the backends (the model swaps its attention backend between steps; both read
-the same cache), so a machine shared with other work slows both sides alike.  Prints the median
+alternate between the backends (between steps the model swaps its attention backend and the
+layer ops that backend chooses, ``AttentionBackend.layer_kernels()``, so each step is what a
+server started with that backend runs; all read the same cache), so a machine shared with other
+work slows both sides alike.  Prints the median
 milliseconds per step of each backend, their ratio and the largest logit difference between
 the backends on the same step input (Markdown; JSON too with ``--json``).
 
@@ -34,6 +36,7 @@ from lightllm.benchmark.count_flags import positive_int
 from lightllm.benchmark.kernel_bench_context import context_refusal
 from lightllm.common.basemodel.attention.selection import ATTENTION_BACKENDS, AttentionBackendError, build_attention_backend
 from lightllm.common.basemodel.batch_generator import BatchGenerator
+from lightllm.common.basemodel.layer_ops_select import build_layer_ops
 from lightllm.common.basemodel.serving_dtype import dtype_name, parse_dtype
 from lightllm.common.basemodel.transformer_model import DecoderOnlyTransformer
 from lightllm.models.registry import load_model
@@ -56,17 +59,49 @@ def decode_tokens_added(backends: int, steps: int) -> int:
     return backends * (steps + 1) + 1
 
 
+class _BackendSwitch:
+    """Puts one backend's attention and its own layer ops on the model, as loading it with that
+    backend does (``cpp`` fuses the layer ops in C++, ``torch`` runs them unfused); a timed step
+    that swapped only the attention would run every backend on the first one's layer ops.  Used
+    as a context manager, it restores the model's own pair afterwards."""
+
+    def __init__(self, model: DecoderOnlyTransformer, backends: Dict[str, object]) -> None:
+        self.model = model
+        self.backends = backends
+        self.layer_ops = {name: build_layer_ops(backend.layer_kernels(), model.rotary)
+                          for name, backend in backends.items()}
+
+    def use(self, name: str) -> None:
+        self.model.attention = self.backends[name]
+        self.model.layer_ops = self.layer_ops[name]
+
+    def __enter__(self) -> "_BackendSwitch":
+        self._saved = (self.model.attention, self.model.layer_ops)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.model.attention, self.model.layer_ops = self._saved
+
+
 def measure_cell(
     model: DecoderOnlyTransformer, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
 ) -> Dict[str, float]:
-    """Median ms per decode step of each backend, plus the logit difference between them."""
+    """Median ms per decode step of each backend (its attention and its layer ops), plus the logit
+    difference between them."""
+    with _BackendSwitch(model, backends) as switch:
+        return _measure_cell(model, switch, batch, context, steps, seed, clock)
+
+
+def _measure_cell(model: DecoderOnlyTransformer, switch: _BackendSwitch, batch: int, context: int, steps: int,
+                  seed: int, clock: Callable[[], float]) -> Dict[str, float]:
+    backends = switch.backends
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(5, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(batch)]
     names = list(backends)
     total_steps = len(names) * (steps + 1) + 1
     runner = BatchGenerator(model, kv_cache_size=batch * (context + total_steps), max_request_num=batch,
                             max_sequence_length=context + total_steps)
-    model.attention = backends[names[0]]
+    switch.use(names[0])
     seqs = [runner.start(p) for p in prompts]
     for first in range(0, batch, PREFILL_REQUESTS_PER_FORWARD):
         part = seqs[first : first + PREFILL_REQUESTS_PER_FORWARD]
@@ -77,7 +112,7 @@ def measure_cell(
         for name in names:
             for i, seq in enumerate(seqs):
                 seq.token_ids.append(3 + (7 * i + step) % 97)
-            model.attention = backends[name]
+            switch.use(name)
             started = clock()
             runner.forward(seqs, [1] * batch)
             elapsed = clock() - started
@@ -89,7 +124,7 @@ def measure_cell(
                 seq.token_ids.append(seq.token_ids[-1])
             outs = []
             for name in names:
-                model.attention = backends[name]
+                switch.use(name)
                 outs.append(_probe(runner, seqs))
             diff = max((o - outs[0]).abs().max().item() for o in outs[1:])
     for seq in seqs:
@@ -102,7 +137,15 @@ def measure_cell(
 def measure_prefill_cell(
     model: DecoderOnlyTransformer, backends: Dict[str, object], batch: int, context: int, steps: int, seed: int, clock: Callable[[], float] = time.perf_counter
 ) -> Dict[str, float]:
-    """Median ms per prefill forward (``batch`` fresh prompts of ``context`` tokens) of each backend."""
+    """Median ms per prefill forward (``batch`` fresh prompts of ``context`` tokens) of each backend
+    (its attention and its layer ops)."""
+    with _BackendSwitch(model, backends) as switch:
+        return _measure_prefill_cell(model, switch, batch, context, steps, seed, clock)
+
+
+def _measure_prefill_cell(model: DecoderOnlyTransformer, switch: _BackendSwitch, batch: int, context: int,
+                          steps: int, seed: int, clock: Callable[[], float]) -> Dict[str, float]:
+    backends = switch.backends
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(5, model.config.vocab_size, (context,), generator=gen).tolist() for _ in range(batch)]
     names = list(backends)
@@ -111,7 +154,7 @@ def measure_prefill_cell(
     logits_of: Dict[str, torch.Tensor] = {}
     for step in range(steps + 1):  # step 0 warms up each backend at this shape
         for name in names:
-            model.attention = backends[name]
+            switch.use(name)
             seqs = [runner.start(p) for p in prompts]
             started = clock()
             logits = runner.forward(seqs, [context] * batch)

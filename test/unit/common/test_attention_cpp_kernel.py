@@ -65,9 +65,16 @@ def _kernel(library, q, k, v, slots, q_pos, threads=1) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("head_dim,group", [(16, 1), (32, 2), (64, 4), (80, 3), (96, 8), (128, 1), (256, 2), (64, 16)])
+SHAPES = [(16, 1), (32, 2), (64, 4), (80, 3), (96, 8), (128, 1), (256, 2), (64, 16)]  # head_dim, group
+
+
+@pytest.mark.parametrize("head_dim,group", SHAPES)
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_kernel_matches_the_definition(library, head_dim, group, kv_dtype):
+    _check_against_the_definition(library, head_dim, group, kv_dtype)
+
+
+def _check_against_the_definition(library, head_dim, group, kv_dtype):
     gen = torch.Generator().manual_seed(head_dim * 31 + group)
     batch, queries, kv_heads, context = 3, 4, 2, 75  # 75: two full blocks of 32 and a partial one
     rows = batch * context + 20
@@ -83,6 +90,39 @@ def test_kernel_matches_the_definition(library, head_dim, group, kv_dtype):
     got = _kernel(library, q, k, v, slots, q_pos)
     assert (got - expected).abs().max().item() < 1e-5
     assert torch.equal(_kernel(library, q, k, v, slots, q_pos, threads=2), got)
+
+
+@pytest.fixture(scope="module")
+def eight_float_library(library) -> ctypes.CDLL:
+    """The slot kernel alone, built for AVX2 + FMA without AVX-512 (-march=haswell), where it runs
+    on eight-float vectors; cached like the server's build (about 27 s the first time on two cores)."""
+    if library.lightllm_slot_attention_lanes() == 8:
+        pytest.skip("this machine's own build runs the eight-float kernel: test_kernel_matches_the_definition checks it")
+    if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("needs an x86 CPU with AVX2 and FMA to run a -march=haswell build")
+    slot_source = cpp_kernel_build.SOURCES[0]
+    assert slot_source.name == "cpp_slot_attention.cpp"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpp_kernel_build, "SOURCES", (slot_source,))
+        patch.setattr(cpp_kernel_build, "FLAGS", ["-march=haswell" if flag == "-march=native" else flag
+                                                  for flag in cpp_kernel_build.FLAGS])
+        try:
+            path = cpp_kernel_build.build_kernel(cpp_compiler())
+        except KernelBuildError as exc:
+            pytest.skip(f"the compiler cannot build for -march=haswell: {exc}")
+    narrow = ctypes.CDLL(str(path))
+    cpp_kernel_build.declare_slot_attention(narrow)
+    assert narrow.lightllm_slot_attention_lanes() == 8
+    return narrow
+
+
+@pytest.mark.parametrize("head_dim,group", SHAPES)
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_eight_float_kernel_of_an_avx2_build_matches_the_definition(eight_float_library, head_dim, group,
+                                                                        kv_dtype):
+    """Without AVX-512 the kernel's vectors are eight floats (sixteen-float ones stayed on the stack
+    there and ran 3-9x slower); on an AVX-512 machine only a -march=haswell build runs that code."""
+    _check_against_the_definition(eight_float_library, head_dim, group, kv_dtype)
 
 
 def test_kernel_refuses_shapes_it_has_no_variant_for(library):
@@ -131,6 +171,7 @@ def test_the_server_takes_the_tiled_prefill_kernel_only_where_the_build_has_avx5
     forward of the small demo model took 0.67-1.0 s against gather + SDPA's 0.10-0.12 s."""
     wide = "avx512f" in _cpu_flags()
     assert bool(library.lightllm_prefill_attention_wide_registers()) == wide
+    assert library.lightllm_slot_attention_lanes() == (16 if wide else 8)  # the decode kernel's vectors
     assert build_attention_backend("cpp").tiled_prefill == wide
 
 

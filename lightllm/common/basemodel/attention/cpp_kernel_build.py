@@ -150,6 +150,20 @@ def prune_stale_kernels(directory: Path, keep: Path, max_age_seconds: float = ST
     return removed
 
 
+def declare_slot_attention(library: ctypes.CDLL) -> None:
+    """Argument types of ``cpp_slot_attention.cpp``'s entry points (also for a library of that source alone)."""
+    pointer, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.lightllm_slot_attention.restype = ctypes.c_int
+    library.lightllm_slot_attention.argtypes = [
+        pointer, pointer, pointer, pointer, i64, pointer, i64, i64, i64, i64, i64, i64,
+        ctypes.c_int, ctypes.c_float, ctypes.c_int, pointer,
+    ]
+    library.lightllm_slot_attention_supports.restype = ctypes.c_int
+    library.lightllm_slot_attention_supports.argtypes = [i64, i64]
+    library.lightllm_slot_attention_lanes.restype = ctypes.c_int
+    library.lightllm_slot_attention_lanes.argtypes = []
+
+
 def load_kernel_library(compiler: str) -> ctypes.CDLL:
     """The kernel library, built with ``compiler`` if this machine has no cached build yet."""
     global _library
@@ -161,14 +175,8 @@ def load_kernel_library(compiler: str) -> ctypes.CDLL:
             library = ctypes.CDLL(str(target))
         except OSError as exc:
             raise KernelBuildError(f"cannot load the built kernel {target}: {exc}") from exc
+        declare_slot_attention(library)
         pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-        library.lightllm_slot_attention.restype = ctypes.c_int
-        library.lightllm_slot_attention.argtypes = [
-            pointer, pointer, pointer, pointer, i64, pointer, i64, i64, i64, i64, i64, i64,
-            ctypes.c_int, ctypes.c_float, ctypes.c_int, pointer,
-        ]
-        library.lightllm_slot_attention_supports.restype = ctypes.c_int
-        library.lightllm_slot_attention_supports.argtypes = [i64, i64]
         library.lightllm_prefill_attention_wide_registers.restype = ctypes.c_int
         library.lightllm_prefill_attention_wide_registers.argtypes = []
         library.lightllm_prefill_attention.restype = ctypes.c_int

@@ -27,12 +27,32 @@
 namespace {
 
 using lightllm_kernels::exp_nonpositive;
-using lightllm_kernels::float_x16;
-using lightllm_kernels::load16;
-using lightllm_kernels::store16;
-using lightllm_kernels::sum16;
 
 constexpr int BLOCK = 32;  // positions per online-softmax block
+
+// The vectors the dot products and value sums run on, as wide as the build's registers.  With
+// AVX-512, sixteen floats: half the loads, FMAs and lane reductions of eight-float ones (one
+// thread over 64 x 1,024 positions ran 4-8% faster; two threads are bound by the KV reads either
+// way).  Without it, eight: the compiler splits each sixteen-float operation in two and GCC kept
+// the 64-byte accumulators and query vectors on the stack, and a -march=haswell (AVX2 + FMA)
+// build ran 3-9x slower than the AVX-512 one and up to 2.7x slower than torch's gather + SDPA;
+// on eight-float vectors it is within 5-25% of the AVX-512 build.  Every supported head_dim is a
+// multiple of 16, so either width divides it.
+#if defined(__AVX512F__)
+constexpr int LANES = 16;
+using lanes_t = lightllm_kernels::float_x16;
+template <typename T>
+inline lanes_t load_lanes(const T* p) { return lightllm_kernels::load16(p); }
+inline void store_lanes(float* p, const lanes_t& x) { lightllm_kernels::store16(p, x); }
+inline float sum_lanes(const lanes_t& x) { return lightllm_kernels::sum16(x); }
+#else
+constexpr int LANES = 8;
+using lanes_t = lightllm_kernels::float8;
+template <typename T>
+inline lanes_t load_lanes(const T* p) { return lightllm_kernels::load8(p); }
+inline void store_lanes(float* p, const lanes_t& x) { lightllm_kernels::store8(p, x); }
+inline float sum_lanes(const lanes_t& x) { return lightllm_kernels::sum8(x); }
+#endif
 
 // One (request, query): every KV head at once, so that each cached row (all heads of a
 // position, contiguous) is read from memory once.
@@ -80,14 +100,12 @@ void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const K
     const int64_t lines = (row_stride * static_cast<int64_t>(sizeof(KV)) + 63) / 64;
     // Head outer, position inner: a block's rows (BLOCK x all heads) stay in L1 across heads,
     // and each query head's dot products run back to back.
-    // Sixteen-float vectors (every supported head_dim is a multiple of 16): half the loads, FMAs
-    // and lane reductions of eight-float ones; one thread over 64 x 1,024 positions ran 4-8%
-    // faster, two threads are bound by the KV reads either way.
-    constexpr int V = D / 16;
+    static_assert(D % LANES == 0, "every head_dim variant is a whole number of vectors");
+    constexpr int V = D / LANES;  // vectors per head_dim row
     for (int64_t h = 0; h < kv_heads; ++h) {
-      float_x16 qv[G][V];
+      lanes_t qv[G][V];
       for (int g = 0; g < G; ++g)
-        for (int c = 0; c < V; ++c) qv[g][c] = load16(qs + (h * G + g) * D + 16 * c);
+        for (int c = 0; c < V; ++c) qv[g][c] = load_lanes(qs + (h * G + g) * D + LANES * c);
       float* __restrict__ sh = scores + h * G * BLOCK;
       const int64_t line_lo = lines * h / kv_heads, line_hi = lines * (h + 1) / kv_heads;
       for (int j = 0; j < n; ++j) {
@@ -100,12 +118,12 @@ void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const K
           }
         }
         const KV* __restrict__ key = key_rows[j] + h * D;
-        float_x16 dot[G] = {};
+        lanes_t dot[G] = {};
         for (int c = 0; c < V; ++c) {
-          const float_x16 kc = load16(key + 16 * c);
+          const lanes_t kc = load_lanes(key + LANES * c);
           for (int g = 0; g < G; ++g) dot[g] += qv[g][c] * kc;
         }
-        for (int g = 0; g < G; ++g) sh[g * BLOCK + j] = sum16(dot[g]);
+        for (int g = 0; g < G; ++g) sh[g * BLOCK + j] = sum_lanes(dot[g]);
       }
     }
     for (int64_t i = 0; i < heads; ++i) {
@@ -133,17 +151,20 @@ void attend_query(const float* __restrict__ q, const KV* __restrict__ k, const K
     // A head's weighted values accumulate in vectors that stay in registers over the block.
     for (int64_t h = 0; h < kv_heads; ++h) {
       const float* __restrict__ ph = scores + h * G * BLOCK;
-      float_x16 sum[G][V] = {};
+      lanes_t sum[G][V] = {};
       for (int j = 0; j < n; ++j) {
         const KV* __restrict__ value = value_rows[j] + h * D;
         for (int c = 0; c < V; ++c) {
-          const float_x16 vc = load16(value + 16 * c);
+          const lanes_t vc = load_lanes(value + LANES * c);
           for (int g = 0; g < G; ++g) sum[g][c] += ph[g * BLOCK + j] * vc;
         }
       }
       float* __restrict__ ah = acc + h * G * D;
       for (int g = 0; g < G; ++g)
-        for (int c = 0; c < V; ++c) store16(ah + g * D + 16 * c, load16(ah + g * D + 16 * c) + sum[g][c]);
+        for (int c = 0; c < V; ++c) {
+          float* __restrict__ a = ah + g * D + LANES * c;
+          store_lanes(a, load_lanes(a) + sum[g][c]);
+        }
     }
   }
   for (int64_t i = 0; i < heads; ++i) {
@@ -218,6 +239,9 @@ int dispatch(int64_t head_dim, int64_t group, const float* q, const KV* k, const
 }  // namespace
 
 extern "C" {
+
+// Floats per vector in this build's dot products and value sums: 16 with AVX-512, 8 otherwise.
+int lightllm_slot_attention_lanes() { return LANES; }
 
 // Supported shapes: head_dim in {16, 32, 64, 80, 96, 128, 256}, group in 1..8 or 16.
 int lightllm_slot_attention_supports(int64_t head_dim, int64_t group) {
