@@ -3,20 +3,23 @@
 The kernel alone against the plain definition (masked SDPA per request over its slots) on ragged
 batches: fresh prompts and chunks after a cached prefix, lengths on and off the kernel's tile and
 block edges, scattered slots and a prefix shared by two requests, every supported head_dim,
-group sizes 1-16, float32 and bfloat16 caches, one and two threads.  In the model: a ragged batch
+group sizes 1-16, float32 and bfloat16 caches, one and two threads; also the eight-float kernel
+of a -march=haswell build where the machine's own build has AVX-512.  In the model: a ragged batch
 of long chunks after cached prefixes equals the gather + SDPA backend.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import List
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lightllm.common.basemodel.attention.cpp_kernel_build import load_kernel_library
+from lightllm.common.basemodel.attention import cpp_kernel_build
+from lightllm.common.basemodel.attention.cpp_kernel_build import KernelBuildError, load_kernel_library
 from lightllm.common.basemodel.attention.selection import build_attention_backend, cpp_compiler
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.batch_generator import BatchGenerator
@@ -63,11 +66,16 @@ def _definition(q, k, v, slots, new_lens: List[int], cached_lens: List[int]) -> 
     return out
 
 
-@pytest.mark.parametrize(
-    "head_dim,group", [(16, 1), (32, 2), (64, 4), (80, 3), (96, 8), (128, 1), (256, 2), (64, 16), (32, 5)]
-)
+SHAPES = [(16, 1), (32, 2), (64, 4), (80, 3), (96, 8), (128, 1), (256, 2), (64, 16), (32, 5)]  # head_dim, group
+
+
+@pytest.mark.parametrize("head_dim,group", SHAPES)
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_kernel_matches_the_definition(library, head_dim, group, kv_dtype):
+    _check_against_the_definition(library, head_dim, group, kv_dtype)
+
+
+def _check_against_the_definition(library, head_dim, group, kv_dtype):
     gen = torch.Generator().manual_seed(head_dim * 17 + group)
     kv_heads = 2
     # Fresh prompts and chunks after a cached prefix; lengths across the 128-key blocks (one of
@@ -86,6 +94,46 @@ def test_kernel_matches_the_definition(library, head_dim, group, kv_dtype):
     got = _prefill_kernel(library, q, k, v, slots, new_lens, cached_lens)
     assert (got - expected).abs().max().item() < 2e-5
     assert torch.equal(_prefill_kernel(library, q, k, v, slots, new_lens, cached_lens, threads=2), got)
+
+
+def _cpu_flags() -> set:
+    with open("/proc/cpuinfo") as info:
+        return {flag for line in info if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+@pytest.fixture(scope="module")
+def eight_float_library(library) -> ctypes.CDLL:
+    """The prefill kernel alone, built for AVX2 + FMA without AVX-512 (-march=haswell), where it runs
+    on eight-float vectors in 6-row register blocks; cached like the server's build (2-3 s the
+    first time on two cores)."""
+    if library.lightllm_prefill_attention_lanes() == 8:
+        pytest.skip("this machine's own build runs the eight-float kernel: test_kernel_matches_the_definition checks it")
+    if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("needs an x86 CPU with AVX2 and FMA to run a -march=haswell build")
+    prefill_source = cpp_kernel_build.SOURCES[1]
+    assert prefill_source.name == "cpp_prefill_attention.cpp"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpp_kernel_build, "SOURCES", (prefill_source,))
+        patch.setattr(cpp_kernel_build, "FLAGS", ["-march=haswell" if flag == "-march=native" else flag
+                                                  for flag in cpp_kernel_build.FLAGS])
+        try:
+            path = cpp_kernel_build.build_kernel(cpp_compiler())
+        except KernelBuildError as exc:
+            pytest.skip(f"the compiler cannot build for -march=haswell: {exc}")
+    narrow = ctypes.CDLL(str(path))
+    cpp_kernel_build.declare_prefill_attention(narrow)
+    assert narrow.lightllm_prefill_attention_lanes() == 8
+    return narrow
+
+
+@pytest.mark.parametrize("head_dim,group", SHAPES)
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_eight_float_kernel_of_an_avx2_build_matches_the_definition(eight_float_library, head_dim, group,
+                                                                        kv_dtype):
+    """Without AVX-512 the kernel's register blocks are 6 rows x two eight-float vectors (blocks of
+    sixteen-float ones spilled there and ran 19-29x slower than gather + SDPA); on an AVX-512
+    machine only a -march=haswell build runs that code."""
+    _check_against_the_definition(eight_float_library, head_dim, group, kv_dtype)
 
 
 def test_kernel_refuses_arguments_it_cannot_serve(library):

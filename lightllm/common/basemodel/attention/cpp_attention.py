@@ -64,21 +64,19 @@ class CppSlotAttention(TorchSdpaAttention):
     which :meth:`warmup` logs.
     """
 
-    def __init__(self, compiler: str, strict: bool = False, tiled_prefill: Optional[bool] = None) -> None:
+    def __init__(self, compiler: str, strict: bool = False, tiled_prefill: bool = True) -> None:
         """Build (or load the cached build of) the kernel with ``compiler``.
 
         ``strict`` (``--attention_backend cpp`` asked for by name): a model the kernel has no
         variant for is refused at :meth:`warmup` instead of running on the fallback path.
         ``tiled_prefill``: whether chunks longer than :data:`MAX_KERNEL_QUERIES` run on the tiled
-        prefill kernel; None (the server's choice) takes it where the build has AVX-512
-        (``lightllm_prefill_attention_wide_registers``) and gives them to gather + SDPA elsewhere,
-        where the kernel's register blocks spill and it ran several times slower.
+        prefill kernel (the server's choice on every build: its vectors and register blocks follow
+        the build, and a -march=haswell build took 0.57-0.81x the time of gather + SDPA, one
+        thread) or on gather + SDPA (False: a reference path for tests and benchmarks).
         """
         self._library = load_kernel_library(compiler)
         self._kernel_ok = True
         self._strict = strict
-        if tiled_prefill is None:
-            tiled_prefill = bool(self._library.lightllm_prefill_attention_wide_registers())
         self.tiled_prefill = tiled_prefill
 
     def layer_kernels(self) -> str:
@@ -92,9 +90,8 @@ class CppSlotAttention(TorchSdpaAttention):
         self._kernel_ok = supported and dtype in _KV_DTYPE_CODES and device.type == "cpu"
         if self._kernel_ok:
             if not self.tiled_prefill:
-                log.info("attention backend cpp: prefill chunks over %d tokens run on gather + SDPA (this build of "
-                         "the tiled prefill kernel has no AVX-512, where it runs several times slower)",
-                         MAX_KERNEL_QUERIES)
+                log.info("attention backend cpp: prefill chunks over %d tokens run on gather + SDPA "
+                         "(tiled_prefill=False)", MAX_KERNEL_QUERIES)
             return
         what = (f"the kernel has no variant for head_dim {head_dim}, {group} query heads per KV head, "
                 f"dtype {str(dtype).removeprefix('torch.')} on {device.type}")

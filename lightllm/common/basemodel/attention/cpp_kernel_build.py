@@ -164,6 +164,18 @@ def declare_slot_attention(library: ctypes.CDLL) -> None:
     library.lightllm_slot_attention_lanes.argtypes = []
 
 
+def declare_prefill_attention(library: ctypes.CDLL) -> None:
+    """Argument types of ``cpp_prefill_attention.cpp``'s entry points (also for a library of that source alone)."""
+    pointer, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.lightllm_prefill_attention_lanes.restype = ctypes.c_int
+    library.lightllm_prefill_attention_lanes.argtypes = []
+    library.lightllm_prefill_attention.restype = ctypes.c_int
+    library.lightllm_prefill_attention.argtypes = [
+        pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64, i64, i64,
+        ctypes.c_int, ctypes.c_float, ctypes.c_int, pointer,
+    ]
+
+
 def load_kernel_library(compiler: str) -> ctypes.CDLL:
     """The kernel library, built with ``compiler`` if this machine has no cached build yet."""
     global _library
@@ -176,13 +188,6 @@ def load_kernel_library(compiler: str) -> ctypes.CDLL:
         except OSError as exc:
             raise KernelBuildError(f"cannot load the built kernel {target}: {exc}") from exc
         declare_slot_attention(library)
-        pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-        library.lightllm_prefill_attention_wide_registers.restype = ctypes.c_int
-        library.lightllm_prefill_attention_wide_registers.argtypes = []
-        library.lightllm_prefill_attention.restype = ctypes.c_int
-        library.lightllm_prefill_attention.argtypes = [
-            pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, pointer, i64, i64, i64, i64,
-            ctypes.c_int, ctypes.c_float, ctypes.c_int, pointer,
-        ]
+        declare_prefill_attention(library)
         _library = library
         return library

@@ -8,13 +8,14 @@
 // gather that copies the context out of the cache first.  Here a tile of queries (all query
 // heads of one KV head, so grouped-query heads share each key) meets a block of keys at a time:
 // the context is gathered through the slot table once per request and KV head (keys transposed
-// per block), and the scores come from a register-blocked product (8 rows x 32 keys: 16
-// accumulators of 16 floats, one broadcast per row and two vector loads per head_dim step); an
-// online softmax per row; then the values through another register-blocked product (8 rows x 32
-// dims).  Blocks past the diagonal are skipped.  The products use 16-float vectors: with
-// 8-float ones a machine with full-width AVX-512 units ran them at half speed (a 2048-token
-// prefill of the medium demo model, two threads: attention 364 -> 228 ms, 190 -> 300 GFLOP/s;
-// small demo model 56 -> 35 ms).
+// per block), and the scores come from a register-blocked product (ROW_STEP rows x two vectors
+// of keys, one broadcast per row and two vector loads per head_dim step); an online softmax per
+// row; then the values through another register-blocked product (ROW_STEP rows x two vectors of
+// dims).  Blocks past the diagonal are skipped.  The vectors and blocks follow the build: with
+// AVX-512, 16 floats and 8 rows (16 accumulators; with 8-float vectors a machine with
+// full-width AVX-512 units ran them at half speed: a 2048-token prefill of the medium demo
+// model, two threads, attention 364 -> 228 ms, 190 -> 300 GFLOP/s; small demo model 56 -> 35
+// ms); otherwise 8 floats and 6 rows (12 accumulators, which fit AVX2's 16 registers).
 //
 // Layouts (all contiguous, row-major):
 //   q       [tokens, H_kv, G, D] float32   the chunks' new tokens, request after request
@@ -37,10 +38,7 @@ namespace {
 
 using lightllm_kernels::exp_nonpositive;
 using lightllm_kernels::float8;
-using lightllm_kernels::float_x16;
-using lightllm_kernels::load16;
 using lightllm_kernels::load8;
-using lightllm_kernels::store16;
 using lightllm_kernels::to_float;
 
 // Keys per tile.  Each block costs every row a softmax step (its maximum, the rescale of the
@@ -50,31 +48,53 @@ using lightllm_kernels::to_float;
 // 256 was no faster than 128 on the small model and slower on the medium one.
 constexpr int KEY_BLOCK = 128;
 constexpr int ROW_TARGET = 64;   // query rows (queries x grouped heads) per tile
-constexpr int ROW_STEP = 8;      // rows per register block
-constexpr int LANES = 16;        // floats per float_x16
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+// The register blocks follow the build.  With AVX-512 (32 registers of 16 floats): 16-float
+// vectors, 8 rows x 2 vectors = 16 accumulators.  Otherwise 8-float vectors and 6 rows x 2
+// vectors = 12 accumulators, which with the two loaded vectors and a broadcast fit AVX2's 16
+// registers of 8 floats.  The 16-float blocks split there into twice the registers and spilled
+// in every step of the inner loop: a -march=haswell build ran 19-29x slower than torch's gather
+// + SDPA (one thread, one layer of a 2048-token prefill, small demo model: 1010 against 41 ms);
+// on 8-float blocks it takes 0.59-0.81x torch's time, 4-14% more than the AVX-512 build.
+#if defined(__AVX512F__)
+constexpr int ROW_STEP = 8;      // rows per register block
+constexpr int LANES = 16;        // floats per vector
+using lanes_t = lightllm_kernels::float_x16;
+inline lanes_t load_lanes(const float* p) { return lightllm_kernels::load16(p); }
+inline void store_lanes(float* p, const lanes_t& x) { lightllm_kernels::store16(p, x); }
+#else
+constexpr int ROW_STEP = 6;
+constexpr int LANES = 8;
+using lanes_t = float8;
+inline lanes_t load_lanes(const float* p) { return load8(p); }
+inline void store_lanes(float* p, const lanes_t& x) { lightllm_kernels::store8(p, x); }
+#endif
 
 // Keeps a loaded vector in a register: without it GCC folded the load into every FMA that uses
 // it (one load per row instead of one per block), and the loops ran at the load ports' speed.
 #if defined(__AVX512F__)
-inline void in_register(float_x16& x) { asm("" : "+v"(x)); }
+inline void in_register(lanes_t& x) { asm("" : "+v"(x)); }
+#elif defined(__AVX__)
+inline void in_register(lanes_t& x) { asm("" : "+x"(x)); }
 #else
-inline void in_register(float_x16&) {}  // split over several registers: nothing to pin
+inline void in_register(lanes_t&) {}  // no x86 vector registers to name
 #endif
 
 // scores[rows, KEY_BLOCK] = qs[rows, D] . kt[D, KEY_BLOCK] for the first `keys` columns (a
-// multiple of 2 x LANES); rows is a multiple of ROW_STEP.  Register block: 8 rows x 32 keys, 16
-// accumulators, two vector loads and eight broadcasts per head_dim step.
+// multiple of 2 x LANES); rows is a multiple of ROW_STEP.  Register block: ROW_STEP rows x
+// 2 x LANES keys, 2 x ROW_STEP accumulators, two vector loads and ROW_STEP broadcasts per
+// head_dim step.
 template <int D>
 void block_scores(const float* __restrict__ qs, const float* __restrict__ kt, int rows, int keys,
                   float* __restrict__ scores) {
   for (int m = 0; m < rows; m += ROW_STEP) {
     const float* q0 = qs + m * D;
     for (int j = 0; j < keys; j += 2 * LANES) {
-      float_x16 acc[ROW_STEP][2] = {};
+      lanes_t acc[ROW_STEP][2] = {};
       for (int d = 0; d < D; ++d) {
-        float_x16 k_lo = load16(kt + d * KEY_BLOCK + j);
-        float_x16 k_hi = load16(kt + d * KEY_BLOCK + j + LANES);
+        lanes_t k_lo = load_lanes(kt + d * KEY_BLOCK + j);
+        lanes_t k_hi = load_lanes(kt + d * KEY_BLOCK + j + LANES);
         in_register(k_lo);
         in_register(k_hi);
         for (int r = 0; r < ROW_STEP; ++r) {
@@ -84,16 +104,16 @@ void block_scores(const float* __restrict__ qs, const float* __restrict__ kt, in
         }
       }
       for (int r = 0; r < ROW_STEP; ++r) {
-        store16(scores + (m + r) * KEY_BLOCK + j, acc[r][0]);
-        store16(scores + (m + r) * KEY_BLOCK + j + LANES, acc[r][1]);
+        store_lanes(scores + (m + r) * KEY_BLOCK + j, acc[r][0]);
+        store_lanes(scores + (m + r) * KEY_BLOCK + j + LANES, acc[r][1]);
       }
     }
   }
 }
 
-// acc[rows, D] += probs[rows, KEY_BLOCK] . values[keys, D]: 8 rows x 32 dims per register block,
-// then 8 x 16 for a head_dim that is an odd multiple of 16 (every supported head_dim is a
-// multiple of 16).
+// acc[rows, D] += probs[rows, KEY_BLOCK] . values[keys, D]: ROW_STEP rows x 2 x LANES dims per
+// register block, then ROW_STEP x LANES for a head_dim that is an odd multiple of LANES (every
+// supported head_dim is a multiple of 16, so that happens only with 16-float vectors).
 template <int D>
 void block_values(const float* __restrict__ probs, const float* __restrict__ values, int rows, int keys,
                   float* __restrict__ acc) {
@@ -101,14 +121,14 @@ void block_values(const float* __restrict__ probs, const float* __restrict__ val
   for (int m = 0; m < rows; m += ROW_STEP) {
     int d0 = 0;
     for (; d0 + 2 * LANES <= D; d0 += 2 * LANES) {
-      float_x16 sum[ROW_STEP][2];
+      lanes_t sum[ROW_STEP][2];
       for (int r = 0; r < ROW_STEP; ++r) {
-        sum[r][0] = load16(acc + (m + r) * D + d0);
-        sum[r][1] = load16(acc + (m + r) * D + d0 + LANES);
+        sum[r][0] = load_lanes(acc + (m + r) * D + d0);
+        sum[r][1] = load_lanes(acc + (m + r) * D + d0 + LANES);
       }
       for (int j = 0; j < keys; ++j) {
-        float_x16 v_lo = load16(values + j * D + d0);
-        float_x16 v_hi = load16(values + j * D + d0 + LANES);
+        lanes_t v_lo = load_lanes(values + j * D + d0);
+        lanes_t v_hi = load_lanes(values + j * D + d0 + LANES);
         in_register(v_lo);
         in_register(v_hi);
         for (int r = 0; r < ROW_STEP; ++r) {
@@ -118,19 +138,19 @@ void block_values(const float* __restrict__ probs, const float* __restrict__ val
         }
       }
       for (int r = 0; r < ROW_STEP; ++r) {
-        store16(acc + (m + r) * D + d0, sum[r][0]);
-        store16(acc + (m + r) * D + d0 + LANES, sum[r][1]);
+        store_lanes(acc + (m + r) * D + d0, sum[r][0]);
+        store_lanes(acc + (m + r) * D + d0 + LANES, sum[r][1]);
       }
     }
-    if (d0 < D) {  // D % 32 == 16
-      float_x16 sum[ROW_STEP];
-      for (int r = 0; r < ROW_STEP; ++r) sum[r] = load16(acc + (m + r) * D + d0);
+    if (d0 < D) {  // D % (2 * LANES) == LANES
+      lanes_t sum[ROW_STEP];
+      for (int r = 0; r < ROW_STEP; ++r) sum[r] = load_lanes(acc + (m + r) * D + d0);
       for (int j = 0; j < keys; ++j) {
-        float_x16 vv = load16(values + j * D + d0);
+        lanes_t vv = load_lanes(values + j * D + d0);
         in_register(vv);
         for (int r = 0; r < ROW_STEP; ++r) sum[r] += probs[(m + r) * KEY_BLOCK + j] * vv;
       }
-      for (int r = 0; r < ROW_STEP; ++r) store16(acc + (m + r) * D + d0, sum[r]);
+      for (int r = 0; r < ROW_STEP; ++r) store_lanes(acc + (m + r) * D + d0, sum[r]);
     }
   }
 }
@@ -301,18 +321,8 @@ int dispatch(int64_t head_dim, const float* q, const KV* k, const KV* v, const i
 
 extern "C" {
 
-// 1 when this build keeps the register blocks in registers (AVX-512: 32 registers of 16 floats),
-// 0 otherwise.  Built for AVX2 (16 registers of 8 floats) the 16 accumulators of 16 floats spill
-// to memory in every step of the inner loop, and the kernel ran 6-10x slower than torch's gather
-// + SDPA on a 2-core AVX2 VM (a 1000-token prefill of the small demo model: 0.67-1.0 s against
-// 0.10-0.12 s per forward); cpp_attention.py then gives long chunks to that path.
-int lightllm_prefill_attention_wide_registers() {
-#if defined(__AVX512F__)
-  return 1;
-#else
-  return 0;
-#endif
-}
+// Floats per vector in this build's register-blocked products: 16 with AVX-512, 8 otherwise.
+int lightllm_prefill_attention_lanes() { return LANES; }
 
 // Returns 0 on success, 1 for an unsupported head_dim, 2 for a group below 1, 3 for a bad dtype,
 // 4 when a request's chunk ends past its slot row (cached_lens + new_lens > context).
