@@ -10,7 +10,8 @@
 # The script waits until the master's /health answers 200 (both nodes registered), prints the
 # URLs, and stops all three processes on Ctrl-C or SIGTERM. Run with --help for every option.
 
-set -u
+# Not when sourced (as its tests do, for its functions): set -u would stay on in the caller's shell.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] || set -u
 
 HOST="${PD_HOST:-127.0.0.1}"
 MASTER_PORT="${PD_MASTER_PORT:-1212}"

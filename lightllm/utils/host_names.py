@@ -20,6 +20,9 @@ from typing import Optional
 # A DNS host name: dot-separated labels of letters, digits and inner hyphens (RFC 1123).
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?$")
 
+# A host (bracketed IPv6, or anything without a colon) followed by ":port".
+_WITH_PORT = re.compile(r"(\[[^\[\]]*\]|[^:\[\]]+):[0-9]{1,5}")
+
 # The zone of a scoped IPv6 address: an interface name (eth0, enp3s0.100) or index.
 _ZONE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -40,6 +43,10 @@ def host_problem(host: str, allow_zone: bool = False) -> Optional[str]:
     brackets, unbalanced brackets, a zone in its URL escaping (``%25eth0``), and anything else
     that is neither an address nor a host name.
     """
+    with_port = _WITH_PORT.fullmatch(host)
+    if with_port is not None and host_problem(with_port.group(1), allow_zone) is None:
+        # "[::1]:80" read as "unbalanced brackets", "localhost:80" as no host name at all.
+        return "a host with a port: give the host alone (the port has its own flag)"
     bracketed = len(host) >= 2 and host.startswith("[") and host.endswith("]")
     if not bracketed and ("[" in host or "]" in host):
         return "unbalanced brackets"

@@ -147,7 +147,11 @@ def _validate_http_args(args: argparse.Namespace) -> None:
         # saying it "would advertise" a host the master cannot use: refused alike for every role.
         # No host name has ':' or '%', so an IPv6 address (and its zone) is read by the flags' rule
         # bracketed or not: "fe80::1%25eth0" got "cannot resolve it", not the %25 hint.
-        problem = host_problem(args.host, allow_zone=True)
+        # A PD node advertises a --host that is no wildcard as given, where no zone is taken: a
+        # zone there is _validate_advertised_host's to refuse (the %25 hint here named a zone that
+        # was refused next).
+        advertised = args.run_mode in PD_NODE_MODES and not is_wildcard(args.host)
+        problem = None if advertised and "%" in args.host else host_problem(args.host, allow_zone=True)
         if problem:
             raise ArgumentError(f"--host {args.host!r}: {problem} (only an IPv6 address goes in brackets, as [::1])"
                                 if problem == "unbalanced brackets" else f"--host {args.host!r}: {problem}")

@@ -59,7 +59,9 @@ def arguments_markdown(parser: Optional[argparse.ArgumentParser] = None, lang: s
             default = "off" if isinstance(action, argparse._StoreTrueAction) else repr(action.default)
             choices = " / ".join(str(c) for c in action.choices) if action.choices else ""
             read_by = ", ".join(readers_of(action).ordered())
-            lines.append(f"| `{flag}` | `{default}` | {choices} | {read_by} | {action.help or ''} |")
+            # As --help shows it: argparse writes a literal "%" in help text as "%%" (fe80::1%%eth0).
+            text = (action.help or "").replace("%%", "%")
+            lines.append(f"| `{flag}` | `{default}` | {choices} | {read_by} | {text} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -80,7 +80,7 @@ def add_batching_flags(parser: argparse.ArgumentParser) -> None:
         "for these. Default: --running_max_req_size; more than the request slot count, max(64, 4 x --running_max_req_size), "
         "is refused.",
     )
-    add_flag(group, "--batch_max_tokens", roles=PREFILL_STEP, type=int, default=None, help="Most prefill tokens in one forward, at most the KV cache's tokens; default: max(--chunked_prefill_size, 2048), or with --disable_chunked_prefill max(--max_req_total_len, 2048) so a whole prompt fits; a default above the KV cache's tokens is cut to them (not below --running_max_req_size with mixed batches). Refused on a PD decode node (it never prefills).")
+    add_flag(group, "--batch_max_tokens", roles=PREFILL_STEP, type=int, default=None, help="Most prefill tokens in one forward, at most the KV cache's tokens (or --running_max_req_size with mixed batches, whose decode rows take budget tokens); default: max(--chunked_prefill_size, 2048), or with --disable_chunked_prefill max(--max_req_total_len, 2048) so a whole prompt fits; a default above the KV cache's tokens is cut to them (not below --running_max_req_size with mixed batches). Refused on a PD decode node (it never prefills).")
     add_flag(group, "--chunked_prefill_size", roles=PREFILL_STEP, type=int, default=1024, help="Most prefill tokens one request computes per step; default 1024, or --batch_max_tokens when that is smaller. Refused on a PD decode node (it never prefills).")
     add_flag(group, "--disable_chunked_prefill", roles=PREFILL_STEP, action="store_true", help="Prefill every prompt in one piece. Refused on a PD decode node (it never prefills).")
     add_flag(

@@ -239,8 +239,7 @@ def _default_budget_within_kv(args: argparse.Namespace, step: StepBudget, kv_tok
     if args.batch_max_tokens is not None or step.decode_node or step.batch_max_tokens <= kv_tokens:
         return step
     typed_chunk = step.chunk is not None and bool(flags_given(args, ["chunked_prefill_size"]))
-    mixed = args.run_mode == RunMode.NORMAL and step.chunk is not None and not args.disable_mixed_batches
-    budget = max(kv_tokens, args.running_max_req_size if mixed else 0, step.chunk if typed_chunk else 0)
+    budget = max(kv_tokens, _mixed_rows(args, step), step.chunk if typed_chunk else 0)
     if budget >= step.batch_max_tokens:
         return step
     chunk = step.chunk if step.chunk is None or typed_chunk else min(step.chunk, budget)
@@ -287,15 +286,24 @@ def _kv_tokens(args: argparse.Namespace, config: ModelConfig, device: str, dtype
             f"the KV cache holds {kv_tokens} tokens, fewer than one request may need (--max_req_total_len "
             f"{max_req_total_len}); {remedy}"
         )
-    if args.batch_max_tokens is not None and not step.decode_node and args.batch_max_tokens > kv_tokens:
+    largest = max(kv_tokens, _mixed_rows(args, step))
+    if args.batch_max_tokens is not None and not step.decode_node and args.batch_max_tokens > largest:
         # A step's prompt tokens all need KV room: the planner would cut every step to the cache
-        # and the flag would promise a budget the server never runs.
+        # and the flag would promise a budget the server never runs.  A mixed step's decode rows
+        # take budget without prompt KV, so up to --running_max_req_size is allowed (as it is the
+        # default's floor): "give at most 200" was itself refused for being below 256 rows.
         raise ArgumentError(
             f"--batch_max_tokens ({args.batch_max_tokens}) exceeds the KV cache ({kv_tokens} tokens, "
             f"{'--max_total_token_num' if budget is None else 'sized from memory'}): no step can hold more prompt "
-            f"tokens than the cache; give at most {kv_tokens}"
+            f"tokens than the cache; give at most {largest}"
         )
     return kv_tokens
+
+
+def _mixed_rows(args: argparse.Namespace, step: StepBudget) -> int:
+    """The rows a mixed step's budget must hold (--running_max_req_size), or 0 without mixed batches."""
+    mixed = args.run_mode == RunMode.NORMAL and step.chunk is not None and not args.disable_mixed_batches
+    return args.running_max_req_size if mixed else 0
 
 
 def _cpu_threads(args: argparse.Namespace, device: str) -> Tuple[Optional[int], Optional[int], float]:

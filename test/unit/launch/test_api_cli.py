@@ -320,8 +320,23 @@ _URL_ESCAPED_ZONE = r"an IPv6 zone starting %25 \(write the zone as %eth0 on the
 def test_a_host_with_its_zone_in_url_escaping_is_refused_with_the_hint_bracketed_or_not(run_mode, host):
     """"--host fe80::1%25eth0" (no brackets) got "cannot resolve it to an address to listen on: Name
     or service not known" (exit 3): only a bracketed --host was read by the flags' rule."""
-    with pytest.raises(ArgumentError, match=rf"^--host {re.escape(repr(host))}: {_URL_ESCAPED_ZONE}"):
+    # A PD node advertises its --host, where no zone is taken: the hint must not lead to a zone
+    # that is refused next ("write the zone as %eth0", then "an IPv6 address with a zone").
+    zone = host.rstrip("]").partition("%25")[2]
+    hint = (_URL_ESCAPED_ZONE if run_mode in ("normal", "pd_master") else
+            r"this node would advertise its address as .*, which the master cannot use: host .*: an IPv6 zone starting "
+            rf"%25 \(%25 is its URL escaping: a host writes zone {zone} as %{zone}\), and no address with a zone is "
+            "taken here")
+    with pytest.raises(ArgumentError, match=rf"^--host {re.escape(repr(host))}: {hint}"):
         validate_args(parse_server_args(["--model_dir", "/m", "--run_mode", run_mode, "--host", host]))
+
+
+@pytest.mark.parametrize("host", ["[::1]:80", "localhost:8000", "1.2.3.4:80", "[fe80::1%eth0]:80"])
+def test_a_host_given_with_a_port_is_told_to_give_the_host_alone(host):
+    # "[::1]:80" said "unbalanced brackets"; "localhost:80" that it was no host name.
+    with pytest.raises(ArgumentError, match=rf"^--host {re.escape(repr(host))}: a host with a port: give the host "
+                                            r"alone \(the port has its own flag\)$"):
+        validate_args(parse_server_args(["--model_dir", "/m", "--host", host]))
 
 
 @pytest.mark.parametrize("flag, run_mode", [("--pd_master_ip", "prefill"), ("--pd_master_ip", "decode")])

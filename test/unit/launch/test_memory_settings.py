@@ -216,6 +216,12 @@ def test_a_step_budget_beyond_the_kv_cache_is_refused(tiny_llama_dir):
     assert (rows.batch_max_tokens, rows.chunked_prefill_size) == (1000, 1000)
     typed = plan_sizing(parse(small_kv + ["--chunked_prefill_size", "800"]), config, "cpu")
     assert (typed.batch_max_tokens, typed.chunked_prefill_size) == (800, 800)
+    # A budget typed at the rows' floor is taken as the default is ("give at most 600" was refused for
+    # being below the 1000 rows), and the refusal names that floor.
+    assert plan_sizing(parse(small_kv + ["--running_max_req_size", "1000", "--batch_max_tokens", "1000"]), config,
+                       "cpu").batch_max_tokens == 1000
+    with pytest.raises(ArgumentError, match=r"give at most 1000$"):
+        plan_sizing(parse(small_kv + ["--running_max_req_size", "1000", "--batch_max_tokens", "1001"]), config, "cpu")
     unmixed = plan_sizing(parse(small_kv + ["--running_max_req_size", "1000", "--disable_mixed_batches"]), config, "cpu")
     assert unmixed.batch_max_tokens == 600
     assert plan_sizing(parse(small_kv[:4] + ["--max_total_token_num", "4096"]), config, "cpu").batch_max_tokens == 2048

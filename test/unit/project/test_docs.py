@@ -23,6 +23,13 @@ def test_server_args_reference_is_generated_from_the_parser():
         )
 
 
+def test_the_reference_shows_help_text_as_help_prints_it():
+    # argparse's "%%" is one "%" on the screen: a reader copying fe80::1%%eth0 got a wrong zone.
+    for lang in ("EN", "CN"):
+        text = render(lang)
+        assert "%%" not in text and "fe80::1%eth0" in text
+
+
 def test_args_doc_help_and_check_write_nothing():
     """``--help`` and ``--check`` only read: running the tool to learn its usage must not rewrite the docs."""
     before = {lang: doc_path(ROOT, lang).stat().st_mtime_ns for lang in ("EN", "CN")}
