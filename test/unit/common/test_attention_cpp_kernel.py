@@ -38,6 +38,7 @@ from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.common.basemodel.forward_batch import ForwardBatch
 from lightllm.models.registry import load_model
 
+from cpp_kernel_build_support import cpu_flags, haswell_build
 from attention_scenario_support import (
     assert_matches_reference,
     assert_matches_transformers,
@@ -98,20 +99,7 @@ def eight_float_library(library) -> ctypes.CDLL:
     on eight-float vectors; cached like the server's build (about 27 s the first time on two cores)."""
     if library.lightllm_slot_attention_lanes() == 8:
         pytest.skip("this machine's own build runs the eight-float kernel: test_kernel_matches_the_definition checks it")
-    if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= _cpu_flags():
-        pytest.skip("needs an x86 CPU with AVX2 and FMA to run a -march=haswell build")
-    slot_source = cpp_kernel_build.SOURCES[0]
-    assert slot_source.name == "cpp_slot_attention.cpp"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpp_kernel_build, "SOURCES", (slot_source,))
-        patch.setattr(cpp_kernel_build, "FLAGS", ["-march=haswell" if flag == "-march=native" else flag
-                                                  for flag in cpp_kernel_build.FLAGS])
-        try:
-            path = cpp_kernel_build.build_kernel(cpp_compiler())
-        except KernelBuildError as exc:
-            pytest.skip(f"the compiler cannot build for -march=haswell: {exc}")
-    narrow = ctypes.CDLL(str(path))
-    cpp_kernel_build.declare_slot_attention(narrow)
+    narrow = haswell_build("cpp_slot_attention.cpp", cpp_kernel_build.declare_slot_attention)
     assert narrow.lightllm_slot_attention_lanes() == 8
     return narrow
 
@@ -160,17 +148,12 @@ def test_backend_without_the_tiled_prefill_kernel_matches_gather_and_sdpa(tiny_l
     assert_matches_reference(str(tiny_llama_dir), torch.float32, CppSlotAttention(cpp_compiler(), tiled_prefill=False))
 
 
-def _cpu_flags() -> set:
-    with open("/proc/cpuinfo") as info:
-        return {flag for line in info if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU's flags from /proc/cpuinfo")
 def test_the_server_takes_the_tiled_prefill_kernel_on_every_build_with_vectors_as_wide_as_the_build(library):
     """Both kernels' vectors are 16 floats with AVX-512 and 8 otherwise; the tiled prefill kernel
     serves long chunks on either (built for AVX2 on 16-float blocks it spilled and ran 19-29x slower
     than gather + SDPA, which took those chunks there; on 8-float blocks it takes 0.57-0.81x the time)."""
-    lanes = 16 if "avx512f" in _cpu_flags() else 8
+    lanes = 16 if "avx512f" in cpu_flags() else 8
     assert library.lightllm_prefill_attention_lanes() == lanes
     assert library.lightllm_slot_attention_lanes() == lanes  # the decode kernel's vectors
     assert build_attention_backend("cpp").tiled_prefill

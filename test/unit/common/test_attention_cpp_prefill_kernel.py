@@ -11,7 +11,6 @@ of long chunks after cached prefixes equals the gather + SDPA backend.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import List
 
 import pytest
@@ -19,12 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from lightllm.common.basemodel.attention import cpp_kernel_build
-from lightllm.common.basemodel.attention.cpp_kernel_build import KernelBuildError, load_kernel_library
+from lightllm.common.basemodel.attention.cpp_kernel_build import load_kernel_library
 from lightllm.common.basemodel.attention.selection import build_attention_backend, cpp_compiler
 from lightllm.common.basemodel.attention.torch_sdpa import TorchSdpaAttention
 from lightllm.common.basemodel.batch_generator import BatchGenerator
 from lightllm.models.registry import load_model
 
+from cpp_kernel_build_support import haswell_build
 from attention_scenario_support import random_tokens
 
 pytestmark = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler on PATH")
@@ -96,11 +96,6 @@ def _check_against_the_definition(library, head_dim, group, kv_dtype):
     assert torch.equal(_prefill_kernel(library, q, k, v, slots, new_lens, cached_lens, threads=2), got)
 
 
-def _cpu_flags() -> set:
-    with open("/proc/cpuinfo") as info:
-        return {flag for line in info if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
 @pytest.fixture(scope="module")
 def eight_float_library(library) -> ctypes.CDLL:
     """The prefill kernel alone, built for AVX2 + FMA without AVX-512 (-march=haswell), where it runs
@@ -108,20 +103,7 @@ def eight_float_library(library) -> ctypes.CDLL:
     first time on two cores)."""
     if library.lightllm_prefill_attention_lanes() == 8:
         pytest.skip("this machine's own build runs the eight-float kernel: test_kernel_matches_the_definition checks it")
-    if not os.path.exists("/proc/cpuinfo") or not {"avx2", "fma"} <= _cpu_flags():
-        pytest.skip("needs an x86 CPU with AVX2 and FMA to run a -march=haswell build")
-    prefill_source = cpp_kernel_build.SOURCES[1]
-    assert prefill_source.name == "cpp_prefill_attention.cpp"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpp_kernel_build, "SOURCES", (prefill_source,))
-        patch.setattr(cpp_kernel_build, "FLAGS", ["-march=haswell" if flag == "-march=native" else flag
-                                                  for flag in cpp_kernel_build.FLAGS])
-        try:
-            path = cpp_kernel_build.build_kernel(cpp_compiler())
-        except KernelBuildError as exc:
-            pytest.skip(f"the compiler cannot build for -march=haswell: {exc}")
-    narrow = ctypes.CDLL(str(path))
-    cpp_kernel_build.declare_prefill_attention(narrow)
+    narrow = haswell_build("cpp_prefill_attention.cpp", cpp_kernel_build.declare_prefill_attention)
     assert narrow.lightllm_prefill_attention_lanes() == 8
     return narrow
 
