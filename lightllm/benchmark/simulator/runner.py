@@ -76,8 +76,10 @@ def budget_refusal(profile: CostProfile, profile_flag: str, budget: int, running
     simulator's flags: the launch's rules (``lightllm/server/launch/sizing.py``) on
     ``--batch_max_tokens``, which ``--budget`` stands for.
 
-    * ``--budget`` above the KV cache (the profile's ``max_total_token_num``): no step can hold
-      more prompt tokens than the cache, and the budget would promise a step the server never runs;
+    * ``--budget`` above the KV cache (the profile's ``max_total_token_num``; with mixed batches on
+      a normal node, above the larger of the cache and ``running_max_req_size``, whose decode rows
+      take budget tokens): no step can hold more prompt tokens than the cache, and the budget
+      would promise a step the server never runs;
     * on a normal node with mixed batches (``mixed_normal_node``), ``--budget`` below
       ``running_max_req_size``: every decoding request takes one token of the step's budget, so
       a waiting prompt could get no token until decodes finish.
@@ -85,10 +87,12 @@ def budget_refusal(profile: CostProfile, profile_flag: str, budget: int, running
     ``budget_name`` is how the message names the budget (a tool that takes it in another flag).
     """
     kv_tokens = profile.max_total_token_num
-    if budget > kv_tokens:
+    rows = running_max_req_size if mixed_normal_node and running_max_req_size is not None else 0
+    largest = max(kv_tokens, rows)
+    if budget > largest:
         return (f"{budget_name} ({budget}) exceeds the KV cache of --profile {profile_flag} ({kv_tokens} tokens): no step "
                 f"can hold more prompt tokens than the cache, and the server refuses such a --batch_max_tokens; give "
-                f"at most {kv_tokens}")
+                f"at most {largest}")
     if mixed_normal_node and running_max_req_size is not None and budget < running_max_req_size:
         return (f"with --mixed-batches each decoding request takes one token of a step's --budget, so --budget "
                 f"({budget}) must be >= --running-max-req-size ({running_max_req_size}) or a prompt would wait for "

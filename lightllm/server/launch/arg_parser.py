@@ -117,7 +117,7 @@ def make_argument_parser() -> argparse.ArgumentParser:
         help="Attention kernels: triton (Triton kernels reading the KV cache in place, plus fused RMSNorm and rotary; "
         "CUDA, or CPU only under TRITON_INTERPRET=1 for tests), torch (gather + scaled_dot_product_attention, the reference and the CPU path), "
         "cpp (CPU only: decode and prefill chunks of up to 16 tokens read the KV cache in place through a C++ kernel, longer "
-        "prefill chunks through a tiled C++ kernel reading the context through the slot table, its vectors as wide as the build's (16 floats with AVX-512, 8 otherwise); both built for this machine "
+        "prefill chunks through a tiled C++ kernel reading the context through the slot table; both kernels' vectors as wide as the build's (16 floats with AVX-512, 8 otherwise), both built for this machine "
         "on first use with the system compiler and cached under ~/.cache/lightllm/kernels; float32 or bfloat16, head_dim "
         "16/32/64/80/96/128/256, 1-8 or 16 query heads per KV head: a model outside that is refused, while auto runs it "
         "on torch's path), "

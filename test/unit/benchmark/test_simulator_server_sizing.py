@@ -71,3 +71,16 @@ def test_a_budget_equal_to_the_kv_cache_is_simulated(small_kv_profile, monkeypat
     monkeypatch.setattr(simulator_cli, "full_report_markdown", lambda *a: "")
     monkeypatch.setattr(simulator_cli, "results_json", lambda *a: {})
     assert simulator_cli.main(["--profile", small_kv_profile, *_CELL, "--budget", "20000"]) == 0
+
+
+def test_mixed_batches_take_a_budget_up_to_the_running_cap_above_the_kv_cache(small_kv_profile, monkeypatch, capsys):
+    # As the server's --batch_max_tokens: a mixed step's decode rows take budget tokens, so a KV
+    # cache smaller than --running-max-req-size left every budget refused ("give at most 20000"
+    # was itself below the 20001 rows).
+    monkeypatch.setattr(simulator_cli, "run_matrix", lambda *a, **k: [])
+    monkeypatch.setattr(simulator_cli, "full_report_markdown", lambda *a: "")
+    monkeypatch.setattr(simulator_cli, "results_json", lambda *a: {})
+    rows = ["--mixed-batches", "--running-max-req-size", "20001"]
+    assert simulator_cli.main(["--profile", small_kv_profile, *_CELL, *rows, "--budget", "20001"]) == 0
+    assert_refused_in_one_line(simulator_cli.main, ["--profile", small_kv_profile, *_CELL, *rows, "--budget", "20002"],
+                               "give at most 20001", capsys)
