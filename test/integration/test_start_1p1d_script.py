@@ -124,5 +124,10 @@ def test_the_start_timeout_waits_at_least_the_seconds_given(tmp_path):
         assert all(_gone(pid) for pid in pids), text
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            # The servers run in sessions of their own: only the script's own stop reaches them.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)

@@ -191,5 +191,11 @@ def _start_and_check(host: str, listen: str, reach: str, tmp_path: Path) -> None
         assert proc.wait(30) == 0, out_path.read_text()
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            # The servers run in sessions of their own: only the script's own stop reaches them (a
+            # SIGKILL of its group after a failed check left all three running).
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)

@@ -34,10 +34,10 @@ inline float8 load8(const uint16_t* p) {
 
 inline void store8(float* p, float8 x) { std::memcpy(p, &x, sizeof(x)); }
 
-// Sixteen floats: one AVX-512 register, or two AVX / four NEON registers where the machine has
-// no 512-bit vectors (the compiler splits the operations, so the code stays portable).  The
-// prefill kernel's products use it: at 8 lanes they ran at half the FMA units' width on
-// machines with full 512-bit units.
+// Sixteen floats: one AVX-512 register.  The kernels use it only where the build has AVX-512
+// (__AVX512F__), where 8-float vectors ran the products at half the FMA units' width.  Without
+// it the compiler splits each operation in two and GCC kept these vectors on the stack (the
+// kernels ran several times slower than on 8-float vectors), so they take float8 there.
 typedef float float_x16 __attribute__((vector_size(64)));
 #if defined(__GNUC__) && !defined(__clang__)
 // Without AVX-512 GCC notes that such a value would be passed differently across an ABI

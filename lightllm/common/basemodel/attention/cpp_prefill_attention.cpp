@@ -117,7 +117,7 @@ void block_scores(const float* __restrict__ qs, const float* __restrict__ kt, in
 template <int D>
 void block_values(const float* __restrict__ probs, const float* __restrict__ values, int rows, int keys,
                   float* __restrict__ acc) {
-  static_assert(D % LANES == 0, "head_dim must be a multiple of 16");
+  static_assert(D % LANES == 0, "head_dim must be a whole number of vectors");
   for (int m = 0; m < rows; m += ROW_STEP) {
     int d0 = 0;
     for (; d0 + 2 * LANES <= D; d0 += 2 * LANES) {
