@@ -223,6 +223,9 @@ def server_url(text: str, schemes: Collection[str] = ("http", "https")) -> str:
         # urlsplit's "Port out of range 0-65535" would contradict the range above.
         why = "" if masked or "out of range" in str(exc) else f": {exc}"
         raise argparse.ArgumentTypeError(f"{shown!r} has no valid port ({valid}){why}") from None
+    if port is None and parts.netloc.endswith(":"):
+        # "http://h:" (a port left out, as from "http://$HOST:$PORT" with PORT unset) dialled port 80.
+        raise argparse.ArgumentTypeError(f"{shown!r} has no valid port ({valid}): nothing follows the ':'")
     if port == 0:
         # urlsplit takes port 0, no server's port: the tool then reported "Connection refused",
         # which says the server is down, not that the URL is wrong.

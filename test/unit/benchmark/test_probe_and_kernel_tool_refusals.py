@@ -324,6 +324,19 @@ def test_port_0_is_refused_while_parsing(main, flag, url, capsys) -> None:
             "listens on") in line, line
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:", "http://[::1]:/v1", "http://user:pw@localhost:"])
+def test_an_empty_port_is_refused_while_parsing(url) -> None:
+    """"http://$HOST:$PORT" with PORT unset dialled port 80."""
+    import argparse
+
+    from lightllm.benchmark.cli_args import server_url
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"has no valid port \(a number in 1\.\.65535\): nothing "
+                                                         r"follows the ':'$") as refused:
+        server_url(url)
+    assert "pw" not in str(refused.value)
+
+
 def test_an_out_of_range_port_is_refused_with_one_range() -> None:
     import argparse
 
