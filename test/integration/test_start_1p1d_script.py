@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from lightllm.utils.free_ports import free_port
+from script_process_support import stop_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "start_1p1d.sh"
 READY_TIMEOUT_S = 240
@@ -69,13 +70,7 @@ def test_script_starts_serves_and_stops_the_cluster(tiny_llama_dir, tmp_path):
         assert "Killed" not in text, text
         assert all(_gone(pid) for pid in pids), text
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_script(proc, 90)
         # Each server runs in a session of its own (its pid is the group id).
         for pid in pids:
             if not _gone(pid):
@@ -123,11 +118,4 @@ def test_the_start_timeout_waits_at_least_the_seconds_given(tmp_path):
             r"master \(pid (\d+)\), prefill node \(pid (\d+)\), decode node \(pid (\d+)\)", text).groups()]
         assert all(_gone(pid) for pid in pids), text
     finally:
-        if proc.poll() is None:
-            # The servers run in sessions of their own: only the script's own stop reaches them.
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_script(proc, 30)

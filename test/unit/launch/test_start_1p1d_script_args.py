@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ipv6_support import needs_ipv6_loopback
+from script_process_support import stop_script
 from lightllm.utils.free_ports import free_port
 from lightllm.utils.wildcard_hosts import is_wildcard, loopback_for
 
@@ -190,12 +191,4 @@ def _start_and_check(host: str, listen: str, reach: str, tmp_path: Path) -> None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, out_path.read_text()
     finally:
-        if proc.poll() is None:
-            # The servers run in sessions of their own: only the script's own stop reaches them (a
-            # SIGKILL of its group after a failed check left all three running).
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_script(proc, 30)
